@@ -1,0 +1,18 @@
+#pragma once
+// The CUDA runtime seam: memory and copies. Built from runtime.cu when nvcc is
+// found, else from no_cuda.cpp whose every function throws "built without CUDA".
+#include <cstddef>
+
+#include "engine/device.h"
+
+namespace quanta::cuda {
+
+/** Allocates device memory on GPU `device`; throws on failure. */
+void* device_malloc(std::size_t nbytes, int device);
+/** Returns memory from device_malloc. Never throws. */
+void device_free(void* ptr, int device) noexcept;
+/** Copies host<->device or device<->device; synchronous. */
+void copy(void* dst, Device dst_device, const void* src, Device src_device,
+          std::size_t nbytes);
+
+}  // namespace quanta::cuda

@@ -1,0 +1,121 @@
+#include "engine/factory.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/cpu/convert.h"
+#include "engine/dispatch.h"
+#include "engine/ops/elementwise.h"
+
+namespace quanta {
+namespace {
+
+Tensor finish(Tensor t, const TensorOptions& opts) {
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+// Builds on the CPU with `fill(T* data, n)`, then moves to the device.
+template <class Fill>
+Tensor build(const Shape& shape, const TensorOptions& opts, const char* op, Fill&& fill) {
+  Tensor t = detail::make_tensor(shape, opts.dtype, Device::cpu());
+  dispatch_all(opts.dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fill(static_cast<T*>(t.raw_data()), t.numel());
+  });
+  return finish(t.to(opts.device), opts);
+}
+
+}  // namespace
+
+Tensor empty(const Shape& shape, const TensorOptions& opts) {
+  return finish(detail::make_tensor(shape, opts.dtype, opts.device), opts);
+}
+
+Tensor full(const Shape& shape, double value, const TensorOptions& opts) {
+  if (opts.device.is_cpu()) {
+    Tensor t = detail::make_tensor(shape, opts.dtype, opts.device);
+    fill_(t, value);
+    return finish(t, opts);
+  }
+  return build(shape, opts, "full", [&]<class T>(T* p, int64_t n) {
+    const T v = cpu::cast<T>(value);
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  });
+}
+
+Tensor zeros(const Shape& shape, const TensorOptions& opts) { return full(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, const TensorOptions& opts) { return full(shape, 1.0, opts); }
+Tensor scalar(double value, const TensorOptions& opts) { return full({}, value, opts); }
+
+Tensor arange(double start, double end, double step, const TensorOptions& opts) {
+  if (step == 0 || !std::isfinite(start) || !std::isfinite(end) || !std::isfinite(step))
+    throw std::invalid_argument("[arange] need finite bounds and a non-zero step");
+  const double span = (end - start) / step;
+  const int64_t n = span > 0 ? static_cast<int64_t>(std::ceil(span)) : 0;
+  return build({n}, opts, "arange", [&]<class T>(T* p, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) p[i] = cpu::cast<T>(start + static_cast<double>(i) * step);
+  });
+}
+
+Tensor arange(int64_t end, const TensorOptions& opts) {
+  return arange(0.0, static_cast<double>(end), 1.0, opts);
+}
+
+Tensor linspace(double start, double end, int64_t steps, const TensorOptions& opts) {
+  if (steps < 0) throw std::invalid_argument("[linspace] steps must be >= 0");
+  return build({steps}, opts, "linspace", [&]<class T>(T* p, int64_t n) {
+    const double step = n > 1 ? (end - start) / static_cast<double>(n - 1) : 0.0;
+    // Fill from both ends so the last value is exactly `end`, like NumPy.
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = cpu::cast<T>(i < n / 2 ? start + step * static_cast<double>(i)
+                                    : end - step * static_cast<double>(n - 1 - i));
+  });
+}
+
+Tensor eye(int64_t n, int64_t m, const TensorOptions& opts) {
+  if (m < 0) m = n;
+  if (n < 0) throw std::invalid_argument("[eye] n must be >= 0");
+  return build({n, m}, opts, "eye", [&]<class T>(T* p, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) p[i] = cpu::cast<T>(0.0);
+    for (int64_t i = 0; i < std::min(n, m); ++i) p[i * m + i] = cpu::cast<T>(1.0);
+  });
+}
+
+Tensor from_blob(const void* data, const Shape& shape, DType dtype, const TensorOptions& opts) {
+  Tensor t = detail::make_tensor(shape, dtype, Device::cpu());
+  if (t.nbytes()) std::memcpy(t.raw_data(), data, t.nbytes());
+  if (opts.dtype != dtype) t = t.to(opts.dtype);
+  return finish(t.to(opts.device), opts);
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, const TensorOptions& opts) {
+  const Shape s = shape.empty() ? Shape{static_cast<int64_t>(values.size())} : shape;
+  if (numel_of(s) != static_cast<int64_t>(values.size()))
+    throw std::invalid_argument("[from_vector] " + std::to_string(values.size()) +
+                                " values do not fill shape " + shape_str(s));
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<uint8_t> bytes(values.begin(), values.end());
+    return from_blob(bytes.data(), s, DType::boolean, opts);
+  } else {
+    return from_blob(values.data(), s, dtype_v<T>, opts);
+  }
+}
+
+template Tensor from_vector(const std::vector<float>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<double>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<bool>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<bf16>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<f16>&, const Shape&, const TensorOptions&);
+
+TensorOptions options_of(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), options_of(t)); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), options_of(t)); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), options_of(t)); }
+Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, options_of(t)); }
+
+}  // namespace quanta

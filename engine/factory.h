@@ -1,0 +1,47 @@
+#pragma once
+// Tensor factories. Random factories (rand, randn, ...) live in
+// engine/random/sampling.h.
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace quanta {
+
+/** Uninitialised tensor. */
+Tensor empty(const Shape& shape, const TensorOptions& opts = {});
+/** All zeros. */
+Tensor zeros(const Shape& shape, const TensorOptions& opts = {});
+/** All ones. */
+Tensor ones(const Shape& shape, const TensorOptions& opts = {});
+/** Every element `value`. */
+Tensor full(const Shape& shape, double value, const TensorOptions& opts = {});
+/** A 0-d tensor holding `value`. */
+Tensor scalar(double value, const TensorOptions& opts = {});
+/** [start, end) in steps of `step` (i64 by default when all are integers is
+ * left to the caller: pass opts.dtype). */
+Tensor arange(double start, double end, double step = 1.0, const TensorOptions& opts = {});
+/** arange(0, end). */
+Tensor arange(int64_t end, const TensorOptions& opts = {.dtype = DType::i64});
+/** `steps` evenly spaced values from start to end inclusive. */
+Tensor linspace(double start, double end, int64_t steps, const TensorOptions& opts = {});
+/** n x m identity (m defaults to n). */
+Tensor eye(int64_t n, int64_t m = -1, const TensorOptions& opts = {});
+/** A copy of `values` with the given shape (1-d when shape is omitted). */
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
+                   const TensorOptions& opts = {.dtype = dtype_v<T>});
+/** A copy of `numel_of(shape)` elements of type `dtype` at `data` (host memory). */
+Tensor from_blob(const void* data, const Shape& shape, DType dtype,
+                 const TensorOptions& opts = {});
+
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+
+/** Options of `t` (dtype, device; requires_grad false). */
+TensorOptions options_of(const Tensor& t);
+
+}  // namespace quanta

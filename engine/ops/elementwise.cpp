@@ -1,0 +1,260 @@
+// Binary arithmetic, comparisons, where, in-place updates and operators.
+#include "engine/ops/elementwise.h"
+
+#include <cmath>
+
+#include "engine/autograd/node.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/reduce.h"
+
+namespace quanta {
+namespace {
+
+using detail::binary_kernel;
+using detail::cpu_compute_dtype;
+
+// The gradient for input `in` from a broadcast output gradient.
+Tensor grad_for(const Tensor& g, const Tensor& in) {
+  return to_dtype(sum_to(g, in.shape()), in.dtype());
+}
+
+// Arithmetic result: promoted dtype (16-bit floats computed in f32, stored back).
+template <class F>
+Tensor arith(const char* op, const Tensor& a, const Tensor& b, F f) {
+  const DType out_dt = promote_types(a.dtype(), b.dtype());
+  const DType ct = cpu_compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
+  Tensor out = binary_kernel(op, a, b, ct, ct, f);
+  return ct == out_dt ? out : detail::as_plain(out, out_dt);
+}
+
+template <class F>
+Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
+  const DType ct = cpu_compute_dtype(promote_types(a.dtype(), b.dtype()));
+  return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean, f);
+}
+
+std::vector<Tensor> two(Tensor a, Tensor b) { return {std::move(a), std::move(b)}; }
+
+}  // namespace
+
+Tensor scalar_like(const Tensor& x, double v) {
+  DType t = x.dtype();
+  if (!is_floating(t) && (std::floor(v) != v || t == DType::boolean)) t = DType::f32;
+  if (t == DType::boolean) t = DType::i64;
+  return scalar(v, {.dtype = t, .device = x.device()});
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = arith("add", a, b, [](auto x, auto y) { return x + y; });
+  return autograd::record("add", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+    return two(grad_for(g, a), grad_for(g, b));
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = arith("sub", a, b, [](auto x, auto y) { return x - y; });
+  return autograd::record("sub", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+    return two(grad_for(g, a), grad_for(neg(g), b));
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = arith("mul", a, b, [](auto x, auto y) { return x * y; });
+  return autograd::record("mul", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+    return two(grad_for(mul(g, b), a), grad_for(mul(g, a), b));
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  // True division: integers divide as floats, like torch.div.
+  const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
+  const DType ct = cpu_compute_dtype(out_dt);
+  Tensor out = binary_kernel("div", a, b, ct, ct, [](auto x, auto y) { return x / y; });
+  if (ct != out_dt) out = detail::as_plain(out, out_dt);
+  return autograd::record("div", out, {a, b},
+                          [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
+    Tensor gb = neg(div(mul(g, o), b));
+    return two(grad_for(div(g, b), a), grad_for(gb, b));
+  });
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
+  const DType ct = cpu_compute_dtype(out_dt);
+  Tensor out = binary_kernel("pow", a, b, ct, ct, [](auto x, auto y) { return std::pow(x, y); });
+  if (ct != out_dt) out = detail::as_plain(out, out_dt);
+  return autograd::record("pow", out, {a, b},
+                          [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
+    Tensor ga = mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1.0)))));
+    // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (the limit).
+    Tensor zero_base = logical_and(eq(a, scalar_like(a, 0.0)), ge(b, scalar_like(b, 0.0)));
+    Tensor gb = where(zero_base, scalar_like(o, 0.0), mul(g, mul(o, log(a))));
+    return two(grad_for(ga, a), grad_for(gb, b));
+  });
+}
+
+Tensor pow(const Tensor& a, double p) {
+  Tensor out;
+  if (p == 2.0) {
+    out = detail::unary_float("pow", a, [](auto v) { return v * v; });
+  } else {
+    out = detail::unary_float("pow", a, [p](auto v) {
+      return static_cast<decltype(v)>(std::pow(v, static_cast<decltype(v)>(p)));
+    });
+  }
+  return autograd::record("pow", out, {a}, [a = a.detach(), p](const Tensor& g) {
+    if (p == 0.0) return std::vector<Tensor>{zeros_like(g)};
+    return std::vector<Tensor>{mul(g, mul(scalar_like(g, p), pow(a, p - 1.0)))};
+  });
+}
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = arith("maximum", a, b, [](auto x, auto y) {
+    return (x != x) ? x : (y != y ? y : (x > y ? x : y));  // NaN propagates
+  });
+  return autograd::record("maximum", out, {a, b},
+                          [a = a.detach(), b = b.detach()](const Tensor& g) {
+    Tensor half = mul(g, scalar_like(g, 0.5));
+    Tensor tie = eq(a, b);
+    Tensor ga = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
+    Tensor gb = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
+    return two(grad_for(ga, a), grad_for(gb, b));
+  });
+}
+
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  Tensor out = arith("minimum", a, b, [](auto x, auto y) {
+    return (x != x) ? x : (y != y ? y : (x < y ? x : y));
+  });
+  return autograd::record("minimum", out, {a, b},
+                          [a = a.detach(), b = b.detach()](const Tensor& g) {
+    Tensor half = mul(g, scalar_like(g, 0.5));
+    Tensor tie = eq(a, b);
+    Tensor ga = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
+    Tensor gb = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
+    return two(grad_for(ga, a), grad_for(gb, b));
+  });
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  detail::check_cpu("where", {&cond, &a, &b});
+  if (cond.dtype() != DType::boolean)
+    throw std::invalid_argument(std::string("[where] condition must be bool, got ") +
+                                dtype_name(cond.dtype()));
+  const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(),
+                                                                      "where"), "where");
+  const DType out_dt = promote_types(a.dtype(), b.dtype());
+  Tensor c = expand(cond.detach(), shape);
+  Tensor ea = expand(detail::as_plain(a, out_dt), shape);
+  Tensor eb = expand(detail::as_plain(b, out_dt), shape);
+  Tensor out = detail::make_tensor(shape, out_dt, Device::cpu());
+  dispatch_all(out_dt, "where", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cpu::map<T, bool, T, T>(out, [](bool k, T x, T y) { return k ? x : y; }, c, ea, eb);
+  });
+  return autograd::record("where", out, {a, b},
+                          [c = cond.detach(), a = a.detach(), b = b.detach()](const Tensor& g) {
+    Tensor z = scalar_like(g, 0.0);
+    return two(grad_for(where(c, g, z), a), grad_for(where(c, z, g), b));
+  });
+}
+
+// ---- comparisons and logic (nd) ----
+Tensor eq(const Tensor& a, const Tensor& b) { return compare("eq", a, b, [](auto x, auto y) { return x == y; }); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare("ne", a, b, [](auto x, auto y) { return x != y; }); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", a, b, [](auto x, auto y) { return x < y; }); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare("le", a, b, [](auto x, auto y) { return x <= y; }); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare("gt", a, b, [](auto x, auto y) { return x > y; }); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare("ge", a, b, [](auto x, auto y) { return x >= y; }); }
+
+namespace {
+template <class F>
+Tensor logical(const char* op, const Tensor& a, const Tensor& b, F f) {
+  return binary_kernel(op, detail::as_plain(a, DType::boolean).to(DType::u8),
+                       detail::as_plain(b, DType::boolean).to(DType::u8), DType::u8,
+                       DType::boolean, f);
+}
+}  // namespace
+
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  return logical("logical_and", a, b, [](auto x, auto y) { return x && y; });
+}
+Tensor logical_or(const Tensor& a, const Tensor& b) {
+  return logical("logical_or", a, b, [](auto x, auto y) { return x || y; });
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b) {
+  return logical("logical_xor", a, b, [](auto x, auto y) { return (x != 0) != (y != 0); });
+}
+Tensor logical_not(const Tensor& x) {
+  return eq(detail::as_plain(x, DType::boolean), scalar(0.0, {.dtype = DType::boolean}));
+}
+
+Tensor straight_through(const Tensor& x, const Tensor& q) {
+  return add(x, sub(q, x).detach());
+}
+
+// ---- in place ----
+namespace detail {
+void check_inplace(const char* op, const Tensor& dst);
+}
+
+namespace {
+template <class F>
+void update(const char* op, const Tensor& dst, F f, const Tensor& a, const Tensor& b) {
+  detail::check_inplace(op, dst);
+  detail::check_cpu(op, {&dst, &a, &b});
+  const DType t = dst.dtype();
+  const DType ct = detail::cpu_compute_dtype(t);
+  if (ct != t) {  // 16-bit floats: compute in f32, store back
+    Tensor tmp = detail::as_plain(dst, ct);
+    update(op, tmp, f, a, b);
+    copy_(dst, tmp);
+    return;
+  }
+  Tensor ea = expand(detail::as_plain(a, t), dst.shape());
+  Tensor eb = expand(detail::as_plain(b, t), dst.shape());
+  dispatch_numeric(t, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cpu::map<T, T, T, T>(dst, [&](T d, T x, T y) { return static_cast<T>(f(d, x, y)); },
+                         dst, ea, eb);
+  });
+}
+}  // namespace
+
+void add_(const Tensor& dst, const Tensor& src, double alpha) {
+  update("add_", dst, [alpha](auto d, auto x, auto) {
+    return d + static_cast<decltype(d)>(alpha) * x;
+  }, src, src);
+}
+void mul_(const Tensor& dst, const Tensor& src) {
+  update("mul_", dst, [](auto d, auto x, auto) { return d * x; }, src, src);
+}
+void mul_(const Tensor& dst, double v) { mul_(dst, scalar_like(dst, v)); }
+void addcmul_(const Tensor& dst, const Tensor& a, const Tensor& b, double alpha) {
+  update("addcmul_", dst, [alpha](auto d, auto x, auto y) {
+    return d + static_cast<decltype(d)>(alpha) * x * y;
+  }, a, b);
+}
+void addcdiv_(const Tensor& dst, const Tensor& a, const Tensor& b, double alpha) {
+  update("addcdiv_", dst, [alpha](auto d, auto x, auto y) {
+    return d + static_cast<decltype(d)>(alpha) * x / y;
+  }, a, b);
+}
+
+// ---- operators ----
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator+(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, scalar_like(a, b)); }
+Tensor operator+(double a, const Tensor& b) { return add(scalar_like(b, a), b); }
+Tensor operator-(double a, const Tensor& b) { return sub(scalar_like(b, a), b); }
+Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); }
+Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
+
+}  // namespace quanta

@@ -1,0 +1,79 @@
+#pragma once
+// Shared machinery for elementwise ops: dtype selection, broadcasting and the
+// CPU map. Op files hold only the math and the backward formulas.
+#include <Eigen/Core>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/cpu/convert.h"
+#include "engine/cpu/loop.h"
+#include "engine/device_check.h"
+#include "engine/dispatch.h"
+#include "engine/ops/view.h"
+
+namespace quanta::detail {
+
+/** Dtype a floating kernel computes in on the CPU (16-bit floats use f32). */
+inline DType cpu_compute_dtype(DType t) {
+  return (t == DType::bf16 || t == DType::f16) ? DType::f32 : t;
+}
+
+/** `x` as dtype `t`, with no graph (kernels see plain values). */
+inline Tensor as_plain(const Tensor& x, DType t) {
+  NoGradGuard no_grad;
+  return to_dtype(x.detach(), t);
+}
+
+/** y = f(x) in floating point. `f` works on a scalar; `vec`, when given,
+ * works on an Eigen array and is used for contiguous inputs. */
+template <class F, class Vec = std::nullptr_t>
+Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr) {
+  check_cpu(op, {&x});
+  const DType out_dt = to_floating(x.dtype());
+  const DType ct = cpu_compute_dtype(out_dt);
+  Tensor in = as_plain(x, ct);
+  Tensor out = make_tensor(x.shape(), ct, Device::cpu());
+  dispatch_float(ct, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<Vec, std::nullptr_t>) {
+      if (in.is_contiguous()) {
+        const T* src = in.data<T>();
+        T* dst = out.data<T>();
+        cpu::parallel_for(0, in.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
+          using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+          Eigen::Map<Arr>(dst + lo, hi - lo) = vec(Eigen::Map<const Arr>(src + lo, hi - lo));
+        });
+        return;
+      }
+    }
+    cpu::map<T, T>(out, f, in);
+  });
+  return ct == out_dt ? out : as_plain(out, out_dt);
+}
+
+/** out = f(a, b) with broadcasting; inputs are converted to `compute`, the
+ * result has dtype `out_dt` (the compute dtype for arithmetic, bool for
+ * comparisons). */
+template <class F>
+Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b, DType compute,
+                     DType out_dt, F f) {
+  check_cpu(op, {&a, &b});
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
+  Tensor ea = as_plain(a, compute), eb = as_plain(b, compute);
+  if (ea.shape() != shape) ea = expand(ea, shape);
+  if (eb.shape() != shape) eb = expand(eb, shape);
+  Tensor out = make_tensor(shape, out_dt, Device::cpu());
+  dispatch_numeric(compute, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (out_dt == compute) {
+      cpu::map<T, T, T>(out, [&](T x, T y) { return static_cast<T>(f(x, y)); }, ea, eb);
+    } else {
+      dispatch_all(out_dt, op, [&](auto otag) {
+        using O = typename decltype(otag)::type;
+        cpu::map<O, T, T>(out, [&](T x, T y) { return cpu::cast<O>(f(x, y)); }, ea, eb);
+      });
+    }
+  });
+  return out;
+}
+
+}  // namespace quanta::detail

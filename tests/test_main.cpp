@@ -1,0 +1,3 @@
+// The one doctest main, compiled once.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>

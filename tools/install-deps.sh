@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every system package that quanta's build, tests and main job need.
+# Idempotent and non-interactive: safe to run on every CI start.
+set -euo pipefail
+
+packages=(
+  meson ninja-build pkg-config g++ cmake   # build (cmake: doctest's config)
+  libeigen3-dev                            # CPU kernels
+  doctest-dev                              # tests
+  libgloo-dev                              # dist: CPU collectives
+  nlohmann-json3-dev                       # JSON (metadata, bench output)
+  libcli11-dev                             # command-line flags
+  libpng-dev zlib1g-dev                    # PNG of reconstructions
+  dataset-fashion-mnist                    # `quanta train` default data
+  python3                                  # CI summary script
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: installed ${missing[*]}"
