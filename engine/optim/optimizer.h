@@ -1,0 +1,3 @@
+#pragma once
+// Placeholder: filled in by its owner.
+#include "engine/tensor.h"
