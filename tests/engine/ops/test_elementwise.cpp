@@ -1,1 +1,218 @@
-// Placeholder
+// Op-harness rows for the elementwise ops, plus the (nd) ops' values.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "engine/ops/harness.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+using Scalar1 = std::function<double(double)>;
+using Scalar2 = std::function<double(double, double)>;
+
+OpCase unary_case(std::string name, std::function<Tensor(const Tensor&)> op, Scalar1 ref,
+                  Domain domain = Domain::any) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {{3, 4}};
+  c.zero_shapes = {{0, 4}};
+  c.inputs = {InputSpec{.domain = domain}};
+  c.op = [op](const Inputs& x) { return op(x[0]); };
+  c.reference = [ref](const Inputs& x) {
+    return ref_elementwise(x, [ref](const std::vector<double>& v) { return ref(v[0]); });
+  };
+  return c;
+}
+
+OpCase binary_case(std::string name, std::function<Tensor(const Tensor&, const Tensor&)> op,
+                   Scalar2 ref, Domain da = Domain::any, Domain db = Domain::any) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {{3, 4}, {3, 4}};
+  c.broadcast_shapes = {{2, 1, 4}, {3, 1}};
+  c.zero_shapes = {{0, 4}, {1, 4}};
+  c.inputs = {InputSpec{.domain = da}, InputSpec{.domain = db}};
+  c.op = [op](const Inputs& x) { return op(x[0], x[1]); };
+  c.reference = [ref](const Inputs& x) {
+    return ref_elementwise(x, [ref](const std::vector<double>& v) { return ref(v[0], v[1]); });
+  };
+  return c;
+}
+
+double sigmoid_ref(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+}  // namespace
+
+TEST_CASE("elementwise binary ops through the harness") {
+  run_case(binary_case("add", [](auto& a, auto& b) { return add(a, b); },
+                       [](double a, double b) { return a + b; }));
+  run_case(binary_case("sub", [](auto& a, auto& b) { return sub(a, b); },
+                       [](double a, double b) { return a - b; }));
+  run_case(binary_case("mul", [](auto& a, auto& b) { return mul(a, b); },
+                       [](double a, double b) { return a * b; }));
+  run_case(binary_case("div", [](auto& a, auto& b) { return div(a, b); },
+                       [](double a, double b) { return a / b; }, Domain::any,
+                       Domain::away_from_zero));
+  run_case(binary_case("pow", [](auto& a, auto& b) { return pow(a, b); },
+                       [](double a, double b) { return std::pow(a, b); }, Domain::positive));
+  run_case(binary_case("maximum", [](auto& a, auto& b) { return maximum(a, b); },
+                       [](double a, double b) { return std::max(a, b); }));
+  run_case(binary_case("minimum", [](auto& a, auto& b) { return minimum(a, b); },
+                       [](double a, double b) { return std::min(a, b); }));
+  run_case(binary_case("operator+scalar", [](auto& a, auto& b) { return a * 2.5 + b - 1.0; },
+                       [](double a, double b) { return a * 2.5 + b - 1.0; }));
+}
+
+TEST_CASE("elementwise unary ops through the harness") {
+  run_case(unary_case("neg", [](auto& x) { return neg(x); }, [](double v) { return -v; }));
+  run_case(unary_case("abs", [](auto& x) { return abs(x); }, [](double v) { return std::abs(v); },
+                      Domain::away_from_zero));
+  run_case(unary_case("exp", [](auto& x) { return exp(x); }, [](double v) { return std::exp(v); }));
+  run_case(unary_case("log", [](auto& x) { return log(x); }, [](double v) { return std::log(v); },
+                      Domain::positive));
+  run_case(unary_case("log1p", [](auto& x) { return log1p(x); },
+                      [](double v) { return std::log1p(v); }, Domain::positive));
+  run_case(unary_case("sqrt", [](auto& x) { return sqrt(x); },
+                      [](double v) { return std::sqrt(v); }, Domain::positive));
+  run_case(unary_case("rsqrt", [](auto& x) { return rsqrt(x); },
+                      [](double v) { return 1 / std::sqrt(v); }, Domain::positive));
+  run_case(unary_case("sin", [](auto& x) { return sin(x); }, [](double v) { return std::sin(v); }));
+  run_case(unary_case("cos", [](auto& x) { return cos(x); }, [](double v) { return std::cos(v); }));
+  run_case(unary_case("tanh", [](auto& x) { return tanh(x); },
+                      [](double v) { return std::tanh(v); }));
+  run_case(unary_case("sigmoid", [](auto& x) { return sigmoid(x); }, sigmoid_ref));
+  run_case(unary_case("relu", [](auto& x) { return relu(x); },
+                      [](double v) { return v > 0 ? v : 0; }, Domain::away_from_zero));
+  run_case(unary_case("leaky_relu", [](auto& x) { return leaky_relu(x, 0.2); },
+                      [](double v) { return v > 0 ? v : 0.2 * v; }, Domain::away_from_zero));
+  run_case(unary_case("gelu_erf", [](auto& x) { return gelu(x); },
+                      [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }));
+  run_case(unary_case("gelu_tanh", [](auto& x) { return gelu(x, GeluApprox::tanh); },
+                      [](double v) {
+                        return 0.5 * v *
+                               (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+                      }));
+  run_case(unary_case("silu", [](auto& x) { return silu(x); },
+                      [](double v) { return v * sigmoid_ref(v); }));
+  run_case(unary_case("softplus", [](auto& x) { return softplus(x, 2.0, 3.0); },
+                      [](double v) { return 2 * v > 3 ? v : std::log1p(std::exp(2 * v)) / 2; },
+                      Domain::away_from_zero));
+  run_case(unary_case("square", [](auto& x) { return square(x); }, [](double v) { return v * v; }));
+  run_case(unary_case("pow_scalar", [](auto& x) { return pow(x, 1.7); },
+                      [](double v) { return std::pow(v, 1.7); }, Domain::positive));
+  run_case(unary_case("pow_scalar_neg", [](auto& x) { return pow(x, -2.0); },
+                      [](double v) { return std::pow(v, -2.0); }, Domain::positive));
+  run_case(unary_case("clamp", [](auto& x) { return clamp(x, -0.5, 0.7); },
+                      [](double v) { return std::clamp(v, -0.5, 0.7); }));
+  run_case(unary_case("clamp_open_low", [](auto& x) { return clamp(x, NAN, 0.7); },
+                      [](double v) { return std::min(v, 0.7); }));
+}
+
+TEST_CASE("clamp with tensor bounds and where through the harness") {
+  OpCase c;
+  c.name = "clamp_tensor";
+  c.shapes = {{3, 4}, {3, 4}, {4}};
+  c.broadcast_shapes = {{2, 3, 4}, {3, 1}, {1}};
+  c.zero_shapes = {{0, 4}, {1, 4}, {4}};
+  c.inputs = {InputSpec{.domain = Domain::distinct}, InputSpec{.domain = Domain::distinct},
+              InputSpec{.domain = Domain::distinct}};
+  c.op = [](const Inputs& x) { return clamp(x[0], x[1] - 1.0, x[2] + 1.0); };
+  c.reference = [](const Inputs& x) {
+    return ref_elementwise(x, [](const std::vector<double>& v) {
+      return std::min(std::max(v[0], v[1] - 1.0), v[2] + 1.0);
+    });
+  };
+  run_case(c);
+
+  OpCase w;
+  w.name = "where";
+  w.shapes = {{3, 4}, {3, 4}, {3, 4}};
+  w.broadcast_shapes = {{3, 1}, {4}, {2, 1, 1}};
+  w.zero_shapes = {{0, 4}, {4}, {1}};
+  auto mask = [](const Shape& s, uint64_t seed) {
+    return gt(make_input(s, Domain::any, seed), scalar(0.0, {.dtype = DType::f64}));
+  };
+  w.inputs = {InputSpec{.make = mask, .differentiable = false}, InputSpec{}, InputSpec{}};
+  w.op = [](const Inputs& x) { return where(x[0], x[1], x[2]); };
+  w.reference = [](const Inputs& x) {
+    return ref_elementwise({x[0].to(DType::f64), x[1], x[2]},
+                           [](const std::vector<double>& v) { return v[0] != 0 ? v[1] : v[2]; });
+  };
+  run_case(w);
+}
+
+TEST_CASE("non-differentiable elementwise ops give exact values") {
+  Tensor x = from_vector<float>({-2.5f, -0.5f, 0.0f, 0.5f, 1.5f, 2.5f, NAN, INFINITY});
+  CHECK(round(x).to_vector<float>()[0] == -2.0f);  // half to even
+  CHECK(round(x).to_vector<float>()[3] == 0.0f);
+  CHECK(round(x).to_vector<float>()[4] == 2.0f);
+  CHECK(floor(x).to_vector<float>()[1] == -1.0f);
+  CHECK(ceil(x).to_vector<float>()[1] == -0.0f);
+  auto s = sign(x).to_vector<float>();
+  CHECK(s[0] == -1.0f);
+  CHECK(s[2] == 0.0f);
+  CHECK(s[5] == 1.0f);
+  CHECK(isnan(x).to_vector<bool>() ==
+        std::vector<bool>{false, false, false, false, false, false, true, false});
+  CHECK(isfinite(x).to_vector<bool>() ==
+        std::vector<bool>{true, true, true, true, true, true, false, false});
+  Tensor a = from_vector<int64_t>({1, 2, 3}), b = from_vector<int64_t>({3, 2, 1});
+  CHECK(lt(a, b).to_vector<bool>() == std::vector<bool>{true, false, false});
+  CHECK(le(a, b).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(eq(a, b).to_vector<bool>() == std::vector<bool>{false, true, false});
+  CHECK(ne(a, b).to_vector<bool>() == std::vector<bool>{true, false, true});
+  CHECK(gt(a, b).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(ge(a, b).to_vector<bool>() == std::vector<bool>{false, true, true});
+  Tensor p = from_vector<bool>({true, true, false, false}), q = from_vector<bool>({true, false, true, false});
+  CHECK(logical_and(p, q).to_vector<bool>() == std::vector<bool>{true, false, false, false});
+  CHECK(logical_or(p, q).to_vector<bool>() == std::vector<bool>{true, true, true, false});
+  CHECK(logical_xor(p, q).to_vector<bool>() == std::vector<bool>{false, true, true, false});
+  CHECK(logical_not(p).to_vector<bool>() == std::vector<bool>{false, false, true, true});
+  CHECK_FALSE(round(from_vector<double>({1.2}).requires_grad_()).requires_grad());
+}
+
+TEST_CASE("dtype promotion and integer arithmetic") {
+  Tensor i = from_vector<int32_t>({1, 2, 3});
+  Tensor l = from_vector<int64_t>({10, 20, 30});
+  CHECK(add(i, l).dtype() == DType::i64);
+  CHECK(add(i, l).to_vector<int64_t>() == std::vector<int64_t>{11, 22, 33});
+  CHECK((i * 2.0).dtype() == DType::i32);
+  CHECK((i * 2.5).dtype() == DType::f32);
+  CHECK(div(i, i).dtype() == DType::f32);  // true division
+  CHECK(exp(i).dtype() == DType::f32);
+  Tensor h = from_vector<float>({1.5f, 2.5f}).to(DType::bf16);
+  Tensor hs = add(h, h);
+  CHECK(hs.dtype() == DType::bf16);
+  CHECK(hs.to_vector<float>() == std::vector<float>{3.0f, 5.0f});
+  CHECK(add(h, from_vector<float>({1, 1}).to(DType::f16)).dtype() == DType::f32);
+  CHECK_THROWS_WITH_AS(add(from_vector<float>({1, 2, 3}), from_vector<float>({1, 2})),
+                       doctest::Contains("[add] shapes [3] and [2] cannot be broadcast"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("in-place updates refuse tensors that require grad") {
+  Tensor w = from_vector<float>({1, 2}).requires_grad_();
+  CHECK_THROWS_WITH_AS(add_(w, ones({2})), doctest::Contains("[add_] in-place"),
+                       std::invalid_argument);
+  {
+    NoGradGuard ng;
+    add_(w, ones({2}), 0.5);
+    addcmul_(w, ones({2}), full({2}, 2.0), 0.25);
+    addcdiv_(w, ones({2}), full({2}, 4.0), 1.0);
+    mul_(w, 2.0);
+  }
+  CHECK(w.to_vector<float>() == std::vector<float>{4.5f, 6.5f});
+}
+
+TEST_CASE("straight_through: value of q, identity gradient to x, none to q") {
+  Tensor x = from_vector<double>({0.3, -1.2, 2.0}).requires_grad_();
+  Tensor q = from_vector<double>({0.0, -1.0, 2.5}).requires_grad_();
+  Tensor y = straight_through(x, q);
+  CHECK(y.to_vector<double>() == std::vector<double>{0.3 + (0.0 - 0.3), -1.2 + (-1.0 + 1.2), 2.5});
+  sum(y * from_vector<double>({1, 2, 3})).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 2, 3});
+  CHECK_FALSE(q.grad().defined());
+}
