@@ -68,7 +68,7 @@ Tensor linspace(double start, double end, int64_t steps, const TensorOptions& op
     const double step = n > 1 ? (end - start) / static_cast<double>(n - 1) : 0.0;
     // Fill from both ends so the last value is exactly `end`, like NumPy.
     for (int64_t i = 0; i < n; ++i)
-      p[i] = cpu::cast<T>(i < n / 2 ? start + step * static_cast<double>(i)
+      p[i] = cpu::cast<T>(i < (n + 1) / 2 ? start + step * static_cast<double>(i)
                                     : end - step * static_cast<double>(n - 1 - i));
   });
 }

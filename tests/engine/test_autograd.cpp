@@ -1,1 +1,163 @@
-// Placeholder
+// The reverse-mode engine: ordering, accumulation, guards, custom functions, hooks.
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "quanta.h"
+
+using namespace quanta;
+
+TEST_CASE("diamond graphs accumulate every path") {
+  Tensor x = from_vector<double>({2.0}).requires_grad_();
+  Tensor a = x * 3.0, b = x * x;
+  Tensor y = a * b + a;  // 3x^3 + 3x -> 9x^2 + 3
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(39.0));
+  // A second backward accumulates into .grad.
+  Tensor z = x * 2.0;
+  z.backward();
+  CHECK(x.grad().item() == doctest::Approx(41.0));
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+}
+
+TEST_CASE("a leaf used many times gets one accumulator and its hook runs once") {
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  int calls = 0;
+  Tensor seen;
+  x.register_post_accumulate_hook([&](const Tensor& leaf) {
+    ++calls;
+    seen = leaf.grad();
+  });
+  Tensor y = sum(x * x + x * 4.0 + exp(x));
+  y.backward();
+  CHECK(calls == 1);
+  CHECK(seen.to_vector<double>()[1] == doctest::Approx(2 * 2.0 + 4 + std::exp(2.0)));
+}
+
+TEST_CASE("non-scalar outputs need an explicit gradient") {
+  Tensor x = from_vector<double>({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor y = x * 2.0;
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("one-element output"), std::invalid_argument);
+  y.backward(from_vector<double>({1.0, 10.0, 100.0}));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 20, 200});
+  CHECK_THROWS_WITH_AS(y.backward(from_vector<double>({1.0})), doctest::Contains("does not match"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("retain_graph: a freed graph fails clearly, a retained one runs twice") {
+  Tensor x = from_vector<double>({3.0}).requires_grad_();
+  Tensor y = exp(x);
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(2 * std::exp(3.0)));
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("already freed"), std::runtime_error);
+}
+
+TEST_CASE("NoGradGuard and InferenceGuard record nothing; EnableGradGuard re-enables") {
+  Tensor x = from_vector<double>({1.0}).requires_grad_();
+  {
+    NoGradGuard ng;
+    CHECK_FALSE(grad_enabled());
+    Tensor y = x * 2.0;
+    CHECK_FALSE(y.requires_grad());
+    {
+      EnableGradGuard eg;
+      CHECK((x * 2.0).requires_grad());
+    }
+    CHECK_FALSE(inference_mode());
+  }
+  {
+    InferenceGuard ig;
+    CHECK(inference_mode());
+    CHECK_FALSE((x * 2.0).requires_grad());
+  }
+  CHECK(grad_enabled());
+  CHECK_FALSE(inference_mode());
+  CHECK_THROWS_WITH_AS((x.detach() * 2.0).backward(), doctest::Contains("does not require grad"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("guards are per thread") {
+  NoGradGuard ng;
+  bool other = false;
+  std::thread t([&] { other = grad_enabled(); });
+  t.join();
+  CHECK(other);
+  CHECK_FALSE(grad_enabled());
+}
+
+TEST_CASE("custom functions: straight-through sign with a clipped gradient") {
+  autograd::Function ste{
+      "ste_sign",
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sign(in[0])}; },
+      nullptr};
+  Tensor saved;
+  ste.forward = [&saved](const std::vector<Tensor>& in) {
+    saved = in[0].detach();
+    return std::vector<Tensor>{sign(in[0])};
+  };
+  ste.backward = [&saved](const std::vector<Tensor>& g) {
+    Tensor inside = le(abs(saved), scalar(1.0, {.dtype = DType::f64}));
+    return std::vector<Tensor>{where(inside, g[0], zeros_like(g[0]))};
+  };
+  Tensor x = from_vector<double>({-2.0, -0.5, 0.5, 3.0}).requires_grad_();
+  auto out = autograd::apply(ste, {x});
+  CHECK(out[0].to_vector<double>() == std::vector<double>{-1, -1, 1, 1});
+  CHECK(out[0].grad_fn()->name() == "ste_sign");
+  sum(out[0] * 2.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 2, 2, 0});
+}
+
+TEST_CASE("custom functions with several outputs get zeros for unused ones") {
+  autograd::Function split2{
+      "split2",
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{in[0] * 2.0, in[0] * 3.0};
+      },
+      [](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{g[0] * 2.0 + g[1] * 3.0};
+      }};
+  Tensor x = from_vector<double>({1.0, 1.0}).requires_grad_();
+  auto out = autograd::apply(split2, {x});
+  sum(out[1]).backward();  // out[0] unused: its gradient arrives as zeros
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3});
+}
+
+TEST_CASE("autograd::grad returns gradients without touching .grad") {
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  Tensor w = from_vector<double>({5.0}).requires_grad_();
+  Tensor y = sum(x * x) * w;
+  auto g = autograd::grad({y}, {x, w});
+  CHECK(g[0].to_vector<double>() == std::vector<double>{10, 20});
+  CHECK(g[1].item() == doctest::Approx(5.0));
+  CHECK_FALSE(x.grad().defined());
+}
+
+TEST_CASE("a backward formula returning a wrong shape is caught") {
+  autograd::Function bad{
+      "bad", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
+      [](const std::vector<Tensor>&) { return std::vector<Tensor>{zeros({5}, {.dtype = DType::f64})}; }};
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  auto out = autograd::apply(bad, {x});
+  CHECK_THROWS_WITH_AS(sum(out[0]).backward(), doctest::Contains("bad returned a gradient of shape [5]"),
+                       std::runtime_error);
+}
+
+TEST_CASE("requires_grad_ rules") {
+  CHECK_THROWS_WITH_AS(from_vector<int64_t>({1}).requires_grad_(),
+                       doctest::Contains("only floating tensors"), std::invalid_argument);
+  Tensor x = from_vector<double>({1.0}).requires_grad_();
+  Tensor y = x * 2.0;
+  CHECK_FALSE(y.is_leaf());
+  CHECK_THROWS_AS(y.requires_grad_(false), std::invalid_argument);
+  CHECK(ones({2}, {.requires_grad = true}).requires_grad());
+}
+
+TEST_CASE("deep chains do not overflow the stack") {
+  Tensor x = from_vector<double>({1.0}).requires_grad_();
+  Tensor y = x;
+  for (int i = 0; i < 20000; ++i) y = y * 1.0;
+  y.backward();
+  CHECK(x.grad().item() == 1.0);
+}

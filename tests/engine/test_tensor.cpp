@@ -1,24 +1,138 @@
+// Tensor handles, factories, conversions and printing.
 #include <doctest/doctest.h>
+
+#include <cmath>
 
 #include "quanta.h"
 
 using namespace quanta;
 
-TEST_CASE("tensor basics") {
+TEST_CASE("layout of a fresh tensor and of its transpose") {
   Tensor a = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   CHECK(a.shape() == Shape{2, 3});
+  CHECK(a.strides() == Shape{3, 1});
+  CHECK(a.dim() == 2);
+  CHECK(a.size(-1) == 3);
+  CHECK(a.numel() == 6);
+  CHECK(a.nbytes() == 24);
+  CHECK(a.is_contiguous());
   Tensor b = a.t();
   CHECK_FALSE(b.is_contiguous());
-  Tensor c = b.contiguous();
-  CHECK(c.to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
-  Tensor s = sum(a * 2.0);
-  CHECK(s.item() == doctest::Approx(42));
+  CHECK(b.contiguous().to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
+  CHECK(sum(a * 2.0).item() == doctest::Approx(42));
+  CHECK_THROWS_WITH_AS(a.size(2), doctest::Contains("dim 2 out of range"), std::invalid_argument);
 }
 
-TEST_CASE("autograd basics") {
-  Tensor x = from_vector<double>({1, 2, 3}).requires_grad_();
-  Tensor y = sum(exp(x) * x);
-  y.backward();
-  auto g = x.grad().to_vector<double>();
-  for (int i = 0; i < 3; ++i) CHECK(g[i] == doctest::Approx(std::exp(i + 1.0) * (i + 2.0)));
+TEST_CASE("factories") {
+  CHECK(zeros({2, 2}).to_vector<float>() == std::vector<float>(4, 0.0f));
+  CHECK(ones({3}, {.dtype = DType::i64}).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  CHECK(full({2}, 2.5, {.dtype = DType::f64}).to_vector<double>() == std::vector<double>{2.5, 2.5});
+  CHECK(arange(5).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(arange(1, 2, 0.25, {.dtype = DType::f64}).to_vector<double>() ==
+        std::vector<double>{1, 1.25, 1.5, 1.75});
+  CHECK(arange(3, 0, -1, {.dtype = DType::i32}).to_vector<int32_t>() == std::vector<int32_t>{3, 2, 1});
+  auto l = linspace(0, 1, 5, {.dtype = DType::f64}).to_vector<double>();
+  CHECK(l == std::vector<double>{0, 0.25, 0.5, 0.75, 1});
+  CHECK(linspace(0, 1, 0).numel() == 0);
+  CHECK(linspace(3, 9, 1).to_vector<float>() == std::vector<float>{3});
+  CHECK(eye(2, 3).to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0});
+  CHECK(scalar(4.0).dim() == 0);
+  CHECK(scalar(4.0).item() == 4.0);
+  const float raw[] = {1, 2, 3, 4};
+  Tensor fb = from_blob(raw, {2, 2}, DType::f32);
+  CHECK(fb.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  CHECK(fb.raw_data() != static_cast<const void*>(raw));  // a copy, never an alias
+  CHECK(zeros_like(fb).shape() == fb.shape());
+  CHECK(full_like(fb, 3).to_vector<float>()[3] == 3.0f);
+  CHECK_THROWS_WITH_AS(from_vector<float>({1, 2, 3}, {2, 2}), doctest::Contains("do not fill"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(arange(0, 1, 0), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(empty({2, -1}), doctest::Contains("negative size"), std::invalid_argument);
+}
+
+TEST_CASE("zero-size tensors are ordinary") {
+  Tensor z = zeros({0, 3});
+  CHECK(z.numel() == 0);
+  CHECK(z.nbytes() == 0);
+  CHECK(sum(z).item() == 0.0);
+  CHECK(sum(z, {0}).to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(sum(z, {1}).shape() == Shape{0});
+  CHECK((z + 1.0).shape() == Shape{0, 3});
+  CHECK(z.t().contiguous().shape() == Shape{3, 0});
+  CHECK(z.reshape({3, 0, 5}).numel() == 0);
+  Tensor g = zeros({0, 2}, {.dtype = DType::f64, .requires_grad = true});
+  sum(exp(g)).backward();
+  CHECK(g.grad().shape() == Shape{0, 2});
+  CHECK(z.str().find("shape=[0, 3]") != std::string::npos);
+}
+
+TEST_CASE("dtype conversion round trips and 16-bit floats") {
+  Tensor x = from_vector<double>({1.5, -2.25, 1e-3});
+  CHECK(x.to(DType::f32).dtype() == DType::f32);
+  CHECK(x.to(DType::bf16).to_vector<double>()[0] == 1.5);
+  CHECK(x.to(DType::f16).to_vector<double>()[1] == -2.25);
+  CHECK(x.to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, -2, 0});
+  CHECK(x.to(DType::boolean).to_vector<bool>() == std::vector<bool>{true, true, true});
+  CHECK(from_vector<float>({0.1f}).to(DType::bf16).item() == doctest::Approx(0.1).epsilon(0.01));
+  CHECK(x.to(DType::f64).is_same(x));  // no copy when nothing changes
+  CHECK(parse_dtype("bfloat16") == DType::bf16);
+  CHECK_THROWS_WITH_AS(parse_dtype("f8"), doctest::Contains("unknown dtype"), std::invalid_argument);
+  CHECK(promote_types(DType::i32, DType::f16) == DType::f16);
+  CHECK(promote_types(DType::bf16, DType::f16) == DType::f32);
+  // Gradients flow back through a cast.
+  Tensor w = from_vector<double>({2.0}).requires_grad_();
+  sum(square(w.to(DType::f32))).backward();
+  CHECK(w.grad().dtype() == DType::f64);
+  CHECK(w.grad().item() == 4.0);
+}
+
+TEST_CASE("byte-only nf4 has a slot but no layout yet") {
+  CHECK(std::string(dtype_name(DType::nf4)) == "nf4");
+  CHECK_FALSE(dtype_info(DType::nf4).arithmetic);
+  CHECK_THROWS_WITH_AS(empty({64}, {.dtype = DType::nf4}), doctest::Contains("nf4"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("item and data access are checked") {
+  CHECK_THROWS_WITH_AS(zeros({2}).item(), doctest::Contains("one-element"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(zeros({2}).data<double>(), doctest::Contains("dtype f32, accessed as f64"),
+                       std::invalid_argument);
+  CHECK(from_vector<int64_t>({7}).item<int64_t>() == 7);
+}
+
+TEST_CASE("devices: parsing and CUDA without a GPU") {
+  CHECK(Device::parse("cuda:3").index == 3);
+  CHECK(Device::parse("cpu").is_cpu());
+  CHECK(Device::parse("cuda").str() == "cuda:0");
+  CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("cannot parse device"),
+                       std::invalid_argument);
+  if (cuda_device_count() == 0) {
+    MESSAGE("no CUDA device: checking that CUDA allocation fails clearly");
+    CHECK_THROWS_AS(zeros({2}).to(Device::cuda(0)), std::runtime_error);
+  } else {
+    Tensor x = from_vector<float>({1, 2, 3}).to(Device::cuda(0));
+    CHECK(x.device() == Device::cuda(0));
+    CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 2, 3});
+    CHECK_THROWS_WITH_AS(exp(x), doctest::Contains("has no kernel for device cuda:0"),
+                         std::runtime_error);
+  }
+}
+
+TEST_CASE("printing") {
+  Tensor a = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  CHECK(a.str() == "tensor([[1, 2],\n [3, 4]], dtype=f32, shape=[2, 2])");
+  CHECK(scalar(2.5).str() == "tensor(2.5, dtype=f32, shape=[])");
+  Tensor big = arange(0, 2000, 1);
+  CHECK(big.str().find("..., ") != std::string::npos);
+  CHECK(Tensor().str() == "Tensor(undefined)");
+  Tensor g = ones({1}, {.requires_grad = true});
+  CHECK(g.str().find("requires_grad") != std::string::npos);
+}
+
+TEST_CASE("thread count is settable") {
+  const int before = num_threads();
+  set_num_threads(1);
+  CHECK(num_threads() == 1);
+  set_num_threads(before);
+  CHECK_THROWS_AS(set_num_threads(0), std::invalid_argument);
 }

@@ -1,1 +1,111 @@
-// Placeholder
+// Views share storage and carry gradients back to their base.
+#include <doctest/doctest.h>
+
+#include "engine/ops/harness.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+// Reference for a view: gather values of x at the view's logical positions.
+OpCase view_case(std::string name, Shape in, std::function<Tensor(const Tensor&)> op,
+                 std::function<Tensor(const Tensor&)> ref, Shape zero = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {std::move(in)};
+  if (!zero.empty()) c.zero_shapes = {std::move(zero)};
+  c.op = [op](const Inputs& x) { return op(x[0]); };
+  c.reference = [ref](const Inputs& x) { return ref(x[0]); };
+  return c;
+}
+
+Tensor transpose_ref(const Tensor& x) {
+  auto v = x.to_vector<double>();
+  const int64_t r = x.size(0), c = x.size(1);
+  std::vector<double> out(v.size());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) out[j * r + i] = v[i * c + j];
+  return from_vector<double>(out, {static_cast<int64_t>(out.size())}).reshape({c, r});
+}
+}  // namespace
+
+TEST_CASE("views through the harness") {
+  run_case(view_case("reshape", {2, 3, 4}, [](const Tensor& x) { return reshape(x, {4, -1}); },
+                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>()).reshape({4, 6}); }));
+  run_case(view_case("transpose", {3, 5}, [](const Tensor& x) { return x.t() * 1.0; }, transpose_ref,
+                     {0, 5}));
+  run_case(view_case("permute_contiguous", {3, 5},
+                     [](const Tensor& x) { return permute(x, {1, 0}).contiguous(); }, transpose_ref));
+  run_case(view_case("slice_step", {7, 3}, [](const Tensor& x) { return slice(x, 0, 1, 7, 2); },
+                     [](const Tensor& x) {
+                       auto v = x.to_vector<double>();
+                       std::vector<double> out;
+                       for (int i = 1; i < 7; i += 2)
+                         for (int j = 0; j < 3; ++j) out.push_back(v[i * 3 + j]);
+                       return from_vector<double>(out).reshape({3, 3});
+                     }));
+  run_case(view_case("select", {4, 3}, [](const Tensor& x) { return select(x, 1, -1); },
+                     [](const Tensor& x) {
+                       auto v = x.to_vector<double>();
+                       std::vector<double> out;
+                       for (int64_t i = 0; i < x.size(0); ++i) out.push_back(v[i * 3 + 2]);
+                       return from_vector<double>(out, {x.size(0)});
+                     }, {0, 3}));
+  run_case(view_case("narrow", {5, 2}, [](const Tensor& x) { return narrow(x, 0, 1, 3); },
+                     [](const Tensor& x) {
+                       auto v = x.to_vector<double>();
+                       return from_vector<double>(std::vector<double>(v.begin() + 2, v.begin() + 8))
+                           .reshape({3, 2});
+                     }));
+  run_case(view_case("expand", {3, 1}, [](const Tensor& x) { return expand(x, {2, x.size(0), 4}); },
+                     [](const Tensor& x) {
+                       return ref_elementwise({x, zeros({2, x.size(0), 4}, {.dtype = DType::f64})},
+                                              [](const std::vector<double>& v) { return v[0]; });
+                     }, {0, 1}));
+  run_case(view_case("squeeze_unsqueeze", {3, 1, 2},
+                     [](const Tensor& x) { return unsqueeze(squeeze(x, 1), 0); },
+                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>()).reshape({1, 3, 2}); }));
+  run_case(view_case("flatten_unflatten", {2, 3, 4},
+                     [](const Tensor& x) { return unflatten(flatten(x, 1), 1, {4, -1}); },
+                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>(), {x.numel()}).reshape({x.size(0), 4, -1}); },
+                     {2, 0, 4}));
+}
+
+TEST_CASE("views share storage; reshape copies only when it must") {
+  Tensor x = arange(0, 12, 1, {.dtype = DType::f32}).reshape({3, 4});
+  Tensor v = x.view({4, 3});
+  CHECK(v.storage() == x.storage());
+  Tensor t = x.t();
+  CHECK(t.storage() == x.storage());
+  CHECK_THROWS_WITH_AS(t.view({12}), doctest::Contains("use reshape"), std::invalid_argument);
+  Tensor r = t.reshape({12});
+  CHECK(r.storage() != x.storage());
+  CHECK(r.to_vector<float>()[1] == 4.0f);
+  // A slice of a transpose can still be viewed when the merged dims are contiguous.
+  Tensor y = arange(0, 24, 1, {.dtype = DType::f32}).reshape({2, 3, 4}).permute({1, 0, 2});
+  CHECK_THROWS_AS(y.view({3, 8}), std::invalid_argument);
+  CHECK(y.view({3, 2, 2, 2}).storage() == y.storage());
+  CHECK(y.view({3, 2, 2, 2}).contiguous().to_vector<float>() == y.contiguous().to_vector<float>());
+  CHECK(y.reshape({3, 8}).to_vector<float>()[4] == 12.0f);
+  Tensor e = x.slice(1, 0, 1).expand({3, 5});
+  CHECK(e.strides()[1] == 0);
+  CHECK_THROWS_AS(x.expand({4, 4}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(x.select(0, 3), doctest::Contains("[select] index 3 out of range"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(x.reshape({5, -1}), doctest::Contains("[reshape]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(x.permute({0, 0}), doctest::Contains("[permute]"), std::invalid_argument);
+  CHECK(x.slice(0, -2, 100).shape() == Shape{2, 4});
+  CHECK(x.slice(0, 5, 9).shape() == Shape{0, 4});
+}
+
+TEST_CASE("a write through a view is seen by the base") {
+  Tensor x = zeros({3, 4});
+  fill_(x.select(0, 1), 7.0);
+  copy_(x.slice(1, 0, 4, 3), full({3, 2}, 2.0));
+  auto v = x.to_vector<float>();
+  CHECK(v[4] == 2.0f);
+  CHECK(v[5] == 7.0f);
+  CHECK(v[7] == 2.0f);
+  CHECK(v[0] == 2.0f);
+  CHECK(v[1] == 0.0f);
+}
