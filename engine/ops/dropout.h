@@ -1,3 +1,14 @@
 #pragma once
-// Placeholder: filled in by its owner.
+// Dropout with an explicit Generator (no global random state).
+#include "engine/random/generator.h"
 #include "engine/tensor.h"
+
+namespace quanta {
+
+/** Inverted dropout: in training, x * mask / (1 - p) with
+ * mask = bernoulli(x.shape(), 1 - p, gen) (sampling.h), so the gradient is
+ * g * mask / (1 - p). Returns x itself (drawing nothing) when !training or
+ * p == 0, and x * 0 (no draw) when p == 1. Needs 0 <= p <= 1 and a floating x. */
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+}  // namespace quanta

@@ -1,1 +1,345 @@
-// Placeholder: filled in by its owner.
+// Samplers: validate, take one stream slice, then map words to values in
+// parallel (the word -> element rules are documented in sampling.h).
+#include "engine/random/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/cpu/convert.h"
+#include "engine/cpu/parallel.h"
+#include "engine/dispatch.h"
+#include "engine/ops/elementwise.h"
+
+namespace quanta {
+namespace {
+
+constexpr double kTwoPi = 6.283185307179586;
+constexpr double k2Pow32 = 4294967296.0;
+
+void check_shape(const char* op, const Shape& shape) {
+  for (int64_t s : shape)
+    if (s < 0)
+      throw std::invalid_argument(std::string("[") + op + "] negative size in shape " +
+                                  shape_str(shape));
+}
+
+void check_floating(const char* op, DType t) {
+  if (!is_floating(t)) detail::bad_dtype(op, t, "expected a floating dtype");
+}
+
+Tensor finish(Tensor t, const TensorOptions& opts) {
+  t = t.to(opts.device);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+// Calls f(g, words) for groups g in [0, groups), group g owning words
+// [g * W, (g + 1) * W) of `s`. Words are computed chunk by chunk on the stack.
+template <int W, class F>
+void for_groups(const PhiloxStream& s, int64_t groups, F&& f) {
+  constexpr int64_t kChunk = 512;
+  cpu::parallel_for(0, groups, cpu::kGrainElements / 4, [&](int64_t lo, int64_t hi) {
+    uint32_t buf[kChunk * W];
+    for (int64_t c = lo; c < hi; c += kChunk) {
+      const int64_t m = std::min(kChunk, hi - c);
+      s.words(c * W, (c + m) * W, buf);
+      for (int64_t k = 0; k < m; ++k) f(c + k, buf + k * W);
+    }
+  });
+}
+
+inline uint64_t u64_of(const uint32_t* w) {
+  return (static_cast<uint64_t>(w[1]) << 32) | w[0];
+}
+// [0, 1) with 53 random bits.
+inline double u53(const uint32_t* w) {
+  return static_cast<double>(u64_of(w) >> 11) * 0x1p-53;
+}
+
+// High 64 bits of a * b, portably (no 128-bit integer type).
+constexpr uint64_t mulhi64(uint64_t a, uint64_t b) {
+  const uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32;
+  const uint64_t b_lo = b & 0xffffffffu, b_hi = b >> 32;
+  const uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo;
+  const uint64_t lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
+  const uint64_t cross = (lo_lo >> 32) + (hi_lo & 0xffffffffu) + lo_hi;
+  return (hi_lo >> 32) + (cross >> 32) + hi_hi;
+}
+static_assert(mulhi64(~0ull, ~0ull) == ~0ull - 1);
+static_assert(mulhi64(1ull << 63, 6) == 3);
+
+// Uniform [0, 1) in T's own precision (one word, or two for f64).
+template <class T> Tensor uniform01(const Shape& shape, Generator& gen) {
+  Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
+  const int64_t n = out.numel();
+  T* p = out.data<T>();
+  if constexpr (std::is_same_v<T, double>) {
+    for_groups<2>(gen.take(2 * n), n, [p](int64_t i, const uint32_t* w) { p[i] = u53(w); });
+  } else {
+    for_groups<1>(gen.take(n), n, [p](int64_t i, const uint32_t* w) {
+      if constexpr (std::is_same_v<T, float>) p[i] = static_cast<float>(w[0] >> 8) * 0x1p-24f;
+      if constexpr (std::is_same_v<T, bf16>) p[i] = T(static_cast<float>(w[0] >> 24) * 0x1p-8f);
+      if constexpr (std::is_same_v<T, f16>) p[i] = T(static_cast<float>(w[0] >> 21) * 0x1p-11f);
+    });
+  }
+  return out;
+}
+
+// Standard normal in f32 (computed in f64) or f64, Box-Muller on pairs.
+template <class T> Tensor standard_normal(const Shape& shape, Generator& gen) {
+  Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
+  const int64_t n = out.numel(), pairs = (n + 1) / 2;
+  T* p = out.data<T>();
+  auto emit = [p, n](int64_t j, double u1, double u2) {
+    const double r = std::sqrt(-2.0 * std::log(u1)), t = kTwoPi * u2;
+    p[2 * j] = static_cast<T>(r * std::cos(t));
+    if (2 * j + 1 < n) p[2 * j + 1] = static_cast<T>(r * std::sin(t));
+  };
+  if constexpr (std::is_same_v<T, double>) {
+    for_groups<4>(gen.take(4 * pairs), pairs, [&](int64_t j, const uint32_t* w) {
+      emit(j, static_cast<double>((u64_of(w) >> 11) + 1) * 0x1p-53, u53(w + 2));
+    });
+  } else {
+    for_groups<2>(gen.take(2 * pairs), pairs, [&](int64_t j, const uint32_t* w) {
+      emit(j, (static_cast<double>(w[0]) + 1.0) / k2Pow32, static_cast<double>(w[1]) / k2Pow32);
+    });
+  }
+  return out;
+}
+
+// The dtype in-place fills draw in: f64 for f64, else f32.
+DType draw_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+void check_fill_target(const char* op, const Tensor& t) {
+  if (!t.defined()) throw std::invalid_argument(std::string("[") + op + "] undefined tensor");
+  check_floating(op, t.dtype());
+  if (grad_enabled() && t.requires_grad())
+    throw std::invalid_argument(std::string("[") + op +
+                                "] in-place update of a tensor that requires grad; run it "
+                                "under NoGradGuard (as initialisers do)");
+}
+
+// vals (CPU, f32/f64) -> a * vals + b, written into t (any float dtype/device).
+void affine_into(const Tensor& t, Tensor vals, double a, double b) {
+  dispatch_float(vals.dtype(), "random fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = vals.data<T>();
+    const T ta = static_cast<T>(a), tb = static_cast<T>(b);
+    cpu::parallel_for(0, vals.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) p[i] = tb + ta * p[i];
+    });
+  });
+  if (vals.dtype() != t.dtype()) vals = vals.to(t.dtype());
+  if (!t.device().is_cpu()) vals = vals.to(t.device());
+  NoGradGuard no_grad;  // t was checked above; copy_ need not see grad mode
+  copy_(t, vals);
+}
+
+bool representable(int64_t v, DType t) {
+  switch (t) {
+    case DType::i32:
+      return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+    case DType::u8: return v >= 0 && v <= 255;
+    default: return true;
+  }
+}
+
+}  // namespace
+
+Tensor rand(const Shape& shape, Generator& gen, const TensorOptions& opts) {
+  check_shape("rand", shape);
+  check_floating("rand", opts.dtype);
+  Tensor out;
+  switch (opts.dtype) {
+    case DType::f64: out = uniform01<double>(shape, gen); break;
+    case DType::bf16: out = uniform01<bf16>(shape, gen); break;
+    case DType::f16: out = uniform01<f16>(shape, gen); break;
+    default: out = uniform01<float>(shape, gen); break;
+  }
+  return finish(out, opts);
+}
+
+Tensor randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {
+  check_shape("randn", shape);
+  check_floating("randn", opts.dtype);
+  Tensor out = opts.dtype == DType::f64 ? standard_normal<double>(shape, gen)
+                                        : standard_normal<float>(shape, gen);
+  if (out.dtype() != opts.dtype) out = out.to(opts.dtype);
+  return finish(out, opts);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen,
+               const TensorOptions& opts) {
+  check_shape("randint", shape);
+  if (!(low < high))
+    throw std::invalid_argument("[randint] need low < high: got low=" + std::to_string(low) +
+                                ", high=" + std::to_string(high));
+  if (opts.dtype == DType::boolean || !dtype_info(opts.dtype).arithmetic)
+    detail::bad_dtype("randint", opts.dtype, "expected an integer or floating dtype");
+  if (!representable(low, opts.dtype) || !representable(high - 1, opts.dtype))
+    throw std::invalid_argument("[randint] range [" + std::to_string(low) + ", " +
+                                std::to_string(high) + ") does not fit dtype " +
+                                dtype_name(opts.dtype));
+  Tensor out = detail::make_tensor(shape, DType::i64, Device::cpu());
+  const int64_t n = out.numel();
+  int64_t* p = out.data<int64_t>();
+  // Unsigned arithmetic: r up to 2^64 - 1 and the wrapping add are exact.
+  const uint64_t r = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  const uint64_t base = static_cast<uint64_t>(low);
+  for_groups<2>(gen.take(2 * n), n, [=](int64_t i, const uint32_t* w) {
+    p[i] = static_cast<int64_t>(base + mulhi64(u64_of(w), r));
+  });
+  if (opts.dtype != DType::i64) out = out.to(opts.dtype);
+  return finish(out, opts);
+}
+
+Tensor randperm(int64_t n, Generator& gen, const TensorOptions& opts) {
+  if (n < 0)
+    throw std::invalid_argument("[randperm] n must be >= 0: got " + std::to_string(n));
+  if (opts.dtype == DType::boolean || !dtype_info(opts.dtype).arithmetic)
+    detail::bad_dtype("randperm", opts.dtype, "expected an integer or floating dtype");
+  std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(n));
+  for_groups<2>(gen.take(2 * n), n, [&](int64_t i, const uint32_t* w) {
+    keyed[static_cast<size_t>(i)] = {u64_of(w), i};
+  });
+  std::sort(keyed.begin(), keyed.end());  // (key, index): a total order
+  Tensor out = detail::make_tensor({n}, DType::i64, Device::cpu());
+  int64_t* p = out.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = keyed[static_cast<size_t>(i)].second;
+  if (opts.dtype != DType::i64) out = out.to(opts.dtype);
+  return finish(out, opts);
+}
+
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
+                   Generator& gen) {
+  if (!probs.defined()) throw std::invalid_argument("[multinomial] undefined probs");
+  if (probs.dim() != 1 && probs.dim() != 2)
+    throw std::invalid_argument("[multinomial] probs must be 1-d or 2-d: got shape " +
+                                shape_str(probs.shape()));
+  if (!is_floating(probs.dtype()) && !is_integral(probs.dtype()))
+    detail::bad_dtype("multinomial", probs.dtype(), "expected floating or integer weights");
+  if (num_samples < 0)
+    throw std::invalid_argument("[multinomial] num_samples must be >= 0: got " +
+                                std::to_string(num_samples));
+  const bool one_d = probs.dim() == 1;
+  const int64_t rows = one_d ? 1 : probs.size(0), k = probs.size(-1);
+  if (!replacement && num_samples > k)
+    throw std::invalid_argument("[multinomial] cannot draw " + std::to_string(num_samples) +
+                                " samples without replacement from " + std::to_string(k) +
+                                " categories");
+  Tensor w = probs.detach().to(Device::cpu()).to(DType::f64).contiguous();
+  const double* wp = w.data<double>();
+  // Validate every row before drawing anything (no throwing inside loops below).
+  std::vector<double> cdf(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    int64_t positive = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const double v = wp[r * k + j];
+      if (!(v >= 0) || std::isinf(v))
+        throw std::invalid_argument("[multinomial] weights must be finite and non-negative: "
+                                    "got " + std::to_string(v) + " at row " +
+                                    std::to_string(r) + ", column " + std::to_string(j));
+      positive += v > 0;
+      acc += v;
+      cdf[static_cast<size_t>(r * k + j)] = acc;
+    }
+    if (positive == 0)
+      throw std::invalid_argument("[multinomial] row " + std::to_string(r) +
+                                  " has no positive weight");
+    if (std::isinf(acc))
+      throw std::invalid_argument("[multinomial] weights of row " + std::to_string(r) +
+                                  " sum to infinity; rescale them");
+    if (!replacement && num_samples > positive)
+      throw std::invalid_argument("[multinomial] row " + std::to_string(r) + " has only " +
+                                  std::to_string(positive) + " categories with positive "
+                                  "weight, asked for " + std::to_string(num_samples) +
+                                  " samples without replacement");
+  }
+  Tensor out = detail::make_tensor(one_d ? Shape{num_samples} : Shape{rows, num_samples},
+                                   DType::i64, Device::cpu());
+  int64_t* op = out.data<int64_t>();
+  if (replacement) {
+    const int64_t n = rows * num_samples;
+    for_groups<2>(gen.take(2 * n), n, [&](int64_t i, const uint32_t* wd) {
+      const int64_t r = i / num_samples;
+      const double* c = cdf.data() + r * k;
+      const double x = u53(wd) * c[k - 1];
+      // First category whose cumulative weight exceeds x: never a zero weight.
+      int64_t j = std::upper_bound(c, c + k, x) - c;
+      if (j == k) j = k - 1;  // x rounded up to the total (cannot in exact math)
+      while (wp[r * k + j] == 0) --j;
+      op[i] = j;
+    });
+  } else {
+    // Exponential race: key = ln(E) - ln(w), E = -ln u ~ Exp(1); zero weights
+    // get +inf and positive ones stay finite or -inf, so they are never taken
+    // (validated: at least num_samples positive weights per row).
+    std::vector<double> keys(static_cast<size_t>(rows * k));
+    for_groups<2>(gen.take(2 * rows * k), rows * k, [&](int64_t i, const uint32_t* wd) {
+      const double u = static_cast<double>((u64_of(wd) >> 11) + 1) * 0x1p-53;  // (0, 1]
+      keys[static_cast<size_t>(i)] = wp[i] > 0 ? std::log(-std::log(u)) - std::log(wp[i])
+                                               : std::numeric_limits<double>::infinity();
+    });
+    const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(k, 1));
+    cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+      std::vector<int64_t> idx(static_cast<size_t>(k));
+      for (int64_t r = lo; r < hi; ++r) {
+        const double* key = keys.data() + r * k;
+        std::iota(idx.begin(), idx.end(), int64_t{0});
+        std::partial_sort(idx.begin(), idx.begin() + num_samples, idx.end(),
+                          [key](int64_t a, int64_t b) {
+                            return key[a] < key[b] || (key[a] == key[b] && a < b);
+                          });
+        std::copy(idx.begin(), idx.begin() + num_samples, op + r * num_samples);
+      }
+    });
+  }
+  return out.to(probs.device());
+}
+
+Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptions& opts) {
+  check_shape("bernoulli", shape);
+  if (!(p >= 0 && p <= 1))
+    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
+  Tensor out = detail::make_tensor(shape, opts.dtype, Device::cpu());
+  const int64_t n = out.numel();
+  dispatch_all(opts.dtype, "bernoulli", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.raw_data());
+    const T one = cpu::cast<T>(1.0), zero = cpu::cast<T>(0.0);
+    for_groups<1>(gen.take(n), n, [=](int64_t i, const uint32_t* w) {
+      o[i] = static_cast<double>(w[0]) / k2Pow32 < p ? one : zero;
+    });
+  });
+  return finish(out, opts);
+}
+
+void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {
+  check_fill_target("uniform_", t);
+  if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))
+    throw std::invalid_argument("[uniform_] need finite lo <= hi: got lo=" +
+                                std::to_string(lo) + ", hi=" + std::to_string(hi));
+  Tensor u = draw_dtype(t.dtype()) == DType::f64 ? uniform01<double>(t.shape(), gen)
+                                                 : uniform01<float>(t.shape(), gen);
+  affine_into(t, u, hi - lo, lo);
+}
+
+void normal_(const Tensor& t, double mean, double std, Generator& gen) {
+  check_fill_target("normal_", t);
+  if (!(std >= 0) || !std::isfinite(std) || !std::isfinite(mean))
+    throw std::invalid_argument("[normal_] need finite mean and std >= 0: got mean=" +
+                                std::to_string(mean) + ", std=" + std::to_string(std));
+  Tensor z = draw_dtype(t.dtype()) == DType::f64 ? standard_normal<double>(t.shape(), gen)
+                                                 : standard_normal<float>(t.shape(), gen);
+  affine_into(t, z, std, mean);
+}
+
+}  // namespace quanta

@@ -1,1 +1,425 @@
-// Placeholder: filled in by its owner.
+// Samplers and dropout: the documented word -> value rules (replayed from a
+// copy of the generator), distribution statistics on large fixed-seed draws,
+// validation, zero-size inputs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "quanta.h"
+
+using namespace quanta;
+
+namespace {
+
+std::vector<uint32_t> words(Generator g, int64_t n) {  // a copy: replays the stream
+  std::vector<uint32_t> w(static_cast<size_t>(n));
+  g.fill_u32(w.data(), n);
+  return w;
+}
+
+struct Stats {
+  double mean, var;
+};
+Stats stats(const std::vector<double>& v) {
+  double m = 0, q = 0;
+  for (double x : v) m += x;
+  m /= static_cast<double>(v.size());
+  for (double x : v) q += (x - m) * (x - m);
+  return {m, q / static_cast<double>(v.size())};
+}
+
+// Pearson chi-square of counts against equal expected counts.
+double chi_square_uniform(const std::vector<int64_t>& counts) {
+  double total = 0;
+  for (auto c : counts) total += static_cast<double>(c);
+  const double e = total / static_cast<double>(counts.size());
+  double chi = 0;
+  for (auto c : counts) chi += (static_cast<double>(c) - e) * (static_cast<double>(c) - e) / e;
+  return chi;
+}
+
+}  // namespace
+
+TEST_CASE("rand: f32 uses (w >> 8) * 2^-24, f64 uses 53 bits of two words") {
+  Generator g(21);
+  const auto w = words(g, 16);
+  const auto f = rand({2, 3}, g, {}).to_vector<float>();
+  for (size_t i = 0; i < 6; ++i) CHECK(f[i] == static_cast<float>(w[i] >> 8) * 0x1p-24f);
+  CHECK(g.offset().lo == 2);
+
+  Generator h(21);
+  const auto d = rand({3}, h, {.dtype = DType::f64}).to_vector<double>();
+  for (size_t i = 0; i < 3; ++i) {
+    const uint64_t x = (static_cast<uint64_t>(w[2 * i + 1]) << 32) | w[2 * i];
+    CHECK(d[i] == static_cast<double>(x >> 11) * 0x1p-53);
+  }
+  CHECK(h.offset().lo == 2);  // 6 words
+}
+
+TEST_CASE("rand: uniform [0,1) statistics on 1e6 samples, f32 and f64") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g = Generator::named(1, "rand.stats");
+    const auto v = rand({1000, 1000}, g, {.dtype = dt}).to_vector<double>();
+    CHECK(*std::min_element(v.begin(), v.end()) >= 0.0);
+    CHECK(*std::max_element(v.begin(), v.end()) < 1.0);
+    const Stats s = stats(v);
+    CHECK(std::abs(s.mean - 0.5) < 2e-3);          // sd of the mean ~2.9e-4
+    CHECK(std::abs(s.var - 1.0 / 12.0) < 5e-4);    // sd of the variance ~7.5e-5
+  }
+}
+
+TEST_CASE("rand: 16-bit floats stay in [0,1) on their own grid") {
+  Generator g(4);
+  const auto b = rand({4096}, g, {.dtype = DType::bf16});
+  CHECK(b.dtype() == DType::bf16);
+  const auto bv = b.to_vector<double>();
+  for (double x : bv) {
+    CHECK(x >= 0.0);
+    CHECK(x < 1.0);
+    CHECK(x * 256 == std::floor(x * 256));
+  }
+  const auto h = rand({4096}, g, {.dtype = DType::f16}).to_vector<double>();
+  CHECK(*std::max_element(h.begin(), h.end()) < 1.0);
+  CHECK(stats(h).mean == doctest::Approx(0.5).epsilon(0.05));
+}
+
+TEST_CASE("rand/randn: reproducible from (key, offset), options honoured") {
+  Generator a(77), b(77);
+  CHECK(rand({5, 7}, a).to_vector<float>() == rand({5, 7}, b).to_vector<float>());
+  CHECK(randn({9}, a).to_vector<float>() == randn({9}, b).to_vector<float>());
+  CHECK(rand({3}, a).to_vector<float>() != rand({3}, a).to_vector<float>());
+  const Tensor r = rand({3}, a, {.dtype = DType::f64, .requires_grad = true});
+  CHECK(r.requires_grad());
+  CHECK(r.dtype() == DType::f64);
+  CHECK_THROWS_AS(rand({2}, a, {.dtype = DType::i64}), std::invalid_argument);
+  CHECK_THROWS_AS(randn({2}, a, {.dtype = DType::i32}), std::invalid_argument);
+  CHECK_THROWS_AS(rand({-1, 2}, a), std::invalid_argument);
+}
+
+TEST_CASE("randn: Box-Muller on pairs, words as documented") {
+  Generator g(8);
+  const auto w = words(g, 8);
+  const auto z = randn({3}, g).to_vector<float>();
+  CHECK(g.offset().lo == 1);  // 2 pairs * 2 words
+  for (int j = 0; j < 2; ++j) {
+    const double u1 = (static_cast<double>(w[2 * j]) + 1.0) / 4294967296.0;
+    const double u2 = static_cast<double>(w[2 * j + 1]) / 4294967296.0;
+    const double r = std::sqrt(-2.0 * std::log(u1)), t = 6.283185307179586 * u2;
+    CHECK(z[2 * j] == static_cast<float>(r * std::cos(t)));
+    if (2 * j + 1 < 3) CHECK(z[2 * j + 1] == static_cast<float>(r * std::sin(t)));
+  }
+  // An odd count is the even count's prefix.
+  Generator h(8);
+  const auto z4 = randn({4}, h).to_vector<float>();
+  CHECK(std::vector<float>(z4.begin(), z4.begin() + 3) == z);
+
+  Generator d(8);
+  const auto zd = randn({2}, d, {.dtype = DType::f64}).to_vector<double>();
+  CHECK(d.offset().lo == 1);  // one pair = four words = one block
+  auto x53 = [&](int a) {
+    return static_cast<double>(((static_cast<uint64_t>(w[a + 1]) << 32) | w[a]) >> 11);
+  };
+  const double u1 = (x53(0) + 1) * 0x1p-53, u2 = x53(2) * 0x1p-53;
+  CHECK(zd[0] == std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  CHECK(zd[1] == std::sqrt(-2.0 * std::log(u1)) * std::sin(6.283185307179586 * u2));
+}
+
+TEST_CASE("randn: mean 0, std 1 on 1e6 samples") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g = Generator::named(2, "randn.stats");
+    const auto v = randn({1000000}, g, {.dtype = dt}).to_vector<double>();
+    const Stats s = stats(v);
+    CHECK(std::abs(s.mean) < 5e-3);
+    CHECK(std::abs(std::sqrt(s.var) - 1.0) < 5e-3);
+    // Tails: P(|z| > 2) = 0.0455.
+    const auto tail = std::count_if(v.begin(), v.end(), [](double x) { return std::abs(x) > 2; });
+    CHECK(static_cast<double>(tail) / 1e6 == doctest::Approx(0.0455).epsilon(0.03));
+  }
+  Generator g(3);
+  const Tensor b = randn({100}, g, {.dtype = DType::bf16});
+  CHECK(b.dtype() == DType::bf16);
+  CHECK(b.shape() == Shape{100});
+}
+
+TEST_CASE("randint: range, multiply-shift rule, chi-square uniformity") {
+  Generator g(31);
+  const auto w = words(g, 8);
+  const auto first = randint(-3, 7, {4}, g).to_vector<int64_t>();
+  for (size_t i = 0; i < 4; ++i) {
+    const uint64_t x = (static_cast<uint64_t>(w[2 * i + 1]) << 32) | w[2 * i];
+    const auto expect = static_cast<int64_t>((static_cast<unsigned __int128>(x) * 10) >> 64) - 3;
+    CHECK(first[i] == expect);
+  }
+  const Tensor t = randint(-3, 7, {100000}, g);
+  CHECK(t.dtype() == DType::i64);
+  std::vector<int64_t> counts(10, 0);
+  for (int64_t v : t.to_vector<int64_t>()) {
+    REQUIRE(v >= -3);
+    REQUIRE(v < 7);
+    ++counts[static_cast<size_t>(v + 3)];
+  }
+  CHECK(chi_square_uniform(counts) < 27.9);  // df 9, p = 0.001
+
+  const auto one = randint(5, 6, {50}, g).to_vector<int64_t>();
+  CHECK(std::all_of(one.begin(), one.end(), [](int64_t v) { return v == 5; }));
+  const auto wide = randint(std::numeric_limits<int64_t>::min(),
+                            std::numeric_limits<int64_t>::max(), {1000}, g)
+                        .to_vector<int64_t>();
+  CHECK(std::count_if(wide.begin(), wide.end(), [](int64_t v) { return v < 0; }) > 400);
+  CHECK(std::count_if(wide.begin(), wide.end(), [](int64_t v) { return v > 0; }) > 400);
+
+  const Tensor small = randint(0, 256, {64}, g, {.dtype = DType::u8});
+  CHECK(small.dtype() == DType::u8);
+  CHECK(randint(-5, 5, {8}, g, {.dtype = DType::i32}).dtype() == DType::i32);
+  CHECK(randint(0, 4, {8}, g, {.dtype = DType::f32}).dtype() == DType::f32);
+
+  const PhiloxOffset before = g.offset();
+  CHECK_THROWS_AS(randint(3, 3, {2}, g), std::invalid_argument);
+  CHECK_THROWS_AS(randint(0, 257, {2}, g, {.dtype = DType::u8}), std::invalid_argument);
+  CHECK_THROWS_AS(randint(-1, 2, {2}, g, {.dtype = DType::u8}), std::invalid_argument);
+  CHECK_THROWS_AS(randint(0, 2, {2}, g, {.dtype = DType::boolean}), std::invalid_argument);
+  CHECK(g.offset() == before);  // failed calls draw nothing
+}
+
+TEST_CASE("randperm: a permutation, uniform over orders") {
+  Generator g(12);
+  const auto p = randperm(1000, g).to_vector<int64_t>();
+  std::vector<int64_t> sorted = p;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1000; ++i) CHECK(sorted[static_cast<size_t>(i)] == i);
+  std::vector<int64_t> identity(1000);
+  for (int64_t i = 0; i < 1000; ++i) identity[static_cast<size_t>(i)] = i;
+  CHECK(p != identity);
+
+  Generator a(12);
+  CHECK(randperm(1000, a).to_vector<int64_t>() == p);
+  CHECK(randperm(0, g).shape() == Shape{0});
+  CHECK(randperm(1, g).to_vector<int64_t>() == std::vector<int64_t>{0});
+  CHECK_THROWS_AS(randperm(-1, g), std::invalid_argument);
+
+  std::map<std::vector<int64_t>, int64_t> seen;
+  for (int k = 0; k < 6000; ++k) ++seen[randperm(3, g).to_vector<int64_t>()];
+  REQUIRE(seen.size() == 6);
+  std::vector<int64_t> counts;
+  for (auto& [perm, c] : seen) counts.push_back(c);
+  CHECK(chi_square_uniform(counts) < 20.5);  // df 5, p = 0.001
+}
+
+TEST_CASE("multinomial without replacement: no repeats, frequencies follow weights") {
+  Generator g(13);
+  const Tensor w = from_vector<float>({1, 2, 3, 4, 0});
+  for (int k = 0; k < 200; ++k) {
+    const auto s = multinomial(w, 4, false, g).to_vector<int64_t>();
+    CHECK(std::set<int64_t>(s.begin(), s.end()).size() == 4);
+    CHECK(std::find(s.begin(), s.end(), 4) == s.end());
+  }
+  // The first draw of each row follows the weights.
+  const Tensor rows = from_vector<double>({1, 2, 3, 4, 0, 5, 0, 5, 0, 0}, {2, 5});
+  std::vector<double> first0(5, 0), first1(5, 0);
+  const int trials = 20000;
+  for (int k = 0; k < trials; ++k) {
+    const Tensor s = multinomial(rows, 2, false, g);
+    CHECK(s.shape() == Shape{2, 2});
+    const auto v = s.to_vector<int64_t>();
+    CHECK(v[0] != v[1]);
+    CHECK(v[2] != v[3]);
+    first0[static_cast<size_t>(v[0])] += 1.0 / trials;
+    first1[static_cast<size_t>(v[2])] += 1.0 / trials;
+  }
+  for (int j = 0; j < 5; ++j)
+    CHECK(std::abs(first0[static_cast<size_t>(j)] - (j < 4 ? (j + 1) / 10.0 : 0.0)) < 0.015);
+  CHECK(first1[0] == doctest::Approx(0.5).epsilon(0.04));
+  CHECK(first1[2] == doctest::Approx(0.5).epsilon(0.04));
+  CHECK(first1[1] + first1[3] + first1[4] == 0.0);
+}
+
+TEST_CASE("multinomial with replacement: frequencies follow weights") {
+  Generator g(14);
+  const Tensor w = from_vector<double>({0.1, 0, 0.6, 0.3});
+  const auto s = multinomial(w, 100000, true, g).to_vector<int64_t>();
+  std::vector<double> freq(4, 0);
+  for (int64_t v : s) freq[static_cast<size_t>(v)] += 1e-5;
+  CHECK(std::abs(freq[0] - 0.1) < 5e-3);
+  CHECK(freq[1] == 0.0);
+  CHECK(std::abs(freq[2] - 0.6) < 5e-3);
+  CHECK(std::abs(freq[3] - 0.3) < 5e-3);
+  // Weights need not be normalised; integer weights work.
+  const auto t = multinomial(from_vector<int64_t>({0, 3, 0}), 50, true, g).to_vector<int64_t>();
+  CHECK(std::all_of(t.begin(), t.end(), [](int64_t v) { return v == 1; }));
+}
+
+TEST_CASE("multinomial: validation and zero sizes") {
+  Generator g(15);
+  const PhiloxOffset before = g.offset();
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, -1, 2}), 1, true, g), std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, NAN, 2}), 1, true, g), std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, INFINITY}), 1, true, g),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, 1, 0, 0}, {2, 2}), 1, true, g),
+                  std::invalid_argument);  // row 1 all zero
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, 1, 1}), 4, false, g),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, 0, 1}), 3, false, g),
+                  std::invalid_argument);  // only two positive weights
+  CHECK_THROWS_AS(multinomial(ones({2, 2, 2}), 1, true, g), std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(ones({3}), -1, true, g), std::invalid_argument);
+  CHECK(g.offset() == before);
+
+  CHECK(multinomial(ones({0, 3}), 2, false, g).shape() == Shape{0, 2});
+  CHECK(multinomial(ones({2, 3}), 0, true, g).shape() == Shape{2, 0});
+  CHECK(multinomial(ones({3}), 3, false, g).dtype() == DType::i64);
+  const auto all = multinomial(ones({3}), 3, false, g).to_vector<int64_t>();
+  CHECK(std::set<int64_t>(all.begin(), all.end()) == std::set<int64_t>{0, 1, 2});
+}
+
+TEST_CASE("bernoulli: rate, word rule, dtypes") {
+  Generator g(16);
+  const auto w = words(g, 5);
+  const auto b = bernoulli({5}, 0.4, g).to_vector<float>();
+  for (size_t i = 0; i < 5; ++i) CHECK(b[i] == (w[i] / 4294967296.0 < 0.4 ? 1.0f : 0.0f));
+
+  const auto v = bernoulli({1000000}, 0.3, g).to_vector<double>();
+  CHECK(std::abs(stats(v).mean - 0.3) < 3e-3);
+  const auto zeros_ = bernoulli({1000}, 0.0, g).to_vector<double>();
+  CHECK(std::all_of(zeros_.begin(), zeros_.end(), [](double x) { return x == 0; }));
+  const auto ones_ = bernoulli({1000}, 1.0, g).to_vector<double>();
+  CHECK(std::all_of(ones_.begin(), ones_.end(), [](double x) { return x == 1; }));
+  CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::boolean}).dtype() == DType::boolean);
+  CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::bf16}).dtype() == DType::bf16);
+  CHECK_THROWS_AS(bernoulli({2}, 1.5, g), std::invalid_argument);
+  CHECK_THROWS_AS(bernoulli({2}, NAN, g), std::invalid_argument);
+}
+
+TEST_CASE("uniform_ / normal_: in place, any float dtype and layout") {
+  Generator g(17);
+  Tensor t = zeros({300, 400});
+  Generator replay = g;
+  uniform_(t, -2.0, 3.0, g);
+  const auto v = t.to_vector<double>();
+  CHECK(*std::min_element(v.begin(), v.end()) >= -2.0);
+  CHECK(*std::max_element(v.begin(), v.end()) < 3.0);
+  CHECK(std::abs(stats(v).mean - 0.5) < 0.02);
+  const auto u = rand({300, 400}, replay).to_vector<float>();
+  CHECK(v[123] == static_cast<float>(-2.0f + 5.0f * u[123]));
+
+  Tensor n = zeros({1000000}, {.dtype = DType::f64});
+  normal_(n, 3.0, 2.0, g);
+  const Stats s = stats(n.to_vector<double>());
+  CHECK(std::abs(s.mean - 3.0) < 0.01);
+  CHECK(std::abs(std::sqrt(s.var) - 2.0) < 0.01);
+
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor h = zeros({64, 64}, {.dtype = dt});
+    normal_(h, 0.0, 1.0, g);
+    CHECK(h.dtype() == dt);
+    CHECK(stats(h.to_vector<double>()).var > 0.8);
+    uniform_(h, 0.0, 1.0, g);
+    CHECK(stats(h.to_vector<double>()).mean == doctest::Approx(0.5).epsilon(0.05));
+  }
+
+  // A non-contiguous view is filled in place, and only where it points.
+  Tensor base = zeros({6, 8});
+  Tensor view = base.slice(1, 0, 8, 2).transpose(0, 1);
+  uniform_(view, 1.0, 2.0, g);
+  const auto bv = base.to_vector<float>();
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 8; ++c) {
+      const float x = bv[static_cast<size_t>(r * 8 + c)];
+      if (c % 2 == 0) CHECK((x >= 1.0f && x < 2.0f));
+      else CHECK(x == 0.0f);
+    }
+
+  Tensor empty_t = zeros({0, 5});
+  const PhiloxOffset before = g.offset();
+  uniform_(empty_t, 0, 1, g);
+  normal_(empty_t, 0, 1, g);
+  CHECK(g.offset() == before);
+}
+
+TEST_CASE("uniform_ / normal_: refuse grad leaves under grad mode, bad arguments") {
+  Generator g(18);
+  Tensor w = zeros({4}).requires_grad_();
+  CHECK_THROWS_AS(uniform_(w, 0, 1, g), std::invalid_argument);
+  CHECK_THROWS_AS(normal_(w, 0, 1, g), std::invalid_argument);
+  {
+    NoGradGuard no_grad;
+    uniform_(w, 0.5, 1.0, g);
+  }
+  CHECK(w.requires_grad());
+  CHECK(w.to_vector<float>()[0] >= 0.5f);
+  Tensor i = zeros({4}, {.dtype = DType::i64});
+  CHECK_THROWS_AS(uniform_(i, 0, 1, g), std::invalid_argument);
+  Tensor f = zeros({4});
+  CHECK_THROWS_AS(uniform_(f, 2, 1, g), std::invalid_argument);
+  CHECK_THROWS_AS(normal_(f, 0, -1, g), std::invalid_argument);
+}
+
+TEST_CASE("random factories are zero-size safe") {
+  Generator g(19);
+  CHECK(rand({0, 3}, g).shape() == Shape{0, 3});
+  CHECK(randn({0}, g, {.dtype = DType::f64}).shape() == Shape{0});
+  CHECK(randn({3, 0}, g).numel() == 0);
+  CHECK(randint(0, 5, {2, 0}, g).shape() == Shape{2, 0});
+  CHECK(bernoulli({0}, 0.5, g).numel() == 0);
+  CHECK(g.offset() == PhiloxOffset{});
+  CHECK(rand({}, g).shape() == Shape{});  // 0-d: one element
+  CHECK(g.offset().lo == 1);
+}
+
+TEST_CASE("dropout: eval and p = 0 are the identity, p = 1 gives zeros") {
+  Generator g(20);
+  Tensor x = rand({4, 5}, g);
+  const PhiloxOffset before = g.offset();
+  CHECK(dropout(x, 0.5, false, g).is_same(x));
+  CHECK(dropout(x, 0.0, true, g).is_same(x));
+  CHECK(g.offset() == before);
+  const auto z = dropout(x, 1.0, true, g).to_vector<float>();
+  CHECK(std::all_of(z.begin(), z.end(), [](float v) { return v == 0.0f; }));
+  CHECK_THROWS_AS(dropout(x, -0.1, true, g), std::invalid_argument);
+  CHECK_THROWS_AS(dropout(x, 1.1, false, g), std::invalid_argument);
+  CHECK_THROWS_AS(dropout(zeros({2}, {.dtype = DType::i64}), 0.5, true, g),
+                  std::invalid_argument);
+}
+
+TEST_CASE("dropout: train scaling and gradient equal mask / (1 - p)") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g = Generator::named(5, "dropout");
+    Tensor x = randn({40, 50}, g, {.dtype = dt}).requires_grad_();
+    Generator replay = g;
+    const double p = 0.25;
+    Tensor y = dropout(x, p, true, g);
+    const auto mask = bernoulli({40, 50}, 1 - p, replay, {.dtype = DType::f64}).to_vector<double>();
+    const auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-14;
+    for (size_t i = 0; i < xv.size(); ++i)
+      CHECK(std::abs(yv[i] - xv[i] * mask[i] / (1 - p)) <= tol * (1 + std::abs(yv[i])));
+    sum(y).backward();
+    const auto gv = x.grad().to_vector<double>();
+    for (size_t i = 0; i < gv.size(); ++i)
+      CHECK(std::abs(gv[i] - mask[i] / (1 - p)) <= tol * 2);
+    double dropped = 0;
+    for (double m : mask) dropped += m == 0;
+    CHECK(dropped / mask.size() == doctest::Approx(p).epsilon(0.15));
+  }
+}
+
+TEST_CASE("dropout: drop rate on a large input, zero-size input") {
+  Generator g(22);
+  Tensor x = ones({1000, 1000});
+  const auto y = dropout(x, 0.1, true, g).to_vector<float>();
+  const auto zeros_n = std::count(y.begin(), y.end(), 0.0f);
+  CHECK(static_cast<double>(zeros_n) / 1e6 == doctest::Approx(0.1).epsilon(0.02));
+  CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.0f || v == static_cast<float>(1.0 / 0.9); }));
+
+  Tensor e = zeros({0, 4}).requires_grad_();
+  Tensor ye = dropout(e, 0.5, true, g);
+  CHECK(ye.shape() == Shape{0, 4});
+  sum(ye).backward();
+  CHECK(e.grad().shape() == Shape{0, 4});
+}
