@@ -1,1 +1,506 @@
-// Placeholder: filled in by its owner.
+// Op-harness rows for the reductions, softmax and the normalisation-free
+// reductions in reductions.h, plus direct checks of empty reductions, ties,
+// NaN, stability and errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "engine/ops/harness.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+using Values = std::vector<double>;
+
+InputSpec spec(Domain d) {
+  InputSpec s;
+  s.domain = d;
+  return s;
+}
+InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
+  InputSpec s;
+  s.make = std::move(make);
+  return s;
+}
+using RowFn = std::function<double(const Values&)>;
+
+// One row reducing input 0 over `dims` with `op`, checked against `ref`.
+OpCase reduce_case(std::string name, Shape shape, std::function<Tensor(const Tensor&)> op,
+                   std::vector<int64_t> dims, bool keepdim, RowFn ref,
+                   Domain domain = Domain::any, Shape zero_shape = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {std::move(shape)};
+  if (!zero_shape.empty()) c.zero_shapes = {std::move(zero_shape)};
+  c.inputs = {spec(domain)};
+  c.op = [op](const Inputs& x) { return op(x[0]); };
+  c.reference = [dims, keepdim, ref](const Inputs& x) {
+    return ref_reduce(x[0], dims, keepdim, ref);
+  };
+  return c;
+}
+
+// Applies `f` to every line of `x` along `dim` (a reference for cumsum and
+// softmax); returns f64 of x's shape.
+Tensor ref_along(const Tensor& x, int64_t dim, const std::function<Values(const Values&)>& f) {
+  const Shape& s = x.shape();
+  dim = wrap_dim(dim, x.dim(), "ref_along");
+  const Values v = x.to_vector<double>();
+  Values out(v.size());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto idx = unravel(i, s);
+    if (idx[dim] != 0) continue;  // visit each line once, from its first element
+    Values line;
+    for (int64_t j = 0; j < s[dim]; ++j) {
+      idx[dim] = j;
+      line.push_back(v[ravel(idx, s)]);
+    }
+    const Values r = f(line);
+    for (int64_t j = 0; j < s[dim]; ++j) {
+      idx[dim] = j;
+      out[ravel(idx, s)] = r[j];
+    }
+  }
+  const int64_t n = x.numel();
+  return from_vector<double>(out, n ? Shape{n} : Shape{0}).reshape(s);
+}
+
+OpCase along_case(std::string name, Shape shape, int64_t dim,
+                  std::function<Tensor(const Tensor&, int64_t)> op,
+                  std::function<Values(const Values&)> ref, Shape zero_shape = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {std::move(shape)};
+  if (!zero_shape.empty()) c.zero_shapes = {std::move(zero_shape)};
+  c.op = [op, dim](const Inputs& x) { return op(x[0], dim); };
+  c.reference = [ref, dim](const Inputs& x) { return ref_along(x[0], dim, ref); };
+  return c;
+}
+
+double r_prod(const Values& v) {
+  return std::accumulate(v.begin(), v.end(), 1.0, std::multiplies<double>());
+}
+double r_max(const Values& v) { return *std::max_element(v.begin(), v.end()); }
+double r_min(const Values& v) { return *std::min_element(v.begin(), v.end()); }
+double r_argmax(const Values& v) { return std::max_element(v.begin(), v.end()) - v.begin(); }
+double r_argmin(const Values& v) { return std::min_element(v.begin(), v.end()) - v.begin(); }
+RowFn r_var(double correction, bool take_sqrt) {
+  return [=](const Values& v) {
+    const double n = static_cast<double>(v.size());
+    const double m = std::accumulate(v.begin(), v.end(), 0.0) / n;
+    double ss = 0;
+    for (double a : v) ss += (a - m) * (a - m);
+    const double r = ss / std::max(0.0, n - correction);
+    return take_sqrt ? std::sqrt(r) : r;
+  };
+}
+double r_logsumexp(const Values& v) {
+  double s = 0;
+  for (double a : v) s += std::exp(a);
+  return std::log(s);
+}
+RowFn r_norm(double p) {
+  return [p](const Values& v) {
+    if (std::isinf(p)) {
+      double m = 0;
+      for (double a : v) m = std::max(m, std::abs(a));
+      return m;
+    }
+    double s = 0;
+    for (double a : v) s += std::pow(std::abs(a), p);
+    return std::pow(s, 1.0 / p);
+  };
+}
+
+// Inputs of prod with zeros placed so that rows of a [4, 3] input hold no,
+// one, two and three zeros (reduced over dim 1).
+Tensor with_zeros(const Shape& shape, uint64_t seed) {
+  auto v = make_input(shape, Domain::away_from_zero, seed).to_vector<double>();
+  for (int64_t i : {4, 6, 7, 9, 10, 11})
+    if (i < static_cast<int64_t>(v.size())) v[i] = 0;
+  return from_vector<double>(v, {static_cast<int64_t>(v.size())}).reshape(shape);
+}
+
+Tensor bool_input(const Shape& shape, uint64_t seed) {
+  return gt(make_input(shape, Domain::any, seed), scalar(0.7, {.dtype = DType::f64}));
+}
+
+Tensor t64(std::vector<double> v, Shape shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return from_vector<double>(v, shape);
+}
+
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+
+}  // namespace
+
+TEST_CASE("prod through the harness") {
+  auto prod_of = [](std::vector<int64_t> d, bool k) {
+    return [d, k](const Tensor& x) { return prod(x, d, k); };
+  };
+  run_case(reduce_case("prod dim 1", {3, 4}, prod_of({1}, false), {1}, false, r_prod,
+                       Domain::any, {3, 0}));
+  run_case(reduce_case("prod dims 0,2 keepdim", {2, 3, 4}, prod_of({0, -1}, true), {0, 2}, true,
+                       r_prod, Domain::any, {0, 3, 4}));
+  run_case(reduce_case("prod all", {2, 3}, prod_of({}, false), {}, false, r_prod));
+  OpCase zeros_case = reduce_case("prod with zeros", {4, 3}, prod_of({1}, false), {1}, false,
+                                  r_prod);
+  zeros_case.inputs = {spec(with_zeros)};
+  run_case(zeros_case);
+}
+
+TEST_CASE("max, min, amax, amin, argmax, argmin through the harness") {
+  auto d = Domain::distinct;
+  for (bool keep : {false, true}) {
+    const std::string k = keep ? " keepdim" : "";
+    run_case(reduce_case("max dim 1" + k, {3, 4, 5},
+                         [keep](const Tensor& x) { return max(x, 1, keep).values; }, {1}, keep,
+                         r_max, d, {0, 4}));
+    run_case(reduce_case("min dim -1" + k, {3, 4, 5},
+                         [keep](const Tensor& x) { return min(x, -1, keep).values; }, {-1}, keep,
+                         r_min, d, {0, 4}));
+    run_case(reduce_case("amax dims 0,2" + k, {3, 4, 5},
+                         [keep](const Tensor& x) { return amax(x, {0, 2}, keep); }, {0, 2}, keep,
+                         r_max, d, {3, 0, 2}));
+    run_case(reduce_case("amin dim 1" + k, {3, 4},
+                         [keep](const Tensor& x) { return amin(x, {1}, keep); }, {1}, keep, r_min,
+                         d, {0, 4}));
+    OpCase am = reduce_case("argmax dim 0" + k, {4, 5},
+                            [keep](const Tensor& x) { return argmax(x, 0, keep); }, {0}, keep,
+                            r_argmax, d, {4, 0});
+    am.grad = false;
+    run_case(am);
+    OpCase an = reduce_case("argmin dim -1" + k, {3, 4, 5},
+                            [keep](const Tensor& x) { return argmin(x, -1, keep); }, {-1}, keep,
+                            r_argmin, d, {0, 5});
+    an.grad = false;
+    run_case(an);
+  }
+  run_case(reduce_case("max all", {3, 4}, [](const Tensor& x) { return max(x); }, {}, false,
+                       r_max, d));
+  run_case(reduce_case("min all", {3, 4}, [](const Tensor& x) { return min(x); }, {}, false,
+                       r_min, d));
+}
+
+TEST_CASE("var, std and logsumexp through the harness") {
+  for (double corr : {1.0, 0.0}) {
+    const std::string c = corr == 1.0 ? " (correction 1)" : " (correction 0)";
+    run_case(reduce_case("var dim 1" + c, {3, 4},
+                         [corr](const Tensor& x) { return var(x, {1}, corr); }, {1}, false,
+                         r_var(corr, false), Domain::any, {0, 4}));
+    run_case(reduce_case("var dims 0,2 keepdim" + c, {3, 4, 5},
+                         [corr](const Tensor& x) { return var(x, {0, -1}, corr, true); }, {0, 2},
+                         true, r_var(corr, false), Domain::any, {3, 0, 2}));
+    run_case(reduce_case("std all" + c, {3, 4},
+                         [corr](const Tensor& x) { return quanta::std(x, {}, corr); }, {}, false,
+                         r_var(corr, true)));
+    run_case(reduce_case("std dim 0 keepdim" + c, {5, 3},
+                         [corr](const Tensor& x) { return quanta::std(x, {0}, corr, true); },
+                         {0}, true, r_var(corr, true), Domain::any, {5, 0}));
+  }
+  run_case(reduce_case("logsumexp dim 1", {3, 4},
+                       [](const Tensor& x) { return logsumexp(x, {1}); }, {1}, false,
+                       r_logsumexp, Domain::any, {3, 0}));
+  run_case(reduce_case("logsumexp dims 0,2 keepdim", {3, 4, 5},
+                       [](const Tensor& x) { return logsumexp(x, {0, 2}, true); }, {0, 2}, true,
+                       r_logsumexp, Domain::any, {0, 4, 5}));
+}
+
+TEST_CASE("norm through the harness") {
+  run_case(reduce_case("norm p=1 dim 1", {3, 4},
+                       [](const Tensor& x) { return norm(x, 1, {1}); }, {1}, false, r_norm(1),
+                       Domain::away_from_zero, {3, 0}));
+  run_case(reduce_case("norm p=2 all", {3, 4}, [](const Tensor& x) { return norm(x); }, {},
+                       false, r_norm(2)));
+  run_case(reduce_case("norm p=2 dims 0,2 keepdim", {3, 4, 5},
+                       [](const Tensor& x) { return norm(x, 2, {0, 2}, true); }, {0, 2}, true,
+                       r_norm(2), Domain::any, {3, 0, 2}));
+  run_case(reduce_case("norm p=inf dim -1", {3, 4},
+                       [](const Tensor& x) { return norm(x, INFINITY, {-1}); }, {1}, false,
+                       r_norm(INFINITY), Domain::distinct, {0, 4}));
+  run_case(reduce_case("norm p=3 dim 0", {3, 4},
+                       [](const Tensor& x) { return norm(x, 3, {0}); }, {0}, false, r_norm(3),
+                       Domain::away_from_zero, {0, 4}));
+}
+
+TEST_CASE("cumsum, softmax and log_softmax through the harness") {
+  auto ref_cumsum = [](const Values& v) {
+    Values r(v.size());
+    std::partial_sum(v.begin(), v.end(), r.begin());
+    return r;
+  };
+  auto ref_softmax = [](const Values& v) {
+    double s = 0;
+    for (double a : v) s += std::exp(a);
+    Values r;
+    for (double a : v) r.push_back(std::exp(a) / s);
+    return r;
+  };
+  auto ref_log_softmax = [](const Values& v) {
+    double s = 0;
+    for (double a : v) s += std::exp(a);
+    Values r;
+    for (double a : v) r.push_back(a - std::log(s));
+    return r;
+  };
+  auto cs = [](const Tensor& x, int64_t d) { return cumsum(x, d); };
+  auto sm = [](const Tensor& x, int64_t d) { return softmax(x, d); };
+  auto lsm = [](const Tensor& x, int64_t d) { return log_softmax(x, d); };
+  run_case(along_case("cumsum dim 0", {3, 4, 5}, 0, cs, ref_cumsum, {0, 4}));
+  run_case(along_case("cumsum dim 1", {3, 4, 5}, 1, cs, ref_cumsum, {3, 0, 2}));
+  run_case(along_case("cumsum dim -1", {3, 4}, -1, cs, ref_cumsum, {3, 0}));
+  run_case(along_case("softmax dim -1", {3, 4}, -1, sm, ref_softmax, {0, 4}));
+  run_case(along_case("softmax dim 1", {3, 4, 5}, 1, sm, ref_softmax, {2, 0, 3}));
+  run_case(along_case("softmax dim 0", {3, 4}, 0, sm, ref_softmax, {3, 0}));
+  run_case(along_case("log_softmax dim -1", {3, 4}, -1, lsm, ref_log_softmax, {0, 4}));
+  run_case(along_case("log_softmax dim 1", {3, 4, 5}, 1, lsm, ref_log_softmax, {2, 0, 3}));
+  run_case(along_case("log_softmax dim 0", {3, 4}, 0, lsm, ref_log_softmax, {3, 0}));
+}
+
+TEST_CASE("all and any through the harness") {
+  for (bool keep : {false, true}) {
+    OpCase a = reduce_case("all dim 1", {3, 4},
+                           [keep](const Tensor& x) { return all(x, {1}, keep); }, {1}, keep,
+                           [](const Values& v) {
+                             return std::all_of(v.begin(), v.end(), [](double a) { return a; });
+                           },
+                           Domain::any, {3, 0});
+    a.inputs = {spec(bool_input)};
+    a.grad = false;
+    run_case(a);
+    OpCase b = reduce_case("any dims 0,2", {3, 4, 2},
+                           [keep](const Tensor& x) { return any(x, {0, 2}, keep); }, {0, 2}, keep,
+                           [](const Values& v) {
+                             return std::any_of(v.begin(), v.end(), [](double a) { return a; });
+                           },
+                           Domain::any, {0, 4, 2});
+    b.inputs = {spec(bool_input)};
+    b.grad = false;
+    run_case(b);
+  }
+}
+
+TEST_CASE("empty reductions: identities where they exist, errors naming the op otherwise") {
+  const Tensor e = zeros({3, 0});
+  CHECK(prod(e, {1}).shape() == Shape{3});
+  CHECK(vals(prod(e, {1})) == std::vector<double>{1, 1, 1});
+  CHECK(prod(zeros({0})).item() == 1.0);
+  CHECK(vals(all(e, {1})) == std::vector<double>{1, 1, 1});
+  CHECK(vals(any(e, {1})) == std::vector<double>{0, 0, 0});
+  CHECK(all(zeros({0})).item() == 1.0);
+  CHECK(any(zeros({0})).item() == 0.0);
+  CHECK(vals(norm(e, 2, {1})) == std::vector<double>{0, 0, 0});
+  CHECK(vals(norm(e, 1, {1})) == std::vector<double>{0, 0, 0});
+  CHECK(vals(logsumexp(e, {1})) == std::vector<double>{-INFINITY, -INFINITY, -INFINITY});
+  CHECK(vals(cumsum(e, 1)).empty());
+  CHECK(std::isnan(var(zeros({0})).item()));
+  CHECK(std::isnan(quanta::std(zeros({0}), {}, 0.0).item()));
+  // Reducing over a non-empty dim of an empty tensor is fine.
+  CHECK(max(zeros({0, 3}), 1).values.shape() == Shape{0});
+  CHECK(amax(zeros({0, 3}), {1}, true).shape() == Shape{0, 1});
+
+  auto no_identity = [](const std::function<void()>& f, const char* op) {
+    const std::string want = std::string("[") + op + "] cannot reduce";
+    CHECK_THROWS_WITH_AS(f(), doctest::Contains(want.c_str()), std::invalid_argument);
+  };
+  no_identity([&] { max(e, 1); }, "max");
+  no_identity([&] { min(e, -1, true); }, "min");
+  no_identity([&] { max(zeros({0})); }, "max");
+  no_identity([&] { min(zeros({2, 0})); }, "min");
+  no_identity([&] { amax(e, {1}); }, "amax");
+  no_identity([&] { amin(e); }, "amin");
+  no_identity([&] { argmax(e, 1); }, "argmax");
+  no_identity([&] { argmin(zeros({0, 2}), 0); }, "argmin");
+  no_identity([&] { norm(e, INFINITY, {1}); }, "norm");
+}
+
+TEST_CASE("var and std with fewer values than the correction give NaN") {
+  const Tensor x = t64({1, 2, 4}, {3, 1});
+  for (double v : vals(var(x, {1}))) CHECK(std::isnan(v));
+  for (double v : vals(quanta::std(x, {1}))) CHECK(std::isnan(v));
+  CHECK(vals(var(x, {1}, 0.0)) == std::vector<double>{0, 0, 0});
+  CHECK(var(x).item() == doctest::Approx(7.0 / 3.0));
+  CHECK(var(x, {}, 0.0).item() == doctest::Approx(14.0 / 9.0));
+  CHECK(var(x, {}, 2.0).item() == doctest::Approx(14.0 / 3.0));
+}
+
+TEST_CASE("max/min along a dim: first index on ties, gradient to that index only") {
+  const Tensor x = t64({1, 3, 3, 2, 0, 0}, {2, 3}).requires_grad_();
+  auto mx = max(x, 1);
+  CHECK(mx.indices.dtype() == DType::i64);
+  CHECK(vals(mx.values) == std::vector<double>{3, 2});
+  CHECK(vals(mx.indices) == std::vector<double>{1, 0});
+  sum(mx.values).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{0, 1, 0, 1, 0, 0});
+  x.zero_grad();
+  auto mn = min(x, -1, true);
+  CHECK(mn.values.shape() == Shape{2, 1});
+  CHECK(vals(mn.indices) == std::vector<double>{0, 1});
+  sum(mn.values).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{1, 0, 0, 0, 1, 0});
+  CHECK(vals(argmax(x, 1)) == std::vector<double>{1, 0});
+  CHECK(vals(argmin(x, 1)) == std::vector<double>{0, 1});
+  CHECK(argmax(x, 0, true).shape() == Shape{1, 3});
+}
+
+TEST_CASE("amax/amin and whole-tensor max/min split the gradient evenly among ties") {
+  const Tensor x = t64({1, 3, 3, 2, 3, 0}, {2, 3}).requires_grad_();
+  max(x).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{0, 1.0 / 3, 1.0 / 3, 0, 1.0 / 3, 0});
+  x.zero_grad();
+  sum(amax(x, {1})).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{0, 0.5, 0.5, 0, 1, 0});
+  x.zero_grad();
+  const Tensor y = t64({2, 2, 5, 2}).requires_grad_();
+  min(y).backward();
+  CHECK(vals(y.grad()) == std::vector<double>{1.0 / 3, 1.0 / 3, 0, 1.0 / 3});
+  CHECK(min(y).item() == 2.0);
+  CHECK(amin(y, {0}, true).shape() == Shape{1});
+}
+
+TEST_CASE("max and argmax propagate NaN like PyTorch") {
+  const Tensor x = t64({1, NAN, 5, NAN}, {1, 4});
+  auto m = max(x, 1);
+  CHECK(std::isnan(m.values.item()));
+  CHECK(m.indices.item() == 1.0);
+  CHECK(std::isnan(amax(x).item()));
+  CHECK(argmin(x, 1).item() == 1.0);
+}
+
+TEST_CASE("extrema keep integer, bool and 16-bit dtypes") {
+  const Tensor i = from_vector<int32_t>({4, -2, 9, 9}, {2, 2});
+  auto m = max(i, 1);
+  CHECK(m.values.dtype() == DType::i32);
+  CHECK(vals(m.values) == std::vector<double>{4, 9});
+  CHECK(vals(m.indices) == std::vector<double>{0, 0});
+  CHECK(amin(i).item() == -2.0);
+  const Tensor b = from_vector<bool>({false, true, false}, {3});
+  CHECK(max(b).dtype() == DType::boolean);
+  CHECK(max(b).item() == 1.0);
+  CHECK(argmax(b, 0).item() == 1.0);
+  const Tensor h = t64({0.5, -1.5, 2.25}).to(DType::bf16);
+  CHECK(amax(h).dtype() == DType::bf16);
+  CHECK(amax(h).item() == 2.25);
+  CHECK(prod(from_vector<int32_t>({2, 3, 4})).dtype() == DType::i64);
+  CHECK(prod(from_vector<int32_t>({2, 3, 4})).item() == 24.0);
+  CHECK(cumsum(from_vector<bool>({true, false, true}), 0).dtype() == DType::i64);
+  CHECK(vals(cumsum(from_vector<bool>({true, false, true}), 0)) == std::vector<double>{1, 1, 2});
+}
+
+TEST_CASE("prod gradient is exact with zeros in the input") {
+  const Tensor x = t64({2, 0, 3, 0, 0, 3, 2, 4, 5}, {3, 3}).requires_grad_();
+  sum(prod(x, {1})).backward();
+  // Row 0: one zero gets the product of the others; row 1: two zeros, all 0;
+  // row 2: no zeros, prod / x.
+  CHECK(vals(x.grad()) == std::vector<double>{0, 6, 0, 0, 0, 0, 20, 10, 8});
+}
+
+TEST_CASE("logsumexp is stable and never NaN for -inf rows") {
+  const Tensor x = t64({1000, 1000, -INFINITY, -INFINITY, -INFINITY, 0}, {3, 2})
+                       .requires_grad_();
+  const Tensor y = logsumexp(x, {1});
+  const auto v = vals(y);
+  CHECK(v[0] == doctest::Approx(1000 + std::log(2.0)));
+  CHECK(v[1] == -INFINITY);
+  CHECK(v[2] == 0.0);
+  sum(y).backward();
+  const auto g = vals(x.grad());
+  CHECK(g[0] == doctest::Approx(0.5));
+  CHECK(g[1] == doctest::Approx(0.5));
+  CHECK(std::vector<double>(g.begin() + 2, g.end()) == std::vector<double>{0, 0, 0, 1});
+  CHECK(logsumexp(t64({INFINITY, 1})).item() == INFINITY);
+  CHECK(std::isnan(logsumexp(t64({NAN, 1})).item()));
+  CHECK(logsumexp(from_vector<int64_t>({0, 0})).dtype() == DType::f32);
+}
+
+TEST_CASE("norm and std have a zero gradient where they are zero") {
+  const Tensor x = zeros({2, 3}, {.dtype = DType::f64}).requires_grad_();
+  sum(norm(x, 2, {1})).backward();
+  CHECK(vals(x.grad()) == std::vector<double>(6, 0.0));
+  x.zero_grad();
+  sum(quanta::std(x, {1})).backward();
+  CHECK(vals(x.grad()) == std::vector<double>(6, 0.0));
+  x.zero_grad();
+  sum(norm(x, 1, {1})).backward();  // sign(0) = 0, like PyTorch
+  CHECK(vals(x.grad()) == std::vector<double>(6, 0.0));
+  const Tensor y = t64({3, -4}).requires_grad_();
+  CHECK(norm(y).item() == 5.0);
+  CHECK(norm(y, 1).item() == 7.0);
+  CHECK(norm(y, INFINITY).item() == 4.0);
+  norm(y).backward();
+  CHECK(vals(y.grad()) == std::vector<double>{0.6, -0.8});
+  y.zero_grad();
+  norm(y, INFINITY).backward();
+  CHECK(vals(y.grad()) == std::vector<double>{0, -1});
+}
+
+TEST_CASE("cumsum backward is the reversed cumsum") {
+  const Tensor x = t64({1, 2, 3, 4, 5, 6}, {2, 3}).requires_grad_();
+  const Tensor y = cumsum(x, 1);
+  CHECK(vals(y) == std::vector<double>{1, 3, 6, 4, 9, 15});
+  y.backward(t64({1, 10, 100, 1, 2, 3}, {2, 3}));
+  CHECK(vals(x.grad()) == std::vector<double>{111, 110, 100, 6, 5, 3});
+  CHECK(vals(cumsum(x, 0)) == std::vector<double>{1, 2, 3, 5, 7, 9});
+}
+
+TEST_CASE("softmax and log_softmax are stable and use their own backward") {
+  const Tensor x = t64({1000, 1001, 1002, -1000, 0, 1000}, {2, 3}).requires_grad_();
+  const auto p = vals(softmax(x, 1));
+  const double z = 1 + std::exp(-1.0) + std::exp(-2.0);
+  CHECK(p[0] == doctest::Approx(std::exp(-2.0) / z));
+  CHECK(p[2] == doctest::Approx(1 / z));
+  CHECK(p[5] == doctest::Approx(1.0));
+  CHECK(p[3] == 0.0);
+  const auto l = vals(log_softmax(x, 1));
+  CHECK(l[2] == doctest::Approx(-std::log(z)));
+  CHECK(l[3] == doctest::Approx(-2000));
+  // Rows of a softmax sum to 1, so the gradient of sum(softmax) is 0.
+  sum(softmax(x, -1)).backward();
+  for (double g : vals(x.grad())) CHECK(g == doctest::Approx(0.0));
+  CHECK(softmax(from_vector<int64_t>({1, 1}), 0).dtype() == DType::f32);
+}
+
+TEST_CASE("0-d inputs reduce over nothing and accept dims 0 and -1") {
+  const Tensor s = scalar(3.0, {.dtype = DType::f64}).requires_grad_();
+  CHECK(prod(s).item() == 3.0);
+  CHECK(prod(s, {0}).shape() == Shape{});
+  auto m = max(s, -1);
+  CHECK(m.values.item() == 3.0);
+  CHECK(m.indices.item() == 0.0);
+  CHECK(argmin(s, 0).shape() == Shape{});
+  CHECK(amax(s, {0}, true).shape() == Shape{});
+  CHECK(var(s, {}, 0.0).item() == 0.0);
+  CHECK(logsumexp(s, {0}).item() == 3.0);
+  CHECK(norm(s, 2, {-1}).item() == 3.0);
+  CHECK(cumsum(s, 0).item() == 3.0);
+  CHECK(softmax(s, 0).item() == 1.0);
+  CHECK(any(s, {0}).item() == 1.0);
+  m.values.backward();
+  CHECK(s.grad().item() == 1.0);
+  CHECK_THROWS_AS(prod(s, {1}), std::invalid_argument);
+  CHECK_THROWS_AS(max(s, 1), std::invalid_argument);
+}
+
+TEST_CASE("reductions reject bad dtypes and dims, naming the op") {
+  const Tensor i = from_vector<int64_t>({1, 2, 3});
+  CHECK_THROWS_WITH_AS(var(i), doctest::Contains("[var] needs a floating tensor, got i64"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(quanta::std(i), doctest::Contains("[std]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(norm(i), doctest::Contains("[norm] needs a floating tensor"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(norm(t64({1}), 0.0), doctest::Contains("[norm] p must be > 0"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(max(t64({1, 2}), 1), doctest::Contains("[max] dim 1 out of range"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(amax(zeros({2, 2}), {0, -2}), doctest::Contains("[amax]"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cumsum(zeros({2}), 2), doctest::Contains("[cumsum]"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(softmax(zeros({2}), -2), doctest::Contains("[softmax]"),
+                       std::invalid_argument);
+}
