@@ -1,1 +1,310 @@
-// Placeholder: filled in by its owner.
+// Module registry, traversal, modes and state dicts.
+#include "engine/nn/module.h"
+
+#include <functional>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/ops/elementwise.h"
+
+namespace quanta {
+
+const Tensor* find_tensor(const StateDict& sd, std::string_view name) {
+  for (const auto& [k, v] : sd)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+StateDict add_prefix(const StateDict& sd, std::string_view prefix) {
+  StateDict out;
+  out.reserve(sd.size());
+  for (const auto& [k, v] : sd) out.emplace_back(std::string(prefix) + k, v);
+  return out;
+}
+
+StateDict strip_prefix(const StateDict& sd, std::string_view prefix) {
+  StateDict out;
+  for (const auto& [k, v] : sd)
+    if (std::string_view(k).substr(0, prefix.size()) == prefix)
+      out.emplace_back(k.substr(prefix.size()), v);
+  return out;
+}
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Tensor Module::forward(const Tensor&) {
+  throw std::invalid_argument("[" + type_name_ +
+                              "] has no single-input forward; call its own forward method");
+}
+
+void Module::check_new_name(const char* op, const std::string& name) const {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("[" + type_name_ + "::" + op + "] " + why);
+  };
+  if (name.empty()) fail("empty name");
+  if (name.find('.') != std::string::npos) fail("name '" + name + "' contains '.'");
+  for (const auto& e : params_)
+    if (e.name == name) fail("'" + name + "' is already a parameter");
+  for (const auto& e : buffers_)
+    if (e.name == name) fail("'" + name + "' is already a buffer");
+  for (const auto& c : children_)
+    if (c.first == name) fail("'" + name + "' is already a submodule");
+}
+
+Tensor Module::register_parameter(const std::string& name, const Tensor& value,
+                                  bool requires_grad) {
+  check_new_name("register_parameter", name);
+  if (!value.defined())
+    throw std::invalid_argument("[" + type_name_ + "::register_parameter] '" + name +
+                                "' is undefined; leave optional parameters unregistered");
+  if (!is_floating(value.dtype()))
+    throw std::invalid_argument("[" + type_name_ + "::register_parameter] '" + name +
+                                "' has dtype " + dtype_name(value.dtype()) +
+                                ", expected a floating dtype (use a buffer)");
+  Tensor p = value.detach();
+  p.requires_grad_(requires_grad);
+  params_.push_back({name, p, true});
+  return p;
+}
+
+Tensor Module::register_buffer(const std::string& name, const Tensor& value,
+                               bool persistent) {
+  check_new_name("register_buffer", name);
+  if (!value.defined())
+    throw std::invalid_argument("[" + type_name_ + "::register_buffer] '" + name +
+                                "' is undefined");
+  Tensor b = value.detach();
+  buffers_.push_back({name, b, persistent});
+  return b;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name("register_module", name);
+  if (!module)
+    throw std::invalid_argument("[" + type_name_ + "::register_module] '" + name +
+                                "' is null");
+  if (module.get() == this)
+    throw std::invalid_argument("[" + type_name_ + "::register_module] '" + name +
+                                "' is the module itself");
+  children_.emplace_back(name, std::move(module));
+}
+
+// Depth-first walk over (prefix, module) pairs; every module once.
+template <class F> void Module::visit(const std::string& prefix, F&& f) const {
+  std::unordered_set<const Module*> seen;
+  std::function<void(const Module&, const std::string&)> rec =
+      [&](const Module& m, const std::string& pre) {
+    if (!seen.insert(&m).second) return;
+    f(m, pre);
+    for (const auto& [name, child] : m.children_) rec(*child, pre + name + ".");
+  };
+  rec(*this, prefix);
+}
+
+namespace {
+using Named = std::vector<std::pair<std::string, Tensor>>;
+
+void add_unique(Named& out, std::unordered_set<const TensorImpl*>& seen,
+                const std::string& name, const Tensor& t) {
+  if (seen.insert(t.impl()).second) out.emplace_back(name, t);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  Named out;
+  std::unordered_set<const TensorImpl*> seen;
+  if (!recurse) {
+    for (const auto& e : params_) add_unique(out, seen, e.name, e.tensor);
+    return out;
+  }
+  visit("", [&](const Module& m, const std::string& pre) {
+    for (const auto& e : m.params_) add_unique(out, seen, pre + e.name, e.tensor);
+  });
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  Named out;
+  std::unordered_set<const TensorImpl*> seen;
+  if (!recurse) {
+    for (const auto& e : buffers_) add_unique(out, seen, e.name, e.tensor);
+    return out;
+  }
+  visit("", [&](const Module& m, const std::string& pre) {
+    for (const auto& e : m.buffers_) add_unique(out, seen, pre + e.name, e.tensor);
+  });
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  visit("", [&](const Module& m, const std::string& pre) {
+    // Drop the trailing '.' of the prefix: the module's own name.
+    out.emplace_back(pre.empty() ? pre : pre.substr(0, pre.size() - 1),
+                     const_cast<Module*>(&m));
+  });
+  return out;
+}
+
+Tensor Module::find(std::string_view dotted_name) const {
+  const Module* m = this;
+  for (;;) {
+    const size_t dot = dotted_name.find('.');
+    if (dot == std::string_view::npos) break;
+    const std::string_view head = dotted_name.substr(0, dot);
+    const Module* next = nullptr;
+    for (const auto& [name, child] : m->children_)
+      if (name == head) next = child.get();
+    if (!next) return Tensor();
+    m = next;
+    dotted_name.remove_prefix(dot + 1);
+  }
+  for (const auto& e : m->params_)
+    if (e.name == dotted_name) return e.tensor;
+  for (const auto& e : m->buffers_)
+    if (e.name == dotted_name) return e.tensor;
+  return Tensor();
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad() {
+  for (const Tensor& p : parameters()) p.zero_grad();
+}
+
+void Module::collect_state(const std::string& prefix, StateDict& out) const {
+  for (const auto& e : params_) out.emplace_back(prefix + e.name, e.tensor.detach());
+  for (const auto& e : buffers_)
+    if (e.persistent) out.emplace_back(prefix + e.name, e.tensor.detach());
+  for (const auto& [name, child] : children_) child->collect_state(prefix + name + ".", out);
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  collect_state("", out);
+  return out;
+}
+
+namespace {
+std::string join(const std::vector<std::string>& xs) {
+  std::string s;
+  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + xs[i];
+  return s;
+}
+
+std::string describe(const Tensor& t) {
+  return shape_str(t.shape()) + " " + dtype_name(t.dtype());
+}
+}  // namespace
+
+LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
+  const StateDict own = state_dict();
+  LoadResult result;
+  std::vector<std::string> mismatched, duplicates;
+  std::unordered_set<std::string> seen;
+  for (const auto& [k, v] : sd) {
+    if (!seen.insert(k).second) duplicates.push_back(k);
+    if (!find_tensor(own, k)) result.unexpected_keys.push_back(k);
+  }
+  for (const auto& [k, dst] : own) {
+    const Tensor* src = find_tensor(sd, k);
+    if (!src) {
+      result.missing_keys.push_back(k);
+    } else if (!src->defined()) {
+      mismatched.push_back(k + " (expected " + describe(dst) + ", got an undefined tensor)");
+    } else if (src->shape() != dst.shape() || src->dtype() != dst.dtype()) {
+      mismatched.push_back(k + " (expected " + describe(dst) + ", got " + describe(*src) +
+                           ")");
+    }
+  }
+  std::vector<std::string> problems;
+  if (strict && !result.missing_keys.empty())
+    problems.push_back("missing keys: " + join(result.missing_keys));
+  if (strict && !result.unexpected_keys.empty())
+    problems.push_back("unexpected keys: " + join(result.unexpected_keys));
+  if (!mismatched.empty()) problems.push_back("mismatched keys: " + join(mismatched));
+  if (!duplicates.empty()) problems.push_back("duplicate keys: " + join(duplicates));
+  if (!problems.empty()) {
+    std::string msg = "[" + type_name_ + "::load_state_dict] ";
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    throw std::invalid_argument(msg);
+  }
+  NoGradGuard no_grad;
+  for (const auto& [k, dst] : own)
+    if (const Tensor* src = find_tensor(sd, k)) copy_(dst, *src);
+  return result;
+}
+
+namespace {
+// Makes `t` hold `value`'s storage and layout in place, so every handle to `t`
+// (optimisers, layers) sees the moved or cast tensor.
+void assign_in_place(const Tensor& t, const Tensor& value) {
+  TensorImpl* d = t.impl();
+  TensorImpl* s = value.impl();
+  if (d == s) return;
+  d->storage = s->storage;
+  d->dtype = s->dtype;
+  d->shape = s->shape;
+  d->strides = s->strides;
+  d->offset = s->offset;
+  // The accumulator node caches the leaf's dtype and device: drop it.
+  if (d->autograd) d->autograd->grad_accumulator.reset();
+}
+
+template <class F> void convert_all(const std::vector<Tensor>& ts, F&& convert) {
+  NoGradGuard no_grad;
+  // Convert everything first so a failure leaves the module unchanged.
+  std::vector<std::pair<Tensor, Tensor>> done;  // (new value, new grad)
+  for (const Tensor& t : ts) {
+    const Tensor g = t.grad();
+    done.emplace_back(convert(t.detach()), g.defined() ? convert(g) : Tensor());
+  }
+  for (size_t i = 0; i < ts.size(); ++i) {
+    assign_in_place(ts[i], done[i].first);
+    if (done[i].second.defined()) ts[i].set_grad(done[i].second);
+  }
+}
+
+std::vector<Tensor> all_tensors(const Module& m) {
+  std::vector<Tensor> ts = m.parameters();
+  for (const Tensor& b : m.buffers()) ts.push_back(b);
+  return ts;
+}
+}  // namespace
+
+void Module::to(Device device) {
+  convert_all(all_tensors(*this), [&](const Tensor& t) { return t.to(device); });
+}
+
+void Module::to(DType dtype) {
+  if (!is_floating(dtype))
+    throw std::invalid_argument("[" + type_name_ + "::to] dtype " +
+                                std::string(dtype_name(dtype)) +
+                                " is not floating; modules cast only to floating dtypes");
+  std::vector<Tensor> floating;
+  for (const Tensor& t : all_tensors(*this))
+    if (is_floating(t.dtype())) floating.push_back(t);
+  convert_all(floating, [&](const Tensor& t) { return t.to(dtype); });
+}
+
+}  // namespace quanta

@@ -1,1 +1,477 @@
-// Placeholder: filled in by its owner.
+// Optimizer base: groups, stepping, state dicts; SGD, Adam, AdamW; clipping.
+#include "engine/optim/optimizer.h"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/reductions.h"
+
+namespace quanta {
+namespace {
+
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& xs) {
+  std::string s;
+  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + xs[i];
+  return s;
+}
+
+Tensor f64_scalar(double v) { return scalar(v, {.dtype = DType::f64}); }
+
+bool parse_index(std::string_view s, size_t& out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+// ---- ParamState ----
+Tensor Optimizer::ParamState::get(const std::string& name) const {
+  for (const auto& [k, v] : buffers)
+    if (k == name) return v;
+  return Tensor();
+}
+
+void Optimizer::ParamState::set(const std::string& name, const Tensor& t) {
+  for (auto& [k, v] : buffers)
+    if (k == name) {
+      v = t;
+      return;
+    }
+  buffers.emplace_back(name, t);
+}
+
+// ---- Optimizer ----
+Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double default_lr,
+                     double default_weight_decay)
+    : name_(name), default_lr_(default_lr), default_weight_decay_(default_weight_decay) {
+  if (!(default_lr >= 0)) fail("lr must be >= 0, got " + num(default_lr));
+  if (!(default_weight_decay >= 0))
+    fail("weight_decay must be >= 0, got " + num(default_weight_decay));
+  if (groups.empty()) fail("no parameter groups given");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void Optimizer::fail(const std::string& what) const {
+  throw std::invalid_argument("[" + name_ + "] " + what);
+}
+
+void Optimizer::check_group(const ParamGroup& g) const {
+  if (!(*g.lr >= 0)) fail("lr must be >= 0, got " + num(*g.lr));
+  if (!(*g.weight_decay >= 0)) fail("weight_decay must be >= 0, got " + num(*g.weight_decay));
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& grp : groups_)
+    for (const Tensor& p : grp.params) seen.insert(p.impl());
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const Tensor& p = g.params[i];
+    const std::string where = "parameter " + std::to_string(i) + " of group " +
+                              std::to_string(groups_.size());
+    if (!p.defined()) fail(where + " is undefined");
+    if (!is_floating(p.dtype()))
+      fail(where + " has dtype " + dtype_name(p.dtype()) + ", expected a floating dtype");
+    if (!p.is_leaf()) fail(where + " is not a leaf (optimisers update leaves in place)");
+    if (!seen.insert(p.impl()).second)
+      fail(where + " appears more than once in the parameter groups");
+  }
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  if (!group.lr) group.lr = default_lr_;
+  if (!group.weight_decay) group.weight_decay = default_weight_decay_;
+  check_group(group);
+  state_.emplace_back(group.params.size());
+  groups_.push_back(std::move(group));
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      ParamState& st = state_[g][i];
+      ++st.step;
+      update(groups_[g], p, grad, st);
+    }
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (const auto& g : groups_)
+    for (const Tensor& p : g.params) p.zero_grad();
+}
+
+double Optimizer::lr() const { return *groups_.at(0).lr; }
+
+void Optimizer::set_lr(double lr) {
+  if (!(lr >= 0)) fail("lr must be >= 0, got " + num(lr));
+  for (auto& g : groups_) g.lr = lr;
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict sd;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "groups." + std::to_string(g) + ".";
+    sd.emplace_back(pre + "lr", f64_scalar(*groups_[g].lr));
+    sd.emplace_back(pre + "weight_decay", f64_scalar(*groups_[g].weight_decay));
+    sd.emplace_back(pre + "num_params",
+                    scalar(static_cast<double>(groups_[g].params.size()),
+                           {.dtype = DType::i64}));
+  }
+  for (const HyperParam& h : const_cast<Optimizer*>(this)->hyper_params())
+    sd.emplace_back("hparams." + h.name, f64_scalar(*h.value));
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const ParamState& st = state_[g][i];
+      if (st.step == 0) continue;
+      const std::string pre = "state." + std::to_string(g) + "." + std::to_string(i) + ".";
+      sd.emplace_back(pre + "step", scalar(static_cast<double>(st.step),
+                                           {.dtype = DType::i64}));
+      for (const auto& [k, v] : st.buffers) sd.emplace_back(pre + k, v.detach());
+    }
+  return sd;
+}
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::unordered_set<std::string> used;
+  auto take = [&](const std::string& key) -> const Tensor* {
+    const Tensor* t = find_tensor(sd, key);
+    if (!t) {
+      missing.push_back(key);
+      return nullptr;
+    }
+    used.insert(key);
+    if (!t->defined() || t->dim() != 0) {
+      mismatched.push_back(key + " (expected a 0-d tensor, got " +
+                           (t->defined() ? shape_str(t->shape()) : "undefined") + ")");
+      return nullptr;
+    }
+    return t;
+  };
+
+  // Group settings and hyper-parameters.
+  std::vector<std::pair<double, double>> group_vals(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "groups." + std::to_string(g) + ".";
+    const Tensor* lr = take(pre + "lr");
+    const Tensor* wd = take(pre + "weight_decay");
+    const Tensor* n = take(pre + "num_params");
+    if (lr) group_vals[g].first = lr->item();
+    if (wd) group_vals[g].second = wd->item();
+    if (n && n->item() != static_cast<double>(groups_[g].params.size()))
+      mismatched.push_back(pre + "num_params (expected " +
+                           std::to_string(groups_[g].params.size()) + ", got " +
+                           num(n->item()) + ")");
+  }
+  std::vector<HyperParam> hps = hyper_params();
+  std::vector<double> old_hp, new_hp;
+  for (const HyperParam& h : hps) {
+    old_hp.push_back(*h.value);
+    const Tensor* t = take("hparams." + h.name);
+    new_hp.push_back(t ? t->item() : *h.value);
+  }
+  // The buffers a parameter needs depend on the incoming hyper-parameters.
+  for (size_t k = 0; k < hps.size(); ++k) *hps[k].value = new_hp[k];
+  auto restore = [&] {
+    for (size_t k = 0; k < hps.size(); ++k) *hps[k].value = old_hp[k];
+  };
+  std::vector<std::string> needed;
+  try {
+    check_hyper_params();
+    needed = state_buffers();
+  } catch (...) {
+    restore();
+    throw;
+  }
+
+  // Per-parameter state: state.{g}.{i}.{name}.
+  std::map<std::pair<size_t, size_t>, std::vector<std::pair<std::string, const Tensor*>>>
+      entries;
+  for (const auto& [key, t] : sd) {
+    if (used.count(key)) continue;
+    std::string_view rest(key);
+    size_t g = 0, i = 0;
+    bool ok = rest.substr(0, 6) == "state.";
+    if (ok) {
+      rest.remove_prefix(6);
+      const size_t d1 = rest.find('.');
+      const size_t d2 = d1 == std::string_view::npos ? d1 : rest.find('.', d1 + 1);
+      ok = d2 != std::string_view::npos && parse_index(rest.substr(0, d1), g) &&
+           parse_index(rest.substr(d1 + 1, d2 - d1 - 1), i) && g < groups_.size() &&
+           i < groups_[g].params.size();
+      if (ok) {
+        const std::string name(rest.substr(d2 + 1));
+        ok = name == "step";
+        for (const auto& n : needed) ok = ok || n == name;
+        if (ok) entries[{g, i}].emplace_back(name, &t);
+      }
+    }
+    if (!ok) unexpected.push_back(key);
+  }
+  for (const auto& [gi, list] : entries) {
+    const std::string pre =
+        "state." + std::to_string(gi.first) + "." + std::to_string(gi.second) + ".";
+    const Tensor& p = groups_[gi.first].params[gi.second];
+    std::unordered_set<std::string> have;
+    for (const auto& [name, t] : list) {
+      have.insert(name);
+      if (name == "step") {
+        if (!t->defined() || t->dim() != 0 || !is_integral(t->dtype()) || t->item() < 1)
+          mismatched.push_back(pre + "step (expected a positive 0-d integer tensor)");
+      } else if (!t->defined() || t->shape() != p.shape() || !is_floating(t->dtype())) {
+        mismatched.push_back(pre + name + " (expected " + shape_str(p.shape()) +
+                             " floating, got " +
+                             (t->defined() ? shape_str(t->shape()) + " " +
+                                                 dtype_name(t->dtype())
+                                           : std::string("undefined")) +
+                             ")");
+      }
+    }
+    for (const std::string& n : needed)
+      if (!have.count(n)) missing.push_back(pre + n);
+    if (!have.count("step")) missing.push_back(pre + "step");
+  }
+
+  std::vector<std::string> problems;
+  if (!missing.empty()) problems.push_back("missing keys: " + join(missing));
+  if (!unexpected.empty()) problems.push_back("unexpected keys: " + join(unexpected));
+  if (!mismatched.empty()) problems.push_back("mismatched keys: " + join(mismatched));
+  for (size_t g = 0; g < groups_.size() && problems.empty(); ++g)
+    if (!(group_vals[g].first >= 0) || !(group_vals[g].second >= 0))
+      problems.push_back("group " + std::to_string(g) + " has a negative lr or weight_decay");
+  if (!problems.empty()) {
+    restore();
+    std::string msg = "[" + name_ + "::load_state_dict] ";
+    for (size_t k = 0; k < problems.size(); ++k) msg += (k ? "; " : "") + problems[k];
+    throw std::invalid_argument(msg);
+  }
+
+  // Everything checked: apply.
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].lr = group_vals[g].first;
+    groups_[g].weight_decay = group_vals[g].second;
+    for (ParamState& st : state_[g]) st = ParamState();
+  }
+  for (const auto& [gi, list] : entries) {
+    const Tensor& p = groups_[gi.first].params[gi.second];
+    ParamState& st = state_[gi.first][gi.second];
+    for (const auto& [name, t] : list) {
+      if (name == "step")
+        st.step = static_cast<int64_t>(t->item());
+      else
+        st.set(name, t->detach().to(p.device()).to(p.dtype()).clone());
+    }
+  }
+}
+
+// ---- SGD ----
+SGD::SGD(const std::vector<Tensor>& params, const SGDOptions& opts)
+    : SGD(std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& opts)
+    : Optimizer("SGD", std::move(groups), opts.lr, opts.weight_decay),
+      momentum_(opts.momentum),
+      dampening_(opts.dampening),
+      nesterov_(opts.nesterov ? 1.0 : 0.0) {
+  check_hyper_params();
+}
+
+std::vector<Optimizer::HyperParam> SGD::hyper_params() {
+  return {{"momentum", &momentum_}, {"dampening", &dampening_}, {"nesterov", &nesterov_}};
+}
+
+void SGD::check_hyper_params() const {
+  if (!(momentum_ >= 0)) fail("momentum must be >= 0, got " + num(momentum_));
+  if (!std::isfinite(dampening_)) fail("dampening must be finite, got " + num(dampening_));
+  if (nesterov_ != 0 && nesterov_ != 1) fail("nesterov must be 0 or 1");
+  if (nesterov_ != 0 && (momentum_ <= 0 || dampening_ != 0))
+    fail("nesterov needs momentum > 0 and dampening 0, got momentum " + num(momentum_) +
+         " and dampening " + num(dampening_));
+}
+
+std::vector<std::string> SGD::state_buffers() const {
+  if (momentum_ == 0) return {};
+  return {"momentum_buffer"};
+}
+
+void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
+                 ParamState& st) {
+  const double lr = *group.lr, wd = *group.weight_decay;
+  Tensor d = grad;
+  if (wd != 0) {
+    d = grad.clone();
+    add_(d, p, wd);
+  }
+  if (momentum_ != 0) {
+    Tensor buf = st.get("momentum_buffer");
+    if (!buf.defined()) {
+      buf = d.clone();
+      st.set("momentum_buffer", buf);
+    } else {
+      mul_(buf, momentum_);
+      add_(buf, d, 1.0 - dampening_);
+    }
+    if (nesterov_ != 0) {
+      Tensor n = d.clone();
+      add_(n, buf, momentum_);
+      d = n;
+    } else {
+      d = buf;
+    }
+  }
+  add_(p, d, -lr);
+}
+
+// ---- Adam / AdamW ----
+Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& opts)
+    : Adam("Adam", std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts, false) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& opts)
+    : Adam("Adam", std::move(groups), opts, false) {}
+
+Adam::Adam(const char* name, std::vector<ParamGroup> groups, const AdamOptions& opts,
+           bool decoupled)
+    : Optimizer(name, std::move(groups), opts.lr, opts.weight_decay),
+      beta1_(opts.betas[0]),
+      beta2_(opts.betas[1]),
+      eps_(opts.eps),
+      amsgrad_(opts.amsgrad ? 1.0 : 0.0),
+      decoupled_(decoupled) {
+  check_hyper_params();
+}
+
+std::vector<Optimizer::HyperParam> Adam::hyper_params() {
+  return {{"beta1", &beta1_}, {"beta2", &beta2_}, {"eps", &eps_}, {"amsgrad", &amsgrad_}};
+}
+
+void Adam::check_hyper_params() const {
+  if (!(beta1_ >= 0 && beta1_ < 1)) fail("beta1 must be in [0, 1), got " + num(beta1_));
+  if (!(beta2_ >= 0 && beta2_ < 1)) fail("beta2 must be in [0, 1), got " + num(beta2_));
+  if (!(eps_ >= 0)) fail("eps must be >= 0, got " + num(eps_));
+  if (amsgrad_ != 0 && amsgrad_ != 1) fail("amsgrad must be 0 or 1");
+}
+
+std::vector<std::string> Adam::state_buffers() const {
+  if (amsgrad_ != 0) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
+                  ParamState& st) {
+  const double lr = *group.lr, wd = *group.weight_decay;
+  Tensor g = grad;
+  if (wd != 0) {
+    if (decoupled_) {
+      mul_(p, 1.0 - lr * wd);
+    } else {
+      g = grad.clone();
+      add_(g, p, wd);
+    }
+  }
+  auto buffer = [&](const char* name) {
+    Tensor b = st.get(name);
+    if (!b.defined()) {
+      b = zeros_like(p);
+      st.set(name, b);
+    }
+    return b;
+  };
+  Tensor m = buffer("exp_avg"), v = buffer("exp_avg_sq");
+  // m.lerp_(g, 1 - beta1), with lerp's two formulas as PyTorch evaluates them.
+  const double w = 1.0 - beta1_;
+  Tensor diff = g - m;
+  if (w < 0.5) {
+    add_(m, diff, w);
+  } else {
+    Tensor t = g.clone();
+    add_(t, diff, -(1.0 - w));
+    copy_(m, t);
+  }
+  mul_(v, beta2_);
+  addcmul_(v, g, g, 1.0 - beta2_);
+
+  const double t = static_cast<double>(st.step);
+  const double bc1 = 1.0 - std::pow(beta1_, t);
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+  Tensor second = v;
+  if (amsgrad_ != 0) {
+    Tensor vmax = buffer("max_exp_avg_sq");
+    copy_(vmax, maximum(vmax, v));
+    second = vmax;
+  }
+  Tensor denom = sqrt(second) / bc2_sqrt;
+  add_(denom, scalar_like(denom, eps_));
+  addcdiv_(p, m, denom, -(lr / bc1));
+}
+
+AdamW::AdamW(const std::vector<Tensor>& params, const AdamWOptions& opts)
+    : AdamW(std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& opts)
+    : Adam("AdamW", std::move(groups),
+           AdamOptions{opts.lr, opts.betas, opts.eps, opts.weight_decay, opts.amsgrad},
+           true) {}
+
+// ---- clipping ----
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                       bool error_if_nonfinite) {
+  const bool inf = std::isinf(norm_type) && norm_type > 0;
+  if (!inf && !(norm_type > 0))
+    throw std::invalid_argument("[clip_grad_norm_] norm_type must be > 0 or INFINITY, got " +
+                                num(norm_type));
+  if (!(max_norm >= 0))
+    throw std::invalid_argument("[clip_grad_norm_] max_norm must be >= 0, got " +
+                                num(max_norm));
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  double total = 0;
+  for (const Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    const double n = norm(g, norm_type).item();
+    if (inf)
+      total = std::isnan(n) || n > total ? n : total;
+    else
+      total += std::pow(n, norm_type);
+  }
+  if (!inf) total = std::pow(total, 1.0 / norm_type);
+  if (error_if_nonfinite && !std::isfinite(total))
+    throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
+                             " is non-finite, so it cannot be clipped");
+  const double coef = max_norm / (total + 1e-6);
+  // A NaN coefficient propagates into the gradients, as in PyTorch.
+  if (!(coef >= 1.0))
+    for (const Tensor& g : grads) mul_(g, coef);
+  return total;
+}
+
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  if (!(clip_value >= 0))
+    throw std::invalid_argument("[clip_grad_value_] clip_value must be >= 0, got " +
+                                num(clip_value));
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    const Tensor g = p.grad();
+    copy_(g, clamp(g, -clip_value, clip_value));
+  }
+}
+
+}  // namespace quanta

@@ -1,3 +1,82 @@
 #pragma once
-// Placeholder: filled in by its owner.
-#include "engine/tensor.h"
+// Learning-rate schedules. A schedule remembers each group's base lr (its lr
+// when the schedule was made), sets lr_at(0) at construction, and sets
+// lr_at(n) after its n-th step(): call it once after each optimizer.step().
+// lr_at is a pure function of the step, so a curve can be inspected without
+// stepping.
+//
+// state_dict(): "step" (i64 0-d, steps taken) and "base_lrs.{g}" (f64 0-d per
+// group). The curve's settings (warmup, total, min_lr) are not saved: make the
+// schedule with the same settings, then load.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "engine/optim/optimizer.h"
+
+namespace quanta {
+
+class LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  LrSchedule(const LrSchedule&) = delete;
+  LrSchedule& operator=(const LrSchedule&) = delete;
+
+  /** The lr of parameter group `group` at step `step`. */
+  virtual double lr_at(int64_t step, size_t group = 0) const = 0;
+  /** Advances one step and sets every group's lr to lr_at(the new step). */
+  void step();
+  /** Steps taken so far. */
+  int64_t current_step() const { return step_; }
+  /** The base lr of each group. */
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+
+  /** "step" and "base_lrs.{g}" (see the top of this file). */
+  StateDict state_dict() const;
+  /** Restores what state_dict() returned and sets the lrs for that step;
+   * the error names every missing, unexpected and mis-shaped key. */
+  void load_state_dict(const StateDict& sd);
+
+ protected:
+  LrSchedule(const char* name, Optimizer& optimizer);
+  /** Sets every group's lr to lr_at(current_step()). */
+  void apply();
+  [[noreturn]] void fail(const std::string& what) const;
+
+  std::string name_;
+  Optimizer& opt_;
+  std::vector<double> base_lrs_;
+  int64_t step_ = 0;
+};
+
+/** Linear warmup, then cosine decay to min_lr (nanoGPT's schedule), for base
+ * lr b:
+ *   s <  warmup:          b (s + 1) / warmup
+ *   warmup <= s < total:  min_lr + (b - min_lr) (1 + cos(pi p)) / 2,
+ *                         p = (s - warmup) / (total - warmup)
+ *   s >= total:           min_lr */
+class WarmupCosine : public LrSchedule {
+ public:
+  /** Needs 0 <= warmup_steps <= total_steps and min_lr >= 0. */
+  WarmupCosine(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+               double min_lr = 0.0);
+  double lr_at(int64_t step, size_t group = 0) const override;
+
+ private:
+  int64_t warmup_, total_;
+  double min_lr_;
+};
+
+/** Linear warmup, then constant: b (s + 1) / warmup for s < warmup, else b. */
+class LinearWarmup : public LrSchedule {
+ public:
+  /** Needs warmup_steps >= 0 (0: constant). */
+  LinearWarmup(Optimizer& optimizer, int64_t warmup_steps);
+  double lr_at(int64_t step, size_t group = 0) const override;
+
+ private:
+  int64_t warmup_;
+};
+
+}  // namespace quanta

@@ -1,1 +1,470 @@
-// Placeholder: filled in by its owner.
+// Optimisers against PyTorch's update formulas written out by hand, gradient
+// clipping, learning-rate schedules, and state dict round trips.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "quanta.h"
+
+using namespace quanta;
+
+namespace {
+
+Tensor param(const std::vector<double>& v) { return from_vector(v).requires_grad_(); }
+void grad(const Tensor& p, const std::vector<double>& g) { p.set_grad(from_vector(g)); }
+std::vector<double> val(const Tensor& t) { return t.to_vector<double>(); }
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want,
+                 double eps = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
+  }
+}
+
+std::vector<std::string> names(const StateDict& sd) {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : sd) out.push_back(n);
+  return out;
+}
+
+StateDict snapshot(const StateDict& sd) {
+  StateDict out;
+  for (const auto& [k, v] : sd) out.emplace_back(k, v.clone());
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// PyTorch's Adam / AdamW for one scalar, written out step by step.
+struct AdamRef {
+  double p, m = 0, v = 0, vmax = 0;
+  int t = 0;
+  void step(double g, double lr, double b1, double b2, double eps, double wd, bool amsgrad,
+            bool decoupled) {
+    ++t;
+    if (decoupled) p = p * (1 - lr * wd);
+    else g = g + wd * p;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    vmax = std::max(vmax, v);
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    const double second = amsgrad ? vmax : v;
+    p = p - lr / bc1 * m / (std::sqrt(second) / std::sqrt(bc2) + eps);
+  }
+};
+
+}  // namespace
+
+// ---- SGD ----
+
+TEST_CASE("SGD without momentum: p -= lr * g") {
+  Tensor p = param({1.0, 2.0});
+  SGD opt({p}, {.lr = 0.1});
+  grad(p, {0.1, -0.2});
+  opt.step();
+  check_close(val(p), {1.0 - 0.1 * 0.1, 2.0 + 0.1 * 0.2});  // 0.99, 2.02
+  CHECK(p.requires_grad());
+  CHECK(p.is_leaf());
+  // The gradient is left as it was; zero_grad drops it.
+  check_close(val(p.grad()), {0.1, -0.2});
+  opt.zero_grad();
+  CHECK_FALSE(p.grad().defined());
+  opt.step();  // no gradient: nothing moves
+  check_close(val(p), {0.99, 2.02});
+}
+
+TEST_CASE("SGD with momentum, dampening and weight decay, several steps") {
+  Tensor p = param({1.0, -1.0});
+  SGD opt({p}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
+  const double g[3][2] = {{0.5, 0.2}, {-0.3, 0.4}, {0.2, -0.1}};
+  double ref[2] = {1.0, -1.0}, buf[2] = {0, 0};
+  for (int s = 0; s < 3; ++s) {
+    grad(p, {g[s][0], g[s][1]});
+    opt.step();
+    for (int i = 0; i < 2; ++i) {
+      const double d = g[s][i] + 0.01 * ref[i];
+      buf[i] = s == 0 ? d : 0.9 * buf[i] + (1 - 0.1) * d;
+      ref[i] -= 0.1 * buf[i];
+    }
+    check_close(val(p), {ref[0], ref[1]});
+  }
+  // First step by hand: d = 0.5 + 0.01 = 0.51, p = 1 - 0.051.
+  Tensor q = param({1.0});
+  SGD one({q}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01});
+  grad(q, {0.5});
+  one.step();
+  check_close(val(q), {0.949});
+  grad(q, {-0.3});
+  one.step();
+  // d = -0.3 + 0.00949, buf = 0.9 * 0.51 + 0.9 * d, p = 0.949 - 0.1 buf.
+  check_close(val(q), {0.949 - 0.1 * (0.9 * 0.51 + 0.9 * (-0.3 + 0.00949))});
+}
+
+TEST_CASE("SGD with Nesterov momentum") {
+  Tensor p = param({1.0});
+  SGD opt({p}, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  grad(p, {0.5});
+  opt.step();
+  // buf = 0.5, d = 0.5 + 0.9 * 0.5 = 0.95.
+  check_close(val(p), {1.0 - 0.1 * 0.95});
+  grad(p, {-0.3});
+  opt.step();
+  // buf = 0.9 * 0.5 - 0.3 = 0.15, d = -0.3 + 0.9 * 0.15 = -0.165.
+  check_close(val(p), {0.905 + 0.1 * 0.165});
+  CHECK_THROWS_WITH_AS(SGD({p}, {.momentum = 0.0, .nesterov = true}),
+                       doctest::Contains("nesterov"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p}, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+                       doctest::Contains("dampening 0"), std::invalid_argument);
+}
+
+TEST_CASE("parameter groups have their own lr and weight decay") {
+  Tensor a = param({1.0}), b = param({2.0});
+  SGD opt(std::vector<ParamGroup>{{.params = {a}, .lr = 0.1},
+                                  {.params = {b}, .weight_decay = 0.5}},
+          {.lr = 0.01});
+  CHECK(*opt.param_groups()[0].weight_decay == 0.0);
+  CHECK(*opt.param_groups()[1].lr == 0.01);
+  grad(a, {1.0});
+  grad(b, {1.0});
+  opt.step();
+  check_close(val(a), {1.0 - 0.1 * 1.0});
+  check_close(val(b), {2.0 - 0.01 * (1.0 + 0.5 * 2.0)});
+  CHECK(opt.lr() == 0.1);
+  opt.set_lr(0.5);
+  CHECK(*opt.param_groups()[1].lr == 0.5);
+  Tensor c = param({0.0});
+  opt.add_param_group({.params = {c}});
+  CHECK(*opt.param_groups()[2].lr == 0.01);
+  CHECK_THROWS_WITH_AS(opt.add_param_group({.params = {a}}),
+                       doctest::Contains("more than once"), std::invalid_argument);
+}
+
+TEST_CASE("optimisers validate their parameters and settings") {
+  Tensor p = param({1.0});
+  CHECK_THROWS_WITH_AS(SGD({p, p}), doctest::Contains("more than once"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p}, {.lr = -1.0}), doctest::Contains("lr must be >= 0"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(Adam({p}, {.betas = {1.0, 0.999}}), doctest::Contains("beta1"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p * 2.0}), doctest::Contains("not a leaf"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({zeros({1}, {.dtype = DType::i64})}), doctest::Contains("i64"),
+                       std::invalid_argument);
+}
+
+// ---- Adam / AdamW ----
+
+TEST_CASE("Adam's first step moves by lr in the gradient's sign") {
+  Tensor p = param({1.0, -2.0});
+  Adam opt({p}, {.lr = 0.1});
+  grad(p, {0.5, -4.0});
+  opt.step();
+  // m = 0.1 g, v = 0.001 g^2; m / bc1 = g, sqrt(v / bc2) = |g|.
+  check_close(val(p), {1.0 - 0.1 * 0.5 / (0.5 + 1e-8), -2.0 + 0.1 * 4.0 / (4.0 + 1e-8)});
+}
+
+TEST_CASE("Adam, Adam with L2, AdamW and AMSGrad over several steps") {
+  const std::vector<std::vector<double>> gs = {{0.5, -1.0}, {0.1, 0.3}, {-0.2, 0.01},
+                                               {0.05, 0.02}};
+  struct Case {
+    const char* name;
+    double wd;
+    bool amsgrad, decoupled;
+  };
+  for (const Case c : {Case{"adam", 0.0, false, false}, Case{"adam_l2", 0.1, false, false},
+                       Case{"adamw", 0.1, false, true}, Case{"amsgrad", 0.0, true, false},
+                       Case{"adamw_amsgrad", 0.05, true, true}}) {
+    CAPTURE(c.name);
+    const double lr = 0.01, b1 = 0.8, b2 = 0.95, eps = 1e-6;
+    Tensor p = param({1.0, -2.0});
+    std::unique_ptr<Optimizer> opt;
+    if (c.decoupled)
+      opt = std::make_unique<AdamW>(std::vector<Tensor>{p},
+                                    AdamWOptions{.lr = lr, .betas = {b1, b2}, .eps = eps,
+                                                 .weight_decay = c.wd, .amsgrad = c.amsgrad});
+    else
+      opt = std::make_unique<Adam>(std::vector<Tensor>{p},
+                                   AdamOptions{.lr = lr, .betas = {b1, b2}, .eps = eps,
+                                               .weight_decay = c.wd, .amsgrad = c.amsgrad});
+    AdamRef ref[2] = {{1.0}, {-2.0}};
+    for (const auto& g : gs) {
+      grad(p, g);
+      opt->step();
+      for (int i = 0; i < 2; ++i) ref[i].step(g[i], lr, b1, b2, eps, c.wd, c.amsgrad, c.decoupled);
+      check_close(val(p), {ref[0].p, ref[1].p});
+    }
+  }
+}
+
+TEST_CASE("AdamW decays the weight before the Adam step") {
+  Tensor p = param({2.0});
+  AdamW opt({p}, {.lr = 0.1, .weight_decay = 0.5});
+  grad(p, {1.0});
+  opt.step();
+  // p = 2 (1 - 0.05) = 1.9, then the Adam step of 0.1 / (1 + 1e-8).
+  check_close(val(p), {1.9 - 0.1 * 1.0 / (1.0 + 1e-8)});
+}
+
+TEST_CASE("AMSGrad keeps the largest second moment") {
+  Tensor p = param({0.0});
+  Adam opt({p}, {.lr = 1.0, .betas = {0.0, 0.5}, .eps = 0.0, .amsgrad = true});
+  grad(p, {2.0});
+  opt.step();  // m = 2, v = 2, bc2 = 0.5: denom = sqrt(2 / 0.5) = 2 -> p = -1
+  check_close(val(p), {-1.0});
+  grad(p, {1.0});
+  opt.step();  // m = 1, v = 1.5 < vmax = 2, bc2 = 0.75: denom = sqrt(2 / 0.75)
+  check_close(val(p), {-1.0 - 1.0 / std::sqrt(2.0 / 0.75)});
+}
+
+TEST_CASE("parameters without a gradient are skipped and keep their state") {
+  Tensor a = param({1.0}), b = param({1.0});
+  Adam opt({a, b}, {.lr = 0.1});
+  grad(a, {1.0});
+  opt.step();
+  CHECK(val(b) == std::vector<double>{1.0});
+  StateDict sd = opt.state_dict();
+  CHECK(find_tensor(sd, "state.0.0.step")->item() == 1);
+  CHECK(find_tensor(sd, "state.0.1.step") == nullptr);
+  // b's first update is a first step (bias corrections with t = 1).
+  grad(b, {-3.0});
+  opt.step();
+  check_close(val(b), {1.0 + 0.1 * 3.0 / (3.0 + 1e-8)});
+  CHECK(find_tensor(opt.state_dict(), "state.0.0.step")->item() == 2);
+  CHECK(find_tensor(opt.state_dict(), "state.0.1.step")->item() == 1);
+}
+
+TEST_CASE("optimisers update module parameters after a backward pass") {
+  // Fit y = 2x + 1 with one Linear layer and a squared error.
+  Generator gen(3);
+  Linear lin(1, 1, gen);
+  lin.to(DType::f64);
+  SGD opt(lin.parameters(), {.lr = 0.1, .momentum = 0.5});
+  Tensor x = from_vector<double>({-1, -0.5, 0, 0.5, 1, 1.5}, {6, 1});
+  Tensor y = x * 2.0 + 1.0;
+  for (int s = 0; s < 200; ++s) {
+    opt.zero_grad();
+    Tensor loss = mean(square(lin(x) - y));
+    loss.backward();
+    opt.step();
+  }
+  CHECK(lin.weight().item() == doctest::Approx(2.0).epsilon(1e-6));
+  CHECK(lin.bias().item() == doctest::Approx(1.0).epsilon(1e-6));
+}
+
+// ---- state dicts ----
+
+TEST_CASE("optimizer state_dict names and round trip give an identical next step") {
+  Tensor a = param({1.0, 2.0, 3.0}), b = param({-1.0});
+  Adam opt(std::vector<ParamGroup>{{.params = {a}}, {.params = {b}, .lr = 0.02}},
+           {.lr = 0.05, .weight_decay = 0.1, .amsgrad = true});
+  for (int s = 0; s < 3; ++s) {
+    grad(a, {0.1 * s, -0.2, 0.3 + s});
+    grad(b, {0.5 - s});
+    opt.step();
+  }
+  const StateDict sd = snapshot(opt.state_dict());
+  CHECK(names(sd) == std::vector<std::string>{
+                         "groups.0.lr", "groups.0.weight_decay", "groups.0.num_params",
+                         "groups.1.lr", "groups.1.weight_decay", "groups.1.num_params",
+                         "hparams.beta1", "hparams.beta2", "hparams.eps", "hparams.amsgrad",
+                         "state.0.0.step", "state.0.0.exp_avg", "state.0.0.exp_avg_sq",
+                         "state.0.0.max_exp_avg_sq", "state.1.0.step", "state.1.0.exp_avg",
+                         "state.1.0.exp_avg_sq", "state.1.0.max_exp_avg_sq"});
+  CHECK(find_tensor(sd, "state.0.0.step")->dtype() == DType::i64);
+  CHECK(find_tensor(sd, "state.0.0.step")->item() == 3);
+  CHECK(find_tensor(sd, "groups.1.lr")->item() == 0.02);
+  CHECK(find_tensor(sd, "hparams.amsgrad")->item() == 1.0);
+
+  // A fresh optimizer with other settings, over copies of the parameters.
+  Tensor a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  Adam opt2(std::vector<ParamGroup>{{.params = {a2}}, {.params = {b2}}}, {.lr = 1.0});
+  opt2.load_state_dict(sd);
+  CHECK(opt2.lr() == 0.05);
+  CHECK(*opt2.param_groups()[1].lr == 0.02);
+  CHECK(*opt2.param_groups()[0].weight_decay == 0.1);
+  for (Tensor* t : {&a, &a2}) grad(*t, {0.7, 0.1, -0.4});
+  for (Tensor* t : {&b, &b2}) grad(*t, {0.2});
+  opt.step();
+  opt2.step();
+  CHECK(val(a2) == val(a));
+  CHECK(val(b2) == val(b));
+
+  // SGD with momentum: the buffer comes back too.
+  Tensor s1 = param({1.0, 2.0});
+  SGD sgd({s1}, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  grad(s1, {0.3, -0.1});
+  sgd.step();
+  const StateDict ssd = snapshot(sgd.state_dict());
+  CHECK(names(ssd) == std::vector<std::string>{
+                          "groups.0.lr", "groups.0.weight_decay", "groups.0.num_params",
+                          "hparams.momentum", "hparams.dampening", "hparams.nesterov",
+                          "state.0.0.step", "state.0.0.momentum_buffer"});
+  Tensor s2 = s1.detach().clone().requires_grad_();
+  SGD sgd2({s2}, {.lr = 0.5});
+  sgd2.load_state_dict(ssd);
+  grad(s1, {0.2, 0.2});
+  grad(s2, {0.2, 0.2});
+  sgd.step();
+  sgd2.step();
+  CHECK(val(s2) == val(s1));
+}
+
+TEST_CASE("optimizer load_state_dict names every bad key and changes nothing") {
+  Tensor a = param({1.0, 2.0});
+  Adam adam({a});
+  grad(a, {1.0, 1.0});
+  adam.step();
+  StateDict sd = snapshot(adam.state_dict());
+
+  Tensor p = param({1.0, 2.0});
+  SGD sgd({p}, {.lr = 0.3, .momentum = 0.9});
+  const std::string msg = error_of([&] { sgd.load_state_dict(sd); });
+  CAPTURE(msg);
+  CHECK(contains(msg, "[SGD::load_state_dict]"));
+  CHECK(contains(msg, "missing keys: hparams.momentum, hparams.dampening, hparams.nesterov, "
+                      "state.0.0.momentum_buffer"));
+  CHECK(contains(msg, "unexpected keys: hparams.beta1, hparams.beta2, hparams.eps, "
+                      "hparams.amsgrad, state.0.0.exp_avg, state.0.0.exp_avg_sq"));
+  CHECK(sgd.lr() == 0.3);
+
+  StateDict bad;
+  for (const auto& [k, v] : sd) {
+    if (k == "state.0.0.exp_avg") bad.emplace_back(k, zeros({3}, {.dtype = DType::f64}));
+    else if (k != "state.0.0.exp_avg_sq") bad.emplace_back(k, v);
+  }
+  bad.emplace_back("state.0.7.step", scalar(1, {.dtype = DType::i64}));
+  Tensor q = param({1.0, 2.0});
+  Adam adam2({q}, {.lr = 0.7});
+  const std::string msg2 = error_of([&] { adam2.load_state_dict(bad); });
+  CAPTURE(msg2);
+  CHECK(contains(msg2, "missing keys: state.0.0.exp_avg_sq"));
+  CHECK(contains(msg2, "unexpected keys: state.0.7.step"));
+  CHECK(contains(msg2, "mismatched keys: state.0.0.exp_avg (expected [2] floating, got [3] f64)"));
+  CHECK(adam2.lr() == 0.7);
+  CHECK(adam2.state_dict().size() == 7);  // no per-parameter state was loaded
+}
+
+// ---- clipping ----
+
+TEST_CASE("clip_grad_norm_ scales all gradients by one factor") {
+  Tensor a = param({0.0, 0.0}), b = param({0.0}), c = param({0.0});
+  grad(a, {3.0, 4.0});
+  grad(b, {12.0});
+  // c has no gradient and is ignored.
+  const double total = clip_grad_norm_({a, b, c}, 6.5);
+  CHECK(total == doctest::Approx(13.0));
+  const double coef = 6.5 / (13.0 + 1e-6);
+  check_close(val(a.grad()), {3.0 * coef, 4.0 * coef});
+  check_close(val(b.grad()), {12.0 * coef});
+  CHECK_FALSE(c.grad().defined());
+
+  // Below the limit nothing changes.
+  grad(a, {3.0, 4.0});
+  grad(b, {12.0});
+  CHECK(clip_grad_norm_({a, b}, 100.0) == doctest::Approx(13.0));
+  CHECK(val(a.grad()) == std::vector<double>{3.0, 4.0});
+
+  // The inf-norm is the largest |g|; the 1-norm the sum of |g|.
+  grad(a, {3.0, -4.0});
+  CHECK(clip_grad_norm_({a, b}, 1000.0, 1.0) == doctest::Approx(19.0));
+  CHECK(clip_grad_norm_({a, b}, 2.0, INFINITY) == doctest::Approx(12.0));
+  const double coef_inf = 2.0 / (12.0 + 1e-6);
+  check_close(val(a.grad()), {3.0 * coef_inf, -4.0 * coef_inf});
+  check_close(val(b.grad()), {12.0 * coef_inf});
+
+  grad(b, {NAN});
+  CHECK_THROWS_AS(clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true),
+                  std::runtime_error);
+  CHECK(std::isnan(clip_grad_norm_({a, b}, 1.0)));
+  CHECK_THROWS_AS(clip_grad_norm_({a}, 1.0, 0.0), std::invalid_argument);
+  CHECK(clip_grad_norm_({}, 1.0) == 0.0);
+}
+
+TEST_CASE("clip_grad_value_ clamps each gradient") {
+  Tensor a = param({0.0, 0.0, 0.0});
+  grad(a, {-3.0, 0.5, 2.0});
+  clip_grad_value_({a}, 1.0);
+  CHECK(val(a.grad()) == std::vector<double>{-1.0, 0.5, 1.0});
+  CHECK_THROWS_AS(clip_grad_value_({a}, -1.0), std::invalid_argument);
+}
+
+// ---- schedules ----
+
+TEST_CASE("WarmupCosine warms up linearly, then follows a cosine to min_lr") {
+  Tensor a = param({0.0}), b = param({0.0});
+  SGD opt(std::vector<ParamGroup>{{.params = {a}}, {.params = {b}, .lr = 0.2}}, {.lr = 1.0});
+  WarmupCosine sched(opt, 2, 6, 0.1);
+  const double c = std::cos(std::numbers::pi / 4);
+  const std::vector<double> want = {0.5,  1.0, 1.0, 0.1 + 0.45 * (1 + c), 0.55,
+                                    0.1 + 0.45 * (1 - c), 0.1, 0.1};
+  CHECK(opt.lr() == 0.5);  // lr_at(0) is set at construction
+  for (size_t s = 0; s < want.size(); ++s) {
+    CAPTURE(s);
+    CHECK(sched.lr_at(static_cast<int64_t>(s)) == doctest::Approx(want[s]).epsilon(1e-14));
+    CHECK(opt.lr() == doctest::Approx(want[s]).epsilon(1e-14));
+    CHECK(sched.current_step() == static_cast<int64_t>(s));
+    sched.step();
+  }
+  CHECK(sched.lr_at(1000) == 0.1);
+  // Each group from its own base lr, to the same min_lr.
+  CHECK(sched.lr_at(0, 1) == doctest::Approx(0.1));
+  CHECK(sched.lr_at(4, 1) == doctest::Approx(0.1 + 0.1 * 0.5));
+  CHECK(sched.base_lrs() == std::vector<double>{1.0, 0.2});
+
+  SGD opt0({param({0.0})}, {.lr = 0.3});
+  WarmupCosine no_warmup(opt0, 0, 4);
+  CHECK(no_warmup.lr_at(0) == doctest::Approx(0.3));
+  CHECK(no_warmup.lr_at(2) == doctest::Approx(0.15));
+  CHECK(no_warmup.lr_at(4) == 0.0);
+  CHECK_THROWS_AS(WarmupCosine(opt0, 5, 4), std::invalid_argument);
+}
+
+TEST_CASE("LinearWarmup ramps up, then stays at the base lr") {
+  SGD opt({param({0.0})}, {.lr = 2.0});
+  LinearWarmup sched(opt, 4);
+  const std::vector<double> want = {0.5, 1.0, 1.5, 2.0, 2.0, 2.0};
+  for (size_t s = 0; s < want.size(); ++s) {
+    CHECK(opt.lr() == doctest::Approx(want[s]));
+    sched.step();
+  }
+  CHECK_THROWS_AS(LinearWarmup(opt, -1), std::invalid_argument);
+}
+
+TEST_CASE("schedule state_dict round trip restores the step and base lrs") {
+  SGD opt({param({0.0})}, {.lr = 1.0});
+  WarmupCosine sched(opt, 2, 10, 0.0);
+  for (int s = 0; s < 5; ++s) sched.step();
+  const StateDict sd = snapshot(sched.state_dict());
+  CHECK(names(sd) == std::vector<std::string>{"step", "base_lrs.0"});
+
+  SGD opt2({param({0.0})}, {.lr = 7.0});
+  WarmupCosine sched2(opt2, 2, 10, 0.0);
+  sched2.load_state_dict(sd);
+  CHECK(sched2.current_step() == 5);
+  CHECK(sched2.base_lrs() == std::vector<double>{1.0});
+  CHECK(opt2.lr() == opt.lr());
+  sched.step();
+  sched2.step();
+  CHECK(opt2.lr() == opt.lr());
+
+  StateDict bad{{"base_lrs.0", scalar(1.0)}, {"extra", scalar(0.0)}};
+  const std::string msg = error_of([&] { sched2.load_state_dict(bad); });
+  CHECK(contains(msg, "missing keys: step"));
+  CHECK(contains(msg, "unexpected keys: extra"));
+  CHECK(sched2.current_step() == 6);
+}
