@@ -1,1 +1,552 @@
-// Placeholder: filled in by its owner.
+#include "engine/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace quanta::io {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors stores little-endian values; quanta copies bytes as they are");
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// The reference loader's limit on the header size.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// A dtype of the safetensors spec. `rank` is its position in the reference
+// `Dtype` enum (increasing alignment), which the reference writer sorts by.
+struct SpecDType {
+  const char* name;
+  int rank;
+  int bits;
+  std::optional<DType> dtype;  // empty: quanta has no matching dtype
+};
+
+constexpr std::array<SpecDType, 20> kSpecDTypes = {{
+    {"BOOL", 0, 8, DType::boolean},
+    {"F4", 1, 4, std::nullopt},
+    {"F6_E2M3", 2, 6, std::nullopt},
+    {"F6_E3M2", 3, 6, std::nullopt},
+    {"U8", 4, 8, DType::u8},
+    {"I8", 5, 8, std::nullopt},
+    {"F8_E5M2", 6, 8, std::nullopt},
+    {"F8_E4M3", 7, 8, std::nullopt},
+    {"F8_E8M0", 8, 8, std::nullopt},
+    {"I16", 9, 16, std::nullopt},
+    {"U16", 10, 16, std::nullopt},
+    {"F16", 11, 16, DType::f16},
+    {"BF16", 12, 16, DType::bf16},
+    {"I32", 13, 32, DType::i32},
+    {"U32", 14, 32, std::nullopt},
+    {"F32", 15, 32, DType::f32},
+    {"C64", 16, 64, std::nullopt},
+    {"F64", 17, 64, DType::f64},
+    {"I64", 18, 64, DType::i64},
+    {"U64", 19, 64, std::nullopt},
+}};
+
+const SpecDType* find_spec(const std::string& name) {
+  for (const auto& s : kSpecDTypes)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+const SpecDType* find_spec(DType t) {
+  for (const auto& s : kSpecDTypes)
+    if (s.dtype == t) return &s;
+  return nullptr;
+}
+
+// Names can be as long as the header: keep error messages to one readable line.
+std::string quote_name(const std::string& s) {
+  constexpr std::size_t kMax = 80;
+  std::string out = "'";
+  for (char c : s.size() > kMax ? s.substr(0, kMax) : s)
+    out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
+  return out + (s.size() > kMax ? "...'" : "'");
+}
+
+std::string brief_json(const json& j) {
+  std::string s = j.dump(-1, ' ', true, json::error_handler_t::replace);
+  return s.size() > 80 ? s.substr(0, 80) + "..." : s;
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw std::runtime_error("[safetensors] " + source + ": " + what);
+}
+
+[[noreturn]] void fail_errno(const std::string& source, const std::string& what) {
+  fail(source, what + ": " + std::strerror(errno));
+}
+
+// ---- header parsing ----
+
+// Rejects duplicate keys (nlohmann keeps the last silently; the reference
+// loader refuses them) and nesting deeper than the format has.
+struct HeaderGuard {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  int depth = 0;
+  std::optional<std::string> error;
+
+  bool operator()(int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        [[fallthrough]];
+      case json::parse_event_t::array_start:
+        if (++depth > 3) {
+          error = "header nests objects or arrays deeper than the format allows";
+          throw std::runtime_error(*error);
+        }
+        break;
+      case json::parse_event_t::object_end:
+        keys.pop_back();
+        [[fallthrough]];
+      case json::parse_event_t::array_end:
+        --depth;
+        break;
+      case json::parse_event_t::key:
+        if (!keys.back().insert(parsed.get<std::string>()).second) {
+          error = "duplicate key " + quote_name(parsed.get<std::string>()) + " in header" +
+                  (keys.size() == 1 ? " (two tensors with one name)" : "");
+          throw std::runtime_error(*error);
+        }
+        break;
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+};
+
+json parse_json(const char* text, uint64_t n, const std::string& source) {
+  // nlohmann stops at a NUL byte as if the input ended there; JSON never holds
+  // one, and the reference loader rejects it.
+  if (const void* nul = std::memchr(text, '\0', n))
+    fail(source, "header is not valid JSON (NUL byte at header offset " +
+                     std::to_string(static_cast<const char*>(nul) - text) + ")");
+  HeaderGuard guard;
+  try {
+    return json::parse(text, text + n, std::ref(guard));
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    fail(source, "header is not valid JSON (" + what + ")");
+  } catch (const std::runtime_error&) {
+    if (!guard.error) throw;
+    fail(source, *guard.error);
+  }
+}
+
+uint64_t get_u64(const json& j) { return j.get<uint64_t>(); }
+
+SafetensorsEntry parse_entry(const std::string& name, const json& info,
+                             const std::string& source) {
+  const std::string who = "tensor " + quote_name(name);
+  if (!info.is_object()) fail(source, who + ": header entry is not an object");
+  SafetensorsEntry e;
+  e.name = name;
+
+  auto field = [&](const char* key) -> const json& {
+    auto it = info.find(key);
+    if (it == info.end()) fail(source, who + ": missing field '" + key + "'");
+    return *it;
+  };
+
+  const json& dtype = field("dtype");
+  if (!dtype.is_string())
+    fail(source, who + ": field 'dtype' must be a string, got " + brief_json(dtype));
+  e.dtype = dtype.get<std::string>();
+  const SpecDType* spec = find_spec(e.dtype);
+  if (!spec) fail(source, "unknown dtype " + quote_name(e.dtype) + " for " + who);
+
+  const json& shape = field("shape");
+  if (!shape.is_array())
+    fail(source, who + ": field 'shape' must be a list, got " + brief_json(shape));
+  // Elements times the bits of one element must fit; so must the product of
+  // the non-zero sizes, which later stride arithmetic multiplies out.
+  constexpr uint64_t kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t numel = 1;
+  uint64_t span = 1;
+  for (const json& d : shape) {
+    if (!d.is_number_unsigned())
+      fail(source, who + ": shape must hold non-negative integers, got " +
+                       brief_json(shape));
+    const uint64_t v = get_u64(d);
+    if (v > kMaxI64 || (v > 1 && span > kMaxI64 / v))
+      fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
+    span *= std::max<uint64_t>(v, 1);
+    numel *= v;
+    e.shape.push_back(static_cast<int64_t>(v));
+  }
+  if (numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(spec->bits))
+    fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
+  const uint64_t bits = numel * static_cast<uint64_t>(spec->bits);
+  if (bits % 8 != 0)
+    fail(source, who + ": " + std::to_string(numel) + " elements of " + e.dtype +
+                     " do not fill whole bytes");
+
+  const json& offsets = field("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned())
+    fail(source, who + ": field 'data_offsets' must be two non-negative integers, got " +
+                     brief_json(offsets));
+  e.begin = get_u64(offsets[0]);
+  e.end = get_u64(offsets[1]);
+  if (e.begin > e.end)
+    fail(source, who + ": data_offsets " + brief_json(offsets) + " begin after they end");
+  if (e.end - e.begin != bits / 8)
+    fail(source, who + ": shape " + brief_json(shape) + " of " + e.dtype + " needs " +
+                     std::to_string(bits / 8) + " bytes but data_offsets " +
+                     brief_json(offsets) + " span " + std::to_string(e.end - e.begin));
+  return e;
+}
+
+// Validates the header text against a byte buffer of `buffer_bytes`.
+SafetensorsHeader parse_header(const char* text, uint64_t n, uint64_t buffer_bytes,
+                               const std::string& source) {
+  const json root = parse_json(text, n, source);
+  if (!root.is_object()) fail(source, "header is not a JSON object");
+
+  SafetensorsHeader h;
+  h.header_bytes = n;
+  h.data_bytes = buffer_bytes;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (value.is_null()) continue;  // the reference loader reads null as "none"
+      if (!value.is_object())
+        fail(source, "__metadata__ must be an object of strings, got " + brief_json(value));
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string())
+          fail(source, "__metadata__ value for key " + quote_name(k) +
+                           " is not a string: " + brief_json(v));
+        h.metadata.emplace(k, v.get<std::string>());
+      }
+      continue;
+    }
+    h.tensors.push_back(parse_entry(key, value, source));
+  }
+
+  // The reference loader requires the tensors to tile the buffer: no holes,
+  // no overlaps, no trailing bytes. Header order is free, so sort by offsets.
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+  });
+  uint64_t cursor = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const auto& e : h.tensors) {
+    if (e.end > buffer_bytes)
+      fail(source, "data_offsets [" + std::to_string(e.begin) + ", " +
+                       std::to_string(e.end) + "] of tensor " + quote_name(e.name) +
+                       " lie outside the " + std::to_string(buffer_bytes) +
+                       "-byte data buffer (truncated file?)");
+    if (e.begin < cursor)
+      fail(source, "tensors " + quote_name(prev->name) + " and " + quote_name(e.name) +
+                       " overlap in the data buffer");
+    if (e.begin > cursor)
+      fail(source, "the data buffer has a " + std::to_string(e.begin - cursor) +
+                       "-byte hole before tensor " + quote_name(e.name) +
+                       " (tensors must cover the buffer exactly)");
+    cursor = e.end;
+    prev = &e;
+  }
+  if (cursor != buffer_bytes)
+    fail(source, "the data buffer has " + std::to_string(buffer_bytes - cursor) +
+                     " bytes after the last tensor (tensors must cover it exactly)");
+  return h;
+}
+
+// Checks the 8-byte length against the total size; returns N.
+uint64_t check_length(const uint8_t* first8, uint64_t total, const std::string& source) {
+  if (total < 8)
+    fail(source, "file is " + std::to_string(total) +
+                     " bytes, shorter than the 8-byte header length");
+  uint64_t n = 0;
+  std::memcpy(&n, first8, 8);
+  if (n > kMaxHeaderBytes)
+    fail(source, "header length " + std::to_string(n) + " exceeds the " +
+                     std::to_string(kMaxHeaderBytes) + "-byte limit");
+  if (n > total - 8)
+    fail(source, "header length " + std::to_string(n) + " exceeds the " +
+                     std::to_string(total - 8) + " bytes after it (truncated file?)");
+  return n;
+}
+
+// Builds the tensors of a validated header; `read(offset, dst, n)` copies n
+// bytes of the data buffer starting at `offset`.
+SafetensorsFile build_tensors(SafetensorsHeader&& h, const std::string& source,
+                              const std::function<void(uint64_t, void*, uint64_t)>& read) {
+  for (const auto& e : h.tensors)
+    if (!find_spec(e.dtype)->dtype)
+      fail(source, "unsupported dtype " + e.dtype + " for tensor " + quote_name(e.name) +
+                       " (quanta loads F64 F32 F16 BF16 I64 I32 U8 BOOL)");
+  SafetensorsFile f;
+  f.metadata = std::move(h.metadata);
+  f.tensors.reserve(h.tensors.size());
+  for (const auto& e : h.tensors) {
+    const DType dt = *find_spec(e.dtype)->dtype;
+    Tensor t = detail::make_tensor(e.shape, dt, Device::cpu());
+    const uint64_t n = e.end - e.begin;
+    if (n > 0) {
+      read(e.begin, t.raw_data(), n);
+      if (dt == DType::boolean) {
+        // Any non-zero byte is true (as NumPy reads it); a C++ bool must be 0 or 1.
+        auto* p = static_cast<uint8_t*>(t.raw_data());
+        for (uint64_t i = 0; i < n; ++i) p[i] = p[i] != 0;
+      }
+    }
+    f.tensors.emplace_back(e.name, std::move(t));
+  }
+  std::sort(f.tensors.begin(), f.tensors.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return f;
+}
+
+// ---- files ----
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  /** Closes now; returns close()'s result (writers must check it). */
+  int reset() {
+    int rc = 0;
+    if (fd_ >= 0) rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// An open file being read, with its size.
+struct InputFile {
+  Fd fd;
+  uint64_t size = 0;
+
+  explicit InputFile(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd.get() < 0) fail_errno(path, "cannot open");
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) fail_errno(path, "cannot stat");
+    if (S_ISDIR(st.st_mode)) fail(path, "is a directory, not a safetensors file");
+    if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
+    size = static_cast<uint64_t>(st.st_size);
+  }
+
+  void read_at(uint64_t offset, void* dst, uint64_t n, const std::string& path) const {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const std::size_t chunk = static_cast<std::size_t>(std::min<uint64_t>(n, 1u << 30));
+      const ssize_t got = ::pread(fd.get(), p, chunk, static_cast<off_t>(offset));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        fail_errno(path, "read failed");
+      }
+      if (got == 0) fail(path, "file ended early (was it changed while being read?)");
+      p += got;
+      offset += static_cast<uint64_t>(got);
+      n -= static_cast<uint64_t>(got);
+    }
+  }
+};
+
+SafetensorsHeader read_header(const InputFile& in, const std::string& path) {
+  std::array<uint8_t, 8> len{};
+  if (in.size >= 8) in.read_at(0, len.data(), 8, path);
+  const uint64_t n = check_length(len.data(), in.size, path);
+  std::string text(n, '\0');
+  in.read_at(8, text.data(), n, path);
+  return parse_header(text.data(), n, in.size - 8 - n, path);
+}
+
+void write_all(int fd, const void* data, uint64_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<uint64_t>(n, 1u << 30));
+    const ssize_t put = ::write(fd, p, chunk);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("[save_safetensors] writing " + path + " failed: " +
+                               std::strerror(errno));
+    }
+    p += put;
+    n -= static_cast<uint64_t>(put);
+  }
+}
+
+// ---- writing ----
+
+// What a file holds, in write order: the padded header, then each tensor's bytes.
+struct Prepared {
+  std::string header;
+  std::vector<Tensor> data;  // contiguous CPU tensors in buffer order
+};
+
+Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+  struct Item {
+    const std::string* name;
+    Tensor t;
+    const SpecDType* spec;
+  };
+  std::vector<Item> items;
+  items.reserve(tensors.size());
+  std::set<std::string_view> seen;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__")
+      throw std::invalid_argument(
+          "[save_safetensors] tensor name '__metadata__' is reserved for file metadata");
+    if (!seen.insert(name).second)
+      throw std::invalid_argument("[save_safetensors] duplicate tensor name " + quote_name(name));
+    if (!t.defined())
+      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
+                                  " is undefined");
+    const SpecDType* spec = find_spec(t.dtype());
+    if (!spec)
+      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
+                                  " has dtype " + dtype_name(t.dtype()) +
+                                  ", which safetensors files cannot hold yet");
+    items.push_back({&name, t.detach().to(Device::cpu()).contiguous(), spec});
+  }
+  // Like the reference writer: largest alignment first, then by name, so every
+  // tensor starts at a multiple of its element size (the header is padded to 8).
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    if (a.spec->rank != b.spec->rank) return a.spec->rank > b.spec->rank;
+    return *a.name < *b.name;
+  });
+
+  ordered_json header = ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  Prepared p;
+  uint64_t offset = 0;
+  for (auto& item : items) {
+    const uint64_t n = item.t.nbytes();
+    ordered_json info = ordered_json::object();
+    info["dtype"] = item.spec->name;
+    info["shape"] = item.t.shape();
+    info["data_offsets"] = {offset, offset + n};
+    header[*item.name] = std::move(info);
+    offset += n;
+    p.data.push_back(std::move(item.t));
+  }
+  try {
+    p.header = header.dump();
+  } catch (const ordered_json::exception& e) {
+    throw std::invalid_argument(std::string("[save_safetensors] a tensor name or metadata "
+                                            "string is not valid UTF-8 (") + e.what() + ")");
+  }
+  p.header.append((8 - p.header.size() % 8) % 8, ' ');
+  return p;
+}
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+// ---- public API ----
+
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Everything that can be refused is refused before touching the disk.
+  const Prepared p = prepare(tensors, metadata);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+  if (fd.get() < 0)
+    throw std::runtime_error("[save_safetensors] cannot create " + tmp + ": " +
+                             std::strerror(errno));
+  try {
+    const uint64_t n = p.header.size();
+    write_all(fd.get(), &n, 8, tmp);
+    write_all(fd.get(), p.header.data(), n, tmp);
+    for (const Tensor& t : p.data)
+      if (t.nbytes() > 0) write_all(fd.get(), t.raw_data(), t.nbytes(), tmp);
+    if (::fsync(fd.get()) != 0)
+      throw std::runtime_error("[save_safetensors] fsync of " + tmp + " failed: " +
+                               std::strerror(errno));
+    if (fd.reset() != 0)
+      throw std::runtime_error("[save_safetensors] closing " + tmp + " failed: " +
+                               std::strerror(errno));
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw std::runtime_error("[save_safetensors] cannot rename " + tmp + " to " + path +
+                               ": " + std::strerror(errno));
+  } catch (...) {
+    fd.reset();
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable. Some filesystems cannot fsync a folder
+  // (EINVAL): the file is in place, so that is not an error.
+  Fd dir(::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() >= 0 && ::fsync(dir.get()) != 0 && errno != EINVAL && errno != ENOTSUP)
+    throw std::runtime_error("[save_safetensors] " + path + " was written but fsync of its "
+                             "folder failed: " + std::strerror(errno));
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  InputFile in(path);
+  return read_header(in, path);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  InputFile in(path);
+  SafetensorsHeader h = read_header(in, path);
+  const uint64_t base = 8 + h.header_bytes;
+  return build_tensors(std::move(h), path, [&](uint64_t off, void* dst, uint64_t n) {
+    in.read_at(base + off, dst, n, path);
+  });
+}
+
+std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  const Prepared p = prepare(tensors, metadata);
+  uint64_t total = 8 + p.header.size();
+  for (const Tensor& t : p.data) total += t.nbytes();
+  // Sized once and filled with memcpy (GCC 12 misreports vector::insert here).
+  std::vector<uint8_t> out(total);
+  uint8_t* dst = out.data();
+  const uint64_t n = p.header.size();
+  std::memcpy(dst, &n, 8);
+  std::memcpy(dst + 8, p.header.data(), n);
+  dst += 8 + n;
+  for (const Tensor& t : p.data) {
+    if (t.nbytes() > 0) std::memcpy(dst, t.raw_data(), t.nbytes());
+    dst += t.nbytes();
+  }
+  return out;
+}
+
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source) {
+  const uint64_t n = check_length(bytes.data(), bytes.size(), source);
+  const char* text = reinterpret_cast<const char*>(bytes.data()) + 8;
+  SafetensorsHeader h = parse_header(text, n, bytes.size() - 8 - n, source);
+  const uint8_t* base = bytes.data() + 8 + n;
+  return build_tensors(std::move(h), source, [&](uint64_t off, void* dst, uint64_t len) {
+    std::memcpy(dst, base + off, len);
+  });
+}
+
+}  // namespace quanta::io

@@ -1,3 +1,72 @@
 #pragma once
-// Placeholder: filled in by its owner.
+// safetensors checkpoints, readable and writable by the Python `safetensors`
+// package. Layout: 8-byte little-endian u64 N, N bytes of JSON header
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//  "__metadata__": {"key": "value"}}, then the byte buffer the offsets point
+// into. Loading validates like the reference loader (it rejects holes, overlaps
+// and trailing bytes: the tensors must tile the buffer exactly) and reports
+// every problem as an error naming the file, never as a crash.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "engine/tensor.h"
+
+namespace quanta::io {
+
+/** Named tensors in a fixed order. */
+using TensorMap = std::vector<std::pair<std::string, Tensor>>;
+
+/** Everything a safetensors file holds: its tensors (sorted by name, as Python's
+ * `safe_open(...).keys()` lists them) and its string metadata. */
+struct SafetensorsFile {
+  TensorMap tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+/** One tensor as the header describes it; `dtype` is the spec's name ("F32",
+ * "I8", ...), which may be a dtype quanta cannot load. Offsets are relative to
+ * the start of the byte buffer. */
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+/** A validated header: entries in buffer order, metadata, and the sizes of the
+ * header (N) and of the byte buffer. */
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t header_bytes = 0;
+  uint64_t data_bytes = 0;
+};
+
+/** Writes `tensors` and `metadata` to `path` atomically: a temporary file in the
+ * same folder, fsync, rename over `path`, fsync of the folder. On failure `path`
+ * is left as it was and the temporary file is removed. Tensors are copied to the
+ * CPU and made contiguous; names must be unique and not "__metadata__". */
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+/** Reads and validates a whole safetensors file; throws std::runtime_error
+ * naming `path` and the problem. */
+SafetensorsFile load_safetensors(const std::string& path);
+
+/** Reads and validates only the header of `path` (no tensor data is read), for
+ * listing files whose dtypes quanta cannot load. */
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+/** The bytes save_safetensors would write, in memory. */
+std::vector<uint8_t> serialize_safetensors(
+    const TensorMap& tensors, const std::map<std::string, std::string>& metadata = {});
+
+/** Parses safetensors bytes held in memory; errors name `source`. */
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes,
+                                  const std::string& source = "<memory>");
+
+}  // namespace quanta::io
