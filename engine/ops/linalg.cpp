@@ -1,1 +1,303 @@
-// Placeholder: filled in by its owner.
+// Matrix products: matmul, linear, bmm, outer, sq_dist. Forward on the shared
+// Eigen GEMM (engine/cpu/gemm.h); backward formulas are matmuls.
+#include "engine/ops/linalg.h"
+
+#include <algorithm>
+#include <string>
+
+#include <Eigen/Core>
+
+#include "engine/autograd/node.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/parallel.h"
+#include "engine/device_check.h"
+#include "engine/dispatch.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
+
+namespace quanta {
+namespace {
+
+std::string shapes_str(const Tensor& a, const Tensor& b) {
+  return shape_str(a.shape()) + " and " + shape_str(b.shape());
+}
+
+// The floating dtype a product of `a` and `b` is computed and returned in.
+DType product_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  const DType dt = promote_types(a.dtype(), b.dtype());
+  if (!is_floating(dt))
+    throw std::invalid_argument(std::string("[") + op + "] needs floating operands: got " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
+                                "; cast them to f32 or f64 first");
+  return dt;
+}
+
+Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x, dt); }
+
+// `x` without graph, in dtype `ct`, with its last two dims in a layout the
+// GEMM maps directly (a copy only when neither of them has unit stride).
+Tensor gemm_operand(const Tensor& x, DType ct) {
+  Tensor p = detail::as_plain(x, ct);
+  const int64_t nd = p.dim();
+  if (!cpu::gemm_maps(p.size(-2), p.size(-1), p.strides()[nd - 2], p.strides()[nd - 1]))
+    p = p.contiguous();
+  return p;
+}
+
+// Stride of one row when all dims but the last of `x` merge into a single row
+// dim, or -1 when the layout does not allow it.
+int64_t merged_row_stride(const Tensor& x) {
+  int64_t stride = -1, expect = -1;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    const int64_t n = x.shape()[d];
+    if (n == 1) continue;
+    if (stride == -1) {
+      stride = x.strides()[d];
+      expect = stride * n;
+    } else if (x.strides()[d] != expect) {
+      return -1;
+    } else {
+      expect *= n;
+    }
+  }
+  return stride == -1 ? std::max<int64_t>(x.size(-1), 1) : stride;
+}
+
+// `x` (at least 1-d, no graph) seen as a [rows, x.size(-1)] GEMM operand:
+// returns the tensor to read (x itself or a contiguous copy) and its strides.
+Tensor as_rows(const Tensor& x, int64_t& rs, int64_t& cs) {
+  if (x.dim() == 1) {
+    rs = std::max<int64_t>(x.size(0), 1);
+    cs = x.strides()[0];
+    return x;
+  }
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  rs = merged_row_stride(x);
+  cs = x.strides()[x.dim() - 1];
+  if (rs >= 0 && cpu::gemm_maps(rows, x.size(-1), rs, cs)) return x;
+  Tensor c = x.contiguous();
+  rs = std::max<int64_t>(x.size(-1), 1);
+  cs = 1;
+  return c;
+}
+
+// out[i, j] = a[i, :] . b[:, j] over the last two dims of operands that are
+// both at least 2-d, batch dims broadcast; computed in `ct` (no graph).
+Tensor matmul_forward(const Tensor& a, const Tensor& b, DType ct) {
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor A = gemm_operand(a, ct), B = gemm_operand(b, ct);
+  Tensor out = detail::make_tensor(out_shape, ct, Device::cpu());
+  const int64_t nb = numel_of(batch);
+  dispatch_float(ct, "matmul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t ad = A.dim(), bd = B.dim();
+    const cpu::MatRef<T> ma{A.data<T>(), A.strides()[ad - 2], A.strides()[ad - 1]};
+    const cpu::MatRef<T> mb{B.data<T>(), B.strides()[bd - 2], B.strides()[bd - 1]};
+    // A batch of rows times one matrix: a single GEMM over the merged rows.
+    if (numel_of(b_batch) == 1) {
+      const int64_t rs = merged_row_stride(A);
+      if (rs >= 0 && cpu::gemm_maps(nb * m, k, rs, ma.cs)) {
+        cpu::gemm<T>(nb * m, n, k, {ma.p, rs, ma.cs}, mb, out.data<T>(), n);
+        return;
+      }
+    }
+    // Element offsets of every product's operands (stride 0 where broadcast).
+    const int64_t nd = static_cast<int64_t>(batch.size());
+    std::vector<int64_t> a_off(nb), b_off(nb), idx(nd, 0);
+    auto batch_stride = [&](const Tensor& t, const Shape& tb, int64_t d) -> int64_t {
+      const int64_t td = d - (nd - static_cast<int64_t>(tb.size()));
+      return td < 0 || tb[td] == 1 ? 0 : t.strides()[td];
+    };
+    for (int64_t i = 0; i < nb; ++i) {
+      int64_t ao = 0, bo = 0;
+      for (int64_t d = 0; d < nd; ++d) {
+        ao += idx[d] * batch_stride(A, a_batch, d);
+        bo += idx[d] * batch_stride(B, b_batch, d);
+      }
+      a_off[i] = ao;
+      b_off[i] = bo;
+      for (int64_t d = nd - 1; d >= 0; --d) {
+        if (++idx[d] < batch[d]) break;
+        idx[d] = 0;
+      }
+    }
+    cpu::gemm_batched<T>(nb, m, n, k, ma, a_off.data(), mb, b_off.data(), out.data<T>());
+  });
+  return out;
+}
+
+// Both operands at least 2-d and of dtype `dt`: forward plus backward node.
+Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
+  detail::check_cpu("matmul", {&a, &b});
+  const DType ct = detail::cpu_compute_dtype(dt);
+  Tensor out = matmul_forward(a, b, ct);
+  if (ct != dt) out = detail::as_plain(out, dt);
+  const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  return autograd::record("matmul", out, {a, b},
+                          [a = a.detach(), b = b.detach(), need_a, need_b](const Tensor& g) {
+    Tensor ga, gb;
+    if (need_a) ga = sum_to(matmul(g, transpose(b, -1, -2)), a.shape());
+    if (need_b) {
+      if (b.dim() == 2 && a.dim() > 2) {
+        // Batch of rows times one matrix: one GEMM over the merged rows.
+        const int64_t rows = numel_of(Shape(a.shape().begin(), a.shape().end() - 1));
+        gb = matmul(transpose(reshape(a, {rows, a.size(-1)}), 0, 1),
+                    reshape(g, {rows, b.size(-1)}));
+      } else {
+        gb = sum_to(matmul(transpose(a, -1, -2), g), b.shape());
+      }
+    }
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined())
+    throw std::invalid_argument("[matmul] got an undefined tensor");
+  if (a.dim() == 0 || b.dim() == 0)
+    throw std::invalid_argument("[matmul] operands need at least 1 dim: got shapes " +
+                                shapes_str(a, b));
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  if (ka != kb)
+    throw std::invalid_argument("[matmul] inner dimensions differ: got shapes " +
+                                shapes_str(a, b) + " (" + std::to_string(ka) + " vs " +
+                                std::to_string(kb) + ")");
+  const DType dt = product_dtype("matmul", a, b);
+  const Tensor A = cast(a, dt), B = cast(b, dt);
+  if (a.dim() == 1 && b.dim() == 1)
+    return reshape(matmul_nd(unsqueeze(A, 0), unsqueeze(B, 1), dt), {});
+  if (a.dim() == 1) return squeeze(matmul_nd(unsqueeze(A, 0), B, dt), -2);
+  if (b.dim() == 1) return squeeze(matmul_nd(A, unsqueeze(B, 1), dt), -1);
+  return matmul_nd(A, B, dt);
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 3 || b.dim() != 3)
+    throw std::invalid_argument("[bmm] needs 3-d operands: got shapes " + shapes_str(a, b));
+  if (a.size(0) != b.size(0))
+    throw std::invalid_argument("[bmm] batch sizes differ: got shapes " + shapes_str(a, b));
+  if (a.size(2) != b.size(1))
+    throw std::invalid_argument("[bmm] inner dimensions differ: got shapes " + shapes_str(a, b));
+  return matmul(a, b);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  detail::check_cpu("linear", {&x, &w, &b});
+  if (w.dim() != 2)
+    throw std::invalid_argument("[linear] weight must be 2-d [out, in]: got shape " +
+                                shape_str(w.shape()));
+  if (x.dim() == 0 || x.size(-1) != w.size(1))
+    throw std::invalid_argument("[linear] input's last dim must equal the weight's in "
+                                "features: got input " + shape_str(x.shape()) +
+                                " and weight " + shape_str(w.shape()));
+  const int64_t out_f = w.size(0), in_f = w.size(1);
+  if (b.defined() && (b.dim() != 1 || b.size(0) != out_f))
+    throw std::invalid_argument("[linear] bias must have shape [" + std::to_string(out_f) +
+                                "]: got " + shape_str(b.shape()));
+  DType dt = product_dtype("linear", x, w);
+  if (b.defined()) dt = promote_types(dt, b.dtype());
+  const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
+  const DType ct = detail::cpu_compute_dtype(dt);
+
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  Tensor out = detail::make_tensor(out_shape, ct, Device::cpu());
+  int64_t xrs = 0, xcs = 0;
+  Tensor xp = as_rows(detail::as_plain(X, ct), xrs, xcs);
+  Tensor wp = detail::as_plain(W, ct);
+  // w^T maps as a column-major [in, out] matrix: no copy for a plain weight.
+  if (!cpu::gemm_maps(in_f, out_f, wp.strides()[1], wp.strides()[0])) wp = wp.contiguous();
+  Tensor bp = Bias.defined() ? detail::as_plain(Bias, ct).contiguous() : Tensor();
+  const int64_t rows = out.numel() / std::max<int64_t>(out_f, 1);
+  dispatch_float(ct, "linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data<T>();
+    if (bp.defined()) {
+      // Start from the bias and let the GEMM accumulate: no extra pass.
+      const T* bias = bp.data<T>();
+      cpu::parallel_for(0, rows, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(out_f, 1)),
+                        [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) std::copy(bias, bias + out_f, o + r * out_f);
+      });
+    }
+    cpu::gemm<T>(rows, out_f, in_f, {xp.data<T>(), xrs, xcs},
+                 {wp.data<T>(), wp.strides()[1], wp.strides()[0]}, o, out_f, bp.defined());
+  });
+  if (ct != dt) out = detail::as_plain(out, dt);
+
+  const bool need_x = X.requires_grad(), need_w = W.requires_grad();
+  const bool need_b = Bias.defined() && Bias.requires_grad();
+  return autograd::record("linear", out, {X, W, Bias},
+                          [x = X.detach(), w = W.detach(), need_x, need_w, need_b,
+                           out_f, in_f](const Tensor& g) {
+    Tensor gx, gw, gb;
+    if (need_x) gx = matmul(g, w);
+    if (need_w || need_b) {
+      // Rows from the shape: -1 cannot be inferred when a feature size is 0.
+      const int64_t rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+      Tensor g2 = reshape(g, {rows, out_f});
+      if (need_w) gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
+      if (need_b) gb = sum(g2, {0});
+    }
+    return std::vector<Tensor>{gx, gw, gb};
+  });
+}
+
+Tensor outer(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 1 || b.dim() != 1)
+    throw std::invalid_argument("[outer] needs 1-d operands: got shapes " + shapes_str(a, b));
+  return mul(unsqueeze(a, 1), unsqueeze(b, 0));
+}
+
+Tensor sq_dist(const Tensor& x, const Tensor& c) {
+  detail::check_cpu("sq_dist", {&x, &c});
+  if (x.dim() != 2 || c.dim() != 2 || x.size(1) != c.size(1))
+    throw std::invalid_argument("[sq_dist] needs x [N, D] and c [K, D] with the same D: got "
+                                "shapes " + shapes_str(x, c));
+  const DType dt = product_dtype("sq_dist", x, c);
+  const Tensor X = cast(x, dt), C = cast(c, dt);
+  const DType ct = detail::cpu_compute_dtype(dt);
+  const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
+  Tensor xp = detail::as_plain(X, ct).contiguous(), cp = detail::as_plain(C, ct).contiguous();
+  Tensor out = detail::make_tensor({N, K}, ct, Device::cpu());
+  dispatch_float(ct, "sq_dist", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using Rows = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+    Eigen::Map<const Rows> xm(xp.data<T>(), N, D), cm(cp.data<T>(), K, D);
+    const Vec xn = xm.rowwise().squaredNorm(), cn = cm.rowwise().squaredNorm();
+    T* o = out.data<T>();
+    // x c^T: c [K, D] read as a column-major [D, K] matrix.
+    cpu::gemm<T>(N, K, D, {xp.data<T>(), D, 1}, {cp.data<T>(), 1, D}, o, K);
+    cpu::parallel_for(0, N, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1)),
+                      [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        T* row = o + i * K;
+        for (int64_t j = 0; j < K; ++j)
+          row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
+      }
+    });
+  });
+  if (ct != dt) out = detail::as_plain(out, dt);
+  return autograd::record("sq_dist", out, {X, C},
+                          [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
+    // Clamped entries pass no gradient.
+    Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
+    Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;
+    Tensor gc = (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
+    return std::vector<Tensor>{gx, gc};
+  });
+}
+
+}  // namespace quanta

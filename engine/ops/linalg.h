@@ -1,3 +1,31 @@
 #pragma once
-// Placeholder: filled in by its owner.
+// Matrix products. All of them run on one Eigen GEMM (engine/cpu/gemm.h):
+// f32 and f64 are computed as they are, bf16 and f16 are computed in f32 and
+// stored back, integer and bool operands are refused with an error naming the
+// op (cast them to a floating dtype first). Mixed dtypes promote.
 #include "engine/tensor.h"
+
+namespace quanta {
+
+/** Matrix product with NumPy/PyTorch rules: 1-d . 1-d is a dot product (0-d
+ * result); a 1-d left (right) operand is a row (column) vector whose dim is
+ * removed from the result; otherwise the last two dims multiply and the
+ * leading (batch) dims broadcast. */
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+/** x [..., in] times w [out, in] transposed, plus b [out] (undefined b: no
+ * bias); returns [..., out]. The bias is folded into the GEMM. */
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+
+/** Batched product of 3-d tensors: a [B, m, k], b [B, k, n] -> [B, m, n]
+ * (no broadcasting). */
+Tensor bmm(const Tensor& a, const Tensor& b);
+
+/** Outer product of 1-d a [n] and b [m]: [n, m]. */
+Tensor outer(const Tensor& a, const Tensor& b);
+
+/** Squared Euclidean distances between the rows of x [N, D] and of c [K, D]:
+ * [N, K] = |x|^2 - 2 x c^T + |c|^2 (one GEMM), clamped at 0. */
+Tensor sq_dist(const Tensor& x, const Tensor& c);
+
+}  // namespace quanta

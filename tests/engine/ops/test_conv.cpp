@@ -1,1 +1,375 @@
-// Placeholder: filled in by its owner.
+// Op-harness rows for conv2d, conv_transpose2d, pooling and nearest
+// upsampling against direct-loop references, plus multi-image sizes that take
+// the threaded paths, zero batches and error messages.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/ops/harness.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+using Pair = std::array<int64_t, 2>;
+
+Tensor from_values(const std::vector<double>& v, const Shape& shape) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return from_vector<double>(v, n ? Shape{n} : Shape{0}).reshape(shape);
+}
+
+struct ConvArgs {
+  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1}, output_padding{0, 0};
+  int64_t groups = 1;
+};
+
+// Direct convolution: seven nested loops (plus the bias).
+Tensor ref_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvArgs& a) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t O = w.size(0), Cg = w.size(1), kh = w.size(2), kw = w.size(3);
+  const int64_t Og = O / a.groups;
+  const int64_t OH = (H + 2 * a.padding[0] - a.dilation[0] * (kh - 1) - 1) / a.stride[0] + 1;
+  const int64_t OW = (W + 2 * a.padding[1] - a.dilation[1] * (kw - 1) - 1) / a.stride[1] + 1;
+  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  const auto bv = b ? b->to_vector<double>() : std::vector<double>(O, 0.0);
+  std::vector<double> out(static_cast<size_t>(N * O * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          double s = bv[o];
+          for (int64_t c = 0; c < Cg; ++c)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t ih = oh * a.stride[0] - a.padding[0] + i * a.dilation[0];
+                const int64_t iw = ow * a.stride[1] - a.padding[1] + j * a.dilation[1];
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const int64_t ci = (o / Og) * Cg + c;
+                s += xv[((n * C + ci) * H + ih) * W + iw] * wv[((o * Cg + c) * kh + i) * kw + j];
+              }
+          out[((n * O + o) * OH + oh) * OW + ow] = s;
+        }
+  return from_values(out, {N, O, OH, OW});
+}
+
+// Transposed convolution as a scatter: every input pixel adds its kernel
+// (times the pixel) into the output.
+Tensor ref_conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor* b,
+                            const ConvArgs& a) {
+  const int64_t N = x.size(0), Cin = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t Og = w.size(1), kh = w.size(2), kw = w.size(3);
+  const int64_t O = Og * a.groups, Cg = Cin / a.groups;
+  const int64_t OH = (H - 1) * a.stride[0] - 2 * a.padding[0] + a.dilation[0] * (kh - 1) +
+                     a.output_padding[0] + 1;
+  const int64_t OW = (W - 1) * a.stride[1] - 2 * a.padding[1] + a.dilation[1] * (kw - 1) +
+                     a.output_padding[1] + 1;
+  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  const auto bv = b ? b->to_vector<double>() : std::vector<double>(O, 0.0);
+  std::vector<double> out(static_cast<size_t>(N * O * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t p = 0; p < OH * OW; ++p) out[(n * O + o) * OH * OW + p] = bv[o];
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < Cin; ++c)
+      for (int64_t ih = 0; ih < H; ++ih)
+        for (int64_t iw = 0; iw < W; ++iw)
+          for (int64_t ol = 0; ol < Og; ++ol)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t oh = ih * a.stride[0] - a.padding[0] + i * a.dilation[0];
+                const int64_t ow = iw * a.stride[1] - a.padding[1] + j * a.dilation[1];
+                if (oh < 0 || oh >= OH || ow < 0 || ow >= OW) continue;
+                const int64_t o = (c / Cg) * Og + ol;
+                out[((n * O + o) * OH + oh) * OW + ow] +=
+                    xv[((n * Cin + c) * H + ih) * W + iw] * wv[((c * Og + ol) * kh + i) * kw + j];
+              }
+  return from_values(out, {N, O, OH, OW});
+}
+
+OpCase conv_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
+                 std::vector<Shape> zero = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = std::move(shapes);
+  c.zero_shapes = std::move(zero);
+  c.op = [a](const Inputs& x) {
+    return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding, a.dilation,
+                  a.groups);
+  };
+  c.reference = [a](const Inputs& x) {
+    return ref_conv2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
+  };
+  return c;
+}
+
+OpCase conv_t_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
+                   std::vector<Shape> zero = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = std::move(shapes);
+  c.zero_shapes = std::move(zero);
+  c.op = [a](const Inputs& x) {
+    return conv_transpose2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding,
+                            a.output_padding, a.groups, a.dilation);
+  };
+  c.reference = [a](const Inputs& x) {
+    return ref_conv_transpose2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
+  };
+  return c;
+}
+
+// Pooling reference over [N, C, H, W]; `max` or mean with count_include_pad.
+Tensor ref_pool(const Tensor& x, Pair k, Pair s, Pair p, Pair d, bool max) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t OH = (H + 2 * p[0] - d[0] * (k[0] - 1) - 1) / s[0] + 1;
+  const int64_t OW = (W + 2 * p[1] - d[1] * (k[1] - 1) - 1) / s[1] + 1;
+  const auto xv = x.to_vector<double>();
+  std::vector<double> out(static_cast<size_t>(N * C * OH * OW));
+  for (int64_t nc = 0; nc < N * C; ++nc)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
+        for (int64_t i = 0; i < k[0]; ++i)
+          for (int64_t j = 0; j < k[1]; ++j) {
+            const int64_t ih = oh * s[0] - p[0] + i * d[0], iw = ow * s[1] - p[1] + j * d[1];
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            const double v = xv[(nc * H + ih) * W + iw];
+            acc = max ? std::max(acc, v) : acc + v;
+          }
+        out[(nc * OH + oh) * OW + ow] = max ? acc : acc / static_cast<double>(k[0] * k[1]);
+      }
+  return from_values(out, {N, C, OH, OW});
+}
+
+OpCase pool_case(std::string name, Shape shape, Pair k, Pair s, Pair p, Pair d, bool max) {
+  OpCase c;
+  c.name = std::move(name);
+  c.shapes = {shape};
+  shape[0] = 0;
+  c.zero_shapes = {shape};
+  if (max) c.inputs = {InputSpec{.domain = Domain::distinct, .make = {}}};
+  c.op = [=](const Inputs& x) {
+    return max ? max_pool2d(x[0], k, s, p, d) : avg_pool2d(x[0], k, s, p);
+  };
+  const Pair rs{s[0] ? s[0] : k[0], s[1] ? s[1] : k[1]};
+  c.reference = [=](const Inputs& x) { return ref_pool(x[0], k, rs, p, d, max); };
+  return c;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto av = a.to_vector<double>(), bv = b.to_vector<double>();
+  REQUIRE(av.size() == bv.size());
+  double worst = 0;
+  for (size_t i = 0; i < av.size(); ++i) worst = std::max(worst, std::abs(av[i] - bv[i]));
+  return worst;
+}
+
+double dot(const Tensor& a, const Tensor& b) { return sum(mul(a, b)).item(); }
+
+}  // namespace
+
+TEST_CASE("conv2d through the harness") {
+  run_case(conv_case("conv2d plain with bias", {{2, 3, 5, 6}, {4, 3, 3, 3}, {4}}, {},
+                     {{0, 3, 5, 6}, {4, 3, 3, 3}, {4}}));
+  run_case(conv_case("conv2d stride 2 padding 1", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}},
+                     {.stride = {2, 2}, .padding = {1, 1}}));
+  run_case(conv_case("conv2d dilation 2, uneven padding, no bias", {{1, 2, 7, 7}, {3, 2, 3, 2}},
+                     {.padding = {2, 1}, .dilation = {2, 2}}));
+  run_case(conv_case("conv2d groups 2", {{2, 4, 5, 5}, {6, 2, 3, 3}, {6}},
+                     {.stride = {1, 2}, .padding = {1, 0}, .groups = 2},
+                     {{0, 4, 5, 5}, {6, 2, 3, 3}, {6}}));
+  run_case(conv_case("conv2d depthwise", {{1, 3, 5, 5}, {3, 1, 3, 3}}, {.groups = 3}));
+  run_case(conv_case("conv2d 1x1 pointwise", {{2, 3, 4, 5}, {5, 3, 1, 1}, {5}}, {}));
+  run_case(conv_case("conv2d 1x1 strided", {{2, 3, 5, 5}, {2, 3, 1, 1}}, {.stride = {2, 2}}));
+}
+
+TEST_CASE("conv_transpose2d through the harness") {
+  run_case(conv_t_case("conv_transpose2d stride 2 output_padding 1",
+                       {{2, 4, 3, 3}, {4, 3, 3, 3}, {3}},
+                       {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}},
+                       {{0, 4, 3, 3}, {4, 3, 3, 3}, {3}}));
+  run_case(conv_t_case("conv_transpose2d groups 2, dilation, uneven stride",
+                       {{1, 4, 3, 4}, {4, 2, 2, 3}, {4}},
+                       {.stride = {2, 1}, .dilation = {1, 2}, .output_padding = {1, 0},
+                        .groups = 2}));
+  run_case(conv_t_case("conv_transpose2d 1x1", {{2, 3, 4, 4}, {3, 5, 1, 1}}, {}));
+  // output_padding below the dilation but not the stride: the output grows
+  // past what the matching conv2d would read.
+  run_case(conv_t_case("conv_transpose2d output_padding from dilation",
+                       {{1, 2, 3, 3}, {2, 2, 2, 2}, {2}},
+                       {.dilation = {2, 2}, .output_padding = {1, 1}}));
+}
+
+TEST_CASE("pooling and upsampling through the harness") {
+  run_case(pool_case("avg_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, false));
+  run_case(pool_case("avg_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1},
+                     {1, 1}, false));
+  run_case(pool_case("avg_pool2d 3x2 stride (1, 2)", {1, 2, 5, 5}, {3, 2}, {1, 2}, {0, 1},
+                     {1, 1}, false));
+  run_case(pool_case("max_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, true));
+  run_case(pool_case("max_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1},
+                     {1, 1}, true));
+  run_case(pool_case("max_pool2d dilation 2", {1, 2, 6, 7}, {2, 3}, {1, 1}, {1, 1}, {2, 2}, true));
+
+  OpCase up;
+  up.name = "interpolate_nearest2x";
+  up.shapes = {{2, 3, 3, 4}};
+  up.zero_shapes = {{0, 3, 3, 4}};
+  up.op = [](const Inputs& x) { return interpolate_nearest2x(x[0]); };
+  up.reference = [](const Inputs& x) {
+    const Shape& s = x[0].shape();
+    const auto v = x[0].to_vector<double>();
+    const int64_t P = s[0] * s[1], H = s[2], W = s[3];
+    std::vector<double> out(static_cast<size_t>(P * 4 * H * W));
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t h = 0; h < 2 * H; ++h)
+        for (int64_t w = 0; w < 2 * W; ++w)
+          out[(p * 2 * H + h) * 2 * W + w] = v[(p * H + h / 2) * W + w / 2];
+    return from_values(out, {s[0], s[1], 2 * H, 2 * W});
+  };
+  run_case(up);
+}
+
+TEST_CASE("conv on several images takes the threaded paths and stays exact") {
+  // Enough images for whole images per thread (weight-gradient partial sums).
+  const ConvArgs a{.stride = {1, 1}, .padding = {1, 1}, .groups = 2};
+  const Tensor x = make_input({5, 6, 11, 13}, Domain::any, 1).requires_grad_();
+  const Tensor w = make_input({8, 3, 3, 3}, Domain::any, 2).requires_grad_();
+  const Tensor b = make_input({8}, Domain::any, 3).requires_grad_();
+  const Tensor y = conv2d(x, w, b, a.stride, a.padding, a.dilation, a.groups);
+  CHECK(max_abs_diff(y, ref_conv2d(x.detach(), w.detach(), &b, a)) < 1e-10);
+  const Tensor g = make_input(y.shape(), Domain::any, 4);
+  sum(mul(y, g)).backward();
+  // <conv(x, w), g> is linear in x and in w: its gradients must reproduce it.
+  const Tensor y0 = ref_conv2d(x.detach(), w.detach(), nullptr, a);
+  CHECK(dot(x.detach(), x.grad()) == doctest::Approx(dot(y0, g)).epsilon(1e-10));
+  CHECK(dot(w.detach(), w.grad()) == doctest::Approx(dot(y0, g)).epsilon(1e-10));
+  CHECK(max_abs_diff(b.grad(), sum(g, {0, 2, 3})) < 1e-10);
+  // The weight gradient is the sum of the per-image ones.
+  Tensor per_image = zeros(w.shape(), {.dtype = DType::f64});
+  for (int64_t n = 0; n < 5; ++n) {
+    const Tensor xn = narrow(x.detach(), 0, n, 1);
+    const Tensor wn = w.detach().clone().requires_grad_();
+    sum(mul(conv2d(xn, wn, Tensor(), a.stride, a.padding, a.dilation, a.groups),
+            narrow(g, 0, n, 1))).backward();
+    per_image = per_image + wn.grad();
+  }
+  CHECK(max_abs_diff(per_image, w.grad()) < 1e-10);
+
+  // Transposed convolution on several images matches its scatter reference.
+  const ConvArgs t{.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0}};
+  const Tensor xt = make_input({4, 5, 6, 7}, Domain::any, 5);
+  const Tensor wt = make_input({5, 3, 4, 3}, Domain::any, 6);
+  CHECK(max_abs_diff(conv_transpose2d(xt, wt, Tensor(), t.stride, t.padding, t.output_padding),
+                     ref_conv_transpose2d(xt, wt, nullptr, t)) < 1e-10);
+}
+
+TEST_CASE("conv2d is the adjoint of conv_transpose2d") {
+  const Tensor x = make_input({2, 4, 9, 8}, Domain::any, 7);
+  const Tensor w = make_input({6, 2, 3, 3}, Domain::any, 8);
+  const Tensor y = conv2d(x, w, Tensor(), {2, 2}, {1, 1}, {1, 1}, 2);
+  const Tensor g = make_input(y.shape(), Domain::any, 9);
+  const Tensor xt = conv_transpose2d(g, w, Tensor(), {2, 2}, {1, 1}, {0, 1}, 2);
+  CHECK(xt.shape() == x.shape());
+  CHECK(dot(y, g) == doctest::Approx(dot(x, xt)).epsilon(1e-12));
+}
+
+TEST_CASE("conv and pooling with zero batch run forward and backward") {
+  const Tensor x = zeros({0, 3, 6, 6}, {.dtype = DType::f64}).requires_grad_();
+  const Tensor w = make_input({4, 3, 3, 3}, Domain::any, 10).requires_grad_();
+  const Tensor b = make_input({4}, Domain::any, 11).requires_grad_();
+  const Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+  CHECK(y.shape() == Shape{0, 4, 6, 6});
+  const Tensor yt = conv_transpose2d(y, w, Tensor(), {2, 2}, {1, 1}, {1, 1});
+  CHECK(yt.shape() == Shape{0, 3, 12, 12});
+  const Tensor p = max_pool2d(avg_pool2d(interpolate_nearest2x(yt), {2, 2}), {2, 2});
+  CHECK(p.shape() == Shape{0, 3, 6, 6});
+  sum(p).backward();
+  CHECK(x.grad().shape() == x.shape());
+  CHECK(w.grad().shape() == w.shape());
+  CHECK(sum(abs(w.grad())).item() == 0.0);
+  CHECK(b.grad().shape() == b.shape());
+  CHECK(sum(abs(b.grad())).item() == 0.0);
+}
+
+TEST_CASE("conv and pooling: 16-bit floats compute in f32 and keep their dtype") {
+  const Tensor x = make_input({1, 2, 5, 5}, Domain::any, 12);
+  const Tensor w = make_input({3, 2, 3, 3}, Domain::any, 13);
+  for (DType t : {DType::bf16, DType::f16}) {
+    const Tensor y = conv2d(x.to(t), w.to(t), Tensor(), {1, 1}, {1, 1});
+    CHECK(y.dtype() == t);
+    const Tensor want = ref_conv2d(x.to(t).to(DType::f64), w.to(t).to(DType::f64), nullptr,
+                                   {.padding = {1, 1}});
+    CHECK(max_abs_diff(y, want) < (t == DType::bf16 ? 0.25 : 0.05));
+    CHECK(max_pool2d(x.to(t), {2, 2}).dtype() == t);
+    CHECK(avg_pool2d(x.to(t), {2, 2}).dtype() == t);
+  }
+}
+
+TEST_CASE("max_pool2d sends the gradient to the first maximum only") {
+  const Tensor x = from_vector<double>({1, 3, 3, 2}, {1, 1, 2, 2}).requires_grad_();
+  const Tensor y = max_pool2d(x, {2, 2});
+  CHECK(y.item() == 3.0);
+  sum(y).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0});
+  // Padding never wins, even against negative values.
+  const Tensor n = full({1, 1, 2, 2}, -5.0);
+  CHECK(max_pool2d(n, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() ==
+        std::vector<double>(9, -5.0));
+  // avg_pool2d counts the padding in the mean.
+  const Tensor o = ones({1, 1, 2, 2});
+  CHECK(avg_pool2d(o, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() ==
+        std::vector<double>{0.25, 0.5, 0.25, 0.5, 1.0, 0.5, 0.25, 0.5, 0.25});
+}
+
+TEST_CASE("conv and pooling name the op and the problem in their errors") {
+  const Tensor x = ones({1, 4, 5, 5});
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 3, 3, 3})),
+                       doctest::Contains("[conv2d] weight [2, 3, 3, 3] expects 3 input channels"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3),
+                       doctest::Contains("[conv2d] input channels (4) are not divisible by "
+                                         "groups (3)"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({3, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2),
+                       doctest::Contains("output channels (3) are not divisible"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 7, 3})),
+                       doctest::Contains("[conv2d] output size is not positive"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 3, 3}), ones({3})),
+                       doctest::Contains("[conv2d] bias must have shape [2]"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(ones({4, 5, 5}), ones({2, 4, 3, 3})),
+                       doctest::Contains("[conv2d] input must be 4-d"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 3, 3}), Tensor(), {0, 1}),
+                       doctest::Contains("[conv2d] stride must be positive"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(ones({1, 4, 5, 5}, {.dtype = DType::i32}),
+                              ones({2, 4, 3, 3}, {.dtype = DType::i32})),
+                       doctest::Contains("[conv2d] needs floating operands: got i32"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, ones({3, 2, 3, 3})),
+                       doctest::Contains("[conv_transpose2d] weight [3, 2, 3, 3] expects 3 "
+                                         "input channels"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, ones({4, 2, 3, 3}), Tensor(), {2, 2}, {0, 0}, {2, 0}),
+                       doctest::Contains("[conv_transpose2d] output_padding must be"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(ones({1, 4, 1, 1}), ones({4, 2, 1, 1}), Tensor(),
+                                        {1, 1}, {1, 1}),
+                       doctest::Contains("[conv_transpose2d] output size is not positive"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(avg_pool2d(x, {2, 2}, {0, 0}, {2, 2}),
+                       doctest::Contains("[avg_pool2d] padding must be between 0 and half"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(max_pool2d(x, {7, 7}),
+                       doctest::Contains("[max_pool2d] output size is not positive"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(interpolate_nearest2x(ones({5, 5})),
+                       doctest::Contains("[interpolate_nearest2x] input must be"),
+                       std::invalid_argument);
+}

@@ -1,0 +1,130 @@
+#include "engine/cpu/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <Eigen/Core>
+
+#include "engine/cpu/parallel.h"
+
+namespace quanta::cpu {
+namespace {
+
+enum Layout { kRowMajor, kColMajor, kNone };
+
+// How a rows x cols matrix with strides (rs, cs) maps onto Eigen, and its
+// outer stride. Degenerate dims (size <= 1) take any stride.
+Layout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t& outer) {
+  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= std::max<int64_t>(cols, 1))) {
+    outer = rows <= 1 ? std::max<int64_t>(cols, 1) : rs;
+    return kRowMajor;
+  }
+  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= std::max<int64_t>(rows, 1))) {
+    outer = cols <= 1 ? std::max<int64_t>(rows, 1) : cs;
+    return kColMajor;
+  }
+  return kNone;
+}
+
+template <class T, int LA, int LB>
+void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob,
+             T* c, int64_t ldc, bool acc) {
+  using Stride = Eigen::OuterStride<>;
+  using MA = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LA>;
+  using MB = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LB>;
+  using MC = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<const MA, 0, Stride> A(a, m, k, Stride(oa));
+  Eigen::Map<const MB, 0, Stride> B(b, k, n, Stride(ob));
+  Eigen::Map<MC, 0, Stride> C(c, m, n, Stride(m <= 1 ? std::max<int64_t>(n, 1) : ldc));
+  // A vector side lets Eigen pick its matrix-vector kernel.
+  if (m == 1) {
+    auto row = C.row(0);
+    if (acc) row.noalias() += A.row(0) * B;
+    else row.noalias() = A.row(0) * B;
+  } else if (n == 1) {
+    auto col = C.col(0);
+    if (acc) col.noalias() += A * B.col(0);
+    else col.noalias() = A * B.col(0);
+  } else if (acc) {
+    C.noalias() += A * B;
+  } else {
+    C.noalias() = A * B;
+  }
+}
+
+template <class T>
+using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*, int64_t,
+                           T*, int64_t, bool);
+
+template <class T> ProductFn<T> pick(Layout la, Layout lb) {
+  if (la == kRowMajor)
+    return lb == kRowMajor ? &product<T, Eigen::RowMajor, Eigen::RowMajor>
+                           : &product<T, Eigen::RowMajor, Eigen::ColMajor>;
+  return lb == kRowMajor ? &product<T, Eigen::ColMajor, Eigen::RowMajor>
+                         : &product<T, Eigen::ColMajor, Eigen::ColMajor>;
+}
+
+template <class T> void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(T) * n);
+}
+
+}  // namespace
+
+bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  int64_t outer = 0;
+  return layout_of(rows, cols, rs, cs, outer) != kNone;
+}
+
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64_t ldc,
+          bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) zero_rows(c, m, n, ldc);
+    return;
+  }
+  int64_t oa = 0, ob = 0;
+  const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
+  pick<T>(la, lb)(m, n, k, a.p, oa, b.p, ob, c, ldc, accumulate);
+}
+
+template <class T>
+void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
+                  const int64_t* a_off, MatRef<T> b, const int64_t* b_off, T* c) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  if (k == 0) {
+    std::memset(c, 0, sizeof(T) * batch * m * n);
+    return;
+  }
+  int64_t oa = 0, ob = 0;
+  const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
+  const ProductFn<T> fn = pick<T>(la, lb);
+  const int64_t mn = m * n;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  // Eigen threads one product well once it is large; below that, or when
+  // there are at least as many products as threads, each thread takes whole
+  // products (Eigen then stays single-threaded inside the parallel region).
+  const int threads = num_threads();
+  const bool by_batch = batch > 1 && threads > 1 && (batch >= threads || work < 128.0 * 128 * 128);
+  if (by_batch) {
+    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(work, 1.0)));
+    parallel_for(0, batch, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        fn(m, n, k, a.p + a_off[i], oa, b.p + b_off[i], ob, c + i * mn, n, false);
+    });
+  } else {
+    for (int64_t i = 0; i < batch; ++i)
+      fn(m, n, k, a.p + a_off[i], oa, b.p + b_off[i], ob, c + i * mn, n, false);
+  }
+}
+
+template void gemm<float>(int64_t, int64_t, int64_t, MatRef<float>, MatRef<float>, float*,
+                          int64_t, bool);
+template void gemm<double>(int64_t, int64_t, int64_t, MatRef<double>, MatRef<double>,
+                           double*, int64_t, bool);
+template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<float>,
+                                  const int64_t*, MatRef<float>, const int64_t*, float*);
+template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<double>,
+                                   const int64_t*, MatRef<double>, const int64_t*, double*);
+
+}  // namespace quanta::cpu

@@ -1,0 +1,34 @@
+#pragma once
+// The one GEMM every CPU matrix product goes through (matmul, linear, conv).
+// Operands are strided matrices; a plain transpose (one unit stride) maps onto
+// Eigen with no copy, so transposed views cost nothing.
+#include <cstdint>
+
+namespace quanta::cpu {
+
+/** A strided matrix operand: element (i, j) lives at p[i * rs + j * cs]. */
+template <class T> struct MatRef {
+  const T* p;
+  int64_t rs;
+  int64_t cs;
+};
+
+/** True when a rows x cols matrix with strides (rs, cs) maps onto Eigen
+ * without a copy (row-major or column-major with a valid outer stride). */
+bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
+
+/** c[m, n] = a[m, k] b[k, n], or c += a b when `accumulate`; `c` is
+ * row-major with row stride ldc. Both operands must satisfy gemm_maps.
+ * Eigen threads the product unless called inside a parallel region. */
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64_t ldc,
+          bool accumulate = false);
+
+/** `batch` products c_i = a_i b_i: a_i starts at a.p + a_off[i] (same for b),
+ * c_i at c + i * m * n (contiguous). Parallel over the batch when the
+ * products are small or many, else one threaded GEMM after another. */
+template <class T>
+void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
+                  const int64_t* a_off, MatRef<T> b, const int64_t* b_off, T* c);
+
+}  // namespace quanta::cpu
