@@ -32,12 +32,17 @@ void check_pair(const char* op, const Tensor& a, const Tensor& b) {
   // No broadcasting: a [N, 1] prediction against a [N] target is almost
   // always a bug, not an intent.
   if (a.shape() != b.shape())
-    throw std::invalid_argument(std::string("[") + op + "] input shape " + shape_str(a.shape()) +
-                                " and target shape " + shape_str(b.shape()) + " differ");
+    throw std::invalid_argument(std::string("[") + op + "] input shape " +
+                                shape_str(a.shape()) + " and target shape " +
+                                shape_str(b.shape()) + " differ");
 }
 
-// Mean over classes of -log p for each sample: the uniform part of smoothing.
-Tensor uniform_part(const Tensor& lsm) { return neg(mean(lsm, {1})); }
+// Label smoothing: (1 - eps) loss + eps * (mean over classes of -log p).
+Tensor smooth(const Tensor& loss, const Tensor& lsm, double eps) {
+  if (eps == 0) return loss;
+  return add(mul(loss, scalar_like(loss, 1.0 - eps)),
+             mul(neg(mean(lsm, {1})), scalar_like(loss, eps)));
+}
 
 Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction reduction,
                            double eps) {
@@ -46,10 +51,7 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction
                                 shape_str(target.shape()) + " does not match logits shape " +
                                 shape_str(logits.shape()));
   const Tensor lsm = log_softmax(logits, 1);
-  Tensor loss = neg(sum(mul(target, lsm), {1}));
-  if (eps > 0)
-    loss = add(mul(loss, scalar_like(loss, 1.0 - eps)), mul(uniform_part(lsm), scalar_like(loss, eps)));
-  return reduce_loss(loss, reduction);
+  return reduce_loss(smooth(neg(sum(mul(target, lsm), {1})), lsm, eps), reduction);
 }
 
 }  // namespace
@@ -61,7 +63,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     throw std::invalid_argument(std::string("[cross_entropy] logits must be floating, got ") +
                                 dtype_name(logits.dtype()));
   if (logits.dim() == 0)
-    throw std::invalid_argument("[cross_entropy] logits must be [C] or [N, C, ...], got a 0-d tensor");
+    throw std::invalid_argument(
+        "[cross_entropy] logits must be [C] or [N, C, ...], got a 0-d tensor");
   if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
     throw std::invalid_argument("[cross_entropy] label_smoothing must be in [0, 1], got " +
                                 std::to_string(label_smoothing));
@@ -71,8 +74,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
       throw std::invalid_argument("[cross_entropy] target shape " + shape_str(target.shape()) +
                                   " does not match logits shape " +
                                   shape_str(logits.shape()) + ": expected []");
-    Tensor out = cross_entropy(unsqueeze(logits, 0), unsqueeze(target, 0), reduction, ignore_index,
-                               label_smoothing);
+    Tensor out = cross_entropy(unsqueeze(logits, 0), unsqueeze(target, 0), reduction,
+                               ignore_index, label_smoothing);
     return reduction == Reduction::none ? squeeze(out, 0) : out;
   }
   if (is_floating(target.dtype()))
@@ -104,9 +107,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   // the gradient comes from where and sum.
   const Tensor hit = eq(class_ids, unsqueeze(t, 1));  // [N, C, *]
   Tensor loss = neg(sum(where(hit, lsm, scalar_like(lsm, 0.0)), {1}));  // [N, *]
-  if (label_smoothing > 0)
-    loss = add(mul(loss, scalar_like(loss, 1.0 - label_smoothing)),
-               mul(uniform_part(lsm), scalar_like(loss, label_smoothing)));
+  loss = smooth(loss, lsm, label_smoothing);
   const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), {.dtype = DType::i64}));
   loss = where(keep, loss, scalar_like(loss, 0.0));
   if (reduction != Reduction::mean) return reduce_loss(loss, reduction);
@@ -148,7 +149,8 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   shape.push_back(num_classes);
   Tensor out = zeros(shape, {.dtype = DType::i64});
   int64_t* o = out.data<int64_t>();
-  for (size_t i = 0; i < idx.size(); ++i) o[static_cast<int64_t>(i) * num_classes + idx[i]] = 1;
+  for (size_t i = 0; i < idx.size(); ++i)
+    o[static_cast<int64_t>(i) * num_classes + idx[i]] = 1;
   return out;
 }
 

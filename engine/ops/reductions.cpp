@@ -8,6 +8,8 @@
 #include <string>
 #include <type_traits>
 
+#include <Eigen/Core>
+
 #include "engine/autograd/node.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cpu/reduce_plan.h"
@@ -169,7 +171,8 @@ Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, const char* op) {
     wrap_dim(dim, 0, op);
     return reshape(arg_extreme<IsMax>(reshape(x.detach(), {1}), 0, false, op), {});
   }
-  return extreme_dim<IsMax>(x.detach(), wrap_dim(dim, x.dim(), op), keepdim, op, false).indices;
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  return extreme_dim<IsMax>(x.detach(), d, keepdim, op, false).indices;
 }
 
 // Gradient of an extremum shared evenly among the elements equal to it.
@@ -190,7 +193,9 @@ Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op
   dispatch_numeric(ct, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = out.data<T>();
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) { o[r] = v[extreme_index<IsMax>(v, n)]; });
+    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
+      o[r] = v[extreme_index<IsMax>(v, n)];
+    });
   });
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
@@ -272,6 +277,16 @@ Tensor cumsum_dir(const Tensor& x, int64_t dim, bool reverse) {
       for (int64_t o = lo; o < hi; ++o) {
         const T* s = src + o * block;
         T* t = dst + o * block;
+        if (inner == 1) {
+          // One contiguous line: a plain running sum.
+          T acc = T(0);
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t j = reverse ? n - 1 - i : i;
+            acc = static_cast<T>(acc + s[j]);
+            t[j] = acc;
+          }
+          continue;
+        }
         const int64_t first = reverse ? n - 1 : 0, step = reverse ? -1 : 1;
         for (int64_t k = 0; k < inner; ++k) t[first * inner + k] = s[first * inner + k];
         for (int64_t i = first + step; i >= 0 && i < n; i += step) {
@@ -294,7 +309,8 @@ template <bool All>
 Tensor bool_reduce(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   detail::check_cpu(op, {&x});
   check_arithmetic(x, op);
-  auto p = cpu::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim, op);
+  auto p = cpu::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim,
+                            op);
   Tensor out = make_tensor(p.out_shape, DType::boolean, Device::cpu());
   bool* o = out.data<bool>();
   for_rows<bool>(p, [&](int64_t r, const bool* v, int64_t n) {
@@ -375,30 +391,22 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
   dispatch_float(ct, "logsumexp", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = out.data<T>();
+    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
     for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      double m = -INFINITY;
-      bool nan = false;
-      for (int64_t i = 0; i < n; ++i) {
-        const double a = static_cast<double>(v[i]);
-        nan = nan || a != a;
-        if (a > m) m = a;
+      if (n == 0) {
+        o[r] = T(-INFINITY);
+        return;
       }
-      double res;
-      if (nan) {
-        res = NAN;
-      } else if (std::isinf(m)) {
-        res = m;  // all -inf (or empty) gives -inf; any +inf gives +inf
-      } else {
-        double s = 0;
-        for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(v[i]) - m);
-        res = m + std::log(s);
-      }
-      o[r] = static_cast<T>(res);
+      Eigen::Map<const Arr> a(v, n);
+      const T m = a.template maxCoeff<Eigen::PropagateNaN>();
+      // NaN stays NaN; all -inf gives -inf; any +inf gives +inf.
+      o[r] = std::isfinite(m) ? m + std::log((a - m).exp().sum()) : m;
     });
   });
   if (ct != out_dt) out = as_plain(out, out_dt);
   return autograd::record("logsumexp", out, {x},
-                          [x = x.detach(), o = out.detach(), kept = p.kept_shape](const Tensor& g) {
+                          [x = x.detach(), o = out.detach(),
+                           kept = p.kept_shape](const Tensor& g) {
     const Tensor ok = reshape(o, kept);
     const Tensor gx = mul(reshape(g, kept), exp(sub(x, ok)));
     // A row of -inf has no direction of ascent: 0 instead of exp(-inf + inf) = NaN.
@@ -413,7 +421,8 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
     throw std::invalid_argument("[norm] p must be > 0 or INFINITY, got " + std::to_string(p));
   const bool inf = std::isinf(p);
   const DType ct = cpu_compute_dtype(x.dtype());
-  auto plan = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
+  auto plan =
+      cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
   if (inf) require_nonempty(plan, x.shape(), "norm");  // the inf-norm is a max
   Tensor out = make_tensor(plan.out_shape, ct, Device::cpu());
   dispatch_float(ct, "norm", [&](auto tag) {
@@ -436,7 +445,8 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
         for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(v[i]) * v[i];
         acc = std::sqrt(acc);
       } else {
-        for (int64_t i = 0; i < n; ++i) acc += std::pow(std::abs(static_cast<double>(v[i])), p);
+        for (int64_t i = 0; i < n; ++i)
+          acc += std::pow(std::abs(static_cast<double>(v[i])), p);
         acc = std::pow(acc, 1.0 / p);
       }
       o[r] = static_cast<T>(acc);

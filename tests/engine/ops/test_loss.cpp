@@ -73,7 +73,8 @@ Tensor ref_cross_entropy(const Tensor& logits, const Tensor& target, Reduction r
       if (probs) {
         double l = 0;
         for (int64_t k = 0; k < c; ++k) {
-          const double q = (1 - eps) * t[(i * c + k) * inner + s] + eps / static_cast<double>(c);
+          const double q =
+              (1 - eps) * t[(i * c + k) * inner + s] + eps / static_cast<double>(c);
           l -= q * (at(k) - lse);
         }
         losses.push_back(l);
@@ -164,7 +165,8 @@ OpCase layer_norm_case(Shape x, Shape normalized, bool affine, Shape zero_x = {}
     if (affine) c.zero_shapes.insert(c.zero_shapes.end(), {normalized, normalized});
   }
   c.op = [=](const Inputs& in) {
-    return affine ? layer_norm(in[0], normalized, in[1], in[2]) : layer_norm(in[0], normalized);
+    return affine ? layer_norm(in[0], normalized, in[1], in[2])
+                  : layer_norm(in[0], normalized);
   };
   c.reference = [=](const Inputs& in) {
     const int64_t group = numel_of(normalized);
@@ -236,10 +238,12 @@ TEST_CASE("cross_entropy through the harness") {
 
 TEST_CASE("mse_loss and l1_loss through the harness") {
   for (Reduction r : {Reduction::none, Reduction::mean, Reduction::sum}) {
-    run_case(pair_loss_case("mse_loss", [](auto& a, auto& b, Reduction r) { return mse_loss(a, b, r); },
-                            [](double d) { return d * d; }, r));
-    run_case(pair_loss_case("l1_loss", [](auto& a, auto& b, Reduction r) { return l1_loss(a, b, r); },
-                            [](double d) { return std::abs(d); }, r));
+    run_case(pair_loss_case(
+        "mse_loss", [](auto& a, auto& b, Reduction r) { return mse_loss(a, b, r); },
+        [](double d) { return d * d; }, r));
+    run_case(pair_loss_case(
+        "l1_loss", [](auto& a, auto& b, Reduction r) { return l1_loss(a, b, r); },
+        [](double d) { return std::abs(d); }, r));
   }
 }
 
@@ -288,7 +292,8 @@ TEST_CASE("cross_entropy matches hand-computed values") {
   // ignore_index: the ignored sample adds 0 and does not count in the mean.
   CHECK(cross_entropy(logits, i64({2, -100})).item() == doctest::Approx(nll0));
   CHECK(vals(cross_entropy(logits, i64({2, -100}), Reduction::none))[1] == 0.0);
-  CHECK(cross_entropy(logits, i64({2, 7}), Reduction::mean, 7).item() == doctest::Approx(nll0));
+  CHECK(cross_entropy(logits, i64({2, 7}), Reduction::mean, 7).item() ==
+        doctest::Approx(nll0));
   CHECK(std::isnan(cross_entropy(logits, i64({-100, -100})).item()));
   CHECK(cross_entropy(logits, i64({-100, -100}), Reduction::sum).item() == 0.0);
 
@@ -323,14 +328,16 @@ TEST_CASE("cross_entropy takes [C] logits with a 0-d target, and empty batches")
 
 TEST_CASE("cross_entropy rejects bad targets with clear errors") {
   const Tensor logits = zeros({2, 3});
-  CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({0, 3})),
-                       doctest::Contains("[cross_entropy] target 3 is out of range for 3 classes"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      cross_entropy(logits, i64({0, 3})),
+      doctest::Contains("[cross_entropy] target 3 is out of range for 3 classes"),
+      std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({-1, 0})),
                        doctest::Contains("target -1 is out of range"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({0, 1, 2})),
-                       doctest::Contains("target shape [3] does not match logits shape [2, 3]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      cross_entropy(logits, i64({0, 1, 2})),
+      doctest::Contains("target shape [3] does not match logits shape [2, 3]"),
+      std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 3, 4}), i64({0, 1})),
                        doctest::Contains("expected [2, 4]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(i64({0, 1}, {1, 2}), i64({0})),
@@ -351,11 +358,12 @@ TEST_CASE("mse_loss and l1_loss values and errors") {
   CHECK(vals(l1_loss(a, b, Reduction::none)) == Values{0, 2, 2, 3});
   CHECK(l1_loss(a, b).item() == doctest::Approx(7 / 4.0));
   CHECK(std::isnan(mse_loss(zeros({0}), zeros({0})).item()));
-  CHECK_THROWS_WITH_AS(mse_loss(zeros({2, 1}), zeros({2})),
-                       doctest::Contains("[mse_loss] input shape [2, 1] and target shape [2] differ"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(l1_loss(i64({1}), i64({1})), doctest::Contains("[l1_loss] needs floating"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      mse_loss(zeros({2, 1}), zeros({2})),
+      doctest::Contains("[mse_loss] input shape [2, 1] and target shape [2] differ"),
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(l1_loss(i64({1}), i64({1})),
+                       doctest::Contains("[l1_loss] needs floating"), std::invalid_argument);
 }
 
 TEST_CASE("one_hot values, inference and errors") {
@@ -373,7 +381,8 @@ TEST_CASE("one_hot values, inference and errors") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(one_hot(zeros({0}, {.dtype = DType::i64})),
                        doctest::Contains("cannot infer num_classes"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(one_hot(t64({1})), doctest::Contains("[one_hot] indices must be integers"),
+  CHECK_THROWS_WITH_AS(one_hot(t64({1})),
+                       doctest::Contains("[one_hot] indices must be integers"),
                        std::invalid_argument);
 }
 
@@ -391,7 +400,8 @@ TEST_CASE("layer_norm and group_norm values and errors") {
   const Values g = vals(group_norm(x.reshape({1, 2, 4}), 2, {}, {}, 0.0));
   CHECK(g[0] == doctest::Approx(-1.5 / s));
   CHECK(vals(group_norm(x.reshape({1, 2, 4}), 2))[4] == 0.0);
-  CHECK_THROWS_WITH_AS(layer_norm(x, {3}), doctest::Contains("[layer_norm] normalized_shape [3]"),
+  CHECK_THROWS_WITH_AS(layer_norm(x, {3}),
+                       doctest::Contains("[layer_norm] normalized_shape [3]"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(layer_norm(x, {}), doctest::Contains("[layer_norm]"),
                        std::invalid_argument);

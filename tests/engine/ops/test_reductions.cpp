@@ -29,19 +29,19 @@ InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
 }
 using RowFn = std::function<double(const Values&)>;
 
-// One row reducing input 0 over `dims` with `op`, checked against `ref`.
-OpCase reduce_case(std::string name, Shape shape, std::function<Tensor(const Tensor&)> op,
-                   std::vector<int64_t> dims, bool keepdim, RowFn ref,
-                   Domain domain = Domain::any, Shape zero_shape = {}) {
+// One row reducing input 0 over `dims` with `op`, checked against `ref` over
+// the same dims (negative dims let one row serve inputs of different rank).
+using ReduceFn = std::function<Tensor(const Tensor&, const Dims&, bool)>;
+OpCase reduce_case(const std::string& name, const ReduceFn& op, const RowFn& ref, Shape shape,
+                   Dims dims, bool keepdim, Domain domain = Domain::any,
+                   Shape zero_shape = {}) {
   OpCase c;
-  c.name = std::move(name);
+  c.name = name + " dims " + shape_str(dims) + (keepdim ? " keepdim" : "");
   c.shapes = {std::move(shape)};
   if (!zero_shape.empty()) c.zero_shapes = {std::move(zero_shape)};
   c.inputs = {spec(domain)};
-  c.op = [op](const Inputs& x) { return op(x[0]); };
-  c.reference = [dims, keepdim, ref](const Inputs& x) {
-    return ref_reduce(x[0], dims, keepdim, ref);
-  };
+  c.op = [=](const Inputs& x) { return op(x[0], dims, keepdim); };
+  c.reference = [=](const Inputs& x) { return ref_reduce(x[0], dims, keepdim, ref); };
   return c;
 }
 
@@ -140,92 +140,90 @@ std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 }  // namespace
 
 TEST_CASE("prod through the harness") {
-  auto prod_of = [](std::vector<int64_t> d, bool k) {
-    return [d, k](const Tensor& x) { return prod(x, d, k); };
-  };
-  run_case(reduce_case("prod dim 1", {3, 4}, prod_of({1}, false), {1}, false, r_prod,
-                       Domain::any, {3, 0}));
-  run_case(reduce_case("prod dims 0,2 keepdim", {2, 3, 4}, prod_of({0, -1}, true), {0, 2}, true,
-                       r_prod, Domain::any, {0, 3, 4}));
-  run_case(reduce_case("prod all", {2, 3}, prod_of({}, false), {}, false, r_prod));
-  OpCase zeros_case = reduce_case("prod with zeros", {4, 3}, prod_of({1}, false), {1}, false,
-                                  r_prod);
-  zeros_case.inputs = {spec(with_zeros)};
-  run_case(zeros_case);
+  const ReduceFn op = [](const Tensor& x, const Dims& d, bool k) { return prod(x, d, k); };
+  run_case(reduce_case("prod", op, r_prod, {3, 4}, {1}, false, Domain::any, {3, 0}));
+  run_case(reduce_case("prod", op, r_prod, {2, 3, 4}, {0, -1}, true, Domain::any, {0, 3, 4}));
+  run_case(reduce_case("prod", op, r_prod, {2, 3}, {}, false));
+  OpCase with_zero_rows = reduce_case("prod with zeros", op, r_prod, {4, 3}, {1}, false);
+  with_zero_rows.inputs = {spec(with_zeros)};
+  run_case(with_zero_rows);
 }
 
 TEST_CASE("max, min, amax, amin, argmax, argmin through the harness") {
-  auto d = Domain::distinct;
+  const Domain d = Domain::distinct;
+  const ReduceFn max_dim = [](const Tensor& x, const Dims& dims, bool k) {
+    return max(x, dims[0], k).values;
+  };
+  const ReduceFn min_dim = [](const Tensor& x, const Dims& dims, bool k) {
+    return min(x, dims[0], k).values;
+  };
+  const ReduceFn amax_fn = [](const Tensor& x, const Dims& dims, bool k) {
+    return amax(x, dims, k);
+  };
+  const ReduceFn amin_fn = [](const Tensor& x, const Dims& dims, bool k) {
+    return amin(x, dims, k);
+  };
+  const ReduceFn argmax_fn = [](const Tensor& x, const Dims& dims, bool k) {
+    return argmax(x, dims[0], k);
+  };
+  const ReduceFn argmin_fn = [](const Tensor& x, const Dims& dims, bool k) {
+    return argmin(x, dims[0], k);
+  };
   for (bool keep : {false, true}) {
-    const std::string k = keep ? " keepdim" : "";
-    run_case(reduce_case("max dim 1" + k, {3, 4, 5},
-                         [keep](const Tensor& x) { return max(x, 1, keep).values; }, {1}, keep,
-                         r_max, d, {0, 4}));
-    run_case(reduce_case("min dim -1" + k, {3, 4, 5},
-                         [keep](const Tensor& x) { return min(x, -1, keep).values; }, {-1}, keep,
-                         r_min, d, {0, 4}));
-    run_case(reduce_case("amax dims 0,2" + k, {3, 4, 5},
-                         [keep](const Tensor& x) { return amax(x, {0, 2}, keep); }, {0, 2}, keep,
-                         r_max, d, {3, 0, 2}));
-    run_case(reduce_case("amin dim 1" + k, {3, 4},
-                         [keep](const Tensor& x) { return amin(x, {1}, keep); }, {1}, keep, r_min,
-                         d, {0, 4}));
-    OpCase am = reduce_case("argmax dim 0" + k, {4, 5},
-                            [keep](const Tensor& x) { return argmax(x, 0, keep); }, {0}, keep,
-                            r_argmax, d, {4, 0});
+    run_case(reduce_case("max", max_dim, r_max, {3, 4, 5}, {1}, keep, d, {0, 4}));
+    run_case(reduce_case("min", min_dim, r_min, {3, 4, 5}, {-1}, keep, d, {0, 4}));
+    run_case(reduce_case("amax", amax_fn, r_max, {3, 4, 5}, {0, 2}, keep, d, {3, 0, 2}));
+    run_case(reduce_case("amin", amin_fn, r_min, {3, 4}, {1}, keep, d, {0, 4}));
+    OpCase am = reduce_case("argmax", argmax_fn, r_argmax, {4, 5}, {0}, keep, d, {4, 0});
     am.grad = false;
     run_case(am);
-    OpCase an = reduce_case("argmin dim -1" + k, {3, 4, 5},
-                            [keep](const Tensor& x) { return argmin(x, -1, keep); }, {-1}, keep,
-                            r_argmin, d, {0, 5});
+    OpCase an = reduce_case("argmin", argmin_fn, r_argmin, {3, 4, 5}, {-1}, keep, d, {0, 5});
     an.grad = false;
     run_case(an);
   }
-  run_case(reduce_case("max all", {3, 4}, [](const Tensor& x) { return max(x); }, {}, false,
-                       r_max, d));
-  run_case(reduce_case("min all", {3, 4}, [](const Tensor& x) { return min(x); }, {}, false,
-                       r_min, d));
+  const ReduceFn max_all = [](const Tensor& x, const Dims&, bool) { return max(x); };
+  const ReduceFn min_all = [](const Tensor& x, const Dims&, bool) { return min(x); };
+  run_case(reduce_case("max (whole tensor)", max_all, r_max, {3, 4}, {}, false, d));
+  run_case(reduce_case("min (whole tensor)", min_all, r_min, {3, 4}, {}, false, d));
 }
 
 TEST_CASE("var, std and logsumexp through the harness") {
   for (double corr : {1.0, 0.0}) {
     const std::string c = corr == 1.0 ? " (correction 1)" : " (correction 0)";
-    run_case(reduce_case("var dim 1" + c, {3, 4},
-                         [corr](const Tensor& x) { return var(x, {1}, corr); }, {1}, false,
-                         r_var(corr, false), Domain::any, {0, 4}));
-    run_case(reduce_case("var dims 0,2 keepdim" + c, {3, 4, 5},
-                         [corr](const Tensor& x) { return var(x, {0, -1}, corr, true); }, {0, 2},
-                         true, r_var(corr, false), Domain::any, {3, 0, 2}));
-    run_case(reduce_case("std all" + c, {3, 4},
-                         [corr](const Tensor& x) { return quanta::std(x, {}, corr); }, {}, false,
-                         r_var(corr, true)));
-    run_case(reduce_case("std dim 0 keepdim" + c, {5, 3},
-                         [corr](const Tensor& x) { return quanta::std(x, {0}, corr, true); },
-                         {0}, true, r_var(corr, true), Domain::any, {5, 0}));
+    const ReduceFn var_fn = [corr](const Tensor& x, const Dims& dims, bool k) {
+      return var(x, dims, corr, k);
+    };
+    const ReduceFn std_fn = [corr](const Tensor& x, const Dims& dims, bool k) {
+      return quanta::std(x, dims, corr, k);
+    };
+    const RowFn r_v = r_var(corr, false), r_s = r_var(corr, true);
+    run_case(reduce_case("var" + c, var_fn, r_v, {3, 4}, {1}, false, Domain::any, {0, 4}));
+    run_case(reduce_case("var" + c, var_fn, r_v, {3, 4, 5}, {0, -1}, true, Domain::any,
+                         {3, 0, 2}));
+    run_case(reduce_case("std" + c, std_fn, r_s, {3, 4}, {}, false));
+    run_case(reduce_case("std" + c, std_fn, r_s, {5, 3}, {0}, true, Domain::any, {5, 0}));
   }
-  run_case(reduce_case("logsumexp dim 1", {3, 4},
-                       [](const Tensor& x) { return logsumexp(x, {1}); }, {1}, false,
-                       r_logsumexp, Domain::any, {3, 0}));
-  run_case(reduce_case("logsumexp dims 0,2 keepdim", {3, 4, 5},
-                       [](const Tensor& x) { return logsumexp(x, {0, 2}, true); }, {0, 2}, true,
-                       r_logsumexp, Domain::any, {0, 4, 5}));
+  const ReduceFn lse = [](const Tensor& x, const Dims& dims, bool k) {
+    return logsumexp(x, dims, k);
+  };
+  run_case(reduce_case("logsumexp", lse, r_logsumexp, {3, 4}, {1}, false, Domain::any,
+                       {3, 0}));
+  run_case(reduce_case("logsumexp", lse, r_logsumexp, {3, 4, 5}, {0, 2}, true, Domain::any,
+                       {0, 4, 5}));
 }
 
 TEST_CASE("norm through the harness") {
-  run_case(reduce_case("norm p=1 dim 1", {3, 4},
-                       [](const Tensor& x) { return norm(x, 1, {1}); }, {1}, false, r_norm(1),
-                       Domain::away_from_zero, {3, 0}));
-  run_case(reduce_case("norm p=2 all", {3, 4}, [](const Tensor& x) { return norm(x); }, {},
-                       false, r_norm(2)));
-  run_case(reduce_case("norm p=2 dims 0,2 keepdim", {3, 4, 5},
-                       [](const Tensor& x) { return norm(x, 2, {0, 2}, true); }, {0, 2}, true,
-                       r_norm(2), Domain::any, {3, 0, 2}));
-  run_case(reduce_case("norm p=inf dim -1", {3, 4},
-                       [](const Tensor& x) { return norm(x, INFINITY, {-1}); }, {1}, false,
-                       r_norm(INFINITY), Domain::distinct, {0, 4}));
-  run_case(reduce_case("norm p=3 dim 0", {3, 4},
-                       [](const Tensor& x) { return norm(x, 3, {0}); }, {0}, false, r_norm(3),
-                       Domain::away_from_zero, {0, 4}));
+  auto norm_p = [](double p) -> ReduceFn {
+    return [p](const Tensor& x, const Dims& dims, bool k) { return norm(x, p, dims, k); };
+  };
+  const Domain away = Domain::away_from_zero;
+  run_case(reduce_case("norm p=1", norm_p(1), r_norm(1), {3, 4}, {1}, false, away, {3, 0}));
+  run_case(reduce_case("norm p=2", norm_p(2), r_norm(2), {3, 4}, {}, false));
+  run_case(reduce_case("norm p=2", norm_p(2), r_norm(2), {3, 4, 5}, {0, 2}, true, Domain::any,
+                       {3, 0, 2}));
+  run_case(reduce_case("norm p=inf", norm_p(INFINITY), r_norm(INFINITY), {3, 4}, {-1}, false,
+                       Domain::distinct, {0, 4}));
+  run_case(reduce_case("norm p=3", norm_p(3), r_norm(3), {3, 4}, {0}, false, away, {0, 4}));
 }
 
 TEST_CASE("cumsum, softmax and log_softmax through the harness") {
@@ -263,25 +261,22 @@ TEST_CASE("cumsum, softmax and log_softmax through the harness") {
 }
 
 TEST_CASE("all and any through the harness") {
+  const ReduceFn all_fn = [](const Tensor& x, const Dims& d, bool k) { return all(x, d, k); };
+  const ReduceFn any_fn = [](const Tensor& x, const Dims& d, bool k) { return any(x, d, k); };
+  const RowFn r_all = [](const Values& v) {
+    return std::all_of(v.begin(), v.end(), [](double a) { return a != 0; });
+  };
+  const RowFn r_any = [](const Values& v) {
+    return std::any_of(v.begin(), v.end(), [](double a) { return a != 0; });
+  };
   for (bool keep : {false, true}) {
-    OpCase a = reduce_case("all dim 1", {3, 4},
-                           [keep](const Tensor& x) { return all(x, {1}, keep); }, {1}, keep,
-                           [](const Values& v) {
-                             return std::all_of(v.begin(), v.end(), [](double a) { return a; });
-                           },
-                           Domain::any, {3, 0});
-    a.inputs = {spec(bool_input)};
-    a.grad = false;
-    run_case(a);
-    OpCase b = reduce_case("any dims 0,2", {3, 4, 2},
-                           [keep](const Tensor& x) { return any(x, {0, 2}, keep); }, {0, 2}, keep,
-                           [](const Values& v) {
-                             return std::any_of(v.begin(), v.end(), [](double a) { return a; });
-                           },
-                           Domain::any, {0, 4, 2});
-    b.inputs = {spec(bool_input)};
-    b.grad = false;
-    run_case(b);
+    for (OpCase c : {reduce_case("all", all_fn, r_all, {3, 4}, {1}, keep, Domain::any, {3, 0}),
+                     reduce_case("any", any_fn, r_any, {3, 4, 2}, {0, 2}, keep, Domain::any,
+                                 {0, 4, 2})}) {
+      c.inputs = {spec(bool_input)};
+      c.grad = false;
+      run_case(c);
+    }
   }
 }
 
@@ -389,7 +384,8 @@ TEST_CASE("extrema keep integer, bool and 16-bit dtypes") {
   CHECK(prod(from_vector<int32_t>({2, 3, 4})).dtype() == DType::i64);
   CHECK(prod(from_vector<int32_t>({2, 3, 4})).item() == 24.0);
   CHECK(cumsum(from_vector<bool>({true, false, true}), 0).dtype() == DType::i64);
-  CHECK(vals(cumsum(from_vector<bool>({true, false, true}), 0)) == std::vector<double>{1, 1, 2});
+  const Tensor running = cumsum(from_vector<bool>({true, false, true}), 0);
+  CHECK(vals(running) == std::vector<double>{1, 1, 2});
 }
 
 TEST_CASE("prod gradient is exact with zeros in the input") {
