@@ -12,6 +12,20 @@ namespace {
 
 enum Layout { kRowMajor, kColMajor, kNone };
 
+// c[m, n] (row stride ldc) = 0, in parallel outside a parallel region.
+template <class T> void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
+  if (ldc == n) {
+    parallel_for(0, m * n, 1 << 18, [&](int64_t lo, int64_t hi) {
+      std::memset(c + lo, 0, sizeof(T) * (hi - lo));
+    });
+    return;
+  }
+  parallel_for(0, m, std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(n, 1)),
+               [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) std::memset(c + i * ldc, 0, sizeof(T) * n);
+  });
+}
+
 // How a rows x cols matrix with strides (rs, cs) maps onto Eigen, and its
 // outer stride. Degenerate dims (size <= 1) take any stride.
 Layout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t& outer) {
@@ -45,10 +59,12 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
     auto col = C.col(0);
     if (acc) col.noalias() += A * B.col(0);
     else col.noalias() = A * B.col(0);
-  } else if (acc) {
-    C.noalias() += A * B;
   } else {
-    C.noalias() = A * B;
+    // Eigen's GEMM only accumulates: `C = A * B` zero-fills C on one thread
+    // first. Zeroing here spreads that pass, and the first touch of a fresh
+    // output's pages, over the threads.
+    if (!acc) zero_rows(c, m, n, ldc);
+    C.noalias() += A * B;
   }
 }
 
@@ -64,9 +80,6 @@ template <class T> ProductFn<T> pick(Layout la, Layout lb) {
                          : &product<T, Eigen::ColMajor, Eigen::ColMajor>;
 }
 
-template <class T> void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(T) * n);
-}
 
 }  // namespace
 
