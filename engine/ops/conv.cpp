@@ -276,6 +276,7 @@ void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor
                   const Pair& stride, const Pair& padding, const Pair& dilation,
                   int64_t groups) {
   if (!x.defined() || !w.defined()) fail(op, "got an undefined input or weight");
+  detail::check_cpu(op, {&x, &w, &b});
   if (x.dim() != 4)
     fail(op, "input must be 4-d [N, C, H, W]: got shape " + shape_str(x.shape()));
   if (w.dim() != 4) fail(op, "weight must be 4-d: got shape " + shape_str(w.shape()));

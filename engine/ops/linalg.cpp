@@ -165,6 +165,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined())
     throw std::invalid_argument("[matmul] got an undefined tensor");
+  detail::check_cpu("matmul", {&a, &b});
   if (a.dim() == 0 || b.dim() == 0)
     throw std::invalid_argument("[matmul] operands need at least 1 dim: got shapes " +
                                 shapes_str(a, b));
