@@ -1,0 +1,42 @@
+#pragma once
+// What every `quanta bench` suite shares: a row is one timing next to its
+// floor (the best a kernel could do: a bare library call or a memcpy of the
+// bytes the op must move), and ratio = ms / floor_ms.
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace quanta::cli {
+
+/** One benchmark result: median milliseconds of the op and of its floor. */
+struct BenchRow {
+  std::string name;
+  double ms = 0;
+  double floor_ms = 0;
+  /** How many times slower than its floor the op is (1 = at the floor). */
+  double ratio() const { return ms / floor_ms; }
+};
+
+/** What every suite is run with. */
+struct BenchOptions {
+  int repeat = 5;      // timed runs per measurement (the median is reported)
+  bool small = false;  // tiny sizes: a smoke test, not a measurement
+};
+
+/** Median wall time in milliseconds of `repeat` calls of `fn`, after one
+ * untimed warm-up call. */
+double median_ms(int repeat, const std::function<void()>& fn);
+
+/** Prints rows as an aligned table "name ms floor_ms ratio", or as a JSON
+ * list of objects with keys name, ms, floor_ms, ratio. */
+void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json);
+
+/** A bench suite: runs and returns its rows. */
+using BenchSuite = std::vector<BenchRow> (*)(const BenchOptions&);
+
+/** Engine kernels: matmul against a bare Eigen GEMM, elementwise ops and a
+ * reduction against memcpy (see bench_engine.cpp for the conventions). */
+std::vector<BenchRow> bench_engine(const BenchOptions& opts);
+
+}  // namespace quanta::cli

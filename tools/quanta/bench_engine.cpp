@@ -1,0 +1,89 @@
+// `quanta bench engine`: engine kernels against their floors.
+//   matmul_MxKxN: A [M, K] times B [K, N], f32, against a bare Eigen GEMM of
+//     the same size on the same threads (Eigen::Map, row-major, noalias()).
+//   add / exp / sum on a contiguous f32 tensor against a multithreaded memcpy
+//     with the same memory traffic: a memcpy of n bytes reads n and writes n,
+//     so an op that moves k buffers (add 3, exp 2, sum 1) is floored by a
+//     memcpy of k/2 buffers. A kernel that streams memory as well as memcpy
+//     then has ratio 1. Op times include allocating their outputs, as users
+//     see them; floors write into buffers touched beforehand.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstring>
+
+#include "bench.h"
+#include "quanta.h"
+
+namespace quanta::cli {
+namespace {
+
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+BenchRow bench_matmul(const std::string& name, int64_t m, int64_t k, int64_t n,
+                      const BenchOptions& o, Generator& gen) {
+  const Tensor a = rand({m, k}, gen);
+  const Tensor b = rand({k, n}, gen);
+  const Tensor c = zeros({m, n});
+  BenchRow row{name};
+  row.ms = median_ms(o.repeat, [&] { Tensor out = matmul(a, b); });
+  Eigen::Map<const RowMajor> A(a.data<float>(), m, k);
+  Eigen::Map<const RowMajor> B(b.data<float>(), k, n);
+  Eigen::Map<RowMajor> C(c.data<float>(), m, n);
+  row.floor_ms = median_ms(o.repeat, [&] { C.noalias() = A * B; });
+  return row;
+}
+
+void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  constexpr int64_t kBlock = int64_t(1) << 16;
+  cpu::parallel_for(0, (bytes + kBlock - 1) / kBlock, 4, [&](int64_t lo, int64_t hi) {
+    const int64_t begin = lo * kBlock;
+    const int64_t end = std::min(bytes, hi * kBlock);
+    std::memcpy(dst + begin, src + begin, static_cast<std::size_t>(end - begin));
+  });
+}
+
+}  // namespace
+
+std::vector<BenchRow> bench_engine(const BenchOptions& o) {
+  NoGradGuard no_grad;
+  Eigen::setNbThreads(num_threads());
+  Generator gen(1234);
+  std::vector<BenchRow> rows;
+  rows.push_back(o.small ? bench_matmul("matmul_1024", 128, 128, 128, o, gen)
+                         : bench_matmul("matmul_1024", 1024, 1024, 1024, o, gen));
+  rows.push_back(o.small ? bench_matmul("matmul_4096x4096x256", 256, 256, 16, o, gen)
+                         : bench_matmul("matmul_4096x4096x256", 4096, 4096, 256, o, gen));
+
+  const int64_t n = o.small ? int64_t(1) << 16 : int64_t(1) << 24;
+  const Tensor x = rand({n}, gen);
+  const Tensor y = rand({n}, gen);
+  const int64_t buffer = n * 4;
+  // Sources and destinations for the floors, 1.5 buffers each, touched now.
+  const Tensor src = full({buffer * 3 / 2}, 1.0, {.dtype = DType::u8});
+  const Tensor dst = zeros({buffer * 3 / 2}, {.dtype = DType::u8});
+  auto memcpy_floor = [&](int64_t buffers_moved) {
+    const int64_t bytes = buffers_moved * buffer / 2;
+    return median_ms(o.repeat, [&] {
+      parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), bytes);
+    });
+  };
+  struct Elementwise {
+    const char* name;
+    int64_t buffers_moved;
+    std::function<void()> op;
+  };
+  const Elementwise ops[] = {
+      {"add", 3, [&] { Tensor z = add(x, y); }},
+      {"exp", 2, [&] { Tensor z = exp(x); }},
+      {"sum", 1, [&] { Tensor s = sum(x); }},
+  };
+  for (const auto& e : ops) {
+    BenchRow row{e.name};
+    row.ms = median_ms(o.repeat, e.op);
+    row.floor_ms = memcpy_floor(e.buffers_moved);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace quanta::cli

@@ -1,0 +1,23 @@
+#pragma once
+// The subcommands of the `quanta` command. Each add_* registers one on `app`
+// with a callback that runs it; errors surface as exceptions that main turns
+// into one line on stderr and an exit code.
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+
+namespace quanta::cli {
+
+/** A usage problem found after parsing (exit code 2, like a bad flag). */
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/** `quanta inspect FILE [--json]`: what a safetensors file holds. */
+void add_inspect(CLI::App& app);
+
+/** `quanta bench SUITE [--json] [--repeat N] [--size full|small]`: timings as
+ * ratios to their floors. */
+void add_bench(CLI::App& app);
+
+}  // namespace quanta::cli
