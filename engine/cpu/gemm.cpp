@@ -1,9 +1,8 @@
 #include "engine/cpu/gemm.h"
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
-
-#include <Eigen/Core>
 
 #include "engine/cpu/parallel.h"
 
@@ -13,7 +12,8 @@ namespace {
 enum Layout { kRowMajor, kColMajor, kNone };
 
 // c[m, n] (row stride ldc) = 0, in parallel outside a parallel region.
-template <class T> void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
+template <class T>
+void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
   if (ldc == n) {
     parallel_for(0, m * n, 1 << 18, [&](int64_t lo, int64_t hi) {
       std::memset(c + lo, 0, sizeof(T) * (hi - lo));
@@ -22,8 +22,9 @@ template <class T> void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
   }
   parallel_for(0, m, std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(n, 1)),
                [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) std::memset(c + i * ldc, 0, sizeof(T) * n);
-  });
+                 for (int64_t i = lo; i < hi; ++i)
+                   std::memset(c + i * ldc, 0, sizeof(T) * n);
+               });
 }
 
 // How a rows x cols matrix with strides (rs, cs) maps onto Eigen, and its
@@ -41,8 +42,8 @@ Layout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t& ou
 }
 
 template <class T, int LA, int LB>
-void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob,
-             T* c, int64_t ldc, bool acc) {
+void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b,
+             int64_t ob, T* c, int64_t ldc, bool acc) {
   using Stride = Eigen::OuterStride<>;
   using MA = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LA>;
   using MB = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LB>;
@@ -53,12 +54,16 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
   // A vector side lets Eigen pick its matrix-vector kernel.
   if (m == 1) {
     auto row = C.row(0);
-    if (acc) row.noalias() += A.row(0) * B;
-    else row.noalias() = A.row(0) * B;
+    if (acc)
+      row.noalias() += A.row(0) * B;
+    else
+      row.noalias() = A.row(0) * B;
   } else if (n == 1) {
     auto col = C.col(0);
-    if (acc) col.noalias() += A * B.col(0);
-    else col.noalias() = A * B.col(0);
+    if (acc)
+      col.noalias() += A * B.col(0);
+    else
+      col.noalias() = A * B.col(0);
   } else {
     // Eigen's GEMM only accumulates: `C = A * B` zero-fills C on one thread
     // first. Zeroing here spreads that pass, and the first touch of a fresh
@@ -69,17 +74,17 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
 }
 
 template <class T>
-using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*, int64_t,
-                           T*, int64_t, bool);
+using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*,
+                           int64_t, T*, int64_t, bool);
 
-template <class T> ProductFn<T> pick(Layout la, Layout lb) {
+template <class T>
+ProductFn<T> pick(Layout la, Layout lb) {
   if (la == kRowMajor)
     return lb == kRowMajor ? &product<T, Eigen::RowMajor, Eigen::RowMajor>
                            : &product<T, Eigen::RowMajor, Eigen::ColMajor>;
   return lb == kRowMajor ? &product<T, Eigen::ColMajor, Eigen::RowMajor>
                          : &product<T, Eigen::ColMajor, Eigen::ColMajor>;
 }
-
 
 }  // namespace
 
@@ -113,14 +118,17 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
   const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
   const ProductFn<T> fn = pick<T>(la, lb);
   const int64_t mn = m * n;
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double work =
+      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   // Eigen threads one product well once it is large; below that, or when
   // there are at least as many products as threads, each thread takes whole
   // products (Eigen then stays single-threaded inside the parallel region).
   const int threads = num_threads();
-  const bool by_batch = batch > 1 && threads > 1 && (batch >= threads || work < 128.0 * 128 * 128);
+  const bool by_batch =
+      batch > 1 && threads > 1 && (batch >= threads || work < 128.0 * 128 * 128);
   if (by_batch) {
-    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(work, 1.0)));
+    const int64_t grain =
+        std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(work, 1.0)));
     parallel_for(0, batch, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
         fn(m, n, k, a.p + a_off[i], oa, b.p + b_off[i], ob, c + i * mn, n, false);
@@ -138,6 +146,7 @@ template void gemm<double>(int64_t, int64_t, int64_t, MatRef<double>, MatRef<dou
 template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<float>,
                                   const int64_t*, MatRef<float>, const int64_t*, float*);
 template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<double>,
-                                   const int64_t*, MatRef<double>, const int64_t*, double*);
+                                   const int64_t*, MatRef<double>, const int64_t*,
+                                   double*);
 
 }  // namespace quanta::cpu

@@ -7,7 +7,8 @@
 namespace quanta::cpu {
 
 /** A strided matrix operand: element (i, j) lives at p[i * rs + j * cs]. */
-template <class T> struct MatRef {
+template <class T>
+struct MatRef {
   const T* p;
   int64_t rs;
   int64_t cs;

@@ -2,10 +2,9 @@
 // Eigen GEMM (engine/cpu/gemm.h); backward formulas are matmuls.
 #include "engine/ops/linalg.h"
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <string>
-
-#include <Eigen/Core>
 
 #include "engine/autograd/node.h"
 #include "engine/cpu/gemm.h"
@@ -29,7 +28,8 @@ std::string shapes_str(const Tensor& a, const Tensor& b) {
 DType product_dtype(const char* op, const Tensor& a, const Tensor& b) {
   const DType dt = promote_types(a.dtype(), b.dtype());
   if (!is_floating(dt))
-    throw std::invalid_argument(std::string("[") + op + "] needs floating operands: got " +
+    throw std::invalid_argument(std::string("[") + op +
+                                "] needs floating operands: got " +
                                 dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
                                 "; cast them to f32 or f64 first");
   return dt;
@@ -142,22 +142,23 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
   Tensor out = matmul_forward(a, b, ct);
   if (ct != dt) out = detail::as_plain(out, dt);
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-  return autograd::record("matmul", out, {a, b},
-                          [a = a.detach(), b = b.detach(), need_a, need_b](const Tensor& g) {
-    Tensor ga, gb;
-    if (need_a) ga = sum_to(matmul(g, transpose(b, -1, -2)), a.shape());
-    if (need_b) {
-      if (b.dim() == 2 && a.dim() > 2) {
-        // Batch of rows times one matrix: one GEMM over the merged rows.
-        const int64_t rows = numel_of(Shape(a.shape().begin(), a.shape().end() - 1));
-        gb = matmul(transpose(reshape(a, {rows, a.size(-1)}), 0, 1),
-                    reshape(g, {rows, b.size(-1)}));
-      } else {
-        gb = sum_to(matmul(transpose(a, -1, -2), g), b.shape());
-      }
-    }
-    return std::vector<Tensor>{ga, gb};
-  });
+  return autograd::record(
+      "matmul", out, {a, b},
+      [a = a.detach(), b = b.detach(), need_a, need_b](const Tensor& g) {
+        Tensor ga, gb;
+        if (need_a) ga = sum_to(matmul(g, transpose(b, -1, -2)), a.shape());
+        if (need_b) {
+          if (b.dim() == 2 && a.dim() > 2) {
+            // Batch of rows times one matrix: one GEMM over the merged rows.
+            const int64_t rows = numel_of(Shape(a.shape().begin(), a.shape().end() - 1));
+            gb = matmul(transpose(reshape(a, {rows, a.size(-1)}), 0, 1),
+                        reshape(g, {rows, b.size(-1)}));
+          } else {
+            gb = sum_to(matmul(transpose(a, -1, -2), g), b.shape());
+          }
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
 }
 
 }  // namespace
@@ -185,11 +186,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   if (a.dim() != 3 || b.dim() != 3)
-    throw std::invalid_argument("[bmm] needs 3-d operands: got shapes " + shapes_str(a, b));
+    throw std::invalid_argument("[bmm] needs 3-d operands: got shapes " +
+                                shapes_str(a, b));
   if (a.size(0) != b.size(0))
-    throw std::invalid_argument("[bmm] batch sizes differ: got shapes " + shapes_str(a, b));
+    throw std::invalid_argument("[bmm] batch sizes differ: got shapes " +
+                                shapes_str(a, b));
   if (a.size(2) != b.size(1))
-    throw std::invalid_argument("[bmm] inner dimensions differ: got shapes " + shapes_str(a, b));
+    throw std::invalid_argument("[bmm] inner dimensions differ: got shapes " +
+                                shapes_str(a, b));
   return matmul(a, b);
 }
 
@@ -199,16 +203,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     throw std::invalid_argument("[linear] weight must be 2-d [out, in]: got shape " +
                                 shape_str(w.shape()));
   if (x.dim() == 0 || x.size(-1) != w.size(1))
-    throw std::invalid_argument("[linear] input's last dim must equal the weight's in "
-                                "features: got input " + shape_str(x.shape()) +
-                                " and weight " + shape_str(w.shape()));
+    throw std::invalid_argument(
+        "[linear] input's last dim must equal the weight's in "
+        "features: got input " +
+        shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
   const int64_t out_f = w.size(0), in_f = w.size(1);
   if (b.defined() && (b.dim() != 1 || b.size(0) != out_f))
-    throw std::invalid_argument("[linear] bias must have shape [" + std::to_string(out_f) +
-                                "]: got " + shape_str(b.shape()));
+    throw std::invalid_argument("[linear] bias must have shape [" +
+                                std::to_string(out_f) + "]: got " + shape_str(b.shape()));
   DType dt = product_dtype("linear", x, w);
   if (b.defined()) dt = promote_types(dt, b.dtype());
-  const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
+  const Tensor X = cast(x, dt), W = cast(w, dt),
+               Bias = b.defined() ? cast(b, dt) : Tensor();
   const DType ct = detail::cpu_compute_dtype(dt);
 
   Shape out_shape = x.shape();
@@ -218,7 +224,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor xp = as_rows(detail::as_plain(X, ct), xrs, xcs);
   Tensor wp = detail::as_plain(W, ct);
   // w^T maps as a column-major [in, out] matrix: no copy for a plain weight.
-  if (!cpu::gemm_maps(in_f, out_f, wp.strides()[1], wp.strides()[0])) wp = wp.contiguous();
+  if (!cpu::gemm_maps(in_f, out_f, wp.strides()[1], wp.strides()[0]))
+    wp = wp.contiguous();
   Tensor bp = Bias.defined() ? detail::as_plain(Bias, ct).contiguous() : Tensor();
   const int64_t rows = out.numel() / std::max<int64_t>(out_f, 1);
   dispatch_float(ct, "linear", [&](auto tag) {
@@ -227,50 +234,59 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     if (bp.defined()) {
       // Start from the bias and let the GEMM accumulate: no extra pass.
       const T* bias = bp.data<T>();
-      cpu::parallel_for(0, rows, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(out_f, 1)),
-                        [&](int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r) std::copy(bias, bias + out_f, o + r * out_f);
-      });
+      cpu::parallel_for(
+          0, rows,
+          std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(out_f, 1)),
+          [&](int64_t lo, int64_t hi) {
+            for (int64_t r = lo; r < hi; ++r)
+              std::copy(bias, bias + out_f, o + r * out_f);
+          });
     }
     cpu::gemm<T>(rows, out_f, in_f, {xp.data<T>(), xrs, xcs},
-                 {wp.data<T>(), wp.strides()[1], wp.strides()[0]}, o, out_f, bp.defined());
+                 {wp.data<T>(), wp.strides()[1], wp.strides()[0]}, o, out_f,
+                 bp.defined());
   });
   if (ct != dt) out = detail::as_plain(out, dt);
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();
   const bool need_b = Bias.defined() && Bias.requires_grad();
-  return autograd::record("linear", out, {X, W, Bias},
-                          [x = X.detach(), w = W.detach(), need_x, need_w, need_b,
-                           out_f, in_f](const Tensor& g) {
-    Tensor gx, gw, gb;
-    if (need_x) gx = matmul(g, w);
-    if (need_w || need_b) {
-      // Rows from the shape: -1 cannot be inferred when a feature size is 0.
-      const int64_t rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
-      Tensor g2 = reshape(g, {rows, out_f});
-      if (need_w) gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
-      if (need_b) gb = sum(g2, {0});
-    }
-    return std::vector<Tensor>{gx, gw, gb};
-  });
+  return autograd::record(
+      "linear", out, {X, W, Bias},
+      [x = X.detach(), w = W.detach(), need_x, need_w, need_b, out_f,
+       in_f](const Tensor& g) {
+        Tensor gx, gw, gb;
+        if (need_x) gx = matmul(g, w);
+        if (need_w || need_b) {
+          // Rows from the shape: -1 cannot be inferred when a feature size is 0.
+          const int64_t rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+          Tensor g2 = reshape(g, {rows, out_f});
+          if (need_w) gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
+          if (need_b) gb = sum(g2, {0});
+        }
+        return std::vector<Tensor>{gx, gw, gb};
+      });
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {
   if (a.dim() != 1 || b.dim() != 1)
-    throw std::invalid_argument("[outer] needs 1-d operands: got shapes " + shapes_str(a, b));
+    throw std::invalid_argument("[outer] needs 1-d operands: got shapes " +
+                                shapes_str(a, b));
   return mul(unsqueeze(a, 1), unsqueeze(b, 0));
 }
 
 Tensor sq_dist(const Tensor& x, const Tensor& c) {
   detail::check_cpu("sq_dist", {&x, &c});
   if (x.dim() != 2 || c.dim() != 2 || x.size(1) != c.size(1))
-    throw std::invalid_argument("[sq_dist] needs x [N, D] and c [K, D] with the same D: got "
-                                "shapes " + shapes_str(x, c));
+    throw std::invalid_argument(
+        "[sq_dist] needs x [N, D] and c [K, D] with the same D: got "
+        "shapes " +
+        shapes_str(x, c));
   const DType dt = product_dtype("sq_dist", x, c);
   const Tensor X = cast(x, dt), C = cast(c, dt);
   const DType ct = detail::cpu_compute_dtype(dt);
   const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
-  Tensor xp = detail::as_plain(X, ct).contiguous(), cp = detail::as_plain(C, ct).contiguous();
+  Tensor xp = detail::as_plain(X, ct).contiguous(),
+         cp = detail::as_plain(C, ct).contiguous();
   Tensor out = detail::make_tensor({N, K}, ct, Device::cpu());
   dispatch_float(ct, "sq_dist", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -281,24 +297,27 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
     T* o = out.data<T>();
     // x c^T: c [K, D] read as a column-major [D, K] matrix.
     cpu::gemm<T>(N, K, D, {xp.data<T>(), D, 1}, {cp.data<T>(), 1, D}, o, K);
-    cpu::parallel_for(0, N, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1)),
+    cpu::parallel_for(0, N,
+                      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1)),
                       [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        T* row = o + i * K;
-        for (int64_t j = 0; j < K; ++j)
-          row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
-      }
-    });
+                        for (int64_t i = lo; i < hi; ++i) {
+                          T* row = o + i * K;
+                          for (int64_t j = 0; j < K; ++j)
+                            row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
+                        }
+                      });
   });
   if (ct != dt) out = detail::as_plain(out, dt);
-  return autograd::record("sq_dist", out, {X, C},
-                          [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
-    // Clamped entries pass no gradient.
-    Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
-    Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;
-    Tensor gc = (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
-    return std::vector<Tensor>{gx, gc};
-  });
+  return autograd::record(
+      "sq_dist", out, {X, C},
+      [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
+        // Clamped entries pass no gradient.
+        Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
+        Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;
+        Tensor gc =
+            (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
+        return std::vector<Tensor>{gx, gc};
+      });
 }
 
 }  // namespace quanta

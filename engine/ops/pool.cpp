@@ -37,16 +37,19 @@ std::string pair_str(const Pair& p) {
 }
 
 // Validates x and the window parameters; fills in a stride of 0 as kernel.
-PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding,
-                   Pair dilation) {
+PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride,
+                   Pair padding, Pair dilation) {
   detail::check_cpu(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    fail(op,
+         "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   if (!is_floating(x.dtype()))
     fail(op, std::string("needs a floating input: got ") + dtype_name(x.dtype()));
-  if (kernel[0] < 1 || kernel[1] < 1) fail(op, "kernel must be positive: got " + pair_str(kernel));
+  if (kernel[0] < 1 || kernel[1] < 1)
+    fail(op, "kernel must be positive: got " + pair_str(kernel));
   if (stride[0] < 0 || stride[1] < 0)
-    fail(op, "stride must be positive (0 means the kernel size): got " + pair_str(stride));
+    fail(op,
+         "stride must be positive (0 means the kernel size): got " + pair_str(stride));
   if (dilation[0] < 1 || dilation[1] < 1)
     fail(op, "dilation must be positive: got " + pair_str(dilation));
   for (int d = 0; d < 2; ++d) {
@@ -55,7 +58,8 @@ PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pa
     if (padding[d] < 0 || padding[d] > extent / 2)
       fail(op, "padding must be between 0 and half the kernel: got padding " +
                    pair_str(padding) + " for kernel " + pair_str(kernel) +
-                   (dilation == Pair{1, 1} ? std::string() : " dilated by " + pair_str(dilation)));
+                   (dilation == Pair{1, 1} ? std::string()
+                                           : " dilated by " + pair_str(dilation)));
   }
   PoolGeom g;
   g.H = x.size(-2);
@@ -85,7 +89,8 @@ int64_t plane_grain(int64_t plane_work) {
 
 // Runs `kernel<T>(in, out)` on `t` as a contiguous plain tensor of the compute
 // dtype, giving an (uninitialised) output of `shape` in t's dtype.
-template <class F> Tensor run_float(const char* op, const Tensor& t, const Shape& shape, F kernel) {
+template <class F>
+Tensor run_float(const char* op, const Tensor& t, const Shape& shape, F kernel) {
   const DType ct = detail::cpu_compute_dtype(t.dtype());
   Tensor in = detail::as_plain(t, ct).contiguous();
   Tensor out = detail::make_tensor(shape, ct, Device::cpu());
@@ -100,38 +105,42 @@ template <class F> Tensor run_float(const char* op, const Tensor& t, const Shape
 
 Tensor avg_op(bool adjoint, const Tensor& t, const PoolGeom& g) {
   const char* op = adjoint ? "avg_pool2d_backward" : "avg_pool2d";
-  Tensor out = run_float(op, t, adjoint ? g.in_shape : g.out_shape,
-                         [&](const auto* in, auto* o, auto zero) {
-    using T = decltype(zero);
-    const T inv = T(1) / static_cast<T>(g.kernel[0] * g.kernel[1]);
-    const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-    cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-                      [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) {
-        const T* src = in + p * (adjoint ? ohw : hw);
-        T* dst = o + p * (adjoint ? hw : ohw);
-        if (adjoint) std::fill(dst, dst + hw, T(0));
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t h0 = oh * g.stride[0] - g.padding[0];
-          const int64_t hlo = std::max<int64_t>(h0, 0), hhi = std::min(h0 + g.kernel[0], g.H);
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t w0 = ow * g.stride[1] - g.padding[1];
-            const int64_t wlo = std::max<int64_t>(w0, 0), whi = std::min(w0 + g.kernel[1], g.W);
-            if (adjoint) {
-              const T v = src[oh * g.OW + ow] * inv;
-              for (int64_t ih = hlo; ih < hhi; ++ih)
-                for (int64_t iw = wlo; iw < whi; ++iw) dst[ih * g.W + iw] += v;
-            } else {
-              T s = 0;
-              for (int64_t ih = hlo; ih < hhi; ++ih)
-                for (int64_t iw = wlo; iw < whi; ++iw) s += src[ih * g.W + iw];
-              dst[oh * g.OW + ow] = s * inv;
-            }
-          }
-        }
-      }
-    });
-  });
+  Tensor out = run_float(
+      op, t, adjoint ? g.in_shape : g.out_shape, [&](const auto* in, auto* o, auto zero) {
+        using T = decltype(zero);
+        const T inv = T(1) / static_cast<T>(g.kernel[0] * g.kernel[1]);
+        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
+        cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
+                          [&](int64_t lo, int64_t hi) {
+                            for (int64_t p = lo; p < hi; ++p) {
+                              const T* src = in + p * (adjoint ? ohw : hw);
+                              T* dst = o + p * (adjoint ? hw : ohw);
+                              if (adjoint) std::fill(dst, dst + hw, T(0));
+                              for (int64_t oh = 0; oh < g.OH; ++oh) {
+                                const int64_t h0 = oh * g.stride[0] - g.padding[0];
+                                const int64_t hlo = std::max<int64_t>(h0, 0),
+                                              hhi = std::min(h0 + g.kernel[0], g.H);
+                                for (int64_t ow = 0; ow < g.OW; ++ow) {
+                                  const int64_t w0 = ow * g.stride[1] - g.padding[1];
+                                  const int64_t wlo = std::max<int64_t>(w0, 0),
+                                                whi = std::min(w0 + g.kernel[1], g.W);
+                                  if (adjoint) {
+                                    const T v = src[oh * g.OW + ow] * inv;
+                                    for (int64_t ih = hlo; ih < hhi; ++ih)
+                                      for (int64_t iw = wlo; iw < whi; ++iw)
+                                        dst[ih * g.W + iw] += v;
+                                  } else {
+                                    T s = 0;
+                                    for (int64_t ih = hlo; ih < hhi; ++ih)
+                                      for (int64_t iw = wlo; iw < whi; ++iw)
+                                        s += src[ih * g.W + iw];
+                                    dst[oh * g.OW + ow] = s * inv;
+                                  }
+                                }
+                              }
+                            }
+                          });
+      });
   return autograd::record(op, out, {t}, [adjoint, g](const Tensor& gout) {
     return std::vector<Tensor>{avg_op(!adjoint, gout, g)};
   });
@@ -145,16 +154,16 @@ Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g);
 
 Tensor pool_gather(const Tensor& gx, const Tensor& idx, const PoolGeom& g) {
   const int64_t* ix = idx.data<int64_t>();
-  Tensor out = run_float("max_pool2d_gather", gx, g.out_shape,
-                         [&](const auto* in, auto* o, auto zero) {
-    using T = decltype(zero);
-    const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-    cpu::parallel_for(0, g.P, plane_grain(ohw), [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p)
-        for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
-          o[i] = ix[i] >= 0 ? in[p * hw + ix[i]] : T(0);
-    });
-  });
+  Tensor out = run_float(
+      "max_pool2d_gather", gx, g.out_shape, [&](const auto* in, auto* o, auto zero) {
+        using T = decltype(zero);
+        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
+        cpu::parallel_for(0, g.P, plane_grain(ohw), [&](int64_t lo, int64_t hi) {
+          for (int64_t p = lo; p < hi; ++p)
+            for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
+              o[i] = ix[i] >= 0 ? in[p * hw + ix[i]] : T(0);
+        });
+      });
   return autograd::record("max_pool2d_gather", out, {gx}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_scatter(gout, idx, g)};
   });
@@ -162,19 +171,19 @@ Tensor pool_gather(const Tensor& gx, const Tensor& idx, const PoolGeom& g) {
 
 Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g) {
   const int64_t* ix = idx.data<int64_t>();
-  Tensor out = run_float("max_pool2d_backward", gy, g.in_shape,
-                         [&](const auto* in, auto* o, auto zero) {
-    using T = decltype(zero);
-    const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-    cpu::parallel_for(0, g.P, plane_grain(ohw + hw), [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) {
-        T* dst = o + p * hw;
-        std::fill(dst, dst + hw, T(0));
-        for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
-          if (ix[i] >= 0) dst[ix[i]] += in[i];
-      }
-    });
-  });
+  Tensor out = run_float(
+      "max_pool2d_backward", gy, g.in_shape, [&](const auto* in, auto* o, auto zero) {
+        using T = decltype(zero);
+        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
+        cpu::parallel_for(0, g.P, plane_grain(ohw + hw), [&](int64_t lo, int64_t hi) {
+          for (int64_t p = lo; p < hi; ++p) {
+            T* dst = o + p * hw;
+            std::fill(dst, dst + hw, T(0));
+            for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
+              if (ix[i] >= 0) dst[ix[i]] += in[i];
+          }
+        });
+      });
   return autograd::record("max_pool2d_backward", out, {gy}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_gather(gout, idx, g)};
   });
@@ -187,41 +196,46 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   return avg_op(false, x, g);
 }
 
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding,
+                  Pair dilation) {
   const PoolGeom g = pool_geom("max_pool2d", x, kernel, stride, padding, dilation);
   Tensor idx = detail::make_tensor(g.out_shape, DType::i64, Device::cpu());
   int64_t* ix = idx.data<int64_t>();
-  Tensor out = run_float("max_pool2d", x, g.out_shape, [&](const auto* in, auto* o, auto zero) {
-    using T = decltype(zero);
-    const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-    cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-                      [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) {
-        const T* src = in + p * hw;
-        for (int64_t oh = 0; oh < g.OH; ++oh)
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            T best = -std::numeric_limits<T>::infinity();
-            int64_t arg = -1;
-            for (int64_t i = 0; i < g.kernel[0]; ++i) {
-              const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
-              if (ih < 0 || ih >= g.H) continue;
-              for (int64_t j = 0; j < g.kernel[1]; ++j) {
-                const int64_t iw = ow * g.stride[1] - g.padding[1] + j * g.dilation[1];
-                if (iw < 0 || iw >= g.W) continue;
-                const T v = src[ih * g.W + iw];
-                // Like PyTorch: the first maximum wins; NaN propagates.
-                if (arg < 0 || v > best || std::isnan(v)) {
-                  best = v;
-                  arg = ih * g.W + iw;
-                }
-              }
-            }
-            o[p * ohw + oh * g.OW + ow] = best;
-            ix[p * ohw + oh * g.OW + ow] = arg;
-          }
-      }
-    });
-  });
+  Tensor out =
+      run_float("max_pool2d", x, g.out_shape, [&](const auto* in, auto* o, auto zero) {
+        using T = decltype(zero);
+        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
+        cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
+                          [&](int64_t lo, int64_t hi) {
+                            for (int64_t p = lo; p < hi; ++p) {
+                              const T* src = in + p * hw;
+                              for (int64_t oh = 0; oh < g.OH; ++oh)
+                                for (int64_t ow = 0; ow < g.OW; ++ow) {
+                                  T best = -std::numeric_limits<T>::infinity();
+                                  int64_t arg = -1;
+                                  for (int64_t i = 0; i < g.kernel[0]; ++i) {
+                                    const int64_t ih = oh * g.stride[0] - g.padding[0] +
+                                                       i * g.dilation[0];
+                                    if (ih < 0 || ih >= g.H) continue;
+                                    for (int64_t j = 0; j < g.kernel[1]; ++j) {
+                                      const int64_t iw = ow * g.stride[1] - g.padding[1] +
+                                                         j * g.dilation[1];
+                                      if (iw < 0 || iw >= g.W) continue;
+                                      const T v = src[ih * g.W + iw];
+                                      // Like PyTorch: the first maximum wins; NaN
+                                      // propagates.
+                                      if (arg < 0 || v > best || std::isnan(v)) {
+                                        best = v;
+                                        arg = ih * g.W + iw;
+                                      }
+                                    }
+                                  }
+                                  o[p * ohw + oh * g.OW + ow] = best;
+                                  ix[p * ohw + oh * g.OW + ow] = arg;
+                                }
+                            }
+                          });
+      });
   return autograd::record("max_pool2d", out, {x}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_scatter(gout, idx, g)};
   });
@@ -231,7 +245,8 @@ Tensor interpolate_nearest2x(const Tensor& x) {
   const char* op = "interpolate_nearest2x";
   detail::check_cpu(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    fail(op,
+         "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   const int64_t nd = x.dim(), H = x.size(-2), W = x.size(-1);
   Shape out_shape = x.shape();
   out_shape[nd - 2] = 2 * H;
