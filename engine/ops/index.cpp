@@ -1,1 +1,421 @@
-// Placeholder: filled in by its owner.
+// Indexing ops: forward kernels, shape rules and backward formulas together.
+// Every index tensor is converted to contiguous i64 and bounds-checked before
+// a kernel runs, so kernel bodies (which may run in parallel) never throw.
+#include "engine/ops/index.h"
+
+#include <algorithm>
+#include <array>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/autograd/node.h"
+#include "engine/cpu/parallel.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
+
+namespace quanta {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string("[") + op + "] " + what);
+}
+
+void check_plain(const char* op, const Tensor& t) {
+  if (!dtype_info(t.dtype()).arithmetic)
+    detail::bad_dtype(op, t.dtype(), "a byte-only format: dequantize it first");
+}
+
+// `index` as contiguous i64 with no graph; i32 is accepted and widened.
+Tensor as_index(const char* op, const Tensor& index) {
+  if (!index.defined()) fail(op, "index is undefined");
+  detail::check_cpu(op, {&index});
+  if (index.dtype() != DType::i64 && index.dtype() != DType::i32)
+    fail(op, std::string("index must be i64 or i32, got ") + dtype_name(index.dtype()));
+  return detail::as_plain(index, DType::i64).contiguous();
+}
+
+// Every index must lie in [0, size): the first one that does not is named.
+void check_bounds(const char* op, const Tensor& idx, int64_t dim, int64_t size) {
+  const int64_t* p = idx.data<int64_t>();
+  for (int64_t i = 0, n = idx.numel(); i < n; ++i)
+    if (p[i] < 0 || p[i] >= size)
+      fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) + " with size " +
+                   str(size));
+}
+
+// A fresh contiguous copy of x in dtype t, with no graph.
+Tensor plain_copy(const Tensor& x, DType t) {
+  Tensor out = detail::make_tensor(x.shape(), t, Device::cpu());
+  NoGradGuard no_grad;
+  copy_(out, x.detach());
+  return out;
+}
+
+// Walks the positions of `shape` one line along `dim` at a time: for every
+// combination of the other coordinates, calls line(base) where base[k] is that
+// combination's element offset under strides[k]. Distinct lines differ outside
+// `dim`, so scatters through them never collide and lines run in parallel;
+// within a line the order is sequential, which keeps duplicates deterministic.
+template <size_t N, class F>
+void for_each_line(const Shape& shape, int64_t dim, const std::array<Shape, N>& strides,
+                   F&& line) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t len = shape[dim];
+  const int64_t lines = len ? numel_of(shape) / len : 0;
+  if (lines == 0) return;
+  cpu::parallel_for(0, lines, std::max<int64_t>(1, cpu::kGrainElements / len),
+                    [&](int64_t lo, int64_t hi) {
+    for (int64_t l = lo; l < hi; ++l) {
+      std::array<int64_t, N> base{};
+      int64_t rem = l;
+      for (int64_t k = nd - 1; k >= 0; --k) {
+        if (k == dim) continue;
+        const int64_t c = rem % shape[k];
+        rem /= shape[k];
+        for (size_t o = 0; o < N; ++o) base[o] += c * strides[o][k];
+      }
+      line(base);
+    }
+  });
+}
+
+// [outer, n, inner] -> [outer, m, inner]: slices idx[j] of x along `dim`.
+// No checks and no graph.
+Tensor select_slices(const Tensor& x, int64_t dim, const Tensor& idx) {
+  const Tensor src = x.contiguous();
+  const Shape& s = src.shape();
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < dim; ++k) outer *= s[k];
+  for (int64_t k = dim + 1; k < src.dim(); ++k) inner *= s[k];
+  const int64_t n = s[dim], m = idx.numel();
+  Shape out_shape = s;
+  out_shape[dim] = m;
+  Tensor out = detail::make_tensor(out_shape, x.dtype(), Device::cpu());
+  if (out.numel() == 0) return out;
+  const int64_t* ix = idx.data<int64_t>();
+  dispatch_all(x.dtype(), "index_select", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* in = src.data<T>();
+    T* o = out.data<T>();
+    cpu::parallel_for(0, outer * m, std::max<int64_t>(1, cpu::kGrainElements / inner),
+                      [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t a = r / m, j = r % m;
+        std::copy_n(in + (a * n + ix[j]) * inner, inner, o + r * inner);
+      }
+    });
+  });
+  return out;
+}
+
+// 0-d operands of gather and scatter count as one-element 1-d tensors (as in
+// PyTorch); true when the call was rewritten that way.
+bool rank0_as_1d(const char* op, std::initializer_list<const Tensor*> ts) {
+  bool any0 = false, any_big = false;
+  for (const Tensor* t : ts) {
+    any0 = any0 || t->dim() == 0;
+    any_big = any_big || t->dim() > 1;
+  }
+  if (any0 && any_big) {
+    std::string shapes;
+    for (const Tensor* t : ts) shapes += (shapes.empty() ? "" : ", ") + shape_str(t->shape());
+    fail(op, "operands must have the same number of dims, got shapes " + shapes);
+  }
+  return any0;
+}
+
+Tensor as_1d(const Tensor& t) { return reshape(t, {t.numel()}); }
+
+enum class ScatterMode { copy, fill, add };
+
+// Shape rules shared by gather and the scatters: index has x's rank and fits
+// inside x outside `dim` (and inside src everywhere).
+void check_scatter_shapes(const char* op, const Tensor& x, int64_t d, const Tensor& index,
+                          const Tensor* src) {
+  const int64_t nd = x.dim();
+  if (index.dim() != nd)
+    fail(op, "index has " + str(index.dim()) + " dims, expected " + str(nd) +
+                 " (the dims of the input)");
+  if (src && src->dim() != nd)
+    fail(op, "src has " + str(src->dim()) + " dims, expected " + str(nd));
+  for (int64_t k = 0; k < nd; ++k) {
+    if (k != d && index.shape()[k] > x.shape()[k])
+      fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the input shape " +
+                   shape_str(x.shape()) + " in dim " + str(k));
+    if (src && index.shape()[k] > src->shape()[k])
+      fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the src shape " +
+                   shape_str(src->shape()) + " in dim " + str(k));
+  }
+}
+
+// gather(g, dim, idx) zero-padded up to src's shape (src may be larger than
+// index; its uncovered elements get no gradient).
+Tensor gather_to(const Tensor& g, int64_t d, const Tensor& idx, const Shape& src_shape) {
+  Tensor r = gather(g, d, idx);
+  if (r.shape() == src_shape) return r;
+  std::vector<int64_t> pads;
+  for (int64_t k = r.dim() - 1; k >= 0; --k) {
+    pads.push_back(0);
+    pads.push_back(src_shape[k] - r.shape()[k]);
+  }
+  return pad(r, pads, 0.0);
+}
+
+Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t dim,
+                    const Tensor& index, const Tensor& src, double value) {
+  const bool has_src = mode != ScatterMode::fill;
+  detail::check_cpu(op, {&x, &src});
+  check_plain(op, x);
+  if (has_src && !src.defined()) fail(op, "src is undefined");
+  if (has_src && src.dtype() != x.dtype())
+    fail(op, std::string("src has dtype ") + dtype_name(src.dtype()) +
+                 ", expected the input's dtype " + dtype_name(x.dtype()));
+  if (has_src ? rank0_as_1d(op, {&x, &index, &src}) : rank0_as_1d(op, {&x, &index})) {
+    const Tensor s1 = has_src ? as_1d(src) : src;
+    return reshape(scatter_impl(op, mode, as_1d(x), dim, as_1d(index), s1, value), x.shape());
+  }
+  const Tensor idx = as_index(op, index);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  check_scatter_shapes(op, x, d, idx, has_src ? &src : nullptr);
+  check_bounds(op, idx, d, x.shape()[d]);
+
+  const DType ct = mode == ScatterMode::add ? detail::cpu_compute_dtype(x.dtype()) : x.dtype();
+  Tensor out = plain_copy(x, ct);
+  const Tensor s = has_src ? detail::as_plain(src, ct) : Tensor();
+  auto kernel = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data<T>();
+    const int64_t* ix = idx.data<int64_t>();
+    const int64_t len = idx.shape()[d];
+    const int64_t os = out.strides()[d], is = idx.strides()[d];
+    if (mode == ScatterMode::fill) {
+      const T v = cpu::cast<T>(value);
+      for_each_line<2>(idx.shape(), d, {idx.strides(), out.strides()}, [&](const auto& b) {
+        for (int64_t j = 0; j < len; ++j) o[b[1] + ix[b[0] + j * is] * os] = v;
+      });
+      return;
+    }
+    const T* sp = s.data<T>();
+    const int64_t ss = s.strides()[d];
+    for_each_line<3>(idx.shape(), d, {idx.strides(), out.strides(), s.strides()},
+                     [&](const auto& b) {
+      for (int64_t j = 0; j < len; ++j) {
+        T& dst = o[b[1] + ix[b[0] + j * is] * os];
+        if constexpr (!std::is_same_v<T, bool> && !cpu::is_half_v<T>) {
+          if (mode == ScatterMode::add) {
+            dst = static_cast<T>(dst + sp[b[2] + j * ss]);
+            continue;
+          }
+        }
+        dst = sp[b[2] + j * ss];
+      }
+    });
+  };
+  if (mode == ScatterMode::add) dispatch_numeric(ct, op, kernel);
+  else dispatch_all(ct, op, kernel);
+  if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
+
+  const bool need_src = has_src && src.requires_grad();
+  const Shape src_shape = has_src ? src.shape() : Shape{};
+  auto inputs = has_src ? std::vector<Tensor>{x, src} : std::vector<Tensor>{x};
+  return autograd::record(op, out, inputs,
+                          [mode, d, idx, need_src, src_shape](const Tensor& g) {
+    std::vector<Tensor> grads;
+    // Written positions were overwritten, so x gets no gradient there.
+    grads.push_back(mode == ScatterMode::add ? g : scatter(g, d, idx, 0.0));
+    if (mode != ScatterMode::fill)
+      grads.push_back(need_src ? gather_to(g, d, idx, src_shape) : Tensor());
+    return grads;
+  });
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  detail::check_cpu("index_select", {&x});
+  check_plain("index_select", x);
+  const Tensor idx = as_index("index_select", index);
+  if (idx.dim() > 1)
+    fail("index_select", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
+  if (x.dim() == 0) {
+    const Tensor r = index_select(reshape(x, {1}), dim, idx);
+    return idx.dim() == 0 ? reshape(r, {}) : r;
+  }
+  const int64_t d = wrap_dim(dim, x.dim(), "index_select");
+  check_bounds("index_select", idx, d, x.shape()[d]);
+  Tensor out = select_slices(x, d, idx);
+  return autograd::record("index_select", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
+    return std::vector<Tensor>{index_add(zeros(in, options_of(g)), d, idx, g)};
+  });
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  detail::check_cpu("gather", {&x});
+  check_plain("gather", x);
+  if (rank0_as_1d("gather", {&x, &index}))
+    return reshape(gather(as_1d(x), dim, as_1d(index)), index.shape());
+  const Tensor idx = as_index("gather", index);
+  const int64_t d = wrap_dim(dim, x.dim(), "gather");
+  check_scatter_shapes("gather", x, d, idx, nullptr);
+  check_bounds("gather", idx, d, x.shape()[d]);
+  Tensor out = detail::make_tensor(idx.shape(), x.dtype(), Device::cpu());
+  dispatch_all(x.dtype(), "gather", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.data<T>();  // x's own strides: no copy for views
+    T* o = out.data<T>();
+    const int64_t* ix = idx.data<int64_t>();
+    const int64_t len = idx.shape()[d];
+    const int64_t xs = x.strides()[d], os = out.strides()[d];
+    for_each_line<2>(idx.shape(), d, {out.strides(), x.strides()}, [&](const auto& b) {
+      for (int64_t j = 0; j < len; ++j) o[b[0] + j * os] = xp[b[1] + ix[b[0] + j * os] * xs];
+    });
+  });
+  return autograd::record("gather", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
+    return std::vector<Tensor>{scatter_add(zeros(in, options_of(g)), d, idx, g)};
+  });
+}
+
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_impl("scatter", ScatterMode::copy, x, dim, index, src, 0.0);
+}
+
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value) {
+  return scatter_impl("scatter", ScatterMode::fill, x, dim, index, Tensor(), value);
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_impl("scatter_add", ScatterMode::add, x, dim, index, src, 0.0);
+}
+
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                 double alpha) {
+  detail::check_cpu("index_add", {&x, &src});
+  check_plain("index_add", x);
+  if (!src.defined()) fail("index_add", "src is undefined");
+  if (src.dtype() != x.dtype())
+    fail("index_add", std::string("src has dtype ") + dtype_name(src.dtype()) +
+                          ", expected the input's dtype " + dtype_name(x.dtype()));
+  const Tensor idx = as_index("index_add", index);
+  if (idx.dim() > 1)
+    fail("index_add", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
+  if (x.dim() == 0)
+    return reshape(index_add(reshape(x, {1}), dim, idx, as_1d(src), alpha), {});
+  const int64_t d = wrap_dim(dim, x.dim(), "index_add");
+  const int64_t m = idx.numel();
+  Shape want = x.shape();
+  want[d] = m;
+  // A 0-d src stands for one slice when x is 1-d (as in PyTorch).
+  const Tensor s_in = (src.dim() == 0 && x.dim() == 1) ? reshape(src, {1}) : src;
+  if (s_in.shape() != want)
+    fail("index_add", "src has shape " + shape_str(src.shape()) + ", expected " +
+                          shape_str(want) + " (the input's shape with the index's length in "
+                          "dim " + str(d) + ")");
+  check_bounds("index_add", idx, d, x.shape()[d]);
+
+  const DType ct = detail::cpu_compute_dtype(x.dtype());
+  Tensor out = plain_copy(x, ct);
+  const Tensor s = detail::as_plain(s_in, ct).contiguous();
+  const Shape& xs = x.shape();
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < d; ++k) outer *= xs[k];
+  for (int64_t k = d + 1; k < x.dim(); ++k) inner *= xs[k];
+  const int64_t n = xs[d];
+  dispatch_numeric(ct, "index_add", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (s.numel() == 0) return;
+    const T a = static_cast<T>(alpha);
+    T* o = out.data<T>();
+    const T* sp = s.data<T>();
+    const int64_t* ix = idx.data<int64_t>();
+    // Each (outer, column) pair is independent; duplicates of j stay in one
+    // thread and in order. Split whichever of outer and inner is larger.
+    auto run = [&](int64_t a_lo, int64_t a_hi, int64_t k_lo, int64_t k_hi) {
+      for (int64_t i = a_lo; i < a_hi; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          T* dst = o + (i * n + ix[j]) * inner;
+          const T* row = sp + (i * m + j) * inner;
+          for (int64_t k = k_lo; k < k_hi; ++k) dst[k] = static_cast<T>(dst[k] + a * row[k]);
+        }
+    };
+    const int64_t work = std::max<int64_t>(1, m);
+    if (outer >= inner) {
+      cpu::parallel_for(0, outer, std::max<int64_t>(1, cpu::kGrainElements / (work * inner)),
+                        [&](int64_t lo, int64_t hi) { run(lo, hi, 0, inner); });
+    } else {
+      cpu::parallel_for(0, inner, std::max<int64_t>(1, cpu::kGrainElements / (work * outer)),
+                        [&](int64_t lo, int64_t hi) { run(0, outer, lo, hi); });
+    }
+  });
+  if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
+
+  const bool need_src = src.requires_grad();
+  return autograd::record("index_add", out, {x, src},
+                          [d, idx, alpha, need_src, src_shape = src.shape()](const Tensor& g) {
+    Tensor gs;
+    if (need_src) {
+      gs = index_select(g, d, idx);
+      if (alpha != 1.0) gs = mul(gs, scalar_like(gs, alpha));
+      gs = reshape(gs, src_shape);
+    }
+    return std::vector<Tensor>{g, gs};
+  });
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  detail::check_cpu("masked_fill", {&x, &mask});
+  check_plain("masked_fill", x);
+  if (mask.dtype() != DType::boolean)
+    fail("masked_fill", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+  broadcast_shapes(x.shape(), mask.shape(), "masked_fill");  // names this op on mismatch
+  // where's backward already gives zeros where filled.
+  return where(mask.detach(), scalar(value, {.dtype = x.dtype()}), x);
+}
+
+Tensor masked_select(const Tensor& x, const Tensor& mask) {
+  detail::check_cpu("masked_select", {&x, &mask});
+  check_plain("masked_select", x);
+  if (mask.dtype() != DType::boolean)
+    fail("masked_select", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
+  const Tensor m = expand(mask.detach(), shape).contiguous();
+  const bool* mp = m.data<bool>();
+  std::vector<int64_t> where_true;
+  for (int64_t i = 0, n = m.numel(); i < n; ++i)
+    if (mp[i]) where_true.push_back(i);
+  const int64_t count = static_cast<int64_t>(where_true.size());
+  // Row-major positions of the true elements; index_select's backward then
+  // routes the gradient (and expand's sums it over broadcast dims).
+  const Tensor pos = from_vector<int64_t>(where_true, {count});
+  return index_select(reshape(expand(x, shape), {numel_of(shape)}), 0, pos);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+  detail::check_cpu("embedding", {&weight});
+  check_plain("embedding", weight);
+  if (weight.dim() != 2)
+    fail("embedding", "weight must be 2-d [V, D], got shape " + shape_str(weight.shape()));
+  const int64_t V = weight.shape()[0], D = weight.shape()[1];
+  if (padding_idx < -1 || padding_idx >= V)
+    fail("embedding", "padding_idx " + str(padding_idx) + " is out of range for " + str(V) +
+                          " rows (expected -1 for none, or 0.." + str(V - 1) + ")");
+  const Tensor idx = as_index("embedding", indices).reshape({indices.numel()});
+  check_bounds("embedding", idx, 0, V);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(D);
+  Tensor out = select_slices(weight, 0, idx).reshape(out_shape);
+  return autograd::record("embedding", out, {weight},
+                          [idx, V, D, padding_idx](const Tensor& g) {
+    Tensor rows = reshape(g, {idx.numel(), D});
+    if (padding_idx >= 0) {
+      const Tensor pad_row = scalar(static_cast<double>(padding_idx), {.dtype = DType::i64});
+      rows = masked_fill(rows, unsqueeze(eq(idx, pad_row), 1), 0.0);
+    }
+    return std::vector<Tensor>{index_add(zeros({V, D}, options_of(g)), 0, idx, rows)};
+  });
+}
+
+}  // namespace quanta
