@@ -39,6 +39,7 @@ struct SpecDType {
   std::optional<DType> dtype;  // empty: quanta has no matching dtype
 };
 
+// clang-format off
 constexpr std::array<SpecDType, 20> kSpecDTypes = {{
     {"BOOL", 0, 8, DType::boolean},
     {"F4", 1, 4, std::nullopt},
@@ -61,6 +62,7 @@ constexpr std::array<SpecDType, 20> kSpecDTypes = {{
     {"I64", 18, 64, DType::i64},
     {"U64", 19, 64, std::nullopt},
 }};
+// clang-format on
 
 const SpecDType* find_spec(const std::string& name) {
   for (const auto& s : kSpecDTypes)
@@ -187,8 +189,8 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info,
   uint64_t span = 1;
   for (const json& d : shape) {
     if (!d.is_number_unsigned())
-      fail(source, who + ": shape must hold non-negative integers, got " +
-                       brief_json(shape));
+      fail(source,
+           who + ": shape must hold non-negative integers, got " + brief_json(shape));
     const uint64_t v = get_u64(d);
     if (v > kMaxI64 || (v > 1 && span > kMaxI64 / v))
       fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
@@ -345,7 +347,8 @@ struct InputFile {
   Fd fd;
   uint64_t size = 0;
 
-  explicit InputFile(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit InputFile(const std::string& path)
+      : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
     if (fd.get() < 0) fail_errno(path, "cannot open");
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) fail_errno(path, "cannot stat");
@@ -387,8 +390,8 @@ void write_all(int fd, const void* data, uint64_t n, const std::string& path) {
     const ssize_t put = ::write(fd, p, chunk);
     if (put < 0) {
       if (errno == EINTR) continue;
-      throw std::runtime_error("[save_safetensors] writing " + path + " failed: " +
-                               std::strerror(errno));
+      throw std::runtime_error("[save_safetensors] writing " + path +
+                               " failed: " + std::strerror(errno));
     }
     p += put;
     n -= static_cast<uint64_t>(put);
@@ -403,7 +406,8 @@ struct Prepared {
   std::vector<Tensor> data;  // contiguous CPU tensors in buffer order
 };
 
-Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+Prepared prepare(const TensorMap& tensors,
+                 const std::map<std::string, std::string>& metadata) {
   struct Item {
     const std::string* name;
     Tensor t;
@@ -417,7 +421,8 @@ Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::stri
       throw std::invalid_argument(
           "[save_safetensors] tensor name '__metadata__' is reserved for file metadata");
     if (!seen.insert(name).second)
-      throw std::invalid_argument("[save_safetensors] duplicate tensor name " + quote_name(name));
+      throw std::invalid_argument("[save_safetensors] duplicate tensor name " +
+                                  quote_name(name));
     if (!t.defined())
       throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
                                   " is undefined");
@@ -453,7 +458,8 @@ Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::stri
     p.header = header.dump();
   } catch (const ordered_json::exception& e) {
     throw std::invalid_argument(std::string("[save_safetensors] a tensor name or metadata "
-                                            "string is not valid UTF-8 (") + e.what() + ")");
+                                            "string is not valid UTF-8 (") +
+                                e.what() + ")");
   }
   p.header.append((8 - p.header.size() % 8) % 8, ' ');
   return p;
@@ -485,11 +491,11 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
     for (const Tensor& t : p.data)
       if (t.nbytes() > 0) write_all(fd.get(), t.raw_data(), t.nbytes(), tmp);
     if (::fsync(fd.get()) != 0)
-      throw std::runtime_error("[save_safetensors] fsync of " + tmp + " failed: " +
-                               std::strerror(errno));
+      throw std::runtime_error("[save_safetensors] fsync of " + tmp +
+                               " failed: " + std::strerror(errno));
     if (fd.reset() != 0)
-      throw std::runtime_error("[save_safetensors] closing " + tmp + " failed: " +
-                               std::strerror(errno));
+      throw std::runtime_error("[save_safetensors] closing " + tmp +
+                               " failed: " + std::strerror(errno));
     if (::rename(tmp.c_str(), path.c_str()) != 0)
       throw std::runtime_error("[save_safetensors] cannot rename " + tmp + " to " + path +
                                ": " + std::strerror(errno));
@@ -502,8 +508,9 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   // (EINVAL): the file is in place, so that is not an error.
   Fd dir(::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0 && ::fsync(dir.get()) != 0 && errno != EINVAL && errno != ENOTSUP)
-    throw std::runtime_error("[save_safetensors] " + path + " was written but fsync of its "
-                             "folder failed: " + std::strerror(errno));
+    throw std::runtime_error("[save_safetensors] " + path +
+                             " was written but fsync of its folder failed: " +
+                             std::strerror(errno));
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -520,8 +527,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   });
 }
 
-std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
+std::vector<uint8_t> serialize_safetensors(
+    const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
   const Prepared p = prepare(tensors, metadata);
   uint64_t total = 8 + p.header.size();
   for (const Tensor& t : p.data) total += t.nbytes();
@@ -539,7 +546,8 @@ std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
   return out;
 }
 
-SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source) {
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes,
+                                  const std::string& source) {
   const uint64_t n = check_length(bytes.data(), bytes.size(), source);
   const char* text = reinterpret_cast<const char*>(bytes.data()) + 8;
   SafetensorsHeader h = parse_header(text, n, bytes.size() - 8 - n, source);

@@ -178,7 +178,8 @@ TEST_CASE("quanta bench engine reports five rows against their floors") {
   const std::set<std::string> names = {"matmul_1024", "matmul_4096x4096x256", "add", "exp",
                                        "sum"};
   SUBCASE("json") {
-    Result r = quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
+    Result r =
+        quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
     const auto rows = nlohmann::json::parse(r.out);
@@ -198,7 +199,8 @@ TEST_CASE("quanta bench engine reports five rows against their floors") {
     CHECK(rows.size() == names.size());
   }
   SUBCASE("table") {
-    Result r = quanta_cli({"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
+    Result r = quanta_cli(
+        {"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
     REQUIRE(r.code == 0);
     CHECK(contains(r.out, "1 threads"));
     CHECK(contains(r.out, "floor_ms"));

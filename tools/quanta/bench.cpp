@@ -73,16 +73,16 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
   if (json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& r : rows)
-      list.push_back({{"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms},
-                      {"ratio", r.ratio()}});
+      list.push_back(
+          {{"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms}, {"ratio", r.ratio()}});
     out << list.dump(2) << "\n";
     return;
   }
   std::size_t w = 4;
   for (const auto& r : rows) w = std::max(w, r.name.size());
   char buf[128];
-  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s\n", int(w), "name", "ms", "floor_ms",
-                "ratio");
+  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s\n", int(w), "name", "ms",
+                "floor_ms", "ratio");
   out << buf;
   for (const auto& r : rows) {
     std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f\n", int(w), r.name.c_str(),
@@ -96,10 +96,12 @@ void add_bench(CLI::App& app) {
   std::string about;
   for (const auto& [name, info] : suites()) about += "\n  " + name + ": " + info.about;
   CLI::App* sub = app.add_subcommand(
-      "bench", "Time a suite of kernels against their floors (suites: " + suite_names() + ")");
+      "bench",
+      "Time a suite of kernels against their floors (suites: " + suite_names() + ")");
   sub->footer(
       "Each row: the median time of the op (ms), of its floor (floor_ms), and ratio = "
-      "ms / floor_ms.\nSuites:" + about +
+      "ms / floor_ms.\nSuites:" +
+      about +
       "\n\nengine conventions: matmul_MxKxN multiplies A [M, K] by B [K, N] in f32 "
       "(matmul_1024: M = K = N = 1024) against a bare Eigen GEMM on the same threads. add, "
       "exp and sum run on 16M-element f32 tensors against a multithreaded memcpy with the "
@@ -118,9 +120,10 @@ void add_bench(CLI::App& app) {
                 "print a JSON list of {name, ms, floor_ms, ratio} instead of a table");
   sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement (default 5)")
       ->check(CLI::Range(1, 1000));
-  sub->add_option("--size", c->size,
-                  "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
-                  "row names stay the same)")
+  sub->add_option(
+         "--size", c->size,
+         "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
+         "row names stay the same)")
       ->check(CLI::IsMember({"full", "small"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
       ->check(CLI::Range(1, 4096));

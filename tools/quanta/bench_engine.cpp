@@ -7,9 +7,10 @@
 //     memcpy of k/2 buffers. A kernel that streams memory as well as memcpy
 //     then has ratio 1. Op times include allocating their outputs, as users
 //     see them; floors write into buffers touched beforehand.
-#include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+
+#include <Eigen/Core>
 
 #include "bench.h"
 #include "quanta.h"

@@ -100,8 +100,9 @@ void run_inspect(const InspectOptions& o) {
 void add_inspect(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand(
-      "inspect", "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
-                 "safetensors file; tensor data is not read");
+      "inspect",
+      "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
+      "safetensors file; tensor data is not read");
   sub->add_option("file", o->file, "the .safetensors file")->required();
   sub->add_flag("--json", o->json, "print one JSON object instead of a table");
   sub->callback([o] { run_inspect(*o); });

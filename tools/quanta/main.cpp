@@ -3,8 +3,8 @@
 #include <iostream>
 #include <string>
 
-#include "quanta_config.h"
 #include "commands.h"
+#include "quanta_config.h"
 
 namespace {
 
@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
       known = known || sub->get_name() == argv[1];
     }
     if (!known)
-      return fail(std::string("unknown subcommand '") + argv[1] + "' (subcommands: " +
-                      names + "; see quanta --help)",
+      return fail(std::string("unknown subcommand '") + argv[1] +
+                      "' (subcommands: " + names + "; see quanta --help)",
                   2);
   }
   try {
