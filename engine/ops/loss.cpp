@@ -1,5 +1,5 @@
-// Losses, composed from log_softmax, comparisons and reductions so their
-// gradients come from those ops; one_hot is a plain kernel.
+// Losses, composed from log_softmax, gather and reductions so their gradients
+// come from those ops; one_hot is a plain kernel.
 #include "engine/ops/loss.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "engine/device_check.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/softmax.h"
 #include "engine/ops/view.h"
@@ -99,16 +100,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                   " classes (ignore_index " + std::to_string(ignore_index) +
                                   ")");
 
-  const Tensor lsm = log_softmax(logits, 1);  // [N, C, *]
-  Shape class_shape(logits.dim(), 1);
-  class_shape[1] = classes;
-  const Tensor class_ids = reshape(arange(classes), class_shape);
-  // Picking log p[target] as a masked sum over classes: no gather needed, and
-  // the gradient comes from where and sum.
-  const Tensor hit = eq(class_ids, unsqueeze(t, 1));  // [N, C, *]
-  Tensor loss = neg(sum(where(hit, lsm, scalar_like(lsm, 0.0)), {1}));  // [N, *]
-  loss = smooth(loss, lsm, label_smoothing);
   const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), {.dtype = DType::i64}));
+  // Ignored targets pick class 0 (any valid class) and are masked out below.
+  const Tensor picked = where(keep, t, scalar(0.0, {.dtype = DType::i64}));
+  const Tensor lsm = log_softmax(logits, 1);                              // [N, C, *]
+  Tensor loss = neg(squeeze(gather(lsm, 1, unsqueeze(picked, 1)), 1));  // [N, *]
+  loss = smooth(loss, lsm, label_smoothing);
   loss = where(keep, loss, scalar_like(loss, 0.0));
   if (reduction != Reduction::mean) return reduce_loss(loss, reduction);
   // Mean over the targets that count; 0 / 0 = NaN when all are ignored.

@@ -18,6 +18,7 @@
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/index.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
@@ -136,15 +137,10 @@ ValuesIndices extreme_dim(const Tensor& x, int64_t dim, bool keepdim, const char
 }
 
 // Gradient of picking one element per row along `dim`: g lands on the picked
-// index, zeros elsewhere (a comparison with a broadcast arange, so it runs on
-// every device without a scatter kernel).
+// index, zeros elsewhere.
 Tensor scatter_along(const Tensor& g, const Tensor& idx, int64_t dim, const Shape& kept,
                      const Shape& in) {
-  Shape pos_shape(in.size(), 1);
-  pos_shape[dim] = in[dim];
-  const Tensor pos =
-      reshape(arange(in[dim], {.dtype = DType::i64, .device = g.device()}), pos_shape);
-  return where(eq(pos, reshape(idx, kept)), reshape(g, kept), scalar_like(g, 0.0));
+  return scatter_add(zeros(in, options_of(g)), dim, reshape(idx, kept), reshape(g, kept));
 }
 
 template <bool IsMax>
@@ -220,17 +216,12 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
   dispatch_float(ct, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = out.data<T>();
+    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
     for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      // Two passes in double: no cancellation from sum(x^2) - n mean^2.
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += static_cast<double>(v[i]);
-      const double m = s / static_cast<double>(n);
-      double ss = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = static_cast<double>(v[i]) - m;
-        ss += d * d;
-      }
-      const double res = ss / divisor;
+      // Two passes: squared deviations, no cancellation from sum(x^2) - n mean^2.
+      Eigen::Map<const Arr> a(v, n);
+      const T m = n ? a.mean() : T(NAN);
+      const double res = static_cast<double>((a - m).square().sum()) / divisor;
       o[r] = static_cast<T>(take_sqrt ? std::sqrt(res) : res);
     });
   });

@@ -459,6 +459,11 @@ TEST_CASE("softmax and log_softmax are stable and use their own backward") {
   sum(softmax(x, -1)).backward();
   for (double g : vals(x.grad())) CHECK(g == doctest::Approx(0.0));
   CHECK(softmax(from_vector<int64_t>({1, 1}), 0).dtype() == DType::f32);
+  const Tensor h = softmax(t64({0, 1, 2, 3}).to(DType::bf16), 0);
+  CHECK(h.dtype() == DType::bf16);
+  CHECK(sum(h.to(DType::f32)).item() == doctest::Approx(1.0).epsilon(1e-2));
+  // All -inf rows give NaN, like PyTorch (there is no distribution to return).
+  for (double v : vals(softmax(t64({-INFINITY, -INFINITY}), 0))) CHECK(std::isnan(v));
 }
 
 TEST_CASE("0-d inputs reduce over nothing and accept dims 0 and -1") {
