@@ -30,3 +30,5 @@
 #include "engine/random/philox.h"
 #include "engine/random/sampling.h"
 #include "engine/tensor.h"
+#include "quant/quantize_output.h"
+#include "quant/token_layout.h"
