@@ -25,6 +25,9 @@ struct SuiteInfo {
 const std::map<std::string, SuiteInfo>& suites() {
   static const std::map<std::string, SuiteInfo> all = {
       {"engine", {bench_engine, "engine kernels: matmul, add, exp, sum"}},
+      {"quant", {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs"}},
+      {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32"}},
+      {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
   };
   return all;
 }

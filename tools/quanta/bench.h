@@ -39,4 +39,15 @@ using BenchSuite = std::vector<BenchRow> (*)(const BenchOptions&);
  * reduction against memcpy (see bench_engine.cpp for the conventions). */
 std::vector<BenchRow> bench_engine(const BenchOptions& opts);
 
+/** Quantizer train steps: the VQ family's rows then the scalar family's. */
+std::vector<BenchRow> bench_quant(const BenchOptions& opts);
+/** The VQ family's rows of `bench quant` (bench_quant_vq.cpp). */
+std::vector<BenchRow> bench_quant_vq(const BenchOptions& opts);
+/** The FSQ / LFQ rows of `bench quant` (bench_quant_scalar.cpp). */
+std::vector<BenchRow> bench_quant_scalar(const BenchOptions& opts);
+/** NF4 format and nf4_linear (bench_nf4.cpp). */
+std::vector<BenchRow> bench_nf4(const BenchOptions& opts);
+/** Collectives and DataParallel (bench_dist.cpp). */
+std::vector<BenchRow> bench_dist(const BenchOptions& opts);
+
 }  // namespace quanta::cli

@@ -20,4 +20,13 @@ void add_inspect(CLI::App& app);
  * ratios to their floors. */
 void add_bench(CLI::App& app);
 
+/** `quanta parity FILE...`: reference cases run and compared (parity.cpp). */
+void add_parity(CLI::App& app);
+
+/** `quanta quantize IN OUT [--format quanta|bnb|torchao]` (quantize.cpp). */
+void add_quantize(CLI::App& app);
+
+/** `quanta launch -n N -- PROGRAM ARGS...` (launch.cpp). */
+void add_launch(CLI::App& app);
+
 }  // namespace quanta::cli

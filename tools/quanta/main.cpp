@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("quanta ") + QUANTA_VERSION);
   quanta::cli::add_inspect(app);
   quanta::cli::add_bench(app);
+  quanta::cli::add_parity(app);
+  quanta::cli::add_quantize(app);
+  quanta::cli::add_launch(app);
   // CLI11 would call an unknown word "an argument not expected": say it is not
   // a subcommand and list the real ones.
   if (argc > 1 && argv[1][0] != '-') {

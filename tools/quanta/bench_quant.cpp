@@ -1,0 +1,12 @@
+// `quanta bench quant`: the vector-quantizer rows, then the scalar ones.
+#include "bench.h"
+
+namespace quanta::cli {
+
+std::vector<BenchRow> bench_quant(const BenchOptions& opts) {
+  std::vector<BenchRow> rows = bench_quant_vq(opts);
+  for (BenchRow& r : bench_quant_scalar(opts)) rows.push_back(std::move(r));
+  return rows;
+}
+
+}  // namespace quanta::cli
