@@ -112,12 +112,12 @@ TEST_CASE("quanta --help and --version") {
 TEST_CASE("quanta rejects bad usage with exit code 2") {
   check_one_line_error(quanta_cli({}), 2, "a subcommand is required");
   check_one_line_error(quanta_cli({"--bogus"}), 2, "--bogus");
-  check_one_line_error(quanta_cli({"train"}), 2, "unknown subcommand 'train'");
+  check_one_line_error(quanta_cli({"frobnicate"}), 2, "unknown subcommand 'frobnicate'");
   check_one_line_error(quanta_cli({"inspect"}), 2, "file is required");
   check_one_line_error(quanta_cli({"inspect", "x.safetensors", "--bogus"}), 2, "--bogus");
   check_one_line_error(quanta_cli({"bench"}), 2, "suite is required");
   check_one_line_error(quanta_cli({"bench", "nope"}), 2,
-                       "unknown bench suite 'nope' (suites: engine)");
+                       "unknown bench suite 'nope' (suites: dist, engine, nf4, quant)");
   check_one_line_error(quanta_cli({"bench", "engine", "--repeat", "0"}), 2, "--repeat");
   check_one_line_error(quanta_cli({"bench", "engine", "--size", "huge"}), 2, "--size");
 }
