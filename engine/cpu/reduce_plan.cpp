@@ -11,6 +11,9 @@ ReducePlan plan_reduce(const Tensor& x, const std::vector<int64_t>& dims, bool k
   ReducePlan p;
   const int64_t nd = x.dim();
   p.dims = wrap_dims(dims, nd, op);
+  // A 0-d tensor accepts dim 0 / -1 (as PyTorch does) but has no dimension to
+  // reduce: the result is the value itself.
+  if (nd == 0) p.dims.clear();
   std::vector<bool> reduced(nd, false);
   for (int64_t d : p.dims) reduced[d] = true;
   std::vector<int64_t> order;

@@ -89,7 +89,9 @@ Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
                                 dtype_name(x.dtype()));
   const auto wrapped = wrap_dims(dims, x.dim(), "mean");
   int64_t count = 1;
-  for (int64_t d : wrapped) count *= x.shape()[d];
+  // A 0-d tensor takes dim 0 / -1 but reduces over nothing (count 1).
+  if (x.dim() > 0)
+    for (int64_t d : wrapped) count *= x.shape()[d];
   // 0 / 0 gives NaN for an empty reduction, as in NumPy and PyTorch.
   return div(sum(x, dims, keepdim), scalar_like(x, static_cast<double>(count)));
 }

@@ -469,6 +469,9 @@ TEST_CASE("softmax and log_softmax are stable and use their own backward") {
 TEST_CASE("0-d inputs reduce over nothing and accept dims 0 and -1") {
   const Tensor s = scalar(3.0, {.dtype = DType::f64}).requires_grad_();
   CHECK(prod(s).item() == 3.0);
+  CHECK(sum(s, {0}).item() == 3.0);
+  CHECK(sum(s, {-1}, true).shape() == Shape{});
+  CHECK(mean(s, {0}).item() == 3.0);
   CHECK(prod(s, {0}).shape() == Shape{});
   auto m = max(s, -1);
   CHECK(m.values.item() == 3.0);
