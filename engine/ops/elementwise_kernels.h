@@ -1,6 +1,9 @@
 #pragma once
 // Shared machinery for elementwise ops: dtype selection, broadcasting and the
 // CPU map. Op files hold only the math and the backward formulas.
+#include <stdexcept>
+#include <string>
+
 #include <Eigen/Core>
 
 #include "engine/autograd/grad_mode.h"
@@ -51,12 +54,17 @@ Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr) {
 }
 
 /** out = f(a, b) with broadcasting; inputs are converted to `compute`, the
- * result has dtype `out_dt` (the compute dtype for arithmetic, bool for
- * comparisons). */
+ * result has dtype `out_dt`: the compute dtype (arithmetic) or bool
+ * (comparisons, logical ops). Only those two pairings are instantiated: a
+ * kernel per (compute, out) pair of every dtype would multiply the compile
+ * time of each op by the number of dtypes for nothing. */
 template <class F>
 Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b, DType compute,
                      DType out_dt, F f) {
   check_cpu(op, {&a, &b});
+  if (out_dt != compute && out_dt != DType::boolean)
+    throw std::logic_error(std::string("[") + op + "] binary kernel: output dtype " +
+                           dtype_name(out_dt) + " is neither the compute dtype nor bool");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
   Tensor ea = as_plain(a, compute), eb = as_plain(b, compute);
   if (ea.shape() != shape) ea = expand(ea, shape);
@@ -67,10 +75,7 @@ Tensor binary_kernel(const char* op, const Tensor& a, const Tensor& b, DType com
     if (out_dt == compute) {
       cpu::map<T, T, T>(out, [&](T x, T y) { return static_cast<T>(f(x, y)); }, ea, eb);
     } else {
-      dispatch_all(out_dt, op, [&](auto otag) {
-        using O = typename decltype(otag)::type;
-        cpu::map<O, T, T>(out, [&](T x, T y) { return cpu::cast<O>(f(x, y)); }, ea, eb);
-      });
+      cpu::map<bool, T, T>(out, [&](T x, T y) { return static_cast<bool>(f(x, y)); }, ea, eb);
     }
   });
   return out;

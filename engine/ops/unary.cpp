@@ -1,5 +1,7 @@
 // Unary math and activations: forward kernel and backward formula together.
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "engine/autograd/node.h"
 #include "engine/factory.h"
@@ -47,8 +49,14 @@ Tensor abs(const Tensor& x) {
 }
 
 Tensor exp(const Tensor& x) {
-  Tensor y = unary_float("exp", x, [](auto v) { return std::exp(v); },
-                         [](const auto& a) { return a.exp(); });
+  Tensor y = unary_float("exp", x, [](auto v) { return std::exp(v); }, [](const auto& a) {
+    // Eigen's SSE2 double exp clamps its input, so exp(-inf) came out as
+    // 5.6e-309 instead of 0 (and a -inf logit got a sliver of probability).
+    // Below log(denorm_min) the true result is 0 in every precision.
+    using T = typename std::decay_t<decltype(a)>::Scalar;
+    const T underflow = std::log(std::numeric_limits<T>::denorm_min());
+    return (a < underflow).select(T(0), a.exp());
+  });
   return with_grad("exp", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, y);
   });

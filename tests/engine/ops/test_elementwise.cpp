@@ -216,3 +216,23 @@ TEST_CASE("straight_through: value of q, identity gradient to x, none to q") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 2, 3});
   CHECK_FALSE(q.grad().defined());
 }
+
+TEST_CASE("exp underflows to exactly 0 and keeps inf and NaN, in f32 and f64") {
+  // Long enough for the vectorised path; -inf must give 0, not a denormal.
+  const std::vector<double> in{-INFINITY, -1000, -800, -120, 0, INFINITY, NAN, 1, -INFINITY};
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    const Tensor y = to_dtype(exp(to_dtype(from_vector<double>(in, {9}), dt)), DType::f64);
+    const Tensor c = contiguous(y);
+    const double* v = c.data<double>();
+    CHECK(v[0] == 0.0);
+    CHECK(v[1] == 0.0);
+    CHECK(v[2] == 0.0);
+    if (dt == DType::f32) CHECK(v[3] == 0.0);  // below log(denorm_min) of float
+    CHECK(v[4] == 1.0);
+    CHECK(v[5] == INFINITY);
+    CHECK(std::isnan(v[6]));
+    CHECK(v[7] == doctest::Approx(std::exp(1.0)).epsilon(1e-6));
+    CHECK(v[8] == 0.0);
+  }
+}
