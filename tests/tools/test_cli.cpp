@@ -16,26 +16,17 @@
 #include <nlohmann/json.hpp>
 
 #include "quanta.h"
+#include "support/temp_dir.h"
 
 extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace quanta;
 
+using testing::TempDir;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("quanta_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -171,7 +162,7 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
   check_one_line_error(quanta_cli({"inspect", path}), 1, "exceeds");
   check_one_line_error(quanta_cli({"inspect", dir.file("missing.safetensors")}), 1,
                        "missing.safetensors: cannot open");
-  check_one_line_error(quanta_cli({"inspect", dir.path.string()}), 1, "is a directory");
+  check_one_line_error(quanta_cli({"inspect", dir.path().string()}), 1, "is a directory");
 }
 
 TEST_CASE("quanta bench engine reports five rows against their floors") {

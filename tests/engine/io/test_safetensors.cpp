@@ -12,26 +12,16 @@
 #include <sstream>
 
 #include "quanta.h"
+#include "support/temp_dir.h"
 
 using namespace quanta;
 using namespace quanta::io;
 namespace fs = std::filesystem;
 
+using testing::TempDir;
+
 namespace {
 
-// A fresh folder per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("quanta_st_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -298,7 +288,7 @@ TEST_CASE("safetensors save is atomic") {
   TempDir dir;
   const std::string path = dir.file("ckpt.safetensors");
   auto count_files = [&] {
-    return std::distance(fs::directory_iterator(dir.path), fs::directory_iterator());
+    return std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator());
   };
   const TensorMap good = {{"w", from_vector<float>({1, 2, 3})}};
   save_safetensors(path, good);
@@ -480,7 +470,7 @@ TEST_CASE("safetensors rejects every corruption class with a clear error") {
             std::string::npos);
     }
     try {
-      load_safetensors(dir.path.string());
+      load_safetensors(dir.path().string());
       FAIL("loaded a folder");
     } catch (const std::runtime_error& e) {
       CHECK(std::string(e.what()).find("is a directory") != std::string::npos);

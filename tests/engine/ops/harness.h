@@ -36,6 +36,19 @@ struct InputSpec {
   bool differentiable = true;  // include in the gradient check
 };
 
+/** An input drawn from domain `d`. */
+inline InputSpec spec(Domain d) {
+  InputSpec s;
+  s.domain = d;
+  return s;
+}
+/** An input made by `make(shape, seed)`. */
+inline InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
+  InputSpec s;
+  s.make = std::move(make);
+  return s;
+}
+
 struct OpCase {
   std::string name;
   std::vector<Shape> shapes;           // main variant's input shapes

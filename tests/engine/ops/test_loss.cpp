@@ -13,16 +13,6 @@ namespace {
 
 using Values = std::vector<double>;
 
-InputSpec spec(Domain d) {
-  InputSpec s;
-  s.domain = d;
-  return s;
-}
-InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
-  InputSpec s;
-  s.make = std::move(make);
-  return s;
-}
 
 const char* reduction_name(Reduction r) {
   return r == Reduction::none ? "none" : r == Reduction::sum ? "sum" : "mean";

@@ -17,16 +17,6 @@ namespace {
 
 using Values = std::vector<double>;
 
-InputSpec spec(Domain d) {
-  InputSpec s;
-  s.domain = d;
-  return s;
-}
-InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
-  InputSpec s;
-  s.make = std::move(make);
-  return s;
-}
 using RowFn = std::function<double(const Values&)>;
 
 // One row reducing input 0 over `dims` with `op`, checked against `ref` over
