@@ -27,9 +27,13 @@ inline Tensor as_plain(const Tensor& x, DType t) {
 }
 
 /** y = f(x) in floating point. `f` works on a scalar; `vec`, when given,
- * works on an Eigen array and is used for contiguous inputs. */
-template <class F, class Vec = std::nullptr_t>
-Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr) {
+ * works on an Eigen array and is used for contiguous inputs; `fixup`, when
+ * given, is called as fixup(src, dst, n) on each chunk after `vec` (a scalar
+ * pass for the rare inputs a vector formula gets wrong: Eigen's select does
+ * not vectorise, a plain loop after the vector pass costs next to nothing). */
+template <class F, class Vec = std::nullptr_t, class Fixup = std::nullptr_t>
+Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr,
+                   Fixup fixup = nullptr) {
   check_cpu(op, {&x});
   const DType out_dt = to_floating(x.dtype());
   const DType ct = cpu_compute_dtype(out_dt);
@@ -44,6 +48,7 @@ Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr) {
         cpu::parallel_for(0, in.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
           using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
           Eigen::Map<Arr>(dst + lo, hi - lo) = vec(Eigen::Map<const Arr>(src + lo, hi - lo));
+          if constexpr (!std::is_same_v<Fixup, std::nullptr_t>) fixup(src + lo, dst + lo, hi - lo);
         });
         return;
       }

@@ -49,14 +49,17 @@ Tensor abs(const Tensor& x) {
 }
 
 Tensor exp(const Tensor& x) {
-  Tensor y = unary_float("exp", x, [](auto v) { return std::exp(v); }, [](const auto& a) {
-    // Eigen's SSE2 double exp clamps its input, so exp(-inf) came out as
-    // 5.6e-309 instead of 0 (and a -inf logit got a sliver of probability).
-    // Below log(denorm_min) the true result is 0 in every precision.
-    using T = typename std::decay_t<decltype(a)>::Scalar;
-    const T underflow = std::log(std::numeric_limits<T>::denorm_min());
-    return (a < underflow).select(T(0), a.exp());
-  });
+  Tensor y = unary_float(
+      "exp", x, [](auto v) { return std::exp(v); }, [](const auto& a) { return a.exp(); },
+      [](const auto* src, auto* dst, int64_t n) {
+        // Eigen's SSE2 double exp clamps its input, so exp(-inf) came out as
+        // 5.6e-309 instead of 0 (a -inf logit got a sliver of probability).
+        // Below log(denorm_min) the true result is 0 in every precision.
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+        const T underflow = std::log(std::numeric_limits<T>::denorm_min());
+        for (int64_t i = 0; i < n; ++i)
+          if (src[i] < underflow) dst[i] = T(0);
+      });
   return with_grad("exp", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, y);
   });
