@@ -1,0 +1,168 @@
+#include "quant/scalar/lfq_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/autograd/function.h"
+#include "engine/cpu/parallel.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/join.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/softmax.h"
+#include "engine/ops/view.h"
+
+namespace quanta::quant {
+namespace {
+
+// The walk over K = {codes with p >= eps} of one token (see the header).
+// Codes are the most likely code with a set S of bits flipped; children of a
+// node flip one more bit, later in |z| order than every bit already in S, so
+// each code is visited once, and a child is in K only if its parent is.
+class ClampedEntropyWalk {
+ public:
+  explicit ClampedEntropyWalk(int64_t d)
+      : d_(d), a_(d), e_(d), order_(d), flip_weight_(d) {}
+
+  // Entropy of the token with bit logits z[0..d); writes dH/dz to grad.
+  double run(const double* z, double* grad) {
+    double log_best = 0;
+    for (int64_t j = 0; j < d_; ++j) {
+      a_[j] = std::abs(z[j]);
+      e_[j] = std::exp(-a_[j]);            // p(flipped bit) / p(best bit)
+      log_best -= std::log1p(e_[j]);       // log sigmoid(|z|)
+    }
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::sort(order_.begin(), order_.end(), [&](int64_t i, int64_t j) { return a_[i] < a_[j]; });
+    std::fill(flip_weight_.begin(), flip_weight_.end(), 0.0);
+    tail_ = 0;
+    double total = 0;  // sum over K of w = p (log p - log eps + 1)
+    if (log_best >= kLogEps) total = visit(0, log_best, std::exp(log_best));
+    for (int64_t j = 0; j < d_; ++j) {
+      const double q = 1.0 / (1.0 + std::exp(-z[j]));  // P(bit j = 1)
+      const bool best_is_one = z[j] > 0;
+      const double w1 = best_is_one ? total - flip_weight_[j] : flip_weight_[j];
+      const double w0 = total - w1;
+      // d log p(bit=1)/dz = 1 - q, d log p(bit=0)/dz = -q; H = -log eps - F.
+      grad[j] = -((1 - q) * w1 - q * w0);
+    }
+    return -kLogEps - tail_;
+  }
+
+ private:
+  // Visits the code with log-probability `logp` (= log p) whose flips end
+  // before order_[start]; returns the sum of w over its subtree.
+  double visit(int64_t start, double logp, double p) {
+    tail_ += p * (logp - kLogEps);
+    double subtree = p * (logp - kLogEps + 1);
+    for (int64_t i = start; i < d_; ++i) {
+      const int64_t j = order_[i];
+      const double child = logp - a_[j];
+      if (child < kLogEps) break;  // and so would every later (larger) flip
+      const double s = visit(i + 1, child, p * e_[j]);
+      flip_weight_[j] += s;
+      subtree += s;
+    }
+    return subtree;
+  }
+
+  static inline const double kLogEps = std::log(kEntropyEps);
+  int64_t d_;
+  std::vector<double> a_, e_;
+  std::vector<int64_t> order_;
+  std::vector<double> flip_weight_;  // sum of w over codes with bit j flipped
+  double tail_ = 0;                  // sum over K of p (log p - log eps)
+};
+
+Tensor zero_like_scalar(const Tensor& like) { return zeros({}, options_of(like)); }
+
+// Product distribution over bits [j0, j1) of pi [T, C, d, 2] -> [T, C, 2^(j1-j0)],
+// index bits most significant first.
+Tensor bit_product(const Tensor& pi, int64_t j0, int64_t j1) {
+  const int64_t T = pi.size(0), C = pi.size(1);
+  Tensor p = ones({T, C, 1}, options_of(pi));
+  for (int64_t j = j0; j < j1; ++j)
+    p = reshape(unsqueeze(p, -1) * unsqueeze(select(pi, 2, j), -2), {T, C, -1});
+  return p;
+}
+
+// mean over codebooks of H_eps(avg), avg [C, K].
+Tensor clamped_entropy_mean(const Tensor& avg) {
+  const Tensor h = -sum(avg * log(clamp(avg, kEntropyEps, NAN)), {-1});
+  return mean(h);
+}
+
+}  // namespace
+
+Tensor local_token_mean(const Tensor& sum, int64_t count) {
+  return count > 0 ? sum / double(count) : sum;
+}
+
+Tensor clamped_bit_product_entropy(const Tensor& bit_logits) {
+  if (bit_logits.dim() != 2)
+    throw std::invalid_argument("[LFQ] bit logits must be [rows, bits], got " +
+                                shape_str(bit_logits.shape()));
+  auto grad = std::make_shared<Tensor>();
+  autograd::Function fn;
+  fn.name = "lfq_clamped_entropy";
+  fn.forward = [grad](const std::vector<Tensor>& in) {
+    const Tensor z = in[0].to(Device::cpu()).to(DType::f64).contiguous();
+    const int64_t R = z.size(0), d = z.size(1);
+    Tensor h = empty({R}, {.dtype = DType::f64});
+    *grad = empty({R, d}, {.dtype = DType::f64});
+    const double* pz = z.data<double>();
+    double* ph = h.data<double>();
+    double* pg = grad->data<double>();
+    cpu::parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
+      ClampedEntropyWalk walk(d);
+      for (int64_t r = lo; r < hi; ++r) ph[r] = walk.run(pz + r * d, pg + r * d);
+    });
+    return std::vector<Tensor>{h.to(in[0].dtype()).to(in[0].device())};
+  };
+  fn.backward = [grad](const std::vector<Tensor>& g) {
+    const Tensor dz = grad->to(g[0].dtype()).to(g[0].device());
+    return std::vector<Tensor>{unsqueeze(g[0], -1) * dz};
+  };
+  return autograd::apply(fn, {bit_logits})[0];
+}
+
+LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) {
+  if (z.dim() != 3)
+    throw std::invalid_argument("[LFQ] bit logits must be [tokens, codebooks, bits], got " +
+                                shape_str(z.shape()));
+  const int64_t T = z.size(0), C = z.size(1), d = z.size(2);
+  LFQEntropy out;
+  out.per_sample = T > 0 ? mean(clamped_bit_product_entropy(reshape(z, {T * C, d})))
+                         : zero_like_scalar(z);
+  // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
+  const Tensor pi = stack({sigmoid(-z), sigmoid(z)}, -1);  // [T, C, d, 2]
+  const int64_t high = d / 2;
+  const Tensor A = bit_product(pi, 0, high);  // [T, C, 2^high]
+  const Tensor B = bit_product(pi, high, d);  // [T, C, 2^(d - high)]
+  const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
+  const Tensor avg = token_mean(reshape(sum_ab, {C, -1}), T);  // [C, 2^d]
+  out.batch = clamped_entropy_mean(avg);
+  return out;
+}
+
+LFQEntropy lfq_entropy_direct(const Tensor& x, const Tensor& codebook, double inv_temperature,
+                              const TokenMean& token_mean) {
+  if (x.dim() != 3)
+    throw std::invalid_argument("[LFQ] direct entropy expects [tokens, codebooks, bits], got " +
+                                shape_str(x.shape()));
+  const int64_t T = x.size(0);
+  const Tensor logits = matmul(x, codebook.t().to(x.dtype())) * (2.0 * inv_temperature);
+  const Tensor p = softmax(logits, -1);  // [T, C, K]
+  LFQEntropy out;
+  out.per_sample =
+      T > 0 ? mean(-sum(p * log(clamp(p, kEntropyEps, NAN)), {-1})) : zero_like_scalar(x);
+  out.batch = clamped_entropy_mean(token_mean(sum(p, {0}), T));
+  return out;
+}
+
+}  // namespace quanta::quant
