@@ -86,8 +86,8 @@ Tensor zero_like_scalar(const Tensor& like) { return zeros({}, options_of(like))
 Tensor bit_product(const Tensor& pi, int64_t j0, int64_t j1) {
   const int64_t T = pi.size(0), C = pi.size(1);
   Tensor p = ones({T, C, 1}, options_of(pi));
-  for (int64_t j = j0; j < j1; ++j)
-    p = reshape(unsqueeze(p, -1) * unsqueeze(select(pi, 2, j), -2), {T, C, -1});
+  for (int64_t j = j0, n = 2; j < j1; ++j, n *= 2)
+    p = reshape(unsqueeze(p, -1) * unsqueeze(select(pi, 2, j), -2), {T, C, n});
   return p;
 }
 
@@ -145,7 +145,7 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
   const Tensor A = bit_product(pi, 0, high);  // [T, C, 2^high]
   const Tensor B = bit_product(pi, high, d);  // [T, C, 2^(d - high)]
   const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
-  const Tensor avg = token_mean(reshape(sum_ab, {C, -1}), T);  // [C, 2^d]
+  const Tensor avg = token_mean(reshape(sum_ab, {C, A.size(2) * B.size(2)}), T);  // [C, 2^d]
   out.batch = clamped_entropy_mean(avg);
   return out;
 }
