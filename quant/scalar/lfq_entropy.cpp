@@ -1,6 +1,7 @@
 #include "quant/scalar/lfq_entropy.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -81,14 +82,95 @@ class ClampedEntropyWalk {
 
 Tensor zero_like_scalar(const Tensor& like) { return zeros({}, options_of(like)); }
 
-// Product distribution over bits [j0, j1) of pi [T, C, d, 2] -> [T, C, 2^(j1-j0)],
-// index bits most significant first.
-Tensor bit_product(const Tensor& pi, int64_t j0, int64_t j1) {
-  const int64_t T = pi.size(0), C = pi.size(1);
-  Tensor p = ones({T, C, 1}, options_of(pi));
-  for (int64_t j = j0, n = 2; j < j1; ++j, n *= 2)
-    p = reshape(unsqueeze(p, -1) * unsqueeze(select(pi, 2, j), -2), {T, C, n});
-  return p;
+// The product distribution of k independent bits, pi [k, 2] -> P [2^k]
+// (index bits most significant first), built in place from the front.
+template <class T>
+void bit_product_row(const T* pi, int64_t k, T* P) {
+  P[0] = 1;
+  for (int64_t j = 0, n = 1; j < k; ++j, n *= 2)
+    for (int64_t c = n - 1; c >= 0; --c) {
+      const T v = P[c];
+      P[2 * c + 1] = v * pi[2 * j + 1];
+      P[2 * c] = v * pi[2 * j];
+    }
+}
+
+// dL/dpi [k, 2] from dL/dP [2^k]: the sum of gP over the codes with bit j = b,
+// each times the product of the other bits' probabilities (prefix bits times
+// suffix bits, no division, so tiny probabilities stay exact).
+template <class T>
+void bit_product_row_grad(const T* pi, int64_t k, const T* gP, T* gpi, std::vector<T>& pre,
+                          std::vector<T>& suf) {
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t n_hi = int64_t(1) << j, n_lo = int64_t(1) << (k - 1 - j);
+    pre.resize(n_hi);
+    suf.resize(n_lo);
+    bit_product_row(pi, j, pre.data());
+    bit_product_row(pi + 2 * (j + 1), k - 1 - j, suf.data());
+    T g[2] = {0, 0};
+    for (int64_t hi = 0; hi < n_hi; ++hi)
+      for (int64_t b = 0; b < 2; ++b) {
+        const T* row = gP + (hi * 2 + b) * n_lo;
+        T acc = 0;
+        for (int64_t lo = 0; lo < n_lo; ++lo) acc += row[lo] * suf[lo];
+        g[b] += acc * pre[hi];
+      }
+    gpi[2 * j] = g[0];
+    gpi[2 * j + 1] = g[1];
+  }
+}
+
+void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64_t)>& f) {
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(1, work_per_row));
+  cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) f(r);
+  });
+}
+
+// Product distributions of pi [R, k, 2] -> [R, 2^k], differentiable in pi.
+// One kernel rather than k broadcast multiplies: the engine's broadcasting
+// kernels are slow on runs of length 1 and 2.
+Tensor bit_product(const Tensor& pi) {
+  auto saved = std::make_shared<Tensor>();
+  autograd::Function fn;
+  fn.name = "lfq_bit_product";
+  fn.forward = [saved](const std::vector<Tensor>& in) {
+    const Tensor p = in[0].to(Device::cpu()).contiguous();
+    *saved = p;
+    const int64_t R = p.size(0), k = p.size(1), n = int64_t(1) << k;
+    Tensor out = empty({R, n}, {.dtype = p.dtype()});
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const T* pp = p.data<T>();
+      T* po = out.data<T>();
+      for_rows(R, n, [&](int64_t r) { bit_product_row(pp + r * 2 * k, k, po + r * n); });
+    };
+    if (p.dtype() == DType::f64) run(double{}); else if (p.dtype() == DType::f32) run(float{});
+    else throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
+    return std::vector<Tensor>{out.to(in[0].device())};
+  };
+  fn.backward = [saved](const std::vector<Tensor>& g) {
+    const Tensor& p = *saved;
+    const Tensor gp = g[0].to(Device::cpu()).to(p.dtype()).contiguous();
+    const int64_t R = p.size(0), k = p.size(1), n = int64_t(1) << k;
+    Tensor out = empty({R, k, 2}, {.dtype = p.dtype()});
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const T* pp = p.data<T>();
+      const T* pg = gp.data<T>();
+      T* po = out.data<T>();
+      cpu::parallel_for(0, R, std::max<int64_t>(1, cpu::kGrainElements / (n * k + 1)),
+                        [&](int64_t lo, int64_t hi) {
+                          std::vector<T> pre, suf;
+                          for (int64_t r = lo; r < hi; ++r)
+                            bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k,
+                                                 pre, suf);
+                        });
+    };
+    if (p.dtype() == DType::f64) run(double{}); else run(float{});
+    return std::vector<Tensor>{out.to(g[0].device())};
+  };
+  return autograd::apply(fn, {pi})[0];
 }
 
 // mean over codebooks of H_eps(avg), avg [C, K].
@@ -140,10 +222,10 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
   out.per_sample = T > 0 ? mean(clamped_bit_product_entropy(reshape(z, {T * C, d})))
                          : zero_like_scalar(z);
   // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
-  const Tensor pi = stack({sigmoid(-z), sigmoid(z)}, -1);  // [T, C, d, 2]
+  const Tensor pi = reshape(stack({sigmoid(-z), sigmoid(z)}, -1), {T * C, d, 2});
   const int64_t high = d / 2;
-  const Tensor A = bit_product(pi, 0, high);  // [T, C, 2^high]
-  const Tensor B = bit_product(pi, high, d);  // [T, C, 2^(d - high)]
+  const Tensor A = reshape(bit_product(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
+  const Tensor B = reshape(bit_product(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
   const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
   const Tensor avg = token_mean(reshape(sum_ab, {C, A.size(2) * B.size(2)}), T);  // [C, 2^d]
   out.batch = clamped_entropy_mean(avg);
