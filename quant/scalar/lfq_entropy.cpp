@@ -127,10 +127,21 @@ void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64
   });
 }
 
+// mean over codebooks of H_eps(avg), avg [C, K].
+Tensor clamped_entropy_mean(const Tensor& avg) {
+  const Tensor h = -sum(avg * log(clamp(avg, kEntropyEps, NAN)), {-1});
+  return mean(h);
+}
+
+}  // namespace
+
 // Product distributions of pi [R, k, 2] -> [R, 2^k], differentiable in pi.
 // One kernel rather than k broadcast multiplies: the engine's broadcasting
 // kernels are slow on runs of length 1 and 2.
-Tensor bit_product(const Tensor& pi) {
+Tensor bit_product_distribution(const Tensor& pi) {
+  if (pi.dim() != 3 || pi.size(2) != 2)
+    throw std::invalid_argument("[bit_product_distribution] expects [rows, bits, 2], got " +
+                                shape_str(pi.shape()));
   auto saved = std::make_shared<Tensor>();
   autograd::Function fn;
   fn.name = "lfq_bit_product";
@@ -172,14 +183,6 @@ Tensor bit_product(const Tensor& pi) {
   };
   return autograd::apply(fn, {pi})[0];
 }
-
-// mean over codebooks of H_eps(avg), avg [C, K].
-Tensor clamped_entropy_mean(const Tensor& avg) {
-  const Tensor h = -sum(avg * log(clamp(avg, kEntropyEps, NAN)), {-1});
-  return mean(h);
-}
-
-}  // namespace
 
 Tensor local_token_mean(const Tensor& sum, int64_t count) {
   return count > 0 ? sum / double(count) : sum;
@@ -224,8 +227,8 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
   // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
   const Tensor pi = reshape(stack({sigmoid(-z), sigmoid(z)}, -1), {T * C, d, 2});
   const int64_t high = d / 2;
-  const Tensor A = reshape(bit_product(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
-  const Tensor B = reshape(bit_product(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
+  const Tensor A = reshape(bit_product_distribution(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
+  const Tensor B = reshape(bit_product_distribution(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
   const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
   const Tensor avg = token_mean(reshape(sum_ab, {C, A.size(2) * B.size(2)}), T);  // [C, 2^d]
   out.batch = clamped_entropy_mean(avg);

@@ -64,4 +64,9 @@ LFQEntropy lfq_entropy_direct(const Tensor& x, const Tensor& codebook, double in
  * [R] (the per-sample walk above; differentiable in z). */
 Tensor clamped_bit_product_entropy(const Tensor& bit_logits);
 
+/** Product distributions of independent bits: pi [R, k, 2] (row r, bit j:
+ * P(0), P(1)) -> [R, 2^k], code index bits most significant first.
+ * Differentiable in pi (f32 / f64; CPU kernel). */
+Tensor bit_product_distribution(const Tensor& pi);
+
 }  // namespace quanta::quant
