@@ -46,9 +46,8 @@ void refuse_unknown(const json& ctor, const std::vector<std::string>& known,
 FSQOptions fsq_options(const json& ctor) {
   refuse_unknown(ctor,
                  {"levels", "dim", "num_codebooks", "keep_num_codebooks_dim", "channel_first",
-                  "projection_has_bias", "preserve_symmetry", "noise_dropout",
-                  "bound_hard_clamp", "orthogonal_rotation", "return_indices",
-                  "force_quantization_f32"},
+                  "projection_has_bias", "preserve_symmetry", "noise_dropout", "bound_hard_clamp",
+                  "orthogonal_rotation", "return_indices", "force_quantization_f32"},
                  "FSQ");
   FSQOptions o;
   get(ctor, "levels", o.levels);
@@ -68,9 +67,9 @@ FSQOptions fsq_options(const json& ctor) {
 ResidualFSQOptions rfsq_options(const json& ctor) {
   ResidualFSQOptions o;
   json layer = ctor;
-  for (const char* k : {"num_quantizers", "quantize_dropout", "quantize_dropout_cutoff_index",
-                        "quantize_dropout_multiple_of", "soft_clamp_input_value",
-                        "is_channel_first"})
+  for (const char* k :
+       {"num_quantizers", "quantize_dropout", "quantize_dropout_cutoff_index",
+        "quantize_dropout_multiple_of", "soft_clamp_input_value", "is_channel_first"})
     layer.erase(k);
   if (!layer.contains("bound_hard_clamp")) layer["bound_hard_clamp"] = true;
   o.fsq = fsq_options(layer);
@@ -87,10 +86,9 @@ ResidualFSQOptions rfsq_options(const json& ctor) {
 LFQOptions lfq_options(const json& ctor) {
   refuse_unknown(ctor,
                  {"dim", "codebook_size", "entropy_loss_weight", "commitment_loss_weight",
-                  "diversity_gamma", "num_codebooks", "keep_num_codebooks_dim",
-                  "codebook_scale", "frac_per_sample_entropy", "has_projections",
-                  "projection_has_bias", "soft_clamp_input_value", "channel_first",
-                  "spherical", "force_quantization_f32"},
+                  "diversity_gamma", "num_codebooks", "keep_num_codebooks_dim", "codebook_scale",
+                  "frac_per_sample_entropy", "has_projections", "projection_has_bias",
+                  "soft_clamp_input_value", "channel_first", "spherical", "force_quantization_f32"},
                  "LFQ");
   LFQOptions o;
   get(ctor, "dim", o.dim);
@@ -146,9 +144,8 @@ struct Checker {
 };
 
 // L = sum(quantized * w) + sum(aux_loss); backward; compare everything stored.
-void forward_backward(Module& m, const CaseFile& c, const std::function<QuantizeOutput(
-                                                         const Tensor&)>& run,
-                      Checker& check) {
+void forward_backward(Module& m, const CaseFile& c,
+                      const std::function<QuantizeOutput(const Tensor&)>& run, Checker& check) {
   const std::string mode = c.meta("mode");
   m.train(mode == "train");
   const Tensor x = c.at("x").clone().requires_grad_();
@@ -191,7 +188,8 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
       check("implicit_codebook", m.implicit_codebook());
       return;
     }
-    forward_backward(m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    forward_backward(
+        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "ResidualFSQ") {
     ResidualFSQ m(rfsq_options(ctor));
     load_state(m, c);
@@ -203,7 +201,8 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
       if (c.has("codebooks")) check("codebooks", m.codebooks());
       return;
     }
-    forward_backward(m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    forward_backward(
+        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "LFQ") {
     LFQ m(lfq_options(ctor));
     load_state(m, c);
@@ -218,8 +217,8 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     }
     const json fk = spec.value("forward_kwargs", json::object());
     const double inv_t = fk.value("inv_temperature", 100.0);
-    forward_backward(m, c, [&](const Tensor& x) { return m.forward(x, Tensor(), inv_t); },
-                     check);
+    forward_backward(
+        m, c, [&](const Tensor& x) { return m.forward(x, Tensor(), inv_t); }, check);
   } else if (r.cls == "ResidualLFQ") {
     ResidualLFQ m(rlfq_options(ctor));
     load_state(m, c);
@@ -231,7 +230,8 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
       if (c.has("codebooks")) check("codebooks", m.codebooks());
       return;
     }
-    forward_backward(m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    forward_backward(
+        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else {
     throw UnsupportedCase("class '" + r.cls + "'");
   }

@@ -32,15 +32,14 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
   if (!(call.temperature > 0))
     throw std::invalid_argument("[BinaryMapper] temperature must be > 0");
   const bool training = is_training();
-  const bool deterministic =
-      call.deterministic.value_or(opts_.deterministic_on_eval && !training);
+  const bool deterministic = call.deterministic.value_or(opts_.deterministic_on_eval && !training);
   const bool straight = call.straight_through.value_or(training);
   const bool aux = call.calc_aux_loss.value_or(training);
 
   const Tensor p = sigmoid(logits.detach() / call.temperature);
-  const Tensor bits = deterministic ? gt(p, scalar_like(p, 0.5))
-                                    : lt(rand(p.shape(), gen_, {.dtype = DType::f64}),
-                                         p.to(DType::f64));
+  const Tensor bits = deterministic
+                          ? gt(p, scalar_like(p, 0.5))
+                          : lt(rand(p.shape(), gen_, {.dtype = DType::f64}), p.to(DType::f64));
   std::vector<int64_t> powers(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) powers[i] = int64_t(1) << i;
   const Tensor indices = sum(bits.to(DType::i64) * from_vector<int64_t>(powers, {k}), {-1});
@@ -66,8 +65,7 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
   if (aux && logits.numel() > 0) {
     // KL(bits || uniform) = bits ln 2 - sum_i H(sigmoid(logit_i))
     const Tensor q = sigmoid(logits);
-    const Tensor h = -(q * log(clamp(q, 1e-20, NAN)) +
-                       (1.0 - q) * log(clamp(1.0 - q, 1e-20, NAN)));
+    const Tensor h = -(q * log(clamp(q, 1e-20, NAN)) + (1.0 - q) * log(clamp(1.0 - q, 1e-20, NAN)));
     const Tensor kl = double(k) * std::log(2.0) - sum(h, {-1});
     loss = relu(kl - opts_.kl_loss_threshold);
     if (call.reduce_aux_kl_loss) loss = mean(loss);

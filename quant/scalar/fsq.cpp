@@ -17,9 +17,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument("[FSQ] " + what);
-}
+[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("[FSQ] " + what); }
 
 }  // namespace
 
@@ -119,22 +117,21 @@ Tensor FSQ::codes_to_indices(const Tensor& codes) const {
   }
   const Tensor c = codes.detach().to(DType::f64);
   const Tensor level = round(c * per_dim(a, c) + per_dim(b, c)).to(DType::i64);
-  const Tensor basis =
-      from_vector<int64_t>(basis_, {static_cast<int64_t>(d)}).to(codes.device());
+  const Tensor basis = from_vector<int64_t>(basis_, {static_cast<int64_t>(d)}).to(codes.device());
   return sum(level * basis, {-1});
 }
 
 Tensor FSQ::indices_to_level_indices(const Tensor& indices) const {
-  if (is_floating(indices.dtype())) fail("indices must be integers, got " +
-                                         std::string(dtype_name(indices.dtype())));
+  if (is_floating(indices.dtype()))
+    fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
   const auto& L = opts_.levels;
   const int64_t d = codebook_dim();
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   std::vector<int32_t> out(idx.size() * d);
   for (size_t t = 0; t < idx.size(); ++t) {
     if (idx[t] < 0 || idx[t] >= codebook_size_)
-      fail("index " + std::to_string(idx[t]) + " outside [0, " +
-           std::to_string(codebook_size_) + ")");
+      fail("index " + std::to_string(idx[t]) + " outside [0, " + std::to_string(codebook_size_) +
+           ")");
     for (int64_t i = 0; i < d; ++i)
       out[t * d + i] = static_cast<int32_t>((idx[t] / basis_[i]) % L[i]);
   }
@@ -193,7 +190,7 @@ Tensor FSQ::implicit_codebook() const {
 QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask) {
   const TokenLayout layout(x, !opts_.channel_first, dim_, "FSQ");
   (void)detail::token_mask(mask, layout, "FSQ");  // validated; FSQ tokens are independent
-  Tensor z = layout.to_tokens(x);  // [B, N, D]
+  Tensor z = layout.to_tokens(x);                 // [B, N, D]
   if (project_in_) z = project_in_->forward(z);
   const int64_t B = layout.batch(), N = layout.tokens(), C = opts_.num_codebooks;
   z = reshape(z, {B, N, C, codebook_dim()});
@@ -203,8 +200,8 @@ QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask) {
   if (is_training() && opts_.noise_dropout > 0) {
     // Noise replaces the rounding on a random subset of elements; the indices
     // stay those of the clean codes.
-    const Tensor drop = bernoulli(codes.shape(), opts_.noise_dropout, noise_gen_,
-                                  {.dtype = DType::boolean});
+    const Tensor drop =
+        bernoulli(codes.shape(), opts_.noise_dropout, noise_gen_, {.dtype = DType::boolean});
     const Tensor noise = (rand(codes.shape(), noise_gen_) - 0.5).to(codes.dtype());
     codes = where(drop, clamp(codes + noise, -1.0, 1.0), codes);
   }
@@ -212,8 +209,8 @@ QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask) {
   QuantizeOutput out;
   out.quantized = layout.from_tokens(codes_out(codes, true));
   if (!keep_codebook_dim_) indices = squeeze(indices, -1);
-  indices = indices.to(codebook_size_ <= std::numeric_limits<int32_t>::max() ? DType::i32
-                                                                            : DType::i64);
+  indices =
+      indices.to(codebook_size_ <= std::numeric_limits<int32_t>::max() ? DType::i32 : DType::i64);
   out.indices = layout.spatial_from_tokens(indices);
   out.loss = zeros({}, options_of(out.quantized));
   return out;

@@ -34,9 +34,8 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts)
     basis_.push_back(codebook_size_);
     codebook_size_ *= l;
     const Tensor grid = linspace(-0.5, 0.5, l);
-    values_.push_back(opts_.optimize_values
-                          ? list->register_parameter(std::to_string(i), grid)
-                          : list->register_buffer(std::to_string(i), grid));
+    values_.push_back(opts_.optimize_values ? list->register_parameter(std::to_string(i), grid)
+                                            : list->register_buffer(std::to_string(i), grid));
   }
   const int64_t d = static_cast<int64_t>(opts_.levels.size());
   const int64_t effective = d * opts_.num_codebooks;
@@ -90,11 +89,12 @@ Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out)
   for (size_t i = 0; i < opts_.levels.size(); ++i) {
     std::vector<int64_t> pos(v.size());
     for (size_t t = 0; t < v.size(); ++t) {
-      if (v[t] < 0 || v[t] >= codebook_size_) fail("index " + std::to_string(v[t]) + " out of range");
+      if (v[t] < 0 || v[t] >= codebook_size_)
+        fail("index " + std::to_string(v[t]) + " out of range");
       pos[t] = (v[t] / basis_[i]) % opts_.levels[i];
     }
-    cols.push_back(index_select(values_[i].detach(), 0,
-                                from_vector<int64_t>(pos, {int64_t(pos.size())})));
+    cols.push_back(
+        index_select(values_[i].detach(), 0, from_vector<int64_t>(pos, {int64_t(pos.size())})));
   }
   Shape s = idx.shape();
   s.back() *= static_cast<int64_t>(opts_.levels.size());

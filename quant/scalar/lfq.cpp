@@ -23,7 +23,9 @@ namespace {
 }  // namespace
 
 LFQ::LFQ(LFQOptions opts)
-    : Module("LFQ"), opts_(std::move(opts)), sample_gen_(Generator::named(opts_.seed, "lfq.entropy_tokens")) {
+    : Module("LFQ"),
+      opts_(std::move(opts)),
+      sample_gen_(Generator::named(opts_.seed, "lfq.entropy_tokens")) {
   if (opts_.num_codebooks < 1)
     fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
   if (opts_.codebook_size > 0) {
@@ -45,8 +47,8 @@ LFQ::LFQ(LFQOptions opts)
   dim_ = opts_.dim > 0 ? opts_.dim : effective;
   const bool proj = opts_.has_projections.value_or(dim_ != effective);
   if (!proj && dim_ != effective)
-    fail("dim " + std::to_string(dim_) + " != codebook_dim * num_codebooks = " +
-         std::to_string(effective) + " needs projections");
+    fail("dim " + std::to_string(dim_) +
+         " != codebook_dim * num_codebooks = " + std::to_string(effective) + " needs projections");
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
     fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
@@ -66,8 +68,8 @@ Tensor LFQ::codebook() const {
   std::vector<float> out(static_cast<size_t>(codebook_size_ * bits_));
   for (int64_t k = 0; k < codebook_size_; ++k)
     for (int64_t j = 0; j < bits_; ++j)
-      out[k * bits_ + j] = float(((k >> (bits_ - 1 - j)) & 1) ? opts_.codebook_scale
-                                                               : -opts_.codebook_scale);
+      out[k * bits_ + j] =
+          float(((k >> (bits_ - 1 - j)) & 1) ? opts_.codebook_scale : -opts_.codebook_scale);
   return from_vector<float>(out, {codebook_size_, bits_});
 }
 
@@ -145,14 +147,12 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, double inv_temp
       const auto n = static_cast<int64_t>(double(T) * opts_.frac_per_sample_entropy);
       ze = index_select(zt, 0, slice(randperm(T, sample_gen_), 0, 0, n));
     }
-    const LFQEntropy h =
-        opts_.entropy_path == LFQEntropyPath::direct
-            ? lfq_entropy_direct(ze, entropy_codebook(ze), inv_t, token_mean)
-            : lfq_entropy_factorised(ze * (4.0 * inv_t * m), token_mean);
+    const LFQEntropy h = opts_.entropy_path == LFQEntropyPath::direct
+                             ? lfq_entropy_direct(ze, entropy_codebook(ze), inv_t, token_mean)
+                             : lfq_entropy_factorised(ze * (4.0 * inv_t * m), token_mean);
     per_sample = h.per_sample;
     batch = h.batch;
-    if (opts_.commitment_loss_weight > 0 && T > 0)
-      commitment = mean(square(zt - qt.detach()));
+    if (opts_.commitment_loss_weight > 0 && T > 0) commitment = mean(square(zt - qt.detach()));
     loss = (per_sample - batch * opts_.diversity_gamma) * opts_.entropy_loss_weight +
            commitment * opts_.commitment_loss_weight;
   }
@@ -163,9 +163,8 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, double inv_temp
   if (!keep_codebook_dim_) indices = squeeze(indices, -1);
   out.indices = layout.spatial_from_tokens(indices);
   out.loss = loss;
-  out.losses = {{"per_sample_entropy", per_sample},
-                {"batch_entropy", batch},
-                {"commitment", commitment}};
+  out.losses = {
+      {"per_sample_entropy", per_sample}, {"batch_entropy", batch}, {"commitment", commitment}};
   return out;
 }
 

@@ -1,8 +1,8 @@
 #include "quant/scalar/lfq_entropy.h"
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -27,16 +27,15 @@ namespace {
 // each code is visited once, and a child is in K only if its parent is.
 class ClampedEntropyWalk {
  public:
-  explicit ClampedEntropyWalk(int64_t d)
-      : d_(d), a_(d), e_(d), order_(d), flip_weight_(d) {}
+  explicit ClampedEntropyWalk(int64_t d) : d_(d), a_(d), e_(d), order_(d), flip_weight_(d) {}
 
   // Entropy of the token with bit logits z[0..d); writes dH/dz to grad.
   double run(const double* z, double* grad) {
     double log_best = 0;
     for (int64_t j = 0; j < d_; ++j) {
       a_[j] = std::abs(z[j]);
-      e_[j] = std::exp(-a_[j]);            // p(flipped bit) / p(best bit)
-      log_best -= std::log1p(e_[j]);       // log sigmoid(|z|)
+      e_[j] = std::exp(-a_[j]);       // p(flipped bit) / p(best bit)
+      log_best -= std::log1p(e_[j]);  // log sigmoid(|z|)
     }
     std::iota(order_.begin(), order_.end(), int64_t{0});
     std::sort(order_.begin(), order_.end(), [&](int64_t i, int64_t j) { return a_[i] < a_[j]; });
@@ -121,7 +120,8 @@ void bit_product_row_grad(const T* pi, int64_t k, const T* gP, T* gpi, std::vect
 }
 
 void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64_t)>& f) {
-  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(1, work_per_row));
+  const int64_t grain =
+      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(1, work_per_row));
   cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) f(r);
   });
@@ -156,8 +156,12 @@ Tensor bit_product_distribution(const Tensor& pi) {
       T* po = out.data<T>();
       for_rows(R, n, [&](int64_t r) { bit_product_row(pp + r * 2 * k, k, po + r * n); });
     };
-    if (p.dtype() == DType::f64) run(double{}); else if (p.dtype() == DType::f32) run(float{});
-    else throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
+    if (p.dtype() == DType::f64)
+      run(double{});
+    else if (p.dtype() == DType::f32)
+      run(float{});
+    else
+      throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
     return std::vector<Tensor>{out.to(in[0].device())};
   };
   fn.backward = [saved](const std::vector<Tensor>& g) {
@@ -174,11 +178,14 @@ Tensor bit_product_distribution(const Tensor& pi) {
                         [&](int64_t lo, int64_t hi) {
                           std::vector<T> pre, suf;
                           for (int64_t r = lo; r < hi; ++r)
-                            bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k,
-                                                 pre, suf);
+                            bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k, pre,
+                                                 suf);
                         });
     };
-    if (p.dtype() == DType::f64) run(double{}); else run(float{});
+    if (p.dtype() == DType::f64)
+      run(double{});
+    else
+      run(float{});
     return std::vector<Tensor>{out.to(g[0].device())};
   };
   return autograd::apply(fn, {pi})[0];
@@ -222,13 +229,15 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
                                 shape_str(z.shape()));
   const int64_t T = z.size(0), C = z.size(1), d = z.size(2);
   LFQEntropy out;
-  out.per_sample = T > 0 ? mean(clamped_bit_product_entropy(reshape(z, {T * C, d})))
-                         : zero_like_scalar(z);
+  out.per_sample =
+      T > 0 ? mean(clamped_bit_product_entropy(reshape(z, {T * C, d}))) : zero_like_scalar(z);
   // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
   const Tensor pi = reshape(stack({sigmoid(-z), sigmoid(z)}, -1), {T * C, d, 2});
   const int64_t high = d / 2;
-  const Tensor A = reshape(bit_product_distribution(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
-  const Tensor B = reshape(bit_product_distribution(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
+  const Tensor A =
+      reshape(bit_product_distribution(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
+  const Tensor B =
+      reshape(bit_product_distribution(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
   const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
   const Tensor avg = token_mean(reshape(sum_ab, {C, A.size(2) * B.size(2)}), T);  // [C, 2^d]
   out.batch = clamped_entropy_mean(avg);

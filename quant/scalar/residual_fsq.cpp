@@ -28,8 +28,7 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
       opts_(std::move(opts)),
       dropout_gen_(Generator::named(opts_.fsq.seed, "rfsq.quantize_dropout")) {
   if (opts_.num_quantizers < 1)
-    fail("ResidualFSQ", "num_quantizers must be >= 1, got " +
-                            std::to_string(opts_.num_quantizers));
+    fail("ResidualFSQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.fsq.num_codebooks != 1) fail("ResidualFSQ", "num_codebooks must be 1");
   const auto& L = opts_.fsq.levels;
   const int64_t d = static_cast<int64_t>(L.size());
@@ -37,8 +36,8 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
   dim_ = opts_.fsq.dim > 0 ? opts_.fsq.dim : d;
   Generator init = Generator::named(opts_.fsq.seed, "rfsq.init");
   if (dim_ != d) {
-    project_in_ = register_module("project_in", std::make_shared<Linear>(
-                                                    dim_, d, init, opts_.fsq.projection_has_bias));
+    project_in_ = register_module(
+        "project_in", std::make_shared<Linear>(dim_, d, init, opts_.fsq.projection_has_bias));
     project_out_ = register_module(
         "project_out", std::make_shared<Linear>(d, dim_, init, opts_.fsq.projection_has_bias));
   }
@@ -53,9 +52,8 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
     layers_.push_back(list->register_module(std::to_string(q), std::make_shared<FSQ>(lo)));
     for (int64_t l : L) scales.push_back(std::pow(double(l), -double(q)));
   }
-  scales_ = register_buffer("scales", from_vector<double>(scales, {opts_.num_quantizers, d})
-                                          .to(DType::f32),
-                            false);
+  scales_ = register_buffer(
+      "scales", from_vector<double>(scales, {opts_.num_quantizers, d}).to(DType::f32), false);
   std::vector<double> clampv;
   if (opts_.soft_clamp_input_value)
     clampv.assign(static_cast<size_t>(d), *opts_.soft_clamp_input_value);
@@ -73,15 +71,14 @@ int64_t ResidualFSQ::draw_dropout() {
 QuantizeOutput ResidualFSQ::forward(const Tensor& x, const Tensor& mask) {
   // Dropout only where it can matter for training: train mode with grad on
   // (an eval or no-grad forward draws nothing, so it cannot shift the stream).
-  const bool drop = opts_.quantize_dropout && is_training() && grad_enabled() &&
-                    num_quantizers() > 1;
+  const bool drop =
+      opts_.quantize_dropout && is_training() && grad_enabled() && num_quantizers() > 1;
   return forward_keep(x, mask, drop ? draw_dropout() : -1);
 }
 
 Tensor ResidualFSQ::forward(const Tensor& x) { return forward(x, Tensor()).quantized; }
 
-QuantizeOutput ResidualFSQ::forward_keep(const Tensor& x, const Tensor& mask,
-                                         int64_t last_kept) {
+QuantizeOutput ResidualFSQ::forward_keep(const Tensor& x, const Tensor& mask, int64_t last_kept) {
   const TokenLayout layout(x, !opts_.fsq.channel_first, dim_, "ResidualFSQ");
   (void)detail::token_mask(mask, layout, "ResidualFSQ");
   Tensor z = layout.to_tokens(x);
@@ -113,8 +110,8 @@ QuantizeOutput ResidualFSQ::forward_keep(const Tensor& x, const Tensor& mask,
 Tensor ResidualFSQ::get_codes_from_indices(const Tensor& indices) const {
   const int64_t Q = num_quantizers();
   if (indices.dim() < 1 || indices.size(-1) != Q)
-    fail("ResidualFSQ", "indices must end in num_quantizers = " + std::to_string(Q) +
-                            ", got " + shape_str(indices.shape()));
+    fail("ResidualFSQ", "indices must end in num_quantizers = " + std::to_string(Q) + ", got " +
+                            shape_str(indices.shape()));
   std::vector<Tensor> codes;
   for (int64_t q = 0; q < Q; ++q) {
     const Tensor idx = select(indices, -1, q).to(DType::i64);

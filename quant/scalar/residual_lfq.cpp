@@ -28,8 +28,7 @@ ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
       opts_(std::move(opts)),
       dropout_gen_(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout")) {
   if (opts_.num_quantizers < 1)
-    fail("ResidualLFQ", "num_quantizers must be >= 1, got " +
-                            std::to_string(opts_.num_quantizers));
+    fail("ResidualLFQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.lfq.num_codebooks != 1) fail("ResidualLFQ", "num_codebooks must be 1");
   // The layer geometry, from one probe layer without projections.
   LFQOptions probe = opts_.lfq;
@@ -72,10 +71,9 @@ int64_t ResidualLFQ::draw_dropout() {
                                     opts_.quantize_dropout_multiple_of);
 }
 
-QuantizeOutput ResidualLFQ::forward(const Tensor& x, const Tensor& mask,
-                                    double inv_temperature) {
-  const bool drop = opts_.quantize_dropout && is_training() && grad_enabled() &&
-                    num_quantizers() > 1;
+QuantizeOutput ResidualLFQ::forward(const Tensor& x, const Tensor& mask, double inv_temperature) {
+  const bool drop =
+      opts_.quantize_dropout && is_training() && grad_enabled() && num_quantizers() > 1;
   return forward_keep(x, mask, inv_temperature, drop ? draw_dropout() : -1);
 }
 
@@ -104,7 +102,8 @@ QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
     if (terms.empty()) {
       terms = o.losses;
     } else {
-      for (size_t i = 0; i < terms.size(); ++i) terms[i].second = terms[i].second + o.losses[i].second;
+      for (size_t i = 0; i < terms.size(); ++i)
+        terms[i].second = terms[i].second + o.losses[i].second;
     }
   }
   if (project_out_) out = project_out_->forward(out);
@@ -119,8 +118,8 @@ QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
 Tensor ResidualLFQ::get_codes_from_indices(const Tensor& indices) const {
   const int64_t Q = num_quantizers();
   if (indices.dim() < 1 || indices.size(-1) != Q)
-    fail("ResidualLFQ", "indices must end in num_quantizers = " + std::to_string(Q) +
-                            ", got " + shape_str(indices.shape()));
+    fail("ResidualLFQ", "indices must end in num_quantizers = " + std::to_string(Q) + ", got " +
+                            shape_str(indices.shape()));
   std::vector<Tensor> codes;
   for (int64_t q = 0; q < Q; ++q) {
     const Tensor idx = select(indices, -1, q).to(DType::i64);
@@ -180,7 +179,8 @@ QuantizeOutput GroupedResidualLFQ::forward(const Tensor& x, const Tensor& mask,
     if (terms.empty()) {
       terms = o.losses;
     } else {
-      for (size_t i = 0; i < terms.size(); ++i) terms[i].second = terms[i].second + o.losses[i].second;
+      for (size_t i = 0; i < terms.size(); ++i)
+        terms[i].second = terms[i].second + o.losses[i].second;
     }
   }
   QuantizeOutput r;

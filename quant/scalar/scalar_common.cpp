@@ -37,8 +37,7 @@ Tensor soft_clamp(const Tensor& x, const Tensor& v) { return tanh(x / v) * v; }
 Tensor token_mask(const Tensor& mask, const TokenLayout& layout, const std::string& who) {
   if (!mask.defined()) return mask;
   if (mask.dtype() != DType::boolean)
-    throw std::invalid_argument("[" + who + "] mask must be bool, got " +
-                                dtype_name(mask.dtype()));
+    throw std::invalid_argument("[" + who + "] mask must be bool, got " + dtype_name(mask.dtype()));
   if (mask.numel() != layout.batch() * layout.tokens())
     throw std::invalid_argument("[" + who + "] mask of shape " + shape_str(mask.shape()) +
                                 " does not cover " + std::to_string(layout.batch()) + " x " +
@@ -57,8 +56,7 @@ Tensor true_positions(const Tensor& mask) {
   std::vector<int64_t> pos;
   for (size_t i = 0; i < m.size(); ++i)
     if (m[i]) pos.push_back(static_cast<int64_t>(i));
-  return from_vector<int64_t>(pos, {static_cast<int64_t>(pos.size())})
-      .to(mask.device());
+  return from_vector<int64_t>(pos, {static_cast<int64_t>(pos.size())}).to(mask.device());
 }
 
 uint64_t child_seed(uint64_t seed, const std::string& name) {

@@ -33,7 +33,6 @@ uint64_t child_seed(uint64_t seed, const std::string& name);
 /** The last layer kept by quantize dropout: uniform in [cutoff, num_layers - 1]
  * from `gen`, rounded up so that (k + 1) is a multiple of `multiple_of`
  * (capped at num_layers - 1). */
-int64_t draw_dropout_layer(Generator& gen, int64_t num_layers, int64_t cutoff,
-                           int64_t multiple_of);
+int64_t draw_dropout_layer(Generator& gen, int64_t num_layers, int64_t cutoff, int64_t multiple_of);
 
 }  // namespace quanta::quant::detail

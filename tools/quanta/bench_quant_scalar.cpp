@@ -15,9 +15,9 @@
 #include <Eigen/Core>
 
 #include "bench.h"
-#include "quanta.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
+#include "quanta.h"
 
 namespace quanta::cli {
 namespace {
@@ -43,9 +43,8 @@ BenchRow bench_fsq(const BenchOptions& o, Generator& gen) {
   const Tensor x = randn({B, N, D}, gen).requires_grad_();
   const Tensor w = randn({B, N, D}, gen);
   BenchRow row{"fsq_train_step"};
-  row.ms = time_step(o, fsq, x, [&](const Tensor& in) {
-    return sum(fsq.forward(in, Tensor()).quantized * w);
-  });
+  row.ms = time_step(
+      o, fsq, x, [&](const Tensor& in) { return sum(fsq.forward(in, Tensor()).quantized * w); });
   const Tensor W_in = fsq.find("project_in.weight"), b_in = fsq.find("project_in.bias");
   const Tensor W_out = fsq.find("project_out.weight"), b_out = fsq.find("project_out.bias");
   row.floor_ms = time_step(o, fsq, x, [&](const Tensor& in) {

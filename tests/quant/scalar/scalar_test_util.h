@@ -32,8 +32,7 @@ inline double max_abs(const Tensor& a) {
 
 /** Central differences of the scalar f() with respect to every element of
  * the f64 leaf `p` (modified in place and restored). */
-inline Tensor numeric_grad(const Tensor& p, const std::function<double()>& f,
-                           double h = 1e-6) {
+inline Tensor numeric_grad(const Tensor& p, const std::function<double()>& f, double h = 1e-6) {
   NoGradGuard ng;
   Tensor g = zeros(p.shape(), {.dtype = DType::f64});
   double* pp = p.data<double>();

@@ -42,8 +42,8 @@ void check_on_grid(const FSQ& fsq, const Tensor& codes) {
 TEST_CASE("FSQ codes lie on the level grid and round-trip through indices") {
   Generator gen(7);
   for (bool symmetric : {false, true}) {
-    for (const auto& levels : std::vector<std::vector<int64_t>>{
-             {8, 5, 5, 5}, {8, 6, 5}, {7, 5, 5, 5, 5}, {3, 4}}) {
+    for (const auto& levels :
+         std::vector<std::vector<int64_t>>{{8, 5, 5, 5}, {8, 6, 5}, {7, 5, 5, 5, 5}, {3, 4}}) {
       FSQ fsq(fsq_opts(levels, symmetric));
       const Tensor x = randn({3, 50, int64_t(levels.size())}, gen) * 3.0;
       const QuantizeOutput out = fsq.forward(x, Tensor());
@@ -74,13 +74,14 @@ TEST_CASE("FSQ indices cover exactly prod(levels) values") {
     CHECK(distinct.size() == 240);
     // Level indices invert the basis.
     const auto lv = fsq.indices_to_level_indices(arange(240)).to_vector<int64_t>();
-    for (int64_t i = 0; i < 240; ++i) CHECK(lv[3 * i] + 8 * lv[3 * i + 1] + 48 * lv[3 * i + 2] == i);
+    for (int64_t i = 0; i < 240; ++i)
+      CHECK(lv[3 * i] + 8 * lv[3 * i + 1] + 48 * lv[3 * i + 2] == i);
   }
   // Many dense random inputs reach every one of the 1000 codes of [8, 5, 5, 5].
   FSQ fsq(fsq_opts({8, 5, 5, 5}));
   Generator gen(3);
-  const auto idx = fsq.forward(randn({1, 40000, 4}, gen) * 2.0, Tensor()).indices
-                       .to_vector<int64_t>();
+  const auto idx =
+      fsq.forward(randn({1, 40000, 4}, gen) * 2.0, Tensor()).indices.to_vector<int64_t>();
   std::set<int64_t> seen(idx.begin(), idx.end());
   CHECK(seen.size() == 1000);
   CHECK(*seen.begin() == 0);
@@ -155,8 +156,8 @@ TEST_CASE("FSQ layouts: channel-first, image maps, several codebooks") {
   CHECK(c.quantized.shape() == Shape{2, 4, 7});
   FSQ fcl(fsq_opts({8, 5, 5, 5}));
   CHECK(max_abs_diff(c.quantized, transpose(fcl.forward(transpose(seq, 1, 2)), 1, 2)) == 0.0);
-  CHECK_THROWS_WITH_AS(fsq.forward(randn({2, 3, 5}, gen), Tensor()),
-                       doctest::Contains("[FSQ]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(fsq.forward(randn({2, 3, 5}, gen), Tensor()), doctest::Contains("[FSQ]"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(FSQ(fsq_opts({2, 5})), doctest::Contains("preserve_symmetry"),
                        std::invalid_argument);
 }

@@ -18,8 +18,7 @@ namespace {
 
 // Brute force over all 2^d codes, plain loops in f64: per-sample and batch
 // clamped entropies of bit logits z [T, d] (one codebook).
-std::pair<double, double> brute_force_entropy(const std::vector<double>& z, int64_t T,
-                                              int64_t d) {
+std::pair<double, double> brute_force_entropy(const std::vector<double>& z, int64_t T, int64_t d) {
   const int64_t K = int64_t(1) << d;
   std::vector<double> avg(K, 0.0);
   double per_sample = 0;
@@ -29,8 +28,7 @@ std::pair<double, double> brute_force_entropy(const std::vector<double>& z, int6
     double mx = -1e300;
     for (int64_t c = 0; c < K; ++c) {
       double l = 0;
-      for (int64_t j = 0; j < d; ++j)
-        l += ((c >> (d - 1 - j)) & 1 ? 0.5 : -0.5) * z[t * d + j];
+      for (int64_t j = 0; j < d; ++j) l += ((c >> (d - 1 - j)) & 1 ? 0.5 : -0.5) * z[t * d + j];
       logit[c] = l;
       mx = std::max(mx, l);
     }
@@ -224,8 +222,8 @@ TEST_CASE("LFQ: direct and factorised layers agree, with masks and token samplin
     a.loss.backward();
     b.loss.backward();
     CHECK(rel_err(xa.grad(), xb.grad()) < 1e-4);
-    CHECK(rel_err(fast.find("project_in.weight").grad(),
-                  direct.find("project_in.weight").grad()) < 1e-4);
+    CHECK(rel_err(fast.find("project_in.weight").grad(), direct.find("project_in.weight").grad()) <
+          1e-4);
   }
 }
 
