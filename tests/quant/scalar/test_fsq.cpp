@@ -3,6 +3,7 @@
 // noise dropout, rotation and quantize dropout.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "quant/scalar/fsq.h"
@@ -275,4 +276,15 @@ TEST_CASE("GroupedResidualFSQ splits features into groups") {
   CHECK(max_abs_diff(g.get_output_from_indices(out.indices), out.quantized) < 1e-5);
   sum(out.quantized).backward();
   CHECK(x.grad().shape() == x.shape());
+}
+
+TEST_CASE("FSQ with more than 2^31 codes returns int64 indices") {
+  FSQ fsq(fsq_opts({256, 256, 256, 256}));
+  CHECK(fsq.codebook_size() == int64_t(1) << 32);
+  Generator gen(13);
+  const QuantizeOutput out = fsq.forward(randn({2, 50, 4}, gen) * 2.0, Tensor());
+  CHECK(out.indices.dtype() == DType::i64);
+  CHECK(max_abs_diff(fsq.indices_to_codes(out.indices), out.quantized) == 0.0);
+  const auto idx = out.indices.to_vector<int64_t>();
+  CHECK(*std::max_element(idx.begin(), idx.end()) > (int64_t(1) << 31));
 }

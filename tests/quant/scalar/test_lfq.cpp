@@ -327,3 +327,29 @@ TEST_CASE("ResidualLFQ: per-layer scales, losses and quantize dropout") {
   CHECK(go.indices.shape() == Shape{2, 2, 5, 3});
   CHECK(go.loss.shape() == Shape{2, 3});
 }
+
+TEST_CASE("LFQ and ResidualLFQ on image feature maps") {
+  Generator gen(80);
+  LFQOptions o = lfq_opts(8);
+  o.num_codebooks = 2;
+  o.codebook_size = 16;
+  LFQ lfq(o);
+  const Tensor img = randn({2, 8, 3, 5}, gen);
+  const QuantizeOutput out = lfq.forward(img, Tensor());
+  CHECK(out.quantized.shape() == Shape{2, 8, 3, 5});
+  CHECK(out.indices.shape() == Shape{2, 3, 5, 2});
+  CHECK(max_abs_diff(lfq.indices_to_codes(out.indices), out.quantized) < 1e-7);
+  // the same tokens channel-last give the same indices and losses
+  const Tensor seq = reshape(permute(img, {0, 2, 3, 1}), {2, 15, 8});
+  const QuantizeOutput s = lfq.forward(seq, Tensor());
+  CHECK(vals(s.indices) == vals(out.indices));
+  CHECK(s.loss.item() == doctest::Approx(out.loss.item()).epsilon(1e-6));
+
+  ResidualLFQOptions r;
+  r.lfq = lfq_opts(6, 16);
+  r.num_quantizers = 2;
+  ResidualLFQ rl(r);
+  const QuantizeOutput ro = rl.forward(randn({2, 6, 4, 4}, gen), Tensor());
+  CHECK(ro.quantized.shape() == Shape{2, 6, 4, 4});
+  CHECK(ro.indices.shape() == Shape{2, 4, 4, 2});
+}
