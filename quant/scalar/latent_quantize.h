@@ -1,0 +1,67 @@
+#pragma once
+// LatentQuantize (latent_quantization.py of the reference): each code
+// dimension snaps to the nearest of its own grid of values, initialised to
+// linspace(-1/2, 1/2, L_i); the index packs the per-dimension positions with
+// the basis cumprod([1, L_0, ...]) as FSQ does.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/nn/layers.h"
+#include "engine/nn/module.h"
+#include "quant/quantize_output.h"
+
+namespace quanta::quant {
+
+struct LatentQuantizeOptions {
+  /** Grid sizes per code dimension (each >= 2). */
+  std::vector<int64_t> levels;
+  /** Input features; 0 = len(levels) * num_codebooks. */
+  int64_t dim = 0;
+  double commitment_loss_weight = 0.1;
+  double quantization_loss_weight = 0.1;
+  int64_t num_codebooks = 1;
+  /** Default num_codebooks > 1. */
+  std::optional<bool> keep_num_codebooks_dim;
+  /** Register the value grids as parameters ("values_per_latent.<i>"). As in
+   * the reference they receive no gradient from forward (the straight-through
+   * output has none); they are trainable only by code that updates them. */
+  bool optimize_values = true;
+  uint64_t seed = 0;
+};
+
+class LatentQuantize : public Module {
+ public:
+  explicit LatentQuantize(LatentQuantizeOptions opts);
+
+  /** Quantizes x ([B, D], [B, N, D] or [B, D, H, W...]); indices int32.
+   * loss (train mode) = commitment_loss_weight * mse(out, sg(x)) +
+   * quantization_loss_weight * mse(sg(out), x) between the input and the
+   * output (terms "commitment", "quantization"); 0 in eval. `mask` is
+   * validated and otherwise unused. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask);
+  Tensor forward(const Tensor& x) override;
+
+  /** Nearest grid value per dimension with a straight-through gradient:
+   * z [..., d] -> codes [..., d]. */
+  Tensor quantize(const Tensor& z) const;
+  /** Codes or inputs [..., d] -> the index of their nearest grid point [...] (i64). */
+  Tensor codes_to_indices(const Tensor& z) const;
+  /** Indices as forward returns them -> codes [..., C * d] (project_out when asked). */
+  Tensor indices_to_codes(const Tensor& indices, bool project_out = true) const;
+
+  int64_t codebook_size() const { return codebook_size_; }
+  /** Grid values of dimension i: [levels[i]]. */
+  const Tensor& values(int64_t i) const { return values_.at(static_cast<size_t>(i)); }
+
+ private:
+  LatentQuantizeOptions opts_;
+  int64_t dim_ = 0, codebook_size_ = 1;
+  bool keep_codebook_dim_ = false;
+  std::vector<int64_t> basis_;
+  std::vector<Tensor> values_;
+  std::shared_ptr<Linear> project_in_, project_out_;
+};
+
+}  // namespace quanta::quant

@@ -1,0 +1,74 @@
+#include "quant/scalar/scalar_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+
+namespace quanta::quant::detail {
+
+Tensor random_orthogonal(int64_t n, Generator& gen) {
+  std::vector<double> a = randn({n, n}, gen, {.dtype = DType::f64}).to_vector<double>();
+  // Modified Gram-Schmidt on the rows; a normal matrix is full rank with
+  // probability one.
+  for (int64_t i = 0; i < n; ++i) {
+    double* ri = a.data() + i * n;
+    for (int64_t j = 0; j < i; ++j) {
+      const double* rj = a.data() + j * n;
+      double dot = 0;
+      for (int64_t k = 0; k < n; ++k) dot += ri[k] * rj[k];
+      for (int64_t k = 0; k < n; ++k) ri[k] -= dot * rj[k];
+    }
+    double norm = 0;
+    for (int64_t k = 0; k < n; ++k) norm += ri[k] * ri[k];
+    norm = std::sqrt(norm);
+    for (int64_t k = 0; k < n; ++k) ri[k] /= norm;
+  }
+  return from_vector<double>(a, {n, n}).to(DType::f32);
+}
+
+Tensor soft_clamp(const Tensor& x, const Tensor& v) { return tanh(x / v) * v; }
+
+Tensor token_mask(const Tensor& mask, const TokenLayout& layout, const std::string& who) {
+  if (!mask.defined()) return mask;
+  if (mask.dtype() != DType::boolean)
+    throw std::invalid_argument("[" + who + "] mask must be bool, got " + dtype_name(mask.dtype()));
+  if (mask.numel() != layout.batch() * layout.tokens())
+    throw std::invalid_argument("[" + who + "] mask of shape " + shape_str(mask.shape()) +
+                                " does not cover " + std::to_string(layout.batch()) + " x " +
+                                std::to_string(layout.tokens()) + " tokens");
+  return reshape(mask, {layout.batch(), layout.tokens()});
+}
+
+Tensor features_to_dim1(const Tensor& x) {
+  std::vector<int64_t> order{0, x.dim() - 1};
+  for (int64_t i = 1; i + 1 < x.dim(); ++i) order.push_back(i);
+  return permute(x, order);
+}
+
+Tensor true_positions(const Tensor& mask) {
+  const std::vector<uint8_t> m = mask.to(DType::u8).to_vector<uint8_t>();
+  std::vector<int64_t> pos;
+  for (size_t i = 0; i < m.size(); ++i)
+    if (m[i]) pos.push_back(static_cast<int64_t>(i));
+  return from_vector<int64_t>(pos, {static_cast<int64_t>(pos.size())}).to(mask.device());
+}
+
+uint64_t child_seed(uint64_t seed, const std::string& name) {
+  return quanta::detail::derive_key(seed, name);
+}
+
+int64_t draw_dropout_layer(Generator& gen, int64_t num_layers, int64_t cutoff,
+                           int64_t multiple_of) {
+  const int64_t lo = std::clamp<int64_t>(cutoff, 0, num_layers - 1);
+  int64_t k = randint(lo, num_layers, {1}, gen).item<int64_t>();
+  if (multiple_of > 1) k = ((k + 1 + multiple_of - 1) / multiple_of) * multiple_of - 1;
+  return std::min(k, num_layers - 1);
+}
+
+}  // namespace quanta::quant::detail
