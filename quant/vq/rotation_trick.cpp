@@ -69,9 +69,9 @@ Tensor rotate_to(const Tensor& x, const Tensor& q) {
   autograd::Function fn;
   fn.name = "rotate_to";
   // The value is q itself: R x = lambda |x| q^ = q, without the rounding of
-  // evaluating the rotation.
+  // evaluating the rotation (apply() hands out a fresh handle).
   fn.forward = [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{in[1].clone()};
+    return std::vector<Tensor>{in[1]};
   };
   fn.backward = [xs = x.detach(), qd](const std::vector<Tensor>& grads) {
     const int64_t d = xs.size(-1);

@@ -21,6 +21,7 @@
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "quant/token_layout.h"
+#include "quant/vq/commitment_loss.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/rotation_trick.h"
 #include "quant/vq/streams.h"
@@ -280,10 +281,7 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
         commit = cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}),
                                Reduction::mean, -1);
       } else {
-        const Tensor cq = learnable_ ? q : q.detach();
-        Tensor err = square(cq - t.x);
-        if (t.valid.defined()) err = err * unsqueeze(to_dtype(t.valid, err.dtype()), -1);
-        commit = sum(err) / (count * double(d));
+        commit = commitment_loss(t.x, learnable_ ? q : q.detach(), t.valid);
       }
       loss = loss + commit * opts_.commitment_weight;
     }
