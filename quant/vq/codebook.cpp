@@ -1,0 +1,193 @@
+#include "quant/vq/codebook.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/nn/init.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/join.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/reductions.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+#include "quant/vq/kmeans.h"
+#include "quant/vq/nearest_code.h"
+#include "quant/vq/streams.h"
+
+namespace quanta::quant {
+namespace {
+
+CodebookOptions checked(const CodebookOptions& o) {
+  if (o.dim <= 0 || o.codebook_size <= 0 || o.num_codebooks <= 0)
+    throw std::invalid_argument(
+        "[Codebook] dim, codebook_size and num_codebooks must be positive, got " +
+        std::to_string(o.dim) + ", " + std::to_string(o.codebook_size) + ", " +
+        std::to_string(o.num_codebooks));
+  if (!(o.decay >= 0 && o.decay <= 1))
+    throw std::invalid_argument("[Codebook] decay must lie in [0, 1], got " +
+                                std::to_string(o.decay));
+  return o;
+}
+
+// The same seed for both streams: they differ by name.
+uint64_t seed_of(Generator& gen) { return draw_seed(gen); }
+
+// A copy of x ([K] or [K, D]) with rows `at` [m] replaced by `src`.
+Tensor put_rows(const Tensor& x, const Tensor& at, const Tensor& src) {
+  Tensor idx = at;
+  if (x.dim() == 2) idx = contiguous(expand(unsqueeze(at, 1), {at.numel(), x.size(1)}));
+  return scatter(x, 0, idx, src);
+}
+
+}  // namespace
+
+Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
+    : Module("Codebook"),
+      opts_(checked(opts)),
+      kmeans_gen_(0),
+      dead_code_gen_(0) {
+  const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
+  Tensor embed = zeros({g, k, d});
+  if (!opts_.kmeans_init) {
+    // kaiming_uniform_ on [G, K, D]: fan_in = K * D, bound sqrt(6 / fan_in).
+    init::kaiming_uniform_(embed, gen);
+    if (opts_.use_cosine_sim) embed = l2norm(embed);
+  }
+  const uint64_t seed = seed_of(gen);
+  kmeans_gen_ = named_stream(seed, "vq.kmeans");
+  dead_code_gen_ = named_stream(seed, "vq.dead_code");
+  embed_ = opts_.embed_is_parameter ? register_parameter("embed", embed)
+                                    : register_buffer("embed", embed);
+  embed_avg_ = register_buffer("embed_avg", embed.clone());
+  cluster_size_ = register_buffer("cluster_size", ones({g, k}));
+  initted_ = register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0,
+                                               {.dtype = DType::boolean}));
+}
+
+bool Codebook::initted() const { return initted_.item() != 0.0; }
+
+void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
+  const int64_t g = opts_.num_codebooks, k = opts_.codebook_size;
+  if (static_cast<int64_t>(samples.size()) != g)
+    throw std::invalid_argument("[Codebook] init_from_samples needs one sample set per "
+                                "codebook: got " + std::to_string(samples.size()) +
+                                ", expected " + std::to_string(g));
+  for (const Tensor& s : samples)
+    if (s.size(0) == 0) return;  // an empty batch cannot seed k-means: wait
+  NoGradGuard no_grad;
+  std::vector<Tensor> means, bins;
+  for (const Tensor& s : samples) {
+    KMeansResult r = kmeans(to_dtype(s.detach(), embed_.dtype()), k, opts_.kmeans_iters,
+                            opts_.use_cosine_sim, kmeans_gen_);
+    means.push_back(r.means);
+    bins.push_back(r.bins);
+  }
+  const Tensor m = stack(means), b = stack(bins);
+  copy_(embed_, m);
+  copy_(embed_avg_, m * unsqueeze(b, -1));
+  copy_(cluster_size_, b);
+  // The reference recomputes embed from these statistics right away, so
+  // codes that received no rows become (almost) zero.
+  if (opts_.ema_update) {
+    const Tensor n = sum(cluster_size_, {-1}, true);
+    const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + double(k) * opts_.eps) * n;
+    Tensor e = embed_avg_ / unsqueeze(smoothed, -1);
+    if (opts_.use_cosine_sim) e = l2norm(e);
+    copy_(embed_, e);
+  }
+  fill_(initted_, 1.0);
+}
+
+void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& valid) {
+  NoGradGuard no_grad;
+  const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
+  const auto opt = options_of(embed_);
+  if (pending_.empty()) {
+    pending_.counts = zeros({g, k}, opt);
+    pending_.sums = zeros({g, k, d}, opt);
+    pending_.tokens = zeros({g}, opt);
+    pending_.candidates.assign(static_cast<size_t>(g), {});
+  }
+  const double decay = opts_.decay;
+  // Fold the earlier forwards' contributions one more decay step down.
+  mul_(pending_.counts, decay);
+  mul_(pending_.sums, decay);
+  const Tensor xs = to_dtype(x.detach(), embed_.dtype());
+  const int64_t t = xs.size(1);
+  std::vector<Tensor> counts, sums, tokens;
+  for (int64_t h = 0; h < g; ++h) {
+    Tensor rows = select(xs, 0, h), idx = select(indices, 0, h);
+    if (valid.defined()) {
+      // Only unmasked tokens count: gather their positions once.
+      const Tensor keep = masked_select(arange(t), select(valid, 0, h));
+      rows = index_select(rows, 0, keep);
+      idx = index_select(idx, 0, keep);
+    }
+    const int64_t n = rows.size(0);
+    counts.push_back(index_add(zeros({k}, opt), 0, idx, ones({n}, opt)));
+    sums.push_back(index_add(zeros({k, d}, opt), 0, idx, rows));
+    tokens.push_back(scalar(double(n), opt));
+    if (opts_.threshold_ema_dead_code > 0 && n > 0)
+      pending_.candidates[h].push_back(sample_rows(rows, std::min(n, k), dead_code_gen_));
+  }
+  add_(pending_.counts, stack(counts), 1.0 - decay);
+  add_(pending_.sums, stack(sums), 1.0 - decay);
+  add_(pending_.tokens, stack(tokens));
+  pending_.steps += 1;
+}
+
+void Codebook::apply_ema_update() {
+  if (pending_.empty()) return;
+  NoGradGuard no_grad;
+  const double keep = std::pow(opts_.decay, double(pending_.steps));
+  // cluster_size <- decay^s cluster_size + folded counts (= s reference lerps).
+  copy_(cluster_size_, cluster_size_ * keep + pending_.counts);
+  copy_(embed_avg_, embed_avg_ * keep + pending_.sums);
+  if (opts_.ema_update) {
+    const double k = double(opts_.codebook_size);
+    const Tensor n = sum(cluster_size_, {-1}, true);
+    const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + k * opts_.eps) * n;
+    Tensor e = embed_avg_ / unsqueeze(smoothed, -1);
+    if (opts_.use_cosine_sim) e = l2norm(e);
+    copy_(embed_, e);
+  }
+  pending_.counts = Tensor();
+  pending_.sums = Tensor();
+  pending_.tokens = Tensor();
+  pending_.steps = 0;
+}
+
+void Codebook::expire_codes() {
+  auto candidates = std::move(pending_.candidates);
+  pending_.candidates.clear();
+  const double threshold = opts_.threshold_ema_dead_code;
+  if (threshold <= 0) return;
+  NoGradGuard no_grad;
+  const Tensor expired = lt(cluster_size_, scalar(threshold));
+  if (!any(expired).item()) return;
+  const int64_t k = opts_.codebook_size;
+  for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
+    if (h >= static_cast<int64_t>(candidates.size()) || candidates[h].empty()) continue;
+    const Tensor pool = cat(candidates[h]);
+    if (pool.size(0) == 0) continue;
+    const Tensor dead = masked_select(arange(k), select(expired, 0, h));
+    const int64_t m = dead.numel();
+    if (m == 0) continue;
+    const Tensor rows = to_dtype(sample_rows(pool, m, dead_code_gen_), embed_.dtype());
+    const Tensor e = select(embed_, 0, h), avg = select(embed_avg_, 0, h),
+                 cs = select(cluster_size_, 0, h);
+    copy_(e, put_rows(e, dead, rows));
+    copy_(avg, put_rows(avg, dead, rows * threshold));
+    copy_(cs, put_rows(cs, dead, full({m}, threshold, options_of(cs))));
+  }
+}
+
+void Codebook::update_state() {
+  apply_ema_update();
+  expire_codes();
+}
+
+}  // namespace quanta::quant

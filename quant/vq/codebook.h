@@ -1,0 +1,84 @@
+#pragma once
+// The codebook of a VectorQuantize layer: G independent tables of K codes,
+// their EMA statistics, k-means initialisation and dead-code expiry.
+// State dict keys follow the reference: embed [G, K, D], embed_avg [G, K, D],
+// cluster_size [G, K], initted (bool scalar).
+#include <cstdint>
+
+#include "engine/nn/module.h"
+#include "engine/random/generator.h"
+#include "quant/vq/codebook_statistics.h"
+
+namespace quanta::quant {
+
+/** How a Codebook is built (VectorQuantize fills these from its options). */
+struct CodebookOptions {
+  int64_t dim = 0;
+  int64_t codebook_size = 0;
+  int64_t num_codebooks = 1;
+  bool kmeans_init = false;
+  int64_t kmeans_iters = 10;
+  double decay = 0.8;
+  double eps = 1e-5;
+  /** Codes whose EMA cluster size falls below this are replaced (0 = off). */
+  double threshold_ema_dead_code = 0;
+  bool use_cosine_sim = false;
+  /** Recompute embed from the EMA statistics on apply_ema_update. */
+  bool ema_update = true;
+  /** embed is an nn parameter (learnable codebook or orthogonal loss). */
+  bool embed_is_parameter = false;
+};
+
+class Codebook : public Module {
+ public:
+  /** Initial codes: kaiming-uniform U(-sqrt(6/(K D)), +sqrt(6/(K D))) drawn
+   * from `gen` (l2-normalised for cosine), or zeros awaiting k-means. The
+   * k-means and dead-code streams are keyed from `gen` too. */
+  Codebook(const CodebookOptions& opts, Generator& gen);
+
+  const CodebookOptions& options() const { return opts_; }
+  /** [G, K, D] */
+  const Tensor& embed() const { return embed_; }
+  const Tensor& embed_avg() const { return embed_avg_; }
+  const Tensor& cluster_size() const { return cluster_size_; }
+  /** True once the codes are initialised (always, without k-means). */
+  bool initted() const;
+
+  /** k-means initialisation from `samples`, one [N_g, D] tensor per codebook
+   * (rows already projected/normalised, masked rows removed). Codebooks with
+   * no rows are left uninitialised... and so is the whole codebook: nothing
+   * happens unless every codebook has rows. Sets embed, embed_avg,
+   * cluster_size as the reference does, then initted. */
+  void init_from_samples(const std::vector<Tensor>& samples);
+
+  /** Adds one forward's statistics: `x` [G, T, D] the codebook inputs,
+   * `indices` [G, T] their codes, `valid` [G, T] bool (undefined = all).
+   * Local only; call it once per forward. */
+  void accumulate(const Tensor& x, const Tensor& indices, const Tensor& valid);
+  /** The statistics accumulated since the last update. */
+  const CodebookStatistics& pending() const { return pending_; }
+  /** Mutable, for a distributed wrapper that reduces them across ranks. */
+  CodebookStatistics& pending() { return pending_; }
+
+  /** EMA step from the pending statistics: cluster_size and embed_avg take
+   * their folded lerps, then (with ema_update) embed = embed_avg / smoothed
+   * cluster size, with Laplace smoothing (c + eps) / (n + K eps) * n,
+   * l2-normalised for cosine. Counts and sums are then cleared; candidates
+   * are kept for expire_codes. No-op when nothing is pending. */
+  void apply_ema_update();
+  /** Dead-code expiry: every code whose cluster_size < threshold is replaced
+   * by a pending candidate row (drawn from the dead-code stream), its
+   * cluster_size reset to the threshold and embed_avg to row * threshold.
+   * Clears the candidates. No-op when the threshold is 0 or none expired. */
+  void expire_codes();
+  /** apply_ema_update() then expire_codes(). */
+  void update_state();
+
+ private:
+  CodebookOptions opts_;
+  Tensor embed_, embed_avg_, cluster_size_, initted_;
+  CodebookStatistics pending_;
+  Generator kmeans_gen_, dead_code_gen_;
+};
+
+}  // namespace quanta::quant

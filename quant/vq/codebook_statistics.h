@@ -1,0 +1,38 @@
+#pragma once
+// What a training forward learns about a codebook, kept apart from the
+// codebook itself. A forward only ADDS to these (local, no communication);
+// Codebook::apply_ema_update and Codebook::expire_codes read them later. A
+// distributed wrapper reduces them across ranks in between (DESIGN.md,
+// "Distributed rules"), so the forward never assumes anything about ranks.
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace quanta::quant {
+
+/** Pending statistics of one Codebook ([G] codebooks of K codes of D dims). */
+struct CodebookStatistics {
+  /** EMA contribution to cluster_size, [G, K] f32: after s accumulated
+   * forwards with per-code counts n_1..n_s it holds
+   * sum_i decay^(s-i) (1 - decay) n_i, so applying is
+   * cluster_size <- decay^s cluster_size + counts (one lerp per forward, as the
+   * reference does). Linear in the counts: ranks may sum it. */
+  Tensor counts;
+  /** The same for embed_avg, [G, K, D]: folded sums of assigned vectors. */
+  Tensor sums;
+  /** Valid (unmasked) tokens seen per codebook, [G] f32 (raw, not folded). */
+  Tensor tokens;
+  /** Forwards accumulated since the last apply (the s above). */
+  int64_t steps = 0;
+  /** Candidate rows for dead-code replacement, one [C_i, D] tensor per
+   * codebook and forward: up to K rows of each forward's batch, drawn
+   * uniformly without replacement (the input after projection and
+   * normalisation, masked tokens excluded). */
+  std::vector<std::vector<Tensor>> candidates;
+
+  /** True when nothing has been accumulated. */
+  bool empty() const { return steps == 0; }
+};
+
+}  // namespace quanta::quant

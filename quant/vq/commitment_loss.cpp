@@ -1,0 +1,104 @@
+#include "quant/vq/commitment_loss.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/autograd/function.h"
+#include "engine/cpu/parallel.h"
+#include "engine/device_check.h"
+#include "engine/dispatch.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/view.h"
+
+namespace quanta::quant {
+namespace {
+
+// Per-row weights 1/0 as the compute dtype, or empty for all rows valid.
+template <class T>
+std::vector<T> row_weights(const Tensor& valid, int64_t rows) {
+  if (!valid.defined()) return {};
+  const std::vector<uint8_t> v = valid.to_vector<uint8_t>();
+  if (static_cast<int64_t>(v.size()) != rows)
+    throw std::invalid_argument("[commitment_loss] valid has " + std::to_string(v.size()) +
+                                " entries for " + std::to_string(rows) + " tokens");
+  return std::vector<T>(v.begin(), v.end());
+}
+
+}  // namespace
+
+Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
+  detail::check_cpu("commitment_loss", {&x, &q, &valid});
+  if (x.shape() != q.shape() || x.dtype() != q.dtype() || x.dim() < 1)
+    throw std::invalid_argument("[commitment_loss] x and q must share shape and dtype, got " +
+                                shape_str(x.shape()) + " and " + shape_str(q.shape()));
+  const int64_t d = x.size(-1);
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  autograd::Function fn;
+  fn.name = "commitment_loss";
+  // count * d, shared by forward and backward.
+  auto denom = std::make_shared<double>(0.0);
+  fn.forward = [=](const std::vector<Tensor>& in) {
+    const Tensor xc = contiguous(in[0]), qc = contiguous(in[1]);
+    return dispatch_float(xc.dtype(), "commitment_loss", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const std::vector<T> w = row_weights<T>(valid, rows);
+      const T* px = xc.data<T>();
+      const T* pq = qc.data<T>();
+      double total = 0, count = 0;
+      // Rows in chunks; each chunk's partial sum in f64, added in order.
+      const int64_t chunk = 256;
+      const int64_t chunks = (rows + chunk - 1) / chunk;
+      std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+      cpu::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t c = lo; c < hi; ++c) {
+          double s = 0;
+          for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
+            if (!w.empty() && w[r] == T(0)) continue;
+            T rs = 0;
+            for (int64_t e = 0; e < d; ++e) {
+              const T diff = pq[r * d + e] - px[r * d + e];
+              rs += diff * diff;
+            }
+            s += rs;
+          }
+          partial[c] = s;
+        }
+      });
+      for (double p : partial) total += p;
+      if (w.empty()) count = double(rows);
+      else
+        for (T v : w) count += double(v);
+      *denom = count * double(d);
+      const double value = *denom > 0 ? total / *denom : 0.0;
+      return std::vector<Tensor>{scalar(value, options_of(xc))};
+    });
+  };
+  fn.backward = [=, xs = x.detach(), qs = q.detach()](const std::vector<Tensor>& grads) {
+    const Tensor xc = contiguous(xs), qc = contiguous(qs);
+    Tensor gx = zeros(xs.shape(), options_of(xs));
+    if (*denom > 0) {
+      const double g = grads[0].item() * 2.0 / *denom;
+      dispatch_float(xc.dtype(), "commitment_loss", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const std::vector<T> w = row_weights<T>(valid, rows);
+        const T* px = xc.data<T>();
+        const T* pq = qc.data<T>();
+        T* out = gx.data<T>();
+        const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(d, 1));
+        cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            if (!w.empty() && w[r] == T(0)) continue;
+            for (int64_t e = 0; e < d; ++e)
+              out[r * d + e] = T(g) * (px[r * d + e] - pq[r * d + e]);
+          }
+        });
+      });
+    }
+    return std::vector<Tensor>{gx, q.requires_grad() ? -gx : Tensor()};
+  };
+  return autograd::apply(fn, {x, q})[0];
+}
+
+}  // namespace quanta::quant

@@ -1,0 +1,52 @@
+#include "quant/vq/kmeans.h"
+
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+#include "quant/vq/nearest_code.h"
+
+namespace quanta::quant {
+
+Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen) {
+  const int64_t n = rows.size(0);
+  if (n == 0) throw std::invalid_argument("[sample_rows] no rows to sample from");
+  const Tensor pick = n >= m ? slice(randperm(n, gen), 0, 0, m) : randint(0, n, {m}, gen);
+  return index_select(rows, 0, pick);
+}
+
+KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine,
+                    Generator& gen) {
+  NoGradGuard no_grad;
+  const Tensor x = samples.detach();
+  if (x.dim() != 2 || x.size(0) == 0)
+    throw std::invalid_argument("[kmeans] needs samples [N, D] with N > 0, got " +
+                                shape_str(x.shape()));
+  const int64_t d = x.size(1);
+  Tensor means = sample_rows(x, k, gen);
+  Tensor bins = zeros({k}, options_of(x));
+  for (int64_t it = 0; it < iters; ++it) {
+    const Tensor idx = nearest_codes(x, means, cosine);
+    bins = index_add(zeros({k}, options_of(x)), 0, idx, ones({x.size(0)}, options_of(x)));
+    Tensor sums = index_add(zeros({k, d}, options_of(x)), 0, idx, x);
+    Tensor updated = sums / unsqueeze(clamp(bins, 1.0, std::nan("")), 1);
+    if (cosine) updated = l2norm(updated);
+    means = where(unsqueeze(eq(bins, scalar(0.0)), 1), means, updated);
+  }
+  return {means, bins};
+}
+
+double kmeans_distortion(const Tensor& samples, const Tensor& means, bool cosine) {
+  NoGradGuard no_grad;
+  if (samples.size(0) == 0) return 0.0;
+  const Tensor idx = nearest_codes(samples, means, cosine);
+  const Tensor diff = samples.detach() - index_select(means.detach(), 0, idx);
+  return mean(diff * diff).item() * static_cast<double>(samples.size(1));
+}
+
+}  // namespace quanta::quant

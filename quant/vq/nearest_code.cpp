@@ -1,0 +1,85 @@
+#include "quant/vq/nearest_code.h"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/parallel.h"
+#include "engine/device_check.h"
+#include "engine/dispatch.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/reductions.h"
+#include "engine/ops/view.h"
+
+namespace quanta::quant {
+namespace {
+
+// Rows per block: the tile [kBlock, K] fits in L2 for K up to a few thousand.
+constexpr int64_t kBlock = 64;
+
+template <class T>
+void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosine,
+                    int64_t* out) {
+  // |c|^2 once; the per-row |x|^2 does not change which code is nearest.
+  std::vector<T> cn(static_cast<size_t>(k), T(0));
+  if (!cosine)
+    for (int64_t j = 0; j < k; ++j) {
+      T s = 0;
+      for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
+      cn[j] = s;
+    }
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  cpu::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> tile(static_cast<size_t>(kBlock * k));
+    for (int64_t b = lo; b < hi; ++b) {
+      const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
+      // tile = x_block c^T: c [K, D] read as a column-major [D, K] matrix.
+      cpu::gemm<T>(rows, k, d, {x + r0 * d, d, 1}, {c, 1, d}, tile.data(), k);
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* row = tile.data() + i * k;
+        int64_t best = 0;
+        T best_score = std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < k; ++j) {
+          // Euclidean: |c|^2 - 2 x.c; cosine: -x.c (largest similarity).
+          const T s = cosine ? -row[j] : cn[j] - T(2) * row[j];
+          if (s < best_score) best_score = s, best = j;
+        }
+        out[r0 + i] = best;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor nearest_codes(const Tensor& x, const Tensor& codes, bool cosine) {
+  detail::check_cpu("nearest_codes", {&x, &codes});
+  if (x.dim() != 2 || codes.dim() != 2 || x.size(1) != codes.size(1))
+    throw std::invalid_argument("[nearest_codes] needs x [N, D] and codes [K, D], got " +
+                                shape_str(x.shape()) + " and " + shape_str(codes.shape()));
+  const int64_t n = x.size(0), k = codes.size(0), d = x.size(1);
+  Tensor out = zeros({n}, {.dtype = DType::i64});
+  if (n == 0) return out;
+  if (k == 0) throw std::invalid_argument("[nearest_codes] the codebook is empty");
+  NoGradGuard no_grad;
+  const DType dt = promote_types(x.dtype(), codes.dtype()) == DType::f64 ? DType::f64
+                                                                          : DType::f32;
+  const Tensor xc = contiguous(to_dtype(x.detach(), dt));
+  const Tensor cc = contiguous(to_dtype(codes.detach(), dt));
+  dispatch_float(dt, "nearest_codes", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    nearest_kernel<T>(xc.data<T>(), cc.data<T>(), n, k, d, cosine, out.data<int64_t>());
+  });
+  return out;
+}
+
+Tensor l2norm(const Tensor& x, double eps) {
+  const Tensor n = norm(x, 2.0, {-1}, true);
+  return x / clamp(n, eps, std::numeric_limits<double>::quiet_NaN());
+}
+
+}  // namespace quanta::quant

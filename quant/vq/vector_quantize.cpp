@@ -1,0 +1,427 @@
+#include "quant/vq/vector_quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/nn/layers.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/join.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/loss.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/reductions.h"
+#include "engine/ops/softmax.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+#include "quant/token_layout.h"
+#include "quant/vq/commitment_loss.h"
+#include "quant/vq/nearest_code.h"
+#include "quant/vq/rotation_trick.h"
+#include "quant/vq/streams.h"
+
+namespace quanta::quant {
+namespace {
+
+const char* kWho = "VectorQuantize";
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::invalid_argument(std::string("[") + kWho + "] " + what);
+}
+
+VectorQuantizeOptions checked(VectorQuantizeOptions o) {
+  if (o.dim <= 0) fail("dim must be positive, got " + std::to_string(o.dim));
+  if (o.codebook_size <= 0)
+    fail("codebook_size must be positive, got " + std::to_string(o.codebook_size));
+  if (o.heads <= 0) fail("heads must be positive, got " + std::to_string(o.heads));
+  if (o.codebook_dim < 0) fail("codebook_dim must be >= 0, got " + std::to_string(o.codebook_dim));
+  if (o.kmeans_iters < 0) fail("kmeans_iters must be >= 0");
+  if (o.threshold_ema_dead_code < 0) fail("threshold_ema_dead_code must be >= 0");
+  if (o.sample_codebook_temp < 0) fail("sample_codebook_temp must be >= 0");
+  return o;
+}
+
+CodebookOptions codebook_options(const VectorQuantizeOptions& o, int64_t codebook_dim,
+                                 bool learnable, bool ema) {
+  CodebookOptions c;
+  c.dim = codebook_dim;
+  c.codebook_size = o.codebook_size;
+  c.num_codebooks = o.separate_codebook_per_head ? o.heads : 1;
+  c.kmeans_init = o.kmeans_init;
+  c.kmeans_iters = o.kmeans_iters;
+  c.decay = o.decay;
+  c.eps = o.eps;
+  c.threshold_ema_dead_code = o.threshold_ema_dead_code;
+  c.use_cosine_sim = o.use_cosine_sim;
+  c.ema_update = ema;
+  // The orthogonal loss needs a gradient on the codes even when the EMA
+  // trains them, as in the reference.
+  c.embed_is_parameter = learnable || o.orthogonal_reg_weight > 0;
+  return c;
+}
+
+Tensor zero_like_loss(const Tensor& like) { return zeros({}, options_of(like)); }
+
+// Gumbel noise -log(-log(u)), logs clamped at 1e-20 as the reference does.
+Tensor gumbel_noise(const Shape& shape, Generator& gen, const TensorOptions& opts) {
+  const Tensor u = rand(shape, gen, opts);
+  const double open = std::numeric_limits<double>::quiet_NaN();
+  return -log(clamp(-log(clamp(u, 1e-20, open)), 1e-20, open));
+}
+
+}  // namespace
+
+/** The input as the codebook sees it. */
+struct VectorQuantize::Tokens {
+  TokenLayout layout;
+  int64_t b = 0, n = 0;
+  /** [G, T, codebook_dim], T = B * N (* heads when shared). */
+  Tensor x;
+  /** [G, T] bool, undefined without a mask. */
+  Tensor valid;
+  /** [B, N] bool, undefined without a mask. */
+  Tensor mask;
+};
+
+VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen)
+    : VectorQuantize(opts, gen, nullptr) {}
+
+VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen,
+                               std::shared_ptr<Codebook> shared)
+    : Module(kWho), opts_(checked(opts)), sample_gen_(0), orthogonal_gen_(0) {
+  codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
+  rotation_trick_ = opts_.rotation_trick.value_or(opts_.dim > 1);
+  learnable_ = opts_.learnable_codebook.value_or(false);
+  ema_update_ = opts_.ema_update.value_or(true);
+  const int64_t inner = codebook_dim_ * opts_.heads;
+  if (inner != opts_.dim) {
+    auto lin_in = std::make_shared<Linear>(opts_.dim, inner, gen);
+    if (opts_.layernorm_after_project_in) {
+      auto seq = std::make_shared<Sequential>();
+      seq->push_back(lin_in);
+      seq->push_back(std::make_shared<LayerNorm>(Shape{inner}));
+      project_in_ = register_module("project_in", std::shared_ptr<Module>(seq));
+    } else {
+      project_in_ = register_module("project_in", std::shared_ptr<Module>(lin_in));
+    }
+    project_out_ = register_module(
+        "project_out", std::shared_ptr<Module>(std::make_shared<Linear>(inner, opts_.dim, gen)));
+  }
+  if (shared) {
+    const CodebookOptions& c = shared->options();
+    if (c.dim != codebook_dim_ || c.codebook_size != opts_.codebook_size ||
+        c.num_codebooks != num_codebooks())
+      fail("the shared codebook has another shape than this layer needs");
+    codebook_ = register_module("_codebook", shared);
+  } else {
+    codebook_ = register_module(
+        "_codebook", std::make_shared<Codebook>(
+                         codebook_options(opts_, codebook_dim_, learnable_, ema_update_), gen));
+  }
+  const uint64_t seed = draw_seed(gen);
+  sample_gen_ = named_stream(seed, "vq.sample");
+  orthogonal_gen_ = named_stream(seed, "vq.orthogonal");
+}
+
+// [B, N, H * Dc] -> [G, T, Dc] with tokens in (b, n) order per head
+// (separate codebooks) or (b, n, h) order (one shared codebook).
+Tensor VectorQuantize::split_heads(const Tensor& t, int64_t b, int64_t n) const {
+  const int64_t h = opts_.heads, d = codebook_dim_;
+  if (h == 1) return reshape(t, {1, b * n, d});
+  if (!opts_.separate_codebook_per_head) return reshape(t, {1, b * n * h, d});
+  return reshape(permute(reshape(t, {b, n, h, d}), {2, 0, 1, 3}), {h, b * n, d});
+}
+
+Tensor VectorQuantize::merge_heads(const Tensor& t, int64_t b, int64_t n) const {
+  const int64_t h = opts_.heads, d = codebook_dim_;
+  if (h == 1 || !opts_.separate_codebook_per_head) return reshape(t, {b, n, h * d});
+  return reshape(permute(reshape(t, {h, b, n, d}), {1, 2, 0, 3}), {b, n, h * d});
+}
+
+// [G, T] -> [B, N] or [B, N, heads]
+Tensor VectorQuantize::indices_to_tokens(const Tensor& idx, int64_t b, int64_t n) const {
+  const int64_t h = opts_.heads;
+  if (h == 1) return reshape(idx, {b, n});
+  if (!opts_.separate_codebook_per_head) return reshape(idx, {b, n, h});
+  return contiguous(permute(reshape(idx, {h, b, n}), {1, 2, 0}));
+}
+
+VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& mask) {
+  if (x.dim() >= 4 && !opts_.accept_image_fmap)
+    fail("got a feature map of shape " + shape_str(x.shape()) +
+         "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
+  Tokens t{TokenLayout(x, opts_.channel_last, opts_.dim, kWho)};
+  t.b = t.layout.batch();
+  t.n = t.layout.tokens();
+  Tensor tokens = t.layout.to_tokens(x);
+  if (project_in_) tokens = project_in_->forward(tokens);
+  Tensor xs = split_heads(tokens, t.b, t.n);
+  if (opts_.use_cosine_sim) xs = l2norm(xs);
+  t.x = xs;
+  if (mask.defined()) {
+    if (mask.dtype() != DType::boolean)
+      fail(std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+    if (mask.numel() != t.b * t.n)
+      fail("mask of shape " + shape_str(mask.shape()) + " does not match the " +
+           std::to_string(t.b) + " x " + std::to_string(t.n) + " tokens of the input");
+    t.mask = contiguous(reshape(mask, {t.b, t.n}));
+    const int64_t h = opts_.heads;
+    if (h == 1) {
+      t.valid = reshape(t.mask, {1, t.b * t.n});
+    } else if (!opts_.separate_codebook_per_head) {
+      t.valid = reshape(contiguous(expand(unsqueeze(t.mask, 2), {t.b, t.n, h})),
+                        {1, t.b * t.n * h});
+    } else {
+      t.valid = reshape(contiguous(expand(unsqueeze(t.mask, 0), {h, t.b, t.n})),
+                        {h, t.b * t.n});
+    }
+  }
+  return t;
+}
+
+// The reference's "dist": -sqrt(max(|x - e|^2, 1e-8)) or the cosine similarity,
+// [G, T, K], differentiable in x (and in the codes when they need a gradient).
+Tensor VectorQuantize::distances(const Tensor& x, const Tensor& codes) const {
+  if (opts_.use_cosine_sim) return matmul(x, transpose(codes, 1, 2));
+  std::vector<Tensor> per;
+  for (int64_t g = 0; g < x.size(0); ++g)
+    per.push_back(-sqrt(clamp(sq_dist(select(x, 0, g), select(codes, 0, g)), 1e-8,
+                              std::numeric_limits<double>::quiet_NaN())));
+  return stack(per);
+}
+
+Tensor VectorQuantize::project_out(const Tensor& t) {
+  return project_out_ ? project_out_->forward(t) : t;
+}
+
+QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
+  Tokens t = prepare(x, mask);
+  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size,
+                d = codebook_dim_;
+  Codebook& cb = *codebook_;
+  if (!cb.initted()) {
+    std::vector<Tensor> samples;
+    for (int64_t h = 0; h < g; ++h) {
+      Tensor rows = select(t.x, 0, h).detach();
+      if (t.valid.defined()) rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
+      samples.push_back(rows);
+    }
+    cb.init_from_samples(samples);
+  }
+  const bool training = is_training();
+  const bool updates = training && !opts_.freeze_codebook &&
+                       (ema_update_ || opts_.threshold_ema_dead_code > 0);
+  // The codes this forward uses: a gradient only for a learnable codebook,
+  // and then a copy, so an EMA step inside this forward cannot change what
+  // backward reads.
+  const Tensor codes = learnable_ ? (updates ? cb.embed().clone() : cb.embed())
+                                  : cb.embed().detach();
+  const double temp = opts_.sample_codebook_temp;
+  const bool gumbel = training && opts_.straight_through && temp > 0;
+  const bool stochastic = training && opts_.stochastic_sample_codes && temp > 0;
+  const bool want_losses = training;
+  const bool need_dist = gumbel || stochastic ||
+                         (want_losses && opts_.commitment_weight > 0 &&
+                          opts_.commitment_use_cross_entropy_loss) ||
+                         (want_losses && opts_.codebook_diversity_loss_weight > 0);
+  Tensor dist, idx;
+  if (need_dist) dist = distances(t.x, codes);
+  {
+    NoGradGuard no_grad;
+    if (stochastic) {
+      const Tensor logits = dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_,
+                                                                options_of(dist));
+      idx = argmax(logits, -1);
+    } else if (need_dist) {
+      idx = argmax(dist.detach(), -1);
+    } else {
+      std::vector<Tensor> per;
+      for (int64_t h = 0; h < g; ++h)
+        per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h),
+                                    opts_.use_cosine_sim));
+      idx = stack(per);
+    }
+  }
+  // The chosen codes, gathered (not a one-hot product) from the codebook as
+  // it was before this forward's update.
+  Tensor q;
+  if (gumbel) {
+    const Tensor soft = softmax(dist / temp, -1);
+    const Tensor hard = to_dtype(one_hot(idx, k), soft.dtype());
+    q = matmul(hard + soft - soft.detach(), codes);
+  } else {
+    Tensor flat = idx;
+    if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
+    q = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})),
+                {g, tt, d});
+  }
+
+  if (updates) {
+    cb.accumulate(t.x, idx, t.valid);
+    if (opts_.update_in_forward) cb.update_state();
+  }
+
+  QuantizeOutput out;
+  Tensor loss = zero_like_loss(t.x);
+  Tensor commit = zero_like_loss(t.x), ortho = commit, diversity = commit;
+  if (want_losses) {
+    const Tensor count = t.valid.defined() ? sum(to_dtype(t.valid, t.x.dtype()))
+                                           : scalar(double(g * tt), options_of(t.x));
+    const bool any_valid = count.item() > 0;
+    if (opts_.commitment_weight > 0 && any_valid) {
+      if (opts_.commitment_use_cross_entropy_loss) {
+        Tensor target = idx;
+        if (t.valid.defined()) target = where(t.valid, idx, full_like(idx, -1.0));
+        commit = cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}),
+                               Reduction::mean, -1);
+      } else {
+        commit = commitment_loss(t.x, learnable_ ? q : q.detach(), t.valid);
+      }
+      loss = loss + commit * opts_.commitment_weight;
+    }
+    if (opts_.codebook_diversity_loss_weight > 0 && tt > 0) {
+      diversity = diversity_loss(dist, t.valid, t.b, t.n);
+      loss = loss + diversity * opts_.codebook_diversity_loss_weight;
+    }
+    if (opts_.orthogonal_reg_weight > 0) {
+      ortho = orthogonal_loss(idx);
+      loss = loss + ortho * opts_.orthogonal_reg_weight;
+    }
+  }
+
+  // The gradient route from the output back to the input.
+  Tensor q_out = q;
+  if (training && !gumbel) {
+    q_out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+    if (opts_.sync_update_v > 0) q_out = q_out + (q_out - q_out.detach()) * opts_.sync_update_v;
+  } else if (!training) {
+    q_out = q.detach();
+  }
+  Tensor y = project_out(merge_heads(q_out, t.b, t.n));
+  Tensor indices = indices_to_tokens(idx, t.b, t.n);
+  if (t.mask.defined()) {
+    y = y * unsqueeze(to_dtype(t.mask, y.dtype()), -1);
+    const Tensor m = opts_.heads == 1 ? t.mask : unsqueeze(t.mask, -1);
+    indices = where(m, indices, full_like(indices, -1.0));
+  }
+  out.quantized = t.layout.from_tokens(y);
+  out.indices = t.layout.spatial_from_tokens(indices);
+  out.loss = loss;
+  out.losses = {{"commitment", commit},
+                {"orthogonal_reg", ortho},
+                {"codebook_diversity", diversity},
+                {"inplace_optimize", zero_like_loss(t.x)}};
+  return out;
+}
+
+Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {
+  Tensor e = codebook_->embed();  // after this forward's update, as the reference
+  if (opts_.orthogonal_reg_active_codes_only) {
+    std::set<int64_t> used;
+    for (int64_t i : indices.to_vector<int64_t>()) used.insert(i);
+    const std::vector<int64_t> ids(used.begin(), used.end());
+    e = index_select(e, 1, from_vector<int64_t>(ids, {int64_t(ids.size())}));
+  }
+  const int64_t n = e.size(1);
+  if (opts_.orthogonal_reg_max_codes > 0 && n > opts_.orthogonal_reg_max_codes)
+    e = index_select(e, 1,
+                     slice(randperm(n, orthogonal_gen_), 0, 0, opts_.orthogonal_reg_max_codes));
+  const int64_t m = e.size(1), h = e.size(0);
+  if (m == 0) return zero_like_loss(e);
+  const Tensor en = l2norm(e);
+  const Tensor cos = matmul(en, transpose(en, 1, 2));
+  return sum(square(cos)) / double(h * m * m) - 1.0 / double(m);
+}
+
+Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, int64_t b,
+                                      int64_t n) const {
+  const int64_t k = opts_.codebook_size, h = opts_.heads;
+  Tensor p = softmax(dist * opts_.codebook_diversity_temperature, -1);  // [G, T, K]
+  Tensor w = valid.defined() ? to_dtype(valid, p.dtype()) : ones(valid.defined() ? valid.shape() : Shape{p.size(0), p.size(1)}, options_of(p));
+  p = p * unsqueeze(w, -1);
+  // Average over everything but the sequence position n, as the reference.
+  Tensor pn, cnt;
+  if (h > 1 && opts_.separate_codebook_per_head) {
+    pn = sum(reshape(p, {h, b, n, k}), {0, 1});
+    cnt = sum(reshape(w, {h, b, n}), {0, 1});
+  } else {
+    const int64_t hh = h > 1 ? h : 1;
+    pn = sum(reshape(p, {b, n, hh, k}), {0, 2});
+    cnt = sum(reshape(w, {b, n, hh}), {0, 2});
+  }
+  pn = pn / unsqueeze(clamp(cnt, 1.0, std::numeric_limits<double>::quiet_NaN()), -1);
+  const Tensor entropy =
+      -sum(pn * log(clamp(pn, 1e-5, std::numeric_limits<double>::quiet_NaN())), {-1});
+  return -mean(entropy);
+}
+
+QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tensor& indices,
+                                                    const Tensor& mask) {
+  Tokens t = prepare(x, mask);
+  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
+  const Tensor codes = learnable_ ? codebook_->embed() : codebook_->embed().detach();
+  const Tensor dist = distances(t.x, codes);
+  const Tensor idx = argmax(dist.detach(), -1);
+  // Given indices [B, N(, heads)] to the codebook's token order [G, T].
+  Tensor target = t.layout.spatial_to_tokens(indices, opts_.heads > 1 ? 1 : 0);
+  if (opts_.heads > 1 && opts_.separate_codebook_per_head)
+    target = contiguous(permute(target, {2, 0, 1}));
+  target = reshape(to_dtype(target, DType::i64), {g * tt});
+  if (t.mask.defined())
+    target = where(reshape(t.valid, {g * tt}), target, full_like(target, -1.0));
+  QuantizeOutput out;
+  Tensor ce = zero_like_loss(t.x);
+  if (g * tt > 0 && any(ne(target, full_like(target, -1.0))).item())
+    ce = cross_entropy(reshape(dist, {g * tt, k}), target, Reduction::mean, -1);
+  Tensor flat = idx;
+  if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
+  Tensor q = reshape(index_select(reshape(codes, {g * k, codebook_dim_}), 0,
+                                  reshape(flat, {g * tt})),
+                     {g, tt, codebook_dim_});
+  if (is_training())
+    q = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+  Tensor y = project_out(merge_heads(q, t.b, t.n));
+  if (t.mask.defined()) y = y * unsqueeze(to_dtype(t.mask, y.dtype()), -1);
+  out.quantized = t.layout.from_tokens(y);
+  out.indices = indices;
+  out.loss = ce;
+  out.losses = {{"cross_entropy", ce}};
+  return out;
+}
+
+Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) const {
+  const int64_t h = opts_.heads, k = opts_.codebook_size, d = codebook_dim_;
+  Shape lead = indices.shape();
+  if (h > 1) {
+    if (lead.empty() || lead.back() != h)
+      fail("get_codes_from_indices expects indices [..., " + std::to_string(h) +
+           "] for " + std::to_string(h) + " heads, got " + shape_str(indices.shape()));
+    lead.pop_back();
+  }
+  int64_t m = 1;
+  for (int64_t s : lead) m *= s;
+  const Tensor codes = codebook_->embed().detach();
+  const int64_t g = codes.size(0);
+  Tensor idx = reshape(to_dtype(indices, DType::i64), {m, h});
+  const Tensor valid = ge(idx, scalar(0.0, {.dtype = DType::i64}));
+  Tensor flat = where(valid, idx, zeros_like(idx));
+  if (g > 1) flat = flat + unsqueeze(arange(h) * k, 0);
+  Tensor rows = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})),
+                        {m, h, d});
+  rows = rows * unsqueeze(to_dtype(valid, rows.dtype()), -1);
+  Shape out = lead;
+  out.push_back(h * d);
+  return reshape(rows, out);
+}
+
+Tensor VectorQuantize::get_output_from_indices(const Tensor& indices) {
+  return project_out(get_codes_from_indices(indices));
+}
+
+}  // namespace quanta::quant

@@ -1,0 +1,153 @@
+#pragma once
+// VectorQuantize: nearest-code quantization with an EMA-trained codebook,
+// following vector-quantize-pytorch 1.31.0 option by option (docs/vq.md).
+//
+// State updates are explicit: a training forward only ACCUMULATES statistics
+// into the codebook's pending CodebookStatistics; update_state() (EMA step
+// with Laplace smoothing, then dead-code expiry) applies them. With
+// update_in_forward (the default) every training forward ends with
+// update_state(), which reproduces the reference exactly on one process; a
+// distributed wrapper turns it off and reduces the statistics across ranks
+// before calling update_state() itself.
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "engine/nn/module.h"
+#include "engine/random/generator.h"
+#include "quant/quantize_output.h"
+#include "quant/vq/codebook.h"
+
+namespace quanta::quant {
+
+/** VectorQuantize options: the reference's names and defaults. */
+struct VectorQuantizeOptions {
+  /** Feature size of the input (required). */
+  int64_t dim = 0;
+  /** Number of codes K (required). */
+  int64_t codebook_size = 0;
+  /** Size of a code; 0 = dim. Linear project_in / project_out are added when
+   * heads * codebook_dim != dim. */
+  int64_t codebook_dim = 0;
+  /** Each token is split into `heads` vectors of codebook_dim. */
+  int64_t heads = 1;
+  /** One codebook per head (else all heads share one). */
+  bool separate_codebook_per_head = false;
+  /** EMA decay of cluster sizes and code sums. */
+  double decay = 0.8;
+  /** Laplace smoothing epsilon of the EMA update. */
+  double eps = 1e-5;
+  /** Initialise the codes by k-means on the first batch (train or eval). */
+  bool kmeans_init = false;
+  int64_t kmeans_iters = 10;
+  /** Cosine similarity: inputs and codes are l2-normalised. */
+  bool use_cosine_sim = false;
+  /** LayerNorm after project_in (project_in becomes Sequential(Linear,
+   * LayerNorm), state keys project_in.0.* and project_in.1.*). */
+  bool layernorm_after_project_in = false;
+  /** Replace codes whose EMA cluster size falls below this (0 = off) with
+   * rows of the current batch. */
+  double threshold_ema_dead_code = 0;
+  /** Features last ([B, N, D]); false: [B, D, N]. */
+  bool channel_last = true;
+  /** Accept image / video feature maps [B, D, H, W(, T)]. */
+  bool accept_image_fmap = false;
+  /** Weight of the commitment loss. */
+  double commitment_weight = 1.0;
+  /** Commitment as cross entropy of the distances against the chosen codes. */
+  bool commitment_use_cross_entropy_loss = false;
+  /** Weight of the orthogonal regulariser (> 0 makes embed a parameter). */
+  double orthogonal_reg_weight = 0;
+  /** Orthogonal loss only over the codes used in this batch. */
+  bool orthogonal_reg_active_codes_only = false;
+  /** At most this many random codes in the orthogonal loss (0 = all). */
+  int64_t orthogonal_reg_max_codes = 0;
+  /** Weight of the codebook diversity (negative entropy) loss. */
+  double codebook_diversity_loss_weight = 0;
+  double codebook_diversity_temperature = 100;
+  /** Gumbel-sample codes from softmax(-distance / T) in training. */
+  bool stochastic_sample_codes = false;
+  /** T of stochastic sampling and of the gumbel straight-through softmax. */
+  double sample_codebook_temp = 1.0;
+  /** Gumbel-softmax straight-through: one-hot + softmax - sg(softmax). */
+  bool straight_through = false;
+  /** Rotation trick gradient (default: on when dim > 1), else the STE. */
+  std::optional<bool> rotation_trick;
+  /** Codebook trained by gradient (commitment not detached). Default false. */
+  std::optional<bool> learnable_codebook;
+  /** EMA codebook update. Default true. */
+  std::optional<bool> ema_update;
+  /** No statistics, no update. */
+  bool freeze_codebook = false;
+  /** q + v (q - sg(q)) on the output (Huh et al. eq. 21); 0 = off. */
+  double sync_update_v = 0;
+  /** Call update_state() at the end of every training forward. */
+  bool update_in_forward = true;
+};
+
+class VectorQuantize : public Module {
+ public:
+  /** Builds the layer; parameters and codes are drawn from `gen`, and the
+   * layer's random streams (k-means, dead codes, sampling) are keyed from it. */
+  VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen);
+  /** Uses `shared` as its codebook (ResidualVQ's shared_codebook): the layer
+   * neither owns nor updates it when `update_in_forward` is off. */
+  VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen,
+                 std::shared_ptr<Codebook> shared);
+
+  /** Quantizes `x` ([B, D], [B, N, D], [B, D, N] or feature maps). `mask`
+   * (bool, the token shape [B, N] or [B, H, W]) marks valid tokens: masked
+   * ones get zero output, index -1 and contribute nothing to statistics or
+   * losses. Indices are [B, N] ([B, N, heads] with several heads). Losses:
+   * "commitment", "orthogonal_reg", "codebook_diversity", "inplace_optimize"
+   * (unweighted), loss = their weighted sum; 0 in eval mode. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
+  /** The reference's forward(x, indices=...): quantizes x (no state update)
+   * and returns as loss the cross entropy of the negative distances against
+   * `indices` (index -1 is ignored), term "cross_entropy". */
+  QuantizeOutput forward_with_indices(const Tensor& x, const Tensor& indices,
+                                      const Tensor& mask = Tensor());
+
+  /** Codes of `indices` ([..., heads] or [...] with one head; -1 gives zeros)
+   * before project_out: [..., heads * codebook_dim]. */
+  Tensor get_codes_from_indices(const Tensor& indices) const;
+  /** project_out(get_codes_from_indices(indices)): [..., dim]. */
+  Tensor get_output_from_indices(const Tensor& indices);
+
+  /** Applies the pending statistics: EMA update then dead-code expiry. */
+  void update_state() { codebook_->update_state(); }
+
+  Codebook& codebook() { return *codebook_; }
+  const Codebook& codebook() const { return *codebook_; }
+  const std::shared_ptr<Codebook>& codebook_ptr() const { return codebook_; }
+  const VectorQuantizeOptions& options() const { return opts_; }
+  /** The resolved defaults. */
+  bool uses_rotation_trick() const { return rotation_trick_; }
+  bool learnable_codebook() const { return learnable_; }
+  bool ema_update() const { return ema_update_; }
+  int64_t codebook_dim() const { return codebook_dim_; }
+  int64_t num_codebooks() const { return opts_.separate_codebook_per_head ? opts_.heads : 1; }
+  bool has_projections() const { return project_in_ != nullptr; }
+  /** Turns update_in_forward on or off (a distributed wrapper turns it off). */
+  void set_update_in_forward(bool on) { opts_.update_in_forward = on; }
+
+ private:
+  struct Tokens;
+  Tokens prepare(const Tensor& x, const Tensor& mask);
+  Tensor split_heads(const Tensor& t, int64_t b, int64_t n) const;
+  Tensor merge_heads(const Tensor& t, int64_t b, int64_t n) const;
+  Tensor indices_to_tokens(const Tensor& idx, int64_t b, int64_t n) const;
+  Tensor distances(const Tensor& x, const Tensor& codes) const;
+  Tensor project_out(const Tensor& t);
+  Tensor orthogonal_loss(const Tensor& indices);
+  Tensor diversity_loss(const Tensor& dist, const Tensor& valid, int64_t b, int64_t n) const;
+
+  VectorQuantizeOptions opts_;
+  int64_t codebook_dim_;
+  bool rotation_trick_, learnable_, ema_update_;
+  std::shared_ptr<Module> project_in_, project_out_;
+  std::shared_ptr<Codebook> codebook_;
+  Generator sample_gen_, orthogonal_gen_;
+};
+
+}  // namespace quanta::quant

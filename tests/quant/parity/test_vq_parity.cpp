@@ -1,0 +1,61 @@
+// Every VectorQuantize-family reference case (vq_*, rvq_*, grvq_*,
+// lookup_vq*, lookup_rvq*) through the shared parity runner.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "quant/parity/parity.h"
+
+namespace fs = std::filesystem;
+using namespace quanta;
+
+namespace {
+
+std::vector<fs::path> vq_cases() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(root) / "reference-vectors")) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".safetensors") continue;
+    for (const char* prefix : {"vq_", "rvq_", "grvq_", "lookup_vq", "lookup_rvq"})
+      if (name.rfind(prefix, 0) == 0) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+TEST_CASE("every VQ-family reference case passes at 1e-5") {
+  const auto files = vq_cases();
+  CHECK(files.size() >= 14);
+  for (const auto& f : files) {
+    const parity::CaseResult r = parity::run_case(parity::load_case(f.string()), 1e-5);
+    std::ostringstream report;
+    parity::print_result(report, r);
+    INFO(report.str());
+    CHECK(r.passed());
+  }
+}
+
+TEST_CASE("an option quanta cannot build is reported by name") {
+  const auto files = vq_cases();
+  REQUIRE(!files.empty());
+  parity::CaseFile c = parity::load_case(files.front().string());
+  // Turn on an option quanta does not implement.
+  std::string& spec = c.metadata.at("spec");
+  const std::string key = "\"constructor_options\": {";
+  const auto at = spec.find(key);
+  REQUIRE(at != std::string::npos);
+  spec.insert(at + key.size(), "\"directional_reparam\": true, ");
+  const parity::CaseResult r = parity::run_case(c, 1e-5);
+  CHECK_FALSE(r.passed());
+  CHECK(r.error.find("unsupported") != std::string::npos);
+  CHECK(r.error.find("directional_reparam") != std::string::npos);
+}
