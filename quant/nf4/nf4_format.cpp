@@ -205,6 +205,43 @@ Tensor dequantize(const Tensor& q, DType dtype) {
   return out;
 }
 
+template <class T>
+void dequantize_range(const Tensor& q, int64_t begin, int64_t count, T* out) {
+  check_nf4(q, "dequantize_range");
+  if (begin < 0 || count < 0 || begin + count > q.numel())
+    throw std::invalid_argument("[dequantize_range] range [" + std::to_string(begin) + ", " +
+                                std::to_string(begin + count) + ") outside " +
+                                std::to_string(q.numel()) + " elements");
+  const auto* pq = static_cast<const uint8_t*>(q.raw_data());
+  const int64_t end = begin + count;
+  int64_t i = begin;
+  while (i < end) {
+    const int64_t u = i / kNF4UnitElems;
+    const uint8_t* unit = pq + u * static_cast<int64_t>(kNF4UnitBytes);
+    const float s = read_scale(unit);
+    T lut[16];
+    for (int c = 0; c < 16; ++c) lut[c] = static_cast<T>(kNF4Values[c] * s);
+    const int64_t stop = std::min(end, (u + 1) * kNF4UnitElems);
+    if (i == u * kNF4UnitElems && stop == i + kNF4UnitElems) {
+      T* dst = out + (i - begin);
+      for (size_t j = 0; j < kNF4CodeBytes; ++j) {
+        dst[2 * j] = lut[unit[j] >> 4];
+        dst[2 * j + 1] = lut[unit[j] & 15];
+      }
+      i = stop;
+      continue;
+    }
+    for (; i < stop; ++i) {
+      const int64_t k = i - u * kNF4UnitElems;
+      const uint8_t byte = unit[k / 2];
+      out[i - begin] = lut[k % 2 == 0 ? byte >> 4 : byte & 15];
+    }
+  }
+}
+
+template void dequantize_range<float>(const Tensor&, int64_t, int64_t, float*);
+template void dequantize_range<double>(const Tensor&, int64_t, int64_t, double*);
+
 Tensor nf4_from_codes(const Tensor& codes, const Tensor& scales, const Shape& shape,
                       int64_t block_size) {
   const int64_t n = numel_of(shape);

@@ -111,6 +111,11 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& options = {});
  * `dtype` (f32, bf16 or f16, round to nearest even). Never records a graph. */
 Tensor dequantize(const Tensor& nf4, DType dtype = DType::f32);
 
+/** Dequantizes elements [begin, begin + count) of the flat nf4 tensor into
+ * `out` (float or double), as dequantize() would; for tiles of a weight. */
+template <class T>
+void dequantize_range(const Tensor& nf4, int64_t begin, int64_t count, T* out);
+
 /** Builds an nf4 tensor of `shape` from one 4-bit code per element (uint8
  * values 0..15, flat) and one f32 scale per `block_size` elements. */
 Tensor nf4_from_codes(const Tensor& codes, const Tensor& scales, const Shape& shape,
