@@ -6,9 +6,9 @@
 namespace quanta {
 namespace {
 
-// Indexed by DType. nf4's row is the block layout the NF4 format fills in:
-// 64 elements per block; its byte size is decided by quant/nf4 (0 = not yet
-// available, so creating an nf4 tensor fails clearly instead of guessing).
+// Indexed by DType. nf4's row is the layout of quant/nf4/nf4_format.h: units
+// of 64 elements, each 32 bytes of packed 4-bit codes then an f32 scale, so
+// every unit is self-contained and byte copies of whole units are exact.
 constexpr std::array<DTypeInfo, 9> kTable = {{
     {"f32", 4, 1, true, false, true},
     {"f64", 8, 1, true, false, true},
@@ -18,7 +18,7 @@ constexpr std::array<DTypeInfo, 9> kTable = {{
     {"i64", 8, 1, false, true, true},
     {"u8", 1, 1, false, true, true},
     {"bool", 1, 1, false, false, true},
-    {"nf4", 0, 64, false, false, false},
+    {"nf4", 36, 64, false, false, false},
 }};
 static_assert(kTable.size() == static_cast<std::size_t>(DType::nf4) + 1,
               "one traits row per dtype");

@@ -62,6 +62,12 @@ void* Tensor::raw_data() const {
   const auto& s = storage();
   if (!s || s->nbytes() == 0) return nullptr;
   const auto& info = dtype_info(dtype());
+  // A block dtype's bytes start only at whole blocks (a view into the middle
+  // of an nf4 unit has no address of its own).
+  if (offset() % static_cast<int64_t>(info.block_elems) != 0)
+    throw std::invalid_argument(std::string("[data] ") + info.name + " view starts at element " +
+                                std::to_string(offset()) + ", inside a block of " +
+                                std::to_string(info.block_elems) + " elements");
   return static_cast<char*>(s->data()) +
          offset() / static_cast<int64_t>(info.block_elems) * info.block_bytes;
 }

@@ -291,6 +291,35 @@ uint64_t check_length(const uint8_t* first8, uint64_t total, const std::string& 
   return n;
 }
 
+// Metadata key prefix naming the dtype and shape of a tensor stored as raw
+// U8 bytes because safetensors has no such dtype (nf4): "nf4 [4096, 4096]".
+const std::string kBlockDTypeKey = "quanta.dtype.";
+
+std::pair<DType, Shape> parse_block_dtype(const std::string& value, const SafetensorsEntry& e,
+                                          const std::string& source) {
+  const auto space = value.find(' ');
+  DType dt;
+  Shape shape;
+  try {
+    dt = parse_dtype(value.substr(0, space));
+    shape = json::parse(value.substr(space == std::string::npos ? value.size() : space))
+                .get<Shape>();
+  } catch (const std::exception&) {
+    fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) + " is not '<dtype> [shape]': " +
+                     quote_name(value));
+  }
+  const auto& info = dtype_info(dt);
+  for (int64_t d : shape)
+    if (d < 0) fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) + " has a negative size");
+  const uint64_t blocks =
+      (static_cast<uint64_t>(numel_of(shape)) + info.block_elems - 1) / info.block_elems;
+  if (info.block_elems == 1 || e.dtype != "U8" || e.shape.size() != 1 ||
+      e.end - e.begin != blocks * info.block_bytes)
+    fail(source, "tensor " + quote_name(e.name) + " stored as " + e.dtype + " " +
+                     std::to_string(e.end - e.begin) + " bytes does not hold " + value);
+  return {dt, shape};
+}
+
 // Builds the tensors of a validated header; `read(offset, dst, n)` copies n
 // bytes of the data buffer starting at `offset`.
 SafetensorsFile build_tensors(SafetensorsHeader&& h, const std::string& source,
@@ -303,8 +332,16 @@ SafetensorsFile build_tensors(SafetensorsHeader&& h, const std::string& source,
   f.metadata = std::move(h.metadata);
   f.tensors.reserve(h.tensors.size());
   for (const auto& e : h.tensors) {
-    const DType dt = *find_spec(e.dtype)->dtype;
-    Tensor t = detail::make_tensor(e.shape, dt, Device::cpu());
+    DType dt = *find_spec(e.dtype)->dtype;
+    Shape shape = e.shape;
+    // A byte-only dtype travels as U8 bytes; metadata gives its dtype and shape.
+    if (auto it = f.metadata.find(kBlockDTypeKey + e.name); it != f.metadata.end()) {
+      const auto [block_dt, block_shape] = parse_block_dtype(it->second, e, source);
+      dt = block_dt;
+      shape = block_shape;
+      f.metadata.erase(it);
+    }
+    Tensor t = detail::make_tensor(shape, dt, Device::cpu());
     const uint64_t n = e.end - e.begin;
     if (n > 0) {
       read(e.begin, t.raw_data(), n);
@@ -415,6 +452,7 @@ Prepared prepare(const TensorMap& tensors,
   };
   std::vector<Item> items;
   items.reserve(tensors.size());
+  std::map<std::string, std::string> meta = metadata;
   std::set<std::string_view> seen;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__")
@@ -426,6 +464,17 @@ Prepared prepare(const TensorMap& tensors,
     if (!t.defined())
       throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
                                   " is undefined");
+    if (dtype_info(t.dtype()).block_elems != 1) {
+      // Block dtypes (nf4) are saved as their bytes, U8 [nbytes].
+      const Tensor c = t.detach().to(Device::cpu()).contiguous();
+      Tensor bytes = detail::make_tensor({static_cast<int64_t>(c.nbytes())}, DType::u8,
+                                         Device::cpu());
+      if (c.nbytes()) std::memcpy(bytes.raw_data(), c.raw_data(), c.nbytes());
+      meta[kBlockDTypeKey + name] =
+          std::string(dtype_name(t.dtype())) + " " + json(t.shape()).dump();
+      items.push_back({&name, bytes, find_spec(DType::u8)});
+      continue;
+    }
     const SpecDType* spec = find_spec(t.dtype());
     if (!spec)
       throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
@@ -441,7 +490,7 @@ Prepared prepare(const TensorMap& tensors,
   });
 
   ordered_json header = ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  if (!meta.empty()) header["__metadata__"] = meta;
   Prepared p;
   uint64_t offset = 0;
   for (auto& item : items) {

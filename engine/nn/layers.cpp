@@ -164,6 +164,14 @@ Tensor Sequential::forward(const Tensor& x) {
   return y;
 }
 
+std::shared_ptr<Module> Sequential::replace_module(const std::string& name,
+                                                  std::shared_ptr<Module> module) {
+  std::shared_ptr<Module> old = Module::replace_module(name, module);
+  for (auto& item : items_)
+    if (item == old) item = module;
+  return old;
+}
+
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
   if (i >= items_.size())
     fail("Sequential", "index " + std::to_string(i) + " out of range for " +

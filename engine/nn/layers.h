@@ -152,6 +152,9 @@ class Sequential : public Module {
   size_t size() const { return items_.size(); }
   /** Child `i` (bounds-checked). */
   const std::shared_ptr<Module>& operator[](size_t i) const;
+  /** Replaces child `name` ("0", "1", ...) in the list forward runs too. */
+  std::shared_ptr<Module> replace_module(const std::string& name,
+                                         std::shared_ptr<Module> module) override;
 
  private:
   std::vector<std::shared_ptr<Module>> items_;

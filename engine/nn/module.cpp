@@ -90,6 +90,20 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   children_.emplace_back(name, std::move(module));
 }
 
+std::shared_ptr<Module> Module::replace_module(const std::string& name,
+                                              std::shared_ptr<Module> module) {
+  if (!module || module.get() == this)
+    throw std::invalid_argument("[" + type_name_ + "::replace_module] '" + name +
+                                "' must be replaced by another, non-null module");
+  for (auto& c : children_)
+    if (c.first == name) {
+      std::swap(c.second, module);
+      return module;
+    }
+  throw std::invalid_argument("[" + type_name_ + "::replace_module] no submodule '" + name +
+                              "'");
+}
+
 // Depth-first walk over (prefix, module) pairs; every module once.
 template <class F> void Module::visit(const std::string& prefix, F&& f) const {
   std::unordered_set<const Module*> seen;

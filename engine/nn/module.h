@@ -73,6 +73,12 @@ class Module {
     return module;
   }
 
+  /** Puts `module` in place of the child `name` (same name, same position) and
+   * returns the child it replaced; containers that keep their own list of
+   * children (Sequential) update it too. For converting layers in place. */
+  virtual std::shared_ptr<Module> replace_module(const std::string& name,
+                                                 std::shared_ptr<Module> module);
+
   // ---- traversal (dotted names, registration order, each tensor or module
   // listed once even when shared) ----
   /** Parameters of this module and (if `recurse`) of its descendants. */

@@ -1,0 +1,114 @@
+#include "quant/nf4/double_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace quanta::quant {
+namespace {
+
+// torch.linspace(start, end, steps) in float32, as PyTorch's CPU kernel
+// computes it: the first half counts up from start, the second half down from
+// end, so both ends are exact.
+std::vector<float> linspace_f32(float start, float end, int64_t steps) {
+  std::vector<float> v(static_cast<size_t>(steps));
+  const float step = (end - start) / static_cast<float>(steps - 1);
+  const int64_t halfway = steps / 2;
+  for (int64_t i = 0; i < steps; ++i) {
+    // volatile: two roundings, never contracted into an FMA.
+    volatile float delta = step * static_cast<float>(i < halfway ? i : steps - i - 1);
+    v[static_cast<size_t>(i)] = i < halfway ? start + delta : end - delta;
+  }
+  return v;
+}
+
+std::array<float, 256> build_dynamic_map() {
+  // Signed, 7 exponent bits, 8 bits in all: for decade i (scale 10^(i-6)),
+  // 2^i values per sign at the midpoints of linspace(0.1, 1, 2^i + 1); plus 0
+  // and 1.0.
+  std::vector<float> data;
+  for (int i = 0; i < 7; ++i) {
+    const std::vector<float> bounds = linspace_f32(0.1f, 1.0f, (int64_t{1} << i) + 1);
+    const float scale = static_cast<float>(std::pow(10.0, i - 6));
+    for (size_t j = 0; j + 1 < bounds.size(); ++j) {
+      const float mean = (bounds[j] + bounds[j + 1]) / 2.0f;
+      data.push_back(scale * mean);
+      data.push_back(-scale * mean);
+    }
+  }
+  data.push_back(0.0f);
+  data.push_back(1.0f);
+  if (data.size() != 256) throw std::logic_error("[dynamic_map8] recipe gave a wrong size");
+  std::sort(data.begin(), data.end());
+  std::array<float, 256> out{};
+  std::copy(data.begin(), data.end(), out.begin());
+  return out;
+}
+
+std::array<float, 255> midpoints_of(const std::array<float, 256>& map) {
+  std::array<float, 255> m{};
+  for (size_t i = 0; i < m.size(); ++i) m[i] = (map[i] + map[i + 1]) / 2.0f;
+  return m;
+}
+
+}  // namespace
+
+const std::array<float, 256>& dynamic_map8() {
+  static const std::array<float, 256> map = build_dynamic_map();  // immutable once built
+  return map;
+}
+
+DoubleQuantState double_quantize(const float* scales, int64_t n, int64_t group) {
+  if (group <= 0)
+    throw std::invalid_argument("[double_quantize] group must be positive, got " +
+                                std::to_string(group));
+  DoubleQuantState s;
+  s.group = group;
+  s.map = dynamic_map8();
+  const auto mids = midpoints_of(s.map);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += scales[i];
+  s.offset = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
+  s.codes.resize(static_cast<size_t>(n));
+  const int64_t groups = (n + group - 1) / group;
+  s.group_absmax.resize(static_cast<size_t>(groups));
+  std::vector<float> centred(static_cast<size_t>(group));
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t lo = g * group, len = std::min(group, n - lo);
+    float amax = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      centred[i] = scales[lo + i] - s.offset;
+      amax = std::max(amax, std::fabs(centred[i]));
+    }
+    s.group_absmax[static_cast<size_t>(g)] = amax;
+    const float a = std::max(amax, 1e-38f);
+    const float inv = 1.0f / a;
+    for (int64_t i = 0; i < len; ++i) {
+      // bitsandbytes' reference backend: a full group multiplies by the
+      // reciprocal, the partial last group divides.
+      float v = len == group ? centred[i] * inv : centred[i] / a;
+      v = std::clamp(v, -1.0f, 1.0f);
+      s.codes[static_cast<size_t>(lo + i)] = static_cast<uint8_t>(bucket_below(v, mids));
+    }
+  }
+  return s;
+}
+
+std::vector<float> double_dequantize(const DoubleQuantState& s) {
+  const int64_t n = static_cast<int64_t>(s.codes.size());
+  if (s.group <= 0 ||
+      static_cast<int64_t>(s.group_absmax.size()) != (n + s.group - 1) / s.group)
+    throw std::invalid_argument("[double_dequantize] " + std::to_string(s.group_absmax.size()) +
+                                " group scales for " + std::to_string(n) +
+                                " block scales in groups of " + std::to_string(s.group));
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) {
+    // Two float32 roundings, as bitsandbytes' unfused path (no FMA).
+    volatile float prod = s.map[s.codes[b]] * s.group_absmax[static_cast<size_t>(b / s.group)];
+    out[static_cast<size_t>(b)] = prod + s.offset;
+  }
+  return out;
+}
+
+}  // namespace quanta::quant

@@ -1,0 +1,134 @@
+#pragma once
+// NF4 (4-bit NormalFloat, QLoRA) as an engine dtype: quantize, dequantize and
+// the storage layout. Semantics follow bitsandbytes' reference backend bit for
+// bit (codes, scales and dequantized values), see docs/nf4.md.
+//
+// Storage layout of a DType::nf4 tensor of n logical elements (row-major flat
+// order, like bitsandbytes: blocks cross row boundaries):
+//
+//   unit 0                         unit 1                     unit ceil(n/64)-1
+//   +-------------------+-------+  +-------------------+-------+
+//   | 32 B packed codes | f32   |  | 32 B packed codes | f32   |  ...
+//   | hi nibble = even  | scale |  |                   | scale |
+//   +-------------------+-------+  +-------------------+-------+
+//   |<----- 36 bytes = 64 elements ---->|
+//
+// Every 64-element unit is self-contained: its codes and the scale that
+// dequantizes them. So any byte-moving operation (copy, clone, to(device),
+// save, load, broadcast, all-gather of row shards) moves bytes and nothing
+// else, and a slice starting at a multiple of 64 elements (for [N, K] weights
+// with K % 64 == 0: any range of whole rows) is one byte range. The padding
+// of a partial last unit holds code 7 (the value 0).
+//
+// Options change how scales are computed, not the layout: block size 128 or
+// 256 repeats the block's scale in each of its units; double quantization
+// stores in each unit the f32 scale reconstructed from its 8-bit code exactly
+// as bitsandbytes computes it, so dequantization is bit-identical to
+// bitsandbytes'. The compact double-quantized state (1 byte per block) exists
+// in the bitsandbytes export (nf4_interop.h); bits_per_parameter reports it.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/tensor.h"
+
+namespace quanta::quant {
+
+/** The 16 NF4 values, index = 4-bit code, as float32 (bitsandbytes' table). */
+inline constexpr std::array<float, 16> kNF4Values = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
+/** Elements in one storage unit. */
+inline constexpr int64_t kNF4UnitElems = 64;
+/** Bytes of packed codes in one unit (two codes per byte). */
+inline constexpr std::size_t kNF4CodeBytes = kNF4UnitElems / 2;
+/** Bytes of the f32 scale that closes each unit. */
+inline constexpr std::size_t kNF4ScaleBytes = sizeof(float);
+/** Bytes of one unit. */
+inline constexpr std::size_t kNF4UnitBytes = kNF4CodeBytes + kNF4ScaleBytes;
+/** Code of the value 0, used for padding. */
+inline constexpr uint8_t kNF4ZeroCode = 7;
+/** Blocks per double-quantization group (as bitsandbytes' nested blocksize). */
+inline constexpr int64_t kNF4DoubleQuantGroup = 256;
+
+static_assert(kNF4UnitElems % 2 == 0, "two codes per byte");
+static_assert(kNF4UnitBytes == 36, "the nf4 dtype row says 36 bytes per 64 elements");
+static_assert(kNF4Values[kNF4ZeroCode] == 0.0f, "padding code dequantizes to 0");
+static_assert(kNF4Values.front() == -1.0f && kNF4Values.back() == 1.0f,
+              "codes span [-1, 1] so +-absmax map to codes 15 and 0");
+
+/** How to quantize. */
+struct NF4Options {
+  /** Elements sharing one scale: 64 (default), 128 or 256. */
+  int64_t block_size = 64;
+  /** Quantize the block scales to 8 bits in groups of 256 (bitsandbytes'
+   * compress_statistics): numerics and export as bitsandbytes. */
+  bool double_quant = true;
+  /** dtype dequantize() returns by default: f32, bf16 or f16. */
+  DType dequant_dtype = DType::f32;
+};
+
+/** Throws std::invalid_argument naming the bad option. */
+void check_options(const NF4Options& options);
+
+/** Bits per parameter of the format (bitsandbytes' serialized state): 4 +
+ * 32/block without double quant, 4 + 8/block + 32/(256 block) with it
+ * (4.127 at block 64). Per-tensor constants are not counted. */
+double bits_per_parameter(const NF4Options& options);
+
+/** Bits per parameter of the in-memory nf4 dtype (36 bytes per 64: 4.5). */
+double storage_bits_per_parameter();
+
+/** NF4 code of a value already scaled to [-1, 1]: the number of midpoints
+ * between neighbouring codes strictly below it, so an exact tie takes the
+ * lower code. NaN maps to 0. */
+uint8_t nf4_code(float scaled);
+
+/** The 15 midpoints float32((v[i] + v[i+1]) / 2) the rounding uses. */
+const std::array<float, 15>& nf4_midpoints();
+
+/** Quantizes a floating tensor (any shape, zero-size allowed) to a DType::nf4
+ * tensor of the same shape. */
+Tensor quantize_nf4(const Tensor& x, const NF4Options& options = {});
+
+/** Values of an nf4 tensor: float32(code value * scale), then rounded to
+ * `dtype` (f32, bf16 or f16, round to nearest even). Never records a graph. */
+Tensor dequantize(const Tensor& nf4, DType dtype = DType::f32);
+
+/** Dequantizes elements [begin, begin + count) of the flat nf4 tensor into
+ * `out` (float or double), as dequantize() would; for tiles of a weight. */
+template <class T>
+void dequantize_range(const Tensor& nf4, int64_t begin, int64_t count, T* out);
+
+/** Builds an nf4 tensor of `shape` from one 4-bit code per element (uint8
+ * values 0..15, flat) and one f32 scale per `block_size` elements. */
+Tensor nf4_from_codes(const Tensor& codes, const Tensor& scales, const Shape& shape,
+                      int64_t block_size = kNF4UnitElems);
+
+/** The codes of an nf4 tensor, one uint8 per element, flat [n]. */
+Tensor nf4_codes(const Tensor& nf4);
+
+/** The scale of every 64-element unit, f32 [ceil(n / 64)]. */
+Tensor nf4_unit_scales(const Tensor& nf4);
+
+/** Throws std::invalid_argument("[op] ...") unless `t` is a contiguous CPU
+ * nf4 tensor whose first element starts a unit. */
+void check_nf4(const Tensor& t, const char* op);
+
+}  // namespace quanta::quant

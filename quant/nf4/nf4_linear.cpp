@@ -1,0 +1,217 @@
+#include "quant/nf4/nf4_linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/autograd/node.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/parallel.h"
+#include "engine/dispatch.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
+#include "quant/nf4/nf4_format.h"
+
+namespace quanta::quant {
+namespace {
+
+// Elements of one dequantized weight tile: large enough for an efficient GEMM,
+// small enough to stay in cache (1 MiB of f32).
+constexpr int64_t kTileElems = int64_t{1} << 18;
+
+// Rows per tile: a multiple of the rows after which a row starts a unit
+// again, so each tile starts on a 64-element unit.
+int64_t tile_rows(int64_t n_rows, int64_t k) {
+  int64_t align = 1;
+  while ((align * k) % kNF4UnitElems != 0) ++align;
+  int64_t rows = std::max<int64_t>(1, kTileElems / std::max<int64_t>(k, 1));
+  rows = std::max(align, rows / align * align);
+  return std::min(rows, n_rows);
+}
+
+const uint8_t* unit_at(const uint8_t* base, int64_t unit) {
+  return base + unit * static_cast<int64_t>(kNF4UnitBytes);
+}
+
+float unit_scale(const uint8_t* unit) {
+  float s;
+  std::memcpy(&s, unit + kNF4CodeBytes, sizeof s);
+  return s;
+}
+
+// y[m, n] = sum_k x[m, k] W[n, k] for m < M <= 8, reading each packed weight
+// byte once; needs K % 64 == 0 so every row is whole units.
+template <class T>
+void fused_small_batch(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, T* y) {
+  const int64_t units_per_row = K / kNF4UnitElems;
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
+  cpu::parallel_for(0, N, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) {
+      T acc[kNF4FusedMaxBatch] = {};
+#ifdef __AVX2__
+      if constexpr (std::is_same_v<T, float>) {
+        __m256 vacc[kNF4FusedMaxBatch];
+        for (int64_t m = 0; m < M; ++m) vacc[m] = _mm256_setzero_ps();
+        const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
+        const __m256i low4 = _mm256_set1_epi32(15);
+        const __m256 lo_vals = _mm256_loadu_ps(kNF4Values.data());
+        const __m256 hi_vals = _mm256_loadu_ps(kNF4Values.data() + 8);
+        for (int64_t u = 0; u < units_per_row; ++u) {
+          const uint8_t* unit = unit_at(w, n * units_per_row + u);
+          // The dequantized values code * scale, rounded once to f32 as in
+          // dequantize(), kept in two 8-lane tables.
+          const __m256 s = _mm256_set1_ps(unit_scale(unit));
+          const __m256 lut_lo = _mm256_mul_ps(lo_vals, s);
+          const __m256 lut_hi = _mm256_mul_ps(hi_vals, s);
+          const int64_t k0 = u * kNF4UnitElems;
+          for (int g = 0; g < 8; ++g) {
+            uint32_t four;
+            std::memcpy(&four, unit + 4 * g, 4);
+            // Lanes: hi and lo nibble of byte 0, then of byte 1, ...
+            const __m256i idx =
+                _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(four)), shifts), low4);
+            const __m256 a = _mm256_permutevar8x32_ps(lut_lo, idx);
+            const __m256 b = _mm256_permutevar8x32_ps(lut_hi, idx);
+            const __m256 wv =
+                _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+            for (int64_t m = 0; m < M; ++m)
+              vacc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k0 + 8 * g), vacc[m]);
+          }
+        }
+        for (int64_t m = 0; m < M; ++m) {
+          alignas(32) float lanes[8];
+          _mm256_store_ps(lanes, vacc[m]);
+          float t = 0;
+          for (float l : lanes) t += l;
+          y[m * N + n] = t;
+        }
+        continue;
+      }
+#endif
+      for (int64_t u = 0; u < units_per_row; ++u) {
+        const uint8_t* unit = unit_at(w, n * units_per_row + u);
+        const float s = unit_scale(unit);
+        T lut[16];
+        for (int c = 0; c < 16; ++c) lut[c] = static_cast<T>(kNF4Values[c] * s);
+        const int64_t k0 = u * kNF4UnitElems;
+        for (int64_t m = 0; m < M; ++m) {
+          const T* xr = x + m * K + k0;
+          T a = 0;
+          for (size_t j = 0; j < kNF4CodeBytes; ++j)
+            a += xr[2 * j] * lut[unit[j] >> 4] + xr[2 * j + 1] * lut[unit[j] & 15];
+          acc[m] += a;
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
+    }
+  });
+}
+
+// y [M, N] = x [M, K] W^T, W dequantized tile by tile.
+template <class T>
+void forward_kernel(const T* x, int64_t M, int64_t K, const Tensor& w, int64_t N, T* y) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill(y, y + M * N, T(0));
+    return;
+  }
+  if (M <= kNF4FusedMaxBatch && K % kNF4UnitElems == 0) {
+    fused_small_batch(x, M, K, static_cast<const uint8_t*>(w.raw_data()), N, y);
+    return;
+  }
+  const int64_t rows = tile_rows(N, K);
+  std::vector<T> tile(static_cast<size_t>(rows * K));
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    dequantize_range(w, n0 * K, r * K, tile.data());
+    // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
+    cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
+  }
+}
+
+// dx [M, K] = g [M, N] W, W dequantized tile by tile.
+template <class T>
+void backward_kernel(const T* g, int64_t M, int64_t N, const Tensor& w, int64_t K, T* dx) {
+  if (M == 0 || K == 0) return;
+  if (N == 0) {
+    std::fill(dx, dx + M * K, T(0));
+    return;
+  }
+  const int64_t rows = tile_rows(N, K);
+  std::vector<T> tile(static_cast<size_t>(rows * K));
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    dequantize_range(w, n0 * K, r * K, tile.data());
+    cpu::gemm<T>(M, K, r, {g + n0, N, 1}, {tile.data(), K, 1}, dx, K, n0 > 0);
+  }
+}
+
+void check_args(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_nf4(w, "nf4_linear");
+  if (w.dim() != 2)
+    throw std::invalid_argument("[nf4_linear] weight must be 2-d [out, in], got shape " +
+                                shape_str(w.shape()));
+  if (!x.defined() || x.dim() < 1 || x.size(-1) != w.size(1))
+    throw std::invalid_argument("[nf4_linear] input's last dim must be in = " +
+                                std::to_string(w.size(1)) + ", got shape " +
+                                (x.defined() ? shape_str(x.shape()) : "undefined"));
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
+    throw std::invalid_argument(std::string("[nf4_linear] input dtype must be f32 or f64, got ") +
+                                dtype_name(x.dtype()));
+  if (!x.device().is_cpu())
+    throw std::invalid_argument("[nf4_linear] input is on " + x.device().str() +
+                                "; only the CPU kernel exists");
+  if (bias.defined() && (bias.shape() != Shape{w.size(0)} || bias.dtype() != x.dtype()))
+    throw std::invalid_argument("[nf4_linear] bias must be [" + std::to_string(w.size(0)) +
+                                "] of the input's dtype, got " + shape_str(bias.shape()) + " " +
+                                dtype_name(bias.dtype()));
+}
+
+}  // namespace
+
+Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_args(x, w, bias);
+  const int64_t K = w.size(1), N = w.size(0);
+  const int64_t M = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+  Shape out_shape = x.shape();
+  out_shape.back() = N;
+  const Tensor xc = x.detach().contiguous();
+  Tensor y = detail::make_tensor(out_shape, x.dtype(), Device::cpu());
+  dispatch_float(x.dtype(), "nf4_linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* py = static_cast<T*>(y.raw_data());
+    forward_kernel(static_cast<const T*>(xc.raw_data()), M, K, w, N, py);
+    if (bias.defined() && M > 0) {
+      const Tensor bc = bias.detach().contiguous();
+      const T* pb = static_cast<const T*>(bc.raw_data());
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) py[m * N + n] += pb[n];
+    }
+  });
+  std::vector<Tensor> inputs{x};
+  if (bias.defined()) inputs.push_back(bias);
+  // Backward keeps only the packed weight (4.5 bits per parameter).
+  return autograd::record("nf4_linear", y, inputs,
+                          [w, x_shape = x.shape(), has_bias = bias.defined(), M, N,
+                           K](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor dx = detail::make_tensor(x_shape, g.dtype(), Device::cpu());
+    dispatch_float(g.dtype(), "nf4_linear backward", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      backward_kernel(static_cast<const T*>(gc.raw_data()), M, N, w, K,
+                      static_cast<T*>(dx.raw_data()));
+    });
+    std::vector<Tensor> grads{dx};
+    if (has_bias) grads.push_back(sum(gc.reshape({M, N}), {0}));
+    return grads;
+  });
+}
+
+}  // namespace quanta::quant

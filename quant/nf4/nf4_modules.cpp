@@ -1,0 +1,137 @@
+#include "quant/nf4/nf4_modules.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/nn/init.h"
+#include "engine/ops/dropout.h"
+#include "engine/ops/linalg.h"
+#include "quant/nf4/nf4_linear.h"
+
+namespace quanta::quant {
+
+NF4Linear::NF4Linear(const Linear& linear, const NF4Options& options)
+    : NF4Linear(quantize_nf4(linear.weight(), options),
+                linear.bias().defined() ? linear.bias().detach().clone() : Tensor()) {}
+
+NF4Linear::NF4Linear(const Tensor& weight_nf4, const Tensor& bias) : Module("NF4Linear") {
+  check_nf4(weight_nf4, "NF4Linear");
+  if (weight_nf4.dim() != 2)
+    throw std::invalid_argument("[NF4Linear] weight must be 2-d [out, in], got " +
+                                shape_str(weight_nf4.shape()));
+  weight_ = register_buffer("weight", weight_nf4);
+  if (bias.defined()) {
+    if (bias.shape() != Shape{weight_nf4.size(0)})
+      throw std::invalid_argument("[NF4Linear] bias must be [" +
+                                  std::to_string(weight_nf4.size(0)) + "], got " +
+                                  shape_str(bias.shape()));
+    bias_ = register_parameter("bias", bias, /*requires_grad=*/false);
+  }
+}
+
+Tensor NF4Linear::forward(const Tensor& x) { return nf4_linear(x, weight_, bias_); }
+
+LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
+    : Module("LoRALinear"),
+      base_(std::move(base)),
+      scaling_(0),
+      dropout_(o.dropout),
+      dropout_gen_(Generator::named(o.seed, "lora.dropout")) {
+  if (!base_) throw std::invalid_argument("[LoRALinear] base is null");
+  if (o.rank <= 0)
+    throw std::invalid_argument("[LoRALinear] rank must be positive, got " +
+                                std::to_string(o.rank));
+  if (o.dropout < 0 || o.dropout >= 1)
+    throw std::invalid_argument("[LoRALinear] dropout must be in [0, 1), got " +
+                                std::to_string(o.dropout));
+  scaling_ = o.alpha / static_cast<double>(o.rank);
+  register_module("base", base_);
+  Tensor a = empty({o.rank, base_->in_features()});
+  Generator init_gen = Generator::named(o.seed, "lora.init");
+  init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));  // PEFT's default for lora_A
+  lora_a_ = register_parameter("lora_A", a);
+  lora_b_ = register_parameter("lora_B", zeros({base_->out_features(), o.rank}));
+}
+
+Tensor LoRALinear::forward(const Tensor& x) {
+  const Tensor h = dropout(x, dropout_, is_training(), dropout_gen_);
+  return base_->forward(x) + linear(linear(h, lora_a_), lora_b_) * scaling_;
+}
+
+Tensor LoRALinear::merged_weight() const {
+  NoGradGuard no_grad;
+  return dequantize(base_->weight()) + matmul(lora_b_, lora_a_) * scaling_;
+}
+
+std::shared_ptr<Linear> LoRALinear::merge() const {
+  Generator unused(0);
+  auto out = std::make_shared<Linear>(base_->in_features(), base_->out_features(), unused,
+                                      base_->bias().defined());
+  NoGradGuard no_grad;
+  copy_(out->weight(), merged_weight());
+  if (base_->bias().defined()) copy_(out->bias(), base_->bias());
+  return out;
+}
+
+bool name_selected(const std::string& name, const std::vector<std::string>& include,
+                   const std::vector<std::string>& exclude) {
+  auto any = [&](const std::vector<std::string>& pats) {
+    for (const auto& p : pats)
+      if (name.find(p) != std::string::npos) return true;
+    return false;
+  };
+  return (include.empty() || any(include)) && !any(exclude);
+}
+
+NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4) {
+  NF4LayerReport r;
+  r.shape = weight.shape();
+  const Tensor w = weight.detach().to(DType::f32).contiguous();
+  const Tensor d = dequantize(nf4);
+  const float* pw = w.data<float>();
+  const float* pd = d.data<float>();
+  double sq = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    const double e = std::fabs(double(pw[i]) - double(pd[i]));
+    sq += e * e;
+    r.max_abs = std::max(r.max_abs, e);
+  }
+  r.rmse = w.numel() ? std::sqrt(sq / double(w.numel())) : 0.0;
+  r.bytes_before = weight.nbytes();
+  r.bytes_after = nf4.nbytes();
+  return r;
+}
+
+std::vector<NF4LayerReport> quantize_nf4(Module& root, const NF4ConvertOptions& o) {
+  check_options(o.format);
+  // Collect first: replacing children while walking the tree would
+  // invalidate the walk.
+  struct Target {
+    Module* parent;
+    std::string child, full;
+    Linear* linear;
+  };
+  std::vector<Target> targets;
+  for (auto& [prefix, m] : root.named_modules())
+    for (auto& [child, c] : m->named_children()) {
+      auto* lin = dynamic_cast<Linear*>(c.get());
+      const std::string full = prefix.empty() ? child : prefix + "." + child;
+      if (lin && name_selected(full, o.include, o.exclude))
+        targets.push_back({m, child, full, lin});
+    }
+  std::vector<NF4LayerReport> reports;
+  for (const Target& t : targets) {
+    auto q = std::make_shared<NF4Linear>(*t.linear, o.format);
+    NF4LayerReport r = quantization_error(t.linear->weight(), q->weight());
+    r.name = t.full;
+    std::shared_ptr<Module> replacement = q;
+    if (o.lora) replacement = std::make_shared<LoRALinear>(q, o.lora_options);
+    t.parent->replace_module(t.child, replacement);
+    reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+}  // namespace quanta::quant
