@@ -1,0 +1,130 @@
+#include "dist/gloo_backend.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+namespace quanta::dist::detail {
+namespace {
+
+// Gloo's Store interface over ours; get() blocks with the deadline because
+// connectFullMesh reads some keys without waiting for them first.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(dist::Store& s, Millis timeout) : s_(s), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { s_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return s_.get(key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { s_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    s_.wait(keys, t);
+  }
+
+ private:
+  dist::Store& s_;
+  Millis timeout_;
+};
+
+}  // namespace
+
+GlooBackend::GlooBackend(Store& store, int rank, int size, Millis timeout,
+                         const std::string& host, const std::string& iface) {
+  gloo::transport::tcp::attr attr;
+  if (!iface.empty()) attr.iface = iface;
+  else attr.hostname = host;
+  device_ = gloo::transport::tcp::CreateDevice(attr);
+  connect(store, rank, size, timeout);
+}
+
+GlooBackend::GlooBackend(Store& store, int rank, int size, Millis timeout,
+                         std::shared_ptr<gloo::transport::Device> device)
+    : device_(std::move(device)) {
+  connect(store, rank, size, timeout);
+}
+
+void GlooBackend::connect(Store& store, int rank, int size, Millis timeout) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  StoreAdapter adapter(store, timeout);
+  ctx->connectFullMesh(adapter, device_);
+  context_ = ctx;
+}
+
+GlooBackend::~GlooBackend() = default;
+
+void GlooBackend::all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
+                             uint32_t tag, Millis timeout) {
+  if (n == 0) return;
+  gloo::AllreduceOptions opts(context_);
+  // Gloo only needs the element size: pass the bytes as an opaque type of it.
+  switch (elem_size) {
+    case 1: opts.setOutput(static_cast<uint8_t*>(data), n); break;
+    case 2: opts.setOutput(static_cast<uint16_t*>(data), n); break;
+    case 4: opts.setOutput(static_cast<uint32_t*>(data), n); break;
+    case 8: opts.setOutput(static_cast<uint64_t*>(data), n); break;
+    default: throw std::invalid_argument("[dist::all_reduce] unsupported element size");
+  }
+  opts.setReduceFunction(fn);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+void GlooBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) {
+  if (bytes == 0) return;
+  gloo::BroadcastOptions opts(context_);
+  opts.setOutput(static_cast<uint8_t*>(data), bytes);
+  opts.setRoot(root);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::broadcast(opts);
+}
+
+void GlooBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
+                             Millis timeout) {
+  if (bytes_per_rank == 0) return;
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes_per_rank);
+  opts.setOutput(static_cast<uint8_t*>(out), bytes_per_rank * context_->size);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+}
+
+void GlooBackend::all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes,
+                               uint32_t tag, Millis timeout) {
+  std::size_t total = 0;
+  for (auto b : bytes) total += b;
+  if (total == 0) return;
+  gloo::AllgathervOptions opts(context_);
+  opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes[context_->rank]);
+  opts.setOutput(static_cast<uint8_t*>(out), bytes);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allgatherv(opts);
+}
+
+void GlooBackend::all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag,
+                             Millis timeout) {
+  if (total_bytes == 0) return;
+  gloo::AlltoallOptions opts(context_);
+  opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), total_bytes);
+  opts.setOutput(static_cast<uint8_t*>(out), total_bytes);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::alltoall(opts);
+}
+
+void GlooBackend::barrier(uint32_t tag, Millis timeout) {
+  gloo::BarrierOptions opts(context_);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::barrier(opts);
+}
+
+}  // namespace quanta::dist::detail

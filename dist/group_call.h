@@ -1,0 +1,34 @@
+#pragma once
+// One collective call in flight: its fingerprint, tag and deadline. Shared by
+// the Gloo and NCCL halves of ProcessGroup. Internal to dist.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "dist/fingerprint.h"
+#include "dist/process_group.h"
+
+namespace quanta::dist {
+
+struct ProcessGroup::Call {
+  detail::Fingerprint fp;
+  uint32_t tag = 0;
+  Millis timeout{0};
+  std::chrono::steady_clock::time_point start;
+  std::string desc;
+};
+
+// Runs a backend call, turning its failures into fail()'s report.
+template <class F> void ProcessGroup::guarded(const Call& call, F&& f) {
+  try {
+    f();
+  } catch (const DistError&) {
+    throw;
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(call, e.what());
+  }
+}
+
+}  // namespace quanta::dist

@@ -1,0 +1,246 @@
+// NCCL backend (compiled with CUDA only). See nccl_backend.h for the rules.
+#include "dist/nccl_backend.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "dist/group_call.h"
+#include "engine/factory.h"
+
+namespace quanta::dist {
+namespace detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw DistError(std::string("[dist::nccl] ") + what + ": " + cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("[dist::nccl] no NCCL type for ") + dtype_name(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::prod: return ncclProd;
+  }
+  return ncclSum;
+}
+
+}  // namespace
+
+struct NcclBackend::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr, done = nullptr;
+  int device = 0;
+  bool aborted = false;
+
+  // Waits until the communicator is no longer in progress, aborting it at
+  // the deadline or on an asynchronous error.
+  void settle(Clock::time_point deadline, const char* what) {
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      ncclCommGetAsyncError(comm, &st);
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) abort_with(std::string(what) + ": " + ncclGetErrorString(st) +
+                                           " (" + ncclGetLastError(comm) + ")");
+      if (Clock::now() > deadline) abort_with(std::string(what) + ": timed out");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  [[noreturn]] void abort_with(const std::string& why) {
+    if (comm && !aborted) ncclCommAbort(comm);
+    aborted = true;
+    throw DistError("[dist::nccl] " + why + "; the communicator was aborted");
+  }
+
+  void enqueue_check(ncclResult_t r, Clock::time_point deadline, const char* what) {
+    if (r == ncclInProgress) settle(deadline, what);
+    else if (r != ncclSuccess) abort_with(std::string(what) + ": " + ncclGetErrorString(r));
+  }
+
+  // The watchdog loop: poll the completion event and the async error against
+  // the deadline; never an unbounded stream synchronise.
+  void watch(Clock::time_point deadline, const char* what) {
+    cuda_check(cudaEventRecord(done, stream), "cudaEventRecord");
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(done);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) cuda_check(q, what);
+      ncclResult_t st = ncclSuccess;
+      ncclCommGetAsyncError(comm, &st);
+      if (st != ncclSuccess && st != ncclInProgress)
+        abort_with(std::string(what) + ": " + ncclGetErrorString(st));
+      if (Clock::now() > deadline) abort_with(std::string(what) + ": timed out waiting for peers");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // Work on our stream starts after everything already queued on the
+  // legacy default stream, where the engine's kernels run.
+  void order_after_default() {
+    cuda_check(cudaEventRecord(ready, 0), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+  }
+};
+
+NcclBackend::NcclBackend(Store& store, int rank, int size, int device, Millis timeout)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.device = device;
+  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  // Two ranks on one GPU make NCCL fail obscurely: check it ourselves.
+  char bus[64] = {};
+  cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = std::string(host) + "/" + bus;
+  store.set_string("nccl/gpu/" + std::to_string(rank), me);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    if (store.get_string("nccl/gpu/" + std::to_string(r), timeout) == me)
+      throw DistError("[dist::nccl] ranks " + std::to_string(std::min(r, rank)) + " and " +
+                      std::to_string(std::max(r, rank)) + " are both on GPU " + me +
+                      ": NCCL needs one GPU per rank (set LOCAL_RANK / CUDA_VISIBLE_DEVICES)");
+  }
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (ncclGetUniqueId(&id) != ncclSuccess) throw DistError("[dist::nccl] ncclGetUniqueId failed");
+    store.set("nccl/uid", Bytes(id.internal, id.internal + sizeof id.internal));
+  }
+  const Bytes uid = store.get("nccl/uid", timeout);
+  std::memcpy(id.internal, uid.data(), sizeof id.internal);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  const auto deadline = Clock::now() + timeout;
+  const ncclResult_t r = ncclCommInitRankConfig(&s.comm, size, id, rank, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw DistError(std::string("[dist::nccl] ncclCommInitRankConfig: ") + ncclGetErrorString(r));
+  s.settle(deadline, "communicator init");
+  cuda_check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+NcclBackend::~NcclBackend() {
+  Impl& s = *impl_;
+  // Abort rather than destroy: ncclCommDestroy may wait forever on peers.
+  if (s.comm && !s.aborted) ncclCommAbort(s.comm);
+  if (s.done) cudaEventDestroy(s.done);
+  if (s.ready) cudaEventDestroy(s.ready);
+  if (s.stream) cudaStreamDestroy(s.stream);
+}
+
+void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, Millis timeout) {
+  Impl& s = *impl_;
+  const auto deadline = Clock::now() + timeout;
+  s.order_after_default();
+  s.enqueue_check(ncclAllReduce(data, data, n, nccl_type(dtype), nccl_op(op), s.comm, s.stream),
+                  deadline, "ncclAllReduce");
+  s.watch(deadline, "all_reduce");
+}
+
+void NcclBackend::broadcast(void* data, std::size_t bytes, int root, Millis timeout) {
+  Impl& s = *impl_;
+  const auto deadline = Clock::now() + timeout;
+  s.order_after_default();
+  s.enqueue_check(ncclBroadcast(data, data, bytes, ncclUint8, root, s.comm, s.stream), deadline,
+                  "ncclBroadcast");
+  s.watch(deadline, "broadcast");
+}
+
+void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank, Millis timeout) {
+  Impl& s = *impl_;
+  const auto deadline = Clock::now() + timeout;
+  s.order_after_default();
+  s.enqueue_check(ncclAllGather(in, out, bytes_per_rank, ncclUint8, s.comm, s.stream), deadline,
+                  "ncclAllGather");
+  s.watch(deadline, "all_gather");
+}
+
+void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
+                                 ReduceOp op, Millis timeout) {
+  Impl& s = *impl_;
+  const auto deadline = Clock::now() + timeout;
+  s.order_after_default();
+  s.enqueue_check(ncclReduceScatter(in, out, n_out, nccl_type(dtype), nccl_op(op), s.comm, s.stream),
+                  deadline, "ncclReduceScatter");
+  s.watch(deadline, "reduce_scatter");
+}
+
+}  // namespace detail
+
+// ---- ProcessGroup's CUDA half ----
+
+namespace {
+detail::NcclBackend& nccl_of(std::unique_ptr<detail::NcclBackend>& slot, Store* store, int rank,
+                             int size, const Tensor& t, Millis timeout) {
+  if (!slot) {
+    PrefixStore s("nccl." + std::to_string(t.device().index), std::shared_ptr<Store>(store, [](Store*) {}));
+    slot = std::make_unique<detail::NcclBackend>(s, rank, size, t.device().index, timeout);
+  }
+  return *slot;
+}
+}  // namespace
+
+void ProcessGroup::nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c) {
+  if (!t.is_contiguous()) throw std::invalid_argument("[dist::all_reduce] CUDA tensors must be contiguous");
+  guarded(c, [&] {
+    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
+        .all_reduce(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), op, c.timeout);
+  });
+}
+
+void ProcessGroup::nccl_broadcast(const Tensor& t, int root, const Call& c) {
+  if (!t.is_contiguous()) throw std::invalid_argument("[dist::broadcast] CUDA tensors must be contiguous");
+  guarded(c, [&] {
+    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout).broadcast(t.raw_data(), t.nbytes(), root, c.timeout);
+  });
+}
+
+Tensor ProcessGroup::nccl_all_gather(const Tensor& t, const Call& c) {
+  Shape shape = t.shape();
+  shape[0] *= size_;
+  Tensor out = quanta::detail::make_tensor(shape, t.dtype(), t.device());
+  guarded(c, [&] {
+    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
+        .all_gather(t.raw_data(), out.raw_data(), t.nbytes(), c.timeout);
+  });
+  return out;
+}
+
+Tensor ProcessGroup::nccl_reduce_scatter(const Tensor& t, ReduceOp op, const Call& c) {
+  Shape shape = t.shape();
+  shape[0] /= size_;
+  Tensor out = quanta::detail::make_tensor(shape, t.dtype(), t.device());
+  guarded(c, [&] {
+    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
+        .reduce_scatter(t.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()), t.dtype(),
+                        op, c.timeout);
+  });
+  return out;
+}
+
+}  // namespace quanta::dist

@@ -1,0 +1,395 @@
+// ProcessGroup: call bookkeeping (sequence numbers, tags, deadlines), the
+// debug fingerprint check, failure reports, and the collectives over Gloo.
+#include "dist/process_group.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "dist/fingerprint.h"
+#include "dist/group_call.h"
+#include "dist/gloo_backend.h"
+#include "dist/nccl_backend.h"
+#include "dist/reduce_kernels.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/random/generator.h"
+
+namespace quanta::dist {
+
+using detail::Fingerprint;
+using Clock = std::chrono::steady_clock;
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::prod: return "prod";
+  }
+  return "?";
+}
+
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0;
+}
+
+std::string default_host() {
+  if (const char* h = std::getenv("QUANTA_DIST_HOST"); h && *h) return h;
+  const char* master = std::getenv("MASTER_ADDR");
+  const std::string m = master ? master : "";
+  if (m.empty() || m == "127.0.0.1" || m == "localhost" || m == "::1") return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// A contiguous tensor holding `t`'s values to operate on in place; write it
+// back with finish_inplace when it is a copy.
+Tensor inplace_buffer(const char* op, const Tensor& t) {
+  if (!t.defined()) throw std::invalid_argument(std::string("[dist::") + op + "] undefined tensor");
+  if (t.is_contiguous()) return t;
+  if (!dtype_info(t.dtype()).arithmetic)
+    throw std::invalid_argument(std::string("[dist::") + op + "] a non-contiguous " +
+                                dtype_name(t.dtype()) + " tensor cannot be moved as bytes");
+  NoGradGuard g;
+  return t.detach().contiguous();
+}
+
+void finish_inplace(const Tensor& t, const Tensor& buf) {
+  if (buf.is_same(t)) return;
+  NoGradGuard g;
+  copy_(t.detach(), buf);
+}
+
+Tensor contiguous_input(const char* op, const Tensor& t) {
+  if (!t.defined()) throw std::invalid_argument(std::string("[dist::") + op + "] undefined tensor");
+  NoGradGuard g;
+  if (t.is_contiguous()) return t.detach();
+  if (!dtype_info(t.dtype()).arithmetic)
+    throw std::invalid_argument(std::string("[dist::") + op + "] a non-contiguous " +
+                                dtype_name(t.dtype()) + " tensor cannot be moved as bytes");
+  return t.detach().contiguous();
+}
+
+uint32_t sub_tag(uint32_t tag, uint32_t k) {
+  return static_cast<uint32_t>(quanta::detail::splitmix64((uint64_t(tag) << 8) | k));
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(int rank, int size, GroupOptions opts)
+    : rank_(rank), size_(size), opts_(std::move(opts)) {
+  debug_ = opts_.debug < 0 ? env_flag("QUANTA_DIST_DEBUG") : opts_.debug != 0;
+  if (opts_.timeout <= Millis(0))
+    throw std::invalid_argument("[dist] the group timeout must be positive");
+}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_size,
+                           GroupOptions opts)
+    : ProcessGroup(rank, world_size, std::move(opts)) {
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw std::invalid_argument("[dist] rank " + std::to_string(rank) + " is outside a world of " +
+                                std::to_string(world_size));
+  if (!store && world_size > 1) throw std::invalid_argument("[dist] a group of several ranks needs a store");
+  root_store_ = store;
+  if (world_size == 1) {
+    seed_ = opts_.seed ? opts_.seed : std::random_device{}() * 0x100000001ull;
+    return;
+  }
+  store_ = std::make_shared<PrefixStore>("quanta/" + opts_.name, store);
+  try {
+    PrefixStore gloo_store("gloo", store_);
+    const std::string host = opts_.host.empty() ? default_host() : opts_.host;
+    gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank, world_size, opts_.timeout,
+                                                  host, opts_.iface);
+    // The root seed: rank 0 decides, everyone else reads it once. This is
+    // the only communication the random streams ever need.
+    if (rank == 0) {
+      uint64_t s = opts_.seed;
+      if (s == 0) {
+        std::random_device rd;
+        s = (uint64_t(rd()) << 32) | rd();
+      }
+      store_->set_string("seed", std::to_string(s));
+    }
+    seed_ = std::stoull(store_->get_string("seed", opts_.timeout));
+  } catch (const std::exception& e) {
+    throw DistError("[dist] rendezvous of group '" + opts_.name + "' failed on rank " +
+                    std::to_string(rank) + " of " + std::to_string(world_size) + " through " +
+                    store->describe() + ": " + e.what());
+  }
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::single(GroupOptions opts) {
+  return std::make_shared<ProcessGroup>(nullptr, 0, 1, std::move(opts));
+}
+
+ProcessGroup::~ProcessGroup() {
+  // Tell peers still waiting on us that we left on purpose (fail() reads it).
+  if (store_ && broken_.empty()) {
+    try {
+      store_->set_string("status/" + std::to_string(rank_),
+                         "left the group after " + std::to_string(seq_) + " collectives");
+    } catch (...) {
+    }
+  }
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
+  const std::string name = opts_.name + "/" + purpose + "." + std::to_string(clones_++);
+  GroupOptions o = opts_;
+  o.name = name;
+  auto g = std::shared_ptr<ProcessGroup>(new ProcessGroup(rank_, size_, o));
+  g->root_store_ = root_store_;
+  g->seed_ = seed_;
+  g->debug_ = debug_;
+  if (size_ == 1) return g;
+  g->store_ = std::make_shared<PrefixStore>("quanta/" + name, root_store_);
+  try {
+    PrefixStore gloo_store("gloo", g->store_);
+    g->gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank_, size_, opts_.timeout,
+                                                     gloo_->device());
+  } catch (const std::exception& e) {
+    throw DistError("[dist] creating group '" + name + "' failed on rank " + std::to_string(rank_) +
+                    ": " + e.what());
+  }
+  return g;
+}
+
+detail::GlooBackend& ProcessGroup::gloo() { return *gloo_; }
+
+// ---- call bookkeeping ----
+
+ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shape_rule,
+                                       ReduceOp rop, int root, const CallOptions& o,
+                                       const Site& site) {
+  const bool reduces = std::strcmp(op, "all_reduce") == 0 || std::strcmp(op, "reduce_scatter") == 0;
+  Call c;
+  c.fp = detail::make_fingerprint(op, seq_, t, shape_rule, reduces ? int32_t(rop) : -1, root, site);
+  c.desc = detail::describe(c.fp);
+  if (!broken_.empty())
+    throw DistError("[dist] " + c.desc + " on rank " + std::to_string(rank_) +
+                    ": the group is broken by an earlier failure: " + broken_);
+  if (t && t->defined() && t->device().is_cuda() && !cuda_built())
+    throw std::invalid_argument("[dist::" + std::string(op) + "] CUDA tensor, but quanta was built without CUDA");
+  ++seq_;
+  c.tag = detail::tag_of(c.fp);
+  c.timeout = o.timeout > Millis(0) ? o.timeout : opts_.timeout;
+  c.start = Clock::now();
+  if (size_ > 1 && debug_) check_fingerprints(c);
+  return c;
+}
+
+void ProcessGroup::check_fingerprints(const Call& call) {
+  std::vector<Fingerprint> all(size_);
+  // The exchange's tag depends on the sequence number only, so calls that
+  // differ in op or shape still meet here and are reported at once.
+  const uint32_t tag = static_cast<uint32_t>(quanta::detail::splitmix64(call.fp.seq ^ 0x6670ull));
+  guarded(call, [&] {
+    gloo_->all_gather(&call.fp, all.data(), sizeof(Fingerprint), tag, call.timeout);
+  });
+  const std::string diff = detail::compare(all);
+  if (diff.empty()) return;
+  broken_ = "QUANTA_DIST_DEBUG: " + diff;
+  throw DistError("[dist] " + call.desc + " on rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + ": " + broken_);
+}
+
+void ProcessGroup::fail(const Call& call, const std::string& what) {
+  const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - call.start).count();
+  std::ostringstream msg;
+  msg << "[dist] " << call.desc << " failed on rank " << rank_ << " of " << size_ << " after "
+      << waited << " ms: " << what;
+  broken_ = msg.str();  // from now on every call fails at once
+  // Ask the peers what they were doing: each failing rank posts its call,
+  // ranks that left on purpose posted that; the rest did not arrive.
+  std::vector<std::string> reports(size_);
+  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(3000));
+  try {
+    store_->set_string("status/" + std::to_string(rank_), call.desc);
+    const auto deadline = Clock::now() + grace;
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || !reports[r].empty()) continue;
+        if (store_->check("status/" + std::to_string(r)))
+          reports[r] = store_->get_string("status/" + std::to_string(r), Millis(1000));
+        else
+          all = false;
+      }
+      if (all || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(Millis(20));
+    }
+  } catch (const std::exception& e) {
+    msg << "\n  (could not ask the other ranks: " << e.what() << ")";
+    broken_ = msg.str();
+    throw DistError(broken_);
+  }
+  const std::string mine = call.desc.substr(0, call.desc.find(" at "));
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const std::string& rep = reports[r];
+    if (rep.empty()) missing.push_back(r);
+    else if (rep.rfind("left", 0) == 0) msg << "\n  rank " << r << " " << rep;
+    else if (rep.substr(0, rep.find(" at ")) == mine) msg << "\n  rank " << r << " arrived and failed too";
+    else msg << "\n  rank " << r << " was in " << rep << " instead";
+  }
+  if (!missing.empty()) {
+    msg << "\n  ranks that did not arrive: ";
+    for (std::size_t i = 0; i < missing.size(); ++i) msg << (i ? ", " : "") << missing[i];
+    msg << " (no report within " << grace.count() << " ms: busy elsewhere, hung, or dead)";
+  }
+  broken_ = msg.str();
+  throw DistError(broken_);
+}
+
+// ---- collectives ----
+
+void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site site) {
+  if (t.defined()) detail::check_reducible("all_reduce", t.dtype(), op);
+  Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site);
+  if (size_ == 1) return;
+  if (t.device().is_cuda()) {
+    nccl_all_reduce(t, op, c);
+    return;
+  }
+  Tensor buf = inplace_buffer("all_reduce", t);
+  const std::size_t n = static_cast<std::size_t>(buf.numel());
+  guarded(c, [&] {
+    gloo_->all_reduce(buf.raw_data(), n, element_size(buf.dtype()), detail::reduce_fn(buf.dtype(), op),
+                      c.tag, c.timeout);
+  });
+  if (op == ReduceOp::avg) detail::divide(buf.raw_data(), buf.dtype(), n, size_);
+  finish_inplace(t, buf);
+}
+
+void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site) {
+  if (root < 0 || root >= size_)
+    throw std::invalid_argument("[dist::broadcast] root " + std::to_string(root) +
+                                " is outside a world of " + std::to_string(size_));
+  Call c = begin("broadcast", &t, detail::kSameShape, ReduceOp::sum, root, o, site);
+  if (size_ == 1) return;
+  if (t.device().is_cuda()) {
+    nccl_broadcast(t, root, c);
+    return;
+  }
+  Tensor buf = inplace_buffer("broadcast", t);
+  guarded(c, [&] { gloo_->broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout); });
+  finish_inplace(t, buf);
+}
+
+Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
+  Tensor in = contiguous_input("all_gather", t);
+  if (in.dim() == 0) in = in.reshape({1});
+  Call c = begin("all_gather", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
+  Shape shape = in.shape();
+  shape[0] *= size_;
+  if (size_ == 1) {
+    NoGradGuard g;
+    return in.clone();
+  }
+  if (in.device().is_cuda()) return nccl_all_gather(in, c);
+  Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
+  guarded(c, [&] { gloo_->all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  return out;
+}
+
+Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, CallOptions o,
+                                  Site site) {
+  Tensor in = contiguous_input("all_gather_v", t);
+  if (in.dim() == 0)
+    throw std::invalid_argument("[dist::all_gather_v] needs at least one dimension, got a scalar");
+  Call c = begin("all_gather_v", &in, detail::kAnyFirstDim, ReduceOp::sum, -1, o, site);
+  std::vector<int64_t> counts(size_, in.size(0));
+  Shape shape = in.shape();
+  if (size_ == 1) {
+    if (sizes) *sizes = counts;
+    NoGradGuard g;
+    return in.clone();
+  }
+  if (in.device().is_cuda()) throw std::invalid_argument("[dist::all_gather_v] CUDA tensors: not supported yet; gather on CPU");
+  // First the first dims (the tag already covers dtype and the other dims).
+  int64_t mine = in.size(0);
+  guarded(c, [&] { gloo_->all_gather(&mine, counts.data(), sizeof mine, sub_tag(c.tag, 1), c.timeout); });
+  int64_t total = 0;
+  for (auto n : counts) total += n;
+  shape[0] = total;
+  Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
+  const std::size_t row_bytes = mine ? in.nbytes() / static_cast<std::size_t>(mine) : 0;
+  std::size_t row = row_bytes;
+  if (!mine) {
+    // Our own rows are empty: work out a row's bytes from the output.
+    row = total ? out.nbytes() / static_cast<std::size_t>(total) : 0;
+  }
+  std::vector<std::size_t> bytes(size_);
+  for (int r = 0; r < size_; ++r) bytes[r] = static_cast<std::size_t>(counts[r]) * row;
+  guarded(c, [&] {
+    gloo_->all_gather_v(in.raw_data(), out.raw_data(), bytes, sub_tag(c.tag, 2 + uint32_t(total)),
+                        c.timeout);
+  });
+  if (sizes) *sizes = counts;
+  return out;
+}
+
+Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o, Site site) {
+  if (t.defined()) detail::check_reducible("reduce_scatter", t.dtype(), op);
+  Tensor in = contiguous_input("reduce_scatter", t);
+  if (in.dim() == 0 || in.size(0) % size_ != 0)
+    throw std::invalid_argument("[dist::reduce_scatter] dim 0 must be a multiple of the world size " +
+                                std::to_string(size_) + ", got shape " + shape_str(in.shape()));
+  Call c = begin("reduce_scatter", &in, detail::kSameShape, op, -1, o, site);
+  const int64_t m = in.size(0) / size_;
+  if (size_ == 1) {
+    NoGradGuard g;
+    return in.clone();
+  }
+  if (in.device().is_cuda()) return nccl_reduce_scatter(in, op, c);
+  // All-to-all then a local reduction in rank order: the bandwidth of a
+  // ring reduce-scatter (Gloo 5b14351 has no reduce_scatter of its own).
+  Tensor gathered = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
+  guarded(c, [&] { gloo_->all_to_all(in.raw_data(), gathered.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  Shape shape = in.shape();
+  shape[0] = m;
+  NoGradGuard g;
+  Tensor out = gathered.narrow(0, 0, m).clone();
+  const std::size_t n = static_cast<std::size_t>(out.numel());
+  const auto fn = detail::reduce_fn(in.dtype(), op);
+  const std::size_t block = out.nbytes();
+  auto* base = static_cast<const char*>(gathered.raw_data());
+  for (int r = 1; r < size_; ++r) fn(out.raw_data(), out.raw_data(), base + r * block, n);
+  if (op == ReduceOp::avg) detail::divide(out.raw_data(), out.dtype(), n, size_);
+  return out;
+}
+
+Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
+  Tensor in = contiguous_input("all_to_all", t);
+  if (in.dim() == 0 || in.size(0) % size_ != 0)
+    throw std::invalid_argument("[dist::all_to_all] dim 0 must be a multiple of the world size " +
+                                std::to_string(size_) + ", got shape " + shape_str(in.shape()));
+  Call c = begin("all_to_all", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
+  NoGradGuard g;
+  if (size_ == 1) return in.clone();
+  if (in.device().is_cuda()) throw std::invalid_argument("[dist::all_to_all] CUDA tensors: not supported yet");
+  Tensor out = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
+  guarded(c, [&] { gloo_->all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  return out;
+}
+
+void ProcessGroup::barrier(CallOptions o, Site site) {
+  Call c = begin("barrier", nullptr, detail::kNoTensor, ReduceOp::sum, -1, o, site);
+  if (size_ == 1) return;
+  guarded(c, [&] { gloo_->barrier(c.tag, c.timeout); });
+}
+
+}  // namespace quanta::dist

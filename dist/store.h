@@ -1,0 +1,127 @@
+#pragma once
+// Key-value stores for rendezvous: every rank of a group meets through one.
+// TcpStore: a server (rank 0 or a launcher) and a client per rank, the way
+// torchrun's MASTER_ADDR:MASTER_PORT is used. FileStore: a directory every
+// rank can see (a shared file system). PrefixStore scopes keys, so several
+// groups share one store. Every blocking call has a deadline and throws an
+// error naming the store, the key and the time it waited.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace quanta::dist {
+
+using Millis = std::chrono::milliseconds;
+using Bytes = std::vector<char>;
+
+/** The interface every store implements. Thread-safe. */
+class Store {
+ public:
+  virtual ~Store() = default;
+  /** Sets `key` to `value` (overwrites). */
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  /** The value of `key`, waiting up to `timeout` for it to be set; throws
+   * std::runtime_error naming the key on timeout. */
+  virtual Bytes get(const std::string& key, Millis timeout) = 0;
+  /** Adds `delta` to the integer at `key` (0 when unset); returns the sum. */
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  /** True when `key` is set (does not wait). */
+  virtual bool check(const std::string& key) = 0;
+  /** Removes `key`; true when it existed. */
+  virtual bool remove(const std::string& key) = 0;
+  /** Where the store lives, for error messages ("tcp://127.0.0.1:29500"). */
+  virtual std::string describe() const = 0;
+
+  /** Waits until every key is set (throws like get on timeout). */
+  void wait(const std::vector<std::string>& keys, Millis timeout);
+  /** get() of a value set with set_string(). */
+  std::string get_string(const std::string& key, Millis timeout);
+  /** set() of a string value. */
+  void set_string(const std::string& key, const std::string& value);
+};
+
+/** The server side of TcpStore: a thread serving one map to any number of
+ * clients. Port 0 picks a free port (see port()). */
+class TcpStoreServer {
+ public:
+  /** Listens on `port` on all interfaces; throws naming the port on failure. */
+  explicit TcpStoreServer(int port);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  /** The port it listens on. */
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/** A TCP store client; with `is_server` it also hosts the server. */
+class TcpStore : public Store {
+ public:
+  /** Connects to host:port, retrying until `timeout` (the server may start
+   * later). With `is_server`, first starts a server on `port`. */
+  TcpStore(const std::string& host, int port, bool is_server, Millis timeout);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, Millis timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+  bool remove(const std::string& key) override;
+  std::string describe() const override;
+  /** The port of the server (useful with port 0 and is_server). */
+  int port() const { return port_; }
+
+ private:
+  struct Reply;
+  Reply request(uint8_t cmd, const std::string& key, const Bytes& value);
+  std::unique_ptr<TcpStoreServer> server_;
+  std::string host_;
+  int port_;
+  Millis timeout_;
+  int fd_ = -1;
+  struct Lock;
+  std::unique_ptr<Lock> lock_;
+};
+
+/** A store in a directory: one file per key, written atomically (temporary
+ * file then rename). Use a fresh directory per run: old keys are read as set. */
+class FileStore : public Store {
+ public:
+  /** Creates `dir` if needed. */
+  explicit FileStore(std::string dir);
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, Millis timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+  bool remove(const std::string& key) override;
+  std::string describe() const override;
+
+ private:
+  std::string path_of(const std::string& key) const;
+  std::string dir_;
+};
+
+/** Keys of `base` under "prefix/". */
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base);
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, Millis timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+  bool remove(const std::string& key) override;
+  std::string describe() const override;
+  /** The store below the prefix. */
+  const std::shared_ptr<Store>& base() const { return base_; }
+
+ private:
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+}  // namespace quanta::dist

@@ -1,0 +1,61 @@
+// A small distributed program for the process tests and the launcher test:
+// it joins the group from the environment (dist::init) and runs a scenario.
+//   ok    all_reduce of rank + 1; prints "rank R of N: sum S"
+//   die   one all_reduce, then rank 1 exits abruptly (_exit(3)) and the other
+//         ranks try another all_reduce: they print the error and how long it took
+//   fail  rank 1 exits with status 7 at once; the others sleep 60 s (the
+//         launcher must stop them)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "dist/env.h"
+#include "quanta.h"
+
+using namespace quanta;
+
+int main(int argc, char** argv) {
+  const char* scenario = argc > 1 ? argv[1] : "ok";
+  try {
+    dist::GroupOptions opts;
+    opts.timeout = dist::Millis(10000);
+    auto g = dist::init(opts);
+    Tensor x = full({4}, g->rank() + 1.0);
+    if (std::strcmp(scenario, "ok") == 0) {
+      g->all_reduce(x);
+      std::printf("rank %d of %d: sum %g\n", g->rank(), g->size(), x.to_vector<float>()[0]);
+      return 0;
+    }
+    if (std::strcmp(scenario, "die") == 0) {
+      g->all_reduce(x);
+      if (g->rank() == 1) _exit(3);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        g->all_reduce(x);
+        std::printf("NO ERROR\n");
+        return 1;
+      } catch (const dist::DistError& e) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0).count();
+        std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
+        return 0;
+      }
+    }
+    if (std::strcmp(scenario, "fail") == 0) {
+      if (g->rank() == 1) {
+        std::fprintf(stderr, "rank 1 fails on purpose\n");
+        return 7;
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    }
+    std::fprintf(stderr, "unknown scenario %s\n", scenario);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank_program: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,175 @@
+// Collectives on real ranks (threads over Gloo on loopback): results on
+// every dtype where they make sense, zero-size tensors, world of one, and
+// the errors for what cannot work.
+#include <doctest/doctest.h>
+
+#include "dist/process_group.h"
+#include "quanta.h"
+#include "ranks.h"
+
+using namespace quanta;
+using namespace quanta::dist;
+using testing::all_ok;
+using testing::run_ranks;
+
+namespace {
+
+// rank r's tensor: values r + 1 + i (i the flat index), in `dtype`.
+Tensor rank_tensor(int r, const Shape& shape, DType dtype) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return (arange(0.0, double(n), 1.0, {.dtype = DType::f64}) + double(r + 1)).reshape(shape).to(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce: sum, avg, min, max, prod on every arithmetic dtype, bitwise equal on all ranks") {
+  const int n = 3;
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
+      if (op == ReduceOp::avg && !is_floating(dt)) continue;
+      CAPTURE(dtype_name(dt));
+      CAPTURE(reduce_op_name(op));
+      std::vector<std::vector<double>> got(n);
+      auto errors = run_ranks(n, [&](ProcessGroup& g) {
+        Tensor t = rank_tensor(g.rank(), {2, 3}, dt);
+        g.all_reduce(t, op);
+        got[g.rank()] = t.to_vector<double>();
+      });
+      REQUIRE(all_ok(errors));
+      for (int64_t i = 0; i < 6; ++i) {
+        double a = 1 + i, b = 2 + i, c = 3 + i;
+        double want = op == ReduceOp::sum ? a + b + c
+                      : op == ReduceOp::avg ? (a + b + c) / 3
+                      : op == ReduceOp::min ? a
+                      : op == ReduceOp::max ? c
+                                            : a * b * c;
+        if (dt == DType::u8) want = double(uint8_t(int64_t(want)));
+        const double tol = (dt == DType::bf16 || dt == DType::f16) ? 0.02 * std::abs(want) : 1e-6;
+        CHECK(got[0][i] == doctest::Approx(want).epsilon(0).scale(0).epsilon(tol ? tol : 1e-12));
+        CHECK(got[1][i] == got[0][i]);
+        CHECK(got[2][i] == got[0][i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("all_reduce on a strided view writes back through the view") {
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Tensor base = zeros({3, 4}, {.dtype = DType::f64});
+    Tensor col = base.select(1, 1);  // non-contiguous
+    copy_(col, full({3}, g.rank() + 1.0, {.dtype = DType::f64}));
+    g.all_reduce(col);
+    CHECK(base.to_vector<double>() == std::vector<double>{0, 3, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0});
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("reductions refuse byte-only and unsuitable dtypes before any communication") {
+  auto g = ProcessGroup::single();
+  Tensor b = zeros({4}, {.dtype = DType::boolean});
+  CHECK_THROWS_WITH_AS(g->all_reduce(b, ReduceOp::sum), doctest::Contains("bool tensors reduce only"),
+                       std::invalid_argument);
+  Tensor i = zeros({4}, {.dtype = DType::i32});
+  CHECK_THROWS_WITH_AS(g->all_reduce(i, ReduceOp::avg), doctest::Contains("avg needs a floating dtype"),
+                       std::invalid_argument);
+  CHECK_NOTHROW(g->all_reduce(b, ReduceOp::max));
+  CHECK(g->sequence() == 1);  // refused calls did not count
+}
+
+TEST_CASE("broadcast, all_gather, all_gather_v and all_to_all move bytes of any dtype") {
+  const int n = 3;
+  for (DType dt : {DType::f32, DType::bf16, DType::i64, DType::u8, DType::boolean}) {
+    CAPTURE(dtype_name(dt));
+    auto errors = run_ranks(n, [&](ProcessGroup& g) {
+      const int r = g.rank();
+      Tensor x = rank_tensor(r, {2, 2}, dt);
+      g.broadcast(x, 1);
+      CHECK(x.to_vector<double>() == rank_tensor(1, {2, 2}, dt).to_vector<double>());
+
+      Tensor all = g.all_gather(rank_tensor(r, {1, 2}, dt));
+      CHECK(all.shape() == Shape{3, 2});
+      CHECK(all.to_vector<double>() ==
+            cat({rank_tensor(0, {1, 2}, dt), rank_tensor(1, {1, 2}, dt), rank_tensor(2, {1, 2}, dt)})
+                .to_vector<double>());
+
+      // uneven: rank r has r rows (rank 0 none)
+      std::vector<int64_t> sizes;
+      Tensor v = g.all_gather_v(rank_tensor(r, {r, 2}, dt), &sizes);
+      CHECK(sizes == std::vector<int64_t>{0, 1, 2});
+      CHECK(v.shape() == Shape{3, 2});
+      CHECK(v.to_vector<double>() ==
+            cat({rank_tensor(1, {1, 2}, dt), rank_tensor(2, {2, 2}, dt)}).to_vector<double>());
+
+      // all_to_all: block j of rank r is (r, j); afterwards block j holds (j, r)
+      Tensor blocks = from_vector<double>({double(r * 10 + 0), double(r * 10 + 1), double(r * 10 + 2)}, {3})
+                          .to(dt == DType::boolean ? DType::u8 : dt);
+      Tensor t = g.all_to_all(blocks);
+      if (dt != DType::boolean && dt != DType::u8)
+        CHECK(t.to_vector<double>() == std::vector<double>{double(r), double(10 + r), double(20 + r)});
+    });
+    CHECK(all_ok(errors));
+  }
+}
+
+TEST_CASE("reduce_scatter: block r of the sum over ranks, sum and avg") {
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Tensor x = rank_tensor(g.rank(), {4, 2}, DType::f64);  // rank r: r+1 .. r+8
+    Tensor s = g.reduce_scatter(x);
+    CHECK(s.shape() == Shape{2, 2});
+    const int64_t off = g.rank() * 4;
+    for (int64_t i = 0; i < 4; ++i) CHECK(s.to_vector<double>()[i] == double(2 * (off + i) + 3));
+    Tensor a = g.reduce_scatter(x, ReduceOp::avg);
+    for (int64_t i = 0; i < 4; ++i) CHECK(a.to_vector<double>()[i] == double(2 * (off + i) + 3) / 2);
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("zero-size tensors are normal in every collective") {
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Tensor e = zeros({0, 3});
+    g.all_reduce(e);
+    g.broadcast(e, 0);
+    CHECK(g.all_gather(e).shape() == Shape{0, 3});
+    CHECK(g.all_gather_v(e).shape() == Shape{0, 3});
+    CHECK(g.reduce_scatter(zeros({0, 3})).shape() == Shape{0, 3});
+    CHECK(g.all_to_all(e).shape() == Shape{0, 3});
+    g.barrier();
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("a world of one: every collective is an identity") {
+  auto g = ProcessGroup::single({.seed = 7});
+  CHECK(g->size() == 1);
+  CHECK(g->seed() == 7);
+  Tensor x = from_vector<float>({1, 2, 3}, {3});
+  g->all_reduce(x, ReduceOp::avg);
+  CHECK(x.to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(g->all_gather(x).to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(g->all_gather_v(x).to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(g->reduce_scatter(x).to_vector<float>() == std::vector<float>{1, 2, 3});
+  g->barrier();
+  CHECK(g->sequence() == 5);
+}
+
+TEST_CASE("shape errors are raised locally with the op's name") {
+  auto g = ProcessGroup::single();
+  CHECK_THROWS_WITH_AS(g->broadcast(zeros({2}), 3), doctest::Contains("[dist::broadcast] root 3"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(g->all_gather_v(scalar(1.0)), doctest::Contains("[dist::all_gather_v]"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("clone: a second group over the same ranks with its own sequence") {
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    auto g2 = g.clone("grads");
+    Tensor x = full({3}, 1.0);
+    g2->all_reduce(x);
+    g.all_reduce(x);
+    CHECK(x.to_vector<float>() == std::vector<float>{4, 4, 4});
+    CHECK(g2->sequence() == 1);
+    CHECK(g2->seed() == g.seed());
+  });
+  CHECK(all_ok(errors));
+}

@@ -1,0 +1,181 @@
+// Ranks as real processes: a rank that dies, the launcher (`quanta launch`),
+// and reading the launchers' environments. RANK_PROGRAM is
+// tests/dist/rank_program.cpp; QUANTA_EXE the quanta command.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/env.h"
+
+using namespace quanta::dist;
+
+extern char** environ;
+
+namespace {
+
+std::string env_or_skip(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Run {
+  int status = -1;
+  std::string out;
+};
+
+// Runs argv with extra environment entries, stdout+stderr to a file.
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+            const std::string& out_path) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  for (auto& kv : extra_env) env.push_back(kv);
+  std::vector<char*> envp, argv;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = args;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+Run finish(pid_t pid, const std::string& out_path) {
+  Run r;
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  std::ifstream in(out_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.out = ss.str();
+  return r;
+}
+
+std::string tmp_path(const std::string& name) {
+  return "/tmp/quanta_dist_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r)
+    pids.push_back(spawn({prog, "die"},
+                         {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+                          "MASTER_PORT=" + std::to_string(port)},
+                         tmp_path("die" + std::to_string(r))));
+  std::vector<Run> runs;
+  for (int r = 0; r < 3; ++r) runs.push_back(finish(pids[r], tmp_path("die" + std::to_string(r))));
+  CHECK(runs[1].status == 3);
+  for (int r : {0, 2}) {
+    CAPTURE(runs[r].out);
+    CHECK(runs[r].status == 0);
+    CHECK(runs[r].out.find("ERROR after") != std::string::npos);
+    CHECK(runs[r].out.find("did not arrive: 1") != std::string::npos);
+    const long ms = std::stol(runs[r].out.substr(runs[r].out.find("after ") + 6));
+    CHECK(ms < 5000);  // the group timeout is 10 s: the loss is seen, not waited out
+  }
+}
+
+TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit status") {
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  const std::string quanta = env_or_skip("QUANTA_EXE");
+  if (prog.empty() || quanta.empty()) return;
+  SUBCASE("all ranks succeed") {
+    Run r = finish(spawn({quanta, "launch", "-n", "2", "--", prog, "ok"}, {}, tmp_path("launch_ok")),
+                   tmp_path("launch_ok"));
+    CAPTURE(r.out);
+    CHECK(r.status == 0);
+    CHECK(r.out.find("[rank 0] rank 0 of 2: sum 3") != std::string::npos);
+    CHECK(r.out.find("[rank 1] rank 1 of 2: sum 3") != std::string::npos);
+  }
+  SUBCASE("one rank fails: the others are stopped, the exit status is the failing rank's") {
+    const auto t0 = std::chrono::steady_clock::now();
+    Run r = finish(spawn({quanta, "launch", "-n", "3", "--", prog, "fail"}, {}, tmp_path("launch_fail")),
+                   tmp_path("launch_fail"));
+    CAPTURE(r.out);
+    CHECK(r.status == 7);
+    CHECK(r.out.find("[rank 1] rank 1 fails on purpose") != std::string::npos);
+    CHECK(r.out.find("rank 1 exited with status 7") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // not the 60 s sleep
+  }
+  SUBCASE("a program that does not exist") {
+    Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "/nonexistent/prog"}, {}, tmp_path("launch_missing")),
+                   tmp_path("launch_missing"));
+    CHECK(r.status != 0);
+  }
+}
+
+TEST_CASE("launch_info_from_env: torchrun, Slurm, Open MPI, none, malformed") {
+  const char* vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+                        "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_LAUNCH_NODE_IPADDR",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"};
+  for (const char* v : vars) ::unsetenv(v);
+  LaunchInfo none = launch_info_from_env();
+  CHECK(none.source == "none");
+  CHECK(none.world_size == 1);
+
+  ::setenv("SLURM_PROCID", "3", 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  ::setenv("SLURM_JOB_ID", "12345", 1);
+  LaunchInfo slurm = launch_info_from_env();
+  CHECK(slurm.source == "slurm");
+  CHECK(slurm.rank == 3);
+  CHECK(slurm.world_size == 4);
+  CHECK(slurm.local_rank == 1);
+  CHECK(slurm.master_port == 29500 + 345);
+  for (const char* v : vars) ::unsetenv(v);
+
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.5", 1);
+  LaunchInfo mpi = launch_info_from_env();
+  CHECK(mpi.source == "openmpi");
+  CHECK(mpi.rank == 1);
+  CHECK(mpi.master_addr == "10.0.0.5");
+  for (const char* v : vars) ::unsetenv(v);
+
+  ::setenv("RANK", "2", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK_THROWS_WITH_AS(launch_info_from_env(), doctest::Contains("rank 2 is outside a world of 2"),
+                       std::invalid_argument);
+  ::setenv("RANK", "x", 1);
+  CHECK_THROWS_WITH_AS(launch_info_from_env(), doctest::Contains("RANK='x' is not an integer"),
+                       std::invalid_argument);
+  for (const char* v : vars) ::unsetenv(v);
+  CHECK(init()->size() == 1);  // no launcher: a world of one
+}
