@@ -75,6 +75,7 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
       return std::vector<Tensor>{scalar(value, options_of(xc))};
     });
   };
+  const bool q_grad = q.requires_grad();
   fn.backward = [=, xs = x.detach(), qs = q.detach()](const std::vector<Tensor>& grads) {
     const Tensor xc = contiguous(xs), qc = contiguous(qs);
     Tensor gx = zeros(xs.shape(), options_of(xs));
@@ -96,7 +97,7 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
         });
       });
     }
-    return std::vector<Tensor>{gx, q.requires_grad() ? -gx : Tensor()};
+    return std::vector<Tensor>{gx, q_grad ? -gx : Tensor()};
   };
   return autograd::apply(fn, {x, q})[0];
 }
