@@ -18,8 +18,14 @@
 namespace quanta::quant {
 namespace {
 
-// Rows per block: the tile [kBlock, K] fits in L2 for K up to a few thousand.
-constexpr int64_t kBlock = 64;
+// Rows per block. Each GEMM call repacks the whole codebook, so blocks are
+// as tall as a tile budget of 2^21 floats (8 MiB) allows, but no taller than
+// one block per thread, and at least 16 rows.
+int64_t block_rows(int64_t n, int64_t k) {
+  const int64_t budget = std::max<int64_t>(16, (int64_t(1) << 21) / std::max<int64_t>(k, 1));
+  const int64_t per_thread = (n + num_threads() - 1) / std::max(1, num_threads());
+  return std::max<int64_t>(16, std::min({budget, per_thread, int64_t(1024)}));
+}
 
 template <class T>
 void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosine,
@@ -32,9 +38,10 @@ void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, boo
       for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
       cn[j] = s;
     }
+  const int64_t kBlock = block_rows(n, k);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   cpu::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> tile(static_cast<size_t>(kBlock * k));
+    std::vector<T> tile(static_cast<size_t>(std::min(kBlock, n) * k));
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
       // tile = x_block c^T: c [K, D] read as a column-major [D, K] matrix.
