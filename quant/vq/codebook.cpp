@@ -45,10 +45,7 @@ Tensor put_rows(const Tensor& x, const Tensor& at, const Tensor& src) {
 }  // namespace
 
 Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
-    : Module("Codebook"),
-      opts_(checked(opts)),
-      kmeans_gen_(0),
-      dead_code_gen_(0) {
+    : Module("Codebook"), opts_(checked(opts)), kmeans_gen_(0), dead_code_gen_(0) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
   Tensor embed = zeros({g, k, d});
   if (!opts_.kmeans_init) {
@@ -63,8 +60,8 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
                                     : register_buffer("embed", embed);
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   cluster_size_ = register_buffer("cluster_size", ones({g, k}));
-  initted_ = register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0,
-                                               {.dtype = DType::boolean}));
+  initted_ =
+      register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0, {.dtype = DType::boolean}));
 }
 
 bool Codebook::initted() const { return initted_.item() != 0.0; }
@@ -72,9 +69,10 @@ bool Codebook::initted() const { return initted_.item() != 0.0; }
 void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size;
   if (static_cast<int64_t>(samples.size()) != g)
-    throw std::invalid_argument("[Codebook] init_from_samples needs one sample set per "
-                                "codebook: got " + std::to_string(samples.size()) +
-                                ", expected " + std::to_string(g));
+    throw std::invalid_argument(
+        "[Codebook] init_from_samples needs one sample set per "
+        "codebook: got " +
+        std::to_string(samples.size()) + ", expected " + std::to_string(g));
   for (const Tensor& s : samples)
     if (s.size(0) == 0) return;  // an empty batch cannot seed k-means: wait
   NoGradGuard no_grad;

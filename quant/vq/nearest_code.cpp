@@ -80,8 +80,7 @@ Tensor nearest_codes(const Tensor& x, const Tensor& codes, bool cosine) {
   if (n == 0) return out;
   if (k == 0) throw std::invalid_argument("[nearest_codes] the codebook is empty");
   NoGradGuard no_grad;
-  const DType dt = promote_types(x.dtype(), codes.dtype()) == DType::f64 ? DType::f64
-                                                                          : DType::f32;
+  const DType dt = promote_types(x.dtype(), codes.dtype()) == DType::f64 ? DType::f64 : DType::f32;
   const Tensor xc = contiguous(to_dtype(x.detach(), dt));
   const Tensor cc = contiguous(to_dtype(codes.detach(), dt));
   dispatch_float(dt, "nearest_codes", [&](auto tag) {

@@ -11,8 +11,8 @@
 
 namespace quanta::quant {
 
-RandomProjectionQuantizer::RandomProjectionQuantizer(
-    const RandomProjectionQuantizerOptions& opts, Generator& gen)
+RandomProjectionQuantizer::RandomProjectionQuantizer(const RandomProjectionQuantizerOptions& opts,
+                                                     Generator& gen)
     : Module("RandomProjectionQuantizer"), opts_(opts) {
   if (opts_.dim <= 0 || opts_.codebook_dim <= 0 || opts_.num_codebooks <= 0)
     throw std::invalid_argument(

@@ -71,14 +71,12 @@ Tensor rotate_to(const Tensor& x, const Tensor& q) {
   fn.name = "rotate_to";
   // The value is q itself: R x = lambda |x| q^ = q, without the rounding of
   // evaluating the rotation (apply() hands out a fresh handle).
-  fn.forward = [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{in[1]};
-  };
+  fn.forward = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[1]}; };
   fn.backward = [xs = x.detach(), qd](const std::vector<Tensor>& grads) {
     const int64_t d = xs.size(-1);
     const int64_t rows = d == 0 ? 0 : xs.numel() / d;
     const Tensor xc = contiguous(xs), qc = contiguous(qd), g = contiguous(grads[0]);
-    Tensor gx = zeros(xs.shape(), options_of(xs));
+    Tensor gx = empty(xs.shape(), options_of(xs));  // every element is written
     dispatch_float(xs.dtype(), "rotate_to", [&](auto tag) {
       using T = typename decltype(tag)::type;
       rotate_backward<T>(xc.data<T>(), qc.data<T>(), g.data<T>(), gx.data<T>(), rows, d);

@@ -33,8 +33,8 @@ SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen) : Module("SimVQ"), opts_(
     fail("SimVQ", "dim and codebook_size must be positive, got " + std::to_string(opts_.dim) +
                       " and " + std::to_string(opts_.codebook_size));
   const int64_t df = opts_.frozen_codebook_dim > 0 ? opts_.frozen_codebook_dim : opts_.dim;
-  transform_ = register_module(
-      "code_transform", std::make_shared<Linear>(df, opts_.dim, gen, /*bias=*/false));
+  transform_ = register_module("code_transform",
+                               std::make_shared<Linear>(df, opts_.dim, gen, /*bias=*/false));
   frozen_ = register_buffer("frozen_codebook",
                             randn({opts_.codebook_size, df}, gen) / std::sqrt(double(df)));
 }
@@ -58,12 +58,12 @@ QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask) {
   // mse(sg(x), q) trains the transform, w * mse(x, sg(q)) commits the input.
   Tensor loss = zeros({}, options_of(tokens));
   if (b * n > 0)
-    loss = (commitment_loss(tokens.detach(), q, valid) +
-            commitment_loss(tokens, q.detach(), valid) *
-                opts_.input_to_quantize_commit_loss_weight) *
-           opts_.commitment_weight;
-  Tensor out = opts_.rotation_trick ? rotate_to(tokens, q.detach())
-                                    : straight_through(tokens, q.detach());
+    loss =
+        (commitment_loss(tokens.detach(), q, valid) +
+         commitment_loss(tokens, q.detach(), valid) * opts_.input_to_quantize_commit_loss_weight) *
+        opts_.commitment_weight;
+  Tensor out =
+      opts_.rotation_trick ? rotate_to(tokens, q.detach()) : straight_through(tokens, q.detach());
   Tensor indices = idx;
   if (valid.defined()) {
     out = out * unsqueeze(to_dtype(valid, out.dtype()), -1);
@@ -140,8 +140,8 @@ QuantizeOutput ResidualSimVQ::forward(const Tensor& x, const Tensor& mask) {
 Tensor ResidualSimVQ::get_codes_from_indices(const Tensor& indices) {
   const int64_t q = num_quantizers();
   if (indices.dim() < 1 || indices.size(-1) > q)
-    fail("ResidualSimVQ", "expects indices [..., q] with q <= " + std::to_string(q) +
-                              ", got " + shape_str(indices.shape()));
+    fail("ResidualSimVQ", "expects indices [..., q] with q <= " + std::to_string(q) + ", got " +
+                              shape_str(indices.shape()));
   const Shape lead(indices.shape().begin(), indices.shape().end() - 1);
   std::vector<Tensor> codes;
   for (int64_t i = 0; i < q; ++i) {

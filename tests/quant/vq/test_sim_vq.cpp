@@ -48,8 +48,8 @@ TEST_CASE("SimVQ: nearest transformed codes, commitment loss, gradient to the tr
   CHECK(sum(abs(wg)).item() > 0.0);
   CHECK(x.grad().defined());
   // Masked tokens: zero output, index -1.
-  const Tensor mask = to_dtype(from_vector<uint8_t>({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 6}),
-                               DType::boolean);
+  const Tensor mask =
+      to_dtype(from_vector<uint8_t>({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 6}), DType::boolean);
   QuantizeOutput m = vq.forward(x.detach(), mask);
   CHECK(m.indices.to_vector<int64_t>()[1] == -1);
   CHECK(sum(abs(select(select(m.quantized, 0, 0), 0, 1))).item() == 0.0);

@@ -91,8 +91,10 @@ TEST_CASE("masked tokens change nothing: outputs, losses and EMA state") {
   std::vector<float> xv = x.to_vector<float>(), valid_rows;
   for (int t = 0; t < 12; ++t)
     for (int e = 0; e < 4; ++e) {
-      if (!keep[t]) xv[t * 4 + e] = 1e6f;
-      else valid_rows.push_back(xv[t * 4 + e]);
+      if (!keep[t])
+        xv[t * 4 + e] = 1e6f;
+      else
+        valid_rows.push_back(xv[t * 4 + e]);
     }
   x = from_vector<float>(xv, {2, 6, 4});
   const Tensor mask = to_dtype(from_vector<uint8_t>(keep, {2, 6}), DType::boolean);
