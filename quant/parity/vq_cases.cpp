@@ -98,17 +98,22 @@ bool set_vq_option(VectorQuantizeOptions& o, const std::string& key, const json&
     o.learnable_codebook = opt_bool(v);
   else if (key == "ema_update")
     o.ema_update = opt_bool(v);
+  else if (key == "affine_param")
+    o.affine_param = v.get<bool>();
+  else if (key == "affine_param_batch_decay")
+    o.affine_param_batch_decay = v.get<double>();
+  else if (key == "affine_param_codebook_decay")
+    o.affine_param_codebook_decay = v.get<double>();
   else if (key == "sync_update_v")
     o.sync_update_v = v.get<double>();
-  else if (key == "directional_reparam" || key == "affine_param" || key == "sync_affine_param" ||
+  else if (key == "directional_reparam" || key == "sync_affine_param" ||
            key == "manual_ema_update" || key == "manual_in_place_optimizer_update")
     return require_value(key, v, false);
   else if (key == "vq_bridge" || key == "in_place_codebook_optimizer")
     return require_value(key, v, nullptr);
   else if (key == "return_zeros_for_masked_padding" || key == "route_gradients_to_input")
     return require_value(key, v, true);
-  else if (key == "directional_reparam_variance" || key == "affine_param_batch_decay" ||
-           key == "affine_param_codebook_decay")
+  else if (key == "directional_reparam_variance")
     return true;  // only read by options that are off
   else
     return false;

@@ -63,6 +63,9 @@ CodebookOptions codebook_options(const VectorQuantizeOptions& o, int64_t codeboo
   // The orthogonal loss needs a gradient on the codes even when the EMA
   // trains them, as in the reference.
   c.embed_is_parameter = learnable || o.orthogonal_reg_weight > 0;
+  c.affine_param = o.affine_param;
+  c.affine_param_batch_decay = o.affine_param_batch_decay;
+  c.affine_param_codebook_decay = o.affine_param_codebook_decay;
   return c;
 }
 
@@ -219,8 +222,9 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   // The codes this forward uses: a gradient only for a learnable codebook,
   // and then a copy, so an EMA step inside this forward cannot change what
   // backward reads.
-  const Tensor codes =
-      learnable_ ? (updates ? cb.embed().clone() : cb.embed()) : cb.embed().detach();
+  if (opts_.affine_param && training) cb.update_affine(t.x, t.valid);
+  const Tensor codes = cb.affine_codes(learnable_ ? (updates ? cb.embed().clone() : cb.embed())
+                                                  : cb.embed().detach());
   const double temp = opts_.sample_codebook_temp;
   const bool gumbel = training && opts_.straight_through && temp > 0;
   const bool stochastic = training && opts_.stochastic_sample_codes && temp > 0;
@@ -260,7 +264,7 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   }
 
   if (updates) {
-    cb.accumulate(t.x, idx, t.valid);
+    cb.accumulate(opts_.affine_param ? cb.to_codebook_space(t.x.detach()) : t.x, idx, t.valid);
     if (opts_.update_in_forward) cb.update_state();
   }
 
@@ -364,7 +368,8 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
                                                     const Tensor& mask) {
   Tokens t = prepare(x, mask);
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
-  const Tensor codes = learnable_ ? codebook_->embed() : codebook_->embed().detach();
+  const Tensor codes =
+      codebook_->affine_codes(learnable_ ? codebook_->embed() : codebook_->embed().detach());
   const Tensor dist = distances(t.x, codes);
   const Tensor idx = argmax(dist.detach(), -1);
   // Given indices [B, N(, heads)] to the codebook's token order [G, T].
