@@ -22,9 +22,12 @@
 namespace quanta::quant {
 namespace {
 
-// Elements of one dequantized weight tile: large enough for an efficient GEMM,
-// small enough to stay in cache (1 MiB of f32).
-constexpr int64_t kTileElems = int64_t{1} << 18;
+// Elements of one dequantized weight tile (4 MiB of f32): large enough for an
+// efficient GEMM, a sixteenth of a 4096 x 4096 weight.
+constexpr int64_t kTileElems = int64_t{1} << 20;
+// Below this many rows per thread, backward runs one row block (the tiles'
+// GEMMs are then threaded by Eigen instead).
+constexpr int64_t kBackwardRowGrain = 64;
 
 // Rows per tile: a multiple of the rows after which a row starts a unit
 // again, so each tile starts on a 64-element unit.
@@ -114,7 +117,9 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const uint8_t* w, int64
   });
 }
 
-// y [M, N] = x [M, K] W^T, W dequantized tile by tile.
+// y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole
+// tiles (each dequantizes its own into a private buffer and runs a
+// single-threaded GEMM), so there is one parallel region per call.
 template <class T>
 void forward_kernel(const T* x, int64_t M, int64_t K, const Tensor& w, int64_t N, T* y) {
   if (M == 0 || N == 0) return;
@@ -127,16 +132,20 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const Tensor& w, int64_t N
     return;
   }
   const int64_t rows = tile_rows(N, K);
-  std::vector<T> tile(static_cast<size_t>(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    dequantize_range(w, n0 * K, r * K, tile.data());
-    // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
-    cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
-  }
+  const int64_t tiles = (N + rows - 1) / rows;
+  cpu::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t n0 = t * rows, r = std::min(rows, N - n0);
+      dequantize_range(w, n0 * K, r * K, tile.data());
+      // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
+      cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
+    }
+  });
 }
 
-// dx [M, K] = g [M, N] W, W dequantized tile by tile.
+// dx [M, K] = g [M, N] W. Threads take row blocks of dx (so no two write the
+// same output) and each walks all weight tiles.
 template <class T>
 void backward_kernel(const T* g, int64_t M, int64_t N, const Tensor& w, int64_t K, T* dx) {
   if (M == 0 || K == 0) return;
@@ -145,12 +154,15 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const Tensor& w, int64_t 
     return;
   }
   const int64_t rows = tile_rows(N, K);
-  std::vector<T> tile(static_cast<size_t>(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    dequantize_range(w, n0 * K, r * K, tile.data());
-    cpu::gemm<T>(M, K, r, {g + n0, N, 1}, {tile.data(), K, 1}, dx, K, n0 > 0);
-  }
+  cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+      const int64_t r = std::min(rows, N - n0);
+      dequantize_range(w, n0 * K, r * K, tile.data());
+      cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
+                   n0 > 0);
+    }
+  });
 }
 
 void check_args(const Tensor& x, const Tensor& w, const Tensor& bias) {
