@@ -10,6 +10,7 @@
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/nf4/double_quant.h"
+#include "quant/nf4/nf4_simd.h"
 
 namespace quanta::quant {
 namespace {
@@ -44,14 +45,14 @@ float read_scale(const uint8_t* unit) {
 // Codes of `len` (<= 64) scaled values, packed into a unit (padding: code 7).
 void pack_unit(const float* scaled, int64_t len, uint8_t* unit) {
   const auto& mids = nf4_midpoints();
+  // Counting the midpoints below each value is branch-free; the inner loop
+  // runs over elements so it vectorises.
+  int32_t count[kNF4UnitElems] = {};
+  for (float m : mids)
+    for (int64_t i = 0; i < kNF4UnitElems; ++i) count[i] += scaled[i] > m ? 1 : 0;
   uint8_t codes[kNF4UnitElems];
-  for (int64_t i = 0; i < kNF4UnitElems; ++i) codes[i] = kNF4ZeroCode;
-  // Counting midpoints below each value is branch-free and vectorises.
-  for (int64_t i = 0; i < len; ++i) {
-    uint8_t c = 0;
-    for (float m : mids) c = static_cast<uint8_t>(c + (scaled[i] > m));
-    codes[i] = c;
-  }
+  for (int64_t i = 0; i < kNF4UnitElems; ++i)
+    codes[i] = i < len ? static_cast<uint8_t>(count[i]) : kNF4ZeroCode;
   for (size_t j = 0; j < kNF4CodeBytes; ++j)
     unit[j] = static_cast<uint8_t>((codes[2 * j] << 4) | codes[2 * j + 1]);
 }
@@ -157,6 +158,7 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& o) {
         } else {
           for (int64_t i = 0; i < ulen; ++i) scaled[i] = std::clamp(p[i] / a, -1.0f, 1.0f);
         }
+        for (int64_t i = ulen; i < kNF4UnitElems; ++i) scaled[i] = 0.0f;
         uint8_t* unit = unit_ptr(po, (begin + u0) / kNF4UnitElems);
         pack_unit(scaled, ulen, unit);
         write_scale(unit, stored[static_cast<size_t>(b)]);
@@ -187,6 +189,12 @@ Tensor dequantize(const Tensor& q, DType dtype) {
         for (int64_t u = lo; u < hi; ++u) {
           const uint8_t* unit = pq + u * static_cast<int64_t>(kNF4UnitBytes);
           const float s = read_scale(unit);
+          if constexpr (std::is_same_v<T, float>) {
+            if ((u + 1) * kNF4UnitElems <= n) {
+              simd::decode_unit_f32(unit, s, po + u * kNF4UnitElems);
+              continue;
+            }
+          }
           // One float32 product per code, then one rounding to T: exactly
           // bitsandbytes' T(code * absmax).
           for (int c = 0; c < 16; ++c) lut[c] = T(kNF4Values[c] * s);
@@ -224,6 +232,11 @@ void dequantize_range(const Tensor& q, int64_t begin, int64_t count, T* out) {
     const int64_t stop = std::min(end, (u + 1) * kNF4UnitElems);
     if (i == u * kNF4UnitElems && stop == i + kNF4UnitElems) {
       T* dst = out + (i - begin);
+      if constexpr (std::is_same_v<T, float>) {
+        simd::decode_unit_f32(unit, s, dst);
+        i = stop;
+        continue;
+      }
       for (size_t j = 0; j < kNF4CodeBytes; ++j) {
         dst[2 * j] = lut[unit[j] >> 4];
         dst[2 * j + 1] = lut[unit[j] & 15];
