@@ -3,13 +3,15 @@
 // 2-d floating "...weight" tensors of a safetensors checkpoint (the linear
 // weights), copies every other tensor as it is, and prints per tensor the
 // RMSE and max |error| of the values the output file will dequantize to, and
-// the bytes before and after.
+// the bytes before and after. NF4 weights already in the input (bitsandbytes
+// or torchao layout) are imported as they are and converted to the format.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,11 +66,40 @@ void run_quantize(const QuantizeOptions& o) {
                                           {"block_size", opts.block_size},
                                           {"double_quant", opts.double_quant}}
                                .dump();
+  // NF4 weights already in the input (bitsandbytes or torchao layout) are
+  // imported without requantizing and written in the requested format.
+  const std::map<std::string, Tensor> all(in.tensors.begin(), in.tensors.end());
+  std::map<std::string, Tensor> imported;
+  std::set<std::string> consumed;
+  for (const auto& [name, t] : in.tensors)
+    if (quant::has_bnb_tensors(all, name)) {
+      imported[name] = quant::from_bnb(quant::read_bnb_tensors(all, name));
+      for (const char* part : {"", ".absmax", ".quant_map", ".nested_absmax",
+                               ".nested_quant_map", ".quant_state.bitsandbytes__nf4"})
+        consumed.insert(name + part);
+    }
+  for (const auto& [key, value] : in.metadata)
+    if (ends_with(key, ".torchao_nf4")) {
+      const std::string name = key.substr(0, key.size() - std::string(".torchao_nf4").size());
+      imported[name] = quant::from_torchao(quant::read_torchao_tensors(all, in.metadata, name));
+      for (const char* part : {".quantized_data", ".quantized_scalers", ".quantization_factor",
+                               ".scaler_mean", ".nf4"})
+        consumed.insert(name + part);
+      metadata.erase(key);
+    }
+  for (const auto& [name, q] : imported) {
+    std::printf("%-40s imported NF4 %s, written as %s\n", name.c_str(),
+                shape_str(q.shape()).c_str(), o.format.c_str());
+    if (o.format == "quanta") out.emplace_back(name, q);
+    else if (o.format == "bnb") quant::append_bnb_tensors(out, name, quant::to_bnb(q, opts.double_quant));
+    else quant::append_torchao_tensors(out, metadata, name, quant::to_torchao(q));
+  }
   std::printf("%-40s %-14s %12s %12s %12s %12s\n", "tensor", "shape", "rmse", "max_abs",
               "bytes", "nf4_bytes");
   uint64_t params = 0, quantized_bytes = 0;
   int converted = 0;
   for (const auto& [name, t] : in.tensors) {
+    if (consumed.count(name)) continue;
     const bool eligible = t.dim() == 2 && is_floating(t.dtype()) && ends_with(name, "weight") &&
                           quant::name_selected(name, o.include, o.exclude);
     if (!eligible) {
