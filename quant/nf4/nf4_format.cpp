@@ -129,8 +129,15 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& o) {
     for (int64_t b = lo; b < hi; ++b) {
       const float* p = px + b * bs;
       const int64_t len = std::min(bs, n - b * bs);
+      // Sixteen running maxima (each in element order) vectorise; NaN is
+      // ignored as std::max(a, NaN) ignores it.
+      float lanes[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= len; i += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], std::fabs(p[i + l]));
       float a = 0;
-      for (int64_t i = 0; i < len; ++i) a = std::max(a, std::fabs(p[i]));
+      for (; i < len; ++i) a = std::max(a, std::fabs(p[i]));
+      for (float l : lanes) a = std::max(a, l);
       absmax[static_cast<size_t>(b)] = a;
     }
   });
