@@ -181,8 +181,22 @@ Tensor dequantize(const Tensor& q, DType dtype) {
     throw std::invalid_argument(std::string("[dequantize] output dtype must be f32, bf16 or "
                                             "f16, got ") + dtype_name(dtype));
   Tensor out = detail::make_tensor(q.shape(), dtype, Device::cpu());
+  dequantize_into(q, out);
+  return out;
+}
+
+void dequantize_into(const Tensor& q, const Tensor& out) {
+  check_nf4(q, "dequantize_into");
+  const DType dtype = out.dtype();
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    throw std::invalid_argument(std::string("[dequantize_into] output dtype must be f32, bf16 "
+                                            "or f16, got ") + dtype_name(dtype));
+  if (out.shape() != q.shape() || !out.is_contiguous() || !out.device().is_cpu())
+    throw std::invalid_argument("[dequantize_into] output must be a contiguous CPU tensor of "
+                                "shape " + shape_str(q.shape()) + ", got " +
+                                shape_str(out.shape()));
   const int64_t n = q.numel();
-  if (n == 0) return out;
+  if (n == 0) return;
   const auto* pq = static_cast<const uint8_t*>(q.raw_data());
   const int64_t units = (n + kNF4UnitElems - 1) / kNF4UnitElems;
   dispatch_all(dtype, "dequantize", [&](auto tag) {
@@ -217,7 +231,6 @@ Tensor dequantize(const Tensor& q, DType dtype) {
       });
     }
   });
-  return out;
 }
 
 template <class T>

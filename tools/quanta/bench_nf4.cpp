@@ -4,7 +4,9 @@
 //     against a multithreaded memcpy with the same memory traffic (a memcpy
 //     of n bytes reads n and writes n, so an op reading r and writing w bytes
 //     is floored by a memcpy of (r + w) / 2 bytes). Goal for dequantize:
-//     ratio <= 2 (at least 50% of memcpy bandwidth).
+//     ratio <= 2 (at least 50% of memcpy bandwidth). nf4_dequantize writes
+//     into a reused buffer as the floor does; nf4_dequantize_alloc returns a
+//     fresh tensor (its pages are zeroed by the kernel first: more traffic).
 //   nf4_linear_bB: x [B, 4096] times the nf4 weight, against the engine's f32
 //     linear of the same shape (ratio < 1: NF4 is faster). Goals: batch 1
 //     below 1, batch 512 within 1.3.
@@ -53,10 +55,17 @@ std::vector<BenchRow> bench_nf4(const BenchOptions& o) {
   quantize.ms = median_ms(o.repeat, [&] { Tensor t = quant::quantize_nf4(w); });
   quantize.floor_ms = memcpy_ms;
   rows.push_back(quantize);
+  // Like the floor, dequantize writes into a buffer touched beforehand; the
+  // _alloc row includes allocating (and the kernel zeroing) a fresh output.
+  const Tensor out = zeros({n_out, n_in});
   BenchRow dequantize{"nf4_dequantize"};
-  dequantize.ms = median_ms(o.repeat, [&] { Tensor t = quant::dequantize(q); });
+  dequantize.ms = median_ms(o.repeat, [&] { quant::dequantize_into(q, out); });
   dequantize.floor_ms = memcpy_ms;
   rows.push_back(dequantize);
+  BenchRow dequantize_alloc{"nf4_dequantize_alloc"};
+  dequantize_alloc.ms = median_ms(o.repeat, [&] { Tensor t = quant::dequantize(q); });
+  dequantize_alloc.floor_ms = memcpy_ms;
+  rows.push_back(dequantize_alloc);
 
   for (int64_t batch : {1, 16, 512}) {
     const int64_t b = o.small ? std::min<int64_t>(batch, 64) : batch;

@@ -367,3 +367,15 @@ TEST_CASE("nf4 bitsandbytes and torchao layouts through safetensors files") {
   CHECK_THROWS_WITH_AS(to_torchao(quantize_nf4(ones({64}))), doctest::Contains("16384"),
                        std::invalid_argument);
 }
+
+TEST_CASE("nf4 dequantize_into writes the same values into a reused buffer") {
+  Generator gen(19);
+  const Tensor q = quantize_nf4(randn({7, 100}, gen));
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor out = zeros({7, 100}, {.dtype = dt});
+    dequantize_into(q, out);
+    CHECK(out.to_vector<float>() == dequantize(q, dt).to_vector<float>());
+  }
+  CHECK_THROWS_WITH_AS(dequantize_into(q, zeros({7, 99})), doctest::Contains("shape"),
+                       std::invalid_argument);
+}
