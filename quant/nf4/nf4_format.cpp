@@ -331,7 +331,7 @@ Tensor nf4_unit_scales(const Tensor& q) {
   Tensor out = detail::make_tensor({units}, DType::f32, Device::cpu());
   const auto* pq = static_cast<const uint8_t*>(q.raw_data());
   float* po = out.data<float>();
-  for (int64_t u = 0; u < units; ++u) po[u] = read_scale(unit_ptr(const_cast<uint8_t*>(pq), u));
+  for (int64_t u = 0; u < units; ++u) po[u] = read_scale(pq + u * int64_t{kNF4UnitBytes});
   return out;
 }
 

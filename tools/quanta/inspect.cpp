@@ -62,8 +62,12 @@ NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
     auto it = h.metadata.find("quanta.dtype." + e.name);
     if (it != h.metadata.end() && it->second.rfind("nf4 ", 0) == 0) {
       uint64_t n = 1;
-      for (int64_t d : nlohmann::json::parse(it->second.substr(4)).get<Shape>())
-        n *= static_cast<uint64_t>(d);
+      try {
+        for (int64_t d : nlohmann::json::parse(it->second.substr(4)).get<Shape>())
+          n *= static_cast<uint64_t>(d);
+      } catch (const nlohmann::json::exception&) {
+        continue;  // not quanta's entry after all: list the tensor as it is
+      }
       s.tensors++, s.params += n, s.bytes += e.end - e.begin;
     } else if (entry(e.name + ".quant_state.bitsandbytes__nf4")) {
       s.tensors++;

@@ -379,3 +379,10 @@ TEST_CASE("nf4 dequantize_into writes the same values into a reused buffer") {
   CHECK_THROWS_WITH_AS(dequantize_into(q, zeros({7, 99})), doctest::Contains("shape"),
                        std::invalid_argument);
 }
+
+TEST_CASE("nf4 torchao export of constant scales stays finite") {
+  // Every block has absmax 1: all scalers equal their mean.
+  const Tensor q = quantize_nf4(ones({128, 128}), no_dq());
+  const TorchaoNF4State s = to_torchao(q);
+  CHECK(max(abs(torchao_dequantize(s) - ones({128, 128}))).item() == 0.0);
+}
