@@ -263,11 +263,18 @@ TEST_CASE("nf4 shapes: zero-size, partial last unit, odd element counts") {
 
 TEST_CASE("nf4 tensors refuse arithmetic, naming the op and the dtype") {
   const Tensor q = quantize_nf4(ones({2, 64}));
-  CHECK_THROWS_WITH_AS(add(q, q), doctest::Contains("nf4"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(sum(q), doctest::Contains("nf4"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(matmul(q, ones({64, 2})), doctest::Contains("nf4"),
+  CHECK_THROWS_WITH_AS(add(q, q), doctest::Contains("[add] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(q * 2.0, doctest::Contains("[mul] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(exp(q), doctest::Contains("[exp] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sum(q), doctest::Contains("[sum] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(matmul(q, ones({64, 2})), doctest::Contains("[matmul] dtype nf4"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(q.to(DType::f32), doctest::Contains("nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(linear(ones({1, 64}), q), doctest::Contains("[linear] dtype nf4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(q.to(DType::f32), doctest::Contains("[to_dtype] dtype nf4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cat({q, q}, 0), doctest::Contains("[cat] dtype nf4"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(dequantize(ones({64})), doctest::Contains("expects an nf4 tensor"),
                        std::invalid_argument);
 }
