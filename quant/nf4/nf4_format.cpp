@@ -43,8 +43,14 @@ float read_scale(const uint8_t* unit) {
 }
 
 // Codes of `len` (<= 64) scaled values, packed into a unit (padding: code 7).
+// `scaled` holds 64 values; entries past `len` are 0, which is code 7.
 void pack_unit(const float* scaled, int64_t len, uint8_t* unit) {
   const auto& mids = nf4_midpoints();
+#ifdef QUANTA_NF4_ENCODE_SIMD
+  (void)len;
+  simd::encode_unit(scaled, mids, unit);
+  return;
+#endif
   // Counting the midpoints below each value is branch-free; the inner loop
   // runs over elements so it vectorises.
   int32_t count[kNF4UnitElems] = {};

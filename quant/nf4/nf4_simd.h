@@ -1,6 +1,7 @@
 #pragma once
 // SIMD decoding of packed NF4 codes (internal to quant/nf4): a table lookup
 // of the 16 values by the nibbles of 4 or 8 packed bytes, high nibble first.
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -39,6 +40,35 @@ inline __m256 decode8(uint32_t four, __m256 lo_vals, __m256 hi_vals) {
   return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
+#endif
+
+#if defined(__AVX512F__)
+/** Packs the codes of 64 scaled values (the number of `mids` strictly below
+ * each; NaN gives 0) into 32 bytes, high nibble = even element. */
+inline void encode_unit(const float* scaled, const std::array<float, 15>& mids, uint8_t* dst) {
+  alignas(64) float t[16];
+  for (int i = 0; i < 15; ++i) t[i] = mids[i];
+  t[15] = __builtin_inff();
+  const __m512 table = _mm512_load_ps(t);
+  for (int q = 0; q < 4; ++q) {
+    const __m512 v = _mm512_loadu_ps(scaled + 16 * q);
+    // Branch-free binary search: idx = number of midpoints below v.
+    __m512i idx = _mm512_setzero_si512();
+    for (int step : {8, 4, 2, 1}) {
+      const __m512 m =
+          _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(step - 1)), table);
+      const __mmask16 above = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+      idx = _mm512_mask_add_epi32(idx, above, idx, _mm512_set1_epi32(step));
+    }
+    const __m128i c = _mm512_cvtepi32_epi8(idx);  // 16 codes, one per byte
+    // 16-bit lane j holds c[2j] (low byte) and c[2j+1] (high byte).
+    const __m128i hi = _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x000F)), 4);
+    const __m128i lo = _mm_srli_epi16(c, 8);
+    const __m128i bytes = _mm_or_si128(hi, lo);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + 8 * q), _mm_packus_epi16(bytes, bytes));
+  }
+}
+#define QUANTA_NF4_ENCODE_SIMD 1
 #endif
 
 /** The 64 values float32(value(code) * scale) of one full unit into dst. */
