@@ -168,6 +168,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
 
 detail::GlooBackend& ProcessGroup::gloo() { return *gloo_; }
 
+detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) { return g.gloo_.get(); }
+
 // ---- call bookkeeping ----
 
 ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shape_rule,

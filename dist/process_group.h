@@ -59,10 +59,14 @@ struct GroupOptions {
   std::string iface;
 };
 
+class ProcessGroup;
 namespace detail {
 class GlooBackend;
 class NcclBackend;
 struct Fingerprint;
+/** The group's Gloo backend (null for a world of one): for benchmarks that
+ * time the bare Gloo call on the same connections. */
+GlooBackend* gloo_backend_of(ProcessGroup& g);
 }  // namespace detail
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
@@ -123,6 +127,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  private:
   struct Call;
   friend class detail::GlooBackend;
+  friend detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g);
   ProcessGroup(int rank, int size, GroupOptions opts);
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
              const CallOptions& o, const Site& site);
