@@ -10,6 +10,8 @@
 //     with the whole batch (no DataParallel, this thread alone).
 // Small messages are timed in batches (per-call times are reported). Times
 // are rank 0's; every rank runs the same loop, so they are in lockstep.
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -33,11 +35,26 @@ std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
                                       std::make_shared<Linear>(2 * width, width, gen));
 }
 
-// Per-call milliseconds of `calls` back-to-back calls, median over repeats.
-double per_call_ms(int repeat, int calls, const std::function<void()>& fn) {
-  return median_ms(repeat, [&] {
-    for (int i = 0; i < calls; ++i) fn();
-  }) / calls;
+// Median per-call milliseconds of several functions timed in turns (one
+// batch of `calls` each per round, after a warm-up round), so load from
+// other processes hits all of them alike.
+std::vector<double> interleaved_ms(int repeat, int calls, const std::vector<std::function<void()>>& fns) {
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int round = 0; round <= repeat; ++round)
+    for (std::size_t f = 0; f < fns.size(); ++f) {
+      const auto t0 = clock::now();
+      for (int i = 0; i < calls; ++i) fns[f]();
+      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
+      if (round > 0) samples[f].push_back(ms);
+    }
+  std::vector<double> out;
+  for (auto& v : samples) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+  }
+  return out;
 }
 
 void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOptions& o,
@@ -55,15 +72,11 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
     const int64_t bytes = o.small ? std::min<int64_t>(s.bytes, 64 << 10) : s.bytes;
     Tensor t = full({bytes / 4}, 1.0);
     const auto n = static_cast<std::size_t>(t.numel());
-    // Interleave the two timings so drift in the machine hits both alike.
-    double floor_ms = 0, ms = 0, debug_ms = 0;
-    for (int round = 0; round < 2; ++round) {
-      floor_ms = per_call_ms(o.repeat, s.calls, [&] {
-        bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000));
-      });
-      ms = per_call_ms(o.repeat, s.calls, [&] { g.all_reduce(t); });
-      debug_ms = per_call_ms(o.repeat, s.calls, [&] { debug_g.all_reduce(t); });
-    }
+    const auto ms3 = interleaved_ms(
+        o.repeat, s.calls,
+        {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
+         [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); }});
+    const double floor_ms = ms3[0], ms = ms3[1], debug_ms = ms3[2];
     if (g.rank() == 0) {
       rows.push_back({std::string("all_reduce_") + s.name, ms, floor_ms});
       rows.push_back({std::string("all_reduce_") + s.name + "_debug", debug_ms, floor_ms});
