@@ -174,7 +174,7 @@ detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) { return g.gloo_.g
 
 ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shape_rule,
                                        ReduceOp rop, int root, const CallOptions& o,
-                                       const Site& site) {
+                                       const Site& site, bool exchange_fingerprints) {
   const bool reduces = std::strcmp(op, "all_reduce") == 0 || std::strcmp(op, "reduce_scatter") == 0;
   Call c;
   c.fp = detail::make_fingerprint(op, seq_, t, shape_rule, reduces ? int32_t(rop) : -1, root, site);
@@ -188,18 +188,34 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shap
   c.tag = detail::tag_of(c.fp);
   c.timeout = o.timeout > Millis(0) ? o.timeout : opts_.timeout;
   c.start = Clock::now();
-  if (size_ > 1 && debug_) check_fingerprints(c);
+  if (size_ > 1 && debug_ && exchange_fingerprints) check_fingerprints(c);
   return c;
 }
 
-void ProcessGroup::check_fingerprints(const Call& call) {
-  std::vector<Fingerprint> all(size_);
-  // The exchange's tag depends on the sequence number only, so calls that
-  // differ in op or shape still meet here and are reported at once.
+namespace {
+// Every debug exchange sends one fixed-size block: the fingerprint and room
+// for a small all_reduce's data (sent along in the same round trip). The
+// size and the tag depend on nothing but the sequence number, so any two
+// calls at the same point meet here, whatever op, dtype or shape they are.
+constexpr std::size_t kDebugPayload = 4096;
+constexpr std::size_t kDebugBlock = sizeof(Fingerprint) + kDebugPayload;
+}  // namespace
+
+std::vector<char> ProcessGroup::debug_exchange(const Call& call, const void* payload, std::size_t bytes) {
+  std::vector<char> mine(kDebugBlock, 0), all(kDebugBlock * static_cast<std::size_t>(size_));
+  std::memcpy(mine.data(), &call.fp, sizeof(Fingerprint));
+  if (bytes) std::memcpy(mine.data() + sizeof(Fingerprint), payload, bytes);
   const uint32_t tag = static_cast<uint32_t>(quanta::detail::splitmix64(call.fp.seq ^ 0x6670ull));
-  guarded(call, [&] {
-    gloo_->all_gather(&call.fp, all.data(), sizeof(Fingerprint), tag, call.timeout);
-  });
+  guarded(call, [&] { gloo_->all_gather(mine.data(), all.data(), kDebugBlock, tag, call.timeout); });
+  std::vector<Fingerprint> fps(size_);
+  for (int r = 0; r < size_; ++r) std::memcpy(&fps[r], all.data() + r * kDebugBlock, sizeof(Fingerprint));
+  check_fingerprints(call, fps);
+  return all;
+}
+
+void ProcessGroup::check_fingerprints(const Call& call) { debug_exchange(call, nullptr, 0); }
+
+void ProcessGroup::check_fingerprints(const Call& call, const std::vector<Fingerprint>& all) {
   const std::string diff = detail::compare(all);
   if (diff.empty()) return;
   broken_ = "QUANTA_DIST_DEBUG: " + diff;
@@ -258,9 +274,22 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
 
 // ---- collectives ----
 
+void ProcessGroup::fused_debug_all_reduce(const Call& c, const Tensor& buf, ReduceOp op) {
+  const std::size_t nbytes = buf.nbytes();
+  const std::vector<char> all = debug_exchange(c, buf.raw_data(), nbytes);
+  // The same reduction in rank order on every rank: bitwise equal results.
+  const std::size_t n = static_cast<std::size_t>(buf.numel());
+  const auto fn = detail::reduce_fn(buf.dtype(), op);
+  const char* data0 = all.data() + sizeof(Fingerprint);
+  std::memcpy(buf.raw_data(), data0, nbytes);
+  for (int r = 1; r < size_; ++r) fn(buf.raw_data(), buf.raw_data(), data0 + r * kDebugBlock, n);
+}
+
 void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site site) {
   if (t.defined()) detail::check_reducible("all_reduce", t.dtype(), op);
-  Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site);
+  const bool fuse = debug_ && size_ > 1 && t.defined() && t.device().is_cpu() &&
+                    t.nbytes() <= kDebugPayload;
+  Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site, !fuse);
   if (size_ == 1) return;
   if (t.device().is_cuda()) {
     nccl_all_reduce(t, op, c);
@@ -268,6 +297,12 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
   }
   Tensor buf = inplace_buffer("all_reduce", t);
   const std::size_t n = static_cast<std::size_t>(buf.numel());
+  if (fuse) {
+    fused_debug_all_reduce(c, buf, op);
+    if (op == ReduceOp::avg) detail::divide(buf.raw_data(), buf.dtype(), n, size_);
+    finish_inplace(t, buf);
+    return;
+  }
   guarded(c, [&] {
     gloo_->all_reduce(buf.raw_data(), n, element_size(buf.dtype()), detail::reduce_fn(buf.dtype(), op),
                       c.tag, c.timeout);

@@ -130,9 +130,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   friend detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g);
   ProcessGroup(int rank, int size, GroupOptions opts);
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
-             const CallOptions& o, const Site& site);
+             const CallOptions& o, const Site& site, bool exchange_fingerprints = true);
   [[noreturn]] void fail(const Call& call, const std::string& what);
   void check_fingerprints(const Call& call);
+  void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
+  std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
+  void fused_debug_all_reduce(const Call& call, const Tensor& buf, ReduceOp op);
   template <class F> void guarded(const Call& call, F&& f);
   detail::GlooBackend& gloo();
   // CUDA tensors (process_group_nccl.cpp; throwing stubs without CUDA).

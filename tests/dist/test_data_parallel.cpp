@@ -196,3 +196,15 @@ TEST_CASE("buffers follow rank 0, ignored tensors stay local, step hooks run onc
   });
   CHECK(all_ok(errors));
 }
+
+TEST_CASE("a world of one: DataParallel runs unchanged and gradients are the local ones") {
+  auto g = ProcessGroup::single();
+  auto model = std::make_shared<TwoHeads>(4);
+  auto ref = std::make_shared<TwoHeads>(4);
+  DataParallel dp(model, *g, {.bucket_bytes = 64});
+  sum(dp(batch_x(3, 0))).backward();
+  dp.finish_step();
+  sum(ref->forward(batch_x(3, 0))).backward();
+  CHECK(model->body->find("weight").grad().to_vector<double>() ==
+        ref->body->find("weight").grad().to_vector<double>());
+}
