@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/env.h"
@@ -131,6 +133,16 @@ TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit sta
     CHECK(r.out.find("[rank 1] rank 1 fails on purpose") != std::string::npos);
     CHECK(r.out.find("rank 1 exited with status 7") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // not the 60 s sleep
+  }
+  SUBCASE("a signal to the launcher stops every rank") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid = spawn({quanta, "launch", "-n", "2", "--", "sleep", "30"}, {}, tmp_path("launch_sig"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(pid, SIGTERM);
+    Run r = finish(pid, tmp_path("launch_sig"));
+    CAPTURE(r.out);
+    CHECK(r.status == 128 + SIGTERM);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15));
   }
   SUBCASE("a program that does not exist") {
     Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "/nonexistent/prog"}, {}, tmp_path("launch_missing")),

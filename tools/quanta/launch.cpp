@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,13 @@ extern char** environ;
 
 namespace quanta::cli {
 namespace {
+
+// The signal that asked the launcher to stop (Ctrl-C, a job scheduler's
+// SIGTERM); the main loop passes it on to every rank. A signal handler can
+// only talk through a variable like this one.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 struct LaunchCommand {
   int n = 1;
@@ -135,7 +143,17 @@ int run_launch(const LaunchCommand& c) {
   using Clock = std::chrono::steady_clock;
   int failed = -1;
   Clock::time_point kill_at{};
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  bool forwarded = false;
   for (;;) {
+    if (g_stop_signal && !forwarded) {
+      forwarded = true;
+      std::fprintf(stderr, "[launch] got signal %d; stopping the ranks\n", int(g_stop_signal));
+      for (auto& o : ranks)
+        if (o.running) ::kill(-o.pid, SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // (rank, is_err)
     for (int r = 0; r < c.n; ++r) {
@@ -168,7 +186,7 @@ int run_launch(const LaunchCommand& c) {
       if (::waitpid(rk.pid, &st, WNOHANG) == rk.pid) {
         rk.running = false;
         rk.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (rk.status != 0 && failed < 0) {
+        if (rk.status != 0 && failed < 0 && !forwarded) {
           failed = r;
           std::fprintf(stderr, "[launch] rank %d exited with status %d; stopping the other ranks\n", r,
                        rk.status);
@@ -180,15 +198,16 @@ int run_launch(const LaunchCommand& c) {
         any_running = true;
       }
     }
-    if (failed >= 0 && any_running && Clock::now() > kill_at)
+    if ((failed >= 0 || forwarded) && any_running && Clock::now() > kill_at)
       for (auto& o : ranks)
         if (o.running) ::kill(-o.pid, SIGKILL);
     bool pipes_open = false;
     for (auto& rk : ranks) pipes_open = pipes_open || rk.out >= 0 || rk.err >= 0;
     if (!any_running && !pipes_open) break;
-    if (!any_running && failed >= 0 && Clock::now() > kill_at) break;  // orphaned writers
+    if (!any_running && (failed >= 0 || forwarded) && Clock::now() > kill_at) break;  // orphaned writers
   }
-  return failed >= 0 ? ranks[failed].status : 0;
+  if (failed >= 0) return ranks[failed].status;
+  return g_stop_signal ? 128 + int(g_stop_signal) : 0;
 }
 
 }  // namespace
