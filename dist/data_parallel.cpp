@@ -78,10 +78,12 @@ class CommThread {
   std::thread thread_;
 };
 
-std::string describe_tensors(const std::vector<std::pair<std::string, Tensor>>& named, const char* kind) {
+std::string describe_tensors(const std::vector<std::pair<std::string, Tensor>>& named,
+                             const char* kind) {
   std::string s;
   for (const auto& [name, t] : named)
-    s += std::string(kind) + " '" + name + "' " + dtype_name(t.dtype()) + " " + shape_str(t.shape()) + "\n";
+    s += std::string(kind) + " '" + name + "' " + dtype_name(t.dtype()) + " " +
+         shape_str(t.shape()) + "\n";
   return s;
 }
 
@@ -138,8 +140,12 @@ struct DataParallel::State {
   }
 };
 
-DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group, DataParallelOptions opts)
-    : module_(std::move(module)), group_(group), opts_(std::move(opts)), state_(std::make_shared<State>()) {
+DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
+                           DataParallelOptions opts)
+    : module_(std::move(module)),
+      group_(group),
+      opts_(std::move(opts)),
+      state_(std::make_shared<State>()) {
   if (!module_) throw std::invalid_argument("[DataParallel] null module");
   const std::set<std::string> ignore(opts_.ignore.begin(), opts_.ignore.end());
   std::vector<std::pair<std::string, Tensor>> params, all_params;
@@ -153,7 +159,8 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group, 
 
   // 1. Same names, shapes and dtypes everywhere (a hash first, the full
   //    lists only when the hashes differ).
-  const std::string desc = describe_tensors(all_params, "parameter") + describe_tensors(state_->buffers, "buffer");
+  const std::string desc =
+      describe_tensors(all_params, "parameter") + describe_tensors(state_->buffers, "buffer");
   Tensor hash = from_vector<int64_t>({int64_t(quanta::detail::fnv1a64(desc))}, {1});
   const auto hashes = group.all_gather(hash).to_vector<int64_t>();
   if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end()) {
@@ -162,7 +169,8 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group, 
     Tensor all = group.all_gather_v(bytes, &sizes);
     const char* base = static_cast<const char*>(all.raw_data());
     std::vector<std::string> descs;
-    for (int64_t r = 0, off = 0; r < group.size(); off += sizes[r++]) descs.emplace_back(base + off, sizes[r]);
+    for (int64_t r = 0, off = 0; r < group.size(); off += sizes[r++])
+      descs.emplace_back(base + off, sizes[r]);
     const auto ref = lines_of(descs[0]);
     std::ostringstream msg;
     msg << "[DataParallel] the ranks hold different models:";
@@ -231,8 +239,9 @@ void DataParallel::add_step_hook(StepHook hook) { hooks_.push_back(std::move(hoo
 void DataParallel::finish_step() {
   State& st = *state_;
   if (st.no_sync_depth > 0)
-    throw std::invalid_argument("[DataParallel] finish_step() inside no_sync(): leave the no_sync "
-                                "region for the step that reduces the accumulated gradients");
+    throw std::invalid_argument(
+        "[DataParallel] finish_step() inside no_sync(): leave the no_sync "
+        "region for the step that reduces the accumulated gradients");
   NoGradGuard no_grad;
   // Which parameters have a gradient on this rank (used, or accumulated).
   Tensor used = zeros({int64_t(st.slots.size())}, {.dtype = DType::u8});
@@ -245,8 +254,10 @@ void DataParallel::finish_step() {
     // Not reduced during backward: unused this step, or accumulated under
     // no_sync. Contribute what we have (zeros when nothing).
     Tensor dst = st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel());
-    if (g.defined()) copy_(dst, g.reshape({s.param.numel()}));
-    else fill_(dst, 0.0);
+    if (g.defined())
+      copy_(dst, g.reshape({s.param.numel()}));
+    else
+      fill_(dst, 0.0);
     s.ready = true;
     --st.buckets[s.bucket].pending;
   }
@@ -257,10 +268,13 @@ void DataParallel::finish_step() {
     State::Slot& s = st.slots[i];
     s.ready = false;
     if (!u[i]) continue;  // unused on every rank: keep no gradient
-    Tensor avg = st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel()).reshape(s.param.shape());
+    Tensor avg =
+        st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel()).reshape(s.param.shape());
     Tensor g = s.param.grad();
-    if (g.defined()) copy_(g, avg);
-    else s.param.set_grad(avg.clone());
+    if (g.defined())
+      copy_(g, avg);
+    else
+      s.param.set_grad(avg.clone());
   }
   for (auto& b : st.buckets) b.pending = int(b.slots.size());
   st.next_launch = 0;

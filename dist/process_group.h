@@ -112,8 +112,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Tensor all_gather(const Tensor& t, CallOptions o = {}, Site site = Site::current());
   /** Like all_gather, but dim 0 may differ per rank (zero included); other
    * dims and dtype must agree. `sizes` (optional) receives each rank's d0. */
-  Tensor all_gather_v(const Tensor& t, std::vector<int64_t>* sizes = nullptr,
-                      CallOptions o = {}, Site site = Site::current());
+  Tensor all_gather_v(const Tensor& t, std::vector<int64_t>* sizes = nullptr, CallOptions o = {},
+                      Site site = Site::current());
   /** `t` has dim 0 = N * m: returns [m, ...], rank r's block reduced across
    * ranks (block r of every rank's `t`). */
   Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::sum, CallOptions o = {},
@@ -136,7 +136,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
   std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
   void fused_debug_all_reduce(const Call& call, const Tensor& buf, ReduceOp op);
-  template <class F> void guarded(const Call& call, F&& f);
+  template <class F>
+  void guarded(const Call& call, F&& f);
   detail::GlooBackend& gloo();
   // CUDA tensors (process_group_nccl.cpp; throwing stubs without CUDA).
   void nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c);

@@ -50,10 +50,12 @@ std::vector<std::vector<double>> values(Module& m) {
   return out;
 }
 
-void check_close(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+void check_close(const std::vector<std::vector<double>>& a,
+                 const std::vector<std::vector<double>>& b) {
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i)
-    for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == doctest::Approx(b[i][j]).epsilon(1e-11));
+    for (std::size_t j = 0; j < a[i].size(); ++j)
+      CHECK(a[i][j] == doctest::Approx(b[i][j]).epsilon(1e-11));
 }
 
 }  // namespace
@@ -143,7 +145,8 @@ TEST_CASE("no_sync accumulates locally; the next step reduces the sum") {
     {
       auto guard = dp.no_sync();
       sum(dp(batch_x(2, g.rank()))).backward();
-      CHECK_THROWS_WITH_AS(dp.finish_step(), doctest::Contains("inside no_sync"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(dp.finish_step(), doctest::Contains("inside no_sync"),
+                           std::invalid_argument);
     }
     seq_after_no_sync[g.rank()] = g.sequence();
     sum(dp(batch_x(2, 10 + g.rank()))).backward();
@@ -158,7 +161,8 @@ TEST_CASE("no_sync accumulates locally; the next step reduces the sum") {
     sum(ref->forward(batch_x(2, 10 + r))).backward();
   }
   const auto want = (ref->body->find("weight").grad() / double(kRanks)).to_vector<double>();
-  for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[0][i] == doctest::Approx(want[i]).epsilon(1e-12));
+  for (std::size_t i = 0; i < want.size(); ++i)
+    CHECK(got[0][i] == doctest::Approx(want[i]).epsilon(1e-12));
   CHECK(got[1] == got[0]);
 }
 
@@ -167,7 +171,8 @@ TEST_CASE("a second backward without finish_step is an error naming the paramete
     auto model = std::make_shared<TwoHeads>(3);
     DataParallel dp(model, g);
     sum(dp(batch_x(1, 0))).backward();
-    CHECK_THROWS_WITH(sum(dp(batch_x(1, 0))).backward(), doctest::Contains("received a second gradient"));
+    CHECK_THROWS_WITH(sum(dp(batch_x(1, 0))).backward(),
+                      doctest::Contains("received a second gradient"));
   });
   CHECK(all_ok(errors));
 }

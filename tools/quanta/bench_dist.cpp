@@ -38,14 +38,16 @@ std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
 // Median per-call milliseconds of several functions timed in turns (one
 // batch of `calls` each per round, after a warm-up round), so load from
 // other processes hits all of them alike.
-std::vector<double> interleaved_ms(int repeat, int calls, const std::vector<std::function<void()>>& fns) {
+std::vector<double> interleaved_ms(int repeat, int calls,
+                                   const std::vector<std::function<void()>>& fns) {
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> samples(fns.size());
   for (int round = 0; round <= repeat; ++round)
     for (std::size_t f = 0; f < fns.size(); ++f) {
       const auto t0 = clock::now();
       for (int i = 0; i < calls; ++i) fns[f]();
-      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
+      const double ms =
+          std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
       if (round > 0) samples[f].push_back(ms);
     }
   std::vector<double> out;
@@ -72,10 +74,10 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
     const int64_t bytes = o.small ? std::min<int64_t>(s.bytes, 64 << 10) : s.bytes;
     Tensor t = full({bytes / 4}, 1.0);
     const auto n = static_cast<std::size_t>(t.numel());
-    const auto ms3 = interleaved_ms(
-        o.repeat, s.calls,
-        {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
-         [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); }});
+    const auto ms3 =
+        interleaved_ms(o.repeat, s.calls,
+                       {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
+                        [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); }});
     const double floor_ms = ms3[0], ms = ms3[1], debug_ms = ms3[2];
     if (g.rank() == 0) {
       rows.push_back({std::string("all_reduce_") + s.name, ms, floor_ms});
@@ -107,7 +109,8 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto store = std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000));
+        auto store =
+            std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000));
         dist::GroupOptions go;
         go.timeout = Millis(60000);
         go.debug = 0;
@@ -123,7 +126,8 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r)
-    if (!errors[r].empty()) throw std::runtime_error("bench dist: rank " + std::to_string(r) + ": " + errors[r]);
+    if (!errors[r].empty())
+      throw std::runtime_error("bench dist: rank " + std::to_string(r) + ": " + errors[r]);
   // The one-process floor of the DataParallel step, alone on the machine.
   const int64_t width = o.small ? 32 : 512, batch = o.small ? 8 : 256;
   auto model = mlp(width, 7);

@@ -92,8 +92,8 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   const std::string n = std::to_string(c.n), r = std::to_string(rank);
   for (const std::string& kv : std::vector<std::string>{
            "RANK=" + r, "LOCAL_RANK=" + r, "GROUP_RANK=0", "ROLE_RANK=" + r, "WORLD_SIZE=" + n,
-        "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
-        "MASTER_PORT=" + std::to_string(port)})
+           "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
+           "MASTER_PORT=" + std::to_string(port)})
     env.push_back(kv);
   // N ranks each with a full OpenMP pool oversubscribe the cores (torchrun too).
   if (!std::getenv("OMP_NUM_THREADS") && c.n > 1) env.push_back("OMP_NUM_THREADS=1");
@@ -117,7 +117,8 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0)
-    throw std::runtime_error("quanta launch: cannot start '" + c.program[0] + "': " + std::strerror(rc));
+    throw std::runtime_error("quanta launch: cannot start '" + c.program[0] +
+                             "': " + std::strerror(rc));
   return pid;
 }
 
@@ -188,8 +189,8 @@ int run_launch(const LaunchCommand& c) {
         rk.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (rk.status != 0 && failed < 0 && !forwarded) {
           failed = r;
-          std::fprintf(stderr, "[launch] rank %d exited with status %d; stopping the other ranks\n", r,
-                       rk.status);
+          std::fprintf(stderr, "[launch] rank %d exited with status %d; stopping the other ranks\n",
+                       r, rk.status);
           for (auto& o : ranks)
             if (o.running) ::kill(-o.pid, SIGTERM);
           kill_at = Clock::now() + std::chrono::seconds(5);
@@ -204,7 +205,8 @@ int run_launch(const LaunchCommand& c) {
     bool pipes_open = false;
     for (auto& rk : ranks) pipes_open = pipes_open || rk.out >= 0 || rk.err >= 0;
     if (!any_running && !pipes_open) break;
-    if (!any_running && (failed >= 0 || forwarded) && Clock::now() > kill_at) break;  // orphaned writers
+    if (!any_running && (failed >= 0 || forwarded) && Clock::now() > kill_at)
+      break;  // orphaned writers
   }
   if (failed >= 0) return ranks[failed].status;
   return g_stop_signal ? 128 + int(g_stop_signal) : 0;
@@ -214,10 +216,12 @@ int run_launch(const LaunchCommand& c) {
 
 void add_launch(CLI::App& app) {
   auto c = std::make_shared<LaunchCommand>();
-  CLI::App* sub = app.add_subcommand(
-      "launch", "Start N local ranks of PROGRAM with torchrun's environment (quanta launch -n 2 -- prog args)");
+  CLI::App* sub = app.add_subcommand("launch",
+                                     "Start N local ranks of PROGRAM with torchrun's environment "
+                                     "(quanta launch -n 2 -- prog args)");
   sub->add_option("-n,--nproc", c->n, "number of ranks")->check(CLI::Range(1, 1024));
-  sub->add_option("--master-port", c->master_port, "port of the rank-0 store (default: a free port)")
+  sub->add_option("--master-port", c->master_port,
+                  "port of the rank-0 store (default: a free port)")
       ->check(CLI::Range(1, 65535));
   sub->add_option("program", c->program, "the program and its arguments (after --)")->required();
   sub->footer(
