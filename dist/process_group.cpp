@@ -242,7 +242,7 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   // Ask the peers what they were doing: each failing rank posts its call,
   // ranks that left on purpose posted that; the rest did not arrive.
   std::vector<std::string> reports(size_);
-  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(3000));
+  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(2000));
   try {
     store_->set_string("status/" + std::to_string(rank_), call.desc);
     const auto deadline = Clock::now() + grace;
