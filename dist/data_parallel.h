@@ -45,7 +45,7 @@ struct DataParallelOptions {
   /** Broadcast buffers from rank 0 in every finish_step(). */
   bool broadcast_buffers = true;
   /** Parameter and buffer names left alone (not checked, broadcast or reduced). */
-  std::vector<std::string> ignore;
+  std::vector<std::string> ignore{};
 };
 
 class DataParallel {

@@ -54,9 +54,9 @@ struct GroupOptions {
   std::string name = "world";
   /** Address this rank's Gloo device binds to; empty = QUANTA_DIST_HOST,
    * else 127.0.0.1 when the store is local, else this host's name. */
-  std::string host;
+  std::string host{};
   /** Network interface for Gloo (GLOO_SOCKET_IFNAME style); overrides host. */
-  std::string iface;
+  std::string iface{};
 };
 
 class ProcessGroup;
