@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -46,6 +47,23 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
   });
   return opt;
 }
+
+// CLI11's range checks print the whole double range; say it plainly.
+CLI::Validator number_above(double floor, bool inclusive) {
+  const std::string want = std::string(inclusive ? ">= " : "> ") + (floor == 0 ? "0" : "1");
+  return CLI::Validator(
+      [floor, inclusive, want](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < floor ||
+            (!inclusive && v == floor))
+          return "must be a number " + want + ", got '" + s + "'";
+        return "";
+      },
+      "");
+}
+const CLI::Validator kPositive = number_above(0, false);
+const CLI::Validator kNonNegative = number_above(0, true);
 
 std::string default_out_dir() {
   const std::time_t now = std::time(nullptr);
@@ -131,16 +149,16 @@ void add_train(CLI::App& app) {
   sub->add_flag("--resume", t.resume, "continue the run in --out from its checkpoint");
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
   add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<int64_t>(sub, t, "--epochs", "/epochs", "passes over the training set "
                                                         "(default 2)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->excludes("--steps");
   add_override<int64_t>(sub, t, "--batch-size", "/batch_size",
                         "global batch size (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate (default 2e-3)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<uint64_t>(sub, t, "--seed", "/seed", "seed of the model init and the data "
                                                     "order (default 0)");
   add_override<std::string>(sub, t, "--data", "/data",
@@ -148,28 +166,28 @@ void add_train(CLI::App& app) {
                             "/usr/share/datasets/fashion-mnist)");
   add_override<int64_t>(sub, t, "--limit-train", "/limit_train",
                         "use only the first N training images")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   add_override<int64_t>(sub, t, "--limit-test", "/limit_test",
                         "evaluate on only the first N test images")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<int64_t>(sub, t, "--log-every", "/log_every",
                         "steps between log lines / metrics records (default 50)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<int64_t>(sub, t, "--eval-every", "/eval_every",
                         "steps between evaluations + checkpoints (default 0: each epoch)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   add_override<std::string>(sub, t, "--device", "/device", "cpu (cuda: not supported yet)");
   add_override<int64_t>(sub, t, "--nproc", "/nproc",
                         "local ranks for data-parallel training (only 1 for now)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<int64_t>(sub, t, "--hidden", "/model/hidden",
                         "channels of the hidden convolutions (default 32)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_override<int64_t>(sub, t, "--dim", "/model/dim",
                         "channels of the latent map the quantizer sees (default 16)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   std::string types;
   for (const auto& [name, what] : train::quantizer_types())
     types += "\n  " + name + ": " + what;
