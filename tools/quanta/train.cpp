@@ -49,21 +49,20 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
 }
 
 // CLI11's range checks print the whole double range; say it plainly.
-CLI::Validator number_above(double floor, bool inclusive) {
-  const std::string want = std::string(inclusive ? ">= " : "> ") + (floor == 0 ? "0" : "1");
+CLI::Validator above_zero(bool or_equal) {
+  const std::string want = or_equal ? ">= 0" : "> 0";
   return CLI::Validator(
-      [floor, inclusive, want](std::string& s) -> std::string {
+      [or_equal, want](std::string& s) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < floor ||
-            (!inclusive && v == floor))
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (!or_equal && v == 0))
           return "must be a number " + want + ", got '" + s + "'";
         return "";
       },
       "");
 }
-const CLI::Validator kPositive = number_above(0, false);
-const CLI::Validator kNonNegative = number_above(0, true);
+const CLI::Validator kPositive = above_zero(false);
+const CLI::Validator kNonNegative = above_zero(true);
 
 std::string default_out_dir() {
   const std::time_t now = std::time(nullptr);
