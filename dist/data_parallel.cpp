@@ -1,0 +1,286 @@
+#include "dist/data_parallel.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/random/generator.h"
+
+namespace quanta::dist {
+namespace {
+
+// A single communication thread: bucket reductions run here, in the order
+// they were queued, while backward continues on the caller's thread.
+class CommThread {
+ public:
+  CommThread() : thread_([this] { loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      jobs_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  /** Waits for every job; rethrows the first failure. */
+  void drain() {
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [this] { return pending_ == 0; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(m_);
+    for (;;) {
+      cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      std::exception_ptr err;
+      try {
+        if (!error_) job();  // after a failure the group is broken: skip
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lk.lock();
+      if (err && !error_) error_ = err;
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> jobs_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+std::string describe_tensors(const std::vector<std::pair<std::string, Tensor>>& named,
+                             const char* kind) {
+  std::string s;
+  for (const auto& [name, t] : named)
+    s += std::string(kind) + " '" + name + "' " + dtype_name(t.dtype()) + " " +
+         shape_str(t.shape()) + "\n";
+  return s;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+struct DataParallel::State {
+  struct Slot {
+    std::string name;
+    Tensor param;
+    int bucket = 0;
+    int64_t offset = 0;
+    bool ready = false;
+  };
+  struct Bucket {
+    Tensor flat;
+    std::vector<int> slots;
+    int pending = 0;
+  };
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  std::size_t next_launch = 0;
+  int no_sync_depth = 0;
+  std::shared_ptr<ProcessGroup> grads;  // own connections, used from the comm thread
+  std::unique_ptr<CommThread> comm;
+
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Tensor flat = buckets[next_launch++].flat;
+      ProcessGroup* g = grads.get();
+      comm->post([g, flat] { g->all_reduce(flat, ReduceOp::avg); });
+    }
+  }
+
+  void on_gradient(int index) {
+    if (no_sync_depth > 0) return;
+    Slot& s = slots[index];
+    if (s.ready)
+      throw std::invalid_argument("[DataParallel] parameter '" + s.name +
+                                  "' received a second gradient in one step: call finish_step() "
+                                  "after each backward, or accumulate inside no_sync()");
+    Bucket& b = buckets[s.bucket];
+    NoGradGuard g;
+    copy_(b.flat.narrow(0, s.offset, s.param.numel()), s.param.grad().reshape({s.param.numel()}));
+    s.ready = true;
+    if (--b.pending == 0) launch_ready();
+  }
+};
+
+DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
+                           DataParallelOptions opts)
+    : module_(std::move(module)),
+      group_(group),
+      opts_(std::move(opts)),
+      state_(std::make_shared<State>()) {
+  if (!module_) throw std::invalid_argument("[DataParallel] null module");
+  const std::set<std::string> ignore(opts_.ignore.begin(), opts_.ignore.end());
+  std::vector<std::pair<std::string, Tensor>> params, all_params;
+  for (auto& [name, p] : module_->named_parameters()) {
+    if (ignore.count(name)) continue;
+    all_params.emplace_back(name, p);
+    if (p.requires_grad()) params.emplace_back(name, p);
+  }
+  for (auto& [name, b] : module_->named_buffers())
+    if (!ignore.count(name)) state_->buffers.emplace_back(name, b);
+
+  // 1. Same names, shapes and dtypes everywhere (a hash first, the full
+  //    lists only when the hashes differ).
+  const std::string desc =
+      describe_tensors(all_params, "parameter") + describe_tensors(state_->buffers, "buffer");
+  Tensor hash = from_vector<int64_t>({int64_t(quanta::detail::fnv1a64(desc))}, {1});
+  const auto hashes = group.all_gather(hash).to_vector<int64_t>();
+  if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end()) {
+    Tensor bytes = from_blob(desc.data(), {int64_t(desc.size())}, DType::u8, {.dtype = DType::u8});
+    std::vector<int64_t> sizes;
+    Tensor all = group.all_gather_v(bytes, &sizes);
+    const char* base = static_cast<const char*>(all.raw_data());
+    std::vector<std::string> descs;
+    for (int64_t r = 0, off = 0; r < group.size(); off += sizes[r++])
+      descs.emplace_back(base + off, sizes[r]);
+    const auto ref = lines_of(descs[0]);
+    std::ostringstream msg;
+    msg << "[DataParallel] the ranks hold different models:";
+    for (int r = 1; r < group.size(); ++r) {
+      const auto other = lines_of(descs[r]);
+      for (std::size_t i = 0; i < std::max(ref.size(), other.size()); ++i) {
+        const std::string a = i < ref.size() ? ref[i] : "(nothing)";
+        const std::string b = i < other.size() ? other[i] : "(nothing)";
+        if (a == b) continue;
+        msg << "\n  first difference between rank 0 and rank " << r << ": rank 0 has " << a
+            << ", rank " << r << " has " << b;
+        break;
+      }
+    }
+    throw DistError(msg.str());
+  }
+  // 2. Rank 0's values everywhere, as bytes.
+  for (auto& [name, p] : all_params) group.broadcast(p, 0);
+  for (auto& [name, b] : state_->buffers) group.broadcast(b, 0);
+
+  // 3. Buckets in reverse registration order (gradients arrive roughly in
+  //    reverse), one dtype per bucket, at most bucket_bytes each.
+  State& st = *state_;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const Tensor& p = it->second;
+    const std::size_t bytes = p.nbytes();
+    bool fresh = st.buckets.empty();
+    if (!fresh) {
+      const auto& last = st.slots[st.buckets.back().slots.back()];
+      std::size_t used = 0;
+      for (int i : st.buckets.back().slots) used += st.slots[i].param.nbytes();
+      fresh = last.param.dtype() != p.dtype() || used + bytes > opts_.bucket_bytes;
+    }
+    if (fresh) st.buckets.emplace_back();
+    State::Slot s{it->first, p, int(st.buckets.size() - 1), 0, false};
+    auto& b = st.buckets.back();
+    for (int i : b.slots) s.offset += st.slots[i].param.numel();
+    b.slots.push_back(int(st.slots.size()));
+    st.slots.push_back(s);
+  }
+  for (auto& b : st.buckets) {
+    int64_t n = 0;
+    for (int i : b.slots) n += st.slots[i].param.numel();
+    b.flat = zeros({n}, {.dtype = st.slots[b.slots[0]].param.dtype()});
+    b.pending = int(b.slots.size());
+  }
+  st.grads = group.clone("dp");
+  st.comm = std::make_unique<CommThread>();
+  for (std::size_t i = 0; i < st.slots.size(); ++i) {
+    std::weak_ptr<State> weak = state_;
+    st.slots[i].param.register_post_accumulate_hook([weak, i](const Tensor&) {
+      if (auto s = weak.lock()) s->on_gradient(int(i));
+    });
+  }
+}
+
+DataParallel::~DataParallel() = default;
+
+std::size_t DataParallel::num_buckets() const { return state_->buckets.size(); }
+
+DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) { ++dp_.state_->no_sync_depth; }
+DataParallel::NoSync::~NoSync() { --dp_.state_->no_sync_depth; }
+
+void DataParallel::add_step_hook(StepHook hook) { hooks_.push_back(std::move(hook)); }
+
+void DataParallel::finish_step() {
+  State& st = *state_;
+  if (st.no_sync_depth > 0)
+    throw std::invalid_argument(
+        "[DataParallel] finish_step() inside no_sync(): leave the no_sync "
+        "region for the step that reduces the accumulated gradients");
+  NoGradGuard no_grad;
+  // Which parameters have a gradient on this rank (used, or accumulated).
+  Tensor used = zeros({int64_t(st.slots.size())}, {.dtype = DType::u8});
+  uint8_t* u = used.data<uint8_t>();
+  for (std::size_t i = 0; i < st.slots.size(); ++i) {
+    State::Slot& s = st.slots[i];
+    const Tensor g = s.param.grad();
+    u[i] = g.defined();
+    if (s.ready) continue;
+    // Not reduced during backward: unused this step, or accumulated under
+    // no_sync. Contribute what we have (zeros when nothing).
+    Tensor dst = st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel());
+    if (g.defined())
+      copy_(dst, g.reshape({s.param.numel()}));
+    else
+      fill_(dst, 0.0);
+    s.ready = true;
+    --st.buckets[s.bucket].pending;
+  }
+  st.launch_ready();
+  st.comm->drain();
+  st.grads->all_reduce(used, ReduceOp::max);
+  for (std::size_t i = 0; i < st.slots.size(); ++i) {
+    State::Slot& s = st.slots[i];
+    s.ready = false;
+    if (!u[i]) continue;  // unused on every rank: keep no gradient
+    Tensor avg =
+        st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel()).reshape(s.param.shape());
+    Tensor g = s.param.grad();
+    if (g.defined())
+      copy_(g, avg);
+    else
+      s.param.set_grad(avg.clone());
+  }
+  for (auto& b : st.buckets) b.pending = int(b.slots.size());
+  st.next_launch = 0;
+  if (opts_.broadcast_buffers)
+    for (auto& [name, b] : st.buffers) st.grads->broadcast(b, 0);
+  for (auto& hook : hooks_) hook(group_);
+}
+
+}  // namespace quanta::dist

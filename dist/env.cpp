@@ -20,7 +20,8 @@ int env_int(const char* name, int fallback) {
     if (used == std::string(v).size()) return x;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + v + "' is not an integer");
+  throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + v +
+                              "' is not an integer");
 }
 
 }  // namespace
@@ -57,12 +58,14 @@ LaunchInfo launch_info_from_env() {
   return info;
 }
 
-std::shared_ptr<ProcessGroup> init(GroupOptions opts) { return init(launch_info_from_env(), std::move(opts)); }
+std::shared_ptr<ProcessGroup> init(GroupOptions opts) {
+  return init(launch_info_from_env(), std::move(opts));
+}
 
 std::shared_ptr<ProcessGroup> init(const LaunchInfo& info, GroupOptions opts) {
   if (info.world_size == 1) return ProcessGroup::single(std::move(opts));
-  auto store = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0,
-                                          opts.timeout);
+  auto store =
+      std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, opts.timeout);
   return std::make_shared<ProcessGroup>(store, info.rank, info.world_size, std::move(opts));
 }
 

@@ -8,8 +8,9 @@
 namespace quanta::dist::detail {
 namespace {
 
-const char* const kOps[] = {"all_reduce", "broadcast", "all_gather", "all_gather_v",
-                            "reduce_scatter", "all_to_all", "barrier", "clone", "other"};
+const char* const kOps[] = {"all_reduce",   "broadcast",      "all_gather",
+                            "all_gather_v", "reduce_scatter", "all_to_all",
+                            "barrier",      "clone",          "other"};
 
 uint64_t mix(uint64_t h, uint64_t v) { return quanta::detail::splitmix64(h ^ v); }
 
@@ -23,13 +24,17 @@ std::string shape_text(const Fingerprint& f) {
       s << "...";
       break;
     }
-    if (i == 0 && f.shape_rule == kAnyFirstDim) s << "*";
-    else s << f.shape[i];
+    if (i == 0 && f.shape_rule == kAnyFirstDim)
+      s << "*";
+    else
+      s << f.shape[i];
   }
   return s.str() + "]";
 }
 
-std::string site_text(const Fingerprint& f) { return std::string(f.file) + ":" + std::to_string(f.line); }
+std::string site_text(const Fingerprint& f) {
+  return std::string(f.file) + ":" + std::to_string(f.line);
+}
 
 }  // namespace
 
@@ -70,8 +75,11 @@ std::string describe(const Fingerprint& f) {
   std::ostringstream s;
   s << kOps[f.op] << " #" << f.seq;
   std::string args = shape_text(f);
-  if (f.reduce >= 0) args += (args.empty() ? "" : ", ") + std::string(reduce_op_name(static_cast<ReduceOp>(f.reduce)));
-  if (f.root >= 0) args += (args.empty() ? "" : ", ") + std::string("root ") + std::to_string(f.root);
+  if (f.reduce >= 0)
+    args +=
+        (args.empty() ? "" : ", ") + std::string(reduce_op_name(static_cast<ReduceOp>(f.reduce)));
+  if (f.root >= 0)
+    args += (args.empty() ? "" : ", ") + std::string("root ") + std::to_string(f.root);
   if (!args.empty()) s << " (" << args << ")";
   if (f.line) s << " at " << site_text(f);
   return s.str();
@@ -91,7 +99,9 @@ std::string compare(const std::vector<Fingerprint>& all) {
   for (std::size_t r = 1; r < all.size(); ++r) {
     const Fingerprint& f = all[r];
     std::vector<std::string> diffs;
-    if (f.seq != ref.seq) diffs.push_back("sequence number " + std::to_string(ref.seq) + " vs " + std::to_string(f.seq));
+    if (f.seq != ref.seq)
+      diffs.push_back("sequence number " + std::to_string(ref.seq) + " vs " +
+                      std::to_string(f.seq));
     if (f.op != ref.op) diffs.push_back(std::string("op ") + kOps[ref.op] + " vs " + kOps[f.op]);
     if (f.dtype != ref.dtype && f.shape_rule != kNoTensor && ref.shape_rule != kNoTensor)
       diffs.push_back(std::string("dtype ") + dtype_name(static_cast<DType>(ref.dtype)) + " vs " +
@@ -100,8 +110,10 @@ std::string compare(const std::vector<Fingerprint>& all) {
         (f.ndim != ref.ndim || f.shape_hash != ref.shape_hash))
       diffs.push_back("shape " + shape_text(ref) + " vs " + shape_text(f));
     if (f.reduce != ref.reduce && f.op == ref.op)
-      diffs.push_back(std::string("reduce op ") + (ref.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(ref.reduce)) : "-") +
-                      " vs " + (f.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(f.reduce)) : "-"));
+      diffs.push_back(std::string("reduce op ") +
+                      (ref.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(ref.reduce)) : "-") +
+                      " vs " +
+                      (f.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(f.reduce)) : "-"));
     if (f.root != ref.root && f.op == ref.op)
       diffs.push_back("root " + std::to_string(ref.root) + " vs " + std::to_string(f.root));
     if (f.line != ref.line || std::strcmp(f.file, ref.file) != 0)

@@ -13,23 +13,23 @@ namespace quanta::dist::detail {
 
 /** How ranks' shapes must relate for a collective to pair up. */
 enum ShapeRule : int32_t {
-  kSameShape = 0,      // every rank passes the same shape
-  kAnyFirstDim = 1,    // dim 0 may differ (all_gather_v)
-  kNoTensor = 2,       // barrier
+  kSameShape = 0,    // every rank passes the same shape
+  kAnyFirstDim = 1,  // dim 0 may differ (all_gather_v)
+  kNoTensor = 2,     // barrier
 };
 
 struct Fingerprint {
   uint64_t seq = 0;
-  int32_t op = 0;          // index into op_names()
+  int32_t op = 0;  // index into op_names()
   int32_t dtype = -1;
   int32_t ndim = 0;
   int32_t shape_rule = kSameShape;
-  int32_t reduce = -1;     // ReduceOp or -1
+  int32_t reduce = -1;  // ReduceOp or -1
   int32_t root = -1;
-  int64_t shape[8] = {};   // dims beyond 8 are folded into shape_hash
+  int64_t shape[8] = {};  // dims beyond 8 are folded into shape_hash
   uint64_t shape_hash = 0;
   uint32_t line = 0;
-  char file[60] = {};      // the call site's file name (last 59 characters)
+  char file[60] = {};  // the call site's file name (last 59 characters)
 };
 
 /** The ops a fingerprint can name, in op-index order. */

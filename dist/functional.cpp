@@ -18,8 +18,12 @@ Tensor apply1(const std::string& name, const Tensor& x,
               std::function<Tensor(const Tensor&)> backward) {
   autograd::Function f;
   f.name = name;
-  f.forward = [forward](const std::vector<Tensor>& in) { return std::vector<Tensor>{forward(in[0])}; };
-  f.backward = [backward](const std::vector<Tensor>& g) { return std::vector<Tensor>{backward(g[0])}; };
+  f.forward = [forward](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{forward(in[0])};
+  };
+  f.backward = [backward](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{backward(g[0])};
+  };
   return autograd::apply(f, {x})[0];
 }
 
@@ -27,8 +31,9 @@ Tensor apply1(const std::string& name, const Tensor& x,
 
 Tensor all_reduce(ProcessGroup& g, const Tensor& x, ReduceOp op) {
   if (op != ReduceOp::sum && op != ReduceOp::avg)
-    throw std::invalid_argument(std::string("[dist::fn::all_reduce] only sum and avg have a gradient, got ") +
-                                reduce_op_name(op) + " (use ProcessGroup::all_reduce without autograd)");
+    throw std::invalid_argument(
+        std::string("[dist::fn::all_reduce] only sum and avg have a gradient, got ") +
+        reduce_op_name(op) + " (use ProcessGroup::all_reduce without autograd)");
   ProcessGroup* pg = &g;
   auto run = [pg, op](const Tensor& t) {
     Tensor y = own_copy(t);
@@ -45,14 +50,17 @@ Tensor all_gather(ProcessGroup& g, const Tensor& x) {
   const Shape shape = x.shape();
   return apply1(
       "dist::fn::all_gather", x, [pg](const Tensor& t) { return pg->all_gather(t); },
-      [pg, shape](const Tensor& grad) { return pg->reduce_scatter(own_copy(grad)).reshape(shape); });
+      [pg, shape](const Tensor& grad) {
+        return pg->reduce_scatter(own_copy(grad)).reshape(shape);
+      });
 }
 
 Tensor all_gather_v(ProcessGroup& g, const Tensor& x) {
   ProcessGroup* pg = &g;
   auto sizes = std::make_shared<std::vector<int64_t>>();
   return apply1(
-      "dist::fn::all_gather_v", x, [pg, sizes](const Tensor& t) { return pg->all_gather_v(t, sizes.get()); },
+      "dist::fn::all_gather_v", x,
+      [pg, sizes](const Tensor& t) { return pg->all_gather_v(t, sizes.get()); },
       [pg, sizes](const Tensor& grad) {
         Tensor total = own_copy(grad);
         pg->all_reduce(total);
@@ -64,11 +72,13 @@ Tensor all_gather_v(ProcessGroup& g, const Tensor& x) {
 
 Tensor reduce_scatter(ProcessGroup& g, const Tensor& x, ReduceOp op) {
   if (op != ReduceOp::sum && op != ReduceOp::avg)
-    throw std::invalid_argument(std::string("[dist::fn::reduce_scatter] only sum and avg have a gradient, got ") +
-                                reduce_op_name(op));
+    throw std::invalid_argument(
+        std::string("[dist::fn::reduce_scatter] only sum and avg have a gradient, got ") +
+        reduce_op_name(op));
   ProcessGroup* pg = &g;
   return apply1(
-      "dist::fn::reduce_scatter", x, [pg, op](const Tensor& t) { return pg->reduce_scatter(t, op); },
+      "dist::fn::reduce_scatter", x,
+      [pg, op](const Tensor& t) { return pg->reduce_scatter(t, op); },
       [pg, op](const Tensor& grad) {
         Tensor all = pg->all_gather(own_copy(grad));
         return op == ReduceOp::avg ? all / double(pg->size()) : all;

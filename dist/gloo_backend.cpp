@@ -32,11 +32,13 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
 }  // namespace
 
-GlooBackend::GlooBackend(Store& store, int rank, int size, Millis timeout,
-                         const std::string& host, const std::string& iface) {
+GlooBackend::GlooBackend(Store& store, int rank, int size, Millis timeout, const std::string& host,
+                         const std::string& iface) {
   gloo::transport::tcp::attr attr;
-  if (!iface.empty()) attr.iface = iface;
-  else attr.hostname = host;
+  if (!iface.empty())
+    attr.iface = iface;
+  else
+    attr.hostname = host;
   device_ = gloo::transport::tcp::CreateDevice(attr);
   connect(store, rank, size, timeout);
 }
@@ -63,11 +65,20 @@ void GlooBackend::all_reduce(void* data, std::size_t n, std::size_t elem_size, c
   gloo::AllreduceOptions opts(context_);
   // Gloo only needs the element size: pass the bytes as an opaque type of it.
   switch (elem_size) {
-    case 1: opts.setOutput(static_cast<uint8_t*>(data), n); break;
-    case 2: opts.setOutput(static_cast<uint16_t*>(data), n); break;
-    case 4: opts.setOutput(static_cast<uint32_t*>(data), n); break;
-    case 8: opts.setOutput(static_cast<uint64_t*>(data), n); break;
-    default: throw std::invalid_argument("[dist::all_reduce] unsupported element size");
+    case 1:
+      opts.setOutput(static_cast<uint8_t*>(data), n);
+      break;
+    case 2:
+      opts.setOutput(static_cast<uint16_t*>(data), n);
+      break;
+    case 4:
+      opts.setOutput(static_cast<uint32_t*>(data), n);
+      break;
+    case 8:
+      opts.setOutput(static_cast<uint64_t*>(data), n);
+      break;
+    default:
+      throw std::invalid_argument("[dist::all_reduce] unsupported element size");
   }
   opts.setReduceFunction(fn);
   opts.setTag(tag);

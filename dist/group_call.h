@@ -19,7 +19,8 @@ struct ProcessGroup::Call {
 };
 
 // Runs a backend call, turning its failures into fail()'s report.
-template <class F> void ProcessGroup::guarded(const Call& call, F&& f) {
+template <class F>
+void ProcessGroup::guarded(const Call& call, F&& f) {
   try {
     f();
   } catch (const DistError&) {

@@ -24,25 +24,38 @@ void cuda_check(cudaError_t e, const char* what) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::u8: return ncclUint8;
-    default: break;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+    default:
+      break;
   }
   throw std::invalid_argument(std::string("[dist::nccl] no NCCL type for ") + dtype_name(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::min: return ncclMin;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::prod: return ncclProd;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::min:
+      return ncclMin;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::prod:
+      return ncclProd;
   }
   return ncclSum;
 }
@@ -63,8 +76,9 @@ struct NcclBackend::Impl {
       ncclResult_t st = ncclSuccess;
       ncclCommGetAsyncError(comm, &st);
       if (st == ncclSuccess) return;
-      if (st != ncclInProgress) abort_with(std::string(what) + ": " + ncclGetErrorString(st) +
-                                           " (" + ncclGetLastError(comm) + ")");
+      if (st != ncclInProgress)
+        abort_with(std::string(what) + ": " + ncclGetErrorString(st) + " (" +
+                   ncclGetLastError(comm) + ")");
       if (Clock::now() > deadline) abort_with(std::string(what) + ": timed out");
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -77,8 +91,10 @@ struct NcclBackend::Impl {
   }
 
   void enqueue_check(ncclResult_t r, Clock::time_point deadline, const char* what) {
-    if (r == ncclInProgress) settle(deadline, what);
-    else if (r != ncclSuccess) abort_with(std::string(what) + ": " + ncclGetErrorString(r));
+    if (r == ncclInProgress)
+      settle(deadline, what);
+    else if (r != ncclSuccess)
+      abort_with(std::string(what) + ": " + ncclGetErrorString(r));
   }
 
   // The watchdog loop: poll the completion event and the async error against
@@ -171,7 +187,8 @@ void NcclBackend::broadcast(void* data, std::size_t bytes, int root, Millis time
   s.watch(deadline, "broadcast");
 }
 
-void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank, Millis timeout) {
+void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank,
+                             Millis timeout) {
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
@@ -185,8 +202,9 @@ void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, D
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
-  s.enqueue_check(ncclReduceScatter(in, out, n_out, nccl_type(dtype), nccl_op(op), s.comm, s.stream),
-                  deadline, "ncclReduceScatter");
+  s.enqueue_check(
+      ncclReduceScatter(in, out, n_out, nccl_type(dtype), nccl_op(op), s.comm, s.stream), deadline,
+      "ncclReduceScatter");
   s.watch(deadline, "reduce_scatter");
 }
 
@@ -198,7 +216,8 @@ namespace {
 detail::NcclBackend& nccl_of(std::unique_ptr<detail::NcclBackend>& slot, Store* store, int rank,
                              int size, const Tensor& t, Millis timeout) {
   if (!slot) {
-    PrefixStore s("nccl." + std::to_string(t.device().index), std::shared_ptr<Store>(store, [](Store*) {}));
+    PrefixStore s("nccl." + std::to_string(t.device().index),
+                  std::shared_ptr<Store>(store, [](Store*) {}));
     slot = std::make_unique<detail::NcclBackend>(s, rank, size, t.device().index, timeout);
   }
   return *slot;
@@ -206,7 +225,8 @@ detail::NcclBackend& nccl_of(std::unique_ptr<detail::NcclBackend>& slot, Store* 
 }  // namespace
 
 void ProcessGroup::nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c) {
-  if (!t.is_contiguous()) throw std::invalid_argument("[dist::all_reduce] CUDA tensors must be contiguous");
+  if (!t.is_contiguous())
+    throw std::invalid_argument("[dist::all_reduce] CUDA tensors must be contiguous");
   guarded(c, [&] {
     nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
         .all_reduce(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), op, c.timeout);
@@ -214,9 +234,11 @@ void ProcessGroup::nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c) 
 }
 
 void ProcessGroup::nccl_broadcast(const Tensor& t, int root, const Call& c) {
-  if (!t.is_contiguous()) throw std::invalid_argument("[dist::broadcast] CUDA tensors must be contiguous");
+  if (!t.is_contiguous())
+    throw std::invalid_argument("[dist::broadcast] CUDA tensors must be contiguous");
   guarded(c, [&] {
-    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout).broadcast(t.raw_data(), t.nbytes(), root, c.timeout);
+    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
+        .broadcast(t.raw_data(), t.nbytes(), root, c.timeout);
   });
 }
 
@@ -237,8 +259,8 @@ Tensor ProcessGroup::nccl_reduce_scatter(const Tensor& t, ReduceOp op, const Cal
   Tensor out = quanta::detail::make_tensor(shape, t.dtype(), t.device());
   guarded(c, [&] {
     nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
-        .reduce_scatter(t.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()), t.dtype(),
-                        op, c.timeout);
+        .reduce_scatter(t.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()),
+                        t.dtype(), op, c.timeout);
   });
   return out;
 }

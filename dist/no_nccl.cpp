@@ -17,13 +17,16 @@ NcclBackend::~NcclBackend() = default;
 
 namespace {
 [[noreturn]] void no_cuda(const char* op) {
-  throw std::invalid_argument(std::string("[dist::") + op + "] CUDA tensor, but quanta was built without CUDA");
+  throw std::invalid_argument(std::string("[dist::") + op +
+                              "] CUDA tensor, but quanta was built without CUDA");
 }
 }  // namespace
 
 void ProcessGroup::nccl_all_reduce(const Tensor&, ReduceOp, const Call&) { no_cuda("all_reduce"); }
 void ProcessGroup::nccl_broadcast(const Tensor&, int, const Call&) { no_cuda("broadcast"); }
 Tensor ProcessGroup::nccl_all_gather(const Tensor&, const Call&) { no_cuda("all_gather"); }
-Tensor ProcessGroup::nccl_reduce_scatter(const Tensor&, ReduceOp, const Call&) { no_cuda("reduce_scatter"); }
+Tensor ProcessGroup::nccl_reduce_scatter(const Tensor&, ReduceOp, const Call&) {
+  no_cuda("reduce_scatter");
+}
 
 }  // namespace quanta::dist

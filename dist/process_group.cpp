@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "dist/fingerprint.h"
-#include "dist/group_call.h"
 #include "dist/gloo_backend.h"
+#include "dist/group_call.h"
 #include "dist/nccl_backend.h"
 #include "dist/reduce_kernels.h"
 #include "engine/autograd/grad_mode.h"
@@ -27,11 +27,16 @@ using Clock = std::chrono::steady_clock;
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::prod: return "prod";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::prod:
+      return "prod";
   }
   return "?";
 }
@@ -100,7 +105,8 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
   if (world_size < 1 || rank < 0 || rank >= world_size)
     throw std::invalid_argument("[dist] rank " + std::to_string(rank) + " is outside a world of " +
                                 std::to_string(world_size));
-  if (!store && world_size > 1) throw std::invalid_argument("[dist] a group of several ranks needs a store");
+  if (!store && world_size > 1)
+    throw std::invalid_argument("[dist] a group of several ranks needs a store");
   root_store_ = store;
   if (world_size == 1) {
     seed_ = opts_.seed ? opts_.seed : std::random_device{}() * 0x100000001ull;
@@ -110,8 +116,8 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
   try {
     PrefixStore gloo_store("gloo", store_);
     const std::string host = opts_.host.empty() ? default_host() : opts_.host;
-    gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank, world_size, opts_.timeout,
-                                                  host, opts_.iface);
+    gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank, world_size, opts_.timeout, host,
+                                                  opts_.iface);
     // The root seed: rank 0 decides, everyone else reads it once. This is
     // the only communication the random streams ever need.
     if (rank == 0) {
@@ -168,11 +174,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
 
 detail::GlooBackend& ProcessGroup::gloo() { return *gloo_; }
 
+detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) { return g.gloo_.get(); }
+
 // ---- call bookkeeping ----
 
 ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shape_rule,
                                        ReduceOp rop, int root, const CallOptions& o,
-                                       const Site& site) {
+                                       const Site& site, bool exchange_fingerprints) {
   const bool reduces = std::strcmp(op, "all_reduce") == 0 || std::strcmp(op, "reduce_scatter") == 0;
   Call c;
   c.fp = detail::make_fingerprint(op, seq_, t, shape_rule, reduces ? int32_t(rop) : -1, root, site);
@@ -181,23 +189,43 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shap
     throw DistError("[dist] " + c.desc + " on rank " + std::to_string(rank_) +
                     ": the group is broken by an earlier failure: " + broken_);
   if (t && t->defined() && t->device().is_cuda() && !cuda_built())
-    throw std::invalid_argument("[dist::" + std::string(op) + "] CUDA tensor, but quanta was built without CUDA");
+    throw std::invalid_argument("[dist::" + std::string(op) +
+                                "] CUDA tensor, but quanta was built without CUDA");
   ++seq_;
   c.tag = detail::tag_of(c.fp);
   c.timeout = o.timeout > Millis(0) ? o.timeout : opts_.timeout;
   c.start = Clock::now();
-  if (size_ > 1 && debug_) check_fingerprints(c);
+  if (size_ > 1 && debug_ && exchange_fingerprints) check_fingerprints(c);
   return c;
 }
 
-void ProcessGroup::check_fingerprints(const Call& call) {
-  std::vector<Fingerprint> all(size_);
-  // The exchange's tag depends on the sequence number only, so calls that
-  // differ in op or shape still meet here and are reported at once.
+namespace {
+// Every debug exchange sends one fixed-size block: the fingerprint and room
+// for a small all_reduce's data (sent along in the same round trip). The
+// size and the tag depend on nothing but the sequence number, so any two
+// calls at the same point meet here, whatever op, dtype or shape they are.
+constexpr std::size_t kDebugPayload = 4096;
+constexpr std::size_t kDebugBlock = sizeof(Fingerprint) + kDebugPayload;
+}  // namespace
+
+std::vector<char> ProcessGroup::debug_exchange(const Call& call, const void* payload,
+                                               std::size_t bytes) {
+  std::vector<char> mine(kDebugBlock, 0), all(kDebugBlock * static_cast<std::size_t>(size_));
+  std::memcpy(mine.data(), &call.fp, sizeof(Fingerprint));
+  if (bytes) std::memcpy(mine.data() + sizeof(Fingerprint), payload, bytes);
   const uint32_t tag = static_cast<uint32_t>(quanta::detail::splitmix64(call.fp.seq ^ 0x6670ull));
-  guarded(call, [&] {
-    gloo_->all_gather(&call.fp, all.data(), sizeof(Fingerprint), tag, call.timeout);
-  });
+  guarded(call,
+          [&] { gloo_->all_gather(mine.data(), all.data(), kDebugBlock, tag, call.timeout); });
+  std::vector<Fingerprint> fps(size_);
+  for (int r = 0; r < size_; ++r)
+    std::memcpy(&fps[r], all.data() + r * kDebugBlock, sizeof(Fingerprint));
+  check_fingerprints(call, fps);
+  return all;
+}
+
+void ProcessGroup::check_fingerprints(const Call& call) { debug_exchange(call, nullptr, 0); }
+
+void ProcessGroup::check_fingerprints(const Call& call, const std::vector<Fingerprint>& all) {
   const std::string diff = detail::compare(all);
   if (diff.empty()) return;
   broken_ = "QUANTA_DIST_DEBUG: " + diff;
@@ -214,7 +242,7 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   // Ask the peers what they were doing: each failing rank posts its call,
   // ranks that left on purpose posted that; the rest did not arrive.
   std::vector<std::string> reports(size_);
-  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(3000));
+  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(2000));
   try {
     store_->set_string("status/" + std::to_string(rank_), call.desc);
     const auto deadline = Clock::now() + grace;
@@ -240,10 +268,14 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const std::string& rep = reports[r];
-    if (rep.empty()) missing.push_back(r);
-    else if (rep.rfind("left", 0) == 0) msg << "\n  rank " << r << " " << rep;
-    else if (rep.substr(0, rep.find(" at ")) == mine) msg << "\n  rank " << r << " arrived and failed too";
-    else msg << "\n  rank " << r << " was in " << rep << " instead";
+    if (rep.empty())
+      missing.push_back(r);
+    else if (rep.rfind("left", 0) == 0)
+      msg << "\n  rank " << r << " " << rep;
+    else if (rep.substr(0, rep.find(" at ")) == mine)
+      msg << "\n  rank " << r << " arrived and failed too";
+    else
+      msg << "\n  rank " << r << " was in " << rep << " instead";
   }
   if (!missing.empty()) {
     msg << "\n  ranks that did not arrive: ";
@@ -256,9 +288,22 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
 
 // ---- collectives ----
 
+void ProcessGroup::fused_debug_all_reduce(const Call& c, const Tensor& buf, ReduceOp op) {
+  const std::size_t nbytes = buf.nbytes();
+  const std::vector<char> all = debug_exchange(c, buf.raw_data(), nbytes);
+  // The same reduction in rank order on every rank: bitwise equal results.
+  const std::size_t n = static_cast<std::size_t>(buf.numel());
+  const auto fn = detail::reduce_fn(buf.dtype(), op);
+  const char* data0 = all.data() + sizeof(Fingerprint);
+  std::memcpy(buf.raw_data(), data0, nbytes);
+  for (int r = 1; r < size_; ++r) fn(buf.raw_data(), buf.raw_data(), data0 + r * kDebugBlock, n);
+}
+
 void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site site) {
   if (t.defined()) detail::check_reducible("all_reduce", t.dtype(), op);
-  Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site);
+  const bool fuse =
+      debug_ && size_ > 1 && t.defined() && t.device().is_cpu() && t.nbytes() <= kDebugPayload;
+  Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site, !fuse);
   if (size_ == 1) return;
   if (t.device().is_cuda()) {
     nccl_all_reduce(t, op, c);
@@ -266,9 +311,15 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
   }
   Tensor buf = inplace_buffer("all_reduce", t);
   const std::size_t n = static_cast<std::size_t>(buf.numel());
+  if (fuse) {
+    fused_debug_all_reduce(c, buf, op);
+    if (op == ReduceOp::avg) detail::divide(buf.raw_data(), buf.dtype(), n, size_);
+    finish_inplace(t, buf);
+    return;
+  }
   guarded(c, [&] {
-    gloo_->all_reduce(buf.raw_data(), n, element_size(buf.dtype()), detail::reduce_fn(buf.dtype(), op),
-                      c.tag, c.timeout);
+    gloo_->all_reduce(buf.raw_data(), n, element_size(buf.dtype()),
+                      detail::reduce_fn(buf.dtype(), op), c.tag, c.timeout);
   });
   if (op == ReduceOp::avg) detail::divide(buf.raw_data(), buf.dtype(), n, size_);
   finish_inplace(t, buf);
@@ -301,7 +352,8 @@ Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
   }
   if (in.device().is_cuda()) return nccl_all_gather(in, c);
   Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
-  guarded(c, [&] { gloo_->all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  guarded(c,
+          [&] { gloo_->all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
   return out;
 }
 
@@ -318,10 +370,14 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
     NoGradGuard g;
     return in.clone();
   }
-  if (in.device().is_cuda()) throw std::invalid_argument("[dist::all_gather_v] CUDA tensors: not supported yet; gather on CPU");
+  if (in.device().is_cuda())
+    throw std::invalid_argument(
+        "[dist::all_gather_v] CUDA tensors: not supported yet; gather on CPU");
   // First the first dims (the tag already covers dtype and the other dims).
   int64_t mine = in.size(0);
-  guarded(c, [&] { gloo_->all_gather(&mine, counts.data(), sizeof mine, sub_tag(c.tag, 1), c.timeout); });
+  guarded(c, [&] {
+    gloo_->all_gather(&mine, counts.data(), sizeof mine, sub_tag(c.tag, 1), c.timeout);
+  });
   int64_t total = 0;
   for (auto n : counts) total += n;
   shape[0] = total;
@@ -346,8 +402,9 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
   if (t.defined()) detail::check_reducible("reduce_scatter", t.dtype(), op);
   Tensor in = contiguous_input("reduce_scatter", t);
   if (in.dim() == 0 || in.size(0) % size_ != 0)
-    throw std::invalid_argument("[dist::reduce_scatter] dim 0 must be a multiple of the world size " +
-                                std::to_string(size_) + ", got shape " + shape_str(in.shape()));
+    throw std::invalid_argument(
+        "[dist::reduce_scatter] dim 0 must be a multiple of the world size " +
+        std::to_string(size_) + ", got shape " + shape_str(in.shape()));
   Call c = begin("reduce_scatter", &in, detail::kSameShape, op, -1, o, site);
   const int64_t m = in.size(0) / size_;
   if (size_ == 1) {
@@ -358,7 +415,9 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
   // All-to-all then a local reduction in rank order: the bandwidth of a
   // ring reduce-scatter (Gloo 5b14351 has no reduce_scatter of its own).
   Tensor gathered = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
-  guarded(c, [&] { gloo_->all_to_all(in.raw_data(), gathered.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  guarded(c, [&] {
+    gloo_->all_to_all(in.raw_data(), gathered.raw_data(), in.nbytes(), c.tag, c.timeout);
+  });
   Shape shape = in.shape();
   shape[0] = m;
   NoGradGuard g;
@@ -380,9 +439,11 @@ Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   Call c = begin("all_to_all", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
   NoGradGuard g;
   if (size_ == 1) return in.clone();
-  if (in.device().is_cuda()) throw std::invalid_argument("[dist::all_to_all] CUDA tensors: not supported yet");
+  if (in.device().is_cuda())
+    throw std::invalid_argument("[dist::all_to_all] CUDA tensors: not supported yet");
   Tensor out = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
-  guarded(c, [&] { gloo_->all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  guarded(c,
+          [&] { gloo_->all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
   return out;
 }
 

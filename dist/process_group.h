@@ -54,15 +54,19 @@ struct GroupOptions {
   std::string name = "world";
   /** Address this rank's Gloo device binds to; empty = QUANTA_DIST_HOST,
    * else 127.0.0.1 when the store is local, else this host's name. */
-  std::string host;
+  std::string host{};
   /** Network interface for Gloo (GLOO_SOCKET_IFNAME style); overrides host. */
-  std::string iface;
+  std::string iface{};
 };
 
+class ProcessGroup;
 namespace detail {
 class GlooBackend;
 class NcclBackend;
 struct Fingerprint;
+/** The group's Gloo backend (null for a world of one): for benchmarks that
+ * time the bare Gloo call on the same connections. */
+GlooBackend* gloo_backend_of(ProcessGroup& g);
 }  // namespace detail
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
@@ -108,8 +112,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Tensor all_gather(const Tensor& t, CallOptions o = {}, Site site = Site::current());
   /** Like all_gather, but dim 0 may differ per rank (zero included); other
    * dims and dtype must agree. `sizes` (optional) receives each rank's d0. */
-  Tensor all_gather_v(const Tensor& t, std::vector<int64_t>* sizes = nullptr,
-                      CallOptions o = {}, Site site = Site::current());
+  Tensor all_gather_v(const Tensor& t, std::vector<int64_t>* sizes = nullptr, CallOptions o = {},
+                      Site site = Site::current());
   /** `t` has dim 0 = N * m: returns [m, ...], rank r's block reduced across
    * ranks (block r of every rank's `t`). */
   Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::sum, CallOptions o = {},
@@ -123,12 +127,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  private:
   struct Call;
   friend class detail::GlooBackend;
+  friend detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g);
   ProcessGroup(int rank, int size, GroupOptions opts);
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
-             const CallOptions& o, const Site& site);
+             const CallOptions& o, const Site& site, bool exchange_fingerprints = true);
   [[noreturn]] void fail(const Call& call, const std::string& what);
   void check_fingerprints(const Call& call);
-  template <class F> void guarded(const Call& call, F&& f);
+  void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
+  std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
+  void fused_debug_all_reduce(const Call& call, const Tensor& buf, ReduceOp op);
+  template <class F>
+  void guarded(const Call& call, F&& f);
   detail::GlooBackend& gloo();
   // CUDA tensors (process_group_nccl.cpp; throwing stubs without CUDA).
   void nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c);

@@ -19,7 +19,8 @@ namespace quanta::dist {
 void Store::wait(const std::vector<std::string>& keys, Millis timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& k : keys) {
-    const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
     get(k, std::max(left, Millis(0)));
   }
 }
@@ -58,11 +59,11 @@ bool read_file(const std::string& path, Bytes& out) {
 // Write to a unique temporary name, then rename: readers see all or nothing.
 void write_atomic(const std::string& dir, const std::string& path, const Bytes& value) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  const std::string tmp = dir + "/.tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(rng());
+  const std::string tmp = dir + "/.tmp." + std::to_string(::getpid()) + "." + std::to_string(rng());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("[FileStore] cannot write " + tmp + ": " + std::strerror(errno));
+    if (!out)
+      throw std::runtime_error("[FileStore] cannot write " + tmp + ": " + std::strerror(errno));
     out.write(value.data(), static_cast<std::streamsize>(value.size()));
     if (!out) throw std::runtime_error("[FileStore] write failed: " + tmp);
   }
@@ -105,7 +106,8 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   ::flock(fd, LOCK_EX);
   int64_t value = 0;
   Bytes cur;
-  if (read_file(path_of(key), cur) && !cur.empty()) value = std::stoll(std::string(cur.begin(), cur.end()));
+  if (read_file(path_of(key), cur) && !cur.empty())
+    value = std::stoll(std::string(cur.begin(), cur.end()));
   value += delta;
   const std::string s = std::to_string(value);
   try {
@@ -131,9 +133,15 @@ std::string FileStore::describe() const { return "file://" + dir_; }
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
     : prefix_(std::move(prefix) + "/"), base_(std::move(base)) {}
 
-void PrefixStore::set(const std::string& key, const Bytes& value) { base_->set(prefix_ + key, value); }
-Bytes PrefixStore::get(const std::string& key, Millis timeout) { return base_->get(prefix_ + key, timeout); }
-int64_t PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(prefix_ + key, delta); }
+void PrefixStore::set(const std::string& key, const Bytes& value) {
+  base_->set(prefix_ + key, value);
+}
+Bytes PrefixStore::get(const std::string& key, Millis timeout) {
+  return base_->get(prefix_ + key, timeout);
+}
+int64_t PrefixStore::add(const std::string& key, int64_t delta) {
+  return base_->add(prefix_ + key, delta);
+}
 bool PrefixStore::check(const std::string& key) { return base_->check(prefix_ + key); }
 bool PrefixStore::remove(const std::string& key) { return base_->remove(prefix_ + key); }
 std::string PrefixStore::describe() const { return base_->describe() + " [" + prefix_ + "]"; }

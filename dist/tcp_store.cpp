@@ -36,17 +36,21 @@ void send_all(int fd, const char* p, std::size_t n, const std::string& where) {
   while (n > 0) {
     const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) throw std::runtime_error("[TcpStore] lost the connection to " + where + ": " + errno_text());
+    if (k <= 0)
+      throw std::runtime_error("[TcpStore] lost the connection to " + where + ": " + errno_text());
     p += k;
     n -= static_cast<std::size_t>(k);
   }
 }
 
 // Receives exactly `n` bytes before `deadline` or throws.
-void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline, const std::string& where) {
+void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline,
+              const std::string& where) {
   while (n > 0) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
-    if (left <= 0) throw std::runtime_error("[TcpStore] no reply from " + where + " in time (server busy or lost)");
+    if (left <= 0)
+      throw std::runtime_error("[TcpStore] no reply from " + where +
+                               " in time (server busy or lost)");
     pollfd pfd{fd, POLLIN, 0};
     const int r = ::poll(&pfd, 1, static_cast<int>(left));
     if (r < 0 && errno == EINTR) continue;
@@ -62,8 +66,12 @@ void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline, const 
   }
 }
 
-template <class T> void put(std::string& out, T v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
-template <class T> T take(const char* p) {
+template <class T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <class T>
+T take(const char* p) {
   T v;
   std::memcpy(&v, p, sizeof v);
   return v;
@@ -97,26 +105,37 @@ struct TcpStoreServer::Impl {
       put<uint64_t>(reply, 0);
     };
     switch (cmd) {
-      case kSet: data[key] = Bytes(value.begin(), value.end()); ok(""); break;
+      case kSet:
+        data[key] = Bytes(value.begin(), value.end());
+        ok("");
+        break;
       case kGet: {
         auto it = data.find(key);
-        if (it == data.end()) missing();
-        else ok(std::string(it->second.begin(), it->second.end()));
+        if (it == data.end())
+          missing();
+        else
+          ok(std::string(it->second.begin(), it->second.end()));
         break;
       }
       case kAdd: {
         int64_t cur = 0;
         auto it = data.find(key);
-        if (it != data.end() && !it->second.empty()) cur = std::stoll(std::string(it->second.begin(), it->second.end()));
+        if (it != data.end() && !it->second.empty())
+          cur = std::stoll(std::string(it->second.begin(), it->second.end()));
         cur += take<int64_t>(value.data());
         const std::string s = std::to_string(cur);
         data[key] = Bytes(s.begin(), s.end());
         ok(s);
         break;
       }
-      case kCheck: data.count(key) ? ok("") : missing(); break;
-      case kRemove: data.erase(key) ? ok("") : missing(); break;
-      default: missing();
+      case kCheck:
+        data.count(key) ? ok("") : missing();
+        break;
+      case kRemove:
+        data.erase(key) ? ok("") : missing();
+        break;
+      default:
+        missing();
     }
     return reply;
   }

@@ -1,6 +1,7 @@
 #pragma once
 // Runs a generic lambda with the C++ type of a runtime dtype. The error names
 // the op and the dtype it cannot take.
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,16 @@ template <class T> struct TypeTag { using type = T; };
                               " is not supported (" + what + ")");
 }
 }  // namespace detail
+
+/** Throws "[op] dtype nf4 does not support arithmetic (a byte-only format:
+ * dequantize it first)" when one of `dtypes` is byte-only. */
+inline void check_arithmetic(const char* op, std::initializer_list<DType> dtypes) {
+  for (DType t : dtypes)
+    if (!dtype_info(t).arithmetic)
+      throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
+                                  " does not support arithmetic (a byte-only format: "
+                                  "dequantize it first)");
+}
 
 /** f32 and f64: the dtypes CPU floating kernels compute in. */
 template <class F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {

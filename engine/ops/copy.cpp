@@ -74,6 +74,7 @@ Tensor contiguous(const Tensor& x) {
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
+  check_arithmetic("to_dtype", {x.dtype(), dtype});
   Tensor out = detail::make_tensor(x.shape(), dtype, x.device());
   {
     NoGradGuard no_grad;

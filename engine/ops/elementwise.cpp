@@ -22,6 +22,7 @@ Tensor grad_for(const Tensor& g, const Tensor& in) {
 // Arithmetic result: promoted dtype (16-bit floats computed in f32, stored back).
 template <class F>
 Tensor arith(const char* op, const Tensor& a, const Tensor& b, F f) {
+  check_arithmetic(op, {a.dtype(), b.dtype()});
   const DType out_dt = promote_types(a.dtype(), b.dtype());
   const DType ct = cpu_compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
   Tensor out = binary_kernel(op, a, b, ct, ct, f);
@@ -30,6 +31,7 @@ Tensor arith(const char* op, const Tensor& a, const Tensor& b, F f) {
 
 template <class F>
 Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
+  check_arithmetic(op, {a.dtype(), b.dtype()});
   const DType ct = cpu_compute_dtype(promote_types(a.dtype(), b.dtype()));
   return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean, f);
 }
@@ -40,6 +42,8 @@ std::vector<Tensor> two(Tensor a, Tensor b) { return {std::move(a), std::move(b)
 
 Tensor scalar_like(const Tensor& x, double v) {
   DType t = x.dtype();
+  // A byte-only dtype (nf4) cannot hold a value: the op using it reports it.
+  if (!dtype_info(t).arithmetic) t = DType::f32;
   if (!is_floating(t) && (std::floor(v) != v || t == DType::boolean)) t = DType::f32;
   if (t == DType::boolean) t = DType::i64;
   return scalar(v, {.dtype = t, .device = x.device()});

@@ -35,6 +35,7 @@ template <class F, class Vec = std::nullptr_t, class Fixup = std::nullptr_t>
 Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr,
                    Fixup fixup = nullptr) {
   check_cpu(op, {&x});
+  check_arithmetic(op, {x.dtype()});
   const DType out_dt = to_floating(x.dtype());
   const DType ct = cpu_compute_dtype(out_dt);
   Tensor in = as_plain(x, ct);

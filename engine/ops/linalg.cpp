@@ -26,6 +26,7 @@ std::string shapes_str(const Tensor& a, const Tensor& b) {
 
 // The floating dtype a product of `a` and `b` is computed and returned in.
 DType product_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  check_arithmetic(op, {a.dtype(), b.dtype()});
   const DType dt = promote_types(a.dtype(), b.dtype());
   if (!is_floating(dt))
     throw std::invalid_argument(std::string("[") + op +

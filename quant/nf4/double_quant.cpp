@@ -1,5 +1,7 @@
 #include "quant/nf4/double_quant.h"
 
+#include "engine/cpu/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -73,25 +75,28 @@ DoubleQuantState double_quantize(const float* scales, int64_t n, int64_t group) 
   s.codes.resize(static_cast<size_t>(n));
   const int64_t groups = (n + group - 1) / group;
   s.group_absmax.resize(static_cast<size_t>(groups));
-  std::vector<float> centred(static_cast<size_t>(group));
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t lo = g * group, len = std::min(group, n - lo);
-    float amax = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      centred[i] = scales[lo + i] - s.offset;
-      amax = std::max(amax, std::fabs(centred[i]));
+  // Groups are independent once the offset is known.
+  cpu::parallel_for(0, groups, 64, [&](int64_t g_lo, int64_t g_hi) {
+    std::vector<float> centred(static_cast<size_t>(group));
+    for (int64_t g = g_lo; g < g_hi; ++g) {
+      const int64_t lo = g * group, len = std::min(group, n - lo);
+      float amax = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        centred[i] = scales[lo + i] - s.offset;
+        amax = std::max(amax, std::fabs(centred[i]));
+      }
+      s.group_absmax[static_cast<size_t>(g)] = amax;
+      const float a = std::max(amax, 1e-38f);
+      const float inv = 1.0f / a;
+      for (int64_t i = 0; i < len; ++i) {
+        // bitsandbytes' reference backend: a full group multiplies by the
+        // reciprocal, the partial last group divides.
+        float v = len == group ? centred[i] * inv : centred[i] / a;
+        v = std::clamp(v, -1.0f, 1.0f);
+        s.codes[static_cast<size_t>(lo + i)] = static_cast<uint8_t>(bucket_below(v, mids));
+      }
     }
-    s.group_absmax[static_cast<size_t>(g)] = amax;
-    const float a = std::max(amax, 1e-38f);
-    const float inv = 1.0f / a;
-    for (int64_t i = 0; i < len; ++i) {
-      // bitsandbytes' reference backend: a full group multiplies by the
-      // reciprocal, the partial last group divides.
-      float v = len == group ? centred[i] * inv : centred[i] / a;
-      v = std::clamp(v, -1.0f, 1.0f);
-      s.codes[static_cast<size_t>(lo + i)] = static_cast<uint8_t>(bucket_below(v, mids));
-    }
-  }
+  });
   return s;
 }
 

@@ -36,12 +36,16 @@ std::vector<float> double_dequantize(const DoubleQuantState& s);
  * ties go to the lower code), as torch.bucketize(right=False). */
 template <std::size_t N>
 inline uint32_t bucket_below(float v, const std::array<float, N>& midpoints) {
-  uint32_t lo = 0, hi = static_cast<uint32_t>(N);  // first midpoint >= v
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi) / 2;
-    if (midpoints[mid] < v) lo = mid + 1; else hi = mid;
+  // Branch-free lower bound (a conditional move per halving): the outcome of
+  // each comparison is data-dependent, so branches would mispredict.
+  const float* base = midpoints.data();
+  std::size_t n = N;
+  while (n > 1) {
+    const std::size_t half = n / 2;
+    base = base[half - 1] < v ? base + half : base;
+    n -= half;
   }
-  return lo;
+  return static_cast<uint32_t>(base - midpoints.data()) + (*base < v ? 1u : 0u);
 }
 
 }  // namespace quanta::quant

@@ -10,6 +10,7 @@
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/nf4/double_quant.h"
+#include "quant/nf4/nf4_simd.h"
 
 namespace quanta::quant {
 namespace {
@@ -42,16 +43,22 @@ float read_scale(const uint8_t* unit) {
 }
 
 // Codes of `len` (<= 64) scaled values, packed into a unit (padding: code 7).
+// `scaled` holds 64 values; entries past `len` are 0, which is code 7.
 void pack_unit(const float* scaled, int64_t len, uint8_t* unit) {
   const auto& mids = nf4_midpoints();
+#ifdef QUANTA_NF4_ENCODE_SIMD
+  (void)len;
+  simd::encode_unit(scaled, mids, unit);
+  return;
+#endif
+  // Counting the midpoints below each value is branch-free; the inner loop
+  // runs over elements so it vectorises.
+  int32_t count[kNF4UnitElems] = {};
+  for (float m : mids)
+    for (int64_t i = 0; i < kNF4UnitElems; ++i) count[i] += scaled[i] > m ? 1 : 0;
   uint8_t codes[kNF4UnitElems];
-  for (int64_t i = 0; i < kNF4UnitElems; ++i) codes[i] = kNF4ZeroCode;
-  // Counting midpoints below each value is branch-free and vectorises.
-  for (int64_t i = 0; i < len; ++i) {
-    uint8_t c = 0;
-    for (float m : mids) c = static_cast<uint8_t>(c + (scaled[i] > m));
-    codes[i] = c;
-  }
+  for (int64_t i = 0; i < kNF4UnitElems; ++i)
+    codes[i] = i < len ? static_cast<uint8_t>(count[i]) : kNF4ZeroCode;
   for (size_t j = 0; j < kNF4CodeBytes; ++j)
     unit[j] = static_cast<uint8_t>((codes[2 * j] << 4) | codes[2 * j + 1]);
 }
@@ -128,8 +135,15 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& o) {
     for (int64_t b = lo; b < hi; ++b) {
       const float* p = px + b * bs;
       const int64_t len = std::min(bs, n - b * bs);
+      // Sixteen running maxima (each in element order) vectorise; NaN is
+      // ignored as std::max(a, NaN) ignores it.
+      float lanes[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= len; i += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], std::fabs(p[i + l]));
       float a = 0;
-      for (int64_t i = 0; i < len; ++i) a = std::max(a, std::fabs(p[i]));
+      for (; i < len; ++i) a = std::max(a, std::fabs(p[i]));
+      for (float l : lanes) a = std::max(a, l);
       absmax[static_cast<size_t>(b)] = a;
     }
   });
@@ -157,6 +171,7 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& o) {
         } else {
           for (int64_t i = 0; i < ulen; ++i) scaled[i] = std::clamp(p[i] / a, -1.0f, 1.0f);
         }
+        for (int64_t i = ulen; i < kNF4UnitElems; ++i) scaled[i] = 0.0f;
         uint8_t* unit = unit_ptr(po, (begin + u0) / kNF4UnitElems);
         pack_unit(scaled, ulen, unit);
         write_scale(unit, stored[static_cast<size_t>(b)]);
@@ -172,8 +187,22 @@ Tensor dequantize(const Tensor& q, DType dtype) {
     throw std::invalid_argument(std::string("[dequantize] output dtype must be f32, bf16 or "
                                             "f16, got ") + dtype_name(dtype));
   Tensor out = detail::make_tensor(q.shape(), dtype, Device::cpu());
+  dequantize_into(q, out);
+  return out;
+}
+
+void dequantize_into(const Tensor& q, const Tensor& out) {
+  check_nf4(q, "dequantize_into");
+  const DType dtype = out.dtype();
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    throw std::invalid_argument(std::string("[dequantize_into] output dtype must be f32, bf16 "
+                                            "or f16, got ") + dtype_name(dtype));
+  if (out.shape() != q.shape() || !out.is_contiguous() || !out.device().is_cpu())
+    throw std::invalid_argument("[dequantize_into] output must be a contiguous CPU tensor of "
+                                "shape " + shape_str(q.shape()) + ", got " +
+                                shape_str(out.shape()));
   const int64_t n = q.numel();
-  if (n == 0) return out;
+  if (n == 0) return;
   const auto* pq = static_cast<const uint8_t*>(q.raw_data());
   const int64_t units = (n + kNF4UnitElems - 1) / kNF4UnitElems;
   dispatch_all(dtype, "dequantize", [&](auto tag) {
@@ -187,6 +216,12 @@ Tensor dequantize(const Tensor& q, DType dtype) {
         for (int64_t u = lo; u < hi; ++u) {
           const uint8_t* unit = pq + u * static_cast<int64_t>(kNF4UnitBytes);
           const float s = read_scale(unit);
+          if constexpr (std::is_same_v<T, float>) {
+            if ((u + 1) * kNF4UnitElems <= n) {
+              simd::decode_unit_f32(unit, s, po + u * kNF4UnitElems);
+              continue;
+            }
+          }
           // One float32 product per code, then one rounding to T: exactly
           // bitsandbytes' T(code * absmax).
           for (int c = 0; c < 16; ++c) lut[c] = T(kNF4Values[c] * s);
@@ -202,7 +237,6 @@ Tensor dequantize(const Tensor& q, DType dtype) {
       });
     }
   });
-  return out;
 }
 
 template <class T>
@@ -224,6 +258,11 @@ void dequantize_range(const Tensor& q, int64_t begin, int64_t count, T* out) {
     const int64_t stop = std::min(end, (u + 1) * kNF4UnitElems);
     if (i == u * kNF4UnitElems && stop == i + kNF4UnitElems) {
       T* dst = out + (i - begin);
+      if constexpr (std::is_same_v<T, float>) {
+        simd::decode_unit_f32(unit, s, dst);
+        i = stop;
+        continue;
+      }
       for (size_t j = 0; j < kNF4CodeBytes; ++j) {
         dst[2 * j] = lut[unit[j] >> 4];
         dst[2 * j + 1] = lut[unit[j] & 15];
@@ -298,7 +337,7 @@ Tensor nf4_unit_scales(const Tensor& q) {
   Tensor out = detail::make_tensor({units}, DType::f32, Device::cpu());
   const auto* pq = static_cast<const uint8_t*>(q.raw_data());
   float* po = out.data<float>();
-  for (int64_t u = 0; u < units; ++u) po[u] = read_scale(unit_ptr(const_cast<uint8_t*>(pq), u));
+  for (int64_t u = 0; u < units; ++u) po[u] = read_scale(pq + u * int64_t{kNF4UnitBytes});
   return out;
 }
 

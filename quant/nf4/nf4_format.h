@@ -111,6 +111,10 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& options = {});
  * `dtype` (f32, bf16 or f16, round to nearest even). Never records a graph. */
 Tensor dequantize(const Tensor& nf4, DType dtype = DType::f32);
 
+/** dequantize() into an existing contiguous CPU tensor of the same shape and
+ * of dtype f32, bf16 or f16 (no allocation: for reused buffers). */
+void dequantize_into(const Tensor& nf4, const Tensor& out);
+
 /** Dequantizes elements [begin, begin + count) of the flat nf4 tensor into
  * `out` (float or double), as dequantize() would; for tiles of a weight. */
 template <class T>

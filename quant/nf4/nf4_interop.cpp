@@ -219,7 +219,9 @@ TorchaoNF4State to_torchao(const Tensor& nf4) {
     for (int64_t i = 0; i < s.scaler_block_size; ++i)
       amax = std::max(amax, std::fabs(a[g * s.scaler_block_size + i] - mean));
     // torchao: factor = 256 / (2 * max|c|), q = clamp(round_half_even(c * factor)).
-    const float f = 256.0f / (2.0f * amax);
+    // A group whose scales all equal the mean has nothing to quantize: any
+    // finite factor gives codes 0 (and avoids 0 * inf).
+    const float f = amax > 0 ? 256.0f / (2.0f * amax) : 1.0f;
     factor[static_cast<size_t>(g)] = f;
     for (int64_t i = 0; i < s.scaler_block_size; ++i) {
       const int64_t b = g * s.scaler_block_size + i;

@@ -6,9 +6,6 @@
 #include <string>
 #include <vector>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
@@ -18,13 +15,17 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_simd.h"
 
 namespace quanta::quant {
 namespace {
 
-// Elements of one dequantized weight tile: large enough for an efficient GEMM,
-// small enough to stay in cache (1 MiB of f32).
-constexpr int64_t kTileElems = int64_t{1} << 18;
+// Elements of one dequantized weight tile (4 MiB of f32): large enough for an
+// efficient GEMM, a sixteenth of a 4096 x 4096 weight.
+constexpr int64_t kTileElems = int64_t{1} << 20;
+// Below this many rows per thread, backward runs one row block (the tiles'
+// GEMMs are then threaded by Eigen instead).
+constexpr int64_t kBackwardRowGrain = 64;
 
 // Rows per tile: a multiple of the rows after which a row starts a unit
 // again, so each tile starts on a 64-element unit.
@@ -46,75 +47,126 @@ float unit_scale(const uint8_t* unit) {
   return s;
 }
 
-// y[m, n] = sum_k x[m, k] W[n, k] for m < M <= 8, reading each packed weight
-// byte once; needs K % 64 == 0 so every row is whole units.
+#if defined(__AVX512F__)
+// y[m, n] for MB rows of x: per unit, sum x * value(code) over its 64
+// elements, then scale once by the unit's f32 scale.
+template <int MB>
+void fused_rows_f32(const float* x, int64_t K, const uint8_t* w, int64_t N, float* y,
+                    int64_t lo, int64_t hi) {
+  const __m512 values = _mm512_loadu_ps(kNF4Values.data());
+  const int64_t units_per_row = K / kNF4UnitElems;
+  for (int64_t n = lo; n < hi; ++n) {
+    __m512 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < units_per_row; ++u) {
+      const uint8_t* unit = unit_at(w, n * units_per_row + u);
+      const __m512 s = _mm512_set1_ps(unit_scale(unit));
+      const int64_t k0 = u * kNF4UnitElems;
+      __m512 part[MB];
+      for (int m = 0; m < MB; ++m) part[m] = _mm512_setzero_ps();
+      for (int g = 0; g < 4; ++g) {
+        uint64_t eight;
+        std::memcpy(&eight, unit + 8 * g, 8);
+        const __m512 wv = simd::decode16(eight, values);
+        for (int m = 0; m < MB; ++m)
+          part[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k0 + 16 * g), part[m]);
+      }
+      for (int m = 0; m < MB; ++m) acc[m] = _mm512_fmadd_ps(part[m], s, acc[m]);
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+#define QUANTA_NF4_FUSED_SIMD 1
+#elif defined(__AVX2__)
+template <int MB>
+void fused_rows_f32(const float* x, int64_t K, const uint8_t* w, int64_t N, float* y,
+                    int64_t lo, int64_t hi) {
+  const __m256 lo_vals = _mm256_loadu_ps(kNF4Values.data());
+  const __m256 hi_vals = _mm256_loadu_ps(kNF4Values.data() + 8);
+  const int64_t units_per_row = K / kNF4UnitElems;
+  for (int64_t n = lo; n < hi; ++n) {
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < units_per_row; ++u) {
+      const uint8_t* unit = unit_at(w, n * units_per_row + u);
+      const __m256 s = _mm256_set1_ps(unit_scale(unit));
+      const int64_t k0 = u * kNF4UnitElems;
+      __m256 part[MB];
+      for (int m = 0; m < MB; ++m) part[m] = _mm256_setzero_ps();
+      for (int g = 0; g < 8; ++g) {
+        uint32_t four;
+        std::memcpy(&four, unit + 4 * g, 4);
+        const __m256 wv = simd::decode8(four, lo_vals, hi_vals);
+        for (int m = 0; m < MB; ++m)
+          part[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k0 + 8 * g), part[m]);
+      }
+      for (int m = 0; m < MB; ++m) acc[m] = _mm256_fmadd_ps(part[m], s, acc[m]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[m]);
+      float t = 0;
+      for (float l : lanes) t += l;
+      y[m * N + n] = t;
+    }
+  }
+}
+#define QUANTA_NF4_FUSED_SIMD 1
+#endif
+
+// Portable form: the dequantized values code * scale (one f32 rounding, as
+// dequantize()) times x, for MB <= 8 rows.
+template <class T>
+void fused_rows_scalar(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, T* y,
+                       int64_t lo, int64_t hi) {
+  const int64_t units_per_row = K / kNF4UnitElems;
+  for (int64_t n = lo; n < hi; ++n) {
+    T acc[kNF4FusedMaxBatch] = {};
+    for (int64_t u = 0; u < units_per_row; ++u) {
+      const uint8_t* unit = unit_at(w, n * units_per_row + u);
+      const float s = unit_scale(unit);
+      T lut[16];
+      for (int c = 0; c < 16; ++c) lut[c] = static_cast<T>(kNF4Values[c] * s);
+      const int64_t k0 = u * kNF4UnitElems;
+      for (int64_t m = 0; m < M; ++m) {
+        const T* xr = x + m * K + k0;
+        T a = 0;
+        for (size_t j = 0; j < kNF4CodeBytes; ++j)
+          a += xr[2 * j] * lut[unit[j] >> 4] + xr[2 * j + 1] * lut[unit[j] & 15];
+        acc[m] += a;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
+  }
+}
+
+// y[m, n] = sum_k x[m, k] W[n, k] for M <= 8 rows, reading each packed weight
+// byte once (rows of W in parallel); needs K % 64 == 0 so rows are whole units.
 template <class T>
 void fused_small_batch(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, T* y) {
-  const int64_t units_per_row = K / kNF4UnitElems;
   const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
   cpu::parallel_for(0, N, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t n = lo; n < hi; ++n) {
-      T acc[kNF4FusedMaxBatch] = {};
-#ifdef __AVX2__
-      if constexpr (std::is_same_v<T, float>) {
-        __m256 vacc[kNF4FusedMaxBatch];
-        for (int64_t m = 0; m < M; ++m) vacc[m] = _mm256_setzero_ps();
-        const __m256i shifts = _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24);
-        const __m256i low4 = _mm256_set1_epi32(15);
-        const __m256 lo_vals = _mm256_loadu_ps(kNF4Values.data());
-        const __m256 hi_vals = _mm256_loadu_ps(kNF4Values.data() + 8);
-        for (int64_t u = 0; u < units_per_row; ++u) {
-          const uint8_t* unit = unit_at(w, n * units_per_row + u);
-          // The dequantized values code * scale, rounded once to f32 as in
-          // dequantize(), kept in two 8-lane tables.
-          const __m256 s = _mm256_set1_ps(unit_scale(unit));
-          const __m256 lut_lo = _mm256_mul_ps(lo_vals, s);
-          const __m256 lut_hi = _mm256_mul_ps(hi_vals, s);
-          const int64_t k0 = u * kNF4UnitElems;
-          for (int g = 0; g < 8; ++g) {
-            uint32_t four;
-            std::memcpy(&four, unit + 4 * g, 4);
-            // Lanes: hi and lo nibble of byte 0, then of byte 1, ...
-            const __m256i idx =
-                _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(four)), shifts), low4);
-            const __m256 a = _mm256_permutevar8x32_ps(lut_lo, idx);
-            const __m256 b = _mm256_permutevar8x32_ps(lut_hi, idx);
-            const __m256 wv =
-                _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-            for (int64_t m = 0; m < M; ++m)
-              vacc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k0 + 8 * g), vacc[m]);
-          }
-        }
-        for (int64_t m = 0; m < M; ++m) {
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, vacc[m]);
-          float t = 0;
-          for (float l : lanes) t += l;
-          y[m * N + n] = t;
-        }
-        continue;
+#ifdef QUANTA_NF4_FUSED_SIMD
+    if constexpr (std::is_same_v<T, float>) {
+      switch (M) {
+        case 1: return fused_rows_f32<1>(x, K, w, N, y, lo, hi);
+        case 2: return fused_rows_f32<2>(x, K, w, N, y, lo, hi);
+        case 3: return fused_rows_f32<3>(x, K, w, N, y, lo, hi);
+        case 4: return fused_rows_f32<4>(x, K, w, N, y, lo, hi);
+        case 5: return fused_rows_f32<5>(x, K, w, N, y, lo, hi);
+        case 6: return fused_rows_f32<6>(x, K, w, N, y, lo, hi);
+        case 7: return fused_rows_f32<7>(x, K, w, N, y, lo, hi);
+        default: return fused_rows_f32<8>(x, K, w, N, y, lo, hi);
       }
-#endif
-      for (int64_t u = 0; u < units_per_row; ++u) {
-        const uint8_t* unit = unit_at(w, n * units_per_row + u);
-        const float s = unit_scale(unit);
-        T lut[16];
-        for (int c = 0; c < 16; ++c) lut[c] = static_cast<T>(kNF4Values[c] * s);
-        const int64_t k0 = u * kNF4UnitElems;
-        for (int64_t m = 0; m < M; ++m) {
-          const T* xr = x + m * K + k0;
-          T a = 0;
-          for (size_t j = 0; j < kNF4CodeBytes; ++j)
-            a += xr[2 * j] * lut[unit[j] >> 4] + xr[2 * j + 1] * lut[unit[j] & 15];
-          acc[m] += a;
-        }
-      }
-      for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
     }
+#endif
+    fused_rows_scalar(x, M, K, w, N, y, lo, hi);
   });
 }
 
-// y [M, N] = x [M, K] W^T, W dequantized tile by tile.
+// y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole
+// tiles (each dequantizes its own into a private buffer and runs a
+// single-threaded GEMM), so there is one parallel region per call.
 template <class T>
 void forward_kernel(const T* x, int64_t M, int64_t K, const Tensor& w, int64_t N, T* y) {
   if (M == 0 || N == 0) return;
@@ -127,16 +179,20 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const Tensor& w, int64_t N
     return;
   }
   const int64_t rows = tile_rows(N, K);
-  std::vector<T> tile(static_cast<size_t>(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    dequantize_range(w, n0 * K, r * K, tile.data());
-    // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
-    cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
-  }
+  const int64_t tiles = (N + rows - 1) / rows;
+  cpu::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t n0 = t * rows, r = std::min(rows, N - n0);
+      dequantize_range(w, n0 * K, r * K, tile.data());
+      // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
+      cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
+    }
+  });
 }
 
-// dx [M, K] = g [M, N] W, W dequantized tile by tile.
+// dx [M, K] = g [M, N] W. Threads take row blocks of dx (so no two write the
+// same output) and each walks all weight tiles.
 template <class T>
 void backward_kernel(const T* g, int64_t M, int64_t N, const Tensor& w, int64_t K, T* dx) {
   if (M == 0 || K == 0) return;
@@ -145,12 +201,15 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const Tensor& w, int64_t 
     return;
   }
   const int64_t rows = tile_rows(N, K);
-  std::vector<T> tile(static_cast<size_t>(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    dequantize_range(w, n0 * K, r * K, tile.data());
-    cpu::gemm<T>(M, K, r, {g + n0, N, 1}, {tile.data(), K, 1}, dx, K, n0 > 0);
-  }
+  cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+      const int64_t r = std::min(rows, N - n0);
+      dequantize_range(w, n0 * K, r * K, tile.data());
+      cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
+                   n0 > 0);
+    }
+  });
 }
 
 void check_args(const Tensor& x, const Tensor& w, const Tensor& bias) {

@@ -4,9 +4,8 @@
 // UnsupportedCase naming it.
 #include <functional>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
@@ -41,27 +40,44 @@ std::optional<bool> opt_bool(const json& v) {
 
 // One VectorQuantize option; false if `key` is not a VectorQuantize option.
 bool set_vq_option(VectorQuantizeOptions& o, const std::string& key, const json& v) {
-  if (key == "dim") o.dim = v.get<int64_t>();
-  else if (key == "codebook_size") o.codebook_size = v.get<int64_t>();
-  else if (key == "codebook_dim") o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
-  else if (key == "heads") o.heads = v.get<int64_t>();
-  else if (key == "separate_codebook_per_head") o.separate_codebook_per_head = v.get<bool>();
-  else if (key == "decay") o.decay = v.get<double>();
-  else if (key == "eps") o.eps = v.get<double>();
-  else if (key == "freeze_codebook") o.freeze_codebook = v.get<bool>();
-  else if (key == "kmeans_init") o.kmeans_init = v.get<bool>();
-  else if (key == "kmeans_iters") o.kmeans_iters = v.get<int64_t>();
-  else if (key == "sync_kmeans" || key == "sync_codebook") return true;  // one process
-  else if (key == "use_cosine_sim") o.use_cosine_sim = v.get<bool>();
-  else if (key == "layernorm_after_project_in") o.layernorm_after_project_in = v.get<bool>();
-  else if (key == "threshold_ema_dead_code") o.threshold_ema_dead_code = v.get<double>();
-  else if (key == "channel_last") o.channel_last = v.get<bool>();
+  if (key == "dim")
+    o.dim = v.get<int64_t>();
+  else if (key == "codebook_size")
+    o.codebook_size = v.get<int64_t>();
+  else if (key == "codebook_dim")
+    o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
+  else if (key == "heads")
+    o.heads = v.get<int64_t>();
+  else if (key == "separate_codebook_per_head")
+    o.separate_codebook_per_head = v.get<bool>();
+  else if (key == "decay")
+    o.decay = v.get<double>();
+  else if (key == "eps")
+    o.eps = v.get<double>();
+  else if (key == "freeze_codebook")
+    o.freeze_codebook = v.get<bool>();
+  else if (key == "kmeans_init")
+    o.kmeans_init = v.get<bool>();
+  else if (key == "kmeans_iters")
+    o.kmeans_iters = v.get<int64_t>();
+  else if (key == "sync_kmeans" || key == "sync_codebook")
+    return true;  // one process
+  else if (key == "use_cosine_sim")
+    o.use_cosine_sim = v.get<bool>();
+  else if (key == "layernorm_after_project_in")
+    o.layernorm_after_project_in = v.get<bool>();
+  else if (key == "threshold_ema_dead_code")
+    o.threshold_ema_dead_code = v.get<double>();
+  else if (key == "channel_last")
+    o.channel_last = v.get<bool>();
   else if (key == "accept_image_fmap" || key == "accept_3d_fmap")
     o.accept_image_fmap = o.accept_image_fmap || v.get<bool>();
-  else if (key == "commitment_weight") o.commitment_weight = v.get<double>();
+  else if (key == "commitment_weight")
+    o.commitment_weight = v.get<double>();
   else if (key == "commitment_use_cross_entropy_loss")
     o.commitment_use_cross_entropy_loss = v.get<bool>();
-  else if (key == "orthogonal_reg_weight") o.orthogonal_reg_weight = v.get<double>();
+  else if (key == "orthogonal_reg_weight")
+    o.orthogonal_reg_weight = v.get<double>();
   else if (key == "orthogonal_reg_active_codes_only")
     o.orthogonal_reg_active_codes_only = v.get<bool>();
   else if (key == "orthogonal_reg_max_codes")
@@ -70,23 +86,34 @@ bool set_vq_option(VectorQuantizeOptions& o, const std::string& key, const json&
     o.codebook_diversity_loss_weight = v.get<double>();
   else if (key == "codebook_diversity_temperature")
     o.codebook_diversity_temperature = v.get<double>();
-  else if (key == "stochastic_sample_codes") o.stochastic_sample_codes = v.get<bool>();
-  else if (key == "sample_codebook_temp") o.sample_codebook_temp = v.get<double>();
-  else if (key == "straight_through") o.straight_through = v.get<bool>();
-  else if (key == "rotation_trick") o.rotation_trick = opt_bool(v);
-  else if (key == "learnable_codebook") o.learnable_codebook = opt_bool(v);
-  else if (key == "ema_update") o.ema_update = opt_bool(v);
-  else if (key == "sync_update_v") o.sync_update_v = v.get<double>();
-  else if (key == "directional_reparam" || key == "affine_param" ||
-           key == "sync_affine_param" || key == "manual_ema_update" ||
-           key == "manual_in_place_optimizer_update")
+  else if (key == "stochastic_sample_codes")
+    o.stochastic_sample_codes = v.get<bool>();
+  else if (key == "sample_codebook_temp")
+    o.sample_codebook_temp = v.get<double>();
+  else if (key == "straight_through")
+    o.straight_through = v.get<bool>();
+  else if (key == "rotation_trick")
+    o.rotation_trick = opt_bool(v);
+  else if (key == "learnable_codebook")
+    o.learnable_codebook = opt_bool(v);
+  else if (key == "ema_update")
+    o.ema_update = opt_bool(v);
+  else if (key == "affine_param")
+    o.affine_param = v.get<bool>();
+  else if (key == "affine_param_batch_decay")
+    o.affine_param_batch_decay = v.get<double>();
+  else if (key == "affine_param_codebook_decay")
+    o.affine_param_codebook_decay = v.get<double>();
+  else if (key == "sync_update_v")
+    o.sync_update_v = v.get<double>();
+  else if (key == "directional_reparam" || key == "sync_affine_param" ||
+           key == "manual_ema_update" || key == "manual_in_place_optimizer_update")
     return require_value(key, v, false);
   else if (key == "vq_bridge" || key == "in_place_codebook_optimizer")
     return require_value(key, v, nullptr);
   else if (key == "return_zeros_for_masked_padding" || key == "route_gradients_to_input")
     return require_value(key, v, true);
-  else if (key == "directional_reparam_variance" || key == "affine_param_batch_decay" ||
-           key == "affine_param_codebook_decay")
+  else if (key == "directional_reparam_variance")
     return true;  // only read by options that are off
   else
     return false;
@@ -103,24 +130,39 @@ VectorQuantizeOptions vq_options(const json& opts) {
 ResidualVQOptions rvq_options(const json& opts) {
   ResidualVQOptions o;
   for (const auto& [k, v] : opts.items()) {
-    if (k == "dim") o.dim = v.get<int64_t>();
-    else if (k == "num_quantizers") o.num_quantizers = v.is_null() ? 0 : v.get<int64_t>();
+    if (k == "dim")
+      o.dim = v.get<int64_t>();
+    else if (k == "num_quantizers")
+      o.num_quantizers = v.is_null() ? 0 : v.get<int64_t>();
     else if (k == "codebook_size") {
-      if (v.is_array()) o.codebook_sizes = v.get<std::vector<int64_t>>();
-      else o.codebook_sizes = {v.get<int64_t>()};
-    } else if (k == "codebook_dim") o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
-    else if (k == "shared_codebook") o.shared_codebook = v.get<bool>();
-    else if (k == "quantize_dropout") o.quantize_dropout = v.get<bool>();
-    else if (k == "quantize_dropout_cutoff_index") o.quantize_dropout_cutoff_index = v.get<int64_t>();
-    else if (k == "quantize_dropout_multiple_of") o.quantize_dropout_multiple_of = v.get<int64_t>();
-    else if (k == "accept_image_fmap") o.accept_image_fmap = v.get<bool>();
-    else if (k == "heads") require_value(k, v, 1);
-    else if (k == "diveq" || k == "implicit_neural_codebook") require_value(k, v, false);
+      if (v.is_array())
+        o.codebook_sizes = v.get<std::vector<int64_t>>();
+      else
+        o.codebook_sizes = {v.get<int64_t>()};
+    } else if (k == "codebook_dim")
+      o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
+    else if (k == "shared_codebook")
+      o.shared_codebook = v.get<bool>();
+    else if (k == "quantize_dropout")
+      o.quantize_dropout = v.get<bool>();
+    else if (k == "quantize_dropout_cutoff_index")
+      o.quantize_dropout_cutoff_index = v.get<int64_t>();
+    else if (k == "quantize_dropout_multiple_of")
+      o.quantize_dropout_multiple_of = v.get<int64_t>();
+    else if (k == "accept_image_fmap")
+      o.accept_image_fmap = v.get<bool>();
+    else if (k == "heads")
+      require_value(k, v, 1);
+    else if (k == "diveq" || k == "implicit_neural_codebook")
+      require_value(k, v, false);
     else if (k == "beam_size" || k == "eval_beam_size" || k == "beam_score_quantizer_weights")
       require_value(k, v, nullptr);
-    else if (k == "quant_grad_frac") require_value(k, v, 0.0);
-    else if (k == "mlp_kwargs") require_value(k, v, json::object());
-    else if (!set_vq_option(o.layer, k, v)) unsupported(k, v);
+    else if (k == "quant_grad_frac")
+      require_value(k, v, 0.0);
+    else if (k == "mlp_kwargs")
+      require_value(k, v, json::object());
+    else if (!set_vq_option(o.layer, k, v))
+      unsupported(k, v);
   }
   return o;
 }
@@ -129,10 +171,14 @@ GroupedResidualVQOptions grvq_options(const json& opts) {
   GroupedResidualVQOptions o;
   json rest = json::object();
   for (const auto& [k, v] : opts.items()) {
-    if (k == "dim") o.dim = v.get<int64_t>();
-    else if (k == "groups") o.groups = v.get<int64_t>();
-    else if (k == "accept_image_fmap") o.accept_image_fmap = v.get<bool>();
-    else rest[k] = v;
+    if (k == "dim")
+      o.dim = v.get<int64_t>();
+    else if (k == "groups")
+      o.groups = v.get<int64_t>();
+    else if (k == "accept_image_fmap")
+      o.accept_image_fmap = v.get<bool>();
+    else
+      rest[k] = v;
   }
   rest["dim"] = o.dim / (o.groups > 0 ? o.groups : 1);
   o.rvq = rvq_options(rest);
@@ -174,12 +220,13 @@ Layer build(const std::string& cls, const json& opts) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool is_state_key(const std::string& k) {
-  static const char* io[] = {"x", "w", "L", "quantized", "indices", "aux_loss", "x_grad",
-                             "codes", "output", "codebooks"};
+  static const char* io[] = {"x",        "w",      "L",     "quantized", "indices",
+                             "aux_loss", "x_grad", "codes", "output",    "codebooks"};
   for (const char* n : io)
     if (k == n) return false;
   return k.rfind("aux_loss.", 0) != 0 && !ends_with(k, "_after") && !ends_with(k, "_grad");
@@ -191,8 +238,8 @@ void load_state(const CaseFile& c, Module& m, const json& aliases) {
   auto put = [&](const std::string& key, const Tensor& value) {
     const Tensor dst = m.find(key);
     if (!dst.defined())
-      throw UnsupportedCase("the case holds state '" + key + "' that quanta's " +
-                            m.type_name() + " does not have");
+      throw UnsupportedCase("the case holds state '" + key + "' that quanta's " + m.type_name() +
+                            " does not have");
     if (dst.shape() != value.shape())
       throw std::runtime_error("state '" + key + "' has shape " + shape_str(value.shape()) +
                                ", quanta's layer has " + shape_str(dst.shape()));
@@ -226,7 +273,8 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
   if (kind == "lookup") {
     NoGradGuard no_grad;
     const Tensor& idx = c.at("indices");
-    if (c.has("codes")) r.checks.push_back(compare("codes", l.codes(idx), c.at("codes"), tolerance));
+    if (c.has("codes"))
+      r.checks.push_back(compare("codes", l.codes(idx), c.at("codes"), tolerance));
     if (c.has("output"))
       r.checks.push_back(compare("output", l.output(idx), c.at("output"), tolerance));
     return;
@@ -244,7 +292,8 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
 
   r.checks.push_back(compare("quantized", out.quantized, c.at("quantized"), tolerance));
   r.checks.push_back(compare("indices", out.indices, c.at("indices"), tolerance));
-  if (c.has("aux_loss")) r.checks.push_back(compare("aux_loss", out.loss, c.at("aux_loss"), tolerance));
+  if (c.has("aux_loss"))
+    r.checks.push_back(compare("aux_loss", out.loss, c.at("aux_loss"), tolerance));
   for (const auto& [k, t] : c.tensors) {
     if (k.rfind("aux_loss.", 0) == 0)
       r.checks.push_back(compare(k, out.term(k.substr(9)), t, tolerance));

@@ -1,6 +1,7 @@
 #include "quant/vq/codebook.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
@@ -45,10 +46,7 @@ Tensor put_rows(const Tensor& x, const Tensor& at, const Tensor& src) {
 }  // namespace
 
 Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
-    : Module("Codebook"),
-      opts_(checked(opts)),
-      kmeans_gen_(0),
-      dead_code_gen_(0) {
+    : Module("Codebook"), opts_(checked(opts)), kmeans_gen_(0), dead_code_gen_(0) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
   Tensor embed = zeros({g, k, d});
   if (!opts_.kmeans_init) {
@@ -63,8 +61,15 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
                                     : register_buffer("embed", embed);
   embed_avg_ = register_buffer("embed_avg", embed.clone());
   cluster_size_ = register_buffer("cluster_size", ones({g, k}));
-  initted_ = register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0,
-                                               {.dtype = DType::boolean}));
+  if (opts_.affine_param) {
+    batch_mean_ = register_buffer("batch_mean", zeros({g, 1, d}));
+    batch_var_ = register_buffer("batch_variance", ones({g, 1, d}));
+    codebook_mean_ = register_buffer("codebook_mean", zeros({g, 1, d}));
+    codebook_var_ = register_buffer("codebook_variance", ones({g, 1, d}));
+    affine_initted_ = register_buffer("affine_initted", scalar(0.0, {.dtype = DType::boolean}));
+  }
+  initted_ =
+      register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0, {.dtype = DType::boolean}));
 }
 
 bool Codebook::initted() const { return initted_.item() != 0.0; }
@@ -72,9 +77,10 @@ bool Codebook::initted() const { return initted_.item() != 0.0; }
 void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size;
   if (static_cast<int64_t>(samples.size()) != g)
-    throw std::invalid_argument("[Codebook] init_from_samples needs one sample set per "
-                                "codebook: got " + std::to_string(samples.size()) +
-                                ", expected " + std::to_string(g));
+    throw std::invalid_argument(
+        "[Codebook] init_from_samples needs one sample set per "
+        "codebook: got " +
+        std::to_string(samples.size()) + ", expected " + std::to_string(g));
   for (const Tensor& s : samples)
     if (s.size(0) == 0) return;  // an empty batch cannot seed k-means: wait
   NoGradGuard no_grad;
@@ -183,6 +189,50 @@ void Codebook::expire_codes() {
     copy_(avg, put_rows(avg, dead, rows * threshold));
     copy_(cs, put_rows(cs, dead, full({m}, threshold, options_of(cs))));
   }
+}
+
+void Codebook::update_affine(const Tensor& x, const Tensor& valid) {
+  if (!opts_.affine_param) return;
+  NoGradGuard no_grad;
+  const int64_t g = opts_.num_codebooks, d = opts_.dim;
+  const Tensor xs = to_dtype(x.detach(), embed_.dtype());
+  std::vector<Tensor> means, vars;
+  for (int64_t h = 0; h < g; ++h) {
+    Tensor rows = select(xs, 0, h);
+    if (valid.defined())
+      rows = index_select(rows, 0, masked_select(arange(rows.size(0)), select(valid, 0, h)));
+    if (rows.size(0) == 0) return;  // nothing to learn the batch statistics from
+    means.push_back(mean(rows, {0}, true));
+    vars.push_back(var(rows, {0}, 0.0, true));
+  }
+  const Tensor e = embed_.detach();
+  const Tensor cb_mean = mean(e, {1}, true), cb_var = var(e, {1}, 0.0, true);
+  const Tensor b_mean = reshape(stack(means), {g, 1, d}), b_var = reshape(stack(vars), {g, 1, d});
+  const bool first = affine_initted_.item() == 0.0;
+  auto update = [&](const Tensor& buf, const Tensor& value, double decay) {
+    copy_(buf, first ? value : buf * decay + value * (1.0 - decay));
+  };
+  update(codebook_mean_, cb_mean, opts_.affine_param_codebook_decay);
+  update(codebook_var_, cb_var, opts_.affine_param_codebook_decay);
+  update(batch_mean_, b_mean, opts_.affine_param_batch_decay);
+  update(batch_var_, b_var, opts_.affine_param_batch_decay);
+  fill_(affine_initted_, 1.0);
+}
+
+namespace {
+Tensor stddev(const Tensor& var) {
+  return sqrt(clamp(var, 1e-5, std::numeric_limits<double>::quiet_NaN()));
+}
+}  // namespace
+
+Tensor Codebook::affine_codes(const Tensor& codes) const {
+  if (!opts_.affine_param || affine_initted_.item() == 0.0) return codes;
+  return (codes - codebook_mean_) * (stddev(batch_var_) / stddev(codebook_var_)) + batch_mean_;
+}
+
+Tensor Codebook::to_codebook_space(const Tensor& x) const {
+  if (!opts_.affine_param || affine_initted_.item() == 0.0) return x;
+  return (x - batch_mean_) * (stddev(codebook_var_) / stddev(batch_var_)) + codebook_mean_;
 }
 
 void Codebook::update_state() {

@@ -27,6 +27,11 @@ struct CodebookOptions {
   bool ema_update = true;
   /** embed is an nn parameter (learnable codebook or orthogonal loss). */
   bool embed_is_parameter = false;
+  /** Match the codes' running mean / variance to the inputs' (see
+   * update_affine). */
+  bool affine_param = false;
+  double affine_param_batch_decay = 0.99;
+  double affine_param_codebook_decay = 0.9;
 };
 
 class Codebook : public Module {
@@ -74,9 +79,24 @@ class Codebook : public Module {
   /** apply_ema_update() then expire_codes(). */
   void update_state();
 
+  // ---- affine_param: running statistics, buffers batch_mean, batch_variance,
+  // codebook_mean, codebook_variance [G, 1, D] and affine_initted ----
+  /** Updates the running mean and (biased) variance of the codes (decay
+   * affine_param_codebook_decay) and of the valid rows of `x` [G, T, D]
+   * (decay affine_param_batch_decay); the first call sets them. Like a batch
+   * norm's running statistics these change in the (training) forward itself. */
+  void update_affine(const Tensor& x, const Tensor& valid);
+  /** `codes` [G, K, D] moved to the batch statistics:
+   * (c - mean_cb) * std_b / std_cb + mean_b (std = sqrt(max(var, 1e-5)));
+   * `codes` itself without affine_param or before the first update. */
+  Tensor affine_codes(const Tensor& codes) const;
+  /** The inverse map for inputs [G, T, D] (what the EMA statistics see). */
+  Tensor to_codebook_space(const Tensor& x) const;
+
  private:
   CodebookOptions opts_;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
+  Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_, affine_initted_;
   CodebookStatistics pending_;
   Generator kmeans_gen_, dead_code_gen_;
 };

@@ -67,7 +67,8 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
         }
       });
       for (double p : partial) total += p;
-      if (w.empty()) count = double(rows);
+      if (w.empty())
+        count = double(rows);
       else
         for (T v : w) count += double(v);
       *denom = count * double(d);
@@ -75,9 +76,11 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
       return std::vector<Tensor>{scalar(value, options_of(xc))};
     });
   };
+  const bool q_grad = q.requires_grad();
   fn.backward = [=, xs = x.detach(), qs = q.detach()](const std::vector<Tensor>& grads) {
     const Tensor xc = contiguous(xs), qc = contiguous(qs);
-    Tensor gx = zeros(xs.shape(), options_of(xs));
+    // Uninitialised: every element is written below (0 for masked rows).
+    Tensor gx = *denom > 0 ? empty(xs.shape(), options_of(xs)) : zeros(xs.shape(), options_of(xs));
     if (*denom > 0) {
       const double g = grads[0].item() * 2.0 / *denom;
       dispatch_float(xc.dtype(), "commitment_loss", [&](auto tag) {
@@ -89,14 +92,17 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
         const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(d, 1));
         cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
           for (int64_t r = lo; r < hi; ++r) {
-            if (!w.empty() && w[r] == T(0)) continue;
-            for (int64_t e = 0; e < d; ++e)
-              out[r * d + e] = T(g) * (px[r * d + e] - pq[r * d + e]);
+            T* o = out + r * d;
+            if (!w.empty() && w[r] == T(0)) {  // masked: exactly 0, whatever x holds
+              std::fill(o, o + d, T(0));
+              continue;
+            }
+            for (int64_t e = 0; e < d; ++e) o[e] = T(g) * (px[r * d + e] - pq[r * d + e]);
           }
         });
       });
     }
-    return std::vector<Tensor>{gx, q.requires_grad() ? -gx : Tensor()};
+    return std::vector<Tensor>{gx, q_grad ? -gx : Tensor()};
   };
   return autograd::apply(fn, {x, q})[0];
 }

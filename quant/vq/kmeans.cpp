@@ -20,8 +20,7 @@ Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen) {
   return index_select(rows, 0, pick);
 }
 
-KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine,
-                    Generator& gen) {
+KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine, Generator& gen) {
   NoGradGuard no_grad;
   const Tensor x = samples.detach();
   if (x.dim() != 2 || x.size(0) == 0)

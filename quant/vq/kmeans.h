@@ -21,8 +21,7 @@ struct KMeansResult {
  * rounds of nearest-mean assignment and mean update; a mean that gets no rows
  * keeps its value. `cosine`: similarity is the dot product and means are
  * l2-normalised. No gradient. */
-KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine,
-                    Generator& gen);
+KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine, Generator& gen);
 
 /** Rows `m` drawn from `rows` [N, D] (N > 0) with `gen`: without replacement
  * (a random permutation's first m) when N >= m, else with replacement. */

@@ -1,5 +1,6 @@
 #include "quant/vq/nearest_code.h"
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
@@ -18,13 +19,34 @@
 namespace quanta::quant {
 namespace {
 
-// Rows per block: the tile [kBlock, K] fits in L2 for K up to a few thousand.
-constexpr int64_t kBlock = 64;
+// Rows per block. Each GEMM call repacks the whole codebook, so blocks are
+// as tall as a tile budget of 2^21 floats (8 MiB) allows, but no taller than
+// one block per thread, and at least 16 rows.
+int64_t block_rows(int64_t n, int64_t k) {
+  const int64_t budget = std::max<int64_t>(16, (int64_t(1) << 21) / std::max<int64_t>(k, 1));
+  const int64_t per_thread = (n + num_threads() - 1) / std::max(1, num_threads());
+  return std::max<int64_t>(16, std::min({budget, per_thread, int64_t(1024)}));
+}
+
+// Index of the smallest bias[j] - 2 row[j], the first on ties: the scores
+// are formed in place and reduced with Eigen's vectorised minCoeff, then the
+// first position holding the minimum is found with a plain scan.
+template <class T>
+int64_t row_argmin(T* row, const T* bias, int64_t k) {
+  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+  Eigen::Map<Arr> r(row, k);
+  r = Eigen::Map<const Arr>(bias, k) - T(2) * r;
+  const T m = r.minCoeff();
+  for (int64_t j = 0; j < k; ++j)
+    if (row[j] == m) return j;
+  return 0;  // only NaN scores: no code is nearer than another
+}
 
 template <class T>
 void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosine,
                     int64_t* out) {
-  // |c|^2 once; the per-row |x|^2 does not change which code is nearest.
+  // Score |c|^2 - 2 x.c (the per-row |x|^2 does not change which code is
+  // nearest); cosine: 0 - 2 x.c, i.e. the largest similarity.
   std::vector<T> cn(static_cast<size_t>(k), T(0));
   if (!cosine)
     for (int64_t j = 0; j < k; ++j) {
@@ -32,24 +54,16 @@ void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, boo
       for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
       cn[j] = s;
     }
+  const T* bias = cn.data();
+  const int64_t kBlock = block_rows(n, k);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   cpu::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> tile(static_cast<size_t>(kBlock * k));
+    std::vector<T> tile(static_cast<size_t>(std::min(kBlock, n) * k));
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
       // tile = x_block c^T: c [K, D] read as a column-major [D, K] matrix.
       cpu::gemm<T>(rows, k, d, {x + r0 * d, d, 1}, {c, 1, d}, tile.data(), k);
-      for (int64_t i = 0; i < rows; ++i) {
-        const T* row = tile.data() + i * k;
-        int64_t best = 0;
-        T best_score = std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < k; ++j) {
-          // Euclidean: |c|^2 - 2 x.c; cosine: -x.c (largest similarity).
-          const T s = cosine ? -row[j] : cn[j] - T(2) * row[j];
-          if (s < best_score) best_score = s, best = j;
-        }
-        out[r0 + i] = best;
-      }
+      for (int64_t i = 0; i < rows; ++i) out[r0 + i] = row_argmin(tile.data() + i * k, bias, k);
     }
   });
 }
@@ -66,8 +80,7 @@ Tensor nearest_codes(const Tensor& x, const Tensor& codes, bool cosine) {
   if (n == 0) return out;
   if (k == 0) throw std::invalid_argument("[nearest_codes] the codebook is empty");
   NoGradGuard no_grad;
-  const DType dt = promote_types(x.dtype(), codes.dtype()) == DType::f64 ? DType::f64
-                                                                          : DType::f32;
+  const DType dt = promote_types(x.dtype(), codes.dtype()) == DType::f64 ? DType::f64 : DType::f32;
   const Tensor xc = contiguous(to_dtype(x.detach(), dt));
   const Tensor cc = contiguous(to_dtype(codes.detach(), dt));
   dispatch_float(dt, "nearest_codes", [&](auto tag) {

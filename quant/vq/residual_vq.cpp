@@ -29,8 +29,8 @@ ResidualVQOptions checked(ResidualVQOptions o) {
   if (o.codebook_sizes.size() == 1)
     o.codebook_sizes.assign(static_cast<size_t>(o.num_quantizers), o.codebook_sizes[0]);
   if (static_cast<int64_t>(o.codebook_sizes.size()) != o.num_quantizers)
-    fail(who, "codebook_sizes has " + std::to_string(o.codebook_sizes.size()) +
-                  " entries for " + std::to_string(o.num_quantizers) + " quantizers");
+    fail(who, "codebook_sizes has " + std::to_string(o.codebook_sizes.size()) + " entries for " +
+                  std::to_string(o.num_quantizers) + " quantizers");
   if (o.layer.heads != 1) fail(who, "heads must be 1 (the reference asserts it)");
   if (o.shared_codebook)
     for (int64_t s : o.codebook_sizes)
@@ -40,8 +40,7 @@ ResidualVQOptions checked(ResidualVQOptions o) {
       (o.quantize_dropout && o.quantize_dropout_cutoff_index >= o.num_quantizers))
     fail(who, "quantize_dropout_cutoff_index must lie in [0, num_quantizers), got " +
                   std::to_string(o.quantize_dropout_cutoff_index));
-  if (o.quantize_dropout_multiple_of < 1)
-    fail(who, "quantize_dropout_multiple_of must be >= 1");
+  if (o.quantize_dropout_multiple_of < 1) fail(who, "quantize_dropout_multiple_of must be >= 1");
   return o;
 }
 
@@ -51,10 +50,10 @@ ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
     : Module("ResidualVQ"), opts_(checked(opts)), dropout_gen_(0) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   if (codebook_dim_ != opts_.dim) {
-    project_in_ = register_module(
-        "project_in", std::shared_ptr<Module>(std::make_shared<Linear>(opts_.dim, codebook_dim_, gen)));
-    project_out_ = register_module(
-        "project_out", std::shared_ptr<Module>(std::make_shared<Linear>(codebook_dim_, opts_.dim, gen)));
+    project_in_ = register_module("project_in", std::shared_ptr<Module>(std::make_shared<Linear>(
+                                                    opts_.dim, codebook_dim_, gen)));
+    project_out_ = register_module("project_out", std::shared_ptr<Module>(std::make_shared<Linear>(
+                                                      codebook_dim_, opts_.dim, gen)));
   }
   auto layers = std::make_shared<Module>("ModuleList");
   register_module("layers", layers);
@@ -125,8 +124,7 @@ QuantizeOutput ResidualVQ::forward_with_last_layer(const Tensor& x, const Tensor
     }
     for (size_t j = 0; j < term_names.size(); ++j) terms[j].push_back(o.term(term_names[j]));
   }
-  if (opts_.shared_codebook && opts_.update_in_forward && is_training())
-    layers_[0]->update_state();
+  if (opts_.shared_codebook && opts_.update_in_forward && is_training()) layers_[0]->update_state();
   Tensor y = project_in_ ? project_out_->forward(sum_q) : sum_q;
   QuantizeOutput out;
   out.quantized = layout.from_tokens(y);
@@ -144,10 +142,10 @@ Tensor ResidualVQ::get_codes_from_indices(const Tensor& indices) const {
                            std::to_string(q) + ", got " + shape_str(indices.shape()));
   std::vector<Tensor> codes;
   for (int64_t i = 0; i < q; ++i) {
-    Tensor idx = i < indices.size(-1) ? select(indices, -1, i)
-                                      : full(Shape(indices.shape().begin(),
-                                                   indices.shape().end() - 1),
-                                             -1.0, {.dtype = DType::i64});
+    Tensor idx = i < indices.size(-1)
+                     ? select(indices, -1, i)
+                     : full(Shape(indices.shape().begin(), indices.shape().end() - 1), -1.0,
+                            {.dtype = DType::i64});
     codes.push_back(layers_[static_cast<size_t>(i)]->get_codes_from_indices(idx));
   }
   return stack(codes);
@@ -199,8 +197,8 @@ QuantizeOutput GroupedResidualVQ::forward(const Tensor& x, const Tensor& mask) {
   const std::vector<Tensor> parts = chunk(tokens, opts_.groups, -1);
   // One dropout decision, drawn from group 0's stream, for every group.
   ResidualVQ& first = *rvqs_[0];
-  const bool dropout = is_training() && first.options().quantize_dropout &&
-                       first.num_quantizers() > 1;
+  const bool dropout =
+      is_training() && first.options().quantize_dropout && first.num_quantizers() > 1;
   const int64_t last = dropout ? first.draw_last_layer() : -1;
   std::vector<Tensor> qs, idx, losses;
   const Tensor token_mask =

@@ -53,8 +53,7 @@ class ResidualVQ : public Module {
   /** As forward, with the dropout decision given: layers after
    * `last_layer` are dropped (-1 keeps all). GroupedResidualVQ uses it so all
    * groups drop alike. */
-  QuantizeOutput forward_with_last_layer(const Tensor& x, const Tensor& mask,
-                                         int64_t last_layer);
+  QuantizeOutput forward_with_last_layer(const Tensor& x, const Tensor& mask, int64_t last_layer);
   /** The last layer kept by quantizer dropout for the next training forward,
    * drawn from the "rvq.dropout" stream (advances it). */
   int64_t draw_last_layer();

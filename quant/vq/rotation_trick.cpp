@@ -33,23 +33,24 @@ void rotate_backward(const T* x, const T* q, const T* g, T* gx, int64_t rows, in
       T xx = 0, qq = 0;
       for (int64_t e = 0; e < d; ++e) xx += xr[e] * xr[e], qq += qr[e] * qr[e];
       const T xn = std::max<T>(std::sqrt(xx), T(kSafe));
-      const T qn = std::max<T>(std::sqrt(qq), T(kSafe));
-      // |u + q^|^2, g.u and g.q^ in one pass.
+      const T ix = T(1) / xn, iq = T(1) / std::max<T>(std::sqrt(qq), T(kSafe));
+      // |u + q^|^2, g.u and g.q^ in one pass (reciprocals: no divisions per element).
       T ww = 0, gu = 0, gq = 0;
       for (int64_t e = 0; e < d; ++e) {
-        const T u = xr[e] / xn, qh = qr[e] / qn;
+        const T u = xr[e] * ix, qh = qr[e] * iq;
         ww += (u + qh) * (u + qh);
         gu += gr[e] * u;
         gq += gr[e] * qh;
       }
-      const T wn = std::max<T>(std::sqrt(ww), T(kNormalizeEps));
-      // g.w = (g.u + g.q^) / |u + q^|
-      const T gw = (gu + gq) / wn;
-      const T lambda = std::sqrt(qq) / xn;
+      const T iw = T(1) / std::max<T>(std::sqrt(ww), T(kNormalizeEps));
+      const T lambda = std::sqrt(qq) * ix;
+      // g - 2 (g.w) w + 2 (g.q^) u with w = (u + q^) / |u + q^| and
+      // g.w = (g.u + g.q^) / |u + q^|: coefficients per row, one fused pass.
+      const T cw = T(2) * (gu + gq) * iw * iw;  // multiplies (u + q^)
+      const T cu = T(2) * gq;                   // multiplies u
       for (int64_t e = 0; e < d; ++e) {
-        const T u = xr[e] / xn, qh = qr[e] / qn;
-        const T w = (u + qh) / wn;
-        out[e] = lambda * (gr[e] - T(2) * gw * w + T(2) * gq * u);
+        const T u = xr[e] * ix, qh = qr[e] * iq;
+        out[e] = lambda * (gr[e] - cw * (u + qh) + cu * u);
       }
     }
   });
@@ -70,14 +71,12 @@ Tensor rotate_to(const Tensor& x, const Tensor& q) {
   fn.name = "rotate_to";
   // The value is q itself: R x = lambda |x| q^ = q, without the rounding of
   // evaluating the rotation (apply() hands out a fresh handle).
-  fn.forward = [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{in[1]};
-  };
+  fn.forward = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[1]}; };
   fn.backward = [xs = x.detach(), qd](const std::vector<Tensor>& grads) {
     const int64_t d = xs.size(-1);
     const int64_t rows = d == 0 ? 0 : xs.numel() / d;
     const Tensor xc = contiguous(xs), qc = contiguous(qd), g = contiguous(grads[0]);
-    Tensor gx = zeros(xs.shape(), options_of(xs));
+    Tensor gx = empty(xs.shape(), options_of(xs));  // every element is written
     dispatch_float(xs.dtype(), "rotate_to", [&](auto tag) {
       using T = typename decltype(tag)::type;
       rotate_backward<T>(xc.data<T>(), qc.data<T>(), g.data<T>(), gx.data<T>(), rows, d);

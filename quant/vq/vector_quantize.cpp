@@ -63,6 +63,9 @@ CodebookOptions codebook_options(const VectorQuantizeOptions& o, int64_t codeboo
   // The orthogonal loss needs a gradient on the codes even when the EMA
   // trains them, as in the reference.
   c.embed_is_parameter = learnable || o.orthogonal_reg_weight > 0;
+  c.affine_param = o.affine_param;
+  c.affine_param_batch_decay = o.affine_param_batch_decay;
+  c.affine_param_codebook_decay = o.affine_param_codebook_decay;
   return c;
 }
 
@@ -175,11 +178,10 @@ VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& ma
     if (h == 1) {
       t.valid = reshape(t.mask, {1, t.b * t.n});
     } else if (!opts_.separate_codebook_per_head) {
-      t.valid = reshape(contiguous(expand(unsqueeze(t.mask, 2), {t.b, t.n, h})),
-                        {1, t.b * t.n * h});
+      t.valid =
+          reshape(contiguous(expand(unsqueeze(t.mask, 2), {t.b, t.n, h})), {1, t.b * t.n * h});
     } else {
-      t.valid = reshape(contiguous(expand(unsqueeze(t.mask, 0), {h, t.b, t.n})),
-                        {h, t.b * t.n});
+      t.valid = reshape(contiguous(expand(unsqueeze(t.mask, 0), {h, t.b, t.n})), {h, t.b * t.n});
     }
   }
   return t;
@@ -202,49 +204,49 @@ Tensor VectorQuantize::project_out(const Tensor& t) {
 
 QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   Tokens t = prepare(x, mask);
-  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size,
-                d = codebook_dim_;
+  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size, d = codebook_dim_;
   Codebook& cb = *codebook_;
   if (!cb.initted()) {
     std::vector<Tensor> samples;
     for (int64_t h = 0; h < g; ++h) {
       Tensor rows = select(t.x, 0, h).detach();
-      if (t.valid.defined()) rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
+      if (t.valid.defined())
+        rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
       samples.push_back(rows);
     }
     cb.init_from_samples(samples);
   }
   const bool training = is_training();
-  const bool updates = training && !opts_.freeze_codebook &&
-                       (ema_update_ || opts_.threshold_ema_dead_code > 0);
+  const bool updates =
+      training && !opts_.freeze_codebook && (ema_update_ || opts_.threshold_ema_dead_code > 0);
   // The codes this forward uses: a gradient only for a learnable codebook,
   // and then a copy, so an EMA step inside this forward cannot change what
   // backward reads.
-  const Tensor codes = learnable_ ? (updates ? cb.embed().clone() : cb.embed())
-                                  : cb.embed().detach();
+  if (opts_.affine_param && training) cb.update_affine(t.x, t.valid);
+  const Tensor codes = cb.affine_codes(learnable_ ? (updates ? cb.embed().clone() : cb.embed())
+                                                  : cb.embed().detach());
   const double temp = opts_.sample_codebook_temp;
   const bool gumbel = training && opts_.straight_through && temp > 0;
   const bool stochastic = training && opts_.stochastic_sample_codes && temp > 0;
   const bool want_losses = training;
-  const bool need_dist = gumbel || stochastic ||
-                         (want_losses && opts_.commitment_weight > 0 &&
-                          opts_.commitment_use_cross_entropy_loss) ||
-                         (want_losses && opts_.codebook_diversity_loss_weight > 0);
+  const bool need_dist =
+      gumbel || stochastic ||
+      (want_losses && opts_.commitment_weight > 0 && opts_.commitment_use_cross_entropy_loss) ||
+      (want_losses && opts_.codebook_diversity_loss_weight > 0);
   Tensor dist, idx;
   if (need_dist) dist = distances(t.x, codes);
   {
     NoGradGuard no_grad;
     if (stochastic) {
-      const Tensor logits = dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_,
-                                                                options_of(dist));
+      const Tensor logits =
+          dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_, options_of(dist));
       idx = argmax(logits, -1);
     } else if (need_dist) {
       idx = argmax(dist.detach(), -1);
     } else {
       std::vector<Tensor> per;
       for (int64_t h = 0; h < g; ++h)
-        per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h),
-                                    opts_.use_cosine_sim));
+        per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h), opts_.use_cosine_sim));
       idx = stack(per);
     }
   }
@@ -258,12 +260,11 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   } else {
     Tensor flat = idx;
     if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
-    q = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})),
-                {g, tt, d});
+    q = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})), {g, tt, d});
   }
 
   if (updates) {
-    cb.accumulate(t.x, idx, t.valid);
+    cb.accumulate(opts_.affine_param ? cb.to_codebook_space(t.x.detach()) : t.x, idx, t.valid);
     if (opts_.update_in_forward) cb.update_state();
   }
 
@@ -343,7 +344,9 @@ Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, i
                                       int64_t n) const {
   const int64_t k = opts_.codebook_size, h = opts_.heads;
   Tensor p = softmax(dist * opts_.codebook_diversity_temperature, -1);  // [G, T, K]
-  Tensor w = valid.defined() ? to_dtype(valid, p.dtype()) : ones(valid.defined() ? valid.shape() : Shape{p.size(0), p.size(1)}, options_of(p));
+  Tensor w = valid.defined() ? to_dtype(valid, p.dtype())
+                             : ones(valid.defined() ? valid.shape() : Shape{p.size(0), p.size(1)},
+                                    options_of(p));
   p = p * unsqueeze(w, -1);
   // Average over everything but the sequence position n, as the reference.
   Tensor pn, cnt;
@@ -365,7 +368,8 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
                                                     const Tensor& mask) {
   Tokens t = prepare(x, mask);
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
-  const Tensor codes = learnable_ ? codebook_->embed() : codebook_->embed().detach();
+  const Tensor codes =
+      codebook_->affine_codes(learnable_ ? codebook_->embed() : codebook_->embed().detach());
   const Tensor dist = distances(t.x, codes);
   const Tensor idx = argmax(dist.detach(), -1);
   // Given indices [B, N(, heads)] to the codebook's token order [G, T].
@@ -373,17 +377,16 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
   if (opts_.heads > 1 && opts_.separate_codebook_per_head)
     target = contiguous(permute(target, {2, 0, 1}));
   target = reshape(to_dtype(target, DType::i64), {g * tt});
-  if (t.mask.defined())
-    target = where(reshape(t.valid, {g * tt}), target, full_like(target, -1.0));
+  if (t.mask.defined()) target = where(reshape(t.valid, {g * tt}), target, full_like(target, -1.0));
   QuantizeOutput out;
   Tensor ce = zero_like_loss(t.x);
   if (g * tt > 0 && any(ne(target, full_like(target, -1.0))).item())
     ce = cross_entropy(reshape(dist, {g * tt, k}), target, Reduction::mean, -1);
   Tensor flat = idx;
   if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
-  Tensor q = reshape(index_select(reshape(codes, {g * k, codebook_dim_}), 0,
-                                  reshape(flat, {g * tt})),
-                     {g, tt, codebook_dim_});
+  Tensor q =
+      reshape(index_select(reshape(codes, {g * k, codebook_dim_}), 0, reshape(flat, {g * tt})),
+              {g, tt, codebook_dim_});
   if (is_training())
     q = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
   Tensor y = project_out(merge_heads(q, t.b, t.n));
@@ -400,8 +403,8 @@ Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) const {
   Shape lead = indices.shape();
   if (h > 1) {
     if (lead.empty() || lead.back() != h)
-      fail("get_codes_from_indices expects indices [..., " + std::to_string(h) +
-           "] for " + std::to_string(h) + " heads, got " + shape_str(indices.shape()));
+      fail("get_codes_from_indices expects indices [..., " + std::to_string(h) + "] for " +
+           std::to_string(h) + " heads, got " + shape_str(indices.shape()));
     lead.pop_back();
   }
   int64_t m = 1;
@@ -412,8 +415,8 @@ Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) const {
   const Tensor valid = ge(idx, scalar(0.0, {.dtype = DType::i64}));
   Tensor flat = where(valid, idx, zeros_like(idx));
   if (g > 1) flat = flat + unsqueeze(arange(h) * k, 0);
-  Tensor rows = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})),
-                        {m, h, d});
+  Tensor rows =
+      reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})), {m, h, d});
   rows = rows * unsqueeze(to_dtype(valid, rows.dtype()), -1);
   Shape out = lead;
   out.push_back(h * d);

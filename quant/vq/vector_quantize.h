@@ -79,6 +79,12 @@ struct VectorQuantizeOptions {
   std::optional<bool> ema_update;
   /** No statistics, no update. */
   bool freeze_codebook = false;
+  /** Codes follow the running mean / variance of the inputs:
+   * distances use (c - mean_cb) std_b / std_cb + mean_b; the EMA sees the
+   * inputs mapped back. Running statistics update in training forwards. */
+  bool affine_param = false;
+  double affine_param_batch_decay = 0.99;
+  double affine_param_codebook_decay = 0.9;
   /** q + v (q - sg(q)) on the output (Huh et al. eq. 21); 0 = off. */
   double sync_update_v = 0;
   /** Call update_state() at the end of every training forward. */

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
         return 1;
       } catch (const dist::DistError& e) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - t0).count();
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
         std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
         return 0;
       }

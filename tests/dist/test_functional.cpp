@@ -76,36 +76,47 @@ Tensor sum_all(const std::vector<Tensor>& xs) {
 
 TEST_CASE("fn::all_reduce sum and avg: gradient of the summed losses") {
   auto shape = [](int) { return Shape{2, 3}; };
-  check_gradient(shape, [](ProcessGroup& g, const Tensor& x) { return fn::all_reduce(g, x); },
-                 [](const std::vector<Tensor>& xs, int) { return sum_all(xs); });
-  check_gradient(shape, [](ProcessGroup& g, const Tensor& x) { return fn::all_reduce(g, x, ReduceOp::avg); },
-                 [](const std::vector<Tensor>& xs, int) { return sum_all(xs) / double(kRanks); });
+  check_gradient(
+      shape, [](ProcessGroup& g, const Tensor& x) { return fn::all_reduce(g, x); },
+      [](const std::vector<Tensor>& xs, int) { return sum_all(xs); });
+  check_gradient(
+      shape, [](ProcessGroup& g, const Tensor& x) { return fn::all_reduce(g, x, ReduceOp::avg); },
+      [](const std::vector<Tensor>& xs, int) { return sum_all(xs) / double(kRanks); });
   auto g = ProcessGroup::single();
-  CHECK_THROWS_WITH_AS(fn::all_reduce(*g, zeros({2}), ReduceOp::max), doctest::Contains("only sum and avg"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(fn::all_reduce(*g, zeros({2}), ReduceOp::max),
+                       doctest::Contains("only sum and avg"), std::invalid_argument);
 }
 
 TEST_CASE("fn::all_gather <-> reduce_scatter") {
-  check_gradient([](int) { return Shape{2, 3}; },
-                 [](ProcessGroup& g, const Tensor& x) { return fn::all_gather(g, x); },
-                 [](const std::vector<Tensor>& xs, int) { return cat(xs); });
+  check_gradient(
+      [](int) {
+        return Shape{2, 3};
+      },
+      [](ProcessGroup& g, const Tensor& x) { return fn::all_gather(g, x); },
+      [](const std::vector<Tensor>& xs, int) { return cat(xs); });
 }
 
 TEST_CASE("fn::all_gather_v with uneven and empty parts <-> slice and reduce") {
-  check_gradient([](int r) { return Shape{r == 0 ? 0 : r + 1, 2}; },
-                 [](ProcessGroup& g, const Tensor& x) { return fn::all_gather_v(g, x); },
-                 [](const std::vector<Tensor>& xs, int) { return cat(xs); });
+  check_gradient(
+      [](int r) {
+        return Shape{r == 0 ? 0 : r + 1, 2};
+      },
+      [](ProcessGroup& g, const Tensor& x) { return fn::all_gather_v(g, x); },
+      [](const std::vector<Tensor>& xs, int) { return cat(xs); });
 }
 
 TEST_CASE("fn::reduce_scatter <-> all_gather, sum and avg") {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
-    check_gradient([](int) { return Shape{kRanks * 2, 2}; },
-                   [op](ProcessGroup& g, const Tensor& x) { return fn::reduce_scatter(g, x, op); },
-                   [op](const std::vector<Tensor>& xs, int r) {
-                     Tensor s = sum_all(xs);
-                     if (op == ReduceOp::avg) s = s / double(kRanks);
-                     return s.narrow(0, 2 * r, 2);
-                   });
+    check_gradient(
+        [](int) {
+          return Shape{kRanks * 2, 2};
+        },
+        [op](ProcessGroup& g, const Tensor& x) { return fn::reduce_scatter(g, x, op); },
+        [op](const std::vector<Tensor>& xs, int r) {
+          Tensor s = sum_all(xs);
+          if (op == ReduceOp::avg) s = s / double(kRanks);
+          return s.narrow(0, 2 * r, 2);
+        });
   }
 }
 
@@ -118,14 +129,17 @@ TEST_CASE("fn::broadcast <-> reduce to the root") {
 TEST_CASE("fn::global_mean: token-weighted mean across uneven ranks, with its gradient") {
   // rank r holds r tokens (rank 0 none) of dimension 2; the loss uses the
   // mean over all tokens of all ranks.
-  check_gradient([](int r) { return Shape{r, 2}; },
-                 [](ProcessGroup& g, const Tensor& x) {
-                   return fn::global_mean(g, sum(x, {0}), scalar(double(x.size(0))));
-                 },
-                 [](const std::vector<Tensor>& xs, int) {
-                   Tensor all = cat(xs);
-                   return sum(all, {0}) / double(all.size(0));
-                 });
+  check_gradient(
+      [](int r) {
+        return Shape{r, 2};
+      },
+      [](ProcessGroup& g, const Tensor& x) {
+        return fn::global_mean(g, sum(x, {0}), scalar(double(x.size(0))));
+      },
+      [](const std::vector<Tensor>& xs, int) {
+        Tensor all = cat(xs);
+        return sum(all, {0}) / double(all.size(0));
+      });
   // No tokens anywhere: zeros, not NaN.
   auto errors = run_ranks(2, [](ProcessGroup& g) {
     Tensor m = fn::global_mean(g, zeros({2}), scalar(0.0));

@@ -2,9 +2,9 @@
 // and reading the launchers' environments. RANK_PROGRAM is
 // tests/dist/rank_program.cpp; QUANTA_EXE the quanta command.
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/env.h"
@@ -115,8 +116,9 @@ TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit sta
   const std::string quanta = env_or_skip("QUANTA_EXE");
   if (prog.empty() || quanta.empty()) return;
   SUBCASE("all ranks succeed") {
-    Run r = finish(spawn({quanta, "launch", "-n", "2", "--", prog, "ok"}, {}, tmp_path("launch_ok")),
-                   tmp_path("launch_ok"));
+    Run r =
+        finish(spawn({quanta, "launch", "-n", "2", "--", prog, "ok"}, {}, tmp_path("launch_ok")),
+               tmp_path("launch_ok"));
     CAPTURE(r.out);
     CHECK(r.status == 0);
     CHECK(r.out.find("[rank 0] rank 0 of 2: sum 3") != std::string::npos);
@@ -124,25 +126,48 @@ TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit sta
   }
   SUBCASE("one rank fails: the others are stopped, the exit status is the failing rank's") {
     const auto t0 = std::chrono::steady_clock::now();
-    Run r = finish(spawn({quanta, "launch", "-n", "3", "--", prog, "fail"}, {}, tmp_path("launch_fail")),
-                   tmp_path("launch_fail"));
+    Run r = finish(
+        spawn({quanta, "launch", "-n", "3", "--", prog, "fail"}, {}, tmp_path("launch_fail")),
+        tmp_path("launch_fail"));
     CAPTURE(r.out);
     CHECK(r.status == 7);
     CHECK(r.out.find("[rank 1] rank 1 fails on purpose") != std::string::npos);
     CHECK(r.out.find("rank 1 exited with status 7") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // not the 60 s sleep
   }
+  SUBCASE("a signal to the launcher stops every rank") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid =
+        spawn({quanta, "launch", "-n", "2", "--", "sleep", "30"}, {}, tmp_path("launch_sig"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(pid, SIGTERM);
+    Run r = finish(pid, tmp_path("launch_sig"));
+    CAPTURE(r.out);
+    CHECK(r.status == 128 + SIGTERM);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15));
+  }
   SUBCASE("a program that does not exist") {
-    Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "/nonexistent/prog"}, {}, tmp_path("launch_missing")),
+    Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "/nonexistent/prog"}, {},
+                         tmp_path("launch_missing")),
                    tmp_path("launch_missing"));
     CHECK(r.status != 0);
   }
 }
 
 TEST_CASE("launch_info_from_env: torchrun, Slurm, Open MPI, none, malformed") {
-  const char* vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-                        "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_LAUNCH_NODE_IPADDR",
-                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"};
+  const char* vars[] = {"RANK",
+                        "WORLD_SIZE",
+                        "LOCAL_RANK",
+                        "MASTER_ADDR",
+                        "MASTER_PORT",
+                        "SLURM_PROCID",
+                        "SLURM_NTASKS",
+                        "SLURM_LOCALID",
+                        "SLURM_JOB_ID",
+                        "SLURM_LAUNCH_NODE_IPADDR",
+                        "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK"};
   for (const char* v : vars) ::unsetenv(v);
   LaunchInfo none = launch_info_from_env();
   CHECK(none.source == "none");

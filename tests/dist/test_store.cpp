@@ -1,10 +1,10 @@
 // Stores: TCP and file, set/get/add/check/remove, timeouts with clear errors.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <thread>
-#include <unistd.h>
 
 #include "dist/store.h"
 
@@ -41,7 +41,8 @@ TEST_CASE("TcpStore: a server and two clients") {
   TcpStore server_and_client("127.0.0.1", 0, true, Millis(2000));
   TcpStore client("127.0.0.1", server_and_client.port(), false, Millis(2000));
   exercise(server_and_client, client);
-  PrefixStore p1("g1", std::make_shared<TcpStore>("127.0.0.1", server_and_client.port(), false, Millis(1000)));
+  PrefixStore p1(
+      "g1", std::make_shared<TcpStore>("127.0.0.1", server_and_client.port(), false, Millis(1000)));
   p1.set_string("k", "1");
   CHECK(client.get_string("g1/k", Millis(100)) == "1");
 }
@@ -53,9 +54,11 @@ TEST_CASE("TcpStore: no server means a clear error after the timeout") {
     TcpStoreServer gone(0);  // a port that was free
   }
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(TcpStore("127.0.0.1", 1, false, Millis(300)), doctest::Contains("could not connect"));
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", 1, false, Millis(300)),
+                    doctest::Contains("could not connect"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
-  CHECK_THROWS_WITH(TcpStore("127.0.0.1", port, true, Millis(300)), doctest::Contains("cannot listen on port"));
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", port, true, Millis(300)),
+                    doctest::Contains("cannot listen on port"));
 }
 
 TEST_CASE("TcpStore: a server that goes away is reported") {

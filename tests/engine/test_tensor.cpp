@@ -86,10 +86,12 @@ TEST_CASE("dtype conversion round trips and 16-bit floats") {
   CHECK(w.grad().item() == 4.0);
 }
 
-TEST_CASE("byte-only nf4 has a slot but no layout yet") {
+TEST_CASE("byte-only nf4: 36-byte blocks of 64 elements, no arithmetic") {
   CHECK(std::string(dtype_name(DType::nf4)) == "nf4");
   CHECK_FALSE(dtype_info(DType::nf4).arithmetic);
-  CHECK_THROWS_WITH_AS(empty({64}, {.dtype = DType::nf4}), doctest::Contains("nf4"),
+  CHECK(empty({64}, {.dtype = DType::nf4}).nbytes() == 36);
+  CHECK(empty({2, 37}, {.dtype = DType::nf4}).nbytes() == 72);  // a partial last block
+  CHECK_THROWS_WITH_AS(element_size(DType::nf4), doctest::Contains("nf4"),
                        std::invalid_argument);
 }
 

@@ -121,6 +121,8 @@ void add_bench(CLI::App& app) {
           "SUITE"));
   sub->add_flag("--json", c->json,
                 "print a JSON list of {name, ms, floor_ms, ratio} instead of a table");
+  sub->add_option("-n,--ranks", c->opts.ranks, "ranks for the dist suite (default 2)")
+      ->check(CLI::Range(2, 64));
   sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement (default 5)")
       ->check(CLI::Range(1, 1000));
   sub->add_option(

@@ -22,6 +22,7 @@ struct BenchRow {
 struct BenchOptions {
   int repeat = 5;      // timed runs per measurement (the median is reported)
   bool small = false;  // tiny sizes: a smoke test, not a measurement
+  int ranks = 2;       // ranks for suites that run collectives (dist)
 };
 
 /** Median wall time in milliseconds of `repeat` calls of `fn`, after one

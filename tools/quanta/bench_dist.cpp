@@ -1,12 +1,145 @@
-// `quanta bench dist` (filled in by its issue).
-#include <stdexcept>
+// `quanta bench dist -n N`: collectives and DataParallel, on N ranks run as
+// threads of this process over Gloo on loopback (one TcpStore, as under
+// quanta launch).
+//   all_reduce_4KB / _1MB / _64MB: ProcessGroup::all_reduce (f32, sum) against
+//     the bare Gloo allreduce on the same connections and buffers (same
+//     reduction function), in the same run. The _debug rows time the same
+//     call with QUANTA_DIST_DEBUG's fingerprint exchange against the same floor.
+//   dp_step: forward + backward + finish_step of an MLP under DataParallel,
+//     each rank on 1/N of the batch, against the same step on one process
+//     with the whole batch (no DataParallel, this thread alone).
+// Small messages are timed in batches (per-call times are reported). Times
+// are rank 0's; every rank runs the same loop, so they are in lockstep.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "bench.h"
+#include "dist/data_parallel.h"
+#include "dist/gloo_backend.h"
+#include "dist/process_group.h"
+#include "dist/reduce_kernels.h"
+#include "quanta.h"
 
 namespace quanta::cli {
+namespace {
 
-std::vector<BenchRow> bench_dist(const BenchOptions&) {
-  throw std::runtime_error("bench dist: not built yet");
+using dist::Millis;
+
+std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
+  Generator gen(seed);
+  return std::make_shared<Sequential>(std::make_shared<Linear>(width, 2 * width, gen),
+                                      std::make_shared<ReLU>(),
+                                      std::make_shared<Linear>(2 * width, width, gen));
+}
+
+// Median per-call milliseconds of several functions timed in turns (one
+// batch of `calls` each per round, after a warm-up round), so load from
+// other processes hits all of them alike.
+std::vector<double> interleaved_ms(int repeat, int calls,
+                                   const std::vector<std::function<void()>>& fns) {
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int round = 0; round <= repeat; ++round)
+    for (std::size_t f = 0; f < fns.size(); ++f) {
+      const auto t0 = clock::now();
+      for (int i = 0; i < calls; ++i) fns[f]();
+      const double ms =
+          std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
+      if (round > 0) samples[f].push_back(ms);
+    }
+  std::vector<double> out;
+  for (auto& v : samples) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+  }
+  return out;
+}
+
+void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOptions& o,
+               std::vector<BenchRow>& rows) {
+  struct Size {
+    const char* name;
+    int64_t bytes;
+    int calls;
+  };
+  const Size sizes[] = {{"4KB", 4 << 10, 200}, {"1MB", 1 << 20, 10}, {"64MB", 64 << 20, 1}};
+  auto* bare = dist::detail::gloo_backend_of(g);
+  const auto sum_fn = dist::detail::reduce_fn(DType::f32, dist::ReduceOp::sum);
+  uint32_t tag = 0x51000000;
+  for (const Size& s : sizes) {
+    const int64_t bytes = o.small ? std::min<int64_t>(s.bytes, 64 << 10) : s.bytes;
+    Tensor t = full({bytes / 4}, 1.0);
+    const auto n = static_cast<std::size_t>(t.numel());
+    const auto ms3 =
+        interleaved_ms(o.repeat, s.calls,
+                       {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
+                        [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); }});
+    const double floor_ms = ms3[0], ms = ms3[1], debug_ms = ms3[2];
+    if (g.rank() == 0) {
+      rows.push_back({std::string("all_reduce_") + s.name, ms, floor_ms});
+      rows.push_back({std::string("all_reduce_") + s.name + "_debug", debug_ms, floor_ms});
+    }
+  }
+  // DataParallel step: each rank takes its share of the batch.
+  const int64_t width = o.small ? 32 : 512, batch = o.small ? 8 : 256;
+  auto model = mlp(width, 7);
+  dist::DataParallel dp(model, g);
+  Generator gen(11 + g.rank());
+  const Tensor x = randn({batch / g.size(), width}, gen);
+  const double dp_ms = median_ms(o.repeat, [&] {
+    sum(dp(x)).backward();
+    dp.finish_step();
+    model->zero_grad();
+  });
+  if (g.rank() == 0) rows.push_back({"dp_step", dp_ms, 0});
+}
+
+}  // namespace
+
+std::vector<BenchRow> bench_dist(const BenchOptions& o) {
+  const int n = o.ranks;
+  dist::TcpStoreServer server(0);
+  std::vector<BenchRow> rows;
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto store =
+            std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000));
+        dist::GroupOptions go;
+        go.timeout = Millis(60000);
+        go.debug = 0;
+        dist::ProcessGroup g(store, r, n, go);
+        go.debug = 1;
+        go.name = "debug";
+        dist::ProcessGroup debug_g(store, r, n, go);
+        rank_body(g, debug_g, o, rows);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    if (!errors[r].empty())
+      throw std::runtime_error("bench dist: rank " + std::to_string(r) + ": " + errors[r]);
+  // The one-process floor of the DataParallel step, alone on the machine.
+  const int64_t width = o.small ? 32 : 512, batch = o.small ? 8 : 256;
+  auto model = mlp(width, 7);
+  Generator gen(11);
+  const Tensor x = randn({batch, width}, gen);
+  const double one_ms = median_ms(o.repeat, [&] {
+    sum(model->forward(x)).backward();
+    model->zero_grad();
+  });
+  for (auto& r : rows)
+    if (r.name == "dp_step") r.floor_ms = one_ms;
+  return rows;
 }
 
 }  // namespace quanta::cli

@@ -8,9 +8,9 @@
 #include <Eigen/Core>
 
 #include "bench.h"
-#include "quanta.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
+#include "quanta.h"
 
 namespace quanta::cli {
 namespace {
@@ -22,8 +22,8 @@ struct Sizes {
 };
 
 // One training step as a user runs it: forward, loss, backward.
-void train_step(const std::function<quant::QuantizeOutput(const Tensor&)>& fwd,
-                const Tensor& x, const Tensor& w) {
+void train_step(const std::function<quant::QuantizeOutput(const Tensor&)>& fwd, const Tensor& x,
+                const Tensor& w) {
   x.zero_grad();
   quant::QuantizeOutput out = fwd(x);
   Tensor loss = sum(out.quantized * w) + sum(out.loss);
@@ -60,9 +60,8 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   vo.decay = 0.99;
   auto vq = std::make_shared<quant::VectorQuantize>(vo, gen);
   BenchRow vq_row{"vq_train_step"};
-  vq_row.ms = median_ms(o.repeat, [&] {
-    train_step([&](const Tensor& t) { return vq->forward(t); }, x, w);
-  });
+  vq_row.ms = median_ms(o.repeat,
+                        [&] { train_step([&](const Tensor& t) { return vq->forward(t); }, x, w); });
   vq_row.floor_ms = gemm_floor(s, 1, o, gen);
   rows.push_back(vq_row);
 
@@ -73,9 +72,8 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   ro.layer.decay = 0.99;
   auto rvq = std::make_shared<quant::ResidualVQ>(ro, gen);
   BenchRow rvq_row{"rvq8_train_step"};
-  rvq_row.ms = median_ms(o.repeat, [&] {
-    train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w);
-  });
+  rvq_row.ms = median_ms(
+      o.repeat, [&] { train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w); });
   rvq_row.floor_ms = gemm_floor(s, 8, o, gen);
   rows.push_back(rvq_row);
   return rows;

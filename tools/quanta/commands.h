@@ -29,4 +29,16 @@ void add_quantize(CLI::App& app);
 /** `quanta launch -n N -- PROGRAM ARGS...` (launch.cpp). */
 void add_launch(CLI::App& app);
 
+/** `quanta train [--steps N | --epochs N] [--quantizer TYPE] ...` (train.cpp). */
+void add_train(CLI::App& app);
+
+/** `quanta eval CHECKPOINT`: test metrics and reconstructions (eval.cpp). */
+void add_eval(CLI::App& app);
+
+/** `quanta encode CHECKPOINT --out CODES`: images to indices (encode.cpp). */
+void add_encode(CLI::App& app);
+
+/** `quanta decode CHECKPOINT CODES --out PNG`: indices to images (decode.cpp). */
+void add_decode(CLI::App& app);
+
 }  // namespace quanta::cli

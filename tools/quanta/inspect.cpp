@@ -42,6 +42,44 @@ std::string human_bytes(uint64_t n) {
   return buf;
 }
 
+// NF4 weights in the file: quanta's nf4 dtype (U8 bytes with metadata
+// "quanta.dtype.NAME" = "nf4 [shape]") and bitsandbytes' layout (NAME with
+// NAME.absmax and NAME.quant_state.bitsandbytes__nf4). Bits per parameter
+// count the codes and scales, not per-tensor constants (code tables, JSON).
+struct NF4Summary {
+  uint64_t tensors = 0, params = 0, bytes = 0;
+  double bits() const { return params ? 8.0 * double(bytes) / double(params) : 0.0; }
+};
+
+NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
+  NF4Summary s;
+  auto entry = [&](const std::string& name) -> const io::SafetensorsEntry* {
+    for (const auto& e : h.tensors)
+      if (e.name == name) return &e;
+    return nullptr;
+  };
+  for (const auto& e : h.tensors) {
+    auto it = h.metadata.find("quanta.dtype." + e.name);
+    if (it != h.metadata.end() && it->second.rfind("nf4 ", 0) == 0) {
+      uint64_t n = 1;
+      try {
+        for (int64_t d : nlohmann::json::parse(it->second.substr(4)).get<Shape>())
+          n *= static_cast<uint64_t>(d);
+      } catch (const nlohmann::json::exception&) {
+        continue;  // not quanta's entry after all: list the tensor as it is
+      }
+      s.tensors++, s.params += n, s.bytes += e.end - e.begin;
+    } else if (entry(e.name + ".quant_state.bitsandbytes__nf4")) {
+      s.tensors++;
+      s.params += 2 * (e.end - e.begin);
+      s.bytes += e.end - e.begin;
+      for (const char* part : {".absmax", ".nested_absmax"})
+        if (const auto* p = entry(e.name + part)) s.bytes += p->end - p->begin;
+    }
+  }
+  return s;
+}
+
 void run_inspect(const InspectOptions& o) {
   io::SafetensorsHeader h = io::read_safetensors_header(o.file);
   std::sort(h.tensors.begin(), h.tensors.end(),
@@ -65,6 +103,11 @@ void run_inspect(const InspectOptions& o) {
     out["total_bytes"] = h.data_bytes;
     out["header_bytes"] = h.header_bytes;
     out["metadata"] = h.metadata;
+    if (const NF4Summary nf4 = nf4_summary(h); nf4.tensors)
+      out["nf4"] = {{"tensors", nf4.tensors},
+                    {"parameters", nf4.params},
+                    {"bytes", nf4.bytes},
+                    {"bits_per_parameter", nf4.bits()}};
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
@@ -91,6 +134,15 @@ void run_inspect(const InspectOptions& o) {
             << " elements, " << h.data_bytes << " bytes"
             << (h.data_bytes >= 1024 ? " (" + human_bytes(h.data_bytes) + ")" : "")
             << "; header " << h.header_bytes << " bytes\n";
+  if (const NF4Summary nf4 = nf4_summary(h); nf4.tensors) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "nf4: %llu tensors, %llu parameters, %llu bytes: %.3f bits per parameter\n",
+                  static_cast<unsigned long long>(nf4.tensors),
+                  static_cast<unsigned long long>(nf4.params),
+                  static_cast<unsigned long long>(nf4.bytes), nf4.bits());
+    std::cout << line;
+  }
   std::cout << (h.metadata.empty() ? "metadata: none" : "metadata:") << "\n";
   for (const auto& [k, v] : h.metadata) std::cout << "  " << k << " = " << v << "\n";
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,13 @@ extern char** environ;
 
 namespace quanta::cli {
 namespace {
+
+// The signal that asked the launcher to stop (Ctrl-C, a job scheduler's
+// SIGTERM); the main loop passes it on to every rank. A signal handler can
+// only talk through a variable like this one.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 struct LaunchCommand {
   int n = 1;
@@ -84,8 +92,8 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   const std::string n = std::to_string(c.n), r = std::to_string(rank);
   for (const std::string& kv : std::vector<std::string>{
            "RANK=" + r, "LOCAL_RANK=" + r, "GROUP_RANK=0", "ROLE_RANK=" + r, "WORLD_SIZE=" + n,
-        "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
-        "MASTER_PORT=" + std::to_string(port)})
+           "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
+           "MASTER_PORT=" + std::to_string(port)})
     env.push_back(kv);
   // N ranks each with a full OpenMP pool oversubscribe the cores (torchrun too).
   if (!std::getenv("OMP_NUM_THREADS") && c.n > 1) env.push_back("OMP_NUM_THREADS=1");
@@ -109,7 +117,8 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0)
-    throw std::runtime_error("quanta launch: cannot start '" + c.program[0] + "': " + std::strerror(rc));
+    throw std::runtime_error("quanta launch: cannot start '" + c.program[0] +
+                             "': " + std::strerror(rc));
   return pid;
 }
 
@@ -135,7 +144,17 @@ int run_launch(const LaunchCommand& c) {
   using Clock = std::chrono::steady_clock;
   int failed = -1;
   Clock::time_point kill_at{};
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  bool forwarded = false;
   for (;;) {
+    if (g_stop_signal && !forwarded) {
+      forwarded = true;
+      std::fprintf(stderr, "[launch] got signal %d; stopping the ranks\n", int(g_stop_signal));
+      for (auto& o : ranks)
+        if (o.running) ::kill(-o.pid, SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // (rank, is_err)
     for (int r = 0; r < c.n; ++r) {
@@ -168,10 +187,10 @@ int run_launch(const LaunchCommand& c) {
       if (::waitpid(rk.pid, &st, WNOHANG) == rk.pid) {
         rk.running = false;
         rk.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (rk.status != 0 && failed < 0) {
+        if (rk.status != 0 && failed < 0 && !forwarded) {
           failed = r;
-          std::fprintf(stderr, "[launch] rank %d exited with status %d; stopping the other ranks\n", r,
-                       rk.status);
+          std::fprintf(stderr, "[launch] rank %d exited with status %d; stopping the other ranks\n",
+                       r, rk.status);
           for (auto& o : ranks)
             if (o.running) ::kill(-o.pid, SIGTERM);
           kill_at = Clock::now() + std::chrono::seconds(5);
@@ -180,25 +199,29 @@ int run_launch(const LaunchCommand& c) {
         any_running = true;
       }
     }
-    if (failed >= 0 && any_running && Clock::now() > kill_at)
+    if ((failed >= 0 || forwarded) && any_running && Clock::now() > kill_at)
       for (auto& o : ranks)
         if (o.running) ::kill(-o.pid, SIGKILL);
     bool pipes_open = false;
     for (auto& rk : ranks) pipes_open = pipes_open || rk.out >= 0 || rk.err >= 0;
     if (!any_running && !pipes_open) break;
-    if (!any_running && failed >= 0 && Clock::now() > kill_at) break;  // orphaned writers
+    if (!any_running && (failed >= 0 || forwarded) && Clock::now() > kill_at)
+      break;  // orphaned writers
   }
-  return failed >= 0 ? ranks[failed].status : 0;
+  if (failed >= 0) return ranks[failed].status;
+  return g_stop_signal ? 128 + int(g_stop_signal) : 0;
 }
 
 }  // namespace
 
 void add_launch(CLI::App& app) {
   auto c = std::make_shared<LaunchCommand>();
-  CLI::App* sub = app.add_subcommand(
-      "launch", "Start N local ranks of PROGRAM with torchrun's environment (quanta launch -n 2 -- prog args)");
+  CLI::App* sub = app.add_subcommand("launch",
+                                     "Start N local ranks of PROGRAM with torchrun's environment "
+                                     "(quanta launch -n 2 -- prog args)");
   sub->add_option("-n,--nproc", c->n, "number of ranks")->check(CLI::Range(1, 1024));
-  sub->add_option("--master-port", c->master_port, "port of the rank-0 store (default: a free port)")
+  sub->add_option("--master-port", c->master_port,
+                  "port of the rank-0 store (default: a free port)")
       ->check(CLI::Range(1, 65535));
   sub->add_option("program", c->program, "the program and its arguments (after --)")->required();
   sub->footer(

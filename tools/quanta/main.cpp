@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
   CLI::App app{"quanta: a C++ deep-learning engine for vector-quantized and NF4 models"};
   app.name("quanta");
   app.set_version_flag("--version", std::string("quanta ") + QUANTA_VERSION);
+  quanta::cli::add_train(app);
+  quanta::cli::add_eval(app);
+  quanta::cli::add_encode(app);
+  quanta::cli::add_decode(app);
   quanta::cli::add_inspect(app);
   quanta::cli::add_bench(app);
   quanta::cli::add_parity(app);

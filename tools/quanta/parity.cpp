@@ -2,18 +2,18 @@
 // vector-quantize-pytorch or bitsandbytes (tests/data/reference-vectors/
 // README.md) through the same runner as the parity tests, prints every
 // compared tensor, and fails (exit 1) when any case fails or cannot be built.
+#include "quant/parity/parity.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
-#include "quant/parity/parity.h"
 
 namespace quanta::cli {
 namespace {
@@ -57,8 +57,10 @@ nlohmann::ordered_json to_json(const std::string& file, const parity::CaseResult
   for (const auto& c : r.checks) {
     nlohmann::ordered_json cj{{"name", c.name}, {"pass", c.pass}, {"tolerance", c.tolerance}};
     // JSON has no infinity: a shape or dtype mismatch reports null.
-    if (std::isfinite(c.max_rel_error)) cj["max_rel_error"] = c.max_rel_error;
-    else cj["max_rel_error"] = nullptr;
+    if (std::isfinite(c.max_rel_error))
+      cj["max_rel_error"] = c.max_rel_error;
+    else
+      cj["max_rel_error"] = nullptr;
     if (!c.detail.empty()) cj["detail"] = c.detail;
     j["checks"].push_back(cj);
   }
@@ -79,8 +81,10 @@ void run_parity(const ParityOptions& o) {
       r.error = e.what();
     }
     if (!r.passed()) ++failed;
-    if (o.json) all.push_back(to_json(f, r));
-    else parity::print_result(std::cout, r);
+    if (o.json)
+      all.push_back(to_json(f, r));
+    else
+      parity::print_result(std::cout, r);
   }
   if (o.json) {
     std::cout << all.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

@@ -263,11 +263,18 @@ TEST_CASE("nf4 shapes: zero-size, partial last unit, odd element counts") {
 
 TEST_CASE("nf4 tensors refuse arithmetic, naming the op and the dtype") {
   const Tensor q = quantize_nf4(ones({2, 64}));
-  CHECK_THROWS_WITH_AS(add(q, q), doctest::Contains("nf4"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(sum(q), doctest::Contains("nf4"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(matmul(q, ones({64, 2})), doctest::Contains("nf4"),
+  CHECK_THROWS_WITH_AS(add(q, q), doctest::Contains("[add] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(q * 2.0, doctest::Contains("[mul] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(exp(q), doctest::Contains("[exp] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sum(q), doctest::Contains("[sum] dtype nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(matmul(q, ones({64, 2})), doctest::Contains("[matmul] dtype nf4"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(q.to(DType::f32), doctest::Contains("nf4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(linear(ones({1, 64}), q), doctest::Contains("[linear] dtype nf4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(q.to(DType::f32), doctest::Contains("[to_dtype] dtype nf4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cat({q, q}, 0), doctest::Contains("[cat] dtype nf4"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(dequantize(ones({64})), doctest::Contains("expects an nf4 tensor"),
                        std::invalid_argument);
 }
@@ -366,4 +373,23 @@ TEST_CASE("nf4 bitsandbytes and torchao layouts through safetensors files") {
   CHECK(err < 0.02 * max(abs(x)).item());
   CHECK_THROWS_WITH_AS(to_torchao(quantize_nf4(ones({64}))), doctest::Contains("16384"),
                        std::invalid_argument);
+}
+
+TEST_CASE("nf4 dequantize_into writes the same values into a reused buffer") {
+  Generator gen(19);
+  const Tensor q = quantize_nf4(randn({7, 100}, gen));
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor out = zeros({7, 100}, {.dtype = dt});
+    dequantize_into(q, out);
+    CHECK(out.to_vector<float>() == dequantize(q, dt).to_vector<float>());
+  }
+  CHECK_THROWS_WITH_AS(dequantize_into(q, zeros({7, 99})), doctest::Contains("shape"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("nf4 torchao export of constant scales stays finite") {
+  // Every block has absmax 1: all scalers equal their mean.
+  const Tensor q = quantize_nf4(ones({128, 128}), no_dq());
+  const TorchaoNF4State s = to_torchao(q);
+  CHECK(max(abs(torchao_dequantize(s) - ones({128, 128}))).item() == 0.0);
 }

@@ -28,7 +28,8 @@ std::vector<double> closed_form(const std::vector<double>& x, const std::vector<
   xn = std::sqrt(xn), qn = std::sqrt(qn);
   std::vector<double> u(d), qh(d), w(d);
   double wn = 0;
-  for (size_t i = 0; i < d; ++i) u[i] = x[i] / xn, qh[i] = q[i] / qn, wn += std::pow(u[i] + qh[i], 2);
+  for (size_t i = 0; i < d; ++i)
+    u[i] = x[i] / xn, qh[i] = q[i] / qn, wn += std::pow(u[i] + qh[i], 2);
   wn = std::sqrt(wn);
   for (size_t i = 0; i < d; ++i) w[i] = (u[i] + qh[i]) / wn;
   std::vector<double> out(d, 0.0);
@@ -53,9 +54,9 @@ TEST_CASE("rotation trick: value is the code, gradient is lambda R^T g") {
   CHECK(max_abs_diff(y, q) == 0.0);
   sum(y * g).backward();
   for (int64_t r = 0; r < 5; ++r) {
-    const auto expect = closed_form(select(x0, 0, r).to_vector<double>(),
-                                    select(q, 0, r).to_vector<double>(),
-                                    select(g, 0, r).to_vector<double>());
+    const auto expect =
+        closed_form(select(x0, 0, r).to_vector<double>(), select(q, 0, r).to_vector<double>(),
+                    select(g, 0, r).to_vector<double>());
     CHECK(max_abs_diff(select(x.grad(), 0, r), from_vector<double>(expect)) < 1e-12);
   }
   // Finite differences of the rotation with its constants frozen at x0:
@@ -84,7 +85,7 @@ TEST_CASE("rotation trick: value is the code, gradient is lambda R^T g") {
 
 TEST_CASE("rotation trick: x parallel to q scales the gradient by |q|/|x|") {
   const Tensor x0 = from_vector<double>({1, 2, 2}, {1, 3});  // |x| = 3
-  const Tensor q = x0 * 2.0;                                // |q| = 6
+  const Tensor q = x0 * 2.0;                                 // |q| = 6
   Tensor x = x0.clone();
   x.requires_grad_(true);
   const Tensor g = from_vector<double>({0.5, -1, 3}, {1, 3});

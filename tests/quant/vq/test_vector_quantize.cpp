@@ -91,8 +91,10 @@ TEST_CASE("masked tokens change nothing: outputs, losses and EMA state") {
   std::vector<float> xv = x.to_vector<float>(), valid_rows;
   for (int t = 0; t < 12; ++t)
     for (int e = 0; e < 4; ++e) {
-      if (!keep[t]) xv[t * 4 + e] = 1e6f;
-      else valid_rows.push_back(xv[t * 4 + e]);
+      if (!keep[t])
+        xv[t * 4 + e] = 1e6f;
+      else
+        valid_rows.push_back(xv[t * 4 + e]);
     }
   x = from_vector<float>(xv, {2, 6, 4});
   const Tensor mask = to_dtype(from_vector<uint8_t>(keep, {2, 6}), DType::boolean);
@@ -354,4 +356,24 @@ TEST_CASE("convergence: a mixture of Gaussians is recovered with dead-code expir
     }
     CHECK_MESSAGE(best < 0.1, "centre " << c << " is " << best << " from its nearest code");
   }
+}
+
+TEST_CASE("affine_param: codes follow the batch statistics") {
+  Generator gen(40), data(41);
+  VectorQuantizeOptions o = small(3, 16);
+  o.affine_param = true;
+  VectorQuantize vq(o, gen);
+  const Tensor x = randn({4, 64, 3}, data) * 2.0 + 5.0;
+  vq.forward(x);
+  Codebook& cb = vq.codebook();
+  const Tensor rows = reshape(x, {256, 3});
+  CHECK(max_abs_diff(reshape(cb.find("batch_mean"), {3}), mean(rows, {0})) < 1e-4);
+  CHECK(max_abs_diff(reshape(cb.find("batch_variance"), {3}), var(rows, {0}, 0.0)) < 1e-3);
+  // The codes the distances use sit where the batch is.
+  const Tensor moved = cb.affine_codes(cb.embed().detach());
+  CHECK(max_abs_diff(mean(moved, {0, 1}), cb.find("batch_mean").reshape({3})) < 0.5);
+  // Every index is valid and the EMA saw inputs mapped back to code space.
+  vq.eval();
+  for (int64_t i : vq.forward(x).indices.to_vector<int64_t>()) CHECK((i >= 0 && i < 16));
+  CHECK(std::isfinite(sum(cb.embed()).item()));
 }

@@ -1,0 +1,103 @@
+#pragma once
+// DataParallel: one model replica per rank, gradients averaged across ranks.
+//
+//   dist::DataParallel dp(model, *group);      // checks + broadcast from rank 0
+//   for (...) {
+//     Tensor loss = loss_fn(dp(x_local), y_local);
+//     loss.backward();                          // buckets all-reduce as grads arrive
+//     dp.finish_step();                         // wait, write averaged .grad, step hooks
+//     opt.step();
+//     opt.zero_grad();
+//   }
+//
+// Construction checks that every rank holds the same parameter and buffer
+// names, shapes and dtypes (an error naming the first difference otherwise)
+// and broadcasts them from rank 0 as bytes (any dtype, nf4 included).
+// During backward each parameter's post-accumulate hook copies its gradient
+// into a bucket (reverse registration order, at most bucket_bytes, one dtype
+// per bucket); a full bucket is all-reduced (avg) on a communication thread
+// while backward goes on. Buckets launch strictly in order, so every rank
+// issues the same sequence whatever its graph.
+//
+// finish_step() is the one fixed point per optimizer step: it launches the
+// buckets still waiting (parameters unused on this rank contribute zeros,
+// so unused parameters never hang), waits, writes the averaged gradients
+// (a parameter unused on every rank keeps an undefined .grad), broadcasts
+// buffers from rank 0 when broadcast_buffers is on, then runs the step hooks
+// in the order they were added. Step hooks are where other replicated state
+// (quantizer statistics, codebooks) is reconciled with a fixed sequence of
+// collectives (DESIGN.md rule 1). forward() itself issues no collective, so an
+// extra, eval or no-grad forward on one rank cannot deadlock anything.
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "engine/nn/module.h"
+
+namespace quanta::dist {
+
+struct DataParallelOptions {
+  /** Largest bucket in bytes (PyTorch's bucket_cap_mb = 25). */
+  std::size_t bucket_bytes = std::size_t(25) << 20;
+  /** Broadcast buffers from rank 0 in every finish_step(). */
+  bool broadcast_buffers = true;
+  /** Parameter and buffer names left alone (not checked, broadcast or reduced). */
+  std::vector<std::string> ignore{};
+};
+
+class DataParallel {
+ public:
+  /** Wraps `module`; collective (every rank constructs it). `group` must
+   * outlive this object. */
+  DataParallel(std::shared_ptr<Module> module, ProcessGroup& group, DataParallelOptions opts = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /** The wrapped module's forward; no communication. */
+  Tensor forward(const Tensor& x) { return module_->forward(x); }
+  /** forward(x). */
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  /** The wrapped module. */
+  Module& module() { return *module_; }
+
+  /** While alive, backward accumulates gradients locally (no communication);
+   * the first step after it reduces the accumulated sum. */
+  class NoSync {
+   public:
+    explicit NoSync(DataParallel& dp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DataParallel& dp_;
+  };
+  /** Starts a no-sync region (keep the returned guard alive). */
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  /** A callback run at the end of every finish_step(), on every rank, in the
+   * order added; it may issue collectives on the group it is given. */
+  using StepHook = std::function<void(ProcessGroup& group)>;
+  /** Appends a step hook. */
+  void add_step_hook(StepHook hook);
+  /** Completes the step's gradient reduction, syncs buffers, runs step hooks.
+   * Call once after the step's last backward, before the optimizer step. */
+  void finish_step();
+
+  /** How many gradient buckets there are. */
+  std::size_t num_buckets() const;
+
+ private:
+  struct State;
+  std::shared_ptr<Module> module_;
+  ProcessGroup& group_;
+  DataParallelOptions opts_;
+  std::shared_ptr<State> state_;
+  std::vector<StepHook> hooks_;
+};
+
+}  // namespace quanta::dist

@@ -1,0 +1,162 @@
+#include "quant/vq/sim_vq.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/join.h"
+#include "engine/ops/loss.h"
+#include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+#include "quant/token_layout.h"
+#include "quant/vq/commitment_loss.h"
+#include "quant/vq/nearest_code.h"
+#include "quant/vq/rotation_trick.h"
+#include "quant/vq/streams.h"
+
+namespace quanta::quant {
+namespace {
+
+[[noreturn]] void fail(const char* who, const std::string& what) {
+  throw std::invalid_argument(std::string("[") + who + "] " + what);
+}
+
+}  // namespace
+
+SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen) : Module("SimVQ"), opts_(opts) {
+  if (opts_.dim <= 0 || opts_.codebook_size <= 0)
+    fail("SimVQ", "dim and codebook_size must be positive, got " + std::to_string(opts_.dim) +
+                      " and " + std::to_string(opts_.codebook_size));
+  const int64_t df = opts_.frozen_codebook_dim > 0 ? opts_.frozen_codebook_dim : opts_.dim;
+  transform_ = register_module("code_transform",
+                               std::make_shared<Linear>(df, opts_.dim, gen, /*bias=*/false));
+  frozen_ = register_buffer("frozen_codebook",
+                            randn({opts_.codebook_size, df}, gen) / std::sqrt(double(df)));
+}
+
+Tensor SimVQ::codebook() { return transform_->forward(frozen_); }
+
+QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask) {
+  const TokenLayout layout(x, !opts_.channel_first, opts_.dim, "SimVQ");
+  const int64_t b = layout.batch(), n = layout.tokens(), d = opts_.dim;
+  const Tensor tokens = reshape(layout.to_tokens(x), {b * n, d});
+  Tensor valid;
+  if (mask.defined()) {
+    if (mask.dtype() != DType::boolean || mask.numel() != b * n)
+      fail("SimVQ", "mask must be bool with one entry per token, got " +
+                        std::string(dtype_name(mask.dtype())) + " " + shape_str(mask.shape()));
+    valid = reshape(mask, {b * n});
+  }
+  const Tensor codes = codebook();
+  const Tensor idx = nearest_codes(tokens, codes, false);
+  const Tensor q = index_select(codes, 0, idx);  // gradient to the transform
+  // mse(sg(x), q) trains the transform, w * mse(x, sg(q)) commits the input.
+  Tensor loss = zeros({}, options_of(tokens));
+  if (b * n > 0)
+    loss =
+        (commitment_loss(tokens.detach(), q, valid) +
+         commitment_loss(tokens, q.detach(), valid) * opts_.input_to_quantize_commit_loss_weight) *
+        opts_.commitment_weight;
+  Tensor out =
+      opts_.rotation_trick ? rotate_to(tokens, q.detach()) : straight_through(tokens, q.detach());
+  Tensor indices = idx;
+  if (valid.defined()) {
+    out = out * unsqueeze(to_dtype(valid, out.dtype()), -1);
+    indices = where(valid, idx, full_like(idx, -1.0));
+  }
+  QuantizeOutput r;
+  r.quantized = layout.from_tokens(reshape(out, {b, n, d}));
+  r.indices = layout.spatial_from_tokens(reshape(indices, {b, n}));
+  r.loss = loss;
+  r.losses = {{"commitment", loss}};
+  return r;
+}
+
+Tensor SimVQ::indices_to_codes(const Tensor& indices) {
+  Tensor q = transform_->forward(embedding(frozen_, indices));
+  if (opts_.channel_first && q.dim() >= 3) {
+    std::vector<int64_t> perm{0, q.dim() - 1};
+    for (int64_t i = 1; i < q.dim() - 1; ++i) perm.push_back(i);
+    q = permute(q, perm);
+  }
+  return q;
+}
+
+ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
+    : Module("ResidualSimVQ"), opts_(opts), dropout_gen_(0) {
+  if (opts_.num_quantizers <= 0) fail("ResidualSimVQ", "num_quantizers must be positive");
+  auto list = std::make_shared<Module>("ModuleList");
+  register_module("layers", list);
+  for (int64_t i = 0; i < opts_.num_quantizers; ++i) {
+    SimVQOptions lo = opts_.layer;
+    lo.dim = opts_.dim;
+    lo.codebook_size = opts_.codebook_size;
+    lo.rotation_trick = opts_.rotation_trick;
+    lo.channel_first = false;  // the stack works on channel-last tokens
+    auto l = std::make_shared<SimVQ>(lo, gen);
+    list->register_module(std::to_string(i), l);
+    layers_.push_back(l);
+  }
+  dropout_gen_ = named_stream(draw_seed(gen), "rvq.dropout");
+}
+
+QuantizeOutput ResidualSimVQ::forward(const Tensor& x, const Tensor& mask) {
+  const TokenLayout layout(x, !opts_.accept_image_fmap, opts_.dim, "ResidualSimVQ");
+  const int64_t b = layout.batch(), n = layout.tokens(), q_count = num_quantizers();
+  const Tensor tokens = layout.to_tokens(x);
+  int64_t last = -1;
+  if (is_training() && opts_.quantize_dropout && q_count > 1) {
+    last = randint(opts_.quantize_dropout_cutoff_index, q_count, {}, dropout_gen_).item<int64_t>();
+    const int64_t m = opts_.quantize_dropout_multiple_of;
+    if (m != 1) last = ((last + 1 + m - 1) / m) * m - 1;
+  }
+  Tensor residual = tokens, total = zeros_like(tokens.detach());
+  std::vector<Tensor> indices, losses;
+  for (int64_t i = 0; i < q_count; ++i) {
+    if (last >= 0 && i > last) {
+      indices.push_back(full({b, n}, -1.0, {.dtype = DType::i64}));
+      losses.push_back(zeros({}, options_of(tokens)));
+      continue;
+    }
+    QuantizeOutput o = layers_[static_cast<size_t>(i)]->forward(
+        residual, mask.defined() ? reshape(mask, {b, n}) : Tensor());
+    residual = residual - o.quantized.detach();
+    total = total + o.quantized;
+    indices.push_back(o.indices);
+    losses.push_back(o.loss);
+  }
+  QuantizeOutput r;
+  r.quantized = layout.from_tokens(total);
+  r.indices = layout.spatial_from_tokens(stack(indices, -1));
+  r.loss = stack(losses);
+  return r;
+}
+
+Tensor ResidualSimVQ::get_codes_from_indices(const Tensor& indices) {
+  const int64_t q = num_quantizers();
+  if (indices.dim() < 1 || indices.size(-1) > q)
+    fail("ResidualSimVQ", "expects indices [..., q] with q <= " + std::to_string(q) + ", got " +
+                              shape_str(indices.shape()));
+  const Shape lead(indices.shape().begin(), indices.shape().end() - 1);
+  std::vector<Tensor> codes;
+  for (int64_t i = 0; i < q; ++i) {
+    const Tensor idx = i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64)
+                                            : full(lead, -1.0, {.dtype = DType::i64});
+    const Tensor valid = ge(idx, zeros_like(idx));
+    SimVQ& l = *layers_[static_cast<size_t>(i)];
+    Tensor c = embedding(l.codebook(), where(valid, idx, zeros_like(idx)));
+    codes.push_back(c * unsqueeze(to_dtype(valid, c.dtype()), -1));
+  }
+  return stack(codes);
+}
+
+Tensor ResidualSimVQ::get_output_from_indices(const Tensor& indices) {
+  return sum(get_codes_from_indices(indices), {0});
+}
+
+}  // namespace quanta::quant

@@ -1,0 +1,215 @@
+// DataParallel on thread ranks: N ranks with the batch split equal one
+// process on the whole batch over several optimizer steps (f64); model
+// mismatches, unused parameters, no_sync, ignored parameters, buffers and
+// step hooks.
+#include <doctest/doctest.h>
+
+#include "dist/data_parallel.h"
+#include "quanta.h"
+#include "ranks.h"
+
+using namespace quanta;
+using namespace quanta::dist;
+using testing::all_ok;
+using testing::run_ranks;
+
+namespace {
+
+constexpr int kRanks = 2;
+const TensorOptions f64{.dtype = DType::f64};
+
+struct TwoHeads : Module {
+  std::shared_ptr<Linear> body, a, b;
+  Tensor count;
+  bool use_b = true;
+  TwoHeads(uint64_t seed, int64_t hidden = 6) : Module("TwoHeads") {
+    Generator gen(seed);
+    body = register_module("body", std::make_shared<Linear>(4, hidden, gen));
+    a = register_module("a", std::make_shared<Linear>(hidden, 2, gen));
+    b = register_module("b", std::make_shared<Linear>(hidden, 2, gen));
+    count = register_buffer("count", zeros({1}));
+    to(DType::f64);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = tanh(body->forward(x));
+    Tensor y = a->forward(h);
+    return use_b ? y + b->forward(h) : y;
+  }
+};
+
+Tensor batch_x(int64_t rows, int64_t offset) {
+  return sin(arange(0.0, double(rows * 4), 1.0, f64).reshape({rows, 4}) * 0.37 + double(offset));
+}
+Tensor batch_y(int64_t rows, int64_t offset) {
+  return cos(arange(0.0, double(rows * 2), 1.0, f64).reshape({rows, 2}) * 0.53 + double(offset));
+}
+
+std::vector<std::vector<double>> values(Module& m) {
+  std::vector<std::vector<double>> out;
+  for (auto& p : m.parameters()) out.push_back(p.to_vector<double>());
+  return out;
+}
+
+void check_close(const std::vector<std::vector<double>>& a,
+                 const std::vector<std::vector<double>>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (std::size_t j = 0; j < a[i].size(); ++j)
+      CHECK(a[i][j] == doctest::Approx(b[i][j]).epsilon(1e-11));
+}
+
+}  // namespace
+
+TEST_CASE("N ranks with the batch split equal one process on the whole batch") {
+  const int steps = 4;
+  const int64_t local = 3;
+  for (std::size_t bucket_bytes : {std::size_t(25) << 20, std::size_t(64)}) {
+    CAPTURE(bucket_bytes);
+    // One process, whole batch, rank 0's initialisation.
+    auto ref = std::make_shared<TwoHeads>(100);
+    SGD ref_opt(ref->parameters(), {.lr = 0.1});
+    for (int s = 0; s < steps; ++s) {
+      Tensor loss = mse_loss(ref->forward(batch_x(local * kRanks, s)), batch_y(local * kRanks, s));
+      loss.backward();
+      ref_opt.step();
+      ref_opt.zero_grad();
+    }
+    std::vector<std::vector<std::vector<double>>> got(kRanks);
+    std::vector<std::size_t> buckets(kRanks);
+    auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+      auto model = std::make_shared<TwoHeads>(100 + g.rank());  // different inits: rank 0's wins
+      DataParallel dp(model, g, {.bucket_bytes = bucket_bytes});
+      buckets[g.rank()] = dp.num_buckets();
+      SGD opt(model->parameters(), {.lr = 0.1});
+      for (int s = 0; s < steps; ++s) {
+        Tensor x = batch_x(local * kRanks, s).narrow(0, local * g.rank(), local);
+        Tensor y = batch_y(local * kRanks, s).narrow(0, local * g.rank(), local);
+        mse_loss(dp(x), y).backward();
+        dp.finish_step();
+        opt.step();
+        opt.zero_grad();
+      }
+      got[g.rank()] = values(*model);
+    });
+    REQUIRE(all_ok(errors));
+    CHECK(buckets[0] == (bucket_bytes == 64 ? 6u : 1u));
+    check_close(got[0], values(*ref));
+    CHECK(got[1] == got[0]);  // replicas stay bitwise identical
+  }
+}
+
+TEST_CASE("a model that differs across ranks: every rank names the first difference") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(1, g.rank() == 1 ? 7 : 6);
+    DataParallel dp(model, g);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("rank 0 has parameter 'body.weight' f64 [6, 4], rank 1 has parameter "
+                         "'body.weight' f64 [7, 4]") != std::string::npos);
+  }
+}
+
+TEST_CASE("unused parameters: no hang; unused everywhere keeps no gradient") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(5);
+    DataParallel dp(model, g, {.bucket_bytes = 64});
+    for (int step = 0; step < 2; ++step) {
+      // Step 0: head b used only on rank 1. Step 1: unused everywhere.
+      model->use_b = step == 0 && g.rank() == 1;
+      Tensor x = batch_x(2, g.rank());
+      Tensor out = dp(x);
+      sum(out).backward();
+      // What rank 1's own gradient of b.bias is: 2 rows, each d(sum)/d(bias) = 1.
+      dp.finish_step();
+      if (step == 0) {
+        // b.bias: rank 1 contributes 2 per output, rank 0 contributes 0: avg 1.
+        CHECK(model->b->find("bias").grad().to_vector<double>() == std::vector<double>{1.0, 1.0});
+        // a.bias: both ranks contribute 2: avg 2.
+        CHECK(model->a->find("bias").grad().to_vector<double>() == std::vector<double>{2.0, 2.0});
+      } else {
+        CHECK(!model->b->find("bias").grad().defined());
+      }
+      model->zero_grad();
+    }
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("no_sync accumulates locally; the next step reduces the sum") {
+  std::vector<std::vector<double>> got(kRanks);
+  std::vector<uint64_t> seq_after_no_sync(kRanks);
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(9);
+    DataParallel dp(model, g);
+    {
+      auto guard = dp.no_sync();
+      sum(dp(batch_x(2, g.rank()))).backward();
+      CHECK_THROWS_WITH_AS(dp.finish_step(), doctest::Contains("inside no_sync"),
+                           std::invalid_argument);
+    }
+    seq_after_no_sync[g.rank()] = g.sequence();
+    sum(dp(batch_x(2, 10 + g.rank()))).backward();
+    dp.finish_step();
+    got[g.rank()] = model->body->find("weight").grad().to_vector<double>();
+  });
+  REQUIRE(all_ok(errors));
+  // Reference: the average over ranks of each rank's two micro-batches.
+  auto ref = std::make_shared<TwoHeads>(9);
+  for (int r = 0; r < kRanks; ++r) {
+    sum(ref->forward(batch_x(2, r))).backward();
+    sum(ref->forward(batch_x(2, 10 + r))).backward();
+  }
+  const auto want = (ref->body->find("weight").grad() / double(kRanks)).to_vector<double>();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    CHECK(got[0][i] == doctest::Approx(want[i]).epsilon(1e-12));
+  CHECK(got[1] == got[0]);
+}
+
+TEST_CASE("a second backward without finish_step is an error naming the parameter") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(3);
+    DataParallel dp(model, g);
+    sum(dp(batch_x(1, 0))).backward();
+    CHECK_THROWS_WITH(sum(dp(batch_x(1, 0))).backward(),
+                      doctest::Contains("received a second gradient"));
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("buffers follow rank 0, ignored tensors stay local, step hooks run once per step") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(20 + g.rank());
+    DataParallel dp(model, g, {.ignore = {"a.bias"}});
+    // a.bias was not broadcast: each rank keeps its own init.
+    const auto mine = TwoHeads(20 + g.rank()).a->find("bias").to_vector<double>();
+    CHECK(model->a->find("bias").to_vector<double>() == mine);
+    int calls = 0;
+    dp.add_step_hook([&](ProcessGroup& pg) {
+      ++calls;
+      Tensor c = full({1}, 1.0);
+      pg.all_reduce(c);  // hooks may use collectives: same point on every rank
+      CHECK(c.item() == kRanks);
+    });
+    fill_(model->count, 10.0 + g.rank());
+    sum(dp(batch_x(2, g.rank()))).backward();
+    dp.finish_step();
+    CHECK(calls == 1);
+    CHECK(model->count.item() == 10.0);  // rank 0's buffer everywhere
+    // The ignored parameter's gradient is this rank's own (not averaged).
+    CHECK(model->a->find("bias").grad().to_vector<double>() == std::vector<double>{2.0, 2.0});
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE("a world of one: DataParallel runs unchanged and gradients are the local ones") {
+  auto g = ProcessGroup::single();
+  auto model = std::make_shared<TwoHeads>(4);
+  auto ref = std::make_shared<TwoHeads>(4);
+  DataParallel dp(model, *g, {.bucket_bytes = 64});
+  sum(dp(batch_x(3, 0))).backward();
+  dp.finish_step();
+  sum(ref->forward(batch_x(3, 0))).backward();
+  CHECK(model->body->find("weight").grad().to_vector<double>() ==
+        ref->body->find("weight").grad().to_vector<double>());
+}

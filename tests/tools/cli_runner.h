@@ -1,0 +1,111 @@
+#pragma once
+// Runs the `quanta` binary (QUANTA_EXE) as a child process, no shell, and
+// collects its exit code, stdout and stderr; temporary folders for outputs.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace quanta::test {
+
+namespace fs = std::filesystem;
+
+/** A fresh folder under the system temp dir, removed at scope exit. */
+struct ScratchDir {
+  fs::path path;
+  explicit ScratchDir(const std::string& tag) {
+    static int n = 0;
+    path = fs::temp_directory_path() /
+           ("quanta_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/** How a run ended. */
+struct CliResult {
+  int code = -1;  // exit code, or 128 + signal
+  std::string out;
+  std::string err;
+};
+
+/** A started quanta process writing to files in its own scratch folder. */
+struct CliProcess {
+  pid_t pid = 0;
+  ScratchDir dir{"cli_io"};
+
+  explicit CliProcess(const std::vector<std::string>& args) {
+    const char* exe = std::getenv("QUANTA_EXE");
+    REQUIRE_MESSAGE(exe != nullptr, "set QUANTA_EXE to the quanta binary (meson test does)");
+    const std::string out = dir.file("out"), err = dir.file("err");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    std::vector<std::string> argv_s = {exe};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE_MESSAGE(rc == 0, "cannot run " << exe);
+  }
+  /** Waits for the exit and returns what the process printed. */
+  CliResult wait() {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CliResult r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = slurp(dir.file("out"));
+    r.err = slurp(dir.file("err"));
+    return r;
+  }
+};
+
+/** Runs quanta with `args` to completion. */
+inline CliResult run_quanta(const std::vector<std::string>& args) {
+  CliProcess p(args);
+  return p.wait();
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+/** Exit code `code`, nothing on stdout, one line on stderr naming `what`. */
+inline void check_one_line_error(const CliResult& r, int code, const std::string& what) {
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.code == code);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("quanta: error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(contains(r.err, what));
+}
+
+}  // namespace quanta::test

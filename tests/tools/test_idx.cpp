@@ -1,0 +1,186 @@
+// The IDX reader and the Fashion-MNIST loader on hand-made files: valid,
+// corrupt, truncated, wrong type, wrong sizes.
+#include <doctest/doctest.h>
+#include <zlib.h>
+
+#include <fstream>
+
+#include "cli_runner.h"
+#include "data/fashion_mnist.h"
+#include "data/idx.h"
+
+using namespace quanta;
+using quanta::test::contains;
+using quanta::test::ScratchDir;
+
+namespace {
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+          static_cast<int>(bytes.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+data::IdxArray make_array(std::vector<int64_t> dims) {
+  data::IdxArray a;
+  a.dims = std::move(dims);
+  int64_t n = 1;
+  for (int64_t d : a.dims) n *= d;
+  for (int64_t i = 0; i < n; ++i) a.data.push_back(static_cast<uint8_t>(i * 7 + 3));
+  return a;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    data::read_idx(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("read_idx reads gzipped and plain IDX files") {
+  ScratchDir dir("idx");
+  const data::IdxArray a = make_array({4, 3, 5});
+  write_gz(dir.file("a.gz"), data::idx_bytes(a));
+  write_bytes(dir.file("a.idx"), data::idx_bytes(a));
+  for (const char* name : {"a.gz", "a.idx"}) {
+    const data::IdxArray b = data::read_idx(dir.file(name));
+    CHECK(b.dims == a.dims);
+    CHECK(b.data == a.data);
+  }
+  // Big-endian dims: 256 + 2 = 0x00000102.
+  const std::vector<uint8_t> bytes = data::idx_bytes(make_array({258}));
+  CHECK(bytes[4] == 0);
+  CHECK(bytes[6] == 1);
+  CHECK(bytes[7] == 2);
+  // A zero-size dimension is a valid empty array.
+  write_gz(dir.file("empty.gz"), data::idx_bytes(make_array({0, 28, 28})));
+  CHECK(data::read_idx(dir.file("empty.gz")).data.empty());
+}
+
+TEST_CASE("read_idx names the file and the problem") {
+  ScratchDir dir("idx_bad");
+  const std::vector<uint8_t> good = data::idx_bytes(make_array({2, 3, 3}));
+
+  CHECK(contains(error_of(dir.file("missing.gz")), "missing.gz: cannot open: no such file"));
+  CHECK(contains(error_of(dir.path.string()), "is a directory"));
+
+  std::vector<uint8_t> magic = good;
+  magic[0] = 0x1f;
+  write_gz(dir.file("magic.gz"), magic);
+  CHECK(contains(error_of(dir.file("magic.gz")), "magic.gz: not an IDX file"));
+
+  std::vector<uint8_t> type = good;
+  type[2] = 0x0D;  // float
+  write_gz(dir.file("type.gz"), type);
+  CHECK(contains(error_of(dir.file("type.gz")), "unsupported IDX element type 0x0d"));
+
+  std::vector<uint8_t> nodims = {0, 0, 8, 0};
+  write_gz(dir.file("nodims.gz"), nodims);
+  CHECK(contains(error_of(dir.file("nodims.gz")), "0 dimensions"));
+
+  write_gz(dir.file("short.gz"), std::vector<uint8_t>(good.begin(), good.end() - 5));
+  CHECK(contains(error_of(dir.file("short.gz")), "short.gz: truncated: the IDX data needs 18"));
+
+  write_gz(dir.file("header.gz"), std::vector<uint8_t>(good.begin(), good.begin() + 6));
+  CHECK(contains(error_of(dir.file("header.gz")), "truncated: the IDX dimension sizes"));
+
+  std::vector<uint8_t> extra = good;
+  extra.push_back(9);
+  write_gz(dir.file("extra.gz"), extra);
+  CHECK(contains(error_of(dir.file("extra.gz")), "trailing bytes after the 18 elements"));
+
+  std::vector<uint8_t> huge = {0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                               0xff, 0xff, 0xff, 0xff};
+  write_gz(dir.file("huge.gz"), huge);
+  CHECK(contains(error_of(dir.file("huge.gz")), "more than 2^34 elements"));
+}
+
+TEST_CASE("read_idx rejects cut and damaged gzip streams") {
+  ScratchDir dir("idx_gz");
+  const data::IdxArray a = make_array({50, 28, 28});
+  write_gz(dir.file("full.gz"), data::idx_bytes(a));
+  const std::string bytes = quanta::test::slurp(dir.file("full.gz"));
+  REQUIRE(bytes.size() > 100);
+
+  // Cut in the middle of the deflate stream.
+  write_bytes(dir.file("cut.gz"),
+              std::vector<uint8_t>(bytes.begin(), bytes.begin() + bytes.size() / 2));
+  const std::string cut = error_of(dir.file("cut.gz"));
+  CAPTURE(cut);
+  CHECK(contains(cut, "cut.gz: "));
+  CHECK((contains(cut, "truncated") || contains(cut, "corrupt gzip")));
+
+  // Damaged CRC in the trailer: the data decompresses, the check fails.
+  std::vector<uint8_t> crc(bytes.begin(), bytes.end());
+  crc[crc.size() - 6] ^= 0xff;
+  write_bytes(dir.file("crc.gz"), crc);
+  CHECK(contains(error_of(dir.file("crc.gz")), "corrupt gzip"));
+
+  // Garbage after a gzip header.
+  std::vector<uint8_t> junk(bytes.begin(), bytes.begin() + 10);
+  for (int i = 0; i < 200; ++i) junk.push_back(static_cast<uint8_t>(i * 37 + 11));
+  write_bytes(dir.file("junk.gz"), junk);
+  const std::string j = error_of(dir.file("junk.gz"));
+  CAPTURE(j);
+  CHECK(contains(j, "junk.gz: "));
+  CHECK((contains(j, "corrupt gzip") || contains(j, "truncated")));
+}
+
+TEST_CASE("load_fashion_mnist reads the four files and checks them") {
+  ScratchDir dir("fmnist");
+  const data::IdxArray images = make_array({5, 28, 28});
+  data::IdxArray labels;
+  labels.dims = {5};
+  labels.data = {9, 0, 3, 1, 7};
+  for (const char* split : {"train", "t10k"}) {
+    write_gz(dir.file(std::string(split) + "-images-idx3-ubyte.gz"), data::idx_bytes(images));
+    write_gz(dir.file(std::string(split) + "-labels-idx1-ubyte.gz"), data::idx_bytes(labels));
+  }
+  const data::ImageDataset ds = data::load_fashion_mnist(dir.path.string(), data::Split::train);
+  REQUIRE(ds.images.shape() == Shape{5, 1, 28, 28});
+  CHECK(ds.labels.to_vector<int64_t>() == std::vector<int64_t>{9, 0, 3, 1, 7});
+  const std::vector<float> px = ds.images.to_vector<float>();
+  for (size_t i : {size_t{0}, size_t{1}, size_t{784}, size_t{3919}})
+    CHECK(px[i] == doctest::Approx(images.data[i] / 255.0));
+
+  const data::ImageDataset few = data::load_fashion_mnist(dir.path.string(), data::Split::test, 2);
+  CHECK(few.size() == 2);
+  CHECK(few.labels.to_vector<int64_t>() == std::vector<int64_t>{9, 0});
+
+  SUBCASE("missing files say how to install them") {
+    ScratchDir empty("fmnist_empty");
+    try {
+      data::load_fashion_mnist(empty.path.string(), data::Split::train);
+      FAIL("expected an error");
+    } catch (const std::runtime_error& e) {
+      CHECK(contains(e.what(), "train-images-idx3-ubyte.gz is missing"));
+      CHECK(contains(e.what(), "apt-get install dataset-fashion-mnist"));
+      CHECK(contains(e.what(), "--data DIR"));
+    }
+  }
+  SUBCASE("label count must match") {
+    data::IdxArray four = labels;
+    four.dims = {4};
+    four.data.pop_back();
+    write_gz(dir.file("train-labels-idx1-ubyte.gz"), data::idx_bytes(four));
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::train),
+                         doctest::Contains("4 labels for 5 images"), std::runtime_error);
+  }
+  SUBCASE("images must be 28 x 28") {
+    write_gz(dir.file("train-images-idx3-ubyte.gz"), data::idx_bytes(make_array({5, 27, 28})));
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::train),
+                         doctest::Contains("expected images of shape [N, 28, 28]"),
+                         std::runtime_error);
+  }
+}

@@ -1,0 +1,257 @@
+// `quanta train`, `eval`, `encode`, `decode` run as a user runs them. The
+// training runs use a small subset of Fashion-MNIST and --threads 1 (suites
+// run side by side; one thread per run keeps timings steady).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "engine/factory.h"
+#include "engine/io/safetensors.h"
+#include "image/png.h"
+#include "train/outputs.h"
+
+using namespace quanta;
+using namespace quanta::test;
+using nlohmann::json;
+
+namespace {
+
+const char* const kData = "/usr/share/datasets/fashion-mnist";
+
+bool have_dataset() {
+  if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
+  MESSAGE("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
+          "training runs not tested");
+  return false;
+}
+
+std::vector<json> records(const std::string& dir, const std::string& kind) {
+  std::vector<json> out;
+  for (json& r : train::read_metrics(dir + "/metrics.jsonl"))
+    if (r["kind"] == kind) out.push_back(std::move(r));
+  return out;
+}
+
+// A tiny run: 256 images, batches of 32, a narrow model.
+std::vector<std::string> tiny(const std::string& out, int steps) {
+  return {"train", "--steps", std::to_string(steps), "--limit-train", "256", "--limit-test",
+          "64", "--batch-size", "32", "--hidden", "8", "--dim", "4", "--log-every", "1",
+          "--eval-every", "3", "--threads", "1", "--out", out};
+}
+
+}  // namespace
+
+TEST_CASE("quanta train (quantizer none) learns and writes every output") {
+  if (!have_dataset()) return;
+  ScratchDir dir("train");
+  const std::string out = dir.file("run");
+  const auto t0 = std::chrono::steady_clock::now();
+  CliResult r = run_quanta({"train", "--steps", "80", "--hidden", "16", "--batch-size", "32",
+                            "--limit-train", "1000", "--limit-test", "200", "--log-every",
+                            "20", "--threads", "1", "--out", out});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("80 training steps + 3 evaluations took " << seconds << " s");
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(contains(r.out, "step 20/80"));  // plain log lines: stdout is not a terminal
+  CHECK(contains(r.out, "eval step 32 (epoch 1): test mse"));
+  CHECK(contains(r.out, "codebook usage n/a"));
+  CHECK(contains(r.out, "done: 80 steps"));
+
+  for (const char* f : {train::kCheckpointFile, train::kMetricsFile, train::kReconstructionsFile,
+                        train::kUsageFile, train::kLossFile})
+    CHECK_MESSAGE(fs::exists(fs::path(out) / f), f);
+  const std::vector<json> train_recs = records(out, "train"), evals = records(out, "eval");
+  REQUIRE(train_recs.size() == 4);  // steps 20, 40, 60, 80
+  CHECK(train_recs.back()["step"] == 80);
+  REQUIRE(evals.size() == 3);  // end of epochs 1 and 2 (32 steps each), and the end
+  CHECK(evals[0]["step"] == 32);
+  CHECK(evals[2]["step"] == 80);
+  CHECK(evals[2]["codebook_usage"].is_null());
+  const double mse = evals[2]["test_mse"].get<double>();
+  // Measured 0.027 (the pixel variance of the test images is 0.124).
+  CHECK(mse < 0.035);
+  CHECK(mse < evals[0]["test_mse"].get<double>());
+  CHECK(train_recs.back()["loss"].get<double>() < train_recs.front()["loss"].get<double>());
+
+  const image::Image recon = image::read_png(out + "/reconstructions.png");
+  CHECK(recon.width == 8 * 56 + 9 * 2);   // 8 columns of 2x-scaled 28-pixel tiles
+  CHECK(recon.height == 4 * 56 + 5 * 2);  // 2 rows of originals, 2 of reconstructions
+  for (const char* png : {"loss.png", "codebook_usage.png"}) {
+    const image::Image img = image::read_png(out + "/" + png);
+    CHECK(img.width == 720);
+    CHECK(img.height == 440);
+  }
+  const io::SafetensorsHeader h = io::read_safetensors_header(out + "/checkpoint.safetensors");
+  CHECK(h.metadata.at("step") == "80");
+  CHECK(json::parse(h.metadata.at("config"))["model"]["hidden"] == 16);
+
+  {  // quanta eval reproduces the run's last test figure (blocks, not SUBCASEs:
+     // a SUBCASE would train again)
+    CliResult e = run_quanta({"eval", out + "/checkpoint.safetensors", "--limit", "200",
+                              "--json", "--png", dir.file("eval.png")});
+    CAPTURE(e.err);
+    REQUIRE(e.code == 0);
+    const json j = json::parse(e.out);
+    CHECK(j["step"] == 80);
+    CHECK(j["test_samples"] == 200);
+    CHECK(j["test_mse"].get<double>() == doctest::Approx(mse).epsilon(1e-6));
+    CHECK(j["codebook_usage"].is_null());
+    CHECK(image::read_png(dir.file("eval.png")).width == recon.width);
+  }
+  {  // encode and decode need a quantizer with codes
+    check_one_line_error(run_quanta({"encode", out + "/checkpoint.safetensors", "--out",
+                                     dir.file("codes.safetensors")}),
+                         2, "has no codes to encode");
+    io::save_safetensors(dir.file("codes.safetensors"),
+                         {{"indices", zeros({1, 7, 7}, {.dtype = DType::i64})}});
+    CliResult d = run_quanta({"decode", out + "/checkpoint.safetensors",
+                              dir.file("codes.safetensors"), "--out", dir.file("d.png")});
+    CHECK(d.code != 0);
+    CHECK(contains(d.err, "codebook of 0"));
+  }
+}
+
+TEST_CASE("quanta train --resume continues exactly") {
+  if (!have_dataset()) return;
+  ScratchDir dir("resume");
+  const std::string a = dir.file("a"), b = dir.file("b");
+  REQUIRE(run_quanta(tiny(a, 6)).code == 0);
+  REQUIRE(run_quanta(tiny(b, 4)).code == 0);  // checkpoints at steps 3 and 4
+  std::vector<std::string> more = tiny(b, 6);
+  more.push_back("--resume");
+  CliResult r = run_quanta(more);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "resuming at step 4 of 6"));
+
+  const std::vector<json> ra = records(a, "train"), rb = records(b, "train");
+  REQUIRE(ra.size() == 6);
+  REQUIRE(rb.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    CHECK(rb[i]["step"] == static_cast<int>(i + 1));
+    // Bitwise: the same double, printed with round-trip precision.
+    CHECK(rb[i]["loss"].dump() == ra[i]["loss"].dump());
+  }
+  const io::SafetensorsFile fa = io::load_safetensors(a + "/checkpoint.safetensors");
+  const io::SafetensorsFile fb = io::load_safetensors(b + "/checkpoint.safetensors");
+  REQUIRE(fa.tensors.size() == fb.tensors.size());
+  for (size_t i = 0; i < fa.tensors.size(); ++i) {
+    CAPTURE(fa.tensors[i].first);
+    CHECK(fa.tensors[i].first == fb.tensors[i].first);
+    CHECK(fa.tensors[i].second.to_vector<double>() == fb.tensors[i].second.to_vector<double>());
+  }
+  CHECK(fa.metadata == fb.metadata);
+
+  std::vector<std::string> changed = tiny(b, 9);
+  changed.insert(changed.end(), {"--resume", "--lr", "0.01"});
+  check_one_line_error(run_quanta(changed), 2,
+                       "--resume cannot change the run it continues (lr: checkpoint 0.002");
+  std::vector<std::string> done = tiny(b, 6);
+  done.push_back("--resume");
+  check_one_line_error(run_quanta(done), 2, "the checkpoint is at step 6");
+}
+
+TEST_CASE("SIGTERM finishes the step, writes a checkpoint and exits cleanly") {
+  if (!have_dataset()) return;
+  ScratchDir dir("sigterm");
+  const std::string out = dir.file("run");
+  CliProcess p(tiny(out, 100000));
+  // Wait until a few steps are logged, then ask it to stop.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (!fs::exists(out + "/metrics.jsonl") || records(out, "train").size() < 2))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  CliResult r = p.wait();
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  CHECK(contains(r.out, "interrupted by SIGTERM after step"));
+  const io::SafetensorsHeader h = io::read_safetensors_header(out + "/checkpoint.safetensors");
+  const int64_t step = std::stoll(h.metadata.at("step"));
+  CHECK(step >= 2);
+  CHECK(step < 100000);
+  CHECK(records(out, "train").back()["step"] == step);  // the finished step was logged
+}
+
+TEST_CASE("quanta train: config file and flags, one line per mistake") {
+  ScratchDir dir("train_bad");
+  const std::string cfg = dir.file("run.json");
+  std::ofstream(cfg) << R"({"lr": 0.001, "batch_size": 16, "model": {"dim": 8},
+                           "quantizer": {"type": "none"}})";
+  CliResult p = run_quanta({"train", "--config", cfg, "--batch-size", "128", "--print-config"});
+  CAPTURE(p.err);
+  REQUIRE(p.code == 0);
+  const json merged = json::parse(p.out);
+  CHECK(merged["lr"] == 0.001);         // from the file
+  CHECK(merged["batch_size"] == 128);   // the flag wins
+  CHECK(merged["model"]["dim"] == 8);   // file, inside "model"
+  CHECK(merged["model"]["hidden"] == 32);  // default kept
+  CHECK(merged["epochs"] == 2);
+
+  CliResult h = run_quanta({"train", "--help"});
+  CHECK(h.code == 0);
+  for (const char* s : {"Examples:", "--codebook-size", "--levels", "--threshold-ema-dead-code",
+                        "--num-quantizers", "--use-cosine-sim", "--entropy-loss-weight",
+                        "--resume", "--nproc"})
+    CHECK_MESSAGE(contains(h.out, s), s);
+  for (const char* sub : {"eval", "encode", "decode"}) {
+    CliResult s = run_quanta({sub, "--help"});
+    CHECK(s.code == 0);
+    CHECK(contains(s.out, "Examples:"));
+  }
+
+  check_one_line_error(run_quanta({"train", "--bogus"}), 2, "--bogus");
+  check_one_line_error(run_quanta({"train", "--steps", "0"}), 2, "--steps: must be a number > 0");
+  check_one_line_error(run_quanta({"train", "--lr", "-1"}), 2, "--lr: must be a number > 0");
+  check_one_line_error(run_quanta({"train", "--steps", "3", "--epochs", "2"}), 2, "--steps");
+  check_one_line_error(run_quanta({"train", "--codebook-size", "512"}), 2,
+                       "'codebook_size' does not apply to quantizer 'none'");
+  check_one_line_error(run_quanta({"train", "--quantizer", "vqq"}), 2,
+                       "unknown quantizer type 'vqq'");
+  check_one_line_error(run_quanta({"train", "--quantizer", "fsq", "--levels", "8,x"}), 2,
+                       "--levels: expected a list of positive integers");
+  check_one_line_error(run_quanta({"train", "--quantizer", "vq", "--kmeans-init=maybe"}), 2,
+                       "--kmeans-init: expected true or false");
+  check_one_line_error(run_quanta({"train", "--nproc", "2"}), 2,
+                       "data-parallel training needs the dist layer");
+  check_one_line_error(run_quanta({"train", "--device", "cuda"}), 2, "--device cuda");
+  check_one_line_error(run_quanta({"train", "--resume"}), 2, "--resume needs --out DIR");
+  check_one_line_error(run_quanta({"train", "--resume", "--out", dir.file("none")}), 1,
+                       "checkpoint.safetensors: cannot open");
+  check_one_line_error(run_quanta({"train", "--config", dir.file("missing.json")}), 2,
+                       "missing.json");
+  std::ofstream(dir.file("broken.json")) << "{\"lr\": ";
+  check_one_line_error(run_quanta({"train", "--config", dir.file("broken.json")}), 1,
+                       "broken.json: not valid JSON");
+  std::ofstream(dir.file("typo.json")) << R"({"learning_rate": 0.1})";
+  check_one_line_error(run_quanta({"train", "--config", dir.file("typo.json")}), 2,
+                       "unknown key 'learning_rate'");
+  std::ofstream(dir.file("type.json")) << R"({"quantizer": {"type": "vq", "decay": "x"}})";
+  check_one_line_error(run_quanta({"train", "--config", dir.file("type.json")}), 2,
+                       "quantizer option 'decay' must be a number");
+
+  // No dataset: one line saying how to get it.
+  check_one_line_error(run_quanta({"train", "--data", dir.path.string(), "--out",
+                                   dir.file("o")}),
+                       1, "apt-get install dataset-fashion-mnist");
+  std::ofstream(dir.file("notes.txt")) << "hello";
+  check_one_line_error(run_quanta({"eval", dir.file("notes.txt")}), 1, "notes.txt");
+  check_one_line_error(run_quanta({"eval", dir.file("absent.safetensors")}), 1,
+                       "absent.safetensors: cannot open");
+  io::save_safetensors(dir.file("plain.safetensors"), {{"w", zeros({2})}});
+  check_one_line_error(run_quanta({"eval", dir.file("plain.safetensors")}), 1,
+                       "not a quanta training checkpoint");
+  check_one_line_error(run_quanta({"decode", dir.file("plain.safetensors")}), 2,
+                       "codes is required");
+}

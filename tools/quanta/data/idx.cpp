@@ -1,0 +1,99 @@
+// Gzipped IDX reading through zlib's gz* stream, which also passes plain
+// files through unchanged.
+#include "data/idx.h"
+
+#include <zlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+
+namespace quanta::data {
+namespace {
+
+constexpr uint8_t kUnsignedByte = 0x08;
+// Fashion-MNIST has 60000 x 28 x 28; refuse headers that claim absurd sizes
+// before allocating (a corrupt header must not become a bad_alloc).
+constexpr uint64_t kMaxElements = uint64_t{1} << 34;
+
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+using GzHandle = std::unique_ptr<gzFile_s, GzCloser>;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+// Reads exactly `n` bytes or fails saying what was being read.
+void read_exact(gzFile f, const std::string& path, uint8_t* out, uint64_t n,
+                const char* what) {
+  uint64_t got = 0;
+  while (got < n) {
+    const unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(n - got, 1u << 30));
+    const int r = gzread(f, out + got, chunk);
+    if (r < 0) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      fail(path, std::string("corrupt gzip data while reading the ") + what + " (" +
+                     (msg ? msg : "zlib error") + ")");
+    }
+    if (r == 0) {
+      fail(path, std::string("truncated: the ") + what + " needs " + std::to_string(n) +
+                     " bytes, the file holds " + std::to_string(got));
+    }
+    got += static_cast<uint64_t>(r);
+  }
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(path, "cannot open: no such file");
+  if (std::filesystem::is_directory(path, ec)) fail(path, "cannot open: is a directory");
+  GzHandle f(gzopen(path.c_str(), "rb"));
+  if (!f) fail(path, "cannot open");
+
+  uint8_t head[4];
+  read_exact(f.get(), path, head, 4, "IDX header");
+  if (head[0] != 0 || head[1] != 0)
+    fail(path, "not an IDX file (the magic number must start with two zero bytes)");
+  if (head[2] != kUnsignedByte)
+    fail(path, "unsupported IDX element type 0x" +
+                   std::string(1, "0123456789abcdef"[head[2] >> 4]) +
+                   std::string(1, "0123456789abcdef"[head[2] & 15]) +
+                   " (only unsigned bytes, 0x08, are read)");
+  const int ndim = head[3];
+  if (ndim == 0) fail(path, "IDX header declares 0 dimensions");
+
+  IdxArray a;
+  uint64_t count = 1;
+  for (int d = 0; d < ndim; ++d) {
+    uint8_t b[4];
+    read_exact(f.get(), path, b, 4, "IDX dimension sizes");
+    const uint64_t n = (uint64_t{b[0]} << 24) | (uint64_t{b[1]} << 16) |
+                       (uint64_t{b[2]} << 8) | uint64_t{b[3]};
+    a.dims.push_back(static_cast<int64_t>(n));
+    count *= n;
+    if (count > kMaxElements) fail(path, "IDX dimensions claim more than 2^34 elements");
+  }
+  a.data.resize(count);
+  read_exact(f.get(), path, a.data.data(), count, "IDX data");
+  uint8_t extra;
+  const int r = gzread(f.get(), &extra, 1);
+  if (r < 0) fail(path, "corrupt gzip data after the IDX data");
+  if (r > 0) fail(path, "trailing bytes after the " + std::to_string(count) +
+                            " elements the IDX dimensions declare");
+  return a;
+}
+
+std::vector<uint8_t> idx_bytes(const IdxArray& a) {
+  std::vector<uint8_t> out = {0, 0, kUnsignedByte, static_cast<uint8_t>(a.dims.size())};
+  for (int64_t d : a.dims)
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(d >> s));
+  out.insert(out.end(), a.data.begin(), a.data.end());
+  return out;
+}
+
+}  // namespace quanta::data

@@ -1,0 +1,95 @@
+// `quanta eval CHECKPOINT`: test-set metrics of a trained VQ-VAE and a PNG of
+// test images above their reconstructions.
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "data/fashion_mnist.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+#include "train/outputs.h"
+
+namespace quanta::cli {
+namespace {
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::string data;
+  std::string png;
+  int64_t limit = -1;
+  int64_t batch_size = 256;
+  bool json = false;
+};
+
+void run_eval(const EvalOptions& o) {
+  const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
+  std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
+  const std::string data_dir =
+      o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir))
+                     : o.data;
+  const data::ImageDataset test =
+      data::load_fashion_mnist(data_dir, data::Split::test, o.limit);
+  if (test.size() == 0) throw UsageError("--limit 0 leaves no test images");
+  const train::EvalResult r = train::evaluate(*model, test.images, o.batch_size);
+  const std::string png =
+      o.png.empty()
+          ? (std::filesystem::path(o.checkpoint).parent_path() / "eval_reconstructions.png")
+                .string()
+          : o.png;
+  train::write_reconstructions(png, *model, test.images);
+  const std::string type = ck.info.config["quantizer"].value("type", std::string("?"));
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["checkpoint"] = o.checkpoint;
+    j["step"] = ck.info.step;
+    j["quantizer"] = type;
+    j["test_samples"] = r.samples;
+    j["test_mse"] = r.mse;
+    j["codebook_usage"] = r.usage;  // NaN prints as null
+    j["perplexity"] = r.perplexity;
+    j["reconstructions"] = png;
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::cout << o.checkpoint << " (step " << ck.info.step << ", quantizer " << type << ")\n"
+            << "test images:     " << r.samples << "\n"
+            << "test mse:        " << train::fmt_metric(r.mse, 6) << "\n"
+            << "codebook usage:  "
+            << (std::isfinite(r.usage) ? train::fmt_metric(100 * r.usage, 1) + "%" : "n/a")
+            << "\n"
+            << "perplexity:      " << train::fmt_metric(r.perplexity, 1) << "\n"
+            << "reconstructions: " << png << "\n";
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "eval", "Test-set reconstruction MSE, codebook usage and perplexity of a checkpoint, "
+              "and a PNG of test images above their reconstructions");
+  sub->footer(
+      "Examples:\n"
+      "  quanta eval runs/baseline/checkpoint.safetensors\n"
+      "  quanta eval runs/baseline/checkpoint.safetensors --limit 1000 --json\n"
+      "  quanta eval ckpt.safetensors --data ~/fashion-mnist --png recon.png");
+  sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train")
+      ->required();
+  sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the one trained on)");
+  sub->add_option("--png", o->png,
+                  "reconstruction PNG to write (default: eval_reconstructions.png beside "
+                  "the checkpoint)");
+  sub->add_option("--limit", o->limit, "evaluate on the first N test images only")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--batch-size", o->batch_size, "images per forward pass (default 256)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--json", o->json, "print one JSON object");
+  sub->callback([o] { run_eval(*o); });
+}
+
+}  // namespace quanta::cli

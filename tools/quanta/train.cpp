@@ -1,0 +1,220 @@
+// `quanta train`: fits the VQ-VAE to Fashion-MNIST. Settings come in layers
+// (defaults, --config FILE, flags; a resumed run starts from its checkpoint's
+// config), merged into one JSON object that the checkpoint keeps.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/outputs.h"
+#include "train/quantizer_config.h"
+#include "train/trainer.h"
+
+namespace quanta::cli {
+namespace {
+
+using nlohmann::json;
+
+struct TrainFlags {
+  std::string config_file;
+  std::string out;
+  bool resume = false;
+  bool print_config = false;
+  // Each given flag writes its value into the flags' config layer.
+  std::vector<std::function<void(json&)>> apply;
+};
+
+template <class T>
+CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
+                          const std::string& pointer, const std::string& help) {
+  auto value = std::make_shared<T>();
+  CLI::Option* opt = sub->add_option(flag, *value, help);
+  f.apply.push_back([opt, value, pointer](json& layer) {
+    if (opt->count() > 0) layer[json::json_pointer(pointer)] = *value;
+  });
+  return opt;
+}
+
+// CLI11's range checks print the whole double range; say it plainly.
+CLI::Validator above_zero(bool or_equal) {
+  const std::string want = or_equal ? ">= 0" : "> 0";
+  return CLI::Validator(
+      [or_equal, want](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (!or_equal && v == 0))
+          return "must be a number " + want + ", got '" + s + "'";
+        return "";
+      },
+      "");
+}
+const CLI::Validator kPositive = above_zero(false);
+const CLI::Validator kNonNegative = above_zero(true);
+
+std::string default_out_dir() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+void run_train(const TrainFlags& f) {
+  json layer = json::object();
+  for (const auto& apply : f.apply) apply(layer);
+  if (f.resume && f.out.empty())
+    throw UsageError("--resume needs --out DIR, the folder of the run to continue");
+  const std::string out = f.out.empty() ? default_out_dir() : f.out;
+
+  json base = train::default_config_json();
+  json from_checkpoint;
+  if (f.resume) {
+    const std::string ckpt = (std::filesystem::path(out) / train::kCheckpointFile).string();
+    from_checkpoint = train::load_checkpoint(ckpt).info.config;
+    base = from_checkpoint;
+  }
+  json config;
+  try {
+    if (!f.config_file.empty())
+      base = train::merge_config(base, train::read_config_file(f.config_file));
+    config = train::merge_config(base, layer);
+    train::config_from_json(config);  // validate before touching any file
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (f.resume) {
+    const std::string diff = train::resume_conflict(from_checkpoint, config);
+    if (!diff.empty())
+      throw UsageError("--resume cannot change the run it continues (" + diff + ")");
+  }
+  if (f.print_config) {
+    std::cout << config.dump(2) << "\n";
+    return;
+  }
+  train::TrainJob job{config, out, f.resume, ::isatty(STDOUT_FILENO) == 1};
+  train::TrainResult r;
+  try {
+    r = train::run_training(job, std::cout);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (r.interrupted) return;
+  std::cout << "done: " << r.step << " steps; test mse " << train::fmt_metric(r.last_eval.mse, 5)
+            << ", codebook usage "
+            << (std::isfinite(r.last_eval.usage)
+                    ? train::fmt_metric(100 * r.last_eval.usage, 1) + "%"
+                    : std::string("n/a"))
+            << ", perplexity " << train::fmt_metric(r.last_eval.perplexity, 1) << "\n"
+            << "outputs in " << out << ": " << train::kCheckpointFile << " "
+            << train::kMetricsFile << " " << train::kReconstructionsFile << " "
+            << train::kUsageFile << " " << train::kLossFile << "\n";
+}
+
+}  // namespace
+
+void add_train(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "train",
+      "Train a convolutional VQ-VAE on Fashion-MNIST: progress, per-evaluation test "
+      "metrics, checkpoint, metrics.jsonl and PNGs in --out");
+  sub->footer(
+      "Examples:\n"
+      "  quanta train --out runs/baseline                 # defaults, see --print-config\n"
+      "  quanta train --steps 200 --limit-train 2000 --limit-test 500 --out runs/quick\n"
+      "  quanta train --quantizer fsq --levels 8,5,5,5 --dim 4 --out runs/fsq\n"
+      "  quanta train --config run.json --lr 1e-3        # flags override the file\n"
+      "  quanta train --resume --out runs/baseline --epochs 4   # continue a run\n"
+      "Outputs: checkpoint.safetensors, metrics.jsonl, reconstructions.png,\n"
+      "codebook_usage.png, loss.png. Ctrl-C or SIGTERM finishes the step, writes the\n"
+      "checkpoint and exits; --resume continues exactly where it stopped.");
+  TrainFlags& t = *f;
+  sub->add_option("--config", t.config_file, "JSON config file (keys as --print-config "
+                                             "shows); flags override it")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--out", t.out, "output folder (default runs/YYYYmmdd-HHMMSS)");
+  sub->add_flag("--resume", t.resume, "continue the run in --out from its checkpoint");
+  sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
+  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total")
+      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--epochs", "/epochs", "passes over the training set "
+                                                        "(default 2)")
+      ->check(kPositive)
+      ->excludes("--steps");
+  add_override<int64_t>(sub, t, "--batch-size", "/batch_size",
+                        "global batch size (default 64)")
+      ->check(kPositive);
+  add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate (default 2e-3)")
+      ->check(kPositive);
+  add_override<uint64_t>(sub, t, "--seed", "/seed", "seed of the model init and the data "
+                                                    "order (default 0)");
+  add_override<std::string>(sub, t, "--data", "/data",
+                            "folder with the Fashion-MNIST .gz files (default "
+                            "/usr/share/datasets/fashion-mnist)");
+  add_override<int64_t>(sub, t, "--limit-train", "/limit_train",
+                        "use only the first N training images")
+      ->check(kNonNegative);
+  add_override<int64_t>(sub, t, "--limit-test", "/limit_test",
+                        "evaluate on only the first N test images")
+      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--log-every", "/log_every",
+                        "steps between log lines / metrics records (default 50)")
+      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--eval-every", "/eval_every",
+                        "steps between evaluations + checkpoints (default 0: each epoch)")
+      ->check(kNonNegative);
+  add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads (default: all cores)")
+      ->check(kNonNegative);
+  add_override<std::string>(sub, t, "--device", "/device", "cpu (cuda: not supported yet)");
+  add_override<int64_t>(sub, t, "--nproc", "/nproc",
+                        "local ranks for data-parallel training (only 1 for now)")
+      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--hidden", "/model/hidden",
+                        "channels of the hidden convolutions (default 32)")
+      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--dim", "/model/dim",
+                        "channels of the latent map the quantizer sees (default 16)")
+      ->check(kPositive);
+  std::string types;
+  for (const auto& [name, what] : train::quantizer_types())
+    types += "\n  " + name + ": " + what;
+  add_override<std::string>(sub, t, "--quantizer", "/quantizer/type",
+                            "quantizer type (default none):" + types)
+      ->group("Quantizer options");
+  // One flag per option of the table; each given flag sets quantizer.<key>.
+  for (const train::QuantizerOption& opt : train::quantizer_options()) {
+    auto text = std::make_shared<std::string>();
+    std::string applies;
+    for (const auto& ty : opt.types) applies += (applies.empty() ? "" : ",") + ty;
+    const std::string help = opt.help + " [" + applies + "]";
+    CLI::Option* o =
+        opt.type == train::OptionType::boolean
+            ? sub->add_flag("--" + train::flag_name(opt.key) + "{true}", *text,
+                            help + " (--flag or --flag=false)")
+            : sub->add_option("--" + train::flag_name(opt.key), *text, help);
+    o->group("Quantizer options");
+    t.apply.push_back([o, text, opt](json& layer) {
+      if (o->count() == 0) return;
+      try {
+        layer["quantizer"][opt.key] = train::parse_option_value(opt, *text);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    });
+  }
+  sub->callback([f] { run_train(*f); });
+}
+
+}  // namespace quanta::cli

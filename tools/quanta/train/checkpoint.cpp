@@ -1,0 +1,79 @@
+#include "train/checkpoint.h"
+
+#include <stdexcept>
+
+#include "engine/io/safetensors.h"
+#include "train/config.h"
+
+namespace quanta::train {
+
+void save_checkpoint(const std::string& path, const Module& model,
+                     const Optimizer* optimizer, const CheckpointInfo& info) {
+  StateDict tensors = add_prefix(model.state_dict(), "model.");
+  if (optimizer)
+    for (auto& entry : add_prefix(optimizer->state_dict(), "optim."))
+      tensors.push_back(std::move(entry));
+  std::map<std::string, std::string> meta = {
+      {"format", kCheckpointFormat},
+      {"framework", "quanta"},
+      {"config", info.config.dump()},
+      {"step", std::to_string(info.step)},
+      {"epoch", std::to_string(info.epoch)},
+      {"data_order",
+       "epoch e visits randperm(N) drawn from Generator::named(seed, \"data-order\")"
+       ".fork(\"epoch-<e>\"); step s reads batch s mod ceil(N / batch_size) of its epoch"},
+      {"rng", info.rng.dump()},
+  };
+  io::save_safetensors(path, tensors, meta);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  io::SafetensorsFile file = io::load_safetensors(path);
+  auto meta = [&](const char* key) -> const std::string& {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end())
+      throw std::runtime_error(path + ": not a quanta training checkpoint (no '" +
+                               std::string(key) + "' in its metadata)");
+    return it->second;
+  };
+  if (meta("format") != kCheckpointFormat)
+    throw std::runtime_error(path + ": checkpoint format '" + meta("format") +
+                             "', expected '" + kCheckpointFormat + "'");
+  Checkpoint ck;
+  try {
+    ck.info.config = nlohmann::json::parse(meta("config"));
+    ck.info.rng = nlohmann::json::parse(meta("rng"));
+    ck.info.step = std::stoll(meta("step"));
+    ck.info.epoch = std::stoll(meta("epoch"));
+  } catch (const std::runtime_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": corrupt checkpoint metadata (" + e.what() + ")");
+  }
+  ck.model = strip_prefix(file.tensors, "model.");
+  ck.optimizer = strip_prefix(file.tensors, "optim.");
+  return ck;
+}
+
+std::unique_ptr<VqVae> restore_model(const Checkpoint& ck, const std::string& path) {
+  TrainConfig cfg;
+  try {
+    cfg = config_from_json(ck.info.config);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": bad config in the checkpoint (" + e.what() + ")");
+  }
+  Generator gen = Generator::named(cfg.seed, "model");
+  auto model = std::make_unique<VqVae>(
+      cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), gen);
+  try {
+    model->load_state_dict(ck.model);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": the model tensors do not fit its config (" +
+                             e.what() + ")");
+  }
+  model->quantizer().load_extra_state(ck.info.rng.value("quantizer", nlohmann::json::object()));
+  model->eval();
+  return model;
+}
+
+}  // namespace quanta::train

@@ -1,0 +1,167 @@
+#include "train/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "data/fashion_mnist.h"
+#include "train/quantizer_config.h"
+
+namespace quanta::train {
+namespace {
+
+using nlohmann::json;
+
+const char* const kKeys[] = {"data",     "limit_train", "limit_test", "steps",   "epochs",
+                             "batch_size", "lr",        "seed",       "log_every",
+                             "eval_every", "threads",   "device",     "nproc",   "model",
+                             "quantizer"};
+const char* const kModelKeys[] = {"hidden", "dim"};
+// What a resumed run must share with its checkpoint to continue it exactly.
+const char* const kRunDefining[] = {"batch_size", "lr", "seed", "limit_train", "model",
+                                    "quantizer"};
+
+std::string dump(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+[[noreturn]] void bad(const std::string& key, const std::string& want, const json& v) {
+  throw std::invalid_argument("[config] '" + key + "' must be " + want + ", got " + dump(v));
+}
+
+int64_t get_int(const json& j, const std::string& key, int64_t min) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() < min)
+    bad(key, min == 0 ? "an integer >= 0" : min > 0 ? "a positive integer" : "an integer >= -1",
+        v);
+  return v.get<int64_t>();
+}
+
+template <class Keys>
+void check_keys(const json& j, const Keys& keys, const std::string& where) {
+  if (!j.is_object()) bad(where.empty() ? "config" : where, "an object", j);
+  for (const auto& [k, _] : j.items()) {
+    bool known = false;
+    std::string list;
+    for (const char* key : keys) {
+      known = known || k == key;
+      list += (list.empty() ? "" : ", ") + std::string(key);
+    }
+    if (!known)
+      throw std::invalid_argument("[config] unknown key '" + (where.empty() ? "" : where + ".") +
+                                  k + "' (keys: " + list + ")");
+  }
+}
+
+}  // namespace
+
+json default_config_json() {
+  TrainConfig c;
+  c.data = data::kFashionMnistDir;
+  c.epochs = 2;
+  c.quantizer = {{"type", "none"}};
+  return config_to_json(c);
+}
+
+json merge_config(json base, const json& layer) {
+  check_keys(layer, kKeys, "");
+  const bool has_steps = layer.contains("steps") && layer["steps"] != 0;
+  const bool has_epochs = layer.contains("epochs") && layer["epochs"] != 0;
+  if (has_steps && has_epochs)
+    throw std::invalid_argument("[config] give steps or epochs, not both");
+  for (const auto& [k, v] : layer.items()) {
+    if ((k == "model" || k == "quantizer") && v.is_object() && base[k].is_object()) {
+      // A new quantizer type starts from no options: the old type's options
+      // would not apply to it.
+      if (k == "quantizer" && v.contains("type") && base[k].value("type", json()) != v["type"])
+        base[k] = json::object();
+      for (const auto& [kk, vv] : v.items()) base[k][kk] = vv;
+    } else {
+      base[k] = v;
+    }
+  }
+  if (has_steps) base["epochs"] = 0;
+  if (has_epochs) base["steps"] = 0;
+  return base;
+}
+
+TrainConfig config_from_json(const json& j) {
+  check_keys(j, kKeys, "");
+  for (const char* k : kKeys)
+    if (!j.contains(k)) throw std::invalid_argument(std::string("[config] missing key '") + k + "'");
+  TrainConfig c;
+  if (!j["data"].is_string()) bad("data", "a folder name", j["data"]);
+  c.data = j["data"].get<std::string>();
+  c.limit_train = get_int(j, "limit_train", -1);
+  c.limit_test = get_int(j, "limit_test", -1);
+  c.steps = get_int(j, "steps", 0);
+  c.epochs = get_int(j, "epochs", 0);
+  if ((c.steps > 0) == (c.epochs > 0))
+    throw std::invalid_argument("[config] set exactly one of steps and epochs (> 0), got steps " +
+                                std::to_string(c.steps) + " and epochs " +
+                                std::to_string(c.epochs));
+  c.batch_size = get_int(j, "batch_size", 1);
+  if (!j["lr"].is_number() || !(j["lr"].get<double>() > 0)) bad("lr", "a positive number", j["lr"]);
+  c.lr = j["lr"].get<double>();
+  if (!j["seed"].is_number_unsigned()) bad("seed", "an integer >= 0", j["seed"]);
+  c.seed = j["seed"].get<uint64_t>();
+  c.log_every = get_int(j, "log_every", 1);
+  c.eval_every = get_int(j, "eval_every", 0);
+  c.threads = get_int(j, "threads", 0);
+  if (!j["device"].is_string()) bad("device", "\"cpu\" or \"cuda\"", j["device"]);
+  c.device = j["device"].get<std::string>();
+  c.nproc = get_int(j, "nproc", 1);
+  check_keys(j["model"], kModelKeys, "model");
+  for (const char* k : kModelKeys)
+    if (!j["model"].contains(k))
+      throw std::invalid_argument(std::string("[config] missing key 'model.") + k + "'");
+  c.model.hidden = get_int(j["model"], "hidden", 1);
+  c.model.dim = get_int(j["model"], "dim", 1);
+  validate_quantizer_config(j["quantizer"]);
+  c.quantizer = j["quantizer"];
+  return c;
+}
+
+json config_to_json(const TrainConfig& c) {
+  return {{"data", c.data},
+          {"limit_train", c.limit_train},
+          {"limit_test", c.limit_test},
+          {"steps", c.steps},
+          {"epochs", c.epochs},
+          {"batch_size", c.batch_size},
+          {"lr", c.lr},
+          {"seed", c.seed},
+          {"log_every", c.log_every},
+          {"eval_every", c.eval_every},
+          {"threads", c.threads},
+          {"device", c.device},
+          {"nproc", c.nproc},
+          {"model", {{"hidden", c.model.hidden}, {"dim", c.model.dim}}},
+          {"quantizer", c.quantizer}};
+}
+
+json read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw std::runtime_error(path + ": a config file holds one JSON object");
+  return j;
+}
+
+std::string resume_conflict(const json& checkpoint, const json& now) {
+  for (const char* k : kRunDefining) {
+    const json a = checkpoint.value(k, json()), b = now.value(k, json());
+    if (a != b) return std::string(k) + ": checkpoint " + dump(a) + ", now " + dump(b);
+  }
+  return "";
+}
+
+}  // namespace quanta::train

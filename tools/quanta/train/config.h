@@ -1,0 +1,70 @@
+#pragma once
+// The configuration of a training run, as one JSON object:
+//   {"data": DIR, "limit_train": N, "limit_test": N, "steps": N, "epochs": N,
+//    "batch_size": B, "lr": X, "seed": S, "log_every": N, "eval_every": N,
+//    "threads": N, "device": "cpu", "nproc": N,
+//    "model": {"hidden": C, "dim": D},
+//    "quantizer": {"type": "none", ...options (quantizer_config.h)}}
+// Layers apply in order: defaults, the --config file, the command-line flags,
+// each one key by key (also inside "model" and "quantizer"). The merged object
+// is stored in every checkpoint, so eval / encode / decode rebuild the model
+// from the checkpoint alone.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace quanta::train {
+
+/** Sizes of the VQ-VAE (vqvae.h). */
+struct ModelConfig {
+  /** Channels of the hidden convolutions. */
+  int64_t hidden = 32;
+  /** Channels of the latent map the quantizer sees (D of [B, D, 7, 7]). */
+  int64_t dim = 16;
+};
+
+/** Every setting of a training run (see the layout at the top). */
+struct TrainConfig {
+  std::string data;
+  int64_t limit_train = -1;  // -1: the whole split
+  int64_t limit_test = -1;
+  int64_t steps = 0;   // exactly one of steps / epochs is > 0
+  int64_t epochs = 0;
+  int64_t batch_size = 64;
+  double lr = 2e-3;
+  uint64_t seed = 0;
+  int64_t log_every = 50;
+  int64_t eval_every = 0;  // 0: at the end of every epoch
+  int64_t threads = 0;     // 0: the engine's default (all cores)
+  std::string device = "cpu";
+  int64_t nproc = 1;
+  ModelConfig model;
+  nlohmann::json quantizer;
+};
+
+/** The defaults as a config object. */
+nlohmann::json default_config_json();
+
+/** `base` with `layer` applied key by key ("model" and "quantizer" merged per
+ * option). A layer that sets "steps" but not "epochs" clears "epochs" and
+ * vice versa; a layer setting both (non-zero) is an error. */
+nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& layer);
+
+/** Parses and validates a full config object (unknown keys, types, ranges,
+ * the quantizer object); throws std::invalid_argument with one line naming the
+ * key and what is wrong. */
+TrainConfig config_from_json(const nlohmann::json& j);
+
+/** The config object of `c` (round-trips through config_from_json). */
+nlohmann::json config_to_json(const TrainConfig& c);
+
+/** Reads a JSON config file; errors name the file. */
+nlohmann::json read_config_file(const std::string& path);
+
+/** The first setting whose change would make a resumed run differ from the
+ * run its checkpoint came from (batch size, lr, seed, training subset, model,
+ * quantizer), as "key: checkpoint X, now Y"; empty when there is none. */
+std::string resume_conflict(const nlohmann::json& checkpoint, const nlohmann::json& now);
+
+}  // namespace quanta::train

@@ -1,0 +1,95 @@
+#include "train/metrics.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/ops/loss.h"
+
+namespace quanta::train {
+
+CodeCounts::CodeCounts(int64_t size, int64_t num_codebooks)
+    : codebook_size(size),
+      counts(size > 0 ? static_cast<size_t>(num_codebooks) : 0,
+             std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(size, 0)), 0)) {}
+
+void CodeCounts::add(const Tensor& indices) {
+  if (counts.empty() || indices.numel() == 0) return;
+  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
+  const size_t q = counts.size();
+  if (q > 1 && (indices.dim() == 0 || indices.size(-1) != static_cast<int64_t>(q)))
+    throw std::invalid_argument("[metrics] indices " + shape_str(indices.shape()) +
+                                " lack the trailing dimension of " + std::to_string(q) +
+                                " codebooks");
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (idx[i] < 0 || idx[i] >= codebook_size)
+      throw std::invalid_argument("[metrics] code index " + std::to_string(idx[i]) +
+                                  " outside the codebook of " +
+                                  std::to_string(codebook_size));
+    ++counts[i % q][static_cast<size_t>(idx[i])];
+  }
+}
+
+double CodeCounts::usage() const {
+  if (counts.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (const auto& c : counts) {
+    int64_t used = 0;
+    for (int64_t n : c) used += n > 0;
+    sum += static_cast<double>(used) / static_cast<double>(codebook_size);
+  }
+  return sum / static_cast<double>(counts.size());
+}
+
+double CodeCounts::perplexity() const {
+  if (counts.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (const auto& c : counts) {
+    double total = 0;
+    for (int64_t n : c) total += static_cast<double>(n);
+    if (total == 0) return std::numeric_limits<double>::quiet_NaN();
+    double entropy = 0;
+    for (int64_t n : c)
+      if (n > 0) {
+        const double p = static_cast<double>(n) / total;
+        entropy -= p * std::log(p);
+      }
+    sum += std::exp(entropy);
+  }
+  return sum / static_cast<double>(counts.size());
+}
+
+std::vector<double> CodeCounts::totals() const {
+  std::vector<double> t(static_cast<size_t>(std::max<int64_t>(codebook_size, 0)), 0.0);
+  for (const auto& c : counts)
+    for (size_t k = 0; k < c.size(); ++k) t[k] += static_cast<double>(c[k]);
+  return counts.empty() ? std::vector<double>{} : t;
+}
+
+EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
+  if (batch_size <= 0) throw std::invalid_argument("[evaluate] batch_size must be positive");
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  CodeCounts counts(model.quantizer().codebook_size(), model.quantizer().num_codebooks());
+  const int64_t n = images.size(0);
+  double squared = 0;
+  for (int64_t start = 0; start < n; start += batch_size) {
+    const Tensor batch = images.narrow(0, start, std::min(batch_size, n - start));
+    VqVaeOutput out = model.run(batch);
+    squared += mse_loss(out.reconstruction, batch, Reduction::sum).item();
+    counts.add(out.quantized.indices);
+  }
+  model.train(was_training);
+  EvalResult r;
+  r.samples = n;
+  r.mse = n > 0 ? squared / static_cast<double>(images.numel())
+                : std::numeric_limits<double>::quiet_NaN();
+  r.usage = counts.usage();
+  r.perplexity = counts.perplexity();
+  r.code_totals = counts.totals();
+  return r;
+}
+
+}  // namespace quanta::train

@@ -1,0 +1,98 @@
+#include "train/outputs.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "image/grid.h"
+#include "image/plot.h"
+
+namespace quanta::train {
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(path);
+  if (!in) return records;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    try {
+      records.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(path + ": line " + std::to_string(n) + " is not JSON (" +
+                               e.what() + ")");
+    }
+  }
+  return records;
+}
+
+void write_metrics(const std::string& path, const std::vector<nlohmann::json>& records) {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& r : records) out << r.dump() << "\n";
+    if (!out.flush()) throw std::runtime_error(tmp + ": cannot write");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void append_metric(const std::string& path, const nlohmann::json& record) {
+  std::ofstream out(path, std::ios::app);
+  out << record.dump() << "\n";
+  if (!out.flush()) throw std::runtime_error(path + ": cannot append");
+}
+
+void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>& records) {
+  image::Series train{"train loss", {}, {}, {31, 119, 180}, false};
+  image::Series test{"test mse", {}, {}, {214, 39, 40}, true};
+  for (const auto& r : records) {
+    const std::string kind = r.value("kind", "");
+    if (kind == "train" && r["loss"].is_number()) {
+      train.x.push_back(r["step"].get<double>());
+      train.y.push_back(r["loss"].get<double>());
+    } else if (kind == "eval" && r["test_mse"].is_number()) {
+      test.x.push_back(r["step"].get<double>());
+      test.y.push_back(r["test_mse"].get<double>());
+    }
+  }
+  image::PlotSpec spec{"loss", "step", "loss (log scale)", 720, 440, true};
+  image::write_png(path, image::line_plot({train, test}, spec).image());
+}
+
+void write_usage_plot(const std::string& path, const EvalResult& eval,
+                      const std::string& quantizer_type) {
+  image::PlotSpec spec{"codebook usage (test set)", "code index", "count", 720, 440, false};
+  const std::string note =
+      eval.code_totals.empty() ? "no codebook (quantizer " + quantizer_type + ")" : "";
+  image::write_png(path, image::bar_chart(eval.code_totals, spec, note).image());
+}
+
+void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
+                           int64_t n) {
+  const Tensor x = images.narrow(0, 0, std::min(n, images.size(0)));
+  const bool was_training = model.is_training();
+  model.eval();
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = model.forward(x);
+  }
+  model.train(was_training);
+  image::write_png(path, image::reconstruction_grid(x, y, 8));
+}
+
+std::string fmt_metric(double v, int digits) {
+  if (!std::isfinite(v)) return "n/a";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace quanta::train

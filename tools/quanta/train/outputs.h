@@ -1,0 +1,46 @@
+#pragma once
+// The files a run leaves in its output folder besides the checkpoint: the
+// metrics log (JSON lines) and the three PNGs.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/tensor.h"
+#include "train/metrics.h"
+#include "train/vqvae.h"
+
+namespace quanta::train {
+
+/** Output file names inside --out. */
+inline constexpr const char* kCheckpointFile = "checkpoint.safetensors";
+inline constexpr const char* kMetricsFile = "metrics.jsonl";
+inline constexpr const char* kReconstructionsFile = "reconstructions.png";
+inline constexpr const char* kUsageFile = "codebook_usage.png";
+inline constexpr const char* kLossFile = "loss.png";
+
+/** The records of a metrics file, in order ("kind": "train" or "eval");
+ * an absent file gives none; a malformed line is an error naming the file. */
+std::vector<nlohmann::json> read_metrics(const std::string& path);
+/** Rewrites `path` with `records` (atomically: temporary file and rename). */
+void write_metrics(const std::string& path, const std::vector<nlohmann::json>& records);
+/** Appends one record as a line. */
+void append_metric(const std::string& path, const nlohmann::json& record);
+
+/** The loss curve: train loss per logged step and test MSE per evaluation,
+ * log-scaled y. */
+void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>& records);
+
+/** The bar chart of code counts on the test set (a note instead of bars when
+ * the quantizer has no codebook). */
+void write_usage_plot(const std::string& path, const EvalResult& eval,
+                      const std::string& quantizer_type);
+
+/** Up to `n` test images (rows of 8) above their reconstructions by `model`. */
+void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
+                           int64_t n = 16);
+
+/** A metric for printing: "n/a" for NaN, else printf("%.*f"). */
+std::string fmt_metric(double v, int digits);
+
+}  // namespace quanta::train

@@ -1,0 +1,38 @@
+#pragma once
+// Training progress: a redrawn bar on a terminal (steps, loss, throughput,
+// ETA), one plain line every `log_every` steps otherwise.
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace quanta::train {
+
+/** "2m15s", "1h02m", "12s". */
+std::string format_duration(double seconds);
+
+class Progress {
+ public:
+  /** Steps run from `start` to `total`; `bar` redraws one line in place. */
+  Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t batch_size);
+  /** Reports that `step` steps are done with this recent mean `loss`. Draws
+   * the bar (at most ~10 times a second) or, when `log_line`, a plain line. */
+  void update(int64_t step, int64_t epoch, double loss, bool log_line);
+  /** Prints a full line (clearing the bar first). */
+  void line(const std::string& text);
+  /** Images per second since the start. */
+  double throughput(int64_t step) const;
+  /** Ends the bar's line. */
+  void finish();
+
+ private:
+  std::string status(int64_t step, int64_t epoch, double loss) const;
+
+  std::ostream& os_;
+  bool bar_;
+  int64_t start_, total_, batch_;
+  std::chrono::steady_clock::time_point t0_, last_draw_;
+  bool drawn_ = false;
+};
+
+}  // namespace quanta::train

@@ -1,0 +1,69 @@
+#pragma once
+// The quantizer seam of the training pipeline. The VQ-VAE, the training loop,
+// the metrics and the checkpoints see every quantizer family (VQ, residual,
+// grouped, SimVQ, FSQ, LFQ, ...) through this one interface; each family
+// needs only a small adapter in quantizer.cpp's make_quantizer.
+#include <cstdint>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/nn/module.h"
+#include "engine/tensor.h"
+#include "quant/quantize_output.h"
+
+namespace quanta::train {
+
+/** A quantizer as the trainer uses it, on image feature maps [B, D, H, W]. */
+class TrainQuantizer {
+ public:
+  virtual ~TrainQuantizer() = default;
+
+  /** Quantizes z [B, D, H, W]: `quantized` has z's shape (differentiable to z
+   * in train mode), `indices` are [B, H, W] (or [B, H, W, Q] with Q =
+   * num_codebooks() > 1) integer codes, `loss` the auxiliary loss as the
+   * layer returns it (the trainer adds its sum to the reconstruction loss). */
+  virtual quant::QuantizeOutput forward(const Tensor& z) = 0;
+  /** The feature map [B, D, H, W] that `indices` (as forward returns them)
+   * stand for. */
+  virtual Tensor decode(const Tensor& indices) = 0;
+  /** Codes per codebook; 0 when there are none (no usage metrics). */
+  virtual int64_t codebook_size() const = 0;
+  /** Codebooks whose indices forward returns side by side (the trailing
+   * index dimension when > 1): residual levels, groups, heads. */
+  virtual int64_t num_codebooks() const { return 1; }
+  /** The layer as a Module: its parameters train with the model and its
+   * parameters and buffers (codebooks, EMA statistics) are checkpointed. */
+  virtual std::shared_ptr<Module> module() = 0;
+  /** Called after every optimizer step (where cross-rank state would be
+   * reconciled; a no-op for layers without such state). */
+  virtual void after_step() {}
+  /** State that is neither parameter nor buffer (random generator offsets),
+   * saved in the checkpoint metadata so --resume continues exactly. */
+  virtual nlohmann::json extra_state() const { return nlohmann::json::object(); }
+  /** Restores what extra_state() returned. */
+  virtual void load_extra_state(const nlohmann::json& /*state*/) {}
+};
+
+/** The quantizer that `config` (the "quantizer" object, validated by
+ * validate_quantizer_config) describes, for features of `dim` channels;
+ * `seed` keys its random streams. Throws naming the type when it is not
+ * available in this build. */
+std::unique_ptr<TrainQuantizer> make_quantizer(const nlohmann::json& config, int64_t dim,
+                                               uint64_t seed);
+
+/** `--quantizer none`: the identity (a plain autoencoder baseline); no
+ * codes, empty indices, zero auxiliary loss. */
+class NoQuantizer : public TrainQuantizer {
+ public:
+  NoQuantizer();
+  quant::QuantizeOutput forward(const Tensor& z) override;
+  Tensor decode(const Tensor& indices) override;
+  int64_t codebook_size() const override { return 0; }
+  std::shared_ptr<Module> module() override { return module_; }
+
+ private:
+  std::shared_ptr<Module> module_;
+};
+
+}  // namespace quanta::train

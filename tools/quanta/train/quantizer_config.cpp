@@ -1,0 +1,204 @@
+#include "train/quantizer_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace quanta::train {
+namespace {
+
+const std::vector<std::string> kVqFamily = {"vq", "rvq", "grvq"};
+
+std::vector<std::string> with(std::vector<std::string> a, std::vector<std::string> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const char* type_word(OptionType t) {
+  switch (t) {
+    case OptionType::integer:
+      return "an integer";
+    case OptionType::number:
+      return "a number";
+    case OptionType::boolean:
+      return "true or false";
+    default:
+      return "a list of positive integers like 8,5,5,5";
+  }
+}
+
+std::string short_dump(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// Options whose integer values are sizes or counts, so must be positive.
+bool must_be_positive(const std::string& key) {
+  return key != "kmeans_iters";
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& quantizer_types() {
+  static const std::vector<std::pair<std::string, std::string>> types = {
+      {"none", "no quantization: a plain autoencoder (baseline)"},
+      {"vq", "VectorQuantize: nearest code in a learned codebook"},
+      {"rvq", "ResidualVQ: a stack of VQs on the residuals"},
+      {"grvq", "GroupedResidualVQ: residual VQ per channel group"},
+      {"simvq", "SimVQ: a frozen codebook through a learned linear map"},
+      {"fsq", "FSQ: finite scalar quantization on fixed levels"},
+      {"rfsq", "ResidualFSQ: a stack of FSQs on the residuals"},
+      {"lfq", "LFQ: lookup-free (binary) quantization"},
+      {"rlfq", "ResidualLFQ: a stack of LFQs on the residuals"},
+  };
+  return types;
+}
+
+const std::vector<QuantizerOption>& quantizer_options() {
+  using T = OptionType;
+  static const std::vector<QuantizerOption> options = {
+      {"codebook_size", T::integer, "codes per codebook (LFQ: a power of two)",
+       with(kVqFamily, {"simvq", "lfq", "rlfq"})},
+      {"codebook_dim", T::integer, "code vector size (projections in and out when it "
+       "differs from the latent dim)", with(kVqFamily, {"simvq"})},
+      {"levels", T::integer_list, "FSQ levels per dimension, e.g. 8,5,5,5",
+       {"fsq", "rfsq"}},
+      {"num_quantizers", T::integer, "residual quantizer levels",
+       {"rvq", "grvq", "rfsq", "rlfq"}},
+      {"groups", T::integer, "channel groups", {"grvq"}},
+      {"heads", T::integer, "heads (the latent split into this many parts)", {"vq"}},
+      {"num_codebooks", T::integer, "codebooks side by side", {"fsq", "lfq"}},
+      {"decay", T::number, "EMA decay of the codebook", kVqFamily},
+      {"eps", T::number, "EMA epsilon (Laplace smoothing)", kVqFamily},
+      {"kmeans_init", T::boolean, "initialise the codebook by k-means on the first batch",
+       kVqFamily},
+      {"kmeans_iters", T::integer, "k-means iterations", kVqFamily},
+      {"threshold_ema_dead_code", T::number,
+       "replace codes whose EMA cluster size falls below this", kVqFamily},
+      {"commitment_weight", T::number, "weight of the commitment loss",
+       with(kVqFamily, {"simvq"})},
+      {"use_cosine_sim", T::boolean, "cosine-similarity codebook (l2-normalised)",
+       kVqFamily},
+      {"orthogonal_reg_weight", T::number, "weight of the orthogonal regulariser",
+       kVqFamily},
+      {"learnable_codebook", T::boolean, "train the codebook by gradient", kVqFamily},
+      {"ema_update", T::boolean, "update the codebook by EMA", kVqFamily},
+      {"rotation_trick", T::boolean, "rotation-trick gradient instead of straight-through",
+       with(kVqFamily, {"simvq"})},
+      {"shared_codebook", T::boolean, "one codebook for every residual level",
+       {"rvq", "grvq"}},
+      {"quantize_dropout", T::boolean, "drop trailing residual levels while training",
+       {"rvq", "grvq", "rfsq", "rlfq"}},
+      {"entropy_loss_weight", T::number, "weight of the entropy loss", {"lfq", "rlfq"}},
+      {"commitment_loss_weight", T::number, "weight of the commitment loss",
+       {"lfq", "rlfq"}},
+      {"diversity_gamma", T::number, "weight of the codebook-entropy term",
+       {"lfq", "rlfq"}},
+  };
+  return options;
+}
+
+std::string available_quantizer_types() { return "none"; }
+
+std::string flag_name(const std::string& key) {
+  std::string s = key;
+  std::replace(s.begin(), s.end(), '_', '-');
+  return s;
+}
+
+void validate_quantizer_config(const nlohmann::json& config) {
+  if (!config.is_object())
+    throw std::invalid_argument("[config] \"quantizer\" must be an object, got " +
+                                short_dump(config));
+  if (!config.contains("type") || !config["type"].is_string())
+    throw std::invalid_argument("[config] \"quantizer\" needs a string \"type\" (one of "
+                                "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq)");
+  const std::string type = config["type"].get<std::string>();
+  std::string names;
+  bool known = false;
+  for (const auto& [name, _] : quantizer_types()) {
+    names += (names.empty() ? "" : ", ") + name;
+    known = known || name == type;
+  }
+  if (!known)
+    throw std::invalid_argument("[config] unknown quantizer type '" + type + "' (types: " +
+                                names + ")");
+  for (const auto& [key, value] : config.items()) {
+    if (key == "type") continue;
+    const auto& opts = quantizer_options();
+    auto it = std::find_if(opts.begin(), opts.end(),
+                           [&](const QuantizerOption& o) { return o.key == key; });
+    if (it == opts.end())
+      throw std::invalid_argument("[config] unknown quantizer option '" + key + "'");
+    if (std::find(it->types.begin(), it->types.end(), type) == it->types.end())
+      throw std::invalid_argument("[config] quantizer option '" + key +
+                                  "' does not apply to quantizer '" + type + "'");
+    bool ok = false;
+    switch (it->type) {
+      case OptionType::integer:
+        ok = value.is_number_integer() &&
+             (!must_be_positive(key) ? value.get<int64_t>() >= 0 : value.get<int64_t>() > 0);
+        break;
+      case OptionType::number:
+        ok = value.is_number() && std::isfinite(value.get<double>()) &&
+             value.get<double>() >= 0;
+        break;
+      case OptionType::boolean:
+        ok = value.is_boolean();
+        break;
+      case OptionType::integer_list:
+        ok = value.is_array() && !value.empty();
+        for (const auto& v : value) ok = ok && v.is_number_integer() && v.get<int64_t>() > 0;
+        break;
+    }
+    if (!ok) {
+      std::string want = type_word(it->type);
+      if (it->type == OptionType::integer) want += must_be_positive(key) ? " > 0" : " >= 0";
+      if (it->type == OptionType::number) want += " >= 0";
+      throw std::invalid_argument("[config] quantizer option '" + key + "' must be " +
+                                  want + ", got " + short_dump(value));
+    }
+  }
+}
+
+nlohmann::json parse_option_value(const QuantizerOption& opt, const std::string& text) {
+  auto bad = [&]() -> std::invalid_argument {
+    return std::invalid_argument("--" + flag_name(opt.key) + ": expected " +
+                                 type_word(opt.type) + ", got '" + text + "'");
+  };
+  auto parse_int = [&](const std::string& s) {
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+      throw bad();
+    return static_cast<int64_t>(std::stoll(s));
+  };
+  switch (opt.type) {
+    case OptionType::integer:
+      return parse_int(text);
+    case OptionType::number: {
+      errno = 0;
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) throw bad();
+      return v;
+    }
+    case OptionType::boolean:
+      if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
+      if (text == "false" || text == "0" || text == "off" || text == "no") return false;
+      throw bad();
+    default: {
+      nlohmann::json list = nlohmann::json::array();
+      size_t start = 0;
+      for (;;) {
+        const size_t comma = text.find(',', start);
+        list.push_back(parse_int(text.substr(start, comma - start)));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      return list;
+    }
+  }
+}
+
+}  // namespace quanta::train

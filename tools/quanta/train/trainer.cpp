@@ -1,0 +1,233 @@
+#include "train/trainer.h"
+
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <stdexcept>
+
+#include "data/fashion_mnist.h"
+#include "engine/cpu/parallel.h"
+#include "engine/device.h"
+#include "engine/ops/index.h"
+#include "engine/ops/loss.h"
+#include "engine/ops/reduce.h"
+#include "engine/optim/optimizer.h"
+#include "engine/random/sampling.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/outputs.h"
+#include "train/progress.h"
+#include "train/vqvae.h"
+
+namespace quanta::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The one piece of state a signal handler may touch.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs the SIGINT / SIGTERM handlers for the life of a run. SA_RESETHAND:
+// a second Ctrl-C gets the default action, so a stuck run can still be killed.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int caught() const { return g_stop_signal; }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+void check_where_to_run(const TrainConfig& c) {
+  if (c.device != "cpu") {
+    if (c.device != "cuda" && c.device.rfind("cuda:", 0) != 0)
+      throw std::invalid_argument("--device must be cpu or cuda, got '" + c.device + "'");
+    if (!cuda_built())
+      throw std::invalid_argument("--device " + c.device +
+                                  ": this quanta was built without CUDA");
+    throw std::invalid_argument("--device " + c.device +
+                                ": training on CUDA is not supported yet; use --device cpu");
+  }
+  if (c.nproc != 1)
+    throw std::invalid_argument(
+        "--nproc " + std::to_string(c.nproc) +
+        ": data-parallel training needs the dist layer, which quanta train does not use "
+        "yet; run with --nproc 1");
+}
+
+std::string out_path(const std::string& dir, const char* name) {
+  return (fs::path(dir) / name).string();
+}
+
+}  // namespace
+
+Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size) {
+  const int64_t per_epoch = (n + batch_size - 1) / batch_size;
+  const int64_t epoch = step / per_epoch, k = step % per_epoch;
+  Generator gen = Generator::named(seed, "data-order").fork("epoch-" + std::to_string(epoch));
+  const Tensor perm = randperm(n, gen);
+  return perm.narrow(0, k * batch_size, std::min(batch_size, n - k * batch_size));
+}
+
+TrainResult run_training(const TrainJob& job, std::ostream& log) {
+  const TrainConfig cfg = config_from_json(job.config);
+  check_where_to_run(cfg);
+  if (cfg.limit_test == 0) throw std::invalid_argument("--limit-test must not be 0");
+  if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
+
+  const data::ImageDataset train_set =
+      data::load_fashion_mnist(cfg.data, data::Split::train, cfg.limit_train);
+  const data::ImageDataset test_set =
+      data::load_fashion_mnist(cfg.data, data::Split::test, cfg.limit_test);
+  const int64_t n = train_set.size();
+  if (n == 0) throw std::invalid_argument("--limit-train 0 leaves nothing to train on");
+
+  Generator model_gen = Generator::named(cfg.seed, "model");
+  VqVae model(cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  Adam optimizer(trainable, {.lr = cfg.lr});
+
+  const int64_t per_epoch = (n + cfg.batch_size - 1) / cfg.batch_size;
+  const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  const std::string ckpt_path = out_path(job.out_dir, kCheckpointFile);
+  const std::string metrics_path = out_path(job.out_dir, kMetricsFile);
+  fs::create_directories(job.out_dir);
+
+  int64_t step = 0;
+  std::vector<json> history;
+  if (job.resume) {
+    Checkpoint ck = load_checkpoint(ckpt_path);
+    model.load_state_dict(ck.model);
+    optimizer.load_state_dict(ck.optimizer);
+    model.quantizer().load_extra_state(ck.info.rng.value("quantizer", json::object()));
+    step = ck.info.step;
+    // Records past the checkpoint belong to steps that will run again.
+    for (json& r : read_metrics(metrics_path))
+      if (r.value("step", int64_t{0}) <= step) history.push_back(std::move(r));
+    write_metrics(metrics_path, history);
+    if (step >= total)
+      throw std::invalid_argument("--resume: the checkpoint is at step " +
+                                  std::to_string(step) + ", the run asks for " +
+                                  std::to_string(total) + " steps; raise --steps or --epochs");
+  } else {
+    write_metrics(metrics_path, {});
+  }
+
+  log << "training a VQ-VAE (quantizer " << cfg.quantizer["type"].get<std::string>()
+      << ", hidden " << cfg.model.hidden << ", dim " << cfg.model.dim << ") on "
+      << n << " images (" << test_set.size() << " test) from " << cfg.data << "\n"
+      << (job.resume ? "resuming at step " + std::to_string(step) + " of "
+                     : std::string("steps: "))
+      << total << " (" << per_epoch << " per epoch, batch " << cfg.batch_size
+      << ", lr " << cfg.lr << ", seed " << cfg.seed << ", " << num_threads()
+      << " threads); writing to " << job.out_dir << "\n" << std::flush;
+
+  TrainResult result;
+  result.total_steps = total;
+  auto save = [&] {
+    CheckpointInfo info;
+    info.config = config_to_json(cfg);
+    info.step = step;
+    info.epoch = step / per_epoch;
+    info.rng = {{"seed", cfg.seed}, {"quantizer", model.quantizer().extra_state()}};
+    save_checkpoint(ckpt_path, model, &optimizer, info);
+  };
+  const std::string qtype = cfg.quantizer["type"].get<std::string>();
+
+  Progress progress(log, job.progress_bar, step, total, cfg.batch_size);
+  StopSignals signals;
+  double loss_sum = 0, recon_sum = 0, aux_sum = 0;
+  int64_t logged = 0;
+  model.train();
+  while (step < total) {
+    const Tensor x = index_select(train_set.images, 0,
+                                  batch_indices(cfg.seed, step, n, cfg.batch_size));
+    VqVaeOutput out = model.run(x);
+    const Tensor recon = mse_loss(out.reconstruction, x);
+    const Tensor aux = sum(out.quantized.loss);
+    const Tensor loss = recon + aux;
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    model.quantizer().after_step();
+    ++step;
+
+    const double l = loss.item();
+    if (!std::isfinite(l))
+      throw std::runtime_error("training diverged: loss " + std::to_string(l) + " at step " +
+                               std::to_string(step) + " (try a smaller --lr)");
+    loss_sum += l, recon_sum += recon.item(), aux_sum += aux.item(), ++logged;
+    const int64_t epoch = (step - 1) / per_epoch + 1;  // 1-based, for people
+    const bool log_now = step % cfg.log_every == 0 || step == total;
+    if (log_now) {
+      append_metric(metrics_path,
+                    history.emplace_back(json{{"kind", "train"},
+                                              {"step", step},
+                                              {"epoch", epoch},
+                                              {"loss", loss_sum / logged},
+                                              {"recon_mse", recon_sum / logged},
+                                              {"aux_loss", aux_sum / logged},
+                                              {"img_per_s", progress.throughput(step)}}));
+    }
+    progress.update(step, epoch, logged ? loss_sum / logged : l, log_now);
+    if (log_now) loss_sum = recon_sum = aux_sum = 0, logged = 0;
+
+    if (signals.caught()) {
+      save();
+      write_loss_plot(out_path(job.out_dir, kLossFile), history);
+      progress.line(std::string("interrupted by ") +
+                    (signals.caught() == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
+                    std::to_string(step) + "; checkpoint written to " + ckpt_path +
+                    " (continue with --resume --out " + job.out_dir + ")");
+      result.interrupted = true;
+      break;
+    }
+    const bool eval_now = step == total || (cfg.eval_every > 0 ? step % cfg.eval_every == 0
+                                                               : step % per_epoch == 0);
+    if (!eval_now) continue;
+    const EvalResult ev = evaluate(model, test_set.images, 256);
+    result.last_eval = ev;
+    append_metric(metrics_path, history.emplace_back(json{{"kind", "eval"},
+                                                          {"step", step},
+                                                          {"epoch", epoch},
+                                                          {"test_mse", ev.mse},
+                                                          {"codebook_usage", ev.usage},
+                                                          {"perplexity", ev.perplexity},
+                                                          {"test_samples", ev.samples}}));
+    save();
+    write_loss_plot(out_path(job.out_dir, kLossFile), history);
+    write_usage_plot(out_path(job.out_dir, kUsageFile), ev, qtype);
+    write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model,
+                          test_set.images);
+    progress.line("eval step " + std::to_string(step) + " (epoch " + std::to_string(epoch) +
+                  "): test mse " + fmt_metric(ev.mse, 5) + "  codebook usage " +
+                  (std::isfinite(ev.usage) ? fmt_metric(100 * ev.usage, 1) + "%" : "n/a") +
+                  "  perplexity " + fmt_metric(ev.perplexity, 1));
+  }
+  progress.finish();
+  result.step = step;
+  return result;
+}
+
+}  // namespace quanta::train

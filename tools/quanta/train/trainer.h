@@ -1,0 +1,48 @@
+#pragma once
+// The training loop of `quanta train`: data, model, optimizer, evaluation,
+// checkpoints, metrics and pictures, interruption by SIGINT / SIGTERM.
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/tensor.h"
+#include "train/metrics.h"
+
+namespace quanta::train {
+
+/** What to run and where. */
+struct TrainJob {
+  /** The merged config object (config.h); validated by run_training. */
+  nlohmann::json config;
+  /** Output folder (created if absent). */
+  std::string out_dir;
+  /** Continue from out_dir/checkpoint.safetensors (config must agree). */
+  bool resume = false;
+  /** Redraw a progress bar instead of printing plain log lines. */
+  bool progress_bar = false;
+};
+
+/** How a run ended. */
+struct TrainResult {
+  int64_t step = 0;         // optimizer steps done in total
+  int64_t total_steps = 0;  // the steps the run was asked for
+  bool interrupted = false;
+  EvalResult last_eval;     // the last evaluation (samples == 0 when none ran)
+};
+
+/** The global batch of training step `step` (0-based): positions into the
+ * training set, a pure function of (seed, step, n, batch_size) so a resumed
+ * run reads exactly the batches the uninterrupted one would. Epoch e =
+ * step / ceil(n / batch_size) visits randperm(n) drawn from
+ * Generator::named(seed, "data-order").fork("epoch-<e>"); its last batch may be
+ * smaller. */
+Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size);
+
+/** Runs (or resumes) a training job, printing progress on `log`. SIGINT and
+ * SIGTERM during the run finish the current step, write the checkpoint and
+ * return with `interrupted` set. Throws on bad configs and files. */
+TrainResult run_training(const TrainJob& job, std::ostream& log);
+
+}  // namespace quanta::train
