@@ -107,13 +107,16 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds,
     if (!retain_graph) node->release();
 
     const auto& edges = node->next_edges();
-    if (!edges.empty() && in_grads.size() != edges.size())
-      throw std::runtime_error("[backward] " + node->name() + " returned " +
-                               std::to_string(in_grads.size()) + " gradients for " +
-                               std::to_string(edges.size()) + " inputs");
+    if (in_grads.size() != edges.size())
+      throw std::runtime_error("[" + node->name() + "] backward returned " +
+                               std::to_string(in_grads.size()) + " gradients, expected " +
+                               std::to_string(edges.size()));
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (!e.node) continue;
+      // Undefined means zero (see BackwardFn): nothing to add, but the input
+      // still counts this edge as done (a node reached by nothing else runs
+      // on zeros, so a leaf's .grad then holds zeros).
       if (in_grads[i].defined()) {
         check_grad(*node, i, *e.node, e.input_nr, in_grads[i]);
         add_to(pending, e.node.get(), e.input_nr, in_grads[i]);

@@ -1,6 +1,7 @@
 #include "engine/autograd/node.h"
 
 #include <atomic>
+#include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
@@ -12,6 +13,15 @@ namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
 
 OutputMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
+
+// An op recorded without a backward formula fails by name when a gradient
+// must pass through it (not when it is recorded: a forward alone is fine).
+BackwardFn or_no_rule(const std::string& op, BackwardFn fn) {
+  if (fn) return fn;
+  return [op](const std::vector<Tensor>&) -> std::vector<Tensor> {
+    throw std::runtime_error("[" + op + "] has no gradient rule");
+  };
+}
 }  // namespace
 
 Node::Node(std::string name, std::vector<Edge> next_edges, std::vector<OutputMeta> outputs)
@@ -22,9 +32,11 @@ Node::Node(std::string name, std::vector<Edge> next_edges, std::vector<OutputMet
 
 FunctionNode::FunctionNode(std::string name, std::vector<Edge> next,
                            std::vector<OutputMeta> outputs, BackwardFn fn)
-    : Node(std::move(name), std::move(next), std::move(outputs)), fn_(std::move(fn)) {}
+    : Node(std::move(name), std::move(next), std::move(outputs)),
+      fn_(or_no_rule(this->name(), std::move(fn))) {}
 
 std::vector<Tensor> FunctionNode::apply(const std::vector<Tensor>& grad_outputs) {
+  if (!fn_) throw std::runtime_error("[" + name() + "] applied after its graph was freed");
   return fn_(grad_outputs);
 }
 
@@ -96,11 +108,10 @@ std::vector<Tensor> record(const char* op, std::vector<Tensor> outs,
 Tensor record(const char* op, Tensor out, const std::vector<Tensor>& inputs,
               std::function<std::vector<Tensor>(const Tensor& grad)> backward) {
   if (!any_requires_grad(inputs)) return out;
-  auto outs = record(op, std::vector<Tensor>{std::move(out)}, inputs,
-                     [fn = std::move(backward)](const std::vector<Tensor>& g) {
-                       return fn(g[0]);
-                     });
-  return outs[0];
+  BackwardFn fn;  // stays empty (no gradient rule) when `backward` is
+  if (backward)
+    fn = [single = std::move(backward)](const std::vector<Tensor>& g) { return single(g[0]); };
+  return record(op, std::vector<Tensor>{std::move(out)}, inputs, std::move(fn))[0];
 }
 
 }  // namespace autograd

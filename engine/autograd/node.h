@@ -29,7 +29,7 @@ class Node {
   Node(std::string name, std::vector<Edge> next_edges, std::vector<OutputMeta> outputs);
   virtual ~Node() = default;
 
-  /** Gradients of the inputs (one per next edge, undefined where none) from
+  /** Gradients of the inputs (one per next edge; undefined means zero) from
    * the gradients of the outputs (one per output, never undefined). */
   virtual std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs) = 0;
   /** Frees saved tensors after a backward without retain_graph. */
@@ -49,10 +49,14 @@ class Node {
   uint64_t sequence_nr_;
 };
 
-/** Backward formula: output gradients to input gradients. */
+/** Backward formula: output gradients to exactly one gradient per input. An
+ * undefined entry means zero: the op sends that input nothing (an integer
+ * input, a src that needs no grad, a custom function's stop-gradient). */
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
 
-/** A node whose backward is a closure; the closure is dropped on release. */
+/** A node whose backward is a closure; the closure is dropped on release. An
+ * empty closure is an op without a gradient rule: reaching it in backward
+ * throws "[op] has no gradient rule". */
 class FunctionNode final : public Node {
  public:
   FunctionNode(std::string name, std::vector<Edge> next, std::vector<OutputMeta> outputs,
@@ -85,7 +89,9 @@ Edge edge_of(const Tensor& t);
 
 /** Attaches a backward node to `out` if any input needs a gradient; the
  * closure receives the gradient of `out` and returns one gradient per input
- * (undefined allowed). Returns `out`. This is how single-output ops record. */
+ * (undefined = zero, see BackwardFn). An empty closure records an op without
+ * a gradient rule, which fails naming `op` only if backward reaches it.
+ * Returns `out`. This is how single-output ops record. */
 Tensor record(const char* op, Tensor out, const std::vector<Tensor>& inputs,
               std::function<std::vector<Tensor>(const Tensor& grad)> backward);
 

@@ -161,3 +161,79 @@ TEST_CASE("deep chains do not overflow the stack") {
   y.backward();
   CHECK(x.grad().item() == 1.0);
 }
+
+TEST_CASE("an op recorded without a gradient rule fails naming it, only when reached") {
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  Tensor y = autograd::record("no_rule_op", (x * 2.0).detach(), {x}, nullptr);
+  CHECK(y.requires_grad());
+  CHECK(y.grad_fn()->name() == "no_rule_op");
+  // Backward through a path that avoids the op runs.
+  sum(x * 3.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3});
+  // Reaching it throws its name, not std::bad_function_call.
+  CHECK_THROWS_WITH_AS(sum(y).backward(), "[no_rule_op] has no gradient rule",
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(autograd::grad({sum(y * y)}, {x}), "[no_rule_op] has no gradient rule",
+                       std::runtime_error);
+  // The multi-output form behaves the same.
+  auto outs = autograd::record("no_rule_pair", {(x + 1.0).detach(), (x - 1.0).detach()}, {x},
+                               BackwardFn{});
+  CHECK_THROWS_WITH_AS(sum(outs[1]).backward(), "[no_rule_pair] has no gradient rule",
+                       std::runtime_error);
+  // Without grad mode nothing is recorded, so there is nothing to fail.
+  NoGradGuard no_grad;
+  CHECK_FALSE(autograd::record("no_rule_op", (x * 2.0).detach(), {x}, nullptr).requires_grad());
+}
+
+TEST_CASE("custom functions without a backward fail naming the function") {
+  autograd::Function fwd_only{
+      "forward_only",
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2.0}; }, nullptr};
+  Tensor x = from_vector<double>({1.0});
+  CHECK(autograd::apply(fwd_only, {x})[0].item() == 2.0);  // no grad needed: fine
+  x.requires_grad_();
+  CHECK_THROWS_WITH_AS(autograd::apply(fwd_only, {x}), doctest::Contains("[forward_only]"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("a backward returning the wrong number of gradients fails naming the op") {
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  Tensor w = from_vector<double>({3.0}).requires_grad_();
+  autograd::Function extra{
+      "two_for_one",
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
+      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }};
+  CHECK_THROWS_WITH_AS(sum(autograd::apply(extra, {x})[0]).backward(),
+                       "[two_for_one] backward returned 2 gradients, expected 1",
+                       std::runtime_error);
+  Tensor y = autograd::record("one_for_two", (x * w).detach(), {x, w},
+                              [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  CHECK_THROWS_WITH_AS(sum(y).backward(),
+                       "[one_for_two] backward returned 1 gradients, expected 2",
+                       std::runtime_error);
+  Tensor z = autograd::record("none_for_one", (x * 1.0).detach(), {x},
+                              [](const Tensor&) { return std::vector<Tensor>{}; });
+  CHECK_THROWS_WITH_AS(sum(z).backward(),
+                       "[none_for_one] backward returned 0 gradients, expected 1",
+                       std::runtime_error);
+}
+
+TEST_CASE("an undefined gradient for an input means zero, not a missing rule") {
+  // A straight-through pair: x gets the gradient, q (which requires grad)
+  // is deliberately sent nothing, like commitment_loss's stop-gradient.
+  autograd::Function stop_q{
+      "stop_q",
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
+      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], Tensor()}; }};
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  Tensor q = from_vector<double>({5.0, 6.0}).requires_grad_();
+  sum(autograd::apply(stop_q, {x, q})[0] * 2.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2});
+  // q was reached, so its .grad exists, holding the zero it was sent.
+  CHECK(q.grad().to_vector<double>() == std::vector<double>{0, 0});
+  // Another path to q still accumulates; the undefined one adds nothing.
+  Tensor out = autograd::apply(stop_q, {x, q})[0] + q * 3.0;
+  auto g = autograd::grad({sum(out)}, {x, q});
+  CHECK(g[0].to_vector<double>() == std::vector<double>{1, 1});
+  CHECK(g[1].to_vector<double>() == std::vector<double>{3, 3});
+}
