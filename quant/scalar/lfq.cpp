@@ -25,7 +25,7 @@ namespace {
 LFQ::LFQ(LFQOptions opts)
     : Module("LFQ"),
       opts_(std::move(opts)),
-      sample_gen_(Generator::named(opts_.seed, "lfq.entropy_tokens")) {
+      sample_gen_(StepStream(Generator::named(opts_.seed, "lfq.entropy_tokens"))) {
   if (opts_.num_codebooks < 1)
     fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
   if (opts_.codebook_size > 0) {
@@ -145,14 +145,16 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, double inv_temp
     Tensor ze = zt;
     if (opts_.frac_per_sample_entropy < 1) {
       const auto n = static_cast<int64_t>(double(T) * opts_.frac_per_sample_entropy);
-      ze = index_select(zt, 0, slice(randperm(T, sample_gen_), 0, 0, n));
+      ze = index_select(zt, 0, slice(randperm(T, sample_gen_.next()), 0, 0, n));
     }
     const LFQEntropy h = opts_.entropy_path == LFQEntropyPath::direct
                              ? lfq_entropy_direct(ze, entropy_codebook(ze), inv_t, token_mean)
                              : lfq_entropy_factorised(ze * (4.0 * inv_t * m), token_mean);
     per_sample = h.per_sample;
     batch = h.batch;
-    if (opts_.commitment_loss_weight > 0 && T > 0) commitment = mean(square(zt - qt.detach()));
+    // A token mean too (every rank calls token_mean, even with no tokens).
+    if (opts_.commitment_loss_weight > 0)
+      commitment = token_mean(sum(square(zt - qt.detach())) / double(C * d), T);
     loss = (per_sample - batch * opts_.diversity_gamma) * opts_.entropy_loss_weight +
            commitment * opts_.commitment_loss_weight;
   }

@@ -14,6 +14,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 #include "quant/scalar/lfq_entropy.h"
 
 namespace quanta::quant {
@@ -62,8 +63,10 @@ struct LFQOptions {
   uint64_t seed = 0;
 };
 
-class LFQ : public Module {
+class LFQ : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { sample_gen_.pin(step); }
   explicit LFQ(LFQOptions opts);
 
   /** Quantizes x (layouts as FSQ). `mask` (bool, [B, N] or the input's
@@ -105,7 +108,7 @@ class LFQ : public Module {
   bool keep_codebook_dim_ = false;
   std::shared_ptr<Linear> project_in_, project_out_;
   Tensor bit_mask_;  // "mask": 2^(d-1) ... 1, the reference's buffer
-  Generator sample_gen_;
+  StepStream sample_gen_;
 };
 
 }  // namespace quanta::quant

@@ -229,8 +229,10 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
                                 shape_str(z.shape()));
   const int64_t T = z.size(0), C = z.size(1), d = z.size(2);
   LFQEntropy out;
+  // Per-token entropies averaged over codebooks, then over tokens through
+  // token_mean (a cross-rank mean in a distributed run).
   out.per_sample =
-      T > 0 ? mean(clamped_bit_product_entropy(reshape(z, {T * C, d}))) : zero_like_scalar(z);
+      token_mean(sum(clamped_bit_product_entropy(reshape(z, {T * C, d}))) / double(C), T);
   // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
   const Tensor pi = reshape(stack({sigmoid(-z), sigmoid(z)}, -1), {T * C, d, 2});
   const int64_t high = d / 2;
@@ -253,8 +255,9 @@ LFQEntropy lfq_entropy_direct(const Tensor& x, const Tensor& codebook, double in
   const Tensor logits = matmul(x, codebook.t().to(x.dtype())) * (2.0 * inv_temperature);
   const Tensor p = softmax(logits, -1);  // [T, C, K]
   LFQEntropy out;
+  const int64_t C = x.size(1);
   out.per_sample =
-      T > 0 ? mean(-sum(p * log(clamp(p, kEntropyEps, NAN)), {-1})) : zero_like_scalar(x);
+      token_mean(sum(-sum(p * log(clamp(p, kEntropyEps, NAN)), {-1})) / double(C), T);
   out.batch = clamped_entropy_mean(token_mean(sum(p, {0}), T));
   return out;
 }

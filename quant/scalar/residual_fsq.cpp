@@ -26,7 +26,7 @@ namespace {
 ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
     : Module("ResidualFSQ"),
       opts_(std::move(opts)),
-      dropout_gen_(Generator::named(opts_.fsq.seed, "rfsq.quantize_dropout")) {
+      dropout_gen_(StepStream(Generator::named(opts_.fsq.seed, "rfsq.quantize_dropout"))) {
   if (opts_.num_quantizers < 1)
     fail("ResidualFSQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.fsq.num_codebooks != 1) fail("ResidualFSQ", "num_codebooks must be 1");
@@ -63,7 +63,7 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
 }
 
 int64_t ResidualFSQ::draw_dropout() {
-  return detail::draw_dropout_layer(dropout_gen_, num_quantizers(),
+  return detail::draw_dropout_layer(dropout_gen_.next(), num_quantizers(),
                                     opts_.quantize_dropout_cutoff_index,
                                     opts_.quantize_dropout_multiple_of);
 }

@@ -11,6 +11,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 #include "quant/scalar/fsq.h"
 
 namespace quanta::quant {
@@ -37,8 +38,10 @@ struct ResidualFSQOptions {
   std::optional<double> soft_clamp_input_value;
 };
 
-class ResidualFSQ : public Module {
+class ResidualFSQ : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   explicit ResidualFSQ(ResidualFSQOptions opts);
 
   /** Quantizes x (layouts as FSQ); indices [B, ..., num_quantizers] int32
@@ -74,7 +77,7 @@ class ResidualFSQ : public Module {
   std::shared_ptr<Linear> project_in_, project_out_;
   Tensor scales_;      // [Q, d]
   Tensor soft_clamp_;  // [d] or undefined
-  Generator dropout_gen_;
+  StepStream dropout_gen_;
 };
 
 /** GroupedResidualFSQ settings: the features split into `groups` equal chunks. */

@@ -26,7 +26,7 @@ namespace {
 ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
     : Module("ResidualLFQ"),
       opts_(std::move(opts)),
-      dropout_gen_(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout")) {
+      dropout_gen_(StepStream(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout"))) {
   if (opts_.num_quantizers < 1)
     fail("ResidualLFQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.lfq.num_codebooks != 1) fail("ResidualLFQ", "num_codebooks must be 1");
@@ -66,7 +66,7 @@ void ResidualLFQ::set_token_mean(const TokenMean& fn) {
 }
 
 int64_t ResidualLFQ::draw_dropout() {
-  return detail::draw_dropout_layer(dropout_gen_, num_quantizers(),
+  return detail::draw_dropout_layer(dropout_gen_.next(), num_quantizers(),
                                     opts_.quantize_dropout_cutoff_index,
                                     opts_.quantize_dropout_multiple_of);
 }

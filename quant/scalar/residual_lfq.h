@@ -9,6 +9,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 #include "quant/scalar/lfq.h"
 
 namespace quanta::quant {
@@ -26,8 +27,10 @@ struct ResidualLFQOptions {
   int64_t quantize_dropout_multiple_of = 1;
 };
 
-class ResidualLFQ : public Module {
+class ResidualLFQ : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   explicit ResidualLFQ(ResidualLFQOptions opts);
 
   /** Quantizes x; indices [B, ..., num_quantizers] int64; loss [num_quantizers]
@@ -58,7 +61,7 @@ class ResidualLFQ : public Module {
   int64_t dim_ = 0;
   std::vector<std::shared_ptr<LFQ>> layers_;
   std::shared_ptr<Linear> project_in_, project_out_;
-  Generator dropout_gen_;
+  StepStream dropout_gen_;
 };
 
 struct GroupedResidualLFQOptions {

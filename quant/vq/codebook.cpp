@@ -136,8 +136,7 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
     counts.push_back(index_add(zeros({k}, opt), 0, idx, ones({n}, opt)));
     sums.push_back(index_add(zeros({k, d}, opt), 0, idx, rows));
     tokens.push_back(scalar(double(n), opt));
-    if (opts_.threshold_ema_dead_code > 0 && n > 0)
-      pending_.candidates[h].push_back(sample_rows(rows, std::min(n, k), dead_code_gen_));
+    if (opts_.threshold_ema_dead_code > 0) pending_.candidates[h].push_back(rows);
   }
   add_(pending_.counts, stack(counts), 1.0 - decay);
   add_(pending_.sums, stack(sums), 1.0 - decay);
@@ -166,18 +165,31 @@ void Codebook::apply_ema_update() {
   pending_.steps = 0;
 }
 
+Tensor Codebook::expired_codes() const {
+  NoGradGuard no_grad;
+  if (opts_.threshold_ema_dead_code <= 0)
+    return zeros(cluster_size_.shape(), {.dtype = DType::boolean});
+  return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code));
+}
+
 void Codebook::expire_codes() {
-  auto candidates = std::move(pending_.candidates);
+  std::vector<Tensor> pools;
+  for (const auto& rows : pending_.candidates)
+    pools.push_back(rows.empty() ? zeros({0, opts_.dim}, options_of(embed_)) : cat(rows));
+  expire_codes(pools);
+}
+
+void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   pending_.candidates.clear();
   const double threshold = opts_.threshold_ema_dead_code;
   if (threshold <= 0) return;
   NoGradGuard no_grad;
-  const Tensor expired = lt(cluster_size_, scalar(threshold));
+  const Tensor expired = expired_codes();
   if (!any(expired).item()) return;
   const int64_t k = opts_.codebook_size;
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
-    if (h >= static_cast<int64_t>(candidates.size()) || candidates[h].empty()) continue;
-    const Tensor pool = cat(candidates[h]);
+    if (h >= static_cast<int64_t>(pools.size())) break;
+    const Tensor& pool = pools[static_cast<size_t>(h)];
     if (pool.size(0) == 0) continue;
     const Tensor dead = masked_select(arange(k), select(expired, 0, h));
     const int64_t m = dead.numel();
@@ -189,6 +201,26 @@ void Codebook::expire_codes() {
     copy_(avg, put_rows(avg, dead, rows * threshold));
     copy_(cs, put_rows(cs, dead, full({m}, threshold, options_of(cs))));
   }
+}
+
+void Codebook::add_init_samples(const Tensor& x, const Tensor& valid) {
+  NoGradGuard no_grad;
+  const int64_t g = opts_.num_codebooks, t = x.size(1);
+  if (pending_.init_samples.empty()) pending_.init_samples.assign(static_cast<size_t>(g), {});
+  const Tensor xs = to_dtype(x.detach(), embed_.dtype());
+  for (int64_t h = 0; h < g; ++h) {
+    Tensor rows = select(xs, 0, h);
+    if (valid.defined()) rows = index_select(rows, 0, masked_select(arange(t), select(valid, 0, h)));
+    pending_.init_samples[static_cast<size_t>(h)].push_back(contiguous(rows));
+  }
+}
+
+void Codebook::init_from_pending() {
+  std::vector<Tensor> samples;
+  for (const auto& rows : pending_.init_samples)
+    samples.push_back(rows.empty() ? zeros({0, opts_.dim}, options_of(embed_)) : cat(rows));
+  pending_ = CodebookStatistics{};
+  if (static_cast<int64_t>(samples.size()) == opts_.num_codebooks) init_from_samples(samples);
 }
 
 void Codebook::update_affine(const Tensor& x, const Tensor& valid) {
@@ -236,6 +268,11 @@ Tensor Codebook::to_codebook_space(const Tensor& x) const {
 }
 
 void Codebook::update_state() {
+  if (!initted()) {
+    // A deferred k-means initialisation (nothing else is pending).
+    if (!pending_.init_samples.empty()) init_from_pending();
+    return;
+  }
   apply_ema_update();
   expire_codes();
 }

@@ -56,6 +56,15 @@ class Codebook : public Module {
    * cluster_size as the reference does, then initted. */
   void init_from_samples(const std::vector<Tensor>& samples);
 
+  /** Keeps one forward's rows `x` [G, T, D] (valid [G, T] bool, undefined =
+   * all) as k-means samples for a deferred initialisation (pending().
+   * init_samples); local only. */
+  void add_init_samples(const Tensor& x, const Tensor& valid);
+  /** Initialises from the pending init_samples (k-means on each codebook's
+   * rows) and clears them, with every other pending statistic: statistics
+   * gathered against the uninitialised codes mean nothing. */
+  void init_from_pending();
+
   /** Adds one forward's statistics: `x` [G, T, D] the codebook inputs,
    * `indices` [G, T] their codes, `valid` [G, T] bool (undefined = all).
    * Local only; call it once per forward. */
@@ -76,7 +85,17 @@ class Codebook : public Module {
    * cluster_size reset to the threshold and embed_avg to row * threshold.
    * Clears the candidates. No-op when the threshold is 0 or none expired. */
   void expire_codes();
-  /** apply_ema_update() then expire_codes(). */
+  /** Dead-code expiry drawing from `pools`, one [P_g, D] tensor of candidate
+   * rows per codebook (a distributed run passes every rank's candidates in
+   * rank order). Same rule as expire_codes(); pending candidates are cleared.
+   * With P_g < the number of expired codes the rows are drawn with
+   * replacement, as the reference's sample_vectors does. */
+  void expire_codes(const std::vector<Tensor>& pools);
+  /** The codes that expire now: cluster_size < threshold, [G, K] bool
+   * (all false when dead-code expiry is off). */
+  Tensor expired_codes() const;
+  /** apply_ema_update() then expire_codes(); before initialisation, the
+   * deferred k-means initialisation from pending samples instead. */
   void update_state();
 
   // ---- affine_param: running statistics, buffers batch_mean, batch_variance,

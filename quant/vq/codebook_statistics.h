@@ -26,12 +26,18 @@ struct CodebookStatistics {
   /** Forwards accumulated since the last apply (the s above). */
   int64_t steps = 0;
   /** Candidate rows for dead-code replacement, one [C_i, D] tensor per
-   * codebook and forward: up to K rows of each forward's batch, drawn
-   * uniformly without replacement (the input after projection and
-   * normalisation, masked tokens excluded). */
+   * codebook and forward: every valid row of each forward's batch (the input
+   * after projection and normalisation, masked tokens excluded), in token
+   * order. Keeping all rows, not a local sample, is what lets a distributed
+   * run pool them across ranks in rank order and draw the replacements
+   * exactly as one process would from the whole batch. */
   std::vector<std::vector<Tensor>> candidates;
+  /** k-means samples, one [S_i, D] tensor per codebook and forward, gathered
+   * while the codebook awaits initialisation and initialisation is deferred
+   * to the reconciliation point (VectorQuantize without update_in_forward). */
+  std::vector<std::vector<Tensor>> init_samples;
 
-  /** True when nothing has been accumulated. */
+  /** True when no statistics have been accumulated. */
   bool empty() const { return steps == 0; }
 };
 

@@ -47,7 +47,7 @@ ResidualVQOptions checked(ResidualVQOptions o) {
 }  // namespace
 
 ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
-    : Module("ResidualVQ"), opts_(checked(opts)), dropout_gen_(0) {
+    : Module("ResidualVQ"), opts_(checked(opts)), dropout_gen_(Generator(0)) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   if (codebook_dim_ != opts_.dim) {
     project_in_ = register_module("project_in", std::shared_ptr<Module>(std::make_shared<Linear>(
@@ -73,12 +73,12 @@ ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
     layers->register_module(std::to_string(i), layer);
     layers_.push_back(layer);
   }
-  dropout_gen_ = named_stream(draw_seed(gen), "rvq.dropout");
+  dropout_gen_ = StepStream(named_stream(draw_seed(gen), "rvq.dropout"));
 }
 
 int64_t ResidualVQ::draw_last_layer() {
   const int64_t q = num_quantizers();
-  int64_t k = randint(opts_.quantize_dropout_cutoff_index, q, {}, dropout_gen_).item<int64_t>();
+  int64_t k = randint(opts_.quantize_dropout_cutoff_index, q, {}, dropout_gen_.next()).item<int64_t>();
   const int64_t m = opts_.quantize_dropout_multiple_of;
   if (m != 1) k = ((k + 1 + m - 1) / m) * m - 1;
   return k;

@@ -9,6 +9,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 #include "quant/vq/vector_quantize.h"
 
 namespace quanta::quant {
@@ -40,8 +41,10 @@ struct ResidualVQOptions {
   VectorQuantizeOptions layer;
 };
 
-class ResidualVQ : public Module {
+class ResidualVQ : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   /** Layers "layers.<i>", projections "project_in" / "project_out"; the
    * dropout stream "rvq.dropout" is keyed from `gen`. */
   ResidualVQ(const ResidualVQOptions& opts, Generator& gen);
@@ -79,7 +82,7 @@ class ResidualVQ : public Module {
   int64_t codebook_dim_;
   std::vector<std::shared_ptr<VectorQuantize>> layers_;
   std::shared_ptr<Module> project_in_, project_out_;
-  Generator dropout_gen_;
+  StepStream dropout_gen_;
 };
 
 /** GroupedResidualVQ options. */

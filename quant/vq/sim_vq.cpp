@@ -88,7 +88,7 @@ Tensor SimVQ::indices_to_codes(const Tensor& indices) {
 }
 
 ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
-    : Module("ResidualSimVQ"), opts_(opts), dropout_gen_(0) {
+    : Module("ResidualSimVQ"), opts_(opts), dropout_gen_(Generator(0)) {
   if (opts_.num_quantizers <= 0) fail("ResidualSimVQ", "num_quantizers must be positive");
   auto list = std::make_shared<Module>("ModuleList");
   register_module("layers", list);
@@ -102,7 +102,7 @@ ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
     list->register_module(std::to_string(i), l);
     layers_.push_back(l);
   }
-  dropout_gen_ = named_stream(draw_seed(gen), "rvq.dropout");
+  dropout_gen_ = StepStream(named_stream(draw_seed(gen), "rvq.dropout"));
 }
 
 QuantizeOutput ResidualSimVQ::forward(const Tensor& x, const Tensor& mask) {
@@ -111,7 +111,7 @@ QuantizeOutput ResidualSimVQ::forward(const Tensor& x, const Tensor& mask) {
   const Tensor tokens = layout.to_tokens(x);
   int64_t last = -1;
   if (is_training() && opts_.quantize_dropout && q_count > 1) {
-    last = randint(opts_.quantize_dropout_cutoff_index, q_count, {}, dropout_gen_).item<int64_t>();
+    last = randint(opts_.quantize_dropout_cutoff_index, q_count, {}, dropout_gen_.next()).item<int64_t>();
     const int64_t m = opts_.quantize_dropout_multiple_of;
     if (m != 1) last = ((last + 1 + m - 1) / m) * m - 1;
   }

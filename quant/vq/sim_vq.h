@@ -10,6 +10,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 
 namespace quanta::quant {
 
@@ -68,8 +69,10 @@ struct ResidualSimVQOptions {
   SimVQOptions layer;
 };
 
-class ResidualSimVQ : public Module {
+class ResidualSimVQ : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   /** Layers "layers.<i>"; the dropout stream "rvq.dropout" is keyed from
    * `gen`. */
   ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen);
@@ -86,7 +89,7 @@ class ResidualSimVQ : public Module {
  private:
   ResidualSimVQOptions opts_;
   std::vector<std::shared_ptr<SimVQ>> layers_;
-  Generator dropout_gen_;
+  StepStream dropout_gen_;
 };
 
 }  // namespace quanta::quant

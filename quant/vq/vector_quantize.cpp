@@ -97,7 +97,7 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
 
 VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen,
                                std::shared_ptr<Codebook> shared)
-    : Module(kWho), opts_(checked(opts)), sample_gen_(0), orthogonal_gen_(0) {
+    : Module(kWho), opts_(checked(opts)), sample_gen_(Generator(0)), orthogonal_gen_(Generator(0)) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   rotation_trick_ = opts_.rotation_trick.value_or(opts_.dim > 1);
   learnable_ = opts_.learnable_codebook.value_or(false);
@@ -128,8 +128,8 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
                          codebook_options(opts_, codebook_dim_, learnable_, ema_update_), gen));
   }
   const uint64_t seed = draw_seed(gen);
-  sample_gen_ = named_stream(seed, "vq.sample");
-  orthogonal_gen_ = named_stream(seed, "vq.orthogonal");
+  sample_gen_ = StepStream(named_stream(seed, "vq.sample"));
+  orthogonal_gen_ = StepStream(named_stream(seed, "vq.orthogonal"));
 }
 
 // [B, N, H * Dc] -> [G, T, Dc] with tokens in (b, n) order per head
@@ -206,7 +206,13 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   Tokens t = prepare(x, mask);
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size, d = codebook_dim_;
   Codebook& cb = *codebook_;
-  if (!cb.initted()) {
+  // k-means initialisation: on the first batch inside this forward (the
+  // reference's behaviour), or, with the update deferred to an explicit
+  // reconciliation point (distributed training), only collect this
+  // training batch as samples; until then the codes are the zero vectors.
+  const bool deferred_init = !cb.initted() && !opts_.update_in_forward;
+  if (deferred_init && is_training()) cb.add_init_samples(t.x, t.valid);
+  if (!cb.initted() && opts_.update_in_forward) {
     std::vector<Tensor> samples;
     for (int64_t h = 0; h < g; ++h) {
       Tensor rows = select(t.x, 0, h).detach();
@@ -217,8 +223,8 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
     cb.init_from_samples(samples);
   }
   const bool training = is_training();
-  const bool updates =
-      training && !opts_.freeze_codebook && (ema_update_ || opts_.threshold_ema_dead_code > 0);
+  const bool updates = training && !deferred_init && !opts_.freeze_codebook &&
+                       (ema_update_ || opts_.threshold_ema_dead_code > 0);
   // The codes this forward uses: a gradient only for a learnable codebook,
   // and then a copy, so an EMA step inside this forward cannot change what
   // backward reads.
@@ -239,7 +245,7 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
     NoGradGuard no_grad;
     if (stochastic) {
       const Tensor logits =
-          dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_, options_of(dist));
+          dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
       idx = argmax(logits, -1);
     } else if (need_dist) {
       idx = argmax(dist.detach(), -1);
@@ -332,7 +338,7 @@ Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {
   const int64_t n = e.size(1);
   if (opts_.orthogonal_reg_max_codes > 0 && n > opts_.orthogonal_reg_max_codes)
     e = index_select(e, 1,
-                     slice(randperm(n, orthogonal_gen_), 0, 0, opts_.orthogonal_reg_max_codes));
+                     slice(randperm(n, orthogonal_gen_.next()), 0, 0, opts_.orthogonal_reg_max_codes));
   const int64_t m = e.size(1), h = e.size(0);
   if (m == 0) return zero_like_loss(e);
   const Tensor en = l2norm(e);

@@ -16,6 +16,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 #include "quant/vq/codebook.h"
 
 namespace quanta::quant {
@@ -91,8 +92,10 @@ struct VectorQuantizeOptions {
   bool update_in_forward = true;
 };
 
-class VectorQuantize : public Module {
+class VectorQuantize : public Module, public StepKeyed {
  public:
+  /** Keys this layer's per-forward draws by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { sample_gen_.pin(step); orthogonal_gen_.pin(step); }
   /** Builds the layer; parameters and codes are drawn from `gen`, and the
    * layer's random streams (k-means, dead codes, sampling) are keyed from it. */
   VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen);
@@ -153,7 +156,7 @@ class VectorQuantize : public Module {
   bool rotation_trick_, learnable_, ema_update_;
   std::shared_ptr<Module> project_in_, project_out_;
   std::shared_ptr<Codebook> codebook_;
-  Generator sample_gen_, orthogonal_gen_;
+  StepStream sample_gen_, orthogonal_gen_;
 };
 
 }  // namespace quanta::quant

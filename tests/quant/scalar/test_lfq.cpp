@@ -2,6 +2,8 @@
 // brute-force 2^d computation and the direct path (values and gradients, f64).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <set>
 
@@ -262,25 +264,32 @@ TEST_CASE("LFQ masks: masked tokens contribute nothing; all masked gives zero lo
   CHECK(d.forward(x, none).loss.item() == 0.0);
 }
 
-TEST_CASE("LFQ's batch mean is one replaceable function") {
+TEST_CASE("LFQ's token means go through one replaceable function") {
   Generator gen(60);
   LFQOptions o = lfq_opts(8);
   o.inv_temperature = 4;
+  o.commitment_loss_weight = 0.25;
   LFQ lfq(o);
   const Tensor x = randn({2, 5, 8}, gen);
-  const double base = lfq.forward(x, Tensor()).term("batch_entropy").item();
-  int64_t seen_count = -1;
-  Shape seen_shape;
+  const QuantizeOutput base = lfq.forward(x, Tensor());
+  std::vector<int64_t> counts;
+  std::vector<Shape> shapes;
   // E.g. a cross-rank mean: here, the same mean computed differently.
   lfq.token_mean = [&](const Tensor& s, int64_t count) {
-    seen_count = count;
-    seen_shape = s.shape();
+    counts.push_back(count);
+    shapes.push_back(s.shape());
     return s * (1.0 / double(count));
   };
-  const double replaced = lfq.forward(x, Tensor()).term("batch_entropy").item();
-  CHECK(seen_count == 10);
-  CHECK(seen_shape == Shape{1, 256});
-  CHECK(replaced == doctest::Approx(base).epsilon(1e-6));
+  const QuantizeOutput replaced = lfq.forward(x, Tensor());
+  // Per-sample entropy, the batch distribution and the commitment: every
+  // token mean of the loss, each over the 10 tokens.
+  REQUIRE(counts.size() == 3);
+  for (int64_t c : counts) CHECK(c == 10);
+  CHECK(std::count(shapes.begin(), shapes.end(), Shape{1, 256}) == 1);
+  for (const char* term : {"per_sample_entropy", "batch_entropy", "commitment"}) {
+    CAPTURE(term);
+    CHECK(replaced.term(term).item() == doctest::Approx(base.term(term).item()).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("ResidualLFQ: per-layer scales, losses and quantize dropout") {

@@ -1,0 +1,167 @@
+#include "quant/sync/quantizer_sync.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "dist/functional.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/join.h"
+#include "engine/ops/reductions.h"
+#include "engine/ops/view.h"
+#include "quant/scalar/lfq.h"
+#include "quant/step_stream.h"
+#include "quant/vq/codebook.h"
+#include "quant/vq/residual_vq.h"
+#include "quant/vq/vector_quantize.h"
+
+namespace quanta::quant {
+namespace {
+
+std::string layer_name(const std::string& path) { return path.empty() ? "(root)" : path; }
+
+// One table's rows, every forward's [S_i, D] block concatenated, in the
+// codebook's dtype; [0, D] when there are none.
+Tensor concat_rows(const std::vector<std::vector<Tensor>>& per_table, std::size_t table,
+                   const Codebook& cb) {
+  const Tensor& e = cb.embed();
+  if (table >= per_table.size() || per_table[table].empty())
+    return zeros({0, cb.options().dim}, options_of(e));
+  return contiguous(to_dtype(cat(per_table[table]), e.dtype()));
+}
+
+}  // namespace
+
+QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group)
+    : module_(std::move(module)), group_(group) {
+  if (!module_) throw std::invalid_argument("[QuantizerSync] module is null");
+  std::unordered_set<Codebook*> seen;
+  dist::ProcessGroup* g = &group_;
+  for (auto& [path, m] : module_->named_modules()) {
+    if (auto* vq = dynamic_cast<VectorQuantize*>(m)) {
+      if (vq->options().affine_param)
+        throw std::invalid_argument(
+            "[QuantizerSync] VectorQuantize '" + layer_name(path) +
+            "' uses affine_param: its running statistics change inside forward and are not "
+            "reconciled across ranks; turn affine_param off for distributed training");
+      vq->set_update_in_forward(false);
+    }
+    if (auto* rvq = dynamic_cast<ResidualVQ*>(m)) rvq->set_update_in_forward(false);
+    if (auto* lfq = dynamic_cast<LFQ*>(m))
+      lfq->token_mean = [g](const Tensor& sum, int64_t count) {
+        return dist::fn::global_mean(*g, sum, scalar(double(count), {.dtype = DType::f64}));
+      };
+    if (auto* cb = dynamic_cast<Codebook*>(m))
+      if (seen.insert(cb).second) codebooks_.push_back(cb);
+    if (auto* s = dynamic_cast<StepKeyed*>(m)) streams_.push_back(s);
+  }
+  pin_streams();
+}
+
+void QuantizerSync::pin_streams() {
+  for (StepKeyed* s : streams_) s->pin_random_step(step_);
+}
+
+void QuantizerSync::set_step(uint64_t step) {
+  step_ = step;
+  pin_streams();
+}
+
+void QuantizerSync::attach(dist::DataParallel& dp) {
+  dp.add_step_hook([this](dist::ProcessGroup&) { sync_state(); });
+}
+
+void QuantizerSync::sync_state() {
+  NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(codebooks_.size());
+  if (n > 0) {
+    // (1) Forwards accumulated since the last sync: the most any rank ran
+    // (a rank with an extra forward folded its counts one more time).
+    std::vector<double> local_steps;
+    for (Codebook* cb : codebooks_) local_steps.push_back(double(cb->pending().steps));
+    Tensor steps = from_vector<double>(local_steps, {n});
+    group_.all_reduce(steps, dist::ReduceOp::max);
+    const std::vector<double> global_steps = steps.to_vector<double>();
+
+    // (2) Deferred k-means on the pooled samples of every rank (rank order):
+    // the same pool, hence the same codes, on every rank.
+    std::vector<bool> reduce_stats(static_cast<size_t>(n), false);
+    for (int64_t i = 0; i < n; ++i) {
+      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+      const CodebookOptions& o = cb.options();
+      if (!cb.initted()) {
+        std::vector<Tensor> pools;
+        for (int64_t h = 0; h < o.num_codebooks; ++h)
+          pools.push_back(group_.all_gather_v(
+              concat_rows(cb.pending().init_samples, static_cast<size_t>(h), cb)));
+        cb.pending() = CodebookStatistics{};
+        cb.init_from_samples(pools);
+        continue;  // statistics against the zero codes mean nothing
+      }
+      reduce_stats[static_cast<size_t>(i)] = global_steps[static_cast<size_t>(i)] > 0;
+    }
+
+    // (3) One fused all_reduce of every codebook's folded counts, sums and
+    // token totals, in f64 (ranks without statistics send zeros).
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!reduce_stats[static_cast<size_t>(i)]) continue;
+      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+      const CodebookOptions& o = cb.options();
+      const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
+      const CodebookStatistics& p = cb.pending();
+      const bool has = !p.empty();
+      parts.push_back(has ? reshape(to_dtype(p.counts, DType::f64), {g * k})
+                          : zeros({g * k}, {.dtype = DType::f64}));
+      parts.push_back(has ? reshape(to_dtype(p.sums, DType::f64), {g * k * d})
+                          : zeros({g * k * d}, {.dtype = DType::f64}));
+      parts.push_back(has ? to_dtype(p.tokens, DType::f64) : zeros({g}, {.dtype = DType::f64}));
+    }
+    if (!parts.empty()) {
+      Tensor fused = contiguous(cat(parts));
+      group_.all_reduce(fused, dist::ReduceOp::sum);
+      int64_t at = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!reduce_stats[static_cast<size_t>(i)]) continue;
+        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+        const CodebookOptions& o = cb.options();
+        const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
+        const DType dt = cb.embed().dtype();
+        auto take = [&](int64_t count, Shape shape) {
+          Tensor t = to_dtype(reshape(slice(fused, 0, at, at + count), shape), dt);
+          at += count;
+          return t;
+        };
+        CodebookStatistics& p = cb.pending();
+        p.counts = take(g * k, {g, k});
+        p.sums = take(g * k * d, {g, k, d});
+        p.tokens = take(g, {g});
+        p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
+        cb.apply_ema_update();
+      }
+    }
+
+    // (4) Dead codes: which expire follows from the reduced cluster sizes,
+    // identical on every rank; replacements come from every rank's
+    // candidates, pooled in rank order and drawn by the codebook's stream.
+    for (int64_t i = 0; i < n; ++i) {
+      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+      const CodebookOptions& o = cb.options();
+      if (!reduce_stats[static_cast<size_t>(i)] || o.threshold_ema_dead_code <= 0 ||
+          !any(cb.expired_codes()).item()) {
+        cb.pending().candidates.clear();
+        continue;
+      }
+      std::vector<Tensor> pools;
+      for (int64_t h = 0; h < o.num_codebooks; ++h)
+        pools.push_back(group_.all_gather_v(
+            concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb)));
+      cb.expire_codes(pools);
+    }
+  }
+  ++step_;
+  pin_streams();
+}
+
+}  // namespace quanta::quant

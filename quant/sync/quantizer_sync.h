@@ -1,0 +1,102 @@
+#pragma once
+// Distributed-correct quantizer state (DESIGN.md "Distributed rules").
+//
+// A QuantizerSync takes every quantizer layer inside a module tree into
+// distributed mode and is the ONE point per optimizer step where their
+// cross-rank state is reconciled:
+//
+//   auto sync = quant::QuantizerSync(model, *group);   // every rank, no collective
+//   dist::DataParallel dp(model, *group);
+//   sync.attach(dp);                                    // sync_state() in finish_step()
+//   for (...) {
+//     loss = ...; loss.backward();
+//     dp.finish_step();     // gradients, then sync_state(): EMA, dead codes, k-means
+//     opt.step(); opt.zero_grad();
+//   }
+//
+// What distributed mode changes, layer by layer:
+// * VectorQuantize (and ResidualVQ, GroupedResidualVQ, RandomProjection-
+//   Quantizer, which hold them): forward issues NO collective. It only
+//   accumulates local statistics (folded EMA counts and sums, token counts,
+//   every valid row as a dead-code candidate, k-means samples while the
+//   codebook awaits initialisation). sync_state() reduces them with a fixed,
+//   data-independent sequence of collectives and updates every rank's codebook
+//   identically, so codebooks stay bitwise equal.
+// * k-means initialisation is global and deferred: the training forwards
+//   before the first sync_state() quantize against the zero codebook (every
+//   token gets code 0 and the zero vector) and only collect samples;
+//   sync_state() gathers every rank's samples in rank order and runs k-means
+//   on the pool, identically on every rank (the same result as one process on
+//   the whole batch). Call sync_state() once after a first no-grad training
+//   forward to start training from initialised codes.
+// * LFQ (and ResidualLFQ, GroupedResidualLFQ): every token mean in the loss
+//   (per-sample entropy, batch entropy, commitment) is the token-weighted
+//   mean over all ranks through dist::fn::global_mean, so the loss and its
+//   gradient equal one process's on the whole batch. These ARE collectives
+//   inside the training forward: every rank must run the same LFQ training
+//   forwards (a rank with no tokens or a fully masked batch takes part as
+//   usual). A rank that runs an extra one, or evaluates while the others
+//   train, cannot be made correct: the collectives fail on every rank with an
+//   error naming the op (at once with QUANTA_DIST_DEBUG=1, else at the
+//   timeout) instead of hanging.
+// * Quantize dropout, stochastic code sampling and entropy subsampling draw
+//   from StepStreams pinned to the reconciliation count: every rank draws the
+//   same numbers in a step, whatever extra, eval or no-grad forwards it ran.
+//
+// Refused with a clear error (not yet rank-consistent): VectorQuantize with
+// affine_param (running statistics updated inside forward).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/data_parallel.h"
+#include "dist/process_group.h"
+#include "engine/nn/module.h"
+
+namespace quanta::quant {
+
+class Codebook;
+class StepKeyed;
+
+class QuantizerSync {
+ public:
+  /** Puts every quantizer layer inside `module` (the module itself
+   * included) into distributed mode on `group`. Issues no collective; every
+   * rank must build the same module tree. `group` and `module` must outlive
+   * this object. Throws std::invalid_argument naming a layer whose options
+   * cannot be made rank-consistent. */
+  QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group);
+
+  /** The reconciliation point, on every rank once per optimizer step (after
+   * the step's forwards, before the next ones). Collectives, in this order,
+   * whatever the data: (1) all_reduce(max) of the forward counts, (2) for
+   * each codebook awaiting k-means, one all_gather_v of samples per table,
+   * (3) one fused all_reduce(sum) of every codebook's counts, sums and token
+   * totals, (4) for each codebook where codes expired (decided from reduced
+   * statistics, so on every rank alike) one all_gather_v of candidate rows
+   * per table. Then the step count advances and the layers' random streams
+   * are pinned to it. */
+  void sync_state();
+
+  /** Runs sync_state() at the end of every DataParallel::finish_step(). */
+  void attach(dist::DataParallel& dp);
+
+  /** Reconciliations so far (the key of this step's random draws). */
+  uint64_t step() const { return step_; }
+  /** Restores the step count (resuming from a checkpoint) and re-pins. */
+  void set_step(uint64_t step);
+  /** The distinct codebooks found, in traversal order. */
+  std::size_t num_codebooks() const { return codebooks_.size(); }
+
+ private:
+  void pin_streams();
+
+  std::shared_ptr<Module> module_;
+  dist::ProcessGroup& group_;
+  std::vector<Codebook*> codebooks_;
+  std::vector<StepKeyed*> streams_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace quanta::quant

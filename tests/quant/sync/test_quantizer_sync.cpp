@@ -1,0 +1,285 @@
+// QuantizerSync on real ranks (threads over Gloo on loopback): N ranks with
+// the global batch split unevenly (a rank with no tokens included) train to
+// the same parameters, buffers and losses as one process on the whole batch,
+// with every rank's state bitwise equal to the others'; and the misuse cases
+// of DESIGN.md (extra, eval, no-grad forwards, empty and fully masked
+// batches, a rank that dies) end without a hang.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "dist/ranks.h"
+#include "quanta.h"
+#include "quant/scalar/fsq.h"
+#include "quant/scalar/lfq.h"
+#include "quant/scalar/residual_fsq.h"
+#include "quant/scalar/residual_lfq.h"
+#include "quant/sync/quantizer_sync.h"
+#include "quant/vq/residual_vq.h"
+#include "quant/vq/vector_quantize.h"
+
+using namespace quanta;
+using namespace quanta::quant;
+using dist::ProcessGroup;
+using dist::testing::all_ok;
+using dist::testing::run_ranks;
+
+namespace {
+
+constexpr int64_t kDim = 6;
+constexpr int64_t kTokens = 40;  // global batch per step
+constexpr int kSteps = 5;
+
+using QuantizeFn = std::function<QuantizeOutput(Module&, const Tensor& x, const Tensor& mask)>;
+
+/** A quantizer under test: how to build it and call it. */
+struct Case {
+  std::string name;
+  std::function<std::shared_ptr<Module>(Generator&)> make;
+  QuantizeFn quantize;
+  /** The layer's loss is already a whole-batch quantity on every rank (LFQ in
+   * distributed mode); otherwise it is a local token mean. */
+  bool global_loss = false;
+};
+
+template <class Layer>
+QuantizeFn call() {
+  return [](Module& m, const Tensor& x, const Tensor& mask) {
+    return dynamic_cast<Layer&>(m).forward(x, mask);
+  };
+}
+
+VectorQuantizeOptions vq_options() {
+  VectorQuantizeOptions o;
+  o.dim = kDim;
+  o.codebook_size = 8;
+  o.codebook_dim = 4;
+  o.decay = 0.8;
+  return o;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  out.push_back({"vq_kmeans_dead_codes",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.kmeans_init = true;
+                   o.kmeans_iters = 4;
+                   o.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
+  out.push_back({"vq_cosine_dead_codes",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.use_cosine_sim = true;
+                   o.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
+  out.push_back({"vq_every_code_expires",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.threshold_ema_dead_code = 1e6;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
+  out.push_back({"rvq_quantize_dropout",
+                 [](Generator& g) {
+                   ResidualVQOptions o;
+                   o.dim = kDim;
+                   o.num_quantizers = 3;
+                   o.codebook_sizes = {8};
+                   o.quantize_dropout = true;
+                   o.layer = vq_options();
+                   o.layer.threshold_ema_dead_code = 0.5;
+                   return std::make_shared<ResidualVQ>(o, g);
+                 },
+                 call<ResidualVQ>()});
+  out.push_back({"fsq_projected",
+                 [](Generator& g) {
+                   FSQOptions o;
+                   o.levels = {5, 4, 3};
+                   o.dim = kDim;
+                   o.seed = g.key();
+                   return std::make_shared<FSQ>(o);
+                 },
+                 call<FSQ>()});
+  out.push_back({"rfsq_quantize_dropout",
+                 [](Generator& g) {
+                   ResidualFSQOptions o;
+                   o.fsq.levels = {5, 4, 3};
+                   o.fsq.dim = kDim;
+                   o.fsq.seed = g.key();
+                   o.num_quantizers = 3;
+                   o.quantize_dropout = true;
+                   return std::make_shared<ResidualFSQ>(o);
+                 },
+                 call<ResidualFSQ>()});
+  auto lfq_options = [](Generator& g) {
+    LFQOptions o;
+    o.dim = kDim;
+    o.codebook_size = 16;
+    o.entropy_loss_weight = 0.1;
+    o.commitment_loss_weight = 0.25;
+    o.seed = g.key();
+    return o;
+  };
+  out.push_back({"lfq_entropy",
+                 [lfq_options](Generator& g) { return std::make_shared<LFQ>(lfq_options(g)); },
+                 [](Module& m, const Tensor& x, const Tensor& mask) {
+                   return dynamic_cast<LFQ&>(m).forward(x, mask);
+                 },
+                 true});
+  out.push_back({"rlfq_quantize_dropout",
+                 [lfq_options](Generator& g) {
+                   ResidualLFQOptions o;
+                   o.lfq = lfq_options(g);
+                   o.num_quantizers = 2;
+                   o.quantize_dropout = true;
+                   return std::make_shared<ResidualLFQ>(o);
+                 },
+                 [](Module& m, const Tensor& x, const Tensor& mask) {
+                   return dynamic_cast<ResidualLFQ&>(m).forward(x, mask);
+                 },
+                 true});
+  return out;
+}
+
+/** An encoder and the quantizer: every rank builds it from the same seed. */
+struct Net : Module {
+  std::shared_ptr<Linear> enc;
+  std::shared_ptr<Module> q;
+  Net(const Case& c, uint64_t seed) : Module("Net") {
+    Generator gen(seed);
+    enc = register_module("enc", std::make_shared<Linear>(kDim, kDim, gen));
+    q = register_module("q", c.make(gen));
+    // f64, so that "equal to one process" can be checked far below the
+    // quantizers' f32 sensitivity (the only differences left are summation
+    // orders across ranks).
+    to(DType::f64);
+  }
+};
+
+/** The global batch of step s: [kTokens, kDim], the same on every rank. */
+Tensor global_batch(int s) {
+  Generator gen(1000 + uint64_t(s));
+  return to_dtype(randn({kTokens, kDim}, gen) * 1.5, DType::f64);
+}
+
+/** Rows [begin, end) of each rank: uneven, with empty ranks for N > 2. */
+std::vector<int64_t> cuts(int n) {
+  switch (n) {
+    case 1: return {0, kTokens};
+    case 2: return {0, 28, kTokens};
+    case 3: return {0, 25, kTokens, kTokens};  // rank 2 has no tokens
+    default: return {0, 10, 10, 29, kTokens};  // rank 1 has no tokens
+  }
+}
+
+/** One training forward and backward on `x` (this rank's rows), with the
+ * loss scaled so that the sum over ranks is the whole-batch loss (the sum
+ * convention of dist::fn; DataParallel's averaging then gives the
+ * whole-batch gradient). Returns this rank's share of the loss. */
+double forward_backward(Net& net, const Case& c, const Tensor& x, int world, bool backward = true,
+                        const Tensor& mask = Tensor()) {
+  const int64_t t = x.size(0);
+  Tensor z = net.enc->forward(x);
+  QuantizeOutput out = c.quantize(*net.q, reshape(z, {1, t, kDim}), mask);
+  Tensor q = reshape(out.quantized, {t, kDim});
+  // Sums over this rank's tokens divided by the GLOBAL count: no 0/0 for an
+  // empty rank, and the ranks' shares add up to the whole-batch mean.
+  Tensor loss = sum(square(q - x)) * (double(world) / double(kTokens * kDim));
+  const double aux_scale = c.global_loss ? 1.0 : double(world) * double(t) / double(kTokens);
+  loss = loss + sum(out.loss) * aux_scale;
+  if (backward && loss.requires_grad()) loss.backward();
+  return loss.item() / double(world);
+}
+
+using State = std::map<std::string, std::vector<double>>;
+
+State state_of(Module& m) {
+  State s;
+  for (auto& [name, t] : m.state_dict()) s[name] = to_dtype(t, DType::f64).to_vector<double>();
+  return s;
+}
+
+/** One process, the whole batch: the reference the ranks must equal. */
+std::pair<State, std::vector<double>> train_one_process(const Case& c) {
+  auto group = ProcessGroup::single();
+  auto net = std::make_shared<Net>(c, 7);
+  QuantizerSync sync(net, *group);
+  SGD opt(net->parameters(), {.lr = 0.05});
+  std::vector<double> losses;
+  for (int s = 0; s < kSteps; ++s) {
+    losses.push_back(forward_backward(*net, c, global_batch(s), 1));
+    sync.sync_state();
+    opt.step();
+    opt.zero_grad();
+  }
+  return {state_of(*net), losses};
+}
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
+bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("QuantizerSync: N ranks with uneven (and empty) batches equal one process") {
+  for (const Case& c : cases()) {
+    const auto [want, want_losses] = train_one_process(c);
+    for (int n : {2, 3, 4}) {
+      CAPTURE(c.name);
+      CAPTURE(n);
+      std::vector<State> got(static_cast<size_t>(n));
+      std::vector<std::vector<double>> losses(static_cast<size_t>(n));
+      const auto errors = run_ranks(n, [&](ProcessGroup& group) {
+        const int r = group.rank();
+        auto net = std::make_shared<Net>(c, 7);
+        QuantizerSync sync(net, group);
+        dist::DataParallel dp(net, group, {.broadcast_buffers = false});
+        sync.attach(dp);
+        SGD opt(net->parameters(), {.lr = 0.05});
+        const auto cut = cuts(n);
+        for (int s = 0; s < kSteps; ++s) {
+          const Tensor x = slice(global_batch(s), 0, cut[size_t(r)], cut[size_t(r) + 1]);
+          Tensor share = scalar(forward_backward(*net, c, contiguous(x), n), {.dtype = DType::f64});
+          dp.finish_step();  // gradients, then sync_state()
+          opt.step();
+          opt.zero_grad();
+          group.all_reduce(share);
+          losses[size_t(r)].push_back(share.item());
+        }
+        got[size_t(r)] = state_of(*net);
+      });
+      REQUIRE(all_ok(errors));
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        for (int s = 0; s < kSteps; ++s)
+          CHECK(losses[size_t(r)][size_t(s)] ==
+                doctest::Approx(want_losses[size_t(s)]).epsilon(1e-9));
+        REQUIRE(got[size_t(r)].size() == want.size());
+        for (const auto& [name, values] : want) {
+          CAPTURE(name);
+          // Equal to one process within float tolerance (reduction order)...
+          CHECK(max_rel_diff(got[size_t(r)].at(name), values) <= 1e-9);
+          // ...and bitwise equal across ranks.
+          CHECK(bitwise_equal(got[size_t(r)].at(name), got[0].at(name)));
+        }
+      }
+    }
+  }
+}
