@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "engine/ops/harness.h"
 
@@ -72,6 +73,9 @@ OpCase along_case(std::string name, Shape shape, int64_t dim,
   return c;
 }
 
+double r_sum(const Values& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+// 0 / 0 = NaN for an empty slice, as mean promises (NumPy, PyTorch).
+double r_mean(const Values& v) { return r_sum(v) / static_cast<double>(v.size()); }
 double r_prod(const Values& v) {
   return std::accumulate(v.begin(), v.end(), 1.0, std::multiplies<double>());
 }
@@ -128,6 +132,71 @@ Tensor t64(std::vector<double> v, Shape shape = {}) {
 std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 
 }  // namespace
+
+TEST_CASE("sum and mean through the harness") {
+  const ReduceFn sum_fn = [](const Tensor& x, const Dims& d, bool k) { return sum(x, d, k); };
+  const ReduceFn mean_fn = [](const Tensor& x, const Dims& d, bool k) { return mean(x, d, k); };
+  const Domain any = Domain::any;
+  for (bool keep : {false, true}) {
+    for (const auto& [name, op, ref] : {std::tuple{"sum", sum_fn, RowFn(r_sum)},
+                                        std::tuple{"mean", mean_fn, RowFn(r_mean)}}) {
+      // One dim, with an empty reduced dim (sum 0, mean NaN) in the zero-size
+      // variant; one dim of an empty kept dim.
+      run_case(reduce_case(name, op, ref, {3, 4, 5}, {1}, keep, any, {3, 0, 5}));
+      run_case(reduce_case(name, op, ref, {3, 4, 5}, {-1}, keep, any, {0, 4, 5}));
+      // Several dims, negative and out of order.
+      run_case(reduce_case(name, op, ref, {3, 4, 5}, {-1, 0}, keep, any, {3, 0, 5}));
+      // All dims: empty `dims` and every dim named.
+      run_case(reduce_case(name, op, ref, {3, 4}, {}, keep, any, {0, 4}));
+      run_case(reduce_case(name, op, ref, {2, 3, 4}, {0, 1, 2}, keep, any, {2, 3, 0}));
+    }
+  }
+}
+
+TEST_CASE("sum and mean of an expanded (stride-0, broadcast) input through the harness") {
+  // The input is broadcast to [2, 3, 4, 5] before the reduction, so the
+  // kernel reads stride-0 dims and the gradient sums back through expand.
+  for (const auto& [name, op, ref] :
+       {std::tuple{"sum", ReduceFn([](const Tensor& x, const Dims& d, bool k) {
+                     return sum(expand(x, {2, x.size(0), 4, x.size(2)}), d, k);
+                   }), RowFn(r_sum)},
+        std::tuple{"mean", ReduceFn([](const Tensor& x, const Dims& d, bool k) {
+                     return mean(expand(x, {2, x.size(0), 4, x.size(2)}), d, k);
+                   }), RowFn(r_mean)}}) {
+    for (bool keep : {false, true}) {
+      const Dims dims = {0, 2};
+      OpCase c = reduce_case(std::string(name) + " of expand", op, ref, {3, 1, 5}, dims, keep,
+                             Domain::any, {0, 1, 5});
+      c.reference = [ref, dims, keep](const Inputs& x) {
+        const Shape wide = {2, x[0].size(0), 4, x[0].size(2)};
+        const Tensor b = ref_elementwise({x[0], zeros(wide, {.dtype = DType::f64})},
+                                         [](const Values& v) { return v[0]; });
+        return ref_reduce(b, dims, keep, ref);
+      };
+      run_case(c);
+    }
+  }
+}
+
+TEST_CASE("sum of a long row (split across threads) and of integers") {
+  // Past kGrainElements a whole-tensor sum runs in per-thread parts; the
+  // harness's O(n^2) gradient check is too slow for rows that long.
+  Tensor x = make_input({100003}, Domain::any, 17);
+  const Values v = vals(x);
+  CHECK(sum(x).item() == doctest::Approx(r_sum(v)).epsilon(1e-12));
+  CHECK(mean(x.to(DType::f32)).item() == doctest::Approx(r_mean(v)).epsilon(1e-5));
+  mean(x.requires_grad_()).backward();
+  const Values g = vals(x.grad());
+  CHECK(std::all_of(g.begin(), g.end(),
+                    [](double a) { return a == doctest::Approx(1.0 / 100003).epsilon(1e-12); }));
+  const Tensor i = from_vector<int32_t>({3, -1, 4, 1, 5}, {5});
+  CHECK(sum(i).dtype() == DType::i64);
+  CHECK(sum(i).item() == 12.0);
+  CHECK(sum(from_vector<bool>({true, false, true})).item<int64_t>() == 2);
+  CHECK(sum(zeros({0, 3}, {.dtype = DType::i32}), {0}).dtype() == DType::i64);
+  CHECK_THROWS_WITH_AS(mean(i), doctest::Contains("[mean] needs a floating tensor, got i32"),
+                       std::invalid_argument);
+}
 
 TEST_CASE("prod through the harness") {
   const ReduceFn op = [](const Tensor& x, const Dims& d, bool k) { return prod(x, d, k); };
