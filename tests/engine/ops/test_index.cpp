@@ -344,12 +344,22 @@ TEST_CASE("cat, stack, split and chunk through the harness") {
         return ref_cat(scramble({x[0].narrow(1, 0, 1), x[0].narrow(1, 1, 0),
                                  x[0].narrow(1, 1, 5)}), -1);
       }));
-  run_case(make_case(
-      "chunk", {{3, 5}},
-      [scramble](const Inputs& x) { return cat(scramble(chunk(x[0], 2, 1)), 1); },
-      [scramble](const Inputs& x) {
-        return ref_cat(scramble({x[0].narrow(1, 0, 3), x[0].narrow(1, 3, 2)}), 1);
-      }));
+  // chunk(x, 2, 1): pieces of ceil(n / 2) columns, the last one shorter;
+  // torch.chunk gives an empty dim `chunks` empty pieces.
+  auto chunk_ref = [scramble](const Inputs& x) {
+    const int64_t n = x[0].size(1), step = (n + 1) / 2;
+    std::vector<Tensor> pieces;
+    for (int64_t at = 0; at < n; at += step)
+      pieces.push_back(x[0].narrow(1, at, std::min(step, n - at)));
+    if (n == 0) pieces = {x[0], x[0]};
+    return ref_cat(scramble(pieces), 1);
+  };
+  // Zero-size both ways: no rows (pieces [0, 3] and [0, 2]) and no columns.
+  for (Shape zero : {Shape{0, 5}, Shape{3, 0}})
+    run_case(make_case(
+        "chunk", {{3, 5}},
+        [scramble](const Inputs& x) { return cat(scramble(chunk(x[0], 2, 1)), 1); }, chunk_ref,
+        {}, {zero}));
 }
 
 TEST_CASE("flip, repeat and pad through the harness") {

@@ -1,6 +1,8 @@
 // Views share storage and carry gradients back to their base.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "engine/ops/harness.h"
 
 using namespace quanta;
@@ -19,31 +21,47 @@ OpCase view_case(std::string name, Shape in, std::function<Tensor(const Tensor&)
   return c;
 }
 
+// f64 tensor of `shape` holding `v` (which may be empty).
+Tensor from_values(const std::vector<double>& v, const Shape& shape) {
+  return from_vector<double>(v, {static_cast<int64_t>(v.size())}).reshape(shape);
+}
+
+// x's values in row-major order, 1-d (reshape it to the view's shape).
+Tensor flat_ref(const Tensor& x) { return from_values(x.to_vector<double>(), {x.numel()}); }
+
 Tensor transpose_ref(const Tensor& x) {
   auto v = x.to_vector<double>();
   const int64_t r = x.size(0), c = x.size(1);
   std::vector<double> out(v.size());
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j) out[j * r + i] = v[i * c + j];
-  return from_vector<double>(out, {static_cast<int64_t>(out.size())}).reshape({c, r});
+  return from_values(out, {c, r});
 }
 }  // namespace
 
 TEST_CASE("views through the harness") {
+  // Zero-size: [2, 0, 4] holds 0 elements, so -1 is inferred as 0 -> [4, 0].
   run_case(view_case("reshape", {2, 3, 4}, [](const Tensor& x) { return reshape(x, {4, -1}); },
-                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>()).reshape({4, 6}); }));
+                     [](const Tensor& x) { return flat_ref(x).reshape({4, -1}); }, {2, 0, 4}));
   run_case(view_case("transpose", {3, 5}, [](const Tensor& x) { return x.t() * 1.0; }, transpose_ref,
                      {0, 5}));
   run_case(view_case("permute_contiguous", {3, 5},
-                     [](const Tensor& x) { return permute(x, {1, 0}).contiguous(); }, transpose_ref));
-  run_case(view_case("slice_step", {7, 3}, [](const Tensor& x) { return slice(x, 0, 1, 7, 2); },
-                     [](const Tensor& x) {
-                       auto v = x.to_vector<double>();
-                       std::vector<double> out;
-                       for (int i = 1; i < 7; i += 2)
-                         for (int j = 0; j < 3; ++j) out.push_back(v[i * 3 + j]);
-                       return from_vector<double>(out).reshape({3, 3});
-                     }));
+                     [](const Tensor& x) { return permute(x, {1, 0}).contiguous(); }, transpose_ref,
+                     {3, 0}));
+  // Rows 1, 3, 5 of x, clamped to the rows x has (like PyTorch's slicing).
+  auto slice_step_ref = [](const Tensor& x) {
+    auto v = x.to_vector<double>();
+    const int64_t rows = x.size(0), cols = x.size(1);
+    std::vector<double> out;
+    int64_t kept = 0;
+    for (int64_t i = 1; i < std::min<int64_t>(7, rows); i += 2, ++kept)
+      for (int64_t j = 0; j < cols; ++j) out.push_back(v[i * cols + j]);
+    return from_values(out, {kept, cols});
+  };
+  // Zero-size twice: an empty sliced dim (clamped to nothing) and an empty other dim.
+  for (Shape zero : {Shape{0, 3}, Shape{7, 0}})
+    run_case(view_case("slice_step", {7, 3}, [](const Tensor& x) { return slice(x, 0, 1, 7, 2); },
+                       slice_step_ref, zero));
   run_case(view_case("select", {4, 3}, [](const Tensor& x) { return select(x, 1, -1); },
                      [](const Tensor& x) {
                        auto v = x.to_vector<double>();
@@ -54,9 +72,14 @@ TEST_CASE("views through the harness") {
   run_case(view_case("narrow", {5, 2}, [](const Tensor& x) { return narrow(x, 0, 1, 3); },
                      [](const Tensor& x) {
                        auto v = x.to_vector<double>();
-                       return from_vector<double>(std::vector<double>(v.begin() + 2, v.begin() + 8))
-                           .reshape({3, 2});
-                     }));
+                       const int64_t cols = x.size(1);
+                       return from_values(
+                           std::vector<double>(v.begin() + cols, v.begin() + 4 * cols), {3, cols});
+                     },
+                     {5, 0}));
+  // A zero-length narrow; its zero-size variant narrows an empty dim at start 0.
+  run_case(view_case("narrow_empty", {5, 2}, [](const Tensor& x) { return narrow(x, 1, 0, 0); },
+                     [](const Tensor& x) { return from_values({}, {x.size(0), 0}); }, {0, 0}));
   run_case(view_case("expand", {3, 1}, [](const Tensor& x) { return expand(x, {2, x.size(0), 4}); },
                      [](const Tensor& x) {
                        return ref_elementwise({x, zeros({2, x.size(0), 4}, {.dtype = DType::f64})},
@@ -64,7 +87,13 @@ TEST_CASE("views through the harness") {
                      }, {0, 1}));
   run_case(view_case("squeeze_unsqueeze", {3, 1, 2},
                      [](const Tensor& x) { return unsqueeze(squeeze(x, 1), 0); },
-                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>()).reshape({1, 3, 2}); }));
+                     [](const Tensor& x) { return flat_ref(x).reshape({1, x.size(0), x.size(2)}); },
+                     {0, 1, 2}));
+  // squeeze() drops every size-1 dim and keeps size-0 ones.
+  run_case(view_case("squeeze_all_unsqueeze", {1, 3, 1, 2},
+                     [](const Tensor& x) { return unsqueeze(squeeze(x), -1); },
+                     [](const Tensor& x) { return flat_ref(x).reshape({x.size(1), x.size(3), 1}); },
+                     {1, 0, 1, 2}));
   run_case(view_case("flatten_unflatten", {2, 3, 4},
                      [](const Tensor& x) { return unflatten(flatten(x, 1), 1, {4, -1}); },
                      [](const Tensor& x) { return from_vector<double>(x.to_vector<double>(), {x.numel()}).reshape({x.size(0), 4, -1}); },
