@@ -108,10 +108,25 @@ TEST_CASE("devices: parsing and CUDA without a GPU") {
   CHECK(Device::parse("cuda").str() == "cuda:0");
   CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("cannot parse device"),
                        std::invalid_argument);
-  if (cuda_device_count() == 0) {
-    MESSAGE("no CUDA device: checking that CUDA allocation fails clearly");
-    CHECK_THROWS_AS(zeros({2}).to(Device::cuda(0)), std::runtime_error);
+  // The texts are those of engine/cuda/no_cuda.cpp (the stub backend) and
+  // engine/cuda/runtime.cu (built with CUDA, checked against the GPUs seen).
+  const int gpus = cuda_device_count();
+  auto unavailable = [gpus](int i) {
+    return "[cuda] device cuda:" + std::to_string(i) + " is not available (" +
+           std::to_string(gpus) + " CUDA devices visible)";
+  };
+  if (gpus == 0) {
+    MESSAGE(std::string(cuda_built() ? "built with CUDA, no GPU: checking the device is named"
+                                     : "built without CUDA: checking the stub says so"));
+    for (int i : {0, 1}) {
+      const std::string why = cuda_built() ? unavailable(i) : "built without CUDA";
+      CHECK_THROWS_WITH_AS(from_vector<float>({1, 2}).to(Device::cuda(i)),
+                           doctest::Contains(why.c_str()), std::runtime_error);
+    }
   } else {
+    CHECK(cuda_built());
+    CHECK_THROWS_WITH_AS(zeros({2}).to(Device::cuda(gpus)), unavailable(gpus).c_str(),
+                         std::runtime_error);
     Tensor x = from_vector<float>({1, 2, 3}).to(Device::cuda(0));
     CHECK(x.device() == Device::cuda(0));
     CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 2, 3});
