@@ -58,32 +58,94 @@ std::string default_host() {
   return name;
 }
 
+// A block dtype's view (nf4) is a byte range only when it is contiguous and
+// starts on a storage unit; anything else cannot be moved as bytes. (An
+// empty view has no bytes to move, wherever it starts.)
+void check_byte_range(const char* op, const Tensor& t) {
+  const DTypeInfo& info = dtype_info(t.dtype());
+  if (!t.is_contiguous() && !info.arithmetic)
+    throw std::invalid_argument(std::string("[dist::") + op + "] a non-contiguous " + info.name +
+                                " tensor cannot be moved as bytes");
+  const int64_t unit = static_cast<int64_t>(info.block_elems);
+  if (unit > 1 && t.numel() != 0 && t.offset() % unit != 0)
+    throw std::invalid_argument(std::string("[dist::") + op + "] this " + info.name +
+                                " view starts at element " + std::to_string(t.offset()) +
+                                ", inside a " + std::to_string(unit) +
+                                "-element block: it is not a byte range and cannot be moved");
+}
+
 // A contiguous tensor holding `t`'s values to operate on in place; write it
 // back with finish_inplace when it is a copy.
 Tensor inplace_buffer(const char* op, const Tensor& t) {
   if (!t.defined()) throw std::invalid_argument(std::string("[dist::") + op + "] undefined tensor");
+  check_byte_range(op, t);
+  if (t.numel() == 0) return quanta::detail::make_tensor(t.shape(), t.dtype(), t.device());
   if (t.is_contiguous()) return t;
-  if (!dtype_info(t.dtype()).arithmetic)
-    throw std::invalid_argument(std::string("[dist::") + op + "] a non-contiguous " +
-                                dtype_name(t.dtype()) + " tensor cannot be moved as bytes");
   NoGradGuard g;
   return t.detach().contiguous();
 }
 
 void finish_inplace(const Tensor& t, const Tensor& buf) {
-  if (buf.is_same(t)) return;
+  if (buf.is_same(t) || t.numel() == 0) return;
   NoGradGuard g;
   copy_(t.detach(), buf);
 }
 
 Tensor contiguous_input(const char* op, const Tensor& t) {
   if (!t.defined()) throw std::invalid_argument(std::string("[dist::") + op + "] undefined tensor");
+  check_byte_range(op, t);
+  // Empty: a fresh tensor, so no address is taken inside someone's block.
+  if (t.numel() == 0) return quanta::detail::make_tensor(t.shape(), t.dtype(), t.device());
   NoGradGuard g;
   if (t.is_contiguous()) return t.detach();
-  if (!dtype_info(t.dtype()).arithmetic)
-    throw std::invalid_argument(std::string("[dist::") + op + "] a non-contiguous " +
-                                dtype_name(t.dtype()) + " tensor cannot be moved as bytes");
   return t.detach().contiguous();
+}
+
+// Bytes of `elems` elements of `dtype`: whole storage units for block dtypes
+// (a partial last unit is stored in full), elems * size for the others.
+std::size_t bytes_of(DType dtype, int64_t elems) {
+  const DTypeInfo& info = dtype_info(dtype);
+  const auto unit = static_cast<int64_t>(info.block_elems);
+  return static_cast<std::size_t>((elems + unit - 1) / unit) * info.block_bytes;
+}
+
+// Gathers lay the ranks' pieces end to end as bytes. For a block dtype (nf4:
+// 64 elements in 36 bytes) that is the result's layout only when every piece
+// but the last non-empty one is whole units: otherwise the next piece would
+// have to start inside a unit (and its bytes land in the wrong place, or past
+// the end of the result). `pieces[r]` is rank r's piece in elements. Every
+// rank passes the same pieces, so every rank raises the same error before
+// moving a byte.
+void check_whole_units(const char* op, DType dtype, const std::vector<int64_t>& pieces,
+                       int64_t row_elems) {
+  const DTypeInfo& info = dtype_info(dtype);
+  const auto unit = static_cast<int64_t>(info.block_elems);
+  if (unit == 1) return;
+  int last = -1;
+  for (int r = 0; r < static_cast<int>(pieces.size()); ++r)
+    if (pieces[r] != 0) last = r;
+  for (int r = 0; r < last; ++r) {
+    if (pieces[r] % unit == 0) continue;
+    std::ostringstream msg;
+    msg << "[dist::" << op << "] " << info.name << " pieces must be whole " << unit
+        << "-element blocks (" << info.block_bytes << " bytes each) to be moved as bytes: got "
+        << pieces[r] << " elements from rank " << r;
+    if (row_elems > 0) {
+      const int64_t rows = pieces[r] / row_elems;
+      msg << " (" << rows << (rows == 1 ? " row" : " rows") << " of " << row_elems << ")";
+    }
+    msg << ", so the next piece would start inside a block. Only the last piece may end in a "
+           "partial block: shard whole blocks (rows of a multiple of "
+        << unit << " elements, or row counts that make whole blocks)";
+    throw std::invalid_argument(msg.str());
+  }
+}
+
+// The elements in one dim-0 row of `t`.
+int64_t row_elems_of(const Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
 }
 
 uint32_t sub_tag(uint32_t tag, uint32_t k) {
@@ -329,8 +391,10 @@ void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site
   if (root < 0 || root >= size_)
     throw std::invalid_argument("[dist::broadcast] root " + std::to_string(root) +
                                 " is outside a world of " + std::to_string(size_));
+  if (!t.defined()) throw std::invalid_argument("[dist::broadcast] undefined tensor");
+  check_byte_range("broadcast", t);
   Call c = begin("broadcast", &t, detail::kSameShape, ReduceOp::sum, root, o, site);
-  if (size_ == 1) return;
+  if (size_ == 1 || t.numel() == 0) return;  // every rank has the shape: nothing to move
   if (t.device().is_cuda()) {
     nccl_broadcast(t, root, c);
     return;
@@ -343,6 +407,8 @@ void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site
 Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
   Tensor in = contiguous_input("all_gather", t);
   if (in.dim() == 0) in = in.reshape({1});
+  check_whole_units("all_gather", in.dtype(), std::vector<int64_t>(size_, in.numel()),
+                    row_elems_of(in));
   Call c = begin("all_gather", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
   Shape shape = in.shape();
   shape[0] *= size_;
@@ -380,16 +446,16 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
   });
   int64_t total = 0;
   for (auto n : counts) total += n;
+  // Every rank has the same counts now: a block dtype whose pieces would
+  // split a unit fails here on every rank alike, before any data moves.
+  const int64_t row = row_elems_of(in);
+  std::vector<int64_t> pieces(size_);
+  for (int r = 0; r < size_; ++r) pieces[r] = counts[r] * row;
+  check_whole_units("all_gather_v", in.dtype(), pieces, row);
   shape[0] = total;
   Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
-  const std::size_t row_bytes = mine ? in.nbytes() / static_cast<std::size_t>(mine) : 0;
-  std::size_t row = row_bytes;
-  if (!mine) {
-    // Our own rows are empty: work out a row's bytes from the output.
-    row = total ? out.nbytes() / static_cast<std::size_t>(total) : 0;
-  }
   std::vector<std::size_t> bytes(size_);
-  for (int r = 0; r < size_; ++r) bytes[r] = static_cast<std::size_t>(counts[r]) * row;
+  for (int r = 0; r < size_; ++r) bytes[r] = bytes_of(in.dtype(), pieces[r]);
   guarded(c, [&] {
     gloo_->all_gather_v(in.raw_data(), out.raw_data(), bytes, sub_tag(c.tag, 2 + uint32_t(total)),
                         c.timeout);
@@ -436,6 +502,9 @@ Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   if (in.dim() == 0 || in.size(0) % size_ != 0)
     throw std::invalid_argument("[dist::all_to_all] dim 0 must be a multiple of the world size " +
                                 std::to_string(size_) + ", got shape " + shape_str(in.shape()));
+  // Gloo cuts the bytes into N equal blocks: each must be whole units.
+  check_whole_units("all_to_all", in.dtype(), std::vector<int64_t>(size_, in.numel() / size_),
+                    row_elems_of(in));
   Call c = begin("all_to_all", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
   NoGradGuard g;
   if (size_ == 1) return in.clone();
