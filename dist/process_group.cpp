@@ -6,9 +6,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "dist/fingerprint.h"
 #include "dist/gloo_backend.h"
@@ -21,6 +23,14 @@
 #include "engine/random/generator.h"
 
 namespace quanta::dist {
+
+namespace detail {
+// How often each random stream was asked for (ProcessGroup::next_stream_call).
+struct StreamCalls {
+  std::mutex m;
+  std::unordered_map<std::string, uint64_t> calls;
+};
+}  // namespace detail
 
 using detail::Fingerprint;
 using Clock = std::chrono::steady_clock;
@@ -155,7 +165,10 @@ uint32_t sub_tag(uint32_t tag, uint32_t k) {
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, GroupOptions opts)
-    : rank_(rank), size_(size), opts_(std::move(opts)) {
+    : rank_(rank),
+      size_(size),
+      opts_(std::move(opts)),
+      stream_calls_(std::make_shared<detail::StreamCalls>()) {
   debug_ = opts_.debug < 0 ? env_flag("QUANTA_DIST_DEBUG") : opts_.debug != 0;
   if (opts_.timeout <= Millis(0))
     throw std::invalid_argument("[dist] the group timeout must be positive");
@@ -221,6 +234,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
   g->root_store_ = root_store_;
   g->seed_ = seed_;
   g->debug_ = debug_;
+  g->stream_calls_ = stream_calls_;
   if (size_ == 1) return g;
   g->store_ = std::make_shared<PrefixStore>("quanta/" + name, root_store_);
   try {
@@ -232,6 +246,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
                     ": " + e.what());
   }
   return g;
+}
+
+uint64_t ProcessGroup::next_stream_call(const std::string& key) {
+  std::lock_guard<std::mutex> lock(stream_calls_->m);
+  return stream_calls_->calls[key]++;
 }
 
 detail::GlooBackend& ProcessGroup::gloo() { return *gloo_; }

@@ -64,6 +64,7 @@ namespace detail {
 class GlooBackend;
 class NcclBackend;
 struct Fingerprint;
+struct StreamCalls;
 /** The group's Gloo backend (null for a world of one): for benchmarks that
  * time the bare Gloo call on the same connections. */
 GlooBackend* gloo_backend_of(ProcessGroup& g);
@@ -94,6 +95,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Millis timeout() const { return opts_.timeout; }
   /** Set when a collective failed: every later call throws this message. */
   const std::string& broken() const { return broken_; }
+  /** Counts the requests for random stream `key` on this rank: returns how
+   * many came before this one (0, 1, 2, ...), so each request gets its own
+   * range (shared_generator, rank_generator). Local, no communication; a
+   * group and its clones count together. Thread-safe. */
+  uint64_t next_stream_call(const std::string& key);
 
   /** A new group over the same ranks with its own connections and sequence
    * (DataParallel reduces gradients on one, on another thread). Collective:
@@ -156,7 +162,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Store> root_store_;  // shared with clones
   std::shared_ptr<Store> store_;       // scoped to this group
   std::unique_ptr<detail::GlooBackend> gloo_;
-  std::unique_ptr<detail::NcclBackend> nccl_;  // made at the first CUDA collective
+  std::unique_ptr<detail::NcclBackend> nccl_;          // made at the first CUDA collective
+  std::shared_ptr<detail::StreamCalls> stream_calls_;  // shared with clones
 };
 
 }  // namespace quanta::dist

@@ -4,21 +4,27 @@
 
 namespace quanta::dist {
 
-Generator shared_generator(const ProcessGroup& group, std::string_view name) {
-  return Generator::named(group.seed(), name);
+// Every stream is a key (derived from the seed and names) plus a counter
+// whose high half says which call or step the range belongs to.
+
+Generator shared_generator(ProcessGroup& group, std::string_view name) {
+  Generator g = Generator::named(group.seed(), name);
+  g.set_offset({0, group.next_stream_call("shared/" + std::string(name))});
+  return g;
 }
 
 Generator shared_generator(const ProcessGroup& group, std::string_view name, uint64_t step) {
-  // The step takes the high 64 bits of the counter: draws within a step
-  // use the low half, so steps never overlap.
-  Generator g = Generator::named(group.seed(), name);
+  // A nested stream, so step s never repeats the s-th counted call's numbers.
+  Generator g = Generator::named(group.seed(), name).fork("step");
   g.set_offset({0, step});
   return g;
 }
 
-Generator rank_generator(const ProcessGroup& group, std::string_view name) {
+Generator rank_generator(ProcessGroup& group, std::string_view name) {
   // The rank is folded in explicitly, as its own nested stream.
-  return Generator::named(group.seed(), name).fork("rank/" + std::to_string(group.rank()));
+  Generator g = Generator::named(group.seed(), name).fork("rank/" + std::to_string(group.rank()));
+  g.set_offset({0, group.next_stream_call("rank/" + std::string(name))});
+  return g;
 }
 
 }  // namespace quanta::dist

@@ -183,3 +183,66 @@ TEST_CASE("rank-consistent random streams: shared agree on every rank without co
   shared_generator(*single, "rvq.dropout").fill_u32(a.data(), 8);
   CHECK(a == shared[0]);
 }
+
+namespace {
+std::vector<uint32_t> draw(Generator g, int64_t n = 8) {
+  std::vector<uint32_t> out(n);
+  g.fill_u32(out.data(), n);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("random streams are counted per call: each call continues to a new range") {
+  constexpr int kCalls = 4;
+  // calls[r][k]: what rank r drew from its k-th shared_generator("mask") call.
+  std::vector<std::vector<std::vector<uint32_t>>> calls(kRanks), own(kRanks);
+  std::vector<std::vector<uint32_t>> stepped(kRanks), step0(kRanks);
+  std::vector<PhiloxOffset> offsets(kRanks);
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    // Rank 1 first uses a step-keyed stream of the same name and other
+    // names' counted streams: neither moves the "mask" count.
+    if (g.rank() == 1) {
+      draw(shared_generator(g, "mask", 3));
+      draw(shared_generator(g, "other"));
+      draw(rank_generator(g, "mask"));
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      Generator gen = shared_generator(g, "mask");
+      if (k == 2) offsets[g.rank()] = gen.offset();
+      calls[g.rank()].push_back(draw(gen));
+      own[g.rank()].push_back(draw(rank_generator(g, "noise")));
+    }
+    // The explicit step ignores every earlier call and draw.
+    stepped[g.rank()] = draw(shared_generator(g, "mask", 3));
+    step0[g.rank()] = draw(shared_generator(g, "mask", 0));
+    // Clones count with their group: the next call is the kCalls-th.
+    Generator next = Generator::named(g.seed(), "mask");
+    next.set_offset({0, kCalls});
+    auto twin = g.clone("twin");
+    CHECK(draw(shared_generator(*twin, "mask")) == draw(next));
+    next.set_offset({0, kCalls + 1});
+    CHECK(draw(shared_generator(g, "mask")) == draw(next));
+    CHECK(g.sequence() == 0);  // no collective
+  });
+  REQUIRE(all_ok(errors));
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(r);
+    CHECK(offsets[r] == PhiloxOffset{0, 2});  // the k-th call starts at {0, k}
+    for (int k = 0; k < kCalls; ++k) {
+      CHECK(calls[r][k] == calls[0][k]);  // the same on every rank
+      for (int j = 0; j < k; ++j) {
+        CHECK(calls[r][k] != calls[r][j]);  // a new range each call
+        CHECK(own[r][k] != own[r][j]);
+      }
+      if (r > 0) CHECK(own[r][k] != own[0][k]);  // rank streams differ per rank
+    }
+    CHECK(stepped[r] == stepped[0]);
+    // Step s and the s-th counted call are different streams.
+    CHECK(stepped[r] != calls[r][3]);
+    CHECK(step0[r] != calls[r][0]);
+  }
+  // A world of one with the same seed makes the same calls and draws the same.
+  auto single = ProcessGroup::single({.seed = 1234});
+  for (int k = 0; k < kCalls; ++k) CHECK(draw(shared_generator(*single, "mask")) == calls[0][k]);
+  CHECK(draw(shared_generator(*single, "mask", 3)) == stepped[0]);
+}
