@@ -231,6 +231,8 @@ DataParallel::~DataParallel() = default;
 
 std::size_t DataParallel::num_buckets() const { return state_->buckets.size(); }
 
+std::size_t DataParallel::buckets_launched() const { return state_->next_launch; }
+
 DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) { ++dp_.state_->no_sync_depth; }
 DataParallel::NoSync::~NoSync() { --dp_.state_->no_sync_depth; }
 

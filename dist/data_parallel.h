@@ -90,6 +90,10 @@ class DataParallel {
 
   /** How many gradient buckets there are. */
   std::size_t num_buckets() const;
+  /** How many of this step's buckets have been handed to the communication
+   * thread so far (read during backward, e.g. from a gradient hook, it shows
+   * the overlap); finish_step() launches the rest and resets it to 0. */
+  std::size_t buckets_launched() const;
 
  private:
   struct State;

@@ -4,6 +4,8 @@
 // step hooks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "dist/data_parallel.h"
 #include "quanta.h"
 #include "ranks.h"
@@ -22,12 +24,12 @@ struct TwoHeads : Module {
   std::shared_ptr<Linear> body, a, b;
   Tensor count;
   bool use_b = true;
-  TwoHeads(uint64_t seed, int64_t hidden = 6) : Module("TwoHeads") {
+  TwoHeads(uint64_t seed, int64_t hidden = 6, int64_t count_size = 1) : Module("TwoHeads") {
     Generator gen(seed);
     body = register_module("body", std::make_shared<Linear>(4, hidden, gen));
     a = register_module("a", std::make_shared<Linear>(hidden, 2, gen));
     b = register_module("b", std::make_shared<Linear>(hidden, 2, gen));
-    count = register_buffer("count", zeros({1}));
+    count = register_buffer("count", zeros({count_size}));
     to(DType::f64);
   }
   Tensor forward(const Tensor& x) override {
@@ -107,6 +109,93 @@ TEST_CASE("a model that differs across ranks: every rank names the first differe
     CAPTURE(errors[r]);
     CHECK(errors[r].find("rank 0 has parameter 'body.weight' f64 [6, 4], rank 1 has parameter "
                          "'body.weight' f64 [7, 4]") != std::string::npos);
+  }
+}
+
+TEST_CASE("buffers that differ in shape or dtype: every rank names the buffer") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(1, 6, g.rank() == 1 ? 3 : 1);
+    DataParallel dp(model, g);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("first difference between rank 0 and rank 1: rank 0 has buffer 'count' "
+                         "f64 [1], rank 1 has buffer 'count' f64 [3]") != std::string::npos);
+  }
+  errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(1);
+    model->register_buffer("steps", zeros({2}, {.dtype = g.rank() == 1 ? DType::i32 : DType::i64}));
+    DataParallel dp(model, g);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("rank 0 has buffer 'steps' i64 [2], rank 1 has buffer 'steps' i32 [2]") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("broadcast_buffers=false: buffers follow rank 0 once, then stay local") {
+  std::vector<double> at_start(kRanks), after_step(kRanks);
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(30);
+    fill_(model->count, 5.0 + g.rank());
+    DataParallel dp(model, g, {.broadcast_buffers = false});
+    at_start[g.rank()] = model->count.item();  // construction always broadcasts
+    fill_(model->count, 10.0 + g.rank());
+    for (int step = 0; step < 2; ++step) {
+      sum(dp(batch_x(2, g.rank()))).backward();
+      dp.finish_step();
+      model->zero_grad();
+    }
+    after_step[g.rank()] = model->count.item();
+  });
+  REQUIRE(all_ok(errors));
+  for (int r = 0; r < kRanks; ++r) {
+    CHECK(at_start[r] == 5.0);
+    CHECK(after_step[r] == 10.0 + r);  // each rank's own value
+  }
+}
+
+TEST_CASE("gradient buckets launch during backward, before its last gradient exists") {
+  // One bucket per parameter (64 bytes): buckets 0..5 hold b.bias, b.weight,
+  // a.bias, a.weight, body.bias, body.weight (reverse registration order).
+  // body's gradients come last in backward; by then the heads' buckets must
+  // already be on the communication thread.
+  std::vector<std::vector<std::size_t>> seen(kRanks);  // launched, at each gradient
+  std::vector<std::size_t> after_backward(kRanks), after_finish(kRanks), buckets(kRanks);
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(8);
+    DataParallel* dp_ptr = nullptr;
+    // Registered before DataParallel's hooks, so each runs just before the
+    // parameter's own gradient is handed to its bucket.
+    for (auto& p : model->parameters())
+      p.register_post_accumulate_hook(
+          [&, r = g.rank()](const Tensor&) { seen[r].push_back(dp_ptr->buckets_launched()); });
+    DataParallel dp(model, g, {.bucket_bytes = 64});
+    dp_ptr = &dp;
+    buckets[g.rank()] = dp.num_buckets();
+    for (int step = 0; step < 2; ++step) {
+      seen[g.rank()].clear();
+      sum(dp(batch_x(3, g.rank()))).backward();
+      after_backward[g.rank()] = dp.buckets_launched();
+      dp.finish_step();
+      after_finish[g.rank()] = dp.buckets_launched();
+      model->zero_grad();
+    }
+  });
+  REQUIRE(all_ok(errors));
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(r);
+    REQUIRE(buckets[r] == 6);
+    REQUIRE(seen[r].size() == 6);
+    CHECK(seen[r].front() == 0);  // nothing before the first gradient
+    // When the last gradient arrives, the four head buckets have launched
+    // (body.bias's bucket too if body.weight's gradient is the last one).
+    CHECK(seen[r].back() >= 4);
+    CHECK(seen[r].back() < 6);
+    CHECK(std::is_sorted(seen[r].begin(), seen[r].end()));
+    CHECK(after_backward[r] == 6);  // everything launched by backward itself
+    CHECK(after_finish[r] == 0);    // reset for the next step
   }
 }
 
