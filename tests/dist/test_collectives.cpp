@@ -107,13 +107,25 @@ TEST_CASE("broadcast, all_gather, all_gather_v and all_to_all move bytes of any 
             cat({rank_tensor(1, {1, 2}, dt), rank_tensor(2, {2, 2}, dt)}).to_vector<double>());
 
       // all_to_all: block j of rank r is (r, j); afterwards block j holds (j, r)
-      Tensor blocks =
-          from_vector<double>({double(r * 10 + 0), double(r * 10 + 1), double(r * 10 + 2)}, {3})
-              .to(dt == DType::boolean ? DType::u8 : dt);
-      Tensor t = g.all_to_all(blocks);
-      if (dt != DType::boolean && dt != DType::u8)
+      if (dt == DType::boolean) {
+        // Row j of rank r is {r odd, j odd}: afterwards row j is {j odd, r odd}.
+        std::vector<double> mine, want;
+        for (int j = 0; j < n; ++j) {
+          mine.insert(mine.end(), {double(r % 2), double(j % 2)});
+          want.insert(want.end(), {double(j % 2), double(r % 2)});
+        }
+        Tensor t = g.all_to_all(from_vector<double>(mine, {n, 2}).to(dt));
+        CHECK(t.dtype() == DType::boolean);
+        CHECK(t.to_vector<double>() == want);
+      } else {
+        Tensor blocks =
+            from_vector<double>({double(r * 10 + 0), double(r * 10 + 1), double(r * 10 + 2)}, {3})
+                .to(dt);
+        Tensor t = g.all_to_all(blocks);
+        CHECK(t.dtype() == dt);
         CHECK(t.to_vector<double>() ==
               std::vector<double>{double(r), double(10 + r), double(20 + r)});
+      }
     });
     CHECK(all_ok(errors));
   }
@@ -131,6 +143,32 @@ TEST_CASE("reduce_scatter: block r of the sum over ranks, sum and avg") {
       CHECK(a.to_vector<double>()[i] == double(2 * (off + i) + 3) / 2);
   });
   CHECK(all_ok(errors));
+}
+
+TEST_CASE("reduce_scatter: min, max, avg, sum and prod on f32 over three ranks") {
+  const int n = 3;
+  for (ReduceOp op : {ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::sum, ReduceOp::prod}) {
+    CAPTURE(reduce_op_name(op));
+    std::vector<std::vector<float>> got(n);
+    auto errors = run_ranks(n, [&](ProcessGroup& g) {
+      // rank r holds r + 1 + i; block b is rows 2b, 2b + 1 (i = 4b .. 4b + 3)
+      Tensor s = g.reduce_scatter(rank_tensor(g.rank(), {6, 2}, DType::f32), op);
+      CHECK(s.shape() == Shape{2, 2});
+      CHECK(s.dtype() == DType::f32);
+      got[g.rank()] = s.to_vector<float>();
+    });
+    REQUIRE(all_ok(errors));
+    for (int r = 0; r < n; ++r)
+      for (int64_t k = 0; k < 4; ++k) {
+        const double x = double(4 * r + k);  // element index in the full tensor
+        const double want = op == ReduceOp::min   ? x + 1
+                            : op == ReduceOp::max ? x + 3
+                            : op == ReduceOp::avg ? x + 2
+                            : op == ReduceOp::sum ? 3 * x + 6
+                                                  : (x + 1) * (x + 2) * (x + 3);
+        CHECK(got[r][k] == float(want));
+      }
+  }
 }
 
 TEST_CASE("zero-size tensors are normal in every collective") {
