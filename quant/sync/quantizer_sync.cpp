@@ -155,8 +155,8 @@ void QuantizerSync::sync_state() {
       }
       std::vector<Tensor> pools;
       for (int64_t h = 0; h < o.num_codebooks; ++h)
-        pools.push_back(group_.all_gather_v(
-            concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb)));
+        pools.push_back(
+            group_.all_gather_v(concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb)));
       cb.expire_codes(pools);
     }
   }

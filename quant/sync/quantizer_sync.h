@@ -36,9 +36,9 @@
 //   inside the training forward: every rank must run the same LFQ training
 //   forwards (a rank with no tokens or a fully masked batch takes part as
 //   usual). A rank that runs an extra one, or evaluates while the others
-//   train, cannot be made correct: the collectives fail on every rank with an
-//   error naming the op (at once with QUANTA_DIST_DEBUG=1, else at the
-//   timeout) instead of hanging.
+//   train, cannot be made correct: every rank fails at the group's timeout
+//   with an error naming the collective it waited in and the rank that did
+//   not arrive, instead of hanging.
 // * Quantize dropout, stochastic code sampling and entropy subsampling draw
 //   from StepStreams pinned to the reconciliation count: every rank draws the
 //   same numbers in a step, whatever extra, eval or no-grad forwards it ran.

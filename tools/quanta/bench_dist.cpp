@@ -4,10 +4,17 @@
 //   all_reduce_4KB / _1MB / _64MB: ProcessGroup::all_reduce (f32, sum) against
 //     the bare Gloo allreduce on the same connections and buffers (same
 //     reduction function), in the same run. The _debug rows time the same
-//     call with QUANTA_DIST_DEBUG's fingerprint exchange against the same floor.
+//     call with QUANTA_DIST_DEBUG's fingerprint exchange against the same
+//     floor.
 //   dp_step: forward + backward + finish_step of an MLP under DataParallel,
 //     each rank on 1/N of the batch, against the same step on one process
 //     with the whole batch (no DataParallel, this thread alone).
+//   vq_train_step_dist: a VectorQuantize training step (forward, backward,
+//     QuantizerSync::sync_state: EMA and dead codes reconciled) with dim 256,
+//     1024 codes and 4096 tokens per rank, against the same step on one
+//     process with the whole global batch (N x 4096 tokens).
+//   vq_reconcile: the sync_state() part of that step, against the whole
+//     step: its ratio is the reconciliation's fraction of the step.
 // Small messages are timed in batches (per-call times are reported). Times
 // are rank 0's; every rank runs the same loop, so they are in lockstep.
 #include <algorithm>
@@ -21,6 +28,8 @@
 #include "dist/gloo_backend.h"
 #include "dist/process_group.h"
 #include "dist/reduce_kernels.h"
+#include "quant/sync/quantizer_sync.h"
+#include "quant/vq/vector_quantize.h"
 #include "quanta.h"
 
 namespace quanta::cli {
@@ -57,6 +66,51 @@ std::vector<double> interleaved_ms(int repeat, int calls,
     out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
   }
   return out;
+}
+
+struct VqSizes {
+  int64_t dim, codes, tokens;
+};
+VqSizes vq_sizes(const BenchOptions& o) {
+  return o.small ? VqSizes{32, 64, 256} : VqSizes{256, 1024, 4096};
+}
+
+struct VqStepMs {
+  double step = 0, sync = 0;
+};
+
+// Median times of a VQ training step on `g` (each rank `tokens` rows) and of
+// its sync_state() part.
+VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64_t tokens) {
+  using clock = std::chrono::steady_clock;
+  Generator gen(5);
+  quant::VectorQuantizeOptions vo;
+  vo.dim = s.dim;
+  vo.codebook_size = s.codes;
+  vo.threshold_ema_dead_code = 2;
+  auto vq = std::make_shared<quant::VectorQuantize>(vo, gen);
+  quant::QuantizerSync sync(vq, g);
+  Generator data(17 + uint64_t(g.rank()));
+  Tensor x = randn({1, tokens, s.dim}, data);
+  x.requires_grad_(true);
+  std::vector<double> step, reconcile;
+  for (int i = 0; i <= repeat; ++i) {
+    const auto t0 = clock::now();
+    const quant::QuantizeOutput out = vq->forward(x);
+    (mean(square(out.quantized)) + out.loss).backward();
+    const auto t1 = clock::now();
+    sync.sync_state();
+    const auto t2 = clock::now();
+    x.zero_grad();
+    if (i == 0) continue;  // warm-up
+    step.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    reconcile.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(step), median(reconcile)};
 }
 
 void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOptions& o,
@@ -96,6 +150,13 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
     model->zero_grad();
   });
   if (g.rank() == 0) rows.push_back({"dp_step", dp_ms, 0});
+
+  const VqSizes vs = vq_sizes(o);
+  const VqStepMs vq = time_vq_step(g, o.repeat, vs, vs.tokens);
+  if (g.rank() == 0) {
+    rows.push_back({"vq_train_step_dist", vq.step, 0});
+    rows.push_back({"vq_reconcile", vq.sync, vq.step});
+  }
 }
 
 }  // namespace
@@ -137,8 +198,13 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
     sum(model->forward(x)).backward();
     model->zero_grad();
   });
-  for (auto& r : rows)
+  auto single = dist::ProcessGroup::single();
+  const VqSizes vs = vq_sizes(o);
+  const double vq_one_ms = time_vq_step(*single, o.repeat, vs, vs.tokens * n).step;
+  for (auto& r : rows) {
     if (r.name == "dp_step") r.floor_ms = one_ms;
+    if (r.name == "vq_train_step_dist") r.floor_ms = vq_one_ms;
+  }
   return rows;
 }
 

@@ -10,9 +10,10 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 
+#include "dist/data_parallel.h"
 #include "dist/ranks.h"
-#include "quanta.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
@@ -20,6 +21,7 @@
 #include "quant/sync/quantizer_sync.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
+#include "quanta.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -173,10 +175,14 @@ Tensor global_batch(int s) {
 /** Rows [begin, end) of each rank: uneven, with empty ranks for N > 2. */
 std::vector<int64_t> cuts(int n) {
   switch (n) {
-    case 1: return {0, kTokens};
-    case 2: return {0, 28, kTokens};
-    case 3: return {0, 25, kTokens, kTokens};  // rank 2 has no tokens
-    default: return {0, 10, 10, 29, kTokens};  // rank 1 has no tokens
+    case 1:
+      return {0, kTokens};
+    case 2:
+      return {0, 28, kTokens};
+    case 3:
+      return {0, 25, kTokens, kTokens};  // rank 2 has no tokens
+    default:
+      return {0, 10, 10, 29, kTokens};  // rank 1 has no tokens
   }
 }
 
@@ -238,7 +244,9 @@ bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
 
 }  // namespace
 
-TEST_CASE("QuantizerSync: N ranks with uneven (and empty) batches equal one process") {
+TEST_CASE(
+    "QuantizerSync: N ranks with uneven (and empty) batches equal one "
+    "process") {
   for (const Case& c : cases()) {
     const auto [want, want_losses] = train_one_process(c);
     for (int n : {2, 3, 4}) {
@@ -281,5 +289,188 @@ TEST_CASE("QuantizerSync: N ranks with uneven (and empty) batches equal one proc
         }
       }
     }
+  }
+}
+
+namespace {
+
+/** The codebook state (every buffer) of a net, for bitwise comparisons. */
+State buffers_of(Module& m) {
+  State s;
+  for (auto& [name, t] : m.named_buffers()) s[name] = to_dtype(t, DType::f64).to_vector<double>();
+  return s;
+}
+
+/** Residual levels kept in a training forward: the count of layers whose
+ * index is not -1 for token 0. */
+int64_t kept_levels(const Tensor& indices) {
+  const std::vector<int64_t> idx = to_dtype(indices, DType::i64).to_vector<int64_t>();
+  const int64_t q = indices.size(-1);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < q; ++i) kept += idx[size_t(i)] >= 0;
+  return kept;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "QuantizerSync: extra, eval, no-grad and fully masked forwards on "
+    "some ranks") {
+  // Rank 0 runs an extra training forward every step; rank 1 evaluates (even
+  // steps) or runs under no-grad (odd steps) and never calls backward; rank 2
+  // sends a fully masked batch. None of it may hang or split the codebooks.
+  for (const Case& c : cases()) {
+    if (c.global_loss) continue;  // LFQ's loss is collective: see the next test
+    CAPTURE(c.name);
+    constexpr int n = 3;
+    std::vector<State> buffers(n);
+    std::vector<uint64_t> sequence(n);
+    std::vector<std::vector<int64_t>> kept(n);
+    const auto errors = run_ranks(n, [&](ProcessGroup& group) {
+      const int r = group.rank();
+      auto net = std::make_shared<Net>(c, 7);
+      QuantizerSync sync(net, group);
+      dist::DataParallel dp(net, group, {.broadcast_buffers = false});
+      sync.attach(dp);
+      SGD opt(net->parameters(), {.lr = 0.05});
+      for (int s = 0; s < kSteps; ++s) {
+        const Tensor x = contiguous(slice(global_batch(s), 0, r * 12, r * 12 + 12));
+        const Tensor tokens = reshape(x, {1, 12, kDim});
+        if (r == 0) c.quantize(*net->q, tokens, Tensor());  // the extra forward
+        if (r == 1 && s % 2 == 0) {
+          net->eval();
+          c.quantize(*net->q, tokens, Tensor());
+          net->train();
+        } else if (r == 1) {
+          NoGradGuard no_grad;
+          c.quantize(*net->q, tokens, Tensor());
+        } else {
+          const Tensor mask = r == 2 ? zeros({1, 12}, {.dtype = DType::boolean}) : Tensor();
+          const QuantizeOutput out = c.quantize(*net->q, tokens, mask);
+          if (r == 0 && out.indices.dim() == 3) kept[size_t(r)].push_back(kept_levels(out.indices));
+          forward_backward(*net, c, x, n, true, mask);
+        }
+        dp.finish_step();
+        opt.step();
+        opt.zero_grad();
+      }
+      buffers[size_t(r)] = buffers_of(*net);
+      sequence[size_t(r)] = group.sequence();
+    });
+    REQUIRE(all_ok(errors));
+    for (int r = 1; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(sequence[size_t(r)] == sequence[0]);  // the same collectives everywhere
+      for (const auto& [name, values] : buffers[0]) {
+        CAPTURE(name);
+        CHECK(bitwise_equal(buffers[size_t(r)].at(name), values));
+      }
+    }
+  }
+}
+
+TEST_CASE("QuantizerSync: quantize dropout draws the same level on every rank") {
+  // Each rank runs a different number of extra training forwards per step:
+  // the level kept in the step's real forward is the same on every rank.
+  const Case c = cases()[3];
+  REQUIRE(c.name == "rvq_quantize_dropout");
+  constexpr int n = 3;
+  std::vector<std::vector<int64_t>> kept(n);
+  const auto errors = run_ranks(n, [&](ProcessGroup& group) {
+    const int r = group.rank();
+    auto net = std::make_shared<Net>(c, 7);
+    QuantizerSync sync(net, group);
+    for (int s = 0; s < 8; ++s) {
+      const Tensor tokens = reshape(global_batch(s), {1, kTokens, kDim});
+      for (int extra = 0; extra < r; ++extra) c.quantize(*net->q, tokens, Tensor());
+      kept[size_t(r)].push_back(kept_levels(c.quantize(*net->q, tokens, Tensor()).indices));
+      sync.sync_state();
+    }
+  });
+  REQUIRE(all_ok(errors));
+  CHECK(kept[1] == kept[0]);
+  CHECK(kept[2] == kept[0]);
+  // And the draws do change from step to step (3 levels, 8 steps).
+  CHECK(std::set<int64_t>(kept[0].begin(), kept[0].end()).size() > 1);
+}
+
+TEST_CASE("QuantizerSync: k-means waits for the first reconciliation") {
+  const Case c = cases()[0];
+  REQUIRE(c.name == "vq_kmeans_dead_codes");
+  auto group = ProcessGroup::single();
+  auto net = std::make_shared<Net>(c, 7);
+  QuantizerSync sync(net, *group);
+  auto& vq = dynamic_cast<VectorQuantize&>(*net->q);
+  const Tensor tokens = reshape(global_batch(0), {1, kTokens, kDim});
+  // Before: the zero codebook, every token on code 0, samples kept.
+  QuantizeOutput first = vq.forward(tokens, Tensor());
+  CHECK_FALSE(vq.codebook().initted());
+  CHECK(max(abs(vq.codebook().embed())).item() == 0.0);
+  CHECK(max(first.indices).item() == 0.0);
+  sync.sync_state();
+  CHECK(vq.codebook().initted());
+  CHECK(max(abs(vq.codebook().embed())).item() > 0.0);
+  // After: real codes, several in use.
+  const Tensor idx = vq.forward(tokens, Tensor()).indices;
+  CHECK(max(idx).item() > 0.0);
+}
+
+TEST_CASE(
+    "QuantizerSync: a rank that dies mid-step makes the others fail "
+    "naming it") {
+  const Case c = cases()[0];
+  dist::GroupOptions opts;
+  opts.timeout = dist::Millis(2000);
+  const auto errors = run_ranks(
+      3,
+      [&](ProcessGroup& group) {
+        auto net = std::make_shared<Net>(c, 7);
+        QuantizerSync sync(net, group);
+        dist::DataParallel dp(net, group, {.broadcast_buffers = false});
+        sync.attach(dp);
+        const Tensor x = contiguous(slice(global_batch(0), 0, 0, 12));
+        forward_backward(*net, c, x, 3);
+        if (group.rank() == 1) throw std::runtime_error("rank 1 crashed");
+        dp.finish_step();
+      },
+      opts);
+  CHECK(errors[1] == "rank 1 crashed");
+  for (int r : {0, 2}) {
+    CAPTURE(errors[size_t(r)]);
+    CHECK(errors[size_t(r)].find("rank 1") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "QuantizerSync: an LFQ rank evaluating while the others train fails "
+    "on every rank") {
+  // LFQ's loss holds collectives (global token means): a rank that skips
+  // them cannot be made correct, but it must fail clearly, not hang.
+  const Case c = cases()[6];
+  REQUIRE(c.name == "lfq_entropy");
+  dist::GroupOptions opts;
+  opts.timeout = dist::Millis(2000);
+  const auto errors = run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        auto net = std::make_shared<Net>(c, 7);
+        QuantizerSync sync(net, group);
+        dist::DataParallel dp(net, group, {.broadcast_buffers = false});
+        sync.attach(dp);
+        const Tensor x = contiguous(slice(global_batch(0), 0, 0, 12));
+        if (group.rank() == 1) net->eval();
+        forward_backward(*net, c, x, 2);
+        dp.finish_step();
+      },
+      opts);
+  // Each rank waits in a different collective (rank 0 in LFQ's global mean,
+  // rank 1 in DataParallel's gradient bucket) and times out naming it and
+  // the rank that did not arrive.
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    CAPTURE(errors[size_t(r)]);
+    CHECK(errors[size_t(r)].find("all_reduce") != std::string::npos);
+    CHECK(errors[size_t(r)].find("ranks that did not arrive: " + std::to_string(1 - r)) !=
+          std::string::npos);
   }
 }
