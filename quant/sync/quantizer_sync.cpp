@@ -7,6 +7,7 @@
 #include "dist/functional.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
+#include "engine/ops/index.h"
 #include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
@@ -70,6 +71,71 @@ void QuantizerSync::set_step(uint64_t step) {
 
 void QuantizerSync::attach(dist::DataParallel& dp) {
   dp.add_step_hook([this](dist::ProcessGroup&) { sync_state(); });
+}
+
+void QuantizerSync::replace_dead_codes(const std::vector<Codebook*>& expiring) {
+  const int world = group_.size(), rank = group_.rank();
+  // Candidate rows per (codebook, table) on this rank, then on every rank.
+  std::vector<Tensor> local_rows;
+  std::vector<int64_t> local_counts;
+  for (Codebook* cb : expiring)
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
+      local_rows.push_back(concat_rows(cb->pending().candidates, static_cast<size_t>(h), *cb));
+      local_counts.push_back(local_rows.back().size(0));
+    }
+  const int64_t tables = static_cast<int64_t>(local_counts.size());
+  const std::vector<int64_t> counts =
+      group_.all_gather(from_vector<int64_t>(local_counts, {tables})).to_vector<int64_t>();
+  auto count = [&](int r, int64_t t) { return counts[size_t(r * tables + t)]; };
+
+  // Every rank draws the same positions and fills the rows it holds.
+  std::vector<Tensor> picked;  // per table: [m, D], zeros where another rank holds the row
+  std::vector<Tensor> parts;
+  int64_t t = 0;
+  for (Codebook* cb : expiring) {
+    std::vector<int64_t> pool_sizes;
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
+      int64_t total = 0;
+      for (int r = 0; r < world; ++r) total += count(r, t + h);
+      pool_sizes.push_back(total);
+    }
+    const std::vector<Tensor> positions = cb->draw_replacements(pool_sizes);
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
+      int64_t begin = 0;
+      for (int r = 0; r < rank; ++r) begin += count(r, t);
+      const int64_t mine = count(rank, t), d = cb->options().dim;
+      const std::vector<int64_t> pos = positions[size_t(h)].to_vector<int64_t>();
+      std::vector<int64_t> local_at, slot;
+      for (std::size_t j = 0; j < pos.size(); ++j)
+        if (pos[j] >= begin && pos[j] < begin + mine) {
+          local_at.push_back(pos[j] - begin);
+          slot.push_back(int64_t(j));
+        }
+      Tensor rows = zeros({int64_t(pos.size()), d}, options_of(cb->embed()));
+      if (!slot.empty()) {
+        const Tensor src = index_select(local_rows[size_t(t)], 0,
+                                        from_vector<int64_t>(local_at, {int64_t(local_at.size())}));
+        rows = index_add(rows, 0, from_vector<int64_t>(slot, {int64_t(slot.size())}), src);
+      }
+      parts.push_back(reshape(rows, {int64_t(pos.size()) * d}));
+      picked.push_back(rows);
+    }
+  }
+  Tensor fused = contiguous(cat(parts));
+  group_.all_reduce(fused, dist::ReduceOp::sum);
+
+  int64_t at = 0;
+  t = 0;
+  for (Codebook* cb : expiring) {
+    std::vector<Tensor> rows;
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
+      const Shape shape = picked[size_t(t)].shape();
+      const int64_t numel = shape[0] * shape[1];
+      rows.push_back(reshape(slice(fused, 0, at, at + numel), shape));
+      at += numel;
+    }
+    cb->replace_expired(rows);
+  }
 }
 
 void QuantizerSync::sync_state() {
@@ -143,22 +209,22 @@ void QuantizerSync::sync_state() {
     }
 
     // (4) Dead codes: which expire follows from the reduced cluster sizes,
-    // identical on every rank; replacements come from every rank's
-    // candidates, pooled in rank order and drawn by the codebook's stream.
+    // identical on every rank. The replacements are drawn from the pool of
+    // every rank's candidates in rank order (what one process would hold for
+    // the whole batch) without moving the pool: one all_gather of the
+    // candidate counts, the codebook's stream picks pool positions (the same
+    // on every rank), and one all_reduce(sum) moves just the picked rows,
+    // each contributed by the rank that holds it and zero elsewhere (exact).
+    std::vector<Codebook*> expiring;
     for (int64_t i = 0; i < n; ++i) {
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      const CodebookOptions& o = cb.options();
-      if (!reduce_stats[static_cast<size_t>(i)] || o.threshold_ema_dead_code <= 0 ||
-          !any(cb.expired_codes()).item()) {
+      if (reduce_stats[static_cast<size_t>(i)] && cb.options().threshold_ema_dead_code > 0 &&
+          any(cb.expired_codes()).item())
+        expiring.push_back(&cb);
+      else
         cb.pending().candidates.clear();
-        continue;
-      }
-      std::vector<Tensor> pools;
-      for (int64_t h = 0; h < o.num_codebooks; ++h)
-        pools.push_back(
-            group_.all_gather_v(concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb)));
-      cb.expire_codes(pools);
     }
+    if (!expiring.empty()) replace_dead_codes(expiring);
   }
   ++step_;
   pin_streams();

@@ -73,10 +73,11 @@ class QuantizerSync {
    * whatever the data: (1) all_reduce(max) of the forward counts, (2) for
    * each codebook awaiting k-means, one all_gather_v of samples per table,
    * (3) one fused all_reduce(sum) of every codebook's counts, sums and token
-   * totals, (4) for each codebook where codes expired (decided from reduced
-   * statistics, so on every rank alike) one all_gather_v of candidate rows
-   * per table. Then the step count advances and the layers' random streams
-   * are pinned to it. */
+   * totals, (4) when codes expired in some codebook (decided from reduced
+   * statistics, so on every rank alike) one all_gather of the candidate
+   * counts and one fused all_reduce(sum) carrying just the replacement rows.
+   * Then the step count advances and the layers' random streams are pinned
+   * to it. */
   void sync_state();
 
   /** Runs sync_state() at the end of every DataParallel::finish_step(). */
@@ -91,6 +92,7 @@ class QuantizerSync {
 
  private:
   void pin_streams();
+  void replace_dead_codes(const std::vector<Codebook*>& expiring);
 
   std::shared_ptr<Module> module_;
   dist::ProcessGroup& group_;

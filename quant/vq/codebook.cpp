@@ -180,25 +180,51 @@ void Codebook::expire_codes() {
 }
 
 void Codebook::expire_codes(const std::vector<Tensor>& pools) {
-  pending_.candidates.clear();
-  const double threshold = opts_.threshold_ema_dead_code;
-  if (threshold <= 0) return;
+  std::vector<int64_t> sizes;
+  for (const Tensor& p : pools) sizes.push_back(p.size(0));
+  const std::vector<Tensor> picks = draw_replacements(sizes);
+  std::vector<Tensor> rows;
+  for (std::size_t h = 0; h < picks.size(); ++h)
+    rows.push_back(picks[h].numel() == 0 ? zeros({0, opts_.dim}, options_of(embed_))
+                                         : index_select(pools[h], 0, picks[h]));
+  replace_expired(rows);
+}
+
+std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes) {
   NoGradGuard no_grad;
+  std::vector<Tensor> picks;
   const Tensor expired = expired_codes();
-  if (!any(expired).item()) return;
-  const int64_t k = opts_.codebook_size;
+  const bool any_expired = opts_.threshold_ema_dead_code > 0 && any(expired).item();
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
-    if (h >= static_cast<int64_t>(pools.size())) break;
-    const Tensor& pool = pools[static_cast<size_t>(h)];
-    if (pool.size(0) == 0) continue;
+    const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
+    const int64_t m = any_expired ? sum(select(expired, 0, h)).item<int64_t>() : 0;
+    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, dead_code_gen_)
+                                   : zeros({0}, {.dtype = DType::i64}));
+  }
+  return picks;
+}
+
+void Codebook::replace_expired(const std::vector<Tensor>& rows) {
+  pending_.candidates.clear();
+  if (opts_.threshold_ema_dead_code <= 0) return;
+  NoGradGuard no_grad;
+  const double threshold = opts_.threshold_ema_dead_code;
+  const Tensor expired = expired_codes();
+  const int64_t k = opts_.codebook_size;
+  for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
+    const Tensor& r = rows[size_t(h)];
+    if (r.size(0) == 0) continue;
     const Tensor dead = masked_select(arange(k), select(expired, 0, h));
     const int64_t m = dead.numel();
-    if (m == 0) continue;
-    const Tensor rows = to_dtype(sample_rows(pool, m, dead_code_gen_), embed_.dtype());
+    if (r.size(0) != m)
+      throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
+                                  " has " + std::to_string(m) + " expired codes, got " +
+                                  std::to_string(r.size(0)) + " rows");
+    const Tensor src = to_dtype(r, embed_.dtype());
     const Tensor e = select(embed_, 0, h), avg = select(embed_avg_, 0, h),
                  cs = select(cluster_size_, 0, h);
-    copy_(e, put_rows(e, dead, rows));
-    copy_(avg, put_rows(avg, dead, rows * threshold));
+    copy_(e, put_rows(e, dead, src));
+    copy_(avg, put_rows(avg, dead, src * threshold));
     copy_(cs, put_rows(cs, dead, full({m}, threshold, options_of(cs))));
   }
 }
@@ -210,7 +236,8 @@ void Codebook::add_init_samples(const Tensor& x, const Tensor& valid) {
   const Tensor xs = to_dtype(x.detach(), embed_.dtype());
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(xs, 0, h);
-    if (valid.defined()) rows = index_select(rows, 0, masked_select(arange(t), select(valid, 0, h)));
+    if (valid.defined())
+      rows = index_select(rows, 0, masked_select(arange(t), select(valid, 0, h)));
     pending_.init_samples[static_cast<size_t>(h)].push_back(contiguous(rows));
   }
 }

@@ -91,6 +91,15 @@ class Codebook : public Module {
    * With P_g < the number of expired codes the rows are drawn with
    * replacement, as the reference's sample_vectors does. */
   void expire_codes(const std::vector<Tensor>& pools);
+  /** The two halves of expire_codes(pools), for a caller that never holds
+   * the whole pool (QuantizerSync): which pool rows replace the expired codes
+   * of each table, given each pool's size ([m_g] int64 positions, empty when
+   * nothing expired or the pool is empty; draws from the dead-code stream)... */
+  std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes);
+  /** ...and the replacement itself: `rows[g]` [m_g, D] for table g's
+   * expired codes in ascending code order (as draw_replacements sized them).
+   * Clears the pending candidates. */
+  void replace_expired(const std::vector<Tensor>& rows);
   /** The codes that expire now: cluster_size < threshold, [G, K] bool
    * (all false when dead-code expiry is off). */
   Tensor expired_codes() const;

@@ -13,11 +13,13 @@
 
 namespace quanta::quant {
 
+Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen) {
+  if (n <= 0) throw std::invalid_argument("[sample_rows] no rows to sample from");
+  return n >= m ? slice(randperm(n, gen), 0, 0, m) : randint(0, n, {m}, gen);
+}
+
 Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen) {
-  const int64_t n = rows.size(0);
-  if (n == 0) throw std::invalid_argument("[sample_rows] no rows to sample from");
-  const Tensor pick = n >= m ? slice(randperm(n, gen), 0, 0, m) : randint(0, n, {m}, gen);
-  return index_select(rows, 0, pick);
+  return index_select(rows, 0, sample_row_positions(rows.size(0), m, gen));
 }
 
 KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine, Generator& gen) {
