@@ -24,8 +24,11 @@
 // 256 repeats the block's scale in each of its units; double quantization
 // stores in each unit the f32 scale reconstructed from its 8-bit code exactly
 // as bitsandbytes computes it, so dequantization is bit-identical to
-// bitsandbytes'. The compact double-quantized state (1 byte per block) exists
-// in the bitsandbytes export (nf4_interop.h); bits_per_parameter reports it.
+// bitsandbytes'. Block size 32 needs two scales per unit (40 bytes per 64
+// elements), which the 36-byte unit cannot hold: block-32 weights live in
+// bitsandbytes' layout (quantize_bnb, nf4_interop.h), as does the compact
+// double-quantized state (1 byte per block). bits_per_parameter says what
+// each costs.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -67,7 +70,17 @@ inline constexpr uint8_t kNF4ZeroCode = 7;
 /** Blocks per double-quantization group (as bitsandbytes' nested blocksize). */
 inline constexpr int64_t kNF4DoubleQuantGroup = 256;
 
+/** Block sizes NF4Options accepts (bitsandbytes allows these and more). */
+inline constexpr std::array<int64_t, 4> kNF4BlockSizes = {32, 64, 128, 256};
+
 static_assert(kNF4UnitElems % 2 == 0, "two codes per byte");
+static_assert(
+    [] {
+      for (int64_t b : kNF4BlockSizes)
+        if (b % 32 != 0 || (b % kNF4UnitElems != 0 && kNF4UnitElems % b != 0)) return false;
+      return true;
+    }(),
+    "a block is whole units, or divides a unit into runs of 32 (two SIMD groups of 16)");
 static_assert(kNF4UnitBytes == 36, "the nf4 dtype row says 36 bytes per 64 elements");
 static_assert(kNF4Values[kNF4ZeroCode] == 0.0f, "padding code dequantizes to 0");
 static_assert(kNF4Values.front() == -1.0f && kNF4Values.back() == 1.0f,
@@ -75,25 +88,37 @@ static_assert(kNF4Values.front() == -1.0f && kNF4Values.back() == 1.0f,
 
 /** How to quantize. */
 struct NF4Options {
-  /** Elements sharing one scale: 64 (default), 128 or 256. */
+  /** Elements sharing one scale: 32, 64 (default), 128 or 256. The nf4 dtype
+   * (quantize_nf4) holds 64, 128 and 256; bitsandbytes' layout
+   * (quantize_bnb) holds all four. */
   int64_t block_size = 64;
   /** Quantize the block scales to 8 bits in groups of 256 (bitsandbytes'
    * compress_statistics): numerics and export as bitsandbytes. */
   bool double_quant = true;
-  /** dtype dequantize() returns by default: f32, bf16 or f16. */
+  /** dtype of the dequantized weight: what dequantize(q, options) returns and
+   * the values NF4Linear multiplies by (bitsandbytes' compute dtype): f32,
+   * bf16 or f16. */
   DType dequant_dtype = DType::f32;
 };
 
 /** Throws std::invalid_argument naming the bad option. */
 void check_options(const NF4Options& options);
 
-/** Bits per parameter of the format (bitsandbytes' serialized state): 4 +
- * 32/block without double quant, 4 + 8/block + 32/(256 block) with it
- * (4.127 at block 64). Per-tensor constants are not counted. */
-double bits_per_parameter(const NF4Options& options);
+/** Bits per parameter of an NF4 weight; per-tensor constants (code tables,
+ * the double-quant offset) are not counted. */
+struct NF4Bits {
+  /** As quanta holds it (in memory, its files, state dicts): 4.5 in the nf4
+   * dtype (block 64, 128, 256, with or without double quant); for block 32
+   * bitsandbytes' layout, the same as `bnb`. */
+  double stored = 0;
+  /** As bitsandbytes' layout stores it (quantize_bnb, `quanta quantize
+   * --format bnb`): 4 + 32 / block, or with double quant 4 + 8 / block +
+   * 32 / (256 block), 4.127 at block 64. */
+  double bnb = 0;
+};
 
-/** Bits per parameter of the in-memory nf4 dtype (36 bytes per 64: 4.5). */
-double storage_bits_per_parameter();
+/** The bits per parameter of weights quantized with `options`. */
+NF4Bits bits_per_parameter(const NF4Options& options);
 
 /** NF4 code of a value already scaled to [-1, 1]: the number of midpoints
  * between neighbouring codes strictly below it, so an exact tie takes the
@@ -104,21 +129,19 @@ uint8_t nf4_code(float scaled);
 const std::array<float, 15>& nf4_midpoints();
 
 /** Quantizes a floating tensor (any shape, zero-size allowed) to a DType::nf4
- * tensor of the same shape. */
+ * tensor of the same shape; block size 32 throws (see quantize_bnb). */
 Tensor quantize_nf4(const Tensor& x, const NF4Options& options = {});
 
 /** Values of an nf4 tensor: float32(code value * scale), then rounded to
  * `dtype` (f32, bf16 or f16, round to nearest even). Never records a graph. */
 Tensor dequantize(const Tensor& nf4, DType dtype = DType::f32);
 
+/** dequantize(nf4, options.dequant_dtype). */
+Tensor dequantize(const Tensor& nf4, const NF4Options& options);
+
 /** dequantize() into an existing contiguous CPU tensor of the same shape and
  * of dtype f32, bf16 or f16 (no allocation: for reused buffers). */
 void dequantize_into(const Tensor& nf4, const Tensor& out);
-
-/** Dequantizes elements [begin, begin + count) of the flat nf4 tensor into
- * `out` (float or double), as dequantize() would; for tiles of a weight. */
-template <class T>
-void dequantize_range(const Tensor& nf4, int64_t begin, int64_t count, T* out);
 
 /** Builds an nf4 tensor of `shape` from one 4-bit code per element (uint8
  * values 0..15, flat) and one f32 scale per `block_size` elements. */

@@ -10,6 +10,7 @@
 #include "engine/factory.h"
 #include "quant/nf4/double_quant.h"
 #include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_runs.h"
 
 namespace quanta::quant {
 namespace {
@@ -48,7 +49,7 @@ Tensor codes_from_packed(const Tensor& packed, int64_t n, const char* op) {
                                 std::to_string(p.numel()) + " bytes, expected " +
                                 std::to_string((n + 1) / 2) + " for " + std::to_string(n) +
                                 " elements");
-  Tensor codes = detail::make_tensor({n}, DType::u8, Device::cpu());
+  Tensor codes = quanta::detail::make_tensor({n}, DType::u8, Device::cpu());
   const uint8_t* pp = p.data<uint8_t>();
   uint8_t* pc = codes.data<uint8_t>();
   for (int64_t i = 0; i < n; ++i) pc[i] = i % 2 == 0 ? pp[i / 2] >> 4 : pp[i / 2] & 15;
@@ -73,68 +74,154 @@ Tensor string_to_bytes(const std::string& s) {
   return blob(s.data(), {static_cast<int64_t>(s.size())}, DType::u8);
 }
 
-}  // namespace
+// Throws unless `s` is a consistent NF4 state: a block size the kernels
+// handle (32 or a multiple of 64), the NF4 table, (n + 1) / 2 packed bytes
+// and one scale (or scale code) per block.
+void check_bnb(const BnbNF4State& s, const char* op) {
+  const std::string o = std::string("[") + op + "] ";
+  if (s.blocksize != 32 && (s.blocksize <= 0 || s.blocksize % kNF4UnitElems != 0))
+    throw std::invalid_argument(o + "blocksize must be 32 or a multiple of 64, got " +
+                                std::to_string(s.blocksize));
+  if (!s.packed.defined() || !s.absmax.defined() || !s.quant_map.defined())
+    throw std::invalid_argument(o + "packed, absmax and quant_map must be set");
+  const Tensor qmap = f32_cpu(s.quant_map);
+  if (qmap.numel() != 16 ||
+      !std::equal(kNF4Values.begin(), kNF4Values.end(), qmap.data<float>()))
+    throw std::invalid_argument(o + "quant_map is not the NF4 table (FP4 or a custom map "
+                                "cannot be imported)");
+  const int64_t n = numel_of(s.shape);
+  if (s.packed.numel() != (n + 1) / 2)
+    throw std::invalid_argument(o + "packed holds " + std::to_string(s.packed.numel()) +
+                                " bytes, expected " + std::to_string((n + 1) / 2) + " for " +
+                                std::to_string(n) + " elements");
+  const int64_t blocks = (n + s.blocksize - 1) / s.blocksize;
+  if (s.absmax.numel() != blocks)
+    throw std::invalid_argument(o + "absmax has " + std::to_string(s.absmax.numel()) +
+                                " entries, expected " + std::to_string(blocks));
+}
 
-BnbNF4State to_bnb(const Tensor& nf4, bool double_quant) {
-  check_nf4(nf4, "to_bnb");
+// A state holding `packed` and f32 `scales`, double-quantized when asked.
+BnbNF4State make_state(const Tensor& packed, const std::vector<float>& scales, int64_t block,
+                       const Shape& shape, bool double_quant) {
   BnbNF4State s;
-  s.shape = nf4.shape();
-  s.blocksize = kNF4UnitElems;
+  s.shape = shape;
+  s.blocksize = block;
   s.double_quant = double_quant;
-  const std::vector<uint8_t> packed = packed_codes(nf4);
-  s.packed = blob(packed.data(), {static_cast<int64_t>(packed.size()), 1}, DType::u8);
+  s.packed = packed;
   s.quant_map = blob(kNF4Values.data(), {16}, DType::f32);
-  const Tensor scales = nf4_unit_scales(nf4);
+  const int64_t blocks = static_cast<int64_t>(scales.size());
   if (!double_quant) {
-    s.absmax = scales;
+    s.absmax = blob(scales.data(), {blocks}, DType::f32);
     return s;
   }
-  const DoubleQuantState dq = double_quantize(scales.data<float>(), scales.numel(),
-                                              kNF4DoubleQuantGroup);
-  s.absmax = blob(dq.codes.data(), {static_cast<int64_t>(dq.codes.size())}, DType::u8);
+  const DoubleQuantState dq = double_quantize(scales.data(), blocks, kNF4DoubleQuantGroup);
+  s.absmax = blob(dq.codes.data(), {blocks}, DType::u8);
   s.nested_absmax = blob(dq.group_absmax.data(),
-                              {static_cast<int64_t>(dq.group_absmax.size())}, DType::f32);
+                         {static_cast<int64_t>(dq.group_absmax.size())}, DType::f32);
   s.nested_quant_map = blob(dq.map.data(), {256}, DType::f32);
   s.nested_offset = dq.offset;
   s.nested_blocksize = dq.group;
   return s;
 }
 
-Tensor from_bnb(const BnbNF4State& s) {
-  const int64_t n = numel_of(s.shape);
-  if (s.blocksize <= 0 || s.blocksize % kNF4UnitElems != 0)
-    throw std::invalid_argument("[from_bnb] blocksize " + std::to_string(s.blocksize) +
-                                " is not a multiple of the 64-element nf4 unit");
-  const Tensor qmap = f32_cpu(s.quant_map);
-  if (qmap.numel() != 16 ||
-      !std::equal(kNF4Values.begin(), kNF4Values.end(), qmap.data<float>()))
-    throw std::invalid_argument("[from_bnb] quant_map is not the NF4 table (FP4 or a custom "
-                                "map cannot be imported)");
-  const Tensor codes = codes_from_packed(s.packed, n, "from_bnb");
-  const int64_t blocks = (n + s.blocksize - 1) / s.blocksize;
-  if (s.absmax.numel() != blocks)
-    throw std::invalid_argument("[from_bnb] absmax has " + std::to_string(s.absmax.numel()) +
-                                " entries, expected " + std::to_string(blocks));
-  Tensor scales;
-  if (!s.double_quant) {
-    scales = f32_cpu(s.absmax);
-  } else {
-    DoubleQuantState dq;
-    const Tensor q = u8_cpu(s.absmax);
-    dq.codes.assign(q.data<uint8_t>(), q.data<uint8_t>() + q.numel());
-    const Tensor a2 = f32_cpu(s.nested_absmax);
-    dq.group_absmax.assign(a2.data<float>(), a2.data<float>() + a2.numel());
-    const Tensor map = f32_cpu(s.nested_quant_map);
-    if (map.numel() != 256)
-      throw std::invalid_argument("[from_bnb] nested_quant_map must have 256 entries, got " +
-                                  std::to_string(map.numel()));
-    std::copy(map.data<float>(), map.data<float>() + 256, dq.map.begin());
-    dq.offset = s.nested_offset;
-    dq.group = s.nested_blocksize;
-    const std::vector<float> rec = double_dequantize(dq);
-    scales = blob(rec.data(), {blocks}, DType::f32);
+std::vector<float> to_vector_f32(const Tensor& t) {
+  const Tensor f = f32_cpu(t);
+  return std::vector<float>(f.data<float>(), f.data<float>() + f.numel());
+}
+
+}  // namespace
+
+BnbNF4State quantize_bnb(const Tensor& x, const NF4Options& o) {
+  check_options(o);
+  const Tensor xf = detail::as_f32_cpu(x, "quantize_bnb");
+  const int64_t n = xf.numel();
+  const int64_t run = std::min(o.block_size, kNF4UnitElems);
+  Tensor packed = quanta::detail::make_tensor({(n + 1) / 2, 1}, DType::u8, Device::cpu());
+  std::vector<float> absmax = detail::block_absmax(xf.data<float>(), n, o.block_size);
+  if (n > 0)
+    detail::encode_blocks(xf.data<float>(), n, o.block_size, absmax, absmax,
+                          {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2,
+                           .pad_runs = false});
+  return make_state(packed, absmax, o.block_size, x.shape(), o.double_quant);
+}
+
+Tensor bnb_scales(const BnbNF4State& s) {
+  check_bnb(s, "bnb_scales");
+  if (!s.double_quant) return f32_cpu(s.absmax).reshape({s.absmax.numel()});
+  DoubleQuantState dq;
+  const Tensor q = u8_cpu(s.absmax);
+  dq.codes.assign(q.data<uint8_t>(), q.data<uint8_t>() + q.numel());
+  if (!s.nested_absmax.defined() || !s.nested_quant_map.defined())
+    throw std::invalid_argument("[bnb_scales] double quant needs nested_absmax and "
+                                "nested_quant_map");
+  dq.group_absmax = to_vector_f32(s.nested_absmax);
+  const std::vector<float> map = to_vector_f32(s.nested_quant_map);
+  if (map.size() != 256)
+    throw std::invalid_argument("[bnb_scales] nested_quant_map must have 256 entries, got " +
+                                std::to_string(map.size()));
+  std::copy(map.begin(), map.end(), dq.map.begin());
+  dq.offset = s.nested_offset;
+  dq.group = s.nested_blocksize;
+  const std::vector<float> rec = double_dequantize(dq);
+  return blob(rec.data(), {static_cast<int64_t>(rec.size())}, DType::f32);
+}
+
+std::size_t bnb_payload_bytes(const BnbNF4State& s) {
+  std::size_t b = s.packed.nbytes() + s.absmax.nbytes();
+  if (s.double_quant && s.nested_absmax.defined()) b += s.nested_absmax.nbytes();
+  return b;
+}
+
+Tensor dequantize(const BnbNF4State& s, DType dtype) {
+  detail::check_dequant_dtype(dtype, "dequantize");
+  const Tensor scales = bnb_scales(s);
+  const Tensor packed = u8_cpu(s.packed);
+  Tensor out = quanta::detail::make_tensor(s.shape, dtype, Device::cpu());
+  detail::decode_all(detail::packed_runs(packed.data<uint8_t>(), scales.data<float>(),
+                                         out.numel(), s.blocksize),
+                     dtype, out.raw_data());
+  return out;
+}
+
+BnbNF4State to_bnb(const Tensor& nf4, bool double_quant, int64_t block_size) {
+  check_nf4(nf4, "to_bnb");
+  if (block_size <= 0 || block_size % kNF4UnitElems != 0)
+    throw std::invalid_argument("[to_bnb] block_size must be a positive multiple of 64, got " +
+                                std::to_string(block_size));
+  const int64_t n = nf4.numel();
+  const std::vector<uint8_t> packed = packed_codes(nf4);
+  const Tensor units = nf4_unit_scales(nf4);
+  const float* pu = units.data<float>();
+  const int64_t per_block = block_size / kNF4UnitElems;
+  const int64_t blocks = (n + block_size - 1) / block_size;
+  std::vector<float> scales(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    scales[static_cast<size_t>(b)] = pu[b * per_block];
+    for (int64_t u = b * per_block; u < std::min(units.numel(), (b + 1) * per_block); ++u)
+      if (std::memcmp(&pu[u], &pu[b * per_block], sizeof(float)) != 0)
+        throw std::invalid_argument("[to_bnb] the units of block " + std::to_string(b) +
+                                    " have different scales: the tensor was not quantized "
+                                    "with block size " + std::to_string(block_size));
   }
-  return nf4_from_codes(codes, scales, s.shape, s.blocksize);
+  return make_state(blob(packed.data(), {static_cast<int64_t>(packed.size()), 1}, DType::u8),
+                    scales, block_size, nf4.shape(), double_quant);
+}
+
+BnbNF4State to_bnb(const BnbNF4State& s, bool double_quant) {
+  if (s.double_quant == double_quant) return s;
+  const Tensor scales = bnb_scales(s);
+  return make_state(s.packed, to_vector_f32(scales), s.blocksize, s.shape, double_quant);
+}
+
+Tensor from_bnb(const BnbNF4State& s) {
+  check_bnb(s, "from_bnb");
+  if (s.blocksize % kNF4UnitElems != 0)
+    throw std::invalid_argument("[from_bnb] blocksize " + std::to_string(s.blocksize) +
+                                " needs two scales per 64-element unit of the nf4 dtype; "
+                                "keep block-32 weights in bitsandbytes' layout");
+  const int64_t n = numel_of(s.shape);
+  const Tensor codes = codes_from_packed(s.packed, n, "from_bnb");
+  return nf4_from_codes(codes, bnb_scales(s), s.shape, s.blocksize);
 }
 
 void append_bnb_tensors(io::TensorMap& out, const std::string& name, const BnbNF4State& s) {
@@ -197,20 +284,28 @@ BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& t, const std::
 
 TorchaoNF4State to_torchao(const Tensor& nf4) {
   check_nf4(nf4, "to_torchao");
+  const int64_t group = int64_t{64} * 256;
+  if (nf4.numel() % group != 0)
+    throw std::invalid_argument("[to_torchao] torchao needs numel % " + std::to_string(group) +
+                                " == 0, got " + std::to_string(nf4.numel()) + " elements");
+  return to_torchao(to_bnb(nf4, false));
+}
+
+TorchaoNF4State to_torchao(const BnbNF4State& b) {
   TorchaoNF4State s;
-  s.shape = nf4.shape();
-  const int64_t n = nf4.numel();
+  s.shape = b.shape;
+  s.block_size = b.blocksize;
+  const int64_t n = numel_of(b.shape);
   const int64_t group = s.block_size * s.scaler_block_size;
   if (n % group != 0)
     throw std::invalid_argument("[to_torchao] torchao needs numel % " + std::to_string(group) +
                                 " == 0, got " + std::to_string(n) + " elements");
-  const std::vector<uint8_t> packed = packed_codes(nf4);
-  s.quantized_data = blob(packed.data(), {n / 2}, DType::u8);
-  const Tensor scales = nf4_unit_scales(nf4);
+  const Tensor scales = bnb_scales(b);
+  s.quantized_data = u8_cpu(b.packed).reshape({n / 2});
   const float* a = scales.data<float>();
   const int64_t blocks = scales.numel(), groups = blocks / s.scaler_block_size;
   double sum = 0;
-  for (int64_t b = 0; b < blocks; ++b) sum += a[b];
+  for (int64_t i = 0; i < blocks; ++i) sum += a[i];
   const float mean = blocks ? static_cast<float>(sum / static_cast<double>(blocks)) : 0.0f;
   std::vector<uint8_t> q(static_cast<size_t>(blocks));
   std::vector<float> factor(static_cast<size_t>(groups));
@@ -224,9 +319,9 @@ TorchaoNF4State to_torchao(const Tensor& nf4) {
     const float f = amax > 0 ? 256.0f / (2.0f * amax) : 1.0f;
     factor[static_cast<size_t>(g)] = f;
     for (int64_t i = 0; i < s.scaler_block_size; ++i) {
-      const int64_t b = g * s.scaler_block_size + i;
-      const float v = std::nearbyint((a[b] - mean) * f);
-      q[static_cast<size_t>(b)] =
+      const int64_t k = g * s.scaler_block_size + i;
+      const float v = std::nearbyint((a[k] - mean) * f);
+      q[static_cast<size_t>(k)] =
           static_cast<uint8_t>(static_cast<int8_t>(std::clamp(v, -128.0f, 127.0f)));
     }
   }
@@ -256,22 +351,30 @@ std::vector<float> torchao_scalers(const TorchaoNF4State& s) {
 }
 }  // namespace
 
-Tensor from_torchao(const TorchaoNF4State& s) {
+BnbNF4State to_bnb(const TorchaoNF4State& s) {
   const int64_t n = numel_of(s.shape);
-  const Tensor codes = codes_from_packed(s.quantized_data, n, "from_torchao");
   const std::vector<float> sc = torchao_scalers(s);
   if (static_cast<int64_t>(sc.size()) * s.block_size != n)
-    throw std::invalid_argument("[from_torchao] scalers do not cover the shape");
-  return nf4_from_codes(codes, blob(sc.data(), {static_cast<int64_t>(sc.size())},
-                                         DType::f32), s.shape, s.block_size);
+    throw std::invalid_argument("[to_bnb] torchao scalers do not cover the shape " +
+                                shape_str(s.shape));
+  if (s.quantized_data.numel() != (n + 1) / 2)
+    throw std::invalid_argument("[to_bnb] torchao quantized_data holds " +
+                                std::to_string(s.quantized_data.numel()) + " bytes, expected " +
+                                std::to_string((n + 1) / 2));
+  BnbNF4State b = make_state(u8_cpu(s.quantized_data).reshape({(n + 1) / 2, 1}), sc,
+                             s.block_size, s.shape, false);
+  check_bnb(b, "to_bnb");
+  return b;
 }
+
+Tensor from_torchao(const TorchaoNF4State& s) { return from_bnb(to_bnb(s)); }
 
 Tensor torchao_dequantize(const TorchaoNF4State& s) {
   const int64_t n = numel_of(s.shape);
   const Tensor codes = codes_from_packed(s.quantized_data, n, "torchao_dequantize");
   const std::vector<float> sc = torchao_scalers(s);
   const Tensor table = f32_cpu(s.nf4);
-  Tensor out = detail::make_tensor(s.shape, DType::f32, Device::cpu());
+  Tensor out = quanta::detail::make_tensor(s.shape, DType::f32, Device::cpu());
   float* po = out.data<float>();
   for (int64_t i = 0; i < n; ++i)
     po[i] = table.data<float>()[codes.data<uint8_t>()[i]] *

@@ -1,19 +1,34 @@
 #pragma once
 // Linear layer math with a frozen NF4 weight: y = x W^T + b where W is an nf4
-// tensor [out, in]. The weight is dequantized tile by tile into a small
-// buffer (never as a whole), or, for a batch of at most 8 rows with
-// in % 64 == 0, decoded on the fly while the packed bytes are read once.
+// tensor [out, in] or a bitsandbytes state of any block size (block 32
+// included). The weight is dequantized tile by tile into a small buffer
+// (never as a whole), or, for a batch of at most 8 rows whose rows start on a
+// run of codes (in % 64 == 0; in % 32 == 0 at block 32), decoded on the fly
+// while the packed bytes are read once.
 #include "engine/tensor.h"
+#include "quant/nf4/nf4_interop.h"
 
 namespace quanta::quant {
 
 /** Rows up to which nf4_linear uses the fused decode-and-dot path. */
 inline constexpr int64_t kNF4FusedMaxBatch = 8;
 
+/** Elements of one dequantized weight tile on the tiled path (4 MiB of f32). */
+inline constexpr int64_t kNF4TileElems = int64_t{1} << 20;
+
 /** x [..., in] (f32 or f64) times the nf4 weight w [out, in] transposed, plus
- * bias [out] (undefined: none); returns [..., out] in x's dtype. Backward
- * gives the gradients of x and bias; the nf4 weight is frozen (nf4 tensors
- * cannot require grad). */
-Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+ * bias [out] (undefined: none); returns [..., out] in x's dtype. The weight's
+ * values are dequant_dtype(value * scale) (f32, bf16 or f16: bitsandbytes'
+ * compute dtype), the products and sums are in x's dtype. Backward gives the
+ * gradients of x and bias; the nf4 weight is frozen (nf4 tensors cannot
+ * require grad). */
+Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
+                  DType dequant_dtype = DType::f32);
+
+/** nf4_linear with a weight in bitsandbytes' layout (shape [out, in], any
+ * block size, with or without double quant): equals
+ * linear(x, dequantize(w, dequant_dtype), bias). */
+Tensor nf4_linear(const Tensor& x, const BnbNF4State& w, const Tensor& bias = Tensor(),
+                  DType dequant_dtype = DType::f32);
 
 }  // namespace quanta::quant

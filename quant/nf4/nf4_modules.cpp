@@ -9,29 +9,101 @@
 #include "engine/ops/dropout.h"
 #include "engine/ops/linalg.h"
 #include "quant/nf4/nf4_linear.h"
+#include "quant/nf4/nf4_runs.h"
 
 namespace quanta::quant {
 
-NF4Linear::NF4Linear(const Linear& linear, const NF4Options& options)
-    : NF4Linear(quantize_nf4(linear.weight(), options),
-                linear.bias().defined() ? linear.bias().detach().clone() : Tensor()) {}
-
-NF4Linear::NF4Linear(const Tensor& weight_nf4, const Tensor& bias) : Module("NF4Linear") {
-  check_nf4(weight_nf4, "NF4Linear");
-  if (weight_nf4.dim() != 2)
-    throw std::invalid_argument("[NF4Linear] weight must be 2-d [out, in], got " +
-                                shape_str(weight_nf4.shape()));
-  weight_ = register_buffer("weight", weight_nf4);
-  if (bias.defined()) {
-    if (bias.shape() != Shape{weight_nf4.size(0)})
-      throw std::invalid_argument("[NF4Linear] bias must be [" +
-                                  std::to_string(weight_nf4.size(0)) + "], got " +
-                                  shape_str(bias.shape()));
-    bias_ = register_parameter("bias", bias, /*requires_grad=*/false);
-  }
+NF4Linear::NF4Linear(const Linear& linear, const NF4Options& o)
+    : Module("NF4Linear"), dequant_dtype_(o.dequant_dtype) {
+  const Tensor bias = linear.bias().defined() ? linear.bias().detach().clone() : Tensor();
+  if (o.block_size % kNF4UnitElems != 0) init_bnb(quantize_bnb(linear.weight(), o), bias);
+  else init_nf4(quantize_nf4(linear.weight(), o), bias);
 }
 
-Tensor NF4Linear::forward(const Tensor& x) { return nf4_linear(x, weight_, bias_); }
+NF4Linear::NF4Linear(const Tensor& weight_nf4, const Tensor& bias, DType dequant_dtype)
+    : Module("NF4Linear"), dequant_dtype_(dequant_dtype) {
+  init_nf4(weight_nf4, bias);
+}
+
+NF4Linear::NF4Linear(const BnbNF4State& w, const Tensor& bias, DType dequant_dtype)
+    : Module("NF4Linear"), dequant_dtype_(dequant_dtype) {
+  init_bnb(w, bias);
+}
+
+void NF4Linear::init_nf4(const Tensor& w, const Tensor& bias) {
+  check_nf4(w, "NF4Linear");
+  detail::check_dequant_dtype(dequant_dtype_, "NF4Linear");
+  if (w.dim() != 2)
+    throw std::invalid_argument("[NF4Linear] weight must be 2-d [out, in], got " +
+                                shape_str(w.shape()));
+  shape_ = w.shape();
+  weight_ = register_buffer("weight", w);
+  register_bias(bias);
+}
+
+void NF4Linear::init_bnb(const BnbNF4State& w, const Tensor& bias) {
+  detail::check_dequant_dtype(dequant_dtype_, "NF4Linear");
+  if (w.shape.size() != 2)
+    throw std::invalid_argument("[NF4Linear] weight must be 2-d [out, in], got " +
+                                shape_str(w.shape));
+  bnb_scales(w);  // throws naming what is inconsistent
+  shape_ = w.shape;
+  bnb_block_ = w.blocksize;
+  nested_block_ = w.nested_blocksize;
+  weight_ = register_buffer("weight", w.packed.contiguous());
+  absmax_ = register_buffer("weight_absmax", w.absmax.contiguous());
+  if (w.double_quant) {
+    nested_absmax_ = register_buffer("weight_nested_absmax", w.nested_absmax.contiguous());
+    nested_quant_map_ =
+        register_buffer("weight_nested_quant_map", w.nested_quant_map.contiguous());
+    nested_offset_ = register_buffer("weight_nested_offset",
+                                     full({}, w.nested_offset, {.dtype = DType::f32}));
+  }
+  register_bias(bias);
+}
+
+void NF4Linear::register_bias(const Tensor& bias) {
+  if (!bias.defined()) return;
+  if (bias.shape() != Shape{shape_[0]})
+    throw std::invalid_argument("[NF4Linear] bias must be [" + std::to_string(shape_[0]) +
+                                "], got " + shape_str(bias.shape()));
+  bias_ = register_parameter("bias", bias, /*requires_grad=*/false);
+}
+
+BnbNF4State NF4Linear::bnb_weight() const {
+  if (!is_bnb())
+    throw std::invalid_argument("[NF4Linear::bnb_weight] the weight is an nf4 tensor; "
+                                "to_bnb(weight(), ...) exports it");
+  BnbNF4State s;
+  s.packed = weight_;
+  s.absmax = absmax_;
+  s.quant_map = from_vector(std::vector<float>(kNF4Values.begin(), kNF4Values.end()), {16});
+  s.double_quant = nested_absmax_.defined();
+  if (s.double_quant) {
+    s.nested_absmax = nested_absmax_;
+    s.nested_quant_map = nested_quant_map_;
+    s.nested_offset = static_cast<float>(nested_offset_.item());
+  }
+  s.blocksize = bnb_block_;
+  s.nested_blocksize = nested_block_;
+  s.shape = shape_;
+  return s;
+}
+
+Tensor NF4Linear::forward(const Tensor& x) {
+  if (is_bnb()) return nf4_linear(x, bnb_weight(), bias_, dequant_dtype_);
+  return nf4_linear(x, weight_, bias_, dequant_dtype_);
+}
+
+Tensor NF4Linear::dequantized_weight() const {
+  const Tensor d = is_bnb() ? dequantize(bnb_weight(), dequant_dtype_)
+                            : dequantize(weight_, dequant_dtype_);
+  return d.to(DType::f32);
+}
+
+std::size_t NF4Linear::weight_bytes() const {
+  return is_bnb() ? bnb_payload_bytes(bnb_weight()) : weight_.nbytes();
+}
 
 LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
     : Module("LoRALinear"),
@@ -62,7 +134,7 @@ Tensor LoRALinear::forward(const Tensor& x) {
 
 Tensor LoRALinear::merged_weight() const {
   NoGradGuard no_grad;
-  return dequantize(base_->weight()) + matmul(lora_b_, lora_a_) * scaling_;
+  return base_->dequantized_weight() + matmul(lora_b_, lora_a_) * scaling_;
 }
 
 std::shared_ptr<Linear> LoRALinear::merge() const {
@@ -85,11 +157,13 @@ bool name_selected(const std::string& name, const std::vector<std::string>& incl
   return (include.empty() || any(include)) && !any(exclude);
 }
 
-NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4) {
+namespace {
+
+// RMSE and max |difference| of a float weight and the f32 values `d`.
+NF4LayerReport error_of(const Tensor& weight, const Tensor& d) {
   NF4LayerReport r;
   r.shape = weight.shape();
   const Tensor w = weight.detach().to(DType::f32).contiguous();
-  const Tensor d = dequantize(nf4);
   const float* pw = w.data<float>();
   const float* pd = d.data<float>();
   double sq = 0;
@@ -100,6 +174,14 @@ NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4) {
   }
   r.rmse = w.numel() ? std::sqrt(sq / double(w.numel())) : 0.0;
   r.bytes_before = weight.nbytes();
+  return r;
+}
+
+}  // namespace
+
+NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4,
+                                  DType dequant_dtype) {
+  NF4LayerReport r = error_of(weight, dequantize(nf4, dequant_dtype).to(DType::f32));
   r.bytes_after = nf4.nbytes();
   return r;
 }
@@ -124,7 +206,8 @@ std::vector<NF4LayerReport> quantize_nf4(Module& root, const NF4ConvertOptions& 
   std::vector<NF4LayerReport> reports;
   for (const Target& t : targets) {
     auto q = std::make_shared<NF4Linear>(*t.linear, o.format);
-    NF4LayerReport r = quantization_error(t.linear->weight(), q->weight());
+    NF4LayerReport r = error_of(t.linear->weight(), q->dequantized_weight());
+    r.bytes_after = q->weight_bytes();
     r.name = t.full;
     std::shared_ptr<Module> replacement = q;
     if (o.lora) replacement = std::make_shared<LoRALinear>(q, o.lora_options);

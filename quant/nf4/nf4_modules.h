@@ -9,27 +9,58 @@
 #include "engine/nn/layers.h"
 #include "engine/random/generator.h"
 #include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_interop.h"
 
 namespace quanta::quant {
 
-/** y = x W^T + b with W an nf4 buffer "weight" [out, in] (saved in state
- * dicts as its bytes) and a frozen bias parameter "bias". */
+/** y = x W^T + b with a frozen NF4 weight [out, in] and a frozen bias
+ * parameter "bias". The weight is the nf4 buffer "weight" (saved in state
+ * dicts as its bytes) or, for block 32, bitsandbytes' state as the buffers
+ * "weight" (packed codes), "weight_absmax" and with double quant
+ * "weight_nested_absmax", "weight_nested_quant_map", "weight_nested_offset".
+ * Its values are rounded to the dequant dtype (f32, bf16 or f16) before the
+ * product. */
 class NF4Linear : public Module {
  public:
-  /** Quantizes `linear`'s weight with `options`; the bias is copied, frozen. */
+  /** Quantizes `linear`'s weight with `options` (its dequant_dtype is the
+   * layer's; block 32 keeps bitsandbytes' layout); the bias is copied,
+   * frozen. */
   NF4Linear(const Linear& linear, const NF4Options& options = {});
   /** Wraps an nf4 weight [out, in] and an optional f32 bias [out]. */
-  NF4Linear(const Tensor& weight_nf4, const Tensor& bias);
+  NF4Linear(const Tensor& weight_nf4, const Tensor& bias, DType dequant_dtype = DType::f32);
+  /** Wraps a weight [out, in] in bitsandbytes' layout (any block size). */
+  NF4Linear(const BnbNF4State& weight, const Tensor& bias, DType dequant_dtype = DType::f32);
   Tensor forward(const Tensor& x) override;
-  /** The nf4 weight. */
+  /** The nf4 weight; for a weight in bitsandbytes' layout its packed codes. */
   const Tensor& weight() const { return weight_; }
+  /** True when the weight is held in bitsandbytes' layout. */
+  bool is_bnb() const { return bnb_block_ > 0; }
+  /** The weight in bitsandbytes' layout (its tensors are this layer's
+   * buffers); throws for an nf4 dtype weight (see to_bnb). */
+  BnbNF4State bnb_weight() const;
   /** Undefined when there is no bias. */
   const Tensor& bias() const { return bias_; }
-  int64_t in_features() const { return weight_.size(1); }
-  int64_t out_features() const { return weight_.size(0); }
+  /** The dtype the weight is dequantized to: f32, bf16 or f16. */
+  DType dequant_dtype() const { return dequant_dtype_; }
+  /** The weight as forward multiplies by it, in f32 [out, in]. */
+  Tensor dequantized_weight() const;
+  /** Bytes of the weight's codes and scales as this layer holds them. */
+  std::size_t weight_bytes() const;
+  int64_t in_features() const { return shape_[1]; }
+  int64_t out_features() const { return shape_[0]; }
 
  private:
+  void init_nf4(const Tensor& weight, const Tensor& bias);
+  void init_bnb(const BnbNF4State& weight, const Tensor& bias);
+  void register_bias(const Tensor& bias);
+
   Tensor weight_, bias_;
+  // bitsandbytes' layout only: scales (or their 8-bit codes) and the
+  // double-quantization state; block 0 for an nf4 dtype weight.
+  Tensor absmax_, nested_absmax_, nested_quant_map_, nested_offset_;
+  int64_t bnb_block_ = 0, nested_block_ = 256;
+  Shape shape_;
+  DType dequant_dtype_;
 };
 
 /** LoRA options (PEFT's names). */
@@ -48,7 +79,7 @@ class LoRALinear : public Module {
  public:
   LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& options = {});
   Tensor forward(const Tensor& x) override;
-  /** The f32 weight dequantize(base) + scaling * B A, [out, in]. */
+  /** The f32 weight base->dequantized_weight() + scaling * B A, [out, in]. */
   Tensor merged_weight() const;
   /** A plain Linear holding merged_weight() and the base bias, for export. */
   std::shared_ptr<Linear> merge() const;
@@ -95,7 +126,9 @@ bool name_selected(const std::string& name, const std::vector<std::string>& incl
  * report per converted layer in traversal order. */
 std::vector<NF4LayerReport> quantize_nf4(Module& root, const NF4ConvertOptions& options = {});
 
-/** RMSE and max |difference| between a float weight and its nf4 form. */
-NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4);
+/** RMSE and max |difference| between a float weight and its nf4 form
+ * dequantized to `dequant_dtype`. */
+NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4,
+                                  DType dequant_dtype = DType::f32);
 
 }  // namespace quanta::quant

@@ -1,10 +1,13 @@
 #pragma once
-// SIMD decoding of packed NF4 codes (internal to quant/nf4): a table lookup
-// of the 16 values by the nibbles of 4 or 8 packed bytes, high nibble first.
+// SIMD decoding and encoding of packed NF4 codes (internal to quant/nf4): a
+// table lookup of the 16 values by the nibbles of 4 or 8 packed bytes, high
+// nibble first, over runs of 32 or 64 elements (a block-32 run or a 64-element
+// unit of the nf4 dtype).
 #include <array>
 #include <cstdint>
 #include <cstring>
 
+#include "engine/dtype.h"
 #include "quant/nf4/nf4_format.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -26,6 +29,26 @@ inline __m512 decode16(uint64_t eight, __m512 values) {
   return _mm512_permutexvar_ps(idx, values);
 }
 
+// v rounded to `dtype` (f32: unchanged; bf16 and f16: to nearest even) and
+// widened back to f32, lane by lane.
+inline __m512 round_to(__m512 v, DType dtype) {
+  if (dtype == DType::bf16) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  if (dtype == DType::f16)
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return v;
+}
+
+/** The 16 dequantized values dtype(float32(value * scale)) as f32 lanes. */
+inline __m512 scaled_values(float scale, DType dtype) {
+  return round_to(_mm512_mul_ps(_mm512_loadu_ps(kNF4Values.data()), _mm512_set1_ps(scale)),
+                  dtype);
+}
 #endif
 
 #if defined(__AVX2__)
@@ -39,18 +62,33 @@ inline __m256 decode8(uint32_t four, __m256 lo_vals, __m256 hi_vals) {
   const __m256 b = _mm256_permutevar8x32_ps(hi_vals, idx);
   return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
-
 #endif
 
+/** The 16 dequantized values dtype(float32(value * scale)), widened to f32
+ * (f32: the f32 products; bf16, f16: rounded to nearest even). */
+inline std::array<float, 16> scaled_table(float scale, DType dtype) {
+  std::array<float, 16> t{};
+  for (int c = 0; c < 16; ++c) {
+    const float v = kNF4Values[c] * scale;
+    t[c] = dtype == DType::bf16  ? static_cast<float>(bf16(v))
+           : dtype == DType::f16 ? static_cast<float>(f16(v))
+                                 : v;
+  }
+  return t;
+}
+
 #if defined(__AVX512F__)
-/** Packs the codes of 64 scaled values (the number of `mids` strictly below
- * each; NaN gives 0) into 32 bytes, high nibble = even element. */
-inline void encode_unit(const float* scaled, const std::array<float, 15>& mids, uint8_t* dst) {
+/** Packs the codes of R (32 or 64) scaled values (the number of `mids`
+ * strictly below each; NaN gives 0) into R / 2 bytes, high nibble = even
+ * element. */
+template <int R>
+inline void encode_run(const float* scaled, const std::array<float, 15>& mids, uint8_t* dst) {
+  static_assert(R % 16 == 0);
   alignas(64) float t[16];
   for (int i = 0; i < 15; ++i) t[i] = mids[i];
   t[15] = __builtin_inff();
   const __m512 table = _mm512_load_ps(t);
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < R / 16; ++q) {
     const __m512 v = _mm512_loadu_ps(scaled + 16 * q);
     // Branch-free binary search: idx = number of midpoints below v.
     __m512i idx = _mm512_setzero_si512();
@@ -71,28 +109,30 @@ inline void encode_unit(const float* scaled, const std::array<float, 15>& mids, 
 #define QUANTA_NF4_ENCODE_SIMD 1
 #endif
 
-/** The 64 values float32(value(code) * scale) of one full unit into dst. */
-inline void decode_unit_f32(const uint8_t* codes, float scale, float* dst) {
+/** The R (32 or 64) values of one full run: float32(value(code) * scale)
+ * rounded to `dtype` (f32, bf16 or f16) and widened back to f32. */
+template <int R>
+inline void decode_run_f32(const uint8_t* codes, float scale, DType dtype, float* dst) {
+  static_assert(R % 16 == 0);
 #if defined(__AVX512F__)
-  const __m512 lut = _mm512_mul_ps(_mm512_loadu_ps(kNF4Values.data()), _mm512_set1_ps(scale));
-  for (int g = 0; g < 4; ++g) {
+  const __m512 lut = scaled_values(scale, dtype);
+  for (int g = 0; g < R / 16; ++g) {
     uint64_t eight;
     std::memcpy(&eight, codes + 8 * g, 8);
     _mm512_storeu_ps(dst + 16 * g, decode16(eight, lut));
   }
 #elif defined(__AVX2__)
-  const __m256 s = _mm256_set1_ps(scale);
-  const __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(kNF4Values.data()), s);
-  const __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(kNF4Values.data() + 8), s);
-  for (int g = 0; g < 8; ++g) {
+  const std::array<float, 16> t = scaled_table(scale, dtype);
+  const __m256 lo = _mm256_loadu_ps(t.data());
+  const __m256 hi = _mm256_loadu_ps(t.data() + 8);
+  for (int g = 0; g < R / 8; ++g) {
     uint32_t four;
     std::memcpy(&four, codes + 4 * g, 4);
     _mm256_storeu_ps(dst + 8 * g, decode8(four, lo, hi));
   }
 #else
-  float lut[16];
-  for (int c = 0; c < 16; ++c) lut[c] = kNF4Values[c] * scale;
-  for (std::size_t j = 0; j < kNF4CodeBytes; ++j) {
+  const std::array<float, 16> lut = scaled_table(scale, dtype);
+  for (int j = 0; j < R / 2; ++j) {
     dst[2 * j] = lut[codes[j] >> 4];
     dst[2 * j + 1] = lut[codes[j] & 15];
   }

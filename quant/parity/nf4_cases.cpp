@@ -25,11 +25,21 @@ void run_nf4_case(const CaseFile& c, double, CaseResult& r) {
   r.checks.push_back(compare("codes", quant::nf4_codes(q), c.at("codes").reshape({n}), 0));
   r.checks.push_back(compare("packed", mine.packed, c.at("packed"), 0));
   r.checks.push_back(compare("quant_map", mine.quant_map, c.at("quant_map"), 0));
+  // quantize_bnb goes straight to bitsandbytes' state (the path block-32
+  // weights take): the same packed bytes.
+  opts.double_quant = dq;
+  const quant::BnbNF4State direct = quant::quantize_bnb(weight, opts);
+  r.checks.push_back(compare("quantize_bnb packed", direct.packed, c.at("packed"), 0));
   if (!dq) {
     r.checks.push_back(compare("absmax", mine.absmax, c.at("absmax"), 0));
     r.checks.push_back(compare("dequantized", quant::dequantize(q), c.at("dequantized"), 0));
+    r.checks.push_back(compare("quantize_bnb absmax", direct.absmax, c.at("absmax"), 0));
+    r.checks.push_back(compare("quantize_bnb dequantized", quant::dequantize(direct),
+                               c.at("dequantized"), 0));
     return;
   }
+  r.checks.push_back(
+      compare("quantize_bnb absmax (8-bit codes)", direct.absmax, c.at("absmax"), 0));
   r.checks.push_back(compare("absmax_exact", mine.absmax, c.at("absmax_exact"), 0));
 
   // 2. Double quant: importing bitsandbytes' stored state must dequantize
@@ -59,6 +69,9 @@ void run_nf4_case(const CaseFile& c, double, CaseResult& r) {
                              c.at("nested_quant_map"), 1e-6));
   r.checks.push_back(compare("nested_absmax", ours.nested_absmax, c.at("nested_absmax"), 1e-6));
   r.checks.push_back(compare("absmax (8-bit codes)", ours.absmax, c.at("absmax"), 0));
+  // Importing bitsandbytes' state and dequantizing it in that layout (no nf4
+  // dtype in between) is bit-identical as well.
+  r.checks.push_back(compare("dequantize(state)", quant::dequantize(s), c.at("dequantized"), 0));
 }
 
 }  // namespace quanta::parity

@@ -5,6 +5,8 @@
 // RMSE and max |error| of the values the output file will dequantize to, and
 // the bytes before and after. NF4 weights already in the input (bitsandbytes
 // or torchao layout) are imported as they are and converted to the format.
+// Block size 32 exists only in the bitsandbytes and torchao layouts: the nf4
+// dtype of --format quanta holds one scale per 64 elements.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +46,13 @@ uint64_t bytes_of(const io::TensorMap& m) {
   return n;
 }
 
+// Bytes of the codes and scales of a torchao state (per-tensor constants,
+// the mean and the 16-entry table, not counted), as inspect counts them.
+uint64_t torchao_payload_bytes(const quant::TorchaoNF4State& s) {
+  return s.quantized_data.nbytes() + s.quantized_scalers.nbytes() +
+         s.quantization_factor.nbytes();
+}
+
 void run_quantize(const QuantizeOptions& o) {
   if (o.format != "quanta" && o.format != "bnb" && o.format != "torchao")
     throw UsageError("--format must be quanta, bnb or torchao, got '" + o.format + "'");
@@ -55,7 +64,14 @@ void run_quantize(const QuantizeOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  // Export formats double-quantize the exact scales themselves.
+  if (o.format == "quanta" && opts.block_size % quant::kNF4UnitElems != 0)
+    throw UsageError("--format quanta stores the nf4 dtype, whose 64-element units hold block "
+                     "sizes 64, 128 and 256; block size " + std::to_string(opts.block_size) +
+                     " needs --format bnb or torchao");
+  if (o.format == "torchao" && o.no_double_quant)
+    throw UsageError("--format torchao always double-quantizes its scales; drop "
+                     "--no-double-quant");
+  // torchao double-quantizes the exact scales itself.
   quant::NF4Options exact = opts;
   exact.double_quant = false;
 
@@ -69,11 +85,11 @@ void run_quantize(const QuantizeOptions& o) {
   // NF4 weights already in the input (bitsandbytes or torchao layout) are
   // imported without requantizing and written in the requested format.
   const std::map<std::string, Tensor> all(in.tensors.begin(), in.tensors.end());
-  std::map<std::string, Tensor> imported;
+  std::map<std::string, quant::BnbNF4State> imported;
   std::set<std::string> consumed;
   for (const auto& [name, t] : in.tensors)
     if (quant::has_bnb_tensors(all, name)) {
-      imported[name] = quant::from_bnb(quant::read_bnb_tensors(all, name));
+      imported[name] = quant::read_bnb_tensors(all, name);
       for (const char* part : {"", ".absmax", ".quant_map", ".nested_absmax",
                                ".nested_quant_map", ".quant_state.bitsandbytes__nf4"})
         consumed.insert(name + part);
@@ -81,18 +97,28 @@ void run_quantize(const QuantizeOptions& o) {
   for (const auto& [key, value] : in.metadata)
     if (ends_with(key, ".torchao_nf4")) {
       const std::string name = key.substr(0, key.size() - std::string(".torchao_nf4").size());
-      imported[name] = quant::from_torchao(quant::read_torchao_tensors(all, in.metadata, name));
+      imported[name] = quant::to_bnb(quant::read_torchao_tensors(all, in.metadata, name));
       for (const char* part : {".quantized_data", ".quantized_scalers", ".quantization_factor",
                                ".scaler_mean", ".nf4"})
         consumed.insert(name + part);
       metadata.erase(key);
     }
-  for (const auto& [name, q] : imported) {
-    std::printf("%-40s imported NF4 %s, written as %s\n", name.c_str(),
-                shape_str(q.shape()).c_str(), o.format.c_str());
-    if (o.format == "quanta") out.emplace_back(name, q);
-    else if (o.format == "bnb") quant::append_bnb_tensors(out, name, quant::to_bnb(q, opts.double_quant));
-    else quant::append_torchao_tensors(out, metadata, name, quant::to_torchao(q));
+  for (const auto& [name, s] : imported) {
+    std::printf("%-40s imported NF4 %s (block %lld), written as %s\n", name.c_str(),
+                shape_str(s.shape).c_str(), static_cast<long long>(s.blocksize),
+                o.format.c_str());
+    if (o.format == "quanta") {
+      if (s.blocksize % quant::kNF4UnitElems != 0)
+        throw std::invalid_argument("'" + name + "' has block size " +
+                                    std::to_string(s.blocksize) +
+                                    ", which the nf4 dtype of --format quanta cannot hold; "
+                                    "use --format bnb or torchao");
+      out.emplace_back(name, quant::from_bnb(s));
+    } else if (o.format == "bnb") {
+      quant::append_bnb_tensors(out, name, quant::to_bnb(s, opts.double_quant));
+    } else {
+      quant::append_torchao_tensors(out, metadata, name, quant::to_torchao(s));
+    }
   }
   std::printf("%-40s %-14s %12s %12s %12s %12s\n", "tensor", "shape", "rmse", "max_abs",
               "bytes", "nf4_bytes");
@@ -106,29 +132,32 @@ void run_quantize(const QuantizeOptions& o) {
       out.emplace_back(name, t);
       continue;
     }
-    const std::size_t before = out.size();
-    Tensor values;  // what the output dequantizes to
+    Tensor values;       // what the output dequantizes to
+    uint64_t after = 0;  // its codes and scales
     if (o.format == "quanta") {
       const Tensor q = quant::quantize_nf4(t, opts);
       out.emplace_back(name, q);
       values = quant::dequantize(q);
+      after = q.nbytes();
     } else if (o.format == "bnb") {
-      const quant::BnbNF4State s = quant::to_bnb(quant::quantize_nf4(t, exact), opts.double_quant);
+      const quant::BnbNF4State s = quant::quantize_bnb(t, opts);
       quant::append_bnb_tensors(out, name, s);
-      values = quant::dequantize(quant::from_bnb(s));
+      values = quant::dequantize(s);
+      after = quant::bnb_payload_bytes(s);
     } else {
-      if (t.numel() % (64 * 256) != 0 || o.block_size != 64) {
-        std::printf("%-40s skipped: torchao needs block size 64 and numel %% 16384 == 0\n",
-                    name.c_str());
+      const int64_t group = opts.block_size * 256;
+      if (t.numel() % group != 0) {
+        std::printf("%-40s skipped: torchao needs numel %% %lld == 0 at block %lld\n",
+                    name.c_str(), static_cast<long long>(group),
+                    static_cast<long long>(opts.block_size));
         out.emplace_back(name, t);
         continue;
       }
-      const quant::TorchaoNF4State s = quant::to_torchao(quant::quantize_nf4(t, exact));
+      const quant::TorchaoNF4State s = quant::to_torchao(quant::quantize_bnb(t, exact));
       quant::append_torchao_tensors(out, metadata, name, s);
       values = quant::torchao_dequantize(s);
+      after = torchao_payload_bytes(s);
     }
-    uint64_t after = 0;
-    for (std::size_t i = before; i < out.size(); ++i) after += out[i].second.nbytes();
     // Error of the values the output file holds.
     const Tensor w = t.to(DType::f32).contiguous();
     double sq = 0, mx = 0;
@@ -147,12 +176,13 @@ void run_quantize(const QuantizeOptions& o) {
   }
   io::save_safetensors(o.out, out, metadata);
   const uint64_t b0 = bytes_of(in.tensors), b1 = bytes_of(out);
+  const quant::NF4Bits bits = quant::bits_per_parameter(opts);
   std::printf("%d tensors quantized (%s, block %lld, double quant %s): %.3f bits per parameter "
-              "(format: %.3f)\n",
+              "in this file (codes and scales); quanta holds %.3f, bitsandbytes' layout %.3f\n",
               converted, o.format.c_str(), static_cast<long long>(opts.block_size),
               opts.double_quant ? "on" : "off",
-              params ? 8.0 * double(quantized_bytes) / double(params) : 0.0,
-              quant::bits_per_parameter(opts));
+              params ? 8.0 * double(quantized_bytes) / double(params) : 0.0, bits.stored,
+              bits.bnb);
   std::printf("size: %llu -> %llu bytes (%.2fx smaller) written to %s\n",
               static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
               b1 ? double(b0) / double(b1) : 0.0, o.out.c_str());
@@ -170,7 +200,8 @@ void add_quantize(CLI::App& app) {
   sub->add_option("out", o->out, "output .safetensors")->required();
   sub->add_option("--format", o->format,
                   "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao");
-  sub->add_option("--block-size", o->block_size, "elements per scale: 64, 128 or 256");
+  sub->add_option("--block-size", o->block_size,
+                  "elements per scale: 32 (bnb and torchao only), 64, 128 or 256");
   sub->add_flag("--no-double-quant", o->no_double_quant, "keep f32 block scales");
   sub->add_option("--include", o->include, "only tensors whose name contains one of these");
   sub->add_option("--exclude", o->exclude, "skip tensors whose name contains one of these");

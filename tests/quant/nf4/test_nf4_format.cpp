@@ -68,6 +68,15 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + t.nbytes());
 }
 
+// The codes of bitsandbytes' packed bytes, high nibble first.
+std::vector<uint8_t> unpack(const BnbNF4State& s) {
+  const int64_t n = numel_of(s.shape);
+  const uint8_t* p = s.packed.data<uint8_t>();
+  std::vector<uint8_t> c(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) c[i] = i % 2 == 0 ? p[i / 2] >> 4 : p[i / 2] & 15;
+  return c;
+}
+
 NF4Options no_dq(int64_t bs = 64) {
   NF4Options o;
   o.block_size = bs;
@@ -139,6 +148,28 @@ TEST_CASE("nf4 quantize matches the scalar reference: ties, zero, single, extrem
       const float s = ref.scales[i / bs];
       REQUIRE(scales.data<float>()[i / 64] == s);
       REQUIRE(deq.data<float>()[i] == kNF4Values[ref.codes[i]] * s);
+    }
+  }
+  // bitsandbytes' layout at every block size, 32 included: the same codes,
+  // the exact absmax per block and the same values.
+  for (int64_t bs : {32, 64, 128, 256}) {
+    CAPTURE(bs);
+    const RefQuant ref = ref_quantize(x, bs);
+    const BnbNF4State s = quantize_bnb(f32(x), no_dq(bs));
+    CHECK(s.blocksize == bs);
+    CHECK(s.packed.shape() == Shape{static_cast<int64_t>(x.size()) / 2, 1});
+    CHECK(unpack(s) == ref.codes);
+    CHECK(s.absmax.to_vector<float>() == ref.scales);
+    const Tensor deq = dequantize(s);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      wrong += deq.data<float>()[i] != kNF4Values[ref.codes[i]] * ref.scales[i / bs];
+    CHECK(wrong == 0);
+    if (bs % 64 == 0) {
+      // The nf4 dtype's export at the same block size is the same state.
+      const BnbNF4State e = to_bnb(quantize_nf4(f32(x), no_dq(bs)), false, bs);
+      CHECK(bytes_of(e.packed) == bytes_of(s.packed));
+      CHECK(bytes_of(e.absmax) == bytes_of(s.absmax));
     }
   }
   // The tie block spelled out: on a midpoint -> lower code, one ulp up -> upper.
@@ -222,21 +253,184 @@ TEST_CASE("nf4 round trip: per-block error within half the largest code gap") {
   }
 }
 
+TEST_CASE("nf4 block 32: round trip within the per-block bound, with and without double quant") {
+  Generator gen(12);
+  const Tensor x = randn({96, 160}, gen) * 3.0;
+  double max_gap = 0;
+  for (int i = 0; i < 15; ++i) max_gap = std::max(max_gap, double(kNF4Values[i + 1] - kNF4Values[i]));
+  const BnbNF4State plain = quantize_bnb(x, no_dq(32));
+  const std::vector<uint8_t> codes = unpack(plain);
+  for (bool dq : {false, true}) {
+    CAPTURE(dq);
+    NF4Options o = no_dq(32);
+    o.double_quant = dq;
+    const BnbNF4State s = quantize_bnb(x, o);
+    CHECK(s.double_quant == dq);
+    CHECK(s.absmax.numel() == 96 * 160 / 32);
+    CHECK(s.absmax.dtype() == (dq ? DType::u8 : DType::f32));
+    // Codes always come from the exact absmax.
+    CHECK(unpack(s) == codes);
+    const Tensor scales = bnb_scales(s);
+    if (dq) {
+      // bitsandbytes' reconstruction of the double-quantized exact scales.
+      const Tensor exact = plain.absmax;
+      const std::vector<float> rec =
+          double_dequantize(double_quantize(exact.data<float>(), exact.numel()));
+      CHECK(scales.to_vector<float>() == rec);
+      CHECK(s.nested_absmax.numel() == 2);  // 480 blocks: a full and a partial group
+    }
+    const Tensor d = dequantize(s);
+    const float* px = x.data<float>();
+    const float* pd = d.data<float>();
+    const float* ps = scales.data<float>();
+    for (int64_t b = 0; b < x.numel() / 32; ++b) {
+      double amax = 0, err = 0;
+      for (int64_t i = b * 32; i < (b + 1) * 32; ++i) {
+        amax = std::max(amax, double(std::fabs(px[i])));
+        err = std::max(err, std::fabs(double(px[i]) - pd[i]));
+        REQUIRE(pd[i] == kNF4Values[codes[i]] * ps[b]);
+      }
+      const double scale_err = std::fabs(double(ps[b]) - amax);
+      CHECK(err <= 0.5 * max_gap * amax + scale_err + 1e-6 * amax);
+      if (dq) CHECK(scale_err <= 0.02 * amax);
+      else CHECK(scale_err == 0.0);
+    }
+  }
+  // Smaller blocks, smaller error.
+  const Tensor d32 = dequantize(plain);
+  const Tensor d64 = dequantize(quantize_nf4(x, no_dq(64)));
+  CHECK(mean((d32 - x) * (d32 - x)).item() < mean((d64 - x) * (d64 - x)).item());
+}
+
+TEST_CASE("nf4 block 32 in bitsandbytes' layout: shapes, dtypes, files and conversions") {
+  Generator gen(14);
+  // 111 elements: three full blocks and a partial one, odd count.
+  const Tensor x = randn({3, 37}, gen);
+  const BnbNF4State s = quantize_bnb(x, no_dq(32));
+  CHECK(s.packed.shape() == Shape{56, 1});
+  CHECK((s.packed.data<uint8_t>()[55] & 0x0F) == kNF4ZeroCode);
+  const RefQuant ref = ref_quantize(x.to_vector<float>(), 32);
+  CHECK(unpack(s) == ref.codes);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor d = dequantize(s, dt);
+    CHECK(d.dtype() == dt);
+    CHECK(d.shape() == Shape{3, 37});
+    for (int64_t i = 0; i < 111; ++i) {
+      const float v = kNF4Values[ref.codes[i]] * ref.scales[i / 32];
+      const float want = dt == DType::bf16  ? float(bf16(v))
+                         : dt == DType::f16 ? float(f16(v))
+                                            : v;
+      REQUIRE(d.to(DType::f32).data<float>()[i] == want);
+    }
+  }
+  // Zero-size.
+  const BnbNF4State z = quantize_bnb(zeros({0, 32}), no_dq(32));
+  CHECK(z.packed.numel() == 0);
+  CHECK(dequantize(z).shape() == Shape{0, 32});
+  // safetensors round trip under bitsandbytes' names, with double quant.
+  const Tensor w = randn({64, 96}, gen);
+  NF4Options dq32 = no_dq(32);
+  dq32.double_quant = true;
+  const BnbNF4State sdq = quantize_bnb(w, dq32);
+  io::TensorMap out;
+  append_bnb_tensors(out, "w", sdq);
+  const auto file = io::parse_safetensors(io::serialize_safetensors(out));
+  const std::map<std::string, Tensor> t(file.tensors.begin(), file.tensors.end());
+  const BnbNF4State back = read_bnb_tensors(t, "w");
+  CHECK(back.blocksize == 32);
+  CHECK(back.double_quant);
+  CHECK(dequantize(back).to_vector<float>() == dequantize(sdq).to_vector<float>());
+  // The nf4 dtype cannot hold it, and says why.
+  CHECK_THROWS_WITH_AS(from_bnb(back), doctest::Contains("block-32"), std::invalid_argument);
+  // Double quant on and off: same codes, scales as bitsandbytes reconstructs them.
+  const BnbNF4State undone = to_bnb(sdq, false);
+  CHECK(!undone.double_quant);
+  CHECK(undone.absmax.to_vector<float>() == bnb_scales(sdq).to_vector<float>());
+  CHECK(bytes_of(undone.packed) == bytes_of(sdq.packed));
+  // torchao at block 32 (numel % (32 * 256) == 0): same codes, close values.
+  const Tensor big = randn({64, 128}, gen);
+  const BnbNF4State b32 = quantize_bnb(big, no_dq(32));
+  const TorchaoNF4State ao = to_torchao(b32);
+  CHECK(ao.block_size == 32);
+  CHECK(ao.quantized_scalers.numel() == 256);
+  const BnbNF4State from_ao = to_bnb(ao);
+  CHECK(from_ao.blocksize == 32);
+  CHECK(unpack(from_ao) == unpack(b32));
+  CHECK(max(abs(torchao_dequantize(ao) - dequantize(b32))).item() < 0.02 * max(abs(big)).item());
+  CHECK(max(abs(dequantize(from_ao) - dequantize(b32))).item() < 0.02 * max(abs(big)).item());
+  CHECK_THROWS_WITH_AS(to_torchao(s), doctest::Contains("8192"), std::invalid_argument);
+}
+
+TEST_CASE("nf4 to_bnb at a block size checks the tensor was quantized with it") {
+  Generator gen(15);
+  const Tensor x = randn({4, 256}, gen);
+  const BnbNF4State e = to_bnb(quantize_nf4(x, no_dq(128)), false, 128);
+  CHECK(e.blocksize == 128);
+  CHECK(e.absmax.numel() == 8);
+  CHECK(bytes_of(from_bnb(e)) == bytes_of(quantize_nf4(x, no_dq(128))));
+  CHECK_THROWS_WITH_AS(to_bnb(quantize_nf4(x, no_dq(64)), false, 128),
+                       doctest::Contains("not quantized with block size 128"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("nf4 options: validation and bits per parameter") {
   NF4Options o;
-  CHECK(bits_per_parameter(o) == doctest::Approx(4.126953125));
-  CHECK(std::round(bits_per_parameter(o) * 1000) / 1000 == doctest::Approx(4.127));
-  CHECK(bits_per_parameter(no_dq()) == doctest::Approx(4.5));
-  CHECK(bits_per_parameter(no_dq(256)) == doctest::Approx(4.125));
-  CHECK(storage_bits_per_parameter() == doctest::Approx(4.5));
+  // Block 64 with double quant: bitsandbytes' layout 4.127, the nf4 dtype 4.5.
+  CHECK(bits_per_parameter(o).bnb == doctest::Approx(4.126953125));
+  CHECK(std::round(bits_per_parameter(o).bnb * 1000) / 1000 == doctest::Approx(4.127));
+  CHECK(bits_per_parameter(o).stored == 4.5);
+  CHECK(bits_per_parameter(no_dq()).bnb == 4.5);
+  CHECK(bits_per_parameter(no_dq()).stored == 4.5);
+  CHECK(bits_per_parameter(no_dq(256)).bnb == 4.125);
+  CHECK(bits_per_parameter(no_dq(256)).stored == 4.5);
+  // Block 32 lives in bitsandbytes' layout: stored is what that costs.
+  CHECK(bits_per_parameter(no_dq(32)).bnb == 5.0);
+  CHECK(bits_per_parameter(no_dq(32)).stored == 5.0);
   o.block_size = 32;
-  CHECK_THROWS_WITH_AS(quantize_nf4(zeros({64}), o), doctest::Contains("block_size"),
+  CHECK(bits_per_parameter(o).bnb == doctest::Approx(4.25390625));
+  CHECK(bits_per_parameter(o).stored == bits_per_parameter(o).bnb);
+  // The figures are what the objects hold: a weight of whole 256-block groups.
+  Generator gen(8);
+  const Tensor w = randn({256, 256}, gen);
+  for (int64_t bs : {32, 64, 128, 256})
+    for (bool dq : {false, true}) {
+      CAPTURE(bs);
+      CAPTURE(dq);
+      NF4Options p = no_dq(bs);
+      p.double_quant = dq;
+      const double n = double(w.numel());
+      CHECK(8.0 * double(bnb_payload_bytes(quantize_bnb(w, p))) / n ==
+            doctest::Approx(bits_per_parameter(p).bnb));
+      if (bs != 32)
+        CHECK(8.0 * double(quantize_nf4(w, p).nbytes()) / n == bits_per_parameter(p).stored);
+    }
+  CHECK_NOTHROW(check_options(o));
+  CHECK_THROWS_WITH_AS(quantize_nf4(zeros({64}), o), doctest::Contains("quantize_bnb"),
+                       std::invalid_argument);
+  o.block_size = 48;
+  CHECK_THROWS_WITH_AS(check_options(o), doctest::Contains("32, 64, 128 or 256"),
                        std::invalid_argument);
   o.block_size = 64;
   o.dequant_dtype = DType::i32;
   CHECK_THROWS_AS(check_options(o), std::invalid_argument);
   CHECK_THROWS_WITH_AS(quantize_nf4(zeros({4}, {.dtype = DType::i64})),
                        doctest::Contains("floating"), std::invalid_argument);
+}
+
+TEST_CASE("nf4 options: dequantize honours dequant_dtype") {
+  Generator gen(16);
+  const Tensor q = quantize_nf4(randn({5, 64}, gen));
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    NF4Options o;
+    o.dequant_dtype = dt;
+    const Tensor d = dequantize(q, o);
+    CHECK(d.dtype() == dt);
+    CHECK(bytes_of(d) == bytes_of(dequantize(q, dt)));
+  }
+  NF4Options bad;
+  bad.dequant_dtype = DType::f64;
+  CHECK_THROWS_WITH_AS(dequantize(q, bad), doctest::Contains("f32, bf16 or f16"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("nf4 shapes: zero-size, partial last unit, odd element counts") {

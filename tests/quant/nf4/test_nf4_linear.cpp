@@ -1,5 +1,7 @@
-// nf4_linear against dequantize-then-linear, its f64 gradient, and the
-// NF4Linear / LoRALinear modules (state dicts, merge, a LoRA training run).
+// nf4_linear against dequantize-then-linear (nf4 dtype and bitsandbytes'
+// layout, block 32 included, every dequant dtype, fused, tiled and multi-tile
+// paths), its f64 gradient, and the NF4Linear / LoRALinear modules (state
+// dicts, merge, a LoRA training run).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -71,6 +73,149 @@ TEST_CASE("nf4_linear forward equals dequantize-then-linear on every path") {
   CHECK(nf4_linear(randn({2, 3, 64}, gen), q).shape() == Shape{2, 3, 6});
 }
 
+TEST_CASE("nf4_linear with block-32 weights (bitsandbytes' layout) on every path") {
+  Generator gen(22);
+  struct Shape3 { int64_t m, k, n; };
+  // Fused with rows of whole 32-element runs (96 % 64 != 0), tiled, k not a
+  // multiple of 32, leading batch dims.
+  for (Shape3 s : {Shape3{1, 96, 40}, Shape3{8, 160, 33}, Shape3{9, 96, 40}, Shape3{3, 100, 7},
+                   Shape3{20, 37, 5}}) {
+    CAPTURE(s.m);
+    CAPTURE(s.k);
+    for (bool dq : {false, true}) {
+      CAPTURE(dq);
+      NF4Options o;
+      o.block_size = 32;
+      o.double_quant = dq;
+      const BnbNF4State q = quantize_bnb(randn({s.n, s.k}, gen), o);
+      const Tensor b = randn({s.n}, gen);
+      const Tensor x = randn({s.m, s.k}, gen);
+      const Tensor ref =
+          linear(x.to(DType::f64), dequantize(q).to(DType::f64), b.to(DType::f64));
+      CHECK(max_abs_diff(nf4_linear(x, q, b), ref) < 1e-4 * std::sqrt(double(s.k)));
+      CHECK(max_abs_diff(nf4_linear(x.to(DType::f64), q, b.to(DType::f64)), ref) < 1e-10);
+    }
+  }
+  // Blocks of 128 in bitsandbytes' layout (two runs per scale) compute what
+  // the nf4 dtype at block 128 computes, bit for bit.
+  NF4Options o128;
+  o128.block_size = 128;
+  o128.double_quant = false;
+  const Tensor w = randn({24, 256}, gen);
+  for (int64_t m : {3, 12}) {
+    const Tensor x = randn({m, 256}, gen);
+    CHECK(max_abs_diff(nf4_linear(x, quantize_bnb(w, o128)),
+                       nf4_linear(x, quantize_nf4(w, o128))) == 0.0);
+  }
+  // Gradient in f64 against dequantize-then-linear's autograd.
+  NF4Options o32;
+  o32.block_size = 32;
+  const BnbNF4State q = quantize_bnb(randn({5, 96}, gen), o32);
+  for (int64_t m : {2, 12}) {
+    Tensor x = randn({m, 96}, gen, {.dtype = DType::f64}).requires_grad_();
+    const Tensor probe = randn({m, 5}, gen, {.dtype = DType::f64});
+    sum(nf4_linear(x, q) * probe).backward();
+    Tensor x2 = x.detach().clone().requires_grad_();
+    sum(linear(x2, dequantize(q).to(DType::f64)) * probe).backward();
+    CHECK(max_abs_diff(x.grad(), x2.grad()) < 1e-12);
+  }
+  CHECK_THROWS_WITH_AS(nf4_linear(zeros({2, 95}), q), doctest::Contains("[nf4_linear]"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
+  Generator gen(23);
+  const Tensor w = randn({40, 128}, gen);
+  const Tensor b = randn({40}, gen, {.dtype = DType::f64});
+  NF4Options o32;
+  o32.block_size = 32;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    CAPTURE(dt);
+    const Tensor q = quantize_nf4(w);
+    const BnbNF4State s = quantize_bnb(w, o32);
+    for (int64_t m : {1, 5, 9, 30}) {  // fused and tiled
+      CAPTURE(m);
+      const Tensor x = randn({m, 128}, gen, {.dtype = DType::f64});
+      const Tensor ref = linear(x, dequantize(q, dt).to(DType::f64), b);
+      CHECK(max_abs_diff(nf4_linear(x, q, b, dt), ref) < 1e-10);
+      const Tensor ref32 = linear(x, dequantize(s, dt).to(DType::f64), b);
+      CHECK(max_abs_diff(nf4_linear(x, s, b, dt), ref32) < 1e-10);
+      // f32 inputs: the fused kernels' rounded tables.
+      const Tensor xf = x.to(DType::f32);
+      CHECK(max_abs_diff(nf4_linear(xf, q, b.to(DType::f32), dt), ref) < 1e-4);
+      CHECK(max_abs_diff(nf4_linear(xf, s, b.to(DType::f32), dt), ref32) < 1e-4);
+      // Backward uses the same rounded values.
+      Tensor x1 = x.detach().clone().requires_grad_();
+      Tensor x2 = x.detach().clone().requires_grad_();
+      sum(nf4_linear(x1, q, Tensor(), dt)).backward();
+      sum(linear(x2, dequantize(q, dt).to(DType::f64))).backward();
+      CHECK(max_abs_diff(x1.grad(), x2.grad()) < 1e-12);
+    }
+  }
+  // bf16 and f32 weights really differ (the rounding is not a no-op).
+  const Tensor x = randn({2, 128}, gen);
+  CHECK(max_abs_diff(nf4_linear(x, quantize_nf4(w), Tensor(), DType::bf16),
+                     nf4_linear(x, quantize_nf4(w))) > 1e-4);
+  CHECK_THROWS_WITH_AS(nf4_linear(x, quantize_nf4(w), Tensor(), DType::f64),
+                       doctest::Contains("f32, bf16 or f16"), std::invalid_argument);
+  // NF4Linear takes the dtype from its options; LoRALinear merges the same values.
+  Linear lin(128, 40, gen);
+  NF4Options obf;
+  obf.dequant_dtype = DType::bf16;
+  auto layer = std::make_shared<NF4Linear>(lin, obf);
+  CHECK(layer->dequant_dtype() == DType::bf16);
+  const Tensor want = linear(x, dequantize(layer->weight(), DType::bf16).to(DType::f32), lin.bias());
+  CHECK(max_abs_diff((*layer)(x), want) < 1e-5);
+  LoRALinear lora(layer, {.rank = 2, .alpha = 2, .dropout = 0.0, .seed = 3});
+  CHECK(max_abs_diff(lora.merged_weight(),
+                     dequantize(layer->weight(), DType::bf16).to(DType::f32)) == 0.0);
+  NF4ConvertOptions co;
+  co.format = obf;
+  auto model = std::make_shared<Sequential>(std::make_shared<Linear>(128, 8, gen));
+  const Tensor w0 = std::static_pointer_cast<Linear>((*model)[0])->weight().detach().clone();
+  const auto reports = quantize_nf4(*model, co);
+  auto converted = std::static_pointer_cast<NF4Linear>((*model)[0]);
+  CHECK(converted->dequant_dtype() == DType::bf16);
+  const NF4LayerReport r = quantization_error(w0, converted->weight(), DType::bf16);
+  CHECK(reports[0].max_abs == r.max_abs);
+  CHECK(reports[0].max_abs != quantization_error(w0, converted->weight()).max_abs);
+}
+
+TEST_CASE("nf4_linear tiled path across several weight tiles, forward and backward") {
+  // 2200 x 1000 = 2.2M elements: three tiles of 1048 rows (rows are aligned
+  // so each tile starts on a run); in % 64 != 0 forces the tiled path.
+  Generator gen(24);
+  const int64_t n_out = 2200, n_in = 1000;
+  REQUIRE(n_out * n_in > 2 * kNF4TileElems);
+  const Tensor w = randn({n_out, n_in}, gen);
+  const Tensor q = quantize_nf4(w);
+  NF4Options o32;
+  o32.block_size = 32;
+  const BnbNF4State s = quantize_bnb(w, o32);
+  const Tensor b = randn({n_out}, gen, {.dtype = DType::f64});
+  for (int64_t m : {3, 130}) {  // 130 rows: two row blocks in backward
+    CAPTURE(m);
+    const Tensor x = randn({m, n_in}, gen, {.dtype = DType::f64});
+    const Tensor probe = randn({m, n_out}, gen, {.dtype = DType::f64});
+    for (int which = 0; which < 2; ++which) {
+      CAPTURE(which);
+      const Tensor wd = (which == 0 ? dequantize(q) : dequantize(s)).to(DType::f64);
+      Tensor x1 = x.detach().clone().requires_grad_();
+      const Tensor y = which == 0 ? nf4_linear(x1, q, b) : nf4_linear(x1, s, b);
+      Tensor x2 = x.detach().clone().requires_grad_();
+      const Tensor ref = linear(x2, wd, b);
+      CHECK(max_abs_diff(y, ref) < 1e-9);
+      sum(y * probe).backward();
+      sum(ref * probe).backward();
+      CHECK(max_abs_diff(x1.grad(), x2.grad()) < 1e-9);
+    }
+  }
+  // f32 across tiles as well.
+  const Tensor xf = randn({16, n_in}, gen);
+  const Tensor ref = linear(xf.to(DType::f64), dequantize(q).to(DType::f64));
+  CHECK(max_abs_diff(nf4_linear(xf, q), ref) < 1e-4 * std::sqrt(double(n_in)));
+}
+
 TEST_CASE("nf4_linear zero-size inputs and argument errors") {
   Generator gen(2);
   const Tensor q = quantize_nf4(randn({6, 64}, gen));
@@ -132,6 +277,60 @@ TEST_CASE("NF4Linear: forward, frozen parameters, state dict bytes round trip") 
   other.load_state_dict(f.tensors);
   CHECK(bytes_of(other.weight()) == bytes_of(q.weight()));
   CHECK(max_abs_diff(other(x), q(x)) == 0.0);
+}
+
+TEST_CASE("NF4Linear at block 32: bitsandbytes' state as buffers, state dict round trip") {
+  Generator gen(42);
+  Linear lin(96, 10, gen);
+  for (bool dq : {false, true}) {
+    CAPTURE(dq);
+    NF4Options o;
+    o.block_size = 32;
+    o.double_quant = dq;
+    NF4Linear q(lin, o);
+    CHECK(q.is_bnb());
+    CHECK(q.in_features() == 96);
+    CHECK(q.out_features() == 10);
+    const BnbNF4State s = q.bnb_weight();
+    CHECK(s.blocksize == 32);
+    CHECK(bytes_of(s.packed) == bytes_of(quantize_bnb(lin.weight(), o).packed));
+    const Tensor x = randn({4, 96}, gen);
+    CHECK(max_abs_diff(q(x), linear(x, dequantize(s), lin.bias())) < 1e-5);
+    CHECK(q.weight_bytes() == bnb_payload_bytes(s));
+    std::vector<std::string> names;
+    for (const auto& [n, t] : q.state_dict()) names.push_back(n);
+    std::vector<std::string> want = {"bias", "weight", "weight_absmax"};
+    if (dq)
+      want = {"bias", "weight", "weight_absmax", "weight_nested_absmax",
+              "weight_nested_quant_map", "weight_nested_offset"};
+    CHECK(names == want);
+    // Load into a layer of the same configuration quantized from other weights.
+    Linear other_lin(96, 10, gen);
+    NF4Linear other(other_lin, o);
+    CHECK(max_abs_diff(other(x), q(x)) > 0.0);
+    const auto file = io::parse_safetensors(io::serialize_safetensors(q.state_dict()));
+    other.load_state_dict(file.tensors);
+    CHECK(max_abs_diff(other(x), q(x)) == 0.0);
+    CHECK_THROWS_WITH_AS(NF4Linear(lin).bnb_weight(), doctest::Contains("to_bnb"),
+                         std::invalid_argument);
+  }
+  // quantize_nf4(module) at block 32, with LoRA adapters on top.
+  auto model = std::make_shared<Sequential>(std::make_shared<Linear>(32, 64, gen),
+                                            std::make_shared<Tanh>(),
+                                            std::make_shared<Linear>(64, 4, gen));
+  const Tensor x = randn({5, 32}, gen);
+  const Tensor before = (*model)(x);
+  NF4ConvertOptions co;
+  co.format.block_size = 32;
+  co.lora = true;
+  const auto reports = quantize_nf4(*model, co);
+  REQUIRE(reports.size() == 2);
+  // 64 x 32 weight: 1024 code bytes, 64 scale codes, one group scale.
+  CHECK(reports[0].bytes_after == 1024 + 64 + 4);
+  auto lora = std::static_pointer_cast<LoRALinear>((*model)[0]);
+  CHECK(lora->base()->is_bnb());
+  CHECK(max_abs_diff((*lora->merge())(x), (*lora)(x)) < 1e-5);
+  CHECK(max_abs_diff((*model)(x), before) < 0.1 * max(abs(before)).item() + 0.05);
 }
 
 TEST_CASE("quantize_nf4(module) converts Linear layers in place with include/exclude") {
