@@ -47,6 +47,11 @@ QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup&
             "' uses affine_param: its running statistics change inside forward and are not "
             "reconciled across ranks; turn affine_param off for distributed training");
       vq->set_update_in_forward(false);
+      vq->batch_mean = [g](const Tensor& sum, const Tensor& count) {
+        Tensor total = count.detach().clone();
+        g->all_reduce(total);
+        return local_batch_mean(dist::fn::all_reduce(*g, sum), total);
+      };
     }
     if (auto* rvq = dynamic_cast<ResidualVQ*>(m)) rvq->set_update_in_forward(false);
     if (auto* lfq = dynamic_cast<LFQ*>(m))
@@ -169,7 +174,14 @@ void QuantizerSync::sync_state() {
     }
 
     // (3) One fused all_reduce of every codebook's folded counts, sums and
-    // token totals, in f64 (ranks without statistics send zeros).
+    // token totals (ranks without statistics send zeros), in the widest
+    // codebook dtype (f32 codebooks: f32, half the bytes of f64; the sums
+    // then differ from one process's by summation order only).
+    DType wide = DType::f32;
+    for (int64_t i = 0; i < n; ++i)
+      if (reduce_stats[static_cast<size_t>(i)] &&
+          codebooks_[static_cast<size_t>(i)]->embed().dtype() == DType::f64)
+        wide = DType::f64;
     std::vector<Tensor> parts;
     for (int64_t i = 0; i < n; ++i) {
       if (!reduce_stats[static_cast<size_t>(i)]) continue;
@@ -178,11 +190,11 @@ void QuantizerSync::sync_state() {
       const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
       const CodebookStatistics& p = cb.pending();
       const bool has = !p.empty();
-      parts.push_back(has ? reshape(to_dtype(p.counts, DType::f64), {g * k})
-                          : zeros({g * k}, {.dtype = DType::f64}));
-      parts.push_back(has ? reshape(to_dtype(p.sums, DType::f64), {g * k * d})
-                          : zeros({g * k * d}, {.dtype = DType::f64}));
-      parts.push_back(has ? to_dtype(p.tokens, DType::f64) : zeros({g}, {.dtype = DType::f64}));
+      parts.push_back(has ? reshape(to_dtype(p.counts, wide), {g * k})
+                          : zeros({g * k}, {.dtype = wide}));
+      parts.push_back(has ? reshape(to_dtype(p.sums, wide), {g * k * d})
+                          : zeros({g * k * d}, {.dtype = wide}));
+      parts.push_back(has ? to_dtype(p.tokens, wide) : zeros({g}, {.dtype = wide}));
     }
     if (!parts.empty()) {
       Tensor fused = contiguous(cat(parts));

@@ -43,6 +43,10 @@
 //   from StepStreams pinned to the reconciliation count: every rank draws the
 //   same numbers in a step, whatever extra, eval or no-grad forwards it ran.
 //
+// * VectorQuantize's codebook-diversity loss averages code probabilities
+//   over the batch through a cross-rank, token-weighted mean (collectives in
+//   the training forward when its weight is > 0, as for LFQ).
+//
 // Refused with a clear error (not yet rank-consistent): VectorQuantize with
 // affine_param (running statistics updated inside forward).
 #include <cstdint>

@@ -292,7 +292,8 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
       }
       loss = loss + commit * opts_.commitment_weight;
     }
-    if (opts_.codebook_diversity_loss_weight > 0 && tt > 0) {
+    // Whatever the token count: batch_mean may be a collective.
+    if (opts_.codebook_diversity_loss_weight > 0) {
       diversity = diversity_loss(dist, t.valid, t.b, t.n);
       loss = loss + diversity * opts_.codebook_diversity_loss_weight;
     }
@@ -337,13 +338,17 @@ Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {
   }
   const int64_t n = e.size(1);
   if (opts_.orthogonal_reg_max_codes > 0 && n > opts_.orthogonal_reg_max_codes)
-    e = index_select(e, 1,
-                     slice(randperm(n, orthogonal_gen_.next()), 0, 0, opts_.orthogonal_reg_max_codes));
+    e = index_select(
+        e, 1, slice(randperm(n, orthogonal_gen_.next()), 0, 0, opts_.orthogonal_reg_max_codes));
   const int64_t m = e.size(1), h = e.size(0);
   if (m == 0) return zero_like_loss(e);
   const Tensor en = l2norm(e);
   const Tensor cos = matmul(en, transpose(en, 1, 2));
   return sum(square(cos)) / double(h * m * m) - 1.0 / double(m);
+}
+
+Tensor local_batch_mean(const Tensor& sum, const Tensor& count) {
+  return sum / unsqueeze(clamp(count, 1.0, std::numeric_limits<double>::quiet_NaN()), -1);
 }
 
 Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, int64_t b,
@@ -364,7 +369,7 @@ Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, i
     pn = sum(reshape(p, {b, n, hh, k}), {0, 2});
     cnt = sum(reshape(w, {b, n, hh}), {0, 2});
   }
-  pn = pn / unsqueeze(clamp(cnt, 1.0, std::numeric_limits<double>::quiet_NaN()), -1);
+  pn = batch_mean(pn, cnt);
   const Tensor entropy =
       -sum(pn * log(clamp(pn, 1e-5, std::numeric_limits<double>::quiet_NaN())), {-1});
   return -mean(entropy);

@@ -10,6 +10,7 @@
 // distributed wrapper turns it off and reduces the statistics across ranks
 // before calling update_state() itself.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -92,10 +93,20 @@ struct VectorQuantizeOptions {
   bool update_in_forward = true;
 };
 
+/** The batch mean of the codebook-diversity loss: (sum over the batch
+ * [N, K] of code probabilities per sequence position, token count [N]) ->
+ * mean [N, K]. Differentiable in `sum`. */
+using BatchMean = std::function<Tensor(const Tensor& sum, const Tensor& count)>;
+/** sum / max(count, 1): the mean over this process's batch. */
+Tensor local_batch_mean(const Tensor& sum, const Tensor& count);
+
 class VectorQuantize : public Module, public StepKeyed {
  public:
   /** Keys this layer's per-forward draws by `step` (see StepStream). */
-  void pin_random_step(uint64_t step) override { sample_gen_.pin(step); orthogonal_gen_.pin(step); }
+  void pin_random_step(uint64_t step) override {
+    sample_gen_.pin(step);
+    orthogonal_gen_.pin(step);
+  }
   /** Builds the layer; parameters and codes are drawn from `gen`, and the
    * layer's random streams (k-means, dead codes, sampling) are keyed from it. */
   VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen);
@@ -137,6 +148,11 @@ class VectorQuantize : public Module, public StepKeyed {
   int64_t codebook_dim() const { return codebook_dim_; }
   int64_t num_codebooks() const { return opts_.separate_codebook_per_head ? opts_.heads : 1; }
   bool has_projections() const { return project_in_ != nullptr; }
+  /** The codebook-diversity loss's batch mean; a distributed run replaces it
+   * with a cross-rank, token-weighted mean (QuantizerSync does), so the loss
+   * and its gradient equal one process's on the whole batch. */
+  BatchMean batch_mean = local_batch_mean;
+
   /** Turns update_in_forward on or off (a distributed wrapper turns it off). */
   void set_update_in_forward(bool on) { opts_.update_in_forward = on; }
 
