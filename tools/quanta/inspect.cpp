@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -42,14 +43,33 @@ std::string human_bytes(uint64_t n) {
   return buf;
 }
 
-// NF4 weights in the file: quanta's nf4 dtype (U8 bytes with metadata
-// "quanta.dtype.NAME" = "nf4 [shape]") and bitsandbytes' layout (NAME with
-// NAME.absmax and NAME.quant_state.bitsandbytes__nf4). Bits per parameter
-// count the codes and scales, not per-tensor constants (code tables, JSON).
-struct NF4Summary {
+// NF4 weights in the file, per layout: quanta's nf4 dtype (U8 bytes with
+// metadata "quanta.dtype.NAME" = "nf4 [shape]"), bitsandbytes' (NAME with
+// NAME.absmax and NAME.quant_state.bitsandbytes__nf4) and torchao's (metadata
+// NAME.torchao_nf4 with NAME.quantized_data, ...). Bits per parameter count
+// the codes and scales as stored, not per-tensor constants (code tables,
+// offsets, JSON), as quant::bits_per_parameter does.
+struct NF4Layout {
   uint64_t tensors = 0, params = 0, bytes = 0;
-  double bits() const { return params ? 8.0 * double(bytes) / double(params) : 0.0; }
+  // quanta layout: what bitsandbytes' layout of the same tensors costs, with
+  // and without double quantization.
+  uint64_t bnb_dq_bytes = 0, bnb_plain_bytes = 0;
+  static double bits(uint64_t bytes, uint64_t params) {
+    return params ? 8.0 * double(bytes) / double(params) : 0.0;
+  }
+  double bits() const { return bits(bytes, params); }
 };
+
+struct NF4Summary {
+  NF4Layout quanta, bnb, torchao;
+  // Block size and double quantization of the quanta-layout tensors, from the
+  // "quanta.nf4" entry `quanta quantize` writes (block 64 and unknown without).
+  int64_t block = 64;
+  int double_quant = -1;  // -1: unknown, 0: off, 1: on
+  bool any() const { return quanta.tensors || bnb.tensors || torchao.tensors; }
+};
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
   NF4Summary s;
@@ -58,26 +78,80 @@ NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
       if (e.name == name) return &e;
     return nullptr;
   };
+  auto elements = [](const std::string& shape_json) -> std::optional<uint64_t> {
+    try {
+      uint64_t n = 1;
+      for (int64_t d : nlohmann::json::parse(shape_json).get<Shape>()) {
+        if (d < 0) return std::nullopt;
+        n *= static_cast<uint64_t>(d);
+      }
+      return n;
+    } catch (const nlohmann::json::exception&) {
+      return std::nullopt;  // not an entry of ours after all
+    }
+  };
+  if (auto it = h.metadata.find("quanta.nf4"); it != h.metadata.end()) {
+    try {
+      const auto j = nlohmann::json::parse(it->second);
+      if (j.at("format").get<std::string>() == "quanta") {
+        s.block = j.at("block_size").get<int64_t>();
+        s.double_quant = j.at("double_quant").get<bool>() ? 1 : 0;
+      }
+    } catch (const nlohmann::json::exception&) {
+    }
+    if (s.block <= 0) s.block = 64, s.double_quant = -1;
+  }
+  const uint64_t bs = static_cast<uint64_t>(s.block);
   for (const auto& e : h.tensors) {
     auto it = h.metadata.find("quanta.dtype." + e.name);
     if (it != h.metadata.end() && it->second.rfind("nf4 ", 0) == 0) {
-      uint64_t n = 1;
-      try {
-        for (int64_t d : nlohmann::json::parse(it->second.substr(4)).get<Shape>())
-          n *= static_cast<uint64_t>(d);
-      } catch (const nlohmann::json::exception&) {
-        continue;  // not quanta's entry after all: list the tensor as it is
-      }
-      s.tensors++, s.params += n, s.bytes += e.end - e.begin;
+      const auto n = elements(it->second.substr(4));
+      if (!n) continue;  // list the tensor as it is
+      s.quanta.tensors++, s.quanta.params += *n, s.quanta.bytes += e.end - e.begin;
+      const uint64_t codes = ceil_div(*n, 2), blocks = ceil_div(*n, bs);
+      s.quanta.bnb_plain_bytes += codes + 4 * blocks;
+      s.quanta.bnb_dq_bytes += codes + blocks + 4 * ceil_div(blocks, 256);
     } else if (entry(e.name + ".quant_state.bitsandbytes__nf4")) {
-      s.tensors++;
-      s.params += 2 * (e.end - e.begin);
-      s.bytes += e.end - e.begin;
+      s.bnb.tensors++;
+      s.bnb.params += 2 * (e.end - e.begin);
+      s.bnb.bytes += e.end - e.begin;
       for (const char* part : {".absmax", ".nested_absmax"})
-        if (const auto* p = entry(e.name + part)) s.bytes += p->end - p->begin;
+        if (const auto* p = entry(e.name + part)) s.bnb.bytes += p->end - p->begin;
     }
   }
+  const std::string suffix = ".torchao_nf4";
+  for (const auto& [key, value] : h.metadata) {
+    if (key.size() <= suffix.size() ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string name = key.substr(0, key.size() - suffix.size());
+    const auto* data = entry(name + ".quantized_data");
+    std::optional<uint64_t> n;
+    try {
+      n = elements(nlohmann::json::parse(value).at("shape").dump());
+    } catch (const nlohmann::json::exception&) {
+    }
+    if (!data || !n) continue;
+    s.torchao.tensors++, s.torchao.params += *n;
+    for (const char* part : {".quantized_data", ".quantized_scalers", ".quantization_factor"})
+      if (const auto* p = entry(name + part)) s.torchao.bytes += p->end - p->begin;
+  }
   return s;
+}
+
+// "4.127 (double quant)" or "4.127 with double quant, 4.500 without".
+std::string bnb_export_text(const NF4Summary& s) {
+  const NF4Layout& q = s.quanta;
+  char buf[128];
+  if (s.double_quant >= 0)
+    std::snprintf(buf, sizeof buf, "%.3f (%s)",
+                  NF4Layout::bits(s.double_quant ? q.bnb_dq_bytes : q.bnb_plain_bytes, q.params),
+                  s.double_quant ? "double quant" : "no double quant");
+  else
+    std::snprintf(buf, sizeof buf, "%.3f with double quant, %.3f without",
+                  NF4Layout::bits(q.bnb_dq_bytes, q.params),
+                  NF4Layout::bits(q.bnb_plain_bytes, q.params));
+  return buf;
 }
 
 void run_inspect(const InspectOptions& o) {
@@ -103,11 +177,26 @@ void run_inspect(const InspectOptions& o) {
     out["total_bytes"] = h.data_bytes;
     out["header_bytes"] = h.header_bytes;
     out["metadata"] = h.metadata;
-    if (const NF4Summary nf4 = nf4_summary(h); nf4.tensors)
-      out["nf4"] = {{"tensors", nf4.tensors},
-                    {"parameters", nf4.params},
-                    {"bytes", nf4.bytes},
-                    {"bits_per_parameter", nf4.bits()}};
+    if (const NF4Summary nf4 = nf4_summary(h); nf4.any()) {
+      auto layout = [](const NF4Layout& l) {
+        return nlohmann::ordered_json{{"tensors", l.tensors},
+                                      {"parameters", l.params},
+                                      {"bytes", l.bytes},
+                                      {"bits_per_parameter", l.bits()}};
+      };
+      out["nf4"] = nlohmann::ordered_json::object();
+      if (nf4.quanta.tensors) {
+        auto q = layout(nf4.quanta);
+        const NF4Layout& l = nf4.quanta;
+        q["bnb_export"] = {{"block_size", nf4.block},
+                           {"double_quant", NF4Layout::bits(l.bnb_dq_bytes, l.params)},
+                           {"no_double_quant", NF4Layout::bits(l.bnb_plain_bytes, l.params)}};
+        if (nf4.double_quant >= 0) q["double_quant"] = nf4.double_quant == 1;
+        out["nf4"]["quanta"] = q;
+      }
+      if (nf4.bnb.tensors) out["nf4"]["bitsandbytes"] = layout(nf4.bnb);
+      if (nf4.torchao.tensors) out["nf4"]["torchao"] = layout(nf4.torchao);
+    }
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return;
   }
@@ -134,15 +223,23 @@ void run_inspect(const InspectOptions& o) {
             << " elements, " << h.data_bytes << " bytes"
             << (h.data_bytes >= 1024 ? " (" + human_bytes(h.data_bytes) + ")" : "")
             << "; header " << h.header_bytes << " bytes\n";
-  if (const NF4Summary nf4 = nf4_summary(h); nf4.tensors) {
-    char line[160];
+  const NF4Summary nf4 = nf4_summary(h);
+  auto nf4_line = [](const char* layout, const NF4Layout& l, const std::string& tail) {
+    if (!l.tensors) return;
+    char line[200];
     std::snprintf(line, sizeof line,
-                  "nf4: %llu tensors, %llu parameters, %llu bytes: %.3f bits per parameter\n",
-                  static_cast<unsigned long long>(nf4.tensors),
-                  static_cast<unsigned long long>(nf4.params),
-                  static_cast<unsigned long long>(nf4.bytes), nf4.bits());
-    std::cout << line;
-  }
+                  "nf4 (%s layout): %llu tensors, %llu parameters, %llu bytes: %.3f bits per "
+                  "parameter",
+                  layout, static_cast<unsigned long long>(l.tensors),
+                  static_cast<unsigned long long>(l.params),
+                  static_cast<unsigned long long>(l.bytes), l.bits());
+    std::cout << line << tail << "\n";
+  };
+  nf4_line("quanta", nf4.quanta,
+           "; bitsandbytes' layout at block " + std::to_string(nf4.block) + ": " +
+               bnb_export_text(nf4));
+  nf4_line("bitsandbytes", nf4.bnb, "");
+  nf4_line("torchao", nf4.torchao, "");
   std::cout << (h.metadata.empty() ? "metadata: none" : "metadata:") << "\n";
   for (const auto& [k, v] : h.metadata) std::cout << "  " << k << " = " << v << "\n";
 }
