@@ -41,11 +41,6 @@ QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup&
   dist::ProcessGroup* g = &group_;
   for (auto& [path, m] : module_->named_modules()) {
     if (auto* vq = dynamic_cast<VectorQuantize*>(m)) {
-      if (vq->options().affine_param)
-        throw std::invalid_argument(
-            "[QuantizerSync] VectorQuantize '" + layer_name(path) +
-            "' uses affine_param: its running statistics change inside forward and are not "
-            "reconciled across ranks; turn affine_param off for distributed training");
       vq->set_update_in_forward(false);
       vq->batch_mean = [g](const Tensor& sum, const Tensor& count) {
         Tensor total = count.detach().clone();
@@ -182,7 +177,28 @@ void QuantizerSync::sync_state() {
       if (reduce_stats[static_cast<size_t>(i)] &&
           codebooks_[static_cast<size_t>(i)]->embed().dtype() == DType::f64)
         wide = DType::f64;
+    // affine_param's batch statistics ride along for every initialised
+    // codebook that has them (zeros where a rank saw no rows).
+    std::vector<bool> reduce_affine(static_cast<size_t>(n), false);
+    for (int64_t i = 0; i < n; ++i) {
+      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+      reduce_affine[static_cast<size_t>(i)] = cb.options().affine_param && cb.initted();
+      if (reduce_affine[static_cast<size_t>(i)] && cb.embed().dtype() == DType::f64)
+        wide = DType::f64;
+    }
     std::vector<Tensor> parts;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!reduce_affine[static_cast<size_t>(i)]) continue;
+      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+      const int64_t g = cb.options().num_codebooks, d = cb.options().dim;
+      const CodebookStatistics& p = cb.pending();
+      const bool has = p.affine_count.defined();
+      parts.push_back(has ? to_dtype(p.affine_count, wide) : zeros({g}, {.dtype = wide}));
+      parts.push_back(has ? reshape(to_dtype(p.affine_sum, wide), {g * d})
+                          : zeros({g * d}, {.dtype = wide}));
+      parts.push_back(has ? reshape(to_dtype(p.affine_sumsq, wide), {g * d})
+                          : zeros({g * d}, {.dtype = wide}));
+    }
     for (int64_t i = 0; i < n; ++i) {
       if (!reduce_stats[static_cast<size_t>(i)]) continue;
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
@@ -200,21 +216,32 @@ void QuantizerSync::sync_state() {
       Tensor fused = contiguous(cat(parts));
       group_.all_reduce(fused, dist::ReduceOp::sum);
       int64_t at = 0;
+      auto take = [&](int64_t count, Shape shape, DType dt) {
+        Tensor t = to_dtype(reshape(slice(fused, 0, at, at + count), shape), dt);
+        at += count;
+        return t;
+      };
+      for (int64_t i = 0; i < n; ++i) {
+        if (!reduce_affine[static_cast<size_t>(i)]) continue;
+        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+        const int64_t g = cb.options().num_codebooks, d = cb.options().dim;
+        const DType dt = cb.embed().dtype();
+        CodebookStatistics& p = cb.pending();
+        p.affine_count = take(g, {g}, dt);
+        p.affine_sum = take(g * d, {g, 1, d}, dt);
+        p.affine_sumsq = take(g * d, {g, 1, d}, dt);
+        cb.apply_affine_update();  // before the EMA step, as in a forward
+      }
       for (int64_t i = 0; i < n; ++i) {
         if (!reduce_stats[static_cast<size_t>(i)]) continue;
         Codebook& cb = *codebooks_[static_cast<size_t>(i)];
         const CodebookOptions& o = cb.options();
         const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
         const DType dt = cb.embed().dtype();
-        auto take = [&](int64_t count, Shape shape) {
-          Tensor t = to_dtype(reshape(slice(fused, 0, at, at + count), shape), dt);
-          at += count;
-          return t;
-        };
         CodebookStatistics& p = cb.pending();
-        p.counts = take(g * k, {g, k});
-        p.sums = take(g * k * d, {g, k, d});
-        p.tokens = take(g, {g});
+        p.counts = take(g * k, {g, k}, dt);
+        p.sums = take(g * k * d, {g, k, d}, dt);
+        p.tokens = take(g, {g}, dt);
         p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
         cb.apply_ema_update();
       }

@@ -42,13 +42,13 @@
 // * Quantize dropout, stochastic code sampling and entropy subsampling draw
 //   from StepStreams pinned to the reconciliation count: every rank draws the
 //   same numbers in a step, whatever extra, eval or no-grad forwards it ran.
-//
 // * VectorQuantize's codebook-diversity loss averages code probabilities
 //   over the batch through a cross-rank, token-weighted mean (collectives in
 //   the training forward when its weight is > 0, as for LFQ).
-//
-// Refused with a clear error (not yet rank-consistent): VectorQuantize with
-// affine_param (running statistics updated inside forward).
+// * affine_param: the running batch statistics are accumulated in forward
+//   (count, sum, sum of squares of the valid rows) and applied at the
+//   reconciliation, from the whole global batch, before the EMA step; a
+//   forward uses the statistics of the last reconciliation.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -264,9 +264,51 @@ void Codebook::update_affine(const Tensor& x, const Tensor& valid) {
     means.push_back(mean(rows, {0}, true));
     vars.push_back(var(rows, {0}, 0.0, true));
   }
+  set_affine_statistics(reshape(stack(means), {g, 1, d}), reshape(stack(vars), {g, 1, d}));
+}
+
+void Codebook::accumulate_affine(const Tensor& x, const Tensor& valid) {
+  if (!opts_.affine_param) return;
+  NoGradGuard no_grad;
+  const int64_t g = opts_.num_codebooks, d = opts_.dim;
+  const Tensor xs = to_dtype(x.detach(), embed_.dtype());
+  std::vector<Tensor> counts, sums, squares;
+  for (int64_t h = 0; h < g; ++h) {
+    Tensor rows = select(xs, 0, h);
+    if (valid.defined())
+      rows = index_select(rows, 0, masked_select(arange(rows.size(0)), select(valid, 0, h)));
+    counts.push_back(scalar(double(rows.size(0)), options_of(embed_)));
+    sums.push_back(sum(rows, {0}, true));
+    squares.push_back(sum(square(rows), {0}, true));
+  }
+  CodebookStatistics& p = pending_;
+  if (!p.affine_count.defined()) {
+    p.affine_count = zeros({g}, options_of(embed_));
+    p.affine_sum = zeros({g, 1, d}, options_of(embed_));
+    p.affine_sumsq = zeros({g, 1, d}, options_of(embed_));
+  }
+  add_(p.affine_count, stack(counts));
+  add_(p.affine_sum, reshape(stack(sums), {g, 1, d}));
+  add_(p.affine_sumsq, reshape(stack(squares), {g, 1, d}));
+}
+
+void Codebook::apply_affine_update() {
+  CodebookStatistics& p = pending_;
+  if (!opts_.affine_param || !p.affine_count.defined()) return;
+  NoGradGuard no_grad;
+  const Tensor n = p.affine_count, s = p.affine_sum, sq = p.affine_sumsq;
+  p.affine_count = p.affine_sum = p.affine_sumsq = Tensor();
+  if (min(n).item() <= 0) return;  // a table without rows: as update_affine
+  const Tensor count = reshape(n, {opts_.num_codebooks, 1, 1});
+  const Tensor b_mean = s / count;
+  const Tensor b_var =
+      clamp(sq / count - square(b_mean), 0.0, std::numeric_limits<double>::quiet_NaN());
+  set_affine_statistics(b_mean, b_var);
+}
+
+void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var) {
   const Tensor e = embed_.detach();
   const Tensor cb_mean = mean(e, {1}, true), cb_var = var(e, {1}, 0.0, true);
-  const Tensor b_mean = reshape(stack(means), {g, 1, d}), b_var = reshape(stack(vars), {g, 1, d});
   const bool first = affine_initted_.item() == 0.0;
   auto update = [&](const Tensor& buf, const Tensor& value, double decay) {
     copy_(buf, first ? value : buf * decay + value * (1.0 - decay));
@@ -300,6 +342,7 @@ void Codebook::update_state() {
     if (!pending_.init_samples.empty()) init_from_pending();
     return;
   }
+  apply_affine_update();
   apply_ema_update();
   expire_codes();
 }

@@ -103,8 +103,9 @@ class Codebook : public Module {
   /** The codes that expire now: cluster_size < threshold, [G, K] bool
    * (all false when dead-code expiry is off). */
   Tensor expired_codes() const;
-  /** apply_ema_update() then expire_codes(); before initialisation, the
-   * deferred k-means initialisation from pending samples instead. */
+  /** apply_affine_update(), apply_ema_update() then expire_codes(); before
+   * initialisation, the deferred k-means initialisation from pending samples
+   * instead. */
   void update_state();
 
   // ---- affine_param: running statistics, buffers batch_mean, batch_variance,
@@ -114,6 +115,13 @@ class Codebook : public Module {
    * (decay affine_param_batch_decay); the first call sets them. Like a batch
    * norm's running statistics these change in the (training) forward itself. */
   void update_affine(const Tensor& x, const Tensor& valid);
+  /** The deferred form of update_affine (distributed training): adds the
+   * valid rows' count, sum and sum of squares to pending(); local only. */
+  void accumulate_affine(const Tensor& x, const Tensor& valid);
+  /** Applies the pending affine statistics as update_affine would for one
+   * batch holding all their rows (biased variance sumsq/n - mean^2), and
+   * clears them. No-op when nothing is pending or a table saw no rows. */
+  void apply_affine_update();
   /** `codes` [G, K, D] moved to the batch statistics:
    * (c - mean_cb) * std_b / std_cb + mean_b (std = sqrt(max(var, 1e-5)));
    * `codes` itself without affine_param or before the first update. */
@@ -122,6 +130,8 @@ class Codebook : public Module {
   Tensor to_codebook_space(const Tensor& x) const;
 
  private:
+  void set_affine_statistics(const Tensor& batch_mean, const Tensor& batch_var);
+
   CodebookOptions opts_;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
   Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_, affine_initted_;

@@ -37,6 +37,12 @@ struct CodebookStatistics {
    * to the reconciliation point (VectorQuantize without update_in_forward). */
   std::vector<std::vector<Tensor>> init_samples;
 
+  /** affine_param's batch statistics while their update is deferred (see
+   * Codebook::accumulate_affine): valid rows per table [G], and their sum and
+   * sum of squares [G, 1, D]. Linear: ranks may sum them. Undefined when
+   * nothing was accumulated. */
+  Tensor affine_count, affine_sum, affine_sumsq;
+
   /** True when no statistics have been accumulated. */
   bool empty() const { return steps == 0; }
 };

@@ -228,7 +228,13 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   // The codes this forward uses: a gradient only for a learnable codebook,
   // and then a copy, so an EMA step inside this forward cannot change what
   // backward reads.
-  if (opts_.affine_param && training) cb.update_affine(t.x, t.valid);
+  if (opts_.affine_param && training) {
+    // Deferred with the other statistics when the update is (distributed).
+    if (opts_.update_in_forward)
+      cb.update_affine(t.x, t.valid);
+    else
+      cb.accumulate_affine(t.x, t.valid);
+  }
   const Tensor codes = cb.affine_codes(learnable_ ? (updates ? cb.embed().clone() : cb.embed())
                                                   : cb.embed().detach());
   const double temp = opts_.sample_codebook_temp;

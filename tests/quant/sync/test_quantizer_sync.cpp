@@ -102,6 +102,14 @@ std::vector<Case> cases() {
                    return std::make_shared<VectorQuantize>(o, g);
                  },
                  call<VectorQuantize>(), true, true});
+  out.push_back({"vq_affine_param",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.affine_param = true;
+                   o.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
   out.push_back({"rvq_quantize_dropout",
                  [](Generator& g) {
                    ResidualVQOptions o;
@@ -387,7 +395,7 @@ TEST_CASE(
 TEST_CASE("QuantizerSync: quantize dropout draws the same level on every rank") {
   // Each rank runs a different number of extra training forwards per step:
   // the level kept in the step's real forward is the same on every rank.
-  const Case c = cases()[4];
+  const Case c = cases()[5];
   REQUIRE(c.name == "rvq_quantize_dropout");
   constexpr int n = 3;
   std::vector<std::vector<int64_t>> kept(n);
@@ -461,7 +469,7 @@ TEST_CASE(
     "on every rank") {
   // LFQ's loss holds collectives (global token means): a rank that skips
   // them cannot be made correct, but it must fail clearly, not hang.
-  const Case c = cases()[7];
+  const Case c = cases()[8];
   REQUIRE(c.name == "lfq_entropy");
   dist::GroupOptions opts;
   opts.timeout = dist::Millis(2000);
