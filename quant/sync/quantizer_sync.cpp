@@ -73,26 +73,62 @@ void QuantizerSync::attach(dist::DataParallel& dp) {
   dp.add_step_hook([this](dist::ProcessGroup&) { sync_state(); });
 }
 
-void QuantizerSync::replace_dead_codes(const std::vector<Codebook*>& expiring) {
-  const int world = group_.size(), rank = group_.rank();
-  // Candidate rows per (codebook, table) on this rank, then on every rank.
-  std::vector<Tensor> local_rows;
-  std::vector<int64_t> local_counts;
-  for (Codebook* cb : expiring)
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
-      local_rows.push_back(concat_rows(cb->pending().candidates, static_cast<size_t>(h), *cb));
-      local_counts.push_back(local_rows.back().size(0));
+QuantizerSync::Header QuantizerSync::gather_header() {
+  Header h;
+  std::vector<int64_t> local;
+  for (Codebook* cb : codebooks_) {
+    h.offset.push_back(int64_t(local.size()));
+    const CodebookStatistics& p = cb->pending();
+    local.push_back(p.steps);
+    for (int64_t t = 0; t < cb->options().num_codebooks; ++t) {
+      int64_t rows = 0;
+      if (t < static_cast<int64_t>(p.candidates.size()))
+        for (const Tensor& c : p.candidates[size_t(t)]) rows += c.size(0);
+      local.push_back(rows);
     }
-  const int64_t tables = static_cast<int64_t>(local_counts.size());
-  const std::vector<int64_t> counts =
-      group_.all_gather(from_vector<int64_t>(local_counts, {tables})).to_vector<int64_t>();
-  auto count = [&](int r, int64_t t) { return counts[size_t(r * tables + t)]; };
+  }
+  h.width = int64_t(local.size());
+  h.world = group_.size();
+  h.values = group_.all_gather(from_vector<int64_t>(local, {h.width})).to_vector<int64_t>();
+  return h;
+}
+
+int64_t QuantizerSync::Header::max_steps(int64_t codebook) const {
+  int64_t most = 0;
+  for (int r = 0; r < world; ++r)
+    most = std::max(most, values[size_t(r * width + offset[size_t(codebook)])]);
+  return most;
+}
+
+int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t table) const {
+  return values[size_t(rank * width + offset[size_t(codebook)] + 1 + table)];
+}
+
+void QuantizerSync::replace_dead_codes(const std::vector<int64_t>& expiring, const Header& header) {
+  const int world = group_.size(), rank = group_.rank();
+  // This rank's candidate rows per (codebook, table); every rank's counts
+  // came with the header.
+  std::vector<Tensor> local_rows;
+  std::vector<int64_t> table_codebook, table_index;
+  for (int64_t i : expiring) {
+    Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+    for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
+      local_rows.push_back(concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb));
+      table_codebook.push_back(i);
+      table_index.push_back(h);
+    }
+  }
+  auto count = [&](int r, int64_t t) {
+    return header.candidates(r, table_codebook[size_t(t)], table_index[size_t(t)]);
+  };
+  std::vector<Codebook*> books;
+  for (int64_t i : expiring) books.push_back(codebooks_[static_cast<size_t>(i)]);
 
   // Every rank draws the same positions and fills the rows it holds.
   std::vector<Tensor> picked;  // per table: [m, D], zeros where another rank holds the row
   std::vector<Tensor> parts;
   int64_t t = 0;
-  for (Codebook* cb : expiring) {
+  for (Codebook* cb : books) {
     std::vector<int64_t> pool_sizes;
     for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
       int64_t total = 0;
@@ -126,7 +162,7 @@ void QuantizerSync::replace_dead_codes(const std::vector<Codebook*>& expiring) {
 
   int64_t at = 0;
   t = 0;
-  for (Codebook* cb : expiring) {
+  for (Codebook* cb : books) {
     std::vector<Tensor> rows;
     for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
       const Shape shape = picked[size_t(t)].shape();
@@ -142,13 +178,13 @@ void QuantizerSync::sync_state() {
   NoGradGuard no_grad;
   const int64_t n = static_cast<int64_t>(codebooks_.size());
   if (n > 0) {
-    // (1) Forwards accumulated since the last sync: the most any rank ran
-    // (a rank with an extra forward folded its counts one more time).
-    std::vector<double> local_steps;
-    for (Codebook* cb : codebooks_) local_steps.push_back(double(cb->pending().steps));
-    Tensor steps = from_vector<double>(local_steps, {n});
-    group_.all_reduce(steps, dist::ReduceOp::max);
-    const std::vector<double> global_steps = steps.to_vector<double>();
+    // (1) One all_gather of a small header: per codebook, the forwards it
+    // accumulated since the last sync (the most any rank ran is used: a rank
+    // with an extra forward folded its counts one decay step further) and
+    // the candidate rows per table (for the dead-code pool).
+    const Header header = gather_header();
+    std::vector<double> global_steps;
+    for (int64_t i = 0; i < n; ++i) global_steps.push_back(double(header.max_steps(i)));
 
     // (2) Deferred k-means on the pooled samples of every rank (rank order):
     // the same pool, hence the same codes, on every rank.
@@ -254,16 +290,16 @@ void QuantizerSync::sync_state() {
     // candidate counts, the codebook's stream picks pool positions (the same
     // on every rank), and one all_reduce(sum) moves just the picked rows,
     // each contributed by the rank that holds it and zero elsewhere (exact).
-    std::vector<Codebook*> expiring;
+    std::vector<int64_t> expiring;
     for (int64_t i = 0; i < n; ++i) {
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
       if (reduce_stats[static_cast<size_t>(i)] && cb.options().threshold_ema_dead_code > 0 &&
           any(cb.expired_codes()).item())
-        expiring.push_back(&cb);
+        expiring.push_back(i);
       else
         cb.pending().candidates.clear();
     }
-    if (!expiring.empty()) replace_dead_codes(expiring);
+    if (!expiring.empty()) replace_dead_codes(expiring, header);
   }
   ++step_;
   pin_streams();

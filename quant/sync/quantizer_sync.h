@@ -74,12 +74,13 @@ class QuantizerSync {
 
   /** The reconciliation point, on every rank once per optimizer step (after
    * the step's forwards, before the next ones). Collectives, in this order,
-   * whatever the data: (1) all_reduce(max) of the forward counts, (2) for
+   * whatever the data: (1) all_gather of a small header (forward counts,
+   * candidate row counts), (2) for
    * each codebook awaiting k-means, one all_gather_v of samples per table,
    * (3) one fused all_reduce(sum) of every codebook's counts, sums and token
    * totals, (4) when codes expired in some codebook (decided from reduced
-   * statistics, so on every rank alike) one all_gather of the candidate
-   * counts and one fused all_reduce(sum) carrying just the replacement rows.
+   * statistics, so on every rank alike) one fused all_reduce(sum) carrying
+   * just the replacement rows.
    * Then the step count advances and the layers' random streams are pinned
    * to it. */
   void sync_state();
@@ -95,8 +96,18 @@ class QuantizerSync {
   std::size_t num_codebooks() const { return codebooks_.size(); }
 
  private:
+  // Every rank's per-codebook [forwards, candidate rows per table...].
+  struct Header {
+    std::vector<int64_t> values;  // [world * width]
+    std::vector<int64_t> offset;  // per codebook, into one rank's block
+    int64_t width = 0;
+    int world = 1;
+    int64_t max_steps(int64_t codebook) const;
+    int64_t candidates(int rank, int64_t codebook, int64_t table) const;
+  };
+  Header gather_header();
   void pin_streams();
-  void replace_dead_codes(const std::vector<Codebook*>& expiring);
+  void replace_dead_codes(const std::vector<int64_t>& expiring, const Header& header);
 
   std::shared_ptr<Module> module_;
   dist::ProcessGroup& group_;
