@@ -191,7 +191,7 @@ void add_train(CLI::App& app) {
   for (const auto& [name, what] : train::quantizer_types())
     types += "\n  " + name + ": " + what;
   add_override<std::string>(sub, t, "--quantizer", "/quantizer/type",
-                            "quantizer type (default none):" + types)
+                            "quantizer type (default vq):" + types)
       ->group("Quantizer options");
   // One flag per option of the table; each given flag sets quantizer.<key>.
   for (const train::QuantizerOption& opt : train::quantizer_options()) {

@@ -60,7 +60,12 @@ json default_config_json() {
   TrainConfig c;
   c.data = data::kFashionMnistDir;
   c.epochs = 2;
-  c.quantizer = {{"type", "none"}};
+  // VQ with a codebook seeded by k-means on the first batch and dead codes
+  // re-seeded from the batch: near-full codebook use (docs/train.md).
+  c.quantizer = {{"type", "vq"},
+                 {"codebook_size", 512},
+                 {"kmeans_init", true},
+                 {"threshold_ema_dead_code", 2}};
   return config_to_json(c);
 }
 

@@ -4,7 +4,7 @@
 //    "batch_size": B, "lr": X, "seed": S, "log_every": N, "eval_every": N,
 //    "threads": N, "device": "cpu", "nproc": N,
 //    "model": {"hidden": C, "dim": D},
-//    "quantizer": {"type": "none", ...options (quantizer_config.h)}}
+//    "quantizer": {"type": "vq", ...options (quantizer_config.h)}}
 // Layers apply in order: defaults, the --config file, the command-line flags,
 // each one key by key (also inside "model" and "quantizer"). The merged object
 // is stored in every checkpoint, so eval / encode / decode rebuild the model

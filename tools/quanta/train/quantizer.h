@@ -1,8 +1,9 @@
 #pragma once
 // The quantizer seam of the training pipeline. The VQ-VAE, the training loop,
 // the metrics and the checkpoints see every quantizer family (VQ, residual,
-// grouped, SimVQ, FSQ, LFQ, ...) through this one interface; each family
-// needs only a small adapter in quantizer.cpp's make_quantizer.
+// grouped, SimVQ, FSQ, LFQ, ...) through this one interface; each family is a
+// small adapter (quantizer_vq.cpp, quantizer_scalar.cpp) that make_quantizer
+// picks by type.
 #include <cstdint>
 #include <memory>
 
@@ -35,8 +36,10 @@ class TrainQuantizer {
   /** The layer as a Module: its parameters train with the model and its
    * parameters and buffers (codebooks, EMA statistics) are checkpointed. */
   virtual std::shared_ptr<Module> module() = 0;
-  /** Called after every optimizer step (where cross-rank state would be
-   * reconciled; a no-op for layers without such state). */
+  /** Called after every optimizer step: applies the step's codebook
+   * statistics (EMA update, dead-code expiry, deferred k-means) where the
+   * layer has them (where cross-rank state will be reconciled), and counts
+   * the step that keys the adapter's random draws. */
   virtual void after_step() {}
   /** State that is neither parameter nor buffer (random generator offsets),
    * saved in the checkpoint metadata so --resume continues exactly. */
@@ -47,8 +50,9 @@ class TrainQuantizer {
 
 /** The quantizer that `config` (the "quantizer" object, validated by
  * validate_quantizer_config) describes, for features of `dim` channels;
- * `seed` keys its random streams. Throws naming the type when it is not
- * available in this build. */
+ * `seed` keys its random streams. Options the config leaves out take the
+ * defaults docs/train.md lists. Throws std::invalid_argument naming the
+ * layer when the options do not fit (e.g. dim not a multiple of groups). */
 std::unique_ptr<TrainQuantizer> make_quantizer(const nlohmann::json& config, int64_t dim,
                                                uint64_t seed);
 

@@ -100,7 +100,11 @@ const std::vector<QuantizerOption>& quantizer_options() {
   return options;
 }
 
-std::string available_quantizer_types() { return "none"; }
+std::string available_quantizer_types() {
+  std::string names;
+  for (const auto& [name, _] : quantizer_types()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
 
 std::string flag_name(const std::string& key) {
   std::string s = key;
