@@ -225,9 +225,6 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   const bool training = is_training();
   const bool updates = training && !deferred_init && !opts_.freeze_codebook &&
                        (ema_update_ || opts_.threshold_ema_dead_code > 0);
-  // The codes this forward uses: a gradient only for a learnable codebook,
-  // and then a copy, so an EMA step inside this forward cannot change what
-  // backward reads.
   if (opts_.affine_param && training) {
     // Deferred with the other statistics when the update is (distributed).
     if (opts_.update_in_forward)
@@ -235,8 +232,6 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
     else
       cb.accumulate_affine(t.x, t.valid);
   }
-  const Tensor codes = cb.affine_codes(learnable_ ? (updates ? cb.embed().clone() : cb.embed())
-                                                  : cb.embed().detach());
   const double temp = opts_.sample_codebook_temp;
   const bool gumbel = training && opts_.straight_through && temp > 0;
   const bool stochastic = training && opts_.stochastic_sample_codes && temp > 0;
@@ -245,6 +240,13 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
       gumbel || stochastic ||
       (want_losses && opts_.commitment_weight > 0 && opts_.commitment_use_cross_entropy_loss) ||
       (want_losses && opts_.codebook_diversity_loss_weight > 0);
+  // The codes this forward uses, with a gradient only for a learnable
+  // codebook. Backward reads them (for the codes' own gradient, and for the
+  // input's through the distances), so when a state update before backward
+  // (this forward's, or a shared codebook's after the last layer) will
+  // overwrite the codebook in place, they are a copy.
+  const Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
+  const Tensor codes = cb.affine_codes(updates && (learnable_ || need_dist) ? embed.clone() : embed);
   Tensor dist, idx;
   if (need_dist) dist = distances(t.x, codes);
   {
