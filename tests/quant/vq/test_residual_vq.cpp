@@ -138,3 +138,113 @@ TEST_CASE("GroupedResidualVQ: groups drop alike, lookups match") {
   CHECK(max_abs_diff(grvq.get_output_from_indices(ev.indices), ev.quantized) < 1e-5);
   CHECK(grvq.get_codes_from_indices(ev.indices).shape() == Shape{3, 4, 2, 3, 2});
 }
+
+TEST_CASE(
+    "ResidualVQ per-layer codebook sizes {8, 16, 4}: shapes, ranges, nearest codes, lookups") {
+  Generator gen(13), data(14);
+  ResidualVQOptions o;
+  o.dim = 5;
+  o.codebook_sizes = {8, 16, 4};  // num_quantizers 0: the length of the list
+  ResidualVQ rvq(o, gen);
+  REQUIRE(rvq.num_quantizers() == 3);
+  const std::vector<int64_t> sizes{8, 16, 4};
+  const StateDict sd = rvq.state_dict();
+  for (int64_t i = 0; i < 3; ++i) {
+    CHECK(rvq.layer(i).codebook().embed().shape() == Shape{1, sizes[i], 5});
+    const Tensor* e = find_tensor(sd, "layers." + std::to_string(i) + "._codebook.embed");
+    REQUIRE(e != nullptr);
+    CHECK(e->shape() == Shape{1, sizes[i], 5});
+  }
+  const Tensor x = randn({4, 50, 5}, data);
+  QuantizeOutput train = rvq.forward(x);
+  CHECK(train.indices.shape() == Shape{4, 50, 3});
+  CHECK(train.loss.shape() == Shape{3});
+  rvq.eval();
+  QuantizeOutput out = rvq.forward(x);
+  // Layer i picks, among its own K_i codes, the nearest to what the layers
+  // before it left; brute force in f64.
+  const auto idx = out.indices.to_vector<int64_t>();
+  std::vector<double> residual = x.to_vector<double>();
+  std::vector<std::set<int64_t>> used(3);
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto codes = rvq.layer(i).codebook().embed().to_vector<double>();
+    for (int64_t t = 0; t < 200; ++t) {
+      int64_t best = 0;
+      double bd = 1e300;
+      for (int64_t k = 0; k < sizes[i]; ++k) {
+        double d = 0;
+        for (int e = 0; e < 5; ++e) d += std::pow(residual[t * 5 + e] - codes[k * 5 + e], 2);
+        if (d < bd) bd = d, best = k;
+      }
+      const int64_t got = idx[t * 3 + i];
+      CHECK((got >= 0 && got < sizes[i]));
+      CHECK(got == best);
+      used[i].insert(got);
+      for (int e = 0; e < 5; ++e) residual[t * 5 + e] -= codes[got * 5 + e];
+    }
+  }
+  CHECK(*used[1].rbegin() >= 8);  // layer 1 reaches past layer 0's size
+  // Lookups: each layer's rows of its own table, and their sum is the output.
+  const Tensor codes = rvq.get_codes_from_indices(out.indices);
+  CHECK(codes.shape() == Shape{3, 4, 50, 5});
+  for (int64_t i = 0; i < 3; ++i) {
+    const Tensor own = index_select(reshape(rvq.layer(i).codebook().embed(), {sizes[i], 5}), 0,
+                                    reshape(select(out.indices, -1, i), {200}));
+    CHECK(max_abs_diff(reshape(select(codes, 0, i), {200, 5}), own) == 0.0);
+  }
+  CHECK(max_abs_diff(rvq.get_output_from_indices(out.indices), out.quantized) < 1e-5);
+  // A list that disagrees with num_quantizers is refused.
+  o.num_quantizers = 2;
+  CHECK_THROWS_WITH_AS(ResidualVQ(o, gen), doctest::Contains("codebook_sizes"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("ResidualVQ mask: masked tokens get zero output, -1 in every layer, no EMA share") {
+  const std::vector<uint8_t> keep{1, 0, 1, 1, 0, 1, 1, 1, 0, 1};
+  Generator data(15);
+  Tensor x = randn({2, 5, 4}, data);
+  std::vector<float> xv = x.to_vector<float>(), valid_rows;
+  for (int t = 0; t < 10; ++t)
+    for (int e = 0; e < 4; ++e) {
+      if (!keep[t])
+        xv[t * 4 + e] = 1e3f;  // garbage under the mask must not matter
+      else
+        valid_rows.push_back(xv[t * 4 + e]);
+    }
+  x = from_vector<float>(xv, {2, 5, 4});
+  const Tensor mask = to_dtype(from_vector<uint8_t>(keep, {2, 5}), DType::boolean);
+  const int64_t nv = static_cast<int64_t>(valid_rows.size() / 4);
+  for (int64_t codebook_dim : {0, 3}) {
+    CAPTURE(codebook_dim);
+    Generator g1(16), g2(16);
+    ResidualVQOptions o = rvq_opts(4, 3, 6);
+    o.codebook_dim = codebook_dim;
+    ResidualVQ masked(o, g1), truncated(o, g2);
+    const QuantizeOutput a = masked.forward(x, mask);
+    const QuantizeOutput b = truncated.forward(from_vector<float>(valid_rows, {1, nv, 4}));
+    const auto ia = a.indices.to_vector<int64_t>(), ib = b.indices.to_vector<int64_t>();
+    const auto qa = a.quantized.to_vector<float>(), qb = b.quantized.to_vector<float>();
+    // The reference applies project_out to the zero sum: masked rows are its
+    // bias (zero without a projection).
+    std::vector<float> pad(4, 0.0f);
+    if (codebook_dim) pad = masked.find("project_out.bias").to_vector<float>();
+    int64_t j = 0;
+    for (int t = 0; t < 10; ++t) {
+      if (!keep[t]) {
+        for (int q = 0; q < 3; ++q) CHECK(ia[t * 3 + q] == -1);
+        for (int e = 0; e < 4; ++e) CHECK(qa[t * 4 + e] == pad[e]);
+        continue;
+      }
+      for (int q = 0; q < 3; ++q) CHECK(ia[t * 3 + q] == ib[j * 3 + q]);
+      for (int e = 0; e < 4; ++e) CHECK(qa[t * 4 + e] == doctest::Approx(qb[j * 4 + e]));
+      ++j;
+    }
+    CHECK(max_abs_diff(a.loss, b.loss) < 1e-6);
+    for (int64_t i = 0; i < 3; ++i) {
+      Codebook &ca = masked.layer(i).codebook(), &cb = truncated.layer(i).codebook();
+      CHECK(max_abs_diff(ca.cluster_size(), cb.cluster_size()) < 1e-6);
+      CHECK(max_abs_diff(ca.embed_avg(), cb.embed_avg()) < 1e-5);
+      CHECK(max_abs_diff(ca.embed(), cb.embed()) < 1e-5);
+    }
+  }
+}

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "quant/vq/random_projection_quantizer.h"
 #include "quant/vq/sim_vq.h"
@@ -97,4 +99,54 @@ TEST_CASE("RandomProjectionQuantizer: frozen, deterministic targets and a CE los
   const double other = rpq.forward(x, randint(0, 16, {2, 9, 2}, data)).loss.item();
   CHECK(std::isfinite(own));
   CHECK(own < other);
+}
+
+TEST_CASE("ResidualSimVQ quantize dropout respects cutoff_index and multiple_of") {
+  // Q = 7, k uniform in [2, 6], rounded up so that k + 1 is a multiple of 3
+  // (a k past the last layer keeps them all): 3 layers kept w.p. 1/5,
+  // 6 w.p. 3/5, 7 w.p. 1/5.
+  Generator gen(7), data(8);
+  ResidualSimVQOptions o;
+  o.dim = 3;
+  o.num_quantizers = 7;
+  o.codebook_size = 5;
+  o.quantize_dropout = true;
+  o.quantize_dropout_cutoff_index = 2;
+  o.quantize_dropout_multiple_of = 3;
+  ResidualSimVQ rvq(o, gen);
+  const Tensor x = randn({2, 3, 3}, data);
+  std::map<int64_t, int> kept_count;
+  const int draws = 300;
+  for (int i = 0; i < draws; ++i) {
+    const QuantizeOutput out = rvq.forward(x);
+    const auto idx = out.indices.to_vector<int64_t>();
+    const auto loss = out.loss.to_vector<double>();
+    int64_t kept = 0;
+    while (kept < 7 && idx[kept] != -1) ++kept;
+    ++kept_count[kept];
+    for (int64_t t = 0; t < 6; ++t)  // one draw per forward: every token alike
+      for (int64_t q = 0; q < 7; ++q) CHECK((idx[t * 7 + q] == -1) == (q >= kept));
+    for (int64_t q = kept; q < 7; ++q) CHECK(loss[q] == 0.0);
+  }
+  CHECK(kept_count.size() == 3);
+  CHECK(kept_count.count(3) == 1);
+  CHECK(kept_count.count(6) == 1);
+  CHECK(kept_count.count(7) == 1);
+  // Binomial(300, 1/5): mean 60, sd 7; Binomial(300, 3/5): mean 180, sd 8.5.
+  CHECK(std::abs(kept_count[3] - 60) < 35);
+  CHECK(std::abs(kept_count[6] - 180) < 45);
+  CHECK(std::abs(kept_count[7] - 60) < 35);
+
+  // multiple_of 1: every count from cutoff + 1 to Q, never fewer.
+  o.quantize_dropout_cutoff_index = 4;
+  o.quantize_dropout_multiple_of = 1;
+  ResidualSimVQ plain(o, gen);
+  std::set<int64_t> seen;
+  for (int i = 0; i < 60; ++i) {
+    const auto idx = plain.forward(x).indices.to_vector<int64_t>();
+    int64_t kept = 0;
+    while (kept < 7 && idx[kept] != -1) ++kept;
+    seen.insert(kept);
+  }
+  CHECK(seen == std::set<int64_t>{5, 6, 7});
 }
