@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/residual_fsq.h"
@@ -287,4 +288,107 @@ TEST_CASE("FSQ with more than 2^31 codes returns int64 indices") {
   CHECK(max_abs_diff(fsq.indices_to_codes(out.indices), out.quantized) == 0.0);
   const auto idx = out.indices.to_vector<int64_t>();
   CHECK(*std::max_element(idx.begin(), idx.end()) > (int64_t(1) << 31));
+}
+
+namespace {
+
+// Names of a module's parameters and buffers.
+std::set<std::string> state_names(const Module& m) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : m.state_dict()) names.insert(name);
+  return names;
+}
+
+// rows [T, in] times W^T for W [out, in], plain loops.
+std::vector<double> times_transposed(const std::vector<double>& rows, const std::vector<double>& W,
+                                     int64_t in, int64_t out) {
+  const int64_t t_count = int64_t(rows.size()) / in;
+  std::vector<double> y(size_t(t_count * out), 0.0);
+  for (int64_t t = 0; t < t_count; ++t)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) y[t * out + o] += W[o * in + i] * rows[t * in + i];
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("FSQ projection_has_bias = false: no bias parameters, y = codes W_out^T") {
+  FSQOptions o = fsq_opts({8, 5, 5});
+  o.dim = 7;
+  o.seed = 3;
+  CHECK(state_names(FSQ(o)) == std::set<std::string>{"project_in.weight", "project_in.bias",
+                                                     "project_out.weight", "project_out.bias"});
+  o.projection_has_bias = false;
+  FSQ fsq(o);
+  CHECK(state_names(fsq) == std::set<std::string>{"project_in.weight", "project_out.weight"});
+  CHECK_FALSE(fsq.find("project_in.bias").defined());
+  // Zero in, zero out: z = 0 W_in^T = 0 is the grid's centre code 0 on every
+  // dimension, level L // 2 = (4, 2, 2), index 4 + 2 * 8 + 2 * 40 = 100.
+  const QuantizeOutput zero = fsq.forward(zeros({1, 3, 7}), Tensor());
+  CHECK(vals(zero.quantized) == std::vector<double>(21, 0.0));
+  CHECK(vals(zero.indices) == std::vector<double>{100, 100, 100});
+  // Random input: the index is that of the grid point of x W_in^T, and the
+  // output that point times W_out^T, without a bias anywhere.
+  Generator gen(4);
+  const Tensor x = randn({2, 5, 7}, gen);
+  const QuantizeOutput out = fsq.forward(x, Tensor());
+  const auto z = times_transposed(vals(x), vals(fsq.find("project_in.weight")), 7, 3);
+  const Tensor codes = fsq.quantize(from_vector<double>(z, {2, 5, 3}).to(DType::f32));
+  CHECK(vals(out.indices) == vals(fsq.codes_to_indices(codes)));
+  const auto y = times_transposed(vals(codes), vals(fsq.find("project_out.weight")), 3, 7);
+  CHECK(max_abs_diff(out.quantized, from_vector<double>(y, {2, 5, 7})) < 1e-6);
+}
+
+TEST_CASE("FSQ keep_num_codebooks_dim: index shapes") {
+  Generator gen(6);
+  const Tensor x = randn({2, 7, 3}, gen);
+  FSQ plain(fsq_opts({8, 5, 5}));
+  const QuantizeOutput a = plain.forward(x, Tensor());
+  CHECK(a.indices.shape() == Shape{2, 7});
+  FSQOptions o = fsq_opts({8, 5, 5});
+  o.keep_num_codebooks_dim = true;
+  FSQ keep(o);
+  CHECK(keep.keep_num_codebooks_dim());
+  const QuantizeOutput b = keep.forward(x, Tensor());
+  CHECK(b.indices.shape() == Shape{2, 7, 1});
+  CHECK(vals(b.indices) == vals(a.indices));
+  CHECK(max_abs_diff(keep.indices_to_codes(b.indices), b.quantized) == 0.0);
+  // Image maps keep it too: [B, H, W, 1].
+  const Tensor img = randn({2, 3, 4, 5}, gen);
+  CHECK(keep.forward(img, Tensor()).indices.shape() == Shape{2, 4, 5, 1});
+  CHECK(plain.forward(img, Tensor()).indices.shape() == Shape{2, 4, 5});
+  // Several codebooks keep it by default; dropping it is refused as the
+  // reference asserts.
+  o = fsq_opts({8, 5, 5});
+  o.num_codebooks = 2;
+  const QuantizeOutput c = FSQ(o).forward(randn({2, 7, 6}, gen), Tensor());
+  CHECK(c.indices.shape() == Shape{2, 7, 2});
+  o.keep_num_codebooks_dim = false;
+  CHECK_THROWS_WITH_AS(FSQ{o}, doctest::Contains("keep_num_codebooks_dim"), std::invalid_argument);
+}
+
+TEST_CASE("FSQ and ResidualFSQ ignore a mask, as the reference (which takes none)") {
+  // The reference's FSQ and ResidualFSQ forwards have no mask argument, so
+  // masked tokens are quantized like the others: no zeroed output, no -1.
+  Generator gen(8);
+  const Tensor x = randn({2, 5, 4}, gen);
+  const Tensor mask =
+      to_dtype(from_vector<uint8_t>({1, 0, 1, 0, 0, 1, 1, 0, 1, 1}, {2, 5}), DType::boolean);
+  FSQ fsq(fsq_opts({8, 5, 5, 5}));
+  const QuantizeOutput a = fsq.forward(x, mask), b = fsq.forward(x, Tensor());
+  CHECK(max_abs_diff(a.quantized, b.quantized) == 0.0);
+  CHECK(vals(a.indices) == vals(b.indices));
+  for (double i : vals(a.indices)) CHECK(i >= 0);
+  ResidualFSQOptions ro;
+  ro.fsq.levels = {8, 5, 5, 5};
+  ro.num_quantizers = 3;
+  ResidualFSQ rfsq(ro);
+  const QuantizeOutput ra = rfsq.forward(x, mask), rb = rfsq.forward(x, Tensor());
+  CHECK(max_abs_diff(ra.quantized, rb.quantized) == 0.0);
+  CHECK(vals(ra.indices) == vals(rb.indices));
+  for (double i : vals(ra.indices)) CHECK(i >= 0);
+  // A mask must still fit the tokens.
+  const Tensor wrong = to_dtype(ones({2, 4}), DType::boolean);
+  CHECK_THROWS_AS(fsq.forward(x, wrong), std::invalid_argument);
+  CHECK_THROWS_AS(rfsq.forward(x, wrong), std::invalid_argument);
 }

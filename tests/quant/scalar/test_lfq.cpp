@@ -3,9 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <set>
+#include <string>
 
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/lfq_entropy.h"
@@ -361,4 +361,81 @@ TEST_CASE("LFQ and ResidualLFQ on image feature maps") {
   const QuantizeOutput ro = rl.forward(randn({2, 6, 4, 4}, gen), Tensor());
   CHECK(ro.quantized.shape() == Shape{2, 6, 4, 4});
   CHECK(ro.indices.shape() == Shape{2, 4, 4, 2});
+}
+
+TEST_CASE("LFQ projection_has_bias = false: no bias parameters, y = sign(x W_in^T) W_out^T") {
+  LFQOptions o = lfq_opts(6, 16);  // 4 bits from 6 features: projections
+  o.seed = 5;
+  auto names = [](const LFQ& l) {
+    std::set<std::string> n;
+    for (const auto& [name, t] : l.state_dict()) n.insert(name);
+    return n;
+  };
+  CHECK(names(LFQ(o)) == std::set<std::string>{"project_in.weight", "project_in.bias",
+                                               "project_out.weight", "project_out.bias", "mask"});
+  o.projection_has_bias = false;
+  LFQ lfq(o);
+  CHECK(names(lfq) == std::set<std::string>{"project_in.weight", "project_out.weight", "mask"});
+  lfq.eval();
+  Generator gen(6);
+  const Tensor x = randn({2, 5, 6}, gen);
+  const QuantizeOutput out = lfq.forward(x, Tensor());
+  const auto xv = vals(x), Win = vals(lfq.find("project_in.weight")),
+             Wout = vals(lfq.find("project_out.weight"));
+  const auto iv = out.indices.to_vector<int64_t>();
+  std::vector<double> expect;
+  for (int64_t t = 0; t < 10; ++t) {
+    std::vector<double> q(4);
+    int64_t index = 0;
+    for (int64_t j = 0; j < 4; ++j) {
+      double z = 0;  // no bias
+      for (int64_t i = 0; i < 6; ++i) z += Win[j * 6 + i] * xv[t * 6 + i];
+      q[j] = z > 0 ? 1.0 : -1.0;
+      index = index * 2 + (z > 0 ? 1 : 0);
+    }
+    CHECK(iv[t] == index);
+    for (int64_t e = 0; e < 6; ++e) {
+      double y = 0;
+      for (int64_t j = 0; j < 4; ++j) y += Wout[e * 4 + j] * q[j];
+      expect.push_back(y);
+    }
+  }
+  CHECK(max_abs_diff(out.quantized, from_vector<double>(expect, {2, 5, 6})) < 1e-6);
+  // The lookup takes the same bias-free route.
+  CHECK(max_abs_diff(lfq.indices_to_codes(out.indices), out.quantized) < 1e-6);
+}
+
+TEST_CASE("LFQ keep_num_codebooks_dim: index shapes") {
+  Generator gen(7);
+  const Tensor x = randn({2, 7, 4}, gen);
+  LFQ plain(lfq_opts(4));
+  const QuantizeOutput a = plain.forward(x, Tensor());
+  CHECK(a.indices.shape() == Shape{2, 7});
+  LFQOptions o = lfq_opts(4);
+  o.keep_num_codebooks_dim = true;
+  LFQ keep(o);
+  const QuantizeOutput b = keep.forward(x, Tensor());
+  CHECK(b.indices.shape() == Shape{2, 7, 1});
+  CHECK(vals(b.indices) == vals(a.indices));
+  CHECK(max_abs_diff(keep.indices_to_codes(b.indices), b.quantized) == 0.0);
+  CHECK(keep.forward(randn({2, 4, 3, 5}, gen), Tensor()).indices.shape() == Shape{2, 3, 5, 1});
+  // Two codebooks of 4 bits from 8 features: [B, N, 2] by default, each the
+  // bits of its own half (first dim most significant).
+  o = lfq_opts(8, 16);
+  o.num_codebooks = 2;
+  LFQ two(o);
+  CHECK_FALSE(two.has_projections());
+  const Tensor x8 = randn({2, 7, 8}, gen);
+  const QuantizeOutput c = two.forward(x8, Tensor());
+  CHECK(c.indices.shape() == Shape{2, 7, 2});
+  const auto xv = vals(x8);
+  const auto iv = c.indices.to_vector<int64_t>();
+  for (int64_t t = 0; t < 14; ++t)
+    for (int64_t cb = 0; cb < 2; ++cb) {
+      int64_t expect = 0;
+      for (int64_t j = 0; j < 4; ++j) expect = expect * 2 + (xv[t * 8 + cb * 4 + j] > 0 ? 1 : 0);
+      CHECK(iv[t * 2 + cb] == expect);
+    }
+  o.keep_num_codebooks_dim = false;
+  CHECK_THROWS_WITH_AS(LFQ{o}, doctest::Contains("keep_num_codebooks_dim"), std::invalid_argument);
 }
