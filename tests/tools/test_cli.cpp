@@ -1,19 +1,21 @@
 // The `quanta` command run as a user runs it: a child process with its exit
 // code, stdout and stderr. Meson passes the binary in QUANTA_EXE.
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "quanta.h"
 #include "support/temp_dir.h"
@@ -26,7 +28,6 @@ using namespace quanta;
 using testing::TempDir;
 
 namespace {
-
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -81,6 +82,28 @@ void check_one_line_error(const Result& r, int code, const std::string& what) {
   CHECK(r.err.rfind("quanta: error: ", 0) == 0);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(contains(r.err, what));
+}
+
+// tests/data: QUANTA_TEST_DATA when set (meson sets it for the library
+// suites), else beside this source file. __FILE__ is relative to the build
+// directory, the parent of the quanta binary's folder.
+fs::path test_data() {
+  if (const char* env = std::getenv("QUANTA_TEST_DATA")) return env;
+  const fs::path here = fs::path(__FILE__).parent_path().parent_path() / "data";
+  std::vector<fs::path> tries{here};
+  if (const char* exe = std::getenv("QUANTA_EXE"); exe && here.is_relative())
+    tries.push_back(fs::path(exe).parent_path().parent_path() / here);
+  for (const fs::path& p : tries)
+    if (fs::is_directory(p / "reference-vectors")) return p;
+  FAIL("cannot find tests/data: set QUANTA_TEST_DATA");
+  return {};
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
 }
 
 }  // namespace
@@ -166,11 +189,9 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
 }
 
 TEST_CASE("quanta bench engine reports five rows against their floors") {
-  const std::set<std::string> names = {"matmul_1024", "matmul_4096x4096x256", "add", "exp",
-                                       "sum"};
+  const std::set<std::string> names = {"matmul_1024", "matmul_4096x4096x256", "add", "exp", "sum"};
   SUBCASE("json") {
-    Result r =
-        quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
+    Result r = quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
     const auto rows = nlohmann::json::parse(r.out);
@@ -190,12 +211,154 @@ TEST_CASE("quanta bench engine reports five rows against their floors") {
     CHECK(rows.size() == names.size());
   }
   SUBCASE("table") {
-    Result r = quanta_cli(
-        {"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
+    Result r =
+        quanta_cli({"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
     REQUIRE(r.code == 0);
     CHECK(contains(r.out, "1 threads"));
     CHECK(contains(r.out, "floor_ms"));
     CHECK(contains(r.out, "ratio"));
     for (const auto& n : names) CHECK(contains(r.out, "\n" + n + " "));
   }
+}
+
+TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
+  const std::string ref =
+      (test_data() / "reference-vectors" / "vq_euclidean_ste.safetensors").string();
+  TempDir dir;
+  // The same case with one expected tensor moved: 0.5 added to quantized[0].
+  io::SafetensorsFile file = io::load_safetensors(ref);
+  double scale = 0;
+  for (auto& [name, t] : file.tensors)
+    if (name == "quantized") {
+      std::vector<float> v = t.to_vector<float>();
+      v[0] += 0.5f;
+      for (float e : v) scale = std::max(scale, double(std::abs(e)));
+      t = from_vector<float>(v, t.shape());
+    }
+  REQUIRE(scale > 0);
+  const std::string bad = dir.file("perturbed.safetensors");
+  io::save_safetensors(bad, file.tensors, file.metadata);
+
+  SUBCASE("text") {
+    const Result ok = quanta_cli({"parity", ref});
+    CAPTURE(ok.out);
+    CAPTURE(ok.err);
+    CHECK(ok.code == 0);
+    CHECK(ok.err.empty());
+    const auto lines = lines_of(ok.out);
+    REQUIRE(lines.size() >= 3);
+    CHECK(lines.front() == "vq_euclidean_ste (VectorQuantize): PASS");
+    CHECK(lines.back() == "1 of 1 cases passed");
+    std::set<std::string> names;
+    for (size_t i = 1; i + 1 < lines.size(); ++i) {
+      std::istringstream row(lines[i]);
+      std::string name;
+      row >> name;
+      names.insert(name);
+      CHECK(contains(lines[i], "max_rel_err"));
+      CHECK(lines[i].size() >= 4);
+      CHECK(lines[i].substr(lines[i].size() - 4) == "PASS");
+    }
+    for (const char* want : {"quantized", "indices", "aux_loss.commitment", "x_grad",
+                             "_codebook.embed_after", "_codebook.cluster_size_after"})
+      CHECK_MESSAGE(names.count(want) == 1, want);
+
+    const Result fail = quanta_cli({"parity", bad});
+    CAPTURE(fail.out);
+    CHECK(fail.code == 1);
+    CHECK(contains(fail.out, "vq_euclidean_ste (VectorQuantize): FAIL"));
+    int failed_lines = 0;
+    for (const std::string& line : lines_of(fail.out))
+      if (line.rfind("  ", 0) == 0 && contains(line, " FAIL")) {  // a check's line
+        ++failed_lines;
+        CHECK(line.rfind("  quantized ", 0) == 0);  // only the moved tensor
+        CHECK(contains(line, "worst at flat index 0"));
+      }
+    CHECK(failed_lines == 1);
+    CHECK(contains(fail.out, "0 of 1 cases passed"));
+    CHECK(fail.err == "quanta: error: parity: 1 of 1 cases failed\n");
+    // Several files: one report each, the count, and failure if any fails.
+    const Result both = quanta_cli({"parity", ref, bad});
+    CHECK(both.code == 1);
+    CHECK(contains(both.out, "1 of 2 cases passed"));
+    // A tolerance above the moved tensor's error lets it pass.
+    const double rel = 0.5 / scale;
+    CHECK(quanta_cli({"parity", bad, "--tolerance", std::to_string(rel * 1.01)}).code == 0);
+    CHECK(quanta_cli({"parity", bad, "--tolerance", std::to_string(rel * 0.99)}).code == 1);
+  }
+  SUBCASE("json") {
+    const Result r = quanta_cli({"parity", "--json", ref, bad});
+    CAPTURE(r.err);
+    CHECK(r.code == 1);
+    const auto cases = nlohmann::json::parse(r.out);
+    REQUIRE(cases.is_array());
+    REQUIRE(cases.size() == 2);
+    CHECK(cases[0]["file"] == ref);
+    CHECK(cases[0]["case"] == "vq_euclidean_ste");
+    CHECK(cases[0]["class"] == "VectorQuantize");
+    CHECK(cases[0]["passed"] == true);
+    REQUIRE(cases[0]["checks"].size() >= 10);
+    for (const auto& c : cases[0]["checks"]) {
+      CHECK(c["pass"] == true);
+      CHECK(c["tolerance"].get<double>() == 1e-5);
+      CHECK(c["max_rel_error"].get<double>() <= 1e-5);
+    }
+    CHECK(cases[1]["file"] == bad);
+    CHECK(cases[1]["passed"] == false);
+    int failed = 0;
+    for (const auto& c : cases[1]["checks"]) {
+      if (c["pass"] == true) continue;
+      ++failed;
+      CHECK(c["name"] == "quantized");
+      // |actual - expected| / max |expected|: the 0.5 over the copy's largest value.
+      CHECK(c["max_rel_error"].get<double>() == doctest::Approx(0.5 / scale).epsilon(1e-4));
+    }
+    CHECK(failed == 1);
+  }
+}
+
+TEST_CASE("quanta parity: a missing file is one clear line and exit 1; usage errors exit 2") {
+  TempDir dir;
+  const std::string missing = dir.file("missing.safetensors");
+  const Result r = quanta_cli({"parity", missing});
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.code == 1);
+  int naming = 0;
+  for (const std::string& line : lines_of(r.out + r.err))
+    if (contains(line, missing)) {
+      ++naming;
+      CHECK(contains(line, "cannot open"));
+    }
+  CHECK(naming == 1);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.rfind("quanta: error: ", 0) == 0);
+  check_one_line_error(quanta_cli({"parity"}), 2, "files is required");
+  check_one_line_error(quanta_cli({"parity", dir.path().string()}), 2,
+                       "holds no .safetensors files");
+  check_one_line_error(quanta_cli({"parity", missing, "--tolerance", "-1"}), 2,
+                       "--tolerance must be >= 0");
+}
+
+TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
+  const Result r = quanta_cli({"bench", "quant", "--size", "small", "--json", "--repeat", "1"});
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  const auto rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.is_array());
+  std::set<std::string> seen;
+  for (const auto& row : rows) {
+    const std::string name = row["name"].get<std::string>();
+    CAPTURE(name);
+    CHECK(seen.insert(name).second);  // each row once
+    for (const char* key : {"ms", "floor_ms", "ratio"}) {
+      REQUIRE(row[key].is_number());
+      CHECK(row[key].get<double>() > 0);
+    }
+    CHECK(row["ratio"].get<double>() ==
+          doctest::Approx(row["ms"].get<double>() / row["floor_ms"].get<double>()));
+  }
+  for (const char* want : {"vq_train_step", "rvq8_train_step", "fsq_train_step",
+                           "lfq_1024_train_step", "lfq_65536_train_step"})
+    CHECK_MESSAGE(seen.count(want) == 1, want);
 }
