@@ -18,6 +18,7 @@
 
 #include "commands.h"
 #include "train/checkpoint.h"
+#include "train/classify.h"
 #include "train/config.h"
 #include "train/outputs.h"
 #include "train/quantizer_config.h"
@@ -29,6 +30,7 @@ namespace {
 using nlohmann::json;
 
 struct TrainFlags {
+  std::string task = "vqvae";
   std::string config_file;
   std::string out;
   bool resume = false;
@@ -77,6 +79,17 @@ void run_train(const TrainFlags& f) {
   if (f.resume && f.out.empty())
     throw UsageError("--resume needs --out DIR, the folder of the run to continue");
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
+  if (f.task == "classify") {
+    if (f.resume || !f.config_file.empty())
+      throw UsageError("--task classify takes neither --resume nor --config");
+    try {
+      train::run_classify_command(layer, out, f.print_config, ::isatty(STDOUT_FILENO) == 1,
+                                  std::cout);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    return;
+  }
 
   json base = train::default_config_json();
   json from_checkpoint;
@@ -141,6 +154,9 @@ void add_train(CLI::App& app) {
       "codebook_usage.png, loss.png. Ctrl-C or SIGTERM finishes the step, writes the\n"
       "checkpoint and exits; --resume continues exactly where it stopped.");
   TrainFlags& t = *f;
+  sub->add_option("--task", t.task, "vqvae (default) or classify (the MLP classifier "
+                                    "quanta finetune adapts, see docs/finetune.md)")
+      ->check(CLI::IsMember({"vqvae", "classify"}));
   sub->add_option("--config", t.config_file, "JSON config file (keys as --print-config "
                                              "shows); flags override it")
       ->check(CLI::ExistingFile);

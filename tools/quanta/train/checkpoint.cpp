@@ -14,7 +14,7 @@ void save_checkpoint(const std::string& path, const Module& model,
     for (auto& entry : add_prefix(optimizer->state_dict(), "optim."))
       tensors.push_back(std::move(entry));
   std::map<std::string, std::string> meta = {
-      {"format", kCheckpointFormat},
+      {"format", info.format},
       {"framework", "quanta"},
       {"config", info.config.dump()},
       {"step", std::to_string(info.step)},
@@ -24,10 +24,11 @@ void save_checkpoint(const std::string& path, const Module& model,
        ".fork(\"epoch-<e>\"); step s reads batch s mod ceil(N / batch_size) of its epoch"},
       {"rng", info.rng.dump()},
   };
+  if (!info.results.empty()) meta["results"] = info.results.dump();
   io::save_safetensors(path, tensors, meta);
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, const std::string& format) {
   io::SafetensorsFile file = io::load_safetensors(path);
   auto meta = [&](const char* key) -> const std::string& {
     auto it = file.metadata.find(key);
@@ -36,15 +37,18 @@ Checkpoint load_checkpoint(const std::string& path) {
                                std::string(key) + "' in its metadata)");
     return it->second;
   };
-  if (meta("format") != kCheckpointFormat)
+  if (meta("format") != format)
     throw std::runtime_error(path + ": checkpoint format '" + meta("format") +
-                             "', expected '" + kCheckpointFormat + "'");
+                             "', expected '" + format + "'");
   Checkpoint ck;
+  ck.info.format = format;
   try {
     ck.info.config = nlohmann::json::parse(meta("config"));
     ck.info.rng = nlohmann::json::parse(meta("rng"));
     ck.info.step = std::stoll(meta("step"));
     ck.info.epoch = std::stoll(meta("epoch"));
+    if (auto it = file.metadata.find("results"); it != file.metadata.end())
+      ck.info.results = nlohmann::json::parse(it->second);
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
