@@ -391,7 +391,11 @@ TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "grvq"}}, 16, 0)->num_codebooks() == 8);    // 2 groups x 4
   CHECK(make_quantizer({{"type", "fsq"}}, 16, 0)->codebook_size() == 1000);  // 8,5,5,5
   CHECK(make_quantizer({{"type", "rfsq"}}, 16, 0)->num_codebooks() == 4);
-  CHECK(make_quantizer({{"type", "lfq"}}, 16, 0)->codebook_size() == 512);
+  CHECK(make_quantizer({{"type", "lfq"}}, 16, 0)->codebook_size() == 65536);  // a bit a channel
+  CHECK(make_quantizer({{"type", "lfq"}}, 9, 0)->codebook_size() == 512);
+  CHECK(make_quantizer({{"type", "lfq"}}, 20, 0)->codebook_size() == 65536);  // at most 16 bits
+  CHECK(make_quantizer({{"type", "lfq"}, {"num_codebooks", 2}}, 16, 0)->codebook_size() == 256);
+  CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->codebook_size() == 512);
   CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->num_codebooks() == 4);
   CHECK(make_quantizer({{"type", "none"}}, 16, 0)->codebook_size() == 0);
   CHECK(available_quantizer_types() == "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq");

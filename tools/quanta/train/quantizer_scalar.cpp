@@ -2,6 +2,7 @@
 // LFQ ("lfq") and ResidualLFQ ("rlfq") on [B, D, H, W] feature maps (their
 // layers take rank-4 inputs as channel-first feature maps). Their codebooks
 // are implicit, so there is no state to update after a step.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -22,7 +23,11 @@ using nlohmann::json;
 
 // Defaults for the options a config leaves out.
 const std::vector<int64_t> kLevels = {8, 5, 5, 5};  // 1000 codes of 4 dimensions
-constexpr int64_t kLfqCodebookSize = 512;           // 9 bits
+constexpr int64_t kRlfqCodebookSize = 512;          // 9 bits per level
+// LFQ: one bit per latent channel (no projections, the reference's default),
+// at most 16 bits per codebook: 2^16 codes already cost 3x the step time of 2^9
+// in the entropy terms (docs/train.md).
+constexpr int64_t kLfqMaxBits = 16;
 constexpr int64_t kNumQuantizers = 4;
 
 Tensor as_i64(const Tensor& indices) {
@@ -35,10 +40,10 @@ uint64_t layer_seed(uint64_t seed) {
   return quant::draw_seed(gen);
 }
 
-quant::LFQOptions lfq_options(const json& c, int64_t dim, uint64_t seed) {
+quant::LFQOptions lfq_options(const json& c, int64_t dim, int64_t default_size, uint64_t seed) {
   quant::LFQOptions o;
   o.dim = dim;
-  o.codebook_size = option_int(c, "codebook_size", kLfqCodebookSize);
+  o.codebook_size = option_int(c, "codebook_size", default_size);
   o.entropy_loss_weight = option_number(c, "entropy_loss_weight", o.entropy_loss_weight);
   o.commitment_loss_weight = option_number(c, "commitment_loss_weight", o.commitment_loss_weight);
   o.diversity_gamma = option_number(c, "diversity_gamma", o.diversity_gamma);
@@ -130,8 +135,10 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, cons
                                                          seed);
   }
   if (type == "lfq") {
-    quant::LFQOptions o = lfq_options(c, dim, seed);
-    o.num_codebooks = option_int(c, "num_codebooks", 1);
+    const int64_t codebooks = option_int(c, "num_codebooks", 1);
+    const int64_t bits = std::clamp<int64_t>(dim / codebooks, 1, kLfqMaxBits);
+    quant::LFQOptions o = lfq_options(c, dim, int64_t{1} << bits, seed);
+    o.num_codebooks = codebooks;
     return std::make_unique<ScalarQuantizer<quant::LFQ>>(std::make_shared<quant::LFQ>(o), type, dim,
                                                          seed);
   }
@@ -148,7 +155,7 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, cons
   }
   if (type == "rlfq") {
     quant::ResidualLFQOptions o;
-    o.lfq = lfq_options(c, dim, seed);
+    o.lfq = lfq_options(c, dim, kRlfqCodebookSize, seed);
     o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
     o.quantize_dropout = option_bool(c, "quantize_dropout", false);
     auto layer = std::make_shared<quant::ResidualLFQ>(o);
