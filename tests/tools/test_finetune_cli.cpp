@@ -1,0 +1,218 @@
+// `quanta train --task classify`, `quanta quantize` and `quanta finetune` run
+// as a user runs them, on a Fashion-MNIST subset (2000 training, 500 test
+// images) with --threads 1, so each run takes about a second.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "cli_runner.h"
+#include "engine/io/safetensors.h"
+
+using namespace quanta;
+using namespace quanta::test;
+using nlohmann::json;
+
+namespace {
+
+const char* const kData = "/usr/share/datasets/fashion-mnist";
+
+bool have_dataset() {
+  if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
+  MESSAGE(
+      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
+      "training runs not tested");
+  return false;
+}
+
+const std::vector<std::string> kSubset = {"--limit-train", "2000", "--limit-test", "500",
+                                          "--threads",     "1",    "--batch-size", "64"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The percentage after `label` in `text` ("... label 81.20%"), NaN if absent.
+double percent_after(const std::string& text, const std::string& label) {
+  std::smatch m;
+  const std::regex re(label + R"(\s*([0-9]+\.[0-9]+)%)");
+  if (!std::regex_search(text, m, re)) return NAN;
+  return std::stod(m[1]) / 100;
+}
+
+// One classifier per test process: 150 steps on the subset (about 79% test
+// accuracy), and its quanta-format NF4 conversion.
+struct Trained {
+  ScratchDir dir{"classify"};
+  std::string float_ckpt, nf4_ckpt;
+  double accuracy = NAN;
+  CliResult train;
+};
+
+const Trained& trained() {
+  static Trained t = [] {
+    Trained t;
+    t.train = run_quanta(with(
+        {"train", "--task", "classify", "--steps", "150", "--out", t.dir.file("clf")}, kSubset));
+    t.float_ckpt = t.dir.file("clf/checkpoint.safetensors");
+    t.nf4_ckpt = t.dir.file("nf4.safetensors");
+    t.accuracy = percent_after(t.train.out, "test accuracy");
+    run_quanta({"quantize", t.float_ckpt, t.nf4_ckpt});
+    return t;
+  }();
+  return t;
+}
+
+// A fine-tuning run on the subset at lr 2e-3 (40 steps unless given).
+std::vector<std::string> finetune(const std::string& ckpt, const std::string& out,
+                                  const std::vector<std::string>& extra = {},
+                                  const std::string& steps = "40") {
+  return with(with({"finetune", ckpt, "--out", out, "--steps", steps, "--lr", "2e-3"}, kSubset),
+              extra);
+}
+
+}  // namespace
+
+TEST_CASE("train --task classify writes a classifier checkpoint above 70% test accuracy") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  CAPTURE(t.train.out);
+  CAPTURE(t.train.err);
+  REQUIRE(t.train.code == 0);
+  CHECK(contains(t.train.out, "training a classifier (MLP 784-256-128-10) on 2000 images"));
+  CHECK(t.accuracy > 0.70);  // 79.4% measured
+  const io::SafetensorsFile f = io::load_safetensors(t.float_ckpt);
+  CHECK(f.metadata.at("format") == "quanta-classifier-1");
+  const json config = json::parse(f.metadata.at("config"));
+  CHECK(config["task"] == "classify");
+  CHECK(config["steps"] == 150);
+  CHECK(json::parse(f.metadata.at("results"))["test_accuracy"].get<double>() ==
+        doctest::Approx(t.accuracy).epsilon(1e-3));
+  std::vector<std::string> names;
+  for (const auto& [name, _] : f.tensors) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"model.1.bias", "model.1.weight", "model.3.bias",
+                                          "model.3.weight", "model.5.bias", "model.5.weight"});
+  // Flags of the VQ-VAE are refused, not ignored.
+  check_one_line_error(run_quanta({"train", "--task", "classify", "--codebook-size", "64"}), 2,
+                       "--task classify");
+}
+
+TEST_CASE("quantize + finetune: NF4 base, adapters trained, accuracy kept or improved") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  REQUIRE(t.train.code == 0);
+  REQUIRE(fs::exists(t.nf4_ckpt));
+  ScratchDir out("finetune");
+  const CliResult r = run_quanta(finetune(t.nf4_ckpt, out.file("ft")));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "3 Linear layers, NF4 from the file"));
+  // The float figure is the one quanta train recorded.
+  CHECK(percent_after(r.out, "float") == doctest::Approx(t.accuracy).epsilon(1e-3));
+  const double before = percent_after(r.out, "NF4 base");
+  const double after = percent_after(r.out, "after fine-tuning:");
+  CHECK(before > 0.65);    // NF4 costs little: 78.0% vs 79.4% measured
+  CHECK(after >= before);  // 80.6% measured
+  CHECK(contains(r.out, "memory: NF4 base weights 132,048 bytes vs 939,008 bytes as f32"));
+  CHECK(contains(r.out, "trainable adapters 12,496 parameters = 49,984 bytes"));
+
+  const io::SafetensorsFile a = io::load_safetensors(out.file("ft/adapters.safetensors"));
+  CHECK(a.metadata.at("format") == "quanta-lora-1");
+  CHECK(json::parse(a.metadata.at("lora"))["rank"] == 8);
+  CHECK(json::parse(a.metadata.at("results"))["finetuned_accuracy"].get<double>() ==
+        doctest::Approx(after).epsilon(1e-3));
+  REQUIRE(a.tensors.size() == 6);
+  CHECK(a.tensors[0].first == "1.lora_A");
+  CHECK(a.tensors[0].second.shape() == Shape{8, 784});
+  CHECK(a.tensors[1].first == "1.lora_B");
+  CHECK(a.tensors[1].second.shape() == Shape{256, 8});
+}
+
+TEST_CASE("finetune on the float checkpoint measures the float model; --merge writes it back") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  REQUIRE(t.train.code == 0);
+  ScratchDir out("finetune_float");
+  const CliResult r = run_quanta(finetune(t.float_ckpt, out.file("ft"), {"--merge"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "3 Linear layers, float, quantized to NF4 here"));
+  CHECK(percent_after(r.out, "float") == doctest::Approx(t.accuracy).epsilon(1e-3));
+  CHECK(percent_after(r.out, "after fine-tuning:") >= percent_after(r.out, "NF4 base"));
+  // The merged model is a float classifier checkpoint that finetune takes again.
+  const std::string merged = out.file("ft/merged.safetensors");
+  REQUIRE(fs::exists(merged));
+  const double merged_acc = percent_after(r.out, "merged float model, test accuracy");
+  CHECK(merged_acc >= percent_after(r.out, "NF4 base") - 0.01);
+  const CliResult again = run_quanta(finetune(merged, out.file("ft2"), {}, "1"));
+  CAPTURE(again.err);
+  CHECK(again.code == 0);
+  CHECK(percent_after(again.out, "float") == doctest::Approx(merged_acc).epsilon(1e-3));
+}
+
+TEST_CASE("finetune --nproc 2 runs two ranks and ends with the adapters of one process") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  REQUIRE(t.train.code == 0);
+  ScratchDir out("finetune_dp");
+  const CliResult one = run_quanta(finetune(t.nf4_ckpt, out.file("one")));
+  const CliResult two = run_quanta(finetune(t.nf4_ckpt, out.file("two"), {"--nproc", "2"}));
+  CAPTURE(two.out);
+  CAPTURE(two.err);
+  REQUIRE(one.code == 0);
+  REQUIRE(two.code == 0);
+  CHECK(contains(two.out, "[rank 0] fine-tuning LoRA adapters"));
+  CHECK(contains(two.out, "2 ranks"));
+  CHECK(!contains(two.out, "[rank 1]"));  // only rank 0 prints
+  const double after = percent_after(two.out, "after fine-tuning:");
+  CHECK(after >= percent_after(two.out, "NF4 base"));
+  CHECK(after == doctest::Approx(percent_after(one.out, "after fine-tuning:")).epsilon(0.01));
+  // Same global batch, same seed: the adapters agree up to summation order.
+  const io::SafetensorsFile a = io::load_safetensors(out.file("one/adapters.safetensors"));
+  const io::SafetensorsFile b = io::load_safetensors(out.file("two/adapters.safetensors"));
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const Tensor x = a.tensors[i].second.contiguous(), y = b.tensors[i].second.contiguous();
+    REQUIRE(x.numel() == y.numel());
+    double worst = 0;
+    for (int64_t k = 0; k < x.numel(); ++k)
+      worst = std::max(worst, double(std::abs(x.data<float>()[k] - y.data<float>()[k])));
+    CAPTURE(a.tensors[i].first);
+    CHECK(worst < 1e-4);
+  }
+}
+
+TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
+  const CliResult help = run_quanta({"finetune", "--help"});
+  CHECK(help.code == 0);
+  CHECK(contains(help.out, "quanta finetune runs/clf/nf4.safetensors --out runs/qlora"));
+  ScratchDir dir("finetune_bad");
+  check_one_line_error(
+      run_quanta({"finetune", dir.file("missing.safetensors"), "--out", dir.file("o")}), 1,
+      "missing.safetensors");
+  {
+    std::ofstream(dir.file("junk.safetensors")) << "not a safetensors file";
+    check_one_line_error(
+        run_quanta({"finetune", dir.file("junk.safetensors"), "--out", dir.file("o")}), 1,
+        "junk.safetensors");
+  }
+  check_one_line_error(
+      run_quanta({"finetune", dir.file("x"), "--out", dir.file("o"), "--rank", "0"}), 2, "--rank");
+  check_one_line_error(run_quanta({"finetune", dir.file("x")}), 2, "--out");
+  if (!have_dataset()) return;
+  // A VQ-VAE checkpoint is not a classifier.
+  const CliResult vq = run_quanta({"train", "--steps", "1", "--limit-train", "64", "--limit-test",
+                                   "16", "--batch-size", "16", "--hidden", "8", "--dim", "4",
+                                   "--threads", "1", "--out", dir.file("vq")});
+  REQUIRE(vq.code == 0);
+  check_one_line_error(
+      run_quanta({"finetune", dir.file("vq/checkpoint.safetensors"), "--out", dir.file("o")}), 1,
+      "quanta train --task classify");
+}

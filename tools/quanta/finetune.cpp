@@ -1,0 +1,424 @@
+// `quanta finetune CHECKPOINT --out DIR`: QLoRA on the classifier of
+// `quanta train --task classify`. The checkpoint's Linear weights become
+// frozen NF4 bases (quantized here when they are float; taken as they are
+// when `quanta quantize` already converted them, quanta or bnb layout), each
+// wrapped in a LoRALinear whose adapters alone are trained. Prints the test
+// accuracy of the float model (measured, or as quanta train recorded it), of
+// the NF4 base, and after fine-tuning, and the memory of the NF4 base, the
+// float weights and the adapters; writes the adapters (and with --merge the
+// merged float classifier) as safetensors. Data-parallel through
+// dist::DataParallel under a launcher environment; --nproc N started by hand
+// re-runs itself under `quanta launch -n N` (relaunch.h).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "data/fashion_mnist.h"
+#include "dist/data_parallel.h"
+#include "dist/env.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/cpu/parallel.h"
+#include "engine/io/safetensors.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/loss.h"
+#include "engine/optim/optimizer.h"
+#include "quant/nf4/nf4_modules.h"
+#include "relaunch.h"
+#include "train/checkpoint.h"
+#include "train/classifier.h"
+#include "train/classify.h"
+#include "train/outputs.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+namespace quanta::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline constexpr const char* kAdaptersFile = "adapters.safetensors";
+inline constexpr const char* kMergedFile = "merged.safetensors";
+inline constexpr const char* kAdaptersFormat = "quanta-lora-1";
+
+struct FinetuneOptions {
+  std::string checkpoint, out, data;
+  int64_t rank = 8;
+  double alpha = 16, dropout = 0;
+  int64_t steps = 300, batch_size = 128;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
+  bool merge = false;
+};
+
+// The classifier of a checkpoint with NF4 + LoRA layers, and what it took.
+struct QLoraModel {
+  std::shared_ptr<Sequential> model;
+  train::ClassifyConfig config;
+  json recorded;  // results quanta train stored
+  bool all_float = true;
+  int64_t float_layers = 0, nf4_layers = 0;
+  double float_accuracy = NAN;  // measured when every layer was float
+};
+
+std::string percent(double v) {
+  if (!std::isfinite(v)) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f%%", 100 * v);
+  return b;
+}
+
+std::string with_commas(uint64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+// Builds the classifier the checkpoint describes. Float Linear weights are
+// loaded (and the float model evaluated on `test` when all are float);
+// NF4 weights become NF4Linear bases directly.
+QLoraModel load_classifier(const std::string& path, const data::ImageDataset& test,
+                           bool evaluate_float) {
+  train::Checkpoint ck;
+  try {
+    ck = train::load_checkpoint(path, train::kClassifierFormat);
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    if (what.find("checkpoint format") != std::string::npos ||
+        what.find("not a quanta training checkpoint") != std::string::npos)
+      throw std::runtime_error(what +
+                               "; quanta finetune takes the classifier of quanta train "
+                               "--task classify (or its quanta quantize output)");
+    throw;
+  }
+  QLoraModel q;
+  try {
+    q.config = train::classify_config_from_json(ck.info.config);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": bad classifier config (" + e.what() + ")");
+  }
+  q.recorded = ck.info.results;
+  Generator gen = Generator::named(q.config.seed, "model");
+  q.model = train::make_classifier(q.config.model, gen);
+  const std::map<std::string, Tensor> tensors(ck.model.begin(), ck.model.end());
+  for (const auto& [name, t] : tensors)
+    if (name.size() > 15 && name.rfind(".quantized_data") == name.size() - 15)
+      throw std::runtime_error(path + ": '" + name +
+                               "' is in torchao's layout; convert it with "
+                               "quanta quantize --format quanta first");
+  std::vector<std::pair<std::string, std::shared_ptr<quant::NF4Linear>>> nf4;
+  for (std::size_t i = 0; i < q.model->size(); ++i) {
+    auto* linear = dynamic_cast<Linear*>((*q.model)[i].get());
+    if (!linear) continue;
+    const std::string name = std::to_string(i);
+    auto find = [&](const std::string& key) -> const Tensor* {
+      auto it = tensors.find(key);
+      return it == tensors.end() ? nullptr : &it->second;
+    };
+    const Tensor* w = find(name + ".weight");
+    const Tensor* b = find(name + ".bias");
+    if (!w || !b)
+      throw std::runtime_error(path + ": no '" + name + (w ? ".bias" : ".weight") +
+                               "' tensor (model." + name +
+                               ".* is a Linear layer of the "
+                               "classifier)");
+    const Shape want = linear->weight().shape();
+    std::shared_ptr<quant::NF4Linear> base;
+    if (quant::has_bnb_tensors(tensors, name + ".weight"))
+      base = std::make_shared<quant::NF4Linear>(quant::read_bnb_tensors(tensors, name + ".weight"),
+                                                *b);
+    else if (w->dtype() == DType::nf4)
+      base = std::make_shared<quant::NF4Linear>(*w, *b);
+    if (base) {
+      if (base->out_features() != want[0] || base->in_features() != want[1])
+        throw std::runtime_error(
+            path + ": '" + name + ".weight' is [" + std::to_string(base->out_features()) + ", " +
+            std::to_string(base->in_features()) + "], its config says " + shape_str(want));
+      nf4.emplace_back(name, base);
+      ++q.nf4_layers;
+      continue;
+    }
+    if (w->shape() != want || b->shape() != linear->bias().shape())
+      throw std::runtime_error(path + ": '" + name + ".weight' is " + shape_str(w->shape()) +
+                               ", its config says " + shape_str(want));
+    NoGradGuard no_grad;
+    copy_(linear->weight(), w->to(DType::f32));
+    copy_(linear->bias(), b->to(DType::f32));
+    ++q.float_layers;
+  }
+  q.all_float = q.nf4_layers == 0;
+  if (q.all_float && evaluate_float)
+    q.float_accuracy = train::accuracy(*q.model, test.images, test.labels);
+  // NF4 bases from the file take their places now, as plain NF4Linear; the
+  // caller wraps every layer in LoRA adapters.
+  for (auto& [name, base] : nf4) q.model->replace_module(name, base);
+  return q;
+}
+
+// Rank r's rows of a global batch of b: [b r / W, b (r + 1) / W).
+Tensor shard(const Tensor& idx, int rank, int world) {
+  const int64_t b = idx.size(0);
+  const int64_t lo = b * rank / world, hi = b * (rank + 1) / world;
+  return idx.narrow(0, lo, hi - lo);
+}
+
+void run_finetune(const FinetuneOptions& o) {
+  if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  if (!fs::exists(o.checkpoint))
+    throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
+  std::shared_ptr<dist::ProcessGroup> group = dist::init();
+  const int rank = group->rank(), world = group->size();
+  const bool lead = rank == 0;
+  std::ostringstream sink;  // ranks other than 0 print nothing
+  std::ostream& log = lead ? std::cout : sink;
+
+  // The data folder: --data, else the one the classifier was trained on.
+  train::ClassifyConfig from_ck;
+  {
+    const io::SafetensorsFile probe = io::load_safetensors(o.checkpoint);
+    auto it = probe.metadata.find("config");
+    if (it != probe.metadata.end()) try {
+        from_ck = train::classify_config_from_json(json::parse(it->second));
+      } catch (const std::exception&) {
+        // load_classifier names what is wrong
+      }
+  }
+  const std::string data_dir = o.data.empty() ? from_ck.data : o.data;
+  const data::ImageDataset test = data::load_fashion_mnist(
+      data_dir.empty() ? data::kFashionMnistDir : data_dir, data::Split::test, o.limit_test);
+  const data::ImageDataset train_set =
+      data::load_fashion_mnist(test.source, data::Split::train, o.limit_train);
+  if (train_set.size() == 0) throw UsageError("--limit-train 0 leaves nothing to train on");
+
+  QLoraModel q = load_classifier(o.checkpoint, test, lead);
+  quant::LoRAOptions lora{.rank = o.rank, .alpha = o.alpha, .dropout = o.dropout, .seed = o.seed};
+  // Float Linear layers: quantized to NF4 here, wrapped with adapters.
+  quant::NF4ConvertOptions convert;
+  convert.lora = true;
+  convert.lora_options = lora;
+  const std::vector<quant::NF4LayerReport> reports = quant::quantize_nf4(*q.model, convert);
+  // NF4 layers from the file: wrapped with adapters.
+  uint64_t nf4_bytes = 0, float_bytes = 0, trainable = 0;
+  for (std::size_t i = 0; i < q.model->size(); ++i) {
+    const std::string name = std::to_string(i);
+    if (auto base = std::dynamic_pointer_cast<quant::NF4Linear>((*q.model)[i]))
+      q.model->replace_module(name, std::make_shared<quant::LoRALinear>(base, lora));
+    if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*q.model)[i])) {
+      nf4_bytes += l->base()->weight_bytes();
+      float_bytes += uint64_t(l->base()->out_features() * l->base()->in_features()) * 4;
+      trainable += uint64_t(l->lora_A().numel() + l->lora_B().numel());
+    }
+  }
+  std::vector<Tensor> params;
+  for (const Tensor& p : q.model->parameters())
+    if (p.requires_grad()) params.push_back(p);
+
+  const train::ClassifyConfig& cc = q.config;
+  std::string layers = std::to_string(q.float_layers + q.nf4_layers) + " Linear layers";
+  if (q.float_layers > 0 && q.nf4_layers > 0)
+    layers += ": " + std::to_string(q.nf4_layers) + " NF4 from the file, " +
+              std::to_string(q.float_layers) + " float quantized to NF4 here";
+  else
+    layers += q.nf4_layers > 0 ? ", NF4 from the file" : ", float, quantized to NF4 here";
+  log << "base: " << o.checkpoint << " (MLP 784-" << cc.model.hidden1 << "-" << cc.model.hidden2
+      << "-10; " << layers << ")\n";
+  for (const quant::NF4LayerReport& r : reports) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  layer %-3s %-12s NF4 rmse %.3e  %8zu -> %7zu bytes\n",
+                  r.name.c_str(), shape_str(r.shape).c_str(), r.rmse, r.bytes_before,
+                  r.bytes_after);
+    log << line;
+  }
+  const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
+  std::string float_line = percent(q.float_accuracy);
+  if (!q.all_float) {
+    if (q.recorded.contains("test_accuracy"))
+      float_line = percent(q.recorded["test_accuracy"].get<double>()) +
+                   "  (recorded by quanta "
+                   "train on " +
+                   std::to_string(q.recorded.value("test_samples", int64_t{0})) + " test images)";
+    else
+      float_line = "unknown (the checkpoint holds NF4 weights only)";
+  }
+  log << "test accuracy on " << test.size() << " images: float " << float_line
+      << "\n                          NF4 base " << percent(nf4_acc) << " (before fine-tuning)\n";
+
+  const int64_t n = train_set.size();
+  const int64_t per_epoch = (n + o.batch_size - 1) / o.batch_size;
+  log << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
+      << o.dropout << ") on " << n << " images: " << o.steps << " steps, global batch "
+      << o.batch_size << ", lr " << o.lr << ", seed " << o.seed << ", " << world
+      << (world == 1 ? " rank, " : " ranks, ") << num_threads() << " threads each\n"
+      << std::flush;
+
+  std::unique_ptr<dist::DataParallel> dp;
+  if (world > 1) dp = std::make_unique<dist::DataParallel>(q.model, *group);
+  Adam optimizer(params, {.lr = o.lr});
+  train::Progress progress(log, lead && ::isatty(STDOUT_FILENO) == 1, 0, o.steps, o.batch_size);
+  double loss_sum = 0;
+  int64_t logged = 0;
+  q.model->train();
+  for (int64_t step = 0; step < o.steps;) {
+    const Tensor global = train::batch_indices(o.seed, step, n, o.batch_size);
+    const Tensor idx = shard(global, rank, world);
+    // Sum over this rank's rows / global rows, times W: DataParallel's average
+    // over ranks is then the mean over the global batch, however it splits.
+    const Tensor sum_loss = cross_entropy(q.model->forward(index_select(train_set.images, 0, idx)),
+                                          index_select(train_set.labels, 0, idx), Reduction::sum);
+    const Tensor loss = sum_loss * (double(world) / double(global.size(0)));
+    optimizer.zero_grad();
+    loss.backward();
+    if (dp) dp->finish_step();
+    optimizer.step();
+    ++step;
+    Tensor total = sum_loss.detach().clone();
+    if (world > 1) group->all_reduce(total);
+    const double l = total.item() / double(global.size(0));
+    if (!std::isfinite(l))
+      throw std::runtime_error("fine-tuning diverged: loss " + std::to_string(l) + " at step " +
+                               std::to_string(step) + " (try a smaller --lr)");
+    loss_sum += l, ++logged;
+    const bool log_now = step % o.log_every == 0 || step == o.steps;
+    progress.update(step, (step - 1) / per_epoch + 1, loss_sum / logged, log_now);
+    if (log_now) loss_sum = 0, logged = 0;
+  }
+  progress.finish();
+  if (!lead) return;
+
+  const double after = train::accuracy(*q.model, test.images, test.labels);
+  log << "test accuracy after fine-tuning: " << percent(after) << " (NF4 base " << percent(nf4_acc)
+      << ", float "
+      << percent(q.all_float ? q.float_accuracy : q.recorded.value("test_accuracy", double(NAN)))
+      << ")\n";
+  char mem[320];
+  std::snprintf(mem, sizeof mem,
+                "memory: NF4 base weights %s bytes vs %s bytes as f32 (%.2fx smaller); "
+                "trainable adapters %s parameters = %s bytes (%.2f%% of the weights' parameters; "
+                "Adam state 2x that)\n",
+                with_commas(nf4_bytes).c_str(), with_commas(float_bytes).c_str(),
+                nf4_bytes ? double(float_bytes) / double(nf4_bytes) : 0.0,
+                with_commas(trainable).c_str(), with_commas(trainable * 4).c_str(),
+                float_bytes ? 100.0 * double(trainable) / double(float_bytes / 4) : 0.0);
+  log << mem;
+
+  fs::create_directories(o.out);
+  const json results = {{"float_accuracy", q.all_float ? json(q.float_accuracy)
+                                                       : q.recorded.value("test_accuracy", json())},
+                        {"nf4_accuracy", nf4_acc},
+                        {"finetuned_accuracy", after},
+                        {"test_samples", test.size()},
+                        {"nf4_base_bytes", nf4_bytes},
+                        {"float_weight_bytes", float_bytes},
+                        {"trainable_parameters", trainable}};
+  io::TensorMap adapters;
+  for (const auto& [name, p] : q.model->named_parameters())
+    if (p.requires_grad()) adapters.emplace_back(name, p.detach());
+  const json lora_json = {{"rank", o.rank},   {"alpha", o.alpha}, {"dropout", o.dropout},
+                          {"steps", o.steps}, {"lr", o.lr},       {"batch_size", o.batch_size},
+                          {"seed", o.seed},   {"nproc", world}};
+  const std::string adapters_path = (fs::path(o.out) / kAdaptersFile).string();
+  io::save_safetensors(adapters_path, adapters,
+                       {{"format", kAdaptersFormat},
+                        {"framework", "quanta"},
+                        {"base", o.checkpoint},
+                        {"config", train::classify_config_json(cc).dump()},
+                        {"lora", lora_json.dump()},
+                        {"results", results.dump()}});
+  log << "wrote " << adapters_path << " (" << adapters.size() << " tensors)";
+  if (o.merge) {
+    // Every LoRALinear replaced by the plain Linear of its merged weight: a
+    // float classifier checkpoint like quanta train's.
+    auto merged = std::make_shared<Sequential>();
+    for (std::size_t i = 0; i < q.model->size(); ++i) {
+      auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*q.model)[i]);
+      merged->push_back(l ? std::shared_ptr<Module>(l->merge()) : (*q.model)[i]);
+    }
+    train::CheckpointInfo info;
+    info.format = train::kClassifierFormat;
+    info.config = train::classify_config_json(cc);
+    info.rng = {{"seed", cc.seed}};
+    info.results = {{"test_accuracy", train::accuracy(*merged, test.images, test.labels)},
+                    {"test_samples", test.size()}};
+    const std::string merged_path = (fs::path(o.out) / kMergedFile).string();
+    train::save_checkpoint(merged_path, *merged, nullptr, info);
+    log << " and " << merged_path << " (merged float model, test accuracy "
+        << percent(info.results["test_accuracy"].get<double>()) << ")";
+  }
+  log << "\n";
+}
+
+}  // namespace
+
+void add_finetune(CLI::App& app) {
+  auto o = std::make_shared<FinetuneOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "finetune",
+      "LoRA fine-tuning on an NF4 base (QLoRA) of the classifier of quanta train --task "
+      "classify: accuracy before and after, memory used, adapters in --out");
+  sub->footer(
+      "Examples:\n"
+      "  quanta train --task classify --out runs/clf\n"
+      "  quanta quantize runs/clf/checkpoint.safetensors runs/clf/nf4.safetensors\n"
+      "  quanta finetune runs/clf/nf4.safetensors --out runs/qlora --steps 300\n"
+      "  quanta finetune runs/clf/checkpoint.safetensors --out runs/qlora --merge\n"
+      "  quanta finetune runs/clf/nf4.safetensors --out runs/qlora2 --nproc 2\n"
+      "A float checkpoint is quantized to NF4 here (block 64, double quant). Writes\n"
+      "adapters.safetensors (lora_A / lora_B per layer) and with --merge\n"
+      "merged.safetensors, a float classifier checkpoint. See docs/finetune.md.");
+  sub->add_option("checkpoint", o->checkpoint,
+                  "classifier checkpoint (float, or NF4 from quanta quantize)")
+      ->required();
+  sub->add_option("--out", o->out, "output folder")->required();
+  sub->add_option("--rank", o->rank, "LoRA rank (default 8)")->check(CLI::Range(1, 4096));
+  sub->add_option("--alpha", o->alpha,
+                  "LoRA alpha; the update is scaled by alpha / rank "
+                  "(default 16)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--lora-dropout", o->dropout, "dropout on the adapters' input (default 0)")
+      ->check(CLI::Range(0.0, 0.999));
+  sub->add_option("--steps", o->steps, "optimizer steps (default 300)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub->add_option("--batch-size", o->batch_size,
+                  "global batch size, split across ranks "
+                  "(default 128)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--lr", o->lr, "Adam learning rate of the adapters (default 1e-3)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--seed", o->seed,
+                  "seed of the adapters' init, dropout and data order "
+                  "(default 0)");
+  sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the checkpoint's)");
+  sub->add_option("--limit-train", o->limit_train, "use only the first N training images")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--limit-test", o->limit_test, "evaluate on only the first N test images")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--log-every", o->log_every, "steps between log lines (default 50)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--threads", o->threads, "CPU threads per rank (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--nproc", o->nproc, "local ranks, data-parallel (runs quanta launch -n N)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_flag("--merge", o->merge,
+                "also write merged.safetensors, the float model with the "
+                "adapters merged in");
+  sub->callback([o] { run_finetune(*o); });
+}
+
+}  // namespace quanta::cli
