@@ -46,7 +46,10 @@ Tensor put_rows(const Tensor& x, const Tensor& at, const Tensor& src) {
 }  // namespace
 
 Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
-    : Module("Codebook"), opts_(checked(opts)), kmeans_gen_(0), dead_code_gen_(0) {
+    : Module("Codebook"),
+      opts_(checked(opts)),
+      kmeans_gen_(Generator(0)),
+      dead_code_gen_(Generator(0)) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
   Tensor embed = zeros({g, k, d});
   if (!opts_.kmeans_init) {
@@ -55,8 +58,8 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
     if (opts_.use_cosine_sim) embed = l2norm(embed);
   }
   const uint64_t seed = seed_of(gen);
-  kmeans_gen_ = named_stream(seed, "vq.kmeans");
-  dead_code_gen_ = named_stream(seed, "vq.dead_code");
+  kmeans_gen_ = StepStream(named_stream(seed, "vq.kmeans"));
+  dead_code_gen_ = StepStream(named_stream(seed, "vq.dead_code"));
   embed_ = opts_.embed_is_parameter ? register_parameter("embed", embed)
                                     : register_buffer("embed", embed);
   embed_avg_ = register_buffer("embed_avg", embed.clone());
@@ -85,9 +88,10 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
     if (s.size(0) == 0) return;  // an empty batch cannot seed k-means: wait
   NoGradGuard no_grad;
   std::vector<Tensor> means, bins;
+  Generator& gen = kmeans_gen_.next();  // one stream for the tables, in turn
   for (const Tensor& s : samples) {
     KMeansResult r = kmeans(to_dtype(s.detach(), embed_.dtype()), k, opts_.kmeans_iters,
-                            opts_.use_cosine_sim, kmeans_gen_);
+                            opts_.use_cosine_sim, gen);
     means.push_back(r.means);
     bins.push_back(r.bins);
   }
@@ -138,8 +142,8 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
     tokens.push_back(scalar(double(n), opt));
     if (opts_.threshold_ema_dead_code > 0) pending_.candidates[h].push_back(rows);
   }
-  add_(pending_.counts, stack(counts), 1.0 - decay);
-  add_(pending_.sums, stack(sums), 1.0 - decay);
+  add_(pending_.counts, stack(counts));
+  add_(pending_.sums, stack(sums));
   add_(pending_.tokens, stack(tokens));
   pending_.steps += 1;
 }
@@ -148,9 +152,11 @@ void Codebook::apply_ema_update() {
   if (pending_.empty()) return;
   NoGradGuard no_grad;
   const double keep = std::pow(opts_.decay, double(pending_.steps));
-  // cluster_size <- decay^s cluster_size + folded counts (= s reference lerps).
-  copy_(cluster_size_, cluster_size_ * keep + pending_.counts);
-  copy_(embed_avg_, embed_avg_ * keep + pending_.sums);
+  // cluster_size <- decay^s cluster_size + (1 - decay) folded counts (= s
+  // reference lerps).
+  const double fresh = 1.0 - opts_.decay;
+  copy_(cluster_size_, cluster_size_ * keep + pending_.counts * fresh);
+  copy_(embed_avg_, embed_avg_ * keep + pending_.sums * fresh);
   if (opts_.ema_update) {
     const double k = double(opts_.codebook_size);
     const Tensor n = sum(cluster_size_, {-1}, true);
@@ -195,10 +201,11 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
   std::vector<Tensor> picks;
   const Tensor expired = expired_codes();
   const bool any_expired = opts_.threshold_ema_dead_code > 0 && any(expired).item();
+  Generator& gen = dead_code_gen_.next();  // one stream for the tables, in turn
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
     const int64_t m = any_expired ? sum(select(expired, 0, h)).item<int64_t>() : 0;
-    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, dead_code_gen_)
+    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, gen)
                                    : zeros({0}, {.dtype = DType::i64}));
   }
   return picks;

@@ -7,6 +7,7 @@
 
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
+#include "quant/step_stream.h"
 #include "quant/vq/codebook_statistics.h"
 
 namespace quanta::quant {
@@ -34,8 +35,15 @@ struct CodebookOptions {
   double affine_param_codebook_decay = 0.9;
 };
 
-class Codebook : public Module {
+class Codebook : public Module, public StepKeyed {
  public:
+  /** Keys the k-means and dead-code draws by `step` (QuantizerSync pins it to
+   * the reconciliation count, so a resumed run draws what the uninterrupted
+   * one did). */
+  void pin_random_step(uint64_t step) override {
+    kmeans_gen_.pin(step);
+    dead_code_gen_.pin(step);
+  }
   /** Initial codes: kaiming-uniform U(-sqrt(6/(K D)), +sqrt(6/(K D))) drawn
    * from `gen` (l2-normalised for cosine), or zeros awaiting k-means. The
    * k-means and dead-code streams are keyed from `gen` too. */
@@ -136,7 +144,7 @@ class Codebook : public Module {
   Tensor embed_, embed_avg_, cluster_size_, initted_;
   Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_, affine_initted_;
   CodebookStatistics pending_;
-  Generator kmeans_gen_, dead_code_gen_;
+  StepStream kmeans_gen_, dead_code_gen_;
 };
 
 }  // namespace quanta::quant

@@ -13,11 +13,14 @@ namespace quanta::quant {
 
 /** Pending statistics of one Codebook ([G] codebooks of K codes of D dims). */
 struct CodebookStatistics {
-  /** EMA contribution to cluster_size, [G, K] f32: after s accumulated
-   * forwards with per-code counts n_1..n_s it holds
-   * sum_i decay^(s-i) (1 - decay) n_i, so applying is
-   * cluster_size <- decay^s cluster_size + counts (one lerp per forward, as the
-   * reference does). Linear in the counts: ranks may sum it. */
+  /** Per-code assignment counts, [G, K] f32, folded over forwards: after s
+   * accumulated forwards with counts n_1..n_s it holds sum_i decay^(s-i) n_i,
+   * so applying is cluster_size <- decay^s cluster_size + (1 - decay) counts
+   * (one lerp per forward, as the reference does). Linear in the counts:
+   * ranks may sum it. With one forward per step it holds whole numbers, so
+   * the sum over ranks is exact and equals one process's count bit for bit;
+   * dead-code decisions (cluster_size < threshold) then cannot depend on how
+   * the batch was split. */
   Tensor counts;
   /** The same for embed_avg, [G, K, D]: folded sums of assigned vectors. */
   Tensor sums;

@@ -4,9 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <thread>
-
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli_runner.h"
 #include "engine/factory.h"
@@ -24,8 +24,9 @@ const char* const kData = "/usr/share/datasets/fashion-mnist";
 
 bool have_dataset() {
   if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
-  MESSAGE("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
-          "training runs not tested");
+  MESSAGE(
+      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
+      "training runs not tested");
   return false;
 }
 
@@ -121,8 +122,8 @@ TEST_CASE("quanta train (quantizer none) learns and writes every output") {
 
   {  // quanta eval reproduces the run's last test figure (blocks, not SUBCASEs:
      // a SUBCASE would train again)
-    CliResult e = run_quanta({"eval", out + "/checkpoint.safetensors", "--limit", "200",
-                              "--json", "--png", dir.file("eval.png")});
+    CliResult e = run_quanta({"eval", out + "/checkpoint.safetensors", "--limit", "200", "--json",
+                              "--png", dir.file("eval.png")});
     CAPTURE(e.err);
     REQUIRE(e.code == 0);
     const json j = json::parse(e.out);
@@ -229,17 +230,27 @@ TEST_CASE("quanta train --resume continues exactly") {
   check_one_line_error(run_quanta(with(tiny(b, 6, rvq), {"--resume"})), 2,
                        "the checkpoint is at step 6");
 
-  // The default vq replaces dead codes with rows drawn from a stream inside
-  // the codebook that the checkpoint cannot hold yet: the step after the
-  // resume point is still identical (docs/train.md says how far it goes).
+  // The default vq replaces dead codes with rows drawn from the codebook's
+  // stream, keyed by the step (restored from the checkpoint): every step
+  // after the resume point is identical too, replacements included.
   const std::string c = dir.file("c"), d = dir.file("d");
-  REQUIRE(run_quanta(tiny(c, 5)).code == 0);
+  REQUIRE(run_quanta(tiny(c, 9)).code == 0);
   REQUIRE(run_quanta(tiny(d, 4)).code == 0);
-  REQUIRE(run_quanta(with(tiny(d, 5), {"--resume"})).code == 0);
+  REQUIRE(run_quanta(with(tiny(d, 9), {"--resume"})).code == 0);
   const std::vector<json> rc = records(c, "train"), rd = records(d, "train");
-  REQUIRE(rc.size() == 5);
-  REQUIRE(rd.size() == 5);
-  CHECK(rd[4]["loss"].dump() == rc[4]["loss"].dump());
+  REQUIRE(rc.size() == 9);
+  REQUIRE(rd.size() == 9);
+  for (std::size_t i = 4; i < 9; ++i) CHECK(rd[i]["loss"].dump() == rc[i]["loss"].dump());
+  const auto tc = io::load_safetensors(c + "/checkpoint.safetensors").tensors;
+  const auto td = io::load_safetensors(d + "/checkpoint.safetensors").tensors;
+  REQUIRE(tc.size() == td.size());
+  for (std::size_t i = 0; i < tc.size(); ++i) {
+    const auto& [name, t] = tc[i];
+    CAPTURE(name);
+    REQUIRE(td[i].first == name);
+    REQUIRE(t.nbytes() == td[i].second.nbytes());
+    CHECK(std::memcmp(t.raw_data(), td[i].second.raw_data(), t.nbytes()) == 0);
+  }
 }
 
 TEST_CASE("SIGTERM finishes the step, writes a checkpoint and exits cleanly") {
@@ -275,9 +286,9 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   CAPTURE(p.err);
   REQUIRE(p.code == 0);
   const json merged = json::parse(p.out);
-  CHECK(merged["lr"] == 0.001);         // from the file
-  CHECK(merged["batch_size"] == 128);   // the flag wins
-  CHECK(merged["model"]["dim"] == 8);   // file, inside "model"
+  CHECK(merged["lr"] == 0.001);            // from the file
+  CHECK(merged["batch_size"] == 128);      // the flag wins
+  CHECK(merged["model"]["dim"] == 8);      // file, inside "model"
   CHECK(merged["model"]["hidden"] == 32);  // default kept
   CHECK(merged["epochs"] == 2);
   CHECK(merged["quantizer"] == json{{"type", "none"}});  // the file's type drops the defaults
@@ -290,9 +301,9 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
 
   CliResult h = run_quanta({"train", "--help"});
   CHECK(h.code == 0);
-  for (const char* s : {"Examples:", "--codebook-size", "--levels", "--threshold-ema-dead-code",
-                        "--num-quantizers", "--use-cosine-sim", "--entropy-loss-weight",
-                        "--resume", "--nproc"})
+  for (const char* s :
+       {"Examples:", "--codebook-size", "--levels", "--threshold-ema-dead-code", "--num-quantizers",
+        "--use-cosine-sim", "--entropy-loss-weight", "--resume", "--nproc"})
     CHECK_MESSAGE(contains(h.out, s), s);
   for (const char* sub : {"eval", "encode", "decode"}) {
     CliResult s = run_quanta({sub, "--help"});
@@ -315,8 +326,7 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
                        "--levels: expected a list of positive integers");
   check_one_line_error(run_quanta({"train", "--quantizer", "vq", "--kmeans-init=maybe"}), 2,
                        "--kmeans-init: expected true or false");
-  check_one_line_error(run_quanta({"train", "--nproc", "2"}), 2,
-                       "data-parallel training needs the dist layer");
+  check_one_line_error(run_quanta({"train", "--nproc", "0"}), 2, "--nproc: must be a number > 0");
   check_one_line_error(run_quanta({"train", "--device", "cuda"}), 2, "--device cuda");
   check_one_line_error(run_quanta({"train", "--resume"}), 2, "--resume needs --out DIR");
   check_one_line_error(run_quanta({"train", "--resume", "--out", dir.file("none")}), 1,
@@ -334,8 +344,7 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
                        "quantizer option 'decay' must be a number");
 
   // No dataset: one line saying how to get it.
-  check_one_line_error(run_quanta({"train", "--data", dir.path.string(), "--out",
-                                   dir.file("o")}),
+  check_one_line_error(run_quanta({"train", "--data", dir.path.string(), "--out", dir.file("o")}),
                        1, "apt-get install dataset-fashion-mnist");
   std::ofstream(dir.file("notes.txt")) << "hello";
   check_one_line_error(run_quanta({"eval", dir.file("notes.txt")}), 1, "notes.txt");

@@ -26,6 +26,10 @@ void add_parity(CLI::App& app);
 /** `quanta quantize IN OUT [--format quanta|bnb|torchao]` (quantize.cpp). */
 void add_quantize(CLI::App& app);
 
+/** `quanta finetune CHECKPOINT --out DIR [--rank R] [--nproc N] ...`: LoRA
+ * on an NF4 base of the classifier (finetune.cpp). */
+void add_finetune(CLI::App& app);
+
 /** `quanta launch -n N -- PROGRAM ARGS...` (launch.cpp). */
 void add_launch(CLI::App& app);
 

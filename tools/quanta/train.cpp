@@ -11,12 +11,12 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "commands.h"
+#include "relaunch.h"
 #include "train/checkpoint.h"
 #include "train/classify.h"
 #include "train/config.h"
@@ -116,6 +116,9 @@ void run_train(const TrainFlags& f) {
     std::cout << config.dump(2) << "\n";
     return;
   }
+  // --nproc N started by hand: run again as N ranks under quanta launch.
+  const int64_t nproc = config.value("nproc", int64_t{1});
+  if (nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(nproc));
   train::TrainJob job{config, out, f.resume, ::isatty(STDOUT_FILENO) == 1};
   train::TrainResult r;
   try {
@@ -123,16 +126,16 @@ void run_train(const TrainFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  if (r.interrupted) return;
+  if (r.interrupted || r.rank != 0) return;
   std::cout << "done: " << r.step << " steps; test mse " << train::fmt_metric(r.last_eval.mse, 5)
             << ", codebook usage "
             << (std::isfinite(r.last_eval.usage)
                     ? train::fmt_metric(100 * r.last_eval.usage, 1) + "%"
                     : std::string("n/a"))
             << ", perplexity " << train::fmt_metric(r.last_eval.perplexity, 1) << "\n"
-            << "outputs in " << out << ": " << train::kCheckpointFile << " "
-            << train::kMetricsFile << " " << train::kReconstructionsFile << " "
-            << train::kUsageFile << " " << train::kLossFile << "\n";
+            << "outputs in " << out << ": " << train::kCheckpointFile << " " << train::kMetricsFile
+            << " " << train::kReconstructionsFile << " " << train::kUsageFile << " "
+            << train::kLossFile << "\n";
 }
 
 }  // namespace
@@ -157,25 +160,26 @@ void add_train(CLI::App& app) {
   sub->add_option("--task", t.task, "vqvae (default) or classify (the MLP classifier "
                                     "quanta finetune adapts, see docs/finetune.md)")
       ->check(CLI::IsMember({"vqvae", "classify"}));
-  sub->add_option("--config", t.config_file, "JSON config file (keys as --print-config "
-                                             "shows); flags override it")
+  sub->add_option("--config", t.config_file,
+                  "JSON config file (keys as --print-config "
+                  "shows); flags override it")
       ->check(CLI::ExistingFile);
   sub->add_option("--out", t.out, "output folder (default runs/YYYYmmdd-HHMMSS)");
   sub->add_flag("--resume", t.resume, "continue the run in --out from its checkpoint");
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
-  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total")
-      ->check(kPositive);
-  add_override<int64_t>(sub, t, "--epochs", "/epochs", "passes over the training set "
-                                                        "(default 2)")
+  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total")->check(kPositive);
+  add_override<int64_t>(sub, t, "--epochs", "/epochs",
+                        "passes over the training set "
+                        "(default 2)")
       ->check(kPositive)
       ->excludes("--steps");
-  add_override<int64_t>(sub, t, "--batch-size", "/batch_size",
-                        "global batch size (default 64)")
+  add_override<int64_t>(sub, t, "--batch-size", "/batch_size", "global batch size (default 64)")
       ->check(kPositive);
   add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate (default 2e-3)")
       ->check(kPositive);
-  add_override<uint64_t>(sub, t, "--seed", "/seed", "seed of the model init and the data "
-                                                    "order (default 0)");
+  add_override<uint64_t>(sub, t, "--seed", "/seed",
+                         "seed of the model init and the data "
+                         "order (default 0)");
   add_override<std::string>(sub, t, "--data", "/data",
                             "folder with the Fashion-MNIST .gz files (default "
                             "/usr/share/datasets/fashion-mnist)");
@@ -194,8 +198,10 @@ void add_train(CLI::App& app) {
   add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads (default: all cores)")
       ->check(kNonNegative);
   add_override<std::string>(sub, t, "--device", "/device", "cpu (cuda: not supported yet)");
-  add_override<int64_t>(sub, t, "--nproc", "/nproc",
-                        "local ranks for data-parallel training (only 1 for now)")
+  add_override<int64_t>(
+      sub, t, "--nproc", "/nproc",
+      "ranks for data-parallel training on this machine (started through quanta launch; "
+      "under torchrun/srun/mpirun the launcher's world size is used)")
       ->check(kPositive);
   add_override<int64_t>(sub, t, "--hidden", "/model/hidden",
                         "channels of the hidden convolutions (default 32)")
@@ -204,8 +210,7 @@ void add_train(CLI::App& app) {
                         "channels of the latent map the quantizer sees (default 16)")
       ->check(kPositive);
   std::string types;
-  for (const auto& [name, what] : train::quantizer_types())
-    types += "\n  " + name + ": " + what;
+  for (const auto& [name, what] : train::quantizer_types()) types += "\n  " + name + ": " + what;
   add_override<std::string>(sub, t, "--quantizer", "/quantizer/type",
                             "quantizer type (default vq):" + types)
       ->group("Quantizer options");
@@ -215,11 +220,10 @@ void add_train(CLI::App& app) {
     std::string applies;
     for (const auto& ty : opt.types) applies += (applies.empty() ? "" : ",") + ty;
     const std::string help = opt.help + " [" + applies + "]";
-    CLI::Option* o =
-        opt.type == train::OptionType::boolean
-            ? sub->add_flag("--" + train::flag_name(opt.key) + "{true}", *text,
-                            help + " (--flag or --flag=false)")
-            : sub->add_option("--" + train::flag_name(opt.key), *text, help);
+    CLI::Option* o = opt.type == train::OptionType::boolean
+                         ? sub->add_flag("--" + train::flag_name(opt.key) + "{true}", *text,
+                                         help + " (--flag or --flag=false)")
+                         : sub->add_option("--" + train::flag_name(opt.key), *text, help);
     o->group("Quantizer options");
     t.apply.push_back([o, text, opt](json& layer) {
       if (o->count() == 0) return;

@@ -41,12 +41,31 @@ void check_features(const Tensor& z, int64_t dim, const std::string& type) {
                                 std::to_string(dim) + ", H, W], got " + shape_str(z.shape()));
 }
 
+void StepKeyedQuantizer::set_group(dist::ProcessGroup& group) {
+  sync_ = std::make_unique<quant::QuantizerSync>(module(), group);
+  sync_->set_step(static_cast<uint64_t>(steps_));
+}
+
+quant::QuantizerSync& StepKeyedQuantizer::sync() {
+  if (!sync_) {
+    own_group_ = dist::ProcessGroup::single();
+    set_group(*own_group_);
+  }
+  return *sync_;
+}
+
+void StepKeyedQuantizer::after_step() {
+  sync().sync_state();
+  ++steps_;
+}
+
 void StepKeyedQuantizer::load_extra_state(const nlohmann::json& state) {
   if (!state.contains("steps")) return;  // a checkpoint from before the count
   const nlohmann::json& s = state["steps"];
   if (!s.is_number_integer() || s.get<int64_t>() < 0)
     throw std::runtime_error("quantizer state: 'steps' must be an integer >= 0, got " + s.dump());
   steps_ = s.get<int64_t>();
+  if (sync_) sync_->set_step(static_cast<uint64_t>(steps_));
 }
 
 int64_t StepKeyedQuantizer::dropout_last_layer(bool dropout, int64_t num_layers) {

@@ -6,9 +6,9 @@
 // picks by type.
 #include <cstdint>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
+#include "dist/process_group.h"
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
 #include "quant/quantize_output.h"
@@ -36,11 +36,20 @@ class TrainQuantizer {
   /** The layer as a Module: its parameters train with the model and its
    * parameters and buffers (codebooks, EMA statistics) are checkpointed. */
   virtual std::shared_ptr<Module> module() = 0;
-  /** Called after every optimizer step: applies the step's codebook
-   * statistics (EMA update, dead-code expiry, deferred k-means) where the
-   * layer has them (where cross-rank state will be reconciled), and counts
+  /** The group whose ranks train this quantizer together (a world of one
+   * when never called): after_step() reconciles the layer's state across
+   * them. Call on every rank before the first forward; the group must
+   * outlive this object. */
+  virtual void set_group(dist::ProcessGroup& /*group*/) {}
+  /** Called after every optimizer step on every rank: applies the step's
+   * codebook statistics (EMA update, dead-code expiry, deferred k-means),
+   * reconciled across the group's ranks by quant::QuantizerSync, and counts
    * the step that keys the adapter's random draws. */
   virtual void after_step() {}
+  /** True when `loss` is already a whole-batch quantity on every rank (LFQ's
+   * token means are cross-rank means); false when it is a mean over this
+   * rank's tokens. Decides how the trainer weights it across ranks. */
+  virtual bool loss_is_global() const { return false; }
   /** State that is neither parameter nor buffer (random generator offsets),
    * saved in the checkpoint metadata so --resume continues exactly. */
   virtual nlohmann::json extra_state() const { return nlohmann::json::object(); }

@@ -11,6 +11,7 @@
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
+#include "quant/sync/quantizer_sync.h"
 #include "train/quantizer.h"
 
 namespace quanta::train::detail {
@@ -40,7 +41,11 @@ void check_features(const Tensor& z, int64_t dim, const std::string& type);
 class StepKeyedQuantizer : public TrainQuantizer {
  public:
   explicit StepKeyedQuantizer(uint64_t seed) : seed_(seed) {}
-  void after_step() override { ++steps_; }
+  /** Reconciles module()'s state over `group` from now on (QuantizerSync). */
+  void set_group(dist::ProcessGroup& group) override;
+  /** QuantizerSync::sync_state() (over a world of one unless set_group was
+   * called), then counts the step. */
+  void after_step() override;
   nlohmann::json extra_state() const override { return {{"steps", steps_}}; }
   void load_extra_state(const nlohmann::json& state) override;
 
@@ -55,8 +60,12 @@ class StepKeyedQuantizer : public TrainQuantizer {
   int64_t dropout_last_layer(bool dropout, int64_t num_layers);
 
  private:
+  quant::QuantizerSync& sync();
+
   uint64_t seed_;
   int64_t steps_ = 0;
+  std::shared_ptr<dist::ProcessGroup> own_group_;  // a world of one, when no group is set
+  std::unique_ptr<quant::QuantizerSync> sync_;
 };
 
 /** The VQ family: "vq", "rvq", "grvq", "simvq"; null for other types. */

@@ -72,6 +72,8 @@ class ScalarQuantizer : public StepKeyedQuantizer {
   int64_t codebook_size() const override { return layer_->codebook_size(); }
   int64_t num_codebooks() const override { return layer_->options().num_codebooks; }
   std::shared_ptr<Module> module() override { return layer_; }
+  // LFQ's token means are cross-rank means under QuantizerSync.
+  bool loss_is_global() const override { return std::is_same_v<Layer, quant::LFQ>; }
 
  private:
   std::string type_;
@@ -106,6 +108,7 @@ class ResidualScalarQuantizer : public StepKeyedQuantizer {
   int64_t codebook_size() const override { return codebook_size_; }
   int64_t num_codebooks() const override { return layer_->num_quantizers(); }
   std::shared_ptr<Module> module() override { return layer_; }
+  bool loss_is_global() const override { return std::is_same_v<Layer, quant::ResidualLFQ>; }
 
  private:
   quant::QuantizeOutput keep(const Tensor& z, int64_t last) {

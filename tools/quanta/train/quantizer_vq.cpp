@@ -1,8 +1,8 @@
 // The VQ family behind TrainQuantizer: VectorQuantize ("vq"), ResidualVQ
 // ("rvq"), GroupedResidualVQ ("grvq") and SimVQ ("simvq") on [B, D, H, W]
 // feature maps. Codebook state (EMA, k-means, dead codes) is updated once per
-// optimizer step in after_step(), not inside forward, which is the layers'
-// explicit reconciliation point (update_in_forward = false).
+// optimizer step in after_step() through quant::QuantizerSync (reconciled
+// across ranks in a data-parallel run), never inside forward.
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -44,7 +44,7 @@ quant::VectorQuantizeOptions vq_options(const json& c) {
   if (c.contains("learnable_codebook")) o.learnable_codebook = c["learnable_codebook"].get<bool>();
   if (c.contains("ema_update")) o.ema_update = c["ema_update"].get<bool>();
   if (c.contains("rotation_trick")) o.rotation_trick = c["rotation_trick"].get<bool>();
-  o.update_in_forward = false;  // after_step() applies the statistics
+  o.update_in_forward = false;  // after_step() reconciles, then applies the statistics
   return o;
 }
 
@@ -81,10 +81,6 @@ class VqQuantizer : public StepKeyedQuantizer {
   int64_t codebook_size() const override { return layer_->options().codebook_size; }
   int64_t num_codebooks() const override { return layer_->options().heads; }
   std::shared_ptr<Module> module() override { return layer_; }
-  void after_step() override {
-    layer_->update_state();
-    StepKeyedQuantizer::after_step();
-  }
 
  private:
   int64_t dim_;
@@ -129,10 +125,6 @@ class RvqQuantizer : public StepKeyedQuantizer {
   int64_t codebook_size() const override { return layer_->options().codebook_sizes.at(0); }
   int64_t num_codebooks() const override { return layer_->num_quantizers(); }
   std::shared_ptr<Module> module() override { return layer_; }
-  void after_step() override {
-    layer_->update_state();
-    StepKeyedQuantizer::after_step();
-  }
 
  private:
   int64_t dim_;
@@ -194,10 +186,6 @@ class GrvqQuantizer : public StepKeyedQuantizer {
   int64_t codebook_size() const override { return codebook_size_; }
   int64_t num_codebooks() const override { return groups_ * levels_; }
   std::shared_ptr<Module> module() override { return layer_; }
-  void after_step() override {
-    layer_->update_state();
-    StepKeyedQuantizer::after_step();
-  }
 
  private:
   int64_t dim_, groups_, levels_ = 0, codebook_size_ = 0;

@@ -1,15 +1,19 @@
 #include "train/trainer.h"
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <ostream>
 #include <stdexcept>
+#include <streambuf>
 
 #include "data/fashion_mnist.h"
+#include "dist/data_parallel.h"
+#include "dist/env.h"
 #include "engine/cpu/parallel.h"
 #include "engine/device.h"
+#include "engine/factory.h"
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
@@ -54,7 +58,8 @@ class StopSignals {
   int caught() const { return g_stop_signal; }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 void check_where_to_run(const TrainConfig& c) {
@@ -62,17 +67,45 @@ void check_where_to_run(const TrainConfig& c) {
     if (c.device != "cuda" && c.device.rfind("cuda:", 0) != 0)
       throw std::invalid_argument("--device must be cpu or cuda, got '" + c.device + "'");
     if (!cuda_built())
-      throw std::invalid_argument("--device " + c.device +
-                                  ": this quanta was built without CUDA");
+      throw std::invalid_argument("--device " + c.device + ": this quanta was built without CUDA");
     throw std::invalid_argument("--device " + c.device +
                                 ": training on CUDA is not supported yet; use --device cpu");
   }
-  if (c.nproc != 1)
-    throw std::invalid_argument(
-        "--nproc " + std::to_string(c.nproc) +
-        ": data-parallel training needs the dist layer, which quanta train does not use "
-        "yet; run with --nproc 1");
 }
+
+// The ranks of this run: the launcher's (torchrun / quanta launch / srun /
+// mpirun) when one started us, else a world of one. --nproc, when more than
+// 1, must agree with the launcher's world size.
+std::shared_ptr<dist::ProcessGroup> make_group(const TrainConfig& c) {
+  const dist::LaunchInfo info = dist::launch_info_from_env();
+  if (info.source == "none") {
+    if (c.nproc != 1)
+      throw std::invalid_argument("--nproc " + std::to_string(c.nproc) +
+                                  " needs a launcher: run it from the quanta command (which "
+                                  "starts the ranks through quanta launch) or under torchrun, "
+                                  "srun or mpirun");
+    return dist::ProcessGroup::single();
+  }
+  if (c.nproc != 1 && c.nproc != info.world_size)
+    throw std::invalid_argument("--nproc " + std::to_string(c.nproc) + " but the launcher (" +
+                                info.source + ") started " + std::to_string(info.world_size) +
+                                " ranks");
+  return dist::init(info);
+}
+
+// Rows [begin, end) of a global batch of `b` that rank `r` of `n` takes:
+// contiguous, in rank order (the first b % n ranks take one more).
+std::pair<int64_t, int64_t> shard(int64_t b, int r, int n) {
+  const int64_t base = b / n, extra = b % n;
+  const int64_t begin = r * base + std::min<int64_t>(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+// Discards what is written to it (the log of ranks other than 0).
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
 
 std::string out_path(const std::string& dir, const char* name) {
   return (fs::path(dir) / name).string();
@@ -88,9 +121,15 @@ Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size)
   return perm.narrow(0, k * batch_size, std::min(batch_size, n - k * batch_size));
 }
 
-TrainResult run_training(const TrainJob& job, std::ostream& log) {
+TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
   const TrainConfig cfg = config_from_json(job.config);
   check_where_to_run(cfg);
+  const std::shared_ptr<dist::ProcessGroup> group = make_group(cfg);
+  const int rank = group->rank(), world = group->size();
+  const bool lead = rank == 0;  // the one rank that logs, evaluates and writes
+  NullBuffer null_buffer;
+  std::ostream null_log(&null_buffer);
+  std::ostream& log = lead ? out_log : null_log;
   if (cfg.limit_test == 0) throw std::invalid_argument("--limit-test must not be 0");
   if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
 
@@ -102,17 +141,26 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   if (n == 0) throw std::invalid_argument("--limit-train 0 leaves nothing to train on");
 
   Generator model_gen = Generator::named(cfg.seed, "model");
-  VqVae model(cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
+  auto model_ptr = std::make_shared<VqVae>(
+      cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
+  VqVae& model = *model_ptr;
+  model.quantizer().set_group(*group);
   std::vector<Tensor> trainable;
   for (const Tensor& p : model.parameters())
     if (p.requires_grad()) trainable.push_back(p);
   Adam optimizer(trainable, {.lr = cfg.lr});
+  // Gradients averaged over the ranks; the quantizer's state is reconciled
+  // by its own after_step() (QuantizerSync), so buffers are not broadcast.
+  std::unique_ptr<dist::DataParallel> dp;
+  if (world > 1)
+    dp = std::make_unique<dist::DataParallel>(
+        model_ptr, *group, dist::DataParallelOptions{.broadcast_buffers = false});
 
   const int64_t per_epoch = (n + cfg.batch_size - 1) / cfg.batch_size;
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   const std::string ckpt_path = out_path(job.out_dir, kCheckpointFile);
   const std::string metrics_path = out_path(job.out_dir, kMetricsFile);
-  fs::create_directories(job.out_dir);
+  if (lead) fs::create_directories(job.out_dir);
 
   int64_t step = 0;
   std::vector<json> history;
@@ -125,26 +173,29 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
     // Records past the checkpoint belong to steps that will run again.
     for (json& r : read_metrics(metrics_path))
       if (r.value("step", int64_t{0}) <= step) history.push_back(std::move(r));
-    write_metrics(metrics_path, history);
+    group->barrier();  // every rank has read the files before rank 0 rewrites them
+    if (lead) write_metrics(metrics_path, history);
     if (step >= total)
-      throw std::invalid_argument("--resume: the checkpoint is at step " +
-                                  std::to_string(step) + ", the run asks for " +
-                                  std::to_string(total) + " steps; raise --steps or --epochs");
-  } else {
+      throw std::invalid_argument("--resume: the checkpoint is at step " + std::to_string(step) +
+                                  ", the run asks for " + std::to_string(total) +
+                                  " steps; raise --steps or --epochs");
+  } else if (lead) {
     write_metrics(metrics_path, {});
   }
 
-  log << "training a VQ-VAE (quantizer " << cfg.quantizer["type"].get<std::string>()
-      << ", hidden " << cfg.model.hidden << ", dim " << cfg.model.dim << ") on "
-      << n << " images (" << test_set.size() << " test) from " << cfg.data << "\n"
-      << (job.resume ? "resuming at step " + std::to_string(step) + " of "
-                     : std::string("steps: "))
-      << total << " (" << per_epoch << " per epoch, batch " << cfg.batch_size
-      << ", lr " << cfg.lr << ", seed " << cfg.seed << ", " << num_threads()
-      << " threads); writing to " << job.out_dir << "\n" << std::flush;
+  log << "training a VQ-VAE (quantizer " << cfg.quantizer["type"].get<std::string>() << ", hidden "
+      << cfg.model.hidden << ", dim " << cfg.model.dim << ") on " << n << " images ("
+      << test_set.size() << " test) from " << cfg.data << "\n"
+      << (job.resume ? "resuming at step " + std::to_string(step) + " of " : std::string("steps: "))
+      << total << " (" << per_epoch << " per epoch, batch " << cfg.batch_size << ", lr " << cfg.lr
+      << ", seed " << cfg.seed << ", " << num_threads() << " threads"
+      << (world > 1 ? " x " + std::to_string(world) + " ranks" : std::string()) << "); writing to "
+      << job.out_dir << "\n"
+      << std::flush;
 
   TrainResult result;
   result.total_steps = total;
+  result.rank = rank;
   auto save = [&] {
     CheckpointInfo info;
     info.config = config_to_json(cfg);
@@ -161,26 +212,45 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   int64_t logged = 0;
   model.train();
   while (step < total) {
-    const Tensor x = index_select(train_set.images, 0,
-                                  batch_indices(cfg.seed, step, n, cfg.batch_size));
+    // The global batch of this step; this rank takes its contiguous share.
+    const Tensor batch = batch_indices(cfg.seed, step, n, cfg.batch_size);
+    const int64_t b = batch.numel();
+    const auto [begin, end] = shard(b, rank, world);
+    const Tensor x = index_select(train_set.images, 0, batch.narrow(0, begin, end - begin));
     VqVaeOutput out = model.run(x);
-    const Tensor recon = mse_loss(out.reconstruction, x);
-    const Tensor aux = sum(out.quantized.loss);
+    // Each rank's share of the whole-batch loss, summed over ranks = world x
+    // that loss (DataParallel averages, so the gradient is the whole batch's,
+    // whatever the split): local sums over the global count, and the
+    // quantizer's loss weighted by its token share unless it is global.
+    const double pixels = double(x.numel() / std::max<int64_t>(x.size(0), 1));
+    const Tensor recon =
+        sum(square(out.reconstruction - x)) * (double(world) / (double(b) * pixels));
+    const double aux_weight =
+        model.quantizer().loss_is_global() ? 1.0 : double(world) * double(end - begin) / double(b);
+    const Tensor aux = sum(out.quantized.loss) * aux_weight;
     const Tensor loss = recon + aux;
     optimizer.zero_grad();
     loss.backward();
+    if (dp) dp->finish_step();
     optimizer.step();
     model.quantizer().after_step();
     ++step;
+    // One fixed collective per step: the logged losses and whether any
+    // rank was asked to stop (so every rank stops after the same step).
+    Tensor shared = from_vector<double>(
+        {loss.item(), recon.item(), aux.item(), signals.caught() ? 1.0 : 0.0}, {4});
+    group->all_reduce(shared);
+    const std::vector<double> totals = shared.to_vector<double>();
+    const bool stop = totals[3] > 0;
 
-    const double l = loss.item();
+    const double l = totals[0] / world;
     if (!std::isfinite(l))
       throw std::runtime_error("training diverged: loss " + std::to_string(l) + " at step " +
                                std::to_string(step) + " (try a smaller --lr)");
-    loss_sum += l, recon_sum += recon.item(), aux_sum += aux.item(), ++logged;
+    loss_sum += l, recon_sum += totals[1] / world, aux_sum += totals[2] / world, ++logged;
     const int64_t epoch = (step - 1) / per_epoch + 1;  // 1-based, for people
     const bool log_now = step % cfg.log_every == 0 || step == total;
-    if (log_now) {
+    if (log_now && lead) {
       append_metric(metrics_path,
                     history.emplace_back(json{{"kind", "train"},
                                               {"step", step},
@@ -193,19 +263,26 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
     progress.update(step, epoch, logged ? loss_sum / logged : l, log_now);
     if (log_now) loss_sum = recon_sum = aux_sum = 0, logged = 0;
 
-    if (signals.caught()) {
-      save();
-      write_loss_plot(out_path(job.out_dir, kLossFile), history);
+    if (stop) {
+      if (lead) {
+        save();
+        write_loss_plot(out_path(job.out_dir, kLossFile), history);
+      }
+      const int sig = signals.caught();
       progress.line(std::string("interrupted by ") +
-                    (signals.caught() == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
-                    std::to_string(step) + "; checkpoint written to " + ckpt_path +
+                    (sig == SIGINT    ? "SIGINT"
+                     : sig == SIGTERM ? "SIGTERM"
+                                      : "another rank") +
+                    " after step " + std::to_string(step) + "; checkpoint written to " + ckpt_path +
                     " (continue with --resume --out " + job.out_dir + ")");
       result.interrupted = true;
       break;
     }
-    const bool eval_now = step == total || (cfg.eval_every > 0 ? step % cfg.eval_every == 0
-                                                               : step % per_epoch == 0);
-    if (!eval_now) continue;
+    const bool eval_now =
+        step == total || (cfg.eval_every > 0 ? step % cfg.eval_every == 0 : step % per_epoch == 0);
+    // Evaluation and outputs on rank 0 alone (every rank holds the same
+    // model); eval forwards issue no collective.
+    if (!eval_now || !lead) continue;
     const EvalResult ev = evaluate(model, test_set.images, 256);
     result.last_eval = ev;
     append_metric(metrics_path, history.emplace_back(json{{"kind", "eval"},
@@ -218,8 +295,7 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
     save();
     write_loss_plot(out_path(job.out_dir, kLossFile), history);
     write_usage_plot(out_path(job.out_dir, kUsageFile), ev, qtype);
-    write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model,
-                          test_set.images);
+    write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model, test_set.images);
     progress.line("eval step " + std::to_string(step) + " (epoch " + std::to_string(epoch) +
                   "): test mse " + fmt_metric(ev.mse, 5) + "  codebook usage " +
                   (std::isfinite(ev.usage) ? fmt_metric(100 * ev.usage, 1) + "%" : "n/a") +

@@ -3,9 +3,8 @@
 // checkpoints, metrics and pictures, interruption by SIGINT / SIGTERM.
 #include <cstdint>
 #include <iosfwd>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "engine/tensor.h"
 #include "train/metrics.h"
@@ -29,7 +28,8 @@ struct TrainResult {
   int64_t step = 0;         // optimizer steps done in total
   int64_t total_steps = 0;  // the steps the run was asked for
   bool interrupted = false;
-  EvalResult last_eval;     // the last evaluation (samples == 0 when none ran)
+  int rank = 0;          // this process's rank (only rank 0 writes and evaluates)
+  EvalResult last_eval;  // the last evaluation (samples == 0 when none ran)
 };
 
 /** The global batch of training step `step` (0-based): positions into the
