@@ -1,11 +1,12 @@
 #include "engine/storage.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-#include <sys/mman.h>
-
+#include "engine/cpu/block_cache.h"
 #include "engine/cuda/runtime.h"
 
 namespace quanta {
@@ -24,6 +25,10 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
   if (device.is_cpu()) {
     const std::size_t align = nbytes >= kHugePage ? kHugePage : kAlignment;
     const std::size_t rounded = (nbytes + align - 1) / align * align;
+    // Large blocks: pages already touched by an earlier tensor of this size
+    // when the cache has one (cpu/block_cache.h says why).
+    if (align == kHugePage) data_ = cpu::take_cached_block(rounded);
+    if (data_) return;
     data_ = std::aligned_alloc(align, rounded);
     if (!data_) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
@@ -37,6 +42,8 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
 Storage::~Storage() {
   if (!data_) return;
   if (device_.is_cpu()) {
+    const std::size_t rounded = (nbytes_ + kHugePage - 1) / kHugePage * kHugePage;
+    if (nbytes_ >= kHugePage && cpu::keep_cached_block(data_, rounded)) return;
     std::free(data_);
   } else {
     cuda::device_free(data_, device_.index);

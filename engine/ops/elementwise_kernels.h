@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 // Shared machinery for elementwise ops: dtype selection, broadcasting and the
 // CPU map. Op files hold only the math and the backward formulas.
 #include <stdexcept>
@@ -48,8 +49,14 @@ Tensor unary_float(const char* op, const Tensor& x, F f, Vec vec = nullptr,
         T* dst = out.data<T>();
         cpu::parallel_for(0, in.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
           using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-          Eigen::Map<Arr>(dst + lo, hi - lo) = vec(Eigen::Map<const Arr>(src + lo, hi - lo));
-          if constexpr (!std::is_same_v<Fixup, std::nullptr_t>) fixup(src + lo, dst + lo, hi - lo);
+          // In L1/L2-sized pieces, so the fixup pass reads what the vector
+          // pass just touched instead of streaming the chunk from memory again.
+          constexpr int64_t kPiece = 8192;
+          for (int64_t a = lo; a < hi; a += kPiece) {
+            const int64_t b = std::min(hi, a + kPiece);
+            Eigen::Map<Arr>(dst + a, b - a) = vec(Eigen::Map<const Arr>(src + a, b - a));
+            if constexpr (!std::is_same_v<Fixup, std::nullptr_t>) fixup(src + a, dst + a, b - a);
+          }
         });
         return;
       }

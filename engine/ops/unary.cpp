@@ -57,8 +57,8 @@ Tensor exp(const Tensor& x) {
         // Below log(denorm_min) the true result is 0 in every precision.
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
         const T underflow = std::log(std::numeric_limits<T>::denorm_min());
-        for (int64_t i = 0; i < n; ++i)
-          if (src[i] < underflow) dst[i] = T(0);
+        // A select, not a branch: the compiler turns it into a vector blend.
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < underflow ? T(0) : dst[i];
       });
   return with_grad("exp", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, y);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "engine/cpu/block_cache.h"
 #include "quanta.h"
 
 using namespace quanta;
@@ -30,7 +31,8 @@ TEST_CASE("factories") {
   CHECK(arange(5).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
   CHECK(arange(1, 2, 0.25, {.dtype = DType::f64}).to_vector<double>() ==
         std::vector<double>{1, 1.25, 1.5, 1.75});
-  CHECK(arange(3, 0, -1, {.dtype = DType::i32}).to_vector<int32_t>() == std::vector<int32_t>{3, 2, 1});
+  CHECK(arange(3, 0, -1, {.dtype = DType::i32}).to_vector<int32_t>() ==
+        std::vector<int32_t>{3, 2, 1});
   auto l = linspace(0, 1, 5, {.dtype = DType::f64}).to_vector<double>();
   CHECK(l == std::vector<double>{0, 0.25, 0.5, 0.75, 1});
   CHECK(linspace(0, 1, 0).numel() == 0);
@@ -76,7 +78,8 @@ TEST_CASE("dtype conversion round trips and 16-bit floats") {
   CHECK(from_vector<float>({0.1f}).to(DType::bf16).item() == doctest::Approx(0.1).epsilon(0.01));
   CHECK(x.to(DType::f64).is_same(x));  // no copy when nothing changes
   CHECK(parse_dtype("bfloat16") == DType::bf16);
-  CHECK_THROWS_WITH_AS(parse_dtype("f8"), doctest::Contains("unknown dtype"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_dtype("f8"), doctest::Contains("unknown dtype"),
+                       std::invalid_argument);
   CHECK(promote_types(DType::i32, DType::f16) == DType::f16);
   CHECK(promote_types(DType::bf16, DType::f16) == DType::f32);
   // Gradients flow back through a cast.
@@ -91,8 +94,7 @@ TEST_CASE("byte-only nf4: 36-byte blocks of 64 elements, no arithmetic") {
   CHECK_FALSE(dtype_info(DType::nf4).arithmetic);
   CHECK(empty({64}, {.dtype = DType::nf4}).nbytes() == 36);
   CHECK(empty({2, 37}, {.dtype = DType::nf4}).nbytes() == 72);  // a partial last block
-  CHECK_THROWS_WITH_AS(element_size(DType::nf4), doctest::Contains("nf4"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(element_size(DType::nf4), doctest::Contains("nf4"), std::invalid_argument);
 }
 
 TEST_CASE("item and data access are checked") {
@@ -152,4 +154,26 @@ TEST_CASE("thread count is settable") {
   CHECK(num_threads() == 1);
   set_num_threads(before);
   CHECK_THROWS_AS(set_num_threads(0), std::invalid_argument);
+}
+
+TEST_CASE("large CPU buffers are reused: a freed 4 MiB block backs the next 4 MiB tensor") {
+  const std::size_t before = cpu::cached_block_bytes();
+  const void* first = nullptr;
+  {
+    Tensor a = empty({1 << 20});  // 4 MiB of f32
+    first = a.raw_data();
+    fill_(a, 2.0);
+  }
+  if (cpu::cached_block_bytes() == before) {
+    MESSAGE("the CPU block cache is off (AddressSanitizer build or QUANTA_CPU_CACHE_MB=0)");
+    return;
+  }
+  CHECK(cpu::cached_block_bytes() == before + (std::size_t(4) << 20));
+  Tensor b = empty({1 << 20});
+  CHECK(b.raw_data() == first);  // the same pages, already touched
+  CHECK(cpu::cached_block_bytes() == before);
+  Tensor c = zeros({1 << 20});  // reuse never leaks old values
+  CHECK(sum(c).item() == 0.0);
+  Tensor small = empty({16});  // small blocks are malloc's business
+  CHECK(cpu::cached_block_bytes() == before);
 }
