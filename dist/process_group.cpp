@@ -444,6 +444,12 @@ Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
 
 Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, CallOptions o,
                                   Site site) {
+  if (t.defined() && t.device().is_cuda()) {
+    // NCCL has no gather of uneven pieces: the bytes travel through the
+    // group's Gloo transport and come back to the tensor's device.
+    NoGradGuard g;
+    return all_gather_v(t.to(Device::cpu()), sizes, o, site).to(t.device());
+  }
   Tensor in = contiguous_input("all_gather_v", t);
   if (in.dim() == 0)
     throw std::invalid_argument("[dist::all_gather_v] needs at least one dimension, got a scalar");
@@ -455,9 +461,6 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
     NoGradGuard g;
     return in.clone();
   }
-  if (in.device().is_cuda())
-    throw std::invalid_argument(
-        "[dist::all_gather_v] CUDA tensors: not supported yet; gather on CPU");
   // First the first dims (the tag already covers dtype and the other dims).
   int64_t mine = in.size(0);
   guarded(c, [&] {
@@ -517,6 +520,11 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
 }
 
 Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
+  if (t.defined() && t.device().is_cuda()) {
+    // Through the group's Gloo transport, as all_gather_v.
+    NoGradGuard g;
+    return all_to_all(t.to(Device::cpu()), o, site).to(t.device());
+  }
   Tensor in = contiguous_input("all_to_all", t);
   if (in.dim() == 0 || in.size(0) % size_ != 0)
     throw std::invalid_argument("[dist::all_to_all] dim 0 must be a multiple of the world size " +
@@ -527,8 +535,6 @@ Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   Call c = begin("all_to_all", &in, detail::kSameShape, ReduceOp::sum, -1, o, site);
   NoGradGuard g;
   if (size_ == 1) return in.clone();
-  if (in.device().is_cuda())
-    throw std::invalid_argument("[dist::all_to_all] CUDA tensors: not supported yet");
   Tensor out = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
   guarded(c,
           [&] { gloo_->all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
