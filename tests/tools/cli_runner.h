@@ -2,7 +2,6 @@
 // Runs the `quanta` binary (QUANTA_EXE) as a child process, no shell, and
 // collects its exit code, stdout and stderr; temporary folders for outputs.
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -62,10 +61,8 @@ struct CliProcess {
     const std::string out = dir.file("out"), err = dir.file("err");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<std::string> argv_s = {exe};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -106,6 +103,19 @@ inline void check_one_line_error(const CliResult& r, int code, const std::string
   CHECK(r.err.rfind("quanta: error: ", 0) == 0);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(contains(r.err, what));
+}
+
+/** Where Debian's dataset-fashion-mnist puts the IDX files. */
+inline const char* const kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+/** True when Fashion-MNIST is installed; otherwise says which runs are not
+ * tested (tools/install-deps.sh installs it, so CI always has it). */
+inline bool have_dataset() {
+  if (fs::exists(fs::path(kFashionMnistDir) / "train-images-idx3-ubyte.gz")) return true;
+  MESSAGE(
+      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
+      "training runs not tested");
+  return false;
 }
 
 }  // namespace quanta::test

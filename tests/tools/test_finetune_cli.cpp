@@ -18,16 +18,6 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kData = "/usr/share/datasets/fashion-mnist";
-
-bool have_dataset() {
-  if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
-  MESSAGE(
-      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
-      "training runs not tested");
-  return false;
-}
-
 const std::vector<std::string> kSubset = {"--limit-train", "2000", "--limit-test", "500",
                                           "--threads",     "1",    "--batch-size", "64"};
 

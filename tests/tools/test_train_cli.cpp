@@ -20,16 +20,6 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kData = "/usr/share/datasets/fashion-mnist";
-
-bool have_dataset() {
-  if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
-  MESSAGE(
-      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
-      "training runs not tested");
-  return false;
-}
-
 std::vector<json> records(const std::string& dir, const std::string& kind) {
   std::vector<json> out;
   for (json& r : train::read_metrics(dir + "/metrics.jsonl"))

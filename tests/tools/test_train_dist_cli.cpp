@@ -23,16 +23,6 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kData = "/usr/share/datasets/fashion-mnist";
-
-bool have_dataset() {
-  if (fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) return true;
-  MESSAGE(
-      "Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): "
-      "training runs not tested");
-  return false;
-}
-
 CliResult run_train(const std::string& out, const std::string& nproc,
                     const std::vector<std::string>& extra) {
   // 4 steps of a global batch of 31 (2 ranks: 16 + 15, 3 ranks: 11 + 10 + 10).
