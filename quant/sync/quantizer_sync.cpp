@@ -18,22 +18,6 @@
 #include "quant/vq/vector_quantize.h"
 
 namespace quanta::quant {
-namespace {
-
-std::string layer_name(const std::string& path) { return path.empty() ? "(root)" : path; }
-
-// One table's rows, every forward's [S_i, D] block concatenated, in the
-// codebook's dtype; [0, D] when there are none.
-Tensor concat_rows(const std::vector<std::vector<Tensor>>& per_table, std::size_t table,
-                   const Codebook& cb) {
-  const Tensor& e = cb.embed();
-  if (table >= per_table.size() || per_table[table].empty())
-    return zeros({0, cb.options().dim}, options_of(e));
-  return contiguous(to_dtype(cat(per_table[table]), e.dtype()));
-}
-
-}  // namespace
-
 QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group)
     : module_(std::move(module)), group_(group) {
   if (!module_) throw std::invalid_argument("[QuantizerSync] module is null");
@@ -113,7 +97,7 @@ void QuantizerSync::replace_dead_codes(const std::vector<int64_t>& expiring, con
   for (int64_t i : expiring) {
     Codebook& cb = *codebooks_[static_cast<size_t>(i)];
     for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
-      local_rows.push_back(concat_rows(cb.pending().candidates, static_cast<size_t>(h), cb));
+      local_rows.push_back(cb.table_rows(cb.pending().candidates, h));
       table_codebook.push_back(i);
       table_index.push_back(h);
     }
@@ -195,8 +179,7 @@ void QuantizerSync::sync_state() {
       if (!cb.initted()) {
         std::vector<Tensor> pools;
         for (int64_t h = 0; h < o.num_codebooks; ++h)
-          pools.push_back(group_.all_gather_v(
-              concat_rows(cb.pending().init_samples, static_cast<size_t>(h), cb)));
+          pools.push_back(group_.all_gather_v(cb.table_rows(cb.pending().init_samples, h)));
         cb.pending() = CodebookStatistics{};
         cb.init_from_samples(pools);
         continue;  // statistics against the zero codes mean nothing

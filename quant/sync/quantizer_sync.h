@@ -68,8 +68,7 @@ class QuantizerSync {
   /** Puts every quantizer layer inside `module` (the module itself
    * included) into distributed mode on `group`. Issues no collective; every
    * rank must build the same module tree. `group` and `module` must outlive
-   * this object. Throws std::invalid_argument naming a layer whose options
-   * cannot be made rank-consistent. */
+   * this object. Throws std::invalid_argument when `module` is null. */
   QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group);
 
   /** The reconciliation point, on every rank once per optimizer step (after

@@ -178,10 +178,18 @@ Tensor Codebook::expired_codes() const {
   return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code));
 }
 
+Tensor Codebook::table_rows(const std::vector<std::vector<Tensor>>& per_table,
+                            int64_t table) const {
+  const auto t = static_cast<std::size_t>(table);
+  if (t >= per_table.size() || per_table[t].empty())
+    return zeros({0, opts_.dim}, options_of(embed_));
+  return contiguous(cat(per_table[t]));
+}
+
 void Codebook::expire_codes() {
   std::vector<Tensor> pools;
-  for (const auto& rows : pending_.candidates)
-    pools.push_back(rows.empty() ? zeros({0, opts_.dim}, options_of(embed_)) : cat(rows));
+  for (int64_t h = 0; h < opts_.num_codebooks; ++h)
+    pools.push_back(table_rows(pending_.candidates, h));
   expire_codes(pools);
 }
 
@@ -251,10 +259,10 @@ void Codebook::add_init_samples(const Tensor& x, const Tensor& valid) {
 
 void Codebook::init_from_pending() {
   std::vector<Tensor> samples;
-  for (const auto& rows : pending_.init_samples)
-    samples.push_back(rows.empty() ? zeros({0, opts_.dim}, options_of(embed_)) : cat(rows));
+  for (int64_t h = 0; h < opts_.num_codebooks; ++h)
+    samples.push_back(table_rows(pending_.init_samples, h));
   pending_ = CodebookStatistics{};
-  if (static_cast<int64_t>(samples.size()) == opts_.num_codebooks) init_from_samples(samples);
+  init_from_samples(samples);
 }
 
 void Codebook::update_affine(const Tensor& x, const Tensor& valid) {

@@ -93,6 +93,10 @@ class Codebook : public Module, public StepKeyed {
    * cluster_size reset to the threshold and embed_avg to row * threshold.
    * Clears the candidates. No-op when the threshold is 0 or none expired. */
   void expire_codes();
+  /** One table's rows of `per_table` (pending().candidates or
+   * init_samples: every forward's [S_i, D] block, concatenated), [0, D] when
+   * there are none. */
+  Tensor table_rows(const std::vector<std::vector<Tensor>>& per_table, int64_t table) const;
   /** Dead-code expiry drawing from `pools`, one [P_g, D] tensor of candidate
    * rows per codebook (a distributed run passes every rank's candidates in
    * rank order). Same rule as expire_codes(); pending candidates are cleared.

@@ -25,7 +25,7 @@ namespace {
 
 CliResult run_train(const std::string& out, const std::string& nproc,
                     const std::vector<std::string>& extra) {
-  // 4 steps of a global batch of 31 (2 ranks: 16 + 15, 3 ranks: 11 + 10 + 10).
+  // 4 steps of a global batch of 31 (2 ranks: 15 + 16, 3 ranks: 10 + 10 + 11).
   std::vector<std::string> args = {
       "train", "--steps",  "4",   "--limit-train", "512", "--limit-test", "64", "--batch-size",
       "31",    "--hidden", "8",   "--dim",         "4",   "--eval-every", "4",  "--threads",

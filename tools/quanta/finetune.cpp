@@ -171,13 +171,6 @@ QLoraModel load_classifier(const std::string& path, const data::ImageDataset& te
   return q;
 }
 
-// Rank r's rows of a global batch of b: [b r / W, b (r + 1) / W).
-Tensor shard(const Tensor& idx, int rank, int world) {
-  const int64_t b = idx.size(0);
-  const int64_t lo = b * rank / world, hi = b * (rank + 1) / world;
-  return idx.narrow(0, lo, hi - lo);
-}
-
 void run_finetune(const FinetuneOptions& o) {
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
@@ -277,7 +270,7 @@ void run_finetune(const FinetuneOptions& o) {
   q.model->train();
   for (int64_t step = 0; step < o.steps;) {
     const Tensor global = train::batch_indices(o.seed, step, n, o.batch_size);
-    const Tensor idx = shard(global, rank, world);
+    const Tensor idx = train::rank_share(global, rank, world);
     // Sum over this rank's rows / global rows, times W: DataParallel's average
     // over ranks is then the mean over the global batch, however it splits.
     const Tensor sum_loss = cross_entropy(q.model->forward(index_select(train_set.images, 0, idx)),

@@ -93,14 +93,6 @@ std::shared_ptr<dist::ProcessGroup> make_group(const TrainConfig& c) {
   return dist::init(info);
 }
 
-// Rows [begin, end) of a global batch of `b` that rank `r` of `n` takes:
-// contiguous, in rank order (the first b % n ranks take one more).
-std::pair<int64_t, int64_t> shard(int64_t b, int r, int n) {
-  const int64_t base = b / n, extra = b % n;
-  const int64_t begin = r * base + std::min<int64_t>(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
-}
-
 // Discards what is written to it (the log of ranks other than 0).
 class NullBuffer : public std::streambuf {
  protected:
@@ -112,6 +104,12 @@ std::string out_path(const std::string& dir, const char* name) {
 }
 
 }  // namespace
+
+Tensor rank_share(const Tensor& batch, int rank, int world) {
+  const int64_t b = batch.size(0);
+  const int64_t lo = b * rank / world, hi = b * (rank + 1) / world;
+  return batch.narrow(0, lo, hi - lo);
+}
 
 Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size) {
   const int64_t per_epoch = (n + batch_size - 1) / batch_size;
@@ -215,8 +213,8 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     // The global batch of this step; this rank takes its contiguous share.
     const Tensor batch = batch_indices(cfg.seed, step, n, cfg.batch_size);
     const int64_t b = batch.numel();
-    const auto [begin, end] = shard(b, rank, world);
-    const Tensor x = index_select(train_set.images, 0, batch.narrow(0, begin, end - begin));
+    const Tensor share = rank_share(batch, rank, world);
+    const Tensor x = index_select(train_set.images, 0, share);
     VqVaeOutput out = model.run(x);
     // Each rank's share of the whole-batch loss, summed over ranks = world x
     // that loss (DataParallel averages, so the gradient is the whole batch's,
@@ -225,8 +223,9 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     const double pixels = double(x.numel() / std::max<int64_t>(x.size(0), 1));
     const Tensor recon =
         sum(square(out.reconstruction - x)) * (double(world) / (double(b) * pixels));
-    const double aux_weight =
-        model.quantizer().loss_is_global() ? 1.0 : double(world) * double(end - begin) / double(b);
+    const double aux_weight = model.quantizer().loss_is_global()
+                                  ? 1.0
+                                  : double(world) * double(share.numel()) / double(b);
     const Tensor aux = sum(out.quantized.loss) * aux_weight;
     const Tensor loss = recon + aux;
     optimizer.zero_grad();

@@ -40,6 +40,11 @@ struct TrainResult {
  * smaller. */
 Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size);
 
+/** Rank `rank`'s contiguous share of a global batch (its positions, in rank
+ * order: rows [b r / W, b (r + 1) / W) of b), so the ranks' shares laid end
+ * to end are the batch one process would take. */
+Tensor rank_share(const Tensor& batch, int rank, int world);
+
 /** Runs (or resumes) a training job, printing progress on `log`. SIGINT and
  * SIGTERM during the run finish the current step, write the checkpoint and
  * return with `interrupted` set. Throws on bad configs and files. */
