@@ -158,6 +158,17 @@ int64_t row_elems_of(const Tensor& t) {
   return n;
 }
 
+// Every rank has finished connecting before any returns from making a
+// group. Gloo's connect returns once this rank's own pairs are up, while a
+// peer may still be handshaking; a rank that then ran a collective and left
+// at once would close a pair under that peer's feet ("connection closed by
+// peer" during its rendezvous). One key per rank in the store, waited for
+// with the group's timeout.
+void await_all_connected(Store& store, int rank, int size, Millis timeout) {
+  store.set_string("connected/" + std::to_string(rank), "1");
+  for (int r = 0; r < size; ++r) store.get_string("connected/" + std::to_string(r), timeout);
+}
+
 uint32_t sub_tag(uint32_t tag, uint32_t k) {
   return static_cast<uint32_t>(quanta::detail::splitmix64((uint64_t(tag) << 8) | k));
 }
@@ -204,6 +215,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
       store_->set_string("seed", std::to_string(s));
     }
     seed_ = std::stoull(store_->get_string("seed", opts_.timeout));
+    await_all_connected(*store_, rank, world_size, opts_.timeout);
   } catch (const std::exception& e) {
     throw DistError("[dist] rendezvous of group '" + opts_.name + "' failed on rank " +
                     std::to_string(rank) + " of " + std::to_string(world_size) + " through " +
@@ -241,6 +253,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
     PrefixStore gloo_store("gloo", g->store_);
     g->gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank_, size_, opts_.timeout,
                                                      gloo_->device());
+    await_all_connected(*g->store_, rank_, size_, opts_.timeout);
   } catch (const std::exception& e) {
     throw DistError("[dist] creating group '" + name + "' failed on rank " + std::to_string(rank_) +
                     ": " + e.what());
