@@ -58,8 +58,13 @@ void add_to(Accumulator& acc, Node* node, uint32_t slot, const Tensor& g) {
   auto& slots = acc[node];
   const size_t n = std::max<size_t>(node->outputs().size(), 1);
   if (slots.size() < n) slots.resize(n);
-  if (!slots[slot].defined()) slots[slot] = g;
-  else slots[slot] = add(slots[slot], g);
+  Tensor& sum = slots[slot];
+  if (!sum.defined())
+    sum = g;
+  else if (sum.dtype() == g.dtype() && sole_owner(sum))
+    add_(sum, g);  // nothing else sees this buffer: no new one
+  else
+    sum = add(sum, g);
 }
 
 // Runs the graph above `roots`. With `capture`, gradients that reach the

@@ -48,8 +48,10 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
   const Tensor& g = grad_outputs.at(0);
   AutogradMeta& m = leaf_->meta();
   if (!m.grad.defined()) {
-    // A fresh copy: `g` may alias another gradient that later accumulates.
-    m.grad = g.to(leaf.dtype()).clone();
+    // Adopted when nothing else sees it; otherwise a fresh copy, since `g`
+    // may alias another gradient that later accumulates.
+    m.grad = g.dtype() == leaf.dtype() && autograd::sole_owner(g) ? g
+                                                                  : g.to(leaf.dtype()).clone();
   } else {
     add_(m.grad, g);
   }
@@ -58,6 +60,12 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
 }
 
 namespace autograd {
+
+bool sole_owner(const Tensor& t) {
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         !t.requires_grad() && t.is_contiguous() && t.offset() == 0 &&
+         t.nbytes() == t.storage()->nbytes();
+}
 
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return false;

@@ -99,6 +99,12 @@ Tensor record(const char* op, Tensor out, const std::vector<Tensor>& inputs,
 std::vector<Tensor> record(const char* op, std::vector<Tensor> outs,
                            const std::vector<Tensor>& inputs, BackwardFn backward);
 
+/** True when `t` is the only handle on its storage, is contiguous and
+ * spans the whole buffer: a gradient the engine made that nothing else can
+ * see, so the engine may add into it in place or adopt it as a leaf's .grad
+ * instead of copying (one pass and one allocation fewer per accumulation). */
+bool sole_owner(const Tensor& t);
+
 /** Runs reverse mode from `roots` with seed gradients `grads` (undefined
  * entries allowed for one-element roots). */
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

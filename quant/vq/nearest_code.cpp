@@ -19,24 +19,23 @@
 namespace quanta::quant {
 namespace {
 
-// Rows per block. Each GEMM call repacks the whole codebook, so blocks are
-// as tall as a tile budget of 2^21 floats (8 MiB) allows, but no taller than
-// one block per thread, and at least 16 rows.
+// Rows per block: the block's score tile (rows x K) stays within 2^18
+// floats (1 MiB), so filling it, accumulating the GEMM into it and scanning
+// it for the minimum all happen in L2. At least 16 rows, and no more than
+// one block per thread.
 int64_t block_rows(int64_t n, int64_t k) {
-  const int64_t budget = std::max<int64_t>(16, (int64_t(1) << 21) / std::max<int64_t>(k, 1));
+  const int64_t budget = std::max<int64_t>(16, (int64_t(1) << 18) / std::max<int64_t>(k, 1));
   const int64_t per_thread = (n + num_threads() - 1) / std::max(1, num_threads());
-  return std::max<int64_t>(16, std::min({budget, per_thread, int64_t(1024)}));
+  return std::max<int64_t>(16, std::min(budget, per_thread));
 }
 
-// Index of the smallest bias[j] - 2 row[j], the first on ties: the scores
-// are formed in place and reduced with Eigen's vectorised minCoeff, then the
-// first position holding the minimum is found with a plain scan.
+// Index of the smallest score in a row, the first on ties: a vectorised
+// min reduction finds the value, a plain scan its first position.
 template <class T>
-int64_t row_argmin(T* row, const T* bias, int64_t k) {
-  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Arr> r(row, k);
-  r = Eigen::Map<const Arr>(bias, k) - T(2) * r;
-  const T m = r.minCoeff();
+int64_t row_argmin(const T* row, int64_t k) {
+  T m = std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(min : m)
+  for (int64_t j = 0; j < k; ++j) m = row[j] < m ? row[j] : m;
   for (int64_t j = 0; j < k; ++j)
     if (row[j] == m) return j;
   return 0;  // only NaN scores: no code is nearer than another
@@ -46,24 +45,32 @@ template <class T>
 void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosine,
                     int64_t* out) {
   // Score |c|^2 - 2 x.c (the per-row |x|^2 does not change which code is
-  // nearest); cosine: 0 - 2 x.c, i.e. the largest similarity.
-  std::vector<T> cn(static_cast<size_t>(k), T(0));
+  // nearest); cosine: 0 - 2 x.c, i.e. the largest similarity. Each tile row
+  // starts as the bias and the GEMM accumulates x (-2 c)^T onto it, so the
+  // scores cost no pass of their own (scaling by -2 is exact).
+  using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const Mat> cm(c, k, d);
+  Vec bias = Vec::Zero(k);
   if (!cosine)
     for (int64_t j = 0; j < k; ++j) {
-      T s = 0;
-      for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
-      cn[j] = s;
+      T sq = 0;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t e = 0; e < d; ++e) sq += c[j * d + e] * c[j * d + e];
+      bias[j] = sq;
     }
-  const T* bias = cn.data();
+  const Mat neg2c = T(-2) * cm;
   const int64_t kBlock = block_rows(n, k);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   cpu::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> tile(static_cast<size_t>(std::min(kBlock, n) * k));
+    Mat tile(std::min(kBlock, n), k);
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
-      // tile = x_block c^T: c [K, D] read as a column-major [D, K] matrix.
-      cpu::gemm<T>(rows, k, d, {x + r0 * d, d, 1}, {c, 1, d}, tile.data(), k);
-      for (int64_t i = 0; i < rows; ++i) out[r0 + i] = row_argmin(tile.data() + i * k, bias, k);
+      tile.topRows(rows).rowwise() = bias.transpose();
+      // tile += x_block (-2c)^T: -2c [K, D] read as a column-major [D, K] matrix.
+      cpu::gemm<T>(rows, k, d, {x + r0 * d, d, 1}, {neg2c.data(), 1, d}, tile.data(), k,
+                   /*accumulate=*/true);
+      for (int64_t i = 0; i < rows; ++i) out[r0 + i] = row_argmin(tile.data() + i * k, k);
     }
   });
 }

@@ -285,6 +285,13 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   QuantizeOutput out;
   Tensor loss = zero_like_loss(t.x);
   Tensor commit = zero_like_loss(t.x), ortho = commit, diversity = commit;
+  // The gradient route from the output back to the input, fused with the MSE
+  // commitment loss (one backward pass over the tokens instead of three and
+  // an add) when the codes take no gradient.
+  const GradientRoute route =
+      rotation_trick_ ? GradientRoute::rotation : GradientRoute::straight_through;
+  const bool fuse_route = training && !gumbel && !learnable_;
+  Tensor routed;
   if (want_losses) {
     const Tensor count = t.valid.defined() ? sum(to_dtype(t.valid, t.x.dtype()))
                                            : scalar(double(g * tt), options_of(t.x));
@@ -295,6 +302,10 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
         if (t.valid.defined()) target = where(t.valid, idx, full_like(idx, -1.0));
         commit = cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}),
                                Reduction::mean, -1);
+      } else if (fuse_route) {
+        const TrainingOutput r = route_with_commitment(t.x, q.detach(), t.valid, route);
+        commit = r.commitment;
+        routed = r.quantized;
       } else {
         commit = commitment_loss(t.x, learnable_ ? q : q.detach(), t.valid);
       }
@@ -311,10 +322,13 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
     }
   }
 
-  // The gradient route from the output back to the input.
+  // The gradient route from the output back to the input (unless fused above).
   Tensor q_out = q;
   if (training && !gumbel) {
-    q_out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+    if (routed.defined())
+      q_out = routed;
+    else
+      q_out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
     if (opts_.sync_update_v > 0) q_out = q_out + (q_out - q_out.detach()) * opts_.sync_update_v;
   } else if (!training) {
     q_out = q.detach();

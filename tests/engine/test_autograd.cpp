@@ -237,3 +237,31 @@ TEST_CASE("an undefined gradient for an input means zero, not a missing rule") {
   CHECK(g[0].to_vector<double>() == std::vector<double>{1, 1});
   CHECK(g[1].to_vector<double>() == std::vector<double>{3, 3});
 }
+
+TEST_CASE("in-place accumulation never writes into a gradient someone else holds") {
+  // A backward that hands the same tensor to two inputs, and keeps it: the
+  // engine sums into fresh buffers, not into the shared one.
+  Tensor kept;
+  autograd::Function fork{
+      "fork",
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
+      [&kept](const std::vector<Tensor>& g) {
+        kept = g[0];
+        return std::vector<Tensor>{g[0], g[0]};
+      }};
+  Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
+  Tensor a = x * 1.0, b = x * 1.0;
+  const Tensor seed = from_vector<double>({1.0, 10.0});
+  Tensor y = autograd::apply(fork, {a, b})[0] + x * 3.0;
+  y.backward(seed);
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{5, 50});
+  CHECK(seed.to_vector<double>() == std::vector<double>{1, 10});  // the caller's seed
+  CHECK(kept.to_vector<double>() == std::vector<double>{1, 10});  // the kept gradient
+  // A leaf's adopted gradient is its own: changing it leaves the seed alone.
+  Tensor z = from_vector<double>({1.0, 1.0}).requires_grad_();
+  const Tensor seed2 = from_vector<double>({4.0, 5.0});
+  (z * 1.0).backward(seed2);
+  add_(z.grad(), seed2);
+  CHECK(seed2.to_vector<double>() == std::vector<double>{4, 5});
+  CHECK(z.grad().to_vector<double>() == std::vector<double>{8, 10});
+}
