@@ -2,8 +2,10 @@
 // Element loops over strided operands (the CPU kernels' one iteration
 // primitive). Operands share one shape; broadcast inputs arrive as expanded
 // views with stride 0. Contiguous operands take a flat, vectorisable path.
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include "engine/cpu/parallel.h"
@@ -13,7 +15,8 @@ namespace quanta::cpu {
 
 /** Calls `f(ptrs...)` style kernels: `kernel(n, bases, strides)` is called
  * for runs of `n` elements whose operand k starts at bases[k] and advances by
- * strides[k] elements (1 on the flat path). Runs may execute in parallel. */
+ * strides[k] elements (on the flat path: 1, or 0 for an input that is one
+ * value broadcast everywhere). Runs may execute in parallel. */
 template <size_t N, class Kernel>
 void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
                   Kernel&& kernel) {
@@ -21,19 +24,25 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
   if (n == 0) return;
   std::array<char*, N> base;
   std::array<int64_t, N> esize;
-  bool all_contiguous = true;
+  // Flat when every operand is contiguous or one value broadcast everywhere
+  // (all strides 0, e.g. the expanded gradient of a sum): one run per
+  // thread, stride 1 or 0.
+  bool flat = true;
+  std::array<int64_t, N> flat_stride;
   for (size_t k = 0; k < N; ++k) {
     base[k] = static_cast<char*>(ops[k]->raw_data());
     esize[k] = static_cast<int64_t>(element_size(ops[k]->dtype()));
-    all_contiguous = all_contiguous && ops[k]->is_contiguous() && ops[k]->shape() == shape;
+    const bool dense = ops[k]->is_contiguous() && ops[k]->shape() == shape;
+    bool splat = k > 0;  // the output is never a broadcast
+    for (int64_t st : ops[k]->strides()) splat = splat && st == 0;
+    flat_stride[k] = dense ? 1 : 0;
+    flat = flat && (dense || splat);
   }
-  if (all_contiguous) {
-    std::array<int64_t, N> unit;
-    unit.fill(1);
+  if (flat) {
     parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
       std::array<char*, N> b;
-      for (size_t k = 0; k < N; ++k) b[k] = base[k] + lo * esize[k];
-      kernel(hi - lo, b, unit);
+      for (size_t k = 0; k < N; ++k) b[k] = base[k] + lo * flat_stride[k] * esize[k];
+      kernel(hi - lo, b, flat_stride);
     });
     return;
   }
@@ -69,13 +78,30 @@ void map(const Tensor& out, F&& f, TensorRef<In>... in) {
                   [&](int64_t n, const std::array<char*, N>& b,
                       const std::array<int64_t, N>& s) {
     Out* o = reinterpret_cast<Out*>(b[0]);
-    bool unit = true;
+    bool unit = true, unit_or_splat = s[0] == 1;
     for (size_t k = 0; k < N; ++k) unit = unit && s[k] == 1;
+    for (size_t k = 1; k < N; ++k) unit_or_splat = unit_or_splat && (s[k] == 1 || s[k] == 0);
     if (unit) {
       // Flat path: unit strides let the compiler vectorise.
       [&]<size_t... I>(std::index_sequence<I...>) {
         auto ptrs = std::make_tuple(reinterpret_cast<const In*>(b[I + 1])...);
         for (int64_t i = 0; i < n; ++i) o[i] = f(std::get<I>(ptrs)[i]...);
+      }(std::index_sequence_for<In...>{});
+    } else if (unit_or_splat) {
+      // Inputs broadcast along the run (stride 0): their value is copied into
+      // a small block once, so the loop is the vectorisable flat one.
+      [&]<size_t... I>(std::index_sequence<I...>) {
+        constexpr int64_t kBlock = 256;
+        auto ptrs = std::make_tuple(reinterpret_cast<const In*>(b[I + 1])...);
+        std::tuple<std::array<In, kBlock>...> splat;
+        ((s[I + 1] == 0 ? std::get<I>(splat).fill(std::get<I>(ptrs)[0]) : void()), ...);
+        for (int64_t lo = 0; lo < n; lo += kBlock) {
+          const int64_t m = std::min(kBlock, n - lo);
+          const auto p = std::make_tuple(
+              (s[I + 1] == 0 ? std::get<I>(splat).data() : std::get<I>(ptrs) + lo)...);
+          Out* ob = o + lo;
+          for (int64_t i = 0; i < m; ++i) ob[i] = f(std::get<I>(p)[i]...);
+        }
       }(std::index_sequence_for<In...>{});
     } else {
       [&]<size_t... I>(std::index_sequence<I...>) {

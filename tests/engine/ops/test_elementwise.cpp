@@ -236,3 +236,35 @@ TEST_CASE("exp underflows to exactly 0 and keeps inf and NaN, in f32 and f64") {
     CHECK(v[8] == 0.0);
   }
 }
+
+TEST_CASE("broadcast inputs: a value splat everywhere or along rows, any position, large sizes") {
+  // Sizes past one thread's grain and one 256-element splat block, so the
+  // flat broadcast path, its blocks and the per-row splat path all run.
+  Generator gen(41);
+  const int64_t rows = 300, cols = 700;
+  const Tensor a = randn({rows, cols}, gen, {.dtype = DType::f64});
+  const Tensor s = from_vector<double>({2.5});
+  const Tensor everywhere = expand(reshape(s, {1, 1}), {rows, cols});
+  const Tensor col = randn({rows, 1}, gen, {.dtype = DType::f64});
+  const Tensor along = expand(col, {rows, cols});
+  const auto av = a.to_vector<double>(), cv = col.to_vector<double>();
+  const auto left = (everywhere - a).to_vector<double>(), right = (a - everywhere).to_vector<double>();
+  const auto rowwise = (a * along).to_vector<double>(), rowwise_left = (along / a).to_vector<double>();
+  std::vector<double> want_left, want_right, want_rowwise, want_rowwise_left;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const double x = av[size_t(i)], c = cv[size_t(i / cols)];
+    want_left.push_back(2.5 - x);
+    want_right.push_back(x - 2.5);
+    want_rowwise.push_back(x * c);
+    want_rowwise_left.push_back(c / x);
+  }
+  CHECK(left == want_left);
+  CHECK(right == want_right);
+  CHECK(rowwise == want_rowwise);
+  CHECK(rowwise_left == want_rowwise_left);
+  // Mixed dtypes and a bool mask broadcast the same way.
+  const Tensor m = expand(scalar(1.0, {.dtype = DType::boolean}), {rows, cols});
+  CHECK(where(m, a, zeros_like(a)).to_vector<double>() == av);
+  const Tensor i32 = expand(scalar(3.0, {.dtype = DType::i32}), {rows, cols});
+  CHECK((a * i32).to_vector<double>() == (a * 3.0).to_vector<double>());
+}
