@@ -200,21 +200,42 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen,
   return finish(out, opts);
 }
 
-Tensor randperm(int64_t n, Generator& gen, const TensorOptions& opts) {
-  if (n < 0)
-    throw std::invalid_argument("[randperm] n must be >= 0: got " + std::to_string(n));
+namespace {
+
+// The first m of randperm(n): the same keys, only the m smallest sorted.
+Tensor permutation_prefix(const char* op, int64_t n, int64_t m, Generator& gen,
+                          const TensorOptions& opts) {
+  if (n < 0) throw std::invalid_argument(std::string("[") + op + "] n must be >= 0: got " +
+                                         std::to_string(n));
+  if (m < 0 || m > n)
+    throw std::invalid_argument(std::string("[") + op + "] m must lie in [0, n = " +
+                                std::to_string(n) + "]: got " + std::to_string(m));
   if (opts.dtype == DType::boolean || !dtype_info(opts.dtype).arithmetic)
-    detail::bad_dtype("randperm", opts.dtype, "expected an integer or floating dtype");
+    detail::bad_dtype(op, opts.dtype, "expected an integer or floating dtype");
   std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(n));
   for_groups<2>(gen.take(2 * n), n, [&](int64_t i, const uint32_t* w) {
     keyed[static_cast<size_t>(i)] = {u64_of(w), i};
   });
-  std::sort(keyed.begin(), keyed.end());  // (key, index): a total order
-  Tensor out = detail::make_tensor({n}, DType::i64, Device::cpu());
+  // (key, index) is a total order, so a partial sort's prefix is the full sort's.
+  if (m == n)
+    std::sort(keyed.begin(), keyed.end());
+  else
+    std::partial_sort(keyed.begin(), keyed.begin() + m, keyed.end());
+  Tensor out = detail::make_tensor({m}, DType::i64, Device::cpu());
   int64_t* p = out.data<int64_t>();
-  for (int64_t i = 0; i < n; ++i) p[i] = keyed[static_cast<size_t>(i)].second;
+  for (int64_t i = 0; i < m; ++i) p[i] = keyed[static_cast<size_t>(i)].second;
   if (opts.dtype != DType::i64) out = out.to(opts.dtype);
   return finish(out, opts);
+}
+
+}  // namespace
+
+Tensor randperm(int64_t n, Generator& gen, const TensorOptions& opts) {
+  return permutation_prefix("randperm", n, n < 0 ? 0 : n, gen, opts);
+}
+
+Tensor randperm_prefix(int64_t n, int64_t m, Generator& gen, const TensorOptions& opts) {
+  return permutation_prefix("randperm_prefix", n, m, gen, opts);
 }
 
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,

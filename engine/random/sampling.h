@@ -44,6 +44,11 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen,
 /** A uniformly random permutation of 0..n-1 (i64): indices sorted by a
  * 64-bit key per index (words 2i, 2i+1), ties broken by index. */
 Tensor randperm(int64_t n, Generator& gen, const TensorOptions& opts = {.dtype = DType::i64});
+/** The first m entries of randperm(n, gen) (0 <= m <= n), bitwise, from the
+ * same draws, in O(n log m) rather than a full sort: a random subset of m
+ * distinct indices in random order. */
+Tensor randperm_prefix(int64_t n, int64_t m, Generator& gen,
+                       const TensorOptions& opts = {.dtype = DType::i64});
 /** Indices (i64, on probs' device) drawn from the non-negative weights of
  * `probs` ([k] -> [num_samples], [rows, k] -> [rows, num_samples]).
  * With replacement: inverse CDF of one f64 uniform per sample (sample s of

@@ -15,7 +15,7 @@ namespace quanta::quant {
 
 Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen) {
   if (n <= 0) throw std::invalid_argument("[sample_rows] no rows to sample from");
-  return n >= m ? slice(randperm(n, gen), 0, 0, m) : randint(0, n, {m}, gen);
+  return n >= m ? randperm_prefix(n, m, gen) : randint(0, n, {m}, gen);
 }
 
 Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen) {

@@ -211,6 +211,21 @@ TEST_CASE("randperm: a permutation, uniform over orders") {
   CHECK(chi_square_uniform(counts) < 20.5);  // df 5, p = 0.001
 }
 
+TEST_CASE("randperm_prefix: randperm's first m entries, bitwise, and the same draws") {
+  for (const int64_t m : {int64_t(0), int64_t(1), int64_t(37), int64_t(999), int64_t(1000)}) {
+    Generator a(21), b(21);
+    const auto full = randperm(1000, a).to_vector<int64_t>();
+    CHECK(randperm_prefix(1000, m, b).to_vector<int64_t>() ==
+          std::vector<int64_t>(full.begin(), full.begin() + m));
+    CHECK(a.offset() == b.offset());  // the next draws agree too
+  }
+  Generator g(3);
+  CHECK(randperm_prefix(5, 2, g, {.dtype = DType::f32}).dtype() == DType::f32);
+  CHECK_THROWS_WITH_AS(randperm_prefix(5, 6, g), doctest::Contains("m must lie in [0, n = 5]"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(randperm_prefix(5, -1, g), std::invalid_argument);
+}
+
 TEST_CASE("multinomial without replacement: no repeats, frequencies follow weights") {
   Generator g(13);
   const Tensor w = from_vector<float>({1, 2, 3, 4, 0});
