@@ -1,6 +1,7 @@
 #include "quant/sync/quantizer_sync.h"
 
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -18,6 +19,51 @@
 #include "quant/vq/vector_quantize.h"
 
 namespace quanta::quant {
+namespace {
+
+// Tensors packed into one flat buffer for one all_reduce(sum), then read
+// back in the order they were added. An undefined tensor (a rank without
+// those statistics) is sent as zeros of its declared shape.
+class Fused {
+ public:
+  explicit Fused(DType dtype) : dtype_(dtype) {}
+
+  void add(const Tensor& t, const Shape& shape) {
+    shapes_.push_back(shape);
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    parts_.push_back(t.defined() ? reshape(to_dtype(t, dtype_), {numel})
+                                 : zeros({numel}, {.dtype = dtype_}));
+  }
+  /** The all_reduce; false (and no collective) when nothing was added. */
+  bool reduce(dist::ProcessGroup& group) {
+    if (parts_.empty()) return false;
+    flat_ = parts_.size() == 1 ? contiguous(parts_[0].clone()) : contiguous(cat(parts_));
+    parts_.clear();
+    group.all_reduce(flat_, dist::ReduceOp::sum);
+    return true;
+  }
+  /** The next reduced tensor, in `dtype`. */
+  Tensor take(DType dtype) {
+    const Shape& shape = shapes_.at(next_++);
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    Tensor t = to_dtype(reshape(slice(flat_, 0, at_, at_ + numel), shape), dtype);
+    at_ += numel;
+    return t;
+  }
+
+ private:
+  DType dtype_;
+  std::vector<Tensor> parts_;
+  std::vector<Shape> shapes_;
+  Tensor flat_;
+  int64_t at_ = 0;
+  std::size_t next_ = 0;
+};
+
+}  // namespace
+
 QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group)
     : module_(std::move(module)), group_(group) {
   if (!module_) throw std::invalid_argument("[QuantizerSync] module is null");
@@ -61,20 +107,46 @@ QuantizerSync::Header QuantizerSync::gather_header() {
   Header h;
   std::vector<int64_t> local;
   for (Codebook* cb : codebooks_) {
+    const CodebookOptions& o = cb->options();
     h.offset.push_back(int64_t(local.size()));
     const CodebookStatistics& p = cb->pending();
     local.push_back(p.steps);
-    for (int64_t t = 0; t < cb->options().num_codebooks; ++t) {
+    for (int64_t t = 0; t < o.num_codebooks; ++t) {
       int64_t rows = 0;
       if (t < static_cast<int64_t>(p.candidates.size()))
         for (const Tensor& c : p.candidates[size_t(t)]) rows += c.size(0);
       local.push_back(rows);
     }
+    // An initialised codebook's folded counts and token totals ride along
+    // as the bits of f64 values (zeros without statistics): small, and the
+    // rank-ordered sum every rank forms from them is the same everywhere.
+    h.stats_offset.push_back(cb->initted() ? int64_t(local.size()) : -1);
+    if (!cb->initted()) continue;
+    const int64_t counts = o.num_codebooks * o.codebook_size;
+    auto append = [&](const Tensor& t, int64_t numel) {
+      const std::vector<double> v =
+          t.defined() ? t.to_vector<double>() : std::vector<double>(size_t(numel), 0.0);
+      for (double x : v) local.push_back(std::bit_cast<int64_t>(x));
+    };
+    append(p.counts, counts);
+    append(p.tokens, o.num_codebooks);
   }
   h.width = int64_t(local.size());
   h.world = group_.size();
   h.values = group_.all_gather(from_vector<int64_t>(local, {h.width})).to_vector<int64_t>();
   return h;
+}
+
+Tensor QuantizerSync::Header::summed_stats(int64_t codebook, int64_t skip, const Shape& shape,
+                                          DType dtype) const {
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  std::vector<double> total(static_cast<size_t>(numel), 0.0);
+  const int64_t at = stats_offset[size_t(codebook)] + skip;
+  for (int r = 0; r < world; ++r)  // rank order: the same sum on every rank
+    for (int64_t j = 0; j < numel; ++j)
+      total[size_t(j)] += std::bit_cast<double>(values[size_t(r * width + at + j)]);
+  return to_dtype(from_vector<double>(total, shape), dtype);
 }
 
 int64_t QuantizerSync::Header::max_steps(int64_t codebook) const {
@@ -88,7 +160,8 @@ int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t ta
   return values[size_t(rank * width + offset[size_t(codebook)] + 1 + table)];
 }
 
-void QuantizerSync::replace_dead_codes(const std::vector<int64_t>& expiring, const Header& header) {
+std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
+    const std::vector<int64_t>& expiring, const Header& header) {
   const int world = group_.size(), rank = group_.rank();
   // This rank's candidate rows per (codebook, table); every rank's counts
   // came with the header.
@@ -110,7 +183,6 @@ void QuantizerSync::replace_dead_codes(const std::vector<int64_t>& expiring, con
 
   // Every rank draws the same positions and fills the rows it holds.
   std::vector<Tensor> picked;  // per table: [m, D], zeros where another rank holds the row
-  std::vector<Tensor> parts;
   int64_t t = 0;
   for (Codebook* cb : books) {
     std::vector<int64_t> pool_sizes;
@@ -137,25 +209,17 @@ void QuantizerSync::replace_dead_codes(const std::vector<int64_t>& expiring, con
                                         from_vector<int64_t>(local_at, {int64_t(local_at.size())}));
         rows = index_add(rows, 0, from_vector<int64_t>(slot, {int64_t(slot.size())}), src);
       }
-      parts.push_back(reshape(rows, {int64_t(pos.size()) * d}));
       picked.push_back(rows);
     }
   }
-  Tensor fused = contiguous(cat(parts));
-  group_.all_reduce(fused, dist::ReduceOp::sum);
-
-  int64_t at = 0;
+  std::vector<std::vector<Tensor>> out;
   t = 0;
   for (Codebook* cb : books) {
-    std::vector<Tensor> rows;
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
-      const Shape shape = picked[size_t(t)].shape();
-      const int64_t numel = shape[0] * shape[1];
-      rows.push_back(reshape(slice(fused, 0, at, at + numel), shape));
-      at += numel;
-    }
-    cb->replace_expired(rows);
+    out.emplace_back();
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t)
+      out.back().push_back(picked[size_t(t)]);
   }
+  return out;
 }
 
 void QuantizerSync::sync_state() {
@@ -187,92 +251,40 @@ void QuantizerSync::sync_state() {
       reduce_stats[static_cast<size_t>(i)] = global_steps[static_cast<size_t>(i)] > 0;
     }
 
-    // (3) One fused all_reduce of every codebook's folded counts, sums and
-    // token totals (ranks without statistics send zeros), in the widest
-    // codebook dtype (f32 codebooks: f32, half the bytes of f64; the sums
-    // then differ from one process's by summation order only).
+    // (3) No collective: cluster sizes take their EMA step from the counts
+    // and token totals summed over the header's ranks; with them every rank
+    // alike knows which codes expire.
     DType wide = DType::f32;
-    for (int64_t i = 0; i < n; ++i)
-      if (reduce_stats[static_cast<size_t>(i)] &&
-          codebooks_[static_cast<size_t>(i)]->embed().dtype() == DType::f64)
-        wide = DType::f64;
-    // affine_param's batch statistics ride along for every initialised
-    // codebook that has them (zeros where a rank saw no rows).
     std::vector<bool> reduce_affine(static_cast<size_t>(n), false);
     for (int64_t i = 0; i < n; ++i) {
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
       reduce_affine[static_cast<size_t>(i)] = cb.options().affine_param && cb.initted();
-      if (reduce_affine[static_cast<size_t>(i)] && cb.embed().dtype() == DType::f64)
+      if ((reduce_stats[static_cast<size_t>(i)] || reduce_affine[static_cast<size_t>(i)]) &&
+          cb.embed().dtype() == DType::f64)
         wide = DType::f64;
-    }
-    std::vector<Tensor> parts;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!reduce_affine[static_cast<size_t>(i)]) continue;
-      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      const int64_t g = cb.options().num_codebooks, d = cb.options().dim;
-      const CodebookStatistics& p = cb.pending();
-      const bool has = p.affine_count.defined();
-      parts.push_back(has ? to_dtype(p.affine_count, wide) : zeros({g}, {.dtype = wide}));
-      parts.push_back(has ? reshape(to_dtype(p.affine_sum, wide), {g * d})
-                          : zeros({g * d}, {.dtype = wide}));
-      parts.push_back(has ? reshape(to_dtype(p.affine_sumsq, wide), {g * d})
-                          : zeros({g * d}, {.dtype = wide}));
     }
     for (int64_t i = 0; i < n; ++i) {
       if (!reduce_stats[static_cast<size_t>(i)]) continue;
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      const CodebookOptions& o = cb.options();
-      const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
-      const CodebookStatistics& p = cb.pending();
-      const bool has = !p.empty();
-      parts.push_back(has ? reshape(to_dtype(p.counts, wide), {g * k})
-                          : zeros({g * k}, {.dtype = wide}));
-      parts.push_back(has ? reshape(to_dtype(p.sums, wide), {g * k * d})
-                          : zeros({g * k * d}, {.dtype = wide}));
-      parts.push_back(has ? to_dtype(p.tokens, wide) : zeros({g}, {.dtype = wide}));
-    }
-    if (!parts.empty()) {
-      Tensor fused = contiguous(cat(parts));
-      group_.all_reduce(fused, dist::ReduceOp::sum);
-      int64_t at = 0;
-      auto take = [&](int64_t count, Shape shape, DType dt) {
-        Tensor t = to_dtype(reshape(slice(fused, 0, at, at + count), shape), dt);
-        at += count;
-        return t;
-      };
-      for (int64_t i = 0; i < n; ++i) {
-        if (!reduce_affine[static_cast<size_t>(i)]) continue;
-        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-        const int64_t g = cb.options().num_codebooks, d = cb.options().dim;
-        const DType dt = cb.embed().dtype();
-        CodebookStatistics& p = cb.pending();
-        p.affine_count = take(g, {g}, dt);
-        p.affine_sum = take(g * d, {g, 1, d}, dt);
-        p.affine_sumsq = take(g * d, {g, 1, d}, dt);
-        cb.apply_affine_update();  // before the EMA step, as in a forward
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        if (!reduce_stats[static_cast<size_t>(i)]) continue;
-        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-        const CodebookOptions& o = cb.options();
-        const int64_t g = o.num_codebooks, k = o.codebook_size, d = o.dim;
-        const DType dt = cb.embed().dtype();
-        CodebookStatistics& p = cb.pending();
-        p.counts = take(g * k, {g, k}, dt);
-        p.sums = take(g * k * d, {g, k, d}, dt);
-        p.tokens = take(g, {g}, dt);
-        p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
-        cb.apply_ema_update();
-      }
+      const int64_t g = cb.options().num_codebooks, k = cb.options().codebook_size;
+      CodebookStatistics& p = cb.pending();
+      const DType dt = cb.embed().dtype();
+      p.counts = header.summed_stats(i, 0, {g, k}, dt);
+      p.tokens = header.summed_stats(i, g * k, {g}, dt);
+      p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
+      cb.apply_cluster_ema();
     }
 
-    // (4) Dead codes: which expire follows from the reduced cluster sizes,
-    // identical on every rank. The replacements are drawn from the pool of
-    // every rank's candidates in rank order (what one process would hold for
-    // the whole batch) without moving the pool: one all_gather of the
-    // candidate counts, the codebook's stream picks pool positions (the same
-    // on every rank), and one all_reduce(sum) moves just the picked rows,
-    // each contributed by the rank that holds it and zero elsewhere (exact).
+    // (4) One fused all_reduce: affine_param's batch statistics, the
+    // folded sums, and the dead-code replacement rows. Which codes expire
+    // follows from the reduced cluster sizes, identical on every rank. The
+    // replacements are drawn from the pool of every rank's candidates in
+    // rank order (what one process would hold for the whole batch) without
+    // moving the pool: the header carried the candidate counts, the
+    // codebook's stream picks pool positions (the same on every rank), and
+    // each picked row is contributed by the rank that holds it and zero
+    // elsewhere (an exact sum). Riding with the sums, the rows cost no
+    // collective of their own (the counts rode with the header).
     std::vector<int64_t> expiring;
     for (int64_t i = 0; i < n; ++i) {
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];
@@ -282,7 +294,50 @@ void QuantizerSync::sync_state() {
       else
         cb.pending().candidates.clear();
     }
-    if (!expiring.empty()) replace_dead_codes(expiring, header);
+    const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
+    Fused bulk(wide);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!reduce_affine[static_cast<size_t>(i)]) continue;
+      const int64_t g = codebooks_[static_cast<size_t>(i)]->options().num_codebooks,
+                    d = codebooks_[static_cast<size_t>(i)]->options().dim;
+      const CodebookStatistics& p = codebooks_[static_cast<size_t>(i)]->pending();
+      bulk.add(p.affine_count, {g});
+      bulk.add(p.affine_sum, {g, 1, d});
+      bulk.add(p.affine_sumsq, {g, 1, d});
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (!reduce_stats[static_cast<size_t>(i)]) continue;
+      const CodebookOptions& o = codebooks_[static_cast<size_t>(i)]->options();
+      bulk.add(codebooks_[static_cast<size_t>(i)]->pending().sums,
+               {o.num_codebooks, o.codebook_size, o.dim});
+    }
+    for (const auto& tables : rows)
+      for (const Tensor& r : tables) bulk.add(r, r.shape());
+    if (bulk.reduce(group_)) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!reduce_affine[static_cast<size_t>(i)]) continue;
+        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+        const DType dt = cb.embed().dtype();
+        CodebookStatistics& p = cb.pending();
+        p.affine_count = bulk.take(dt);
+        p.affine_sum = bulk.take(dt);
+        p.affine_sumsq = bulk.take(dt);
+        cb.apply_affine_update();  // before the EMA step, as in a forward
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (!reduce_stats[static_cast<size_t>(i)]) continue;
+        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+        cb.pending().sums = bulk.take(cb.embed().dtype());
+        cb.apply_embed_ema();
+      }
+      for (std::size_t e = 0; e < expiring.size(); ++e) {
+        Codebook& cb = *codebooks_[static_cast<size_t>(expiring[e])];
+        std::vector<Tensor> replacement;
+        for (std::size_t h = 0; h < rows[e].size(); ++h)
+          replacement.push_back(bulk.take(cb.embed().dtype()));
+        cb.replace_expired(replacement);
+      }
+    }
   }
   ++step_;
   pin_streams();

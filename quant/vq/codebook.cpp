@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/device_check.h"
+#include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/nn/init.h"
 #include "engine/ops/elementwise.h"
@@ -36,11 +38,24 @@ CodebookOptions checked(const CodebookOptions& o) {
 // The same seed for both streams: they differ by name.
 uint64_t seed_of(Generator& gen) { return draw_seed(gen); }
 
-// A copy of x ([K] or [K, D]) with rows `at` [m] replaced by `src`.
-Tensor put_rows(const Tensor& x, const Tensor& at, const Tensor& src) {
-  Tensor idx = at;
-  if (x.dim() == 2) idx = contiguous(expand(unsqueeze(at, 1), {at.numel(), x.size(1)}));
-  return scatter(x, 0, idx, src);
+// Rows `at` of the contiguous table `dst` ([K, D], or [K] with D = 1) set
+// to scale * src (src [m, D], m = at.size(); undefined: every row = scale),
+// in place: a dead-code step touches only the replaced rows, not the table.
+void put_rows_(const Tensor& dst, const std::vector<int64_t>& at, const Tensor& src,
+               double scale) {
+  detail::check_cpu("Codebook", {&dst, &src});
+  const int64_t d = dst.dim() == 2 ? dst.size(1) : 1;
+  const Tensor s = src.defined() ? contiguous(to_dtype(src, dst.dtype())) : Tensor();
+  dispatch_float(dst.dtype(), "Codebook", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* out = dst.data<T>();
+    const T* in = s.defined() ? s.data<T>() : nullptr;
+    for (std::size_t i = 0; i < at.size(); ++i) {
+      T* row = out + at[i] * d;
+      for (int64_t e = 0; e < d; ++e)
+        row[e] = in ? T(scale) * in[int64_t(i) * d + e] : T(scale);
+    }
+  });
 }
 
 }  // namespace
@@ -149,14 +164,26 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
 }
 
 void Codebook::apply_ema_update() {
+  apply_cluster_ema();
+  apply_embed_ema();
+}
+
+void Codebook::apply_cluster_ema() {
+  if (pending_.empty() || !pending_.counts.defined()) return;
+  NoGradGuard no_grad;
+  // cluster_size <- decay^s cluster_size + (1 - decay) folded counts (= s
+  // reference lerps), in place.
+  mul_(cluster_size_, std::pow(opts_.decay, double(pending_.steps)));
+  add_(cluster_size_, pending_.counts, 1.0 - opts_.decay);
+  pending_.counts = Tensor();
+}
+
+void Codebook::apply_embed_ema() {
   if (pending_.empty()) return;
   NoGradGuard no_grad;
-  const double keep = std::pow(opts_.decay, double(pending_.steps));
-  // cluster_size <- decay^s cluster_size + (1 - decay) folded counts (= s
-  // reference lerps).
-  const double fresh = 1.0 - opts_.decay;
-  copy_(cluster_size_, cluster_size_ * keep + pending_.counts * fresh);
-  copy_(embed_avg_, embed_avg_ * keep + pending_.sums * fresh);
+  // The same lerp for embed_avg, in place: no [G, K, D] temporaries.
+  mul_(embed_avg_, std::pow(opts_.decay, double(pending_.steps)));
+  add_(embed_avg_, pending_.sums, 1.0 - opts_.decay);
   if (opts_.ema_update) {
     const double k = double(opts_.codebook_size);
     const Tensor n = sum(cluster_size_, {-1}, true);
@@ -183,7 +210,8 @@ Tensor Codebook::table_rows(const std::vector<std::vector<Tensor>>& per_table,
   const auto t = static_cast<std::size_t>(table);
   if (t >= per_table.size() || per_table[t].empty())
     return zeros({0, opts_.dim}, options_of(embed_));
-  return contiguous(cat(per_table[t]));
+  // One forward's rows (the usual case) need no copy.
+  return per_table[t].size() == 1 ? contiguous(per_table[t][0]) : contiguous(cat(per_table[t]));
 }
 
 void Codebook::expire_codes() {
@@ -231,16 +259,15 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
     if (r.size(0) == 0) continue;
     const Tensor dead = masked_select(arange(k), select(expired, 0, h));
     const int64_t m = dead.numel();
-    if (r.size(0) != m)
+    if (r.dim() != 2 || r.size(0) != m || r.size(1) != opts_.dim)
       throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
-                                  " has " + std::to_string(m) + " expired codes, got " +
-                                  std::to_string(r.size(0)) + " rows");
-    const Tensor src = to_dtype(r, embed_.dtype());
-    const Tensor e = select(embed_, 0, h), avg = select(embed_avg_, 0, h),
-                 cs = select(cluster_size_, 0, h);
-    copy_(e, put_rows(e, dead, src));
-    copy_(avg, put_rows(avg, dead, src * threshold));
-    copy_(cs, put_rows(cs, dead, full({m}, threshold, options_of(cs))));
+                                  " has " + std::to_string(m) + " expired codes of dim " +
+                                  std::to_string(opts_.dim) + ", got rows of shape " +
+                                  shape_str(r.shape()));
+    const std::vector<int64_t> rows_at = dead.to_vector<int64_t>();
+    put_rows_(select(embed_, 0, h), rows_at, r, 1.0);
+    put_rows_(select(embed_avg_, 0, h), rows_at, r, threshold);
+    put_rows_(select(cluster_size_, 0, h), rows_at, Tensor(), threshold);
   }
 }
 

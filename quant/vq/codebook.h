@@ -88,6 +88,15 @@ class Codebook : public Module, public StepKeyed {
    * l2-normalised for cosine. Counts and sums are then cleared; candidates
    * are kept for expire_codes. No-op when nothing is pending. */
   void apply_ema_update();
+  /** The two halves of apply_ema_update(), for a caller that reduces the
+   * counts before the sums (QuantizerSync decides dead codes from the
+   * counts while the sums travel): the cluster_size lerp from pending
+   * counts (then cleared; no-op when there are none)... */
+  void apply_cluster_ema();
+  /** ...then, after it, the embed_avg lerp and the embed recompute from
+   * pending sums and the updated cluster_size; clears all pending
+   * statistics but the candidates. */
+  void apply_embed_ema();
   /** Dead-code expiry: every code whose cluster_size < threshold is replaced
    * by a pending candidate row (drawn from the dead-code stream), its
    * cluster_size reset to the threshold and embed_avg to row * threshold.

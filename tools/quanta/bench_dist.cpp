@@ -14,7 +14,19 @@
 //     1024 codes and 4096 tokens per rank, against the same step on one
 //     process with the whole global batch (N x 4096 tokens).
 //   vq_reconcile: the sync_state() part of that step, against the whole
-//     step: its ratio is the reconciliation's fraction of the step.
+//     step: its ratio is the reconciliation's fraction of the step. A
+//     barrier before sync_state() stands in for DataParallel's gradient
+//     all-reduce (which runs before the step hooks and absorbs the ranks'
+//     skew), so waiting for a slower rank counts in the step, not in the
+//     reconciliation.
+//   vq_reconcile_vs_comm: the same sync_state() time against the bare Gloo
+//     collectives that move its bytes (header all_gather and the all_reduce
+//     of the EMA sums), timed right after it in each step: how much of the
+//     reconciliation is communication this machine cannot avoid.
+// Each rank thread computes on its share of the threads (OpenMP's thread
+// count is per thread), as ranks under `quanta launch` do (it sets
+// OMP_NUM_THREADS=1 on this 2-core class of machine); one-process floors use
+// every thread.
 // Small messages are timed in batches (per-call times are reported). Times
 // are rank 0's; every rank runs the same loop, so they are in lockstep.
 #include <algorithm>
@@ -22,6 +34,9 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "bench.h"
 #include "dist/data_parallel.h"
@@ -36,6 +51,16 @@ namespace quanta::cli {
 namespace {
 
 using dist::Millis;
+
+// This thread's parallel regions use `threads` threads (Eigen follows
+// OpenMP's per-thread count unless --threads pinned it).
+void use_threads_here(int threads) {
+#ifdef _OPENMP
+  omp_set_num_threads(std::max(1, threads));
+#else
+  (void)threads;
+#endif
+}
 
 std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
   Generator gen(seed);
@@ -76,7 +101,7 @@ VqSizes vq_sizes(const BenchOptions& o) {
 }
 
 struct VqStepMs {
-  double step = 0, sync = 0;
+  double step = 0, sync = 0, comm = 0;
 };
 
 // Median times of a VQ training step on `g` (each rank `tokens` rows) and of
@@ -93,24 +118,49 @@ VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64
   Generator data(17 + uint64_t(g.rank()));
   Tensor x = randn({1, tokens, s.dim}, data);
   x.requires_grad_(true);
-  std::vector<double> step, reconcile;
+  // The bytes sync_state() must move, sent by bare Gloo right after it: the
+  // header all_gather (steps, candidate counts, then counts and token totals
+  // as f64 words) and the all_reduce of the f32 EMA sums (the dead-code rows
+  // riding with them vary by step and are left out of this floor).
+  auto* bare = g.size() > 1 ? dist::detail::gloo_backend_of(g) : nullptr;
+  const auto sum_fn = dist::detail::reduce_fn(DType::f32, dist::ReduceOp::sum);
+  std::vector<int64_t> header(static_cast<size_t>(1 + 1 + s.codes + 1)),
+      gathered(header.size() * static_cast<size_t>(g.size()));
+  Tensor sums = zeros({s.codes * s.dim});
+  uint32_t tag = 0x52000000;
+  std::vector<double> step, reconcile, comm;
   for (int i = 0; i <= repeat; ++i) {
     const auto t0 = clock::now();
     const quant::QuantizeOutput out = vq->forward(x);
     (mean(square(out.quantized)) + out.loss).backward();
+    // Under DataParallel the gradient all-reduce runs before the step hooks
+    // and absorbs the ranks' skew; this step has no parameter gradients, so
+    // a barrier stands in for it and the skew is not billed to sync_state.
+    g.barrier();
     const auto t1 = clock::now();
     sync.sync_state();
     const auto t2 = clock::now();
     x.zero_grad();
+    double comm_ms = 0;
+    if (bare) {
+      g.barrier();
+      const auto c0 = clock::now();
+      bare->all_gather(header.data(), gathered.data(), header.size() * sizeof(int64_t), tag++,
+                       Millis(60000));
+      bare->all_reduce(sums.raw_data(), static_cast<std::size_t>(sums.numel()), 4, sum_fn, tag++,
+                       Millis(60000));
+      comm_ms = std::chrono::duration<double, std::milli>(clock::now() - c0).count();
+    }
     if (i == 0) continue;  // warm-up
     step.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
     reconcile.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    comm.push_back(comm_ms);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  return {median(step), median(reconcile)};
+  return {median(step), median(reconcile), median(comm)};
 }
 
 void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOptions& o,
@@ -156,6 +206,7 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
   if (g.rank() == 0) {
     rows.push_back({"vq_train_step_dist", vq.step, 0});
     rows.push_back({"vq_reconcile", vq.sync, vq.step});
+    rows.push_back({"vq_reconcile_vs_comm", vq.sync, vq.comm});
   }
 }
 
@@ -167,8 +218,10 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
   std::vector<BenchRow> rows;
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
+  const int per_rank = std::max(1, num_threads() / n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
+      use_threads_here(per_rank);
       try {
         auto store =
             std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000));
