@@ -38,6 +38,14 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
 
 std::vector<Tensor> two(Tensor a, Tensor b) { return {std::move(a), std::move(b)}; }
 
+// An input's gradient only when it takes one (requires_grad when the op was
+// recorded): undefined means zero to the engine, and skipping it saves a
+// full pass, e.g. x - c.detach() or x * w with a constant w.
+template <class F>
+Tensor if_needed(bool needed, F&& grad) {
+  return needed ? grad() : Tensor();
+}
+
 }  // namespace
 
 Tensor scalar_like(const Tensor& x, double v) {
@@ -51,22 +59,31 @@ Tensor scalar_like(const Tensor& x, double v) {
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = arith("add", a, b, [](auto x, auto y) { return x + y; });
-  return autograd::record("add", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
-    return two(grad_for(g, a), grad_for(g, b));
+  return autograd::record("add", out, {a, b},
+                          [a = a.detach(), b = b.detach(), na = a.requires_grad(),
+                           nb = b.requires_grad()](const Tensor& g) {
+    return two(if_needed(na, [&] { return grad_for(g, a); }),
+               if_needed(nb, [&] { return grad_for(g, b); }));
   });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = arith("sub", a, b, [](auto x, auto y) { return x - y; });
-  return autograd::record("sub", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
-    return two(grad_for(g, a), grad_for(neg(g), b));
+  return autograd::record("sub", out, {a, b},
+                          [a = a.detach(), b = b.detach(), na = a.requires_grad(),
+                           nb = b.requires_grad()](const Tensor& g) {
+    return two(if_needed(na, [&] { return grad_for(g, a); }),
+               if_needed(nb, [&] { return grad_for(neg(g), b); }));
   });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = arith("mul", a, b, [](auto x, auto y) { return x * y; });
-  return autograd::record("mul", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
-    return two(grad_for(mul(g, b), a), grad_for(mul(g, a), b));
+  return autograd::record("mul", out, {a, b},
+                          [a = a.detach(), b = b.detach(), na = a.requires_grad(),
+                           nb = b.requires_grad()](const Tensor& g) {
+    return two(if_needed(na, [&] { return grad_for(mul(g, b), a); }),
+               if_needed(nb, [&] { return grad_for(mul(g, a), b); }));
   });
 }
 
@@ -77,9 +94,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_kernel("div", a, b, ct, ct, [](auto x, auto y) { return x / y; });
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("div", out, {a, b},
-                          [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
-    Tensor gb = neg(div(mul(g, o), b));
-    return two(grad_for(div(g, b), a), grad_for(gb, b));
+                          [a = a.detach(), b = b.detach(), o = out.detach(),
+                           na = a.requires_grad(), nb = b.requires_grad()](const Tensor& g) {
+    return two(if_needed(na, [&] { return grad_for(div(g, b), a); }),
+               if_needed(nb, [&] { return grad_for(neg(div(mul(g, o), b)), b); }));
   });
 }
 

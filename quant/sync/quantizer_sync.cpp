@@ -1,7 +1,6 @@
 #include "quant/sync/quantizer_sync.h"
 
 #include <algorithm>
-#include <bit>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -117,36 +116,11 @@ QuantizerSync::Header QuantizerSync::gather_header() {
         for (const Tensor& c : p.candidates[size_t(t)]) rows += c.size(0);
       local.push_back(rows);
     }
-    // An initialised codebook's folded counts and token totals ride along
-    // as the bits of f64 values (zeros without statistics): small, and the
-    // rank-ordered sum every rank forms from them is the same everywhere.
-    h.stats_offset.push_back(cb->initted() ? int64_t(local.size()) : -1);
-    if (!cb->initted()) continue;
-    const int64_t counts = o.num_codebooks * o.codebook_size;
-    auto append = [&](const Tensor& t, int64_t numel) {
-      const std::vector<double> v =
-          t.defined() ? t.to_vector<double>() : std::vector<double>(size_t(numel), 0.0);
-      for (double x : v) local.push_back(std::bit_cast<int64_t>(x));
-    };
-    append(p.counts, counts);
-    append(p.tokens, o.num_codebooks);
   }
   h.width = int64_t(local.size());
   h.world = group_.size();
   h.values = group_.all_gather(from_vector<int64_t>(local, {h.width})).to_vector<int64_t>();
   return h;
-}
-
-Tensor QuantizerSync::Header::summed_stats(int64_t codebook, int64_t skip, const Shape& shape,
-                                          DType dtype) const {
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  std::vector<double> total(static_cast<size_t>(numel), 0.0);
-  const int64_t at = stats_offset[size_t(codebook)] + skip;
-  for (int r = 0; r < world; ++r)  // rank order: the same sum on every rank
-    for (int64_t j = 0; j < numel; ++j)
-      total[size_t(j)] += std::bit_cast<double>(values[size_t(r * width + at + j)]);
-  return to_dtype(from_vector<double>(total, shape), dtype);
 }
 
 int64_t QuantizerSync::Header::max_steps(int64_t codebook) const {
@@ -251,9 +225,11 @@ void QuantizerSync::sync_state() {
       reduce_stats[static_cast<size_t>(i)] = global_steps[static_cast<size_t>(i)] > 0;
     }
 
-    // (3) No collective: cluster sizes take their EMA step from the counts
-    // and token totals summed over the header's ranks; with them every rank
-    // alike knows which codes expire.
+    // (3) One small fused all_reduce of every codebook's folded counts and
+    // token totals (ranks without statistics send zeros), in the widest
+    // codebook dtype: cluster sizes take their EMA step from it, and with
+    // them every rank alike knows which codes expire. (Not in the header: an
+    // all_gather's bytes grow with the world size, an all_reduce's do not.)
     DType wide = DType::f32;
     std::vector<bool> reduce_affine(static_cast<size_t>(n), false);
     for (int64_t i = 0; i < n; ++i) {
@@ -263,19 +239,28 @@ void QuantizerSync::sync_state() {
           cb.embed().dtype() == DType::f64)
         wide = DType::f64;
     }
+    Fused counts(wide);
     for (int64_t i = 0; i < n; ++i) {
       if (!reduce_stats[static_cast<size_t>(i)]) continue;
-      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      const int64_t g = cb.options().num_codebooks, k = cb.options().codebook_size;
-      CodebookStatistics& p = cb.pending();
-      const DType dt = cb.embed().dtype();
-      p.counts = header.summed_stats(i, 0, {g, k}, dt);
-      p.tokens = header.summed_stats(i, g * k, {g}, dt);
-      p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
-      cb.apply_cluster_ema();
+      const CodebookOptions& o = codebooks_[static_cast<size_t>(i)]->options();
+      const CodebookStatistics& p = codebooks_[static_cast<size_t>(i)]->pending();
+      counts.add(p.counts, {o.num_codebooks, o.codebook_size});
+      counts.add(p.tokens, {o.num_codebooks});
+    }
+    if (counts.reduce(group_)) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!reduce_stats[static_cast<size_t>(i)]) continue;
+        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
+        CodebookStatistics& p = cb.pending();
+        const DType dt = cb.embed().dtype();
+        p.counts = counts.take(dt);
+        p.tokens = counts.take(dt);
+        p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
+        cb.apply_cluster_ema();
+      }
     }
 
-    // (4) One fused all_reduce: affine_param's batch statistics, the
+    // (4) One large fused all_reduce: affine_param's batch statistics, the
     // folded sums, and the dead-code replacement rows. Which codes expire
     // follows from the reduced cluster sizes, identical on every rank. The
     // replacements are drawn from the pool of every rank's candidates in
@@ -284,7 +269,7 @@ void QuantizerSync::sync_state() {
     // codebook's stream picks pool positions (the same on every rank), and
     // each picked row is contributed by the rank that holds it and zero
     // elsewhere (an exact sum). Riding with the sums, the rows cost no
-    // collective of their own (the counts rode with the header).
+    // collective of their own.
     std::vector<int64_t> expiring;
     for (int64_t i = 0; i < n; ++i) {
       Codebook& cb = *codebooks_[static_cast<size_t>(i)];

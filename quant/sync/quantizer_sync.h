@@ -74,13 +74,13 @@ class QuantizerSync {
   /** The reconciliation point, on every rank once per optimizer step (after
    * the step's forwards, before the next ones). Collectives, in this order,
    * whatever the data: (1) all_gather of a small header (forward counts,
-   * candidate row counts, and every initialised codebook's assignment
-   * counts and token totals, from which every rank alike updates cluster
-   * sizes and decides which codes expire), (2) for each codebook awaiting
-   * k-means, one all_gather_v of samples per table, (3) one fused
-   * all_reduce(sum) of affine statistics, the EMA sums and the dead-code
-   * replacement rows, when some codebook accumulated statistics on some
-   * rank (known from the header) or some initialised codebook uses
+   * candidate row counts), (2) for each codebook awaiting k-means, one
+   * all_gather_v of samples per table, (3) one small fused all_reduce(sum)
+   * of every codebook's counts and token totals, from which every rank alike
+   * decides which codes expire, (4) one large fused all_reduce(sum) of
+   * affine statistics, the EMA sums and the dead-code replacement rows.
+   * (3) runs when some codebook accumulated statistics on some rank (known
+   * from the header), (4) then or when some initialised codebook uses
    * affine_param: never a data-dependent choice that could differ between
    * ranks.
    * Then the step count advances and the layers' random streams are pinned
@@ -102,16 +102,10 @@ class QuantizerSync {
   struct Header {
     std::vector<int64_t> values;  // [world * width]
     std::vector<int64_t> offset;  // per codebook, into one rank's block
-    // Per codebook, where its counts [G, K] then tokens [G] start in one
-    // rank's block (as f64 bits), or -1 (not initialised: none carried).
-    std::vector<int64_t> stats_offset;
     int64_t width = 0;
     int world = 1;
     int64_t max_steps(int64_t codebook) const;
     int64_t candidates(int rank, int64_t codebook, int64_t table) const;
-    // The carried statistics `skip` values into a codebook's block, summed
-    // over ranks in rank order, as `shape` in `dtype`.
-    Tensor summed_stats(int64_t codebook, int64_t skip, const Shape& shape, DType dtype) const;
   };
   Header gather_header();
   void pin_streams();

@@ -29,16 +29,33 @@ int64_t block_rows(int64_t n, int64_t k) {
   return std::max<int64_t>(16, std::min(budget, per_thread));
 }
 
-// Index of the smallest score in a row, the first on ties: a vectorised
-// min reduction finds the value, a plain scan its first position.
+// Index of the smallest score in a row, the first on ties, in one pass:
+// kLanes running minima with their indices (a strict < keeps each lane's
+// first), then the lanes' minimum, the smallest index among equal ones.
+// Written as lane arrays so the compiler turns the inner loop into vector
+// compares and blends. NaN scores never win; a row of only NaN gives 0.
 template <class T>
 int64_t row_argmin(const T* row, int64_t k) {
+  constexpr int kLanes = 64 / sizeof(T);
+  T best[kLanes];
+  int32_t at[kLanes];
+  for (int l = 0; l < kLanes; ++l) best[l] = std::numeric_limits<T>::infinity(), at[l] = 0;
+  int64_t j = 0;
+  for (; j + kLanes <= k; j += kLanes)
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      const T v = row[j + l];
+      const bool lower = v < best[l];
+      best[l] = lower ? v : best[l];
+      at[l] = lower ? int32_t(j + l) : at[l];
+    }
   T m = std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(min : m)
-  for (int64_t j = 0; j < k; ++j) m = row[j] < m ? row[j] : m;
-  for (int64_t j = 0; j < k; ++j)
-    if (row[j] == m) return j;
-  return 0;  // only NaN scores: no code is nearer than another
+  int64_t idx = 0;
+  for (; j < k; ++j)  // the tail, in order
+    if (row[j] < m) m = row[j], idx = j;
+  for (int l = 0; l < kLanes; ++l)
+    if (best[l] < m || (best[l] == m && at[l] < idx)) m = best[l], idx = at[l];
+  return idx;
 }
 
 template <class T>

@@ -72,6 +72,27 @@ double median_ms(int repeat, const std::function<void()>& fn) {
   return n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
 }
 
+std::vector<double> interleaved_ms(int repeat, int calls,
+                                   const std::vector<std::function<void()>>& fns) {
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int round = 0; round <= repeat; ++round)
+    for (std::size_t f = 0; f < fns.size(); ++f) {
+      const auto t0 = clock::now();
+      for (int i = 0; i < calls; ++i) fns[f]();
+      const double ms =
+          std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
+      if (round > 0) samples[f].push_back(ms);
+    }
+  std::vector<double> out;
+  for (auto& v : samples) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+  }
+  return out;
+}
+
 void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json) {
   if (json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();

@@ -29,6 +29,13 @@ struct BenchOptions {
  * untimed warm-up call. */
 double median_ms(int repeat, const std::function<void()>& fn);
 
+/** Median per-call milliseconds of several functions timed in turns (one
+ * batch of `calls` calls of each per round, `repeat` rounds after an untimed
+ * warm-up round), so load from other processes hits all of them alike: the
+ * way to time an op and its floor when their ratio is the figure. */
+std::vector<double> interleaved_ms(int repeat, int calls,
+                                   const std::vector<std::function<void()>>& fns);
+
 /** Prints rows as an aligned table "name ms floor_ms ratio", or as a JSON
  * list of objects with keys name, ms, floor_ms, ratio. */
 void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json);

@@ -69,30 +69,6 @@ std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
                                       std::make_shared<Linear>(2 * width, width, gen));
 }
 
-// Median per-call milliseconds of several functions timed in turns (one
-// batch of `calls` each per round, after a warm-up round), so load from
-// other processes hits all of them alike.
-std::vector<double> interleaved_ms(int repeat, int calls,
-                                   const std::vector<std::function<void()>>& fns) {
-  using clock = std::chrono::steady_clock;
-  std::vector<std::vector<double>> samples(fns.size());
-  for (int round = 0; round <= repeat; ++round)
-    for (std::size_t f = 0; f < fns.size(); ++f) {
-      const auto t0 = clock::now();
-      for (int i = 0; i < calls; ++i) fns[f]();
-      const double ms =
-          std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
-      if (round > 0) samples[f].push_back(ms);
-    }
-  std::vector<double> out;
-  for (auto& v : samples) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
-  }
-  return out;
-}
-
 struct VqSizes {
   int64_t dim, codes, tokens;
 };

@@ -4,6 +4,7 @@
 //                    floor: the plain distance GEMM it contains
 //                    ([8192, 256] x [256, 1024], bare Eigen, same threads).
 //   rvq8_train_step  ResidualVQ with 8 such layers, against 8 of those GEMMs.
+// Each step and its floor are timed in turns (interleaved_ms).
 // --size small runs tiny sizes (a smoke test, not a measurement).
 #include <Eigen/Core>
 
@@ -30,18 +31,22 @@ void train_step(const std::function<quant::QuantizeOutput(const Tensor&)>& fwd, 
   loss.backward();
 }
 
-// `gemms` distance GEMMs of the step's size, timed back to back.
-double gemm_floor(const Sizes& s, int gemms, const BenchOptions& o, Generator& gen) {
-  const int64_t n = s.batch * s.tokens;
-  const Tensor x = rand({n, s.dim}, gen), c = rand({s.codebook, s.dim}, gen);
-  const Tensor d = zeros({n, s.codebook});
-  Eigen::Map<const RowMajor> X(x.data<float>(), n, s.dim);
-  Eigen::Map<const RowMajor> C(c.data<float>(), s.codebook, s.dim);
-  Eigen::Map<RowMajor> D(d.data<float>(), n, s.codebook);
-  return median_ms(o.repeat, [&] {
+// `gemms` distance GEMMs of the step's size, back to back.
+struct GemmFloor {
+  GemmFloor(const Sizes& s, Generator& gen)
+      : n(s.batch * s.tokens),
+        x(rand({n, s.dim}, gen)),
+        c(rand({s.codebook, s.dim}, gen)),
+        d(zeros({n, s.codebook})) {}
+  void run(int gemms) const {
+    Eigen::Map<const RowMajor> X(x.data<float>(), n, x.size(1));
+    Eigen::Map<const RowMajor> C(c.data<float>(), c.size(0), c.size(1));
+    Eigen::Map<RowMajor> D(d.data<float>(), n, c.size(0));
     for (int i = 0; i < gemms; ++i) D.noalias() = X * C.transpose();
-  });
-}
+  }
+  int64_t n;
+  Tensor x, c, d;
+};
 
 }  // namespace
 
@@ -59,11 +64,13 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   vo.codebook_size = s.codebook;
   vo.decay = 0.99;
   auto vq = std::make_shared<quant::VectorQuantize>(vo, gen);
-  BenchRow vq_row{"vq_train_step"};
-  vq_row.ms = median_ms(o.repeat,
-                        [&] { train_step([&](const Tensor& t) { return vq->forward(t); }, x, w); });
-  vq_row.floor_ms = gemm_floor(s, 1, o, gen);
-  rows.push_back(vq_row);
+  const GemmFloor floor(s, gen);
+  // Step and floor timed in turns: the machine's load hits both alike.
+  const auto vq_ms = interleaved_ms(
+      o.repeat, 1,
+      {[&] { train_step([&](const Tensor& t) { return vq->forward(t); }, x, w); },
+       [&] { floor.run(1); }});
+  rows.push_back({"vq_train_step", vq_ms[0], vq_ms[1]});
 
   quant::ResidualVQOptions ro;
   ro.dim = s.dim;
@@ -71,11 +78,11 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   ro.codebook_sizes = {s.codebook};
   ro.layer.decay = 0.99;
   auto rvq = std::make_shared<quant::ResidualVQ>(ro, gen);
-  BenchRow rvq_row{"rvq8_train_step"};
-  rvq_row.ms = median_ms(
-      o.repeat, [&] { train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w); });
-  rvq_row.floor_ms = gemm_floor(s, 8, o, gen);
-  rows.push_back(rvq_row);
+  const auto rvq_ms = interleaved_ms(
+      o.repeat, 1,
+      {[&] { train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w); },
+       [&] { floor.run(8); }});
+  rows.push_back({"rvq8_train_step", rvq_ms[0], rvq_ms[1]});
   return rows;
 }
 

@@ -154,6 +154,27 @@ TEST_CASE("nearest_codes agrees with brute force (euclidean and cosine)") {
   CHECK(nearest_codes(zeros({0, 7}), c, false).numel() == 0);
 }
 
+TEST_CASE("nearest_codes: first code on ties, in every lane and the tail; NaN never wins") {
+  // 70 codes (past a 16- and 8-lane block, with a tail), every one a copy of
+  // the same few rows: the first copy of the nearest row must win.
+  for (const DType dt : {DType::f32, DType::f64}) {
+    const int64_t k = 70;
+    std::vector<double> cv;
+    for (int64_t j = 0; j < k; ++j)
+      for (int e = 0; e < 3; ++e) cv.push_back(double((j * 7) % 5) + e);  // rows repeat every 5
+    const Tensor c = to_dtype(from_vector<double>(cv, {k, 3}), dt);
+    for (int64_t target = 0; target < 5; ++target) {
+      const Tensor x = to_dtype(slice(c, 0, target, target + 1), dt);
+      CHECK(nearest_codes(x, c, false).item<int64_t>() == target);
+    }
+    // A code whose score is NaN is never chosen.
+    std::vector<double> nan_cv = cv;
+    nan_cv[0] = std::nan("");
+    const Tensor cn = to_dtype(from_vector<double>(nan_cv, {k, 3}), dt);
+    CHECK(nearest_codes(to_dtype(slice(c, 0, 0, 1), dt), cn, false).item<int64_t>() == 5);
+  }
+}
+
 TEST_CASE("route_with_commitment equals the separate ops, value and gradient (f64)") {
   Generator gen(19);
   const Tensor x0 = randn({4, 3, 5}, gen, {.dtype = DType::f64});
