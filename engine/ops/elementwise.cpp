@@ -1,9 +1,14 @@
 // Binary arithmetic, comparisons, where, in-place updates and operators.
 #include "engine/ops/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <vector>
 
 #include "engine/autograd/node.h"
+#include "engine/cpu/parallel.h"
+#include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/reduce.h"
@@ -98,6 +103,50 @@ Tensor div(const Tensor& a, const Tensor& b) {
                            na = a.requires_grad(), nb = b.requires_grad()](const Tensor& g) {
     return two(if_needed(na, [&] { return grad_for(div(g, b), a); }),
                if_needed(nb, [&] { return grad_for(neg(div(mul(g, o), b)), b); }));
+  });
+}
+
+Tensor add_n(const std::vector<Tensor>& terms) {
+  if (terms.empty()) throw std::invalid_argument("[add_n] needs at least one term");
+  const Tensor& first = terms[0];
+  bool fused = terms.size() > 2 && first.device().is_cpu() &&
+               (first.dtype() == DType::f32 || first.dtype() == DType::f64);
+  for (const Tensor& t : terms)
+    fused = fused && t.defined() && t.device().is_cpu() && t.dtype() == first.dtype() &&
+            t.shape() == first.shape();
+  if (!fused) {
+    Tensor total = first;
+    for (std::size_t i = 1; i < terms.size(); ++i) total = add(total, terms[i]);
+    return total;
+  }
+  std::vector<Tensor> in;
+  for (const Tensor& t : terms) in.push_back(contiguous(t.detach()));
+  Tensor out = detail::make_tensor(first.shape(), first.dtype(), first.device());
+  dispatch_float(first.dtype(), "add_n", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    std::vector<const T*> src;
+    for (const Tensor& t : in) src.push_back(t.data<T>());
+    T* dst = out.data<T>();
+    cpu::parallel_for(0, out.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
+      // Blocks that stay in L1 while every term is added into them in order.
+      constexpr int64_t kBlock = 2048;
+      for (int64_t b = lo; b < hi; b += kBlock) {
+        const int64_t e = std::min(hi, b + kBlock);
+        const T* s0 = src[0];
+        for (int64_t i = b; i < e; ++i) dst[i] = s0[i];
+        for (std::size_t t = 1; t < src.size(); ++t) {
+          const T* st = src[t];
+          for (int64_t i = b; i < e; ++i) dst[i] += st[i];
+        }
+      }
+    });
+  });
+  std::vector<bool> needs;
+  for (const Tensor& t : terms) needs.push_back(t.requires_grad());
+  return autograd::record("add_n", out, terms, [needs](const Tensor& g) {
+    std::vector<Tensor> grads;
+    for (bool n : needs) grads.push_back(n ? g : Tensor());
+    return grads;
   });
 }
 

@@ -2,6 +2,8 @@
 // Elementwise ops with NumPy broadcasting. Floating results for transcendental
 // functions (integer inputs compute in f32); 16-bit floats compute in f32 on
 // the CPU and are stored back. (nd) marks ops without a gradient.
+#include <vector>
+
 #include "engine/tensor.h"
 
 namespace quanta {
@@ -15,6 +17,13 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, double exponent);
 /** Elementwise larger / smaller (ties split the gradient evenly). */
+/** terms[0] + terms[1] + ... (left to right, so the same values as the
+ * chain of add()s), in one pass over the inputs when they share shape,
+ * dtype (f32 or f64) and the CPU; otherwise the chain itself (broadcasting
+ * and promotion as add). Each input's gradient is the output's. Needs at
+ * least one term. */
+Tensor add_n(const std::vector<Tensor>& terms);
+
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 

@@ -84,8 +84,8 @@ QuantizeOutput ResidualFSQ::forward_keep(const Tensor& x, const Tensor& mask, in
   Tensor z = layout.to_tokens(x);
   if (project_in_) z = project_in_->forward(z);
   if (soft_clamp_.defined()) z = detail::soft_clamp(z, soft_clamp_.to(z.dtype()));
-  Tensor residual = z, out;
-  std::vector<Tensor> indices;
+  Tensor residual = z;
+  std::vector<Tensor> indices, outputs;  // outputs summed once (add_n)
   const int64_t Q = num_quantizers();
   for (int64_t q = 0; q < Q; ++q) {
     if (last_kept >= 0 && q > last_kept) {
@@ -96,9 +96,10 @@ QuantizeOutput ResidualFSQ::forward_keep(const Tensor& x, const Tensor& mask, in
     const QuantizeOutput o = layers_[q]->forward(residual / scale, Tensor());
     const Tensor qz = o.quantized * scale;
     residual = residual - qz.detach();
-    out = out.defined() ? out + qz : qz;
+    outputs.push_back(qz);
     indices.push_back(o.indices.to(DType::i32));
   }
+  Tensor out = add_n(outputs);
   if (project_out_) out = project_out_->forward(out);
   QuantizeOutput r;
   r.quantized = layout.from_tokens(out);

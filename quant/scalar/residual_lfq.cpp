@@ -85,8 +85,8 @@ QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
   const Tensor keep = detail::token_mask(mask, layout, "ResidualLFQ");
   Tensor z = layout.to_tokens(x);
   if (project_in_) z = project_in_->forward(z);
-  Tensor residual = z, out;
-  std::vector<Tensor> indices, losses;
+  Tensor residual = z;
+  std::vector<Tensor> indices, losses, outputs;  // outputs summed once (add_n)
   LossTerms terms;
   for (int64_t q = 0; q < num_quantizers(); ++q) {
     if (last_kept >= 0 && q > last_kept) {
@@ -96,7 +96,7 @@ QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
     }
     const QuantizeOutput o = layers_[q]->forward(residual, keep, inv_temperature);
     residual = residual - o.quantized.detach();
-    out = out.defined() ? out + o.quantized : o.quantized;
+    outputs.push_back(o.quantized);
     indices.push_back(o.indices);
     losses.push_back(o.loss);
     if (terms.empty()) {
@@ -106,6 +106,7 @@ QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
         terms[i].second = terms[i].second + o.losses[i].second;
     }
   }
+  Tensor out = add_n(outputs);
   if (project_out_) out = project_out_->forward(out);
   QuantizeOutput r;
   r.quantized = layout.from_tokens(out);

@@ -100,7 +100,8 @@ QuantizeOutput ResidualVQ::forward_with_last_layer(const Tensor& x, const Tensor
   if (project_in_) tokens = project_in_->forward(tokens);
   Tensor token_mask;
   if (mask.defined()) token_mask = reshape(mask, {b, n});
-  Tensor residual = tokens, sum_q;
+  Tensor residual = tokens;
+  std::vector<Tensor> outputs;  // summed once at the end (add_n: one pass)
   std::vector<Tensor> indices, losses;
   std::vector<std::string> term_names;
   std::vector<std::vector<Tensor>> terms;
@@ -115,7 +116,7 @@ QuantizeOutput ResidualVQ::forward_with_last_layer(const Tensor& x, const Tensor
     QuantizeOutput o = layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
     // Later layers see a residual cut from the graph (reference issue #33).
     residual = residual - o.quantized.detach();
-    sum_q = sum_q.defined() ? sum_q + o.quantized : o.quantized;
+    outputs.push_back(o.quantized);
     indices.push_back(o.indices);
     losses.push_back(o.loss);
     if (terms.empty()) {
@@ -125,6 +126,7 @@ QuantizeOutput ResidualVQ::forward_with_last_layer(const Tensor& x, const Tensor
     for (size_t j = 0; j < term_names.size(); ++j) terms[j].push_back(o.term(term_names[j]));
   }
   if (opts_.shared_codebook && opts_.update_in_forward && is_training()) layers_[0]->update_state();
+  const Tensor sum_q = add_n(outputs);
   Tensor y = project_in_ ? project_out_->forward(sum_q) : sum_q;
   QuantizeOutput out;
   out.quantized = layout.from_tokens(y);

@@ -268,3 +268,37 @@ TEST_CASE("broadcast inputs: a value splat everywhere or along rows, any positio
   const Tensor i32 = expand(scalar(3.0, {.dtype = DType::i32}), {rows, cols});
   CHECK((a * i32).to_vector<double>() == (a * 3.0).to_vector<double>());
 }
+
+TEST_CASE("add_n through the harness (fused path, broadcasting fallback, zero size)") {
+  OpCase c;
+  c.name = "add_n";
+  c.shapes = {{3, 4}, {3, 4}, {3, 4}, {3, 4}};
+  c.broadcast_shapes = {{2, 1, 4}, {3, 1}, {4}, {1}};
+  c.zero_shapes = {{0, 4}, {0, 4}, {0, 4}, {0, 4}};
+  c.inputs = {InputSpec{}, InputSpec{}, InputSpec{}, InputSpec{}};
+  c.op = [](const Inputs& x) { return add_n(x); };
+  c.reference = [](const Inputs& x) {
+    return ref_elementwise(x, [](const std::vector<double>& v) { return v[0] + v[1] + v[2] + v[3]; });
+  };
+  run_case(c);
+}
+
+TEST_CASE("add_n: the chain of adds bit for bit, gradients only where taken, clear errors") {
+  Generator gen(8);
+  std::vector<Tensor> t;
+  for (int i = 0; i < 5; ++i) t.push_back(randn({37, 1000}, gen));  // past one thread's grain
+  Tensor chain = t[0];
+  for (int i = 1; i < 5; ++i) chain = chain + t[i];
+  CHECK(add_n(t).to_vector<float>() == chain.to_vector<float>());
+  // A transposed (non-contiguous) term is read through its strides.
+  std::vector<Tensor> mixed = {t[0], transpose(randn({1000, 37}, gen), 0, 1), t[1]};
+  CHECK(add_n(mixed).to_vector<float>() == (mixed[0] + mixed[1] + mixed[2]).to_vector<float>());
+  Tensor a = t[0].clone().requires_grad_(), b = t[1].clone();
+  Tensor c = t[2].clone().requires_grad_();
+  sum(add_n({a, b, c}) * 3.0).backward();
+  CHECK(a.grad().to_vector<float>() == std::vector<float>(37 * 1000, 3.0f));
+  CHECK(c.grad().to_vector<float>() == std::vector<float>(37 * 1000, 3.0f));
+  CHECK(add_n({t[3]}).to_vector<float>() == t[3].to_vector<float>());
+  CHECK_THROWS_WITH_AS(add_n({}), doctest::Contains("[add_n] needs at least one term"),
+                       std::invalid_argument);
+}
