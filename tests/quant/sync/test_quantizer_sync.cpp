@@ -499,3 +499,40 @@ TEST_CASE(
            errors[size_t(r)].find("rank " + other + " left the group") != std::string::npos));
   }
 }
+
+TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
+  // Steady state: header, counts, one fused all_reduce (the dead-code rows
+  // ride with the sums). No statistics anywhere: the header alone. k-means
+  // pending: header and one all_gather_v per table, nothing else.
+  const auto errors = run_ranks(2, [&](ProcessGroup& group) {
+    Generator gen(3);
+    auto o = vq_options();
+    o.threshold_ema_dead_code = 1e9;  // every code expires every step
+    auto vq = std::make_shared<VectorQuantize>(o, gen);
+    QuantizerSync sync(vq, group);
+    Generator data(40 + uint64_t(group.rank()));
+    const Tensor x = randn({1, 7, kDim}, data);
+    for (int s = 0; s < 3; ++s) {
+      vq->forward(x);
+      const uint64_t before = group.sequence();
+      sync.sync_state();
+      CHECK(group.sequence() - before == 3);
+      CHECK(any(vq->codebook().expired_codes()).item() == 0.0);  // all were replaced
+    }
+    const uint64_t before = group.sequence();
+    sync.sync_state();  // no forward since the last one
+    CHECK(group.sequence() - before == 1);
+
+    auto ko = vq_options();
+    ko.kmeans_init = true;
+    ko.heads = 2;
+    ko.separate_codebook_per_head = true;
+    auto fresh = std::make_shared<VectorQuantize>(ko, gen);
+    QuantizerSync init_sync(fresh, group);
+    fresh->forward(randn({1, 7, kDim}, data));
+    const uint64_t at = group.sequence();
+    init_sync.sync_state();
+    CHECK(group.sequence() - at == 1 + 2);  // header, then one all_gather_v per table
+  });
+  REQUIRE(all_ok(errors));
+}
