@@ -130,16 +130,8 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
   NoGradGuard no_grad;
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
   const auto opt = options_of(embed_);
-  if (pending_.empty()) {
-    pending_.counts = zeros({g, k}, opt);
-    pending_.sums = zeros({g, k, d}, opt);
-    pending_.tokens = zeros({g}, opt);
-    pending_.candidates.assign(static_cast<size_t>(g), {});
-  }
-  const double decay = opts_.decay;
-  // Fold the earlier forwards' contributions one more decay step down.
-  mul_(pending_.counts, decay);
-  mul_(pending_.sums, decay);
+  const bool first = pending_.empty();
+  if (first) pending_.candidates.assign(static_cast<size_t>(g), {});
   const Tensor xs = to_dtype(x.detach(), embed_.dtype());
   const int64_t t = xs.size(1);
   std::vector<Tensor> counts, sums, tokens;
@@ -157,9 +149,20 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
     tokens.push_back(scalar(double(n), opt));
     if (opts_.threshold_ema_dead_code > 0) pending_.candidates[h].push_back(rows);
   }
-  add_(pending_.counts, stack(counts));
-  add_(pending_.sums, stack(sums));
-  add_(pending_.tokens, stack(tokens));
+  // One table's [K, D] sums need no stacking copy.
+  Tensor new_sums = g == 1 ? unsqueeze(sums[0], 0) : stack(sums);
+  if (first) {  // the common case: one forward per step, no fold, no add
+    pending_.counts = stack(counts);
+    pending_.sums = new_sums;
+    pending_.tokens = stack(tokens);
+  } else {
+    // Fold the earlier forwards' contributions one more decay step down.
+    mul_(pending_.counts, opts_.decay);
+    mul_(pending_.sums, opts_.decay);
+    add_(pending_.counts, stack(counts));
+    add_(pending_.sums, new_sums);
+    add_(pending_.tokens, stack(tokens));
+  }
   pending_.steps += 1;
 }
 
