@@ -29,15 +29,15 @@ class Fused {
 
   void add(const Tensor& t, const Shape& shape) {
     shapes_.push_back(shape);
-    int64_t numel = 1;
-    for (int64_t s : shape) numel *= s;
+    const int64_t numel = numel_of(shape);
     parts_.push_back(t.defined() ? reshape(to_dtype(t, dtype_), {numel})
                                  : zeros({numel}, {.dtype = dtype_}));
   }
   /** The all_reduce; false (and no collective) when nothing was added. */
   bool reduce(dist::ProcessGroup& group) {
     if (parts_.empty()) return false;
-    flat_ = parts_.size() == 1 ? contiguous(parts_[0].clone()) : contiguous(cat(parts_));
+    // A copy either way: the buffer must not alias the pending statistics.
+    flat_ = parts_.size() == 1 ? parts_[0].clone() : cat(parts_);
     parts_.clear();
     group.all_reduce(flat_, dist::ReduceOp::sum);
     return true;
@@ -45,8 +45,7 @@ class Fused {
   /** The next reduced tensor, in `dtype`. */
   Tensor take(DType dtype) {
     const Shape& shape = shapes_.at(next_++);
-    int64_t numel = 1;
-    for (int64_t s : shape) numel *= s;
+    const int64_t numel = numel_of(shape);
     Tensor t = to_dtype(reshape(slice(flat_, 0, at_, at_ + numel), shape), dtype);
     at_ += numel;
     return t;

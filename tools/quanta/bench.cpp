@@ -67,9 +67,14 @@ double median_ms(int repeat, const std::function<void()>& fn) {
     fn();
     ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  const std::size_t n = ms.size();
-  return n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  return median_of(std::move(ms));
+}
+
+double median_of(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  return n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
 }
 
 std::vector<double> interleaved_ms(int repeat, int calls,
@@ -85,11 +90,7 @@ std::vector<double> interleaved_ms(int repeat, int calls,
       if (round > 0) samples[f].push_back(ms);
     }
   std::vector<double> out;
-  for (auto& v : samples) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    out.push_back(n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
-  }
+  for (auto& v : samples) out.push_back(median_of(std::move(v)));
   return out;
 }
 

@@ -25,6 +25,9 @@ struct BenchOptions {
   int ranks = 2;       // ranks for suites that run collectives (dist)
 };
 
+/** The median of `samples` (the mean of the middle two for an even count). */
+double median_of(std::vector<double> samples);
+
 /** Median wall time in milliseconds of `repeat` calls of `fn`, after one
  * untimed warm-up call. */
 double median_ms(int repeat, const std::function<void()>& fn);

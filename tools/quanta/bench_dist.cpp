@@ -132,11 +132,7 @@ VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64
     reconcile.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     comm.push_back(comm_ms);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return {median(step), median(reconcile), median(comm)};
+  return {median_of(step), median_of(reconcile), median_of(comm)};
 }
 
 void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOptions& o,
