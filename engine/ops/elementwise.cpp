@@ -302,6 +302,9 @@ void mul_(const Tensor& dst, const Tensor& src) {
   update("mul_", dst, [](auto d, auto x, auto) { return d * x; }, src, src);
 }
 void mul_(const Tensor& dst, double v) { mul_(dst, scalar_like(dst, v)); }
+void div_(const Tensor& dst, const Tensor& src) {
+  update("div_", dst, [](auto d, auto x, auto) { return d / x; }, src, src);
+}
 void addcmul_(const Tensor& dst, const Tensor& a, const Tensor& b, double alpha) {
   update("addcmul_", dst, [alpha](auto d, auto x, auto y) {
     return d + static_cast<decltype(d)>(alpha) * x * y;

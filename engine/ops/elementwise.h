@@ -82,6 +82,8 @@ Tensor straight_through(const Tensor& x, const Tensor& q);
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);
 void mul_(const Tensor& dst, const Tensor& src);
 void mul_(const Tensor& dst, double value);
+/** dst /= src, element by element (the same rounding as div). */
+void div_(const Tensor& dst, const Tensor& src);
 void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& dst, double value);
 /** dst = dst + alpha * a * b. */

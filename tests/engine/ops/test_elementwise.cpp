@@ -207,6 +207,22 @@ TEST_CASE("in-place updates refuse tensors that require grad") {
   CHECK(w.to_vector<float>() == std::vector<float>{4.5f, 6.5f});
 }
 
+TEST_CASE("div_ divides in place, broadcasting, bit for bit as div") {
+  Generator gen(8);
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    const Tensor a = to_dtype(randn({37, 19}, gen), dt);
+    const Tensor b = to_dtype(add(rand({37, 1}, gen), scalar(0.5)), dt);
+    const Tensor expected = div(a, b);
+    const Tensor d = a.clone();
+    div_(d, b);
+    CHECK(d.to_vector<double>() == expected.to_vector<double>());
+  }
+  const Tensor w = from_vector<float>({1, 2}).requires_grad_();
+  CHECK_THROWS_WITH_AS(div_(w, ones({2})), doctest::Contains("[div_] in-place"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("straight_through: value of q, identity gradient to x, none to q") {
   Tensor x = from_vector<double>({0.3, -1.2, 2.0}).requires_grad_();
   Tensor q = from_vector<double>({0.0, -1.0, 2.5}).requires_grad_();
