@@ -6,6 +6,8 @@
 
 #include "dist/functional.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/autograd/node.h"
+#include "engine/ops/elementwise.h"
 #include "engine/factory.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
@@ -22,27 +24,49 @@ namespace {
 
 // Tensors packed into one flat buffer for one all_reduce(sum), then read
 // back in the order they were added. An undefined tensor (a rank without
-// those statistics) is sent as zeros of its declared shape.
+// those statistics) is sent as zeros of its declared shape. The buffer is
+// the caller's `staging` tensor, kept across steps and reused while its size
+// and dtype match and nothing else holds it: no fresh pages to fault in per
+// step (costly on virtual machines) and no temporaries for the parts.
 class Fused {
  public:
-  explicit Fused(DType dtype) : dtype_(dtype) {}
+  Fused(DType dtype, Tensor& staging) : dtype_(dtype), flat_(staging) {}
 
   void add(const Tensor& t, const Shape& shape) {
+    parts_.push_back(t);
     shapes_.push_back(shape);
-    const int64_t numel = numel_of(shape);
-    parts_.push_back(t.defined() ? reshape(to_dtype(t, dtype_), {numel})
-                                 : zeros({numel}, {.dtype = dtype_}));
   }
   /** The all_reduce; false (and no collective) when nothing was added. */
   bool reduce(dist::ProcessGroup& group) {
     if (parts_.empty()) return false;
-    // A copy either way: the buffer must not alias the pending statistics.
-    flat_ = parts_.size() == 1 ? parts_[0].clone() : cat(parts_);
+    int64_t total = 0;
+    Device device = Device::cpu();
+    for (std::size_t i = 0; i < parts_.size(); ++i) {
+      total += numel_of(shapes_[i]);
+      if (parts_[i].defined()) device = parts_[i].device();
+    }
+    if (!autograd::sole_owner(flat_) || flat_.numel() != total || flat_.dtype() != dtype_ ||
+        flat_.device() != device)
+      flat_ = empty({total}, {.dtype = dtype_, .device = device});
+    // Copies either way: the buffer must not alias the pending statistics.
+    int64_t at = 0;
+    for (std::size_t i = 0; i < parts_.size(); ++i) {
+      const int64_t numel = numel_of(shapes_[i]);
+      const Tensor dst = slice(flat_, 0, at, at + numel);
+      if (parts_[i].defined())
+        copy_(dst, reshape(parts_[i], {numel}));
+      else
+        fill_(dst, 0.0);
+      at += numel;
+    }
     parts_.clear();
-    group.all_reduce(flat_, dist::ReduceOp::sum);
+    // Nothing to move (e.g. expired codes but no candidate anywhere): the
+    // shapes are the same on every rank, so every rank skips alike.
+    if (total > 0) group.all_reduce(flat_, dist::ReduceOp::sum);
     return true;
   }
-  /** The next reduced tensor, in `dtype`. */
+  /** The next reduced tensor, in `dtype` (a view of the buffer when the
+   * dtype matches: consume it before the next reduce). */
   Tensor take(DType dtype) {
     const Shape& shape = shapes_.at(next_++);
     const int64_t numel = numel_of(shape);
@@ -53,9 +77,9 @@ class Fused {
 
  private:
   DType dtype_;
+  Tensor& flat_;
   std::vector<Tensor> parts_;
   std::vector<Shape> shapes_;
-  Tensor flat_;
   int64_t at_ = 0;
   std::size_t next_ = 0;
 };
@@ -101,26 +125,52 @@ void QuantizerSync::attach(dist::DataParallel& dp) {
   dp.add_step_hook([this](dist::ProcessGroup&) { sync_state(); });
 }
 
-QuantizerSync::Header QuantizerSync::gather_header() {
+QuantizerSync::Header QuantizerSync::local_header() const {
   Header h;
-  std::vector<int64_t> local;
   for (Codebook* cb : codebooks_) {
     const CodebookOptions& o = cb->options();
-    h.offset.push_back(int64_t(local.size()));
+    h.offset.push_back(int64_t(h.values.size()));
     const CodebookStatistics& p = cb->pending();
-    local.push_back(p.steps);
+    h.values.push_back(p.steps);
     for (int64_t t = 0; t < o.num_codebooks; ++t) {
       int64_t rows = 0;
       if (t < static_cast<int64_t>(p.candidates.size()))
         for (const Tensor& c : p.candidates[size_t(t)]) rows += c.size(0);
-      local.push_back(rows);
+      h.values.push_back(rows);
     }
   }
-  h.width = int64_t(local.size());
-  h.world = group_.size();
-  h.values = group_.all_gather(from_vector<int64_t>(local, {h.width})).to_vector<int64_t>();
+  h.width = int64_t(h.values.size());
   return h;
 }
+
+namespace {
+// The header travels inside the fused all_reduce(sum) as a [world, width]
+// block that is zero except this rank's row: the sum is an all_gather, and
+// an exact one, since every other term is zero. Each (non-negative) value is
+// split into three 21-bit pieces, whole numbers that f32 and f64 both hold
+// exactly, so any int64 count survives whatever the codebook dtype.
+constexpr int kPieces = 3;
+constexpr int64_t kPieceBits = 21;
+constexpr int64_t kPieceMask = (int64_t(1) << kPieceBits) - 1;
+
+Tensor scatter_header_row(const std::vector<int64_t>& row, int rank, int world) {
+  std::vector<double> block(row.size() * kPieces * static_cast<std::size_t>(world), 0.0);
+  double* mine = block.data() + row.size() * kPieces * static_cast<std::size_t>(rank);
+  for (std::size_t i = 0; i < row.size(); ++i)
+    for (int k = 0; k < kPieces; ++k)
+      mine[i * kPieces + size_t(k)] = double((row[i] >> (kPieceBits * k)) & kPieceMask);
+  return from_vector<double>(block, {int64_t(block.size())});
+}
+
+std::vector<int64_t> gather_header_rows(const Tensor& reduced) {
+  const std::vector<double> pieces = reduced.to_vector<double>();
+  std::vector<int64_t> values(pieces.size() / kPieces);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (int k = 0; k < kPieces; ++k)
+      values[i] |= int64_t(pieces[i * kPieces + size_t(k)]) << (kPieceBits * k);
+  return values;
+}
+}  // namespace
 
 int64_t QuantizerSync::Header::max_steps(int64_t codebook) const {
   int64_t most = 0;
@@ -198,129 +248,114 @@ std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
 void QuantizerSync::sync_state() {
   NoGradGuard no_grad;
   const int64_t n = static_cast<int64_t>(codebooks_.size());
-  if (n > 0) {
-    // (1) One all_gather of a small header: per codebook, the forwards it
-    // accumulated since the last sync (the most any rank ran is used: a rank
-    // with an extra forward folded its counts one decay step further) and
-    // the candidate rows per table (for the dead-code pool).
-    const Header header = gather_header();
-    std::vector<double> global_steps;
-    for (int64_t i = 0; i < n; ++i) global_steps.push_back(double(header.max_steps(i)));
+  const auto at = [](int64_t i) { return static_cast<std::size_t>(i); };
+  // Which codebooks reconcile statistics: the initialised ones, the same on
+  // every rank (initialisation is global). Decided before the k-means below,
+  // whose statistics were taken against the zero codes and mean nothing.
+  std::vector<bool> reduce(at(n), false);
+  DType wide = DType::f32;  // the widest dtype among them carries the fusion
+  for (int64_t i = 0; i < n; ++i) {
+    reduce[at(i)] = codebooks_[at(i)]->initted();
+    if (reduce[at(i)] && codebooks_[at(i)]->embed().dtype() == DType::f64) wide = DType::f64;
+  }
 
-    // (2) Deferred k-means on the pooled samples of every rank (rank order):
-    // the same pool, hence the same codes, on every rank.
-    std::vector<bool> reduce_stats(static_cast<size_t>(n), false);
-    for (int64_t i = 0; i < n; ++i) {
-      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      const CodebookOptions& o = cb.options();
-      if (!cb.initted()) {
-        std::vector<Tensor> pools;
-        for (int64_t h = 0; h < o.num_codebooks; ++h)
-          pools.push_back(group_.all_gather_v(cb.table_rows(cb.pending().init_samples, h)));
-        cb.pending() = CodebookStatistics{};
-        cb.init_from_samples(pools);
-        continue;  // statistics against the zero codes mean nothing
-      }
-      reduce_stats[static_cast<size_t>(i)] = global_steps[static_cast<size_t>(i)] > 0;
-    }
+  // (1) Deferred k-means on the pooled samples of every rank (rank order):
+  // the same pool, hence the same codes, on every rank.
+  for (int64_t i = 0; i < n; ++i) {
+    Codebook& cb = *codebooks_[at(i)];
+    if (cb.initted()) continue;
+    std::vector<Tensor> pools;
+    for (int64_t h = 0; h < cb.options().num_codebooks; ++h)
+      pools.push_back(group_.all_gather_v(cb.table_rows(cb.pending().init_samples, h)));
+    cb.pending() = CodebookStatistics{};
+    cb.init_from_samples(pools);
+  }
 
-    // (3) One small fused all_reduce of every codebook's folded counts and
-    // token totals (ranks without statistics send zeros), in the widest
-    // codebook dtype: cluster sizes take their EMA step from it, and with
-    // them every rank alike knows which codes expire. (Not in the header: an
-    // all_gather's bytes grow with the world size, an all_reduce's do not.)
-    DType wide = DType::f32;
-    std::vector<bool> reduce_affine(static_cast<size_t>(n), false);
-    for (int64_t i = 0; i < n; ++i) {
-      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      reduce_affine[static_cast<size_t>(i)] = cb.options().affine_param && cb.initted();
-      if ((reduce_stats[static_cast<size_t>(i)] || reduce_affine[static_cast<size_t>(i)]) &&
-          cb.embed().dtype() == DType::f64)
-        wide = DType::f64;
+  // (2) One fused all_reduce(sum), whatever the data: the header (every
+  // rank's forward count and candidate rows per codebook, as a scattered
+  // block), then per codebook its folded counts and token totals, its
+  // affine_param batch statistics and its folded sums. A rank without
+  // statistics sends zeros.
+  Header header = local_header();
+  header.world = group_.size();
+  Fused bulk(wide, staging_);
+  bool any_reduced = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!reduce[at(i)]) continue;
+    if (!any_reduced) {
+      const Tensor block = scatter_header_row(header.values, group_.rank(), header.world);
+      bulk.add(block, block.shape());
+      any_reduced = true;
     }
-    Fused counts(wide);
-    for (int64_t i = 0; i < n; ++i) {
-      if (!reduce_stats[static_cast<size_t>(i)]) continue;
-      const CodebookOptions& o = codebooks_[static_cast<size_t>(i)]->options();
-      const CodebookStatistics& p = codebooks_[static_cast<size_t>(i)]->pending();
-      counts.add(p.counts, {o.num_codebooks, o.codebook_size});
-      counts.add(p.tokens, {o.num_codebooks});
-    }
-    if (counts.reduce(group_)) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (!reduce_stats[static_cast<size_t>(i)]) continue;
-        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-        CodebookStatistics& p = cb.pending();
-        const DType dt = cb.embed().dtype();
-        p.counts = counts.take(dt);
-        p.tokens = counts.take(dt);
-        p.steps = static_cast<int64_t>(global_steps[static_cast<size_t>(i)]);
-        cb.apply_cluster_ema();
-      }
-    }
-
-    // (4) One large fused all_reduce: affine_param's batch statistics, the
-    // folded sums, and the dead-code replacement rows. Which codes expire
-    // follows from the reduced cluster sizes, identical on every rank. The
-    // replacements are drawn from the pool of every rank's candidates in
-    // rank order (what one process would hold for the whole batch) without
-    // moving the pool: the header carried the candidate counts, the
-    // codebook's stream picks pool positions (the same on every rank), and
-    // each picked row is contributed by the rank that holds it and zero
-    // elsewhere (an exact sum). Riding with the sums, the rows cost no
-    // collective of their own.
-    std::vector<int64_t> expiring;
-    for (int64_t i = 0; i < n; ++i) {
-      Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-      if (reduce_stats[static_cast<size_t>(i)] && cb.options().threshold_ema_dead_code > 0 &&
-          any(cb.expired_codes()).item())
-        expiring.push_back(i);
-      else
-        cb.pending().candidates.clear();
-    }
-    const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
-    Fused bulk(wide);
-    for (int64_t i = 0; i < n; ++i) {
-      if (!reduce_affine[static_cast<size_t>(i)]) continue;
-      const int64_t g = codebooks_[static_cast<size_t>(i)]->options().num_codebooks,
-                    d = codebooks_[static_cast<size_t>(i)]->options().dim;
-      const CodebookStatistics& p = codebooks_[static_cast<size_t>(i)]->pending();
+    const CodebookOptions& o = codebooks_[at(i)]->options();
+    const CodebookStatistics& p = codebooks_[at(i)]->pending();
+    const int64_t g = o.num_codebooks, d = o.dim;
+    bulk.add(p.counts, {g, o.codebook_size});
+    bulk.add(p.tokens, {g});
+    if (o.affine_param) {
       bulk.add(p.affine_count, {g});
       bulk.add(p.affine_sum, {g, 1, d});
       bulk.add(p.affine_sumsq, {g, 1, d});
     }
+    bulk.add(p.sums, {g, o.codebook_size, d});
+  }
+  if (bulk.reduce(group_)) {
+    header.values = gather_header_rows(bulk.take(DType::f64));
+    // The EMA step takes the most forwards any rank ran (a rank with an
+    // extra forward folded its counts one decay step further); affine
+    // statistics are applied before it, as in a forward.
     for (int64_t i = 0; i < n; ++i) {
-      if (!reduce_stats[static_cast<size_t>(i)]) continue;
-      const CodebookOptions& o = codebooks_[static_cast<size_t>(i)]->options();
-      bulk.add(codebooks_[static_cast<size_t>(i)]->pending().sums,
-               {o.num_codebooks, o.codebook_size, o.dim});
-    }
-    for (const auto& tables : rows)
-      for (const Tensor& r : tables) bulk.add(r, r.shape());
-    if (bulk.reduce(group_)) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (!reduce_affine[static_cast<size_t>(i)]) continue;
-        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-        const DType dt = cb.embed().dtype();
-        CodebookStatistics& p = cb.pending();
+      if (!reduce[at(i)]) continue;
+      Codebook& cb = *codebooks_[at(i)];
+      const DType dt = cb.embed().dtype();
+      CodebookStatistics& p = cb.pending();
+      p.counts = bulk.take(dt);
+      p.tokens = bulk.take(dt);
+      if (cb.options().affine_param) {
         p.affine_count = bulk.take(dt);
         p.affine_sum = bulk.take(dt);
         p.affine_sumsq = bulk.take(dt);
-        cb.apply_affine_update();  // before the EMA step, as in a forward
+        cb.apply_affine_update();
       }
-      for (int64_t i = 0; i < n; ++i) {
-        if (!reduce_stats[static_cast<size_t>(i)]) continue;
-        Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-        cb.pending().sums = bulk.take(cb.embed().dtype());
-        cb.apply_embed_ema();
+      p.sums = bulk.take(dt);
+      p.steps = header.max_steps(i);
+      if (p.steps == 0) {  // no forward on any rank: nothing to apply
+        p = CodebookStatistics{};
+        continue;
       }
-      for (std::size_t e = 0; e < expiring.size(); ++e) {
-        Codebook& cb = *codebooks_[static_cast<size_t>(expiring[e])];
-        std::vector<Tensor> replacement;
-        for (std::size_t h = 0; h < rows[e].size(); ++h)
-          replacement.push_back(bulk.take(cb.embed().dtype()));
-        cb.replace_expired(replacement);
-      }
+      cb.apply_cluster_ema();
+      cb.apply_embed_ema();
+    }
+  }
+
+  // (3) Dead codes. Which codes expire follows from the reduced cluster
+  // sizes, identical on every rank, and so does whether this collective
+  // runs. The replacements are drawn from the pool of every rank's
+  // candidates in rank order (what one process would hold for the whole
+  // batch) without moving the pool: the header carried the candidate counts,
+  // the codebook's stream picks pool positions (the same on every rank), and
+  // each picked row is contributed by the rank that holds it and zero
+  // elsewhere (an exact sum), in one all_reduce for every codebook.
+  std::vector<int64_t> expiring;
+  for (int64_t i = 0; i < n; ++i) {
+    Codebook& cb = *codebooks_[at(i)];
+    if (reduce[at(i)] && cb.options().threshold_ema_dead_code > 0 &&
+        any(cb.expired_codes()).item())
+      expiring.push_back(i);
+    else
+      cb.pending().candidates.clear();
+  }
+  const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
+  Fused replacements(wide, replacement_staging_);
+  for (const auto& tables : rows)
+    for (const Tensor& r : tables) replacements.add(r, r.shape());
+  if (replacements.reduce(group_)) {
+    for (std::size_t e = 0; e < expiring.size(); ++e) {
+      Codebook& cb = *codebooks_[at(expiring[e])];
+      std::vector<Tensor> replacement;
+      for (std::size_t h = 0; h < rows[e].size(); ++h)
+        replacement.push_back(replacements.take(cb.embed().dtype()));
+      cb.replace_expired(replacement);
     }
   }
   ++step_;

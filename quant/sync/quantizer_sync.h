@@ -72,17 +72,18 @@ class QuantizerSync {
   QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group);
 
   /** The reconciliation point, on every rank once per optimizer step (after
-   * the step's forwards, before the next ones). Collectives, in this order,
-   * whatever the data: (1) all_gather of a small header (forward counts,
-   * candidate row counts), (2) for each codebook awaiting k-means, one
-   * all_gather_v of samples per table, (3) one small fused all_reduce(sum)
-   * of every codebook's counts and token totals, from which every rank alike
-   * decides which codes expire, (4) one large fused all_reduce(sum) of
-   * affine statistics, the EMA sums and the dead-code replacement rows.
-   * (3) runs when some codebook accumulated statistics on some rank (known
-   * from the header), (4) then or when some initialised codebook uses
-   * affine_param: never a data-dependent choice that could differ between
-   * ranks.
+   * the step's forwards, before the next ones). Collectives, in this order:
+   * (1) for each codebook awaiting k-means, one all_gather_v of samples per
+   * table; (2) when some codebook is initialised, ONE fused all_reduce(sum)
+   * carrying a small header (every rank's forward count and candidate row
+   * counts, scattered so that the sum gathers them), every initialised
+   * codebook's counts, token totals, affine statistics and EMA sums (zeros
+   * from a rank that accumulated none); (3) when the reduced cluster sizes
+   * show expired codes, one all_reduce(sum) of the replacement rows. Each
+   * condition is the same on every rank (initialisation is global, expiry is
+   * read from reduced statistics), so the ranks always issue the same
+   * sequence, whatever forwards each of them ran. The steady state is one
+   * collective per step.
    * Then the step count advances and the layers' random streams are pinned
    * to it. */
   void sync_state();
@@ -98,7 +99,8 @@ class QuantizerSync {
   std::size_t num_codebooks() const { return codebooks_.size(); }
 
  private:
-  // Every rank's per-codebook [forwards, candidate rows per table...].
+  // Every rank's per-codebook [forwards, candidate rows per table...]
+  // (local_header() fills this rank's row alone: world 1).
   struct Header {
     std::vector<int64_t> values;  // [world * width]
     std::vector<int64_t> offset;  // per codebook, into one rank's block
@@ -107,7 +109,7 @@ class QuantizerSync {
     int64_t max_steps(int64_t codebook) const;
     int64_t candidates(int rank, int64_t codebook, int64_t table) const;
   };
-  Header gather_header();
+  Header local_header() const;
   void pin_streams();
   // Per expiring codebook and table, the replacement rows as this rank
   // holds them: [m, D], zeros where another rank holds the row.
@@ -119,6 +121,8 @@ class QuantizerSync {
   std::vector<Codebook*> codebooks_;
   std::vector<StepKeyed*> streams_;
   uint64_t step_ = 0;
+  // The fused all_reduce buffers, kept between steps (see Fused).
+  Tensor staging_, replacement_staging_;
 };
 
 }  // namespace quanta::quant

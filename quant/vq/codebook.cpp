@@ -119,9 +119,10 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   if (opts_.ema_update) {
     const Tensor n = sum(cluster_size_, {-1}, true);
     const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + double(k) * opts_.eps) * n;
-    Tensor e = embed_avg_ / unsqueeze(smoothed, -1);
-    if (opts_.use_cosine_sim) e = l2norm(e);
-    copy_(embed_, e);
+    // embed <- embed_avg / smoothed, written in place: no [G, K, D] temporary.
+    copy_(embed_, embed_avg_);
+    div_(embed_, unsqueeze(smoothed, -1));
+    if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
   }
   fill_(initted_, 1.0);
 }
@@ -191,9 +192,10 @@ void Codebook::apply_embed_ema() {
     const double k = double(opts_.codebook_size);
     const Tensor n = sum(cluster_size_, {-1}, true);
     const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + k * opts_.eps) * n;
-    Tensor e = embed_avg_ / unsqueeze(smoothed, -1);
-    if (opts_.use_cosine_sim) e = l2norm(e);
-    copy_(embed_, e);
+    // embed <- embed_avg / smoothed, written in place: no [G, K, D] temporary.
+    copy_(embed_, embed_avg_);
+    div_(embed_, unsqueeze(smoothed, -1));
+    if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
   }
   pending_.counts = Tensor();
   pending_.sums = Tensor();

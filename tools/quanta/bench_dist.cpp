@@ -10,9 +10,10 @@
 //     each rank on 1/N of the batch, against the same step on one process
 //     with the whole batch (no DataParallel, this thread alone).
 //   vq_train_step_dist: a VectorQuantize training step (forward, backward,
-//     QuantizerSync::sync_state: EMA and dead codes reconciled) with dim 256,
-//     1024 codes and 4096 tokens per rank, against the same step on one
-//     process with the whole global batch (N x 4096 tokens).
+//     QuantizerSync::sync_state: EMA reconciled) with dim 256, 1024 codes
+//     and 4096 tokens per rank, default options (no dead-code expiry),
+//     against the same step on one process with the whole global batch
+//     (N x 4096 tokens).
 //   vq_reconcile: the sync_state() part of that step, against the whole
 //     step: its ratio is the reconciliation's fraction of the step. A
 //     barrier before sync_state() stands in for DataParallel's gradient
@@ -20,9 +21,13 @@
 //     skew), so waiting for a slower rank counts in the step, not in the
 //     reconciliation.
 //   vq_reconcile_vs_comm: the same sync_state() time against the bare Gloo
-//     collectives that move its bytes (header all_gather and the all_reduce
-//     of the EMA sums), timed right after it in each step: how much of the
+//     all_reduce of the same bytes as its fused one (header, counts, EMA
+//     sums), timed right after it in each step: how much of the
 //     reconciliation is communication this machine cannot avoid.
+//   vq_reconcile_dead_codes: vq_reconcile with threshold_ema_dead_code = 2
+//     (as quanta train's default config): on this random data about a
+//     quarter of the codes expire every step, so every reconciliation also
+//     draws and sends replacement rows (a second all_reduce).
 // Each rank thread computes on its share of the threads (OpenMP's thread
 // count is per thread), as ranks under `quanta launch` do (it sets
 // OMP_NUM_THREADS=1 on this 2-core class of machine); one-process floors use
@@ -82,27 +87,27 @@ struct VqStepMs {
 
 // Median times of a VQ training step on `g` (each rank `tokens` rows) and of
 // its sync_state() part.
-VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64_t tokens) {
+VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64_t tokens,
+                      double dead_code_threshold) {
   using clock = std::chrono::steady_clock;
   Generator gen(5);
   quant::VectorQuantizeOptions vo;
   vo.dim = s.dim;
   vo.codebook_size = s.codes;
-  vo.threshold_ema_dead_code = 2;
+  vo.threshold_ema_dead_code = dead_code_threshold;
   auto vq = std::make_shared<quant::VectorQuantize>(vo, gen);
   quant::QuantizerSync sync(vq, g);
   Generator data(17 + uint64_t(g.rank()));
   Tensor x = randn({1, tokens, s.dim}, data);
   x.requires_grad_(true);
-  // The bytes sync_state() must move, sent by bare Gloo right after it: the
-  // header all_gather (steps, candidate counts, then counts and token totals
-  // as f64 words) and the all_reduce of the f32 EMA sums (the dead-code rows
-  // riding with them vary by step and are left out of this floor).
+  // The bytes sync_state() must move, sent by bare Gloo right after it: its
+  // one fused all_reduce of the header block (per rank: forwards and
+  // candidate rows, three f32 pieces each), the counts, the token total and
+  // the f32 EMA sums. (Replacement rows, when codes expire, take a second
+  // all_reduce that varies by step and is left out of this floor.)
   auto* bare = g.size() > 1 ? dist::detail::gloo_backend_of(g) : nullptr;
   const auto sum_fn = dist::detail::reduce_fn(DType::f32, dist::ReduceOp::sum);
-  std::vector<int64_t> header(static_cast<size_t>(1 + 1 + s.codes + 1)),
-      gathered(header.size() * static_cast<size_t>(g.size()));
-  Tensor sums = zeros({s.codes * s.dim});
+  Tensor fused = zeros({int64_t(g.size()) * 2 * 3 + s.codes + 1 + s.codes * s.dim});
   uint32_t tag = 0x52000000;
   std::vector<double> step, reconcile, comm;
   for (int i = 0; i <= repeat; ++i) {
@@ -121,10 +126,8 @@ VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64
     if (bare) {
       g.barrier();
       const auto c0 = clock::now();
-      bare->all_gather(header.data(), gathered.data(), header.size() * sizeof(int64_t), tag++,
-                       Millis(60000));
-      bare->all_reduce(sums.raw_data(), static_cast<std::size_t>(sums.numel()), 4, sum_fn, tag++,
-                       Millis(60000));
+      bare->all_reduce(fused.raw_data(), static_cast<std::size_t>(fused.numel()), 4, sum_fn,
+                       tag++, Millis(60000));
       comm_ms = std::chrono::duration<double, std::milli>(clock::now() - c0).count();
     }
     if (i == 0) continue;  // warm-up
@@ -174,11 +177,13 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
   if (g.rank() == 0) rows.push_back({"dp_step", dp_ms, 0});
 
   const VqSizes vs = vq_sizes(o);
-  const VqStepMs vq = time_vq_step(g, o.repeat, vs, vs.tokens);
+  const VqStepMs vq = time_vq_step(g, o.repeat, vs, vs.tokens, 0);
+  const VqStepMs dead = time_vq_step(g, o.repeat, vs, vs.tokens, 2);
   if (g.rank() == 0) {
     rows.push_back({"vq_train_step_dist", vq.step, 0});
     rows.push_back({"vq_reconcile", vq.sync, vq.step});
     rows.push_back({"vq_reconcile_vs_comm", vq.sync, vq.comm});
+    rows.push_back({"vq_reconcile_dead_codes", dead.sync, dead.step});
   }
 }
 
@@ -225,7 +230,7 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
   });
   auto single = dist::ProcessGroup::single();
   const VqSizes vs = vq_sizes(o);
-  const double vq_one_ms = time_vq_step(*single, o.repeat, vs, vs.tokens * n).step;
+  const double vq_one_ms = time_vq_step(*single, o.repeat, vs, vs.tokens * n, 0).step;
   for (auto& r : rows) {
     if (r.name == "dp_step") r.floor_ms = one_ms;
     if (r.name == "vq_train_step_dist") r.floor_ms = vq_one_ms;

@@ -501,9 +501,10 @@ TEST_CASE(
 }
 
 TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
-  // Steady state: header, counts, one fused all_reduce (the dead-code rows
-  // ride with the sums). No statistics anywhere: the header alone. k-means
-  // pending: header and one all_gather_v per table, nothing else.
+  // Steady state: one fused all_reduce (header, counts, sums); a second one
+  // carries the replacement rows when codes expire. No statistics anywhere:
+  // still the one fused all_reduce (of zeros). k-means pending: one
+  // all_gather_v per table, nothing else.
   const auto errors = run_ranks(2, [&](ProcessGroup& group) {
     Generator gen(3);
     auto o = vq_options();
@@ -516,12 +517,24 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
       vq->forward(x);
       const uint64_t before = group.sequence();
       sync.sync_state();
-      CHECK(group.sequence() - before == 3);
+      CHECK(group.sequence() - before == 2);
       CHECK(any(vq->codebook().expired_codes()).item() == 0.0);  // all were replaced
     }
     const uint64_t before = group.sequence();
     sync.sync_state();  // no forward since the last one
     CHECK(group.sequence() - before == 1);
+
+    auto steady = vq_options();
+    steady.threshold_ema_dead_code = 0;  // codes never expire
+    steady.affine_param = true;
+    auto vq2 = std::make_shared<VectorQuantize>(steady, gen);
+    QuantizerSync sync2(vq2, group);
+    for (int s = 0; s < 2; ++s) {
+      vq2->forward(x);
+      const uint64_t at = group.sequence();
+      sync2.sync_state();
+      CHECK(group.sequence() - at == 1);
+    }
 
     auto ko = vq_options();
     ko.kmeans_init = true;
@@ -532,7 +545,11 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
     fresh->forward(randn({1, 7, kDim}, data));
     const uint64_t at = group.sequence();
     init_sync.sync_state();
-    CHECK(group.sequence() - at == 1 + 2);  // header, then one all_gather_v per table
+    CHECK(group.sequence() - at == 2);  // one all_gather_v per table
+    fresh->forward(randn({1, 7, kDim}, data));
+    const uint64_t next = group.sequence();
+    init_sync.sync_state();
+    CHECK(group.sequence() - next == 1);  // initialised: the fused all_reduce
   });
   REQUIRE(all_ok(errors));
 }
