@@ -1,5 +1,7 @@
 #include "dist/gloo_backend.h"
 
+#include <stdexcept>
+
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -9,6 +11,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 namespace quanta::dist::detail {
 namespace {
@@ -62,6 +66,15 @@ GlooBackend::~GlooBackend() = default;
 void GlooBackend::all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
                              uint32_t tag, Millis timeout) {
   if (n == 0) return;
+  if (context_->size == 2 && n * elem_size <= kPairwiseBytes)
+    pairwise_all_reduce(data, n, elem_size, fn, tag, timeout);
+  else
+    ring_all_reduce(data, n, elem_size, fn, tag, timeout);
+}
+
+void GlooBackend::ring_all_reduce(void* data, std::size_t n, std::size_t elem_size,
+                                  const ReduceFn& fn, uint32_t tag, Millis timeout) {
+  if (n == 0) return;
   gloo::AllreduceOptions opts(context_);
   // Gloo only needs the element size: pass the bytes as an opaque type of it.
   switch (elem_size) {
@@ -84,6 +97,34 @@ void GlooBackend::all_reduce(void* data, std::size_t n, std::size_t elem_size, c
   opts.setTag(tag);
   opts.setTimeout(timeout);
   gloo::allreduce(opts);
+}
+
+// Gloo's ring on two ranks is a reduce-scatter then an all-gather: two
+// dependent rounds of messages for the same bytes one exchange moves. Each
+// round costs a wake-up of the peer's I/O thread and of the caller, which on
+// loopback dominates small and medium buffers (measured on the project VM:
+// 4 KB 0.08-0.15 ms against 0.21-0.35 ms for the ring; 1 MiB no slower).
+void GlooBackend::pairwise_all_reduce(void* data, std::size_t n, std::size_t elem_size,
+                                      const ReduceFn& fn, uint32_t tag, Millis timeout) {
+  const std::size_t bytes = n * elem_size;
+  if (peer_values_.size() < bytes) peer_values_.resize(bytes);
+  const int rank = context_->rank, peer = 1 - rank;
+  // Gloo's own collectives use slot prefixes 0x01-0x08; this one is ours.
+  constexpr uint8_t kPairwiseSlotPrefix = 0x51;
+  const gloo::Slot slot = gloo::Slot::build(kPairwiseSlotPrefix, tag);
+  auto mine = context_->createUnboundBuffer(data, bytes);
+  auto theirs = context_->createUnboundBuffer(peer_values_.data(), bytes);
+  theirs->recv(peer, slot);
+  mine->send(peer, slot);
+  // Gloo throws on a timeout or a broken pair; false means aborted.
+  if (!theirs->waitRecv(timeout) || !mine->waitSend(timeout))
+    throw std::runtime_error("the exchange with rank " + std::to_string(peer) + " was aborted");
+  // Rank 0's values first on both ranks: the same operands in the same order.
+  const void* peer_data = peer_values_.data();
+  if (rank == 0)
+    fn(data, data, peer_data, n);
+  else
+    fn(data, peer_data, data, n);
 }
 
 void GlooBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) {

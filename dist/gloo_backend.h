@@ -30,8 +30,17 @@ class GlooBackend {
               std::shared_ptr<gloo::transport::Device> device);
   ~GlooBackend();
 
+  /** Two ranks and at most kPairwiseBytes: one exchange of the whole
+   * buffer, then each rank reduces rank 0's values with rank 1's in that
+   * order (bitwise equal on both). Otherwise Gloo's ring. */
   void all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
                   uint32_t tag, Millis timeout);
+  /** Gloo's ring allreduce, whatever the world size (the benchmark's peer). */
+  void ring_all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
+                       uint32_t tag, Millis timeout);
+  /** Above this, two ranks use the ring too: bandwidth-bound either way, and
+   * the exchange's receive buffer (kept between calls) stays this small. */
+  static constexpr std::size_t kPairwiseBytes = std::size_t(4) << 20;
   void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout);
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
                   Millis timeout);
@@ -44,8 +53,11 @@ class GlooBackend {
 
  private:
   void connect(Store& store, int rank, int size, Millis timeout);
+  void pairwise_all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
+                           uint32_t tag, Millis timeout);
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  std::vector<char> peer_values_;  // pairwise_all_reduce's receive buffer
 };
 
 }  // namespace quanta::dist::detail

@@ -27,7 +27,9 @@ Tensor rank_tensor(int r, const Shape& shape, DType dtype) {
 
 TEST_CASE(
     "all_reduce: sum, avg, min, max, prod on every arithmetic dtype, bitwise equal on all ranks") {
-  const int n = 3;
+  // Two ranks take the pairwise exchange, three the ring.
+  for (const int n : {2, 3}) {
+  CAPTURE(n);
   for (DType dt :
        {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
     for (ReduceOp op :
@@ -43,19 +45,39 @@ TEST_CASE(
       });
       REQUIRE(all_ok(errors));
       for (int64_t i = 0; i < 6; ++i) {
-        double a = 1 + i, b = 2 + i, c = 3 + i;
+        double a = 1 + i, b = 2 + i, c = n == 3 ? 3 + i : 0;
         double want = op == ReduceOp::sum   ? a + b + c
-                      : op == ReduceOp::avg ? (a + b + c) / 3
+                      : op == ReduceOp::avg ? (a + b + c) / n
                       : op == ReduceOp::min ? a
-                      : op == ReduceOp::max ? c
-                                            : a * b * c;
+                      : op == ReduceOp::max ? (n == 3 ? c : b)
+                                            : a * b * (n == 3 ? c : 1);
         if (dt == DType::u8) want = double(uint8_t(int64_t(want)));
         const double tol = (dt == DType::bf16 || dt == DType::f16) ? 0.02 * std::abs(want) : 1e-6;
         CHECK(got[0][i] == doctest::Approx(want).epsilon(tol));
-        CHECK(got[1][i] == got[0][i]);
-        CHECK(got[2][i] == got[0][i]);
+        for (int r = 1; r < n; ++r) CHECK(got[r][i] == got[0][i]);
       }
     }
+  }
+  }
+}
+
+TEST_CASE("all_reduce on two ranks: exact sums on both sides of the pairwise limit") {
+  // Rank 0 holds i, rank 1 holds 2^24 - i: every sum is 2^24, exact in f32,
+  // so any mis-paired or half-reduced block shows. Sizes straddle the
+  // exchange's limit (4 MiB) and the ring's segments.
+  for (const int64_t numel : {int64_t(1), int64_t(1000), int64_t(1) << 20, (int64_t(1) << 20) + 1,
+                              int64_t(3) << 20}) {
+    CAPTURE(numel);
+    std::vector<Tensor> out(2);
+    auto errors = run_ranks(2, [&](ProcessGroup& g) {
+      Tensor idx = arange(0.0, double(numel), 1.0);
+      Tensor t = g.rank() == 0 ? idx : full({numel}, double(1 << 24)) - idx;
+      g.all_reduce(t);
+      out[size_t(g.rank())] = t;
+    });
+    REQUIRE(all_ok(errors));
+    CHECK(all(eq(out[0], full({numel}, double(1 << 24)))).item() == 1.0);
+    CHECK(all(eq(out[1], out[0])).item() == 1.0);
   }
 }
 

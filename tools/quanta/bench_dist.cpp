@@ -2,10 +2,13 @@
 // threads of this process over Gloo on loopback (one TcpStore, as under
 // quanta launch).
 //   all_reduce_4KB / _1MB / _64MB: ProcessGroup::all_reduce (f32, sum) against
-//     the bare Gloo allreduce on the same connections and buffers (same
+//     the backend's bare all_reduce on the same connections and buffers (same
 //     reduction function), in the same run. The _debug rows time the same
 //     call with QUANTA_DIST_DEBUG's fingerprint exchange against the same
-//     floor.
+//     floor. The _vs_ring rows time that bare all_reduce against Gloo's ring
+//     allreduce: on two ranks up to 4 MiB the backend exchanges the buffers
+//     in one round instead (GlooBackend::kPairwiseBytes); elsewhere both are
+//     the ring.
 //   dp_step: forward + backward + finish_step of an MLP under DataParallel,
 //     each rank on 1/N of the batch, against the same step on one process
 //     with the whole batch (no DataParallel, this thread alone).
@@ -153,14 +156,16 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
     const int64_t bytes = o.small ? std::min<int64_t>(s.bytes, 64 << 10) : s.bytes;
     Tensor t = full({bytes / 4}, 1.0);
     const auto n = static_cast<std::size_t>(t.numel());
-    const auto ms3 =
-        interleaved_ms(o.repeat, s.calls,
-                       {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
-                        [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); }});
-    const double floor_ms = ms3[0], ms = ms3[1], debug_ms = ms3[2];
+    const auto ms4 = interleaved_ms(
+        o.repeat, s.calls,
+        {[&] { bare->all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); },
+         [&] { g.all_reduce(t); }, [&] { debug_g.all_reduce(t); },
+         [&] { bare->ring_all_reduce(t.raw_data(), n, 4, sum_fn, tag++, Millis(60000)); }});
+    const double floor_ms = ms4[0], ms = ms4[1], debug_ms = ms4[2], ring_ms = ms4[3];
     if (g.rank() == 0) {
       rows.push_back({std::string("all_reduce_") + s.name, ms, floor_ms});
       rows.push_back({std::string("all_reduce_") + s.name + "_debug", debug_ms, floor_ms});
+      rows.push_back({std::string("all_reduce_") + s.name + "_vs_ring", floor_ms, ring_ms});
     }
   }
   // DataParallel step: each rank takes its share of the batch.
