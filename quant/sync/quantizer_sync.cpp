@@ -30,7 +30,8 @@ namespace {
 // step (costly on virtual machines) and no temporaries for the parts.
 class Fused {
  public:
-  Fused(DType dtype, Tensor& staging) : dtype_(dtype), flat_(staging) {}
+  Fused(DType dtype, Device device, Tensor& staging)
+      : dtype_(dtype), device_(device), flat_(staging) {}
 
   void add(const Tensor& t, const Shape& shape) {
     parts_.push_back(t);
@@ -40,11 +41,8 @@ class Fused {
   bool reduce(dist::ProcessGroup& group) {
     if (parts_.empty()) return false;
     int64_t total = 0;
-    Device device = Device::cpu();
-    for (std::size_t i = 0; i < parts_.size(); ++i) {
-      total += numel_of(shapes_[i]);
-      if (parts_[i].defined()) device = parts_[i].device();
-    }
+    for (const Shape& shape : shapes_) total += numel_of(shape);
+    const Device device = device_;
     if (!autograd::sole_owner(flat_) || flat_.numel() != total || flat_.dtype() != dtype_ ||
         flat_.device() != device)
       flat_ = empty({total}, {.dtype = dtype_, .device = device});
@@ -53,10 +51,17 @@ class Fused {
     for (std::size_t i = 0; i < parts_.size(); ++i) {
       const int64_t numel = numel_of(shapes_[i]);
       const Tensor dst = slice(flat_, 0, at, at + numel);
-      if (parts_[i].defined())
-        copy_(dst, reshape(parts_[i], {numel}));
-      else
+      if (parts_[i].defined()) {
+        // Convert on the source's device, then move (copies across devices
+        // take equal dtypes): the header block is made on the CPU in f64.
+        Tensor src = reshape(parts_[i], {numel});
+        if (src.dtype() != dtype_) src = to_dtype(src, dtype_);
+        copy_(dst, src.device() == device ? src : src.to(device));
+      } else if (device.is_cpu()) {
         fill_(dst, 0.0);
+      } else {
+        copy_(dst, zeros({numel}, {.dtype = dtype_, .device = device}));
+      }
       at += numel;
     }
     parts_.clear();
@@ -77,6 +82,7 @@ class Fused {
 
  private:
   DType dtype_;
+  Device device_;  // the same on every rank (the codebooks'), never the data's
   Tensor& flat_;
   std::vector<Tensor> parts_;
   std::vector<Shape> shapes_;
@@ -258,6 +264,13 @@ void QuantizerSync::sync_state() {
     reduce[at(i)] = codebooks_[at(i)]->initted();
     if (reduce[at(i)] && codebooks_[at(i)]->embed().dtype() == DType::f64) wide = DType::f64;
   }
+  const Device device = n > 0 ? codebooks_[0]->embed().device() : Device::cpu();
+  for (int64_t i = 1; i < n; ++i)
+    if (codebooks_[at(i)]->embed().device() != device)
+      throw std::invalid_argument("[QuantizerSync::sync_state] codebooks on " + device.str() +
+                                  " and " + codebooks_[at(i)]->embed().device().str() +
+                                  ": reconciliation fuses them into one buffer; keep the "
+                                  "quantizers on one device");
 
   // (1) Deferred k-means on the pooled samples of every rank (rank order):
   // the same pool, hence the same codes, on every rank.
@@ -278,7 +291,7 @@ void QuantizerSync::sync_state() {
   // statistics sends zeros.
   Header header = local_header();
   header.world = group_.size();
-  Fused bulk(wide, staging_);
+  Fused bulk(wide, device, staging_);
   bool any_reduced = false;
   for (int64_t i = 0; i < n; ++i) {
     if (!reduce[at(i)]) continue;
@@ -346,7 +359,7 @@ void QuantizerSync::sync_state() {
       cb.pending().candidates.clear();
   }
   const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
-  Fused replacements(wide, replacement_staging_);
+  Fused replacements(wide, device, replacement_staging_);
   for (const auto& tables : rows)
     for (const Tensor& r : tables) replacements.add(r, r.shape());
   if (replacements.reduce(group_)) {
