@@ -340,39 +340,16 @@ TEST_CASE("quanta parity: a missing file is one clear line and exit 1; usage err
                        "--tolerance must be >= 0");
 }
 
-TEST_CASE("quanta bench dist -n 2 --size small --json lists the distributed rows") {
-  const Result r =
-      quanta_cli({"bench", "dist", "-n", "2", "--size", "small", "--json", "--repeat", "1"});
-  CAPTURE(r.err);
-  REQUIRE(r.code == 0);
-  const auto rows = nlohmann::json::parse(r.out);
-  REQUIRE(rows.is_array());
-  std::set<std::string> seen;
-  for (const auto& row : rows) {
-    const std::string name = row["name"].get<std::string>();
-    CAPTURE(name);
-    CHECK(seen.insert(name).second);  // each row once
-    for (const char* key : {"ms", "floor_ms", "ratio"}) {
-      REQUIRE(row[key].is_number());
-      CHECK(row[key].get<double>() > 0);
-    }
-  }
-  for (const char* want : {"all_reduce_1MB", "dp_step", "vq_train_step_dist", "vq_reconcile",
-                           "vq_reconcile_vs_comm", "vq_reconcile_dead_codes"})
-    CHECK_MESSAGE(seen.count(want) == 1, want);
-  for (const auto& row : rows)
-    if (row["name"].get<std::string>().rfind("vq_reconcile", 0) == 0 &&
-        row["name"].get<std::string>() != "vq_reconcile_vs_comm")
-      CHECK(row["ratio"].get<double>() < 1.0);  // a part of the step it is measured against
-}
+namespace {
 
-TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
-  const Result r = quanta_cli({"bench", "quant", "--size", "small", "--json", "--repeat", "1"});
+// A bench suite's --json rows: each name once, positive times, ratio =
+// ms / floor_ms. Returns the rows (empty after a failed REQUIRE).
+nlohmann::json bench_rows(const std::vector<std::string>& args, std::set<std::string>& seen) {
+  const Result r = quanta_cli(args);
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   const auto rows = nlohmann::json::parse(r.out);
   REQUIRE(rows.is_array());
-  std::set<std::string> seen;
   for (const auto& row : rows) {
     const std::string name = row["name"].get<std::string>();
     CAPTURE(name);
@@ -384,6 +361,28 @@ TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
     CHECK(row["ratio"].get<double>() ==
           doctest::Approx(row["ms"].get<double>() / row["floor_ms"].get<double>()));
   }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("quanta bench dist -n 2 --size small --json lists the distributed rows") {
+  std::set<std::string> seen;
+  const auto rows = bench_rows(
+      {"bench", "dist", "-n", "2", "--size", "small", "--json", "--repeat", "1"}, seen);
+  for (const char* want : {"all_reduce_1MB", "all_reduce_1MB_vs_ring", "dp_step",
+                           "vq_train_step_dist", "vq_reconcile", "vq_reconcile_vs_comm",
+                           "vq_reconcile_dead_codes"})
+    CHECK_MESSAGE(seen.count(want) == 1, want);
+  for (const auto& row : rows)
+    if (row["name"].get<std::string>().rfind("vq_reconcile", 0) == 0 &&
+        row["name"].get<std::string>() != "vq_reconcile_vs_comm")
+      CHECK(row["ratio"].get<double>() < 1.0);  // a part of the step it is measured against
+}
+
+TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
+  std::set<std::string> seen;
+  bench_rows({"bench", "quant", "--size", "small", "--json", "--repeat", "1"}, seen);
   for (const char* want : {"vq_train_step", "rvq8_train_step", "fsq_train_step",
                            "lfq_1024_train_step", "lfq_65536_train_step"})
     CHECK_MESSAGE(seen.count(want) == 1, want);
