@@ -85,7 +85,8 @@ class QuantizerSync {
    * sequence, whatever forwards each of them ran. The steady state is one
    * collective per step.
    * Then the step count advances and the layers' random streams are pinned
-   * to it. */
+   * to it. Throws std::invalid_argument (before any collective) when the
+   * codebooks are not all on one device. */
   void sync_state();
 
   /** Runs sync_state() at the end of every DataParallel::finish_step(). */
