@@ -7,8 +7,8 @@
 #include "dist/functional.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
-#include "engine/ops/elementwise.h"
 #include "engine/factory.h"
+#include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
@@ -42,10 +42,9 @@ class Fused {
     if (parts_.empty()) return false;
     int64_t total = 0;
     for (const Shape& shape : shapes_) total += numel_of(shape);
-    const Device device = device_;
     if (!autograd::sole_owner(flat_) || flat_.numel() != total || flat_.dtype() != dtype_ ||
-        flat_.device() != device)
-      flat_ = empty({total}, {.dtype = dtype_, .device = device});
+        flat_.device() != device_)
+      flat_ = empty({total}, {.dtype = dtype_, .device = device_});
     // Copies either way: the buffer must not alias the pending statistics.
     int64_t at = 0;
     for (std::size_t i = 0; i < parts_.size(); ++i) {
@@ -54,13 +53,12 @@ class Fused {
       if (parts_[i].defined()) {
         // Convert on the source's device, then move (copies across devices
         // take equal dtypes): the header block is made on the CPU in f64.
-        Tensor src = reshape(parts_[i], {numel});
-        if (src.dtype() != dtype_) src = to_dtype(src, dtype_);
-        copy_(dst, src.device() == device ? src : src.to(device));
-      } else if (device.is_cpu()) {
+        const Tensor src = to_dtype(reshape(parts_[i], {numel}), dtype_);
+        copy_(dst, src.device() == device_ ? src : src.to(device_));
+      } else if (device_.is_cpu()) {
         fill_(dst, 0.0);
       } else {
-        copy_(dst, zeros({numel}, {.dtype = dtype_, .device = device}));
+        copy_(dst, zeros({numel}, {.dtype = dtype_, .device = device_}));
       }
       at += numel;
     }
@@ -146,6 +144,7 @@ QuantizerSync::Header QuantizerSync::local_header() const {
     }
   }
   h.width = int64_t(h.values.size());
+  h.world = group_.size();
   return h;
 }
 
@@ -290,16 +289,13 @@ void QuantizerSync::sync_state() {
   // affine_param batch statistics and its folded sums. A rank without
   // statistics sends zeros.
   Header header = local_header();
-  header.world = group_.size();
   Fused bulk(wide, device, staging_);
-  bool any_reduced = false;
+  if (std::find(reduce.begin(), reduce.end(), true) != reduce.end()) {
+    const Tensor block = scatter_header_row(header.values, group_.rank(), header.world);
+    bulk.add(block, block.shape());
+  }
   for (int64_t i = 0; i < n; ++i) {
     if (!reduce[at(i)]) continue;
-    if (!any_reduced) {
-      const Tensor block = scatter_header_row(header.values, group_.rank(), header.world);
-      bulk.add(block, block.shape());
-      any_reduced = true;
-    }
     const CodebookOptions& o = codebooks_[at(i)]->options();
     const CodebookStatistics& p = codebooks_[at(i)]->pending();
     const int64_t g = o.num_codebooks, d = o.dim;

@@ -101,7 +101,8 @@ class QuantizerSync {
 
  private:
   // Every rank's per-codebook [forwards, candidate rows per table...]
-  // (local_header() fills this rank's row alone: world 1).
+  // (local_header() holds this rank's row alone until the fused all_reduce
+  // gathers the others).
   struct Header {
     std::vector<int64_t> values;  // [world * width]
     std::vector<int64_t> offset;  // per codebook, into one rank's block

@@ -116,14 +116,7 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   copy_(cluster_size_, b);
   // The reference recomputes embed from these statistics right away, so
   // codes that received no rows become (almost) zero.
-  if (opts_.ema_update) {
-    const Tensor n = sum(cluster_size_, {-1}, true);
-    const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + double(k) * opts_.eps) * n;
-    // embed <- embed_avg / smoothed, written in place: no [G, K, D] temporary.
-    copy_(embed_, embed_avg_);
-    div_(embed_, unsqueeze(smoothed, -1));
-    if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
-  }
+  if (opts_.ema_update) embed_from_statistics();
   fill_(initted_, 1.0);
 }
 
@@ -182,21 +175,24 @@ void Codebook::apply_cluster_ema() {
   pending_.counts = Tensor();
 }
 
+void Codebook::embed_from_statistics() {
+  // embed <- embed_avg / Laplace-smoothed cluster sizes, written in place:
+  // no [G, K, D] temporary.
+  const double k = double(opts_.codebook_size);
+  const Tensor n = sum(cluster_size_, {-1}, true);
+  const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + k * opts_.eps) * n;
+  copy_(embed_, embed_avg_);
+  div_(embed_, unsqueeze(smoothed, -1));
+  if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
+}
+
 void Codebook::apply_embed_ema() {
   if (pending_.empty()) return;
   NoGradGuard no_grad;
   // The same lerp for embed_avg, in place: no [G, K, D] temporaries.
   mul_(embed_avg_, std::pow(opts_.decay, double(pending_.steps)));
   add_(embed_avg_, pending_.sums, 1.0 - opts_.decay);
-  if (opts_.ema_update) {
-    const double k = double(opts_.codebook_size);
-    const Tensor n = sum(cluster_size_, {-1}, true);
-    const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + k * opts_.eps) * n;
-    // embed <- embed_avg / smoothed, written in place: no [G, K, D] temporary.
-    copy_(embed_, embed_avg_);
-    div_(embed_, unsqueeze(smoothed, -1));
-    if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
-  }
+  if (opts_.ema_update) embed_from_statistics();
   pending_.counts = Tensor();
   pending_.sums = Tensor();
   pending_.tokens = Tensor();

@@ -152,6 +152,9 @@ class Codebook : public Module, public StepKeyed {
 
  private:
   void set_affine_statistics(const Tensor& batch_mean, const Tensor& batch_var);
+  // embed from embed_avg and cluster_size (ema_update): after k-means and
+  // after every EMA step.
+  void embed_from_statistics();
 
   CodebookOptions opts_;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
