@@ -33,15 +33,9 @@ Tensor empty(const Shape& shape, const TensorOptions& opts) {
 }
 
 Tensor full(const Shape& shape, double value, const TensorOptions& opts) {
-  if (opts.device.is_cpu()) {
-    Tensor t = detail::make_tensor(shape, opts.dtype, opts.device);
-    fill_(t, value);
-    return finish(t, opts);
-  }
-  return build(shape, opts, "full", [&]<class T>(T* p, int64_t n) {
-    const T v = cpu::cast<T>(value);
-    for (int64_t i = 0; i < n; ++i) p[i] = v;
-  });
+  Tensor t = detail::make_tensor(shape, opts.dtype, opts.device);
+  fill_(t, value);
+  return finish(t, opts);
 }
 
 Tensor zeros(const Shape& shape, const TensorOptions& opts) { return full(shape, 0.0, opts); }

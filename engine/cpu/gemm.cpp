@@ -3,8 +3,12 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <vector>
 
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
+#include "engine/dispatch.h"
 
 namespace quanta::cpu {
 namespace {
@@ -148,5 +152,28 @@ template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<flo
 template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<double>,
                                    const int64_t*, MatRef<double>, const int64_t*,
                                    double*);
+
+}  // namespace quanta::cpu
+
+namespace quanta::cpu {
+
+void gemm_entry(const GemmArgs& g) {
+  dispatch_float(g.dtype, "gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const MatRef<T> a{static_cast<const T*>(g.a.data), g.a.rs, g.a.cs};
+    const MatRef<T> b{static_cast<const T*>(g.b.data), g.b.rs, g.b.cs};
+    T* c = static_cast<T*>(g.c);
+    if (g.batch == 1 && !g.a_off && !g.b_off) {
+      gemm<T>(g.m, g.n, g.k, a, b, c, g.ldc, g.accumulate);
+      return;
+    }
+    if (g.accumulate || g.ldc != g.n)
+      throw std::logic_error("[gemm] batched products write fresh contiguous outputs");
+    std::vector<int64_t> zeros;
+    if (!g.a_off || !g.b_off) zeros.assign(static_cast<size_t>(g.batch), 0);
+    gemm_batched<T>(g.batch, g.m, g.n, g.k, a, g.a_off ? g.a_off : zeros.data(), b,
+                    g.b_off ? g.b_off : zeros.data(), c);
+  });
+}
 
 }  // namespace quanta::cpu

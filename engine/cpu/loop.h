@@ -9,16 +9,30 @@
 #include <utility>
 
 #include "engine/cpu/parallel.h"
+#include "engine/kernels/table.h"
 #include "engine/tensor.h"
 
 namespace quanta::cpu {
 
-/** Calls `f(ptrs...)` style kernels: `kernel(n, bases, strides)` is called
- * for runs of `n` elements whose operand k starts at bases[k] and advances by
- * strides[k] elements (on the flat path: 1, or 0 for an input that is one
- * value broadcast everywhere). Runs may execute in parallel. */
+/** True when `strides` lay `shape` out row-major with no gaps (size-1 dims
+ * may have any stride), as Tensor::is_contiguous decides. */
+inline bool dense_strides(const Shape& shape, const int64_t* strides) {
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (shape[i] == 0) return true;
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+/** Calls `kernel(n, bases, strides)` for runs of `n` elements whose operand
+ * k starts at bases[k] and advances by strides[k] elements (on the flat path:
+ * 1, or 0 for an input that is one value broadcast everywhere). Operand 0 is
+ * the output. Runs may execute in parallel. */
 template <size_t N, class Kernel>
-void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
+void for_each_run(const Shape& shape, const std::array<const Operand*, N>& ops,
                   Kernel&& kernel) {
   const int64_t n = numel_of(shape);
   if (n == 0) return;
@@ -30,11 +44,11 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
   bool flat = true;
   std::array<int64_t, N> flat_stride;
   for (size_t k = 0; k < N; ++k) {
-    base[k] = static_cast<char*>(ops[k]->raw_data());
-    esize[k] = static_cast<int64_t>(element_size(ops[k]->dtype()));
-    const bool dense = ops[k]->is_contiguous() && ops[k]->shape() == shape;
+    base[k] = static_cast<char*>(ops[k]->data);
+    esize[k] = static_cast<int64_t>(element_size(ops[k]->dtype));
+    const bool dense = dense_strides(shape, ops[k]->strides);
     bool splat = k > 0;  // the output is never a broadcast
-    for (int64_t st : ops[k]->strides()) splat = splat && st == 0;
+    for (size_t d = 0; d < shape.size(); ++d) splat = splat && ops[k]->strides[d] == 0;
     flat_stride[k] = dense ? 1 : 0;
     flat = flat && (dense || splat);
   }
@@ -51,7 +65,7 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
   const int64_t inner = nd ? shape[nd - 1] : 1;
   const int64_t outer = inner ? n / inner : 0;
   std::array<int64_t, N> inner_stride;
-  for (size_t k = 0; k < N; ++k) inner_stride[k] = nd ? ops[k]->strides()[nd - 1] : 0;
+  for (size_t k = 0; k < N; ++k) inner_stride[k] = nd ? ops[k]->strides[nd - 1] : 0;
   parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(inner, 1)),
                [&](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; ++row) {
@@ -60,21 +74,36 @@ void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ops,
       for (int64_t d = nd - 2; d >= 0; --d) {
         const int64_t idx = rem % shape[d];
         rem /= shape[d];
-        for (size_t k = 0; k < N; ++k) b[k] += idx * ops[k]->strides()[d] * esize[k];
+        for (size_t k = 0; k < N; ++k) b[k] += idx * ops[k]->strides[d] * esize[k];
       }
       kernel(inner, b, inner_stride);
     }
   });
 }
 
+/** for_each_run over tensors that all have `shape` (broadcast inputs as
+ * expanded views). */
+template <size_t N, class Kernel>
+void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts,
+                  Kernel&& kernel) {
+  std::array<Operand, N> ops;
+  std::array<const Operand*, N> ptrs;
+  for (size_t k = 0; k < N; ++k) {
+    ops[k] = operand_of(*ts[k]);
+    ptrs[k] = &ops[k];
+  }
+  for_each_run<N>(shape, ptrs, kernel);
+}
+
+template <class> using OperandRef = const Operand&;
 template <class> using TensorRef = const Tensor&;
 
-/** out[i] = f(in[i]...) for typed operands; `out` is written. */
+/** out[i] = f(in[i]...) over `shape` for typed operands; `out` is written. */
 template <class Out, class... In, class F>
-void map(const Tensor& out, F&& f, TensorRef<In>... in) {
+void map(const Shape& shape, F&& f, const Operand& out, OperandRef<In>... in) {
   constexpr size_t N = 1 + sizeof...(In);
-  std::array<const Tensor*, N> ops{&out, &in...};
-  for_each_run<N>(out.shape(), ops,
+  std::array<const Operand*, N> ops{&out, &in...};
+  for_each_run<N>(shape, ops,
                   [&](int64_t n, const std::array<char*, N>& b,
                       const std::array<int64_t, N>& s) {
     Out* o = reinterpret_cast<Out*>(b[0]);
@@ -111,6 +140,12 @@ void map(const Tensor& out, F&& f, TensorRef<In>... in) {
       }(std::index_sequence_for<In...>{});
     }
   });
+}
+
+/** map over tensors that all have out's shape. */
+template <class Out, class... In, class F>
+void map(const Tensor& out, F&& f, TensorRef<In>... in) {
+  map<Out, In...>(out.shape(), f, operand_of(out), operand_of(in)...);
 }
 
 }  // namespace quanta::cpu

@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "engine/cuda/runtime.h"
+#include "engine/kernels/table.h"
 
 namespace quanta {
 
@@ -20,6 +21,29 @@ namespace {
 void* device_malloc(std::size_t, int) { no_cuda("cuda::device_malloc"); }
 void device_free(void*, int) noexcept {}
 void copy(void*, Device, const void*, Device, std::size_t) { no_cuda("cuda::copy"); }
+void set_device(int) { no_cuda("cuda::set_device"); }
+
+// Every entry names its op: "[exp] quanta was built without CUDA ...".
+const KernelTable& cuda_kernels() {
+  static const KernelTable table{
+      .device_name = "cuda",
+      .fill = [](const Shape&, const Operand&, double) { no_cuda("fill_"); },
+      .copy = [](const Shape&, const Operand&, const Operand&) { no_cuda("copy_"); },
+      .unary = [](UnaryOp op, const ScalarArgs&, const Shape&, const Operand&,
+                  const Operand&) { no_cuda(op_name(op)); },
+      .binary = [](BinaryOp op, const Shape&, const Operand&, const Operand&,
+                   const Operand&) { no_cuda(op_name(op)); },
+      .update = [](UpdateOp op, const ScalarArgs&, const Shape&, const Operand&,
+                   const Operand&, const Operand&) { no_cuda(op_name(op)); },
+      .where = [](const Shape&, const Operand&, const Operand&, const Operand&,
+                  const Operand&) { no_cuda("where"); },
+      .reduce_rows = [](RowReduce, DType, const void*, int64_t, int64_t,
+                        void*) { no_cuda("sum"); },
+      .gemm_maps = [](int64_t, int64_t, int64_t, int64_t) -> bool { no_cuda("gemm"); },
+      .gemm = [](const GemmArgs&) { no_cuda("gemm"); },
+  };
+  return table;
+}
 
 }  // namespace cuda
 }  // namespace quanta

@@ -31,6 +31,13 @@ void check_device(int device) {
 }
 }  // namespace
 
+void set_device(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+  check_device(device);
+  QUANTA_CUDA_CHECK(cudaSetDevice(device));
+}
+
 void* device_malloc(std::size_t nbytes, int device) {
   check_device(device);
   QUANTA_CUDA_CHECK(cudaSetDevice(device));

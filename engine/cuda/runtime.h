@@ -11,6 +11,9 @@ namespace quanta::cuda {
 void* device_malloc(std::size_t nbytes, int device);
 /** Returns memory from device_malloc. Never throws. */
 void device_free(void* ptr, int device) noexcept;
+/** Makes GPU `device` current for this thread's kernel launches; throws
+ * naming the device when it is not available. */
+void set_device(int device);
 /** Copies host<->device or device<->device; synchronous. */
 void copy(void* dst, Device dst_device, const void* src, Device src_device,
           std::size_t nbytes);

@@ -1,10 +1,8 @@
 // Copies and casts: copy_, fill_, contiguous, to_dtype.
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
-#include "engine/cpu/convert.h"
-#include "engine/cpu/loop.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/view.h"
 
@@ -20,7 +18,7 @@ void check_inplace(const char* op, const Tensor& dst) {
 
 void copy_(const Tensor& dst, const Tensor& src) {
   detail::check_inplace("copy_", dst);
-  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+  if (dst.device() != src.device()) {
     if (dst.dtype() != src.dtype() || dst.shape() != src.shape() || !dst.is_contiguous())
       throw std::invalid_argument("[copy_] across devices needs equal dtype and shape and a "
                                   "contiguous destination");
@@ -37,28 +35,12 @@ void copy_(const Tensor& dst, const Tensor& src) {
     return;
   }
   Tensor s = src.shape() == dst.shape() ? src : expand(src.detach(), dst.shape());
-  dispatch_all(dst.dtype(), "copy_", [&](auto dtag) {
-    using D = typename decltype(dtag)::type;
-    dispatch_all(s.dtype(), "copy_", [&](auto stag) {
-      using S = typename decltype(stag)::type;
-      cpu::map<D, S>(dst, [](S v) { return cpu::cast<D>(v); }, s);
-    });
-  });
+  kernels(dst.device()).copy(dst.shape(), operand_of(dst), operand_of(s));
 }
 
 void fill_(const Tensor& dst, double value) {
   detail::check_inplace("fill_", dst);
-  detail::check_cpu("fill_", {&dst});
-  dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T v = cpu::cast<T>(value);
-    cpu::for_each_run<1>(dst.shape(), {&dst},
-                         [&](int64_t n, const std::array<char*, 1>& b,
-                             const std::array<int64_t, 1>& s) {
-      T* p = reinterpret_cast<T*>(b[0]);
-      for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
-    });
-  });
+  kernels(dst.device()).fill(dst.shape(), operand_of(dst), value);
 }
 
 Tensor contiguous(const Tensor& x) {

@@ -25,20 +25,18 @@ Tensor grad_for(const Tensor& g, const Tensor& in) {
 }
 
 // Arithmetic result: promoted dtype (16-bit floats computed in f32, stored back).
-template <class F>
-Tensor arith(const char* op, const Tensor& a, const Tensor& b, F f) {
-  check_arithmetic(op, {a.dtype(), b.dtype()});
+Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
   const DType out_dt = promote_types(a.dtype(), b.dtype());
   const DType ct = cpu_compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
-  Tensor out = binary_kernel(op, a, b, ct, ct, f);
+  Tensor out = binary_kernel(op, a, b, ct, ct);
   return ct == out_dt ? out : detail::as_plain(out, out_dt);
 }
 
-template <class F>
-Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
-  check_arithmetic(op, {a.dtype(), b.dtype()});
+Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
   const DType ct = cpu_compute_dtype(promote_types(a.dtype(), b.dtype()));
-  return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean, f);
+  return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean);
 }
 
 std::vector<Tensor> two(Tensor a, Tensor b) { return {std::move(a), std::move(b)}; }
@@ -63,7 +61,7 @@ Tensor scalar_like(const Tensor& x, double v) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = arith("add", a, b, [](auto x, auto y) { return x + y; });
+  Tensor out = arith(BinaryOp::add, a, b);
   return autograd::record("add", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
@@ -73,7 +71,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = arith("sub", a, b, [](auto x, auto y) { return x - y; });
+  Tensor out = arith(BinaryOp::sub, a, b);
   return autograd::record("sub", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
@@ -83,7 +81,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = arith("mul", a, b, [](auto x, auto y) { return x * y; });
+  Tensor out = arith(BinaryOp::mul, a, b);
   return autograd::record("mul", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
@@ -96,7 +94,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   // True division: integers divide as floats, like torch.div.
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
   const DType ct = cpu_compute_dtype(out_dt);
-  Tensor out = binary_kernel("div", a, b, ct, ct, [](auto x, auto y) { return x / y; });
+  Tensor out = binary_kernel(BinaryOp::div, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("div", out, {a, b},
                           [a = a.detach(), b = b.detach(), o = out.detach(),
@@ -153,7 +151,7 @@ Tensor add_n(const std::vector<Tensor>& terms) {
 Tensor pow(const Tensor& a, const Tensor& b) {
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
   const DType ct = cpu_compute_dtype(out_dt);
-  Tensor out = binary_kernel("pow", a, b, ct, ct, [](auto x, auto y) { return std::pow(x, y); });
+  Tensor out = binary_kernel(BinaryOp::pow, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("pow", out, {a, b},
                           [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
@@ -168,11 +166,9 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, double p) {
   Tensor out;
   if (p == 2.0) {
-    out = detail::unary_float("pow", a, [](auto v) { return v * v; });
+    out = detail::unary_float(UnaryOp::square, a);
   } else {
-    out = detail::unary_float("pow", a, [p](auto v) {
-      return static_cast<decltype(v)>(std::pow(v, static_cast<decltype(v)>(p)));
-    });
+    out = detail::unary_float(UnaryOp::pow_scalar, a, {p});
   }
   return autograd::record("pow", out, {a}, [a = a.detach(), p](const Tensor& g) {
     if (p == 0.0) return std::vector<Tensor>{zeros_like(g)};
@@ -181,9 +177,7 @@ Tensor pow(const Tensor& a, double p) {
 }
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  Tensor out = arith("maximum", a, b, [](auto x, auto y) {
-    return (x != x) ? x : (y != y ? y : (x > y ? x : y));  // NaN propagates
-  });
+  Tensor out = arith(BinaryOp::maximum, a, b);
   return autograd::record("maximum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
     Tensor half = mul(g, scalar_like(g, 0.5));
@@ -195,9 +189,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  Tensor out = arith("minimum", a, b, [](auto x, auto y) {
-    return (x != x) ? x : (y != y ? y : (x < y ? x : y));
-  });
+  Tensor out = arith(BinaryOp::minimum, a, b);
   return autograd::record("minimum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
     Tensor half = mul(g, scalar_like(g, 0.5));
@@ -209,7 +201,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  detail::check_cpu("where", {&cond, &a, &b});
+  const KernelTable& k = kernels_for("where", {&cond, &a, &b});
   if (cond.dtype() != DType::boolean)
     throw std::invalid_argument(std::string("[where] condition must be bool, got ") +
                                 dtype_name(cond.dtype()));
@@ -219,11 +211,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor c = expand(cond.detach(), shape);
   Tensor ea = expand(detail::as_plain(a, out_dt), shape);
   Tensor eb = expand(detail::as_plain(b, out_dt), shape);
-  Tensor out = detail::make_tensor(shape, out_dt, Device::cpu());
-  dispatch_all(out_dt, "where", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::map<T, bool, T, T>(out, [](bool k, T x, T y) { return k ? x : y; }, c, ea, eb);
-  });
+  Tensor out = detail::make_tensor(shape, out_dt, a.device());
+  k.where(shape, operand_of(out), operand_of(c), operand_of(ea), operand_of(eb));
   return autograd::record("where", out, {a, b},
                           [c = cond.detach(), a = a.detach(), b = b.detach()](const Tensor& g) {
     Tensor z = scalar_like(g, 0.0);
@@ -232,33 +221,32 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 // ---- comparisons and logic (nd) ----
-Tensor eq(const Tensor& a, const Tensor& b) { return compare("eq", a, b, [](auto x, auto y) { return x == y; }); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare("ne", a, b, [](auto x, auto y) { return x != y; }); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", a, b, [](auto x, auto y) { return x < y; }); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare("le", a, b, [](auto x, auto y) { return x <= y; }); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare("gt", a, b, [](auto x, auto y) { return x > y; }); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare("ge", a, b, [](auto x, auto y) { return x >= y; }); }
+Tensor eq(const Tensor& a, const Tensor& b) { return compare(BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare(BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ge, a, b); }
 
 namespace {
-template <class F>
-Tensor logical(const char* op, const Tensor& a, const Tensor& b, F f) {
+Tensor logical(BinaryOp op, const Tensor& a, const Tensor& b) {
   return binary_kernel(op, detail::as_plain(a, DType::boolean).to(DType::u8),
                        detail::as_plain(b, DType::boolean).to(DType::u8), DType::u8,
-                       DType::boolean, f);
+                       DType::boolean);
 }
 }  // namespace
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
-  return logical("logical_and", a, b, [](auto x, auto y) { return x && y; });
+  return logical(BinaryOp::logical_and, a, b);
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
-  return logical("logical_or", a, b, [](auto x, auto y) { return x || y; });
+  return logical(BinaryOp::logical_or, a, b);
 }
 Tensor logical_xor(const Tensor& a, const Tensor& b) {
-  return logical("logical_xor", a, b, [](auto x, auto y) { return (x != 0) != (y != 0); });
+  return logical(BinaryOp::logical_xor, a, b);
 }
 Tensor logical_not(const Tensor& x) {
-  return eq(detail::as_plain(x, DType::boolean), scalar(0.0, {.dtype = DType::boolean}));
+  return eq(detail::as_plain(x, DType::boolean), scalar(0.0, {.dtype = DType::boolean, .device = x.device()}));
 }
 
 Tensor straight_through(const Tensor& x, const Tensor& q) {
@@ -271,49 +259,39 @@ void check_inplace(const char* op, const Tensor& dst);
 }
 
 namespace {
-template <class F>
-void update(const char* op, const Tensor& dst, F f, const Tensor& a, const Tensor& b) {
-  detail::check_inplace(op, dst);
-  detail::check_cpu(op, {&dst, &a, &b});
+void update(UpdateOp op, const char* name, const Tensor& dst, ScalarArgs args, const Tensor& a,
+            const Tensor& b) {
+  detail::check_inplace(name, dst);
+  const KernelTable& k = kernels_for(name, {&dst, &a, &b});
   const DType t = dst.dtype();
   const DType ct = detail::cpu_compute_dtype(t);
   if (ct != t) {  // 16-bit floats: compute in f32, store back
     Tensor tmp = detail::as_plain(dst, ct);
-    update(op, tmp, f, a, b);
+    update(op, name, tmp, args, a, b);
     copy_(dst, tmp);
     return;
   }
   Tensor ea = expand(detail::as_plain(a, t), dst.shape());
   Tensor eb = expand(detail::as_plain(b, t), dst.shape());
-  dispatch_numeric(t, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::map<T, T, T, T>(dst, [&](T d, T x, T y) { return static_cast<T>(f(d, x, y)); },
-                         dst, ea, eb);
-  });
+  k.update(op, args, dst.shape(), operand_of(dst), operand_of(ea), operand_of(eb));
 }
 }  // namespace
 
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
-  update("add_", dst, [alpha](auto d, auto x, auto) {
-    return d + static_cast<decltype(d)>(alpha) * x;
-  }, src, src);
+  update(UpdateOp::add_scaled, "add_", dst, {alpha}, src, src);
 }
 void mul_(const Tensor& dst, const Tensor& src) {
-  update("mul_", dst, [](auto d, auto x, auto) { return d * x; }, src, src);
+  update(UpdateOp::mul, "mul_", dst, {}, src, src);
 }
 void mul_(const Tensor& dst, double v) { mul_(dst, scalar_like(dst, v)); }
 void div_(const Tensor& dst, const Tensor& src) {
-  update("div_", dst, [](auto d, auto x, auto) { return d / x; }, src, src);
+  update(UpdateOp::div, "div_", dst, {}, src, src);
 }
 void addcmul_(const Tensor& dst, const Tensor& a, const Tensor& b, double alpha) {
-  update("addcmul_", dst, [alpha](auto d, auto x, auto y) {
-    return d + static_cast<decltype(d)>(alpha) * x * y;
-  }, a, b);
+  update(UpdateOp::addcmul, "addcmul_", dst, {alpha}, a, b);
 }
 void addcdiv_(const Tensor& dst, const Tensor& a, const Tensor& b, double alpha) {
-  update("addcdiv_", dst, [alpha](auto d, auto x, auto y) {
-    return d + static_cast<decltype(d)>(alpha) * x / y;
-  }, a, b);
+  update(UpdateOp::addcdiv, "addcdiv_", dst, {alpha}, a, b);
 }
 
 // ---- operators ----

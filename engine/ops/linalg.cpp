@@ -40,10 +40,10 @@ Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x
 
 // `x` without graph, in dtype `ct`, with its last two dims in a layout the
 // GEMM maps directly (a copy only when neither of them has unit stride).
-Tensor gemm_operand(const Tensor& x, DType ct) {
+Tensor gemm_operand(const KernelTable& k, const Tensor& x, DType ct) {
   Tensor p = detail::as_plain(x, ct);
   const int64_t nd = p.dim();
-  if (!cpu::gemm_maps(p.size(-2), p.size(-1), p.strides()[nd - 2], p.strides()[nd - 1]))
+  if (!k.gemm_maps(p.size(-2), p.size(-1), p.strides()[nd - 2], p.strides()[nd - 1]))
     p = p.contiguous();
   return p;
 }
@@ -69,7 +69,7 @@ int64_t merged_row_stride(const Tensor& x) {
 
 // `x` (at least 1-d, no graph) seen as a [rows, x.size(-1)] GEMM operand:
 // returns the tensor to read (x itself or a contiguous copy) and its strides.
-Tensor as_rows(const Tensor& x, int64_t& rs, int64_t& cs) {
+Tensor as_rows(const KernelTable& k, const Tensor& x, int64_t& rs, int64_t& cs) {
   if (x.dim() == 1) {
     rs = std::max<int64_t>(x.size(0), 1);
     cs = x.strides()[0];
@@ -78,7 +78,7 @@ Tensor as_rows(const Tensor& x, int64_t& rs, int64_t& cs) {
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
   rs = merged_row_stride(x);
   cs = x.strides()[x.dim() - 1];
-  if (rs >= 0 && cpu::gemm_maps(rows, x.size(-1), rs, cs)) return x;
+  if (rs >= 0 && k.gemm_maps(rows, x.size(-1), rs, cs)) return x;
   Tensor c = x.contiguous();
   rs = std::max<int64_t>(x.size(-1), 1);
   cs = 1;
@@ -88,57 +88,61 @@ Tensor as_rows(const Tensor& x, int64_t& rs, int64_t& cs) {
 // out[i, j] = a[i, :] . b[:, j] over the last two dims of operands that are
 // both at least 2-d, batch dims broadcast; computed in `ct` (no graph).
 Tensor matmul_forward(const Tensor& a, const Tensor& b, DType ct) {
-  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const KernelTable& k = kernels(a.device());
+  const int64_t m = a.size(-2), kk = a.size(-1), n = b.size(-1);
   const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
   const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
   const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
   Shape out_shape = batch;
   out_shape.push_back(m);
   out_shape.push_back(n);
-  Tensor A = gemm_operand(a, ct), B = gemm_operand(b, ct);
-  Tensor out = detail::make_tensor(out_shape, ct, Device::cpu());
+  Tensor A = gemm_operand(k, a, ct), B = gemm_operand(k, b, ct);
+  Tensor out = detail::make_tensor(out_shape, ct, a.device());
   const int64_t nb = numel_of(batch);
-  dispatch_float(ct, "matmul", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t ad = A.dim(), bd = B.dim();
-    const cpu::MatRef<T> ma{A.data<T>(), A.strides()[ad - 2], A.strides()[ad - 1]};
-    const cpu::MatRef<T> mb{B.data<T>(), B.strides()[bd - 2], B.strides()[bd - 1]};
-    // A batch of rows times one matrix: a single GEMM over the merged rows.
-    if (numel_of(b_batch) == 1) {
-      const int64_t rs = merged_row_stride(A);
-      if (rs >= 0 && cpu::gemm_maps(nb * m, k, rs, ma.cs)) {
-        cpu::gemm<T>(nb * m, n, k, {ma.p, rs, ma.cs}, mb, out.data<T>(), n);
-        return;
-      }
+  const int64_t ad = A.dim(), bd = B.dim();
+  GemmArgs g{.dtype = ct, .batch = nb, .m = m, .n = n, .k = kk,
+             .a = {A.raw_data(), A.strides()[ad - 2], A.strides()[ad - 1]},
+             .b = {B.raw_data(), B.strides()[bd - 2], B.strides()[bd - 1]},
+             .c = out.raw_data(), .ldc = n};
+  // A batch of rows times one matrix: a single GEMM over the merged rows.
+  if (numel_of(b_batch) == 1) {
+    const int64_t rs = merged_row_stride(A);
+    if (rs >= 0 && k.gemm_maps(nb * m, kk, rs, g.a.cs)) {
+      g.batch = 1;
+      g.m = nb * m;
+      g.a.rs = rs;
+      k.gemm(g);
+      return out;
     }
-    // Element offsets of every product's operands (stride 0 where broadcast).
-    const int64_t nd = static_cast<int64_t>(batch.size());
-    std::vector<int64_t> a_off(nb), b_off(nb), idx(nd, 0);
-    auto batch_stride = [&](const Tensor& t, const Shape& tb, int64_t d) -> int64_t {
-      const int64_t td = d - (nd - static_cast<int64_t>(tb.size()));
-      return td < 0 || tb[td] == 1 ? 0 : t.strides()[td];
-    };
-    for (int64_t i = 0; i < nb; ++i) {
-      int64_t ao = 0, bo = 0;
-      for (int64_t d = 0; d < nd; ++d) {
-        ao += idx[d] * batch_stride(A, a_batch, d);
-        bo += idx[d] * batch_stride(B, b_batch, d);
-      }
-      a_off[i] = ao;
-      b_off[i] = bo;
-      for (int64_t d = nd - 1; d >= 0; --d) {
-        if (++idx[d] < batch[d]) break;
-        idx[d] = 0;
-      }
+  }
+  // Element offsets of every product's operands (stride 0 where broadcast).
+  const int64_t nd = static_cast<int64_t>(batch.size());
+  std::vector<int64_t> a_off(nb), b_off(nb), idx(nd, 0);
+  auto batch_stride = [&](const Tensor& t, const Shape& tb, int64_t d) -> int64_t {
+    const int64_t td = d - (nd - static_cast<int64_t>(tb.size()));
+    return td < 0 || tb[td] == 1 ? 0 : t.strides()[td];
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    int64_t ao = 0, bo = 0;
+    for (int64_t d = 0; d < nd; ++d) {
+      ao += idx[d] * batch_stride(A, a_batch, d);
+      bo += idx[d] * batch_stride(B, b_batch, d);
     }
-    cpu::gemm_batched<T>(nb, m, n, k, ma, a_off.data(), mb, b_off.data(), out.data<T>());
-  });
+    a_off[i] = ao;
+    b_off[i] = bo;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < batch[d]) break;
+      idx[d] = 0;
+    }
+  }
+  g.a_off = a_off.data();
+  g.b_off = b_off.data();
+  k.gemm(g);
   return out;
 }
 
 // Both operands at least 2-d and of dtype `dt`: forward plus backward node.
 Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
-  detail::check_cpu("matmul", {&a, &b});
   const DType ct = detail::cpu_compute_dtype(dt);
   Tensor out = matmul_forward(a, b, ct);
   if (ct != dt) out = detail::as_plain(out, dt);
@@ -167,7 +171,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined())
     throw std::invalid_argument("[matmul] got an undefined tensor");
-  detail::check_cpu("matmul", {&a, &b});
+  kernels_for("matmul", {&a, &b});  // one device for both
   if (a.dim() == 0 || b.dim() == 0)
     throw std::invalid_argument("[matmul] operands need at least 1 dim: got shapes " +
                                 shapes_str(a, b));
@@ -199,7 +203,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  detail::check_cpu("linear", {&x, &w, &b});
+  const KernelTable& k = kernels_for("linear", {&x, &w, &b});
   if (w.dim() != 2)
     throw std::invalid_argument("[linear] weight must be 2-d [out, in]: got shape " +
                                 shape_str(w.shape()));
@@ -220,33 +224,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
-  Tensor out = detail::make_tensor(out_shape, ct, Device::cpu());
+  Tensor out = detail::make_tensor(out_shape, ct, x.device());
   int64_t xrs = 0, xcs = 0;
-  Tensor xp = as_rows(detail::as_plain(X, ct), xrs, xcs);
+  Tensor xp = as_rows(k, detail::as_plain(X, ct), xrs, xcs);
   Tensor wp = detail::as_plain(W, ct);
   // w^T maps as a column-major [in, out] matrix: no copy for a plain weight.
-  if (!cpu::gemm_maps(in_f, out_f, wp.strides()[1], wp.strides()[0]))
-    wp = wp.contiguous();
-  Tensor bp = Bias.defined() ? detail::as_plain(Bias, ct).contiguous() : Tensor();
+  if (!k.gemm_maps(in_f, out_f, wp.strides()[1], wp.strides()[0])) wp = wp.contiguous();
   const int64_t rows = out.numel() / std::max<int64_t>(out_f, 1);
-  dispatch_float(ct, "linear", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    if (bp.defined()) {
-      // Start from the bias and let the GEMM accumulate: no extra pass.
-      const T* bias = bp.data<T>();
-      cpu::parallel_for(
-          0, rows,
-          std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(out_f, 1)),
-          [&](int64_t lo, int64_t hi) {
-            for (int64_t r = lo; r < hi; ++r)
-              std::copy(bias, bias + out_f, o + r * out_f);
-          });
-    }
-    cpu::gemm<T>(rows, out_f, in_f, {xp.data<T>(), xrs, xcs},
-                 {wp.data<T>(), wp.strides()[1], wp.strides()[0]}, o, out_f,
-                 bp.defined());
-  });
+  if (Bias.defined()) {
+    // Start from the bias and let the GEMM accumulate: no extra pass.
+    Tensor bp = detail::as_plain(Bias, ct);
+    const int64_t out_strides[2] = {out_f, 1}, bias_strides[2] = {0, bp.strides()[0]};
+    k.copy({rows, out_f}, {out.raw_data(), ct, out_strides},
+           {bp.raw_data(), ct, bias_strides});
+  }
+  k.gemm({.dtype = ct, .m = rows, .n = out_f, .k = in_f,
+          .a = {xp.raw_data(), xrs, xcs},
+          .b = {wp.raw_data(), wp.strides()[1], wp.strides()[0]},
+          .c = out.raw_data(), .ldc = out_f, .accumulate = Bias.defined()});
   if (ct != dt) out = detail::as_plain(out, dt);
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();

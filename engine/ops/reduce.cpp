@@ -2,46 +2,15 @@
 // reductions live in reductions.cpp.
 #include "engine/ops/reduce.h"
 
-#include <Eigen/Core>
-
 #include "engine/autograd/node.h"
-#include "engine/cpu/parallel.h"
 #include "engine/cpu/reduce_plan.h"
-#include "engine/device_check.h"
-#include "engine/dispatch.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
 namespace {
-
-// Sum of n contiguous values; long rows are split across threads.
-template <class T, class Acc>
-Acc row_sum(const T* p, int64_t n, bool parallel) {
-  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-  if (!parallel || n <= cpu::kGrainElements) {
-    if constexpr (std::is_floating_point_v<T>) {
-      return static_cast<Acc>(Eigen::Map<const Arr>(p, n).sum());
-    } else {
-      Acc s = 0;
-      for (int64_t i = 0; i < n; ++i) s += static_cast<Acc>(p[i]);
-      return s;
-    }
-  }
-  const int threads = std::max(1, num_threads());
-  std::vector<Acc> partial(threads, Acc(0));
-  const int64_t step = (n + threads - 1) / threads;
-  cpu::parallel_for(0, threads, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) {
-      const int64_t b = c * step, e = std::min(n, b + step);
-      if (b < e) partial[c] = row_sum<T, Acc>(p + b, e - b, false);
-    }
-  });
-  Acc s = 0;
-  for (Acc v : partial) s += v;
-  return s;
-}
 
 // Gradient of a reduction: g broadcast back over the reduced dims.
 Tensor expand_back(const Tensor& g, const Shape& kept_shape, const Shape& in_shape) {
@@ -51,31 +20,14 @@ Tensor expand_back(const Tensor& g, const Shape& kept_shape, const Shape& in_sha
 }  // namespace
 
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
-  detail::check_cpu("sum", {&x});
+  const KernelTable& k = kernels_for("sum", {&x});
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = detail::cpu_compute_dtype(out_dt);
   Tensor src = detail::cpu_compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
   auto p = cpu::plan_reduce(src, dims, keepdim, "sum");
-  Tensor out = detail::make_tensor(p.out_shape, ct, Device::cpu());
-  dispatch_all(p.rows.dtype(), "sum", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (cpu::is_half_v<T>) {
-      throw std::logic_error("[sum] 16-bit input reached the kernel");
-    } else {
-      using O = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
-      const T* in = p.rows.data<T>();
-      O* o = out.data<O>();
-      const int64_t inner = p.inner;
-      if (p.outer == 1) {
-        o[0] = row_sum<T, O>(in, inner, true);
-      } else {
-        cpu::parallel_for(0, p.outer, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(inner, 1)),
-                          [&](int64_t lo, int64_t hi) {
-          for (int64_t r = lo; r < hi; ++r) o[r] = row_sum<T, O>(in + r * inner, inner, false);
-        });
-      }
-    }
-  });
+  Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
+  k.reduce_rows(RowReduce::sum, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
+                out.raw_data());
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("sum", out, {x},
                           [kept = p.kept_shape, in = x.shape()](const Tensor& g) {

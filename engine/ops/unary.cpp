@@ -22,127 +22,102 @@ Tensor with_grad(const char* op, const Tensor& x, Tensor y, Back back) {
   });
 }
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kInvSqrt2 = 0.7071067811865476;
-constexpr double kInvSqrt2Pi = 0.3989422804014327;
+constexpr double kSqrt2OverPi = fn::detail::kSqrt2OverPi;
 
 }  // namespace
 
 Tensor neg(const Tensor& x) {
-  detail::check_cpu("neg", {&x});
   Tensor y;
   if (is_floating(x.dtype())) {
-    y = unary_float("neg", x, [](auto v) { return -v; });
+    y = unary_float(UnaryOp::neg, x);
   } else {
-    y = sub(scalar(0.0, {.dtype = x.dtype() == DType::boolean ? DType::i64 : x.dtype()}), x);
+    y = sub(scalar(0.0, {.dtype = x.dtype() == DType::boolean ? DType::i64 : x.dtype(),
+                         .device = x.device()}),
+            x);
   }
   return with_grad("neg", x, y, [](const Tensor& g, const Tensor&, const Tensor&) { return neg(g); });
 }
 
 Tensor abs(const Tensor& x) {
   if (!is_floating(x.dtype())) return where(lt(x, scalar_like(x, 0)), neg(x), x);
-  Tensor y = unary_float("abs", x, [](auto v) { return std::abs(v); },
-                         [](const auto& a) { return a.abs(); });
+  Tensor y = unary_float(UnaryOp::abs, x);
   return with_grad("abs", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, sign(x));
   });
 }
 
 Tensor exp(const Tensor& x) {
-  Tensor y = unary_float(
-      "exp", x, [](auto v) { return std::exp(v); }, [](const auto& a) { return a.exp(); },
-      [](const auto* src, auto* dst, int64_t n) {
-        // Eigen's SSE2 double exp clamps its input, so exp(-inf) came out as
-        // 5.6e-309 instead of 0 (a -inf logit got a sliver of probability).
-        // Below log(denorm_min) the true result is 0 in every precision.
-        using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
-        const T underflow = std::log(std::numeric_limits<T>::denorm_min());
-        // A select, not a branch: the compiler turns it into a vector blend.
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < underflow ? T(0) : dst[i];
-      });
+  Tensor y = unary_float(UnaryOp::exp, x);
   return with_grad("exp", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, y);
   });
 }
 
 Tensor log(const Tensor& x) {
-  Tensor y = unary_float("log", x, [](auto v) { return std::log(v); },
-                         [](const auto& a) { return a.log(); });
+  Tensor y = unary_float(UnaryOp::log, x);
   return with_grad("log", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return div(g, x);
   });
 }
 
 Tensor log1p(const Tensor& x) {
-  Tensor y = unary_float("log1p", x, [](auto v) { return std::log1p(v); },
-                         [](const auto& a) { return a.log1p(); });
+  Tensor y = unary_float(UnaryOp::log1p, x);
   return with_grad("log1p", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return div(g, x + 1.0);
   });
 }
 
 Tensor sqrt(const Tensor& x) {
-  Tensor y = unary_float("sqrt", x, [](auto v) { return std::sqrt(v); },
-                         [](const auto& a) { return a.sqrt(); });
+  Tensor y = unary_float(UnaryOp::sqrt, x);
   return with_grad("sqrt", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return div(g, y * 2.0);
   });
 }
 
 Tensor rsqrt(const Tensor& x) {
-  Tensor y = unary_float("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); },
-                         [](const auto& a) { return a.rsqrt(); });
+  Tensor y = unary_float(UnaryOp::rsqrt, x);
   return with_grad("rsqrt", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, mul(pow(y, 3.0), scalar_like(y, -0.5)));
   });
 }
 
 Tensor sin(const Tensor& x) {
-  Tensor y = unary_float("sin", x, [](auto v) { return std::sin(v); },
-                         [](const auto& a) { return a.sin(); });
+  Tensor y = unary_float(UnaryOp::sin, x);
   return with_grad("sin", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, cos(x));
   });
 }
 
 Tensor cos(const Tensor& x) {
-  Tensor y = unary_float("cos", x, [](auto v) { return std::cos(v); },
-                         [](const auto& a) { return a.cos(); });
+  Tensor y = unary_float(UnaryOp::cos, x);
   return with_grad("cos", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return neg(mul(g, sin(x)));
   });
 }
 
 Tensor tanh(const Tensor& x) {
-  Tensor y = unary_float("tanh", x, [](auto v) { return std::tanh(v); },
-                         [](const auto& a) { return a.tanh(); });
+  Tensor y = unary_float(UnaryOp::tanh, x);
   return with_grad("tanh", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, 1.0 - square(y));
   });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  Tensor y = unary_float("sigmoid", x, [](auto v) {
-    using T = decltype(v);
-    // Stable for large |v|: never exponentiate a large positive number.
-    return v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v));
-  });
+  Tensor y = unary_float(UnaryOp::sigmoid, x);
   return with_grad("sigmoid", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
     return mul(g, mul(y, 1.0 - y));
   });
 }
 
 Tensor relu(const Tensor& x) {
-  Tensor y = unary_float("relu", x, [](auto v) { return v > 0 ? v : decltype(v)(0); });
+  Tensor y = unary_float(UnaryOp::relu, x);
   return with_grad("relu", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return where(gt(x, scalar_like(x, 0.0)), g, scalar_like(g, 0.0));
   });
 }
 
 Tensor leaky_relu(const Tensor& x, double slope) {
-  Tensor y = unary_float("leaky_relu", x, [slope](auto v) {
-    return v > 0 ? v : static_cast<decltype(v)>(slope) * v;
-  });
+  Tensor y = unary_float(UnaryOp::leaky_relu, x, {slope});
   return with_grad("leaky_relu", x, y, [slope](const Tensor& g, const Tensor& x, const Tensor&) {
     return where(gt(x, scalar_like(x, 0.0)), g, g * slope);
   });
@@ -150,11 +125,7 @@ Tensor leaky_relu(const Tensor& x, double slope) {
 
 Tensor gelu(const Tensor& x, GeluApprox approx) {
   if (approx == GeluApprox::tanh) {
-    Tensor y = unary_float("gelu", x, [](auto v) {
-      using T = decltype(v);
-      const T u = T(kSqrt2OverPi) * (v + T(0.044715) * v * v * v);
-      return T(0.5) * v * (T(1) + std::tanh(u));
-    });
+    Tensor y = unary_float(UnaryOp::gelu_tanh, x);
     return with_grad("gelu", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
       Tensor x2 = square(x);
       Tensor t = tanh((x + x2 * x * 0.044715) * kSqrt2OverPi);
@@ -163,25 +134,15 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
       return mul(g, d);
     });
   }
-  Tensor y = unary_float("gelu", x, [](auto v) {
-    using T = decltype(v);
-    return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
-  });
+  Tensor y = unary_float(UnaryOp::gelu, x);
   return with_grad("gelu", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    Tensor cdf = unary_float("gelu_backward", x, [](auto v) {
-      using T = decltype(v);
-      return T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2))) +
-             v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
-    });
+    Tensor cdf = unary_float(UnaryOp::gelu_backward, x);
     return mul(g, cdf);
   });
 }
 
 Tensor silu(const Tensor& x) {
-  Tensor y = unary_float("silu", x, [](auto v) {
-    using T = decltype(v);
-    return v / (T(1) + std::exp(-v));
-  });
+  Tensor y = unary_float(UnaryOp::silu, x);
   return with_grad("silu", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     Tensor s = sigmoid(x);
     return mul(g, s * (1.0 + x * (1.0 - s)));
@@ -189,11 +150,7 @@ Tensor silu(const Tensor& x) {
 }
 
 Tensor softplus(const Tensor& x, double beta, double threshold) {
-  Tensor y = unary_float("softplus", x, [beta, threshold](auto v) {
-    using T = decltype(v);
-    const T bx = T(beta) * v;
-    return bx > T(threshold) ? v : std::log1p(std::exp(bx)) / T(beta);
-  });
+  Tensor y = unary_float(UnaryOp::softplus, x, {beta, threshold});
   return with_grad("softplus", x, y, [beta, threshold](const Tensor& g, const Tensor& x,
                                                        const Tensor&) {
     Tensor bx = x * beta;
@@ -203,7 +160,7 @@ Tensor softplus(const Tensor& x, double beta, double threshold) {
 
 Tensor square(const Tensor& x) {
   if (!is_floating(x.dtype())) return mul(x, x);
-  Tensor y = unary_float("square", x, [](auto v) { return v * v; });
+  Tensor y = unary_float(UnaryOp::square, x);
   return with_grad("square", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return mul(g, x * 2.0);
   });
@@ -213,13 +170,7 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
   const bool has_lo = !std::isnan(lo), has_hi = !std::isnan(hi);
   Tensor y;
   if (is_floating(x.dtype())) {
-    y = unary_float("clamp", x, [=](auto v) {
-      using T = decltype(v);
-      if (v != v) return v;
-      if (has_lo && v < T(lo)) v = T(lo);
-      if (has_hi && v > T(hi)) v = T(hi);
-      return v;
-    });
+    y = unary_float(UnaryOp::clamp, x, {lo, hi});
   } else {
     y = x;
     if (has_lo) y = maximum(y, scalar_like(x, lo));
@@ -227,7 +178,7 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
     return y;
   }
   return with_grad("clamp", x, y, [=](const Tensor& g, const Tensor& x, const Tensor&) {
-    Tensor keep = ones(x.shape(), {.dtype = DType::boolean});
+    Tensor keep = ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
     if (has_lo) keep = logical_and(keep, ge(x, scalar_like(x, lo)));
     if (has_hi) keep = logical_and(keep, le(x, scalar_like(x, hi)));
     return where(keep, g, scalar_like(g, 0.0));
@@ -243,38 +194,34 @@ Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi) {
 
 // ---- (nd) ----
 namespace {
-template <class F>
-Tensor rounding(const char* op, const Tensor& x, F f) {
+Tensor rounding(UnaryOp op, const Tensor& x) {
   if (!is_floating(x.dtype())) return x.detach().clone();
-  return unary_float(op, x.detach(), f);
+  return unary_float(op, x.detach());
 }
 }  // namespace
 
 Tensor sign(const Tensor& x) {
   if (!is_floating(x.dtype()))
     return sub(gt(x, scalar_like(x, 0)).to(x.dtype()), lt(x, scalar_like(x, 0)).to(x.dtype()));
-  return unary_float("sign", x.detach(), [](auto v) {
-    using T = decltype(v);
-    return v > 0 ? T(1) : (v < 0 ? T(-1) : v);  // keeps 0 and NaN
-  });
+  return unary_float(UnaryOp::sign, x.detach());
 }
 Tensor round(const Tensor& x) {
-  return rounding("round", x, [](auto v) { return std::nearbyint(v); });
+  return rounding(UnaryOp::round, x);
 }
 Tensor floor(const Tensor& x) {
-  return rounding("floor", x, [](auto v) { return std::floor(v); });
+  return rounding(UnaryOp::floor, x);
 }
 Tensor ceil(const Tensor& x) {
-  return rounding("ceil", x, [](auto v) { return std::ceil(v); });
+  return rounding(UnaryOp::ceil, x);
 }
 
 Tensor isnan(const Tensor& x) {
-  if (!is_floating(x.dtype())) return zeros(x.shape(), {.dtype = DType::boolean});
+  if (!is_floating(x.dtype())) return zeros(x.shape(), {.dtype = DType::boolean, .device = x.device()});
   return ne(x.detach(), x.detach());
 }
 
 Tensor isfinite(const Tensor& x) {
-  if (!is_floating(x.dtype())) return ones(x.shape(), {.dtype = DType::boolean});
+  if (!is_floating(x.dtype())) return ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
   Tensor v = x.detach();
   return logical_and(eq(v, v), lt(abs(v), scalar_like(v, INFINITY)));
 }

@@ -6,8 +6,10 @@
 //   strided      inputs as non-contiguous views give the same values and grads;
 //   broadcast    (if `broadcast_shapes` is set) forward + gradient again;
 //   zero-size    (if `zero_shapes` is set) forward runs, shape matches the
-//                reference, backward runs.
-// Later the same table runs on CUDA against the CPU.
+//                reference, backward runs;
+//   device axis  on every CUDA device the build sees, each variant in f64 and
+//                f32: forward and gradients equal the CPU's (one skip line
+//                when the build or the machine has no GPU).
 #include <functional>
 #include <string>
 #include <vector>

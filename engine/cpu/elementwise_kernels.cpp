@@ -1,0 +1,129 @@
+// The CPU's elementwise families: fill, cast/copy, unary, binary, in-place
+// update and where. The math is the shared functors (engine/kernels/);
+// this file adds the loops, the dtype switch and the Eigen vector forms.
+#include <Eigen/Core>
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "engine/cpu/convert.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/loop.h"
+#include "engine/cpu/unary_vector.h"
+#include "engine/dispatch.h"
+
+namespace quanta::cpu {
+namespace {
+
+template <class T, class F>
+void unary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
+  if constexpr (VectorForm<F>::has) {
+    if (dense_strides(shape, in.strides) && dense_strides(shape, out.strides)) {
+      const T* src = static_cast<const T*>(in.data);
+      T* dst = static_cast<T*>(out.data);
+      parallel_for(0, numel_of(shape), kGrainElements, [&](int64_t lo, int64_t hi) {
+        using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+        // In L1/L2-sized pieces, so the fixup pass reads what the vector
+        // pass just touched instead of streaming the chunk from memory again.
+        constexpr int64_t kPiece = 8192;
+        for (int64_t a = lo; a < hi; a += kPiece) {
+          const int64_t b = std::min(hi, a + kPiece);
+          Eigen::Map<Arr>(dst + a, b - a) =
+              VectorForm<F>::apply(Eigen::Map<const Arr>(src + a, b - a));
+          VectorForm<F>::fixup(src + a, dst + a, b - a);
+        }
+      });
+      return;
+    }
+  }
+  map<T, T>(shape, f, out, in);
+}
+
+template <class T, bool Predicate, class F>
+void binary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& a,
+                  const Operand& b) {
+  if constexpr (Predicate) {
+    map<bool, T, T>(shape, [&](T x, T y) { return static_cast<bool>(f(x, y)); }, out, a, b);
+  } else {
+    map<T, T, T>(shape, [&](T x, T y) { return static_cast<T>(f(x, y)); }, out, a, b);
+  }
+}
+
+}  // namespace
+
+void fill(const Shape& shape, const Operand& dst, double value) {
+  dispatch_all(dst.dtype, "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = cast<T>(value);
+    for_each_run<1>(shape, {&dst},
+                    [&](int64_t n, const std::array<char*, 1>& b,
+                        const std::array<int64_t, 1>& s) {
+      T* p = reinterpret_cast<T*>(b[0]);
+      for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
+    });
+  });
+}
+
+void copy(const Shape& shape, const Operand& dst, const Operand& src) {
+  dispatch_all(dst.dtype, "copy_", [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    dispatch_all(src.dtype, "copy_", [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      map<D, S>(shape, [](S v) { return cast<D>(v); }, dst, src);
+    });
+  });
+}
+
+void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,
+           const Operand& in) {
+  dispatch_float(in.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (op) {
+#define QUANTA_CASE(name, F) \
+  case UnaryOp::name: return unary_typed<T>(fn::F{args}, shape, out, in);
+      QUANTA_UNARY_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& a,
+            const Operand& b) {
+  dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (op) {
+#define QUANTA_ARITH_CASE(name, F) \
+  case BinaryOp::name: return binary_typed<T, false>(fn::F{}, shape, out, a, b);
+#define QUANTA_PREDICATE_CASE(name, F) \
+  case BinaryOp::name: return binary_typed<T, true>(fn::F{}, shape, out, a, b);
+      QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
+      QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
+#undef QUANTA_ARITH_CASE
+#undef QUANTA_PREDICATE_CASE
+    }
+  });
+}
+
+void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Operand& dst,
+            const Operand& a, const Operand& b) {
+  dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (op) {
+#define QUANTA_CASE(name, F)                                       \
+  case UpdateOp::name:                                             \
+    return map<T, T, T, T>(shape, fn::F{args}, dst, dst, a, b);
+      QUANTA_UPDATE_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void where(const Shape& shape, const Operand& out, const Operand& cond, const Operand& a,
+           const Operand& b) {
+  dispatch_all(out.dtype, "where", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map<T, bool, T, T>(shape, [](bool k, T x, T y) { return k ? x : y; }, out, cond, a, b);
+  });
+}
+
+}  // namespace quanta::cpu

@@ -1,0 +1,23 @@
+// The CPU kernel table: every family's CPU entry in one place.
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/kernels.h"
+
+namespace quanta::cpu {
+
+const KernelTable& cpu_kernels() {
+  static const KernelTable table{
+      .device_name = "cpu",
+      .fill = fill,
+      .copy = copy,
+      .unary = unary,
+      .binary = binary,
+      .update = update,
+      .where = where,
+      .reduce_rows = reduce_rows,
+      .gemm_maps = gemm_maps,
+      .gemm = gemm_entry,
+  };
+  return table;
+}
+
+}  // namespace quanta::cpu

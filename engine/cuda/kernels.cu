@@ -1,0 +1,415 @@
+// The CUDA kernel table. Device code is thin: a grid-stride walk over a
+// StridedIndex calling the shared functors (engine/kernels/functors.h), CUB's
+// block reduction for row sums, cuBLAS for GEMM. The math is the CPU's.
+#include <cub/block/block_reduce.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/cuda/blas_layout.h"
+#include "engine/cuda/check.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/cuda/runtime.h"
+#include "engine/kernels/strided_index.h"
+#include "engine/kernels/table.h"
+
+namespace quanta::cuda {
+namespace {
+
+template <class T> struct Tag { using type = T; };
+
+[[noreturn]] void bad_dtype(const char* op, DType t, const char* what) {
+  throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
+                              " is not supported on cuda (" + what + ")");
+}
+
+// The device's element type of a dtype (CUDA's own 16-bit floats: the same
+// bits as the CPU's Eigen types).
+template <class F> void dispatch_all(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    case DType::bf16: return f(Tag<__nv_bfloat16>{});
+    case DType::f16: return f(Tag<__half>{});
+    case DType::i32: return f(Tag<int32_t>{});
+    case DType::i64: return f(Tag<int64_t>{});
+    case DType::u8: return f(Tag<uint8_t>{});
+    case DType::boolean: return f(Tag<bool>{});
+    default: bad_dtype(op, t, "a byte-only format: dequantize it first");
+  }
+}
+template <class F> void dispatch_numeric(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    case DType::i32: return f(Tag<int32_t>{});
+    case DType::i64: return f(Tag<int64_t>{});
+    case DType::u8: return f(Tag<uint8_t>{});
+    default: bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
+  }
+}
+template <class F> void dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    default: bad_dtype(op, t, "expected f32 or f64");
+  }
+}
+
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// Value conversion with the CPU's rules (engine/cpu/convert.h): 16-bit
+// floats go through float, rounding to nearest even; bool is "non-zero".
+template <class D, class S> __host__ __device__ D convert(S v) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return convert<D>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<S, __half>) {
+    return convert<D>(__half2float(v));
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return v != S(0);
+  } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, __half>) {
+    return __float2half(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// A few waves of blocks per multiprocessor; the grid-stride loop does the rest.
+int64_t max_blocks() {
+  int dev = 0, sms = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  QUANTA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return static_cast<int64_t>(sms) * 8;
+}
+
+template <int N, class Body>
+__global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step) {
+    int64_t off[N];
+    ix.offsets(i, off);
+    body(off);
+  }
+}
+
+// Runs body(offsets) for every element of `shape`; zero-size launches skipped.
+template <int N, class Body>
+void walk(const char* op, const Shape& shape, const std::array<const Operand*, N>& ops,
+          const Body& body) {
+  const int64_t n = numel_of(shape);
+  if (n == 0) return;
+  std::array<const int64_t*, N> strides;
+  for (int k = 0; k < N; ++k) strides[k] = ops[k]->strides;
+  const StridedIndex<N> ix = make_strided_index<N>(shape, strides, op);
+  const LaunchConfig cfg = launch_config(n, max_blocks());
+  walk_kernel<N><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, ix, body);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+template <class T> struct FillBody {
+  T* dst;
+  T value;
+  __device__ void operator()(const int64_t (&o)[1]) const { dst[o[0]] = value; }
+};
+template <class D, class S> struct CopyBody {
+  D* dst;
+  const S* src;
+  __device__ void operator()(const int64_t (&o)[2]) const { dst[o[0]] = convert<D>(src[o[1]]); }
+};
+template <class T, class F> struct UnaryBody {
+  F f;
+  T* out;
+  const T* in;
+  __device__ void operator()(const int64_t (&o)[2]) const { out[o[0]] = f(in[o[1]]); }
+};
+template <class O, class T, class F> struct BinaryBody {
+  F f;
+  O* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    out[o[0]] = static_cast<O>(f(a[o[1]], b[o[2]]));
+  }
+};
+template <class T, class F> struct UpdateBody {
+  F f;
+  T* dst;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    dst[o[0]] = f(dst[o[0]], a[o[1]], b[o[2]]);
+  }
+};
+template <class T> struct WhereBody {
+  T* out;
+  const bool* cond;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[4]) const {
+    out[o[0]] = cond[o[1]] ? a[o[2]] : b[o[3]];
+  }
+};
+
+void fill(const Shape& shape, const Operand& dst, double value) {
+  dispatch_all(dst.dtype, "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    walk<1>("fill_", shape, {&dst}, FillBody<T>{static_cast<T*>(dst.data), convert<T>(value)});
+  });
+}
+
+void cast_copy(const Shape& shape, const Operand& dst, const Operand& src) {
+  dispatch_all(dst.dtype, "copy_", [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    dispatch_all(src.dtype, "copy_", [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      walk<2>("copy_", shape, {&dst, &src},
+              CopyBody<D, S>{static_cast<D*>(dst.data), static_cast<const S*>(src.data)});
+    });
+  });
+}
+
+void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,
+           const Operand& in) {
+  dispatch_float(in.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.data);
+    const T* i = static_cast<const T*>(in.data);
+    switch (op) {
+#define QUANTA_CASE(name, F)                                                          \
+  case UnaryOp::name:                                                                 \
+    return walk<2>(#name, shape, {&out, &in}, UnaryBody<T, fn::F>{fn::F{args}, o, i});
+      QUANTA_UNARY_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& a,
+            const Operand& b) {
+  dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pa = static_cast<const T*>(a.data);
+    const T* pb = static_cast<const T*>(b.data);
+    switch (op) {
+#define QUANTA_ARITH_CASE(name, F)                                          \
+  case BinaryOp::name:                                                      \
+    return walk<3>(#name, shape, {&out, &a, &b},                            \
+                   BinaryBody<T, T, fn::F>{{}, static_cast<T*>(out.data), pa, pb});
+#define QUANTA_PREDICATE_CASE(name, F)                                      \
+  case BinaryOp::name:                                                      \
+    return walk<3>(#name, shape, {&out, &a, &b},                            \
+                   BinaryBody<bool, T, fn::F>{{}, static_cast<bool*>(out.data), pa, pb});
+      QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
+      QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
+#undef QUANTA_ARITH_CASE
+#undef QUANTA_PREDICATE_CASE
+    }
+  });
+}
+
+void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Operand& dst,
+            const Operand& a, const Operand& b) {
+  dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = static_cast<T*>(dst.data);
+    const T* pa = static_cast<const T*>(a.data);
+    const T* pb = static_cast<const T*>(b.data);
+    switch (op) {
+#define QUANTA_CASE(name, F)                                  \
+  case UpdateOp::name:                                        \
+    return walk<3>(#name, shape, {&dst, &a, &b},              \
+                   UpdateBody<T, fn::F>{fn::F{args}, d, pa, pb});
+      QUANTA_UPDATE_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void where(const Shape& shape, const Operand& out, const Operand& cond, const Operand& a,
+           const Operand& b) {
+  dispatch_all(out.dtype, "where", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    walk<4>("where", shape, {&out, &cond, &a, &b},
+            WhereBody<T>{static_cast<T*>(out.data), static_cast<const bool*>(cond.data),
+                         static_cast<const T*>(a.data), static_cast<const T*>(b.data)});
+  });
+}
+
+// ---- row reductions: a block per row (CUB's block reduction); long rows
+// are first cut into chunks summed into a partials buffer, then reduced
+// again, so few long rows still fill the device. Deterministic: a fixed
+// split and a fixed order within each block. ----
+
+template <class T, class Acc>
+__global__ void chunk_sum_kernel(const T* in, int64_t rows, int64_t inner, int64_t parts,
+                                 Acc* out) {
+  using Reduce = cub::BlockReduce<Acc, kThreadsPerBlock>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int64_t len = (inner + parts - 1) / parts;
+  for (int64_t job = blockIdx.x; job < rows * parts; job += gridDim.x) {
+    const int64_t row = job / parts, part = job % parts;
+    const int64_t lo = part * len, hi = min(inner, lo + len);
+    Acc s = Acc(0);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+      s += static_cast<Acc>(in[row * inner + i]);
+    const Acc total = Reduce(tmp).Sum(s);
+    if (threadIdx.x == 0) out[job] = total;
+    __syncthreads();  // tmp is reused by the next job
+  }
+}
+
+template <class T, class Acc>
+void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
+  const int64_t blocks = max_blocks();
+  int64_t parts = 1;
+  // Split only when the rows alone leave most of the device idle.
+  if (outer < blocks && inner > 16 * kThreadsPerBlock)
+    parts = std::min<int64_t>((blocks + outer - 1) / outer, inner / (4 * kThreadsPerBlock));
+  if (parts <= 1) {
+    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
+                               kThreadsPerBlock>>>(in, outer, inner, 1, out);
+    QUANTA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  Acc* partial = nullptr;
+  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, 0));
+  chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer * parts, blocks)),
+                             kThreadsPerBlock>>>(in, outer, inner, parts, partial);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
+                               kThreadsPerBlock>>>(partial, outer, parts, 1, out);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, 0));
+}
+
+void reduce_rows(RowReduce, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
+                 void* out) {
+  if (outer == 0) return;
+  dispatch_all(in_dtype, "sum", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_half_v<T>) {
+      throw std::logic_error("[sum] 16-bit input reached the kernel");
+    } else {
+      using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+      sum_rows<T, Acc>(static_cast<const T*>(rows), outer, inner, static_cast<Acc*>(out));
+    }
+  });
+}
+
+// ---- GEMM through cuBLAS (f32 without TF32, f64) ----
+
+cublasHandle_t blas_handle() {
+  static std::mutex mu;
+  static std::vector<cublasHandle_t> handles;
+  int dev = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
+  if (!handles[dev]) {
+    QUANTA_CUBLAS_CHECK(cublasCreate(&handles[dev]));
+    // Plain f32 arithmetic: TF32 would change results by ~1e-3.
+    QUANTA_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
+  }
+  return handles[dev];
+}
+
+bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return blas_layout(rows, cols, rs, cs).ok;
+}
+
+// The arithmetic progression step of offs[0..n) (0 for one product), or -1.
+int64_t progression(const int64_t* offs, int64_t n) {
+  if (!offs || n == 1) return 0;
+  const int64_t step = offs[1] - offs[0];
+  for (int64_t i = 0; i < n; ++i)
+    if (offs[i] != offs[0] + i * step) return -1;
+  return offs[0] == 0 ? step : -1;
+}
+
+template <class T>
+void gemm_typed(const GemmArgs& g) {
+  // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand
+  // is B^T (n x k), its second A^T (k x m).
+  const BlasLayout lb = blas_layout(g.k, g.n, g.b.rs, g.b.cs);
+  const BlasLayout la = blas_layout(g.m, g.k, g.a.rs, g.a.cs);
+  if (!lb.ok || !la.ok) throw std::logic_error("[gemm] operand layout cuBLAS cannot take");
+  // A row-major matrix is its transpose in column-major: no transpose needed.
+  const cublasOperation_t opb = lb.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t opa = la.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const T alpha = T(1), beta = g.accumulate ? T(1) : T(0);
+  const T* a = static_cast<const T*>(g.a.data);
+  const T* b = static_cast<const T*>(g.b.data);
+  T* c = static_cast<T*>(g.c);
+  if (g.k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
+    if (!g.accumulate)
+      QUANTA_CUDA_CHECK(cudaMemset2D(c, sizeof(T) * g.ldc, 0, sizeof(T) * g.n, g.m * g.batch));
+    return;
+  }
+  cublasHandle_t h = blas_handle();
+  auto one = [&](const T* pa, const T* pb, T* pc) {
+    if constexpr (std::is_same_v<T, float>) {
+      QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
+                                      &beta, pc, g.ldc));
+    } else {
+      QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
+                                      &beta, pc, g.ldc));
+    }
+  };
+  if (g.batch == 1) {
+    one(a + (g.a_off ? g.a_off[0] : 0), b + (g.b_off ? g.b_off[0] : 0), c);
+    return;
+  }
+  const int64_t sa = progression(g.a_off, g.batch), sb = progression(g.b_off, g.batch);
+  const int64_t sc = g.m * g.ldc;
+  if (sa < 0 || sb < 0) {
+    for (int64_t i = 0; i < g.batch; ++i) one(a + g.a_off[i], b + g.b_off[i], c + i * sc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
+                                                  sb, a, la.ld, sa, &beta, c, g.ldc, sc,
+                                                  g.batch));
+  } else {
+    QUANTA_CUBLAS_CHECK(cublasDgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
+                                                  sb, a, la.ld, sa, &beta, c, g.ldc, sc,
+                                                  g.batch));
+  }
+}
+
+void gemm(const GemmArgs& g) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return;
+  dispatch_float(g.dtype, "gemm", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(g); });
+}
+
+}  // namespace
+
+const KernelTable& cuda_kernels() {
+  static const KernelTable table{
+      .device_name = "cuda",
+      .fill = fill,
+      .copy = cast_copy,
+      .unary = unary,
+      .binary = binary,
+      .update = update,
+      .where = where,
+      .reduce_rows = reduce_rows,
+      .gemm_maps = gemm_maps,
+      .gemm = gemm,
+  };
+  return table;
+}
+
+}  // namespace quanta::cuda

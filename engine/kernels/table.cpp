@@ -1,0 +1,54 @@
+// kernels(): the one place a device picks its kernel table, and the one place
+// a tensor on a device the table lacks is reported.
+#include "engine/kernels/table.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/cuda/runtime.h"
+#include "engine/tensor.h"
+
+namespace quanta {
+
+const KernelTable& kernels(Device device) {
+  if (!device.is_cuda()) return cpu::cpu_kernels();
+  // Entries take raw pointers, not devices: the launch goes to the current one.
+  if (cuda_built()) cuda::set_device(device.index);
+  return cuda::cuda_kernels();
+}
+
+const KernelTable& kernels_for(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (!first) {
+      first = t;
+    } else if (t->device() != first->device()) {
+      throw std::invalid_argument(std::string("[") + op + "] operands are on different devices: " +
+                                  first->device().str() + " and " + t->device().str() +
+                                  "; move them to one device first");
+    }
+  }
+  return kernels(first ? first->device() : Device::cpu());
+}
+
+Operand operand_of(const Tensor& t) {
+  return {t.raw_data(), t.dtype(), t.strides().data()};
+}
+
+#define QUANTA_NAME_ROW(name, F) #name,
+const char* op_name(UnaryOp op) {
+  static constexpr const char* names[] = {QUANTA_UNARY_OPS(QUANTA_NAME_ROW)};
+  return names[static_cast<int>(op)];
+}
+const char* op_name(BinaryOp op) {
+  static constexpr const char* names[] = {QUANTA_BINARY_OPS(QUANTA_NAME_ROW)};
+  return names[static_cast<int>(op)];
+}
+const char* op_name(UpdateOp op) {
+  static constexpr const char* names[] = {QUANTA_UPDATE_OPS(QUANTA_NAME_ROW)};
+  return names[static_cast<int>(op)];
+}
+#undef QUANTA_NAME_ROW
+
+}  // namespace quanta

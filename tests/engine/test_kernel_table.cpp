@@ -1,0 +1,228 @@
+// The device seam: the host-side index and launch arithmetic the CUDA kernels
+// rely on (checked here on the CPU), the table lookup and its errors, and,
+// where a GPU is visible, the CUDA table's families against the CPU's.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/blas_layout.h"
+#include "engine/cuda/launch.h"
+#include "engine/kernels/strided_index.h"
+#include "engine/kernels/table.h"
+#include "quanta.h"
+
+using namespace quanta;
+
+namespace {
+
+// Offsets by the definition: sum of index * stride over the unmerged dims.
+std::vector<int64_t> naive_offsets(const Shape& shape, const Shape& strides) {
+  std::vector<int64_t> out;
+  const int64_t n = numel_of(shape);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, off = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      off += (rem % shape[d]) * strides[d];
+      rem /= shape[d];
+    }
+    out.push_back(off);
+  }
+  return out;
+}
+
+void check_index(const Shape& shape, const Shape& s0, const Shape& s1) {
+  INFO("shape ", shape_str(shape), " strides ", shape_str(s0), " / ", shape_str(s1));
+  const auto ix = make_strided_index<2>(shape, {s0.data(), s1.data()}, "test");
+  const auto w0 = naive_offsets(shape, s0), w1 = naive_offsets(shape, s1);
+  for (int64_t i = 0; i < numel_of(shape); ++i) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    REQUIRE(off[0] == w0[i]);
+    REQUIRE(off[1] == w1[i]);
+  }
+}
+
+bool have_gpu() { return cuda_device_count() > 0; }
+
+std::string skip_reason() {
+  return cuda_built() ? "no CUDA device is visible" : "quanta was built without CUDA";
+}
+
+// Bitwise equality of two tensors' bytes (after moving to the CPU).
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
+         std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+}
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  auto g = got.to(Device::cpu()).to_vector<double>(), w = want.to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    worst = std::max(worst, std::abs(g[i] - w[i]) / std::max(1.0, std::abs(w[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("strided index: merged dims give the offsets of the definition") {
+  check_index({2, 3, 4}, {12, 4, 1}, {12, 4, 1});       // contiguous: one dim
+  check_index({2, 3, 4}, {12, 4, 1}, {0, 1, 0});        // broadcast input
+  check_index({4, 3}, {3, 1}, {1, 4});                  // transpose
+  check_index({2, 1, 5, 3}, {15, 99, 3, 1}, {0, 7, 0, 2});  // size-1 dim, any stride
+  check_index({3, 2, 2}, {8, 4, 2}, {4, 2, 1});         // stepped
+  check_index({1}, {5}, {0});
+  check_index({}, {}, {});
+  const auto empty = make_strided_index<1>({3, 0, 2}, {Shape{0, 2, 1}.data()}, "test");
+  CHECK(empty.ndim == 0);
+  const auto dense = make_strided_index<2>({2, 3, 4}, {Shape{12, 4, 1}.data(),
+                                                       Shape{12, 4, 1}.data()}, "test");
+  CHECK(dense.dense);
+  CHECK(dense.ndim == 1);
+}
+
+TEST_CASE("strided index: too many unmergeable dims fail naming the op") {
+  Shape shape(10, 2), strides;
+  for (int d = 0; d < 10; ++d) strides.push_back(int64_t(1) << (2 * (9 - d)));  // gaps
+  CHECK_THROWS_WITH_AS(make_strided_index<1>(shape, {strides.data()}, "exp"),
+                       doctest::Contains("[exp]"), std::invalid_argument);
+}
+
+TEST_CASE("launch config: empty launches skipped, blocks capped") {
+  using cuda::kThreadsPerBlock;
+  CHECK(cuda::launch_config(0, 100).blocks == 0);
+  CHECK(cuda::launch_config(-3, 100).blocks == 0);
+  CHECK(cuda::launch_config(1, 100).blocks == 1);
+  CHECK(cuda::launch_config(kThreadsPerBlock, 100).blocks == 1);
+  CHECK(cuda::launch_config(kThreadsPerBlock + 1, 100).blocks == 2);
+  CHECK(cuda::launch_config(int64_t(1) << 40, 1056).blocks == 1056);
+}
+
+TEST_CASE("blas layout: row-major, column-major, size-1 dims, refusals") {
+  auto l = cuda::blas_layout(3, 4, 4, 1);
+  CHECK((l.ok && l.row_major && l.ld == 4));
+  l = cuda::blas_layout(3, 4, 1, 3);
+  CHECK((l.ok && !l.row_major && l.ld == 3));
+  l = cuda::blas_layout(3, 4, 8, 1);  // padded rows
+  CHECK((l.ok && l.row_major && l.ld == 8));
+  l = cuda::blas_layout(1, 4, 0, 1);  // one row: any row stride
+  CHECK((l.ok && l.ld >= 4));
+  l = cuda::blas_layout(3, 1, 1, 0);  // one column: any column stride
+  CHECK((l.ok && l.ld >= 1));
+  CHECK_FALSE(cuda::blas_layout(3, 4, 8, 2).ok);  // no unit stride
+  CHECK_FALSE(cuda::blas_layout(3, 4, 2, 1).ok);  // rows overlap
+}
+
+TEST_CASE("kernel table: lookup by device, op names, mixed devices refused") {
+  CHECK(std::string(kernels(Device::cpu()).device_name) == "cpu");
+  CHECK(std::string(op_name(UnaryOp::exp)) == "exp");
+  CHECK(std::string(op_name(BinaryOp::logical_xor)) == "logical_xor");
+  CHECK(std::string(op_name(UpdateOp::addcdiv)) == "addcdiv");
+  CHECK(is_predicate(BinaryOp::eq));
+  CHECK_FALSE(is_predicate(BinaryOp::minimum));
+  if (!cuda_built()) {
+    // The CUDA slot exists without CUDA and names the op it cannot run.
+    const KernelTable& k = cuda::cuda_kernels();
+    const Shape shape{2};
+    const int64_t st[1] = {1};
+    float buf[2] = {0, 0};
+    CHECK_THROWS_WITH(k.fill(shape, {buf, DType::f32, st}, 1.0),
+                      doctest::Contains("[fill_] quanta was built without CUDA"));
+    CHECK_THROWS_WITH(k.unary(UnaryOp::tanh, {}, shape, {buf, DType::f32, st},
+                              {buf, DType::f32, st}),
+                      doctest::Contains("[tanh]"));
+  }
+  if (!have_gpu()) {
+    MESSAGE("cuda table checks skipped: " << skip_reason());
+    return;
+  }
+  Tensor a = ones({2}), b = ones({2}).to(Device::cuda(0));
+  CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different devices"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("cuda: fill, casts and strided copies equal the CPU's bytes") {
+  if (!have_gpu()) {
+    MESSAGE("skipped: " << skip_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  const std::vector<DType> types{DType::f32, DType::f64, DType::bf16, DType::f16,
+                                 DType::i32, DType::i64, DType::u8, DType::boolean};
+  Generator gen(3);
+  Tensor src = randn({5, 7}, gen) * 40.0;
+  for (DType from : types) {
+    Tensor x = src.to(from);
+    Tensor xg = x.to(gpu);
+    REQUIRE(same_bytes(xg, x));
+    for (DType to : types) {
+      INFO(dtype_name(from), " -> ", dtype_name(to));
+      CHECK(same_bytes(xg.to(to), x.to(to)));
+      // Strided source: a transpose copied to contiguous.
+      CHECK(same_bytes(transpose(xg, 0, 1).contiguous().to(to),
+                       transpose(x, 0, 1).contiguous().to(to)));
+    }
+    CHECK(same_bytes(full({3, 4}, 2.5, {.dtype = from, .device = gpu}),
+                     full({3, 4}, 2.5, {.dtype = from})));
+  }
+  // Zero-size tensors move and fill without a launch.
+  CHECK(zeros({0, 3}, {.device = gpu}).to(Device::cpu()).numel() == 0);
+}
+
+TEST_CASE("cuda: GEMM layouts, batches and bias equal the CPU within f32 rounding") {
+  if (!have_gpu()) {
+    MESSAGE("skipped: " << skip_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Generator gen(11);
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  for (const Case& c : std::vector<Case>{{{7, 5}, {5, 3}, false, false},
+                                          {{5, 7}, {5, 3}, true, false},
+                                          {{7, 5}, {3, 5}, false, true},
+                                          {{5, 7}, {3, 5}, true, true},
+                                          {{4, 7, 5}, {5, 3}, false, false},
+                                          {{4, 7, 5}, {4, 5, 3}, false, false},
+                                          {{2, 1, 7, 5}, {3, 5, 6}, false, false},
+                                          {{130, 257}, {257, 65}, false, false},
+                                          {{3, 0}, {0, 4}, false, false}}) {
+    INFO("a ", shape_str(c.a), " b ", shape_str(c.b), " ta ", c.ta, " tb ", c.tb);
+    for (DType dt : {DType::f64, DType::f32}) {
+      Tensor a = randn(c.a, gen).to(dt), b = randn(c.b, gen).to(dt);
+      if (c.ta) a = transpose(a, -1, -2);
+      if (c.tb) b = transpose(b, -1, -2);
+      Tensor want = matmul(a, b);
+      Tensor got = matmul(a.to(gpu), b.to(gpu));
+      CHECK(got.device() == gpu);
+      CHECK(max_rel(got, want) <= (dt == DType::f64 ? 1e-12 : 1e-5));
+    }
+  }
+  Tensor x = randn({6, 9}, gen), w = randn({4, 9}, gen), bias = randn({4}, gen);
+  CHECK(max_rel(linear(x.to(gpu), w.to(gpu), bias.to(gpu)), linear(x, w, bias)) <= 1e-5);
+  CHECK(max_rel(linear(x.to(gpu), w.to(gpu), Tensor()), linear(x, w, Tensor())) <= 1e-5);
+}
+
+TEST_CASE("cuda: row sums, short and long rows, integral into i64") {
+  if (!have_gpu()) {
+    MESSAGE("skipped: " << skip_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Generator gen(5);
+  for (const Shape& shape : std::vector<Shape>{{3, 4}, {1, 1 << 20}, {2, 300000}, {1000, 17},
+                                                {0, 5}, {5, 0}}) {
+    INFO("shape ", shape_str(shape));
+    Tensor x = randn(shape, gen).to(DType::f64);
+    CHECK(max_rel(sum(x.to(gpu), {-1}), sum(x, {-1})) <= 1e-12);
+    CHECK(max_rel(sum(x.to(gpu), {0}), sum(x, {0})) <= 1e-12);
+    CHECK(max_rel(sum(x.to(gpu)), sum(x)) <= 1e-12);
+    Tensor i = (x * 10.0).to(DType::i32);
+    CHECK(same_bytes(sum(i.to(gpu), {-1}), sum(i, {-1})));
+  }
+}
