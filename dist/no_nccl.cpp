@@ -12,6 +12,11 @@ NcclBackend::NcclBackend(Store&, int, int, int, Millis) {
   throw std::invalid_argument("[dist] NCCL: quanta was built without CUDA");
 }
 NcclBackend::~NcclBackend() = default;
+// Unreachable (the constructor throws); defined so callers link either way.
+void NcclBackend::all_reduce(void*, std::size_t, DType, ReduceOp, Millis) {}
+void NcclBackend::broadcast(void*, std::size_t, int, Millis) {}
+void NcclBackend::all_gather(const void*, void*, std::size_t, Millis) {}
+void NcclBackend::reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Millis) {}
 
 }  // namespace detail
 

@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor's bytes live: the CPU or one CUDA device.
+#include <cstdint>
 #include <string>
 
 namespace quanta {

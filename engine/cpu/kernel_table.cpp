@@ -16,6 +16,13 @@ const KernelTable& cpu_kernels() {
       .reduce_rows = reduce_rows,
       .gemm_maps = gemm_maps,
       .gemm = gemm_entry,
+      .stat_rows = stat_rows,
+      .index_rows = index_rows,
+      .cumsum = cumsum,
+      .softmax = softmax,
+      .index_select = index_select,
+      .index_lines = index_lines,
+      .index_add = index_add,
   };
   return table;
 }

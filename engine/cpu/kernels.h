@@ -1,6 +1,7 @@
 #pragma once
 // The CPU table's entries, one family per file (elementwise_kernels.cpp,
-// reduce_kernels.cpp, gemm.cpp); kernel_table.cpp puts them in the table.
+// reduce_kernels.cpp, softmax_kernels.cpp, gemm.cpp); kernel_table.cpp puts
+// them in the table.
 #include "engine/kernels/table.h"
 
 namespace quanta::cpu {
@@ -18,5 +19,20 @@ void where(const Shape& shape, const Operand& out, const Operand& cond, const Op
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
                  void* out);
 void gemm_entry(const GemmArgs& args);
+void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
+               int64_t inner, void* out);
+void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,
+                int64_t* indices, void* values);
+void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,
+            void* out);
+void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
+             void* out);
+
+void index_select(DType dtype, const void* src, int64_t outer, int64_t n, int64_t inner,
+                  const int64_t* idx, int64_t m, void* out);
+void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand& idx,
+                 const Operand& out, const Operand& src, double value);
+void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
+               const int64_t* idx, int64_t m, const void* src, double alpha);
 
 }  // namespace quanta::cpu

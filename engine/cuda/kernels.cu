@@ -15,6 +15,9 @@
 
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/device_types.cuh"
+#include "engine/cuda/index_kernels.h"
+#include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/runtime.h"
 #include "engine/kernels/strided_index.h"
@@ -22,77 +25,6 @@
 
 namespace quanta::cuda {
 namespace {
-
-template <class T> struct Tag { using type = T; };
-
-[[noreturn]] void bad_dtype(const char* op, DType t, const char* what) {
-  throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
-                              " is not supported on cuda (" + what + ")");
-}
-
-// The device's element type of a dtype (CUDA's own 16-bit floats: the same
-// bits as the CPU's Eigen types).
-template <class F> void dispatch_all(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    case DType::bf16: return f(Tag<__nv_bfloat16>{});
-    case DType::f16: return f(Tag<__half>{});
-    case DType::i32: return f(Tag<int32_t>{});
-    case DType::i64: return f(Tag<int64_t>{});
-    case DType::u8: return f(Tag<uint8_t>{});
-    case DType::boolean: return f(Tag<bool>{});
-    default: bad_dtype(op, t, "a byte-only format: dequantize it first");
-  }
-}
-template <class F> void dispatch_numeric(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    case DType::i32: return f(Tag<int32_t>{});
-    case DType::i64: return f(Tag<int64_t>{});
-    case DType::u8: return f(Tag<uint8_t>{});
-    default: bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
-  }
-}
-template <class F> void dispatch_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    default: bad_dtype(op, t, "expected f32 or f64");
-  }
-}
-
-template <class T>
-inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
-
-// Value conversion with the CPU's rules (engine/cpu/convert.h): 16-bit
-// floats go through float, rounding to nearest even; bool is "non-zero".
-template <class D, class S> __host__ __device__ D convert(S v) {
-  if constexpr (std::is_same_v<D, S>) {
-    return v;
-  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    return convert<D>(__bfloat162float(v));
-  } else if constexpr (std::is_same_v<S, __half>) {
-    return convert<D>(__half2float(v));
-  } else if constexpr (std::is_same_v<D, bool>) {
-    return v != S(0);
-  } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    return __float2bfloat16(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<D, __half>) {
-    return __float2half(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
-// A few waves of blocks per multiprocessor; the grid-stride loop does the rest.
-int64_t max_blocks() {
-  int dev = 0, sms = 0;
-  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
-  QUANTA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return static_cast<int64_t>(sms) * 8;
-}
 
 template <int N, class Body>
 __global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
@@ -405,9 +337,21 @@ const KernelTable& cuda_kernels() {
       .binary = binary,
       .update = update,
       .where = where,
-      .reduce_rows = reduce_rows,
+      // Sums run in sum_rows above, the other kinds in reduce_kernels.cu.
+      .reduce_rows = [](RowReduce op, DType in_dtype, const void* rows, int64_t outer,
+                        int64_t inner, void* out) {
+        if (op == RowReduce::sum) return reduce_rows(op, in_dtype, rows, outer, inner, out);
+        reduce_rows_except_sum(op, in_dtype, rows, outer, inner, out);
+      },
       .gemm_maps = gemm_maps,
       .gemm = gemm,
+      .stat_rows = stat_rows,
+      .index_rows = index_rows,
+      .cumsum = cumsum,
+      .softmax = softmax,
+      .index_select = index_select,
+      .index_lines = index_lines,
+      .index_add = index_add,
   };
   return table;
 }

@@ -37,10 +37,28 @@ const KernelTable& cuda_kernels() {
                    const Operand&, const Operand&) { no_cuda(op_name(op)); },
       .where = [](const Shape&, const Operand&, const Operand&, const Operand&,
                   const Operand&) { no_cuda("where"); },
-      .reduce_rows = [](RowReduce, DType, const void*, int64_t, int64_t,
-                        void*) { no_cuda("sum"); },
+      .reduce_rows = [](RowReduce op, DType, const void*, int64_t, int64_t,
+                        void*) { no_cuda(op_name(op)); },
       .gemm_maps = [](int64_t, int64_t, int64_t, int64_t) -> bool { no_cuda("gemm"); },
       .gemm = [](const GemmArgs&) { no_cuda("gemm"); },
+      .stat_rows = [](RowStat op, double, DType, const void*, int64_t, int64_t,
+                      void*) { no_cuda(op_name(op)); },
+      .index_rows = [](RowReduce op, DType, const void*, int64_t, int64_t, int64_t*,
+                       void*) { no_cuda(op == RowReduce::max ? "argmax" : "argmin"); },
+      .cumsum = [](DType, const void*, int64_t, int64_t, int64_t, bool,
+                   void*) { no_cuda("cumsum"); },
+      .softmax = [](bool log, DType, const void*, int64_t, int64_t, int64_t,
+                    void*) { no_cuda(log ? "log_softmax" : "softmax"); },
+      .index_select = [](DType, const void*, int64_t, int64_t, int64_t, const int64_t*,
+                         int64_t, void*) { no_cuda("index_select"); },
+      .index_lines = [](IndexMode mode, const Shape&, int64_t, const Operand&, const Operand&,
+                        const Operand&, double) {
+        no_cuda(mode == IndexMode::gather        ? "gather"
+                : mode == IndexMode::scatter_add ? "scatter_add"
+                                                 : "scatter");
+      },
+      .index_add = [](DType, void*, int64_t, int64_t, int64_t, const int64_t*, int64_t,
+                      const void*, double) { no_cuda("index_add"); },
   };
   return table;
 }

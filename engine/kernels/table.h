@@ -54,7 +54,25 @@ struct GemmArgs {
 };
 
 /** What a row reduction computes per row. */
-enum class RowReduce : uint8_t { sum };
+enum class RowReduce : uint8_t {
+  sum,
+  prod,       // integers multiply as unsigned 64-bit (overflow wraps)
+  max,        // NaN beats everything; needs inner >= 1
+  min,
+  all,        // bool rows
+  any,
+  logsumexp,  // max + log(sum(exp(x - max))); -inf for an empty row
+};
+
+/** A row reduction with one real parameter (floating rows only). */
+enum class RowStat : uint8_t {
+  var,   // sum((x - mean)^2) / param, param the divisor n - correction (>= 0)
+  std,   // sqrt of var
+  norm,  // (sum |x|^p)^(1/p) with p = param > 0; max |x| for p = INFINITY
+};
+
+/** What index_lines does along its dim. */
+enum class IndexMode : uint8_t { gather, scatter_copy, scatter_fill, scatter_add };
 
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
@@ -78,7 +96,10 @@ struct KernelTable {
   void (*where)(const Shape& shape, const Operand& out, const Operand& cond, const Operand& a,
                 const Operand& b);
   /** out[r] = reduce(rows[r, 0..inner)) for r < outer; rows contiguous, out
-   * contiguous. Floating input reduces in its own dtype, integral into i64. */
+   * contiguous. sum: floating input reduces in its own dtype, integral into
+   * i64. prod, max, min: out has the input's dtype (prod: f32, f64 or i64;
+   * max, min: f32, f64, i32, i64, u8; inner >= 1). all, any: bool in and out.
+   * logsumexp: f32 or f64. */
   void (*reduce_rows)(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
                       int64_t inner, void* out);
   /** True when a rows x cols matrix with strides (rs, cs) is a GEMM operand
@@ -86,6 +107,50 @@ struct KernelTable {
   bool (*gemm_maps)(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
   /** Matrix products in f32 or f64 (see GemmArgs). */
   void (*gemm)(const GemmArgs& args);
+  /** out[r] = stat(rows[r, 0..inner), param) for r < outer (see RowStat);
+   * rows and out contiguous, of one dtype, f32 or f64; accumulation is in
+   * that dtype (var, std) or in f64 (norm). */
+  void (*stat_rows)(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
+                    int64_t inner, void* out);
+  /** For r < outer, inner >= 1: indices[r] = the index of the first extremum
+   * of rows[r, 0..inner) (op max or min; a NaN beats everything and the first
+   * NaN wins; ties go to the first index), and values[r] = that element when
+   * values is not null (the input's dtype: f32, f64, i32, i64 or u8). */
+  void (*index_rows)(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,
+                     int64_t* indices, void* values);
+  /** Running sums along n of a contiguous [outer, n, inner] block:
+   * out[o, i, k] = sum of in[o, j, k] over j <= i (j >= i when reverse).
+   * in and out share a dtype: f32, f64 or i64. */
+  void (*cumsum)(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
+                 bool reverse, void* out);
+  /** Softmax (log-softmax when `log`) along n of a contiguous
+   * [outer, n, inner] block, stable (the line's max is subtracted first); a
+   * line holding NaN or +inf, or only -inf, gives NaN. in and out share a
+   * dtype: f32 or f64. */
+  void (*softmax)(bool log, DType dtype, const void* in, int64_t outer, int64_t n,
+                  int64_t inner, void* out);
+
+  // ---- the index family; indices are i64 on the same device, already
+  // checked to lie in range by the op ----
+
+  /** out[a, j, :] = src[a, idx[j], :] for a contiguous src [outer, n, inner]
+   * and out [outer, m, inner]; any plain dtype. */
+  void (*index_select)(DType dtype, const void* src, int64_t outer, int64_t n, int64_t inner,
+                       const int64_t* idx, int64_t m, void* out);
+  /** Along dim `dim` of `shape` (the index's shape), for every line p (all
+   * coordinates but dim) and j < shape[dim], with i = idx[p, j]:
+   * gather: out[p, j] = src[p with i at dim]; scatter_copy / scatter_add:
+   * out[p with i at dim] = (or +=) src[p, j]; scatter_fill: ... = value.
+   * Each operand brings its own strides; out and src share a plain dtype
+   * (numeric for scatter_add). Duplicate indices within a line are applied
+   * in order, so results are deterministic. */
+  void (*index_lines)(IndexMode mode, const Shape& shape, int64_t dim, const Operand& idx,
+                      const Operand& out, const Operand& src, double value);
+  /** out[a, idx[j], :] += alpha * src[a, j, :] for contiguous out
+   * [outer, n, inner] and src [outer, m, inner] (numeric dtype), in order of
+   * j, so duplicates are deterministic. */
+  void (*index_add)(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
+                    const int64_t* idx, int64_t m, const void* src, double alpha);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
@@ -103,6 +168,15 @@ Operand operand_of(const Tensor& t);
 const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
 const char* op_name(UpdateOp op);
+/** Name of a row reduction, for errors ("sum", "max", "logsumexp"). */
+constexpr const char* op_name(RowReduce op) {
+  constexpr const char* names[] = {"sum", "prod", "max", "min", "all", "any", "logsumexp"};
+  return names[static_cast<int>(op)];
+}
+constexpr const char* op_name(RowStat op) {
+  constexpr const char* names[] = {"var", "std", "norm"};
+  return names[static_cast<int>(op)];
+}
 
 namespace cpu {
 /** The CPU table (engine/cpu/). */

@@ -32,14 +32,16 @@ void check_plain(const char* op, const Tensor& t) {
 // `index` as contiguous i64 with no graph; i32 is accepted and widened.
 Tensor as_index(const char* op, const Tensor& index) {
   if (!index.defined()) fail(op, "index is undefined");
-  detail::check_cpu(op, {&index});
   if (index.dtype() != DType::i64 && index.dtype() != DType::i32)
     fail(op, std::string("index must be i64 or i32, got ") + dtype_name(index.dtype()));
   return detail::as_plain(index, DType::i64).contiguous();
 }
 
 // Every index must lie in [0, size): the first one that does not is named.
-void check_bounds(const char* op, const Tensor& idx, int64_t dim, int64_t size) {
+// (Indices on a GPU are read back for the check: a wrong index must fail
+// with its value, not fault inside a kernel.)
+void check_bounds(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+  const Tensor idx = index.to(Device::cpu());
   const int64_t* p = idx.data<int64_t>();
   for (int64_t i = 0, n = idx.numel(); i < n; ++i)
     if (p[i] < 0 || p[i] >= size)
@@ -49,38 +51,10 @@ void check_bounds(const char* op, const Tensor& idx, int64_t dim, int64_t size) 
 
 // A fresh contiguous copy of x in dtype t, with no graph.
 Tensor plain_copy(const Tensor& x, DType t) {
-  Tensor out = detail::make_tensor(x.shape(), t, Device::cpu());
+  Tensor out = detail::make_tensor(x.shape(), t, x.device());
   NoGradGuard no_grad;
   copy_(out, x.detach());
   return out;
-}
-
-// Walks the positions of `shape` one line along `dim` at a time: for every
-// combination of the other coordinates, calls line(base) where base[k] is that
-// combination's element offset under strides[k]. Distinct lines differ outside
-// `dim`, so scatters through them never collide and lines run in parallel;
-// within a line the order is sequential, which keeps duplicates deterministic.
-template <size_t N, class F>
-void for_each_line(const Shape& shape, int64_t dim, const std::array<Shape, N>& strides,
-                   F&& line) {
-  const int64_t nd = static_cast<int64_t>(shape.size());
-  const int64_t len = shape[dim];
-  const int64_t lines = len ? numel_of(shape) / len : 0;
-  if (lines == 0) return;
-  cpu::parallel_for(0, lines, std::max<int64_t>(1, cpu::kGrainElements / len),
-                    [&](int64_t lo, int64_t hi) {
-    for (int64_t l = lo; l < hi; ++l) {
-      std::array<int64_t, N> base{};
-      int64_t rem = l;
-      for (int64_t k = nd - 1; k >= 0; --k) {
-        if (k == dim) continue;
-        const int64_t c = rem % shape[k];
-        rem /= shape[k];
-        for (size_t o = 0; o < N; ++o) base[o] += c * strides[o][k];
-      }
-      line(base);
-    }
-  });
 }
 
 // [outer, n, inner] -> [outer, m, inner]: slices idx[j] of x along `dim`.
@@ -94,21 +68,11 @@ Tensor select_slices(const Tensor& x, int64_t dim, const Tensor& idx) {
   const int64_t n = s[dim], m = idx.numel();
   Shape out_shape = s;
   out_shape[dim] = m;
-  Tensor out = detail::make_tensor(out_shape, x.dtype(), Device::cpu());
+  Tensor out = detail::make_tensor(out_shape, x.dtype(), x.device());
   if (out.numel() == 0) return out;
-  const int64_t* ix = idx.data<int64_t>();
-  dispatch_all(x.dtype(), "index_select", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* in = src.data<T>();
-    T* o = out.data<T>();
-    cpu::parallel_for(0, outer * m, std::max<int64_t>(1, cpu::kGrainElements / inner),
-                      [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const int64_t a = r / m, j = r % m;
-        std::copy_n(in + (a * n + ix[j]) * inner, inner, o + r * inner);
-      }
-    });
-  });
+  kernels(x.device())
+      .index_select(x.dtype(), src.raw_data(), outer, n, inner,
+                    static_cast<const int64_t*>(idx.raw_data()), m, out.raw_data());
   return out;
 }
 
@@ -168,7 +132,7 @@ Tensor gather_to(const Tensor& g, int64_t d, const Tensor& idx, const Shape& src
 Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t dim,
                     const Tensor& index, const Tensor& src, double value) {
   const bool has_src = mode != ScatterMode::fill;
-  detail::check_cpu(op, {&x, &src});
+  const KernelTable& k = kernels_for(op, {&x, &src, &index});
   check_plain(op, x);
   if (has_src && !src.defined()) fail(op, "src is undefined");
   if (has_src && src.dtype() != x.dtype())
@@ -186,37 +150,11 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   const DType ct = mode == ScatterMode::add ? detail::cpu_compute_dtype(x.dtype()) : x.dtype();
   Tensor out = plain_copy(x, ct);
   const Tensor s = has_src ? detail::as_plain(src, ct) : Tensor();
-  auto kernel = [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    const int64_t* ix = idx.data<int64_t>();
-    const int64_t len = idx.shape()[d];
-    const int64_t os = out.strides()[d], is = idx.strides()[d];
-    if (mode == ScatterMode::fill) {
-      const T v = cpu::cast<T>(value);
-      for_each_line<2>(idx.shape(), d, {idx.strides(), out.strides()}, [&](const auto& b) {
-        for (int64_t j = 0; j < len; ++j) o[b[1] + ix[b[0] + j * is] * os] = v;
-      });
-      return;
-    }
-    const T* sp = s.data<T>();
-    const int64_t ss = s.strides()[d];
-    for_each_line<3>(idx.shape(), d, {idx.strides(), out.strides(), s.strides()},
-                     [&](const auto& b) {
-      for (int64_t j = 0; j < len; ++j) {
-        T& dst = o[b[1] + ix[b[0] + j * is] * os];
-        if constexpr (!std::is_same_v<T, bool> && !cpu::is_half_v<T>) {
-          if (mode == ScatterMode::add) {
-            dst = static_cast<T>(dst + sp[b[2] + j * ss]);
-            continue;
-          }
-        }
-        dst = sp[b[2] + j * ss];
-      }
-    });
-  };
-  if (mode == ScatterMode::add) dispatch_numeric(ct, op, kernel);
-  else dispatch_all(ct, op, kernel);
+  const IndexMode im = mode == ScatterMode::add    ? IndexMode::scatter_add
+                       : mode == ScatterMode::fill ? IndexMode::scatter_fill
+                                                   : IndexMode::scatter_copy;
+  k.index_lines(im, idx.shape(), d, operand_of(idx), operand_of(out),
+                has_src ? operand_of(s) : operand_of(out), value);
   if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
 
   const bool need_src = has_src && src.requires_grad();
@@ -236,7 +174,7 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
 }  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  detail::check_cpu("index_select", {&x});
+  kernels_for("index_select", {&x, &index});
   check_plain("index_select", x);
   const Tensor idx = as_index("index_select", index);
   if (idx.dim() > 1)
@@ -254,7 +192,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  detail::check_cpu("gather", {&x});
+  const KernelTable& k = kernels_for("gather", {&x, &index});
   check_plain("gather", x);
   if (rank0_as_1d("gather", {&x, &index}))
     return reshape(gather(as_1d(x), dim, as_1d(index)), index.shape());
@@ -262,18 +200,10 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   check_scatter_shapes("gather", x, d, idx, nullptr);
   check_bounds("gather", idx, d, x.shape()[d]);
-  Tensor out = detail::make_tensor(idx.shape(), x.dtype(), Device::cpu());
-  dispatch_all(x.dtype(), "gather", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* xp = x.data<T>();  // x's own strides: no copy for views
-    T* o = out.data<T>();
-    const int64_t* ix = idx.data<int64_t>();
-    const int64_t len = idx.shape()[d];
-    const int64_t xs = x.strides()[d], os = out.strides()[d];
-    for_each_line<2>(idx.shape(), d, {out.strides(), x.strides()}, [&](const auto& b) {
-      for (int64_t j = 0; j < len; ++j) o[b[0] + j * os] = xp[b[1] + ix[b[0] + j * os] * xs];
-    });
-  });
+  Tensor out = detail::make_tensor(idx.shape(), x.dtype(), x.device());
+  // x's own strides: no copy for views.
+  k.index_lines(IndexMode::gather, idx.shape(), d, operand_of(idx), operand_of(out),
+                operand_of(x), 0.0);
   return autograd::record("gather", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{scatter_add(zeros(in, options_of(g)), d, idx, g)};
   });
@@ -293,7 +223,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
                  double alpha) {
-  detail::check_cpu("index_add", {&x, &src});
+  const KernelTable& k = kernels_for("index_add", {&x, &src, &index});
   check_plain("index_add", x);
   if (!src.defined()) fail("index_add", "src is undefined");
   if (src.dtype() != x.dtype())
@@ -324,32 +254,8 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   for (int64_t k = 0; k < d; ++k) outer *= xs[k];
   for (int64_t k = d + 1; k < x.dim(); ++k) inner *= xs[k];
   const int64_t n = xs[d];
-  dispatch_numeric(ct, "index_add", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (s.numel() == 0) return;
-    const T a = static_cast<T>(alpha);
-    T* o = out.data<T>();
-    const T* sp = s.data<T>();
-    const int64_t* ix = idx.data<int64_t>();
-    // Each (outer, column) pair is independent; duplicates of j stay in one
-    // thread and in order. Split whichever of outer and inner is larger.
-    auto run = [&](int64_t a_lo, int64_t a_hi, int64_t k_lo, int64_t k_hi) {
-      for (int64_t i = a_lo; i < a_hi; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-          T* dst = o + (i * n + ix[j]) * inner;
-          const T* row = sp + (i * m + j) * inner;
-          for (int64_t k = k_lo; k < k_hi; ++k) dst[k] = static_cast<T>(dst[k] + a * row[k]);
-        }
-    };
-    const int64_t work = std::max<int64_t>(1, m);
-    if (outer >= inner) {
-      cpu::parallel_for(0, outer, std::max<int64_t>(1, cpu::kGrainElements / (work * inner)),
-                        [&](int64_t lo, int64_t hi) { run(lo, hi, 0, inner); });
-    } else {
-      cpu::parallel_for(0, inner, std::max<int64_t>(1, cpu::kGrainElements / (work * outer)),
-                        [&](int64_t lo, int64_t hi) { run(0, outer, lo, hi); });
-    }
-  });
+  k.index_add(ct, out.raw_data(), outer, n, inner, static_cast<const int64_t*>(idx.raw_data()),
+              m, s.raw_data(), alpha);
   if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
 
   const bool need_src = src.requires_grad();
@@ -366,22 +272,23 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
-  detail::check_cpu("masked_fill", {&x, &mask});
+  kernels_for("masked_fill", {&x, &mask});
   check_plain("masked_fill", x);
   if (mask.dtype() != DType::boolean)
     fail("masked_fill", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   broadcast_shapes(x.shape(), mask.shape(), "masked_fill");  // names this op on mismatch
   // where's backward already gives zeros where filled.
-  return where(mask.detach(), scalar(value, {.dtype = x.dtype()}), x);
+  return where(mask.detach(), scalar(value, {.dtype = x.dtype(), .device = x.device()}), x);
 }
 
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
-  detail::check_cpu("masked_select", {&x, &mask});
+  kernels_for("masked_select", {&x, &mask});
   check_plain("masked_select", x);
   if (mask.dtype() != DType::boolean)
     fail("masked_select", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
-  const Tensor m = expand(mask.detach(), shape).contiguous();
+  // The positions are counted on the host: the output's size depends on them.
+  const Tensor m = expand(mask.detach(), shape).contiguous().to(Device::cpu());
   const bool* mp = m.data<bool>();
   std::vector<int64_t> where_true;
   for (int64_t i = 0, n = m.numel(); i < n; ++i)
@@ -389,12 +296,13 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
   const int64_t count = static_cast<int64_t>(where_true.size());
   // Row-major positions of the true elements; index_select's backward then
   // routes the gradient (and expand's sums it over broadcast dims).
-  const Tensor pos = from_vector<int64_t>(where_true, {count});
+  const Tensor pos = from_vector<int64_t>(where_true, {count}, {.dtype = DType::i64,
+                                                                .device = x.device()});
   return index_select(reshape(expand(x, shape), {numel_of(shape)}), 0, pos);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
-  detail::check_cpu("embedding", {&weight});
+  kernels_for("embedding", {&weight, &indices});
   check_plain("embedding", weight);
   if (weight.dim() != 2)
     fail("embedding", "weight must be 2-d [V, D], got shape " + shape_str(weight.shape()));
@@ -411,7 +319,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
                           [idx, V, D, padding_idx](const Tensor& g) {
     Tensor rows = reshape(g, {idx.numel(), D});
     if (padding_idx >= 0) {
-      const Tensor pad_row = scalar(static_cast<double>(padding_idx), {.dtype = DType::i64});
+      const Tensor pad_row =
+          scalar(static_cast<double>(padding_idx), {.dtype = DType::i64, .device = idx.device()});
       rows = masked_fill(rows, unsqueeze(eq(idx, pad_row), 1), 0.0);
     }
     return std::vector<Tensor>{index_add(zeros({V, D}, options_of(g)), 0, idx, rows)};

@@ -6,7 +6,6 @@
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
@@ -35,7 +34,10 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   for (size_t i = 0; i < ts.size(); ++i) {
     if (!ts[i].defined())
       throw std::invalid_argument("[cat] tensor " + std::to_string(i) + " is undefined");
-    detail::check_cpu("cat", {&ts[i]});
+    if (ts[i].device() != ts[0].device())
+      throw std::invalid_argument("[cat] tensor " + std::to_string(i) + " is on " +
+                                  ts[i].device().str() + ", tensor 0 on " +
+                                  ts[0].device().str() + "; move them to one device first");
     check_plain("cat", ts[i]);
     if (ts[i].dim() == 0)
       throw std::invalid_argument("[cat] tensor " + std::to_string(i) +
@@ -59,7 +61,7 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
     out_shape[d] += s[d];
     dt = promote_types(dt, ts[i].dtype());
   }
-  Tensor out = detail::make_tensor(out_shape, dt, Device::cpu());
+  Tensor out = detail::make_tensor(out_shape, dt, ts[0].device());
   std::vector<int64_t> sizes;
   std::vector<DType> dtypes;
   int64_t off = 0;
@@ -153,7 +155,6 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 }
 
 Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
-  detail::check_cpu("flip", {&x});
   check_plain("flip", x);
   const int64_t nd = x.dim();
   std::vector<bool> flipped(std::max<int64_t>(nd, 1), false);
@@ -173,7 +174,7 @@ Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
       offset += (x.shape()[d] - 1) * st[d];
       st[d] = -st[d];
     }
-  Tensor out = detail::make_tensor(x.shape(), x.dtype(), Device::cpu());
+  Tensor out = detail::make_tensor(x.shape(), x.dtype(), x.device());
   copy_plain(out, detail::make_view(x, x.shape(), st, offset));
   return autograd::record("flip", out, {x}, [wrapped](const Tensor& g) {
     return std::vector<Tensor>{flip(g, wrapped)};
@@ -204,7 +205,6 @@ Tensor repeat(const Tensor& x, const Shape& repeats) {
 }
 
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
-  detail::check_cpu("pad", {&x});
   check_plain("pad", x);
   const int64_t nd = x.dim();
   const int64_t np = static_cast<int64_t>(pads.size());

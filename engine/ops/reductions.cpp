@@ -1,21 +1,18 @@
 // Products, extrema, moments, logsumexp, norms, cumsum and boolean tests:
-// forward kernels over cpu::plan_reduce rows, backward formulas with ops.
+// the device's row kernels (reduce_rows, stat_rows, index_rows, cumsum) over
+// cpu::plan_reduce rows, backward formulas with ops.
 #include "engine/ops/reductions.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
-#include <type_traits>
-
-#include <Eigen/Core>
 
 #include "engine/autograd/node.h"
-#include "engine/cpu/parallel.h"
 #include "engine/cpu/reduce_plan.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/index.h"
@@ -60,17 +57,6 @@ void require_nonempty(const cpu::ReducePlan& p, const Shape& shape, const char* 
                                 "; the op has no identity");
 }
 
-// Calls f(r, row, n) for each of the plan's `outer` rows (in parallel).
-template <class T, class F>
-void for_rows(const cpu::ReducePlan& p, F f) {
-  const T* in = p.rows.data<T>();
-  const int64_t n = p.inner;
-  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(n, 1));
-  cpu::parallel_for(0, p.outer, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) f(r, in + r * n, n);
-  });
-}
-
 // ---- prod ----
 
 // d prod / d x_i: prod / x_i without zeros; with one zero only that position
@@ -88,24 +74,6 @@ Tensor prod_backward(const Tensor& g, const Tensor& x, const Shape& kept, const 
 
 // ---- extrema ----
 
-// NaN beats everything (the first NaN is kept), as in PyTorch's max/min.
-template <bool IsMax, class T>
-inline bool better(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (v != v) return best == best;
-  }
-  return IsMax ? v > best : v < best;
-}
-
-// Index of the first extremum of n >= 1 values.
-template <bool IsMax, class T>
-int64_t extreme_index(const T* v, int64_t n) {
-  int64_t k = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (better<IsMax>(v[i], v[k])) k = i;
-  return k;
-}
-
 // bool compares as u8 and 16-bit floats as f32.
 DType extreme_compute_dtype(const Tensor& x, const char* op) {
   check_arithmetic(x, op);
@@ -116,22 +84,15 @@ DType extreme_compute_dtype(const Tensor& x, const char* op) {
 template <bool IsMax>
 ValuesIndices extreme_dim(const Tensor& x, int64_t dim, bool keepdim, const char* op,
                           bool want_values) {
-  detail::check_cpu(op, {&x});
+  const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
   auto p = cpu::plan_reduce(as_plain(x, ct), {dim}, keepdim, op);
   require_nonempty(p, x.shape(), op);
-  Tensor idx = make_tensor(p.out_shape, DType::i64, Device::cpu());
-  Tensor val = want_values ? make_tensor(p.out_shape, ct, Device::cpu()) : Tensor();
-  dispatch_numeric(ct, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    int64_t* io = idx.data<int64_t>();
-    T* vo = want_values ? val.data<T>() : nullptr;
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      const int64_t k = extreme_index<IsMax>(v, n);
-      io[r] = k;
-      if (vo) vo[r] = v[k];
-    });
-  });
+  Tensor idx = make_tensor(p.out_shape, DType::i64, x.device());
+  Tensor val = want_values ? make_tensor(p.out_shape, ct, x.device()) : Tensor();
+  k.index_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(),
+               p.outer, p.inner, static_cast<int64_t*>(idx.raw_data()),
+               want_values ? val.raw_data() : nullptr);
   if (want_values && ct != x.dtype()) val = as_plain(val, x.dtype());
   return {val, idx};
 }
@@ -181,18 +142,13 @@ Tensor even_split(const Tensor& g, const Tensor& x, const Tensor& out, const Sha
 
 template <bool IsMax>
 Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
-  detail::check_cpu(op, {&x});
+  const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
   auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   require_nonempty(p, x.shape(), op);
-  Tensor out = make_tensor(p.out_shape, ct, Device::cpu());
-  dispatch_numeric(ct, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      o[r] = v[extreme_index<IsMax>(v, n)];
-    });
-  });
+  Tensor out = make_tensor(p.out_shape, ct, x.device());
+  k.reduce_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(),
+                p.outer, p.inner, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
                           [x = x.detach(), o = out.detach(), kept = p.kept_shape,
@@ -206,25 +162,15 @@ Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op
 Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim,
               bool take_sqrt) {
   const char* op = take_sqrt ? "std" : "var";
-  detail::check_cpu(op, {&x});
+  const KernelTable& k = kernels_for(op, {&x});
   check_floating(x, op);
   const DType ct = cpu_compute_dtype(x.dtype());
   auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   // Too few values for the correction divide by zero (NaN), as in PyTorch.
   const double divisor = std::max(0.0, static_cast<double>(p.inner) - correction);
-  Tensor out = make_tensor(p.out_shape, ct, Device::cpu());
-  dispatch_float(ct, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      // Two passes: squared deviations, no cancellation from sum(x^2) - n mean^2.
-      Eigen::Map<const Arr> a(v, n);
-      const T m = n ? a.mean() : T(NAN);
-      const double res = static_cast<double>((a - m).square().sum()) / divisor;
-      o[r] = static_cast<T>(take_sqrt ? std::sqrt(res) : res);
-    });
-  });
+  Tensor out = make_tensor(p.out_shape, ct, x.device());
+  k.stat_rows(take_sqrt ? RowStat::std : RowStat::var, divisor, p.rows.dtype(),
+              p.rows.raw_data(), p.outer, p.inner, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
                           [x = x.detach(), o = out.detach(), kept = p.kept_shape, d = p.dims,
@@ -241,7 +187,7 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
 // ---- cumsum ----
 
 Tensor cumsum_dir(const Tensor& x, int64_t dim, bool reverse) {
-  detail::check_cpu("cumsum", {&x});
+  const KernelTable& kt = kernels_for("cumsum", {&x});
   check_arithmetic(x, "cumsum");
   if (x.dim() == 0) {
     wrap_dim(dim, 0, "cumsum");
@@ -251,42 +197,12 @@ Tensor cumsum_dir(const Tensor& x, int64_t dim, bool reverse) {
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = cpu_compute_dtype(out_dt);
   const Tensor in = as_plain(x, ct).contiguous();
-  Tensor out = make_tensor(x.shape(), ct, Device::cpu());
-  // x viewed as [outer, n, inner]; the scan runs over n, vectorised over inner.
+  Tensor out = make_tensor(x.shape(), ct, x.device());
+  // x viewed as [outer, n, inner]; the scan runs over n.
   int64_t outer = 1, inner = 1;
   for (int64_t k = 0; k < d; ++k) outer *= x.shape()[k];
   for (int64_t k = d + 1; k < x.dim(); ++k) inner *= x.shape()[k];
-  const int64_t n = x.shape()[d];
-  dispatch_numeric(ct, "cumsum", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* src = in.data<T>();
-    T* dst = out.data<T>();
-    const int64_t block = n * inner;
-    cpu::parallel_for(0, n == 0 ? 0 : outer,
-                      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(block, 1)),
-                      [&](int64_t lo, int64_t hi) {
-      for (int64_t o = lo; o < hi; ++o) {
-        const T* s = src + o * block;
-        T* t = dst + o * block;
-        if (inner == 1) {
-          // One contiguous line: a plain running sum.
-          T acc = T(0);
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t j = reverse ? n - 1 - i : i;
-            acc = static_cast<T>(acc + s[j]);
-            t[j] = acc;
-          }
-          continue;
-        }
-        const int64_t first = reverse ? n - 1 : 0, step = reverse ? -1 : 1;
-        for (int64_t k = 0; k < inner; ++k) t[first * inner + k] = s[first * inner + k];
-        for (int64_t i = first + step; i >= 0 && i < n; i += step) {
-          const T* prev = t + (i - step) * inner;
-          for (int64_t k = 0; k < inner; ++k) t[i * inner + k] = prev[k] + s[i * inner + k];
-        }
-      }
-    });
-  });
+  kt.cumsum(ct, in.raw_data(), outer, x.shape()[d], inner, reverse, out.raw_data());
   if (ct != out_dt) out = as_plain(out, out_dt);
   // The gradient of a running sum is the running sum from the other end.
   return autograd::record("cumsum", out, {x}, [d, reverse](const Tensor& g) {
@@ -298,44 +214,28 @@ Tensor cumsum_dir(const Tensor& x, int64_t dim, bool reverse) {
 
 template <bool All>
 Tensor bool_reduce(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
-  detail::check_cpu(op, {&x});
+  const KernelTable& k = kernels_for(op, {&x});
   check_arithmetic(x, op);
   auto p = cpu::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim,
                             op);
-  Tensor out = make_tensor(p.out_shape, DType::boolean, Device::cpu());
-  bool* o = out.data<bool>();
-  for_rows<bool>(p, [&](int64_t r, const bool* v, int64_t n) {
-    bool acc = All;
-    for (int64_t i = 0; i < n; ++i)
-      if (v[i] != All) {
-        acc = !All;
-        break;
-      }
-    o[r] = acc;
-  });
+  Tensor out = make_tensor(p.out_shape, DType::boolean, x.device());
+  k.reduce_rows(All ? RowReduce::all : RowReduce::any, p.rows.dtype(), p.rows.raw_data(),
+                p.outer, p.inner, out.raw_data());
   return out;
 }
 
 }  // namespace
 
 Tensor prod(const Tensor& x, const Dims& dims, bool keepdim) {
-  detail::check_cpu("prod", {&x});
+  const KernelTable& k = kernels_for("prod", {&x});
   check_arithmetic(x, "prod");
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = cpu_compute_dtype(out_dt);
   auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod");
-  Tensor out = make_tensor(p.out_shape, ct, Device::cpu());
-  dispatch_numeric(ct, "prod", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    // Integers multiply as unsigned: overflow wraps instead of being UB.
-    using Acc = std::conditional_t<std::is_integral_v<T>, uint64_t, T>;
-    T* o = out.data<T>();
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      Acc acc = Acc(1);
-      for (int64_t i = 0; i < n; ++i) acc *= static_cast<Acc>(v[i]);
-      o[r] = static_cast<T>(acc);
-    });
-  });
+  Tensor out = make_tensor(p.out_shape, ct, x.device());
+  // Integers multiply as unsigned 64-bit: overflow wraps.
+  k.reduce_rows(RowReduce::prod, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
+                out.raw_data());
   if (ct != out_dt) out = as_plain(out, out_dt);
   return autograd::record("prod", out, {x},
                           [x = x.detach(), kept = p.kept_shape, d = p.dims](const Tensor& g) {
@@ -372,28 +272,16 @@ Tensor std(const Tensor& x, const Dims& dims, double correction, bool keepdim) {
 }
 
 Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
-  detail::check_cpu("logsumexp", {&x});
+  const KernelTable& k = kernels_for("logsumexp", {&x});
   check_arithmetic(x, "logsumexp");
   const DType out_dt = to_floating(x.dtype());
   const DType ct = cpu_compute_dtype(out_dt);
   auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "logsumexp"), keepdim,
                             "logsumexp");
-  Tensor out = make_tensor(p.out_shape, ct, Device::cpu());
-  dispatch_float(ct, "logsumexp", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for_rows<T>(p, [&](int64_t r, const T* v, int64_t n) {
-      if (n == 0) {
-        o[r] = T(-INFINITY);
-        return;
-      }
-      Eigen::Map<const Arr> a(v, n);
-      const T m = a.template maxCoeff<Eigen::PropagateNaN>();
-      // NaN stays NaN; all -inf gives -inf; any +inf gives +inf.
-      o[r] = std::isfinite(m) ? m + std::log((a - m).exp().sum()) : m;
-    });
-  });
+  Tensor out = make_tensor(p.out_shape, ct, x.device());
+  // NaN stays NaN; all -inf (or an empty row) gives -inf; any +inf gives +inf.
+  k.reduce_rows(RowReduce::logsumexp, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
+                out.raw_data());
   if (ct != out_dt) out = as_plain(out, out_dt);
   return autograd::record("logsumexp", out, {x},
                           [x = x.detach(), o = out.detach(),
@@ -406,7 +294,7 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
 }
 
 Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
-  detail::check_cpu("norm", {&x});
+  const KernelTable& k = kernels_for("norm", {&x});
   check_floating(x, "norm");
   if (!(p > 0))
     throw std::invalid_argument("[norm] p must be > 0 or INFINITY, got " + std::to_string(p));
@@ -415,34 +303,9 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
   auto plan =
       cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
   if (inf) require_nonempty(plan, x.shape(), "norm");  // the inf-norm is a max
-  Tensor out = make_tensor(plan.out_shape, ct, Device::cpu());
-  dispatch_float(ct, "norm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data<T>();
-    for_rows<T>(plan, [&](int64_t r, const T* v, int64_t n) {
-      double acc = 0;
-      if (inf) {
-        for (int64_t i = 0; i < n; ++i) {
-          const double a = std::abs(static_cast<double>(v[i]));
-          if (a != a) {
-            acc = a;
-            break;
-          }
-          acc = std::max(acc, a);
-        }
-      } else if (p == 1.0) {
-        for (int64_t i = 0; i < n; ++i) acc += std::abs(static_cast<double>(v[i]));
-      } else if (p == 2.0) {
-        for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(v[i]) * v[i];
-        acc = std::sqrt(acc);
-      } else {
-        for (int64_t i = 0; i < n; ++i)
-          acc += std::pow(std::abs(static_cast<double>(v[i])), p);
-        acc = std::pow(acc, 1.0 / p);
-      }
-      o[r] = static_cast<T>(acc);
-    });
-  });
+  Tensor out = make_tensor(plan.out_shape, ct, x.device());
+  k.stat_rows(RowStat::norm, p, plan.rows.dtype(), plan.rows.raw_data(), plan.outer,
+              plan.inner, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record("norm", out, {x},
                           [x = x.detach(), o = out.detach(), kept = plan.kept_shape,

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
 #include <numbers>
 
 #include "quanta.h"
@@ -467,4 +468,42 @@ TEST_CASE("schedule state_dict round trip restores the step and base lrs") {
   CHECK(contains(msg, "missing keys: step"));
   CHECK(contains(msg, "unexpected keys: extra"));
   CHECK(sched2.current_step() == 6);
+}
+
+// ---- the device axis: the same steps on a GPU equal the CPU's ----
+
+TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU's") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: " << (cuda_built() ? "no CUDA device is visible"
+                                         : "quanta was built without CUDA"));
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Generator gen(17);
+  const Tensor p0 = randn({33, 7}, gen, {.dtype = DType::f64});
+  std::vector<Tensor> grads;
+  for (int s = 0; s < 4; ++s) grads.push_back(randn({33, 7}, gen, {.dtype = DType::f64}));
+  auto run = [&](Device dev, int which) {
+    Tensor p = p0.to(dev).detach().requires_grad_();
+    std::unique_ptr<Optimizer> opt;
+    if (which == 0)
+      opt = std::make_unique<SGD>(std::vector<Tensor>{p},
+                                  SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true,
+                                             .weight_decay = 0.01});
+    if (which == 1)
+      opt = std::make_unique<Adam>(std::vector<Tensor>{p},
+                                   AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+    if (which == 2)
+      opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
+    for (const Tensor& g : grads) {
+      p.set_grad(g.to(dev));
+      clip_grad_norm_({p}, 5.0);
+      opt->step();
+    }
+    return p.detach().to(Device::cpu()).to_vector<double>();
+  };
+  for (int which = 0; which < 3; ++which) {
+    CAPTURE(which);
+    check_close(run(gpu, which), run(Device::cpu(), which), 1e-12);
+  }
 }

@@ -1,0 +1,90 @@
+#pragma once
+// What every CUDA kernel file shares: the device element type of a dtype
+// (CUDA's own 16-bit floats, the same bits as the CPU's Eigen types), value
+// conversion with the CPU's rules, dtype dispatch that names the op, and the
+// grid size cap. Included by .cu files only.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "engine/cuda/check.cuh"
+#include "engine/dtype.h"
+
+namespace quanta::cuda {
+
+template <class T> struct Tag { using type = T; };
+
+[[noreturn]] inline void bad_dtype(const char* op, DType t, const char* what) {
+  throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
+                              " is not supported on cuda (" + what + ")");
+}
+
+// The device's element type of a dtype (CUDA's own 16-bit floats: the same
+// bits as the CPU's Eigen types).
+template <class F> inline void dispatch_all(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    case DType::bf16: return f(Tag<__nv_bfloat16>{});
+    case DType::f16: return f(Tag<__half>{});
+    case DType::i32: return f(Tag<int32_t>{});
+    case DType::i64: return f(Tag<int64_t>{});
+    case DType::u8: return f(Tag<uint8_t>{});
+    case DType::boolean: return f(Tag<bool>{});
+    default: bad_dtype(op, t, "a byte-only format: dequantize it first");
+  }
+}
+template <class F> inline void dispatch_numeric(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    case DType::i32: return f(Tag<int32_t>{});
+    case DType::i64: return f(Tag<int64_t>{});
+    case DType::u8: return f(Tag<uint8_t>{});
+    default: bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
+  }
+}
+template <class F> inline void dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(Tag<float>{});
+    case DType::f64: return f(Tag<double>{});
+    default: bad_dtype(op, t, "expected f32 or f64");
+  }
+}
+
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// Value conversion with the CPU's rules (engine/cpu/convert.h): 16-bit
+// floats go through float, rounding to nearest even; bool is "non-zero".
+template <class D, class S> __host__ __device__ D convert(S v) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return convert<D>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<S, __half>) {
+    return convert<D>(__half2float(v));
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return v != S(0);
+  } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, __half>) {
+    return __float2half(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// A few waves of blocks per multiprocessor; the grid-stride loop does the rest.
+inline int64_t max_blocks() {
+  int dev = 0, sms = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  QUANTA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return static_cast<int64_t>(sms) * 8;
+}
+
+}  // namespace quanta::cuda

@@ -1,0 +1,21 @@
+#pragma once
+// The CUDA table's entries defined outside kernels.cu, one family per file
+// (reduce_kernels.cu); kernels.cu puts them in the table. Like
+// engine/cpu/kernels.h for the CPU.
+#include "engine/kernels/table.h"
+
+namespace quanta::cuda {
+
+/** reduce_rows for every kind but sum (sum_rows in kernels.cu has it). */
+void reduce_rows_except_sum(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
+                            int64_t inner, void* out);
+void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
+               int64_t inner, void* out);
+void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,
+                int64_t* indices, void* values);
+void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,
+            void* out);
+void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
+             void* out);
+
+}  // namespace quanta::cuda

@@ -1,0 +1,394 @@
+// The CUDA row reductions other than sum (products, extrema and their
+// indices, boolean tests, logsumexp, var/std, norms), cumsum and softmax.
+//
+// A row is reduced by one block of kThreadsPerBlock threads (a grid-stride
+// loop over rows): each thread folds the elements i = tid, tid + blockDim,
+// ... in order, then CUB's block reduction combines the threads. Lines along
+// a strided dim (inner > 1) are walked by one thread each, in the CPU's
+// order. No float atomics, a fixed split: results are deterministic. The
+// combination rules (NaN handling, first index on ties) are the CPU's, from
+// engine/kernels/reduce_functors.h.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "engine/cuda/check.cuh"
+#include "engine/cuda/device_types.cuh"
+#include "engine/cuda/kernels.h"
+#include "engine/cuda/launch.h"
+#include "engine/kernels/functors.h"
+#include "engine/kernels/reduce_functors.h"
+
+namespace quanta::cuda {
+namespace {
+
+// The combination of every thread's `v` under `comb`, returned to every
+// thread; all threads of the block call it together (it synchronises).
+template <class Acc, class Combine>
+__device__ Acc block_combine(Acc v, Combine comb) {
+  using Reduce = cub::BlockReduce<Acc, kThreadsPerBlock>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ Acc total;
+  const Acc t = Reduce(tmp).Reduce(v, comb);
+  if (threadIdx.x == 0) total = t;
+  __syncthreads();
+  const Acc out = total;
+  __syncthreads();  // tmp and total are reused by the next call
+  return out;
+}
+
+// Blocks for a kernel that gives each of `rows` rows one block.
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>(rows, max_blocks()));
+}
+
+// ---- products ----
+
+template <class T, class Acc>
+__global__ void prod_kernel(const T* in, int64_t outer, int64_t n, T* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* v = in + r * n;
+    Acc acc = Acc(1);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc *= static_cast<Acc>(v[i]);
+    const Acc total = block_combine(acc, fn::Mul{});
+    if (threadIdx.x == 0) out[r] = static_cast<T>(total);
+  }
+}
+
+// ---- extrema: the value and the first index ----
+
+template <bool IsMax, class T>
+__global__ void extreme_kernel(const T* in, int64_t outer, int64_t n, int64_t* indices,
+                               T* values) {
+  const fn::ArgBestOp<IsMax> comb;
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* v = in + r * n;
+    fn::ArgBest<T> acc{T(), -1};
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = comb(acc, fn::ArgBest<T>{v[i], i});
+    const fn::ArgBest<T> best = block_combine(acc, comb);
+    if (threadIdx.x == 0) {
+      if (indices) indices[r] = best.i;
+      if (values) values[r] = best.v;
+    }
+  }
+}
+
+// ---- all / any over bool rows ----
+
+template <bool All>
+__global__ void bool_kernel(const bool* in, int64_t outer, int64_t n, bool* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const bool* v = in + r * n;
+    int differs = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      if (v[i] != All) differs = 1;
+    differs = __syncthreads_or(differs);
+    if (threadIdx.x == 0) out[r] = differs ? !All : All;
+  }
+}
+
+// ---- logsumexp ----
+
+template <class T>
+__global__ void logsumexp_kernel(const T* in, int64_t outer, int64_t n, T* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* v = in + r * n;
+    // The max propagates NaN; -inf for an empty row, whose result is -inf.
+    T m = T(-INFINITY);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fn::Maximum{}(m, v[i]);
+    m = block_combine(m, fn::Maximum{});
+    T s = T(0);
+    if (std::isfinite(m)) {  // the same m on every thread
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += std::exp(v[i] - m);
+      s = block_combine(s, fn::Add{});
+    }
+    if (threadIdx.x == 0) out[r] = fn::logsumexp_from(m, s);
+  }
+}
+
+// ---- var / std: two passes, the mean then the squared deviations ----
+
+template <class T>
+__global__ void moment_kernel(const T* in, int64_t outer, int64_t n, double divisor,
+                              bool take_sqrt, T* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* v = in + r * n;
+    T s = T(0);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+    s = block_combine(s, fn::Add{});
+    const T m = n ? s / static_cast<T>(n) : T(NAN);
+    T ss = T(0);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (v[i] - m) * (v[i] - m);
+    ss = block_combine(ss, fn::Add{});
+    if (threadIdx.x == 0) {
+      const double res = static_cast<double>(ss) / divisor;
+      out[r] = static_cast<T>(take_sqrt ? std::sqrt(res) : res);
+    }
+  }
+}
+
+// ---- norms, accumulated in f64 ----
+
+enum class NormKind : int { inf, one, two, p };
+
+template <class T>
+__global__ void norm_kernel(const T* in, int64_t outer, int64_t n, NormKind kind, double p,
+                            T* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* v = in + r * n;
+    double acc = 0;
+    if (kind == NormKind::inf) {
+      // The max of |x| with NaN winning, as the CPU's loop stops at a NaN.
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        acc = fn::Maximum{}(acc, std::abs(static_cast<double>(v[i])));
+      acc = block_combine(acc, fn::Maximum{});
+    } else {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const double a = static_cast<double>(v[i]);
+        acc += kind == NormKind::one   ? std::abs(a)
+               : kind == NormKind::two ? a * a
+                                       : std::pow(std::abs(a), p);
+      }
+      acc = block_combine(acc, fn::Add{});
+      if (kind == NormKind::two) acc = std::sqrt(acc);
+      if (kind == NormKind::p) acc = std::pow(acc, 1.0 / p);
+    }
+    if (threadIdx.x == 0) out[r] = static_cast<T>(acc);
+  }
+}
+
+// ---- cumsum ----
+
+// inner == 1: a block scans each row in tiles of blockDim elements, carrying
+// the running total from tile to tile.
+template <class T>
+__global__ void cumsum_rows_kernel(const T* in, int64_t outer, int64_t n, bool reverse, T* out) {
+  using Scan = cub::BlockScan<T, kThreadsPerBlock>;
+  __shared__ typename Scan::TempStorage tmp;
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* s = in + r * n;
+    T* t = out + r * n;
+    T carry = T(0);
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      const int64_t j = reverse ? n - 1 - i : i;
+      T y, tile;
+      Scan(tmp).InclusiveSum(i < n ? s[j] : T(0), y, tile);
+      if (i < n) t[j] = static_cast<T>(carry + y);
+      carry = static_cast<T>(carry + tile);
+      __syncthreads();  // tmp is reused by the next tile
+    }
+  }
+}
+
+// inner > 1: one thread per (outer, column) line, in the CPU's order.
+template <class T>
+__global__ void cumsum_lines_kernel(const T* in, int64_t outer, int64_t n, int64_t inner,
+                                    bool reverse, T* out) {
+  const int64_t lines = outer * inner;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < lines;
+       e += step) {
+    const int64_t o = e / inner, k = e % inner;
+    const T* s = in + o * n * inner + k;
+    T* t = out + o * n * inner + k;
+    const int64_t first = reverse ? n - 1 : 0, dir = reverse ? -1 : 1;
+    T acc = s[first * inner];
+    t[first * inner] = acc;
+    for (int64_t i = first + dir; i >= 0 && i < n; i += dir) {
+      acc = static_cast<T>(acc + s[i * inner]);
+      t[i * inner] = acc;
+    }
+  }
+}
+
+// ---- softmax ----
+
+// inner == 1: a block per row: max, sum of exponentials, write.
+template <bool Log, class T>
+__global__ void softmax_rows_kernel(const T* in, int64_t outer, int64_t n, T* out) {
+  for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
+    const T* a = in + r * n;
+    T* b = out + r * n;
+    T m = T(-INFINITY);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fn::Maximum{}(m, a[i]);
+    m = block_combine(m, fn::Maximum{});
+    T s = T(0);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += std::exp(a[i] - m);
+    s = block_combine(s, fn::Add{});
+    if constexpr (Log) {
+      const T shift = m + std::log(s);
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) b[i] = a[i] - shift;
+    } else {
+      const T inv = T(1) / s;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) b[i] = std::exp(a[i] - m) * inv;
+    }
+  }
+}
+
+// inner > 1: one thread per (outer, column) line, the CPU's strided loop.
+template <bool Log, class T>
+__global__ void softmax_lines_kernel(const T* in, int64_t outer, int64_t n, int64_t inner,
+                                     T* out) {
+  const int64_t lines = outer * inner;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < lines;
+       e += step) {
+    const int64_t o = e / inner, k = e % inner;
+    const T* a = in + o * n * inner + k;
+    T* b = out + o * n * inner + k;
+    T m = T(-INFINITY), s = T(0);
+    for (int64_t i = 0; i < n; ++i) m = m < a[i * inner] ? a[i * inner] : m;  // std::max
+    for (int64_t i = 0; i < n; ++i) {
+      const T x = std::exp(a[i * inner] - m);
+      s += x;
+      if constexpr (!Log) b[i * inner] = x;
+    }
+    if constexpr (Log) {
+      m += std::log(s);
+      for (int64_t i = 0; i < n; ++i) b[i * inner] = a[i * inner] - m;
+    } else {
+      s = T(1) / s;
+      for (int64_t i = 0; i < n; ++i) b[i * inner] *= s;
+    }
+  }
+}
+
+template <bool IsMax>
+void extreme_rows(DType dtype, const void* rows, int64_t outer, int64_t inner, int64_t* indices,
+                  void* values) {
+  if (outer == 0) return;
+  if (inner == 0) throw std::logic_error("[index_rows] empty rows reached the kernel");
+  dispatch_numeric(dtype, IsMax ? "max" : "min", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    extreme_kernel<IsMax, T><<<row_blocks(outer), kThreadsPerBlock>>>(
+        static_cast<const T*>(rows), outer, inner, indices, static_cast<T*>(values));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void reduce_rows_except_sum(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
+                            int64_t inner, void* out) {
+  if (outer == 0) return;
+  const unsigned blocks = row_blocks(outer);
+  switch (op) {
+    case RowReduce::sum:
+      throw std::logic_error("[sum] reached reduce_rows_except_sum");
+    case RowReduce::prod:
+      return dispatch_numeric(in_dtype, "prod", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        // Integers multiply as unsigned: overflow wraps, as on the CPU.
+        using Acc = std::conditional_t<std::is_integral_v<T>, unsigned long long, T>;
+        prod_kernel<T, Acc><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer,
+                                                          inner, static_cast<T*>(out));
+        QUANTA_CUDA_CHECK_LAUNCH();
+      });
+    case RowReduce::max: return extreme_rows<true>(in_dtype, rows, outer, inner, nullptr, out);
+    case RowReduce::min: return extreme_rows<false>(in_dtype, rows, outer, inner, nullptr, out);
+    case RowReduce::all:
+    case RowReduce::any: {
+      if (in_dtype != DType::boolean) bad_dtype(op_name(op), in_dtype, "expected bool");
+      const bool* in = static_cast<const bool*>(rows);
+      bool* o = static_cast<bool*>(out);
+      if (op == RowReduce::all) {
+        bool_kernel<true><<<blocks, kThreadsPerBlock>>>(in, outer, inner, o);
+      } else {
+        bool_kernel<false><<<blocks, kThreadsPerBlock>>>(in, outer, inner, o);
+      }
+      QUANTA_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    case RowReduce::logsumexp:
+      return dispatch_float(in_dtype, "logsumexp", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        logsumexp_kernel<T><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer,
+                                                          inner, static_cast<T*>(out));
+        QUANTA_CUDA_CHECK_LAUNCH();
+      });
+  }
+  throw std::logic_error("[reduce_rows] unknown row reduction");
+}
+
+void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,
+                int64_t* indices, void* values) {
+  if (op == RowReduce::max) return extreme_rows<true>(dtype, rows, outer, inner, indices, values);
+  if (op == RowReduce::min) return extreme_rows<false>(dtype, rows, outer, inner, indices, values);
+  throw std::logic_error(std::string("[index_rows] ") + op_name(op) + " has no index");
+}
+
+void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
+               int64_t inner, void* out) {
+  if (outer == 0) return;
+  const unsigned blocks = row_blocks(outer);
+  dispatch_float(dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* in = static_cast<const T*>(rows);
+    T* o = static_cast<T*>(out);
+    if (op == RowStat::norm) {
+      const NormKind kind = std::isinf(param) ? NormKind::inf
+                            : param == 1.0    ? NormKind::one
+                            : param == 2.0    ? NormKind::two
+                                              : NormKind::p;
+      norm_kernel<T><<<blocks, kThreadsPerBlock>>>(in, outer, inner, kind, param, o);
+    } else {
+      moment_kernel<T><<<blocks, kThreadsPerBlock>>>(in, outer, inner, param,
+                                                     op == RowStat::std, o);
+    }
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,
+            void* out) {
+  if (outer * n * inner == 0) return;
+  dispatch_numeric(dtype, "cumsum", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* s = static_cast<const T*>(in);
+    T* t = static_cast<T*>(out);
+    if (inner == 1) {
+      cumsum_rows_kernel<T><<<row_blocks(outer), kThreadsPerBlock>>>(s, outer, n, reverse, t);
+    } else {
+      const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
+      cumsum_lines_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+          s, outer, n, inner, reverse, t);
+    }
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
+             void* out) {
+  if (outer * n * inner == 0) return;
+  dispatch_float(dtype, log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* a = static_cast<const T*>(in);
+    T* b = static_cast<T*>(out);
+    if (inner == 1) {
+      const unsigned blocks = row_blocks(outer);
+      if (log) {
+        softmax_rows_kernel<true, T><<<blocks, kThreadsPerBlock>>>(a, outer, n, b);
+      } else {
+        softmax_rows_kernel<false, T><<<blocks, kThreadsPerBlock>>>(a, outer, n, b);
+      }
+    } else {
+      const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
+      const unsigned blocks = static_cast<unsigned>(cfg.blocks);
+      if (log) {
+        softmax_lines_kernel<true, T><<<blocks, cfg.threads>>>(a, outer, n, inner, b);
+      } else {
+        softmax_lines_kernel<false, T><<<blocks, cfg.threads>>>(a, outer, n, inner, b);
+      }
+    }
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace quanta::cuda

@@ -1,0 +1,56 @@
+#pragma once
+// The per-element math of the row reductions that both devices share, in the
+// manner of functors.h: g++ compiles it for the CPU kernels
+// (engine/cpu/reduce_kernels.cpp), nvcc for the CUDA ones
+// (engine/cuda/reduce_kernels.cu). The CPU's loops call these exactly where
+// they did the same arithmetic before, so its results are bit for bit the
+// same; the CUDA kernels combine per-thread partials with the same rules.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/kernels/functors.h"  // QUANTA_HD
+
+namespace quanta::fn {
+
+/** True when v replaces best as the running extremum (max when IsMax, else
+ * min): NaN beats everything and the first NaN is kept, as in PyTorch's
+ * max/min; ties keep best. */
+template <bool IsMax, class T>
+QUANTA_HD inline bool better(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (v != v) return best == best;
+  }
+  return IsMax ? v > best : v < best;
+}
+
+/** A candidate extremum: value and index; index -1 for none yet. */
+template <class T>
+struct ArgBest {
+  T v;
+  int64_t i;
+};
+
+/** Combines two candidates so that any grouping of a row's elements ends at
+ * the sequential answer of `better` (first NaN, else first extremum): the
+ * better value wins, equal values (or two NaNs) go to the lower index. */
+template <bool IsMax>
+struct ArgBestOp {
+  template <class T>
+  QUANTA_HD ArgBest<T> operator()(const ArgBest<T>& a, const ArgBest<T>& b) const {
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    if (better<IsMax>(b.v, a.v)) return b;
+    if (better<IsMax>(a.v, b.v)) return a;
+    return a.i < b.i ? a : b;  // equal, or both NaN
+  }
+};
+
+/** log(sum(exp(x))) from the row's max m and s = sum(exp(x - m)): NaN stays
+ * NaN, all -inf gives -inf, any +inf gives +inf (s is not used then). */
+template <class T>
+QUANTA_HD inline T logsumexp_from(T m, T s) {
+  return std::isfinite(m) ? m + std::log(s) : m;
+}
+
+}  // namespace quanta::fn
