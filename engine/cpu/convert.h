@@ -1,5 +1,6 @@
 #pragma once
 // Value conversion between element types (16-bit floats go through float).
+#include <cstdint>
 #include <type_traits>
 
 #include "engine/dtype.h"
@@ -18,6 +19,11 @@ template <class D, class S> inline D cast(S v) {
     return v != S(0);
   } else if constexpr (is_half_v<D>) {
     return D(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    // Truncate through i64, then wrap to D's width: one defined rule for
+    // every device (a direct float -> u8 conversion of a negative value is
+    // undefined, and x86 and CUDA answer it differently).
+    return static_cast<D>(static_cast<int64_t>(v));
   } else {
     return static_cast<D>(v);
   }

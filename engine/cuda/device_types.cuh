@@ -74,6 +74,9 @@ template <class D, class S> __host__ __device__ D convert(S v) {
     return __float2bfloat16(static_cast<float>(v));
   } else if constexpr (std::is_same_v<D, __half>) {
     return __float2half(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    // The CPU's rule (engine/cpu/convert.h): truncate through i64, then wrap.
+    return static_cast<D>(static_cast<int64_t>(v));
   } else {
     return static_cast<D>(v);
   }

@@ -159,7 +159,8 @@ TEST_CASE("cuda: fill, casts and strided copies equal the CPU's bytes") {
     Tensor xg = x.to(gpu);
     REQUIRE(same_bytes(xg, x));
     for (DType to : types) {
-      INFO(dtype_name(from), " -> ", dtype_name(to));
+      const std::string pair = std::string(dtype_name(from)) + " -> " + dtype_name(to);
+      INFO(pair);
       CHECK(same_bytes(xg.to(to), x.to(to)));
       // Strided source: a transpose copied to contiguous.
       CHECK(same_bytes(transpose(xg, 0, 1).contiguous().to(to),
@@ -225,4 +226,34 @@ TEST_CASE("cuda: row sums, short and long rows, integral into i64") {
     Tensor i = (x * 10.0).to(DType::i32);
     CHECK(same_bytes(sum(i.to(gpu), {-1}), sum(i, {-1})));
   }
+}
+
+TEST_CASE("cuda: in-place updates (add_, mul_, div_, addcmul_, addcdiv_) equal the CPU's") {
+  if (!have_gpu()) {
+    MESSAGE("skipped: " << skip_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Generator gen(29);
+  const Tensor base = randn({33, 7}, gen, {.dtype = DType::f64});
+  const Tensor a = randn({33, 7}, gen, {.dtype = DType::f64});
+  const Tensor row = randn({7}, gen, {.dtype = DType::f64});
+  const Tensor pos = rand({33, 7}, gen, {.dtype = DType::f64}) + 0.5;
+  auto both = [&](const char* what, auto&& f) {
+    Tensor c = base.clone(), g = base.to(gpu);
+    f(c, Device::cpu());
+    f(g, gpu);
+    INFO(what);
+    CHECK(max_rel(g, c) <= 1e-15);
+  };
+  both("add_ alpha", [&](Tensor& d, Device dev) { add_(d, a.to(dev), -0.3); });
+  both("add_ row", [&](Tensor& d, Device dev) { add_(d, row.to(dev), 2.0); });
+  both("mul_ scalar", [&](Tensor& d, Device) { mul_(d, 0.9); });
+  both("mul_ tensor", [&](Tensor& d, Device dev) { mul_(d, a.to(dev)); });
+  both("div_", [&](Tensor& d, Device dev) { div_(d, pos.to(dev)); });
+  both("addcmul_", [&](Tensor& d, Device dev) { addcmul_(d, a.to(dev), a.to(dev), 0.001); });
+  both("addcdiv_", [&](Tensor& d, Device dev) { addcdiv_(d, a.to(dev), pos.to(dev), -0.01); });
+  both("clone then add_ self",
+       [&](Tensor& d, Device) { Tensor e = d.clone(); add_(e, d, 0.5); copy_(d, e); });
+  both("f32 round trip", [&](Tensor& d, Device) { copy_(d, d.to(DType::f32).to(DType::f64)); });
 }

@@ -484,7 +484,8 @@ TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU'
   std::vector<Tensor> grads;
   for (int s = 0; s < 4; ++s) grads.push_back(randn({33, 7}, gen, {.dtype = DType::f64}));
   auto run = [&](Device dev, int which) {
-    Tensor p = p0.to(dev).detach().requires_grad_();
+    // clone(): on the CPU to() returns p0 itself, which the steps would change.
+    Tensor p = p0.to(dev).clone().detach().requires_grad_();
     std::unique_ptr<Optimizer> opt;
     if (which == 0)
       opt = std::make_unique<SGD>(std::vector<Tensor>{p},
@@ -496,7 +497,8 @@ TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU'
     if (which == 2)
       opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
     for (const Tensor& g : grads) {
-      p.set_grad(g.to(dev));
+      // A copy on both devices: clipping scales the gradient in place.
+      p.set_grad(g.to(dev).clone());
       clip_grad_norm_({p}, 5.0);
       opt->step();
     }
@@ -506,4 +508,40 @@ TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU'
     CAPTURE(which);
     check_close(run(gpu, which), run(Device::cpu(), which), 1e-12);
   }
+}
+
+TEST_CASE("cuda: the pieces of a step (norm, clipping, one unclipped SGD and AdamW step)") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: " << (cuda_built() ? "no CUDA device is visible"
+                                         : "quanta was built without CUDA"));
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  Generator gen(23);
+  const Tensor g = randn({33, 7}, gen, {.dtype = DType::f64});
+  CHECK(norm(g.to(gpu), 2.0).item() == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
+  CHECK(norm(g.to(gpu), 1.0).item() == doctest::Approx(norm(g, 1.0).item()).epsilon(1e-12));
+  CHECK(sum(square(g.to(gpu))).item() == doctest::Approx(sum(square(g)).item()).epsilon(1e-12));
+  for (Device dev : {Device::cpu(), gpu}) {
+    Tensor p = g.to(dev).clone().detach().requires_grad_();
+    p.set_grad(g.to(dev).clone());
+    const double total = clip_grad_norm_({p}, 5.0);
+    CAPTURE(dev.str());
+    CHECK(total == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
+    CHECK(norm(p.grad(), 2.0).item() == doctest::Approx(5.0).epsilon(1e-6));
+  }
+  auto one_step = [&](Device dev, bool adamw) {
+    Tensor p = g.to(dev).clone().detach().requires_grad_();  // never g itself
+    p.set_grad(square(g).to(dev));
+    if (adamw) {
+      AdamW opt({p}, AdamWOptions{.lr = 0.01});
+      opt.step();
+    } else {
+      SGD opt({p}, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+      opt.step();
+    }
+    return p.detach().to(Device::cpu()).to_vector<double>();
+  };
+  check_close(one_step(gpu, false), one_step(Device::cpu(), false), 1e-12);
+  check_close(one_step(gpu, true), one_step(Device::cpu(), true), 1e-12);
 }
