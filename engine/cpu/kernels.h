@@ -35,4 +35,13 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand&
 void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
                const int64_t* idx, int64_t m, const void* src, double alpha);
 
+// conv_kernels.cpp, pool_kernels.cpp
+void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
+          const void* bias, void* out);
+void avg_pool(bool adjoint, DType dtype, const PoolWindow& g, const void* in, void* out);
+void max_pool(DType dtype, const PoolWindow& g, const void* in, void* out, int64_t* indices);
+void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_t* indices,
+                    const void* in, void* out);
+void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
+
 }  // namespace quanta::cpu

@@ -352,6 +352,11 @@ const KernelTable& cuda_kernels() {
       .index_select = index_select,
       .index_lines = index_lines,
       .index_add = index_add,
+      .conv = conv,
+      .avg_pool = avg_pool,
+      .max_pool = max_pool,
+      .max_pool_route = max_pool_route,
+      .upsample_nearest2x = upsample_nearest2x,
   };
   return table;
 }

@@ -18,4 +18,13 @@ void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner
 void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
              void* out);
 
+// conv_kernels.cu, pool_kernels.cu
+void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
+          const void* bias, void* out);
+void avg_pool(bool adjoint, DType dtype, const PoolWindow& g, const void* in, void* out);
+void max_pool(DType dtype, const PoolWindow& g, const void* in, void* out, int64_t* indices);
+void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_t* indices,
+                    const void* in, void* out);
+void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
+
 }  // namespace quanta::cuda

@@ -59,6 +59,23 @@ const KernelTable& cuda_kernels() {
       },
       .index_add = [](DType, void*, int64_t, int64_t, int64_t, const int64_t*, int64_t,
                       const void*, double) { no_cuda("index_add"); },
+      .conv = [](ConvKind kind, DType, const ConvGeom&, const void*, const void*, const void*,
+                 void*) {
+        no_cuda(kind == ConvKind::forward      ? "conv2d"
+                : kind == ConvKind::input_grad ? "conv_transpose2d"
+                                               : "conv2d_weight_grad");
+      },
+      .avg_pool = [](bool adjoint, DType, const PoolWindow&, const void*, void*) {
+        no_cuda(adjoint ? "avg_pool2d_backward" : "avg_pool2d");
+      },
+      .max_pool = [](DType, const PoolWindow&, const void*, void*,
+                     int64_t*) { no_cuda("max_pool2d"); },
+      .max_pool_route = [](bool scatter, DType, const PoolWindow&, const int64_t*, const void*,
+                           void*) {
+        no_cuda(scatter ? "max_pool2d_backward" : "max_pool2d_gather");
+      },
+      .upsample_nearest2x = [](DType, int64_t, int64_t, const void*,
+                               void*) { no_cuda("interpolate_nearest2x"); },
   };
   return table;
 }

@@ -56,6 +56,7 @@ QUANTA_UNARY_FUNCTOR(Rsqrt, T(1) / std::sqrt(v))
 QUANTA_UNARY_FUNCTOR(Sin, std::sin(v))
 QUANTA_UNARY_FUNCTOR(Cos, std::cos(v))
 QUANTA_UNARY_FUNCTOR(Tanh, std::tanh(v))
+QUANTA_UNARY_FUNCTOR(Erf, std::erf(v))
 // Stable for large |v|: never exponentiate a large positive number.
 QUANTA_UNARY_FUNCTOR(Sigmoid,
                      v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v)))
@@ -152,7 +153,7 @@ QUANTA_UPDATE_FUNCTOR(Addcdiv, d + static_cast<T>(s.a) * x / y)
 // nothing else is how a new elementwise op reaches every device's table.
 #define QUANTA_UNARY_OPS(X)                                                            \
   X(neg, Neg) X(abs, Abs) X(exp, Exp) X(log, Log) X(log1p, Log1p) X(sqrt, Sqrt)         \
-  X(rsqrt, Rsqrt) X(sin, Sin) X(cos, Cos) X(tanh, Tanh) X(sigmoid, Sigmoid)             \
+  X(rsqrt, Rsqrt) X(sin, Sin) X(cos, Cos) X(tanh, Tanh) X(erf, Erf) X(sigmoid, Sigmoid) \
   X(relu, Relu) X(leaky_relu, LeakyRelu) X(gelu, GeluErf) X(gelu_backward, GeluErfGrad) \
   X(gelu_tanh, GeluTanh) X(silu, Silu) X(softplus, Softplus) X(square, Square)          \
   X(pow_scalar, PowScalar) X(clamp, Clamp) X(sign, Sign) X(round, Round)                \

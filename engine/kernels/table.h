@@ -15,6 +15,7 @@
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/kernels/conv_geom.h"
 #include "engine/kernels/functors.h"
 #include "engine/shape.h"
 
@@ -151,6 +152,42 @@ struct KernelTable {
    * j, so duplicates are deterministic. */
   void (*index_add)(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
                     const int64_t* idx, int64_t m, const void* src, double alpha);
+
+  // ---- convolution and pooling (geometry in engine/kernels/conv_geom.h);
+  // every operand contiguous, f32 or f64 unless said otherwise ----
+
+  /** One convolution kernel of `kind` over the sizes g; out need not be
+   * initialised. forward: out [N, O, OH, OW] = conv2d(a = x [N, C, H, W],
+   * b = w [O, C / groups, kh, kw]) + bias [O]. input_grad (conv_transpose2d):
+   * out [N, C, H, W] = the adjoint of conv2d by b = w applied to
+   * a = g [N, O, OH, OW], + bias [C]. weight_grad: out [O, C / groups, kh, kw]
+   * = the weight gradient from a = x and b = g, summed over images (bias is
+   * null). bias may be null (no bias). */
+  void (*conv)(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
+               const void* bias, void* out);
+  /** Average pooling with divisor kernel[0] * kernel[1] (padding counts as
+   * zeros; dilation is 1). Forward: out [P, OH, OW] = each window's sum of
+   * in [P, H, W], times 1 / divisor. adjoint: out [P, H, W] = for every
+   * element, the sum of in [P, OH, OW] * (1 / divisor) over the windows that
+   * cover it, added in window order from 0. */
+  void (*avg_pool)(bool adjoint, DType dtype, const PoolWindow& g, const void* in, void* out);
+  /** Max pooling: out [P, OH, OW] = each window's maximum of in [P, H, W],
+   * indices [P, OH, OW] (i64) = its flat position in the H x W plane: the
+   * first maximum in window order (rows, then columns); a NaN beats
+   * everything, and a later NaN beats an earlier one (the rule
+   * `arg < 0 || v > best || isnan(v)`); -inf and -1 for a window that lies
+   * wholly in the padding. */
+  void (*max_pool)(DType dtype, const PoolWindow& g, const void* in, void* out,
+                   int64_t* indices);
+  /** Values along max_pool's indices [P, OH, OW] (-1: none). gather:
+   * out [P, OH, OW] = in [P, H, W] at the index (0 for -1). scatter:
+   * out [P, H, W] = for every element, the sum of in [P, OH, OW] over the
+   * outputs whose index it is, added in output order from 0 (deterministic). */
+  void (*max_pool_route)(bool scatter, DType dtype, const PoolWindow& g,
+                         const int64_t* indices, const void* in, void* out);
+  /** Nearest 2x upsampling of `rows` rows of width W (planes stacked, any
+   * plain dtype): out [2 rows, 2 W] with out[2r + a, 2j + b] = in[r, j]. */
+  void (*upsample_nearest2x)(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table

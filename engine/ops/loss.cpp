@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/device_check.h"
+#include "engine/kernels/table.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -26,7 +26,7 @@ Tensor reduce_loss(const Tensor& loss, Reduction r) {
 }
 
 void check_pair(const char* op, const Tensor& a, const Tensor& b) {
-  detail::check_cpu(op, {&a, &b});
+  kernels_for(op, {&a, &b});  // one device for both
   if (!is_floating(a.dtype()) || !is_floating(b.dtype()))
     throw std::invalid_argument(std::string("[") + op + "] needs floating tensors, got " +
                                 dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()));
@@ -59,7 +59,7 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
-  detail::check_cpu("cross_entropy", {&logits, &target});
+  kernels_for("cross_entropy", {&logits, &target});
   if (!is_floating(logits.dtype()))
     throw std::invalid_argument(std::string("[cross_entropy] logits must be floating, got ") +
                                 dtype_name(logits.dtype()));
@@ -100,9 +100,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                   " classes (ignore_index " + std::to_string(ignore_index) +
                                   ")");
 
-  const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), {.dtype = DType::i64}));
+  const TensorOptions index_opts{.dtype = DType::i64, .device = t.device()};
+  const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), index_opts));
   // Ignored targets pick class 0 (any valid class) and are masked out below.
-  const Tensor picked = where(keep, t, scalar(0.0, {.dtype = DType::i64}));
+  const Tensor picked = where(keep, t, scalar(0.0, index_opts));
   const Tensor lsm = log_softmax(logits, 1);                              // [N, C, *]
   Tensor loss = neg(squeeze(gather(lsm, 1, unsqueeze(picked, 1)), 1));  // [N, *]
   loss = smooth(loss, lsm, label_smoothing);
@@ -123,7 +124,6 @@ Tensor l1_loss(const Tensor& a, const Tensor& b, Reduction reduction) {
 }
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes) {
-  detail::check_cpu("one_hot", {&indices});
   if (!is_integral(indices.dtype()))
     throw std::invalid_argument(std::string("[one_hot] indices must be integers, got ") +
                                 dtype_name(indices.dtype()));
@@ -144,11 +144,13 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
                                   " classes");
   Shape shape = indices.shape();
   shape.push_back(num_classes);
+  // Built on the host from the checked values (one pass, no kernel worth a
+  // family of its own), then placed on the indices' device.
   Tensor out = zeros(shape, {.dtype = DType::i64});
   int64_t* o = out.data<int64_t>();
   for (size_t i = 0; i < idx.size(); ++i)
     o[static_cast<int64_t>(i) * num_classes + idx[i]] = 1;
-  return out;
+  return out.to(indices.device());
 }
 
 }  // namespace quanta

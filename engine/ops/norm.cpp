@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/device_check.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
@@ -14,7 +14,7 @@ namespace quanta {
 namespace {
 
 void check_input(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
-  detail::check_cpu(op, {&x, &w, &b});
+  kernels_for(op, {&x, &w, &b});  // one device for all
   if (!is_floating(x.dtype()))
     throw std::invalid_argument(std::string("[") + op + "] needs a floating input, got " +
                                 dtype_name(x.dtype()));

@@ -1,17 +1,14 @@
 // Pooling and nearest upsampling. Every kernel here is linear in its input
 // (max pooling once its argmax is fixed), so each backward is the adjoint
-// kernel, recorded as an op whose own backward is the forward again.
+// kernel, recorded as an op whose own backward is the forward again. The loops
+// are the device table's pooling entries (engine/cpu/pool_kernels.cpp,
+// engine/cuda/pool_kernels.cu); this file validates, sizes and differentiates.
 #include "engine/ops/pool.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
 #include <string>
 
 #include "engine/autograd/node.h"
-#include "engine/cpu/parallel.h"
-#include "engine/device_check.h"
-#include "engine/dispatch.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
@@ -21,10 +18,9 @@ namespace {
 
 using Pair = std::array<int64_t, 2>;
 
-// P planes of H x W pooled to OH x OW.
-struct PoolGeom {
-  int64_t P, H, W, OH, OW;
-  Pair kernel, stride, padding, dilation;
+// P planes of H x W pooled to OH x OW (the kernels' PoolWindow), with the
+// tensor shapes on either side.
+struct PoolGeom : PoolWindow {
   Shape in_shape, out_shape;
 };
 
@@ -39,7 +35,6 @@ std::string pair_str(const Pair& p) {
 // Validates x and the window parameters; fills in a stride of 0 as kernel.
 PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride,
                    Pair padding, Pair dilation) {
-  detail::check_cpu(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
     fail(op,
          "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
@@ -83,21 +78,16 @@ PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride,
   return g;
 }
 
-int64_t plane_grain(int64_t plane_work) {
-  return std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(plane_work, 1));
-}
-
-// Runs `kernel<T>(in, out)` on `t` as a contiguous plain tensor of the compute
-// dtype, giving an (uninitialised) output of `shape` in t's dtype.
+// Runs `kernel(table, ct, in, out)` on `t` as a contiguous plain tensor of the
+// compute dtype ct, giving an (uninitialised) output of `shape` in t's dtype
+// on t's device.
 template <class F>
 Tensor run_float(const char* op, const Tensor& t, const Shape& shape, F kernel) {
+  const KernelTable& k = kernels_for(op, {&t});
   const DType ct = detail::cpu_compute_dtype(t.dtype());
   Tensor in = detail::as_plain(t, ct).contiguous();
-  Tensor out = detail::make_tensor(shape, ct, Device::cpu());
-  dispatch_float(ct, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    kernel(in.data<T>(), out.data<T>(), T{});
-  });
+  Tensor out = detail::make_tensor(shape, ct, t.device());
+  kernel(k, ct, in.raw_data(), out.raw_data());
   return ct == t.dtype() ? out : detail::as_plain(out, t.dtype());
 }
 
@@ -105,42 +95,10 @@ Tensor run_float(const char* op, const Tensor& t, const Shape& shape, F kernel) 
 
 Tensor avg_op(bool adjoint, const Tensor& t, const PoolGeom& g) {
   const char* op = adjoint ? "avg_pool2d_backward" : "avg_pool2d";
-  Tensor out = run_float(
-      op, t, adjoint ? g.in_shape : g.out_shape, [&](const auto* in, auto* o, auto zero) {
-        using T = decltype(zero);
-        const T inv = T(1) / static_cast<T>(g.kernel[0] * g.kernel[1]);
-        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-        cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-                          [&](int64_t lo, int64_t hi) {
-                            for (int64_t p = lo; p < hi; ++p) {
-                              const T* src = in + p * (adjoint ? ohw : hw);
-                              T* dst = o + p * (adjoint ? hw : ohw);
-                              if (adjoint) std::fill(dst, dst + hw, T(0));
-                              for (int64_t oh = 0; oh < g.OH; ++oh) {
-                                const int64_t h0 = oh * g.stride[0] - g.padding[0];
-                                const int64_t hlo = std::max<int64_t>(h0, 0),
-                                              hhi = std::min(h0 + g.kernel[0], g.H);
-                                for (int64_t ow = 0; ow < g.OW; ++ow) {
-                                  const int64_t w0 = ow * g.stride[1] - g.padding[1];
-                                  const int64_t wlo = std::max<int64_t>(w0, 0),
-                                                whi = std::min(w0 + g.kernel[1], g.W);
-                                  if (adjoint) {
-                                    const T v = src[oh * g.OW + ow] * inv;
-                                    for (int64_t ih = hlo; ih < hhi; ++ih)
-                                      for (int64_t iw = wlo; iw < whi; ++iw)
-                                        dst[ih * g.W + iw] += v;
-                                  } else {
-                                    T s = 0;
-                                    for (int64_t ih = hlo; ih < hhi; ++ih)
-                                      for (int64_t iw = wlo; iw < whi; ++iw)
-                                        s += src[ih * g.W + iw];
-                                    dst[oh * g.OW + ow] = s * inv;
-                                  }
-                                }
-                              }
-                            }
-                          });
-      });
+  Tensor out = run_float(op, t, adjoint ? g.in_shape : g.out_shape,
+                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
+                           k.avg_pool(adjoint, ct, g, in, o);
+                         });
   return autograd::record(op, out, {t}, [adjoint, g](const Tensor& gout) {
     return std::vector<Tensor>{avg_op(!adjoint, gout, g)};
   });
@@ -148,43 +106,31 @@ Tensor avg_op(bool adjoint, const Tensor& t, const PoolGeom& g) {
 
 // ---- max pooling: argmax positions, scatter to them and gather from them ----
 
-// idx [P, OH, OW] (i64): flat position in the H x W plane of each window's
-// maximum, -1 for a window that lies entirely in the padding.
+// idx [P, OH, OW] (i64, on the input's device): flat position in the H x W
+// plane of each window's maximum, -1 for a window that lies entirely in the
+// padding.
 Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g);
 
 Tensor pool_gather(const Tensor& gx, const Tensor& idx, const PoolGeom& g) {
-  const int64_t* ix = idx.data<int64_t>();
-  Tensor out = run_float(
-      "max_pool2d_gather", gx, g.out_shape, [&](const auto* in, auto* o, auto zero) {
-        using T = decltype(zero);
-        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-        cpu::parallel_for(0, g.P, plane_grain(ohw), [&](int64_t lo, int64_t hi) {
-          for (int64_t p = lo; p < hi; ++p)
-            for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
-              o[i] = ix[i] >= 0 ? in[p * hw + ix[i]] : T(0);
-        });
-      });
-  return autograd::record("max_pool2d_gather", out, {gx}, [idx, g](const Tensor& gout) {
+  const char* op = "max_pool2d_gather";
+  kernels_for(op, {&gx, &idx});
+  Tensor out = run_float(op, gx, g.out_shape,
+                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
+                           k.max_pool_route(false, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
+                         });
+  return autograd::record(op, out, {gx}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_scatter(gout, idx, g)};
   });
 }
 
 Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g) {
-  const int64_t* ix = idx.data<int64_t>();
-  Tensor out = run_float(
-      "max_pool2d_backward", gy, g.in_shape, [&](const auto* in, auto* o, auto zero) {
-        using T = decltype(zero);
-        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-        cpu::parallel_for(0, g.P, plane_grain(ohw + hw), [&](int64_t lo, int64_t hi) {
-          for (int64_t p = lo; p < hi; ++p) {
-            T* dst = o + p * hw;
-            std::fill(dst, dst + hw, T(0));
-            for (int64_t i = p * ohw; i < (p + 1) * ohw; ++i)
-              if (ix[i] >= 0) dst[ix[i]] += in[i];
-          }
-        });
-      });
-  return autograd::record("max_pool2d_backward", out, {gy}, [idx, g](const Tensor& gout) {
+  const char* op = "max_pool2d_backward";
+  kernels_for(op, {&gy, &idx});
+  Tensor out = run_float(op, gy, g.in_shape,
+                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
+                           k.max_pool_route(true, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
+                         });
+  return autograd::record(op, out, {gy}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_gather(gout, idx, g)};
   });
 }
@@ -199,43 +145,11 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding,
                   Pair dilation) {
   const PoolGeom g = pool_geom("max_pool2d", x, kernel, stride, padding, dilation);
-  Tensor idx = detail::make_tensor(g.out_shape, DType::i64, Device::cpu());
-  int64_t* ix = idx.data<int64_t>();
-  Tensor out =
-      run_float("max_pool2d", x, g.out_shape, [&](const auto* in, auto* o, auto zero) {
-        using T = decltype(zero);
-        const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-        cpu::parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-                          [&](int64_t lo, int64_t hi) {
-                            for (int64_t p = lo; p < hi; ++p) {
-                              const T* src = in + p * hw;
-                              for (int64_t oh = 0; oh < g.OH; ++oh)
-                                for (int64_t ow = 0; ow < g.OW; ++ow) {
-                                  T best = -std::numeric_limits<T>::infinity();
-                                  int64_t arg = -1;
-                                  for (int64_t i = 0; i < g.kernel[0]; ++i) {
-                                    const int64_t ih = oh * g.stride[0] - g.padding[0] +
-                                                       i * g.dilation[0];
-                                    if (ih < 0 || ih >= g.H) continue;
-                                    for (int64_t j = 0; j < g.kernel[1]; ++j) {
-                                      const int64_t iw = ow * g.stride[1] - g.padding[1] +
-                                                         j * g.dilation[1];
-                                      if (iw < 0 || iw >= g.W) continue;
-                                      const T v = src[ih * g.W + iw];
-                                      // Like PyTorch: the first maximum wins; NaN
-                                      // propagates.
-                                      if (arg < 0 || v > best || std::isnan(v)) {
-                                        best = v;
-                                        arg = ih * g.W + iw;
-                                      }
-                                    }
-                                  }
-                                  o[p * ohw + oh * g.OW + ow] = best;
-                                  ix[p * ohw + oh * g.OW + ow] = arg;
-                                }
-                            }
-                          });
-      });
+  Tensor idx = detail::make_tensor(g.out_shape, DType::i64, x.device());
+  Tensor out = run_float("max_pool2d", x, g.out_shape,
+                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
+                           k.max_pool(ct, g, in, o, static_cast<int64_t*>(idx.raw_data()));
+                         });
   return autograd::record("max_pool2d", out, {x}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_scatter(gout, idx, g)};
   });
@@ -243,7 +157,7 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding,
 
 Tensor interpolate_nearest2x(const Tensor& x) {
   const char* op = "interpolate_nearest2x";
-  detail::check_cpu(op, {&x});
+  const KernelTable& k = kernels_for(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
     fail(op,
          "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
@@ -252,22 +166,9 @@ Tensor interpolate_nearest2x(const Tensor& x) {
   out_shape[nd - 2] = 2 * H;
   out_shape[nd - 1] = 2 * W;
   Tensor in = x.detach().contiguous();
-  Tensor out = detail::make_tensor(out_shape, x.dtype(), Device::cpu());
+  Tensor out = detail::make_tensor(out_shape, x.dtype(), x.device());
   const int64_t rows = H * W == 0 ? 0 : x.numel() / W;  // input rows over all planes
-  dispatch_all(x.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* src = in.data<T>();
-    T* dst = out.data<T>();
-    cpu::parallel_for(0, rows, plane_grain(4 * W), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        // Input row r becomes output rows 2r and 2r + 1 (planes stack rows).
-        const T* s = src + r * W;
-        T* d = dst + 2 * r * 2 * W;
-        for (int64_t j = 0; j < W; ++j) d[2 * j] = d[2 * j + 1] = s[j];
-        std::copy(d, d + 2 * W, d + 2 * W);
-      }
-    });
-  });
+  k.upsample_nearest2x(x.dtype(), rows, W, in.raw_data(), out.raw_data());
   return autograd::record(op, out, {x}, [shape = x.shape()](const Tensor& g) {
     const int64_t nd = static_cast<int64_t>(shape.size());
     Shape blocks(shape.begin(), shape.end() - 2);

@@ -3,7 +3,7 @@
 #include "engine/ops/reduce.h"
 
 #include "engine/autograd/node.h"
-#include "engine/cpu/reduce_plan.h"
+#include "engine/ops/reduce_plan.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
@@ -24,7 +24,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = detail::cpu_compute_dtype(out_dt);
   Tensor src = detail::cpu_compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
-  auto p = cpu::plan_reduce(src, dims, keepdim, "sum");
+  auto p = detail::plan_reduce(src, dims, keepdim, "sum");
   Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
   k.reduce_rows(RowReduce::sum, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
                 out.raw_data());

@@ -1,6 +1,6 @@
 // Products, extrema, moments, logsumexp, norms, cumsum and boolean tests:
 // the device's row kernels (reduce_rows, stat_rows, index_rows, cumsum) over
-// cpu::plan_reduce rows, backward formulas with ops.
+// detail::plan_reduce rows, backward formulas with ops.
 #include "engine/ops/reductions.h"
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "engine/autograd/node.h"
-#include "engine/cpu/reduce_plan.h"
+#include "engine/ops/reduce_plan.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
@@ -49,7 +49,7 @@ Dims checked_dims(const Tensor& x, const Dims& dims, const char* op) {
 std::string dims_str(const Dims& d) { return shape_str(d); }
 
 // Extrema have no identity: reducing zero values is an error, as in PyTorch.
-void require_nonempty(const cpu::ReducePlan& p, const Shape& shape, const char* op) {
+void require_nonempty(const detail::ReducePlan& p, const Shape& shape, const char* op) {
   if (p.inner == 0)
     throw std::invalid_argument(std::string("[") + op +
                                 "] cannot reduce over a zero-size dim: input shape " +
@@ -86,7 +86,7 @@ ValuesIndices extreme_dim(const Tensor& x, int64_t dim, bool keepdim, const char
                           bool want_values) {
   const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
-  auto p = cpu::plan_reduce(as_plain(x, ct), {dim}, keepdim, op);
+  auto p = detail::plan_reduce(as_plain(x, ct), {dim}, keepdim, op);
   require_nonempty(p, x.shape(), op);
   Tensor idx = make_tensor(p.out_shape, DType::i64, x.device());
   Tensor val = want_values ? make_tensor(p.out_shape, ct, x.device()) : Tensor();
@@ -144,7 +144,7 @@ template <bool IsMax>
 Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
-  auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
+  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   require_nonempty(p, x.shape(), op);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   k.reduce_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(),
@@ -165,7 +165,7 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
   const KernelTable& k = kernels_for(op, {&x});
   check_floating(x, op);
   const DType ct = cpu_compute_dtype(x.dtype());
-  auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
+  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   // Too few values for the correction divide by zero (NaN), as in PyTorch.
   const double divisor = std::max(0.0, static_cast<double>(p.inner) - correction);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
@@ -216,7 +216,7 @@ template <bool All>
 Tensor bool_reduce(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   check_arithmetic(x, op);
-  auto p = cpu::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim,
+  auto p = detail::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim,
                             op);
   Tensor out = make_tensor(p.out_shape, DType::boolean, x.device());
   k.reduce_rows(All ? RowReduce::all : RowReduce::any, p.rows.dtype(), p.rows.raw_data(),
@@ -231,7 +231,7 @@ Tensor prod(const Tensor& x, const Dims& dims, bool keepdim) {
   check_arithmetic(x, "prod");
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = cpu_compute_dtype(out_dt);
-  auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod");
+  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod");
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   // Integers multiply as unsigned 64-bit: overflow wraps.
   k.reduce_rows(RowReduce::prod, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
@@ -276,7 +276,7 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
   check_arithmetic(x, "logsumexp");
   const DType out_dt = to_floating(x.dtype());
   const DType ct = cpu_compute_dtype(out_dt);
-  auto p = cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "logsumexp"), keepdim,
+  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "logsumexp"), keepdim,
                             "logsumexp");
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   // NaN stays NaN; all -inf (or an empty row) gives -inf; any +inf gives +inf.
@@ -301,7 +301,7 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
   const bool inf = std::isinf(p);
   const DType ct = cpu_compute_dtype(x.dtype());
   auto plan =
-      cpu::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
+      detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
   if (inf) require_nonempty(plan, x.shape(), "norm");  // the inf-norm is a max
   Tensor out = make_tensor(plan.out_shape, ct, x.device());
   k.stat_rows(RowStat::norm, p, plan.rows.dtype(), plan.rows.raw_data(), plan.outer,

@@ -102,6 +102,14 @@ Tensor tanh(const Tensor& x) {
   });
 }
 
+Tensor erf(const Tensor& x) {
+  Tensor y = unary_float(UnaryOp::erf, x);
+  return with_grad("erf", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
+    // d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
+    return mul(g, exp(neg(square(x))) * 1.1283791670955126);
+  });
+}
+
 Tensor sigmoid(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::sigmoid, x);
   return with_grad("sigmoid", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {

@@ -83,6 +83,8 @@ TEST_CASE("elementwise unary ops through the harness") {
   run_case(unary_case("cos", [](auto& x) { return cos(x); }, [](double v) { return std::cos(v); }));
   run_case(unary_case("tanh", [](auto& x) { return tanh(x); },
                       [](double v) { return std::tanh(v); }));
+  run_case(unary_case("erf", [](auto& x) { return erf(x); },
+                      [](double v) { return std::erf(v); }));
   run_case(unary_case("sigmoid", [](auto& x) { return sigmoid(x); }, sigmoid_ref));
   run_case(unary_case("relu", [](auto& x) { return relu(x); },
                       [](double v) { return v > 0 ? v : 0; }, Domain::away_from_zero));

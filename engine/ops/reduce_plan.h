@@ -1,11 +1,13 @@
 #pragma once
 // Lays a tensor out for a reduction: kept dims first, reduced dims last, so
-// every output element reduces one contiguous row of `inner` values.
+// every output element reduces one contiguous row of `inner` values, the
+// layout the kernel tables' row reductions take. A view plus one strided copy
+// on the tensor's own device.
 #include <vector>
 
 #include "engine/tensor.h"
 
-namespace quanta::cpu {
+namespace quanta::detail {
 
 struct ReducePlan {
   Tensor rows;          // contiguous; logically [outer, inner]
@@ -20,4 +22,4 @@ struct ReducePlan {
 ReducePlan plan_reduce(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
                        const char* op);
 
-}  // namespace quanta::cpu
+}  // namespace quanta::detail

@@ -1,9 +1,9 @@
-#include "engine/cpu/reduce_plan.h"
+#include "engine/ops/reduce_plan.h"
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/ops/view.h"
 
-namespace quanta::cpu {
+namespace quanta::detail {
 
 ReducePlan plan_reduce(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
                        const char* op) {
@@ -34,4 +34,4 @@ ReducePlan plan_reduce(const Tensor& x, const std::vector<int64_t>& dims, bool k
   return p;
 }
 
-}  // namespace quanta::cpu
+}  // namespace quanta::detail
