@@ -49,6 +49,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly root
 readonly MARKER=.gpu-check-bundle
+readonly FMNIST=/usr/share/datasets/fashion-mnist
 readonly BUNDLE_MAX_KIB=$((40 * 1024))
 # meson.build's cuda_lib_dirs: a library there needs nothing from us.
 readonly CUDA_LIB_DIRS=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
@@ -227,6 +228,32 @@ EOF
     done
   done
   [ "$bad" -eq 0 ] || die "bundled .pc files point outside $dir"
+
+  # A slice of Fashion-MNIST (the GPU machine has no dataset package), so
+  # --run can train the same small job on the CPU and on the GPU and compare.
+  if [ -e "$FMNIST/train-images-idx3-ubyte.gz" ]; then
+    python3 - "$FMNIST" "$dir/fashion-mnist-subset" <<'PY'
+import gzip, struct, sys, os
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst, exist_ok=True)
+for prefix, keep in (("train", 4096), ("t10k", 1024)):
+    for kind in ("images-idx3", "labels-idx1"):
+        name = f"{prefix}-{kind}-ubyte.gz"
+        data = gzip.open(os.path.join(src, name)).read()
+        ndim = data[3]
+        dims = list(struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim]))
+        per = 1
+        for d in dims[1:]:
+            per *= d
+        head = data[:4] + struct.pack(">" + "I" * ndim, keep, *dims[1:])
+        body = data[4 + 4 * ndim: 4 + 4 * ndim + keep * per]
+        with gzip.open(os.path.join(dst, name), "wb", compresslevel=9) as f:
+            f.write(head + body)
+PY
+    echo "fashion-mnist-subset: 4096 training and 1024 test images" >>"$dir/.sources"
+  else
+    echo "gpu-check: $FMNIST not found: the bundle has no data, --run skips its training phase" >&2
+  fi
 
   {
     echo "Made by tools/gpu-check.sh --bundle on $(date -u +%FT%TZ)"
@@ -478,6 +505,46 @@ run_phase() {
   return "$rc"
 }
 
+# The same short training job on the CPU and on the GPU (same seed, same
+# data slice from the bundle): the CUDA run must finish and its test MSE be
+# within 5% of the CPU's (issue 17). Then the default quantizer on the GPU,
+# which reports the first op that has no CUDA kernel yet, if any.
+phase_train() {
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" out="$build-train"
+  local common=(train --data "$data" --steps 60 --batch-size 64 --limit-test 512
+                --eval-every 60 --log-every 20 --threads "$(nproc)")
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
+  rm -rf "$out"
+  local q dev rc=0
+  for q in none vq; do
+    for dev in cpu cuda; do
+      echo "== quantizer $q on $dev"
+      timeout -k 5 "$1" "$quanta" "${common[@]}" --quantizer "$q" --device "$dev" \
+        --out "$out/$q-$dev" || { echo "(exit $?)"; [ "$q" = none ] && rc=1; }
+    done
+  done
+  python3 - "$out" <<'PY' || rc=1
+import json, os, sys
+out = sys.argv[1]
+def mse(run):
+    path = os.path.join(out, run, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    ev = [json.loads(l) for l in open(path) if '"eval"' in l]
+    return ev[-1]["test_mse"] if ev else None
+bad = False
+for q in ("none", "vq"):
+    c, g = mse(f"{q}-cpu"), mse(f"{q}-cuda")
+    ratio = g / c if c and g else None
+    print(f"train {q}: test mse cpu {c}  cuda {g}  cuda/cpu {ratio if ratio is None else round(ratio, 4)}")
+    if q == "none" and (ratio is None or abs(ratio - 1) > 0.05):
+        bad = True
+sys.exit(1 if bad else 0)
+PY
+  return "$rc"
+}
+
 phase_info() {
   echo "host: $(hostname), $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB," \
        "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
@@ -658,6 +725,12 @@ run_main() {
     [[ "$last" =~ ^[0-9]+\ passed,\ [0-9]+\ failed,\ [0-9]+\ skipped$ ]] && counts="$last"
     failed_suites="$(failed_suite_names "$logs/test.log")"
     mapfile -t notrun < <(suite_states after | sed -n 's/^notrun //p')
+  fi
+  # Training on both devices, when the build made the quanta command and time
+  # is left; its result is a phase status of its own, not a test count.
+  if [ -x "$build/tools/quanta" ] && [ "$(budget 15)" -ge 90 ]; then
+    run_phase train "$logs/train.log" phase_train "$(( $(budget 15) / 5 ))" || true
+    grep -E '^(== |train |quanta: error)' "$logs/train.log" | show || true
   fi
   # Like test_summary.py, no failure may vanish from the count: a suite that
   # was not built, or not started before the deadline, is one failed case.

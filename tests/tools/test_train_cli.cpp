@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli_runner.h"
+#include "engine/device.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
 #include "image/png.h"
@@ -317,7 +318,14 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   check_one_line_error(run_quanta({"train", "--quantizer", "vq", "--kmeans-init=maybe"}), 2,
                        "--kmeans-init: expected true or false");
   check_one_line_error(run_quanta({"train", "--nproc", "0"}), 2, "--nproc: must be a number > 0");
-  check_one_line_error(run_quanta({"train", "--device", "cuda"}), 2, "--device cuda");
+  check_one_line_error(run_quanta({"train", "--device", "gpu"}), 2,
+                       "--device must be cpu, cuda or cuda:N, got 'gpu'");
+  if (cuda_device_count() == 0)  // else cuda is a place to train
+    check_one_line_error(run_quanta({"train", "--device", "cuda"}), 2,
+                         cuda_built() ? "--device cuda: 0 CUDA devices are visible"
+                                      : "--device cuda: this quanta was built without CUDA");
+  check_one_line_error(run_quanta({"train", "--device", "cuda:7"}), 2,
+                       cuda_built() ? "CUDA devices are visible" : "built without CUDA");
   check_one_line_error(run_quanta({"train", "--resume"}), 2, "--resume needs --out DIR");
   check_one_line_error(run_quanta({"train", "--resume", "--out", dir.file("none")}), 1,
                        "checkpoint.safetensors: cannot open");

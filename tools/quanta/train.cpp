@@ -197,7 +197,7 @@ void add_train(CLI::App& app) {
       ->check(kNonNegative);
   add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads (default: all cores)")
       ->check(kNonNegative);
-  add_override<std::string>(sub, t, "--device", "/device", "cpu (cuda: not supported yet)");
+  add_override<std::string>(sub, t, "--device", "/device", "cpu (default), cuda or cuda:N: where the model and the batches live");
   add_override<int64_t>(
       sub, t, "--nproc", "/nproc",
       "ranks for data-parallel training on this machine (started through quanta launch; "

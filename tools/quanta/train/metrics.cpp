@@ -74,9 +74,10 @@ EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
   NoGradGuard no_grad;
   CodeCounts counts(model.quantizer().codebook_size(), model.quantizer().num_codebooks());
   const int64_t n = images.size(0);
+  const Device device = model.parameters().front().device();
   double squared = 0;
   for (int64_t start = 0; start < n; start += batch_size) {
-    const Tensor batch = images.narrow(0, start, std::min(batch_size, n - start));
+    const Tensor batch = images.narrow(0, start, std::min(batch_size, n - start)).to(device);
     VqVaeOutput out = model.run(batch);
     squared += mse_loss(out.reconstruction, batch, Reduction::sum).item();
     counts.add(out.quantized.indices);

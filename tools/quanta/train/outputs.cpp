@@ -82,7 +82,7 @@ void write_reconstructions(const std::string& path, VqVae& model, const Tensor& 
   Tensor y;
   {
     NoGradGuard no_grad;
-    y = model.forward(x);
+    y = model.forward(x.to(model.parameters().front().device())).to(Device::cpu());
   }
   model.train(was_training);
   image::write_png(path, image::reconstruction_grid(x, y, 8));

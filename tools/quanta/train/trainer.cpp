@@ -62,15 +62,23 @@ class StopSignals {
   }, old_term_{};
 };
 
-void check_where_to_run(const TrainConfig& c) {
-  if (c.device != "cpu") {
-    if (c.device != "cuda" && c.device.rfind("cuda:", 0) != 0)
-      throw std::invalid_argument("--device must be cpu or cuda, got '" + c.device + "'");
-    if (!cuda_built())
-      throw std::invalid_argument("--device " + c.device + ": this quanta was built without CUDA");
-    throw std::invalid_argument("--device " + c.device +
-                                ": training on CUDA is not supported yet; use --device cpu");
+// The device the model and the batches live on; a clear error when this
+// build or this machine cannot give it.
+Device where_to_run(const TrainConfig& c) {
+  Device d;
+  try {
+    d = Device::parse(c.device);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument("--device must be cpu, cuda or cuda:N, got '" + c.device + "'");
   }
+  if (d.is_cpu()) return d;
+  if (!cuda_built())
+    throw std::invalid_argument("--device " + c.device + ": this quanta was built without CUDA");
+  const int visible = cuda_device_count();
+  if (d.index >= visible)
+    throw std::invalid_argument("--device " + c.device + ": " + std::to_string(visible) +
+                                " CUDA devices are visible");
+  return d;
 }
 
 // The ranks of this run: the launcher's (torchrun / quanta launch / srun /
@@ -121,7 +129,7 @@ Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size)
 
 TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
   const TrainConfig cfg = config_from_json(job.config);
-  check_where_to_run(cfg);
+  const Device device = where_to_run(cfg);
   const std::shared_ptr<dist::ProcessGroup> group = make_group(cfg);
   const int rank = group->rank(), world = group->size();
   const bool lead = rank == 0;  // the one rank that logs, evaluates and writes
@@ -142,6 +150,8 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
   auto model_ptr = std::make_shared<VqVae>(
       cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
   VqVae& model = *model_ptr;
+  // Initialised on the CPU (the same draws on every device), then moved.
+  if (!device.is_cpu()) model.to(device);
   model.quantizer().set_group(*group);
   std::vector<Tensor> trainable;
   for (const Tensor& p : model.parameters())
@@ -214,7 +224,8 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     const Tensor batch = batch_indices(cfg.seed, step, n, cfg.batch_size);
     const int64_t b = batch.numel();
     const Tensor share = rank_share(batch, rank, world);
-    const Tensor x = index_select(train_set.images, 0, share);
+    // The dataset stays on the host; each batch travels to the model's device.
+    const Tensor x = index_select(train_set.images, 0, share).to(device);
     VqVaeOutput out = model.run(x);
     // Each rank's share of the whole-batch loss, summed over ranks = world x
     // that loss (DataParallel averages, so the gradient is the whole batch's,
