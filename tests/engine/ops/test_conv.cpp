@@ -193,6 +193,13 @@ TEST_CASE("conv2d through the harness") {
   run_case(conv_case("conv2d 1x1 pointwise", {{2, 3, 4, 5}, {5, 3, 1, 1}, {5}}, {}));
   run_case(
       conv_case("conv2d 1x1 strided", {{2, 3, 5, 5}, {2, 3, 1, 1}}, {.stride = {2, 2}}));
+  run_case(conv_case("conv2d groups 3, stride, dilation, uneven padding",
+                     {{2, 6, 9, 8}, {6, 2, 3, 2}, {6}},
+                     {.stride = {2, 1}, .padding = {2, 1}, .dilation = {2, 2}, .groups = 3}));
+  run_case(conv_case("conv2d 1x1 pointwise groups 2", {{3, 4, 4, 4}, {6, 2, 1, 1}, {6}},
+                     {.groups = 2}));
+  run_case(conv_case("conv2d several images", {{5, 3, 6, 6}, {4, 3, 3, 3}, {4}},
+                     {.padding = {1, 1}}));
 }
 
 TEST_CASE("conv_transpose2d through the harness") {
@@ -210,6 +217,12 @@ TEST_CASE("conv_transpose2d through the harness") {
   run_case(conv_t_case("conv_transpose2d output_padding from dilation",
                        {{1, 2, 3, 3}, {2, 2, 2, 2}, {2}},
                        {.dilation = {2, 2}, .output_padding = {1, 1}}));
+  run_case(conv_t_case("conv_transpose2d groups 3, padding, bias",
+                       {{2, 6, 4, 3}, {6, 1, 3, 3}, {3}},
+                       {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0},
+                        .groups = 3}));
+  run_case(conv_t_case("conv_transpose2d 1x1 groups 2 with bias",
+                       {{2, 4, 3, 3}, {4, 3, 1, 1}, {6}}, {.groups = 2}));
 }
 
 TEST_CASE("pooling and upsampling through the harness") {
@@ -225,6 +238,12 @@ TEST_CASE("pooling and upsampling through the harness") {
                      {1, 1}, {1, 1}, true));
   run_case(pool_case("max_pool2d dilation 2", {1, 2, 6, 7}, {2, 3}, {1, 1}, {1, 1},
                      {2, 2}, true));
+  run_case(pool_case("avg_pool2d 2x3 stride (2, 1) padding 1", {2, 2, 5, 6}, {2, 3}, {2, 1},
+                     {1, 1}, {1, 1}, false));
+  run_case(pool_case("max_pool2d 3x2 stride (1, 2) padding 1 dilation (2, 1)", {2, 2, 7, 6},
+                     {3, 2}, {1, 2}, {1, 1}, {2, 1}, true));
+  run_case(pool_case("max_pool2d overlapping 3x3 stride 1 padding 1", {1, 3, 5, 5}, {3, 3},
+                     {1, 1}, {1, 1}, {1, 1}, true));
 
   OpCase up;
   up.name = "interpolate_nearest2x";
@@ -337,6 +356,37 @@ TEST_CASE("max_pool2d sends the gradient to the first maximum only") {
   const Tensor o = ones({1, 1, 2, 2});
   CHECK(avg_pool2d(o, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() ==
         std::vector<double>{0.25, 0.5, 0.25, 0.5, 1.0, 0.5, 0.25, 0.5, 0.25});
+}
+
+TEST_CASE("max_pool2d: ties and NaN pick the same element on every device") {
+  // One 2x2 window each: ties go to the first maximum; a NaN beats
+  // everything and a later NaN beats an earlier one.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> v{2, 2, 1, 2, 1, nan, 3, nan, -1, -1, -1, -1};
+  const Tensor x = from_vector<double>(v, {1, 3, 2, 2});
+  const Tensor g = from_vector<double>({1, 2, 3}, {1, 3, 1, 1});
+  auto run = [&](Device d, DType t) {
+    const Tensor xd = x.to(t).to(d).requires_grad_();
+    const Tensor y = max_pool2d(xd, {2, 2});
+    CHECK(y.device() == d);
+    y.backward(g.to(t).to(d));
+    return std::pair{y.to(Device::cpu()).to_vector<double>(),
+                     xd.grad().to(Device::cpu()).to_vector<double>()};
+  };
+  const auto [y, gx] = run(Device::cpu(), DType::f64);
+  CHECK(y[0] == 2.0);
+  CHECK(std::isnan(y[1]));
+  CHECK(y[2] == -1.0);
+  CHECK(gx == std::vector<double>{1, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 0});
+  if (cuda_device_count() > 0) {
+    for (DType t : {DType::f64, DType::f32}) {
+      const auto [yd, gd] = run(Device::cuda(0), t);
+      CHECK(yd[0] == 2.0);
+      CHECK(std::isnan(yd[1]));
+      CHECK(yd[2] == -1.0);
+      CHECK(gd == gx);
+    }
+  }
 }
 
 TEST_CASE("conv and pooling name the op and the problem in their errors") {
