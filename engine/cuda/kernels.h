@@ -26,5 +26,7 @@ void max_pool(DType dtype, const PoolWindow& g, const void* in, void* out, int64
 void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_t* indices,
                     const void* in, void* out);
 void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
+void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
+                    void* out);
 
 }  // namespace quanta::cuda

@@ -76,6 +76,8 @@ const KernelTable& cuda_kernels() {
       },
       .upsample_nearest2x = [](DType, int64_t, int64_t, const void*,
                                void*) { no_cuda("interpolate_nearest2x"); },
+      .sq_dist_finish = [](DType, const void*, const void*, int64_t, int64_t, int64_t,
+                           void*) { no_cuda("sq_dist"); },
   };
   return table;
 }

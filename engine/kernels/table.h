@@ -188,6 +188,12 @@ struct KernelTable {
   /** Nearest 2x upsampling of `rows` rows of width W (planes stacked, any
    * plain dtype): out [2 rows, 2 W] with out[2r + a, 2j + b] = in[r, j]. */
   void (*upsample_nearest2x)(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
+
+  /** Squared distances from the products: with x [n, d] and c [k, d]
+   * contiguous and out [n, k] holding x c^T, out[i, j] becomes
+   * max(0, |x_i|^2 + |c_j|^2 - 2 out[i, j]). f32 or f64. */
+  void (*sq_dist_finish)(DType dtype, const void* x, const void* c, int64_t n, int64_t k,
+                         int64_t d, void* out);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table

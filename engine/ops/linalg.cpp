@@ -1,15 +1,12 @@
-// Matrix products: matmul, linear, bmm, outer, sq_dist. Forward on the shared
-// Eigen GEMM (engine/cpu/gemm.h); backward formulas are matmuls.
+// Matrix products: matmul, linear, bmm, outer, sq_dist. Forward through the
+// device's GEMM entry (Eigen on the CPU, cuBLAS on CUDA); backward formulas
+// are matmuls.
 #include "engine/ops/linalg.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <string>
 
 #include "engine/autograd/node.h"
-#include "engine/cpu/gemm.h"
-#include "engine/cpu/parallel.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
@@ -271,7 +268,7 @@ Tensor outer(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sq_dist(const Tensor& x, const Tensor& c) {
-  detail::check_cpu("sq_dist", {&x, &c});
+  const KernelTable& k = kernels_for("sq_dist", {&x, &c});
   if (x.dim() != 2 || c.dim() != 2 || x.size(1) != c.size(1))
     throw std::invalid_argument(
         "[sq_dist] needs x [N, D] and c [K, D] with the same D: got "
@@ -283,26 +280,11 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
   const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
   Tensor xp = detail::as_plain(X, ct).contiguous(),
          cp = detail::as_plain(C, ct).contiguous();
-  Tensor out = detail::make_tensor({N, K}, ct, Device::cpu());
-  dispatch_float(ct, "sq_dist", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using Rows = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-    Eigen::Map<const Rows> xm(xp.data<T>(), N, D), cm(cp.data<T>(), K, D);
-    const Vec xn = xm.rowwise().squaredNorm(), cn = cm.rowwise().squaredNorm();
-    T* o = out.data<T>();
-    // x c^T: c [K, D] read as a column-major [D, K] matrix.
-    cpu::gemm<T>(N, K, D, {xp.data<T>(), D, 1}, {cp.data<T>(), 1, D}, o, K);
-    cpu::parallel_for(0, N,
-                      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1)),
-                      [&](int64_t lo, int64_t hi) {
-                        for (int64_t i = lo; i < hi; ++i) {
-                          T* row = o + i * K;
-                          for (int64_t j = 0; j < K; ++j)
-                            row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
-                        }
-                      });
-  });
+  Tensor out = detail::make_tensor({N, K}, ct, x.device());
+  // x c^T (c [K, D] read as a column-major [D, K] matrix), then the norms.
+  k.gemm({.dtype = ct, .m = N, .n = K, .k = D, .a = {xp.raw_data(), D, 1},
+          .b = {cp.raw_data(), 1, D}, .c = out.raw_data(), .ldc = K});
+  k.sq_dist_finish(ct, xp.raw_data(), cp.raw_data(), N, K, D, out.raw_data());
   if (ct != dt) out = detail::as_plain(out, dt);
   return autograd::record(
       "sq_dist", out, {X, C},

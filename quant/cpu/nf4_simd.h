@@ -1,5 +1,5 @@
 #pragma once
-// SIMD decoding and encoding of packed NF4 codes (internal to quant/nf4): a
+// SIMD decoding and encoding of packed NF4 codes (internal to quant/cpu): a
 // table lookup of the 16 values by the nibbles of 4 or 8 packed bytes, high
 // nibble first, over runs of 32 or 64 elements (a block-32 run or a 64-element
 // unit of the nf4 dtype).
@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "engine/dtype.h"
-#include "quant/nf4/nf4_format.h"
+#include "quant/kernels/nf4_layout.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>

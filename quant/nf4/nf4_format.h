@@ -34,46 +34,20 @@
 #include <cstdint>
 
 #include "engine/tensor.h"
+#include "quant/kernels/nf4_layout.h"
 
 namespace quanta::quant {
 
-/** The 16 NF4 values, index = 4-bit code, as float32 (bitsandbytes' table). */
-inline constexpr std::array<float, 16> kNF4Values = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
+// The code table (kNF4Values), the unit's constants (kNF4UnitElems,
+// kNF4CodeBytes, kNF4ScaleBytes, kNF4UnitBytes, kNF4ZeroCode) and
+// nf4_midpoints() live with the kernels: quant/kernels/nf4_layout.h.
 
-/** Elements in one storage unit. */
-inline constexpr int64_t kNF4UnitElems = 64;
-/** Bytes of packed codes in one unit (two codes per byte). */
-inline constexpr std::size_t kNF4CodeBytes = kNF4UnitElems / 2;
-/** Bytes of the f32 scale that closes each unit. */
-inline constexpr std::size_t kNF4ScaleBytes = sizeof(float);
-/** Bytes of one unit. */
-inline constexpr std::size_t kNF4UnitBytes = kNF4CodeBytes + kNF4ScaleBytes;
-/** Code of the value 0, used for padding. */
-inline constexpr uint8_t kNF4ZeroCode = 7;
 /** Blocks per double-quantization group (as bitsandbytes' nested blocksize). */
 inline constexpr int64_t kNF4DoubleQuantGroup = 256;
 
 /** Block sizes NF4Options accepts (bitsandbytes allows these and more). */
 inline constexpr std::array<int64_t, 4> kNF4BlockSizes = {32, 64, 128, 256};
 
-static_assert(kNF4UnitElems % 2 == 0, "two codes per byte");
 static_assert(
     [] {
       for (int64_t b : kNF4BlockSizes)
@@ -81,10 +55,6 @@ static_assert(
       return true;
     }(),
     "a block is whole units, or divides a unit into runs of 32 (two SIMD groups of 16)");
-static_assert(kNF4UnitBytes == 36, "the nf4 dtype row says 36 bytes per 64 elements");
-static_assert(kNF4Values[kNF4ZeroCode] == 0.0f, "padding code dequantizes to 0");
-static_assert(kNF4Values.front() == -1.0f && kNF4Values.back() == 1.0f,
-              "codes span [-1, 1] so +-absmax map to codes 15 and 0");
 
 /** How to quantize. */
 struct NF4Options {
@@ -125,11 +95,11 @@ NF4Bits bits_per_parameter(const NF4Options& options);
  * lower code. NaN maps to 0. */
 uint8_t nf4_code(float scaled);
 
-/** The 15 midpoints float32((v[i] + v[i+1]) / 2) the rounding uses. */
-const std::array<float, 15>& nf4_midpoints();
-
 /** Quantizes a floating tensor (any shape, zero-size allowed) to a DType::nf4
- * tensor of the same shape; block size 32 throws (see quantize_bnb). */
+ * tensor of the same shape on its device; block size 32 throws (see
+ * quantize_bnb). The codes and scales come from the device's nf4_absmax and
+ * nf4_encode kernels (quant/kernels/table.h); double quantization of the
+ * block scales runs on the host. */
 Tensor quantize_nf4(const Tensor& x, const NF4Options& options = {});
 
 /** Values of an nf4 tensor: float32(code value * scale), then rounded to
@@ -139,23 +109,28 @@ Tensor dequantize(const Tensor& nf4, DType dtype = DType::f32);
 /** dequantize(nf4, options.dequant_dtype). */
 Tensor dequantize(const Tensor& nf4, const NF4Options& options);
 
-/** dequantize() into an existing contiguous CPU tensor of the same shape and
- * of dtype f32, bf16 or f16 (no allocation: for reused buffers). */
+/** dequantize() into an existing contiguous tensor on nf4's device, of the
+ * same shape and of dtype f32, bf16 or f16 (no allocation: for reused
+ * buffers). */
 void dequantize_into(const Tensor& nf4, const Tensor& out);
 
 /** Builds an nf4 tensor of `shape` from one 4-bit code per element (uint8
- * values 0..15, flat) and one f32 scale per `block_size` elements. */
+ * values 0..15, flat) and one f32 scale per `block_size` elements; built on
+ * the host, returned on the codes' device. */
 Tensor nf4_from_codes(const Tensor& codes, const Tensor& scales, const Shape& shape,
                       int64_t block_size = kNF4UnitElems);
 
-/** The codes of an nf4 tensor, one uint8 per element, flat [n]. */
+/** The codes of an nf4 tensor, one uint8 per element, flat [n] (read on the
+ * host, returned on nf4's device). */
 Tensor nf4_codes(const Tensor& nf4);
 
-/** The scale of every 64-element unit, f32 [ceil(n / 64)]. */
+/** The scale of every 64-element unit, f32 [ceil(n / 64)] (read on the
+ * host, returned on nf4's device). */
 Tensor nf4_unit_scales(const Tensor& nf4);
 
-/** Throws std::invalid_argument("[op] ...") unless `t` is a contiguous CPU
- * nf4 tensor whose first element starts a unit. */
+/** Throws std::invalid_argument("[op] ...") unless `t` is a contiguous nf4
+ * tensor whose first element starts a unit (on any device: a device without
+ * the op's kernel fails in its kernel table, naming the op). */
 void check_nf4(const Tensor& t, const char* op);
 
 }  // namespace quanta::quant

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/factory.h"
+#include "quant/kernels/table.h"
 #include "quant/nf4/double_quant.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_runs.h"
@@ -137,11 +138,14 @@ BnbNF4State quantize_bnb(const Tensor& x, const NF4Options& o) {
   const int64_t n = xf.numel();
   const int64_t run = std::min(o.block_size, kNF4UnitElems);
   Tensor packed = quanta::detail::make_tensor({(n + 1) / 2, 1}, DType::u8, Device::cpu());
-  std::vector<float> absmax = detail::block_absmax(xf.data<float>(), n, o.block_size);
+  // bitsandbytes' layout is built on the host (interop), with the CPU kernels.
+  const QuantKernelTable& host = quant_kernels(Device::cpu());
+  std::vector<float> absmax(static_cast<size_t>((n + o.block_size - 1) / o.block_size));
+  host.nf4_absmax(xf.data<float>(), n, o.block_size, absmax.data());
   if (n > 0)
-    detail::encode_blocks(xf.data<float>(), n, o.block_size, absmax, absmax,
-                          {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2,
-                           .pad_runs = false});
+    host.nf4_encode(xf.data<float>(), n, o.block_size, absmax.data(), absmax.data(),
+                    {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2,
+                     .pad_runs = false});
   return make_state(packed, absmax, o.block_size, x.shape(), o.double_quant);
 }
 
@@ -177,14 +181,17 @@ Tensor dequantize(const BnbNF4State& s, DType dtype) {
   const Tensor scales = bnb_scales(s);
   const Tensor packed = u8_cpu(s.packed);
   Tensor out = quanta::detail::make_tensor(s.shape, dtype, Device::cpu());
-  detail::decode_all(detail::packed_runs(packed.data<uint8_t>(), scales.data<float>(),
-                                         out.numel(), s.blocksize),
-                     dtype, out.raw_data());
+  quant_kernels(Device::cpu())
+      .nf4_decode(detail::packed_runs(packed.data<uint8_t>(), scales.data<float>(), out.numel(),
+                                      s.blocksize),
+                  dtype, out.raw_data());
   return out;
 }
 
-BnbNF4State to_bnb(const Tensor& nf4, bool double_quant, int64_t block_size) {
-  check_nf4(nf4, "to_bnb");
+BnbNF4State to_bnb(const Tensor& nf4_any, bool double_quant, int64_t block_size) {
+  check_nf4(nf4_any, "to_bnb");
+  // Layout conversion, on the host.
+  const Tensor nf4 = nf4_any.to(Device::cpu());
   if (block_size <= 0 || block_size % kNF4UnitElems != 0)
     throw std::invalid_argument("[to_bnb] block_size must be a positive multiple of 64, got " +
                                 std::to_string(block_size));

@@ -6,18 +6,18 @@
 // run of codes (in % 64 == 0; in % 32 == 0 at block 32), decoded on the fly
 // while the packed bytes are read once.
 #include "engine/tensor.h"
+#include "quant/kernels/nf4_layout.h"
 #include "quant/nf4/nf4_interop.h"
 
 namespace quanta::quant {
 
-/** Rows up to which nf4_linear uses the fused decode-and-dot path. */
-inline constexpr int64_t kNF4FusedMaxBatch = 8;
-
-/** Elements of one dequantized weight tile on the tiled path (4 MiB of f32). */
-inline constexpr int64_t kNF4TileElems = int64_t{1} << 20;
+// kNF4FusedMaxBatch (rows up to which the fused decode-and-dot path runs)
+// and kNF4TileElems (elements of one dequantized weight tile) live with the
+// kernels: quant/kernels/nf4_layout.h.
 
 /** x [..., in] (f32 or f64) times the nf4 weight w [out, in] transposed, plus
- * bias [out] (undefined: none); returns [..., out] in x's dtype. The weight's
+ * bias [out] (undefined: none); returns [..., out] in x's dtype, on x's device
+ * (which w and bias share; the work is the device's nf4_linear kernel). The weight's
  * values are dequant_dtype(value * scale) (f32, bf16 or f16: bitsandbytes'
  * compute dtype), the products and sums are in x's dtype. Backward gives the
  * gradients of x and bias; the nf4 weight is frozen (nf4 tensors cannot

@@ -163,9 +163,11 @@ namespace {
 NF4LayerReport error_of(const Tensor& weight, const Tensor& d) {
   NF4LayerReport r;
   r.shape = weight.shape();
-  const Tensor w = weight.detach().to(DType::f32).contiguous();
+  // A report, computed on the host.
+  const Tensor w = weight.detach().to(Device::cpu()).to(DType::f32).contiguous();
+  const Tensor dh = d.to(Device::cpu()).contiguous();
   const float* pw = w.data<float>();
-  const float* pd = d.data<float>();
+  const float* pd = dh.data<float>();
   double sq = 0;
   for (int64_t i = 0; i < w.numel(); ++i) {
     const double e = std::fabs(double(pw[i]) - double(pd[i]));

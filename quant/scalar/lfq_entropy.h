@@ -26,6 +26,7 @@
 #include <functional>
 
 #include "engine/tensor.h"
+#include "quant/kernels/table.h"
 
 namespace quanta::quant {
 
@@ -46,8 +47,8 @@ struct LFQEntropy {
   Tensor batch;
 };
 
-/** The reference's clamp: entropies use log(max(p, kEntropyEps)). */
-inline constexpr double kEntropyEps = 1e-5;
+// kEntropyEps (1e-5), the reference's clamp: entropies use
+// log(max(p, kEntropyEps)); defined with the kernels (quant/kernels/table.h).
 
 /** Factorised path from bit logits z [T, C, d] (any floating dtype; the
  * per-sample walk runs in f64). Exact, differentiable in z. */
@@ -66,7 +67,7 @@ Tensor clamped_bit_product_entropy(const Tensor& bit_logits);
 
 /** Product distributions of independent bits: pi [R, k, 2] (row r, bit j:
  * P(0), P(1)) -> [R, 2^k], code index bits most significant first.
- * Differentiable in pi (f32 / f64; CPU kernel). */
+ * Differentiable in pi (f32 / f64; the bit_product kernels). */
 Tensor bit_product_distribution(const Tensor& pi);
 
 }  // namespace quanta::quant

@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/nn/init.h"
@@ -16,6 +15,7 @@
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/kernels/table.h"
 #include "quant/vq/kmeans.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/streams.h"
@@ -38,24 +38,17 @@ CodebookOptions checked(const CodebookOptions& o) {
 // The same seed for both streams: they differ by name.
 uint64_t seed_of(Generator& gen) { return draw_seed(gen); }
 
-// Rows `at` of the contiguous table `dst` ([K, D], or [K] with D = 1) set
-// to scale * src (src [m, D], m = at.size(); undefined: every row = scale),
-// in place: a dead-code step touches only the replaced rows, not the table.
-void put_rows_(const Tensor& dst, const std::vector<int64_t>& at, const Tensor& src,
-               double scale) {
-  detail::check_cpu("Codebook", {&dst, &src});
+// Rows `at` (i64 [m]) of the contiguous table `dst` ([K, D], or [K] with
+// D = 1) set to scale * src (src [m, D]; undefined: every row = scale), in
+// place: a dead-code step touches only the replaced rows, not the table.
+void put_rows_(const Tensor& dst, const Tensor& at, const Tensor& src, double scale) {
+  const QuantKernelTable& kernels = quant_kernels_for("Codebook", {&dst, &src});
   const int64_t d = dst.dim() == 2 ? dst.size(1) : 1;
   const Tensor s = src.defined() ? contiguous(to_dtype(src, dst.dtype())) : Tensor();
-  dispatch_float(dst.dtype(), "Codebook", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* out = dst.data<T>();
-    const T* in = s.defined() ? s.data<T>() : nullptr;
-    for (std::size_t i = 0; i < at.size(); ++i) {
-      T* row = out + at[i] * d;
-      for (int64_t e = 0; e < d; ++e)
-        row[e] = in ? T(scale) * in[int64_t(i) * d + e] : T(scale);
-    }
-  });
+  const Tensor rows = contiguous(at.to(DType::i64).to(dst.device()));
+  dispatch_float(dst.dtype(), "Codebook", [](auto) {});  // f32 or f64
+  kernels.put_rows(dst.dtype(), dst.raw_data(), d, static_cast<const int64_t*>(rows.raw_data()),
+                   rows.numel(), s.defined() ? s.raw_data() : nullptr, scale);
 }
 
 }  // namespace
@@ -265,10 +258,9 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
                                   " has " + std::to_string(m) + " expired codes of dim " +
                                   std::to_string(opts_.dim) + ", got rows of shape " +
                                   shape_str(r.shape()));
-    const std::vector<int64_t> rows_at = dead.to_vector<int64_t>();
-    put_rows_(select(embed_, 0, h), rows_at, r, 1.0);
-    put_rows_(select(embed_avg_, 0, h), rows_at, r, threshold);
-    put_rows_(select(cluster_size_, 0, h), rows_at, Tensor(), threshold);
+    put_rows_(select(embed_, 0, h), dead, r, 1.0);
+    put_rows_(select(embed_avg_, 0, h), dead, r, threshold);
+    put_rows_(select(cluster_size_, 0, h), dead, Tensor(), threshold);
   }
 }
 

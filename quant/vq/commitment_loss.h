@@ -1,14 +1,15 @@
 #pragma once
 // The commitment loss as one fused op: it runs on every training step over
 // every token, so its forward and backward are single passes.
-#include <vector>
+#include <cstdint>
 
 #include "engine/tensor.h"
 
 namespace quanta::quant {
 
 /** mean((q - x)^2) over the valid tokens' elements: x and q [..., D] (same
- * shape and dtype, f32 or f64, CPU), `valid` bool over the leading dims
+ * shape and dtype, f32 or f64, one device with the kernels of
+ * quant/kernels/table.h), `valid` bool over the leading dims
  * (undefined = all valid). 0 when no token is valid. Gradients reach x and,
  * when it requires grad, q (a learnable codebook). */
 Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid = Tensor());
@@ -23,9 +24,10 @@ struct SquaredError {
 };
 SquaredError masked_squared_error(const Tensor& x, const Tensor& q, const Tensor& valid);
 
-/** Per-row 1/0 weights from `valid` (bool over the `rows` leading
- * positions), or empty when `valid` is undefined (all rows count). */
-template <class T>
-std::vector<T> row_weights(const Tensor& valid, int64_t rows);
+/** The row mask of `valid` (bool over the `rows` leading positions) as a
+ * contiguous u8 tensor on valid's device, for the kernels' `valid` pointer;
+ * undefined when `valid` is (all rows count). Throws
+ * "[commitment_loss] valid has N entries for R tokens" on a size mismatch. */
+Tensor row_mask(const Tensor& valid, int64_t rows);
 
 }  // namespace quanta::quant

@@ -1,0 +1,168 @@
+// CPU entries bit_product, bit_product_grad and clamped_entropy
+// (quant/kernels/table.h): LFQ's entropy terms over per-bit distributions
+// (see quant/scalar/lfq_entropy.h for the maths).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/cpu/parallel.h"
+#include "quant/cpu/kernels.h"
+
+namespace quanta::quant::quant_cpu {
+namespace {
+
+// The walk over K = {codes with p >= eps} of one token (see the header).
+// Codes are the most likely code with a set S of bits flipped; children of a
+// node flip one more bit, later in |z| order than every bit already in S, so
+// each code is visited once, and a child is in K only if its parent is.
+class ClampedEntropyWalk {
+ public:
+  explicit ClampedEntropyWalk(int64_t d) : d_(d), a_(d), e_(d), order_(d), flip_weight_(d) {}
+
+  // Entropy of the token with bit logits z[0..d); writes dH/dz to grad.
+  double run(const double* z, double* grad) {
+    double log_best = 0;
+    for (int64_t j = 0; j < d_; ++j) {
+      a_[j] = std::abs(z[j]);
+      e_[j] = std::exp(-a_[j]);       // p(flipped bit) / p(best bit)
+      log_best -= std::log1p(e_[j]);  // log sigmoid(|z|)
+    }
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::sort(order_.begin(), order_.end(), [&](int64_t i, int64_t j) { return a_[i] < a_[j]; });
+    std::fill(flip_weight_.begin(), flip_weight_.end(), 0.0);
+    tail_ = 0;
+    double total = 0;  // sum over K of w = p (log p - log eps + 1)
+    if (log_best >= kLogEps) total = visit(0, log_best, std::exp(log_best));
+    for (int64_t j = 0; j < d_; ++j) {
+      const double q = 1.0 / (1.0 + std::exp(-z[j]));  // P(bit j = 1)
+      const bool best_is_one = z[j] > 0;
+      const double w1 = best_is_one ? total - flip_weight_[j] : flip_weight_[j];
+      const double w0 = total - w1;
+      // d log p(bit=1)/dz = 1 - q, d log p(bit=0)/dz = -q; H = -log eps - F.
+      grad[j] = -((1 - q) * w1 - q * w0);
+    }
+    return -kLogEps - tail_;
+  }
+
+ private:
+  // Visits the code with log-probability `logp` (= log p) whose flips end
+  // before order_[start]; returns the sum of w over its subtree.
+  double visit(int64_t start, double logp, double p) {
+    tail_ += p * (logp - kLogEps);
+    double subtree = p * (logp - kLogEps + 1);
+    for (int64_t i = start; i < d_; ++i) {
+      const int64_t j = order_[i];
+      const double child = logp - a_[j];
+      if (child < kLogEps) break;  // and so would every later (larger) flip
+      const double s = visit(i + 1, child, p * e_[j]);
+      flip_weight_[j] += s;
+      subtree += s;
+    }
+    return subtree;
+  }
+
+  static inline const double kLogEps = std::log(kEntropyEps);
+  int64_t d_;
+  std::vector<double> a_, e_;
+  std::vector<int64_t> order_;
+  std::vector<double> flip_weight_;  // sum of w over codes with bit j flipped
+  double tail_ = 0;                  // sum over K of p (log p - log eps)
+};
+
+// The product distribution of k independent bits, pi [k, 2] -> P [2^k]
+// (index bits most significant first), built in place from the front.
+template <class T>
+void bit_product_row(const T* pi, int64_t k, T* P) {
+  P[0] = 1;
+  for (int64_t j = 0, n = 1; j < k; ++j, n *= 2)
+    for (int64_t c = n - 1; c >= 0; --c) {
+      const T v = P[c];
+      P[2 * c + 1] = v * pi[2 * j + 1];
+      P[2 * c] = v * pi[2 * j];
+    }
+}
+
+// dL/dpi [k, 2] from dL/dP [2^k]: the sum of gP over the codes with bit j = b,
+// each times the product of the other bits' probabilities (prefix bits times
+// suffix bits, no division, so tiny probabilities stay exact).
+template <class T>
+void bit_product_row_grad(const T* pi, int64_t k, const T* gP, T* gpi, std::vector<T>& pre,
+                          std::vector<T>& suf) {
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t n_hi = int64_t(1) << j, n_lo = int64_t(1) << (k - 1 - j);
+    pre.resize(n_hi);
+    suf.resize(n_lo);
+    bit_product_row(pi, j, pre.data());
+    bit_product_row(pi + 2 * (j + 1), k - 1 - j, suf.data());
+    T g[2] = {0, 0};
+    for (int64_t hi = 0; hi < n_hi; ++hi)
+      for (int64_t b = 0; b < 2; ++b) {
+        const T* row = gP + (hi * 2 + b) * n_lo;
+        T acc = 0;
+        for (int64_t lo = 0; lo < n_lo; ++lo) acc += row[lo] * suf[lo];
+        g[b] += acc * pre[hi];
+      }
+    gpi[2 * j] = g[0];
+    gpi[2 * j + 1] = g[1];
+  }
+}
+
+void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64_t)>& f) {
+  const int64_t grain =
+      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(1, work_per_row));
+  cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) f(r);
+  });
+}
+
+}  // namespace
+
+void bit_product(DType dtype, const void* pi, int64_t R, int64_t k, void* out) {
+  const int64_t n = int64_t(1) << k;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* pp = static_cast<const T*>(pi);
+    T* po = static_cast<T*>(out);
+    for_rows(R, n, [&](int64_t r) { bit_product_row(pp + r * 2 * k, k, po + r * n); });
+  };
+  if (dtype == DType::f64)
+    run(double{});
+  else if (dtype == DType::f32)
+    run(float{});
+  else
+    throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
+}
+
+void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t R, int64_t k,
+                      void* grad_pi) {
+  const int64_t n = int64_t(1) << k;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* pp = static_cast<const T*>(pi);
+    const T* pg = static_cast<const T*>(grad_out);
+    T* po = static_cast<T*>(grad_pi);
+    cpu::parallel_for(0, R, std::max<int64_t>(1, cpu::kGrainElements / (n * k + 1)),
+                      [&](int64_t lo, int64_t hi) {
+                        std::vector<T> pre, suf;
+                        for (int64_t r = lo; r < hi; ++r)
+                          bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k, pre,
+                                               suf);
+                      });
+  };
+  if (dtype == DType::f64)
+    run(double{});
+  else
+    run(float{});
+}
+
+void clamped_entropy(const double* pz, int64_t R, int64_t d, double* ph, double* pg) {
+  cpu::parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
+    ClampedEntropyWalk walk(d);
+    for (int64_t r = lo; r < hi; ++r) ph[r] = walk.run(pz + r * d, pg + r * d);
+  });
+}
+
+}  // namespace quanta::quant::quant_cpu

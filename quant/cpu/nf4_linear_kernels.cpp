@@ -1,0 +1,224 @@
+// CPU entries nf4_linear and nf4_linear_grad (quant/kernels/table.h): a
+// linear layer's product with a frozen NF4 weight, dequantized tile by tile
+// into a small buffer (never as a whole), or, for a batch of at most 8 rows
+// whose rows start on a run of codes, decoded on the fly while the packed
+// bytes are read once.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/parallel.h"
+#include "engine/dispatch.h"
+#include "quant/cpu/kernels.h"
+#include "quant/cpu/nf4_simd.h"
+
+namespace quanta::quant::quant_cpu {
+namespace {
+
+// Below this many rows per thread, backward runs one row block (the tiles'
+// GEMMs are then threaded by Eigen instead).
+constexpr int64_t kBackwardRowGrain = 64;
+
+// Rows per tile: about kNF4TileElems elements, a multiple of the rows after
+// which a row starts a run again, so each tile starts on a run.
+int64_t tile_rows(int64_t n_rows, int64_t k, int64_t run) {
+  int64_t align = 1;
+  while ((align * k) % run != 0) ++align;
+  int64_t rows = std::max<int64_t>(1, kNF4TileElems / std::max<int64_t>(k, 1));
+  rows = std::max(align, rows / align * align);
+  return std::min(rows, n_rows);
+}
+
+#if defined(__AVX512F__)
+// y[m, n] for MB rows of x: per run of R codes, the 16 dequantized values
+// (rounded to dd) in a register, one lookup per 16 codes, FMAs into x.
+template <int MB, int R>
+void fused_rows_f32(const float* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, float* y,
+                    int64_t lo, int64_t hi) {
+  const int64_t runs_per_row = K / R;
+  for (int64_t n = lo; n < hi; ++n) {
+    __m512 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < runs_per_row; ++u) {
+      const int64_t r = n * runs_per_row + u;
+      const uint8_t* codes = w.codes_of(r);
+      const __m512 lut = simd::scaled_values(w.scale_of(r), dd);
+      const int64_t k0 = u * R;
+      for (int g = 0; g < R / 16; ++g) {
+        uint64_t eight;
+        std::memcpy(&eight, codes + 8 * g, 8);
+        const __m512 wv = simd::decode16(eight, lut);
+        for (int m = 0; m < MB; ++m)
+          acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k0 + 16 * g), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+#define QUANTA_NF4_FUSED_SIMD 1
+#elif defined(__AVX2__)
+template <int MB, int R>
+void fused_rows_f32(const float* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, float* y,
+                    int64_t lo, int64_t hi) {
+  const int64_t runs_per_row = K / R;
+  for (int64_t n = lo; n < hi; ++n) {
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < runs_per_row; ++u) {
+      const int64_t r = n * runs_per_row + u;
+      const uint8_t* codes = w.codes_of(r);
+      const std::array<float, 16> t = simd::scaled_table(w.scale_of(r), dd);
+      const __m256 lo_vals = _mm256_loadu_ps(t.data());
+      const __m256 hi_vals = _mm256_loadu_ps(t.data() + 8);
+      const int64_t k0 = u * R;
+      for (int g = 0; g < R / 8; ++g) {
+        uint32_t four;
+        std::memcpy(&four, codes + 4 * g, 4);
+        const __m256 wv = simd::decode8(four, lo_vals, hi_vals);
+        for (int m = 0; m < MB; ++m)
+          acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k0 + 8 * g), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[m]);
+      float t = 0;
+      for (float l : lanes) t += l;
+      y[m * N + n] = t;
+    }
+  }
+}
+#define QUANTA_NF4_FUSED_SIMD 1
+#endif
+
+// Portable form: the dequantized values dd(code * scale) times x, for
+// M <= 8 rows.
+template <class T, int R>
+void fused_rows_scalar(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+                       T* y, int64_t lo, int64_t hi) {
+  const int64_t runs_per_row = K / R;
+  for (int64_t n = lo; n < hi; ++n) {
+    T acc[kNF4FusedMaxBatch] = {};
+    for (int64_t u = 0; u < runs_per_row; ++u) {
+      const int64_t r = n * runs_per_row + u;
+      const uint8_t* codes = w.codes_of(r);
+      const std::array<float, 16> t = simd::scaled_table(w.scale_of(r), dd);
+      T lut[16];
+      for (int c = 0; c < 16; ++c) lut[c] = static_cast<T>(t[c]);
+      const int64_t k0 = u * R;
+      for (int64_t m = 0; m < M; ++m) {
+        const T* xr = x + m * K + k0;
+        T a = 0;
+        for (int j = 0; j < R / 2; ++j)
+          a += xr[2 * j] * lut[codes[j] >> 4] + xr[2 * j + 1] * lut[codes[j] & 15];
+        acc[m] += a;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
+  }
+}
+
+// y[m, n] = sum_k x[m, k] W[n, k] for M <= 8 rows, reading each packed weight
+// byte once (rows of W in parallel); needs K % R == 0 so rows are whole runs.
+template <class T, int R>
+void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+                       T* y) {
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
+  cpu::parallel_for(0, N, grain, [&](int64_t lo, int64_t hi) {
+#ifdef QUANTA_NF4_FUSED_SIMD
+    if constexpr (std::is_same_v<T, float>) {
+      switch (M) {
+        case 1: return fused_rows_f32<1, R>(x, K, w, dd, N, y, lo, hi);
+        case 2: return fused_rows_f32<2, R>(x, K, w, dd, N, y, lo, hi);
+        case 3: return fused_rows_f32<3, R>(x, K, w, dd, N, y, lo, hi);
+        case 4: return fused_rows_f32<4, R>(x, K, w, dd, N, y, lo, hi);
+        case 5: return fused_rows_f32<5, R>(x, K, w, dd, N, y, lo, hi);
+        case 6: return fused_rows_f32<6, R>(x, K, w, dd, N, y, lo, hi);
+        case 7: return fused_rows_f32<7, R>(x, K, w, dd, N, y, lo, hi);
+        default: return fused_rows_f32<8, R>(x, K, w, dd, N, y, lo, hi);
+      }
+    }
+#endif
+    fused_rows_scalar<T, R>(x, M, K, w, dd, N, y, lo, hi);
+  });
+}
+
+// y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole
+// tiles (each dequantizes its own into a private buffer and runs a
+// single-threaded GEMM), so there is one parallel region per call.
+template <class T>
+void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+                    T* y) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill(y, y + M * N, T(0));
+    return;
+  }
+  if (M <= kNF4FusedMaxBatch && K % w.run == 0) {
+    if (w.run == 32) fused_small_batch<T, 32>(x, M, K, w, dd, N, y);
+    else fused_small_batch<T, 64>(x, M, K, w, dd, N, y);
+    return;
+  }
+  const int64_t rows = tile_rows(N, K, w.run);
+  const int64_t tiles = (N + rows - 1) / rows;
+  cpu::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t n0 = t * rows, r = std::min(rows, N - n0);
+      nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
+      // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
+      cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
+    }
+  });
+}
+
+// dx [M, K] = g [M, N] W. Threads take row blocks of dx (so no two write the
+// same output) and each walks all weight tiles.
+template <class T>
+void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K,
+                     T* dx) {
+  if (M == 0 || K == 0) return;
+  if (N == 0) {
+    std::fill(dx, dx + M * K, T(0));
+    return;
+  }
+  const int64_t rows = tile_rows(N, K, w.run);
+  cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
+    std::vector<T> tile(static_cast<size_t>(rows * K));
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+      const int64_t r = std::min(rows, N - n0);
+      nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
+      cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
+                   n0 > 0);
+    }
+  });
+}
+
+}  // namespace
+
+void nf4_linear(DType dtype, const void* x, int64_t M, int64_t K, const NF4Runs& w, DType dd,
+                int64_t N, const void* bias, void* y) {
+  dispatch_float(dtype, "nf4_linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* py = static_cast<T*>(y);
+    forward_kernel(static_cast<const T*>(x), M, K, w, dd, N, py);
+    if (bias && M > 0) {
+      const T* pb = static_cast<const T*>(bias);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) py[m * N + n] += pb[n];
+    }
+  });
+}
+
+void nf4_linear_grad(DType dtype, const void* g, int64_t M, int64_t N, const NF4Runs& w,
+                     DType dd, int64_t K, void* dx) {
+  dispatch_float(dtype, "nf4_linear backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward_kernel(static_cast<const T*>(g), M, N, w, dd, K, static_cast<T*>(dx));
+  });
+}
+
+}  // namespace quanta::quant::quant_cpu

@@ -1,0 +1,139 @@
+#pragma once
+// The quantizers' device seam, in the manner of the engine's (engine/kernels/
+// table.h): one table of kernels per device, one entry per fast path that is
+// a hand-written loop rather than a composition of engine ops. The quantizer
+// ops (quant/vq, quant/scalar, quant/nf4) keep validation, shapes, dtype rules
+// and the gradient rule, create their outputs on the input's device and call
+// `quant_kernels(device).<entry>(...)` for the work. Entries take raw
+// pointers (on that device), sizes and dtypes; they never see a Tensor, so
+// quant/cpu/ and quant/cuda/ know nothing of the layers, ops or autograd.
+//
+// Paths composed of engine ops (FSQ and LFQ quantize and their straight-
+// through backward, the codebook EMA lerps, k-means, the LFQ batch entropy's
+// GEMM) need no entry: they run on every device the engine's table serves.
+//
+// Where a new fast path goes: an entry here with its contract, one function
+// in quant/cpu/ (and its line in quant/cpu/kernel_table.cpp), one in the CUDA
+// table (quant/cuda/). A device the table lacks fails in one place, its
+// entry, naming the op.
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/device.h"
+#include "engine/dtype.h"
+#include "quant/kernels/nf4_layout.h"
+
+namespace quanta {
+class Tensor;
+}
+
+namespace quanta::quant {
+
+/** LFQ's entropy clamp (the reference's): entropies use
+ * log(max(p, kEntropyEps)). */
+inline constexpr double kEntropyEps = 1e-5;
+
+/** What squared_error returns: the sum of (q - x)^2 over the counted rows'
+ * elements (accumulated in f64) and the number of counted rows. */
+struct SquaredErrorSum {
+  double total = 0;
+  double rows = 0;
+};
+
+/** The quantizer kernels of one device. Every entry handles zero sizes. Row
+ * masks (`valid`) are u8 0/1 per row, or null (every row counts). */
+struct QuantKernelTable {
+  const char* device_name;
+
+  // ---- vector quantization (quant/vq) ----
+
+  /** nearest_codes: out[i] = the index of the row of codes [k, d] nearest to
+   * row i of x [n, d] (smallest |x - c|^2, or with `cosine` the largest x.c);
+   * ties go to the first index, NaN scores never win (a row of only NaN gives
+   * 0). x and codes contiguous, both of `dtype` (f32 or f64); k >= 1. */
+  void (*nearest_codes)(DType dtype, const void* x, const void* codes, int64_t n, int64_t k,
+                        int64_t d, bool cosine, int64_t* out);
+  /** commitment_loss (and route_with_commitment) forward: over x, q [rows, d]
+   * (contiguous, `dtype` f32 or f64), the sum of (x - q)^2 over the rows
+   * with valid[r] != 0, in f64 partial sums of 256 rows added in order (the
+   * total does not depend on the thread count), and the number of such rows
+   * (the sum of valid; rows when valid is null). */
+  SquaredErrorSum (*squared_error)(DType dtype, const void* x, const void* q,
+                                   const uint8_t* valid, int64_t rows, int64_t d);
+  /** commitment_loss backward: gx [rows, d] = T(scale) * (x - q), exactly 0
+   * on rows with valid[r] == 0. Every element of gx is written. */
+  void (*squared_error_grad)(DType dtype, const void* x, const void* q, const uint8_t* valid,
+                             int64_t rows, int64_t d, double scale, void* gx);
+  /** rotate_to / route_with_commitment backward: x's gradient from the
+   * output gradient g along the route (rotation: the rotation trick's
+   * lambda (g - 2 (g.w) w + 2 (g.q^) u), u = x/|x|, q^ = q/|q|,
+   * w = (u + q^)/|u + q^|, lambda = |q|/|x|; else g itself) plus
+   * T(coef) * T(valid[r]) * (x - q) (valid null: T(coef) (x - q)). x, q, g
+   * and gx [rows, d] contiguous, of `dtype` (f32 or f64). */
+  void (*route_grad)(bool rotation, DType dtype, const void* x, const void* q, const void* g,
+                     const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx);
+  /** Codebook dead-code replacement, in place: rows at[0..m) of the
+   * contiguous table dst (rows of d elements, `dtype` f32 or f64) set to
+   * T(scale) * src[i] (src [m, d] contiguous of `dtype`), or to T(scale) when
+   * src is null. at: i64 on the device. */
+  void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m,
+                   const void* src, double scale);
+
+  // ---- LFQ entropy (quant/scalar/lfq_entropy.cpp) ----
+
+  /** bit_product_distribution: out [rows, 2^k] = the product distributions
+   * of pi [rows, k, 2] (P(0), P(1) per bit; code index bits most significant
+   * first), contiguous, `dtype` f32 or f64. */
+  void (*bit_product)(DType dtype, const void* pi, int64_t rows, int64_t k, void* out);
+  /** Its backward: grad_pi [rows, k, 2] from grad_out [rows, 2^k] (prefix
+   * times suffix products, no division). */
+  void (*bit_product_grad)(DType dtype, const void* pi, const void* grad_out, int64_t rows,
+                           int64_t k, void* grad_pi);
+  /** clamped_bit_product_entropy in f64: h[r] = H_eps of the product
+   * distribution with bit logits z [rows, d], grad [rows, d] = dh[r]/dz. */
+  void (*clamped_entropy)(const double* z, int64_t rows, int64_t d, double* h, double* grad);
+
+  // ---- NF4 (quant/nf4) ----
+
+  /** absmax[b] = the max |x| of block b of `block` elements of x [n] (f32;
+   * NaN ignored), for the ceil(n / block) blocks. */
+  void (*nf4_absmax)(const float* x, int64_t n, int64_t block, float* absmax);
+  /** Writes the codes of x [n] (f32) in blocks of `block` (32, 64, 128 or
+   * 256; a multiple of out.run, which is 32 or 64) as bitsandbytes'
+   * reference computes them from the exact absmax [blocks], and, when
+   * out.scales is set, stored[block of run] as every run's scale. n >= 1. */
+  void (*nf4_encode)(const float* x, int64_t n, int64_t block, const float* absmax,
+                     const float* stored, const NF4RunsOut& out);
+  /** All w.n elements into out, an array of `dtype` (f32, bf16 or f16):
+   * dtype(float32(value(code) * scale)). */
+  void (*nf4_decode)(const NF4Runs& w, DType dtype, void* out);
+  /** nf4_linear: y [m, n] = x [m, k] W^T (+ bias [n] when not null), W the
+   * [n, k] weight of w with values dequant(value * scale) (f32, bf16 or f16);
+   * x, bias and y contiguous of `dtype` (f32 or f64). */
+  void (*nf4_linear)(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs& w,
+                     DType dequant, int64_t n, const void* bias, void* y);
+  /** Its input gradient: dx [m, k] = g [m, n] W, contiguous, of `dtype`. */
+  void (*nf4_linear_grad)(DType dtype, const void* g, int64_t m, int64_t n, const NF4Runs& w,
+                          DType dequant, int64_t k, void* dx);
+};
+
+/** The quantizer kernel table of `device`: the CPU table (quant/cpu/), or for
+ * CUDA the table whose entries throw "[op] has no CUDA kernel yet (issue 18);
+ * move the tensors to cpu" until its kernels land (quant/cuda/). */
+const QuantKernelTable& quant_kernels(Device device);
+
+/** The table of the device that all of `ts`' defined tensors live on; throws
+ * std::invalid_argument naming `op` and both devices when they differ. */
+const QuantKernelTable& quant_kernels_for(const char* op,
+                                          std::initializer_list<const Tensor*> ts);
+
+namespace quant_cpu {
+/** The CPU table (quant/cpu/kernel_table.cpp). */
+const QuantKernelTable& table();
+}  // namespace quant_cpu
+namespace quant_cuda {
+/** The CUDA table (quant/cuda/). */
+const QuantKernelTable& table();
+}  // namespace quant_cuda
+
+}  // namespace quanta::quant

@@ -1,0 +1,122 @@
+// The quantizers' device seam (quant/kernels/table.h): the CPU table is
+// complete, and a CUDA tensor reaching a fast path without a CUDA kernel
+// fails in its table entry, naming the op.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "quant/kernels/table.h"
+#include "quant/nf4/nf4_format.h"
+#include "quant/vq/nearest_code.h"
+#include "quanta.h"
+
+using namespace quanta;
+using namespace quanta::quant;
+
+namespace {
+
+// Every entry of QuantKernelTable, in order. The static_assert below fails
+// when an entry is added to the table but not here.
+#define QUANT_ENTRIES(X)                                                                   \
+  X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows)        \
+  X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) X(nf4_encode)        \
+  X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
+
+#define QUANT_COUNT(name) +1
+constexpr int kEntries = 0 QUANT_ENTRIES(QUANT_COUNT);
+#undef QUANT_COUNT
+static_assert(sizeof(QuantKernelTable) == sizeof(void*) * (1 + kEntries),
+              "QUANT_ENTRIES must list every entry of QuantKernelTable");
+
+// The names of `t`'s null entries.
+std::vector<std::string> null_entries(const QuantKernelTable& t) {
+  std::vector<std::string> out;
+#define QUANT_NULL(name) \
+  if (t.name == nullptr) out.push_back(#name);
+  QUANT_ENTRIES(QUANT_NULL)
+#undef QUANT_NULL
+  return out;
+}
+
+// The message of what `f` throws ("" when it does not throw).
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void check_names(const std::string& msg, const std::string& op) {
+  INFO("message: ", msg);
+  CHECK(msg.find("[" + op) == 0);
+  CHECK(msg.find("no CUDA kernel") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("quant kernels: the CPU table is complete") {
+  const QuantKernelTable& cpu = quant_kernels(Device::cpu());
+  CHECK(std::string(cpu.device_name) == "cpu");
+  CHECK(null_entries(cpu).empty());
+  CHECK(&quant_kernels(Device::cpu()) == &quant_cpu::table());
+}
+
+TEST_CASE("quant kernels: the CUDA table is complete and every entry names its op") {
+  const QuantKernelTable& t = quant_kernels(Device::cuda(0));
+  CHECK(std::string(t.device_name) == "cuda");
+  CHECK(null_entries(t).empty());
+  // Dummy pointers: every entry throws before touching memory.
+  float f[4] = {};
+  double d[4] = {};
+  int64_t i[4] = {};
+  uint8_t b[4] = {};
+  const NF4Runs runs = nf4_packed_runs(b, f, 2, 64);
+  const NF4RunsOut out{.run = 64, .codes = b};
+  check_names(message_of([&] { t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i); }),
+              "nearest_codes");
+  check_names(message_of([&] { t.squared_error(DType::f32, f, f, nullptr, 1, 1); }),
+              "commitment_loss");
+  check_names(message_of([&] { t.squared_error_grad(DType::f32, f, f, b, 1, 1, 1.0, f); }),
+              "commitment_loss");
+  check_names(message_of([&] { t.route_grad(true, DType::f32, f, f, f, b, 1.0, 1, 1, f); }),
+              "rotate_to");
+  check_names(message_of([&] { t.route_grad(false, DType::f32, f, f, f, b, 1.0, 1, 1, f); }),
+              "straight_through_with_commitment");
+  check_names(message_of([&] { t.put_rows(DType::f32, f, 1, i, 1, f, 1.0); }), "Codebook");
+  check_names(message_of([&] { t.bit_product(DType::f64, d, 1, 1, d); }), "lfq_bit_product");
+  check_names(message_of([&] { t.bit_product_grad(DType::f64, d, d, 1, 1, d); }),
+              "lfq_bit_product");
+  check_names(message_of([&] { t.clamped_entropy(d, 1, 1, d, d); }), "lfq_clamped_entropy");
+  check_names(message_of([&] { t.nf4_absmax(f, 2, 64, f); }), "quantize_nf4");
+  check_names(message_of([&] { t.nf4_encode(f, 2, 64, f, f, out); }), "quantize_nf4");
+  check_names(message_of([&] { t.nf4_decode(runs, DType::f32, f); }), "dequantize");
+  check_names(message_of([&] { t.nf4_linear(DType::f32, f, 1, 2, runs, DType::f32, 1, nullptr, f); }),
+              "nf4_linear");
+  check_names(message_of([&] { t.nf4_linear_grad(DType::f32, f, 1, 1, runs, DType::f32, 2, f); }),
+              "nf4_linear");
+  CHECK(message_of([&] { t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i); })
+            .find("issue 18") != std::string::npos);
+}
+
+TEST_CASE("quant kernels: a CUDA tensor reaching a fast path fails naming the op") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped the tensor route: "
+            << (cuda_built() ? "no CUDA device is visible" : "quanta was built without CUDA")
+            << " (the table entries are checked above)");
+    return;
+  }
+  Generator gen(1);
+  const Tensor x = randn({4, 3}, gen).to(Device::cuda(0));
+  const Tensor c = randn({5, 3}, gen).to(Device::cuda(0));
+  check_names(message_of([&] { (void)nearest_codes(x, c, false); }), "nearest_codes");
+  check_names(message_of([&] { (void)quantize_nf4(randn({2, 64}, gen).to(Device::cuda(0))); }),
+              "quantize_nf4");
+  // Mixed devices fail naming the op and both devices.
+  const std::string mixed = message_of([&] { (void)nearest_codes(x, c.to(Device::cpu()), false); });
+  CHECK(mixed.find("[nearest_codes] operands are on different devices") == 0);
+}
