@@ -8,7 +8,6 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/convert.h"
 #include "engine/cpu/loop.h"
-#include "engine/device_check.h"
 #include "engine/dispatch.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/view.h"

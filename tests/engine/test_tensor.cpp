@@ -134,11 +134,10 @@ TEST_CASE("devices: parsing and CUDA without a GPU") {
     CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 2, 3});
     CHECK(exp(x).to(Device::cpu()).to_vector<float>() ==
           exp(from_vector<float>({1, 2, 3})).to_vector<float>());
-    // A family the CUDA table does not have yet names the op and the device.
-    Tensor img = zeros({1, 1, 4, 4}, {.device = Device::cuda(0)});
-    Tensor w = zeros({1, 1, 3, 3}, {.device = Device::cuda(0)});
-    CHECK_THROWS_WITH_AS(conv2d(img, w), doctest::Contains("has no kernel for device cuda:0"),
-                         std::runtime_error);
+    // Operands on two devices are refused, naming both.
+    CHECK_THROWS_WITH_AS(add(x, from_vector<float>({1, 2, 3})),
+                         doctest::Contains("operands are on different devices: cuda:0 and cpu"),
+                         std::invalid_argument);
   }
 }
 
