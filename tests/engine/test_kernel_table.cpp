@@ -13,6 +13,7 @@
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 
@@ -45,11 +46,8 @@ void check_index(const Shape& shape, const Shape& s0, const Shape& s1) {
   }
 }
 
-bool have_gpu() { return cuda_device_count() > 0; }
-
-std::string skip_reason() {
-  return cuda_built() ? "no CUDA device is visible" : "quanta was built without CUDA";
-}
+using testing::have_gpu;
+std::string skip_reason() { return testing::no_gpu_reason(); }
 
 // Bitwise equality of two tensors' bytes (after moving to the CPU).
 bool same_bytes(const Tensor& a, const Tensor& b) {

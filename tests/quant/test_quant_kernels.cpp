@@ -12,6 +12,7 @@
 #include "quant/nf4/nf4_format.h"
 #include "quant/vq/nearest_code.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -106,7 +107,7 @@ TEST_CASE("quant kernels: the CUDA table is complete and every entry names its o
 TEST_CASE("quant kernels: a CUDA tensor reaching a fast path fails naming the op") {
   if (cuda_device_count() == 0) {
     MESSAGE("skipped the tensor route: "
-            << (cuda_built() ? "no CUDA device is visible" : "quanta was built without CUDA")
+            << testing::no_gpu_reason()
             << " (the table entries are checked above)");
     return;
   }

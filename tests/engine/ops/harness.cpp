@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/gpu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -354,8 +356,7 @@ void device_check(const OpCase& c) {
   if (devices == 0) {
     static bool said = false;
     if (!said)
-      MESSAGE("op harness: cuda axis skipped: "
-              << (cuda_built() ? "no CUDA device is visible" : "quanta was built without CUDA"));
+      MESSAGE("op harness: cuda axis skipped: " << no_gpu_reason());
     said = true;
     return;
   }

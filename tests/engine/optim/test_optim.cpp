@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 
@@ -474,8 +475,7 @@ TEST_CASE("schedule state_dict round trip restores the step and base lrs") {
 
 TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU's") {
   if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << (cuda_built() ? "no CUDA device is visible"
-                                         : "quanta was built without CUDA"));
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
     return;
   }
   const Device gpu = Device::cuda(0);
@@ -512,8 +512,7 @@ TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU'
 
 TEST_CASE("cuda: the pieces of a step (norm, clipping, one unclipped SGD and AdamW step)") {
   if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << (cuda_built() ? "no CUDA device is visible"
-                                         : "quanta was built without CUDA"));
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
     return;
   }
   const Device gpu = Device::cuda(0);
