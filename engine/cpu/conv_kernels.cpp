@@ -191,9 +191,7 @@ void conv_kernel(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
 
 void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
           const void* bias, void* out) {
-  const char* op = kind == ConvKind::forward      ? "conv2d"
-                   : kind == ConvKind::input_grad ? "conv_transpose2d"
-                                                  : "conv2d_weight_grad";
+  const char* op = conv_op_name(kind);
   dispatch_float(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     conv_kernel<T>(kind, static_cast<const T*>(a), static_cast<const T*>(b),

@@ -36,6 +36,13 @@ enum class ConvKind : uint8_t {
   weight_grad,  // (x, g) -> [O, C / groups, kh, kw], no bias
 };
 
+/** The op a conv kernel serves, for errors. */
+constexpr const char* conv_op_name(ConvKind kind) {
+  return kind == ConvKind::forward      ? "conv2d"
+         : kind == ConvKind::input_grad ? "conv_transpose2d"
+                                        : "conv2d_weight_grad";
+}
+
 /** P planes of H x W pooled to OH x OW by kernel windows: window (oh, ow)
  * reads rows oh * stride[0] - padding[0] + i * dilation[0] for i < kernel[0]
  * (columns likewise); positions outside the plane are padding. */

@@ -17,7 +17,7 @@ const KernelTable& kernels(Device device) {
   return cuda::cuda_kernels();
 }
 
-const KernelTable& kernels_for(const char* op, std::initializer_list<const Tensor*> ts) {
+Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts) {
     if (!t->defined()) continue;
@@ -29,7 +29,11 @@ const KernelTable& kernels_for(const char* op, std::initializer_list<const Tenso
                                   "; move them to one device first");
     }
   }
-  return kernels(first ? first->device() : Device::cpu());
+  return first ? first->device() : Device::cpu();
+}
+
+const KernelTable& kernels_for(const char* op, std::initializer_list<const Tensor*> ts) {
+  return kernels(common_device(op, ts));
 }
 
 Operand operand_of(const Tensor& t) {

@@ -200,8 +200,11 @@ struct KernelTable {
  * whose every entry throws "[op] quanta was built without CUDA". */
 const KernelTable& kernels(Device device);
 
-/** The table of the device that all of `ts`' defined tensors live on; throws
- * naming `op` and both devices when they differ. */
+/** The device all of `ts`' defined tensors live on (cpu when none is
+ * defined); throws naming `op` and both devices when they differ. */
+Device common_device(const char* op, std::initializer_list<const Tensor*> ts);
+
+/** The table of common_device(op, ts). */
 const KernelTable& kernels_for(const char* op, std::initializer_list<const Tensor*> ts);
 
 /** The operand view of a tensor: its data (on its device), dtype, strides. */

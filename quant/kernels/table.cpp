@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/kernels/table.h"
 #include "engine/tensor.h"
 
 namespace quanta::quant {
@@ -19,18 +20,7 @@ const QuantKernelTable& quant_kernels(Device device) {
 
 const QuantKernelTable& quant_kernels_for(const char* op,
                                           std::initializer_list<const Tensor*> ts) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    if (!first) {
-      first = t;
-    } else if (t->device() != first->device()) {
-      throw std::invalid_argument(std::string("[") + op + "] operands are on different devices: " +
-                                  first->device().str() + " and " + t->device().str() +
-                                  "; move them to one device first");
-    }
-  }
-  return quant_kernels(first ? first->device() : Device::cpu());
+  return quant_kernels(common_device(op, ts));
 }
 
 }  // namespace quanta::quant
