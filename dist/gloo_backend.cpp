@@ -1,7 +1,5 @@
 #include "dist/gloo_backend.h"
 
-#include <stdexcept>
-
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -13,6 +11,12 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
 
 namespace quanta::dist::detail {
 namespace {
@@ -53,7 +57,24 @@ GlooBackend::GlooBackend(Store& store, int rank, int size, Millis timeout,
   connect(store, rank, size, timeout);
 }
 
+namespace {
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer
+// has gone; the default action kills the whole process (every rank thread of
+// it) before the group can say which rank was lost. So, once and only when
+// nobody installed a handler, SIGPIPE is ignored: the write fails with EPIPE
+// and the collective reports the lost rank. (CPython does the same at start.)
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL)
+      std::signal(SIGPIPE, SIG_IGN);
+  });
+}
+}  // namespace
+
 void GlooBackend::connect(Store& store, int rank, int size, Millis timeout) {
+  ignore_sigpipe_once();
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
   StoreAdapter adapter(store, timeout);
@@ -62,6 +83,25 @@ void GlooBackend::connect(Store& store, int rank, int size, Millis timeout) {
 }
 
 GlooBackend::~GlooBackend() = default;
+
+void GlooBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
+                             Millis timeout) {
+  all_reduce(data, n, element_size(dtype), reduce_fn(dtype, op), tag, timeout);
+  if (op == ReduceOp::avg) divide(data, dtype, n, context_->size);
+}
+
+void GlooBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
+                                 ReduceOp op, uint32_t tag, Millis timeout) {
+  const std::size_t size = static_cast<std::size_t>(context_->size);
+  const std::size_t block = n_out * element_size(dtype);
+  // Block r of the result is rank r's block `rank` of `in`.
+  const auto gathered = std::make_unique_for_overwrite<char[]>(block * size);
+  all_to_all(in, gathered.get(), block * size, tag, timeout);
+  const auto fn = reduce_fn(dtype, op);
+  if (block) std::memcpy(out, gathered.get(), block);
+  for (std::size_t r = 1; r < size; ++r) fn(out, out, gathered.get() + r * block, n_out);
+  if (op == ReduceOp::avg) divide(out, dtype, n_out, context_->size);
+}
 
 void GlooBackend::all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
                              uint32_t tag, Millis timeout) {

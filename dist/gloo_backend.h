@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/backend.h"
 #include "dist/reduce_kernels.h"
 #include "dist/store.h"
 
@@ -20,7 +21,7 @@ class Device;
 
 namespace quanta::dist::detail {
 
-class GlooBackend {
+class GlooBackend final : public Backend {
  public:
   /** Connects to every peer through `store` (keys scoped by the caller). */
   GlooBackend(Store& store, int rank, int size, Millis timeout, const std::string& host,
@@ -28,8 +29,29 @@ class GlooBackend {
   /** A backend sharing `device` (clones of a group). */
   GlooBackend(Store& store, int rank, int size, Millis timeout,
               std::shared_ptr<gloo::transport::Device> device);
-  ~GlooBackend();
+  ~GlooBackend() override;
+  GlooBackend(const GlooBackend&) = delete;
+  GlooBackend& operator=(const GlooBackend&) = delete;
 
+  // ---- Backend: (dtype, op) become a ReduceFn (reduce_kernels.h); avg sums,
+  // then divides by the world size on every rank ----
+  const char* name() const override { return "gloo"; }
+  void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
+                  Millis timeout) override;
+  void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
+  void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
+                  Millis timeout) override;
+  void all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes, uint32_t tag,
+                    Millis timeout) override;
+  /** All-to-all, then a local reduction of the blocks in rank order: the
+   * bandwidth of a ring reduce-scatter (Gloo 5b14351 has none of its own). */
+  void reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype, ReduceOp op,
+                      uint32_t tag, Millis timeout) override;
+  void all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag,
+                  Millis timeout) override;
+  void barrier(uint32_t tag, Millis timeout) override;
+
+  // ---- raw reductions (the Backend all_reduce's transport; benchmarks) ----
   /** Two ranks and at most kPairwiseBytes: one exchange of the whole
    * buffer, then each rank reduces rank 0's values with rank 1's in that
    * order (bitwise equal on both). Otherwise Gloo's ring. */
@@ -41,13 +63,6 @@ class GlooBackend {
   /** Above this, two ranks use the ring too: bandwidth-bound either way, and
    * the exchange's receive buffer (kept between calls) stays this small. */
   static constexpr std::size_t kPairwiseBytes = std::size_t(4) << 20;
-  void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout);
-  void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
-                  Millis timeout);
-  void all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes, uint32_t tag,
-                    Millis timeout);
-  void all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag, Millis timeout);
-  void barrier(uint32_t tag, Millis timeout);
 
   const std::shared_ptr<gloo::transport::Device>& device() const { return device_; }
 

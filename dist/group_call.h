@@ -1,6 +1,7 @@
 #pragma once
-// One collective call in flight: its fingerprint, tag and deadline. Shared by
-// the Gloo and NCCL halves of ProcessGroup. Internal to dist.
+// One collective call in flight: its fingerprint, tag and deadline, and the
+// guard that turns a backend's failure into the group's report. Internal to
+// dist.
 #include <chrono>
 #include <stdexcept>
 #include <string>

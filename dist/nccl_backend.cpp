@@ -6,13 +6,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 
-#include "dist/group_call.h"
-#include "engine/factory.h"
-
-namespace quanta::dist {
-namespace detail {
+namespace quanta::dist::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -42,6 +39,11 @@ ncclDataType_t nccl_type(DType t) {
       break;
   }
   throw std::invalid_argument(std::string("[dist::nccl] no NCCL type for ") + dtype_name(t));
+}
+
+[[noreturn]] void refuse(const char* op, const char* why) {
+  throw std::invalid_argument(std::string("[dist::nccl] ") + op +
+                              " is not available on NCCL: " + why);
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -169,7 +171,8 @@ NcclBackend::~NcclBackend() {
   if (s.stream) cudaStreamDestroy(s.stream);
 }
 
-void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, Millis timeout) {
+void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t,
+                             Millis timeout) {
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
@@ -178,7 +181,7 @@ void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op
   s.watch(deadline, "all_reduce");
 }
 
-void NcclBackend::broadcast(void* data, std::size_t bytes, int root, Millis timeout) {
+void NcclBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t, Millis timeout) {
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
@@ -187,7 +190,7 @@ void NcclBackend::broadcast(void* data, std::size_t bytes, int root, Millis time
   s.watch(deadline, "broadcast");
 }
 
-void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank,
+void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t,
                              Millis timeout) {
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
@@ -198,7 +201,7 @@ void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_ra
 }
 
 void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
-                                 ReduceOp op, Millis timeout) {
+                                 ReduceOp op, uint32_t, Millis timeout) {
   Impl& s = *impl_;
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
@@ -208,61 +211,19 @@ void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, D
   s.watch(deadline, "reduce_scatter");
 }
 
-}  // namespace detail
-
-// ---- ProcessGroup's CUDA half ----
-
-namespace {
-detail::NcclBackend& nccl_of(std::unique_ptr<detail::NcclBackend>& slot, Store* store, int rank,
-                             int size, const Tensor& t, Millis timeout) {
-  if (!slot) {
-    PrefixStore s("nccl." + std::to_string(t.device().index),
-                  std::shared_ptr<Store>(store, [](Store*) {}));
-    slot = std::make_unique<detail::NcclBackend>(s, rank, size, t.device().index, timeout);
-  }
-  return *slot;
-}
-}  // namespace
-
-void ProcessGroup::nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c) {
-  if (!t.is_contiguous())
-    throw std::invalid_argument("[dist::all_reduce] CUDA tensors must be contiguous");
-  guarded(c, [&] {
-    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
-        .all_reduce(t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype(), op, c.timeout);
-  });
+// Uneven pieces and all-to-all need grouped ncclSend/ncclRecv (issue 18):
+// until then ProcessGroup moves CUDA tensors through the host for these.
+void NcclBackend::all_gather_v(const void*, void*, const std::vector<std::size_t>&, uint32_t,
+                               Millis) {
+  refuse("all_gather_v", "uneven gathers need grouped send/recv (not implemented yet)");
 }
 
-void ProcessGroup::nccl_broadcast(const Tensor& t, int root, const Call& c) {
-  if (!t.is_contiguous())
-    throw std::invalid_argument("[dist::broadcast] CUDA tensors must be contiguous");
-  guarded(c, [&] {
-    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
-        .broadcast(t.raw_data(), t.nbytes(), root, c.timeout);
-  });
+void NcclBackend::all_to_all(const void*, void*, std::size_t, uint32_t, Millis) {
+  refuse("all_to_all", "it needs grouped send/recv (not implemented yet)");
 }
 
-Tensor ProcessGroup::nccl_all_gather(const Tensor& t, const Call& c) {
-  Shape shape = t.shape();
-  shape[0] *= size_;
-  Tensor out = quanta::detail::make_tensor(shape, t.dtype(), t.device());
-  guarded(c, [&] {
-    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
-        .all_gather(t.raw_data(), out.raw_data(), t.nbytes(), c.timeout);
-  });
-  return out;
+void NcclBackend::barrier(uint32_t, Millis) {
+  refuse("barrier", "a barrier has no tensor and runs on the group's Gloo transport");
 }
 
-Tensor ProcessGroup::nccl_reduce_scatter(const Tensor& t, ReduceOp op, const Call& c) {
-  Shape shape = t.shape();
-  shape[0] /= size_;
-  Tensor out = quanta::detail::make_tensor(shape, t.dtype(), t.device());
-  guarded(c, [&] {
-    nccl_of(nccl_, store_.get(), rank_, size_, t, c.timeout)
-        .reduce_scatter(t.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()),
-                        t.dtype(), op, c.timeout);
-  });
-  return out;
-}
-
-}  // namespace quanta::dist
+}  // namespace quanta::dist::detail

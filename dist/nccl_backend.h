@@ -4,31 +4,46 @@
 // NCCL kernels wait for their peers forever, so every call is watched: the
 // caller polls the completion event and ncclCommGetAsyncError against the
 // deadline and aborts the communicator (ncclCommAbort) on error or timeout.
-// Internal to dist; only built with CUDA.
+// Buffers are device memory; tags are not used (NCCL orders calls by issue).
+// Internal to dist. Built without CUDA (no_nccl.cpp), construction throws.
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "dist/backend.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "engine/dtype.h"
 
 namespace quanta::dist::detail {
 
-class NcclBackend {
+class NcclBackend final : public Backend {
  public:
   /** Rendezvous through `store` on CUDA device `device`; throws DistError
    * naming the ranks when two share a GPU or init does not finish in time. */
   NcclBackend(Store& store, int rank, int size, int device, Millis timeout);
-  ~NcclBackend();
+  ~NcclBackend() override;
   NcclBackend(const NcclBackend&) = delete;
   NcclBackend& operator=(const NcclBackend&) = delete;
 
-  void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, Millis timeout);
-  void broadcast(void* data, std::size_t bytes, int root, Millis timeout);
-  void all_gather(const void* in, void* out, std::size_t bytes_per_rank, Millis timeout);
+  const char* name() const override { return "nccl"; }
+  /** ncclAllReduce; avg is ncclAvg. */
+  void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
+                  Millis timeout) override;
+  void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
+  void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
+                  Millis timeout) override;
+  /** Refused (std::invalid_argument): uneven gathers need grouped send/recv. */
+  void all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes, uint32_t tag,
+                    Millis timeout) override;
   void reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype, ReduceOp op,
-                      Millis timeout);
+                      uint32_t tag, Millis timeout) override;
+  /** Refused (std::invalid_argument): needs grouped send/recv. */
+  void all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag,
+                  Millis timeout) override;
+  /** Refused (std::invalid_argument): a barrier has no tensor, so it runs on Gloo. */
+  void barrier(uint32_t tag, Millis timeout) override;
 
  private:
   struct Impl;

@@ -1,11 +1,11 @@
-// Built without CUDA: the NCCL half of ProcessGroup only says so.
+// Built without CUDA: an NcclBackend that cannot be made. (ProcessGroup
+// refuses CUDA tensors before it would make one: "[dist::<op>] CUDA tensor,
+// but quanta was built without CUDA".)
 #include <stdexcept>
 
-#include "dist/group_call.h"
 #include "dist/nccl_backend.h"
 
-namespace quanta::dist {
-namespace detail {
+namespace quanta::dist::detail {
 
 struct NcclBackend::Impl {};
 NcclBackend::NcclBackend(Store&, int, int, int, Millis) {
@@ -13,25 +13,14 @@ NcclBackend::NcclBackend(Store&, int, int, int, Millis) {
 }
 NcclBackend::~NcclBackend() = default;
 // Unreachable (the constructor throws); defined so callers link either way.
-void NcclBackend::all_reduce(void*, std::size_t, DType, ReduceOp, Millis) {}
-void NcclBackend::broadcast(void*, std::size_t, int, Millis) {}
-void NcclBackend::all_gather(const void*, void*, std::size_t, Millis) {}
-void NcclBackend::reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, Millis) {}
+void NcclBackend::all_reduce(void*, std::size_t, DType, ReduceOp, uint32_t, Millis) {}
+void NcclBackend::broadcast(void*, std::size_t, int, uint32_t, Millis) {}
+void NcclBackend::all_gather(const void*, void*, std::size_t, uint32_t, Millis) {}
+void NcclBackend::all_gather_v(const void*, void*, const std::vector<std::size_t>&, uint32_t,
+                               Millis) {}
+void NcclBackend::reduce_scatter(const void*, void*, std::size_t, DType, ReduceOp, uint32_t,
+                                 Millis) {}
+void NcclBackend::all_to_all(const void*, void*, std::size_t, uint32_t, Millis) {}
+void NcclBackend::barrier(uint32_t, Millis) {}
 
-}  // namespace detail
-
-namespace {
-[[noreturn]] void no_cuda(const char* op) {
-  throw std::invalid_argument(std::string("[dist::") + op +
-                              "] CUDA tensor, but quanta was built without CUDA");
-}
-}  // namespace
-
-void ProcessGroup::nccl_all_reduce(const Tensor&, ReduceOp, const Call&) { no_cuda("all_reduce"); }
-void ProcessGroup::nccl_broadcast(const Tensor&, int, const Call&) { no_cuda("broadcast"); }
-Tensor ProcessGroup::nccl_all_gather(const Tensor&, const Call&) { no_cuda("all_gather"); }
-Tensor ProcessGroup::nccl_reduce_scatter(const Tensor&, ReduceOp, const Call&) {
-  no_cuda("reduce_scatter");
-}
-
-}  // namespace quanta::dist
+}  // namespace quanta::dist::detail

@@ -1,5 +1,7 @@
 // ProcessGroup: call bookkeeping (sequence numbers, tags, deadlines), the
-// debug fingerprint check, failure reports, and the collectives over Gloo.
+// debug fingerprint check, failure reports, and the collectives: tensors are
+// checked and staged here, the bytes move through the backend of their
+// device (backend_for: Gloo for CPU tensors, NCCL for CUDA tensors).
 #include "dist/process_group.h"
 
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "dist/backend.h"
 #include "dist/fingerprint.h"
 #include "dist/gloo_backend.h"
 #include "dist/group_call.h"
@@ -252,7 +255,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
   try {
     PrefixStore gloo_store("gloo", g->store_);
     g->gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank_, size_, opts_.timeout,
-                                                     gloo_->device());
+                                                     gloo().device());
     await_all_connected(*g->store_, rank_, size_, opts_.timeout);
   } catch (const std::exception& e) {
     throw DistError("[dist] creating group '" + name + "' failed on rank " + std::to_string(rank_) +
@@ -266,9 +269,24 @@ uint64_t ProcessGroup::next_stream_call(const std::string& key) {
   return stream_calls_->calls[key]++;
 }
 
-detail::GlooBackend& ProcessGroup::gloo() { return *gloo_; }
+// gloo_ only ever holds a GlooBackend (made in the constructor and clone).
+detail::GlooBackend& ProcessGroup::gloo() { return static_cast<detail::GlooBackend&>(*gloo_); }
 
-detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) { return g.gloo_.get(); }
+detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) {
+  return g.gloo_ ? &g.gloo() : nullptr;
+}
+
+detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout) {
+  if (!t.device().is_cuda()) return *gloo_;
+  if (!nccl_) {
+    // One communicator per group, on the device of its first CUDA tensor;
+    // its keys live under the group's store.
+    const int index = t.device().index;
+    PrefixStore s("nccl." + std::to_string(index), store_);
+    nccl_ = std::make_unique<detail::NcclBackend>(s, rank_, size_, index, init_timeout);
+  }
+  return *nccl_;
+}
 
 // ---- call bookkeeping ----
 
@@ -399,10 +417,6 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
       debug_ && size_ > 1 && t.defined() && t.device().is_cpu() && t.nbytes() <= kDebugPayload;
   Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site, !fuse);
   if (size_ == 1) return;
-  if (t.device().is_cuda()) {
-    nccl_all_reduce(t, op, c);
-    return;
-  }
   Tensor buf = inplace_buffer("all_reduce", t);
   const std::size_t n = static_cast<std::size_t>(buf.numel());
   if (fuse) {
@@ -412,10 +426,8 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
     return;
   }
   guarded(c, [&] {
-    gloo_->all_reduce(buf.raw_data(), n, element_size(buf.dtype()),
-                      detail::reduce_fn(buf.dtype(), op), c.tag, c.timeout);
+    backend_for(buf, c.timeout).all_reduce(buf.raw_data(), n, buf.dtype(), op, c.tag, c.timeout);
   });
-  if (op == ReduceOp::avg) detail::divide(buf.raw_data(), buf.dtype(), n, size_);
   finish_inplace(t, buf);
 }
 
@@ -427,12 +439,10 @@ void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site
   check_byte_range("broadcast", t);
   Call c = begin("broadcast", &t, detail::kSameShape, ReduceOp::sum, root, o, site);
   if (size_ == 1 || t.numel() == 0) return;  // every rank has the shape: nothing to move
-  if (t.device().is_cuda()) {
-    nccl_broadcast(t, root, c);
-    return;
-  }
   Tensor buf = inplace_buffer("broadcast", t);
-  guarded(c, [&] { gloo_->broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout); });
+  guarded(c, [&] {
+    backend_for(buf, c.timeout).broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout);
+  });
   finish_inplace(t, buf);
 }
 
@@ -448,18 +458,20 @@ Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
     NoGradGuard g;
     return in.clone();
   }
-  if (in.device().is_cuda()) return nccl_all_gather(in, c);
   Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
-  guarded(c,
-          [&] { gloo_->all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  guarded(c, [&] {
+    backend_for(in, c.timeout)
+        .all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout);
+  });
   return out;
 }
 
 Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, CallOptions o,
                                   Site site) {
   if (t.defined() && t.device().is_cuda()) {
-    // NCCL has no gather of uneven pieces: the bytes travel through the
-    // group's Gloo transport and come back to the tensor's device.
+    // NCCL has no gather of uneven pieces (NcclBackend refuses it until
+    // grouped send/recv, issue 18): the bytes travel through the group's
+    // Gloo transport and come back to the tensor's device.
     NoGradGuard g;
     return all_gather_v(t.to(Device::cpu()), sizes, o, site).to(t.device());
   }
@@ -492,8 +504,9 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
   std::vector<std::size_t> bytes(size_);
   for (int r = 0; r < size_; ++r) bytes[r] = bytes_of(in.dtype(), pieces[r]);
   guarded(c, [&] {
-    gloo_->all_gather_v(in.raw_data(), out.raw_data(), bytes, sub_tag(c.tag, 2 + uint32_t(total)),
-                        c.timeout);
+    backend_for(in, c.timeout)
+        .all_gather_v(in.raw_data(), out.raw_data(), bytes, sub_tag(c.tag, 2 + uint32_t(total)),
+                      c.timeout);
   });
   if (sizes) *sizes = counts;
   return out;
@@ -512,29 +525,21 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
     NoGradGuard g;
     return in.clone();
   }
-  if (in.device().is_cuda()) return nccl_reduce_scatter(in, op, c);
-  // All-to-all then a local reduction in rank order: the bandwidth of a
-  // ring reduce-scatter (Gloo 5b14351 has no reduce_scatter of its own).
-  Tensor gathered = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
-  guarded(c, [&] {
-    gloo_->all_to_all(in.raw_data(), gathered.raw_data(), in.nbytes(), c.tag, c.timeout);
-  });
   Shape shape = in.shape();
   shape[0] = m;
-  NoGradGuard g;
-  Tensor out = gathered.narrow(0, 0, m).clone();
-  const std::size_t n = static_cast<std::size_t>(out.numel());
-  const auto fn = detail::reduce_fn(in.dtype(), op);
-  const std::size_t block = out.nbytes();
-  auto* base = static_cast<const char*>(gathered.raw_data());
-  for (int r = 1; r < size_; ++r) fn(out.raw_data(), out.raw_data(), base + r * block, n);
-  if (op == ReduceOp::avg) detail::divide(out.raw_data(), out.dtype(), n, size_);
+  Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
+  guarded(c, [&] {
+    backend_for(in, c.timeout)
+        .reduce_scatter(in.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()),
+                        in.dtype(), op, c.tag, c.timeout);
+  });
   return out;
 }
 
 Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   if (t.defined() && t.device().is_cuda()) {
-    // Through the group's Gloo transport, as all_gather_v.
+    // Through the group's Gloo transport, as all_gather_v (NcclBackend
+    // refuses all_to_all until grouped send/recv, issue 18).
     NoGradGuard g;
     return all_to_all(t.to(Device::cpu()), o, site).to(t.device());
   }
@@ -549,8 +554,10 @@ Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   NoGradGuard g;
   if (size_ == 1) return in.clone();
   Tensor out = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
-  guarded(c,
-          [&] { gloo_->all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout); });
+  guarded(c, [&] {
+    backend_for(in, c.timeout)
+        .all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout);
+  });
   return out;
 }
 

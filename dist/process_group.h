@@ -11,8 +11,10 @@
 // reduce op, root, call site) and raise on any difference before moving data.
 //
 // Collectives run on CPU tensors through Gloo (TCP); CUDA tensors go to NCCL
-// when built with CUDA. World size 1 needs no backend: collectives are
-// identities, so every program runs unchanged on one process.
+// when built with CUDA: the group holds both behind one interface
+// (detail::Backend, dist/backend.h) and picks one by tensor device. World
+// size 1 needs no backend: collectives are identities, so every program runs
+// unchanged on one process.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -61,8 +63,8 @@ struct GroupOptions {
 
 class ProcessGroup;
 namespace detail {
+class Backend;
 class GlooBackend;
-class NcclBackend;
 struct Fingerprint;
 struct StreamCalls;
 /** The group's Gloo backend (null for a world of one): for benchmarks that
@@ -132,7 +134,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Call;
-  friend class detail::GlooBackend;
   friend detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g);
   ProcessGroup(int rank, int size, GroupOptions opts);
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
@@ -144,12 +145,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void fused_debug_all_reduce(const Call& call, const Tensor& buf, ReduceOp op);
   template <class F>
   void guarded(const Call& call, F&& f);
+  /** The backend for tensors on `t`'s device: CPU -> Gloo, CUDA -> NCCL
+   * (made on `t`'s device at the first CUDA collective, bounded by
+   * `init_timeout`). */
+  detail::Backend& backend_for(const Tensor& t, Millis init_timeout);
+  /** The Gloo backend (the host transport: debug exchanges, barriers, clones). */
   detail::GlooBackend& gloo();
-  // CUDA tensors (process_group_nccl.cpp; throwing stubs without CUDA).
-  void nccl_all_reduce(const Tensor& t, ReduceOp op, const Call& c);
-  void nccl_broadcast(const Tensor& t, int root, const Call& c);
-  Tensor nccl_all_gather(const Tensor& t, const Call& c);
-  Tensor nccl_reduce_scatter(const Tensor& t, ReduceOp op, const Call& c);
 
   int rank_ = 0;
   int size_ = 1;
@@ -159,10 +160,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t seq_ = 0;
   uint64_t clones_ = 0;
   std::string broken_;
-  std::shared_ptr<Store> root_store_;  // shared with clones
-  std::shared_ptr<Store> store_;       // scoped to this group
-  std::unique_ptr<detail::GlooBackend> gloo_;
-  std::unique_ptr<detail::NcclBackend> nccl_;          // made at the first CUDA collective
+  std::shared_ptr<Store> root_store_;                  // shared with clones
+  std::shared_ptr<Store> store_;                       // scoped to this group
+  std::unique_ptr<detail::Backend> gloo_;              // a GlooBackend; null in a world of one
+  std::unique_ptr<detail::Backend> nccl_;              // made at the first CUDA collective
   std::shared_ptr<detail::StreamCalls> stream_calls_;  // shared with clones
 };
 

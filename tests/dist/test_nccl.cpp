@@ -7,11 +7,15 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "dist/nccl_backend.h"
 #include "dist/store.h"
 #include "quant/nf4/nf4_format.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::dist;
@@ -20,8 +24,7 @@ namespace {
 
 bool skip_without_gpu() {
   if (cuda_device_count() > 0) return false;
-  MESSAGE("skipped: " << (cuda_built() ? "no CUDA device is visible"
-                                       : "quanta was built without CUDA"));
+  MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
   return true;
 }
 
@@ -39,13 +42,13 @@ TEST_CASE("nccl, one rank: init, then every reduction of all_reduce on device me
   dist::detail::NcclBackend nccl(store, 0, 1, 0, Millis(60000));
   const Device gpu = Device::cuda(0);
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8}) {
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
-                        ReduceOp::prod}) {
+    for (ReduceOp op :
+         {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
       if (op == ReduceOp::avg && !is_floating(dt)) continue;
       INFO(dtype_name(dt), " ", reduce_op_name(op));
       Tensor want = (arange(0.0, 12.0, 1.0, {.dtype = DType::f64}) + 1.0).to(dt);
       Tensor x = want.to(gpu);
-      nccl.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), dt, op,
+      nccl.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), dt, op, /*tag=*/0,
                       Millis(20000));
       CHECK(same_bytes(x, want));  // one rank: every reduction is the identity
     }
@@ -62,16 +65,29 @@ TEST_CASE("nccl, one rank: broadcast, all_gather and reduce_scatter; nf4 bytes t
   Tensor w = randn({64, 128}, gen);
   Tensor q = quant::quantize_nf4(w);
   Tensor qg = q.to(gpu);
-  nccl.broadcast(qg.raw_data(), qg.nbytes(), 0, Millis(20000));
+  nccl.broadcast(qg.raw_data(), qg.nbytes(), 0, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(qg, q));
   CHECK(same_bytes(quant::dequantize(qg.to(Device::cpu())), quant::dequantize(q)));
 
   Tensor x = randn({4, 5}, gen).to(gpu);
   Tensor out = empty({4, 5}, {.device = gpu});
-  nccl.all_gather(x.raw_data(), out.raw_data(), x.nbytes(), Millis(20000));
+  nccl.all_gather(x.raw_data(), out.raw_data(), x.nbytes(), /*tag=*/0, Millis(20000));
   CHECK(same_bytes(out, x));
   Tensor rs = empty({4, 5}, {.device = gpu});
-  nccl.reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()),
-                      DType::f32, ReduceOp::sum, Millis(20000));
+  nccl.reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32,
+                      ReduceOp::sum, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(rs, x));
+  // Through the interface ProcessGroup uses; what NCCL cannot do yet is
+  // refused without touching the communicator.
+  dist::detail::Backend& backend = nccl;
+  CHECK(std::string(backend.name()) == "nccl");
+  std::vector<std::size_t> bytes{x.nbytes()};
+  CHECK_THROWS_AS(backend.all_gather_v(x.raw_data(), out.raw_data(), bytes, 0, Millis(20000)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(backend.all_to_all(x.raw_data(), out.raw_data(), x.nbytes(), 0, Millis(20000)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(backend.barrier(0, Millis(20000)), std::invalid_argument);
+  backend.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32, ReduceOp::avg,
+                     0, Millis(20000));
+  CHECK(same_bytes(x, out));  // one rank: avg is the identity
 }
