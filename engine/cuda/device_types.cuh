@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -83,10 +84,17 @@ template <class D, class S> __host__ __device__ D convert(S v) {
 }
 
 // A few waves of blocks per multiprocessor; the grid-stride loop does the rest.
+// The count is read once per device: this runs before every launch.
 inline int64_t max_blocks() {
-  int dev = 0, sms = 0;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms_of[kMaxDevices] = {};
+  int dev = 0;
   QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
-  QUANTA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int sms = dev < kMaxDevices ? sms_of[dev].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    QUANTA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < kMaxDevices) sms_of[dev].store(sms, std::memory_order_relaxed);
+  }
   return static_cast<int64_t>(sms) * 8;
 }
 

@@ -1,7 +1,6 @@
 // The CUDA kernel table. Device code is thin: a grid-stride walk over a
 // StridedIndex calling the shared functors (engine/kernels/functors.h), CUB's
-// block reduction for row sums, cuBLAS for GEMM. The math is the CPU's.
-#include <cub/block/block_reduce.cuh>
+// reductions (reduce_kernels.cu), cuBLAS for GEMM. The math is the CPU's.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -180,67 +179,6 @@ void where(const Shape& shape, const Operand& out, const Operand& cond, const Op
   });
 }
 
-// ---- row reductions: a block per row (CUB's block reduction); long rows
-// are first cut into chunks summed into a partials buffer, then reduced
-// again, so few long rows still fill the device. Deterministic: a fixed
-// split and a fixed order within each block. ----
-
-template <class T, class Acc>
-__global__ void chunk_sum_kernel(const T* in, int64_t rows, int64_t inner, int64_t parts,
-                                 Acc* out) {
-  using Reduce = cub::BlockReduce<Acc, kThreadsPerBlock>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const int64_t len = (inner + parts - 1) / parts;
-  for (int64_t job = blockIdx.x; job < rows * parts; job += gridDim.x) {
-    const int64_t row = job / parts, part = job % parts;
-    const int64_t lo = part * len, hi = min(inner, lo + len);
-    Acc s = Acc(0);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-      s += static_cast<Acc>(in[row * inner + i]);
-    const Acc total = Reduce(tmp).Sum(s);
-    if (threadIdx.x == 0) out[job] = total;
-    __syncthreads();  // tmp is reused by the next job
-  }
-}
-
-template <class T, class Acc>
-void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
-  const int64_t blocks = max_blocks();
-  int64_t parts = 1;
-  // Split only when the rows alone leave most of the device idle.
-  if (outer < blocks && inner > 16 * kThreadsPerBlock)
-    parts = std::min<int64_t>((blocks + outer - 1) / outer, inner / (4 * kThreadsPerBlock));
-  if (parts <= 1) {
-    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
-                               kThreadsPerBlock>>>(in, outer, inner, 1, out);
-    QUANTA_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  Acc* partial = nullptr;
-  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, 0));
-  chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer * parts, blocks)),
-                             kThreadsPerBlock>>>(in, outer, inner, parts, partial);
-  QUANTA_CUDA_CHECK_LAUNCH();
-  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
-                               kThreadsPerBlock>>>(partial, outer, parts, 1, out);
-  QUANTA_CUDA_CHECK_LAUNCH();
-  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, 0));
-}
-
-void reduce_rows(RowReduce, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
-                 void* out) {
-  if (outer == 0) return;
-  dispatch_all(in_dtype, "sum", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (is_half_v<T>) {
-      throw std::logic_error("[sum] 16-bit input reached the kernel");
-    } else {
-      using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
-      sum_rows<T, Acc>(static_cast<const T*>(rows), outer, inner, static_cast<Acc*>(out));
-    }
-  });
-}
-
 // ---- GEMM through cuBLAS (f32 without TF32, f64) ----
 
 cublasHandle_t blas_handle() {
@@ -337,12 +275,7 @@ const KernelTable& cuda_kernels() {
       .binary = binary,
       .update = update,
       .where = where,
-      // Sums run in sum_rows above, the other kinds in reduce_kernels.cu.
-      .reduce_rows = [](RowReduce op, DType in_dtype, const void* rows, int64_t outer,
-                        int64_t inner, void* out) {
-        if (op == RowReduce::sum) return reduce_rows(op, in_dtype, rows, outer, inner, out);
-        reduce_rows_except_sum(op, in_dtype, rows, outer, inner, out);
-      },
+      .reduce_rows = reduce_rows,
       .gemm_maps = gemm_maps,
       .gemm = gemm,
       .stat_rows = stat_rows,

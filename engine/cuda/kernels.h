@@ -6,9 +6,8 @@
 
 namespace quanta::cuda {
 
-/** reduce_rows for every kind but sum (sum_rows in kernels.cu has it). */
-void reduce_rows_except_sum(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
-                            int64_t inner, void* out);
+void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
+                 void* out);
 void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
                int64_t inner, void* out);
 void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,

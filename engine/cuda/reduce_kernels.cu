@@ -273,15 +273,70 @@ void extreme_rows(DType dtype, const void* rows, int64_t outer, int64_t inner, i
   });
 }
 
+// ---- row reductions: a block per row (CUB's block reduction); long rows
+// are first cut into chunks summed into a partials buffer, then reduced
+// again, so few long rows still fill the device. Deterministic: a fixed
+// split and a fixed order within each block. ----
+
+template <class T, class Acc>
+__global__ void chunk_sum_kernel(const T* in, int64_t rows, int64_t inner, int64_t parts,
+                                 Acc* out) {
+  using Reduce = cub::BlockReduce<Acc, kThreadsPerBlock>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int64_t len = (inner + parts - 1) / parts;
+  for (int64_t job = blockIdx.x; job < rows * parts; job += gridDim.x) {
+    const int64_t row = job / parts, part = job % parts;
+    const int64_t lo = part * len, hi = min(inner, lo + len);
+    Acc s = Acc(0);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+      s += static_cast<Acc>(in[row * inner + i]);
+    const Acc total = Reduce(tmp).Sum(s);
+    if (threadIdx.x == 0) out[job] = total;
+    __syncthreads();  // tmp is reused by the next job
+  }
+}
+
+template <class T, class Acc>
+void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
+  const int64_t blocks = max_blocks();
+  int64_t parts = 1;
+  // Split only when the rows alone leave most of the device idle.
+  if (outer < blocks && inner > 16 * kThreadsPerBlock)
+    parts = std::min<int64_t>((blocks + outer - 1) / outer, inner / (4 * kThreadsPerBlock));
+  if (parts <= 1) {
+    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
+                               kThreadsPerBlock>>>(in, outer, inner, 1, out);
+    QUANTA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  Acc* partial = nullptr;
+  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, 0));
+  chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer * parts, blocks)),
+                             kThreadsPerBlock>>>(in, outer, inner, parts, partial);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
+                               kThreadsPerBlock>>>(partial, outer, parts, 1, out);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, 0));
+}
+
 }  // namespace
 
-void reduce_rows_except_sum(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
-                            int64_t inner, void* out) {
+void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
+                 void* out) {
   if (outer == 0) return;
   const unsigned blocks = row_blocks(outer);
   switch (op) {
     case RowReduce::sum:
-      throw std::logic_error("[sum] reached reduce_rows_except_sum");
+      return dispatch_all(in_dtype, "sum", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_half_v<T>) {
+          throw std::logic_error("[sum] 16-bit input reached the kernel");
+        } else {
+          using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+          sum_rows<T, Acc>(static_cast<const T*>(rows), outer, inner, static_cast<Acc*>(out));
+        }
+      });
     case RowReduce::prod:
       return dispatch_numeric(in_dtype, "prod", [&](auto tag) {
         using T = typename decltype(tag)::type;
