@@ -11,6 +11,24 @@ int64_t numel_of(const Shape& shape) {
   return n;
 }
 
+std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+std::optional<int64_t> checked_numel(const Shape& shape) {
+  int64_t n = 1, span = 1;
+  for (int64_t s : shape) {
+    const auto next_n = checked_mul(n, s);
+    const auto next_span = checked_mul(span, std::max<int64_t>(s, 1));
+    if (!next_n || !next_span) return std::nullopt;
+    n = *next_n;
+    span = *next_span;
+  }
+  return n;
+}
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t acc = 1;

@@ -261,6 +261,15 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
   return Tensor(std::move(impl));
 }
 
+std::optional<int64_t> storage_bytes(const Shape& shape, DType dtype) {
+  const auto& info = dtype_info(dtype);
+  const auto n = checked_numel(shape);
+  if (!n) return std::nullopt;
+  // ceil(n / block_elems) without n + block_elems - 1, which can overflow.
+  const auto elems = static_cast<int64_t>(info.block_elems);
+  return checked_mul(*n / elems + (*n % elems != 0), static_cast<int64_t>(info.block_bytes));
+}
+
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
     if (s < 0)
@@ -269,11 +278,12 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   if (info.block_bytes == 0)
     throw std::invalid_argument(std::string("[empty] dtype ") + info.name +
                                 " has no storage layout yet (it arrives with its format)");
+  const auto bytes = storage_bytes(shape, dtype);
+  if (!bytes)
+    throw std::invalid_argument("[empty] shape " + shape_str(shape) + " of " + info.name +
+                                " overflows 64-bit sizes");
   auto impl = std::make_shared<TensorImpl>();
-  const int64_t n = numel_of(shape);
-  const std::size_t bytes =
-      static_cast<std::size_t>((n + info.block_elems - 1) / info.block_elems) * info.block_bytes;
-  impl->storage = std::make_shared<Storage>(bytes, device);
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(*bytes), device);
   impl->dtype = dtype;
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -156,7 +157,12 @@ struct TensorImpl {
 namespace detail {
 /** A tensor over `storage` with the given layout; no checks beyond bounds. */
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
-/** A fresh contiguous tensor (uninitialised). */
+/** Bytes of a contiguous tensor of `shape` and `dtype` (whole storage blocks),
+ * or std::nullopt when a size is negative or the element or byte count does not
+ * fit int64 (the check for shapes read from files). */
+std::optional<int64_t> storage_bytes(const Shape& shape, DType dtype);
+/** A fresh contiguous tensor (uninitialised); throws std::invalid_argument
+ * naming the shape when a size is negative or its sizes overflow. */
 Tensor make_tensor(const Shape& shape, DType dtype, Device device);
 }  // namespace detail
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -92,6 +93,13 @@ std::string brief_json(const json& j) {
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw std::runtime_error("[safetensors] " + source + ": " + what);
+}
+
+// A file of another kind (or one some tool mangled) read as safetensors: the
+// reference loader refuses these too, and saying so beats quoting a header
+// length made of ASCII text.
+[[noreturn]] void not_safetensors(const std::string& source, const std::string& why) {
+  throw std::runtime_error("[safetensors] " + source + " is not a safetensors file (" + why + ")");
 }
 
 [[noreturn]] void fail_errno(const std::string& source, const std::string& what) {
@@ -185,24 +193,20 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info,
   // Elements times the bits of one element must fit; so must the product of
   // the non-zero sizes, which later stride arithmetic multiplies out.
   constexpr uint64_t kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  uint64_t numel = 1;
-  uint64_t span = 1;
   for (const json& d : shape) {
     if (!d.is_number_unsigned())
       fail(source,
            who + ": shape must hold non-negative integers, got " + brief_json(shape));
     const uint64_t v = get_u64(d);
-    if (v > kMaxI64 || (v > 1 && span > kMaxI64 / v))
-      fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
-    span *= std::max<uint64_t>(v, 1);
-    numel *= v;
+    if (v > kMaxI64) fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
     e.shape.push_back(static_cast<int64_t>(v));
   }
-  if (numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(spec->bits))
-    fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
-  const uint64_t bits = numel * static_cast<uint64_t>(spec->bits);
+  const auto numel = checked_numel(e.shape);
+  const auto total_bits = numel ? checked_mul(*numel, spec->bits) : std::nullopt;
+  if (!total_bits) fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
+  const auto bits = static_cast<uint64_t>(*total_bits);
   if (bits % 8 != 0)
-    fail(source, who + ": " + std::to_string(numel) + " elements of " + e.dtype +
+    fail(source, who + ": " + std::to_string(*numel) + " elements of " + e.dtype +
                      " do not fill whole bytes");
 
   const json& offsets = field("data_offsets");
@@ -275,16 +279,40 @@ SafetensorsHeader parse_header(const char* text, uint64_t n, uint64_t buffer_byt
   return h;
 }
 
-// Checks the 8-byte length against the total size; returns N.
-uint64_t check_length(const uint8_t* first8, uint64_t total, const std::string& source) {
+// The first byte of a header, as an error message shows it.
+std::string byte_text(uint8_t c) {
+  if (c >= 0x20 && c < 0x7f) return std::string("'") + static_cast<char>(c) + "'";
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0x%02X", c);
+  return std::string("byte ") + buf;
+}
+
+// How many bytes of a file check_length looks at: the length and the first
+// three bytes of the header (room for a UTF-8 byte order mark).
+constexpr uint64_t kHeadBytes = 11;
+
+// Checks the 8-byte length against the total size and the start of the
+// header, given the first min(total, kHeadBytes) bytes; returns N.
+uint64_t check_length(const uint8_t* head, uint64_t total, const std::string& source) {
   if (total < 8)
-    fail(source, "file is " + std::to_string(total) +
-                     " bytes, shorter than the 8-byte header length");
+    not_safetensors(
+        source, "it is " + std::to_string(total) + " bytes, shorter than the 8-byte header length");
   uint64_t n = 0;
-  std::memcpy(&n, first8, 8);
+  std::memcpy(&n, head, 8);
   if (n > kMaxHeaderBytes)
-    fail(source, "header length " + std::to_string(n) + " exceeds the " +
-                     std::to_string(kMaxHeaderBytes) + "-byte limit");
+    not_safetensors(source, "header length " + std::to_string(n) + " exceeds the " +
+                                std::to_string(kMaxHeaderBytes) + "-byte limit");
+  // The reference loader wants the JSON to start with '{'. nlohmann would
+  // skip a byte order mark silently; a writer that adds one is broken.
+  const uint64_t seen = std::min({n, total - 8, kHeadBytes - 8});
+  const uint8_t* text = head + 8;
+  if (seen >= 3 && text[0] == 0xEF && text[1] == 0xBB && text[2] == 0xBF)
+    not_safetensors(source,
+                    "the header starts with a UTF-8 byte order mark (EF BB BF); "
+                    "its JSON must start with '{'");
+  if (seen >= 1 && text[0] != '{')
+    not_safetensors(source, "the header is not a JSON object: it starts with " +
+                                byte_text(text[0]) + ", not '{'");
   if (n > total - 8)
     fail(source, "header length " + std::to_string(n) + " exceeds the " +
                      std::to_string(total - 8) + " bytes after it (truncated file?)");
@@ -305,16 +333,21 @@ std::pair<DType, Shape> parse_block_dtype(const std::string& value, const Safete
     shape = json::parse(value.substr(space == std::string::npos ? value.size() : space))
                 .get<Shape>();
   } catch (const std::exception&) {
-    fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) + " is not '<dtype> [shape]': " +
-                     quote_name(value));
+    fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) +
+                     " is not '<dtype> [shape]': " + quote_name(value));
   }
+  const std::string key = quote_name(kBlockDTypeKey + e.name);
   const auto& info = dtype_info(dt);
   for (int64_t d : shape)
-    if (d < 0) fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) + " has a negative size");
-  const uint64_t blocks =
-      (static_cast<uint64_t>(numel_of(shape)) + info.block_elems - 1) / info.block_elems;
+    if (d < 0) fail(source, "metadata " + key + " has a negative size");
+  // The shape comes from the file: a product that wraps would give a tensor
+  // with a negative or tiny element count over a few bytes.
+  const auto bytes = detail::storage_bytes(shape, dt);
+  if (!bytes)
+    fail(source, "tensor " + quote_name(e.name) + ": metadata " + key + " gives shape " +
+                     shape_str(shape) + ", which overflows 64-bit sizes");
   if (info.block_elems == 1 || e.dtype != "U8" || e.shape.size() != 1 ||
-      e.end - e.begin != blocks * info.block_bytes)
+      e.end - e.begin != static_cast<uint64_t>(*bytes))
     fail(source, "tensor " + quote_name(e.name) + " stored as " + e.dtype + " " +
                      std::to_string(e.end - e.begin) + " bytes does not hold " + value);
   return {dt, shape};
@@ -412,9 +445,9 @@ struct InputFile {
 };
 
 SafetensorsHeader read_header(const InputFile& in, const std::string& path) {
-  std::array<uint8_t, 8> len{};
-  if (in.size >= 8) in.read_at(0, len.data(), 8, path);
-  const uint64_t n = check_length(len.data(), in.size, path);
+  std::array<uint8_t, kHeadBytes> head{};
+  in.read_at(0, head.data(), std::min<uint64_t>(in.size, kHeadBytes), path);
+  const uint64_t n = check_length(head.data(), in.size, path);
   std::string text(n, '\0');
   in.read_at(8, text.data(), n, path);
   return parse_header(text.data(), n, in.size - 8 - n, path);
@@ -574,6 +607,19 @@ SafetensorsFile load_safetensors(const std::string& path) {
   return build_tensors(std::move(h), path, [&](uint64_t off, void* dst, uint64_t n) {
     in.read_at(base + off, dst, n, path);
   });
+}
+
+std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const SafetensorsHeader& h,
+                                            const SafetensorsEntry& e) {
+  InputFile in(path);
+  const uint64_t n = e.end - e.begin;
+  if (in.size < 8 + h.header_bytes + e.end)
+    fail(path, "tensor " + quote_name(e.name) +
+                   " lies past the end of the file (was it "
+                   "changed after its header was read?)");
+  std::vector<uint8_t> out(n);
+  if (n > 0) in.read_at(8 + h.header_bytes + e.begin, out.data(), n, path);
+  return out;
 }
 
 std::vector<uint8_t> serialize_safetensors(

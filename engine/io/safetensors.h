@@ -54,12 +54,19 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 /** Reads and validates a whole safetensors file; throws std::runtime_error
- * naming `path` and the problem. */
+ * naming `path` and the problem ("PATH is not a safetensors file (...)" when
+ * the header length is implausible or the header does not start with '{'). */
 SafetensorsFile load_safetensors(const std::string& path);
 
 /** Reads and validates only the header of `path` (no tensor data is read), for
  * listing files whose dtypes quanta cannot load. */
 SafetensorsHeader read_safetensors_header(const std::string& path);
+
+/** The stored bytes of one tensor `e` of the header `h` read from `path`,
+ * without reading the others (small entries, such as bitsandbytes' JSON
+ * state, for listings). */
+std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const SafetensorsHeader& h,
+                                            const SafetensorsEntry& e);
 
 /** The bytes save_safetensors would write, in memory. */
 std::vector<uint8_t> serialize_safetensors(

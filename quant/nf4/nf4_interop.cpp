@@ -57,6 +57,14 @@ Tensor codes_from_packed(const Tensor& packed, int64_t n, const char* op) {
   return codes;
 }
 
+// A shape read from a file: every later size computation multiplies it out.
+void check_file_shape(const Shape& shape, const char* op, const std::string& where) {
+  if (!checked_numel(shape))
+    throw std::invalid_argument(std::string("[") + op + "] '" + where + "': shape " +
+                                shape_str(shape) +
+                                " has a negative size or overflows 64-bit sizes");
+}
+
 const Tensor& need(const std::map<std::string, Tensor>& m, const std::string& key,
                    const char* op) {
   auto it = m.find(key);
@@ -277,6 +285,7 @@ BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& t, const std::
   } catch (const json::exception& e) {
     throw std::invalid_argument("[read_bnb_tensors] '" + key + "': " + e.what());
   }
+  check_file_shape(s.shape, "read_bnb_tensors", key);
   s.packed = need(t, name, op);
   s.absmax = need(t, name + ".absmax", op);
   s.quant_map = need(t, name + ".quant_map", op);
@@ -421,6 +430,7 @@ TorchaoNF4State read_torchao_tensors(const std::map<std::string, Tensor>& t,
   } catch (const json::exception& e) {
     throw std::invalid_argument("[read_torchao_tensors] metadata of '" + name + "': " + e.what());
   }
+  check_file_shape(s.shape, "read_torchao_tensors", it->first);
   s.quantized_data = need(t, name + ".quantized_data", op);
   s.quantized_scalers = need(t, name + ".quantized_scalers", op);
   s.quantization_factor = need(t, name + ".quantization_factor", op);

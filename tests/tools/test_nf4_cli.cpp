@@ -4,6 +4,7 @@
 // `quanta inspect`'s NF4 bits lines and `quanta bench nf4 --json`.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -318,6 +319,272 @@ TEST_CASE("quanta inspect reports the bits per parameter of each NF4 layout") {
   CHECK(ja.at("torchao").at("bits_per_parameter").get<double>() ==
         doctest::Approx(8.0 * 8452 / 16384));
   CHECK(!ja.contains("quanta"));
+}
+
+// The JSON state bitsandbytes stores with weight `name`.
+nlohmann::json bnb_json(const std::map<std::string, Tensor>& m, const std::string& name) {
+  const Tensor& js = m.at(name + ".quant_state.bitsandbytes__nf4");
+  return nlohmann::json::parse(std::string(js.data<uint8_t>(), js.data<uint8_t>() + js.numel()));
+}
+
+// Every tensor bitsandbytes' state of `name` has in `m`, as bytes.
+std::map<std::string, std::vector<uint8_t>> bnb_entries(const std::map<std::string, Tensor>& m,
+                                                        const std::string& name) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [n, t] : m)
+    if (n.rfind(name, 0) == 0) out[n] = bytes_of(t);
+  return out;
+}
+
+TEST_CASE("quanta quantize converts quanta-layout NF4 files to bitsandbytes' layout and back") {
+  ScratchDir dir("nf4_cli");
+  const io::TensorMap in = tiny_checkpoint();
+  const std::string src = dir.file("in.safetensors"), q = dir.file("q.safetensors"),
+                    bnb = dir.file("bnb.safetensors"), back = dir.file("back.safetensors");
+  io::save_safetensors(src, in);
+  struct Case {
+    std::vector<std::string> flags;
+    int64_t block;
+    bool dq;
+  };
+  for (const Case& c :
+       {Case{{"--no-double-quant"}, 64, false},
+        Case{{"--block-size", "128", "--no-double-quant"}, 128, false}, Case{{}, 64, true}}) {
+    CAPTURE(c.block);
+    CAPTURE(c.dq);
+    std::vector<std::string> args = {"quantize", src, q};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    REQUIRE(run_quanta(args).code == 0);
+    const auto qf = as_map(io::load_safetensors(q));
+
+    // quanta -> bnb: bitsandbytes' state at the recorded block size and
+    // double-quant setting, never the quanta bytes under a bnb label.
+    const auto r = run_quanta({"quantize", q, bnb, "--format", "bnb"});
+    CAPTURE(r.out);
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    const io::SafetensorsHeader h = io::read_safetensors_header(bnb);
+    const auto out = as_map(io::load_safetensors(bnb));
+    check_copied(out, in);
+    for (const char* name : {"layer0.weight", "layer1.weight"}) {
+      CAPTURE(name);
+      const std::string n = name;
+      CHECK(h.metadata.count("quanta.dtype." + n) == 0);
+      REQUIRE(quant::has_bnb_tensors(out, n));
+      CHECK(out.at(n).dtype() == DType::u8);
+      CHECK(out.at(n).shape() == Shape{find(in, n).numel() / 2, 1});
+      const auto meta = bnb_json(out, n);
+      CHECK(meta.at("quant_type") == "nf4");
+      CHECK(meta.at("blocksize") == c.block);
+      CHECK(meta.at("shape") == find(in, n).shape());
+      CHECK(meta.contains("nested_offset") == c.dq);
+      const quant::BnbNF4State s = quant::read_bnb_tensors(out, n);
+      // The codes bitsandbytes' quantize_4bit gives the original weight.
+      quant::NF4Options o;
+      o.block_size = c.block;
+      o.double_quant = false;
+      const quant::BnbNF4State want = quant::quantize_bnb(find(in, n), o);
+      CHECK(bytes_of(s.packed) == bytes_of(want.packed));
+      const std::string line = line_with(r.out, n + " ");
+      CHECK(contains(line, "from the quanta layout"));
+      if (!c.dq) {
+        // Exact scales: bitsandbytes' own bytes, the quanta file's values.
+        CHECK(bytes_of(s.absmax) == bytes_of(want.absmax));
+        CHECK(quant::dequantize(s).to_vector<float>() ==
+              quant::dequantize(qf.at(n)).to_vector<float>());
+        CHECK(contains(line, "values unchanged"));
+      } else {
+        CHECK(out.at(n + ".absmax").dtype() == DType::u8);
+        CHECK(max(abs(quant::dequantize(s) - quant::dequantize(qf.at(n)))).item() <
+              0.01 * max(abs(find(in, n))).item());
+      }
+    }
+    CHECK(contains(r.out, "nothing to quantize"));
+    CHECK(contains(r.out, "NF4 tensors already in the input: 2 written as bnb"));
+
+    // And back: bnb -> quanta gives the nf4 tensors again (the same bytes
+    // when no scale was rounded on the way).
+    const auto r2 = run_quanta({"quantize", bnb, back, "--format", "quanta"});
+    CAPTURE(r2.out);
+    REQUIRE(r2.code == 0);
+    const auto b = as_map(io::load_safetensors(back));
+    for (const char* name : {"layer0.weight", "layer1.weight"}) {
+      CAPTURE(name);
+      REQUIRE(b.at(name).dtype() == DType::nf4);
+      if (!c.dq) {
+        CHECK(bytes_of(b.at(name)) == bytes_of(qf.at(name)));
+      } else {
+        CHECK(quant::nf4_codes(b.at(name)).to_vector<int>() ==
+              quant::nf4_codes(qf.at(name)).to_vector<int>());
+      }
+    }
+  }
+
+  // quanta -> torchao: converted where torchao can hold it (16384 elements);
+  // the 8192-element weight is refused, kept in the quanta layout, exit 1.
+  REQUIRE(run_quanta({"quantize", src, q}).code == 0);
+  const std::string ao = dir.file("ao.safetensors");
+  const auto r3 = run_quanta({"quantize", q, ao, "--format", "torchao"});
+  CAPTURE(r3.out);
+  CAPTURE(r3.err);
+  CHECK(r3.code == 1);
+  CHECK(contains(line_with(r3.out, "layer0.weight "), "refused: [to_torchao] torchao needs"));
+  CHECK(contains(r3.err, "1 NF4 tensor refused ('layer0.weight'"));
+  const io::SafetensorsFile f = io::load_safetensors(ao);
+  const auto a = as_map(f);
+  CHECK(a.at("layer0.weight").dtype() == DType::nf4);
+  const quant::TorchaoNF4State t = quant::read_torchao_tensors(a, f.metadata, "layer1.weight");
+  CHECK(quant::nf4_codes(quant::from_torchao(t)).to_vector<int>() ==
+        quant::nf4_codes(as_map(io::load_safetensors(q)).at("layer1.weight")).to_vector<int>());
+}
+
+TEST_CASE("quanta quantize keeps the double quantization of imported weights unless asked") {
+  ScratchDir dir("nf4_cli");
+  const io::TensorMap in = tiny_checkpoint();
+  const std::string src = dir.file("in.safetensors"), plain = dir.file("plain.safetensors"),
+                    dq = dir.file("dq.safetensors"), out = dir.file("out.safetensors");
+  io::save_safetensors(src, in);
+  REQUIRE(run_quanta({"quantize", src, plain, "--format", "bnb", "--no-double-quant"}).code == 0);
+  REQUIRE(run_quanta({"quantize", src, dq, "--format", "bnb"}).code == 0);
+  const auto p = as_map(io::load_safetensors(plain));
+  const auto d = as_map(io::load_safetensors(dq));
+
+  // bnb without double quant -> bnb: the same bytes (the scales used to be
+  // double-quantized, up to 0.055 off).
+  auto r = run_quanta({"quantize", plain, out, "--format", "bnb"});
+  CAPTURE(r.out);
+  REQUIRE(r.code == 0);
+  auto o = as_map(io::load_safetensors(out));
+  for (const char* name : {"layer0.weight", "layer1.weight"}) {
+    CAPTURE(name);
+    CHECK(bnb_entries(o, name) == bnb_entries(p, name));
+    CHECK(o.at(std::string(name) + ".absmax").dtype() == DType::f32);
+    CHECK(contains(line_with(r.out, std::string(name) + " "),
+                   "double quant off; written as bnb, double quant off: values unchanged"));
+  }
+  CHECK(nlohmann::json::parse(io::load_safetensors(out).metadata.at("quanta.nf4"))
+            .at("double_quant") == false);
+
+  // Asked for: --double-quant rounds the scales, the codes stay.
+  r = run_quanta({"quantize", plain, out, "--format", "bnb", "--double-quant"});
+  REQUIRE(r.code == 0);
+  o = as_map(io::load_safetensors(out));
+  for (const char* name : {"layer0.weight", "layer1.weight"}) {
+    CAPTURE(name);
+    const std::string n = name;
+    CHECK(o.at(n + ".absmax").dtype() == DType::u8);
+    CHECK(o.count(n + ".nested_absmax") == 1);
+    CHECK(bytes_of(o.at(n)) == bytes_of(p.at(n)));
+    CHECK(contains(line_with(r.out, n + " "), "values change by at most"));
+  }
+
+  // bnb with double quant -> bnb: the same bytes; --no-double-quant stores
+  // the scales bitsandbytes reconstructs, so the values stay.
+  r = run_quanta({"quantize", dq, out, "--format", "bnb"});
+  REQUIRE(r.code == 0);
+  o = as_map(io::load_safetensors(out));
+  CHECK(bnb_entries(o, "layer1.weight") == bnb_entries(d, "layer1.weight"));
+  r = run_quanta({"quantize", dq, out, "--format", "bnb", "--no-double-quant"});
+  CAPTURE(r.out);
+  REQUIRE(r.code == 0);
+  o = as_map(io::load_safetensors(out));
+  const quant::BnbNF4State s = quant::read_bnb_tensors(o, "layer1.weight");
+  CHECK(!s.double_quant);
+  CHECK(quant::dequantize(s).to_vector<float>() ==
+        quant::dequantize(quant::read_bnb_tensors(d, "layer1.weight")).to_vector<float>());
+  CHECK(contains(line_with(r.out, "layer1.weight "), "values unchanged"));
+
+  // Both flags at once is a usage error.
+  CHECK(run_quanta({"quantize", plain, out, "--double-quant", "--no-double-quant"}).code == 2);
+}
+
+TEST_CASE("quanta quantize applies --exclude to imported NF4 weights and refuses per tensor") {
+  ScratchDir dir("nf4_cli");
+  Generator gen(5);
+  quant::NF4Options b32;
+  b32.block_size = 32;
+  io::TensorMap m;
+  const Tensor w0 = randn({16, 64}, gen), w1 = randn({8, 128}, gen);
+  quant::append_bnb_tensors(m, "layer0.weight", quant::quantize_bnb(w0, b32));
+  quant::append_bnb_tensors(m, "layer1.weight", quant::quantize_bnb(w1));
+  m.emplace_back("layer2.weight", randn({4, 64}, gen));
+  const std::string src = dir.file("in.safetensors"), out = dir.file("out.safetensors");
+  io::save_safetensors(src, m);
+  const auto in = as_map(io::load_safetensors(src));
+
+  // Block 32 cannot be the nf4 dtype: that weight alone is refused and kept
+  // in its layout; the others are written; the run fails at the end.
+  auto r = run_quanta({"quantize", src, out, "--format", "quanta"});
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.code == 1);
+  CHECK(contains(line_with(r.out, "layer0.weight "), "refused: block size 32 needs two scales"));
+  CHECK(contains(line_with(r.out, "layer0.weight "), "copied in its bitsandbytes layout"));
+  CHECK(contains(line_with(r.out, "layer1.weight "), "written as quanta"));
+  CHECK(contains(r.out, "1 tensors quantized"));
+  CHECK(r.err.rfind("quanta: error: 1 NF4 tensor refused ('layer0.weight', see above)", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  auto o = as_map(io::load_safetensors(out));
+  CHECK(bnb_entries(o, "layer0.weight") == bnb_entries(in, "layer0.weight"));
+  CHECK(o.at("layer1.weight").dtype() == DType::nf4);
+  CHECK(o.at("layer2.weight").dtype() == DType::nf4);
+
+  // --exclude reaches imported weights: layer0 is copied, nothing refused.
+  r = run_quanta({"quantize", src, out, "--format", "quanta", "--exclude", "layer0"});
+  CAPTURE(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(contains(line_with(r.out, "layer0.weight "), "not selected by --include/--exclude"));
+  o = as_map(io::load_safetensors(out));
+  CHECK(bnb_entries(o, "layer0.weight") == bnb_entries(in, "layer0.weight"));
+  CHECK(o.at("layer1.weight").dtype() == DType::nf4);
+
+  r = run_quanta(
+      {"quantize", src, out, "--format", "quanta", "--exclude", "layer0", "--exclude", "layer1"});
+  REQUIRE(r.code == 0);
+  o = as_map(io::load_safetensors(out));
+  CHECK(bnb_entries(o, "layer1.weight") == bnb_entries(in, "layer1.weight"));
+}
+
+TEST_CASE("quanta inspect counts odd bnb weights exactly; nothing to quantize says so") {
+  ScratchDir dir("nf4_cli");
+  Generator gen(6);
+  io::TensorMap m;
+  quant::append_bnb_tensors(m, "odd.weight", quant::quantize_bnb(randn({5, 77}, gen)));
+  const std::string odd = dir.file("odd.safetensors");
+  io::save_safetensors(odd, m);
+  const auto r = run_quanta({"inspect", odd});
+  CAPTURE(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(
+      contains(line_with(r.out, "nf4 ("), "nf4 (bitsandbytes layout): 1 tensors, 385 parameters"));
+  const auto j = nlohmann::json::parse(run_quanta({"inspect", odd, "--json"}).out);
+  CHECK(j.at("nf4").at("bitsandbytes").at("parameters") == 385);
+
+  // No eligible tensor: exit 0, and a line that says so instead of bits.
+  const std::string none = dir.file("none.safetensors"), out = dir.file("out.safetensors");
+  io::save_safetensors(none, {{"bias", randn({4}, gen)}, {"embed", randn({3, 3}, gen)}});
+  const auto q = run_quanta({"quantize", none, out});
+  CAPTURE(q.out);
+  CHECK(q.code == 0);
+  CHECK(contains(q.out, "nothing to quantize: " + none +
+                            " has no 2-d floating tensor whose name ends in 'weight'\n"));
+  CHECK(!contains(q.out, "bits per parameter"));
+  CHECK(!contains(q.out, "smaller"));
+  CHECK(contains(q.out, "every tensor copied as it was to " + out));
+  io::save_safetensors(none, {{"layer.weight", randn({4, 64}, gen)}});
+  const auto x = run_quanta({"quantize", none, out, "--exclude", "layer"});
+  CHECK(x.code == 0);
+  CHECK(contains(x.out, "'weight' and that --include/--exclude select"));
+
+  // A file of another kind is named as such.
+  const std::string text = dir.file("notes.txt");
+  std::FILE* fp = std::fopen(text.c_str(), "w");
+  REQUIRE(fp != nullptr);
+  std::fputs("these are notes, not tensors\n", fp);
+  std::fclose(fp);
+  quanta::test::check_one_line_error(run_quanta({"inspect", text}), 1,
+                                     text + " is not a safetensors file (header length");
 }
 
 TEST_CASE("quanta bench nf4 --size small --json gives every row with positive times") {

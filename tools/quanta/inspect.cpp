@@ -1,11 +1,13 @@
 // `quanta inspect`: lists what a safetensors file holds without loading its
-// tensors (so it also works on dtypes quanta cannot compute with).
+// tensors (so it also works on dtypes quanta cannot compute with); only
+// bitsandbytes' small JSON states are read, for the shapes of their weights.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,9 +23,7 @@ struct InspectOptions {
 };
 
 uint64_t elements_of(const io::SafetensorsEntry& e) {
-  uint64_t n = 1;
-  for (int64_t s : e.shape) n *= static_cast<uint64_t>(s);  // validated: no overflow
-  return n;
+  return static_cast<uint64_t>(numel_of(e.shape));  // validated: no overflow
 }
 
 std::string shape_text(const Shape& shape) {
@@ -71,24 +71,26 @@ struct NF4Summary {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
+// Largest bitsandbytes JSON state read (they are ~200 bytes).
+constexpr uint64_t kMaxBnbStateBytes = 1 << 16;
+
+NF4Summary nf4_summary(const std::string& path, const io::SafetensorsHeader& h) {
   NF4Summary s;
   auto entry = [&](const std::string& name) -> const io::SafetensorsEntry* {
     for (const auto& e : h.tensors)
       if (e.name == name) return &e;
     return nullptr;
   };
-  auto elements = [](const std::string& shape_json) -> std::optional<uint64_t> {
+  // Shapes come from metadata and JSON states: any product may overflow.
+  auto elements = [](const nlohmann::json& shape) -> std::optional<uint64_t> {
     try {
-      uint64_t n = 1;
-      for (int64_t d : nlohmann::json::parse(shape_json).get<Shape>()) {
-        if (d < 0) return std::nullopt;
-        n *= static_cast<uint64_t>(d);
-      }
-      return n;
+      if (const auto n = checked_numel(shape.get<Shape>())) return static_cast<uint64_t>(*n);
     } catch (const nlohmann::json::exception&) {
-      return std::nullopt;  // not an entry of ours after all
     }
+    return std::nullopt;  // not an entry of ours after all
+  };
+  auto parse = [](const std::string& text) {
+    return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   };
   if (auto it = h.metadata.find("quanta.nf4"); it != h.metadata.end()) {
     try {
@@ -105,15 +107,21 @@ NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
   for (const auto& e : h.tensors) {
     auto it = h.metadata.find("quanta.dtype." + e.name);
     if (it != h.metadata.end() && it->second.rfind("nf4 ", 0) == 0) {
-      const auto n = elements(it->second.substr(4));
+      const auto n = elements(parse(it->second.substr(4)));
       if (!n) continue;  // list the tensor as it is
       s.quanta.tensors++, s.quanta.params += *n, s.quanta.bytes += e.end - e.begin;
       const uint64_t codes = ceil_div(*n, 2), blocks = ceil_div(*n, bs);
       s.quanta.bnb_plain_bytes += codes + 4 * blocks;
       s.quanta.bnb_dq_bytes += codes + blocks + 4 * ceil_div(blocks, 256);
-    } else if (entry(e.name + ".quant_state.bitsandbytes__nf4")) {
+    } else if (const auto* state = entry(e.name + ".quant_state.bitsandbytes__nf4")) {
+      // The packed codes hold (n + 1) / 2 bytes: n is in the JSON state.
+      if (state->end - state->begin > kMaxBnbStateBytes) continue;
+      const std::vector<uint8_t> text = io::read_safetensors_bytes(path, h, *state);
+      const auto j = parse(std::string(text.begin(), text.end()));
+      const auto n = j.is_object() && j.contains("shape") ? elements(j["shape"]) : std::nullopt;
+      if (!n) continue;
       s.bnb.tensors++;
-      s.bnb.params += 2 * (e.end - e.begin);
+      s.bnb.params += *n;
       s.bnb.bytes += e.end - e.begin;
       for (const char* part : {".absmax", ".nested_absmax"})
         if (const auto* p = entry(e.name + part)) s.bnb.bytes += p->end - p->begin;
@@ -126,11 +134,8 @@ NF4Summary nf4_summary(const io::SafetensorsHeader& h) {
       continue;
     const std::string name = key.substr(0, key.size() - suffix.size());
     const auto* data = entry(name + ".quantized_data");
-    std::optional<uint64_t> n;
-    try {
-      n = elements(nlohmann::json::parse(value).at("shape").dump());
-    } catch (const nlohmann::json::exception&) {
-    }
+    const auto j = parse(value);
+    const auto n = j.is_object() && j.contains("shape") ? elements(j["shape"]) : std::nullopt;
     if (!data || !n) continue;
     s.torchao.tensors++, s.torchao.params += *n;
     for (const char* part : {".quantized_data", ".quantized_scalers", ".quantization_factor"})
@@ -177,7 +182,7 @@ void run_inspect(const InspectOptions& o) {
     out["total_bytes"] = h.data_bytes;
     out["header_bytes"] = h.header_bytes;
     out["metadata"] = h.metadata;
-    if (const NF4Summary nf4 = nf4_summary(h); nf4.any()) {
+    if (const NF4Summary nf4 = nf4_summary(o.file, h); nf4.any()) {
       auto layout = [](const NF4Layout& l) {
         return nlohmann::ordered_json{{"tensors", l.tensors},
                                       {"parameters", l.params},
@@ -223,7 +228,7 @@ void run_inspect(const InspectOptions& o) {
             << " elements, " << h.data_bytes << " bytes"
             << (h.data_bytes >= 1024 ? " (" + human_bytes(h.data_bytes) + ")" : "")
             << "; header " << h.header_bytes << " bytes\n";
-  const NF4Summary nf4 = nf4_summary(h);
+  const NF4Summary nf4 = nf4_summary(o.file, h);
   auto nf4_line = [](const char* layout, const NF4Layout& l, const std::string& tail) {
     if (!l.tensors) return;
     char line[200];

@@ -1,10 +1,12 @@
 // `quanta quantize IN OUT [--format quanta|bnb|torchao] [--block-size N]
-// [--no-double-quant] [--include P]... [--exclude P]...`: NF4-quantizes the
-// 2-d floating "...weight" tensors of a safetensors checkpoint (the linear
-// weights), copies every other tensor as it is, and prints per tensor the
-// RMSE and max |error| of the values the output file will dequantize to, and
-// the bytes before and after. NF4 weights already in the input (bitsandbytes
-// or torchao layout) are imported as they are and converted to the format.
+// [--double-quant | --no-double-quant] [--include P]... [--exclude P]...`:
+// NF4-quantizes the 2-d floating "...weight" tensors of a safetensors
+// checkpoint (the linear weights), copies every other tensor as it is, and
+// prints per tensor the RMSE and max |error| of the values the output file
+// will dequantize to, and the bytes before and after. NF4 weights already in
+// the input (quanta, bitsandbytes or torchao layout) keep their codes, block
+// size and double quantization and are converted to the format; one the
+// format cannot hold is copied as it is and makes the run fail at the end.
 // Block size 32 exists only in the bitsandbytes and torchao layouts: the nf4
 // dtype of --format quanta holds one scale per 64 elements.
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "commands.h"
 #include "engine/io/safetensors.h"
 #include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_import.h"
 #include "quant/nf4/nf4_interop.h"
 #include "quant/nf4/nf4_modules.h"
 
@@ -31,7 +35,7 @@ namespace {
 struct QuantizeOptions {
   std::string in, out, format = "quanta";
   int64_t block_size = 64;
-  bool no_double_quant = false;
+  bool double_quant = false, no_double_quant = false;
   std::vector<std::string> include, exclude;
 };
 
@@ -53,12 +57,100 @@ uint64_t torchao_payload_bytes(const quant::TorchaoNF4State& s) {
          s.quantization_factor.nbytes();
 }
 
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(DType::f32).contiguous(), y = b.to(DType::f32).contiguous();
+  double mx = 0;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    mx = std::max(mx, std::abs(double(x.data<float>()[i]) - double(y.data<float>()[i])));
+  return mx;
+}
+
+const char* on_off(bool b) { return b ? "on" : "off"; }
+
+// Block size and double quantization of one NF4 tensor of the output, for
+// the file's "quanta.nf4" entry.
+struct Setting {
+  int64_t block;
+  bool double_quant;
+  bool operator==(const Setting&) const = default;
+};
+
+// An NF4 weight of the input written in the requested format: its tensors
+// (and metadata) in `out`, what it is written with, and whether its values
+// changed. Throws std::invalid_argument when the format cannot hold it.
+struct Converted {
+  io::TensorMap tensors;
+  std::map<std::string, std::string> metadata;
+  Setting setting{64, false};
+  Tensor values;  // undefined: the source's tensors copied as they are
+};
+
+// Copies the input's tensors and metadata entries that hold `w`.
+void copy_weight(const io::SafetensorsFile& in, const quant::NF4FileWeight& w, io::TensorMap& out,
+                 std::map<std::string, std::string>& metadata) {
+  for (const auto& [name, t] : in.tensors)
+    if (std::find(w.tensors.begin(), w.tensors.end(), name) != w.tensors.end())
+      out.emplace_back(name, t);
+  for (const auto& key : w.metadata) metadata[key] = in.metadata.at(key);
+}
+
+Converted convert_import(const io::SafetensorsFile& in, const quant::NF4FileWeight& w,
+                         const quant::NF4Weight& src, const std::string& format,
+                         std::optional<bool> dq_choice) {
+  Converted c;
+  const quant::BnbNF4State& s = src.state;
+  // Imports keep their source's double quantization unless a flag says otherwise.
+  const bool dq = dq_choice.value_or(src.double_quant);
+  auto copy_source = [&] { copy_weight(in, w, c.tensors, c.metadata); };
+  if (format == "bnb") {
+    // Same setting: the state as it is (bitsandbytes' own bytes when it was one).
+    const quant::BnbNF4State b = quant::to_bnb(s, dq);
+    if (w.layout == quant::NF4Layout::bitsandbytes && b.double_quant == s.double_quant) {
+      copy_source();
+    } else {
+      quant::append_bnb_tensors(c.tensors, w.name, b);
+      c.values = quant::dequantize(b);
+    }
+    c.setting = {b.blocksize, b.double_quant};
+  } else if (format == "quanta") {
+    if (s.blocksize % quant::kNF4UnitElems != 0)
+      throw std::invalid_argument(
+          "block size " + std::to_string(s.blocksize) +
+          " needs two scales per 64-element unit, which the nf4 dtype of --format quanta "
+          "does not have (--format bnb or torchao keep it)");
+    // Asked to double-quantize scales that are not: round them now.
+    const bool requantize = dq && !src.double_quant;
+    if (w.layout == quant::NF4Layout::quanta && !requantize) {
+      copy_source();
+    } else {
+      const Tensor q = quant::from_bnb(requantize ? quant::to_bnb(s, true) : s);
+      c.tensors.emplace_back(w.name, q);
+      c.values = quant::dequantize(q);
+    }
+    c.setting = {s.blocksize, requantize || src.double_quant};
+  } else {
+    if (w.layout == quant::NF4Layout::torchao) {
+      copy_source();
+    } else {
+      const quant::TorchaoNF4State t = quant::to_torchao(s);
+      quant::append_torchao_tensors(c.tensors, c.metadata, w.name, t);
+      c.values = quant::torchao_dequantize(t);
+    }
+    c.setting = {s.blocksize, true};
+  }
+  return c;
+}
+
 void run_quantize(const QuantizeOptions& o) {
   if (o.format != "quanta" && o.format != "bnb" && o.format != "torchao")
     throw UsageError("--format must be quanta, bnb or torchao, got '" + o.format + "'");
   quant::NF4Options opts;
   opts.block_size = o.block_size;
   opts.double_quant = !o.no_double_quant;
+  // Set only by a flag: NF4 weights already in the input otherwise keep theirs.
+  std::optional<bool> dq_choice;
+  if (o.double_quant) dq_choice = true;
+  if (o.no_double_quant) dq_choice = false;
   try {
     quant::check_options(opts);
   } catch (const std::invalid_argument& e) {
@@ -78,52 +170,57 @@ void run_quantize(const QuantizeOptions& o) {
   const io::SafetensorsFile in = io::load_safetensors(o.in);
   io::TensorMap out;
   std::map<std::string, std::string> metadata = in.metadata;
-  metadata["quanta.nf4"] = nlohmann::json{{"format", o.format},
-                                          {"block_size", opts.block_size},
-                                          {"double_quant", opts.double_quant}}
-                               .dump();
-  // NF4 weights already in the input (bitsandbytes or torchao layout) are
-  // imported without requantizing and written in the requested format.
-  const std::map<std::string, Tensor> all(in.tensors.begin(), in.tensors.end());
-  std::map<std::string, quant::BnbNF4State> imported;
+  std::vector<Setting> settings;  // of every NF4 tensor written
+
+  // NF4 weights already in the input (any layout) are imported without
+  // re-quantizing their codes and written in the requested format. Those
+  // --include/--exclude leave out, and those the format cannot hold, are
+  // copied as they are.
   std::set<std::string> consumed;
-  for (const auto& [name, t] : in.tensors)
-    if (quant::has_bnb_tensors(all, name)) {
-      imported[name] = quant::read_bnb_tensors(all, name);
-      for (const char* part : {"", ".absmax", ".quant_map", ".nested_absmax",
-                               ".nested_quant_map", ".quant_state.bitsandbytes__nf4"})
-        consumed.insert(name + part);
-    }
-  for (const auto& [key, value] : in.metadata)
-    if (ends_with(key, ".torchao_nf4")) {
-      const std::string name = key.substr(0, key.size() - std::string(".torchao_nf4").size());
-      imported[name] = quant::to_bnb(quant::read_torchao_tensors(all, in.metadata, name));
-      for (const char* part : {".quantized_data", ".quantized_scalers", ".quantization_factor",
-                               ".scaler_mean", ".nf4"})
-        consumed.insert(name + part);
-      metadata.erase(key);
-    }
-  for (const auto& [name, s] : imported) {
-    std::printf("%-40s imported NF4 %s (block %lld), written as %s\n", name.c_str(),
-                shape_str(s.shape).c_str(), static_cast<long long>(s.blocksize),
-                o.format.c_str());
-    if (o.format == "quanta") {
-      if (s.blocksize % quant::kNF4UnitElems != 0)
-        throw std::invalid_argument("'" + name + "' has block size " +
-                                    std::to_string(s.blocksize) +
-                                    ", which the nf4 dtype of --format quanta cannot hold; "
-                                    "use --format bnb or torchao");
-      out.emplace_back(name, quant::from_bnb(s));
-    } else if (o.format == "bnb") {
-      quant::append_bnb_tensors(out, name, quant::to_bnb(s, opts.double_quant));
+  std::vector<std::string> refused;
+  int imported = 0, kept = 0;
+  for (const quant::NF4FileWeight& w : quant::find_nf4_weights(in)) {
+    consumed.insert(w.tensors.begin(), w.tensors.end());
+    for (const auto& key : w.metadata) metadata.erase(key);
+    const char* layout = quant::layout_name(w.layout);
+    if (!quant::name_selected(w.name, o.include, o.exclude)) {
+      std::printf("%-40s NF4 (%s layout) not selected by --include/--exclude: copied as it is\n",
+                  w.name.c_str(), layout);
+      ++kept;
     } else {
-      quant::append_torchao_tensors(out, metadata, name, quant::to_torchao(s));
+      try {
+        const quant::NF4Weight src = quant::read_nf4_weight(in, w);
+        Converted c = convert_import(in, w, src, o.format, dq_choice);
+        const double change = c.values.defined() ? max_abs_diff(c.values, src.values) : 0.0;
+        char values[64];
+        if (change == 0)
+          std::snprintf(values, sizeof values, "values unchanged");
+        else
+          std::snprintf(values, sizeof values, "values change by at most %.4e", change);
+        std::printf(
+            "%-40s imported NF4 %s (block %lld) from the %s layout, double quant %s; "
+            "written as %s, double quant %s: %s\n",
+            w.name.c_str(), shape_str(src.state.shape).c_str(),
+            static_cast<long long>(src.state.blocksize), layout, on_off(src.double_quant),
+            o.format.c_str(), on_off(c.setting.double_quant), values);
+        settings.push_back(c.setting);
+        ++imported;
+        for (auto& t : c.tensors) out.push_back(std::move(t));
+        for (auto& [k, v] : c.metadata) metadata[k] = v;
+        continue;
+      } catch (const std::exception& e) {
+        // A problem with this weight's data or its format: the others go on.
+        std::printf("%-40s refused: %s; copied in its %s layout\n", w.name.c_str(), e.what(),
+                    layout);
+        refused.push_back(w.name);
+      }
     }
+    copy_weight(in, w, out, metadata);
   }
-  std::printf("%-40s %-14s %12s %12s %12s %12s\n", "tensor", "shape", "rmse", "max_abs",
-              "bytes", "nf4_bytes");
+
   uint64_t params = 0, quantized_bytes = 0;
   int converted = 0;
+  bool table_started = false;  // its header goes above the first quantized tensor
   for (const auto& [name, t] : in.tensors) {
     if (consumed.count(name)) continue;
     const bool eligible = t.dim() == 2 && is_floating(t.dtype()) && ends_with(name, "weight") &&
@@ -132,6 +229,10 @@ void run_quantize(const QuantizeOptions& o) {
       out.emplace_back(name, t);
       continue;
     }
+    if (!table_started)
+      std::printf("%-40s %-14s %12s %12s %12s %12s\n", "tensor", "shape", "rmse", "max_abs",
+                  "bytes", "nf4_bytes");
+    table_started = true;
     Tensor values;       // what the output dequantizes to
     uint64_t after = 0;  // its codes and scales
     if (o.format == "quanta") {
@@ -173,19 +274,60 @@ void run_quantize(const QuantizeOptions& o) {
     params += static_cast<uint64_t>(t.numel());
     quantized_bytes += after;
     ++converted;
+    settings.push_back({opts.block_size, o.format == "torchao" || opts.double_quant});
   }
+
+  // The file records one setting: its NF4 tensors' when they share one (a
+  // file of imports converted as they were), else the options of this run.
+  Setting file_setting{opts.block_size, opts.double_quant};
+  if (!settings.empty() && std::all_of(settings.begin(), settings.end(),
+                                       [&](const Setting& s) { return s == settings[0]; }))
+    file_setting = settings[0];
+  metadata["quanta.nf4"] = nlohmann::json{{"format", o.format},
+                                          {"block_size", file_setting.block},
+                                          {"double_quant", file_setting.double_quant}}
+                               .dump();
   io::save_safetensors(o.out, out, metadata);
+
   const uint64_t b0 = bytes_of(in.tensors), b1 = bytes_of(out);
   const quant::NF4Bits bits = quant::bits_per_parameter(opts);
-  std::printf("%d tensors quantized (%s, block %lld, double quant %s): %.3f bits per parameter "
-              "in this file (codes and scales); quanta holds %.3f, bitsandbytes' layout %.3f\n",
-              converted, o.format.c_str(), static_cast<long long>(opts.block_size),
-              opts.double_quant ? "on" : "off",
-              params ? 8.0 * double(quantized_bytes) / double(params) : 0.0, bits.stored,
-              bits.bnb);
-  std::printf("size: %llu -> %llu bytes (%.2fx smaller) written to %s\n",
-              static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
-              b1 ? double(b0) / double(b1) : 0.0, o.out.c_str());
+  if (converted > 0) {
+    std::printf(
+        "%d tensors quantized (%s, block %lld, double quant %s): %.3f bits per "
+        "parameter in this file (codes and scales); quanta holds %.3f, bitsandbytes' "
+        "layout %.3f\n",
+        converted, o.format.c_str(), static_cast<long long>(opts.block_size),
+        on_off(opts.double_quant), 8.0 * double(quantized_bytes) / double(params), bits.stored,
+        bits.bnb);
+  } else {
+    // Nothing to do is not an error (exit 0), but it must not read like a result.
+    const bool lists = !o.include.empty() || !o.exclude.empty();
+    std::printf(
+        "nothing to quantize: %s has no 2-d floating tensor whose name ends in "
+        "'weight'%s\n",
+        o.in.c_str(), lists ? " and that --include/--exclude select" : "");
+  }
+  if (imported + kept + static_cast<int>(refused.size()) > 0)
+    std::printf(
+        "NF4 tensors already in the input: %d written as %s, %d not selected, %zu "
+        "refused (copied as they were)\n",
+        imported, o.format.c_str(), kept, refused.size());
+  if (converted + imported > 0)
+    std::printf("size: %llu -> %llu bytes (%.2fx smaller) written to %s\n",
+                static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
+                b1 ? double(b0) / double(b1) : 0.0, o.out.c_str());
+  else
+    std::printf("size: %llu bytes, every tensor copied as it was to %s\n",
+                static_cast<unsigned long long>(b1), o.out.c_str());
+  std::fflush(stdout);
+  if (!refused.empty()) {
+    std::string names;
+    for (const auto& n : refused) names += (names.empty() ? "'" : ", '") + n + "'";
+    throw std::runtime_error(std::to_string(refused.size()) + " NF4 tensor" +
+                             (refused.size() == 1 ? "" : "s") + " refused (" + names +
+                             ", see above): " + o.out + " was written with " +
+                             (refused.size() == 1 ? "it" : "them") + " as in " + o.in);
+  }
 }
 
 }  // namespace
@@ -202,7 +344,11 @@ void add_quantize(CLI::App& app) {
                   "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao");
   sub->add_option("--block-size", o->block_size,
                   "elements per scale: 32 (bnb and torchao only), 64, 128 or 256");
-  sub->add_flag("--no-double-quant", o->no_double_quant, "keep f32 block scales");
+  CLI::Option* dq = sub->add_flag(
+      "--double-quant", o->double_quant,
+      "double-quantize the block scales (the default for new weights; NF4 weights already in "
+      "IN keep their own setting unless this or --no-double-quant is given)");
+  sub->add_flag("--no-double-quant", o->no_double_quant, "keep f32 block scales")->excludes(dq);
   sub->add_option("--include", o->include, "only tensors whose name contains one of these");
   sub->add_option("--exclude", o->exclude, "skip tensors whose name contains one of these");
   sub->callback([o] { run_quantize(*o); });

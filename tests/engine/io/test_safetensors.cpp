@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -476,6 +477,70 @@ TEST_CASE("safetensors rejects every corruption class with a clear error") {
       CHECK(std::string(e.what()).find("is a directory") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("safetensors says when a file is not a safetensors file") {
+  const std::string f32x2 = bytes_of(std::vector<float>{1, 2});
+  const std::string ok = one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})");
+  // Text read as safetensors: its first 8 bytes make a length of ~8.4e18.
+  check_rejected("import torch\nprint('not a checkpoint')\n",
+                 "is not a safetensors file (header length 8367816142499114345 exceeds");
+  check_rejected("hello\n", "is not a safetensors file (it is 6 bytes, shorter than the 8-byte");
+  // A plausible length, then something that is not a JSON object.
+  check_rejected(le64(2) + "\x89PNG\r\n",
+                 "is not a safetensors file (the header is not a "
+                 "JSON object: it starts with byte 0x89, not '{')");
+  check_rejected(le64(4) + "[1] ",
+                 "is not a safetensors file (the header is not a JSON "
+                 "object: it starts with '[', not '{')");
+  // Truncated past the header start: still says what it starts with.
+  check_rejected(le64(1000) + "<html>",
+                 "is not a safetensors file (the header is not a JSON "
+                 "object: it starts with '<'");
+  // A UTF-8 byte order mark before the JSON (nlohmann would skip it silently).
+  check_rejected(file_bytes("\xEF\xBB\xBF" + ok, f32x2),
+                 "is not a safetensors file (the header starts with a UTF-8 byte order mark "
+                 "(EF BB BF)");
+  // A real file still loads, and a real truncation still says so.
+  CHECK(parse_safetensors(to_bytes(file_bytes(ok, f32x2))).tensors.size() == 1);
+  check_rejected(le64(1000) + ok, "exceeds the 54 bytes after it (truncated file?)");
+}
+
+TEST_CASE("safetensors refuses block-dtype shapes whose sizes overflow; so does make_tensor") {
+  // nf4 [2^63 - 1, 2]: the element count wrapped to -2 and the byte count to 0,
+  // so an empty U8 entry matched it; slicing and cloning it then crashed.
+  auto nf4_file = [](const std::string& shape) {
+    return file_bytes(R"({"__metadata__":{"quanta.dtype.w":"nf4 )" + shape +
+                          R"("},"w":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})",
+                      "");
+  };
+  check_rejected(nf4_file("[9223372036854775807, 2]"),
+                 "tensor 'w': metadata 'quanta.dtype.w' gives shape [9223372036854775807, 2], "
+                 "which overflows 64-bit sizes");
+  check_rejected(nf4_file("[3037000500, 3037000500]"), "which overflows 64-bit sizes");
+  // Zero elements, but the non-zero sizes multiply out in the strides.
+  check_rejected(nf4_file("[0, 4611686018427387904, 4]"), "which overflows 64-bit sizes");
+  // A sane nf4 entry of zero bytes still loads.
+  const auto f = parse_safetensors(to_bytes(nf4_file("[0, 64]")));
+  CHECK(find(f, "w").dtype() == DType::nf4);
+  CHECK(find(f, "w").shape() == Shape{0, 64});
+
+  // make_tensor checks the same products, naming the shape.
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_WITH_AS(empty({big, 2}, {.dtype = DType::nf4}),
+                       "[empty] shape [9223372036854775807, 2] of nf4 overflows 64-bit sizes",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(empty({int64_t{1} << 61}, {.dtype = DType::f64}),
+                       doctest::Contains("overflows 64-bit sizes"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(empty({0, int64_t{1} << 62, 4}), doctest::Contains("overflows 64-bit sizes"),
+                       std::invalid_argument);
+  CHECK(empty({0, int64_t{1} << 40}).numel() == 0);
+  // The helper itself.
+  CHECK(checked_mul(big, 1) == big);
+  CHECK(!checked_mul(big, 2));
+  CHECK(!checked_mul(-1, 2));
+  CHECK(checked_numel({3, 0, 5}) == 0);
+  CHECK(!checked_numel({big, 2}));
 }
 
 TEST_CASE("safetensors survives random corruption") {

@@ -569,6 +569,31 @@ TEST_CASE("nf4 bitsandbytes and torchao layouts through safetensors files") {
                        std::invalid_argument);
 }
 
+TEST_CASE("nf4 bitsandbytes and torchao readers refuse shapes whose sizes overflow") {
+  // The shapes come from a file's JSON: multiplied out unchecked, [2^62, 4]
+  // wrapped to 0 elements and matched an empty state.
+  io::TensorMap out;
+  append_bnb_tensors(out, "w", quantize_bnb(zeros({0, 4}), no_dq()));
+  std::map<std::string, Tensor> t(out.begin(), out.end());
+  const std::string json = R"({"quant_type":"nf4","blocksize":64,"dtype":"float32",)"
+                           R"("shape":[4611686018427387904,4]})";
+  t["w.quant_state.bitsandbytes__nf4"] =
+      from_blob(json.data(), {static_cast<int64_t>(json.size())}, DType::u8, {.dtype = DType::u8});
+  CHECK_THROWS_WITH_AS(read_bnb_tensors(t, "w"),
+                       "[read_bnb_tensors] 'w.quant_state.bitsandbytes__nf4': shape "
+                       "[4611686018427387904, 4] has a negative size or overflows 64-bit sizes",
+                       std::invalid_argument);
+
+  io::TensorMap ao;
+  std::map<std::string, std::string> meta;
+  Generator gen(21);
+  append_torchao_tensors(ao, meta, "a", to_torchao(quantize_nf4(randn({128, 128}, gen))));
+  meta["a.torchao_nf4"] = R"({"shape":[9223372036854775807,2],"block_size":64,)"
+                          R"("scaler_block_size":256})";
+  CHECK_THROWS_WITH_AS(read_torchao_tensors({ao.begin(), ao.end()}, meta, "a"),
+                       doctest::Contains("overflows 64-bit sizes"), std::invalid_argument);
+}
+
 TEST_CASE("nf4 dequantize_into writes the same values into a reused buffer") {
   Generator gen(19);
   const Tensor q = quantize_nf4(randn({7, 100}, gen));
