@@ -77,7 +77,10 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
     batch_var_ = register_buffer("batch_variance", ones({g, 1, d}));
     codebook_mean_ = register_buffer("codebook_mean", zeros({g, 1, d}));
     codebook_var_ = register_buffer("codebook_variance", ones({g, 1, d}));
-    affine_initted_ = register_buffer("affine_initted", scalar(0.0, {.dtype = DType::boolean}));
+    // vector-quantize-pytorch's names and form (f32 [1], 1 = not yet set), so
+    // checkpoints move both ways; its batch statistics have no such flag.
+    codebook_mean_needs_init_ = register_buffer("codebook_mean_needs_init", ones({1}));
+    codebook_var_needs_init_ = register_buffer("codebook_variance_needs_init", ones({1}));
   }
   initted_ =
       register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0, {.dtype = DType::boolean}));
@@ -344,7 +347,7 @@ void Codebook::apply_affine_update() {
 void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var) {
   const Tensor e = embed_.detach();
   const Tensor cb_mean = mean(e, {1}, true), cb_var = var(e, {1}, 0.0, true);
-  const bool first = affine_initted_.item() == 0.0;
+  const bool first = !affine_initted();
   auto update = [&](const Tensor& buf, const Tensor& value, double decay) {
     copy_(buf, first ? value : buf * decay + value * (1.0 - decay));
   };
@@ -352,7 +355,13 @@ void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var) 
   update(codebook_var_, cb_var, opts_.affine_param_codebook_decay);
   update(batch_mean_, b_mean, opts_.affine_param_batch_decay);
   update(batch_var_, b_var, opts_.affine_param_batch_decay);
-  fill_(affine_initted_, 1.0);
+  fill_(codebook_mean_needs_init_, 0.0);
+  fill_(codebook_var_needs_init_, 0.0);
+}
+
+bool Codebook::affine_initted() const {
+  return opts_.affine_param && codebook_mean_needs_init_.item() == 0.0 &&
+         codebook_var_needs_init_.item() == 0.0;
 }
 
 namespace {
@@ -362,12 +371,12 @@ Tensor stddev(const Tensor& var) {
 }  // namespace
 
 Tensor Codebook::affine_codes(const Tensor& codes) const {
-  if (!opts_.affine_param || affine_initted_.item() == 0.0) return codes;
+  if (!affine_initted()) return codes;
   return (codes - codebook_mean_) * (stddev(batch_var_) / stddev(codebook_var_)) + batch_mean_;
 }
 
 Tensor Codebook::to_codebook_space(const Tensor& x) const {
-  if (!opts_.affine_param || affine_initted_.item() == 0.0) return x;
+  if (!affine_initted()) return x;
   return (x - batch_mean_) * (stddev(codebook_var_) / stddev(batch_var_)) + codebook_mean_;
 }
 

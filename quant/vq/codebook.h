@@ -130,7 +130,8 @@ class Codebook : public Module, public StepKeyed {
   void update_state();
 
   // ---- affine_param: running statistics, buffers batch_mean, batch_variance,
-  // codebook_mean, codebook_variance [G, 1, D] and affine_initted ----
+  // codebook_mean, codebook_variance [G, 1, D], codebook_mean_needs_init and
+  // codebook_variance_needs_init [1] (vector-quantize-pytorch's names) ----
   /** Updates the running mean and (biased) variance of the codes (decay
    * affine_param_codebook_decay) and of the valid rows of `x` [G, T, D]
    * (decay affine_param_batch_decay); the first call sets them. Like a batch
@@ -155,10 +156,13 @@ class Codebook : public Module, public StepKeyed {
   // embed from embed_avg and cluster_size (ema_update): after k-means and
   // after every EMA step.
   void embed_from_statistics();
+  // affine_param is on and its running statistics have been set once.
+  bool affine_initted() const;
 
   CodebookOptions opts_;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
-  Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_, affine_initted_;
+  Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_;
+  Tensor codebook_mean_needs_init_, codebook_var_needs_init_;
   CodebookStatistics pending_;
   StepStream kmeans_gen_, dead_code_gen_;
 };

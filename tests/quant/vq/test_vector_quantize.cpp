@@ -377,3 +377,36 @@ TEST_CASE("affine_param: codes follow the batch statistics") {
   for (int64_t i : vq.forward(x).indices.to_vector<int64_t>()) CHECK((i >= 0 && i < 16));
   CHECK(std::isfinite(sum(cb.embed()).item()));
 }
+
+TEST_CASE("affine_param: state under vector-quantize-pytorch's names, and it moves both ways") {
+  Generator gen(42), data(43);
+  VectorQuantizeOptions o = small(3, 16);
+  o.affine_param = true;
+  VectorQuantize vq(o, gen);
+  Codebook& cb = vq.codebook();
+  // EuclideanCodebook(affine_param=True)'s buffers, once the statistics exist.
+  std::set<std::string> keys;
+  for (const auto& [k, v] : cb.state_dict()) keys.insert(k);
+  for (const char* k : {"embed", "embed_avg", "cluster_size", "initted", "batch_mean",
+                        "batch_variance", "codebook_mean", "codebook_mean_needs_init",
+                        "codebook_variance", "codebook_variance_needs_init"})
+    CHECK_MESSAGE(keys.count(k) == 1, k);
+  CHECK(keys.size() == 10);
+  // torch.Tensor([True]): float32 [1], 1 until the first update.
+  CHECK(cb.find("codebook_mean_needs_init").dtype() == DType::f32);
+  CHECK(cb.find("codebook_mean_needs_init").shape() == Shape{1});
+  CHECK(cb.find("codebook_mean_needs_init").item() == 1.0);
+  const Tensor x = randn({4, 64, 3}, data) * 2.0 + 5.0;
+  vq.forward(x);
+  CHECK(cb.find("codebook_mean_needs_init").item() == 0.0);
+  CHECK(cb.find("codebook_variance_needs_init").item() == 0.0);
+  // A fresh layer given the trained state maps codes exactly as the trained one.
+  Generator other(7);
+  VectorQuantize copy(o, other);
+  copy.load_state_dict(vq.state_dict());
+  const Tensor codes = cb.embed().detach();
+  CHECK(max_abs_diff(copy.codebook().affine_codes(codes), cb.affine_codes(codes)) == 0.0);
+  // Still flagged for init: the statistics are not applied.
+  VectorQuantize fresh(o, other);
+  CHECK(max_abs_diff(fresh.codebook().affine_codes(codes), codes) == 0.0);
+}
