@@ -1,6 +1,7 @@
 #include "quant/token_layout.h"
 
 #include <numeric>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -68,6 +69,17 @@ Tensor TokenLayout::spatial_to_tokens(const Tensor& v, int64_t extra_dims) const
   Shape out{batch_, tokens_};
   out.insert(out.end(), s.end() - extra_dims, s.end());
   return reshape(v, out);
+}
+
+Tensor detail::token_mask(const Tensor& mask, const TokenLayout& layout, const std::string& who) {
+  if (!mask.defined()) return mask;
+  if (mask.dtype() != DType::boolean)
+    throw std::invalid_argument("[" + who + "] mask must be bool, got " + dtype_name(mask.dtype()));
+  if (mask.numel() != layout.batch() * layout.tokens())
+    throw std::invalid_argument("[" + who + "] mask of shape " + shape_str(mask.shape()) +
+                                " does not cover " + std::to_string(layout.batch()) + " x " +
+                                std::to_string(layout.tokens()) + " tokens");
+  return reshape(mask, {layout.batch(), layout.tokens()});
 }
 
 }  // namespace quanta::quant

@@ -45,4 +45,12 @@ class TokenLayout {
   bool channel_first_ = false;  // features at dim 1
 };
 
+namespace detail {
+
+/** The mask of `layout`'s input as a bool [B, N] tensor (mask [B, N] or of the
+ * input's spatial shape); undefined when `mask` is. Errors name `who`. */
+Tensor token_mask(const Tensor& mask, const TokenLayout& layout, const std::string& who);
+
+}  // namespace detail
+
 }  // namespace quanta::quant

@@ -4,7 +4,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -24,12 +23,14 @@ namespace {
 }  // namespace
 
 ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
-    : Module("ResidualLFQ"),
-      opts_(std::move(opts)),
-      dropout_gen_(StepStream(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout"))) {
+    : Residual("ResidualLFQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
+                               opts.quantize_dropout_multiple_of}),
+      opts_(std::move(opts)) {
+  seed_dropout(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout"));
   if (opts_.num_quantizers < 1)
     fail("ResidualLFQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.lfq.num_codebooks != 1) fail("ResidualLFQ", "num_codebooks must be 1");
+  quantize_dropout().check("ResidualLFQ", opts_.num_quantizers);
   // The layer geometry, from one probe layer without projections.
   LFQOptions probe = opts_.lfq;
   probe.has_projections = false;
@@ -65,74 +66,33 @@ void ResidualLFQ::set_token_mean(const TokenMean& fn) {
   for (auto& l : layers_) l->token_mean = fn;
 }
 
-int64_t ResidualLFQ::draw_dropout() {
-  return detail::draw_dropout_layer(dropout_gen_.next(), num_quantizers(),
-                                    opts_.quantize_dropout_cutoff_index,
-                                    opts_.quantize_dropout_multiple_of);
-}
-
-QuantizeOutput ResidualLFQ::forward(const Tensor& x, const Tensor& mask, double inv_temperature) {
-  const bool drop =
-      opts_.quantize_dropout && is_training() && grad_enabled() && num_quantizers() > 1;
-  return forward_keep(x, mask, inv_temperature, drop ? draw_dropout() : -1);
-}
-
 Tensor ResidualLFQ::forward(const Tensor& x) { return forward(x, Tensor()).quantized; }
 
-QuantizeOutput ResidualLFQ::forward_keep(const Tensor& x, const Tensor& mask,
-                                         double inv_temperature, int64_t last_kept) {
+QuantizeOutput ResidualLFQ::forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                                         const QuantizeOptions& opts) {
   const TokenLayout layout(x, !opts_.lfq.channel_first, dim_, "ResidualLFQ");
   const Tensor keep = detail::token_mask(mask, layout, "ResidualLFQ");
   Tensor z = layout.to_tokens(x);
   if (project_in_) z = project_in_->forward(z);
-  Tensor residual = z;
-  std::vector<Tensor> indices, losses, outputs;  // outputs summed once (add_n)
-  LossTerms terms;
-  for (int64_t q = 0; q < num_quantizers(); ++q) {
-    if (last_kept >= 0 && q > last_kept) {
-      indices.push_back(full({layout.batch(), layout.tokens()}, -1.0, {.dtype = DType::i64}));
-      losses.push_back(zeros({}, options_of(z)));
-      continue;
-    }
-    const QuantizeOutput o = layers_[q]->forward(residual, keep, inv_temperature);
-    residual = residual - o.quantized.detach();
-    outputs.push_back(o.quantized);
-    indices.push_back(o.indices);
-    losses.push_back(o.loss);
-    if (terms.empty()) {
-      terms = o.losses;
-    } else {
-      for (size_t i = 0; i < terms.size(); ++i)
-        terms[i].second = terms[i].second + o.losses[i].second;
-    }
-  }
-  Tensor out = add_n(outputs);
-  if (project_out_) out = project_out_->forward(out);
-  QuantizeOutput r;
-  r.quantized = layout.from_tokens(out);
-  r.indices = layout.spatial_from_tokens(stack(indices, -1));
-  r.loss = stack(losses, 0);
-  r.losses = terms;
-  return r;
+  QuantizeOutput out =
+      residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::summed,
+                        [&](int64_t q, const Tensor& residual) {
+                          return layers_[q]->forward(residual, keep, opts.inv_temperature);
+                        });
+  if (project_out_) out.quantized = project_out_->forward(out.quantized);
+  out.quantized = layout.from_tokens(out.quantized);
+  out.indices = layout.spatial_from_tokens(out.indices);
+  return out;
 }
 
-Tensor ResidualLFQ::get_codes_from_indices(const Tensor& indices) const {
-  const int64_t Q = num_quantizers();
-  if (indices.dim() < 1 || indices.size(-1) != Q)
-    fail("ResidualLFQ", "indices must end in num_quantizers = " + std::to_string(Q) + ", got " +
-                            shape_str(indices.shape()));
-  std::vector<Tensor> codes;
-  for (int64_t q = 0; q < Q; ++q) {
-    const Tensor idx = select(indices, -1, q).to(DType::i64);
-    const Tensor dropped = lt(idx, zeros({}, {.dtype = DType::i64}));
-    const Tensor safe = where(dropped, zeros({}, {.dtype = DType::i64}), idx);
-    const Tensor c = layers_[q]->indices_to_grid_codes(safe);
-    codes.push_back(masked_fill(c, unsqueeze(dropped, -1), 0.0));
-  }
-  return stack(codes, 0);
+Tensor ResidualLFQ::get_codes_from_indices(const Tensor& indices) {
+  return residual_codes(
+      indices, num_quantizers(),
+      [&](int64_t q, const Tensor& idx) { return layers_[q]->indices_to_grid_codes(idx); },
+      "ResidualLFQ");
 }
 
-Tensor ResidualLFQ::get_output_from_indices(const Tensor& indices) const {
+Tensor ResidualLFQ::get_output_from_indices(const Tensor& indices) {
   Tensor out = sum(get_codes_from_indices(indices), {0});
   if (project_out_) out = project_out_->forward(out);
   return out;
@@ -145,67 +105,20 @@ Tensor ResidualLFQ::codebooks() const {
 }
 
 GroupedResidualLFQ::GroupedResidualLFQ(GroupedResidualLFQOptions opts)
-    : Module("GroupedResidualLFQ"), opts_(std::move(opts)) {
-  const int64_t dim = opts_.rlfq.lfq.dim;
-  if (opts_.groups < 1 || dim <= 0 || dim % opts_.groups != 0)
-    fail("GroupedResidualLFQ", "dim (" + std::to_string(dim) +
-                                   ") must be a positive multiple of groups (" +
-                                   std::to_string(opts_.groups) + ")");
-  auto list = register_module("rvqs", std::make_shared<Module>("ModuleList"));
-  for (int64_t g = 0; g < opts_.groups; ++g) {
-    ResidualLFQOptions o = opts_.rlfq;
-    o.lfq.dim = dim / opts_.groups;
+    : Grouped("GroupedResidualLFQ", {.dim = opts.rlfq.lfq.dim,
+                                     .groups = opts.groups,
+                                     .channel_last = !opts.rlfq.lfq.channel_first,
+                                     .accept_image_fmap = true,
+                                     .losses = MemberLosses::summed}) {
+  for (int64_t g = 0; g < opts.groups; ++g) {
+    ResidualLFQOptions o = opts.rlfq;
+    o.lfq.dim = opts.rlfq.lfq.dim / opts.groups;
     o.lfq.channel_first = false;
-    o.lfq.seed = detail::child_seed(opts_.rlfq.lfq.seed, "group" + std::to_string(g));
-    rlfqs_.push_back(list->register_module(std::to_string(g), std::make_shared<ResidualLFQ>(o)));
+    o.lfq.seed = detail::child_seed(opts.rlfq.lfq.seed, "group" + std::to_string(g));
+    add_group(std::make_shared<ResidualLFQ>(o));
   }
-}
-
-QuantizeOutput GroupedResidualLFQ::forward(const Tensor& x, const Tensor& mask,
-                                           double inv_temperature) {
-  const TokenLayout layout(x, !opts_.rlfq.lfq.channel_first, opts_.rlfq.lfq.dim,
-                           "GroupedResidualLFQ");
-  const Tensor m = detail::token_mask(mask, layout, "GroupedResidualLFQ");
-  const bool drop = opts_.rlfq.quantize_dropout && is_training() && grad_enabled() &&
-                    rlfqs_.front()->num_quantizers() > 1;
-  const int64_t last_kept = drop ? rlfqs_.front()->draw_dropout() : -1;
-  const std::vector<Tensor> parts = chunk(layout.to_tokens(x), groups(), -1);
-  std::vector<Tensor> outs, indices, losses;
-  LossTerms terms;
-  for (int64_t g = 0; g < groups(); ++g) {
-    QuantizeOutput o = rlfqs_[g]->forward_keep(parts[g], m, inv_temperature, last_kept);
-    outs.push_back(o.quantized);
-    indices.push_back(layout.spatial_from_tokens(o.indices));
-    losses.push_back(o.loss);
-    if (terms.empty()) {
-      terms = o.losses;
-    } else {
-      for (size_t i = 0; i < terms.size(); ++i)
-        terms[i].second = terms[i].second + o.losses[i].second;
-    }
-  }
-  QuantizeOutput r;
-  r.quantized = layout.from_tokens(cat(outs, -1));
-  r.indices = stack(indices, 0);
-  r.loss = stack(losses, 0);
-  r.losses = terms;
-  return r;
 }
 
 Tensor GroupedResidualLFQ::forward(const Tensor& x) { return forward(x, Tensor()).quantized; }
-
-Tensor GroupedResidualLFQ::get_codes_from_indices(const Tensor& indices) const {
-  std::vector<Tensor> codes;
-  for (int64_t g = 0; g < groups(); ++g)
-    codes.push_back(rlfqs_[g]->get_codes_from_indices(select(indices, 0, g)));
-  return stack(codes, 0);
-}
-
-Tensor GroupedResidualLFQ::get_output_from_indices(const Tensor& indices) const {
-  std::vector<Tensor> outs;
-  for (int64_t g = 0; g < groups(); ++g)
-    outs.push_back(rlfqs_[g]->get_output_from_indices(select(indices, 0, g)));
-  return cat(outs, -1);
-}
 
 }  // namespace quanta::quant

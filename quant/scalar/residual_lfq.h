@@ -1,6 +1,7 @@
 #pragma once
 // ResidualLFQ: LFQ layers on successive residuals, layer l with
-// codebook_scale 2^-l; and its grouped form.
+// codebook_scale 2^-l; and its grouped form. The stack and the grouping are
+// quant/residual.h and quant/grouped.h.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -8,8 +9,9 @@
 #include "engine/nn/layers.h"
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
+#include "quant/grouped.h"
 #include "quant/quantize_output.h"
-#include "quant/step_stream.h"
+#include "quant/residual.h"
 #include "quant/scalar/lfq.h"
 
 namespace quanta::quant {
@@ -27,41 +29,48 @@ struct ResidualLFQOptions {
   int64_t quantize_dropout_multiple_of = 1;
 };
 
-class ResidualLFQ : public Module, public StepKeyed {
+class ResidualLFQ : public Residual {
  public:
-  /** Keys this layer's per-forward draws by `step` (see StepStream). */
-  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   explicit ResidualLFQ(ResidualLFQOptions opts);
 
   /** Quantizes x; indices [B, ..., num_quantizers] int64; loss [num_quantizers]
    * (each layer's weighted LFQ loss); terms summed over layers under the LFQ
    * names. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0);
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0) {
+    return forward(x, mask, QuantizeOptions{.inv_temperature = inv_temperature});
+  }
   Tensor forward(const Tensor& x) override;
-  /** forward with the last kept layer given (-1: none dropped). */
+  /** Deprecated: forward(x, mask, {.last_kept, .inv_temperature}). */
   QuantizeOutput forward_keep(const Tensor& x, const Tensor& mask, double inv_temperature,
-                              int64_t last_kept);
+                              int64_t last_kept) {
+    return forward(x, mask,
+                   QuantizeOptions{.last_kept = last_kept, .inv_temperature = inv_temperature});
+  }
 
-  /** Per-layer codes [num_quantizers, ..., d] (scaled; index -1 gives zeros). */
-  Tensor get_codes_from_indices(const Tensor& indices) const;
+  /** Per-layer codes [num_quantizers, ..., d] (scaled; missing layers and
+   * index -1 give zeros). */
+  Tensor get_codes_from_indices(const Tensor& indices) override;
   /** project_out(sum of the codes). */
-  Tensor get_output_from_indices(const Tensor& indices) const;
+  Tensor get_output_from_indices(const Tensor& indices) override;
   /** Per-layer code tables [num_quantizers, codebook_size, d] (scaled). */
   Tensor codebooks() const;
 
-  int64_t num_quantizers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
   LFQ& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   /** Sets every layer's batch-mean function (see TokenMean). */
   void set_token_mean(const TokenMean& fn);
-  /** The next quantize-dropout draw. */
-  int64_t draw_dropout();
+
+  using Residual::forward;
+
+ protected:
+  QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                              const QuantizeOptions& opts) override;
 
  private:
   ResidualLFQOptions opts_;
   int64_t dim_ = 0;
   std::vector<std::shared_ptr<LFQ>> layers_;
   std::shared_ptr<Linear> project_in_, project_out_;
-  StepStream dropout_gen_;
 };
 
 struct GroupedResidualLFQOptions {
@@ -69,20 +78,19 @@ struct GroupedResidualLFQOptions {
   int64_t groups = 1;
 };
 
-class GroupedResidualLFQ : public Module {
+class GroupedResidualLFQ : public Grouped {
  public:
   explicit GroupedResidualLFQ(GroupedResidualLFQOptions opts);
-  /** Concatenated outputs; indices [groups, B, ..., q]; loss [groups, q]. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0);
+  /** Concatenated outputs; indices [groups, B, ..., q]; loss [groups, q];
+   * terms summed over groups. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0) {
+    return forward(x, mask, QuantizeOptions{.inv_temperature = inv_temperature});
+  }
   Tensor forward(const Tensor& x) override;
-  Tensor get_codes_from_indices(const Tensor& indices) const;
-  Tensor get_output_from_indices(const Tensor& indices) const;
-  int64_t groups() const { return static_cast<int64_t>(rlfqs_.size()); }
-  ResidualLFQ& group(int64_t g) { return *rlfqs_.at(static_cast<size_t>(g)); }
+  /** Group `g`'s ResidualLFQ. */
+  ResidualLFQ& group(int64_t g) { return static_cast<ResidualLFQ&>(Grouped::group(g)); }
 
- private:
-  GroupedResidualLFQOptions opts_;
-  std::vector<std::shared_ptr<ResidualLFQ>> rlfqs_;
+  using Grouped::forward;
 };
 
 }  // namespace quanta::quant

@@ -34,17 +34,6 @@ Tensor random_orthogonal(int64_t n, Generator& gen) {
 
 Tensor soft_clamp(const Tensor& x, const Tensor& v) { return tanh(x / v) * v; }
 
-Tensor token_mask(const Tensor& mask, const TokenLayout& layout, const std::string& who) {
-  if (!mask.defined()) return mask;
-  if (mask.dtype() != DType::boolean)
-    throw std::invalid_argument("[" + who + "] mask must be bool, got " + dtype_name(mask.dtype()));
-  if (mask.numel() != layout.batch() * layout.tokens())
-    throw std::invalid_argument("[" + who + "] mask of shape " + shape_str(mask.shape()) +
-                                " does not cover " + std::to_string(layout.batch()) + " x " +
-                                std::to_string(layout.tokens()) + " tokens");
-  return reshape(mask, {layout.batch(), layout.tokens()});
-}
-
 Tensor features_to_dim1(const Tensor& x) {
   std::vector<int64_t> order{0, x.dim() - 1};
   for (int64_t i = 1; i + 1 < x.dim(); ++i) order.push_back(i);
@@ -61,14 +50,6 @@ Tensor true_positions(const Tensor& mask) {
 
 uint64_t child_seed(uint64_t seed, const std::string& name) {
   return quanta::detail::derive_key(seed, name);
-}
-
-int64_t draw_dropout_layer(Generator& gen, int64_t num_layers, int64_t cutoff,
-                           int64_t multiple_of) {
-  const int64_t lo = std::clamp<int64_t>(cutoff, 0, num_layers - 1);
-  int64_t k = randint(lo, num_layers, {1}, gen).item<int64_t>();
-  if (multiple_of > 1) k = ((k + 1 + multiple_of - 1) / multiple_of) * multiple_of - 1;
-  return std::min(k, num_layers - 1);
 }
 
 }  // namespace quanta::quant::detail

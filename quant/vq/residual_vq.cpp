@@ -10,7 +10,6 @@
 #include "engine/ops/join.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
-#include "engine/random/sampling.h"
 #include "quant/token_layout.h"
 #include "quant/vq/streams.h"
 
@@ -19,6 +18,10 @@ namespace {
 
 [[noreturn]] void fail(const char* who, const std::string& what) {
   throw std::invalid_argument(std::string("[") + who + "] " + what);
+}
+
+QuantizeDropout dropout_of(const ResidualVQOptions& o) {
+  return {o.quantize_dropout, o.quantize_dropout_cutoff_index, o.quantize_dropout_multiple_of};
 }
 
 ResidualVQOptions checked(ResidualVQOptions o) {
@@ -36,18 +39,14 @@ ResidualVQOptions checked(ResidualVQOptions o) {
     for (int64_t s : o.codebook_sizes)
       if (s != o.codebook_sizes[0])
         fail(who, "shared_codebook needs one codebook size for all layers");
-  if (o.quantize_dropout_cutoff_index < 0 ||
-      (o.quantize_dropout && o.quantize_dropout_cutoff_index >= o.num_quantizers))
-    fail(who, "quantize_dropout_cutoff_index must lie in [0, num_quantizers), got " +
-                  std::to_string(o.quantize_dropout_cutoff_index));
-  if (o.quantize_dropout_multiple_of < 1) fail(who, "quantize_dropout_multiple_of must be >= 1");
+  dropout_of(o).check(who, o.num_quantizers);
   return o;
 }
 
 }  // namespace
 
 ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
-    : Module("ResidualVQ"), opts_(checked(opts)), dropout_gen_(Generator(0)) {
+    : Residual("ResidualVQ", dropout_of(checked(opts))), opts_(checked(opts)) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   if (codebook_dim_ != opts_.dim) {
     project_in_ = register_module("project_in", std::shared_ptr<Module>(std::make_shared<Linear>(
@@ -73,84 +72,37 @@ ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
     layers->register_module(std::to_string(i), layer);
     layers_.push_back(layer);
   }
-  dropout_gen_ = StepStream(named_stream(draw_seed(gen), "rvq.dropout"));
+  seed_dropout(named_stream(draw_seed(gen), "rvq.dropout"));
 }
 
-int64_t ResidualVQ::draw_last_layer() {
-  const int64_t q = num_quantizers();
-  int64_t k = randint(opts_.quantize_dropout_cutoff_index, q, {}, dropout_gen_.next()).item<int64_t>();
-  const int64_t m = opts_.quantize_dropout_multiple_of;
-  if (m != 1) k = ((k + 1 + m - 1) / m) * m - 1;
-  return k;
-}
-
-QuantizeOutput ResidualVQ::forward(const Tensor& x, const Tensor& mask) {
-  const bool dropout = is_training() && opts_.quantize_dropout && num_quantizers() > 1;
-  return forward_with_last_layer(x, mask, dropout ? draw_last_layer() : -1);
-}
-
-QuantizeOutput ResidualVQ::forward_with_last_layer(const Tensor& x, const Tensor& mask,
-                                                   int64_t last_layer) {
+QuantizeOutput ResidualVQ::forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                                        const QuantizeOptions&) {
   if (x.dim() >= 4 && !opts_.accept_image_fmap)
     fail("ResidualVQ", "got a feature map of shape " + shape_str(x.shape()) +
                            "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, opts_.channel_last, opts_.dim, "ResidualVQ");
-  const int64_t b = layout.batch(), n = layout.tokens();
   Tensor tokens = layout.to_tokens(x);
   if (project_in_) tokens = project_in_->forward(tokens);
-  Tensor token_mask;
-  if (mask.defined()) token_mask = reshape(mask, {b, n});
-  Tensor residual = tokens;
-  std::vector<Tensor> outputs;  // summed once at the end (add_n: one pass)
-  std::vector<Tensor> indices, losses;
-  std::vector<std::string> term_names;
-  std::vector<std::vector<Tensor>> terms;
-  const Tensor zero_loss = zeros({}, options_of(tokens));
-  for (int64_t i = 0; i < num_quantizers(); ++i) {
-    if (last_layer >= 0 && i > last_layer) {
-      indices.push_back(full({b, n}, -1.0, {.dtype = DType::i64}));
-      losses.push_back(zero_loss);
-      for (auto& t : terms) t.push_back(zero_loss);
-      continue;
-    }
-    QuantizeOutput o = layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
-    // Later layers see a residual cut from the graph (reference issue #33).
-    residual = residual - o.quantized.detach();
-    outputs.push_back(o.quantized);
-    indices.push_back(o.indices);
-    losses.push_back(o.loss);
-    if (terms.empty()) {
-      for (const auto& [name, t] : o.losses) term_names.push_back(name);
-      terms.assign(term_names.size(), std::vector<Tensor>(static_cast<size_t>(i), zero_loss));
-    }
-    for (size_t j = 0; j < term_names.size(); ++j) terms[j].push_back(o.term(term_names[j]));
-  }
+  const Tensor token_mask = detail::token_mask(mask, layout, "ResidualVQ");
+  QuantizeOutput out =
+      residual_quantize(tokens, num_quantizers(), last_kept, DType::i64, MemberLosses::stacked,
+                        [&](int64_t i, const Tensor& residual) {
+                          return layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
+                        });
   if (opts_.shared_codebook && opts_.update_in_forward && is_training()) layers_[0]->update_state();
-  const Tensor sum_q = add_n(outputs);
-  Tensor y = project_in_ ? project_out_->forward(sum_q) : sum_q;
-  QuantizeOutput out;
-  out.quantized = layout.from_tokens(y);
-  out.indices = layout.spatial_from_tokens(stack(indices, -1));
-  out.loss = stack(losses);
-  for (size_t j = 0; j < term_names.size(); ++j)
-    out.losses.emplace_back(term_names[j], stack(terms[j]));
+  if (project_in_) out.quantized = project_out_->forward(out.quantized);
+  out.quantized = layout.from_tokens(out.quantized);
+  out.indices = layout.spatial_from_tokens(out.indices);
   return out;
 }
 
-Tensor ResidualVQ::get_codes_from_indices(const Tensor& indices) const {
-  const int64_t q = num_quantizers();
-  if (indices.dim() < 1 || indices.size(-1) > q)
-    fail("ResidualVQ", "get_codes_from_indices expects indices [..., q] with q <= " +
-                           std::to_string(q) + ", got " + shape_str(indices.shape()));
-  std::vector<Tensor> codes;
-  for (int64_t i = 0; i < q; ++i) {
-    Tensor idx = i < indices.size(-1)
-                     ? select(indices, -1, i)
-                     : full(Shape(indices.shape().begin(), indices.shape().end() - 1), -1.0,
-                            {.dtype = DType::i64});
-    codes.push_back(layers_[static_cast<size_t>(i)]->get_codes_from_indices(idx));
-  }
-  return stack(codes);
+Tensor ResidualVQ::get_codes_from_indices(const Tensor& indices) {
+  return residual_codes(
+      indices, num_quantizers(),
+      [&](int64_t i, const Tensor& idx) {
+        return layers_[static_cast<size_t>(i)]->get_codes_from_indices(idx);
+      },
+      "ResidualVQ");
 }
 
 Tensor ResidualVQ::get_output_from_indices(const Tensor& indices) {
@@ -172,76 +124,26 @@ void ResidualVQ::set_update_in_forward(bool on) {
 }
 
 GroupedResidualVQ::GroupedResidualVQ(const GroupedResidualVQOptions& opts, Generator& gen)
-    : Module("GroupedResidualVQ"), opts_(opts) {
-  if (opts_.groups <= 0 || opts_.dim <= 0 || opts_.dim % opts_.groups != 0)
-    fail("GroupedResidualVQ", "dim " + std::to_string(opts_.dim) +
-                                  " must be a positive multiple of groups " +
-                                  std::to_string(opts_.groups));
-  auto list = std::make_shared<Module>("ModuleList");
-  register_module("rvqs", list);
-  for (int64_t g = 0; g < opts_.groups; ++g) {
-    ResidualVQOptions ro = opts_.rvq;
-    ro.dim = opts_.dim / opts_.groups;
+    : Grouped("GroupedResidualVQ", {.dim = opts.dim,
+                                    .groups = opts.groups,
+                                    .channel_last = opts.channel_last,
+                                    .accept_image_fmap = opts.accept_image_fmap,
+                                    .losses = MemberLosses::stacked}) {
+  for (int64_t g = 0; g < opts.groups; ++g) {
+    ResidualVQOptions ro = opts.rvq;
+    ro.dim = opts.dim / opts.groups;
     ro.channel_last = true;
     ro.accept_image_fmap = false;
-    auto r = std::make_shared<ResidualVQ>(ro, gen);
-    list->register_module(std::to_string(g), r);
-    rvqs_.push_back(r);
+    add_group(std::make_shared<ResidualVQ>(ro, gen));
   }
-}
-
-QuantizeOutput GroupedResidualVQ::forward(const Tensor& x, const Tensor& mask) {
-  if (x.dim() >= 4 && !opts_.accept_image_fmap)
-    fail("GroupedResidualVQ", "got a feature map of shape " + shape_str(x.shape()) +
-                                  "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
-  const TokenLayout layout(x, opts_.channel_last, opts_.dim, "GroupedResidualVQ");
-  const Tensor tokens = layout.to_tokens(x);
-  const std::vector<Tensor> parts = chunk(tokens, opts_.groups, -1);
-  // One dropout decision, drawn from group 0's stream, for every group.
-  ResidualVQ& first = *rvqs_[0];
-  const bool dropout =
-      is_training() && first.options().quantize_dropout && first.num_quantizers() > 1;
-  const int64_t last = dropout ? first.draw_last_layer() : -1;
-  std::vector<Tensor> qs, idx, losses;
-  const Tensor token_mask =
-      mask.defined() ? reshape(mask, {layout.batch(), layout.tokens()}) : Tensor();
-  for (int64_t g = 0; g < groups(); ++g) {
-    QuantizeOutput o = rvqs_[static_cast<size_t>(g)]->forward_with_last_layer(
-        parts[static_cast<size_t>(g)], token_mask, last);
-    qs.push_back(o.quantized);
-    idx.push_back(layout.spatial_from_tokens(o.indices));
-    losses.push_back(o.loss);
-  }
-  QuantizeOutput out;
-  out.quantized = layout.from_tokens(cat(qs, -1));
-  out.indices = stack(idx);
-  out.loss = stack(losses);
-  return out;
-}
-
-Tensor GroupedResidualVQ::get_codes_from_indices(const Tensor& indices) const {
-  if (indices.dim() < 2 || indices.size(0) != groups())
-    fail("GroupedResidualVQ", "get_codes_from_indices expects indices [groups, ..., q], got " +
-                                  shape_str(indices.shape()));
-  std::vector<Tensor> codes;
-  for (int64_t g = 0; g < groups(); ++g)
-    codes.push_back(rvqs_[static_cast<size_t>(g)]->get_codes_from_indices(select(indices, 0, g)));
-  return stack(codes);
-}
-
-Tensor GroupedResidualVQ::get_output_from_indices(const Tensor& indices) {
-  std::vector<Tensor> outs;
-  for (int64_t g = 0; g < groups(); ++g)
-    outs.push_back(rvqs_[static_cast<size_t>(g)]->get_output_from_indices(select(indices, 0, g)));
-  return cat(outs, -1);
 }
 
 void GroupedResidualVQ::update_state() {
-  for (auto& r : rvqs_) r->update_state();
+  for (int64_t g = 0; g < groups(); ++g) group(g).update_state();
 }
 
 void GroupedResidualVQ::set_update_in_forward(bool on) {
-  for (auto& r : rvqs_) r->set_update_in_forward(on);
+  for (int64_t g = 0; g < groups(); ++g) group(g).set_update_in_forward(on);
 }
 
 }  // namespace quanta::quant

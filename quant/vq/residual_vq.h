@@ -1,15 +1,17 @@
 #pragma once
 // ResidualVQ: a stack of VectorQuantize layers, each quantizing what the
 // previous ones left (SoundStream), with optional quantizer dropout; and
-// GroupedResidualVQ, one ResidualVQ per slice of the feature dimension.
+// GroupedResidualVQ, one ResidualVQ per slice of the feature dimension. The
+// stack and the grouping are quant/residual.h and quant/grouped.h.
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
+#include "quant/grouped.h"
 #include "quant/quantize_output.h"
-#include "quant/step_stream.h"
+#include "quant/residual.h"
 #include "quant/vq/vector_quantize.h"
 
 namespace quanta::quant {
@@ -41,10 +43,8 @@ struct ResidualVQOptions {
   VectorQuantizeOptions layer;
 };
 
-class ResidualVQ : public Module, public StepKeyed {
+class ResidualVQ : public Residual {
  public:
-  /** Keys this layer's per-forward draws by `step` (see StepStream). */
-  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   /** Layers "layers.<i>", projections "project_in" / "project_out"; the
    * dropout stream "rvq.dropout" is keyed from `gen`. */
   ResidualVQ(const ResidualVQOptions& opts, Generator& gen);
@@ -52,20 +52,21 @@ class ResidualVQ : public Module, public StepKeyed {
   /** Quantizes `x` (layouts as VectorQuantize). Indices [B, N, Q] (-1 for
    * dropped layers and masked tokens), loss [Q] (0 for dropped layers), and
    * each VectorQuantize loss term stacked per layer. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
-  /** As forward, with the dropout decision given: layers after
-   * `last_layer` are dropped (-1 keeps all). GroupedResidualVQ uses it so all
-   * groups drop alike. */
-  QuantizeOutput forward_with_last_layer(const Tensor& x, const Tensor& mask, int64_t last_layer);
-  /** The last layer kept by quantizer dropout for the next training forward,
-   * drawn from the "rvq.dropout" stream (advances it). */
-  int64_t draw_last_layer();
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
+  /** Deprecated: forward(x, mask, {.last_kept = last_layer}). */
+  QuantizeOutput forward_with_last_layer(const Tensor& x, const Tensor& mask, int64_t last_layer) {
+    return forward(x, mask, QuantizeOptions{.last_kept = last_layer});
+  }
+  /** Deprecated: draw_dropout(). */
+  int64_t draw_last_layer() { return draw_dropout(); }
 
   /** Per-layer codes of `indices` [..., q] (q <= Q; missing layers and -1
    * give zeros): [Q, ..., codebook_dim]. */
-  Tensor get_codes_from_indices(const Tensor& indices) const;
+  Tensor get_codes_from_indices(const Tensor& indices) override;
   /** project_out of the summed codes: [..., dim]. */
-  Tensor get_output_from_indices(const Tensor& indices);
+  Tensor get_output_from_indices(const Tensor& indices) override;
 
   /** Applies every codebook's pending statistics (each shared one once). */
   void update_state();
@@ -73,16 +74,21 @@ class ResidualVQ : public Module, public StepKeyed {
   void set_update_in_forward(bool on);
 
   const ResidualVQOptions& options() const { return opts_; }
-  int64_t num_quantizers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
   VectorQuantize& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   bool has_projections() const { return project_in_ != nullptr; }
+
+  using Residual::forward;
+
+ protected:
+  QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                              const QuantizeOptions& opts) override;
 
  private:
   ResidualVQOptions opts_;
   int64_t codebook_dim_;
   std::vector<std::shared_ptr<VectorQuantize>> layers_;
   std::shared_ptr<Module> project_in_, project_out_;
-  StepStream dropout_gen_;
 };
 
 /** GroupedResidualVQ options. */
@@ -95,25 +101,23 @@ struct GroupedResidualVQOptions {
   ResidualVQOptions rvq;
 };
 
-class GroupedResidualVQ : public Module {
+class GroupedResidualVQ : public Grouped {
  public:
   /** Groups "rvqs.<g>". */
   GroupedResidualVQ(const GroupedResidualVQOptions& opts, Generator& gen);
   /** Quantized features concatenated over groups; indices [G, B, N, Q], loss
-   * [G, Q]. One dropout decision for all groups. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
-  /** [G, Q, ..., d] from indices [G, ..., Q]. */
-  Tensor get_codes_from_indices(const Tensor& indices) const;
-  /** [..., dim]: each group's output, concatenated. */
-  Tensor get_output_from_indices(const Tensor& indices);
+   * [G, Q], loss terms [G, Q]. One dropout decision for all groups. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
   void update_state();
   void set_update_in_forward(bool on);
-  int64_t groups() const { return static_cast<int64_t>(rvqs_.size()); }
-  ResidualVQ& rvq(int64_t g) { return *rvqs_.at(static_cast<size_t>(g)); }
+  /** Group `g`'s ResidualVQ. */
+  ResidualVQ& group(int64_t g) { return static_cast<ResidualVQ&>(Grouped::group(g)); }
+  /** Deprecated: group(g). */
+  ResidualVQ& rvq(int64_t g) { return group(g); }
 
- private:
-  GroupedResidualVQOptions opts_;
-  std::vector<std::shared_ptr<ResidualVQ>> rvqs_;
+  using Grouped::forward;
 };
 
 }  // namespace quanta::quant

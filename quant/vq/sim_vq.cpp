@@ -88,8 +88,11 @@ Tensor SimVQ::indices_to_codes(const Tensor& indices) {
 }
 
 ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
-    : Module("ResidualSimVQ"), opts_(opts), dropout_gen_(Generator(0)) {
+    : Residual("ResidualSimVQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
+                                 opts.quantize_dropout_multiple_of}),
+      opts_(opts) {
   if (opts_.num_quantizers <= 0) fail("ResidualSimVQ", "num_quantizers must be positive");
+  quantize_dropout().check("ResidualSimVQ", opts_.num_quantizers);
   auto list = std::make_shared<Module>("ModuleList");
   register_module("layers", list);
   for (int64_t i = 0; i < opts_.num_quantizers; ++i) {
@@ -102,57 +105,30 @@ ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
     list->register_module(std::to_string(i), l);
     layers_.push_back(l);
   }
-  dropout_gen_ = StepStream(named_stream(draw_seed(gen), "rvq.dropout"));
+  seed_dropout(named_stream(draw_seed(gen), "rvq.dropout"));
 }
 
-QuantizeOutput ResidualSimVQ::forward(const Tensor& x, const Tensor& mask) {
+QuantizeOutput ResidualSimVQ::forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                                           const QuantizeOptions&) {
   const TokenLayout layout(x, !opts_.accept_image_fmap, opts_.dim, "ResidualSimVQ");
-  const int64_t b = layout.batch(), n = layout.tokens(), q_count = num_quantizers();
-  const Tensor tokens = layout.to_tokens(x);
-  int64_t last = -1;
-  if (is_training() && opts_.quantize_dropout && q_count > 1) {
-    last = randint(opts_.quantize_dropout_cutoff_index, q_count, {}, dropout_gen_.next()).item<int64_t>();
-    const int64_t m = opts_.quantize_dropout_multiple_of;
-    if (m != 1) last = ((last + 1 + m - 1) / m) * m - 1;
-  }
-  Tensor residual = tokens, total = zeros_like(tokens.detach());
-  std::vector<Tensor> indices, losses;
-  for (int64_t i = 0; i < q_count; ++i) {
-    if (last >= 0 && i > last) {
-      indices.push_back(full({b, n}, -1.0, {.dtype = DType::i64}));
-      losses.push_back(zeros({}, options_of(tokens)));
-      continue;
-    }
-    QuantizeOutput o = layers_[static_cast<size_t>(i)]->forward(
-        residual, mask.defined() ? reshape(mask, {b, n}) : Tensor());
-    residual = residual - o.quantized.detach();
-    total = total + o.quantized;
-    indices.push_back(o.indices);
-    losses.push_back(o.loss);
-  }
-  QuantizeOutput r;
-  r.quantized = layout.from_tokens(total);
-  r.indices = layout.spatial_from_tokens(stack(indices, -1));
-  r.loss = stack(losses);
-  return r;
+  const Tensor token_mask = detail::token_mask(mask, layout, "ResidualSimVQ");
+  QuantizeOutput out =
+      residual_quantize(layout.to_tokens(x), num_quantizers(), last_kept, DType::i64,
+                        MemberLosses::stacked, [&](int64_t i, const Tensor& residual) {
+                          return layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
+                        });
+  out.quantized = layout.from_tokens(out.quantized);
+  out.indices = layout.spatial_from_tokens(out.indices);
+  return out;
 }
 
 Tensor ResidualSimVQ::get_codes_from_indices(const Tensor& indices) {
-  const int64_t q = num_quantizers();
-  if (indices.dim() < 1 || indices.size(-1) > q)
-    fail("ResidualSimVQ", "expects indices [..., q] with q <= " + std::to_string(q) + ", got " +
-                              shape_str(indices.shape()));
-  const Shape lead(indices.shape().begin(), indices.shape().end() - 1);
-  std::vector<Tensor> codes;
-  for (int64_t i = 0; i < q; ++i) {
-    const Tensor idx = i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64)
-                                            : full(lead, -1.0, {.dtype = DType::i64});
-    const Tensor valid = ge(idx, zeros_like(idx));
-    SimVQ& l = *layers_[static_cast<size_t>(i)];
-    Tensor c = embedding(l.codebook(), where(valid, idx, zeros_like(idx)));
-    codes.push_back(c * unsqueeze(to_dtype(valid, c.dtype()), -1));
-  }
-  return stack(codes);
+  return residual_codes(
+      indices, num_quantizers(),
+      [&](int64_t i, const Tensor& idx) {
+        return embedding(layers_[static_cast<size_t>(i)]->codebook(), idx);
+      },
+      "ResidualSimVQ");
 }
 
 Tensor ResidualSimVQ::get_output_from_indices(const Tensor& indices) {

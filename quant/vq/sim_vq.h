@@ -10,7 +10,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
-#include "quant/step_stream.h"
+#include "quant/residual.h"
 
 namespace quanta::quant {
 
@@ -69,27 +69,32 @@ struct ResidualSimVQOptions {
   SimVQOptions layer;
 };
 
-class ResidualSimVQ : public Module, public StepKeyed {
+class ResidualSimVQ : public Residual {
  public:
-  /** Keys this layer's per-forward draws by `step` (see StepStream). */
-  void pin_random_step(uint64_t step) override { dropout_gen_.pin(step); }
   /** Layers "layers.<i>"; the dropout stream "rvq.dropout" is keyed from
    * `gen`. */
   ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen);
-  /** Sum of the layers' codes; indices [..., Q] (-1 dropped), loss [Q].
-   * `mask` as SimVQ's. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
+  /** Sum of the layers' codes; indices [..., Q] (-1 dropped), loss [Q] and
+   * the term "commitment" [Q]. `mask` as SimVQ's. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
   /** Per-layer codes [Q, ..., D] of indices [..., q <= Q] (-1: zeros). */
-  Tensor get_codes_from_indices(const Tensor& indices);
+  Tensor get_codes_from_indices(const Tensor& indices) override;
   /** Sum of get_codes_from_indices over layers: [..., D]. */
-  Tensor get_output_from_indices(const Tensor& indices);
-  int64_t num_quantizers() const { return static_cast<int64_t>(layers_.size()); }
+  Tensor get_output_from_indices(const Tensor& indices) override;
+  int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
   SimVQ& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
+
+  using Residual::forward;
+
+ protected:
+  QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                              const QuantizeOptions& opts) override;
 
  private:
   ResidualSimVQOptions opts_;
   std::vector<std::shared_ptr<SimVQ>> layers_;
-  StepStream dropout_gen_;
 };
 
 }  // namespace quanta::quant

@@ -1,0 +1,53 @@
+#pragma once
+// What every stacked quantizer offers (ResidualVQ, ResidualSimVQ,
+// ResidualFSQ, ResidualLFQ and their grouped forms), so the residual stack
+// and the grouped wrapper are written once over it (quant/residual.h,
+// quant/grouped.h) and callers such as the `quanta` command drive any family
+// the same way, including with a quantize-dropout decision of their own.
+// Codebook state for QuantizerSync stays where it lives (Codebook, LFQ's
+// token means, StepKeyed streams): QuantizerSync finds it by walking the
+// module tree, whatever the family.
+#include <cstdint>
+#include <optional>
+
+#include "engine/nn/module.h"
+#include "engine/tensor.h"
+#include "quant/quantize_dropout.h"
+#include "quant/quantize_output.h"
+
+namespace quanta::quant {
+
+/** What a caller may tell one forward besides the input and the mask. */
+struct QuantizeOptions {
+  /** Quantize dropout's last kept layer (kKeepAllLayers: keep every one);
+   * unset: the quantizer decides (QuantizeDropout's rule, its own stream). */
+  std::optional<int64_t> last_kept = std::nullopt;
+  /** LFQ's inverse temperature of the code distribution (0: the layer's
+   * option); the other families ignore it. */
+  double inv_temperature = 0;
+};
+
+class Quantizer : public Module {
+ public:
+  using Module::Module;
+
+  /** Quantizes `x` (the layer's input layouts) where the bool `mask` (token
+   * shape; undefined: every token) is set. Indices end in a quantizers
+   * dimension (-1 for dropped layers and masked tokens); loss and loss terms
+   * as the family reports them. */
+  virtual QuantizeOutput forward(const Tensor& x, const Tensor& mask,
+                                 const QuantizeOptions& opts) = 0;
+  /** Per-layer codes [Q, ..., d] of indices [..., q] (q <= Q; missing
+   * layers and -1 give zeros); grouped: [G, Q, ..., d] of [G, ..., q]. */
+  virtual Tensor get_codes_from_indices(const Tensor& indices) = 0;
+  /** What forward outputs for `indices`, channel-last: [..., dim]. */
+  virtual Tensor get_output_from_indices(const Tensor& indices) = 0;
+  /** Layers per stack (Q). */
+  virtual int64_t num_quantizers() const = 0;
+  /** The last layer the next forward keeps when the caller does not say:
+   * drawn (advancing the dropout stream) when quantize dropout applies,
+   * kKeepAllLayers otherwise. */
+  virtual int64_t dropout_decision() = 0;
+};
+
+}  // namespace quanta::quant

@@ -1,0 +1,105 @@
+#include "quant/residual.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
+
+namespace quanta::quant {
+
+void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losses,
+                           const MemberTerms& terms, MemberLosses how, const Tensor& zero) {
+  if (how == MemberLosses::none) {
+    out.loss = zero;
+    return;
+  }
+  out.loss = stack(losses);
+  for (const auto& [name, values] : terms) {
+    Tensor t;
+    if (how == MemberLosses::stacked) {
+      t = stack(values);
+    } else {
+      for (const Tensor& v : values) t = t.defined() ? t + v : v;
+    }
+    out.losses.emplace_back(name, t);
+  }
+}
+
+QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
+                                 DType index_dtype, MemberLosses losses,
+                                 const ResidualLayer& layer) {
+  const int64_t b = tokens.size(0), n = tokens.size(1);
+  const Tensor zero_loss = zeros({}, options_of(tokens));
+  Tensor residual = tokens;
+  std::vector<Tensor> outputs, indices, layer_losses;  // outputs summed once (add_n)
+  MemberTerms terms;  // named by the first layer; dropped layers count 0 when stacked
+  for (int64_t i = 0; i < num_layers; ++i) {
+    if (last_kept >= 0 && i > last_kept) {
+      indices.push_back(full({b, n}, -1.0, {.dtype = index_dtype}));
+      layer_losses.push_back(zero_loss);
+      if (losses == MemberLosses::stacked)
+        for (auto& [name, values] : terms) values.push_back(zero_loss);
+      continue;
+    }
+    const QuantizeOutput o = layer(i, residual);
+    // Later layers see a residual cut from the graph (reference issue #33).
+    residual = residual - o.quantized.detach();
+    outputs.push_back(o.quantized);
+    indices.push_back(o.indices.dtype() == index_dtype ? o.indices : o.indices.to(index_dtype));
+    layer_losses.push_back(o.loss);
+    if (terms.empty())
+      for (const auto& [name, t] : o.losses)
+        terms.emplace_back(name, std::vector<Tensor>(static_cast<size_t>(i), zero_loss));
+    for (auto& [name, values] : terms) values.push_back(o.term(name));
+  }
+  QuantizeOutput out;
+  out.quantized = add_n(outputs);
+  out.indices = stack(indices, -1);
+  combine_member_losses(out, layer_losses, terms, losses, zero_loss);
+  return out;
+}
+
+Tensor residual_codes(const Tensor& indices, int64_t num_layers, const ResidualLookup& lookup,
+                      const char* who) {
+  if (indices.dim() < 1 || indices.size(-1) > num_layers) {
+    std::string m = std::string("[") + who + "] get_codes_from_indices expects indices [..., q]";
+    m += " with q <= ";
+    m += std::to_string(num_layers);
+    m += ", got ";
+    m += shape_str(indices.shape());
+    throw std::invalid_argument(m);
+  }
+  const Shape lead(indices.shape().begin(), indices.shape().end() - 1);
+  const Tensor none = zeros({}, {.dtype = DType::i64});
+  std::vector<Tensor> codes;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    // Missing layers are dropped ones; dropped indices look up code 0, zeroed after.
+    const Tensor idx = i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64)
+                                            : full(lead, -1.0, {.dtype = DType::i64});
+    const Tensor dropped = lt(idx, none);
+    const Tensor c = lookup(i, where(dropped, none, idx));
+    codes.push_back(masked_fill(c, unsqueeze(dropped, -1), 0.0));
+  }
+  return stack(codes);
+}
+
+Residual::Residual(std::string name, QuantizeDropout dropout)
+    : Quantizer(std::move(name)), dropout_(dropout) {}
+
+QuantizeOutput Residual::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
+  return forward_kept(x, mask, opts.last_kept ? *opts.last_kept : dropout_decision(), opts);
+}
+
+int64_t Residual::dropout_decision() {
+  return dropout_.applies(is_training(), num_quantizers()) ? draw_dropout() : kKeepAllLayers;
+}
+
+int64_t Residual::draw_dropout() { return dropout_.draw(dropout_stream_.next(), num_quantizers()); }
+
+}  // namespace quanta::quant

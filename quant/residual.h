@@ -1,0 +1,94 @@
+#pragma once
+// The residual stack every residual quantizer is (SoundStream's algorithm 1):
+// layer i quantizes what layers 0..i-1 left, later layers see that residual
+// cut from the graph, layers after the quantize-dropout decision give index
+// -1 and loss 0, the output is the sum of the kept layers' outputs. Written
+// once here, with the dropout decision and its stream; ResidualVQ,
+// ResidualSimVQ, ResidualFSQ and ResidualLFQ only say how one of their layers
+// quantizes (ResidualFSQ scales, ResidualLFQ passes a temperature) and which
+// code an index stands for.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/tensor.h"
+#include "quant/quantize_dropout.h"
+#include "quant/quantize_output.h"
+#include "quant/quantizer.h"
+#include "quant/step_stream.h"
+
+namespace quanta::quant {
+
+/** How a stack (of layers or of groups) reports its members' losses. */
+enum class MemberLosses {
+  /** loss and every loss term stacked over members (0 for dropped layers):
+   * the VQ family. */
+  stacked,
+  /** loss stacked over members, loss terms summed over the kept ones: LFQ. */
+  summed,
+  /** no loss (a scalar 0) and no terms: FSQ. */
+  none,
+};
+
+/** Loss terms by name, one value per member of a stack: [term][member]. */
+using MemberTerms = std::vector<std::pair<std::string, std::vector<Tensor>>>;
+
+/** Sets out.loss and out.losses from the members' `losses` and `terms` as
+ * `how` says; `zero` is the loss of no member (dtype and device). */
+void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losses,
+                           const MemberTerms& terms, MemberLosses how, const Tensor& zero);
+
+/** Layer `layer` of a stack quantizing `residual` (tokens [B, N, d]): its
+ * output in tokens, indices [B, N], loss and loss terms. */
+using ResidualLayer = std::function<QuantizeOutput(int64_t layer, const Tensor& residual)>;
+
+/** Runs `num_layers` layers on successive residuals of `tokens` [B, N, d],
+ * keeping layers 0..last_kept (kKeepAllLayers: all). Returns the summed
+ * output [B, N, d] (add_n: one pass), indices [B, N, Q] of `index_dtype`
+ * (-1 for dropped layers) and the losses as `losses` says. */
+QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
+                                 DType index_dtype, MemberLosses losses,
+                                 const ResidualLayer& layer);
+
+/** Layer `layer`'s codes [..., d] of valid indices (i64, none negative). */
+using ResidualLookup = std::function<Tensor(int64_t layer, const Tensor& indices)>;
+
+/** Per-layer codes [Q, ..., d] of `indices` [..., q] (q <= Q): missing layers
+ * and index -1 give zeros. Errors name `who`. */
+Tensor residual_codes(const Tensor& indices, int64_t num_layers, const ResidualLookup& lookup,
+                      const char* who);
+
+/** Base of the residual quantizers: the dropout decision (QuantizeDropout's
+ * rule, from the stream the family seeds) and the Quantizer forward that
+ * takes one from outside. */
+class Residual : public Quantizer, public StepKeyed {
+ public:
+  Residual(std::string name, QuantizeDropout dropout);
+
+  /** forward_kept with opts.last_kept, or this layer's own decision. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  int64_t dropout_decision() override;
+  /** The next quantize-dropout draw (advances the stream), whether or not
+   * dropout applies. */
+  int64_t draw_dropout();
+  /** Keys the dropout stream by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { dropout_stream_.pin(step); }
+  const QuantizeDropout& quantize_dropout() const { return dropout_; }
+
+ protected:
+  /** The forward with the dropout decision made: layers after `last_kept`
+   * are dropped (kKeepAllLayers: none). */
+  virtual QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
+                                      const QuantizeOptions& opts) = 0;
+  /** Sets the stream the dropout draws come from. */
+  void seed_dropout(Generator stream) { dropout_stream_ = StepStream(stream); }
+
+ private:
+  QuantizeDropout dropout_;
+  StepStream dropout_stream_{Generator(0)};
+};
+
+}  // namespace quanta::quant

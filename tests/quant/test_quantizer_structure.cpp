@@ -1,0 +1,228 @@
+// The quantizer structure of issue 22: every residual and grouped family
+// behind one Quantizer interface, one quantize-dropout rule, a dropout
+// decision taken from outside. Also the behaviour the unification changed
+// (each case says what it was before).
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "quant/quantizer.h"
+#include "quant/scalar/residual_fsq.h"
+#include "quant/scalar/residual_lfq.h"
+#include "quant/vq/residual_vq.h"
+#include "quant/vq/sim_vq.h"
+#include "quanta.h"
+
+using namespace quanta;
+using namespace quanta::quant;
+
+namespace {
+
+constexpr int64_t kDim = 8, kLayers = 4;
+
+ResidualVQOptions rvq_options(bool drop) {
+  ResidualVQOptions o;
+  o.dim = kDim;
+  o.num_quantizers = kLayers;
+  o.codebook_sizes = {16};
+  o.quantize_dropout = drop;
+  return o;
+}
+
+ResidualFSQOptions rfsq_options(bool drop) {
+  ResidualFSQOptions o;
+  o.fsq.levels = {5, 4, 3};
+  o.fsq.dim = kDim;
+  o.fsq.seed = 5;
+  o.num_quantizers = kLayers;
+  o.quantize_dropout = drop;
+  return o;
+}
+
+ResidualLFQOptions rlfq_options(bool drop) {
+  ResidualLFQOptions o;
+  o.lfq.dim = kDim;
+  o.lfq.codebook_size = 16;
+  o.lfq.seed = 6;
+  o.num_quantizers = kLayers;
+  o.quantize_dropout = drop;
+  return o;
+}
+
+// Every residual and grouped family, as the interface.
+std::vector<std::pair<std::string, std::shared_ptr<Quantizer>>> all_quantizers(bool drop) {
+  Generator gen(3);
+  std::vector<std::pair<std::string, std::shared_ptr<Quantizer>>> out;
+  out.emplace_back("ResidualVQ", std::make_shared<ResidualVQ>(rvq_options(drop), gen));
+  GroupedResidualVQOptions g;
+  g.dim = kDim;
+  g.groups = 2;
+  g.rvq = rvq_options(drop);
+  out.emplace_back("GroupedResidualVQ", std::make_shared<GroupedResidualVQ>(g, gen));
+  ResidualSimVQOptions s;
+  s.dim = kDim;
+  s.num_quantizers = kLayers;
+  s.codebook_size = 16;
+  s.quantize_dropout = drop;
+  out.emplace_back("ResidualSimVQ", std::make_shared<ResidualSimVQ>(s, gen));
+  out.emplace_back("ResidualFSQ", std::make_shared<ResidualFSQ>(rfsq_options(drop)));
+  GroupedResidualFSQOptions gf;
+  gf.rfsq = rfsq_options(drop);
+  gf.groups = 2;
+  out.emplace_back("GroupedResidualFSQ", std::make_shared<GroupedResidualFSQ>(gf));
+  out.emplace_back("ResidualLFQ", std::make_shared<ResidualLFQ>(rlfq_options(drop)));
+  GroupedResidualLFQOptions gl;
+  gl.rlfq = rlfq_options(drop);
+  gl.rlfq.lfq.codebook_size = 4;
+  gl.groups = 2;
+  out.emplace_back("GroupedResidualLFQ", std::make_shared<GroupedResidualLFQ>(gl));
+  return out;
+}
+
+// The last kept layer of indices [..., Q] (the same for every token).
+int64_t last_kept_of(const Tensor& indices) {
+  const std::vector<int64_t> v = indices.to(DType::i64).to_vector<int64_t>();
+  int64_t last = kLayers - 1;
+  while (last > 0 && v[static_cast<size_t>(last)] == -1) --last;
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("QuantizeDropout: uniform in [cutoff, Q - 1], rounded up to multiple_of, capped") {
+  Generator gen(1);
+  const QuantizeDropout plain{true, 1, 1};
+  std::set<int64_t> seen;
+  for (int i = 0; i < 200; ++i) seen.insert(plain.draw(gen, 6));
+  CHECK(seen == std::set<int64_t>{1, 2, 3, 4, 5});
+  // k + 1 rounded up to a multiple of 4: 3, or 7 capped at the last layer 5.
+  const QuantizeDropout structured{true, 0, 4};
+  seen.clear();
+  for (int i = 0; i < 200; ++i) seen.insert(structured.draw(gen, 6));
+  CHECK(seen == std::set<int64_t>{3, 5});
+  CHECK(plain.applies(true, 6));
+  CHECK_FALSE(plain.applies(false, 6));
+  CHECK_FALSE(plain.applies(true, 1));
+  CHECK_FALSE(QuantizeDropout{}.applies(true, 6));
+  CHECK_THROWS_AS(QuantizeDropout({true, 6, 1}).check("t", 6), std::invalid_argument);
+  CHECK_THROWS_AS(QuantizeDropout({false, 0, 0}).check("t", 6), std::invalid_argument);
+  CHECK_NOTHROW(QuantizeDropout({false, 9, 1}).check("t", 6));  // unused when off
+}
+
+TEST_CASE("every residual and grouped family takes a dropout decision from outside") {
+  Generator gen(2);
+  for (auto& [name, q] : all_quantizers(false)) {
+    INFO(name);
+    CHECK(q->num_quantizers() == kLayers);
+    for (bool training : {true, false}) {
+      q->train(training);
+      const Tensor x = randn({2, 5, kDim}, gen);
+      const QuantizeOutput o = q->forward(x, Tensor(), QuantizeOptions{.last_kept = 1});
+      const bool grouped = name.rfind("Grouped", 0) == 0;
+      CHECK(o.indices.dim() == (grouped ? 4 : 3));
+      CHECK(last_kept_of(grouped ? select(o.indices, 0, 1) : o.indices) == 1);
+      if (!training) {  // (training forwards may move the codebooks afterwards)
+        // Dropped layers look up zeros: the output is the kept layers' codes.
+        NoGradGuard ng;
+        const Tensor back = q->get_output_from_indices(o.indices);
+        CHECK(max(abs(back - o.quantized.detach())).item() < 1e-5);
+      }
+      // No dropout configured: the layer's own decision keeps every layer.
+      CHECK(q->dropout_decision() == kKeepAllLayers);
+    }
+  }
+}
+
+TEST_CASE("quantize dropout applies to training forwards with grad off too") {
+  // Before issue 22 the scalar family (ResidualFSQ, ResidualLFQ and their
+  // grouped forms) dropped layers only with grad enabled, the VQ family in
+  // every training forward; now all follow vector-quantize-pytorch's
+  // ResidualVQ: training decides, grad mode does not.
+  Generator gen(4);
+  for (auto& [name, q] : all_quantizers(true)) {
+    INFO(name);
+    q->train();
+    const bool grouped = name.rfind("Grouped", 0) == 0;
+    std::set<int64_t> kept;
+    NoGradGuard ng;
+    for (int i = 0; i < 30; ++i) {
+      const QuantizeOutput o = q->forward(randn({1, 3, kDim}, gen), Tensor(), QuantizeOptions{});
+      kept.insert(last_kept_of(grouped ? select(o.indices, 0, 0) : o.indices));
+    }
+    CHECK(kept.size() > 1);
+    q->eval();
+    CHECK(q->dropout_decision() == kKeepAllLayers);
+  }
+}
+
+TEST_CASE("a cutoff_index outside the stack fails at construction in every family") {
+  // Before: ResidualFSQ and ResidualLFQ clamped it silently, ResidualSimVQ
+  // failed in its first training forward (randint), ResidualVQ at construction.
+  Generator gen(5);
+  ResidualFSQOptions f = rfsq_options(true);
+  f.quantize_dropout_cutoff_index = kLayers;
+  CHECK_THROWS_AS(ResidualFSQ{f}, std::invalid_argument);
+  ResidualLFQOptions l = rlfq_options(true);
+  l.quantize_dropout_cutoff_index = kLayers;
+  CHECK_THROWS_AS(ResidualLFQ{l}, std::invalid_argument);
+  ResidualSimVQOptions s;
+  s.dim = kDim;
+  s.num_quantizers = kLayers;
+  s.codebook_size = 16;
+  s.quantize_dropout = true;
+  s.quantize_dropout_cutoff_index = kLayers;
+  CHECK_THROWS_AS(ResidualSimVQ(s, gen), std::invalid_argument);
+  ResidualVQOptions v = rvq_options(true);
+  v.quantize_dropout_multiple_of = 0;
+  CHECK_THROWS_AS(ResidualVQ(v, gen), std::invalid_argument);
+}
+
+TEST_CASE("ResidualFSQ and ResidualLFQ look up fewer layers than they have") {
+  // Before: indices had to end in exactly num_quantizers; now, as ResidualVQ,
+  // missing layers count as dropped (vector-quantize-pytorch pads with -1).
+  Generator gen(6);
+  ResidualFSQ f(rfsq_options(false));
+  ResidualLFQ l(rlfq_options(false));
+  f.eval();
+  l.eval();
+  for (Quantizer* q : {static_cast<Quantizer*>(&f), static_cast<Quantizer*>(&l)}) {
+    const QuantizeOutput o = q->forward(randn({2, 5, kDim}, gen), Tensor(), QuantizeOptions{});
+    const Tensor two = slice(o.indices, -1, 0, 2);
+    const Tensor codes = q->get_codes_from_indices(two);
+    CHECK(codes.size(0) == kLayers);
+    CHECK(max(abs(slice(codes, 0, 2, kLayers))).item() == 0.0);
+    const Tensor padded = cat({two, full({2, 5, 2}, -1.0, {.dtype = two.dtype()})}, -1);
+    CHECK(max(abs(q->get_codes_from_indices(padded) - codes)).item() == 0.0);
+  }
+}
+
+TEST_CASE("loss terms: ResidualSimVQ stacks its commitment, GroupedResidualVQ its terms") {
+  // Before: ResidualSimVQ and GroupedResidualVQ returned no loss terms.
+  Generator gen(7);
+  for (auto& [name, q] : all_quantizers(false)) {
+    if (name != "ResidualSimVQ" && name != "GroupedResidualVQ") continue;
+    INFO(name);
+    q->train();
+    const QuantizeOutput o = q->forward(randn({2, 5, kDim}, gen), Tensor(), QuantizeOptions{});
+    const Tensor c = o.term("commitment");
+    CHECK(c.shape() == o.loss.shape());
+    if (name == "ResidualSimVQ") CHECK(max(abs(c - o.loss)).item() == 0.0);
+  }
+}
+
+TEST_CASE("ResidualVQ and GroupedResidualVQ check their masks") {
+  // Before: a mask was reshaped without a check (a wrong size failed inside
+  // reshape, a float mask inside the layer).
+  Generator gen(8);
+  for (auto& [name, q] : all_quantizers(false)) {
+    INFO(name);
+    const Tensor x = randn({2, 5, kDim}, gen);
+    CHECK_THROWS_AS(q->forward(x, ones({2, 4}, {.dtype = DType::boolean}), QuantizeOptions{}),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(q->forward(x, ones({2, 5}), QuantizeOptions{}), std::invalid_argument);
+  }
+}
