@@ -1,5 +1,6 @@
 #include "dist/env.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -22,6 +23,30 @@ int env_int(const char* name, int fallback) {
   }
   throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + v +
                               "' is not an integer");
+}
+
+// QUANTA_DIST_TIMEOUT: a positive number of seconds ("300", "2.5"); 0 ms when unset.
+Millis env_timeout(const char* name) {
+  const char* v = env(name);
+  if (!v) return Millis(0);
+  const std::string s = v;
+  double seconds = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
+  if (ec != std::errc() || end != s.data() + s.size() || !(seconds >= 0.001) || seconds > 1e9)
+    throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + s +
+                                "' is not a timeout: expected a positive number of seconds, "
+                                "e.g. 300 or 2.5");
+  return Millis(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
+
+bool env_flag(const char* name) {
+  const char* v = env(name);
+  if (!v) return false;
+  const std::string s = v;
+  if (s == "1" || s == "true" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "no") return false;
+  throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + s +
+                              "' is not a flag: expected 1 or 0");
 }
 
 }  // namespace
@@ -48,6 +73,9 @@ LaunchInfo launch_info_from_env() {
   }
   if (const char* a = env("MASTER_ADDR")) info.master_addr = a;
   info.master_port = env_int("MASTER_PORT", info.master_port);
+  if (const char* t = env("QUANTA_JOB_TOKEN")) info.job_token = t;
+  info.store_bind_all = env_flag("QUANTA_STORE_BIND_ALL") || info.master_addr == "0.0.0.0";
+  info.timeout = env_timeout("QUANTA_DIST_TIMEOUT");
   if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size)
     throw std::invalid_argument("[dist::init] rank " + std::to_string(info.rank) +
                                 " is outside a world of " + std::to_string(info.world_size) +
@@ -63,9 +91,13 @@ std::shared_ptr<ProcessGroup> init(GroupOptions opts) {
 }
 
 std::shared_ptr<ProcessGroup> init(const LaunchInfo& info, GroupOptions opts) {
+  if (info.timeout > Millis(0)) opts.timeout = info.timeout;
   if (info.world_size == 1) return ProcessGroup::single(std::move(opts));
-  auto store =
-      std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, opts.timeout);
+  TcpStoreOptions store_opts;
+  if (!info.job_token.empty()) store_opts.token = info.job_token;
+  if (info.store_bind_all) store_opts.bind = "0.0.0.0";
+  auto store = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0,
+                                          opts.timeout, store_opts);
   return std::make_shared<ProcessGroup>(store, info.rank, info.world_size, std::move(opts));
 }
 

@@ -7,6 +7,12 @@
 // Under Slurm and Open MPI, MASTER_ADDR / MASTER_PORT still name the store
 // when set; otherwise the store is on 127.0.0.1 (one node) at port 29500
 // (Slurm: 29500 + SLURM_JOB_ID % 1000, so two jobs on a node do not clash).
+// Whatever the launcher, quanta also reads:
+//   QUANTA_JOB_TOKEN       the job's shared secret (quanta launch sets a random
+//                          one); the store refuses connections without it
+//   QUANTA_STORE_BIND_ALL  1: rank 0's store listens on every interface, not
+//                          only on MASTER_ADDR
+//   QUANTA_DIST_TIMEOUT    seconds: rendezvous and collective timeout
 #include <memory>
 #include <string>
 
@@ -23,6 +29,13 @@ struct LaunchInfo {
   int master_port = 29500;
   /** "torchrun", "slurm", "openmpi" or "none" (no launcher: world of one). */
   std::string source = "none";
+  /** QUANTA_JOB_TOKEN; empty: the fixed default token (TcpStoreOptions). */
+  std::string job_token{};
+  /** QUANTA_STORE_BIND_ALL=1 (or MASTER_ADDR=0.0.0.0): the store listens
+   * on every interface. */
+  bool store_bind_all = false;
+  /** QUANTA_DIST_TIMEOUT in ms; 0 when unset (GroupOptions::timeout holds). */
+  Millis timeout{0};
 };
 
 /** Reads the launcher's environment (torchrun first, then Slurm, then Open
@@ -30,7 +43,8 @@ struct LaunchInfo {
 LaunchInfo launch_info_from_env();
 
 /** The group of this job: from the environment (see launch_info_from_env),
- * a TcpStore hosted by rank 0. With no launcher, a world of one. */
+ * a TcpStore hosted by rank 0. With no launcher, a world of one.
+ * QUANTA_DIST_TIMEOUT, when set, replaces opts.timeout. */
 std::shared_ptr<ProcessGroup> init(GroupOptions opts = {});
 /** The group with an explicit place: rank 0 hosts the TcpStore at
  * master_addr:master_port. */

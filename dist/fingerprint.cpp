@@ -93,40 +93,54 @@ uint32_t tag_of(const Fingerprint& f) {
   return static_cast<uint32_t>(h ^ (h >> 32));
 }
 
-std::string compare(const std::vector<Fingerprint>& all) {
+uint32_t check_word(const Fingerprint& f) {
+  uint64_t h = mix(uint64_t(tag_of(f)), f.line);
+  for (const char* c = f.file; *c; ++c) h = mix(h, uint64_t(uint8_t(*c)));
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+namespace {
+// What differs between two calls, in compare()'s words (empty: the same call).
+std::vector<std::string> differences(const Fingerprint& ref, const Fingerprint& f) {
+  std::vector<std::string> diffs;
+  if (f.seq != ref.seq)
+    diffs.push_back("sequence number " + std::to_string(ref.seq) + " vs " + std::to_string(f.seq));
+  if (f.op != ref.op) diffs.push_back(std::string("op ") + kOps[ref.op] + " vs " + kOps[f.op]);
+  if (f.dtype != ref.dtype && f.shape_rule != kNoTensor && ref.shape_rule != kNoTensor)
+    diffs.push_back(std::string("dtype ") + dtype_name(static_cast<DType>(ref.dtype)) + " vs " +
+                    dtype_name(static_cast<DType>(f.dtype)));
+  if (f.op == ref.op && f.dtype == ref.dtype &&
+      (f.ndim != ref.ndim || f.shape_hash != ref.shape_hash))
+    diffs.push_back("shape " + shape_text(ref) + " vs " + shape_text(f));
+  if (f.reduce != ref.reduce && f.op == ref.op)
+    diffs.push_back(std::string("reduce op ") +
+                    (ref.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(ref.reduce)) : "-") +
+                    " vs " +
+                    (f.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(f.reduce)) : "-"));
+  if (f.root != ref.root && f.op == ref.op)
+    diffs.push_back("root " + std::to_string(ref.root) + " vs " + std::to_string(f.root));
+  if (f.line != ref.line || std::strcmp(f.file, ref.file) != 0)
+    diffs.push_back("call site " + site_text(ref) + " vs " + site_text(f));
+  return diffs;
+}
+}  // namespace
+
+std::string compare(const std::vector<Fingerprint>& all, const std::vector<int>& ranks) {
+  auto rank_of = [&](std::size_t i) { return ranks.empty() ? int(i) : ranks[i]; };
   const Fingerprint& ref = all[0];
   std::ostringstream out;
   for (std::size_t r = 1; r < all.size(); ++r) {
-    const Fingerprint& f = all[r];
-    std::vector<std::string> diffs;
-    if (f.seq != ref.seq)
-      diffs.push_back("sequence number " + std::to_string(ref.seq) + " vs " +
-                      std::to_string(f.seq));
-    if (f.op != ref.op) diffs.push_back(std::string("op ") + kOps[ref.op] + " vs " + kOps[f.op]);
-    if (f.dtype != ref.dtype && f.shape_rule != kNoTensor && ref.shape_rule != kNoTensor)
-      diffs.push_back(std::string("dtype ") + dtype_name(static_cast<DType>(ref.dtype)) + " vs " +
-                      dtype_name(static_cast<DType>(f.dtype)));
-    if (f.op == ref.op && f.dtype == ref.dtype &&
-        (f.ndim != ref.ndim || f.shape_hash != ref.shape_hash))
-      diffs.push_back("shape " + shape_text(ref) + " vs " + shape_text(f));
-    if (f.reduce != ref.reduce && f.op == ref.op)
-      diffs.push_back(std::string("reduce op ") +
-                      (ref.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(ref.reduce)) : "-") +
-                      " vs " +
-                      (f.reduce >= 0 ? reduce_op_name(static_cast<ReduceOp>(f.reduce)) : "-"));
-    if (f.root != ref.root && f.op == ref.op)
-      diffs.push_back("root " + std::to_string(ref.root) + " vs " + std::to_string(f.root));
-    if (f.line != ref.line || std::strcmp(f.file, ref.file) != 0)
-      diffs.push_back("call site " + site_text(ref) + " vs " + site_text(f));
+    const std::vector<std::string> diffs = differences(ref, all[r]);
     if (diffs.empty()) continue;
-    out << "\n  rank 0 and rank " << r << " differ in ";
+    out << "\n  rank " << rank_of(0) << " and rank " << rank_of(r) << " differ in ";
     for (std::size_t i = 0; i < diffs.size(); ++i) out << (i ? "; " : "") << diffs[i];
   }
   const std::string body = out.str();
   if (body.empty()) return "";
   std::ostringstream msg;
   msg << "ranks called different collectives:";
-  for (std::size_t r = 0; r < all.size(); ++r) msg << "\n  rank " << r << ": " << describe(all[r]);
+  for (std::size_t r = 0; r < all.size(); ++r)
+    msg << "\n  rank " << rank_of(r) << ": " << describe(all[r]);
   return msg.str() + body;
 }
 

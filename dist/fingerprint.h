@@ -1,7 +1,8 @@
 #pragma once
 // The fingerprint of one collective call: what debug mode exchanges before
-// moving data and what failure reports print. Fixed size, so exchanging it
-// can never itself mismatch. Internal to dist.
+// moving data, what the always-on check carries inside the payload (or, for
+// reductions, its 32-bit check word) and what failure reports print. Fixed
+// size, so exchanging it can never itself mismatch. Internal to dist.
 #include <cstdint>
 #include <source_location>
 #include <string>
@@ -44,8 +45,14 @@ std::string describe(const Fingerprint& f);
  * by it, so mismatched calls never exchange bytes (Gloo aborts on length
  * mismatches); they time out and are reported instead. */
 uint32_t tag_of(const Fingerprint& f);
+/** A 32-bit word of everything a call must agree on across ranks: what
+ * tag_of covers plus the call site (line and file name), so that two calls
+ * that would pair up but came from different lines differ too. The
+ * always-on check carries it inside every reduction (reduce_check.h). */
+uint32_t check_word(const Fingerprint& f);
 /** Empty when every rank's fingerprint matches; else a report naming the
- * differing ranks and what differs (identical on every rank). */
-std::string compare(const std::vector<Fingerprint>& all);
+ * differing ranks and what differs (identical on every rank). `ranks[i]`
+ * names the rank of `all[i]` (empty: all[i] is rank i). */
+std::string compare(const std::vector<Fingerprint>& all, const std::vector<int>& ranks = {});
 
 }  // namespace quanta::dist::detail

@@ -90,6 +90,30 @@ void GlooBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op
   if (op == ReduceOp::avg) divide(data, dtype, n, context_->size);
 }
 
+void GlooBackend::all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n,
+                                     DType dtype, ReduceOp op, uint32_t tag, Millis timeout) {
+  const std::size_t elem = element_size(dtype), bytes = n * elem, check_bytes = check_n * elem;
+  const auto fn = reduce_fn(dtype, op);
+  if (context_->size == 2 && bytes + check_bytes <= kPairwiseBytes) {
+    pairwise_all_reduce(data, n, elem, fn, tag, timeout, check, check_n);
+  } else if (bytes <= kStagedCheckBytes) {
+    if (staged_.size() < bytes + check_bytes) staged_.resize(bytes + check_bytes);
+    std::memcpy(staged_.data(), data, bytes);
+    std::memcpy(staged_.data() + bytes, check, check_bytes);
+    ring_all_reduce(staged_.data(), n + check_n, elem, fn, tag, timeout);
+    std::memcpy(data, staged_.data(), bytes);
+    std::memcpy(check, staged_.data() + bytes, check_bytes);
+  } else {
+    ring_all_reduce(data, n, elem, fn, tag, timeout);
+    ring_all_reduce(check, check_n, elem, fn, ~tag, timeout);
+  }
+  // avg divides the region too: its zeros stay zero (reduce_check.h).
+  if (op == ReduceOp::avg) {
+    divide(data, dtype, n, context_->size);
+    divide(check, dtype, check_n, context_->size);
+  }
+}
+
 void GlooBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
                                  ReduceOp op, uint32_t tag, Millis timeout) {
   const std::size_t size = static_cast<std::size_t>(context_->size);
@@ -145,26 +169,53 @@ void GlooBackend::ring_all_reduce(void* data, std::size_t n, std::size_t elem_si
 // loopback dominates small and medium buffers (measured on the project VM:
 // 4 KB 0.36-0.43 of the ring's time, 1 MiB 0.68-0.96; see docs/dist.md).
 void GlooBackend::pairwise_all_reduce(void* data, std::size_t n, std::size_t elem_size,
-                                      const ReduceFn& fn, uint32_t tag, Millis timeout) {
-  const std::size_t bytes = n * elem_size;
-  if (peer_values_.size() < bytes) peer_values_.resize(bytes);
+                                      const ReduceFn& fn, uint32_t tag, Millis timeout, void* check,
+                                      std::size_t check_n) {
+  const std::size_t bytes = n * elem_size, check_bytes = check_n * elem_size;
+  if (peer_values_.size() < bytes + check_bytes) peer_values_.resize(bytes + check_bytes);
   const int rank = context_->rank, peer = 1 - rank;
-  // Gloo's own collectives use slot prefixes 0x01-0x08; this one is ours.
-  constexpr uint8_t kPairwiseSlotPrefix = 0x51;
+  // Gloo's own collectives use slot prefixes 0x01-0x08; these are ours.
+  constexpr uint8_t kPairwiseSlotPrefix = 0x51, kCheckSlotPrefix = 0x52;
   const gloo::Slot slot = gloo::Slot::build(kPairwiseSlotPrefix, tag);
-  auto mine = context_->createUnboundBuffer(data, bytes);
-  auto theirs = context_->createUnboundBuffer(peer_values_.data(), bytes);
+  // The check region goes in the same round. Small buffers copy the data in
+  // front of it and send one message (a second message can cost the peer a
+  // second wake-up); larger ones send it as a second message, without a copy.
+  const bool one_message = check_bytes && bytes <= kOneMessageBytes;
+  void* send_from = data;
+  if (one_message) {
+    if (staged_.size() < bytes + check_bytes) staged_.resize(bytes + check_bytes);
+    std::memcpy(staged_.data(), data, bytes);
+    std::memcpy(staged_.data() + bytes, check, check_bytes);
+    send_from = staged_.data();
+  }
+  const std::size_t first = one_message ? bytes + check_bytes : bytes;
+  auto mine = context_->createUnboundBuffer(send_from, first);
+  auto theirs = context_->createUnboundBuffer(peer_values_.data(), first);
   theirs->recv(peer, slot);
   mine->send(peer, slot);
+  std::unique_ptr<gloo::transport::UnboundBuffer> my_check, their_check;
+  if (check_bytes && !one_message) {
+    const gloo::Slot check_slot = gloo::Slot::build(kCheckSlotPrefix, tag);
+    my_check = context_->createUnboundBuffer(check, check_bytes);
+    their_check = context_->createUnboundBuffer(peer_values_.data() + bytes, check_bytes);
+    their_check->recv(peer, check_slot);
+    my_check->send(peer, check_slot);
+  }
   // Gloo throws on a timeout or a broken pair; false means aborted.
-  if (!theirs->waitRecv(timeout) || !mine->waitSend(timeout))
+  const auto aborted = [&] {
     throw std::runtime_error("the exchange with rank " + std::to_string(peer) + " was aborted");
+  };
+  if (!theirs->waitRecv(timeout) || !mine->waitSend(timeout)) aborted();
+  if (my_check && (!their_check->waitRecv(timeout) || !my_check->waitSend(timeout))) aborted();
   // Rank 0's values first on both ranks: the same operands in the same order.
-  const void* peer_data = peer_values_.data();
-  if (rank == 0)
+  const char* peer_data = peer_values_.data();
+  if (rank == 0) {
     fn(data, data, peer_data, n);
-  else
+    if (check_n) fn(check, check, peer_data + bytes, check_n);
+  } else {
     fn(data, peer_data, data, n);
+    if (check_n) fn(check, peer_data + bytes, check, check_n);
+  }
 }
 
 void GlooBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) {

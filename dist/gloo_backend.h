@@ -38,6 +38,11 @@ class GlooBackend final : public Backend {
   const char* name() const override { return "gloo"; }
   void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
                   Millis timeout) override;
+  /** Two ranks up to kPairwiseBytes: the check region travels in the same
+   * exchange as the data (no extra round; see kOneMessageBytes). The ring:
+   * copied behind the data up to kStagedCheckBytes, else a second ring. */
+  void all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n, DType dtype,
+                          ReduceOp op, uint32_t tag, Millis timeout) override;
   void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
                   Millis timeout) override;
@@ -63,16 +68,25 @@ class GlooBackend final : public Backend {
   /** Above this, two ranks use the ring too: bandwidth-bound either way, and
    * the exchange's receive buffer (kept between calls) stays this small. */
   static constexpr std::size_t kPairwiseBytes = std::size_t(4) << 20;
+  /** Up to this, the exchange copies the data in front of the check region
+   * and sends one message; above, the region is a second message. */
+  static constexpr std::size_t kOneMessageBytes = std::size_t(64) << 10;
+  /** Up to this, a ring all_reduce_checked copies the data next to the
+   * check region (cheaper than a second ring); above, it runs two rings. */
+  static constexpr std::size_t kStagedCheckBytes = std::size_t(1) << 20;
 
   const std::shared_ptr<gloo::transport::Device>& device() const { return device_; }
 
  private:
   void connect(Store& store, int rank, int size, Millis timeout);
+  /** The exchange of `n` elements at `data` and `check_n` at `check`. */
   void pairwise_all_reduce(void* data, std::size_t n, std::size_t elem_size, const ReduceFn& fn,
-                           uint32_t tag, Millis timeout);
+                           uint32_t tag, Millis timeout, void* check = nullptr,
+                           std::size_t check_n = 0);
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::vector<char> peer_values_;  // pairwise_all_reduce's receive buffer
+  std::vector<char> staged_;       // data + check region, up to kStagedCheckBytes + check
 };
 
 }  // namespace quanta::dist::detail

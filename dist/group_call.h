@@ -14,9 +14,12 @@ namespace quanta::dist {
 struct ProcessGroup::Call {
   detail::Fingerprint fp;
   uint32_t tag = 0;
+  uint32_t word = 0;  // check_word(fp): what the always-on check carries
   Millis timeout{0};
   std::chrono::steady_clock::time_point start;
-  std::string desc;
+  /** "all_reduce #3 (f32 [4], sum) at x.cpp:12", built only for messages
+   * (formatting it costs more than a small collective's bookkeeping). */
+  std::string desc() const { return detail::describe(fp); }
 };
 
 // Runs a backend call, turning its failures into fail()'s report.

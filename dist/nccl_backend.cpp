@@ -227,3 +227,11 @@ void NcclBackend::barrier(uint32_t, Millis) {
 }
 
 }  // namespace quanta::dist::detail
+
+// The entry libquanta's make_nccl_backend (dist/nccl_module.cpp) looks up in
+// libquanta_cuda, where this file is compiled.
+extern "C" __attribute__((visibility("default"))) quanta::dist::detail::Backend*
+quanta_nccl_backend_v1(quanta::dist::Store& store, int rank, int size, int device,
+                       quanta::dist::Millis timeout) {
+  return new quanta::dist::detail::NcclBackend(store, rank, size, device, timeout);
+}

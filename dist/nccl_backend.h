@@ -5,7 +5,9 @@
 // caller polls the completion event and ncclCommGetAsyncError against the
 // deadline and aborts the communicator (ncclCommAbort) on error or timeout.
 // Buffers are device memory; tags are not used (NCCL orders calls by issue).
-// Internal to dist. Built without CUDA (no_nccl.cpp), construction throws.
+// Internal to dist. The class is compiled into libquanta_cuda (the CUDA
+// module, engine/cuda/module.h); libquanta makes one through
+// make_nccl_backend, which throws naming why when there is no CUDA backend.
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -17,6 +19,12 @@
 #include "engine/dtype.h"
 
 namespace quanta::dist::detail {
+
+/** An NcclBackend made inside the CUDA module (the constructor's rules and
+ * errors below); throws std::runtime_error "[dist::nccl] ..." when quanta was
+ * built without CUDA or the module cannot be loaded. */
+std::unique_ptr<Backend> make_nccl_backend(Store& store, int rank, int size, int device,
+                                           Millis timeout);
 
 class NcclBackend final : public Backend {
  public:

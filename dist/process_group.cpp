@@ -1,14 +1,17 @@
 // ProcessGroup: call bookkeeping (sequence numbers, tags, deadlines), the
-// debug fingerprint check, failure reports, and the collectives: tensors are
-// checked and staged here, the bytes move through the backend of their
-// device (backend_for: Gloo for CPU tensors, NCCL for CUDA tensors).
+// debug fingerprint check, the always-on in-band check, failure reports, and
+// the collectives: tensors are checked and staged here, the bytes move
+// through the backend of their device (backend_for: Gloo for CPU tensors,
+// NCCL for CUDA tensors).
 #include "dist/process_group.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -19,11 +22,14 @@
 #include "dist/gloo_backend.h"
 #include "dist/group_call.h"
 #include "dist/nccl_backend.h"
+#include "dist/reduce_check.h"
 #include "dist/reduce_kernels.h"
+#include "dist/rendezvous.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
+#include "engine/storage.h"
 
 namespace quanta::dist {
 
@@ -203,6 +209,10 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
   }
   store_ = std::make_shared<PrefixStore>("quanta/" + opts_.name, store);
   try {
+    // Every rank present, each once, before Gloo connects (Gloo would wait
+    // silently, and hang on a rank started twice).
+    detail::join_group(*store_, rank, world_size, opts_.timeout,
+                       store->describe() + " (group '" + opts_.name + "')");
     PrefixStore gloo_store("gloo", store_);
     const std::string host = opts_.host.empty() ? default_host() : opts_.host;
     gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank, world_size, opts_.timeout, host,
@@ -219,6 +229,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
     }
     seed_ = std::stoull(store_->get_string("seed", opts_.timeout));
     await_all_connected(*store_, rank, world_size, opts_.timeout);
+    detail::check_no_duplicate(*store_);  // a duplicate that came while we connected
   } catch (const std::exception& e) {
     throw DistError("[dist] rendezvous of group '" + opts_.name + "' failed on rank " +
                     std::to_string(rank) + " of " + std::to_string(world_size) + " through " +
@@ -283,7 +294,7 @@ detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout)
     // its keys live under the group's store.
     const int index = t.device().index;
     PrefixStore s("nccl." + std::to_string(index), store_);
-    nccl_ = std::make_unique<detail::NcclBackend>(s, rank_, size_, index, init_timeout);
+    nccl_ = detail::make_nccl_backend(s, rank_, size_, index, init_timeout);
   }
   return *nccl_;
 }
@@ -296,15 +307,15 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shap
   const bool reduces = std::strcmp(op, "all_reduce") == 0 || std::strcmp(op, "reduce_scatter") == 0;
   Call c;
   c.fp = detail::make_fingerprint(op, seq_, t, shape_rule, reduces ? int32_t(rop) : -1, root, site);
-  c.desc = detail::describe(c.fp);
   if (!broken_.empty())
-    throw DistError("[dist] " + c.desc + " on rank " + std::to_string(rank_) +
+    throw DistError("[dist] " + c.desc() + " on rank " + std::to_string(rank_) +
                     ": the group is broken by an earlier failure: " + broken_);
   if (t && t->defined() && t->device().is_cuda() && !cuda_built())
     throw std::invalid_argument("[dist::" + std::string(op) +
                                 "] CUDA tensor, but quanta was built without CUDA");
   ++seq_;
   c.tag = detail::tag_of(c.fp);
+  c.word = detail::check_word(c.fp);
   c.timeout = o.timeout > Millis(0) ? o.timeout : opts_.timeout;
   c.start = Clock::now();
   if (size_ > 1 && debug_ && exchange_fingerprints) check_fingerprints(c);
@@ -341,48 +352,65 @@ void ProcessGroup::check_fingerprints(const Call& call, const std::vector<Finger
   const std::string diff = detail::compare(all);
   if (diff.empty()) return;
   broken_ = "QUANTA_DIST_DEBUG: " + diff;
-  throw DistError("[dist] " + call.desc + " on rank " + std::to_string(rank_) + " of " +
+  throw DistError("[dist] " + call.desc() + " on rank " + std::to_string(rank_) + " of " +
                   std::to_string(size_) + ": " + broken_);
 }
+
+namespace {
+// What the other ranks posted under `prefix` + their rank, each read once it
+// appears, for up to `grace` (failing ranks post before they read, so all
+// of them see each other's posts; ranks busy elsewhere stay empty).
+std::vector<std::optional<Bytes>> await_posts(Store& store, int rank, int size,
+                                              const std::string& prefix, Millis grace) {
+  std::vector<std::optional<Bytes>> posts(size);
+  const auto deadline = Clock::now() + grace;
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank || posts[r]) continue;
+      const std::string key = prefix + std::to_string(r);
+      if (store.check(key))
+        posts[r] = store.get(key, Millis(1000));
+      else
+        all = false;
+    }
+    if (all || Clock::now() >= deadline) return posts;
+    std::this_thread::sleep_for(Millis(20));
+  }
+}
+
+// How long a failing rank waits for the others' posts.
+Millis grace_of(Millis timeout) { return std::clamp(timeout / 2, Millis(300), Millis(2000)); }
+}  // namespace
 
 void ProcessGroup::fail(const Call& call, const std::string& what) {
   const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - call.start).count();
   std::ostringstream msg;
-  msg << "[dist] " << call.desc << " failed on rank " << rank_ << " of " << size_ << " after "
+  msg << "[dist] " << call.desc() << " failed on rank " << rank_ << " of " << size_ << " after "
       << waited << " ms: " << what;
   broken_ = msg.str();  // from now on every call fails at once
   // Ask the peers what they were doing: each failing rank posts its call,
   // ranks that left on purpose posted that; the rest did not arrive.
   std::vector<std::string> reports(size_);
-  const Millis grace = std::clamp(call.timeout / 2, Millis(300), Millis(2000));
+  const Millis grace = grace_of(call.timeout);
   try {
-    store_->set_string("status/" + std::to_string(rank_), call.desc);
-    const auto deadline = Clock::now() + grace;
-    for (;;) {
-      bool all = true;
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_ || !reports[r].empty()) continue;
-        if (store_->check("status/" + std::to_string(r)))
-          reports[r] = store_->get_string("status/" + std::to_string(r), Millis(1000));
-        else
-          all = false;
-      }
-      if (all || Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(Millis(20));
-    }
+    store_->set_string("status/" + std::to_string(rank_), call.desc());
+    const auto posts = await_posts(*store_, rank_, size_, "status/", grace);
+    for (int r = 0; r < size_; ++r)
+      if (posts[r]) reports[r].assign(posts[r]->begin(), posts[r]->end());
   } catch (const std::exception& e) {
     msg << "\n  (could not ask the other ranks: " << e.what() << ")";
     broken_ = msg.str();
     throw DistError(broken_);
   }
-  const std::string mine = call.desc.substr(0, call.desc.find(" at "));
+  const std::string mine = call.desc().substr(0, call.desc().find(" at "));
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const std::string& rep = reports[r];
     if (rep.empty())
       missing.push_back(r);
-    else if (rep.rfind("left", 0) == 0)
+    else if (rep.rfind("left", 0) == 0 || rep.rfind("failed", 0) == 0)
       msg << "\n  rank " << r << " " << rep;
     else if (rep.substr(0, rep.find(" at ")) == mine)
       msg << "\n  rank " << r << " arrived and failed too";
@@ -396,6 +424,107 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   }
   broken_ = msg.str();
   throw DistError(broken_);
+}
+
+// ---- the always-on check ----
+
+void ProcessGroup::mismatch(const Call& call, const std::string& diff) {
+  broken_ = diff;
+  // A rank that fails later in another call (the root of a broadcast
+  // learns nothing from it) reads why this one left.
+  try {
+    store_->set_string("status/" + std::to_string(rank_), "failed the check of " + call.desc() +
+                                                              ": the ranks called different "
+                                                              "collectives");
+  } catch (...) {
+  }
+  throw DistError("[dist] " + call.desc() + " on rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + ": " + diff);
+}
+
+void ProcessGroup::reduction_mismatch(const Call& call) {
+  // Every rank of a reduction sees the same result, so all of them are
+  // here: each posts its fingerprint and reads the others'.
+  std::vector<Fingerprint> fps;
+  std::vector<int> ranks, silent;
+  const Millis grace = grace_of(call.timeout);
+  std::string trouble;
+  try {
+    const auto* p = reinterpret_cast<const char*>(&call.fp);
+    store_->set("fingerprint/" + std::to_string(rank_), Bytes(p, p + sizeof(Fingerprint)));
+    const auto posts = await_posts(*store_, rank_, size_, "fingerprint/", grace);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) {
+        fps.push_back(call.fp);
+        ranks.push_back(r);
+      } else if (posts[r] && posts[r]->size() == sizeof(Fingerprint)) {
+        Fingerprint f;
+        std::memcpy(&f, posts[r]->data(), sizeof f);
+        fps.push_back(f);
+        ranks.push_back(r);
+      } else {
+        silent.push_back(r);
+      }
+    }
+  } catch (const std::exception& e) {
+    trouble = e.what();
+  }
+  if (fps.empty()) {
+    fps.push_back(call.fp);
+    ranks.push_back(rank_);
+  }
+  std::string diff = detail::compare(fps, ranks);
+  if (diff.empty()) diff = "ranks called different collectives: the check of the reduction failed";
+  if (!silent.empty()) {
+    diff += "\n  ranks that did not say which call they were in within " +
+            std::to_string(grace.count()) + " ms: ";
+    for (std::size_t i = 0; i < silent.size(); ++i)
+      diff += (i ? ", " : "") + std::to_string(silent[i]);
+  }
+  if (!trouble.empty()) diff += "\n  (could not ask the other ranks: " + trouble + ")";
+  mismatch(call, diff);
+}
+
+namespace {
+// Up to this many payload bytes the check travels inside the payload of
+// broadcast, all_gather, all_to_all and reduce_scatter: the payload is
+// copied into a staging buffer with room for it. Above it, the copies (up to
+// world size + 1 payloads for the gathers) cost more than a second small
+// call (measured on the 2-core VM: copying 1 MiB twice ~0.1 ms, a small
+// round trip ~0.05-0.1 ms), so the data moves as before and the check
+// follows in a small call of its own (sub-tag kCheckTag). all_reduce sends
+// its check region through Backend::all_reduce_checked instead.
+constexpr std::size_t kInlineCheckBytes = std::size_t(64) << 10;
+constexpr uint32_t kCheckTag = 0xC5;
+bool inline_check(std::size_t payload_bytes) { return payload_bytes <= kInlineCheckBytes; }
+}  // namespace
+
+Tensor ProcessGroup::staging(std::size_t bytes, Device device) {
+  if (staging_.defined() && staging_.device() == device && staging_.nbytes() >= bytes)
+    return staging_;
+  // Only inline checks stage, so this stays small (world size + 1 blocks of
+  // at most kInlineCheckBytes); keeping it spares an allocation per call.
+  staging_ = quanta::detail::make_tensor({static_cast<int64_t>(bytes)}, DType::u8, device);
+  return staging_;
+}
+
+void ProcessGroup::reduction_check_after(const Call& c, DType dtype, ReduceOp op) {
+  // The region alone, on the host transport: reduced exactly as it would
+  // have been inside the payload.
+  std::vector<char> region = detail::check_region(c.word, dtype);
+  guarded(c, [&] {
+    gloo().all_reduce(region.data(), detail::kCheckElems, dtype, op, sub_tag(c.tag, kCheckTag),
+                      c.timeout);
+  });
+  if (!detail::check_region_holds(region.data(), c.word, dtype, op)) reduction_mismatch(c);
+}
+
+void ProcessGroup::fingerprint_check_after(const Call& c) {
+  std::vector<Fingerprint> fps(size_);
+  guarded(c, [&] {
+    gloo().all_gather(&c.fp, fps.data(), sizeof(Fingerprint), sub_tag(c.tag, kCheckTag), c.timeout);
+  });
+  if (const std::string diff = detail::compare(fps); !diff.empty()) mismatch(c, diff);
 }
 
 // ---- collectives ----
@@ -425,9 +554,28 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
     finish_inplace(t, buf);
     return;
   }
+  if (!checked() || n == 0) {
+    guarded(c, [&] {
+      backend_for(buf, c.timeout).all_reduce(buf.raw_data(), n, buf.dtype(), op, c.tag, c.timeout);
+    });
+    finish_inplace(t, buf);
+    return;
+  }
+  // The check region (reduce_check.h) is reduced in the same call, in memory
+  // of the tensor's device; the transport decides how it travels (Gloo on
+  // two ranks: in the same exchange as the data, without a copy).
+  const Device dev = buf.device(), cpu = Device::cpu();
+  std::vector<char> region = detail::check_region(c.word, buf.dtype());
+  const Tensor stage = dev.is_cpu() ? Tensor() : staging(region.size(), dev);
+  char* check = dev.is_cpu() ? region.data() : static_cast<char*>(stage.raw_data());
+  if (!dev.is_cpu()) copy_bytes(check, dev, region.data(), cpu, region.size());
   guarded(c, [&] {
-    backend_for(buf, c.timeout).all_reduce(buf.raw_data(), n, buf.dtype(), op, c.tag, c.timeout);
+    backend_for(buf, c.timeout)
+        .all_reduce_checked(buf.raw_data(), n, check, detail::kCheckElems, buf.dtype(), op, c.tag,
+                            c.timeout);
   });
+  if (!dev.is_cpu()) copy_bytes(region.data(), cpu, check, dev, region.size());
+  if (!detail::check_region_holds(region.data(), c.word, buf.dtype(), op)) reduction_mismatch(c);
   finish_inplace(t, buf);
 }
 
@@ -440,9 +588,35 @@ void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site
   Call c = begin("broadcast", &t, detail::kSameShape, ReduceOp::sum, root, o, site);
   if (size_ == 1 || t.numel() == 0) return;  // every rank has the shape: nothing to move
   Tensor buf = inplace_buffer("broadcast", t);
+  if (!checked() || !inline_check(buf.nbytes())) {
+    guarded(c, [&] {
+      backend_for(buf, c.timeout).broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout);
+    });
+    // A gather of the fingerprints: the root learns of a mismatch too.
+    if (checked()) fingerprint_check_after(c);
+    finish_inplace(t, buf);
+    return;
+  }
+  // Root's payload and fingerprint travel together; the other ranks compare
+  // it with their own. (The root learns nothing from a broadcast: when its
+  // peers raise, its next collective fails.)
+  const Device dev = buf.device(), cpu = Device::cpu();
+  const std::size_t bytes = buf.nbytes();
+  const Tensor stage = staging(bytes + sizeof(Fingerprint), dev);
+  char* s = static_cast<char*>(stage.raw_data());
+  if (rank_ == root) {
+    copy_bytes(s, dev, buf.raw_data(), dev, bytes);
+    copy_bytes(s + bytes, dev, &c.fp, cpu, sizeof(Fingerprint));
+  }
   guarded(c, [&] {
-    backend_for(buf, c.timeout).broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout);
+    backend_for(buf, c.timeout).broadcast(s, bytes + sizeof(Fingerprint), root, c.tag, c.timeout);
   });
+  if (rank_ == root) return;
+  Fingerprint theirs;
+  copy_bytes(&theirs, cpu, s + bytes, dev, sizeof theirs);
+  if (const std::string diff = detail::compare({theirs, c.fp}, {root, rank_}); !diff.empty())
+    mismatch(c, diff);
+  copy_bytes(buf.raw_data(), dev, s, dev, bytes);
   finish_inplace(t, buf);
 }
 
@@ -459,10 +633,31 @@ Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
     return in.clone();
   }
   Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
-  guarded(c, [&] {
-    backend_for(in, c.timeout)
-        .all_gather(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout);
-  });
+  const std::size_t bytes = in.nbytes();
+  if (!checked() || bytes == 0 || !inline_check(bytes)) {
+    guarded(c, [&] {
+      backend_for(in, c.timeout).all_gather(in.raw_data(), out.raw_data(), bytes, c.tag, c.timeout);
+    });
+    if (checked() && bytes != 0) fingerprint_check_after(c);
+    return out;
+  }
+  // Every rank's block is its payload and its fingerprint: [N blocks | mine].
+  const Device dev = in.device(), cpu = Device::cpu();
+  const std::size_t block = bytes + sizeof(Fingerprint);
+  const auto n = static_cast<std::size_t>(size_);
+  const Tensor stage = staging(block * (n + 1), dev);
+  char* s = static_cast<char*>(stage.raw_data());
+  char* mine = s + block * n;
+  copy_bytes(mine, dev, in.raw_data(), dev, bytes);
+  copy_bytes(mine + bytes, dev, &c.fp, cpu, sizeof(Fingerprint));
+  guarded(c, [&] { backend_for(in, c.timeout).all_gather(mine, s, block, c.tag, c.timeout); });
+  std::vector<Fingerprint> fps(n);
+  for (std::size_t r = 0; r < n; ++r)
+    copy_bytes(&fps[r], cpu, s + r * block + bytes, dev, sizeof(Fingerprint));
+  if (const std::string diff = detail::compare(fps); !diff.empty()) mismatch(c, diff);
+  char* result = static_cast<char*>(out.raw_data());
+  for (std::size_t r = 0; r < n; ++r)
+    copy_bytes(result + r * bytes, dev, s + r * block, dev, bytes);
   return out;
 }
 
@@ -486,11 +681,23 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
     NoGradGuard g;
     return in.clone();
   }
-  // First the first dims (the tag already covers dtype and the other dims).
-  int64_t mine = in.size(0);
+  // First the first dims (the tag already covers dtype and the other dims),
+  // each with its rank's fingerprint: the always-on check, before any data.
+  struct Piece {
+    int64_t rows;
+    Fingerprint fp;
+  };
+  const Piece mine{in.size(0), c.fp};
+  std::vector<Piece> pieces_of(size_);
   guarded(c, [&] {
-    gloo_->all_gather(&mine, counts.data(), sizeof mine, sub_tag(c.tag, 1), c.timeout);
+    gloo_->all_gather(&mine, pieces_of.data(), sizeof mine, sub_tag(c.tag, 1), c.timeout);
   });
+  std::vector<Fingerprint> fps(size_);
+  for (int r = 0; r < size_; ++r) {
+    counts[r] = pieces_of[r].rows;
+    fps[r] = pieces_of[r].fp;
+  }
+  if (const std::string diff = detail::compare(fps); !diff.empty()) mismatch(c, diff);
   int64_t total = 0;
   for (auto n : counts) total += n;
   // Every rank has the same counts now: a block dtype whose pieces would
@@ -528,11 +735,37 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
   Shape shape = in.shape();
   shape[0] = m;
   Tensor out = quanta::detail::make_tensor(shape, in.dtype(), in.device());
+  const auto n_out = static_cast<std::size_t>(out.numel());
+  if (!checked() || n_out == 0 || !inline_check(in.nbytes())) {
+    guarded(c, [&] {
+      backend_for(in, c.timeout)
+          .reduce_scatter(in.raw_data(), out.raw_data(), n_out, in.dtype(), op, c.tag, c.timeout);
+    });
+    if (checked() && n_out != 0) reduction_check_after(c, in.dtype(), op);
+    return out;
+  }
+  // Each rank's block r is followed by its check region, so the block this
+  // rank receives reduced carries every rank's region reduced too.
+  const Device dev = in.device(), cpu = Device::cpu();
+  const std::vector<char> region = detail::check_region(c.word, in.dtype());
+  const std::size_t bytes = out.nbytes(), block = bytes + region.size();
+  const auto n = static_cast<std::size_t>(size_);
+  const Tensor stage = staging(block * (n + 1), dev);
+  char* s = static_cast<char*>(stage.raw_data());
+  char* reduced = s + block * n;
+  const char* from = static_cast<const char*>(in.raw_data());
+  for (std::size_t r = 0; r < n; ++r) {
+    copy_bytes(s + r * block, dev, from + r * bytes, dev, bytes);
+    copy_bytes(s + r * block + bytes, dev, region.data(), cpu, region.size());
+  }
   guarded(c, [&] {
     backend_for(in, c.timeout)
-        .reduce_scatter(in.raw_data(), out.raw_data(), static_cast<std::size_t>(out.numel()),
-                        in.dtype(), op, c.tag, c.timeout);
+        .reduce_scatter(s, reduced, n_out + detail::kCheckElems, in.dtype(), op, c.tag, c.timeout);
   });
+  std::vector<char> check(region.size());
+  copy_bytes(check.data(), cpu, reduced + bytes, dev, check.size());
+  if (!detail::check_region_holds(check.data(), c.word, in.dtype(), op)) reduction_mismatch(c);
+  copy_bytes(out.raw_data(), dev, reduced, dev, bytes);
   return out;
 }
 
@@ -554,17 +787,51 @@ Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
   NoGradGuard g;
   if (size_ == 1) return in.clone();
   Tensor out = quanta::detail::make_tensor(in.shape(), in.dtype(), in.device());
-  guarded(c, [&] {
-    backend_for(in, c.timeout)
-        .all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout);
-  });
+  if (!checked() || in.nbytes() == 0 || !inline_check(in.nbytes())) {
+    guarded(c, [&] {
+      backend_for(in, c.timeout)
+          .all_to_all(in.raw_data(), out.raw_data(), in.nbytes(), c.tag, c.timeout);
+    });
+    if (checked() && in.nbytes() != 0) fingerprint_check_after(c);
+    return out;
+  }
+  // Every block travels with the sender's fingerprint: [N blocks in | N out].
+  const Device dev = in.device(), cpu = Device::cpu();
+  const auto n = static_cast<std::size_t>(size_);
+  const std::size_t bytes = in.nbytes() / n, block = bytes + sizeof(Fingerprint);
+  const Tensor stage = staging(2 * n * block, dev);
+  char* s = static_cast<char*>(stage.raw_data());
+  char* got = s + n * block;
+  const char* from = static_cast<const char*>(in.raw_data());
+  for (std::size_t j = 0; j < n; ++j) {
+    copy_bytes(s + j * block, dev, from + j * bytes, dev, bytes);
+    copy_bytes(s + j * block + bytes, dev, &c.fp, cpu, sizeof(Fingerprint));
+  }
+  guarded(c, [&] { backend_for(in, c.timeout).all_to_all(s, got, n * block, c.tag, c.timeout); });
+  std::vector<Fingerprint> fps(n);
+  for (std::size_t j = 0; j < n; ++j)
+    copy_bytes(&fps[j], cpu, got + j * block + bytes, dev, sizeof(Fingerprint));
+  if (const std::string diff = detail::compare(fps); !diff.empty()) mismatch(c, diff);
+  char* result = static_cast<char*>(out.raw_data());
+  for (std::size_t j = 0; j < n; ++j)
+    copy_bytes(result + j * bytes, dev, got + j * block, dev, bytes);
   return out;
 }
 
 void ProcessGroup::barrier(CallOptions o, Site site) {
   Call c = begin("barrier", nullptr, detail::kNoTensor, ReduceOp::sum, -1, o, site);
   if (size_ == 1) return;
-  guarded(c, [&] { gloo_->barrier(c.tag, c.timeout); });
+  if (!checked()) {
+    guarded(c, [&] { gloo_->barrier(c.tag, c.timeout); });
+    return;
+  }
+  // An all-to-all of fingerprints is a barrier (no rank hears from all the
+  // others before all have arrived) that also compares the calls.
+  std::vector<Fingerprint> mine(size_, c.fp), fps(size_);
+  guarded(c, [&] {
+    gloo_->all_to_all(mine.data(), fps.data(), sizeof(Fingerprint) * mine.size(), c.tag, c.timeout);
+  });
+  if (const std::string diff = detail::compare(fps); !diff.empty()) mismatch(c, diff);
 }
 
 }  // namespace quanta::dist

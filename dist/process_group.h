@@ -9,6 +9,10 @@
 // call fails at once. With debug on (QUANTA_DIST_DEBUG=1), ranks first
 // exchange a fingerprint of the call (op, sequence number, dtype, shape,
 // reduce op, root, call site) and raise on any difference before moving data.
+// Without it, every collective that moves data carries a check with its
+// payload (the fingerprint itself, or for reductions a region reduced with
+// the data, dist/reduce_check.h) and raises after the call, instead of
+// returning, when the ranks made different calls (docs/dist.md).
 //
 // Collectives run on CPU tensors through Gloo (TCP); CUDA tensors go to NCCL
 // when built with CUDA: the group holds both behind one interface
@@ -139,6 +143,23 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
              const CallOptions& o, const Site& site, bool exchange_fingerprints = true);
   [[noreturn]] void fail(const Call& call, const std::string& what);
+  /** Whether this call carries the always-on check (debug mode compares the
+   * whole fingerprints before the call instead). */
+  bool checked() const { return size_ > 1 && !debug_; }
+  /** The always-on check found different calls (`diff`: compare()'s
+   * report): breaks the group and raises on this rank. */
+  [[noreturn]] void mismatch(const Call& call, const std::string& diff);
+  /** A reduction's check region says the ranks differ: learn their calls
+   * through the store, then mismatch(). */
+  [[noreturn]] void reduction_mismatch(const Call& call);
+  /** A buffer of at least `bytes` on `device` for the always-on check's
+   * staged payloads, kept for the next call. */
+  Tensor staging(std::size_t bytes, Device device);
+  /** The always-on check of a large reduction, in a small call after it. */
+  void reduction_check_after(const Call& call, DType dtype, ReduceOp op);
+  /** The always-on check of a large byte collective: a gather of the
+   * fingerprints after it. */
+  void fingerprint_check_after(const Call& call);
   void check_fingerprints(const Call& call);
   void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
   std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
@@ -165,6 +186,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::unique_ptr<detail::Backend> gloo_;              // a GlooBackend; null in a world of one
   std::unique_ptr<detail::Backend> nccl_;              // made at the first CUDA collective
   std::shared_ptr<detail::StreamCalls> stream_calls_;  // shared with clones
+  Tensor staging_;                                     // see staging()
 };
 
 }  // namespace quanta::dist

@@ -4,8 +4,12 @@
 // torchrun's MASTER_ADDR:MASTER_PORT is used. FileStore: a directory every
 // rank can see (a shared file system). PrefixStore scopes keys, so several
 // groups share one store. Every blocking call has a deadline and throws an
-// error naming the store, the key and the time it waited.
+// error naming the store, the key and the time it waited. A TcpStore server
+// listens only on the address it is given, serves only connections that
+// present the job's token, caps what it holds (StoreLimits), and answers
+// every bad request with an error instead of stalling or dying.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,12 +46,38 @@ class Store {
   void set_string(const std::string& key, const std::string& value);
 };
 
+/** What one TcpStore server holds at most; a request past a limit gets an
+ * error reply naming the limit (the store is unchanged). */
+struct StoreLimits {
+  std::size_t max_key_bytes = 4096;
+  std::size_t max_value_bytes = std::size_t(64) << 20;
+  std::size_t max_keys = std::size_t(1) << 20;
+  /** Keys plus values, all entries together. */
+  std::size_t max_total_bytes = std::size_t(1) << 30;
+};
+
+/** How a TcpStore server listens and whom it serves. */
+struct TcpStoreOptions {
+  /** The shared secret of the job: a connection must present it first, or
+   * it is refused with "wrong job token" on both sides. dist::init passes
+   * QUANTA_JOB_TOKEN (quanta launch sets a random one per job); this fixed
+   * default only keeps stray processes out, not attackers. */
+  std::string token = "quanta-default-job-token";
+  /** The address the server listens on. Empty: the host the clients connect
+   * to (TcpStore), 127.0.0.1 (a bare TcpStoreServer). "0.0.0.0": every
+   * interface (dist::init with QUANTA_STORE_BIND_ALL=1). */
+  std::string bind{};
+  StoreLimits limits{};
+};
+
 /** The server side of TcpStore: a thread serving one map to any number of
- * clients. Port 0 picks a free port (see port()). */
+ * clients, never blocked by any one of them. Port 0 picks a free port (see
+ * port()). */
 class TcpStoreServer {
  public:
-  /** Listens on `port` on all interfaces; throws naming the port on failure. */
-  explicit TcpStoreServer(int port);
+  /** Listens on `opts.bind` (default 127.0.0.1) at `port`; throws naming the
+   * address and port on failure. */
+  explicit TcpStoreServer(int port, TcpStoreOptions opts = {});
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -63,8 +93,12 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   /** Connects to host:port, retrying until `timeout` (the server may start
-   * later). With `is_server`, first starts a server on `port`. */
-  TcpStore(const std::string& host, int port, bool is_server, Millis timeout);
+   * later; after 3 s it says on stderr what it waits for, then every 30 s),
+   * and presents `opts.token`. With `is_server`, first starts a server on
+   * `port` listening on `opts.bind`, else on `host`. A refused token throws
+   * at once. */
+  TcpStore(const std::string& host, int port, bool is_server, Millis timeout,
+           TcpStoreOptions opts = {});
   ~TcpStore() override;
 
   void set(const std::string& key, const Bytes& value) override;
@@ -78,11 +112,14 @@ class TcpStore : public Store {
 
  private:
   struct Reply;
-  Reply request(uint8_t cmd, const std::string& key, const Bytes& value);
+  Reply request(uint8_t cmd, const std::string& key, const Bytes& value,
+                bool throw_on_error = true);
+  void connect_and_hello();
   std::unique_ptr<TcpStoreServer> server_;
   std::string host_;
   int port_;
   Millis timeout_;
+  TcpStoreOptions opts_;
   int fd_ = -1;
   struct Lock;
   std::unique_ptr<Lock> lock_;

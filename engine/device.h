@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor's bytes live: the CPU or one CUDA device.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,5 +29,29 @@ struct Device {
 bool cuda_built();
 /** Number of visible CUDA devices (0 without CUDA or without a GPU). */
 int cuda_device_count();
+
+/** A CUDA device's memory as quanta's caching allocator sees it
+ * (engine/cuda/caching_allocator.h). Sizes are in bytes, rounded up to the
+ * allocator's size classes. */
+struct MemoryStats {
+  std::size_t allocated_bytes = 0;       // held by live tensors
+  std::size_t peak_allocated_bytes = 0;  // since the start or reset_peak_memory_stats
+  std::size_t reserved_bytes = 0;        // taken from the device: allocated + cached
+  std::size_t peak_reserved_bytes = 0;
+  int64_t allocations = 0;               // requests served
+  int64_t cache_hits = 0;                // of which served from the cache
+  int64_t device_mallocs = 0;            // cudaMalloc calls
+  int64_t device_frees = 0;              // cudaFree calls (empty_cache, out-of-memory retries)
+  int64_t oom_retries = 0;               // allocations retried after returning the cache
+};
+
+/** Memory statistics of CUDA device `device` (all zero before its first use,
+ * and without CUDA). */
+MemoryStats cuda_memory_stats(int device = 0);
+/** Returns the cached, unused device memory of every device to the driver
+ * (for another process, or before measuring). Live tensors keep theirs. */
+void cuda_empty_cache();
+/** Restarts the peak figures of `device` from the current ones. */
+void cuda_reset_peak_memory_stats(int device = 0);
 
 }  // namespace quanta

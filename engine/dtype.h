@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include <Eigen/Core>  // Eigen::half, Eigen::bfloat16: well-kept conversions
+#include "engine/eigen.h"  // Eigen::half, Eigen::bfloat16: well-kept conversions
 
 namespace quanta {
 

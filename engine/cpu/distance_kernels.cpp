@@ -1,11 +1,11 @@
 // The CPU's finishing pass of sq_dist: row norms, then the clamped sum over
 // the products a GEMM left in the output.
-#include <Eigen/Core>
 #include <algorithm>
 
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 
 namespace quanta::cpu {
 

@@ -1,7 +1,6 @@
 // The CPU's elementwise families: fill, cast/copy, unary, binary, in-place
 // update and where. The math is the shared functors (engine/kernels/);
 // this file adds the loops, the dtype switch and the Eigen vector forms.
-#include <Eigen/Core>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -11,6 +10,7 @@
 #include "engine/cpu/loop.h"
 #include "engine/cpu/unary_vector.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 
 namespace quanta::cpu {
 namespace {

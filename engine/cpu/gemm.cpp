@@ -1,6 +1,5 @@
 #include "engine/cpu/gemm.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -9,6 +8,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 
 namespace quanta::cpu {
 namespace {

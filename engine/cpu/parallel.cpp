@@ -1,10 +1,10 @@
 #include "engine/cpu/parallel.h"
+#include "engine/eigen.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include <Eigen/Core>
 #ifdef _OPENMP
 #include <omp.h>
 #endif

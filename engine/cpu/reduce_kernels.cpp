@@ -1,7 +1,6 @@
 // The CPU's row reductions: each output reduces one contiguous row (sums,
 // products, extrema and their indices, boolean tests, logsumexp, moments,
 // norms), and the running sums along one dim (cumsum).
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -13,6 +12,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 #include "engine/kernels/reduce_functors.h"
 
 namespace quanta::cpu {

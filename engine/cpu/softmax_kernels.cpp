@@ -1,6 +1,5 @@
 // The CPU's softmax and log_softmax: one stable kernel over the lines of a
 // contiguous [outer, n, inner] block.
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -8,6 +7,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 
 namespace quanta::cpu {
 namespace {

@@ -18,7 +18,6 @@
 #include "engine/cuda/index_kernels.h"
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
-#include "engine/cuda/runtime.h"
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 

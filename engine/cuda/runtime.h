@@ -1,6 +1,6 @@
 #pragma once
-// The CUDA runtime seam: memory and copies. Built from runtime.cu when nvcc is
-// found, else from no_cuda.cpp whose every function throws "built without CUDA".
+// The CUDA runtime seam: memory and copies, forwarded to libquanta_cuda
+// (engine/cuda/module.cpp); without it each throws naming the op and why.
 #include <cstddef>
 
 #include "engine/device.h"

@@ -1,30 +1,22 @@
-// Stub CUDA backend for builds without nvcc: every entry point throws.
+// The CUDA kernel table when there is no CUDA backend (built without nvcc,
+// or libquanta_cuda could not be loaded): every entry throws naming its op
+// and the reason, e.g. "[exp] quanta was built without CUDA (...)".
 #include <stdexcept>
+#include <string>
 
-#include "engine/cuda/runtime.h"
+#include "engine/cuda/module.h"
 #include "engine/kernels/table.h"
 
 namespace quanta {
-
-bool cuda_built() { return false; }
-int cuda_device_count() { return 0; }
-
 namespace cuda {
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  throw std::runtime_error(std::string("[") + what +
-                           "] quanta was built without CUDA (reconfigure with "
-                           "-Dcuda=enabled on a machine with nvcc)");
+  throw std::runtime_error(std::string("[") + what + "] " + unavailable_reason());
 }
 }  // namespace
 
-void* device_malloc(std::size_t, int) { no_cuda("cuda::device_malloc"); }
-void device_free(void*, int) noexcept {}
-void copy(void*, Device, const void*, Device, std::size_t) { no_cuda("cuda::copy"); }
-void set_device(int) { no_cuda("cuda::set_device"); }
-
 // Every entry names its op: "[exp] quanta was built without CUDA ...".
-const KernelTable& cuda_kernels() {
+const KernelTable& unavailable_kernels() {
   static const KernelTable table{
       .device_name = "cuda",
       .fill = [](const Shape&, const Operand&, double) { no_cuda("fill_"); },

@@ -4,6 +4,7 @@
 // engine/ops/conv.cpp and engine/ops/pool.cpp.
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace quanta {
 
@@ -41,6 +42,17 @@ constexpr const char* conv_op_name(ConvKind kind) {
   return kind == ConvKind::forward      ? "conv2d"
          : kind == ConvKind::input_grad ? "conv_transpose2d"
                                         : "conv2d_weight_grad";
+}
+
+/** "(a, b)": a window parameter as the ops' error messages print it. (Built by
+ * appending: GCC 12 warns falsely (-Wrestrict) on "(" + std::string.) */
+inline std::string pair_str(const std::array<int64_t, 2>& p) {
+  std::string s = "(";
+  s += std::to_string(p[0]);
+  s += ", ";
+  s += std::to_string(p[1]);
+  s += ")";
+  return s;
 }
 
 /** P planes of H x W pooled to OH x OW by kernel windows: window (oh, ow)

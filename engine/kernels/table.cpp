@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/cuda/runtime.h"
+#include "engine/cuda/module.h"
 #include "engine/tensor.h"
 
 namespace quanta {
@@ -13,8 +13,10 @@ namespace quanta {
 const KernelTable& kernels(Device device) {
   if (!device.is_cuda()) return cpu::cpu_kernels();
   // Entries take raw pointers, not devices: the launch goes to the current one.
-  if (cuda_built()) cuda::set_device(device.index);
-  return cuda::cuda_kernels();
+  const cuda::Module* m = cuda::module();
+  if (!m) return cuda::unavailable_kernels();
+  m->set_device(device.index);
+  return m->kernels();
 }
 
 Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {

@@ -229,8 +229,11 @@ namespace cpu {
 const KernelTable& cpu_kernels();
 }  // namespace cpu
 namespace cuda {
-/** The CUDA table (engine/cuda/kernels.cu), or the throwing one without CUDA. */
+/** The CUDA table (engine/cuda/kernels.cu, inside libquanta_cuda). */
 const KernelTable& cuda_kernels();
+/** The table used when there is no CUDA backend: every entry throws naming
+ * its op and why (engine/cuda/unavailable_table.cpp). */
+const KernelTable& unavailable_kernels();
 }  // namespace cuda
 
 }  // namespace quanta

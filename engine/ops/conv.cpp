@@ -94,10 +94,6 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
   throw std::invalid_argument(std::string("[") + op + "] " + what);
 }
 
-std::string pair_str(const Pair& p) {
-  return "(" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ")";
-}
-
 // Checks shared by both public ops: ranks, dtypes, positive hyper-parameters.
 void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
                   const Pair& stride, const Pair& padding, const Pair& dilation,

@@ -28,10 +28,6 @@ struct PoolGeom : PoolWindow {
   throw std::invalid_argument(std::string("[") + op + "] " + what);
 }
 
-std::string pair_str(const Pair& p) {
-  return "(" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ")";
-}
-
 // Validates x and the window parameters; fills in a stride of 0 as kernel.
 PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride,
                    Pair padding, Pair dilation) {

@@ -1,13 +1,13 @@
 // CPU entry nearest_codes (quant/kernels/table.h): a tiled GEMM of the rows
 // against the codebook, then each row's argmin, a block of rows at a time so
 // memory beyond the inputs stays O(block x K), never O(N x K).
-#include <Eigen/Core>
 #include <algorithm>
 #include <limits>
 
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 #include "quant/cpu/kernels.h"
 
 namespace quanta::quant::quant_cpu {

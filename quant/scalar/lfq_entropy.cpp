@@ -18,8 +18,6 @@
 namespace quanta::quant {
 namespace {
 
-Tensor zero_like_scalar(const Tensor& like) { return zeros({}, options_of(like)); }
-
 // mean over codebooks of H_eps(avg), avg [C, K].
 Tensor clamped_entropy_mean(const Tensor& avg) {
   const Tensor h = -sum(avg * log(clamp(avg, kEntropyEps, NAN)), {-1});

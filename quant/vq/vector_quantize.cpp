@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
@@ -82,6 +83,7 @@ Tensor gumbel_noise(const Shape& shape, Generator& gen, const TensorOptions& opt
 
 /** The input as the codebook sees it. */
 struct VectorQuantize::Tokens {
+  explicit Tokens(TokenLayout l) : layout(std::move(l)) {}
   TokenLayout layout;
   int64_t b = 0, n = 0;
   /** [G, T, codebook_dim], T = B * N (* heads when shared). */

@@ -78,8 +78,9 @@ TEST_CASE("all_reduce on two ranks: exact sums on both sides of the pairwise lim
   // Rank 0 holds i, rank 1 holds 2^24 - i: every sum is 2^24, exact in f32,
   // so any mis-paired or half-reduced block shows. Sizes straddle the
   // exchange's limit (4 MiB) and the ring's segments.
-  for (const int64_t numel : {int64_t(1), int64_t(1000), int64_t(1) << 20, (int64_t(1) << 20) + 1,
-                              int64_t(3) << 20}) {
+  // (1 << 18: 1 MiB, the check region as a second message of the exchange.)
+  for (const int64_t numel : {int64_t(1), int64_t(1000), int64_t(1) << 18, int64_t(1) << 20,
+                              (int64_t(1) << 20) + 1, int64_t(3) << 20}) {
     CAPTURE(numel);
     std::vector<Tensor> out(2);
     auto errors = run_ranks(2, [&](ProcessGroup& g) {

@@ -1,7 +1,7 @@
 // The NCCL backend on one GPU. NCCL refuses two ranks on one device, and a
-// ProcessGroup of one rank never calls its backend, so these tests drive
-// NcclBackend itself as a one-rank communicator: its rendezvous through the
-// store, the non-blocking init with a deadline, and every collective on
+// ProcessGroup of one rank never calls its backend, so these tests drive the
+// NCCL backend itself (made in the CUDA module) as a one-rank communicator:
+// its rendezvous through the store, the non-blocking init with a deadline, and every collective on
 // device memory (the multi-rank logic above the backend is the Gloo tests').
 #include <doctest/doctest.h>
 
@@ -39,7 +39,7 @@ TEST_CASE("nccl, one rank: init, then every reduction of all_reduce on device me
   if (skip_without_gpu()) return;
   TcpStoreServer server(0);
   TcpStore store("127.0.0.1", server.port(), false, Millis(5000));
-  dist::detail::NcclBackend nccl(store, 0, 1, 0, Millis(60000));
+  auto nccl = dist::detail::make_nccl_backend(store, 0, 1, 0, Millis(60000));
   const Device gpu = Device::cuda(0);
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8}) {
     for (ReduceOp op :
@@ -48,7 +48,7 @@ TEST_CASE("nccl, one rank: init, then every reduction of all_reduce on device me
       INFO(dtype_name(dt), " ", reduce_op_name(op));
       Tensor want = (arange(0.0, 12.0, 1.0, {.dtype = DType::f64}) + 1.0).to(dt);
       Tensor x = want.to(gpu);
-      nccl.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), dt, op, /*tag=*/0,
+      nccl->all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), dt, op, /*tag=*/0,
                       Millis(20000));
       CHECK(same_bytes(x, want));  // one rank: every reduction is the identity
     }
@@ -59,27 +59,27 @@ TEST_CASE("nccl, one rank: broadcast, all_gather and reduce_scatter; nf4 bytes t
   if (skip_without_gpu()) return;
   TcpStoreServer server(0);
   TcpStore store("127.0.0.1", server.port(), false, Millis(5000));
-  dist::detail::NcclBackend nccl(store, 0, 1, 0, Millis(60000));
+  auto nccl = dist::detail::make_nccl_backend(store, 0, 1, 0, Millis(60000));
   const Device gpu = Device::cuda(0);
   Generator gen(7);
   Tensor w = randn({64, 128}, gen);
   Tensor q = quant::quantize_nf4(w);
   Tensor qg = q.to(gpu);
-  nccl.broadcast(qg.raw_data(), qg.nbytes(), 0, /*tag=*/0, Millis(20000));
+  nccl->broadcast(qg.raw_data(), qg.nbytes(), 0, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(qg, q));
   CHECK(same_bytes(quant::dequantize(qg.to(Device::cpu())), quant::dequantize(q)));
 
   Tensor x = randn({4, 5}, gen).to(gpu);
   Tensor out = empty({4, 5}, {.device = gpu});
-  nccl.all_gather(x.raw_data(), out.raw_data(), x.nbytes(), /*tag=*/0, Millis(20000));
+  nccl->all_gather(x.raw_data(), out.raw_data(), x.nbytes(), /*tag=*/0, Millis(20000));
   CHECK(same_bytes(out, x));
   Tensor rs = empty({4, 5}, {.device = gpu});
-  nccl.reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32,
+  nccl->reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32,
                       ReduceOp::sum, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(rs, x));
   // Through the interface ProcessGroup uses; what NCCL cannot do yet is
   // refused without touching the communicator.
-  dist::detail::Backend& backend = nccl;
+  dist::detail::Backend& backend = *nccl;
   CHECK(std::string(backend.name()) == "nccl");
   std::vector<std::size_t> bytes{x.nbytes()};
   CHECK_THROWS_AS(backend.all_gather_v(x.raw_data(), out.raw_data(), bytes, 0, Millis(20000)),

@@ -111,6 +111,60 @@ TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
   }
 }
 
+TEST_CASE("a lone rank says what it waits for, and QUANTA_DIST_TIMEOUT bounds the wait") {
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  // Rank 0 of 2 whose rank 1 never starts, and rank 1 of 2 whose rank 0
+  // (the store) never starts. rank_program asks for 10 s; the variable wins.
+  const int port0 = free_port(), port1 = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t p0 = spawn({prog, "ok"},
+                         {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                          "MASTER_PORT=" + std::to_string(port0), "QUANTA_DIST_TIMEOUT=4"},
+                         tmp_path("lone0"));
+  const pid_t p1 = spawn({prog, "ok"},
+                         {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                          "MASTER_PORT=" + std::to_string(port1), "QUANTA_DIST_TIMEOUT=4"},
+                         tmp_path("lone1"));
+  const Run r0 = finish(p0, tmp_path("lone0"));
+  const Run r1 = finish(p1, tmp_path("lone1"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(9));
+  CAPTURE(r0.out);
+  CAPTURE(r1.out);
+  CHECK(r0.status == 1);
+  CHECK(r1.status == 1);
+  const std::string where0 = "tcp://127.0.0.1:" + std::to_string(port0);
+  CHECK(r0.out.find("rank 0 of 2: waiting at " + where0 + " (group 'world') for rank 1 to join") !=
+        std::string::npos);
+  CHECK(r0.out.find("timed out after 4000 ms waiting at " + where0) != std::string::npos);
+  const std::string where1 = "tcp://127.0.0.1:" + std::to_string(port1);
+  CHECK(r1.out.find("[TcpStore] waiting for the store server at " + where1) != std::string::npos);
+  CHECK(r1.out.find("could not connect to " + where1 + " within 4000 ms") != std::string::npos);
+}
+
+TEST_CASE("two processes started with the same RANK: every rank that meets them fails, naming it") {
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  // World of 3, rank 2 never starts: rank 0 and both rank 1s meet at the
+  // rendezvous, where Gloo's connect used to hang past its timeout.
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i)
+    pids.push_back(
+        spawn({prog, "ok"},
+              {"RANK=" + std::to_string(i == 0 ? 0 : 1), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+               "MASTER_PORT=" + std::to_string(port), "QUANTA_DIST_TIMEOUT=20"},
+              tmp_path("twice" + std::to_string(i))));
+  for (int i = 0; i < 3; ++i) {
+    const Run r = finish(pids[i], tmp_path("twice" + std::to_string(i)));
+    CAPTURE(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("rank 1 was started twice") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(12));
+}
+
 TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit status") {
   const std::string prog = env_or_skip("RANK_PROGRAM");
   const std::string quanta = env_or_skip("QUANTA_EXE");
@@ -146,6 +200,25 @@ TEST_CASE("quanta launch: torchrun's environment, rank-prefixed output, exit sta
     CHECK(r.status == 128 + SIGTERM);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15));
   }
+  SUBCASE("every rank gets the job's random token; each job its own") {
+    auto token_of = [&](const std::string& name, const std::vector<std::string>& env) {
+      Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "env"}, env, tmp_path(name)),
+                     tmp_path(name));
+      CAPTURE(r.out);
+      CHECK(r.status == 0);
+      const std::string key = "[rank 0] QUANTA_JOB_TOKEN=";
+      const auto at = r.out.find(key);
+      REQUIRE(at != std::string::npos);
+      const std::string token =
+          r.out.substr(at + key.size(), r.out.find('\n', at) - at - key.size());
+      CHECK(r.out.find("[rank 1] QUANTA_JOB_TOKEN=" + token + "\n") != std::string::npos);
+      return token;
+    };
+    const std::string a = token_of("launch_token_a", {}), b = token_of("launch_token_b", {});
+    CHECK(a.size() == 32);
+    CHECK(a != b);
+    CHECK(token_of("launch_token_c", {"QUANTA_JOB_TOKEN=given"}) == "given");
+  }
   SUBCASE("a program that does not exist") {
     Run r = finish(spawn({quanta, "launch", "-n", "2", "--", "/nonexistent/prog"}, {},
                          tmp_path("launch_missing")),
@@ -167,7 +240,10 @@ TEST_CASE("launch_info_from_env: torchrun, Slurm, Open MPI, none, malformed") {
                         "SLURM_LAUNCH_NODE_IPADDR",
                         "OMPI_COMM_WORLD_RANK",
                         "OMPI_COMM_WORLD_SIZE",
-                        "OMPI_COMM_WORLD_LOCAL_RANK"};
+                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "QUANTA_JOB_TOKEN",
+                        "QUANTA_STORE_BIND_ALL",
+                        "QUANTA_DIST_TIMEOUT"};
   for (const char* v : vars) ::unsetenv(v);
   LaunchInfo none = launch_info_from_env();
   CHECK(none.source == "none");
@@ -200,6 +276,30 @@ TEST_CASE("launch_info_from_env: torchrun, Slurm, Open MPI, none, malformed") {
                        std::invalid_argument);
   ::setenv("RANK", "x", 1);
   CHECK_THROWS_WITH_AS(launch_info_from_env(), doctest::Contains("RANK='x' is not an integer"),
+                       std::invalid_argument);
+  for (const char* v : vars) ::unsetenv(v);
+
+  // quanta's own variables, whatever the launcher.
+  CHECK(launch_info_from_env().timeout == Millis(0));
+  CHECK(!launch_info_from_env().store_bind_all);
+  ::setenv("QUANTA_DIST_TIMEOUT", "2.5", 1);
+  ::setenv("QUANTA_STORE_BIND_ALL", "1", 1);
+  ::setenv("QUANTA_JOB_TOKEN", "secret", 1);
+  LaunchInfo mine = launch_info_from_env();
+  CHECK(mine.timeout == Millis(2500));
+  CHECK(mine.store_bind_all);
+  CHECK(mine.job_token == "secret");
+  for (const char* bad : {"abc", "0", "-3", "10s", "nan", "inf"}) {
+    ::setenv("QUANTA_DIST_TIMEOUT", bad, 1);
+    const std::string want = "QUANTA_DIST_TIMEOUT='" + std::string(bad) +
+                             "' is not a timeout: expected a positive number of seconds";
+    CHECK_THROWS_WITH_AS(launch_info_from_env(), doctest::Contains(want.c_str()),
+                         std::invalid_argument);
+  }
+  ::unsetenv("QUANTA_DIST_TIMEOUT");
+  ::setenv("QUANTA_STORE_BIND_ALL", "maybe", 1);
+  CHECK_THROWS_WITH_AS(launch_info_from_env(),
+                       doctest::Contains("QUANTA_STORE_BIND_ALL='maybe' is not a flag"),
                        std::invalid_argument);
   for (const char* v : vars) ::unsetenv(v);
   CHECK(init()->size() == 1);  // no launcher: a world of one

@@ -5,7 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "quanta.h"
@@ -45,19 +49,180 @@ TEST_CASE("one rank skips a collective: every rank raises, naming what the other
         opts(debug));
     REQUIRE(!errors[0].empty());
     REQUIRE(!errors[1].empty());
-    if (debug) {
-      // Caught at the first collective, before any data moved.
-      CHECK(contains(errors[0], "all_reduce #0"));
-      CHECK(contains(errors[0], "call site"));
-      CHECK(contains(errors[1], "rank 0 and rank 1 differ"));
-    } else {
-      // The skipped call mis-pairs silently (same shape); the next one cannot
-      // pair and both ranks report what the other was in.
-      CHECK(contains(errors[0], "all_reduce #1"));
-      CHECK(contains(errors[0], "rank 1 was in barrier #1"));
-      CHECK(contains(errors[1], "rank 0 was in all_reduce #1"));
+    // Caught at the first collective: in debug mode before any data moved,
+    // without it by the check carried inside the payload (the two calls
+    // have the same shape and would pair, but come from different lines).
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(errors[r]);
+      CHECK(contains(errors[r], "all_reduce #0"));
+      CHECK(contains(errors[r], "rank 0 and rank 1 differ in call site"));
     }
   }
+}
+
+// Issue 21 item 10: rank 0 makes one extra all_reduce of the same shape.
+// Without the always-on check it paired with rank 1's real one, rank 1
+// returned [3, 3, 102, 3, 3] (rank 0's extra values in its sum) and exited 0.
+TEST_CASE("without debug, an extra same-shape all_reduce fails on both ranks with a DistError") {
+  std::vector<int> dist_errors(2, 0);
+  auto errors = run_ranks(
+      2,
+      [&](ProcessGroup& g) {
+        Tensor extra = from_vector<float>({1, 1, 100, 1, 1}, {5});
+        Tensor x = full({5}, g.rank() + 1.0);
+        try {
+          if (g.rank() == 0) g.all_reduce(extra);  // the extra call
+          g.all_reduce(x);
+        } catch (const DistError&) {
+          dist_errors[g.rank()] = 1;
+          throw;
+        }
+        // Never reached: rank 1 used to print [3, 3, 102, 3, 3] here.
+        std::printf("rank %d returned %s\n", g.rank(), x.str().c_str());
+      },
+      opts(false));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(contains(errors[r], "all_reduce #0 (f32 [5], sum)"));
+    CHECK(contains(errors[r], "ranks called different collectives"));
+    CHECK(contains(errors[r], "rank 0 and rank 1 differ in call site"));
+    CHECK(dist_errors[r] == 1);
+  }
+}
+
+TEST_CASE("the always-on check catches a reduction from another line for every dtype and op") {
+  const std::vector<DType> all_dtypes = {DType::f32, DType::f64, DType::bf16, DType::f16,
+                                         DType::i32, DType::i64, DType::u8,   DType::boolean};
+  for (const int n : {2, 3}) {
+    for (DType dt : all_dtypes) {
+      // Three ranks (rank 2 alone differs): a few dtypes are enough.
+      if (n == 3 && dt != DType::f32 && dt != DType::u8 && dt != DType::boolean) continue;
+      for (ReduceOp op :
+           {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
+        if (op == ReduceOp::avg && !dtype_info(dt).is_floating) continue;
+        if (dt == DType::boolean && op != ReduceOp::min && op != ReduceOp::max) continue;
+        for (const bool scatter : {false, true}) {
+          CAPTURE(n);
+          CAPTURE(dtype_name(dt));
+          CAPTURE(reduce_op_name(op));
+          CAPTURE(scatter);
+          auto errors = run_ranks(
+              n,
+              [&](ProcessGroup& g) {
+                Tensor t = ones({2 * n}, {.dtype = dt});
+                const bool odd_one = g.rank() == n - 1;
+                if (scatter) {
+                  if (odd_one)
+                    g.reduce_scatter(t, op);
+                  else
+                    g.reduce_scatter(t, op);
+                } else if (odd_one) {
+                  g.all_reduce(t, op);
+                } else {
+                  g.all_reduce(t, op);
+                }
+              },
+              opts(false));
+          for (int r = 0; r < n; ++r) {
+            CAPTURE(errors[r]);
+            CHECK(contains(errors[r], "differ in call site"));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the always-on check catches every collective from another line, small and large") {
+  using Body = std::function<void(ProcessGroup&, const Tensor&, bool)>;
+  const std::vector<std::pair<const char*, Body>> cases = {
+      {"all_reduce",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.all_reduce(t);
+         else
+           g.all_reduce(t);
+       }},
+      {"broadcast",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.broadcast(t, 0);
+         else
+           g.broadcast(t, 0);
+         g.barrier();  // the root of a small broadcast learns of it here
+       }},
+      {"all_gather",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.all_gather(t);
+         else
+           g.all_gather(t);
+       }},
+      {"all_gather_v",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.all_gather_v(t);
+         else
+           g.all_gather_v(t);
+       }},
+      {"reduce_scatter",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.reduce_scatter(t);
+         else
+           g.reduce_scatter(t);
+       }},
+      {"all_to_all",
+       [](ProcessGroup& g, const Tensor& t, bool other) {
+         if (other)
+           g.all_to_all(t);
+         else
+           g.all_to_all(t);
+       }},
+      {"barrier",
+       [](ProcessGroup& g, const Tensor&, bool other) {
+         if (other)
+           g.barrier();
+         else
+           g.barrier();
+       }},
+  };
+  // 4 KB takes the check inside the payload; 2 MiB the check after the data
+  // (all_reduce: the region as a second message of the two-rank exchange).
+  for (const int64_t numel : {int64_t(1024), int64_t(1) << 19}) {
+    for (const auto& [name, body] : cases) {
+      CAPTURE(name);
+      CAPTURE(numel);
+      const Tensor mine = full({numel}, 1.0);
+      auto errors = run_ranks(
+          2, [&](ProcessGroup& g) { body(g, mine.clone(), g.rank() == 1); }, opts(false));
+      // Rank 1 always sees it in the call; so does rank 0, except as the
+      // root of a small broadcast, which fails at its next call instead.
+      CHECK(contains(errors[1], std::string(name) + " #0"));
+      CHECK(contains(errors[1], "rank 0 and rank 1 differ in call site"));
+      CHECK(!errors[0].empty());
+      if (std::string(name) != "broadcast" || numel > 1024)
+        CHECK(contains(errors[0], "rank 0 and rank 1 differ in call site"));
+    }
+  }
+}
+
+TEST_CASE("ranks that issue one collective from two lines pass the same call site") {
+  auto errors = run_ranks(
+      2,
+      [](ProcessGroup& g) {
+        // Without the shared site the always-on check would refuse this.
+        const ProcessGroup::Site site = ProcessGroup::Site::current();
+        Tensor x = full({4}, 7.0), y = zeros({4});
+        if (g.rank() == 0) {
+          g.broadcast(x, 0, {}, site);
+        } else {
+          g.broadcast(y, 0, {}, site);
+          CHECK(y.to_vector<float>() == std::vector<float>(4, 7.0f));
+        }
+      },
+      opts(false));
+  CHECK(all_ok(errors));
 }
 
 TEST_CASE("one rank calls a different collective") {

@@ -10,6 +10,7 @@
 
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/module.h"
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 #include "quanta.h"
@@ -121,14 +122,15 @@ TEST_CASE("kernel table: lookup by device, op names, mixed devices refused") {
   CHECK(std::string(op_name(UpdateOp::addcdiv)) == "addcdiv");
   CHECK(is_predicate(BinaryOp::eq));
   CHECK_FALSE(is_predicate(BinaryOp::minimum));
-  if (!cuda_built()) {
-    // The CUDA slot exists without CUDA and names the op it cannot run.
-    const KernelTable& k = cuda::cuda_kernels();
+  if (!cuda::module()) {
+    // Without a CUDA backend the CUDA slot still exists and names the op it
+    // cannot run, and why.
+    const KernelTable& k = kernels(Device::cuda(0));
     const Shape shape{2};
     const int64_t st[1] = {1};
     float buf[2] = {0, 0};
-    CHECK_THROWS_WITH(k.fill(shape, {buf, DType::f32, st}, 1.0),
-                      doctest::Contains("[fill_] quanta was built without CUDA"));
+    const std::string why = "[fill_] " + cuda::unavailable_reason();
+    CHECK_THROWS_WITH(k.fill(shape, {buf, DType::f32, st}, 1.0), why.c_str());
     CHECK_THROWS_WITH(k.unary(UnaryOp::tanh, {}, shape, {buf, DType::f32, st},
                               {buf, DType::f32, st}),
                       doctest::Contains("[tanh]"));

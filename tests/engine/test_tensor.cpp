@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/cpu/block_cache.h"
+#include "engine/cuda/module.h"
 #include "quanta.h"
 
 using namespace quanta;
@@ -110,18 +111,19 @@ TEST_CASE("devices: parsing and CUDA without a GPU") {
   CHECK(Device::parse("cuda").str() == "cuda:0");
   CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("cannot parse device"),
                        std::invalid_argument);
-  // The texts are those of engine/cuda/no_cuda.cpp (the stub backend) and
-  // engine/cuda/runtime.cu (built with CUDA, checked against the GPUs seen).
+  // The texts are those of engine/cuda/module.cpp (no CUDA backend) and
+  // engine/cuda/runtime.cu (a loaded backend, checked against the GPUs seen).
   const int gpus = cuda_device_count();
   auto unavailable = [gpus](int i) {
     return "[cuda] device cuda:" + std::to_string(i) + " is not available (" +
            std::to_string(gpus) + " CUDA devices visible)";
   };
   if (gpus == 0) {
-    MESSAGE(std::string(cuda_built() ? "built with CUDA, no GPU: checking the device is named"
-                                     : "built without CUDA: checking the stub says so"));
+    const bool loaded = cuda::module() != nullptr;
+    MESSAGE(std::string(loaded ? "CUDA backend loaded, no GPU: checking the device is named"
+                               : "no CUDA backend: checking the error says why"));
     for (int i : {0, 1}) {
-      const std::string why = cuda_built() ? unavailable(i) : "built without CUDA";
+      const std::string why = loaded ? unavailable(i) : cuda::unavailable_reason();
       CHECK_THROWS_WITH_AS(from_vector<float>({1, 2}).to(Device::cuda(i)),
                            doctest::Contains(why.c_str()), std::runtime_error);
     }

@@ -19,7 +19,7 @@ OpCase unary_case(std::string name, std::function<Tensor(const Tensor&)> op, Sca
   c.name = std::move(name);
   c.shapes = {{3, 4}};
   c.zero_shapes = {{0, 4}};
-  c.inputs = {InputSpec{.domain = domain}};
+  c.inputs = {spec(domain)};
   c.op = [op](const Inputs& x) { return op(x[0]); };
   c.reference = [ref](const Inputs& x) {
     return ref_elementwise(x, [ref](const std::vector<double>& v) { return ref(v[0]); });
@@ -34,7 +34,7 @@ OpCase binary_case(std::string name, std::function<Tensor(const Tensor&, const T
   c.shapes = {{3, 4}, {3, 4}};
   c.broadcast_shapes = {{2, 1, 4}, {3, 1}};
   c.zero_shapes = {{0, 4}, {1, 4}};
-  c.inputs = {InputSpec{.domain = da}, InputSpec{.domain = db}};
+  c.inputs = {spec(da), spec(db)};
   c.op = [op](const Inputs& x) { return op(x[0], x[1]); };
   c.reference = [ref](const Inputs& x) {
     return ref_elementwise(x, [ref](const std::vector<double>& v) { return ref(v[0], v[1]); });
@@ -119,8 +119,8 @@ TEST_CASE("clamp with tensor bounds and where through the harness") {
   c.shapes = {{3, 4}, {3, 4}, {4}};
   c.broadcast_shapes = {{2, 3, 4}, {3, 1}, {1}};
   c.zero_shapes = {{0, 4}, {1, 4}, {4}};
-  c.inputs = {InputSpec{.domain = Domain::distinct}, InputSpec{.domain = Domain::distinct},
-              InputSpec{.domain = Domain::distinct}};
+  c.inputs = {spec(Domain::distinct), spec(Domain::distinct),
+              spec(Domain::distinct)};
   c.op = [](const Inputs& x) { return clamp(x[0], x[1] - 1.0, x[2] + 1.0); };
   c.reference = [](const Inputs& x) {
     return ref_elementwise(x, [](const std::vector<double>& v) {

@@ -1,0 +1,140 @@
+#include "engine/cuda/caching_allocator.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace quanta::cuda {
+namespace {
+
+constexpr std::size_t kMinBlock = 512;  // cudaMalloc aligns to 256; 512 keeps classes few
+
+// "7168 bytes", "3.0 MiB", "1.50 GiB".
+std::string size_str(std::size_t bytes) {
+  char buf[48];
+  const double b = static_cast<double>(bytes);
+  if (bytes < (std::size_t(1) << 20))
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  else if (bytes < (std::size_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  return buf;
+}
+
+void raise_peaks(MemoryStats& s) {
+  s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
+  s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, s.reserved_bytes);
+}
+
+}  // namespace
+
+std::size_t CachingAllocator::size_class(std::size_t nbytes) {
+  if (nbytes <= kMinBlock) return kMinBlock;
+  if (nbytes > (std::size_t(-1) >> 2)) return nbytes;  // no device has that: let malloc say so
+  // Four classes per power of two: (n - 1) has its top bit at 2^k, the step
+  // is 2^(k-2), and n is rounded up to a multiple of it.
+  const int k = std::bit_width(nbytes - 1) - 1;
+  const std::size_t step = std::size_t(1) << (k - 2);
+  return (nbytes + step - 1) / step * step;
+}
+
+CachingAllocator::CachingAllocator(Raw raw) : raw_(std::move(raw)) {}
+
+CachingAllocator::~CachingAllocator() { empty_cache(); }
+
+CachingAllocator::DeviceCache& CachingAllocator::cache_of(int device) {
+  return devices_[device];
+}
+
+void CachingAllocator::release_cached(int device, DeviceCache& c) {
+  for (auto& [size, blocks] : c.free_blocks) {
+    for (void* p : blocks) {
+      raw_.free(p, device);
+      c.stats.reserved_bytes -= size;
+      ++c.stats.device_frees;
+    }
+  }
+  c.free_blocks.clear();
+}
+
+void* CachingAllocator::allocate(std::size_t nbytes, int device) {
+  const std::size_t size = size_class(nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceCache& c = cache_of(device);
+  ++c.stats.allocations;
+  void* p = nullptr;
+  if (auto it = c.free_blocks.find(size); it != c.free_blocks.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    ++c.stats.cache_hits;
+  } else {
+    try {
+      p = raw_.malloc(size, device);
+    } catch (const std::exception& first) {
+      // Blocks of other classes may be what the device lacks: return them
+      // and try once more before giving up.
+      if (c.free_blocks.empty()) throw;
+      ++c.stats.oom_retries;
+      const std::size_t cached = c.stats.reserved_bytes - c.stats.allocated_bytes;
+      release_cached(device, c);
+      try {
+        p = raw_.malloc(size, device);
+      } catch (const std::exception& second) {
+        throw std::runtime_error("[cuda] out of memory: " + size_str(size) + " on cuda:" +
+                                 std::to_string(device) + " with " +
+                                 size_str(c.stats.allocated_bytes) + " held by tensors (" +
+                                 size_str(cached) + " of cached blocks returned first): " +
+                                 second.what());
+      }
+    }
+    ++c.stats.device_mallocs;
+    c.stats.reserved_bytes += size;
+  }
+  c.live.emplace(p, size);
+  c.stats.allocated_bytes += size;
+  raise_peaks(c.stats);
+  return p;
+}
+
+void CachingAllocator::deallocate(void* ptr, int device) noexcept {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceCache& c = cache_of(device);
+  const auto it = c.live.find(ptr);
+  if (it == c.live.end()) {
+    std::fprintf(stderr,
+                 "[cuda] freeing %p on cuda:%d, which the caching allocator did not hand "
+                 "out; passing it to cudaFree\n",
+                 ptr, device);
+    raw_.free(ptr, device);
+    return;
+  }
+  const std::size_t size = it->second;
+  c.live.erase(it);
+  c.stats.allocated_bytes -= size;
+  c.free_blocks[size].push_back(ptr);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [device, c] : devices_) release_cached(device, c);
+}
+
+MemoryStats CachingAllocator::stats(int device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = devices_.find(device);
+  return it == devices_.end() ? MemoryStats{} : it->second.stats;
+}
+
+void CachingAllocator::reset_peak_stats(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MemoryStats& s = cache_of(device).stats;
+  s.peak_allocated_bytes = s.allocated_bytes;
+  s.peak_reserved_bytes = s.reserved_bytes;
+}
+
+}  // namespace quanta::cuda

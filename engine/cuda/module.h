@@ -1,0 +1,54 @@
+#pragma once
+// The CUDA backend is a module of its own, libquanta_cuda.so, which libquanta
+// loads (dlopen) the first time a CUDA device is used. libquanta itself never
+// links the CUDA runtime, cuBLAS or NCCL: a library built on a machine with
+// nvcc loads on one without CUDA, runs everything on the CPU, and names the
+// missing piece when asked for a GPU. The module is found beside libquanta
+// (its own directory, then the loader's search path).
+//
+// Everything CUDA passes through here: the runtime seam (engine/cuda/runtime.h
+// forwards to it), the kernel table, and symbols other layers look up by name
+// (dist's NCCL backend; quant's CUDA table, issue 18), so dependencies still
+// point one way (quant -> dist -> engine).
+#include <cstddef>
+#include <string>
+
+#include "engine/device.h"
+
+namespace quanta {
+struct KernelTable;
+}
+
+namespace quanta::cuda {
+
+/** What libquanta_cuda offers, returned by its one exported entry point
+ * `quanta_cuda_module_v1`. A new field or a changed signature bumps kAbi. */
+struct Module {
+  static constexpr int kAbi = 1;
+  int abi = kAbi;
+  int (*device_count)() = nullptr;
+  void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;
+  void (*device_free)(void* ptr, int device) noexcept = nullptr;
+  void (*set_device)(int device) = nullptr;
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
+               std::size_t nbytes) = nullptr;
+  const KernelTable& (*kernels)() = nullptr;
+};
+
+/** The loaded module, or nullptr when quanta was built without CUDA or the
+ * module cannot be loaded (unavailable_reason() says which). Loads once. */
+const Module* module();
+
+/** Why module() is null ("" when it is loaded). */
+const std::string& unavailable_reason();
+
+/** Symbol `name` of the loaded module (an `extern "C"` entry such as dist's
+ * `quanta_nccl_backend_v1`); throws std::runtime_error naming `op`, the
+ * symbol and unavailable_reason() when it cannot be had. */
+void* module_symbol(const char* op, const char* name);
+
+/** Loads the module at `path` without caching it; "" on success, else the
+ * loader's reason. For tests of the failure paths. */
+std::string try_load(const std::string& path);
+
+}  // namespace quanta::cuda
