@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -121,6 +122,39 @@ TEST_CASE("quanta --help and --version") {
   const char* want = std::getenv("QUANTA_VERSION");
   REQUIRE(want != nullptr);
   CHECK(version.out == std::string("quanta ") + want + "\n");
+}
+
+TEST_CASE("every subcommand's --help has examples, readable types and its defaults") {
+  for (const char* sub : {"train", "eval", "encode", "decode", "inspect", "bench", "parity",
+                          "quantize", "finetune", "launch"}) {
+    CAPTURE(sub);
+    Result r = quanta_cli({sub, "--help"});
+    CHECK(r.code == 0);
+    CHECK(contains(r.out, "Examples:\n  quanta "));
+    // Defaults come from the values (CLI11 shows "=VALUE"), never as text.
+    CHECK_FALSE(contains(r.out, "(default 8)"));
+    CHECK_FALSE(contains(r.out, "(default 64)"));
+    CHECK_FALSE(contains(r.out, "(default 300)"));
+    CHECK_FALSE(contains(r.out, "1099511627776"));  // ranges read "in [1, 2^40]"
+    CHECK_FALSE(contains(r.out, "{true}"));
+  }
+  Result quantize = quanta_cli({"quantize", "--help"});
+  CHECK(contains(quantize.out, "TEXT=quanta"));
+  CHECK(contains(quantize.out, "INT=64"));
+  Result launch = quanta_cli({"launch", "--help"});
+  CHECK(contains(launch.out, "INT:in [1, 2^10]=1"));
+  Result finetune = quanta_cli({"finetune", "--help"});
+  CHECK(contains(finetune.out, "--steps INT:in [1, 2^40]=300"));
+  CHECK(contains(finetune.out, "--lr FLOAT:in (0, 1e+06]=0.001"));
+  CHECK(contains(finetune.out, "--dist-timeout SECONDS:in (0, "));
+  Result train = quanta_cli({"train", "--help"});
+  CHECK(contains(train.out, "--batch-size INT:in [1, 2^30]=64"));
+  CHECK(contains(train.out, "--lr FLOAT:in (0, 1e+06]=0.002"));
+  CHECK(contains(train.out, "--codebook-size INT "));
+  CHECK(contains(train.out, "--decay FLOAT "));
+  CHECK(contains(train.out, "--levels INT,INT,... "));
+  CHECK(contains(train.out, "--kmeans-init "));
+  CHECK_FALSE(contains(train.out, "--codebook-size TEXT"));
 }
 
 TEST_CASE("quanta rejects bad usage with exit code 2") {
@@ -337,7 +371,7 @@ TEST_CASE("quanta parity: a missing file is one clear line and exit 1; usage err
   check_one_line_error(quanta_cli({"parity", dir.path().string()}), 2,
                        "holds no .safetensors files");
   check_one_line_error(quanta_cli({"parity", missing, "--tolerance", "-1"}), 2,
-                       "--tolerance must be >= 0");
+                       "--tolerance: must be a number >= 0");
 }
 
 namespace {
@@ -386,4 +420,106 @@ TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
   for (const char* want : {"vq_train_step", "rvq8_train_step", "fsq_train_step",
                            "lfq_1024_train_step", "lfq_65536_train_step"})
     CHECK_MESSAGE(seen.count(want) == 1, want);
+}
+
+TEST_CASE("numeric flags out of range are one clear line, exit 2, for every subcommand") {
+  // CLI11 alone clamped 99999999999999999999 to 2^63 - 1 (a batch size that
+  // ended in SIGFPE), took --seed -1 as 2^64 - 1 and let inf and nan through.
+  const std::string huge = "99999999999999999999";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"train", "--batch-size", huge}, "--batch-size: must be at most 1073741824, got '" + huge},
+      {{"train", "--steps", huge}, "--steps: must be at most"},
+      {{"train", "--threads", "100000"}, "--threads: must be at most"},
+      {{"train", "--threads", "-1"}, "--threads: must be a number >= 0"},
+      {{"train", "--seed", "-1"}, "--seed: must be an integer >= 0, got '-1'"},
+      {{"train", "--seed", "18446744073709551616"}, "--seed: must be at most 18446744073709551615"},
+      {{"train", "--lr", "inf"}, "--lr: must be a finite number"},
+      {{"train", "--lr", "nan"}, "--lr: must be a number, got 'nan'"},
+      {{"train", "--hidden", "1e3"}, "--hidden: must be an integer, got '1e3'"},
+      {{"train", "--limit-train", huge}, "--limit-train: must be at most"},
+      {{"train", "--eval-every", "-5"}, "--eval-every: must be a number >= 0"},
+      {{"train", "--eps", "0"}, "quantizer option 'eps' must be a number > 0, got 0"},
+      {{"train", "--decay", "1.5"}, "quantizer option 'decay' must be a number from 0 to 1"},
+      {{"train", "--codebook-size", "999999999999"},
+       "quantizer option 'codebook_size' must be an integer <= 16777216"},
+      {{"train", "--dist-timeout", "0"}, "--dist-timeout: must be a number > 0"},
+      {{"finetune", "x.safetensors", "--out", "o", "--steps", huge}, "--steps: must be at most"},
+      {{"finetune", "x.safetensors", "--out", "o", "--batch-size", huge},
+       "--batch-size: must be at most"},
+      {{"finetune", "x.safetensors", "--out", "o", "--seed", "-1"}, "--seed: must be an integer"},
+      {{"finetune", "x.safetensors", "--out", "o", "--threads", "100000"}, "--threads"},
+      {{"finetune", "x.safetensors", "--out", "o", "--alpha", "nan"}, "--alpha: must be a number"},
+      {{"finetune", "x.safetensors", "--out", "o", "--lora-dropout", "nan"}, "--lora-dropout"},
+      {{"finetune", "x.safetensors", "--out", "o", "--dist-timeout", "x"},
+       "--dist-timeout: must be a number, got 'x'"},
+      {{"eval", "x.safetensors", "--batch-size", huge}, "--batch-size: must be at most"},
+      {{"eval", "x.safetensors", "--limit", "-1"}, "--limit: must be a number >= 0"},
+      {{"decode", "x.safetensors", "c.safetensors", "--out", "o.png", "--cols", "0"},
+       "--cols: must be a number > 0"},
+      {{"decode", "x.safetensors", "c.safetensors", "--out", "o.png", "--limit", huge},
+       "--limit: must be at most"},
+      {{"encode", "x.safetensors", "--out", "c.safetensors", "--limit", huge},
+       "--limit: must be at most"},
+      {{"bench", "engine", "--threads", "100000"}, "--threads: must be at most"},
+      {{"bench", "engine", "--repeat", "0"}, "--repeat: must be a number > 0"},
+      {{"launch", "-n", huge, "--", "true"}, "must be at most 1024"},
+      {{"launch", "-n", "2", "--dist-timeout", "-3", "--", "true"}, "--dist-timeout"},
+      {{"parity", "x.safetensors", "--tolerance", "inf"}, "--tolerance: must be a finite number"},
+      {{"parity", "x.safetensors", "--tolerance", "nan"}, "--tolerance: must be a number"},
+  };
+  for (const auto& [args, what] : cases) {
+    CAPTURE(args.front());
+    CAPTURE(args[args.size() - 2]);
+    check_one_line_error(quanta_cli(args), 2, what);
+  }
+  // A config file's numbers are held to the same limits.
+  TempDir dir;
+  std::ofstream(dir.file("big.json")) << R"({"batch_size": 9223372036854775807})";
+  check_one_line_error(quanta_cli({"train", "--config", dir.file("big.json")}), 2,
+                       "'batch_size' must be at most 1073741824");
+  std::ofstream(dir.file("threads.json")) << R"({"threads": 100000})";
+  check_one_line_error(quanta_cli({"train", "--config", dir.file("threads.json")}), 2,
+                       "'threads' must be at most 1024");
+  // In range, the text is read as decimal ("010" is ten, not octal eight).
+  const Result ok = quanta_cli(
+      {"train", "--batch-size", "010", "--seed", "18446744073709551615", "--print-config"});
+  CAPTURE(ok.err);
+  REQUIRE(ok.code == 0);
+  const auto merged = nlohmann::json::parse(ok.out);
+  CHECK(merged["batch_size"] == 10);
+  CHECK(merged["seed"] == 18446744073709551615ull);
+}
+
+TEST_CASE("quanta parity: a case whose spec is missing or damaged fails, naming the spec") {
+  // NF4 cases are run from their tensors alone; their spec was never read,
+  // so a damaged one passed ("1 of 1 cases passed").
+  const std::string ref =
+      (test_data() / "reference-vectors" / "nf4_bs64_64x64.safetensors").string();
+  TempDir dir;
+  const io::SafetensorsFile file = io::load_safetensors(ref);
+  REQUIRE(file.metadata.count("spec") == 1);
+  const std::vector<std::pair<std::string, std::string>> damaged = {
+      {"absent", ""},
+      {"truncated", file.metadata.at("spec").substr(0, 40)},
+      {"not_object", "[1, 2]"},
+      {"wrong_kind", R"({"kind": "lookup"})"},
+      {"no_kind", R"({"case": "nf4_bs64_64x64"})"},
+  };
+  CHECK(quanta_cli({"parity", ref}).code == 0);
+  for (const auto& [tag, spec] : damaged) {
+    CAPTURE(tag);
+    std::map<std::string, std::string> meta = file.metadata;
+    if (tag == "absent")
+      meta.erase("spec");
+    else
+      meta["spec"] = spec;
+    const std::string path = dir.file(tag + ".safetensors");
+    io::save_safetensors(path, file.tensors, meta);
+    const Result r = quanta_cli({"parity", path});
+    CAPTURE(r.out);
+    CHECK(r.code == 1);
+    CHECK(contains(r.out, "FAIL"));
+    CHECK(contains(r.out, "spec"));
+    CHECK(contains(r.out, "0 of 1 cases passed"));
+  }
 }

@@ -196,6 +196,21 @@ TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
   check_one_line_error(
       run_quanta({"finetune", dir.file("x"), "--out", dir.file("o"), "--rank", "0"}), 2, "--rank");
   check_one_line_error(run_quanta({"finetune", dir.file("x")}), 2, "--out");
+  {  // An --out that holds a fine-tuning run is refused (before, replaced
+     // silently), before anything is read; --overwrite goes on.
+    fs::create_directories(dir.file("done"));
+    std::ofstream(dir.file("done/adapters.safetensors")) << "earlier run";
+    const CliResult r = run_quanta({"finetune", dir.file("x"), "--out", dir.file("done")});
+    check_one_line_error(r, 2,
+                         "--out " + dir.file("done") +
+                             " already holds a run "
+                             "(adapters.safetensors)");
+    CHECK(contains(r.err, "replace it with --overwrite, or choose another --out"));
+    CHECK(slurp(dir.file("done/adapters.safetensors")) == "earlier run");
+    check_one_line_error(
+        run_quanta({"finetune", dir.file("x"), "--out", dir.file("done"), "--overwrite"}), 1,
+        "cannot read checkpoint");
+  }
   if (!have_dataset()) return;
   // A VQ-VAE checkpoint is not a classifier.
   const CliResult vq = run_quanta({"train", "--steps", "1", "--limit-train", "64", "--limit-test",

@@ -1,9 +1,13 @@
 // The IDX reader and the Fashion-MNIST loader on hand-made files: valid,
 // corrupt, truncated, wrong type, wrong sizes.
 #include <doctest/doctest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <fstream>
+#include <new>
 
 #include "cli_runner.h"
 #include "data/fashion_mnist.h"
@@ -46,7 +50,78 @@ std::string error_of(const std::string& path) {
   return "no error";
 }
 
+// read_idx's error for `path`, read in a child process whose address space
+// is capped at what the test uses now plus 512 MiB: a reader that allocates
+// what a header claims before finding the data missing fails there with
+// std::bad_alloc ("bad_alloc: ..."), not with its message.
+std::string error_with_memory_cap(const std::string& path) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::ifstream statm("/proc/self/statm");
+    uint64_t pages = 0;
+    statm >> pages;
+    const rlim_t cap = pages * uint64_t(::sysconf(_SC_PAGESIZE)) + (uint64_t{512} << 20);
+    const rlimit lim{cap, cap};
+    std::string what = "no error";
+    if (::setrlimit(RLIMIT_AS, &lim) != 0)
+      what = "setrlimit failed";
+    else
+      try {
+        data::read_idx(path);
+      } catch (const std::bad_alloc& e) {
+        what = std::string("bad_alloc: ") + e.what();
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+    [[maybe_unused]] const ssize_t w = ::write(fds[1], what.data(), what.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string what;
+  char buf[512];
+  for (ssize_t k; (k = ::read(fds[0], buf, sizeof buf)) > 0;) what.append(buf, std::size_t(k));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return what;
+}
+
 }  // namespace
+
+TEST_CASE("read_idx checks the file's size against its header before allocating") {
+  ScratchDir dir("idx_claims");
+  // 16 bytes: a header claiming 2,000,000 images of 28 x 28 (1.5 GiB), no data.
+  write_bytes(dir.file("claims.idx"),
+              {0, 0, 8, 3, 0x00, 0x1e, 0x84, 0x80, 0, 0, 0, 28, 0, 0, 0, 28});
+  const std::string plain = error_with_memory_cap(dir.file("claims.idx"));
+  CAPTURE(plain);
+  CHECK(contains(plain,
+                 "claims.idx: truncated: the IDX header declares 1568000000 bytes of "
+                 "data, the file holds 0 after the header"));
+  // Gzipped, a header claiming 2^34 bytes (16 GiB), no data: more than the
+  // few bytes of the file can inflate to.
+  write_gz(dir.file("claims.gz"), {0, 0, 8, 3, 0, 0, 0x40, 0, 0, 0, 4, 0, 0, 0, 4, 0});
+  const std::string gz = error_with_memory_cap(dir.file("claims.gz"));
+  CAPTURE(gz);
+  CHECK(contains(gz,
+                 "claims.gz: truncated: the IDX header declares 17179869184 bytes of data, "
+                 "more than a gzip file of"));
+  // Within what the compressed size allows, but still short: the reader
+  // fails at the end of the data it has, naming the file.
+  std::vector<uint8_t> noise = {0, 0, 8, 1, 0, 0x20, 0, 0};  // 2 MiB declared
+  for (uint32_t i = 0; i < (1u << 20); ++i)                  // 1 MiB present, incompressible
+    noise.push_back(static_cast<uint8_t>((i * 2654435761u) >> 24));
+  write_gz(dir.file("short.gz"), noise);
+  const std::string part = error_with_memory_cap(dir.file("short.gz"));
+  CAPTURE(part);
+  CHECK(contains(part,
+                 "short.gz: truncated: the IDX data needs 2097152 bytes, the file "
+                 "holds 1048576"));
+}
 
 TEST_CASE("read_idx reads gzipped and plain IDX files") {
   ScratchDir dir("idx");
@@ -176,6 +251,13 @@ TEST_CASE("load_fashion_mnist reads the four files and checks them") {
     write_gz(dir.file("train-labels-idx1-ubyte.gz"), data::idx_bytes(four));
     CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::train),
                          doctest::Contains("4 labels for 5 images"), std::runtime_error);
+  }
+  SUBCASE("a split of 0 images is an error") {
+    write_gz(dir.file("t10k-images-idx3-ubyte.gz"), data::idx_bytes(make_array({0, 28, 28})));
+    write_gz(dir.file("t10k-labels-idx1-ubyte.gz"), data::idx_bytes(make_array({0})));
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::test),
+                         doctest::Contains("t10k-images-idx3-ubyte.gz: holds no images"),
+                         std::runtime_error);
   }
   SUBCASE("images must be 28 x 28") {
     write_gz(dir.file("train-images-idx3-ubyte.gz"), data::idx_bytes(make_array({5, 27, 28})));

@@ -2,8 +2,12 @@
 // grids drawn to the sizes and places they promise.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_runner.h"
 #include "engine/factory.h"
@@ -179,4 +183,52 @@ TEST_CASE("image grids lay tiles out in rows, reconstructions under originals") 
   CHECK(*r.at(2, 2 + 4) == 0);          // row 1: its reconstruction
   CHECK(*r.at(2, 2 + 8) == 255);        // row 2: original 2
   CHECK(*r.at(2 + 4, 2 + 8) == 0);      // the missing 4th tile is blank
+}
+
+TEST_CASE("log axes tick within the data's decade instead of rounding out to whole decades") {
+  // A loss curve between 0.006 and 0.01 used to sit in a thin band of an
+  // axis from 0.001 to 0.1; now the axis is 0.006..0.01 with a tick at each.
+  const std::vector<double> narrow = log_ticks(0.006, 0.01);
+  REQUIRE(narrow.size() == 5);
+  CHECK(narrow.front() == doctest::Approx(0.006));
+  CHECK(narrow.back() == doctest::Approx(0.01));
+  // Two decades: 1, 2, 5.
+  const std::vector<double> mid = log_ticks(0.004, 0.3);
+  const std::vector<double> want{0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5};
+  REQUIRE(mid.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(mid[i] == doctest::Approx(want[i]));
+  // Beyond that, whole decades.
+  const std::vector<double> wide = log_ticks(3e-5, 2.0);
+  CHECK(wide.size() == 7);
+  CHECK(wide.front() == doctest::Approx(1e-5));
+  CHECK(wide.back() == doctest::Approx(10.0));
+  for (const auto& [lo, hi] : std::vector<std::pair<double, double>>{
+           {0.006, 0.01}, {0.004, 0.3}, {3e-5, 2.0}, {1.0, 1.0}, {0.0123, 0.0124}}) {
+    const std::vector<double> t = log_ticks(lo, hi);
+    INFO(lo << ".." << hi);
+    CHECK(t.front() <= lo);
+    CHECK(t.back() >= hi);
+    CHECK(t.size() >= 2);
+  }
+}
+
+TEST_CASE("reconstruction figures label their rows and carry a caption") {
+  const Tensor orig = full({3, 1, 4, 4}, 1.0), recon = zeros({3, 1, 4, 4});
+  const std::string caption = "quantizer vq, step 10, test mse 0.01000";
+  const Canvas c = reconstruction_figure(orig, recon, 2, caption, 1);
+  const Image grid = reconstruction_grid(orig, recon, 2, 1);
+  CHECK(c.width() == std::max(32 + grid.width, Canvas::text_width(caption) + 16));
+  CHECK(c.height() == 22 + grid.height);
+  const Rgb ink{40, 40, 40};
+  CHECK(count_color(c, ink, 0, 0, c.width() - 1, 21) > 50);  // the caption
+  // IN beside row 0 (originals), OUT beside row 1 (their reconstructions).
+  const int64_t row0 = 22 + 2, row1 = 22 + 2 + 4 + 2;
+  CHECK(count_color(c, ink, 0, row0 - 3, 31, row0 + 4 + 3) > 0);
+  CHECK(count_color(c, ink, 0, row1 - 3, 31, row1 + 4 + 3) > 0);
+  CHECK(same_rgb(c.get(32 + 2, row0), Rgb{255, 255, 255}));  // an original's pixel
+  CHECK(same_rgb(c.get(32 + 2, row1), Rgb{0, 0, 0}));        // its reconstruction
+  // A caption wider than the grid widens the figure.
+  const std::string long_caption(200, 'x');
+  CHECK(reconstruction_figure(orig, recon, 2, long_caption, 1).width() >
+        Canvas::text_width(long_caption));
 }

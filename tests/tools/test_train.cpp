@@ -506,7 +506,7 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
                                                         {"threads", 1},
                                                         {"model", {{"hidden", 16}}}});
   std::ostringstream log;
-  const TrainResult r = run_training({cfg, dir.file("run")}, log);
+  const TrainResult r = run_training({cfg, dir.file("run"), false, false, "test"}, log);
   CAPTURE(log.str());
   CHECK(r.step == 150);
   MESSAGE("vq, 150 steps of 32: test mse " << r.last_eval.mse << ", usage " << r.last_eval.usage

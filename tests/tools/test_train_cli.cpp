@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli_runner.h"
+#include "data/idx.h"
 #include "engine/device.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
@@ -100,8 +102,15 @@ TEST_CASE("quanta train (quantizer none) learns and writes every output") {
   CHECK(train_recs.back()["loss"].get<double>() < train_recs.front()["loss"].get<double>());
 
   const image::Image recon = image::read_png(out + "/reconstructions.png");
-  CHECK(recon.width == 8 * 56 + 9 * 2);   // 8 columns of 2x-scaled 28-pixel tiles
-  CHECK(recon.height == 4 * 56 + 5 * 2);  // 2 rows of originals, 2 of reconstructions
+  // 8 columns of 2x-scaled 28-pixel tiles after a 32-pixel IN / OUT margin;
+  // 2 rows of originals, 2 of reconstructions under a 22-pixel caption band.
+  CHECK(recon.width == 32 + 8 * 56 + 9 * 2);
+  CHECK(recon.height == 22 + 4 * 56 + 5 * 2);
+  // The caption (dark text) names what made the figure; the band is white elsewhere.
+  int64_t ink = 0;
+  for (int64_t y = 0; y < 22; ++y)
+    for (int64_t x = 0; x < recon.width; ++x) ink += recon.at(x, y)[0] < 100;
+  CHECK(ink > 100);
   for (const char* png : {"loss.png", "codebook_usage.png"}) {
     const image::Image img = image::read_png(out + "/" + png);
     CHECK(img.width == 720);
@@ -285,10 +294,12 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   CHECK(merged["quantizer"] == json{{"type", "none"}});  // the file's type drops the defaults
   CliResult d = run_quanta({"train", "--print-config"});
   REQUIRE(d.code == 0);
-  CHECK(json::parse(d.out)["quantizer"] == json{{"type", "vq"},
-                                                {"codebook_size", 512},
-                                                {"kmeans_init", true},
-                                                {"threshold_ema_dead_code", 2}});
+  const json vq = json::parse(d.out)["quantizer"];
+  CHECK(vq["type"] == "vq");
+  CHECK(vq["codebook_size"] == 512);
+  CHECK(vq["kmeans_init"] == true);
+  CHECK(vq["threshold_ema_dead_code"] == 2);
+  CHECK(vq["decay"] == 0.8);  // resolved: the layer's default written out
 
   CliResult h = run_quanta({"train", "--help"});
   CHECK(h.code == 0);
@@ -353,4 +364,199 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
                        "not a quanta training checkpoint");
   check_one_line_error(run_quanta({"decode", dir.file("plain.safetensors")}), 2,
                        "codes is required");
+}
+
+TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --overwrite") {
+  // Before, a second run into the same --out replaced the checkpoint and
+  // truncated metrics.jsonl, and exited 0. Refused before any data is read.
+  ScratchDir dir("train_refuse");
+  const std::string run = dir.file("run");
+  fs::create_directories(run);
+  std::ofstream(run + "/metrics.jsonl") << "{\"kind\": \"train\", \"step\": 1}\n";
+  const CliResult r = run_quanta({"train", "--steps", "1", "--out", run});
+  check_one_line_error(r, 2, "--out " + run + " already holds a run (metrics.jsonl)");
+  CHECK(contains(r.err, "continue it with --resume, or replace it with --overwrite"));
+  CHECK(slurp(run + "/metrics.jsonl") == "{\"kind\": \"train\", \"step\": 1}\n");
+  check_one_line_error(run_quanta({"train", "--resume", "--overwrite", "--out", run}), 2,
+                       "--resume continues the run in --out, --overwrite replaces it");
+  // --task classify (which has no --resume) alike.
+  std::ofstream(run + "/checkpoint.safetensors") << "x";
+  const CliResult c = run_quanta({"train", "--task", "classify", "--steps", "1", "--out", run});
+  check_one_line_error(c, 2, "already holds a run (checkpoint.safetensors)");
+  CHECK(contains(c.err, "replace it with --overwrite, or choose another --out"));
+  // --print-config writes nothing, so it is not refused.
+  CHECK(run_quanta({"train", "--out", run, "--print-config"}).code == 0);
+  // --dist-timeout is a flag of the process, not a setting of the run.
+  const CliResult p = run_quanta({"train", "--dist-timeout", "30", "--print-config"});
+  REQUIRE(p.code == 0);
+  CHECK_FALSE(contains(p.out, "timeout"));
+  if (!have_dataset()) return;
+  const std::string real = dir.file("real");
+  REQUIRE(run_quanta(tiny(real, 2)).code == 0);
+  const std::string metrics = slurp(real + "/metrics.jsonl");
+  check_one_line_error(run_quanta(tiny(real, 2)), 2,
+                       "already holds a run (checkpoint.safetensors, metrics.jsonl)");
+  CHECK(slurp(real + "/metrics.jsonl") == metrics);  // untouched
+  const CliResult o = run_quanta(with(tiny(real, 3), {"--overwrite"}));
+  CAPTURE(o.err);
+  CHECK(o.code == 0);
+  CHECK(records(real, "train").size() == 3);
+}
+
+TEST_CASE("quanta train: a test split of 0 images is an error, not 'test mse n/a'") {
+  ScratchDir dir("train_no_test");
+  // 64 training images, 0 test images (plain IDX bytes read through gzread).
+  auto write = [&](const std::string& name, const std::vector<int64_t>& dims) {
+    data::IdxArray a;
+    a.dims = dims;
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    a.data.assign(static_cast<std::size_t>(n), 7);
+    const std::vector<uint8_t> bytes = data::idx_bytes(a);
+    std::ofstream(dir.file(name), std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  };
+  write("train-images-idx3-ubyte.gz", {64, 28, 28});
+  write("train-labels-idx1-ubyte.gz", {64});
+  write("t10k-images-idx3-ubyte.gz", {0, 28, 28});
+  write("t10k-labels-idx1-ubyte.gz", {0});
+  const CliResult r =
+      run_quanta({"train", "--data", dir.path.string(), "--steps", "1", "--batch-size", "16",
+                  "--hidden", "8", "--dim", "4", "--threads", "1", "--out", dir.file("run")});
+  check_one_line_error(r, 1, "t10k-images-idx3-ubyte.gz: holds no images");
+}
+
+TEST_CASE("eval warns about and fails on a NaN codebook; decode and encode refuse it") {
+  if (!have_dataset()) return;
+  ScratchDir dir("nan_codebook");
+  const std::string out = dir.file("run");
+  REQUIRE(run_quanta(tiny(out, 1, {"--codebook-size", "16", "--kmeans-init=false"})).code == 0);
+  io::SafetensorsFile f = io::load_safetensors(out + "/checkpoint.safetensors");
+  std::string poisoned;
+  for (auto& [name, t] : f.tensors)
+    if (name.rfind("model.", 0) == 0 && name.find("embed") != std::string::npos &&
+        is_floating(t.dtype()) && poisoned.empty()) {
+      std::vector<float> v = t.to_vector<float>();
+      v[0] = NAN;
+      t = from_vector<float>(v, t.shape());
+      poisoned = name;
+    }
+  REQUIRE_MESSAGE(!poisoned.empty(), "no codebook tensor (model.*embed*) in the checkpoint");
+  const std::string bad = dir.file("nan.safetensors");
+  io::save_safetensors(bad, f.tensors, f.metadata);
+
+  const CliResult e = run_quanta({"eval", bad, "--limit", "16", "--png", dir.file("e.png")});
+  CAPTURE(e.out);
+  CAPTURE(e.err);
+  CHECK(e.code == 1);
+  CHECK(e.err.rfind("quanta: warning: ", 0) == 0);
+  CHECK(contains(e.err, "'" + poisoned + "' holds NaN or Inf values"));
+  CHECK(contains(e.err, "quanta: error: "));
+  CHECK(contains(e.out, "test mse"));  // the figures are still shown
+  io::save_safetensors(dir.file("codes.safetensors"),
+                       {{"indices", zeros({1, 7, 7}, {.dtype = DType::i64})}});
+  check_one_line_error(
+      run_quanta({"decode", bad, dir.file("codes.safetensors"), "--out", dir.file("d.png")}), 1,
+      "'" + poisoned + "' holds NaN or Inf values");
+  check_one_line_error(
+      run_quanta({"encode", bad, "--limit", "4", "--out", dir.file("c2.safetensors")}), 1,
+      "holds NaN or Inf values");
+}
+
+TEST_CASE("quanta train --print-config shows the quantizer's resolved options") {
+  ScratchDir dir("print_config");
+  CliResult r = run_quanta({"train", "--quantizer", "rvq", "--print-config"});
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  const json q = json::parse(r.out)["quantizer"];
+  CHECK(q["type"] == "rvq");
+  CHECK(q["num_quantizers"] == 4);  // "4 levels of 512 codes" (docs/train.md)
+  CHECK(q["codebook_size"] == 512);
+  CHECK(q["quantize_dropout"] == false);
+  CHECK(q["shared_codebook"] == false);
+  CHECK(q["decay"] == 0.8);
+  CHECK_FALSE(q.contains("codebook_dim"));  // derived from --dim, not a value
+  // What it prints is a config file that resolves to itself.
+  const std::string cfg = dir.file("rvq.json");
+  std::ofstream(cfg) << r.out;
+  CliResult again = run_quanta({"train", "--config", cfg, "--print-config"});
+  CAPTURE(again.err);
+  REQUIRE(again.code == 0);
+  CHECK(json::parse(again.out) == json::parse(r.out));
+  CliResult fsq = run_quanta({"train", "--quantizer", "fsq", "--print-config"});
+  REQUIRE(fsq.code == 0);
+  CHECK(json::parse(fsq.out)["quantizer"]["levels"] == json{8, 5, 5, 5});
+}
+
+TEST_CASE("metrics.jsonl: a header per start, lr and elapsed_s; resume keeps the log window") {
+  if (!have_dataset()) return;
+  ScratchDir dir("metrics");
+  auto run = [](const std::string& out, int steps, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"train", "--steps", std::to_string(steps), "--limit-train",
+                                     "256", "--limit-test", "64", "--batch-size", "32",
+                                     "--hidden", "8", "--dim", "4", "--log-every", "4",
+                                     "--threads", "1", "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_quanta(args);
+  };
+  const std::string a = dir.file("a"), b = dir.file("b");
+  REQUIRE(run(a, 6).code == 0);
+  REQUIRE(run(b, 2).code == 0);  // stops inside the window of steps 1 to 4
+  CliResult r = run(b, 6, {"--resume"});
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+
+  const std::vector<json> all = train::read_metrics(a + "/metrics.jsonl");
+  REQUIRE(!all.empty());
+  const json& header = all.front();
+  CHECK(header["kind"] == "header");
+  CHECK("quanta " + header["quanta_version"].get<std::string>() + "\n" ==
+        run_quanta({"--version"}).out);
+  CHECK(header["threads"] == 1);
+  CHECK(header["device"] == "cpu");
+  CHECK(header["resumed"] == false);
+  CHECK(header["config"]["steps"] == 6);
+  CHECK(header["config"]["quantizer"]["decay"] == 0.8);  // resolved, as --print-config
+  double last = 0;
+  for (const json& rec : all) {
+    if (rec["kind"] == "header") continue;
+    CAPTURE(rec.dump());
+    CHECK(rec["lr"] == 0.002);
+    REQUIRE(rec["elapsed_s"].is_number());
+    CHECK(rec["elapsed_s"].get<double>() >= last);
+    last = rec["elapsed_s"].get<double>();
+  }
+
+  const std::vector<json> headers = records(b, "header");
+  REQUIRE(headers.size() == 2);
+  CHECK(headers[1]["resumed"] == true);
+  CHECK(headers[1]["step"] == 2);
+  const std::vector<json> ta = records(a, "train"), tb = records(b, "train");
+  REQUIRE(ta.size() == 2);  // steps 4 and 6
+  REQUIRE(tb.size() == 3);  // steps 2 (where the first run ended), 4 and 6
+  CHECK(tb[0]["step"] == 2);
+  CHECK(tb[1]["step"] == 4);
+  // The step-4 record averages steps 1 to 4 in both runs, bit for bit.
+  CHECK(tb[1]["loss"].dump() == ta[0]["loss"].dump());
+  CHECK(tb[1]["recon_mse"].dump() == ta[0]["recon_mse"].dump());
+  CHECK(tb[2]["loss"].dump() == ta[1]["loss"].dump());
+}
+
+TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-checkpoint") {
+  if (!have_dataset()) return;
+  ScratchDir dir("decode_other");
+  const std::string a = dir.file("a"), b = dir.file("b");
+  REQUIRE(run_quanta(tiny(a, 2)).code == 0);
+  REQUIRE(run_quanta(tiny(b, 2, {"--seed", "1"})).code == 0);
+  const std::string ca = a + "/checkpoint.safetensors", cb = b + "/checkpoint.safetensors";
+  const std::string codes = dir.file("codes.st");
+  REQUIRE(run_quanta({"encode", ca, "--limit", "4", "--out", codes}).code == 0);
+  CHECK(run_quanta({"decode", ca, codes, "--out", dir.file("a.png")}).code == 0);
+  CliResult other = run_quanta({"decode", cb, codes, "--out", dir.file("b.png")});
+  check_one_line_error(other, 1, "holds codes made with '" + ca + "'");
+  CHECK(contains(other.err, "not with '" + cb + "'"));
+  CHECK(contains(other.err, "--allow-other-checkpoint"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("b.png")));
+  CHECK(run_quanta({"decode", cb, codes, "--out", dir.file("b.png"), "--allow-other-checkpoint"})
+            .code == 0);
 }

@@ -4,10 +4,16 @@
 // codebook is the same (only rank 0 writes, so this is checked by the
 // quantizer-sync suite; here the end result is compared with one process).
 #include <doctest/doctest.h>
+#include <signal.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli_runner.h"
 #include "engine/factory.h"
@@ -108,4 +114,112 @@ TEST_CASE("quanta train --nproc: a world size that disagrees with the launcher i
                   "--limit-train", "64", "--nproc", "3", "--out", dir.file("run")});
   CHECK(r.code != 0);
   CHECK(contains(r.out + r.err, "--nproc 3 but the launcher (torchrun) started 2 ranks"));
+}
+
+namespace {
+
+// Waits (at most `seconds`) until `pred` holds; returns whether it did.
+template <class Pred>
+bool wait_for(Pred pred, double seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// A process that has exited: gone, or a zombie nobody reaped yet.
+bool is_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || (close + 2 < line.size() && line[close + 2] == 'Z');
+}
+
+}  // namespace
+
+TEST_CASE("quanta launch: SIGTERM passed on to ranks that stop cleanly exits 0") {
+  // A scheduler's SIGTERM (Slurm, Kubernetes preemption) went on to the
+  // ranks, they stopped cleanly, and quanta launch still exited 143: it must
+  // say 0 when every rank exited 0, else report the ranks' failure.
+  for (const bool clean : {true, false}) {
+    CAPTURE(clean);
+    const std::string body = clean ? "trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+                                   : "echo ready; exec sleep 30";
+    CliProcess p({"launch", "-n", "2", "--", "/bin/sh", "-c", body});
+    const bool ready = wait_for(
+        [&] {
+          const std::string out = slurp(p.dir.file("out"));
+          return contains(out, "[rank 0] ready") && contains(out, "[rank 1] ready");
+        },
+        30);
+    CHECK(ready);
+    REQUIRE(::kill(p.pid, SIGTERM) == 0);
+    const CliResult r = p.wait();
+    CAPTURE(r.out);
+    CAPTURE(r.err);
+    CHECK(contains(r.err, "[launch] got signal 15; stopping the ranks"));
+    CHECK(r.code == (clean ? 0 : 128 + SIGTERM));
+  }
+}
+
+TEST_CASE("quanta launch: ranks die with their launcher (SIGKILL leaves none running)") {
+  ScratchDir dir("launch_pdeathsig");
+  // Each rank writes its pid, then becomes a 30-second sleep.
+  CliProcess p({"launch", "-n", "2", "--", "/bin/sh", "-c",
+                "echo $$ > " + dir.file("pid.") + "$RANK.tmp && mv " + dir.file("pid.") +
+                    "$RANK.tmp " + dir.file("pid.") + "$RANK; exec sleep 30"});
+  REQUIRE(
+      wait_for([&] { return fs::exists(dir.file("pid.0")) && fs::exists(dir.file("pid.1")); }, 30));
+  std::vector<pid_t> ranks;
+  for (const char* r : {"pid.0", "pid.1"}) ranks.push_back(std::stoi(slurp(dir.file(r))));
+  REQUIRE(::kill(p.pid, SIGKILL) == 0);
+  CHECK(p.wait().code == 128 + SIGKILL);
+  const bool all_gone =
+      wait_for([&] { return std::all_of(ranks.begin(), ranks.end(), is_gone); }, 5);
+  CHECK_MESSAGE(all_gone, "ranks still running after their launcher was killed");
+  for (pid_t r : ranks) ::kill(r, SIGKILL);  // bounded even when the check failed
+}
+
+TEST_CASE("quanta launch --dist-timeout sets QUANTA_DIST_TIMEOUT for every rank") {
+  const CliResult r = run_quanta({"launch", "-n", "2", "--dist-timeout", "7", "--", "/bin/sh", "-c",
+                                  "echo timeout=$QUANTA_DIST_TIMEOUT"});
+  CAPTURE(r.err);
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "[rank 0] timeout=7"));
+  CHECK(contains(r.out, "[rank 1] timeout=7"));
+  // A program that cannot start is still one clear line.
+  const CliResult bad = run_quanta({"launch", "-n", "1", "--", "/nonexistent/program"});
+  CHECK(bad.code == 1);
+  CHECK(contains(bad.err, "cannot start '/nonexistent/program'"));
+}
+
+TEST_CASE("quanta train --nproc 2: SIGTERM writes the checkpoint and exits 0") {
+  if (!have_dataset()) return;
+  ScratchDir dir("train_dist_sigterm");
+  const std::string out = dir.file("run");
+  CliProcess p({"train", "--steps",      "100000", "--limit-train",  "256",    "--limit-test",
+                "32",    "--batch-size", "16",     "--hidden",       "8",      "--dim",
+                "4",     "--log-every",  "1",      "--eval-every",   "100000", "--threads",
+                "1",     "--nproc",      "2",      "--dist-timeout", "60",     "--out",
+                out});
+  const bool stepping = wait_for(
+      [&] {
+        return fs::exists(out + "/metrics.jsonl") &&
+               train::read_metrics(out + "/metrics.jsonl").size() >= 2;
+      },
+      120);
+  CHECK(stepping);
+  REQUIRE(::kill(p.pid, SIGTERM) == 0);
+  const CliResult r = p.wait();
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "[rank 0] interrupted by SIGTERM after step"));
+  const io::SafetensorsHeader h = io::read_safetensors_header(out + "/checkpoint.safetensors");
+  CHECK(std::stoll(h.metadata.at("step")) >= 2);
 }

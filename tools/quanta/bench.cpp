@@ -7,11 +7,11 @@
 #include <iostream>
 #include <map>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
+#include "flag_checks.h"
 
 namespace quanta::cli {
 namespace {
@@ -124,6 +124,10 @@ void add_bench(CLI::App& app) {
       "bench",
       "Time a suite of kernels against their floors (suites: " + suite_names() + ")");
   sub->footer(
+      "Examples:\n"
+      "  quanta bench engine\n"
+      "  quanta bench quant --size small --json\n"
+      "  quanta bench dist -n 4 --repeat 10\n"
       "Each row: the median time of the op (ms), of its floor (floor_ms), and ratio = "
       "ms / floor_ms.\nSuites:" +
       about +
@@ -143,17 +147,20 @@ void add_bench(CLI::App& app) {
           "SUITE"));
   sub->add_flag("--json", c->json,
                 "print a JSON list of {name, ms, floor_ms, ratio} instead of a table");
-  sub->add_option("-n,--ranks", c->opts.ranks, "ranks for the dist suite (default 2)")
-      ->check(CLI::Range(2, 64));
-  sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement (default 5)")
-      ->check(CLI::Range(1, 1000));
+  sub->add_option("-n,--ranks", c->opts.ranks, "ranks for the dist suite")
+      ->capture_default_str()
+      ->transform(integer_in(2, 64));
+  sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement")
+      ->capture_default_str()
+      ->transform(integer_in(1, 1000));
   sub->add_option(
          "--size", c->size,
          "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
          "row names stay the same)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"full", "small"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
-      ->check(CLI::Range(1, 4096));
+      ->transform(thread_count());
   sub->callback([c] { run_bench(*c); });
 }
 

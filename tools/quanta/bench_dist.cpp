@@ -1,14 +1,19 @@
 // `quanta bench dist -n N`: collectives and DataParallel, on N ranks run as
 // threads of this process over Gloo on loopback (one TcpStore, as under
 // quanta launch).
-//   all_reduce_4KB / _1MB / _64MB: ProcessGroup::all_reduce (f32, sum) against
-//     the backend's bare all_reduce on the same connections and buffers (same
-//     reduction function), in the same run. The _debug rows time the same
-//     call with QUANTA_DIST_DEBUG's fingerprint exchange against the same
-//     floor. The _vs_ring rows time that bare all_reduce against Gloo's ring
-//     allreduce: on two ranks up to 4 MiB the backend exchanges the buffers
-//     in one round instead (GlooBackend::kPairwiseBytes); elsewhere both are
-//     the ring.
+//   all_reduce_4KB / _1MB / _64MB: ProcessGroup::all_reduce (f32, sum), with
+//     its always-on mismatch check (docs/dist.md "The always-on check"),
+//     against the backend's bare all_reduce on the same connections and
+//     buffers (same reduction function), in the same run. The _debug rows
+//     time the same call with QUANTA_DIST_DEBUG's fingerprint exchange
+//     against the same floor. The _vs_ring rows time that bare all_reduce
+//     against Gloo's ring allreduce: on two ranks up to 4 MiB the backend
+//     exchanges the buffers in one round instead (GlooBackend::kPairwiseBytes);
+//     elsewhere both are the ring.
+//   broadcast_4KB / _1MB, all_gather_4KB / _1MB: the same for the byte
+//     collectives (ProcessGroup's call with its check against the bare
+//     backend call). The broadcast's root is rank 1, so the timing rank 0
+//     waits for the data.
 //   dp_step: forward + backward + finish_step of an MLP under DataParallel,
 //     each rank on 1/N of the batch, against the same step on one process
 //     with the whole batch (no DataParallel, this thread alone).
@@ -166,6 +171,26 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
       rows.push_back({std::string("all_reduce_") + s.name, ms, floor_ms});
       rows.push_back({std::string("all_reduce_") + s.name + "_debug", debug_ms, floor_ms});
       rows.push_back({std::string("all_reduce_") + s.name + "_vs_ring", floor_ms, ring_ms});
+    }
+  }
+  // The byte collectives' check: the payload carries the fingerprint.
+  for (const Size& s : sizes) {
+    if (s.bytes > (1 << 20)) continue;
+    const int64_t bytes = o.small ? std::min<int64_t>(s.bytes, 64 << 10) : s.bytes;
+    Tensor t = full({bytes / 4}, 1.0);
+    Tensor gathered = empty({int64_t(g.size()) * (bytes / 4)});
+    const int root = g.size() - 1;
+    const auto ms4 = interleaved_ms(
+        o.repeat, s.calls,
+        {[&] { bare->broadcast(t.raw_data(), t.nbytes(), root, tag++, Millis(60000)); },
+         [&] { g.broadcast(t, root); },
+         [&] {
+           bare->all_gather(t.raw_data(), gathered.raw_data(), t.nbytes(), tag++, Millis(60000));
+         },
+         [&] { (void)g.all_gather(t); }});
+    if (g.rank() == 0) {
+      rows.push_back({std::string("broadcast_") + s.name, ms4[1], ms4[0]});
+      rows.push_back({std::string("all_gather_") + s.name, ms4[3], ms4[2]});
     }
   }
   // DataParallel step: each rank takes its share of the batch.

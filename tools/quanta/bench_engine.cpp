@@ -10,9 +10,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include <Eigen/Core>
-
 #include "bench.h"
+#include "engine/eigen.h"
 #include "quanta.h"
 
 namespace quanta::cli {

@@ -13,9 +13,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include <Eigen/Core>
-
 #include "bench.h"
+#include "engine/eigen.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quanta.h"

@@ -12,9 +12,9 @@
 //   lfq_65536_train_step_uniform: as above with inputs randn * 1e-4: every
 //     code distribution is near uniform, so the per-sample walk visits all
 //     2^16 codes of every token (its worst case).
-#include <Eigen/Core>
 
 #include "bench.h"
+#include "engine/eigen.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quanta.h"

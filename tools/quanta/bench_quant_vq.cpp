@@ -6,9 +6,9 @@
 //   rvq8_train_step  ResidualVQ with 8 such layers, against 8 of those GEMMs.
 // Each step and its floor are timed in turns (interleaved_ms).
 // --size small runs tiny sizes (a smoke test, not a measurement).
-#include <Eigen/Core>
 
 #include "bench.h"
+#include "engine/eigen.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"

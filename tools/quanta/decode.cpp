@@ -1,13 +1,16 @@
 // `quanta decode CHECKPOINT CODES --out PNG`: code indices back to images.
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "commands.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/io/safetensors.h"
+#include "flag_checks.h"
 #include "image/grid.h"
 #include "train/checkpoint.h"
+#include "train/limits.h"
 
 namespace quanta::cli {
 namespace {
@@ -18,12 +21,33 @@ struct DecodeOptions {
   std::string out;
   int64_t cols = 8;
   int64_t limit = 64;
+  bool allow_other_checkpoint = false;
 };
+
+// Codes from `quanta encode` name the checkpoint that made them (path and a
+// fingerprint of its model); decoded by another model they are only noise.
+// Codes without a fingerprint (sampled by a prior, older files) pass.
+void check_same_model(const io::SafetensorsFile& codes, const train::Checkpoint& ck,
+                      const DecodeOptions& o) {
+  const auto made_by = codes.metadata.find("checkpoint_fingerprint");
+  if (made_by == codes.metadata.end() || o.allow_other_checkpoint) return;
+  const std::string here = train::model_fingerprint(ck);
+  if (made_by->second == here) return;
+  const auto path = codes.metadata.find("checkpoint");
+  const std::string named =
+      path == codes.metadata.end() ? std::string("another checkpoint") : "'" + path->second + "'";
+  throw std::runtime_error(o.codes + " holds codes made with " + named + " (model " +
+                           made_by->second + "), not with '" + o.checkpoint + "' (model " + here +
+                           "); decode with that checkpoint, or pass --allow-other-checkpoint");
+}
 
 void run_decode(const DecodeOptions& o) {
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
+  if (const std::string bad = train::non_finite_summary(ck, o.checkpoint); !bad.empty())
+    throw std::runtime_error(bad + ": its decoded images would be meaningless");
   const io::SafetensorsFile file = io::load_safetensors(o.codes);
+  check_same_model(file, ck, o);
   const Tensor* found = find_tensor(file.tensors, "indices");
   if (!found) throw std::runtime_error(o.codes + ": no tensor named 'indices'");
   Tensor indices = *found;
@@ -61,9 +85,15 @@ void add_decode(CLI::App& app) {
   sub->add_option("codes", o->codes, "safetensors file with an integer tensor 'indices'")
       ->required();
   sub->add_option("--out", o->out, "PNG file to write")->required();
-  sub->add_option("--cols", o->cols, "images per row (default 8)")->check(CLI::PositiveNumber);
-  sub->add_option("--limit", o->limit, "decode the first N only (default 64)")
-      ->check(CLI::PositiveNumber);
+  sub->add_option("--cols", o->cols, "images per row")
+      ->capture_default_str()
+      ->transform(integer_in(1, 4096));
+  sub->add_option("--limit", o->limit, "decode the first N only")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxCount));
+  sub->add_flag("--allow-other-checkpoint", o->allow_other_checkpoint,
+                "decode codes that quanta encode made with another checkpoint (refused "
+                "otherwise)");
   sub->callback([o] { run_decode(*o); });
 }
 

@@ -11,8 +11,10 @@
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
 #include "engine/ops/join.h"
+#include "flag_checks.h"
 #include "image/png.h"
 #include "train/checkpoint.h"
+#include "train/limits.h"
 
 namespace quanta::cli {
 namespace {
@@ -49,6 +51,8 @@ void run_encode(const EncodeOptions& o) {
     throw UsageError(o.checkpoint + " was trained with quantizer '" +
                      ck.info.config["quantizer"].value("type", std::string("none")) +
                      "', which has no codes to encode");
+  if (const std::string bad = train::non_finite_summary(ck, o.checkpoint); !bad.empty())
+    throw std::runtime_error(bad + ": its codes would be meaningless");
   io::TensorMap tensors;
   Tensor images;
   if (!o.images.empty()) {
@@ -78,6 +82,7 @@ void run_encode(const EncodeOptions& o) {
   io::save_safetensors(
       o.out, tensors,
       {{"checkpoint", o.checkpoint},
+       {"checkpoint_fingerprint", train::model_fingerprint(ck)},
        {"codebook_size", std::to_string(model->quantizer().codebook_size())},
        {"num_codebooks", std::to_string(model->quantizer().num_codebooks())},
        {"source", o.images.empty() ? "fashion-mnist " + o.split : "png files"}});
@@ -101,10 +106,11 @@ void add_encode(CLI::App& app) {
   sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train")
       ->required();
   sub->add_option("--out", o->out, "safetensors file to write")->required();
-  sub->add_option("--split", o->split, "dataset split: test (default) or train")
+  sub->add_option("--split", o->split, "dataset split: test or train")
+      ->capture_default_str()
       ->check(CLI::IsMember({"test", "train"}));
   sub->add_option("--limit", o->limit, "first N images of the split only")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(integer_in(0, train::kMaxCount));
   sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the one trained on)");
   sub->add_option("--images", o->images, "28x28 PNG files to encode instead of the dataset")
       ->check(CLI::ExistingFile);

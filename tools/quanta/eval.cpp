@@ -4,13 +4,15 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
 
 #include "commands.h"
 #include "data/fashion_mnist.h"
+#include "flag_checks.h"
 #include "train/checkpoint.h"
+#include "train/limits.h"
 #include "train/metrics.h"
 #include "train/outputs.h"
 
@@ -29,6 +31,11 @@ struct EvalOptions {
 void run_eval(const EvalOptions& o) {
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
+  // A NaN codebook still gives numbers (NaN, or an argmin over NaN): say so
+  // before them, and fail after them.
+  const std::string non_finite = train::non_finite_summary(ck, o.checkpoint);
+  if (!non_finite.empty())
+    std::cerr << "quanta: warning: " << non_finite << "; the metrics below are not meaningful\n";
   const std::string data_dir =
       o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir))
                      : o.data;
@@ -41,8 +48,10 @@ void run_eval(const EvalOptions& o) {
           ? (std::filesystem::path(o.checkpoint).parent_path() / "eval_reconstructions.png")
                 .string()
           : o.png;
-  train::write_reconstructions(png, *model, test.images);
   const std::string type = ck.info.config["quantizer"].value("type", std::string("?"));
+  train::write_reconstructions(png, *model, test.images,
+                               "quantizer " + type + ", step " + std::to_string(ck.info.step) +
+                                   ", test mse " + train::fmt_metric(r.mse, 5) + " (eval)");
   if (o.json) {
     nlohmann::ordered_json j;
     j["checkpoint"] = o.checkpoint;
@@ -54,16 +63,20 @@ void run_eval(const EvalOptions& o) {
     j["perplexity"] = r.perplexity;
     j["reconstructions"] = png;
     std::cout << j.dump(2) << "\n";
-    return;
+  } else {
+    std::cout << o.checkpoint << " (step " << ck.info.step << ", quantizer " << type << ")\n"
+              << "test images:     " << r.samples << "\n"
+              << "test mse:        " << train::fmt_metric(r.mse, 6) << "\n"
+              << "codebook usage:  "
+              << (std::isfinite(r.usage) ? train::fmt_metric(100 * r.usage, 1) + "%" : "n/a")
+              << "\n"
+              << "perplexity:      " << train::fmt_metric(r.perplexity, 1) << "\n"
+              << "reconstructions: " << png << "\n";
   }
-  std::cout << o.checkpoint << " (step " << ck.info.step << ", quantizer " << type << ")\n"
-            << "test images:     " << r.samples << "\n"
-            << "test mse:        " << train::fmt_metric(r.mse, 6) << "\n"
-            << "codebook usage:  "
-            << (std::isfinite(r.usage) ? train::fmt_metric(100 * r.usage, 1) + "%" : "n/a")
-            << "\n"
-            << "perplexity:      " << train::fmt_metric(r.perplexity, 1) << "\n"
-            << "reconstructions: " << png << "\n";
+  if (!non_finite.empty())
+    throw std::runtime_error(non_finite +
+                             ": the model is not usable (retrain, or resume from "
+                             "an earlier checkpoint)");
 }
 
 }  // namespace
@@ -85,9 +98,10 @@ void add_eval(CLI::App& app) {
                   "reconstruction PNG to write (default: eval_reconstructions.png beside "
                   "the checkpoint)");
   sub->add_option("--limit", o->limit, "evaluate on the first N test images only")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--batch-size", o->batch_size, "images per forward pass (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->transform(integer_in(0, train::kMaxCount));
+  sub->add_option("--batch-size", o->batch_size, "images per forward pass")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxBatchSize));
   sub->add_flag("--json", o->json, "print one JSON object");
   sub->callback([o] { run_eval(*o); });
 }

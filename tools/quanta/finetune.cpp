@@ -26,6 +26,7 @@
 #include "data/fashion_mnist.h"
 #include "dist/data_parallel.h"
 #include "dist/env.h"
+#include "dist_timeout.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/parallel.h"
 #include "engine/io/safetensors.h"
@@ -33,13 +34,16 @@
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
+#include "flag_checks.h"
 #include "quant/nf4/nf4_modules.h"
 #include "relaunch.h"
 #include "train/checkpoint.h"
 #include "train/classifier.h"
 #include "train/classify.h"
+#include "train/limits.h"
 #include "train/outputs.h"
 #include "train/progress.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace quanta::cli {
@@ -60,7 +64,8 @@ struct FinetuneOptions {
   double lr = 1e-3;
   uint64_t seed = 0;
   int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
-  bool merge = false;
+  std::string dist_timeout;  // seconds; empty: the library's default
+  bool merge = false, overwrite = false;
 };
 
 // The classifier of a checkpoint with NF4 + LoRA layers, and what it took.
@@ -172,6 +177,16 @@ QLoraModel load_classifier(const std::string& path, const data::ImageDataset& te
 }
 
 void run_finetune(const FinetuneOptions& o) {
+  // Before --nproc starts the ranks, and by every rank before the process
+  // group forms (so before rank 0 writes).
+  try {
+    if (!o.overwrite)
+      train::refuse_to_replace_run(o.out, {kAdaptersFile, kMergedFile},
+                                   "replace it with --overwrite, or choose another --out");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   if (!fs::exists(o.checkpoint))
@@ -379,35 +394,48 @@ void add_finetune(CLI::App& app) {
                   "classifier checkpoint (float, or NF4 from quanta quantize)")
       ->required();
   sub->add_option("--out", o->out, "output folder")->required();
-  sub->add_option("--rank", o->rank, "LoRA rank (default 8)")->check(CLI::Range(1, 4096));
+  sub->add_option("--rank", o->rank, "LoRA rank")
+      ->capture_default_str()
+      ->transform(integer_in(1, 4096));
   sub->add_option("--alpha", o->alpha,
-                  "LoRA alpha; the update is scaled by alpha / rank "
-                  "(default 16)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--lora-dropout", o->dropout, "dropout on the adapters' input (default 0)")
-      ->check(CLI::Range(0.0, 0.999));
-  sub->add_option("--steps", o->steps, "optimizer steps (default 300)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+                  "LoRA alpha; the update is scaled by alpha / rank")
+      ->capture_default_str()
+      ->check(number_in(0, 1e6, true));
+  sub->add_option("--lora-dropout", o->dropout, "dropout on the adapters' input")
+      ->capture_default_str()
+      ->check(number_in(0.0, 0.999));
+  sub->add_option("--steps", o->steps, "optimizer steps")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxSteps));
   sub->add_option("--batch-size", o->batch_size,
-                  "global batch size, split across ranks "
-                  "(default 128)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  sub->add_option("--lr", o->lr, "Adam learning rate of the adapters (default 1e-3)")
-      ->check(CLI::PositiveNumber);
+                  "global batch size, split across ranks")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxBatchSize));
+  sub->add_option("--lr", o->lr, "Adam learning rate of the adapters")
+      ->capture_default_str()
+      ->check(number_in(0, 1e6, true));
   sub->add_option("--seed", o->seed,
-                  "seed of the adapters' init, dropout and data order "
-                  "(default 0)");
+                  "seed of the adapters' init, dropout and data order")
+      ->capture_default_str()
+      ->transform(unsigned_integer());
   sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the checkpoint's)");
   sub->add_option("--limit-train", o->limit_train, "use only the first N training images")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(integer_in(0, train::kMaxCount));
   sub->add_option("--limit-test", o->limit_test, "evaluate on only the first N test images")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--log-every", o->log_every, "steps between log lines (default 50)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--threads", o->threads, "CPU threads per rank (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(integer_in(1, train::kMaxCount));
+  sub->add_option("--log-every", o->log_every, "steps between log lines")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxCount));
+  sub->add_option("--threads", o->threads, "CPU threads per rank")
+      ->capture_default_str()
+      ->transform(thread_count());
   sub->add_option("--nproc", o->nproc, "local ranks, data-parallel (runs quanta launch -n N)")
-      ->check(CLI::Range(1, 1024));
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxRanks));
+  add_dist_timeout_flag(*sub, o->dist_timeout);
+  sub->add_flag("--overwrite", o->overwrite,
+                "replace the adapters (and merged model) --out already holds instead of "
+                "refusing");
   sub->add_flag("--merge", o->merge,
                 "also write merged.safetensors, the float model with the "
                 "adapters merged in");

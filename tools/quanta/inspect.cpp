@@ -257,6 +257,10 @@ void add_inspect(CLI::App& app) {
       "inspect",
       "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
       "safetensors file; tensor data is not read");
+  sub->footer(
+      "Examples:\n"
+      "  quanta inspect runs/vq/checkpoint.safetensors\n"
+      "  quanta inspect runs/clf/nf4.safetensors --json   # NF4 bits per parameter included");
   sub->add_option("file", o->file, "the .safetensors file")->required();
   sub->add_flag("--json", o->json, "print one JSON object instead of a table");
   sub->callback([o] { run_inspect(*o); });

@@ -1,18 +1,22 @@
 // `quanta launch -n N [--master-port P] -- PROGRAM ARGS...`: starts N local
 // ranks with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS=1 unless set),
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS=1 unless set) plus a
+// random QUANTA_JOB_TOKEN for the rank-0 store,
 // prefixes every line they print with "[rank R] ", and when a rank fails
 // stops the others (SIGTERM, then SIGKILL after a grace period) and exits
 // with the failing rank's status (128 + signal for a rank killed by one).
+// SIGINT / SIGTERM are passed on to the ranks as SIGTERM; it then exits 0
+// when every rank exits 0. Ranks die with it (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -20,10 +24,14 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "dist_timeout.h"
+#include "flag_checks.h"
+#include "train/limits.h"
 
 extern char** environ;
 
@@ -40,6 +48,7 @@ void on_stop_signal(int sig) { g_stop_signal = sig; }
 struct LaunchCommand {
   int n = 1;
   int master_port = 0;
+  std::string dist_timeout;  // seconds; empty: the library's default
   std::vector<std::string> program;
 };
 
@@ -55,6 +64,21 @@ int free_port() {
     throw std::runtime_error("quanta launch: cannot find a free port; pass --master-port");
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// The job's shared secret for the rank-0 store (QUANTA_JOB_TOKEN): 128
+// random bits, so a process outside this job cannot join it or write to its
+// store. One already in the environment is kept (several launchers, one job).
+std::string job_token() {
+  if (const char* t = std::getenv("QUANTA_JOB_TOKEN"); t && *t) return t;
+  std::random_device rd;
+  std::string token;
+  for (int i = 0; i < 4; ++i) {
+    char word[9];
+    std::snprintf(word, sizeof word, "%08x", static_cast<unsigned>(rd()));
+    token += word;
+  }
+  return token;
 }
 
 struct Rank {
@@ -79,13 +103,15 @@ void flush_lines(std::string& buf, FILE* to, int rank, bool all) {
   std::fflush(to);
 }
 
-pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_w) {
+pid_t spawn_rank(const LaunchCommand& c, int rank, int port, const std::string& token, int out_w,
+                 int err_w) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
     if (key == "RANK" || key == "LOCAL_RANK" || key == "WORLD_SIZE" || key == "LOCAL_WORLD_SIZE" ||
-        key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "GROUP_RANK" || key == "ROLE_RANK")
+        key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "GROUP_RANK" || key == "ROLE_RANK" ||
+        key == "QUANTA_JOB_TOKEN")
       continue;
     env.push_back(kv);
   }
@@ -93,7 +119,7 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   for (const std::string& kv : std::vector<std::string>{
            "RANK=" + r, "LOCAL_RANK=" + r, "GROUP_RANK=0", "ROLE_RANK=" + r, "WORLD_SIZE=" + n,
            "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
-           "MASTER_PORT=" + std::to_string(port)})
+           "MASTER_PORT=" + std::to_string(port), "QUANTA_JOB_TOKEN=" + token})
     env.push_back(kv);
   // N ranks each with a full OpenMP pool oversubscribe the cores (torchrun too).
   if (!std::getenv("OMP_NUM_THREADS") && c.n > 1) env.push_back("OMP_NUM_THREADS=1");
@@ -104,34 +130,58 @@ pid_t spawn_rank(const LaunchCommand& c, int rank, int port, int out_w, int err_
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out_w, 1);
-  posix_spawn_file_actions_adddup2(&fa, err_w, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);  // own process group: stop its children too
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0)
+  // fork + exec rather than posix_spawn, for what only the child can do
+  // before exec: its own process group (stopping a rank stops its children)
+  // and death with the launcher. PR_SET_PDEATHSIG (kept across exec) has the
+  // kernel SIGKILL the rank when the thread that forked it dies, so a
+  // launcher killed outright (SIGKILL, the OOM killer) leaves no rank running
+  // under PID 1; quanta launch forks from its only thread. A launcher that
+  // died before prctl took effect is caught by getppid(). Between fork and
+  // exec only async-signal-safe calls.
+  const pid_t launcher = ::getpid();
+  int exec_error[2];  // the child writes errno here when exec fails
+  if (::pipe2(exec_error, O_CLOEXEC) != 0) throw std::runtime_error("quanta launch: pipe() failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(exec_error[0]);
+    ::close(exec_error[1]);
+    throw std::runtime_error("quanta launch: fork() failed: " + std::string(std::strerror(errno)));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) ::_exit(127);
+    if (::dup2(out_w, 1) < 0 || ::dup2(err_w, 2) < 0) ::_exit(127);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const int e = errno;
+    [[maybe_unused]] const ssize_t w = ::write(exec_error[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // from this side too, so kill(-pid) works at once
+  ::close(exec_error[1]);
+  int e = 0;
+  ssize_t k;
+  while ((k = ::read(exec_error[0], &e, sizeof e)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_error[0]);
+  if (k == sizeof e) {  // exec failed (end of file instead: it succeeded)
+    ::waitpid(pid, nullptr, 0);
     throw std::runtime_error("quanta launch: cannot start '" + c.program[0] +
-                             "': " + std::strerror(rc));
+                             "': " + std::strerror(e));
+  }
   return pid;
 }
 
 int run_launch(const LaunchCommand& c) {
   if (c.program.empty()) throw UsageError("quanta launch: give the program after --");
   const int port = c.master_port ? c.master_port : free_port();
+  const std::string token = job_token();
   std::vector<Rank> ranks(c.n);
   for (int r = 0; r < c.n; ++r) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
       throw std::runtime_error("quanta launch: pipe() failed");
     try {
-      ranks[r].pid = spawn_rank(c, r, port, out[1], err[1]);
+      ranks[r].pid = spawn_rank(c, r, port, token, out[1], err[1]);
     } catch (...) {
       for (int k = 0; k < r; ++k) ::kill(-ranks[k].pid, SIGKILL);
       throw;
@@ -209,7 +259,12 @@ int run_launch(const LaunchCommand& c) {
       break;  // orphaned writers
   }
   if (failed >= 0) return ranks[failed].status;
-  return g_stop_signal ? 128 + int(g_stop_signal) : 0;
+  // Stopped by a signal (a scheduler preempting the job): success when every
+  // rank stopped cleanly (quanta train writes its checkpoint and exits 0),
+  // else the first rank's status, as when a rank fails.
+  for (const Rank& rk : ranks)
+    if (rk.status != 0) return rk.status;
+  return 0;
 }
 
 }  // namespace
@@ -219,17 +274,26 @@ void add_launch(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("launch",
                                      "Start N local ranks of PROGRAM with torchrun's environment "
                                      "(quanta launch -n 2 -- prog args)");
-  sub->add_option("-n,--nproc", c->n, "number of ranks")->check(CLI::Range(1, 1024));
+  sub->add_option("-n,--nproc", c->n, "number of ranks")
+      ->capture_default_str()
+      ->transform(integer_in(1, train::kMaxRanks));
   sub->add_option("--master-port", c->master_port,
                   "port of the rank-0 store (default: a free port)")
-      ->check(CLI::Range(1, 65535));
+      ->transform(integer_in(1, 65535));
+  add_dist_timeout_flag(*sub, c->dist_timeout);
   sub->add_option("program", c->program, "the program and its arguments (after --)")->required();
   sub->footer(
-      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and "
-      "MASTER_PORT (and OMP_NUM_THREADS=1 unless set). Output lines are prefixed with "
+      "Examples:\n"
+      "  quanta launch -n 2 -- quanta train --steps 200 --out runs/two   # what --nproc 2 runs\n"
+      "  quanta launch -n 4 --dist-timeout 600 -- ./my_program --flag\n"
+      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, "
+      "MASTER_PORT and QUANTA_JOB_TOKEN (random per job unless set; the store refuses "
+      "processes without it) (and OMP_NUM_THREADS=1 unless set). Output lines are prefixed with "
       "[rank R]. When a rank fails, the others are stopped and quanta launch exits with the "
-      "failing rank's status.");
+      "failing rank's status. On SIGINT or SIGTERM the ranks get SIGTERM; quanta launch "
+      "exits 0 when every rank then exits 0. Ranks are killed when quanta launch dies.");
   sub->callback([c] {
+    apply_dist_timeout(c->dist_timeout);
     const int code = run_launch(*c);
     std::fflush(stdout);
     std::fflush(stderr);

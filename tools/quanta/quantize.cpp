@@ -338,12 +338,19 @@ void add_quantize(CLI::App& app) {
       "quantize",
       "NF4-quantize the 2-d '...weight' tensors of a safetensors checkpoint; print per-tensor "
       "RMSE / max abs error and the size before and after");
+  sub->footer(
+      "Examples:\n"
+      "  quanta quantize runs/clf/checkpoint.safetensors runs/clf/nf4.safetensors\n"
+      "  quanta quantize model.safetensors model_bnb.safetensors --format bnb --block-size 32\n"
+      "  quanta quantize in.safetensors out.safetensors --exclude head --no-double-quant");
   sub->add_option("in", o->in, "input .safetensors")->required();
   sub->add_option("out", o->out, "output .safetensors")->required();
   sub->add_option("--format", o->format,
-                  "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao");
+                  "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao")
+      ->capture_default_str();
   sub->add_option("--block-size", o->block_size,
-                  "elements per scale: 32 (bnb and torchao only), 64, 128 or 256");
+                  "elements per scale: 32 (bnb and torchao only), 64, 128 or 256")
+      ->capture_default_str();
   CLI::Option* dq = sub->add_flag(
       "--double-quant", o->double_quant,
       "double-quantize the block scales (the default for new weights; NF4 weights already in "

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -16,12 +15,17 @@
 #include <vector>
 
 #include "commands.h"
+#include "dist_timeout.h"
+#include "flag_checks.h"
+#include "quanta_config.h"
 #include "relaunch.h"
 #include "train/checkpoint.h"
 #include "train/classify.h"
 #include "train/config.h"
+#include "train/limits.h"
 #include "train/outputs.h"
 #include "train/quantizer_config.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace quanta::cli {
@@ -34,37 +38,33 @@ struct TrainFlags {
   std::string config_file;
   std::string out;
   bool resume = false;
+  bool overwrite = false;
   bool print_config = false;
+  std::string dist_timeout;  // seconds; empty: the library's default
   // Each given flag writes its value into the flags' config layer.
   std::vector<std::function<void(json&)>> apply;
 };
 
+// How --help shows a default: what default_config_json() holds, so the help
+// cannot drift from the value a run uses.
+enum class ShowDefault { yes, no };
+
 template <class T>
 CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
-                          const std::string& pointer, const std::string& help) {
+                          const std::string& pointer, const std::string& help,
+                          ShowDefault show = ShowDefault::yes) {
   auto value = std::make_shared<T>();
   CLI::Option* opt = sub->add_option(flag, *value, help);
+  static const json defaults = train::default_config_json();
+  const json::json_pointer at(pointer);
+  if (show == ShowDefault::yes && defaults.contains(at))
+    opt->default_str(defaults[at].is_string() ? defaults[at].get<std::string>()
+                                              : defaults[at].dump());
   f.apply.push_back([opt, value, pointer](json& layer) {
     if (opt->count() > 0) layer[json::json_pointer(pointer)] = *value;
   });
   return opt;
 }
-
-// CLI11's range checks print the whole double range; say it plainly.
-CLI::Validator above_zero(bool or_equal) {
-  const std::string want = or_equal ? ">= 0" : "> 0";
-  return CLI::Validator(
-      [or_equal, want](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (!or_equal && v == 0))
-          return "must be a number " + want + ", got '" + s + "'";
-        return "";
-      },
-      "");
-}
-const CLI::Validator kPositive = above_zero(false);
-const CLI::Validator kNonNegative = above_zero(true);
 
 std::string default_out_dir() {
   const std::time_t now = std::time(nullptr);
@@ -78,11 +78,16 @@ void run_train(const TrainFlags& f) {
   for (const auto& apply : f.apply) apply(layer);
   if (f.resume && f.out.empty())
     throw UsageError("--resume needs --out DIR, the folder of the run to continue");
+  if (f.resume && f.overwrite)
+    throw UsageError("--resume continues the run in --out, --overwrite replaces it: give one");
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
   if (f.task == "classify") {
     if (f.resume || !f.config_file.empty())
       throw UsageError("--task classify takes neither --resume nor --config");
     try {
+      if (!f.print_config && !f.overwrite)
+        train::refuse_to_replace_run(out, {train::kCheckpointFile},
+                                     "replace it with --overwrite, or choose another --out");
       train::run_classify_command(layer, out, f.print_config, ::isatty(STDOUT_FILENO) == 1,
                                   std::cout);
     } catch (const std::invalid_argument& e) {
@@ -113,13 +118,27 @@ void run_train(const TrainFlags& f) {
       throw UsageError("--resume cannot change the run it continues (" + diff + ")");
   }
   if (f.print_config) {
-    std::cout << config.dump(2) << "\n";
+    try {
+      std::cout << train::resolved_config(config).dump(2) << "\n";
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());  // options that do not fit the layer
+    }
     return;
   }
+  // Before --nproc starts the ranks (and, under a launcher, by every rank
+  // before the process group forms, so before rank 0 writes a file).
+  try {
+    if (!f.resume && !f.overwrite)
+      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
+                                   "continue it with --resume, or replace it with --overwrite");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  apply_dist_timeout(f.dist_timeout);
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
   if (nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(nproc));
-  train::TrainJob job{config, out, f.resume, ::isatty(STDOUT_FILENO) == 1};
+  train::TrainJob job{config, out, f.resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
   train::TrainResult r;
   try {
     r = train::run_training(job, std::cout);
@@ -154,11 +173,13 @@ void add_train(CLI::App& app) {
       "  quanta train --config run.json --lr 1e-3        # flags override the file\n"
       "  quanta train --resume --out runs/baseline --epochs 4   # continue a run\n"
       "Outputs: checkpoint.safetensors, metrics.jsonl, reconstructions.png,\n"
-      "codebook_usage.png, loss.png. Ctrl-C or SIGTERM finishes the step, writes the\n"
-      "checkpoint and exits; --resume continues exactly where it stopped.");
+      "codebook_usage.png, loss.png. A folder that holds a run is refused unless\n"
+      "--resume continues it or --overwrite replaces it. Ctrl-C or SIGTERM finishes the\n"
+      "step, writes the checkpoint and exits 0; --resume continues exactly where it stopped.");
   TrainFlags& t = *f;
-  sub->add_option("--task", t.task, "vqvae (default) or classify (the MLP classifier "
+  sub->add_option("--task", t.task, "vqvae or classify (the MLP classifier "
                                     "quanta finetune adapts, see docs/finetune.md)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"vqvae", "classify"}));
   sub->add_option("--config", t.config_file,
                   "JSON config file (keys as --print-config "
@@ -166,53 +187,59 @@ void add_train(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sub->add_option("--out", t.out, "output folder (default runs/YYYYmmdd-HHMMSS)");
   sub->add_flag("--resume", t.resume, "continue the run in --out from its checkpoint");
+  sub->add_flag("--overwrite", t.overwrite,
+                "replace the run --out already holds (its checkpoint and metrics.jsonl) "
+                "instead of refusing");
+  add_dist_timeout_flag(*sub, t.dist_timeout);
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
-  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total")->check(kPositive);
+  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total",
+                        ShowDefault::no)
+      ->transform(integer_in(1, train::kMaxSteps));
   add_override<int64_t>(sub, t, "--epochs", "/epochs",
-                        "passes over the training set "
-                        "(default 2)")
-      ->check(kPositive)
+                        "passes over the training set")
+      ->transform(integer_in(1, train::kMaxEpochs))
       ->excludes("--steps");
-  add_override<int64_t>(sub, t, "--batch-size", "/batch_size", "global batch size (default 64)")
-      ->check(kPositive);
-  add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate (default 2e-3)")
-      ->check(kPositive);
+  add_override<int64_t>(sub, t, "--batch-size", "/batch_size", "global batch size")
+      ->transform(integer_in(1, train::kMaxBatchSize));
+  add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate")
+      ->check(number_in(0, 1e6, true));
   add_override<uint64_t>(sub, t, "--seed", "/seed",
-                         "seed of the model init and the data "
-                         "order (default 0)");
+                         "seed of the model init and the data order")
+      ->transform(unsigned_integer());
   add_override<std::string>(sub, t, "--data", "/data",
-                            "folder with the Fashion-MNIST .gz files (default "
-                            "/usr/share/datasets/fashion-mnist)");
+                            "folder with the Fashion-MNIST .gz files");
   add_override<int64_t>(sub, t, "--limit-train", "/limit_train",
-                        "use only the first N training images")
-      ->check(kNonNegative);
+                        "use only the first N training images (default: all)",
+                        ShowDefault::no)
+      ->transform(integer_in(0, train::kMaxCount));
   add_override<int64_t>(sub, t, "--limit-test", "/limit_test",
-                        "evaluate on only the first N test images")
-      ->check(kPositive);
+                        "evaluate on only the first N test images (default: all)",
+                        ShowDefault::no)
+      ->transform(integer_in(1, train::kMaxCount));
   add_override<int64_t>(sub, t, "--log-every", "/log_every",
-                        "steps between log lines / metrics records (default 50)")
-      ->check(kPositive);
+                        "steps between log lines / metrics records")
+      ->transform(integer_in(1, train::kMaxCount));
   add_override<int64_t>(sub, t, "--eval-every", "/eval_every",
-                        "steps between evaluations + checkpoints (default 0: each epoch)")
-      ->check(kNonNegative);
-  add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads (default: all cores)")
-      ->check(kNonNegative);
-  add_override<std::string>(sub, t, "--device", "/device", "cpu (default), cuda or cuda:N: where the model and the batches live");
+                        "steps between evaluations + checkpoints (0: each epoch)")
+      ->transform(integer_in(0, train::kMaxCount));
+  add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads")->transform(thread_count());
+  add_override<std::string>(sub, t, "--device", "/device",
+                            "cpu, cuda or cuda:N: where the model and the batches live");
   add_override<int64_t>(
       sub, t, "--nproc", "/nproc",
       "ranks for data-parallel training on this machine (started through quanta launch; "
       "under torchrun/srun/mpirun the launcher's world size is used)")
-      ->check(kPositive);
+      ->transform(integer_in(1, train::kMaxRanks));
   add_override<int64_t>(sub, t, "--hidden", "/model/hidden",
-                        "channels of the hidden convolutions (default 32)")
-      ->check(kPositive);
+                        "channels of the hidden convolutions")
+      ->transform(integer_in(1, train::kMaxChannels));
   add_override<int64_t>(sub, t, "--dim", "/model/dim",
-                        "channels of the latent map the quantizer sees (default 16)")
-      ->check(kPositive);
+                        "channels of the latent map the quantizer sees")
+      ->transform(integer_in(1, train::kMaxChannels));
   std::string types;
   for (const auto& [name, what] : train::quantizer_types()) types += "\n  " + name + ": " + what;
   add_override<std::string>(sub, t, "--quantizer", "/quantizer/type",
-                            "quantizer type (default vq):" + types)
+                            "quantizer type:" + types)
       ->group("Quantizer options");
   // One flag per option of the table; each given flag sets quantizer.<key>.
   for (const train::QuantizerOption& opt : train::quantizer_options()) {
@@ -220,10 +247,16 @@ void add_train(CLI::App& app) {
     std::string applies;
     for (const auto& ty : opt.types) applies += (applies.empty() ? "" : ",") + ty;
     const std::string help = opt.help + " [" + applies + "]";
+    // Read as text (parse_option_value checks it against the table); named in
+    // --help by the type the table declares. Defaults depend on the type (see
+    // docs/train.md), so none is shown here.
     CLI::Option* o = opt.type == train::OptionType::boolean
-                         ? sub->add_flag("--" + train::flag_name(opt.key) + "{true}", *text,
+                         ? sub->add_flag("--" + train::flag_name(opt.key), *text,
                                          help + " (--flag or --flag=false)")
                          : sub->add_option("--" + train::flag_name(opt.key), *text, help);
+    if (opt.type == train::OptionType::integer) o->type_name("INT");
+    if (opt.type == train::OptionType::number) o->type_name("FLOAT");
+    if (opt.type == train::OptionType::integer_list) o->type_name("INT,INT,...");
     o->group("Quantizer options");
     t.apply.push_back([o, text, opt](json& layer) {
       if (o->count() == 0) return;

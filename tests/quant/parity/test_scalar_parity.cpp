@@ -33,8 +33,8 @@ std::vector<std::string> scalar_cases() {
 
 TEST_CASE("scalar quantizer parity with vector-quantize-pytorch 1.31.0") {
   const std::vector<std::string> files = scalar_cases();
-  // fsq x4, rfsq x1, lfq x4, rlfq x1 and their lookups (3 + 1 + 2 + 1).
-  CHECK(files.size() == 17);
+  // fsq x4, rfsq x1, lfq x5, rlfq x1 and their lookups (3 + 1 + 2 + 1).
+  CHECK(files.size() == 18);
   for (const std::string& path : files) {
     const quanta::parity::CaseResult r = quanta::parity::run_case(quanta::parity::load_case(path));
     std::ostringstream report;

@@ -27,6 +27,10 @@ ImageDataset load_fashion_mnist(const std::string& dir, Split split, int64_t lim
   if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
     throw std::runtime_error(images_path.string() +
                              ": expected images of shape [N, 28, 28]");
+  // An empty split would train on nothing or report "test mse n/a" as if
+  // the run had been measured.
+  if (images.dims[0] == 0)
+    throw std::runtime_error(images_path.string() + ": holds no images (the IDX header says 0)");
   if (labels.dims.size() != 1)
     throw std::runtime_error(labels_path.string() + ": expected labels of shape [N]");
   if (labels.dims[0] != images.dims[0])

@@ -28,8 +28,8 @@ enum class Split { train, test };
 /** Loads the first `limit` samples (all when limit < 0) of `split` from `dir`.
  * A folder without the files is one error that says how to install them
  * (apt-get install dataset-fashion-mnist) or to pass --data DIR; bad files
- * give read_idx's errors; images and labels must agree in count and the
- * images must be 28 x 28. */
+ * give read_idx's errors; images and labels must agree in count, the
+ * images must be 28 x 28, and a file of 0 images is an error. */
 ImageDataset load_fashion_mnist(const std::string& dir, Split split, int64_t limit = -1);
 
 }  // namespace quanta::data

@@ -4,8 +4,10 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <stdexcept>
 
 namespace quanta::data {
@@ -15,6 +17,8 @@ constexpr uint8_t kUnsignedByte = 0x08;
 // Fashion-MNIST has 60000 x 28 x 28; refuse headers that claim absurd sizes
 // before allocating (a corrupt header must not become a bad_alloc).
 constexpr uint64_t kMaxElements = uint64_t{1} << 34;
+// The data is read in pieces of this size (see read_idx).
+constexpr uint64_t kChunk = uint64_t{64} << 20;
 
 struct GzCloser {
   void operator()(gzFile f) const { gzclose(f); }
@@ -25,9 +29,10 @@ using GzHandle = std::unique_ptr<gzFile_s, GzCloser>;
   throw std::runtime_error(path + ": " + what);
 }
 
-// Reads exactly `n` bytes or fails saying what was being read.
-void read_exact(gzFile f, const std::string& path, uint8_t* out, uint64_t n,
-                const char* what) {
+// Reads exactly `n` bytes or fails saying what was being read. `before` of
+// `total` bytes of the same part came before (the data is read in chunks).
+void read_exact(gzFile f, const std::string& path, uint8_t* out, uint64_t n, const char* what,
+                uint64_t before = 0, uint64_t total = 0) {
   uint64_t got = 0;
   while (got < n) {
     const unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(n - got, 1u << 30));
@@ -39,11 +44,29 @@ void read_exact(gzFile f, const std::string& path, uint8_t* out, uint64_t n,
                      (msg ? msg : "zlib error") + ")");
     }
     if (r == 0) {
-      fail(path, std::string("truncated: the ") + what + " needs " + std::to_string(n) +
-                     " bytes, the file holds " + std::to_string(got));
+      fail(path, std::string("truncated: the ") + what + " needs " +
+                     std::to_string(total ? total : n) + " bytes, the file holds " +
+                     std::to_string(before + got));
     }
     got += static_cast<uint64_t>(r);
   }
+}
+
+// Refuses a header that declares more data than the file can hold, before
+// anything is allocated: a plain file must hold exactly `count` bytes after
+// the header; deflate cannot expand a byte into more than 1032, so a gzip
+// file of S bytes holds at most 1032 S.
+void check_size(const std::string& path, gzFile f, uint64_t header, uint64_t count) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return;  // not a regular file: the reads will tell
+  const bool plain = gzdirect(f) == 1;
+  const uint64_t room = plain ? (size > header ? size - header : 0) : size * 1032;
+  if (count > room)
+    fail(path,
+         "truncated: the IDX header declares " + std::to_string(count) + " bytes of data, " +
+             (plain ? "the file holds " + std::to_string(room) + " after the header"
+                    : "more than a gzip file of " + std::to_string(size) + " bytes can hold"));
 }
 
 }  // namespace
@@ -78,8 +101,21 @@ IdxArray read_idx(const std::string& path) {
     count *= n;
     if (count > kMaxElements) fail(path, "IDX dimensions claim more than 2^34 elements");
   }
-  a.data.resize(count);
-  read_exact(f.get(), path, a.data.data(), count, "IDX data");
+  check_size(path, f.get(), 4 + 4 * uint64_t(ndim), count);
+  // Read in chunks, the buffer growing with what arrives: a header that
+  // overstates a gzip file's content fails at its end, not in an allocation
+  // of the size it claims.
+  try {
+    for (uint64_t got = 0; got < count;) {
+      const uint64_t chunk = std::min<uint64_t>(count - got, kChunk);
+      a.data.resize(got + chunk);
+      read_exact(f.get(), path, a.data.data() + got, chunk, "IDX data", got, count);
+      got += chunk;
+    }
+  } catch (const std::bad_alloc&) {
+    fail(path, "out of memory for the " + std::to_string(count) +
+                   " bytes of IDX data its header declares");
+  }
   uint8_t extra;
   const int r = gzread(f.get(), &extra, 1);
   if (r < 0) fail(path, "corrupt gzip data after the IDX data");

@@ -1,6 +1,14 @@
 #pragma once
 // A small RGB drawing surface for the training plots: filled rectangles,
 // lines and text in a built-in 5x7 pixel font.
+//
+// Why not cairo (Debian's libcairo2-dev): it would draw anti-aliased lines
+// and real fonts, but it brings 20 more packages (X11, fontconfig, freetype,
+// pixman) to CI and to every user who builds the tools, and the output would
+// then depend on the fonts installed. Three fixed-layout figures need lines,
+// rectangles and capital-letter labels; this file (and plot.cpp, grid.cpp)
+// does that in ~400 tested lines, and libpng (already a dependency) writes
+// the PNGs. Revisit if the figures need curves, transparency or real text.
 #include <cstdint>
 #include <string>
 

@@ -56,4 +56,35 @@ Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions
   return image_grid(cat(rows, 0).to(DType::f32), cols, 2, scale);
 }
 
+Canvas reconstruction_figure(const Tensor& originals, const Tensor& reconstructions,
+                             int64_t cols, const std::string& caption, int64_t scale) {
+  const Image grid = reconstruction_grid(originals, reconstructions, cols, scale);
+  constexpr int64_t kPad = 2;    // reconstruction_grid's gap between tiles
+  constexpr int64_t kLabels = 32;  // left margin for IN / OUT
+  constexpr int64_t kCaption = 22;  // top band
+  const Rgb ink{40, 40, 40};
+  const int64_t width =
+      std::max(kLabels + grid.width, Canvas::text_width(caption) + 2 * kLabels / 4);
+  Canvas c(width, kCaption + grid.height);
+  for (int64_t y = 0; y < grid.height; ++y)
+    for (int64_t x = 0; x < grid.width; ++x) {
+      const uint8_t v = *grid.at(x, y);
+      c.set(kLabels + x, kCaption + y, {v, v, v});
+    }
+  c.text(kLabels / 4, (kCaption - Canvas::text_height()) / 2, caption, ink);
+  const int64_t n = originals.dim() == 4 ? originals.size(0) : 0;
+  if (n > 0) {
+    const int64_t tile = originals.size(2) * scale;
+    const int64_t rows = 2 * ((n + std::max<int64_t>(1, std::min(cols, n)) - 1) /
+                              std::max<int64_t>(1, std::min(cols, n)));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t mid = kCaption + kPad + r * (tile + kPad) + tile / 2;
+      const std::string label = r % 2 == 0 ? "IN" : "OUT";
+      c.text((kLabels - Canvas::text_width(label)) / 2, mid - Canvas::text_height() / 2, label,
+             ink);
+    }
+  }
+  return c;
+}
+
 }  // namespace quanta::image

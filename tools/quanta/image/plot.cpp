@@ -73,14 +73,35 @@ void draw_frame(Canvas& c, const Axes& a, const PlotSpec& spec,
   c.text(4, a.y0 - 12, spec.y_label, kText);
 }
 
-std::vector<double> decade_ticks(double lo, double hi) {
-  std::vector<double> t;
-  for (double e = std::floor(std::log10(lo)); e <= std::ceil(std::log10(hi)); ++e)
-    t.push_back(std::pow(10.0, e));
-  return t;
+// A line `width` pixels thick: the one-pixel line, repeated one row down.
+void thick_line(Canvas& c, int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb color,
+                int width) {
+  for (int d = 0; d < std::max(1, width); ++d) c.line(x0, y0 + d, x1, y1 + d, color);
 }
 
 }  // namespace
+
+std::vector<double> log_ticks(double lo, double hi) {
+  // Every integer mantissa within one decade, 1, 2 and 5 up to two decades,
+  // whole decades beyond, where more would crowd the axis.
+  const double decades = std::log10(hi) - std::log10(lo);
+  const std::vector<double> mantissas = decades <= 1.0   ? std::vector<double>{1, 2, 3, 4, 5,
+                                                                               6, 7, 8, 9}
+                                        : decades <= 2.0 ? std::vector<double>{1, 2, 5}
+                                                         : std::vector<double>{1};
+  std::vector<double> all;
+  for (double e = std::floor(std::log10(lo)) - 1; e <= std::ceil(std::log10(hi)) + 1; ++e)
+    for (double m : mantissas) all.push_back(m * std::pow(10.0, e));
+  // The ticks just below lo and just above hi bound the axis.
+  std::vector<double> t;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool below_next = i + 1 < all.size() && all[i + 1] <= lo * (1 + 1e-12);
+    const bool above_prev = i > 0 && all[i - 1] >= hi * (1 - 1e-12);
+    if (!below_next && !above_prev) t.push_back(all[i]);
+  }
+  if (t.size() == 1) t.push_back(t.front() * 10);  // lo == hi on a tick: one decade
+  return t;
+}
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
   const double raw = (hi - lo) / std::max(1, max_ticks - 1);
@@ -107,15 +128,15 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec) {
       xlo = std::min(xlo, s.x[i]), xhi = std::max(xhi, s.x[i]);
       ylo = std::min(ylo, s.y[i]), yhi = std::max(yhi, s.y[i]);
     }
-  if (!(ylo > 0)) log_y = false;
+  if (!(ylo > 0) || !std::isfinite(ylo) || !std::isfinite(yhi)) log_y = false;
   widen(xlo, xhi);
   std::vector<double> yticks;
   if (log_y) {
-    // Whole decades, so every tick label is a power of ten.
-    ylo = std::pow(10.0, std::floor(std::log10(ylo)));
-    yhi = std::pow(10.0, std::ceil(std::log10(yhi)));
+    // The axis runs from the tick at or below the data to the one at or
+    // above it, so a curve between 0.006 and 0.01 fills the plot.
     if (yhi <= ylo) yhi = ylo * 10;
-    yticks = decade_ticks(ylo, yhi);
+    yticks = log_ticks(ylo, yhi);
+    ylo = yticks.front(), yhi = yticks.back();
   } else {
     widen(ylo, yhi);
     yticks = nice_ticks(ylo, yhi);
@@ -136,8 +157,8 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec) {
         continue;
       }
       const int64_t x = a.px(s.x[i]), y = a.py(s.y[i]);
-      if (have_prev) c.line(prev_x, prev_y, x, y, s.color);
-      if (s.markers) c.fill_rect(x - 2, y - 2, x + 2, y + 2, s.color);
+      if (have_prev) thick_line(c, prev_x, prev_y, x, y, s.color, s.width);
+      if (s.markers) c.fill_rect(x - 3, y - 3, x + 3, y + 3, s.color);
       prev_x = x, prev_y = y, have_prev = true;
     }
   }
@@ -145,7 +166,7 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec) {
     int64_t y = a.y0 + 8;
     for (const Series& s : series) {
       const int64_t x = a.x1 - 10 - Canvas::text_width(s.name) - 22;
-      c.fill_rect(x, y + 2, x + 16, y + 4, s.color);
+      c.fill_rect(x, y + 2, x + 16, y + 3 + std::max(1, s.width), s.color);
       c.text(x + 22, y, s.name, kText);
       y += 14;
     }

@@ -17,6 +17,8 @@ struct Series {
   Rgb color{31, 119, 180};
   /** Draw a small square at each point as well as the line. */
   bool markers = false;
+  /** Line thickness in pixels. */
+  int width = 1;
 };
 
 /** Titles, size and axis kind of a plot. */
@@ -26,13 +28,18 @@ struct PlotSpec {
   std::string y_label;
   int64_t width = 720;
   int64_t height = 440;
-  /** Logarithmic y axis (decades); falls back to linear when a value is <= 0. */
+  /** Logarithmic y axis (log_ticks); falls back to linear when a value is <= 0. */
   bool log_y = false;
 };
 
 /** "Nice" tick positions covering [lo, hi]: multiples of 1, 2 or 5 times a
  * power of ten, at most about `max_ticks` of them; lo < hi. */
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks = 6);
+
+/** Ticks of a logarithmic axis covering [lo, hi] (0 < lo <= hi): 1..9 times
+ * powers of ten within one decade, 1, 2 and 5 times up to two, whole decades
+ * beyond; the first is at or below lo, the last at or above hi. */
+std::vector<double> log_ticks(double lo, double hi);
 
 /** A line plot of `series` with axes, tick labels, titles and a legend (when
  * there is more than one series). An empty plot still has its axes. */

@@ -1,5 +1,7 @@
 #include "train/checkpoint.h"
 
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "engine/io/safetensors.h"
@@ -25,6 +27,7 @@ void save_checkpoint(const std::string& path, const Module& model,
       {"rng", info.rng.dump()},
   };
   if (!info.results.empty()) meta["results"] = info.results.dump();
+  if (!info.log_window.empty()) meta["log_window"] = info.log_window.dump();
   io::save_safetensors(path, tensors, meta);
 }
 
@@ -49,6 +52,8 @@ Checkpoint load_checkpoint(const std::string& path, const std::string& format) {
     ck.info.epoch = std::stoll(meta("epoch"));
     if (auto it = file.metadata.find("results"); it != file.metadata.end())
       ck.info.results = nlohmann::json::parse(it->second);
+    if (auto it = file.metadata.find("log_window"); it != file.metadata.end())
+      ck.info.log_window = nlohmann::json::parse(it->second);
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
@@ -78,6 +83,44 @@ std::unique_ptr<VqVae> restore_model(const Checkpoint& ck, const std::string& pa
   model->quantizer().load_extra_state(ck.info.rng.value("quantizer", nlohmann::json::object()));
   model->eval();
   return model;
+}
+
+std::vector<std::string> non_finite_tensors(const Checkpoint& ck) {
+  std::vector<std::string> bad;
+  for (const auto& [name, t] : ck.model) {
+    if (!is_floating(t.dtype())) continue;
+    for (double v : t.to_vector<double>())
+      if (!std::isfinite(v)) {
+        bad.push_back("model." + name);
+        break;
+      }
+  }
+  return bad;
+}
+
+std::string non_finite_summary(const Checkpoint& ck, const std::string& path) {
+  const std::vector<std::string> bad = non_finite_tensors(ck);
+  if (bad.empty()) return "";
+  std::string s = path + ": '" + bad.front() + "' holds NaN or Inf values";
+  if (bad.size() > 1) s += " (and " + std::to_string(bad.size() - 1) + " more tensors)";
+  return s;
+}
+
+std::string model_fingerprint(const Checkpoint& ck) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  for (const auto& [name, t] : ck.model) {
+    mix(name.data(), name.size() + 1);  // the terminating zero separates names
+    for (int64_t d : t.shape()) mix(&d, sizeof d);
+    const Tensor c = t.is_contiguous() ? t : t.contiguous();
+    mix(c.raw_data(), c.nbytes());
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
 }
 
 }  // namespace quanta::train

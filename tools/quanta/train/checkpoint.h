@@ -8,13 +8,15 @@
 //   step, epoch    optimizer steps done, epochs begun
 //   data_order     how batches are drawn (documentation of batch_indices())
 //   rng            the run's random state, JSON (seed; quantizer extra state)
+//   log_window     optional: the sums of the metrics record in progress, JSON
+//                  (so a resumed run's next record covers the same steps)
 //   results        optional: measured figures, JSON (classifier test accuracy)
 // Written atomically (io::save_safetensors), so a crash mid-write leaves the
 // previous checkpoint intact.
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "engine/nn/module.h"
 #include "engine/optim/optimizer.h"
@@ -35,6 +37,9 @@ struct CheckpointInfo {
   std::string format = kCheckpointFormat;
   /** Figures measured at the end of the run; written when not empty. */
   nlohmann::json results = nlohmann::json::object();
+  /** The partial sums of the next metrics record (trainer.cpp); written
+   * when not empty. */
+  nlohmann::json log_window = nlohmann::json::object();
 };
 
 /** Writes `model`, `optimizer` (may be null: no optimizer state) and `info`
@@ -53,6 +58,19 @@ struct Checkpoint {
  * `path`. */
 Checkpoint load_checkpoint(const std::string& path,
                            const std::string& format = kCheckpointFormat);
+
+/** The model tensors of `ck` (floating ones) that hold a NaN or an Inf, in
+ * file order: a model that trained into NaN, or a damaged file. */
+std::vector<std::string> non_finite_tensors(const Checkpoint& ck);
+
+/** "'model.x' holds NaN or Inf values" (and how many more do) for errors and
+ * warnings about `ck` at `path`; empty when every tensor is finite. */
+std::string non_finite_summary(const Checkpoint& ck, const std::string& path);
+
+/** A 64-bit FNV-1a hash of the model tensors of `ck` (names, shapes and
+ * bytes), as 16 hex digits: `quanta encode` records it so that `decode` can
+ * tell codes made by another model. */
+std::string model_fingerprint(const Checkpoint& ck);
 
 /** The model a checkpoint holds, rebuilt from its config and loaded, in eval
  * mode; errors name `path`. */

@@ -1,5 +1,6 @@
 #include "train/classify.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
 #include "train/checkpoint.h"
+#include "train/limits.h"
 #include "train/outputs.h"
 #include "train/progress.h"
 #include "train/trainer.h"
@@ -21,11 +23,18 @@ namespace {
 
 using nlohmann::json;
 
-int64_t int_at(const json& j, const char* key, int64_t min) {
+// An integer in [min, max] (limits.h).
+int64_t int_at(const json& j, const char* key, int64_t min, int64_t max) {
   const json& v = j.at(key);
-  if (!v.is_number_integer() || v.get<int64_t>() < min)
-    throw std::invalid_argument("[classify] '" + std::string(key) + "' must be an integer >= " +
-                                std::to_string(min) + ", got " + v.dump());
+  // JSON's non-negative integers are held unsigned.
+  const bool ok = v.is_number_unsigned()
+                      ? v.get<uint64_t>() >= uint64_t(std::max<int64_t>(min, 0)) &&
+                            v.get<uint64_t>() <= uint64_t(max)
+                      : v.is_number_integer() && v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  if (!ok)
+    throw std::invalid_argument("[classify] '" + std::string(key) + "' must be an integer from " +
+                                std::to_string(min) + " to " + std::to_string(max) + ", got " +
+                                v.dump());
   return v.get<int64_t>();
 }
 
@@ -54,7 +63,7 @@ ClassifyConfig classify_config(const json& flags) {
   for (const char* key : {"data", "limit_train", "limit_test", "steps", "batch_size", "lr", "seed",
                           "log_every", "threads"})
     if (flags.contains(key)) j[key] = flags[key];
-  if (flags.contains("epochs")) epochs = int_at(flags, "epochs", 1);
+  if (flags.contains("epochs")) epochs = int_at(flags, "epochs", 1, kMaxEpochs);
   c = classify_config_from_json(j);
   if (c.limit_test == 0) throw std::invalid_argument("--limit-test must not be 0");
   if (epochs > 0) {
@@ -84,16 +93,16 @@ ClassifyConfig classify_config_from_json(const json& j) {
   ClassifyConfig c;
   try {
     c.data = j.at("data").get<std::string>();
-    c.limit_train = int_at(j, "limit_train", -1);
-    c.limit_test = int_at(j, "limit_test", -1);
-    c.steps = int_at(j, "steps", 1);
-    c.batch_size = int_at(j, "batch_size", 1);
+    c.limit_train = int_at(j, "limit_train", -1, kMaxCount);
+    c.limit_test = int_at(j, "limit_test", -1, kMaxCount);
+    c.steps = int_at(j, "steps", 1, kMaxSteps);
+    c.batch_size = int_at(j, "batch_size", 1, kMaxBatchSize);
     c.lr = j.at("lr").get<double>();
     c.seed = j.at("seed").get<uint64_t>();
-    c.log_every = int_at(j, "log_every", 1);
-    c.threads = int_at(j, "threads", 0);
-    c.model.hidden1 = int_at(j.at("model"), "hidden1", 1);
-    c.model.hidden2 = int_at(j.at("model"), "hidden2", 1);
+    c.log_every = int_at(j, "log_every", 1, kMaxCount);
+    c.threads = int_at(j, "threads", 0, kMaxThreads);
+    c.model.hidden1 = int_at(j.at("model"), "hidden1", 1, kMaxChannels);
+    c.model.hidden2 = int_at(j.at("model"), "hidden2", 1, kMaxChannels);
   } catch (const json::exception& e) {
     throw std::invalid_argument(std::string("[classify] bad config: ") + e.what());
   }

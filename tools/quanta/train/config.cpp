@@ -1,10 +1,13 @@
 #include "train/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 #include "data/fashion_mnist.h"
+#include "train/limits.h"
+#include "train/quantizer.h"
 #include "train/quantizer_config.h"
 
 namespace quanta::train {
@@ -30,11 +33,18 @@ std::string dump(const json& v) {
   throw std::invalid_argument("[config] '" + key + "' must be " + want + ", got " + dump(v));
 }
 
-int64_t get_int(const json& j, const std::string& key, int64_t min) {
+// An integer in [min, max] (limits.h: beyond max, the run's arithmetic
+// could overflow). JSON's non-negative integers are held unsigned.
+int64_t get_int(const json& j, const std::string& key, int64_t min, int64_t max) {
   const json& v = j.at(key);
-  if (!v.is_number_integer() || v.get<int64_t>() < min)
+  const bool below = !v.is_number_integer() ||
+                     (v.is_number_unsigned() ? min > 0 && v.get<uint64_t>() < uint64_t(min)
+                                             : v.get<int64_t>() < min);
+  if (below)
     bad(key, min == 0 ? "an integer >= 0" : min > 0 ? "a positive integer" : "an integer >= -1",
         v);
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(max) : v.get<int64_t>() > max)
+    bad(key, "at most " + std::to_string(max), v);
   return v.get<int64_t>();
 }
 
@@ -98,31 +108,32 @@ TrainConfig config_from_json(const json& j) {
   TrainConfig c;
   if (!j["data"].is_string()) bad("data", "a folder name", j["data"]);
   c.data = j["data"].get<std::string>();
-  c.limit_train = get_int(j, "limit_train", -1);
-  c.limit_test = get_int(j, "limit_test", -1);
-  c.steps = get_int(j, "steps", 0);
-  c.epochs = get_int(j, "epochs", 0);
+  c.limit_train = get_int(j, "limit_train", -1, kMaxCount);
+  c.limit_test = get_int(j, "limit_test", -1, kMaxCount);
+  c.steps = get_int(j, "steps", 0, kMaxSteps);
+  c.epochs = get_int(j, "epochs", 0, kMaxEpochs);
   if ((c.steps > 0) == (c.epochs > 0))
     throw std::invalid_argument("[config] set exactly one of steps and epochs (> 0), got steps " +
                                 std::to_string(c.steps) + " and epochs " +
                                 std::to_string(c.epochs));
-  c.batch_size = get_int(j, "batch_size", 1);
-  if (!j["lr"].is_number() || !(j["lr"].get<double>() > 0)) bad("lr", "a positive number", j["lr"]);
+  c.batch_size = get_int(j, "batch_size", 1, kMaxBatchSize);
+  if (!j["lr"].is_number() || !(j["lr"].get<double>() > 0) || !std::isfinite(j["lr"].get<double>()))
+    bad("lr", "a positive number", j["lr"]);
   c.lr = j["lr"].get<double>();
   if (!j["seed"].is_number_unsigned()) bad("seed", "an integer >= 0", j["seed"]);
   c.seed = j["seed"].get<uint64_t>();
-  c.log_every = get_int(j, "log_every", 1);
-  c.eval_every = get_int(j, "eval_every", 0);
-  c.threads = get_int(j, "threads", 0);
+  c.log_every = get_int(j, "log_every", 1, kMaxCount);
+  c.eval_every = get_int(j, "eval_every", 0, kMaxCount);
+  c.threads = get_int(j, "threads", 0, kMaxThreads);
   if (!j["device"].is_string()) bad("device", "\"cpu\" or \"cuda\"", j["device"]);
   c.device = j["device"].get<std::string>();
-  c.nproc = get_int(j, "nproc", 1);
+  c.nproc = get_int(j, "nproc", 1, kMaxRanks);
   check_keys(j["model"], kModelKeys, "model");
   for (const char* k : kModelKeys)
     if (!j["model"].contains(k))
       throw std::invalid_argument(std::string("[config] missing key 'model.") + k + "'");
-  c.model.hidden = get_int(j["model"], "hidden", 1);
-  c.model.dim = get_int(j["model"], "dim", 1);
+  c.model.hidden = get_int(j["model"], "hidden", 1, kMaxChannels);
+  c.model.dim = get_int(j["model"], "dim", 1, kMaxChannels);
   validate_quantizer_config(j["quantizer"]);
   c.quantizer = j["quantizer"];
   return c;
@@ -167,6 +178,13 @@ std::string resume_conflict(const json& checkpoint, const json& now) {
     if (a != b) return std::string(k) + ": checkpoint " + dump(a) + ", now " + dump(b);
   }
   return "";
+}
+
+nlohmann::json resolved_config(const nlohmann::json& config) {
+  const TrainConfig c = config_from_json(config);
+  nlohmann::json out = config_to_json(c);
+  out["quantizer"] = resolved_quantizer_config(c.quantizer, c.model.dim);
+  return out;
 }
 
 }  // namespace quanta::train

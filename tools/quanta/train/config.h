@@ -59,6 +59,11 @@ TrainConfig config_from_json(const nlohmann::json& j);
 /** The config object of `c` (round-trips through config_from_json). */
 nlohmann::json config_to_json(const TrainConfig& c);
 
+/** `config` (validated) with the quantizer's options resolved: the defaults
+ * its type fills in written out (resolved_quantizer_config). What
+ * --print-config prints and metrics.jsonl's header records. */
+nlohmann::json resolved_config(const nlohmann::json& config);
+
 /** Reads a JSON config file; errors name the file. */
 nlohmann::json read_config_file(const std::string& path);
 

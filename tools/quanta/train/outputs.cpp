@@ -50,8 +50,9 @@ void append_metric(const std::string& path, const nlohmann::json& record) {
 }
 
 void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>& records) {
-  image::Series train{"train loss", {}, {}, {31, 119, 180}, false};
-  image::Series test{"test mse", {}, {}, {214, 39, 40}, true};
+  image::Series train{"train loss", {}, {}, {31, 119, 180}, false, 1};
+  // Few points against hundreds: thicker, with markers, its last value named.
+  image::Series test{"test mse", {}, {}, {214, 39, 40}, true, 2};
   for (const auto& r : records) {
     const std::string kind = r.value("kind", "");
     if (kind == "train" && r["loss"].is_number()) {
@@ -62,20 +63,28 @@ void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>&
       test.y.push_back(r["test_mse"].get<double>());
     }
   }
+  if (!test.y.empty()) test.name += " (last " + fmt_metric(test.y.back(), 5) + ")";
   image::PlotSpec spec{"loss", "step", "loss (log scale)", 720, 440, true};
   image::write_png(path, image::line_plot({train, test}, spec).image());
 }
 
 void write_usage_plot(const std::string& path, const EvalResult& eval,
                       const std::string& quantizer_type) {
-  image::PlotSpec spec{"codebook usage (test set)", "code index", "count", 720, 440, false};
+  std::string title = "codebook usage (test set)";
+  if (!eval.code_totals.empty()) {
+    title = "test set: ";
+    title += fmt_metric(100.0 * eval.usage, 1);
+    title += "% of codes used, perplexity ";
+    title += fmt_metric(eval.perplexity, 1);
+  }
+  image::PlotSpec spec{title, "code index", "count", 720, 440, false};
   const std::string note =
       eval.code_totals.empty() ? "no codebook (quantizer " + quantizer_type + ")" : "";
   image::write_png(path, image::bar_chart(eval.code_totals, spec, note).image());
 }
 
 void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
-                           int64_t n) {
+                           const std::string& caption, int64_t n) {
   const Tensor x = images.narrow(0, 0, std::min(n, images.size(0)));
   const bool was_training = model.is_training();
   model.eval();
@@ -85,7 +94,7 @@ void write_reconstructions(const std::string& path, VqVae& model, const Tensor& 
     y = model.forward(x.to(model.parameters().front().device())).to(Device::cpu());
   }
   model.train(was_training);
-  image::write_png(path, image::reconstruction_grid(x, y, 8));
+  image::write_png(path, image::reconstruction_figure(x, y, 8, caption).image());
 }
 
 std::string fmt_metric(double v, int digits) {

@@ -19,7 +19,7 @@ inline constexpr const char* kReconstructionsFile = "reconstructions.png";
 inline constexpr const char* kUsageFile = "codebook_usage.png";
 inline constexpr const char* kLossFile = "loss.png";
 
-/** The records of a metrics file, in order ("kind": "train" or "eval");
+/** The records of a metrics file, in order ("kind": "header", "train" or "eval");
  * an absent file gives none; a malformed line is an error naming the file. */
 std::vector<nlohmann::json> read_metrics(const std::string& path);
 /** Rewrites `path` with `records` (atomically: temporary file and rename). */
@@ -36,9 +36,11 @@ void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>&
 void write_usage_plot(const std::string& path, const EvalResult& eval,
                       const std::string& quantizer_type);
 
-/** Up to `n` test images (rows of 8) above their reconstructions by `model`. */
+/** Up to `n` test images (rows of 8) above their reconstructions by `model`,
+ * rows labelled IN / OUT, under `caption` (what made them: the quantizer, the
+ * step, the test MSE). */
 void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
-                           int64_t n = 16);
+                           const std::string& caption, int64_t n = 16);
 
 /** A metric for printing: "n/a" for NaN, else printf("%.*f"). */
 std::string fmt_metric(double v, int digits);

@@ -14,21 +14,30 @@ namespace quanta::train {
 
 namespace detail {
 
-int64_t option_int(const nlohmann::json& config, const std::string& key, int64_t fallback) {
-  return config.contains(key) ? config[key].get<int64_t>() : fallback;
+void QuantizerOptions::record(const std::string& key, const nlohmann::json& value) {
+  if (!given_.contains(key)) resolved_[key] = value;
 }
 
-double option_number(const nlohmann::json& config, const std::string& key, double fallback) {
-  return config.contains(key) ? config[key].get<double>() : fallback;
+int64_t option_int(QuantizerOptions& config, const std::string& key, int64_t fallback) {
+  if (fallback != 0) config.record(key, fallback);
+  return config.given().contains(key) ? config.given()[key].get<int64_t>() : fallback;
 }
 
-bool option_bool(const nlohmann::json& config, const std::string& key, bool fallback) {
-  return config.contains(key) ? config[key].get<bool>() : fallback;
+double option_number(QuantizerOptions& config, const std::string& key, double fallback) {
+  config.record(key, fallback);
+  return config.given().contains(key) ? config.given()[key].get<double>() : fallback;
 }
 
-std::vector<int64_t> option_list(const nlohmann::json& config, const std::string& key,
+bool option_bool(QuantizerOptions& config, const std::string& key, bool fallback) {
+  config.record(key, fallback);
+  return config.given().contains(key) ? config.given()[key].get<bool>() : fallback;
+}
+
+std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& key,
                                  const std::vector<int64_t>& fallback) {
-  return config.contains(key) ? config[key].get<std::vector<int64_t>>() : fallback;
+  config.record(key, fallback);
+  return config.given().contains(key) ? config.given()[key].get<std::vector<int64_t>>()
+                                      : fallback;
 }
 
 Generator layer_generator(uint64_t seed) { return Generator::named(seed, "quantizer"); }
@@ -94,18 +103,38 @@ Tensor NoQuantizer::decode(const Tensor&) {
       "(--quantizer vq, fsq, lfq, ...)");
 }
 
-std::unique_ptr<TrainQuantizer> make_quantizer(const nlohmann::json& config, int64_t dim,
-                                               uint64_t seed) {
+namespace {
+
+// make_quantizer, reading the options through `options`.
+std::unique_ptr<TrainQuantizer> build(detail::QuantizerOptions& options, int64_t dim,
+                                      uint64_t seed) {
+  const nlohmann::json& config = options.given();
   validate_quantizer_config(config);
   const std::string type = config.at("type").get<std::string>();
   if (dim <= 0)
     throw std::invalid_argument("[quantizer] feature dim must be positive, got " +
                                 std::to_string(dim));
   if (type == "none") return std::make_unique<NoQuantizer>();
-  if (auto q = detail::make_vq_family(type, config, dim, seed)) return q;
-  if (auto q = detail::make_scalar_family(type, config, dim, seed)) return q;
+  if (auto q = detail::make_vq_family(type, options, dim, seed)) return q;
+  if (auto q = detail::make_scalar_family(type, options, dim, seed)) return q;
   throw std::invalid_argument("[quantizer] '" + type + "' is not available (available: " +
                               available_quantizer_types() + ")");
+}
+
+}  // namespace
+
+std::unique_ptr<TrainQuantizer> make_quantizer(const nlohmann::json& config, int64_t dim,
+                                               uint64_t seed) {
+  detail::QuantizerOptions options(config);
+  return build(options, dim, seed);
+}
+
+nlohmann::json resolved_quantizer_config(const nlohmann::json& config, int64_t dim) {
+  // The adapters record each default as they read it: building the layer
+  // (small: codebooks of a few thousand floats) is the one way to know them.
+  detail::QuantizerOptions options(config);
+  build(options, dim, 0);
+  return options.resolved();
 }
 
 }  // namespace quanta::train

@@ -65,6 +65,10 @@ class TrainQuantizer {
 std::unique_ptr<TrainQuantizer> make_quantizer(const nlohmann::json& config, int64_t dim,
                                                uint64_t seed);
 
+/** `config` with every option the layer built from it uses, given or
+ * defaulted (what --print-config shows); validated as make_quantizer does. */
+nlohmann::json resolved_quantizer_config(const nlohmann::json& config, int64_t dim);
+
 /** `--quantizer none`: the identity (a plain autoencoder baseline); no
  * codes, empty indices, zero auxiliary loss. */
 class NoQuantizer : public TrainQuantizer {

@@ -16,12 +16,31 @@
 
 namespace quanta::train::detail {
 
+/** A validated "quantizer" object as an adapter reads it: every option read
+ * is recorded with the value used, given or the adapter's default, so the
+ * configuration a run resolves to can be shown (resolved_quantizer_config). */
+class QuantizerOptions {
+ public:
+  explicit QuantizerOptions(const nlohmann::json& given) : given_(given), resolved_(given) {}
+  const nlohmann::json& given() const { return given_; }
+  /** The given object plus every default an adapter read. */
+  const nlohmann::json& resolved() const { return resolved_; }
+  /** Records `value` for `key` unless the config gave one. */
+  void record(const std::string& key, const nlohmann::json& value);
+
+ private:
+  const nlohmann::json& given_;
+  nlohmann::json resolved_;
+};
+
 /** Option `key` of `config`, or `fallback` when absent (the config is
- * validated: present values have the right JSON type). */
-int64_t option_int(const nlohmann::json& config, const std::string& key, int64_t fallback);
-double option_number(const nlohmann::json& config, const std::string& key, double fallback);
-bool option_bool(const nlohmann::json& config, const std::string& key, bool fallback);
-std::vector<int64_t> option_list(const nlohmann::json& config, const std::string& key,
+ * validated: present values have the right JSON type). A fallback of 0 for
+ * an integer means "derived" (codebook_dim: from the latent) and is not
+ * recorded, as no config could spell it. */
+int64_t option_int(QuantizerOptions& config, const std::string& key, int64_t fallback);
+double option_number(QuantizerOptions& config, const std::string& key, double fallback);
+bool option_bool(QuantizerOptions& config, const std::string& key, bool fallback);
+std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& key,
                                  const std::vector<int64_t>& fallback);
 
 /** The seed of the layer built for a run seeded with `seed` (its parameters,
@@ -70,11 +89,11 @@ class StepKeyedQuantizer : public TrainQuantizer {
 
 /** The VQ family: "vq", "rvq", "grvq", "simvq"; null for other types. */
 std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type,
-                                               const nlohmann::json& config, int64_t dim,
+                                               QuantizerOptions& config, int64_t dim,
                                                uint64_t seed);
 /** The scalar family: "fsq", "rfsq", "lfq", "rlfq"; null for other types. */
 std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type,
-                                                   const nlohmann::json& config, int64_t dim,
+                                                   QuantizerOptions& config, int64_t dim,
                                                    uint64_t seed);
 
 }  // namespace quanta::train::detail

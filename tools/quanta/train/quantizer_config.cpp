@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -32,6 +33,19 @@ const char* type_word(OptionType t) {
 std::string short_dump(const nlohmann::json& v) {
   std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// Integer options are sizes and counts; far above any real one, low enough
+// that a codebook's element count cannot overflow.
+constexpr int64_t kMaxIntegerOption = int64_t{1} << 24;
+
+// An integer JSON value in [lo, hi] (JSON's non-negative integers are held
+// unsigned).
+bool integer_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() >= uint64_t(std::max<int64_t>(lo, 0)) &&
+           v.get<uint64_t>() <= uint64_t(hi);
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 
 // Options whose integer values are sizes or counts, so must be positive.
@@ -142,25 +156,33 @@ void validate_quantizer_config(const nlohmann::json& config) {
     bool ok = false;
     switch (it->type) {
       case OptionType::integer:
-        ok = value.is_number_integer() &&
-             (!must_be_positive(key) ? value.get<int64_t>() >= 0 : value.get<int64_t>() > 0);
+        ok = integer_in(value, must_be_positive(key) ? 1 : 0, kMaxIntegerOption);
         break;
       case OptionType::number:
         ok = value.is_number() && std::isfinite(value.get<double>()) &&
              value.get<double>() >= 0;
+        // eps smooths a division (0 lets a dead code divide by zero); decay
+        // is a fraction.
+        if (ok && key == "eps") ok = value.get<double>() > 0;
+        if (ok && key == "decay") ok = value.get<double>() <= 1;
         break;
       case OptionType::boolean:
         ok = value.is_boolean();
         break;
       case OptionType::integer_list:
         ok = value.is_array() && !value.empty();
-        for (const auto& v : value) ok = ok && v.is_number_integer() && v.get<int64_t>() > 0;
+        for (const auto& v : value) ok = ok && integer_in(v, 1, kMaxIntegerOption);
         break;
     }
     if (!ok) {
       std::string want = type_word(it->type);
-      if (it->type == OptionType::integer) want += must_be_positive(key) ? " > 0" : " >= 0";
-      if (it->type == OptionType::number) want += " >= 0";
+      if (it->type == OptionType::integer)
+        want += value.is_number_integer() && !integer_in(value, INT64_MIN, kMaxIntegerOption)
+                    ? " <= " + std::to_string(kMaxIntegerOption)
+                : must_be_positive(key) ? " > 0"
+                                        : " >= 0";
+      if (it->type == OptionType::number)
+        want += key == "eps" ? " > 0" : key == "decay" ? " from 0 to 1" : " >= 0";
       throw std::invalid_argument("[config] quantizer option '" + key + "' must be " +
                                   want + ", got " + short_dump(value));
     }

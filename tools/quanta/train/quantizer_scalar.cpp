@@ -40,7 +40,8 @@ uint64_t layer_seed(uint64_t seed) {
   return quant::draw_seed(gen);
 }
 
-quant::LFQOptions lfq_options(const json& c, int64_t dim, int64_t default_size, uint64_t seed) {
+quant::LFQOptions lfq_options(QuantizerOptions& c, int64_t dim, int64_t default_size,
+                              uint64_t seed) {
   quant::LFQOptions o;
   o.dim = dim;
   o.codebook_size = option_int(c, "codebook_size", default_size);
@@ -126,7 +127,7 @@ class ResidualScalarQuantizer : public StepKeyedQuantizer {
 
 }  // namespace
 
-std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, const json& c,
+std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, QuantizerOptions& c,
                                                    int64_t dim, uint64_t seed) {
   if (type == "fsq") {
     quant::FSQOptions o;

@@ -31,7 +31,7 @@ Tensor as_i64(const Tensor& indices) {
 
 // The options every VectorQuantize of vq / rvq / grvq takes from the config;
 // the rest keep the reference's defaults.
-quant::VectorQuantizeOptions vq_options(const json& c) {
+quant::VectorQuantizeOptions vq_options(QuantizerOptions& c) {
   quant::VectorQuantizeOptions o;
   o.decay = option_number(c, "decay", o.decay);
   o.eps = option_number(c, "eps", o.eps);
@@ -41,16 +41,20 @@ quant::VectorQuantizeOptions vq_options(const json& c) {
   o.commitment_weight = option_number(c, "commitment_weight", o.commitment_weight);
   o.use_cosine_sim = option_bool(c, "use_cosine_sim", o.use_cosine_sim);
   o.orthogonal_reg_weight = option_number(c, "orthogonal_reg_weight", 0.0);
-  if (c.contains("learnable_codebook")) o.learnable_codebook = c["learnable_codebook"].get<bool>();
-  if (c.contains("ema_update")) o.ema_update = c["ema_update"].get<bool>();
-  if (c.contains("rotation_trick")) o.rotation_trick = c["rotation_trick"].get<bool>();
+  // Unset, these follow from other options in the layer: nothing to record.
+  const json& given = c.given();
+  if (given.contains("learnable_codebook"))
+    o.learnable_codebook = given["learnable_codebook"].get<bool>();
+  if (given.contains("ema_update")) o.ema_update = given["ema_update"].get<bool>();
+  if (given.contains("rotation_trick")) o.rotation_trick = given["rotation_trick"].get<bool>();
   o.update_in_forward = false;  // after_step() reconciles, then applies the statistics
   return o;
 }
 
 class VqQuantizer : public StepKeyedQuantizer {
  public:
-  VqQuantizer(const json& c, int64_t dim, uint64_t seed) : StepKeyedQuantizer(seed), dim_(dim) {
+  VqQuantizer(QuantizerOptions& c, int64_t dim, uint64_t seed)
+      : StepKeyedQuantizer(seed), dim_(dim) {
     quant::VectorQuantizeOptions o = vq_options(c);
     o.dim = dim;
     o.codebook_size = option_int(c, "codebook_size", kCodebookSize);
@@ -87,7 +91,7 @@ class VqQuantizer : public StepKeyedQuantizer {
   std::shared_ptr<quant::VectorQuantize> layer_;
 };
 
-quant::ResidualVQOptions rvq_options(const json& c, int64_t dim) {
+quant::ResidualVQOptions rvq_options(QuantizerOptions& c, int64_t dim) {
   quant::ResidualVQOptions o;
   o.dim = dim;
   o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
@@ -102,7 +106,8 @@ quant::ResidualVQOptions rvq_options(const json& c, int64_t dim) {
 
 class RvqQuantizer : public StepKeyedQuantizer {
  public:
-  RvqQuantizer(const json& c, int64_t dim, uint64_t seed) : StepKeyedQuantizer(seed), dim_(dim) {
+  RvqQuantizer(QuantizerOptions& c, int64_t dim, uint64_t seed)
+      : StepKeyedQuantizer(seed), dim_(dim) {
     quant::ResidualVQOptions o = rvq_options(c, dim);
     o.accept_image_fmap = true;
     Generator gen = layer_generator(seed);
@@ -134,7 +139,7 @@ class RvqQuantizer : public StepKeyedQuantizer {
 // Indices are [B, H, W, groups * num_quantizers], group-major.
 class GrvqQuantizer : public StepKeyedQuantizer {
  public:
-  GrvqQuantizer(const json& c, int64_t dim, uint64_t seed)
+  GrvqQuantizer(QuantizerOptions& c, int64_t dim, uint64_t seed)
       : StepKeyedQuantizer(seed), dim_(dim), groups_(option_int(c, "groups", kGroups)) {
     if (dim % groups_ != 0)
       throw std::invalid_argument("[quantizer grvq] dim " + std::to_string(dim) +
@@ -196,7 +201,8 @@ class GrvqQuantizer : public StepKeyedQuantizer {
 // SimVQ has no state besides its parameters: after_step only counts.
 class SimVqQuantizer : public StepKeyedQuantizer {
  public:
-  SimVqQuantizer(const json& c, int64_t dim, uint64_t seed) : StepKeyedQuantizer(seed), dim_(dim) {
+  SimVqQuantizer(QuantizerOptions& c, int64_t dim, uint64_t seed)
+      : StepKeyedQuantizer(seed), dim_(dim) {
     quant::SimVQOptions o;
     o.dim = dim;
     o.codebook_size = option_int(c, "codebook_size", kCodebookSize);
@@ -228,7 +234,7 @@ class SimVqQuantizer : public StepKeyedQuantizer {
 
 }  // namespace
 
-std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, const json& config,
+std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, QuantizerOptions& config,
                                                int64_t dim, uint64_t seed) {
   if (type == "vq") return std::make_unique<VqQuantizer>(config, dim, seed);
   if (type == "rvq") return std::make_unique<RvqQuantizer>(config, dim, seed);

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -111,6 +112,42 @@ std::string out_path(const std::string& dir, const char* name) {
   return (fs::path(dir) / name).string();
 }
 
+// The sums behind the next "train" record of metrics.jsonl. A window runs
+// from one multiple of --log-every to the next, whatever happens between
+// (an evaluation, an interruption, the end of a run that a resume extends):
+// the checkpoint keeps the partial sums, so the first record after --resume
+// averages the steps an uninterrupted run's record would.
+struct LogWindow {
+  int64_t first_step = 1;  // the first step it covers
+  double loss = 0, recon = 0, aux = 0;
+  int64_t steps = 0;
+
+  json to_json() const {
+    if (steps == 0) return json::object();
+    return {{"first_step", first_step},
+            {"loss_sum", loss},
+            {"recon_sum", recon},
+            {"aux_sum", aux},
+            {"steps", steps}};
+  }
+  // The window a checkpoint at `step` left, when it belongs to the window
+  // this run's --log-every opens at the last multiple before `step` (a run
+  // that changed --log-every starts a fresh one).
+  static LogWindow restore(const json& j, int64_t step, int64_t log_every) {
+    LogWindow w;
+    w.first_step = step / log_every * log_every + 1;
+    if (j.empty() || j.value("first_step", int64_t{0}) != w.first_step) {
+      w.first_step = step + 1;
+      return w;
+    }
+    w.loss = j.at("loss_sum").get<double>();
+    w.recon = j.at("recon_sum").get<double>();
+    w.aux = j.at("aux_sum").get<double>();
+    w.steps = j.at("steps").get<int64_t>();
+    return w;
+  }
+};
+
 }  // namespace
 
 Tensor rank_share(const Tensor& batch, int rank, int world) {
@@ -170,25 +207,41 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
   const std::string metrics_path = out_path(job.out_dir, kMetricsFile);
   if (lead) fs::create_directories(job.out_dir);
 
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed_s = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
   int64_t step = 0;
   std::vector<json> history;
+  LogWindow window;
   if (job.resume) {
     Checkpoint ck = load_checkpoint(ckpt_path);
     model.load_state_dict(ck.model);
     optimizer.load_state_dict(ck.optimizer);
     model.quantizer().load_extra_state(ck.info.rng.value("quantizer", json::object()));
     step = ck.info.step;
+    window = LogWindow::restore(ck.info.log_window, step, cfg.log_every);
     // Records past the checkpoint belong to steps that will run again.
     for (json& r : read_metrics(metrics_path))
       if (r.value("step", int64_t{0}) <= step) history.push_back(std::move(r));
     group->barrier();  // every rank has read the files before rank 0 rewrites them
-    if (lead) write_metrics(metrics_path, history);
     if (step >= total)
       throw std::invalid_argument("--resume: the checkpoint is at step " + std::to_string(step) +
                                   ", the run asks for " + std::to_string(total) +
                                   " steps; raise --steps or --epochs");
-  } else if (lead) {
-    write_metrics(metrics_path, {});
+  }
+  // Each start of the run (the first and every --resume) opens with a header:
+  // what ran, where and how, so a metrics file explains itself.
+  if (lead) {
+    history.push_back(json{{"kind", "header"},
+                           {"quanta_version", job.version},
+                           {"step", step},
+                           {"resumed", job.resume},
+                           {"config", resolved_config(job.config)},
+                           {"threads", num_threads()},
+                           {"device", device.str()},
+                           {"world_size", world}});
+    write_metrics(metrics_path, history);
   }
 
   log << "training a VQ-VAE (quantizer " << cfg.quantizer["type"].get<std::string>() << ", hidden "
@@ -210,14 +263,13 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     info.step = step;
     info.epoch = step / per_epoch;
     info.rng = {{"seed", cfg.seed}, {"quantizer", model.quantizer().extra_state()}};
+    info.log_window = window.to_json();
     save_checkpoint(ckpt_path, model, &optimizer, info);
   };
   const std::string qtype = cfg.quantizer["type"].get<std::string>();
 
   Progress progress(log, job.progress_bar, step, total, cfg.batch_size);
   StopSignals signals;
-  double loss_sum = 0, recon_sum = 0, aux_sum = 0;
-  int64_t logged = 0;
   model.train();
   while (step < total) {
     // The global batch of this step; this rank takes its contiguous share.
@@ -257,21 +309,29 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     if (!std::isfinite(l))
       throw std::runtime_error("training diverged: loss " + std::to_string(l) + " at step " +
                                std::to_string(step) + " (try a smaller --lr)");
-    loss_sum += l, recon_sum += totals[1] / world, aux_sum += totals[2] / world, ++logged;
+    window.loss += l, window.recon += totals[1] / world, window.aux += totals[2] / world;
+    ++window.steps;
     const int64_t epoch = (step - 1) / per_epoch + 1;  // 1-based, for people
-    const bool log_now = step % cfg.log_every == 0 || step == total;
+    const bool window_ends = step % cfg.log_every == 0;
+    const bool log_now = window_ends || step == total;
+    const double n_window = double(window.steps);
     if (log_now && lead) {
       append_metric(metrics_path,
                     history.emplace_back(json{{"kind", "train"},
                                               {"step", step},
                                               {"epoch", epoch},
-                                              {"loss", loss_sum / logged},
-                                              {"recon_mse", recon_sum / logged},
-                                              {"aux_loss", aux_sum / logged},
-                                              {"img_per_s", progress.throughput(step)}}));
+                                              {"loss", window.loss / n_window},
+                                              {"recon_mse", window.recon / n_window},
+                                              {"aux_loss", window.aux / n_window},
+                                              {"lr", cfg.lr},
+                                              {"img_per_s", progress.throughput(step)},
+                                              {"elapsed_s", elapsed_s()}}));
     }
-    progress.update(step, epoch, logged ? loss_sum / logged : l, log_now);
-    if (log_now) loss_sum = recon_sum = aux_sum = 0, logged = 0;
+    progress.update(step, epoch, window.loss / n_window, log_now);
+    if (window_ends) {
+      window = LogWindow();
+      window.first_step = step + 1;
+    }
 
     if (stop) {
       if (lead) {
@@ -301,11 +361,15 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
                                                           {"test_mse", ev.mse},
                                                           {"codebook_usage", ev.usage},
                                                           {"perplexity", ev.perplexity},
-                                                          {"test_samples", ev.samples}}));
+                                                          {"test_samples", ev.samples},
+                                                          {"lr", cfg.lr},
+                                                          {"elapsed_s", elapsed_s()}}));
     save();
     write_loss_plot(out_path(job.out_dir, kLossFile), history);
     write_usage_plot(out_path(job.out_dir, kUsageFile), ev, qtype);
-    write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model, test_set.images);
+    write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model, test_set.images,
+                          "quantizer " + qtype + ", step " + std::to_string(step) +
+                              ", test mse " + fmt_metric(ev.mse, 5));
     progress.line("eval step " + std::to_string(step) + " (epoch " + std::to_string(epoch) +
                   "): test mse " + fmt_metric(ev.mse, 5) + "  codebook usage " +
                   (std::isfinite(ev.usage) ? fmt_metric(100 * ev.usage, 1) + "%" : "n/a") +

@@ -21,6 +21,8 @@ struct TrainJob {
   bool resume = false;
   /** Redraw a progress bar instead of printing plain log lines. */
   bool progress_bar = false;
+  /** quanta's version, recorded in metrics.jsonl's header. */
+  std::string version;
 };
 
 /** How a run ended. */

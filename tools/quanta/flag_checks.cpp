@@ -1,0 +1,125 @@
+#include "flag_checks.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "train/limits.h"
+
+namespace quanta::cli {
+namespace {
+
+std::string show(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+// An integer bound as people read it: 2^40 rather than 1099511627776.
+std::string show_bound(int64_t v) {
+  if (v >= 1024 && (v & (v - 1)) == 0) {
+    int k = 0;
+    while ((int64_t{1} << k) != v) ++k;
+    std::string s = "2^";
+    s += std::to_string(k);
+    return s;
+  }
+  return std::to_string(v);
+}
+
+// "in [lo, hi]" for --help, after the type name.
+std::string range_text(const std::string& lo, const std::string& hi, bool open_lo) {
+  std::string s = open_lo ? "in (" : "in [";
+  s += lo;
+  s += ", ";
+  s += hi;
+  s += "]";
+  return s;
+}
+
+// Parses all of `s` as a decimal integer of type T; false on anything else
+// (sign where T has none, spaces, hex, overflow).
+template <class T>
+bool parse_integer(const std::string& s, T& out) {
+  const char* end = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(s.data(), end, out);
+  return !s.empty() && ec == std::errc() && p == end;
+}
+
+// True when `s` is a decimal integer too large for int64 (a range error,
+// not a malformed number).
+bool is_huge_integer(const std::string& s) {
+  std::size_t i = s[0] == '-' ? 1 : 0;
+  return s.size() > i && s.find_first_not_of("0123456789", i) == std::string::npos;
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const std::string low = lo == 1   ? "a number > 0"
+                          : lo == 0 ? "a number >= 0"
+                                    : "at least " + std::to_string(lo);
+  return CLI::Validator(
+      [lo, hi, low](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!parse_integer(s, v)) {
+          if (!s.empty() && is_huge_integer(s))
+            return s[0] == '-' ? "must be " + low + ", got '" + s + "'"
+                               : "must be at most " + std::to_string(hi) + ", got '" + s + "'";
+          return "must be an integer, got '" + s + "'";
+        }
+        if (v < lo) return "must be " + low + ", got '" + s + "'";
+        if (v > hi) return "must be at most " + std::to_string(hi) + ", got '" + s + "'";
+        s = std::to_string(v);  // "010" is ten, not CLI11's octal eight
+        return "";
+      },
+      range_text(show_bound(lo), show_bound(hi), false));
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (parse_integer(s, v)) {
+          s = std::to_string(v);
+          return "";
+        }
+        if (!s.empty() && s[0] == '-') return "must be an integer >= 0, got '" + s + "'";
+        if (!s.empty() && is_huge_integer(s))
+          return "must be at most 18446744073709551615 (2^64 - 1), got '" + s + "'";
+        return "must be an integer >= 0, got '" + s + "'";
+      },
+      "in [0, 2^64 - 1]");
+}
+
+CLI::Validator number_in(double lo, double hi, bool above_lo) {
+  const std::string low = (above_lo ? "a number > " : "a number >= ") + show(lo);
+  return CLI::Validator(
+      [lo, hi, above_lo, low](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || std::isnan(v)) return "must be a number, got '" + s + "'";
+        if (!std::isfinite(v)) return "must be a finite number, got '" + s + "'";
+        if (v < lo || (above_lo && v == lo)) return "must be " + low + ", got '" + s + "'";
+        if (v > hi) return "must be at most " + show(hi) + ", got '" + s + "'";
+        return "";
+      },
+      hi >= 1e300 ? std::string(above_lo ? "> " : ">= ").append(show(lo))
+                  : range_text(show(lo), show(hi), above_lo));
+}
+
+CLI::Validator thread_count() {
+  const int64_t most = train::max_threads();
+  CLI::Validator v = integer_in(0, most);
+  return CLI::Validator(
+      [v, most](std::string& s) -> std::string {
+        const std::string err = v(s);
+        if (err.empty() || err.find("at most") == std::string::npos) return err;
+        return err + " (4 per core, at most 1024)";
+      },
+      std::string("0 (all cores) to ").append(std::to_string(most)));
+}
+
+}  // namespace quanta::cli

@@ -1,0 +1,26 @@
+#pragma once
+// Range checks for the numeric flags of every subcommand, one place for all.
+// CLI11 alone clamps an integer beyond int64 to its limit (strtoll), reads
+// "010" as octal, takes "-1" for an unsigned flag as 2^64 - 1, and lets
+// "inf" and "nan" through its number checks; these validators read the text
+// themselves and refuse all of that with a message naming the allowed range.
+// The integer ones also rewrite the text in plain decimal, so attach them
+// with ->transform(): ->check() hands a validator a copy of the text.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+
+namespace quanta::cli {
+
+/** A decimal integer in [lo, hi]. */
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+
+/** A decimal integer in [0, 2^64 - 1] (seeds). */
+CLI::Validator unsigned_integer();
+
+/** A finite number in [lo, hi], or in (lo, hi] when `above_lo`. */
+CLI::Validator number_in(double lo, double hi, bool above_lo = false);
+
+/** --threads: 0 (all cores) up to train::max_threads(). */
+CLI::Validator thread_count();
+
+}  // namespace quanta::cli
