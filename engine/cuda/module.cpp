@@ -23,13 +23,13 @@ struct Loaded {
   std::string reason;
 };
 
-[[maybe_unused]] std::string dl_error() {
+std::string dl_error() {
   const char* e = dlerror();
   return e ? e : "unknown dlopen error";
 }
 
 // Loads `path` (a file name alone goes through the loader's search path).
-[[maybe_unused]] Loaded open_module(const std::string& path) {
+Loaded open_module(const std::string& path) {
   Loaded l;
   dlerror();
   l.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

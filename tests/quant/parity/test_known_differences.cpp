@@ -3,11 +3,9 @@
 // codebook. The case reports it by name and passes; nothing else is excused.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <sstream>
 #include <string>
 
+#include "parity_test_util.h"
 #include "quant/parity/parity.h"
 #include "quanta.h"
 
@@ -15,26 +13,10 @@ using namespace quanta;
 
 namespace {
 
-parity::CaseFile diversity_case() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return parity::load_case(
-      (std::filesystem::path(root) / "reference-vectors" / "vq_diversity_ema.safetensors")
-          .string());
-}
+using parity::testing::check_named;
+using parity::testing::report;
 
-const parity::TensorCheck& check_named(const parity::CaseResult& r, const std::string& name) {
-  for (const auto& c : r.checks)
-    if (c.name == name) return c;
-  FAIL("no check '" << name << "'");
-  return r.checks.front();
-}
-
-std::string report(const parity::CaseResult& r) {
-  std::ostringstream out;
-  parity::print_result(out, r);
-  return out.str();
-}
+parity::CaseFile diversity_case() { return parity::testing::reference_case("vq_diversity_ema"); }
 
 }  // namespace
 

@@ -3,38 +3,16 @@
 // in the report, and a tighter base tightens them too.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <sstream>
 #include <string>
 
+#include "parity_test_util.h"
 #include "quant/parity/parity.h"
 
 using namespace quanta;
 
-namespace {
-
-parity::CaseFile reference_case(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return parity::load_case(
-      (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string());
-}
-
-const parity::TensorCheck& check_named(const parity::CaseResult& r, const std::string& name) {
-  for (const auto& c : r.checks)
-    if (c.name == name) return c;
-  FAIL("no check '" << name << "'");
-  return r.checks.front();
-}
-
-std::string report(const parity::CaseResult& r) {
-  std::ostringstream out;
-  parity::print_result(out, r);
-  return out.str();
-}
-
-}  // namespace
+using parity::testing::check_named;
+using parity::testing::reference_case;
+using parity::testing::report;
 
 // Issue 20 item 10: float32 rounding of the entropy over 1024 codes puts the
 // reference's per_sample_entropy ~5e-5 off the float64 value quanta matches.

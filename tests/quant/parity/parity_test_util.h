@@ -1,0 +1,36 @@
+#pragma once
+// What the parity tests share: a reference case by name, one check of a
+// result by tensor name, and the printed report (for INFO on failure).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "quant/parity/parity.h"
+
+namespace quanta::parity::testing {
+
+/** tests/data/reference-vectors/<name>.safetensors. */
+inline CaseFile reference_case(const std::string& name) {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return load_case(
+      (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string());
+}
+
+inline const TensorCheck& check_named(const CaseResult& r, const std::string& name) {
+  for (const auto& c : r.checks)
+    if (c.name == name) return c;
+  FAIL("no check '" << name << "'");
+  return r.checks.front();
+}
+
+inline std::string report(const CaseResult& r) {
+  std::ostringstream out;
+  print_result(out, r);
+  return out.str();
+}
+
+}  // namespace quanta::parity::testing
