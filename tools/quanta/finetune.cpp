@@ -179,15 +179,29 @@ QLoraModel load_classifier(const std::string& path, const data::ImageDataset& te
 void run_finetune(const FinetuneOptions& o) {
   // Before --nproc starts the ranks, and by every rank before the process
   // group forms (so before rank 0 writes).
+  // Fine-tuning keeps no checkpoint mid-run, so a restart by the launcher
+  // job that wrote --out (quanta launch --max-restarts) runs it again from
+  // the start, replacing what the failed attempt left.
+  train::LaunchRestarts restarts;
+  train::RestartPlan plan = train::RestartPlan::first_start;
   try {
-    if (!o.overwrite)
+    restarts = train::launch_restarts_from_env();
+    plan = train::restart_plan(o.out, restarts, "");
+    if (!o.overwrite && plan == train::RestartPlan::first_start)
       train::refuse_to_replace_run(o.out, {kAdaptersFile, kMergedFile},
                                    "replace it with --overwrite, or choose another --out");
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  const bool rank_zero = is_rank_zero();
+  if (plan == train::RestartPlan::start_again && rank_zero)
+    std::cout << train::restart_text(restarts)
+              << ": quanta finetune keeps no checkpoint mid-run; fine-tuning again from the "
+                 "start in "
+              << o.out << "\n";
   apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
+  if (restarts.max > 0 && rank_zero) train::claim_run(o.out, restarts.run_id);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   if (!fs::exists(o.checkpoint))
     throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");

@@ -45,6 +45,8 @@ std::string own_executable() {
 
 bool under_launcher() { return dist::launch_info_from_env().source != "none"; }
 
+bool is_rank_zero() { return dist::launch_info_from_env().rank == 0; }
+
 void relaunch_with_ranks(int nproc) {
   const std::string exe = own_executable();
   std::vector<std::string> args = {exe, "launch", "-n", std::to_string(nproc), "--", exe};

@@ -11,6 +11,10 @@ namespace quanta::cli {
  * Slurm or Open MPI variables are set). */
 bool under_launcher();
 
+/** True unless a launcher started this process as a rank other than 0 (the
+ * rank that prints and writes). */
+bool is_rank_zero();
+
 /** Replaces this process with `quanta launch -n nproc -- <this process's own
  * command line>` (read from /proc/self/cmdline); throws std::runtime_error
  * when that cannot be done. */

@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "dist_timeout.h"
+#include "engine/io/safetensors.h"
 #include "flag_checks.h"
 #include "quanta_config.h"
 #include "relaunch.h"
@@ -66,6 +67,44 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
   return opt;
 }
 
+// Says what a restart by the launcher does with `out` (plan resume or
+// start_again); true when there is nothing left to do: the checkpoint is at
+// the run's last step already (the failure came after it, at exit say). A
+// checkpoint's epoch is step / steps-per-epoch, so an --epochs run is
+// complete exactly when that reaches --epochs (no need to count the data).
+bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& restarts,
+                      const std::string& out, const json& config, bool lead) {
+  if (plan == train::RestartPlan::start_again) {
+    if (lead)
+      std::cout << train::restart_text(restarts) << ": " << out
+                << " holds no checkpoint of this run yet; training again from step 0\n";
+    return false;
+  }
+  if (plan != train::RestartPlan::resume) return false;
+  int64_t step = -1, epoch = -1;
+  try {
+    const auto meta =
+        io::read_safetensors_header((std::filesystem::path(out) / train::kCheckpointFile).string())
+            .metadata;
+    step = std::stoll(meta.at("step"));
+    epoch = std::stoll(meta.at("epoch"));
+  } catch (const std::exception&) {
+    // Unreadable: loading it names the problem.
+  }
+  const train::TrainConfig cfg = train::config_from_json(config);
+  if (step >= 0 && (cfg.steps > 0 ? step >= cfg.steps : epoch >= cfg.epochs)) {
+    if (lead)
+      std::cout << train::restart_text(restarts) << ": the run in " << out
+                << " is complete (its checkpoint is at its last step, " << step
+                << "); nothing left to train\n";
+    return true;
+  }
+  if (lead)
+    std::cout << train::restart_text(restarts) << ": resuming the run in " << out
+              << " from its checkpoint (step " << step << ")\n";
+  return false;
+}
+
 std::string default_out_dir() {
   const std::time_t now = std::time(nullptr);
   char buf[32];
@@ -80,14 +119,36 @@ void run_train(const TrainFlags& f) {
     throw UsageError("--resume needs --out DIR, the folder of the run to continue");
   if (f.resume && f.overwrite)
     throw UsageError("--resume continues the run in --out, --overwrite replaces it: give one");
+  train::LaunchRestarts restarts;
+  try {
+    restarts = train::launch_restarts_from_env();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  // A restart finds the run it continues through --out; the default folder
+  // is named after each start's time, so the restart would not find it.
+  if (restarts.max > 0 && f.out.empty() && !f.print_config)
+    throw UsageError(
+        "--out: started with restarts (--max-restarts), this run must be in a folder a "
+        "restart can find: give --out DIR");
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
+  const bool lead = is_rank_zero();
   if (f.task == "classify") {
     if (f.resume || !f.config_file.empty())
       throw UsageError("--task classify takes neither --resume nor --config");
     try {
-      if (!f.print_config && !f.overwrite)
+      // The classifier keeps no checkpoint mid-run: a restart trains it again.
+      const train::RestartPlan plan =
+          f.print_config ? train::RestartPlan::first_start : train::restart_plan(out, restarts, "");
+      if (!f.print_config && !f.overwrite && plan == train::RestartPlan::first_start)
         train::refuse_to_replace_run(out, {train::kCheckpointFile},
                                      "replace it with --overwrite, or choose another --out");
+      if (plan == train::RestartPlan::start_again && lead)
+        std::cout << train::restart_text(restarts)
+                  << ": --task classify keeps no checkpoint mid-run; training again from the "
+                     "start in "
+                  << out << "\n";
+      if (!f.print_config && restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
       train::run_classify_command(layer, out, f.print_config, ::isatty(STDOUT_FILENO) == 1,
                                   std::cout);
     } catch (const std::invalid_argument& e) {
@@ -96,9 +157,14 @@ void run_train(const TrainFlags& f) {
     return;
   }
 
+  // Restarted by the launcher job that wrote --out: continue its run.
+  const train::RestartPlan plan = f.print_config
+                                      ? train::RestartPlan::first_start
+                                      : train::restart_plan(out, restarts, train::kCheckpointFile);
+  const bool resume = f.resume || plan == train::RestartPlan::resume;
   json base = train::default_config_json();
   json from_checkpoint;
-  if (f.resume) {
+  if (resume) {
     const std::string ckpt = (std::filesystem::path(out) / train::kCheckpointFile).string();
     from_checkpoint = train::load_checkpoint(ckpt).info.config;
     base = from_checkpoint;
@@ -112,7 +178,7 @@ void run_train(const TrainFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  if (f.resume) {
+  if (resume) {
     const std::string diff = train::resume_conflict(from_checkpoint, config);
     if (!diff.empty())
       throw UsageError("--resume cannot change the run it continues (" + diff + ")");
@@ -128,17 +194,19 @@ void run_train(const TrainFlags& f) {
   // Before --nproc starts the ranks (and, under a launcher, by every rank
   // before the process group forms, so before rank 0 writes a file).
   try {
-    if (!f.resume && !f.overwrite)
+    if (!resume && !f.overwrite && plan == train::RestartPlan::first_start)
       train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
                                    "continue it with --resume, or replace it with --overwrite");
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  if (announce_restart(plan, restarts, out, config, lead)) return;
   apply_dist_timeout(f.dist_timeout);
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
   if (nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(nproc));
-  train::TrainJob job{config, out, f.resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
+  if (restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
+  train::TrainJob job{config, out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
   train::TrainResult r;
   try {
     r = train::run_training(job, std::cout);
@@ -172,10 +240,13 @@ void add_train(CLI::App& app) {
       "  quanta train --quantizer fsq --levels 8,5,5,5 --dim 4 --out runs/fsq\n"
       "  quanta train --config run.json --lr 1e-3        # flags override the file\n"
       "  quanta train --resume --out runs/baseline --epochs 4   # continue a run\n"
+      "  quanta launch -n 2 --max-restarts 3 -- quanta train --out runs/elastic\n"
       "Outputs: checkpoint.safetensors, metrics.jsonl, reconstructions.png,\n"
       "codebook_usage.png, loss.png. A folder that holds a run is refused unless\n"
       "--resume continues it or --overwrite replaces it. Ctrl-C or SIGTERM finishes the\n"
-      "step, writes the checkpoint and exits 0; --resume continues exactly where it stopped.");
+      "step, writes the checkpoint and exits 0; --resume continues exactly where it stopped.\n"
+      "Restarted by quanta launch --max-restarts (or torchrun's), a run continues from\n"
+      "its last checkpoint in --out by itself.");
   TrainFlags& t = *f;
   sub->add_option("--task", t.task, "vqvae or classify (the MLP classifier "
                                     "quanta finetune adapts, see docs/finetune.md)")

@@ -1,6 +1,9 @@
 #pragma once
 // The output folder of a run: a folder that already holds one is not
-// replaced silently (its checkpoint overwritten, metrics.jsonl truncated).
+// replaced silently (its checkpoint overwritten, metrics.jsonl truncated),
+// except by a restart of the launcher job that wrote it (quanta launch
+// --max-restarts, torchrun --max-restarts), which continues that run.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,5 +15,46 @@ namespace quanta::train {
  * it with --overwrite"). A missing or empty folder passes. */
 void refuse_to_replace_run(const std::string& dir, const std::vector<std::string>& files,
                            const std::string& ways_on);
+
+/** Where a launcher's restarts stand for this process. */
+struct LaunchRestarts {
+  /** 0: the first attempt (or no launcher); k: the k-th restart. */
+  int64_t count = 0;
+  /** How many restarts the launcher allows (0: none). */
+  int64_t max = 0;
+  /** The launcher job's id, the same in every attempt; empty: none. */
+  std::string run_id{};
+};
+
+/** Reads QUANTA_RESTART_COUNT, QUANTA_MAX_RESTARTS and QUANTA_RUN_ID (quanta
+ * launch), else torchrun's TORCHELASTIC_* (its default run id "none" counts
+ * as none). Throws std::invalid_argument naming a count that is not a
+ * number >= 0. */
+LaunchRestarts launch_restarts_from_env();
+
+/** The file in a run folder that names the launcher job writing it. */
+inline constexpr const char* kRunIdFile = ".quanta-run-id";
+
+/** Records in `dir` (created if absent) that launcher job `run_id` writes
+ * there, so its restarts can tell their own run from one they find; does
+ * nothing when `run_id` is empty. */
+void claim_run(const std::string& dir, const std::string& run_id);
+
+/** What a command does with its output folder. */
+enum class RestartPlan {
+  first_start,  // not a restart of the job that claimed the folder: the usual rules
+  resume,       // a restart, and the job's checkpoint is there: continue from it
+  start_again,  // a restart, and no checkpoint yet: start over, replacing what is there
+};
+
+/** The plan for `dir` under `restarts`: resume when this is a restart
+ * (count > 0) of the job that claimed `dir` and `dir` holds `checkpoint`
+ * (empty: the command keeps none), start_again when it is such a restart
+ * without one, first_start otherwise. */
+RestartPlan restart_plan(const std::string& dir, const LaunchRestarts& restarts,
+                         const std::string& checkpoint);
+
+/** "restart 2 of 3" for the lines a restarted command prints. */
+std::string restart_text(const LaunchRestarts& restarts);
 
 }  // namespace quanta::train
