@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   meson ninja-build pkg-config g++ cmake   # build (cmake: doctest's config)
   libeigen3-dev                            # CPU kernels
+  libopenblas-openmp-dev                   # CPU GEMM (OpenMP build: shares our threads)
   doctest-dev                              # tests
   libgloo-dev                              # dist: CPU collectives
   nlohmann-json3-dev                       # JSON (metadata, bench output)

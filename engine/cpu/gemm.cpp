@@ -10,6 +10,10 @@
 #include "engine/dispatch.h"
 #include "engine/eigen.h"
 
+#ifdef QUANTA_GEMM_OPENBLAS
+#include <cblas.h>
+#endif
+
 namespace quanta::cpu {
 namespace {
 
@@ -77,12 +81,58 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
   }
 }
 
+#ifdef QUANTA_GEMM_OPENBLAS
+// OpenBLAS when the loaded library is its OpenMP build: that one runs on
+// quanta's OpenMP threads (one thread inside a parallel region). A pthreads
+// build reached through Debian's alternatives would start a pool of its own
+// that fights them, so quanta then keeps to Eigen.
+bool openblas_usable() {
+  static const bool usable = openblas_get_parallel() == 2;
+  return usable;
+}
+
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
+               const float* a, int64_t oa, const float* b, int64_t ob, float beta,
+               float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, oa, b, ob, beta, c, ldc);
+}
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
+               const double* a, int64_t oa, const double* b, int64_t ob, double beta,
+               double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, oa, b, ob, beta, c, ldc);
+}
+
+// The same product through OpenBLAS: a column-major operand is the
+// transpose of a row-major one with the same outer stride.
+template <class T, int LA, int LB>
+void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b,
+                  int64_t ob, T* c, int64_t ldc, bool acc) {
+  const CBLAS_TRANSPOSE ta = LA == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
+  const CBLAS_TRANSPOSE tb = LB == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
+  // BLAS checks every leading dimension against the matrix it describes,
+  // even where a size of 1 makes the stride irrelevant.
+  oa = std::max<int64_t>(oa, LA == Eigen::RowMajor ? k : m);
+  ob = std::max<int64_t>(ob, LB == Eigen::RowMajor ? n : k);
+  ldc = std::max<int64_t>(ldc, n);
+  blas_gemm(ta, tb, m, n, k, a, oa, b, ob, acc ? T(1) : T(0), c, ldc);
+}
+#endif
+
 template <class T>
 using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*,
                            int64_t, T*, int64_t, bool);
 
 template <class T>
 ProductFn<T> pick(Layout la, Layout lb) {
+#ifdef QUANTA_GEMM_OPENBLAS
+  if (openblas_usable()) {
+    if (la == kRowMajor)
+      return lb == kRowMajor ? &blas_product<T, Eigen::RowMajor, Eigen::RowMajor>
+                             : &blas_product<T, Eigen::RowMajor, Eigen::ColMajor>;
+    return lb == kRowMajor ? &blas_product<T, Eigen::ColMajor, Eigen::RowMajor>
+                           : &blas_product<T, Eigen::ColMajor, Eigen::ColMajor>;
+  }
+#endif
   if (la == kRowMajor)
     return lb == kRowMajor ? &product<T, Eigen::RowMajor, Eigen::RowMajor>
                            : &product<T, Eigen::RowMajor, Eigen::ColMajor>;

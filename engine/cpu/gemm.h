@@ -1,7 +1,9 @@
 #pragma once
 // The one GEMM every CPU matrix product goes through (matmul, linear, conv).
 // Operands are strided matrices; a plain transpose (one unit stride) maps onto
-// Eigen with no copy, so transposed views cost nothing.
+// the backend with no copy, so transposed views cost nothing. The backend is
+// OpenBLAS's OpenMP build where the build found it (-Dblas, meson_options.txt),
+// else Eigen.
 #include <cstdint>
 
 namespace quanta::cpu {
@@ -14,13 +16,13 @@ struct MatRef {
   int64_t cs;
 };
 
-/** True when a rows x cols matrix with strides (rs, cs) maps onto Eigen
+/** True when a rows x cols matrix with strides (rs, cs) maps onto the GEMM
  * without a copy (row-major or column-major with a valid outer stride). */
 bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
 
 /** c[m, n] = a[m, k] b[k, n], or c += a b when `accumulate`; `c` is
  * row-major with row stride ldc. Both operands must satisfy gemm_maps.
- * Eigen threads the product unless called inside a parallel region. */
+ * The backend threads the product unless called inside a parallel region. */
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64_t ldc,
           bool accumulate = false);
