@@ -300,6 +300,57 @@ TEST_CASE("conv on several images takes the threaded paths and stays exact") {
             ref_conv_transpose2d(xt, wt, nullptr, t)) < 1e-10);
 }
 
+// Gradients of <conv2d(x, w) + b, g> checked through linearity: <x, dx> and
+// <w, dw> each reproduce <conv2d(x, w), g>, and db is g summed per channel.
+void check_conv2d_exact(const Shape& xs, const Shape& ws, const ConvArgs& a, uint64_t seed,
+                        double tol) {
+  const Tensor x = make_input(xs, Domain::any, seed).requires_grad_();
+  const Tensor w = make_input(ws, Domain::any, seed + 1).requires_grad_();
+  const Tensor b = make_input({ws[0]}, Domain::any, seed + 2).requires_grad_();
+  const Tensor y = conv2d(x, w, b, a.stride, a.padding, a.dilation, a.groups);
+  CHECK(max_abs_diff(y, ref_conv2d(x.detach(), w.detach(), &b, a)) < tol);
+  const Tensor g = make_input(y.shape(), Domain::any, seed + 3);
+  sum(mul(y, g)).backward();
+  const double y0g = dot(ref_conv2d(x.detach(), w.detach(), nullptr, a), g);
+  CHECK(dot(x.detach(), x.grad()) == doctest::Approx(y0g).epsilon(tol));
+  CHECK(dot(w.detach(), w.grad()) == doctest::Approx(y0g).epsilon(tol));
+  CHECK(max_abs_diff(b.grad(), sum(g, {0, 2, 3})) < tol);
+}
+
+TEST_CASE("conv with many channels (the channels-last path) matches the direct loops") {
+  // The main job's layers at a small batch, then strides, dilations and
+  // paddings the main job does not use; odd batches split unevenly into
+  // chunks and threads.
+  check_conv2d_exact({3, 32, 14, 14}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}},
+                     20, 1e-10);
+  check_conv2d_exact({2, 32, 7, 7}, {32, 32, 3, 3}, {.padding = {1, 1}}, 30, 1e-10);
+  check_conv2d_exact({5, 32, 7, 7}, {16, 32, 1, 1}, {}, 40, 1e-10);
+  check_conv2d_exact({3, 16, 7, 7}, {32, 16, 3, 3}, {.padding = {1, 1}}, 50, 1e-10);
+  check_conv2d_exact({7, 8, 9, 11}, {5, 8, 3, 2},
+                     {.stride = {2, 3}, .padding = {2, 1}, .dilation = {2, 1}}, 60, 1e-10);
+  check_conv2d_exact({1, 4, 5, 6}, {3, 4, 5, 6}, {.padding = {0, 0}}, 70, 1e-10);
+  check_conv2d_exact({2, 6, 4, 4}, {4, 6, 3, 3}, {.stride = {3, 3}, .padding = {2, 2}}, 80,
+                     1e-10);
+
+  // Transposed (the decoder's upsampling layers): forward against the
+  // scatter reference, several images.
+  const ConvArgs t{.stride = {2, 2}, .padding = {1, 1}};
+  for (const Shape& ws : {Shape{32, 32, 4, 4}, Shape{32, 1, 4, 4}, Shape{8, 6, 3, 3}}) {
+    const Tensor xt = make_input({5, ws[0], 7, 7}, Domain::any, 90);
+    const Tensor wt = make_input(ws, Domain::any, 91);
+    const Tensor bt = make_input({ws[1]}, Domain::any, 92);
+    CHECK(max_abs_diff(conv_transpose2d(xt, wt, bt, t.stride, t.padding),
+                       ref_conv_transpose2d(xt, wt, &bt, t)) < 1e-10);
+  }
+
+  // f32 stays within f32 rounding of the f64 result.
+  const Tensor x = make_input({6, 32, 14, 14}, Domain::any, 100);
+  const Tensor w = make_input({32, 32, 4, 4}, Domain::any, 101);
+  const Tensor y64 = conv2d(x, w, Tensor(), {2, 2}, {1, 1});
+  const Tensor y32 = conv2d(x.to(DType::f32), w.to(DType::f32), Tensor(), {2, 2}, {1, 1});
+  CHECK(max_abs_diff(y32.to(DType::f64), y64) < 1e-4 * (1 + max(abs(y64)).item()));
+}
+
 TEST_CASE("conv2d is the adjoint of conv_transpose2d") {
   const Tensor x = make_input({2, 4, 9, 8}, Domain::any, 7);
   const Tensor w = make_input({6, 2, 3, 3}, Domain::any, 8);

@@ -1,0 +1,174 @@
+// Convolutions channels last: see conv_channels_last.h. In a chunk of nb
+// images, P = nb * OH * OW output pixels; the columns are [P, kh kw C] with
+// the kernel tap (i, j) outer and the channel inner, so a tap of one pixel is
+// C contiguous floats in both the NHWC image and the columns.
+#include "engine/cpu/conv_channels_last.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "engine/cpu/conv_chunks.h"
+#include "engine/cpu/gemm.h"
+
+namespace quanta::cpu {
+namespace {
+
+// dst [HW, C] = src [C, HW]^T: one image to channels last.
+template <class T>
+void to_channels_last(const T* src, int64_t C, int64_t HW, T* dst) {
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t p = 0; p < HW; ++p) dst[p * C + c] = src[c * HW + p];
+}
+
+// dst [C, HW] = src [HW, C]^T + shift[c] (shift may be null): back to planar.
+template <class T>
+void to_planar(const T* src, int64_t C, int64_t HW, const T* shift, T* dst) {
+  for (int64_t c = 0; c < C; ++c) {
+    const T s = shift ? shift[c] : T(0);
+    for (int64_t p = 0; p < HW; ++p) dst[c * HW + p] = src[p * C + c] + s;
+  }
+}
+
+// Calls tap(p, tap_index, pixel) for every output pixel p of one image and
+// every kernel tap that lands inside the image, pixel being the offset of
+// the input pixel (ih * W + iw); taps in the padding are skipped.
+template <class Tap>
+void for_each_tap(const ConvGeom& g, Tap tap) {
+  for (int64_t oh = 0; oh < g.OH; ++oh)
+    for (int64_t i = 0; i < g.kh; ++i) {
+      const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
+      if (ih < 0 || ih >= g.H) continue;
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const int64_t dw = j * g.dilation[1] - g.padding[1];
+        int64_t lo, hi;
+        valid_range(dw, g.stride[1], g.W, g.OW, lo, hi);
+        for (int64_t ow = lo; ow < hi; ++ow)
+          tap(oh * g.OW + ow, i * g.kw + j, ih * g.W + ow * g.stride[1] + dw);
+      }
+    }
+}
+
+// cols [L, kh kw C] of one NHWC image x [H W, C]; taps in the padding are 0.
+template <class T>
+void im2col_nhwc(const T* x, T* cols, const ConvGeom& g) {
+  const int64_t C = g.C, row = g.kh * g.kw * C;
+  std::fill(cols, cols + g.L() * row, T(0));
+  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
+    std::copy(x + pixel * C, x + (pixel + 1) * C, cols + p * row + t * C);
+  });
+}
+
+// x [H W, C] += col2im(cols): the adjoint of im2col_nhwc.
+template <class T>
+void col2im_nhwc(const T* cols, T* x, const ConvGeom& g) {
+  const int64_t C = g.C, row = g.kh * g.kw * C;
+  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
+    const T* src = cols + p * row + t * C;
+    T* dst = x + pixel * C;
+    for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
+  });
+}
+
+// The weight [O, C, kh, kw] as [O, kh kw C] (taps outer, channel inner), the
+// columns' order; and back, for the weight gradient.
+template <class T>
+void weight_to_taps(const T* w, const ConvGeom& g, T* taps) {
+  const int64_t kk = g.kh * g.kw;
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t t = 0; t < kk; ++t) taps[(o * kk + t) * g.C + c] = w[(o * g.C + c) * kk + t];
+}
+template <class T>
+void taps_to_weight(const T* taps, const ConvGeom& g, T* w) {
+  const int64_t kk = g.kh * g.kw;
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t t = 0; t < kk; ++t) w[(o * g.C + c) * kk + t] = taps[(o * kk + t) * g.C + c];
+}
+
+}  // namespace
+
+bool channels_last_pays(const ConvGeom& g) { return g.groups == 1 && g.C >= 4; }
+
+template <class T>
+void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
+                        const ConvGeom& g) {
+  const int64_t L = g.L(), HW = g.H * g.W, ckk = g.ckk(), O = g.O, C = g.C;
+  if (g.N == 0) {
+    if (kind == ConvKind::weight_grad) std::fill(out, out + O * ckk, T(0));
+    return;
+  }
+  // Per worker: the chunk's NHWC images, its columns and its [P, O] block
+  // of the output (forward) or of the output gradient (both backwards).
+  const Chunks plan = plan_chunks(g, HW * C + L * (ckk + O));
+  const int64_t images_size = plan.images * HW * C, cols_size = plan.images * L * ckk,
+                rows_size = plan.images * L * O, per_worker = images_size + cols_size + rows_size;
+  std::unique_ptr<T[]> scratch(new T[plan.workers * per_worker]);
+  auto images_of = [&](int64_t w) { return scratch.get() + w * per_worker; };
+  auto cols_of = [&](int64_t w) { return images_of(w) + images_size; };
+  auto rows_of = [&](int64_t w) { return cols_of(w) + cols_size; };
+  // The weight with its taps in the columns' order.
+  std::unique_ptr<T[]> taps(new T[O * ckk]);
+  if (kind != ConvKind::weight_grad) weight_to_taps(b, g, taps.get());
+
+  // Transposes a chunk's gradient gy [nb, O, L] to rows [nb L, O].
+  auto gather_rows = [&](const T* gy, int64_t n0, int64_t nb, T* rows) {
+    for (int64_t j = 0; j < nb; ++j) to_channels_last(gy + (n0 + j) * O * L, O, L, rows + j * L * O);
+  };
+  // Columns [nb L, kh kw C] of a chunk of NCHW images.
+  auto chunk_columns = [&](const T* x, int64_t n0, int64_t nb, T* images, T* cols) {
+    for (int64_t j = 0; j < nb; ++j) {
+      to_channels_last(x + (n0 + j) * C * HW, C, HW, images + j * HW * C);
+      im2col_nhwc(images + j * HW * C, cols + j * L * ckk, g);
+    }
+  };
+
+  if (kind == ConvKind::forward) {
+    // y [nb L, O] = cols [nb L, ckk] . taps^T [ckk, O]
+    run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
+      T* cols = cols_of(worker);
+      T* y = rows_of(worker);
+      chunk_columns(a, n0, nb, images_of(worker), cols);
+      gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {taps.get(), 1, ckk}, y, O);
+      for (int64_t j = 0; j < nb; ++j) to_planar(y + j * L * O, O, L, bias, out + (n0 + j) * O * L);
+    });
+  } else if (kind == ConvKind::input_grad) {
+    // cols [nb L, ckk] = gy [nb L, O] . taps [O, ckk], then col2im per image.
+    run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
+      T* images = images_of(worker);
+      T* cols = cols_of(worker);
+      T* gy = rows_of(worker);
+      gather_rows(a, n0, nb, gy);
+      gemm<T>(nb * L, ckk, O, {gy, O, 1}, {taps.get(), ckk, 1}, cols, ckk);
+      std::fill(images, images + nb * HW * C, T(0));
+      for (int64_t j = 0; j < nb; ++j) {
+        col2im_nhwc(cols + j * L * ckk, images + j * HW * C, g);
+        to_planar(images + j * HW * C, C, HW, bias, out + (n0 + j) * C * HW);
+      }
+    });
+  } else {
+    // taps-ordered gw [O, ckk] += gy^T [O, nb L] . cols [nb L, ckk], one
+    // partial sum per worker, then reordered to [O, C, kh, kw].
+    const int64_t wsize = O * ckk;
+    std::unique_ptr<T[]> partial(new T[plan.workers * wsize]);
+    std::fill(partial.get(), partial.get() + plan.workers * wsize, T(0));
+    run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
+      T* cols = cols_of(worker);
+      T* gy = rows_of(worker);
+      chunk_columns(a, n0, nb, images_of(worker), cols);
+      gather_rows(b, n0, nb, gy);
+      gemm<T>(O, ckk, nb * L, {gy, 1, O}, {cols, ckk, 1}, partial.get() + worker * wsize, ckk,
+              true);
+    });
+    for (int64_t w = 1; w < plan.workers; ++w)
+      for (int64_t i = 0; i < wsize; ++i) partial[i] += partial[w * wsize + i];
+    taps_to_weight(partial.get(), g, out);
+  }
+}
+
+template void conv_channels_last<float>(ConvKind, const float*, const float*, const float*,
+                                        float*, const ConvGeom&);
+template void conv_channels_last<double>(ConvKind, const double*, const double*,
+                                         const double*, double*, const ConvGeom&);
+
+}  // namespace quanta::cpu
