@@ -114,6 +114,9 @@ QUANTA_BINARY_FUNCTOR(Pow, std::pow(x, y))
 // NaN propagates from either side.
 QUANTA_BINARY_FUNCTOR(Maximum, (x != x) ? x : (y != y ? y : (x > y ? x : y)))
 QUANTA_BINARY_FUNCTOR(Minimum, (x != x) ? x : (y != y ? y : (x < y ? x : y)))
+/** ReLU's backward: the gradient x where the input y is positive, else 0
+ * (NaN inputs pass nothing, as where(y > 0, x, 0) does). */
+QUANTA_BINARY_FUNCTOR(ReluBackward, y > T(0) ? x : T(0))
 QUANTA_BINARY_FUNCTOR(Eq, x == y)
 QUANTA_BINARY_FUNCTOR(Ne, x != y)
 QUANTA_BINARY_FUNCTOR(Lt, x < y)
@@ -161,7 +164,8 @@ QUANTA_UPDATE_FUNCTOR(Addcdiv, d + static_cast<T>(s.a) * x / y)
 
 // Arithmetic ops write the compute dtype; predicates write bool.
 #define QUANTA_ARITH_OPS(X) \
-  X(add, Add) X(sub, Sub) X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum) X(minimum, Minimum)
+  X(add, Add) X(sub, Sub) X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum) X(minimum, Minimum) \
+  X(relu_backward, ReluBackward)
 #define QUANTA_PREDICATE_OPS(X)                                                 \
   X(eq, Eq) X(ne, Ne) X(lt, Lt) X(le, Le) X(gt, Gt) X(ge, Ge) X(logical_and, LogicalAnd) \
   X(logical_or, LogicalOr) X(logical_xor, LogicalXor)

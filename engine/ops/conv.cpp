@@ -85,7 +85,10 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
                                   gb = conv_op(Kind::forward, a, gout, Tensor(), g);
                                 break;
                             }
-                            if (need_bias) gbias = sum(gout, {0, 2, 3});
+                            // Pixels first (contiguous rows), then images: one
+                            // pass, where a sum over {0, 2, 3} at once would
+                            // first copy gout into that order.
+                            if (need_bias) gbias = sum(sum(gout, {2, 3}), {0});
                             return std::vector<Tensor>{ga, gb, gbias};
                           });
 }

@@ -188,6 +188,14 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   });
 }
 
+Tensor relu_backward(const Tensor& grad, const Tensor& x) {
+  Tensor out = arith(BinaryOp::relu_backward, grad, x);
+  return autograd::record("relu_backward", out, {grad, x},
+                          [x = x.detach(), g0 = grad.detach()](const Tensor& g) {
+    return two(grad_for(relu_backward(g, x), g0), Tensor());
+  });
+}
+
 Tensor minimum(const Tensor& a, const Tensor& b) {
   Tensor out = arith(BinaryOp::minimum, a, b);
   return autograd::record("minimum", out, {a, b},

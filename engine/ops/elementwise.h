@@ -26,6 +26,9 @@ Tensor add_n(const std::vector<Tensor>& terms);
 
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
+/** relu's backward in one pass: grad where x > 0, else 0 (broadcasting as
+ * add); the same values as where(gt(x, 0), grad, 0). Differentiable in grad. */
+Tensor relu_backward(const Tensor& grad, const Tensor& x);
 
 // ---- unary ----
 Tensor neg(const Tensor& x);

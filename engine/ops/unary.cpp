@@ -120,7 +120,7 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::relu, x);
   return with_grad("relu", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return where(gt(x, scalar_like(x, 0.0)), g, scalar_like(g, 0.0));
+    return relu_backward(g, x);
   });
 }
 

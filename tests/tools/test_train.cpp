@@ -247,6 +247,14 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(none.totals().empty());
 }
 
+TEST_CASE("BatchOrder gives batch_indices' batches, in any order of steps") {
+  const int64_t n = 10, b = 4;  // 3 steps per epoch, the last one short
+  BatchOrder order(7, n, b);
+  for (int64_t step : {0, 1, 2, 3, 7, 2, 5, 5, 0, 11})
+    CHECK(order.batch(step).to_vector<int64_t>() ==
+          batch_indices(7, step, n, b).to_vector<int64_t>());
+}
+
 TEST_CASE("batch_indices: each epoch a permutation, a pure function of seed and step") {
   const int64_t n = 10, b = 4;  // 3 batches per epoch: 4, 4, 2
   for (int64_t epoch = 0; epoch < 2; ++epoch) {

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "engine/ops/harness.h"
 
@@ -319,4 +320,26 @@ TEST_CASE("add_n: the chain of adds bit for bit, gradients only where taken, cle
   CHECK(add_n({t[3]}).to_vector<float>() == t[3].to_vector<float>());
   CHECK_THROWS_WITH_AS(add_n({}), doctest::Contains("[add_n] needs at least one term"),
                        std::invalid_argument);
+}
+
+TEST_CASE("relu_backward: where(x > 0, grad, 0) in one pass, NaN and ties included") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor x = from_vector<double>({-1.0, 0.0, 2.0, nan, 3.0, -0.0}, {2, 3});
+  const Tensor g = from_vector<double>({1.0, 2.0, 3.0, 4.0, nan, 6.0}, {2, 3})
+                       .requires_grad_();
+  const Tensor out = relu_backward(g, x);
+  const std::vector<double> v = out.to_vector<double>();
+  CHECK(v[0] == 0.0);
+  CHECK(v[1] == 0.0);
+  CHECK(v[2] == 3.0);
+  CHECK(v[3] == 0.0);  // a NaN input passes nothing
+  CHECK(std::isnan(v[4]));  // a NaN gradient where the input is positive passes
+  CHECK(v[5] == 0.0);
+  // Broadcast over rows, f32 like the f64 result.
+  const Tensor row = from_vector<float>({1.0f, -1.0f, 0.5f}, {3});
+  CHECK(relu_backward(ones({2, 3}), row).to_vector<float>() ==
+        std::vector<float>{1, 0, 1, 1, 0, 1});
+  // Linear in grad: its gradient is the same mask.
+  sum(relu_backward(g, x) * 2.0).backward();
+  CHECK(g.grad().to_vector<double>() == std::vector<double>{0, 0, 2, 0, 2, 0});
 }

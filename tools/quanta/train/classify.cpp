@@ -136,11 +136,12 @@ ClassifyResult run_classify(const ClassifyConfig& config, const std::string& out
       << std::flush;
 
   Progress progress(log, progress_bar, 0, cfg.steps, cfg.batch_size);
+  BatchOrder order(cfg.seed, n, cfg.batch_size);
   double loss_sum = 0;
   int64_t logged = 0;
   model->train();
   for (int64_t step = 0; step < cfg.steps;) {
-    const Tensor idx = batch_indices(cfg.seed, step, n, cfg.batch_size);
+    const Tensor idx = order.batch(step);
     const Tensor loss = cross_entropy(model->forward(index_select(train_set.images, 0, idx)),
                                       index_select(train_set.labels, 0, idx));
     optimizer.zero_grad();

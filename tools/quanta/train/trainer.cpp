@@ -156,12 +156,30 @@ Tensor rank_share(const Tensor& batch, int rank, int world) {
   return batch.narrow(0, lo, hi - lo);
 }
 
-Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size) {
-  const int64_t per_epoch = (n + batch_size - 1) / batch_size;
-  const int64_t epoch = step / per_epoch, k = step % per_epoch;
+namespace {
+
+Tensor epoch_permutation(uint64_t seed, int64_t epoch, int64_t n) {
   Generator gen = Generator::named(seed, "data-order").fork("epoch-" + std::to_string(epoch));
-  const Tensor perm = randperm(n, gen);
-  return perm.narrow(0, k * batch_size, std::min(batch_size, n - k * batch_size));
+  return randperm(n, gen);
+}
+
+}  // namespace
+
+Tensor batch_indices(uint64_t seed, int64_t step, int64_t n, int64_t batch_size) {
+  return BatchOrder(seed, n, batch_size).batch(step);
+}
+
+BatchOrder::BatchOrder(uint64_t seed, int64_t n, int64_t batch_size)
+    : seed_(seed), n_(n), batch_size_(batch_size) {}
+
+Tensor BatchOrder::batch(int64_t step) {
+  const int64_t per_epoch = (n_ + batch_size_ - 1) / batch_size_;
+  const int64_t epoch = step / per_epoch, k = step % per_epoch;
+  if (epoch != epoch_) {
+    perm_ = epoch_permutation(seed_, epoch, n_);
+    epoch_ = epoch;
+  }
+  return perm_.narrow(0, k * batch_size_, std::min(batch_size_, n_ - k * batch_size_));
 }
 
 TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
@@ -269,11 +287,12 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
   const std::string qtype = cfg.quantizer["type"].get<std::string>();
 
   Progress progress(log, job.progress_bar, step, total, cfg.batch_size);
+  BatchOrder order(cfg.seed, n, cfg.batch_size);
   StopSignals signals;
   model.train();
   while (step < total) {
     // The global batch of this step; this rank takes its contiguous share.
-    const Tensor batch = batch_indices(cfg.seed, step, n, cfg.batch_size);
+    const Tensor batch = order.batch(step);
     const int64_t b = batch.numel();
     const Tensor share = rank_share(batch, rank, world);
     // The dataset stays on the host; each batch travels to the model's device.
