@@ -165,7 +165,7 @@ TEST_CASE("quanta rejects bad usage with exit code 2") {
   check_one_line_error(quanta_cli({"inspect", "x.safetensors", "--bogus"}), 2, "--bogus");
   check_one_line_error(quanta_cli({"bench"}), 2, "suite is required");
   check_one_line_error(quanta_cli({"bench", "nope"}), 2,
-                       "unknown bench suite 'nope' (suites: dist, engine, nf4, quant)");
+                       "unknown bench suite 'nope' (suites: dist, engine, nf4, quant, train)");
   check_one_line_error(quanta_cli({"bench", "engine", "--repeat", "0"}), 2, "--repeat");
   check_one_line_error(quanta_cli({"bench", "engine", "--size", "huge"}), 2, "--size");
 }
@@ -222,8 +222,13 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
   check_one_line_error(quanta_cli({"inspect", dir.path().string()}), 1, "is a directory");
 }
 
-TEST_CASE("quanta bench engine reports five rows against their floors") {
-  const std::set<std::string> names = {"matmul_1024", "matmul_4096x4096x256", "add", "exp", "sum"};
+TEST_CASE("quanta bench engine reports its rows against their floors") {
+  const std::set<std::string> names = {"matmul_1024",           "matmul_4096x4096x256",
+                                       "add",                   "exp",
+                                       "sum",                   "conv_enc1_1x28_k4s2",
+                                       "conv_enc2_32x14_k4s2",  "conv_enc3_32x7_k3",
+                                       "conv_enc4_32x7_k1",     "conv_dec1_16x7_k3",
+                                       "convT_dec2_32x7_k4s2",  "convT_dec3_32x14_k4s2"};
   SUBCASE("json") {
     Result r = quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
@@ -253,6 +258,21 @@ TEST_CASE("quanta bench engine reports five rows against their floors") {
     CHECK(contains(r.out, "ratio"));
     for (const auto& n : names) CHECK(contains(r.out, "\n" + n + " "));
   }
+}
+
+TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
+  Result r = quanta_cli({"bench", "train", "--json", "--repeat", "1", "--size", "small"});
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  const auto rows = nlohmann::json::parse(r.out);
+  std::set<std::string> seen;
+  for (const auto& row : rows) {
+    seen.insert(row["name"].get<std::string>());
+    CHECK(row["ms"].get<double>() > 0);
+    CHECK(row["floor_ms"].get<double>() > 0);
+  }
+  CHECK(seen == std::set<std::string>{"train_step_vqvae_vq", "train_step_vqvae_none",
+                                      "train_step_vqvae_fsq", "train_step_classifier"});
 }
 
 TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {

@@ -24,9 +24,10 @@ struct SuiteInfo {
 // Later suites add one line here.
 const std::map<std::string, SuiteInfo>& suites() {
   static const std::map<std::string, SuiteInfo> all = {
-      {"engine", {bench_engine, "engine kernels: matmul, add, exp, sum"}},
+      {"engine", {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions"}},
       {"quant", {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs"}},
       {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32"}},
+      {"train", {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs"}},
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
   };
   return all;
@@ -132,11 +133,17 @@ void add_bench(CLI::App& app) {
       "ms / floor_ms.\nSuites:" +
       about +
       "\n\nengine conventions: matmul_MxKxN multiplies A [M, K] by B [K, N] in f32 "
-      "(matmul_1024: M = K = N = 1024) against a bare Eigen GEMM on the same threads. add, "
+      "(matmul_1024: M = K = N = 1024) against a bare Eigen GEMM on the same threads (below "
+      "1 where quanta's GEMM runs on OpenBLAS and beats Eigen). add, "
       "exp and sum run on 16M-element f32 tensors against a multithreaded memcpy with the "
       "same memory traffic: a memcpy of n bytes reads n and writes n; add reads 2 buffers "
       "and writes 1, so its floor copies 1.5 buffers; exp reads 1 and writes 1 (1 buffer); "
-      "sum reads 1 (half a buffer). Op times include allocating their outputs.");
+      "sum reads 1 (half a buffer). Op times include allocating their outputs. conv_* rows: "
+      "each convolution of the main job's VQ-VAE at batch 64, forward and backward, against "
+      "the time a 1024^3 matmul takes for the same FLOPs (timed in turns with it)."
+      "\n\ntrain conventions: one optimizer step at batch 64 on random images against the time a "
+      "1024^3 matmul takes for the step's FLOPs (convolutions or Linear layers forward and "
+      "backward, plus vq's distance GEMM).");
   sub->add_option("suite", c->suite, "the suite to run: " + suite_names())
       ->required()
       ->check(CLI::Validator(

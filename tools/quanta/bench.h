@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace quanta {
+class Generator;
+}
+
 namespace quanta::cli {
 
 /** One benchmark result: median milliseconds of the op and of its floor. */
@@ -49,6 +53,19 @@ using BenchSuite = std::vector<BenchRow> (*)(const BenchOptions&);
 /** Engine kernels: matmul against a bare Eigen GEMM, elementwise ops and a
  * reduction against memcpy (see bench_engine.cpp for the conventions). */
 std::vector<BenchRow> bench_engine(const BenchOptions& opts);
+
+/** The engine suite's convolution rows: each layer of the main job's VQ-VAE
+ * forward and backward against a large GEMM's time for the same FLOPs
+ * (bench_conv.cpp). */
+std::vector<BenchRow> bench_conv(const BenchOptions& opts, Generator& gen);
+/** FLOPs of the main job's convolutions forward and backward at `batch`
+ * (the input gradient of the first layer is not taken). */
+double main_job_conv_flops(int64_t batch);
+
+/** One training step of `quanta train`'s models (VQ-VAE with vq, none and
+ * fsq; the classifier) against a large GEMM's time for their FLOPs
+ * (bench_train.cpp). */
+std::vector<BenchRow> bench_train(const BenchOptions& opts);
 
 /** Quantizer train steps: the VQ family's rows then the scalar family's. */
 std::vector<BenchRow> bench_quant(const BenchOptions& opts);

@@ -83,6 +83,7 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
     row.floor_ms = memcpy_floor(e.buffers_moved);
     rows.push_back(row);
   }
+  for (BenchRow& row : bench_conv(o, gen)) rows.push_back(row);
   return rows;
 }
 
