@@ -1,6 +1,8 @@
 #include "engine/cpu/block_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <map>
 #include <mutex>
 #include <string>
@@ -73,6 +75,23 @@ std::size_t cached_block_bytes() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   return c.held;
+}
+
+ScratchBuffer::ScratchBuffer(std::size_t bytes) {
+  constexpr std::size_t kFromCache = std::size_t(256) << 10;
+  if (bytes >= kFromCache) {
+    cached_bytes_ = (bytes + kCachedBlockMin - 1) / kCachedBlockMin * kCachedBlockMin;
+    data_ = take_cached_block(cached_bytes_);
+    if (!data_) data_ = std::aligned_alloc(kCachedBlockMin, cached_bytes_);
+  } else {
+    data_ = std::malloc(std::max<std::size_t>(bytes, 1));
+  }
+  if (!data_) throw std::bad_alloc();
+}
+
+ScratchBuffer::~ScratchBuffer() {
+  if (cached_bytes_ > 0 && keep_cached_block(data_, cached_bytes_)) return;
+  std::free(data_);
 }
 
 }  // namespace quanta::cpu

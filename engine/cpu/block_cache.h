@@ -27,4 +27,25 @@ bool keep_cached_block(void* block, std::size_t bytes);
 /** Bytes held by the cache now. */
 std::size_t cached_block_bytes();
 
+/** A kernel's scratch memory for one call. From 256 KiB up it is rounded
+ * to whole cached blocks and comes from (and goes back to) the cache: a
+ * kernel called every step (a convolution's im2col columns) then reuses the
+ * same pages instead of faulting in fresh ones from malloc each call.
+ * Smaller buffers are plain malloc. */
+class ScratchBuffer {
+ public:
+  explicit ScratchBuffer(std::size_t bytes);
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t cached_bytes_ = 0;  // the block's size when it is a cached block
+};
+
 }  // namespace quanta::cpu

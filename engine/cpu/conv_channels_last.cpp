@@ -7,54 +7,75 @@
 #include <algorithm>
 #include <memory>
 
+#include "engine/cpu/block_cache.h"
 #include "engine/cpu/conv_chunks.h"
 #include "engine/cpu/gemm.h"
 
 namespace quanta::cpu {
 namespace {
 
+// Transposes go in tiles of kTile x kTile so that both sides stay in cache
+// lines the tile has already touched.
+constexpr int64_t kTile = 16;
+
 // dst [HW, C] = src [C, HW]^T: one image to channels last.
 template <class T>
 void to_channels_last(const T* src, int64_t C, int64_t HW, T* dst) {
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t p = 0; p < HW; ++p) dst[p * C + c] = src[c * HW + p];
+  for (int64_t c0 = 0; c0 < C; c0 += kTile)
+    for (int64_t p0 = 0; p0 < HW; p0 += kTile) {
+      const int64_t c1 = std::min(C, c0 + kTile), p1 = std::min(HW, p0 + kTile);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t c = c0; c < c1; ++c) dst[p * C + c] = src[c * HW + p];
+    }
 }
 
 // dst [C, HW] = src [HW, C]^T + shift[c] (shift may be null): back to planar.
 template <class T>
 void to_planar(const T* src, int64_t C, int64_t HW, const T* shift, T* dst) {
-  for (int64_t c = 0; c < C; ++c) {
-    const T s = shift ? shift[c] : T(0);
-    for (int64_t p = 0; p < HW; ++p) dst[c * HW + p] = src[p * C + c] + s;
-  }
+  for (int64_t c0 = 0; c0 < C; c0 += kTile)
+    for (int64_t p0 = 0; p0 < HW; p0 += kTile) {
+      const int64_t c1 = std::min(C, c0 + kTile), p1 = std::min(HW, p0 + kTile);
+      for (int64_t c = c0; c < c1; ++c) {
+        const T s = shift ? shift[c] : T(0);
+        for (int64_t p = p0; p < p1; ++p) dst[c * HW + p] = src[p * C + c] + s;
+      }
+    }
 }
 
 // Calls tap(p, tap_index, pixel) for every output pixel p of one image and
-// every kernel tap that lands inside the image, pixel being the offset of
-// the input pixel (ih * W + iw); taps in the padding are skipped.
+// every kernel tap, pixel being the offset of the input pixel (ih * W + iw),
+// or -1 where the tap lands in the padding.
 template <class Tap>
 void for_each_tap(const ConvGeom& g, Tap tap) {
   for (int64_t oh = 0; oh < g.OH; ++oh)
     for (int64_t i = 0; i < g.kh; ++i) {
       const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
-      if (ih < 0 || ih >= g.H) continue;
+      const bool row_inside = ih >= 0 && ih < g.H;
       for (int64_t j = 0; j < g.kw; ++j) {
         const int64_t dw = j * g.dilation[1] - g.padding[1];
-        int64_t lo, hi;
-        valid_range(dw, g.stride[1], g.W, g.OW, lo, hi);
-        for (int64_t ow = lo; ow < hi; ++ow)
-          tap(oh * g.OW + ow, i * g.kw + j, ih * g.W + ow * g.stride[1] + dw);
+        int64_t lo = 0, hi = 0;
+        if (row_inside) valid_range(dw, g.stride[1], g.W, g.OW, lo, hi);
+        const int64_t t = i * g.kw + j;
+        for (int64_t ow = 0; ow < g.OW; ++ow)
+          tap(oh * g.OW + ow, t, ow >= lo && ow < hi ? ih * g.W + ow * g.stride[1] + dw : -1);
       }
     }
 }
 
 // cols [L, kh kw C] of one NHWC image x [H W, C]; taps in the padding are 0.
+// Every element of cols is written once (no fill first), by loops the
+// compiler vectorises: C is a few dozen floats, too few for a memcpy call.
 template <class T>
 void im2col_nhwc(const T* x, T* cols, const ConvGeom& g) {
   const int64_t C = g.C, row = g.kh * g.kw * C;
-  std::fill(cols, cols + g.L() * row, T(0));
   for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
-    std::copy(x + pixel * C, x + (pixel + 1) * C, cols + p * row + t * C);
+    T* dst = cols + p * row + t * C;
+    if (pixel < 0) {
+      for (int64_t c = 0; c < C; ++c) dst[c] = T(0);
+    } else {
+      const T* src = x + pixel * C;
+      for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+    }
   });
 }
 
@@ -63,6 +84,7 @@ template <class T>
 void col2im_nhwc(const T* cols, T* x, const ConvGeom& g) {
   const int64_t C = g.C, row = g.kh * g.kw * C;
   for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
+    if (pixel < 0) return;
     const T* src = cols + p * row + t * C;
     T* dst = x + pixel * C;
     for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
@@ -103,8 +125,8 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
   const Chunks plan = plan_chunks(g, HW * C + L * (ckk + O));
   const int64_t images_size = plan.images * HW * C, cols_size = plan.images * L * ckk,
                 rows_size = plan.images * L * O, per_worker = images_size + cols_size + rows_size;
-  std::unique_ptr<T[]> scratch(new T[plan.workers * per_worker]);
-  auto images_of = [&](int64_t w) { return scratch.get() + w * per_worker; };
+  const ScratchBuffer scratch(sizeof(T) * plan.workers * per_worker);
+  auto images_of = [&](int64_t w) { return scratch.as<T>() + w * per_worker; };
   auto cols_of = [&](int64_t w) { return images_of(w) + images_size; };
   auto rows_of = [&](int64_t w) { return cols_of(w) + cols_size; };
   // The weight with its taps in the columns' order.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "engine/cpu/block_cache.h"
 #include "engine/cpu/conv_channels_last.h"
 #include "engine/cpu/conv_chunks.h"
 #include "engine/cpu/gemm.h"
@@ -110,12 +111,15 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
     if (kind == ConvKind::weight_grad) std::fill(out, out + g.O * ckk, T(0));
     return;
   }
+  // A one-image chunk (a single image, or images too large to pair) reads
+  // and writes the NCHW tensors in place instead of through a gathered copy.
   const Chunks plan = plan_chunks(g, std::max(ckk, og) * L);
-  const int64_t cols_size = ckk * plan.images * L, rows_size = og * plan.images * L;
+  const int64_t cols_size = ckk * plan.images * L;
+  const int64_t rows_size = plan.images > 1 ? og * plan.images * L : 0;
   // Per worker: the chunk's columns and its [og, images * L] block of the
   // output (forward) or of the output gradient (both backwards).
-  std::unique_ptr<T[]> scratch(new T[plan.workers * (cols_size + rows_size)]);
-  auto cols_of = [&](int64_t w) { return scratch.get() + w * (cols_size + rows_size); };
+  const ScratchBuffer scratch(sizeof(T) * plan.workers * (cols_size + rows_size));
+  auto cols_of = [&](int64_t w) { return scratch.as<T>() + w * (cols_size + rows_size); };
   auto rows_of = [&](int64_t w) { return cols_of(w) + cols_size; };
 
   if (kind == ConvKind::forward) {
@@ -127,6 +131,13 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         for (int64_t j = 0; j < nb; ++j)
           im2col(a + ((n0 + j) * g.C + gi * cg) * HW, cols + j * L, ld, g);
+        if (nb == 1) {  // straight into the output, on top of the bias
+          T* yn = out + (n0 * g.O + gi * og) * L;
+          for (int64_t o = 0; o < og && bias; ++o)
+            std::fill(yn + o * L, yn + (o + 1) * L, bias[gi * og + o]);
+          gemm<T>(og, L, ckk, {b + gi * og * ckk, ckk, 1}, {cols, L, 1}, yn, L, bias != nullptr);
+          continue;
+        }
         gemm<T>(og, ld, ckk, {b + gi * og * ckk, ckk, 1}, {cols, ld, 1}, y, ld);
         for (int64_t j = 0; j < nb; ++j)
           for (int64_t o = 0; o < og; ++o) {
@@ -150,8 +161,9 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
           std::fill(xn + c * HW, xn + (c + 1) * HW, bias ? bias[c] : T(0));
       }
       for (int64_t gi = 0; gi < g.groups; ++gi) {
-        gather_images(a + (n0 * g.O + gi * og) * L, g.O * L, nb, og, L, gy);
-        gemm<T>(ckk, ld, og, {b + gi * og * ckk, 1, ckk}, {gy, ld, 1}, cols, ld);
+        const T* gyc = a + (n0 * g.O + gi * og) * L;
+        if (nb > 1) gather_images(gyc, g.O * L, nb, og, L, gy);
+        gemm<T>(ckk, ld, og, {b + gi * og * ckk, 1, ckk}, {nb > 1 ? gy : gyc, ld, 1}, cols, ld);
         for (int64_t j = 0; j < nb; ++j)
           col2im(cols + j * L, ld, out + ((n0 + j) * g.C + gi * cg) * HW, g);
       }
@@ -171,8 +183,10 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         for (int64_t j = 0; j < nb; ++j)
           im2col(a + ((n0 + j) * g.C + gi * cg) * HW, cols + j * L, ld, g);
-        gather_images(b + (n0 * g.O + gi * og) * L, g.O * L, nb, og, L, gy);
-        gemm<T>(og, ckk, ld, {gy, ld, 1}, {cols, 1, ld}, acc + gi * og * ckk, ckk, true);
+        const T* gyc = b + (n0 * g.O + gi * og) * L;
+        if (nb > 1) gather_images(gyc, g.O * L, nb, og, L, gy);
+        gemm<T>(og, ckk, ld, {nb > 1 ? gy : gyc, ld, 1}, {cols, 1, ld}, acc + gi * og * ckk,
+                ckk, true);
       }
     });
     if (plan.workers > 1) {

@@ -297,8 +297,9 @@ void run_finetune(const FinetuneOptions& o) {
   double loss_sum = 0;
   int64_t logged = 0;
   q.model->train();
+  train::BatchOrder order(o.seed, n, o.batch_size);
   for (int64_t step = 0; step < o.steps;) {
-    const Tensor global = train::batch_indices(o.seed, step, n, o.batch_size);
+    const Tensor global = order.batch(step);
     const Tensor idx = train::rank_share(global, rank, world);
     // Sum over this rank's rows / global rows, times W: DataParallel's average
     // over ranks is then the mean over the global batch, however it splits.
