@@ -38,11 +38,11 @@ struct MemoryStats {
   std::size_t peak_allocated_bytes = 0;  // since the start or reset_peak_memory_stats
   std::size_t reserved_bytes = 0;        // taken from the device: allocated + cached
   std::size_t peak_reserved_bytes = 0;
-  int64_t allocations = 0;               // requests served
-  int64_t cache_hits = 0;                // of which served from the cache
-  int64_t device_mallocs = 0;            // cudaMalloc calls
-  int64_t device_frees = 0;              // cudaFree calls (empty_cache, out-of-memory retries)
-  int64_t oom_retries = 0;               // allocations retried after returning the cache
+  int64_t allocations = 0;     // requests served
+  int64_t cache_hits = 0;      // of which served from the cache
+  int64_t device_mallocs = 0;  // cudaMalloc calls
+  int64_t device_frees = 0;    // cudaFree calls (empty_cache, out-of-memory retries)
+  int64_t oom_retries = 0;     // allocations retried after returning the cache
 };
 
 /** Memory statistics of CUDA device `device` (all zero before its first use,

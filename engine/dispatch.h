@@ -10,7 +10,10 @@
 namespace quanta {
 
 namespace detail {
-template <class T> struct TypeTag { using type = T; };
+template <class T>
+struct TypeTag {
+  using type = T;
+};
 [[noreturn]] inline void bad_dtype(const char* op, DType t, const char* what) {
   throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
                               " is not supported (" + what + ")");
@@ -28,38 +31,59 @@ inline void check_arithmetic(const char* op, std::initializer_list<DType> dtypes
 }
 
 /** f32 and f64: the dtypes CPU floating kernels compute in. */
-template <class F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
+template <class F>
+decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(detail::TypeTag<float>{});
-    case DType::f64: return f(detail::TypeTag<double>{});
-    default: detail::bad_dtype(op, t, "expected f32 or f64");
+    case DType::f32:
+      return f(detail::TypeTag<float>{});
+    case DType::f64:
+      return f(detail::TypeTag<double>{});
+    default:
+      detail::bad_dtype(op, t, "expected f32 or f64");
   }
 }
 
 /** Every arithmetic dtype computed on the CPU (no bool, no 16-bit floats). */
-template <class F> decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
+template <class F>
+decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(detail::TypeTag<float>{});
-    case DType::f64: return f(detail::TypeTag<double>{});
-    case DType::i32: return f(detail::TypeTag<int32_t>{});
-    case DType::i64: return f(detail::TypeTag<int64_t>{});
-    case DType::u8: return f(detail::TypeTag<uint8_t>{});
-    default: detail::bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
+    case DType::f32:
+      return f(detail::TypeTag<float>{});
+    case DType::f64:
+      return f(detail::TypeTag<double>{});
+    case DType::i32:
+      return f(detail::TypeTag<int32_t>{});
+    case DType::i64:
+      return f(detail::TypeTag<int64_t>{});
+    case DType::u8:
+      return f(detail::TypeTag<uint8_t>{});
+    default:
+      detail::bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
   }
 }
 
 /** Every plain dtype, including bool and the 16-bit floats (copies, fills). */
-template <class F> decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
+template <class F>
+decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(detail::TypeTag<float>{});
-    case DType::f64: return f(detail::TypeTag<double>{});
-    case DType::bf16: return f(detail::TypeTag<bf16>{});
-    case DType::f16: return f(detail::TypeTag<f16>{});
-    case DType::i32: return f(detail::TypeTag<int32_t>{});
-    case DType::i64: return f(detail::TypeTag<int64_t>{});
-    case DType::u8: return f(detail::TypeTag<uint8_t>{});
-    case DType::boolean: return f(detail::TypeTag<bool>{});
-    default: detail::bad_dtype(op, t, "a byte-only format: dequantize it first");
+    case DType::f32:
+      return f(detail::TypeTag<float>{});
+    case DType::f64:
+      return f(detail::TypeTag<double>{});
+    case DType::bf16:
+      return f(detail::TypeTag<bf16>{});
+    case DType::f16:
+      return f(detail::TypeTag<f16>{});
+    case DType::i32:
+      return f(detail::TypeTag<int32_t>{});
+    case DType::i64:
+      return f(detail::TypeTag<int64_t>{});
+    case DType::u8:
+      return f(detail::TypeTag<uint8_t>{});
+    case DType::boolean:
+      return f(detail::TypeTag<bool>{});
+    default:
+      detail::bad_dtype(op, t, "a byte-only format: dequantize it first");
   }
 }
 

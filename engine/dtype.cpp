@@ -26,15 +26,24 @@ static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2);
 
 int rank_of(DType t) {
   switch (t) {
-    case DType::boolean: return 0;
-    case DType::u8: return 1;
-    case DType::i32: return 2;
-    case DType::i64: return 3;
-    case DType::f16: return 4;
-    case DType::bf16: return 5;
-    case DType::f32: return 6;
-    case DType::f64: return 7;
-    case DType::nf4: return -1;
+    case DType::boolean:
+      return 0;
+    case DType::u8:
+      return 1;
+    case DType::i32:
+      return 2;
+    case DType::i64:
+      return 3;
+    case DType::f16:
+      return 4;
+    case DType::bf16:
+      return 5;
+    case DType::f32:
+      return 6;
+    case DType::f64:
+      return 7;
+    case DType::nf4:
+      return -1;
   }
   return -1;
 }
@@ -50,8 +59,8 @@ const DTypeInfo& dtype_info(DType t) {
 std::size_t element_size(DType t) {
   const auto& info = dtype_info(t);
   if (info.block_elems != 1)
-    throw std::invalid_argument(std::string("[element_size] dtype ") +
-                                info.name + " is block-quantized");
+    throw std::invalid_argument(std::string("[element_size] dtype ") + info.name +
+                                " is block-quantized");
   return info.block_bytes;
 }
 

@@ -17,11 +17,11 @@ using f16 = Eigen::half;
 /** Static facts about a dtype. Byte-only dtypes refuse arithmetic. */
 struct DTypeInfo {
   const char* name;
-  std::size_t block_bytes;   // bytes of one storage block
-  std::size_t block_elems;   // logical elements in one block (1 for plain types)
+  std::size_t block_bytes;  // bytes of one storage block
+  std::size_t block_elems;  // logical elements in one block (1 for plain types)
   bool is_floating;
-  bool is_integral;          // i32, i64, u8 (bool counts as neither)
-  bool arithmetic;           // false for byte-only formats (nf4)
+  bool is_integral;  // i32, i64, u8 (bool counts as neither)
+  bool arithmetic;   // false for byte-only formats (nf4)
 };
 
 /** The traits row of `t`. */
@@ -41,15 +41,41 @@ inline bool is_floating(DType t) { return dtype_info(t).is_floating; }
 inline bool is_integral(DType t) { return dtype_info(t).is_integral; }
 
 /** Maps a C++ type to its dtype. */
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
-template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
-template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::boolean;
+};
+template <class T>
+inline constexpr DType dtype_v = dtype_of<T>::value;
 
 }  // namespace quanta

@@ -63,7 +63,7 @@ Tensor linspace(double start, double end, int64_t steps, const TensorOptions& op
     // Fill from both ends so the last value is exactly `end`, like NumPy.
     for (int64_t i = 0; i < n; ++i)
       p[i] = cpu::cast<T>(i < (n + 1) / 2 ? start + step * static_cast<double>(i)
-                                    : end - step * static_cast<double>(n - 1 - i));
+                                          : end - step * static_cast<double>(n - 1 - i));
   });
 }
 

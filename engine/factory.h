@@ -33,8 +33,7 @@ template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
                    const TensorOptions& opts = {.dtype = dtype_v<T>});
 /** A copy of `numel_of(shape)` elements of type `dtype` at `data` (host memory). */
-Tensor from_blob(const void* data, const Shape& shape, DType dtype,
-                 const TensorOptions& opts = {});
+Tensor from_blob(const void* data, const Shape& shape, DType dtype, const TensorOptions& opts = {});
 
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);

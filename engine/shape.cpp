@@ -46,8 +46,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1)
-      throw std::invalid_argument(std::string("[") + op + "] shapes " + shape_str(a) +
-                                  " and " + shape_str(b) + " cannot be broadcast");
+      throw std::invalid_argument(std::string("[") + op + "] shapes " + shape_str(a) + " and " +
+                                  shape_str(b) + " cannot be broadcast");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -57,13 +57,11 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t lo = -std::max<int64_t>(ndim, 1), hi = std::max<int64_t>(ndim, 1) - 1;
   if (dim < lo || dim > hi)
     throw std::invalid_argument(std::string("[") + op + "] dim " + std::to_string(dim) +
-                                " out of range for a " + std::to_string(ndim) +
-                                "-d tensor");
+                                " out of range for a " + std::to_string(ndim) + "-d tensor");
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
-std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim,
-                               const char* op) {
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
   std::vector<int64_t> out;
   if (dims.empty()) {
     for (int64_t i = 0; i < ndim; ++i) out.push_back(i);

@@ -26,8 +26,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 /** Wraps a possibly negative dim into [0, ndim); throws naming `op`. */
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 /** Sorted, unique, wrapped dims; empty input means all dims. */
-std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim,
-                               const char* op);
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
 /** "[2, 3, 4]" */
 std::string shape_str(const Shape& shape);
 

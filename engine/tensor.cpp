@@ -16,8 +16,7 @@
 namespace quanta {
 namespace {
 const Tensor& defined_or_throw(const Tensor& t, const char* what) {
-  if (!t.defined())
-    throw std::invalid_argument(std::string("[") + what + "] tensor is undefined");
+  if (!t.defined()) throw std::invalid_argument(std::string("[") + what + "] tensor is undefined");
   return t;
 }
 const std::shared_ptr<Node> kNoNode;
@@ -54,8 +53,7 @@ bool Tensor::is_contiguous() const {
 std::size_t Tensor::nbytes() const {
   const auto& info = dtype_info(dtype());
   const int64_t n = numel();
-  return static_cast<std::size_t>((n + info.block_elems - 1) / info.block_elems) *
-         info.block_bytes;
+  return static_cast<std::size_t>((n + info.block_elems - 1) / info.block_elems) * info.block_bytes;
 }
 
 void* Tensor::raw_data() const {
@@ -77,8 +75,7 @@ void Tensor::check_data_access(DType want) const {
     throw std::invalid_argument(std::string("[data] tensor has dtype ") + dtype_name(dtype()) +
                                 ", accessed as " + dtype_name(want));
   if (!device().is_cpu())
-    throw std::invalid_argument("[data] tensor is on " + device().str() +
-                                "; copy it to cpu first");
+    throw std::invalid_argument("[data] tensor is on " + device().str() + "; copy it to cpu first");
 }
 
 Tensor Tensor::to(DType dt) const { return to_dtype(*this, dt); }
@@ -125,10 +122,12 @@ bool Tensor::requires_grad() const {
 Tensor& Tensor::requires_grad_(bool on) {
   if (on && !is_floating(dtype()))
     throw std::invalid_argument(std::string("[requires_grad_] only floating tensors can "
-                                            "require grad, got ") + dtype_name(dtype()));
+                                            "require grad, got ") +
+                                dtype_name(dtype()));
   if (!is_leaf())
-    throw std::invalid_argument("[requires_grad_] only leaves can change requires_grad; "
-                                "use detach() first");
+    throw std::invalid_argument(
+        "[requires_grad_] only leaves can change requires_grad; "
+        "use detach() first");
   impl_->meta().requires_grad = on;
   return *this;
 }
@@ -167,8 +166,9 @@ Tensor Tensor::detach() const { return quanta::detach(*this); }
 
 void Tensor::register_post_accumulate_hook(std::function<void(const Tensor&)> hook) const {
   if (!is_leaf() || !requires_grad())
-    throw std::invalid_argument("[register_post_accumulate_hook] only leaves that require "
-                                "grad accumulate gradients");
+    throw std::invalid_argument(
+        "[register_post_accumulate_hook] only leaves that require "
+        "grad accumulate gradients");
   impl_->meta().post_accumulate_hooks.push_back(std::move(hook));
 }
 
@@ -194,13 +194,11 @@ Tensor Tensor::squeeze() const { return quanta::squeeze(*this); }
 Tensor Tensor::squeeze(int64_t d) const { return quanta::squeeze(*this, d); }
 Tensor Tensor::unsqueeze(int64_t d) const { return quanta::unsqueeze(*this, d); }
 Tensor Tensor::flatten(int64_t s, int64_t e) const { return quanta::flatten(*this, s, e); }
-Tensor Tensor::unflatten(int64_t d, const Shape& s) const {
-  return quanta::unflatten(*this, d, s);
-}
+Tensor Tensor::unflatten(int64_t d, const Shape& s) const { return quanta::unflatten(*this, d, s); }
 
 // ---- printing ----
 namespace {
-constexpr int64_t kEdgeItems = 3;   // shown at each end of a long dim
+constexpr int64_t kEdgeItems = 3;  // shown at each end of a long dim
 constexpr int64_t kSummariseAbove = 1000;
 
 void print_rec(std::ostream& os, const Tensor& c, const std::vector<double>& v, int64_t d,
@@ -272,8 +270,7 @@ std::optional<int64_t> storage_bytes(const Shape& shape, DType dtype) {
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
-    if (s < 0)
-      throw std::invalid_argument("[empty] negative size in shape " + shape_str(shape));
+    if (s < 0) throw std::invalid_argument("[empty] negative size in shape " + shape_str(shape));
   const auto& info = dtype_info(dtype);
   if (info.block_bytes == 0)
     throw std::invalid_argument(std::string("[empty] dtype ") + info.name +

@@ -60,7 +60,8 @@ class Tensor {
   /** Address of element 0; CPU only. */
   void* raw_data() const;
   /** Typed address of element 0; checks dtype and that the tensor is on CPU. */
-  template <class T> T* data() const {
+  template <class T>
+  T* data() const {
     check_data_access(dtype_v<T>);
     return static_cast<T*>(raw_data());
   }
@@ -76,9 +77,13 @@ class Tensor {
   Tensor clone() const;
   /** The value of a one-element tensor as double. */
   double item() const;
-  template <class T> T item() const { return static_cast<T>(item()); }
+  template <class T>
+  T item() const {
+    return static_cast<T>(item());
+  }
   /** All elements in row-major order, converted to T. */
-  template <class T> std::vector<T> to_vector() const;
+  template <class T>
+  std::vector<T> to_vector() const;
 
   // ---- autograd ----
   bool requires_grad() const;
@@ -166,7 +171,8 @@ std::optional<int64_t> storage_bytes(const Shape& shape, DType dtype);
 Tensor make_tensor(const Shape& shape, DType dtype, Device device);
 }  // namespace detail
 
-template <class T> std::vector<T> Tensor::to_vector() const {
+template <class T>
+std::vector<T> Tensor::to_vector() const {
   Tensor c = to(Device::cpu()).to(dtype_v<T>).contiguous();
   const T* p = c.data<T>();
   return std::vector<T>(p, p + c.numel());

@@ -1,20 +1,21 @@
 #include "quant/token_layout.h"
 
 #include <numeric>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/ops/view.h"
 
 namespace quanta::quant {
 
-TokenLayout::TokenLayout(const Tensor& x, bool channel_last, int64_t dim,
-                         const std::string& who) {
+TokenLayout::TokenLayout(const Tensor& x, bool channel_last, int64_t dim, const std::string& who) {
   const Shape& s = x.shape();
   if (s.size() < 2)
-    throw std::invalid_argument("[" + who + "] expects [B, D], [B, N, D], [B, D, N] or [B, D, H, W...]"
-                                " input, got shape " + shape_str(s));
+    throw std::invalid_argument("[" + who +
+                                "] expects [B, D], [B, N, D], [B, D, N] or [B, D, H, W...]"
+                                " input, got shape " +
+                                shape_str(s));
   single_ = s.size() == 2;
   channel_first_ = !single_ && (s.size() >= 4 || !channel_last);
   batch_ = s[0];
@@ -27,8 +28,8 @@ TokenLayout::TokenLayout(const Tensor& x, bool channel_last, int64_t dim,
     spatial_.assign(s.begin() + 1, s.end() - 1);
   }
   if (!single_)
-    tokens_ = std::accumulate(spatial_.begin(), spatial_.end(), int64_t{1},
-                              std::multiplies<int64_t>());
+    tokens_ =
+        std::accumulate(spatial_.begin(), spatial_.end(), int64_t{1}, std::multiplies<int64_t>());
   if (dim > 0 && features_ != dim)
     throw std::invalid_argument("[" + who + "] expects " + std::to_string(dim) +
                                 " features per token, got input of shape " + shape_str(s) +

@@ -42,14 +42,13 @@ std::unordered_map<Node*, int> count_dependencies(const std::vector<Edge>& roots
   return deps;
 }
 
-void check_grad(const Node& producer, size_t input_index, const Node& consumer,
-                uint32_t slot, const Tensor& g) {
+void check_grad(const Node& producer, size_t input_index, const Node& consumer, uint32_t slot,
+                const Tensor& g) {
   const OutputMeta& want = consumer.outputs().at(slot);
   if (g.shape() != want.shape)
     throw std::runtime_error("[backward] " + producer.name() + " returned a gradient of shape " +
-                             shape_str(g.shape()) + " for input " +
-                             std::to_string(input_index) + " whose shape is " +
-                             shape_str(want.shape));
+                             shape_str(g.shape()) + " for input " + std::to_string(input_index) +
+                             " whose shape is " + shape_str(want.shape));
 }
 
 using Accumulator = std::unordered_map<Node*, std::vector<Tensor>>;
@@ -69,8 +68,8 @@ void add_to(Accumulator& acc, Node* node, uint32_t slot, const Tensor& g) {
 
 // Runs the graph above `roots`. With `capture`, gradients that reach the
 // capture edges are returned there instead of accumulating into leaves.
-void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds,
-         bool retain_graph, std::unordered_map<Node*, Tensor>* capture) {
+void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool retain_graph,
+         std::unordered_map<Node*, Tensor>* capture) {
   auto deps = count_dependencies(roots);
   Accumulator pending;
   for (size_t i = 0; i < roots.size(); ++i)
@@ -138,8 +137,7 @@ std::vector<Tensor> seed_gradients(const std::vector<Tensor>& roots,
                                    const std::vector<Tensor>& grads) {
   if (!grads.empty() && grads.size() != roots.size())
     throw std::invalid_argument("[backward] got " + std::to_string(grads.size()) +
-                                " gradients for " + std::to_string(roots.size()) +
-                                " outputs");
+                                " gradients for " + std::to_string(roots.size()) + " outputs");
   std::vector<Tensor> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
@@ -151,9 +149,10 @@ std::vector<Tensor> seed_gradients(const std::vector<Tensor>& roots,
     Tensor g = grads.empty() ? Tensor() : grads[i];
     if (!g.defined()) {
       if (r.numel() != 1)
-        throw std::invalid_argument("[backward] a gradient can be implied only for a "
-                                    "one-element output; got shape " +
-                                    shape_str(r.shape()));
+        throw std::invalid_argument(
+            "[backward] a gradient can be implied only for a "
+            "one-element output; got shape " +
+            shape_str(r.shape()));
       g = ones(r.shape(), {.dtype = r.dtype(), .device = r.device()});
     } else if (g.shape() != r.shape()) {
       throw std::invalid_argument("[backward] gradient shape " + shape_str(g.shape()) +
@@ -184,8 +183,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   for (const auto& in : inputs) {
     if (!in.requires_grad())
       throw std::invalid_argument("[autograd::grad] an input does not require grad");
-    if (!in.is_leaf())
-      throw std::invalid_argument("[autograd::grad] inputs must be leaves");
+    if (!in.is_leaf()) throw std::invalid_argument("[autograd::grad] inputs must be leaves");
     Edge e = edge_of(in);
     keys.push_back(e.node.get());
     capture[e.node.get()] = Tensor();

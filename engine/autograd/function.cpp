@@ -14,7 +14,8 @@ std::vector<Tensor> apply(const Function& fn, const std::vector<Tensor>& inputs)
   }
   if (!any_requires_grad(inputs)) return outs;
   if (!fn.backward)
-    throw std::invalid_argument("[" + fn.name + "] Function has no backward but an input "
+    throw std::invalid_argument("[" + fn.name +
+                                "] Function has no backward but an input "
                                 "requires grad");
   // Fresh handles: an output may be an input returned unchanged, and its
   // history must not be overwritten.

@@ -50,8 +50,7 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
   if (!m.grad.defined()) {
     // Adopted when nothing else sees it; otherwise a fresh copy, since `g`
     // may alias another gradient that later accumulates.
-    m.grad = g.dtype() == leaf.dtype() && autograd::sole_owner(g) ? g
-                                                                  : g.to(leaf.dtype()).clone();
+    m.grad = g.dtype() == leaf.dtype() && autograd::sole_owner(g) ? g : g.to(leaf.dtype()).clone();
   } else {
     add_(m.grad, g);
   }
@@ -101,8 +100,8 @@ std::vector<Tensor> record(const char* op, std::vector<Tensor> outs,
       if (o.is_same(in)) return outs;
     metas.push_back(meta_of(o));
   }
-  auto node = std::make_shared<FunctionNode>(op, std::move(edges), std::move(metas),
-                                             std::move(backward));
+  auto node =
+      std::make_shared<FunctionNode>(op, std::move(edges), std::move(metas), std::move(backward));
   for (uint32_t i = 0; i < outs.size(); ++i) {
     if (!is_floating(outs[i].dtype())) continue;  // indices never carry grads
     AutogradMeta& m = outs[i].impl()->meta();

@@ -112,10 +112,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
 /** Gradients of `outputs` with respect to `inputs` (not accumulated into
  * .grad). Inputs that do not influence the outputs get undefined tensors. */
-std::vector<Tensor> grad(const std::vector<Tensor>& outputs,
-                         const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs = {},
-                         bool retain_graph = false);
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
 
 }  // namespace autograd
 }  // namespace quanta

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <new>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 
 namespace quanta::cpu {

@@ -135,7 +135,8 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
 
   // Transposes a chunk's gradient gy [nb, O, L] to rows [nb L, O].
   auto gather_rows = [&](const T* gy, int64_t n0, int64_t nb, T* rows) {
-    for (int64_t j = 0; j < nb; ++j) to_channels_last(gy + (n0 + j) * O * L, O, L, rows + j * L * O);
+    for (int64_t j = 0; j < nb; ++j)
+      to_channels_last(gy + (n0 + j) * O * L, O, L, rows + j * L * O);
   };
   // Columns [nb L, kh kw C] of a chunk of NCHW images.
   auto chunk_columns = [&](const T* x, int64_t n0, int64_t nb, T* images, T* cols) {
@@ -188,9 +189,9 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
   }
 }
 
-template void conv_channels_last<float>(ConvKind, const float*, const float*, const float*,
-                                        float*, const ConvGeom&);
-template void conv_channels_last<double>(ConvKind, const double*, const double*,
-                                         const double*, double*, const ConvGeom&);
+template void conv_channels_last<float>(ConvKind, const float*, const float*, const float*, float*,
+                                        const ConvGeom&);
+template void conv_channels_last<double>(ConvKind, const double*, const double*, const double*,
+                                         double*, const ConvGeom&);
 
 }  // namespace quanta::cpu

@@ -10,8 +10,7 @@
 namespace quanta::cpu {
 
 // Output positions o in [0, n) whose input index o * s + off lies in [0, size).
-inline void valid_range(int64_t off, int64_t s, int64_t size, int64_t n, int64_t& lo,
-                        int64_t& hi) {
+inline void valid_range(int64_t off, int64_t s, int64_t size, int64_t n, int64_t& lo, int64_t& hi) {
   lo = off >= 0 ? 0 : (-off + s - 1) / s;
   hi = size - off <= 0 ? 0 : (size - off + s - 1) / s;
   lo = std::min(lo, n);

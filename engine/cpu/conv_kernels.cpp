@@ -24,35 +24,34 @@ namespace {
 template <class T>
 void im2col(const T* x, T* cols, int64_t ld, const ConvGeom& g) {
   const int64_t L = g.L(), kk = g.kh * g.kw;
-  parallel_for(
-      0, g.ckk(), std::max<int64_t>(1, kGrainElements / std::max<int64_t>(L, 1)),
-      [&](int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r) {
-          const int64_t c = r / kk, i = (r / g.kw) % g.kh, j = r % g.kw;
-          const T* plane = x + c * g.H * g.W;
-          const int64_t dh = i * g.dilation[0] - g.padding[0],
-                        dw = j * g.dilation[1] - g.padding[1];
-          int64_t ow_lo, ow_hi;
-          valid_range(dw, g.stride[1], g.W, g.OW, ow_lo, ow_hi);
-          T* dst = cols + r * ld;
-          for (int64_t oh = 0; oh < g.OH; ++oh, dst += g.OW) {
-            const int64_t ih = oh * g.stride[0] + dh;
-            if (ih < 0 || ih >= g.H) {
-              std::fill(dst, dst + g.OW, T(0));
-              continue;
-            }
-            const T* row = plane + ih * g.W;  // row[ow * stride + dw] for valid ow
-            std::fill(dst, dst + ow_lo, T(0));
-            if (g.stride[1] == 1) {
-              std::copy(row + ow_lo + dw, row + ow_hi + dw, dst + ow_lo);
-            } else {
-              for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
-                dst[ow] = row[ow * g.stride[1] + dw];
-            }
-            std::fill(dst + ow_hi, dst + g.OW, T(0));
-          }
-        }
-      });
+  parallel_for(0, g.ckk(), std::max<int64_t>(1, kGrainElements / std::max<int64_t>(L, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r) {
+                   const int64_t c = r / kk, i = (r / g.kw) % g.kh, j = r % g.kw;
+                   const T* plane = x + c * g.H * g.W;
+                   const int64_t dh = i * g.dilation[0] - g.padding[0],
+                                 dw = j * g.dilation[1] - g.padding[1];
+                   int64_t ow_lo, ow_hi;
+                   valid_range(dw, g.stride[1], g.W, g.OW, ow_lo, ow_hi);
+                   T* dst = cols + r * ld;
+                   for (int64_t oh = 0; oh < g.OH; ++oh, dst += g.OW) {
+                     const int64_t ih = oh * g.stride[0] + dh;
+                     if (ih < 0 || ih >= g.H) {
+                       std::fill(dst, dst + g.OW, T(0));
+                       continue;
+                     }
+                     const T* row = plane + ih * g.W;  // row[ow * stride + dw] for valid ow
+                     std::fill(dst, dst + ow_lo, T(0));
+                     if (g.stride[1] == 1) {
+                       std::copy(row + ow_lo + dw, row + ow_hi + dw, dst + ow_lo);
+                     } else {
+                       for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
+                         dst[ow] = row[ow * g.stride[1] + dw];
+                     }
+                     std::fill(dst + ow_hi, dst + g.OW, T(0));
+                   }
+                 }
+               });
 }
 
 // x [Cg, H, W] += col2im(cols) (cols' row stride ld): the adjoint of im2col.
@@ -60,41 +59,40 @@ void im2col(const T* x, T* cols, int64_t ld, const ConvGeom& g) {
 template <class T>
 void col2im(const T* cols, int64_t ld, T* x, const ConvGeom& g) {
   const int64_t L = g.L(), kk = g.kh * g.kw;
-  parallel_for(
-      0, g.cg(), std::max<int64_t>(1, kGrainElements / std::max<int64_t>(kk * L, 1)),
-      [&](int64_t lo, int64_t hi) {
-        for (int64_t c = lo; c < hi; ++c) {
-          T* plane = x + c * g.H * g.W;
-          for (int64_t i = 0; i < g.kh; ++i)
-            for (int64_t j = 0; j < g.kw; ++j) {
-              const int64_t dh = i * g.dilation[0] - g.padding[0];
-              const int64_t dw = j * g.dilation[1] - g.padding[1];
-              int64_t ow_lo, ow_hi;
-              valid_range(dw, g.stride[1], g.W, g.OW, ow_lo, ow_hi);
-              const T* src = cols + ((c * g.kh + i) * g.kw + j) * ld;
-              for (int64_t oh = 0; oh < g.OH; ++oh, src += g.OW) {
-                const int64_t ih = oh * g.stride[0] + dh;
-                if (ih < 0 || ih >= g.H) continue;
-                T* row = plane + ih * g.W;
-                if (g.stride[1] == 1) {
-                  T* dst = row + dw;
-                  for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] += src[ow];
-                } else {
-                  for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
-                    row[ow * g.stride[1] + dw] += src[ow];
-                }
-              }
-            }
-        }
-      });
+  parallel_for(0, g.cg(), std::max<int64_t>(1, kGrainElements / std::max<int64_t>(kk * L, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t c = lo; c < hi; ++c) {
+                   T* plane = x + c * g.H * g.W;
+                   for (int64_t i = 0; i < g.kh; ++i)
+                     for (int64_t j = 0; j < g.kw; ++j) {
+                       const int64_t dh = i * g.dilation[0] - g.padding[0];
+                       const int64_t dw = j * g.dilation[1] - g.padding[1];
+                       int64_t ow_lo, ow_hi;
+                       valid_range(dw, g.stride[1], g.W, g.OW, ow_lo, ow_hi);
+                       const T* src = cols + ((c * g.kh + i) * g.kw + j) * ld;
+                       for (int64_t oh = 0; oh < g.OH; ++oh, src += g.OW) {
+                         const int64_t ih = oh * g.stride[0] + dh;
+                         if (ih < 0 || ih >= g.H) continue;
+                         T* row = plane + ih * g.W;
+                         if (g.stride[1] == 1) {
+                           T* dst = row + dw;
+                           for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] += src[ow];
+                         } else {
+                           for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
+                             row[ow * g.stride[1] + dw] += src[ow];
+                         }
+                       }
+                     }
+                 }
+               });
 }
 
 // dst [rows, nb * L] (image j's block at column j * L) from `nb` images of
 // src whose blocks of [rows, L] lie `image_stride` apart. The GEMMs' view
 // of a chunk of NCHW activations.
 template <class T>
-void gather_images(const T* src, int64_t image_stride, int64_t nb, int64_t rows,
-                   int64_t L, T* dst) {
+void gather_images(const T* src, int64_t image_stride, int64_t nb, int64_t rows, int64_t L,
+                   T* dst) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < nb; ++j)
       std::copy(src + j * image_stride + r * L, src + j * image_stride + (r + 1) * L,
@@ -104,8 +102,7 @@ void gather_images(const T* src, int64_t image_stride, int64_t nb, int64_t rows,
 // One kernel of `kind` on contiguous plain NCHW operands, im2col in the
 // planar layout (rows of one channel's pixels); `out` is uninitialised.
 template <class T>
-void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
-                 const ConvGeom& g) {
+void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out, const ConvGeom& g) {
   const int64_t cg = g.cg(), og = g.og(), ckk = g.ckk(), L = g.L(), HW = g.H * g.W;
   if (g.N == 0) {  // no images: a weight gradient of zeros, else nothing to write
     if (kind == ConvKind::weight_grad) std::fill(out, out + g.O * ckk, T(0));
@@ -185,8 +182,8 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
           im2col(a + ((n0 + j) * g.C + gi * cg) * HW, cols + j * L, ld, g);
         const T* gyc = b + (n0 * g.O + gi * og) * L;
         if (nb > 1) gather_images(gyc, g.O * L, nb, og, L, gy);
-        gemm<T>(og, ckk, ld, {nb > 1 ? gy : gyc, ld, 1}, {cols, 1, ld}, acc + gi * og * ckk,
-                ckk, true);
+        gemm<T>(og, ckk, ld, {nb > 1 ? gy : gyc, ld, 1}, {cols, 1, ld}, acc + gi * og * ckk, ckk,
+                true);
       }
     });
     if (plan.workers > 1) {

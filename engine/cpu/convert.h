@@ -10,7 +10,8 @@ namespace quanta::cpu {
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
-template <class D, class S> inline D cast(S v) {
+template <class D, class S>
+inline D cast(S v) {
   if constexpr (std::is_same_v<D, S>) {
     return v;
   } else if constexpr (is_half_v<S>) {

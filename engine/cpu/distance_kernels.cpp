@@ -20,11 +20,12 @@ void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_
     T* o = static_cast<T*>(out);
     parallel_for(0, n, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(k, 1)),
                  [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        T* row = o + i * k;
-        for (int64_t j = 0; j < k; ++j) row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
-      }
-    });
+                   for (int64_t i = lo; i < hi; ++i) {
+                     T* row = o + i * k;
+                     for (int64_t j = 0; j < k; ++j)
+                       row[j] = std::max(T(0), xn[i] + cn[j] - T(2) * row[j]);
+                   }
+                 });
   });
 }
 

@@ -43,9 +43,11 @@ template <class T, bool Predicate, class F>
 void binary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& a,
                   const Operand& b) {
   if constexpr (Predicate) {
-    map<bool, T, T>(shape, [&](T x, T y) { return static_cast<bool>(f(x, y)); }, out, a, b);
+    map<bool, T, T>(
+        shape, [&](T x, T y) { return static_cast<bool>(f(x, y)); }, out, a, b);
   } else {
-    map<T, T, T>(shape, [&](T x, T y) { return static_cast<T>(f(x, y)); }, out, a, b);
+    map<T, T, T>(
+        shape, [&](T x, T y) { return static_cast<T>(f(x, y)); }, out, a, b);
   }
 }
 
@@ -56,11 +58,10 @@ void fill(const Shape& shape, const Operand& dst, double value) {
     using T = typename decltype(tag)::type;
     const T v = cast<T>(value);
     for_each_run<1>(shape, {&dst},
-                    [&](int64_t n, const std::array<char*, 1>& b,
-                        const std::array<int64_t, 1>& s) {
-      T* p = reinterpret_cast<T*>(b[0]);
-      for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
-    });
+                    [&](int64_t n, const std::array<char*, 1>& b, const std::array<int64_t, 1>& s) {
+                      T* p = reinterpret_cast<T*>(b[0]);
+                      for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
+                    });
   });
 }
 
@@ -69,7 +70,8 @@ void copy(const Shape& shape, const Operand& dst, const Operand& src) {
     using D = typename decltype(dtag)::type;
     dispatch_all(src.dtype, "copy_", [&](auto stag) {
       using S = typename decltype(stag)::type;
-      map<D, S>(shape, [](S v) { return cast<D>(v); }, dst, src);
+      map<D, S>(
+          shape, [](S v) { return cast<D>(v); }, dst, src);
     });
   });
 }
@@ -80,7 +82,8 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
     using T = typename decltype(tag)::type;
     switch (op) {
 #define QUANTA_CASE(name, F) \
-  case UnaryOp::name: return unary_typed<T>(fn::F{args}, shape, out, in);
+  case UnaryOp::name:        \
+    return unary_typed<T>(fn::F{args}, shape, out, in);
       QUANTA_UNARY_OPS(QUANTA_CASE)
 #undef QUANTA_CASE
     }
@@ -93,9 +96,11 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
     using T = typename decltype(tag)::type;
     switch (op) {
 #define QUANTA_ARITH_CASE(name, F) \
-  case BinaryOp::name: return binary_typed<T, false>(fn::F{}, shape, out, a, b);
+  case BinaryOp::name:             \
+    return binary_typed<T, false>(fn::F{}, shape, out, a, b);
 #define QUANTA_PREDICATE_CASE(name, F) \
-  case BinaryOp::name: return binary_typed<T, true>(fn::F{}, shape, out, a, b);
+  case BinaryOp::name:                 \
+    return binary_typed<T, true>(fn::F{}, shape, out, a, b);
       QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
       QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
 #undef QUANTA_ARITH_CASE
@@ -109,8 +114,8 @@ void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Opera
   dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (op) {
-#define QUANTA_CASE(name, F)                                       \
-  case UpdateOp::name:                                             \
+#define QUANTA_CASE(name, F) \
+  case UpdateOp::name:       \
     return map<T, T, T, T>(shape, fn::F{args}, dst, dst, a, b);
       QUANTA_UPDATE_OPS(QUANTA_CASE)
 #undef QUANTA_CASE
@@ -122,7 +127,8 @@ void where(const Shape& shape, const Operand& out, const Operand& cond, const Op
            const Operand& b) {
   dispatch_all(out.dtype, "where", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    map<T, bool, T, T>(shape, [](bool k, T x, T y) { return k ? x : y; }, out, cond, a, b);
+    map<T, bool, T, T>(
+        shape, [](bool k, T x, T y) { return k ? x : y; }, out, cond, a, b);
   });
 }
 

@@ -23,15 +23,13 @@ enum Layout { kRowMajor, kColMajor, kNone };
 template <class T>
 void zero_rows(T* c, int64_t m, int64_t n, int64_t ldc) {
   if (ldc == n) {
-    parallel_for(0, m * n, 1 << 18, [&](int64_t lo, int64_t hi) {
-      std::memset(c + lo, 0, sizeof(T) * (hi - lo));
-    });
+    parallel_for(0, m * n, 1 << 18,
+                 [&](int64_t lo, int64_t hi) { std::memset(c + lo, 0, sizeof(T) * (hi - lo)); });
     return;
   }
   parallel_for(0, m, std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(n, 1)),
                [&](int64_t lo, int64_t hi) {
-                 for (int64_t i = lo; i < hi; ++i)
-                   std::memset(c + i * ldc, 0, sizeof(T) * n);
+                 for (int64_t i = lo; i < hi; ++i) std::memset(c + i * ldc, 0, sizeof(T) * n);
                });
 }
 
@@ -50,8 +48,8 @@ Layout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t& ou
 }
 
 template <class T, int LA, int LB>
-void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b,
-             int64_t ob, T* c, int64_t ldc, bool acc) {
+void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob, T* c,
+             int64_t ldc, bool acc) {
   using Stride = Eigen::OuterStride<>;
   using MA = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LA>;
   using MB = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LB>;
@@ -92,21 +90,21 @@ bool openblas_usable() {
 }
 
 void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-               const float* a, int64_t oa, const float* b, int64_t ob, float beta,
-               float* c, int64_t ldc) {
+               const float* a, int64_t oa, const float* b, int64_t ob, float beta, float* c,
+               int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, oa, b, ob, beta, c, ldc);
 }
 void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-               const double* a, int64_t oa, const double* b, int64_t ob, double beta,
-               double* c, int64_t ldc) {
+               const double* a, int64_t oa, const double* b, int64_t ob, double beta, double* c,
+               int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, oa, b, ob, beta, c, ldc);
 }
 
 // The same product through OpenBLAS: a column-major operand is the
 // transpose of a row-major one with the same outer stride.
 template <class T, int LA, int LB>
-void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b,
-                  int64_t ob, T* c, int64_t ldc, bool acc) {
+void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob,
+                  T* c, int64_t ldc, bool acc) {
   const CBLAS_TRANSPOSE ta = LA == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
   const CBLAS_TRANSPOSE tb = LB == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
   // BLAS checks every leading dimension against the matrix it describes,
@@ -119,8 +117,8 @@ void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const
 #endif
 
 template <class T>
-using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*,
-                           int64_t, T*, int64_t, bool);
+using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*,
+                           int64_t, bool);
 
 // Below this many multiply-adds OpenBLAS's per-call cost (its buffer pool,
 // packing) outweighs its faster kernel, and Eigen wins (a 32 x 196 x 16
@@ -164,13 +162,12 @@ void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64
   }
   int64_t oa = 0, ob = 0;
   const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
-  pick<T>(la, lb, double(m) * double(n) * double(k))(m, n, k, a.p, oa, b.p, ob, c, ldc,
-                                                      accumulate);
+  pick<T>(la, lb, double(m) * double(n) * double(k))(m, n, k, a.p, oa, b.p, ob, c, ldc, accumulate);
 }
 
 template <class T>
-void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
-                  const int64_t* a_off, MatRef<T> b, const int64_t* b_off, T* c) {
+void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a, const int64_t* a_off,
+                  MatRef<T> b, const int64_t* b_off, T* c) {
   if (batch == 0 || m == 0 || n == 0) return;
   if (k == 0) {
     std::memset(c, 0, sizeof(T) * batch * m * n);
@@ -180,17 +177,14 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
   const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
   const ProductFn<T> fn = pick<T>(la, lb, double(m) * double(n) * double(k));
   const int64_t mn = m * n;
-  const double work =
-      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   // Eigen threads one product well once it is large; below that, or when
   // there are at least as many products as threads, each thread takes whole
   // products (Eigen then stays single-threaded inside the parallel region).
   const int threads = num_threads();
-  const bool by_batch =
-      batch > 1 && threads > 1 && (batch >= threads || work < 128.0 * 128 * 128);
+  const bool by_batch = batch > 1 && threads > 1 && (batch >= threads || work < 128.0 * 128 * 128);
   if (by_batch) {
-    const int64_t grain =
-        std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(work, 1.0)));
+    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(work, 1.0)));
     parallel_for(0, batch, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
         fn(m, n, k, a.p + a_off[i], oa, b.p + b_off[i], ob, c + i * mn, n, false);
@@ -201,15 +195,14 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
   }
 }
 
-template void gemm<float>(int64_t, int64_t, int64_t, MatRef<float>, MatRef<float>, float*,
-                          int64_t, bool);
-template void gemm<double>(int64_t, int64_t, int64_t, MatRef<double>, MatRef<double>,
-                           double*, int64_t, bool);
-template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<float>,
-                                  const int64_t*, MatRef<float>, const int64_t*, float*);
+template void gemm<float>(int64_t, int64_t, int64_t, MatRef<float>, MatRef<float>, float*, int64_t,
+                          bool);
+template void gemm<double>(int64_t, int64_t, int64_t, MatRef<double>, MatRef<double>, double*,
+                           int64_t, bool);
+template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<float>, const int64_t*,
+                                  MatRef<float>, const int64_t*, float*);
 template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<double>,
-                                   const int64_t*, MatRef<double>, const int64_t*,
-                                   double*);
+                                   const int64_t*, MatRef<double>, const int64_t*, double*);
 
 }  // namespace quanta::cpu
 

@@ -31,7 +31,7 @@ void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64
  * c_i at c + i * m * n (contiguous). Parallel over the batch when the
  * products are small or many, else one threaded GEMM after another. */
 template <class T>
-void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a,
-                  const int64_t* a_off, MatRef<T> b, const int64_t* b_off, T* c);
+void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a, const int64_t* a_off,
+                  MatRef<T> b, const int64_t* b_off, T* c);
 
 }  // namespace quanta::cpu

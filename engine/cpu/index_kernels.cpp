@@ -25,8 +25,7 @@ void for_each_line(const Shape& shape, int64_t dim, const std::array<const int64
   const int64_t len = shape[dim];
   const int64_t lines = len ? numel_of(shape) / len : 0;
   if (lines == 0) return;
-  parallel_for(0, lines, std::max<int64_t>(1, kGrainElements / len),
-               [&](int64_t lo, int64_t hi) {
+  parallel_for(0, lines, std::max<int64_t>(1, kGrainElements / len), [&](int64_t lo, int64_t hi) {
     for (int64_t l = lo; l < hi; ++l) {
       std::array<int64_t, N> base{};
       int64_t rem = l;
@@ -52,11 +51,11 @@ void index_select(DType dtype, const void* src, int64_t outer, int64_t n, int64_
     T* o = static_cast<T*>(out);
     parallel_for(0, outer * m, std::max<int64_t>(1, kGrainElements / inner),
                  [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const int64_t a = r / m, j = r % m;
-        std::copy_n(in + (a * n + ix[j]) * inner, inner, o + r * inner);
-      }
-    });
+                   for (int64_t r = lo; r < hi; ++r) {
+                     const int64_t a = r / m, j = r % m;
+                     std::copy_n(in + (a * n + ix[j]) * inner, inner, o + r * inner);
+                   }
+                 });
   });
 }
 
@@ -98,12 +97,14 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t d, const Operand& i
       }
     });
   };
-  if (mode == IndexMode::scatter_add) dispatch_numeric(out.dtype, "scatter_add", kernel);
-  else dispatch_all(out.dtype, mode == IndexMode::gather ? "gather" : "scatter", kernel);
+  if (mode == IndexMode::scatter_add)
+    dispatch_numeric(out.dtype, "scatter_add", kernel);
+  else
+    dispatch_all(out.dtype, mode == IndexMode::gather ? "gather" : "scatter", kernel);
 }
 
-void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
-               const int64_t* ix, int64_t m, const void* src, double alpha) {
+void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, const int64_t* ix,
+               int64_t m, const void* src, double alpha) {
   dispatch_numeric(dtype, "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (outer * m * inner == 0) return;

@@ -1,9 +1,10 @@
 #include "engine/cpu/parallel.h"
-#include "engine/eigen.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "engine/eigen.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -21,67 +21,62 @@ template <class T>
 void avg_kernel(bool adjoint, const PoolWindow& g, const T* in, T* o) {
   const T inv = T(1) / static_cast<T>(g.kernel[0] * g.kernel[1]);
   const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-  parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-               [&](int64_t lo, int64_t hi) {
-                 for (int64_t p = lo; p < hi; ++p) {
-                   const T* src = in + p * (adjoint ? ohw : hw);
-                   T* dst = o + p * (adjoint ? hw : ohw);
-                   if (adjoint) std::fill(dst, dst + hw, T(0));
-                   for (int64_t oh = 0; oh < g.OH; ++oh) {
-                     const int64_t h0 = oh * g.stride[0] - g.padding[0];
-                     const int64_t hlo = std::max<int64_t>(h0, 0),
-                                   hhi = std::min(h0 + g.kernel[0], g.H);
-                     for (int64_t ow = 0; ow < g.OW; ++ow) {
-                       const int64_t w0 = ow * g.stride[1] - g.padding[1];
-                       const int64_t wlo = std::max<int64_t>(w0, 0),
-                                     whi = std::min(w0 + g.kernel[1], g.W);
-                       if (adjoint) {
-                         const T v = src[oh * g.OW + ow] * inv;
-                         for (int64_t ih = hlo; ih < hhi; ++ih)
-                           for (int64_t iw = wlo; iw < whi; ++iw) dst[ih * g.W + iw] += v;
-                       } else {
-                         T s = 0;
-                         for (int64_t ih = hlo; ih < hhi; ++ih)
-                           for (int64_t iw = wlo; iw < whi; ++iw) s += src[ih * g.W + iw];
-                         dst[oh * g.OW + ow] = s * inv;
-                       }
-                     }
-                   }
-                 }
-               });
+  parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const T* src = in + p * (adjoint ? ohw : hw);
+      T* dst = o + p * (adjoint ? hw : ohw);
+      if (adjoint) std::fill(dst, dst + hw, T(0));
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        const int64_t h0 = oh * g.stride[0] - g.padding[0];
+        const int64_t hlo = std::max<int64_t>(h0, 0), hhi = std::min(h0 + g.kernel[0], g.H);
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const int64_t w0 = ow * g.stride[1] - g.padding[1];
+          const int64_t wlo = std::max<int64_t>(w0, 0), whi = std::min(w0 + g.kernel[1], g.W);
+          if (adjoint) {
+            const T v = src[oh * g.OW + ow] * inv;
+            for (int64_t ih = hlo; ih < hhi; ++ih)
+              for (int64_t iw = wlo; iw < whi; ++iw) dst[ih * g.W + iw] += v;
+          } else {
+            T s = 0;
+            for (int64_t ih = hlo; ih < hhi; ++ih)
+              for (int64_t iw = wlo; iw < whi; ++iw) s += src[ih * g.W + iw];
+            dst[oh * g.OW + ow] = s * inv;
+          }
+        }
+      }
+    }
+  });
 }
 
 template <class T>
 void max_kernel(const PoolWindow& g, const T* in, T* o, int64_t* ix) {
   const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
-  parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]),
-               [&](int64_t lo, int64_t hi) {
-                 for (int64_t p = lo; p < hi; ++p) {
-                   const T* src = in + p * hw;
-                   for (int64_t oh = 0; oh < g.OH; ++oh)
-                     for (int64_t ow = 0; ow < g.OW; ++ow) {
-                       T best = -std::numeric_limits<T>::infinity();
-                       int64_t arg = -1;
-                       for (int64_t i = 0; i < g.kernel[0]; ++i) {
-                         const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
-                         if (ih < 0 || ih >= g.H) continue;
-                         for (int64_t j = 0; j < g.kernel[1]; ++j) {
-                           const int64_t iw =
-                               ow * g.stride[1] - g.padding[1] + j * g.dilation[1];
-                           if (iw < 0 || iw >= g.W) continue;
-                           const T v = src[ih * g.W + iw];
-                           // Like PyTorch: the first maximum wins; NaN propagates.
-                           if (arg < 0 || v > best || std::isnan(v)) {
-                             best = v;
-                             arg = ih * g.W + iw;
-                           }
-                         }
-                       }
-                       o[p * ohw + oh * g.OW + ow] = best;
-                       ix[p * ohw + oh * g.OW + ow] = arg;
-                     }
-                 }
-               });
+  parallel_for(0, g.P, plane_grain(ohw * g.kernel[0] * g.kernel[1]), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const T* src = in + p * hw;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t arg = -1;
+          for (int64_t i = 0; i < g.kernel[0]; ++i) {
+            const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
+            if (ih < 0 || ih >= g.H) continue;
+            for (int64_t j = 0; j < g.kernel[1]; ++j) {
+              const int64_t iw = ow * g.stride[1] - g.padding[1] + j * g.dilation[1];
+              if (iw < 0 || iw >= g.W) continue;
+              const T v = src[ih * g.W + iw];
+              // Like PyTorch: the first maximum wins; NaN propagates.
+              if (arg < 0 || v > best || std::isnan(v)) {
+                best = v;
+                arg = ih * g.W + iw;
+              }
+            }
+          }
+          o[p * ohw + oh * g.OW + ow] = best;
+          ix[p * ohw + oh * g.OW + ow] = arg;
+        }
+    }
+  });
 }
 
 template <class T>

@@ -78,8 +78,9 @@ void sum_rows(DType in_dtype, const void* rows, int64_t outer, int64_t inner, vo
       } else {
         parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(inner, 1)),
                      [&](int64_t lo, int64_t hi) {
-          for (int64_t r = lo; r < hi; ++r) o[r] = row_sum<T, O>(in + r * inner, inner, false);
-        });
+                       for (int64_t r = lo; r < hi; ++r)
+                         o[r] = row_sum<T, O>(in + r * inner, inner, false);
+                     });
       }
     }
   });
@@ -149,15 +150,20 @@ void logsumexp_rows(DType dtype, const void* rows, int64_t outer, int64_t inner,
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
                  void* out) {
   switch (op) {
-    case RowReduce::sum: return sum_rows(in_dtype, rows, outer, inner, out);
-    case RowReduce::prod: return prod_rows(in_dtype, rows, outer, inner, out);
+    case RowReduce::sum:
+      return sum_rows(in_dtype, rows, outer, inner, out);
+    case RowReduce::prod:
+      return prod_rows(in_dtype, rows, outer, inner, out);
     case RowReduce::max:
       return extreme_rows<true>(in_dtype, rows, outer, inner, nullptr, out);
     case RowReduce::min:
       return extreme_rows<false>(in_dtype, rows, outer, inner, nullptr, out);
-    case RowReduce::all: return bool_rows<true>(rows, outer, inner, out);
-    case RowReduce::any: return bool_rows<false>(rows, outer, inner, out);
-    case RowReduce::logsumexp: return logsumexp_rows(in_dtype, rows, outer, inner, out);
+    case RowReduce::all:
+      return bool_rows<true>(rows, outer, inner, out);
+    case RowReduce::any:
+      return bool_rows<false>(rows, outer, inner, out);
+    case RowReduce::logsumexp:
+      return logsumexp_rows(in_dtype, rows, outer, inner, out);
   }
   throw std::logic_error("[reduce_rows] unknown row reduction");
 }
@@ -206,8 +212,7 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
         for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(v[i]) * v[i];
         acc = std::sqrt(acc);
       } else {
-        for (int64_t i = 0; i < n; ++i)
-          acc += std::pow(std::abs(static_cast<double>(v[i])), p);
+        for (int64_t i = 0; i < n; ++i) acc += std::pow(std::abs(static_cast<double>(v[i])), p);
         acc = std::pow(acc, 1.0 / p);
       }
       o[r] = static_cast<T>(acc);
@@ -225,27 +230,29 @@ void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner
     parallel_for(0, n == 0 ? 0 : outer,
                  std::max<int64_t>(1, kGrainElements / std::max<int64_t>(block, 1)),
                  [&](int64_t lo, int64_t hi) {
-      for (int64_t o = lo; o < hi; ++o) {
-        const T* s = src + o * block;
-        T* t = dst + o * block;
-        if (inner == 1) {
-          // One contiguous line: a plain running sum.
-          T acc = T(0);
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t j = reverse ? n - 1 - i : i;
-            acc = static_cast<T>(acc + s[j]);
-            t[j] = acc;
-          }
-          continue;
-        }
-        const int64_t first = reverse ? n - 1 : 0, step = reverse ? -1 : 1;
-        for (int64_t k = 0; k < inner; ++k) t[first * inner + k] = s[first * inner + k];
-        for (int64_t i = first + step; i >= 0 && i < n; i += step) {
-          const T* prev = t + (i - step) * inner;
-          for (int64_t k = 0; k < inner; ++k) t[i * inner + k] = prev[k] + s[i * inner + k];
-        }
-      }
-    });
+                   for (int64_t o = lo; o < hi; ++o) {
+                     const T* s = src + o * block;
+                     T* t = dst + o * block;
+                     if (inner == 1) {
+                       // One contiguous line: a plain running sum.
+                       T acc = T(0);
+                       for (int64_t i = 0; i < n; ++i) {
+                         const int64_t j = reverse ? n - 1 - i : i;
+                         acc = static_cast<T>(acc + s[j]);
+                         t[j] = acc;
+                       }
+                       continue;
+                     }
+                     const int64_t first = reverse ? n - 1 : 0, step = reverse ? -1 : 1;
+                     for (int64_t k = 0; k < inner; ++k)
+                       t[first * inner + k] = s[first * inner + k];
+                     for (int64_t i = first + step; i >= 0 && i < n; i += step) {
+                       const T* prev = t + (i - step) * inner;
+                       for (int64_t k = 0; k < inner; ++k)
+                         t[i * inner + k] = prev[k] + s[i * inner + k];
+                     }
+                   }
+                 });
   });
 }
 

@@ -39,8 +39,7 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t n) {
 template <bool Log, class T>
 void softmax_strided(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
   const int64_t block = n * inner;
-  parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / block),
-               [&](int64_t lo, int64_t hi) {
+  parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / block), [&](int64_t lo, int64_t hi) {
     std::vector<T> m(inner), s(inner);
     for (int64_t o = lo; o < hi; ++o) {
       const T* a = x + o * block;

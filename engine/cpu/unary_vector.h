@@ -15,13 +15,13 @@ struct VectorForm {
   static constexpr bool has = false;
 };
 
-#define QUANTA_VECTOR_FORM(F, expr)                                     \
-  template <>                                                           \
-  struct VectorForm<fn::F> {                                            \
-    static constexpr bool has = true;                                   \
-    static auto apply(const auto& a) { return expr; }                   \
-    template <class T>                                                  \
-    static void fixup(const T*, T*, int64_t) {}                         \
+#define QUANTA_VECTOR_FORM(F, expr)                   \
+  template <>                                         \
+  struct VectorForm<fn::F> {                          \
+    static constexpr bool has = true;                 \
+    static auto apply(const auto& a) { return expr; } \
+    template <class T>                                \
+    static void fixup(const T*, T*, int64_t) {}       \
   };
 
 QUANTA_VECTOR_FORM(Abs, a.abs())

@@ -18,10 +18,8 @@ struct BlasLayout {
  * leading dimension at least the length of the contiguous side. */
 inline BlasLayout blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   const int64_t r1 = std::max<int64_t>(rows, 1), c1 = std::max<int64_t>(cols, 1);
-  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= c1))
-    return {true, true, rows <= 1 ? c1 : rs};
-  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= r1))
-    return {true, false, cols <= 1 ? r1 : cs};
+  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= c1)) return {true, true, rows <= 1 ? c1 : rs};
+  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= r1)) return {true, false, cols <= 1 ? r1 : cs};
   return {};
 }
 

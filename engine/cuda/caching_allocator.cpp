@@ -46,9 +46,7 @@ CachingAllocator::CachingAllocator(Raw raw) : raw_(std::move(raw)) {}
 
 CachingAllocator::~CachingAllocator() { empty_cache(); }
 
-CachingAllocator::DeviceCache& CachingAllocator::cache_of(int device) {
-  return devices_[device];
-}
+CachingAllocator::DeviceCache& CachingAllocator::cache_of(int device) { return devices_[device]; }
 
 void CachingAllocator::release_cached(int device, DeviceCache& c) {
   for (auto& [size, blocks] : c.free_blocks) {
@@ -84,11 +82,10 @@ void* CachingAllocator::allocate(std::size_t nbytes, int device) {
       try {
         p = raw_.malloc(size, device);
       } catch (const std::exception& second) {
-        throw std::runtime_error("[cuda] out of memory: " + size_str(size) + " on cuda:" +
-                                 std::to_string(device) + " with " +
-                                 size_str(c.stats.allocated_bytes) + " held by tensors (" +
-                                 size_str(cached) + " of cached blocks returned first): " +
-                                 second.what());
+        throw std::runtime_error(
+            "[cuda] out of memory: " + size_str(size) + " on cuda:" + std::to_string(device) +
+            " with " + size_str(c.stats.allocated_bytes) + " held by tensors (" + size_str(cached) +
+            " of cached blocks returned first): " + second.what());
       }
     }
     ++c.stats.device_mallocs;

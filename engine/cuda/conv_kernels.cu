@@ -29,9 +29,8 @@ struct Geom {
 };
 
 Geom flat(const ConvGeom& g) {
-  return {g.C,          g.H,          g.W,           g.kh,          g.kw,
-          g.OH,         g.OW,         g.stride[0],   g.stride[1],   g.padding[0],
-          g.padding[1], g.dilation[0], g.dilation[1]};
+  return {g.C,         g.H,         g.W,          g.kh,         g.kw,          g.OH,         g.OW,
+          g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1]};
 }
 
 template <class Kernel, class... Args>
@@ -61,8 +60,7 @@ __global__ void im2col_kernel(int64_t total, Geom g, const T* x, T* cols) {
     t /= g.kh;  // t = s C + c: the input plane
     const int64_t ih = oh * g.sh - g.ph + i * g.dh;
     const int64_t iw = ow * g.sw - g.pw + j * g.dw;
-    cols[e] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W ? x[(t * g.H + ih) * g.W + iw]
-                                                          : T(0);
+    cols[e] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W ? x[(t * g.H + ih) * g.W + iw] : T(0);
   }
 }
 
@@ -97,8 +95,8 @@ __global__ void col2im_kernel(int64_t total, Geom g, const T* cols, const T* bia
 
 // out [total / (channels plane)] blocks of [channels, plane]: out = bias[c].
 template <class T>
-__global__ void fill_channels_kernel(int64_t total, int64_t channels, int64_t plane,
-                                     const T* bias, T* out) {
+__global__ void fill_channels_kernel(int64_t total, int64_t channels, int64_t plane, const T* bias,
+                                     T* out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += step)
@@ -149,8 +147,7 @@ void gemm_batch(int64_t batch, int64_t m, int64_t n, int64_t k, const T* a, int6
 }
 
 template <class T>
-void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const T* bias,
-                T* out) {
+void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const T* bias, T* out) {
   const Geom fg = flat(g);
   const int64_t og = g.og(), ckk = g.ckk(), L = g.L(), HW = g.H * g.W;
   const int64_t G = g.groups;
@@ -185,8 +182,8 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
         gemm_batch<T>(S, og, L, ckk, b, ckk, 1, 0, src, L, 1, ckk * L, y, bias != nullptr);
       } else {
         for (int64_t s = 0; s < S; ++s)
-          gemm_batch<T>(G, og, L, ckk, b, ckk, 1, og * ckk, src + s * G * ckk * L, L, 1,
-                        ckk * L, y + s * g.O * L, bias != nullptr);
+          gemm_batch<T>(G, og, L, ckk, b, ckk, 1, og * ckk, src + s * G * ckk * L, L, 1, ckk * L,
+                        y + s * g.O * L, bias != nullptr);
       }
     } else if (kind == ConvKind::input_grad) {
       // cols[n, group] [ckk, L] = w[group]^T [ckk, og] . g[n, group] [og, L],
@@ -211,8 +208,8 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       if (!pw) launch(S * per_image, im2col_kernel<T>, fg, x, cols);
       const T* src = pw ? x : cols;
       for (int64_t s = 0; s < S; ++s)
-        gemm_batch<T>(G, og, ckk, L, gy + s * g.O * L, L, 1, og * L, src + s * G * ckk * L, 1,
-                      L, ckk * L, out, true);
+        gemm_batch<T>(G, og, ckk, L, gy + s * g.O * L, L, 1, og * L, src + s * G * ckk * L, 1, L,
+                      ckk * L, out, true);
     }
   }
 }

@@ -17,7 +17,10 @@
 
 namespace quanta::cuda {
 
-template <class T> struct Tag { using type = T; };
+template <class T>
+struct Tag {
+  using type = T;
+};
 
 [[noreturn]] inline void bad_dtype(const char* op, DType t, const char* what) {
   throw std::invalid_argument(std::string("[") + op + "] dtype " + dtype_name(t) +
@@ -26,34 +29,55 @@ template <class T> struct Tag { using type = T; };
 
 // The device's element type of a dtype (CUDA's own 16-bit floats: the same
 // bits as the CPU's Eigen types).
-template <class F> inline void dispatch_all(DType t, const char* op, F&& f) {
+template <class F>
+inline void dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    case DType::bf16: return f(Tag<__nv_bfloat16>{});
-    case DType::f16: return f(Tag<__half>{});
-    case DType::i32: return f(Tag<int32_t>{});
-    case DType::i64: return f(Tag<int64_t>{});
-    case DType::u8: return f(Tag<uint8_t>{});
-    case DType::boolean: return f(Tag<bool>{});
-    default: bad_dtype(op, t, "a byte-only format: dequantize it first");
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f64:
+      return f(Tag<double>{});
+    case DType::bf16:
+      return f(Tag<__nv_bfloat16>{});
+    case DType::f16:
+      return f(Tag<__half>{});
+    case DType::i32:
+      return f(Tag<int32_t>{});
+    case DType::i64:
+      return f(Tag<int64_t>{});
+    case DType::u8:
+      return f(Tag<uint8_t>{});
+    case DType::boolean:
+      return f(Tag<bool>{});
+    default:
+      bad_dtype(op, t, "a byte-only format: dequantize it first");
   }
 }
-template <class F> inline void dispatch_numeric(DType t, const char* op, F&& f) {
+template <class F>
+inline void dispatch_numeric(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    case DType::i32: return f(Tag<int32_t>{});
-    case DType::i64: return f(Tag<int64_t>{});
-    case DType::u8: return f(Tag<uint8_t>{});
-    default: bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f64:
+      return f(Tag<double>{});
+    case DType::i32:
+      return f(Tag<int32_t>{});
+    case DType::i64:
+      return f(Tag<int64_t>{});
+    case DType::u8:
+      return f(Tag<uint8_t>{});
+    default:
+      bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
   }
 }
-template <class F> inline void dispatch_float(DType t, const char* op, F&& f) {
+template <class F>
+inline void dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(Tag<float>{});
-    case DType::f64: return f(Tag<double>{});
-    default: bad_dtype(op, t, "expected f32 or f64");
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f64:
+      return f(Tag<double>{});
+    default:
+      bad_dtype(op, t, "expected f32 or f64");
   }
 }
 
@@ -62,7 +86,8 @@ inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_sa
 
 // Value conversion with the CPU's rules (engine/cpu/convert.h): 16-bit
 // floats go through float, rounding to nearest even; bool is "non-zero".
-template <class D, class S> __host__ __device__ D convert(S v) {
+template <class D, class S>
+__host__ __device__ D convert(S v) {
   if constexpr (std::is_same_v<D, S>) {
     return v;
   } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {

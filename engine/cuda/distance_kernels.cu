@@ -42,11 +42,11 @@ void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_
     T* norms = nullptr;
     QUANTA_CUDA_CHECK(cudaMallocAsync(&norms, sizeof(T) * (n + k), 0));
     const LaunchConfig rx = launch_config(n, max_blocks()), rc = launch_config(k, max_blocks());
-    row_sq_norms<T><<<static_cast<unsigned>(rx.blocks), rx.threads>>>(static_cast<const T*>(x),
-                                                                       n, d, norms);
+    row_sq_norms<T>
+        <<<static_cast<unsigned>(rx.blocks), rx.threads>>>(static_cast<const T*>(x), n, d, norms);
     QUANTA_CUDA_CHECK_LAUNCH();
-    row_sq_norms<T><<<static_cast<unsigned>(rc.blocks), rc.threads>>>(static_cast<const T*>(c),
-                                                                       k, d, norms + n);
+    row_sq_norms<T><<<static_cast<unsigned>(rc.blocks), rc.threads>>>(static_cast<const T*>(c), k,
+                                                                      d, norms + n);
     QUANTA_CUDA_CHECK_LAUNCH();
     const LaunchConfig all = launch_config(n * k, max_blocks());
     finish<T><<<static_cast<unsigned>(all.blocks), all.threads>>>(norms, norms + n, n, k,

@@ -51,8 +51,8 @@ struct LineWalk {
 };
 
 template <class T, IndexMode Mode>
-__global__ void index_lines_kernel(LineWalk w, int64_t lines, const int64_t* ix, T* o,
-                                   const T* s, T value) {
+__global__ void index_lines_kernel(LineWalk w, int64_t lines, const int64_t* ix, T* o, const T* s,
+                                   T value) {
   const int d = w.dim;
   const int64_t len = w.shape[d];
   // Operand order in the walk: idx, out, src.
@@ -79,8 +79,8 @@ __global__ void index_lines_kernel(LineWalk w, int64_t lines, const int64_t* ix,
 }
 
 template <class T>
-__global__ void index_add_kernel(T* o, int64_t outer, int64_t n, int64_t inner,
-                                 const int64_t* ix, int64_t m, const T* sp, T alpha) {
+__global__ void index_add_kernel(T* o, int64_t outer, int64_t n, int64_t inner, const int64_t* ix,
+                                 int64_t m, const T* sp, T alpha) {
   const int64_t pairs = outer * inner;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
@@ -128,8 +128,7 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand&
                                                     : "scatter";
   if (shape.size() > static_cast<size_t>(kMaxIndexDims))
     throw std::invalid_argument(std::string("[") + op + "] " + std::to_string(shape.size()) +
-                                "-d operands; cuda takes at most " +
-                                std::to_string(kMaxIndexDims));
+                                "-d operands; cuda takes at most " + std::to_string(kMaxIndexDims));
   // Walk operands: idx, out, src. A gather reads src at the index (so its
   // walk strides are src's), a scatter writes out there.
   LineWalk w;
@@ -147,7 +146,8 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand&
   auto run = [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (mode) {
-      case IndexMode::gather: return launch_lines<T, IndexMode::gather>(w, lines, idx, out, src, value);
+      case IndexMode::gather:
+        return launch_lines<T, IndexMode::gather>(w, lines, idx, out, src, value);
       case IndexMode::scatter_copy:
         return launch_lines<T, IndexMode::scatter_copy>(w, lines, idx, out, src, value);
       case IndexMode::scatter_fill:
@@ -158,12 +158,14 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand&
         return;
     }
   };
-  if (mode == IndexMode::scatter_add) dispatch_numeric(out.dtype, op, run);
-  else dispatch_all(out.dtype, op, run);
+  if (mode == IndexMode::scatter_add)
+    dispatch_numeric(out.dtype, op, run);
+  else
+    dispatch_all(out.dtype, op, run);
 }
 
-void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
-               const int64_t* idx, int64_t m, const void* src, double alpha) {
+void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, const int64_t* idx,
+               int64_t m, const void* src, double alpha) {
   dispatch_numeric(dtype, "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (outer * m * inner == 0) return;

@@ -11,7 +11,7 @@ void index_select(DType dtype, const void* src, int64_t outer, int64_t n, int64_
                   const int64_t* idx, int64_t m, void* out);
 void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand& idx,
                  const Operand& out, const Operand& src, double value);
-void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
-               const int64_t* idx, int64_t m, const void* src, double alpha);
+void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, const int64_t* idx,
+               int64_t m, const void* src, double alpha);
 
 }  // namespace quanta::cuda

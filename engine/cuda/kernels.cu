@@ -27,8 +27,7 @@ namespace {
 template <int N, class Body>
 __global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[N];
     ix.offsets(i, off);
     body(off);
@@ -49,23 +48,27 @@ void walk(const char* op, const Shape& shape, const std::array<const Operand*, N
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
-template <class T> struct FillBody {
+template <class T>
+struct FillBody {
   T* dst;
   T value;
   __device__ void operator()(const int64_t (&o)[1]) const { dst[o[0]] = value; }
 };
-template <class D, class S> struct CopyBody {
+template <class D, class S>
+struct CopyBody {
   D* dst;
   const S* src;
   __device__ void operator()(const int64_t (&o)[2]) const { dst[o[0]] = convert<D>(src[o[1]]); }
 };
-template <class T, class F> struct UnaryBody {
+template <class T, class F>
+struct UnaryBody {
   F f;
   T* out;
   const T* in;
   __device__ void operator()(const int64_t (&o)[2]) const { out[o[0]] = f(in[o[1]]); }
 };
-template <class O, class T, class F> struct BinaryBody {
+template <class O, class T, class F>
+struct BinaryBody {
   F f;
   O* out;
   const T* a;
@@ -74,7 +77,8 @@ template <class O, class T, class F> struct BinaryBody {
     out[o[0]] = static_cast<O>(f(a[o[1]], b[o[2]]));
   }
 };
-template <class T, class F> struct UpdateBody {
+template <class T, class F>
+struct UpdateBody {
   F f;
   T* dst;
   const T* a;
@@ -83,7 +87,8 @@ template <class T, class F> struct UpdateBody {
     dst[o[0]] = f(dst[o[0]], a[o[1]], b[o[2]]);
   }
 };
-template <class T> struct WhereBody {
+template <class T>
+struct WhereBody {
   T* out;
   const bool* cond;
   const T* a;
@@ -118,8 +123,8 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
     T* o = static_cast<T*>(out.data);
     const T* i = static_cast<const T*>(in.data);
     switch (op) {
-#define QUANTA_CASE(name, F)                                                          \
-  case UnaryOp::name:                                                                 \
+#define QUANTA_CASE(name, F) \
+  case UnaryOp::name:        \
     return walk<2>(#name, shape, {&out, &in}, UnaryBody<T, fn::F>{fn::F{args}, o, i});
       QUANTA_UNARY_OPS(QUANTA_CASE)
 #undef QUANTA_CASE
@@ -134,13 +139,13 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
     const T* pa = static_cast<const T*>(a.data);
     const T* pb = static_cast<const T*>(b.data);
     switch (op) {
-#define QUANTA_ARITH_CASE(name, F)                                          \
-  case BinaryOp::name:                                                      \
-    return walk<3>(#name, shape, {&out, &a, &b},                            \
+#define QUANTA_ARITH_CASE(name, F)               \
+  case BinaryOp::name:                           \
+    return walk<3>(#name, shape, {&out, &a, &b}, \
                    BinaryBody<T, T, fn::F>{{}, static_cast<T*>(out.data), pa, pb});
-#define QUANTA_PREDICATE_CASE(name, F)                                      \
-  case BinaryOp::name:                                                      \
-    return walk<3>(#name, shape, {&out, &a, &b},                            \
+#define QUANTA_PREDICATE_CASE(name, F)           \
+  case BinaryOp::name:                           \
+    return walk<3>(#name, shape, {&out, &a, &b}, \
                    BinaryBody<bool, T, fn::F>{{}, static_cast<bool*>(out.data), pa, pb});
       QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
       QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
@@ -158,10 +163,9 @@ void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Opera
     const T* pa = static_cast<const T*>(a.data);
     const T* pb = static_cast<const T*>(b.data);
     switch (op) {
-#define QUANTA_CASE(name, F)                                  \
-  case UpdateOp::name:                                        \
-    return walk<3>(#name, shape, {&dst, &a, &b},              \
-                   UpdateBody<T, fn::F>{fn::F{args}, d, pa, pb});
+#define QUANTA_CASE(name, F) \
+  case UpdateOp::name:       \
+    return walk<3>(#name, shape, {&dst, &a, &b}, UpdateBody<T, fn::F>{fn::F{args}, d, pa, pb});
       QUANTA_UPDATE_OPS(QUANTA_CASE)
 #undef QUANTA_CASE
     }
@@ -231,10 +235,10 @@ void gemm_typed(const GemmArgs& g) {
   auto one = [&](const T* pa, const T* pb, T* pc) {
     if constexpr (std::is_same_v<T, float>) {
       QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
-                                      &beta, pc, g.ldc));
+                                         &beta, pc, g.ldc));
     } else {
       QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
-                                      &beta, pc, g.ldc));
+                                         &beta, pc, g.ldc));
     }
   };
   if (g.batch == 1) {
@@ -249,12 +253,12 @@ void gemm_typed(const GemmArgs& g) {
   }
   if constexpr (std::is_same_v<T, float>) {
     QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
-                                                  sb, a, la.ld, sa, &beta, c, g.ldc, sc,
-                                                  g.batch));
+                                                     sb, a, la.ld, sa, &beta, c, g.ldc, sc,
+                                                     g.batch));
   } else {
     QUANTA_CUBLAS_CHECK(cublasDgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
-                                                  sb, a, la.ld, sa, &beta, c, g.ldc, sc,
-                                                  g.batch));
+                                                     sb, a, la.ld, sa, &beta, c, g.ldc, sc,
+                                                     g.batch));
   }
 }
 

@@ -66,8 +66,9 @@ std::filesystem::path own_directory() {
 const Loaded& loaded() {
   static const Loaded l = []() -> Loaded {
 #ifndef QUANTA_CUDA_MODULE
-    return {.reason = "quanta was built without CUDA (reconfigure with -Dcuda=enabled on a "
-                      "machine with nvcc)"};
+    return {.reason =
+                "quanta was built without CUDA (reconfigure with -Dcuda=enabled on a "
+                "machine with nvcc)"};
 #else
     // An explicit path (packagers, tests) wins over the search.
     if (const char* env = std::getenv("QUANTA_CUDA_MODULE"); env && *env) return open_module(env);
@@ -111,7 +112,8 @@ namespace {
 // driver takes the process's memory back anyway.
 CachingAllocator& device_cache() {
   static CachingAllocator* cache = new CachingAllocator({
-      .malloc = [](std::size_t n, int d) { return need("cuda::device_malloc").device_malloc(n, d); },
+      .malloc = [](std::size_t n,
+                   int d) { return need("cuda::device_malloc").device_malloc(n, d); },
       .free = [](void* p, int d) { module()->device_free(p, d); },
   });
   return *cache;

@@ -47,7 +47,7 @@ __device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
 __device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-#define QUANTA_GRID_LOOP(e, total)                                                        \
+#define QUANTA_GRID_LOOP(e, total)                                                         \
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; \
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -117,8 +117,7 @@ __global__ void max_forward_kernel(int64_t total, Win g, const T* in, T* out, in
 
 // out [P, OH, OW] = in [P, H, W] at idx (0 for -1).
 template <class T>
-__global__ void max_gather_kernel(int64_t total, Win g, const int64_t* idx, const T* in,
-                                  T* out) {
+__global__ void max_gather_kernel(int64_t total, Win g, const int64_t* idx, const T* in, T* out) {
   QUANTA_GRID_LOOP(e, total) {
     const int64_t p = e / (g.OH * g.OW);
     const int64_t i = idx[e];
@@ -130,8 +129,7 @@ __global__ void max_gather_kernel(int64_t total, Win g, const int64_t* idx, cons
 // this element, in output order. Only windows that can reach the element are
 // visited: oh sh - ph + i dh = ih for some i < kh.
 template <class T>
-__global__ void max_scatter_kernel(int64_t total, Win g, const int64_t* idx, const T* in,
-                                   T* out) {
+__global__ void max_scatter_kernel(int64_t total, Win g, const int64_t* idx, const T* in, T* out) {
   QUANTA_GRID_LOOP(e, total) {
     const int64_t hw = g.H * g.W, ohw = g.OH * g.OW;
     const int64_t q = e % hw, p = e / hw;
@@ -175,8 +173,8 @@ void avg_pool(bool adjoint, DType dtype, const PoolWindow& g, const void* in, vo
       launch(g.P * g.H * g.W, avg_adjoint_kernel<T>, flat(g), inv, static_cast<const T*>(in),
              static_cast<T*>(out));
     else
-      launch(g.P * g.OH * g.OW, avg_forward_kernel<T>, flat(g), inv,
-             static_cast<const T*>(in), static_cast<T*>(out));
+      launch(g.P * g.OH * g.OW, avg_forward_kernel<T>, flat(g), inv, static_cast<const T*>(in),
+             static_cast<T*>(out));
   });
 }
 
@@ -193,19 +191,18 @@ void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_
   dispatch_float(dtype, scatter ? "max_pool2d_backward" : "max_pool2d_gather", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (scatter)
-      launch(g.P * g.H * g.W, max_scatter_kernel<T>, flat(g), indices,
-             static_cast<const T*>(in), static_cast<T*>(out));
+      launch(g.P * g.H * g.W, max_scatter_kernel<T>, flat(g), indices, static_cast<const T*>(in),
+             static_cast<T*>(out));
     else
-      launch(g.P * g.OH * g.OW, max_gather_kernel<T>, flat(g), indices,
-             static_cast<const T*>(in), static_cast<T*>(out));
+      launch(g.P * g.OH * g.OW, max_gather_kernel<T>, flat(g), indices, static_cast<const T*>(in),
+             static_cast<T*>(out));
   });
 }
 
 void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out) {
   dispatch_all(dtype, "interpolate_nearest2x", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(4 * rows * W, upsample2x_kernel<T>, W, static_cast<const T*>(in),
-           static_cast<T*>(out));
+    launch(4 * rows * W, upsample2x_kernel<T>, W, static_cast<const T*>(in), static_cast<T*>(out));
   });
 }
 

@@ -8,12 +8,12 @@
 // order. No float atomics, a fixed split: results are deterministic. The
 // combination rules (NaN handling, first index on ties) are the CPU's, from
 // engine/kernels/reduce_functors.h.
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -64,8 +64,7 @@ __global__ void prod_kernel(const T* in, int64_t outer, int64_t n, T* out) {
 // ---- extrema: the value and the first index ----
 
 template <bool IsMax, class T>
-__global__ void extreme_kernel(const T* in, int64_t outer, int64_t n, int64_t* indices,
-                               T* values) {
+__global__ void extreme_kernel(const T* in, int64_t outer, int64_t n, int64_t* indices, T* values) {
   const fn::ArgBestOp<IsMax> comb;
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
@@ -115,8 +114,8 @@ __global__ void logsumexp_kernel(const T* in, int64_t outer, int64_t n, T* out) 
 // ---- var / std: two passes, the mean then the squared deviations ----
 
 template <class T>
-__global__ void moment_kernel(const T* in, int64_t outer, int64_t n, double divisor,
-                              bool take_sqrt, T* out) {
+__global__ void moment_kernel(const T* in, int64_t outer, int64_t n, double divisor, bool take_sqrt,
+                              T* out) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
     T s = T(0);
@@ -234,8 +233,7 @@ __global__ void softmax_rows_kernel(const T* in, int64_t outer, int64_t n, T* ou
 
 // inner > 1: one thread per (outer, column) line, the CPU's strided loop.
 template <bool Log, class T>
-__global__ void softmax_lines_kernel(const T* in, int64_t outer, int64_t n, int64_t inner,
-                                     T* out) {
+__global__ void softmax_lines_kernel(const T* in, int64_t outer, int64_t n, int64_t inner, T* out) {
   const int64_t lines = outer * inner;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < lines;
@@ -304,18 +302,19 @@ void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
   if (outer < blocks && inner > 16 * kThreadsPerBlock)
     parts = std::min<int64_t>((blocks + outer - 1) / outer, inner / (4 * kThreadsPerBlock));
   if (parts <= 1) {
-    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
-                               kThreadsPerBlock>>>(in, outer, inner, 1, out);
+    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock>>>(
+        in, outer, inner, 1, out);
     QUANTA_CUDA_CHECK_LAUNCH();
     return;
   }
   Acc* partial = nullptr;
   QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, 0));
-  chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer * parts, blocks)),
-                             kThreadsPerBlock>>>(in, outer, inner, parts, partial);
+  chunk_sum_kernel<T, Acc>
+      <<<static_cast<unsigned>(std::min(outer * parts, blocks)), kThreadsPerBlock>>>(
+          in, outer, inner, parts, partial);
   QUANTA_CUDA_CHECK_LAUNCH();
-  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)),
-                               kThreadsPerBlock>>>(partial, outer, parts, 1, out);
+  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock>>>(
+      partial, outer, parts, 1, out);
   QUANTA_CUDA_CHECK_LAUNCH();
   QUANTA_CUDA_CHECK(cudaFreeAsync(partial, 0));
 }
@@ -342,12 +341,14 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
         using T = typename decltype(tag)::type;
         // Integers multiply as unsigned: overflow wraps, as on the CPU.
         using Acc = std::conditional_t<std::is_integral_v<T>, unsigned long long, T>;
-        prod_kernel<T, Acc><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer,
-                                                          inner, static_cast<T*>(out));
+        prod_kernel<T, Acc><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer, inner,
+                                                          static_cast<T*>(out));
         QUANTA_CUDA_CHECK_LAUNCH();
       });
-    case RowReduce::max: return extreme_rows<true>(in_dtype, rows, outer, inner, nullptr, out);
-    case RowReduce::min: return extreme_rows<false>(in_dtype, rows, outer, inner, nullptr, out);
+    case RowReduce::max:
+      return extreme_rows<true>(in_dtype, rows, outer, inner, nullptr, out);
+    case RowReduce::min:
+      return extreme_rows<false>(in_dtype, rows, outer, inner, nullptr, out);
     case RowReduce::all:
     case RowReduce::any: {
       if (in_dtype != DType::boolean) bad_dtype(op_name(op), in_dtype, "expected bool");
@@ -364,8 +365,8 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
     case RowReduce::logsumexp:
       return dispatch_float(in_dtype, "logsumexp", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        logsumexp_kernel<T><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer,
-                                                          inner, static_cast<T*>(out));
+        logsumexp_kernel<T><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer, inner,
+                                                          static_cast<T*>(out));
         QUANTA_CUDA_CHECK_LAUNCH();
       });
   }
@@ -394,8 +395,8 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
                                               : NormKind::p;
       norm_kernel<T><<<blocks, kThreadsPerBlock>>>(in, outer, inner, kind, param, o);
     } else {
-      moment_kernel<T><<<blocks, kThreadsPerBlock>>>(in, outer, inner, param,
-                                                     op == RowStat::std, o);
+      moment_kernel<T>
+          <<<blocks, kThreadsPerBlock>>>(in, outer, inner, param, op == RowStat::std, o);
     }
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -412,8 +413,8 @@ void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner
       cumsum_rows_kernel<T><<<row_blocks(outer), kThreadsPerBlock>>>(s, outer, n, reverse, t);
     } else {
       const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
-      cumsum_lines_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
-          s, outer, n, inner, reverse, t);
+      cumsum_lines_kernel<T>
+          <<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(s, outer, n, inner, reverse, t);
     }
     QUANTA_CUDA_CHECK_LAUNCH();
   });

@@ -26,8 +26,7 @@ void check_device(int device) {
   const int n = device_count();
   if (device < 0 || device >= n)
     throw std::runtime_error("[cuda] device cuda:" + std::to_string(device) +
-                             " is not available (" + std::to_string(n) +
-                             " CUDA devices visible)");
+                             " is not available (" + std::to_string(n) + " CUDA devices visible)");
 }
 
 void set_device(int device) {
@@ -50,8 +49,7 @@ void device_free(void* ptr, int device) noexcept {
   cudaFree(ptr);
 }
 
-void copy(void* dst, Device dst_device, const void* src, Device src_device,
-          std::size_t nbytes) {
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   if (dst_device.is_cuda()) check_device(dst_device.index);
   if (src_device.is_cuda()) check_device(src_device.index);
   QUANTA_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));

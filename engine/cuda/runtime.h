@@ -15,7 +15,6 @@ void device_free(void* ptr, int device) noexcept;
  * naming the device when it is not available. */
 void set_device(int device);
 /** Copies host<->device or device<->device; synchronous. */
-void copy(void* dst, Device dst_device, const void* src, Device src_device,
-          std::size_t nbytes);
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes);
 
 }  // namespace quanta::cuda

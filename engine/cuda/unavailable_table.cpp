@@ -25,8 +25,8 @@ const KernelTable& unavailable_kernels() {
                   const Operand&) { no_cuda(op_name(op)); },
       .binary = [](BinaryOp op, const Shape&, const Operand&, const Operand&,
                    const Operand&) { no_cuda(op_name(op)); },
-      .update = [](UpdateOp op, const ScalarArgs&, const Shape&, const Operand&,
-                   const Operand&, const Operand&) { no_cuda(op_name(op)); },
+      .update = [](UpdateOp op, const ScalarArgs&, const Shape&, const Operand&, const Operand&,
+                   const Operand&) { no_cuda(op_name(op)); },
       .where = [](const Shape&, const Operand&, const Operand&, const Operand&,
                   const Operand&) { no_cuda("where"); },
       .reduce_rows = [](RowReduce op, DType, const void*, int64_t, int64_t,
@@ -41,31 +41,31 @@ const KernelTable& unavailable_kernels() {
                    void*) { no_cuda("cumsum"); },
       .softmax = [](bool log, DType, const void*, int64_t, int64_t, int64_t,
                     void*) { no_cuda(log ? "log_softmax" : "softmax"); },
-      .index_select = [](DType, const void*, int64_t, int64_t, int64_t, const int64_t*,
-                         int64_t, void*) { no_cuda("index_select"); },
-      .index_lines = [](IndexMode mode, const Shape&, int64_t, const Operand&, const Operand&,
-                        const Operand&, double) {
-        no_cuda(mode == IndexMode::gather        ? "gather"
-                : mode == IndexMode::scatter_add ? "scatter_add"
-                                                 : "scatter");
-      },
-      .index_add = [](DType, void*, int64_t, int64_t, int64_t, const int64_t*, int64_t,
-                      const void*, double) { no_cuda("index_add"); },
-      .conv = [](ConvKind kind, DType, const ConvGeom&, const void*, const void*, const void*,
-                 void*) {
-        no_cuda(kind == ConvKind::forward      ? "conv2d"
-                : kind == ConvKind::input_grad ? "conv_transpose2d"
-                                               : "conv2d_weight_grad");
-      },
-      .avg_pool = [](bool adjoint, DType, const PoolWindow&, const void*, void*) {
-        no_cuda(adjoint ? "avg_pool2d_backward" : "avg_pool2d");
-      },
+      .index_select = [](DType, const void*, int64_t, int64_t, int64_t, const int64_t*, int64_t,
+                         void*) { no_cuda("index_select"); },
+      .index_lines =
+          [](IndexMode mode, const Shape&, int64_t, const Operand&, const Operand&, const Operand&,
+             double) {
+            no_cuda(mode == IndexMode::gather        ? "gather"
+                    : mode == IndexMode::scatter_add ? "scatter_add"
+                                                     : "scatter");
+          },
+      .index_add = [](DType, void*, int64_t, int64_t, int64_t, const int64_t*, int64_t, const void*,
+                      double) { no_cuda("index_add"); },
+      .conv =
+          [](ConvKind kind, DType, const ConvGeom&, const void*, const void*, const void*, void*) {
+            no_cuda(kind == ConvKind::forward      ? "conv2d"
+                    : kind == ConvKind::input_grad ? "conv_transpose2d"
+                                                   : "conv2d_weight_grad");
+          },
+      .avg_pool = [](bool adjoint, DType, const PoolWindow&, const void*,
+                     void*) { no_cuda(adjoint ? "avg_pool2d_backward" : "avg_pool2d"); },
       .max_pool = [](DType, const PoolWindow&, const void*, void*,
                      int64_t*) { no_cuda("max_pool2d"); },
-      .max_pool_route = [](bool scatter, DType, const PoolWindow&, const int64_t*, const void*,
-                           void*) {
-        no_cuda(scatter ? "max_pool2d_backward" : "max_pool2d_gather");
-      },
+      .max_pool_route =
+          [](bool scatter, DType, const PoolWindow&, const int64_t*, const void*, void*) {
+            no_cuda(scatter ? "max_pool2d_backward" : "max_pool2d_gather");
+          },
       .upsample_nearest2x = [](DType, int64_t, int64_t, const void*,
                                void*) { no_cuda("interpolate_nearest2x"); },
       .sq_dist_finish = [](DType, const void*, const void*, int64_t, int64_t, int64_t,

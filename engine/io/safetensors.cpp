@@ -12,12 +12,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace quanta::io {
 namespace {
@@ -167,8 +166,7 @@ json parse_json(const char* text, uint64_t n, const std::string& source) {
 
 uint64_t get_u64(const json& j) { return j.get<uint64_t>(); }
 
-SafetensorsEntry parse_entry(const std::string& name, const json& info,
-                             const std::string& source) {
+SafetensorsEntry parse_entry(const std::string& name, const json& info, const std::string& source) {
   const std::string who = "tensor " + quote_name(name);
   if (!info.is_object()) fail(source, who + ": header entry is not an object");
   SafetensorsEntry e;
@@ -195,8 +193,7 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info,
   constexpr uint64_t kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   for (const json& d : shape) {
     if (!d.is_number_unsigned())
-      fail(source,
-           who + ": shape must hold non-negative integers, got " + brief_json(shape));
+      fail(source, who + ": shape must hold non-negative integers, got " + brief_json(shape));
     const uint64_t v = get_u64(d);
     if (v > kMaxI64) fail(source, who + ": shape " + brief_json(shape) + " overflows 64-bit sizes");
     e.shape.push_back(static_cast<int64_t>(v));
@@ -220,8 +217,8 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info,
     fail(source, who + ": data_offsets " + brief_json(offsets) + " begin after they end");
   if (e.end - e.begin != bits / 8)
     fail(source, who + ": shape " + brief_json(shape) + " of " + e.dtype + " needs " +
-                     std::to_string(bits / 8) + " bytes but data_offsets " +
-                     brief_json(offsets) + " span " + std::to_string(e.end - e.begin));
+                     std::to_string(bits / 8) + " bytes but data_offsets " + brief_json(offsets) +
+                     " span " + std::to_string(e.end - e.begin));
   return e;
 }
 
@@ -259,10 +256,9 @@ SafetensorsHeader parse_header(const char* text, uint64_t n, uint64_t buffer_byt
   const SafetensorsEntry* prev = nullptr;
   for (const auto& e : h.tensors) {
     if (e.end > buffer_bytes)
-      fail(source, "data_offsets [" + std::to_string(e.begin) + ", " +
-                       std::to_string(e.end) + "] of tensor " + quote_name(e.name) +
-                       " lie outside the " + std::to_string(buffer_bytes) +
-                       "-byte data buffer (truncated file?)");
+      fail(source, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                       "] of tensor " + quote_name(e.name) + " lie outside the " +
+                       std::to_string(buffer_bytes) + "-byte data buffer (truncated file?)");
     if (e.begin < cursor)
       fail(source, "tensors " + quote_name(prev->name) + " and " + quote_name(e.name) +
                        " overlap in the data buffer");
@@ -330,8 +326,8 @@ std::pair<DType, Shape> parse_block_dtype(const std::string& value, const Safete
   Shape shape;
   try {
     dt = parse_dtype(value.substr(0, space));
-    shape = json::parse(value.substr(space == std::string::npos ? value.size() : space))
-                .get<Shape>();
+    shape =
+        json::parse(value.substr(space == std::string::npos ? value.size() : space)).get<Shape>();
   } catch (const std::exception&) {
     fail(source, "metadata " + quote_name(kBlockDTypeKey + e.name) +
                      " is not '<dtype> [shape]': " + quote_name(value));
@@ -417,8 +413,7 @@ struct InputFile {
   Fd fd;
   uint64_t size = 0;
 
-  explicit InputFile(const std::string& path)
-      : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit InputFile(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
     if (fd.get() < 0) fail_errno(path, "cannot open");
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) fail_errno(path, "cannot stat");
@@ -476,8 +471,7 @@ struct Prepared {
   std::vector<Tensor> data;  // contiguous CPU tensors in buffer order
 };
 
-Prepared prepare(const TensorMap& tensors,
-                 const std::map<std::string, std::string>& metadata) {
+Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
   struct Item {
     const std::string* name;
     Tensor t;
@@ -492,16 +486,15 @@ Prepared prepare(const TensorMap& tensors,
       throw std::invalid_argument(
           "[save_safetensors] tensor name '__metadata__' is reserved for file metadata");
     if (!seen.insert(name).second)
-      throw std::invalid_argument("[save_safetensors] duplicate tensor name " +
-                                  quote_name(name));
+      throw std::invalid_argument("[save_safetensors] duplicate tensor name " + quote_name(name));
     if (!t.defined())
       throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
                                   " is undefined");
     if (dtype_info(t.dtype()).block_elems != 1) {
       // Block dtypes (nf4) are saved as their bytes, U8 [nbytes].
       const Tensor c = t.detach().to(Device::cpu()).contiguous();
-      Tensor bytes = detail::make_tensor({static_cast<int64_t>(c.nbytes())}, DType::u8,
-                                         Device::cpu());
+      Tensor bytes =
+          detail::make_tensor({static_cast<int64_t>(c.nbytes())}, DType::u8, Device::cpu());
       if (c.nbytes()) std::memcpy(bytes.raw_data(), c.raw_data(), c.nbytes());
       meta[kBlockDTypeKey + name] =
           std::string(dtype_name(t.dtype())) + " " + json(t.shape()).dump();
@@ -510,8 +503,8 @@ Prepared prepare(const TensorMap& tensors,
     }
     const SpecDType* spec = find_spec(t.dtype());
     if (!spec)
-      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
-                                  " has dtype " + dtype_name(t.dtype()) +
+      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) + " has dtype " +
+                                  dtype_name(t.dtype()) +
                                   ", which safetensors files cannot hold yet");
     items.push_back({&name, t.detach().to(Device::cpu()).contiguous(), spec});
   }
@@ -579,8 +572,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
       throw std::runtime_error("[save_safetensors] closing " + tmp +
                                " failed: " + std::strerror(errno));
     if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw std::runtime_error("[save_safetensors] cannot rename " + tmp + " to " + path +
-                               ": " + std::strerror(errno));
+      throw std::runtime_error("[save_safetensors] cannot rename " + tmp + " to " + path + ": " +
+                               std::strerror(errno));
   } catch (...) {
     fd.reset();
     ::unlink(tmp.c_str());
@@ -590,9 +583,9 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   // (EINVAL): the file is in place, so that is not an error.
   Fd dir(::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0 && ::fsync(dir.get()) != 0 && errno != EINVAL && errno != ENOTSUP)
-    throw std::runtime_error("[save_safetensors] " + path +
-                             " was written but fsync of its folder failed: " +
-                             std::strerror(errno));
+    throw std::runtime_error(
+        "[save_safetensors] " + path +
+        " was written but fsync of its folder failed: " + std::strerror(errno));
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -622,8 +615,8 @@ std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const Safet
   return out;
 }
 
-std::vector<uint8_t> serialize_safetensors(
-    const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
+std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
   const Prepared p = prepare(tensors, metadata);
   uint64_t total = 8 + p.header.size();
   for (const Tensor& t : p.data) total += t.nbytes();
@@ -641,8 +634,7 @@ std::vector<uint8_t> serialize_safetensors(
   return out;
 }
 
-SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes,
-                                  const std::string& source) {
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source) {
   const uint64_t n = check_length(bytes.data(), bytes.size(), source);
   const char* text = reinterpret_cast<const char*>(bytes.data()) + 8;
   SafetensorsHeader h = parse_header(text, n, bytes.size() - 8 - n, source);

@@ -69,8 +69,8 @@ std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const Safet
                                             const SafetensorsEntry& e);
 
 /** The bytes save_safetensors would write, in memory. */
-std::vector<uint8_t> serialize_safetensors(
-    const TensorMap& tensors, const std::map<std::string, std::string>& metadata = {});
+std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
+                                           const std::map<std::string, std::string>& metadata = {});
 
 /** Parses safetensors bytes held in memory; errors name `source`. */
 SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes,

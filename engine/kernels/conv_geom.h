@@ -25,8 +25,8 @@ struct ConvGeom {
   int64_t L() const { return OH * OW; }           // output positions per image
   // A 1x1 kernel reading every input pixel once: the input is its own im2col.
   bool pointwise() const {
-    return kh == 1 && kw == 1 && stride == Pair{1, 1} && padding == Pair{0, 0} &&
-           OH == H && OW == W;
+    return kh == 1 && kw == 1 && stride == Pair{1, 1} && padding == Pair{0, 0} && OH == H &&
+           OW == W;
   }
 };
 

@@ -35,6 +35,10 @@ inline constexpr double kInvSqrt2 = 0.7071067811865476;
 inline constexpr double kInvSqrt2Pi = 0.3989422804014327;
 }  // namespace detail
 
+// The functor and op-list macros below are hand-aligned: clang-format 14
+// reads an expression argument like `x * y` as a declaration (`x* y`) and
+// does not format the X-macro lists idempotently.
+// clang-format off
 // ---- unary (floating: f32 and f64) ----
 #define QUANTA_UNARY_FUNCTOR(Name, expr)                              \
   struct Name {                                                       \
@@ -179,6 +183,7 @@ enum class UnaryOp : uint8_t { QUANTA_UNARY_OPS(QUANTA_ENUM_ROW) };
 enum class BinaryOp : uint8_t { QUANTA_BINARY_OPS(QUANTA_ENUM_ROW) };
 enum class UpdateOp : uint8_t { QUANTA_UPDATE_OPS(QUANTA_ENUM_ROW) };
 #undef QUANTA_ENUM_ROW
+// clang-format on
 
 /** True for the ops whose result is bool (comparisons, logic). */
 constexpr bool is_predicate(BinaryOp op) { return op >= BinaryOp::eq; }

@@ -44,8 +44,7 @@ struct StridedIndex {
 /** Builds the index of `shape` with operand k's strides in strides[k]; throws
  * naming `op` when more than kMaxKernelDims dims remain after merging. */
 template <int N>
-StridedIndex<N> make_strided_index(const Shape& shape,
-                                   const std::array<const int64_t*, N>& strides,
+StridedIndex<N> make_strided_index(const Shape& shape, const std::array<const int64_t*, N>& strides,
                                    const char* op) {
   StridedIndex<N> ix;
   // Walk from the innermost dim outwards, merging a dim into the one inside

@@ -26,9 +26,9 @@ Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {
     if (!first) {
       first = t;
     } else if (t->device() != first->device()) {
-      throw std::invalid_argument(std::string("[") + op + "] operands are on different devices: " +
-                                  first->device().str() + " and " + t->device().str() +
-                                  "; move them to one device first");
+      throw std::invalid_argument(std::string("[") + op +
+                                  "] operands are on different devices: " + first->device().str() +
+                                  " and " + t->device().str() + "; move them to one device first");
     }
   }
   return first ? first->device() : Device::cpu();
@@ -38,9 +38,7 @@ const KernelTable& kernels_for(const char* op, std::initializer_list<const Tenso
   return kernels(common_device(op, ts));
 }
 
-Operand operand_of(const Tensor& t) {
-  return {t.raw_data(), t.dtype(), t.strides().data()};
-}
+Operand operand_of(const Tensor& t) { return {t.raw_data(), t.dtype(), t.strides().data()}; }
 
 #define QUANTA_NAME_ROW(name, F) #name,
 const char* op_name(UnaryOp op) {

@@ -57,10 +57,10 @@ struct GemmArgs {
 /** What a row reduction computes per row. */
 enum class RowReduce : uint8_t {
   sum,
-  prod,       // integers multiply as unsigned 64-bit (overflow wraps)
-  max,        // NaN beats everything; needs inner >= 1
+  prod,  // integers multiply as unsigned 64-bit (overflow wraps)
+  max,   // NaN beats everything; needs inner >= 1
   min,
-  all,        // bool rows
+  all,  // bool rows
   any,
   logsumexp,  // max + log(sum(exp(x - max))); -inf for an empty row
 };
@@ -101,8 +101,8 @@ struct KernelTable {
    * i64. prod, max, min: out has the input's dtype (prod: f32, f64 or i64;
    * max, min: f32, f64, i32, i64, u8; inner >= 1). all, any: bool in and out.
    * logsumexp: f32 or f64. */
-  void (*reduce_rows)(RowReduce op, DType in_dtype, const void* rows, int64_t outer,
-                      int64_t inner, void* out);
+  void (*reduce_rows)(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
+                      void* out);
   /** True when a rows x cols matrix with strides (rs, cs) is a GEMM operand
    * this device takes without a copy. */
   bool (*gemm_maps)(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
@@ -122,14 +122,14 @@ struct KernelTable {
   /** Running sums along n of a contiguous [outer, n, inner] block:
    * out[o, i, k] = sum of in[o, j, k] over j <= i (j >= i when reverse).
    * in and out share a dtype: f32, f64 or i64. */
-  void (*cumsum)(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
-                 bool reverse, void* out);
+  void (*cumsum)(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,
+                 void* out);
   /** Softmax (log-softmax when `log`) along n of a contiguous
    * [outer, n, inner] block, stable (the line's max is subtracted first); a
    * line holding NaN or +inf, or only -inf, gives NaN. in and out share a
    * dtype: f32 or f64. */
-  void (*softmax)(bool log, DType dtype, const void* in, int64_t outer, int64_t n,
-                  int64_t inner, void* out);
+  void (*softmax)(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
+                  void* out);
 
   // ---- the index family; indices are i64 on the same device, already
   // checked to lie in range by the op ----
@@ -177,14 +177,13 @@ struct KernelTable {
    * everything, and a later NaN beats an earlier one (the rule
    * `arg < 0 || v > best || isnan(v)`); -inf and -1 for a window that lies
    * wholly in the padding. */
-  void (*max_pool)(DType dtype, const PoolWindow& g, const void* in, void* out,
-                   int64_t* indices);
+  void (*max_pool)(DType dtype, const PoolWindow& g, const void* in, void* out, int64_t* indices);
   /** Values along max_pool's indices [P, OH, OW] (-1: none). gather:
    * out [P, OH, OW] = in [P, H, W] at the index (0 for -1). scatter:
    * out [P, H, W] = for every element, the sum of in [P, OH, OW] over the
    * outputs whose index it is, added in output order from 0 (deterministic). */
-  void (*max_pool_route)(bool scatter, DType dtype, const PoolWindow& g,
-                         const int64_t* indices, const void* in, void* out);
+  void (*max_pool_route)(bool scatter, DType dtype, const PoolWindow& g, const int64_t* indices,
+                         const void* in, void* out);
   /** Nearest 2x upsampling of `rows` rows of width W (planes stacked, any
    * plain dtype): out [2 rows, 2 W] with out[2r + a, 2j + b] = in[r, j]. */
   void (*upsample_nearest2x)(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
@@ -192,8 +191,8 @@ struct KernelTable {
   /** Squared distances from the products: with x [n, d] and c [k, d]
    * contiguous and out [n, k] holding x c^T, out[i, j] becomes
    * max(0, |x_i|^2 + |c_j|^2 - 2 out[i, j]). f32 or f64. */
-  void (*sq_dist_finish)(DType dtype, const void* x, const void* c, int64_t n, int64_t k,
-                         int64_t d, void* out);
+  void (*sq_dist_finish)(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
+                         void* out);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table

@@ -28,12 +28,10 @@ double calculate_gain(Nonlinearity nl, double param = 0.01);
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
 
 /** U(-b, b) with b = gain * sqrt(3 / fan), gain = calculate_gain(nl, a). */
-void kaiming_uniform_(const Tensor& t, Generator& gen, double a = 0,
-                      FanMode mode = FanMode::fan_in,
+void kaiming_uniform_(const Tensor& t, Generator& gen, double a = 0, FanMode mode = FanMode::fan_in,
                       Nonlinearity nl = Nonlinearity::leaky_relu);
 /** N(0, std^2) with std = gain / sqrt(fan), gain = calculate_gain(nl, a). */
-void kaiming_normal_(const Tensor& t, Generator& gen, double a = 0,
-                     FanMode mode = FanMode::fan_in,
+void kaiming_normal_(const Tensor& t, Generator& gen, double a = 0, FanMode mode = FanMode::fan_in,
                      Nonlinearity nl = Nonlinearity::leaky_relu);
 /** U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)). */
 void xavier_uniform_(const Tensor& t, Generator& gen, double gain = 1.0);

@@ -33,16 +33,14 @@ void check_positive(const std::string& layer, const char* what, int64_t v, bool 
 void default_init(const Tensor& weight, const Tensor& bias, Generator& gen) {
   init::kaiming_uniform_(weight, gen, std::sqrt(5.0));
   if (!bias.defined()) return;
-  const int64_t fan_in = weight.numel() == 0
-                             ? 0
-                             : init::calculate_fan_in_and_fan_out(weight).first;
+  const int64_t fan_in = weight.numel() == 0 ? 0 : init::calculate_fan_in_and_fan_out(weight).first;
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
   NoGradGuard no_grad;
   uniform_(bias, -bound, bound, gen);
 }
 
-void check_conv(const std::string& layer, int64_t in, int64_t out,
-                std::array<int64_t, 2> kernel, const Conv2dOptions& o) {
+void check_conv(const std::string& layer, int64_t in, int64_t out, std::array<int64_t, 2> kernel,
+                const Conv2dOptions& o) {
   check_positive(layer, "in_channels", in, false);
   check_positive(layer, "out_channels", out, false);
   check_positive(layer, "groups", o.groups, false);
@@ -54,15 +52,14 @@ void check_conv(const std::string& layer, int64_t in, int64_t out,
     check_positive(layer, "output_padding", o.output_padding[i], true);
   }
   if (in % o.groups != 0 || out % o.groups != 0)
-    fail(layer, "in_channels " + std::to_string(in) + " and out_channels " +
-                    std::to_string(out) + " must be multiples of groups " +
-                    std::to_string(o.groups));
+    fail(layer, "in_channels " + std::to_string(in) + " and out_channels " + std::to_string(out) +
+                    " must be multiples of groups " + std::to_string(o.groups));
 }
 
 void check_channels(const std::string& layer, const Tensor& x, int64_t channels) {
   if (x.dim() != 4 || x.size(1) != channels)
-    fail(layer, "input must be [N, " + std::to_string(channels) + ", H, W], got " +
-                    shape_str(x.shape()));
+    fail(layer,
+         "input must be [N, " + std::to_string(channels) + ", H, W], got " + shape_str(x.shape()));
 }
 
 }  // namespace
@@ -81,8 +78,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool b
 
 Tensor Linear::forward(const Tensor& x) {
   if (x.dim() < 1 || x.size(-1) != in_)
-    fail("Linear", "input must end in in_features " + std::to_string(in_) + ", got " +
-                       shape_str(x.shape()));
+    fail("Linear",
+         "input must end in in_features " + std::to_string(in_) + ", got " + shape_str(x.shape()));
   return linear(x, weight_, bias_);
 }
 
@@ -102,8 +99,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2>
 
 Tensor Conv2d::forward(const Tensor& x) {
   check_channels("Conv2d", x, weight_.size(1) * opts_.groups);
-  return conv2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.dilation,
-                opts_.groups);
+  return conv2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.dilation, opts_.groups);
 }
 
 // ---- ConvTranspose2d ----
@@ -125,8 +121,8 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels,
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
   check_channels("ConvTranspose2d", x, weight_.size(0));
-  return conv_transpose2d(x, weight_, bias_, opts_.stride, opts_.padding,
-                          opts_.output_padding, opts_.groups, opts_.dilation);
+  return conv_transpose2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.output_padding,
+                          opts_.groups, opts_.dilation);
 }
 
 // ---- Embedding ----
@@ -136,9 +132,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& g
   check_positive("Embedding", "num_embeddings", num_embeddings, true);
   check_positive("Embedding", "embedding_dim", embedding_dim, true);
   if (padding_idx < -1 || padding_idx >= num_embeddings)
-    fail("Embedding", "padding_idx must be -1 (none) or in [0, " +
-                          std::to_string(num_embeddings) + "), got " +
-                          std::to_string(padding_idx));
+    fail("Embedding", "padding_idx must be -1 (none) or in [0, " + std::to_string(num_embeddings) +
+                          "), got " + std::to_string(padding_idx));
   Tensor w = empty({num_embeddings, embedding_dim});
   {
     NoGradGuard no_grad;
@@ -165,7 +160,7 @@ Tensor Sequential::forward(const Tensor& x) {
 }
 
 std::shared_ptr<Module> Sequential::replace_module(const std::string& name,
-                                                  std::shared_ptr<Module> module) {
+                                                   std::shared_ptr<Module> module) {
   std::shared_ptr<Module> old = Module::replace_module(name, module);
   for (auto& item : items_)
     if (item == old) item = module;

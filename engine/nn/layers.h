@@ -70,9 +70,8 @@ class Conv2d : public Module {
 class ConvTranspose2d : public Module {
  public:
   /** weight [in, out / groups, kh, kw], bias [out]. */
-  ConvTranspose2d(int64_t in_channels, int64_t out_channels,
-                  std::array<int64_t, 2> kernel_size, Generator& gen,
-                  const Conv2dOptions& opts = {});
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel_size,
+                  Generator& gen, const Conv2dOptions& opts = {});
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -104,8 +103,7 @@ class Embedding : public Module {
 class LayerNorm : public Module {
  public:
   /** weight and bias of shape `normalized_shape` when `elementwise_affine`. */
-  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5,
-                     bool elementwise_affine = true);
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -122,8 +120,7 @@ class GroupNorm : public Module {
  public:
   /** weight and bias [num_channels] when `affine`; num_channels must be a
    * multiple of num_groups. */
-  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5,
-            bool affine = true);
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -203,8 +200,7 @@ class Sigmoid : public Module {
 /** x for x >= 0, negative_slope * x otherwise. */
 class LeakyReLU : public Module {
  public:
-  explicit LeakyReLU(double negative_slope = 0.01)
-      : Module("LeakyReLU"), slope_(negative_slope) {}
+  explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), slope_(negative_slope) {}
   Tensor forward(const Tensor& x) override;
 
  private:

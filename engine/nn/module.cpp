@@ -68,8 +68,7 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& value,
   return p;
 }
 
-Tensor Module::register_buffer(const std::string& name, const Tensor& value,
-                               bool persistent) {
+Tensor Module::register_buffer(const std::string& name, const Tensor& value, bool persistent) {
   check_new_name("register_buffer", name);
   if (!value.defined())
     throw std::invalid_argument("[" + type_name_ + "::register_buffer] '" + name +
@@ -82,8 +81,7 @@ Tensor Module::register_buffer(const std::string& name, const Tensor& value,
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
   check_new_name("register_module", name);
   if (!module)
-    throw std::invalid_argument("[" + type_name_ + "::register_module] '" + name +
-                                "' is null");
+    throw std::invalid_argument("[" + type_name_ + "::register_module] '" + name + "' is null");
   if (module.get() == this)
     throw std::invalid_argument("[" + type_name_ + "::register_module] '" + name +
                                 "' is the module itself");
@@ -91,7 +89,7 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
 }
 
 std::shared_ptr<Module> Module::replace_module(const std::string& name,
-                                              std::shared_ptr<Module> module) {
+                                               std::shared_ptr<Module> module) {
   if (!module || module.get() == this)
     throw std::invalid_argument("[" + type_name_ + "::replace_module] '" + name +
                                 "' must be replaced by another, non-null module");
@@ -100,15 +98,15 @@ std::shared_ptr<Module> Module::replace_module(const std::string& name,
       std::swap(c.second, module);
       return module;
     }
-  throw std::invalid_argument("[" + type_name_ + "::replace_module] no submodule '" + name +
-                              "'");
+  throw std::invalid_argument("[" + type_name_ + "::replace_module] no submodule '" + name + "'");
 }
 
 // Depth-first walk over (prefix, module) pairs; every module once.
-template <class F> void Module::visit(const std::string& prefix, F&& f) const {
+template <class F>
+void Module::visit(const std::string& prefix, F&& f) const {
   std::unordered_set<const Module*> seen;
-  std::function<void(const Module&, const std::string&)> rec =
-      [&](const Module& m, const std::string& pre) {
+  std::function<void(const Module&, const std::string&)> rec = [&](const Module& m,
+                                                                   const std::string& pre) {
     if (!seen.insert(&m).second) return;
     f(m, pre);
     for (const auto& [name, child] : m.children_) rec(*child, pre + name + ".");
@@ -119,8 +117,8 @@ template <class F> void Module::visit(const std::string& prefix, F&& f) const {
 namespace {
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
-void add_unique(Named& out, std::unordered_set<const TensorImpl*>& seen,
-                const std::string& name, const Tensor& t) {
+void add_unique(Named& out, std::unordered_set<const TensorImpl*>& seen, const std::string& name,
+                const Tensor& t) {
   if (seen.insert(t.impl()).second) out.emplace_back(name, t);
 }
 }  // namespace
@@ -171,8 +169,7 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   std::vector<std::pair<std::string, Module*>> out;
   visit("", [&](const Module& m, const std::string& pre) {
     // Drop the trailing '.' of the prefix: the module's own name.
-    out.emplace_back(pre.empty() ? pre : pre.substr(0, pre.size() - 1),
-                     const_cast<Module*>(&m));
+    out.emplace_back(pre.empty() ? pre : pre.substr(0, pre.size() - 1), const_cast<Module*>(&m));
   });
   return out;
 }
@@ -226,9 +223,7 @@ std::string join(const std::vector<std::string>& xs) {
   return s;
 }
 
-std::string describe(const Tensor& t) {
-  return shape_str(t.shape()) + " " + dtype_name(t.dtype());
-}
+std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
 }  // namespace
 
 LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
@@ -247,8 +242,7 @@ LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
     } else if (!src->defined()) {
       mismatched.push_back(k + " (expected " + describe(dst) + ", got an undefined tensor)");
     } else if (src->shape() != dst.shape() || src->dtype() != dst.dtype()) {
-      mismatched.push_back(k + " (expected " + describe(dst) + ", got " + describe(*src) +
-                           ")");
+      mismatched.push_back(k + " (expected " + describe(dst) + ", got " + describe(*src) + ")");
     }
   }
   std::vector<std::string> problems;
@@ -285,7 +279,8 @@ void assign_in_place(const Tensor& t, const Tensor& value) {
   if (d->autograd) d->autograd->grad_accumulator.reset();
 }
 
-template <class F> void convert_all(const std::vector<Tensor>& ts, F&& convert) {
+template <class F>
+void convert_all(const std::vector<Tensor>& ts, F&& convert) {
   NoGradGuard no_grad;
   // Convert everything first so a failure leaves the module unchanged.
   std::vector<std::pair<Tensor, Tensor>> done;  // (new value, new grad)
@@ -312,8 +307,7 @@ void Module::to(Device device) {
 
 void Module::to(DType dtype) {
   if (!is_floating(dtype))
-    throw std::invalid_argument("[" + type_name_ + "::to] dtype " +
-                                std::string(dtype_name(dtype)) +
+    throw std::invalid_argument("[" + type_name_ + "::to] dtype " + std::string(dtype_name(dtype)) +
                                 " is not floating; modules cast only to floating dtypes");
   std::vector<Tensor> floating;
   for (const Tensor& t : all_tensors(*this))

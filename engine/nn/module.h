@@ -64,8 +64,7 @@ class Module {
   /** Registers a buffer: state that is not trained (running statistics,
    * codebooks updated by EMA). Persistent buffers are in the state dict.
    * Returns the buffer handle (detached, sharing storage with `value`). */
-  Tensor register_buffer(const std::string& name, const Tensor& value,
-                         bool persistent = true);
+  Tensor register_buffer(const std::string& name, const Tensor& value, bool persistent = true);
   /** Registers `module` as child `name`; returns it. */
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -137,7 +136,8 @@ class Module {
   void check_new_name(const char* op, const std::string& name) const;
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   void collect_state(const std::string& prefix, StateDict& out) const;
-  template <class F> void visit(const std::string& prefix, F&& f) const;
+  template <class F>
+  void visit(const std::string& prefix, F&& f) const;
 
   std::string type_name_;
   bool training_ = true;

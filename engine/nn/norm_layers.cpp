@@ -30,9 +30,7 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
-  return layer_norm(x, shape_, weight_, bias_, eps_);
-}
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, shape_, weight_, bias_, eps_); }
 
 // ---- GroupNorm ----
 GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine)
@@ -50,8 +48,8 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
 
 Tensor GroupNorm::forward(const Tensor& x) {
   if (x.dim() < 2 || x.size(1) != channels_)
-    fail("GroupNorm", "input must be [N, " + std::to_string(channels_) + ", ...], got " +
-                          shape_str(x.shape()));
+    fail("GroupNorm",
+         "input must be [N, " + std::to_string(channels_) + ", ...], got " + shape_str(x.shape()));
   return group_norm(x, groups_, weight_, bias_, eps_);
 }
 

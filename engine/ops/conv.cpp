@@ -44,15 +44,13 @@ Shape out_shape(Kind kind, const ConvGeom& g) {
 }
 
 // One of the three kernels with its backward node; operands already checked.
-Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
-               const ConvGeom& g) {
+Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, const ConvGeom& g) {
   const char* op = kind_name(kind);
   const KernelTable& k = kernels_for(op, {&a, &b, &bias});
   DType dt = promote_types(a.dtype(), b.dtype());
   if (bias.defined()) dt = promote_types(dt, bias.dtype());
   const DType ct = detail::cpu_compute_dtype(dt);
-  Tensor ap = detail::as_plain(a, ct).contiguous(),
-         bp = detail::as_plain(b, ct).contiguous();
+  Tensor ap = detail::as_plain(a, ct).contiguous(), bp = detail::as_plain(b, ct).contiguous();
   Tensor biasp = bias.defined() ? detail::as_plain(bias, ct).contiguous() : Tensor();
   Tensor out = detail::make_tensor(out_shape(kind, g), ct, a.device());
   k.conv(kind, ct, g, ap.raw_data(), bp.raw_data(), biasp.defined() ? biasp.raw_data() : nullptr,
@@ -61,36 +59,30 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
 
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   const bool need_bias = bias.defined() && bias.requires_grad();
-  return autograd::record(op, out, {a, b, bias},
-                          [kind, g, a = a.detach(), b = b.detach(), need_a, need_b,
-                           need_bias](const Tensor& gout) {
-                            Tensor ga, gb, gbias;
-                            switch (kind) {
-                              case Kind::forward:  // a = x, b = w
-                                if (need_a)
-                                  ga = conv_op(Kind::input_grad, gout, b, Tensor(), g);
-                                if (need_b)
-                                  gb = conv_op(Kind::weight_grad, a, gout, Tensor(), g);
-                                break;
-                              case Kind::input_grad:  // a = g, b = w
-                                if (need_a)
-                                  ga = conv_op(Kind::forward, gout, b, Tensor(), g);
-                                if (need_b)
-                                  gb = conv_op(Kind::weight_grad, gout, a, Tensor(), g);
-                                break;
-                              case Kind::weight_grad:  // a = x, b = g
-                                if (need_a)
-                                  ga = conv_op(Kind::input_grad, b, gout, Tensor(), g);
-                                if (need_b)
-                                  gb = conv_op(Kind::forward, a, gout, Tensor(), g);
-                                break;
-                            }
-                            // Pixels first (contiguous rows), then images: one
-                            // pass, where a sum over {0, 2, 3} at once would
-                            // first copy gout into that order.
-                            if (need_bias) gbias = sum(sum(gout, {2, 3}), {0});
-                            return std::vector<Tensor>{ga, gb, gbias};
-                          });
+  return autograd::record(
+      op, out, {a, b, bias},
+      [kind, g, a = a.detach(), b = b.detach(), need_a, need_b, need_bias](const Tensor& gout) {
+        Tensor ga, gb, gbias;
+        switch (kind) {
+          case Kind::forward:  // a = x, b = w
+            if (need_a) ga = conv_op(Kind::input_grad, gout, b, Tensor(), g);
+            if (need_b) gb = conv_op(Kind::weight_grad, a, gout, Tensor(), g);
+            break;
+          case Kind::input_grad:  // a = g, b = w
+            if (need_a) ga = conv_op(Kind::forward, gout, b, Tensor(), g);
+            if (need_b) gb = conv_op(Kind::weight_grad, gout, a, Tensor(), g);
+            break;
+          case Kind::weight_grad:  // a = x, b = g
+            if (need_a) ga = conv_op(Kind::input_grad, b, gout, Tensor(), g);
+            if (need_b) gb = conv_op(Kind::forward, a, gout, Tensor(), g);
+            break;
+        }
+        // Pixels first (contiguous rows), then images: one
+        // pass, where a sum over {0, 2, 3} at once would
+        // first copy gout into that order.
+        if (need_bias) gbias = sum(sum(gout, {2, 3}), {0});
+        return std::vector<Tensor>{ga, gb, gbias};
+      });
 }
 
 [[noreturn]] void fail(const char* op, const std::string& what) {
@@ -99,20 +91,17 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
 
 // Checks shared by both public ops: ranks, dtypes, positive hyper-parameters.
 void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
-                  const Pair& stride, const Pair& padding, const Pair& dilation,
-                  int64_t groups) {
+                  const Pair& stride, const Pair& padding, const Pair& dilation, int64_t groups) {
   if (!x.defined() || !w.defined()) fail(op, "got an undefined input or weight");
   kernels_for(op, {&x, &w, &b});  // one device for all operands
-  if (x.dim() != 4)
-    fail(op, "input must be 4-d [N, C, H, W]: got shape " + shape_str(x.shape()));
+  if (x.dim() != 4) fail(op, "input must be 4-d [N, C, H, W]: got shape " + shape_str(x.shape()));
   if (w.dim() != 4) fail(op, "weight must be 4-d: got shape " + shape_str(w.shape()));
   DType dt = promote_types(x.dtype(), w.dtype());
   if (b.defined()) dt = promote_types(dt, b.dtype());
   if (!is_floating(dt))
-    fail(op, std::string("needs floating operands: got ") + dtype_name(x.dtype()) +
-                 " input and " + dtype_name(w.dtype()) + " weight");
-  if (stride[0] < 1 || stride[1] < 1)
-    fail(op, "stride must be positive: got " + pair_str(stride));
+    fail(op, std::string("needs floating operands: got ") + dtype_name(x.dtype()) + " input and " +
+                 dtype_name(w.dtype()) + " weight");
+  if (stride[0] < 1 || stride[1] < 1) fail(op, "stride must be positive: got " + pair_str(stride));
   if (dilation[0] < 1 || dilation[1] < 1)
     fail(op, "dilation must be positive: got " + pair_str(dilation));
   if (padding[0] < 0 || padding[1] < 0)
@@ -122,14 +111,14 @@ void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor
 
 void check_bias(const char* op, const Tensor& b, int64_t channels) {
   if (b.defined() && (b.dim() != 1 || b.size(0) != channels))
-    fail(op, "bias must have shape [" + std::to_string(channels) + "]: got " +
-                 shape_str(b.shape()));
+    fail(op,
+         "bias must have shape [" + std::to_string(channels) + "]: got " + shape_str(b.shape()));
 }
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
-              Pair padding, Pair dilation, int64_t groups) {
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding,
+              Pair dilation, int64_t groups) {
   const char* op = "conv2d";
   check_common(op, x, w, b, stride, padding, dilation, groups);
   const int64_t C = x.size(1), O = w.size(0);
@@ -140,9 +129,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
     fail(op, "output channels (" + std::to_string(O) + ") are not divisible by groups (" +
                  std::to_string(groups) + ")");
   if (w.size(1) != C / groups)
-    fail(op, "weight " + shape_str(w.shape()) + " expects " +
-                 std::to_string(w.size(1) * groups) + " input channels with groups = " +
-                 std::to_string(groups) + ": got input " + shape_str(x.shape()));
+    fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(1) * groups) +
+                 " input channels with groups = " + std::to_string(groups) + ": got input " +
+                 shape_str(x.shape()));
   check_bias(op, b, O);
   ConvGeom g{x.size(0), C, x.size(2), x.size(3), O,        w.size(2), w.size(3),
              0,         0, stride,    padding,   dilation, groups};
@@ -161,8 +150,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
 }
 
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
-                        Pair padding, Pair output_padding, int64_t groups,
-                        Pair dilation) {
+                        Pair padding, Pair output_padding, int64_t groups, Pair dilation) {
   const char* op = "conv_transpose2d";
   check_common(op, x, w, b, stride, padding, dilation, groups);
   const int64_t Cin = x.size(1);
@@ -170,8 +158,8 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair 
     fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(0)) +
                  " input channels: got input " + shape_str(x.shape()));
   if (Cin % groups != 0)
-    fail(op, "input channels (" + std::to_string(Cin) +
-                 ") are not divisible by groups (" + std::to_string(groups) + ")");
+    fail(op, "input channels (" + std::to_string(Cin) + ") are not divisible by groups (" +
+                 std::to_string(groups) + ")");
   for (int d = 0; d < 2; ++d)
     if (output_padding[d] < 0 ||
         (output_padding[d] >= stride[d] && output_padding[d] >= dilation[d]))
@@ -183,14 +171,13 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair 
   const int64_t Cout = w.size(1) * groups;
   check_bias(op, b, Cout);
   const int64_t kh = w.size(2), kw = w.size(3);
-  const int64_t H = (x.size(2) - 1) * stride[0] - 2 * padding[0] +
-                    dilation[0] * (kh - 1) + output_padding[0] + 1;
-  const int64_t W = (x.size(3) - 1) * stride[1] - 2 * padding[1] +
-                    dilation[1] * (kw - 1) + output_padding[1] + 1;
+  const int64_t H =
+      (x.size(2) - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1;
+  const int64_t W =
+      (x.size(3) - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1;
   if (H <= 0 || W <= 0)
-    fail(op, "output size is not positive: got " + std::to_string(H) + "x" +
-                 std::to_string(W) + " from input " + shape_str(x.shape()) +
-                 " and weight " + shape_str(w.shape()));
+    fail(op, "output size is not positive: got " + std::to_string(H) + "x" + std::to_string(W) +
+                 " from input " + shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
   // The conv2d whose input gradient this is: input [N, Cout, H, W], weight
   // [Cin, Cout / groups, kh, kw], output [N, Cin, x.H, x.W].
   const ConvGeom g{x.size(0), Cout,      H,      W,       Cin,      kh,    kw,

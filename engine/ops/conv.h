@@ -13,8 +13,7 @@ namespace quanta {
  * b [O] (undefined: no bias); returns [N, O, OH, OW] with
  * OH = (H + 2 padding - dilation (kh - 1) - 1) / stride + 1 (same for W). */
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(),
-              std::array<int64_t, 2> stride = {1, 1},
-              std::array<int64_t, 2> padding = {0, 0},
+              std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
               std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 
 /** Transposed convolution (the adjoint of conv2d) of x [N, C, H, W] with
@@ -24,7 +23,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(),
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(),
                         std::array<int64_t, 2> stride = {1, 1},
                         std::array<int64_t, 2> padding = {0, 0},
-                        std::array<int64_t, 2> output_padding = {0, 0},
-                        int64_t groups = 1, std::array<int64_t, 2> dilation = {1, 1});
+                        std::array<int64_t, 2> output_padding = {0, 0}, int64_t groups = 1,
+                        std::array<int64_t, 2> dilation = {1, 1});
 
 }  // namespace quanta

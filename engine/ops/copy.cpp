@@ -20,8 +20,9 @@ void copy_(const Tensor& dst, const Tensor& src) {
   detail::check_inplace("copy_", dst);
   if (dst.device() != src.device()) {
     if (dst.dtype() != src.dtype() || dst.shape() != src.shape() || !dst.is_contiguous())
-      throw std::invalid_argument("[copy_] across devices needs equal dtype and shape and a "
-                                  "contiguous destination");
+      throw std::invalid_argument(
+          "[copy_] across devices needs equal dtype and shape and a "
+          "contiguous destination");
     Tensor s = src.contiguous();
     copy_bytes(dst.raw_data(), dst.device(), s.raw_data(), s.device(), s.nbytes());
     return;

@@ -65,9 +65,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return autograd::record("add", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
-    return two(if_needed(na, [&] { return grad_for(g, a); }),
-               if_needed(nb, [&] { return grad_for(g, b); }));
-  });
+                            return two(if_needed(na, [&] { return grad_for(g, a); }),
+                                       if_needed(nb, [&] { return grad_for(g, b); }));
+                          });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
@@ -75,9 +75,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return autograd::record("sub", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
-    return two(if_needed(na, [&] { return grad_for(g, a); }),
-               if_needed(nb, [&] { return grad_for(neg(g), b); }));
-  });
+                            return two(if_needed(na, [&] { return grad_for(g, a); }),
+                                       if_needed(nb, [&] { return grad_for(neg(g), b); }));
+                          });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
@@ -85,9 +85,9 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return autograd::record("mul", out, {a, b},
                           [a = a.detach(), b = b.detach(), na = a.requires_grad(),
                            nb = b.requires_grad()](const Tensor& g) {
-    return two(if_needed(na, [&] { return grad_for(mul(g, b), a); }),
-               if_needed(nb, [&] { return grad_for(mul(g, a), b); }));
-  });
+                            return two(if_needed(na, [&] { return grad_for(mul(g, b), a); }),
+                                       if_needed(nb, [&] { return grad_for(mul(g, a), b); }));
+                          });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -97,11 +97,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_kernel(BinaryOp::div, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("div", out, {a, b},
-                          [a = a.detach(), b = b.detach(), o = out.detach(),
-                           na = a.requires_grad(), nb = b.requires_grad()](const Tensor& g) {
-    return two(if_needed(na, [&] { return grad_for(div(g, b), a); }),
-               if_needed(nb, [&] { return grad_for(neg(div(mul(g, o), b)), b); }));
-  });
+                          [a = a.detach(), b = b.detach(), o = out.detach(), na = a.requires_grad(),
+                           nb = b.requires_grad()](const Tensor& g) {
+                            return two(
+                                if_needed(na, [&] { return grad_for(div(g, b), a); }),
+                                if_needed(nb, [&] { return grad_for(neg(div(mul(g, o), b)), b); }));
+                          });
 }
 
 Tensor add_n(const std::vector<Tensor>& terms) {
@@ -153,14 +154,14 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   const DType ct = cpu_compute_dtype(out_dt);
   Tensor out = binary_kernel(BinaryOp::pow, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
-  return autograd::record("pow", out, {a, b},
-                          [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
-    Tensor ga = mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1.0)))));
-    // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (the limit).
-    Tensor zero_base = logical_and(eq(a, scalar_like(a, 0.0)), ge(b, scalar_like(b, 0.0)));
-    Tensor gb = where(zero_base, scalar_like(o, 0.0), mul(g, mul(o, log(a))));
-    return two(grad_for(ga, a), grad_for(gb, b));
-  });
+  return autograd::record(
+      "pow", out, {a, b}, [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
+        Tensor ga = mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1.0)))));
+        // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (the limit).
+        Tensor zero_base = logical_and(eq(a, scalar_like(a, 0.0)), ge(b, scalar_like(b, 0.0)));
+        Tensor gb = where(zero_base, scalar_like(o, 0.0), mul(g, mul(o, log(a))));
+        return two(grad_for(ga, a), grad_for(gb, b));
+      });
 }
 
 Tensor pow(const Tensor& a, double p) {
@@ -180,32 +181,32 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = arith(BinaryOp::maximum, a, b);
   return autograd::record("maximum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
-    Tensor half = mul(g, scalar_like(g, 0.5));
-    Tensor tie = eq(a, b);
-    Tensor ga = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
-    Tensor gb = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
-    return two(grad_for(ga, a), grad_for(gb, b));
-  });
+                            Tensor half = mul(g, scalar_like(g, 0.5));
+                            Tensor tie = eq(a, b);
+                            Tensor ga = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
+                            Tensor gb = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
+                            return two(grad_for(ga, a), grad_for(gb, b));
+                          });
 }
 
 Tensor relu_backward(const Tensor& grad, const Tensor& x) {
   Tensor out = arith(BinaryOp::relu_backward, grad, x);
   return autograd::record("relu_backward", out, {grad, x},
                           [x = x.detach(), g0 = grad.detach()](const Tensor& g) {
-    return two(grad_for(relu_backward(g, x), g0), Tensor());
-  });
+                            return two(grad_for(relu_backward(g, x), g0), Tensor());
+                          });
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
   Tensor out = arith(BinaryOp::minimum, a, b);
   return autograd::record("minimum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
-    Tensor half = mul(g, scalar_like(g, 0.5));
-    Tensor tie = eq(a, b);
-    Tensor ga = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
-    Tensor gb = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
-    return two(grad_for(ga, a), grad_for(gb, b));
-  });
+                            Tensor half = mul(g, scalar_like(g, 0.5));
+                            Tensor tie = eq(a, b);
+                            Tensor ga = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
+                            Tensor gb = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
+                            return two(grad_for(ga, a), grad_for(gb, b));
+                          });
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -213,8 +214,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (cond.dtype() != DType::boolean)
     throw std::invalid_argument(std::string("[where] condition must be bool, got ") +
                                 dtype_name(cond.dtype()));
-  const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(),
-                                                                      "where"), "where");
+  const Shape shape =
+      broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
   const DType out_dt = promote_types(a.dtype(), b.dtype());
   Tensor c = expand(cond.detach(), shape);
   Tensor ea = expand(detail::as_plain(a, out_dt), shape);
@@ -223,9 +224,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   k.where(shape, operand_of(out), operand_of(c), operand_of(ea), operand_of(eb));
   return autograd::record("where", out, {a, b},
                           [c = cond.detach(), a = a.detach(), b = b.detach()](const Tensor& g) {
-    Tensor z = scalar_like(g, 0.0);
-    return two(grad_for(where(c, g, z), a), grad_for(where(c, z, g), b));
-  });
+                            Tensor z = scalar_like(g, 0.0);
+                            return two(grad_for(where(c, g, z), a), grad_for(where(c, z, g), b));
+                          });
 }
 
 // ---- comparisons and logic (nd) ----
@@ -247,19 +248,16 @@ Tensor logical(BinaryOp op, const Tensor& a, const Tensor& b) {
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   return logical(BinaryOp::logical_and, a, b);
 }
-Tensor logical_or(const Tensor& a, const Tensor& b) {
-  return logical(BinaryOp::logical_or, a, b);
-}
+Tensor logical_or(const Tensor& a, const Tensor& b) { return logical(BinaryOp::logical_or, a, b); }
 Tensor logical_xor(const Tensor& a, const Tensor& b) {
   return logical(BinaryOp::logical_xor, a, b);
 }
 Tensor logical_not(const Tensor& x) {
-  return eq(detail::as_plain(x, DType::boolean), scalar(0.0, {.dtype = DType::boolean, .device = x.device()}));
+  return eq(detail::as_plain(x, DType::boolean),
+            scalar(0.0, {.dtype = DType::boolean, .device = x.device()}));
 }
 
-Tensor straight_through(const Tensor& x, const Tensor& q) {
-  return add(x, sub(q, x).detach());
-}
+Tensor straight_through(const Tensor& x, const Tensor& q) { return add(x, sub(q, x).detach()); }
 
 // ---- in place ----
 namespace detail {

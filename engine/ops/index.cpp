@@ -160,8 +160,7 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   const bool need_src = has_src && src.requires_grad();
   const Shape src_shape = has_src ? src.shape() : Shape{};
   auto inputs = has_src ? std::vector<Tensor>{x, src} : std::vector<Tensor>{x};
-  return autograd::record(op, out, inputs,
-                          [mode, d, idx, need_src, src_shape](const Tensor& g) {
+  return autograd::record(op, out, inputs, [mode, d, idx, need_src, src_shape](const Tensor& g) {
     std::vector<Tensor> grads;
     // Written positions were overwritten, so x gets no gradient there.
     grads.push_back(mode == ScatterMode::add ? g : scatter(g, d, idx, 0.0));
@@ -202,8 +201,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   check_bounds("gather", idx, d, x.shape()[d]);
   Tensor out = detail::make_tensor(idx.shape(), x.dtype(), x.device());
   // x's own strides: no copy for views.
-  k.index_lines(IndexMode::gather, idx.shape(), d, operand_of(idx), operand_of(out),
-                operand_of(x), 0.0);
+  k.index_lines(IndexMode::gather, idx.shape(), d, operand_of(idx), operand_of(out), operand_of(x),
+                0.0);
   return autograd::record("gather", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{scatter_add(zeros(in, options_of(g)), d, idx, g)};
   });
@@ -232,8 +231,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   const Tensor idx = as_index("index_add", index);
   if (idx.dim() > 1)
     fail("index_add", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
-  if (x.dim() == 0)
-    return reshape(index_add(reshape(x, {1}), dim, idx, as_1d(src), alpha), {});
+  if (x.dim() == 0) return reshape(index_add(reshape(x, {1}), dim, idx, as_1d(src), alpha), {});
   const int64_t d = wrap_dim(dim, x.dim(), "index_add");
   const int64_t m = idx.numel();
   Shape want = x.shape();
@@ -241,9 +239,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   // A 0-d src stands for one slice when x is 1-d (as in PyTorch).
   const Tensor s_in = (src.dim() == 0 && x.dim() == 1) ? reshape(src, {1}) : src;
   if (s_in.shape() != want)
-    fail("index_add", "src has shape " + shape_str(src.shape()) + ", expected " +
-                          shape_str(want) + " (the input's shape with the index's length in "
-                          "dim " + str(d) + ")");
+    fail("index_add", "src has shape " + shape_str(src.shape()) + ", expected " + shape_str(want) +
+                          " (the input's shape with the index's length in "
+                          "dim " +
+                          str(d) + ")");
   check_bounds("index_add", idx, d, x.shape()[d]);
 
   const DType ct = detail::cpu_compute_dtype(x.dtype());
@@ -254,21 +253,21 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   for (int64_t k = 0; k < d; ++k) outer *= xs[k];
   for (int64_t k = d + 1; k < x.dim(); ++k) inner *= xs[k];
   const int64_t n = xs[d];
-  k.index_add(ct, out.raw_data(), outer, n, inner, static_cast<const int64_t*>(idx.raw_data()),
-              m, s.raw_data(), alpha);
+  k.index_add(ct, out.raw_data(), outer, n, inner, static_cast<const int64_t*>(idx.raw_data()), m,
+              s.raw_data(), alpha);
   if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
 
   const bool need_src = src.requires_grad();
   return autograd::record("index_add", out, {x, src},
                           [d, idx, alpha, need_src, src_shape = src.shape()](const Tensor& g) {
-    Tensor gs;
-    if (need_src) {
-      gs = index_select(g, d, idx);
-      if (alpha != 1.0) gs = mul(gs, scalar_like(gs, alpha));
-      gs = reshape(gs, src_shape);
-    }
-    return std::vector<Tensor>{g, gs};
-  });
+                            Tensor gs;
+                            if (need_src) {
+                              gs = index_select(g, d, idx);
+                              if (alpha != 1.0) gs = mul(gs, scalar_like(gs, alpha));
+                              gs = reshape(gs, src_shape);
+                            }
+                            return std::vector<Tensor>{g, gs};
+                          });
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
@@ -296,8 +295,8 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
   const int64_t count = static_cast<int64_t>(where_true.size());
   // Row-major positions of the true elements; index_select's backward then
   // routes the gradient (and expand's sums it over broadcast dims).
-  const Tensor pos = from_vector<int64_t>(where_true, {count}, {.dtype = DType::i64,
-                                                                .device = x.device()});
+  const Tensor pos =
+      from_vector<int64_t>(where_true, {count}, {.dtype = DType::i64, .device = x.device()});
   return index_select(reshape(expand(x, shape), {numel_of(shape)}), 0, pos);
 }
 
@@ -315,8 +314,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   Shape out_shape = indices.shape();
   out_shape.push_back(D);
   Tensor out = select_slices(weight, 0, idx).reshape(out_shape);
-  return autograd::record("embedding", out, {weight},
-                          [idx, V, D, padding_idx](const Tensor& g) {
+  return autograd::record("embedding", out, {weight}, [idx, V, D, padding_idx](const Tensor& g) {
     Tensor rows = reshape(g, {idx.numel(), D});
     if (padding_idx >= 0) {
       const Tensor pad_row =

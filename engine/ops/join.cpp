@@ -36,8 +36,8 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
       throw std::invalid_argument("[cat] tensor " + std::to_string(i) + " is undefined");
     if (ts[i].device() != ts[0].device())
       throw std::invalid_argument("[cat] tensor " + std::to_string(i) + " is on " +
-                                  ts[i].device().str() + ", tensor 0 on " +
-                                  ts[0].device().str() + "; move them to one device first");
+                                  ts[i].device().str() + ", tensor 0 on " + ts[0].device().str() +
+                                  "; move them to one device first");
     check_plain("cat", ts[i]);
     if (ts[i].dim() == 0)
       throw std::invalid_argument("[cat] tensor " + std::to_string(i) +
@@ -161,8 +161,7 @@ Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
   std::vector<int64_t> wrapped;
   for (int64_t dim : dims) {
     const int64_t d = wrap_dim(dim, nd, "flip");
-    if (flipped[d])
-      throw std::invalid_argument("[flip] dim " + str(d) + " appears more than once");
+    if (flipped[d]) throw std::invalid_argument("[flip] dim " + str(d) + " appears more than once");
     flipped[d] = true;
     wrapped.push_back(d);
   }
@@ -210,17 +209,15 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
   const int64_t np = static_cast<int64_t>(pads.size());
   if (np % 2 != 0 || np > 2 * nd)
     throw std::invalid_argument("[pad] got " + str(np) + " pad values for a " + str(nd) +
-                                "-d tensor; expected an even count of at most " +
-                                str(2 * nd));
+                                "-d tensor; expected an even count of at most " + str(2 * nd));
   Shape out_shape = x.shape();
   for (int64_t i = 0; i < np / 2; ++i) {
     const int64_t d = nd - 1 - i;
     out_shape[d] += pads[2 * i] + pads[2 * i + 1];
     if (out_shape[d] < 0)
       throw std::invalid_argument("[pad] dim " + str(d) + " of size " + str(x.shape()[d]) +
-                                  " padded by (" + str(pads[2 * i]) + ", " +
-                                  str(pads[2 * i + 1]) + ") would have negative size " +
-                                  str(out_shape[d]));
+                                  " padded by (" + str(pads[2 * i]) + ", " + str(pads[2 * i + 1]) +
+                                  ") would have negative size " + str(out_shape[d]));
   }
   Tensor out = full(out_shape, value, options_of(x));
   // The part of x that survives the crops, and where it lands.
@@ -243,9 +240,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
   for (size_t i = 0; i < pads.size(); ++i) back[i] = -pads[i];
   // Padding by the negated amounts crops the gradient back to x's shape and
   // puts zeros where x was cropped.
-  return autograd::record("pad", out, {x}, [back](const Tensor& g) {
-    return std::vector<Tensor>{pad(g, back, 0.0)};
-  });
+  return autograd::record(
+      "pad", out, {x}, [back](const Tensor& g) { return std::vector<Tensor>{pad(g, back, 0.0)}; });
 }
 
 }  // namespace quanta

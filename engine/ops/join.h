@@ -17,8 +17,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
  * shorter), like torch.split with an int. */
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
 /** Views of pieces with the given sizes along `dim` (they must sum to its size). */
-std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes,
-                          int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
 /** At most `chunks` views along `dim`, each ceil(size / chunks) long (the last
  * shorter), following torch.chunk. */
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);

@@ -26,8 +26,7 @@ DType product_dtype(const char* op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op, {a.dtype(), b.dtype()});
   const DType dt = promote_types(a.dtype(), b.dtype());
   if (!is_floating(dt))
-    throw std::invalid_argument(std::string("[") + op +
-                                "] needs floating operands: got " +
+    throw std::invalid_argument(std::string("[") + op + "] needs floating operands: got " +
                                 dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
                                 "; cast them to f32 or f64 first");
   return dt;
@@ -97,10 +96,15 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, DType ct) {
   Tensor out = detail::make_tensor(out_shape, ct, a.device());
   const int64_t nb = numel_of(batch);
   const int64_t ad = A.dim(), bd = B.dim();
-  GemmArgs g{.dtype = ct, .batch = nb, .m = m, .n = n, .k = kk,
+  GemmArgs g{.dtype = ct,
+             .batch = nb,
+             .m = m,
+             .n = n,
+             .k = kk,
              .a = {A.raw_data(), A.strides()[ad - 2], A.strides()[ad - 1]},
              .b = {B.raw_data(), B.strides()[bd - 2], B.strides()[bd - 1]},
-             .c = out.raw_data(), .ldc = n};
+             .c = out.raw_data(),
+             .ldc = n};
   // A batch of rows times one matrix: a single GEMM over the merged rows.
   if (numel_of(b_batch) == 1) {
     const int64_t rs = merged_row_stride(A);
@@ -145,8 +149,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
   if (ct != dt) out = detail::as_plain(out, dt);
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   return autograd::record(
-      "matmul", out, {a, b},
-      [a = a.detach(), b = b.detach(), need_a, need_b](const Tensor& g) {
+      "matmul", out, {a, b}, [a = a.detach(), b = b.detach(), need_a, need_b](const Tensor& g) {
         Tensor ga, gb;
         if (need_a) ga = sum_to(matmul(g, transpose(b, -1, -2)), a.shape());
         if (need_b) {
@@ -166,17 +169,15 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined())
-    throw std::invalid_argument("[matmul] got an undefined tensor");
+  if (!a.defined() || !b.defined()) throw std::invalid_argument("[matmul] got an undefined tensor");
   kernels_for("matmul", {&a, &b});  // one device for both
   if (a.dim() == 0 || b.dim() == 0)
     throw std::invalid_argument("[matmul] operands need at least 1 dim: got shapes " +
                                 shapes_str(a, b));
   const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   if (ka != kb)
-    throw std::invalid_argument("[matmul] inner dimensions differ: got shapes " +
-                                shapes_str(a, b) + " (" + std::to_string(ka) + " vs " +
-                                std::to_string(kb) + ")");
+    throw std::invalid_argument("[matmul] inner dimensions differ: got shapes " + shapes_str(a, b) +
+                                " (" + std::to_string(ka) + " vs " + std::to_string(kb) + ")");
   const DType dt = product_dtype("matmul", a, b);
   const Tensor A = cast(a, dt), B = cast(b, dt);
   if (a.dim() == 1 && b.dim() == 1)
@@ -188,14 +189,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   if (a.dim() != 3 || b.dim() != 3)
-    throw std::invalid_argument("[bmm] needs 3-d operands: got shapes " +
-                                shapes_str(a, b));
+    throw std::invalid_argument("[bmm] needs 3-d operands: got shapes " + shapes_str(a, b));
   if (a.size(0) != b.size(0))
-    throw std::invalid_argument("[bmm] batch sizes differ: got shapes " +
-                                shapes_str(a, b));
+    throw std::invalid_argument("[bmm] batch sizes differ: got shapes " + shapes_str(a, b));
   if (a.size(2) != b.size(1))
-    throw std::invalid_argument("[bmm] inner dimensions differ: got shapes " +
-                                shapes_str(a, b));
+    throw std::invalid_argument("[bmm] inner dimensions differ: got shapes " + shapes_str(a, b));
   return matmul(a, b);
 }
 
@@ -211,12 +209,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
         shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
   const int64_t out_f = w.size(0), in_f = w.size(1);
   if (b.defined() && (b.dim() != 1 || b.size(0) != out_f))
-    throw std::invalid_argument("[linear] bias must have shape [" +
-                                std::to_string(out_f) + "]: got " + shape_str(b.shape()));
+    throw std::invalid_argument("[linear] bias must have shape [" + std::to_string(out_f) +
+                                "]: got " + shape_str(b.shape()));
   DType dt = product_dtype("linear", x, w);
   if (b.defined()) dt = promote_types(dt, b.dtype());
-  const Tensor X = cast(x, dt), W = cast(w, dt),
-               Bias = b.defined() ? cast(b, dt) : Tensor();
+  const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
   const DType ct = detail::cpu_compute_dtype(dt);
 
   Shape out_shape = x.shape();
@@ -232,21 +229,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     // Start from the bias and let the GEMM accumulate: no extra pass.
     Tensor bp = detail::as_plain(Bias, ct);
     const int64_t out_strides[2] = {out_f, 1}, bias_strides[2] = {0, bp.strides()[0]};
-    k.copy({rows, out_f}, {out.raw_data(), ct, out_strides},
-           {bp.raw_data(), ct, bias_strides});
+    k.copy({rows, out_f}, {out.raw_data(), ct, out_strides}, {bp.raw_data(), ct, bias_strides});
   }
-  k.gemm({.dtype = ct, .m = rows, .n = out_f, .k = in_f,
+  k.gemm({.dtype = ct,
+          .m = rows,
+          .n = out_f,
+          .k = in_f,
           .a = {xp.raw_data(), xrs, xcs},
           .b = {wp.raw_data(), wp.strides()[1], wp.strides()[0]},
-          .c = out.raw_data(), .ldc = out_f, .accumulate = Bias.defined()});
+          .c = out.raw_data(),
+          .ldc = out_f,
+          .accumulate = Bias.defined()});
   if (ct != dt) out = detail::as_plain(out, dt);
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();
   const bool need_b = Bias.defined() && Bias.requires_grad();
   return autograd::record(
       "linear", out, {X, W, Bias},
-      [x = X.detach(), w = W.detach(), need_x, need_w, need_b, out_f,
-       in_f](const Tensor& g) {
+      [x = X.detach(), w = W.detach(), need_x, need_w, need_b, out_f, in_f](const Tensor& g) {
         Tensor gx, gw, gb;
         if (need_x) gx = matmul(g, w);
         if (need_w || need_b) {
@@ -262,8 +262,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor outer(const Tensor& a, const Tensor& b) {
   if (a.dim() != 1 || b.dim() != 1)
-    throw std::invalid_argument("[outer] needs 1-d operands: got shapes " +
-                                shapes_str(a, b));
+    throw std::invalid_argument("[outer] needs 1-d operands: got shapes " + shapes_str(a, b));
   return mul(unsqueeze(a, 1), unsqueeze(b, 0));
 }
 
@@ -278,22 +277,25 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
   const Tensor X = cast(x, dt), C = cast(c, dt);
   const DType ct = detail::cpu_compute_dtype(dt);
   const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
-  Tensor xp = detail::as_plain(X, ct).contiguous(),
-         cp = detail::as_plain(C, ct).contiguous();
+  Tensor xp = detail::as_plain(X, ct).contiguous(), cp = detail::as_plain(C, ct).contiguous();
   Tensor out = detail::make_tensor({N, K}, ct, x.device());
   // x c^T (c [K, D] read as a column-major [D, K] matrix), then the norms.
-  k.gemm({.dtype = ct, .m = N, .n = K, .k = D, .a = {xp.raw_data(), D, 1},
-          .b = {cp.raw_data(), 1, D}, .c = out.raw_data(), .ldc = K});
+  k.gemm({.dtype = ct,
+          .m = N,
+          .n = K,
+          .k = D,
+          .a = {xp.raw_data(), D, 1},
+          .b = {cp.raw_data(), 1, D},
+          .c = out.raw_data(),
+          .ldc = K});
   k.sq_dist_finish(ct, xp.raw_data(), cp.raw_data(), N, K, D, out.raw_data());
   if (ct != dt) out = detail::as_plain(out, dt);
   return autograd::record(
-      "sq_dist", out, {X, C},
-      [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
+      "sq_dist", out, {X, C}, [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
         // Clamped entries pass no gradient.
         Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
         Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;
-        Tensor gc =
-            (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
+        Tensor gc = (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
         return std::vector<Tensor>{gx, gc};
       });
 }

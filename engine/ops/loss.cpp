@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/kernels/table.h"
 #include "engine/factory.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
 #include "engine/ops/reduce.h"
@@ -18,9 +18,12 @@ namespace {
 
 Tensor reduce_loss(const Tensor& loss, Reduction r) {
   switch (r) {
-    case Reduction::none: return loss;
-    case Reduction::sum: return sum(loss);
-    case Reduction::mean: return mean(loss);
+    case Reduction::none:
+      return loss;
+    case Reduction::sum:
+      return sum(loss);
+    case Reduction::mean:
+      return mean(loss);
   }
   throw std::invalid_argument("[loss] unknown reduction");
 }
@@ -33,9 +36,8 @@ void check_pair(const char* op, const Tensor& a, const Tensor& b) {
   // No broadcasting: a [N, 1] prediction against a [N] target is almost
   // always a bug, not an intent.
   if (a.shape() != b.shape())
-    throw std::invalid_argument(std::string("[") + op + "] input shape " +
-                                shape_str(a.shape()) + " and target shape " +
-                                shape_str(b.shape()) + " differ");
+    throw std::invalid_argument(std::string("[") + op + "] input shape " + shape_str(a.shape()) +
+                                " and target shape " + shape_str(b.shape()) + " differ");
 }
 
 // Label smoothing: (1 - eps) loss + eps * (mean over classes of -log p).
@@ -73,10 +75,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     // [C] logits: one sample, with a 0-d class target or a [C] probability target.
     if (!is_floating(target.dtype()) && target.dim() != 0)
       throw std::invalid_argument("[cross_entropy] target shape " + shape_str(target.shape()) +
-                                  " does not match logits shape " +
-                                  shape_str(logits.shape()) + ": expected []");
-    Tensor out = cross_entropy(unsqueeze(logits, 0), unsqueeze(target, 0), reduction,
-                               ignore_index, label_smoothing);
+                                  " does not match logits shape " + shape_str(logits.shape()) +
+                                  ": expected []");
+    Tensor out = cross_entropy(unsqueeze(logits, 0), unsqueeze(target, 0), reduction, ignore_index,
+                               label_smoothing);
     return reduction == Reduction::none ? squeeze(out, 0) : out;
   }
   if (is_floating(target.dtype()))
@@ -97,14 +99,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     if (v != ignore_index && (v < 0 || v >= classes))
       throw std::invalid_argument("[cross_entropy] target " + std::to_string(v) +
                                   " is out of range for " + std::to_string(classes) +
-                                  " classes (ignore_index " + std::to_string(ignore_index) +
-                                  ")");
+                                  " classes (ignore_index " + std::to_string(ignore_index) + ")");
 
   const TensorOptions index_opts{.dtype = DType::i64, .device = t.device()};
   const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), index_opts));
   // Ignored targets pick class 0 (any valid class) and are masked out below.
   const Tensor picked = where(keep, t, scalar(0.0, index_opts));
-  const Tensor lsm = log_softmax(logits, 1);                              // [N, C, *]
+  const Tensor lsm = log_softmax(logits, 1);                            // [N, C, *]
   Tensor loss = neg(squeeze(gather(lsm, 1, unsqueeze(picked, 1)), 1));  // [N, *]
   loss = smooth(loss, lsm, label_smoothing);
   loss = where(keep, loss, scalar_like(loss, 0.0));
@@ -139,17 +140,15 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   }
   for (int64_t v : idx)
     if (v < 0 || v >= num_classes)
-      throw std::invalid_argument("[one_hot] index " + std::to_string(v) +
-                                  " is out of range for " + std::to_string(num_classes) +
-                                  " classes");
+      throw std::invalid_argument("[one_hot] index " + std::to_string(v) + " is out of range for " +
+                                  std::to_string(num_classes) + " classes");
   Shape shape = indices.shape();
   shape.push_back(num_classes);
   // Built on the host from the checked values (one pass, no kernel worth a
   // family of its own), then placed on the indices' device.
   Tensor out = zeros(shape, {.dtype = DType::i64});
   int64_t* o = out.data<int64_t>();
-  for (size_t i = 0; i < idx.size(); ++i)
-    o[static_cast<int64_t>(i) * num_classes + idx[i]] = 1;
+  for (size_t i = 0; i < idx.size(); ++i) o[static_cast<int64_t>(i) * num_classes + idx[i]] = 1;
   return out.to(indices.device());
 }
 

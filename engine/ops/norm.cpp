@@ -47,10 +47,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   const Shape trailing(x.shape().end() - std::min<int64_t>(k, x.dim()), x.shape().end());
   if (k == 0 || k > x.dim() || trailing != normalized_shape)
-    throw std::invalid_argument("[layer_norm] normalized_shape " +
-                                shape_str(normalized_shape) +
+    throw std::invalid_argument("[layer_norm] normalized_shape " + shape_str(normalized_shape) +
                                 " must be non-empty and match the trailing dims of input "
-                                "shape " + shape_str(x.shape()));
+                                "shape " +
+                                shape_str(x.shape()));
   check_param("layer_norm", "weight", weight, normalized_shape);
   check_param("layer_norm", "bias", bias, normalized_shape);
   Dims dims;
@@ -58,8 +58,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return affine(standardize(x, dims, eps), weight, bias, normalized_shape);
 }
 
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight,
-                  const Tensor& bias, double eps) {
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
   check_input("group_norm", x, weight, bias);
   if (x.dim() < 2)
     throw std::invalid_argument("[group_norm] input must be [N, C, *], got shape " +

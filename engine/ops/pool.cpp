@@ -29,28 +29,24 @@ struct PoolGeom : PoolWindow {
 }
 
 // Validates x and the window parameters; fills in a stride of 0 as kernel.
-PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride,
-                   Pair padding, Pair dilation) {
+PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding,
+                   Pair dilation) {
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op,
-         "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   if (!is_floating(x.dtype()))
     fail(op, std::string("needs a floating input: got ") + dtype_name(x.dtype()));
-  if (kernel[0] < 1 || kernel[1] < 1)
-    fail(op, "kernel must be positive: got " + pair_str(kernel));
+  if (kernel[0] < 1 || kernel[1] < 1) fail(op, "kernel must be positive: got " + pair_str(kernel));
   if (stride[0] < 0 || stride[1] < 0)
-    fail(op,
-         "stride must be positive (0 means the kernel size): got " + pair_str(stride));
+    fail(op, "stride must be positive (0 means the kernel size): got " + pair_str(stride));
   if (dilation[0] < 1 || dilation[1] < 1)
     fail(op, "dilation must be positive: got " + pair_str(dilation));
   for (int d = 0; d < 2; ++d) {
     if (stride[d] == 0) stride[d] = kernel[d];
     const int64_t extent = dilation[d] * (kernel[d] - 1) + 1;
     if (padding[d] < 0 || padding[d] > extent / 2)
-      fail(op, "padding must be between 0 and half the kernel: got padding " +
-                   pair_str(padding) + " for kernel " + pair_str(kernel) +
-                   (dilation == Pair{1, 1} ? std::string()
-                                           : " dilated by " + pair_str(dilation)));
+      fail(op, "padding must be between 0 and half the kernel: got padding " + pair_str(padding) +
+                   " for kernel " + pair_str(kernel) +
+                   (dilation == Pair{1, 1} ? std::string() : " dilated by " + pair_str(dilation)));
   }
   PoolGeom g;
   g.H = x.size(-2);
@@ -110,10 +106,10 @@ Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g);
 Tensor pool_gather(const Tensor& gx, const Tensor& idx, const PoolGeom& g) {
   const char* op = "max_pool2d_gather";
   kernels_for(op, {&gx, &idx});
-  Tensor out = run_float(op, gx, g.out_shape,
-                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
-                           k.max_pool_route(false, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
-                         });
+  Tensor out =
+      run_float(op, gx, g.out_shape, [&](const KernelTable& k, DType ct, const void* in, void* o) {
+        k.max_pool_route(false, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
+      });
   return autograd::record(op, out, {gx}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_scatter(gout, idx, g)};
   });
@@ -122,10 +118,10 @@ Tensor pool_gather(const Tensor& gx, const Tensor& idx, const PoolGeom& g) {
 Tensor pool_scatter(const Tensor& gy, const Tensor& idx, const PoolGeom& g) {
   const char* op = "max_pool2d_backward";
   kernels_for(op, {&gy, &idx});
-  Tensor out = run_float(op, gy, g.in_shape,
-                         [&](const KernelTable& k, DType ct, const void* in, void* o) {
-                           k.max_pool_route(true, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
-                         });
+  Tensor out =
+      run_float(op, gy, g.in_shape, [&](const KernelTable& k, DType ct, const void* in, void* o) {
+        k.max_pool_route(true, ct, g, static_cast<const int64_t*>(idx.raw_data()), in, o);
+      });
   return autograd::record(op, out, {gy}, [idx, g](const Tensor& gout) {
     return std::vector<Tensor>{pool_gather(gout, idx, g)};
   });
@@ -138,8 +134,7 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   return avg_op(false, x, g);
 }
 
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding,
-                  Pair dilation) {
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
   const PoolGeom g = pool_geom("max_pool2d", x, kernel, stride, padding, dilation);
   Tensor idx = detail::make_tensor(g.out_shape, DType::i64, x.device());
   Tensor out = run_float("max_pool2d", x, g.out_shape,
@@ -155,8 +150,7 @@ Tensor interpolate_nearest2x(const Tensor& x) {
   const char* op = "interpolate_nearest2x";
   const KernelTable& k = kernels_for(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op,
-         "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   const int64_t nd = x.dim(), H = x.size(-2), W = x.size(-1);
   Shape out_shape = x.shape();
   out_shape[nd - 2] = 2 * H;

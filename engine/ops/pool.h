@@ -14,16 +14,14 @@ namespace quanta {
  * padding must be at most half the kernel. Returns [N, C, OH, OW] with
  * OH = (H + 2 padding - kernel) / stride + 1. */
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel,
-                  std::array<int64_t, 2> stride = {0, 0},
-                  std::array<int64_t, 2> padding = {0, 0});
+                  std::array<int64_t, 2> stride = {0, 0}, std::array<int64_t, 2> padding = {0, 0});
 
 /** Maximum over each (dilated) kernel window; stride {0, 0} means stride =
  * kernel; padding is ignored (never the max) and must be at most half the
  * dilated kernel. The gradient goes to the first maximal element (NaN wins).
  * OH = (H + 2 padding - dilation (kernel - 1) - 1) / stride + 1. */
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel,
-                  std::array<int64_t, 2> stride = {0, 0},
-                  std::array<int64_t, 2> padding = {0, 0},
+                  std::array<int64_t, 2> stride = {0, 0}, std::array<int64_t, 2> padding = {0, 0},
                   std::array<int64_t, 2> dilation = {1, 1});
 
 /** Nearest-neighbour 2x upsampling: [N, C, H, W] -> [N, C, 2H, 2W]; the

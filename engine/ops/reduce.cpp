@@ -3,10 +3,10 @@
 #include "engine/ops/reduce.h"
 
 #include "engine/autograd/node.h"
-#include "engine/ops/reduce_plan.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/reduce_plan.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
@@ -29,8 +29,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   k.reduce_rows(RowReduce::sum, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
                 out.raw_data());
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
-  return autograd::record("sum", out, {x},
-                          [kept = p.kept_shape, in = x.shape()](const Tensor& g) {
+  return autograd::record("sum", out, {x}, [kept = p.kept_shape, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{expand_back(g, kept, in)};
   });
 }
@@ -61,8 +60,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
     } else if (shape[d - lead] == 1 && x.shape()[d] != 1) {
       dims.push_back(d);
     } else if (shape[d - lead] != x.shape()[d]) {
-      throw std::invalid_argument("[sum_to] cannot sum shape " + shape_str(x.shape()) +
-                                  " to " + shape_str(shape));
+      throw std::invalid_argument("[sum_to] cannot sum shape " + shape_str(x.shape()) + " to " +
+                                  shape_str(shape));
     }
   }
   if (dims.empty()) return reshape(x, shape);

@@ -10,11 +10,11 @@
 namespace quanta::detail {
 
 struct ReducePlan {
-  Tensor rows;          // contiguous; logically [outer, inner]
-  int64_t outer = 1;    // number of output elements
-  int64_t inner = 1;    // values reduced into each
-  Shape out_shape;      // result shape (keepdim applied)
-  Shape kept_shape;     // result shape with reduced dims kept as size 1
+  Tensor rows;                // contiguous; logically [outer, inner]
+  int64_t outer = 1;          // number of output elements
+  int64_t inner = 1;          // values reduced into each
+  Shape out_shape;            // result shape (keepdim applied)
+  Shape kept_shape;           // result shape with reduced dims kept as size 1
   std::vector<int64_t> dims;  // wrapped, sorted reduced dims
 };
 

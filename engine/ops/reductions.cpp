@@ -9,13 +9,13 @@
 #include <string>
 
 #include "engine/autograd/node.h"
-#include "engine/ops/reduce_plan.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/index.h"
+#include "engine/ops/reduce_plan.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
@@ -51,10 +51,9 @@ std::string dims_str(const Dims& d) { return shape_str(d); }
 // Extrema have no identity: reducing zero values is an error, as in PyTorch.
 void require_nonempty(const detail::ReducePlan& p, const Shape& shape, const char* op) {
   if (p.inner == 0)
-    throw std::invalid_argument(std::string("[") + op +
-                                "] cannot reduce over a zero-size dim: input shape " +
-                                shape_str(shape) + ", reduced dims " + dims_str(p.dims) +
-                                "; the op has no identity");
+    throw std::invalid_argument(
+        std::string("[") + op + "] cannot reduce over a zero-size dim: input shape " +
+        shape_str(shape) + ", reduced dims " + dims_str(p.dims) + "; the op has no identity");
 }
 
 // ---- prod ----
@@ -90,8 +89,8 @@ ValuesIndices extreme_dim(const Tensor& x, int64_t dim, bool keepdim, const char
   require_nonempty(p, x.shape(), op);
   Tensor idx = make_tensor(p.out_shape, DType::i64, x.device());
   Tensor val = want_values ? make_tensor(p.out_shape, ct, x.device()) : Tensor();
-  k.index_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(),
-               p.outer, p.inner, static_cast<int64_t*>(idx.raw_data()),
+  k.index_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(), p.outer,
+               p.inner, static_cast<int64_t*>(idx.raw_data()),
                want_values ? val.raw_data() : nullptr);
   if (want_values && ct != x.dtype()) val = as_plain(val, x.dtype());
   return {val, idx};
@@ -117,8 +116,8 @@ ValuesIndices extreme_with_grad(const Tensor& x, int64_t dim, bool keepdim, cons
   kept[d] = 1;
   r.values = autograd::record(op, r.values, {x},
                               [idx = r.indices, d, kept, in = x.shape()](const Tensor& g) {
-    return one(scatter_along(g, idx, d, kept, in));
-  });
+                                return one(scatter_along(g, idx, d, kept, in));
+                              });
   return r;
 }
 
@@ -147,20 +146,17 @@ Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op
   auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   require_nonempty(p, x.shape(), op);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
-  k.reduce_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(),
-                p.outer, p.inner, out.raw_data());
+  k.reduce_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(), p.outer,
+                p.inner, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
-                          [x = x.detach(), o = out.detach(), kept = p.kept_shape,
-                           d = p.dims](const Tensor& g) {
-    return one(even_split(g, x, o, kept, d));
-  });
+                          [x = x.detach(), o = out.detach(), kept = p.kept_shape, d = p.dims](
+                              const Tensor& g) { return one(even_split(g, x, o, kept, d)); });
 }
 
 // ---- var / std ----
 
-Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim,
-              bool take_sqrt) {
+Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim, bool take_sqrt) {
   const char* op = take_sqrt ? "std" : "var";
   const KernelTable& k = kernels_for(op, {&x});
   check_floating(x, op);
@@ -169,19 +165,20 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
   // Too few values for the correction divide by zero (NaN), as in PyTorch.
   const double divisor = std::max(0.0, static_cast<double>(p.inner) - correction);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
-  k.stat_rows(take_sqrt ? RowStat::std : RowStat::var, divisor, p.rows.dtype(),
-              p.rows.raw_data(), p.outer, p.inner, out.raw_data());
+  k.stat_rows(take_sqrt ? RowStat::std : RowStat::var, divisor, p.rows.dtype(), p.rows.raw_data(),
+              p.outer, p.inner, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
                           [x = x.detach(), o = out.detach(), kept = p.kept_shape, d = p.dims,
                            divisor, take_sqrt](const Tensor& g) {
-    Tensor gv = g;
-    // d std = d var / (2 std); taken as 0 where std is 0, like PyTorch.
-    if (take_sqrt)
-      gv = where(eq(o, scalar_like(o, 0.0)), scalar_like(g, 0.0), div(g, o * 2.0));
-    const Tensor dev = sub(x, mean(x, d, true));
-    return one(mul(reshape(gv, kept), dev * (2.0 / divisor)));
-  });
+                            Tensor gv = g;
+                            // d std = d var / (2 std); taken as 0 where std is 0, like PyTorch.
+                            if (take_sqrt)
+                              gv = where(eq(o, scalar_like(o, 0.0)), scalar_like(g, 0.0),
+                                         div(g, o * 2.0));
+                            const Tensor dev = sub(x, mean(x, d, true));
+                            return one(mul(reshape(gv, kept), dev * (2.0 / divisor)));
+                          });
 }
 
 // ---- cumsum ----
@@ -216,11 +213,10 @@ template <bool All>
 Tensor bool_reduce(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   check_arithmetic(x, op);
-  auto p = detail::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim,
-                            op);
+  auto p = detail::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim, op);
   Tensor out = make_tensor(p.out_shape, DType::boolean, x.device());
-  k.reduce_rows(All ? RowReduce::all : RowReduce::any, p.rows.dtype(), p.rows.raw_data(),
-                p.outer, p.inner, out.raw_data());
+  k.reduce_rows(All ? RowReduce::all : RowReduce::any, p.rows.dtype(), p.rows.raw_data(), p.outer,
+                p.inner, out.raw_data());
   return out;
 }
 
@@ -239,8 +235,8 @@ Tensor prod(const Tensor& x, const Dims& dims, bool keepdim) {
   if (ct != out_dt) out = as_plain(out, out_dt);
   return autograd::record("prod", out, {x},
                           [x = x.detach(), kept = p.kept_shape, d = p.dims](const Tensor& g) {
-    return one(prod_backward(g, x, kept, d));
-  });
+                            return one(prod_backward(g, x, kept, d));
+                          });
 }
 
 ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim) {
@@ -277,20 +273,20 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
   const DType out_dt = to_floating(x.dtype());
   const DType ct = cpu_compute_dtype(out_dt);
   auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "logsumexp"), keepdim,
-                            "logsumexp");
+                               "logsumexp");
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   // NaN stays NaN; all -inf (or an empty row) gives -inf; any +inf gives +inf.
   k.reduce_rows(RowReduce::logsumexp, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
                 out.raw_data());
   if (ct != out_dt) out = as_plain(out, out_dt);
-  return autograd::record("logsumexp", out, {x},
-                          [x = x.detach(), o = out.detach(),
-                           kept = p.kept_shape](const Tensor& g) {
-    const Tensor ok = reshape(o, kept);
-    const Tensor gx = mul(reshape(g, kept), exp(sub(x, ok)));
-    // A row of -inf has no direction of ascent: 0 instead of exp(-inf + inf) = NaN.
-    return one(where(eq(ok, scalar_like(ok, -INFINITY)), scalar_like(gx, 0.0), gx));
-  });
+  return autograd::record(
+      "logsumexp", out, {x},
+      [x = x.detach(), o = out.detach(), kept = p.kept_shape](const Tensor& g) {
+        const Tensor ok = reshape(o, kept);
+        const Tensor gx = mul(reshape(g, kept), exp(sub(x, ok)));
+        // A row of -inf has no direction of ascent: 0 instead of exp(-inf + inf) = NaN.
+        return one(where(eq(ok, scalar_like(ok, -INFINITY)), scalar_like(gx, 0.0), gx));
+      });
 }
 
 Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
@@ -300,25 +296,25 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
     throw std::invalid_argument("[norm] p must be > 0 or INFINITY, got " + std::to_string(p));
   const bool inf = std::isinf(p);
   const DType ct = cpu_compute_dtype(x.dtype());
-  auto plan =
-      detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
+  auto plan = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
   if (inf) require_nonempty(plan, x.shape(), "norm");  // the inf-norm is a max
   Tensor out = make_tensor(plan.out_shape, ct, x.device());
-  k.stat_rows(RowStat::norm, p, plan.rows.dtype(), plan.rows.raw_data(), plan.outer,
-              plan.inner, out.raw_data());
+  k.stat_rows(RowStat::norm, p, plan.rows.dtype(), plan.rows.raw_data(), plan.outer, plan.inner,
+              out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
-  return autograd::record("norm", out, {x},
-                          [x = x.detach(), o = out.detach(), kept = plan.kept_shape,
-                           d = plan.dims, p, inf](const Tensor& g) {
-    const Tensor gk = reshape(g, kept);
-    if (p == 1.0) return one(mul(gk, sign(x)));
-    if (inf) return one(mul(even_split(g, abs(x), o, kept, d), sign(x)));
-    const Tensor ok = reshape(o, kept);
-    // p = 2: x / |x|; general p: x |x|^(p-2) / |x|_p^(p-1); 0 at a zero vector.
-    const Tensor gx = p == 2.0 ? div(mul(gk, x), ok)
-                               : div(mul(gk, mul(x, pow(abs(x), p - 2.0))), pow(ok, p - 1.0));
-    return one(where(eq(ok, scalar_like(ok, 0.0)), scalar_like(gx, 0.0), gx));
-  });
+  return autograd::record(
+      "norm", out, {x},
+      [x = x.detach(), o = out.detach(), kept = plan.kept_shape, d = plan.dims, p,
+       inf](const Tensor& g) {
+        const Tensor gk = reshape(g, kept);
+        if (p == 1.0) return one(mul(gk, sign(x)));
+        if (inf) return one(mul(even_split(g, abs(x), o, kept, d), sign(x)));
+        const Tensor ok = reshape(o, kept);
+        // p = 2: x / |x|; general p: x |x|^(p-2) / |x|_p^(p-1); 0 at a zero vector.
+        const Tensor gx = p == 2.0 ? div(mul(gk, x), ok)
+                                   : div(mul(gk, mul(x, pow(abs(x), p - 2.0))), pow(ok, p - 1.0));
+        return one(where(eq(ok, scalar_like(ok, 0.0)), scalar_like(gx, 0.0), gx));
+      });
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim) { return cumsum_dir(x, dim, false); }

@@ -44,11 +44,9 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 
 /** Variance over `dims`: sum of squared deviations / max(0, N - correction). */
-Tensor var(const Tensor& x, const Dims& dims = {}, double correction = 1.0,
-           bool keepdim = false);
+Tensor var(const Tensor& x, const Dims& dims = {}, double correction = 1.0, bool keepdim = false);
 /** sqrt(var(...)); the gradient where std is 0 is 0, as in PyTorch. */
-Tensor std(const Tensor& x, const Dims& dims = {}, double correction = 1.0,
-           bool keepdim = false);
+Tensor std(const Tensor& x, const Dims& dims = {}, double correction = 1.0, bool keepdim = false);
 
 /** log(sum(exp(x))) over `dims`, computed stably; all -inf (or empty) gives -inf. */
 Tensor logsumexp(const Tensor& x, const Dims& dims = {}, bool keepdim = false);

@@ -37,8 +37,10 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, const char* op) {
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(op, out, {x}, [y = out.detach(), d](const Tensor& g) {
     // softmax: y (g - sum(g y)); log_softmax: g - exp(y) sum(g).
-    if constexpr (Log) return std::vector<Tensor>{sub(g, mul(exp(y), sum(g, {d}, true)))};
-    else return std::vector<Tensor>{mul(y, sub(g, sum(mul(g, y), {d}, true)))};
+    if constexpr (Log)
+      return std::vector<Tensor>{sub(g, mul(exp(y), sum(g, {d}, true)))};
+    else
+      return std::vector<Tensor>{mul(y, sub(g, sum(mul(g, y), {d}, true)))};
   });
 }
 

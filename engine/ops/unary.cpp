@@ -35,43 +35,39 @@ Tensor neg(const Tensor& x) {
                          .device = x.device()}),
             x);
   }
-  return with_grad("neg", x, y, [](const Tensor& g, const Tensor&, const Tensor&) { return neg(g); });
+  return with_grad("neg", x, y,
+                   [](const Tensor& g, const Tensor&, const Tensor&) { return neg(g); });
 }
 
 Tensor abs(const Tensor& x) {
   if (!is_floating(x.dtype())) return where(lt(x, scalar_like(x, 0)), neg(x), x);
   Tensor y = unary_float(UnaryOp::abs, x);
-  return with_grad("abs", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return mul(g, sign(x));
-  });
+  return with_grad("abs", x, y,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return mul(g, sign(x)); });
 }
 
 Tensor exp(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::exp, x);
-  return with_grad("exp", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
-    return mul(g, y);
-  });
+  return with_grad("exp", x, y,
+                   [](const Tensor& g, const Tensor&, const Tensor& y) { return mul(g, y); });
 }
 
 Tensor log(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::log, x);
-  return with_grad("log", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return div(g, x);
-  });
+  return with_grad("log", x, y,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return div(g, x); });
 }
 
 Tensor log1p(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::log1p, x);
-  return with_grad("log1p", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return div(g, x + 1.0);
-  });
+  return with_grad("log1p", x, y,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return div(g, x + 1.0); });
 }
 
 Tensor sqrt(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::sqrt, x);
-  return with_grad("sqrt", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
-    return div(g, y * 2.0);
-  });
+  return with_grad("sqrt", x, y,
+                   [](const Tensor& g, const Tensor&, const Tensor& y) { return div(g, y * 2.0); });
 }
 
 Tensor rsqrt(const Tensor& x) {
@@ -83,9 +79,8 @@ Tensor rsqrt(const Tensor& x) {
 
 Tensor sin(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::sin, x);
-  return with_grad("sin", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return mul(g, cos(x));
-  });
+  return with_grad("sin", x, y,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return mul(g, cos(x)); });
 }
 
 Tensor cos(const Tensor& x) {
@@ -159,19 +154,18 @@ Tensor silu(const Tensor& x) {
 
 Tensor softplus(const Tensor& x, double beta, double threshold) {
   Tensor y = unary_float(UnaryOp::softplus, x, {beta, threshold});
-  return with_grad("softplus", x, y, [beta, threshold](const Tensor& g, const Tensor& x,
-                                                       const Tensor&) {
-    Tensor bx = x * beta;
-    return where(gt(bx, scalar_like(bx, threshold)), g, mul(g, sigmoid(bx)));
-  });
+  return with_grad("softplus", x, y,
+                   [beta, threshold](const Tensor& g, const Tensor& x, const Tensor&) {
+                     Tensor bx = x * beta;
+                     return where(gt(bx, scalar_like(bx, threshold)), g, mul(g, sigmoid(bx)));
+                   });
 }
 
 Tensor square(const Tensor& x) {
   if (!is_floating(x.dtype())) return mul(x, x);
   Tensor y = unary_float(UnaryOp::square, x);
-  return with_grad("square", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
-    return mul(g, x * 2.0);
-  });
+  return with_grad("square", x, y,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return mul(g, x * 2.0); });
 }
 
 Tensor clamp(const Tensor& x, double lo, double hi) {
@@ -213,23 +207,19 @@ Tensor sign(const Tensor& x) {
     return sub(gt(x, scalar_like(x, 0)).to(x.dtype()), lt(x, scalar_like(x, 0)).to(x.dtype()));
   return unary_float(UnaryOp::sign, x.detach());
 }
-Tensor round(const Tensor& x) {
-  return rounding(UnaryOp::round, x);
-}
-Tensor floor(const Tensor& x) {
-  return rounding(UnaryOp::floor, x);
-}
-Tensor ceil(const Tensor& x) {
-  return rounding(UnaryOp::ceil, x);
-}
+Tensor round(const Tensor& x) { return rounding(UnaryOp::round, x); }
+Tensor floor(const Tensor& x) { return rounding(UnaryOp::floor, x); }
+Tensor ceil(const Tensor& x) { return rounding(UnaryOp::ceil, x); }
 
 Tensor isnan(const Tensor& x) {
-  if (!is_floating(x.dtype())) return zeros(x.shape(), {.dtype = DType::boolean, .device = x.device()});
+  if (!is_floating(x.dtype()))
+    return zeros(x.shape(), {.dtype = DType::boolean, .device = x.device()});
   return ne(x.detach(), x.detach());
 }
 
 Tensor isfinite(const Tensor& x) {
-  if (!is_floating(x.dtype())) return ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
+  if (!is_floating(x.dtype()))
+    return ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
   Tensor v = x.detach();
   return logical_and(eq(v, v), lt(abs(v), scalar_like(v, INFINITY)));
 }

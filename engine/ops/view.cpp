@@ -60,8 +60,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
       throw std::invalid_argument(std::string("[") + op + "] cannot infer -1 in " +
-                                  shape_str(shape) + " for " + std::to_string(numel) +
-                                  " elements");
+                                  shape_str(shape) + " for " + std::to_string(numel) + " elements");
     out[infer] = numel / known;
   }
   if (numel_of(out) != numel)
@@ -72,9 +71,8 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
 
 Tensor reshape_view(const Tensor& x, const Shape& s, const Shape& st, const char* op) {
   Tensor out = detail::make_view(x, s, st, x.offset());
-  return autograd::record(op, out, {x}, [in = x.shape()](const Tensor& g) {
-    return one(reshape(g, in));
-  });
+  return autograd::record(op, out, {x},
+                          [in = x.shape()](const Tensor& g) { return one(reshape(g, in)); });
 }
 
 }  // namespace
@@ -99,8 +97,8 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   const int64_t nd = x.dim();
   if (static_cast<int64_t>(dims.size()) != nd)
-    throw std::invalid_argument("[permute] got " + std::to_string(dims.size()) +
-                                " dims for a " + std::to_string(nd) + "-d tensor");
+    throw std::invalid_argument("[permute] got " + std::to_string(dims.size()) + " dims for a " +
+                                std::to_string(nd) + "-d tensor");
   Shape s(nd), st(nd);
   std::vector<int64_t> inverse(nd, -1);
   for (int64_t i = 0; i < nd; ++i) {
@@ -111,9 +109,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
     st[i] = x.strides()[d];
   }
   Tensor out = detail::make_view(x, s, st, x.offset());
-  return autograd::record("permute", out, {x}, [inverse](const Tensor& g) {
-    return one(permute(g, inverse));
-  });
+  return autograd::record("permute", out, {x},
+                          [inverse](const Tensor& g) { return one(permute(g, inverse)); });
 }
 
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
@@ -138,10 +135,10 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   Tensor out = detail::make_view(x, s, st, x.offset() + start * x.strides()[d]);
   return autograd::record("slice", out, {x},
                           [in = x.shape(), d, start, end, step](const Tensor& g) {
-    Tensor z = zeros(in, options_of(g));
-    copy_(slice(z, d, start, end, step), g);
-    return one(z);
-  });
+                            Tensor z = zeros(in, options_of(g));
+                            copy_(slice(z, d, start, end, step), g);
+                            return one(z);
+                          });
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
@@ -190,15 +187,14 @@ Tensor expand(const Tensor& x, const Shape& shape) {
       s[i] = want;
       st[i] = 0;
     } else {
-      throw std::invalid_argument("[expand] cannot expand shape " + shape_str(x.shape()) +
-                                  " to " + shape_str(shape));
+      throw std::invalid_argument("[expand] cannot expand shape " + shape_str(x.shape()) + " to " +
+                                  shape_str(shape));
     }
   }
   if (s == x.shape()) return x;
   Tensor out = detail::make_view(x, s, st, x.offset());
-  return autograd::record("expand", out, {x}, [in = x.shape()](const Tensor& g) {
-    return one(sum_to(g, in));
-  });
+  return autograd::record("expand", out, {x},
+                          [in = x.shape()](const Tensor& g) { return one(sum_to(g, in)); });
 }
 
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
@@ -253,8 +249,6 @@ Tensor unflatten(const Tensor& x, int64_t dim, const Shape& sizes) {
   return reshape(x, s);
 }
 
-Tensor detach(const Tensor& x) {
-  return detail::make_view(x, x.shape(), x.strides(), x.offset());
-}
+Tensor detach(const Tensor& x) { return detail::make_view(x, x.shape(), x.strides(), x.offset()); }
 
 }  // namespace quanta

@@ -77,8 +77,8 @@ void Optimizer::check_group(const ParamGroup& g) const {
     for (const Tensor& p : grp.params) seen.insert(p.impl());
   for (size_t i = 0; i < g.params.size(); ++i) {
     const Tensor& p = g.params[i];
-    const std::string where = "parameter " + std::to_string(i) + " of group " +
-                              std::to_string(groups_.size());
+    const std::string where =
+        "parameter " + std::to_string(i) + " of group " + std::to_string(groups_.size());
     if (!p.defined()) fail(where + " is undefined");
     if (!is_floating(p.dtype()))
       fail(where + " has dtype " + dtype_name(p.dtype()) + ", expected a floating dtype");
@@ -129,8 +129,7 @@ StateDict Optimizer::state_dict() const {
     sd.emplace_back(pre + "lr", f64_scalar(*groups_[g].lr));
     sd.emplace_back(pre + "weight_decay", f64_scalar(*groups_[g].weight_decay));
     sd.emplace_back(pre + "num_params",
-                    scalar(static_cast<double>(groups_[g].params.size()),
-                           {.dtype = DType::i64}));
+                    scalar(static_cast<double>(groups_[g].params.size()), {.dtype = DType::i64}));
   }
   for (const HyperParam& h : const_cast<Optimizer*>(this)->hyper_params())
     sd.emplace_back("hparams." + h.name, f64_scalar(*h.value));
@@ -139,8 +138,7 @@ StateDict Optimizer::state_dict() const {
       const ParamState& st = state_[g][i];
       if (st.step == 0) continue;
       const std::string pre = "state." + std::to_string(g) + "." + std::to_string(i) + ".";
-      sd.emplace_back(pre + "step", scalar(static_cast<double>(st.step),
-                                           {.dtype = DType::i64}));
+      sd.emplace_back(pre + "step", scalar(static_cast<double>(st.step), {.dtype = DType::i64}));
       for (const auto& [k, v] : st.buffers) sd.emplace_back(pre + k, v.detach());
     }
   return sd;
@@ -175,8 +173,8 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     if (wd) group_vals[g].second = wd->item();
     if (n && n->item() != static_cast<double>(groups_[g].params.size()))
       mismatched.push_back(pre + "num_params (expected " +
-                           std::to_string(groups_[g].params.size()) + ", got " +
-                           num(n->item()) + ")");
+                           std::to_string(groups_[g].params.size()) + ", got " + num(n->item()) +
+                           ")");
   }
   std::vector<HyperParam> hps = hyper_params();
   std::vector<double> old_hp, new_hp;
@@ -200,8 +198,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   }
 
   // Per-parameter state: state.{g}.{i}.{name}.
-  std::map<std::pair<size_t, size_t>, std::vector<std::pair<std::string, const Tensor*>>>
-      entries;
+  std::map<std::pair<size_t, size_t>, std::vector<std::pair<std::string, const Tensor*>>> entries;
   for (const auto& [key, t] : sd) {
     if (used.count(key)) continue;
     std::string_view rest(key);
@@ -234,10 +231,8 @@ void Optimizer::load_state_dict(const StateDict& sd) {
         if (!t->defined() || t->dim() != 0 || !is_integral(t->dtype()) || t->item() < 1)
           mismatched.push_back(pre + "step (expected a positive 0-d integer tensor)");
       } else if (!t->defined() || t->shape() != p.shape() || !is_floating(t->dtype())) {
-        mismatched.push_back(pre + name + " (expected " + shape_str(p.shape()) +
-                             " floating, got " +
-                             (t->defined() ? shape_str(t->shape()) + " " +
-                                                 dtype_name(t->dtype())
+        mismatched.push_back(pre + name + " (expected " + shape_str(p.shape()) + " floating, got " +
+                             (t->defined() ? shape_str(t->shape()) + " " + dtype_name(t->dtype())
                                            : std::string("undefined")) +
                              ")");
       }
@@ -310,8 +305,7 @@ std::vector<std::string> SGD::state_buffers() const {
   return {"momentum_buffer"};
 }
 
-void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
-                 ParamState& st) {
+void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, ParamState& st) {
   const double lr = *group.lr, wd = *group.weight_decay;
   Tensor d = grad;
   if (wd != 0) {
@@ -372,8 +366,7 @@ std::vector<std::string> Adam::state_buffers() const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
-                  ParamState& st) {
+void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, ParamState& st) {
   const double lr = *group.lr, wd = *group.weight_decay;
   Tensor g = grad;
   if (wd != 0) {
@@ -425,8 +418,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, const AdamWOptions& opts)
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& opts)
     : Adam("AdamW", std::move(groups),
-           AdamOptions{opts.lr, opts.betas, opts.eps, opts.weight_decay, opts.amsgrad},
-           true) {}
+           AdamOptions{opts.lr, opts.betas, opts.eps, opts.weight_decay, opts.amsgrad}, true) {}
 
 // ---- clipping ----
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
@@ -436,8 +428,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     throw std::invalid_argument("[clip_grad_norm_] norm_type must be > 0 or INFINITY, got " +
                                 num(norm_type));
   if (!(max_norm >= 0))
-    throw std::invalid_argument("[clip_grad_norm_] max_norm must be >= 0, got " +
-                                num(max_norm));
+    throw std::invalid_argument("[clip_grad_norm_] max_norm must be >= 0, got " + num(max_norm));
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   for (const Tensor& p : params)

@@ -165,8 +165,7 @@ class Adam : public Optimizer {
   Adam(std::vector<ParamGroup> groups, const AdamOptions& opts = {});
 
  protected:
-  Adam(const char* name, std::vector<ParamGroup> groups, const AdamOptions& opts,
-       bool decoupled);
+  Adam(const char* name, std::vector<ParamGroup> groups, const AdamOptions& opts, bool decoupled);
   void update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
               ParamState& st) override;
   std::vector<HyperParam> hyper_params() override;
@@ -191,8 +190,8 @@ class AdamW : public Adam {
  * g *= max_norm / (total + 1e-6) when that is below 1. Parameters without a
  * gradient are ignored. Returns the total norm before clipping. With
  * `error_if_nonfinite` a NaN or infinite total throws instead. */
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
-                       double norm_type = 2.0, bool error_if_nonfinite = false);
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
 
 /** Clamps every gradient of `params` to [-clip_value, clip_value] in place. */
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);

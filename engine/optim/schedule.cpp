@@ -11,8 +11,7 @@
 
 namespace quanta {
 
-LrSchedule::LrSchedule(const char* name, Optimizer& optimizer)
-    : name_(name), opt_(optimizer) {
+LrSchedule::LrSchedule(const char* name, Optimizer& optimizer) : name_(name), opt_(optimizer) {
   for (const ParamGroup& g : opt_.param_groups()) base_lrs_.push_back(*g.lr);
 }
 
@@ -97,26 +96,22 @@ WarmupCosine::WarmupCosine(Optimizer& optimizer, int64_t warmup_steps, int64_t t
 
 double WarmupCosine::lr_at(int64_t step, size_t group) const {
   const double base = base_lrs_.at(group);
-  if (step < warmup_)
-    return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step < warmup_) return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
   if (step >= total_) return min_lr_;
-  const double p =
-      static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
+  const double p = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
   return min_lr_ + (base - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
 // ---- LinearWarmup ----
 LinearWarmup::LinearWarmup(Optimizer& optimizer, int64_t warmup_steps)
     : LrSchedule("LinearWarmup", optimizer), warmup_(warmup_steps) {
-  if (warmup_steps < 0)
-    fail("warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
+  if (warmup_steps < 0) fail("warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
   apply();
 }
 
 double LinearWarmup::lr_at(int64_t step, size_t group) const {
   const double base = base_lrs_.at(group);
-  if (step < warmup_)
-    return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step < warmup_) return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
   return base;
 }
 

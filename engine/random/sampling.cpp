@@ -55,13 +55,9 @@ void for_groups(const PhiloxStream& s, int64_t groups, F&& f) {
   });
 }
 
-inline uint64_t u64_of(const uint32_t* w) {
-  return (static_cast<uint64_t>(w[1]) << 32) | w[0];
-}
+inline uint64_t u64_of(const uint32_t* w) { return (static_cast<uint64_t>(w[1]) << 32) | w[0]; }
 // [0, 1) with 53 random bits.
-inline double u53(const uint32_t* w) {
-  return static_cast<double>(u64_of(w) >> 11) * 0x1p-53;
-}
+inline double u53(const uint32_t* w) { return static_cast<double>(u64_of(w) >> 11) * 0x1p-53; }
 
 // High 64 bits of a * b, portably (no 128-bit integer type).
 constexpr uint64_t mulhi64(uint64_t a, uint64_t b) {
@@ -76,7 +72,8 @@ static_assert(mulhi64(~0ull, ~0ull) == ~0ull - 1);
 static_assert(mulhi64(1ull << 63, 6) == 3);
 
 // Uniform [0, 1) in T's own precision (one word, or two for f64).
-template <class T> Tensor uniform01(const Shape& shape, Generator& gen) {
+template <class T>
+Tensor uniform01(const Shape& shape, Generator& gen) {
   Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
   const int64_t n = out.numel();
   T* p = out.data<T>();
@@ -93,7 +90,8 @@ template <class T> Tensor uniform01(const Shape& shape, Generator& gen) {
 }
 
 // Standard normal in f32 (computed in f64) or f64, Box-Muller on pairs.
-template <class T> Tensor standard_normal(const Shape& shape, Generator& gen) {
+template <class T>
+Tensor standard_normal(const Shape& shape, Generator& gen) {
   Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
   const int64_t n = out.numel(), pairs = (n + 1) / 2;
   T* p = out.data<T>();
@@ -146,8 +144,10 @@ bool representable(int64_t v, DType t) {
   switch (t) {
     case DType::i32:
       return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
-    case DType::u8: return v >= 0 && v <= 255;
-    default: return true;
+    case DType::u8:
+      return v >= 0 && v <= 255;
+    default:
+      return true;
   }
 }
 
@@ -158,10 +158,18 @@ Tensor rand(const Shape& shape, Generator& gen, const TensorOptions& opts) {
   check_floating("rand", opts.dtype);
   Tensor out;
   switch (opts.dtype) {
-    case DType::f64: out = uniform01<double>(shape, gen); break;
-    case DType::bf16: out = uniform01<bf16>(shape, gen); break;
-    case DType::f16: out = uniform01<f16>(shape, gen); break;
-    default: out = uniform01<float>(shape, gen); break;
+    case DType::f64:
+      out = uniform01<double>(shape, gen);
+      break;
+    case DType::bf16:
+      out = uniform01<bf16>(shape, gen);
+      break;
+    case DType::f16:
+      out = uniform01<f16>(shape, gen);
+      break;
+    default:
+      out = uniform01<float>(shape, gen);
+      break;
   }
   return finish(out, opts);
 }
@@ -205,8 +213,9 @@ namespace {
 // The first m of randperm(n): the same keys, only the m smallest sorted.
 Tensor permutation_prefix(const char* op, int64_t n, int64_t m, Generator& gen,
                           const TensorOptions& opts) {
-  if (n < 0) throw std::invalid_argument(std::string("[") + op + "] n must be >= 0: got " +
-                                         std::to_string(n));
+  if (n < 0)
+    throw std::invalid_argument(std::string("[") + op + "] n must be >= 0: got " +
+                                std::to_string(n));
   if (m < 0 || m > n)
     throw std::invalid_argument(std::string("[") + op + "] m must lie in [0, n = " +
                                 std::to_string(n) + "]: got " + std::to_string(m));
@@ -238,8 +247,7 @@ Tensor randperm_prefix(int64_t n, int64_t m, Generator& gen, const TensorOptions
   return permutation_prefix("randperm_prefix", n, m, gen, opts);
 }
 
-Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
-                   Generator& gen) {
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, Generator& gen) {
   if (!probs.defined()) throw std::invalid_argument("[multinomial] undefined probs");
   if (probs.dim() != 1 && probs.dim() != 2)
     throw std::invalid_argument("[multinomial] probs must be 1-d or 2-d: got shape " +
@@ -265,9 +273,10 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
     for (int64_t j = 0; j < k; ++j) {
       const double v = wp[r * k + j];
       if (!(v >= 0) || std::isinf(v))
-        throw std::invalid_argument("[multinomial] weights must be finite and non-negative: "
-                                    "got " + std::to_string(v) + " at row " +
-                                    std::to_string(r) + ", column " + std::to_string(j));
+        throw std::invalid_argument(
+            "[multinomial] weights must be finite and non-negative: "
+            "got " +
+            std::to_string(v) + " at row " + std::to_string(r) + ", column " + std::to_string(j));
       positive += v > 0;
       acc += v;
       cdf[static_cast<size_t>(r * k + j)] = acc;
@@ -280,9 +289,10 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
                                   " sum to infinity; rescale them");
     if (!replacement && num_samples > positive)
       throw std::invalid_argument("[multinomial] row " + std::to_string(r) + " has only " +
-                                  std::to_string(positive) + " categories with positive "
-                                  "weight, asked for " + std::to_string(num_samples) +
-                                  " samples without replacement");
+                                  std::to_string(positive) +
+                                  " categories with positive "
+                                  "weight, asked for " +
+                                  std::to_string(num_samples) + " samples without replacement");
   }
   Tensor out = detail::make_tensor(one_d ? Shape{num_samples} : Shape{rows, num_samples},
                                    DType::i64, Device::cpu());
@@ -315,10 +325,9 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
       for (int64_t r = lo; r < hi; ++r) {
         const double* key = keys.data() + r * k;
         std::iota(idx.begin(), idx.end(), int64_t{0});
-        std::partial_sort(idx.begin(), idx.begin() + num_samples, idx.end(),
-                          [key](int64_t a, int64_t b) {
-                            return key[a] < key[b] || (key[a] == key[b] && a < b);
-                          });
+        std::partial_sort(
+            idx.begin(), idx.begin() + num_samples, idx.end(),
+            [key](int64_t a, int64_t b) { return key[a] < key[b] || (key[a] == key[b] && a < b); });
         std::copy(idx.begin(), idx.begin() + num_samples, op + r * num_samples);
       }
     });
@@ -346,8 +355,8 @@ Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptio
 void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {
   check_fill_target("uniform_", t);
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))
-    throw std::invalid_argument("[uniform_] need finite lo <= hi: got lo=" +
-                                std::to_string(lo) + ", hi=" + std::to_string(hi));
+    throw std::invalid_argument("[uniform_] need finite lo <= hi: got lo=" + std::to_string(lo) +
+                                ", hi=" + std::to_string(hi));
   Tensor u = draw_dtype(t.dtype()) == DType::f64 ? uniform01<double>(t.shape(), gen)
                                                  : uniform01<float>(t.shape(), gen);
   affine_into(t, u, hi - lo, lo);

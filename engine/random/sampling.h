@@ -58,8 +58,7 @@ Tensor randperm_prefix(int64_t n, int64_t m, Generator& gen,
  * the num_samples smallest keys in increasing order, so no index repeats.
  * Throws on negative, NaN or infinite weights, rows without positive weight,
  * and num_samples above the positive-weight categories without replacement. */
-Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
-                   Generator& gen);
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, Generator& gen);
 /** Bernoulli(p) samples as 0/1 in opts.dtype (f32 by default; bool works). */
 Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptions& opts = {});
 

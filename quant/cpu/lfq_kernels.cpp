@@ -144,13 +144,12 @@ void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t
     const T* pp = static_cast<const T*>(pi);
     const T* pg = static_cast<const T*>(grad_out);
     T* po = static_cast<T*>(grad_pi);
-    cpu::parallel_for(0, R, std::max<int64_t>(1, cpu::kGrainElements / (n * k + 1)),
-                      [&](int64_t lo, int64_t hi) {
-                        std::vector<T> pre, suf;
-                        for (int64_t r = lo; r < hi; ++r)
-                          bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k, pre,
-                                               suf);
-                      });
+    cpu::parallel_for(
+        0, R, std::max<int64_t>(1, cpu::kGrainElements / (n * k + 1)), [&](int64_t lo, int64_t hi) {
+          std::vector<T> pre, suf;
+          for (int64_t r = lo; r < hi; ++r)
+            bit_product_row_grad(pp + r * 2 * k, k, pg + r * n, po + r * 2 * k, pre, suf);
+        });
   };
   if (dtype == DType::f64)
     run(double{});

@@ -88,12 +88,11 @@ void nearest_kernel(const T* x, const T* c, int64_t n, int64_t k, int64_t d, boo
 
 }  // namespace
 
-void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int64_t k,
-                   int64_t d, bool cosine, int64_t* out) {
+void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int64_t k, int64_t d,
+                   bool cosine, int64_t* out) {
   dispatch_float(dtype, "nearest_codes", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    nearest_kernel<T>(static_cast<const T*>(x), static_cast<const T*>(codes), n, k, d, cosine,
-                      out);
+    nearest_kernel<T>(static_cast<const T*>(x), static_cast<const T*>(codes), n, k, d, cosine, out);
   });
 }
 

@@ -131,14 +131,22 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType
 #ifdef QUANTA_NF4_FUSED_SIMD
     if constexpr (std::is_same_v<T, float>) {
       switch (M) {
-        case 1: return fused_rows_f32<1, R>(x, K, w, dd, N, y, lo, hi);
-        case 2: return fused_rows_f32<2, R>(x, K, w, dd, N, y, lo, hi);
-        case 3: return fused_rows_f32<3, R>(x, K, w, dd, N, y, lo, hi);
-        case 4: return fused_rows_f32<4, R>(x, K, w, dd, N, y, lo, hi);
-        case 5: return fused_rows_f32<5, R>(x, K, w, dd, N, y, lo, hi);
-        case 6: return fused_rows_f32<6, R>(x, K, w, dd, N, y, lo, hi);
-        case 7: return fused_rows_f32<7, R>(x, K, w, dd, N, y, lo, hi);
-        default: return fused_rows_f32<8, R>(x, K, w, dd, N, y, lo, hi);
+        case 1:
+          return fused_rows_f32<1, R>(x, K, w, dd, N, y, lo, hi);
+        case 2:
+          return fused_rows_f32<2, R>(x, K, w, dd, N, y, lo, hi);
+        case 3:
+          return fused_rows_f32<3, R>(x, K, w, dd, N, y, lo, hi);
+        case 4:
+          return fused_rows_f32<4, R>(x, K, w, dd, N, y, lo, hi);
+        case 5:
+          return fused_rows_f32<5, R>(x, K, w, dd, N, y, lo, hi);
+        case 6:
+          return fused_rows_f32<6, R>(x, K, w, dd, N, y, lo, hi);
+        case 7:
+          return fused_rows_f32<7, R>(x, K, w, dd, N, y, lo, hi);
+        default:
+          return fused_rows_f32<8, R>(x, K, w, dd, N, y, lo, hi);
       }
     }
 #endif
@@ -150,16 +158,17 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType
 // tiles (each dequantizes its own into a private buffer and runs a
 // single-threaded GEMM), so there is one parallel region per call.
 template <class T>
-void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
-                    T* y) {
+void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, T* y) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::fill(y, y + M * N, T(0));
     return;
   }
   if (M <= kNF4FusedMaxBatch && K % w.run == 0) {
-    if (w.run == 32) fused_small_batch<T, 32>(x, M, K, w, dd, N, y);
-    else fused_small_batch<T, 64>(x, M, K, w, dd, N, y);
+    if (w.run == 32)
+      fused_small_batch<T, 32>(x, M, K, w, dd, N, y);
+    else
+      fused_small_batch<T, 64>(x, M, K, w, dd, N, y);
     return;
   }
   const int64_t rows = tile_rows(N, K, w.run);
@@ -213,8 +222,8 @@ void nf4_linear(DType dtype, const void* x, int64_t M, int64_t K, const NF4Runs&
   });
 }
 
-void nf4_linear_grad(DType dtype, const void* g, int64_t M, int64_t N, const NF4Runs& w,
-                     DType dd, int64_t K, void* dx) {
+void nf4_linear_grad(DType dtype, const void* g, int64_t M, int64_t N, const NF4Runs& w, DType dd,
+                     int64_t K, void* dx) {
   dispatch_float(dtype, "nf4_linear backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     backward_kernel(static_cast<const T*>(g), M, N, w, dd, K, static_cast<T*>(dx));

@@ -46,8 +46,7 @@ inline __m512 round_to(__m512 v, DType dtype) {
 
 /** The 16 dequantized values dtype(float32(value * scale)) as f32 lanes. */
 inline __m512 scaled_values(float scale, DType dtype) {
-  return round_to(_mm512_mul_ps(_mm512_loadu_ps(kNF4Values.data()), _mm512_set1_ps(scale)),
-                  dtype);
+  return round_to(_mm512_mul_ps(_mm512_loadu_ps(kNF4Values.data()), _mm512_set1_ps(scale)), dtype);
 }
 #endif
 

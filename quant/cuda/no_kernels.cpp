@@ -25,10 +25,12 @@ const QuantKernelTable& table() {
                           int64_t) -> SquaredErrorSum { no_kernel("commitment_loss"); },
       .squared_error_grad = [](DType, const void*, const void*, const uint8_t*, int64_t, int64_t,
                                double, void*) { no_kernel("commitment_loss backward"); },
-      .route_grad = [](bool rotation, DType, const void*, const void*, const void*,
-                       const uint8_t*, double, int64_t, int64_t, void*) {
-        no_kernel(rotation ? "rotate_to backward" : "straight_through_with_commitment backward");
-      },
+      .route_grad =
+          [](bool rotation, DType, const void*, const void*, const void*, const uint8_t*, double,
+             int64_t, int64_t, void*) {
+            no_kernel(rotation ? "rotate_to backward"
+                               : "straight_through_with_commitment backward");
+          },
       .put_rows = [](DType, void*, int64_t, const int64_t*, int64_t, const void*,
                      double) { no_kernel("Codebook"); },
       .bit_product = [](DType, const void*, int64_t, int64_t,
@@ -43,8 +45,8 @@ const QuantKernelTable& table() {
       .nf4_decode = [](const NF4Runs&, DType, void*) { no_kernel("dequantize"); },
       .nf4_linear = [](DType, const void*, int64_t, int64_t, const NF4Runs&, DType, int64_t,
                        const void*, void*) { no_kernel("nf4_linear"); },
-      .nf4_linear_grad = [](DType, const void*, int64_t, int64_t, const NF4Runs&, DType,
-                            int64_t, void*) { no_kernel("nf4_linear backward"); },
+      .nf4_linear_grad = [](DType, const void*, int64_t, int64_t, const NF4Runs&, DType, int64_t,
+                            void*) { no_kernel("nf4_linear backward"); },
   };
   return t;
 }

@@ -18,8 +18,7 @@ const QuantKernelTable& quant_kernels(Device device) {
   return quant_cuda::table();
 }
 
-const QuantKernelTable& quant_kernels_for(const char* op,
-                                          std::initializer_list<const Tensor*> ts) {
+const QuantKernelTable& quant_kernels_for(const char* op, std::initializer_list<const Tensor*> ts) {
   return quant_kernels(common_device(op, ts));
 }
 

@@ -58,8 +58,8 @@ struct QuantKernelTable {
    * with valid[r] != 0, in f64 partial sums of 256 rows added in order (the
    * total does not depend on the thread count), and the number of such rows
    * (the sum of valid; rows when valid is null). */
-  SquaredErrorSum (*squared_error)(DType dtype, const void* x, const void* q,
-                                   const uint8_t* valid, int64_t rows, int64_t d);
+  SquaredErrorSum (*squared_error)(DType dtype, const void* x, const void* q, const uint8_t* valid,
+                                   int64_t rows, int64_t d);
   /** commitment_loss backward: gx [rows, d] = T(scale) * (x - q), exactly 0
    * on rows with valid[r] == 0. Every element of gx is written. */
   void (*squared_error_grad)(DType dtype, const void* x, const void* q, const uint8_t* valid,
@@ -76,8 +76,8 @@ struct QuantKernelTable {
    * contiguous table dst (rows of d elements, `dtype` f32 or f64) set to
    * T(scale) * src[i] (src [m, d] contiguous of `dtype`), or to T(scale) when
    * src is null. at: i64 on the device. */
-  void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m,
-                   const void* src, double scale);
+  void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
+                   double scale);
 
   // ---- LFQ entropy (quant/scalar/lfq_entropy.cpp) ----
 
@@ -124,8 +124,7 @@ const QuantKernelTable& quant_kernels(Device device);
 
 /** The table of the device that all of `ts`' defined tensors live on; throws
  * std::invalid_argument naming `op` and both devices when they differ. */
-const QuantKernelTable& quant_kernels_for(const char* op,
-                                          std::initializer_list<const Tensor*> ts);
+const QuantKernelTable& quant_kernels_for(const char* op, std::initializer_list<const Tensor*> ts);
 
 namespace quant_cpu {
 /** The CPU table (quant/cpu/kernel_table.cpp). */

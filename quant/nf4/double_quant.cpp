@@ -1,11 +1,11 @@
 #include "quant/nf4/double_quant.h"
 
-#include "engine/cpu/parallel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+
+#include "engine/cpu/parallel.h"
 
 namespace quanta::quant {
 namespace {
@@ -102,8 +102,7 @@ DoubleQuantState double_quantize(const float* scales, int64_t n, int64_t group) 
 
 std::vector<float> double_dequantize(const DoubleQuantState& s) {
   const int64_t n = static_cast<int64_t>(s.codes.size());
-  if (s.group <= 0 ||
-      static_cast<int64_t>(s.group_absmax.size()) != (n + s.group - 1) / s.group)
+  if (s.group <= 0 || static_cast<int64_t>(s.group_absmax.size()) != (n + s.group - 1) / s.group)
     throw std::invalid_argument("[double_dequantize] " + std::to_string(s.group_absmax.size()) +
                                 " group scales for " + std::to_string(n) +
                                 " block scales in groups of " + std::to_string(s.group));

@@ -46,8 +46,7 @@ NF4Runs unit_runs(const Tensor& q) {
 }  // namespace detail
 
 void check_options(const NF4Options& o) {
-  if (std::find(kNF4BlockSizes.begin(), kNF4BlockSizes.end(), o.block_size) ==
-      kNF4BlockSizes.end())
+  if (std::find(kNF4BlockSizes.begin(), kNF4BlockSizes.end(), o.block_size) == kNF4BlockSizes.end())
     throw std::invalid_argument("[nf4] block_size must be 32, 64, 128 or 256, got " +
                                 std::to_string(o.block_size));
   detail::check_dequant_dtype(o.dequant_dtype, "nf4");
@@ -110,8 +109,12 @@ Tensor quantize_nf4(const Tensor& x, const NF4Options& o) {
   }
   const int64_t unit = static_cast<int64_t>(kNF4UnitBytes);
   kernels.nf4_encode(px, n, o.block_size, pa, static_cast<const float*>(stored.raw_data()),
-                     {.run = kNF4UnitElems, .codes = po, .code_stride = unit,
-                      .pad_runs = true, .scales = po + kNF4CodeBytes, .scale_stride = unit});
+                     {.run = kNF4UnitElems,
+                      .codes = po,
+                      .code_stride = unit,
+                      .pad_runs = true,
+                      .scales = po + kNF4CodeBytes,
+                      .scale_stride = unit});
   return out;
 }
 
@@ -133,8 +136,8 @@ void dequantize_into(const Tensor& q, const Tensor& out) {
   detail::check_dequant_dtype(out.dtype(), "dequantize_into");
   if (out.shape() != q.shape() || !out.is_contiguous() || out.device() != q.device())
     throw std::invalid_argument("[dequantize_into] output must be a contiguous tensor on " +
-                                q.device().str() + " of shape " + shape_str(q.shape()) +
-                                ", got " + shape_str(out.shape()) + " on " + out.device().str());
+                                q.device().str() + " of shape " + shape_str(q.shape()) + ", got " +
+                                shape_str(out.shape()) + " on " + out.device().str());
   if (q.numel() == 0) return;
   quant_kernels(q.device()).nf4_decode(detail::unit_runs(q), out.dtype(), out.raw_data());
 }
@@ -143,8 +146,10 @@ Tensor nf4_from_codes(const Tensor& codes, const Tensor& scales, const Shape& sh
                       int64_t block_size) {
   const int64_t n = numel_of(shape);
   if (block_size <= 0 || block_size % kNF4UnitElems != 0)
-    throw std::invalid_argument("[nf4_from_codes] block_size must be a positive multiple of 64, "
-                                "got " + std::to_string(block_size));
+    throw std::invalid_argument(
+        "[nf4_from_codes] block_size must be a positive multiple of 64, "
+        "got " +
+        std::to_string(block_size));
   // Format introspection, on the host: the result moves to the codes' device.
   const Tensor c = codes.detach().to(Device::cpu()).to(DType::u8).contiguous();
   const Tensor s = detail::as_f32_cpu(scales, "nf4_from_codes");
@@ -186,8 +191,8 @@ Tensor nf4_codes(const Tensor& nf4) {
   const auto* pq = static_cast<const uint8_t*>(q.raw_data());
   uint8_t* po = out.data<uint8_t>();
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t byte = pq[(i / kNF4UnitElems) * static_cast<int64_t>(kNF4UnitBytes) +
-                            (i % kNF4UnitElems) / 2];
+    const uint8_t byte =
+        pq[(i / kNF4UnitElems) * static_cast<int64_t>(kNF4UnitBytes) + (i % kNF4UnitElems) / 2];
     po[i] = i % 2 == 0 ? byte >> 4 : byte & 15;
   }
   return out.to(nf4.device());

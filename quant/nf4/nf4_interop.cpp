@@ -65,8 +65,7 @@ void check_file_shape(const Shape& shape, const char* op, const std::string& whe
                                 " has a negative size or overflows 64-bit sizes");
 }
 
-const Tensor& need(const std::map<std::string, Tensor>& m, const std::string& key,
-                   const char* op) {
+const Tensor& need(const std::map<std::string, Tensor>& m, const std::string& key, const char* op) {
   auto it = m.find(key);
   if (it == m.end())
     throw std::invalid_argument(std::string("[") + op + "] missing tensor '" + key + "'");
@@ -94,9 +93,9 @@ void check_bnb(const BnbNF4State& s, const char* op) {
   if (!s.packed.defined() || !s.absmax.defined() || !s.quant_map.defined())
     throw std::invalid_argument(o + "packed, absmax and quant_map must be set");
   const Tensor qmap = f32_cpu(s.quant_map);
-  if (qmap.numel() != 16 ||
-      !std::equal(kNF4Values.begin(), kNF4Values.end(), qmap.data<float>()))
-    throw std::invalid_argument(o + "quant_map is not the NF4 table (FP4 or a custom map "
+  if (qmap.numel() != 16 || !std::equal(kNF4Values.begin(), kNF4Values.end(), qmap.data<float>()))
+    throw std::invalid_argument(o +
+                                "quant_map is not the NF4 table (FP4 or a custom map "
                                 "cannot be imported)");
   const int64_t n = numel_of(s.shape);
   if (s.packed.numel() != (n + 1) / 2)
@@ -125,8 +124,8 @@ BnbNF4State make_state(const Tensor& packed, const std::vector<float>& scales, i
   }
   const DoubleQuantState dq = double_quantize(scales.data(), blocks, kNF4DoubleQuantGroup);
   s.absmax = blob(dq.codes.data(), {blocks}, DType::u8);
-  s.nested_absmax = blob(dq.group_absmax.data(),
-                         {static_cast<int64_t>(dq.group_absmax.size())}, DType::f32);
+  s.nested_absmax =
+      blob(dq.group_absmax.data(), {static_cast<int64_t>(dq.group_absmax.size())}, DType::f32);
   s.nested_quant_map = blob(dq.map.data(), {256}, DType::f32);
   s.nested_offset = dq.offset;
   s.nested_blocksize = dq.group;
@@ -151,9 +150,9 @@ BnbNF4State quantize_bnb(const Tensor& x, const NF4Options& o) {
   std::vector<float> absmax(static_cast<size_t>((n + o.block_size - 1) / o.block_size));
   host.nf4_absmax(xf.data<float>(), n, o.block_size, absmax.data());
   if (n > 0)
-    host.nf4_encode(xf.data<float>(), n, o.block_size, absmax.data(), absmax.data(),
-                    {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2,
-                     .pad_runs = false});
+    host.nf4_encode(
+        xf.data<float>(), n, o.block_size, absmax.data(), absmax.data(),
+        {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
   return make_state(packed, absmax, o.block_size, x.shape(), o.double_quant);
 }
 
@@ -164,8 +163,9 @@ Tensor bnb_scales(const BnbNF4State& s) {
   const Tensor q = u8_cpu(s.absmax);
   dq.codes.assign(q.data<uint8_t>(), q.data<uint8_t>() + q.numel());
   if (!s.nested_absmax.defined() || !s.nested_quant_map.defined())
-    throw std::invalid_argument("[bnb_scales] double quant needs nested_absmax and "
-                                "nested_quant_map");
+    throw std::invalid_argument(
+        "[bnb_scales] double quant needs nested_absmax and "
+        "nested_quant_map");
   dq.group_absmax = to_vector_f32(s.nested_absmax);
   const std::vector<float> map = to_vector_f32(s.nested_quant_map);
   if (map.size() != 256)
@@ -216,7 +216,8 @@ BnbNF4State to_bnb(const Tensor& nf4_any, bool double_quant, int64_t block_size)
       if (std::memcmp(&pu[u], &pu[b * per_block], sizeof(float)) != 0)
         throw std::invalid_argument("[to_bnb] the units of block " + std::to_string(b) +
                                     " have different scales: the tensor was not quantized "
-                                    "with block size " + std::to_string(block_size));
+                                    "with block size " +
+                                    std::to_string(block_size));
   }
   return make_state(blob(packed.data(), {static_cast<int64_t>(packed.size()), 1}, DType::u8),
                     scales, block_size, nf4.shape(), double_quant);
@@ -243,10 +244,8 @@ void append_bnb_tensors(io::TensorMap& out, const std::string& name, const BnbNF
   out.emplace_back(name, s.packed);
   out.emplace_back(name + ".absmax", s.absmax);
   out.emplace_back(name + ".quant_map", s.quant_map);
-  json meta = {{"quant_type", "nf4"},
-               {"blocksize", s.blocksize},
-               {"dtype", "float32"},
-               {"shape", s.shape}};
+  json meta = {
+      {"quant_type", "nf4"}, {"blocksize", s.blocksize}, {"dtype", "float32"}, {"shape", s.shape}};
   if (s.double_quant) {
     out.emplace_back(name + ".nested_absmax", s.nested_absmax);
     out.emplace_back(name + ".nested_quant_map", s.nested_quant_map);
@@ -377,8 +376,8 @@ BnbNF4State to_bnb(const TorchaoNF4State& s) {
     throw std::invalid_argument("[to_bnb] torchao quantized_data holds " +
                                 std::to_string(s.quantized_data.numel()) + " bytes, expected " +
                                 std::to_string((n + 1) / 2));
-  BnbNF4State b = make_state(u8_cpu(s.quantized_data).reshape({(n + 1) / 2, 1}), sc,
-                             s.block_size, s.shape, false);
+  BnbNF4State b = make_state(u8_cpu(s.quantized_data).reshape({(n + 1) / 2, 1}), sc, s.block_size,
+                             s.shape, false);
   check_bnb(b, "to_bnb");
   return b;
 }
@@ -393,8 +392,8 @@ Tensor torchao_dequantize(const TorchaoNF4State& s) {
   Tensor out = quanta::detail::make_tensor(s.shape, DType::f32, Device::cpu());
   float* po = out.data<float>();
   for (int64_t i = 0; i < n; ++i)
-    po[i] = table.data<float>()[codes.data<uint8_t>()[i]] *
-            sc[static_cast<size_t>(i / s.block_size)];
+    po[i] =
+        table.data<float>()[codes.data<uint8_t>()[i]] * sc[static_cast<size_t>(i / s.block_size)];
   return out;
 }
 
@@ -405,12 +404,11 @@ void append_torchao_tensors(io::TensorMap& out, std::map<std::string, std::strin
   out.emplace_back(name + ".quantization_factor", s.quantization_factor);
   out.emplace_back(name + ".scaler_mean", s.scaler_mean);
   out.emplace_back(name + ".nf4", s.nf4);
-  metadata[name + ".torchao_nf4"] =
-      json{{"shape", s.shape},
-           {"block_size", s.block_size},
-           {"scaler_block_size", s.scaler_block_size},
-           {"quantized_scalers", "int8 stored as uint8 bit patterns"}}
-          .dump();
+  metadata[name + ".torchao_nf4"] = json{{"shape", s.shape},
+                                         {"block_size", s.block_size},
+                                         {"scaler_block_size", s.scaler_block_size},
+                                         {"quantized_scalers", "int8 stored as uint8 bit patterns"}}
+                                        .dump();
 }
 
 TorchaoNF4State read_torchao_tensors(const std::map<std::string, Tensor>& t,
@@ -419,8 +417,7 @@ TorchaoNF4State read_torchao_tensors(const std::map<std::string, Tensor>& t,
   const char* op = "read_torchao_tensors";
   auto it = metadata.find(name + ".torchao_nf4");
   if (it == metadata.end())
-    throw std::invalid_argument("[read_torchao_tensors] no metadata '" + name +
-                                ".torchao_nf4'");
+    throw std::invalid_argument("[read_torchao_tensors] no metadata '" + name + ".torchao_nf4'");
   TorchaoNF4State s;
   try {
     const json m = json::parse(it->second);

@@ -76,13 +76,11 @@ Tensor from_bnb(const BnbNF4State& state);
  * (QuantState.as_dict(packed=True)): `name`, `name.absmax`, `name.quant_map`,
  * `name.nested_absmax`, `name.nested_quant_map` and
  * `name.quant_state.bitsandbytes__nf4` (uint8 JSON). */
-void append_bnb_tensors(io::TensorMap& out, const std::string& name,
-                        const BnbNF4State& state);
+void append_bnb_tensors(io::TensorMap& out, const std::string& name, const BnbNF4State& state);
 
 /** Reads the state written by append_bnb_tensors (or by bitsandbytes) for
  * weight `name` from `tensors`; throws naming the missing entry. */
-BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& tensors,
-                             const std::string& name);
+BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& tensors, const std::string& name);
 
 /** True when `tensors` holds a bitsandbytes NF4 weight called `name`. */
 bool has_bnb_tensors(const std::map<std::string, Tensor>& tensors, const std::string& name);

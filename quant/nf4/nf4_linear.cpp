@@ -30,8 +30,7 @@ struct Weight {
   NF4Runs runs() const {
     if (nf4.defined()) return detail::unit_runs(nf4);
     return detail::packed_runs(static_cast<const uint8_t*>(packed.raw_data()),
-                               static_cast<const float*>(scales.raw_data()), n_out * n_in,
-                               block);
+                               static_cast<const float*>(scales.raw_data()), n_out * n_in, block);
   }
 };
 
@@ -40,9 +39,9 @@ void check_args(const Tensor& x, const Shape& w_shape, const Tensor& bias, DType
     throw std::invalid_argument("[nf4_linear] weight must be 2-d [out, in], got shape " +
                                 shape_str(w_shape));
   if (!x.defined() || x.dim() < 1 || x.size(-1) != w_shape[1])
-    throw std::invalid_argument("[nf4_linear] input's last dim must be in = " +
-                                std::to_string(w_shape[1]) + ", got shape " +
-                                (x.defined() ? shape_str(x.shape()) : "undefined"));
+    throw std::invalid_argument(
+        "[nf4_linear] input's last dim must be in = " + std::to_string(w_shape[1]) +
+        ", got shape " + (x.defined() ? shape_str(x.shape()) : "undefined"));
   if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
     throw std::invalid_argument(std::string("[nf4_linear] input dtype must be f32 or f64, got ") +
                                 dtype_name(x.dtype()));
@@ -53,8 +52,7 @@ void check_args(const Tensor& x, const Shape& w_shape, const Tensor& bias, DType
   detail::check_dequant_dtype(dd, "nf4_linear");
 }
 
-Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tensor& bias,
-                   DType dd) {
+Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tensor& bias, DType dd) {
   const QuantKernelTable& kernels = quant_kernels(x.device());
   const int64_t K = w->n_in, N = w->n_out;
   const int64_t M = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
@@ -68,16 +66,16 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
   std::vector<Tensor> inputs{x};
   if (bias.defined()) inputs.push_back(bias);
   // Backward keeps only the packed weight and its scales.
-  return autograd::record("nf4_linear", y, inputs,
-                          [&kernels, w, dd, x_shape = x.shape(), has_bias = bias.defined(), M, N,
-                           K](const Tensor& g) {
-    const Tensor gc = g.contiguous();
-    Tensor dx = quanta::detail::make_tensor(x_shape, g.dtype(), gc.device());
-    kernels.nf4_linear_grad(g.dtype(), gc.raw_data(), M, N, w->runs(), dd, K, dx.raw_data());
-    std::vector<Tensor> grads{dx};
-    if (has_bias) grads.push_back(sum(gc.reshape({M, N}), {0}));
-    return grads;
-  });
+  return autograd::record(
+      "nf4_linear", y, inputs,
+      [&kernels, w, dd, x_shape = x.shape(), has_bias = bias.defined(), M, N, K](const Tensor& g) {
+        const Tensor gc = g.contiguous();
+        Tensor dx = quanta::detail::make_tensor(x_shape, g.dtype(), gc.device());
+        kernels.nf4_linear_grad(g.dtype(), gc.raw_data(), M, N, w->runs(), dd, K, dx.raw_data());
+        std::vector<Tensor> grads{dx};
+        if (has_bias) grads.push_back(sum(gc.reshape({M, N}), {0}));
+        return grads;
+      });
 }
 
 }  // namespace
@@ -93,8 +91,7 @@ Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType de
   return linear_impl(x, std::move(weight), bias, dequant_dtype);
 }
 
-Tensor nf4_linear(const Tensor& x, const BnbNF4State& w, const Tensor& bias,
-                  DType dequant_dtype) {
+Tensor nf4_linear(const Tensor& x, const BnbNF4State& w, const Tensor& bias, DType dequant_dtype) {
   check_args(x, w.shape, bias, dequant_dtype);
   quant_kernels_for("nf4_linear", {&x, &bias});
   auto weight = std::make_shared<Weight>();

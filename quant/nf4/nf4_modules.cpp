@@ -16,8 +16,10 @@ namespace quanta::quant {
 NF4Linear::NF4Linear(const Linear& linear, const NF4Options& o)
     : Module("NF4Linear"), dequant_dtype_(o.dequant_dtype) {
   const Tensor bias = linear.bias().defined() ? linear.bias().detach().clone() : Tensor();
-  if (o.block_size % kNF4UnitElems != 0) init_bnb(quantize_bnb(linear.weight(), o), bias);
-  else init_nf4(quantize_nf4(linear.weight(), o), bias);
+  if (o.block_size % kNF4UnitElems != 0)
+    init_bnb(quantize_bnb(linear.weight(), o), bias);
+  else
+    init_nf4(quantize_nf4(linear.weight(), o), bias);
 }
 
 NF4Linear::NF4Linear(const Tensor& weight_nf4, const Tensor& bias, DType dequant_dtype)
@@ -54,10 +56,9 @@ void NF4Linear::init_bnb(const BnbNF4State& w, const Tensor& bias) {
   absmax_ = register_buffer("weight_absmax", w.absmax.contiguous());
   if (w.double_quant) {
     nested_absmax_ = register_buffer("weight_nested_absmax", w.nested_absmax.contiguous());
-    nested_quant_map_ =
-        register_buffer("weight_nested_quant_map", w.nested_quant_map.contiguous());
-    nested_offset_ = register_buffer("weight_nested_offset",
-                                     full({}, w.nested_offset, {.dtype = DType::f32}));
+    nested_quant_map_ = register_buffer("weight_nested_quant_map", w.nested_quant_map.contiguous());
+    nested_offset_ =
+        register_buffer("weight_nested_offset", full({}, w.nested_offset, {.dtype = DType::f32}));
   }
   register_bias(bias);
 }
@@ -72,8 +73,9 @@ void NF4Linear::register_bias(const Tensor& bias) {
 
 BnbNF4State NF4Linear::bnb_weight() const {
   if (!is_bnb())
-    throw std::invalid_argument("[NF4Linear::bnb_weight] the weight is an nf4 tensor; "
-                                "to_bnb(weight(), ...) exports it");
+    throw std::invalid_argument(
+        "[NF4Linear::bnb_weight] the weight is an nf4 tensor; "
+        "to_bnb(weight(), ...) exports it");
   BnbNF4State s;
   s.packed = weight_;
   s.absmax = absmax_;
@@ -96,8 +98,8 @@ Tensor NF4Linear::forward(const Tensor& x) {
 }
 
 Tensor NF4Linear::dequantized_weight() const {
-  const Tensor d = is_bnb() ? dequantize(bnb_weight(), dequant_dtype_)
-                            : dequantize(weight_, dequant_dtype_);
+  const Tensor d =
+      is_bnb() ? dequantize(bnb_weight(), dequant_dtype_) : dequantize(weight_, dequant_dtype_);
   return d.to(DType::f32);
 }
 
@@ -181,8 +183,7 @@ NF4LayerReport error_of(const Tensor& weight, const Tensor& d) {
 
 }  // namespace
 
-NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4,
-                                  DType dequant_dtype) {
+NF4LayerReport quantization_error(const Tensor& weight, const Tensor& nf4, DType dequant_dtype) {
   NF4LayerReport r = error_of(weight, dequantize(nf4, dequant_dtype).to(DType::f32));
   r.bytes_after = nf4.nbytes();
   return r;

@@ -19,8 +19,7 @@ NF4Runs unit_runs(const Tensor& nf4);
 
 /** The runs of bitsandbytes' packed codes ((n + 1) / 2 bytes) with one f32
  * scale per `block` elements (32, or a multiple of 64). */
-inline NF4Runs packed_runs(const uint8_t* packed, const float* scales, int64_t n,
-                           int64_t block) {
+inline NF4Runs packed_runs(const uint8_t* packed, const float* scales, int64_t n, int64_t block) {
   return nf4_packed_runs(packed, scales, n, block);
 }
 

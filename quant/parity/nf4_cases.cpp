@@ -34,8 +34,8 @@ void run_nf4_case(const CaseFile& c, double, CaseResult& r) {
     r.checks.push_back(compare("absmax", mine.absmax, c.at("absmax"), 0));
     r.checks.push_back(compare("dequantized", quant::dequantize(q), c.at("dequantized"), 0));
     r.checks.push_back(compare("quantize_bnb absmax", direct.absmax, c.at("absmax"), 0));
-    r.checks.push_back(compare("quantize_bnb dequantized", quant::dequantize(direct),
-                               c.at("dequantized"), 0));
+    r.checks.push_back(
+        compare("quantize_bnb dequantized", quant::dequantize(direct), c.at("dequantized"), 0));
     return;
   }
   r.checks.push_back(
@@ -58,15 +58,14 @@ void run_nf4_case(const CaseFile& c, double, CaseResult& r) {
   const Tensor imported = quant::from_bnb(s);
   r.checks.push_back(compare("absmax_dequantized", quant::nf4_unit_scales(imported),
                              c.at("absmax_dequantized"), 0));
-  r.checks.push_back(
-      compare("dequantized", quant::dequantize(imported), c.at("dequantized"), 0));
+  r.checks.push_back(compare("dequantized", quant::dequantize(imported), c.at("dequantized"), 0));
 
   // 3. Our own double quantization: the 8-bit code table is rebuilt from
   // bitsandbytes' recipe (PyTorch's float32 linspace rounds a few entries one
   // ulp differently, so 1e-6), the group scales and scale codes follow.
   const quant::BnbNF4State ours = quant::to_bnb(q, true);
-  r.checks.push_back(compare("nested_quant_map", ours.nested_quant_map,
-                             c.at("nested_quant_map"), 1e-6));
+  r.checks.push_back(
+      compare("nested_quant_map", ours.nested_quant_map, c.at("nested_quant_map"), 1e-6));
   r.checks.push_back(compare("nested_absmax", ours.nested_absmax, c.at("nested_absmax"), 1e-6));
   r.checks.push_back(compare("absmax (8-bit codes)", ours.absmax, c.at("absmax"), 0));
   // Importing bitsandbytes' state and dequantizing it in that layout (no nf4

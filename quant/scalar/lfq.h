@@ -14,8 +14,8 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
-#include "quant/step_stream.h"
 #include "quant/scalar/lfq_entropy.h"
+#include "quant/step_stream.h"
 
 namespace quanta::quant {
 

@@ -75,8 +75,8 @@ Tensor clamped_bit_product_entropy(const Tensor& bit_logits) {
     Tensor h = empty({R}, {.dtype = DType::f64, .device = z.device()});
     *grad = empty({R, d}, {.dtype = DType::f64, .device = z.device()});
     quant_kernels(z.device())
-        .clamped_entropy(static_cast<const double*>(z.raw_data()),
-                         R, d, static_cast<double*>(h.raw_data()),
+        .clamped_entropy(static_cast<const double*>(z.raw_data()), R, d,
+                         static_cast<double*>(h.raw_data()),
                          static_cast<double*>(grad->raw_data()));
     return std::vector<Tensor>{h.to(in[0].dtype())};
   };
@@ -120,8 +120,7 @@ LFQEntropy lfq_entropy_direct(const Tensor& x, const Tensor& codebook, double in
   const Tensor p = softmax(logits, -1);  // [T, C, K]
   LFQEntropy out;
   const int64_t C = x.size(1);
-  out.per_sample =
-      token_mean(sum(-sum(p * log(clamp(p, kEntropyEps, NAN)), {-1})) / double(C), T);
+  out.per_sample = token_mean(sum(-sum(p * log(clamp(p, kEntropyEps, NAN)), {-1})) / double(C), T);
   out.batch = clamped_entropy_mean(token_mean(sum(p, {0}), T));
   return out;
 }

@@ -348,8 +348,7 @@ void QuantizerSync::sync_state() {
   std::vector<int64_t> expiring;
   for (int64_t i = 0; i < n; ++i) {
     Codebook& cb = *codebooks_[at(i)];
-    if (reduce[at(i)] && cb.options().threshold_ema_dead_code > 0 &&
-        any(cb.expired_codes()).item())
+    if (reduce[at(i)] && cb.options().threshold_ema_dead_code > 0 && any(cb.expired_codes()).item())
       expiring.push_back(i);
     else
       cb.pending().candidates.clear();

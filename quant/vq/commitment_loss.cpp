@@ -67,8 +67,8 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
     if (*denom > 0) {
       const double g = grads[0].item() * 2.0 / *denom;
       const Tensor mask = row_mask(valid, rows);
-      kernels.squared_error_grad(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows,
-                                 d, g, gx.raw_data());
+      kernels.squared_error_grad(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows, d,
+                                 g, gx.raw_data());
     }
     return std::vector<Tensor>{gx, q_grad ? -gx : Tensor()};
   };

@@ -16,8 +16,7 @@ namespace {
 void check_pair(const char* op, const Tensor& x, const Tensor& q) {
   quant_kernels_for(op, {&x, &q});
   if (x.shape() != q.shape() || x.dim() < 1)
-    throw std::invalid_argument(std::string("[") + op +
-                                "] x and q must have the same shape, got " +
+    throw std::invalid_argument(std::string("[") + op + "] x and q must have the same shape, got " +
                                 shape_str(x.shape()) + " and " + shape_str(q.shape()));
   if (x.dtype() != q.dtype())
     throw std::invalid_argument(std::string("[") + op + "] x and q must share a dtype, got " +
@@ -26,12 +25,13 @@ void check_pair(const char* op, const Tensor& x, const Tensor& q) {
 
 // x's gradient from the output gradient `g` along `route`, plus the
 // commitment term (coef 0: none) over the rows `mask` (u8, undefined: all).
-Tensor input_gradient(const Tensor& xs, const Tensor& qd, const Tensor& g_out,
-                      GradientRoute route, double coef, const Tensor& mask) {
+Tensor input_gradient(const Tensor& xs, const Tensor& qd, const Tensor& g_out, GradientRoute route,
+                      double coef, const Tensor& mask) {
   const QuantKernelTable& kernels = quant_kernels(xs.device());
   const int64_t d = xs.size(-1);
   const int64_t rows = d == 0 ? 0 : xs.numel() / d;
-  const Tensor xc = contiguous(xs), qc = contiguous(qd), g = contiguous(to_dtype(g_out, xs.dtype()));
+  const Tensor xc = contiguous(xs), qc = contiguous(qd),
+               g = contiguous(to_dtype(g_out, xs.dtype()));
   Tensor gx = empty(xs.shape(), options_of(xs));  // every element is written
   const auto* valid =
       coef != 0 && mask.defined() ? static_cast<const uint8_t*>(mask.raw_data()) : nullptr;

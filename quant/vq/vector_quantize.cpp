@@ -248,7 +248,8 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
   // (this forward's, or a shared codebook's after the last layer) will
   // overwrite the codebook in place, they are a copy.
   const Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
-  const Tensor codes = cb.affine_codes(updates && (learnable_ || need_dist) ? embed.clone() : embed);
+  const Tensor codes =
+      cb.affine_codes(updates && (learnable_ || need_dist) ? embed.clone() : embed);
   Tensor dist, idx;
   if (need_dist) dist = distances(t.x, codes);
   {

@@ -31,35 +31,35 @@ TEST_CASE(
     "all_reduce: sum, avg, min, max, prod on every arithmetic dtype, bitwise equal on all ranks") {
   // Two ranks take the pairwise exchange, three the ring.
   for (const int n : {2, 3}) {
-  CAPTURE(n);
-  for (DType dt :
-       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
-    for (ReduceOp op :
-         {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
-      if (op == ReduceOp::avg && !is_floating(dt)) continue;
-      CAPTURE(dtype_name(dt));
-      CAPTURE(reduce_op_name(op));
-      std::vector<std::vector<double>> got(n);
-      auto errors = run_ranks(n, [&](ProcessGroup& g) {
-        Tensor t = rank_tensor(g.rank(), {2, 3}, dt);
-        g.all_reduce(t, op);
-        got[g.rank()] = t.to_vector<double>();
-      });
-      REQUIRE(all_ok(errors));
-      for (int64_t i = 0; i < 6; ++i) {
-        double a = 1 + i, b = 2 + i, c = n == 3 ? 3 + i : 0;
-        double want = op == ReduceOp::sum   ? a + b + c
-                      : op == ReduceOp::avg ? (a + b + c) / n
-                      : op == ReduceOp::min ? a
-                      : op == ReduceOp::max ? (n == 3 ? c : b)
-                                            : a * b * (n == 3 ? c : 1);
-        if (dt == DType::u8) want = double(uint8_t(int64_t(want)));
-        const double tol = (dt == DType::bf16 || dt == DType::f16) ? 0.02 * std::abs(want) : 1e-6;
-        CHECK(got[0][i] == doctest::Approx(want).epsilon(tol));
-        for (int r = 1; r < n; ++r) CHECK(got[r][i] == got[0][i]);
+    CAPTURE(n);
+    for (DType dt :
+         {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+      for (ReduceOp op :
+           {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
+        if (op == ReduceOp::avg && !is_floating(dt)) continue;
+        CAPTURE(dtype_name(dt));
+        CAPTURE(reduce_op_name(op));
+        std::vector<std::vector<double>> got(n);
+        auto errors = run_ranks(n, [&](ProcessGroup& g) {
+          Tensor t = rank_tensor(g.rank(), {2, 3}, dt);
+          g.all_reduce(t, op);
+          got[g.rank()] = t.to_vector<double>();
+        });
+        REQUIRE(all_ok(errors));
+        for (int64_t i = 0; i < 6; ++i) {
+          double a = 1 + i, b = 2 + i, c = n == 3 ? 3 + i : 0;
+          double want = op == ReduceOp::sum   ? a + b + c
+                        : op == ReduceOp::avg ? (a + b + c) / n
+                        : op == ReduceOp::min ? a
+                        : op == ReduceOp::max ? (n == 3 ? c : b)
+                                              : a * b * (n == 3 ? c : 1);
+          if (dt == DType::u8) want = double(uint8_t(int64_t(want)));
+          const double tol = (dt == DType::bf16 || dt == DType::f16) ? 0.02 * std::abs(want) : 1e-6;
+          CHECK(got[0][i] == doctest::Approx(want).epsilon(tol));
+          for (int r = 1; r < n; ++r) CHECK(got[r][i] == got[0][i]);
+        }
       }
     }
-  }
   }
 }
 

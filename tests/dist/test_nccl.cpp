@@ -49,7 +49,7 @@ TEST_CASE("nccl, one rank: init, then every reduction of all_reduce on device me
       Tensor want = (arange(0.0, 12.0, 1.0, {.dtype = DType::f64}) + 1.0).to(dt);
       Tensor x = want.to(gpu);
       nccl->all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), dt, op, /*tag=*/0,
-                      Millis(20000));
+                       Millis(20000));
       CHECK(same_bytes(x, want));  // one rank: every reduction is the identity
     }
   }
@@ -75,7 +75,7 @@ TEST_CASE("nccl, one rank: broadcast, all_gather and reduce_scatter; nf4 bytes t
   CHECK(same_bytes(out, x));
   Tensor rs = empty({4, 5}, {.device = gpu});
   nccl->reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32,
-                      ReduceOp::sum, /*tag=*/0, Millis(20000));
+                       ReduceOp::sum, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(rs, x));
   // Through the interface ProcessGroup uses; what NCCL cannot do yet is
   // refused without touching the communicator.

@@ -38,7 +38,8 @@ TEST_CASE("a leaf used many times gets one accumulator and its hook runs once") 
 TEST_CASE("non-scalar outputs need an explicit gradient") {
   Tensor x = from_vector<double>({1.0, 2.0, 3.0}).requires_grad_();
   Tensor y = x * 2.0;
-  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("one-element output"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("one-element output"),
+                       std::invalid_argument);
   y.backward(from_vector<double>({1.0, 10.0, 100.0}));
   CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 20, 200});
   CHECK_THROWS_WITH_AS(y.backward(from_vector<double>({1.0})), doctest::Contains("does not match"),
@@ -89,8 +90,7 @@ TEST_CASE("guards are per thread") {
 
 TEST_CASE("custom functions: straight-through sign with a clipped gradient") {
   autograd::Function ste{
-      "ste_sign",
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sign(in[0])}; },
+      "ste_sign", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sign(in[0])}; },
       nullptr};
   Tensor saved;
   ste.forward = [&saved](const std::vector<Tensor>& in) {
@@ -115,9 +115,7 @@ TEST_CASE("custom functions with several outputs get zeros for unused ones") {
       [](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{in[0] * 2.0, in[0] * 3.0};
       },
-      [](const std::vector<Tensor>& g) {
-        return std::vector<Tensor>{g[0] * 2.0 + g[1] * 3.0};
-      }};
+      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0] * 2.0 + g[1] * 3.0}; }};
   Tensor x = from_vector<double>({1.0, 1.0}).requires_grad_();
   auto out = autograd::apply(split2, {x});
   sum(out[1]).backward();  // out[0] unused: its gradient arrives as zeros
@@ -137,10 +135,13 @@ TEST_CASE("autograd::grad returns gradients without touching .grad") {
 TEST_CASE("a backward formula returning a wrong shape is caught") {
   autograd::Function bad{
       "bad", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
-      [](const std::vector<Tensor>&) { return std::vector<Tensor>{zeros({5}, {.dtype = DType::f64})}; }};
+      [](const std::vector<Tensor>&) {
+        return std::vector<Tensor>{zeros({5}, {.dtype = DType::f64})};
+      }};
   Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
   auto out = autograd::apply(bad, {x});
-  CHECK_THROWS_WITH_AS(sum(out[0]).backward(), doctest::Contains("bad returned a gradient of shape [5]"),
+  CHECK_THROWS_WITH_AS(sum(out[0]).backward(),
+                       doctest::Contains("bad returned a gradient of shape [5]"),
                        std::runtime_error);
 }
 
@@ -171,13 +172,12 @@ TEST_CASE("an op recorded without a gradient rule fails naming it, only when rea
   sum(x * 3.0).backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3});
   // Reaching it throws its name, not std::bad_function_call.
-  CHECK_THROWS_WITH_AS(sum(y).backward(), "[no_rule_op] has no gradient rule",
-                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(sum(y).backward(), "[no_rule_op] has no gradient rule", std::runtime_error);
   CHECK_THROWS_WITH_AS(autograd::grad({sum(y * y)}, {x}), "[no_rule_op] has no gradient rule",
                        std::runtime_error);
   // The multi-output form behaves the same.
-  auto outs = autograd::record("no_rule_pair", {(x + 1.0).detach(), (x - 1.0).detach()}, {x},
-                               BackwardFn{});
+  auto outs =
+      autograd::record("no_rule_pair", {(x + 1.0).detach(), (x - 1.0).detach()}, {x}, BackwardFn{});
   CHECK_THROWS_WITH_AS(sum(outs[1]).backward(), "[no_rule_pair] has no gradient rule",
                        std::runtime_error);
   // Without grad mode nothing is recorded, so there is nothing to fail.
@@ -200,16 +200,16 @@ TEST_CASE("a backward returning the wrong number of gradients fails naming the o
   Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
   Tensor w = from_vector<double>({3.0}).requires_grad_();
   autograd::Function extra{
-      "two_for_one",
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
-      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }};
+      "two_for_one", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
+      [](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{g[0], g[0]};
+      }};
   CHECK_THROWS_WITH_AS(sum(autograd::apply(extra, {x})[0]).backward(),
                        "[two_for_one] backward returned 2 gradients, expected 1",
                        std::runtime_error);
   Tensor y = autograd::record("one_for_two", (x * w).detach(), {x, w},
                               [](const Tensor& g) { return std::vector<Tensor>{g}; });
-  CHECK_THROWS_WITH_AS(sum(y).backward(),
-                       "[one_for_two] backward returned 1 gradients, expected 2",
+  CHECK_THROWS_WITH_AS(sum(y).backward(), "[one_for_two] backward returned 1 gradients, expected 2",
                        std::runtime_error);
   Tensor z = autograd::record("none_for_one", (x * 1.0).detach(), {x},
                               [](const Tensor&) { return std::vector<Tensor>{}; });
@@ -222,9 +222,10 @@ TEST_CASE("an undefined gradient for an input means zero, not a missing rule") {
   // A straight-through pair: x gets the gradient, q (which requires grad)
   // is deliberately sent nothing, like commitment_loss's stop-gradient.
   autograd::Function stop_q{
-      "stop_q",
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
-      [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], Tensor()}; }};
+      "stop_q", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
+      [](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{g[0], Tensor()};
+      }};
   Tensor x = from_vector<double>({1.0, 2.0}).requires_grad_();
   Tensor q = from_vector<double>({5.0, 6.0}).requires_grad_();
   sum(autograd::apply(stop_q, {x, q})[0] * 2.0).backward();
@@ -243,8 +244,7 @@ TEST_CASE("in-place accumulation never writes into a gradient someone else holds
   // engine sums into fresh buffers, not into the shared one.
   Tensor kept;
   autograd::Function fork{
-      "fork",
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
+      "fork", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + in[1]}; },
       [&kept](const std::vector<Tensor>& g) {
         kept = g[0];
         return std::vector<Tensor>{g[0], g[0]};

@@ -28,8 +28,7 @@ struct FakeDevice {
         .malloc =
             [this](std::size_t n, int device) {
               if (used + n > budget)
-                throw std::runtime_error("fake cuda:" + std::to_string(device) +
-                                         ": out of memory");
+                throw std::runtime_error("fake cuda:" + std::to_string(device) + ": out of memory");
               void* p = std::malloc(n);
               blocks[p] = n;
               used += n;
@@ -107,8 +106,8 @@ TEST_CASE("caching allocator: out of memory returns the cache and retries once")
   FakeDevice dev;
   dev.budget = 10000;
   CachingAllocator a(dev.raw());
-  void* big = a.allocate(6000, 0);  // class 6144
-  a.deallocate(big, 0);             // cached: the device now has 3856 free
+  void* big = a.allocate(6000, 0);    // class 6144
+  a.deallocate(big, 0);               // cached: the device now has 3856 free
   void* other = a.allocate(7000, 0);  // class 7168: fits only once the cache is returned
   CHECK(other != nullptr);
   CHECK(a.stats(0).oom_retries == 1);

@@ -1,8 +1,8 @@
 // The CUDA module (engine/cuda/module.h): libquanta links no CUDA library and
 // loads libquanta_cuda on demand, so it loads on machines without CUDA; a
 // module that is missing or foreign is refused with a reason.
-#include <doctest/doctest.h>
 #include <dlfcn.h>
+#include <doctest/doctest.h>
 
 #include <cstdio>
 #include <string>

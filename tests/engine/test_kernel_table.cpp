@@ -68,17 +68,17 @@ double max_rel(const Tensor& got, const Tensor& want) {
 }  // namespace
 
 TEST_CASE("strided index: merged dims give the offsets of the definition") {
-  check_index({2, 3, 4}, {12, 4, 1}, {12, 4, 1});       // contiguous: one dim
-  check_index({2, 3, 4}, {12, 4, 1}, {0, 1, 0});        // broadcast input
-  check_index({4, 3}, {3, 1}, {1, 4});                  // transpose
+  check_index({2, 3, 4}, {12, 4, 1}, {12, 4, 1});           // contiguous: one dim
+  check_index({2, 3, 4}, {12, 4, 1}, {0, 1, 0});            // broadcast input
+  check_index({4, 3}, {3, 1}, {1, 4});                      // transpose
   check_index({2, 1, 5, 3}, {15, 99, 3, 1}, {0, 7, 0, 2});  // size-1 dim, any stride
-  check_index({3, 2, 2}, {8, 4, 2}, {4, 2, 1});         // stepped
+  check_index({3, 2, 2}, {8, 4, 2}, {4, 2, 1});             // stepped
   check_index({1}, {5}, {0});
   check_index({}, {}, {});
   const auto empty = make_strided_index<1>({3, 0, 2}, {Shape{0, 2, 1}.data()}, "test");
   CHECK(empty.ndim == 0);
-  const auto dense = make_strided_index<2>({2, 3, 4}, {Shape{12, 4, 1}.data(),
-                                                       Shape{12, 4, 1}.data()}, "test");
+  const auto dense =
+      make_strided_index<2>({2, 3, 4}, {Shape{12, 4, 1}.data(), Shape{12, 4, 1}.data()}, "test");
   CHECK(dense.dense);
   CHECK(dense.ndim == 1);
 }
@@ -131,17 +131,16 @@ TEST_CASE("kernel table: lookup by device, op names, mixed devices refused") {
     float buf[2] = {0, 0};
     const std::string why = "[fill_] " + cuda::unavailable_reason();
     CHECK_THROWS_WITH(k.fill(shape, {buf, DType::f32, st}, 1.0), why.c_str());
-    CHECK_THROWS_WITH(k.unary(UnaryOp::tanh, {}, shape, {buf, DType::f32, st},
-                              {buf, DType::f32, st}),
-                      doctest::Contains("[tanh]"));
+    CHECK_THROWS_WITH(
+        k.unary(UnaryOp::tanh, {}, shape, {buf, DType::f32, st}, {buf, DType::f32, st}),
+        doctest::Contains("[tanh]"));
   }
   if (!have_gpu()) {
     MESSAGE("cuda table checks skipped: " << skip_reason());
     return;
   }
   Tensor a = ones({2}), b = ones({2}).to(Device::cuda(0));
-  CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different devices"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different devices"), std::invalid_argument);
 }
 
 TEST_CASE("cuda: fill, casts and strided copies equal the CPU's bytes") {
@@ -151,7 +150,7 @@ TEST_CASE("cuda: fill, casts and strided copies equal the CPU's bytes") {
   }
   const Device gpu = Device::cuda(0);
   const std::vector<DType> types{DType::f32, DType::f64, DType::bf16, DType::f16,
-                                 DType::i32, DType::i64, DType::u8, DType::boolean};
+                                 DType::i32, DType::i64, DType::u8,   DType::boolean};
   Generator gen(3);
   Tensor src = randn({5, 7}, gen) * 40.0;
   for (DType from : types) {
@@ -185,14 +184,14 @@ TEST_CASE("cuda: GEMM layouts, batches and bias equal the CPU within f32 roundin
     bool ta, tb;
   };
   for (const Case& c : std::vector<Case>{{{7, 5}, {5, 3}, false, false},
-                                          {{5, 7}, {5, 3}, true, false},
-                                          {{7, 5}, {3, 5}, false, true},
-                                          {{5, 7}, {3, 5}, true, true},
-                                          {{4, 7, 5}, {5, 3}, false, false},
-                                          {{4, 7, 5}, {4, 5, 3}, false, false},
-                                          {{2, 1, 7, 5}, {3, 5, 6}, false, false},
-                                          {{130, 257}, {257, 65}, false, false},
-                                          {{3, 0}, {0, 4}, false, false}}) {
+                                         {{5, 7}, {5, 3}, true, false},
+                                         {{7, 5}, {3, 5}, false, true},
+                                         {{5, 7}, {3, 5}, true, true},
+                                         {{4, 7, 5}, {5, 3}, false, false},
+                                         {{4, 7, 5}, {4, 5, 3}, false, false},
+                                         {{2, 1, 7, 5}, {3, 5, 6}, false, false},
+                                         {{130, 257}, {257, 65}, false, false},
+                                         {{3, 0}, {0, 4}, false, false}}) {
     INFO("a ", shape_str(c.a), " b ", shape_str(c.b), " ta ", c.ta, " tb ", c.tb);
     for (DType dt : {DType::f64, DType::f32}) {
       Tensor a = randn(c.a, gen).to(dt), b = randn(c.b, gen).to(dt);
@@ -216,8 +215,8 @@ TEST_CASE("cuda: row sums, short and long rows, integral into i64") {
   }
   const Device gpu = Device::cuda(0);
   Generator gen(5);
-  for (const Shape& shape : std::vector<Shape>{{3, 4}, {1, 1 << 20}, {2, 300000}, {1000, 17},
-                                                {0, 5}, {5, 0}}) {
+  for (const Shape& shape :
+       std::vector<Shape>{{3, 4}, {1, 1 << 20}, {2, 300000}, {1000, 17}, {0, 5}, {5, 0}}) {
     INFO("shape ", shape_str(shape));
     Tensor x = randn(shape, gen).to(DType::f64);
     CHECK(max_rel(sum(x.to(gpu), {-1}), sum(x, {-1})) <= 1e-12);
@@ -253,7 +252,10 @@ TEST_CASE("cuda: in-place updates (add_, mul_, div_, addcmul_, addcdiv_) equal t
   both("div_", [&](Tensor& d, Device dev) { div_(d, pos.to(dev)); });
   both("addcmul_", [&](Tensor& d, Device dev) { addcmul_(d, a.to(dev), a.to(dev), 0.001); });
   both("addcdiv_", [&](Tensor& d, Device dev) { addcdiv_(d, a.to(dev), pos.to(dev), -0.01); });
-  both("clone then add_ self",
-       [&](Tensor& d, Device) { Tensor e = d.clone(); add_(e, d, 0.5); copy_(d, e); });
+  both("clone then add_ self", [&](Tensor& d, Device) {
+    Tensor e = d.clone();
+    add_(e, d, 0.5);
+    copy_(d, e);
+  });
   both("f32 round trip", [&](Tensor& d, Device) { copy_(d, d.to(DType::f32).to(DType::f64)); });
 }

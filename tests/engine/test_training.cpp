@@ -64,7 +64,7 @@ TEST_CASE("a conv autoencoder trains: loss falls over a few SGD steps") {
   Generator gen(3);
   auto model = std::make_shared<Sequential>(
       std::make_shared<Conv2d>(1, 8, std::array<int64_t, 2>{3, 3}, gen,
-                                   Conv2dOptions{.stride = {2, 2}, .padding = {1, 1}}),
+                               Conv2dOptions{.stride = {2, 2}, .padding = {1, 1}}),
       std::make_shared<ReLU>(),
       std::make_shared<ConvTranspose2d>(
           8, 1, std::array<int64_t, 2>{3, 3}, gen,

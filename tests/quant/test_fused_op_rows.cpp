@@ -32,7 +32,8 @@ Tensor ref_commitment(const Tensor& x, const Tensor& q, const Tensor& valid) {
   for (int64_t r = 0; r < rows; ++r) {
     if (keep[r] == 0) continue;
     count += 1;
-    for (int64_t e = 0; e < d; ++e) total += (b[r * d + e] - a[r * d + e]) * (b[r * d + e] - a[r * d + e]);
+    for (int64_t e = 0; e < d; ++e)
+      total += (b[r * d + e] - a[r * d + e]) * (b[r * d + e] - a[r * d + e]);
   }
   return scalar(count > 0 ? total / (count * double(d)) : 0.0, {.dtype = DType::f64});
 }
@@ -81,7 +82,8 @@ TEST_CASE("op harness: nearest_codes (euclidean), rotate_to's value") {
       double best_d = std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < k; ++j) {
         double s = 0;
-        for (int64_t e = 0; e < d; ++e) s += (a[i * d + e] - c[j * d + e]) * (a[i * d + e] - c[j * d + e]);
+        for (int64_t e = 0; e < d; ++e)
+          s += (a[i * d + e] - c[j * d + e]) * (a[i * d + e] - c[j * d + e]);
         if (s < best_d) best_d = s, best = j;
       }
       out.push_back(best);

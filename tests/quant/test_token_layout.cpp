@@ -16,9 +16,7 @@ std::vector<float> vals(const Tensor& t) {
   const Tensor c = contiguous(t);
   return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
 }
-bool same(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && vals(a) == vals(b);
-}
+bool same(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && vals(a) == vals(b); }
 // The element of `t` at `idx` (any layout).
 float at(const Tensor& t, const std::vector<int64_t>& idx) {
   Tensor v = t;

@@ -223,12 +223,18 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
 }
 
 TEST_CASE("quanta bench engine reports its rows against their floors") {
-  const std::set<std::string> names = {"matmul_1024",           "matmul_4096x4096x256",
-                                       "add",                   "exp",
-                                       "sum",                   "conv_enc1_1x28_k4s2",
-                                       "conv_enc2_32x14_k4s2",  "conv_enc3_32x7_k3",
-                                       "conv_enc4_32x7_k1",     "conv_dec1_16x7_k3",
-                                       "convT_dec2_32x7_k4s2",  "convT_dec3_32x14_k4s2"};
+  const std::set<std::string> names = {"matmul_1024",
+                                       "matmul_4096x4096x256",
+                                       "add",
+                                       "exp",
+                                       "sum",
+                                       "conv_enc1_1x28_k4s2",
+                                       "conv_enc2_32x14_k4s2",
+                                       "conv_enc3_32x7_k3",
+                                       "conv_enc4_32x7_k1",
+                                       "conv_dec1_16x7_k3",
+                                       "convT_dec2_32x7_k4s2",
+                                       "convT_dec3_32x14_k4s2"};
   SUBCASE("json") {
     Result r = quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
@@ -422,11 +428,11 @@ nlohmann::json bench_rows(const std::vector<std::string>& args, std::set<std::st
 
 TEST_CASE("quanta bench dist -n 2 --size small --json lists the distributed rows") {
   std::set<std::string> seen;
-  const auto rows = bench_rows(
-      {"bench", "dist", "-n", "2", "--size", "small", "--json", "--repeat", "1"}, seen);
-  for (const char* want : {"all_reduce_1MB", "all_reduce_1MB_vs_ring", "dp_step",
-                           "vq_train_step_dist", "vq_reconcile", "vq_reconcile_vs_comm",
-                           "vq_reconcile_dead_codes"})
+  const auto rows =
+      bench_rows({"bench", "dist", "-n", "2", "--size", "small", "--json", "--repeat", "1"}, seen);
+  for (const char* want :
+       {"all_reduce_1MB", "all_reduce_1MB_vs_ring", "dp_step", "vq_train_step_dist", "vq_reconcile",
+        "vq_reconcile_vs_comm", "vq_reconcile_dead_codes"})
     CHECK_MESSAGE(seen.count(want) == 1, want);
   for (const auto& row : rows)
     if (row["name"].get<std::string>().rfind("vq_reconcile", 0) == 0 &&

@@ -21,7 +21,8 @@ namespace {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -175,8 +176,8 @@ TEST_CASE("read_idx names the file and the problem") {
   write_gz(dir.file("extra.gz"), extra);
   CHECK(contains(error_of(dir.file("extra.gz")), "trailing bytes after the 18 elements"));
 
-  std::vector<uint8_t> huge = {0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                               0xff, 0xff, 0xff, 0xff};
+  std::vector<uint8_t> huge = {0,    0,    8,    3,    0xff, 0xff, 0xff, 0xff,
+                               0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   write_gz(dir.file("huge.gz"), huge);
   CHECK(contains(error_of(dir.file("huge.gz")), "more than 2^34 elements"));
 }

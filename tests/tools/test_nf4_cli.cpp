@@ -6,15 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "cli_runner.h"
-#include "quanta.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_interop.h"
+#include "quanta.h"
 
 using namespace quanta;
 using quanta::test::contains;
@@ -166,9 +165,9 @@ TEST_CASE("quanta quantize --format bnb writes bitsandbytes' state at the chosen
     int64_t block;
     bool dq;
   };
-  for (const Case& c : {Case{{}, 64, true}, Case{{"--block-size", "32", "--no-double-quant"}, 32,
-                                                 false},
-                        Case{{"--block-size", "32"}, 32, true}}) {
+  for (const Case& c :
+       {Case{{}, 64, true}, Case{{"--block-size", "32", "--no-double-quant"}, 32, false},
+        Case{{"--block-size", "32"}, 32, true}}) {
     CAPTURE(c.block);
     CAPTURE(c.dq);
     const std::string dst = dir.file("bnb.safetensors");
@@ -194,8 +193,8 @@ TEST_CASE("quanta quantize --format bnb writes bitsandbytes' state at the chosen
       CHECK(out.at(n + ".absmax").numel() == find(in, n).numel() / c.block);
       CHECK(out.count(n + ".nested_absmax") == (c.dq ? 1u : 0u));
       const Tensor& js = out.at(n + ".quant_state.bitsandbytes__nf4");
-      const auto meta = nlohmann::json::parse(
-          std::string(js.data<uint8_t>(), js.data<uint8_t>() + js.numel()));
+      const auto meta =
+          nlohmann::json::parse(std::string(js.data<uint8_t>(), js.data<uint8_t>() + js.numel()));
       CHECK(meta.at("quant_type") == "nf4");
       CHECK(meta.at("blocksize") == c.block);
       CHECK(meta.at("shape") == find(in, n).shape());
@@ -256,10 +255,9 @@ TEST_CASE("quanta quantize --format torchao, its re-import, and refused combinat
   quanta::test::check_one_line_error(
       run_quanta({"quantize", src, dir.file("x.safetensors"), "--block-size", "32"}), 2,
       "needs --format bnb or torchao");
-  quanta::test::check_one_line_error(
-      run_quanta({"quantize", src, dir.file("x.safetensors"), "--format", "torchao",
-                  "--no-double-quant"}),
-      2, "always double-quantizes");
+  quanta::test::check_one_line_error(run_quanta({"quantize", src, dir.file("x.safetensors"),
+                                                 "--format", "torchao", "--no-double-quant"}),
+                                     2, "always double-quantizes");
   quanta::test::check_one_line_error(
       run_quanta({"quantize", src, dir.file("x.safetensors"), "--block-size", "48"}), 2,
       "block_size must be 32, 64, 128 or 256");
@@ -602,7 +600,7 @@ TEST_CASE("quanta bench nf4 --size small --json gives every row with positive ti
     CHECK(row.at("floor_ms").get<double>() > 0);
     CHECK(row.at("ratio").get<double>() > 0);
   }
-  for (const char* want : {"nf4_quantize", "nf4_dequantize", "nf4_linear_b1", "nf4_linear_b16",
-                           "nf4_linear_b512"})
+  for (const char* want :
+       {"nf4_quantize", "nf4_dequantize", "nf4_linear_b1", "nf4_linear_b16", "nf4_linear_b512"})
     CHECK(names.count(want) == 1);
 }

@@ -25,8 +25,7 @@ namespace {
 
 bool same_rgb(Rgb a, Rgb b) { return a.r == b.r && a.g == b.g && a.b == b.b; }
 
-int64_t count_color(const Canvas& c, Rgb color, int64_t x0, int64_t y0, int64_t x1,
-                    int64_t y1) {
+int64_t count_color(const Canvas& c, Rgb color, int64_t x0, int64_t y0, int64_t x1, int64_t y1) {
   int64_t n = 0;
   for (int64_t y = y0; y <= y1; ++y)
     for (int64_t x = x0; x <= x1; ++x) n += same_rgb(c.get(x, y), color);
@@ -169,9 +168,9 @@ TEST_CASE("image grids lay tiles out in rows, reconstructions under originals") 
   CHECK(g.height == 2 * 2 + 3);
   CHECK(g.channels == 1);
   CHECK(*g.at(1, 1) == 255);
-  CHECK(*g.at(0, 0) == 128);                // padding
-  CHECK(*g.at(1 + 3 + 1, 1) == 255);        // image 1 pixel (1, 0), clamped
-  CHECK(*g.at(1 + 1, 1 + 3 + 1) == 64);     // image 2 pixel (1, 1): 0.25
+  CHECK(*g.at(0, 0) == 128);             // padding
+  CHECK(*g.at(1 + 3 + 1, 1) == 255);     // image 1 pixel (1, 0), clamped
+  CHECK(*g.at(1 + 1, 1 + 3 + 1) == 64);  // image 2 pixel (1, 1): 0.25
   CHECK(image_grid(zeros({0, 1, 28, 28}), 8).width == 1);
 
   const Tensor orig = full({3, 1, 2, 2}, 1.0), recon = zeros({3, 1, 2, 2});
@@ -179,10 +178,10 @@ TEST_CASE("image grids lay tiles out in rows, reconstructions under originals") 
   // Two column tiles; rows: originals, reconstructions, originals, reconstructions.
   CHECK(r.width == 2 * 2 + 3 * 2);
   CHECK(r.height == 4 * 2 + 5 * 2);
-  CHECK(*r.at(2, 2) == 255);            // row 0: an original
-  CHECK(*r.at(2, 2 + 4) == 0);          // row 1: its reconstruction
-  CHECK(*r.at(2, 2 + 8) == 255);        // row 2: original 2
-  CHECK(*r.at(2 + 4, 2 + 8) == 0);      // the missing 4th tile is blank
+  CHECK(*r.at(2, 2) == 255);        // row 0: an original
+  CHECK(*r.at(2, 2 + 4) == 0);      // row 1: its reconstruction
+  CHECK(*r.at(2, 2 + 8) == 255);    // row 2: original 2
+  CHECK(*r.at(2 + 4, 2 + 8) == 0);  // the missing 4th tile is blank
 }
 
 TEST_CASE("log axes tick within the data's decade instead of rounding out to whole decades") {

@@ -171,12 +171,22 @@ TEST_CASE("config layers merge key by key and validate") {
   CHECK_NOTHROW(config_from_json(q));
 
   CHECK(contains(invalid([&] { merge_config(defaults, {{"stepz", 1}}); }), "unknown key 'stepz'"));
-  CHECK(contains(invalid([&] { merge_config(defaults, {{"steps", 3}, {"epochs", 2}}); }), "steps or epochs, not both"));
-  CHECK(contains(invalid([&] { config_from_json(merge_config(defaults, {{"batch_size", "64"}})); }), "'batch_size' must be a positive integer, got \"64\""));
-  CHECK(contains(invalid([&] { config_from_json(merge_config(defaults, {{"lr", 0}})); }), "'lr' must be a positive number"));
   CHECK(contains(invalid([&] {
-          config_from_json(merge_config(defaults, {{"model", {{"depth", 3}}}}));
-        }), "unknown key 'model.depth'"));
+                   merge_config(defaults, {{"steps", 3}, {"epochs", 2}});
+                 }),
+                 "steps or epochs, not both"));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"batch_size", "64"}}));
+                 }),
+                 "'batch_size' must be a positive integer, got \"64\""));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"lr", 0}}));
+                 }),
+                 "'lr' must be a positive number"));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"model", {{"depth", 3}}}}));
+                 }),
+                 "unknown key 'model.depth'"));
 }
 
 TEST_CASE("quantizer options: one table, typed, per quantizer type") {
@@ -185,25 +195,49 @@ TEST_CASE("quantizer options: one table, typed, per quantizer type") {
     CHECK(keys.insert(o.key).second);
     CHECK_FALSE(o.types.empty());
   }
-  for (const char* k : {"codebook_size", "levels", "threshold_ema_dead_code", "num_quantizers",
-                        "codebook_dim", "use_cosine_sim", "commitment_weight",
-                        "entropy_loss_weight", "decay", "kmeans_init"})
+  for (const char* k :
+       {"codebook_size", "levels", "threshold_ema_dead_code", "num_quantizers", "codebook_dim",
+        "use_cosine_sim", "commitment_weight", "entropy_loss_weight", "decay", "kmeans_init"})
     CHECK(keys.count(k) == 1);
   CHECK(flag_name("threshold_ema_dead_code") == "threshold-ema-dead-code");
 
   CHECK_NOTHROW(validate_quantizer_config({{"type", "none"}}));
-  CHECK_NOTHROW(validate_quantizer_config(
-      {{"type", "rvq"}, {"codebook_size", 256}, {"num_quantizers", 4}, {"kmeans_init", true},
-       {"threshold_ema_dead_code", 2}, {"commitment_weight", 0.25}}));
+  CHECK_NOTHROW(validate_quantizer_config({{"type", "rvq"},
+                                           {"codebook_size", 256},
+                                           {"num_quantizers", 4},
+                                           {"kmeans_init", true},
+                                           {"threshold_ema_dead_code", 2},
+                                           {"commitment_weight", 0.25}}));
   CHECK_NOTHROW(validate_quantizer_config(
       {{"type", "lfq"}, {"codebook_size", 1024}, {"entropy_loss_weight", 0.1}}));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "pq"}}); }), "unknown quantizer type 'pq'"));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"codebook_size", 2}}); }), "needs a string \"type\""));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "vq"}, {"codebok_size", 2}}); }), "unknown quantizer option 'codebok_size'"));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "fsq"}, {"codebook_size", 2}}); }), "'codebook_size' does not apply to quantizer 'fsq'"));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "vq"}, {"codebook_size", 2.5}}); }), "must be an integer > 0, got 2.5"));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "fsq"}, {"levels", {8, 0}}}); }), "'levels' must be a list of positive integers"));
-  CHECK(contains(invalid([] { validate_quantizer_config({{"type", "vq"}, {"kmeans_init", 1}}); }), "'kmeans_init' must be true or false, got 1"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "pq"}});
+                 }),
+                 "unknown quantizer type 'pq'"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"codebook_size", 2}});
+                 }),
+                 "needs a string \"type\""));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "vq"}, {"codebok_size", 2}});
+                 }),
+                 "unknown quantizer option 'codebok_size'"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "fsq"}, {"codebook_size", 2}});
+                 }),
+                 "'codebook_size' does not apply to quantizer 'fsq'"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "vq"}, {"codebook_size", 2.5}});
+                 }),
+                 "must be an integer > 0, got 2.5"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "fsq"}, {"levels", {8, 0}}});
+                 }),
+                 "'levels' must be a list of positive integers"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "vq"}, {"kmeans_init", 1}});
+                 }),
+                 "'kmeans_init' must be true or false, got 1"));
 
   auto option = [](const std::string& key) {
     for (const auto& o : quantizer_options())
@@ -215,9 +249,12 @@ TEST_CASE("quantizer options: one table, typed, per quantizer type") {
   CHECK(parse_option_value(option("codebook_size"), "512") == 512);
   CHECK(parse_option_value(option("decay"), "0.99") == 0.99);
   CHECK(parse_option_value(option("kmeans_init"), "false") == false);
-  CHECK(contains(invalid([&] { parse_option_value(option("levels"), "8,,5"); }), "--levels: expected a list"));
-  CHECK(contains(invalid([&] { parse_option_value(option("codebook_size"), "-3"); }), "--codebook-size: expected an integer, got '-3'"));
-  CHECK(contains(invalid([&] { parse_option_value(option("decay"), "fast"); }), "--decay: expected a number"));
+  CHECK(contains(invalid([&] { parse_option_value(option("levels"), "8,,5"); }),
+                 "--levels: expected a list"));
+  CHECK(contains(invalid([&] { parse_option_value(option("codebook_size"), "-3"); }),
+                 "--codebook-size: expected an integer, got '-3'"));
+  CHECK(contains(invalid([&] { parse_option_value(option("decay"), "fast"); }),
+                 "--decay: expected a number"));
 }
 
 TEST_CASE("code counts give usage and perplexity per codebook") {
@@ -292,7 +329,10 @@ TEST_CASE("the VQ-VAE maps 28x28 images to 7x7 latents and back, with gradients"
     CHECK(p.grad().defined());
   }
   CHECK(model.state_dict().size() == 14);  // 7 convolutions: weight + bias each
-  CHECK(contains(invalid([&] { model.encode(zeros({2, 1, 14, 14})); }), "expected images [B, 1, 28, 28]"));
+  CHECK(contains(invalid([&] {
+                   model.encode(zeros({2, 1, 14, 14}));
+                 }),
+                 "expected images [B, 1, 28, 28]"));
   CHECK(model.run(zeros({0, 1, 28, 28})).reconstruction.shape() == Shape{0, 1, 28, 28});
 
   NoQuantizer none;

@@ -492,10 +492,25 @@ TEST_CASE("metrics.jsonl: a header per start, lr and elapsed_s; resume keeps the
   if (!have_dataset()) return;
   ScratchDir dir("metrics");
   auto run = [](const std::string& out, int steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"train", "--steps", std::to_string(steps), "--limit-train",
-                                     "256", "--limit-test", "64", "--batch-size", "32",
-                                     "--hidden", "8", "--dim", "4", "--log-every", "4",
-                                     "--threads", "1", "--out", out};
+    std::vector<std::string> args = {"train",
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--limit-train",
+                                     "256",
+                                     "--limit-test",
+                                     "64",
+                                     "--batch-size",
+                                     "32",
+                                     "--hidden",
+                                     "8",
+                                     "--dim",
+                                     "4",
+                                     "--log-every",
+                                     "4",
+                                     "--threads",
+                                     "1",
+                                     "--out",
+                                     out};
     args.insert(args.end(), extra.begin(), extra.end());
     return run_quanta(args);
   };

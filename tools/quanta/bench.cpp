@@ -24,10 +24,12 @@ struct SuiteInfo {
 // Later suites add one line here.
 const std::map<std::string, SuiteInfo>& suites() {
   static const std::map<std::string, SuiteInfo> all = {
-      {"engine", {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions"}},
+      {"engine",
+       {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions"}},
       {"quant", {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs"}},
       {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32"}},
-      {"train", {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs"}},
+      {"train",
+       {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs"}},
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
   };
   return all;
@@ -107,12 +109,12 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
   std::size_t w = 4;
   for (const auto& r : rows) w = std::max(w, r.name.size());
   char buf[128];
-  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s\n", int(w), "name", "ms",
-                "floor_ms", "ratio");
+  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s\n", int(w), "name", "ms", "floor_ms",
+                "ratio");
   out << buf;
   for (const auto& r : rows) {
-    std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f\n", int(w), r.name.c_str(),
-                  r.ms, r.floor_ms, r.ratio());
+    std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f\n", int(w), r.name.c_str(), r.ms,
+                  r.floor_ms, r.ratio());
     out << buf;
   }
 }
@@ -122,8 +124,7 @@ void add_bench(CLI::App& app) {
   std::string about;
   for (const auto& [name, info] : suites()) about += "\n  " + name + ": " + info.about;
   CLI::App* sub = app.add_subcommand(
-      "bench",
-      "Time a suite of kernels against their floors (suites: " + suite_names() + ")");
+      "bench", "Time a suite of kernels against their floors (suites: " + suite_names() + ")");
   sub->footer(
       "Examples:\n"
       "  quanta bench engine\n"
@@ -160,10 +161,9 @@ void add_bench(CLI::App& app) {
   sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement")
       ->capture_default_str()
       ->transform(integer_in(1, 1000));
-  sub->add_option(
-         "--size", c->size,
-         "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
-         "row names stay the same)")
+  sub->add_option("--size", c->size,
+                  "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
+                  "row names stay the same)")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "small"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")

@@ -34,8 +34,7 @@ constexpr ConvLayer kMainJob[] = {
 // Multiply-adds x 2 of one pass (forward, input gradient and weight gradient
 // each cost the same).
 double pass_flops(const ConvLayer& l, int64_t batch) {
-  const int64_t small = l.transposed ? l.size : (l.size + 2 * l.padding - l.kernel) /
-                                                        l.stride + 1;
+  const int64_t small = l.transposed ? l.size : (l.size + 2 * l.padding - l.kernel) / l.stride + 1;
   const int64_t small_channels = l.transposed ? l.in : l.out;
   const int64_t big_channels = l.transposed ? l.out : l.in;
   return 2.0 * static_cast<double>(batch * small * small) *
@@ -65,9 +64,8 @@ std::vector<BenchRow> bench_conv(const BenchOptions& o, Generator& gen) {
     const Tensor bias = rand({l.out}, gen).requires_grad_(true);
     auto step = [&] {
       const Tensor y =
-          l.transposed
-              ? conv_transpose2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding})
-              : conv2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding});
+          l.transposed ? conv_transpose2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding})
+                       : conv2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding});
       y.backward(ones_like(y));
     };
     const std::vector<double> ms =

@@ -134,8 +134,8 @@ VqStepMs time_vq_step(dist::ProcessGroup& g, int repeat, const VqSizes& s, int64
     if (bare) {
       g.barrier();
       const auto c0 = clock::now();
-      bare->all_reduce(fused.raw_data(), static_cast<std::size_t>(fused.numel()), 4, sum_fn,
-                       tag++, Millis(60000));
+      bare->all_reduce(fused.raw_data(), static_cast<std::size_t>(fused.numel()), 4, sum_fn, tag++,
+                       Millis(60000));
       comm_ms = std::chrono::duration<double, std::milli>(clock::now() - c0).count();
     }
     if (i == 0) continue;  // warm-up

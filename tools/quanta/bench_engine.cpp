@@ -63,9 +63,8 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
   const Tensor dst = zeros({buffer * 3 / 2}, {.dtype = DType::u8});
   auto memcpy_floor = [&](int64_t buffers_moved) {
     const int64_t bytes = buffers_moved * buffer / 2;
-    return median_ms(o.repeat, [&] {
-      parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), bytes);
-    });
+    return median_ms(o.repeat,
+                     [&] { parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), bytes); });
   };
   struct Elementwise {
     const char* name;

@@ -45,9 +45,8 @@ std::vector<BenchRow> bench_nf4(const BenchOptions& o) {
   const int64_t copy_bytes = (f32_bytes + nf4_bytes) / 2;
   const Tensor src = full({copy_bytes}, 1.0, {.dtype = DType::u8});
   const Tensor dst = zeros({copy_bytes}, {.dtype = DType::u8});
-  const double memcpy_ms = median_ms(o.repeat, [&] {
-    parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), copy_bytes);
-  });
+  const double memcpy_ms = median_ms(
+      o.repeat, [&] { parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), copy_bytes); });
 
   std::vector<BenchRow> rows;
   BenchRow quantize{"nf4_quantize"};

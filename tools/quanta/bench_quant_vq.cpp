@@ -66,10 +66,10 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   auto vq = std::make_shared<quant::VectorQuantize>(vo, gen);
   const GemmFloor floor(s, gen);
   // Step and floor timed in turns: the machine's load hits both alike.
-  const auto vq_ms = interleaved_ms(
-      o.repeat, 1,
-      {[&] { train_step([&](const Tensor& t) { return vq->forward(t); }, x, w); },
-       [&] { floor.run(1); }});
+  const auto vq_ms =
+      interleaved_ms(o.repeat, 1,
+                     {[&] { train_step([&](const Tensor& t) { return vq->forward(t); }, x, w); },
+                      [&] { floor.run(1); }});
   rows.push_back({"vq_train_step", vq_ms[0], vq_ms[1]});
 
   quant::ResidualVQOptions ro;
@@ -78,10 +78,10 @@ std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
   ro.codebook_sizes = {s.codebook};
   ro.layer.decay = 0.99;
   auto rvq = std::make_shared<quant::ResidualVQ>(ro, gen);
-  const auto rvq_ms = interleaved_ms(
-      o.repeat, 1,
-      {[&] { train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w); },
-       [&] { floor.run(8); }});
+  const auto rvq_ms =
+      interleaved_ms(o.repeat, 1,
+                     {[&] { train_step([&](const Tensor& t) { return rvq->forward(t); }, x, w); },
+                      [&] { floor.run(8); }});
   rows.push_back({"rvq8_train_step", rvq_ms[0], rvq_ms[1]});
   return rows;
 }

@@ -23,8 +23,8 @@ constexpr int64_t kBatch = 64;
 // The classifier's Linear layers forward (x 2 per multiply-add), then
 // backward: weight gradients everywhere, input gradients but for the first.
 double classifier_flops(const train::ClassifierShape& s, int64_t batch) {
-  const double first = 784.0 * s.hidden1, rest = double(s.hidden1) * s.hidden2 +
-                                                 double(s.hidden2) * train::kNumClasses;
+  const double first = 784.0 * s.hidden1,
+               rest = double(s.hidden1) * s.hidden2 + double(s.hidden2) * train::kNumClasses;
   return 2.0 * batch * (3 * (first + rest) - first);
 }
 
@@ -54,8 +54,8 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
   std::vector<BenchRow> rows;
 
   for (const char* type : {"vq", "none", "fsq"}) {
-    const nlohmann::json config = train::merge_config(
-        train::default_config_json(), {{"quantizer", {{"type", type}}}});
+    const nlohmann::json config =
+        train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}});
     const train::TrainConfig cfg = train::config_from_json(config);
     Generator model_gen = Generator::named(cfg.seed, "model");
     train::VqVae model(cfg.model, train::make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed),
@@ -96,8 +96,8 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
     loss.backward();
     optimizer.step();
   };
-  rows.push_back(time_step("train_step_classifier", classifier_flops(shape, batch), o.repeat,
-                           step, gemm, gemm_flops));
+  rows.push_back(time_step("train_step_classifier", classifier_flops(shape, batch), o.repeat, step,
+                           gemm, gemm_flops));
   return rows;
 }
 

@@ -2,9 +2,8 @@
 // The subcommands of the `quanta` command. Each add_* registers one on `app`
 // with a callback that runs it; errors surface as exceptions that main turns
 // into one line on stderr and an exit code.
-#include <stdexcept>
-
 #include <CLI/CLI.hpp>
+#include <stdexcept>
 
 namespace quanta::cli {
 

@@ -72,9 +72,10 @@ void run_decode(const DecodeOptions& o) {
 
 void add_decode(CLI::App& app) {
   auto o = std::make_shared<DecodeOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "decode", "Decode code indices (a safetensors file from quanta encode, or sampled "
-                "by a prior) to images, written as a PNG grid");
+  CLI::App* sub =
+      app.add_subcommand("decode",
+                         "Decode code indices (a safetensors file from quanta encode, or sampled "
+                         "by a prior) to images, written as a PNG grid");
   sub->footer(
       "Examples:\n"
       "  quanta decode runs/vq/checkpoint.safetensors codes.safetensors --out decoded.png\n"

@@ -12,8 +12,8 @@ namespace quanta::cli {
 
 CLI::Option* add_dist_timeout_flag(CLI::App& sub, std::string& seconds) {
   // The default shown is dist's own (GroupOptions), what an unset flag leaves.
-  const auto dist_default = std::chrono::duration_cast<std::chrono::seconds>(
-      dist::GroupOptions{}.timeout);
+  const auto dist_default =
+      std::chrono::duration_cast<std::chrono::seconds>(dist::GroupOptions{}.timeout);
   return sub
       .add_option("--dist-timeout", seconds,
                   "seconds the ranks may wait for each other (rendezvous, collectives) "

@@ -32,8 +32,8 @@ struct EncodeOptions {
 Tensor image_tensor(const std::string& path) {
   const image::Image img = image::read_png(path);
   if (img.width != 28 || img.height != 28)
-    throw std::runtime_error(path + ": expected a 28 x 28 image, got " +
-                             std::to_string(img.width) + " x " + std::to_string(img.height));
+    throw std::runtime_error(path + ": expected a 28 x 28 image, got " + std::to_string(img.width) +
+                             " x " + std::to_string(img.height));
   Tensor t = empty({1, 1, 28, 28});
   float* p = t.data<float>();
   for (int64_t i = 0; i < 28 * 28; ++i) {
@@ -61,8 +61,7 @@ void run_encode(const EncodeOptions& o) {
     images = cat(list, 0);
   } else {
     const std::string dir =
-        o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir))
-                       : o.data;
+        o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir)) : o.data;
     data::ImageDataset ds = data::load_fashion_mnist(
         dir, o.split == "train" ? data::Split::train : data::Split::test, o.limit);
     images = ds.images;
@@ -79,25 +78,24 @@ void run_encode(const EncodeOptions& o) {
   if (codes.empty()) throw UsageError("no images to encode");
   const Tensor indices = cat(codes, 0);
   tensors.insert(tensors.begin(), {"indices", indices});
-  io::save_safetensors(
-      o.out, tensors,
-      {{"checkpoint", o.checkpoint},
-       {"checkpoint_fingerprint", train::model_fingerprint(ck)},
-       {"codebook_size", std::to_string(model->quantizer().codebook_size())},
-       {"num_codebooks", std::to_string(model->quantizer().num_codebooks())},
-       {"source", o.images.empty() ? "fashion-mnist " + o.split : "png files"}});
-  std::cout << "encoded " << images.size(0) << " images to indices "
-            << shape_str(indices.shape()) << " (codebook of "
-            << model->quantizer().codebook_size() << ") in " << o.out << "\n";
+  io::save_safetensors(o.out, tensors,
+                       {{"checkpoint", o.checkpoint},
+                        {"checkpoint_fingerprint", train::model_fingerprint(ck)},
+                        {"codebook_size", std::to_string(model->quantizer().codebook_size())},
+                        {"num_codebooks", std::to_string(model->quantizer().num_codebooks())},
+                        {"source", o.images.empty() ? "fashion-mnist " + o.split : "png files"}});
+  std::cout << "encoded " << images.size(0) << " images to indices " << shape_str(indices.shape())
+            << " (codebook of " << model->quantizer().codebook_size() << ") in " << o.out << "\n";
 }
 
 }  // namespace
 
 void add_encode(CLI::App& app) {
   auto o = std::make_shared<EncodeOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "encode", "Encode images (Fashion-MNIST or 28x28 PNGs) to code indices in a "
-                "safetensors file (\"indices\" [N, 7, 7], \"labels\" for dataset images)");
+  CLI::App* sub =
+      app.add_subcommand("encode",
+                         "Encode images (Fashion-MNIST or 28x28 PNGs) to code indices in a "
+                         "safetensors file (\"indices\" [N, 7, 7], \"labels\" for dataset images)");
   sub->footer(
       "Examples:\n"
       "  quanta encode runs/vq/checkpoint.safetensors --out codes.safetensors\n"

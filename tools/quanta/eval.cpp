@@ -37,10 +37,8 @@ void run_eval(const EvalOptions& o) {
   if (!non_finite.empty())
     std::cerr << "quanta: warning: " << non_finite << "; the metrics below are not meaningful\n";
   const std::string data_dir =
-      o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir))
-                     : o.data;
-  const data::ImageDataset test =
-      data::load_fashion_mnist(data_dir, data::Split::test, o.limit);
+      o.data.empty() ? ck.info.config.value("data", std::string(data::kFashionMnistDir)) : o.data;
+  const data::ImageDataset test = data::load_fashion_mnist(data_dir, data::Split::test, o.limit);
   if (test.size() == 0) throw UsageError("--limit 0 leaves no test images");
   const train::EvalResult r = train::evaluate(*model, test.images, o.batch_size);
   const std::string png =
@@ -84,8 +82,9 @@ void run_eval(const EvalOptions& o) {
 void add_eval(CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
   CLI::App* sub = app.add_subcommand(
-      "eval", "Test-set reconstruction MSE, codebook usage and perplexity of a checkpoint, "
-              "and a PNG of test images above their reconstructions");
+      "eval",
+      "Test-set reconstruction MSE, codebook usage and perplexity of a checkpoint, "
+      "and a PNG of test images above their reconstructions");
   sub->footer(
       "Examples:\n"
       "  quanta eval runs/baseline/checkpoint.safetensors\n"

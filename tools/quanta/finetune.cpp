@@ -412,8 +412,7 @@ void add_finetune(CLI::App& app) {
   sub->add_option("--rank", o->rank, "LoRA rank")
       ->capture_default_str()
       ->transform(integer_in(1, 4096));
-  sub->add_option("--alpha", o->alpha,
-                  "LoRA alpha; the update is scaled by alpha / rank")
+  sub->add_option("--alpha", o->alpha, "LoRA alpha; the update is scaled by alpha / rank")
       ->capture_default_str()
       ->check(number_in(0, 1e6, true));
   sub->add_option("--lora-dropout", o->dropout, "dropout on the adapters' input")
@@ -422,15 +421,13 @@ void add_finetune(CLI::App& app) {
   sub->add_option("--steps", o->steps, "optimizer steps")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxSteps));
-  sub->add_option("--batch-size", o->batch_size,
-                  "global batch size, split across ranks")
+  sub->add_option("--batch-size", o->batch_size, "global batch size, split across ranks")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxBatchSize));
   sub->add_option("--lr", o->lr, "Adam learning rate of the adapters")
       ->capture_default_str()
       ->check(number_in(0, 1e6, true));
-  sub->add_option("--seed", o->seed,
-                  "seed of the adapters' init, dropout and data order")
+  sub->add_option("--seed", o->seed, "seed of the adapters' init, dropout and data order")
       ->capture_default_str()
       ->transform(unsigned_integer());
   sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the checkpoint's)");

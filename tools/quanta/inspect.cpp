@@ -5,11 +5,10 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "engine/io/safetensors.h"
@@ -28,8 +27,7 @@ uint64_t elements_of(const io::SafetensorsEntry& e) {
 
 std::string shape_text(const Shape& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
@@ -217,17 +215,17 @@ void run_inspect(const InspectOptions& o) {
                  const std::string& d) {
     std::cout << a << std::string(name_w - a.size() + 2, ' ') << b
               << std::string(dtype_w - b.size() + 2, ' ') << c
-              << std::string(shape_w - c.size() + 2, ' ')
-              << std::string(bytes_w - d.size(), ' ') << d << "\n";
+              << std::string(shape_w - c.size() + 2, ' ') << std::string(bytes_w - d.size(), ' ')
+              << d << "\n";
   };
   std::cout << o.file << "\n";
   if (!h.tensors.empty()) row("name", "dtype", "shape", "bytes");
   for (const auto& e : h.tensors)
     row(e.name, e.dtype, shape_text(e.shape), std::to_string(e.end - e.begin));
-  std::cout << "total: " << h.tensors.size() << " tensors, " << total_elements
-            << " elements, " << h.data_bytes << " bytes"
-            << (h.data_bytes >= 1024 ? " (" + human_bytes(h.data_bytes) + ")" : "")
-            << "; header " << h.header_bytes << " bytes\n";
+  std::cout << "total: " << h.tensors.size() << " tensors, " << total_elements << " elements, "
+            << h.data_bytes << " bytes"
+            << (h.data_bytes >= 1024 ? " (" + human_bytes(h.data_bytes) + ")" : "") << "; header "
+            << h.header_bytes << " bytes\n";
   const NF4Summary nf4 = nf4_summary(o.file, h);
   auto nf4_line = [](const char* layout, const NF4Layout& l, const std::string& tail) {
     if (!l.tensors) return;
@@ -240,9 +238,9 @@ void run_inspect(const InspectOptions& o) {
                   static_cast<unsigned long long>(l.bytes), l.bits());
     std::cout << line << tail << "\n";
   };
-  nf4_line("quanta", nf4.quanta,
-           "; bitsandbytes' layout at block " + std::to_string(nf4.block) + ": " +
-               bnb_export_text(nf4));
+  nf4_line(
+      "quanta", nf4.quanta,
+      "; bitsandbytes' layout at block " + std::to_string(nf4.block) + ": " + bnb_export_text(nf4));
   nf4_line("bitsandbytes", nf4.bnb, "");
   nf4_line("torchao", nf4.torchao, "");
   std::cout << (h.metadata.empty() ? "metadata: none" : "metadata:") << "\n";
@@ -253,10 +251,10 @@ void run_inspect(const InspectOptions& o) {
 
 void add_inspect(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "inspect",
-      "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
-      "safetensors file; tensor data is not read");
+  CLI::App* sub =
+      app.add_subcommand("inspect",
+                         "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
+                         "safetensors file; tensor data is not read");
   sub->footer(
       "Examples:\n"
       "  quanta inspect runs/vq/checkpoint.safetensors\n"

@@ -44,16 +44,15 @@ int main(int argc, char** argv) {
       known = known || sub->get_name() == argv[1];
     }
     if (!known)
-      return fail(std::string("unknown subcommand '") + argv[1] +
-                      "' (subcommands: " + names + "; see quanta --help)",
+      return fail(std::string("unknown subcommand '") + argv[1] + "' (subcommands: " + names +
+                      "; see quanta --help)",
                   2);
   }
   try {
     app.parse(argc, argv);
     // Checked here rather than with require_subcommand, which would hide a
     // misspelt flag behind "a subcommand is required".
-    if (app.get_subcommands().empty())
-      throw quanta::cli::UsageError("a subcommand is required");
+    if (app.get_subcommands().empty()) throw quanta::cli::UsageError("a subcommand is required");
   } catch (const CLI::ParseError& e) {
     // --help and --version arrive as "errors" with exit code 0.
     if (e.get_exit_code() == 0) return app.exit(e);

@@ -15,12 +15,11 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "engine/io/safetensors.h"
@@ -40,8 +39,8 @@ struct QuantizeOptions {
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(),
-                                                suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 uint64_t bytes_of(const io::TensorMap& m) {
@@ -53,8 +52,7 @@ uint64_t bytes_of(const io::TensorMap& m) {
 // Bytes of the codes and scales of a torchao state (per-tensor constants,
 // the mean and the 16-entry table, not counted), as inspect counts them.
 uint64_t torchao_payload_bytes(const quant::TorchaoNF4State& s) {
-  return s.quantized_data.nbytes() + s.quantized_scalers.nbytes() +
-         s.quantization_factor.nbytes();
+  return s.quantized_data.nbytes() + s.quantized_scalers.nbytes() + s.quantization_factor.nbytes();
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
@@ -157,12 +155,14 @@ void run_quantize(const QuantizeOptions& o) {
     throw UsageError(e.what());
   }
   if (o.format == "quanta" && opts.block_size % quant::kNF4UnitElems != 0)
-    throw UsageError("--format quanta stores the nf4 dtype, whose 64-element units hold block "
-                     "sizes 64, 128 and 256; block size " + std::to_string(opts.block_size) +
-                     " needs --format bnb or torchao");
+    throw UsageError(
+        "--format quanta stores the nf4 dtype, whose 64-element units hold block "
+        "sizes 64, 128 and 256; block size " +
+        std::to_string(opts.block_size) + " needs --format bnb or torchao");
   if (o.format == "torchao" && o.no_double_quant)
-    throw UsageError("--format torchao always double-quantizes its scales; drop "
-                     "--no-double-quant");
+    throw UsageError(
+        "--format torchao always double-quantizes its scales; drop "
+        "--no-double-quant");
   // torchao double-quantizes the exact scales itself.
   quant::NF4Options exact = opts;
   exact.double_quant = false;
@@ -248,9 +248,8 @@ void run_quantize(const QuantizeOptions& o) {
     } else {
       const int64_t group = opts.block_size * 256;
       if (t.numel() % group != 0) {
-        std::printf("%-40s skipped: torchao needs numel %% %lld == 0 at block %lld\n",
-                    name.c_str(), static_cast<long long>(group),
-                    static_cast<long long>(opts.block_size));
+        std::printf("%-40s skipped: torchao needs numel %% %lld == 0 at block %lld\n", name.c_str(),
+                    static_cast<long long>(group), static_cast<long long>(opts.block_size));
         out.emplace_back(name, t);
         continue;
       }

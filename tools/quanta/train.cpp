@@ -248,8 +248,9 @@ void add_train(CLI::App& app) {
       "Restarted by quanta launch --max-restarts (or torchrun's), a run continues from\n"
       "its last checkpoint in --out by itself.");
   TrainFlags& t = *f;
-  sub->add_option("--task", t.task, "vqvae or classify (the MLP classifier "
-                                    "quanta finetune adapts, see docs/finetune.md)")
+  sub->add_option("--task", t.task,
+                  "vqvae or classify (the MLP classifier "
+                  "quanta finetune adapts, see docs/finetune.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"vqvae", "classify"}));
   sub->add_option("--config", t.config_file,
@@ -263,29 +264,22 @@ void add_train(CLI::App& app) {
                 "instead of refusing");
   add_dist_timeout_flag(*sub, t.dist_timeout);
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
-  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total",
-                        ShowDefault::no)
+  add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxSteps));
-  add_override<int64_t>(sub, t, "--epochs", "/epochs",
-                        "passes over the training set")
+  add_override<int64_t>(sub, t, "--epochs", "/epochs", "passes over the training set")
       ->transform(integer_in(1, train::kMaxEpochs))
       ->excludes("--steps");
   add_override<int64_t>(sub, t, "--batch-size", "/batch_size", "global batch size")
       ->transform(integer_in(1, train::kMaxBatchSize));
-  add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate")
-      ->check(number_in(0, 1e6, true));
-  add_override<uint64_t>(sub, t, "--seed", "/seed",
-                         "seed of the model init and the data order")
+  add_override<double>(sub, t, "--lr", "/lr", "Adam learning rate")->check(number_in(0, 1e6, true));
+  add_override<uint64_t>(sub, t, "--seed", "/seed", "seed of the model init and the data order")
       ->transform(unsigned_integer());
-  add_override<std::string>(sub, t, "--data", "/data",
-                            "folder with the Fashion-MNIST .gz files");
+  add_override<std::string>(sub, t, "--data", "/data", "folder with the Fashion-MNIST .gz files");
   add_override<int64_t>(sub, t, "--limit-train", "/limit_train",
-                        "use only the first N training images (default: all)",
-                        ShowDefault::no)
+                        "use only the first N training images (default: all)", ShowDefault::no)
       ->transform(integer_in(0, train::kMaxCount));
   add_override<int64_t>(sub, t, "--limit-test", "/limit_test",
-                        "evaluate on only the first N test images (default: all)",
-                        ShowDefault::no)
+                        "evaluate on only the first N test images (default: all)", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxCount));
   add_override<int64_t>(sub, t, "--log-every", "/log_every",
                         "steps between log lines / metrics records")
@@ -301,16 +295,14 @@ void add_train(CLI::App& app) {
       "ranks for data-parallel training on this machine (started through quanta launch; "
       "under torchrun/srun/mpirun the launcher's world size is used)")
       ->transform(integer_in(1, train::kMaxRanks));
-  add_override<int64_t>(sub, t, "--hidden", "/model/hidden",
-                        "channels of the hidden convolutions")
+  add_override<int64_t>(sub, t, "--hidden", "/model/hidden", "channels of the hidden convolutions")
       ->transform(integer_in(1, train::kMaxChannels));
   add_override<int64_t>(sub, t, "--dim", "/model/dim",
                         "channels of the latent map the quantizer sees")
       ->transform(integer_in(1, train::kMaxChannels));
   std::string types;
   for (const auto& [name, what] : train::quantizer_types()) types += "\n  " + name + ": " + what;
-  add_override<std::string>(sub, t, "--quantizer", "/quantizer/type",
-                            "quantizer type:" + types)
+  add_override<std::string>(sub, t, "--quantizer", "/quantizer/type", "quantizer type:" + types)
       ->group("Quantizer options");
   // One flag per option of the table; each given flag sets quantizer.<key>.
   for (const train::QuantizerOption& opt : train::quantizer_options()) {

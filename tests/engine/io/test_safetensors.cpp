@@ -1,7 +1,6 @@
 // safetensors: round trips, files written by hand from the spec, atomic
 // writes, one test per corruption class, and a mutation fuzzer.
 #include <doctest/doctest.h>
-
 #include <unistd.h>
 
 #include <chrono>
@@ -22,7 +21,6 @@ namespace fs = std::filesystem;
 using testing::TempDir;
 
 namespace {
-
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -128,8 +126,7 @@ std::string one(const std::string& info) { return "{\"t\":" + info + "}"; }
 TEST_CASE("safetensors round trip of every dtype with metadata") {
   TempDir dir;
   const TensorMap in = every_dtype();
-  const std::map<std::string, std::string> meta = {{"format", "pt"},
-                                                    {"note", "é \"q\"\n"}};
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "é \"q\"\n"}};
   const std::string path = dir.file("all.safetensors");
   save_safetensors(path, in, meta);
   for (const SafetensorsFile& out :
@@ -166,23 +163,20 @@ TEST_CASE("safetensors writes the reference writer's bytes") {
   // a multiple of 8, then the little-endian data.
   std::vector<float> v = {0, 1, 2, 3, 4, 5};
   SUBCASE("one f32 tensor, header already a multiple of 8") {
-    const std::string h =
-        R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
+    const std::string h = R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
     REQUIRE(h.size() == 64);
     CHECK(bytes_of(serialize_safetensors({{"attn.0", from_vector(v, {1, 2, 3})}})) ==
           le64(64) + h + bytes_of(v));
   }
   SUBCASE("padding with spaces") {
-    const std::string h =
-        R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})";
+    const std::string h = R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})";
     REQUIRE(h.size() == 65);
     CHECK(bytes_of(serialize_safetensors({{"attn0", from_vector(v, {1, 1, 2, 3})}})) ==
           le64(72) + h + "       " + bytes_of(v));
   }
   SUBCASE("metadata only") {
     const std::string h = R"({"__metadata__":{"framework":"pt"}})";
-    CHECK(bytes_of(serialize_safetensors({}, {{"framework", "pt"}})) ==
-          le64(40) + h + "     ");
+    CHECK(bytes_of(serialize_safetensors({}, {{"framework", "pt"}})) == le64(40) + h + "     ");
   }
   SUBCASE("several dtypes: largest alignment first, then by name") {
     TensorMap in = {
@@ -237,21 +231,18 @@ TEST_CASE("safetensors loads a file written by hand from the spec") {
   write_file(path, file_bytes(header, data));
 
   const SafetensorsFile f = load_safetensors(path);
-  CHECK(f.metadata ==
-        std::map<std::string, std::string>{{"epoch", "3"}, {"framework", "pt"}});
+  CHECK(f.metadata == std::map<std::string, std::string>{{"epoch", "3"}, {"framework", "pt"}});
   REQUIRE(f.tensors.size() == 5);
   CHECK(f.tensors[0].first == "half");  // sorted by name
   CHECK(find(f, "step").dtype() == DType::i64);
   CHECK(find(f, "step").dim() == 0);
   CHECK(find(f, "step").item<int64_t>() == -7);
   CHECK(find(f, "weight").shape() == Shape{2, 2});
-  CHECK(find(f, "weight").to_vector<float>() ==
-        std::vector<float>{1.0f, -2.0f, 0.5f, 8.0f});
+  CHECK(find(f, "weight").to_vector<float>() == std::vector<float>{1.0f, -2.0f, 0.5f, 8.0f});
   CHECK(find(f, "half").dtype() == DType::f16);
   CHECK(find(f, "half").to_vector<float>() == std::vector<float>{1.0f, -2.0f});
   CHECK(find(f, "mask").dtype() == DType::boolean);
-  CHECK(find(f, "mask").to(DType::u8).to_vector<uint8_t>() ==
-        std::vector<uint8_t>{1, 0, 1});
+  CHECK(find(f, "mask").to(DType::u8).to_vector<uint8_t>() == std::vector<uint8_t>{1, 0, 1});
   CHECK(find(f, "none").shape() == Shape{0, 5});
 
   // Extra fields are ignored and null metadata means none, as in the reference loader.
@@ -281,8 +272,7 @@ TEST_CASE("safetensors header lists dtypes quanta cannot load") {
   REQUIRE(h.tensors.size() == 2);
   CHECK(h.tensors[0].dtype == "I8");
   CHECK(h.tensors[1].dtype == "F4");
-  check_rejected(file_bytes(header, "\x01\x02\x03\x04\x05"),
-                 "unsupported dtype I8 for tensor 'q'");
+  check_rejected(file_bytes(header, "\x01\x02\x03\x04\x05"), "unsupported dtype I8 for tensor 'q'");
 }
 
 TEST_CASE("safetensors save is atomic") {
@@ -301,8 +291,7 @@ TEST_CASE("safetensors save is atomic") {
                     std::invalid_argument);
     CHECK_THROWS_AS(save_safetensors(path, {{"w", zeros({4})}, {"w", zeros({4})}}),
                     std::invalid_argument);
-    CHECK_THROWS_AS(save_safetensors(path, {{"__metadata__", zeros({4})}}),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(save_safetensors(path, {{"__metadata__", zeros({4})}}), std::invalid_argument);
     CHECK_THROWS_AS(save_safetensors(path, {{std::string("\xff\xfe"), zeros({1})}}),
                     std::invalid_argument);
     CHECK(read_file(path) == before);
@@ -359,11 +348,9 @@ TEST_CASE("safetensors rejects every corruption class with a clear error") {
     check_rejected(file_bytes("[]", ""), "not a JSON object");
     check_rejected(file_bytes("\"x\"", ""), "not a JSON object");
     check_rejected(file_bytes("{\"t\":\"\xff\"}", ""), "not valid JSON");
-    check_rejected(
-        file_bytes(R"({"t":{"dtype":"F32","shape":[[[1]]],"data_offsets":[0,4]}})", ""),
-        "deeper than the format allows");
-    check_rejected(file_bytes(R"({"t":[1]})", ""),
-                   "tensor 't': header entry is not an object");
+    check_rejected(file_bytes(R"({"t":{"dtype":"F32","shape":[[[1]]],"data_offsets":[0,4]}})", ""),
+                   "deeper than the format allows");
+    check_rejected(file_bytes(R"({"t":[1]})", ""), "tensor 't': header entry is not an object");
   }
   SUBCASE("missing or mistyped fields") {
     check_rejected(file_bytes(one(R"({"shape":[2],"data_offsets":[0,8]})"), f32x2),
@@ -372,86 +359,66 @@ TEST_CASE("safetensors rejects every corruption class with a clear error") {
                    "missing field 'shape'");
     check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2]})"), f32x2),
                    "missing field 'data_offsets'");
-    check_rejected(
-        file_bytes(one(R"({"dtype":5,"shape":[2],"data_offsets":[0,8]})"), f32x2),
-        "field 'dtype' must be a string");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":2,"data_offsets":[0,8]})"), f32x2),
-        "field 'shape' must be a list");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"), f32x2),
-        "field 'data_offsets' must be two non-negative integers");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,"8"]})"), f32x2),
-        "field 'data_offsets' must be two non-negative integers");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8,9]})"), f32x2),
-        "field 'data_offsets' must be two non-negative integers");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[-1,8]})"), f32x2),
-        "field 'data_offsets' must be two non-negative integers");
+    check_rejected(file_bytes(one(R"({"dtype":5,"shape":[2],"data_offsets":[0,8]})"), f32x2),
+                   "field 'dtype' must be a string");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":2,"data_offsets":[0,8]})"), f32x2),
+                   "field 'shape' must be a list");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"), f32x2),
+                   "field 'data_offsets' must be two non-negative integers");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,"8"]})"), f32x2),
+                   "field 'data_offsets' must be two non-negative integers");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8,9]})"), f32x2),
+                   "field 'data_offsets' must be two non-negative integers");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[-1,8]})"), f32x2),
+                   "field 'data_offsets' must be two non-negative integers");
   }
   SUBCASE("dtypes and shapes") {
+    check_rejected(file_bytes(one(R"({"dtype":"Q7","shape":[2],"data_offsets":[0,8]})"), f32x2),
+                   "unknown dtype 'Q7' for tensor 't'");
+    check_rejected(file_bytes(one(R"({"dtype":"f32","shape":[2],"data_offsets":[0,8]})"), f32x2),
+                   "unknown dtype 'f32'");
+    check_rejected(file_bytes(one(R"({"dtype":"U16","shape":[4],"data_offsets":[0,8]})"), f32x2),
+                   "unsupported dtype U16 for tensor 't'");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})"), f32x2),
+                   "shape must hold non-negative integers");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})"), f32x2),
+                   "shape must hold non-negative integers");
     check_rejected(
-        file_bytes(one(R"({"dtype":"Q7","shape":[2],"data_offsets":[0,8]})"), f32x2),
-        "unknown dtype 'Q7' for tensor 't'");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"f32","shape":[2],"data_offsets":[0,8]})"), f32x2),
-        "unknown dtype 'f32'");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"U16","shape":[4],"data_offsets":[0,8]})"), f32x2),
-        "unsupported dtype U16 for tensor 't'");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})"), f32x2),
-        "shape must hold non-negative integers");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})"), f32x2),
-        "shape must hold non-negative integers");
-    check_rejected(
-        file_bytes(
-            one(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]})"),
-            f32x2),
+        file_bytes(one(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]})"),
+                   f32x2),
         "overflows 64-bit sizes");
     check_rejected(
-        file_bytes(
-            one(R"({"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]})"),
-            ""),
+        file_bytes(one(R"({"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]})"),
+                   ""),
         "overflows 64-bit sizes");
     check_rejected(
-        file_bytes(
-            one(R"({"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,8]})"),
-            f32x2),
+        file_bytes(one(R"({"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,8]})"),
+                   f32x2),
         "shape must hold non-negative integers");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"), f32x2),
-        "shape [3] of F32 needs 12 bytes but data_offsets [0,8] span 8");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F4","shape":[3],"data_offsets":[0,2]})"), "ab"),
-        "do not fill whole bytes");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"), f32x2),
+                   "shape [3] of F32 needs 12 bytes but data_offsets [0,8] span 8");
+    check_rejected(file_bytes(one(R"({"dtype":"F4","shape":[3],"data_offsets":[0,2]})"), "ab"),
+                   "do not fill whole bytes");
   }
   SUBCASE("offsets") {
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[4,12]})"), f32x2),
-        "lie outside the 8-byte data buffer");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})"), f32x2),
-        "begin after they end");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[2],"data_offsets":[4,12]})"), f32x2),
+                   "lie outside the 8-byte data buffer");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})"), f32x2),
+                   "begin after they end");
     check_rejected(file_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                               R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                               f32x2),
                    "tensors 'a' and 'b' overlap");
-    check_rejected(
-        file_bytes(one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"), f32x2),
-        "4-byte hole before tensor 't'");
+    check_rejected(file_bytes(one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"), f32x2),
+                   "4-byte hole before tensor 't'");
     check_rejected(file_bytes(one(ok), f32x2 + "xyz"), "3 bytes after the last tensor");
   }
   SUBCASE("names and metadata") {
     check_rejected(file_bytes("{\"t\":" + ok + ",\"t\":" + ok + "}", f32x2 + f32x2),
                    "duplicate key 't'");
     check_rejected(
-        file_bytes(
-            R"({"t":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-            f32x2),
+        file_bytes(R"({"t":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                   f32x2),
         "duplicate key 'dtype'");
     check_rejected(file_bytes(R"({"__metadata__":{"k":1}})", ""),
                    "__metadata__ value for key 'k' is not a string");
@@ -467,8 +434,7 @@ TEST_CASE("safetensors rejects every corruption class with a clear error") {
       load_safetensors(dir.file("missing.safetensors"));
       FAIL("loaded a missing file");
     } catch (const std::runtime_error& e) {
-      CHECK(std::string(e.what()).find("missing.safetensors: cannot open") !=
-            std::string::npos);
+      CHECK(std::string(e.what()).find("missing.safetensors: cannot open") != std::string::npos);
     }
     try {
       load_safetensors(dir.path().string());
@@ -551,17 +517,14 @@ TEST_CASE("safetensors survives random corruption") {
   header_end += 8;
 
   std::mt19937_64 rng(20240611);
-  auto pick = [&](uint64_t n) {
-    return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng);
-  };
+  auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   int loaded = 0, rejected = 0, iterations = 0;
   for (; iterations < 30000 && std::chrono::steady_clock::now() < deadline; ++iterations) {
     std::vector<uint8_t> b = valid;
     switch (pick(6)) {
       case 0:  // flip a few bytes anywhere
-        for (uint64_t k = 0, m = 1 + pick(4); k < m; ++k)
-          b[pick(b.size())] ^= 1 + pick(255);
+        for (uint64_t k = 0, m = 1 + pick(4); k < m; ++k) b[pick(b.size())] ^= 1 + pick(255);
         break;
       case 1:  // flip a byte inside the header, where it changes the meaning
         b[8 + pick(header_end - 8)] = static_cast<uint8_t>(pick(128));
@@ -574,8 +537,7 @@ TEST_CASE("safetensors survives random corruption") {
         break;
       case 4:  // insert or delete bytes in the header
         if (pick(2))
-          b.insert(b.begin() + long(8 + pick(header_end - 8)),
-                   static_cast<uint8_t>(pick(256)));
+          b.insert(b.begin() + long(8 + pick(header_end - 8)), static_cast<uint8_t>(pick(256)));
         else
           b.erase(b.begin() + long(8 + pick(header_end - 8)));
         break;

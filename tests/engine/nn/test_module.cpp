@@ -21,8 +21,7 @@ struct Net : Module {
     running = register_buffer("running", ones({3}));
     scratch = register_buffer("scratch", zeros({1}), /*persistent=*/false);
     seq = register_module("seq", std::make_shared<Sequential>(
-                                     std::make_shared<Linear>(3, 4, gen),
-                                     std::make_shared<ReLU>(),
+                                     std::make_shared<Linear>(3, 4, gen), std::make_shared<ReLU>(),
                                      std::make_shared<Linear>(4, 2, gen, /*bias=*/false)));
   }
 };
@@ -69,8 +68,8 @@ TEST_CASE("parameters, buffers and modules are named with dotted paths in order"
   CHECK(names(net.named_buffers()) == std::vector<std::string>{"running", "scratch"});
   std::vector<std::string> mods;
   for (auto& [n, m] : net.named_modules()) mods.push_back(n + ":" + m->type_name());
-  CHECK(mods == std::vector<std::string>{":Net", "seq:Sequential", "seq.0:Linear",
-                                         "seq.1:ReLU", "seq.2:Linear"});
+  CHECK(mods == std::vector<std::string>{":Net", "seq:Sequential", "seq.0:Linear", "seq.1:ReLU",
+                                         "seq.2:Linear"});
   CHECK(net.named_children().size() == 1);
   // Parameters are leaves requiring grad; buffers are not trained.
   for (const Tensor& p : net.parameters()) {
@@ -80,10 +79,8 @@ TEST_CASE("parameters, buffers and modules are named with dotted paths in order"
   CHECK_FALSE(net.running.requires_grad());
   // The state dict holds parameters then persistent buffers, module by module.
   CHECK(names(net.state_dict()) ==
-        std::vector<std::string>{"w", "running", "seq.0.weight", "seq.0.bias",
-                                 "seq.2.weight"});
-  CHECK(net.find("seq.0.bias").is_same(
-      std::static_pointer_cast<Linear>((*net.seq)[0])->bias()));
+        std::vector<std::string>{"w", "running", "seq.0.weight", "seq.0.bias", "seq.2.weight"});
+  CHECK(net.find("seq.0.bias").is_same(std::static_pointer_cast<Linear>((*net.seq)[0])->bias()));
   CHECK(net.find("running").is_same(net.running));
   CHECK_FALSE(net.find("seq.9.weight").defined());
   CHECK_FALSE(net.find("nope").defined());
@@ -94,8 +91,8 @@ TEST_CASE("registration rejects bad names and dtypes") {
   m.register_parameter("a", zeros({1}));
   CHECK_THROWS_WITH_AS(m.register_parameter("a", zeros({1})),
                        doctest::Contains("already a parameter"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(m.register_buffer("a", zeros({1})),
-                       doctest::Contains("already a parameter"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.register_buffer("a", zeros({1})), doctest::Contains("already a parameter"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(m.register_parameter("b.c", zeros({1})), doctest::Contains("'.'"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(m.register_parameter("", zeros({1})), doctest::Contains("empty"),
@@ -103,8 +100,7 @@ TEST_CASE("registration rejects bad names and dtypes") {
   CHECK_THROWS_WITH_AS(m.register_parameter("i", zeros({1}, {.dtype = DType::i64})),
                        doctest::Contains("i64"), std::invalid_argument);
   CHECK_THROWS_AS(m.register_module("n", std::shared_ptr<Module>()), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(m.forward(zeros({1})), doctest::Contains("[M]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.forward(zeros({1})), doctest::Contains("[M]"), std::invalid_argument);
   // A frozen parameter is listed but does not require grad.
   Tensor f = m.register_parameter("frozen", ones({2}), /*requires_grad=*/false);
   CHECK_FALSE(f.requires_grad());
@@ -176,10 +172,13 @@ TEST_CASE("load_state_dict names every missing, unexpected and mis-shaped key") 
   const std::vector<float> w0 = net.find("seq.0.weight").to_vector<float>();
   StateDict bad;
   for (const auto& [k, v] : sd) {
-    if (k == "running" || k == "seq.2.weight") continue;             // missing
-    if (k == "seq.0.weight") bad.emplace_back(k, zeros({3, 4}));      // transposed
-    else if (k == "w") bad.emplace_back(k, zeros({2}, {.dtype = DType::f64}));  // dtype
-    else bad.emplace_back(k, zeros_like(v));
+    if (k == "running" || k == "seq.2.weight") continue;  // missing
+    if (k == "seq.0.weight")
+      bad.emplace_back(k, zeros({3, 4}));  // transposed
+    else if (k == "w")
+      bad.emplace_back(k, zeros({2}, {.dtype = DType::f64}));  // dtype
+    else
+      bad.emplace_back(k, zeros_like(v));
   }
   bad.emplace_back("extra", zeros({1}));
   bad.emplace_back("seq.5.bias", zeros({1}));
@@ -202,8 +201,7 @@ TEST_CASE("load_state_dict names every missing, unexpected and mis-shaped key") 
   partial.emplace_back("extra", zeros({1}));
   const LoadResult r = net.load_state_dict(partial, /*strict=*/false);
   CHECK(r.unexpected_keys == std::vector<std::string>{"extra"});
-  CHECK(r.missing_keys ==
-        std::vector<std::string>{"w", "running", "seq.0.weight", "seq.2.weight"});
+  CHECK(r.missing_keys == std::vector<std::string>{"w", "running", "seq.0.weight", "seq.2.weight"});
   CHECK(net.find("seq.0.bias").to_vector<float>() == std::vector<float>{3, 3, 3, 3});
   // Duplicate keys are refused.
   StateDict dup = net.state_dict();
@@ -276,8 +274,7 @@ TEST_CASE("Linear computes x w^T + b and inits in PyTorch's ranges") {
   CHECK_FALSE(nb.bias().defined());
   CHECK(nb(zeros({4, 2, 3})).shape() == Shape{4, 2, 5});
   CHECK(nb(zeros({0, 3})).shape() == Shape{0, 5});
-  CHECK_THROWS_WITH_AS(nb(zeros({2, 4})), doctest::Contains("[Linear]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(nb(zeros({2, 4})), doctest::Contains("[Linear]"), std::invalid_argument);
   // The same seed gives the same layer.
   Generator g1(99), g2(99);
   CHECK(Linear(4, 4, g1).weight().to_vector<float>() ==
@@ -410,8 +407,7 @@ TEST_CASE("LayerNorm and GroupNorm normalise and apply their affine parameters")
     for (int k = 0; k < 4; ++k) m += xv[r * 4 + k] / 4;
     for (int k = 0; k < 4; ++k) v += (xv[r * 4 + k] - m) * (xv[r * 4 + k] - m) / 4;
     for (int k = 0; k < 4; ++k)
-      CHECK(y[r * 4 + k] ==
-            doctest::Approx(2.0 * (xv[r * 4 + k] - m) / std::sqrt(v + 1e-5) + 0.5));
+      CHECK(y[r * 4 + k] == doctest::Approx(2.0 * (xv[r * 4 + k] - m) / std::sqrt(v + 1e-5) + 0.5));
   }
   CHECK(LayerNorm({4}, 1e-5, false).parameters().empty());
 
@@ -477,8 +473,7 @@ TEST_CASE("initialisers follow PyTorch's formulas") {
   CHECK(calculate_gain(Nonlinearity::linear) == 1.0);
   CHECK(calculate_gain(Nonlinearity::tanh) == doctest::Approx(5.0 / 3.0));
   CHECK(calculate_gain(Nonlinearity::relu) == doctest::Approx(std::sqrt(2.0)));
-  CHECK(calculate_gain(Nonlinearity::leaky_relu, 0.2) ==
-        doctest::Approx(std::sqrt(2.0 / 1.04)));
+  CHECK(calculate_gain(Nonlinearity::leaky_relu, 0.2) == doctest::Approx(std::sqrt(2.0 / 1.04)));
   CHECK(calculate_gain(Nonlinearity::selu) == 0.75);
   CHECK(calculate_fan_in_and_fan_out(zeros({16, 8, 3, 3})) == std::pair<int64_t, int64_t>{72, 144});
   CHECK(calculate_fan_in_and_fan_out(zeros({5, 7})) == std::pair<int64_t, int64_t>{7, 5});

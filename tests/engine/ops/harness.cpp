@@ -2,13 +2,13 @@
 
 #include <doctest/doctest.h>
 
-#include "support/gpu.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
 #include <string>
+
+#include "support/gpu.h"
 
 namespace quanta::testing {
 namespace {
@@ -66,8 +66,7 @@ bool differentiable(const OpCase& c, const Inputs& xs, size_t k) {
 
 Inputs cast_floating(const Inputs& xs, DType t) {
   Inputs out;
-  for (const auto& x : xs)
-    out.push_back(x.defined() && is_floating(x.dtype()) ? x.to(t) : x);
+  for (const auto& x : xs) out.push_back(x.defined() && is_floating(x.dtype()) ? x.to(t) : x);
   return out;
 }
 
@@ -158,8 +157,7 @@ void gradient_check(const OpCase& c, const std::vector<Shape>& shapes, const std
       p[j] = orig;
       numeric[j] = (up - down) / (2 * h);
     }
-    Tensor num = from_vector<double>(numeric, x.numel() ? x.shape() : Shape{0})
-                     .reshape(x.shape());
+    Tensor num = from_vector<double>(numeric, x.numel() ? x.shape() : Shape{0}).reshape(x.shape());
     check_close(c.name + " " + tag + " gradient of input " + std::to_string(k), grads[k], num,
                 c.grad_tol);
   }
@@ -214,11 +212,20 @@ Tensor make_input(const Shape& shape, Domain d, uint64_t seed) {
   for (auto& x : v) {
     const double u = uniform01(s);
     switch (d) {
-      case Domain::any: x = 4 * u - 2; break;
-      case Domain::positive: x = 0.5 + 1.5 * u; break;
-      case Domain::unit: x = 1.8 * u - 0.9; break;
-      case Domain::away_from_zero: x = (0.3 + 1.7 * u) * (splitmix(s) & 1 ? 1 : -1); break;
-      case Domain::distinct: break;
+      case Domain::any:
+        x = 4 * u - 2;
+        break;
+      case Domain::positive:
+        x = 0.5 + 1.5 * u;
+        break;
+      case Domain::unit:
+        x = 1.8 * u - 0.9;
+        break;
+      case Domain::away_from_zero:
+        x = (0.3 + 1.7 * u) * (splitmix(s) & 1 ? 1 : -1);
+        break;
+      case Domain::distinct:
+        break;
     }
   }
   if (d == Domain::distinct) {
@@ -245,7 +252,8 @@ int64_t ravel(const std::vector<int64_t>& idx, const Shape& shape) {
   return flat;
 }
 
-Tensor ref_elementwise(const Inputs& xs, const std::function<double(const std::vector<double>&)>& f) {
+Tensor ref_elementwise(const Inputs& xs,
+                       const std::function<double(const std::vector<double>&)>& f) {
   Shape out_shape;
   for (const auto& x : xs) out_shape = broadcast_shapes(out_shape, x.shape(), "ref_elementwise");
   std::vector<std::vector<double>> vals;
@@ -338,8 +346,8 @@ void device_variant(const OpCase& c, const std::vector<Shape>& shapes, const std
       check_close(what + " forward", got.to(Device::cpu()), want, tol);
       for (size_t k = 0; k < g_cpu.size(); ++k)
         if (g_cpu[k].defined())
-          check_close(what + " grad of input " + std::to_string(k),
-                      g_dev[k].to(Device::cpu()), g_cpu[k], tol * 10);
+          check_close(what + " grad of input " + std::to_string(k), g_dev[k].to(Device::cpu()),
+                      g_cpu[k], tol * 10);
     } catch (const std::exception& e) {
       if (!missing_kernel(e)) {
         FAIL_CHECK(what << " threw: " << e.what());
@@ -355,8 +363,7 @@ void device_check(const OpCase& c) {
   static const int devices = cuda_device_count();
   if (devices == 0) {
     static bool said = false;
-    if (!said)
-      MESSAGE("op harness: cuda axis skipped: " << no_gpu_reason());
+    if (!said) MESSAGE("op harness: cuda axis skipped: " << no_gpu_reason());
     said = true;
     return;
   }

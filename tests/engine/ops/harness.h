@@ -23,11 +23,11 @@ using OpFn = std::function<Tensor(const Inputs&)>;
 
 /** Values the random inputs are drawn from. */
 enum class Domain {
-  any,       // uniform in [-2, 2]
-  positive,  // uniform in [0.5, 2]   (log, sqrt, pow bases, divisors)
-  unit,      // uniform in (-0.9, 0.9) (atanh-like domains)
+  any,             // uniform in [-2, 2]
+  positive,        // uniform in [0.5, 2]   (log, sqrt, pow bases, divisors)
+  unit,            // uniform in (-0.9, 0.9) (atanh-like domains)
   away_from_zero,  // |x| in [0.3, 2]: kinks of abs, relu, sign-based grads
-  distinct,  // a shuffled arithmetic sequence: no ties (max, sort-like ops)
+  distinct,        // a shuffled arithmetic sequence: no ties (max, sort-like ops)
 };
 
 /** How input k is made: a floating input from a Domain, or a custom maker
@@ -35,7 +35,7 @@ enum class Domain {
 struct InputSpec {
   Domain domain = Domain::any;
   std::function<Tensor(const Shape& shape, uint64_t seed)> make;  // overrides domain
-  bool differentiable = true;  // include in the gradient check
+  bool differentiable = true;                                     // include in the gradient check
 };
 
 /** An input drawn from domain `d`. */
@@ -53,7 +53,7 @@ inline InputSpec spec(std::function<Tensor(const Shape&, uint64_t)> make) {
 
 struct OpCase {
   std::string name;
-  std::vector<Shape> shapes;           // main variant's input shapes
+  std::vector<Shape> shapes;            // main variant's input shapes
   OpFn op;                              // the quanta op under test
   OpFn reference;                       // naive loops over to_vector<double>()
   std::vector<InputSpec> inputs;        // per input (defaults: Domain::any)
@@ -72,7 +72,8 @@ Tensor make_input(const Shape& shape, Domain d, uint64_t seed);
 
 /** Reference helper: applies f to every element (broadcasting all inputs to
  * the output shape). Returns an f64 tensor. */
-Tensor ref_elementwise(const Inputs& xs, const std::function<double(const std::vector<double>&)>& f);
+Tensor ref_elementwise(const Inputs& xs,
+                       const std::function<double(const std::vector<double>&)>& f);
 
 /** Reference helper: reduces `x` over `dims` (empty = all) with `f`, which
  * receives the values of one output element's slice. */

@@ -31,10 +31,8 @@ Tensor ref_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvA
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t O = w.size(0), Cg = w.size(1), kh = w.size(2), kw = w.size(3);
   const int64_t Og = O / a.groups;
-  const int64_t OH =
-      (H + 2 * a.padding[0] - a.dilation[0] * (kh - 1) - 1) / a.stride[0] + 1;
-  const int64_t OW =
-      (W + 2 * a.padding[1] - a.dilation[1] * (kw - 1) - 1) / a.stride[1] + 1;
+  const int64_t OH = (H + 2 * a.padding[0] - a.dilation[0] * (kh - 1) - 1) / a.stride[0] + 1;
+  const int64_t OW = (W + 2 * a.padding[1] - a.dilation[1] * (kw - 1) - 1) / a.stride[1] + 1;
   const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
   const auto bv = b ? b->to_vector<double>() : std::vector<double>(O, 0.0);
   std::vector<double> out(static_cast<size_t>(N * O * OH * OW));
@@ -50,8 +48,7 @@ Tensor ref_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvA
                 const int64_t iw = ow * a.stride[1] - a.padding[1] + j * a.dilation[1];
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                 const int64_t ci = (o / Og) * Cg + c;
-                s += xv[((n * C + ci) * H + ih) * W + iw] *
-                     wv[((o * Cg + c) * kh + i) * kw + j];
+                s += xv[((n * C + ci) * H + ih) * W + iw] * wv[((o * Cg + c) * kh + i) * kw + j];
               }
           out[((n * O + o) * OH + oh) * OW + ow] = s;
         }
@@ -60,15 +57,14 @@ Tensor ref_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvA
 
 // Transposed convolution as a scatter: every input pixel adds its kernel
 // (times the pixel) into the output.
-Tensor ref_conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor* b,
-                            const ConvArgs& a) {
+Tensor ref_conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvArgs& a) {
   const int64_t N = x.size(0), Cin = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t Og = w.size(1), kh = w.size(2), kw = w.size(3);
   const int64_t O = Og * a.groups, Cg = Cin / a.groups;
-  const int64_t OH = (H - 1) * a.stride[0] - 2 * a.padding[0] + a.dilation[0] * (kh - 1) +
-                     a.output_padding[0] + 1;
-  const int64_t OW = (W - 1) * a.stride[1] - 2 * a.padding[1] + a.dilation[1] * (kw - 1) +
-                     a.output_padding[1] + 1;
+  const int64_t OH =
+      (H - 1) * a.stride[0] - 2 * a.padding[0] + a.dilation[0] * (kh - 1) + a.output_padding[0] + 1;
+  const int64_t OW =
+      (W - 1) * a.stride[1] - 2 * a.padding[1] + a.dilation[1] * (kw - 1) + a.output_padding[1] + 1;
   const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
   const auto bv = b ? b->to_vector<double>() : std::vector<double>(O, 0.0);
   std::vector<double> out(static_cast<size_t>(N * O * OH * OW));
@@ -87,8 +83,7 @@ Tensor ref_conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor* b,
                 if (oh < 0 || oh >= OH || ow < 0 || ow >= OW) continue;
                 const int64_t o = (c / Cg) * Og + ol;
                 out[((n * O + o) * OH + oh) * OW + ow] +=
-                    xv[((n * Cin + c) * H + ih) * W + iw] *
-                    wv[((c * Og + ol) * kh + i) * kw + j];
+                    xv[((n * Cin + c) * H + ih) * W + iw] * wv[((c * Og + ol) * kh + i) * kw + j];
               }
   return from_values(out, {N, O, OH, OW});
 }
@@ -100,8 +95,8 @@ OpCase conv_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
   c.shapes = std::move(shapes);
   c.zero_shapes = std::move(zero);
   c.op = [a](const Inputs& x) {
-    return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding,
-                  a.dilation, a.groups);
+    return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding, a.dilation,
+                  a.groups);
   };
   c.reference = [a](const Inputs& x) {
     return ref_conv2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
@@ -116,8 +111,8 @@ OpCase conv_t_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
   c.shapes = std::move(shapes);
   c.zero_shapes = std::move(zero);
   c.op = [a](const Inputs& x) {
-    return conv_transpose2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride,
-                            a.padding, a.output_padding, a.groups, a.dilation);
+    return conv_transpose2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding,
+                            a.output_padding, a.groups, a.dilation);
   };
   c.reference = [a](const Inputs& x) {
     return ref_conv_transpose2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
@@ -138,20 +133,17 @@ Tensor ref_pool(const Tensor& x, Pair k, Pair s, Pair p, Pair d, bool max) {
         double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
         for (int64_t i = 0; i < k[0]; ++i)
           for (int64_t j = 0; j < k[1]; ++j) {
-            const int64_t ih = oh * s[0] - p[0] + i * d[0],
-                          iw = ow * s[1] - p[1] + j * d[1];
+            const int64_t ih = oh * s[0] - p[0] + i * d[0], iw = ow * s[1] - p[1] + j * d[1];
             if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
             const double v = xv[(nc * H + ih) * W + iw];
             acc = max ? std::max(acc, v) : acc + v;
           }
-        out[(nc * OH + oh) * OW + ow] =
-            max ? acc : acc / static_cast<double>(k[0] * k[1]);
+        out[(nc * OH + oh) * OW + ow] = max ? acc : acc / static_cast<double>(k[0] * k[1]);
       }
   return from_values(out, {N, C, OH, OW});
 }
 
-OpCase pool_case(std::string name, Shape shape, Pair k, Pair s, Pair p, Pair d,
-                 bool max) {
+OpCase pool_case(std::string name, Shape shape, Pair k, Pair s, Pair p, Pair d, bool max) {
   OpCase c;
   c.name = std::move(name);
   c.shapes = {shape};
@@ -183,23 +175,21 @@ TEST_CASE("conv2d through the harness") {
                      {{0, 3, 5, 6}, {4, 3, 3, 3}, {4}}));
   run_case(conv_case("conv2d stride 2 padding 1", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}},
                      {.stride = {2, 2}, .padding = {1, 1}}));
-  run_case(conv_case("conv2d dilation 2, uneven padding, no bias",
-                     {{1, 2, 7, 7}, {3, 2, 3, 2}},
+  run_case(conv_case("conv2d dilation 2, uneven padding, no bias", {{1, 2, 7, 7}, {3, 2, 3, 2}},
                      {.padding = {2, 1}, .dilation = {2, 2}}));
   run_case(conv_case("conv2d groups 2", {{2, 4, 5, 5}, {6, 2, 3, 3}, {6}},
                      {.stride = {1, 2}, .padding = {1, 0}, .groups = 2},
                      {{0, 4, 5, 5}, {6, 2, 3, 3}, {6}}));
   run_case(conv_case("conv2d depthwise", {{1, 3, 5, 5}, {3, 1, 3, 3}}, {.groups = 3}));
   run_case(conv_case("conv2d 1x1 pointwise", {{2, 3, 4, 5}, {5, 3, 1, 1}, {5}}, {}));
-  run_case(
-      conv_case("conv2d 1x1 strided", {{2, 3, 5, 5}, {2, 3, 1, 1}}, {.stride = {2, 2}}));
+  run_case(conv_case("conv2d 1x1 strided", {{2, 3, 5, 5}, {2, 3, 1, 1}}, {.stride = {2, 2}}));
   run_case(conv_case("conv2d groups 3, stride, dilation, uneven padding",
                      {{2, 6, 9, 8}, {6, 2, 3, 2}, {6}},
                      {.stride = {2, 1}, .padding = {2, 1}, .dilation = {2, 2}, .groups = 3}));
-  run_case(conv_case("conv2d 1x1 pointwise groups 2", {{3, 4, 4, 4}, {6, 2, 1, 1}, {6}},
-                     {.groups = 2}));
-  run_case(conv_case("conv2d several images", {{5, 3, 6, 6}, {4, 3, 3, 3}, {4}},
-                     {.padding = {1, 1}}));
+  run_case(
+      conv_case("conv2d 1x1 pointwise groups 2", {{3, 4, 4, 4}, {6, 2, 1, 1}, {6}}, {.groups = 2}));
+  run_case(
+      conv_case("conv2d several images", {{5, 3, 6, 6}, {4, 3, 3, 3}, {4}}, {.padding = {1, 1}}));
 }
 
 TEST_CASE("conv_transpose2d through the harness") {
@@ -208,8 +198,7 @@ TEST_CASE("conv_transpose2d through the harness") {
                        {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}},
                        {{0, 4, 3, 3}, {4, 3, 3, 3}, {3}}));
   run_case(conv_t_case(
-      "conv_transpose2d groups 2, dilation, uneven stride",
-      {{1, 4, 3, 4}, {4, 2, 2, 3}, {4}},
+      "conv_transpose2d groups 2, dilation, uneven stride", {{1, 4, 3, 4}, {4, 2, 2, 3}, {4}},
       {.stride = {2, 1}, .dilation = {1, 2}, .output_padding = {1, 0}, .groups = 2}));
   run_case(conv_t_case("conv_transpose2d 1x1", {{2, 3, 4, 4}, {3, 5, 1, 1}}, {}));
   // output_padding below the dilation but not the stride: the output grows
@@ -217,33 +206,29 @@ TEST_CASE("conv_transpose2d through the harness") {
   run_case(conv_t_case("conv_transpose2d output_padding from dilation",
                        {{1, 2, 3, 3}, {2, 2, 2, 2}, {2}},
                        {.dilation = {2, 2}, .output_padding = {1, 1}}));
-  run_case(conv_t_case("conv_transpose2d groups 3, padding, bias",
-                       {{2, 6, 4, 3}, {6, 1, 3, 3}, {3}},
-                       {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0},
-                        .groups = 3}));
-  run_case(conv_t_case("conv_transpose2d 1x1 groups 2 with bias",
-                       {{2, 4, 3, 3}, {4, 3, 1, 1}, {6}}, {.groups = 2}));
+  run_case(
+      conv_t_case("conv_transpose2d groups 3, padding, bias", {{2, 6, 4, 3}, {6, 1, 3, 3}, {3}},
+                  {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0}, .groups = 3}));
+  run_case(conv_t_case("conv_transpose2d 1x1 groups 2 with bias", {{2, 4, 3, 3}, {4, 3, 1, 1}, {6}},
+                       {.groups = 2}));
 }
 
 TEST_CASE("pooling and upsampling through the harness") {
-  run_case(
-      pool_case("avg_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, false));
-  run_case(pool_case("avg_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2},
-                     {1, 1}, {1, 1}, false));
-  run_case(pool_case("avg_pool2d 3x2 stride (1, 2)", {1, 2, 5, 5}, {3, 2}, {1, 2}, {0, 1},
+  run_case(pool_case("avg_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, false));
+  run_case(pool_case("avg_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1},
                      {1, 1}, false));
-  run_case(
-      pool_case("max_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, true));
-  run_case(pool_case("max_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2},
+  run_case(pool_case("avg_pool2d 3x2 stride (1, 2)", {1, 2, 5, 5}, {3, 2}, {1, 2}, {0, 1}, {1, 1},
+                     false));
+  run_case(pool_case("max_pool2d 2x2", {2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, true));
+  run_case(pool_case("max_pool2d 3x3 stride 2 padding 1", {1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1},
+                     {1, 1}, true));
+  run_case(pool_case("max_pool2d dilation 2", {1, 2, 6, 7}, {2, 3}, {1, 1}, {1, 1}, {2, 2}, true));
+  run_case(pool_case("avg_pool2d 2x3 stride (2, 1) padding 1", {2, 2, 5, 6}, {2, 3}, {2, 1}, {1, 1},
+                     {1, 1}, false));
+  run_case(pool_case("max_pool2d 3x2 stride (1, 2) padding 1 dilation (2, 1)", {2, 2, 7, 6}, {3, 2},
+                     {1, 2}, {1, 1}, {2, 1}, true));
+  run_case(pool_case("max_pool2d overlapping 3x3 stride 1 padding 1", {1, 3, 5, 5}, {3, 3}, {1, 1},
                      {1, 1}, {1, 1}, true));
-  run_case(pool_case("max_pool2d dilation 2", {1, 2, 6, 7}, {2, 3}, {1, 1}, {1, 1},
-                     {2, 2}, true));
-  run_case(pool_case("avg_pool2d 2x3 stride (2, 1) padding 1", {2, 2, 5, 6}, {2, 3}, {2, 1},
-                     {1, 1}, {1, 1}, false));
-  run_case(pool_case("max_pool2d 3x2 stride (1, 2) padding 1 dilation (2, 1)", {2, 2, 7, 6},
-                     {3, 2}, {1, 2}, {1, 1}, {2, 1}, true));
-  run_case(pool_case("max_pool2d overlapping 3x3 stride 1 padding 1", {1, 3, 5, 5}, {3, 3},
-                     {1, 1}, {1, 1}, {1, 1}, true));
 
   OpCase up;
   up.name = "interpolate_nearest2x";
@@ -295,9 +280,8 @@ TEST_CASE("conv on several images takes the threaded paths and stays exact") {
   const ConvArgs t{.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0}};
   const Tensor xt = make_input({4, 5, 6, 7}, Domain::any, 5);
   const Tensor wt = make_input({5, 3, 4, 3}, Domain::any, 6);
-  CHECK(max_abs_diff(
-            conv_transpose2d(xt, wt, Tensor(), t.stride, t.padding, t.output_padding),
-            ref_conv_transpose2d(xt, wt, nullptr, t)) < 1e-10);
+  CHECK(max_abs_diff(conv_transpose2d(xt, wt, Tensor(), t.stride, t.padding, t.output_padding),
+                     ref_conv_transpose2d(xt, wt, nullptr, t)) < 1e-10);
 }
 
 // Gradients of <conv2d(x, w) + b, g> checked through linearity: <x, dx> and
@@ -321,16 +305,15 @@ TEST_CASE("conv with many channels (the channels-last path) matches the direct l
   // The main job's layers at a small batch, then strides, dilations and
   // paddings the main job does not use; odd batches split unevenly into
   // chunks and threads.
-  check_conv2d_exact({3, 32, 14, 14}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}},
-                     20, 1e-10);
+  check_conv2d_exact({3, 32, 14, 14}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, 20,
+                     1e-10);
   check_conv2d_exact({2, 32, 7, 7}, {32, 32, 3, 3}, {.padding = {1, 1}}, 30, 1e-10);
   check_conv2d_exact({5, 32, 7, 7}, {16, 32, 1, 1}, {}, 40, 1e-10);
   check_conv2d_exact({3, 16, 7, 7}, {32, 16, 3, 3}, {.padding = {1, 1}}, 50, 1e-10);
   check_conv2d_exact({7, 8, 9, 11}, {5, 8, 3, 2},
                      {.stride = {2, 3}, .padding = {2, 1}, .dilation = {2, 1}}, 60, 1e-10);
   check_conv2d_exact({1, 4, 5, 6}, {3, 4, 5, 6}, {.padding = {0, 0}}, 70, 1e-10);
-  check_conv2d_exact({2, 6, 4, 4}, {4, 6, 3, 3}, {.stride = {3, 3}, .padding = {2, 2}}, 80,
-                     1e-10);
+  check_conv2d_exact({2, 6, 4, 4}, {4, 6, 3, 3}, {.stride = {3, 3}, .padding = {2, 2}}, 80, 1e-10);
 
   // Transposed (the decoder's upsampling layers): forward against the
   // scatter reference, several images.
@@ -385,8 +368,8 @@ TEST_CASE("conv and pooling: 16-bit floats compute in f32 and keep their dtype")
   for (DType t : {DType::bf16, DType::f16}) {
     const Tensor y = conv2d(x.to(t), w.to(t), Tensor(), {1, 1}, {1, 1});
     CHECK(y.dtype() == t);
-    const Tensor want = ref_conv2d(x.to(t).to(DType::f64), w.to(t).to(DType::f64),
-                                   nullptr, {.padding = {1, 1}});
+    const Tensor want =
+        ref_conv2d(x.to(t).to(DType::f64), w.to(t).to(DType::f64), nullptr, {.padding = {1, 1}});
     CHECK(max_abs_diff(y, want) < (t == DType::bf16 ? 0.25 : 0.05));
     CHECK(max_pool2d(x.to(t), {2, 2}).dtype() == t);
     CHECK(avg_pool2d(x.to(t), {2, 2}).dtype() == t);
@@ -401,8 +384,7 @@ TEST_CASE("max_pool2d sends the gradient to the first maximum only") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0});
   // Padding never wins, even against negative values.
   const Tensor n = full({1, 1, 2, 2}, -5.0);
-  CHECK(max_pool2d(n, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() ==
-        std::vector<double>(9, -5.0));
+  CHECK(max_pool2d(n, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() == std::vector<double>(9, -5.0));
   // avg_pool2d counts the padding in the mean.
   const Tensor o = ones({1, 1, 2, 2});
   CHECK(avg_pool2d(o, {2, 2}, {1, 1}, {1, 1}).to_vector<double>() ==
@@ -442,15 +424,13 @@ TEST_CASE("max_pool2d: ties and NaN pick the same element on every device") {
 
 TEST_CASE("conv and pooling name the op and the problem in their errors") {
   const Tensor x = ones({1, 4, 5, 5});
-  CHECK_THROWS_WITH_AS(
-      conv2d(x, ones({2, 3, 3, 3})),
-      doctest::Contains("[conv2d] weight [2, 3, 3, 3] expects 3 input channels"),
-      std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      conv2d(x, ones({2, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3),
-      doctest::Contains("[conv2d] input channels (4) are not divisible by "
-                        "groups (3)"),
-      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 3, 3, 3})),
+                       doctest::Contains("[conv2d] weight [2, 3, 3, 3] expects 3 input channels"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3),
+                       doctest::Contains("[conv2d] input channels (4) are not divisible by "
+                                         "groups (3)"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(conv2d(x, ones({3, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2),
                        doctest::Contains("output channels (3) are not divisible"),
                        std::invalid_argument);
@@ -461,32 +441,26 @@ TEST_CASE("conv and pooling name the op and the problem in their errors") {
                        doctest::Contains("[conv2d] bias must have shape [2]"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(conv2d(ones({4, 5, 5}), ones({2, 4, 3, 3})),
-                       doctest::Contains("[conv2d] input must be 4-d"),
-                       std::invalid_argument);
+                       doctest::Contains("[conv2d] input must be 4-d"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 3, 3}), Tensor(), {0, 1}),
                        doctest::Contains("[conv2d] stride must be positive"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(conv2d(ones({1, 4, 5, 5}, {.dtype = DType::i32}),
-                              ones({2, 4, 3, 3}, {.dtype = DType::i32})),
-                       doctest::Contains("[conv2d] needs floating operands: got i32"),
+  CHECK_THROWS_WITH_AS(
+      conv2d(ones({1, 4, 5, 5}, {.dtype = DType::i32}), ones({2, 4, 3, 3}, {.dtype = DType::i32})),
+      doctest::Contains("[conv2d] needs floating operands: got i32"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, ones({3, 2, 3, 3})),
+                       doctest::Contains("[conv_transpose2d] weight [3, 2, 3, 3] expects 3 "
+                                         "input channels"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, ones({4, 2, 3, 3}), Tensor(), {2, 2}, {0, 0}, {2, 0}),
+                       doctest::Contains("[conv_transpose2d] output_padding must be"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(
-      conv_transpose2d(x, ones({3, 2, 3, 3})),
-      doctest::Contains("[conv_transpose2d] weight [3, 2, 3, 3] expects 3 "
-                        "input channels"),
-      std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      conv_transpose2d(x, ones({4, 2, 3, 3}), Tensor(), {2, 2}, {0, 0}, {2, 0}),
-      doctest::Contains("[conv_transpose2d] output_padding must be"),
-      std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
       conv_transpose2d(ones({1, 4, 1, 1}), ones({4, 2, 1, 1}), Tensor(), {1, 1}, {1, 1}),
-      doctest::Contains("[conv_transpose2d] output size is not positive"),
-      std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      avg_pool2d(x, {2, 2}, {0, 0}, {2, 2}),
-      doctest::Contains("[avg_pool2d] padding must be between 0 and half"),
-      std::invalid_argument);
+      doctest::Contains("[conv_transpose2d] output size is not positive"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(avg_pool2d(x, {2, 2}, {0, 0}, {2, 2}),
+                       doctest::Contains("[avg_pool2d] padding must be between 0 and half"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(max_pool2d(x, {7, 7}),
                        doctest::Contains("[max_pool2d] output size is not positive"),
                        std::invalid_argument);

@@ -48,70 +48,93 @@ double sigmoid_ref(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 }  // namespace
 
 TEST_CASE("elementwise binary ops through the harness") {
-  run_case(binary_case("add", [](auto& a, auto& b) { return add(a, b); },
-                       [](double a, double b) { return a + b; }));
-  run_case(binary_case("sub", [](auto& a, auto& b) { return sub(a, b); },
-                       [](double a, double b) { return a - b; }));
-  run_case(binary_case("mul", [](auto& a, auto& b) { return mul(a, b); },
-                       [](double a, double b) { return a * b; }));
-  run_case(binary_case("div", [](auto& a, auto& b) { return div(a, b); },
-                       [](double a, double b) { return a / b; }, Domain::any,
-                       Domain::away_from_zero));
-  run_case(binary_case("pow", [](auto& a, auto& b) { return pow(a, b); },
-                       [](double a, double b) { return std::pow(a, b); }, Domain::positive));
-  run_case(binary_case("maximum", [](auto& a, auto& b) { return maximum(a, b); },
-                       [](double a, double b) { return std::max(a, b); }));
-  run_case(binary_case("minimum", [](auto& a, auto& b) { return minimum(a, b); },
-                       [](double a, double b) { return std::min(a, b); }));
-  run_case(binary_case("operator+scalar", [](auto& a, auto& b) { return a * 2.5 + b - 1.0; },
-                       [](double a, double b) { return a * 2.5 + b - 1.0; }));
+  run_case(binary_case(
+      "add", [](auto& a, auto& b) { return add(a, b); }, [](double a, double b) { return a + b; }));
+  run_case(binary_case(
+      "sub", [](auto& a, auto& b) { return sub(a, b); }, [](double a, double b) { return a - b; }));
+  run_case(binary_case(
+      "mul", [](auto& a, auto& b) { return mul(a, b); }, [](double a, double b) { return a * b; }));
+  run_case(binary_case(
+      "div", [](auto& a, auto& b) { return div(a, b); }, [](double a, double b) { return a / b; },
+      Domain::any, Domain::away_from_zero));
+  run_case(binary_case(
+      "pow", [](auto& a, auto& b) { return pow(a, b); },
+      [](double a, double b) { return std::pow(a, b); }, Domain::positive));
+  run_case(binary_case(
+      "maximum", [](auto& a, auto& b) { return maximum(a, b); },
+      [](double a, double b) { return std::max(a, b); }));
+  run_case(binary_case(
+      "minimum", [](auto& a, auto& b) { return minimum(a, b); },
+      [](double a, double b) { return std::min(a, b); }));
+  run_case(binary_case(
+      "operator+scalar", [](auto& a, auto& b) { return a * 2.5 + b - 1.0; },
+      [](double a, double b) { return a * 2.5 + b - 1.0; }));
 }
 
 TEST_CASE("elementwise unary ops through the harness") {
-  run_case(unary_case("neg", [](auto& x) { return neg(x); }, [](double v) { return -v; }));
-  run_case(unary_case("abs", [](auto& x) { return abs(x); }, [](double v) { return std::abs(v); },
-                      Domain::away_from_zero));
-  run_case(unary_case("exp", [](auto& x) { return exp(x); }, [](double v) { return std::exp(v); }));
-  run_case(unary_case("log", [](auto& x) { return log(x); }, [](double v) { return std::log(v); },
-                      Domain::positive));
-  run_case(unary_case("log1p", [](auto& x) { return log1p(x); },
-                      [](double v) { return std::log1p(v); }, Domain::positive));
-  run_case(unary_case("sqrt", [](auto& x) { return sqrt(x); },
-                      [](double v) { return std::sqrt(v); }, Domain::positive));
-  run_case(unary_case("rsqrt", [](auto& x) { return rsqrt(x); },
-                      [](double v) { return 1 / std::sqrt(v); }, Domain::positive));
-  run_case(unary_case("sin", [](auto& x) { return sin(x); }, [](double v) { return std::sin(v); }));
-  run_case(unary_case("cos", [](auto& x) { return cos(x); }, [](double v) { return std::cos(v); }));
-  run_case(unary_case("tanh", [](auto& x) { return tanh(x); },
-                      [](double v) { return std::tanh(v); }));
-  run_case(unary_case("erf", [](auto& x) { return erf(x); },
-                      [](double v) { return std::erf(v); }));
-  run_case(unary_case("sigmoid", [](auto& x) { return sigmoid(x); }, sigmoid_ref));
-  run_case(unary_case("relu", [](auto& x) { return relu(x); },
-                      [](double v) { return v > 0 ? v : 0; }, Domain::away_from_zero));
-  run_case(unary_case("leaky_relu", [](auto& x) { return leaky_relu(x, 0.2); },
-                      [](double v) { return v > 0 ? v : 0.2 * v; }, Domain::away_from_zero));
-  run_case(unary_case("gelu_erf", [](auto& x) { return gelu(x); },
-                      [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }));
-  run_case(unary_case("gelu_tanh", [](auto& x) { return gelu(x, GeluApprox::tanh); },
-                      [](double v) {
-                        return 0.5 * v *
-                               (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-                      }));
-  run_case(unary_case("silu", [](auto& x) { return silu(x); },
-                      [](double v) { return v * sigmoid_ref(v); }));
-  run_case(unary_case("softplus", [](auto& x) { return softplus(x, 2.0, 3.0); },
-                      [](double v) { return 2 * v > 3 ? v : std::log1p(std::exp(2 * v)) / 2; },
-                      Domain::away_from_zero));
-  run_case(unary_case("square", [](auto& x) { return square(x); }, [](double v) { return v * v; }));
-  run_case(unary_case("pow_scalar", [](auto& x) { return pow(x, 1.7); },
-                      [](double v) { return std::pow(v, 1.7); }, Domain::positive));
-  run_case(unary_case("pow_scalar_neg", [](auto& x) { return pow(x, -2.0); },
-                      [](double v) { return std::pow(v, -2.0); }, Domain::positive));
-  run_case(unary_case("clamp", [](auto& x) { return clamp(x, -0.5, 0.7); },
-                      [](double v) { return std::clamp(v, -0.5, 0.7); }));
-  run_case(unary_case("clamp_open_low", [](auto& x) { return clamp(x, NAN, 0.7); },
-                      [](double v) { return std::min(v, 0.7); }));
+  run_case(unary_case(
+      "neg", [](auto& x) { return neg(x); }, [](double v) { return -v; }));
+  run_case(unary_case(
+      "abs", [](auto& x) { return abs(x); }, [](double v) { return std::abs(v); },
+      Domain::away_from_zero));
+  run_case(unary_case(
+      "exp", [](auto& x) { return exp(x); }, [](double v) { return std::exp(v); }));
+  run_case(unary_case(
+      "log", [](auto& x) { return log(x); }, [](double v) { return std::log(v); },
+      Domain::positive));
+  run_case(unary_case(
+      "log1p", [](auto& x) { return log1p(x); }, [](double v) { return std::log1p(v); },
+      Domain::positive));
+  run_case(unary_case(
+      "sqrt", [](auto& x) { return sqrt(x); }, [](double v) { return std::sqrt(v); },
+      Domain::positive));
+  run_case(unary_case(
+      "rsqrt", [](auto& x) { return rsqrt(x); }, [](double v) { return 1 / std::sqrt(v); },
+      Domain::positive));
+  run_case(unary_case(
+      "sin", [](auto& x) { return sin(x); }, [](double v) { return std::sin(v); }));
+  run_case(unary_case(
+      "cos", [](auto& x) { return cos(x); }, [](double v) { return std::cos(v); }));
+  run_case(unary_case(
+      "tanh", [](auto& x) { return tanh(x); }, [](double v) { return std::tanh(v); }));
+  run_case(unary_case(
+      "erf", [](auto& x) { return erf(x); }, [](double v) { return std::erf(v); }));
+  run_case(unary_case(
+      "sigmoid", [](auto& x) { return sigmoid(x); }, sigmoid_ref));
+  run_case(unary_case(
+      "relu", [](auto& x) { return relu(x); }, [](double v) { return v > 0 ? v : 0; },
+      Domain::away_from_zero));
+  run_case(unary_case(
+      "leaky_relu", [](auto& x) { return leaky_relu(x, 0.2); },
+      [](double v) { return v > 0 ? v : 0.2 * v; }, Domain::away_from_zero));
+  run_case(unary_case(
+      "gelu_erf", [](auto& x) { return gelu(x); },
+      [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }));
+  run_case(unary_case(
+      "gelu_tanh", [](auto& x) { return gelu(x, GeluApprox::tanh); },
+      [](double v) {
+        return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      }));
+  run_case(unary_case(
+      "silu", [](auto& x) { return silu(x); }, [](double v) { return v * sigmoid_ref(v); }));
+  run_case(unary_case(
+      "softplus", [](auto& x) { return softplus(x, 2.0, 3.0); },
+      [](double v) { return 2 * v > 3 ? v : std::log1p(std::exp(2 * v)) / 2; },
+      Domain::away_from_zero));
+  run_case(unary_case(
+      "square", [](auto& x) { return square(x); }, [](double v) { return v * v; }));
+  run_case(unary_case(
+      "pow_scalar", [](auto& x) { return pow(x, 1.7); }, [](double v) { return std::pow(v, 1.7); },
+      Domain::positive));
+  run_case(unary_case(
+      "pow_scalar_neg", [](auto& x) { return pow(x, -2.0); },
+      [](double v) { return std::pow(v, -2.0); }, Domain::positive));
+  run_case(unary_case(
+      "clamp", [](auto& x) { return clamp(x, -0.5, 0.7); },
+      [](double v) { return std::clamp(v, -0.5, 0.7); }));
+  run_case(unary_case(
+      "clamp_open_low", [](auto& x) { return clamp(x, NAN, 0.7); },
+      [](double v) { return std::min(v, 0.7); }));
 }
 
 TEST_CASE("clamp with tensor bounds and where through the harness") {
@@ -120,8 +143,7 @@ TEST_CASE("clamp with tensor bounds and where through the harness") {
   c.shapes = {{3, 4}, {3, 4}, {4}};
   c.broadcast_shapes = {{2, 3, 4}, {3, 1}, {1}};
   c.zero_shapes = {{0, 4}, {1, 4}, {4}};
-  c.inputs = {spec(Domain::distinct), spec(Domain::distinct),
-              spec(Domain::distinct)};
+  c.inputs = {spec(Domain::distinct), spec(Domain::distinct), spec(Domain::distinct)};
   c.op = [](const Inputs& x) { return clamp(x[0], x[1] - 1.0, x[2] + 1.0); };
   c.reference = [](const Inputs& x) {
     return ref_elementwise(x, [](const std::vector<double>& v) {
@@ -169,7 +191,8 @@ TEST_CASE("non-differentiable elementwise ops give exact values") {
   CHECK(ne(a, b).to_vector<bool>() == std::vector<bool>{true, false, true});
   CHECK(gt(a, b).to_vector<bool>() == std::vector<bool>{false, false, true});
   CHECK(ge(a, b).to_vector<bool>() == std::vector<bool>{false, true, true});
-  Tensor p = from_vector<bool>({true, true, false, false}), q = from_vector<bool>({true, false, true, false});
+  Tensor p = from_vector<bool>({true, true, false, false}),
+         q = from_vector<bool>({true, false, true, false});
   CHECK(logical_and(p, q).to_vector<bool>() == std::vector<bool>{true, false, false, false});
   CHECK(logical_or(p, q).to_vector<bool>() == std::vector<bool>{true, true, true, false});
   CHECK(logical_xor(p, q).to_vector<bool>() == std::vector<bool>{false, true, true, false});
@@ -267,8 +290,10 @@ TEST_CASE("broadcast inputs: a value splat everywhere or along rows, any positio
   const Tensor col = randn({rows, 1}, gen, {.dtype = DType::f64});
   const Tensor along = expand(col, {rows, cols});
   const auto av = a.to_vector<double>(), cv = col.to_vector<double>();
-  const auto left = (everywhere - a).to_vector<double>(), right = (a - everywhere).to_vector<double>();
-  const auto rowwise = (a * along).to_vector<double>(), rowwise_left = (along / a).to_vector<double>();
+  const auto left = (everywhere - a).to_vector<double>(),
+             right = (a - everywhere).to_vector<double>();
+  const auto rowwise = (a * along).to_vector<double>(),
+             rowwise_left = (along / a).to_vector<double>();
   std::vector<double> want_left, want_right, want_rowwise, want_rowwise_left;
   for (int64_t i = 0; i < rows * cols; ++i) {
     const double x = av[size_t(i)], c = cv[size_t(i / cols)];
@@ -297,7 +322,8 @@ TEST_CASE("add_n through the harness (fused path, broadcasting fallback, zero si
   c.inputs = {InputSpec{}, InputSpec{}, InputSpec{}, InputSpec{}};
   c.op = [](const Inputs& x) { return add_n(x); };
   c.reference = [](const Inputs& x) {
-    return ref_elementwise(x, [](const std::vector<double>& v) { return v[0] + v[1] + v[2] + v[3]; });
+    return ref_elementwise(x,
+                           [](const std::vector<double>& v) { return v[0] + v[1] + v[2] + v[3]; });
   };
   run_case(c);
 }
@@ -325,14 +351,13 @@ TEST_CASE("add_n: the chain of adds bit for bit, gradients only where taken, cle
 TEST_CASE("relu_backward: where(x > 0, grad, 0) in one pass, NaN and ties included") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const Tensor x = from_vector<double>({-1.0, 0.0, 2.0, nan, 3.0, -0.0}, {2, 3});
-  const Tensor g = from_vector<double>({1.0, 2.0, 3.0, 4.0, nan, 6.0}, {2, 3})
-                       .requires_grad_();
+  const Tensor g = from_vector<double>({1.0, 2.0, 3.0, 4.0, nan, 6.0}, {2, 3}).requires_grad_();
   const Tensor out = relu_backward(g, x);
   const std::vector<double> v = out.to_vector<double>();
   CHECK(v[0] == 0.0);
   CHECK(v[1] == 0.0);
   CHECK(v[2] == 3.0);
-  CHECK(v[3] == 0.0);  // a NaN input passes nothing
+  CHECK(v[3] == 0.0);       // a NaN input passes nothing
   CHECK(std::isnan(v[4]));  // a NaN gradient where the input is positive passes
   CHECK(v[5] == 0.0);
   // Broadcast over rows, f32 like the f64 result.

@@ -32,45 +32,48 @@ Tensor from_values(const std::vector<double>& v, const Shape& shape) {
 
 // Random indices in [0, bound): duplicates are the norm.
 InputSpec index_in(int64_t bound) {
-  return InputSpec{.make = [bound](const Shape& s, uint64_t seed) {
-                     std::vector<int64_t> v(static_cast<size_t>(numel_of(s)));
-                     uint64_t st = seed;
-                     for (auto& x : v) x = static_cast<int64_t>(next_rand(st) % bound);
-                     return i64(v, {static_cast<int64_t>(v.size())}).reshape(s);
-                   },
+  return InputSpec{.make =
+                       [bound](const Shape& s, uint64_t seed) {
+                         std::vector<int64_t> v(static_cast<size_t>(numel_of(s)));
+                         uint64_t st = seed;
+                         for (auto& x : v) x = static_cast<int64_t>(next_rand(st) % bound);
+                         return i64(v, {static_cast<int64_t>(v.size())}).reshape(s);
+                       },
                    .differentiable = false};
 }
 
 // Indices in [0, bound) that never repeat along `dim` (scatter overwrites, so
 // duplicates there would make the gradient ill-defined).
 InputSpec unique_index_in(int64_t dim, int64_t bound) {
-  return InputSpec{.make = [dim, bound](const Shape& s, uint64_t seed) {
-                     const int64_t d = dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim;
-                     std::map<int64_t, std::vector<int64_t>> perms;
-                     uint64_t st = seed;
-                     std::vector<int64_t> v(static_cast<size_t>(numel_of(s)));
-                     for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
-                       auto pos = unravel(i, s);
-                       const int64_t j = pos[d];
-                       pos[d] = 0;
-                       auto& p = perms[ravel(pos, s)];
-                       if (p.empty()) {
-                         for (int64_t k = 0; k < bound; ++k) p.push_back(k);
-                         for (int64_t k = bound - 1; k > 0; --k)
-                           std::swap(p[k], p[next_rand(st) % (k + 1)]);
-                       }
-                       v[i] = p[j];
-                     }
-                     return i64(v, {static_cast<int64_t>(v.size())}).reshape(s);
-                   },
+  return InputSpec{.make =
+                       [dim, bound](const Shape& s, uint64_t seed) {
+                         const int64_t d = dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim;
+                         std::map<int64_t, std::vector<int64_t>> perms;
+                         uint64_t st = seed;
+                         std::vector<int64_t> v(static_cast<size_t>(numel_of(s)));
+                         for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+                           auto pos = unravel(i, s);
+                           const int64_t j = pos[d];
+                           pos[d] = 0;
+                           auto& p = perms[ravel(pos, s)];
+                           if (p.empty()) {
+                             for (int64_t k = 0; k < bound; ++k) p.push_back(k);
+                             for (int64_t k = bound - 1; k > 0; --k)
+                               std::swap(p[k], p[next_rand(st) % (k + 1)]);
+                           }
+                           v[i] = p[j];
+                         }
+                         return i64(v, {static_cast<int64_t>(v.size())}).reshape(s);
+                       },
                    .differentiable = false};
 }
 
 InputSpec bool_mask() {
-  return InputSpec{.make = [](const Shape& s, uint64_t seed) {
-                     return gt(make_input(s, Domain::any, seed),
-                               scalar(0.3, {.dtype = DType::f64}));
-                   },
+  return InputSpec{.make =
+                       [](const Shape& s, uint64_t seed) {
+                         return gt(make_input(s, Domain::any, seed),
+                                   scalar(0.3, {.dtype = DType::f64}));
+                       },
                    .differentiable = false};
 }
 
@@ -107,8 +110,8 @@ Tensor ref_gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 // mode 0: overwrite with src, 1: add src, 2: overwrite with `value`.
-Tensor ref_scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
-                   int mode, double value = 0) {
+Tensor ref_scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, int mode,
+                   double value = 0) {
   const int64_t d = wrap(dim, x.dim());
   auto out = x.to_vector<double>();
   auto iv = index.to_vector<int64_t>();
@@ -138,8 +141,7 @@ Tensor ref_index_add(const Tensor& x, int64_t dim, const Tensor& index, const Te
 }
 
 // Values of x and mask at every position of their broadcast shape.
-std::pair<std::vector<double>, std::vector<double>> broadcast_pair(const Tensor& x,
-                                                                   const Tensor& m,
+std::pair<std::vector<double>, std::vector<double>> broadcast_pair(const Tensor& x, const Tensor& m,
                                                                    Shape* shape) {
   *shape = broadcast_shapes(x.shape(), m.shape(), "ref");
   std::vector<double> xs, ms;
@@ -201,8 +203,8 @@ TEST_CASE("index_select and gather through the harness") {
   run_case(make_case(
       "index_select_dim-1", {{2, 3, 5}, {7}},
       [](const Inputs& x) { return index_select(x[0], -1, x[1]); },
-      [](const Inputs& x) { return ref_index_select(x[0], -1, x[1]); },
-      {InputSpec{}, index_in(5)}, {{2, 3, 5}, {0}}));
+      [](const Inputs& x) { return ref_index_select(x[0], -1, x[1]); }, {InputSpec{}, index_in(5)},
+      {{2, 3, 5}, {0}}));
   run_case(make_case(
       "gather_dim1", {{3, 5}, {3, 4}}, [](const Inputs& x) { return gather(x[0], 1, x[1]); },
       [](const Inputs& x) { return ref_gather(x[0], 1, x[1]); }, {InputSpec{}, index_in(5)},
@@ -270,8 +272,7 @@ TEST_CASE("masked_fill, masked_select and embedding through the harness") {
   run_case(fill);
 
   OpCase sel = make_case(
-      "masked_select", {{3, 4}, {3, 4}},
-      [](const Inputs& x) { return masked_select(x[0], x[1]); },
+      "masked_select", {{3, 4}, {3, 4}}, [](const Inputs& x) { return masked_select(x[0], x[1]); },
       [](const Inputs& x) {
         Shape s;
         auto [xs, ms] = broadcast_pair(x[0], x[1], &s);
@@ -285,8 +286,7 @@ TEST_CASE("masked_fill, masked_select and embedding through the harness") {
   run_case(sel);
 
   run_case(make_case(
-      "embedding", {{6, 3}, {2, 4}},
-      [](const Inputs& x) { return embedding(x[0], x[1]); },
+      "embedding", {{6, 3}, {2, 4}}, [](const Inputs& x) { return embedding(x[0], x[1]); },
       [](const Inputs& x) {
         Tensor flat = ref_index_select(x[0], 0, x[1].reshape({-1}));
         return flat.reshape({x[1].size(0), x[1].size(1), 3});
@@ -296,16 +296,14 @@ TEST_CASE("masked_fill, masked_select and embedding through the harness") {
 
 TEST_CASE("cat, stack, split and chunk through the harness") {
   run_case(make_case(
-      "cat_dim0", {{2, 3}, {4, 3}, {1, 3}},
-      [](const Inputs& x) { return cat(x, 0); }, [](const Inputs& x) { return ref_cat(x, 0); },
-      {}, {{0, 3}, {2, 3}, {0, 3}}));
+      "cat_dim0", {{2, 3}, {4, 3}, {1, 3}}, [](const Inputs& x) { return cat(x, 0); },
+      [](const Inputs& x) { return ref_cat(x, 0); }, {}, {{0, 3}, {2, 3}, {0, 3}}));
   run_case(make_case(
       "cat_dim-1_with_empty_piece", {{3, 2}, {3, 0}, {3, 4}},
       [](const Inputs& x) { return cat(x, -1); }, [](const Inputs& x) { return ref_cat(x, -1); },
       {}, {{0, 2}, {0, 0}, {0, 4}}));
   run_case(make_case(
-      "stack_dim1", {{3, 4}, {3, 4}, {3, 4}},
-      [](const Inputs& x) { return stack(x, 1); },
+      "stack_dim1", {{3, 4}, {3, 4}, {3, 4}}, [](const Inputs& x) { return stack(x, 1); },
       [](const Inputs& x) {
         Inputs u;
         for (const auto& t : x) u.push_back(t.unsqueeze(1));
@@ -313,8 +311,7 @@ TEST_CASE("cat, stack, split and chunk through the harness") {
       },
       {}, {{0, 4}, {0, 4}, {0, 4}}));
   run_case(make_case(
-      "stack_dim-1", {{2, 3}, {2, 3}},
-      [](const Inputs& x) { return stack(x, -1); },
+      "stack_dim-1", {{2, 3}, {2, 3}}, [](const Inputs& x) { return stack(x, -1); },
       [](const Inputs& x) {
         return ref_cat({x[0].unsqueeze(-1), x[1].unsqueeze(-1)}, -1);
       }));
@@ -339,10 +336,12 @@ TEST_CASE("cat, stack, split and chunk through the harness") {
       {}, {{0, 3}}));
   run_case(make_case(
       "split_sizes_dim-1", {{2, 6}},
-      [scramble](const Inputs& x) { return cat(scramble(split(x[0], {1, 0, 5}, -1)), -1); },
       [scramble](const Inputs& x) {
-        return ref_cat(scramble({x[0].narrow(1, 0, 1), x[0].narrow(1, 1, 0),
-                                 x[0].narrow(1, 1, 5)}), -1);
+        return cat(scramble(split(x[0], {1, 0, 5}, -1)), -1);
+      },
+      [scramble](const Inputs& x) {
+        return ref_cat(scramble({x[0].narrow(1, 0, 1), x[0].narrow(1, 1, 0), x[0].narrow(1, 1, 5)}),
+                       -1);
       }));
   // chunk(x, 2, 1): pieces of ceil(n / 2) columns, the last one shorter;
   // torch.chunk gives an empty dim `chunks` empty pieces.
@@ -356,15 +355,17 @@ TEST_CASE("cat, stack, split and chunk through the harness") {
   };
   // Zero-size both ways: no rows (pieces [0, 3] and [0, 2]) and no columns.
   for (Shape zero : {Shape{0, 5}, Shape{3, 0}})
-    run_case(make_case(
-        "chunk", {{3, 5}},
-        [scramble](const Inputs& x) { return cat(scramble(chunk(x[0], 2, 1)), 1); }, chunk_ref,
-        {}, {zero}));
+    run_case(make_case("chunk", {{3, 5}},
+                       [scramble](const Inputs& x) { return cat(scramble(chunk(x[0], 2, 1)), 1); },
+                       chunk_ref, {}, {zero}));
 }
 
 TEST_CASE("flip, repeat and pad through the harness") {
   run_case(make_case(
-      "flip", {{3, 4, 2}}, [](const Inputs& x) { return flip(x[0], {0, -1}); },
+      "flip", {{3, 4, 2}},
+      [](const Inputs& x) {
+        return flip(x[0], {0, -1});
+      },
       [](const Inputs& x) {
         auto v = x[0].to_vector<double>();
         std::vector<double> out(v.size());
@@ -379,7 +380,10 @@ TEST_CASE("flip, repeat and pad through the harness") {
       },
       {}, {{0, 4, 2}}));
   run_case(make_case(
-      "repeat", {{2, 3}}, [](const Inputs& x) { return repeat(x[0], {2, 1, 3}); },
+      "repeat", {{2, 3}},
+      [](const Inputs& x) {
+        return repeat(x[0], {2, 1, 3});
+      },
       [](const Inputs& x) {
         auto v = x[0].to_vector<double>();
         const Shape& s = x[0].shape();
@@ -394,7 +398,9 @@ TEST_CASE("flip, repeat and pad through the harness") {
       {}, {{0, 3}}));
   run_case(make_case(
       "pad_mixed_signs", {{3, 4}},
-      [](const Inputs& x) { return pad(x[0], {1, 2, -1, 3}, 0.5); },
+      [](const Inputs& x) {
+        return pad(x[0], {1, 2, -1, 3}, 0.5);
+      },
       [](const Inputs& x) {
         auto v = x[0].to_vector<double>();
         const Shape& s = x[0].shape();
@@ -568,8 +574,7 @@ TEST_CASE("embedding padding_idx gets no gradient") {
   Tensor out = embedding(w, ids, 3);
   CHECK(out.shape() == Shape{3, 2, 2});
   // The padding row is still looked up (only its gradient is dropped).
-  CHECK(out.to_vector<double>() ==
-        std::vector<double>{3, 4, 7, 8, 3, 4, 1, 2, 7, 8, 7, 8});
+  CHECK(out.to_vector<double>() == std::vector<double>{3, 4, 7, 8, 3, 4, 1, 2, 7, 8, 7, 8});
   sum(out).backward();
   CHECK(w.grad().to_vector<double>() == std::vector<double>{1, 1, 2, 2, 0, 0, 0, 0});
   // Without padding_idx row 3 collects three lookups.
@@ -589,8 +594,7 @@ TEST_CASE("split and chunk sizes follow PyTorch") {
   CHECK(sizes_along(split(x, 3), 0) == std::vector<int64_t>{3, 3, 3, 1});
   CHECK(sizes_along(split(x, 10), 0) == std::vector<int64_t>{10});
   CHECK(sizes_along(split(x, 20), 0) == std::vector<int64_t>{10});
-  CHECK(sizes_along(split(x, std::vector<int64_t>{2, 0, 8}), 0) ==
-        std::vector<int64_t>{2, 0, 8});
+  CHECK(sizes_along(split(x, std::vector<int64_t>{2, 0, 8}), 0) == std::vector<int64_t>{2, 0, 8});
   CHECK(split(x, 3)[3].to_vector<double>() == std::vector<double>{9});
   CHECK(sizes_along(split(zeros({0, 2}), 2), 0) == std::vector<int64_t>{0});
   CHECK(sizes_along(chunk(x, 3), 0) == std::vector<int64_t>{4, 4, 2});

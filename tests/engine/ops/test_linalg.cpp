@@ -32,8 +32,7 @@ Tensor ref_matmul(const Tensor& a, const Tensor& b) {
   std::vector<double> out(static_cast<size_t>(nb * m * n), 0.0);
   auto sub_index = [&](const std::vector<int64_t>& idx, const Shape& s) {
     std::vector<int64_t> sub(s.size());
-    for (size_t d = 0; d < s.size(); ++d)
-      sub[d] = s[d] == 1 ? 0 : idx[d + batch.size() - s.size()];
+    for (size_t d = 0; d < s.size(); ++d) sub[d] = s[d] == 1 ? 0 : idx[d + batch.size() - s.size()];
     return ravel(sub, s);
   };
   for (int64_t t = 0; t < nb; ++t) {
@@ -55,8 +54,7 @@ Tensor ref_matmul(const Tensor& a, const Tensor& b) {
 // Swaps the last two dims with plain loops.
 Tensor ref_t(const Tensor& x) {
   const Shape& s = x.shape();
-  const int64_t r = s[s.size() - 2], c = s.back(),
-                nb = x.numel() / std::max<int64_t>(r * c, 1);
+  const int64_t r = s[s.size() - 2], c = s.back(), nb = x.numel() / std::max<int64_t>(r * c, 1);
   const auto v = x.to_vector<double>();
   std::vector<double> out(v.size());
   for (int64_t t = 0; t < nb; ++t)
@@ -67,8 +65,8 @@ Tensor ref_t(const Tensor& x) {
   return from_values(out, os);
 }
 
-OpCase matmul_case(std::string name, std::vector<Shape> shapes,
-                   std::vector<Shape> bcast = {}, std::vector<Shape> zero = {}) {
+OpCase matmul_case(std::string name, std::vector<Shape> shapes, std::vector<Shape> bcast = {},
+                   std::vector<Shape> zero = {}) {
   OpCase c;
   c.name = std::move(name);
   c.shapes = std::move(shapes);
@@ -121,13 +119,12 @@ TEST_CASE("matmul through the harness: every rank combination") {
   run_case(matmul_case("matmul 1d.2d", {{4}, {4, 3}}, {{4}, {2, 4, 3}}, {{0}, {0, 3}}));
   run_case(matmul_case("matmul 2d.1d", {{3, 4}, {4}}, {{2, 3, 4}, {4}}, {{0, 4}, {4}}));
   run_case(matmul_case("matmul 2d.2d", {{3, 4}, {4, 5}}, {}, {{0, 4}, {4, 5}}));
-  run_case(matmul_case("matmul 2d.2d empty inner dim", {{3, 2}, {2, 5}}, {},
-                       {{3, 0}, {0, 5}}));
+  run_case(matmul_case("matmul 2d.2d empty inner dim", {{3, 2}, {2, 5}}, {}, {{3, 0}, {0, 5}}));
   run_case(matmul_case("matmul blocked-GEMM sizes", {{17, 23}, {23, 19}}));
-  run_case(matmul_case("matmul batched", {{2, 3, 4}, {2, 4, 5}},
-                       {{2, 1, 3, 4}, {3, 4, 5}}, {{0, 3, 4}, {0, 4, 5}}));
-  run_case(matmul_case("matmul batch times matrix", {{2, 3, 4}, {4, 5}},
-                       {{3, 4}, {2, 4, 5}}, {{0, 3, 4}, {4, 5}}));
+  run_case(matmul_case("matmul batched", {{2, 3, 4}, {2, 4, 5}}, {{2, 1, 3, 4}, {3, 4, 5}},
+                       {{0, 3, 4}, {0, 4, 5}}));
+  run_case(matmul_case("matmul batch times matrix", {{2, 3, 4}, {4, 5}}, {{3, 4}, {2, 4, 5}},
+                       {{0, 3, 4}, {4, 5}}));
   run_case(matmul_case("matmul broadcast batch dims", {{2, 1, 3, 4}, {1, 3, 4, 2}},
                        {{1, 2, 3}, {4, 1, 3, 2}}, {{2, 0, 3, 4}, {1, 4, 2}}));
 }
@@ -143,8 +140,7 @@ TEST_CASE("matmul through the harness: transposed operands") {
   bt.reference = [](const Inputs& x) { return ref_matmul(x[0], ref_t(x[1])); };
   run_case(bt);
 
-  OpCase both =
-      matmul_case("matmul batched a^T b^T", {{2, 4, 3}, {2, 5, 4}}, {{4, 3}, {2, 5, 4}});
+  OpCase both = matmul_case("matmul batched a^T b^T", {{2, 4, 3}, {2, 5, 4}}, {{4, 3}, {2, 5, 4}});
   both.op = [](const Inputs& x) {
     return matmul(transpose(x[0], -1, -2), transpose(x[1], -1, -2));
   };
@@ -206,8 +202,7 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
 
 TEST_CASE("matmul on sizes that take the threaded and batch-parallel paths") {
   // Large enough for Eigen's blocked, threaded GEMM; every transpose layout.
-  const Tensor a = make_input({70, 90}, Domain::any, 1),
-               b = make_input({90, 60}, Domain::any, 2);
+  const Tensor a = make_input({70, 90}, Domain::any, 1), b = make_input({90, 60}, Domain::any, 2);
   const Tensor want = ref_matmul(a, b);
   CHECK(max_abs_diff(matmul(a, b), want) < 1e-10);
   const Tensor at = a.t().contiguous(), bt = b.t().contiguous();
@@ -232,8 +227,7 @@ TEST_CASE("matmul on sizes that take the threaded and batch-parallel paths") {
 }
 
 TEST_CASE("matmul and linear: 16-bit floats compute in f32 and keep their dtype") {
-  const Tensor a = make_input({4, 6}, Domain::any, 7),
-               b = make_input({6, 3}, Domain::any, 8);
+  const Tensor a = make_input({4, 6}, Domain::any, 7), b = make_input({6, 3}, Domain::any, 8);
   for (DType t : {DType::bf16, DType::f16}) {
     const Tensor a16 = a.to(t), b16 = b.to(t);
     const Tensor c = matmul(a16, b16);
@@ -272,34 +266,30 @@ TEST_CASE("matmul gradients reach both operands with the right shapes") {
 
 TEST_CASE("matrix products name the op and the problem in their errors") {
   const Tensor a = ones({2, 3}), b = ones({4, 5});
-  CHECK_THROWS_WITH_AS(matmul(a, b),
-                       doctest::Contains("[matmul] inner dimensions differ"),
+  CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("[matmul] inner dimensions differ"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("[2, 3] and [4, 5]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("[2, 3] and [4, 5]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(matmul(scalar(1.0), a), doctest::Contains("at least 1 dim"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(matmul(ones({2, 2, 3}), ones({3, 3, 4})),
-                       doctest::Contains("[matmul]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(matmul(ones({2, 2, 3}), ones({3, 3, 4})), doctest::Contains("[matmul]"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(
       matmul(ones({2, 3}, {.dtype = DType::i64}), ones({3, 2}, {.dtype = DType::i64})),
       doctest::Contains("[matmul] needs floating operands: got i64 and i64"),
       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(bmm(ones({2, 3}), ones({3, 2})),
-                       doctest::Contains("[bmm] needs 3-d"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(bmm(ones({2, 3}), ones({3, 2})), doctest::Contains("[bmm] needs 3-d"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(bmm(ones({2, 2, 3}), ones({3, 3, 2})),
-                       doctest::Contains("[bmm] batch sizes differ"),
-                       std::invalid_argument);
+                       doctest::Contains("[bmm] batch sizes differ"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(linear(ones({2, 3}), ones({4, 5})),
-                       doctest::Contains("[linear] input's last dim"),
-                       std::invalid_argument);
+                       doctest::Contains("[linear] input's last dim"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(linear(ones({2, 3}), ones({4, 3}), ones({3})),
                        doctest::Contains("[linear] bias must have shape [4]"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(outer(ones({2, 2}), ones({2})),
-                       doctest::Contains("[outer] needs 1-d"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(sq_dist(ones({2, 3}), ones({4, 2})),
-                       doctest::Contains("[sq_dist]"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(outer(ones({2, 2}), ones({2})), doctest::Contains("[outer] needs 1-d"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sq_dist(ones({2, 3}), ones({4, 2})), doctest::Contains("[sq_dist]"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("sq_dist is exactly zero for identical rows and never negative") {

@@ -13,7 +13,6 @@ namespace {
 
 using Values = std::vector<double>;
 
-
 const char* reduction_name(Reduction r) {
   return r == Reduction::none ? "none" : r == Reduction::sum ? "sum" : "mean";
 }
@@ -45,8 +44,8 @@ Tensor reduce_ref(const Values& losses, const Shape& shape, Reduction r, double 
 
 // Plain-loop cross entropy: logits [N, C, *]; target either class indices
 // [N, *] or probabilities [N, C, *].
-Tensor ref_cross_entropy(const Tensor& logits, const Tensor& target, Reduction r,
-                         int64_t ignore, double eps) {
+Tensor ref_cross_entropy(const Tensor& logits, const Tensor& target, Reduction r, int64_t ignore,
+                         double eps) {
   const Shape& ls = logits.shape();
   const int64_t n = ls[0], c = ls[1], inner = numel_of(ls) / std::max<int64_t>(n * c, 1);
   const Values x = logits.to_vector<double>(), t = target.to_vector<double>();
@@ -63,8 +62,7 @@ Tensor ref_cross_entropy(const Tensor& logits, const Tensor& target, Reduction r
       if (probs) {
         double l = 0;
         for (int64_t k = 0; k < c; ++k) {
-          const double q =
-              (1 - eps) * t[(i * c + k) * inner + s] + eps / static_cast<double>(c);
+          const double q = (1 - eps) * t[(i * c + k) * inner + s] + eps / static_cast<double>(c);
           l -= q * (at(k) - lse);
         }
         losses.push_back(l);
@@ -97,8 +95,8 @@ OpCase ce_case(Shape logits, Shape target, Reduction r, bool with_ignore, double
   return c;
 }
 
-OpCase pair_loss_case(const char* name, std::function<Tensor(const Tensor&, const Tensor&,
-                                                              Reduction)> op,
+OpCase pair_loss_case(const char* name,
+                      std::function<Tensor(const Tensor&, const Tensor&, Reduction)> op,
                       std::function<double(double)> f, Reduction r) {
   OpCase c;
   c.name = std::string(name) + " " + reduction_name(r);
@@ -146,8 +144,8 @@ Tensor ref_normalize(const Tensor& x, int64_t group, const Tensor& w, const Tens
 
 OpCase layer_norm_case(Shape x, Shape normalized, bool affine, Shape zero_x = {}) {
   OpCase c;
-  c.name = "layer_norm " + shape_str(x) + " over " + shape_str(normalized) +
-           (affine ? " affine" : "");
+  c.name =
+      "layer_norm " + shape_str(x) + " over " + shape_str(normalized) + (affine ? " affine" : "");
   c.shapes = {x};
   if (affine) c.shapes.insert(c.shapes.end(), {normalized, normalized});
   if (!zero_x.empty()) {
@@ -155,13 +153,13 @@ OpCase layer_norm_case(Shape x, Shape normalized, bool affine, Shape zero_x = {}
     if (affine) c.zero_shapes.insert(c.zero_shapes.end(), {normalized, normalized});
   }
   c.op = [=](const Inputs& in) {
-    return affine ? layer_norm(in[0], normalized, in[1], in[2])
-                  : layer_norm(in[0], normalized);
+    return affine ? layer_norm(in[0], normalized, in[1], in[2]) : layer_norm(in[0], normalized);
   };
   c.reference = [=](const Inputs& in) {
     const int64_t group = numel_of(normalized);
-    return ref_normalize(in[0], group, affine ? in[1] : Tensor(), affine ? in[2] : Tensor(),
-                         [group](int64_t i) { return i % group; }, 1e-5);
+    return ref_normalize(
+        in[0], group, affine ? in[1] : Tensor(), affine ? in[2] : Tensor(),
+        [group](int64_t i) { return i % group; }, 1e-5);
   };
   return c;
 }
@@ -183,9 +181,9 @@ OpCase group_norm_case(Shape x, int64_t groups, bool affine, Shape zero_x = {}) 
   c.reference = [=](const Inputs& in) {
     const Shape& s = in[0].shape();
     const int64_t spatial = numel_of(s) / std::max<int64_t>(s[0] * s[1], 1);
-    return ref_normalize(in[0], channels / groups * spatial, affine ? in[1] : Tensor(),
-                         affine ? in[2] : Tensor(),
-                         [=](int64_t i) { return (i / spatial) % channels; }, 1e-5);
+    return ref_normalize(
+        in[0], channels / groups * spatial, affine ? in[1] : Tensor(), affine ? in[2] : Tensor(),
+        [=](int64_t i) { return (i / spatial) % channels; }, 1e-5);
   };
   return c;
 }
@@ -217,9 +215,7 @@ TEST_CASE("cross_entropy through the harness") {
   probs.shapes = {{4, 3, 2}, {4, 3, 2}};
   probs.zero_shapes = {{0, 3}, {0, 3}};
   probs.inputs = {spec(Domain::any), spec(Domain::positive)};
-  probs.op = [](const Inputs& x) {
-    return cross_entropy(x[0], x[1], Reduction::mean, -100, 0.1);
-  };
+  probs.op = [](const Inputs& x) { return cross_entropy(x[0], x[1], Reduction::mean, -100, 0.1); };
   probs.reference = [](const Inputs& x) {
     return ref_cross_entropy(x[0], x[1], Reduction::mean, -100, 0.1);
   };
@@ -273,8 +269,7 @@ TEST_CASE("cross_entropy matches hand-computed values") {
   const double lse0 = 3 + std::log(1 + std::exp(-1.0) + std::exp(-2.0));
   const double nll0 = lse0 - 3, nll1 = std::log(3.0);
   CHECK(cross_entropy(logits, i64({2, 0})).item() == doctest::Approx((nll0 + nll1) / 2));
-  CHECK(cross_entropy(logits, i64({2, 0}), Reduction::sum).item() ==
-        doctest::Approx(nll0 + nll1));
+  CHECK(cross_entropy(logits, i64({2, 0}), Reduction::sum).item() == doctest::Approx(nll0 + nll1));
   const Values none = vals(cross_entropy(logits, i64({2, 0}), Reduction::none));
   CHECK(none[0] == doctest::Approx(nll0));
   CHECK(none[1] == doctest::Approx(nll1));
@@ -282,8 +277,7 @@ TEST_CASE("cross_entropy matches hand-computed values") {
   // ignore_index: the ignored sample adds 0 and does not count in the mean.
   CHECK(cross_entropy(logits, i64({2, -100})).item() == doctest::Approx(nll0));
   CHECK(vals(cross_entropy(logits, i64({2, -100}), Reduction::none))[1] == 0.0);
-  CHECK(cross_entropy(logits, i64({2, 7}), Reduction::mean, 7).item() ==
-        doctest::Approx(nll0));
+  CHECK(cross_entropy(logits, i64({2, 7}), Reduction::mean, 7).item() == doctest::Approx(nll0));
   CHECK(std::isnan(cross_entropy(logits, i64({-100, -100})).item()));
   CHECK(cross_entropy(logits, i64({-100, -100}), Reduction::sum).item() == 0.0);
 
@@ -318,16 +312,14 @@ TEST_CASE("cross_entropy takes [C] logits with a 0-d target, and empty batches")
 
 TEST_CASE("cross_entropy rejects bad targets with clear errors") {
   const Tensor logits = zeros({2, 3});
-  CHECK_THROWS_WITH_AS(
-      cross_entropy(logits, i64({0, 3})),
-      doctest::Contains("[cross_entropy] target 3 is out of range for 3 classes"),
-      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({0, 3})),
+                       doctest::Contains("[cross_entropy] target 3 is out of range for 3 classes"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({-1, 0})),
                        doctest::Contains("target -1 is out of range"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      cross_entropy(logits, i64({0, 1, 2})),
-      doctest::Contains("target shape [3] does not match logits shape [2, 3]"),
-      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, i64({0, 1, 2})),
+                       doctest::Contains("target shape [3] does not match logits shape [2, 3]"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 3, 4}), i64({0, 1})),
                        doctest::Contains("expected [2, 4]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(cross_entropy(i64({0, 1}, {1, 2}), i64({0})),
@@ -352,8 +344,8 @@ TEST_CASE("mse_loss and l1_loss values and errors") {
       mse_loss(zeros({2, 1}), zeros({2})),
       doctest::Contains("[mse_loss] input shape [2, 1] and target shape [2] differ"),
       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(l1_loss(i64({1}), i64({1})),
-                       doctest::Contains("[l1_loss] needs floating"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(l1_loss(i64({1}), i64({1})), doctest::Contains("[l1_loss] needs floating"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("one_hot values, inference and errors") {
@@ -367,12 +359,10 @@ TEST_CASE("one_hot values, inference and errors") {
   CHECK_THROWS_WITH_AS(one_hot(i64({0, 4}), 4),
                        doctest::Contains("[one_hot] index 4 is out of range for 4 classes"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(one_hot(i64({-1}), 3), doctest::Contains("index -1"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(one_hot(i64({-1}), 3), doctest::Contains("index -1"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(one_hot(zeros({0}, {.dtype = DType::i64})),
                        doctest::Contains("cannot infer num_classes"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(one_hot(t64({1})),
-                       doctest::Contains("[one_hot] indices must be integers"),
+  CHECK_THROWS_WITH_AS(one_hot(t64({1})), doctest::Contains("[one_hot] indices must be integers"),
                        std::invalid_argument);
 }
 
@@ -390,11 +380,9 @@ TEST_CASE("layer_norm and group_norm values and errors") {
   const Values g = vals(group_norm(x.reshape({1, 2, 4}), 2, {}, {}, 0.0));
   CHECK(g[0] == doctest::Approx(-1.5 / s));
   CHECK(vals(group_norm(x.reshape({1, 2, 4}), 2))[4] == 0.0);
-  CHECK_THROWS_WITH_AS(layer_norm(x, {3}),
-                       doctest::Contains("[layer_norm] normalized_shape [3]"),
+  CHECK_THROWS_WITH_AS(layer_norm(x, {3}), doctest::Contains("[layer_norm] normalized_shape [3]"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(layer_norm(x, {}), doctest::Contains("[layer_norm]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(layer_norm(x, {}), doctest::Contains("[layer_norm]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(layer_norm(x, {4}, ones({3})), doctest::Contains("weight shape [3]"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(group_norm(x.reshape({1, 2, 4}), 3),

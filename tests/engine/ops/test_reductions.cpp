@@ -24,8 +24,7 @@ using RowFn = std::function<double(const Values&)>;
 // the same dims (negative dims let one row serve inputs of different rank).
 using ReduceFn = std::function<Tensor(const Tensor&, const Dims&, bool)>;
 OpCase reduce_case(const std::string& name, const ReduceFn& op, const RowFn& ref, Shape shape,
-                   Dims dims, bool keepdim, Domain domain = Domain::any,
-                   Shape zero_shape = {}) {
+                   Dims dims, bool keepdim, Domain domain = Domain::any, Shape zero_shape = {}) {
   OpCase c;
   c.name = name + " dims " + shape_str(dims) + (keepdim ? " keepdim" : "");
   c.shapes = {std::move(shape)};
@@ -138,8 +137,8 @@ TEST_CASE("sum and mean through the harness") {
   const ReduceFn mean_fn = [](const Tensor& x, const Dims& d, bool k) { return mean(x, d, k); };
   const Domain any = Domain::any;
   for (bool keep : {false, true}) {
-    for (const auto& [name, op, ref] : {std::tuple{"sum", sum_fn, RowFn(r_sum)},
-                                        std::tuple{"mean", mean_fn, RowFn(r_mean)}}) {
+    for (const auto& [name, op, ref] :
+         {std::tuple{"sum", sum_fn, RowFn(r_sum)}, std::tuple{"mean", mean_fn, RowFn(r_mean)}}) {
       // One dim, with an empty reduced dim (sum 0, mean NaN) in the zero-size
       // variant; one dim of an empty kept dim.
       run_case(reduce_case(name, op, ref, {3, 4, 5}, {1}, keep, any, {3, 0, 5}));
@@ -157,12 +156,14 @@ TEST_CASE("sum and mean of an expanded (stride-0, broadcast) input through the h
   // The input is broadcast to [2, 3, 4, 5] before the reduction, so the
   // kernel reads stride-0 dims and the gradient sums back through expand.
   for (const auto& [name, op, ref] :
-       {std::tuple{"sum", ReduceFn([](const Tensor& x, const Dims& d, bool k) {
+       {std::tuple{"sum", ReduceFn([](const Tensor&x, const Dims&d, bool k) {
                      return sum(expand(x, {2, x.size(0), 4, x.size(2)}), d, k);
-                   }), RowFn(r_sum)},
-        std::tuple{"mean", ReduceFn([](const Tensor& x, const Dims& d, bool k) {
+                   }),
+                   RowFn(r_sum)},
+        std::tuple{"mean", ReduceFn([](const Tensor&x, const Dims&d, bool k) {
                      return mean(expand(x, {2, x.size(0), 4, x.size(2)}), d, k);
-                   }), RowFn(r_mean)}}) {
+                   }),
+                   RowFn(r_mean)}}) {
     for (bool keep : {false, true}) {
       const Dims dims = {0, 2};
       OpCase c = reduce_case(std::string(name) + " of expand", op, ref, {3, 1, 5}, dims, keep,
@@ -257,18 +258,16 @@ TEST_CASE("var, std and logsumexp through the harness") {
     };
     const RowFn r_v = r_var(corr, false), r_s = r_var(corr, true);
     run_case(reduce_case("var" + c, var_fn, r_v, {3, 4}, {1}, false, Domain::any, {0, 4}));
-    run_case(reduce_case("var" + c, var_fn, r_v, {3, 4, 5}, {0, -1}, true, Domain::any,
-                         {3, 0, 2}));
+    run_case(reduce_case("var" + c, var_fn, r_v, {3, 4, 5}, {0, -1}, true, Domain::any, {3, 0, 2}));
     run_case(reduce_case("std" + c, std_fn, r_s, {3, 4}, {}, false));
     run_case(reduce_case("std" + c, std_fn, r_s, {5, 3}, {0}, true, Domain::any, {5, 0}));
   }
   const ReduceFn lse = [](const Tensor& x, const Dims& dims, bool k) {
     return logsumexp(x, dims, k);
   };
-  run_case(reduce_case("logsumexp", lse, r_logsumexp, {3, 4}, {1}, false, Domain::any,
-                       {3, 0}));
-  run_case(reduce_case("logsumexp", lse, r_logsumexp, {3, 4, 5}, {0, 2}, true, Domain::any,
-                       {0, 4, 5}));
+  run_case(reduce_case("logsumexp", lse, r_logsumexp, {3, 4}, {1}, false, Domain::any, {3, 0}));
+  run_case(
+      reduce_case("logsumexp", lse, r_logsumexp, {3, 4, 5}, {0, 2}, true, Domain::any, {0, 4, 5}));
 }
 
 TEST_CASE("norm through the harness") {
@@ -329,9 +328,9 @@ TEST_CASE("all and any through the harness") {
     return std::any_of(v.begin(), v.end(), [](double a) { return a != 0; });
   };
   for (bool keep : {false, true}) {
-    for (OpCase c : {reduce_case("all", all_fn, r_all, {3, 4}, {1}, keep, Domain::any, {3, 0}),
-                     reduce_case("any", any_fn, r_any, {3, 4, 2}, {0, 2}, keep, Domain::any,
-                                 {0, 4, 2})}) {
+    for (OpCase c :
+         {reduce_case("all", all_fn, r_all, {3, 4}, {1}, keep, Domain::any, {3, 0}),
+          reduce_case("any", any_fn, r_any, {3, 4, 2}, {0, 2}, keep, Domain::any, {0, 4, 2})}) {
       c.inputs = {spec(bool_input)};
       c.grad = false;
       run_case(c);
@@ -456,8 +455,7 @@ TEST_CASE("prod gradient is exact with zeros in the input") {
 }
 
 TEST_CASE("logsumexp is stable and never NaN for -inf rows") {
-  const Tensor x = t64({1000, 1000, -INFINITY, -INFINITY, -INFINITY, 0}, {3, 2})
-                       .requires_grad_();
+  const Tensor x = t64({1000, 1000, -INFINITY, -INFINITY, -INFINITY, 0}, {3, 2}).requires_grad_();
   const Tensor y = logsumexp(x, {1});
   const auto v = vals(y);
   CHECK(v[0] == doctest::Approx(1000 + std::log(2.0)));
@@ -562,8 +560,7 @@ TEST_CASE("reductions reject bad dtypes and dims, naming the op") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(amax(zeros({2, 2}), {0, -2}), doctest::Contains("[amax]"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(cumsum(zeros({2}), 2), doctest::Contains("[cumsum]"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cumsum(zeros({2}), 2), doctest::Contains("[cumsum]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(softmax(zeros({2}), -2), doctest::Contains("[softmax]"),
                        std::invalid_argument);
 }
@@ -582,9 +579,10 @@ void check_device_result(const std::string& what, const Tensor& dev, const Tenso
   const Values g = vals(dev.to(Device::cpu())), w = vals(cpu);
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < w.size(); ++i) {
-    const bool ok = std::isnan(w[i])   ? std::isnan(g[i])
-                    : std::isinf(w[i]) ? g[i] == w[i]
-                                       : std::abs(g[i] - w[i]) <= tol * std::max(1.0, std::abs(w[i]));
+    const bool ok = std::isnan(w[i]) ? std::isnan(g[i])
+                    : std::isinf(w[i])
+                        ? g[i] == w[i]
+                        : std::abs(g[i] - w[i]) <= tol * std::max(1.0, std::abs(w[i]));
     if (!ok && bad++ == 0) first = static_cast<int64_t>(i);
   }
   CHECK_MESSAGE(bad == 0, bad << " elements differ, first at " << first << ": cuda "
@@ -648,8 +646,7 @@ TEST_CASE("reductions and softmax on cuda match the cpu on long rows, ties and N
         const Tensor ints = round(smooth * 3.0).to(DType::i32);
         check_device_result("cumsum i32 " + at, cumsum(ints.to(dev), d), cumsum(ints, d), 0);
         check_device_result("prod i32 " + at, prod(ints.to(dev), {d}), prod(ints, {d}), 0);
-        check_device_result("max i32 " + at, max(ints.to(dev), d).indices, max(ints, d).indices,
-                            0);
+        check_device_result("max i32 " + at, max(ints.to(dev), d).indices, max(ints, d).indices, 0);
       }
     }
   }

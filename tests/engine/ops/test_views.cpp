@@ -41,13 +41,22 @@ Tensor transpose_ref(const Tensor& x) {
 
 TEST_CASE("views through the harness") {
   // Zero-size: [2, 0, 4] holds 0 elements, so -1 is inferred as 0 -> [4, 0].
-  run_case(view_case("reshape", {2, 3, 4}, [](const Tensor& x) { return reshape(x, {4, -1}); },
-                     [](const Tensor& x) { return flat_ref(x).reshape({4, -1}); }, {2, 0, 4}));
-  run_case(view_case("transpose", {3, 5}, [](const Tensor& x) { return x.t() * 1.0; }, transpose_ref,
-                     {0, 5}));
+  run_case(view_case(
+      "reshape", {2, 3, 4},
+      [](const Tensor& x) {
+        return reshape(x, {4, -1});
+      },
+      [](const Tensor& x) {
+        return flat_ref(x).reshape({4, -1});
+      },
+      {2, 0, 4}));
+  run_case(view_case("transpose", {3, 5}, [](const Tensor& x) { return x.t() * 1.0; },
+                     transpose_ref, {0, 5}));
   run_case(view_case("permute_contiguous", {3, 5},
-                     [](const Tensor& x) { return permute(x, {1, 0}).contiguous(); }, transpose_ref,
-                     {3, 0}));
+                     [](const Tensor& x) {
+                       return permute(x, {1, 0}).contiguous();
+                     },
+                     transpose_ref, {3, 0}));
   // Rows 1, 3, 5 of x, clamped to the rows x has (like PyTorch's slicing).
   auto slice_step_ref = [](const Tensor& x) {
     auto v = x.to_vector<double>();
@@ -60,44 +69,66 @@ TEST_CASE("views through the harness") {
   };
   // Zero-size twice: an empty sliced dim (clamped to nothing) and an empty other dim.
   for (Shape zero : {Shape{0, 3}, Shape{7, 0}})
-    run_case(view_case("slice_step", {7, 3}, [](const Tensor& x) { return slice(x, 0, 1, 7, 2); },
-                       slice_step_ref, zero));
-  run_case(view_case("select", {4, 3}, [](const Tensor& x) { return select(x, 1, -1); },
-                     [](const Tensor& x) {
-                       auto v = x.to_vector<double>();
-                       std::vector<double> out;
-                       for (int64_t i = 0; i < x.size(0); ++i) out.push_back(v[i * 3 + 2]);
-                       return from_vector<double>(out, {x.size(0)});
-                     }, {0, 3}));
-  run_case(view_case("narrow", {5, 2}, [](const Tensor& x) { return narrow(x, 0, 1, 3); },
-                     [](const Tensor& x) {
-                       auto v = x.to_vector<double>();
-                       const int64_t cols = x.size(1);
-                       return from_values(
-                           std::vector<double>(v.begin() + cols, v.begin() + 4 * cols), {3, cols});
-                     },
-                     {5, 0}));
+    run_case(view_case(
+        "slice_step", {7, 3}, [](const Tensor& x) { return slice(x, 0, 1, 7, 2); }, slice_step_ref,
+        zero));
+  run_case(view_case(
+      "select", {4, 3}, [](const Tensor& x) { return select(x, 1, -1); },
+      [](const Tensor& x) {
+        auto v = x.to_vector<double>();
+        std::vector<double> out;
+        for (int64_t i = 0; i < x.size(0); ++i) out.push_back(v[i * 3 + 2]);
+        return from_vector<double>(out, {x.size(0)});
+      },
+      {0, 3}));
+  run_case(view_case(
+      "narrow", {5, 2}, [](const Tensor& x) { return narrow(x, 0, 1, 3); },
+      [](const Tensor& x) {
+        auto v = x.to_vector<double>();
+        const int64_t cols = x.size(1);
+        return from_values(std::vector<double>(v.begin() + cols, v.begin() + 4 * cols), {3, cols});
+      },
+      {5, 0}));
   // A zero-length narrow; its zero-size variant narrows an empty dim at start 0.
-  run_case(view_case("narrow_empty", {5, 2}, [](const Tensor& x) { return narrow(x, 1, 0, 0); },
-                     [](const Tensor& x) { return from_values({}, {x.size(0), 0}); }, {0, 0}));
-  run_case(view_case("expand", {3, 1}, [](const Tensor& x) { return expand(x, {2, x.size(0), 4}); },
-                     [](const Tensor& x) {
-                       return ref_elementwise({x, zeros({2, x.size(0), 4}, {.dtype = DType::f64})},
-                                              [](const std::vector<double>& v) { return v[0]; });
-                     }, {0, 1}));
-  run_case(view_case("squeeze_unsqueeze", {3, 1, 2},
-                     [](const Tensor& x) { return unsqueeze(squeeze(x, 1), 0); },
-                     [](const Tensor& x) { return flat_ref(x).reshape({1, x.size(0), x.size(2)}); },
-                     {0, 1, 2}));
+  run_case(view_case(
+      "narrow_empty", {5, 2}, [](const Tensor& x) { return narrow(x, 1, 0, 0); },
+      [](const Tensor& x) {
+        return from_values({}, {x.size(0), 0});
+      },
+      {0, 0}));
+  run_case(view_case(
+      "expand", {3, 1},
+      [](const Tensor& x) {
+        return expand(x, {2, x.size(0), 4});
+      },
+      [](const Tensor& x) {
+        return ref_elementwise({x, zeros({2, x.size(0), 4}, {.dtype = DType::f64})},
+                               [](const std::vector<double>& v) { return v[0]; });
+      },
+      {0, 1}));
+  run_case(view_case(
+      "squeeze_unsqueeze", {3, 1, 2}, [](const Tensor& x) { return unsqueeze(squeeze(x, 1), 0); },
+      [](const Tensor& x) {
+        return flat_ref(x).reshape({1, x.size(0), x.size(2)});
+      },
+      {0, 1, 2}));
   // squeeze() drops every size-1 dim and keeps size-0 ones.
-  run_case(view_case("squeeze_all_unsqueeze", {1, 3, 1, 2},
-                     [](const Tensor& x) { return unsqueeze(squeeze(x), -1); },
-                     [](const Tensor& x) { return flat_ref(x).reshape({x.size(1), x.size(3), 1}); },
-                     {1, 0, 1, 2}));
-  run_case(view_case("flatten_unflatten", {2, 3, 4},
-                     [](const Tensor& x) { return unflatten(flatten(x, 1), 1, {4, -1}); },
-                     [](const Tensor& x) { return from_vector<double>(x.to_vector<double>(), {x.numel()}).reshape({x.size(0), 4, -1}); },
-                     {2, 0, 4}));
+  run_case(view_case(
+      "squeeze_all_unsqueeze", {1, 3, 1, 2},
+      [](const Tensor& x) { return unsqueeze(squeeze(x), -1); },
+      [](const Tensor& x) {
+        return flat_ref(x).reshape({x.size(1), x.size(3), 1});
+      },
+      {1, 0, 1, 2}));
+  run_case(view_case(
+      "flatten_unflatten", {2, 3, 4},
+      [](const Tensor& x) {
+        return unflatten(flatten(x, 1), 1, {4, -1});
+      },
+      [](const Tensor& x) {
+        return from_vector<double>(x.to_vector<double>(), {x.numel()}).reshape({x.size(0), 4, -1});
+      },
+      {2, 0, 4}));
 }
 
 TEST_CASE("views share storage; reshape copies only when it must") {

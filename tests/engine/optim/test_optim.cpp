@@ -58,8 +58,10 @@ struct AdamRef {
   void step(double g, double lr, double b1, double b2, double eps, double wd, bool amsgrad,
             bool decoupled) {
     ++t;
-    if (decoupled) p = p * (1 - lr * wd);
-    else g = g + wd * p;
+    if (decoupled)
+      p = p * (1 - lr * wd);
+    else
+      g = g + wd * p;
     m = b1 * m + (1 - b1) * g;
     v = b2 * v + (1 - b2) * g * g;
     vmax = std::max(vmax, v);
@@ -127,16 +129,15 @@ TEST_CASE("SGD with Nesterov momentum") {
   opt.step();
   // buf = 0.9 * 0.5 - 0.3 = 0.15, d = -0.3 + 0.9 * 0.15 = -0.165.
   check_close(val(p), {0.905 + 0.1 * 0.165});
-  CHECK_THROWS_WITH_AS(SGD({p}, {.momentum = 0.0, .nesterov = true}),
-                       doctest::Contains("nesterov"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p}, {.momentum = 0.0, .nesterov = true}), doctest::Contains("nesterov"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(SGD({p}, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}),
                        doctest::Contains("dampening 0"), std::invalid_argument);
 }
 
 TEST_CASE("parameter groups have their own lr and weight decay") {
   Tensor a = param({1.0}), b = param({2.0});
-  SGD opt(std::vector<ParamGroup>{{.params = {a}, .lr = 0.1},
-                                  {.params = {b}, .weight_decay = 0.5}},
+  SGD opt(std::vector<ParamGroup>{{.params = {a}, .lr = 0.1}, {.params = {b}, .weight_decay = 0.5}},
           {.lr = 0.01});
   CHECK(*opt.param_groups()[0].weight_decay == 0.0);
   CHECK(*opt.param_groups()[1].lr == 0.01);
@@ -151,20 +152,18 @@ TEST_CASE("parameter groups have their own lr and weight decay") {
   Tensor c = param({0.0});
   opt.add_param_group({.params = {c}});
   CHECK(*opt.param_groups()[2].lr == 0.01);
-  CHECK_THROWS_WITH_AS(opt.add_param_group({.params = {a}}),
-                       doctest::Contains("more than once"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add_param_group({.params = {a}}), doctest::Contains("more than once"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("optimisers validate their parameters and settings") {
   Tensor p = param({1.0});
-  CHECK_THROWS_WITH_AS(SGD({p, p}), doctest::Contains("more than once"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p, p}), doctest::Contains("more than once"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(SGD({p}, {.lr = -1.0}), doctest::Contains("lr must be >= 0"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(Adam({p}, {.betas = {1.0, 0.999}}), doctest::Contains("beta1"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(SGD({p * 2.0}), doctest::Contains("not a leaf"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(SGD({p * 2.0}), doctest::Contains("not a leaf"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(SGD({zeros({1}, {.dtype = DType::i64})}), doctest::Contains("i64"),
                        std::invalid_argument);
 }
@@ -181,8 +180,7 @@ TEST_CASE("Adam's first step moves by lr in the gradient's sign") {
 }
 
 TEST_CASE("Adam, Adam with L2, AdamW and AMSGrad over several steps") {
-  const std::vector<std::vector<double>> gs = {{0.5, -1.0}, {0.1, 0.3}, {-0.2, 0.01},
-                                               {0.05, 0.02}};
+  const std::vector<std::vector<double>> gs = {{0.5, -1.0}, {0.1, 0.3}, {-0.2, 0.01}, {0.05, 0.02}};
   struct Case {
     const char* name;
     double wd;
@@ -196,13 +194,15 @@ TEST_CASE("Adam, Adam with L2, AdamW and AMSGrad over several steps") {
     Tensor p = param({1.0, -2.0});
     std::unique_ptr<Optimizer> opt;
     if (c.decoupled)
-      opt = std::make_unique<AdamW>(std::vector<Tensor>{p},
-                                    AdamWOptions{.lr = lr, .betas = {b1, b2}, .eps = eps,
-                                                 .weight_decay = c.wd, .amsgrad = c.amsgrad});
+      opt = std::make_unique<AdamW>(
+          std::vector<Tensor>{p},
+          AdamWOptions{
+              .lr = lr, .betas = {b1, b2}, .eps = eps, .weight_decay = c.wd, .amsgrad = c.amsgrad});
     else
-      opt = std::make_unique<Adam>(std::vector<Tensor>{p},
-                                   AdamOptions{.lr = lr, .betas = {b1, b2}, .eps = eps,
-                                               .weight_decay = c.wd, .amsgrad = c.amsgrad});
+      opt = std::make_unique<Adam>(
+          std::vector<Tensor>{p},
+          AdamOptions{
+              .lr = lr, .betas = {b1, b2}, .eps = eps, .weight_decay = c.wd, .amsgrad = c.amsgrad});
     AdamRef ref[2] = {{1.0}, {-2.0}};
     for (const auto& g : gs) {
       grad(p, g);
@@ -280,13 +280,13 @@ TEST_CASE("optimizer state_dict names and round trip give an identical next step
     opt.step();
   }
   const StateDict sd = snapshot(opt.state_dict());
-  CHECK(names(sd) == std::vector<std::string>{
-                         "groups.0.lr", "groups.0.weight_decay", "groups.0.num_params",
-                         "groups.1.lr", "groups.1.weight_decay", "groups.1.num_params",
-                         "hparams.beta1", "hparams.beta2", "hparams.eps", "hparams.amsgrad",
-                         "state.0.0.step", "state.0.0.exp_avg", "state.0.0.exp_avg_sq",
-                         "state.0.0.max_exp_avg_sq", "state.1.0.step", "state.1.0.exp_avg",
-                         "state.1.0.exp_avg_sq", "state.1.0.max_exp_avg_sq"});
+  CHECK(names(sd) ==
+        std::vector<std::string>{"groups.0.lr", "groups.0.weight_decay", "groups.0.num_params",
+                                 "groups.1.lr", "groups.1.weight_decay", "groups.1.num_params",
+                                 "hparams.beta1", "hparams.beta2", "hparams.eps", "hparams.amsgrad",
+                                 "state.0.0.step", "state.0.0.exp_avg", "state.0.0.exp_avg_sq",
+                                 "state.0.0.max_exp_avg_sq", "state.1.0.step", "state.1.0.exp_avg",
+                                 "state.1.0.exp_avg_sq", "state.1.0.max_exp_avg_sq"});
   CHECK(find_tensor(sd, "state.0.0.step")->dtype() == DType::i64);
   CHECK(find_tensor(sd, "state.0.0.step")->item() == 3);
   CHECK(find_tensor(sd, "groups.1.lr")->item() == 0.02);
@@ -312,10 +312,10 @@ TEST_CASE("optimizer state_dict names and round trip give an identical next step
   grad(s1, {0.3, -0.1});
   sgd.step();
   const StateDict ssd = snapshot(sgd.state_dict());
-  CHECK(names(ssd) == std::vector<std::string>{
-                          "groups.0.lr", "groups.0.weight_decay", "groups.0.num_params",
-                          "hparams.momentum", "hparams.dampening", "hparams.nesterov",
-                          "state.0.0.step", "state.0.0.momentum_buffer"});
+  CHECK(names(ssd) == std::vector<std::string>{"groups.0.lr", "groups.0.weight_decay",
+                                               "groups.0.num_params", "hparams.momentum",
+                                               "hparams.dampening", "hparams.nesterov",
+                                               "state.0.0.step", "state.0.0.momentum_buffer"});
   Tensor s2 = s1.detach().clone().requires_grad_();
   SGD sgd2({s2}, {.lr = 0.5});
   sgd2.load_state_dict(ssd);
@@ -338,16 +338,20 @@ TEST_CASE("optimizer load_state_dict names every bad key and changes nothing") {
   const std::string msg = error_of([&] { sgd.load_state_dict(sd); });
   CAPTURE(msg);
   CHECK(contains(msg, "[SGD::load_state_dict]"));
-  CHECK(contains(msg, "missing keys: hparams.momentum, hparams.dampening, hparams.nesterov, "
-                      "state.0.0.momentum_buffer"));
-  CHECK(contains(msg, "unexpected keys: hparams.beta1, hparams.beta2, hparams.eps, "
-                      "hparams.amsgrad, state.0.0.exp_avg, state.0.0.exp_avg_sq"));
+  CHECK(contains(msg,
+                 "missing keys: hparams.momentum, hparams.dampening, hparams.nesterov, "
+                 "state.0.0.momentum_buffer"));
+  CHECK(contains(msg,
+                 "unexpected keys: hparams.beta1, hparams.beta2, hparams.eps, "
+                 "hparams.amsgrad, state.0.0.exp_avg, state.0.0.exp_avg_sq"));
   CHECK(sgd.lr() == 0.3);
 
   StateDict bad;
   for (const auto& [k, v] : sd) {
-    if (k == "state.0.0.exp_avg") bad.emplace_back(k, zeros({3}, {.dtype = DType::f64}));
-    else if (k != "state.0.0.exp_avg_sq") bad.emplace_back(k, v);
+    if (k == "state.0.0.exp_avg")
+      bad.emplace_back(k, zeros({3}, {.dtype = DType::f64}));
+    else if (k != "state.0.0.exp_avg_sq")
+      bad.emplace_back(k, v);
   }
   bad.emplace_back("state.0.7.step", scalar(1, {.dtype = DType::i64}));
   Tensor q = param({1.0, 2.0});
@@ -412,8 +416,8 @@ TEST_CASE("WarmupCosine warms up linearly, then follows a cosine to min_lr") {
   SGD opt(std::vector<ParamGroup>{{.params = {a}}, {.params = {b}, .lr = 0.2}}, {.lr = 1.0});
   WarmupCosine sched(opt, 2, 6, 0.1);
   const double c = std::cos(std::numbers::pi / 4);
-  const std::vector<double> want = {0.5,  1.0, 1.0, 0.1 + 0.45 * (1 + c), 0.55,
-                                    0.1 + 0.45 * (1 - c), 0.1, 0.1};
+  const std::vector<double> want = {0.5, 1.0, 1.0, 0.1 + 0.45 * (1 + c), 0.55, 0.1 + 0.45 * (1 - c),
+                                    0.1, 0.1};
   CHECK(opt.lr() == 0.5);  // lr_at(0) is set at construction
   for (size_t s = 0; s < want.size(); ++s) {
     CAPTURE(s);
@@ -488,14 +492,13 @@ TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU'
     Tensor p = p0.to(dev).clone().detach().requires_grad_();
     std::unique_ptr<Optimizer> opt;
     if (which == 0)
-      opt = std::make_unique<SGD>(std::vector<Tensor>{p},
-                                  SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true,
-                                             .weight_decay = 0.01});
+      opt = std::make_unique<SGD>(
+          std::vector<Tensor>{p},
+          SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01});
     if (which == 1)
       opt = std::make_unique<Adam>(std::vector<Tensor>{p},
                                    AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
-    if (which == 2)
-      opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
+    if (which == 2) opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
     for (const Tensor& g : grads) {
       // A copy on both devices: clipping scales the gradient in place.
       p.set_grad(g.to(dev).clone());

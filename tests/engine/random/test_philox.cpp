@@ -27,10 +27,10 @@ uint32_t rule_word(uint64_t key, PhiloxOffset o, int64_t i) {
   const uint64_t b = static_cast<uint64_t>(i) / 4;
   const uint64_t lo = o.lo + b;
   const uint64_t hi = o.hi + (lo < b ? 1 : 0);
-  const W4 c{static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32),
-             static_cast<uint32_t>(hi), static_cast<uint32_t>(hi >> 32)};
-  return philox4x32_10(c, W2{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)})
-      [static_cast<size_t>(i % 4)];
+  const W4 c{static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi),
+             static_cast<uint32_t>(hi >> 32)};
+  return philox4x32_10(c, W2{static_cast<uint32_t>(key),
+                             static_cast<uint32_t>(key >> 32)})[static_cast<size_t>(i % 4)];
 }
 
 }  // namespace

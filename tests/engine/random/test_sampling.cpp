@@ -69,8 +69,8 @@ TEST_CASE("rand: uniform [0,1) statistics on 1e6 samples, f32 and f64") {
     CHECK(*std::min_element(v.begin(), v.end()) >= 0.0);
     CHECK(*std::max_element(v.begin(), v.end()) < 1.0);
     const Stats s = stats(v);
-    CHECK(std::abs(s.mean - 0.5) < 2e-3);          // sd of the mean ~2.9e-4
-    CHECK(std::abs(s.var - 1.0 / 12.0) < 5e-4);    // sd of the variance ~7.5e-5
+    CHECK(std::abs(s.mean - 0.5) < 2e-3);        // sd of the mean ~2.9e-4
+    CHECK(std::abs(s.var - 1.0 / 12.0) < 5e-4);  // sd of the variance ~7.5e-5
   }
 }
 
@@ -168,9 +168,9 @@ TEST_CASE("randint: range, multiply-shift rule, chi-square uniformity") {
 
   const auto one = randint(5, 6, {50}, g).to_vector<int64_t>();
   CHECK(std::all_of(one.begin(), one.end(), [](int64_t v) { return v == 5; }));
-  const auto wide = randint(std::numeric_limits<int64_t>::min(),
-                            std::numeric_limits<int64_t>::max(), {1000}, g)
-                        .to_vector<int64_t>();
+  const auto wide =
+      randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {1000}, g)
+          .to_vector<int64_t>();
   CHECK(std::count_if(wide.begin(), wide.end(), [](int64_t v) { return v < 0; }) > 400);
   CHECK(std::count_if(wide.begin(), wide.end(), [](int64_t v) { return v > 0; }) > 400);
 
@@ -278,8 +278,7 @@ TEST_CASE("multinomial: validation and zero sizes") {
                   std::invalid_argument);
   CHECK_THROWS_AS(multinomial(from_vector<float>({1, 1, 0, 0}, {2, 2}), 1, true, g),
                   std::invalid_argument);  // row 1 all zero
-  CHECK_THROWS_AS(multinomial(from_vector<float>({1, 1, 1}), 4, false, g),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(multinomial(from_vector<float>({1, 1, 1}), 4, false, g), std::invalid_argument);
   CHECK_THROWS_AS(multinomial(from_vector<float>({1, 0, 1}), 3, false, g),
                   std::invalid_argument);  // only two positive weights
   CHECK_THROWS_AS(multinomial(ones({2, 2, 2}), 1, true, g), std::invalid_argument);
@@ -346,8 +345,10 @@ TEST_CASE("uniform_ / normal_: in place, any float dtype and layout") {
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t c = 0; c < 8; ++c) {
       const float x = bv[static_cast<size_t>(r * 8 + c)];
-      if (c % 2 == 0) CHECK((x >= 1.0f && x < 2.0f));
-      else CHECK(x == 0.0f);
+      if (c % 2 == 0)
+        CHECK((x >= 1.0f && x < 2.0f));
+      else
+        CHECK(x == 0.0f);
     }
 
   Tensor empty_t = zeros({0, 5});
@@ -398,8 +399,7 @@ TEST_CASE("dropout: eval and p = 0 are the identity, p = 1 gives zeros") {
   CHECK(std::all_of(z.begin(), z.end(), [](float v) { return v == 0.0f; }));
   CHECK_THROWS_AS(dropout(x, -0.1, true, g), std::invalid_argument);
   CHECK_THROWS_AS(dropout(x, 1.1, false, g), std::invalid_argument);
-  CHECK_THROWS_AS(dropout(zeros({2}, {.dtype = DType::i64}), 0.5, true, g),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(dropout(zeros({2}, {.dtype = DType::i64}), 0.5, true, g), std::invalid_argument);
 }
 
 TEST_CASE("dropout: train scaling and gradient equal mask / (1 - p)") {
@@ -416,8 +416,7 @@ TEST_CASE("dropout: train scaling and gradient equal mask / (1 - p)") {
       CHECK(std::abs(yv[i] - xv[i] * mask[i] / (1 - p)) <= tol * (1 + std::abs(yv[i])));
     sum(y).backward();
     const auto gv = x.grad().to_vector<double>();
-    for (size_t i = 0; i < gv.size(); ++i)
-      CHECK(std::abs(gv[i] - mask[i] / (1 - p)) <= tol * 2);
+    for (size_t i = 0; i < gv.size(); ++i) CHECK(std::abs(gv[i] - mask[i] / (1 - p)) <= tol * 2);
     double dropped = 0;
     for (double m : mask) dropped += m == 0;
     CHECK(dropped / mask.size() == doctest::Approx(p).epsilon(0.15));
@@ -430,7 +429,8 @@ TEST_CASE("dropout: drop rate on a large input, zero-size input") {
   const auto y = dropout(x, 0.1, true, g).to_vector<float>();
   const auto zeros_n = std::count(y.begin(), y.end(), 0.0f);
   CHECK(static_cast<double>(zeros_n) / 1e6 == doctest::Approx(0.1).epsilon(0.02));
-  CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.0f || v == static_cast<float>(1.0 / 0.9); }));
+  CHECK(std::all_of(y.begin(), y.end(),
+                    [](float v) { return v == 0.0f || v == static_cast<float>(1.0 / 0.9); }));
 
   Tensor e = zeros({0, 4}).requires_grad_();
   Tensor ye = dropout(e, 0.5, true, g);

@@ -11,10 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "quanta.h"
 #include "quant/nf4/double_quant.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_interop.h"
+#include "quanta.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -89,7 +89,9 @@ std::vector<float> special_weight() {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   std::vector<float> x;
-  auto block = [&](auto f) { for (int i = 0; i < 64; ++i) x.push_back(f(i)); };
+  auto block = [&](auto f) {
+    for (int i = 0; i < 64; ++i) x.push_back(f(i));
+  };
   const auto& mids = nf4_midpoints();
   // ties: absmax 2, elements 2 * midpoint and one ulp either side, +-2.
   block([&](int i) -> float {
@@ -102,13 +104,13 @@ std::vector<float> special_weight() {
     if (kind == 2) return std::nextafter(t, -10.0f);
     return 0.5f;
   });
-  block([](int) { return 0.0f; });                                   // all zero
-  block([](int i) { return i == 17 ? 3.5f : 0.0f; });                 // single nonzero
-  block([](int i) { return i == 40 ? -1e-3f : 0.0f; });               // single negative
-  block([&](int) { return nd(rng) * 1e36f; });                        // huge
-  block([&](int) { return nd(rng) * 1e-30f; });                       // tiny
-  block([&](int) { return -std::fabs(nd(rng)) - 0.1f; });             // negative only
-  block([&](int i) { return kNF4Values[i % 16] * 1.5f; });            // all 16 codes
+  block([](int) { return 0.0f; });                          // all zero
+  block([](int i) { return i == 17 ? 3.5f : 0.0f; });       // single nonzero
+  block([](int i) { return i == 40 ? -1e-3f : 0.0f; });     // single negative
+  block([&](int) { return nd(rng) * 1e36f; });              // huge
+  block([&](int) { return nd(rng) * 1e-30f; });             // tiny
+  block([&](int) { return -std::fabs(nd(rng)) - 0.1f; });   // negative only
+  block([&](int i) { return kNF4Values[i % 16] * 1.5f; });  // all 16 codes
   for (int b = 0; b < 8; ++b) block([&](int) { return nd(rng) * std::pow(10.0f, b - 4); });
   return x;
 }
@@ -222,7 +224,8 @@ TEST_CASE("nf4 round trip: per-block error within half the largest code gap") {
   Generator gen(11);
   const Tensor x = randn({96, 160}, gen) * 3.0;
   double max_gap = 0;
-  for (int i = 0; i < 15; ++i) max_gap = std::max(max_gap, double(kNF4Values[i + 1] - kNF4Values[i]));
+  for (int i = 0; i < 15; ++i)
+    max_gap = std::max(max_gap, double(kNF4Values[i + 1] - kNF4Values[i]));
   for (bool dq : {false, true}) {
     for (int64_t bs : {64, 128, 256}) {
       CAPTURE(dq);
@@ -246,8 +249,10 @@ TEST_CASE("nf4 round trip: per-block error within half the largest code gap") {
         // With double quant the scale itself moved by |stored - absmax|.
         const double scale_err = std::fabs(double(ps[b * bs / 64]) - amax);
         CHECK(err <= 0.5 * max_gap * amax + scale_err + 1e-6 * amax);
-        if (dq) CHECK(scale_err <= 0.02 * amax);
-        else CHECK(scale_err == 0.0);
+        if (dq)
+          CHECK(scale_err <= 0.02 * amax);
+        else
+          CHECK(scale_err == 0.0);
       }
     }
   }
@@ -257,7 +262,8 @@ TEST_CASE("nf4 block 32: round trip within the per-block bound, with and without
   Generator gen(12);
   const Tensor x = randn({96, 160}, gen) * 3.0;
   double max_gap = 0;
-  for (int i = 0; i < 15; ++i) max_gap = std::max(max_gap, double(kNF4Values[i + 1] - kNF4Values[i]));
+  for (int i = 0; i < 15; ++i)
+    max_gap = std::max(max_gap, double(kNF4Values[i + 1] - kNF4Values[i]));
   const BnbNF4State plain = quantize_bnb(x, no_dq(32));
   const std::vector<uint8_t> codes = unpack(plain);
   for (bool dq : {false, true}) {
@@ -292,8 +298,10 @@ TEST_CASE("nf4 block 32: round trip within the per-block bound, with and without
       }
       const double scale_err = std::fabs(double(ps[b]) - amax);
       CHECK(err <= 0.5 * max_gap * amax + scale_err + 1e-6 * amax);
-      if (dq) CHECK(scale_err <= 0.02 * amax);
-      else CHECK(scale_err == 0.0);
+      if (dq)
+        CHECK(scale_err <= 0.02 * amax);
+      else
+        CHECK(scale_err == 0.0);
     }
   }
   // Smaller blocks, smaller error.
@@ -317,9 +325,7 @@ TEST_CASE("nf4 block 32 in bitsandbytes' layout: shapes, dtypes, files and conve
     CHECK(d.shape() == Shape{3, 37});
     for (int64_t i = 0; i < 111; ++i) {
       const float v = kNF4Values[ref.codes[i]] * ref.scales[i / 32];
-      const float want = dt == DType::bf16  ? float(bf16(v))
-                         : dt == DType::f16 ? float(f16(v))
-                                            : v;
+      const float want = dt == DType::bf16 ? float(bf16(v)) : dt == DType::f16 ? float(f16(v)) : v;
       REQUIRE(d.to(DType::f32).data<float>()[i] == want);
     }
   }
@@ -467,8 +473,7 @@ TEST_CASE("nf4 tensors refuse arithmetic, naming the op and the dtype") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(q.to(DType::f32), doctest::Contains("[to_dtype] dtype nf4"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(cat({q, q}, 0), doctest::Contains("[cat] dtype nf4"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(cat({q, q}, 0), doctest::Contains("[cat] dtype nf4"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(dequantize(ones({64})), doctest::Contains("expects an nf4 tensor"),
                        std::invalid_argument);
 }
@@ -521,7 +526,7 @@ TEST_CASE("nf4 save/load through safetensors keeps the bytes, dtype and shape") 
 TEST_CASE("nf4 double quant: bitsandbytes export and import round trip") {
   Generator gen(13);
   const Tensor x = randn({300, 64}, gen);  // 300 blocks: one full, one partial group
-  const Tensor q = quantize_nf4(x);       // double quant on by default
+  const Tensor q = quantize_nf4(x);        // double quant on by default
   // Exporting undoubled scales is exact; re-importing gives the same bytes.
   const Tensor plain = quantize_nf4(x, no_dq());
   CHECK(bytes_of(from_bnb(to_bnb(plain, false))) == bytes_of(plain));

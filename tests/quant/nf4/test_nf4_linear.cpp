@@ -8,10 +8,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "quanta.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_modules.h"
+#include "quanta.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -50,11 +50,13 @@ Tensor numeric_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor&
 
 TEST_CASE("nf4_linear forward equals dequantize-then-linear on every path") {
   Generator gen(21);
-  struct Shape3 { int64_t m, k, n; };
+  struct Shape3 {
+    int64_t m, k, n;
+  };
   // Fused small batch (k % 64 == 0), tiled GEMM, k not a multiple of 64,
   // leading batch dims, tiles smaller than the weight.
-  for (Shape3 s : {Shape3{1, 128, 40}, Shape3{8, 192, 33}, Shape3{9, 128, 40},
-                   Shape3{20, 100, 7}, Shape3{3, 37, 5}, Shape3{64, 4096, 80}}) {
+  for (Shape3 s : {Shape3{1, 128, 40}, Shape3{8, 192, 33}, Shape3{9, 128, 40}, Shape3{20, 100, 7},
+                   Shape3{3, 37, 5}, Shape3{64, 4096, 80}}) {
     CAPTURE(s.m);
     CAPTURE(s.k);
     const Tensor w = randn({s.n, s.k}, gen);
@@ -75,7 +77,9 @@ TEST_CASE("nf4_linear forward equals dequantize-then-linear on every path") {
 
 TEST_CASE("nf4_linear with block-32 weights (bitsandbytes' layout) on every path") {
   Generator gen(22);
-  struct Shape3 { int64_t m, k, n; };
+  struct Shape3 {
+    int64_t m, k, n;
+  };
   // Fused with rows of whole 32-element runs (96 % 64 != 0), tiled, k not a
   // multiple of 32, leading batch dims.
   for (Shape3 s : {Shape3{1, 96, 40}, Shape3{8, 160, 33}, Shape3{9, 96, 40}, Shape3{3, 100, 7},
@@ -90,8 +94,7 @@ TEST_CASE("nf4_linear with block-32 weights (bitsandbytes' layout) on every path
       const BnbNF4State q = quantize_bnb(randn({s.n, s.k}, gen), o);
       const Tensor b = randn({s.n}, gen);
       const Tensor x = randn({s.m, s.k}, gen);
-      const Tensor ref =
-          linear(x.to(DType::f64), dequantize(q).to(DType::f64), b.to(DType::f64));
+      const Tensor ref = linear(x.to(DType::f64), dequantize(q).to(DType::f64), b.to(DType::f64));
       CHECK(max_abs_diff(nf4_linear(x, q, b), ref) < 1e-4 * std::sqrt(double(s.k)));
       CHECK(max_abs_diff(nf4_linear(x.to(DType::f64), q, b.to(DType::f64)), ref) < 1e-10);
     }
@@ -164,7 +167,8 @@ TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
   obf.dequant_dtype = DType::bf16;
   auto layer = std::make_shared<NF4Linear>(lin, obf);
   CHECK(layer->dequant_dtype() == DType::bf16);
-  const Tensor want = linear(x, dequantize(layer->weight(), DType::bf16).to(DType::f32), lin.bias());
+  const Tensor want =
+      linear(x, dequantize(layer->weight(), DType::bf16).to(DType::f32), lin.bias());
   CHECK(max_abs_diff((*layer)(x), want) < 1e-5);
   LoRALinear lora(layer, {.rank = 2, .alpha = 2, .dropout = 0.0, .seed = 3});
   CHECK(max_abs_diff(lora.merged_weight(),
@@ -301,8 +305,12 @@ TEST_CASE("NF4Linear at block 32: bitsandbytes' state as buffers, state dict rou
     for (const auto& [n, t] : q.state_dict()) names.push_back(n);
     std::vector<std::string> want = {"bias", "weight", "weight_absmax"};
     if (dq)
-      want = {"bias", "weight", "weight_absmax", "weight_nested_absmax",
-              "weight_nested_quant_map", "weight_nested_offset"};
+      want = {"bias",
+              "weight",
+              "weight_absmax",
+              "weight_nested_absmax",
+              "weight_nested_quant_map",
+              "weight_nested_offset"};
     CHECK(names == want);
     // Load into a layer of the same configuration quantized from other weights.
     Linear other_lin(96, 10, gen);
@@ -315,9 +323,9 @@ TEST_CASE("NF4Linear at block 32: bitsandbytes' state as buffers, state dict rou
                          std::invalid_argument);
   }
   // quantize_nf4(module) at block 32, with LoRA adapters on top.
-  auto model = std::make_shared<Sequential>(std::make_shared<Linear>(32, 64, gen),
-                                            std::make_shared<Tanh>(),
-                                            std::make_shared<Linear>(64, 4, gen));
+  auto model =
+      std::make_shared<Sequential>(std::make_shared<Linear>(32, 64, gen), std::make_shared<Tanh>(),
+                                   std::make_shared<Linear>(64, 4, gen));
   const Tensor x = randn({5, 32}, gen);
   const Tensor before = (*model)(x);
   NF4ConvertOptions co;
@@ -335,11 +343,10 @@ TEST_CASE("NF4Linear at block 32: bitsandbytes' state as buffers, state dict rou
 
 TEST_CASE("quantize_nf4(module) converts Linear layers in place with include/exclude") {
   Generator gen(43);
-  auto model = std::make_shared<Sequential>(std::make_shared<Linear>(32, 64, gen),
-                                            std::make_shared<ReLU>(),
-                                            std::make_shared<Linear>(64, 64, gen),
-                                            std::make_shared<ReLU>(),
-                                            std::make_shared<Linear>(64, 4, gen));
+  auto model =
+      std::make_shared<Sequential>(std::make_shared<Linear>(32, 64, gen), std::make_shared<ReLU>(),
+                                   std::make_shared<Linear>(64, 64, gen), std::make_shared<ReLU>(),
+                                   std::make_shared<Linear>(64, 4, gen));
   const Tensor x = randn({5, 32}, gen);
   const Tensor before = (*model)(x);
   NF4ConvertOptions o;
@@ -388,9 +395,9 @@ TEST_CASE("LoRALinear: zero-initialised B, merge, state dict round trip") {
 
 TEST_CASE("LoRA training: a frozen NF4 MLP plus adapters learns a synthetic task") {
   Generator gen(53);
-  auto model = std::make_shared<Sequential>(std::make_shared<Linear>(16, 64, gen),
-                                            std::make_shared<Tanh>(),
-                                            std::make_shared<Linear>(64, 4, gen));
+  auto model =
+      std::make_shared<Sequential>(std::make_shared<Linear>(16, 64, gen), std::make_shared<Tanh>(),
+                                   std::make_shared<Linear>(64, 4, gen));
   // Task: a different random MLP (the teacher) on Gaussian inputs.
   Linear t1(16, 32, gen), t2(32, 4, gen);
   const Tensor x = randn({256, 16}, gen);

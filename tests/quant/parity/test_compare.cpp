@@ -5,8 +5,8 @@
 #include <limits>
 #include <sstream>
 
-#include "quanta.h"
 #include "quant/parity/parity.h"
+#include "quanta.h"
 
 using namespace quanta;
 using parity::compare;

@@ -180,16 +180,16 @@ TEST_CASE("route_with_commitment equals the separate ops, value and gradient (f6
   const Tensor x0 = randn({4, 3, 5}, gen, {.dtype = DType::f64});
   const Tensor q = randn({4, 3, 5}, gen, {.dtype = DType::f64});
   const Tensor g = randn({4, 3, 5}, gen, {.dtype = DType::f64});
-  const Tensor vb = to_dtype(
-      from_vector<uint8_t>({1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0}, {4, 3}), DType::boolean);
+  const Tensor vb =
+      to_dtype(from_vector<uint8_t>({1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0}, {4, 3}), DType::boolean);
   const double weight = 0.7;
   for (const GradientRoute route : {GradientRoute::rotation, GradientRoute::straight_through})
     for (const Tensor& valid : {Tensor(), vb}) {
       CAPTURE(int(route));
       CAPTURE(valid.defined());
       auto separate = [&](const Tensor& xt) {
-        const Tensor y = route == GradientRoute::rotation ? rotate_to(xt, q)
-                                                          : straight_through(xt, q);
+        const Tensor y =
+            route == GradientRoute::rotation ? rotate_to(xt, q) : straight_through(xt, q);
         return sum(y * g) + commitment_loss(xt, q, valid) * weight;
       };
       auto fused = [&](const Tensor& xt) {
@@ -218,12 +218,12 @@ TEST_CASE("route_with_commitment equals the separate ops, value and gradient (f6
   // Nothing valid: a zero commitment and the route's gradient alone.
   Tensor x = x0.clone();
   x.requires_grad_(true);
-  const TrainingOutput t = route_with_commitment(
-      x, q, zeros({4, 3}, {.dtype = DType::boolean}), GradientRoute::straight_through);
+  const TrainingOutput t = route_with_commitment(x, q, zeros({4, 3}, {.dtype = DType::boolean}),
+                                                 GradientRoute::straight_through);
   CHECK(t.commitment.item() == 0.0);
   (sum(t.quantized * g) + t.commitment).backward();
   CHECK(max_abs_diff(x.grad(), g) == 0.0);
-  CHECK_THROWS_WITH_AS(route_with_commitment(x, slice(q, 2, 0, 4), Tensor(),
-                                             GradientRoute::rotation),
-                       doctest::Contains("route_with_commitment"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      route_with_commitment(x, slice(q, 2, 0, 4), Tensor(), GradientRoute::rotation),
+      doctest::Contains("route_with_commitment"), std::invalid_argument);
 }

@@ -25,8 +25,7 @@ ImageDataset load_fashion_mnist(const std::string& dir, Split split, int64_t lim
   IdxArray images = read_idx(images_path.string());
   IdxArray labels = read_idx(labels_path.string());
   if (images.dims.size() != 3 || images.dims[1] != 28 || images.dims[2] != 28)
-    throw std::runtime_error(images_path.string() +
-                             ": expected images of shape [N, 28, 28]");
+    throw std::runtime_error(images_path.string() + ": expected images of shape [N, 28, 28]");
   // An empty split would train on nothing or report "test mse n/a" as if
   // the run had been measured.
   if (images.dims[0] == 0)
@@ -35,8 +34,8 @@ ImageDataset load_fashion_mnist(const std::string& dir, Split split, int64_t lim
     throw std::runtime_error(labels_path.string() + ": expected labels of shape [N]");
   if (labels.dims[0] != images.dims[0])
     throw std::runtime_error(labels_path.string() + ": " + std::to_string(labels.dims[0]) +
-                             " labels for " + std::to_string(images.dims[0]) +
-                             " images in " + images_path.string());
+                             " labels for " + std::to_string(images.dims[0]) + " images in " +
+                             images_path.string());
 
   const int64_t n = limit < 0 ? images.dims[0] : std::min(limit, images.dims[0]);
   ImageDataset ds;

@@ -95,8 +95,8 @@ IdxArray read_idx(const std::string& path) {
   for (int d = 0; d < ndim; ++d) {
     uint8_t b[4];
     read_exact(f.get(), path, b, 4, "IDX dimension sizes");
-    const uint64_t n = (uint64_t{b[0]} << 24) | (uint64_t{b[1]} << 16) |
-                       (uint64_t{b[2]} << 8) | uint64_t{b[3]};
+    const uint64_t n =
+        (uint64_t{b[0]} << 24) | (uint64_t{b[1]} << 16) | (uint64_t{b[2]} << 8) | uint64_t{b[3]};
     a.dims.push_back(static_cast<int64_t>(n));
     count *= n;
     if (count > kMaxElements) fail(path, "IDX dimensions claim more than 2^34 elements");
@@ -119,8 +119,9 @@ IdxArray read_idx(const std::string& path) {
   uint8_t extra;
   const int r = gzread(f.get(), &extra, 1);
   if (r < 0) fail(path, "corrupt gzip data after the IDX data");
-  if (r > 0) fail(path, "trailing bytes after the " + std::to_string(count) +
-                            " elements the IDX dimensions declare");
+  if (r > 0)
+    fail(path, "trailing bytes after the " + std::to_string(count) +
+                   " elements the IDX dimensions declare");
   return a;
 }
 

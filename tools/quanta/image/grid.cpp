@@ -34,11 +34,12 @@ Image image_grid(const Tensor& images, int64_t cols, int64_t pad, int64_t scale)
   return img;
 }
 
-Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions,
-                          int64_t cols, int64_t scale) {
+Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions, int64_t cols,
+                          int64_t scale) {
   if (originals.shape() != reconstructions.shape())
-    throw std::invalid_argument("[reconstruction_grid] originals and reconstructions differ "
-                                "in shape");
+    throw std::invalid_argument(
+        "[reconstruction_grid] originals and reconstructions differ "
+        "in shape");
   const int64_t n = originals.size(0);
   cols = std::max<int64_t>(1, std::min(cols, n));
   std::vector<Tensor> rows;
@@ -56,11 +57,11 @@ Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions
   return image_grid(cat(rows, 0).to(DType::f32), cols, 2, scale);
 }
 
-Canvas reconstruction_figure(const Tensor& originals, const Tensor& reconstructions,
-                             int64_t cols, const std::string& caption, int64_t scale) {
+Canvas reconstruction_figure(const Tensor& originals, const Tensor& reconstructions, int64_t cols,
+                             const std::string& caption, int64_t scale) {
   const Image grid = reconstruction_grid(originals, reconstructions, cols, scale);
-  constexpr int64_t kPad = 2;    // reconstruction_grid's gap between tiles
-  constexpr int64_t kLabels = 32;  // left margin for IN / OUT
+  constexpr int64_t kPad = 2;       // reconstruction_grid's gap between tiles
+  constexpr int64_t kLabels = 32;   // left margin for IN / OUT
   constexpr int64_t kCaption = 22;  // top band
   const Rgb ink{40, 40, 40};
   const int64_t width =

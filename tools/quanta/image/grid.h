@@ -1,7 +1,6 @@
 #pragma once
 // Image grids from tensors of gray images.
 #include <cstdint>
-
 #include <string>
 
 #include "engine/tensor.h"
@@ -17,12 +16,12 @@ Image image_grid(const Tensor& images, int64_t cols, int64_t pad = 2, int64_t sc
 
 /** Rows of `cols` originals, each row followed by the row of their
  * reconstructions (both [N, 1, H, W], same shape), as one grid. */
-Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions,
-                          int64_t cols, int64_t scale = 2);
+Image reconstruction_grid(const Tensor& originals, const Tensor& reconstructions, int64_t cols,
+                          int64_t scale = 2);
 
 /** reconstruction_grid with its labels: "IN" and "OUT" beside each row, and
  * `caption` (what made them: quantizer, step, test MSE) above, on white. */
-Canvas reconstruction_figure(const Tensor& originals, const Tensor& reconstructions,
-                             int64_t cols, const std::string& caption, int64_t scale = 2);
+Canvas reconstruction_figure(const Tensor& originals, const Tensor& reconstructions, int64_t cols,
+                             const std::string& caption, int64_t scale = 2);
 
 }  // namespace quanta::image

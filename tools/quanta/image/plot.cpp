@@ -47,8 +47,8 @@ void widen(double& lo, double& hi) {
 }
 
 // Frame, grid lines, tick labels and titles.
-void draw_frame(Canvas& c, const Axes& a, const PlotSpec& spec,
-                const std::vector<double>& xticks, const std::vector<double>& yticks) {
+void draw_frame(Canvas& c, const Axes& a, const PlotSpec& spec, const std::vector<double>& xticks,
+                const std::vector<double>& yticks) {
   for (double t : yticks) {
     const int64_t y = a.py(t);
     c.line(a.x0, y, a.x1, y, kGrid);
@@ -68,14 +68,12 @@ void draw_frame(Canvas& c, const Axes& a, const PlotSpec& spec,
   c.line(a.x1, a.y0, a.x1, a.y1, kBlack);
   c.line(a.x0, a.y0, a.x1, a.y0, kBlack);
   c.text((c.width() - Canvas::text_width(spec.title, 2)) / 2, 10, spec.title, kBlack, 2);
-  c.text((a.x0 + a.x1 - Canvas::text_width(spec.x_label)) / 2, a.y1 + 24, spec.x_label,
-         kText);
+  c.text((a.x0 + a.x1 - Canvas::text_width(spec.x_label)) / 2, a.y1 + 24, spec.x_label, kText);
   c.text(4, a.y0 - 12, spec.y_label, kText);
 }
 
 // A line `width` pixels thick: the one-pixel line, repeated one row down.
-void thick_line(Canvas& c, int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb color,
-                int width) {
+void thick_line(Canvas& c, int64_t x0, int64_t y0, int64_t x1, int64_t y1, Rgb color, int width) {
   for (int d = 0; d < std::max(1, width); ++d) c.line(x0, y0 + d, x1, y1 + d, color);
 }
 
@@ -85,8 +83,8 @@ std::vector<double> log_ticks(double lo, double hi) {
   // Every integer mantissa within one decade, 1, 2 and 5 up to two decades,
   // whole decades beyond, where more would crowd the axis.
   const double decades = std::log10(hi) - std::log10(lo);
-  const std::vector<double> mantissas = decades <= 1.0   ? std::vector<double>{1, 2, 3, 4, 5,
-                                                                               6, 7, 8, 9}
+  const std::vector<double> mantissas = decades <= 1.0
+                                            ? std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}
                                         : decades <= 2.0 ? std::vector<double>{1, 2, 5}
                                                          : std::vector<double>{1};
   std::vector<double> all;
@@ -144,8 +142,7 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec) {
   }
   std::vector<double> xticks = nice_ticks(xlo, xhi, 7);
   xlo = std::min(xlo, xticks.front()), xhi = std::max(xhi, xticks.back());
-  Axes a{kLeft, kTop, spec.width - kRight, spec.height - kBottom, xlo, xhi, ylo, yhi,
-         log_y};
+  Axes a{kLeft, kTop, spec.width - kRight, spec.height - kBottom, xlo, xhi, ylo, yhi, log_y};
   draw_frame(c, a, spec, xticks, yticks);
 
   for (const Series& s : series) {
@@ -174,8 +171,7 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec) {
   return c;
 }
 
-Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec,
-                 const std::string& note) {
+Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec, const std::string& note) {
   Canvas c(spec.width, spec.height);
   const double n = static_cast<double>(values.size());
   double ymax = 0;
@@ -185,8 +181,8 @@ Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec,
   std::vector<double> yticks = nice_ticks(0, ymax);
   ymax = std::max(ymax, yticks.back());
   // Bars are centred on integers: x runs from -0.5 to n - 0.5.
-  Axes a{kLeft, kTop, spec.width - kRight, spec.height - kBottom, -0.5,
-         std::max(n, 1.0) - 0.5, 0, ymax, false};
+  Axes a{kLeft, kTop, spec.width - kRight, spec.height - kBottom, -0.5, std::max(n, 1.0) - 0.5, 0,
+         ymax,  false};
   std::vector<double> xticks;
   if (!values.empty())
     for (double t : nice_ticks(0, std::max(n - 1, 1.0), 7))
@@ -201,8 +197,7 @@ Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec,
     c.fill_rect(left, a.py(values[i]), right, a.y1 - 1, bar);
   }
   if (!note.empty())
-    c.text((a.x0 + a.x1 - Canvas::text_width(note, 2)) / 2, (a.y0 + a.y1) / 2 - 7, note,
-           kText, 2);
+    c.text((a.x0 + a.x1 - Canvas::text_width(note, 2)) / 2, (a.y0 + a.y1) / 2 - 7, note, kText, 2);
   return c;
 }
 

@@ -33,17 +33,15 @@ std::string write_png_file(FILE* fp, const Image& img) {
     return "cannot create a libpng info struct";
   }
   std::vector<png_bytep> rows(static_cast<size_t>(img.height));
-  for (int64_t y = 0; y < img.height; ++y)
-    rows[y] = const_cast<png_bytep>(img.at(0, y));
+  for (int64_t y = 0; y < img.height; ++y) rows[y] = const_cast<png_bytep>(img.at(0, y));
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_write_struct(&png, &info);
     return err.empty() ? "libpng error" : err;
   }
   png_init_io(png, fp);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(img.width),
-               static_cast<png_uint_32>(img.height), 8,
-               img.channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(img.width), static_cast<png_uint_32>(img.height),
+               8, img.channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
   png_write_image(png, rows.data());
   png_write_end(png, nullptr);
@@ -54,17 +52,15 @@ std::string write_png_file(FILE* fp, const Image& img) {
 }  // namespace
 
 Image::Image(int64_t w, int64_t h, int c, uint8_t fill)
-    : width(w), height(h), channels(c),
-      pixels(static_cast<size_t>(w * h * c), fill) {}
+    : width(w), height(h), channels(c), pixels(static_cast<size_t>(w * h * c), fill) {}
 
 void write_png(const std::string& path, const Image& img) {
   if (img.channels != 1 && img.channels != 3)
     throw std::invalid_argument(path + ": PNG writer takes 1 or 3 channels, got " +
                                 std::to_string(img.channels));
-  if (img.width <= 0 || img.height <= 0 || img.width > (1 << 24) ||
-      img.height > (1 << 24))
-    throw std::invalid_argument(path + ": cannot write a " + std::to_string(img.width) +
-                                " x " + std::to_string(img.height) + " PNG");
+  if (img.width <= 0 || img.height <= 0 || img.width > (1 << 24) || img.height > (1 << 24))
+    throw std::invalid_argument(path + ": cannot write a " + std::to_string(img.width) + " x " +
+                                std::to_string(img.height) + " PNG");
   if (img.pixels.size() != static_cast<size_t>(img.width * img.height * img.channels))
     throw std::invalid_argument(path + ": pixel buffer does not match the image size");
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());

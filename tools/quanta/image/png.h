@@ -18,9 +18,7 @@ struct Image {
   Image(int64_t width, int64_t height, int channels, uint8_t fill = 0);
   /** Pointer to the first channel of pixel (x, y). */
   uint8_t* at(int64_t x, int64_t y) { return &pixels[(y * width + x) * channels]; }
-  const uint8_t* at(int64_t x, int64_t y) const {
-    return &pixels[(y * width + x) * channels];
-  }
+  const uint8_t* at(int64_t x, int64_t y) const { return &pixels[(y * width + x) * channels]; }
 };
 
 /** Writes `img` (1 or 3 channels, non-empty) to `path` as an 8-bit PNG,

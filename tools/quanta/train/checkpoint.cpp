@@ -9,8 +9,8 @@
 
 namespace quanta::train {
 
-void save_checkpoint(const std::string& path, const Module& model,
-                     const Optimizer* optimizer, const CheckpointInfo& info) {
+void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
+                     const CheckpointInfo& info) {
   StateDict tensors = add_prefix(model.state_dict(), "model.");
   if (optimizer)
     for (auto& entry : add_prefix(optimizer->state_dict(), "optim."))
@@ -41,8 +41,8 @@ Checkpoint load_checkpoint(const std::string& path, const std::string& format) {
     return it->second;
   };
   if (meta("format") != format)
-    throw std::runtime_error(path + ": checkpoint format '" + meta("format") +
-                             "', expected '" + format + "'");
+    throw std::runtime_error(path + ": checkpoint format '" + meta("format") + "', expected '" +
+                             format + "'");
   Checkpoint ck;
   ck.info.format = format;
   try {
@@ -72,13 +72,12 @@ std::unique_ptr<VqVae> restore_model(const Checkpoint& ck, const std::string& pa
     throw std::runtime_error(path + ": bad config in the checkpoint (" + e.what() + ")");
   }
   Generator gen = Generator::named(cfg.seed, "model");
-  auto model = std::make_unique<VqVae>(
-      cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), gen);
+  auto model = std::make_unique<VqVae>(cfg.model,
+                                       make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), gen);
   try {
     model->load_state_dict(ck.model);
   } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": the model tensors do not fit its config (" +
-                             e.what() + ")");
+    throw std::runtime_error(path + ": the model tensors do not fit its config (" + e.what() + ")");
   }
   model->quantizer().load_extra_state(ck.info.rng.value("quantizer", nlohmann::json::object()));
   model->eval();

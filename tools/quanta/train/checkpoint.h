@@ -44,8 +44,8 @@ struct CheckpointInfo {
 
 /** Writes `model`, `optimizer` (may be null: no optimizer state) and `info`
  * to `path` atomically. */
-void save_checkpoint(const std::string& path, const Module& model,
-                     const Optimizer* optimizer, const CheckpointInfo& info);
+void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
+                     const CheckpointInfo& info);
 
 /** A loaded checkpoint: its info and the state dicts (prefixes removed). */
 struct Checkpoint {
@@ -56,8 +56,7 @@ struct Checkpoint {
 
 /** Reads and checks a checkpoint (format tag `format`, metadata); errors name
  * `path`. */
-Checkpoint load_checkpoint(const std::string& path,
-                           const std::string& format = kCheckpointFormat);
+Checkpoint load_checkpoint(const std::string& path, const std::string& format = kCheckpointFormat);
 
 /** The model tensors of `ck` (floating ones) that hold a NaN or an Inf, in
  * file order: a model that trained into NaN, or a damaged file. */

@@ -15,14 +15,13 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kKeys[] = {"data",     "limit_train", "limit_test", "steps",   "epochs",
-                             "batch_size", "lr",        "seed",       "log_every",
-                             "eval_every", "threads",   "device",     "nproc",   "model",
-                             "quantizer"};
+const char* const kKeys[] = {"data",       "limit_train", "limit_test", "steps",     "epochs",
+                             "batch_size", "lr",          "seed",       "log_every", "eval_every",
+                             "threads",    "device",      "nproc",      "model",     "quantizer"};
 const char* const kModelKeys[] = {"hidden", "dim"};
 // What a resumed run must share with its checkpoint to continue it exactly.
-const char* const kRunDefining[] = {"batch_size", "lr", "seed", "limit_train", "model",
-                                    "quantizer"};
+const char* const kRunDefining[] = {"batch_size",  "lr",    "seed",
+                                    "limit_train", "model", "quantizer"};
 
 std::string dump(const json& v) {
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -41,8 +40,7 @@ int64_t get_int(const json& j, const std::string& key, int64_t min, int64_t max)
                      (v.is_number_unsigned() ? min > 0 && v.get<uint64_t>() < uint64_t(min)
                                              : v.get<int64_t>() < min);
   if (below)
-    bad(key, min == 0 ? "an integer >= 0" : min > 0 ? "a positive integer" : "an integer >= -1",
-        v);
+    bad(key, min == 0 ? "an integer >= 0" : min > 0 ? "a positive integer" : "an integer >= -1", v);
   if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(max) : v.get<int64_t>() > max)
     bad(key, "at most " + std::to_string(max), v);
   return v.get<int64_t>();
@@ -104,7 +102,8 @@ json merge_config(json base, const json& layer) {
 TrainConfig config_from_json(const json& j) {
   check_keys(j, kKeys, "");
   for (const char* k : kKeys)
-    if (!j.contains(k)) throw std::invalid_argument(std::string("[config] missing key '") + k + "'");
+    if (!j.contains(k))
+      throw std::invalid_argument(std::string("[config] missing key '") + k + "'");
   TrainConfig c;
   if (!j["data"].is_string()) bad("data", "a folder name", j["data"]);
   c.data = j["data"].get<std::string>();

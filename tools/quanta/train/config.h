@@ -10,9 +10,8 @@
 // is stored in every checkpoint, so eval / encode / decode rebuild the model
 // from the checkpoint alone.
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace quanta::train {
 
@@ -29,7 +28,7 @@ struct TrainConfig {
   std::string data;
   int64_t limit_train = -1;  // -1: the whole split
   int64_t limit_test = -1;
-  int64_t steps = 0;   // exactly one of steps / epochs is > 0
+  int64_t steps = 0;  // exactly one of steps / epochs is > 0
   int64_t epochs = 0;
   int64_t batch_size = 64;
   double lr = 2e-3;

@@ -25,8 +25,7 @@ void CodeCounts::add(const Tensor& indices) {
   for (size_t i = 0; i < idx.size(); ++i) {
     if (idx[i] < 0 || idx[i] >= codebook_size)
       throw std::invalid_argument("[metrics] code index " + std::to_string(idx[i]) +
-                                  " outside the codebook of " +
-                                  std::to_string(codebook_size));
+                                  " outside the codebook of " + std::to_string(codebook_size));
     ++counts[i % q][static_cast<size_t>(idx[i])];
   }
 }

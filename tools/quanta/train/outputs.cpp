@@ -26,8 +26,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     try {
       records.push_back(nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(path + ": line " + std::to_string(n) + " is not JSON (" +
-                               e.what() + ")");
+      throw std::runtime_error(path + ": line " + std::to_string(n) + " is not JSON (" + e.what() +
+                               ")");
     }
   }
   return records;

@@ -1,10 +1,9 @@
 #pragma once
 // The files a run leaves in its output folder besides the checkpoint: the
 // metrics log (JSON lines) and the three PNGs.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/tensor.h"
 #include "train/metrics.h"

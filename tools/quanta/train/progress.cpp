@@ -22,20 +22,22 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(std::ostream& os, bool bar, int64_t start, int64_t total,
-                   int64_t batch_size)
-    : os_(os), bar_(bar), start_(start), total_(total), batch_(batch_size),
-      t0_(std::chrono::steady_clock::now()), last_draw_(t0_) {}
+Progress::Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t batch_size)
+    : os_(os),
+      bar_(bar),
+      start_(start),
+      total_(total),
+      batch_(batch_size),
+      t0_(std::chrono::steady_clock::now()),
+      last_draw_(t0_) {}
 
 double Progress::throughput(int64_t step) const {
-  const double dt =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   return dt > 0 ? static_cast<double>((step - start_) * batch_) / dt : 0.0;
 }
 
 std::string Progress::status(int64_t step, int64_t epoch, double loss) const {
-  const double dt =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   const double per_step = step > start_ ? dt / static_cast<double>(step - start_) : NAN;
   char buf[160];
   std::snprintf(buf, sizeof buf, "epoch %lld  loss %.5f  %.0f img/s  eta %s",

@@ -36,8 +36,7 @@ bool option_bool(QuantizerOptions& config, const std::string& key, bool fallback
 std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& key,
                                  const std::vector<int64_t>& fallback) {
   config.record(key, fallback);
-  return config.given().contains(key) ? config.given()[key].get<std::vector<int64_t>>()
-                                      : fallback;
+  return config.given().contains(key) ? config.given()[key].get<std::vector<int64_t>>() : fallback;
 }
 
 Generator layer_generator(uint64_t seed) { return Generator::named(seed, "quantizer"); }

@@ -88,9 +88,8 @@ class StepKeyedQuantizer : public TrainQuantizer {
 };
 
 /** The VQ family: "vq", "rvq", "grvq", "simvq"; null for other types. */
-std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type,
-                                               QuantizerOptions& config, int64_t dim,
-                                               uint64_t seed);
+std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, QuantizerOptions& config,
+                                               int64_t dim, uint64_t seed);
 /** The scalar family: "fsq", "rfsq", "lfq", "rlfq"; null for other types. */
 std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type,
                                                    QuantizerOptions& config, int64_t dim,

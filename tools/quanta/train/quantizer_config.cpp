@@ -49,9 +49,7 @@ bool integer_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
 }
 
 // Options whose integer values are sizes or counts, so must be positive.
-bool must_be_positive(const std::string& key) {
-  return key != "kmeans_iters";
-}
+bool must_be_positive(const std::string& key) { return key != "kmeans_iters"; }
 
 }  // namespace
 
@@ -75,12 +73,12 @@ const std::vector<QuantizerOption>& quantizer_options() {
   static const std::vector<QuantizerOption> options = {
       {"codebook_size", T::integer, "codes per codebook (LFQ: a power of two)",
        with(kVqFamily, {"simvq", "lfq", "rlfq"})},
-      {"codebook_dim", T::integer, "code vector size (projections in and out when it "
-       "differs from the latent dim)", with(kVqFamily, {"simvq"})},
-      {"levels", T::integer_list, "FSQ levels per dimension, e.g. 8,5,5,5",
-       {"fsq", "rfsq"}},
-      {"num_quantizers", T::integer, "residual quantizer levels",
-       {"rvq", "grvq", "rfsq", "rlfq"}},
+      {"codebook_dim", T::integer,
+       "code vector size (projections in and out when it "
+       "differs from the latent dim)",
+       with(kVqFamily, {"simvq"})},
+      {"levels", T::integer_list, "FSQ levels per dimension, e.g. 8,5,5,5", {"fsq", "rfsq"}},
+      {"num_quantizers", T::integer, "residual quantizer levels", {"rvq", "grvq", "rfsq", "rlfq"}},
       {"groups", T::integer, "channel groups", {"grvq"}},
       {"heads", T::integer, "heads (the latent split into this many parts)", {"vq"}},
       {"num_codebooks", T::integer, "codebooks side by side", {"fsq", "lfq"}},
@@ -91,25 +89,21 @@ const std::vector<QuantizerOption>& quantizer_options() {
       {"kmeans_iters", T::integer, "k-means iterations", kVqFamily},
       {"threshold_ema_dead_code", T::number,
        "replace codes whose EMA cluster size falls below this", kVqFamily},
-      {"commitment_weight", T::number, "weight of the commitment loss",
-       with(kVqFamily, {"simvq"})},
-      {"use_cosine_sim", T::boolean, "cosine-similarity codebook (l2-normalised)",
-       kVqFamily},
-      {"orthogonal_reg_weight", T::number, "weight of the orthogonal regulariser",
-       kVqFamily},
+      {"commitment_weight", T::number, "weight of the commitment loss", with(kVqFamily, {"simvq"})},
+      {"use_cosine_sim", T::boolean, "cosine-similarity codebook (l2-normalised)", kVqFamily},
+      {"orthogonal_reg_weight", T::number, "weight of the orthogonal regulariser", kVqFamily},
       {"learnable_codebook", T::boolean, "train the codebook by gradient", kVqFamily},
       {"ema_update", T::boolean, "update the codebook by EMA", kVqFamily},
       {"rotation_trick", T::boolean, "rotation-trick gradient instead of straight-through",
        with(kVqFamily, {"simvq"})},
-      {"shared_codebook", T::boolean, "one codebook for every residual level",
-       {"rvq", "grvq"}},
-      {"quantize_dropout", T::boolean, "drop trailing residual levels while training",
+      {"shared_codebook", T::boolean, "one codebook for every residual level", {"rvq", "grvq"}},
+      {"quantize_dropout",
+       T::boolean,
+       "drop trailing residual levels while training",
        {"rvq", "grvq", "rfsq", "rlfq"}},
       {"entropy_loss_weight", T::number, "weight of the entropy loss", {"lfq", "rlfq"}},
-      {"commitment_loss_weight", T::number, "weight of the commitment loss",
-       {"lfq", "rlfq"}},
-      {"diversity_gamma", T::number, "weight of the codebook-entropy term",
-       {"lfq", "rlfq"}},
+      {"commitment_loss_weight", T::number, "weight of the commitment loss", {"lfq", "rlfq"}},
+      {"diversity_gamma", T::number, "weight of the codebook-entropy term", {"lfq", "rlfq"}},
   };
   return options;
 }
@@ -131,8 +125,9 @@ void validate_quantizer_config(const nlohmann::json& config) {
     throw std::invalid_argument("[config] \"quantizer\" must be an object, got " +
                                 short_dump(config));
   if (!config.contains("type") || !config["type"].is_string())
-    throw std::invalid_argument("[config] \"quantizer\" needs a string \"type\" (one of "
-                                "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq)");
+    throw std::invalid_argument(
+        "[config] \"quantizer\" needs a string \"type\" (one of "
+        "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq)");
   const std::string type = config["type"].get<std::string>();
   std::string names;
   bool known = false;
@@ -141,8 +136,8 @@ void validate_quantizer_config(const nlohmann::json& config) {
     known = known || name == type;
   }
   if (!known)
-    throw std::invalid_argument("[config] unknown quantizer type '" + type + "' (types: " +
-                                names + ")");
+    throw std::invalid_argument("[config] unknown quantizer type '" + type + "' (types: " + names +
+                                ")");
   for (const auto& [key, value] : config.items()) {
     if (key == "type") continue;
     const auto& opts = quantizer_options();
@@ -159,8 +154,7 @@ void validate_quantizer_config(const nlohmann::json& config) {
         ok = integer_in(value, must_be_positive(key) ? 1 : 0, kMaxIntegerOption);
         break;
       case OptionType::number:
-        ok = value.is_number() && std::isfinite(value.get<double>()) &&
-             value.get<double>() >= 0;
+        ok = value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0;
         // eps smooths a division (0 lets a dead code divide by zero); decay
         // is a fraction.
         if (ok && key == "eps") ok = value.get<double>() > 0;
@@ -183,16 +177,16 @@ void validate_quantizer_config(const nlohmann::json& config) {
                                         : " >= 0";
       if (it->type == OptionType::number)
         want += key == "eps" ? " > 0" : key == "decay" ? " from 0 to 1" : " >= 0";
-      throw std::invalid_argument("[config] quantizer option '" + key + "' must be " +
-                                  want + ", got " + short_dump(value));
+      throw std::invalid_argument("[config] quantizer option '" + key + "' must be " + want +
+                                  ", got " + short_dump(value));
     }
   }
 }
 
 nlohmann::json parse_option_value(const QuantizerOption& opt, const std::string& text) {
   auto bad = [&]() -> std::invalid_argument {
-    return std::invalid_argument("--" + flag_name(opt.key) + ": expected " +
-                                 type_word(opt.type) + ", got '" + text + "'");
+    return std::invalid_argument("--" + flag_name(opt.key) + ": expected " + type_word(opt.type) +
+                                 ", got '" + text + "'");
   };
   auto parse_int = [&](const std::string& s) {
     if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)

@@ -3,10 +3,9 @@
 // options, named as in vector-quantize-pytorch so configs port over. One
 // table lists every option with its JSON type and the types that take it;
 // the kebab-case command-line flags (--codebook-size) are made from it.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace quanta::train {
 

@@ -387,8 +387,8 @@ TrainResult run_training(const TrainJob& job, std::ostream& out_log) {
     write_loss_plot(out_path(job.out_dir, kLossFile), history);
     write_usage_plot(out_path(job.out_dir, kUsageFile), ev, qtype);
     write_reconstructions(out_path(job.out_dir, kReconstructionsFile), model, test_set.images,
-                          "quantizer " + qtype + ", step " + std::to_string(step) +
-                              ", test mse " + fmt_metric(ev.mse, 5));
+                          "quantizer " + qtype + ", step " + std::to_string(step) + ", test mse " +
+                              fmt_metric(ev.mse, 5));
     progress.line("eval step " + std::to_string(step) + " (epoch " + std::to_string(epoch) +
                   "): test mse " + fmt_metric(ev.mse, 5) + "  codebook usage " +
                   (std::isfinite(ev.usage) ? fmt_metric(100 * ev.usage, 1) + "%" : "n/a") +
