@@ -14,6 +14,7 @@ packages=(
   libpng-dev zlib1g-dev                    # PNG of reconstructions
   dataset-fashion-mnist                    # `quanta train` default data
   python3                                  # CI summary script
+  clang-format                             # CI's format check (tools/check-format.sh)
 )
 
 missing=()
