@@ -116,10 +116,6 @@ template <class T>
 void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
                         const ConvGeom& g) {
   const int64_t L = g.L(), HW = g.H * g.W, ckk = g.ckk(), O = g.O, C = g.C;
-  if (g.N == 0) {
-    if (kind == ConvKind::weight_grad) std::fill(out, out + O * ckk, T(0));
-    return;
-  }
   // Per worker: the chunk's NHWC images, its columns and its [P, O] block
   // of the output (forward) or of the output gradient (both backwards).
   const Chunks plan = plan_chunks(g, HW * C + L * (ckk + O));

@@ -16,7 +16,8 @@ namespace quanta::cpu {
 bool channels_last_pays(const ConvGeom& g);
 
 /** One kernel of `kind` (forward, input_grad, weight_grad as in conv()) on
- * contiguous NCHW operands, channels last inside; `out` is uninitialised. */
+ * contiguous NCHW operands, channels last inside; `out` is uninitialised.
+ * N > 0 (conv() answers an empty batch). */
 template <class T>
 void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
                         const ConvGeom& g);

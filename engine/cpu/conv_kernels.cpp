@@ -101,13 +101,10 @@ void gather_images(const T* src, int64_t image_stride, int64_t nb, int64_t rows,
 
 // One kernel of `kind` on contiguous plain NCHW operands, im2col in the
 // planar layout (rows of one channel's pixels); `out` is uninitialised.
+// N > 0 (conv() answers an empty batch).
 template <class T>
 void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out, const ConvGeom& g) {
   const int64_t cg = g.cg(), og = g.og(), ckk = g.ckk(), L = g.L(), HW = g.H * g.W;
-  if (g.N == 0) {  // no images: a weight gradient of zeros, else nothing to write
-    if (kind == ConvKind::weight_grad) std::fill(out, out + g.O * ckk, T(0));
-    return;
-  }
   // A one-image chunk (a single image, or images too large to pair) reads
   // and writes the NCHW tensors in place instead of through a gathered copy.
   const Chunks plan = plan_chunks(g, std::max(ckk, og) * L);
@@ -204,6 +201,11 @@ void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const vo
     const auto* pa = static_cast<const T*>(a);
     const auto* pb = static_cast<const T*>(b);
     const auto* pbias = static_cast<const T*>(bias);
+    if (g.N == 0) {  // no images: a weight gradient of zeros, else nothing to write
+      if (kind == ConvKind::weight_grad)
+        std::fill(static_cast<T*>(out), static_cast<T*>(out) + g.O * g.ckk(), T(0));
+      return;
+    }
     if (channels_last_pays(g))
       conv_channels_last<T>(kind, pa, pb, pbias, static_cast<T*>(out), g);
     else
