@@ -87,6 +87,9 @@ class LoRALinear : public Module {
   const Tensor& lora_A() const { return lora_a_; }
   const Tensor& lora_B() const { return lora_b_; }
   double scaling() const { return scaling_; }
+  /** The stream the adapters' input dropout draws from: a training
+   * checkpoint keeps its state so that a resumed run drops the same inputs. */
+  Generator& dropout_generator() { return dropout_gen_; }
 
  private:
   std::shared_ptr<NF4Linear> base_;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -83,10 +85,25 @@ TEST_CASE("train --task classify writes a classifier checkpoint above 70% test a
   CHECK(json::parse(f.metadata.at("results"))["test_accuracy"].get<double>() ==
         doctest::Approx(t.accuracy).epsilon(1e-3));
   std::vector<std::string> names;
-  for (const auto& [name, _] : f.tensors) names.push_back(name);
+  int optimizer_tensors = 0;
+  for (const auto& [name, _] : f.tensors) {
+    if (name.rfind("model.", 0) == 0) names.push_back(name);
+    optimizer_tensors += name.rfind("optim.", 0) == 0;
+  }
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"model.1.bias", "model.1.weight", "model.3.bias",
                                           "model.3.weight", "model.5.bias", "model.5.weight"});
+  CHECK(optimizer_tensors > 0);  // Adam's state: --resume can extend the run
+  CHECK(names.size() + optimizer_tensors == f.tensors.size());
+  // The training loop's metrics: a header, train records, the final eval.
+  std::vector<std::string> kinds;
+  {
+    std::ifstream in(t.dir.file("clf/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) kinds.push_back(json::parse(line)["kind"]);
+  }
+  REQUIRE(kinds.size() >= 3);
+  CHECK(kinds.front() == "header");
+  CHECK(kinds.back() == "eval");
   // Flags of the VQ-VAE are refused, not ignored.
   check_one_line_error(run_quanta({"train", "--task", "classify", "--codebook-size", "64"}), 2,
                        "--task classify");
@@ -179,6 +196,98 @@ TEST_CASE("finetune --nproc 2 runs two ranks and ends with the adapters of one p
   }
 }
 
+// The tensors of a safetensors file by name.
+std::map<std::string, Tensor> tensors_of(const std::string& path) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : io::load_safetensors(path).tensors) out.emplace(name, t);
+  return out;
+}
+
+// Whether two files hold the same tensors, bit for bit (names, shapes, bytes).
+void check_same_tensors(const std::string& a, const std::string& b) {
+  const auto x = tensors_of(a), y = tensors_of(b);
+  REQUIRE(x.size() == y.size());
+  for (const auto& [name, t] : x) {
+    CAPTURE(name);
+    REQUIRE(y.count(name) == 1);
+    const Tensor u = t.contiguous(), v = y.at(name).contiguous();
+    REQUIRE(u.shape() == v.shape());
+    REQUIRE(u.dtype() == v.dtype());
+    CHECK(std::memcmp(u.raw_data(), v.raw_data(), u.nbytes()) == 0);
+  }
+}
+
+TEST_CASE("train --task classify --resume continues exactly; a changed run is refused") {
+  if (!have_dataset()) return;
+  ScratchDir dir("classify_resume");
+  const auto run = [&](const std::string& out, const std::string& steps,
+                       const std::vector<std::string>& extra = {}) {
+    return run_quanta(with(with({"train", "--task", "classify", "--steps", steps, "--log-every",
+                                 "4", "--out", dir.file(out)},
+                                kSubset),
+                           extra));
+  };
+  REQUIRE(run("whole", "12").code == 0);
+  REQUIRE(run("split", "5").code == 0);
+  const CliResult r = run("split", "12", {"--resume"});
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "resuming at step 5 of 12"));
+  check_same_tensors(dir.file("whole/checkpoint.safetensors"),
+                     dir.file("split/checkpoint.safetensors"));
+  // The resumed log's records at the --log-every steps equal the
+  // uninterrupted one's (the window 5..8 spans the resume); the first run's
+  // record of its last step 5 stays in the log.
+  auto losses = [&](const std::string& out) {
+    std::vector<double> v;
+    std::ifstream in(dir.file(out + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j["kind"] == "train" && j["step"].get<int64_t>() % 4 == 0)
+        v.push_back(j["loss"].get<double>());
+    }
+    return v;
+  };
+  CHECK(losses("whole").size() == 3);
+  CHECK(losses("whole") == losses("split"));
+  check_one_line_error(
+      run("split", "20", {"--resume", "--lr", "0.5"}), 2,
+      "--resume cannot change the run it continues (lr: checkpoint 0.001, now 0.5)");
+  check_one_line_error(run("split", "12", {"--resume"}), 2,
+                       "the checkpoint is at step 12, the run asks for 12 steps");
+}
+
+TEST_CASE("finetune --resume continues exactly, dropout streams included") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  REQUIRE(t.train.code == 0);
+  ScratchDir out("finetune_resume");
+  const std::vector<std::string> drop = {"--lora-dropout", "0.2", "--log-every", "4"};
+  const CliResult whole = run_quanta(finetune(t.nf4_ckpt, out.file("whole"), drop, "12"));
+  REQUIRE(whole.code == 0);
+  REQUIRE(run_quanta(finetune(t.nf4_ckpt, out.file("split"), drop, "5")).code == 0);
+  const CliResult r =
+      run_quanta(finetune(t.nf4_ckpt, out.file("split"), with(drop, {"--resume"}), "12"));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "resuming at step 5 of 12 steps"));
+  check_same_tensors(out.file("whole/adapters.safetensors"),
+                     out.file("split/adapters.safetensors"));
+  check_same_tensors(out.file("whole/checkpoint.safetensors"),
+                     out.file("split/checkpoint.safetensors"));
+  CHECK(percent_after(r.out, "after fine-tuning:") ==
+        doctest::Approx(percent_after(whole.out, "after fine-tuning:")));
+  // What defines the run may not change; the base neither.
+  check_one_line_error(run_quanta(finetune(t.nf4_ckpt, out.file("split"),
+                                           with(drop, {"--resume", "--rank", "4"}), "20")),
+                       2, "--resume cannot change the run it continues (model:");
+  check_one_line_error(
+      run_quanta(finetune(t.float_ckpt, out.file("split"), with(drop, {"--resume"}), "20")), 2,
+      "--resume cannot change the run it continues (base:");
+}
+
 TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
   const CliResult help = run_quanta({"finetune", "--help"});
   CHECK(help.code == 0);
@@ -205,11 +314,17 @@ TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
                          "--out " + dir.file("done") +
                              " already holds a run "
                              "(adapters.safetensors)");
-    CHECK(contains(r.err, "replace it with --overwrite, or choose another --out"));
+    CHECK(contains(r.err, "continue it with --resume, or replace it with --overwrite"));
     CHECK(slurp(dir.file("done/adapters.safetensors")) == "earlier run");
     check_one_line_error(
         run_quanta({"finetune", dir.file("x"), "--out", dir.file("done"), "--overwrite"}), 1,
         "cannot read checkpoint");
+    check_one_line_error(
+        run_quanta({"finetune", dir.file("x"), "--out", dir.file("done"), "--resume"}), 1,
+        "checkpoint.safetensors");
+    check_one_line_error(run_quanta({"finetune", dir.file("x"), "--out", dir.file("done"),
+                                     "--resume", "--overwrite"}),
+                         2, "--resume continues the run in --out, --overwrite replaces it");
   }
   if (!have_dataset()) return;
   // A VQ-VAE checkpoint is not a classifier.

@@ -283,13 +283,13 @@ TEST_CASE("quanta train restarted by quanta launch continues its run from --out"
   CHECK(seconds_since(t0) < 120);
 }
 
-TEST_CASE("quanta finetune and train --task classify restarted: they run again from the start") {
+TEST_CASE("quanta finetune and train --task classify restarted: they continue from --out") {
   if (!have_dataset()) return;
   ScratchDir dir("launch_finetune_restart");
   const std::string clf = dir.file("clf"), lora = dir.file("lora");
   const char* exe = std::getenv("QUANTA_EXE");
-  // Attempt 0: the classifier, then a failure; attempt 1: the classifier
-  // again, the fine-tuning, then a failure; attempt 2: both again.
+  // Attempt 0: the classifier, then a failure; attempt 1: the classifier is
+  // complete, the fine-tuning runs, then a failure; attempt 2: both complete.
   const std::string script =
       "\"$0\" train --task classify --steps 5 --limit-train 128 --limit-test 32 --out " + clf +
       " || exit $?; [ \"$QUANTA_RESTART_COUNT\" = 0 ] && exit 9; \"$0\" finetune " + clf +
@@ -302,14 +302,11 @@ TEST_CASE("quanta finetune and train --task classify restarted: they run again f
   CAPTURE(r.err);
   CHECK(r.code == 0);
   for (const char* restart : {"1 of 2", "2 of 2"})
-    CHECK(contains(r.out, std::string("[rank 0] restart ") + restart +
-                              ": --task classify keeps no checkpoint mid-run; training again "
-                              "from the start in " +
-                              clf + "\n"));
-  CHECK(contains(r.out,
-                 "[rank 0] restart 2 of 2: quanta finetune keeps no checkpoint mid-run; "
-                 "fine-tuning again from the start in " +
-                     lora + "\n"));
+    CHECK(contains(r.out, std::string("[rank 0] restart ") + restart + ": the run in " + clf +
+                              " is complete (its checkpoint is at its last step, 5); nothing "
+                              "left to train\n"));
+  CHECK(contains(r.out, "[rank 0] restart 2 of 2: the run in " + lora +
+                            " is complete; nothing left to fine-tune\n"));
   CHECK(fs::exists(lora + "/adapters.safetensors"));
 }
 

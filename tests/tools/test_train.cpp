@@ -13,6 +13,7 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/random/sampling.h"
+#include "train/batch_order.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/metrics.h"

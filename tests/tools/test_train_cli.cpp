@@ -379,11 +379,11 @@ TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --o
   CHECK(slurp(run + "/metrics.jsonl") == "{\"kind\": \"train\", \"step\": 1}\n");
   check_one_line_error(run_quanta({"train", "--resume", "--overwrite", "--out", run}), 2,
                        "--resume continues the run in --out, --overwrite replaces it");
-  // --task classify (which has no --resume) alike.
+  // --task classify alike (the same training loop, the same files).
   std::ofstream(run + "/checkpoint.safetensors") << "x";
   const CliResult c = run_quanta({"train", "--task", "classify", "--steps", "1", "--out", run});
-  check_one_line_error(c, 2, "already holds a run (checkpoint.safetensors)");
-  CHECK(contains(c.err, "replace it with --overwrite, or choose another --out"));
+  check_one_line_error(c, 2, "already holds a run (checkpoint.safetensors, metrics.jsonl)");
+  CHECK(contains(c.err, "continue it with --resume, or replace it with --overwrite"));
   // --print-config writes nothing, so it is not refused.
   CHECK(run_quanta({"train", "--out", run, "--print-config"}).code == 0);
   // --dist-timeout is a flag of the process, not a setting of the run.

@@ -6,9 +6,12 @@
 // accuracy of the float model (measured, or as quanta train recorded it), of
 // the NF4 base, and after fine-tuning, and the memory of the NF4 base, the
 // float weights and the adapters; writes the adapters (and with --merge the
-// merged float classifier) as safetensors. Data-parallel through
-// dist::DataParallel under a launcher environment; --nproc N started by hand
-// re-runs itself under `quanta launch -n N` (relaunch.h).
+// merged float classifier) as safetensors. The steps run in the training
+// loop of quanta train (train/loop.h): the same progress, metrics.jsonl,
+// SIGTERM checkpoint (the adapters, Adam's state and the dropout streams) and
+// --resume. Data-parallel through dist::DataParallel under a launcher
+// environment; --nproc N started by hand re-runs itself under `quanta launch
+// -n N` (relaunch.h).
 #include <unistd.h>
 
 #include <cmath>
@@ -36,15 +39,16 @@
 #include "engine/optim/optimizer.h"
 #include "flag_checks.h"
 #include "quant/nf4/nf4_modules.h"
+#include "quanta_config.h"
 #include "relaunch.h"
 #include "train/checkpoint.h"
 #include "train/classifier.h"
 #include "train/classify.h"
 #include "train/limits.h"
+#include "train/loop.h"
 #include "train/outputs.h"
 #include "train/progress.h"
 #include "train/run_folder.h"
-#include "train/trainer.h"
 
 namespace quanta::cli {
 namespace {
@@ -55,6 +59,9 @@ using nlohmann::json;
 inline constexpr const char* kAdaptersFile = "adapters.safetensors";
 inline constexpr const char* kMergedFile = "merged.safetensors";
 inline constexpr const char* kAdaptersFormat = "quanta-lora-1";
+// The mid-run checkpoint in --out (train/checkpoint.h's layout; its model
+// tensors are the adapters only: the base is the input checkpoint's).
+inline constexpr const char* kFinetuneFormat = "quanta-finetune-1";
 
 struct FinetuneOptions {
   std::string checkpoint, out, data;
@@ -65,7 +72,67 @@ struct FinetuneOptions {
   uint64_t seed = 0;
   int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
   std::string dist_timeout;  // seconds; empty: the library's default
-  bool merge = false, overwrite = false;
+  bool merge = false, overwrite = false, resume = false;
+};
+
+// The settings a fine-tuning checkpoint keeps; a --resume must not change
+// those train::resume_conflict compares (batch_size, lr, seed, limit_train,
+// model) nor the base.
+json finetune_config_json(const FinetuneOptions& o) {
+  return {{"task", "finetune"},
+          {"base", fs::absolute(o.checkpoint).lexically_normal().string()},
+          {"steps", o.steps},
+          {"batch_size", o.batch_size},
+          {"lr", o.lr},
+          {"seed", o.seed},
+          {"limit_train", o.limit_train},
+          {"log_every", o.log_every},
+          {"model", {{"lora_rank", o.rank}, {"lora_alpha", o.alpha}, {"lora_dropout", o.dropout}}}};
+}
+
+// The classifier with LoRA adapters as the training loop's task: the
+// classifier's loss and evaluation; a checkpoint keeps the adapters (the
+// trainable tensors) and the adapters' dropout streams.
+class AdapterTask : public train::ClassifierTask {
+ public:
+  using ClassifierTask::ClassifierTask;
+
+  StateDict state() override {
+    StateDict out;
+    for (const auto& [name, p] : model_->named_parameters())
+      if (p.requires_grad()) out.emplace_back(name, p.detach());
+    return out;
+  }
+  void load_state(const StateDict& state) override {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model_->named_parameters()) {
+      if (!p.requires_grad()) continue;
+      const Tensor* t = find_tensor(state, name);
+      if (!t || t->shape() != p.shape())
+        throw std::runtime_error("the fine-tuning checkpoint has no adapter '" + name + "' of " +
+                                 shape_str(p.shape()) + " (another --rank or base?)");
+      copy_(p, *t);
+    }
+  }
+  json extra_state() const override {
+    json streams = json::object();
+    for (std::size_t i = 0; i < model_->size(); ++i)
+      if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*model_)[i])) {
+        const GeneratorState g = l->dropout_generator().state();
+        streams[std::to_string(i)] = {g.seed, g.key, g.offset.lo, g.offset.hi};
+      }
+    return {{"lora_dropout", streams}};
+  }
+  void load_extra_state(const json& rng) override {
+    const json streams = rng.value("lora_dropout", json::object());
+    for (std::size_t i = 0; i < model_->size(); ++i)
+      if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*model_)[i])) {
+        const json& g = streams.at(std::to_string(i));
+        l->dropout_generator().set_state({g[0].get<uint64_t>(),
+                                          g[1].get<uint64_t>(),
+                                          {g[2].get<uint64_t>(), g[3].get<uint64_t>()}});
+      }
+  }
 };
 
 // The classifier of a checkpoint with NF4 + LoRA layers, and what it took.
@@ -176,82 +243,114 @@ QLoraModel load_classifier(const std::string& path, const data::ImageDataset& te
   return q;
 }
 
-void run_finetune(const FinetuneOptions& o) {
-  // Before --nproc starts the ranks, and by every rank before the process
-  // group forms (so before rank 0 writes).
-  // Fine-tuning keeps no checkpoint mid-run, so a restart by the launcher
-  // job that wrote --out (quanta launch --max-restarts) runs it again from
-  // the start, replacing what the failed attempt left.
+// What the command does with --out, decided before --nproc starts the ranks
+// (and again by every rank before the process group forms, so before rank 0
+// writes): refuse a folder that holds a run, or continue the run there
+// (--resume, or a restart by the launcher job that wrote it).
+struct OutputPlan {
   train::LaunchRestarts restarts;
   train::RestartPlan plan = train::RestartPlan::first_start;
+  bool resume = false;
+  bool done = false;  // a restart found the run complete: nothing to do
+};
+
+OutputPlan plan_output(const FinetuneOptions& o) {
+  OutputPlan p;
+  p.resume = o.resume;
   try {
-    restarts = train::launch_restarts_from_env();
-    plan = train::restart_plan(o.out, restarts, "");
-    if (!o.overwrite && plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(o.out, {kAdaptersFile, kMergedFile},
-                                   "replace it with --overwrite, or choose another --out");
+    if (o.resume && o.overwrite)
+      throw std::invalid_argument(
+          "--resume continues the run in --out, --overwrite replaces it: give one");
+    p.restarts = train::launch_restarts_from_env();
+    p.plan = train::restart_plan(o.out, p.restarts, train::kCheckpointFile);
+    if (!o.resume && !o.overwrite && p.plan == train::RestartPlan::first_start)
+      train::refuse_to_replace_run(
+          o.out, {train::kCheckpointFile, train::kMetricsFile, kAdaptersFile, kMergedFile},
+          "continue it with --resume, or replace it with --overwrite");
+    if (!p.resume && p.plan != train::RestartPlan::resume) return p;
+    const train::Checkpoint ck = train::load_checkpoint(
+        (fs::path(o.out) / train::kCheckpointFile).string(), kFinetuneFormat);
+    const json now = finetune_config_json(o);
+    std::string diff = train::resume_conflict(ck.info.config, now);
+    if (diff.empty() && ck.info.config.value("base", "") != now["base"])
+      diff = "base: checkpoint " + ck.info.config.value("base", "") + ", now " +
+             now["base"].get<std::string>();
+    if (!diff.empty())
+      throw std::invalid_argument("--resume cannot change the run it continues (" + diff + ")");
+    if (p.plan != train::RestartPlan::resume) return p;
+    // The outputs come after the last checkpoint: a complete run whose
+    // adapters were not written yet fine-tunes again.
+    const bool complete = ck.info.step >= o.steps;
+    p.done = complete && fs::exists(fs::path(o.out) / kAdaptersFile);
+    p.resume = !complete;
+    if (is_rank_zero())
+      std::cout << train::restart_text(p.restarts)
+                << (p.done     ? ": the run in " + o.out + " is complete; nothing left to fine-tune"
+                    : complete ? ": the run in " + o.out +
+                                     " has no adapters file yet; fine-tuning again from the start"
+                               : ": resuming the run in " + o.out + " from its checkpoint (step " +
+                                     std::to_string(ck.info.step) + ")")
+                << "\n";
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const bool rank_zero = is_rank_zero();
-  if (plan == train::RestartPlan::start_again && rank_zero)
-    std::cout << train::restart_text(restarts)
-              << ": quanta finetune keeps no checkpoint mid-run; fine-tuning again from the "
-                 "start in "
-              << o.out << "\n";
-  apply_dist_timeout(o.dist_timeout);
-  if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
-  if (restarts.max > 0 && rank_zero) train::claim_run(o.out, restarts.run_id);
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  if (!fs::exists(o.checkpoint))
-    throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
-  std::shared_ptr<dist::ProcessGroup> group = dist::init();
-  const int rank = group->rank(), world = group->size();
-  const bool lead = rank == 0;
-  std::ostringstream sink;  // ranks other than 0 print nothing
-  std::ostream& log = lead ? std::cout : sink;
+  return p;
+}
 
-  // The data folder: --data, else the one the classifier was trained on.
-  train::ClassifyConfig from_ck;
-  {
-    const io::SafetensorsFile probe = io::load_safetensors(o.checkpoint);
-    auto it = probe.metadata.find("config");
-    if (it != probe.metadata.end()) try {
-        from_ck = train::classify_config_from_json(json::parse(it->second));
-      } catch (const std::exception&) {
-        // load_classifier names what is wrong
-      }
-  }
-  const std::string data_dir = o.data.empty() ? from_ck.data : o.data;
-  const data::ImageDataset test = data::load_fashion_mnist(
-      data_dir.empty() ? data::kFashionMnistDir : data_dir, data::Split::test, o.limit_test);
-  const data::ImageDataset train_set =
-      data::load_fashion_mnist(test.source, data::Split::train, o.limit_train);
-  if (train_set.size() == 0) throw UsageError("--limit-train 0 leaves nothing to train on");
+// The data folder: --data, else the one the classifier was trained on.
+std::string data_folder(const FinetuneOptions& o) {
+  if (!o.data.empty()) return o.data;
+  const io::SafetensorsFile probe = io::load_safetensors(o.checkpoint);
+  auto it = probe.metadata.find("config");
+  if (it != probe.metadata.end()) try {
+      const std::string dir = train::classify_config_from_json(json::parse(it->second)).data;
+      if (!dir.empty()) return dir;
+    } catch (const std::exception&) {
+      // load_classifier names what is wrong
+    }
+  return data::kFashionMnistDir;
+}
 
-  QLoraModel q = load_classifier(o.checkpoint, test, lead);
-  quant::LoRAOptions lora{.rank = o.rank, .alpha = o.alpha, .dropout = o.dropout, .seed = o.seed};
-  // Float Linear layers: quantized to NF4 here, wrapped with adapters.
+// The sizes finetune reports.
+struct AdapterBytes {
+  uint64_t nf4 = 0, float32 = 0, trainable = 0;  // trainable: parameters
+};
+
+// Every Linear of `q` becomes a frozen NF4 base with LoRA adapters: float
+// ones quantized here (their reports returned), NF4 ones from the file
+// wrapped.
+std::vector<quant::NF4LayerReport> add_adapters(QLoraModel& q, const FinetuneOptions& o,
+                                                AdapterBytes& bytes) {
+  const quant::LoRAOptions lora{
+      .rank = o.rank, .alpha = o.alpha, .dropout = o.dropout, .seed = o.seed};
   quant::NF4ConvertOptions convert;
   convert.lora = true;
   convert.lora_options = lora;
-  const std::vector<quant::NF4LayerReport> reports = quant::quantize_nf4(*q.model, convert);
-  // NF4 layers from the file: wrapped with adapters.
-  uint64_t nf4_bytes = 0, float_bytes = 0, trainable = 0;
+  std::vector<quant::NF4LayerReport> reports = quant::quantize_nf4(*q.model, convert);
   for (std::size_t i = 0; i < q.model->size(); ++i) {
     const std::string name = std::to_string(i);
     if (auto base = std::dynamic_pointer_cast<quant::NF4Linear>((*q.model)[i]))
       q.model->replace_module(name, std::make_shared<quant::LoRALinear>(base, lora));
     if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*q.model)[i])) {
-      nf4_bytes += l->base()->weight_bytes();
-      float_bytes += uint64_t(l->base()->out_features() * l->base()->in_features()) * 4;
-      trainable += uint64_t(l->lora_A().numel() + l->lora_B().numel());
+      bytes.nf4 += l->base()->weight_bytes();
+      bytes.float32 += uint64_t(l->base()->out_features() * l->base()->in_features()) * 4;
+      bytes.trainable += uint64_t(l->lora_A().numel() + l->lora_B().numel());
     }
   }
-  std::vector<Tensor> params;
-  for (const Tensor& p : q.model->parameters())
-    if (p.requires_grad()) params.push_back(p);
+  return reports;
+}
 
+// The float model's accuracy as finetune knows it: measured, recorded by
+// quanta train, or unknown.
+double float_accuracy(const QLoraModel& q) {
+  return q.all_float ? q.float_accuracy : q.recorded.value("test_accuracy", double(NAN));
+}
+
+// "base: ..." with a line per converted layer, and the accuracies before
+// fine-tuning.
+void print_base(std::ostream& log, const FinetuneOptions& o, const QLoraModel& q,
+                const std::vector<quant::NF4LayerReport>& reports, const data::ImageDataset& test,
+                double nf4_accuracy) {
   const train::ClassifyConfig& cc = q.config;
   std::string layers = std::to_string(q.float_layers + q.nf4_layers) + " Linear layers";
   if (q.float_layers > 0 && q.nf4_layers > 0)
@@ -268,122 +367,154 @@ void run_finetune(const FinetuneOptions& o) {
                   r.bytes_after);
     log << line;
   }
-  const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
   std::string float_line = percent(q.float_accuracy);
   if (!q.all_float) {
     if (q.recorded.contains("test_accuracy"))
       float_line = percent(q.recorded["test_accuracy"].get<double>()) +
-                   "  (recorded by quanta "
-                   "train on " +
+                   "  (recorded by quanta train on " +
                    std::to_string(q.recorded.value("test_samples", int64_t{0})) + " test images)";
     else
       float_line = "unknown (the checkpoint holds NF4 weights only)";
   }
   log << "test accuracy on " << test.size() << " images: float " << float_line
-      << "\n                          NF4 base " << percent(nf4_acc) << " (before fine-tuning)\n";
+      << "\n                          NF4 base " << percent(nf4_accuracy)
+      << " (before fine-tuning)\n";
+}
 
-  const int64_t n = train_set.size();
-  const int64_t per_epoch = (n + o.batch_size - 1) / o.batch_size;
-  log << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
-      << o.dropout << ") on " << n << " images: " << o.steps << " steps, global batch "
-      << o.batch_size << ", lr " << o.lr << ", seed " << o.seed << ", " << world
-      << (world == 1 ? " rank, " : " ranks, ") << num_threads() << " threads each\n"
-      << std::flush;
+// The adapter steps, in the training loop.
+train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool resume,
+                            dist::ProcessGroup& group) {
+  train::LoopSettings s;
+  s.out_dir = o.out;
+  s.resume = resume;
+  s.progress_bar = group.rank() == 0 && ::isatty(STDOUT_FILENO) == 1;
+  s.examples = task.examples();
+  s.batch_size = o.batch_size;
+  s.total_steps = o.steps;
+  s.seed = o.seed;
+  s.log_every = o.log_every;
+  s.eval_every = train::kEvalAtEnd;
+  s.lr = o.lr;
+  s.checkpoint_format = kFinetuneFormat;
+  s.checkpoint_config = finetune_config_json(o);
+  s.header = {
+      {"quanta_version", QUANTA_VERSION}, {"config", s.checkpoint_config}, {"device", "cpu"}};
+  s.activity = "fine-tuning";
+  return train::run_loop(task, s, group, std::cout);
+}
 
-  std::unique_ptr<dist::DataParallel> dp;
-  if (world > 1) dp = std::make_unique<dist::DataParallel>(q.model, *group);
-  Adam optimizer(params, {.lr = o.lr});
-  train::Progress progress(log, lead && ::isatty(STDOUT_FILENO) == 1, 0, o.steps, o.batch_size);
-  double loss_sum = 0;
-  int64_t logged = 0;
-  q.model->train();
-  train::BatchOrder order(o.seed, n, o.batch_size);
-  for (int64_t step = 0; step < o.steps;) {
-    const Tensor global = order.batch(step);
-    const Tensor idx = train::rank_share(global, rank, world);
-    // Sum over this rank's rows / global rows, times W: DataParallel's average
-    // over ranks is then the mean over the global batch, however it splits.
-    const Tensor sum_loss = cross_entropy(q.model->forward(index_select(train_set.images, 0, idx)),
-                                          index_select(train_set.labels, 0, idx), Reduction::sum);
-    const Tensor loss = sum_loss * (double(world) / double(global.size(0)));
-    optimizer.zero_grad();
-    loss.backward();
-    if (dp) dp->finish_step();
-    optimizer.step();
-    ++step;
-    Tensor total = sum_loss.detach().clone();
-    if (world > 1) group->all_reduce(total);
-    const double l = total.item() / double(global.size(0));
-    if (!std::isfinite(l))
-      throw std::runtime_error("fine-tuning diverged: loss " + std::to_string(l) + " at step " +
-                               std::to_string(step) + " (try a smaller --lr)");
-    loss_sum += l, ++logged;
-    const bool log_now = step % o.log_every == 0 || step == o.steps;
-    progress.update(step, (step - 1) / per_epoch + 1, loss_sum / logged, log_now);
-    if (log_now) loss_sum = 0, logged = 0;
-  }
-  progress.finish();
-  if (!lead) return;
-
-  const double after = train::accuracy(*q.model, test.images, test.labels);
-  log << "test accuracy after fine-tuning: " << percent(after) << " (NF4 base " << percent(nf4_acc)
-      << ", float "
-      << percent(q.all_float ? q.float_accuracy : q.recorded.value("test_accuracy", double(NAN)))
-      << ")\n";
+// The memory line: NF4 base against f32, and the trainable adapters.
+void print_memory(std::ostream& log, const AdapterBytes& b) {
   char mem[320];
   std::snprintf(mem, sizeof mem,
                 "memory: NF4 base weights %s bytes vs %s bytes as f32 (%.2fx smaller); "
                 "trainable adapters %s parameters = %s bytes (%.2f%% of the weights' parameters; "
                 "Adam state 2x that)\n",
-                with_commas(nf4_bytes).c_str(), with_commas(float_bytes).c_str(),
-                nf4_bytes ? double(float_bytes) / double(nf4_bytes) : 0.0,
-                with_commas(trainable).c_str(), with_commas(trainable * 4).c_str(),
-                float_bytes ? 100.0 * double(trainable) / double(float_bytes / 4) : 0.0);
+                with_commas(b.nf4).c_str(), with_commas(b.float32).c_str(),
+                b.nf4 ? double(b.float32) / double(b.nf4) : 0.0, with_commas(b.trainable).c_str(),
+                with_commas(b.trainable * 4).c_str(),
+                b.float32 ? 100.0 * double(b.trainable) / double(b.float32 / 4) : 0.0);
   log << mem;
+}
 
-  fs::create_directories(o.out);
-  const json results = {{"float_accuracy", q.all_float ? json(q.float_accuracy)
-                                                       : q.recorded.value("test_accuracy", json())},
-                        {"nf4_accuracy", nf4_acc},
-                        {"finetuned_accuracy", after},
-                        {"test_samples", test.size()},
-                        {"nf4_base_bytes", nf4_bytes},
-                        {"float_weight_bytes", float_bytes},
-                        {"trainable_parameters", trainable}};
+// adapters.safetensors: the trained lora_A / lora_B with what made them.
+std::string write_adapters(const FinetuneOptions& o, const QLoraModel& q, const json& results,
+                           int world) {
   io::TensorMap adapters;
   for (const auto& [name, p] : q.model->named_parameters())
     if (p.requires_grad()) adapters.emplace_back(name, p.detach());
   const json lora_json = {{"rank", o.rank},   {"alpha", o.alpha}, {"dropout", o.dropout},
                           {"steps", o.steps}, {"lr", o.lr},       {"batch_size", o.batch_size},
                           {"seed", o.seed},   {"nproc", world}};
-  const std::string adapters_path = (fs::path(o.out) / kAdaptersFile).string();
-  io::save_safetensors(adapters_path, adapters,
+  const std::string path = (fs::path(o.out) / kAdaptersFile).string();
+  io::save_safetensors(path, adapters,
                        {{"format", kAdaptersFormat},
                         {"framework", "quanta"},
                         {"base", o.checkpoint},
-                        {"config", train::classify_config_json(cc).dump()},
+                        {"config", train::classify_config_json(q.config).dump()},
                         {"lora", lora_json.dump()},
                         {"results", results.dump()}});
-  log << "wrote " << adapters_path << " (" << adapters.size() << " tensors)";
-  if (o.merge) {
-    // Every LoRALinear replaced by the plain Linear of its merged weight: a
-    // float classifier checkpoint like quanta train's.
-    auto merged = std::make_shared<Sequential>();
-    for (std::size_t i = 0; i < q.model->size(); ++i) {
-      auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*q.model)[i]);
-      merged->push_back(l ? std::shared_ptr<Module>(l->merge()) : (*q.model)[i]);
-    }
-    train::CheckpointInfo info;
-    info.format = train::kClassifierFormat;
-    info.config = train::classify_config_json(cc);
-    info.rng = {{"seed", cc.seed}};
-    info.results = {{"test_accuracy", train::accuracy(*merged, test.images, test.labels)},
-                    {"test_samples", test.size()}};
-    const std::string merged_path = (fs::path(o.out) / kMergedFile).string();
-    train::save_checkpoint(merged_path, *merged, nullptr, info);
-    log << " and " << merged_path << " (merged float model, test accuracy "
-        << percent(info.results["test_accuracy"].get<double>()) << ")";
+  return path + " (" + std::to_string(adapters.size()) + " tensors)";
+}
+
+// merged.safetensors: every LoRALinear replaced by the plain Linear of its
+// merged weight, a float classifier checkpoint like quanta train's.
+std::string write_merged(const FinetuneOptions& o, const QLoraModel& q,
+                         const data::ImageDataset& test) {
+  auto merged = std::make_shared<Sequential>();
+  for (std::size_t i = 0; i < q.model->size(); ++i) {
+    auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*q.model)[i]);
+    merged->push_back(l ? std::shared_ptr<Module>(l->merge()) : (*q.model)[i]);
   }
+  train::CheckpointInfo info;
+  info.format = train::kClassifierFormat;
+  info.config = train::classify_config_json(q.config);
+  info.rng = {{"seed", q.config.seed}};
+  info.results = {{"test_accuracy", train::accuracy(*merged, test.images, test.labels)},
+                  {"test_samples", test.size()}};
+  const std::string path = (fs::path(o.out) / kMergedFile).string();
+  train::save_checkpoint(path, *merged, nullptr, info);
+  return path + " (merged float model, test accuracy " +
+         percent(info.results["test_accuracy"].get<double>()) + ")";
+}
+
+void run_finetune(const FinetuneOptions& o) {
+  const OutputPlan out = plan_output(o);
+  if (out.done) return;
+  const bool rank_zero = is_rank_zero();
+  if (out.plan == train::RestartPlan::start_again && rank_zero)
+    std::cout << train::restart_text(out.restarts) << ": " << o.out
+              << " holds no checkpoint of this run yet; fine-tuning again from step 0\n";
+  apply_dist_timeout(o.dist_timeout);
+  if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
+  if (out.restarts.max > 0 && rank_zero) train::claim_run(o.out, out.restarts.run_id);
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  if (!fs::exists(o.checkpoint))
+    throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
+  std::shared_ptr<dist::ProcessGroup> group = dist::init();
+  const int world = group->size();
+  const bool lead = group->rank() == 0;
+  std::ostringstream sink;  // ranks other than 0 print nothing
+  std::ostream& log = lead ? std::cout : sink;
+
+  const data::ImageDataset test =
+      data::load_fashion_mnist(data_folder(o), data::Split::test, o.limit_test);
+  const data::ImageDataset train_set =
+      data::load_fashion_mnist(test.source, data::Split::train, o.limit_train);
+  if (train_set.size() == 0) throw UsageError("--limit-train 0 leaves nothing to train on");
+
+  QLoraModel q = load_classifier(o.checkpoint, test, lead);
+  AdapterBytes bytes;
+  const std::vector<quant::NF4LayerReport> reports = add_adapters(q, o, bytes);
+  const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
+  print_base(log, o, q, reports, test, nf4_acc);
+
+  AdapterTask task(q.model, train_set, test, [&](std::ostream& os, int64_t start) {
+    os << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
+       << o.dropout << ") on " << train_set.size() << " images: "
+       << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
+       << o.steps << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed "
+       << o.seed << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
+       << " threads each\n"
+       << std::flush;
+  });
+  const train::LoopResult r = fine_tune(task, o, out.resume, *group);
+  if (r.interrupted || !lead) return;
+
+  const double after = task.test_accuracy();
+  log << "test accuracy after fine-tuning: " << percent(after) << " (NF4 base " << percent(nf4_acc)
+      << ", float " << percent(float_accuracy(q)) << ")\n";
+  print_memory(log, bytes);
+  const json results = {{"float_accuracy", q.all_float ? json(q.float_accuracy)
+                                                       : q.recorded.value("test_accuracy", json())},
+                        {"nf4_accuracy", nf4_acc},
+                        {"finetuned_accuracy", after},
+                        {"test_samples", test.size()},
+                        {"nf4_base_bytes", bytes.nf4},
+                        {"float_weight_bytes", bytes.float32},
+                        {"trainable_parameters", bytes.trainable}};
+  log << "wrote " << write_adapters(o, q, results, world);
+  if (o.merge) log << " and " << write_merged(o, q, test);
   log << "\n";
 }
 
@@ -445,9 +576,12 @@ void add_finetune(CLI::App& app) {
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxRanks));
   add_dist_timeout_flag(*sub, o->dist_timeout);
+  sub->add_flag("--resume", o->resume,
+                "continue the fine-tuning in --out from its checkpoint (--steps may grow; the "
+                "rest must stay)");
   sub->add_flag("--overwrite", o->overwrite,
-                "replace the adapters (and merged model) --out already holds instead of "
-                "refusing");
+                "replace the run --out already holds (checkpoint, metrics, adapters, merged "
+                "model) instead of refusing");
   sub->add_flag("--merge", o->merge,
                 "also write merged.safetensors, the float model with the "
                 "adapters merged in");

@@ -69,11 +69,11 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
 
 // Says what a restart by the launcher does with `out` (plan resume or
 // start_again); true when there is nothing left to do: the checkpoint is at
-// the run's last step already (the failure came after it, at exit say). A
-// checkpoint's epoch is step / steps-per-epoch, so an --epochs run is
-// complete exactly when that reaches --epochs (no need to count the data).
+// the run's last step already (the failure came after it, at exit say), as
+// `complete(step, epoch)` tells from the checkpoint's step and epoch.
 bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& restarts,
-                      const std::string& out, const json& config, bool lead) {
+                      const std::string& out, const std::function<bool(int64_t, int64_t)>& complete,
+                      bool lead) {
   if (plan == train::RestartPlan::start_again) {
     if (lead)
       std::cout << train::restart_text(restarts) << ": " << out
@@ -91,8 +91,7 @@ bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& rest
   } catch (const std::exception&) {
     // Unreadable: loading it names the problem.
   }
-  const train::TrainConfig cfg = train::config_from_json(config);
-  if (step >= 0 && (cfg.steps > 0 ? step >= cfg.steps : epoch >= cfg.epochs)) {
+  if (step >= 0 && complete(step, epoch)) {
     if (lead)
       std::cout << train::restart_text(restarts) << ": the run in " << out
                 << " is complete (its checkpoint is at its last step, " << step
@@ -103,6 +102,47 @@ bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& rest
     std::cout << train::restart_text(restarts) << ": resuming the run in " << out
               << " from its checkpoint (step " << step << ")\n";
   return false;
+}
+
+// A checkpoint's epoch is step / steps-per-epoch, so an --epochs run is
+// complete exactly when that reaches --epochs (no need to count the data).
+bool run_complete(int64_t steps, int64_t epochs, int64_t step, int64_t epoch) {
+  return steps > 0 ? step >= steps : epoch >= epochs;
+}
+
+// `quanta train --task classify`: the same folder rules as the VQ-VAE's.
+void run_train_classify(const TrainFlags& f, const json& layer, const std::string& out,
+                        const train::LaunchRestarts& restarts, bool lead) {
+  if (!f.config_file.empty()) throw UsageError("--task classify takes no --config");
+  try {
+    const train::RestartPlan plan =
+        f.print_config ? train::RestartPlan::first_start
+                       : train::restart_plan(out, restarts, train::kCheckpointFile);
+    const bool resume = f.resume || plan == train::RestartPlan::resume;
+    if (!f.print_config && !resume && !f.overwrite && plan == train::RestartPlan::first_start)
+      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
+                                   "continue it with --resume, or replace it with --overwrite");
+    // Complete: the flags' --steps / --epochs, else the checkpoint's steps.
+    auto complete = [&](int64_t step, int64_t epoch) {
+      const int64_t steps = layer.contains("steps") ? layer["steps"].get<int64_t>() : 0;
+      const int64_t epochs = layer.contains("epochs") ? layer["epochs"].get<int64_t>() : 0;
+      if (steps > 0 || epochs > 0) return run_complete(steps, epochs, step, epoch);
+      try {
+        const auto meta = io::read_safetensors_header(
+                              (std::filesystem::path(out) / train::kCheckpointFile).string())
+                              .metadata;
+        return step >= json::parse(meta.at("config")).at("steps").get<int64_t>();
+      } catch (const std::exception&) {
+        return false;  // loading it names the problem
+      }
+    };
+    if (announce_restart(plan, restarts, out, complete, lead)) return;
+    if (!f.print_config && restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
+    train::run_classify_command(layer, {out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION},
+                                f.print_config, std::cout);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 std::string default_out_dir() {
@@ -133,29 +173,7 @@ void run_train(const TrainFlags& f) {
         "restart can find: give --out DIR");
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
   const bool lead = is_rank_zero();
-  if (f.task == "classify") {
-    if (f.resume || !f.config_file.empty())
-      throw UsageError("--task classify takes neither --resume nor --config");
-    try {
-      // The classifier keeps no checkpoint mid-run: a restart trains it again.
-      const train::RestartPlan plan =
-          f.print_config ? train::RestartPlan::first_start : train::restart_plan(out, restarts, "");
-      if (!f.print_config && !f.overwrite && plan == train::RestartPlan::first_start)
-        train::refuse_to_replace_run(out, {train::kCheckpointFile},
-                                     "replace it with --overwrite, or choose another --out");
-      if (plan == train::RestartPlan::start_again && lead)
-        std::cout << train::restart_text(restarts)
-                  << ": --task classify keeps no checkpoint mid-run; training again from the "
-                     "start in "
-                  << out << "\n";
-      if (!f.print_config && restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
-      train::run_classify_command(layer, out, f.print_config, ::isatty(STDOUT_FILENO) == 1,
-                                  std::cout);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-    return;
-  }
+  if (f.task == "classify") return run_train_classify(f, layer, out, restarts, lead);
 
   // Restarted by the launcher job that wrote --out: continue its run.
   const train::RestartPlan plan = f.print_config
@@ -200,7 +218,11 @@ void run_train(const TrainFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  if (announce_restart(plan, restarts, out, config, lead)) return;
+  const train::TrainConfig cfg = train::config_from_json(config);
+  auto complete = [&](int64_t step, int64_t epoch) {
+    return run_complete(cfg.steps, cfg.epochs, step, epoch);
+  };
+  if (announce_restart(plan, restarts, out, complete, lead)) return;
   apply_dist_timeout(f.dist_timeout);
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});

@@ -11,7 +11,12 @@ namespace quanta::train {
 
 void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
                      const CheckpointInfo& info) {
-  StateDict tensors = add_prefix(model.state_dict(), "model.");
+  save_checkpoint(path, model.state_dict(), optimizer, info);
+}
+
+void save_checkpoint(const std::string& path, const StateDict& model_state,
+                     const Optimizer* optimizer, const CheckpointInfo& info) {
+  StateDict tensors = add_prefix(model_state, "model.");
   if (optimizer)
     for (auto& entry : add_prefix(optimizer->state_dict(), "optim."))
       tensors.push_back(std::move(entry));

@@ -46,6 +46,10 @@ struct CheckpointInfo {
  * to `path` atomically. */
 void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
                      const CheckpointInfo& info);
+/** The same with the model's tensors given as a state dict (a task that
+ * keeps only part of its model, such as a fine-tune's adapters). */
+void save_checkpoint(const std::string& path, const StateDict& model_state,
+                     const Optimizer* optimizer, const CheckpointInfo& info);
 
 /** A loaded checkpoint: its info and the state dicts (prefixes removed). */
 struct Checkpoint {

@@ -8,15 +8,14 @@
 #include <stdexcept>
 
 #include "data/fashion_mnist.h"
+#include "dist/process_group.h"
 #include "engine/cpu/parallel.h"
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
-#include "engine/optim/optimizer.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 #include "train/limits.h"
 #include "train/outputs.h"
-#include "train/progress.h"
-#include "train/trainer.h"
 
 namespace quanta::train {
 namespace {
@@ -43,6 +42,11 @@ int64_t int_at(const json& j, const char* key, int64_t min, int64_t max) {
 ClassifyConfig classify_config(const json& flags) {
   ClassifyConfig c;
   c.data = data::kFashionMnistDir;
+  return classify_config(flags, classify_config_json(c));
+}
+
+ClassifyConfig classify_config(const json& flags, const json& base) {
+  ClassifyConfig c;
   int64_t epochs = 0;
   for (const auto& [key, v] : flags.items()) {
     if (key == "model" || key == "quantizer")
@@ -59,7 +63,7 @@ ClassifyConfig classify_config(const json& flags) {
     if (key == "eval_every")
       throw std::invalid_argument("--task classify evaluates once, at the end; drop --eval-every");
   }
-  json j = classify_config_json(c);
+  json j = base;
   for (const char* key : {"data", "limit_train", "limit_test", "steps", "batch_size", "lr", "seed",
                           "log_every", "threads"})
     if (flags.contains(key)) j[key] = flags[key];
@@ -111,8 +115,34 @@ ClassifyConfig classify_config_from_json(const json& j) {
   return c;
 }
 
-ClassifyResult run_classify(const ClassifyConfig& config, const std::string& out_dir,
-                            bool progress_bar, std::ostream& log) {
+ClassifierTask::ClassifierTask(std::shared_ptr<Sequential> model, const data::ImageDataset& train,
+                               const data::ImageDataset& test, Describe describe)
+    : model_(std::move(model)), train_(train), test_(test), describe_(std::move(describe)) {}
+
+StepLoss ClassifierTask::step(const BatchShare& share) {
+  // Sum over this rank's rows / global rows, times W (loop.h's StepLoss):
+  // the mean over the global batch once the ranks' parts are averaged.
+  const Tensor sum_loss = cross_entropy(model_->forward(index_select(train_.images, 0, share.rows)),
+                                        index_select(train_.labels, 0, share.rows), Reduction::sum);
+  return {sum_loss * (double(share.world) / double(share.global_rows)), {}};
+}
+
+Evaluation ClassifierTask::evaluate() {
+  const double acc = accuracy(*model_, test_.images, test_.labels);
+  results_ = {{"test_accuracy", acc}, {"test_samples", test_.size()}};
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f%%", 100 * acc);
+  return {results_, std::string("test accuracy ") + text + " (" + std::to_string(test_.size()) +
+                        " test images)"};
+}
+
+double ClassifierTask::test_accuracy() const {
+  return results_.empty() ? NAN : results_["test_accuracy"].get<double>();
+}
+
+ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job,
+                            std::ostream& log) {
+  const std::string& out_dir = job.out_dir;
   ClassifyConfig cfg = config;
   if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
   const data::ImageDataset train_set =
@@ -120,71 +150,71 @@ ClassifyResult run_classify(const ClassifyConfig& config, const std::string& out
   const data::ImageDataset test_set =
       data::load_fashion_mnist(cfg.data, data::Split::test, cfg.limit_test);
   const int64_t n = train_set.size();
-  if (n == 0) throw std::invalid_argument("--limit-train 0 leaves nothing to train on");
   const int64_t per_epoch = (n + cfg.batch_size - 1) / cfg.batch_size;
   if (cfg.steps < 0) cfg.steps = -cfg.steps * per_epoch;  // --epochs
 
   Generator gen = Generator::named(cfg.seed, "model");
-  std::shared_ptr<Sequential> model = make_classifier(cfg.model, gen);
-  Adam optimizer(model->parameters(), {.lr = cfg.lr});
-  std::filesystem::create_directories(out_dir);
-  log << "training a classifier (MLP 784-" << cfg.model.hidden1 << "-" << cfg.model.hidden2
-      << "-10) on " << n << " images (" << test_set.size() << " test) from " << cfg.data << "\n"
-      << "steps: " << cfg.steps << " (" << per_epoch << " per epoch, batch " << cfg.batch_size
-      << ", lr " << cfg.lr << ", seed " << cfg.seed << ", " << num_threads()
-      << " threads); writing to " << out_dir << "\n"
-      << std::flush;
-
-  Progress progress(log, progress_bar, 0, cfg.steps, cfg.batch_size);
-  BatchOrder order(cfg.seed, n, cfg.batch_size);
-  double loss_sum = 0;
-  int64_t logged = 0;
-  model->train();
-  for (int64_t step = 0; step < cfg.steps;) {
-    const Tensor idx = order.batch(step);
-    const Tensor loss = cross_entropy(model->forward(index_select(train_set.images, 0, idx)),
-                                      index_select(train_set.labels, 0, idx));
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-    ++step;
-    const double l = loss.item();
-    if (!std::isfinite(l))
-      throw std::runtime_error("training diverged: loss " + std::to_string(l) + " at step " +
-                               std::to_string(step) + " (try a smaller --lr)");
-    loss_sum += l, ++logged;
-    const bool log_now = step % cfg.log_every == 0 || step == cfg.steps;
-    progress.update(step, (step - 1) / per_epoch + 1, loss_sum / logged, log_now);
-    if (log_now) loss_sum = 0, logged = 0;
-  }
-  progress.finish();
+  ClassifierTask task(make_classifier(cfg.model, gen), train_set, test_set,
+                      [&](std::ostream& os, int64_t start) {
+                        os << "training a classifier (MLP 784-" << cfg.model.hidden1 << "-"
+                           << cfg.model.hidden2 << "-10) on " << n << " images (" << test_set.size()
+                           << " test) from " << cfg.data << "\n"
+                           << (start > 0 ? "resuming at step " + std::to_string(start) + " of "
+                                         : std::string("steps: "))
+                           << cfg.steps << " (" << per_epoch << " per epoch, batch "
+                           << cfg.batch_size << ", lr " << cfg.lr << ", seed " << cfg.seed << ", "
+                           << num_threads() << " threads); writing to " << out_dir << "\n"
+                           << std::flush;
+                      });
+  LoopSettings s;
+  s.out_dir = out_dir;
+  s.resume = job.resume;
+  s.progress_bar = job.progress_bar;
+  s.examples = task.examples();
+  s.batch_size = cfg.batch_size;
+  s.total_steps = cfg.steps;
+  s.seed = cfg.seed;
+  s.log_every = cfg.log_every;
+  s.eval_every = kEvalAtEnd;
+  s.lr = cfg.lr;
+  s.checkpoint_format = kClassifierFormat;
+  s.checkpoint_config = classify_config_json(cfg);
+  s.header = {{"quanta_version", job.version}, {"config", s.checkpoint_config}, {"device", "cpu"}};
+  const std::shared_ptr<dist::ProcessGroup> group = dist::ProcessGroup::single();
+  const LoopResult lr = run_loop(task, s, *group, log);
 
   ClassifyResult r;
-  r.steps = cfg.steps;
-  r.test_accuracy = accuracy(*model, test_set.images, test_set.labels);
+  r.steps = lr.step;
+  r.interrupted = lr.interrupted;
+  r.test_accuracy = task.test_accuracy();
   r.test_samples = test_set.size();
   r.checkpoint = (std::filesystem::path(out_dir) / kCheckpointFile).string();
-  CheckpointInfo info;
-  info.format = kClassifierFormat;
-  info.config = classify_config_json(cfg);
-  info.step = cfg.steps;
-  info.epoch = (cfg.steps + per_epoch - 1) / per_epoch;
-  info.rng = {{"seed", cfg.seed}};
-  info.results = {{"test_accuracy", r.test_accuracy}, {"test_samples", r.test_samples}};
-  save_checkpoint(r.checkpoint, *model, nullptr, info);
   return r;
 }
 
-void run_classify_command(const json& flags, const std::string& out_dir, bool print_config,
-                          bool progress_bar, std::ostream& log) {
-  const ClassifyConfig cfg = classify_config(flags);
+void run_classify_command(const json& flags, const ClassifyJob& job, bool print_config,
+                          std::ostream& log) {
+  json base = classify_config_json(classify_config(json::object()));
+  if (job.resume) {
+    const Checkpoint ck = load_checkpoint(
+        (std::filesystem::path(job.out_dir) / kCheckpointFile).string(), kClassifierFormat);
+    base = ck.info.config;
+  }
+  const ClassifyConfig cfg = classify_config(flags, base);
+  if (job.resume) {
+    json now = classify_config_json(cfg);
+    const std::string diff = resume_conflict(base, now);
+    if (!diff.empty())
+      throw std::invalid_argument("--resume cannot change the run it continues (" + diff + ")");
+  }
   if (print_config) {
     json j = classify_config_json(cfg);
     if (cfg.steps < 0) j["steps"] = nullptr, j["epochs"] = -cfg.steps;
     log << j.dump(2) << "\n";
     return;
   }
-  const ClassifyResult r = run_classify(cfg, out_dir, progress_bar, log);
+  const ClassifyResult r = run_classify(cfg, job, log);
+  if (r.interrupted) return;
   char acc[32];
   std::snprintf(acc, sizeof acc, "%.2f%%", 100 * r.test_accuracy);
   log << "done: " << r.steps << " steps; test accuracy " << acc << " (" << r.test_samples

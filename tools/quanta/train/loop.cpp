@@ -1,0 +1,331 @@
+#include "train/loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <stdexcept>
+#include <streambuf>
+
+#include "engine/cpu/parallel.h"
+#include "engine/factory.h"
+#include "engine/optim/optimizer.h"
+#include "train/batch_order.h"
+#include "train/checkpoint.h"
+#include "train/outputs.h"
+#include "train/progress.h"
+
+namespace quanta::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The one piece of state a signal handler may touch.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs the SIGINT / SIGTERM handlers for the life of a run. SA_RESETHAND:
+// a second Ctrl-C gets the default action, so a stuck run can still be killed.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int caught() const { return g_stop_signal; }
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+// Discards what is written to it (the log of ranks other than 0).
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
+
+// The sums behind the next "train" record of metrics.jsonl. A window runs
+// from one multiple of --log-every to the next, whatever happens between
+// (an evaluation, an interruption, the end of a run that a resume extends):
+// the checkpoint keeps the partial sums, so the first record after --resume
+// averages the steps an uninterrupted run's record would.
+struct LogWindow {
+  int64_t first_step = 1;  // the first step it covers
+  double loss = 0;
+  std::vector<double> terms;  // the task's terms, in term_names() order
+  int64_t steps = 0;
+
+  explicit LogWindow(std::size_t n_terms, int64_t first = 1) : first_step(first), terms(n_terms) {}
+
+  json to_json(const std::vector<std::string>& names) const {
+    if (steps == 0) return json::object();
+    json j = {{"first_step", first_step}, {"loss_sum", loss}, {"steps", steps}};
+    for (std::size_t i = 0; i < names.size(); ++i) j[names[i] + "_sum"] = terms[i];
+    return j;
+  }
+  // The window a checkpoint at `step` left, when it belongs to the window
+  // this run's --log-every opens at the last multiple before `step`; else
+  // (another --log-every, or a checkpoint without the sums) a fresh one.
+  static LogWindow restore(const json& j, const std::vector<std::string>& names, int64_t step,
+                           int64_t log_every) {
+    LogWindow w(names.size(), step / log_every * log_every + 1);
+    const bool same = !j.empty() && j.value("first_step", int64_t{0}) == w.first_step;
+    bool complete = same && j.contains("loss_sum") && j.contains("steps");
+    for (const std::string& name : names) complete = complete && j.contains(name + "_sum");
+    if (!complete) return LogWindow(names.size(), step + 1);
+    w.loss = j.at("loss_sum").get<double>();
+    w.steps = j.at("steps").get<int64_t>();
+    for (std::size_t i = 0; i < names.size(); ++i) w.terms[i] = j.at(names[i] + "_sum");
+    return w;
+  }
+};
+
+std::string out_path(const std::string& dir, const char* name) {
+  return (fs::path(dir) / name).string();
+}
+
+std::vector<Tensor> trainable_parameters(Module& model) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "another rank";
+}
+
+// One run of run_loop: the state its steps share, and the steps as named
+// functions.
+class Loop {
+ public:
+  Loop(LoopTask& task, const LoopSettings& s, dist::ProcessGroup& group, std::ostream& log)
+      : task_(task),
+        s_(s),
+        group_(group),
+        rank_(group.rank()),
+        world_(group.size()),
+        lead_(rank_ == 0),
+        null_log_(&null_buffer_),
+        log_(lead_ ? log : null_log_),
+        model_(task.model()),
+        names_(task.term_names()),
+        optimizer_(trainable_parameters(*model_), {.lr = s.lr}),
+        per_epoch_((s.examples + s.batch_size - 1) / s.batch_size),
+        ckpt_path_(out_path(s.out_dir, kCheckpointFile)),
+        metrics_path_(out_path(s.out_dir, kMetricsFile)),
+        window_(names_.size()),
+        order_(s.seed, s.examples, s.batch_size),
+        started_(std::chrono::steady_clock::now()) {
+    if (world_ > 1)
+      dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
+  }
+
+  LoopResult run() {
+    if (lead_) fs::create_directories(s_.out_dir);
+    if (s_.resume) restore();
+    write_header();
+    task_.describe(log_, step_);
+    Progress progress(log_, s_.progress_bar, step_, s_.total_steps, s_.batch_size);
+    progress_ = &progress;
+    StopSignals signals;
+    model_->train();
+    LoopResult result;
+    while (step_ < s_.total_steps) {
+      const bool stop = train_step(signals.caught() != 0);
+      log_step();
+      if (stop) {
+        if (lead_) save_and_write_outputs(false);
+        progress.line("interrupted by " + signal_name(signals.caught()) + " after step " +
+                      std::to_string(step_) + "; checkpoint written to " + ckpt_path_ +
+                      " (continue with --resume --out " + s_.out_dir + ")");
+        result.interrupted = true;
+        break;
+      }
+      if (eval_due() && lead_) result.last_eval = evaluate();
+    }
+    progress.finish();
+    progress_ = nullptr;
+    result.step = step_;
+    return result;
+  }
+
+ private:
+  // --resume: model, optimizer, the task's streams, the step, the log window
+  // and the metrics records up to the checkpoint.
+  void restore() {
+    Checkpoint ck = load_checkpoint(ckpt_path_, s_.checkpoint_format);
+    task_.load_state(ck.model);
+    optimizer_.load_state_dict(ck.optimizer);
+    task_.load_extra_state(ck.info.rng);
+    step_ = ck.info.step;
+    window_ = LogWindow::restore(ck.info.log_window, names_, step_, s_.log_every);
+    // Records past the checkpoint belong to steps that will run again.
+    for (json& r : read_metrics(metrics_path_))
+      if (r.value("step", int64_t{0}) <= step_) history_.push_back(std::move(r));
+    group_.barrier();  // every rank has read the files before rank 0 rewrites them
+    if (step_ >= s_.total_steps)
+      throw std::invalid_argument("--resume: the checkpoint is at step " + std::to_string(step_) +
+                                  ", the run asks for " + std::to_string(s_.total_steps) +
+                                  " steps; raise --steps or --epochs");
+  }
+
+  // Each start of the run (the first and every --resume) opens the metrics
+  // with a header: what ran, where and how, so the file explains itself.
+  void write_header() {
+    if (!lead_) return;
+    json header = s_.header;
+    header["kind"] = "header";
+    header["step"] = step_;
+    header["resumed"] = s_.resume;
+    header["threads"] = num_threads();
+    header["world_size"] = world_;
+    history_.push_back(std::move(header));
+    write_metrics(metrics_path_, history_);
+  }
+
+  // One optimizer step on this rank's share of the global batch, then one
+  // all-reduce of the logged values and of whether any rank was asked to
+  // stop (`stop_here`). Returns whether the run stops after this step.
+  bool train_step(bool stop_here) {
+    const Tensor batch = order_.batch(step_);
+    const StepLoss out = task_.step({rank_share(batch, rank_, world_), batch.numel(), world_});
+    optimizer_.zero_grad();
+    out.loss.backward();
+    if (dp_) dp_->finish_step();
+    optimizer_.step();
+    task_.after_step();
+    ++step_;
+    std::vector<double> shared = {out.loss.item()};
+    for (const Tensor& t : out.terms) shared.push_back(t.item());
+    shared.push_back(stop_here ? 1.0 : 0.0);
+    Tensor reduced = from_vector<double>(shared, {int64_t(shared.size())});
+    group_.all_reduce(reduced);
+    shared = reduced.to_vector<double>();
+    const double loss = shared[0] / world_;
+    if (!std::isfinite(loss))
+      throw std::runtime_error(s_.activity + " diverged: loss " + std::to_string(loss) +
+                               " at step " + std::to_string(step_) + " (try a smaller --lr)");
+    window_.loss += loss;
+    for (std::size_t i = 0; i < names_.size(); ++i) window_.terms[i] += shared[i + 1] / world_;
+    ++window_.steps;
+    return shared.back() > 0;
+  }
+
+  int64_t epoch() const { return (step_ - 1) / per_epoch_ + 1; }  // 1-based, for people
+
+  double elapsed_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+
+  // The "train" record and the progress line when a window ends (or the run
+  // does), the bar's redraw otherwise.
+  void log_step() {
+    const bool window_ends = step_ % s_.log_every == 0;
+    const bool log_now = window_ends || step_ == s_.total_steps;
+    const double n = double(window_.steps);
+    if (log_now && lead_) {
+      json record = {{"kind", "train"},
+                     {"step", step_},
+                     {"epoch", epoch()},
+                     {"loss", window_.loss / n},
+                     {"lr", s_.lr},
+                     {"img_per_s", progress_->throughput(step_)},
+                     {"elapsed_s", elapsed_s()}};
+      for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
+      append_metric(metrics_path_, history_.emplace_back(std::move(record)));
+    }
+    progress_->update(step_, epoch(), window_.loss / n, log_now);
+    if (window_ends) window_ = LogWindow(names_.size(), step_ + 1);
+  }
+
+  bool eval_due() const {
+    if (step_ == s_.total_steps) return true;
+    if (s_.eval_every == kEvalAtEnd) return false;
+    return step_ % (s_.eval_every > 0 ? s_.eval_every : per_epoch_) == 0;
+  }
+
+  // Rank 0 alone (every rank holds the same model; an evaluation issues no
+  // collective): the eval record, the checkpoint, the task's outputs.
+  json evaluate() {
+    const Evaluation ev = task_.evaluate();
+    model_->train();
+    json record = ev.fields;
+    record["kind"] = "eval";
+    record["step"] = step_;
+    record["epoch"] = epoch();
+    record["lr"] = s_.lr;
+    record["elapsed_s"] = elapsed_s();
+    append_metric(metrics_path_, history_.emplace_back(record));
+    save_and_write_outputs(true);
+    progress_->line("eval step " + std::to_string(step_) + " (epoch " + std::to_string(epoch()) +
+                    "): " + ev.line);
+    return ev.fields;
+  }
+
+  void save_and_write_outputs(bool evaluated) {
+    CheckpointInfo info;
+    info.format = s_.checkpoint_format;
+    info.config = s_.checkpoint_config;
+    info.step = step_;
+    info.epoch = step_ / per_epoch_;
+    info.rng = task_.extra_state();
+    info.rng["seed"] = s_.seed;
+    info.log_window = window_.to_json(names_);
+    info.results = task_.results();
+    save_checkpoint(ckpt_path_, task_.state(), &optimizer_, info);
+    task_.write_outputs(history_, evaluated);
+  }
+
+  LoopTask& task_;
+  const LoopSettings& s_;
+  dist::ProcessGroup& group_;
+  const int rank_, world_;
+  const bool lead_;  // the one rank that logs, evaluates and writes
+  NullBuffer null_buffer_;
+  std::ostream null_log_;
+  std::ostream& log_;
+  std::shared_ptr<Module> model_;
+  const std::vector<std::string> names_;
+  Adam optimizer_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  const int64_t per_epoch_;
+  const std::string ckpt_path_, metrics_path_;
+  int64_t step_ = 0;
+  std::vector<json> history_;
+  LogWindow window_;
+  BatchOrder order_;
+  Progress* progress_ = nullptr;
+  const std::chrono::steady_clock::time_point started_;
+};
+
+}  // namespace
+
+StateDict LoopTask::state() { return model()->state_dict(); }
+
+void LoopTask::load_state(const StateDict& state) { model()->load_state_dict(state); }
+
+LoopResult run_loop(LoopTask& task, const LoopSettings& settings, dist::ProcessGroup& group,
+                    std::ostream& log) {
+  if (settings.examples <= 0)
+    throw std::invalid_argument("--limit-train 0 leaves nothing to train on");
+  return Loop(task, settings, group, log).run();
+}
+
+}  // namespace quanta::train

@@ -1,0 +1,143 @@
+#pragma once
+// The one training loop of the `quanta` command. The VQ-VAE (trainer.cpp),
+// the classifier (classify.cpp) and the LoRA fine-tune (finetune.cpp) each
+// describe their task (model, loss, evaluation, what a checkpoint keeps) and
+// hand it to run_loop, which does the rest the same way for all three:
+//   - batches: the global batch of step s is BatchOrder's (a pure function of
+//     seed and step), each rank takes its contiguous share;
+//   - the step: zero_grad, backward, DataParallel's gradient average, Adam,
+//     the task's after_step();
+//   - one all-reduce per step carrying the logged losses and whether any rank
+//     was asked to stop, so every rank stops after the same step;
+//   - the divergence check (a non-finite loss stops the run with its step);
+//   - progress lines or bar, metrics.jsonl (a header record at every start,
+//     "train" records every --log-every steps, "eval" records), with the
+//     log window kept across --resume;
+//   - evaluation and checkpoint at the task's cadence and at the end, on
+//     rank 0 only; SIGINT / SIGTERM finish the step, write the checkpoint and
+//     return; --resume restores model, optimizer, the task's extra state and
+//     the metrics history, and continues exactly.
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dist/data_parallel.h"
+#include "dist/process_group.h"
+#include "engine/nn/module.h"
+#include "engine/tensor.h"
+
+namespace quanta::train {
+
+/** This rank's share of a step's global batch. */
+struct BatchShare {
+  Tensor rows;              // positions into the training set, this rank's
+  int64_t global_rows = 0;  // rows of the whole (global) batch
+  int world = 1;            // ranks sharing it
+};
+
+/** What one step's forward reports. `loss` is back-propagated; it and every
+ * term are this rank's part, scaled so that their sum over the ranks divided
+ * by the world size is the whole batch's value (then DataParallel's average
+ * of the gradients is the whole batch's gradient, however the batch splits). */
+struct StepLoss {
+  Tensor loss;
+  /** Values of the task's term_names(), in order (scalars; detached or not). */
+  std::vector<Tensor> terms;
+};
+
+/** What an evaluation reports (rank 0). */
+struct Evaluation {
+  /** Fields of the "eval" record of metrics.jsonl besides kind, step, epoch,
+   * lr and elapsed_s. */
+  nlohmann::json fields = nlohmann::json::object();
+  /** The progress line after "eval step S (epoch E): ". */
+  std::string line;
+};
+
+/** The task-specific half of a run. */
+class LoopTask {
+ public:
+  virtual ~LoopTask() = default;
+  /** The model: trained (its parameters with requires_grad), wrapped in
+   * DataParallel when there are several ranks, and checkpointed through
+   * state() unless the task overrides it. */
+  virtual std::shared_ptr<Module> model() = 0;
+  /** Rank 0, once the run knows where it starts (`start_step` > 0 after
+   * --resume): the lines saying what is trained on what. */
+  virtual void describe(std::ostream& log, int64_t start_step) const = 0;
+  /** The metrics names of StepLoss::terms ("recon_mse", ...). */
+  virtual std::vector<std::string> term_names() const { return {}; }
+  /** Forward of this rank's share of the step's batch. */
+  virtual StepLoss step(const BatchShare& share) = 0;
+  /** After every optimizer step, on every rank. */
+  virtual void after_step() {}
+  /** Evaluates the model on rank 0; called in train mode, which the loop
+   * restores afterwards. */
+  virtual Evaluation evaluate() = 0;
+  /** Rank 0 after each checkpoint: the task's other outputs (pictures),
+   * given the metrics records so far. */
+  virtual void write_outputs(const std::vector<nlohmann::json>& /*history*/, bool /*evaluated*/) {}
+  /** The tensors a checkpoint keeps of the model (default: its state dict)
+   * and how they are restored. */
+  virtual StateDict state();
+  virtual void load_state(const StateDict& state);
+  /** Figures a checkpoint records in its "results" metadata (written when
+   * not empty; the classifier's test accuracy after its evaluation). */
+  virtual nlohmann::json results() const { return nlohmann::json::object(); }
+  /** State that is neither parameter nor buffer (random streams' offsets),
+   * kept in the checkpoint's "rng" metadata beside "seed". */
+  virtual nlohmann::json extra_state() const { return nlohmann::json::object(); }
+  virtual void load_extra_state(const nlohmann::json& /*rng*/) {}
+};
+
+/** How to run a task. */
+struct LoopSettings {
+  /** Output folder: checkpoint.safetensors and metrics.jsonl go there. */
+  std::string out_dir;
+  /** Continue from out_dir's checkpoint (its config must be this run's). */
+  bool resume = false;
+  bool progress_bar = false;
+  /** Training set size, global batch, total steps, data-order seed. */
+  int64_t examples = 0, batch_size = 1, total_steps = 1;
+  uint64_t seed = 0;
+  /** Steps per "train" record and log line. */
+  int64_t log_every = 100;
+  /** Steps between evaluations + checkpoints: 0 each epoch, kEvalAtEnd only
+   * at the end. */
+  int64_t eval_every = 0;
+  /** Adam's learning rate. */
+  double lr = 1e-3;
+  /** Checkpoint format tag and the config object it keeps. */
+  std::string checkpoint_format;
+  nlohmann::json checkpoint_config;
+  /** Fields of every start's header record besides kind, step and resumed
+   * (config, version, threads, device, world size, ...). */
+  nlohmann::json header = nlohmann::json::object();
+  /** DataParallel's options when there are several ranks. */
+  dist::DataParallelOptions data_parallel{};
+  /** "training" or "fine-tuning": how a divergence message starts. */
+  std::string activity = "training";
+};
+
+inline constexpr int64_t kEvalAtEnd = -1;
+
+/** How a run ended. */
+struct LoopResult {
+  int64_t step = 0;  // optimizer steps done in total
+  bool interrupted = false;
+  /** The last evaluation's fields (empty when none ran, or not rank 0). */
+  nlohmann::json last_eval = nlohmann::json::object();
+};
+
+/** Runs (or resumes) `task` under `settings` on the ranks of `group`,
+ * printing on `log` (pass rank 0's stream; other ranks' output is dropped).
+ * Throws std::invalid_argument on a resume past the run's end, and
+ * std::runtime_error when training diverges. */
+LoopResult run_loop(LoopTask& task, const LoopSettings& settings, dist::ProcessGroup& group,
+                    std::ostream& log);
+
+}  // namespace quanta::train
