@@ -21,7 +21,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -474,8 +473,7 @@ void run_finetune(const FinetuneOptions& o) {
   std::shared_ptr<dist::ProcessGroup> group = dist::init();
   const int world = group->size();
   const bool lead = group->rank() == 0;
-  std::ostringstream sink;  // ranks other than 0 print nothing
-  std::ostream& log = lead ? std::cout : sink;
+  std::ostream& log = train::lead_log(std::cout, lead);
 
   const data::ImageDataset test =
       data::load_fashion_mnist(data_folder(o), data::Split::test, o.limit_test);

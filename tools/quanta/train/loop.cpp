@@ -54,12 +54,6 @@ class StopSignals {
   }, old_term_{};
 };
 
-// Discards what is written to it (the log of ranks other than 0).
-class NullBuffer : public std::streambuf {
- protected:
-  int overflow(int c) override { return c; }
-};
-
 // The sums behind the next "train" record of metrics.jsonl. A window runs
 // from one multiple of --log-every to the next, whatever happens between
 // (an evaluation, an interruption, the end of a run that a resume extends):
@@ -122,8 +116,7 @@ class Loop {
         rank_(group.rank()),
         world_(group.size()),
         lead_(rank_ == 0),
-        null_log_(&null_buffer_),
-        log_(lead_ ? log : null_log_),
+        log_(lead_log(log, lead_)),
         model_(task.model()),
         names_(task.term_names()),
         optimizer_(trainable_parameters(*model_), {.lr = s.lr}),
@@ -133,8 +126,7 @@ class Loop {
         window_(names_.size()),
         order_(s.seed, s.examples, s.batch_size),
         started_(std::chrono::steady_clock::now()) {
-    if (world_ > 1)
-      dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
+    if (world_ > 1) dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
   }
 
   LoopResult run() {
@@ -241,13 +233,10 @@ class Loop {
     const bool log_now = window_ends || step_ == s_.total_steps;
     const double n = double(window_.steps);
     if (log_now && lead_) {
-      json record = {{"kind", "train"},
-                     {"step", step_},
-                     {"epoch", epoch()},
-                     {"loss", window_.loss / n},
-                     {"lr", s_.lr},
-                     {"img_per_s", progress_->throughput(step_)},
-                     {"elapsed_s", elapsed_s()}};
+      json record = {
+          {"kind", "train"},          {"step", step_}, {"epoch", epoch()},
+          {"loss", window_.loss / n}, {"lr", s_.lr},   {"img_per_s", progress_->throughput(step_)},
+          {"elapsed_s", elapsed_s()}};
       for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
       append_metric(metrics_path_, history_.emplace_back(std::move(record)));
     }
@@ -298,8 +287,6 @@ class Loop {
   dist::ProcessGroup& group_;
   const int rank_, world_;
   const bool lead_;  // the one rank that logs, evaluates and writes
-  NullBuffer null_buffer_;
-  std::ostream null_log_;
   std::ostream& log_;
   std::shared_ptr<Module> model_;
   const std::vector<std::string> names_;
@@ -316,6 +303,17 @@ class Loop {
 };
 
 }  // namespace
+
+std::ostream& lead_log(std::ostream& log, bool lead) {
+  // Discards what is written to it.
+  class NullBuffer : public std::streambuf {
+   protected:
+    int overflow(int c) override { return c; }
+  };
+  static NullBuffer null_buffer;
+  static std::ostream null_log(&null_buffer);
+  return lead ? log : null_log;
+}
 
 StateDict LoopTask::state() { return model()->state_dict(); }
 

@@ -133,6 +133,11 @@ struct LoopResult {
   nlohmann::json last_eval = nlohmann::json::object();
 };
 
+/** `log` on the rank that speaks for the run (`lead`), a stream that
+ * discards everything on the others: how every rank writes "rank 0's" lines
+ * without a branch at each. */
+std::ostream& lead_log(std::ostream& log, bool lead);
+
 /** Runs (or resumes) `task` under `settings` on the ranks of `group`,
  * printing on `log` (pass rank 0's stream; other ranks' output is dropped).
  * Throws std::invalid_argument on a resume past the run's end, and
