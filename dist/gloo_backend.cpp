@@ -218,6 +218,24 @@ void GlooBackend::pairwise_all_reduce(void* data, std::size_t n, std::size_t ele
   }
 }
 
+void GlooBackend::ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
+                                Millis timeout, const std::function<void()>& between) {
+  const int n = context_->size, rank = context_->rank;
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  // Ours, like pairwise_all_reduce's (Gloo's collectives use 0x01-0x08).
+  constexpr uint8_t kRingSlotPrefix = 0x53;
+  const gloo::Slot slot = gloo::Slot::build(kRingSlotPrefix, tag);
+  auto out = context_->createUnboundBuffer(const_cast<void*>(mine), bytes);
+  auto in = context_->createUnboundBuffer(theirs, bytes);
+  in->recv(prev, slot);
+  out->send(next, slot);
+  between();
+  // Gloo throws on a timeout or a broken pair; false means aborted.
+  if (!in->waitRecv(timeout) || !out->waitSend(timeout))
+    throw std::runtime_error("the check exchange with ranks " + std::to_string(prev) + " and " +
+                             std::to_string(next) + " was aborted");
+}
+
 void GlooBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) {
   if (bytes == 0) return;
   gloo::BroadcastOptions opts(context_);

@@ -4,6 +4,7 @@
 // were agreed before the call. Errors surface as exceptions the group turns
 // into DistError. Internal to dist.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,14 @@ class GlooBackend final : public Backend {
   /** Up to this, a ring all_reduce_checked copies the data next to the
    * check region (cheaper than a second ring); above, it runs two rings. */
   static constexpr std::size_t kStagedCheckBytes = std::size_t(1) << 20;
+
+  /** Sends `bytes` at `mine` to the next rank of the ring ((rank + 1) mod N)
+   * and receives the previous rank's into `theirs`: posted before `between`
+   * runs and awaited after it, so the two small messages overlap whatever
+   * `between` moves (a check beside a collective's payload, without copying
+   * the payload or a round of its own after it). */
+  void ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
+                     Millis timeout, const std::function<void()>& between);
 
   const std::shared_ptr<gloo::transport::Device>& device() const { return device_; }
 

@@ -21,6 +21,7 @@
 // unchanged on one process.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <stdexcept>
@@ -157,9 +158,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Tensor staging(std::size_t bytes, Device device);
   /** The always-on check of a large reduction, in a small call after it. */
   void reduction_check_after(const Call& call, DType dtype, ReduceOp op);
-  /** The always-on check of a large byte collective: a gather of the
-   * fingerprints after it. */
-  void fingerprint_check_after(const Call& call);
+  /** A large byte collective `run` with its always-on check beside it: each
+   * rank sends its fingerprint to the next rank of the ring while `run`
+   * moves the data, and compares the previous rank's with its own after it.
+   * Equal neighbours all round mean equal calls, so any difference raises
+   * on at least one rank (the others' next collective then fails), and the
+   * payload is neither copied nor followed by a round of its own. */
+  void run_beside_ring_check(const Call& call, const std::function<void()>& run);
   void check_fingerprints(const Call& call);
   void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
   std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);

@@ -187,8 +187,9 @@ TEST_CASE("the always-on check catches every collective from another line, small
            g.barrier();
        }},
   };
-  // 4 KB takes the check inside the payload; 2 MiB the check after the data
-  // (all_reduce: the region as a second message of the two-rank exchange).
+  // 4 KB takes the check inside the payload; 2 MiB the fingerprints round
+  // the ring beside the data (all_reduce: the region as a second message of
+  // the two-rank exchange).
   for (const int64_t numel : {int64_t(1024), int64_t(1) << 19}) {
     for (const auto& [name, body] : cases) {
       CAPTURE(name);
