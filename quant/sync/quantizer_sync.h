@@ -1,5 +1,5 @@
 #pragma once
-// Distributed-correct quantizer state (DESIGN.md "Distributed rules").
+// Distributed-correct quantizer state (docs/design.md "Distributed rules").
 //
 // A QuantizerSync takes every quantizer layer inside a module tree into
 // distributed mode and is the ONE point per optimizer step where their
