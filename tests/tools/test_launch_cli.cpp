@@ -5,9 +5,7 @@
 // every test ends by itself within seconds. RANK_PROGRAM is
 // tests/dist/rank_program.cpp (a 2- or 4-rank all_reduce).
 #include <doctest/doctest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +14,7 @@
 #include <thread>
 
 #include "cli_runner.h"
+#include "dist/store.h"
 #include "train/outputs.h"
 #include "train/run_folder.h"
 
@@ -28,18 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 std::string rank_program() {
@@ -140,7 +127,7 @@ TEST_CASE("quanta launch --max-restarts: SIGTERM to the launcher stops the job, 
 }
 
 TEST_CASE("quanta launch --nnodes 2: two launchers on loopback run one 4-rank job") {
-  const int port = free_port();
+  const int port = dist::free_port();
   // Each rank shows where it is, then joins the job's all_reduce.
   const std::vector<std::string> program = {
       "/bin/sh", "-c",
@@ -174,7 +161,7 @@ namespace {
 
 // Two nodes of one rank each; rank 1 (node 1) fails in attempt 0.
 void one_node_fails(int max_restarts) {
-  const int port = free_port();
+  const int port = dist::free_port();
   // Rank 0 is in the rendezvous when rank 1 fails.
   const std::vector<std::string> program = {
       "/bin/sh", "-c",
@@ -220,7 +207,7 @@ TEST_CASE("quanta launch --nnodes 2: a failure on one node restarts (or ends) bo
 }
 
 TEST_CASE("quanta launch --nnodes 2: a node started unlike node 0 stops the whole job") {
-  const int port = free_port();
+  const int port = dist::free_port();
   const std::vector<std::string> program = {"/bin/sh", "-c", "exec sleep 30"};
   const auto t0 = Clock::now();
   CliProcess node0(node_args(0, port, 1, 0, program));
