@@ -1,5 +1,10 @@
 #pragma once
-// quanta: the whole public API in one include.
+// quanta: the engine's public API in one include (tensors, ops, autograd,
+// nn, optim, random, io), plus the output and token-layout types every
+// quantizer shares. The quantizers (quant/vq/, quant/scalar/), NF4
+// (quant/nf4/), QuantizerSync (quant/sync/) and dist (dist/dist.h) have
+// their own headers, included where they are used (README.md, "A tour of
+// the API").
 #include "engine/autograd/function.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"

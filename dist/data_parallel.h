@@ -26,7 +26,7 @@
 // buffers from rank 0 when broadcast_buffers is on, then runs the step hooks
 // in the order they were added. Step hooks are where other replicated state
 // (quantizer statistics, codebooks) is reconciled with a fixed sequence of
-// collectives (DESIGN.md rule 1). forward() itself issues no collective, so an
+// collectives (docs/design.md rule 1). forward() itself issues no collective, so an
 // extra, eval or no-grad forward on one rank cannot deadlock anything.
 #include <cstddef>
 #include <functional>

@@ -1,5 +1,5 @@
 #pragma once
-// Differentiable collectives (DESIGN.md rule 4: gradients cross ranks only
+// Differentiable collectives (docs/design.md rule 4: gradients cross ranks only
 // through these or DataParallel).
 //
 // Convention, as PyTorch's torch.distributed.nn: the objective is the SUM of

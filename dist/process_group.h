@@ -1,7 +1,7 @@
 #pragma once
 // ProcessGroup: the ranks of one job and the collectives between them.
 //
-// Safety (DESIGN.md "Distributed rules"): every collective has a deadline
+// Safety (docs/design.md "Distributed rules"): every collective has a deadline
 // (the group's timeout or a per-call one). On a timeout, a lost peer or a
 // mismatch, every rank that is waiting raises DistError naming the
 // collective, its sequence number and the ranks that did not arrive (or

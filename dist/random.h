@@ -1,5 +1,5 @@
 #pragma once
-// Rank-consistent random streams (DESIGN.md rule 3): randomness that must
+// Rank-consistent random streams (docs/design.md rule 3): randomness that must
 // agree across ranks is derived, never communicated. The group's root seed
 // is agreed once when the group is made; after that a stream is a pure
 // function of (seed, name, which call), so every rank draws the same numbers

@@ -125,6 +125,11 @@ class TcpStore : public Store {
   std::unique_ptr<Lock> lock_;
 };
 
+/** A TCP port nobody listens on now, on any interface, for a TcpStore
+ * server (or MASTER_PORT) to bind moments later; another process may take it
+ * in between. Throws std::runtime_error when the system gives none. */
+int free_port();
+
 /** A store in a directory: one file per key, written atomically (temporary
  * file then rename). Use a fresh directory per run: old keys are read as set. */
 class FileStore : public Store {

@@ -165,6 +165,22 @@ TcpStore::~TcpStore() {
   server_.reset();
 }
 
+int free_port() {
+  // Any interface: the port must be free wherever the server may listen
+  // (TcpStoreOptions::bind can be 0.0.0.0). Port 0 asks the kernel to pick.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const std::string why = ok ? "" : errno_text();
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw std::runtime_error("[free_port] cannot find a free TCP port: " + why);
+  return ntohs(addr.sin_port);
+}
+
 std::string TcpStore::describe() const { return "tcp://" + host_ + ":" + std::to_string(port_); }
 
 TcpStore::Reply TcpStore::request(uint8_t cmd, const std::string& key, const Bytes& value,

@@ -1,5 +1,6 @@
 #include "engine/dtype.h"
 
+#include <algorithm>
 #include <array>
 #include <stdexcept>
 
@@ -22,6 +23,13 @@ constexpr std::array<DTypeInfo, 9> kTable = {{
 }};
 static_assert(kTable.size() == static_cast<std::size_t>(DType::nf4) + 1,
               "one traits row per dtype");
+// Storage sizes divide by block_elems and multiply by block_bytes unchecked
+// (tensor.cpp's storage_bytes): every row must have a layout.
+static_assert(std::all_of(kTable.begin(), kTable.end(),
+                          [](const DTypeInfo& d) {
+                            return d.block_bytes > 0 && d.block_elems > 0;
+                          }),
+              "every dtype has a storage layout");
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2);
 
 int rank_of(DType t) {

@@ -272,9 +272,6 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape)
     if (s < 0) throw std::invalid_argument("[empty] negative size in shape " + shape_str(shape));
   const auto& info = dtype_info(dtype);
-  if (info.block_bytes == 0)
-    throw std::invalid_argument(std::string("[empty] dtype ") + info.name +
-                                " has no storage layout yet (it arrives with its format)");
   const auto bytes = storage_bytes(shape, dtype);
   if (!bytes)
     throw std::invalid_argument("[empty] shape " + shape_str(shape) + " of " + info.name +

@@ -144,10 +144,18 @@ StateDict Optimizer::state_dict() const {
   return sd;
 }
 
-void Optimizer::load_state_dict(const StateDict& sd) {
+// ---- load_state_dict: read and check everything, then apply ----
+
+// The keys read so far and what was wrong with them, collected so that one
+// error names every missing, unexpected and mis-shaped key.
+struct Optimizer::LoadCheck {
+  explicit LoadCheck(const StateDict& sd) : sd(sd) {}
+  const StateDict& sd;
   std::vector<std::string> missing, unexpected, mismatched;
-  std::unordered_set<std::string> used;
-  auto take = [&](const std::string& key) -> const Tensor* {
+  std::unordered_set<std::string> used;  // keys read as settings, not state
+
+  // The 0-d tensor at `key`, or null (noted as missing or mismatched).
+  const Tensor* take(const std::string& key) {
     const Tensor* t = find_tensor(sd, key);
     if (!t) {
       missing.push_back(key);
@@ -160,67 +168,114 @@ void Optimizer::load_state_dict(const StateDict& sd) {
       return nullptr;
     }
     return t;
-  };
+  }
+};
 
-  // Group settings and hyper-parameters.
-  std::vector<std::pair<double, double>> group_vals(groups_.size());
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const std::string pre = "groups." + std::to_string(g) + ".";
-    const Tensor* lr = take(pre + "lr");
-    const Tensor* wd = take(pre + "weight_decay");
-    const Tensor* n = take(pre + "num_params");
-    if (lr) group_vals[g].first = lr->item();
-    if (wd) group_vals[g].second = wd->item();
-    if (n && n->item() != static_cast<double>(groups_[g].params.size()))
-      mismatched.push_back(pre + "num_params (expected " +
-                           std::to_string(groups_[g].params.size()) + ", got " + num(n->item()) +
-                           ")");
-  }
-  std::vector<HyperParam> hps = hyper_params();
-  std::vector<double> old_hp, new_hp;
-  for (const HyperParam& h : hps) {
-    old_hp.push_back(*h.value);
-    const Tensor* t = take("hparams." + h.name);
-    new_hp.push_back(t ? t->item() : *h.value);
-  }
-  // The buffers a parameter needs depend on the incoming hyper-parameters.
-  for (size_t k = 0; k < hps.size(); ++k) *hps[k].value = new_hp[k];
-  auto restore = [&] {
-    for (size_t k = 0; k < hps.size(); ++k) *hps[k].value = old_hp[k];
-  };
+struct Optimizer::GroupValues {
+  double lr = 0, weight_decay = 0;
+};
+
+// The state.{g}.{i}.{name} entries, by parameter in (g, i) order.
+struct Optimizer::LoadedStates {
+  std::map<std::pair<size_t, size_t>, std::vector<std::pair<std::string, const Tensor*>>> by_param;
+};
+
+namespace {
+
+// Splits "state.{g}.{i}.{name}"; false when `key` does not have that form.
+bool split_state_key(std::string_view key, size_t& g, size_t& i, std::string& name) {
+  if (key.substr(0, 6) != "state.") return false;
+  key.remove_prefix(6);
+  const size_t d1 = key.find('.');
+  const size_t d2 = d1 == std::string_view::npos ? d1 : key.find('.', d1 + 1);
+  if (d2 == std::string_view::npos || !parse_index(key.substr(0, d1), g) ||
+      !parse_index(key.substr(d1 + 1, d2 - d1 - 1), i))
+    return false;
+  name = std::string(key.substr(d2 + 1));
+  return true;
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  LoadCheck check(sd);
+  const std::vector<GroupValues> groups = read_group_values(check);
+  // The buffers a parameter needs depend on the incoming hyper-parameters:
+  // they are set now, and set back when anything turns out wrong.
+  const std::vector<double> previous = adopt_hyper_params(check);
   std::vector<std::string> needed;
   try {
     check_hyper_params();
     needed = state_buffers();
   } catch (...) {
-    restore();
+    set_hyper_params(previous);
     throw;
   }
-
-  // Per-parameter state: state.{g}.{i}.{name}.
-  std::map<std::pair<size_t, size_t>, std::vector<std::pair<std::string, const Tensor*>>> entries;
-  for (const auto& [key, t] : sd) {
-    if (used.count(key)) continue;
-    std::string_view rest(key);
-    size_t g = 0, i = 0;
-    bool ok = rest.substr(0, 6) == "state.";
-    if (ok) {
-      rest.remove_prefix(6);
-      const size_t d1 = rest.find('.');
-      const size_t d2 = d1 == std::string_view::npos ? d1 : rest.find('.', d1 + 1);
-      ok = d2 != std::string_view::npos && parse_index(rest.substr(0, d1), g) &&
-           parse_index(rest.substr(d1 + 1, d2 - d1 - 1), i) && g < groups_.size() &&
-           i < groups_[g].params.size();
-      if (ok) {
-        const std::string name(rest.substr(d2 + 1));
-        ok = name == "step";
-        for (const auto& n : needed) ok = ok || n == name;
-        if (ok) entries[{g, i}].emplace_back(name, &t);
-      }
-    }
-    if (!ok) unexpected.push_back(key);
+  const LoadedStates states = read_param_states(check, needed);
+  check_param_states(check, states, needed);
+  const std::string problems = describe_problems(check, groups);
+  if (!problems.empty()) {
+    set_hyper_params(previous);
+    throw std::invalid_argument("[" + name_ + "::load_state_dict] " + problems);
   }
-  for (const auto& [gi, list] : entries) {
+  apply_loaded(groups, states);
+}
+
+std::vector<Optimizer::GroupValues> Optimizer::read_group_values(LoadCheck& check) const {
+  std::vector<GroupValues> values(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "groups." + std::to_string(g) + ".";
+    const Tensor* lr = check.take(pre + "lr");
+    const Tensor* wd = check.take(pre + "weight_decay");
+    const Tensor* n = check.take(pre + "num_params");
+    if (lr) values[g].lr = lr->item();
+    if (wd) values[g].weight_decay = wd->item();
+    if (n && n->item() != static_cast<double>(groups_[g].params.size()))
+      check.mismatched.push_back(pre + "num_params (expected " +
+                                 std::to_string(groups_[g].params.size()) + ", got " +
+                                 num(n->item()) + ")");
+  }
+  return values;
+}
+
+std::vector<double> Optimizer::adopt_hyper_params(LoadCheck& check) {
+  std::vector<double> previous, incoming;
+  for (const HyperParam& h : hyper_params()) {
+    previous.push_back(*h.value);
+    const Tensor* t = check.take("hparams." + h.name);
+    incoming.push_back(t ? t->item() : *h.value);
+  }
+  set_hyper_params(incoming);
+  return previous;
+}
+
+void Optimizer::set_hyper_params(const std::vector<double>& values) {
+  const std::vector<HyperParam> hps = hyper_params();
+  for (size_t k = 0; k < hps.size(); ++k) *hps[k].value = values[k];
+}
+
+Optimizer::LoadedStates Optimizer::read_param_states(LoadCheck& check,
+                                                     const std::vector<std::string>& needed) const {
+  LoadedStates states;
+  for (const auto& [key, t] : check.sd) {
+    if (check.used.count(key)) continue;
+    size_t g = 0, i = 0;
+    std::string name;
+    bool ok =
+        split_state_key(key, g, i, name) && g < groups_.size() && i < groups_[g].params.size();
+    if (ok) {
+      ok = name == "step";
+      for (const auto& n : needed) ok = ok || n == name;
+      if (ok) states.by_param[{g, i}].emplace_back(name, &t);
+    }
+    if (!ok) check.unexpected.push_back(key);
+  }
+  return states;
+}
+
+void Optimizer::check_param_states(LoadCheck& check, const LoadedStates& states,
+                                   const std::vector<std::string>& needed) const {
+  for (const auto& [gi, list] : states.by_param) {
     const std::string pre =
         "state." + std::to_string(gi.first) + "." + std::to_string(gi.second) + ".";
     const Tensor& p = groups_[gi.first].params[gi.second];
@@ -229,41 +284,44 @@ void Optimizer::load_state_dict(const StateDict& sd) {
       have.insert(name);
       if (name == "step") {
         if (!t->defined() || t->dim() != 0 || !is_integral(t->dtype()) || t->item() < 1)
-          mismatched.push_back(pre + "step (expected a positive 0-d integer tensor)");
+          check.mismatched.push_back(pre + "step (expected a positive 0-d integer tensor)");
       } else if (!t->defined() || t->shape() != p.shape() || !is_floating(t->dtype())) {
-        mismatched.push_back(pre + name + " (expected " + shape_str(p.shape()) + " floating, got " +
-                             (t->defined() ? shape_str(t->shape()) + " " + dtype_name(t->dtype())
-                                           : std::string("undefined")) +
-                             ")");
+        check.mismatched.push_back(
+            pre + name + " (expected " + shape_str(p.shape()) + " floating, got " +
+            (t->defined() ? shape_str(t->shape()) + " " + dtype_name(t->dtype())
+                          : std::string("undefined")) +
+            ")");
       }
     }
     for (const std::string& n : needed)
-      if (!have.count(n)) missing.push_back(pre + n);
-    if (!have.count("step")) missing.push_back(pre + "step");
+      if (!have.count(n)) check.missing.push_back(pre + n);
+    if (!have.count("step")) check.missing.push_back(pre + "step");
   }
+}
 
+std::string Optimizer::describe_problems(const LoadCheck& check,
+                                         const std::vector<GroupValues>& groups) {
   std::vector<std::string> problems;
-  if (!missing.empty()) problems.push_back("missing keys: " + join(missing));
-  if (!unexpected.empty()) problems.push_back("unexpected keys: " + join(unexpected));
-  if (!mismatched.empty()) problems.push_back("mismatched keys: " + join(mismatched));
-  for (size_t g = 0; g < groups_.size() && problems.empty(); ++g)
-    if (!(group_vals[g].first >= 0) || !(group_vals[g].second >= 0))
+  if (!check.missing.empty()) problems.push_back("missing keys: " + join(check.missing));
+  if (!check.unexpected.empty()) problems.push_back("unexpected keys: " + join(check.unexpected));
+  if (!check.mismatched.empty()) problems.push_back("mismatched keys: " + join(check.mismatched));
+  // Group values are only worth judging once every key is in order.
+  for (size_t g = 0; g < groups.size() && problems.empty(); ++g)
+    if (!(groups[g].lr >= 0) || !(groups[g].weight_decay >= 0))
       problems.push_back("group " + std::to_string(g) + " has a negative lr or weight_decay");
-  if (!problems.empty()) {
-    restore();
-    std::string msg = "[" + name_ + "::load_state_dict] ";
-    for (size_t k = 0; k < problems.size(); ++k) msg += (k ? "; " : "") + problems[k];
-    throw std::invalid_argument(msg);
-  }
+  std::string text;
+  for (size_t k = 0; k < problems.size(); ++k) text += (k ? "; " : "") + problems[k];
+  return text;
+}
 
-  // Everything checked: apply.
+void Optimizer::apply_loaded(const std::vector<GroupValues>& groups, const LoadedStates& states) {
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    groups_[g].lr = group_vals[g].first;
-    groups_[g].weight_decay = group_vals[g].second;
+    groups_[g].lr = groups[g].lr;
+    groups_[g].weight_decay = groups[g].weight_decay;
     for (ParamState& st : state_[g]) st = ParamState();
   }
-  for (const auto& [gi, list] : entries) {
+  for (const auto& [gi, list] : states.by_param) {
     const Tensor& p = groups_[gi.first].params[gi.second];
     ParamState& st = state_[gi.first][gi.second];
     for (const auto& [name, t] : list) {

@@ -104,6 +104,24 @@ class Optimizer {
   double default_weight_decay_;
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param]
+
+ private:
+  // The steps of load_state_dict (optimizer.cpp): every key is read and
+  // checked before anything is applied.
+  struct LoadCheck;     // the keys read, and what was missing, unexpected or mis-shaped
+  struct GroupValues;   // one group's incoming lr and weight decay
+  struct LoadedStates;  // the incoming per-parameter state, by parameter
+  std::vector<GroupValues> read_group_values(LoadCheck& check) const;
+  /** Sets the incoming hyper-parameters; returns the ones they replaced. */
+  std::vector<double> adopt_hyper_params(LoadCheck& check);
+  void set_hyper_params(const std::vector<double>& values);
+  LoadedStates read_param_states(LoadCheck& check, const std::vector<std::string>& needed) const;
+  void check_param_states(LoadCheck& check, const LoadedStates& states,
+                          const std::vector<std::string>& needed) const;
+  /** Every problem found, "; "-separated; empty when there is none. */
+  static std::string describe_problems(const LoadCheck& check,
+                                       const std::vector<GroupValues>& groups);
+  void apply_loaded(const std::vector<GroupValues>& groups, const LoadedStates& states);
 };
 
 /** SGD settings (torch.optim.SGD). */

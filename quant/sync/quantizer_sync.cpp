@@ -250,124 +250,146 @@ std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
   return out;
 }
 
+namespace {
+
+// A codebook's pending statistics, in the fused buffer's order: folded counts
+// and token totals, affine_param batch statistics, folded sums. A rank
+// without statistics sends zeros.
+void add_statistics(Fused& bulk, const Codebook& cb) {
+  const CodebookOptions& o = cb.options();
+  const CodebookStatistics& p = cb.pending();
+  const int64_t g = o.num_codebooks, d = o.dim;
+  bulk.add(p.counts, {g, o.codebook_size});
+  bulk.add(p.tokens, {g});
+  if (o.affine_param) {
+    bulk.add(p.affine_count, {g});
+    bulk.add(p.affine_sum, {g, 1, d});
+    bulk.add(p.affine_sumsq, {g, 1, d});
+  }
+  bulk.add(p.sums, {g, o.codebook_size, d});
+}
+
+// Takes back what add_statistics sent, reduced, and applies it: affine
+// statistics first, as in a forward, then the EMA step over `steps`
+// forwards (the most any rank ran: a rank with an extra forward folded its
+// counts one decay step further).
+void apply_reduced_statistics(Fused& bulk, Codebook& cb, int64_t steps) {
+  const DType dt = cb.embed().dtype();
+  CodebookStatistics& p = cb.pending();
+  p.counts = bulk.take(dt);
+  p.tokens = bulk.take(dt);
+  if (cb.options().affine_param) {
+    p.affine_count = bulk.take(dt);
+    p.affine_sum = bulk.take(dt);
+    p.affine_sumsq = bulk.take(dt);
+    cb.apply_affine_update();
+  }
+  p.sums = bulk.take(dt);
+  p.steps = steps;
+  if (p.steps == 0) {  // no forward on any rank: nothing to apply
+    p = CodebookStatistics{};
+    return;
+  }
+  cb.apply_cluster_ema();
+  cb.apply_embed_ema();
+}
+
+}  // namespace
+
 void QuantizerSync::sync_state() {
   NoGradGuard no_grad;
-  const int64_t n = static_cast<int64_t>(codebooks_.size());
-  const auto at = [](int64_t i) { return static_cast<std::size_t>(i); };
+  const Reconciliation plan = plan_reconciliation();
+  init_awaiting_codebooks();
+  Header header = local_header();
+  reduce_statistics(plan, header);
+  replace_dead_codes(plan, header);
+  ++step_;
+  pin_streams();
+}
+
+QuantizerSync::Reconciliation QuantizerSync::plan_reconciliation() const {
+  const std::size_t n = codebooks_.size();
+  Reconciliation plan;
   // Which codebooks reconcile statistics: the initialised ones, the same on
-  // every rank (initialisation is global). Decided before the k-means below,
-  // whose statistics were taken against the zero codes and mean nothing.
-  std::vector<bool> reduce(at(n), false);
-  DType wide = DType::f32;  // the widest dtype among them carries the fusion
-  for (int64_t i = 0; i < n; ++i) {
-    reduce[at(i)] = codebooks_[at(i)]->initted();
-    if (reduce[at(i)] && codebooks_[at(i)]->embed().dtype() == DType::f64) wide = DType::f64;
+  // every rank (initialisation is global). Decided before the k-means of
+  // init_awaiting_codebooks(), whose statistics were taken against the zero
+  // codes and mean nothing.
+  plan.reduce.assign(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    plan.reduce[i] = codebooks_[i]->initted();
+    if (plan.reduce[i] && codebooks_[i]->embed().dtype() == DType::f64) plan.wide = DType::f64;
   }
-  const Device device = n > 0 ? codebooks_[0]->embed().device() : Device::cpu();
-  for (int64_t i = 1; i < n; ++i)
-    if (codebooks_[at(i)]->embed().device() != device)
-      throw std::invalid_argument("[QuantizerSync::sync_state] codebooks on " + device.str() +
-                                  " and " + codebooks_[at(i)]->embed().device().str() +
+  plan.device = n > 0 ? codebooks_[0]->embed().device() : Device::cpu();
+  for (std::size_t i = 1; i < n; ++i)
+    if (codebooks_[i]->embed().device() != plan.device)
+      throw std::invalid_argument("[QuantizerSync::sync_state] codebooks on " + plan.device.str() +
+                                  " and " + codebooks_[i]->embed().device().str() +
                                   ": reconciliation fuses them into one buffer; keep the "
                                   "quantizers on one device");
+  return plan;
+}
 
-  // (1) Deferred k-means on the pooled samples of every rank (rank order):
-  // the same pool, hence the same codes, on every rank.
-  for (int64_t i = 0; i < n; ++i) {
-    Codebook& cb = *codebooks_[at(i)];
-    if (cb.initted()) continue;
+void QuantizerSync::init_awaiting_codebooks() {
+  // Deferred k-means on the pooled samples of every rank (rank order): the
+  // same pool, hence the same codes, on every rank.
+  for (Codebook* cb : codebooks_) {
+    if (cb->initted()) continue;
     std::vector<Tensor> pools;
-    for (int64_t h = 0; h < cb.options().num_codebooks; ++h)
-      pools.push_back(group_.all_gather_v(cb.table_rows(cb.pending().init_samples, h)));
-    cb.pending() = CodebookStatistics{};
-    cb.init_from_samples(pools);
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h)
+      pools.push_back(group_.all_gather_v(cb->table_rows(cb->pending().init_samples, h)));
+    cb->pending() = CodebookStatistics{};
+    cb->init_from_samples(pools);
   }
+}
 
-  // (2) One fused all_reduce(sum), whatever the data: the header (every
-  // rank's forward count and candidate rows per codebook, as a scattered
-  // block), then per codebook its folded counts and token totals, its
-  // affine_param batch statistics and its folded sums. A rank without
-  // statistics sends zeros.
-  Header header = local_header();
-  Fused bulk(wide, device, staging_);
-  if (std::find(reduce.begin(), reduce.end(), true) != reduce.end()) {
+void QuantizerSync::reduce_statistics(const Reconciliation& plan, Header& header) {
+  // One fused all_reduce(sum), whatever the data: the header (every rank's
+  // forward count and candidate rows per codebook, as a scattered block),
+  // then every reconciled codebook's statistics.
+  Fused bulk(plan.wide, plan.device, staging_);
+  if (std::find(plan.reduce.begin(), plan.reduce.end(), true) != plan.reduce.end()) {
     const Tensor block = scatter_header_row(header.values, group_.rank(), header.world);
     bulk.add(block, block.shape());
   }
-  for (int64_t i = 0; i < n; ++i) {
-    if (!reduce[at(i)]) continue;
-    const CodebookOptions& o = codebooks_[at(i)]->options();
-    const CodebookStatistics& p = codebooks_[at(i)]->pending();
-    const int64_t g = o.num_codebooks, d = o.dim;
-    bulk.add(p.counts, {g, o.codebook_size});
-    bulk.add(p.tokens, {g});
-    if (o.affine_param) {
-      bulk.add(p.affine_count, {g});
-      bulk.add(p.affine_sum, {g, 1, d});
-      bulk.add(p.affine_sumsq, {g, 1, d});
-    }
-    bulk.add(p.sums, {g, o.codebook_size, d});
-  }
-  if (bulk.reduce(group_)) {
-    header.values = gather_header_rows(bulk.take(DType::f64));
-    // The EMA step takes the most forwards any rank ran (a rank with an
-    // extra forward folded its counts one decay step further); affine
-    // statistics are applied before it, as in a forward.
-    for (int64_t i = 0; i < n; ++i) {
-      if (!reduce[at(i)]) continue;
-      Codebook& cb = *codebooks_[at(i)];
-      const DType dt = cb.embed().dtype();
-      CodebookStatistics& p = cb.pending();
-      p.counts = bulk.take(dt);
-      p.tokens = bulk.take(dt);
-      if (cb.options().affine_param) {
-        p.affine_count = bulk.take(dt);
-        p.affine_sum = bulk.take(dt);
-        p.affine_sumsq = bulk.take(dt);
-        cb.apply_affine_update();
-      }
-      p.sums = bulk.take(dt);
-      p.steps = header.max_steps(i);
-      if (p.steps == 0) {  // no forward on any rank: nothing to apply
-        p = CodebookStatistics{};
-        continue;
-      }
-      cb.apply_cluster_ema();
-      cb.apply_embed_ema();
-    }
-  }
+  for (std::size_t i = 0; i < codebooks_.size(); ++i)
+    if (plan.reduce[i]) add_statistics(bulk, *codebooks_[i]);
+  if (!bulk.reduce(group_)) return;
+  header.values = gather_header_rows(bulk.take(DType::f64));
+  for (std::size_t i = 0; i < codebooks_.size(); ++i)
+    if (plan.reduce[i])
+      apply_reduced_statistics(bulk, *codebooks_[i], header.max_steps(int64_t(i)));
+}
 
-  // (3) Dead codes. Which codes expire follows from the reduced cluster
-  // sizes, identical on every rank, and so does whether this collective
-  // runs. The replacements are drawn from the pool of every rank's
-  // candidates in rank order (what one process would hold for the whole
-  // batch) without moving the pool: the header carried the candidate counts,
-  // the codebook's stream picks pool positions (the same on every rank), and
-  // each picked row is contributed by the rank that holds it and zero
-  // elsewhere (an exact sum), in one all_reduce for every codebook.
+void QuantizerSync::replace_dead_codes(const Reconciliation& plan, const Header& header) {
+  // Which codes expire follows from the reduced cluster sizes, identical on
+  // every rank, and so does whether this collective runs. The replacements
+  // are drawn from the pool of every rank's candidates in rank order (what
+  // one process would hold for the whole batch) without moving the pool:
+  // the header carried the candidate counts, the codebook's stream picks
+  // pool positions (the same on every rank), and each picked row is
+  // contributed by the rank that holds it and zero elsewhere (an exact
+  // sum), in one all_reduce for every codebook.
   std::vector<int64_t> expiring;
-  for (int64_t i = 0; i < n; ++i) {
-    Codebook& cb = *codebooks_[at(i)];
-    if (reduce[at(i)] && cb.options().threshold_ema_dead_code > 0 && any(cb.expired_codes()).item())
-      expiring.push_back(i);
+  for (std::size_t i = 0; i < codebooks_.size(); ++i) {
+    Codebook& cb = *codebooks_[i];
+    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0 &&
+        any(cb.expired_codes()).item())
+      expiring.push_back(int64_t(i));
     else
       cb.pending().candidates.clear();
   }
   const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
-  Fused replacements(wide, device, replacement_staging_);
+  Fused replacements(plan.wide, plan.device, replacement_staging_);
   for (const auto& tables : rows)
     for (const Tensor& r : tables) replacements.add(r, r.shape());
-  if (replacements.reduce(group_)) {
-    for (std::size_t e = 0; e < expiring.size(); ++e) {
-      Codebook& cb = *codebooks_[at(expiring[e])];
-      std::vector<Tensor> replacement;
-      for (std::size_t h = 0; h < rows[e].size(); ++h)
-        replacement.push_back(replacements.take(cb.embed().dtype()));
-      cb.replace_expired(replacement);
-    }
+  if (!replacements.reduce(group_)) return;
+  for (std::size_t e = 0; e < expiring.size(); ++e) {
+    Codebook& cb = *codebooks_[size_t(expiring[e])];
+    std::vector<Tensor> replacement;
+    for (std::size_t h = 0; h < rows[e].size(); ++h)
+      replacement.push_back(replacements.take(cb.embed().dtype()));
+    cb.replace_expired(replacement);
   }
-  ++step_;
-  pin_streams();
 }
 
 }  // namespace quanta::quant

@@ -1,5 +1,5 @@
 #pragma once
-// Distributed-correct quantizer state (DESIGN.md "Distributed rules").
+// Distributed-correct quantizer state (docs/design.md "Distributed rules").
 //
 // A QuantizerSync takes every quantizer layer inside a module tree into
 // distributed mode and is the ONE point per optimizer step where their
@@ -113,6 +113,24 @@ class QuantizerSync {
   };
   Header local_header() const;
   void pin_streams();
+
+  // sync_state()'s steps, in order. What every step decides is the same on
+  // every rank, so the ranks issue the same collectives.
+  struct Reconciliation {
+    std::vector<bool> reduce;       // per codebook: initialised, so its statistics reconcile
+    DType wide = DType::f32;        // the widest dtype among them carries the fused buffers
+    Device device = Device::cpu();  // the codebooks' one device
+  };
+  /** Throws std::invalid_argument (before any collective) when the codebooks
+   * are on more than one device. */
+  Reconciliation plan_reconciliation() const;
+  /** (1) k-means for every codebook awaiting it, on every rank's samples. */
+  void init_awaiting_codebooks();
+  /** (2) The fused all_reduce of the header and the statistics, then each
+   * codebook's EMA step; fills `header` with every rank's row. */
+  void reduce_statistics(const Reconciliation& plan, Header& header);
+  /** (3) The all_reduce of replacement rows for expired codes, when any. */
+  void replace_dead_codes(const Reconciliation& plan, const Header& header);
   // Per expiring codebook and table, the replacement rows as this rank
   // holds them: [m, D], zeros where another rank holds the row.
   std::vector<std::vector<Tensor>> pick_replacements(const std::vector<int64_t>& expiring,

@@ -3,10 +3,8 @@
 // tests/dist/rank_program.cpp; QUANTA_EXE the quanta command.
 #include <doctest/doctest.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "dist/env.h"
+#include "dist/store.h"
 
 using namespace quanta::dist;
 
@@ -29,18 +28,6 @@ namespace {
 std::string env_or_skip(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 struct Run {

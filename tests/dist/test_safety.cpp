@@ -1,4 +1,4 @@
-// The failure classes of DESIGN.md on real ranks: one rank skips a
+// The failure classes of docs/design.md on real ranks: one rank skips a
 // collective, calls a different one, passes another shape, is slow, is lost.
 // Every case must end with a clear error on every live rank (or succeed, for
 // the slow rank), never a hang or an abort. Timeouts are short (~1 s).

@@ -5,22 +5,32 @@
 // every test ends by itself within seconds. RANK_PROGRAM is
 // tests/dist/rank_program.cpp (a 2- or 4-rank all_reduce).
 #include <doctest/doctest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <optional>
+#include <ostream>
 #include <thread>
 
 #include "cli_runner.h"
+#include "dist/store.h"
 #include "train/outputs.h"
 #include "train/run_folder.h"
 
 using namespace quanta;
 using namespace quanta::test;
+
+namespace quanta::test {
+// For CAPTURE(result): what the run printed, shown when a check fails.
+std::ostream& operator<<(std::ostream& os, const CliResult& r) {
+  return os << "exit " << r.code << "\n--- stdout\n" << r.out << "--- stderr\n" << r.err;
+}
+}  // namespace quanta::test
 
 namespace {
 
@@ -30,22 +40,34 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 std::string rank_program() {
   const char* p = std::getenv("RANK_PROGRAM");
   REQUIRE_MESSAGE(p != nullptr, "set RANK_PROGRAM to tests/dist/rank_program (meson test does)");
   return p;
+}
+
+std::string quanta_exe() {
+  const char* exe = std::getenv("QUANTA_EXE");
+  REQUIRE_MESSAGE(exe != nullptr, "set QUANTA_EXE to the quanta binary (meson test does)");
+  return exe;
+}
+
+// `/bin/sh -c script args...`: $0, $1, ... in the script are `args`.
+std::vector<std::string> shell(const std::string& script,
+                               const std::vector<std::string>& args = {}) {
+  std::vector<std::string> command = {"/bin/sh", "-c", script};
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
+// `quanta launch -n nproc [--max-restarts N] -- program...` on one node.
+std::vector<std::string> launch_args(int nproc, std::optional<int> max_restarts,
+                                     const std::vector<std::string>& program) {
+  std::vector<std::string> args = {"launch", "-n", std::to_string(nproc)};
+  if (max_restarts) args.insert(args.end(), {"--max-restarts", std::to_string(*max_restarts)});
+  args.push_back("--");
+  args.insert(args.end(), program.begin(), program.end());
+  return args;
 }
 
 // `quanta launch` of node `node` of 2, `per_node` ranks each, on loopback.
@@ -71,25 +93,46 @@ std::vector<std::string> node_args(int node, int port, int per_node, int max_res
   return args;
 }
 
+// What the two launchers of a two-node job printed.
+struct TwoNodeJob {
+  CliResult r0, r1;
+};
+
+std::ostream& operator<<(std::ostream& os, const TwoNodeJob& job) {
+  return os << "node 0: " << job.r0 << "\nnode 1: " << job.r1;
+}
+
+// One job of two launchers on loopback (a fresh port), `per_node[n]` ranks on
+// node n, node `first` started first; runs until both launchers exit.
+TwoNodeJob launch_two_nodes(const std::vector<std::string>& program, std::array<int, 2> per_node,
+                            int max_restarts, int first) {
+  const int port = dist::free_port();
+  std::array<std::unique_ptr<CliProcess>, 2> nodes;
+  for (const int node : {first, 1 - first})
+    nodes[size_t(node)] = std::make_unique<CliProcess>(
+        node_args(node, port, per_node[size_t(node)], max_restarts, program));
+  TwoNodeJob job;
+  job.r0 = nodes[0]->wait();
+  job.r1 = nodes[1]->wait();
+  return job;
+}
+
 // Prints the attempt as the rank sees it; in attempt 0, rank 1 fails with
 // status 7 (or, with `kill`, SIGKILLs itself) while rank 0 waits to be stopped.
 std::vector<std::string> fails_once(const std::string& how = "exit 7") {
-  return {"/bin/sh", "-c",
-          "echo \"attempt $QUANTA_RESTART_COUNT of $QUANTA_MAX_RESTARTS torchelastic "
-          "$TORCHELASTIC_RESTART_COUNT\"; if [ \"$QUANTA_RESTART_COUNT\" = 0 ]; then "
-          "if [ \"$RANK\" = 1 ]; then " +
-              how + "; fi; exec sleep 30; fi"};
+  return shell(
+      "echo \"attempt $QUANTA_RESTART_COUNT of $QUANTA_MAX_RESTARTS torchelastic "
+      "$TORCHELASTIC_RESTART_COUNT\"; if [ \"$QUANTA_RESTART_COUNT\" = 0 ]; then "
+      "if [ \"$RANK\" = 1 ]; then " +
+      how + "; fi; exec sleep 30; fi");
 }
 
 }  // namespace
 
 TEST_CASE("quanta launch --max-restarts: a failed rank restarts every rank, each attempt counted") {
   const auto t0 = Clock::now();
-  std::vector<std::string> args = {"launch", "-n", "2", "--max-restarts", "2", "--"};
-  for (const auto& a : fails_once()) args.push_back(a);
-  const CliResult r = run_quanta(args);
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const CliResult r = run_quanta(launch_args(2, 2, fails_once()));
+  CAPTURE(r);
   CHECK(r.code == 0);
   CHECK(contains(r.err, "[launch] rank 1 exited with status 7; stopping the other ranks"));
   CHECK(contains(r.err,
@@ -104,11 +147,8 @@ TEST_CASE("quanta launch --max-restarts: a failed rank restarts every rank, each
 }
 
 TEST_CASE("quanta launch without --max-restarts: one attempt, the failing rank's status") {
-  std::vector<std::string> args = {"launch", "-n", "2", "--"};
-  for (const auto& a : fails_once()) args.push_back(a);
-  const CliResult r = run_quanta(args);
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const CliResult r = run_quanta(launch_args(2, std::nullopt, fails_once()));
+  CAPTURE(r);
   CHECK(r.code == 7);
   CHECK(contains(r.err, "[launch] rank 1 exited with status 7; stopping the other ranks"));
   CHECK_FALSE(contains(r.err, "restart"));
@@ -116,18 +156,16 @@ TEST_CASE("quanta launch without --max-restarts: one attempt, the failing rank's
 }
 
 TEST_CASE("quanta launch --max-restarts: a rank that keeps dying ends the job after N restarts") {
-  const CliResult r = run_quanta({"launch", "-n", "2", "--max-restarts", "1", "--", "/bin/sh", "-c",
-                                  "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 30"});
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const CliResult r = run_quanta(
+      launch_args(2, 1, shell("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 30")));
+  CAPTURE(r);
   CHECK(r.code == 128 + SIGKILL);
   CHECK(contains(r.err, "[launch] restart 1 of 1: rank 1 was killed by signal 9 ("));
   CHECK(contains(r.err, ") in attempt 2 of 2; no restarts left (--max-restarts 1)"));
 }
 
 TEST_CASE("quanta launch --max-restarts: SIGTERM to the launcher stops the job, no restart") {
-  CliProcess p({"launch", "-n", "2", "--max-restarts", "3", "--", "/bin/sh", "-c",
-                "echo ready; exec sleep 30"});
+  CliProcess p(launch_args(2, 3, shell("echo ready; exec sleep 30")));
   const auto t0 = Clock::now();
   while (!contains(slurp(p.dir.file("out")), "[rank 1] ready") && seconds_since(t0) < 30)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -140,22 +178,16 @@ TEST_CASE("quanta launch --max-restarts: SIGTERM to the launcher stops the job, 
 }
 
 TEST_CASE("quanta launch --nnodes 2: two launchers on loopback run one 4-rank job") {
-  const int port = free_port();
   // Each rank shows where it is, then joins the job's all_reduce.
-  const std::vector<std::string> program = {
-      "/bin/sh", "-c",
+  const std::vector<std::string> program = shell(
       "echo \"rank $RANK local $LOCAL_RANK node $GROUP_RANK world $WORLD_SIZE local world "
       "$LOCAL_WORLD_SIZE\"; exec \"$0\" ok",
-      rank_program()};
+      {rank_program()});
   const auto t0 = Clock::now();
   // Node 1 first: it waits for node 0's rendezvous.
-  CliProcess node1(node_args(1, port, 2, 0, program));
-  CliProcess node0(node_args(0, port, 2, 0, program));
-  const CliResult r0 = node0.wait(), r1 = node1.wait();
-  CAPTURE(r0.out);
-  CAPTURE(r0.err);
-  CAPTURE(r1.out);
-  CAPTURE(r1.err);
+  const TwoNodeJob job = launch_two_nodes(program, {2, 2}, 0, /*first=*/1);
+  const CliResult &r0 = job.r0, &r1 = job.r1;
+  CAPTURE(job);
   CHECK(r0.code == 0);
   CHECK(r1.code == 0);
   CHECK(contains(r0.out, "[rank 0] rank 0 local 0 node 0 world 4 local world 2\n"));
@@ -174,20 +206,14 @@ namespace {
 
 // Two nodes of one rank each; rank 1 (node 1) fails in attempt 0.
 void one_node_fails(int max_restarts) {
-  const int port = free_port();
   // Rank 0 is in the rendezvous when rank 1 fails.
-  const std::vector<std::string> program = {
-      "/bin/sh", "-c",
+  const std::vector<std::string> program = shell(
       "if [ \"$QUANTA_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 7; fi; exec \"$0\" ok",
-      rank_program()};
+      {rank_program()});
   const auto t0 = Clock::now();
-  CliProcess node0(node_args(0, port, 1, max_restarts, program));
-  CliProcess node1(node_args(1, port, 1, max_restarts, program));
-  const CliResult r0 = node0.wait(), r1 = node1.wait();
-  CAPTURE(r0.out);
-  CAPTURE(r0.err);
-  CAPTURE(r1.out);
-  CAPTURE(r1.err);
+  const TwoNodeJob job = launch_two_nodes(program, {1, 1}, max_restarts, /*first=*/0);
+  const CliResult &r0 = job.r0, &r1 = job.r1;
+  CAPTURE(job);
   CHECK(contains(r1.err, "[launch node 1] rank 1 exited with status 7; stopping the other ranks"));
   CHECK(contains(r0.err,
                  "[launch node 0] rank 1 exited with status 7 on node 1; stopping the ranks of "
@@ -220,14 +246,11 @@ TEST_CASE("quanta launch --nnodes 2: a failure on one node restarts (or ends) bo
 }
 
 TEST_CASE("quanta launch --nnodes 2: a node started unlike node 0 stops the whole job") {
-  const int port = free_port();
-  const std::vector<std::string> program = {"/bin/sh", "-c", "exec sleep 30"};
   const auto t0 = Clock::now();
-  CliProcess node0(node_args(0, port, 1, 0, program));
-  CliProcess node1(node_args(1, port, 2, 0, program));
-  const CliResult r1 = node1.wait(), r0 = node0.wait();
-  CAPTURE(r0.err);
-  CAPTURE(r1.err);
+  // Node 1 asks for 2 ranks per node, node 0 for 1.
+  const TwoNodeJob job = launch_two_nodes(shell("exec sleep 30"), {1, 2}, 0, /*first=*/0);
+  const CliResult &r0 = job.r0, &r1 = job.r1;
+  CAPTURE(job);
   const std::string why =
       "node 1 was started with --nnodes 2 --nproc-per-node 2 --max-restarts 0 but node 0 with "
       "--nnodes 2 --nproc-per-node 1 --max-restarts 0: start every node with the same";
@@ -242,7 +265,6 @@ TEST_CASE("quanta train restarted by quanta launch continues its run from --out"
   if (!have_dataset()) return;
   ScratchDir dir("launch_train_restart");
   const std::string out = dir.file("run");
-  const char* exe = std::getenv("QUANTA_EXE");
   // Attempt 0 trains 4 steps (a checkpoint at step 4) and then rank 0 fails;
   // attempt 1 finds the run complete and rank 0 fails again; attempt 2 asks
   // for 8 steps and must continue from step 4. (Changing --steps per attempt
@@ -256,10 +278,8 @@ TEST_CASE("quanta train restarted by quanta launch continues its run from --out"
       " || exit $?; "
       "if [ \"$QUANTA_RESTART_COUNT\" != 2 ] && [ \"$RANK\" = 0 ]; then exit 9; fi";
   const auto t0 = Clock::now();
-  const CliResult r =
-      run_quanta({"launch", "-n", "2", "--max-restarts", "2", "--", "/bin/sh", "-c", script, exe});
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const CliResult r = run_quanta(launch_args(2, 2, shell(script, {quanta_exe()})));
+  CAPTURE(r);
   CHECK(r.code == 0);
   CHECK(contains(r.err, "[launch] restart 1 of 2: rank 0 exited with status 9 in attempt 1"));
   CHECK(contains(r.err, "[launch] restart 2 of 2: rank 0 exited with status 9 in attempt 2"));
@@ -287,7 +307,6 @@ TEST_CASE("quanta finetune and train --task classify restarted: they continue fr
   if (!have_dataset()) return;
   ScratchDir dir("launch_finetune_restart");
   const std::string clf = dir.file("clf"), lora = dir.file("lora");
-  const char* exe = std::getenv("QUANTA_EXE");
   // Attempt 0: the classifier, then a failure; attempt 1: the classifier is
   // complete, the fine-tuning runs, then a failure; attempt 2: both complete.
   const std::string script =
@@ -296,10 +315,8 @@ TEST_CASE("quanta finetune and train --task classify restarted: they continue fr
       "/checkpoint.safetensors --out " + lora +
       " --steps 3 --limit-train 64 --limit-test 32 || exit $?; "
       "[ \"$QUANTA_RESTART_COUNT\" = 1 ] && exit 9; exit 0";
-  const CliResult r =
-      run_quanta({"launch", "-n", "1", "--max-restarts", "2", "--", "/bin/sh", "-c", script, exe});
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const CliResult r = run_quanta(launch_args(1, 2, shell(script, {quanta_exe()})));
+  CAPTURE(r);
   CHECK(r.code == 0);
   for (const char* restart : {"1 of 2", "2 of 2"})
     CHECK(contains(r.out, std::string("[rank 0] restart ") + restart + ": the run in " + clf +
@@ -318,11 +335,9 @@ TEST_CASE("quanta train under --max-restarts: another run in --out is refused in
   std::ofstream(out + "/checkpoint.safetensors") << "earlier run";
   std::ofstream(out + "/metrics.jsonl") << "{}\n";
   train::claim_run(out, "an-earlier-job");
-  const char* exe = std::getenv("QUANTA_EXE");
-  const CliResult r = run_quanta({"launch", "-n", "1", "--max-restarts", "1", "--", exe, "train",
-                                  "--steps", "1", "--out", out});
-  CAPTURE(r.out);
-  CAPTURE(r.err);
+  const std::string exe = quanta_exe();
+  const CliResult r = run_quanta(launch_args(1, 1, {exe, "train", "--steps", "1", "--out", out}));
+  CAPTURE(r);
   CHECK(r.code == 2);
   // Refused in attempt 1 and again in its restart: never resumed or replaced.
   const std::string refusal = "[rank 0] quanta: error: --out " + out + " already holds a run";
@@ -331,8 +346,7 @@ TEST_CASE("quanta train under --max-restarts: another run in --out is refused in
   CHECK(r.err.find(refusal, first + 1) != std::string::npos);
   CHECK(slurp(out + "/checkpoint.safetensors") == "earlier run");
   // And the default folder, named after each start's time, cannot be found again.
-  const CliResult no_out =
-      run_quanta({"launch", "-n", "1", "--max-restarts", "1", "--", exe, "train", "--steps", "1"});
+  const CliResult no_out = run_quanta(launch_args(1, 1, {exe, "train", "--steps", "1"}));
   CHECK(no_out.code == 2);
   CHECK(contains(no_out.err,
                  "started with restarts (--max-restarts), this run must be in a "

@@ -139,165 +139,212 @@ Converted convert_import(const io::SafetensorsFile& in, const quant::NF4FileWeig
   return c;
 }
 
-void run_quantize(const QuantizeOptions& o) {
-  if (o.format != "quanta" && o.format != "bnb" && o.format != "torchao")
-    throw UsageError("--format must be quanta, bnb or torchao, got '" + o.format + "'");
-  quant::NF4Options opts;
-  opts.block_size = o.block_size;
-  opts.double_quant = !o.no_double_quant;
+// What the flags ask for, checked.
+struct QuantizePlan {
+  quant::NF4Options opts;   // for weights quantized now
+  quant::NF4Options exact;  // the same without double quantization (torchao does its own)
   // Set only by a flag: NF4 weights already in the input otherwise keep theirs.
   std::optional<bool> dq_choice;
-  if (o.double_quant) dq_choice = true;
-  if (o.no_double_quant) dq_choice = false;
+};
+
+// The output file as it is built, and what went into it.
+struct QuantizeOutput {
+  io::TensorMap tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<Setting> settings;   // of every NF4 tensor written
+  std::set<std::string> consumed;  // input tensors of NF4 weights (imported or copied)
+  std::vector<std::string> refused;
+  int imported = 0, kept = 0, converted = 0;
+  uint64_t params = 0, quantized_bytes = 0;  // of the tensors quantized now
+};
+
+// Throws UsageError for flags that do not go together.
+QuantizePlan plan_quantize(const QuantizeOptions& o) {
+  if (o.format != "quanta" && o.format != "bnb" && o.format != "torchao")
+    throw UsageError("--format must be quanta, bnb or torchao, got '" + o.format + "'");
+  QuantizePlan plan;
+  plan.opts.block_size = o.block_size;
+  plan.opts.double_quant = !o.no_double_quant;
+  if (o.double_quant) plan.dq_choice = true;
+  if (o.no_double_quant) plan.dq_choice = false;
   try {
-    quant::check_options(opts);
+    quant::check_options(plan.opts);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  if (o.format == "quanta" && opts.block_size % quant::kNF4UnitElems != 0)
+  if (o.format == "quanta" && plan.opts.block_size % quant::kNF4UnitElems != 0)
     throw UsageError(
         "--format quanta stores the nf4 dtype, whose 64-element units hold block "
         "sizes 64, 128 and 256; block size " +
-        std::to_string(opts.block_size) + " needs --format bnb or torchao");
+        std::to_string(plan.opts.block_size) + " needs --format bnb or torchao");
   if (o.format == "torchao" && o.no_double_quant)
     throw UsageError(
         "--format torchao always double-quantizes its scales; drop "
         "--no-double-quant");
-  // torchao double-quantizes the exact scales itself.
-  quant::NF4Options exact = opts;
-  exact.double_quant = false;
+  plan.exact = plan.opts;
+  plan.exact.double_quant = false;
+  return plan;
+}
 
-  const io::SafetensorsFile in = io::load_safetensors(o.in);
-  io::TensorMap out;
-  std::map<std::string, std::string> metadata = in.metadata;
-  std::vector<Setting> settings;  // of every NF4 tensor written
+// Writes the input's NF4 weight `w` in the requested format and reports it;
+// false (reported as refused, nothing written) when its data or the format
+// does not allow it.
+bool import_weight(const io::SafetensorsFile& in, const quant::NF4FileWeight& w,
+                   const QuantizeOptions& o, const QuantizePlan& plan, QuantizeOutput& out) {
+  const char* layout = quant::layout_name(w.layout);
+  try {
+    const quant::NF4Weight src = quant::read_nf4_weight(in, w);
+    Converted c = convert_import(in, w, src, o.format, plan.dq_choice);
+    const double change = c.values.defined() ? max_abs_diff(c.values, src.values) : 0.0;
+    char values[64];
+    if (change == 0)
+      std::snprintf(values, sizeof values, "values unchanged");
+    else
+      std::snprintf(values, sizeof values, "values change by at most %.4e", change);
+    std::printf(
+        "%-40s imported NF4 %s (block %lld) from the %s layout, double quant %s; "
+        "written as %s, double quant %s: %s\n",
+        w.name.c_str(), shape_str(src.state.shape).c_str(),
+        static_cast<long long>(src.state.blocksize), layout, on_off(src.double_quant),
+        o.format.c_str(), on_off(c.setting.double_quant), values);
+    out.settings.push_back(c.setting);
+    ++out.imported;
+    for (auto& t : c.tensors) out.tensors.push_back(std::move(t));
+    for (auto& [k, v] : c.metadata) out.metadata[k] = v;
+    return true;
+  } catch (const std::exception& e) {
+    // A problem with this weight's data or its format: the others go on.
+    std::printf("%-40s refused: %s; copied in its %s layout\n", w.name.c_str(), e.what(), layout);
+    out.refused.push_back(w.name);
+    return false;
+  }
+}
 
-  // NF4 weights already in the input (any layout) are imported without
-  // re-quantizing their codes and written in the requested format. Those
-  // --include/--exclude leave out, and those the format cannot hold, are
-  // copied as they are.
-  std::set<std::string> consumed;
-  std::vector<std::string> refused;
-  int imported = 0, kept = 0;
+// NF4 weights already in the input (any layout) are imported without
+// re-quantizing their codes and written in the requested format. Those
+// --include/--exclude leave out, and those the format cannot hold, are
+// copied as they are.
+void import_nf4_weights(const io::SafetensorsFile& in, const QuantizeOptions& o,
+                        const QuantizePlan& plan, QuantizeOutput& out) {
   for (const quant::NF4FileWeight& w : quant::find_nf4_weights(in)) {
-    consumed.insert(w.tensors.begin(), w.tensors.end());
-    for (const auto& key : w.metadata) metadata.erase(key);
-    const char* layout = quant::layout_name(w.layout);
+    out.consumed.insert(w.tensors.begin(), w.tensors.end());
+    for (const auto& key : w.metadata) out.metadata.erase(key);
     if (!quant::name_selected(w.name, o.include, o.exclude)) {
       std::printf("%-40s NF4 (%s layout) not selected by --include/--exclude: copied as it is\n",
-                  w.name.c_str(), layout);
-      ++kept;
-    } else {
-      try {
-        const quant::NF4Weight src = quant::read_nf4_weight(in, w);
-        Converted c = convert_import(in, w, src, o.format, dq_choice);
-        const double change = c.values.defined() ? max_abs_diff(c.values, src.values) : 0.0;
-        char values[64];
-        if (change == 0)
-          std::snprintf(values, sizeof values, "values unchanged");
-        else
-          std::snprintf(values, sizeof values, "values change by at most %.4e", change);
-        std::printf(
-            "%-40s imported NF4 %s (block %lld) from the %s layout, double quant %s; "
-            "written as %s, double quant %s: %s\n",
-            w.name.c_str(), shape_str(src.state.shape).c_str(),
-            static_cast<long long>(src.state.blocksize), layout, on_off(src.double_quant),
-            o.format.c_str(), on_off(c.setting.double_quant), values);
-        settings.push_back(c.setting);
-        ++imported;
-        for (auto& t : c.tensors) out.push_back(std::move(t));
-        for (auto& [k, v] : c.metadata) metadata[k] = v;
-        continue;
-      } catch (const std::exception& e) {
-        // A problem with this weight's data or its format: the others go on.
-        std::printf("%-40s refused: %s; copied in its %s layout\n", w.name.c_str(), e.what(),
-                    layout);
-        refused.push_back(w.name);
-      }
+                  w.name.c_str(), quant::layout_name(w.layout));
+      ++out.kept;
+    } else if (import_weight(in, w, o, plan, out)) {
+      continue;
     }
-    copy_weight(in, w, out, metadata);
+    copy_weight(in, w, out.tensors, out.metadata);
   }
+}
 
-  uint64_t params = 0, quantized_bytes = 0;
-  int converted = 0;
+// A weight as the output file holds it: the values it dequantizes to and the
+// bytes of its codes and scales.
+struct QuantizedWeight {
+  Tensor values;
+  uint64_t bytes = 0;
+};
+
+// Quantizes `t` into `out` in the requested format; nothing (`t` copied as
+// it is) when torchao's layout cannot hold its size.
+std::optional<QuantizedWeight> write_quantized(const std::string& name, const Tensor& t,
+                                               const QuantizeOptions& o, const QuantizePlan& plan,
+                                               QuantizeOutput& out) {
+  if (o.format == "quanta") {
+    const Tensor q = quant::quantize_nf4(t, plan.opts);
+    out.tensors.emplace_back(name, q);
+    return QuantizedWeight{quant::dequantize(q), q.nbytes()};
+  }
+  if (o.format == "bnb") {
+    const quant::BnbNF4State s = quant::quantize_bnb(t, plan.opts);
+    quant::append_bnb_tensors(out.tensors, name, s);
+    return QuantizedWeight{quant::dequantize(s), quant::bnb_payload_bytes(s)};
+  }
+  const int64_t group = plan.opts.block_size * 256;
+  if (t.numel() % group != 0) {
+    std::printf("%-40s skipped: torchao needs numel %% %lld == 0 at block %lld\n", name.c_str(),
+                static_cast<long long>(group), static_cast<long long>(plan.opts.block_size));
+    out.tensors.emplace_back(name, t);
+    return std::nullopt;
+  }
+  const quant::TorchaoNF4State s = quant::to_torchao(quant::quantize_bnb(t, plan.exact));
+  quant::append_torchao_tensors(out.tensors, out.metadata, name, s);
+  return QuantizedWeight{quant::torchao_dequantize(s), torchao_payload_bytes(s)};
+}
+
+// One row of the table: the error of the values the output file holds.
+void print_error_row(const std::string& name, const Tensor& t, const QuantizedWeight& q) {
+  const Tensor w = t.to(DType::f32).contiguous();
+  double sq = 0, mx = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    const double e = std::abs(double(w.data<float>()[i]) - double(q.values.data<float>()[i]));
+    sq += e * e;
+    mx = std::max(mx, e);
+  }
+  const double rmse = w.numel() ? std::sqrt(sq / double(w.numel())) : 0.0;
+  std::printf("%-40s %-14s %12.4e %12.4e %12zu %12llu\n", name.c_str(),
+              shape_str(t.shape()).c_str(), rmse, mx, t.nbytes(),
+              static_cast<unsigned long long>(q.bytes));
+}
+
+// Quantizes the 2-d floating "...weight" tensors --include/--exclude select
+// and copies every other tensor that is not part of an NF4 weight.
+void quantize_float_weights(const io::SafetensorsFile& in, const QuantizeOptions& o,
+                            const QuantizePlan& plan, QuantizeOutput& out) {
   bool table_started = false;  // its header goes above the first quantized tensor
   for (const auto& [name, t] : in.tensors) {
-    if (consumed.count(name)) continue;
+    if (out.consumed.count(name)) continue;
     const bool eligible = t.dim() == 2 && is_floating(t.dtype()) && ends_with(name, "weight") &&
                           quant::name_selected(name, o.include, o.exclude);
     if (!eligible) {
-      out.emplace_back(name, t);
+      out.tensors.emplace_back(name, t);
       continue;
     }
     if (!table_started)
       std::printf("%-40s %-14s %12s %12s %12s %12s\n", "tensor", "shape", "rmse", "max_abs",
                   "bytes", "nf4_bytes");
     table_started = true;
-    Tensor values;       // what the output dequantizes to
-    uint64_t after = 0;  // its codes and scales
-    if (o.format == "quanta") {
-      const Tensor q = quant::quantize_nf4(t, opts);
-      out.emplace_back(name, q);
-      values = quant::dequantize(q);
-      after = q.nbytes();
-    } else if (o.format == "bnb") {
-      const quant::BnbNF4State s = quant::quantize_bnb(t, opts);
-      quant::append_bnb_tensors(out, name, s);
-      values = quant::dequantize(s);
-      after = quant::bnb_payload_bytes(s);
-    } else {
-      const int64_t group = opts.block_size * 256;
-      if (t.numel() % group != 0) {
-        std::printf("%-40s skipped: torchao needs numel %% %lld == 0 at block %lld\n", name.c_str(),
-                    static_cast<long long>(group), static_cast<long long>(opts.block_size));
-        out.emplace_back(name, t);
-        continue;
-      }
-      const quant::TorchaoNF4State s = quant::to_torchao(quant::quantize_bnb(t, exact));
-      quant::append_torchao_tensors(out, metadata, name, s);
-      values = quant::torchao_dequantize(s);
-      after = torchao_payload_bytes(s);
-    }
-    // Error of the values the output file holds.
-    const Tensor w = t.to(DType::f32).contiguous();
-    double sq = 0, mx = 0;
-    for (int64_t i = 0; i < w.numel(); ++i) {
-      const double e = std::abs(double(w.data<float>()[i]) - double(values.data<float>()[i]));
-      sq += e * e;
-      mx = std::max(mx, e);
-    }
-    const double rmse = w.numel() ? std::sqrt(sq / double(w.numel())) : 0.0;
-    std::printf("%-40s %-14s %12.4e %12.4e %12zu %12llu\n", name.c_str(),
-                shape_str(t.shape()).c_str(), rmse, mx, t.nbytes(),
-                static_cast<unsigned long long>(after));
-    params += static_cast<uint64_t>(t.numel());
-    quantized_bytes += after;
-    ++converted;
-    settings.push_back({opts.block_size, o.format == "torchao" || opts.double_quant});
+    const std::optional<QuantizedWeight> q = write_quantized(name, t, o, plan, out);
+    if (!q) continue;
+    print_error_row(name, t, *q);
+    out.params += static_cast<uint64_t>(t.numel());
+    out.quantized_bytes += q->bytes;
+    ++out.converted;
+    out.settings.push_back({plan.opts.block_size, o.format == "torchao" || plan.opts.double_quant});
   }
+}
 
-  // The file records one setting: its NF4 tensors' when they share one (a
-  // file of imports converted as they were), else the options of this run.
-  Setting file_setting{opts.block_size, opts.double_quant};
+// Saves the output with its "quanta.nf4" entry. The file records one
+// setting: its NF4 tensors' when they share one (a file of imports converted
+// as they were), else the options of this run.
+void save_output(const QuantizeOptions& o, const QuantizePlan& plan, QuantizeOutput& out) {
+  const std::vector<Setting>& settings = out.settings;
+  Setting file_setting{plan.opts.block_size, plan.opts.double_quant};
   if (!settings.empty() && std::all_of(settings.begin(), settings.end(),
                                        [&](const Setting& s) { return s == settings[0]; }))
     file_setting = settings[0];
-  metadata["quanta.nf4"] = nlohmann::json{{"format", o.format},
-                                          {"block_size", file_setting.block},
-                                          {"double_quant", file_setting.double_quant}}
-                               .dump();
-  io::save_safetensors(o.out, out, metadata);
+  out.metadata["quanta.nf4"] = nlohmann::json{
+      {"format", o.format},
+      {"block_size", file_setting.block},
+      {"double_quant",
+       file_setting.double_quant}}.dump();
+  io::save_safetensors(o.out, out.tensors, out.metadata);
+}
 
-  const uint64_t b0 = bytes_of(in.tensors), b1 = bytes_of(out);
-  const quant::NF4Bits bits = quant::bits_per_parameter(opts);
-  if (converted > 0) {
+void print_summary(const io::SafetensorsFile& in, const QuantizeOptions& o,
+                   const QuantizePlan& plan, const QuantizeOutput& out) {
+  const uint64_t b0 = bytes_of(in.tensors), b1 = bytes_of(out.tensors);
+  const quant::NF4Bits bits = quant::bits_per_parameter(plan.opts);
+  if (out.converted > 0) {
     std::printf(
         "%d tensors quantized (%s, block %lld, double quant %s): %.3f bits per "
         "parameter in this file (codes and scales); quanta holds %.3f, bitsandbytes' "
         "layout %.3f\n",
-        converted, o.format.c_str(), static_cast<long long>(opts.block_size),
-        on_off(opts.double_quant), 8.0 * double(quantized_bytes) / double(params), bits.stored,
-        bits.bnb);
+        out.converted, o.format.c_str(), static_cast<long long>(plan.opts.block_size),
+        on_off(plan.opts.double_quant), 8.0 * double(out.quantized_bytes) / double(out.params),
+        bits.stored, bits.bnb);
   } else {
     // Nothing to do is not an error (exit 0), but it must not read like a result.
     const bool lists = !o.include.empty() || !o.exclude.empty();
@@ -306,27 +353,42 @@ void run_quantize(const QuantizeOptions& o) {
         "'weight'%s\n",
         o.in.c_str(), lists ? " and that --include/--exclude select" : "");
   }
-  if (imported + kept + static_cast<int>(refused.size()) > 0)
+  if (out.imported + out.kept + static_cast<int>(out.refused.size()) > 0)
     std::printf(
         "NF4 tensors already in the input: %d written as %s, %d not selected, %zu "
         "refused (copied as they were)\n",
-        imported, o.format.c_str(), kept, refused.size());
-  if (converted + imported > 0)
+        out.imported, o.format.c_str(), out.kept, out.refused.size());
+  if (out.converted + out.imported > 0)
     std::printf("size: %llu -> %llu bytes (%.2fx smaller) written to %s\n",
                 static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
                 b1 ? double(b0) / double(b1) : 0.0, o.out.c_str());
   else
     std::printf("size: %llu bytes, every tensor copied as it was to %s\n",
                 static_cast<unsigned long long>(b1), o.out.c_str());
-  std::fflush(stdout);
-  if (!refused.empty()) {
-    std::string names;
-    for (const auto& n : refused) names += (names.empty() ? "'" : ", '") + n + "'";
-    throw std::runtime_error(std::to_string(refused.size()) + " NF4 tensor" +
-                             (refused.size() == 1 ? "" : "s") + " refused (" + names +
-                             ", see above): " + o.out + " was written with " +
-                             (refused.size() == 1 ? "it" : "them") + " as in " + o.in);
-  }
+}
+
+// The run fails when an NF4 weight was refused, after writing the file.
+void throw_if_refused(const QuantizeOptions& o, const std::vector<std::string>& refused) {
+  if (refused.empty()) return;
+  std::string names;
+  for (const auto& n : refused) names += (names.empty() ? "'" : ", '") + n + "'";
+  throw std::runtime_error(std::to_string(refused.size()) + " NF4 tensor" +
+                           (refused.size() == 1 ? "" : "s") + " refused (" + names +
+                           ", see above): " + o.out + " was written with " +
+                           (refused.size() == 1 ? "it" : "them") + " as in " + o.in);
+}
+
+void run_quantize(const QuantizeOptions& o) {
+  const QuantizePlan plan = plan_quantize(o);
+  const io::SafetensorsFile in = io::load_safetensors(o.in);
+  QuantizeOutput out;
+  out.metadata = in.metadata;
+  import_nf4_weights(in, o, plan, out);
+  quantize_float_weights(in, o, plan, out);
+  save_output(o, plan, out);
+  print_summary(in, o, plan, out);
+  std::fflush(stdout);  // the report before the error that may follow it
+  throw_if_refused(o, out.refused);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // the global batch split unevenly (a rank with no tokens included) train to
 // the same parameters, buffers and losses as one process on the whole batch,
 // with every rank's state bitwise equal to the others'; and the misuse cases
-// of DESIGN.md (extra, eval, no-grad forwards, empty and fully masked
+// of docs/design.md (extra, eval, no-grad forwards, empty and fully masked
 // batches, a rank that dies) end without a hang.
 #include <doctest/doctest.h>
 

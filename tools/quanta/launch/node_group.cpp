@@ -1,9 +1,5 @@
 #include "launch/node_group.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -47,17 +43,12 @@ std::string node_list(const std::vector<int>& nodes) {
 }  // namespace
 
 int free_port() {
-  // Any interface: the port must be free wherever rank 0's store listens.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw std::runtime_error("quanta launch: cannot find a free port; pass --master-port");
-  return ntohs(addr.sin_port);
+  try {
+    return dist::free_port();
+  } catch (const std::runtime_error&) {
+    // The launcher's users can choose the port themselves: say how.
+    throw std::runtime_error("quanta launch: cannot find a free port; pass --master-port");
+  }
 }
 
 NodeGroup::NodeGroup(const NodeGroupOptions& opts) : opts_(opts) {

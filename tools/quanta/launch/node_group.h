@@ -44,8 +44,8 @@ struct Outcome {
   bool stopped = false;
 };
 
-/** A TCP port nobody listens on now, on any interface (rank 0's store binds
- * it moments later); throws std::runtime_error when there is none. */
+/** dist::free_port() (rank 0's store binds the port moments later); throws
+ * std::runtime_error suggesting --master-port when there is none. */
 int free_port();
 
 /** This launcher's place among the launchers of the job. */
