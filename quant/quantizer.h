@@ -1,7 +1,8 @@
 #pragma once
-// What every stacked quantizer offers (ResidualVQ, ResidualSimVQ,
-// ResidualFSQ, ResidualLFQ and their grouped forms), so the residual stack
-// and the grouped wrapper are written once over it (quant/residual.h,
+// What every quantizer offers: the single layers (VectorQuantize, SimVQ,
+// FSQ, LFQ, LatentQuantize), the residual stacks (ResidualVQ, ResidualSimVQ,
+// ResidualFSQ, ResidualLFQ) and their grouped forms. The residual stack and
+// the grouped wrapper are written once over it (quant/residual.h,
 // quant/grouped.h) and callers such as the `quanta` command drive any family
 // the same way, including with a quantize-dropout decision of their own.
 // Codebook state for QuantizerSync stays where it lives (Codebook, LFQ's
@@ -34,11 +35,15 @@ class Quantizer : public Module {
   /** Quantizes `x` (the layer's input layouts) where the bool `mask` (token
    * shape; undefined: every token) is set. Indices end in a quantizers
    * dimension (-1 for dropped layers and masked tokens); loss and loss terms
-   * as the family reports them. */
+   * as the family reports them. A single layer (SingleLayerQuantizer) has no
+   * quantizers dimension: its indices are the reference's, [B, N...] or
+   * [B, N..., heads / codebooks]. */
   virtual QuantizeOutput forward(const Tensor& x, const Tensor& mask,
                                  const QuantizeOptions& opts) = 0;
   /** Per-layer codes [Q, ..., d] of indices [..., q] (q <= Q; missing
-   * layers and -1 give zeros); grouped: [G, Q, ..., d] of [G, ..., q]. */
+   * layers and -1 give zeros); grouped: [G, Q, ..., d] of [G, ..., q]; a
+   * single layer: its codes [..., d] of indices as its forward returns them,
+   * before project_out (no Q dimension). */
   virtual Tensor get_codes_from_indices(const Tensor& indices) = 0;
   /** What forward outputs for `indices`, channel-last: [..., dim]. */
   virtual Tensor get_output_from_indices(const Tensor& indices) = 0;
@@ -48,6 +53,16 @@ class Quantizer : public Module {
    * drawn (advancing the dropout stream) when quantize dropout applies,
    * kKeepAllLayers otherwise. */
   virtual int64_t dropout_decision() = 0;
+};
+
+/** Base of the single-layer quantizers: one layer, nothing to drop, so
+ * QuantizeOptions::last_kept changes nothing. */
+class SingleLayerQuantizer : public Quantizer {
+ public:
+  using Quantizer::Quantizer;
+
+  int64_t num_quantizers() const final { return 1; }
+  int64_t dropout_decision() final { return kKeepAllLayers; }
 };
 
 }  // namespace quanta::quant

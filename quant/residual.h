@@ -77,14 +77,15 @@ class Residual : public Quantizer, public StepKeyed {
   /** Keys the dropout stream by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override { dropout_stream_.pin(step); }
   const QuantizeDropout& quantize_dropout() const { return dropout_; }
+  /** Sets the stream the dropout draws come from (the family seeds it; the
+   * `quanta` command keys it by its run seed instead). */
+  void seed_dropout(Generator stream) { dropout_stream_ = StepStream(stream); }
 
  protected:
   /** The forward with the dropout decision made: layers after `last_kept`
    * are dropped (kKeepAllLayers: none). */
   virtual QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
                                       const QuantizeOptions& opts) = 0;
-  /** Sets the stream the dropout draws come from. */
-  void seed_dropout(Generator stream) { dropout_stream_ = StepStream(stream); }
 
  private:
   QuantizeDropout dropout_;

@@ -37,9 +37,9 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
   const bool aux = call.calc_aux_loss.value_or(training);
 
   const Tensor p = sigmoid(logits.detach() / call.temperature);
-  const Tensor bits = deterministic
-                          ? gt(p, scalar_like(p, 0.5))
-                          : lt(rand(p.shape(), gen_, {.dtype = DType::f64}), p.to(DType::f64));
+  const Tensor bits =
+      deterministic ? gt(p, scalar_like(p, 0.5))
+                    : lt(rand(p.shape(), gen_.next(), {.dtype = DType::f64}), p.to(DType::f64));
   std::vector<int64_t> powers(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) powers[i] = int64_t(1) << i;
   const Tensor indices = sum(bits.to(DType::i64) * from_vector<int64_t>(powers, {k}), {-1});

@@ -12,6 +12,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/step_stream.h"
 
 namespace quanta::quant {
 
@@ -38,8 +39,10 @@ struct BinaryMapperCall {
   bool reduce_aux_kl_loss = true;
 };
 
-class BinaryMapper : public Module {
+class BinaryMapper : public Module, public StepKeyed {
  public:
+  /** Keys the sampling stream by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { gen_.pin(step); }
   explicit BinaryMapper(BinaryMapperOptions opts);
 
   /** logits [..., bits] -> quantized = one-hot codes [..., 2^bits] (f32, or
@@ -54,7 +57,7 @@ class BinaryMapper : public Module {
 
  private:
   BinaryMapperOptions opts_;
-  Generator gen_;
+  StepStream gen_;
 };
 
 }  // namespace quanta::quant

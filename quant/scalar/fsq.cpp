@@ -21,8 +21,12 @@ namespace {
 
 }  // namespace
 
+FSQ::FSQ(FSQOptions opts, Generator& gen) : FSQ(detail::seeded(std::move(opts), gen)) {}
+
 FSQ::FSQ(FSQOptions opts)
-    : Module("FSQ"), opts_(std::move(opts)), noise_gen_(Generator::named(opts_.seed, "fsq.noise")) {
+    : SingleLayerQuantizer("FSQ"),
+      opts_(std::move(opts)),
+      noise_gen_(Generator::named(opts_.seed, "fsq.noise")) {
   const auto& L = opts_.levels;
   if (L.empty()) fail("levels must not be empty");
   if (opts_.num_codebooks < 1)
@@ -154,6 +158,13 @@ Tensor FSQ::indices_to_codes(const Tensor& indices, bool project_out) const {
   return out;
 }
 
+Tensor FSQ::get_codes_from_indices(const Tensor& indices) { return indices_to_grid_codes(indices); }
+
+Tensor FSQ::get_output_from_indices(const Tensor& indices) {
+  const Tensor codes = indices_to_grid_codes(indices);
+  return project_out_ ? project_out_->forward(codes) : codes;
+}
+
 Tensor FSQ::indices_to_grid_codes(const Tensor& indices) const {
   const auto& L = opts_.levels;
   const size_t d = L.size();
@@ -187,7 +198,7 @@ Tensor FSQ::implicit_codebook() const {
   return level * per_dim(scale, level) - 1.0;
 }
 
-QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask) {
+QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions&) {
   const TokenLayout layout(x, !opts_.channel_first, dim_, "FSQ");
   (void)detail::token_mask(mask, layout, "FSQ");  // validated; FSQ tokens are independent
   Tensor z = layout.to_tokens(x);                 // [B, N, D]
@@ -200,9 +211,11 @@ QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask) {
   if (is_training() && opts_.noise_dropout > 0) {
     // Noise replaces the rounding on a random subset of elements; the indices
     // stay those of the clean codes.
+    // One next() per forward: a pinned stream restarts at the step's offset.
+    Generator& gen = noise_gen_.next();
     const Tensor drop =
-        bernoulli(codes.shape(), opts_.noise_dropout, noise_gen_, {.dtype = DType::boolean});
-    const Tensor noise = (rand(codes.shape(), noise_gen_) - 0.5).to(codes.dtype());
+        bernoulli(codes.shape(), opts_.noise_dropout, gen, {.dtype = DType::boolean});
+    const Tensor noise = (rand(codes.shape(), gen) - 0.5).to(codes.dtype());
     codes = where(drop, clamp(codes + noise, -1.0, 1.0), codes);
   }
   if (rotation_.defined()) codes = matmul(codes, rotation_.t());

@@ -12,6 +12,8 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/quantizer.h"
+#include "quant/step_stream.h"
 
 namespace quanta::quant {
 
@@ -39,21 +41,32 @@ struct FSQOptions {
   /** Rotate each codebook's vector by a fixed random orthogonal matrix R before
    * quantizing (z R) and back after (codes R^T). */
   bool orthogonal_rotation = false;
-  /** Seeds the projections' initialisation, the rotation and the noise stream. */
+  /** Seeds the projections' initialisation, the rotation and the noise stream
+   * (the FSQ(opts, gen) constructor sets it: draw_seed(gen)). */
   uint64_t seed = 0;
 };
 
 /** Finite scalar quantizer. forward returns no auxiliary loss (loss = 0). */
-class FSQ : public Module {
+class FSQ : public SingleLayerQuantizer, public StepKeyed {
  public:
+  /** Builds the layer from opts.seed. */
   explicit FSQ(FSQOptions opts);
+  /** Builds the layer seeded with the next 64 bits of `gen` (every quantizer
+   * family is built from a Generator: see quant/vq/streams.h). */
+  FSQ(FSQOptions opts, Generator& gen);
+  /** Keys the noise-dropout stream by `step` (see StepStream). */
+  void pin_random_step(uint64_t step) override { noise_gen_.pin(step); }
 
   /** Quantizes x ([B, D], [B, N, D], [B, D, N] with channel_first, or
    * [B, D, H, W...]). `mask` ([B, N] or the spatial shape, bool) is accepted
    * for a uniform quantizer interface: FSQ tokens are quantized
    * independently, so it changes nothing. Indices are int32 (int64 when the
-   * codebook has more than 2^31 - 1 codes). */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask);
+   * codebook has more than 2^31 - 1 codes). `opts` changes nothing. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  /** forward(x, mask, {}). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask) {
+    return forward(x, mask, QuantizeOptions{});
+  }
   /** forward(x, no mask).quantized. */
   Tensor forward(const Tensor& x) override;
 
@@ -71,6 +84,11 @@ class FSQ : public Module {
   /** Indices to codes [..., num_codebooks * d], channel-last, before
    * project_out (the rotation undone when there is one). */
   Tensor indices_to_grid_codes(const Tensor& indices) const;
+  /** indices_to_grid_codes. */
+  Tensor get_codes_from_indices(const Tensor& indices) override;
+  /** What forward outputs for `indices`, channel-last: the grid codes then
+   * project_out, [..., dim]. */
+  Tensor get_output_from_indices(const Tensor& indices) override;
   /** The code of every index: [codebook_size, d] (f32). */
   Tensor implicit_codebook() const;
 
@@ -96,7 +114,7 @@ class FSQ : public Module {
   std::vector<int64_t> basis_;
   std::shared_ptr<Linear> project_in_, project_out_;
   Tensor rotation_;  // [d, d] when orthogonal_rotation
-  Generator noise_gen_;
+  StepStream noise_gen_;
 };
 
 }  // namespace quanta::quant

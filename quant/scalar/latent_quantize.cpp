@@ -23,8 +23,11 @@ namespace {
 
 }  // namespace
 
+LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
+    : LatentQuantize(detail::seeded(std::move(opts), gen)) {}
+
 LatentQuantize::LatentQuantize(LatentQuantizeOptions opts)
-    : Module("LatentQuantize"), opts_(std::move(opts)) {
+    : SingleLayerQuantizer("LatentQuantize"), opts_(std::move(opts)) {
   if (opts_.levels.empty()) fail("levels must not be empty");
   if (opts_.num_codebooks < 1) fail("num_codebooks must be >= 1");
   auto list = register_module("values_per_latent", std::make_shared<Module>("ParameterList"));
@@ -103,7 +106,8 @@ Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out)
   return codes;
 }
 
-QuantizeOutput LatentQuantize::forward(const Tensor& x, const Tensor& mask) {
+QuantizeOutput LatentQuantize::forward(const Tensor& x, const Tensor& mask,
+                                       const QuantizeOptions&) {
   const TokenLayout layout(x, true, dim_, "LatentQuantize");
   (void)detail::token_mask(mask, layout, "LatentQuantize");
   Tensor z = layout.to_tokens(x);

@@ -10,7 +10,9 @@
 
 #include "engine/nn/layers.h"
 #include "engine/nn/module.h"
+#include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/quantizer.h"
 
 namespace quanta::quant {
 
@@ -28,19 +30,28 @@ struct LatentQuantizeOptions {
    * the reference they receive no gradient from forward (the straight-through
    * output has none); they are trainable only by code that updates them. */
   bool optimize_values = true;
+  /** Seeds the projections' initialisation (the LatentQuantize(opts, gen)
+   * constructor sets it: draw_seed(gen)). */
   uint64_t seed = 0;
 };
 
-class LatentQuantize : public Module {
+class LatentQuantize : public SingleLayerQuantizer {
  public:
+  /** Builds the layer from opts.seed. */
   explicit LatentQuantize(LatentQuantizeOptions opts);
+  /** Builds the layer seeded with the next 64 bits of `gen`. */
+  LatentQuantize(LatentQuantizeOptions opts, Generator& gen);
 
   /** Quantizes x ([B, D], [B, N, D] or [B, D, H, W...]); indices int32.
    * loss (train mode) = commitment_loss_weight * mse(out, sg(x)) +
    * quantization_loss_weight * mse(sg(out), x) between the input and the
    * output (terms "commitment", "quantization"); 0 in eval. `mask` is
-   * validated and otherwise unused. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask);
+   * validated and otherwise unused; so is `opts`. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  /** forward(x, mask, {}). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask) {
+    return forward(x, mask, QuantizeOptions{});
+  }
   Tensor forward(const Tensor& x) override;
 
   /** Nearest grid value per dimension with a straight-through gradient:
@@ -50,6 +61,15 @@ class LatentQuantize : public Module {
   Tensor codes_to_indices(const Tensor& z) const;
   /** Indices as forward returns them -> codes [..., C * d] (project_out when asked). */
   Tensor indices_to_codes(const Tensor& indices, bool project_out = true) const;
+
+  /** indices_to_codes(indices, false): [..., C * d]. */
+  Tensor get_codes_from_indices(const Tensor& indices) override {
+    return indices_to_codes(indices, false);
+  }
+  /** indices_to_codes(indices): [..., dim]. */
+  Tensor get_output_from_indices(const Tensor& indices) override {
+    return indices_to_codes(indices, true);
+  }
 
   int64_t codebook_size() const { return codebook_size_; }
   /** Grid values of dimension i: [levels[i]]. */

@@ -22,8 +22,10 @@ namespace {
 
 }  // namespace
 
+LFQ::LFQ(LFQOptions opts, Generator& gen) : LFQ(detail::seeded(std::move(opts), gen)) {}
+
 LFQ::LFQ(LFQOptions opts)
-    : Module("LFQ"),
+    : SingleLayerQuantizer("LFQ"),
       opts_(std::move(opts)),
       sample_gen_(StepStream(Generator::named(opts_.seed, "lfq.entropy_tokens"))) {
   if (opts_.num_codebooks < 1)
@@ -111,8 +113,15 @@ Tensor LFQ::indices_to_codes(const Tensor& indices, bool project_out) const {
   return out;
 }
 
-QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, double inv_temperature) {
-  const double inv_t = inv_temperature > 0 ? inv_temperature : opts_.inv_temperature;
+Tensor LFQ::get_codes_from_indices(const Tensor& indices) { return indices_to_grid_codes(indices); }
+
+Tensor LFQ::get_output_from_indices(const Tensor& indices) {
+  const Tensor codes = indices_to_grid_codes(indices);
+  return project_out_ ? project_out_->forward(codes) : codes;
+}
+
+QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
+  const double inv_t = opts.inv_temperature > 0 ? opts.inv_temperature : opts_.inv_temperature;
   const TokenLayout layout(x, !opts_.channel_first, dim_, "LFQ");
   const Tensor keep = detail::token_mask(mask, layout, "LFQ");
   Tensor z = layout.to_tokens(x);

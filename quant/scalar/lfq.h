@@ -14,6 +14,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/quantizer.h"
 #include "quant/scalar/lfq_entropy.h"
 #include "quant/step_stream.h"
 
@@ -59,23 +60,32 @@ struct LFQOptions {
   /** forward's default inverse temperature of the code distributions. */
   double inv_temperature = 100.0;
   LFQEntropyPath entropy_path = LFQEntropyPath::automatic;
-  /** Seeds the projections' initialisation and the token sampling stream. */
+  /** Seeds the projections' initialisation and the token sampling stream
+   * (the LFQ(opts, gen) constructor sets it: draw_seed(gen)). */
   uint64_t seed = 0;
 };
 
-class LFQ : public Module, public StepKeyed {
+class LFQ : public SingleLayerQuantizer, public StepKeyed {
  public:
   /** Keys this layer's per-forward draws by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override { sample_gen_.pin(step); }
+  /** Builds the layer from opts.seed. */
   explicit LFQ(LFQOptions opts);
+  /** Builds the layer seeded with the next 64 bits of `gen` (every quantizer
+   * family is built from a Generator: see quant/vq/streams.h). */
+  LFQ(LFQOptions opts, Generator& gen);
 
   /** Quantizes x (layouts as FSQ). `mask` (bool, [B, N] or the input's
    * spatial shape; true = keep) restricts the losses to the kept tokens.
    * loss = entropy_loss_weight (per_sample - diversity_gamma batch) +
    * commitment_loss_weight commitment in train mode, 0 in eval; terms
    * "per_sample_entropy", "batch_entropy", "commitment". Indices int64.
-   * inv_temperature <= 0 uses the option. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0);
+   * opts.inv_temperature <= 0 uses the option; opts.last_kept changes nothing. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  /** forward(x, mask, {.inv_temperature = inv_temperature}). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0) {
+    return forward(x, mask, QuantizeOptions{.inv_temperature = inv_temperature});
+  }
   Tensor forward(const Tensor& x) override;
 
   /** Indices (as forward returns them) to codes [..., num_codebooks * d],
@@ -84,6 +94,11 @@ class LFQ : public Module, public StepKeyed {
   Tensor indices_to_codes(const Tensor& indices, bool project_out = true) const;
   /** Codes [..., C * d], channel-last, before project_out. */
   Tensor indices_to_grid_codes(const Tensor& indices) const;
+  /** indices_to_grid_codes. */
+  Tensor get_codes_from_indices(const Tensor& indices) override;
+  /** What forward outputs for `indices`, channel-last: the codes then
+   * project_out, [..., dim]. */
+  Tensor get_output_from_indices(const Tensor& indices) override;
   /** The code table before spherical normalisation: [codebook_size, d] of
    * +-codebook_scale. */
   Tensor codebook() const;

@@ -22,6 +22,12 @@ namespace {
 
 }  // namespace
 
+ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts, Generator& gen)
+    : ResidualFSQ([&] {
+        opts.fsq.seed = draw_seed(gen);
+        return std::move(opts);
+      }()) {}
+
 ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
     : Residual("ResidualFSQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
                                opts.quantize_dropout_multiple_of}),
@@ -106,6 +112,12 @@ Tensor ResidualFSQ::codebooks() const {
   for (const auto& l : layers_) books.push_back(l->implicit_codebook());
   return stack(books, 0);
 }
+
+GroupedResidualFSQ::GroupedResidualFSQ(GroupedResidualFSQOptions opts, Generator& gen)
+    : GroupedResidualFSQ([&] {
+        opts.rfsq.fsq.seed = draw_seed(gen);
+        return std::move(opts);
+      }()) {}
 
 GroupedResidualFSQ::GroupedResidualFSQ(GroupedResidualFSQOptions opts)
     : Grouped("GroupedResidualFSQ", {.dim = opts.rfsq.fsq.dim,

@@ -42,7 +42,10 @@ struct ResidualFSQOptions {
 
 class ResidualFSQ : public Residual {
  public:
+  /** Builds the stack from opts.fsq.seed. */
   explicit ResidualFSQ(ResidualFSQOptions opts);
+  /** Builds the stack with fsq.seed the next 64 bits of `gen`. */
+  ResidualFSQ(ResidualFSQOptions opts, Generator& gen);
 
   /** Quantizes x (layouts as FSQ); indices [B, ..., num_quantizers] int32
    * (-1 for dropped layers); loss 0. `mask` is validated and otherwise unused. */
@@ -94,7 +97,10 @@ struct GroupedResidualFSQOptions {
 
 class GroupedResidualFSQ : public Grouped {
  public:
+  /** Builds the groups from opts.rfsq.fsq.seed. */
   explicit GroupedResidualFSQ(GroupedResidualFSQOptions opts);
+  /** Builds the groups with rfsq.fsq.seed the next 64 bits of `gen`. */
+  GroupedResidualFSQ(GroupedResidualFSQOptions opts, Generator& gen);
   /** Concatenated group outputs; indices [groups, B, ..., num_quantizers]. All
    * groups drop the same layers (one draw per forward). */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask) {

@@ -22,6 +22,12 @@ namespace {
 
 }  // namespace
 
+ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts, Generator& gen)
+    : ResidualLFQ([&] {
+        opts.lfq.seed = draw_seed(gen);
+        return std::move(opts);
+      }()) {}
+
 ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
     : Residual("ResidualLFQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
                                opts.quantize_dropout_multiple_of}),
@@ -103,6 +109,12 @@ Tensor ResidualLFQ::codebooks() const {
   for (const auto& l : layers_) books.push_back(l->codebook());
   return stack(books, 0);
 }
+
+GroupedResidualLFQ::GroupedResidualLFQ(GroupedResidualLFQOptions opts, Generator& gen)
+    : GroupedResidualLFQ([&] {
+        opts.rlfq.lfq.seed = draw_seed(gen);
+        return std::move(opts);
+      }()) {}
 
 GroupedResidualLFQ::GroupedResidualLFQ(GroupedResidualLFQOptions opts)
     : Grouped("GroupedResidualLFQ", {.dim = opts.rlfq.lfq.dim,

@@ -31,7 +31,10 @@ struct ResidualLFQOptions {
 
 class ResidualLFQ : public Residual {
  public:
+  /** Builds the stack from opts.lfq.seed. */
   explicit ResidualLFQ(ResidualLFQOptions opts);
+  /** Builds the stack with lfq.seed the next 64 bits of `gen`. */
+  ResidualLFQ(ResidualLFQOptions opts, Generator& gen);
 
   /** Quantizes x; indices [B, ..., num_quantizers] int64; loss [num_quantizers]
    * (each layer's weighted LFQ loss); terms summed over layers under the LFQ
@@ -80,7 +83,10 @@ struct GroupedResidualLFQOptions {
 
 class GroupedResidualLFQ : public Grouped {
  public:
+  /** Builds the groups from opts.rlfq.lfq.seed. */
   explicit GroupedResidualLFQ(GroupedResidualLFQOptions opts);
+  /** Builds the groups with rlfq.lfq.seed the next 64 bits of `gen`. */
+  GroupedResidualLFQ(GroupedResidualLFQOptions opts, Generator& gen);
   /** Concatenated outputs; indices [groups, B, ..., q]; loss [groups, q];
    * terms summed over groups. */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask, double inv_temperature = 0) {

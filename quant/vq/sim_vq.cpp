@@ -28,7 +28,8 @@ namespace {
 
 }  // namespace
 
-SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen) : Module("SimVQ"), opts_(opts) {
+SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen)
+    : SingleLayerQuantizer("SimVQ"), opts_(opts) {
   if (opts_.dim <= 0 || opts_.codebook_size <= 0)
     fail("SimVQ", "dim and codebook_size must be positive, got " + std::to_string(opts_.dim) +
                       " and " + std::to_string(opts_.codebook_size));
@@ -41,7 +42,7 @@ SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen) : Module("SimVQ"), opts_(
 
 Tensor SimVQ::codebook() { return transform_->forward(frozen_); }
 
-QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask) {
+QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions&) {
   const TokenLayout layout(x, !opts_.channel_first, opts_.dim, "SimVQ");
   const int64_t b = layout.batch(), n = layout.tokens(), d = opts_.dim;
   const Tensor tokens = reshape(layout.to_tokens(x), {b * n, d});
@@ -75,6 +76,19 @@ QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask) {
   r.loss = loss;
   r.losses = {{"commitment", loss}};
   return r;
+}
+
+Tensor SimVQ::get_codes_from_indices(const Tensor& indices) {
+  // Gathered before the transform, as indices_to_codes (the reference's).
+  const Tensor idx = to_dtype(indices, DType::i64);
+  const Tensor none = zeros({}, {.dtype = DType::i64});
+  const Tensor masked = lt(idx, none);
+  const Tensor q = transform_->forward(embedding(frozen_, where(masked, none, idx)));
+  return masked_fill(q, unsqueeze(masked, -1), 0.0);
+}
+
+Tensor SimVQ::get_output_from_indices(const Tensor& indices) {
+  return get_codes_from_indices(indices);
 }
 
 Tensor SimVQ::indices_to_codes(const Tensor& indices) {

@@ -10,6 +10,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/quantizer.h"
 #include "quant/residual.h"
 
 namespace quanta::quant {
@@ -29,7 +30,7 @@ struct SimVQOptions {
   double commitment_weight = 1.0;
 };
 
-class SimVQ : public Module {
+class SimVQ : public SingleLayerQuantizer {
  public:
   /** Buffer "frozen_codebook" [K, Df] ~ N(0, 1/Df) and parameter
    * "code_transform.weight" [D, Df] (Linear without bias), drawn from `gen`. */
@@ -38,8 +39,17 @@ class SimVQ : public Module {
    * (mse(sg(x), q) + w * mse(x, sg(q))) (train and eval, as the reference);
    * indices [B, N...]. The transform learns through the loss. `mask` (bool,
    * token shape) marks valid tokens: the others get zero output, index -1 and
-   * no loss. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
+   * no loss. `opts` changes nothing (one layer). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  /** forward(x, mask, {}). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
+  /** The transformed codes [..., D] of `indices` [...] (-1 gives zeros),
+   * channel-last whatever the layout. */
+  Tensor get_codes_from_indices(const Tensor& indices) override;
+  /** get_codes_from_indices: SimVQ has no projection after the codes. */
+  Tensor get_output_from_indices(const Tensor& indices) override;
   /** The transformed codebook [K, D] (differentiable in the transform). */
   Tensor codebook();
   /** Codes of `indices` [...] as [..., D] (channel-first layouts move D to

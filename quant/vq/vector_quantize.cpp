@@ -79,6 +79,15 @@ Tensor gumbel_noise(const Shape& shape, Generator& gen, const TensorOptions& opt
   return -log(clamp(-log(clamp(u, 1e-20, open)), 1e-20, open));
 }
 
+// codes [G, K, d] at idx [G, T] -> [G, T, d]: one gather over the flattened
+// codebooks (codebook g's codes start at row g * K).
+Tensor gather_codes(const Tensor& codes, const Tensor& idx) {
+  const int64_t g = codes.size(0), k = codes.size(1), d = codes.size(2), tt = idx.size(1);
+  Tensor flat = idx;
+  if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
+  return reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})), {g, tt, d});
+}
+
 }  // namespace
 
 /** The input as the codebook sees it. */
@@ -99,7 +108,10 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
 
 VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen,
                                std::shared_ptr<Codebook> shared)
-    : Module(kWho), opts_(checked(opts)), sample_gen_(Generator(0)), orthogonal_gen_(Generator(0)) {
+    : SingleLayerQuantizer(kWho),
+      opts_(checked(opts)),
+      sample_gen_(Generator(0)),
+      orthogonal_gen_(Generator(0)) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   rotation_trick_ = opts_.rotation_trick.value_or(opts_.dim > 1);
   learnable_ = opts_.learnable_codebook.value_or(false);
@@ -204,138 +216,184 @@ Tensor VectorQuantize::project_out(const Tensor& t) {
   return project_out_ ? project_out_->forward(t) : t;
 }
 
-QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
-  Tokens t = prepare(x, mask);
-  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size, d = codebook_dim_;
-  Codebook& cb = *codebook_;
-  // k-means initialisation: on the first batch inside this forward (the
-  // reference's behaviour), or, with the update deferred to an explicit
-  // reconciliation point (distributed training), only collect this
-  // training batch as samples; until then the codes are the zero vectors.
-  const bool deferred_init = !cb.initted() && !opts_.update_in_forward;
-  if (deferred_init && is_training()) cb.add_init_samples(t.x, t.valid);
-  if (!cb.initted() && opts_.update_in_forward) {
-    std::vector<Tensor> samples;
-    for (int64_t h = 0; h < g; ++h) {
-      Tensor rows = select(t.x, 0, h).detach();
-      if (t.valid.defined())
-        rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
-      samples.push_back(rows);
-    }
-    cb.init_from_samples(samples);
-  }
-  const bool training = is_training();
-  const bool updates = training && !deferred_init && !opts_.freeze_codebook &&
-                       (ema_update_ || opts_.threshold_ema_dead_code > 0);
-  if (opts_.affine_param && training) {
-    // Deferred with the other statistics when the update is (distributed).
-    if (opts_.update_in_forward)
-      cb.update_affine(t.x, t.valid);
-    else
-      cb.accumulate_affine(t.x, t.valid);
-  }
-  const double temp = opts_.sample_codebook_temp;
-  const bool gumbel = training && opts_.straight_through && temp > 0;
-  const bool stochastic = training && opts_.stochastic_sample_codes && temp > 0;
-  const bool want_losses = training;
-  const bool need_dist =
-      gumbel || stochastic ||
-      (want_losses && opts_.commitment_weight > 0 && opts_.commitment_use_cross_entropy_loss) ||
-      (want_losses && opts_.codebook_diversity_loss_weight > 0);
-  // The codes this forward uses, with a gradient only for a learnable
-  // codebook. Backward reads them (for the codes' own gradient, and for the
-  // input's through the distances), so when a state update before backward
-  // (this forward's, or a shared codebook's after the last layer) will
-  // overwrite the codebook in place, they are a copy.
-  const Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
-  const Tensor codes =
-      cb.affine_codes(updates && (learnable_ || need_dist) ? embed.clone() : embed);
-  Tensor dist, idx;
-  if (need_dist) dist = distances(t.x, codes);
-  {
-    NoGradGuard no_grad;
-    if (stochastic) {
-      const Tensor logits =
-          dist.detach() / temp + gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
-      idx = argmax(logits, -1);
-    } else if (need_dist) {
-      idx = argmax(dist.detach(), -1);
-    } else {
-      std::vector<Tensor> per;
-      for (int64_t h = 0; h < g; ++h)
-        per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h), opts_.use_cosine_sim));
-      idx = stack(per);
-    }
-  }
-  // The chosen codes, gathered (not a one-hot product) from the codebook as
-  // it was before this forward's update.
-  Tensor q;
-  if (gumbel) {
-    const Tensor soft = softmax(dist / temp, -1);
-    const Tensor hard = to_dtype(one_hot(idx, k), soft.dtype());
-    q = matmul(hard + soft - soft.detach(), codes);
-  } else {
-    Tensor flat = idx;
-    if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
-    q = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})), {g, tt, d});
-  }
+/** What one forward does, from the options and the mode. */
+struct VectorQuantize::Plan {
+  bool training = false;
+  /** The codebook takes this forward's statistics. */
+  bool updates = false;
+  /** Gumbel-softmax straight-through output. */
+  bool gumbel = false;
+  /** Gumbel-sampled codes. */
+  bool stochastic = false;
+  /** The full distance matrix is needed (else the blocked nearest-code search). */
+  bool need_dist = false;
+};
 
-  if (updates) {
-    cb.accumulate(opts_.affine_param ? cb.to_codebook_space(t.x.detach()) : t.x, idx, t.valid);
-    if (opts_.update_in_forward) cb.update_state();
-  }
-
-  QuantizeOutput out;
-  Tensor loss = zero_like_loss(t.x);
-  Tensor commit = zero_like_loss(t.x), ortho = commit, diversity = commit;
-  // The gradient route from the output back to the input, fused with the MSE
-  // commitment loss (one backward pass over the tokens instead of three and
-  // an add) when the codes take no gradient.
-  const GradientRoute route =
-      rotation_trick_ ? GradientRoute::rotation : GradientRoute::straight_through;
-  const bool fuse_route = training && !gumbel && !learnable_;
+/** The loss terms of one forward and, when the route was fused with the
+ * commitment loss, the routed output. */
+struct VectorQuantize::Losses {
+  Tensor loss, commit, ortho, diversity;
   Tensor routed;
-  if (want_losses) {
-    const Tensor count = t.valid.defined() ? sum(to_dtype(t.valid, t.x.dtype()))
-                                           : scalar(double(g * tt), options_of(t.x));
-    const bool any_valid = count.item() > 0;
-    if (opts_.commitment_weight > 0 && any_valid) {
-      if (opts_.commitment_use_cross_entropy_loss) {
-        Tensor target = idx;
-        if (t.valid.defined()) target = where(t.valid, idx, full_like(idx, -1.0));
-        commit = cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}),
-                               Reduction::mean, -1);
-      } else if (fuse_route) {
-        const TrainingOutput r = route_with_commitment(t.x, q.detach(), t.valid, route);
-        commit = r.commitment;
-        routed = r.quantized;
-      } else {
-        commit = commitment_loss(t.x, learnable_ ? q : q.detach(), t.valid);
-      }
-      loss = loss + commit * opts_.commitment_weight;
-    }
-    // Whatever the token count: batch_mean may be a collective.
-    if (opts_.codebook_diversity_loss_weight > 0) {
-      diversity = diversity_loss(dist, t.valid, t.b, t.n);
-      loss = loss + diversity * opts_.codebook_diversity_loss_weight;
-    }
-    if (opts_.orthogonal_reg_weight > 0) {
-      ortho = orthogonal_loss(idx);
-      loss = loss + ortho * opts_.orthogonal_reg_weight;
-    }
-  }
+};
 
-  // The gradient route from the output back to the input (unless fused above).
-  Tensor q_out = q;
-  if (training && !gumbel) {
-    if (routed.defined())
-      q_out = routed;
-    else
-      q_out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
-    if (opts_.sync_update_v > 0) q_out = q_out + (q_out - q_out.detach()) * opts_.sync_update_v;
-  } else if (!training) {
-    q_out = q.detach();
+// k-means initialisation: on the first batch inside this forward (the
+// reference's behaviour), or, with the update deferred to an explicit
+// reconciliation point (distributed training), only collect this training
+// batch as samples; until then the codes are the zero vectors.
+void VectorQuantize::init_codebook(const Tokens& t) {
+  Codebook& cb = *codebook_;
+  if (cb.initted()) return;
+  if (!opts_.update_in_forward) {
+    if (is_training()) cb.add_init_samples(t.x, t.valid);
+    return;
   }
+  const int64_t g = t.x.size(0), tt = t.x.size(1);
+  std::vector<Tensor> samples;
+  for (int64_t h = 0; h < g; ++h) {
+    Tensor rows = select(t.x, 0, h).detach();
+    if (t.valid.defined())
+      rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
+    samples.push_back(rows);
+  }
+  cb.init_from_samples(samples);
+}
+
+VectorQuantize::Plan VectorQuantize::plan() const {
+  Plan p;
+  p.training = is_training();
+  // Still uninitialised after init_codebook: k-means waits for the deferred update.
+  const bool deferred_init = !codebook_->initted() && !opts_.update_in_forward;
+  p.updates = p.training && !deferred_init && !opts_.freeze_codebook &&
+              (ema_update_ || opts_.threshold_ema_dead_code > 0);
+  const double temp = opts_.sample_codebook_temp;
+  p.gumbel = p.training && opts_.straight_through && temp > 0;
+  p.stochastic = p.training && opts_.stochastic_sample_codes && temp > 0;
+  // Losses are computed in training only.
+  p.need_dist =
+      p.gumbel || p.stochastic ||
+      (p.training && opts_.commitment_weight > 0 && opts_.commitment_use_cross_entropy_loss) ||
+      (p.training && opts_.codebook_diversity_loss_weight > 0);
+  return p;
+}
+
+// The running input statistics of affine_param (training only); deferred
+// with the other statistics when the update is (distributed).
+void VectorQuantize::update_affine(const Tokens& t) {
+  if (opts_.update_in_forward)
+    codebook_->update_affine(t.x, t.valid);
+  else
+    codebook_->accumulate_affine(t.x, t.valid);
+}
+
+// The codes this forward uses, with a gradient only for a learnable
+// codebook. Backward reads them (for the codes' own gradient, and for the
+// input's through the distances), so when a state update before backward
+// (this forward's, or a shared codebook's after the last layer) will
+// overwrite the codebook in place, they are a copy.
+Tensor VectorQuantize::codes_for(const Plan& p) const {
+  Codebook& cb = *codebook_;
+  const Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
+  return cb.affine_codes(p.updates && (learnable_ || p.need_dist) ? embed.clone() : embed);
+}
+
+// The chosen code of every token [G, T]: Gumbel-sampled, the argmax of the
+// distances when they are formed anyway, else the blocked nearest-code search.
+Tensor VectorQuantize::choose_codes(const Tokens& t, const Tensor& codes, const Tensor& dist,
+                                    const Plan& p) {
+  NoGradGuard no_grad;
+  if (p.stochastic) {
+    const Tensor logits = dist.detach() / opts_.sample_codebook_temp +
+                          gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
+    return argmax(logits, -1);
+  }
+  if (p.need_dist) return argmax(dist.detach(), -1);
+  std::vector<Tensor> per;
+  for (int64_t h = 0; h < t.x.size(0); ++h)
+    per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h), opts_.use_cosine_sim));
+  return stack(per);
+}
+
+// The chosen codes [G, T, d], gathered (not a one-hot product) from the
+// codebook as it was before this forward's update; a one-hot straight-through
+// softmax for Gumbel straight-through.
+Tensor VectorQuantize::gathered_codes(const Tensor& idx, const Tensor& codes, const Tensor& dist,
+                                      const Plan& p) const {
+  if (p.gumbel) {
+    const Tensor soft = softmax(dist / opts_.sample_codebook_temp, -1);
+    const Tensor hard = to_dtype(one_hot(idx, opts_.codebook_size), soft.dtype());
+    return matmul(hard + soft - soft.detach(), codes);
+  }
+  return gather_codes(codes, idx);
+}
+
+void VectorQuantize::accumulate(const Tokens& t, const Tensor& idx) {
+  Codebook& cb = *codebook_;
+  cb.accumulate(opts_.affine_param ? cb.to_codebook_space(t.x.detach()) : t.x, idx, t.valid);
+  if (opts_.update_in_forward) cb.update_state();
+}
+
+// The weighted loss and its terms (training only; zeros otherwise). The
+// gradient route from the output back to the input is fused with the MSE
+// commitment loss (one backward pass over the tokens instead of three and an
+// add) when the codes take no gradient.
+VectorQuantize::Losses VectorQuantize::losses(const Tokens& t, const Tensor& idx, const Tensor& q,
+                                              const Tensor& dist, const Plan& p) {
+  Losses l;
+  l.loss = zero_like_loss(t.x);
+  l.commit = zero_like_loss(t.x);
+  l.ortho = l.commit;
+  l.diversity = l.commit;
+  if (!p.training) return l;
+  const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
+  const Tensor count = t.valid.defined() ? sum(to_dtype(t.valid, t.x.dtype()))
+                                         : scalar(double(g * tt), options_of(t.x));
+  const bool any_valid = count.item() > 0;
+  if (opts_.commitment_weight > 0 && any_valid) {
+    if (opts_.commitment_use_cross_entropy_loss) {
+      Tensor target = idx;
+      if (t.valid.defined()) target = where(t.valid, idx, full_like(idx, -1.0));
+      l.commit =
+          cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}), Reduction::mean, -1);
+    } else if (!p.gumbel && !learnable_) {
+      const GradientRoute route =
+          rotation_trick_ ? GradientRoute::rotation : GradientRoute::straight_through;
+      const TrainingOutput r = route_with_commitment(t.x, q.detach(), t.valid, route);
+      l.commit = r.commitment;
+      l.routed = r.quantized;
+    } else {
+      l.commit = commitment_loss(t.x, learnable_ ? q : q.detach(), t.valid);
+    }
+    l.loss = l.loss + l.commit * opts_.commitment_weight;
+  }
+  // Whatever the token count: batch_mean may be a collective.
+  if (opts_.codebook_diversity_loss_weight > 0) {
+    l.diversity = diversity_loss(dist, t.valid, t.b, t.n);
+    l.loss = l.loss + l.diversity * opts_.codebook_diversity_loss_weight;
+  }
+  if (opts_.orthogonal_reg_weight > 0) {
+    l.ortho = orthogonal_loss(idx);
+    l.loss = l.loss + l.ortho * opts_.orthogonal_reg_weight;
+  }
+  return l;
+}
+
+// The gradient route from the output back to the input (unless fused into
+// the commitment loss): rotation trick or straight-through in training,
+// none in eval; Gumbel straight-through routes through the softmax already.
+Tensor VectorQuantize::routed_output(const Tokens& t, const Tensor& q, const Losses& l,
+                                     const Plan& p) const {
+  if (!p.training) return q.detach();
+  if (p.gumbel) return q;
+  Tensor out = l.routed;
+  if (!out.defined())
+    out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+  if (opts_.sync_update_v > 0) out = out + (out - out.detach()) * opts_.sync_update_v;
+  return out;
+}
+
+// The output in the input's layout: masked tokens get zeros and index -1.
+QuantizeOutput VectorQuantize::finish(const Tokens& t, const Tensor& q_out, const Tensor& idx,
+                                      const Losses& l) {
   Tensor y = project_out(merge_heads(q_out, t.b, t.n));
   Tensor indices = indices_to_tokens(idx, t.b, t.n);
   if (t.mask.defined()) {
@@ -343,14 +401,31 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask) {
     const Tensor m = opts_.heads == 1 ? t.mask : unsqueeze(t.mask, -1);
     indices = where(m, indices, full_like(indices, -1.0));
   }
+  QuantizeOutput out;
   out.quantized = t.layout.from_tokens(y);
   out.indices = t.layout.spatial_from_tokens(indices);
-  out.loss = loss;
-  out.losses = {{"commitment", commit},
-                {"orthogonal_reg", ortho},
-                {"codebook_diversity", diversity},
+  out.loss = l.loss;
+  out.losses = {{"commitment", l.commit},
+                {"orthogonal_reg", l.ortho},
+                {"codebook_diversity", l.diversity},
                 {"inplace_optimize", zero_like_loss(t.x)}};
   return out;
+}
+
+QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask,
+                                       const QuantizeOptions& /*one layer: nothing to drop*/) {
+  const Tokens t = prepare(x, mask);
+  init_codebook(t);
+  const Plan p = plan();
+  if (opts_.affine_param && p.training) update_affine(t);
+  const Tensor codes = codes_for(p);
+  Tensor dist;
+  if (p.need_dist) dist = distances(t.x, codes);
+  const Tensor idx = choose_codes(t, codes, dist, p);
+  const Tensor q = gathered_codes(idx, codes, dist, p);
+  if (p.updates) accumulate(t, idx);
+  const Losses l = losses(t, idx, q, dist, p);
+  return finish(t, routed_output(t, q, l, p), idx, l);
 }
 
 Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {
@@ -418,11 +493,7 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
   Tensor ce = zero_like_loss(t.x);
   if (g * tt > 0 && any(ne(target, full_like(target, -1.0))).item())
     ce = cross_entropy(reshape(dist, {g * tt, k}), target, Reduction::mean, -1);
-  Tensor flat = idx;
-  if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
-  Tensor q =
-      reshape(index_select(reshape(codes, {g * k, codebook_dim_}), 0, reshape(flat, {g * tt})),
-              {g, tt, codebook_dim_});
+  Tensor q = gather_codes(codes, idx);
   if (is_training())
     q = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
   Tensor y = project_out(merge_heads(q, t.b, t.n));
@@ -434,7 +505,7 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
   return out;
 }
 
-Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) const {
+Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) {
   const int64_t h = opts_.heads, k = opts_.codebook_size, d = codebook_dim_;
   Shape lead = indices.shape();
   if (h > 1) {

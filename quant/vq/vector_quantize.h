@@ -17,6 +17,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "quant/quantize_output.h"
+#include "quant/quantizer.h"
 #include "quant/step_stream.h"
 #include "quant/vq/codebook.h"
 
@@ -100,7 +101,7 @@ using BatchMean = std::function<Tensor(const Tensor& sum, const Tensor& count)>;
 /** sum / max(count, 1): the mean over this process's batch. */
 Tensor local_batch_mean(const Tensor& sum, const Tensor& count);
 
-class VectorQuantize : public Module, public StepKeyed {
+class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
  public:
   /** Keys this layer's per-forward draws by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override {
@@ -120,8 +121,13 @@ class VectorQuantize : public Module, public StepKeyed {
    * ones get zero output, index -1 and contribute nothing to statistics or
    * losses. Indices are [B, N] ([B, N, heads] with several heads). Losses:
    * "commitment", "orthogonal_reg", "codebook_diversity", "inplace_optimize"
-   * (unweighted), loss = their weighted sum; 0 in eval mode. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
+   * (unweighted), loss = their weighted sum; 0 in eval mode. `opts` changes
+   * nothing (one layer, no temperature). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
+  /** forward(x, mask, {}). */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
   /** The reference's forward(x, indices=...): quantizes x (no state update)
    * and returns as loss the cross entropy of the negative distances against
    * `indices` (index -1 is ignored), term "cross_entropy". */
@@ -129,10 +135,11 @@ class VectorQuantize : public Module, public StepKeyed {
                                       const Tensor& mask = Tensor());
 
   /** Codes of `indices` ([..., heads] or [...] with one head; -1 gives zeros)
-   * before project_out: [..., heads * codebook_dim]. */
-  Tensor get_codes_from_indices(const Tensor& indices) const;
+   * before project_out: [..., heads * codebook_dim] (one layer: no leading
+   * quantizers dimension, unlike the stacks). */
+  Tensor get_codes_from_indices(const Tensor& indices) override;
   /** project_out(get_codes_from_indices(indices)): [..., dim]. */
-  Tensor get_output_from_indices(const Tensor& indices);
+  Tensor get_output_from_indices(const Tensor& indices) override;
 
   /** Applies the pending statistics: EMA update then dead-code expiry. */
   void update_state() { codebook_->update_state(); }
@@ -158,7 +165,23 @@ class VectorQuantize : public Module, public StepKeyed {
 
  private:
   struct Tokens;
+  struct Plan;
+  struct Losses;
   Tokens prepare(const Tensor& x, const Tensor& mask);
+  // The steps of forward, in order.
+  void init_codebook(const Tokens& t);
+  Plan plan() const;
+  void update_affine(const Tokens& t);
+  Tensor codes_for(const Plan& p) const;
+  Tensor choose_codes(const Tokens& t, const Tensor& codes, const Tensor& dist, const Plan& p);
+  Tensor gathered_codes(const Tensor& idx, const Tensor& codes, const Tensor& dist,
+                        const Plan& p) const;
+  void accumulate(const Tokens& t, const Tensor& idx);
+  Losses losses(const Tokens& t, const Tensor& idx, const Tensor& q, const Tensor& dist,
+                const Plan& p);
+  Tensor routed_output(const Tokens& t, const Tensor& q, const Losses& l, const Plan& p) const;
+  QuantizeOutput finish(const Tokens& t, const Tensor& q_out, const Tensor& idx, const Losses& l);
+
   Tensor split_heads(const Tensor& t, int64_t b, int64_t n) const;
   Tensor merge_heads(const Tensor& t, int64_t b, int64_t n) const;
   Tensor indices_to_tokens(const Tensor& idx, int64_t b, int64_t n) const;

@@ -472,6 +472,31 @@ TEST_CASE("quantizer defaults and option errors") {
                  "expected features [B, 16, H, W], got [2, 8, 7, 7]"));
 }
 
+// The draw every checkpoint since the command had quantize dropout was made
+// with: the run seed's stream "quantize_dropout" at offset {0, step},
+// uniform over the layers. Pinned here so that no rewrite of the adapter
+// moves it (resumed runs would then drop other layers than they did).
+TEST_CASE("quantize dropout keeps the run seed's stream, keyed by the step") {
+  for (const std::string type : {"rvq", "grvq", "rfsq", "rlfq"}) {
+    CAPTURE(type);
+    const uint64_t seed = 11;
+    std::unique_ptr<TrainQuantizer> q = make_quantizer(
+        {{"type", type}, {"num_quantizers", 4}, {"quantize_dropout", true}}, 8, seed);
+    q->module()->train();
+    for (uint64_t step = 0; step < 6; ++step) {
+      Generator gen = Generator::named(seed, "quantize_dropout");
+      gen.set_offset({0, step});
+      const int64_t last = randint(0, 4, {}, gen).item<int64_t>();
+      const Tensor idx = q->forward(randn({2, 8, 3, 3}, gen)).indices;  // [B, H, W, (G *) Q]
+      const std::vector<int64_t> v = idx.to_vector<int64_t>();
+      const int64_t per = idx.size(3) / (type == "grvq" ? 2 : 1);
+      for (size_t i = 0; i < v.size(); ++i)
+        CHECK((v[i] < 0) == (int64_t(i) % idx.size(3) % per > last));
+      q->after_step();
+    }
+  }
+}
+
 TEST_CASE("VQ codebooks update in after_step, not in forward") {
   std::unique_ptr<TrainQuantizer> q =
       make_quantizer({{"type", "vq"}, {"codebook_size", 16}, {"decay", 0.5}}, 8, 3);

@@ -2,11 +2,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
 #include "engine/ops/view.h"
-#include "engine/random/sampling.h"
+#include "quant/grouped.h"
+#include "quant/residual.h"
+#include "quant/step_stream.h"
 #include "train/quantizer_adapter.h"
 #include "train/quantizer_config.h"
 
@@ -41,20 +44,70 @@ std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& ke
 
 Generator layer_generator(uint64_t seed) { return Generator::named(seed, "quantizer"); }
 
-Tensor channels_first(const Tensor& y) { return contiguous(permute(y, {0, 3, 1, 2})); }
+namespace {
 
-void check_features(const Tensor& z, int64_t dim, const std::string& type) {
-  if (z.dim() != 4 || z.size(1) != dim)
-    throw std::invalid_argument("[quantizer " + type + "] expected features [B, " +
-                                std::to_string(dim) + ", H, W], got " + shape_str(z.shape()));
+Tensor as_i64(const Tensor& indices) {
+  return indices.dtype() == DType::i64 ? indices : indices.to(DType::i64);
 }
 
-void StepKeyedQuantizer::set_group(dist::ProcessGroup& group) {
+// [B, H, W, D] (a layer's channel-last output) to [B, D, H, W].
+Tensor channels_first(const Tensor& y) { return contiguous(permute(y, {0, 3, 1, 2})); }
+
+}  // namespace
+
+LayerQuantizer::LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, LayerFacts facts,
+                               uint64_t seed)
+    : layer_(std::move(layer)), facts_(std::move(facts)) {
+  if (auto* g = dynamic_cast<quant::Grouped*>(layer_.get())) groups_ = g->groups();
+  // The dropout draw of step s is the run seed's stream "quantize_dropout"
+  // at offset {0, s}, as it has been since the command had one: checkpoints
+  // resume onto the same draws. (Grouped layers decide by group 0's stream.)
+  for (auto& [path, m] : layer_->named_modules())
+    if (auto* r = dynamic_cast<quant::Residual*>(m))
+      r->seed_dropout(Generator::named(seed, "quantize_dropout"));
+  pin_streams();
+}
+
+quant::QuantizeOutput LayerQuantizer::forward(const Tensor& z) {
+  if (z.dim() != 4 || z.size(1) != facts_.dim)
+    throw std::invalid_argument("[quantizer " + facts_.type + "] expected features [B, " +
+                                std::to_string(facts_.dim) + ", H, W], got " +
+                                shape_str(z.shape()));
+  quant::QuantizeOutput out = layer_->forward(z, Tensor(), {});
+  out.indices = as_i64(out.indices);
+  if (groups_ > 0) {  // [G, B, H, W, Q] -> [B, H, W, G * Q]
+    const Tensor& i = out.indices;
+    out.indices = reshape(contiguous(permute(i, {1, 2, 3, 0, 4})),
+                          {i.size(1), i.size(2), i.size(3), facts_.num_codebooks});
+  }
+  return out;
+}
+
+Tensor LayerQuantizer::decode(const Tensor& indices) {
+  Tensor idx = as_i64(indices);
+  if (groups_ > 0) {  // [B, H, W, G * Q] -> [G, B, H, W, Q]
+    if (idx.dim() != 4 || idx.size(3) != facts_.num_codebooks)
+      throw std::invalid_argument("[quantizer " + facts_.type + "] expected indices [B, H, W, " +
+                                  std::to_string(facts_.num_codebooks) + "], got " +
+                                  shape_str(idx.shape()));
+    const Tensor split = reshape(
+        idx, {idx.size(0), idx.size(1), idx.size(2), groups_, facts_.num_codebooks / groups_});
+    idx = contiguous(permute(split, {3, 0, 1, 2, 4}));
+  }
+  return channels_first(layer_->get_output_from_indices(idx));
+}
+
+void LayerQuantizer::pin_streams() {
+  for (auto& [path, m] : layer_->named_modules())
+    if (auto* s = dynamic_cast<quant::StepKeyed*>(m)) s->pin_random_step(uint64_t(steps_));
+}
+
+void LayerQuantizer::set_group(dist::ProcessGroup& group) {
   sync_ = std::make_unique<quant::QuantizerSync>(module(), group);
   sync_->set_step(static_cast<uint64_t>(steps_));
 }
 
-quant::QuantizerSync& StepKeyedQuantizer::sync() {
+quant::QuantizerSync& LayerQuantizer::sync() {
   if (!sync_) {
     own_group_ = dist::ProcessGroup::single();
     set_group(*own_group_);
@@ -62,25 +115,21 @@ quant::QuantizerSync& StepKeyedQuantizer::sync() {
   return *sync_;
 }
 
-void StepKeyedQuantizer::after_step() {
+void LayerQuantizer::after_step() {
   sync().sync_state();
   ++steps_;
 }
 
-void StepKeyedQuantizer::load_extra_state(const nlohmann::json& state) {
+void LayerQuantizer::load_extra_state(const nlohmann::json& state) {
   if (!state.contains("steps")) return;  // a checkpoint from before the count
   const nlohmann::json& s = state["steps"];
   if (!s.is_number_integer() || s.get<int64_t>() < 0)
     throw std::runtime_error("quantizer state: 'steps' must be an integer >= 0, got " + s.dump());
   steps_ = s.get<int64_t>();
-  if (sync_) sync_->set_step(static_cast<uint64_t>(steps_));
-}
-
-int64_t StepKeyedQuantizer::dropout_last_layer(bool dropout, int64_t num_layers) {
-  if (!dropout || num_layers <= 1 || !module()->is_training()) return -1;
-  Generator gen = Generator::named(seed_, "quantize_dropout");
-  gen.set_offset({0, static_cast<uint64_t>(steps_)});
-  return randint(0, num_layers, {}, gen).item<int64_t>();
+  if (sync_)
+    sync_->set_step(static_cast<uint64_t>(steps_));
+  else
+    pin_streams();
 }
 
 }  // namespace detail

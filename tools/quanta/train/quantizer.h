@@ -1,9 +1,10 @@
 #pragma once
 // The quantizer seam of the training pipeline. The VQ-VAE, the training loop,
 // the metrics and the checkpoints see every quantizer family (VQ, residual,
-// grouped, SimVQ, FSQ, LFQ, ...) through this one interface; each family is a
-// small adapter (quantizer_vq.cpp, quantizer_scalar.cpp) that make_quantizer
-// picks by type.
+// grouped, SimVQ, FSQ, LFQ, ...) through this one interface. Every family is
+// a quant::Quantizer, so one adapter drives them all (LayerQuantizer,
+// quantizer_adapter.h); quantizer_vq.cpp and quantizer_scalar.cpp only build
+// the layer that make_quantizer's config describes.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>

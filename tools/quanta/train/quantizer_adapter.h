@@ -1,8 +1,7 @@
 #pragma once
-// What the quantizer adapters (quantizer_vq.cpp, quantizer_scalar.cpp) share:
-// reading the options of a validated "quantizer" object with the adapter's
-// defaults, the step count that keys their random draws, and the layout
-// change their layers' channel-last decodes need.
+// The one adapter from quant::Quantizer to TrainQuantizer, and what the
+// family builders (quantizer_vq.cpp, quantizer_scalar.cpp) share: reading the
+// options of a validated "quantizer" object with their defaults.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -11,6 +10,7 @@
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
+#include "quant/quantizer.h"
 #include "quant/sync/quantizer_sync.h"
 #include "train/quantizer.h"
 
@@ -43,23 +43,44 @@ bool option_bool(QuantizerOptions& config, const std::string& key, bool fallback
 std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& key,
                                  const std::vector<int64_t>& fallback);
 
-/** The seed of the layer built for a run seeded with `seed` (its parameters,
- * codes and internal streams): the stream "quantizer" of the run seed. */
+/** The generator a run seeded with `seed` builds its layer from (parameters,
+ * codes and the seeds of its internal streams): the stream "quantizer" of
+ * the run seed. Every family is built from it the same way. */
 Generator layer_generator(uint64_t seed);
 
-/** [B, H, W, D] (a layer's channel-last decode) to [B, D, H, W]. */
-Tensor channels_first(const Tensor& y);
+/** What the trainer reads of a layer besides its Quantizer interface, as the
+ * configuration gives it. */
+struct LayerFacts {
+  /** The config's type, for errors ("vq", "rfsq", ...). */
+  std::string type;
+  /** Feature channels of the input [B, dim, H, W]. */
+  int64_t dim = 0;
+  /** Codes per codebook. */
+  int64_t codebook_size = 0;
+  /** Indices side by side in forward's trailing dimension. */
+  int64_t num_codebooks = 1;
+  /** The loss is a whole-batch quantity on every rank (LFQ's token means). */
+  bool loss_is_global = false;
+};
 
-/** Throws std::invalid_argument unless `z` is a feature map [B, dim, H, W]. */
-void check_features(const Tensor& z, int64_t dim, const std::string& type);
-
-/** Base of the adapters: counts optimizer steps (after_step) and saves the
- * count as extra state. Random draws the adapter makes itself (quantize
- * dropout) are keyed by (run seed, step), never continued from earlier draws,
- * so a resumed run draws exactly what the uninterrupted one did. */
-class StepKeyedQuantizer : public TrainQuantizer {
+/** Every quantizer family behind TrainQuantizer: forward, decode and quantize
+ * dropout through quant::Quantizer, codebook state reconciled by
+ * quant::QuantizerSync in after_step(). The layer's random streams
+ * (quantize dropout included, keyed by the run seed's stream
+ * "quantize_dropout") are StepStreams pinned to the optimizer step from the
+ * first forward, so --resume draws what the uninterrupted run drew; the step
+ * count is the extra state. Grouped layers' indices [G, B, H, W, Q] are
+ * shown as [B, H, W, G * Q], group-major. */
+class LayerQuantizer final : public TrainQuantizer {
  public:
-  explicit StepKeyedQuantizer(uint64_t seed) : seed_(seed) {}
+  LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, LayerFacts facts, uint64_t seed);
+
+  quant::QuantizeOutput forward(const Tensor& z) override;
+  Tensor decode(const Tensor& indices) override;
+  int64_t codebook_size() const override { return facts_.codebook_size; }
+  int64_t num_codebooks() const override { return facts_.num_codebooks; }
+  std::shared_ptr<Module> module() override { return layer_; }
+  bool loss_is_global() const override { return facts_.loss_is_global; }
   /** Reconciles module()'s state over `group` from now on (QuantizerSync). */
   void set_group(dist::ProcessGroup& group) override;
   /** QuantizerSync::sync_state() (over a world of one unless set_group was
@@ -68,20 +89,15 @@ class StepKeyedQuantizer : public TrainQuantizer {
   nlohmann::json extra_state() const override { return {{"steps", steps_}}; }
   void load_extra_state(const nlohmann::json& state) override;
 
-  /** Optimizer steps taken so far. */
-  int64_t steps() const { return steps_; }
-
- protected:
-  /** Quantize dropout's last kept layer of `num_layers` for this training
-   * step: uniform in [0, num_layers - 1] from the stream "quantize_dropout"
-   * of the run seed at offset {0, step}; -1 (keep all) when `dropout` is off,
-   * there is one layer, or module() is in eval mode. */
-  int64_t dropout_last_layer(bool dropout, int64_t num_layers);
-
  private:
   quant::QuantizerSync& sync();
+  /** Pins the layer's random streams to the step count (QuantizerSync does
+   * from its first reconciliation on). */
+  void pin_streams();
 
-  uint64_t seed_;
+  std::shared_ptr<quant::Quantizer> layer_;
+  LayerFacts facts_;
+  int64_t groups_ = 0;  // a grouped layer's groups; 0: not grouped
   int64_t steps_ = 0;
   std::shared_ptr<dist::ProcessGroup> own_group_;  // a world of one, when no group is set
   std::unique_ptr<quant::QuantizerSync> sync_;
