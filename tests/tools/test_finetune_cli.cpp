@@ -42,7 +42,7 @@ struct Trained {
   ScratchDir dir{"classify"};
   std::string float_ckpt, nf4_ckpt;
   double accuracy = NAN;
-  CliResult train;
+  CliResult train, quantize;
 };
 
 const Trained& trained() {
@@ -53,7 +53,7 @@ const Trained& trained() {
     t.float_ckpt = t.dir.file("clf/checkpoint.safetensors");
     t.nf4_ckpt = t.dir.file("nf4.safetensors");
     t.accuracy = percent_after(t.train.out, "test accuracy");
-    run_quanta({"quantize", t.float_ckpt, t.nf4_ckpt});
+    t.quantize = run_quanta({"quantize", t.float_ckpt, t.nf4_ckpt});
     return t;
   }();
   return t;
@@ -114,6 +114,11 @@ TEST_CASE("quantize + finetune: NF4 base, adapters trained, accuracy kept or imp
   const Trained& t = trained();
   REQUIRE(t.train.code == 0);
   REQUIRE(fs::exists(t.nf4_ckpt));
+  // The classifier's Adam state stays behind: it belongs to the float weights.
+  CAPTURE(t.quantize.out);
+  CHECK(contains(t.quantize.out, "optimizer state: 25 tensors ("));
+  for (const auto& [name, _] : io::load_safetensors(t.nf4_ckpt).tensors)
+    CHECK(name.rfind("optim.", 0) != 0);
   ScratchDir out("finetune");
   const CliResult r = run_quanta(finetune(t.nf4_ckpt, out.file("ft")));
   CAPTURE(r.out);

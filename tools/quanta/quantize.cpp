@@ -156,7 +156,20 @@ struct QuantizeOutput {
   std::vector<std::string> refused;
   int imported = 0, kept = 0, converted = 0;
   uint64_t params = 0, quantized_bytes = 0;  // of the tensors quantized now
+  int optimizer_tensors = 0;                 // a training checkpoint's, not written
+  uint64_t optimizer_bytes = 0;
 };
+
+// A training checkpoint of quanta train / finetune (train/checkpoint.h)
+// holds Adam's state as "optim.*" tensors. It belongs to the float weights,
+// so it cannot continue training an NF4 model, and it is 2x the weights:
+// the NF4 file leaves it out (training resumes from the float checkpoint).
+bool is_training_state(const io::SafetensorsFile& in, const std::string& name) {
+  const auto framework = in.metadata.find("framework"), format = in.metadata.find("format");
+  return framework != in.metadata.end() && framework->second == "quanta" &&
+         format != in.metadata.end() && format->second.rfind("quanta-", 0) == 0 &&
+         name.rfind("optim.", 0) == 0;
+}
 
 // Throws UsageError for flags that do not go together.
 QuantizePlan plan_quantize(const QuantizeOptions& o) {
@@ -296,6 +309,11 @@ void quantize_float_weights(const io::SafetensorsFile& in, const QuantizeOptions
   bool table_started = false;  // its header goes above the first quantized tensor
   for (const auto& [name, t] : in.tensors) {
     if (out.consumed.count(name)) continue;
+    if (is_training_state(in, name)) {
+      ++out.optimizer_tensors;
+      out.optimizer_bytes += t.nbytes();
+      continue;
+    }
     const bool eligible = t.dim() == 2 && is_floating(t.dtype()) && ends_with(name, "weight") &&
                           quant::name_selected(name, o.include, o.exclude);
     if (!eligible) {
@@ -358,7 +376,21 @@ void print_summary(const io::SafetensorsFile& in, const QuantizeOptions& o,
         "NF4 tensors already in the input: %d written as %s, %d not selected, %zu "
         "refused (copied as they were)\n",
         out.imported, o.format.c_str(), out.kept, out.refused.size());
-  if (out.converted + out.imported > 0)
+  if (out.optimizer_tensors > 0)
+    std::printf(
+        "optimizer state: %d tensors (%llu bytes) of the training checkpoint not written (it "
+        "belongs to the float weights; resume training from %s)\n",
+        out.optimizer_tensors, static_cast<unsigned long long>(out.optimizer_bytes), o.in.c_str());
+  if (out.converted + out.imported > 0 && out.optimizer_tensors > 0)
+    std::printf(
+        "size: %llu -> %llu bytes (%.2fx smaller; the model's tensors %llu -> %llu, %.2fx) "
+        "written to %s\n",
+        static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
+        b1 ? double(b0) / double(b1) : 0.0,
+        static_cast<unsigned long long>(b0 - out.optimizer_bytes),
+        static_cast<unsigned long long>(b1),
+        b1 ? double(b0 - out.optimizer_bytes) / double(b1) : 0.0, o.out.c_str());
+  else if (out.converted + out.imported > 0)
     std::printf("size: %llu -> %llu bytes (%.2fx smaller) written to %s\n",
                 static_cast<unsigned long long>(b0), static_cast<unsigned long long>(b1),
                 b1 ? double(b0) / double(b1) : 0.0, o.out.c_str());
