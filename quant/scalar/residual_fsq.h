@@ -53,10 +53,6 @@ class ResidualFSQ : public Residual {
     return forward(x, mask, QuantizeOptions{});
   }
   Tensor forward(const Tensor& x) override;
-  /** Deprecated: forward(x, mask, {.last_kept = last_kept}). */
-  QuantizeOutput forward_keep(const Tensor& x, const Tensor& mask, int64_t last_kept) {
-    return forward(x, mask, QuantizeOptions{.last_kept = last_kept});
-  }
 
   /** Scaled per-layer codes [num_quantizers, ..., len(levels)] of indices
    * [..., q] (q <= num_quantizers; missing layers and -1 give zeros). */

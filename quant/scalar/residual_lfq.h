@@ -43,12 +43,6 @@ class ResidualLFQ : public Residual {
     return forward(x, mask, QuantizeOptions{.inv_temperature = inv_temperature});
   }
   Tensor forward(const Tensor& x) override;
-  /** Deprecated: forward(x, mask, {.last_kept, .inv_temperature}). */
-  QuantizeOutput forward_keep(const Tensor& x, const Tensor& mask, double inv_temperature,
-                              int64_t last_kept) {
-    return forward(x, mask,
-                   QuantizeOptions{.last_kept = last_kept, .inv_temperature = inv_temperature});
-  }
 
   /** Per-layer codes [num_quantizers, ..., d] (scaled; missing layers and
    * index -1 give zeros). */

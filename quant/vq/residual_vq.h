@@ -55,12 +55,6 @@ class ResidualVQ : public Residual {
   QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
     return forward(x, mask, QuantizeOptions{});
   }
-  /** Deprecated: forward(x, mask, {.last_kept = last_layer}). */
-  QuantizeOutput forward_with_last_layer(const Tensor& x, const Tensor& mask, int64_t last_layer) {
-    return forward(x, mask, QuantizeOptions{.last_kept = last_layer});
-  }
-  /** Deprecated: draw_dropout(). */
-  int64_t draw_last_layer() { return draw_dropout(); }
 
   /** Per-layer codes of `indices` [..., q] (q <= Q; missing layers and -1
    * give zeros): [Q, ..., codebook_dim]. */
@@ -114,8 +108,6 @@ class GroupedResidualVQ : public Grouped {
   void set_update_in_forward(bool on);
   /** Group `g`'s ResidualVQ. */
   ResidualVQ& group(int64_t g) { return static_cast<ResidualVQ&>(Grouped::group(g)); }
-  /** Deprecated: group(g). */
-  ResidualVQ& rvq(int64_t g) { return group(g); }
 
   using Grouped::forward;
 };

@@ -64,7 +64,7 @@ TEST_CASE("ResidualVQ quantize dropout: -1 indices and zero loss after the kept 
   // The same seed draws the same layers.
   Generator g1(5), g2(5);
   ResidualVQ a(o, g1), b(o, g2);
-  for (int i = 0; i < 5; ++i) CHECK(a.draw_last_layer() == b.draw_last_layer());
+  for (int i = 0; i < 5; ++i) CHECK(a.draw_dropout() == b.draw_dropout());
   // No dropout in eval.
   rvq.eval();
   for (int64_t i : rvq.forward(randn({1, 3, 4}, data)).indices.to_vector<int64_t>()) CHECK(i >= 0);
