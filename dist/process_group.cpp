@@ -242,6 +242,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::single(GroupOptions opts) {
 }
 
 ProcessGroup::~ProcessGroup() {
+  // A failed group's store outlives this rank's exit for a moment when this
+  // rank hosts it (normally rank 0): the ranks that learn of the failure
+  // from this process's closed connections ask it who did not arrive.
+  if (!broken_.empty())
+    if (auto* tcp = dynamic_cast<TcpStore*>(root_store_.get()))
+      tcp->linger_on_close(std::chrono::seconds(3));
   // Tell peers still waiting on us that we left on purpose (fail() reads it).
   if (store_ && broken_.empty()) {
     try {

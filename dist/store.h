@@ -83,6 +83,9 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   /** The port it listens on. */
   int port() const;
+  /** Waits until no client is connected, at most `most`; false when some
+   * still were. */
+  bool wait_idle(Millis most);
 
  private:
   struct Impl;
@@ -109,6 +112,12 @@ class TcpStore : public Store {
   std::string describe() const override;
   /** The port of the server (useful with port 0 and is_server). */
   int port() const { return port_; }
+  /** When this store hosts the server: on destruction, keep serving until
+   * every other client has left, at most `most`, instead of closing under
+   * them. A group that failed asks for it (ProcessGroup's destructor), so
+   * that the ranks that see the failure later, through the connection this
+   * process closes, can still ask the store which rank did not arrive. */
+  void linger_on_close(Millis most) { linger_ = most; }
 
  private:
   struct Reply;
@@ -121,6 +130,7 @@ class TcpStore : public Store {
   Millis timeout_;
   TcpStoreOptions opts_;
   int fd_ = -1;
+  Millis linger_{0};
   struct Lock;
   std::unique_ptr<Lock> lock_;
 };

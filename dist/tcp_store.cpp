@@ -162,6 +162,7 @@ void TcpStore::connect_and_hello() {
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
+  if (server_ && linger_.count() > 0) server_->wait_idle(linger_);
   server_.reset();
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -94,6 +95,7 @@ struct TcpStoreServer::Impl {
   int wake[2] = {-1, -1};
   int port = 0;
   std::thread thread;
+  std::atomic<std::size_t> connected{0};  // clients after the last round (wait_idle)
   std::map<std::string, Bytes> data;
   std::size_t total_bytes = 0;  // keys + values in `data`
   int refusals = 0;
@@ -417,6 +419,7 @@ struct TcpStoreServer::Impl {
       if (c.fd >= 0 && (!c.authed || c.draining) && now > c.deadline) drop(c);
     }
     clients.remove_if([](const Client& c) { return c.fd < 0; });
+    connected = clients.size();
     return true;
   }
 
@@ -489,5 +492,15 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 int TcpStoreServer::port() const { return impl_->port; }
+
+bool TcpStoreServer::wait_idle(Millis most) {
+  const auto until = std::chrono::steady_clock::now() + most;
+  // The serve loop notices a closed client within its poll; check often.
+  while (impl_->connected > 0) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 }  // namespace quanta::dist
