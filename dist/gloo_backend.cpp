@@ -218,22 +218,30 @@ void GlooBackend::pairwise_all_reduce(void* data, std::size_t n, std::size_t ele
   }
 }
 
-void GlooBackend::ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
-                                Millis timeout, const std::function<void()>& between) {
+bool GlooBackend::ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
+                                Millis timeout, const std::function<void()>& between,
+                                int chain_start) {
   const int n = context_->size, rank = context_->rank;
   const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  const bool receives = rank != chain_start, sends = next != chain_start;
   // Ours, like pairwise_all_reduce's (Gloo's collectives use 0x01-0x08).
   constexpr uint8_t kRingSlotPrefix = 0x53;
   const gloo::Slot slot = gloo::Slot::build(kRingSlotPrefix, tag);
-  auto out = context_->createUnboundBuffer(const_cast<void*>(mine), bytes);
-  auto in = context_->createUnboundBuffer(theirs, bytes);
-  in->recv(prev, slot);
-  out->send(next, slot);
+  std::unique_ptr<gloo::transport::UnboundBuffer> out, in;
+  if (receives) {
+    in = context_->createUnboundBuffer(theirs, bytes);
+    in->recv(prev, slot);
+  }
+  if (sends) {
+    out = context_->createUnboundBuffer(const_cast<void*>(mine), bytes);
+    out->send(next, slot);
+  }
   between();
   // Gloo throws on a timeout or a broken pair; false means aborted.
-  if (!in->waitRecv(timeout) || !out->waitSend(timeout))
+  if ((in && !in->waitRecv(timeout)) || (out && !out->waitSend(timeout)))
     throw std::runtime_error("the check exchange with ranks " + std::to_string(prev) + " and " +
                              std::to_string(next) + " was aborted");
+  return receives;
 }
 
 void GlooBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) {

@@ -80,9 +80,13 @@ class GlooBackend final : public Backend {
    * and receives the previous rank's into `theirs`: posted before `between`
    * runs and awaited after it, so the two small messages overlap whatever
    * `between` moves (a check beside a collective's payload, without copying
-   * the payload or a round of its own after it). */
-  void ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
-                     Millis timeout, const std::function<void()>& between);
+   * the payload or a round of its own after it). With `chain_start` >= 0 the
+   * ring is cut before that rank: it receives nothing and its predecessor
+   * sends nothing (a chain still links every rank, so equal neighbours still
+   * mean all equal), which spares a broadcast's root from waiting on the
+   * others. Returns whether `theirs` was received. */
+  bool ring_exchange(const void* mine, void* theirs, std::size_t bytes, uint32_t tag,
+                     Millis timeout, const std::function<void()>& between, int chain_start = -1);
 
   const std::shared_ptr<gloo::transport::Device>& device() const { return device_; }
 

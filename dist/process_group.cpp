@@ -527,12 +527,15 @@ void ProcessGroup::reduction_check_after(const Call& c, DType dtype, ReduceOp op
   if (!detail::check_region_holds(region.data(), c.word, dtype, op)) reduction_mismatch(c);
 }
 
-void ProcessGroup::run_beside_ring_check(const Call& c, const std::function<void()>& run) {
+void ProcessGroup::run_beside_ring_check(const Call& c, const std::function<void()>& run,
+                                         int root) {
   Fingerprint previous{};
+  bool received = false;
   guarded(c, [&] {
-    gloo().ring_exchange(&c.fp, &previous, sizeof(Fingerprint), sub_tag(c.tag, kCheckTag),
-                         c.timeout, run);
+    received = gloo().ring_exchange(&c.fp, &previous, sizeof(Fingerprint),
+                                    sub_tag(c.tag, kCheckTag), c.timeout, run, root);
   });
+  if (!received) return;
   // Named lower rank first, as a gather of every fingerprint would name them.
   const int before = (rank_ + size_ - 1) % size_;
   const std::string diff = before < rank_ ? detail::compare({previous, c.fp}, {before, rank_})
@@ -605,9 +608,9 @@ void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site
     auto run = [&] {
       backend_for(buf, c.timeout).broadcast(buf.raw_data(), buf.nbytes(), root, c.tag, c.timeout);
     };
-    // The ring check: the root learns of a mismatch too.
+    // The chain from the root: the others compare, the root does not wait.
     if (checked())
-      run_beside_ring_check(c, run);
+      run_beside_ring_check(c, run, root);
     else
       guarded(c, run);
     finish_inplace(t, buf);

@@ -163,8 +163,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
    * moves the data, and compares the previous rank's with its own after it.
    * Equal neighbours all round mean equal calls, so any difference raises
    * on at least one rank (the others' next collective then fails), and the
-   * payload is neither copied nor followed by a round of its own. */
-  void run_beside_ring_check(const Call& call, const std::function<void()>& run);
+   * payload is neither copied nor followed by a round of its own. A
+   * broadcast cuts the ring before its root (`root` >= 0), which then
+   * neither waits nor learns (as with the check inside small payloads). */
+  void run_beside_ring_check(const Call& call, const std::function<void()>& run, int root = -1);
   void check_fingerprints(const Call& call);
   void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
   std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
