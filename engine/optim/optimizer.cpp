@@ -11,6 +11,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
 
 namespace quanta {
@@ -488,27 +489,27 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   if (!(max_norm >= 0))
     throw std::invalid_argument("[clip_grad_norm_] max_norm must be >= 0, got " + num(max_norm));
   NoGradGuard no_grad;
-  std::vector<Tensor> grads;
+  std::vector<Tensor> grads, norms;
   for (const Tensor& p : params)
     if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
-  double total = 0;
-  for (const Tensor& g : grads) {
-    if (g.numel() == 0) continue;
-    const double n = norm(g, norm_type).item();
-    if (inf)
-      total = std::isnan(n) || n > total ? n : total;
-    else
-      total += std::pow(n, norm_type);
-  }
-  if (!inf) total = std::pow(total, 1.0 / norm_type);
-  if (error_if_nonfinite && !std::isfinite(total))
+  // One norm per gradient, left where it is (f64, gathered on the first
+  // gradient's device): the total and the factor are computed there, so a
+  // GPU run syncs once, for the value returned, not once per parameter.
+  for (const Tensor& g : grads)
+    if (g.numel() > 0) norms.push_back(norm(g, norm_type).to(DType::f64).to(grads[0].device()));
+  if (norms.empty()) return 0.0;
+  const Tensor all = stack(norms);
+  const Tensor total = inf ? amax(all) : pow(sum(pow(all, norm_type)), 1.0 / norm_type);
+  if (error_if_nonfinite && !std::isfinite(total.item()))
     throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
                              " is non-finite, so it cannot be clipped");
-  const double coef = max_norm / (total + 1e-6);
-  // A NaN coefficient propagates into the gradients, as in PyTorch.
-  if (!(coef >= 1.0))
-    for (const Tensor& g : grads) mul_(g, coef);
-  return total;
+  // Clamped to 1: gradients within the limit are multiplied by exactly 1,
+  // so they do not change. A NaN factor propagates into the gradients, as
+  // in PyTorch.
+  const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
+  for (const Tensor& g : grads)
+    if (g.numel() > 0) mul_(g, coef.to(g.dtype()).to(g.device()));
+  return total.item();
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {

@@ -397,6 +397,10 @@ TEST_CASE("clip_grad_norm_ scales all gradients by one factor") {
   CHECK_THROWS_AS(clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true),
                   std::runtime_error);
   CHECK(std::isnan(clip_grad_norm_({a, b}, 1.0)));
+  CHECK(std::isnan(val(a.grad())[0]));  // the NaN factor reaches every gradient
+  grad(a, {3.0, 4.0});
+  grad(b, {NAN});
+  CHECK(std::isnan(clip_grad_norm_({a, b}, 1.0, INFINITY)));  // NaN wins the inf-norm too
   CHECK_THROWS_AS(clip_grad_norm_({a}, 1.0, 0.0), std::invalid_argument);
   CHECK(clip_grad_norm_({}, 1.0) == 0.0);
 }
