@@ -267,8 +267,8 @@ OutputPlan plan_output(const FinetuneOptions& o) {
           o.out, {train::kCheckpointFile, train::kMetricsFile, kAdaptersFile, kMergedFile},
           "continue it with --resume, or replace it with --overwrite");
     if (!p.resume && p.plan != train::RestartPlan::resume) return p;
-    const train::Checkpoint ck = train::load_checkpoint(
-        (fs::path(o.out) / train::kCheckpointFile).string(), kFinetuneFormat);
+    const train::Checkpoint ck =
+        train::load_checkpoint(train::out_file(o.out, train::kCheckpointFile), kFinetuneFormat);
     const json now = finetune_config_json(o);
     std::string diff = train::resume_conflict(ck.info.config, now);
     if (diff.empty() && ck.info.config.value("base", "") != now["base"])
@@ -425,7 +425,7 @@ std::string write_adapters(const FinetuneOptions& o, const QLoraModel& q, const 
   const json lora_json = {{"rank", o.rank},   {"alpha", o.alpha}, {"dropout", o.dropout},
                           {"steps", o.steps}, {"lr", o.lr},       {"batch_size", o.batch_size},
                           {"seed", o.seed},   {"nproc", world}};
-  const std::string path = (fs::path(o.out) / kAdaptersFile).string();
+  const std::string path = train::out_file(o.out, kAdaptersFile);
   io::save_safetensors(path, adapters,
                        {{"format", kAdaptersFormat},
                         {"framework", "quanta"},
@@ -451,7 +451,7 @@ std::string write_merged(const FinetuneOptions& o, const QLoraModel& q,
   info.rng = {{"seed", q.config.seed}};
   info.results = {{"test_accuracy", train::accuracy(*merged, test.images, test.labels)},
                   {"test_samples", test.size()}};
-  const std::string path = (fs::path(o.out) / kMergedFile).string();
+  const std::string path = train::out_file(o.out, kMergedFile);
   train::save_checkpoint(path, *merged, nullptr, info);
   return path + " (merged float model, test accuracy " +
          percent(info.results["test_accuracy"].get<double>()) + ")";
@@ -487,12 +487,12 @@ void run_finetune(const FinetuneOptions& o) {
   const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
   print_base(log, o, q, reports, test, nf4_acc);
 
-  AdapterTask task(q.model, train_set, test, [&](std::ostream& os, int64_t start) {
+  AdapterTask task(q.model, train_set, test, [&](std::ostream& os, int64_t start, int64_t total) {
     os << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
        << o.dropout << ") on " << train_set.size() << " images: "
        << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
-       << o.steps << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed "
-       << o.seed << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
+       << total << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed " << o.seed
+       << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
        << " threads each\n"
        << std::flush;
   });

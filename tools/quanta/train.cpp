@@ -70,10 +70,11 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
 // Says what a restart by the launcher does with `out` (plan resume or
 // start_again); true when there is nothing left to do: the checkpoint is at
 // the run's last step already (the failure came after it, at exit say), as
-// `complete(step, epoch)` tells from the checkpoint's step and epoch.
+// `complete(step, epoch, config)` tells from the checkpoint's step, epoch and
+// config (its header is read once, here).
+using CompleteFn = std::function<bool(int64_t, int64_t, const json&)>;
 bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& restarts,
-                      const std::string& out, const std::function<bool(int64_t, int64_t)>& complete,
-                      bool lead) {
+                      const std::string& out, const CompleteFn& complete, bool lead) {
   if (plan == train::RestartPlan::start_again) {
     if (lead)
       std::cout << train::restart_text(restarts) << ": " << out
@@ -82,16 +83,17 @@ bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& rest
   }
   if (plan != train::RestartPlan::resume) return false;
   int64_t step = -1, epoch = -1;
+  json config;
   try {
     const auto meta =
-        io::read_safetensors_header((std::filesystem::path(out) / train::kCheckpointFile).string())
-            .metadata;
+        io::read_safetensors_header(train::out_file(out, train::kCheckpointFile)).metadata;
     step = std::stoll(meta.at("step"));
     epoch = std::stoll(meta.at("epoch"));
+    config = json::parse(meta.at("config"));
   } catch (const std::exception&) {
-    // Unreadable: loading it names the problem.
+    step = -1;  // unreadable: loading it names the problem
   }
-  if (step >= 0 && complete(step, epoch)) {
+  if (step >= 0 && complete(step, epoch, config)) {
     if (lead)
       std::cout << train::restart_text(restarts) << ": the run in " << out
                 << " is complete (its checkpoint is at its last step, " << step
@@ -123,18 +125,11 @@ void run_train_classify(const TrainFlags& f, const json& layer, const std::strin
       train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
                                    "continue it with --resume, or replace it with --overwrite");
     // Complete: the flags' --steps / --epochs, else the checkpoint's steps.
-    auto complete = [&](int64_t step, int64_t epoch) {
+    auto complete = [&](int64_t step, int64_t epoch, const json& ck_config) {
       const int64_t steps = layer.contains("steps") ? layer["steps"].get<int64_t>() : 0;
       const int64_t epochs = layer.contains("epochs") ? layer["epochs"].get<int64_t>() : 0;
       if (steps > 0 || epochs > 0) return run_complete(steps, epochs, step, epoch);
-      try {
-        const auto meta = io::read_safetensors_header(
-                              (std::filesystem::path(out) / train::kCheckpointFile).string())
-                              .metadata;
-        return step >= json::parse(meta.at("config")).at("steps").get<int64_t>();
-      } catch (const std::exception&) {
-        return false;  // loading it names the problem
-      }
+      return ck_config.contains("steps") && step >= ck_config["steps"].get<int64_t>();
     };
     if (announce_restart(plan, restarts, out, complete, lead)) return;
     if (!f.print_config && restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
@@ -183,7 +178,7 @@ void run_train(const TrainFlags& f) {
   json base = train::default_config_json();
   json from_checkpoint;
   if (resume) {
-    const std::string ckpt = (std::filesystem::path(out) / train::kCheckpointFile).string();
+    const std::string ckpt = train::out_file(out, train::kCheckpointFile);
     from_checkpoint = train::load_checkpoint(ckpt).info.config;
     base = from_checkpoint;
   }
@@ -219,7 +214,7 @@ void run_train(const TrainFlags& f) {
     throw UsageError(e.what());
   }
   const train::TrainConfig cfg = train::config_from_json(config);
-  auto complete = [&](int64_t step, int64_t epoch) {
+  auto complete = [&](int64_t step, int64_t epoch, const json&) {
     return run_complete(cfg.steps, cfg.epochs, step, epoch);
   };
   if (announce_restart(plan, restarts, out, complete, lead)) return;

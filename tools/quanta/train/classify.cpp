@@ -155,15 +155,15 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
 
   Generator gen = Generator::named(cfg.seed, "model");
   ClassifierTask task(make_classifier(cfg.model, gen), train_set, test_set,
-                      [&](std::ostream& os, int64_t start) {
+                      [&](std::ostream& os, int64_t start, int64_t total) {
                         os << "training a classifier (MLP 784-" << cfg.model.hidden1 << "-"
                            << cfg.model.hidden2 << "-10) on " << n << " images (" << test_set.size()
                            << " test) from " << cfg.data << "\n"
                            << (start > 0 ? "resuming at step " + std::to_string(start) + " of "
                                          : std::string("steps: "))
-                           << cfg.steps << " (" << per_epoch << " per epoch, batch "
-                           << cfg.batch_size << ", lr " << cfg.lr << ", seed " << cfg.seed << ", "
-                           << num_threads() << " threads); writing to " << out_dir << "\n"
+                           << total << " (" << per_epoch << " per epoch, batch " << cfg.batch_size
+                           << ", lr " << cfg.lr << ", seed " << cfg.seed << ", " << num_threads()
+                           << " threads); writing to " << out_dir << "\n"
                            << std::flush;
                       });
   LoopSettings s;
@@ -188,7 +188,7 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
   r.interrupted = lr.interrupted;
   r.test_accuracy = task.test_accuracy();
   r.test_samples = test_set.size();
-  r.checkpoint = (std::filesystem::path(out_dir) / kCheckpointFile).string();
+  r.checkpoint = out_file(out_dir, kCheckpointFile);
   return r;
 }
 

@@ -66,13 +66,13 @@ struct ClassifyResult {
  * it) both run it. The datasets must outlive the task. */
 class ClassifierTask : public LoopTask {
  public:
-  using Describe = std::function<void(std::ostream& log, int64_t start_step)>;
+  using Describe = std::function<void(std::ostream& log, int64_t start_step, int64_t total_steps)>;
   ClassifierTask(std::shared_ptr<Sequential> model, const data::ImageDataset& train,
                  const data::ImageDataset& test, Describe describe);
 
   std::shared_ptr<Module> model() override { return model_; }
-  void describe(std::ostream& log, int64_t start_step) const override {
-    describe_(log, start_step);
+  void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const override {
+    describe_(log, start_step, total_steps);
   }
   StepLoss step(const BatchShare& share) override;
   Evaluation evaluate() override;

@@ -90,10 +90,6 @@ struct LogWindow {
   }
 };
 
-std::string out_path(const std::string& dir, const char* name) {
-  return (fs::path(dir) / name).string();
-}
-
 std::vector<Tensor> trainable_parameters(Module& model) {
   std::vector<Tensor> out;
   for (const Tensor& p : model.parameters())
@@ -121,8 +117,8 @@ class Loop {
         names_(task.term_names()),
         optimizer_(trainable_parameters(*model_), {.lr = s.lr}),
         per_epoch_((s.examples + s.batch_size - 1) / s.batch_size),
-        ckpt_path_(out_path(s.out_dir, kCheckpointFile)),
-        metrics_path_(out_path(s.out_dir, kMetricsFile)),
+        ckpt_path_(out_file(s.out_dir, kCheckpointFile)),
+        metrics_path_(out_file(s.out_dir, kMetricsFile)),
         window_(names_.size()),
         order_(s.seed, s.examples, s.batch_size),
         started_(std::chrono::steady_clock::now()) {
@@ -133,7 +129,7 @@ class Loop {
     if (lead_) fs::create_directories(s_.out_dir);
     if (s_.resume) restore();
     write_header();
-    task_.describe(log_, step_);
+    task_.describe(log_, step_, s_.total_steps);
     Progress progress(log_, s_.progress_bar, step_, s_.total_steps, s_.batch_size);
     progress_ = &progress;
     StopSignals signals;

@@ -66,10 +66,10 @@ class LoopTask {
    * DataParallel when there are several ranks, and checkpointed through
    * state() unless the task overrides it. */
   virtual std::shared_ptr<Module> model() = 0;
-  /** Once the run knows where it starts (`start_step` > 0 after --resume):
-   * the lines saying what is trained on what, written to rank 0's log (the
-   * other ranks' log discards them). */
-  virtual void describe(std::ostream& log, int64_t start_step) const = 0;
+  /** Once the run knows where it starts (`start_step` > 0 after --resume)
+   * and ends (`total_steps`): the lines saying what is trained on what,
+   * written to rank 0's log (the other ranks' log discards them). */
+  virtual void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const = 0;
   /** The metrics names of StepLoss::terms ("recon_mse", ...). */
   virtual std::vector<std::string> term_names() const { return {}; }
   /** Forward of this rank's share of the step's batch. */

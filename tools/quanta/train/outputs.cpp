@@ -14,6 +14,10 @@
 
 namespace quanta::train {
 
+std::string out_file(const std::string& dir, const char* name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
   std::vector<nlohmann::json> records;
   std::ifstream in(path);

@@ -18,6 +18,9 @@ inline constexpr const char* kReconstructionsFile = "reconstructions.png";
 inline constexpr const char* kUsageFile = "codebook_usage.png";
 inline constexpr const char* kLossFile = "loss.png";
 
+/** `name` inside the output folder `dir`. */
+std::string out_file(const std::string& dir, const char* name);
+
 /** The records of a metrics file, in order ("kind": "header", "train" or "eval");
  * an absent file gives none; a malformed line is an error naming the file. */
 std::vector<nlohmann::json> read_metrics(const std::string& path);

@@ -65,10 +65,6 @@ std::shared_ptr<dist::ProcessGroup> make_group(const TrainConfig& c) {
   return dist::init(info);
 }
 
-std::string out_path(const std::string& dir, const char* name) {
-  return (fs::path(dir) / name).string();
-}
-
 // The VQ-VAE as a task of the training loop.
 class VqVaeTask : public LoopTask {
  public:
@@ -94,9 +90,8 @@ class VqVaeTask : public LoopTask {
 
   std::shared_ptr<Module> model() override { return model_; }
 
-  void describe(std::ostream& log, int64_t start_step) const override {
+  void describe(std::ostream& log, int64_t start_step, int64_t total) const override {
     const int64_t n = train_set_.size(), per_epoch = (n + cfg_.batch_size - 1) / cfg_.batch_size;
-    const int64_t total = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
     log << "training a VQ-VAE (quantizer " << qtype_ << ", hidden " << cfg_.model.hidden << ", dim "
         << cfg_.model.dim << ") on " << n << " images (" << test_set_.size() << " test) from "
         << cfg_.data << "\n"
@@ -141,11 +136,11 @@ class VqVaeTask : public LoopTask {
   }
 
   void write_outputs(const std::vector<json>& history, bool evaluated) override {
-    write_loss_plot(out_path(out_dir_, kLossFile), history);
+    write_loss_plot(out_file(out_dir_, kLossFile), history);
     if (!evaluated) return;
     const int64_t step = history.empty() ? 0 : history.back().value("step", int64_t{0});
-    write_usage_plot(out_path(out_dir_, kUsageFile), last_eval_, qtype_);
-    write_reconstructions(out_path(out_dir_, kReconstructionsFile), *model_, test_set_.images,
+    write_usage_plot(out_file(out_dir_, kUsageFile), last_eval_, qtype_);
+    write_reconstructions(out_file(out_dir_, kReconstructionsFile), *model_, test_set_.images,
                           "quantizer " + qtype_ + ", step " + std::to_string(step) + ", test mse " +
                               fmt_metric(last_eval_.mse, 5));
   }
