@@ -175,8 +175,9 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
   if (kind != "forward_backward" && kind != "lookup")
     throw UnsupportedCase("case kind '" + kind + "'");
   const bool lookup = kind == "lookup";
+  Generator gen(0);  // the state comes from the case file
   if (r.cls == "FSQ") {
-    FSQ m(fsq_options(ctor));
+    FSQ m(fsq_options(ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -191,7 +192,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "ResidualFSQ") {
-    ResidualFSQ m(rfsq_options(ctor));
+    ResidualFSQ m(rfsq_options(ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -204,7 +205,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "LFQ") {
-    LFQ m(lfq_options(ctor));
+    LFQ m(lfq_options(ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -220,7 +221,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor(), inv_t); }, check);
   } else if (r.cls == "ResidualLFQ") {
-    ResidualLFQ m(rlfq_options(ctor));
+    ResidualLFQ m(rlfq_options(ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();

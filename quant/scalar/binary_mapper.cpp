@@ -12,13 +12,14 @@
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/lfq_entropy.h"
+#include "quant/streams.h"
 
 namespace quanta::quant {
 
-BinaryMapper::BinaryMapper(BinaryMapperOptions opts)
+BinaryMapper::BinaryMapper(BinaryMapperOptions opts, Generator& gen)
     : Module("BinaryMapper"),
       opts_(opts),
-      gen_(Generator::named(opts.seed, "binary_mapper.sample")) {
+      gen_(Generator::named(draw_seed(gen), "binary_mapper.sample")) {
   if (opts_.bits < 1 || opts_.bits > 24)
     throw std::invalid_argument("[BinaryMapper] bits must lie in [1, 24], got " +
                                 std::to_string(opts_.bits));

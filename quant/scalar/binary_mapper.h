@@ -22,8 +22,6 @@ struct BinaryMapperOptions {
   double kl_loss_threshold = std::log(2.0);
   /** In eval mode, threshold at 1/2 instead of sampling. */
   bool deterministic_on_eval = false;
-  /** Seeds the sampling stream "binary_mapper.sample". */
-  uint64_t seed = 0;
 };
 
 /** Per-call switches; unset ones follow the module's mode as in the reference. */
@@ -43,7 +41,9 @@ class BinaryMapper : public Module, public StepKeyed {
  public:
   /** Keys the sampling stream by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override { gen_.pin(step); }
-  explicit BinaryMapper(BinaryMapperOptions opts);
+  /** The sampling stream is "binary_mapper.sample" of the next 64 bits of
+   * `gen` (draw_seed), as every quantizer family is seeded. */
+  BinaryMapper(BinaryMapperOptions opts, Generator& gen);
 
   /** logits [..., bits] -> quantized = one-hot codes [..., 2^bits] (f32, or
    * the logits' dtype), indices [...] (i64, index = sum_i bit_i 2^i, least

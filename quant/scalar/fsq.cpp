@@ -21,12 +21,13 @@ namespace {
 
 }  // namespace
 
-FSQ::FSQ(FSQOptions opts, Generator& gen) : FSQ(detail::seeded(std::move(opts), gen)) {}
+FSQ::FSQ(FSQOptions opts, Generator& gen) : FSQ(std::move(opts), draw_seed(gen)) {}
 
-FSQ::FSQ(FSQOptions opts)
+FSQ::FSQ(FSQOptions opts, uint64_t seed)
     : SingleLayerQuantizer("FSQ"),
       opts_(std::move(opts)),
-      noise_gen_(Generator::named(opts_.seed, "fsq.noise")) {
+      seed_(seed),
+      noise_gen_(Generator::named(seed_, "fsq.noise")) {
   const auto& L = opts_.levels;
   if (L.empty()) fail("levels must not be empty");
   if (opts_.num_codebooks < 1)
@@ -50,7 +51,7 @@ FSQ::FSQ(FSQOptions opts)
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
     fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
-  Generator init = Generator::named(opts_.seed, "fsq.init");
+  Generator init = Generator::named(seed_, "fsq.init");
   if (dim_ != effective) {
     project_in_ = register_module(
         "project_in", std::make_shared<Linear>(dim_, effective, init, opts_.projection_has_bias));
@@ -58,7 +59,7 @@ FSQ::FSQ(FSQOptions opts)
         "project_out", std::make_shared<Linear>(effective, dim_, init, opts_.projection_has_bias));
   }
   if (opts_.orthogonal_rotation) {
-    Generator rot = Generator::named(opts_.seed, "fsq.rotation");
+    Generator rot = Generator::named(seed_, "fsq.rotation");
     rotation_ = register_buffer("orthogonal_rot", detail::random_orthogonal(codebook_dim(), rot));
   }
 }

@@ -41,18 +41,14 @@ struct FSQOptions {
   /** Rotate each codebook's vector by a fixed random orthogonal matrix R before
    * quantizing (z R) and back after (codes R^T). */
   bool orthogonal_rotation = false;
-  /** Seeds the projections' initialisation, the rotation and the noise stream
-   * (the FSQ(opts, gen) constructor sets it: draw_seed(gen)). */
-  uint64_t seed = 0;
 };
 
 /** Finite scalar quantizer. forward returns no auxiliary loss (loss = 0). */
 class FSQ : public SingleLayerQuantizer, public StepKeyed {
  public:
-  /** Builds the layer from opts.seed. */
-  explicit FSQ(FSQOptions opts);
-  /** Builds the layer seeded with the next 64 bits of `gen` (every quantizer
-   * family is built from a Generator: see quant/vq/streams.h). */
+  /** Builds the layer seeded with the next 64 bits of `gen` (draw_seed), as
+   * every quantizer family is: that seed keys the projections'
+   * initialisation, the rotation and the noise stream. */
   FSQ(FSQOptions opts, Generator& gen);
   /** Keys the noise-dropout stream by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override { noise_gen_.pin(step); }
@@ -104,11 +100,16 @@ class FSQ : public SingleLayerQuantizer, public StepKeyed {
   const std::vector<int64_t>& basis() const { return basis_; }
 
  private:
+  // A residual stack seeds each layer from its own seed (detail::child_seed).
+  friend class ResidualFSQ;
+  FSQ(FSQOptions opts, uint64_t seed);
+
   Tensor per_dim(const std::vector<double>& v, const Tensor& like) const;
   /** Codes [..., C, d] -> [..., C*d] -> project_out when asked. */
   Tensor codes_out(const Tensor& codes, bool project_out) const;
 
   FSQOptions opts_;
+  uint64_t seed_;
   int64_t dim_ = 0, codebook_size_ = 1;
   bool keep_codebook_dim_ = false;
   std::vector<int64_t> basis_;

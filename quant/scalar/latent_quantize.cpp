@@ -24,10 +24,8 @@ namespace {
 }  // namespace
 
 LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
-    : LatentQuantize(detail::seeded(std::move(opts), gen)) {}
-
-LatentQuantize::LatentQuantize(LatentQuantizeOptions opts)
     : SingleLayerQuantizer("LatentQuantize"), opts_(std::move(opts)) {
+  const uint64_t seed = draw_seed(gen);
   if (opts_.levels.empty()) fail("levels must not be empty");
   if (opts_.num_codebooks < 1) fail("num_codebooks must be >= 1");
   auto list = register_module("values_per_latent", std::make_shared<Module>("ParameterList"));
@@ -46,7 +44,7 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts)
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
     fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
-  Generator init = Generator::named(opts_.seed, "latent_quantize.init");
+  Generator init = Generator::named(seed, "latent_quantize.init");
   if (dim_ != effective) {
     project_in_ = register_module("project_in", std::make_shared<Linear>(dim_, effective, init));
     project_out_ = register_module("project_out", std::make_shared<Linear>(effective, dim_, init));

@@ -30,16 +30,12 @@ struct LatentQuantizeOptions {
    * the reference they receive no gradient from forward (the straight-through
    * output has none); they are trainable only by code that updates them. */
   bool optimize_values = true;
-  /** Seeds the projections' initialisation (the LatentQuantize(opts, gen)
-   * constructor sets it: draw_seed(gen)). */
-  uint64_t seed = 0;
 };
 
 class LatentQuantize : public SingleLayerQuantizer {
  public:
-  /** Builds the layer from opts.seed. */
-  explicit LatentQuantize(LatentQuantizeOptions opts);
-  /** Builds the layer seeded with the next 64 bits of `gen`. */
+  /** Builds the layer seeded with the next 64 bits of `gen` (draw_seed), as
+   * every quantizer family is: that seed keys the projections' initialisation. */
   LatentQuantize(LatentQuantizeOptions opts, Generator& gen);
 
   /** Quantizes x ([B, D], [B, N, D] or [B, D, H, W...]); indices int32.

@@ -22,12 +22,13 @@ namespace {
 
 }  // namespace
 
-LFQ::LFQ(LFQOptions opts, Generator& gen) : LFQ(detail::seeded(std::move(opts), gen)) {}
+LFQ::LFQ(LFQOptions opts, Generator& gen) : LFQ(std::move(opts), draw_seed(gen)) {}
 
-LFQ::LFQ(LFQOptions opts)
+LFQ::LFQ(LFQOptions opts, uint64_t seed)
     : SingleLayerQuantizer("LFQ"),
       opts_(std::move(opts)),
-      sample_gen_(StepStream(Generator::named(opts_.seed, "lfq.entropy_tokens"))) {
+      seed_(seed),
+      sample_gen_(StepStream(Generator::named(seed_, "lfq.entropy_tokens"))) {
   if (opts_.num_codebooks < 1)
     fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
   if (opts_.codebook_size > 0) {
@@ -54,7 +55,7 @@ LFQ::LFQ(LFQOptions opts)
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
     fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
-  Generator init = Generator::named(opts_.seed, "lfq.init");
+  Generator init = Generator::named(seed_, "lfq.init");
   if (proj) {
     project_in_ = register_module(
         "project_in", std::make_shared<Linear>(dim_, effective, init, opts_.projection_has_bias));

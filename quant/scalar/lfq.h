@@ -60,19 +60,15 @@ struct LFQOptions {
   /** forward's default inverse temperature of the code distributions. */
   double inv_temperature = 100.0;
   LFQEntropyPath entropy_path = LFQEntropyPath::automatic;
-  /** Seeds the projections' initialisation and the token sampling stream
-   * (the LFQ(opts, gen) constructor sets it: draw_seed(gen)). */
-  uint64_t seed = 0;
 };
 
 class LFQ : public SingleLayerQuantizer, public StepKeyed {
  public:
   /** Keys this layer's per-forward draws by `step` (see StepStream). */
   void pin_random_step(uint64_t step) override { sample_gen_.pin(step); }
-  /** Builds the layer from opts.seed. */
-  explicit LFQ(LFQOptions opts);
-  /** Builds the layer seeded with the next 64 bits of `gen` (every quantizer
-   * family is built from a Generator: see quant/vq/streams.h). */
+  /** Builds the layer seeded with the next 64 bits of `gen` (draw_seed), as
+   * every quantizer family is: that seed keys the projections'
+   * initialisation and the token sampling stream. */
   LFQ(LFQOptions opts, Generator& gen);
 
   /** Quantizes x (layouts as FSQ). `mask` (bool, [B, N] or the input's
@@ -115,10 +111,15 @@ class LFQ : public SingleLayerQuantizer, public StepKeyed {
   const LFQOptions& options() const { return opts_; }
 
  private:
+  // A residual stack seeds each layer from its own seed (detail::child_seed).
+  friend class ResidualLFQ;
+  LFQ(LFQOptions opts, uint64_t seed);
+
   /** +-m per bit of every code: what the entropy terms compare against. */
   Tensor entropy_codebook(const Tensor& like) const;
 
   LFQOptions opts_;
+  uint64_t seed_;
   int64_t dim_ = 0, bits_ = 0, codebook_size_ = 0;
   bool keep_codebook_dim_ = false;
   std::shared_ptr<Linear> project_in_, project_out_;

@@ -23,16 +23,13 @@ namespace {
 }  // namespace
 
 ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts, Generator& gen)
-    : ResidualFSQ([&] {
-        opts.fsq.seed = draw_seed(gen);
-        return std::move(opts);
-      }()) {}
+    : ResidualFSQ(std::move(opts), draw_seed(gen)) {}
 
-ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
+ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts, uint64_t seed)
     : Residual("ResidualFSQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
                                opts.quantize_dropout_multiple_of}),
       opts_(std::move(opts)) {
-  seed_dropout(Generator::named(opts_.fsq.seed, "rfsq.quantize_dropout"));
+  seed_dropout(Generator::named(seed, "rfsq.quantize_dropout"));
   if (opts_.num_quantizers < 1)
     fail("ResidualFSQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.fsq.num_codebooks != 1) fail("ResidualFSQ", "num_codebooks must be 1");
@@ -41,7 +38,7 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
   const int64_t d = static_cast<int64_t>(L.size());
   if (d == 0) fail("ResidualFSQ", "levels must not be empty");
   dim_ = opts_.fsq.dim > 0 ? opts_.fsq.dim : d;
-  Generator init = Generator::named(opts_.fsq.seed, "rfsq.init");
+  Generator init = Generator::named(seed, "rfsq.init");
   if (dim_ != d) {
     project_in_ = register_module(
         "project_in", std::make_shared<Linear>(dim_, d, init, opts_.fsq.projection_has_bias));
@@ -55,8 +52,9 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts)
     lo.dim = d;
     lo.channel_first = false;
     lo.preserve_symmetry = true;
-    lo.seed = detail::child_seed(opts_.fsq.seed, "layer" + std::to_string(q));
-    layers_.push_back(list->register_module(std::to_string(q), std::make_shared<FSQ>(lo)));
+    layers_.push_back(list->register_module(
+        std::to_string(q),
+        std::shared_ptr<FSQ>(new FSQ(lo, detail::child_seed(seed, "layer" + std::to_string(q))))));
     for (int64_t l : L) scales.push_back(std::pow(double(l), -double(q)));
   }
   scales_ = register_buffer(
@@ -114,23 +112,18 @@ Tensor ResidualFSQ::codebooks() const {
 }
 
 GroupedResidualFSQ::GroupedResidualFSQ(GroupedResidualFSQOptions opts, Generator& gen)
-    : GroupedResidualFSQ([&] {
-        opts.rfsq.fsq.seed = draw_seed(gen);
-        return std::move(opts);
-      }()) {}
-
-GroupedResidualFSQ::GroupedResidualFSQ(GroupedResidualFSQOptions opts)
     : Grouped("GroupedResidualFSQ", {.dim = opts.rfsq.fsq.dim,
                                      .groups = opts.groups,
                                      .channel_last = !opts.rfsq.fsq.channel_first,
                                      .accept_image_fmap = true,
                                      .losses = MemberLosses::none}) {
+  const uint64_t seed = draw_seed(gen);
   for (int64_t g = 0; g < opts.groups; ++g) {
     ResidualFSQOptions o = opts.rfsq;
     o.fsq.dim = opts.rfsq.fsq.dim / opts.groups;
     o.fsq.channel_first = false;
-    o.fsq.seed = detail::child_seed(opts.rfsq.fsq.seed, "group" + std::to_string(g));
-    add_group(std::make_shared<ResidualFSQ>(o));
+    add_group(std::shared_ptr<ResidualFSQ>(
+        new ResidualFSQ(o, detail::child_seed(seed, "group" + std::to_string(g)))));
   }
 }
 

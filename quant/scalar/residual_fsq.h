@@ -30,7 +30,7 @@ struct ResidualFSQOptions {
   }();
   int64_t num_quantizers = 1;
   /** In training keep only layers 0..k (QuantizeDropout's rule), drawn from
-   * the stream "rfsq.quantize_dropout" of fsq.seed; dropped layers give
+   * the stream "rfsq.quantize_dropout" of the stack's seed; dropped layers give
    * index -1. */
   bool quantize_dropout = false;
   int64_t quantize_dropout_cutoff_index = 0;
@@ -42,9 +42,8 @@ struct ResidualFSQOptions {
 
 class ResidualFSQ : public Residual {
  public:
-  /** Builds the stack from opts.fsq.seed. */
-  explicit ResidualFSQ(ResidualFSQOptions opts);
-  /** Builds the stack with fsq.seed the next 64 bits of `gen`. */
+  /** Builds the stack seeded with the next 64 bits of `gen` (draw_seed): that
+   * seed keys the projections, the dropout stream and each layer's seed. */
   ResidualFSQ(ResidualFSQOptions opts, Generator& gen);
 
   /** Quantizes x (layouts as FSQ); indices [B, ..., num_quantizers] int32
@@ -77,6 +76,10 @@ class ResidualFSQ : public Residual {
                               const QuantizeOptions& opts) override;
 
  private:
+  // A grouped wrapper seeds each stack from its own seed (detail::child_seed).
+  friend class GroupedResidualFSQ;
+  ResidualFSQ(ResidualFSQOptions opts, uint64_t seed);
+
   ResidualFSQOptions opts_;
   int64_t dim_ = 0;
   std::vector<std::shared_ptr<FSQ>> layers_;
@@ -93,9 +96,8 @@ struct GroupedResidualFSQOptions {
 
 class GroupedResidualFSQ : public Grouped {
  public:
-  /** Builds the groups from opts.rfsq.fsq.seed. */
-  explicit GroupedResidualFSQ(GroupedResidualFSQOptions opts);
-  /** Builds the groups with rfsq.fsq.seed the next 64 bits of `gen`. */
+  /** Builds the groups from the next 64 bits of `gen` (draw_seed): group g's
+   * stack is seeded with child_seed(seed, "group<g>"). */
   GroupedResidualFSQ(GroupedResidualFSQOptions opts, Generator& gen);
   /** Concatenated group outputs; indices [groups, B, ..., num_quantizers]. All
    * groups drop the same layers (one draw per forward). */

@@ -23,16 +23,13 @@ namespace {
 }  // namespace
 
 ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts, Generator& gen)
-    : ResidualLFQ([&] {
-        opts.lfq.seed = draw_seed(gen);
-        return std::move(opts);
-      }()) {}
+    : ResidualLFQ(std::move(opts), draw_seed(gen)) {}
 
-ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
+ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts, uint64_t seed)
     : Residual("ResidualLFQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
                                opts.quantize_dropout_multiple_of}),
       opts_(std::move(opts)) {
-  seed_dropout(Generator::named(opts_.lfq.seed, "rlfq.quantize_dropout"));
+  seed_dropout(Generator::named(seed, "rlfq.quantize_dropout"));
   if (opts_.num_quantizers < 1)
     fail("ResidualLFQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
   if (opts_.lfq.num_codebooks != 1) fail("ResidualLFQ", "num_codebooks must be 1");
@@ -45,9 +42,9 @@ ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
     if (opts_.lfq.dim <= 0) fail("ResidualLFQ", "give dim or codebook_size");
     probe.dim = opts_.lfq.dim;
   }
-  const int64_t d = LFQ(probe).codebook_dim();
+  const int64_t d = LFQ(probe, seed).codebook_dim();
   dim_ = opts_.lfq.dim > 0 ? opts_.lfq.dim : d;
-  Generator init = Generator::named(opts_.lfq.seed, "rlfq.init");
+  Generator init = Generator::named(seed, "rlfq.init");
   if (dim_ != d) {
     project_in_ = register_module(
         "project_in", std::make_shared<Linear>(dim_, d, init, opts_.lfq.projection_has_bias));
@@ -63,8 +60,9 @@ ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts)
     lo.channel_first = false;
     lo.codebook_scale = opts_.lfq.codebook_scale * std::ldexp(1.0, -int(q));
     lo.soft_clamp_input_value = opts_.lfq.soft_clamp_input_value * std::ldexp(1.0, -int(q));
-    lo.seed = detail::child_seed(opts_.lfq.seed, "layer" + std::to_string(q));
-    layers_.push_back(list->register_module(std::to_string(q), std::make_shared<LFQ>(lo)));
+    layers_.push_back(list->register_module(
+        std::to_string(q),
+        std::shared_ptr<LFQ>(new LFQ(lo, detail::child_seed(seed, "layer" + std::to_string(q))))));
   }
 }
 
@@ -111,23 +109,18 @@ Tensor ResidualLFQ::codebooks() const {
 }
 
 GroupedResidualLFQ::GroupedResidualLFQ(GroupedResidualLFQOptions opts, Generator& gen)
-    : GroupedResidualLFQ([&] {
-        opts.rlfq.lfq.seed = draw_seed(gen);
-        return std::move(opts);
-      }()) {}
-
-GroupedResidualLFQ::GroupedResidualLFQ(GroupedResidualLFQOptions opts)
     : Grouped("GroupedResidualLFQ", {.dim = opts.rlfq.lfq.dim,
                                      .groups = opts.groups,
                                      .channel_last = !opts.rlfq.lfq.channel_first,
                                      .accept_image_fmap = true,
                                      .losses = MemberLosses::summed}) {
+  const uint64_t seed = draw_seed(gen);
   for (int64_t g = 0; g < opts.groups; ++g) {
     ResidualLFQOptions o = opts.rlfq;
     o.lfq.dim = opts.rlfq.lfq.dim / opts.groups;
     o.lfq.channel_first = false;
-    o.lfq.seed = detail::child_seed(opts.rlfq.lfq.seed, "group" + std::to_string(g));
-    add_group(std::make_shared<ResidualLFQ>(o));
+    add_group(std::shared_ptr<ResidualLFQ>(
+        new ResidualLFQ(o, detail::child_seed(seed, "group" + std::to_string(g)))));
   }
 }
 

@@ -31,9 +31,8 @@ struct ResidualLFQOptions {
 
 class ResidualLFQ : public Residual {
  public:
-  /** Builds the stack from opts.lfq.seed. */
-  explicit ResidualLFQ(ResidualLFQOptions opts);
-  /** Builds the stack with lfq.seed the next 64 bits of `gen`. */
+  /** Builds the stack seeded with the next 64 bits of `gen` (draw_seed): that
+   * seed keys the projections, the dropout stream and each layer's seed. */
   ResidualLFQ(ResidualLFQOptions opts, Generator& gen);
 
   /** Quantizes x; indices [B, ..., num_quantizers] int64; loss [num_quantizers]
@@ -64,6 +63,10 @@ class ResidualLFQ : public Residual {
                               const QuantizeOptions& opts) override;
 
  private:
+  // A grouped wrapper seeds each stack from its own seed (detail::child_seed).
+  friend class GroupedResidualLFQ;
+  ResidualLFQ(ResidualLFQOptions opts, uint64_t seed);
+
   ResidualLFQOptions opts_;
   int64_t dim_ = 0;
   std::vector<std::shared_ptr<LFQ>> layers_;
@@ -77,9 +80,8 @@ struct GroupedResidualLFQOptions {
 
 class GroupedResidualLFQ : public Grouped {
  public:
-  /** Builds the groups from opts.rlfq.lfq.seed. */
-  explicit GroupedResidualLFQ(GroupedResidualLFQOptions opts);
-  /** Builds the groups with rlfq.lfq.seed the next 64 bits of `gen`. */
+  /** Builds the groups from the next 64 bits of `gen` (draw_seed): group g's
+   * stack is seeded with child_seed(seed, "group<g>"). */
   GroupedResidualLFQ(GroupedResidualLFQOptions opts, Generator& gen);
   /** Concatenated outputs; indices [groups, B, ..., q]; loss [groups, q];
    * terms summed over groups. */

@@ -7,8 +7,8 @@
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
+#include "quant/streams.h"
 #include "quant/token_layout.h"
-#include "quant/vq/streams.h"
 
 namespace quanta::quant::detail {
 
@@ -24,14 +24,6 @@ Tensor features_to_dim1(const Tensor& x);
 
 /** The flat positions (i64, [T]) where a bool tensor is true. */
 Tensor true_positions(const Tensor& mask);
-
-/** `opts` seeded with the next 64 bits of `gen` (draw_seed): how a scalar
- * layer built from a Generator, as every family can be, takes its seed. */
-template <class Options>
-Options seeded(Options opts, Generator& gen) {
-  opts.seed = draw_seed(gen);
-  return opts;
-}
 
 /** The seed of sub-layer `name` of a module seeded with `seed`. */
 uint64_t child_seed(uint64_t seed, const std::string& name);

@@ -16,9 +16,9 @@
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "quant/kernels/table.h"
+#include "quant/streams.h"
 #include "quant/vq/kmeans.h"
 #include "quant/vq/nearest_code.h"
-#include "quant/vq/streams.h"
 
 namespace quanta::quant {
 namespace {

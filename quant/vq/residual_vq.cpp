@@ -10,8 +10,8 @@
 #include "engine/ops/join.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "quant/streams.h"
 #include "quant/token_layout.h"
-#include "quant/vq/streams.h"
 
 namespace quanta::quant {
 namespace {

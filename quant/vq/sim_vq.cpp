@@ -13,11 +13,11 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/streams.h"
 #include "quant/token_layout.h"
 #include "quant/vq/commitment_loss.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/rotation_trick.h"
-#include "quant/vq/streams.h"
 
 namespace quanta::quant {
 namespace {

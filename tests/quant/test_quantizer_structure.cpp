@@ -37,7 +37,6 @@ ResidualFSQOptions rfsq_options(bool drop) {
   ResidualFSQOptions o;
   o.fsq.levels = {5, 4, 3};
   o.fsq.dim = kDim;
-  o.fsq.seed = 5;
   o.num_quantizers = kLayers;
   o.quantize_dropout = drop;
   return o;
@@ -47,7 +46,6 @@ ResidualLFQOptions rlfq_options(bool drop) {
   ResidualLFQOptions o;
   o.lfq.dim = kDim;
   o.lfq.codebook_size = 16;
-  o.lfq.seed = 6;
   o.num_quantizers = kLayers;
   o.quantize_dropout = drop;
   return o;
@@ -69,17 +67,17 @@ std::vector<std::pair<std::string, std::shared_ptr<Quantizer>>> all_quantizers(b
   s.codebook_size = 16;
   s.quantize_dropout = drop;
   out.emplace_back("ResidualSimVQ", std::make_shared<ResidualSimVQ>(s, gen));
-  out.emplace_back("ResidualFSQ", std::make_shared<ResidualFSQ>(rfsq_options(drop)));
+  out.emplace_back("ResidualFSQ", std::make_shared<ResidualFSQ>(rfsq_options(drop), gen));
   GroupedResidualFSQOptions gf;
   gf.rfsq = rfsq_options(drop);
   gf.groups = 2;
-  out.emplace_back("GroupedResidualFSQ", std::make_shared<GroupedResidualFSQ>(gf));
-  out.emplace_back("ResidualLFQ", std::make_shared<ResidualLFQ>(rlfq_options(drop)));
+  out.emplace_back("GroupedResidualFSQ", std::make_shared<GroupedResidualFSQ>(gf, gen));
+  out.emplace_back("ResidualLFQ", std::make_shared<ResidualLFQ>(rlfq_options(drop), gen));
   GroupedResidualLFQOptions gl;
   gl.rlfq = rlfq_options(drop);
   gl.rlfq.lfq.codebook_size = 4;
   gl.groups = 2;
-  out.emplace_back("GroupedResidualLFQ", std::make_shared<GroupedResidualLFQ>(gl));
+  out.emplace_back("GroupedResidualLFQ", std::make_shared<GroupedResidualLFQ>(gl, gen));
   return out;
 }
 
@@ -165,10 +163,10 @@ TEST_CASE("a cutoff_index outside the stack fails at construction in every famil
   Generator gen(5);
   ResidualFSQOptions f = rfsq_options(true);
   f.quantize_dropout_cutoff_index = kLayers;
-  CHECK_THROWS_AS(ResidualFSQ{f}, std::invalid_argument);
+  CHECK_THROWS_AS(ResidualFSQ(f, gen), std::invalid_argument);
   ResidualLFQOptions l = rlfq_options(true);
   l.quantize_dropout_cutoff_index = kLayers;
-  CHECK_THROWS_AS(ResidualLFQ{l}, std::invalid_argument);
+  CHECK_THROWS_AS(ResidualLFQ(l, gen), std::invalid_argument);
   ResidualSimVQOptions s;
   s.dim = kDim;
   s.num_quantizers = kLayers;
@@ -185,8 +183,8 @@ TEST_CASE("ResidualFSQ and ResidualLFQ look up fewer layers than they have") {
   // Before: indices had to end in exactly num_quantizers; now, as ResidualVQ,
   // missing layers count as dropped (vector-quantize-pytorch pads with -1).
   Generator gen(6);
-  ResidualFSQ f(rfsq_options(false));
-  ResidualLFQ l(rlfq_options(false));
+  ResidualFSQ f(rfsq_options(false), gen);
+  ResidualLFQ l(rlfq_options(false), gen);
   f.eval();
   l.eval();
   for (Quantizer* q : {static_cast<Quantizer*>(&f), static_cast<Quantizer*>(&l)}) {

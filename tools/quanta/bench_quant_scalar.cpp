@@ -39,7 +39,7 @@ BenchRow bench_fsq(const BenchOptions& o, Generator& gen) {
   FSQOptions opts;
   opts.levels = {8, 5, 5, 5};
   opts.dim = D;
-  FSQ fsq(opts);
+  FSQ fsq(opts, gen);
   const Tensor x = randn({B, N, D}, gen).requires_grad_();
   const Tensor w = randn({B, N, D}, gen);
   BenchRow row{"fsq_train_step"};
@@ -59,9 +59,10 @@ BenchRow bench_lfq(const std::string& name, int64_t bits, int64_t B, int64_t N, 
   opts.dim = bits;
   opts.entropy_loss_weight = 0.1;
   opts.commitment_loss_weight = 0.25;
-  LFQ fast(opts);
+  Generator same_seed = gen;  // both paths as one layer
+  LFQ fast(opts, gen);
   opts.entropy_path = LFQEntropyPath::direct;
-  LFQ direct(opts);
+  LFQ direct(opts, same_seed);
   const Tensor x = (randn({B, N, bits}, gen) * scale).requires_grad_();
   const Tensor w = randn({B, N, bits}, gen);
   auto step = [&](LFQ& m) {

@@ -46,7 +46,7 @@ TEST_CASE("FSQ codes lie on the level grid and round-trip through indices") {
   for (bool symmetric : {false, true}) {
     for (const auto& levels :
          std::vector<std::vector<int64_t>>{{8, 5, 5, 5}, {8, 6, 5}, {7, 5, 5, 5, 5}, {3, 4}}) {
-      FSQ fsq(fsq_opts(levels, symmetric));
+      FSQ fsq(fsq_opts(levels, symmetric), gen);
       const Tensor x = randn({3, 50, int64_t(levels.size())}, gen) * 3.0;
       const QuantizeOutput out = fsq.forward(x, Tensor());
       CHECK(out.indices.dtype() == DType::i32);
@@ -61,8 +61,9 @@ TEST_CASE("FSQ codes lie on the level grid and round-trip through indices") {
 }
 
 TEST_CASE("FSQ indices cover exactly prod(levels) values") {
+  Generator gen(3);
   for (bool symmetric : {false, true}) {
-    FSQ fsq(fsq_opts({8, 6, 5}, symmetric));
+    FSQ fsq(fsq_opts({8, 6, 5}, symmetric), gen);
     CHECK(fsq.codebook_size() == 240);
     CHECK(fsq.basis() == std::vector<int64_t>{1, 8, 48});
     const Tensor book = fsq.implicit_codebook();
@@ -80,8 +81,7 @@ TEST_CASE("FSQ indices cover exactly prod(levels) values") {
       CHECK(lv[3 * i] + 8 * lv[3 * i + 1] + 48 * lv[3 * i + 2] == i);
   }
   // Many dense random inputs reach every one of the 1000 codes of [8, 5, 5, 5].
-  FSQ fsq(fsq_opts({8, 5, 5, 5}));
-  Generator gen(3);
+  FSQ fsq(fsq_opts({8, 5, 5, 5}), gen);
   const auto idx =
       fsq.forward(randn({1, 40000, 4}, gen) * 2.0, Tensor()).indices.to_vector<int64_t>();
   std::set<int64_t> seen(idx.begin(), idx.end());
@@ -91,13 +91,13 @@ TEST_CASE("FSQ indices cover exactly prod(levels) values") {
 }
 
 TEST_CASE("FSQ gradient is straight through the rounding (f64)") {
+  Generator gen(11);
   // With projections: autograd of FSQ equals central differences of the same
   // network with the rounding removed, for the input and every parameter.
   FSQOptions o = fsq_opts({8, 5, 5});
   o.dim = 6;
-  FSQ fsq(o);
+  FSQ fsq(o, gen);
   fsq.to(DType::f64);
-  Generator gen(11);
   const Tensor x = randn({2, 5, 6}, gen, {.dtype = DType::f64}).requires_grad_();
   const Tensor w = randn({2, 5, 6}, gen, {.dtype = DType::f64});
   const Tensor W_in = fsq.find("project_in.weight"), b_in = fsq.find("project_in.bias");
@@ -125,7 +125,8 @@ TEST_CASE("FSQ gradient is straight through the rounding (f64)") {
 }
 
 TEST_CASE("FSQ symmetric bound gradient: straight through the floor") {
-  FSQ fsq(fsq_opts({2, 4}, true));
+  Generator gen(0);
+  FSQ fsq(fsq_opts({2, 4}, true), gen);
   const Tensor x = from_vector<double>({0.3, -0.7, 1.2, 0.1}, {1, 2, 2}).requires_grad_();
   sum(fsq.forward(x, Tensor()).quantized).backward();
   // d/dz [2/(L-1) * (L-1)(tanh z + 1)/2] = 1 - tanh(z)^2
@@ -138,7 +139,7 @@ TEST_CASE("FSQ layouts: channel-first, image maps, several codebooks") {
   Generator gen(5);
   FSQOptions o = fsq_opts({8, 5, 5, 5});
   o.num_codebooks = 2;
-  FSQ fsq(o);
+  FSQ fsq(o, gen);
   const Tensor x = randn({2, 3, 8}, gen);
   const QuantizeOutput a = fsq.forward(x, Tensor());
   CHECK(a.indices.shape() == Shape{2, 3, 2});
@@ -152,22 +153,23 @@ TEST_CASE("FSQ layouts: channel-first, image maps, several codebooks") {
   CHECK(max_abs_diff(fsq.indices_to_codes(b.indices), b.quantized) == 0.0);
   FSQOptions cf = fsq_opts({8, 5, 5, 5});
   cf.channel_first = true;
-  FSQ fcf(cf);
+  FSQ fcf(cf, gen);
   const Tensor seq = randn({2, 4, 7}, gen);
   const QuantizeOutput c = fcf.forward(seq, Tensor());
   CHECK(c.quantized.shape() == Shape{2, 4, 7});
-  FSQ fcl(fsq_opts({8, 5, 5, 5}));
+  FSQ fcl(fsq_opts({8, 5, 5, 5}), gen);
   CHECK(max_abs_diff(c.quantized, transpose(fcl.forward(transpose(seq, 1, 2)), 1, 2)) == 0.0);
   CHECK_THROWS_WITH_AS(fsq.forward(randn({2, 3, 5}, gen), Tensor()), doctest::Contains("[FSQ]"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(FSQ(fsq_opts({2, 5})), doctest::Contains("preserve_symmetry"),
+  CHECK_THROWS_WITH_AS(FSQ(fsq_opts({2, 5}), gen), doctest::Contains("preserve_symmetry"),
                        std::invalid_argument);
 }
 
 TEST_CASE("FSQ zero-size inputs give zero-size outputs and zero loss") {
+  Generator gen(0);
   FSQOptions o = fsq_opts({8, 5, 5, 5});
   o.dim = 16;
-  FSQ fsq(o);
+  FSQ fsq(o, gen);
   for (const Shape& s : {Shape{0, 4, 16}, Shape{2, 0, 16}}) {
     const Tensor x = zeros(s).requires_grad_();
     const QuantizeOutput out = fsq.forward(x, Tensor());
@@ -183,8 +185,8 @@ TEST_CASE("FSQ noise dropout and orthogonal rotation") {
   Generator gen(9);
   FSQOptions o = fsq_opts({5, 5, 5}, true);
   o.noise_dropout = 0.5;
-  FSQ noisy(o);
-  FSQ clean(fsq_opts({5, 5, 5}, true));
+  FSQ noisy(o, gen);
+  FSQ clean(fsq_opts({5, 5, 5}, true), gen);
   const Tensor x = randn({4, 64, 3}, gen);
   const QuantizeOutput a = noisy.forward(x, Tensor());
   const QuantizeOutput b = clean.forward(x, Tensor());
@@ -198,8 +200,7 @@ TEST_CASE("FSQ noise dropout and orthogonal rotation") {
 
   FSQOptions r = fsq_opts({8, 5, 5, 5});
   r.orthogonal_rotation = true;
-  r.seed = 4;
-  FSQ rot(r);
+  FSQ rot(r, gen);
   const Tensor R = rot.find("orthogonal_rot");
   CHECK(max_abs_diff(matmul(R, R.t()), eye(4)) < 1e-5);
   const QuantizeOutput q = rot.forward(randn({2, 10, 4}, gen), Tensor());
@@ -212,7 +213,7 @@ TEST_CASE("ResidualFSQ: outputs from indices, scales, quantize dropout") {
   o.fsq.levels = {8, 5, 5, 5};
   o.fsq.dim = 12;
   o.num_quantizers = 4;
-  ResidualFSQ rfsq(o);
+  ResidualFSQ rfsq(o, gen);
   const Tensor x = randn({2, 9, 12}, gen);
   const QuantizeOutput out = rfsq.forward(x, Tensor());
   CHECK(out.indices.shape() == Shape{2, 9, 4});
@@ -225,7 +226,7 @@ TEST_CASE("ResidualFSQ: outputs from indices, scales, quantize dropout") {
     ResidualFSQOptions oq = o;
     oq.fsq.dim = 0;
     oq.num_quantizers = q;
-    ResidualFSQ rq(oq);
+    ResidualFSQ rq(oq, gen);
     const Tensor z = rand({1, 200, 4}, gen) * 1.6 - 0.8;  // inside the soft clamp's range
     const Tensor v = from_vector<float>({8.0f / 7.0f, 1.25f, 1.25f, 1.25f}, {4});
     const double err = max_abs_diff(rq.forward(z), tanh(z / v) * v);
@@ -237,8 +238,7 @@ TEST_CASE("ResidualFSQ: outputs from indices, scales, quantize dropout") {
   d.fsq.dim = 0;
   d.quantize_dropout = true;
   d.quantize_dropout_cutoff_index = 1;
-  d.fsq.seed = 77;
-  ResidualFSQ drop(d);
+  ResidualFSQ drop(d, gen);
   std::set<int64_t> kept;
   for (int i = 0; i < 40; ++i) {
     const auto idx = drop.forward(randn({1, 3, 4}, gen), Tensor()).indices.to_vector<int64_t>();
@@ -250,12 +250,14 @@ TEST_CASE("ResidualFSQ: outputs from indices, scales, quantize dropout") {
   }
   CHECK(kept == std::set<int64_t>{1, 2, 3});  // uniform on [cutoff, Q - 1]
   // The same seed replays the same draws; eval draws nothing.
-  ResidualFSQ again(d);
-  ResidualFSQ again2(d);
+  Generator seed_a(77), seed_b(77);
+  ResidualFSQ again(d, seed_a);
+  ResidualFSQ again2(d, seed_b);
   for (int i = 0; i < 5; ++i) CHECK(again.draw_dropout() == again2.draw_dropout());
   // One rule for every family (quant/quantize_dropout.h): training decides,
   // grad mode does not (before issue 22 a no-grad forward kept every layer).
-  ResidualFSQ with_grad(d), without_grad(d);
+  Generator seed_c(78), seed_d(78);
+  ResidualFSQ with_grad(d, seed_c), without_grad(d, seed_d);
   for (int i = 0; i < 5; ++i) {
     const Tensor z = randn({1, 3, 4}, gen);
     const std::vector<double> a = vals(with_grad.forward(z, Tensor()).indices);
@@ -274,7 +276,7 @@ TEST_CASE("GroupedResidualFSQ splits features into groups") {
   o.rfsq.fsq.dim = 8;
   o.rfsq.num_quantizers = 2;
   o.groups = 2;
-  GroupedResidualFSQ g(o);
+  GroupedResidualFSQ g(o, gen);
   const Tensor x = randn({2, 6, 8}, gen).requires_grad_();
   const QuantizeOutput out = g.forward(x, Tensor());
   CHECK(out.quantized.shape() == Shape{2, 6, 8});
@@ -285,9 +287,9 @@ TEST_CASE("GroupedResidualFSQ splits features into groups") {
 }
 
 TEST_CASE("FSQ with more than 2^31 codes returns int64 indices") {
-  FSQ fsq(fsq_opts({256, 256, 256, 256}));
-  CHECK(fsq.codebook_size() == int64_t(1) << 32);
   Generator gen(13);
+  FSQ fsq(fsq_opts({256, 256, 256, 256}), gen);
+  CHECK(fsq.codebook_size() == int64_t(1) << 32);
   const QuantizeOutput out = fsq.forward(randn({2, 50, 4}, gen) * 2.0, Tensor());
   CHECK(out.indices.dtype() == DType::i64);
   CHECK(max_abs_diff(fsq.indices_to_codes(out.indices), out.quantized) == 0.0);
@@ -318,13 +320,14 @@ std::vector<double> times_transposed(const std::vector<double>& rows, const std:
 }  // namespace
 
 TEST_CASE("FSQ projection_has_bias = false: no bias parameters, y = codes W_out^T") {
+  Generator gen(4);
   FSQOptions o = fsq_opts({8, 5, 5});
   o.dim = 7;
-  o.seed = 3;
-  CHECK(state_names(FSQ(o)) == std::set<std::string>{"project_in.weight", "project_in.bias",
-                                                     "project_out.weight", "project_out.bias"});
+  CHECK(state_names(FSQ(o, gen)) == std::set<std::string>{"project_in.weight", "project_in.bias",
+                                                          "project_out.weight",
+                                                          "project_out.bias"});
   o.projection_has_bias = false;
-  FSQ fsq(o);
+  FSQ fsq(o, gen);
   CHECK(state_names(fsq) == std::set<std::string>{"project_in.weight", "project_out.weight"});
   CHECK_FALSE(fsq.find("project_in.bias").defined());
   // Zero in, zero out: z = 0 W_in^T = 0 is the grid's centre code 0 on every
@@ -334,7 +337,6 @@ TEST_CASE("FSQ projection_has_bias = false: no bias parameters, y = codes W_out^
   CHECK(vals(zero.indices) == std::vector<double>{100, 100, 100});
   // Random input: the index is that of the grid point of x W_in^T, and the
   // output that point times W_out^T, without a bias anywhere.
-  Generator gen(4);
   const Tensor x = randn({2, 5, 7}, gen);
   const QuantizeOutput out = fsq.forward(x, Tensor());
   const auto z = times_transposed(vals(x), vals(fsq.find("project_in.weight")), 7, 3);
@@ -347,12 +349,12 @@ TEST_CASE("FSQ projection_has_bias = false: no bias parameters, y = codes W_out^
 TEST_CASE("FSQ keep_num_codebooks_dim: index shapes") {
   Generator gen(6);
   const Tensor x = randn({2, 7, 3}, gen);
-  FSQ plain(fsq_opts({8, 5, 5}));
+  FSQ plain(fsq_opts({8, 5, 5}), gen);
   const QuantizeOutput a = plain.forward(x, Tensor());
   CHECK(a.indices.shape() == Shape{2, 7});
   FSQOptions o = fsq_opts({8, 5, 5});
   o.keep_num_codebooks_dim = true;
-  FSQ keep(o);
+  FSQ keep(o, gen);
   CHECK(keep.keep_num_codebooks_dim());
   const QuantizeOutput b = keep.forward(x, Tensor());
   CHECK(b.indices.shape() == Shape{2, 7, 1});
@@ -366,20 +368,21 @@ TEST_CASE("FSQ keep_num_codebooks_dim: index shapes") {
   // reference asserts.
   o = fsq_opts({8, 5, 5});
   o.num_codebooks = 2;
-  const QuantizeOutput c = FSQ(o).forward(randn({2, 7, 6}, gen), Tensor());
+  const QuantizeOutput c = FSQ(o, gen).forward(randn({2, 7, 6}, gen), Tensor());
   CHECK(c.indices.shape() == Shape{2, 7, 2});
   o.keep_num_codebooks_dim = false;
-  CHECK_THROWS_WITH_AS(FSQ{o}, doctest::Contains("keep_num_codebooks_dim"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(FSQ(o, gen), doctest::Contains("keep_num_codebooks_dim"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("FSQ and ResidualFSQ ignore a mask, as the reference (which takes none)") {
+  Generator gen(8);
   // The reference's FSQ and ResidualFSQ forwards have no mask argument, so
   // masked tokens are quantized like the others: no zeroed output, no -1.
-  Generator gen(8);
   const Tensor x = randn({2, 5, 4}, gen);
   const Tensor mask =
       to_dtype(from_vector<uint8_t>({1, 0, 1, 0, 0, 1, 1, 0, 1, 1}, {2, 5}), DType::boolean);
-  FSQ fsq(fsq_opts({8, 5, 5, 5}));
+  FSQ fsq(fsq_opts({8, 5, 5, 5}), gen);
   const QuantizeOutput a = fsq.forward(x, mask), b = fsq.forward(x, Tensor());
   CHECK(max_abs_diff(a.quantized, b.quantized) == 0.0);
   CHECK(vals(a.indices) == vals(b.indices));
@@ -387,7 +390,7 @@ TEST_CASE("FSQ and ResidualFSQ ignore a mask, as the reference (which takes none
   ResidualFSQOptions ro;
   ro.fsq.levels = {8, 5, 5, 5};
   ro.num_quantizers = 3;
-  ResidualFSQ rfsq(ro);
+  ResidualFSQ rfsq(ro, gen);
   const QuantizeOutput ra = rfsq.forward(x, mask), rb = rfsq.forward(x, Tensor());
   CHECK(max_abs_diff(ra.quantized, rb.quantized) == 0.0);
   CHECK(vals(ra.indices) == vals(rb.indices));

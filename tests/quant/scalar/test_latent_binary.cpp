@@ -12,11 +12,11 @@ using namespace quanta::quant;
 using namespace scalar_test;
 
 TEST_CASE("LatentQuantize snaps to per-dimension grids and round-trips indices") {
+  Generator gen(1);
   LatentQuantizeOptions o;
   o.levels = {5, 4, 3};
-  LatentQuantize lq(o);
+  LatentQuantize lq(o, gen);
   CHECK(lq.codebook_size() == 60);
-  Generator gen(1);
   const Tensor x = (randn({2, 20, 3}, gen) * 0.5).requires_grad_();
   const QuantizeOutput out = lq.forward(x, Tensor());
   CHECK(out.indices.dtype() == DType::i32);
@@ -46,21 +46,22 @@ TEST_CASE("LatentQuantize snaps to per-dimension grids and round-trips indices")
 }
 
 TEST_CASE("LatentQuantize with projections and image maps") {
+  Generator gen(2);
   LatentQuantizeOptions o;
   o.levels = {4, 4};
   o.dim = 6;
   o.num_codebooks = 2;
-  LatentQuantize lq(o);
-  Generator gen(2);
+  LatentQuantize lq(o, gen);
   const QuantizeOutput out = lq.forward(randn({2, 6, 3, 2}, gen), Tensor());
   CHECK(out.quantized.shape() == Shape{2, 6, 3, 2});
   CHECK(out.indices.shape() == Shape{2, 3, 2, 2});
 }
 
 TEST_CASE("BinaryMapper: indices, one-hot codes, straight-through gradient (f64)") {
+  Generator gen(3);
   BinaryMapperOptions o;
   o.bits = 3;
-  BinaryMapper bm(o);
+  BinaryMapper bm(o, gen);
   const Tensor logits =
       from_vector<double>({2.0, -1.0, 0.5, -3.0, 0.2, 1.5}, {2, 3}).requires_grad_();
   BinaryMapperCall call;
@@ -72,7 +73,6 @@ TEST_CASE("BinaryMapper: indices, one-hot codes, straight-through gradient (f64)
   CHECK(vals(out.quantized)[5] == doctest::Approx(1.0));
   CHECK(vals(out.quantized)[8 + 6] == doctest::Approx(1.0));
   // the gradient is that of the factorised code probabilities
-  Generator gen(3);
   const Tensor w = randn({2, 8}, gen, {.dtype = DType::f64});
   (sum(out.quantized * w) + out.loss).backward();
   auto f = [&] {
@@ -106,8 +106,8 @@ TEST_CASE("BinaryMapper: indices, one-hot codes, straight-through gradient (f64)
 TEST_CASE("BinaryMapper samples bits with probability sigmoid(logit / T)") {
   BinaryMapperOptions o;
   o.bits = 2;
-  o.seed = 9;
-  BinaryMapper bm(o);
+  Generator seed_a(9), seed_b(9);
+  BinaryMapper bm(o, seed_a);
   BinaryMapperCall call;
   call.temperature = 2.0;
   const Tensor logits = expand(from_vector<float>({1.0f, -2.0f}, {1, 2}), {20000, 2});
@@ -119,7 +119,7 @@ TEST_CASE("BinaryMapper samples bits with probability sigmoid(logit / T)") {
   }
   CHECK(bit0 / 20000 == doctest::Approx(1 / (1 + std::exp(-0.5))).epsilon(0.03));
   CHECK(bit1 / 20000 == doctest::Approx(1 / (1 + std::exp(1.0))).epsilon(0.03));
-  BinaryMapper again(o);
+  BinaryMapper again(o, seed_b);
   CHECK(again.forward(logits, call).indices.to_vector<int64_t>() == idx);
   bm.eval();
   CHECK(bm.forward(logits, call).loss.item() == 0.0);

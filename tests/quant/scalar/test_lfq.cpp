@@ -147,7 +147,7 @@ TEST_CASE("LFQ codes are +-codebook_scale and round-trip through indices") {
     LFQOptions o = lfq_opts(6);
     o.codebook_scale = 0.5;
     o.spherical = spherical;
-    LFQ lfq(o);
+    LFQ lfq(o, gen);
     lfq.eval();
     const Tensor x = randn({2, 30, 6}, gen);
     const QuantizeOutput out = lfq.forward(x, Tensor());
@@ -165,17 +165,17 @@ TEST_CASE("LFQ codes are +-codebook_scale and round-trip through indices") {
     }
     CHECK(out.loss.item() == 0.0);  // no losses in eval
   }
-  LFQ small(lfq_opts(1));
+  LFQ small(lfq_opts(1), gen);
   small.eval();
   CHECK(small.forward(from_vector<float>({0.3f}, {1, 1, 1}), Tensor()).indices.item() == 1);
 }
 
 TEST_CASE("LFQ straight-through gradient is the identity") {
+  Generator gen(3);
   LFQOptions o = lfq_opts(5);
   o.entropy_loss_weight = 0;
   o.commitment_loss_weight = 0;
-  LFQ lfq(o);
-  Generator gen(3);
+  LFQ lfq(o, gen);
   const Tensor x = randn({2, 4, 5}, gen).requires_grad_();
   const Tensor w = randn({2, 4, 5}, gen);
   sum(lfq.forward(x, Tensor()).quantized * w).backward();
@@ -183,14 +183,14 @@ TEST_CASE("LFQ straight-through gradient is the identity") {
 }
 
 TEST_CASE("LFQ loss gradients with projections match central differences (f64)") {
+  Generator gen(30);
   for (bool spherical : {false, true}) {
     LFQOptions o = lfq_opts(7, 16);
     o.spherical = spherical;
     o.soft_clamp_input_value = 2.0;
     o.inv_temperature = 3.0;  // soft distributions: every term matters
-    LFQ lfq(o);
+    LFQ lfq(o, gen);
     lfq.to(DType::f64);
-    Generator gen(30);
     const Tensor x = randn({2, 6, 7}, gen, {.dtype = DType::f64}).requires_grad_();
     auto loss_of = [&](const Tensor& in) { return lfq.forward(in, Tensor()).loss; };
     loss_of(x).backward();
@@ -208,10 +208,11 @@ TEST_CASE("LFQ: direct and factorised layers agree, with masks and token samplin
     LFQOptions o = lfq_opts(12, 1024);
     o.frac_per_sample_entropy = frac;
     o.inv_temperature = 10;
-    o.seed = 5;
-    LFQ fast(o);
+    // The same seed: both layers sample the same tokens.
+    Generator seed_a(5), seed_b(5);
+    LFQ fast(o, seed_a);
     o.entropy_path = LFQEntropyPath::direct;
-    LFQ direct(o);
+    LFQ direct(o, seed_b);
     direct.load_state_dict(fast.state_dict());
     const Tensor x = randn({3, 8, 12}, gen);
     const Tensor mask = gt(rand({3, 8}, gen), scalar(0.3));
@@ -233,7 +234,7 @@ TEST_CASE("LFQ masks: masked tokens contribute nothing; all masked gives zero lo
   Generator gen(50);
   LFQOptions o = lfq_opts(6);
   o.inv_temperature = 5;
-  LFQ lfq(o);
+  LFQ lfq(o, gen);
   const Tensor x = randn({1, 10, 6}, gen);
   std::vector<uint8_t> keep(10, 1);
   for (int i = 6; i < 10; ++i) keep[i] = 0;
@@ -259,7 +260,7 @@ TEST_CASE("LFQ masks: masked tokens contribute nothing; all masked gives zero lo
   }
   LFQOptions direct = o;
   direct.entropy_path = LFQEntropyPath::direct;
-  LFQ d(direct);
+  LFQ d(direct, gen);
   CHECK(d.forward(zeros({0, 3, 6}), Tensor()).loss.item() == 0.0);
   CHECK(d.forward(x, none).loss.item() == 0.0);
 }
@@ -269,7 +270,7 @@ TEST_CASE("LFQ's token means go through one replaceable function") {
   LFQOptions o = lfq_opts(8);
   o.inv_temperature = 4;
   o.commitment_loss_weight = 0.25;
-  LFQ lfq(o);
+  LFQ lfq(o, gen);
   const Tensor x = randn({2, 5, 8}, gen);
   const QuantizeOutput base = lfq.forward(x, Tensor());
   std::vector<int64_t> counts;
@@ -297,7 +298,7 @@ TEST_CASE("ResidualLFQ: per-layer scales, losses and quantize dropout") {
   ResidualLFQOptions o;
   o.lfq = lfq_opts(10, 256);
   o.num_quantizers = 3;
-  ResidualLFQ r(o);
+  ResidualLFQ r(o, gen);
   const Tensor x = randn({2, 5, 10}, gen);
   const QuantizeOutput out = r.forward(x, Tensor());
   CHECK(out.indices.shape() == Shape{2, 5, 3});
@@ -312,8 +313,7 @@ TEST_CASE("ResidualLFQ: per-layer scales, losses and quantize dropout") {
 
   ResidualLFQOptions d = o;
   d.quantize_dropout = true;
-  d.lfq.seed = 3;
-  ResidualLFQ drop(d);
+  ResidualLFQ drop(d, gen);
   bool dropped_some = false;
   for (int i = 0; i < 20; ++i) {
     const QuantizeOutput q = drop.forward(x, Tensor());
@@ -331,7 +331,7 @@ TEST_CASE("ResidualLFQ: per-layer scales, losses and quantize dropout") {
   g.rlfq = o;
   g.rlfq.lfq.dim = 16;
   g.groups = 2;
-  GroupedResidualLFQ grouped(g);
+  GroupedResidualLFQ grouped(g, gen);
   const QuantizeOutput go = grouped.forward(randn({2, 5, 16}, gen), Tensor());
   CHECK(go.indices.shape() == Shape{2, 2, 5, 3});
   CHECK(go.loss.shape() == Shape{2, 3});
@@ -342,7 +342,7 @@ TEST_CASE("LFQ and ResidualLFQ on image feature maps") {
   LFQOptions o = lfq_opts(8);
   o.num_codebooks = 2;
   o.codebook_size = 16;
-  LFQ lfq(o);
+  LFQ lfq(o, gen);
   const Tensor img = randn({2, 8, 3, 5}, gen);
   const QuantizeOutput out = lfq.forward(img, Tensor());
   CHECK(out.quantized.shape() == Shape{2, 8, 3, 5});
@@ -357,27 +357,27 @@ TEST_CASE("LFQ and ResidualLFQ on image feature maps") {
   ResidualLFQOptions r;
   r.lfq = lfq_opts(6, 16);
   r.num_quantizers = 2;
-  ResidualLFQ rl(r);
+  ResidualLFQ rl(r, gen);
   const QuantizeOutput ro = rl.forward(randn({2, 6, 4, 4}, gen), Tensor());
   CHECK(ro.quantized.shape() == Shape{2, 6, 4, 4});
   CHECK(ro.indices.shape() == Shape{2, 4, 4, 2});
 }
 
 TEST_CASE("LFQ projection_has_bias = false: no bias parameters, y = sign(x W_in^T) W_out^T") {
+  Generator gen(6);
   LFQOptions o = lfq_opts(6, 16);  // 4 bits from 6 features: projections
-  o.seed = 5;
   auto names = [](const LFQ& l) {
     std::set<std::string> n;
     for (const auto& [name, t] : l.state_dict()) n.insert(name);
     return n;
   };
-  CHECK(names(LFQ(o)) == std::set<std::string>{"project_in.weight", "project_in.bias",
-                                               "project_out.weight", "project_out.bias", "mask"});
+  CHECK(names(LFQ(o, gen)) == std::set<std::string>{"project_in.weight", "project_in.bias",
+                                                    "project_out.weight", "project_out.bias",
+                                                    "mask"});
   o.projection_has_bias = false;
-  LFQ lfq(o);
+  LFQ lfq(o, gen);
   CHECK(names(lfq) == std::set<std::string>{"project_in.weight", "project_out.weight", "mask"});
   lfq.eval();
-  Generator gen(6);
   const Tensor x = randn({2, 5, 6}, gen);
   const QuantizeOutput out = lfq.forward(x, Tensor());
   const auto xv = vals(x), Win = vals(lfq.find("project_in.weight")),
@@ -408,12 +408,12 @@ TEST_CASE("LFQ projection_has_bias = false: no bias parameters, y = sign(x W_in^
 TEST_CASE("LFQ keep_num_codebooks_dim: index shapes") {
   Generator gen(7);
   const Tensor x = randn({2, 7, 4}, gen);
-  LFQ plain(lfq_opts(4));
+  LFQ plain(lfq_opts(4), gen);
   const QuantizeOutput a = plain.forward(x, Tensor());
   CHECK(a.indices.shape() == Shape{2, 7});
   LFQOptions o = lfq_opts(4);
   o.keep_num_codebooks_dim = true;
-  LFQ keep(o);
+  LFQ keep(o, gen);
   const QuantizeOutput b = keep.forward(x, Tensor());
   CHECK(b.indices.shape() == Shape{2, 7, 1});
   CHECK(vals(b.indices) == vals(a.indices));
@@ -423,7 +423,7 @@ TEST_CASE("LFQ keep_num_codebooks_dim: index shapes") {
   // bits of its own half (first dim most significant).
   o = lfq_opts(8, 16);
   o.num_codebooks = 2;
-  LFQ two(o);
+  LFQ two(o, gen);
   CHECK_FALSE(two.has_projections());
   const Tensor x8 = randn({2, 7, 8}, gen);
   const QuantizeOutput c = two.forward(x8, Tensor());
@@ -437,5 +437,6 @@ TEST_CASE("LFQ keep_num_codebooks_dim: index shapes") {
       CHECK(iv[t * 2 + cb] == expect);
     }
   o.keep_num_codebooks_dim = false;
-  CHECK_THROWS_WITH_AS(LFQ{o}, doctest::Contains("keep_num_codebooks_dim"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(LFQ(o, gen), doctest::Contains("keep_num_codebooks_dim"),
+                       std::invalid_argument);
 }

@@ -127,8 +127,7 @@ std::vector<Case> cases() {
                    FSQOptions o;
                    o.levels = {5, 4, 3};
                    o.dim = kDim;
-                   o.seed = g.key();
-                   return std::make_shared<FSQ>(o);
+                   return std::make_shared<FSQ>(o, g);
                  },
                  call<FSQ>()});
   out.push_back({"rfsq_quantize_dropout",
@@ -136,23 +135,21 @@ std::vector<Case> cases() {
                    ResidualFSQOptions o;
                    o.fsq.levels = {5, 4, 3};
                    o.fsq.dim = kDim;
-                   o.fsq.seed = g.key();
                    o.num_quantizers = 3;
                    o.quantize_dropout = true;
-                   return std::make_shared<ResidualFSQ>(o);
+                   return std::make_shared<ResidualFSQ>(o, g);
                  },
                  call<ResidualFSQ>()});
-  auto lfq_options = [](Generator& g) {
+  auto lfq_options = [] {
     LFQOptions o;
     o.dim = kDim;
     o.codebook_size = 16;
     o.entropy_loss_weight = 0.1;
     o.commitment_loss_weight = 0.25;
-    o.seed = g.key();
     return o;
   };
   out.push_back({"lfq_entropy",
-                 [lfq_options](Generator& g) { return std::make_shared<LFQ>(lfq_options(g)); },
+                 [lfq_options](Generator& g) { return std::make_shared<LFQ>(lfq_options(), g); },
                  [](Module& m, const Tensor& x, const Tensor& mask) {
                    return dynamic_cast<LFQ&>(m).forward(x, mask);
                  },
@@ -160,10 +157,10 @@ std::vector<Case> cases() {
   out.push_back({"rlfq_quantize_dropout",
                  [lfq_options](Generator& g) {
                    ResidualLFQOptions o;
-                   o.lfq = lfq_options(g);
+                   o.lfq = lfq_options();
                    o.num_quantizers = 2;
                    o.quantize_dropout = true;
-                   return std::make_shared<ResidualLFQ>(o);
+                   return std::make_shared<ResidualLFQ>(o, g);
                  },
                  [](Module& m, const Tensor& x, const Tensor& mask) {
                    return dynamic_cast<ResidualLFQ&>(m).forward(x, mask);
