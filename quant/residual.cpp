@@ -13,6 +13,18 @@
 
 namespace quanta::quant {
 
+QuantizeOutput quantize_tokens(const TokenLayout& layout, const Tensor& x, Module* project_in,
+                               Module* project_out,
+                               const std::function<QuantizeOutput(const Tensor&)>& quantize) {
+  Tensor tokens = layout.to_tokens(x);
+  if (project_in) tokens = project_in->forward(tokens);
+  QuantizeOutput out = quantize(tokens);
+  if (project_out) out.quantized = project_out->forward(out.quantized);
+  out.quantized = layout.from_tokens(out.quantized);
+  out.indices = layout.spatial_from_tokens(out.indices);
+  return out;
+}
+
 void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losses,
                            const MemberTerms& terms, MemberLosses how, const Tensor& zero) {
   if (how == MemberLosses::none) {

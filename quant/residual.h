@@ -14,11 +14,13 @@
 #include <vector>
 
 #include "engine/dtype.h"
+#include "engine/nn/module.h"
 #include "engine/tensor.h"
 #include "quant/quantize_dropout.h"
 #include "quant/quantize_output.h"
 #include "quant/quantizer.h"
 #include "quant/step_stream.h"
+#include "quant/token_layout.h"
 
 namespace quanta::quant {
 
@@ -52,6 +54,14 @@ using ResidualLayer = std::function<QuantizeOutput(int64_t layer, const Tensor& 
 QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
                                  DType index_dtype, MemberLosses losses,
                                  const ResidualLayer& layer);
+
+/** What every stack does around its residual loop: `x` (laid out as
+ * `layout` says) to tokens [B, N, D], through `project_in` when there is one,
+ * `quantize` on them, its output through `project_out` when there is one and
+ * back to x's layout, its indices to x's spatial shape. */
+QuantizeOutput quantize_tokens(const TokenLayout& layout, const Tensor& x, Module* project_in,
+                               Module* project_out,
+                               const std::function<QuantizeOutput(const Tensor&)>& quantize);
 
 /** Layer `layer`'s codes [..., d] of valid indices (i64, none negative). */
 using ResidualLookup = std::function<Tensor(int64_t layer, const Tensor& indices)>;

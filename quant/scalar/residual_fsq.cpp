@@ -73,21 +73,16 @@ QuantizeOutput ResidualFSQ::forward_kept(const Tensor& x, const Tensor& mask, in
                                          const QuantizeOptions&) {
   const TokenLayout layout(x, !opts_.fsq.channel_first, dim_, "ResidualFSQ");
   (void)detail::token_mask(mask, layout, "ResidualFSQ");
-  Tensor z = layout.to_tokens(x);
-  if (project_in_) z = project_in_->forward(z);
-  if (soft_clamp_.defined()) z = detail::soft_clamp(z, soft_clamp_.to(z.dtype()));
-  QuantizeOutput out =
-      residual_quantize(z, num_quantizers(), last_kept, DType::i32, MemberLosses::none,
-                        [&](int64_t q, const Tensor& residual) {
-                          const Tensor scale = select(scales_, 0, q).to(z.dtype());
-                          QuantizeOutput o = layers_[q]->forward(residual / scale, Tensor());
-                          o.quantized = o.quantized * scale;
-                          return o;
-                        });
-  if (project_out_) out.quantized = project_out_->forward(out.quantized);
-  out.quantized = layout.from_tokens(out.quantized);
-  out.indices = layout.spatial_from_tokens(out.indices);
-  return out;
+  return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](Tensor z) {
+    if (soft_clamp_.defined()) z = detail::soft_clamp(z, soft_clamp_.to(z.dtype()));
+    return residual_quantize(z, num_quantizers(), last_kept, DType::i32, MemberLosses::none,
+                             [&](int64_t q, const Tensor& residual) {
+                               const Tensor scale = select(scales_, 0, q).to(z.dtype());
+                               QuantizeOutput o = layers_[q]->forward(residual / scale, Tensor());
+                               o.quantized = o.quantized * scale;
+                               return o;
+                             });
+  });
 }
 
 Tensor ResidualFSQ::get_codes_from_indices(const Tensor& indices) {

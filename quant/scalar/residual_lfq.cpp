@@ -76,17 +76,12 @@ QuantizeOutput ResidualLFQ::forward_kept(const Tensor& x, const Tensor& mask, in
                                          const QuantizeOptions& opts) {
   const TokenLayout layout(x, !opts_.lfq.channel_first, dim_, "ResidualLFQ");
   const Tensor keep = detail::token_mask(mask, layout, "ResidualLFQ");
-  Tensor z = layout.to_tokens(x);
-  if (project_in_) z = project_in_->forward(z);
-  QuantizeOutput out =
-      residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::summed,
-                        [&](int64_t q, const Tensor& residual) {
-                          return layers_[q]->forward(residual, keep, opts.inv_temperature);
-                        });
-  if (project_out_) out.quantized = project_out_->forward(out.quantized);
-  out.quantized = layout.from_tokens(out.quantized);
-  out.indices = layout.spatial_from_tokens(out.indices);
-  return out;
+  return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](const Tensor& z) {
+    return residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::summed,
+                             [&](int64_t q, const Tensor& residual) {
+                               return layers_[q]->forward(residual, keep, opts.inv_temperature);
+                             });
+  });
 }
 
 Tensor ResidualLFQ::get_codes_from_indices(const Tensor& indices) {

@@ -81,19 +81,17 @@ QuantizeOutput ResidualVQ::forward_kept(const Tensor& x, const Tensor& mask, int
     fail("ResidualVQ", "got a feature map of shape " + shape_str(x.shape()) +
                            "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, opts_.channel_last, opts_.dim, "ResidualVQ");
-  Tensor tokens = layout.to_tokens(x);
-  if (project_in_) tokens = project_in_->forward(tokens);
   const Tensor token_mask = detail::token_mask(mask, layout, "ResidualVQ");
-  QuantizeOutput out =
-      residual_quantize(tokens, num_quantizers(), last_kept, DType::i64, MemberLosses::stacked,
-                        [&](int64_t i, const Tensor& residual) {
-                          return layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
-                        });
-  if (opts_.shared_codebook && opts_.update_in_forward && is_training()) layers_[0]->update_state();
-  if (project_in_) out.quantized = project_out_->forward(out.quantized);
-  out.quantized = layout.from_tokens(out.quantized);
-  out.indices = layout.spatial_from_tokens(out.indices);
-  return out;
+  return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](const Tensor& z) {
+    QuantizeOutput out =
+        residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::stacked,
+                          [&](int64_t i, const Tensor& residual) {
+                            return layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
+                          });
+    if (opts_.shared_codebook && opts_.update_in_forward && is_training())
+      layers_[0]->update_state();
+    return out;
+  });
 }
 
 Tensor ResidualVQ::get_codes_from_indices(const Tensor& indices) {

@@ -126,14 +126,13 @@ QuantizeOutput ResidualSimVQ::forward_kept(const Tensor& x, const Tensor& mask, 
                                            const QuantizeOptions&) {
   const TokenLayout layout(x, !opts_.accept_image_fmap, opts_.dim, "ResidualSimVQ");
   const Tensor token_mask = detail::token_mask(mask, layout, "ResidualSimVQ");
-  QuantizeOutput out =
-      residual_quantize(layout.to_tokens(x), num_quantizers(), last_kept, DType::i64,
-                        MemberLosses::stacked, [&](int64_t i, const Tensor& residual) {
-                          return layers_[static_cast<size_t>(i)]->forward(residual, token_mask);
-                        });
-  out.quantized = layout.from_tokens(out.quantized);
-  out.indices = layout.spatial_from_tokens(out.indices);
-  return out;
+  return quantize_tokens(layout, x, nullptr, nullptr, [&](const Tensor& z) {
+    return residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::stacked,
+                             [&](int64_t i, const Tensor& residual) {
+                               return layers_[static_cast<size_t>(i)]->forward(residual,
+                                                                               token_mask);
+                             });
+  });
 }
 
 Tensor ResidualSimVQ::get_codes_from_indices(const Tensor& indices) {
