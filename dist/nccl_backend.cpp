@@ -68,7 +68,7 @@ struct NcclBackend::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr, done = nullptr;
-  int device = 0;
+  int device = 0, rank = 0, size = 1;
   bool aborted = false;
 
   // Waits until the communicator is no longer in progress, aborting it at
@@ -122,12 +122,45 @@ struct NcclBackend::Impl {
     cuda_check(cudaEventRecord(ready, 0), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
   }
+
+  // One point-to-point exchange with every other rank, as one NCCL group:
+  // send_of(peer) and recv_of(peer) give the piece for that peer (bytes 0:
+  // nothing moves, and the peer skips the matching call too, since every
+  // rank knows every size). This rank's own piece is copied on the stream.
+  struct Piece {
+    const void* ptr;
+    std::size_t bytes;
+  };
+  template <class SendOf, class RecvOf>
+  void exchange(Clock::time_point deadline, const char* what, SendOf send_of, RecvOf recv_of) {
+    order_after_default();
+    const Piece own_in = send_of(rank), own_out = recv_of(rank);
+    if (own_in.bytes != 0)
+      cuda_check(cudaMemcpyAsync(const_cast<void*>(own_out.ptr), own_in.ptr, own_in.bytes,
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+    enqueue_check(ncclGroupStart(), deadline, "ncclGroupStart");
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      const Piece out = send_of(peer), in = recv_of(peer);
+      if (out.bytes != 0)
+        enqueue_check(ncclSend(out.ptr, out.bytes, ncclUint8, peer, comm, stream), deadline,
+                      "ncclSend");
+      if (in.bytes != 0)
+        enqueue_check(ncclRecv(const_cast<void*>(in.ptr), in.bytes, ncclUint8, peer, comm, stream),
+                      deadline, "ncclRecv");
+    }
+    enqueue_check(ncclGroupEnd(), deadline, "ncclGroupEnd");
+    watch(deadline, what);
+  }
 };
 
 NcclBackend::NcclBackend(Store& store, int rank, int size, int device, Millis timeout)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.device = device;
+  s.rank = rank;
+  s.size = size;
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   // Two ranks on one GPU make NCCL fail obscurely: check it ourselves.
   char bus[64] = {};
@@ -211,15 +244,40 @@ void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, D
   s.watch(deadline, "reduce_scatter");
 }
 
-// Uneven pieces and all-to-all need grouped ncclSend/ncclRecv (issue 18):
-// until then ProcessGroup moves CUDA tensors through the host for these.
-void NcclBackend::all_gather_v(const void*, void*, const std::vector<std::size_t>&, uint32_t,
-                               Millis) {
-  refuse("all_gather_v", "uneven gathers need grouped send/recv (not implemented yet)");
+// NCCL has no collective for uneven pieces or all-to-all: both are grouped
+// ncclSend/ncclRecv with every peer, device to device.
+void NcclBackend::all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes,
+                               uint32_t, Millis timeout) {
+  Impl& s = *impl_;
+  std::vector<std::size_t> offset(bytes.size() + 1, 0);
+  for (std::size_t r = 0; r < bytes.size(); ++r) offset[r + 1] = offset[r] + bytes[r];
+  char* o = static_cast<char*>(out);
+  const std::size_t mine = bytes[static_cast<std::size_t>(s.rank)];
+  s.exchange(
+      Clock::now() + timeout, "all_gather_v",
+      [&](int) {
+        return Impl::Piece{in, mine};
+      },
+      [&](int peer) {
+        const auto p = static_cast<std::size_t>(peer);
+        return Impl::Piece{o + offset[p], bytes[p]};
+      });
 }
 
-void NcclBackend::all_to_all(const void*, void*, std::size_t, uint32_t, Millis) {
-  refuse("all_to_all", "it needs grouped send/recv (not implemented yet)");
+void NcclBackend::all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t,
+                             Millis timeout) {
+  Impl& s = *impl_;
+  const std::size_t block = total_bytes / static_cast<std::size_t>(s.size);
+  const char* i = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  s.exchange(
+      Clock::now() + timeout, "all_to_all",
+      [&](int peer) {
+        return Impl::Piece{i + static_cast<std::size_t>(peer) * block, block};
+      },
+      [&](int peer) {
+        return Impl::Piece{o + static_cast<std::size_t>(peer) * block, block};
+      });
 }
 
 void NcclBackend::barrier(uint32_t, Millis) {

@@ -42,12 +42,12 @@ class NcclBackend final : public Backend {
   void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
                   Millis timeout) override;
-  /** Refused (std::invalid_argument): uneven gathers need grouped send/recv. */
+  /** Grouped ncclSend/ncclRecv with every peer (own piece: a device copy). */
   void all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes, uint32_t tag,
                     Millis timeout) override;
   void reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype, ReduceOp op,
                       uint32_t tag, Millis timeout) override;
-  /** Refused (std::invalid_argument): needs grouped send/recv. */
+  /** Grouped ncclSend/ncclRecv with every peer (own block: a device copy). */
   void all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag,
                   Millis timeout) override;
   /** Refused (std::invalid_argument): a barrier has no tensor, so it runs on Gloo. */

@@ -685,13 +685,6 @@ Tensor ProcessGroup::all_gather(const Tensor& t, CallOptions o, Site site) {
 
 Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, CallOptions o,
                                   Site site) {
-  if (t.defined() && t.device().is_cuda()) {
-    // NCCL has no gather of uneven pieces (NcclBackend refuses it until
-    // grouped send/recv, issue 18): the bytes travel through the group's
-    // Gloo transport and come back to the tensor's device.
-    NoGradGuard g;
-    return all_gather_v(t.to(Device::cpu()), sizes, o, site).to(t.device());
-  }
   Tensor in = contiguous_input("all_gather_v", t);
   if (in.dim() == 0)
     throw std::invalid_argument("[dist::all_gather_v] needs at least one dimension, got a scalar");
@@ -792,12 +785,6 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
 }
 
 Tensor ProcessGroup::all_to_all(const Tensor& t, CallOptions o, Site site) {
-  if (t.defined() && t.device().is_cuda()) {
-    // Through the group's Gloo transport, as all_gather_v (NcclBackend
-    // refuses all_to_all until grouped send/recv, issue 18).
-    NoGradGuard g;
-    return all_to_all(t.to(Device::cpu()), o, site).to(t.device());
-  }
   Tensor in = contiguous_input("all_to_all", t);
   if (in.dim() == 0 || in.size(0) % size_ != 0)
     throw std::invalid_argument("[dist::all_to_all] dim 0 must be a multiple of the world size " +

@@ -77,15 +77,18 @@ TEST_CASE("nccl, one rank: broadcast, all_gather and reduce_scatter; nf4 bytes t
   nccl->reduce_scatter(x.raw_data(), rs.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32,
                        ReduceOp::sum, /*tag=*/0, Millis(20000));
   CHECK(same_bytes(rs, x));
-  // Through the interface ProcessGroup uses; what NCCL cannot do yet is
-  // refused without touching the communicator.
+  // Through the interface ProcessGroup uses. all_gather_v and all_to_all are
+  // grouped send/recv: with one rank, the own piece's device copy and an
+  // empty NCCL group. A barrier is refused without touching the communicator.
   dist::detail::Backend& backend = *nccl;
   CHECK(std::string(backend.name()) == "nccl");
   std::vector<std::size_t> bytes{x.nbytes()};
-  CHECK_THROWS_AS(backend.all_gather_v(x.raw_data(), out.raw_data(), bytes, 0, Millis(20000)),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(backend.all_to_all(x.raw_data(), out.raw_data(), x.nbytes(), 0, Millis(20000)),
-                  std::invalid_argument);
+  Tensor gathered = zeros({4, 5}, {.device = gpu});
+  backend.all_gather_v(x.raw_data(), gathered.raw_data(), bytes, 0, Millis(20000));
+  CHECK(same_bytes(gathered, x));
+  Tensor swapped = zeros({4, 5}, {.device = gpu});
+  backend.all_to_all(x.raw_data(), swapped.raw_data(), x.nbytes(), 0, Millis(20000));
+  CHECK(same_bytes(swapped, x));
   CHECK_THROWS_AS(backend.barrier(0, Millis(20000)), std::invalid_argument);
   backend.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32, ReduceOp::avg,
                      0, Millis(20000));
