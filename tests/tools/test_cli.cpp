@@ -266,6 +266,30 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
   }
 }
 
+TEST_CASE("quanta waits passively in OpenMP unless the environment names a policy") {
+  // The command restarts itself once with OMP_WAIT_POLICY=passive
+  // (tools/quanta/wait_policy.h); a policy the user set is kept.
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spins = std::getenv("GOMP_SPINCOUNT");
+  const std::string saved_policy = policy ? policy : "", saved_spins = spins ? spins : "";
+  auto header = [] {
+    Result r = quanta_cli({"bench", "engine", "--repeat", "1", "--size", "small"});
+    REQUIRE(r.code == 0);
+    return r.out.substr(0, r.out.find('\n'));
+  };
+  unsetenv("OMP_WAIT_POLICY");
+  unsetenv("GOMP_SPINCOUNT");
+  CHECK(contains(header(), "(OpenMP waits: passive)"));
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  CHECK(contains(header(), "(OpenMP waits: active)"));
+  unsetenv("OMP_WAIT_POLICY");
+  setenv("GOMP_SPINCOUNT", "1000", 1);
+  CHECK(contains(header(), "(OpenMP waits: spincount 1000)"));
+  unsetenv("GOMP_SPINCOUNT");
+  if (policy) setenv("OMP_WAIT_POLICY", saved_policy.c_str(), 1);
+  if (spins) setenv("GOMP_SPINCOUNT", saved_spins.c_str(), 1);
+}
+
 TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
   Result r = quanta_cli({"bench", "train", "--json", "--repeat", "1", "--size", "small"});
   CAPTURE(r.err);

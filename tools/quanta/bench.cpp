@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "engine/cpu/parallel.h"
 #include "flag_checks.h"
+#include "wait_policy.h"
 
 namespace quanta::cli {
 namespace {
@@ -54,8 +55,9 @@ void run_bench(BenchCommand& c) {
   c.opts.small = c.size == "small";
   const std::vector<BenchRow> rows = suites().at(c.suite).run(c.opts);
   if (!c.json)
-    std::cout << "# quanta bench " << c.suite << ": " << num_threads() << " threads, size "
-              << c.size << ", median of " << c.opts.repeat << "\n";
+    std::cout << "# quanta bench " << c.suite << ": " << num_threads()
+              << " threads (OpenMP waits: " << wait_policy_name() << "), size " << c.size
+              << ", median of " << c.opts.repeat << "\n";
   print_rows(std::cout, rows, c.json);
 }
 

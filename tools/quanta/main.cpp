@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "quanta_config.h"
+#include "wait_policy.h"
 
 namespace {
 
@@ -20,6 +21,7 @@ int fail(const std::string& what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  quanta::cli::adopt_wait_policy(argv);  // may start this process again
   CLI::App app{"quanta: a C++ deep-learning engine for vector-quantized and NF4 models"};
   app.name("quanta");
   app.set_version_flag("--version", std::string("quanta ") + QUANTA_VERSION);
