@@ -47,9 +47,11 @@ Layout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t& ou
   return kNone;
 }
 
+// One product on the calling thread through Eigen (built with
+// EIGEN_DONT_PARALLELIZE, engine/eigen.h).
 template <class T, int LA, int LB>
-void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob, T* c,
-             int64_t ldc, bool acc) {
+void eigen_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob,
+                   T* c, int64_t ldc, bool acc) {
   using Stride = Eigen::OuterStride<>;
   using MA = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LA>;
   using MB = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, LB>;
@@ -77,6 +79,37 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
     if (!acc) zero_rows(c, m, n, ldc);
     C.noalias() += A * B;
   }
+}
+
+// Multiply-adds below which a product stays on one thread (a block of rows
+// per thread must outweigh starting the parallel region).
+constexpr double kSplitMinWork = 1 << 17;
+
+// Eigen's own threading waits for its threads by spinning, which a machine
+// with other work turned into 4x slower training steps whatever
+// OMP_WAIT_POLICY said (docs/performance.md, "Under load"). So Eigen runs on
+// one thread, and a large product outside a parallel region is cut here into
+// blocks of at least two rows, one per thread, each through Eigen's
+// one-thread GEMM. (The bits then depend on the thread count, as they did
+// with Eigen's threads: a block's rows fall into other register panels.)
+template <class T, int LA, int LB>
+void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b, int64_t ob, T* c,
+             int64_t ldc, bool acc) {
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const int64_t blocks = std::min<int64_t>(num_threads(), m / 2);
+  if (n < 2 || blocks < 2 || work < kSplitMinWork) {
+    eigen_product<T, LA, LB>(m, n, k, a, oa, b, ob, c, ldc, acc);
+    return;
+  }
+  const int64_t base = m / blocks, extra = m % blocks;
+  parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t lo = i * base + std::min(i, extra), rows = base + (i < extra ? 1 : 0);
+      // Row r of A starts at a + r * oa (row-major) or a + r (column-major).
+      const T* a_rows = a + lo * (LA == Eigen::RowMajor ? oa : 1);
+      eigen_product<T, LA, LB>(rows, n, k, a_rows, oa, b, ob, c + lo * ldc, ldc, acc);
+    }
+  });
 }
 
 #ifdef QUANTA_GEMM_OPENBLAS

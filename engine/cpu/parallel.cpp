@@ -27,7 +27,6 @@ void set_num_threads(int n) {
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif
-  Eigen::setNbThreads(n);
 }
 
 namespace cpu {

@@ -3,6 +3,7 @@
 // where a GPU is visible, the CUDA table's families against the CPU's.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -258,4 +259,43 @@ TEST_CASE("cuda: in-place updates (add_, mul_, div_, addcmul_, addcdiv_) equal t
     copy_(d, e);
   });
   both("f32 round trip", [&](Tensor& d, Device) { copy_(d, d.to(DType::f32).to(DType::f64)); });
+}
+
+TEST_CASE("CPU gemm: products cut into row blocks per thread are right for every layout") {
+  // Products between 2^17 and 2^20 multiply-adds run on Eigen cut into row
+  // blocks, one per thread (engine/cpu/gemm.cpp): every thread count and both
+  // layouts of A agree with a plain f64 loop.
+  const int before = num_threads();
+  Generator gen(5);
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const Shape3 s : {Shape3{37, 64, 300}, Shape3{6, 40, 900}, Shape3{64, 16, 1000},
+                           Shape3{5, 2, 20000}, Shape3{3, 300, 700}}) {
+      const Tensor a = randn({s.m, s.k}, gen, {.dtype = dt});
+      const Tensor b = randn({s.k, s.n}, gen, {.dtype = dt});
+      const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+      std::vector<double> want(static_cast<size_t>(s.m * s.n), 0.0);
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t p = 0; p < s.k; ++p)
+          for (int64_t j = 0; j < s.n; ++j)
+            want[size_t(i * s.n + j)] += av[size_t(i * s.k + p)] * bv[size_t(p * s.n + j)];
+      const Tensor at = contiguous(a.t());  // [k, m]: A read column-major
+      const double tol = dt == DType::f32 ? 1e-4 : 1e-11;
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        for (const Tensor& got : {matmul(a, b), matmul(at.t(), b)}) {
+          INFO(dtype_name(dt) << " " << s.m << "x" << s.n << "x" << s.k << ", " << threads
+                              << " threads");
+          const std::vector<double> g = got.to_vector<double>();
+          double worst = 0;
+          for (size_t e = 0; e < g.size(); ++e)
+            worst = std::max(worst, std::abs(g[e] - want[e]) / (1.0 + std::abs(want[e])));
+          CHECK(worst < tol * std::sqrt(double(s.k)));
+        }
+      }
+      set_num_threads(before);
+    }
+  }
 }
