@@ -8,7 +8,7 @@
 namespace quanta::cli {
 
 void adopt_wait_policy(char** argv) {
-  if (std::getenv(kWaitPolicyVar) || std::getenv("GOMP_SPINCOUNT")) return;
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
   if (setenv(kWaitPolicyVar, kWaitPolicy, 1) != 0) return;
   // Same pid, arguments and environment (plus the policy): a launcher that
   // watches this pid, or a shell waiting on it, sees nothing happen.
@@ -18,7 +18,7 @@ void adopt_wait_policy(char** argv) {
 
 const char* wait_policy_name() {
   static const std::string name = [] {
-    if (const char* p = std::getenv(kWaitPolicyVar)) return std::string(p);
+    if (const char* p = std::getenv("OMP_WAIT_POLICY")) return std::string(p);
     if (const char* s = std::getenv("GOMP_SPINCOUNT")) return "spincount " + std::string(s);
     return std::string("default");
   }();
