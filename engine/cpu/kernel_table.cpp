@@ -16,6 +16,7 @@ const KernelTable& cpu_kernels() {
       .reduce_rows = reduce_rows,
       .gemm_maps = gemm_maps,
       .gemm = gemm_entry,
+      .gemm_16bit = false,
       .stat_rows = stat_rows,
       .index_rows = index_rows,
       .cumsum = cumsum,

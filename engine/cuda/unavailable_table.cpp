@@ -33,6 +33,7 @@ const KernelTable& unavailable_kernels() {
                         void*) { no_cuda(op_name(op)); },
       .gemm_maps = [](int64_t, int64_t, int64_t, int64_t) -> bool { no_cuda("gemm"); },
       .gemm = [](const GemmArgs&) { no_cuda("gemm"); },
+      .gemm_16bit = false,
       .stat_rows = [](RowStat op, double, DType, const void*, int64_t, int64_t,
                       void*) { no_cuda(op_name(op)); },
       .index_rows = [](RowReduce op, DType, const void*, int64_t, int64_t, int64_t*,

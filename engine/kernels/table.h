@@ -106,8 +106,13 @@ struct KernelTable {
   /** True when a rows x cols matrix with strides (rs, cs) is a GEMM operand
    * this device takes without a copy. */
   bool (*gemm_maps)(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
-  /** Matrix products in f32 or f64 (see GemmArgs). */
+  /** Matrix products in f32 or f64 (see GemmArgs); bf16 and f16 too where
+   * gemm_16bit is set. */
   void (*gemm)(const GemmArgs& args);
+  /** True when gemm takes bf16 and f16 operands and C directly, multiplying
+   * and accumulating in f32 and rounding C once (as the CPU's f32 product of
+   * the widened operands does); else ops widen 16-bit operands to f32. */
+  bool gemm_16bit;
   /** out[r] = stat(rows[r, 0..inner), param) for r < outer (see RowStat);
    * rows and out contiguous, of one dtype, f32 or f64; accumulation is in
    * that dtype (var, std) or in f64 (norm). */
