@@ -46,4 +46,7 @@ void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, vo
 void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
                     void* out);
 
+// random_kernels
+void random_fill(const RandomFill& f, int64_t n, void* out);
+
 }  // namespace quanta::cpu

@@ -338,6 +338,7 @@ const KernelTable& cuda_kernels() {
       .max_pool_route = max_pool_route,
       .upsample_nearest2x = upsample_nearest2x,
       .sq_dist_finish = sq_dist_finish,
+      .random_fill = random_fill,
   };
   return table;
 }

@@ -71,6 +71,7 @@ const KernelTable& unavailable_kernels() {
                                void*) { no_cuda("interpolate_nearest2x"); },
       .sq_dist_finish = [](DType, const void*, const void*, int64_t, int64_t, int64_t,
                            void*) { no_cuda("sq_dist"); },
+      .random_fill = [](const RandomFill&, int64_t, void*) { no_cuda("random fill"); },
   };
   return table;
 }

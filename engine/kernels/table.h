@@ -75,6 +75,21 @@ enum class RowStat : uint8_t {
 /** What index_lines does along its dim. */
 enum class IndexMode : uint8_t { gather, scatter_copy, scatter_fill, scatter_add };
 
+/** What a random_fill draws per element (rules in engine/random/draw.h). */
+enum class RandomDraw : uint8_t { uniform, normal, integer };
+
+/** One random fill: the stream (key, start block) and the value rule. */
+struct RandomFill {
+  RandomDraw draw = RandomDraw::uniform;
+  DType dtype = DType::f32;  // uniform: f32, f64, bf16, f16; normal: f32, f64; integer: i64
+  uint32_t key[2] = {0, 0};
+  uint64_t start_lo = 0, start_hi = 0;  // the stream's first block
+  bool affine = false;                  // uniform, normal in f32 or f64: shift + scale * v
+  double scale = 1.0, shift = 0.0;
+  int64_t low = 0;     // integer: low + multiply-shift of the range
+  uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)
+};
+
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
@@ -198,6 +213,12 @@ struct KernelTable {
    * max(0, |x_i|^2 + |c_j|^2 - 2 out[i, j]). f32 or f64. */
   void (*sq_dist_finish)(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
                          void* out);
+
+  /** out[0..n) (contiguous) = the values of fill f: its stream's words
+   * mapped by the rule of f.draw and f.dtype (engine/random/draw.h), so
+   * every device gives the same bits (normal: the same within libm ulps).
+   * The caller has taken draw::words(...) words from the generator. */
+  void (*random_fill)(const RandomFill& f, int64_t n, void* out);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
