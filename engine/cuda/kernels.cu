@@ -339,6 +339,8 @@ const KernelTable& cuda_kernels() {
       .upsample_nearest2x = upsample_nearest2x,
       .sq_dist_finish = sq_dist_finish,
       .random_fill = random_fill,
+      .sgd_step = sgd_step,
+      .adam_step = adam_step,
   };
   return table;
 }

@@ -72,6 +72,10 @@ const KernelTable& unavailable_kernels() {
       .sq_dist_finish = [](DType, const void*, const void*, int64_t, int64_t, int64_t,
                            void*) { no_cuda("sq_dist"); },
       .random_fill = [](const RandomFill&, int64_t, void*) { no_cuda("random fill"); },
+      .sgd_step = [](const SgdStep&, DType, int64_t, void*, const void*,
+                     void*) { no_cuda("SGD step"); },
+      .adam_step = [](const AdamStep&, DType, int64_t, void*, const void*, void*, void*,
+                      void*) { no_cuda("Adam step"); },
   };
   return table;
 }

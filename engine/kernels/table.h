@@ -90,6 +90,23 @@ struct RandomFill {
   uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)
 };
 
+/** One SGD step's settings (SGDOptions, plus whether the momentum buffer is
+ * new: then it starts as the step's direction). */
+struct SgdStep {
+  double lr = 0, weight_decay = 0, momentum = 0, dampening = 0;
+  bool nesterov = false;
+  bool first = false;
+};
+
+/** One Adam/AdamW step's settings; bias corrections for this step:
+ * bc1 = 1 - beta1^t, bc2_sqrt = sqrt(1 - beta2^t). */
+struct AdamStep {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double bc1 = 1, bc2_sqrt = 1;
+  bool decoupled = false;  // AdamW: p *= 1 - lr wd, else g += wd p
+  bool amsgrad = false;
+};
+
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
@@ -219,6 +236,16 @@ struct KernelTable {
    * every device gives the same bits (normal: the same within libm ulps).
    * The caller has taken draw::words(...) words from the generator. */
   void (*random_fill)(const RandomFill& f, int64_t n, void* out);
+
+  /** One fused SGD step over n contiguous elements of one dtype (f32 or
+   * f64): param, grad and momentum_buffer (null without momentum) updated
+   * by fn::SgdUpdate (engine/kernels/optim_functors.h). */
+  void (*sgd_step)(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
+                   void* momentum_buffer);
+  /** One fused Adam/AdamW step likewise (fn::AdamUpdate); max_exp_avg_sq is
+   * null without amsgrad. */
+  void (*adam_step)(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
+                    void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
