@@ -619,18 +619,21 @@ void check_same_bits(const std::vector<Tensor>& got, const std::vector<Tensor>& 
 }  // namespace
 
 TEST_CASE("fused SGD, Adam and AdamW steps equal the op chain bit for bit (f32, f64)") {
-  for (DType t : {DType::f32, DType::f64}) {
-    Generator gen(31);
-    const Tensor p0 = randn({7, 33}, gen, {.dtype = t});
-    std::vector<Tensor> grads;
-    for (int s = 0; s < 4; ++s) grads.push_back(randn({7, 33}, gen, {.dtype = t}));
-    for (int which = 0; which < kOptSettings; ++which) {
-      CAPTURE(dtype_name(t));
-      CAPTURE(which);
-      check_same_bits(four_steps(which, p0, grads, Device::cpu(), true),
-                      four_steps(which, p0, grads, Device::cpu(), false));
+  // A small parameter, and one the kernels split into parallel chunks.
+  for (const Shape& shape : {Shape{7, 33}, Shape{300, 257}})
+    for (DType t : {DType::f32, DType::f64}) {
+      Generator gen(31);
+      const Tensor p0 = randn(shape, gen, {.dtype = t});
+      std::vector<Tensor> grads;
+      for (int s = 0; s < 4; ++s) grads.push_back(randn(shape, gen, {.dtype = t}));
+      for (int which = 0; which < kOptSettings; ++which) {
+        CAPTURE(shape_str(shape));
+        CAPTURE(dtype_name(t));
+        CAPTURE(which);
+        check_same_bits(four_steps(which, p0, grads, Device::cpu(), true),
+                        four_steps(which, p0, grads, Device::cpu(), false));
+      }
     }
-  }
 }
 
 TEST_CASE("fused steps: 16-bit and zero-size parameters, buffers made on the first step") {
