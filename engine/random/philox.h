@@ -7,7 +7,14 @@
 #include <array>
 #include <cstdint>
 
-#include "engine/kernels/functors.h"  // QUANTA_HD
+// QUANTA_HD as engine/kernels/functors.h defines it (the same tokens, so
+// either header may come first). Not that header itself: quanta.h includes
+// this one, and quanta::fn would then clash with quanta::dist::fn.
+#if defined(__CUDACC__)
+#define QUANTA_HD __host__ __device__
+#else
+#define QUANTA_HD
+#endif
 
 namespace quanta {
 
