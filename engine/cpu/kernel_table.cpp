@@ -16,6 +16,7 @@ const KernelTable& cpu_kernels() {
       .reduce_rows = reduce_rows,
       .gemm_maps = gemm_maps,
       .gemm = gemm_entry,
+      .gemm_16bit = false,
       .stat_rows = stat_rows,
       .index_rows = index_rows,
       .cumsum = cumsum,
@@ -29,6 +30,9 @@ const KernelTable& cpu_kernels() {
       .max_pool_route = max_pool_route,
       .upsample_nearest2x = upsample_nearest2x,
       .sq_dist_finish = sq_dist_finish,
+      .random_fill = random_fill,
+      .sgd_step = sgd_step,
+      .adam_step = adam_step,
   };
   return table;
 }

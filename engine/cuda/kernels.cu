@@ -182,7 +182,7 @@ void where(const Shape& shape, const Operand& out, const Operand& cond, const Op
   });
 }
 
-// ---- GEMM through cuBLAS (f32 without TF32, f64) ----
+// ---- GEMM through cuBLAS (f32 without TF32, f64; bf16/f16 with f32 compute) ----
 
 cublasHandle_t blas_handle() {
   static std::mutex mu;
@@ -212,6 +212,50 @@ int64_t progression(const int64_t* offs, int64_t n) {
   return offs[0] == 0 ? step : -1;
 }
 
+// One element type's cuBLAS calls: single and strided-batched products
+// (column-major arguments, as cuBLAS names them). f32 and f64 use
+// Sgemm/Dgemm; bf16 and f16 use the Ex forms with f32 compute (tensor cores;
+// one rounding of C, as the CPU's f32 product of widened operands).
+template <class T>
+struct Blas {
+  using Scalar = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  static cudaDataType data_type() {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return CUDA_R_16BF;
+    if constexpr (std::is_same_v<T, __half>) return CUDA_R_16F;
+    if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+    return CUDA_R_64F;
+  }
+  static void one(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                  int64_t n, int64_t k, const Scalar* alpha, const T* a, int64_t lda, const T* b,
+                  int64_t ldb, const Scalar* beta, T* c, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+      QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    } else if constexpr (std::is_same_v<T, double>) {
+      QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    } else {
+      QUANTA_CUBLAS_CHECK(cublasGemmEx_64(h, ta, tb, m, n, k, alpha, a, data_type(), lda, b,
+                                          data_type(), ldb, beta, c, data_type(), ldc,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+  static void strided(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                      int64_t n, int64_t k, const Scalar* alpha, const T* a, int64_t lda,
+                      int64_t sa, const T* b, int64_t ldb, int64_t sb, const Scalar* beta, T* c,
+                      int64_t ldc, int64_t sc, int64_t batch) {
+    if constexpr (std::is_same_v<T, float>) {
+      QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, ta, tb, m, n, k, alpha, a, lda, sa, b,
+                                                       ldb, sb, beta, c, ldc, sc, batch));
+    } else if constexpr (std::is_same_v<T, double>) {
+      QUANTA_CUBLAS_CHECK(cublasDgemmStridedBatched_64(h, ta, tb, m, n, k, alpha, a, lda, sa, b,
+                                                       ldb, sb, beta, c, ldc, sc, batch));
+    } else {
+      QUANTA_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
+          h, ta, tb, m, n, k, alpha, a, data_type(), lda, sa, b, data_type(), ldb, sb, beta, c,
+          data_type(), ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+};
+
 template <class T>
 void gemm_typed(const GemmArgs& g) {
   // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's first operand
@@ -222,7 +266,8 @@ void gemm_typed(const GemmArgs& g) {
   // A row-major matrix is its transpose in column-major: no transpose needed.
   const cublasOperation_t opb = lb.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t opa = la.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
-  const T alpha = T(1), beta = g.accumulate ? T(1) : T(0);
+  using S = typename Blas<T>::Scalar;
+  const S alpha = S(1), beta = g.accumulate ? S(1) : S(0);
   const T* a = static_cast<const T*>(g.a.data);
   const T* b = static_cast<const T*>(g.b.data);
   T* c = static_cast<T*>(g.c);
@@ -233,13 +278,7 @@ void gemm_typed(const GemmArgs& g) {
   }
   cublasHandle_t h = blas_handle();
   auto one = [&](const T* pa, const T* pb, T* pc) {
-    if constexpr (std::is_same_v<T, float>) {
-      QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
-                                         &beta, pc, g.ldc));
-    } else {
-      QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld,
-                                         &beta, pc, g.ldc));
-    }
+    Blas<T>::one(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld, &beta, pc, g.ldc);
   };
   if (g.batch == 1) {
     one(a + (g.a_off ? g.a_off[0] : 0), b + (g.b_off ? g.b_off[0] : 0), c);
@@ -251,20 +290,24 @@ void gemm_typed(const GemmArgs& g) {
     for (int64_t i = 0; i < g.batch; ++i) one(a + g.a_off[i], b + g.b_off[i], c + i * sc);
     return;
   }
-  if constexpr (std::is_same_v<T, float>) {
-    QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
-                                                     sb, a, la.ld, sa, &beta, c, g.ldc, sc,
-                                                     g.batch));
-  } else {
-    QUANTA_CUBLAS_CHECK(cublasDgemmStridedBatched_64(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld,
-                                                     sb, a, la.ld, sa, &beta, c, g.ldc, sc,
-                                                     g.batch));
-  }
+  Blas<T>::strided(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld, sb, a, la.ld, sa, &beta, c, g.ldc,
+                   sc, g.batch);
 }
 
 void gemm(const GemmArgs& g) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
-  dispatch_float(g.dtype, "gemm", [&](auto tag) { gemm_typed<typename decltype(tag)::type>(g); });
+  switch (g.dtype) {
+    case DType::f32:
+      return gemm_typed<float>(g);
+    case DType::f64:
+      return gemm_typed<double>(g);
+    case DType::bf16:
+      return gemm_typed<__nv_bfloat16>(g);
+    case DType::f16:
+      return gemm_typed<__half>(g);
+    default:
+      bad_dtype("gemm", g.dtype, "expected f32, f64, bf16 or f16");
+  }
 }
 
 }  // namespace
@@ -281,6 +324,7 @@ const KernelTable& cuda_kernels() {
       .reduce_rows = reduce_rows,
       .gemm_maps = gemm_maps,
       .gemm = gemm,
+      .gemm_16bit = true,
       .stat_rows = stat_rows,
       .index_rows = index_rows,
       .cumsum = cumsum,
@@ -294,6 +338,9 @@ const KernelTable& cuda_kernels() {
       .max_pool_route = max_pool_route,
       .upsample_nearest2x = upsample_nearest2x,
       .sq_dist_finish = sq_dist_finish,
+      .random_fill = random_fill,
+      .sgd_step = sgd_step,
+      .adam_step = adam_step,
   };
   return table;
 }

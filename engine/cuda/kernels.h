@@ -28,4 +28,13 @@ void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, vo
 void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
                     void* out);
 
+// random_kernels
+void random_fill(const RandomFill& f, int64_t n, void* out);
+
+// optim_kernels
+void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
+              void* momentum_buffer);
+void adam_step(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
+               void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
+
 }  // namespace quanta::cuda

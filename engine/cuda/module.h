@@ -24,7 +24,8 @@ namespace quanta::cuda {
 /** What libquanta_cuda offers, returned by its one exported entry point
  * `quanta_cuda_module_v1`. A new field or a changed signature bumps kAbi. */
 struct Module {
-  static constexpr int kAbi = 1;
+  // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer steps.
+  static constexpr int kAbi = 2;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;

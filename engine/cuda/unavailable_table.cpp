@@ -33,6 +33,7 @@ const KernelTable& unavailable_kernels() {
                         void*) { no_cuda(op_name(op)); },
       .gemm_maps = [](int64_t, int64_t, int64_t, int64_t) -> bool { no_cuda("gemm"); },
       .gemm = [](const GemmArgs&) { no_cuda("gemm"); },
+      .gemm_16bit = false,
       .stat_rows = [](RowStat op, double, DType, const void*, int64_t, int64_t,
                       void*) { no_cuda(op_name(op)); },
       .index_rows = [](RowReduce op, DType, const void*, int64_t, int64_t, int64_t*,
@@ -70,6 +71,11 @@ const KernelTable& unavailable_kernels() {
                                void*) { no_cuda("interpolate_nearest2x"); },
       .sq_dist_finish = [](DType, const void*, const void*, int64_t, int64_t, int64_t,
                            void*) { no_cuda("sq_dist"); },
+      .random_fill = [](const RandomFill&, int64_t, void*) { no_cuda("random fill"); },
+      .sgd_step = [](const SgdStep&, DType, int64_t, void*, const void*,
+                     void*) { no_cuda("SGD step"); },
+      .adam_step = [](const AdamStep&, DType, int64_t, void*, const void*, void*, void*,
+                      void*) { no_cuda("Adam step"); },
   };
   return table;
 }

@@ -75,6 +75,38 @@ enum class RowStat : uint8_t {
 /** What index_lines does along its dim. */
 enum class IndexMode : uint8_t { gather, scatter_copy, scatter_fill, scatter_add };
 
+/** What a random_fill draws per element (rules in engine/random/draw.h). */
+enum class RandomDraw : uint8_t { uniform, normal, integer };
+
+/** One random fill: the stream (key, start block) and the value rule. */
+struct RandomFill {
+  RandomDraw draw = RandomDraw::uniform;
+  DType dtype = DType::f32;  // uniform: f32, f64, bf16, f16; normal: f32, f64; integer: i64
+  uint32_t key[2] = {0, 0};
+  uint64_t start_lo = 0, start_hi = 0;  // the stream's first block
+  bool affine = false;                  // uniform, normal in f32 or f64: shift + scale * v
+  double scale = 1.0, shift = 0.0;
+  int64_t low = 0;     // integer: low + multiply-shift of the range
+  uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)
+};
+
+/** One SGD step's settings (SGDOptions, plus whether the momentum buffer is
+ * new: then it starts as the step's direction). */
+struct SgdStep {
+  double lr = 0, weight_decay = 0, momentum = 0, dampening = 0;
+  bool nesterov = false;
+  bool first = false;
+};
+
+/** One Adam/AdamW step's settings; bias corrections for this step:
+ * bc1 = 1 - beta1^t, bc2_sqrt = sqrt(1 - beta2^t). */
+struct AdamStep {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double bc1 = 1, bc2_sqrt = 1;
+  bool decoupled = false;  // AdamW: p *= 1 - lr wd, else g += wd p
+  bool amsgrad = false;
+};
+
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
@@ -106,8 +138,13 @@ struct KernelTable {
   /** True when a rows x cols matrix with strides (rs, cs) is a GEMM operand
    * this device takes without a copy. */
   bool (*gemm_maps)(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
-  /** Matrix products in f32 or f64 (see GemmArgs). */
+  /** Matrix products in f32 or f64 (see GemmArgs); bf16 and f16 too where
+   * gemm_16bit is set. */
   void (*gemm)(const GemmArgs& args);
+  /** True when gemm takes bf16 and f16 operands and C directly, multiplying
+   * and accumulating in f32 and rounding C once (as the CPU's f32 product of
+   * the widened operands does); else ops widen 16-bit operands to f32. */
+  bool gemm_16bit;
   /** out[r] = stat(rows[r, 0..inner), param) for r < outer (see RowStat);
    * rows and out contiguous, of one dtype, f32 or f64; accumulation is in
    * that dtype (var, std) or in f64 (norm). */
@@ -193,6 +230,22 @@ struct KernelTable {
    * max(0, |x_i|^2 + |c_j|^2 - 2 out[i, j]). f32 or f64. */
   void (*sq_dist_finish)(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
                          void* out);
+
+  /** out[0..n) (contiguous) = the values of fill f: its stream's words
+   * mapped by the rule of f.draw and f.dtype (engine/random/draw.h), so
+   * every device gives the same bits (normal: the same within libm ulps).
+   * The caller has taken draw::words(...) words from the generator. */
+  void (*random_fill)(const RandomFill& f, int64_t n, void* out);
+
+  /** One fused SGD step over n contiguous elements of one dtype (f32 or
+   * f64): param, grad and momentum_buffer (null without momentum) updated
+   * by fn::SgdUpdate (engine/kernels/optim_functors.h). */
+  void (*sgd_step)(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
+                   void* momentum_buffer);
+  /** One fused Adam/AdamW step likewise (fn::AdamUpdate); max_exp_avg_sq is
+   * null without amsgrad. */
+  void (*adam_step)(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
+                    void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
 };
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table

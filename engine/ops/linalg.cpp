@@ -34,6 +34,14 @@ DType product_dtype(const char* op, const Tensor& a, const Tensor& b) {
 
 Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x, dt); }
 
+// The dtype `k`'s GEMM runs a product of dtype `dt` in: 16-bit floats stay
+// 16-bit where the device multiplies them directly (f32 accumulation either
+// way), else they widen to f32.
+DType gemm_dtype(const KernelTable& k, DType dt) {
+  return k.gemm_16bit && (dt == DType::bf16 || dt == DType::f16) ? dt
+                                                                 : detail::cpu_compute_dtype(dt);
+}
+
 // `x` without graph, in dtype `ct`, with its last two dims in a layout the
 // GEMM maps directly (a copy only when neither of them has unit stride).
 Tensor gemm_operand(const KernelTable& k, const Tensor& x, DType ct) {
@@ -144,7 +152,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, DType ct) {
 
 // Both operands at least 2-d and of dtype `dt`: forward plus backward node.
 Tensor matmul_nd(const Tensor& a, const Tensor& b, DType dt) {
-  const DType ct = detail::cpu_compute_dtype(dt);
+  const DType ct = gemm_dtype(kernels(a.device()), dt);
   Tensor out = matmul_forward(a, b, ct);
   if (ct != dt) out = detail::as_plain(out, dt);
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
@@ -214,7 +222,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   DType dt = product_dtype("linear", x, w);
   if (b.defined()) dt = promote_types(dt, b.dtype());
   const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
-  const DType ct = detail::cpu_compute_dtype(dt);
+  const DType ct = gemm_dtype(k, dt);
 
   Shape out_shape = x.shape();
   out_shape.back() = out_f;

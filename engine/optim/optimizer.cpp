@@ -10,6 +10,7 @@
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
@@ -334,6 +335,22 @@ void Optimizer::apply_loaded(const std::vector<GroupValues>& groups, const Loade
   }
 }
 
+// A fused step (the kernel table's sgd_step / adam_step, one pass per
+// parameter) takes f32 and f64 parameters that are contiguous, with a
+// gradient and buffers of the same dtype, shape, device and layout; anything
+// else runs the chain of table ops the fused step equals.
+bool Optimizer::fusable(const Tensor& p, const Tensor& grad, const ParamState& st) {
+  const auto same = [&](const Tensor& t) {
+    return t.dtype() == p.dtype() && t.device() == p.device() && t.shape() == p.shape() &&
+           t.is_contiguous();
+  };
+  if (p.dtype() != DType::f32 && p.dtype() != DType::f64) return false;
+  if (!p.is_contiguous() || !same(grad)) return false;
+  for (const auto& [name, b] : st.buffers)
+    if (b.defined() && !same(b)) return false;
+  return true;
+}
+
 // ---- SGD ----
 SGD::SGD(const std::vector<Tensor>& params, const SGDOptions& opts)
     : SGD(std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts) {}
@@ -366,6 +383,22 @@ std::vector<std::string> SGD::state_buffers() const {
 
 void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, ParamState& st) {
   const double lr = *group.lr, wd = *group.weight_decay;
+  if (fusable(p, grad, st)) {
+    Tensor buf;
+    bool first = false;
+    if (momentum_ != 0) {
+      buf = st.get("momentum_buffer");
+      if (!buf.defined()) {
+        buf = empty_like(p);  // the step writes it: the first direction
+        first = true;
+        st.set("momentum_buffer", buf);
+      }
+    }
+    kernels(p.device())
+        .sgd_step({lr, wd, momentum_, dampening_, nesterov_ != 0, first}, p.dtype(), p.numel(),
+                  p.raw_data(), grad.raw_data(), buf.defined() ? buf.raw_data() : nullptr);
+    return;
+  }
   Tensor d = grad;
   if (wd != 0) {
     d = grad.clone();
@@ -427,6 +460,26 @@ std::vector<std::string> Adam::state_buffers() const {
 
 void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, ParamState& st) {
   const double lr = *group.lr, wd = *group.weight_decay;
+  auto buffer = [&](const char* name) {
+    Tensor b = st.get(name);
+    if (!b.defined()) {
+      b = zeros_like(p);
+      st.set(name, b);
+    }
+    return b;
+  };
+  const double t = static_cast<double>(st.step);
+  const double bc1 = 1.0 - std::pow(beta1_, t);
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+  if (fusable(p, grad, st)) {
+    Tensor m = buffer("exp_avg"), v = buffer("exp_avg_sq");
+    Tensor vmax = amsgrad_ != 0 ? buffer("max_exp_avg_sq") : Tensor();
+    kernels(p.device())
+        .adam_step({lr, wd, beta1_, beta2_, eps_, bc1, bc2_sqrt, decoupled_, amsgrad_ != 0},
+                   p.dtype(), p.numel(), p.raw_data(), grad.raw_data(), m.raw_data(), v.raw_data(),
+                   vmax.defined() ? vmax.raw_data() : nullptr);
+    return;
+  }
   Tensor g = grad;
   if (wd != 0) {
     if (decoupled_) {
@@ -436,14 +489,6 @@ void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, 
       add_(g, p, wd);
     }
   }
-  auto buffer = [&](const char* name) {
-    Tensor b = st.get(name);
-    if (!b.defined()) {
-      b = zeros_like(p);
-      st.set(name, b);
-    }
-    return b;
-  };
   Tensor m = buffer("exp_avg"), v = buffer("exp_avg_sq");
   // m.lerp_(g, 1 - beta1), with lerp's two formulas as PyTorch evaluates them.
   const double w = 1.0 - beta1_;
@@ -458,9 +503,6 @@ void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, 
   mul_(v, beta2_);
   addcmul_(v, g, g, 1.0 - beta2_);
 
-  const double t = static_cast<double>(st.step);
-  const double bc1 = 1.0 - std::pow(beta1_, t);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
   Tensor second = v;
   if (amsgrad_ != 0) {
     Tensor vmax = buffer("max_exp_avg_sq");

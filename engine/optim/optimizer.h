@@ -85,6 +85,9 @@ class Optimizer {
 
   Optimizer(const char* name, std::vector<ParamGroup> groups, double default_lr,
             double default_weight_decay);
+  /** True when p's step can run fused (kernel table's sgd_step/adam_step):
+   * f32/f64, contiguous, gradient and buffers alike (optimizer.cpp). */
+  static bool fusable(const Tensor& p, const Tensor& grad, const ParamState& st);
   /** Updates `p` in place from `grad` (defined); runs under NoGradGuard with
    * st.step already incremented. */
   virtual void update(const ParamGroup& group, const Tensor& p, const Tensor& grad,

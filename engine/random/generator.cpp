@@ -13,10 +13,7 @@ namespace {
 
 // 128-bit offset + block, little-endian 32-bit words (mod 2^128).
 std::array<uint32_t, 4> counter_at(PhiloxOffset o, uint64_t block) {
-  const uint64_t lo = o.lo + block;
-  const uint64_t hi = o.hi + (lo < block ? 1 : 0);
-  return {static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi),
-          static_cast<uint32_t>(hi >> 32)};
+  return philox_counter(o.lo, o.hi, block);
 }
 
 std::array<uint32_t, 2> key_words(uint64_t k) {

@@ -1,5 +1,7 @@
 // Samplers: validate, take one stream slice, then map words to values in
 // parallel (the word -> element rules are documented in sampling.h).
+// rand, randn, randint, uniform_ and normal_ draw on the target device
+// through its random_fill (engine/random/draw.h); the rest draw on the CPU.
 #include "engine/random/sampling.h"
 
 #include <algorithm>
@@ -15,13 +17,13 @@
 #include "engine/cpu/convert.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
+#include "engine/random/draw.h"
+#include "engine/random/word_groups.h"
 
 namespace quanta {
 namespace {
-
-constexpr double kTwoPi = 6.283185307179586;
-constexpr double k2Pow32 = 4294967296.0;
 
 void check_shape(const char* op, const Shape& shape) {
   for (int64_t s : shape)
@@ -40,76 +42,37 @@ Tensor finish(Tensor t, const TensorOptions& opts) {
   return t;
 }
 
-// Calls f(g, words) for groups g in [0, groups), group g owning words
-// [g * W, (g + 1) * W) of `s`. Words are computed chunk by chunk on the stack.
-template <int W, class F>
-void for_groups(const PhiloxStream& s, int64_t groups, F&& f) {
-  constexpr int64_t kChunk = 512;
-  cpu::parallel_for(0, groups, cpu::kGrainElements / 4, [&](int64_t lo, int64_t hi) {
-    uint32_t buf[kChunk * W];
-    for (int64_t c = lo; c < hi; c += kChunk) {
-      const int64_t m = std::min(kChunk, hi - c);
-      s.words(c * W, (c + m) * W, buf);
-      for (int64_t k = 0; k < m; ++k) f(c + k, buf + k * W);
-    }
-  });
-}
+using cpu::for_groups;
+using draw::u53;
+using draw::u64_of;
 
-inline uint64_t u64_of(const uint32_t* w) { return (static_cast<uint64_t>(w[1]) << 32) | w[0]; }
-// [0, 1) with 53 random bits.
-inline double u53(const uint32_t* w) { return static_cast<double>(u64_of(w) >> 11) * 0x1p-53; }
-
-// High 64 bits of a * b, portably (no 128-bit integer type).
-constexpr uint64_t mulhi64(uint64_t a, uint64_t b) {
-  const uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32;
-  const uint64_t b_lo = b & 0xffffffffu, b_hi = b >> 32;
-  const uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo;
-  const uint64_t lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
-  const uint64_t cross = (lo_lo >> 32) + (hi_lo & 0xffffffffu) + lo_hi;
-  return (hi_lo >> 32) + (cross >> 32) + hi_hi;
-}
-static_assert(mulhi64(~0ull, ~0ull) == ~0ull - 1);
-static_assert(mulhi64(1ull << 63, 6) == 3);
-
-// Uniform [0, 1) in T's own precision (one word, or two for f64).
-template <class T>
-Tensor uniform01(const Shape& shape, Generator& gen) {
-  Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
+// A new contiguous tensor on `device` holding fill f over `shape`: the words
+// are taken from gen here, the values made by the device's random_fill.
+Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
+  Tensor out = detail::make_tensor(shape, f.dtype, device);
   const int64_t n = out.numel();
-  T* p = out.data<T>();
-  if constexpr (std::is_same_v<T, double>) {
-    for_groups<2>(gen.take(2 * n), n, [p](int64_t i, const uint32_t* w) { p[i] = u53(w); });
-  } else {
-    for_groups<1>(gen.take(n), n, [p](int64_t i, const uint32_t* w) {
-      if constexpr (std::is_same_v<T, float>) p[i] = static_cast<float>(w[0] >> 8) * 0x1p-24f;
-      if constexpr (std::is_same_v<T, bf16>) p[i] = T(static_cast<float>(w[0] >> 24) * 0x1p-8f);
-      if constexpr (std::is_same_v<T, f16>) p[i] = T(static_cast<float>(w[0] >> 21) * 0x1p-11f);
-    });
-  }
+  const PhiloxStream s = gen.take(draw::words(f.draw, f.dtype, n));
+  f.key[0] = s.key[0];
+  f.key[1] = s.key[1];
+  f.start_lo = s.start.lo;
+  f.start_hi = s.start.hi;
+  kernels(device).random_fill(f, n, out.raw_data());
   return out;
 }
 
-// Standard normal in f32 (computed in f64) or f64, Box-Muller on pairs.
-template <class T>
-Tensor standard_normal(const Shape& shape, Generator& gen) {
-  Tensor out = detail::make_tensor(shape, dtype_v<T>, Device::cpu());
-  const int64_t n = out.numel(), pairs = (n + 1) / 2;
-  T* p = out.data<T>();
-  auto emit = [p, n](int64_t j, double u1, double u2) {
-    const double r = std::sqrt(-2.0 * std::log(u1)), t = kTwoPi * u2;
-    p[2 * j] = static_cast<T>(r * std::cos(t));
-    if (2 * j + 1 < n) p[2 * j + 1] = static_cast<T>(r * std::sin(t));
-  };
-  if constexpr (std::is_same_v<T, double>) {
-    for_groups<4>(gen.take(4 * pairs), pairs, [&](int64_t j, const uint32_t* w) {
-      emit(j, static_cast<double>((u64_of(w) >> 11) + 1) * 0x1p-53, u53(w + 2));
-    });
-  } else {
-    for_groups<2>(gen.take(2 * pairs), pairs, [&](int64_t j, const uint32_t* w) {
-      emit(j, (static_cast<double>(w[0]) + 1.0) / k2Pow32, static_cast<double>(w[1]) / k2Pow32);
-    });
-  }
-  return out;
+RandomFill fill_of(RandomDraw d, DType t) {
+  RandomFill f;
+  f.draw = d;
+  f.dtype = t;
+  return f;
+}
+
+RandomFill affine_fill(RandomDraw d, DType t, double scale, double shift) {
+  RandomFill f = fill_of(d, t);
+  f.affine = true;
+  f.scale = scale;
+  f.shift = shift;
+  return f;
 }
 
 // The dtype in-place fills draw in: f64 for f64, else f32.
@@ -124,18 +87,9 @@ void check_fill_target(const char* op, const Tensor& t) {
                                 "under NoGradGuard (as initialisers do)");
 }
 
-// vals (CPU, f32/f64) -> a * vals + b, written into t (any float dtype/device).
-void affine_into(const Tensor& t, Tensor vals, double a, double b) {
-  dispatch_float(vals.dtype(), "random fill", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = vals.data<T>();
-    const T ta = static_cast<T>(a), tb = static_cast<T>(b);
-    cpu::parallel_for(0, vals.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) p[i] = tb + ta * p[i];
-    });
-  });
+// vals (on t's device, f32/f64) written into t (any float dtype and layout).
+void write_into(const Tensor& t, Tensor vals) {
   if (vals.dtype() != t.dtype()) vals = vals.to(t.dtype());
-  if (!t.device().is_cpu()) vals = vals.to(t.device());
   NoGradGuard no_grad;  // t was checked above; copy_ need not see grad mode
   copy_(t, vals);
 }
@@ -156,29 +110,15 @@ bool representable(int64_t v, DType t) {
 Tensor rand(const Shape& shape, Generator& gen, const TensorOptions& opts) {
   check_shape("rand", shape);
   check_floating("rand", opts.dtype);
-  Tensor out;
-  switch (opts.dtype) {
-    case DType::f64:
-      out = uniform01<double>(shape, gen);
-      break;
-    case DType::bf16:
-      out = uniform01<bf16>(shape, gen);
-      break;
-    case DType::f16:
-      out = uniform01<f16>(shape, gen);
-      break;
-    default:
-      out = uniform01<float>(shape, gen);
-      break;
-  }
-  return finish(out, opts);
+  return finish(draw_tensor(shape, fill_of(RandomDraw::uniform, opts.dtype), gen, opts.device),
+                opts);
 }
 
 Tensor randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {
   check_shape("randn", shape);
   check_floating("randn", opts.dtype);
-  Tensor out = opts.dtype == DType::f64 ? standard_normal<double>(shape, gen)
-                                        : standard_normal<float>(shape, gen);
+  Tensor out =
+      draw_tensor(shape, fill_of(RandomDraw::normal, draw_dtype(opts.dtype)), gen, opts.device);
   if (out.dtype() != opts.dtype) out = out.to(opts.dtype);
   return finish(out, opts);
 }
@@ -195,15 +135,11 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen,
     throw std::invalid_argument("[randint] range [" + std::to_string(low) + ", " +
                                 std::to_string(high) + ") does not fit dtype " +
                                 dtype_name(opts.dtype));
-  Tensor out = detail::make_tensor(shape, DType::i64, Device::cpu());
-  const int64_t n = out.numel();
-  int64_t* p = out.data<int64_t>();
-  // Unsigned arithmetic: r up to 2^64 - 1 and the wrapping add are exact.
-  const uint64_t r = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  const uint64_t base = static_cast<uint64_t>(low);
-  for_groups<2>(gen.take(2 * n), n, [=](int64_t i, const uint32_t* w) {
-    p[i] = static_cast<int64_t>(base + mulhi64(u64_of(w), r));
-  });
+  RandomFill f = fill_of(RandomDraw::integer, DType::i64);
+  f.low = low;
+  // Unsigned arithmetic: a range up to 2^64 - 1 and the wrapping add are exact.
+  f.range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  Tensor out = draw_tensor(shape, f, gen, opts.device);
   if (opts.dtype != DType::i64) out = out.to(opts.dtype);
   return finish(out, opts);
 }
@@ -315,7 +251,7 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
     // (validated: at least num_samples positive weights per row).
     std::vector<double> keys(static_cast<size_t>(rows * k));
     for_groups<2>(gen.take(2 * rows * k), rows * k, [&](int64_t i, const uint32_t* wd) {
-      const double u = static_cast<double>((u64_of(wd) >> 11) + 1) * 0x1p-53;  // (0, 1]
+      const double u = draw::u53_open0(wd);  // (0, 1]
       keys[static_cast<size_t>(i)] = wp[i] > 0 ? std::log(-std::log(u)) - std::log(wp[i])
                                                : std::numeric_limits<double>::infinity();
     });
@@ -346,7 +282,7 @@ Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptio
     T* o = static_cast<T*>(out.raw_data());
     const T one = cpu::cast<T>(1.0), zero = cpu::cast<T>(0.0);
     for_groups<1>(gen.take(n), n, [=](int64_t i, const uint32_t* w) {
-      o[i] = static_cast<double>(w[0]) / k2Pow32 < p ? one : zero;
+      o[i] = static_cast<double>(w[0]) / draw::k2Pow32 < p ? one : zero;
     });
   });
   return finish(out, opts);
@@ -357,9 +293,8 @@ void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))
     throw std::invalid_argument("[uniform_] need finite lo <= hi: got lo=" + std::to_string(lo) +
                                 ", hi=" + std::to_string(hi));
-  Tensor u = draw_dtype(t.dtype()) == DType::f64 ? uniform01<double>(t.shape(), gen)
-                                                 : uniform01<float>(t.shape(), gen);
-  affine_into(t, u, hi - lo, lo);
+  const RandomFill f = affine_fill(RandomDraw::uniform, draw_dtype(t.dtype()), hi - lo, lo);
+  write_into(t, draw_tensor(t.shape(), f, gen, t.device()));
 }
 
 void normal_(const Tensor& t, double mean, double std, Generator& gen) {
@@ -367,9 +302,8 @@ void normal_(const Tensor& t, double mean, double std, Generator& gen) {
   if (!(std >= 0) || !std::isfinite(std) || !std::isfinite(mean))
     throw std::invalid_argument("[normal_] need finite mean and std >= 0: got mean=" +
                                 std::to_string(mean) + ", std=" + std::to_string(std));
-  Tensor z = draw_dtype(t.dtype()) == DType::f64 ? standard_normal<double>(t.shape(), gen)
-                                                 : standard_normal<float>(t.shape(), gen);
-  affine_into(t, z, std, mean);
+  const RandomFill f = affine_fill(RandomDraw::normal, draw_dtype(t.dtype()), std, mean);
+  write_into(t, draw_tensor(t.shape(), f, gen, t.device()));
 }
 
 }  // namespace quanta

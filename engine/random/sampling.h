@@ -4,9 +4,10 @@
 // then draws one slice of `gen`'s stream (generator.h: word i of a draw is
 // philox(offset + i / 4, key)[i % 4], the offset then advances by
 // ceil(words / 4)), so results depend only on (key, offset, shape, dtype) and
-// a failed call leaves `gen` untouched. Results are built on the CPU, then
-// moved to opts.device. Which words feed which element is fixed below so a
-// CUDA kernel can reproduce it:
+// a failed call leaves `gen` untouched. rand, randn, randint, uniform_ and
+// normal_ compute on the target device (the kernel table's random_fill, one
+// rule for every device: engine/random/draw.h), the rest on the CPU, moved to
+// opts.device after. Which words feed which element is fixed below:
 //
 //   uniform, f32   element i <- word i:           (w >> 8) * 2^-24      [0, 1)
 //            bf16  element i <- word i:           (w >> 24) * 2^-8      [0, 1)

@@ -97,6 +97,22 @@ void forward_check(const OpCase& c, const std::vector<Shape>& shapes, const std:
   check_close(c.name + " " + tag + " forward f32", got32, want32, c.fwd_tol);
 }
 
+// A 16-bit forward on `dev` against the f64 reference on the same rounded values.
+void half_forward_check(const OpCase& c, const std::vector<Shape>& shapes, const std::string& tag,
+                        Device dev) {
+  const Inputs xs = make_inputs(c, shapes, 1234);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string what = c.name + " " + tag + " on " + dev.str() + " (" + dtype_name(dt) + ")";
+    const Inputs x16 = cast_floating(xs, dt);
+    const Tensor want = c.reference(cast_floating(x16, DType::f64));
+    Inputs on_dev;
+    for (const auto& x : x16) on_dev.push_back(x.defined() ? x.to(dev) : x);
+    const Tensor got = c.op(on_dev);
+    CHECK_MESSAGE(got.dtype() == dt, what << ": result has dtype " << dtype_name(got.dtype()));
+    check_close(what + " forward", got.to(Device::cpu()), want, half_tol(dt));
+  }
+}
+
 // Analytic gradients of L = sum(op(xs) * w) for every differentiable input.
 std::vector<Tensor> analytic_grads(const OpCase& c, const Inputs& xs, const Tensor& w,
                                    Tensor* out_value) {
@@ -302,6 +318,8 @@ Tensor ref_reduce(const Tensor& x, std::vector<int64_t> dims, bool keepdim,
   return from_vector<double>(out, n ? Shape{n} : Shape{0}).reshape(out_shape);
 }
 
+double half_tol(DType t) { return t == DType::bf16 ? 2 * 0x1p-8 : 2 * 0x1p-11; }
+
 // ---- the device axis: every row again on each CUDA device, against the CPU ----
 
 Inputs to_device(const Inputs& xs, Device d) {
@@ -371,6 +389,14 @@ void device_check(const OpCase& c) {
   device_variant(c, c.shapes, "main", dev);
   if (!c.broadcast_shapes.empty()) device_variant(c, c.broadcast_shapes, "broadcast", dev);
   if (!c.zero_shapes.empty()) device_variant(c, c.zero_shapes, "zero-size", dev);
+  if (c.half) {
+    try {
+      half_forward_check(c, c.shapes, "main", dev);
+      if (!c.broadcast_shapes.empty()) half_forward_check(c, c.broadcast_shapes, "broadcast", dev);
+    } catch (const std::exception& e) {
+      FAIL_CHECK(c.name << " 16-bit on " << dev.str() << " threw: " << e.what());
+    }
+  }
 }
 
 void run_case(const OpCase& c) {
@@ -385,6 +411,11 @@ void run_case(const OpCase& c) {
     if (c.grad) gradient_check(c, c.broadcast_shapes, "broadcast");
   }
   if (!c.zero_shapes.empty()) zero_size_check(c);
+  if (c.half) {
+    half_forward_check(c, c.shapes, "main", Device::cpu());
+    if (!c.broadcast_shapes.empty())
+      half_forward_check(c, c.broadcast_shapes, "broadcast", Device::cpu());
+  }
   device_check(c);
 }
 

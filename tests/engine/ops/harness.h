@@ -7,9 +7,12 @@
 //   broadcast    (if `broadcast_shapes` is set) forward + gradient again;
 //   zero-size    (if `zero_shapes` is set) forward runs, shape matches the
 //                reference, backward runs;
+//   16-bit       (if `half` is set) forward in bf16 and f16 against the f64
+//                reference on the rounded inputs, per-dtype tolerances;
 //   device axis  on every CUDA device the build sees, each variant in f64 and
-//                f32: forward and gradients equal the CPU's (one skip line
-//                when the build or the machine has no GPU).
+//                f32: forward and gradients equal the CPU's; with `half`,
+//                bf16 and f16 forwards against the f64 reference too (one
+//                skip line when the build or the machine has no GPU).
 #include <functional>
 #include <string>
 #include <vector>
@@ -62,7 +65,13 @@ struct OpCase {
   bool grad = true;                     // false for (nd) ops
   double fwd_tol = 1e-5;                // relative tolerance of forward (f32 run)
   double grad_tol = 1e-6;               // tolerance of the f64 gradient check
+  bool half = false;                    // also check bf16 and f16 forwards
 };
+
+/** Relative tolerance of a 16-bit forward against the f64 reference: two
+ * units of roundoff of the dtype (one rounding of an f32-accumulated result,
+ * with room for the order of the sum). */
+double half_tol(DType t);
 
 /** Runs every variant of `c`; failures are reported through doctest. */
 void run_case(const OpCase& c);

@@ -74,6 +74,7 @@ OpCase matmul_case(std::string name, std::vector<Shape> shapes, std::vector<Shap
   c.zero_shapes = std::move(zero);
   c.op = [](const Inputs& x) { return matmul(x[0], x[1]); };
   c.reference = [](const Inputs& x) { return ref_matmul(x[0], x[1]); };
+  c.half = true;
   return c;
 }
 
@@ -165,6 +166,7 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   lb.zero_shapes = {{0, 4}, {5, 4}, {5}};
   lb.op = [](const Inputs& x) { return linear(x[0], x[1], x[2]); };
   lb.reference = [](const Inputs& x) { return ref_linear(x[0], x[1], &x[2]); };
+  lb.half = true;
   run_case(lb);
 
   OpCase ln;
@@ -174,6 +176,7 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   ln.zero_shapes = {{3, 0}, {5, 0}};
   ln.op = [](const Inputs& x) { return linear(x[0], x[1]); };
   ln.reference = [](const Inputs& x) { return ref_linear(x[0], x[1], nullptr); };
+  ln.half = true;
   run_case(ln);
 
   OpCase bm = matmul_case("bmm", {{2, 3, 4}, {2, 4, 5}}, {}, {{0, 3, 4}, {0, 4, 5}});

@@ -551,3 +551,140 @@ TEST_CASE("cuda: the pieces of a step (norm, clipping, one unclipped SGD and Ada
   check_close(one_step(gpu, false), one_step(Device::cpu(), false), 1e-12);
   check_close(one_step(gpu, true), one_step(Device::cpu(), true), 1e-12);
 }
+
+// ---- the fused steps (kernel table's sgd_step / adam_step) ----
+
+namespace {
+
+// Every optimiser setting whose arithmetic differs: SGD's weight decay,
+// momentum with dampening, nesterov; Adam's coupled decay, both lerp
+// formulas (1 - beta1 below and above 0.5), amsgrad; AdamW's decoupled decay.
+std::unique_ptr<Optimizer> make_opt(int which, const Tensor& p) {
+  const std::vector<Tensor> ps{p};
+  switch (which) {
+    case 0:
+      return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1});
+    case 1:
+      return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.07, .weight_decay = 0.03});
+    case 2:
+      return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.2});
+    case 3:
+      return std::make_unique<SGD>(
+          ps, SGDOptions{.lr = 0.1, .momentum = 0.8, .nesterov = true, .weight_decay = 0.01});
+    case 4:
+      return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01});
+    case 5:
+      return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.02, .weight_decay = 0.1});
+    case 6:
+      return std::make_unique<Adam>(ps,
+                                    AdamOptions{.lr = 0.01, .betas = {0.3, 0.99}, .amsgrad = true});
+    default:
+      return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.05});
+  }
+}
+constexpr int kOptSettings = 8;
+
+// Four steps of setting `which` from p0 with `grads`, on a parameter that is
+// contiguous (the fused step) or a transposed view (the op chain); returns
+// the parameter and its buffers, contiguous, on the CPU.
+std::vector<Tensor> four_steps(int which, const Tensor& p0, const std::vector<Tensor>& grads,
+                               Device dev, bool contiguous) {
+  Tensor p = contiguous ? p0.to(dev).clone()
+                        : p0.t().contiguous().to(dev).t();  // same values, transposed strides
+  p = p.detach().requires_grad_();
+  CHECK(p.is_contiguous() == contiguous);
+  auto opt = make_opt(which, p);
+  for (const Tensor& g : grads) {
+    p.set_grad(g.to(dev).clone());
+    opt->step();
+  }
+  std::vector<Tensor> out{p.detach().to(Device::cpu()).contiguous()};
+  for (const auto& [k, v] : opt->state_dict())
+    if (v.dim() > 0) out.push_back(v.to(Device::cpu()).contiguous());
+  return out;
+}
+
+void check_same_bits(const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(got[k].dtype() == want[k].dtype());
+    const auto a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    CHECK(differ == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused SGD, Adam and AdamW steps equal the op chain bit for bit (f32, f64)") {
+  // A small parameter, and one the kernels split into parallel chunks.
+  for (const Shape& shape : {Shape{7, 33}, Shape{300, 257}})
+    for (DType t : {DType::f32, DType::f64}) {
+      Generator gen(31);
+      const Tensor p0 = randn(shape, gen, {.dtype = t});
+      std::vector<Tensor> grads;
+      for (int s = 0; s < 4; ++s) grads.push_back(randn(shape, gen, {.dtype = t}));
+      for (int which = 0; which < kOptSettings; ++which) {
+        CAPTURE(shape_str(shape));
+        CAPTURE(dtype_name(t));
+        CAPTURE(which);
+        check_same_bits(four_steps(which, p0, grads, Device::cpu(), true),
+                        four_steps(which, p0, grads, Device::cpu(), false));
+      }
+    }
+}
+
+TEST_CASE("fused steps: 16-bit and zero-size parameters, buffers made on the first step") {
+  Generator gen(5);
+  for (int which = 0; which < kOptSettings; ++which) {
+    CAPTURE(which);
+    // bf16 runs the chain (computing in f32); the result keeps its dtype.
+    Tensor p = randn({4, 3}, gen, {.dtype = DType::bf16}).requires_grad_();
+    auto opt = make_opt(which, p);
+    p.set_grad(ones({4, 3}, {.dtype = DType::bf16}));
+    opt->step();
+    CHECK(p.dtype() == DType::bf16);
+    Tensor z = zeros({0, 3}).requires_grad_();
+    auto oz = make_opt(which, z);
+    z.set_grad(zeros({0, 3}));
+    oz->step();
+    for (const auto& [k, v] : oz->state_dict())
+      if (v.dim() > 0) CHECK(v.shape() == Shape{0, 3});
+  }
+  // The first momentum step stores the direction itself (the chain's clone).
+  Tensor p = from_vector(std::vector<double>{1.0, -2.0}).requires_grad_();
+  SGD opt({p}, SGDOptions{.lr = 0.5, .momentum = 0.9, .weight_decay = 0.25});
+  grad(p, {0.5, 0.5});
+  opt.step();
+  check_close(val(*find_tensor(opt.state_dict(), "state.0.0.momentum_buffer")),
+              {0.5 + 0.25 * 1.0, 0.5 + 0.25 * -2.0});
+}
+
+TEST_CASE("cuda: fused steps equal the device's op chain bit for bit, and the CPU's") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  for (DType t : {DType::f32, DType::f64}) {
+    Generator gen(41);
+    const Tensor p0 = randn({129, 65}, gen, {.dtype = t});
+    std::vector<Tensor> grads;
+    for (int s = 0; s < 4; ++s) grads.push_back(randn({129, 65}, gen, {.dtype = t}));
+    for (int which = 0; which < kOptSettings; ++which) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(which);
+      const auto fused = four_steps(which, p0, grads, gpu, true);
+      check_same_bits(fused, four_steps(which, p0, grads, gpu, false));
+      // The CPU's sqrt kernel (Eigen's fast vector form) differs in the last
+      // bits, so Adam's steps agree with the CPU's to rounding, SGD's exactly.
+      const auto cpu = four_steps(which, p0, grads, Device::cpu(), true);
+      if (which < 4) check_same_bits(fused, cpu);
+      for (size_t k = 0; k < fused.size(); ++k)
+        check_close(fused[k].to_vector<double>(), cpu[k].to_vector<double>(),
+                    t == DType::f32 ? 1e-5 : 1e-12);
+    }
+  }
+}

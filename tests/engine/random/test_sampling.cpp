@@ -6,12 +6,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
 #include <vector>
 
+#include "engine/kernels/table.h"
+#include "engine/random/draw.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 
@@ -437,4 +441,183 @@ TEST_CASE("dropout: drop rate on a large input, zero-size input") {
   CHECK(ye.shape() == Shape{0, 4});
   sum(ye).backward();
   CHECK(e.grad().shape() == Shape{0, 4});
+}
+
+// ---- the shared fill rules (engine/random/draw.h) and the device axis ----
+
+namespace {
+
+struct FillKind {
+  RandomDraw draw;
+  DType dtype;
+};
+const FillKind kFills[] = {{RandomDraw::uniform, DType::f32},  {RandomDraw::uniform, DType::f64},
+                           {RandomDraw::uniform, DType::bf16}, {RandomDraw::uniform, DType::f16},
+                           {RandomDraw::normal, DType::f32},   {RandomDraw::normal, DType::f64},
+                           {RandomDraw::integer, DType::i64}};
+
+// What the CUDA kernel does, on the CPU: one Philox block at a time through
+// draw::fill_block, in the element type of the dtype.
+template <class T>
+void block_walk(const RandomFill& f, int64_t n, T* out) {
+  const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
+  const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
+  for (int64_t b = blocks - 1; b >= 0; --b) {  // any order: blocks are independent
+    if (gr.words == 1) draw::fill_block<1>(f, n, groups, b, out);
+    if (gr.words == 2) draw::fill_block<2>(f, n, groups, b, out);
+    if (gr.words == 4) draw::fill_block<4>(f, n, groups, b, out);
+  }
+}
+
+Tensor walk_blocks(const RandomFill& f, int64_t n) {
+  Tensor out = zeros({n}, {.dtype = f.dtype});
+  switch (f.dtype) {
+    case DType::f32:
+      block_walk(f, n, out.data<float>());
+      break;
+    case DType::f64:
+      block_walk(f, n, out.data<double>());
+      break;
+    case DType::bf16:
+      block_walk(f, n, out.data<bf16>());
+      break;
+    case DType::f16:
+      block_walk(f, n, out.data<f16>());
+      break;
+    default:
+      block_walk(f, n, out.data<int64_t>());
+      break;
+  }
+  return out;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
+         std::memcmp(x.raw_data(), y.raw_data(),
+                     static_cast<size_t>(x.numel()) * element_size(x.dtype())) == 0;
+}
+
+// Largest distance in units in the last place of want's floating dtype.
+double max_ulps(const Tensor& got, const Tensor& want) {
+  const auto g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const auto w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const DType t = want.dtype();
+  const int digits = t == DType::f64 ? 53 : t == DType::f32 ? 24 : t == DType::bf16 ? 8 : 11;
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    int e = 0;
+    std::frexp(w[i], &e);
+    const double ulp = std::ldexp(1.0, e - digits);
+    worst = std::max(worst, std::abs(g[i] - w[i]) / ulp);
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("random fill: words taken, groups and Philox blocks per dtype") {
+  using draw::words;
+  CHECK(words(RandomDraw::uniform, DType::f32, 5) == 5);
+  CHECK(words(RandomDraw::uniform, DType::bf16, 5) == 5);
+  CHECK(words(RandomDraw::uniform, DType::f64, 5) == 10);
+  CHECK(words(RandomDraw::normal, DType::f32, 5) == 6);  // 3 pairs, the last sine dropped
+  CHECK(words(RandomDraw::normal, DType::f64, 5) == 12);
+  CHECK(words(RandomDraw::integer, DType::i64, 3) == 6);
+  CHECK(words(RandomDraw::normal, DType::f32, 0) == 0);
+  CHECK(draw::blocks(draw::grouping(RandomDraw::uniform, DType::f32), 5) == 2);
+  CHECK(draw::blocks(draw::grouping(RandomDraw::normal, DType::f64), 5) == 3);
+  CHECK(draw::blocks(draw::grouping(RandomDraw::integer, DType::i64), 0) == 0);
+  CHECK_THROWS_WITH_AS(draw::grouping(RandomDraw::normal, DType::bf16),
+                       doctest::Contains("[random fill] no draw rule for dtype bf16"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(draw::grouping(RandomDraw::integer, DType::i32), std::invalid_argument);
+  // The samplers advance their generator by exactly ceil(words / 4) blocks.
+  for (const FillKind& k : kFills)
+    for (int64_t n : {0, 1, 3, 5, 8, 1001}) {
+      CAPTURE(n);
+      Generator g(3);
+      const PhiloxOffset before = g.offset();
+      if (k.draw == RandomDraw::uniform) rand({n}, g, {.dtype = k.dtype});
+      if (k.draw == RandomDraw::normal) randn({n}, g, {.dtype = k.dtype});
+      if (k.draw == RandomDraw::integer) randint(-4, 9, {n}, g);
+      CHECK(g.offset().lo - before.lo ==
+            static_cast<uint64_t>((draw::words(k.draw, k.dtype, n) + 3) / 4));
+    }
+}
+
+TEST_CASE("random fill: the device's block walk equals the CPU's fill, bit for bit") {
+  // Sizes around the block edges and a start whose counter carries past 2^64.
+  for (const FillKind& k : kFills)
+    for (int64_t n : {0, 1, 2, 3, 4, 5, 7, 9, 1031})
+      for (uint64_t lo : {uint64_t{0}, ~uint64_t{0} - 1}) {
+        CAPTURE(n);
+        CAPTURE(lo);
+        RandomFill f;
+        f.draw = k.draw;
+        f.dtype = k.dtype;
+        f.key[0] = 0x243f6a88u;
+        f.key[1] = 0x85a308d3u;
+        f.start_lo = lo;
+        f.start_hi = 7;
+        f.low = -1000;
+        f.range = 12345;
+        Tensor cpu = zeros({n}, {.dtype = k.dtype});
+        kernels(Device::cpu()).random_fill(f, n, cpu.raw_data());
+        CHECK(same_bytes(walk_blocks(f, n), cpu));
+        if (k.dtype == DType::f32 || k.dtype == DType::f64) {
+          f.affine = true;
+          f.scale = -2.5;
+          f.shift = 0.75;
+          kernels(Device::cpu()).random_fill(f, n, cpu.raw_data());
+          CHECK(same_bytes(walk_blocks(f, n), cpu));
+        }
+      }
+}
+
+TEST_CASE("cuda: random fills on the device equal the CPU stream (uniform, integer bitwise)") {
+  if (!quanta::testing::have_gpu()) {
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  for (int64_t n : {0, 1, 5, 4099, 1 << 20}) {
+    CAPTURE(n);
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      CAPTURE(dtype_name(t));
+      Generator a = Generator::named(11, "device"), b = a;
+      const Tensor c = rand({n}, a, {.dtype = t}), d = rand({n}, b, {.dtype = t, .device = gpu});
+      CHECK(d.device() == gpu);
+      CHECK(same_bytes(d, c));
+      CHECK(a.offset() == b.offset());
+      const Tensor zc = randn({n}, a, {.dtype = t}),
+                   zd = randn({n}, b, {.dtype = t, .device = gpu});
+      CHECK(a.offset() == b.offset());
+      // Box-Muller runs CUDA's f64 log, sin and cos (documented at 1 and 2
+      // ulps) where the CPU runs glibc's: f32 and narrower results are
+      // within one ulp of their dtype, f64 ones within a few.
+      const double ulps = t == DType::f64 ? 4.0 : 1.0;
+      CHECK(max_ulps(zd, zc) <= ulps);
+      // In place on a strided device view: the fill's values land where the CPU's do.
+      Tensor hc = zeros({n, 2}, {.dtype = t}), hd = zeros({n, 2}, {.dtype = t, .device = gpu});
+      uniform_(hc.select(1, 1), -3.0, 5.0, a);
+      uniform_(hd.select(1, 1), -3.0, 5.0, b);
+      CHECK(same_bytes(hd, hc));
+      normal_(hc.select(1, 0), 2.0, 0.5, a);
+      normal_(hd.select(1, 0), 2.0, 0.5, b);
+      CHECK(max_ulps(hd, hc) <= ulps);
+      CHECK(a.offset() == b.offset());
+    }
+    Generator a(5), b(5);
+    for (DType t : {DType::i64, DType::i32, DType::u8, DType::f32}) {
+      const int64_t lo = t == DType::u8 ? 0 : -1000000007, hi = t == DType::u8 ? 256 : 1000000007;
+      CHECK(same_bytes(randint(lo, hi, {n}, b, {.dtype = t, .device = gpu}),
+                       randint(lo, hi, {n}, a, {.dtype = t})));
+    }
+    CHECK(same_bytes(
+        randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, b,
+                {.device = gpu}),
+        randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, a)));
+    CHECK(a.offset() == b.offset());
+  }
 }
