@@ -95,7 +95,18 @@ Staging& staging(int device) {
 // drains the other buffer. Synchronous on return, like cudaMemcpy: the
 // caller may free or read its host memory.
 void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, bool to_device) {
-  set_device(device);  // stream 0 and the events belong to the current device
+  // Stream 0 and the events belong to the current device; the caller's
+  // current device is back on return, as cudaMemcpy would leave it.
+  struct CurrentDevice {
+    int before = -1;
+    explicit CurrentDevice(int d) {
+      if (cudaGetDevice(&before) != cudaSuccess) before = -1;
+      set_device(d);
+    }
+    ~CurrentDevice() {
+      if (before >= 0) cudaSetDevice(before);
+    }
+  } current(device);
   Staging& s = staging(device);
   std::lock_guard<std::mutex> lock(s.m);
   for (int b = 0; b < kStagingBuffers; ++b)
@@ -138,9 +149,11 @@ void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, boo
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   if (dst_device.is_cuda()) check_device(dst_device.index);
   if (src_device.is_cuda()) check_device(src_device.index);
-  if (src_device.is_cpu() && dst_device.is_cuda() && use_staging(nbytes, host_pinned(src)))
+  // Small copies skip even the pointer query: they stay plain cudaMemcpy.
+  const bool large = nbytes >= kStagingThresholdBytes;
+  if (large && src_device.is_cpu() && dst_device.is_cuda() && use_staging(nbytes, host_pinned(src)))
     return staged_copy(dst, src, nbytes, dst_device.index, true);
-  if (src_device.is_cuda() && dst_device.is_cpu() && use_staging(nbytes, host_pinned(dst)))
+  if (large && src_device.is_cuda() && dst_device.is_cpu() && use_staging(nbytes, host_pinned(dst)))
     return staged_copy(dst, src, nbytes, src_device.index, false);
   QUANTA_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
