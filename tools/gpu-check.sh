@@ -771,7 +771,7 @@ run_main() {
   if [ -x "$build/tools/quanta" ] && [ "$(budget 15)" -ge 90 ]; then
     run_phase train "$logs/train.log" phase_train "$(( ($(budget 15) - 60) / 5 ))" \
       || train_failed=1
-    grep -E '^(== |train |quanta: error)' "$logs/train.log" | show || true
+    grep -E '^(== |train |quanta: error|\(exit)' "$logs/train.log" | show || true
   fi
   # The GPU bench rows, into the console and the summary (its log stays in
   # tmp: the device tool brings back only a few files from OUT).

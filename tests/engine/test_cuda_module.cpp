@@ -72,7 +72,8 @@ TEST_CASE("cuda module: loaded when built, or a reason that names the missing pi
   REQUIRE(cuda::module() != nullptr);
   CHECK(cuda::unavailable_reason().empty());
   CHECK(cuda::module()->abi == cuda::Module::kAbi);
-  CHECK(cuda::module()->synchronize != nullptr);
+  const bool has_synchronize = cuda::module()->synchronize != nullptr;
+  CHECK(has_synchronize);
   CHECK(std::string(cuda::module()->kernels().device_name) == "cuda");
   CHECK(cuda::module_symbol("dist::nccl", "quanta_nccl_backend_v1") != nullptr);
   CHECK_THROWS_WITH_AS(cuda::module_symbol("test", "no_such_symbol"),
