@@ -29,13 +29,19 @@
 # the first error, and the suites that did build still run. The last line is
 # `N passed, N failed, N skipped`, where a suite that was not built or not run
 # counts as one failed case; the exit status is non-zero on any failure.
+# Then, as phases of their own (not test counts): `quanta train` for 300
+# steps on the CPU and on the GPU with one seed, whose test MSE must agree
+# within 5% (a FAIL there also makes the exit status non-zero), and `quanta
+# bench engine` and `bench train` with --device cuda, whose rows go into the
+# summary.
 # --reuse keeps an existing BUILD_DIR: a second call on the same machine then
 # builds incrementally.
 #
 # Environment (--run):
 #   OUT                             full logs go here when set (the device tool
 #                                   returns files under $OUT, at most 8; this
-#                                   writes 7), else to BUILD_DIR-logs
+#                                   writes 8: the bench rows go to console.log),
+#                                   else to BUILD_DIR-logs
 #   GPU_CHECK_DEADLINE_S            seconds after the start by which the summary
 #                                   is printed (default 540)
 #   GPU_CHECK_BUILD_DIR             the build dir (default build-gpu)
@@ -505,26 +511,39 @@ run_phase() {
   return "$rc"
 }
 
-# The same short training job on the CPU and on the GPU (same seed, same
-# data slice from the bundle): the CUDA run must finish and its test MSE be
-# within 5% of the CPU's (issue 17). Then the default quantizer on the GPU,
-# which reports the first op that has no CUDA kernel yet, if any.
+# The same training job on the CPU and on the GPU (300 steps of 64, one
+# seed, the data slice from the bundle): the CUDA run must finish and its
+# test MSE be within 5% of the CPU's (issue 17). Then the default quantizer
+# on both, reported, not judged: its VQ layers' CUDA kernels are issue 18's,
+# so its CUDA run names the first op that has none yet. Each run gets LIMIT
+# seconds (phase_train LIMIT); about 10 s each on the first GPU machine's
+# 16 cores is the estimate (the CPU step is 15 ms on 2 cores here).
+readonly TRAIN_STEPS=300
+readonly TRAIN_SEED=17
 phase_train() {
   local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" out="$build-train"
-  local common=(train --data "$data" --steps 60 --batch-size 64 --limit-test 512
-                --eval-every 60 --log-every 20 --threads "$(nproc)")
+  local common=(train --data "$data" --steps "$TRAIN_STEPS" --seed "$TRAIN_SEED"
+                --batch-size 64 --limit-test 512 --eval-every "$TRAIN_STEPS"
+                --log-every 50 --threads "$(nproc)")
   [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
   [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
   rm -rf "$out"
   local q dev rc=0
   for q in none vq; do
     for dev in cpu cuda; do
-      echo "== quantizer $q on $dev"
+      echo "== quantizer $q on $dev ($TRAIN_STEPS steps, seed $TRAIN_SEED)"
       timeout -k 5 "$1" "$quanta" "${common[@]}" --quantizer "$q" --device "$dev" \
         --out "$out/$q-$dev" || { echo "(exit $?)"; [ "$q" = none ] && rc=1; }
     done
   done
-  python3 - "$out" <<'PY' || rc=1
+  train_verdict "$out" || rc=1
+  return "$rc"
+}
+
+# train_verdict DIR: one line per quantizer, the last evaluation's test MSE
+# on each device and their ratio; `none` must be within 5% (PASS/FAIL).
+train_verdict() {
+  python3 - "$1" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def mse(run):
@@ -537,11 +556,30 @@ bad = False
 for q in ("none", "vq"):
     c, g = mse(f"{q}-cpu"), mse(f"{q}-cuda")
     ratio = g / c if c and g else None
-    print(f"train {q}: test mse cpu {c}  cuda {g}  cuda/cpu {ratio if ratio is None else round(ratio, 4)}")
-    if q == "none" and (ratio is None or abs(ratio - 1) > 0.05):
-        bad = True
+    if q == "none":
+        ok = ratio is not None and abs(ratio - 1) <= 0.05
+        verdict = "PASS (within 5%)" if ok else "FAIL (not within 5%)"
+        bad = bad or not ok
+    else:
+        verdict = "reported only (VQ kernels: issue 18)"
+    shown = "none" if ratio is None else f"{ratio:.4f}"
+    print(f"train {q}: test mse cpu {c}  cuda {g}  cuda/cpu {shown}  {verdict}")
 sys.exit(1 if bad else 0)
 PY
+}
+
+# `quanta bench engine` and `bench train` on the GPU (issue 17's rows, each
+# against its floor; a row whose op has no kernel yet says so). Timings, not
+# a test: the phase fails only when a command fails. Each command gets LIMIT
+# seconds (phase_bench LIMIT).
+phase_bench() {
+  local quanta="$build/tools/quanta" suite rc=0
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  for suite in engine train; do
+    echo "== bench $suite --device cuda"
+    timeout -k 5 "$1" "$quanta" bench "$suite" --device cuda --repeat 3 \
+      --threads "$(nproc)" || { echo "(exit $?)"; rc=1; }
+  done
   return "$rc"
 }
 
@@ -727,10 +765,21 @@ run_main() {
     mapfile -t notrun < <(suite_states after | sed -n 's/^notrun //p')
   fi
   # Training on both devices, when the build made the quanta command and time
-  # is left; its result is a phase status of its own, not a test count.
+  # is left; its result is a phase status of its own, not a test count, but a
+  # CUDA run that fails or misses the CPU's test MSE fails the check.
+  local train_failed=0
   if [ -x "$build/tools/quanta" ] && [ "$(budget 15)" -ge 90 ]; then
-    run_phase train "$logs/train.log" phase_train "$(( $(budget 15) / 5 ))" || true
-    grep -E '^(== |train |quanta: error)' "$logs/train.log" | show || true
+    run_phase train "$logs/train.log" phase_train "$(( ($(budget 15) - 60) / 5 ))" \
+      || train_failed=1
+    grep -E '^(== |train |quanta: error|\(exit)' "$logs/train.log" | show || true
+  fi
+  # The GPU bench rows, into the console and the summary (its log stays in
+  # tmp: the device tool brings back only a few files from OUT).
+  local bench_rows=""
+  if [ -x "$build/tools/quanta" ] && [ "$(budget 15)" -ge 45 ]; then
+    run_phase bench "$tmp/bench.log" phase_bench "$(( ($(budget 15) - 5) / 2 ))" || true
+    show <"$tmp/bench.log"
+    bench_rows="$(grep -vE '^(# |==|name )' "$tmp/bench.log" | grep -E '^[A-Za-z]' || true)"
   fi
   # Like test_summary.py, no failure may vanish from the count: a suite that
   # was not built, or not started before the deadline, is one failed case.
@@ -738,6 +787,10 @@ run_main() {
   [ "$uncounted" -eq 0 ] || ok=0
   [ "${#missing[@]}" -eq 0 ] || failed_suites+="${failed_suites:+ }(not built: ${missing[*]})"
   [ "${#notrun[@]}" -eq 0 ] || failed_suites+="${failed_suites:+ }(not run: ${notrun[*]})"
+  if [ "$train_failed" -eq 1 ]; then
+    ok=0
+    failed_suites+="${failed_suites:+ }(train phase: see its lines below)"
+  fi
   if [ "$tested" -eq 1 ] && [ "$uncounted" -gt 0 ] \
       && [[ "$counts" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+) ]]; then
     counts="${BASH_REMATCH[1]} passed, $((BASH_REMATCH[2] + uncounted)) failed, ${BASH_REMATCH[3]} skipped"
@@ -755,6 +808,13 @@ run_main() {
       printf '  %-6s %5d s  %s\n' "$p" "${secs[$p]}" "${status[$p]}"
     done
     printf '  %-6s %5d s  (deadline %d s)\n' total $((SECONDS - t0)) "$deadline"
+    if [ -n "${status[train]:-}" ]; then
+      grep -E '^train ' "$logs/train.log" | sed 's/^/  /' || true
+    fi
+    if [ -n "$bench_rows" ]; then
+      echo "bench --device cuda (name, ms, floor_ms, ratio):"
+      printf '%s\n' "$bench_rows" | sed 's/^/  /'
+    fi
     echo "failed suites: ${failed_suites:-none}"
     echo "logs: $logs"
     echo "$counts"

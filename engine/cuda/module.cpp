@@ -135,6 +135,8 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   need("cuda::copy").copy(dst, dst_device, src, src_device, nbytes);
 }
 
+void synchronize(int device) { need("cuda::synchronize").synchronize(device); }
+
 }  // namespace cuda
 
 bool cuda_built() {

@@ -24,7 +24,8 @@ namespace quanta::cuda {
 /** What libquanta_cuda offers, returned by its one exported entry point
  * `quanta_cuda_module_v1`. A new field or a changed signature bumps kAbi. */
 struct Module {
-  // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer steps.
+  // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer
+  // steps; Module gained synchronize.
   static constexpr int kAbi = 2;
   int abi = kAbi;
   int (*device_count)() = nullptr;
@@ -34,6 +35,7 @@ struct Module {
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t nbytes) = nullptr;
   const KernelTable& (*kernels)() = nullptr;
+  void (*synchronize)(int device) = nullptr;
 };
 
 /** The loaded module, or nullptr when quanta was built without CUDA or the

@@ -1,12 +1,17 @@
 // CUDA memory and copies, and the module's one exported entry point
 // (engine/cuda/module.h): libquanta reaches everything in libquanta_cuda
-// through quanta_cuda_module_v1. A caching, stream-ordered allocator
-// (issue 17) replaces device_malloc behind the same seam.
+// through quanta_cuda_module_v1. libquanta's caching allocator sits over
+// device_malloc; every kernel and every staged copy runs on the device's
+// default stream, which is what makes its reuse of blocks safe.
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/module.h"
+#include "engine/cuda/staging.h"
 #include "engine/kernels/table.h"
 
 namespace quanta::cuda {
@@ -49,9 +54,107 @@ void device_free(void* ptr, int device) noexcept {
   cudaFree(ptr);
 }
 
+void synchronize(int device) {
+  set_device(device);
+  QUANTA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// True for host memory the DMA engine can read directly (cudaHostAlloc,
+// cudaHostRegister); malloc'd memory is "unregistered".
+bool host_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+// One device's two pinned staging buffers and the events that say when the
+// DMA last queued on each is over. Made at the first large copy and kept
+// for the process (2 x 4 MiB of pinned host memory per device that copies).
+struct Staging {
+  std::mutex m;
+  void* buffer[kStagingBuffers] = {};
+  cudaEvent_t done[kStagingBuffers] = {};
+};
+
+// Never destroyed, like the allocator's cache: at exit the runtime may be gone.
+Staging& staging(int device) {
+  static std::mutex m;
+  static auto* all = new std::map<int, Staging>();
+  std::lock_guard<std::mutex> lock(m);
+  return (*all)[device];
+}
+
+// A copy between pageable host memory and `device` through the staging
+// buffers, chunk by chunk on the device's default stream (stream 0, where
+// every kernel runs): the copy is ordered after the kernels that wrote the
+// source or last used the destination's block, as the caching allocator's
+// reuse rule asks. While the DMA moves one chunk the host memcpy fills or
+// drains the other buffer. Synchronous on return, like cudaMemcpy: the
+// caller may free or read its host memory.
+void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, bool to_device) {
+  // Stream 0 and the events belong to the current device; the caller's
+  // current device is back on return, as cudaMemcpy would leave it.
+  struct CurrentDevice {
+    int before = -1;
+    explicit CurrentDevice(int d) {
+      if (cudaGetDevice(&before) != cudaSuccess) before = -1;
+      set_device(d);
+    }
+    ~CurrentDevice() {
+      if (before >= 0) cudaSetDevice(before);
+    }
+  } current(device);
+  Staging& s = staging(device);
+  std::lock_guard<std::mutex> lock(s.m);
+  for (int b = 0; b < kStagingBuffers; ++b)
+    if (!s.buffer[b]) {
+      QUANTA_CUDA_CHECK(cudaHostAlloc(&s.buffer[b], kStagingChunkBytes, cudaHostAllocDefault));
+      QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&s.done[b], cudaEventDisableTiming));
+    }
+  const cudaStream_t stream = 0;
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  const std::vector<StagedChunk> plan = staging_plan(nbytes);
+  if (to_device) {
+    for (const StagedChunk& c : plan) {
+      // The DMA that last read this buffer (two chunks ago) must be over.
+      QUANTA_CUDA_CHECK(cudaEventSynchronize(s.done[c.buffer]));
+      std::memcpy(s.buffer[c.buffer], in + c.offset, c.bytes);
+      QUANTA_CUDA_CHECK(cudaMemcpyAsync(out + c.offset, s.buffer[c.buffer], c.bytes,
+                                        cudaMemcpyHostToDevice, stream));
+      QUANTA_CUDA_CHECK(cudaEventRecord(s.done[c.buffer], stream));
+    }
+    QUANTA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  // Device to host: queue chunk i + 1 into the other buffer (drained in the
+  // previous round), then wait for chunk i and drain it.
+  auto queue = [&](const StagedChunk& c) {
+    QUANTA_CUDA_CHECK(cudaMemcpyAsync(s.buffer[c.buffer], in + c.offset, c.bytes,
+                                      cudaMemcpyDeviceToHost, stream));
+    QUANTA_CUDA_CHECK(cudaEventRecord(s.done[c.buffer], stream));
+  };
+  if (!plan.empty()) queue(plan[0]);
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    if (i + 1 < plan.size()) queue(plan[i + 1]);
+    const StagedChunk& c = plan[i];
+    QUANTA_CUDA_CHECK(cudaEventSynchronize(s.done[c.buffer]));
+    std::memcpy(out + c.offset, s.buffer[c.buffer], c.bytes);
+  }
+}
+
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   if (dst_device.is_cuda()) check_device(dst_device.index);
   if (src_device.is_cuda()) check_device(src_device.index);
+  // Small copies skip even the pointer query: they stay plain cudaMemcpy.
+  const bool large = nbytes >= kStagingThresholdBytes;
+  if (large && src_device.is_cpu() && dst_device.is_cuda() && use_staging(nbytes, host_pinned(src)))
+    return staged_copy(dst, src, nbytes, dst_device.index, true);
+  if (large && src_device.is_cuda() && dst_device.is_cpu() && use_staging(nbytes, host_pinned(dst)))
+    return staged_copy(dst, src, nbytes, src_device.index, false);
   QUANTA_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
@@ -69,6 +172,7 @@ quanta_cuda_module_v1() {
       .set_device = set_device,
       .copy = copy,
       .kernels = cuda_kernels,
+      .synchronize = synchronize,
   };
   return &m;
 }

@@ -14,7 +14,14 @@ void device_free(void* ptr, int device) noexcept;
 /** Makes GPU `device` current for this thread's kernel launches; throws
  * naming the device when it is not available. */
 void set_device(int device);
-/** Copies host<->device or device<->device; synchronous. */
+/** Copies host<->device or device<->device; synchronous. Host<->device
+ * copies of 16 MiB and more from or into pageable host memory go through
+ * pinned staging buffers in 4 MiB chunks (engine/cuda/staging.h). */
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes);
+
+/** Waits until everything queued on GPU `device` (kernels, copies) is done;
+ * throws the first error a kernel left. For timing and tests: ops need no
+ * synchronisation, they are ordered on the device's stream. */
+void synchronize(int device);
 
 }  // namespace quanta::cuda

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/cuda/module.h"
+#include "engine/cuda/runtime.h"
 #include "engine/kernels/table.h"
 #include "quanta.h"
 
@@ -57,6 +58,9 @@ TEST_CASE("cuda module: loaded when built, or a reason that names the missing pi
     CHECK(cuda::module() == nullptr);
     CHECK(cuda::unavailable_reason().find("quanta was built without CUDA") == 0);
     CHECK(cuda_device_count() == 0);
+    CHECK_THROWS_WITH_AS(cuda::synchronize(0),
+                         doctest::Contains("[cuda::synchronize] quanta was built without CUDA"),
+                         std::runtime_error);
     CHECK_THROWS_WITH_AS(cuda::module_symbol("dist::nccl", "quanta_nccl_backend_v1"),
                          doctest::Contains("[dist::nccl] quanta was built without CUDA"),
                          std::runtime_error);
@@ -68,6 +72,8 @@ TEST_CASE("cuda module: loaded when built, or a reason that names the missing pi
   REQUIRE(cuda::module() != nullptr);
   CHECK(cuda::unavailable_reason().empty());
   CHECK(cuda::module()->abi == cuda::Module::kAbi);
+  const bool has_synchronize = cuda::module()->synchronize != nullptr;
+  CHECK(has_synchronize);
   CHECK(std::string(cuda::module()->kernels().device_name) == "cuda");
   CHECK(cuda::module_symbol("dist::nccl", "quanta_nccl_backend_v1") != nullptr);
   CHECK_THROWS_WITH_AS(cuda::module_symbol("test", "no_such_symbol"),

@@ -305,6 +305,95 @@ TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
                                       "train_step_vqvae_fsq", "train_step_classifier"});
 }
 
+// --device cuda: where no GPU is, one line saying why and success (scripts
+// run it everywhere); on a GPU, every row measured or unavailable with its
+// error, never a failed command.
+TEST_CASE("quanta bench engine/train --device cuda: GPU rows, or one line saying why not") {
+  check_one_line_error(quanta_cli({"bench", "engine", "--device", "gpu"}), 2,
+                       "--device must be cpu, cuda or cuda:N, got 'gpu'");
+  check_one_line_error(quanta_cli({"bench", "nf4", "--device", "cuda"}), 2,
+                       "the nf4 suite runs on the CPU only");
+  if (cuda_device_count() == 0) {
+    for (const char* suite : {"engine", "train"}) {
+      CAPTURE(suite);
+      Result r = quanta_cli({"bench", suite, "--device", "cuda", "--size", "small"});
+      CHECK(r.code == 0);
+      CHECK(r.err.empty());
+      CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+      CHECK(contains(r.out, std::string("quanta bench ") + suite + " --device cuda: skipped: "));
+      if (!cuda_built()) CHECK(contains(r.out, "this quanta was built without CUDA"));
+      Result j = quanta_cli({"bench", suite, "--device", "cuda", "--json"});
+      CHECK(j.code == 0);
+      CHECK(j.out == "[]\n");  // still JSON for a reader of stdout
+      CHECK(contains(j.err, "skipped: "));
+    }
+    MESSAGE("GPU rows not run: no CUDA device");
+    return;
+  }
+  const std::set<std::string> engine_rows = {"add",
+                                             "add_broadcast_row",
+                                             "mul_broadcast_col",
+                                             "exp",
+                                             "sum",
+                                             "sum_dim1",
+                                             "sum_dim0",
+                                             "amax_dim1",
+                                             "matmul_1024",
+                                             "matmul_4096x4096x256",
+                                             "matmul_1024_bf16",
+                                             "matmul_4096x4096x256_bf16",
+                                             "matmul_1024_f16",
+                                             "matmul_4096x4096x256_f16",
+                                             "conv_enc1_1x28_k4s2",
+                                             "conv_enc2_32x14_k4s2",
+                                             "conv_enc3_32x7_k3",
+                                             "conv_enc4_32x7_k1",
+                                             "conv_dec1_16x7_k3",
+                                             "convT_dec2_32x7_k4s2",
+                                             "convT_dec3_32x14_k4s2"};
+  const std::set<std::string> train_rows = {"train_step_vqvae_vq", "train_step_vqvae_none",
+                                            "train_step_vqvae_fsq", "train_step_classifier"};
+  for (const auto& [suite, names] :
+       {std::pair{"engine", engine_rows}, std::pair{"train", train_rows}}) {
+    CAPTURE(suite);
+    Result r = quanta_cli(
+        {"bench", suite, "--device", "cuda", "--json", "--repeat", "1", "--size", "small"});
+    CAPTURE(r.err);
+    REQUIRE(r.code == 0);
+    const auto rows = nlohmann::json::parse(r.out);
+    std::set<std::string> seen;
+    for (const auto& row : rows) {
+      const std::string name = row["name"].get<std::string>();
+      CAPTURE(name);
+      seen.insert(name);
+      if (row.contains("unavailable")) {
+        MESSAGE(name << " unavailable: " << row["unavailable"].get<std::string>());
+        CHECK(!row["unavailable"].get<std::string>().empty());
+        CHECK(row["ms"].is_null());
+        continue;
+      }
+      CHECK(row["ms"].get<double>() > 0);
+      CHECK(row["floor_ms"].get<double>() > 0);
+    }
+    CHECK(seen == names);
+    // The f32 elementwise, reduction and GEMM rows have kernels: they run.
+    for (const auto& row : rows)
+      if (suite == std::string("engine") && !contains(row["name"].get<std::string>(), "_bf16") &&
+          !contains(row["name"].get<std::string>(), "_f16") &&
+          !contains(row["name"].get<std::string>(), "conv"))
+        CHECK_MESSAGE(!row.contains("unavailable"), row["name"].get<std::string>());
+    // The VQ-VAE without a quantizer trains on CUDA (quanta train --device cuda).
+    if (suite == std::string("train"))
+      for (const auto& row : rows)
+        if (row["name"] == "train_step_vqvae_none") CHECK(!row.contains("unavailable"));
+  }
+  Result table =
+      quanta_cli({"bench", "engine", "--device", "cuda", "--repeat", "1", "--size", "small"});
+  REQUIRE(table.code == 0);
+  CHECK(contains(table.out, ", on cuda:0"));
+  CHECK(contains(table.out, "\nsum_dim0 "));
+}
+
 TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
   const std::string ref =
       (test_data() / "reference-vectors" / "vq_euclidean_ste.safetensors").string();

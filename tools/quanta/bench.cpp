@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cuda/module.h"
 #include "flag_checks.h"
 #include "wait_policy.h"
 
@@ -20,17 +21,19 @@ namespace {
 struct SuiteInfo {
   BenchSuite run;
   const char* about;
+  bool cuda = false;  // runs on --device cuda
 };
 
 // Later suites add one line here.
 const std::map<std::string, SuiteInfo>& suites() {
   static const std::map<std::string, SuiteInfo> all = {
       {"engine",
-       {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions"}},
+       {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions", true}},
       {"quant", {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs"}},
       {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32"}},
       {"train",
-       {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs"}},
+       {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs",
+        true}},
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
   };
   return all;
@@ -46,18 +49,50 @@ struct BenchCommand {
   std::string suite;
   bool json = false;
   std::string size = "full";
+  std::string device = "cpu";
   int threads = 0;
   BenchOptions opts;
 };
 
+// Why this process cannot run on `d` ("" when it can): a build without CUDA
+// or a machine without a GPU is not an error, the suite is skipped.
+std::string cuda_skip_reason(Device d) {
+  if (!cuda_built()) return "this quanta was built without CUDA";
+  const int visible = cuda_device_count();
+  if (visible == 0) {
+    const std::string& why = cuda::unavailable_reason();
+    return why.empty() ? "no CUDA device is visible" : why;
+  }
+  if (d.index >= visible)
+    throw UsageError("--device " + d.str() + ": " + std::to_string(visible) +
+                     " CUDA devices are visible");
+  return "";
+}
+
 void run_bench(BenchCommand& c) {
   if (c.threads > 0) set_num_threads(c.threads);
   c.opts.small = c.size == "small";
-  const std::vector<BenchRow> rows = suites().at(c.suite).run(c.opts);
+  c.opts.device = Device::parse(c.device);
+  const SuiteInfo& suite = suites().at(c.suite);
+  if (c.opts.device.is_cuda()) {
+    if (!suite.cuda)
+      throw UsageError("--device " + c.device + ": the " + c.suite +
+                       " suite runs on the CPU only (engine and train run on CUDA)");
+    if (const std::string why = cuda_skip_reason(c.opts.device); !why.empty()) {
+      // One line and success: scripts (tools/gpu-check.sh, CI) run the
+      // command everywhere and read the line where there is no GPU.
+      (c.json ? std::cerr : std::cout)
+          << "quanta bench " << c.suite << " --device " << c.device << ": skipped: " << why << "\n";
+      if (c.json) std::cout << "[]\n";
+      return;
+    }
+  }
+  const std::vector<BenchRow> rows = suite.run(c.opts);
   if (!c.json)
     std::cout << "# quanta bench " << c.suite << ": " << num_threads()
               << " threads (OpenMP waits: " << wait_policy_name() << "), size " << c.size
-              << ", median of " << c.opts.repeat << "\n";
+              << ", median of " << c.opts.repeat
+              << (c.opts.device.is_cuda() ? ", on " + c.opts.device.str() : std::string()) << "\n";
   print_rows(std::cout, rows, c.json);
 }
 
@@ -83,13 +118,15 @@ double median_of(std::vector<double> samples) {
 }
 
 std::vector<double> interleaved_ms(int repeat, int calls,
-                                   const std::vector<std::function<void()>>& fns) {
+                                   const std::vector<std::function<void()>>& fns,
+                                   const std::function<void()>& sync) {
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> samples(fns.size());
   for (int round = 0; round <= repeat; ++round)
     for (std::size_t f = 0; f < fns.size(); ++f) {
       const auto t0 = clock::now();
       for (int i = 0; i < calls; ++i) fns[f]();
+      if (sync) sync();
       const double ms =
           std::chrono::duration<double, std::milli>(clock::now() - t0).count() / calls;
       if (round > 0) samples[f].push_back(ms);
@@ -99,12 +136,25 @@ std::vector<double> interleaved_ms(int repeat, int calls,
   return out;
 }
 
+BenchRow unavailable_row(const std::string& name, const std::string& why) {
+  BenchRow row{name};
+  row.unavailable = why.empty() ? "unavailable" : why;
+  return row;
+}
+
 void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json) {
   if (json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& r : rows)
-      list.push_back(
-          {{"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms}, {"ratio", r.ratio()}});
+      if (r.unavailable.empty())
+        list.push_back(
+            {{"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms}, {"ratio", r.ratio()}});
+      else
+        list.push_back({{"name", r.name},
+                        {"ms", nullptr},
+                        {"floor_ms", nullptr},
+                        {"ratio", nullptr},
+                        {"unavailable", r.unavailable}});
     out << list.dump(2) << "\n";
     return;
   }
@@ -115,6 +165,11 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
                 "ratio");
   out << buf;
   for (const auto& r : rows) {
+    if (!r.unavailable.empty()) {
+      std::snprintf(buf, sizeof buf, "%-*s  ", int(w), r.name.c_str());
+      out << buf << "unavailable: " << r.unavailable << "\n";
+      continue;
+    }
     std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f\n", int(w), r.name.c_str(), r.ms,
                   r.floor_ms, r.ratio());
     out << buf;
@@ -146,7 +201,12 @@ void add_bench(CLI::App& app) {
       "the time a 1024^3 matmul takes for the same FLOPs (timed in turns with it)."
       "\n\ntrain conventions: one optimizer step at batch 64 on random images against the time a "
       "1024^3 matmul takes for the step's FLOPs (convolutions or Linear layers forward and "
-      "backward, plus vq's distance GEMM).");
+      "backward, plus vq's distance GEMM)."
+      "\n\n--device cuda: engine's elementwise ops and reductions run against a "
+      "device-to-device copy of the same bytes, matmul and conv rows against the time an "
+      "8192^3 matmul of the same dtype (cuBLAS's peak shape) takes for their FLOPs; train's "
+      "steps run against the same step on the CPU. A row whose op fails on the GPU prints "
+      "'unavailable' with the error.");
   sub->add_option("suite", c->suite, "the suite to run: " + suite_names())
       ->required()
       ->check(CLI::Validator(
@@ -170,6 +230,20 @@ void add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"full", "small"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
       ->transform(thread_count());
+  sub->add_option("--device", c->device,
+                  "cpu, cuda or cuda:N: where the engine and train suites run (without a GPU "
+                  "a cuda run prints one line saying why and exits 0)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              Device::parse(s);
+              return {};
+            } catch (const std::invalid_argument&) {
+              return "--device must be cpu, cuda or cuda:N, got '" + s + "'";
+            }
+          },
+          "DEVICE"));
   sub->callback([c] { run_bench(*c); });
 }
 

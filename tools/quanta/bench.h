@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/device.h"
+
 namespace quanta {
 class Generator;
 }
@@ -18,6 +20,8 @@ struct BenchRow {
   std::string name;
   double ms = 0;
   double floor_ms = 0;
+  /** Why the row could not be measured (the op's error); "" when it was. */
+  std::string unavailable = {};
   /** How many times slower than its floor the op is (1 = at the floor). */
   double ratio() const { return ms / floor_ms; }
 };
@@ -27,6 +31,7 @@ struct BenchOptions {
   int repeat = 5;      // timed runs per measurement (the median is reported)
   bool small = false;  // tiny sizes: a smoke test, not a measurement
   int ranks = 2;       // ranks for suites that run collectives (dist)
+  Device device;       // where the engine and train suites run (cpu or cuda:N)
 };
 
 /** The median of `samples` (the mean of the middle two for an even count). */
@@ -39,9 +44,15 @@ double median_ms(int repeat, const std::function<void()>& fn);
 /** Median per-call milliseconds of several functions timed in turns (one
  * batch of `calls` calls of each per round, `repeat` rounds after an untimed
  * warm-up round), so load from other processes hits all of them alike: the
- * way to time an op and its floor when their ratio is the figure. */
+ * way to time an op and its floor when their ratio is the figure. `sync`,
+ * when given, runs at the end of each batch inside its time (for a GPU:
+ * wait until the queued work is done). */
 std::vector<double> interleaved_ms(int repeat, int calls,
-                                   const std::vector<std::function<void()>>& fns);
+                                   const std::vector<std::function<void()>>& fns,
+                                   const std::function<void()>& sync = {});
+
+/** A row that could not be measured, with the error's text. */
+BenchRow unavailable_row(const std::string& name, const std::string& why);
 
 /** Prints rows as an aligned table "name ms floor_ms ratio", or as a JSON
  * list of objects with keys name, ms, floor_ms, ratio. */
@@ -51,20 +62,27 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
 using BenchSuite = std::vector<BenchRow> (*)(const BenchOptions&);
 
 /** Engine kernels: matmul against a bare Eigen GEMM, elementwise ops and a
- * reduction against memcpy (see bench_engine.cpp for the conventions). */
+ * reduction against memcpy (see bench_engine.cpp for the conventions); on
+ * a CUDA device, bench_engine_cuda's rows. */
 std::vector<BenchRow> bench_engine(const BenchOptions& opts);
+/** The engine suite on opts.device, a GPU: elementwise ops and reductions
+ * against a device-to-device copy of the same bytes, GEMM (f32, bf16, f16)
+ * against cuBLAS's rate on its peak shape, the convolutions
+ * (bench_engine_cuda.cpp). */
+std::vector<BenchRow> bench_engine_cuda(const BenchOptions& opts);
 
 /** The engine suite's convolution rows: each layer of the main job's VQ-VAE
- * forward and backward against a large GEMM's time for the same FLOPs
- * (bench_conv.cpp). */
-std::vector<BenchRow> bench_conv(const BenchOptions& opts, Generator& gen);
+ * forward and backward on opts.device against a large GEMM's time for the
+ * same FLOPs (bench_conv.cpp). `sync` ends each timed batch (for a GPU). */
+std::vector<BenchRow> bench_conv(const BenchOptions& opts, Generator& gen,
+                                 const std::function<void()>& sync = {});
 /** FLOPs of the main job's convolutions forward and backward at `batch`
  * (the input gradient of the first layer is not taken). */
 double main_job_conv_flops(int64_t batch);
 
 /** One training step of `quanta train`'s models (VQ-VAE with vq, none and
- * fsq; the classifier) against a large GEMM's time for their FLOPs
- * (bench_train.cpp). */
+ * fsq; the classifier) against a large GEMM's time for their FLOPs; on a
+ * CUDA device, against the same step on the CPU (bench_train.cpp). */
 std::vector<BenchRow> bench_train(const BenchOptions& opts);
 
 /** Quantizer train steps: the VQ family's rows then the scalar family's. */

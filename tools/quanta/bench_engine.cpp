@@ -45,6 +45,7 @@ void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 }  // namespace
 
 std::vector<BenchRow> bench_engine(const BenchOptions& o) {
+  if (o.device.is_cuda()) return bench_engine_cuda(o);
   NoGradGuard no_grad;
   Eigen::setNbThreads(num_threads());
   Generator gen(1234);

@@ -6,7 +6,12 @@
 // a step that spends all its time in its FLOPs at the GEMM's rate. FLOPs
 // count the convolutions (or Linear layers) forward and backward and, for
 // vq, the nearest-code distance GEMM; everything else is overhead here.
+// With --device cuda each row is the step on the GPU against the same step
+// (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
+// faster. A model whose step fails on the GPU (a kernel it has not yet)
+// prints its row as unavailable with the error.
 #include "bench.h"
+#include "engine/cuda/runtime.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
 #include "quanta.h"
@@ -38,6 +43,99 @@ BenchRow time_step(const std::string& name, double flops, int repeat,
   return row;
 }
 
+// One model's training step on one device, built the same way on every
+// device: weights drawn on the CPU from the run's seed, then moved.
+struct Step {
+  std::function<void()> run;
+  std::shared_ptr<void> state;  // the model and optimizer `run` uses
+};
+
+Step vqvae_step(const char* type, const Tensor& cpu_images, Device device) {
+  const nlohmann::json config =
+      train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}});
+  const train::TrainConfig cfg = train::config_from_json(config);
+  struct State {
+    std::unique_ptr<train::VqVae> model;
+    std::unique_ptr<Adam> optimizer;
+    Tensor images;
+  };
+  auto st = std::make_shared<State>();
+  Generator model_gen = Generator::named(cfg.seed, "model");
+  st->model = std::make_unique<train::VqVae>(
+      cfg.model, train::make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
+  st->model->to(device);
+  st->model->train();
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : st->model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  st->optimizer = std::make_unique<Adam>(trainable, AdamOptions{.lr = cfg.lr});
+  st->images = cpu_images.to(device);
+  State* s = st.get();
+  return {[s] {
+            train::VqVaeOutput out = s->model->run(s->images);
+            const Tensor loss =
+                mean(square(out.reconstruction - s->images)) + sum(out.quantized.loss);
+            s->optimizer->zero_grad();
+            loss.backward();
+            s->optimizer->step();
+            s->model->quantizer().after_step();
+          },
+          st};
+}
+
+Step classifier_step(const train::ClassifierShape& shape, const Tensor& cpu_images,
+                     const Tensor& cpu_labels, Device device) {
+  struct State {
+    std::shared_ptr<Sequential> model;
+    std::unique_ptr<Adam> optimizer;
+    Tensor images, labels;
+  };
+  auto st = std::make_shared<State>();
+  Generator classifier_gen(7);
+  st->model = train::make_classifier(shape, classifier_gen);
+  st->model->to(device);
+  st->model->train();
+  st->optimizer = std::make_unique<Adam>(st->model->parameters(), AdamOptions{.lr = 1e-3});
+  st->images = cpu_images.to(device);
+  st->labels = cpu_labels.to(device);
+  State* s = st.get();
+  return {[s] {
+            const Tensor loss = cross_entropy(s->model->forward(s->images), s->labels);
+            s->optimizer->zero_grad();
+            loss.backward();
+            s->optimizer->step();
+          },
+          st};
+}
+
+// The GPU rows: each model's step on o.device against the same step on the
+// CPU, in turns, each batch ended by a synchronisation.
+std::vector<BenchRow> bench_train_cuda(const BenchOptions& o, const Tensor& images,
+                                       const Tensor& labels) {
+  const Device gpu = o.device;
+  auto sync = [gpu] { cuda::synchronize(gpu.index); };
+  auto row = [&](const std::string& name, const std::function<Step(Device)>& make) {
+    try {
+      const Step on_gpu = make(gpu), on_cpu = make(Device::cpu());
+      const std::vector<double> ms = interleaved_ms(o.repeat, 4, {on_gpu.run, on_cpu.run}, sync);
+      BenchRow r{name};
+      r.ms = ms[0];
+      r.floor_ms = ms[1];
+      return r;
+    } catch (const std::exception& e) {
+      return unavailable_row(name, e.what());
+    }
+  };
+  std::vector<BenchRow> rows;
+  for (const char* type : {"vq", "none", "fsq"})
+    rows.push_back(row(std::string("train_step_vqvae_") + type,
+                       [&](Device d) { return vqvae_step(type, images, d); }));
+  const train::ClassifierShape shape;
+  rows.push_back(row("train_step_classifier",
+                     [&](Device d) { return classifier_step(shape, images, labels, d); }));
+  return rows;
+}
+
 }  // namespace
 
 std::vector<BenchRow> bench_train(const BenchOptions& o) {
@@ -51,28 +149,14 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
   };
   const int64_t batch = o.small ? 4 : kBatch;
   const Tensor images = rand({batch, 1, 28, 28}, gen);
+  const Tensor labels = randint(0, train::kNumClasses, {batch}, gen);
+  if (o.device.is_cuda()) return bench_train_cuda(o, images, labels);
   std::vector<BenchRow> rows;
 
   for (const char* type : {"vq", "none", "fsq"}) {
-    const nlohmann::json config =
-        train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}});
-    const train::TrainConfig cfg = train::config_from_json(config);
-    Generator model_gen = Generator::named(cfg.seed, "model");
-    train::VqVae model(cfg.model, train::make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed),
-                       model_gen);
-    model.train();
-    std::vector<Tensor> trainable;
-    for (const Tensor& p : model.parameters())
-      if (p.requires_grad()) trainable.push_back(p);
-    Adam optimizer(trainable, {.lr = cfg.lr});
-    auto step = [&] {
-      train::VqVaeOutput out = model.run(images);
-      const Tensor loss = mean(square(out.reconstruction - images)) + sum(out.quantized.loss);
-      optimizer.zero_grad();
-      loss.backward();
-      optimizer.step();
-      model.quantizer().after_step();
-    };
+    const Step step = vqvae_step(type, images, Device::cpu());
+    const train::TrainConfig cfg = train::config_from_json(
+        train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}}));
     double flops = main_job_conv_flops(batch);
     if (std::string(type) == "vq") {
       const int64_t tokens = batch * 7 * 7;
@@ -81,23 +165,13 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
     }
     std::string name = "train_step_vqvae_";  // appended: GCC 12's false -Wrestrict
     name += type;
-    rows.push_back(time_step(name, flops, o.repeat, step, gemm, gemm_flops));
+    rows.push_back(time_step(name, flops, o.repeat, step.run, gemm, gemm_flops));
   }
 
   const train::ClassifierShape shape;
-  Generator classifier_gen(7);
-  const std::shared_ptr<Sequential> classifier = train::make_classifier(shape, classifier_gen);
-  classifier->train();
-  Adam optimizer(classifier->parameters(), {.lr = 1e-3});
-  const Tensor labels = randint(0, train::kNumClasses, {batch}, gen);
-  auto step = [&] {
-    const Tensor loss = cross_entropy(classifier->forward(images), labels);
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-  };
-  rows.push_back(time_step("train_step_classifier", classifier_flops(shape, batch), o.repeat, step,
-                           gemm, gemm_flops));
+  const Step step = classifier_step(shape, images, labels, Device::cpu());
+  rows.push_back(time_step("train_step_classifier", classifier_flops(shape, batch), o.repeat,
+                           step.run, gemm, gemm_flops));
   return rows;
 }
 

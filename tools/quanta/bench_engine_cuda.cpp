@@ -1,0 +1,152 @@
+// `quanta bench engine --device cuda`: the engine's kernels on a GPU against
+// their floors, each timed in turns with its floor (interleaved_ms), every
+// batch of calls ended by cuda::synchronize so that it counts the device's
+// work and not only the launches.
+//   add, exp, sum, ... on 2^26 f32 values (256 MiB; 4096 x 16384 where a row
+//     or column broadcasts or reduces) against a device-to-device copy with
+//     the same memory traffic, as on the CPU: a copy of n bytes reads n and
+//     writes n, so an op that moves k buffers is floored by a copy of k/2
+//     buffers (add 3, exp and broadcasts 2, reductions 1).
+//   matmul_MxKxN[_dtype]: against the time an 8192^3 matmul of the same dtype
+//     takes for the row's FLOPs (8192^3 is where cuBLAS reaches its peak); a
+//     dtype the GEMM refuses prints its rows as unavailable with the error.
+//   conv_*: bench_conv's layers on the GPU against the f32 8192^3 rate.
+// Op times include allocating their outputs (from the caching allocator).
+#include "bench.h"
+#include "engine/cuda/runtime.h"
+#include "quanta.h"
+
+namespace quanta::cli {
+namespace {
+
+// On a GPU a batch of calls must outlast the synchronisation that ends it.
+constexpr int kCalls = 20;
+
+struct Gpu {
+  Device device;
+  int repeat;
+  void sync() const { cuda::synchronize(device.index); }
+  std::vector<double> time(const std::vector<std::function<void()>>& fns) const {
+    return interleaved_ms(repeat, kCalls, fns, [this] { sync(); });
+  }
+};
+
+BenchRow timed(double ms, double floor_ms) {
+  BenchRow row;
+  row.ms = ms;
+  row.floor_ms = floor_ms;
+  return row;
+}
+
+// A row measured by `measure`, or unavailable with the error it threw.
+BenchRow row_or_error(const std::string& name, const std::function<BenchRow()>& measure) {
+  try {
+    BenchRow row = measure();
+    row.name = name;
+    return row;
+  } catch (const std::exception& e) {
+    return unavailable_row(name, e.what());
+  }
+}
+
+struct Memory {
+  const char* name;
+  int64_t buffers_moved;  // buffers of the input's size read and written
+  std::function<void()> op;
+};
+
+void memory_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen,
+                 std::vector<BenchRow>& rows) {
+  NoGradGuard no_grad;
+  const int64_t r = o.small ? 64 : 4096, c = o.small ? 1024 : 16384;
+  const Tensor x = rand({r, c}, gen).to(gpu.device);
+  const Tensor y = rand({r, c}, gen).to(gpu.device);
+  const Tensor row_vec = rand({c}, gen).to(gpu.device);
+  const Tensor col_vec = rand({r, 1}, gen).to(gpu.device);
+  const Tensor flat = x.reshape({r * c});
+  const int64_t buffer = r * c * 4;
+  // Sources and destinations for the floors: 1.5 buffers each.
+  const Tensor src = full({buffer * 3 / 2}, 1.0, {.dtype = DType::u8}).to(gpu.device);
+  const Tensor dst = zeros({buffer * 3 / 2}, {.dtype = DType::u8}).to(gpu.device);
+  const Memory ops[] = {
+      {"add", 3, [&] { Tensor z = add(x, y); }},
+      {"add_broadcast_row", 2, [&] { Tensor z = add(x, row_vec); }},
+      {"mul_broadcast_col", 2, [&] { Tensor z = mul(x, col_vec); }},
+      {"exp", 2, [&] { Tensor z = exp(x); }},
+      {"sum", 1, [&] { Tensor s = sum(flat); }},
+      {"sum_dim1", 1, [&] { Tensor s = sum(x, {1}); }},
+      {"sum_dim0", 1, [&] { Tensor s = sum(x, {0}); }},
+      {"amax_dim1", 1, [&] { Tensor s = amax(x, {1}); }},
+  };
+  for (const Memory& m : ops)
+    rows.push_back(row_or_error(m.name, [&] {
+      const auto bytes = static_cast<std::size_t>(m.buffers_moved * buffer / 2);
+      auto copy = [&] {
+        cuda::copy(dst.raw_data(), gpu.device, src.raw_data(), gpu.device, bytes);
+      };
+      const std::vector<double> ms = gpu.time({m.op, copy});
+      return timed(ms[0], ms[1]);
+    }));
+}
+
+void gemm_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen, std::vector<BenchRow>& rows) {
+  NoGradGuard no_grad;
+  struct Shape3 {
+    const char* name;
+    int64_t m, k, n;
+  };
+  const Shape3 shapes[] = {
+      {"matmul_1024", 1024, 1024, 1024},
+      {"matmul_4096x4096x256", 4096, 4096, 256},
+  };
+  const int64_t peak = o.small ? 256 : 8192;
+  const double peak_flops = 2.0 * double(peak) * double(peak) * double(peak);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const std::string suffix = dtype == DType::f32 ? "" : std::string("_") + dtype_name(dtype);
+    auto make = [&](int64_t rows_, int64_t cols) {
+      return rand({rows_, cols}, gen).to(dtype).to(gpu.device);
+    };
+    // The peak shape's operands, once per dtype; a dtype that cannot even be
+    // made or multiplied there gives every row of it that error.
+    Tensor pa, pb;
+    std::string why;
+    try {
+      pa = make(peak, peak);
+      pb = make(peak, peak);
+      Tensor c = matmul(pa, pb);
+      gpu.sync();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    for (const Shape3& s : shapes) {
+      const std::string name = s.name + suffix;
+      if (!why.empty()) {
+        rows.push_back(unavailable_row(name, why));
+        continue;
+      }
+      const int64_t m = o.small ? s.m / 16 : s.m, k = o.small ? s.k / 16 : s.k,
+                    n = o.small ? s.n / 16 : s.n;
+      rows.push_back(row_or_error(name, [&] {
+        const Tensor a = make(m, k), b = make(k, n);
+        const std::vector<double> ms =
+            gpu.time({[&] { Tensor c = matmul(a, b); }, [&] { Tensor c = matmul(pa, pb); }});
+        const double flops = 2.0 * double(m) * double(k) * double(n);
+        return timed(ms[0], ms[1] * flops / peak_flops);
+      }));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<BenchRow> bench_engine_cuda(const BenchOptions& o) {
+  const Gpu gpu{o.device, o.repeat};
+  Generator gen(1234);
+  std::vector<BenchRow> rows;
+  memory_rows(gpu, o, gen, rows);
+  gemm_rows(gpu, o, gen, rows);
+  for (BenchRow& row : bench_conv(o, gen, [&] { gpu.sync(); })) rows.push_back(row);
+  return rows;
+}
+
+}  // namespace quanta::cli
