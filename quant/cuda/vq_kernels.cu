@@ -22,22 +22,17 @@ __global__ void code_sq_norms(const T* c, int64_t k, int64_t d, T* bias) {
   }
 }
 
-// scores [rows, kc] = bias[c0 + j] (0 when bias is null), for the GEMM to
-// accumulate -2 x.c onto.
+// Each row's argmin of bias[c0 + j] + scores[i, j] (bias null: 0) over one
+// code tile, merged into its running best; on the last tile the winner goes
+// to out. The bias is added here, not by the GEMM, to save a pass.
 template <class T>
-__global__ void fill_bias(const T* bias, int64_t c0, int64_t rows, int64_t kc, T* scores) {
-  QUANTA_GRID_STRIDE(e, rows * kc) { scores[e] = bias ? bias[c0 + e % kc] : T(0); }
-}
-
-// Each row's argmin over one code tile merged into its running best; on the
-// last tile the winner goes to out.
-template <class T>
-__global__ void tile_argmin(const T* scores, int64_t rows, int64_t kc, int64_t c0, bool first,
-                            bool last, fn::ArgMin<T>* best, int64_t* out) {
+__global__ void tile_argmin(const T* scores, const T* bias, int64_t rows, int64_t kc, int64_t c0,
+                            bool first, bool last, fn::ArgMin<T>* best, int64_t* out) {
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(i, rows) {
     fn::ArgMin<T> a;
-    for (int64_t j = lane; j < kc; j += kWarp) fn::argmin_offer(a, scores[i * kc + j], c0 + j);
+    for (int64_t j = lane; j < kc; j += kWarp)
+      fn::argmin_offer(a, bias ? bias[c0 + j] + scores[i * kc + j] : scores[i * kc + j], c0 + j);
     for (int o = kWarp / 2; o > 0; o /= 2) {
       fn::ArgMin<T> b;
       b.value = __shfl_xor_sync(0xffffffffu, a.value, o);
@@ -71,18 +66,16 @@ void nearest(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosin
     const int64_t rows = std::min(tiles.rows, n - r0);
     for (int64_t c0 = 0; c0 < k; c0 += tiles.codes) {
       const int64_t kc = std::min(tiles.codes, k - c0);
-      const cuda::LaunchConfig gf = grid_for(rows * kc);
-      fill_bias<T><<<static_cast<unsigned>(gf.blocks), gf.threads, 0, kStream>>>(
-          bias.get(), c0, rows, kc, scores.get());
-      QUANTA_CUDA_CHECK_LAUNCH();
-      // scores^T [kc, rows] (column-major, ld kc) += -2 c_tile x_tile^T: the
+      // scores^T [kc, rows] (column-major, ld kc) = -2 c_tile x_tile^T: the
       // row-major tiles read as column-major [d, kc] and [d, rows].
       if (d > 0)
-        gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, kc, rows, d, T(-2), c + c0 * d, d, x + r0 * d, d, T(1),
+        gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, kc, rows, d, T(-2), c + c0 * d, d, x + r0 * d, d, T(0),
                 scores.get(), kc);
+      else
+        QUANTA_CUDA_CHECK(cudaMemsetAsync(scores.get(), 0, sizeof(T) * rows * kc, kStream));
       const cuda::LaunchConfig ga = warp_grid_for(rows);
       tile_argmin<T><<<static_cast<unsigned>(ga.blocks), ga.threads, 0, kStream>>>(
-          scores.get(), rows, kc, c0, c0 == 0, c0 + kc >= k, best.get(), out + r0);
+          scores.get(), bias.get(), rows, kc, c0, c0 == 0, c0 + kc >= k, best.get(), out + r0);
       QUANTA_CUDA_CHECK_LAUNCH();
     }
   }
