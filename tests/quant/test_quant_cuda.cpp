@@ -91,7 +91,7 @@ TEST_CASE("quant functors: the argmin keeps the first of ties and never picks Na
     CHECK(lane_argmin(row, split) == rule_argmin(row));
 }
 
-TEST_CASE("quant functors: bit products equal the CPU table's bits") {
+TEST_CASE("quant functors: bit products are the CPU table's") {
   for (int64_t k = 0; k <= 6; ++k) {
     const int64_t rows = 3, n = int64_t(1) << k;
     const std::vector<double> pi = random_values(static_cast<size_t>(rows * 2 * k), 7 + k, 0, 1);
@@ -105,8 +105,10 @@ TEST_CASE("quant functors: bit products equal the CPU table's bits") {
       for (int64_t j = 0; j < k; ++j) {
         double g2[2];
         qfn::bit_product_grad_at(pi.data() + r * 2 * k, k, gP.data() + r * n, j, g2);
-        CHECK(g2[0] == grad[r * 2 * k + 2 * j]);
-        CHECK(g2[1] == grad[r * 2 * k + 2 * j + 1]);
+        // The same sums in the same order; only where a compiler fuses a
+        // multiply-add may differ (g++ and nvcc both may), so within 1e-14.
+        CHECK(g2[0] == doctest::Approx(grad[r * 2 * k + 2 * j]).epsilon(1e-14));
+        CHECK(g2[1] == doctest::Approx(grad[r * 2 * k + 2 * j + 1]).epsilon(1e-14));
       }
     }
   }
