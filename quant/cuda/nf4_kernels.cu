@@ -50,14 +50,18 @@ __global__ void encode_kernel(const float* x, int64_t n, int64_t bs, const float
   }
 }
 
-// Elements [begin, begin + count) of w: D(round_to(value * scale, dd)).
+// Elements [begin, begin + count) of w: D(round_to(value * scale, dd)). The
+// 16 values go to shared memory once per block (a lookup by a run-time code
+// in a local array would go through local memory).
 template <class D>
 __global__ void decode_kernel(NF4Runs w, int64_t begin, int64_t count, DType dd, D* out) {
+  __shared__ float values[16];
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  __syncthreads();
   QUANTA_GRID_STRIDE(t, count) {
     const int64_t i = begin + t, r = i / w.run;
-    const float v = fn::nf4_value(fn::nf4_nibble(fn::nf4_run_codes(w, r), i - r * w.run)) *
-                    fn::nf4_run_scale(w, r);
-    out[t] = cuda::convert<D>(round_to(v, dd));
+    const int code = fn::nf4_nibble(fn::nf4_run_codes(w, r), i - r * w.run);
+    out[t] = cuda::convert<D>(round_to(values[code] * fn::nf4_run_scale(w, r), dd));
   }
 }
 

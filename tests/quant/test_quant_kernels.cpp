@@ -76,9 +76,15 @@ TEST_CASE("quant kernels: the CUDA table is complete") {
   const QuantKernelTable& t = quant_cuda::table();
   CHECK(std::string(t.device_name) == "cuda");
   CHECK(null_entries(t).empty());
-  // Without the module (a build without CUDA), the table is the unavailable one.
-  if (!cuda::module()) CHECK(&t == &quant_cuda::unavailable_table());
-  if (!cuda::module()) CHECK(&quant_kernels(Device::cuda(0)) == &quant_cuda::unavailable_table());
+  if (cuda::module()) {
+    // Built with CUDA (a GPU or not): the module's own table, found by name.
+    CHECK(cuda::module_symbol("test", "quanta_quant_cuda_table_v1") != nullptr);
+    CHECK(&t != &quant_cuda::unavailable_table());
+  } else {
+    // Without the module (a build without CUDA), the table is the unavailable one.
+    CHECK(&t == &quant_cuda::unavailable_table());
+    CHECK(&quant_kernels(Device::cuda(0)) == &quant_cuda::unavailable_table());
+  }
 }
 
 TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry") {
