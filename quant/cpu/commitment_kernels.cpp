@@ -6,6 +6,7 @@
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
+#include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
@@ -72,7 +73,7 @@ void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t
           std::fill(o, o + d, T(0));
           continue;
         }
-        for (int64_t e = 0; e < d; ++e) o[e] = T(g) * (px[r * d + e] - pq[r * d + e]);
+        for (int64_t e = 0; e < d; ++e) o[e] = fn::commit_grad(T(g), px[r * d + e], pq[r * d + e]);
       }
     });
   });

@@ -1,6 +1,7 @@
 // CPU entries nf4_absmax, nf4_encode and nf4_decode (quant/kernels/table.h):
 // the NF4 format's block scales, codes and dequantized values, bit for bit
-// as bitsandbytes' reference backend (docs/nf4.md).
+// as bitsandbytes' reference backend (docs/nf4.md). Scaling and codes are
+// quant/kernels/functors.h's, which the CUDA kernels share.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -13,13 +14,10 @@
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
 #include "quant/cpu/nf4_simd.h"
+#include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
-
-// Smallest stored scale: bitsandbytes clamps absmax to 1e-38 before taking
-// its reciprocal, so an all-zero block scales to 0 (code 7), not NaN.
-constexpr float kMinScale = 1e-38f;
 
 // Elements of work for the parallel loops: big enough to amortise a task.
 constexpr int64_t kElemsPerTask = 512 * kNF4UnitElems;
@@ -31,13 +29,10 @@ void pack_run(const float* scaled, uint8_t* dst) {
 #ifdef QUANTA_NF4_ENCODE_SIMD
   simd::encode_run<R>(scaled, nf4_midpoints(), dst);
 #else
-  // Counting the midpoints below each value is branch-free; the inner loop
-  // runs over elements so it vectorises.
-  int32_t count[R] = {};
-  for (float m : nf4_midpoints())
-    for (int i = 0; i < R; ++i) count[i] += scaled[i] > m ? 1 : 0;
+  // Each code counts the midpoints below its value, as the CUDA kernel does.
   for (int j = 0; j < R / 2; ++j)
-    dst[j] = static_cast<uint8_t>((count[2 * j] << 4) | count[2 * j + 1]);
+    dst[j] =
+        static_cast<uint8_t>((fn::nf4_code(scaled[2 * j]) << 4) | fn::nf4_code(scaled[2 * j + 1]));
 #endif
 }
 
@@ -51,7 +46,7 @@ void encode_runs(const float* px, int64_t n, int64_t bs, const float* absmax, co
                       uint8_t packed[R / 2];
                       for (int64_t b = lo; b < hi; ++b) {
                         const int64_t begin = b * bs, len = std::min(bs, n - begin);
-                        const float a = std::max(absmax[static_cast<size_t>(b)], kMinScale);
+                        const float a = fn::nf4_block_scale(absmax[static_cast<size_t>(b)]);
                         const float inv = 1.0f / a;
                         const bool full = len == bs;
                         for (int64_t r0 = 0; r0 < len; r0 += R) {
@@ -62,10 +57,10 @@ void encode_runs(const float* px, int64_t n, int64_t bs, const float* absmax, co
                           // codes match bit for bit.
                           if (full) {
                             for (int64_t i = 0; i < rlen; ++i)
-                              scaled[i] = std::clamp(p[i] * inv, -1.0f, 1.0f);
+                              scaled[i] = fn::nf4_scaled(p[i], a, inv, true);
                           } else {
                             for (int64_t i = 0; i < rlen; ++i)
-                              scaled[i] = std::clamp(p[i] / a, -1.0f, 1.0f);
+                              scaled[i] = fn::nf4_scaled(p[i], a, inv, false);
                           }
                           for (int64_t i = rlen; i < R; ++i) scaled[i] = 0.0f;
                           const int64_t r = (begin + r0) / R;
@@ -188,10 +183,10 @@ void nf4_absmax(const float* px, int64_t n, int64_t bs, float* absmax) {
                         int64_t i = 0;
                         for (; i + 16 <= len; i += 16)
                           for (int l = 0; l < 16; ++l)
-                            lanes[l] = std::max(lanes[l], std::fabs(p[i + l]));
+                            lanes[l] = fn::nf4_absmax_step(lanes[l], p[i + l]);
                         float a = 0;
-                        for (; i < len; ++i) a = std::max(a, std::fabs(p[i]));
-                        for (float l : lanes) a = std::max(a, l);
+                        for (; i < len; ++i) a = fn::nf4_absmax_step(a, p[i]);
+                        for (float l : lanes) a = fn::max_of(a, l);
                         absmax[static_cast<size_t>(b)] = a;
                       }
                     });

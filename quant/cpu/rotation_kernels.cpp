@@ -1,6 +1,7 @@
 // CPU entry route_grad (quant/kernels/table.h): x's gradient through the
 // rotation trick or straight through, plus the commitment term, in one fused
-// pass per row.
+// pass per row. The per-element math is quant/kernels/functors.h's (the CUDA
+// kernels' too).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -8,14 +9,10 @@
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
+#include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
-
-// The reference's safe_div clamps denominators at 1e-6; F.normalize (for w)
-// at 1e-12.
-constexpr double kSafe = 1e-6;
-constexpr double kNormalizeEps = 1e-12;
 
 // The commitment term of a row's input gradient: coef * w[r] * (x - q), with
 // w the row weights (empty: every row 1) and coef = 2 dL/dcommit / elements.
@@ -38,28 +35,21 @@ void rotate_row(const T* xr, const T* qr, const T* gr, T* out, int64_t d, T cc) 
     xx += xr[e] * xr[e];
     qq += qr[e] * qr[e];
   }
-  const T ix = T(1) / std::max<T>(std::sqrt(xx), T(kSafe));
-  const T iq = T(1) / std::max<T>(std::sqrt(qq), T(kSafe));
+  const fn::RotationNorms<T> nm = fn::rotation_norms(xx, qq);
   // |u + q^|^2, g.u and g.q^ in one pass (reciprocals: no divisions per element).
   T ww = 0, gu = 0, gq = 0;
 #pragma omp simd reduction(+ : ww, gu, gq)
   for (int64_t e = 0; e < d; ++e) {
-    const T u = xr[e] * ix, qh = qr[e] * iq;
+    const T u = xr[e] * nm.ix, qh = qr[e] * nm.iq;
     ww += (u + qh) * (u + qh);
     gu += gr[e] * u;
     gq += gr[e] * qh;
   }
-  const T iw = T(1) / std::max<T>(std::sqrt(ww), T(kNormalizeEps));
-  const T lambda = std::sqrt(qq) * ix;
   // g - 2 (g.w) w + 2 (g.q^) u with w = (u + q^) / |u + q^| and
   // g.w = (g.u + g.q^) / |u + q^|: coefficients per row, one fused pass.
-  const T cw = T(2) * (gu + gq) * iw * iw;  // multiplies (u + q^)
-  const T cu = T(2) * gq;                   // multiplies u
+  const fn::RotationCoeffs<T> cf = fn::rotation_coeffs(qq, nm, ww, gu, gq);
 #pragma omp simd
-  for (int64_t e = 0; e < d; ++e) {
-    const T u = xr[e] * ix, qh = qr[e] * iq;
-    out[e] = lambda * (gr[e] - cw * (u + qh) + cu * u) + cc * (xr[e] - qr[e]);
-  }
+  for (int64_t e = 0; e < d; ++e) out[e] = fn::rotation_grad(xr[e], qr[e], gr[e], nm, cf, cc);
 }
 
 template <class T>
@@ -76,7 +66,7 @@ void rotate_backward(const T* x, const T* q, const T* g, T* gx, int64_t rows, in
 template <class T>
 void straight_row(const T* xr, const T* qr, const T* gr, T* out, int64_t d, T cc) {
 #pragma omp simd
-  for (int64_t e = 0; e < d; ++e) out[e] = gr[e] + cc * (xr[e] - qr[e]);
+  for (int64_t e = 0; e < d; ++e) out[e] = fn::straight_grad(gr[e], cc, xr[e], qr[e]);
 }
 
 // g_x = g + the commitment term.

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/cuda/module.h"
 #include "engine/kernels/table.h"
 #include "engine/tensor.h"
 
@@ -12,9 +13,9 @@ namespace quanta::quant {
 
 const QuantKernelTable& quant_kernels(Device device) {
   if (!device.is_cuda()) return quant_cpu::table();
-  // Today every CUDA entry throws naming its op. When the CUDA kernels land
-  // (issue 18), make the device current here first, as kernels() does:
-  // entries take raw pointers, not devices.
+  // Entries take raw pointers, not devices: the launch goes to the current
+  // one, as the engine's kernels() has it.
+  if (const cuda::Module* m = cuda::module()) m->set_device(device.index);
   return quant_cuda::table();
 }
 

@@ -118,8 +118,8 @@ struct QuantKernelTable {
 };
 
 /** The quantizer kernel table of `device`: the CPU table (quant/cpu/), or for
- * CUDA the table whose entries throw "[op] has no CUDA kernel yet (issue 18);
- * move the tensors to cpu" until its kernels land (quant/cuda/). */
+ * CUDA the CUDA module's (quant/cuda/), with the device made current; without
+ * the module, a table whose entries throw "[op] has no CUDA kernel here: why". */
 const QuantKernelTable& quant_kernels(Device device);
 
 /** The table of the device that all of `ts`' defined tensors live on; throws
@@ -131,8 +131,12 @@ namespace quant_cpu {
 const QuantKernelTable& table();
 }  // namespace quant_cpu
 namespace quant_cuda {
-/** The CUDA table (quant/cuda/). */
+/** The CUDA table: the CUDA module's (the .cu files of quant/cuda/), or unavailable_table()
+ * in a build without CUDA or where the module cannot be loaded. */
 const QuantKernelTable& table();
+/** The table whose entries all throw std::runtime_error naming the op and why
+ * the CUDA module's table cannot be had. */
+const QuantKernelTable& unavailable_table();
 }  // namespace quant_cuda
 
 }  // namespace quanta::quant

@@ -1,8 +1,7 @@
 // The quantizer's fused ops as op-harness rows (tests/engine/ops/harness.h):
 // forward against a naive f64 reference, f64 finite-difference gradients,
 // strided inputs, zero-size inputs, and, on a machine with a GPU, every row
-// again on cuda:0 against the CPU (reported as a gap while the quantizer
-// table has no CUDA kernel for the op: issue 18).
+// again on cuda:0 against the CPU (through the CUDA quantizer table).
 #include <doctest/doctest.h>
 
 #include <limits>

@@ -1,8 +1,10 @@
-// The quantizers' device seam (quant/kernels/table.h): the CPU table is
-// complete, and a CUDA tensor reaching a fast path without a CUDA kernel
-// fails in its table entry, naming the op.
+// The quantizers' device seam (quant/kernels/table.h): the CPU and CUDA
+// tables are complete, where the CUDA module's table cannot be had every
+// entry fails naming the op and why, and CUDA tensors reach the CUDA kernels
+// (their results against the CPU's: test_quant_cuda.cpp).
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -70,8 +72,23 @@ TEST_CASE("quant kernels: the CPU table is complete") {
   CHECK(&quant_kernels(Device::cpu()) == &quant_cpu::table());
 }
 
-TEST_CASE("quant kernels: the CUDA table is complete and every entry names its op") {
-  const QuantKernelTable& t = quant_kernels(Device::cuda(0));
+TEST_CASE("quant kernels: the CUDA table is complete") {
+  const QuantKernelTable& t = quant_cuda::table();
+  CHECK(std::string(t.device_name) == "cuda");
+  CHECK(null_entries(t).empty());
+  if (cuda::module()) {
+    // Built with CUDA (a GPU or not): the module's own table, found by name.
+    CHECK(cuda::module_symbol("test", "quanta_quant_cuda_table_v1") != nullptr);
+    CHECK(&t != &quant_cuda::unavailable_table());
+  } else {
+    // Without the module (a build without CUDA), the table is the unavailable one.
+    CHECK(&t == &quant_cuda::unavailable_table());
+    CHECK(&quant_kernels(Device::cuda(0)) == &quant_cuda::unavailable_table());
+  }
+}
+
+TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry") {
+  const QuantKernelTable& t = quant_cuda::unavailable_table();
   CHECK(std::string(t.device_name) == "cuda");
   CHECK(null_entries(t).empty());
   // Dummy pointers: every entry throws before touching memory.
@@ -104,25 +121,29 @@ TEST_CASE("quant kernels: the CUDA table is complete and every entry names its o
       "nf4_linear");
   check_names(message_of([&] { t.nf4_linear_grad(DType::f32, f, 1, 1, runs, DType::f32, 2, f); }),
               "nf4_linear");
-  CHECK(message_of([&] {
-          t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i);
-        }).find("issue 18") != std::string::npos);
+  if (!cuda::module())  // the reason is the module's
+    CHECK(message_of([&] {
+            t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i);
+          }).find(cuda::unavailable_reason()) != std::string::npos);
 }
 
-TEST_CASE("quant kernels: a CUDA tensor reaching a fast path fails naming the op") {
+TEST_CASE("quant kernels: CUDA tensors reach the CUDA kernels") {
   if (cuda_device_count() == 0) {
     MESSAGE("skipped the tensor route: " << testing::no_gpu_reason()
                                          << " (the table entries are checked above)");
     return;
   }
   Generator gen(1);
-  const Tensor x = randn({4, 3}, gen).to(Device::cuda(0));
-  const Tensor c = randn({5, 3}, gen).to(Device::cuda(0));
-  check_names(message_of([&] { (void)nearest_codes(x, c, false); }), "nearest_codes");
-  check_names(message_of([&] {
-                (void)quantize_nf4(randn({2, 64}, gen).to(Device::cuda(0)));
-              }),
-              "quantize_nf4");
+  const Tensor xh = randn({4, 3}, gen), ch = randn({5, 3}, gen);
+  const Tensor x = xh.to(Device::cuda(0)), c = ch.to(Device::cuda(0));
+  const Tensor got = nearest_codes(x, c, false);
+  CHECK(got.device() == Device::cuda(0));
+  CHECK(got.to(Device::cpu()).to_vector<int64_t>() ==
+        nearest_codes(xh, ch, false).to_vector<int64_t>());
+  const Tensor w = randn({2, 64}, gen);
+  const Tensor qg = quantize_nf4(w.to(Device::cuda(0))).to(Device::cpu()), qc = quantize_nf4(w);
+  REQUIRE(qg.nbytes() == qc.nbytes());
+  CHECK(std::memcmp(qg.raw_data(), qc.raw_data(), qc.nbytes()) == 0);
   // Mixed devices fail naming the op and both devices.
   const std::string mixed = message_of([&] { (void)nearest_codes(x, c.to(Device::cpu()), false); });
   CHECK(mixed.find("[nearest_codes] operands are on different devices") == 0);

@@ -1,0 +1,105 @@
+#pragma once
+// What the CUDA quantizer kernels share (included by quant/cuda/*.cu only):
+// stream-ordered scratch, a cuBLAS handle per device, a typed GEMM, warp
+// reductions, and rounding to a dequantized dtype with the CPU's rules.
+// Every quanta kernel runs on the device's default stream (see
+// engine/cuda/caching_allocator.h), and so do these.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "engine/cuda/check.cuh"
+#include "engine/cuda/device_types.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/dtype.h"
+#include "quant/cuda/plans.h"
+
+namespace quanta::quant::quant_cuda {
+
+/** The stream every quantizer kernel, copy and GEMM is queued on. */
+inline constexpr cudaStream_t kStream = 0;
+
+/** n elements of T from the device's stream-ordered pool (cudaMallocAsync:
+ * reused across calls without a cudaMalloc), freed in stream order. */
+template <class T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) {
+    if (n > 0) QUANTA_CUDA_CHECK(cudaMallocAsync(&p_, sizeof(T) * static_cast<size_t>(n), kStream));
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, kStream);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+/** The quantizer kernels' cuBLAS handle of the current device: default math
+ * (no TF32, as the engine's GEMMs), on kStream. */
+inline cublasHandle_t blas_handle() {
+  static std::mutex mutex;
+  static std::vector<cublasHandle_t> handles;  // never destroyed: see the engine's
+  int dev = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
+  if (!handles[dev]) {
+    QUANTA_CUBLAS_CHECK(cublasCreate(&handles[dev]));
+    QUANTA_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
+    QUANTA_CUBLAS_CHECK(cublasSetStream(handles[dev], kStream));
+  }
+  return handles[dev];
+}
+
+/** Column-major C [m, n] = alpha op(A) op(B) + beta C, f32 or f64. */
+template <class T>
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, T alpha,
+          const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  cublasHandle_t h = blas_handle();
+  if constexpr (std::is_same_v<T, float>)
+    QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc));
+  else
+    QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, ta, tb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc));
+}
+
+/** Grid for a grid-stride loop over n items (0 blocks: skip the launch). */
+inline cuda::LaunchConfig grid_for(int64_t n) { return cuda::launch_config(n, cuda::max_blocks()); }
+
+/** Grid for one warp per row. */
+inline cuda::LaunchConfig warp_grid_for(int64_t rows) { return grid_for(rows * kWarp); }
+
+#define QUANTA_GRID_STRIDE(i, n)                                                         \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// A warp per row: `row` walks this warp's rows, `lane` is its lane.
+#define QUANTA_WARP_STRIDE(row, rows)                                                       \
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; \
+       row < (rows); row += static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp)
+
+/** The sum over a warp's lanes, the same on every lane, in a fixed order. */
+template <class T>
+__device__ T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/** v rounded to `dd` (f32: unchanged; bf16, f16: to nearest even) and
+ * widened back to f32, as the CPU's scaled_table does. */
+__device__ inline float round_to(float v, DType dd) {
+  if (dd == DType::bf16) return __bfloat162float(__float2bfloat16(v));
+  if (dd == DType::f16) return __half2float(__float2half(v));
+  return v;
+}
+
+}  // namespace quanta::quant::quant_cuda

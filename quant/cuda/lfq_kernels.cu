@@ -1,0 +1,85 @@
+// CUDA entries bit_product, bit_product_grad and clamped_entropy
+// (quant/kernels/table.h). The products are quant/kernels/functors.h's, one
+// thread per output element (forward) or per row and bit (backward), in the
+// CPU's multiplication order.
+#include <vector>
+
+#include "quant/cuda/device.cuh"
+#include "quant/cuda/kernels.h"
+#include "quant/kernels/functors.h"
+
+namespace quanta::quant::quant_cuda {
+namespace {
+
+template <class T>
+__global__ void bit_product_kernel(const T* pi, int64_t rows, int64_t k, T* out) {
+  const int64_t n = int64_t(1) << k;
+  QUANTA_GRID_STRIDE(i, rows * n) { out[i] = fn::bit_product_at(pi + (i / n) * 2 * k, k, i % n); }
+}
+
+template <class T>
+__global__ void bit_product_grad_kernel(const T* pi, const T* gP, int64_t rows, int64_t k,
+                                        T* grad_pi) {
+  const int64_t n = int64_t(1) << k;
+  QUANTA_GRID_STRIDE(i, rows * k) {
+    const int64_t r = i / k, j = i % k;
+    fn::bit_product_grad_at(pi + r * 2 * k, k, gP + r * n, j, grad_pi + r * 2 * k + 2 * j);
+  }
+}
+
+template <class F>
+void dispatch_lfq(DType dtype, F&& f) {
+  if (dtype == DType::f64) return f(cuda::Tag<double>{});
+  if (dtype == DType::f32) return f(cuda::Tag<float>{});
+  throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
+}
+
+}  // namespace
+
+void bit_product(DType dtype, const void* pi, int64_t rows, int64_t k, void* out) {
+  dispatch_lfq(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(rows << k);
+    if (g.blocks == 0) return;
+    bit_product_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+        static_cast<const T*>(pi), rows, k, static_cast<T*>(out));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t rows, int64_t k,
+                      void* grad_pi) {
+  dispatch_lfq(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(rows * k);
+    if (g.blocks == 0) return;
+    bit_product_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+        static_cast<const T*>(pi), static_cast<const T*>(grad_out), rows, k,
+        static_cast<T*>(grad_pi));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// The clamped entropy is a pruned, sorted walk over each row's likely codes
+// (quant/cpu/lfq_kernels.cpp): recursive and data-dependent, so it runs on
+// the host for now. z, h and grad are staged through host memory and the CPU
+// table's entry does the work; the results are the CPU's exactly.
+void clamped_entropy(const double* z, int64_t rows, int64_t d, double* h, double* grad) {
+  if (rows == 0) return;
+  const size_t nz = static_cast<size_t>(rows * d);
+  std::vector<double> hz(nz), hh(static_cast<size_t>(rows)), hg(nz);
+  if (nz)
+    QUANTA_CUDA_CHECK(
+        cudaMemcpyAsync(hz.data(), z, sizeof(double) * nz, cudaMemcpyDeviceToHost, kStream));
+  QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+  quant_cpu::table().clamped_entropy(hz.data(), rows, d, hh.data(), hg.data());
+  QUANTA_CUDA_CHECK(
+      cudaMemcpyAsync(h, hh.data(), sizeof(double) * hh.size(), cudaMemcpyHostToDevice, kStream));
+  if (nz)
+    QUANTA_CUDA_CHECK(
+        cudaMemcpyAsync(grad, hg.data(), sizeof(double) * nz, cudaMemcpyHostToDevice, kStream));
+  // The host buffers die here: the copies must be done first.
+  QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+}
+
+}  // namespace quanta::quant::quant_cuda

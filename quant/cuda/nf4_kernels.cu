@@ -1,0 +1,189 @@
+// CUDA entries nf4_absmax, nf4_encode, nf4_decode, nf4_linear and
+// nf4_linear_grad (quant/kernels/table.h). Scaling, codes and values are
+// quant/kernels/functors.h's (the CPU's, so the bytes are bitsandbytes'); the
+// linear layer dequantizes a bounded tile of weight rows at a time
+// (plans.h) and hands it to cuBLAS.
+#include <stdexcept>
+#include <string>
+
+#include "quant/cuda/device.cuh"
+#include "quant/cuda/kernels.h"
+#include "quant/kernels/functors.h"
+
+namespace quanta::quant::quant_cuda {
+namespace {
+
+// A warp per block of bs elements: the max |x|, NaN ignored (max is exact,
+// so the lanes' order does not matter).
+__global__ void absmax_kernel(const float* x, int64_t n, int64_t bs, int64_t blocks,
+                              float* absmax) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(b, blocks) {
+    const int64_t begin = b * bs, len = bs < n - begin ? bs : n - begin;
+    float a = 0.0f;
+    for (int64_t i = lane; i < len; i += kWarp) a = fn::nf4_absmax_step(a, x[begin + i]);
+    for (int o = kWarp / 2; o > 0; o /= 2) a = fn::max_of(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (lane == 0) absmax[b] = a;
+  }
+}
+
+// One thread per packed byte of each run of R codes: two elements scaled
+// by their block's absmax and coded; past the end, code 7 (0).
+__global__ void encode_kernel(const float* x, int64_t n, int64_t bs, const float* absmax,
+                              const float* stored, NF4RunsOut out, int64_t runs) {
+  const int64_t R = out.run, per_run = R / 2;
+  QUANTA_GRID_STRIDE(t, runs * per_run) {
+    const int64_t r = t / per_run, j = t % per_run;
+    const int64_t start = r * R, b = start / bs;
+    const int64_t len = bs < n - b * bs ? bs : n - b * bs;
+    const int64_t rlen = R < n - start ? R : n - start;
+    if (rlen < R && !out.pad_runs && 2 * j >= rlen) continue;
+    const float a = fn::nf4_block_scale(absmax[b]);
+    const float inv = 1.0f / a;
+    int code[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = start + 2 * j + h;
+      code[h] = fn::nf4_code(i < n ? fn::nf4_scaled(x[i], a, inv, len == bs) : 0.0f);
+    }
+    out.codes[r * out.code_stride + j] = static_cast<uint8_t>((code[0] << 4) | code[1]);
+    if (j == 0 && out.scales) memcpy(out.scales + r * out.scale_stride, stored + b, sizeof(float));
+  }
+}
+
+// Elements [begin, begin + count) of w: D(round_to(value * scale, dd)). The
+// 16 values go to shared memory once per block (a lookup by a run-time code
+// in a local array would go through local memory).
+template <class D>
+__global__ void decode_kernel(NF4Runs w, int64_t begin, int64_t count, DType dd, D* out) {
+  __shared__ float values[16];
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  __syncthreads();
+  QUANTA_GRID_STRIDE(t, count) {
+    const int64_t i = begin + t, r = i / w.run;
+    const int code = fn::nf4_nibble(fn::nf4_run_codes(w, r), i - r * w.run);
+    out[t] = cuda::convert<D>(round_to(values[code] * fn::nf4_run_scale(w, r), dd));
+  }
+}
+
+template <class D>
+void decode(const NF4Runs& w, int64_t begin, int64_t count, DType dd, D* out) {
+  const cuda::LaunchConfig g = grid_for(count);
+  if (g.blocks == 0) return;
+  decode_kernel<D>
+      <<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(w, begin, count, dd, out);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+__global__ void add_bias_kernel(const T* bias, int64_t m, int64_t n, T* y) {
+  QUANTA_GRID_STRIDE(i, m * n) { y[i] += bias[i % n]; }
+}
+
+void check_dequant(const char* op, DType dd) {
+  if (dd != DType::f32 && dd != DType::bf16 && dd != DType::f16)
+    cuda::bad_dtype(op, dd, "nf4 dequantizes to f32, bf16 or f16");
+}
+
+// y [M, N] = x [M, K] W^T, W dequantized `rows` weight rows at a time.
+template <class T>
+void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias,
+             T* y) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, kStream));
+  } else {
+    const int64_t rows = nf4_tile_rows(N, K);
+    Scratch<T> tile(rows * K);
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+      const int64_t r = std::min(rows, N - n0);
+      decode<T>(w, n0 * K, r * K, dd, tile.get());
+      // y^T[n0:n0+r, :] (column-major, ld N) = tile [r, K] x^T: tile read as
+      // column-major [K, r] and transposed, x as column-major [K, M].
+      gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, T(1), tile.get(), K, x, K, T(0), y + n0, N);
+    }
+  }
+  if (bias) {
+    const cuda::LaunchConfig g = grid_for(M * N);
+    add_bias_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(bias, M, N, y);
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// dx [M, K] = g [M, N] W, summed over the weight tiles.
+template <class T>
+void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx) {
+  if (M == 0 || K == 0) return;
+  if (N == 0) {
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, kStream));
+    return;
+  }
+  const int64_t rows = nf4_tile_rows(N, K);
+  Scratch<T> tile(rows * K);
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode<T>(w, n0 * K, r * K, dd, tile.get());
+    // dx^T [K, M] (column-major, ld K) += tile^T g[:, n0:n0+r]^T: the tile
+    // read as column-major [K, r], g's columns as column-major [r, M], ld N.
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, T(1), tile.get(), K, g + n0, N, T(n0 > 0 ? 1 : 0),
+            dx, K);
+  }
+}
+
+}  // namespace
+
+void nf4_absmax(const float* x, int64_t n, int64_t block, float* absmax) {
+  const int64_t blocks = n > 0 ? (n + block - 1) / block : 0;
+  const cuda::LaunchConfig g = warp_grid_for(blocks);
+  if (g.blocks == 0) return;
+  absmax_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(x, n, block, blocks,
+                                                                            absmax);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+void nf4_encode(const float* x, int64_t n, int64_t block, const float* absmax, const float* stored,
+                const NF4RunsOut& out) {
+  if ((out.run != 32 && out.run != 64) || block % out.run != 0)
+    throw std::logic_error("[nf4 encode] block " + std::to_string(block) +
+                           " is not whole runs of " + std::to_string(out.run));
+  const int64_t runs = (n + out.run - 1) / out.run;
+  const cuda::LaunchConfig g = grid_for(runs * (out.run / 2));
+  if (g.blocks == 0) return;
+  encode_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(x, n, block, absmax,
+                                                                            stored, out, runs);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+void nf4_decode(const NF4Runs& w, DType dtype, void* out) {
+  if (w.n == 0) return;
+  switch (dtype) {
+    case DType::f32:
+      return decode<float>(w, 0, w.n, DType::f32, static_cast<float*>(out));
+    case DType::bf16:
+      return decode<__nv_bfloat16>(w, 0, w.n, DType::f32, static_cast<__nv_bfloat16*>(out));
+    case DType::f16:
+      return decode<__half>(w, 0, w.n, DType::f32, static_cast<__half*>(out));
+    default:
+      cuda::bad_dtype("dequantize", dtype, "nf4 dequantizes to f32, bf16 or f16");
+  }
+}
+
+void nf4_linear(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs& w, DType dequant,
+                int64_t n, const void* bias, void* y) {
+  check_dequant("nf4_linear", dequant);
+  cuda::dispatch_float(dtype, "nf4_linear", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    forward<T>(static_cast<const T*>(x), m, k, w, dequant, n, static_cast<const T*>(bias),
+               static_cast<T*>(y));
+  });
+}
+
+void nf4_linear_grad(DType dtype, const void* g, int64_t m, int64_t n, const NF4Runs& w,
+                     DType dequant, int64_t k, void* dx) {
+  check_dequant("nf4_linear backward", dequant);
+  cuda::dispatch_float(dtype, "nf4_linear backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward<T>(static_cast<const T*>(g), m, n, w, dequant, k, static_cast<T*>(dx));
+  });
+}
+
+}  // namespace quanta::quant::quant_cuda

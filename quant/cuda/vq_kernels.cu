@@ -1,0 +1,251 @@
+// CUDA entries nearest_codes, squared_error, squared_error_grad, route_grad
+// and put_rows (quant/kernels/table.h). The math is quant/kernels/functors.h;
+// here only index arithmetic, cuBLAS for the distances and warp reductions.
+#include <vector>
+
+#include "quant/cuda/device.cuh"
+#include "quant/cuda/kernels.h"
+#include "quant/kernels/functors.h"
+
+namespace quanta::quant::quant_cuda {
+namespace {
+
+// ---- nearest_codes ----
+
+// bias [k] = |c_j|^2, summed in order.
+template <class T>
+__global__ void code_sq_norms(const T* c, int64_t k, int64_t d, T* bias) {
+  QUANTA_GRID_STRIDE(j, k) {
+    T s = T(0);
+    for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
+    bias[j] = s;
+  }
+}
+
+// Each row's argmin of bias[c0 + j] + scores[i, j] (bias null: 0) over one
+// code tile, merged into its running best; on the last tile the winner goes
+// to out. The bias is added here, not by the GEMM, to save a pass.
+template <class T>
+__global__ void tile_argmin(const T* scores, const T* bias, int64_t rows, int64_t kc, int64_t c0,
+                            bool first, bool last, fn::ArgMin<T>* best, int64_t* out) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(i, rows) {
+    fn::ArgMin<T> a;
+    for (int64_t j = lane; j < kc; j += kWarp)
+      fn::argmin_offer(a, bias ? bias[c0 + j] + scores[i * kc + j] : scores[i * kc + j], c0 + j);
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      fn::ArgMin<T> b;
+      b.value = __shfl_xor_sync(0xffffffffu, a.value, o);
+      b.index = __shfl_xor_sync(0xffffffffu, a.index, o);
+      a = fn::argmin_merge(a, b);
+    }
+    if (lane == 0) {
+      if (!first) a = fn::argmin_merge(best[i], a);
+      if (last)
+        out[i] = fn::argmin_result(a);
+      else
+        best[i] = a;
+    }
+  }
+}
+
+template <class T>
+void nearest(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosine, int64_t* out) {
+  const NearestTiles tiles = nearest_tiles(n, k);
+  if (tiles.rows == 0) return;
+  Scratch<T> bias(cosine ? 0 : k);
+  Scratch<T> scores(tiles.rows * tiles.codes);
+  Scratch<fn::ArgMin<T>> best(tiles.rows);
+  if (!cosine) {
+    const cuda::LaunchConfig g = grid_for(k);
+    code_sq_norms<T>
+        <<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(c, k, d, bias.get());
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
+  for (int64_t r0 = 0; r0 < n; r0 += tiles.rows) {
+    const int64_t rows = std::min(tiles.rows, n - r0);
+    for (int64_t c0 = 0; c0 < k; c0 += tiles.codes) {
+      const int64_t kc = std::min(tiles.codes, k - c0);
+      // scores^T [kc, rows] (column-major, ld kc) = -2 c_tile x_tile^T: the
+      // row-major tiles read as column-major [d, kc] and [d, rows].
+      if (d > 0)
+        gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, kc, rows, d, T(-2), c + c0 * d, d, x + r0 * d, d, T(0),
+                scores.get(), kc);
+      else
+        QUANTA_CUDA_CHECK(cudaMemsetAsync(scores.get(), 0, sizeof(T) * rows * kc, kStream));
+      const cuda::LaunchConfig ga = warp_grid_for(rows);
+      tile_argmin<T><<<static_cast<unsigned>(ga.blocks), ga.threads, 0, kStream>>>(
+          scores.get(), bias.get(), rows, kc, c0, c0 == 0, c0 + kc >= k, best.get(), out + r0);
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
+  }
+}
+
+// ---- squared_error: one block per 256-row chunk, a warp per row ----
+
+struct Partial {
+  double total;
+  double rows;
+};
+
+template <class T>
+__global__ void chunk_sums(const T* x, const T* q, const uint8_t* valid, int64_t rows, int64_t d,
+                           Partial* partial) {
+  constexpr int kWarps = cuda::kThreadsPerBlock / kWarp;
+  __shared__ double warp_total[kWarps];
+  __shared__ double warp_rows[kWarps];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kSquaredErrorChunk;
+  const int64_t end = begin + kSquaredErrorChunk < rows ? begin + kSquaredErrorChunk : rows;
+  double total = 0, counted = 0;
+  for (int64_t r = begin + warp; r < end; r += kWarps) {
+    if (valid && valid[r] == 0) continue;
+    T s = T(0);
+    for (int64_t e = lane; e < d; e += kWarp)
+      s += (x[r * d + e] - q[r * d + e]) * (x[r * d + e] - q[r * d + e]);
+    total += static_cast<double>(warp_sum(s));
+    counted += valid ? static_cast<double>(valid[r]) : 1.0;
+  }
+  if (lane == 0) warp_total[warp] = total, warp_rows[warp] = counted;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Partial p{0, 0};
+    for (int w = 0; w < kWarps; ++w) p.total += warp_total[w], p.rows += warp_rows[w];
+    partial[blockIdx.x] = p;
+  }
+}
+
+// ---- squared_error_grad, put_rows, the straight route ----
+
+template <class T>
+__global__ void commit_grad_kernel(const T* x, const T* q, const uint8_t* valid, int64_t rows,
+                                   int64_t d, T scale, T* gx) {
+  QUANTA_GRID_STRIDE(i, rows * d) {
+    gx[i] = valid && valid[i / d] == 0 ? T(0) : fn::commit_grad(scale, x[i], q[i]);
+  }
+}
+
+// The commitment term's weight of row r (valid null: coef itself).
+template <class T>
+__device__ T commit_weight(T coef, const uint8_t* valid, int64_t r) {
+  return valid && coef != T(0) ? coef * static_cast<T>(valid[r]) : coef;
+}
+
+template <class T>
+__global__ void straight_kernel(const T* x, const T* q, const T* g, const uint8_t* valid, T coef,
+                                int64_t rows, int64_t d, T* gx) {
+  QUANTA_GRID_STRIDE(i, rows * d) {
+    gx[i] = fn::straight_grad(g[i], commit_weight(coef, valid, i / d), x[i], q[i]);
+  }
+}
+
+template <class T>
+__global__ void rotation_kernel(const T* x, const T* q, const T* g, const uint8_t* valid, T coef,
+                                int64_t rows, int64_t d, T* gx) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(r, rows) {
+    const T *xr = x + r * d, *qr = q + r * d, *gr = g + r * d;
+    T xx = T(0), qq = T(0);
+    for (int64_t e = lane; e < d; e += kWarp) xx += xr[e] * xr[e], qq += qr[e] * qr[e];
+    xx = warp_sum(xx);
+    qq = warp_sum(qq);
+    const fn::RotationNorms<T> nm = fn::rotation_norms(xx, qq);
+    T ww = T(0), gu = T(0), gq = T(0);
+    for (int64_t e = lane; e < d; e += kWarp) {
+      const T u = xr[e] * nm.ix, qh = qr[e] * nm.iq;
+      ww += (u + qh) * (u + qh);
+      gu += gr[e] * u;
+      gq += gr[e] * qh;
+    }
+    const fn::RotationCoeffs<T> cf =
+        fn::rotation_coeffs(qq, nm, warp_sum(ww), warp_sum(gu), warp_sum(gq));
+    const T cc = commit_weight(coef, valid, r);
+    for (int64_t e = lane; e < d; e += kWarp)
+      gx[r * d + e] = fn::rotation_grad(xr[e], qr[e], gr[e], nm, cf, cc);
+  }
+}
+
+template <class T>
+__global__ void put_rows_kernel(T* dst, int64_t d, const int64_t* at, int64_t m, const T* src,
+                                T scale) {
+  QUANTA_GRID_STRIDE(i, m * d) { dst[at[i / d] * d + i % d] = src ? scale * src[i] : scale; }
+}
+
+}  // namespace
+
+void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int64_t k, int64_t d,
+                   bool cosine, int64_t* out) {
+  cuda::dispatch_float(dtype, "nearest_codes", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    nearest<T>(static_cast<const T*>(x), static_cast<const T*>(codes), n, k, d, cosine, out);
+  });
+}
+
+SquaredErrorSum squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid,
+                              int64_t rows, int64_t d) {
+  SquaredErrorSum out;
+  const int64_t chunks = squared_error_chunks(rows);
+  if (chunks == 0) return out;
+  std::vector<Partial> host(static_cast<size_t>(chunks));
+  cuda::dispatch_float(dtype, "commitment_loss", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Scratch<Partial> partial(chunks);
+    chunk_sums<T><<<static_cast<unsigned>(chunks), cuda::kThreadsPerBlock, 0, kStream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, partial.get());
+    QUANTA_CUDA_CHECK_LAUNCH();
+    QUANTA_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.get(), sizeof(Partial) * host.size(),
+                                      cudaMemcpyDeviceToHost, kStream));
+    QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+  });
+  // The chunks' partial sums added in order, as the CPU does.
+  for (const Partial& p : host) out.total += p.total, out.rows += p.rows;
+  return out;
+}
+
+void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t* valid,
+                        int64_t rows, int64_t d, double scale, void* gx) {
+  cuda::dispatch_float(dtype, "commitment_loss", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(rows * d);
+    if (g.blocks == 0) return;
+    commit_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, T(scale),
+        static_cast<T*>(gx));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void route_grad(bool rotation, DType dtype, const void* x, const void* q, const void* g,
+                const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx) {
+  cuda::dispatch_float(dtype, "rotate_to", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *px = static_cast<const T*>(x), *pq = static_cast<const T*>(q),
+            *pg = static_cast<const T*>(g);
+    if (rotation) {
+      const cuda::LaunchConfig c = warp_grid_for(d > 0 ? rows : 0);
+      if (c.blocks == 0) return;
+      rotation_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
+          px, pq, pg, valid, T(coef), rows, d, static_cast<T*>(gx));
+    } else {
+      const cuda::LaunchConfig c = grid_for(rows * d);
+      if (c.blocks == 0) return;
+      straight_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
+          px, pq, pg, valid, T(coef), rows, d, static_cast<T*>(gx));
+    }
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
+              double scale) {
+  cuda::dispatch_float(dtype, "Codebook", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(m * d);
+    if (g.blocks == 0) return;
+    put_rows_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+        static_cast<T*>(dst), d, at, m, static_cast<const T*>(src), T(scale));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace quanta::quant::quant_cuda

@@ -1,0 +1,217 @@
+#pragma once
+// The quantizer kernels' per-element and per-row math, written once for g++
+// and nvcc (as engine/kernels/functors.h is for the engine's). The CPU
+// kernels (quant/cpu/) call these where doing so keeps their results bit for
+// bit, and the CUDA kernels (quant/cuda/) call the same functions, so the CPU
+// tests cover the math the GPU runs. No loops over tensors here: one element,
+// one row or one pair of candidates at a time.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "engine/kernels/functors.h"  // QUANTA_HD
+#include "quant/kernels/nf4_layout.h"
+
+namespace quanta::quant::fn {
+
+// ---- nearest_codes: a running argmin with the CPU's tie and NaN rules ----
+
+/** The index an ArgMin holds while no score has won. */
+inline constexpr int64_t kNoIndex = std::numeric_limits<int64_t>::max();
+
+/** The smallest score seen so far and its index. */
+template <class T>
+struct ArgMin {
+  T value = std::numeric_limits<T>::infinity();
+  int64_t index = kNoIndex;
+};
+
+/** Offers score v of index j, scanned in increasing j: a strict < keeps the
+ * first of equal scores, and a NaN never wins. */
+template <class T>
+QUANTA_HD void argmin_offer(ArgMin<T>& a, T v, int64_t j) {
+  if (v < a.value) a.value = v, a.index = j;
+}
+
+/** Merges two partial scans (any order): the smaller score, the smaller index
+ * among equal ones. */
+template <class T>
+QUANTA_HD ArgMin<T> argmin_merge(ArgMin<T> a, ArgMin<T> b) {
+  return (b.value < a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+}
+
+/** The winning index; 0 when no score won (a row of only NaN or +inf). */
+template <class T>
+QUANTA_HD int64_t argmin_result(ArgMin<T> a) {
+  return a.index == kNoIndex ? 0 : a.index;
+}
+
+// ---- commitment loss and the routes' backward ----
+
+/** squared_error_grad's element: scale (x - q). */
+template <class T>
+QUANTA_HD T commit_grad(T scale, T x, T q) {
+  return scale * (x - q);
+}
+
+/** The straight-through route's element: g + cc (x - q). */
+template <class T>
+QUANTA_HD T straight_grad(T g, T cc, T x, T q) {
+  return g + cc * (x - q);
+}
+
+// The rotation trick's backward (route_grad, rotation): the reference's
+// safe_div clamps denominators at 1e-6; F.normalize (for w) at 1e-12.
+inline constexpr double kRotationSafe = 1e-6;
+inline constexpr double kRotationNormalizeEps = 1e-12;
+
+/** max(a, b) as std::max: a when b is not larger (NaN b gives a). */
+template <class T>
+QUANTA_HD T max_of(T a, T b) {
+  return a < b ? b : a;
+}
+
+/** A row's reciprocal norms from |x|^2 and |q|^2. */
+template <class T>
+struct RotationNorms {
+  T ix, iq;
+};
+template <class T>
+QUANTA_HD RotationNorms<T> rotation_norms(T xx, T qq) {
+  return {T(1) / max_of<T>(std::sqrt(xx), T(kRotationSafe)),
+          T(1) / max_of<T>(std::sqrt(qq), T(kRotationSafe))};
+}
+
+/** A row's coefficients of lambda (g - cw (u + q^) + cu u), from |q|^2, the
+ * norms, |u + q^|^2 (ww), g.u (gu) and g.q^ (gq). */
+template <class T>
+struct RotationCoeffs {
+  T lambda, cw, cu;
+};
+template <class T>
+QUANTA_HD RotationCoeffs<T> rotation_coeffs(T qq, RotationNorms<T> nm, T ww, T gu, T gq) {
+  const T iw = T(1) / max_of<T>(std::sqrt(ww), T(kRotationNormalizeEps));
+  return {std::sqrt(qq) * nm.ix, T(2) * (gu + gq) * iw * iw, T(2) * gq};
+}
+
+/** One element of the rotation route's gradient plus cc (x - q). */
+template <class T>
+QUANTA_HD T rotation_grad(T x, T q, T g, RotationNorms<T> nm, RotationCoeffs<T> c, T cc) {
+  const T u = x * nm.ix, qh = q * nm.iq;
+  return c.lambda * (g - c.cw * (u + qh) + c.cu * u) + cc * (x - q);
+}
+
+// ---- LFQ's bit products ----
+
+/** Element c of the product distribution of k bits, pi [k, 2] (code bits
+ * most significant first), multiplied in bit order as the CPU's in-place
+ * build does, so the bits are the same. */
+template <class T>
+QUANTA_HD T bit_product_at(const T* pi, int64_t k, int64_t c) {
+  T v = T(1);
+  for (int64_t j = 0; j < k; ++j) v *= pi[2 * j + ((c >> (k - 1 - j)) & 1)];
+  return v;
+}
+
+/** grad_pi[j, 0..1] of one row from gP [2^k]: the CPU's prefix-times-suffix
+ * sums in the CPU's order, the prefix and suffix products made on the fly. */
+template <class T>
+QUANTA_HD void bit_product_grad_at(const T* pi, int64_t k, const T* gP, int64_t j, T* g2) {
+  const int64_t n_hi = int64_t(1) << j, n_lo = int64_t(1) << (k - 1 - j);
+  T g[2] = {T(0), T(0)};
+  for (int64_t hi = 0; hi < n_hi; ++hi) {
+    const T pre = bit_product_at(pi, j, hi);
+    for (int64_t b = 0; b < 2; ++b) {
+      const T* row = gP + (hi * 2 + b) * n_lo;
+      T acc = T(0);
+      for (int64_t lo = 0; lo < n_lo; ++lo)
+        acc += row[lo] * bit_product_at(pi + 2 * (j + 1), k - 1 - j, lo);
+      g[b] += acc * pre;
+    }
+  }
+  g2[0] = g[0];
+  g2[1] = g[1];
+}
+
+// ---- NF4 ----
+
+/** The value of a 4-bit code (bitsandbytes' table; equal to kNF4Values). */
+QUANTA_HD constexpr float nf4_value(int code) {
+  constexpr float v[16] = {-1.0f,
+                           -0.6961928009986877f,
+                           -0.5250730514526367f,
+                           -0.39491748809814453f,
+                           -0.28444138169288635f,
+                           -0.18477343022823334f,
+                           -0.09105003625154495f,
+                           0.0f,
+                           0.07958029955625534f,
+                           0.16093020141124725f,
+                           0.24611230194568634f,
+                           0.33791524171829224f,
+                           0.44070982933044434f,
+                           0.5626170039176941f,
+                           0.7229568362236023f,
+                           1.0f};
+  return v[code & 15];
+}
+
+constexpr bool nf4_values_match() {
+  for (int c = 0; c < 16; ++c)
+    if (nf4_value(c) != kNF4Values[static_cast<size_t>(c)]) return false;
+  return true;
+}
+static_assert(nf4_values_match(), "nf4_value must be kNF4Values");
+
+/** Midpoint i of the codes' values, float32((v[i] + v[i+1]) / 2), as
+ * nf4_midpoints() has it. */
+QUANTA_HD constexpr float nf4_midpoint(int i) { return (nf4_value(i) + nf4_value(i + 1)) / 2.0f; }
+
+/** The code of a scaled value: the number of midpoints strictly below it
+ * (NaN gives 0). */
+QUANTA_HD inline int nf4_code(float scaled) {
+  int c = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 15; ++i) c += scaled > nf4_midpoint(i) ? 1 : 0;
+  return c;
+}
+
+/** Smallest stored scale: bitsandbytes clamps absmax to 1e-38 before taking
+ * its reciprocal, so an all-zero block scales to 0 (code 7), not NaN. */
+inline constexpr float kNF4MinScale = 1e-38f;
+
+/** A block's divisor from its exact absmax. */
+QUANTA_HD inline float nf4_block_scale(float absmax) { return max_of(absmax, kNF4MinScale); }
+
+/** x scaled into [-1, 1] as bitsandbytes' reference does: full blocks
+ * multiply by inv = 1 / a, the partial last block divides by a. */
+QUANTA_HD inline float nf4_scaled(float x, float a, float inv, bool full) {
+  const float v = full ? x * inv : x / a;
+  return v < -1.0f ? -1.0f : (1.0f < v ? 1.0f : v);  // std::clamp: NaN stays NaN
+}
+
+/** The max-abs step of nf4_absmax: NaN ignored, as std::max(a, NaN) does. */
+QUANTA_HD inline float nf4_absmax_step(float a, float x) { return max_of(a, std::fabs(x)); }
+
+/** Code k of a run's packed bytes (high nibble = even element). */
+QUANTA_HD inline int nf4_nibble(const uint8_t* codes, int64_t k) {
+  const uint8_t byte = codes[k / 2];
+  return k % 2 == 0 ? byte >> 4 : byte & 15;
+}
+
+/** Codes of run r of w. */
+QUANTA_HD inline const uint8_t* nf4_run_codes(const NF4Runs& w, int64_t r) {
+  return w.codes + r * w.code_stride;
+}
+
+/** The f32 scale of run r of w. */
+QUANTA_HD inline float nf4_run_scale(const NF4Runs& w, int64_t r) {
+  float s;
+  memcpy(&s, w.scales + (r / w.runs_per_scale) * w.scale_stride, sizeof s);
+  return s;
+}
+
+}  // namespace quanta::quant::fn

@@ -1,0 +1,492 @@
+// The CUDA quantizer table (quant/cuda/): the math it shares with the CPU
+// (quant/kernels/functors.h) and its host-side plans (quant/cuda/plans.h)
+// checked on the CPU, then every entry on cuda:0 against the CPU table on the
+// same inputs (indices and NF4 bytes equal, values within each dtype's
+// tolerance), skipped with one line where no GPU is present.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quant/cuda/plans.h"
+#include "quant/kernels/functors.h"
+#include "quant/kernels/table.h"
+#include "quanta.h"
+#include "support/gpu.h"
+
+using namespace quanta;
+using namespace quanta::quant;
+namespace qfn = quanta::quant::fn;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The contract's rule, written plainly: the first index of the smallest
+// non-NaN score, 0 when there is none.
+int64_t rule_argmin(const std::vector<double>& row) {
+  int64_t best = -1;
+  for (size_t j = 0; j < row.size(); ++j)
+    if (!std::isnan(row[j]) && (best < 0 || row[j] < row[static_cast<size_t>(best)]))
+      best = static_cast<int64_t>(j);
+  // The scan starts from +inf: a row whose best is +inf gives 0 too.
+  if (best < 0 || row[static_cast<size_t>(best)] == kInf) return 0;
+  return best;
+}
+
+// The CUDA kernel's scan: 32 lanes each offered every 32nd score, merged in
+// a butterfly, then across two tiles.
+int64_t lane_argmin(const std::vector<double>& row, size_t split) {
+  auto tile = [&](size_t lo, size_t hi) {
+    std::vector<qfn::ArgMin<double>> lanes(32);
+    for (size_t j = lo; j < hi; ++j)
+      qfn::argmin_offer(lanes[(j - lo) % 32], row[j], static_cast<int64_t>(j));
+    for (int o = 16; o > 0; o /= 2)
+      for (int l = 0; l < 32; ++l)
+        if ((l ^ o) > l) lanes[l] = qfn::argmin_merge(lanes[l], lanes[l ^ o]);
+    return lanes[0];
+  };
+  return qfn::argmin_result(qfn::argmin_merge(tile(0, split), tile(split, row.size())));
+}
+
+std::vector<double> random_values(size_t n, unsigned seed, double lo = -1, double hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+}  // namespace
+
+// ---- the shared math and the plans, on the CPU ----
+
+TEST_CASE("quant functors: the argmin keeps the first of ties and never picks NaN") {
+  const std::vector<std::vector<double>> rows = {
+      {3, 1, 2, 1},
+      {kNaN, kNaN, kNaN},
+      {kInf, kInf},
+      {kNaN, kInf, -kInf, -kInf},
+      {5, kNaN, 5, 4, 4, kNaN},
+  };
+  for (const auto& row : rows) {
+    qfn::ArgMin<double> serial;
+    for (size_t j = 0; j < row.size(); ++j)
+      qfn::argmin_offer(serial, row[j], static_cast<int64_t>(j));
+    CHECK(qfn::argmin_result(serial) == rule_argmin(row));
+    for (size_t split = 0; split <= row.size(); ++split)
+      CHECK(lane_argmin(row, split) == rule_argmin(row));
+  }
+  // Long rows with repeated values: every lane and tile boundary.
+  std::vector<double> row(200);
+  for (size_t j = 0; j < row.size(); ++j) row[j] = double((j * 37) % 11);
+  row[150] = kNaN;
+  for (size_t split : {0, 1, 31, 32, 33, 100, 200})
+    CHECK(lane_argmin(row, split) == rule_argmin(row));
+}
+
+TEST_CASE("quant functors: bit products are the CPU table's") {
+  for (int64_t k = 0; k <= 6; ++k) {
+    const int64_t rows = 3, n = int64_t(1) << k;
+    const std::vector<double> pi = random_values(static_cast<size_t>(rows * 2 * k), 7 + k, 0, 1);
+    const std::vector<double> gP = random_values(static_cast<size_t>(rows * n), 9 + k);
+    std::vector<double> out(static_cast<size_t>(rows * n)), grad(static_cast<size_t>(rows * 2 * k));
+    quant_cpu::table().bit_product(DType::f64, pi.data(), rows, k, out.data());
+    quant_cpu::table().bit_product_grad(DType::f64, pi.data(), gP.data(), rows, k, grad.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < n; ++c)
+        CHECK(qfn::bit_product_at(pi.data() + r * 2 * k, k, c) == out[r * n + c]);
+      for (int64_t j = 0; j < k; ++j) {
+        double g2[2];
+        qfn::bit_product_grad_at(pi.data() + r * 2 * k, k, gP.data() + r * n, j, g2);
+        // The same sums in the same order; only where a compiler fuses a
+        // multiply-add may differ (g++ and nvcc both may), so within 1e-14.
+        CHECK(g2[0] == doctest::Approx(grad[r * 2 * k + 2 * j]).epsilon(1e-14));
+        CHECK(g2[1] == doctest::Approx(grad[r * 2 * k + 2 * j + 1]).epsilon(1e-14));
+      }
+    }
+  }
+}
+
+TEST_CASE("quant functors: NF4 codes, midpoints and scaling are the format's") {
+  for (int i = 0; i < 15; ++i) CHECK(qfn::nf4_midpoint(i) == nf4_midpoints()[i]);
+  auto counted = [](float v) {
+    int c = 0;
+    for (float m : nf4_midpoints()) c += v > m ? 1 : 0;
+    return c;
+  };
+  std::vector<float> probes = {-1.0f, 1.0f, 0.0f, -0.0f, std::nanf("")};
+  for (float m : nf4_midpoints())
+    probes.insert(probes.end(), {m, std::nextafter(m, 2.0f), std::nextafter(m, -2.0f)});
+  for (double v : random_values(2000, 5)) probes.push_back(static_cast<float>(v));
+  for (float v : probes) CHECK(qfn::nf4_code(v) == counted(v));
+  CHECK(qfn::nf4_code(0.0f) == kNF4ZeroCode);
+  CHECK(qfn::nf4_code(1.0f) == 15);
+  CHECK(qfn::nf4_code(-1.0f) == 0);
+
+  CHECK(qfn::nf4_block_scale(0.0f) == qfn::kNF4MinScale);
+  CHECK(qfn::nf4_block_scale(3.0f) == 3.0f);
+  CHECK(qfn::nf4_scaled(5.0f, 2.0f, 0.5f, true) == 1.0f);
+  CHECK(qfn::nf4_scaled(-5.0f, 2.0f, 0.5f, false) == -1.0f);
+  CHECK(qfn::nf4_scaled(1.0f, 3.0f, 1.0f / 3.0f, false) == 1.0f / 3.0f);
+  CHECK(std::isnan(qfn::nf4_scaled(std::nanf(""), 1.0f, 1.0f, true)));
+  CHECK(qfn::nf4_absmax_step(2.0f, std::nanf("")) == 2.0f);
+  CHECK(qfn::nf4_absmax_step(2.0f, -3.0f) == 3.0f);
+}
+
+TEST_CASE("quant functors: run codes and scales read both NF4 layouts as NF4Runs does") {
+  std::vector<uint8_t> units(3 * kNF4UnitBytes);
+  for (size_t i = 0; i < units.size(); ++i) units[i] = static_cast<uint8_t>(i * 7);
+  const NF4Runs u = nf4_unit_runs(units.data(), 150);
+  std::vector<uint8_t> packed(80);
+  const std::vector<float> scales = {0.5f, 1.5f, 2.5f};
+  const NF4Runs p = nf4_packed_runs(packed.data(), scales.data(), 160, 128);
+  for (const NF4Runs* w : {&u, &p})
+    for (int64_t r = 0; r < w->runs(); ++r) {
+      CHECK(qfn::nf4_run_codes(*w, r) == w->codes_of(r));
+      CHECK(qfn::nf4_run_scale(*w, r) == w->scale_of(r));
+    }
+  const uint8_t byte[1] = {0xA3};
+  CHECK(qfn::nf4_nibble(byte, 0) == 0xA);
+  CHECK(qfn::nf4_nibble(byte, 1) == 0x3);
+}
+
+TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work") {
+  using namespace quant_cuda;
+  CHECK(nearest_tiles(0, 5).rows == 0);
+  CHECK(nearest_tiles(5, 0).codes == 0);
+  const NearestTiles small = nearest_tiles(100, 50, 1000);
+  CHECK(small.codes == 50);
+  CHECK(small.rows == 20);
+  const NearestTiles big = nearest_tiles(10, 5000, 1000);
+  CHECK(big.codes == 1000);
+  CHECK(big.rows == 1);
+  const NearestTiles wide = nearest_tiles(8192, 16384);
+  CHECK(wide.codes == kNearestMaxCodes);
+  CHECK(wide.rows * wide.codes <= kNearestTileElems);
+  CHECK(nearest_tiles(3, 10).rows == 3);
+
+  CHECK(nf4_tile_rows(0, 64) == 0);
+  CHECK(nf4_tile_rows(10, 0) == 0);
+  CHECK(nf4_tile_rows(10, 64, 256) == 4);
+  CHECK(nf4_tile_rows(10, 1000, 256) == 1);
+  CHECK(nf4_tile_rows(3, 64) == 3);
+  CHECK(nf4_tile_rows(100000, 4096) * 4096 <= kNF4GpuTileElems);
+
+  CHECK(squared_error_chunks(0) == 0);
+  CHECK(squared_error_chunks(1) == 1);
+  CHECK(squared_error_chunks(256) == 1);
+  CHECK(squared_error_chunks(257) == 2);
+}
+
+// ---- the CUDA axis: every entry against the CPU table ----
+
+namespace {
+
+using testing::have_gpu;
+
+Tensor on_gpu(const Tensor& t) { return t.contiguous().to(Device::cuda(0)); }
+
+bool same_bytes(const Tensor& got, const Tensor& want) {
+  const Tensor a = got.to(Device::cpu()).contiguous(), b = want.contiguous();
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// max |got - want| / max(1, max |want|), NaN-aware (NaN matches NaN).
+double max_err(const Tensor& got, const Tensor& want) {
+  const auto a = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const auto b = want.to(DType::f64).to_vector<double>();
+  REQUIRE(a.size() == b.size());
+  double scale = 1, err = 0;
+  for (double v : b) scale = std::max(scale, std::isfinite(v) ? std::fabs(v) : 0.0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    err = std::max(err, std::isnan(a[i] - b[i]) ? kInf : std::fabs(a[i] - b[i]));
+  }
+  return err / scale;
+}
+
+double tol(DType t) { return t == DType::f64 ? 1e-10 : 2e-5; }
+
+const QuantKernelTable& cpu_t() { return quant_cpu::table(); }
+const QuantKernelTable& gpu_t() { return quant_kernels(Device::cuda(0)); }
+
+Tensor random_tensor(const Shape& s, DType t, uint64_t seed) {
+  Generator gen(seed);
+  return randn(s, gen).to(t);
+}
+
+Tensor row_mask(int64_t rows, uint64_t seed) {
+  std::vector<uint8_t> v(static_cast<size_t>(rows));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  for (uint8_t& b : v) b = rng() % 3 == 0 ? 0 : 1;
+  return from_vector<uint8_t>(v, {rows});
+}
+
+#define SKIP_WITHOUT_GPU()                            \
+  if (!have_gpu()) {                                  \
+    MESSAGE("skipped: " << testing::no_gpu_reason()); \
+    return;                                           \
+  }
+
+// x's codes in NF4 units (block 64), encoded by the CPU table.
+Tensor cpu_units(const Tensor& x) {
+  const int64_t n = x.numel(), runs = (n + 63) / 64;
+  Tensor absmax = empty({runs});
+  Tensor units = zeros({runs * static_cast<int64_t>(kNF4UnitBytes)}, {.dtype = DType::u8});
+  cpu_t().nf4_absmax(x.data<float>(), n, 64, absmax.data<float>());
+  const NF4RunsOut out{.run = 64,
+                       .codes = units.data<uint8_t>(),
+                       .code_stride = static_cast<int64_t>(kNF4UnitBytes),
+                       .pad_runs = true,
+                       .scales = units.data<uint8_t>() + kNF4CodeBytes,
+                       .scale_stride = static_cast<int64_t>(kNF4UnitBytes)};
+  cpu_t().nf4_encode(x.data<float>(), n, 64, absmax.data<float>(), absmax.data<float>(), out);
+  return units;
+}
+
+}  // namespace
+
+TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows included") {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool cosine : {false, true}) {
+      // 5000 codes: two code tiles; integer values: exact scores and real ties.
+      for (int64_t k : {7, 5000}) {
+        const int64_t n = 300, d = 8;
+        Tensor x = round(random_tensor({n, d}, DType::f64, 1) * 2.0).to(dt).contiguous();
+        Tensor c = round(random_tensor({k, d}, DType::f64, 2) * 2.0).to(dt);
+        c = cat({c, c}, 0).contiguous();  // every code twice: the first must win
+        if (dt == DType::f32)
+          x.data<float>()[5 * d] = std::nanf("");
+        else
+          x.data<double>()[5 * d] = kNaN;
+        Tensor want = empty({n}, {.dtype = DType::i64});
+        Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
+        cpu_t().nearest_codes(dt, x.raw_data(), c.raw_data(), n, 2 * k, d, cosine,
+                              want.data<int64_t>());
+        gpu_t().nearest_codes(dt, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, 2 * k, d, cosine,
+                              got.data<int64_t>());
+        INFO(dtype_name(dt), " cosine ", cosine, " k ", k);
+        CHECK(same_bytes(got, want));
+      }
+    }
+  // Rows enough for several row tiles.
+  const int64_t n = 12000, k = 1500, d = 8;
+  Tensor x = random_tensor({n, d}, DType::f32, 3), c = random_tensor({k, d}, DType::f32, 4);
+  Tensor want = empty({n}, {.dtype = DType::i64});
+  Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  cpu_t().nearest_codes(DType::f32, x.raw_data(), c.raw_data(), n, k, d, false,
+                        want.data<int64_t>());
+  gpu_t().nearest_codes(DType::f32, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, k, d, false,
+                        got.data<int64_t>());
+  const auto a = got.to(Device::cpu()).to_vector<int64_t>(), b = want.to_vector<int64_t>();
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  CHECK(differ <= 2);  // random scores: only a near-tie may round the other way
+}
+
+TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every run") {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool masked : {false, true}) {
+      const int64_t rows = 1000, d = 33;
+      Tensor x = random_tensor({rows, d}, dt, 5), q = random_tensor({rows, d}, dt, 6);
+      Tensor valid = row_mask(rows, 7);
+      const uint8_t* hv = masked ? valid.data<uint8_t>() : nullptr;
+      Tensor gvalid = on_gpu(valid), gx = on_gpu(x), gq = on_gpu(q);
+      const uint8_t* dv = masked ? gvalid.data<uint8_t>() : nullptr;
+      const SquaredErrorSum want =
+          cpu_t().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d);
+      const SquaredErrorSum got =
+          gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d);
+      const SquaredErrorSum again =
+          gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d);
+      CHECK(got.rows == want.rows);
+      CHECK(std::fabs(got.total - want.total) <= tol(dt) * want.total);
+      CHECK(std::memcmp(&got.total, &again.total, sizeof(double)) == 0);
+
+      Tensor gwant = empty({rows, d}, {.dtype = dt});
+      Tensor ggot = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
+      cpu_t().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, 0.25,
+                                 gwant.raw_data());
+      gpu_t().squared_error_grad(dt, gx.raw_data(), gq.raw_data(), dv, rows, d, 0.25,
+                                 ggot.raw_data());
+      CHECK(max_err(ggot, gwant) <= tol(dt));
+    }
+}
+
+TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU's") {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool rotation : {true, false})
+      for (bool masked : {false, true}) {
+        const int64_t rows = 77, d = 45;
+        Tensor x = random_tensor({rows, d}, dt, 8), q = random_tensor({rows, d}, dt, 9);
+        Tensor g = random_tensor({rows, d}, dt, 10), valid = row_mask(rows, 11);
+        Tensor gvalid = on_gpu(valid);
+        Tensor want = empty({rows, d}, {.dtype = dt});
+        Tensor got = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
+        cpu_t().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
+                           masked ? valid.data<uint8_t>() : nullptr, 0.5, rows, d, want.raw_data());
+        gpu_t().route_grad(rotation, dt, on_gpu(x).raw_data(), on_gpu(q).raw_data(),
+                           on_gpu(g).raw_data(), masked ? gvalid.data<uint8_t>() : nullptr, 0.5,
+                           rows, d, got.raw_data());
+        INFO(dtype_name(dt), " rotation ", rotation, " masked ", masked);
+        CHECK(max_err(got, want) <= 10 * tol(dt));
+      }
+}
+
+TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool with_src : {true, false}) {
+      Tensor table = random_tensor({20, 7}, dt, 12), src = random_tensor({3, 7}, dt, 13);
+      Tensor at = from_vector<int64_t>({3, 11, 0}, {3});
+      Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
+      cpu_t().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 3,
+                       with_src ? src.raw_data() : nullptr, 1.5);
+      gpu_t().put_rows(dt, gtable.raw_data(), 7, gat.data<int64_t>(), 3,
+                       with_src ? gsrc.raw_data() : nullptr, 1.5);
+      CHECK(same_bytes(gtable, table));
+    }
+}
+
+TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy") {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t k : {0, 1, 5, 9}) {
+      const int64_t rows = 6, n = int64_t(1) << k;
+      Generator gen(14);
+      Tensor pi = rand({rows, k, 2}, gen).to(dt);
+      Tensor go = random_tensor({rows, n}, dt, 15);
+      Tensor want = empty({rows, n}, {.dtype = dt});
+      Tensor got = empty({rows, n}, {.dtype = dt, .device = Device::cuda(0)});
+      cpu_t().bit_product(dt, pi.raw_data(), rows, k, want.raw_data());
+      gpu_t().bit_product(dt, on_gpu(pi).raw_data(), rows, k, got.raw_data());
+      INFO(dtype_name(dt), " k ", k);
+      CHECK(same_bytes(got, want));  // the same multiplications in the same order
+      Tensor gwant = zeros({rows, k, 2}, {.dtype = dt});
+      Tensor ggot = zeros({rows, k, 2}, {.dtype = dt, .device = Device::cuda(0)});
+      cpu_t().bit_product_grad(dt, pi.raw_data(), go.raw_data(), rows, k, gwant.raw_data());
+      gpu_t().bit_product_grad(dt, on_gpu(pi).raw_data(), on_gpu(go).raw_data(), rows, k,
+                               ggot.raw_data());
+      CHECK(max_err(ggot, gwant) <= tol(dt));
+    }
+  const int64_t rows = 5, d = 12;
+  Tensor z = random_tensor({rows, d}, DType::f64, 16) * 3.0;
+  Tensor h = empty({rows}, {.dtype = DType::f64}), g = empty({rows, d}, {.dtype = DType::f64});
+  Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
+  Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
+  cpu_t().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
+  gpu_t().clamped_entropy(on_gpu(z).data<double>(), rows, d, gh.data<double>(), gg.data<double>());
+  CHECK(same_bytes(gh, h));
+  CHECK(same_bytes(gg, g));
+}
+
+TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 1000;  // partial last block and run
+  Tensor x = random_tensor({n}, DType::f32, 17) * 4.0;
+  x.data<float>()[70] = std::nanf("");
+  x.data<float>()[300] = 0;
+  Tensor gx = on_gpu(x);
+  for (int64_t block : {32, 64, 128, 256}) {
+    INFO("block ", block);
+    const int64_t blocks = (n + block - 1) / block, run = std::min<int64_t>(block, 64);
+    Tensor absmax = empty({blocks});
+    Tensor gabs = empty({blocks}, {.device = Device::cuda(0)});
+    cpu_t().nf4_absmax(x.data<float>(), n, block, absmax.data<float>());
+    gpu_t().nf4_absmax(gx.data<float>(), n, block, gabs.data<float>());
+    REQUIRE(same_bytes(gabs, absmax));
+    // bitsandbytes' layout: packed codes, scales apart.
+    Tensor packed = zeros({(n + 1) / 2}, {.dtype = DType::u8});
+    Tensor gpacked = zeros({(n + 1) / 2}, {.dtype = DType::u8, .device = Device::cuda(0)});
+    cpu_t().nf4_encode(
+        x.data<float>(), n, block, absmax.data<float>(), absmax.data<float>(),
+        {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
+    gpu_t().nf4_encode(
+        gx.data<float>(), n, block, gabs.data<float>(), gabs.data<float>(),
+        {.run = run, .codes = gpacked.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
+    CHECK(same_bytes(gpacked, packed));
+    const NF4Runs w = nf4_packed_runs(packed.data<uint8_t>(), absmax.data<float>(), n, block);
+    const NF4Runs gw = nf4_packed_runs(gpacked.data<uint8_t>(), gabs.data<float>(), n, block);
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      Tensor want = empty({n}, {.dtype = dt});
+      Tensor got = empty({n}, {.dtype = dt, .device = Device::cuda(0)});
+      cpu_t().nf4_decode(w, dt, want.raw_data());
+      gpu_t().nf4_decode(gw, dt, got.raw_data());
+      CHECK(same_bytes(got, want));
+    }
+  }
+  // The nf4 dtype's units: padded runs, scales inside.
+  const Tensor units = cpu_units(x);
+  const int64_t runs = (n + 63) / 64;
+  Tensor gabs = empty({runs}, {.device = Device::cuda(0)});
+  Tensor gunits = zeros({units.numel()}, {.dtype = DType::u8, .device = Device::cuda(0)});
+  gpu_t().nf4_absmax(gx.data<float>(), n, 64, gabs.data<float>());
+  gpu_t().nf4_encode(gx.data<float>(), n, 64, gabs.data<float>(), gabs.data<float>(),
+                     {.run = 64,
+                      .codes = gunits.data<uint8_t>(),
+                      .code_stride = static_cast<int64_t>(kNF4UnitBytes),
+                      .pad_runs = true,
+                      .scales = gunits.data<uint8_t>() + kNF4CodeBytes,
+                      .scale_stride = static_cast<int64_t>(kNF4UnitBytes)});
+  CHECK(same_bytes(gunits, units));
+}
+
+TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within rounding") {
+  SKIP_WITHOUT_GPU();
+  struct Shape3 {
+    int64_t m, k, n;
+  };
+  // Small batches (the CPU's fused path), a K that is not whole runs, and
+  // enough weight rows for two GPU tiles.
+  for (Shape3 s :
+       {Shape3{1, 128, 70}, Shape3{5, 100, 33}, Shape3{40, 256, 9}, Shape3{3, 4096, 1100}}) {
+    const Tensor wf = random_tensor({s.n * s.k}, DType::f32, 18);
+    const Tensor units = cpu_units(wf);
+    const Tensor gunits = on_gpu(units);
+    const NF4Runs w = nf4_unit_runs(units.data<uint8_t>(), s.n * s.k);
+    const NF4Runs gw = nf4_unit_runs(gunits.data<uint8_t>(), s.n * s.k);
+    for (DType dt : {DType::f32, DType::f64})
+      for (DType dd : {DType::f32, DType::bf16, DType::f16}) {
+        INFO(s.m, "x", s.k, "x", s.n, " ", dtype_name(dt), " dequant ", dtype_name(dd));
+        Tensor x = random_tensor({s.m, s.k}, dt, 19), bias = random_tensor({s.n}, dt, 20);
+        Tensor want = empty({s.m, s.n}, {.dtype = dt});
+        Tensor got = empty({s.m, s.n}, {.dtype = dt, .device = Device::cuda(0)});
+        cpu_t().nf4_linear(dt, x.raw_data(), s.m, s.k, w, dd, s.n, bias.raw_data(),
+                           want.raw_data());
+        gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), s.m, s.k, gw, dd, s.n, on_gpu(bias).raw_data(),
+                           got.raw_data());
+        CHECK(max_err(got, want) <= 10 * tol(dt));
+        Tensor g = random_tensor({s.m, s.n}, dt, 21);
+        Tensor dwant = empty({s.m, s.k}, {.dtype = dt});
+        Tensor dgot = empty({s.m, s.k}, {.dtype = dt, .device = Device::cuda(0)});
+        cpu_t().nf4_linear_grad(dt, g.raw_data(), s.m, s.n, w, dd, s.k, dwant.raw_data());
+        gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data());
+        CHECK(max_err(dgot, dwant) <= 10 * tol(dt));
+      }
+  }
+}
+
+TEST_CASE("quant cuda: zero sizes launch nothing") {
+  SKIP_WITHOUT_GPU();
+  const QuantKernelTable& t = gpu_t();
+  CHECK(t.squared_error(DType::f32, nullptr, nullptr, nullptr, 0, 4).rows == 0);
+  t.nearest_codes(DType::f32, nullptr, nullptr, 0, 3, 4, false, nullptr);
+  t.squared_error_grad(DType::f32, nullptr, nullptr, nullptr, 0, 4, 1.0, nullptr);
+  t.route_grad(true, DType::f32, nullptr, nullptr, nullptr, nullptr, 1.0, 0, 4, nullptr);
+  t.put_rows(DType::f32, nullptr, 4, nullptr, 0, nullptr, 1.0);
+  t.bit_product(DType::f32, nullptr, 0, 3, nullptr);
+  t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);
+  t.nf4_decode(NF4Runs{}, DType::f32, nullptr);
+  t.nf4_linear(DType::f32, nullptr, 0, 64, NF4Runs{}, DType::f32, 4, nullptr, nullptr);
+  t.nf4_linear_grad(DType::f32, nullptr, 0, 4, NF4Runs{}, DType::f32, 64, nullptr);
+}
