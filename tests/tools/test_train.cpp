@@ -597,8 +597,9 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
 // default size, the same weights and batch on both devices, one step's loss
 // and every gradient on cuda:0 within 1e-5 of the CPU's, relative to the
 // largest magnitude of each (a near-zero gradient element has no meaningful
-// relative error of its own). No quantizer: the VQ layers' CUDA kernels are
-// issue 18's; the encoder, decoder, losses and their backwards are all here.
+// relative error of its own). No quantizer, so that a failure points at the
+// engine's kernels (the encoder, decoder, losses and their backwards); the
+// quantizers' CUDA kernels have their own tests (tests/quant/test_quant_cuda.cpp).
 TEST_CASE("one VQ-VAE training step on CUDA gives the CPU's loss and gradients") {
   if (!quanta::testing::have_gpu()) {
     MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
