@@ -493,7 +493,9 @@ Tensor walk_blocks(const RandomFill& f, int64_t n) {
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   const Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
+  if (x.dtype() != y.dtype() || x.shape() != y.shape()) return false;
+  // An empty tensor may have no storage: memcmp must not see its null pointer.
+  return x.numel() == 0 ||
          std::memcmp(x.raw_data(), y.raw_data(),
                      static_cast<size_t>(x.numel()) * element_size(x.dtype())) == 0;
 }
