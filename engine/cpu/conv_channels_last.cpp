@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 
 #include "engine/cpu/block_cache.h"
 #include "engine/cpu/conv_chunks.h"
+#include "engine/cpu/conv_direct.h"
 #include "engine/cpu/gemm.h"
 
 namespace quanta::cpu {
@@ -91,21 +93,44 @@ void col2im_nhwc(const T* cols, T* x, const ConvGeom& g) {
   });
 }
 
-// The weight [O, C, kh, kw] as [O, kh kw C] (taps outer, channel inner), the
-// columns' order; and back, for the weight gradient.
+// The weight [O, C, kh, kw] reordered: element (o, c, tap t) goes to
+// dst[o * so + t * st + c * sc]. The GEMM path takes [O, kh kw C] (taps
+// outer, channel inner, the columns' order); the direct kernels take
+// [kh kw, C, O] forward and [kh kw, O, C] for the input gradient.
+struct WeightOrder {
+  int64_t so, st, sc;
+};
+WeightOrder gemm_order(const ConvGeom& g) { return {g.kh * g.kw * g.C, g.C, 1}; }
+WeightOrder taps_channels_outputs(const ConvGeom& g) { return {1, g.C * g.O, g.O}; }
+WeightOrder taps_outputs_channels(const ConvGeom& g) { return {g.C, g.O * g.C, 1}; }
+
 template <class T>
-void weight_to_taps(const T* w, const ConvGeom& g, T* taps) {
+void reorder_weight(const T* w, const ConvGeom& g, WeightOrder d, T* dst) {
   const int64_t kk = g.kh * g.kw;
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t c = 0; c < g.C; ++c)
-      for (int64_t t = 0; t < kk; ++t) taps[(o * kk + t) * g.C + c] = w[(o * g.C + c) * kk + t];
+      for (int64_t t = 0; t < kk; ++t)
+        dst[o * d.so + t * d.st + c * d.sc] = w[(o * g.C + c) * kk + t];
 }
+// The inverse, for the weight gradient.
 template <class T>
-void taps_to_weight(const T* taps, const ConvGeom& g, T* w) {
+void weight_from_order(const T* src, const ConvGeom& g, WeightOrder s, T* w) {
   const int64_t kk = g.kh * g.kw;
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t c = 0; c < g.C; ++c)
-      for (int64_t t = 0; t < kk; ++t) w[(o * g.C + c) * kk + t] = taps[(o * kk + t) * g.C + c];
+      for (int64_t t = 0; t < kk; ++t)
+        w[(o * g.C + c) * kk + t] = src[o * s.so + t * s.st + c * s.sc];
+}
+
+// The direct kernels' tap table: the input pixel each tap of each output
+// position reads, -1 in the padding.
+std::unique_ptr<int32_t[]> tap_table(const ConvGeom& g) {
+  const int64_t kk = g.kh * g.kw;
+  std::unique_ptr<int32_t[]> table(new int32_t[g.L() * kk]);
+  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
+    table[p * kk + t] = static_cast<int32_t>(pixel);
+  });
+  return table;
 }
 
 }  // namespace
@@ -114,80 +139,112 @@ bool channels_last_pays(const ConvGeom& g) { return g.groups == 1 && g.C >= 4; }
 
 template <class T>
 void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
-                        const ConvGeom& g) {
+                        const ConvGeom& g, bool direct) {
   const int64_t L = g.L(), HW = g.H * g.W, ckk = g.ckk(), O = g.O, C = g.C;
-  // Per worker: the chunk's NHWC images, its columns and its [P, O] block
-  // of the output (forward) or of the output gradient (both backwards).
-  const Chunks plan = plan_chunks(g, HW * C + L * (ckk + O));
-  const int64_t images_size = plan.images * HW * C, cols_size = plan.images * L * ckk,
+  // Per worker: the chunk's NHWC images, its columns (the GEMM path only)
+  // and its [P, O] block of the output (forward) or of the output gradient
+  // (both backwards).
+  const int64_t ckk_cols = direct ? 0 : ckk;
+  const Chunks plan = plan_chunks(g, HW * C + L * (ckk_cols + O));
+  const int64_t images_size = plan.images * HW * C, cols_size = plan.images * L * ckk_cols,
                 rows_size = plan.images * L * O, per_worker = images_size + cols_size + rows_size;
   const ScratchBuffer scratch(sizeof(T) * plan.workers * per_worker);
   auto images_of = [&](int64_t w) { return scratch.as<T>() + w * per_worker; };
   auto cols_of = [&](int64_t w) { return images_of(w) + images_size; };
   auto rows_of = [&](int64_t w) { return cols_of(w) + cols_size; };
-  // The weight with its taps in the columns' order.
-  std::unique_ptr<T[]> taps(new T[O * ckk]);
-  if (kind != ConvKind::weight_grad) weight_to_taps(b, g, taps.get());
+  // The weight in the order its kernel reads it; the direct kernels' tap
+  // table and the zeros their padding taps read.
+  const WeightOrder order = !direct                        ? gemm_order(g)
+                            : kind == ConvKind::input_grad ? taps_outputs_channels(g)
+                                                           : taps_channels_outputs(g);
+  std::unique_ptr<T[]> weight(new T[O * ckk]);
+  if (kind != ConvKind::weight_grad) reorder_weight(b, g, order, weight.get());
+  const std::unique_ptr<int32_t[]> table = direct ? tap_table(g) : nullptr;
+  const std::unique_ptr<T[]> zeros(direct ? new T[C]() : nullptr);
 
   // Transposes a chunk's gradient gy [nb, O, L] to rows [nb L, O].
   auto gather_rows = [&](const T* gy, int64_t n0, int64_t nb, T* rows) {
     for (int64_t j = 0; j < nb; ++j)
       to_channels_last(gy + (n0 + j) * O * L, O, L, rows + j * L * O);
   };
-  // Columns [nb L, kh kw C] of a chunk of NCHW images.
-  auto chunk_columns = [&](const T* x, int64_t n0, int64_t nb, T* images, T* cols) {
-    for (int64_t j = 0; j < nb; ++j) {
+  // A chunk of NCHW images channels last [nb, HW, C]: one channel is already
+  // channels last, in place.
+  auto chunk_images = [&](const T* x, int64_t n0, int64_t nb, T* images) -> const T* {
+    if (C == 1) return x + n0 * HW;
+    for (int64_t j = 0; j < nb; ++j)
       to_channels_last(x + (n0 + j) * C * HW, C, HW, images + j * HW * C);
-      im2col_nhwc(images + j * HW * C, cols + j * L * ckk, g);
-    }
+    return images;
   };
+  // Columns [nb L, kh kw C] of a chunk of NHWC images.
+  auto chunk_columns = [&](const T* images, int64_t nb, T* cols) {
+    for (int64_t j = 0; j < nb; ++j) im2col_nhwc(images + j * HW * C, cols + j * L * ckk, g);
+  };
+  // The direct kernels take f32 only (conv() asks for them only then).
+  constexpr bool kF32 = std::is_same_v<T, float>;
 
   if (kind == ConvKind::forward) {
     // y [nb L, O] = cols [nb L, ckk] . taps^T [ckk, O]
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
-      T* cols = cols_of(worker);
       T* y = rows_of(worker);
-      chunk_columns(a, n0, nb, images_of(worker), cols);
-      gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {taps.get(), 1, ckk}, y, O);
+      const T* images = chunk_images(a, n0, nb, images_of(worker));
+      if (direct) {
+        if constexpr (kF32)
+          conv_direct_forward(images, nb, g, {table.get()}, weight.get(), zeros.get(), y);
+      } else {
+        T* cols = cols_of(worker);
+        chunk_columns(images, nb, cols);
+        gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {weight.get(), 1, ckk}, y, O);
+      }
       for (int64_t j = 0; j < nb; ++j) to_planar(y + j * L * O, O, L, bias, out + (n0 + j) * O * L);
     });
   } else if (kind == ConvKind::input_grad) {
-    // cols [nb L, ckk] = gy [nb L, O] . taps [O, ckk], then col2im per image.
+    // cols [nb L, ckk] = gy [nb L, O] . taps [O, ckk], then col2im per image
+    // (the direct kernel adds each tile's columns into the images itself).
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
       T* images = images_of(worker);
-      T* cols = cols_of(worker);
       T* gy = rows_of(worker);
       gather_rows(a, n0, nb, gy);
-      gemm<T>(nb * L, ckk, O, {gy, O, 1}, {taps.get(), ckk, 1}, cols, ckk);
       std::fill(images, images + nb * HW * C, T(0));
-      for (int64_t j = 0; j < nb; ++j) {
-        col2im_nhwc(cols + j * L * ckk, images + j * HW * C, g);
-        to_planar(images + j * HW * C, C, HW, bias, out + (n0 + j) * C * HW);
+      if (direct) {
+        if constexpr (kF32) conv_direct_input_grad(gy, nb, g, {table.get()}, weight.get(), images);
+      } else {
+        T* cols = cols_of(worker);
+        gemm<T>(nb * L, ckk, O, {gy, O, 1}, {weight.get(), ckk, 1}, cols, ckk);
+        for (int64_t j = 0; j < nb; ++j) col2im_nhwc(cols + j * L * ckk, images + j * HW * C, g);
       }
+      for (int64_t j = 0; j < nb; ++j)
+        to_planar(images + j * HW * C, C, HW, bias, out + (n0 + j) * C * HW);
     });
   } else {
-    // taps-ordered gw [O, ckk] += gy^T [O, nb L] . cols [nb L, ckk], one
-    // partial sum per worker, then reordered to [O, C, kh, kw].
+    // gw [O, ckk] (taps order) += gy^T [O, nb L] . cols [nb L, ckk], or
+    // [kh kw, C, O] from the direct kernel; one partial sum per worker, then
+    // reordered to [O, C, kh, kw].
     const int64_t wsize = O * ckk;
     std::unique_ptr<T[]> partial(new T[plan.workers * wsize]);
     std::fill(partial.get(), partial.get() + plan.workers * wsize, T(0));
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
-      T* cols = cols_of(worker);
       T* gy = rows_of(worker);
-      chunk_columns(a, n0, nb, images_of(worker), cols);
+      T* acc = partial.get() + worker * wsize;
+      const T* images = chunk_images(a, n0, nb, images_of(worker));
       gather_rows(b, n0, nb, gy);
-      gemm<T>(O, ckk, nb * L, {gy, 1, O}, {cols, ckk, 1}, partial.get() + worker * wsize, ckk,
-              true);
+      if (direct) {
+        if constexpr (kF32)
+          conv_direct_weight_grad(images, gy, nb, g, {table.get()}, zeros.get(), acc);
+      } else {
+        T* cols = cols_of(worker);
+        chunk_columns(images, nb, cols);
+        gemm<T>(O, ckk, nb * L, {gy, 1, O}, {cols, ckk, 1}, acc, ckk, true);
+      }
     });
     for (int64_t w = 1; w < plan.workers; ++w)
       for (int64_t i = 0; i < wsize; ++i) partial[i] += partial[w * wsize + i];
-    taps_to_weight(partial.get(), g, out);
+    weight_from_order(partial.get(), g, order, out);
   }
 }
 
 template void conv_channels_last<float>(ConvKind, const float*, const float*, const float*, float*,
-                                        const ConvGeom&);
+                                        const ConvGeom&, bool);
 template void conv_channels_last<double>(ConvKind, const double*, const double*, const double*,
-                                         double*, const ConvGeom&);
+                                         double*, const ConvGeom&, bool);
 
 }  // namespace quanta::cpu

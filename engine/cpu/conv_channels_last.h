@@ -17,9 +17,11 @@ bool channels_last_pays(const ConvGeom& g);
 
 /** One kernel of `kind` (forward, input_grad, weight_grad as in conv()) on
  * contiguous NCHW operands, channels last inside; `out` is uninitialised.
- * N > 0 (conv() answers an empty batch). */
+ * N > 0 (conv() answers an empty batch). `direct`: multiply with the direct
+ * kernels (conv_direct.h, f32 only, where conv_direct_serves says so)
+ * instead of im2col + GEMM. */
 template <class T>
 void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
-                        const ConvGeom& g);
+                        const ConvGeom& g, bool direct);
 
 }  // namespace quanta::cpu

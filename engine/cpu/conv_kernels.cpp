@@ -7,10 +7,12 @@
 // and picks the geometry.
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 
 #include "engine/cpu/block_cache.h"
 #include "engine/cpu/conv_channels_last.h"
 #include "engine/cpu/conv_chunks.h"
+#include "engine/cpu/conv_direct.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
@@ -206,8 +208,9 @@ void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const vo
         std::fill(static_cast<T*>(out), static_cast<T*>(out) + g.O * g.ckk(), T(0));
       return;
     }
-    if (channels_last_pays(g))
-      conv_channels_last<T>(kind, pa, pb, pbias, static_cast<T*>(out), g);
+    const bool direct = std::is_same_v<T, float> && conv_direct_serves(kind, g);
+    if (direct || channels_last_pays(g))
+      conv_channels_last<T>(kind, pa, pb, pbias, static_cast<T*>(out), g, direct);
     else
       conv_planar<T>(kind, pa, pb, pbias, static_cast<T*>(out), g);
   });

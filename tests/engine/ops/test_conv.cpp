@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/cpu/conv_direct.h"
+#include "engine/cpu/parallel.h"
 #include "engine/ops/harness.h"
 
 using namespace quanta;
@@ -467,4 +469,115 @@ TEST_CASE("conv and pooling name the op and the problem in their errors") {
   CHECK_THROWS_WITH_AS(interpolate_nearest2x(ones({5, 5})),
                        doctest::Contains("[interpolate_nearest2x] input must be"),
                        std::invalid_argument);
+}
+
+namespace {
+
+// Output, input gradient and weight gradient of <op(x, w) + b, g>.
+struct ConvResults {
+  Tensor y, gx, gw;
+};
+template <class Op>
+ConvResults conv_results(Op op, const Tensor& x0, const Tensor& w0, const Tensor& b0,
+                         const Tensor& g, DType dt) {
+  const Tensor x = x0.to(dt).detach().requires_grad_(), w = w0.to(dt).detach().requires_grad_();
+  const Tensor y = op(x, w, b0.to(dt));
+  sum(mul(y, g.to(dt))).backward();
+  return {y.detach().to(DType::f64), x.grad().to(DType::f64), w.grad().to(DType::f64)};
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) { return max_abs_diff(a, b) == 0.0; }
+
+}  // namespace
+
+TEST_CASE("conv f32: the direct kernels match the GEMM path and the f64 result") {
+  // The direct kernels (engine/cpu/conv_direct.h) take f32 layers with 16k
+  // channels on their vector side and AVX-512; the GEMM path serves the rest.
+  ConvGeom probe{};
+  probe.O = probe.C = 16;
+  probe.groups = 1;
+  if (!cpu::conv_direct_serves(ConvKind::forward, probe))
+    MESSAGE("no AVX-512 here: both runs below take the GEMM path");
+  struct Layer {
+    const char* name;
+    Shape x, w;
+    ConvArgs a;
+    bool transposed;
+    bool fixed_order;  // conv2d with a direct forward
+  };
+  const std::vector<Layer> layers = {
+      {"enc1 (one input channel)",
+       {3, 1, 28, 28},
+       {32, 1, 4, 4},
+       {.stride = {2, 2}, .padding = {1, 1}},
+       false,
+       false},
+      {"enc2", {5, 32, 14, 14}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, false, true},
+      {"enc4 (1x1, 16 outputs)", {5, 32, 7, 7}, {16, 32, 1, 1}, {}, false, true},
+      {"dec1 (16 inputs)", {3, 16, 7, 7}, {32, 16, 3, 3}, {.padding = {1, 1}}, false, true},
+      {"48 channels: a 32 and a 16 block",
+       {2, 48, 6, 5},
+       {48, 48, 3, 2},
+       {.stride = {2, 1}, .padding = {2, 0}, .dilation = {1, 2}},
+       false,
+       true},
+      {"8 channels (weight gradient only)",
+       {3, 8, 9, 9},
+       {16, 8, 3, 3},
+       {.padding = {1, 1}},
+       false,
+       false},
+      {"dec2 (transposed)",
+       {3, 32, 7, 7},
+       {32, 32, 4, 4},
+       {.stride = {2, 2}, .padding = {1, 1}},
+       true,
+       false},
+      {"dec3 (transposed, one output channel)",
+       {3, 32, 14, 14},
+       {32, 1, 4, 4},
+       {.stride = {2, 2}, .padding = {1, 1}},
+       true,
+       false},
+  };
+  const int threads = num_threads();
+  uint64_t seed = 200;
+  for (const Layer& l : layers) {
+    const std::string name = l.name;
+    CAPTURE(name);
+    const ConvArgs a = l.a;
+    auto op = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+      return l.transposed
+                 ? conv_transpose2d(x, w, b, a.stride, a.padding, a.output_padding, 1, a.dilation)
+                 : conv2d(x, w, b, a.stride, a.padding, a.dilation);
+    };
+    const Tensor x = make_input(l.x, Domain::any, seed++);
+    const Tensor w = make_input(l.w, Domain::any, seed++);
+    const Tensor b = make_input({l.transposed ? l.w[1] : l.w[0]}, Domain::any, seed++);
+    const Tensor g = make_input(op(x, w, b).shape(), Domain::any, seed++);
+    const ConvResults f64 = conv_results(op, x, w, b, g, DType::f64);
+    cpu::conv_direct_enable(false);
+    const ConvResults gemm = conv_results(op, x, w, b, g, DType::f32);
+    cpu::conv_direct_enable(true);
+    const ConvResults direct = conv_results(op, x, w, b, g, DType::f32);
+    auto near = [](const Tensor& t, const Tensor& ref) {
+      return max_abs_diff(t, ref) < 2e-5 * (1 + max(abs(ref)).item());
+    };
+    CHECK(near(direct.y, f64.y));
+    CHECK(near(direct.gx, f64.gx));
+    CHECK(near(direct.gw, f64.gw));
+    CHECK(near(gemm.y, f64.y));
+    CHECK(near(gemm.gx, f64.gx));
+    CHECK(near(gemm.gw, f64.gw));
+    // The direct forward sums each element in one fixed order: the thread
+    // count does not change a bit. (The input gradient adds its tiles in an
+    // order that follows the chunks, which follow the thread count.)
+    if (!l.fixed_order) continue;
+    set_num_threads(1);
+    const ConvResults one = conv_results(op, x, w, b, g, DType::f32);
+    set_num_threads(2);
+    const ConvResults two = conv_results(op, x, w, b, g, DType::f32);
+    CHECK(same_bits(one.y, two.y));
+  }
+  set_num_threads(threads);
 }
