@@ -141,13 +141,18 @@ template <class T>
 void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T* out,
                         const ConvGeom& g, bool direct) {
   const int64_t L = g.L(), HW = g.H * g.W, ckk = g.ckk(), O = g.O, C = g.C;
+  // Activations stored channels last (g.channels_last) are read and written
+  // in place; channels-first ones go through per-worker scratch.
+  const bool nhwc = g.channels_last;
   // Per worker: the chunk's NHWC images, its columns (the GEMM path only)
   // and its [P, O] block of the output (forward) or of the output gradient
-  // (both backwards).
+  // (both backwards). The chunks are planned the same way in both layouts,
+  // so both give the same bits.
   const int64_t ckk_cols = direct ? 0 : ckk;
   const Chunks plan = plan_chunks(g, HW * C + L * (ckk_cols + O));
-  const int64_t images_size = plan.images * HW * C, cols_size = plan.images * L * ckk_cols,
-                rows_size = plan.images * L * O, per_worker = images_size + cols_size + rows_size;
+  const int64_t images_size = nhwc ? 0 : plan.images * HW * C,
+                cols_size = plan.images * L * ckk_cols, rows_size = nhwc ? 0 : plan.images * L * O,
+                per_worker = images_size + cols_size + rows_size;
   const ScratchBuffer scratch(sizeof(T) * plan.workers * per_worker);
   auto images_of = [&](int64_t w) { return scratch.as<T>() + w * per_worker; };
   auto cols_of = [&](int64_t w) { return images_of(w) + images_size; };
@@ -162,15 +167,19 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
   const std::unique_ptr<int32_t[]> table = direct ? tap_table(g) : nullptr;
   const std::unique_ptr<T[]> zeros(direct ? new T[C]() : nullptr);
 
-  // Transposes a chunk's gradient gy [nb, O, L] to rows [nb L, O].
-  auto gather_rows = [&](const T* gy, int64_t n0, int64_t nb, T* rows) {
+  // A chunk's output gradient gy as rows [nb L, O].
+  auto chunk_rows = [&](const T* gy, int64_t n0, int64_t nb, int64_t worker) -> const T* {
+    if (nhwc) return gy + n0 * L * O;
+    T* rows = rows_of(worker);
     for (int64_t j = 0; j < nb; ++j)
       to_channels_last(gy + (n0 + j) * O * L, O, L, rows + j * L * O);
+    return rows;
   };
-  // A chunk of NCHW images channels last [nb, HW, C]: one channel is already
+  // A chunk of images channels last [nb, HW, C]: one channel is already
   // channels last, in place.
-  auto chunk_images = [&](const T* x, int64_t n0, int64_t nb, T* images) -> const T* {
-    if (C == 1) return x + n0 * HW;
+  auto chunk_images = [&](const T* x, int64_t n0, int64_t nb, int64_t worker) -> const T* {
+    if (nhwc || C == 1) return x + n0 * HW * C;
+    T* images = images_of(worker);
     for (int64_t j = 0; j < nb; ++j)
       to_channels_last(x + (n0 + j) * C * HW, C, HW, images + j * HW * C);
     return images;
@@ -179,14 +188,27 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
   auto chunk_columns = [&](const T* images, int64_t nb, T* cols) {
     for (int64_t j = 0; j < nb; ++j) im2col_nhwc(images + j * HW * C, cols + j * L * ckk, g);
   };
+  // nb images' rows [nb P, channels] into the output: in place (plus the
+  // bias) channels last, transposed channels first.
+  auto finish = [&](T* rows, int64_t n0, int64_t nb, int64_t channels, int64_t pixels) {
+    if (nhwc) {
+      if (bias)
+        for (int64_t p = 0; p < nb * pixels; ++p)
+          for (int64_t c = 0; c < channels; ++c) rows[p * channels + c] += bias[c];
+      return;
+    }
+    for (int64_t j = 0; j < nb; ++j)
+      to_planar(rows + j * pixels * channels, channels, pixels, bias,
+                out + (n0 + j) * channels * pixels);
+  };
   // The direct kernels take f32 only (conv() asks for them only then).
   constexpr bool kF32 = std::is_same_v<T, float>;
 
   if (kind == ConvKind::forward) {
     // y [nb L, O] = cols [nb L, ckk] . taps^T [ckk, O]
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
-      T* y = rows_of(worker);
-      const T* images = chunk_images(a, n0, nb, images_of(worker));
+      T* y = nhwc ? out + n0 * L * O : rows_of(worker);
+      const T* images = chunk_images(a, n0, nb, worker);
       if (direct) {
         if constexpr (kF32)
           conv_direct_forward(images, nb, g, {table.get()}, weight.get(), zeros.get(), y);
@@ -195,15 +217,14 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
         chunk_columns(images, nb, cols);
         gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {weight.get(), 1, ckk}, y, O);
       }
-      for (int64_t j = 0; j < nb; ++j) to_planar(y + j * L * O, O, L, bias, out + (n0 + j) * O * L);
+      finish(y, n0, nb, O, L);
     });
   } else if (kind == ConvKind::input_grad) {
     // cols [nb L, ckk] = gy [nb L, O] . taps [O, ckk], then col2im per image
     // (the direct kernel adds each tile's columns into the images itself).
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
-      T* images = images_of(worker);
-      T* gy = rows_of(worker);
-      gather_rows(a, n0, nb, gy);
+      T* images = nhwc ? out + n0 * HW * C : images_of(worker);
+      const T* gy = chunk_rows(a, n0, nb, worker);
       std::fill(images, images + nb * HW * C, T(0));
       if (direct) {
         if constexpr (kF32) conv_direct_input_grad(gy, nb, g, {table.get()}, weight.get(), images);
@@ -212,8 +233,7 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
         gemm<T>(nb * L, ckk, O, {gy, O, 1}, {weight.get(), ckk, 1}, cols, ckk);
         for (int64_t j = 0; j < nb; ++j) col2im_nhwc(cols + j * L * ckk, images + j * HW * C, g);
       }
-      for (int64_t j = 0; j < nb; ++j)
-        to_planar(images + j * HW * C, C, HW, bias, out + (n0 + j) * C * HW);
+      finish(images, n0, nb, C, HW);
     });
   } else {
     // gw [O, ckk] (taps order) += gy^T [O, nb L] . cols [nb L, ckk], or
@@ -223,10 +243,9 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
     std::unique_ptr<T[]> partial(new T[plan.workers * wsize]);
     std::fill(partial.get(), partial.get() + plan.workers * wsize, T(0));
     run_chunks(g, plan, [&](int64_t n0, int64_t nb, int64_t worker) {
-      T* gy = rows_of(worker);
       T* acc = partial.get() + worker * wsize;
-      const T* images = chunk_images(a, n0, nb, images_of(worker));
-      gather_rows(b, n0, nb, gy);
+      const T* images = chunk_images(a, n0, nb, worker);
+      const T* gy = chunk_rows(b, n0, nb, worker);
       if (direct) {
         if constexpr (kF32)
           conv_direct_weight_grad(images, gy, nb, g, {table.get()}, zeros.get(), acc);

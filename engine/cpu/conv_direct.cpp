@@ -52,8 +52,7 @@ constexpr int kRows = 8;
 // `rows` repeat pixel 0 and are not stored.
 template <int VB>
 void forward_tile(const float* const* base, const int32_t* const* tap_row, int rows, int64_t kk,
-                  int64_t C, int64_t O, int64_t o0, const float* wt, const float* zeros,
-                  float* y) {
+                  int64_t C, int64_t O, int64_t o0, const float* wt, const float* zeros, float* y) {
   __m512 acc[kRows][VB];
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < VB; ++v) acc[r][v] = _mm512_setzero_ps();

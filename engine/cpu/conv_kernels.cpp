@@ -3,7 +3,8 @@
 // images side by side, col2im for the adjoint, whole chunks per thread when
 // there are enough images. Layers with a few channels or more run channels
 // last (conv_channels_last.cpp); this file holds the planar path that the
-// rest (one or two channels, groups) takes. engine/ops/conv.cpp validates
+// rest (one or two channels, groups) takes; channels-last activations
+// always take the channels-last path. engine/ops/conv.cpp validates
 // and picks the geometry.
 #include <algorithm>
 #include <memory>
@@ -209,7 +210,7 @@ void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const vo
       return;
     }
     const bool direct = std::is_same_v<T, float> && conv_direct_serves(kind, g);
-    if (direct || channels_last_pays(g))
+    if (direct || g.channels_last || channels_last_pays(g))
       conv_channels_last<T>(kind, pa, pb, pbias, static_cast<T*>(out), g, direct);
     else
       conv_planar<T>(kind, pa, pb, pbias, static_cast<T*>(out), g);

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/cuda/check.cuh"
@@ -219,6 +221,9 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
 void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
           const void* bias, void* out) {
   const char* op = conv_op_name(kind);
+  // engine/ops/conv.cpp permutes channels-last activations before they come here.
+  if (g.channels_last)
+    throw std::logic_error(std::string("[") + op + "] the CUDA kernels take channels first only");
   dispatch_float(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     conv_typed<T>(kind, g, static_cast<const T*>(a), static_cast<const T*>(b),

@@ -10,7 +10,11 @@ namespace quanta {
 
 /** Sizes of one convolution, always seen from the conv2d side:
  * input [N, C, H, W], weight [O, C / groups, kh, kw], output [N, O, OH, OW].
- * conv_transpose2d is the input gradient of the conv2d with these sizes. */
+ * conv_transpose2d is the input gradient of the conv2d with these sizes.
+ * With `channels_last` the activations (input, output and their gradients)
+ * are stored [N, H, W, C] and [N, OH, OW, O] instead; the weight never
+ * changes layout. Kernels take channels_last only with one group (the op
+ * layer converts the rest). */
 struct ConvGeom {
   using Pair = std::array<int64_t, 2>;
   int64_t N, C, H, W;
@@ -18,6 +22,7 @@ struct ConvGeom {
   int64_t OH, OW;
   Pair stride, padding, dilation;
   int64_t groups;
+  bool channels_last = false;
 
   int64_t cg() const { return C / groups; }
   int64_t og() const { return O / groups; }

@@ -56,10 +56,15 @@ void check_conv(const std::string& layer, int64_t in, int64_t out, std::array<in
                     " must be multiples of groups " + std::to_string(o.groups));
 }
 
-void check_channels(const std::string& layer, const Tensor& x, int64_t channels) {
-  if (x.dim() != 4 || x.size(1) != channels)
-    fail(layer,
-         "input must be [N, " + std::to_string(channels) + ", H, W], got " + shape_str(x.shape()));
+void check_channels(const std::string& layer, const Tensor& x, int64_t channels,
+                    ConvLayout layout) {
+  const std::string c = std::to_string(channels);
+  if (layout == ConvLayout::nhwc) {
+    if (x.dim() != 4 || x.size(3) != channels)
+      fail(layer, "input must be [N, H, W, " + c + "] (layout nhwc), got " + shape_str(x.shape()));
+  } else if (x.dim() != 4 || x.size(1) != channels) {
+    fail(layer, "input must be [N, " + c + ", H, W], got " + shape_str(x.shape()));
+  }
 }
 
 }  // namespace
@@ -98,8 +103,9 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2>
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  check_channels("Conv2d", x, weight_.size(1) * opts_.groups);
-  return conv2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.dilation, opts_.groups);
+  check_channels("Conv2d", x, weight_.size(1) * opts_.groups, opts_.layout);
+  return conv2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.dilation, opts_.groups,
+                opts_.layout);
 }
 
 // ---- ConvTranspose2d ----
@@ -120,9 +126,9 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels,
 }
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
-  check_channels("ConvTranspose2d", x, weight_.size(0));
+  check_channels("ConvTranspose2d", x, weight_.size(0), opts_.layout);
   return conv_transpose2d(x, weight_, bias_, opts_.stride, opts_.padding, opts_.output_padding,
-                          opts_.groups, opts_.dilation);
+                          opts_.groups, opts_.dilation, opts_.layout);
 }
 
 // ---- Embedding ----

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/ops/conv.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
 
@@ -47,6 +48,9 @@ struct Conv2dOptions {
   bool bias = true;
   /** ConvTranspose2d only: extra rows/cols on the output's bottom/right. */
   std::array<int64_t, 2> output_padding = {0, 0};
+  /** Activations [N, C, H, W] (nchw) or [N, H, W, C] (nhwc, the CPU
+   * kernels' own layout: no transposes around each call). */
+  ConvLayout layout = ConvLayout::nchw;
 };
 
 /** 2-d cross-correlation: [N, in, H, W] -> [N, out, OH, OW]. */

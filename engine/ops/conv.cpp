@@ -13,6 +13,7 @@
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
 
 namespace quanta {
 namespace {
@@ -32,19 +33,45 @@ const char* kind_name(Kind k) {
   }
 }
 
+// An activation's shape in the geometry's layout.
+Shape activation_shape(const ConvGeom& g, int64_t channels, int64_t h, int64_t w) {
+  return g.channels_last ? Shape{g.N, h, w, channels} : Shape{g.N, channels, h, w};
+}
+
 Shape out_shape(Kind kind, const ConvGeom& g) {
   switch (kind) {
     case Kind::forward:
-      return {g.N, g.O, g.OH, g.OW};
+      return activation_shape(g, g.O, g.OH, g.OW);
     case Kind::input_grad:
-      return {g.N, g.C, g.H, g.W};
+      return activation_shape(g, g.C, g.H, g.W);
     default:
       return {g.O, g.cg(), g.kh, g.kw};
   }
 }
 
+// Channels last <-> channels first, for the kernels that take only the
+// latter (several groups, CUDA); autograd sees the permutes.
+Tensor to_channels_first(const Tensor& t) { return contiguous(permute(t, {0, 3, 1, 2})); }
+Tensor to_channels_last(const Tensor& t) { return contiguous(permute(t, {0, 2, 3, 1})); }
+
+Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, const ConvGeom& g);
+
+// A channels-last convolution on a device kernel that takes channels first
+// only: the activations are permuted around it.
+Tensor conv_op_converted(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias,
+                         const ConvGeom& g) {
+  ConvGeom first = g;
+  first.channels_last = false;
+  const bool b_is_activation = kind == Kind::weight_grad;
+  const Tensor out =
+      conv_op(kind, to_channels_first(a), b_is_activation ? to_channels_first(b) : b, bias, first);
+  return kind == Kind::weight_grad ? out : to_channels_last(out);
+}
+
 // One of the three kernels with its backward node; operands already checked.
 Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, const ConvGeom& g) {
+  if (g.channels_last && (g.groups != 1 || !a.device().is_cpu()))
+    return conv_op_converted(kind, a, b, bias, g);
   const char* op = kind_name(kind);
   const KernelTable& k = kernels_for(op, {&a, &b, &bias});
   DType dt = promote_types(a.dtype(), b.dtype());
@@ -79,8 +106,11 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
         }
         // Pixels first (contiguous rows), then images: one
         // pass, where a sum over {0, 2, 3} at once would
-        // first copy gout into that order.
-        if (need_bias) gbias = sum(sum(gout, {2, 3}), {0});
+        // first copy gout into that order. Channels last:
+        // a column sum of [N H W, channels].
+        if (need_bias)
+          gbias = g.channels_last ? sum(reshape(gout, {-1, gout.size(3)}), {0})
+                                  : sum(sum(gout, {2, 3}), {0});
         return std::vector<Tensor>{ga, gb, gbias};
       });
 }
@@ -91,10 +121,14 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
 
 // Checks shared by both public ops: ranks, dtypes, positive hyper-parameters.
 void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
-                  const Pair& stride, const Pair& padding, const Pair& dilation, int64_t groups) {
+                  const Pair& stride, const Pair& padding, const Pair& dilation, int64_t groups,
+                  ConvLayout layout) {
   if (!x.defined() || !w.defined()) fail(op, "got an undefined input or weight");
   kernels_for(op, {&x, &w, &b});  // one device for all operands
-  if (x.dim() != 4) fail(op, "input must be 4-d [N, C, H, W]: got shape " + shape_str(x.shape()));
+  if (x.dim() != 4)
+    fail(op, std::string("input must be 4-d ") +
+                 (layout == ConvLayout::nhwc ? "[N, H, W, C] (layout nhwc)" : "[N, C, H, W]") +
+                 ": got shape " + shape_str(x.shape()));
   if (w.dim() != 4) fail(op, "weight must be 4-d: got shape " + shape_str(w.shape()));
   DType dt = promote_types(x.dtype(), w.dtype());
   if (b.defined()) dt = promote_types(dt, b.dtype());
@@ -109,6 +143,16 @@ void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor
   if (groups < 1) fail(op, "groups must be positive: got " + std::to_string(groups));
 }
 
+// An input's sizes, read in its layout.
+struct Activation {
+  int64_t N, C, H, W;
+  Activation(const Tensor& x, ConvLayout layout)
+      : N(x.size(0)),
+        C(x.size(layout == ConvLayout::nhwc ? 3 : 1)),
+        H(x.size(layout == ConvLayout::nhwc ? 1 : 2)),
+        W(x.size(layout == ConvLayout::nhwc ? 2 : 3)) {}
+};
+
 void check_bias(const char* op, const Tensor& b, int64_t channels) {
   if (b.defined() && (b.dim() != 1 || b.size(0) != channels))
     fail(op,
@@ -118,10 +162,11 @@ void check_bias(const char* op, const Tensor& b, int64_t channels) {
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding,
-              Pair dilation, int64_t groups) {
+              Pair dilation, int64_t groups, ConvLayout layout) {
   const char* op = "conv2d";
-  check_common(op, x, w, b, stride, padding, dilation, groups);
-  const int64_t C = x.size(1), O = w.size(0);
+  check_common(op, x, w, b, stride, padding, dilation, groups, layout);
+  const Activation in(x, layout);
+  const int64_t C = in.C, O = w.size(0);
   if (C % groups != 0)
     fail(op, "input channels (" + std::to_string(C) + ") are not divisible by groups (" +
                  std::to_string(groups) + ")");
@@ -133,8 +178,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pa
                  " input channels with groups = " + std::to_string(groups) + ": got input " +
                  shape_str(x.shape()));
   check_bias(op, b, O);
-  ConvGeom g{x.size(0), C, x.size(2), x.size(3), O,        w.size(2), w.size(3),
-             0,         0, stride,    padding,   dilation, groups};
+  ConvGeom g{in.N, C, in.H,   in.W,    O,        w.size(2), w.size(3),
+             0,    0, stride, padding, dilation, groups,    layout == ConvLayout::nhwc};
   const int64_t nh = g.H + 2 * padding[0] - dilation[0] * (g.kh - 1) - 1;
   const int64_t nw = g.W + 2 * padding[1] - dilation[1] * (g.kw - 1) - 1;
   if (nh < 0 || nw < 0)
@@ -150,10 +195,12 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pa
 }
 
 Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
-                        Pair padding, Pair output_padding, int64_t groups, Pair dilation) {
+                        Pair padding, Pair output_padding, int64_t groups, Pair dilation,
+                        ConvLayout layout) {
   const char* op = "conv_transpose2d";
-  check_common(op, x, w, b, stride, padding, dilation, groups);
-  const int64_t Cin = x.size(1);
+  check_common(op, x, w, b, stride, padding, dilation, groups, layout);
+  const Activation in(x, layout);
+  const int64_t Cin = in.C;
   if (w.size(0) != Cin)
     fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(0)) +
                  " input channels: got input " + shape_str(x.shape()));
@@ -172,16 +219,16 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair 
   check_bias(op, b, Cout);
   const int64_t kh = w.size(2), kw = w.size(3);
   const int64_t H =
-      (x.size(2) - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1;
+      (in.H - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1;
   const int64_t W =
-      (x.size(3) - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1;
+      (in.W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1;
   if (H <= 0 || W <= 0)
     fail(op, "output size is not positive: got " + std::to_string(H) + "x" + std::to_string(W) +
                  " from input " + shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
   // The conv2d whose input gradient this is: input [N, Cout, H, W], weight
   // [Cin, Cout / groups, kh, kw], output [N, Cin, x.H, x.W].
-  const ConvGeom g{x.size(0), Cout,      H,      W,       Cin,      kh,    kw,
-                   x.size(2), x.size(3), stride, padding, dilation, groups};
+  const ConvGeom g{in.N, Cout, H,      W,       Cin,      kh,     kw,
+                   in.H, in.W, stride, padding, dilation, groups, layout == ConvLayout::nhwc};
   return conv_op(Kind::input_grad, x, w, b, g);
 }
 

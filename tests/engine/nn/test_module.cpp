@@ -372,6 +372,33 @@ TEST_CASE("ConvTranspose2d matches an explicit scatter of the input") {
                   std::invalid_argument);
 }
 
+TEST_CASE("Conv2d and ConvTranspose2d with layout nhwc take and give channels last") {
+  // Same weights (same generator stream) as the channels-first layer; the
+  // activations are the permutation of its.
+  for (const bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    Generator g1(11), g2(11);
+    const Conv2dOptions first{.stride = {2, 2}, .padding = {1, 1}};
+    Conv2dOptions last = first;
+    last.layout = ConvLayout::nhwc;
+    std::shared_ptr<Module> a, b;
+    if (transposed) {
+      a = std::make_shared<ConvTranspose2d>(16, 32, std::array<int64_t, 2>{4, 4}, g1, first);
+      b = std::make_shared<ConvTranspose2d>(16, 32, std::array<int64_t, 2>{4, 4}, g2, last);
+    } else {
+      a = std::make_shared<Conv2d>(16, 32, std::array<int64_t, 2>{4, 4}, g1, first);
+      b = std::make_shared<Conv2d>(16, 32, std::array<int64_t, 2>{4, 4}, g2, last);
+    }
+    const Tensor x = randn({3, 16, 6, 5}, g1);
+    const Tensor ya = a->forward(x);
+    const Tensor yb = b->forward(contiguous(permute(x, {0, 2, 3, 1})));
+    REQUIRE(yb.shape() == Shape{ya.size(0), ya.size(2), ya.size(3), ya.size(1)});
+    CHECK(contiguous(permute(yb, {0, 3, 1, 2})).to_vector<double>() == ya.to_vector<double>());
+    CHECK_THROWS_WITH_AS(b->forward(x), doctest::Contains("(layout nhwc), got [3, 16, 6, 5]"),
+                         std::invalid_argument);
+  }
+}
+
 TEST_CASE("Embedding looks up rows and zeroes the padding row") {
   Generator gen(11);
   Embedding emb(1000, 64, gen, /*padding_idx=*/2);

@@ -26,7 +26,16 @@ Tensor from_values(const std::vector<double>& v, const Shape& shape) {
 struct ConvArgs {
   Pair stride{1, 1}, padding{0, 0}, dilation{1, 1}, output_padding{0, 0};
   int64_t groups = 1;
+  ConvLayout layout = ConvLayout::nchw;  // of the op's activations; references take nchw
 };
+
+// An activation between the op's layout and the references' NCHW.
+Tensor to_nchw(const Tensor& t, const ConvArgs& a) {
+  return a.layout == ConvLayout::nhwc ? contiguous(permute(t, {0, 3, 1, 2})) : t;
+}
+Tensor from_nchw(const Tensor& t, const ConvArgs& a) {
+  return a.layout == ConvLayout::nhwc ? contiguous(permute(t, {0, 2, 3, 1})) : t;
+}
 
 // Direct convolution: seven nested loops (plus the bias).
 Tensor ref_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const ConvArgs& a) {
@@ -98,10 +107,10 @@ OpCase conv_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
   c.zero_shapes = std::move(zero);
   c.op = [a](const Inputs& x) {
     return conv2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding, a.dilation,
-                  a.groups);
+                  a.groups, a.layout);
   };
   c.reference = [a](const Inputs& x) {
-    return ref_conv2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
+    return from_nchw(ref_conv2d(to_nchw(x[0], a), x[1], x.size() > 2 ? &x[2] : nullptr, a), a);
   };
   return c;
 }
@@ -114,10 +123,11 @@ OpCase conv_t_case(std::string name, std::vector<Shape> shapes, ConvArgs a,
   c.zero_shapes = std::move(zero);
   c.op = [a](const Inputs& x) {
     return conv_transpose2d(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), a.stride, a.padding,
-                            a.output_padding, a.groups, a.dilation);
+                            a.output_padding, a.groups, a.dilation, a.layout);
   };
   c.reference = [a](const Inputs& x) {
-    return ref_conv_transpose2d(x[0], x[1], x.size() > 2 ? &x[2] : nullptr, a);
+    return from_nchw(
+        ref_conv_transpose2d(to_nchw(x[0], a), x[1], x.size() > 2 ? &x[2] : nullptr, a), a);
   };
   return c;
 }
@@ -213,6 +223,87 @@ TEST_CASE("conv_transpose2d through the harness") {
                   {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0}, .groups = 3}));
   run_case(conv_t_case("conv_transpose2d 1x1 groups 2 with bias", {{2, 4, 3, 3}, {4, 3, 1, 1}, {6}},
                        {.groups = 2}));
+}
+
+TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness") {
+  // Inputs [N, H, W, C]; the references run on the NCHW permutation. One
+  // group takes the CPU kernels' in-place path; several groups (and CUDA)
+  // are permuted around the channels-first kernels.
+  const ConvLayout nhwc = ConvLayout::nhwc;
+  run_case(conv_case("conv2d nhwc with bias", {{2, 5, 6, 3}, {4, 3, 3, 3}, {4}}, {.layout = nhwc},
+                     {{0, 5, 6, 3}, {4, 3, 3, 3}, {4}}));
+  run_case(conv_case("conv2d nhwc stride 2 padding 1, 16 outputs",
+                     {{2, 7, 6, 3}, {16, 3, 3, 3}, {16}},
+                     {.stride = {2, 2}, .padding = {1, 1}, .layout = nhwc}));
+  run_case(conv_case("conv2d nhwc dilation, uneven padding, one channel",
+                     {{1, 7, 7, 1}, {3, 1, 3, 2}},
+                     {.padding = {2, 1}, .dilation = {2, 2}, .layout = nhwc}));
+  run_case(conv_case("conv2d nhwc groups 2", {{2, 5, 5, 4}, {6, 2, 3, 3}, {6}},
+                     {.stride = {1, 2}, .padding = {1, 0}, .groups = 2, .layout = nhwc}));
+  run_case(conv_case("conv2d nhwc 1x1", {{2, 4, 5, 3}, {5, 3, 1, 1}, {5}}, {.layout = nhwc}));
+  run_case(conv_t_case(
+      "conv_transpose2d nhwc stride 2 output_padding 1", {{2, 3, 3, 4}, {4, 3, 3, 3}, {3}},
+      {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}, .layout = nhwc},
+      {{0, 3, 3, 4}, {4, 3, 3, 3}, {3}}));
+  run_case(conv_t_case("conv_transpose2d nhwc groups 2, dilation",
+                       {{1, 3, 4, 4}, {4, 2, 2, 3}, {4}},
+                       {.stride = {2, 1},
+                        .dilation = {1, 2},
+                        .output_padding = {1, 0},
+                        .groups = 2,
+                        .layout = nhwc}));
+}
+
+TEST_CASE("conv channels last computes the same bits as channels first") {
+  // The kernels plan their chunks the same way in both layouts and only skip
+  // the transposes, so outputs and input and weight gradients are equal to
+  // the bit, in f32 (the direct kernels where the CPU has AVX-512) and f64
+  // (the GEMM path). Convolutions with one channel on the input side run
+  // planar channels first (no transposes to save), so theirs are only near,
+  // as is the bias gradient, which sums in another order.
+  struct Layer {
+    Shape x, w;
+    ConvArgs a;
+    bool transposed;
+  };
+  const std::vector<Layer> layers = {
+      {{5, 1, 28, 28}, {32, 1, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, false},
+      {{5, 32, 14, 14}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, false},
+      {{3, 16, 7, 7}, {32, 16, 3, 3}, {.padding = {1, 1}}, false},
+      {{4, 6, 9, 8}, {5, 6, 3, 2}, {.stride = {2, 1}, .padding = {1, 1}}, false},
+      {{3, 32, 7, 7}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, true},
+      {{3, 32, 14, 14}, {32, 1, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, true},
+  };
+  uint64_t seed = 300;
+  for (const DType dt : {DType::f32, DType::f64})
+    for (const Layer& l : layers) {
+      const std::string what = std::string(dtype_name(dt)) + " " + shape_str(l.x);
+      CAPTURE(what);
+      const Tensor x = make_input(l.x, Domain::any, seed++).to(dt);
+      const Tensor w = make_input(l.w, Domain::any, seed++).to(dt);
+      const Tensor b = make_input({l.transposed ? l.w[1] : l.w[0]}, Domain::any, seed++).to(dt);
+      auto run = [&](ConvLayout layout) {
+        ConvArgs a = l.a;
+        a.layout = layout;
+        const Tensor xl = from_nchw(x, a).detach().requires_grad_();
+        const Tensor wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
+        const Tensor y = l.transposed
+                             ? conv_transpose2d(xl, wl, bl, a.stride, a.padding, a.output_padding,
+                                                1, a.dilation, layout)
+                             : conv2d(xl, wl, bl, a.stride, a.padding, a.dilation, 1, layout);
+        const Tensor g = from_nchw(make_input(to_nchw(y, a).shape(), Domain::any, 7).to(dt), a);
+        sum(mul(y, g)).backward();
+        return std::vector<Tensor>{to_nchw(y.detach(), a), to_nchw(xl.grad(), a), wl.grad(),
+                                   bl.grad()};
+      };
+      const std::vector<Tensor> first = run(ConvLayout::nchw), last = run(ConvLayout::nhwc);
+      const bool one_channel = (l.transposed ? l.w[1] : l.x[1]) == 1;
+      const double eps = dt == DType::f32 ? 1e-5 : 1e-12;
+      for (size_t i = 0; i < 4; ++i) {
+        const double tol = i == 3 || one_channel ? eps * (1 + max(abs(first[i])).item()) : 0.0;
+        CHECK(max_abs_diff(first[i], last[i]) <= tol);
+      }
+    }
 }
 
 TEST_CASE("pooling and upsampling through the harness") {
@@ -444,6 +535,20 @@ TEST_CASE("conv and pooling name the op and the problem in their errors") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(conv2d(ones({4, 5, 5}), ones({2, 4, 3, 3})),
                        doctest::Contains("[conv2d] input must be 4-d"), std::invalid_argument);
+  // Channels last: the sizes are read where that layout keeps them.
+  const ConvLayout nhwc = ConvLayout::nhwc;
+  CHECK_THROWS_WITH_AS(
+      conv2d(ones({4, 5, 5}), ones({2, 4, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, nhwc),
+      doctest::Contains("[conv2d] input must be 4-d [N, H, W, C] (layout nhwc)"),
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, nhwc),
+                       doctest::Contains("[conv2d] weight [2, 4, 3, 3] expects 4 input channels"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(ones({1, 5, 5, 3}), ones({4, 2, 3, 3}), Tensor(), {1, 1},
+                                        {0, 0}, {0, 0}, 1, {1, 1}, nhwc),
+                       doctest::Contains("[conv_transpose2d] weight [4, 2, 3, 3] expects 4 input "
+                                         "channels: got input [1, 5, 5, 3]"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(conv2d(x, ones({2, 4, 3, 3}), Tensor(), {0, 1}),
                        doctest::Contains("[conv2d] stride must be positive"),
                        std::invalid_argument);
