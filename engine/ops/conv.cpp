@@ -10,8 +10,10 @@
 
 #include "engine/autograd/node.h"
 #include "engine/dispatch.h"
+#include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 
@@ -47,6 +49,17 @@ Shape out_shape(Kind kind, const ConvGeom& g) {
     default:
       return {g.O, g.cg(), g.kh, g.kw};
   }
+}
+
+// The bias gradient of channels-last activations g [N, H, W, C]: per image,
+// a row of ones times its pixels [H W, C] (one pass over the pixels, where
+// sum() over {0, 1, 2} would first copy g's transpose), then the images'
+// sums. Summing per image keeps the order of the channels-first path's
+// (pixels, then images), so a batch split across ranks sums the same.
+Tensor channels_last_bias_grad(const Tensor& g) {
+  const int64_t n = g.size(0), pixels = g.size(1) * g.size(2), c = g.size(3);
+  const Tensor ones_row = ones({pixels}, options_of(g));
+  return sum(matmul(ones_row, reshape(g, {n, pixels, c})), {0});
 }
 
 // Channels last <-> channels first, for the kernels that take only the
@@ -106,11 +119,9 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
         }
         // Pixels first (contiguous rows), then images: one
         // pass, where a sum over {0, 2, 3} at once would
-        // first copy gout into that order. Channels last:
-        // a column sum of [N H W, channels].
+        // first copy gout into that order.
         if (need_bias)
-          gbias = g.channels_last ? sum(reshape(gout, {-1, gout.size(3)}), {0})
-                                  : sum(sum(gout, {2, 3}), {0});
+          gbias = g.channels_last ? channels_last_bias_grad(gout) : sum(sum(gout, {2, 3}), {0});
         return std::vector<Tensor>{ga, gb, gbias};
       });
 }
