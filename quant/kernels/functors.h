@@ -183,15 +183,36 @@ QUANTA_HD inline int nf4_nibble(const uint8_t* codes, int64_t k) {
   return k % 2 == 0 ? byte >> 4 : byte & 15;
 }
 
+/** Code j (0..7) of the 8 codes in `word`, 4 packed bytes read as one
+ * little-endian 32-bit word (byte b = word bits 8b..8b+7; high nibble = even
+ * element): what nf4_nibble gives for element j of those bytes. */
+QUANTA_HD inline int nf4_word_code(uint32_t word, int j) {
+  return static_cast<int>((word >> (8 * (j / 2) + 4 * (1 - j % 2))) & 15u);
+}
+
+/** The run of element i of w: i / w.run, as a shift for runs of 64 and 32
+ * (every layout's), since a 64-bit division costs a GPU dozens of
+ * instructions per element. */
+QUANTA_HD inline int64_t nf4_run_of(const NF4Runs& w, int64_t i) {
+  return w.run == 64 ? i >> 6 : w.run == 32 ? i >> 5 : i / w.run;
+}
+
 /** Codes of run r of w. */
 QUANTA_HD inline const uint8_t* nf4_run_codes(const NF4Runs& w, int64_t r) {
   return w.codes + r * w.code_stride;
 }
 
+/** Where the f32 scale of run r of w is (the nf4 dtype's bytes: no alignment
+ * promised). One run per scale, every unit's and block 32's or 64's case,
+ * skips the 64-bit division. */
+QUANTA_HD inline const uint8_t* nf4_run_scale_bytes(const NF4Runs& w, int64_t r) {
+  return w.scales + (w.runs_per_scale == 1 ? r : r / w.runs_per_scale) * w.scale_stride;
+}
+
 /** The f32 scale of run r of w. */
 QUANTA_HD inline float nf4_run_scale(const NF4Runs& w, int64_t r) {
   float s;
-  memcpy(&s, w.scales + (r / w.runs_per_scale) * w.scale_stride, sizeof s);
+  memcpy(&s, nf4_run_scale_bytes(w, r), sizeof s);
   return s;
 }
 
