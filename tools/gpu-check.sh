@@ -32,8 +32,8 @@
 # Then, as phases of their own (not test counts): `quanta train` for 300
 # steps on the CPU and on the GPU with one seed, whose test MSE must agree
 # within 5% (a FAIL there also makes the exit status non-zero), and `quanta
-# bench engine` and `bench train` with --device cuda, whose rows go into the
-# summary.
+# bench nf4`, `bench quant`, `bench engine` and `bench train` with --device
+# cuda, whose rows go into the summary.
 # --reuse keeps an existing BUILD_DIR: a second call on the same machine then
 # builds incrementally.
 #
@@ -565,16 +565,21 @@ sys.exit(1 if bad else 0)
 PY
 }
 
-# `quanta bench engine` and `bench train` on the GPU (issue 17's rows, each
-# against its floor; a row whose op has no kernel yet says so). Timings, not
-# a test: the phase fails only when a command fails. Each command gets LIMIT
-# seconds (phase_bench LIMIT).
+# The GPU bench suites, each row against its floor (a row whose op has no
+# kernel yet says so): issue 18's NF4 and VQ rows first (short, and the ones
+# with goals to meet: nf4_dequantize ratio <= 1.18, nf4_gemv_8192_b1 <= 0.33,
+# vq_nearest_* <= 1.2), then issue 17's engine and train rows. Timings, not
+# a test: the phase fails only when a command fails. The commands share
+# LIMIT seconds, each getting what the ones before it left (phase_bench
+# LIMIT).
 phase_bench() {
-  local quanta="$build/tools/quanta" suite rc=0
+  local quanta="$build/tools/quanta" suite rc=0 end=$((SECONDS + $1)) left
   [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
-  for suite in engine train; do
+  for suite in nf4 quant engine train; do
+    left=$((end - SECONDS))
+    [ "$left" -ge 10 ] || { echo "== bench $suite: no time left"; rc=1; continue; }
     echo "== bench $suite --device cuda"
-    timeout -k 5 "$1" "$quanta" bench "$suite" --device cuda --repeat 3 \
+    timeout -k 5 "$left" "$quanta" bench "$suite" --device cuda --repeat 3 \
       --threads "$(nproc)" || { echo "(exit $?)"; rc=1; }
   done
   return "$rc"
@@ -774,7 +779,7 @@ run_main() {
   # tmp: the device tool brings back only a few files from OUT).
   local bench_rows=""
   if [ -x "$build/tools/quanta" ] && [ "$(budget 15)" -ge 45 ]; then
-    run_phase bench "$tmp/bench.log" phase_bench "$(( ($(budget 15) - 5) / 2 ))" || true
+    run_phase bench "$tmp/bench.log" phase_bench "$(( $(budget 15) - 5 ))" || true
     show <"$tmp/bench.log"
     bench_rows="$(grep -vE '^(# |==|name )' "$tmp/bench.log" | grep -E '^[A-Za-z]' || true)"
   fi

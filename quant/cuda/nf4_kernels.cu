@@ -1,13 +1,15 @@
 // CUDA entries nf4_absmax, nf4_encode, nf4_decode, nf4_linear and
 // nf4_linear_grad (quant/kernels/table.h). Scaling, codes and values are
 // quant/kernels/functors.h's (the CPU's, so the bytes are bitsandbytes'); the
-// linear layer dequantizes a bounded tile of weight rows at a time
-// (plans.h) and hands it to cuBLAS.
+// linear layer runs small batches through the fused GEMV (nf4_gemv.cu) and
+// otherwise dequantizes a bounded tile of weight rows at a time (plans.h)
+// and hands it to cuBLAS.
 #include <stdexcept>
 #include <string>
 
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/kernels.h"
+#include "quant/cuda/nf4_gemv.h"
 #include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cuda {
@@ -59,7 +61,7 @@ __global__ void decode_kernel(NF4Runs w, int64_t begin, int64_t count, DType dd,
   if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
   __syncthreads();
   QUANTA_GRID_STRIDE(t, count) {
-    const int64_t i = begin + t, r = i / w.run;
+    const int64_t i = begin + t, r = fn::nf4_run_of(w, i);
     const int code = fn::nf4_nibble(fn::nf4_run_codes(w, r), i - r * w.run);
     out[t] = cuda::convert<D>(round_to(values[code] * fn::nf4_run_scale(w, r), dd));
   }
@@ -84,11 +86,13 @@ void check_dequant(const char* op, DType dd) {
     cuda::bad_dtype(op, dd, "nf4 dequantizes to f32, bf16 or f16");
 }
 
-// y [M, N] = x [M, K] W^T, W dequantized `rows` weight rows at a time.
+// y [M, N] = x [M, K] W^T: small batches decoded in registers, larger ones
+// with W dequantized `rows` weight rows at a time.
 template <class T>
 void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias,
              T* y) {
   if (M == 0 || N == 0) return;
+  if (nf4_use_gemv(M, K, N, w)) return nf4_gemv<T>(x, M, K, w, dd, N, bias, y);
   if (K == 0) {
     QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, kStream));
   } else {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "quant/kernels/nf4_layout.h"
+
 namespace quanta::quant::quant_cuda {
 
 /** Rows per squared_error partial sum: the contract's 256-row chunks. */
@@ -53,6 +55,91 @@ inline NearestTiles nearest_tiles(int64_t n, int64_t k, int64_t budget = kNeares
 inline int64_t nf4_tile_rows(int64_t n_rows, int64_t k, int64_t budget = kNF4GpuTileElems) {
   if (n_rows <= 0 || k <= 0) return 0;
   return std::max<int64_t>(1, std::min(n_rows, budget / k));
+}
+
+// ---- nf4_linear's fused GEMV (small batches) ----
+//
+// For m <= kNF4GemvMaxBatch rows of x, nf4_linear reads each packed weight
+// byte once and dequantizes it in registers: at 0.5625 bytes per weight (4-bit
+// codes and an f32 scale per 64) against a bf16 GEMV's 2, it moves about 3.6x
+// fewer bytes. A batch only reuses each decoded weight m times, so past a few
+// rows the dequantized tile + cuBLAS GEMM, which reuses it across the whole
+// batch from its own tiles, wins; 8 is the CPU's threshold (kNF4FusedMaxBatch)
+// and a first choice here, to be timed against the tiled path on a GPU.
+
+/** Rows of x up to which nf4_linear runs the fused GEMV on CUDA. */
+inline constexpr int64_t kNF4GemvMaxBatch = kNF4FusedMaxBatch;
+
+/** Codes a lane decodes per step: one 32-bit word of packed codes. */
+inline constexpr int64_t kNF4GemvCodesPerLane = 8;
+
+/** Columns a warp covers per step: 32 lanes x 8 codes. */
+inline constexpr int64_t kNF4GemvStep = kWarp * kNF4GemvCodesPerLane;
+
+/** Warps per GEMV block; they share the block's staged columns of x. */
+inline constexpr int kNF4GemvWarps = 8;
+
+/** Weight rows each warp computes together, so every x value it loads from
+ * shared memory serves that many rows. */
+inline constexpr int kNF4GemvRowsPerWarp = 2;
+
+/** Weight rows per GEMV block. */
+inline constexpr int64_t kNF4GemvBlockRows = kNF4GemvWarps * kNF4GemvRowsPerWarp;
+
+/** Shared memory the staged x may take per block (32 KiB: several blocks fit
+ * on a multiprocessor, which a memory-bound kernel needs to hide latency). */
+inline constexpr int64_t kNF4GemvSmemBytes = int64_t{32} << 10;
+
+/** Most GEMV blocks launched; a grid-stride loop takes further rows. */
+inline constexpr int64_t kNF4GemvMaxBlocks = int64_t{1} << 16;
+
+/** Elements of padding after every lane's 8 staged values of x: 16 bytes.
+ * A warp's 16-byte shared-memory loads go 8 lanes at a time over the 32
+ * banks (8 groups of 16 bytes); padded, lane l's values start at 16-byte unit
+ * 3 l (f32) or 5 l (f64), distinct mod 8, so those 8 lanes never conflict. */
+inline constexpr int64_t nf4_gemv_pad(int64_t elem_bytes) { return 16 / elem_bytes; }
+
+/** Where element k of a staged row of x lies: its lane group of 8, padded. */
+inline constexpr int64_t nf4_gemv_slot(int64_t k, int64_t elem_bytes) {
+  return k / kNF4GemvCodesPerLane * (kNF4GemvCodesPerLane + nf4_gemv_pad(elem_bytes)) +
+         k % kNF4GemvCodesPerLane;
+}
+
+/** How a fused GEMV runs: `chunk` columns of x (a multiple of kNF4GemvStep)
+ * staged per pass in `smem_bytes` of shared memory, `blocks` blocks. */
+struct NF4GemvPlan {
+  int64_t chunk = 0;
+  int64_t smem_bytes = 0;
+  int64_t blocks = 0;
+};
+
+/** Whether nf4_linear's product y [m, n] = x [m, k] W^T takes the fused GEMV:
+ * 1 <= m <= kNF4GemvMaxBatch, and every weight row whole runs of 32 or 64
+ * codes (k % run == 0, as the CPU's fused path needs) whose code bytes and
+ * scales can be read as aligned 32-bit words. Otherwise: the tiled path. */
+inline bool nf4_use_gemv(int64_t m, int64_t k, int64_t n, const NF4Runs& w) {
+  const auto aligned = [](const void* p, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(p) % 4 == 0 && stride % 4 == 0;
+  };
+  return m >= 1 && m <= kNF4GemvMaxBatch && k >= 1 && n >= 1 && (w.run == 32 || w.run == 64) &&
+         k % w.run == 0 && aligned(w.codes, w.code_stride) && aligned(w.scales, w.scale_stride);
+}
+
+/** The GEMV's plan for m rows of x of k columns (elements of elem_bytes: 4 or
+ * 8) against n weight rows: the widest chunk of columns whose padded rows fit
+ * kNF4GemvSmemBytes (at least one step; no wider than k rounded up to a step),
+ * and a block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks. */
+inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_bytes) {
+  NF4GemvPlan p;
+  if (m <= 0 || k <= 0 || n <= 0) return p;
+  const int64_t step_bytes =
+      m * nf4_gemv_slot(kNF4GemvStep, elem_bytes) * elem_bytes;  // one step of every row
+  const int64_t steps_fit = std::max<int64_t>(1, kNF4GemvSmemBytes / step_bytes);
+  const int64_t steps_needed = (k + kNF4GemvStep - 1) / kNF4GemvStep;
+  p.chunk = std::min(steps_fit, steps_needed) * kNF4GemvStep;
+  p.smem_bytes = m * nf4_gemv_slot(p.chunk, elem_bytes) * elem_bytes;
+  p.blocks = std::min((n + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows, kNF4GemvMaxBlocks);
+  return p;
 }
 
 }  // namespace quanta::quant::quant_cuda

@@ -5,6 +5,7 @@
 // bit, and the CUDA kernels (quant/cuda/) call the same functions, so the CPU
 // tests cover the math the GPU runs. No loops over tensors here: one element,
 // one row or one pair of candidates at a time.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -136,33 +137,13 @@ QUANTA_HD void bit_product_grad_at(const T* pi, int64_t k, const T* gP, int64_t 
 
 // ---- NF4 ----
 
-/** The value of a 4-bit code (bitsandbytes' table; equal to kNF4Values). */
+/** The value of a 4-bit code: kNF4Values[code], read through a copy made at
+ * compile time (device code may not index a namespace-scope constexpr array,
+ * only use values computed from it in constant expressions). */
 QUANTA_HD constexpr float nf4_value(int code) {
-  constexpr float v[16] = {-1.0f,
-                           -0.6961928009986877f,
-                           -0.5250730514526367f,
-                           -0.39491748809814453f,
-                           -0.28444138169288635f,
-                           -0.18477343022823334f,
-                           -0.09105003625154495f,
-                           0.0f,
-                           0.07958029955625534f,
-                           0.16093020141124725f,
-                           0.24611230194568634f,
-                           0.33791524171829224f,
-                           0.44070982933044434f,
-                           0.5626170039176941f,
-                           0.7229568362236023f,
-                           1.0f};
+  constexpr std::array<float, 16> v = kNF4Values;
   return v[code & 15];
 }
-
-constexpr bool nf4_values_match() {
-  for (int c = 0; c < 16; ++c)
-    if (nf4_value(c) != kNF4Values[static_cast<size_t>(c)]) return false;
-  return true;
-}
-static_assert(nf4_values_match(), "nf4_value must be kNF4Values");
 
 /** Midpoint i of the codes' values, float32((v[i] + v[i+1]) / 2), as
  * nf4_midpoints() has it. */
@@ -202,15 +183,36 @@ QUANTA_HD inline int nf4_nibble(const uint8_t* codes, int64_t k) {
   return k % 2 == 0 ? byte >> 4 : byte & 15;
 }
 
+/** Code j (0..7) of the 8 codes in `word`, 4 packed bytes read as one
+ * little-endian 32-bit word (byte b = word bits 8b..8b+7; high nibble = even
+ * element): what nf4_nibble gives for element j of those bytes. */
+QUANTA_HD inline int nf4_word_code(uint32_t word, int j) {
+  return static_cast<int>((word >> (8 * (j / 2) + 4 * (1 - j % 2))) & 15u);
+}
+
+/** The run of element i of w: i / w.run, as a shift for runs of 64 and 32
+ * (every layout's), since a 64-bit division costs a GPU dozens of
+ * instructions per element. */
+QUANTA_HD inline int64_t nf4_run_of(const NF4Runs& w, int64_t i) {
+  return w.run == 64 ? i >> 6 : w.run == 32 ? i >> 5 : i / w.run;
+}
+
 /** Codes of run r of w. */
 QUANTA_HD inline const uint8_t* nf4_run_codes(const NF4Runs& w, int64_t r) {
   return w.codes + r * w.code_stride;
 }
 
+/** Where the f32 scale of run r of w is (the nf4 dtype's bytes: no alignment
+ * promised). One run per scale, every unit's and block 32's or 64's case,
+ * skips the 64-bit division. */
+QUANTA_HD inline const uint8_t* nf4_run_scale_bytes(const NF4Runs& w, int64_t r) {
+  return w.scales + (w.runs_per_scale == 1 ? r : r / w.runs_per_scale) * w.scale_stride;
+}
+
 /** The f32 scale of run r of w. */
 QUANTA_HD inline float nf4_run_scale(const NF4Runs& w, int64_t r) {
   float s;
-  memcpy(&s, w.scales + (r / w.runs_per_scale) * w.scale_stride, sizeof s);
+  memcpy(&s, nf4_run_scale_bytes(w, r), sizeof s);
   return s;
 }
 

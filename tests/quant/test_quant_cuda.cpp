@@ -16,6 +16,9 @@
 #include "quant/cuda/plans.h"
 #include "quant/kernels/functors.h"
 #include "quant/kernels/table.h"
+#include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_interop.h"
+#include "quant/nf4/nf4_linear.h"
 #include "quanta.h"
 #include "support/gpu.h"
 
@@ -147,14 +150,23 @@ TEST_CASE("quant functors: run codes and scales read both NF4 layouts as NF4Runs
   std::vector<uint8_t> packed(80);
   const std::vector<float> scales = {0.5f, 1.5f, 2.5f};
   const NF4Runs p = nf4_packed_runs(packed.data(), scales.data(), 160, 128);
+  const NF4Runs b32 = nf4_packed_runs(packed.data(), scales.data(), 96, 32);
   for (const NF4Runs* w : {&u, &p})
     for (int64_t r = 0; r < w->runs(); ++r) {
       CHECK(qfn::nf4_run_codes(*w, r) == w->codes_of(r));
       CHECK(qfn::nf4_run_scale(*w, r) == w->scale_of(r));
     }
+  for (const NF4Runs* w : {&u, &p, &b32})
+    for (int64_t i = 0; i < w->n; ++i) CHECK(qfn::nf4_run_of(*w, i) == i / w->run);
   const uint8_t byte[1] = {0xA3};
   CHECK(qfn::nf4_nibble(byte, 0) == 0xA);
   CHECK(qfn::nf4_nibble(byte, 1) == 0x3);
+  // The GEMV's 32-bit words of 4 packed bytes give each code nf4_nibble gives.
+  const uint8_t four[4] = {0xA3, 0x5F, 0x07, 0xC1};
+  uint32_t word = 0;
+  std::memcpy(&word, four, 4);  // little-endian, as the GPU loads it
+  for (int j = 0; j < 8; ++j) CHECK(qfn::nf4_word_code(word, j) == qfn::nf4_nibble(four, j));
+  for (int c = 0; c < 16; ++c) CHECK(qfn::nf4_value(c) == kNF4Values[static_cast<size_t>(c)]);
 }
 
 TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work") {
@@ -183,6 +195,57 @@ TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work"
   CHECK(squared_error_chunks(1) == 1);
   CHECK(squared_error_chunks(256) == 1);
   CHECK(squared_error_chunks(257) == 2);
+}
+
+TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in its budget") {
+  using namespace quant_cuda;
+  alignas(8) static uint8_t bytes[4 * kNF4UnitBytes];
+  const NF4Runs units = nf4_unit_runs(bytes, 4 * 64);
+  CHECK(nf4_use_gemv(1, 128, 2, units));
+  CHECK(nf4_use_gemv(kNF4GemvMaxBatch, 64, 3, units));
+  CHECK_FALSE(nf4_use_gemv(kNF4GemvMaxBatch + 1, 64, 3, units));  // the tiled path
+  CHECK_FALSE(nf4_use_gemv(0, 64, 3, units));
+  CHECK_FALSE(nf4_use_gemv(1, 0, 3, units));
+  CHECK_FALSE(nf4_use_gemv(1, 96, 2, units));  // rows would start inside a run
+  CHECK_FALSE(nf4_use_gemv(1, 64, 2, nf4_unit_runs(bytes + 2, 128)));  // unaligned words
+  const float scales[8] = {};
+  CHECK(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 32)));  // block 32: runs of 32
+  CHECK(nf4_use_gemv(2, 128, 2, nf4_packed_runs(bytes, scales, 256, 128)));
+  CHECK_FALSE(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 64)));
+
+  CHECK(nf4_gemv_plan(0, 64, 8, 4).blocks == 0);
+  CHECK(nf4_gemv_plan(1, 64, 0, 4).blocks == 0);
+  for (int64_t e : {4, 8}) {
+    // Every lane's 8 staged values start on 16 bytes, and the 8 lanes of one
+    // 16-byte load phase start in 8 different bank groups.
+    std::vector<int> seen(8, 0);
+    for (int64_t lane = 0; lane < 8; ++lane) {
+      const int64_t at = nf4_gemv_slot(8 * lane, e) * e;
+      CHECK(at % 16 == 0);
+      ++seen[static_cast<size_t>(at / 16 % 8)];
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 8);
+    for (int64_t m = 1; m <= kNF4GemvMaxBatch; ++m)
+      for (int64_t k : {64, 256, 320, 4096, 8192, 65536})
+        for (int64_t n : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{8192}, int64_t{1} << 22}) {
+          CAPTURE(e);
+          CAPTURE(m);
+          CAPTURE(k);
+          CAPTURE(n);
+          const NF4GemvPlan p = nf4_gemv_plan(m, k, n, e);
+          CHECK(p.chunk % kNF4GemvStep == 0);
+          CHECK(p.chunk >= kNF4GemvStep);
+          CHECK(p.chunk < k + kNF4GemvStep);  // never more than one partial step past k
+          CHECK(p.smem_bytes == m * nf4_gemv_slot(p.chunk, e) * e);
+          CHECK(p.smem_bytes <= kNF4GemvSmemBytes);
+          CHECK(p.blocks >= 1);
+          CHECK(p.blocks <= kNF4GemvMaxBlocks);
+          CHECK((p.blocks == kNF4GemvMaxBlocks || p.blocks * kNF4GemvBlockRows >= n));
+        }
+  }
+  // One row of x of 8192 f32 values: two passes of at most 32 KiB.
+  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).chunk == 21 * kNF4GemvStep);
+  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
 }
 
 // ---- the CUDA axis: every entry against the CPU table ----
@@ -474,6 +537,104 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         CHECK(max_err(dgot, dwant) <= 10 * tol(dt));
       }
   }
+}
+
+// The fused GEMV (m <= kNF4GemvMaxBatch, rows of whole runs) against the CPU
+// and against the GPU's own tiled path: the same x with one more row goes
+// through dequantized tiles and cuBLAS, and its first m rows must agree.
+TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rounding") {
+  SKIP_WITHOUT_GPU();
+  using quant_cuda::kNF4GemvMaxBatch;
+  struct Case {
+    int64_t m, k, n, block;  // block 64 with units: the nf4 dtype; else bitsandbytes' layout
+    bool units;
+  };
+  // k: one run, runs that end mid-step (320 = 1.25 steps), several passes of
+  // staged x (8192); n: not a multiple of a block's 16 rows, 1, many blocks.
+  const Case cases[] = {{1, 64, 1, 64, true},
+                        {1, 320, 17, 64, true},
+                        {2, 8192, 33, 64, true},
+                        {3, 4096, 1100, 64, true},
+                        {8, 320, 70, 64, true},
+                        {5, 96, 9, 32, false},
+                        {4, 512, 40, 128, false},
+                        {7, 768, 19, 256, false},
+                        {kNF4GemvMaxBatch, 1024, 257, 64, false}};
+  for (const Case& c : cases) {
+    const Tensor wf = random_tensor({c.n * c.k}, DType::f32, 31);
+    // The CPU's codes and scales in the case's layout, copied to the GPU.
+    Tensor codes, scales;
+    if (c.units) {
+      codes = cpu_units(wf);
+    } else {
+      const int64_t n = c.n * c.k, run = std::min<int64_t>(c.block, 64);
+      scales = empty({(n + c.block - 1) / c.block});
+      codes = zeros({(n + 1) / 2}, {.dtype = DType::u8});
+      cpu_t().nf4_absmax(wf.data<float>(), n, c.block, scales.data<float>());
+      cpu_t().nf4_encode(
+          wf.data<float>(), n, c.block, scales.data<float>(), scales.data<float>(),
+          {.run = run, .codes = codes.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
+    }
+    const Tensor gcodes = on_gpu(codes), gscales = scales.defined() ? on_gpu(scales) : Tensor();
+    auto runs = [&](const Tensor& cs, const Tensor& ss) {
+      const auto* b = cs.data<uint8_t>();
+      return c.units ? nf4_unit_runs(b, c.n * c.k)
+                     : nf4_packed_runs(b, ss.data<float>(), c.n * c.k, c.block);
+    };
+    const NF4Runs w = runs(codes, scales), gw = runs(gcodes, gscales);
+    REQUIRE(quant_cuda::nf4_use_gemv(c.m, c.k, c.n, gw));
+    REQUIRE_FALSE(quant_cuda::nf4_use_gemv(kNF4GemvMaxBatch + 1, c.k, c.n, gw));
+    for (DType dt : {DType::f32, DType::f64})
+      for (DType dd : {DType::f32, DType::bf16, DType::f16})
+        for (bool with_bias : {false, true}) {
+          INFO(c.m, "x", c.k, "x", c.n, " block ", c.block, c.units ? " units " : " packed ",
+               dtype_name(dt), " dequant ", dtype_name(dd), with_bias ? " bias" : "");
+          const int64_t mt = kNF4GemvMaxBatch + 1;  // rows for the tiled path
+          const Tensor xt = random_tensor({mt, c.k}, dt, 32);
+          const Tensor x = slice(xt, 0, 0, c.m).contiguous();
+          const Tensor bias = with_bias ? random_tensor({c.n}, dt, 33) : Tensor();
+          const Tensor gbias = with_bias ? on_gpu(bias) : Tensor();
+          const void* b = with_bias ? bias.raw_data() : nullptr;
+          const void* gb = with_bias ? gbias.raw_data() : nullptr;
+          Tensor want = empty({c.m, c.n}, {.dtype = dt});
+          Tensor got = empty({c.m, c.n}, {.dtype = dt, .device = Device::cuda(0)});
+          Tensor tiled = empty({mt, c.n}, {.dtype = dt, .device = Device::cuda(0)});
+          cpu_t().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b, want.raw_data());
+          gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data());
+          gpu_t().nf4_linear(dt, on_gpu(xt).raw_data(), mt, c.k, gw, dd, c.n, gb, tiled.raw_data());
+          CHECK(max_err(got, want) <= 10 * tol(dt));
+          CHECK(max_err(got, slice(tiled.to(Device::cpu()), 0, 0, c.m)) <= 10 * tol(dt));
+        }
+  }
+}
+
+// Through the op: nf4 tensors (double quant on and off) and bitsandbytes
+// states (block 32 and 128, double quant on and off) on the GPU, small
+// batches and one over the threshold, against the same op on the CPU.
+TEST_CASE("quant cuda: nf4_linear on small batches equals the CPU, double quant on and off") {
+  SKIP_WITHOUT_GPU();
+  const int64_t n_out = 45, n_in = 256;
+  const Tensor wf = random_tensor({n_out, n_in}, DType::f32, 41);
+  const Tensor bias = random_tensor({n_out}, DType::f32, 42);
+  for (bool dq : {false, true})
+    for (int64_t block : {32, 64, 128}) {
+      NF4Options o;
+      o.block_size = block;
+      o.double_quant = dq;
+      const BnbNF4State state = quantize_bnb(wf, o);  // nf4_linear moves it to x's device
+      const Tensor q = block == 64 ? quantize_nf4(wf, o) : Tensor();
+      for (int64_t m : {1, 3, 8, 9}) {
+        INFO("block ", block, dq ? " double quant" : "", " m ", m);
+        const Tensor x = random_tensor({m, n_in}, DType::f32, 43);
+        const Tensor want = nf4_linear(x, state, bias);
+        CHECK(max_err(nf4_linear(on_gpu(x), state, on_gpu(bias)), want) <= 10 * tol(DType::f32));
+        if (q.defined()) {
+          const Tensor want_q = nf4_linear(x, q, bias);
+          CHECK(max_err(nf4_linear(on_gpu(x), on_gpu(q), on_gpu(bias)), want_q) <=
+                10 * tol(DType::f32));
+        }
+      }
+    }
 }
 
 TEST_CASE("quant cuda: zero sizes launch nothing") {

@@ -308,13 +308,14 @@ TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
 // --device cuda: where no GPU is, one line saying why and success (scripts
 // run it everywhere); on a GPU, every row measured or unavailable with its
 // error, never a failed command.
-TEST_CASE("quanta bench engine/train --device cuda: GPU rows, or one line saying why not") {
+TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one line why not") {
   check_one_line_error(quanta_cli({"bench", "engine", "--device", "gpu"}), 2,
                        "--device must be cpu, cuda or cuda:N, got 'gpu'");
-  check_one_line_error(quanta_cli({"bench", "nf4", "--device", "cuda"}), 2,
-                       "the nf4 suite runs on the CPU only");
+  check_one_line_error(
+      quanta_cli({"bench", "dist", "--device", "cuda"}), 2,
+      "the dist suite runs on the CPU only (engine, nf4, quant, train run on CUDA)");
   if (cuda_device_count() == 0) {
-    for (const char* suite : {"engine", "train"}) {
+    for (const char* suite : {"engine", "train", "quant", "nf4"}) {
       CAPTURE(suite);
       Result r = quanta_cli({"bench", suite, "--device", "cuda", "--size", "small"});
       CHECK(r.code == 0);
@@ -353,8 +354,15 @@ TEST_CASE("quanta bench engine/train --device cuda: GPU rows, or one line saying
                                              "convT_dec3_32x14_k4s2"};
   const std::set<std::string> train_rows = {"train_step_vqvae_vq", "train_step_vqvae_none",
                                             "train_step_vqvae_fsq", "train_step_classifier"};
+  // Issue 18's rows: every one has its kernels, so every one must run.
+  const std::set<std::string> quant_rows = {
+      "vq_nearest_8192x256_k1024", "vq_nearest_8192x256_k1024_cosine", "vq_nearest_8192x256_k16384",
+      "vq_nearest_8192x256_k16384_cosine"};
+  const std::set<std::string> nf4_rows = {"nf4_dequantize", "nf4_dequantize_bf16",
+                                          "nf4_gemv_8192_b1", "nf4_linear_8192_b512"};
   for (const auto& [suite, names] :
-       {std::pair{"engine", engine_rows}, std::pair{"train", train_rows}}) {
+       {std::pair{"engine", engine_rows}, std::pair{"train", train_rows},
+        std::pair{"quant", quant_rows}, std::pair{"nf4", nf4_rows}}) {
     CAPTURE(suite);
     Result r = quanta_cli(
         {"bench", suite, "--device", "cuda", "--json", "--repeat", "1", "--size", "small"});
@@ -381,6 +389,9 @@ TEST_CASE("quanta bench engine/train --device cuda: GPU rows, or one line saying
       if (suite == std::string("engine") && !contains(row["name"].get<std::string>(), "_bf16") &&
           !contains(row["name"].get<std::string>(), "_f16") &&
           !contains(row["name"].get<std::string>(), "conv"))
+        CHECK_MESSAGE(!row.contains("unavailable"), row["name"].get<std::string>());
+    if (suite == std::string("quant") || suite == std::string("nf4"))
+      for (const auto& row : rows)
         CHECK_MESSAGE(!row.contains("unavailable"), row["name"].get<std::string>());
     // The VQ-VAE without a quantizer trains on CUDA (quanta train --device cuda).
     if (suite == std::string("train"))

@@ -29,8 +29,9 @@ const std::map<std::string, SuiteInfo>& suites() {
   static const std::map<std::string, SuiteInfo> all = {
       {"engine",
        {bench_engine, "engine kernels: matmul, add, exp, sum, the main job's convolutions", true}},
-      {"quant", {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs"}},
-      {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32"}},
+      {"quant",
+       {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs", true}},
+      {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32", true}},
       {"train",
        {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs",
         true}},
@@ -39,9 +40,10 @@ const std::map<std::string, SuiteInfo>& suites() {
   return all;
 }
 
-std::string suite_names() {
+std::string suite_names(bool cuda_only = false) {
   std::string s;
-  for (const auto& [name, info] : suites()) s += (s.empty() ? "" : ", ") + name;
+  for (const auto& [name, info] : suites())
+    if (!cuda_only || info.cuda) s += (s.empty() ? "" : ", ") + name;
   return s;
 }
 
@@ -77,7 +79,7 @@ void run_bench(BenchCommand& c) {
   if (c.opts.device.is_cuda()) {
     if (!suite.cuda)
       throw UsageError("--device " + c.device + ": the " + c.suite +
-                       " suite runs on the CPU only (engine and train run on CUDA)");
+                       " suite runs on the CPU only (" + suite_names(true) + " run on CUDA)");
     if (const std::string why = cuda_skip_reason(c.opts.device); !why.empty()) {
       // One line and success: scripts (tools/gpu-check.sh, CI) run the
       // command everywhere and read the line where there is no GPU.
@@ -205,8 +207,11 @@ void add_bench(CLI::App& app) {
       "\n\n--device cuda: engine's elementwise ops and reductions run against a "
       "device-to-device copy of the same bytes, matmul and conv rows against the time an "
       "8192^3 matmul of the same dtype (cuBLAS's peak shape) takes for their FLOPs; train's "
-      "steps run against the same step on the CPU. A row whose op fails on the GPU prints "
-      "'unavailable' with the error.");
+      "steps run against the same step on the CPU; quant's nearest-code searches against the "
+      "f32 GEMM of their shape; nf4's dequantize against a device copy of the bytes it moves, "
+      "its batch-1 GEMV against cuBLAS's bf16 GEMV and its batch-512 nf4_linear against the "
+      "f32 GEMM of the same shape. A row whose op fails on the GPU prints 'unavailable' with "
+      "the error.");
   sub->add_option("suite", c->suite, "the suite to run: " + suite_names())
       ->required()
       ->check(CLI::Validator(
@@ -231,7 +236,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
       ->transform(thread_count());
   sub->add_option("--device", c->device,
-                  "cpu, cuda or cuda:N: where the engine and train suites run (without a GPU "
+                  "cpu, cuda or cuda:N: where the suites but dist run (without a GPU "
                   "a cuda run prints one line saying why and exits 0)")
       ->capture_default_str()
       ->check(CLI::Validator(

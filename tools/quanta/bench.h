@@ -85,14 +85,23 @@ double main_job_conv_flops(int64_t batch);
  * CUDA device, against the same step on the CPU (bench_train.cpp). */
 std::vector<BenchRow> bench_train(const BenchOptions& opts);
 
-/** Quantizer train steps: the VQ family's rows then the scalar family's. */
+/** Quantizer train steps: the VQ family's rows then the scalar family's; on
+ * a CUDA device, bench_quant_cuda's rows. */
 std::vector<BenchRow> bench_quant(const BenchOptions& opts);
+/** The quant suite on opts.device, a GPU: the VQ nearest-code search against
+ * the cuBLAS GEMM of its shape (bench_quant_cuda.cpp). */
+std::vector<BenchRow> bench_quant_cuda(const BenchOptions& opts);
 /** The VQ family's rows of `bench quant` (bench_quant_vq.cpp). */
 std::vector<BenchRow> bench_quant_vq(const BenchOptions& opts);
 /** The FSQ / LFQ rows of `bench quant` (bench_quant_scalar.cpp). */
 std::vector<BenchRow> bench_quant_scalar(const BenchOptions& opts);
-/** NF4 format and nf4_linear (bench_nf4.cpp). */
+/** NF4 format and nf4_linear (bench_nf4.cpp); on a CUDA device,
+ * bench_nf4_cuda's rows. */
 std::vector<BenchRow> bench_nf4(const BenchOptions& opts);
+/** The nf4 suite on opts.device, a GPU: dequantize against a device copy,
+ * the small-batch GEMV against cuBLAS's bf16 GEMV, a large-batch nf4_linear
+ * against the f32 GEMM (bench_nf4_cuda.cpp). */
+std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& opts);
 /** Collectives and DataParallel (bench_dist.cpp). */
 std::vector<BenchRow> bench_dist(const BenchOptions& opts);
 

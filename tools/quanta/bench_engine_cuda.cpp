@@ -13,41 +13,12 @@
 //   conv_*: bench_conv's layers on the GPU against the f32 8192^3 rate.
 // Op times include allocating their outputs (from the caching allocator).
 #include "bench.h"
+#include "bench_gpu.h"
 #include "engine/cuda/runtime.h"
 #include "quanta.h"
 
 namespace quanta::cli {
 namespace {
-
-// On a GPU a batch of calls must outlast the synchronisation that ends it.
-constexpr int kCalls = 20;
-
-struct Gpu {
-  Device device;
-  int repeat;
-  void sync() const { cuda::synchronize(device.index); }
-  std::vector<double> time(const std::vector<std::function<void()>>& fns) const {
-    return interleaved_ms(repeat, kCalls, fns, [this] { sync(); });
-  }
-};
-
-BenchRow timed(double ms, double floor_ms) {
-  BenchRow row;
-  row.ms = ms;
-  row.floor_ms = floor_ms;
-  return row;
-}
-
-// A row measured by `measure`, or unavailable with the error it threw.
-BenchRow row_or_error(const std::string& name, const std::function<BenchRow()>& measure) {
-  try {
-    BenchRow row = measure();
-    row.name = name;
-    return row;
-  } catch (const std::exception& e) {
-    return unavailable_row(name, e.what());
-  }
-}
 
 struct Memory {
   const char* name;
@@ -55,7 +26,7 @@ struct Memory {
   std::function<void()> op;
 };
 
-void memory_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen,
+void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
                  std::vector<BenchRow>& rows) {
   NoGradGuard no_grad;
   const int64_t r = o.small ? 64 : 4096, c = o.small ? 1024 : 16384;
@@ -85,11 +56,12 @@ void memory_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen,
         cuda::copy(dst.raw_data(), gpu.device, src.raw_data(), gpu.device, bytes);
       };
       const std::vector<double> ms = gpu.time({m.op, copy});
-      return timed(ms[0], ms[1]);
+      return timed_row(ms[0], ms[1]);
     }));
 }
 
-void gemm_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen, std::vector<BenchRow>& rows) {
+void gemm_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
+               std::vector<BenchRow>& rows) {
   NoGradGuard no_grad;
   struct Shape3 {
     const char* name;
@@ -131,7 +103,7 @@ void gemm_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen, std::vecto
         const std::vector<double> ms =
             gpu.time({[&] { Tensor c = matmul(a, b); }, [&] { Tensor c = matmul(pa, pb); }});
         const double flops = 2.0 * double(m) * double(k) * double(n);
-        return timed(ms[0], ms[1] * flops / peak_flops);
+        return timed_row(ms[0], ms[1] * flops / peak_flops);
       }));
     }
   }
@@ -140,7 +112,7 @@ void gemm_rows(const Gpu& gpu, const BenchOptions& o, Generator& gen, std::vecto
 }  // namespace
 
 std::vector<BenchRow> bench_engine_cuda(const BenchOptions& o) {
-  const Gpu gpu{o.device, o.repeat};
+  const GpuTimer gpu{o.device, o.repeat};
   Generator gen(1234);
   std::vector<BenchRow> rows;
   memory_rows(gpu, o, gen, rows);

@@ -10,6 +10,7 @@
 //   nf4_linear_bB: x [B, 4096] times the nf4 weight, against the engine's f32
 //     linear of the same shape (ratio < 1: NF4 is faster). Goals: batch 1
 //     below 1, batch 512 within 1.3.
+// On a GPU (--device cuda): bench_nf4_cuda.cpp's rows.
 #include <algorithm>
 #include <cstring>
 
@@ -34,6 +35,7 @@ void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 }  // namespace
 
 std::vector<BenchRow> bench_nf4(const BenchOptions& o) {
+  if (o.device.is_cuda()) return bench_nf4_cuda(o);
   NoGradGuard no_grad;
   Eigen::setNbThreads(num_threads());
   Generator gen(4242);

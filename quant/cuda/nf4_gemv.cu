@@ -1,0 +1,172 @@
+// nf4_linear for small batches (plans.h: nf4_use_gemv): y [M, N] = x [M, K]
+// W^T (+ bias), each packed weight word read once from global memory and
+// dequantized in registers, never written anywhere. The 16 code values, the
+// word's codes and the run's scale are quant/kernels/functors.h's, rounded to
+// the dequant dtype as nf4_decode rounds them.
+//
+// A block takes kNF4GemvBlockRows weight rows; each warp takes
+// kNF4GemvRowsPerWarp of them. Per pass the block stages `chunk` columns of
+// every row of x in shared memory (each x value then comes from global
+// memory once per block, not once per weight row); lane l of a warp handles
+// columns 8 l .. 8 l + 7 of every 256, one 32-bit word of codes per weight
+// row, so a warp's loads of a row's codes are contiguous. Each lane sums its
+// products in T; one warp sum per output ends the row.
+#include "quant/cuda/device.cuh"
+#include "quant/cuda/nf4_gemv.h"
+#include "quant/kernels/functors.h"
+
+namespace quanta::quant::quant_cuda {
+namespace {
+
+constexpr int kRows = kNF4GemvRowsPerWarp;
+constexpr int kCodes = static_cast<int>(kNF4GemvCodesPerLane);
+
+// The 8 staged values of x at p (16-byte aligned: nf4_gemv_slot) as 16-byte
+// shared-memory loads.
+__device__ inline void load8(const float* p, float (&v)[kCodes]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ inline void load8(const double* p, double (&v)[kCodes]) {
+#pragma unroll
+  for (int q = 0; q < kCodes / 2; ++q) {
+    const double2 d = *reinterpret_cast<const double2*>(p + 2 * q);
+    v[2 * q] = d.x, v[2 * q + 1] = d.y;
+  }
+}
+
+// MB: rows of x (1..kNF4GemvMaxBatch); R: codes per run (32 or 64), so
+// that finding a column's run is a shift.
+template <class T, int MB, int R>
+__global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
+    gemv_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y,
+                int64_t chunk) {
+  extern __shared__ __align__(16) unsigned char staged[];
+  T* xs = reinterpret_cast<T*>(staged);  // [MB][slot(chunk)]: columns [c0, c0 + chunk)
+  __shared__ float values[16];
+  constexpr int64_t E = sizeof(T);
+  const int64_t row_slots = nf4_gemv_slot(chunk, E);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  // With f32 values and f32 sums the scale is applied once per word, to the
+  // sum of value x x (the tiled path's rounding of value * scale to f32 is
+  // then skipped: a last-bit difference per product, like a change of
+  // summation order). f64 sums and 16-bit dequant dtypes round every
+  // value * scale first, as the tiled path does, since that rounding is
+  // larger than their sums' error.
+  const bool scale_after = sizeof(T) == 4 && dd == DType::f32;
+  const int64_t runs_per_row = K / R;
+
+  for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
+       n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
+    // Rows past N repeat row N - 1 (every load stays in bounds); their
+    // results are never written.
+    int64_t row[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + warp * kRows + r;
+      row[r] = n < N ? n : N - 1;
+    }
+    T acc[kRows][MB];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < MB; ++m) acc[r][m] = T(0);
+
+    for (int64_t c0 = 0; c0 < K; c0 += chunk) {
+      const int64_t len = chunk < K - c0 ? chunk : K - c0;
+      __syncthreads();  // the last pass has read xs (and `values` is written)
+#pragma unroll
+      for (int m = 0; m < MB; ++m)
+        for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+          xs[m * row_slots + nf4_gemv_slot(k, E)] = x[m * K + c0 + k];
+      __syncthreads();
+      // len is whole runs (K % R == 0, chunk % 256 == 0), so a lane's word
+      // never leaves its run or its row. Two steps at a time: twice the
+      // words in flight per warp, which a memory-bound loop needs.
+#pragma unroll 2
+      for (int64_t k = kCodes * lane; k < len; k += kNF4GemvStep) {
+        const int64_t col = c0 + k;
+        T wv[kRows][kCodes];
+        float scale[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const int64_t run = row[r] * runs_per_row + col / R;
+          const uint8_t* codes = fn::nf4_run_codes(w, run) + (col % R) / 2;
+          const uint32_t word = __ldg(reinterpret_cast<const uint32_t*>(codes));
+          scale[r] = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, run)));
+#pragma unroll
+          for (int j = 0; j < kCodes; ++j) {
+            const float v = values[fn::nf4_word_code(word, j)];
+            wv[r][j] = static_cast<T>(scale_after ? v : round_to(v * scale[r], dd));
+          }
+        }
+        const int64_t slot = nf4_gemv_slot(k, E);
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+          T xv[kCodes];
+          load8(xs + m * row_slots + slot, xv);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            T dot = T(0);
+#pragma unroll
+            for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
+            acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + warp * kRows + r;
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        const T sum = warp_sum(acc[r][m]);
+        if (lane == 0 && n < N) y[m * N + n] = bias ? sum + bias[n] : sum;
+      }
+    }
+  }
+}
+
+template <class T, int MB, int R>
+void launch(const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias, T* y,
+            const NF4GemvPlan& p) {
+  gemv_kernel<T, MB, R>
+      <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp, static_cast<size_t>(p.smem_bytes),
+         kStream>>>(x, K, w, dd, N, bias, y, p.chunk);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+// The kernel for M rows of x: one instantiation per batch size, so the
+// accumulators are registers.
+template <class T, int R, int MB = 1>
+void launch_rows(int64_t M, const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+                 const T* bias, T* y, const NF4GemvPlan& p) {
+  if constexpr (MB < kNF4GemvMaxBatch) {
+    if (M != MB) return launch_rows<T, R, MB + 1>(M, x, K, w, dd, N, bias, y, p);
+  }
+  launch<T, MB, R>(x, K, w, dd, N, bias, y, p);
+}
+
+}  // namespace
+
+template <class T>
+void nf4_gemv(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+              const T* bias, T* y) {
+  const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T));
+  if (p.blocks == 0) return;
+  if (w.run == 32)
+    launch_rows<T, 32>(M, x, K, w, dd, N, bias, y, p);
+  else
+    launch_rows<T, 64>(M, x, K, w, dd, N, bias, y, p);
+}
+
+template void nf4_gemv<float>(const float*, int64_t, int64_t, const NF4Runs&, DType, int64_t,
+                              const float*, float*);
+template void nf4_gemv<double>(const double*, int64_t, int64_t, const NF4Runs&, DType, int64_t,
+                               const double*, double*);
+
+}  // namespace quanta::quant::quant_cuda

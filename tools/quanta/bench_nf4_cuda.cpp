@@ -1,0 +1,70 @@
+// `quanta bench nf4 --device cuda`: the NF4 kernels on a GPU against their
+// floors, each timed in turns with its floor (bench_gpu.h). The weight is
+// 8192 x 8192 (--size small: 256 x 256; row names stay the same).
+//   nf4_dequantize[_bf16]: the nf4 weight into a reused f32 (bf16) buffer,
+//     against a device-to-device copy with the same memory traffic (a copy
+//     of n bytes reads n and writes n; dequantize reads 0.5625 bytes per
+//     weight and writes 4 or 2, so its floor copies half their sum). Issue
+//     18's goal: at least 85% of copy bandwidth, ratio <= 1.18.
+//   nf4_gemv_8192_b1: nf4_linear of one f32 row (the fused GEMV), against
+//     cuBLAS's bf16 product of one row with the bf16 weight (a GEMV through
+//     cublasGemmEx) of the same shape. It reads 3.6x fewer bytes; the goal
+//     is at least 3x faster, ratio <= 0.33.
+//   nf4_linear_8192_b512: nf4_linear of 512 f32 rows (dequantized tiles and
+//     cuBLAS), against the f32 GEMM with the f32 weight: what dequantizing
+//     on the fly costs at a training batch (QLoRA's forward).
+// The floors' transposed weights are made once beforehand; every op and
+// floor allocates its output from the caching allocator.
+#include "bench.h"
+#include "bench_gpu.h"
+#include "engine/cuda/runtime.h"
+#include "quant/nf4/nf4_format.h"
+#include "quant/nf4/nf4_linear.h"
+#include "quanta.h"
+
+namespace quanta::cli {
+
+std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
+  NoGradGuard no_grad;
+  const GpuTimer gpu{o.device, o.repeat};
+  const Device dev = gpu.device;
+  Generator gen(4343);
+  const int64_t n = o.small ? 256 : 8192;  // out = in = n
+  const Tensor w = randn({n, n}, gen).to(dev);
+  const Tensor q = quant::quantize_nf4(w);
+  std::vector<BenchRow> rows;
+
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::string name = dt == DType::f32 ? "nf4_dequantize" : "nf4_dequantize_bf16";
+    rows.push_back(row_or_error(name, [&] {
+      const Tensor out = zeros({n, n}, {.dtype = dt, .device = dev});
+      const auto bytes = (q.nbytes() + out.nbytes()) / 2;
+      const Tensor src = zeros({static_cast<int64_t>(bytes)}, {.dtype = DType::u8, .device = dev});
+      const Tensor dst = zeros({static_cast<int64_t>(bytes)}, {.dtype = DType::u8, .device = dev});
+      const std::vector<double> ms =
+          gpu.time({[&] { quant::dequantize_into(q, out); },
+                    [&] { cuda::copy(dst.raw_data(), dev, src.raw_data(), dev, bytes); }});
+      return timed_row(ms[0], ms[1]);
+    }));
+  }
+
+  rows.push_back(row_or_error("nf4_gemv_8192_b1", [&] {
+    const Tensor x = randn({1, n}, gen).to(dev);
+    const Tensor xb = x.to(DType::bf16);
+    const Tensor wt = transpose(w.to(DType::bf16), 0, 1).contiguous();  // [in, out]
+    const std::vector<double> ms =
+        gpu.time({[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(xb, wt); }});
+    return timed_row(ms[0], ms[1]);
+  }));
+
+  rows.push_back(row_or_error("nf4_linear_8192_b512", [&] {
+    const Tensor x = randn({o.small ? 64 : 512, n}, gen).to(dev);
+    const Tensor wt = transpose(w, 0, 1).contiguous();
+    const std::vector<double> ms =
+        gpu.time({[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(x, wt); }});
+    return timed_row(ms[0], ms[1]);
+  }));
+  return rows;
+}
+
+}  // namespace quanta::cli
