@@ -5,6 +5,8 @@
 // GEMM (1024^3 through quanta's matmul; 8192^3 on a GPU, cuBLAS's peak shape)
 // takes for the same FLOPs, timed in turns with the layer so the machine's
 // load hits both alike: ratio 1 means the layer runs at the GEMM's rate.
+// On the CPU the activations are channels last, as the VQ-VAE keeps them;
+// on a GPU channels first, the CUDA kernels' layout.
 #include <cmath>
 
 #include "bench.h"
@@ -60,20 +62,23 @@ std::vector<BenchRow> bench_conv(const BenchOptions& o, Generator& gen,
   const Tensor a = rand({g, g}, gen).to(o.device), b = rand({g, g}, gen).to(o.device);
   const double gemm_flops = 2.0 * static_cast<double>(g * g * g);
   std::vector<BenchRow> rows;
+  const ConvLayout layout = gpu ? ConvLayout::nchw : ConvLayout::nhwc;
   for (const ConvLayer& l : kMainJob) {
     try {
-      const Tensor x =
-          rand({batch, l.in, l.size, l.size}, gen).to(o.device).requires_grad_(l.input_grad);
+      const Shape xs =
+          gpu ? Shape{batch, l.in, l.size, l.size} : Shape{batch, l.size, l.size, l.in};
+      const Tensor x = rand(xs, gen).to(o.device).requires_grad_(l.input_grad);
       const Tensor w = (l.transposed ? rand({l.in, l.out, l.kernel, l.kernel}, gen)
                                      : rand({l.out, l.in, l.kernel, l.kernel}, gen))
                            .to(o.device)
                            .requires_grad_(true);
       const Tensor bias = rand({l.out}, gen).to(o.device).requires_grad_(true);
       auto step = [&] {
-        const Tensor y =
-            l.transposed
-                ? conv_transpose2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding})
-                : conv2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding});
+        const Tensor y = l.transposed
+                             ? conv_transpose2d(x, w, bias, {l.stride, l.stride},
+                                                {l.padding, l.padding}, {0, 0}, 1, {1, 1}, layout)
+                             : conv2d(x, w, bias, {l.stride, l.stride}, {l.padding, l.padding},
+                                      {1, 1}, 1, layout);
         y.backward(ones_like(y));
       };
       const std::vector<double> ms =
