@@ -63,6 +63,8 @@ class Conv2d : public Module {
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   const Conv2dOptions& options() const { return opts_; }
+  /** Switches the activations' layout (the weight does not change). */
+  void set_layout(ConvLayout layout) { opts_.layout = layout; }
 
  private:
   Conv2dOptions opts_;
@@ -80,6 +82,8 @@ class ConvTranspose2d : public Module {
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   const Conv2dOptions& options() const { return opts_; }
+  /** Switches the activations' layout (the weight does not change). */
+  void set_layout(ConvLayout layout) { opts_.layout = layout; }
 
  private:
   Conv2dOptions opts_;

@@ -5,11 +5,14 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "cli_runner.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
+#include "engine/ops/conv.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/random/sampling.h"
@@ -343,6 +346,35 @@ TEST_CASE("the VQ-VAE maps 28x28 images to 7x7 latents and back, with gradients"
                    none.decode(zeros({1, 7, 7}, {.dtype = DType::i64}));
                  }),
                  "has no codes"));
+}
+
+TEST_CASE("the VQ-VAE's channels-last layers compute what its layers do channels first") {
+  // On the CPU the model runs its convolutions channels last; the same
+  // parameters through plain channels-first ops give the same values.
+  Generator gen(4);
+  VqVae model({.hidden = 16, .dim = 8}, make_quantizer({{"type", "none"}}, 8, 0), gen);
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : model.named_parameters()) p[name] = t.detach();
+  Generator data(2);
+  const Tensor x = rand({3, 1, 28, 28}, data);
+  auto c2d = [&](const Tensor& in, const std::string& layer, int64_t stride, int64_t pad) {
+    return conv2d(in, p[layer + ".weight"], p[layer + ".bias"], {stride, stride}, {pad, pad});
+  };
+  auto up = [&](const Tensor& in, const std::string& layer) {
+    return conv_transpose2d(in, p[layer + ".weight"], p[layer + ".bias"], {2, 2}, {1, 1});
+  };
+  Tensor z = relu(c2d(x, "encoder.0", 2, 1));
+  z = relu(c2d(z, "encoder.2", 2, 1));
+  z = relu(c2d(z, "encoder.4", 1, 1));
+  z = c2d(z, "encoder.6", 1, 0);
+  Tensor y = relu(c2d(z, "decoder.0", 1, 1));
+  y = relu(up(y, "decoder.2"));
+  y = sigmoid(up(y, "decoder.4"));
+  NoGradGuard no_grad;
+  const Tensor latent = model.encode(x);
+  CHECK(latent.shape() == z.shape());
+  CHECK(max_abs_diff(latent, z) < 1e-5);
+  CHECK(max_abs_diff(model.decode(latent), y) < 1e-5);
 }
 
 TEST_CASE("checkpoints restore the model, optimizer and run state") {

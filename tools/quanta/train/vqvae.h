@@ -7,7 +7,11 @@
 //            -> sigmoid                                      (ReLU between)
 // C = ModelConfig::hidden, D = ModelConfig::dim. Loss: mean squared
 // reconstruction error plus the sum of the quantizer's auxiliary loss.
+// Between its layers the activations are channels last on the CPU (its
+// convolution kernels' layout) and channels first on a GPU (the CUDA
+// kernels'); encode and decode take and give channels first either way.
 #include <memory>
+#include <vector>
 
 #include "engine/nn/layers.h"
 #include "engine/random/generator.h"
@@ -43,8 +47,13 @@ class VqVae : public Module {
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  // Sets every convolution's layout for activations on `device`.
+  ConvLayout use_layout_for(Device device);
+
   ModelConfig cfg_;
   std::shared_ptr<Sequential> encoder_, decoder_;
+  std::vector<std::shared_ptr<Conv2d>> convs_;
+  std::vector<std::shared_ptr<ConvTranspose2d>> ups_;
   std::unique_ptr<TrainQuantizer> quantizer_;
 };
 
