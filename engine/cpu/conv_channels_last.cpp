@@ -162,8 +162,9 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
   const WeightOrder order = !direct                        ? gemm_order(g)
                             : kind == ConvKind::input_grad ? taps_outputs_channels(g)
                                                            : taps_channels_outputs(g);
-  std::unique_ptr<T[]> weight(new T[O * ckk]);
-  if (kind != ConvKind::weight_grad) reorder_weight(b, g, order, weight.get());
+  const bool reads_weight = kind != ConvKind::weight_grad;
+  const std::unique_ptr<T[]> weight(reads_weight ? new T[O * ckk] : nullptr);
+  if (reads_weight) reorder_weight(b, g, order, weight.get());
   const std::unique_ptr<int32_t[]> table = direct ? tap_table(g) : nullptr;
   const std::unique_ptr<T[]> zeros(direct ? new T[C]() : nullptr);
 

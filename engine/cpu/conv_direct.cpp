@@ -47,6 +47,23 @@ namespace {
 
 constexpr int kRows = 8;
 
+// acc[r] += sum over i < count of row[r][i] * w[i * ld .. + 16 VB]: the
+// tiles' inner loop (2 vector loads, 8 broadcasts, 16 FMAs at VB = 2), over
+// channels in the forward and over outputs in the input gradient.
+template <int VB>
+inline __attribute__((always_inline)) void multiply_add(__m512 (&acc)[kRows][VB],
+                                                        const float* const* row, const float* w,
+                                                        int64_t ld, int64_t count) {
+  for (int64_t i = 0; i < count; ++i, w += ld) {
+    __m512 wv[VB];
+    for (int v = 0; v < VB; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 b = _mm512_set1_ps(row[r][i]);
+      for (int v = 0; v < VB; ++v) acc[r][v] = _mm512_fmadd_ps(b, wv[v], acc[r][v]);
+    }
+  }
+}
+
 // y rows [rows, O] (columns o0 .. o0 + 16 VB) of the tile whose pixel r lies
 // in the image at base[r] and reads its taps from tap_row[r]; rows past
 // `rows` repeat pixel 0 and are not stored.
@@ -62,15 +79,7 @@ void forward_tile(const float* const* base, const int32_t* const* tap_row, int r
       const int32_t p = tap_row[r][t];
       xr[r] = p < 0 ? zeros : base[r] + p * C;
     }
-    const float* w = wt + t * C * O + o0;
-    for (int64_t c = 0; c < C; ++c, w += O) {
-      __m512 wv[VB];
-      for (int v = 0; v < VB; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 b = _mm512_set1_ps(xr[r][c]);
-        for (int v = 0; v < VB; ++v) acc[r][v] = _mm512_fmadd_ps(b, wv[v], acc[r][v]);
-      }
-    }
+    multiply_add(acc, xr, wt + t * C * O + o0, O, C);
   }
   for (int r = 0; r < rows; ++r)
     for (int v = 0; v < VB; ++v) _mm512_storeu_ps(y + r * O + o0 + 16 * v, acc[r][v]);
@@ -85,15 +94,7 @@ void input_grad_tile(const float* const* gy_row, float* const* base, const int32
     __m512 acc[kRows][VB];
     for (int r = 0; r < kRows; ++r)
       for (int v = 0; v < VB; ++v) acc[r][v] = _mm512_setzero_ps();
-    const float* w = wi + t * O * C + c0;
-    for (int64_t o = 0; o < O; ++o, w += C) {
-      __m512 wv[VB];
-      for (int v = 0; v < VB; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 b = _mm512_set1_ps(gy_row[r][o]);
-        for (int v = 0; v < VB; ++v) acc[r][v] = _mm512_fmadd_ps(b, wv[v], acc[r][v]);
-      }
-    }
+    multiply_add(acc, gy_row, wi + t * O * C + c0, C, O);
     for (int r = 0; r < rows; ++r) {
       const int32_t p = tap_row[r][t];
       if (p < 0) continue;
