@@ -193,8 +193,10 @@ void add_bench(CLI::App& app) {
       "ms / floor_ms.\nSuites:" +
       about +
       "\n\nengine conventions: matmul_MxKxN multiplies A [M, K] by B [K, N] in f32 "
-      "(matmul_1024: M = K = N = 1024) against a bare Eigen GEMM on the same threads (below "
-      "1 where quanta's GEMM runs on OpenBLAS and beats Eigen). add, "
+      "(matmul_1024: M = K = N = 1024) against a bare Eigen GEMM, which runs on one thread "
+      "(quanta builds Eigen unthreaded; below 1 where quanta's GEMM threads or runs on "
+      "OpenBLAS); the 3136x16x4, 3136x4x16 and 1568x512x32 rows are the main job's skinny "
+      "products (FSQ's projections, a chunk of a convolution as a GEMM). add, "
       "exp and sum run on 16M-element f32 tensors against a multithreaded memcpy with the "
       "same memory traffic: a memcpy of n bytes reads n and writes n; add reads 2 buffers "
       "and writes 1, so its floor copies 1.5 buffers; exp reads 1 and writes 1 (1 buffer); "
