@@ -52,28 +52,93 @@ __global__ void encode_kernel(const float* x, int64_t n, int64_t bs, const float
   }
 }
 
-// Elements [begin, begin + count) of w: D(round_to(value * scale, dd)). The
-// 16 values go to shared memory once per block (a lookup by a run-time code
-// in a local array would go through local memory).
+// The 16 values in shared memory, once per block (a lookup by a run-time
+// code in a local array would go through local memory).
+__device__ inline void load_values(float (&values)[16]) {
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  __syncthreads();
+}
+
+// Element i of w as nf4_decode writes it: D(round_to(value * scale, dd)).
+template <class D>
+__device__ inline D decoded(const float (&values)[16], int code, float scale, DType dd) {
+  return cuda::convert<D>(round_to(values[code] * scale, dd));
+}
+
+// Elements [begin, begin + count) of w, a thread each (any begin, count or
+// alignment).
 template <class D>
 __global__ void decode_kernel(NF4Runs w, int64_t begin, int64_t count, DType dd, D* out) {
   __shared__ float values[16];
-  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
-  __syncthreads();
+  load_values(values);
   QUANTA_GRID_STRIDE(t, count) {
     const int64_t i = begin + t, r = fn::nf4_run_of(w, i);
     const int code = fn::nf4_nibble(fn::nf4_run_codes(w, r), i - r * w.run);
-    out[t] = cuda::convert<D>(round_to(values[code] * fn::nf4_run_scale(w, r), dd));
+    out[t] = decoded<D>(values, code, fn::nf4_run_scale(w, r), dd);
   }
 }
 
+// The 8 decoded values at p (16-byte aligned) as 16-byte stores.
+template <class D>
+__device__ inline void store8(D* p, const D (&v)[kNF4WordCodes]) {
+  if constexpr (sizeof(D) == 4) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else if constexpr (sizeof(D) == 8) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      reinterpret_cast<double2*>(p)[q] = make_double2(v[2 * q], v[2 * q + 1]);
+  } else {
+    static_assert(sizeof(D) == 2, "f32, f64 or a 16-bit float");
+    uint32_t half[kNF4WordCodes];
+#pragma unroll
+    for (int j = 0; j < kNF4WordCodes; ++j) {
+      uint16_t bits;
+      memcpy(&bits, &v[j], sizeof bits);
+      half[j] = bits;
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(half[0] | half[1] << 16, half[2] | half[3] << 16,
+                                              half[4] | half[5] << 16, half[6] | half[7] << 16);
+  }
+}
+
+// Words [0, words) of packed codes from element `begin` (a multiple of 8),
+// a thread each: a word never leaves its run (runs are 32 or 64 codes), so
+// one scale serves its 8 values. nf4_decode_split says when this applies.
+template <class D>
+__global__ void decode_words_kernel(NF4Runs w, int64_t begin, int64_t words, DType dd, D* out) {
+  __shared__ float values[16];
+  load_values(values);
+  QUANTA_GRID_STRIDE(t, words) {
+    const int64_t i = begin + t * kNF4WordCodes, r = fn::nf4_run_of(w, i);
+    const uint32_t word =
+        __ldg(reinterpret_cast<const uint32_t*>(fn::nf4_run_codes(w, r) + (i - r * w.run) / 2));
+    const float scale = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, r)));
+    D v[kNF4WordCodes];
+#pragma unroll
+    for (int j = 0; j < kNF4WordCodes; ++j)
+      v[j] = decoded<D>(values, fn::nf4_word_code(word, j), scale, dd);
+    store8(out + t * kNF4WordCodes, v);
+  }
+}
+
+// Elements [begin, begin + count) of w into out: whole words by the word
+// kernel where they can be, the rest a thread per element.
 template <class D>
 void decode(const NF4Runs& w, int64_t begin, int64_t count, DType dd, D* out) {
-  const cuda::LaunchConfig g = grid_for(count);
-  if (g.blocks == 0) return;
-  decode_kernel<D>
-      <<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(w, begin, count, dd, out);
-  QUANTA_CUDA_CHECK_LAUNCH();
+  const NF4DecodeSplit s = nf4_decode_split(w, begin, count, out);
+  const cuda::LaunchConfig gw = grid_for(s.words);
+  if (gw.blocks > 0) {
+    decode_words_kernel<D>
+        <<<static_cast<unsigned>(gw.blocks), gw.threads, 0, kStream>>>(w, begin, s.words, dd, out);
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
+  const cuda::LaunchConfig ge = grid_for(s.tail_count);
+  if (ge.blocks > 0) {
+    decode_kernel<D><<<static_cast<unsigned>(ge.blocks), ge.threads, 0, kStream>>>(
+        w, s.tail_begin, s.tail_count, dd, out + (s.tail_begin - begin));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <class T>

@@ -113,16 +113,58 @@ struct NF4GemvPlan {
   int64_t blocks = 0;
 };
 
+/** Whether every run's code bytes and f32 scale can be read as aligned 32-bit
+ * words: base pointers and strides multiples of 4 (both layouts' are, on
+ * allocations the engine makes), runs of 32 or 64. */
+inline bool nf4_word_aligned(const NF4Runs& w) {
+  const auto aligned = [](const void* p, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(p) % 4 == 0 && stride % 4 == 0;
+  };
+  return (w.run == 32 || w.run == 64) && aligned(w.codes, w.code_stride) &&
+         aligned(w.scales, w.scale_stride);
+}
+
 /** Whether nf4_linear's product y [m, n] = x [m, k] W^T takes the fused GEMV:
  * 1 <= m <= kNF4GemvMaxBatch, and every weight row whole runs of 32 or 64
  * codes (k % run == 0, as the CPU's fused path needs) whose code bytes and
  * scales can be read as aligned 32-bit words. Otherwise: the tiled path. */
 inline bool nf4_use_gemv(int64_t m, int64_t k, int64_t n, const NF4Runs& w) {
-  const auto aligned = [](const void* p, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(p) % 4 == 0 && stride % 4 == 0;
-  };
-  return m >= 1 && m <= kNF4GemvMaxBatch && k >= 1 && n >= 1 && (w.run == 32 || w.run == 64) &&
-         k % w.run == 0 && aligned(w.codes, w.code_stride) && aligned(w.scales, w.scale_stride);
+  return m >= 1 && m <= kNF4GemvMaxBatch && k >= 1 && n >= 1 && k % w.run == 0 &&
+         nf4_word_aligned(w);
+}
+
+// ---- nf4_decode (dequantize, and the tiled path's weight tiles) ----
+//
+// Dequantizing moves 0.5625 bytes in per 4 (f32) or 2 (bf16, f16) bytes out,
+// so its floor is the writes. A thread per packed 32-bit word of codes reads
+// the word and its run's scale once, decodes 8 values in registers and writes
+// them as 16-byte stores; one thread per element (the general kernel) would
+// read each code byte twice and the scale 64 times, with 4- or 2-byte stores.
+
+/** Elements one word of packed codes holds. */
+inline constexpr int64_t kNF4WordCodes = 8;
+
+/** How nf4_decode covers elements [begin, begin + count): `words` whole
+ * words from `begin`, a thread each, then the elements from `tail_begin`
+ * (`tail_count` of them) a thread each. No words when begin is not on a word,
+ * the runs cannot be read as words (nf4_word_aligned), or the output is not
+ * 16-byte aligned (the word kernel's vector stores). */
+struct NF4DecodeSplit {
+  int64_t words = 0;
+  int64_t tail_begin = 0;
+  int64_t tail_count = 0;
+};
+
+inline NF4DecodeSplit nf4_decode_split(const NF4Runs& w, int64_t begin, int64_t count,
+                                       const void* out) {
+  NF4DecodeSplit s;
+  if (count <= 0) return s;
+  const bool by_words = begin % kNF4WordCodes == 0 && nf4_word_aligned(w) &&
+                        reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  s.words = by_words ? count / kNF4WordCodes : 0;
+  s.tail_begin = begin + s.words * kNF4WordCodes;
+  s.tail_count = count - s.words * kNF4WordCodes;
+  return s;
 }
 
 /** The GEMV's plan for m rows of x of k columns (elements of elem_bytes: 4 or

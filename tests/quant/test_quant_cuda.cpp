@@ -248,6 +248,32 @@ TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in 
   CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
 }
 
+TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {
+  using namespace quant_cuda;
+  alignas(16) static uint8_t bytes[8 * kNF4UnitBytes];
+  alignas(16) static float out[8];
+  const float scales[8] = {};
+  const NF4Runs units = nf4_unit_runs(bytes, 8 * 64);
+  const auto check = [](const NF4DecodeSplit& s, int64_t words, int64_t tail_begin,
+                        int64_t tail_count) {
+    CHECK(s.words == words);
+    CHECK(s.tail_begin == tail_begin);
+    CHECK(s.tail_count == tail_count);
+  };
+  check(nf4_decode_split(units, 0, 512, out), 64, 512, 0);
+  check(nf4_decode_split(units, 64, 203, out), 25, 264, 3);  // a partial last word
+  check(nf4_decode_split(units, 0, 5, out), 0, 0, 5);        // less than a word
+  check(nf4_decode_split(units, 4, 100, out), 0, 4, 100);    // begin inside a word
+  check(nf4_decode_split(units, 0, 64, out + 1), 0, 0, 64);  // output not on 16 bytes
+  check(nf4_decode_split(nf4_unit_runs(bytes + 2, 128), 0, 128, out), 0, 0, 128);  // codes
+  check(nf4_decode_split(nf4_packed_runs(bytes, scales, 96, 32), 0, 96, out), 12, 96, 0);
+  check(nf4_decode_split(units, 0, 0, out), 0, 0, 0);
+  CHECK(nf4_word_aligned(units));
+  CHECK_FALSE(nf4_word_aligned(nf4_packed_runs(bytes + 1, scales, 96, 32)));
+  // A word never straddles two runs, so one scale serves its 8 codes.
+  static_assert(32 % kNF4WordCodes == 0 && 64 % kNF4WordCodes == 0);
+}
+
 // ---- the CUDA axis: every entry against the CPU table ----
 
 namespace {
@@ -502,6 +528,27 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
                       .scales = gunits.data<uint8_t>() + kNF4CodeBytes,
                       .scale_stride = static_cast<int64_t>(kNF4UnitBytes)});
   CHECK(same_bytes(gunits, units));
+}
+
+TEST_CASE("quant cuda: nf4_decode by words and by elements writes the CPU's values") {
+  SKIP_WITHOUT_GPU();
+  // Sizes with and without a partial last word and run; outputs on and off
+  // 16 bytes (the second takes the element kernel for everything).
+  for (int64_t n : {int64_t{8}, int64_t{64}, int64_t{1001}, int64_t{4096 + 68}}) {
+    const Tensor units = cpu_units(random_tensor({n}, DType::f32, 23));
+    const Tensor gunits = on_gpu(units);
+    const NF4Runs w = nf4_unit_runs(units.data<uint8_t>(), n);
+    const NF4Runs gw = nf4_unit_runs(gunits.data<uint8_t>(), n);
+    for (DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t shift : {0, 1}) {
+        INFO("n ", n, " ", dtype_name(dt), " output shifted by ", shift);
+        Tensor want = empty({n}, {.dtype = dt});
+        Tensor got = empty({n + shift}, {.dtype = dt, .device = Device::cuda(0)});
+        cpu_t().nf4_decode(w, dt, want.raw_data());
+        gpu_t().nf4_decode(gw, dt, got.narrow(0, shift, n).raw_data());
+        CHECK(same_bytes(got.narrow(0, shift, n), want));
+      }
+  }
 }
 
 TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within rounding") {
