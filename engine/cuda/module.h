@@ -26,7 +26,8 @@ namespace quanta::cuda {
 struct Module {
   // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer
   // steps; Module gained synchronize.
-  static constexpr int kAbi = 2;
+  // 3: RandomFill gained the bernoulli draw and its `below` field.
+  static constexpr int kAbi = 3;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;

@@ -23,38 +23,18 @@ __global__ void random_fill_kernel(RandomFill f, int64_t n, int64_t groups, int6
     draw::fill_block<W>(f, n, groups, b, out);
 }
 
-template <class T>
-void launch(const RandomFill& f, const draw::Grouping& gr, int64_t n, void* out) {
-  const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
-  const LaunchConfig cfg = launch_config(blocks, max_blocks());
-  T* p = static_cast<T*>(out);
-  const auto grid = static_cast<unsigned>(cfg.blocks);
-  if (gr.words == 1)
-    random_fill_kernel<1, T><<<grid, cfg.threads>>>(f, n, groups, blocks, p);
-  else if (gr.words == 2)
-    random_fill_kernel<2, T><<<grid, cfg.threads>>>(f, n, groups, blocks, p);
-  else
-    random_fill_kernel<4, T><<<grid, cfg.threads>>>(f, n, groups, blocks, p);
-  QUANTA_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void random_fill(const RandomFill& f, int64_t n, void* out) {
   const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
   if (n == 0) return;
-  switch (f.dtype) {
-    case DType::f32:
-      return launch<float>(f, gr, n, out);
-    case DType::f64:
-      return launch<double>(f, gr, n, out);
-    case DType::bf16:
-      return launch<__nv_bfloat16>(f, gr, n, out);
-    case DType::f16:
-      return launch<__half>(f, gr, n, out);
-    default:
-      return launch<int64_t>(f, gr, n, out);
-  }
+  const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
+  const LaunchConfig cfg = launch_config(blocks, max_blocks());
+  draw::dispatch_fill<__nv_bfloat16, __half>(gr, f.dtype, [&]<int W, class T>() {
+    random_fill_kernel<W, T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+        f, n, groups, blocks, static_cast<T*>(out));
+  });
+  QUANTA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace quanta::cuda

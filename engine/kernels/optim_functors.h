@@ -27,49 +27,46 @@ namespace quanta {
 namespace fn {
 
 // ---- rounding-exact arithmetic ----
+enum class RoundedOp { mul, add, sub, div };
+
+/** a op b rounded once and never contracted with a neighbour: the device's
+ * _rn intrinsic of T (f32 or f64), the host's plain operator. */
+template <RoundedOp Op, class T>
+QUANTA_HD inline T rounded(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) {
+    if constexpr (Op == RoundedOp::mul) return __fmul_rn(a, b);
+    if constexpr (Op == RoundedOp::add) return __fadd_rn(a, b);
+    if constexpr (Op == RoundedOp::sub) return __fsub_rn(a, b);
+    if constexpr (Op == RoundedOp::div) return __fdiv_rn(a, b);
+  } else {
+    if constexpr (Op == RoundedOp::mul) return __dmul_rn(a, b);
+    if constexpr (Op == RoundedOp::add) return __dadd_rn(a, b);
+    if constexpr (Op == RoundedOp::sub) return __dsub_rn(a, b);
+    if constexpr (Op == RoundedOp::div) return __ddiv_rn(a, b);
+  }
+#else
+  if constexpr (Op == RoundedOp::mul) return a * b;
+  if constexpr (Op == RoundedOp::add) return a + b;
+  if constexpr (Op == RoundedOp::sub) return a - b;
+  if constexpr (Op == RoundedOp::div) return a / b;
+#endif
+}
 template <class T>
 QUANTA_HD inline T mul_rn(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4)
-    return __fmul_rn(a, b);
-  else
-    return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
+  return rounded<RoundedOp::mul>(a, b);
 }
 template <class T>
 QUANTA_HD inline T add_rn(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4)
-    return __fadd_rn(a, b);
-  else
-    return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
+  return rounded<RoundedOp::add>(a, b);
 }
 template <class T>
 QUANTA_HD inline T sub_rn(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4)
-    return __fsub_rn(a, b);
-  else
-    return __dsub_rn(a, b);
-#else
-  return a - b;
-#endif
+  return rounded<RoundedOp::sub>(a, b);
 }
 template <class T>
 QUANTA_HD inline T div_rn(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4)
-    return __fdiv_rn(a, b);
-  else
-    return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
+  return rounded<RoundedOp::div>(a, b);
 }
 template <class T>
 QUANTA_HD inline T sqrt_rn(T a) {

@@ -76,18 +76,20 @@ enum class RowStat : uint8_t {
 enum class IndexMode : uint8_t { gather, scatter_copy, scatter_fill, scatter_add };
 
 /** What a random_fill draws per element (rules in engine/random/draw.h). */
-enum class RandomDraw : uint8_t { uniform, normal, integer };
+enum class RandomDraw : uint8_t { uniform, normal, integer, bernoulli };
 
 /** One random fill: the stream (key, start block) and the value rule. */
 struct RandomFill {
   RandomDraw draw = RandomDraw::uniform;
-  DType dtype = DType::f32;  // uniform: f32, f64, bf16, f16; normal: f32, f64; integer: i64
+  DType dtype = DType::f32;  // uniform, bernoulli: f32, f64, bf16, f16; normal: f32, f64;
+                             // integer: i64
   uint32_t key[2] = {0, 0};
   uint64_t start_lo = 0, start_hi = 0;  // the stream's first block
   bool affine = false;                  // uniform, normal in f32 or f64: shift + scale * v
   double scale = 1.0, shift = 0.0;
   int64_t low = 0;     // integer: low + multiply-shift of the range
   uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)
+  uint64_t below = 0;  // bernoulli: 1 where the word < below (ceil(p 2^32)), else 0
 };
 
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is

@@ -14,6 +14,8 @@
 //                           u2 = w1 / 2^32: r cos(2 pi u2), r sin(2 pi u2)
 //            f64   W 4 E 2  u1 = ((u64(w0, w1) >> 11) + 1) 2^-53, u2 = u53(w2, w3)
 //   integer  i64   W 2 E 1  low + floor(u64 (high - low) / 2^64) (multiply-shift)
+//   bernoulli f32, f64, bf16, f16
+//                  W 1 E 1  1 if w < ceil(p 2^32) (so w 2^-32 < p exactly), else 0
 //
 // An affine uniform or normal fill (uniform_, normal_) then maps v to
 // shift + scale * v in the draw dtype.
@@ -57,8 +59,36 @@ inline Grouping grouping(RandomDraw d, DType t) {
     case RandomDraw::integer:
       if (t == DType::i64) return {2, 1};
       break;
+    case RandomDraw::bernoulli:
+      if (t == DType::f32 || t == DType::bf16 || t == DType::f16 || f64) return {1, 1};
+      break;
   }
   throw std::invalid_argument(std::string("[random fill] no draw rule for dtype ") + dtype_name(t));
+}
+
+/** Calls fn.template operator()<W, T>() for a fill of `dtype` grouped as gr:
+ * W its words per group, T its element type (float, double, int64_t, or the
+ * calling side's 16-bit types BF16 and F16). Every device's random_fill
+ * dispatches through here, so they instantiate the same (W, T) pairs. */
+template <class BF16, class F16, class Fn>
+void dispatch_fill(const Grouping& gr, DType dtype, Fn&& fn) {
+  auto with_words = [&]<class T>() {
+    if (gr.words == 1) return fn.template operator()<1, T>();
+    if (gr.words == 2) return fn.template operator()<2, T>();
+    return fn.template operator()<4, T>();
+  };
+  switch (dtype) {
+    case DType::f32:
+      return with_words.template operator()<float>();
+    case DType::f64:
+      return with_words.template operator()<double>();
+    case DType::bf16:
+      return with_words.template operator()<BF16>();
+    case DType::f16:
+      return with_words.template operator()<F16>();
+    default:
+      return with_words.template operator()<int64_t>();
+  }
 }
 
 /** Groups of a fill of n elements: ceil(n / E). */
@@ -105,6 +135,14 @@ QUANTA_HD constexpr float uniform_bf16(uint32_t w) { return static_cast<float>(w
 /** A value on f16's grid (exact when converted). */
 QUANTA_HD constexpr float uniform_f16(uint32_t w) { return static_cast<float>(w >> 21) * 0x1p-11f; }
 QUANTA_HD constexpr double uniform_f64(const uint32_t* w) { return u53(w); }
+
+/** The `below` of a bernoulli(p) fill: a word w gives 1 exactly when
+ * w 2^-32 < p, i.e. w < p 2^32 (exact in f64: a power-of-two scaling), i.e.
+ * w < ceil(p 2^32), which lies in [0, 2^32] for p in [0, 1]. */
+inline uint64_t bernoulli_below(double p) { return static_cast<uint64_t>(std::ceil(p * k2Pow32)); }
+
+/** Bernoulli's 0 or 1 for word w (exact in every floating dtype). */
+QUANTA_HD constexpr float bernoulli(uint32_t w, uint64_t below) { return w < below ? 1.0f : 0.0f; }
 
 /** low + floor(u64 * range / 2^64), in wrapping unsigned arithmetic. */
 QUANTA_HD constexpr int64_t integer(const uint32_t* w, int64_t low, uint64_t range) {
@@ -156,7 +194,9 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
     const T a = static_cast<T>(f.scale), b = static_cast<T>(f.shift);
     auto put = [&](int64_t i, T v) { out[i] = f.affine ? affine(a, b, v) : v; };
     (void)put;  // unused where (T, W) has no rule
-    if (f.draw == RandomDraw::uniform) {
+    if (f.draw == RandomDraw::bernoulli) {
+      if constexpr (W == 1) out[g] = static_cast<T>(bernoulli(w[0], f.below));
+    } else if (f.draw == RandomDraw::uniform) {
       if constexpr (f64 && W == 2) put(g, uniform_f64(w));
       if constexpr (!f64 && W == 1) put(g, uniform_f32(w[0]));
     } else if constexpr (W == (f64 ? 4 : 2)) {
@@ -165,7 +205,9 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
       if (2 * g + 1 < n) put(2 * g + 1, static_cast<T>(z.z1));
     }
   } else if constexpr (W == 1) {
-    out[g] = static_cast<T>(f.dtype == DType::bf16 ? uniform_bf16(w[0]) : uniform_f16(w[0]));
+    out[g] = static_cast<T>(f.draw == RandomDraw::bernoulli ? bernoulli(w[0], f.below)
+                            : f.dtype == DType::bf16        ? uniform_bf16(w[0])
+                                                            : uniform_f16(w[0]));
   }
 }
 

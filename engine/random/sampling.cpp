@@ -1,7 +1,8 @@
 // Samplers: validate, take one stream slice, then map words to values in
 // parallel (the word -> element rules are documented in sampling.h).
-// rand, randn, randint, uniform_ and normal_ draw on the target device
-// through its random_fill (engine/random/draw.h); the rest draw on the CPU.
+// rand, randn, randint, bernoulli, uniform_ and normal_ draw on the target
+// device through its random_fill (engine/random/draw.h); the rest draw on the
+// CPU.
 #include "engine/random/sampling.h"
 
 #include <algorithm>
@@ -275,16 +276,15 @@ Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptio
   check_shape("bernoulli", shape);
   if (!(p >= 0 && p <= 1))
     throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
-  Tensor out = detail::make_tensor(shape, opts.dtype, Device::cpu());
-  const int64_t n = out.numel();
-  dispatch_all(opts.dtype, "bernoulli", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = static_cast<T*>(out.raw_data());
-    const T one = cpu::cast<T>(1.0), zero = cpu::cast<T>(0.0);
-    for_groups<1>(gen.take(n), n, [=](int64_t i, const uint32_t* w) {
-      o[i] = static_cast<double>(w[0]) / draw::k2Pow32 < p ? one : zero;
-    });
-  });
+  const bool floating = is_floating(opts.dtype);
+  if (!floating && opts.dtype != DType::boolean && !dtype_info(opts.dtype).arithmetic)
+    detail::bad_dtype("bernoulli", opts.dtype, "expected a numeric or bool dtype");
+  // Drawn on the target device in a floating dtype; 0 and 1 then convert
+  // exactly to integers and bool.
+  RandomFill f = fill_of(RandomDraw::bernoulli, floating ? opts.dtype : DType::f32);
+  f.below = draw::bernoulli_below(p);
+  Tensor out = draw_tensor(shape, f, gen, opts.device);
+  if (!floating) out = out.to(opts.dtype);
   return finish(out, opts);
 }
 

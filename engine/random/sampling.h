@@ -4,10 +4,10 @@
 // then draws one slice of `gen`'s stream (generator.h: word i of a draw is
 // philox(offset + i / 4, key)[i % 4], the offset then advances by
 // ceil(words / 4)), so results depend only on (key, offset, shape, dtype) and
-// a failed call leaves `gen` untouched. rand, randn, randint, uniform_ and
-// normal_ compute on the target device (the kernel table's random_fill, one
-// rule for every device: engine/random/draw.h), the rest on the CPU, moved to
-// opts.device after. Which words feed which element is fixed below:
+// a failed call leaves `gen` untouched. rand, randn, randint, bernoulli,
+// uniform_ and normal_ compute on the target device (the kernel table's
+// random_fill, one rule for every device: engine/random/draw.h), the rest on
+// the CPU, moved to opts.device after. Which words feed which element is fixed below:
 //
 //   uniform, f32   element i <- word i:           (w >> 8) * 2^-24      [0, 1)
 //            bf16  element i <- word i:           (w >> 24) * 2^-8      [0, 1)
@@ -26,7 +26,8 @@
 //   randint  element i <- x = (w[2i+1] << 32) | w[2i]; low + floor(x * r / 2^64)
 //            with r = high - low (64-bit multiply-shift, no rejection): each
 //            value's probability is off by at most 2^-64 from 1/r.
-//   bernoulli element i <- word i: w * 2^-32 < p (exact in f64).
+//   bernoulli element i <- word i: 1 if w * 2^-32 < p (exact: w < ceil(p 2^32)),
+//            else 0; drawn in f32 for integer and bool dtypes, then converted.
 #include <cstdint>
 
 #include "engine/random/generator.h"

@@ -310,6 +310,21 @@ TEST_CASE("bernoulli: rate, word rule, dtypes") {
   CHECK(std::all_of(ones_.begin(), ones_.end(), [](double x) { return x == 1; }));
   CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::boolean}).dtype() == DType::boolean);
   CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::bf16}).dtype() == DType::bf16);
+  // Every dtype takes the same words and gives the same 0s and 1s.
+  const Generator start = g;
+  const std::vector<double> want =
+      bernoulli({257}, 0.6, g, {.dtype = DType::f64}).to_vector<double>();
+  for (DType t :
+       {DType::f32, DType::bf16, DType::f16, DType::i64, DType::i32, DType::u8, DType::boolean}) {
+    CAPTURE(dtype_name(t));
+    Generator replay = start;
+    const Tensor got = bernoulli({257}, 0.6, replay, {.dtype = t});
+    CHECK(got.dtype() == t);
+    CHECK(got.to(DType::f64).to_vector<double>() == want);
+    CHECK(replay.offset() == g.offset());
+  }
+  CHECK_THROWS_WITH_AS(bernoulli({2}, 0.5, g, {.dtype = DType::nf4}),
+                       doctest::Contains("bernoulli"), std::invalid_argument);
   CHECK_THROWS_AS(bernoulli({2}, 1.5, g), std::invalid_argument);
   CHECK_THROWS_AS(bernoulli({2}, NAN, g), std::invalid_argument);
 }
@@ -451,43 +466,24 @@ struct FillKind {
   RandomDraw draw;
   DType dtype;
 };
-const FillKind kFills[] = {{RandomDraw::uniform, DType::f32},  {RandomDraw::uniform, DType::f64},
-                           {RandomDraw::uniform, DType::bf16}, {RandomDraw::uniform, DType::f16},
-                           {RandomDraw::normal, DType::f32},   {RandomDraw::normal, DType::f64},
-                           {RandomDraw::integer, DType::i64}};
+const FillKind kFills[] = {
+    {RandomDraw::uniform, DType::f32},   {RandomDraw::uniform, DType::f64},
+    {RandomDraw::uniform, DType::bf16},  {RandomDraw::uniform, DType::f16},
+    {RandomDraw::normal, DType::f32},    {RandomDraw::normal, DType::f64},
+    {RandomDraw::integer, DType::i64},   {RandomDraw::bernoulli, DType::f32},
+    {RandomDraw::bernoulli, DType::f64}, {RandomDraw::bernoulli, DType::bf16},
+    {RandomDraw::bernoulli, DType::f16}};
 
 // What the CUDA kernel does, on the CPU: one Philox block at a time through
 // draw::fill_block, in the element type of the dtype.
-template <class T>
-void block_walk(const RandomFill& f, int64_t n, T* out) {
-  const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
-  const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
-  for (int64_t b = blocks - 1; b >= 0; --b) {  // any order: blocks are independent
-    if (gr.words == 1) draw::fill_block<1>(f, n, groups, b, out);
-    if (gr.words == 2) draw::fill_block<2>(f, n, groups, b, out);
-    if (gr.words == 4) draw::fill_block<4>(f, n, groups, b, out);
-  }
-}
-
 Tensor walk_blocks(const RandomFill& f, int64_t n) {
   Tensor out = zeros({n}, {.dtype = f.dtype});
-  switch (f.dtype) {
-    case DType::f32:
-      block_walk(f, n, out.data<float>());
-      break;
-    case DType::f64:
-      block_walk(f, n, out.data<double>());
-      break;
-    case DType::bf16:
-      block_walk(f, n, out.data<bf16>());
-      break;
-    case DType::f16:
-      block_walk(f, n, out.data<f16>());
-      break;
-    default:
-      block_walk(f, n, out.data<int64_t>());
-      break;
-  }
+  const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
+  const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
+  draw::dispatch_fill<bf16, f16>(gr, f.dtype, [&]<int W, class T>() {
+    for (int64_t b = blocks - 1; b >= 0; --b)  // any order: blocks are independent
+      draw::fill_block<W>(f, n, groups, b, static_cast<T*>(out.raw_data()));
+  });
   return out;
 }
 
@@ -543,6 +539,7 @@ TEST_CASE("random fill: words taken, groups and Philox blocks per dtype") {
       if (k.draw == RandomDraw::uniform) rand({n}, g, {.dtype = k.dtype});
       if (k.draw == RandomDraw::normal) randn({n}, g, {.dtype = k.dtype});
       if (k.draw == RandomDraw::integer) randint(-4, 9, {n}, g);
+      if (k.draw == RandomDraw::bernoulli) bernoulli({n}, 0.25, g, {.dtype = k.dtype});
       CHECK(g.offset().lo - before.lo ==
             static_cast<uint64_t>((draw::words(k.draw, k.dtype, n) + 3) / 4));
     }
@@ -564,6 +561,7 @@ TEST_CASE("random fill: the device's block walk equals the CPU's fill, bit for b
         f.start_hi = 7;
         f.low = -1000;
         f.range = 12345;
+        f.below = draw::bernoulli_below(0.375);
         Tensor cpu = zeros({n}, {.dtype = k.dtype});
         kernels(Device::cpu()).random_fill(f, n, cpu.raw_data());
         CHECK(same_bytes(walk_blocks(f, n), cpu));
@@ -577,7 +575,8 @@ TEST_CASE("random fill: the device's block walk equals the CPU's fill, bit for b
       }
 }
 
-TEST_CASE("cuda: random fills on the device equal the CPU stream (uniform, integer bitwise)") {
+TEST_CASE(
+    "cuda: random fills on the device equal the CPU stream (uniform, integer, bernoulli bitwise)") {
   if (!quanta::testing::have_gpu()) {
     MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
     return;
@@ -621,5 +620,17 @@ TEST_CASE("cuda: random fills on the device equal the CPU stream (uniform, integ
                 {.device = gpu}),
         randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, a)));
     CHECK(a.offset() == b.offset());
+    // Bernoulli (and so dropout's mask) is drawn on the device, in every dtype.
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::u8, DType::boolean})
+      for (double p : {0.0, 0.3, 1.0}) {
+        const Tensor m = bernoulli({n}, p, b, {.dtype = t, .device = gpu});
+        CHECK(m.device() == gpu);
+        CHECK(same_bytes(m, bernoulli({n}, p, a, {.dtype = t})));
+      }
+    const Tensor x = rand({n}, a), xd = x.to(gpu);
+    Generator da = Generator::named(3, "dropout"), db = da;
+    CHECK(same_bytes(dropout(xd, 0.25, true, db), dropout(x, 0.25, true, da)));
+    CHECK(a.offset() == b.offset());
+    CHECK(da.offset() == db.offset());
   }
 }
