@@ -305,7 +305,8 @@ TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
     CHECK(row["floor_ms"].get<double>() > 0);
   }
   CHECK(seen == std::set<std::string>{"train_step_vqvae_vq", "train_step_vqvae_none",
-                                      "train_step_vqvae_fsq", "train_step_classifier"});
+                                      "train_step_vqvae_fsq", "train_step_classifier",
+                                      "train_step_qlora"});
 }
 
 // --device cuda: where no GPU is, one line saying why and success (scripts
@@ -356,7 +357,8 @@ TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one l
                                              "convT_dec2_32x7_k4s2",
                                              "convT_dec3_32x14_k4s2"};
   const std::set<std::string> train_rows = {"train_step_vqvae_vq", "train_step_vqvae_none",
-                                            "train_step_vqvae_fsq", "train_step_classifier"};
+                                            "train_step_vqvae_fsq", "train_step_classifier",
+                                            "train_step_qlora"};
   // Issue 18's rows: every one has its kernels, so every one must run.
   const std::set<std::string> quant_rows = {
       "vq_nearest_8192x256_k1024", "vq_nearest_8192x256_k1024_cosine", "vq_nearest_8192x256_k16384",

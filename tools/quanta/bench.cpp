@@ -33,7 +33,9 @@ const std::map<std::string, SuiteInfo>& suites() {
        {bench_quant, "quantizer train steps (VQ, RVQ, FSQ, LFQ) against their GEMMs", true}},
       {"nf4", {bench_nf4, "NF4 quantize, dequantize and nf4_linear against memcpy and f32", true}},
       {"train",
-       {bench_train, "one training step of quanta train's models against a GEMM of their FLOPs",
+       {bench_train,
+        "one training step of quanta train's models and of quanta finetune's QLoRA against a "
+        "GEMM of their FLOPs",
         true}},
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
   };

@@ -1,11 +1,14 @@
 // `quanta bench train`: one optimizer step of `quanta train`'s models at the
 // default batch (64) on random images: the VQ-VAE with its default quantizer
-// (vq), with none and with fsq, and the classifier of `--task classify`.
+// (vq), with none and with fsq, the classifier of `--task classify`, and
+// `quanta finetune`'s QLoRA step on that classifier (NF4 bases, LoRA adapters
+// with finetune's defaults, Adam over the adapters only).
 // Each row's floor is the time a large GEMM (1024^3 through quanta's matmul)
 // takes for the step's FLOPs, timed in turns with the step: ratio 1 would be
 // a step that spends all its time in its FLOPs at the GEMM's rate. FLOPs
-// count the convolutions (or Linear layers) forward and backward and, for
-// vq, the nearest-code distance GEMM; everything else is overhead here.
+// count the convolutions (or Linear layers, or NF4 bases and adapters)
+// forward and backward and, for vq, the nearest-code distance GEMM;
+// everything else (for QLoRA, decoding the NF4 weights too) is overhead here.
 // With --device cuda each row is the step on the GPU against the same step
 // (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
 // faster. A model whose step fails on the GPU (a kernel it has not yet)
@@ -14,6 +17,7 @@
 #include "engine/cuda/runtime.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
+#include "quant/nf4/nf4_modules.h"
 #include "quanta.h"
 #include "train/classifier.h"
 #include "train/config.h"
@@ -31,6 +35,26 @@ double classifier_flops(const train::ClassifierShape& s, int64_t batch) {
   const double first = 784.0 * s.hidden1,
                rest = double(s.hidden1) * s.hidden2 + double(s.hidden2) * train::kNumClasses;
   return 2.0 * batch * (3 * (first + rest) - first);
+}
+
+// The QLoRA step on the same classifier (x 2 per multiply-add). Each layer
+// [in -> out] forward: the NF4 base's x W^T (in * out) and the adapters'
+// x A^T, then B (rank * (in + out)). Backward: the base's input gradient but
+// for the first layer (its weight is frozen: no weight gradient); for the
+// adapters, B's weight gradient and the gradient into x A^T (rank * out
+// each), A's weight gradient (rank * in) and, but for the first layer, the
+// input gradient through A (rank * in).
+double qlora_flops(const train::ClassifierShape& s, int64_t rank, int64_t batch) {
+  const double in[] = {784.0, double(s.hidden1), double(s.hidden2)};
+  const double out[] = {double(s.hidden1), double(s.hidden2), double(train::kNumClasses)};
+  double mads = 0;
+  for (int i = 0; i < 3; ++i) {
+    const bool first = i == 0;
+    const double base = in[i] * out[i] * (first ? 1 : 2);
+    const double adapters = rank * (in[i] * (first ? 2 : 3) + out[i] * 3);
+    mads += base + adapters;
+  }
+  return 2.0 * batch * mads;
 }
 
 BenchRow time_step(const std::string& name, double flops, int repeat,
@@ -83,19 +107,24 @@ Step vqvae_step(const char* type, const Tensor& cpu_images, Device device) {
           st};
 }
 
-Step classifier_step(const train::ClassifierShape& shape, const Tensor& cpu_images,
-                     const Tensor& cpu_labels, Device device) {
+// The cross-entropy step of a classifier built on the CPU: moved to
+// `device`, Adam over the parameters that require grad (all of them for the
+// float classifier, the adapters for QLoRA).
+Step cross_entropy_step(std::shared_ptr<Sequential> model, double lr, const Tensor& cpu_images,
+                        const Tensor& cpu_labels, Device device) {
   struct State {
     std::shared_ptr<Sequential> model;
     std::unique_ptr<Adam> optimizer;
     Tensor images, labels;
   };
   auto st = std::make_shared<State>();
-  Generator classifier_gen(7);
-  st->model = train::make_classifier(shape, classifier_gen);
+  st->model = std::move(model);
   st->model->to(device);
   st->model->train();
-  st->optimizer = std::make_unique<Adam>(st->model->parameters(), AdamOptions{.lr = 1e-3});
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : st->model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  st->optimizer = std::make_unique<Adam>(trainable, AdamOptions{.lr = lr});
   st->images = cpu_images.to(device);
   st->labels = cpu_labels.to(device);
   State* s = st.get();
@@ -106,6 +135,33 @@ Step classifier_step(const train::ClassifierShape& shape, const Tensor& cpu_imag
             s->optimizer->step();
           },
           st};
+}
+
+Step classifier_step(const train::ClassifierShape& shape, const Tensor& cpu_images,
+                     const Tensor& cpu_labels, Device device) {
+  Generator classifier_gen(7);
+  return cross_entropy_step(train::make_classifier(shape, classifier_gen), 1e-3, cpu_images,
+                            cpu_labels, device);
+}
+
+// `quanta finetune`'s LoRA options and lr at its defaults (--rank 8,
+// --alpha 16, --lora-dropout 0, --seed 0, --lr 1e-3), so the row times the
+// step finetune runs.
+constexpr quant::LoRAOptions kFinetuneLoRA{.rank = 8, .alpha = 16, .dropout = 0, .seed = 0};
+constexpr double kFinetuneLr = 1e-3;
+
+// The classifier of classifier_step with every Linear converted as `quanta
+// finetune` converts a float checkpoint: a frozen NF4 base (block 64, double
+// quant) wrapped in a LoRALinear.
+Step qlora_step(const train::ClassifierShape& shape, const Tensor& cpu_images,
+                const Tensor& cpu_labels, Device device) {
+  Generator classifier_gen(7);
+  std::shared_ptr<Sequential> model = train::make_classifier(shape, classifier_gen);
+  quant::NF4ConvertOptions convert;
+  convert.lora = true;
+  convert.lora_options = kFinetuneLoRA;
+  quant::quantize_nf4(*model, convert);
+  return cross_entropy_step(std::move(model), kFinetuneLr, cpu_images, cpu_labels, device);
 }
 
 // The GPU rows: each model's step on o.device against the same step on the
@@ -133,6 +189,8 @@ std::vector<BenchRow> bench_train_cuda(const BenchOptions& o, const Tensor& imag
   const train::ClassifierShape shape;
   rows.push_back(row("train_step_classifier",
                      [&](Device d) { return classifier_step(shape, images, labels, d); }));
+  rows.push_back(
+      row("train_step_qlora", [&](Device d) { return qlora_step(shape, images, labels, d); }));
   return rows;
 }
 
@@ -172,6 +230,9 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
   const Step step = classifier_step(shape, images, labels, Device::cpu());
   rows.push_back(time_step("train_step_classifier", classifier_flops(shape, batch), o.repeat,
                            step.run, gemm, gemm_flops));
+  const Step qlora = qlora_step(shape, images, labels, Device::cpu());
+  rows.push_back(time_step("train_step_qlora", qlora_flops(shape, kFinetuneLoRA.rank, batch),
+                           o.repeat, qlora.run, gemm, gemm_flops));
   return rows;
 }
 
