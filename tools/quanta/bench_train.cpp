@@ -144,10 +144,10 @@ Step classifier_step(const train::ClassifierShape& shape, const Tensor& cpu_imag
                             cpu_labels, device);
 }
 
-// `quanta finetune`'s LoRA options and lr at its defaults (--rank 8,
-// --alpha 16, --lora-dropout 0, --seed 0, --lr 1e-3), so the row times the
-// step finetune runs.
-constexpr quant::LoRAOptions kFinetuneLoRA{.rank = 8, .alpha = 16, .dropout = 0, .seed = 0};
+// `quanta finetune`'s LoRA options and lr at its defaults (its adapter
+// defaults are LoRAOptions'; --lr 1e-3), so the row times the step finetune
+// runs.
+constexpr quant::LoRAOptions kFinetuneLoRA{};
 constexpr double kFinetuneLr = 1e-3;
 
 // The classifier of classifier_step with every Linear converted as `quanta

@@ -64,11 +64,12 @@ inline constexpr const char* kFinetuneFormat = "quanta-finetune-1";
 
 struct FinetuneOptions {
   std::string checkpoint, out, data;
-  int64_t rank = 8;
-  double alpha = 16, dropout = 0;
+  // The adapters' defaults are the library's (bench train's QLoRA row uses them too).
+  int64_t rank = quant::LoRAOptions{}.rank;
+  double alpha = quant::LoRAOptions{}.alpha, dropout = quant::LoRAOptions{}.dropout;
   int64_t steps = 300, batch_size = 128;
   double lr = 1e-3;
-  uint64_t seed = 0;
+  uint64_t seed = quant::LoRAOptions{}.seed;
   int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
   std::string dist_timeout;  // seconds; empty: the library's default
   bool merge = false, overwrite = false, resume = false;
