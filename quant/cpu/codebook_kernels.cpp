@@ -1,5 +1,9 @@
-// CPU entry put_rows (quant/kernels/table.h): the codebook's in-place row
-// writes of a dead-code step (only the replaced rows are touched).
+// CPU entries put_rows and code_statistics (quant/kernels/table.h): the
+// codebook's in-place row writes of a dead-code step (only the replaced rows
+// are touched), and the counts and sums of an assignment.
+#include <algorithm>
+
+#include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
 
@@ -15,6 +19,33 @@ void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, c
       T* row = out + at[i] * d;
       for (int64_t e = 0; e < d; ++e) row[e] = in ? T(scale) * in[i * d + e] : T(scale);
     }
+  });
+}
+
+// Columns in parallel, each walked over the rows in order: every code's sum
+// is added in row order whatever the thread count (index_add's bits).
+void code_statistics(DType dtype, const int64_t* idx, const void* x, int64_t n, int64_t k,
+                     int64_t d, void* counts, void* sums) {
+  dispatch_float(dtype, "code_statistics", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* count = static_cast<T*>(counts);
+    T* sum = static_cast<T*>(sums);
+    const T* rows = static_cast<const T*>(x);
+    std::fill(count, count + k, T(0));
+    std::fill(sum, sum + k * d, T(0));
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] >= 0 && idx[i] < k) count[idx[i]] += T(1);
+    if (d == 0) return;
+    cpu::parallel_for(0, d, std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(1, n)),
+                      [&](int64_t lo, int64_t hi) {
+                        for (int64_t i = 0; i < n; ++i) {
+                          const int64_t c = idx[i];
+                          if (c < 0 || c >= k) continue;
+                          T* out = sum + c * d;
+                          const T* row = rows + i * d;
+                          for (int64_t e = lo; e < hi; ++e) out[e] += row[e];
+                        }
+                      });
   });
 }
 

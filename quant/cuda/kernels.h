@@ -17,6 +17,8 @@ void route_grad(bool rotation, DType dtype, const void* x, const void* q, const 
                 const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx);
 void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
               double scale);
+void code_statistics(DType dtype, const int64_t* idx, const void* x, int64_t n, int64_t k,
+                     int64_t d, void* counts, void* sums);
 void bit_product(DType dtype, const void* pi, int64_t rows, int64_t k, void* out);
 void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t rows, int64_t k,
                       void* grad_pi);

@@ -12,6 +12,7 @@ quanta_quant_cuda_table_v1() {
       .squared_error_grad = squared_error_grad,
       .route_grad = route_grad,
       .put_rows = put_rows,
+      .code_statistics = code_statistics,
       .bit_product = bit_product,
       .bit_product_grad = bit_product_grad,
       .clamped_entropy = clamped_entropy,

@@ -50,6 +50,25 @@ inline NearestTiles nearest_tiles(int64_t n, int64_t k, int64_t budget = kNeares
   return t;
 }
 
+// ---- code_statistics (the codebook EMA's counts and sums) ----
+
+/** Sorted rows per piece of code_statistics' sums on CUDA: about sqrt(n), a
+ * power of two in [32, 1024]. A piece is walked row by row, and a code whose
+ * rows span several pieces is finished by adding its pieces' parts in order:
+ * at about sqrt(n) each, neither walk is long even when every row has the
+ * same code. It depends on n alone, so the sums' bits do too. */
+inline int64_t code_stats_piece_rows(int64_t n) {
+  int64_t p = 32;
+  while (p < 1024 && p * p < n) p *= 2;
+  return p;
+}
+
+/** Threads per code_statistics piece block: a thread per column, in whole
+ * warps, at most 256 (more columns loop). */
+inline int code_stats_threads(int64_t d) {
+  return static_cast<int>(std::clamp<int64_t>((d + kWarp - 1) / kWarp * kWarp, kWarp, 256));
+}
+
 /** Weight rows per dequantized nf4_linear tile of `k` columns within
  * `budget` elements (at least 1, at most n_rows; 0 when there is nothing). */
 inline int64_t nf4_tile_rows(int64_t n_rows, int64_t k, int64_t budget = kNF4GpuTileElems) {

@@ -58,6 +58,8 @@ const QuantKernelTable& unavailable_table() {
           },
       .put_rows = [](DType, void*, int64_t, const int64_t*, int64_t, const void*,
                      double) { unavailable("Codebook"); },
+      .code_statistics = [](DType, const int64_t*, const void*, int64_t, int64_t, int64_t, void*,
+                            void*) { unavailable("code_statistics"); },
       .bit_product = [](DType, const void*, int64_t, int64_t,
                         void*) { unavailable("lfq_bit_product"); },
       .bit_product_grad = [](DType, const void*, const void*, int64_t, int64_t,

@@ -9,8 +9,9 @@
 // quant/cpu/ and quant/cuda/ know nothing of the layers, ops or autograd.
 //
 // Paths composed of engine ops (FSQ and LFQ quantize and their straight-
-// through backward, the codebook EMA lerps, k-means, the LFQ batch entropy's
-// GEMM) need no entry: they run on every device the engine's table serves.
+// through backward, the codebook EMA lerps, k-means' updates, the LFQ batch
+// entropy's GEMM) need no entry: they run on every device the engine's table
+// serves.
 //
 // Where a new fast path goes: an entry here with its contract, one function
 // in quant/cpu/ (and its line in quant/cpu/kernel_table.cpp), one in the CUDA
@@ -78,6 +79,17 @@ struct QuantKernelTable {
    * src is null. at: i64 on the device. */
   void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
                    double scale);
+  /** The statistics of an assignment (the codebook EMA's and k-means'):
+   * counts[c] = the number of rows i with idx[i] == c, and row c of sums
+   * [k, d] = the sum of those rows of x [n, d], for every c in [0, k) (0 for
+   * unused codes); an idx outside [0, k) counts nowhere. x, counts and sums
+   * contiguous, of `dtype` (f32 or f64); idx i64 on the device. The same
+   * bits on every run: the CPU adds each code's rows in row order (what
+   * index_add gives); CUDA sorts the rows by code, stably, and adds fixed
+   * pieces of each code's rows, then the pieces in order (quant/cuda/
+   * plans.h: code_stats_piece_rows), so no float atomics decide the order. */
+  void (*code_statistics)(DType dtype, const int64_t* idx, const void* x, int64_t n, int64_t k,
+                          int64_t d, void* counts, void* sums);
 
   // ---- LFQ entropy (quant/scalar/lfq_entropy.cpp) ----
 

@@ -17,6 +17,7 @@
 #include "engine/random/sampling.h"
 #include "quant/kernels/table.h"
 #include "quant/streams.h"
+#include "quant/vq/code_statistics.h"
 #include "quant/vq/kmeans.h"
 #include "quant/vq/nearest_code.h"
 
@@ -118,7 +119,7 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
 
 void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& valid) {
   NoGradGuard no_grad;
-  const int64_t g = opts_.num_codebooks, k = opts_.codebook_size, d = opts_.dim;
+  const int64_t g = opts_.num_codebooks, k = opts_.codebook_size;
   const auto opt = options_of(embed_);
   const bool first = pending_.empty();
   if (first) pending_.candidates.assign(static_cast<size_t>(g), {});
@@ -134,8 +135,9 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
       idx = index_select(idx, 0, keep);
     }
     const int64_t n = rows.size(0);
-    counts.push_back(index_add(zeros({k}, opt), 0, idx, ones({n}, opt)));
-    sums.push_back(index_add(zeros({k, d}, opt), 0, idx, rows));
+    CodeStatistics st = code_statistics(idx, rows, k);
+    counts.push_back(std::move(st.counts));
+    sums.push_back(std::move(st.sums));
     tokens.push_back(scalar(double(n), opt));
     if (opts_.threshold_ema_dead_code > 0) pending_.candidates[h].push_back(rows);
   }

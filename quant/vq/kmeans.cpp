@@ -9,6 +9,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/vq/code_statistics.h"
 #include "quant/vq/nearest_code.h"
 
 namespace quanta::quant {
@@ -28,14 +29,13 @@ KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine
   if (x.dim() != 2 || x.size(0) == 0)
     throw std::invalid_argument("[kmeans] needs samples [N, D] with N > 0, got " +
                                 shape_str(x.shape()));
-  const int64_t d = x.size(1);
   Tensor means = sample_rows(x, k, gen);
   Tensor bins = zeros({k}, options_of(x));
   for (int64_t it = 0; it < iters; ++it) {
     const Tensor idx = nearest_codes(x, means, cosine);
-    bins = index_add(zeros({k}, options_of(x)), 0, idx, ones({x.size(0)}, options_of(x)));
-    Tensor sums = index_add(zeros({k, d}, options_of(x)), 0, idx, x);
-    Tensor updated = sums / unsqueeze(clamp(bins, 1.0, std::nan("")), 1);
+    CodeStatistics st = code_statistics(idx, x, k);
+    bins = st.counts;
+    Tensor updated = st.sums / unsqueeze(clamp(bins, 1.0, std::nan("")), 1);
     if (cosine) updated = l2norm(updated);
     means = where(unsqueeze(eq(bins, scalar(0.0)), 1), means, updated);
   }

@@ -274,6 +274,25 @@ TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest elem
   static_assert(32 % kNF4WordCodes == 0 && 64 % kNF4WordCodes == 0);
 }
 
+TEST_CASE("quant cuda plans: code_statistics' pieces are about sqrt(n) rows, powers of two") {
+  using namespace quant_cuda;
+  CHECK(code_stats_piece_rows(0) == 32);
+  CHECK(code_stats_piece_rows(1000) == 32);
+  CHECK(code_stats_piece_rows(1025) == 64);
+  CHECK(code_stats_piece_rows(65536) == 256);
+  CHECK(code_stats_piece_rows(int64_t{1} << 30) == 1024);  // the cap: 8 KiB of staged keys
+  for (int64_t n : {1, 33, 3136, 100000, 1 << 22}) {
+    const int64_t p = code_stats_piece_rows(n);
+    CHECK((p & (p - 1)) == 0);
+    CHECK((p == 1024 || p * p >= n));
+    CHECK((p == 32 || (p / 2) * (p / 2) < n));
+  }
+  CHECK(code_stats_threads(1) == 32);
+  CHECK(code_stats_threads(64) == 64);
+  CHECK(code_stats_threads(65) == 96);
+  CHECK(code_stats_threads(4096) == 256);
+}
+
 // ---- the CUDA axis: every entry against the CPU table ----
 
 namespace {
@@ -445,6 +464,52 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
       CHECK(same_bytes(gtable, table));
     }
+}
+
+TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, same bits every run") {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t n, k, d;
+    int pattern;  // 0: random codes, 1: every row on code 3, 2: a few codes, long runs
+  };
+  for (Case c : {Case{0, 5, 4, 0}, Case{1, 1, 1, 0}, Case{1000, 16, 8, 0}, Case{3136, 512, 64, 0},
+                 Case{70000, 1024, 33, 0}, Case{70000, 8, 300, 1}, Case{20000, 4096, 16, 2}}) {
+    INFO("n ", c.n, " k ", c.k, " d ", c.d, " pattern ", c.pattern);
+    std::vector<int64_t> iv(static_cast<size_t>(c.n));
+    std::mt19937_64 rng(static_cast<uint64_t>(c.n + c.k));
+    for (size_t i = 0; i < iv.size(); ++i)
+      iv[i] = c.pattern == 1   ? 3
+              : c.pattern == 2 ? int64_t(rng() % 3) * 1000
+                               : int64_t(rng() % static_cast<uint64_t>(c.k));
+    const Tensor idx = from_vector<int64_t>(iv, {c.n});
+    for (DType dt : {DType::f32, DType::f64}) {
+      const Tensor x = random_tensor({c.n, c.d}, dt, 31);
+      Tensor counts = empty({c.k}, {.dtype = dt}), sums = empty({c.k, c.d}, {.dtype = dt});
+      cpu_t().code_statistics(dt, idx.data<int64_t>(), x.raw_data(), c.n, c.k, c.d,
+                              counts.raw_data(), sums.raw_data());
+      const Tensor gidx = on_gpu(idx), gx = on_gpu(x);
+      Tensor bytes[2][2];
+      for (auto& run : bytes) {
+        run[0] = empty({c.k}, {.dtype = dt, .device = Device::cuda(0)});
+        run[1] = empty({c.k, c.d}, {.dtype = dt, .device = Device::cuda(0)});
+        gpu_t().code_statistics(dt, static_cast<const int64_t*>(gidx.raw_data()), gx.raw_data(),
+                                c.n, c.k, c.d, run[0].raw_data(), run[1].raw_data());
+      }
+      CHECK(same_bytes(bytes[0][0], counts));  // whole numbers: exact
+      CHECK(max_err(bytes[0][1], sums) <= 10 * tol(dt));
+      CHECK(same_bytes(bytes[1][0], bytes[0][0]));  // deterministic
+      CHECK(same_bytes(bytes[1][1], bytes[0][1]));
+    }
+  }
+  // An index outside [0, k) counts nowhere.
+  const Tensor idx = on_gpu(from_vector<int64_t>({0, -1, 2, 7, 2}, {5}));
+  const Tensor x = on_gpu(from_vector<float>({1, 2, 3, 4, 5}, {5, 1}));
+  Tensor counts = empty({3}, {.device = Device::cuda(0)}),
+         sums = empty({3, 1}, {.device = Device::cuda(0)});
+  gpu_t().code_statistics(DType::f32, static_cast<const int64_t*>(idx.raw_data()), x.raw_data(), 5,
+                          3, 1, counts.raw_data(), sums.raw_data());
+  CHECK(counts.to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 0, 2});
+  CHECK(sums.to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 0, 8});
 }
 
 TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy") {

@@ -27,6 +27,7 @@ namespace {
 // clang-format off
 #define QUANT_ENTRIES(X)                                                                   \
   X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows)        \
+  X(code_statistics)                                                                      \
   X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) X(nf4_encode)        \
   X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
 // clang-format on
@@ -109,6 +110,8 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(message_of([&] { t.route_grad(false, DType::f32, f, f, f, b, 1.0, 1, 1, f); }),
               "straight_through_with_commitment");
   check_names(message_of([&] { t.put_rows(DType::f32, f, 1, i, 1, f, 1.0); }), "Codebook");
+  check_names(message_of([&] { t.code_statistics(DType::f32, i, f, 1, 1, 1, f, f); }),
+              "code_statistics");
   check_names(message_of([&] { t.bit_product(DType::f64, d, 1, 1, d); }), "lfq_bit_product");
   check_names(message_of([&] { t.bit_product_grad(DType::f64, d, d, 1, 1, d); }),
               "lfq_bit_product");
