@@ -109,8 +109,8 @@ __global__ void pieces_kernel(const int32_t* keys, const int32_t* rows, const T*
 // unused code, and for one spanning pieces ps..pe its tail in ps plus its
 // heads in ps + 1..pe, in that order.
 template <class T>
-__global__ void combine_kernel(const int64_t* start, int64_t k, int64_t d, int64_t P,
-                               const T* head, const T* tail, T* sums) {
+__global__ void combine_kernel(const int64_t* start, int64_t k, int64_t d, int64_t P, const T* head,
+                               const T* tail, T* sums) {
   QUANTA_GRID_STRIDE(t, k * d) {
     const int64_t c = t / d, e = t % d;
     const int64_t s = start[c], end = start[c + 1];
@@ -154,13 +154,13 @@ void statistics(const int64_t* idx, const T* x, int64_t n, int64_t k, int64_t d,
                                                     rows.get(), sorted_rows, n, 0, end_bit,
                                                     kStream));
   Scratch<unsigned char> temp(std::max<int64_t>(1, static_cast<int64_t>(temp_bytes)));
-  QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(),
-                                                    sorted_keys, rows.get(), sorted_rows, n, 0,
-                                                    end_bit, kStream));
+  QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(), sorted_keys,
+                                                    rows.get(), sorted_rows, n, 0, end_bit,
+                                                    kStream));
   Scratch<int64_t> start(k + 1);
   const cuda::LaunchConfig gr = grid_for(k + 1);
-  runs_kernel<T><<<static_cast<unsigned>(gr.blocks), gr.threads, 0, kStream>>>(
-      sorted_keys, n, k, start.get(), counts);
+  runs_kernel<T><<<static_cast<unsigned>(gr.blocks), gr.threads, 0, kStream>>>(sorted_keys, n, k,
+                                                                               start.get(), counts);
   QUANTA_CUDA_CHECK_LAUNCH();
   if (d == 0) return;
   const int64_t P = code_stats_piece_rows(n), pieces = (n + P - 1) / P;

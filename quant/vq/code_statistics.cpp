@@ -22,7 +22,8 @@ CodeStatistics code_statistics(const Tensor& idx, const Tensor& x, int64_t k) {
   if (!is_floating(x.dtype()))
     throw std::invalid_argument(std::string("[code_statistics] x must be floating, got ") +
                                 dtype_name(x.dtype()));
-  if (k < 0) throw std::invalid_argument("[code_statistics] k must be >= 0: got " + std::to_string(k));
+  if (k < 0)
+    throw std::invalid_argument("[code_statistics] k must be >= 0: got " + std::to_string(k));
   NoGradGuard no_grad;
   const int64_t n = x.size(0), d = x.size(1);
   const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
@@ -40,8 +41,8 @@ CodeStatistics code_statistics(const Tensor& idx, const Tensor& x, int64_t k) {
   }
   const Tensor xc = contiguous(x.detach());
   CodeStatistics s{empty({k}, opt), empty({k, d}, opt)};
-  kernels.code_statistics(x.dtype(), static_cast<const int64_t*>(ix.raw_data()), xc.raw_data(), n, k, d,
-                          s.counts.raw_data(), s.sums.raw_data());
+  kernels.code_statistics(x.dtype(), static_cast<const int64_t*>(ix.raw_data()), xc.raw_data(), n,
+                          k, d, s.counts.raw_data(), s.sums.raw_data());
   return s;
 }
 

@@ -6,10 +6,18 @@
 //     is built on: at most 1.2x of it is issue 18's goal, so the argmin and
 //     the tiling cost at most a fifth more). Both include allocating their
 //     outputs; the GEMM's codes^T is made once beforehand.
-// --size small: 512 tokens of dim 64 against 1/16 of the codes (row names
-// stay the same).
+//   vq_code_statistics_65536x256_k1024  the codebook EMA's counts and sums
+//     (code_statistics) of 65536 tokens of dim 256 assigned at random to 1024
+//     codes, and (_one_code) all to one code, the worst case for a
+//     per-code split; against a device copy that moves x's bytes once (a
+//     copy of half of them: read and write). Sorting the assignment costs
+//     on top of reading x, so about 1.5 would be good.
+// --size small: 512 tokens of dim 64 against 1/16 of the codes, 4096 tokens
+// for the statistics (row names stay the same).
 #include "bench.h"
 #include "bench_gpu.h"
+#include "engine/cuda/runtime.h"
+#include "quant/vq/code_statistics.h"
 #include "quant/vq/nearest_code.h"
 #include "quanta.h"
 
@@ -35,6 +43,26 @@ std::vector<BenchRow> bench_quant_cuda(const BenchOptions& o) {
         return timed_row(ms[0], ms[1]);
       }));
     }
+  for (bool one_code : {false, true}) {
+    const std::string name =
+        std::string("vq_code_statistics_65536x256_k1024") + (one_code ? "_one_code" : "");
+    rows.push_back(row_or_error(name, [&] {
+      const int64_t n = o.small ? 4096 : 65536, k = 1024;
+      const Device dev = gpu.device;
+      const Tensor rows_x = randn({n, dim}, gen).to(dev);
+      const Tensor idx = one_code ? zeros({n}, {.dtype = DType::i64, .device = dev})
+                                  : randint(0, k, {n}, gen, {.dtype = DType::i64, .device = dev});
+      const int64_t half = rows_x.nbytes() / 2;
+      const Tensor src = zeros({half}, {.dtype = DType::u8, .device = dev});
+      const Tensor dst = zeros({half}, {.dtype = DType::u8, .device = dev});
+      const std::vector<double> ms = gpu.time(
+          {[&] { quant::CodeStatistics s = quant::code_statistics(idx, rows_x, k); },
+           [&] {
+             cuda::copy(dst.raw_data(), dev, src.raw_data(), dev, static_cast<std::size_t>(half));
+           }});
+      return timed_row(ms[0], ms[1]);
+    }));
+  }
   return rows;
 }
 

@@ -16,8 +16,8 @@ namespace {
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.numel() == 0 || std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(),
-                                        a.nbytes()) == 0);
+         (a.numel() == 0 ||
+          std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0);
 }
 
 }  // namespace
@@ -43,8 +43,7 @@ TEST_CASE("code_statistics: the bits index_add gives, every thread count") {
           CHECK(same_bytes(s.sums, want_sums));
         }
         // i32 indices and a strided x give the same.
-        const CodeStatistics t =
-            code_statistics(idx.to(DType::i32), x.t().contiguous().t(), k);
+        const CodeStatistics t = code_statistics(idx.to(DType::i32), x.t().contiguous().t(), k);
         CHECK(same_bytes(t.sums, want_sums));
       }
   set_num_threads(threads_before);
