@@ -30,9 +30,10 @@ class Backend {
   virtual void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
                           Millis timeout) = 0;
   /** all_reduce of `n` elements at `data` and of `check_n` elements at
-   * `check` (the always-on check's region, reduce_check.h: same dtype, op
-   * and kind of memory), in one call where the transport can. The default
-   * reduces them one after the other. */
+   * `check` (the always-on check's region, reduce_check.h: same dtype and
+   * op, always in host memory), in one call where the transport can. The
+   * default, for transports whose buffers are host memory, reduces them one
+   * after the other. */
   virtual void all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n,
                                   DType dtype, ReduceOp op, uint32_t tag, Millis timeout) {
     all_reduce(data, n, dtype, op, tag, timeout);

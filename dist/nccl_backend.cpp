@@ -41,6 +41,27 @@ ncclDataType_t nccl_type(DType t) {
   throw std::invalid_argument(std::string("[dist::nccl] no NCCL type for ") + dtype_name(t));
 }
 
+// Makes the backend's device current for one call and restores the
+// caller's after: the calling thread (a DataParallel communication thread,
+// a step hook) may have another current device, and an event or stream of
+// one device cannot be used while another is current.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 [[noreturn]] void refuse(const char* op, const char* why) {
   throw std::invalid_argument(std::string("[dist::nccl] ") + op +
                               " is not available on NCCL: " + why);
@@ -70,6 +91,22 @@ struct NcclBackend::Impl {
   cudaEvent_t ready = nullptr, done = nullptr;
   int device = 0, rank = 0, size = 1;
   bool aborted = false;
+  // all_reduce_checked's check region, in pinned host memory and on the
+  // device: it travels on `stream` (see there).
+  void* check_host = nullptr;
+  void* check_device = nullptr;
+  std::size_t check_capacity = 0;
+
+  void reserve_check(std::size_t bytes) {
+    if (bytes <= check_capacity) return;
+    if (check_host) cudaFreeHost(check_host);
+    if (check_device) cudaFree(check_device);
+    check_host = check_device = nullptr;
+    check_capacity = 0;
+    cuda_check(cudaMallocHost(&check_host, bytes), "cudaMallocHost");
+    cuda_check(cudaMalloc(&check_device, bytes), "cudaMalloc");
+    check_capacity = bytes;
+  }
 
   // Waits until the communicator is no longer in progress, aborting it at
   // the deadline or on an asynchronous error.
@@ -197,16 +234,23 @@ NcclBackend::NcclBackend(Store& store, int rank, int size, int device, Millis ti
 
 NcclBackend::~NcclBackend() {
   Impl& s = *impl_;
+  int previous = s.device;
+  cudaGetDevice(&previous);
+  cudaSetDevice(s.device);  // its events, stream and buffers are that device's
   // Abort rather than destroy: ncclCommDestroy may wait forever on peers.
   if (s.comm && !s.aborted) ncclCommAbort(s.comm);
+  if (s.check_host) cudaFreeHost(s.check_host);
+  if (s.check_device) cudaFree(s.check_device);
   if (s.done) cudaEventDestroy(s.done);
   if (s.ready) cudaEventDestroy(s.ready);
   if (s.stream) cudaStreamDestroy(s.stream);
+  cudaSetDevice(previous);
 }
 
 void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t,
                              Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
   s.enqueue_check(ncclAllReduce(data, data, n, nccl_type(dtype), nccl_op(op), s.comm, s.stream),
@@ -214,8 +258,42 @@ void NcclBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op
   s.watch(deadline, "all_reduce");
 }
 
+// The check region comes from the host and goes back there through pinned
+// memory, copied on this backend's stream: nothing is queued on the default
+// stream, where a copy would first wait for every kernel queued before it
+// (a DataParallel bucket's reduction would then wait for the backward work
+// the main thread queued meanwhile instead of overlapping it), and the
+// copies are watched against the deadline with the collectives.
+void NcclBackend::all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n,
+                                     DType dtype, ReduceOp op, uint32_t, Millis timeout) {
+  Impl& s = *impl_;
+  const DeviceScope scope(s.device);
+  const auto deadline = Clock::now() + timeout;
+  const std::size_t bytes = check_n * element_size(dtype);
+  s.reserve_check(bytes);
+  std::memcpy(s.check_host, check, bytes);
+  s.order_after_default();
+  cuda_check(cudaMemcpyAsync(s.check_device, s.check_host, bytes, cudaMemcpyHostToDevice, s.stream),
+             "cudaMemcpyAsync");
+  const ncclDataType_t type = nccl_type(dtype);
+  const ncclRedOp_t red = nccl_op(op);
+  s.enqueue_check(ncclGroupStart(), deadline, "ncclGroupStart");
+  if (n != 0)
+    s.enqueue_check(ncclAllReduce(data, data, n, type, red, s.comm, s.stream), deadline,
+                    "ncclAllReduce");
+  s.enqueue_check(
+      ncclAllReduce(s.check_device, s.check_device, check_n, type, red, s.comm, s.stream), deadline,
+      "ncclAllReduce");
+  s.enqueue_check(ncclGroupEnd(), deadline, "ncclGroupEnd");
+  cuda_check(cudaMemcpyAsync(s.check_host, s.check_device, bytes, cudaMemcpyDeviceToHost, s.stream),
+             "cudaMemcpyAsync");
+  s.watch(deadline, "all_reduce");
+  std::memcpy(check, s.check_host, bytes);
+}
+
 void NcclBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t, Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
   s.enqueue_check(ncclBroadcast(data, data, bytes, ncclUint8, root, s.comm, s.stream), deadline,
@@ -226,6 +304,7 @@ void NcclBackend::broadcast(void* data, std::size_t bytes, int root, uint32_t, M
 void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t,
                              Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
   s.enqueue_check(ncclAllGather(in, out, bytes_per_rank, ncclUint8, s.comm, s.stream), deadline,
@@ -236,6 +315,7 @@ void NcclBackend::all_gather(const void* in, void* out, std::size_t bytes_per_ra
 void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
                                  ReduceOp op, uint32_t, Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   const auto deadline = Clock::now() + timeout;
   s.order_after_default();
   s.enqueue_check(
@@ -249,6 +329,7 @@ void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, D
 void NcclBackend::all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes,
                                uint32_t, Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   std::vector<std::size_t> offset(bytes.size() + 1, 0);
   for (std::size_t r = 0; r < bytes.size(); ++r) offset[r + 1] = offset[r] + bytes[r];
   char* o = static_cast<char*>(out);
@@ -267,6 +348,7 @@ void NcclBackend::all_gather_v(const void* in, void* out, const std::vector<std:
 void NcclBackend::all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t,
                              Millis timeout) {
   Impl& s = *impl_;
+  const DeviceScope scope(s.device);
   const std::size_t block = total_bytes / static_cast<std::size_t>(s.size);
   const char* i = static_cast<const char*>(in);
   char* o = static_cast<char*>(out);

@@ -4,7 +4,9 @@
 // NCCL kernels wait for their peers forever, so every call is watched: the
 // caller polls the completion event and ncclCommGetAsyncError against the
 // deadline and aborts the communicator (ncclCommAbort) on error or timeout.
-// Buffers are device memory; tags are not used (NCCL orders calls by issue).
+// Buffers are device memory (all_reduce_checked's check region: host
+// memory); tags are not used (NCCL orders calls by issue). Every call makes
+// the backend's device current and restores the caller's.
 // Internal to dist. The class is compiled into libquanta_cuda (the CUDA
 // module, engine/cuda/module.h); libquanta makes one through
 // make_nccl_backend, which throws naming why when there is no CUDA backend.
@@ -39,6 +41,10 @@ class NcclBackend final : public Backend {
   /** ncclAllReduce; avg is ncclAvg. */
   void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
                   Millis timeout) override;
+  /** The data and the host check region in one NCCL group, the region
+   * copied through pinned memory on the backend's stream. */
+  void all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n, DType dtype,
+                          ReduceOp op, uint32_t tag, Millis timeout) override;
   void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
                   Millis timeout) override;

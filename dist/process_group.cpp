@@ -577,20 +577,16 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
     finish_inplace(t, buf);
     return;
   }
-  // The check region (reduce_check.h) is reduced in the same call, in memory
-  // of the tensor's device; the transport decides how it travels (Gloo on
-  // two ranks: in the same exchange as the data, without a copy).
-  const Device dev = buf.device(), cpu = Device::cpu();
+  // The check region (reduce_check.h) is reduced in the same call, from host
+  // memory; the transport decides how it travels (Gloo on two ranks: in the
+  // same exchange as the data, without a copy; NCCL: in the same group, on
+  // its own stream, so no copy waits on the default stream's kernels).
   std::vector<char> region = detail::check_region(c.word, buf.dtype());
-  const Tensor stage = dev.is_cpu() ? Tensor() : staging(region.size(), dev);
-  char* check = dev.is_cpu() ? region.data() : static_cast<char*>(stage.raw_data());
-  if (!dev.is_cpu()) copy_bytes(check, dev, region.data(), cpu, region.size());
   guarded(c, [&] {
     backend_for(buf, c.timeout)
-        .all_reduce_checked(buf.raw_data(), n, check, detail::kCheckElems, buf.dtype(), op, c.tag,
-                            c.timeout);
+        .all_reduce_checked(buf.raw_data(), n, region.data(), detail::kCheckElems, buf.dtype(), op,
+                            c.tag, c.timeout);
   });
-  if (!dev.is_cpu()) copy_bytes(region.data(), cpu, check, dev, region.size());
   if (!detail::check_region_holds(region.data(), c.word, buf.dtype(), op)) reduction_mismatch(c);
   finish_inplace(t, buf);
 }

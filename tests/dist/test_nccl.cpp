@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dist/nccl_backend.h"
+#include "dist/reduce_check.h"
 #include "dist/store.h"
 #include "quant/nf4/nf4_format.h"
 #include "quanta.h"
@@ -93,4 +94,33 @@ TEST_CASE("nccl, one rank: broadcast, all_gather and reduce_scatter; nf4 bytes t
   backend.all_reduce(x.raw_data(), static_cast<std::size_t>(x.numel()), DType::f32, ReduceOp::avg,
                      0, Millis(20000));
   CHECK(same_bytes(x, out));  // one rank: avg is the identity
+}
+
+TEST_CASE("nccl, one rank: all_reduce_checked reduces device data and a host check region") {
+  if (skip_without_gpu()) return;
+  TcpStoreServer server(0);
+  TcpStore store("127.0.0.1", server.port(), false, Millis(5000));
+  auto nccl = dist::detail::make_nccl_backend(store, 0, 1, 0, Millis(60000));
+  dist::detail::Backend& backend = *nccl;
+  const Device gpu = Device::cuda(0);
+  Generator gen(9);
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i64}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+      if (op == ReduceOp::avg && !is_floating(dt)) continue;
+      INFO(dtype_name(dt), " ", reduce_op_name(op));
+      const Tensor want = (rand({3, 7}, gen, {.dtype = DType::f64}) * 100.0).to(dt);
+      Tensor x = want.to(gpu);
+      const uint32_t word = 0x5eed1234u;
+      std::vector<char> region = dist::detail::check_region(word, dt);
+      backend.all_reduce_checked(x.raw_data(), static_cast<std::size_t>(x.numel()), region.data(),
+                                 dist::detail::kCheckElems, dt, op, /*tag=*/0, Millis(20000));
+      CHECK(same_bytes(x, want));  // one rank: the identity
+      CHECK(dist::detail::check_region_holds(region.data(), word, dt, op));
+    }
+  }
+  // Zero data elements: the region still travels.
+  std::vector<char> region = dist::detail::check_region(7, DType::f32);
+  backend.all_reduce_checked(nullptr, 0, region.data(), dist::detail::kCheckElems, DType::f32,
+                             ReduceOp::sum, 0, Millis(20000));
+  CHECK(dist::detail::check_region_holds(region.data(), 7, DType::f32, ReduceOp::sum));
 }
