@@ -18,6 +18,7 @@
 
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/kernels.h"
+#include "quant/kernels/code_stats_pieces.h"
 
 namespace quanta::quant::quant_cuda {
 namespace {
@@ -58,9 +59,7 @@ __global__ void runs_kernel(const int32_t* keys, int64_t n, int64_t k, int64_t* 
 
 // Piece j = sorted positions [j P, min(n, (j + 1) P)): its keys and row
 // numbers staged in shared memory, then each thread walks the piece for its
-// columns. A code's part goes to head[j] when the code began in an earlier
-// piece, else to tail[j] when it goes on into the next, else (the whole
-// code is here) straight to sums.
+// columns (quant/kernels/code_stats_pieces.h says where each part goes).
 template <class T>
 __global__ void pieces_kernel(const int32_t* keys, const int32_t* rows, const T* x, int64_t n,
                               int64_t k, int64_t d, int64_t P, T* sums, T* head, T* tail) {
@@ -78,51 +77,29 @@ __global__ void pieces_kernel(const int32_t* keys, const int32_t* rows, const T*
     __syncthreads();
     const bool from_before = p0 > 0 && keys[p0 - 1] == piece_keys[0];
     const bool into_next = p0 + len < n && keys[p0 + len] == piece_keys[len - 1];
-    for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
-      const auto put = [&](int32_t c, T acc, bool first, bool last) {
-        if (c >= k) return;  // not counted
-        if (first && from_before)
-          head[j * d + e] = acc;
-        else if (last && into_next)
-          tail[j * d + e] = acc;
-        else
-          sums[c * d + e] = acc;
-      };
-      int32_t code = piece_keys[0];
-      bool first = true;
-      T acc = T(0);
-      for (int64_t t = 0; t < len; ++t) {
-        if (piece_keys[t] != code) {
-          put(code, acc, first, false);
-          code = piece_keys[t];
-          first = false;
-          acc = T(0);
-        }
-        acc += x[static_cast<int64_t>(piece_rows[t]) * d + e];
-      }
-      put(code, acc, first, true);
-    }
+    for (int64_t e = threadIdx.x; e < d; e += blockDim.x)
+      fn::walk_piece(piece_keys, piece_rows, len, from_before, into_next, x, d, e, k,
+                     [&](fn::PiecePart part, int32_t c, T acc) {
+                       T* out = part == fn::PiecePart::head   ? head + j * d
+                                : part == fn::PiecePart::tail ? tail + j * d
+                                                              : sums + c * d;
+                       out[e] = acc;
+                     });
   }
 }
 
 // Row c of sums for the codes the pieces did not finish: zeros for an
-// unused code, and for one spanning pieces ps..pe its tail in ps plus its
-// heads in ps + 1..pe, in that order.
+// unused code, its pieces' parts in order for one spanning pieces.
 template <class T>
 __global__ void combine_kernel(const int64_t* start, int64_t k, int64_t d, int64_t P, const T* head,
                                const T* tail, T* sums) {
   QUANTA_GRID_STRIDE(t, k * d) {
     const int64_t c = t / d, e = t % d;
     const int64_t s = start[c], end = start[c + 1];
-    if (s == end) {
+    if (s == end)
       sums[t] = T(0);
-      continue;
-    }
-    const int64_t ps = s / P, pe = (end - 1) / P;
-    if (ps == pe) continue;  // written by its piece
-    T acc = tail[ps * d + e];
-    for (int64_t j = ps + 1; j <= pe; ++j) acc += head[j * d + e];
-    sums[t] = acc;
+    else if (fn::spans_pieces(s, end, P))
+      sums[t] = fn::combine_code(s, end, P, head, tail, d, e);
   }
 }
 

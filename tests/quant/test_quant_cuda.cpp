@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "quant/cuda/plans.h"
+#include "quant/kernels/code_stats_pieces.h"
 #include "quant/kernels/functors.h"
 #include "quant/kernels/table.h"
 #include "quant/nf4/nf4_format.h"
@@ -464,6 +465,96 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
       CHECK(same_bytes(gtable, table));
     }
+}
+
+// What code_statistics.cu does, on the CPU: the keys sorted stably, every
+// piece walked for every column, then the spanning codes combined.
+namespace {
+
+template <class T>
+void pieces_on_cpu(const std::vector<int64_t>& idx, const T* x, int64_t k, int64_t d, int64_t P,
+                   std::vector<T>& counts, std::vector<T>& sums, std::vector<int>& writes) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  std::vector<int32_t> rows(static_cast<size_t>(n)), keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+  const auto key_of = [&](int64_t i) {
+    return static_cast<int32_t>(idx[i] >= 0 && idx[i] < k ? idx[i] : k);
+  };
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](int32_t a, int32_t b) { return key_of(a) < key_of(b); });
+  for (int64_t t = 0; t < n; ++t) keys[t] = key_of(rows[t]);
+  const int64_t pieces = (n + P - 1) / P;
+  std::vector<T> head(static_cast<size_t>(pieces * d)), tail(static_cast<size_t>(pieces * d));
+  sums.assign(static_cast<size_t>(k * d), T(-12345));
+  writes.assign(static_cast<size_t>(k * d), 0);
+  for (int64_t j = 0; j < pieces; ++j) {
+    const int64_t p0 = j * P, len = std::min(P, n - p0);
+    const bool from_before = p0 > 0 && keys[p0 - 1] == keys[p0];
+    const bool into_next = p0 + len < n && keys[p0 + len] == keys[p0 + len - 1];
+    for (int64_t e = 0; e < d; ++e)
+      quant::fn::walk_piece(keys.data() + p0, rows.data() + p0, len, from_before, into_next, x, d,
+                            e, k, [&](quant::fn::PiecePart part, int32_t c, T acc) {
+                              if (part == quant::fn::PiecePart::head) head[j * d + e] = acc;
+                              if (part == quant::fn::PiecePart::tail) tail[j * d + e] = acc;
+                              if (part == quant::fn::PiecePart::whole) {
+                                sums[c * d + e] = acc;
+                                ++writes[c * d + e];
+                              }
+                            });
+  }
+  counts.assign(static_cast<size_t>(k), T(0));
+  for (int64_t c = 0; c < k; ++c) {
+    const int64_t s = std::lower_bound(keys.begin(), keys.end(), c) - keys.begin();
+    const int64_t end = std::lower_bound(keys.begin(), keys.end(), c + 1) - keys.begin();
+    counts[c] = static_cast<T>(end - s);
+    for (int64_t e = 0; e < d; ++e) {
+      if (s == end) {
+        sums[c * d + e] = T(0);
+        ++writes[c * d + e];
+      } else if (quant::fn::spans_pieces(s, end, P)) {
+        sums[c * d + e] = quant::fn::combine_code(s, end, P, head.data(), tail.data(), d, e);
+        ++writes[c * d + e];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("quant functors: code_statistics' piece walk gives every code's count and sum once") {
+  struct Case {
+    int64_t n, k, d, P;
+  };
+  for (Case c : {Case{1, 1, 1, 32}, Case{5, 3, 2, 32}, Case{1000, 16, 3, 32}, Case{1000, 16, 3, 4},
+                 Case{3136, 512, 4, 64}, Case{5000, 8, 2, 32}, Case{5000, 8, 2, 1},
+                 Case{4000, 9, 3, 7}, Case{777, 40, 5, 16}}) {
+    // 0: random codes, some outside [0, k); 1: every row on one code; 2: a few codes
+    for (int pattern : {0, 1, 2}) {
+      INFO("n ", c.n, " k ", c.k, " d ", c.d, " P ", c.P, " pattern ", pattern);
+      std::vector<int64_t> idx(static_cast<size_t>(c.n));
+      std::mt19937_64 rng(static_cast<uint64_t>(c.n * 7 + c.P + pattern));
+      for (auto& v : idx) {
+        v = pattern == 1   ? 3 % c.k
+            : pattern == 2 ? int64_t(rng() % 3) * (c.k / 3)
+                           : int64_t(rng() % static_cast<uint64_t>(c.k + 1)) - (rng() % 50 == 0);
+      }
+      const Tensor x = random_tensor({c.n, c.d}, DType::f64, 41);
+      std::vector<double> counts, sums;
+      std::vector<int> writes;
+      pieces_on_cpu(idx, x.data<double>(), c.k, c.d, c.P, counts, sums, writes);
+      CHECK(std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; }));
+      // Against the CPU entry (which counts an index outside [0, k) nowhere, as the walk does).
+      Tensor want_counts = empty({c.k}, {.dtype = DType::f64});
+      Tensor want_sums = empty({c.k, c.d}, {.dtype = DType::f64});
+      cpu_t().code_statistics(DType::f64, idx.data(), x.raw_data(), c.n, c.k, c.d,
+                              want_counts.raw_data(), want_sums.raw_data());
+      CHECK(counts == want_counts.to_vector<double>());
+      CHECK(max_err(from_vector<double>(sums, {c.k, c.d}), want_sums) <= 1e-12);
+      // One piece holds everything: the CPU's order, bit for bit.
+      pieces_on_cpu(idx, x.data<double>(), c.k, c.d, c.n, counts, sums, writes);
+      CHECK(sums == want_sums.to_vector<double>());
+    }
+  }
 }
 
 TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, same bits every run") {
