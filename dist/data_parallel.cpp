@@ -9,7 +9,9 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/nccl_backend.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/cuda/runtime.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
@@ -117,11 +119,20 @@ struct DataParallel::State {
   std::shared_ptr<ProcessGroup> grads;  // own connections, used from the comm thread
   std::unique_ptr<CommThread> comm;
 
+  // A full bucket's reduction goes to the communication thread. On a GPU
+  // its gradient copies are only queued yet: an event recorded now, after
+  // them, is what the NCCL reduction waits for, so it overlaps the backward
+  // kernels the main thread queues from here on (nccl_backend.h).
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Tensor flat = buckets[next_launch++].flat;
       ProcessGroup* g = grads.get();
-      comm->post([g, flat] { g->all_reduce(flat, ReduceOp::avg); });
+      std::shared_ptr<void> ready;
+      if (flat.device().is_cuda()) ready = cuda::record_event(flat.device().index);
+      comm->post([g, flat, ready] {
+        const detail::ReadyAfter after(ready.get());
+        g->all_reduce(flat, ReduceOp::avg);
+      });
     }
   }
 

@@ -22,6 +22,26 @@
 
 namespace quanta::dist::detail {
 
+/** The device work the NCCL collectives this thread issues next must wait
+ * for: while a ReadyAfter lives on this thread, the CUDA event (cudaEvent_t)
+ * it names, recorded when the data became ready (DataParallel records one
+ * when a bucket fills); otherwise null, and a collective waits for everything
+ * queued on the device's default stream when it starts. */
+void* ready_event();
+
+/** Sets ready_event() on this thread for its lifetime (restoring the one
+ * before it). The event must outlive the scope. */
+class ReadyAfter {
+ public:
+  explicit ReadyAfter(void* event);
+  ~ReadyAfter();
+  ReadyAfter(const ReadyAfter&) = delete;
+  ReadyAfter& operator=(const ReadyAfter&) = delete;
+
+ private:
+  void* previous_;
+};
+
 /** An NcclBackend made inside the CUDA module (the constructor's rules and
  * errors below); throws std::runtime_error "[dist::nccl] ..." when quanta was
  * built without CUDA or the module cannot be loaded. */

@@ -137,6 +137,11 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 
 void synchronize(int device) { need("cuda::synchronize").synchronize(device); }
 
+std::shared_ptr<void> record_event(int device) {
+  const Module& m = need("cuda::record_event");
+  return std::shared_ptr<void>(m.record_event(device), m.release_event);
+}
+
 }  // namespace cuda
 
 bool cuda_built() {

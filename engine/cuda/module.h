@@ -26,7 +26,8 @@ namespace quanta::cuda {
 struct Module {
   // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer
   // steps; Module gained synchronize.
-  // 3: RandomFill gained the bernoulli draw and its `below` field.
+  // 3: RandomFill gained the bernoulli draw and its `below` field; Module
+  // gained record_event and release_event.
   static constexpr int kAbi = 3;
   int abi = kAbi;
   int (*device_count)() = nullptr;
@@ -37,6 +38,10 @@ struct Module {
                std::size_t nbytes) = nullptr;
   const KernelTable& (*kernels)() = nullptr;
   void (*synchronize)(int device) = nullptr;
+  /** A new CUDA event recorded on `device`'s default stream (a cudaEvent_t). */
+  void* (*record_event)(int device) = nullptr;
+  /** Destroys an event from record_event. Never throws. */
+  void (*release_event)(void* event) noexcept = nullptr;
 };
 
 /** The loaded module, or nullptr when quanta was built without CUDA or the

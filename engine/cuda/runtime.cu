@@ -59,6 +59,18 @@ void synchronize(int device) {
   QUANTA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void* record_event(int device) {
+  set_device(device);
+  cudaEvent_t e = nullptr;
+  QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t r = cudaEventRecord(e, 0);
+  if (r != cudaSuccess) cudaEventDestroy(e);
+  QUANTA_CUDA_CHECK(r);
+  return e;
+}
+
+void release_event(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 // True for host memory the DMA engine can read directly (cudaHostAlloc,
 // cudaHostRegister); malloc'd memory is "unregistered".
 bool host_pinned(const void* p) {
@@ -173,6 +185,8 @@ quanta_cuda_module_v1() {
       .copy = copy,
       .kernels = cuda_kernels,
       .synchronize = synchronize,
+      .record_event = record_event,
+      .release_event = release_event,
   };
   return &m;
 }

@@ -2,6 +2,7 @@
 // The CUDA runtime seam: memory and copies, forwarded to libquanta_cuda
 // (engine/cuda/module.cpp); without it each throws naming the op and why.
 #include <cstddef>
+#include <memory>
 
 #include "engine/device.h"
 
@@ -23,5 +24,11 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
  * throws the first error a kernel left. For timing and tests: ops need no
  * synchronisation, they are ordered on the device's stream. */
 void synchronize(int device);
+
+/** A point in GPU `device`'s default stream: a CUDA event (cudaEvent_t)
+ * recorded after everything queued there so far, destroyed with the last
+ * copy of the pointer. Other streams wait for it (cudaStreamWaitEvent) to
+ * start after that work and not after work queued later. */
+std::shared_ptr<void> record_event(int device);
 
 }  // namespace quanta::cuda

@@ -61,8 +61,8 @@ QUANTA_HD inline bool spans_pieces(int64_t s, int64_t end, int64_t P) {
 /** Column e of a spanning code's sum: its tail in its first piece plus its
  * heads in the later ones, in piece order (head, tail: [pieces, d]). */
 template <class T>
-QUANTA_HD T combine_code(int64_t s, int64_t end, int64_t P, const T* head, const T* tail,
-                         int64_t d, int64_t e) {
+QUANTA_HD T combine_code(int64_t s, int64_t end, int64_t P, const T* head, const T* tail, int64_t d,
+                         int64_t e) {
   const int64_t ps = s / P, pe = (end - 1) / P;
   T acc = tail[ps * d + e];
   for (int64_t j = ps + 1; j <= pe; ++j) acc += head[j * d + e];

@@ -9,11 +9,13 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/nccl_backend.h"
 #include "dist/reduce_check.h"
 #include "dist/store.h"
+#include "engine/cuda/runtime.h"
 #include "quant/nf4/nf4_format.h"
 #include "quanta.h"
 #include "support/gpu.h"
@@ -118,9 +120,40 @@ TEST_CASE("nccl, one rank: all_reduce_checked reduces device data and a host che
       CHECK(dist::detail::check_region_holds(region.data(), word, dt, op));
     }
   }
+  // After a ready event (DataParallel's bucket) instead of the default
+  // stream's present end; the scope restores none.
+  {
+    const std::shared_ptr<void> ready = cuda::record_event(0);
+    const dist::detail::ReadyAfter after(ready.get());
+    CHECK(dist::detail::ready_event() == ready.get());
+    Tensor x = arange(0.0, 10.0, 1.0).to(gpu);
+    std::vector<char> r = dist::detail::check_region(3, DType::f32);
+    backend.all_reduce_checked(x.raw_data(), 10, r.data(), dist::detail::kCheckElems, DType::f32,
+                               ReduceOp::sum, 0, Millis(20000));
+    CHECK(same_bytes(x, arange(0.0, 10.0, 1.0)));
+  }
+  CHECK(dist::detail::ready_event() == nullptr);
   // Zero data elements: the region still travels.
   std::vector<char> region = dist::detail::check_region(7, DType::f32);
   backend.all_reduce_checked(nullptr, 0, region.data(), dist::detail::kCheckElems, DType::f32,
                              ReduceOp::sum, 0, Millis(20000));
   CHECK(dist::detail::check_region_holds(region.data(), 7, DType::f32, ReduceOp::sum));
+}
+
+TEST_CASE("nccl: the ready event is per thread and scoped (no GPU needed)") {
+  CHECK(dist::detail::ready_event() == nullptr);
+  int a = 0, b = 0;
+  {
+    const dist::detail::ReadyAfter outer(&a);
+    CHECK(dist::detail::ready_event() == &a);
+    {
+      const dist::detail::ReadyAfter inner(&b);
+      CHECK(dist::detail::ready_event() == &b);
+      void* seen = &a;
+      std::thread([&] { seen = dist::detail::ready_event(); }).join();
+      CHECK(seen == nullptr);  // another thread has its own
+    }
+    CHECK(dist::detail::ready_event() == &a);
+  }
+  CHECK(dist::detail::ready_event() == nullptr);
 }

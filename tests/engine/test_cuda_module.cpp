@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "engine/cuda/module.h"
@@ -61,6 +62,9 @@ TEST_CASE("cuda module: loaded when built, or a reason that names the missing pi
     CHECK_THROWS_WITH_AS(cuda::synchronize(0),
                          doctest::Contains("[cuda::synchronize] quanta was built without CUDA"),
                          std::runtime_error);
+    CHECK_THROWS_WITH_AS(cuda::record_event(0),
+                         doctest::Contains("[cuda::record_event] quanta was built without CUDA"),
+                         std::runtime_error);
     CHECK_THROWS_WITH_AS(cuda::module_symbol("dist::nccl", "quanta_nccl_backend_v1"),
                          doctest::Contains("[dist::nccl] quanta was built without CUDA"),
                          std::runtime_error);
@@ -74,6 +78,15 @@ TEST_CASE("cuda module: loaded when built, or a reason that names the missing pi
   CHECK(cuda::module()->abi == cuda::Module::kAbi);
   const bool has_synchronize = cuda::module()->synchronize != nullptr;
   CHECK(has_synchronize);
+  const bool has_events =
+      cuda::module()->record_event != nullptr && cuda::module()->release_event != nullptr;
+  CHECK(has_events);
+  if (cuda_device_count() > 0) {
+    std::shared_ptr<void> e = cuda::record_event(0);  // released with the last copy
+    CHECK(e != nullptr);
+  } else {
+    CHECK_THROWS(cuda::record_event(0));  // no device to record on
+  }
   CHECK(std::string(cuda::module()->kernels().device_name) == "cuda");
   CHECK(cuda::module_symbol("dist::nccl", "quanta_nccl_backend_v1") != nullptr);
   CHECK_THROWS_WITH_AS(cuda::module_symbol("test", "no_such_symbol"),
