@@ -10,66 +10,34 @@
 
 #include "engine/cpu/parallel.h"
 #include "quant/cpu/kernels.h"
+#include "quant/kernels/entropy_walk.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
 
-// The walk over K = {codes with p >= eps} of one token (see the header).
-// Codes are the most likely code with a set S of bits flipped; children of a
-// node flip one more bit, later in |z| order than every bit already in S, so
-// each code is visited once, and a child is in K only if its parent is.
+// The walk over K = {codes with p >= eps} of one token
+// (quant/kernels/entropy_walk.h), on scratch reused across a thread's rows.
 class ClampedEntropyWalk {
  public:
-  explicit ClampedEntropyWalk(int64_t d) : d_(d), a_(d), e_(d), order_(d), flip_weight_(d) {}
+  explicit ClampedEntropyWalk(int64_t d)
+      : d_(d), a_(d), e_(d), flip_weight_(d), order_(d), stack_(d + 1) {}
 
   // Entropy of the token with bit logits z[0..d); writes dH/dz to grad.
   double run(const double* z, double* grad) {
-    double log_best = 0;
-    for (int64_t j = 0; j < d_; ++j) {
-      a_[j] = std::abs(z[j]);
-      e_[j] = std::exp(-a_[j]);       // p(flipped bit) / p(best bit)
-      log_best -= std::log1p(e_[j]);  // log sigmoid(|z|)
-    }
+    const double log_best = fn::entropy_magnitudes(z, d_, a_.data(), e_.data());
     std::iota(order_.begin(), order_.end(), int64_t{0});
-    std::sort(order_.begin(), order_.end(), [&](int64_t i, int64_t j) { return a_[i] < a_[j]; });
-    std::fill(flip_weight_.begin(), flip_weight_.end(), 0.0);
-    tail_ = 0;
-    double total = 0;  // sum over K of w = p (log p - log eps + 1)
-    if (log_best >= kLogEps) total = visit(0, log_best, std::exp(log_best));
-    for (int64_t j = 0; j < d_; ++j) {
-      const double q = 1.0 / (1.0 + std::exp(-z[j]));  // P(bit j = 1)
-      const bool best_is_one = z[j] > 0;
-      const double w1 = best_is_one ? total - flip_weight_[j] : flip_weight_[j];
-      const double w0 = total - w1;
-      // d log p(bit=1)/dz = 1 - q, d log p(bit=0)/dz = -q; H = -log eps - F.
-      grad[j] = -((1 - q) * w1 - q * w0);
-    }
-    return -kLogEps - tail_;
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int64_t i, int64_t j) { return a_[i] < a_[j]; });
+    return fn::clamped_entropy_walk(z, d_, kLogEps, log_best, a_.data(), e_.data(), order_.data(),
+                                    flip_weight_.data(), stack_.data(), grad);
   }
 
  private:
-  // Visits the code with log-probability `logp` (= log p) whose flips end
-  // before order_[start]; returns the sum of w over its subtree.
-  double visit(int64_t start, double logp, double p) {
-    tail_ += p * (logp - kLogEps);
-    double subtree = p * (logp - kLogEps + 1);
-    for (int64_t i = start; i < d_; ++i) {
-      const int64_t j = order_[i];
-      const double child = logp - a_[j];
-      if (child < kLogEps) break;  // and so would every later (larger) flip
-      const double s = visit(i + 1, child, p * e_[j]);
-      flip_weight_[j] += s;
-      subtree += s;
-    }
-    return subtree;
-  }
-
   static inline const double kLogEps = std::log(kEntropyEps);
   int64_t d_;
-  std::vector<double> a_, e_;
+  std::vector<double> a_, e_, flip_weight_;
   std::vector<int64_t> order_;
-  std::vector<double> flip_weight_;  // sum of w over codes with bit j flipped
-  double tail_ = 0;                  // sum over K of p (log p - log eps)
+  std::vector<fn::EntropyFrame> stack_;
 };
 
 // The product distribution of k independent bits, pi [k, 2] -> P [2^k]

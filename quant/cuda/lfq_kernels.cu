@@ -6,6 +6,7 @@
 
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/kernels.h"
+#include "quant/kernels/entropy_walk.h"
 #include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cuda {
@@ -60,26 +61,52 @@ void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t
   });
 }
 
-// The clamped entropy is a pruned, sorted walk over each row's likely codes
-// (quant/cpu/lfq_kernels.cpp): recursive and data-dependent, so it runs on
-// the host for now. z, h and grad are staged through host memory and the CPU
-// table's entry does the work; the results are the CPU's exactly.
-void clamped_entropy(const double* z, int64_t rows, int64_t d, double* h, double* grad) {
-  if (rows == 0) return;
+namespace {
+
+// A thread per token: the walk of quant/kernels/entropy_walk.h on local
+// scratch sized for kEntropyWalkMaxBits.
+__global__ void clamped_entropy_kernel(const double* z, int64_t rows, int64_t d, double log_eps,
+                                       double* h, double* grad) {
+  double a[kEntropyWalkMaxBits], e[kEntropyWalkMaxBits], flip_weight[kEntropyWalkMaxBits];
+  int64_t order[kEntropyWalkMaxBits];
+  fn::EntropyFrame stack[kEntropyWalkMaxBits + 1];
+  QUANTA_GRID_STRIDE(r, rows) {
+    const double* zr = z + r * d;
+    const double log_best = fn::entropy_magnitudes(zr, d, a, e);
+    fn::order_by_magnitude(a, d, order);
+    h[r] = fn::clamped_entropy_walk(zr, d, log_eps, log_best, a, e, order, flip_weight, stack,
+                                    grad + r * d);
+  }
+}
+
+// Beyond kEntropyWalkMaxBits the walk's scratch would not fit a thread: z,
+// h and grad are staged through host memory and the CPU entry does the work.
+void clamped_entropy_on_host(const double* z, int64_t rows, int64_t d, double* h, double* grad) {
   const size_t nz = static_cast<size_t>(rows * d);
   std::vector<double> hz(nz), hh(static_cast<size_t>(rows)), hg(nz);
-  if (nz)
-    QUANTA_CUDA_CHECK(
-        cudaMemcpyAsync(hz.data(), z, sizeof(double) * nz, cudaMemcpyDeviceToHost, kStream));
+  QUANTA_CUDA_CHECK(
+      cudaMemcpyAsync(hz.data(), z, sizeof(double) * nz, cudaMemcpyDeviceToHost, kStream));
   QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
   quant_cpu::table().clamped_entropy(hz.data(), rows, d, hh.data(), hg.data());
   QUANTA_CUDA_CHECK(
       cudaMemcpyAsync(h, hh.data(), sizeof(double) * hh.size(), cudaMemcpyHostToDevice, kStream));
-  if (nz)
-    QUANTA_CUDA_CHECK(
-        cudaMemcpyAsync(grad, hg.data(), sizeof(double) * nz, cudaMemcpyHostToDevice, kStream));
+  QUANTA_CUDA_CHECK(
+      cudaMemcpyAsync(grad, hg.data(), sizeof(double) * nz, cudaMemcpyHostToDevice, kStream));
   // The host buffers die here: the copies must be done first.
   QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+}
+
+}  // namespace
+
+// The clamped entropy: a data-dependent walk per token (a handful of codes
+// for a confident token, 2^d for a uniform one), one thread each.
+void clamped_entropy(const double* z, int64_t rows, int64_t d, double* h, double* grad) {
+  if (rows == 0) return;
+  if (d > kEntropyWalkMaxBits) return clamped_entropy_on_host(z, rows, d, h, grad);
+  const cuda::LaunchConfig g = grid_for(rows);
+  clamped_entropy_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+      z, rows, d, std::log(kEntropyEps), h, grad);
+  QUANTA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace quanta::quant::quant_cuda

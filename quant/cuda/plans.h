@@ -50,6 +50,15 @@ inline NearestTiles nearest_tiles(int64_t n, int64_t k, int64_t budget = kNeares
   return t;
 }
 
+// ---- LFQ's clamped entropy ----
+
+/** Bits up to which the CUDA entry walks a token in one thread
+ * (quant/kernels/entropy_walk.h): its scratch, 4 arrays of d and d + 1
+ * stack frames, lives in the thread's local memory (about 4.7 KiB at 64).
+ * LFQ codebooks of 2^64 codes are beyond any use; wider rows are staged
+ * through the host. */
+inline constexpr int64_t kEntropyWalkMaxBits = 64;
+
 // ---- code_statistics (the codebook EMA's counts and sums) ----
 
 /** Sorted rows per piece of code_statistics' sums on CUDA: about sqrt(n), a

@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "quant/cuda/plans.h"
 #include "quant/kernels/code_stats_pieces.h"
+#include "quant/kernels/entropy_walk.h"
 #include "quant/kernels/functors.h"
 #include "quant/kernels/table.h"
 #include "quant/nf4/nf4_format.h"
@@ -467,6 +469,19 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
     }
 }
 
+TEST_CASE("quant functors: the entropy walk's insertion sort is a stable sort by magnitude") {
+  std::mt19937 rng(5);
+  for (int64_t d : {1, 2, 7, 16, 64}) {
+    std::vector<double> a(static_cast<size_t>(d));
+    for (double& v : a) v = double(rng() % 6) * 0.5;  // many ties
+    std::vector<int64_t> got(a.size()), want(a.size());
+    quant::fn::order_by_magnitude(a.data(), d, got.data());
+    std::iota(want.begin(), want.end(), int64_t{0});
+    std::stable_sort(want.begin(), want.end(), [&](int64_t i, int64_t j) { return a[i] < a[j]; });
+    CHECK(got == want);
+  }
+}
+
 // What code_statistics.cu does, on the CPU: the keys sorted stably, every
 // piece walked for every column, then the spanning codes combined.
 namespace {
@@ -624,15 +639,30 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
                                ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
     }
-  const int64_t rows = 5, d = 12;
-  Tensor z = random_tensor({rows, d}, DType::f64, 16) * 3.0;
-  Tensor h = empty({rows}, {.dtype = DType::f64}), g = empty({rows, d}, {.dtype = DType::f64});
-  Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
-  Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
-  cpu_t().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
-  gpu_t().clamped_entropy(on_gpu(z).data<double>(), rows, d, gh.data<double>(), gg.data<double>());
-  CHECK(same_bytes(gh, h));
-  CHECK(same_bytes(gg, g));
+  // The entropy walk: a thread per token up to kEntropyWalkMaxBits (the
+  // device's exp and log1p, within a few ulps of glibc's), staged through
+  // the CPU entry beyond (the same bits). Near-uniform tokens (scale 0.05)
+  // walk 2^d codes; confident ones (scale 3) a handful.
+  for (int64_t d : {int64_t{1}, int64_t{12}, int64_t{16}, quant_cuda::kEntropyWalkMaxBits,
+                    quant_cuda::kEntropyWalkMaxBits + 1})
+    for (double scale : {0.05, 3.0}) {
+      INFO("d ", d, " scale ", scale);
+      const int64_t rows = d > 12 && scale < 1 ? 3 : 37;
+      Tensor z = random_tensor({rows, d}, DType::f64, 16) * scale;
+      Tensor h = empty({rows}, {.dtype = DType::f64}), g = empty({rows, d}, {.dtype = DType::f64});
+      Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
+      Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
+      cpu_t().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
+      gpu_t().clamped_entropy(on_gpu(z).data<double>(), rows, d, gh.data<double>(),
+                              gg.data<double>());
+      if (d > quant_cuda::kEntropyWalkMaxBits) {
+        CHECK(same_bytes(gh, h));
+        CHECK(same_bytes(gg, g));
+      } else {
+        CHECK(max_err(gh, h) <= 1e-12);
+        CHECK(max_err(gg, g) <= 1e-10);
+      }
+    }
 }
 
 TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
