@@ -12,13 +12,19 @@ namespace {
 
 // ---- nearest_codes ----
 
-// bias [k] = |c_j|^2, summed in order.
+// bias [k] = |c_j|^2, a warp per code: the lanes read the code's row
+// together (a thread per code would read 32 rows a row apart per load) and
+// add their partial sums in a fixed order, so the bits do not change from
+// run to run. (The GEMM beside it sums in cuBLAS's order anyway: scores are
+// not the CPU's bits, only its indices where distances are not near-ties.)
 template <class T>
 __global__ void code_sq_norms(const T* c, int64_t k, int64_t d, T* bias) {
-  QUANTA_GRID_STRIDE(j, k) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(j, k) {
     T s = T(0);
-    for (int64_t e = 0; e < d; ++e) s += c[j * d + e] * c[j * d + e];
-    bias[j] = s;
+    for (int64_t e = lane; e < d; e += kWarp) s += c[j * d + e] * c[j * d + e];
+    s = warp_sum(s);
+    if (lane == 0) bias[j] = s;
   }
 }
 
@@ -57,7 +63,7 @@ void nearest(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosin
   Scratch<T> scores(tiles.rows * tiles.codes);
   Scratch<fn::ArgMin<T>> best(tiles.rows);
   if (!cosine) {
-    const cuda::LaunchConfig g = grid_for(k);
+    const cuda::LaunchConfig g = warp_grid_for(k);
     code_sq_norms<T>
         <<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(c, k, d, bias.get());
     QUANTA_CUDA_CHECK_LAUNCH();

@@ -63,8 +63,8 @@ QUANTA_HD inline double clamped_entropy_walk(const double* z, int64_t d, double 
                                              const int64_t* order, double* flip_weight,
                                              EntropyFrame* stack, double* grad) {
   for (int64_t j = 0; j < d; ++j) flip_weight[j] = 0;  // sum of w over codes with bit j flipped
-  double tail = 0;   // sum over K of p (log p - log eps)
-  double total = 0;  // sum over K of w
+  double tail = 0;                                     // sum over K of p (log p - log eps)
+  double total = 0;                                    // sum over K of w
   if (log_best >= log_eps) {
     const auto enter = [&](int64_t at, int64_t next, int64_t via, double logp, double p) {
       tail += p * (logp - log_eps);
