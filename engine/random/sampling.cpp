@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "engine/autograd/grad_mode.h"
-#include "engine/cpu/convert.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/kernels/table.h"

@@ -14,7 +14,6 @@
 // Op times include allocating their outputs (from the caching allocator).
 #include "bench.h"
 #include "bench_gpu.h"
-#include "engine/cuda/runtime.h"
 #include "quanta.h"
 
 namespace quanta::cli {
@@ -36,9 +35,6 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   const Tensor col_vec = rand({r, 1}, gen).to(gpu.device);
   const Tensor flat = x.reshape({r * c});
   const int64_t buffer = r * c * 4;
-  // Sources and destinations for the floors: 1.5 buffers each.
-  const Tensor src = full({buffer * 3 / 2}, 1.0, {.dtype = DType::u8}).to(gpu.device);
-  const Tensor dst = zeros({buffer * 3 / 2}, {.dtype = DType::u8}).to(gpu.device);
   const Memory ops[] = {
       {"add", 3, [&] { Tensor z = add(x, y); }},
       {"add_broadcast_row", 2, [&] { Tensor z = add(x, row_vec); }},
@@ -51,12 +47,7 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   };
   for (const Memory& m : ops)
     rows.push_back(row_or_error(m.name, [&] {
-      const auto bytes = static_cast<std::size_t>(m.buffers_moved * buffer / 2);
-      auto copy = [&] {
-        cuda::copy(dst.raw_data(), gpu.device, src.raw_data(), gpu.device, bytes);
-      };
-      const std::vector<double> ms = gpu.time({m.op, copy});
-      return timed_row(ms[0], ms[1]);
+      return gpu.against_copy(m.op, static_cast<std::size_t>(m.buffers_moved * buffer));
     }));
 }
 

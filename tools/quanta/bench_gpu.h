@@ -4,6 +4,7 @@
 // a floor, each batch of calls ended by cuda::synchronize so that it counts
 // the device's work and not only the launches, and rows that report an op's
 // error instead of failing the suite.
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct GpuTimer {
   /** Per-call median milliseconds of each of `fns`, timed in turns
    * (interleaved_ms with kGpuCalls calls per batch, each batch synced). */
   std::vector<double> time(const std::vector<std::function<void()>>& fns) const;
+  /** `op` timed in turns with its memory floor: a device-to-device copy
+   * that moves `bytes_moved` bytes (reads and writes half of them each). */
+  BenchRow against_copy(const std::function<void()>& op, std::size_t bytes_moved) const;
 };
 
 /** A measured row: ms against floor_ms (the name is set by row_or_error). */

@@ -17,7 +17,6 @@
 // floor allocates its output from the caching allocator.
 #include "bench.h"
 #include "bench_gpu.h"
-#include "engine/cuda/runtime.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quanta.h"
@@ -38,13 +37,7 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
     const std::string name = dt == DType::f32 ? "nf4_dequantize" : "nf4_dequantize_bf16";
     rows.push_back(row_or_error(name, [&] {
       const Tensor out = zeros({n, n}, {.dtype = dt, .device = dev});
-      const auto bytes = (q.nbytes() + out.nbytes()) / 2;
-      const Tensor src = zeros({static_cast<int64_t>(bytes)}, {.dtype = DType::u8, .device = dev});
-      const Tensor dst = zeros({static_cast<int64_t>(bytes)}, {.dtype = DType::u8, .device = dev});
-      const std::vector<double> ms =
-          gpu.time({[&] { quant::dequantize_into(q, out); },
-                    [&] { cuda::copy(dst.raw_data(), dev, src.raw_data(), dev, bytes); }});
-      return timed_row(ms[0], ms[1]);
+      return gpu.against_copy([&] { quant::dequantize_into(q, out); }, q.nbytes() + out.nbytes());
     }));
   }
 

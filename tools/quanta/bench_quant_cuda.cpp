@@ -16,7 +16,6 @@
 // for the statistics (row names stay the same).
 #include "bench.h"
 #include "bench_gpu.h"
-#include "engine/cuda/runtime.h"
 #include "quant/vq/code_statistics.h"
 #include "quant/vq/nearest_code.h"
 #include "quanta.h"
@@ -52,15 +51,9 @@ std::vector<BenchRow> bench_quant_cuda(const BenchOptions& o) {
       const Tensor rows_x = randn({n, dim}, gen).to(dev);
       const Tensor idx = one_code ? zeros({n}, {.dtype = DType::i64, .device = dev})
                                   : randint(0, k, {n}, gen, {.dtype = DType::i64, .device = dev});
-      const int64_t half = rows_x.nbytes() / 2;
-      const Tensor src = zeros({half}, {.dtype = DType::u8, .device = dev});
-      const Tensor dst = zeros({half}, {.dtype = DType::u8, .device = dev});
-      const std::vector<double> ms = gpu.time(
-          {[&] { quant::CodeStatistics s = quant::code_statistics(idx, rows_x, k); },
-           [&] {
-             cuda::copy(dst.raw_data(), dev, src.raw_data(), dev, static_cast<std::size_t>(half));
-           }});
-      return timed_row(ms[0], ms[1]);
+      return gpu.against_copy(
+          [&] { quant::CodeStatistics s = quant::code_statistics(idx, rows_x, k); },
+          rows_x.nbytes());
     }));
   }
   return rows;
