@@ -50,7 +50,7 @@ std::string size_text(std::size_t n) {
 }
 
 // A value quoted in an error: printable, and short.
-std::string quoted(const std::string& v) {
+std::string printable(const std::string& v) {
   std::string out;
   for (char c : v.substr(0, 40)) out += (c >= 32 && c < 127) ? c : '?';
   return "'" + out + (v.size() > 40 ? "...'" : "'");
@@ -158,7 +158,7 @@ struct TcpStoreServer::Impl {
       const std::string s(it->second.begin(), it->second.end());
       const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), cur);
       if (ec != std::errc() || end != s.data() + s.size())
-        return error("add of key '" + key + "': '" + key + "' holds " + quoted(s) +
+        return error("add of key '" + key + "': '" + key + "' holds " + printable(s) +
                      ", not an integer in the int64 range");
     }
     int64_t sum = 0;
@@ -272,7 +272,7 @@ struct TcpStoreServer::Impl {
   void on_request(Client& c) {
     if (!c.authed) {
       if (c.key != kProtocol)
-        return refuse_stranger(c, "it speaks protocol " + quoted(c.key) + ", not " + kProtocol);
+        return refuse_stranger(c, "it speaks protocol " + printable(c.key) + ", not " + kProtocol);
       const std::string token(c.value.begin(), c.value.end());
       if (!same_token(token, opts.token)) return refuse_stranger(c, "wrong job token");
       c.authed = true;

@@ -272,7 +272,7 @@ OutputPlan plan_output(const FinetuneOptions& o) {
         train::load_checkpoint(train::out_file(o.out, train::kCheckpointFile), kFinetuneFormat);
     const json now = finetune_config_json(o);
     std::string diff = train::resume_conflict(ck.info.config, now);
-    if (diff.empty() && ck.info.config.value("base", "") != now["base"])
+    if (diff.empty() && ck.info.config.value("base", "") != now["base"].get<std::string>())
       diff = "base: checkpoint " + ck.info.config.value("base", "") + ", now " +
              now["base"].get<std::string>();
     if (!diff.empty())

@@ -1,0 +1,149 @@
+// device_backend(): the one place a device type picks its table; the
+// counters behind device_stats and the host-sync rules (engine/host_sync.h).
+#include "engine/device_backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/host_sync.h"
+
+namespace quanta {
+
+namespace cpu {
+const DeviceBackend& host_backend();
+}
+namespace cuda {
+const DeviceBackend& backend();
+}
+namespace sim {
+const DeviceBackend& backend();
+}
+
+const DeviceBackend& device_backend(DeviceType type) {
+  switch (type) {
+    case DeviceType::cpu:
+      return cpu::host_backend();
+    case DeviceType::cuda:
+      return cuda::backend();
+    case DeviceType::sim:
+      return sim::backend();
+  }
+  throw std::logic_error("[device_backend] unknown device type");
+}
+
+namespace {
+
+struct Counters {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, DeviceStats> stats;  // (type, index)
+  std::set<std::pair<std::string, std::size_t>> warned;
+};
+Counters& counters() {
+  static Counters* c = new Counters;  // never destroyed: tensors die after main's statics
+  return *c;
+}
+DeviceStats& slot(Counters& c, Device d) {
+  return c.stats[{static_cast<int>(d.type), d.index}];
+}
+
+// The open guards of this thread, innermost last.
+thread_local std::vector<std::string> guards;
+}  // namespace
+
+HostSyncPolicy host_sync_policy() {
+  static const HostSyncPolicy p = [] {
+    const char* v = std::getenv("QUANTA_HOST_SYNC");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "allow") return HostSyncPolicy::allow;
+    if (s == "warn") return HostSyncPolicy::warn;
+    if (s == "error") return HostSyncPolicy::error;
+    std::fprintf(stderr, "quanta: QUANTA_HOST_SYNC=%s is not allow, warn or error; ignored\n",
+                 s.c_str());
+    return HostSyncPolicy::allow;
+  }();
+  return p;
+}
+
+HostSyncGuard::HostSyncGuard(std::string what) { guards.push_back(std::move(what)); }
+HostSyncGuard::~HostSyncGuard() { guards.pop_back(); }
+
+namespace detail {
+
+void count_copy(Device dst, Device src, std::size_t nbytes) {
+  const bool to_host = dst.is_cpu() && !src.is_cpu();
+  if (to_host) {
+    const HostSyncPolicy policy = !guards.empty() ? HostSyncPolicy::error : host_sync_policy();
+    if (policy != HostSyncPolicy::allow) {
+      std::string m = "[host sync] a copy of " + std::to_string(nbytes) + " bytes from " +
+                      src.str() + " to the host";
+      if (policy == HostSyncPolicy::error) {
+        m += !guards.empty() ? " inside " + guards.back()
+                             : std::string(" while QUANTA_HOST_SYNC=error");
+        m += " (item(), to_vector(), to(cpu), printing and index bounds checks read the device)";
+        throw std::logic_error(m);
+      }
+      Counters& c = counters();
+      std::lock_guard<std::mutex> lock(c.mutex);
+      if (c.warned.insert({src.str(), nbytes}).second) std::fprintf(stderr, "quanta: %s\n", m.c_str());
+    }
+  }
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto n = static_cast<int64_t>(nbytes);
+  if (to_host) {
+    DeviceStats& s = slot(c, src);
+    ++s.host_syncs;
+    ++s.copies_to_host;
+    s.bytes_to_host += n;
+  } else if (src.is_cpu() && !dst.is_cpu()) {
+    DeviceStats& s = slot(c, dst);
+    ++s.copies_from_host;
+    s.bytes_from_host += n;
+  } else if (!src.is_cpu()) {
+    ++slot(c, src).copies_on_device;
+    if (dst != src) ++slot(c, dst).copies_on_device;
+  }
+}
+
+void count_allocation(Device device, std::size_t nbytes, bool taken) {
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  DeviceStats& s = slot(c, device);
+  const auto n = static_cast<int64_t>(nbytes);
+  if (taken) {
+    ++s.allocations;
+    s.allocated_bytes += n;
+    if (s.allocated_bytes > s.peak_allocated_bytes) s.peak_allocated_bytes = s.allocated_bytes;
+  } else {
+    s.allocated_bytes -= n;
+  }
+}
+
+}  // namespace detail
+
+DeviceStats device_stats(Device device) {
+  if (device.is_cpu()) return {};
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return slot(c, device);
+}
+
+void reset_device_stats(Device device) {
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  DeviceStats& s = slot(c, device);
+  const int64_t live = s.allocated_bytes;
+  s = DeviceStats{};
+  s.allocated_bytes = live;
+  s.peak_allocated_bytes = live;
+}
+
+}  // namespace quanta

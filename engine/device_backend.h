@@ -1,0 +1,54 @@
+#pragma once
+// One table per kind of device: its memory, its copies to and from the host,
+// and the capabilities ops read when they choose a path. Storage and
+// copy_bytes go through it and never ask which device they hold; adding a
+// device is one more table (engine/sim/sim_device.cpp is the worked example,
+// docs/design.md says how). The kernels are the device's KernelTable
+// (engine/kernels/table.h), reached through kernels(Device).
+#include <cstddef>
+
+#include "engine/device.h"
+
+namespace quanta {
+
+/** What a device's kernels do natively, read where an op picks a path
+ * (instead of asking whether the device is the CPU). */
+struct DeviceCaps {
+  /** conv2d takes channels-last (NHWC) activations without permuting them. */
+  bool channels_last_conv = false;
+  /** add_n sums more than two terms in one pass. */
+  bool fused_add_n = false;
+  /** Its bytes are this process's ordinary memory (the host may read them
+   * directly, without a copy: the CPU alone; sim's memory is host memory
+   * too, but reading it is a counted copy, as on a GPU). */
+  bool host_readable = false;
+};
+
+struct DeviceBackend {
+  const char* name;
+  DeviceCaps caps;
+  /** nbytes (> 0) of uninitialised memory on device `index`; throws on failure. */
+  void* (*allocate)(std::size_t nbytes, int index);
+  /** Returns memory from allocate. Never throws. */
+  void (*release)(void* ptr, std::size_t nbytes, int index) noexcept;
+  /** nbytes between this device and the host, or within devices of this
+   * type; ordered after every kernel queued before it, and done when it
+   * returns. */
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
+               std::size_t nbytes);
+};
+
+/** The table of devices of type `type`. */
+const DeviceBackend& device_backend(DeviceType type);
+inline const DeviceCaps& device_caps(Device device) { return device_backend(device.type).caps; }
+
+namespace detail {
+/** Counts one copy in device_stats (copy_bytes calls it; so does a backend
+ * that copies by other means). A device-to-host copy is a host sync, which a
+ * HostSyncGuard or QUANTA_HOST_SYNC may refuse (it throws before copying). */
+void count_copy(Device dst, Device src, std::size_t nbytes);
+/** Counts sim allocations for device_stats. */
+void count_allocation(Device device, std::size_t nbytes, bool taken);
+}  // namespace detail
+
+}  // namespace quanta
