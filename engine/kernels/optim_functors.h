@@ -172,9 +172,14 @@ struct AdamUpdate {
     const T denom = add_rn(div_rn(root, bc2_sqrt), eps);
     p = add_rounded(p, div_rn(mul_rn(step, m), denom));
   }
-  /** The whole step with a correctly rounded square root (the device). */
+  /** The whole step with a correctly rounded square root (the device).
+   * Two statements: as one call, `apply(p, m, sqrt_rn(moments(...)))`, the
+   * order in which the arguments are evaluated is unspecified, and nvcc
+   * copied m before moments() updated it (the first GPU run's Adam steps
+   * used the previous step's m). */
   QUANTA_HD void operator()(T& p, T g, T& m, T& v, T* vmax) const {
-    apply(p, m, sqrt_rn(moments(p, g, m, v, vmax)));
+    const T root = sqrt_rn(moments(p, g, m, v, vmax));
+    apply(p, m, root);
   }
 };
 
