@@ -167,15 +167,17 @@ QUANTA_HD inline NormalPair normal_f64(const uint32_t* w) {
   return box_muller(u53_open0(w), u53(w + 2));
 }
 
-/** shift + scale * v in T. nvcc would contract it to a fused multiply-add
- * and g++ -march=native does on x86 with FMA (quanta's default build): the
- * device says fma explicitly so both round once. */
+/** shift + scale * v in T, rounded once on every device. Whether a compiler
+ * contracts `shift + scale * v` into a fused multiply-add depends on the
+ * compiler, its flags and how the loop was vectorised (g++ 13 on the first
+ * GPU machine did not, nvcc does): where shift cancels scale * v the two
+ * roundings differ by many ulps, so both sides say fma. */
 template <class T>
 QUANTA_HD inline T affine(T scale, T shift, T v) {
 #if defined(__CUDA_ARCH__)
   return fma(scale, v, shift);
 #else
-  return shift + scale * v;
+  return std::fma(scale, v, shift);
 #endif
 }
 
