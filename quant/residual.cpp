@@ -53,7 +53,7 @@ QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64
   MemberTerms terms;  // named by the first layer; dropped layers count 0 when stacked
   for (int64_t i = 0; i < num_layers; ++i) {
     if (last_kept >= 0 && i > last_kept) {
-      indices.push_back(full({b, n}, -1.0, {.dtype = index_dtype}));
+      indices.push_back(full({b, n}, -1.0, {.dtype = index_dtype, .device = tokens.device()}));
       layer_losses.push_back(zero_loss);
       if (losses == MemberLosses::stacked)
         for (auto& [name, values] : terms) values.push_back(zero_loss);
@@ -88,12 +88,13 @@ Tensor residual_codes(const Tensor& indices, int64_t num_layers, const ResidualL
     throw std::invalid_argument(m);
   }
   const Shape lead(indices.shape().begin(), indices.shape().end() - 1);
-  const Tensor none = zeros({}, {.dtype = DType::i64});
+  const TensorOptions on{.dtype = DType::i64, .device = indices.device()};
+  const Tensor none = zeros({}, on);
   std::vector<Tensor> codes;
   for (int64_t i = 0; i < num_layers; ++i) {
     // Missing layers are dropped ones; dropped indices look up code 0, zeroed after.
-    const Tensor idx = i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64)
-                                            : full(lead, -1.0, {.dtype = DType::i64});
+    const Tensor idx =
+        i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64) : full(lead, -1.0, on);
     const Tensor dropped = lt(idx, none);
     const Tensor c = lookup(i, where(dropped, none, idx));
     codes.push_back(masked_fill(c, unsqueeze(dropped, -1), 0.0));

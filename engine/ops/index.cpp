@@ -280,23 +280,28 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return where(mask.detach(), scalar(value, {.dtype = x.dtype(), .device = x.device()}), x);
 }
 
+Tensor nonzero(const Tensor& mask) {
+  if (mask.dtype() != DType::boolean)
+    fail("nonzero", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+  // The positions are counted on the host: the output's size depends on them.
+  const Tensor m = mask.detach().contiguous().to(Device::cpu());
+  const bool* mp = m.data<bool>();
+  std::vector<int64_t> where_true;
+  for (int64_t i = 0, n = m.numel(); i < n; ++i)
+    if (mp[i]) where_true.push_back(i);
+  const auto count = static_cast<int64_t>(where_true.size());
+  return from_vector<int64_t>(where_true, {count}, {.dtype = DType::i64, .device = mask.device()});
+}
+
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
   kernels_for("masked_select", {&x, &mask});
   check_plain("masked_select", x);
   if (mask.dtype() != DType::boolean)
     fail("masked_select", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
-  // The positions are counted on the host: the output's size depends on them.
-  const Tensor m = expand(mask.detach(), shape).contiguous().to(Device::cpu());
-  const bool* mp = m.data<bool>();
-  std::vector<int64_t> where_true;
-  for (int64_t i = 0, n = m.numel(); i < n; ++i)
-    if (mp[i]) where_true.push_back(i);
-  const int64_t count = static_cast<int64_t>(where_true.size());
   // Row-major positions of the true elements; index_select's backward then
   // routes the gradient (and expand's sums it over broadcast dims).
-  const Tensor pos =
-      from_vector<int64_t>(where_true, {count}, {.dtype = DType::i64, .device = x.device()});
+  const Tensor pos = nonzero(expand(mask, shape));
   return index_select(reshape(expand(x, shape), {numel_of(shape)}), 0, pos);
 }
 

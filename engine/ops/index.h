@@ -34,6 +34,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 /** The elements of x where the bool `mask` is true (both broadcast), as a 1-d
  * tensor in row-major order. */
 Tensor masked_select(const Tensor& x, const Tensor& mask);
+/** The row-major positions (i64, 1-d, on mask's device) where the bool
+ * `mask` is true: for a 1-d mask, the indices of its true elements. Its
+ * size depends on the values, so the mask is read on the host. */
+Tensor nonzero(const Tensor& mask);
 /** Rows of `weight` [V, D] at `indices` (any shape): indices.shape + [D].
  * Row `padding_idx` (in [0, V); -1 = none) receives no gradient. */
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);

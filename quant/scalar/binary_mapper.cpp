@@ -40,10 +40,14 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
   const Tensor p = sigmoid(logits.detach() / call.temperature);
   const Tensor bits =
       deterministic ? gt(p, scalar_like(p, 0.5))
-                    : lt(rand(p.shape(), gen_.next(), {.dtype = DType::f64}), p.to(DType::f64));
+                    : lt(rand(p.shape(), gen_.next(), {.dtype = DType::f64, .device = p.device()}),
+                         p.to(DType::f64));
   std::vector<int64_t> powers(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) powers[i] = int64_t(1) << i;
-  const Tensor indices = sum(bits.to(DType::i64) * from_vector<int64_t>(powers, {k}), {-1});
+  const Tensor indices =
+      sum(bits.to(DType::i64) *
+              from_vector<int64_t>(powers, {k}, {.dtype = DType::i64, .device = p.device()}),
+          {-1});
   const DType ft = is_floating(logits.dtype()) ? logits.dtype() : DType::f32;
   Tensor one_hot_codes = one_hot(indices, num_codes()).to(ft);
   if (straight) {
@@ -62,7 +66,7 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
   QuantizeOutput r;
   r.quantized = one_hot_codes;
   r.indices = indices;
-  Tensor loss = zeros({}, {.dtype = ft});
+  Tensor loss = zeros({}, {.dtype = ft, .device = logits.device()});
   if (aux && logits.numel() > 0) {
     // KL(bits || uniform) = bits ln 2 - sum_i H(sigmoid(logit_i))
     const Tensor q = sigmoid(logits);

@@ -214,9 +214,10 @@ QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask, const QuantizeO
     // stay those of the clean codes.
     // One next() per forward: a pinned stream restarts at the step's offset.
     Generator& gen = noise_gen_.next();
-    const Tensor drop =
-        bernoulli(codes.shape(), opts_.noise_dropout, gen, {.dtype = DType::boolean});
-    const Tensor noise = (rand(codes.shape(), gen) - 0.5).to(codes.dtype());
+    const Tensor drop = bernoulli(codes.shape(), opts_.noise_dropout, gen,
+                                  {.dtype = DType::boolean, .device = codes.device()});
+    const Tensor noise =
+        (rand(codes.shape(), gen, {.device = codes.device()}) - 0.5).to(codes.dtype());
     codes = where(drop, clamp(codes + noise, -1.0, 1.0), codes);
   }
   if (rotation_.defined()) codes = matmul(codes, rotation_.t());

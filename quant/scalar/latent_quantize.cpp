@@ -60,7 +60,7 @@ Tensor LatentQuantize::codes_to_indices(const Tensor& z) const {
     // nearest grid value (first on ties), as the reference's argmin |z - v|
     const Tensor v = values_[i].detach().to(z.dtype());
     const Tensor pos = argmin(abs(unsqueeze(select(z.detach(), -1, i), -1) - v), -1);
-    const Tensor term = mul(pos, scalar(double(basis_[i]), {.dtype = DType::i64}));
+    const Tensor term = mul(pos, scalar(double(basis_[i]), options_of(pos)));
     index = index.defined() ? index + term : term;
   }
   return index;
@@ -95,7 +95,9 @@ Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out)
       pos[t] = (v[t] / basis_[i]) % opts_.levels[i];
     }
     cols.push_back(
-        index_select(values_[i].detach(), 0, from_vector<int64_t>(pos, {int64_t(pos.size())})));
+        index_select(values_[i].detach(), 0,
+                     from_vector<int64_t>(pos, {int64_t(pos.size())},
+                                          {.dtype = DType::i64, .device = values_[i].device()})));
   }
   Shape s = idx.shape();
   s.back() *= static_cast<int64_t>(opts_.levels.size());

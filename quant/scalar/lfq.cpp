@@ -147,7 +147,7 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, const QuantizeO
     Tensor zt = reshape(z, {B * N, C, d});
     Tensor qt = reshape(q, {B * N, C, d});
     if (keep.defined()) {
-      const Tensor rows = detail::true_positions(reshape(keep, {B * N}));
+      const Tensor rows = nonzero(reshape(keep, {B * N}).to(DType::boolean));
       zt = index_select(zt, 0, rows);
       qt = index_select(qt, 0, rows);
     }
@@ -155,7 +155,10 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, const QuantizeO
     Tensor ze = zt;
     if (opts_.frac_per_sample_entropy < 1) {
       const auto n = static_cast<int64_t>(double(T) * opts_.frac_per_sample_entropy);
-      ze = index_select(zt, 0, slice(randperm(T, sample_gen_.next()), 0, 0, n));
+      ze = index_select(
+          zt, 0,
+          slice(randperm(T, sample_gen_.next(), {.dtype = DType::i64, .device = zt.device()}), 0, 0,
+                n));
     }
     const LFQEntropy h = opts_.entropy_path == LFQEntropyPath::direct
                              ? lfq_entropy_direct(ze, entropy_codebook(ze), inv_t, token_mean)

@@ -40,14 +40,6 @@ Tensor features_to_dim1(const Tensor& x) {
   return permute(x, order);
 }
 
-Tensor true_positions(const Tensor& mask) {
-  const std::vector<uint8_t> m = mask.to(DType::u8).to_vector<uint8_t>();
-  std::vector<int64_t> pos;
-  for (size_t i = 0; i < m.size(); ++i)
-    if (m[i]) pos.push_back(static_cast<int64_t>(i));
-  return from_vector<int64_t>(pos, {static_cast<int64_t>(pos.size())}).to(mask.device());
-}
-
 uint64_t child_seed(uint64_t seed, const std::string& name) {
   return quanta::detail::derive_key(seed, name);
 }

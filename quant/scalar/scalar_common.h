@@ -22,9 +22,6 @@ Tensor soft_clamp(const Tensor& x, const Tensor& v);
 /** [B, ..., D] to [B, D, ...] (features to dim 1), as channel-first outputs. */
 Tensor features_to_dim1(const Tensor& x);
 
-/** The flat positions (i64, [T]) where a bool tensor is true. */
-Tensor true_positions(const Tensor& mask);
-
 /** The seed of sub-layer `name` of a module seeded with `seed`. */
 uint64_t child_seed(uint64_t seed, const std::string& name);
 

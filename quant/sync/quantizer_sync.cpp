@@ -107,7 +107,8 @@ QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup&
     if (auto* rvq = dynamic_cast<ResidualVQ*>(m)) rvq->set_update_in_forward(false);
     if (auto* lfq = dynamic_cast<LFQ*>(m))
       lfq->token_mean = [g](const Tensor& sum, int64_t count) {
-        return dist::fn::global_mean(*g, sum, scalar(double(count), {.dtype = DType::f64}));
+        return dist::fn::global_mean(
+            *g, sum, scalar(double(count), {.dtype = DType::f64, .device = sum.device()}));
       };
     if (auto* cb = dynamic_cast<Codebook*>(m))
       if (seen.insert(cb).second) codebooks_.push_back(cb);
@@ -233,9 +234,11 @@ std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
         }
       Tensor rows = zeros({int64_t(pos.size()), d}, options_of(cb->embed()));
       if (!slot.empty()) {
-        const Tensor src = index_select(local_rows[size_t(t)], 0,
-                                        from_vector<int64_t>(local_at, {int64_t(local_at.size())}));
-        rows = index_add(rows, 0, from_vector<int64_t>(slot, {int64_t(slot.size())}), src);
+        const TensorOptions on{.dtype = DType::i64, .device = rows.device()};
+        const Tensor src =
+            index_select(local_rows[size_t(t)], 0,
+                         from_vector<int64_t>(local_at, {int64_t(local_at.size())}, on));
+        rows = index_add(rows, 0, from_vector<int64_t>(slot, {int64_t(slot.size())}, on), src);
       }
       picked.push_back(rows);
     }

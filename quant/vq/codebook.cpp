@@ -124,13 +124,12 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
   const bool first = pending_.empty();
   if (first) pending_.candidates.assign(static_cast<size_t>(g), {});
   const Tensor xs = to_dtype(x.detach(), embed_.dtype());
-  const int64_t t = xs.size(1);
   std::vector<Tensor> counts, sums, tokens;
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(xs, 0, h), idx = select(indices, 0, h);
     if (valid.defined()) {
       // Only unmasked tokens count: gather their positions once.
-      const Tensor keep = masked_select(arange(t), select(valid, 0, h));
+      const Tensor keep = nonzero(select(valid, 0, h));
       rows = index_select(rows, 0, keep);
       idx = index_select(idx, 0, keep);
     }
@@ -200,8 +199,9 @@ void Codebook::apply_embed_ema() {
 Tensor Codebook::expired_codes() const {
   NoGradGuard no_grad;
   if (opts_.threshold_ema_dead_code <= 0)
-    return zeros(cluster_size_.shape(), {.dtype = DType::boolean});
-  return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code));
+    return zeros(cluster_size_.shape(),
+                 {.dtype = DType::boolean, .device = cluster_size_.device()});
+  return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code, options_of(cluster_size_)));
 }
 
 Tensor Codebook::table_rows(const std::vector<std::vector<Tensor>>& per_table,
@@ -240,8 +240,8 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
     const int64_t m = any_expired ? sum(select(expired, 0, h)).item<int64_t>() : 0;
-    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, gen)
-                                   : zeros({0}, {.dtype = DType::i64}));
+    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, gen, embed_.device())
+                                   : zeros({0}, {.dtype = DType::i64, .device = embed_.device()}));
   }
   return picks;
 }
@@ -252,11 +252,10 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   NoGradGuard no_grad;
   const double threshold = opts_.threshold_ema_dead_code;
   const Tensor expired = expired_codes();
-  const int64_t k = opts_.codebook_size;
   for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
     const Tensor& r = rows[size_t(h)];
     if (r.size(0) == 0) continue;
-    const Tensor dead = masked_select(arange(k), select(expired, 0, h));
+    const Tensor dead = nonzero(select(expired, 0, h));
     const int64_t m = dead.numel();
     if (r.dim() != 2 || r.size(0) != m || r.size(1) != opts_.dim)
       throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
@@ -271,13 +270,12 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
 
 void Codebook::add_init_samples(const Tensor& x, const Tensor& valid) {
   NoGradGuard no_grad;
-  const int64_t g = opts_.num_codebooks, t = x.size(1);
+  const int64_t g = opts_.num_codebooks;
   if (pending_.init_samples.empty()) pending_.init_samples.assign(static_cast<size_t>(g), {});
   const Tensor xs = to_dtype(x.detach(), embed_.dtype());
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(xs, 0, h);
-    if (valid.defined())
-      rows = index_select(rows, 0, masked_select(arange(t), select(valid, 0, h)));
+    if (valid.defined()) rows = index_select(rows, 0, nonzero(select(valid, 0, h)));
     pending_.init_samples[static_cast<size_t>(h)].push_back(contiguous(rows));
   }
 }
@@ -298,8 +296,7 @@ void Codebook::update_affine(const Tensor& x, const Tensor& valid) {
   std::vector<Tensor> means, vars;
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(xs, 0, h);
-    if (valid.defined())
-      rows = index_select(rows, 0, masked_select(arange(rows.size(0)), select(valid, 0, h)));
+    if (valid.defined()) rows = index_select(rows, 0, nonzero(select(valid, 0, h)));
     if (rows.size(0) == 0) return;  // nothing to learn the batch statistics from
     means.push_back(mean(rows, {0}, true));
     vars.push_back(var(rows, {0}, 0.0, true));
@@ -315,8 +312,7 @@ void Codebook::accumulate_affine(const Tensor& x, const Tensor& valid) {
   std::vector<Tensor> counts, sums, squares;
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(xs, 0, h);
-    if (valid.defined())
-      rows = index_select(rows, 0, masked_select(arange(rows.size(0)), select(valid, 0, h)));
+    if (valid.defined()) rows = index_select(rows, 0, nonzero(select(valid, 0, h)));
     counts.push_back(scalar(double(rows.size(0)), options_of(embed_)));
     sums.push_back(sum(rows, {0}, true));
     squares.push_back(sum(square(rows), {0}, true));

@@ -14,13 +14,14 @@
 
 namespace quanta::quant {
 
-Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen) {
+Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen, Device device) {
   if (n <= 0) throw std::invalid_argument("[sample_rows] no rows to sample from");
-  return n >= m ? randperm_prefix(n, m, gen) : randint(0, n, {m}, gen);
+  const TensorOptions opts{.dtype = DType::i64, .device = device};
+  return n >= m ? randperm_prefix(n, m, gen, opts) : randint(0, n, {m}, gen, opts);
 }
 
 Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen) {
-  return index_select(rows, 0, sample_row_positions(rows.size(0), m, gen));
+  return index_select(rows, 0, sample_row_positions(rows.size(0), m, gen, rows.device()));
 }
 
 KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine, Generator& gen) {
@@ -37,7 +38,7 @@ KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine
     bins = st.counts;
     Tensor updated = st.sums / unsqueeze(clamp(bins, 1.0, std::nan("")), 1);
     if (cosine) updated = l2norm(updated);
-    means = where(unsqueeze(eq(bins, scalar(0.0)), 1), means, updated);
+    means = where(unsqueeze(eq(bins, scalar(0.0, options_of(bins))), 1), means, updated);
   }
   return {means, bins};
 }

@@ -26,10 +26,10 @@ KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine
 /** Rows `m` drawn from `rows` [N, D] (N > 0) with `gen`: without replacement
  * (a random permutation's first m) when N >= m, else with replacement. */
 Tensor sample_rows(const Tensor& rows, int64_t m, Generator& gen);
-/** The row positions sample_rows draws, [m] int64: they depend only on (n,
- * m, gen), so ranks that know the pooled size can agree on them without
- * holding the rows. */
-Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen);
+/** The row positions sample_rows draws, [m] int64 on `device`: they depend
+ * only on (n, m, gen), so ranks that know the pooled size can agree on them
+ * without holding the rows. */
+Tensor sample_row_positions(int64_t n, int64_t m, Generator& gen, Device device = Device::cpu());
 
 /** Mean squared distance of each sample to its nearest mean (for tests and
  * diagnostics). */

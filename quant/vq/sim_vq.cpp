@@ -81,7 +81,7 @@ QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask, const Quantiz
 Tensor SimVQ::get_codes_from_indices(const Tensor& indices) {
   // Gathered before the transform, as indices_to_codes (the reference's).
   const Tensor idx = to_dtype(indices, DType::i64);
-  const Tensor none = zeros({}, {.dtype = DType::i64});
+  const Tensor none = zeros({}, options_of(idx));
   const Tensor masked = lt(idx, none);
   const Tensor q = transform_->forward(embedding(frozen_, where(masked, none, idx)));
   return masked_fill(q, unsqueeze(masked, -1), 0.0);

@@ -84,7 +84,8 @@ Tensor gumbel_noise(const Shape& shape, Generator& gen, const TensorOptions& opt
 Tensor gather_codes(const Tensor& codes, const Tensor& idx) {
   const int64_t g = codes.size(0), k = codes.size(1), d = codes.size(2), tt = idx.size(1);
   Tensor flat = idx;
-  if (g > 1) flat = idx + unsqueeze(arange(g) * k, 1);
+  if (g > 1)
+    flat = idx + unsqueeze(arange(g, {.dtype = DType::i64, .device = idx.device()}) * k, 1);
   return reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})), {g, tt, d});
 }
 
@@ -247,12 +248,11 @@ void VectorQuantize::init_codebook(const Tokens& t) {
     if (is_training()) cb.add_init_samples(t.x, t.valid);
     return;
   }
-  const int64_t g = t.x.size(0), tt = t.x.size(1);
+  const int64_t g = t.x.size(0);
   std::vector<Tensor> samples;
   for (int64_t h = 0; h < g; ++h) {
     Tensor rows = select(t.x, 0, h).detach();
-    if (t.valid.defined())
-      rows = index_select(rows, 0, masked_select(arange(tt), select(t.valid, 0, h)));
+    if (t.valid.defined()) rows = index_select(rows, 0, nonzero(select(t.valid, 0, h)));
     samples.push_back(rows);
   }
   cb.init_from_samples(samples);
@@ -434,12 +434,16 @@ Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {
     std::set<int64_t> used;
     for (int64_t i : indices.to_vector<int64_t>()) used.insert(i);
     const std::vector<int64_t> ids(used.begin(), used.end());
-    e = index_select(e, 1, from_vector<int64_t>(ids, {int64_t(ids.size())}));
+    e = index_select(e, 1,
+                     from_vector<int64_t>(ids, {int64_t(ids.size())},
+                                          {.dtype = DType::i64, .device = e.device()}));
   }
   const int64_t n = e.size(1);
   if (opts_.orthogonal_reg_max_codes > 0 && n > opts_.orthogonal_reg_max_codes)
     e = index_select(
-        e, 1, slice(randperm(n, orthogonal_gen_.next()), 0, 0, opts_.orthogonal_reg_max_codes));
+        e, 1,
+        slice(randperm(n, orthogonal_gen_.next(), {.dtype = DType::i64, .device = e.device()}), 0,
+              0, opts_.orthogonal_reg_max_codes));
   const int64_t m = e.size(1), h = e.size(0);
   if (m == 0) return zero_like_loss(e);
   const Tensor en = l2norm(e);
@@ -519,9 +523,10 @@ Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) {
   const Tensor codes = codebook_->embed().detach();
   const int64_t g = codes.size(0);
   Tensor idx = reshape(to_dtype(indices, DType::i64), {m, h});
-  const Tensor valid = ge(idx, scalar(0.0, {.dtype = DType::i64}));
+  const Tensor valid = ge(idx, scalar(0.0, options_of(idx)));
   Tensor flat = where(valid, idx, zeros_like(idx));
-  if (g > 1) flat = flat + unsqueeze(arange(h) * k, 0);
+  if (g > 1)
+    flat = flat + unsqueeze(arange(h, {.dtype = DType::i64, .device = idx.device()}) * k, 0);
   Tensor rows =
       reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})), {m, h, d});
   rows = rows * unsqueeze(to_dtype(valid, rows.dtype()), -1);
