@@ -225,7 +225,10 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   for (auto& b : st.buckets) {
     int64_t n = 0;
     for (int i : b.slots) n += st.slots[i].param.numel();
-    b.flat = zeros({n}, {.dtype = st.slots[b.slots[0]].param.dtype()});
+    // On the parameters' device: gradients are copied in on the device and
+    // the backend reduces them there (NCCL for CUDA) without a host trip.
+    const Tensor& first = st.slots[b.slots[0]].param;
+    b.flat = zeros({n}, options_of(first));
     b.pending = int(b.slots.size());
   }
   st.grads = group.clone("dp");
@@ -241,6 +244,10 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
 DataParallel::~DataParallel() = default;
 
 std::size_t DataParallel::num_buckets() const { return state_->buckets.size(); }
+
+Device DataParallel::bucket_device(std::size_t i) const {
+  return state_->buckets.at(i).flat.device();
+}
 
 std::size_t DataParallel::buckets_launched() const { return state_->next_launch; }
 

@@ -90,6 +90,8 @@ class DataParallel {
 
   /** How many gradient buckets there are. */
   std::size_t num_buckets() const;
+  /** Where bucket i lives: its parameters' device. */
+  Device bucket_device(std::size_t i) const;
   /** How many of this step's buckets have been handed to the communication
    * thread so far (read during backward, e.g. from a gradient hook, it shows
    * the overlap); finish_step() launches the rest and resets it to 0. */

@@ -100,6 +100,40 @@ TEST_CASE("N ranks with the batch split equal one process on the whole batch") {
   }
 }
 
+TEST_CASE("on a device (sim) the buckets live there, and the result is the CPU's") {
+  const int steps = 3;
+  const int64_t local = 3;
+  auto train = [&](Device dev) {
+    std::vector<std::vector<std::vector<double>>> got(kRanks);
+    std::vector<std::vector<Device>> where(kRanks);
+    auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+      auto model = std::make_shared<TwoHeads>(100 + g.rank());
+      model->to(dev);
+      DataParallel dp(model, g, {.bucket_bytes = 64});
+      for (std::size_t i = 0; i < dp.num_buckets(); ++i)
+        where[g.rank()].push_back(dp.bucket_device(i));
+      SGD opt(model->parameters(), {.lr = 0.1});
+      for (int s = 0; s < steps; ++s) {
+        Tensor x = batch_x(local * kRanks, s).narrow(0, local * g.rank(), local).to(dev);
+        Tensor y = batch_y(local * kRanks, s).narrow(0, local * g.rank(), local).to(dev);
+        mse_loss(dp(x), y).backward();
+        dp.finish_step();
+        opt.step();
+        opt.zero_grad();
+      }
+      got[g.rank()] = values(*model);
+    });
+    REQUIRE(all_ok(errors));
+    for (const auto& w : where) {
+      REQUIRE(w.size() == 6u);
+      for (Device d : w) CHECK(d == dev);  // no gradient crosses to the host
+    }
+    CHECK(got[1] == got[0]);
+    return got[0];
+  };
+  CHECK(train(Device::sim(0)) == train(Device::cpu()));
+}
+
 TEST_CASE("a model that differs across ranks: every rank names the first difference") {
   auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
     auto model = std::make_shared<TwoHeads>(1, g.rank() == 1 ? 7 : 6);
