@@ -12,6 +12,7 @@
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/factory.h"
+#include "engine/host_sync.h"
 #include "engine/io/safetensors.h"
 #include "engine/nn/init.h"
 #include "engine/nn/layers.h"

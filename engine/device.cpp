@@ -1,21 +1,36 @@
 #include "engine/device.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace quanta {
 
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return cpu();
-  if (s == "cuda") return cuda(0);
-  if (s.rfind("cuda:", 0) == 0) {
-    const std::string num = s.substr(5);
-    if (!num.empty() && num.find_first_not_of("0123456789") == std::string::npos)
-      return cuda(std::stoi(num));
+  for (const auto& [name, type] : {std::pair{std::string("cuda"), DeviceType::cuda},
+                                   std::pair{std::string("sim"), DeviceType::sim}}) {
+    if (s == name) return {type, 0};
+    if (s.rfind(name + ":", 0) == 0) {
+      const std::string num = s.substr(name.size() + 1);
+      if (!num.empty() && num.size() <= 4 &&
+          num.find_first_not_of("0123456789") == std::string::npos)
+        return {type, std::stoi(num)};
+    }
   }
   throw std::invalid_argument("[Device] cannot parse device: got '" + s +
-                              "', expected 'cpu', 'cuda' or 'cuda:N'");
+                              "', expected 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N'");
 }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+std::string Device::str() const {
+  switch (type) {
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::sim:
+      return "sim:" + std::to_string(index);
+  }
+  return "?";
+}
 
 }  // namespace quanta

@@ -1,29 +1,58 @@
 #pragma once
-// Where a tensor's bytes live: the CPU or one CUDA device.
+// Where a tensor's bytes live: the CPU, one CUDA device, or one `sim` device
+// (a stand-in for a GPU that every machine has: host memory of its own, the
+// CPU's kernels, and every host-side rule of a GPU; engine/sim/sim_device.h).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace quanta {
 
-enum class DeviceType : uint8_t { cpu, cuda };
+enum class DeviceType : uint8_t { cpu, cuda, sim };
 
-/** A device: cpu, or cuda with an ordinal. */
+/** A device: cpu, or cuda or sim with an ordinal. */
 struct Device {
   DeviceType type = DeviceType::cpu;
   int index = 0;
 
   static Device cpu() { return {DeviceType::cpu, 0}; }
   static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
-  /** Parses "cpu", "cuda", "cuda:1"; throws std::invalid_argument. */
+  /** The simulated GPU number i: results equal the CPU's bit for bit, while
+   * its tensors obey a GPU's rules (no mixing with CPU tensors, every read
+   * from the host a counted device-to-host copy). */
+  static Device sim(int i = 0) { return {DeviceType::sim, i}; }
+  /** Parses "cpu", "cuda", "cuda:1", "sim", "sim:1"; throws std::invalid_argument. */
   static Device parse(const std::string& s);
 
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
-  /** "cpu" or "cuda:N". */
+  bool is_sim() const { return type == DeviceType::sim; }
+  /** "cpu", "cuda:N" or "sim:N". */
   std::string str() const;
   bool operator==(const Device&) const = default;
 };
+
+/** What crossed between the host and one device since the start (or
+ * reset_device_stats). A host sync is a point where the host waits for the
+ * device: every device-to-host copy (item(), to_vector(), to(cpu), printing,
+ * saving, a bounds check that reads indices back). Counted for cuda and sim
+ * devices; the CPU has none. */
+struct DeviceStats {
+  int64_t host_syncs = 0;
+  int64_t copies_to_host = 0;
+  int64_t copies_from_host = 0;
+  int64_t copies_on_device = 0;  // device to device
+  int64_t bytes_to_host = 0;
+  int64_t bytes_from_host = 0;
+  int64_t allocations = 0;      // sim only: buffers taken (CUDA: cuda_memory_stats)
+  int64_t allocated_bytes = 0;  // sim only: held by live tensors
+  int64_t peak_allocated_bytes = 0;
+};
+
+/** Counters of `device` (all zero for the CPU). */
+DeviceStats device_stats(Device device);
+/** Restarts the counters of `device` (live allocations stay counted). */
+void reset_device_stats(Device device);
 
 /** True when quanta was compiled with its CUDA backend. */
 bool cuda_built();

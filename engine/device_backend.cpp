@@ -50,9 +50,7 @@ Counters& counters() {
   static Counters* c = new Counters;  // never destroyed: tensors die after main's statics
   return *c;
 }
-DeviceStats& slot(Counters& c, Device d) {
-  return c.stats[{static_cast<int>(d.type), d.index}];
-}
+DeviceStats& slot(Counters& c, Device d) { return c.stats[{static_cast<int>(d.type), d.index}]; }
 
 // The open guards of this thread, innermost last.
 thread_local std::vector<std::string> guards;
@@ -92,7 +90,8 @@ void count_copy(Device dst, Device src, std::size_t nbytes) {
       }
       Counters& c = counters();
       std::lock_guard<std::mutex> lock(c.mutex);
-      if (c.warned.insert({src.str(), nbytes}).second) std::fprintf(stderr, "quanta: %s\n", m.c_str());
+      if (c.warned.insert({src.str(), nbytes}).second)
+        std::fprintf(stderr, "quanta: %s\n", m.c_str());
     }
   }
   Counters& c = counters();

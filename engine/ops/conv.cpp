@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/autograd/node.h"
+#include "engine/device_backend.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
@@ -83,7 +84,7 @@ Tensor conv_op_converted(Kind kind, const Tensor& a, const Tensor& b, const Tens
 
 // One of the three kernels with its backward node; operands already checked.
 Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, const ConvGeom& g) {
-  if (g.channels_last && (g.groups != 1 || !a.device().is_cpu()))
+  if (g.channels_last && (g.groups != 1 || !device_caps(a.device()).channels_last_conv))
     return conv_op_converted(kind, a, b, bias, g);
   const char* op = kind_name(kind);
   const KernelTable& k = kernels_for(op, {&a, &b, &bias});

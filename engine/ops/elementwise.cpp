@@ -8,6 +8,7 @@
 
 #include "engine/autograd/node.h"
 #include "engine/cpu/parallel.h"
+#include "engine/device_backend.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise_kernels.h"
@@ -108,10 +109,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add_n(const std::vector<Tensor>& terms) {
   if (terms.empty()) throw std::invalid_argument("[add_n] needs at least one term");
   const Tensor& first = terms[0];
-  bool fused = terms.size() > 2 && first.device().is_cpu() &&
+  bool fused = terms.size() > 2 && device_caps(first.device()).fused_add_n &&
                (first.dtype() == DType::f32 || first.dtype() == DType::f64);
   for (const Tensor& t : terms)
-    fused = fused && t.defined() && t.device().is_cpu() && t.dtype() == first.dtype() &&
+    fused = fused && t.defined() && t.device() == first.device() && t.dtype() == first.dtype() &&
             t.shape() == first.shape();
   if (!fused) {
     Tensor total = first;

@@ -383,7 +383,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
         cpu_t().nearest_codes(dt, x.raw_data(), c.raw_data(), n, 2 * k, d, cosine,
                               want.data<int64_t>());
         gpu_t().nearest_codes(dt, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, 2 * k, d, cosine,
-                              got.data<int64_t>());
+                              testing::dev<int64_t>(got));
         INFO(dtype_name(dt), " cosine ", cosine, " k ", k);
         CHECK(same_bytes(got, want));
       }
@@ -396,7 +396,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
   cpu_t().nearest_codes(DType::f32, x.raw_data(), c.raw_data(), n, k, d, false,
                         want.data<int64_t>());
   gpu_t().nearest_codes(DType::f32, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, k, d, false,
-                        got.data<int64_t>());
+                        testing::dev<int64_t>(got));
   const auto a = got.to(Device::cpu()).to_vector<int64_t>(), b = want.to_vector<int64_t>();
   int64_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
@@ -412,7 +412,7 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       Tensor valid = row_mask(rows, 7);
       const uint8_t* hv = masked ? valid.data<uint8_t>() : nullptr;
       Tensor gvalid = on_gpu(valid), gx = on_gpu(x), gq = on_gpu(q);
-      const uint8_t* dv = masked ? gvalid.data<uint8_t>() : nullptr;
+      const uint8_t* dv = masked ? testing::dev<uint8_t>(gvalid) : nullptr;
       const SquaredErrorSum want =
           cpu_t().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d);
       const SquaredErrorSum got =
@@ -447,8 +447,8 @@ TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU
         cpu_t().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
                            masked ? valid.data<uint8_t>() : nullptr, 0.5, rows, d, want.raw_data());
         gpu_t().route_grad(rotation, dt, on_gpu(x).raw_data(), on_gpu(q).raw_data(),
-                           on_gpu(g).raw_data(), masked ? gvalid.data<uint8_t>() : nullptr, 0.5,
-                           rows, d, got.raw_data());
+                           on_gpu(g).raw_data(), masked ? testing::dev<uint8_t>(gvalid) : nullptr,
+                           0.5, rows, d, got.raw_data());
         INFO(dtype_name(dt), " rotation ", rotation, " masked ", masked);
         CHECK(max_err(got, want) <= 10 * tol(dt));
       }
@@ -463,7 +463,7 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
       Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
       cpu_t().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 3,
                        with_src ? src.raw_data() : nullptr, 1.5);
-      gpu_t().put_rows(dt, gtable.raw_data(), 7, gat.data<int64_t>(), 3,
+      gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 3,
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
       CHECK(same_bytes(gtable, table));
     }
@@ -653,8 +653,8 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
       Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
       Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
       cpu_t().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
-      gpu_t().clamped_entropy(on_gpu(z).data<double>(), rows, d, gh.data<double>(),
-                              gg.data<double>());
+      gpu_t().clamped_entropy(testing::dev<double>(on_gpu(z)), rows, d, testing::dev<double>(gh),
+                              testing::dev<double>(gg));
       if (d > quant_cuda::kEntropyWalkMaxBits) {
         CHECK(same_bytes(gh, h));
         CHECK(same_bytes(gg, g));
@@ -678,7 +678,7 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
     Tensor absmax = empty({blocks});
     Tensor gabs = empty({blocks}, {.device = Device::cuda(0)});
     cpu_t().nf4_absmax(x.data<float>(), n, block, absmax.data<float>());
-    gpu_t().nf4_absmax(gx.data<float>(), n, block, gabs.data<float>());
+    gpu_t().nf4_absmax(testing::dev<float>(gx), n, block, testing::dev<float>(gabs));
     REQUIRE(same_bytes(gabs, absmax));
     // bitsandbytes' layout: packed codes, scales apart.
     Tensor packed = zeros({(n + 1) / 2}, {.dtype = DType::u8});
@@ -686,12 +686,16 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
     cpu_t().nf4_encode(
         x.data<float>(), n, block, absmax.data<float>(), absmax.data<float>(),
         {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
-    gpu_t().nf4_encode(
-        gx.data<float>(), n, block, gabs.data<float>(), gabs.data<float>(),
-        {.run = run, .codes = gpacked.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
+    gpu_t().nf4_encode(testing::dev<float>(gx), n, block, testing::dev<float>(gabs),
+                       testing::dev<float>(gabs),
+                       {.run = run,
+                        .codes = testing::dev<uint8_t>(gpacked),
+                        .code_stride = run / 2,
+                        .pad_runs = false});
     CHECK(same_bytes(gpacked, packed));
     const NF4Runs w = nf4_packed_runs(packed.data<uint8_t>(), absmax.data<float>(), n, block);
-    const NF4Runs gw = nf4_packed_runs(gpacked.data<uint8_t>(), gabs.data<float>(), n, block);
+    const NF4Runs gw =
+        nf4_packed_runs(testing::dev<uint8_t>(gpacked), testing::dev<float>(gabs), n, block);
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       Tensor want = empty({n}, {.dtype = dt});
       Tensor got = empty({n}, {.dtype = dt, .device = Device::cuda(0)});
@@ -705,13 +709,14 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
   const int64_t runs = (n + 63) / 64;
   Tensor gabs = empty({runs}, {.device = Device::cuda(0)});
   Tensor gunits = zeros({units.numel()}, {.dtype = DType::u8, .device = Device::cuda(0)});
-  gpu_t().nf4_absmax(gx.data<float>(), n, 64, gabs.data<float>());
-  gpu_t().nf4_encode(gx.data<float>(), n, 64, gabs.data<float>(), gabs.data<float>(),
+  gpu_t().nf4_absmax(testing::dev<float>(gx), n, 64, testing::dev<float>(gabs));
+  gpu_t().nf4_encode(testing::dev<float>(gx), n, 64, testing::dev<float>(gabs),
+                     testing::dev<float>(gabs),
                      {.run = 64,
-                      .codes = gunits.data<uint8_t>(),
+                      .codes = testing::dev<uint8_t>(gunits),
                       .code_stride = static_cast<int64_t>(kNF4UnitBytes),
                       .pad_runs = true,
-                      .scales = gunits.data<uint8_t>() + kNF4CodeBytes,
+                      .scales = testing::dev<uint8_t>(gunits) + kNF4CodeBytes,
                       .scale_stride = static_cast<int64_t>(kNF4UnitBytes)});
   CHECK(same_bytes(gunits, units));
 }
@@ -724,7 +729,7 @@ TEST_CASE("quant cuda: nf4_decode by words and by elements writes the CPU's valu
     const Tensor units = cpu_units(random_tensor({n}, DType::f32, 23));
     const Tensor gunits = on_gpu(units);
     const NF4Runs w = nf4_unit_runs(units.data<uint8_t>(), n);
-    const NF4Runs gw = nf4_unit_runs(gunits.data<uint8_t>(), n);
+    const NF4Runs gw = nf4_unit_runs(testing::dev<uint8_t>(gunits), n);
     for (DType dt : {DType::f32, DType::bf16, DType::f16})
       for (int64_t shift : {0, 1}) {
         INFO("n ", n, " ", dtype_name(dt), " output shifted by ", shift);
@@ -750,7 +755,7 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
     const Tensor units = cpu_units(wf);
     const Tensor gunits = on_gpu(units);
     const NF4Runs w = nf4_unit_runs(units.data<uint8_t>(), s.n * s.k);
-    const NF4Runs gw = nf4_unit_runs(gunits.data<uint8_t>(), s.n * s.k);
+    const NF4Runs gw = nf4_unit_runs(testing::dev<uint8_t>(gunits), s.n * s.k);
     for (DType dt : {DType::f32, DType::f64})
       for (DType dd : {DType::f32, DType::bf16, DType::f16}) {
         INFO(s.m, "x", s.k, "x", s.n, " ", dtype_name(dt), " dequant ", dtype_name(dd));
@@ -810,9 +815,9 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
     }
     const Tensor gcodes = on_gpu(codes), gscales = scales.defined() ? on_gpu(scales) : Tensor();
     auto runs = [&](const Tensor& cs, const Tensor& ss) {
-      const auto* b = cs.data<uint8_t>();
+      const auto* b = testing::dev<uint8_t>(cs);
       return c.units ? nf4_unit_runs(b, c.n * c.k)
-                     : nf4_packed_runs(b, ss.data<float>(), c.n * c.k, c.block);
+                     : nf4_packed_runs(b, testing::dev<float>(ss), c.n * c.k, c.block);
     };
     const NF4Runs w = runs(codes, scales), gw = runs(gcodes, gscales);
     REQUIRE(quant_cuda::nf4_use_gemv(c.m, c.k, c.n, gw));

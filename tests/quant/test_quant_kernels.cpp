@@ -158,83 +158,85 @@ TEST_CASE("quant kernels: CUDA tensors reach the CUDA kernels") {
   CHECK(mixed.find("[nearest_codes] operands are on different devices") == 0);
 }
 
-// One training step of every quantizer family on cuda:0 against the same
-// layer (same seed) on the CPU: everything a layer composes of engine ops
-// and table entries must exist on the GPU and agree. f32 throughout; the
-// GPU's GEMMs and reductions add in other orders, hence the tolerance.
-TEST_CASE("quant layers: a training step on cuda:0 equals the CPU's") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << testing::no_gpu_reason());
-    return;
-  }
-  using Make = std::function<std::shared_ptr<Quantizer>(Generator&)>;
-  struct Family {
-    const char* name;
-    Make make;
-  };
-  VectorQuantizeOptions vq;
-  vq.dim = 8;
-  vq.codebook_size = 32;
-  vq.kmeans_init = true;
-  vq.threshold_ema_dead_code = 1.5;
-  VectorQuantizeOptions cosine = vq;
-  cosine.use_cosine_sim = true;
-  cosine.kmeans_init = false;
-  FSQOptions fsq;
-  fsq.levels = {8, 5, 5};
-  fsq.dim = 8;
-  LFQOptions lfq;
-  lfq.dim = 8;
-  lfq.codebook_size = 1024;
-  lfq.commitment_loss_weight = 0.25;
-  ResidualVQOptions rvq;
-  rvq.dim = 8;
-  rvq.num_quantizers = 3;
-  rvq.codebook_sizes = {16};
-  const std::vector<Family> families = {
-      {"vq (kmeans, dead codes)",
-       [&](Generator& g) { return std::make_shared<VectorQuantize>(vq, g); }},
-      {"vq cosine", [&](Generator& g) { return std::make_shared<VectorQuantize>(cosine, g); }},
-      {"fsq", [&](Generator& g) { return std::make_shared<FSQ>(fsq, g); }},
-      {"lfq (entropy)", [&](Generator& g) { return std::make_shared<LFQ>(lfq, g); }},
-      {"residual vq", [&](Generator& g) { return std::make_shared<ResidualVQ>(rvq, g); }},
-  };
-  const Device gpu = Device::cuda(0);
-  const auto close = [](const Tensor& got, const Tensor& want, double tol) {
-    const Tensor diff = abs(got.to(Device::cpu()).to(DType::f64) - want.to(DType::f64));
-    const double scale = 1.0 + amax(abs(want.to(DType::f64))).item();
-    return diff.numel() == 0 || amax(diff).item() <= tol * scale;
-  };
-  for (const Family& f : families) {
-    INFO(f.name);
-    Generator gc(77), gg(77), data(5);
-    std::shared_ptr<Quantizer> on_cpu = f.make(gc), on_gpu = f.make(gg);
-    on_gpu->to(gpu);
-    on_cpu->train();
-    on_gpu->train();
-    const Tensor x = randn({2, 24, 8}, data);
-    const Tensor w = randn({2, 24, 8}, data);
-    for (int step = 0; step < 2; ++step) {  // the second sees the first's codebook update
-      INFO("step ", step);
-      Tensor xc = x.clone().requires_grad_(true), xg = x.to(gpu).requires_grad_(true);
-      const QuantizeOutput oc = on_cpu->forward(xc, Tensor(), QuantizeOptions{});
-      const QuantizeOutput og = on_gpu->forward(xg, Tensor(), QuantizeOptions{});
-      CHECK(og.quantized.device() == gpu);
-      CHECK(og.indices.to(Device::cpu()).to_vector<int64_t>() == oc.indices.to_vector<int64_t>());
-      CHECK(close(og.quantized, oc.quantized, 1e-4));
-      CHECK(close(og.loss, oc.loss, 1e-4));
-      (sum(oc.quantized * w) + sum(oc.loss)).backward();
-      (sum(og.quantized * w.to(gpu)) + sum(og.loss)).backward();
-      CHECK(close(xg.grad(), xc.grad(), 1e-4));
-      // Parameters and buffers (codebooks, EMA statistics) after the step.
-      for (bool buffers : {false, true}) {
-        const auto want = buffers ? on_cpu->named_buffers() : on_cpu->named_parameters();
-        const auto got = buffers ? on_gpu->named_buffers() : on_gpu->named_parameters();
-        REQUIRE(got.size() == want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          INFO(want[i].first);
-          CHECK(got[i].first == want[i].first);
-          CHECK(close(got[i].second, want[i].second, 1e-4));
+// One training step of every quantizer family on each device (sim:0, and
+// cuda:0 where there is one) against the same layer (same seed) on the CPU:
+// everything a layer composes of engine ops and table entries must exist on
+// the device, keep its tensors there, and agree. f32 throughout; sim runs the
+// CPU's kernels (the same bits), a GPU's GEMMs and reductions add in other
+// orders, hence its tolerance.
+TEST_CASE("quant layers: a training step on a device equals the CPU's") {
+  if (!testing::have_gpu()) MESSAGE("cuda:0 skipped: " << testing::no_gpu_reason());
+  for (const Device gpu : testing::test_devices()) {
+    INFO("device ", gpu.str());
+    const double tol = gpu.is_sim() ? 0.0 : 1e-4;
+    using Make = std::function<std::shared_ptr<Quantizer>(Generator&)>;
+    struct Family {
+      const char* name;
+      Make make;
+    };
+    VectorQuantizeOptions vq;
+    vq.dim = 8;
+    vq.codebook_size = 32;
+    vq.kmeans_init = true;
+    vq.threshold_ema_dead_code = 1.5;
+    VectorQuantizeOptions cosine = vq;
+    cosine.use_cosine_sim = true;
+    cosine.kmeans_init = false;
+    FSQOptions fsq;
+    fsq.levels = {8, 5, 5};
+    fsq.dim = 8;
+    LFQOptions lfq;
+    lfq.dim = 8;
+    lfq.codebook_size = 1024;
+    lfq.commitment_loss_weight = 0.25;
+    ResidualVQOptions rvq;
+    rvq.dim = 8;
+    rvq.num_quantizers = 3;
+    rvq.codebook_sizes = {16};
+    const std::vector<Family> families = {
+        {"vq (kmeans, dead codes)",
+         [&](Generator& g) { return std::make_shared<VectorQuantize>(vq, g); }},
+        {"vq cosine", [&](Generator& g) { return std::make_shared<VectorQuantize>(cosine, g); }},
+        {"fsq", [&](Generator& g) { return std::make_shared<FSQ>(fsq, g); }},
+        {"lfq (entropy)", [&](Generator& g) { return std::make_shared<LFQ>(lfq, g); }},
+        {"residual vq", [&](Generator& g) { return std::make_shared<ResidualVQ>(rvq, g); }},
+    };
+    const auto close = [](const Tensor& got, const Tensor& want, double tol) {
+      const Tensor diff = abs(got.to(Device::cpu()).to(DType::f64) - want.to(DType::f64));
+      const double scale = 1.0 + amax(abs(want.to(DType::f64))).item();
+      return diff.numel() == 0 || amax(diff).item() <= tol * scale;
+    };
+    for (const Family& f : families) {
+      INFO(f.name);
+      Generator gc(77), gg(77), data(5);
+      std::shared_ptr<Quantizer> on_cpu = f.make(gc), on_gpu = f.make(gg);
+      on_gpu->to(gpu);
+      on_cpu->train();
+      on_gpu->train();
+      const Tensor x = randn({2, 24, 8}, data);
+      const Tensor w = randn({2, 24, 8}, data);
+      for (int step = 0; step < 2; ++step) {  // the second sees the first's codebook update
+        INFO("step ", step);
+        Tensor xc = x.clone().requires_grad_(true), xg = x.to(gpu).requires_grad_(true);
+        const QuantizeOutput oc = on_cpu->forward(xc, Tensor(), QuantizeOptions{});
+        const QuantizeOutput og = on_gpu->forward(xg, Tensor(), QuantizeOptions{});
+        CHECK(og.quantized.device() == gpu);
+        CHECK(og.indices.to(Device::cpu()).to_vector<int64_t>() == oc.indices.to_vector<int64_t>());
+        CHECK(close(og.quantized, oc.quantized, tol));
+        CHECK(close(og.loss, oc.loss, tol));
+        (sum(oc.quantized * w) + sum(oc.loss)).backward();
+        (sum(og.quantized * w.to(gpu)) + sum(og.loss)).backward();
+        CHECK(close(xg.grad(), xc.grad(), tol));
+        // Parameters and buffers (codebooks, EMA statistics) after the step.
+        for (bool buffers : {false, true}) {
+          const auto want = buffers ? on_cpu->named_buffers() : on_cpu->named_parameters();
+          const auto got = buffers ? on_gpu->named_buffers() : on_gpu->named_parameters();
+          REQUIRE(got.size() == want.size());
+          for (size_t i = 0; i < want.size(); ++i) {
+            INFO(want[i].first);
+            CHECK(got[i].first == want[i].first);
+            CHECK(close(got[i].second, want[i].second, tol));
+          }
         }
       }
     }

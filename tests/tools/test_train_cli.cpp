@@ -330,7 +330,7 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
                        "--kmeans-init: expected true or false");
   check_one_line_error(run_quanta({"train", "--nproc", "0"}), 2, "--nproc: must be a number > 0");
   check_one_line_error(run_quanta({"train", "--device", "gpu"}), 2,
-                       "--device must be cpu, cuda or cuda:N, got 'gpu'");
+                       "--device must be cpu, cuda, cuda:N, sim or sim:N, got 'gpu'");
   if (cuda_device_count() == 0)  // else cuda is a place to train
     check_one_line_error(run_quanta({"train", "--device", "cuda"}), 2,
                          cuda_built() ? "--device cuda: 0 CUDA devices are visible"
@@ -574,4 +574,43 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
   CHECK_FALSE(std::filesystem::exists(dir.file("b.png")));
   CHECK(run_quanta({"decode", cb, codes, "--out", dir.file("b.png"), "--allow-other-checkpoint"})
             .code == 0);
+}
+
+// sim runs the CPU's kernels behind a GPU's rules: a run there must give the
+// CPU's losses and checkpoint bytes exactly, and any tensor a layer makes on
+// the CPU beside its device tensors fails the run instead.
+TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint bytes") {
+  if (!have_dataset()) return;
+  ScratchDir dir("sim");
+  const std::vector<std::vector<std::string>> runs = {
+      {},  // the default: vq with k-means init and dead-code replacement
+      {"--quantizer", "none"},
+      {"--quantizer", "fsq"},
+      {"--quantizer", "lfq"},
+      {"--quantizer", "rvq", "--num-quantizers", "3", "--codebook-size", "32", "--kmeans-init",
+       "--quantize-dropout"},
+  };
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const std::string name = runs[k].empty() ? "vq" : runs[k][1];
+    CAPTURE(name);
+    const std::string a = dir.file(name + "-cpu"), b = dir.file(name + "-sim");
+    CliResult ra = run_quanta(with(tiny(a, 4, runs[k]), {"--device", "cpu"}));
+    CliResult rb = run_quanta(with(tiny(b, 4, runs[k]), {"--device", "sim"}));
+    CAPTURE(rb.err);
+    REQUIRE(ra.code == 0);
+    REQUIRE(rb.code == 0);
+    const std::vector<json> la = records(a, "train"), lb = records(b, "train");
+    REQUIRE(la.size() == lb.size());
+    for (std::size_t i = 0; i < la.size(); ++i) CHECK(lb[i]["loss"].dump() == la[i]["loss"].dump());
+    const auto ta = io::load_safetensors(a + "/checkpoint.safetensors").tensors;
+    const auto tb = io::load_safetensors(b + "/checkpoint.safetensors").tensors;
+    REQUIRE(ta.size() == tb.size());
+    for (std::size_t i = 0; i < ta.size(); ++i) {
+      CAPTURE(ta[i].first);
+      REQUIRE(tb[i].first == ta[i].first);
+      REQUIRE(tb[i].second.nbytes() == ta[i].second.nbytes());
+      CHECK(std::memcmp(tb[i].second.raw_data(), ta[i].second.raw_data(), ta[i].second.nbytes()) ==
+            0);
+    }
+  }
 }

@@ -77,6 +77,10 @@ void run_bench(BenchCommand& c) {
   if (c.threads > 0) set_num_threads(c.threads);
   c.opts.small = c.size == "small";
   c.opts.device = Device::parse(c.device);
+  if (c.opts.device.is_sim())
+    throw UsageError("--device " + c.device +
+                     ": the bench suites time the CPU or a GPU, and sim runs the CPU's "
+                     "kernels");
   const SuiteInfo& suite = suites().at(c.suite);
   if (c.opts.device.is_cuda()) {
     if (!suite.cuda)

@@ -482,74 +482,73 @@ TEST_CASE("schedule state_dict round trip restores the step and base lrs") {
 // ---- the device axis: the same steps on a GPU equal the CPU's ----
 
 TEST_CASE("cuda: SGD, Adam (amsgrad) and AdamW steps and clipping equal the CPU's") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
-    return;
-  }
-  const Device gpu = Device::cuda(0);
-  Generator gen(17);
-  const Tensor p0 = randn({33, 7}, gen, {.dtype = DType::f64});
-  std::vector<Tensor> grads;
-  for (int s = 0; s < 4; ++s) grads.push_back(randn({33, 7}, gen, {.dtype = DType::f64}));
-  auto run = [&](Device dev, int which) {
-    // clone(): on the CPU to() returns p0 itself, which the steps would change.
-    Tensor p = p0.to(dev).clone().detach().requires_grad_();
-    std::unique_ptr<Optimizer> opt;
-    if (which == 0)
-      opt = std::make_unique<SGD>(
-          std::vector<Tensor>{p},
-          SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01});
-    if (which == 1)
-      opt = std::make_unique<Adam>(std::vector<Tensor>{p},
-                                   AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
-    if (which == 2) opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
-    for (const Tensor& g : grads) {
-      // A copy on both devices: clipping scales the gradient in place.
-      p.set_grad(g.to(dev).clone());
-      clip_grad_norm_({p}, 5.0);
-      opt->step();
+  if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
+  for (const Device gpu : quanta::testing::test_devices()) {
+    INFO("on ", gpu.str());
+    Generator gen(17);
+    const Tensor p0 = randn({33, 7}, gen, {.dtype = DType::f64});
+    std::vector<Tensor> grads;
+    for (int s = 0; s < 4; ++s) grads.push_back(randn({33, 7}, gen, {.dtype = DType::f64}));
+    auto run = [&](Device dev, int which) {
+      // clone(): on the CPU to() returns p0 itself, which the steps would change.
+      Tensor p = p0.to(dev).clone().detach().requires_grad_();
+      std::unique_ptr<Optimizer> opt;
+      if (which == 0)
+        opt = std::make_unique<SGD>(
+            std::vector<Tensor>{p},
+            SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01});
+      if (which == 1)
+        opt = std::make_unique<Adam>(std::vector<Tensor>{p},
+                                     AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+      if (which == 2)
+        opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01});
+      for (const Tensor& g : grads) {
+        // A copy on both devices: clipping scales the gradient in place.
+        p.set_grad(g.to(dev).clone());
+        clip_grad_norm_({p}, 5.0);
+        opt->step();
+      }
+      return p.detach().to(Device::cpu()).to_vector<double>();
+    };
+    for (int which = 0; which < 3; ++which) {
+      CAPTURE(which);
+      check_close(run(gpu, which), run(Device::cpu(), which), 1e-12);
     }
-    return p.detach().to(Device::cpu()).to_vector<double>();
-  };
-  for (int which = 0; which < 3; ++which) {
-    CAPTURE(which);
-    check_close(run(gpu, which), run(Device::cpu(), which), 1e-12);
   }
 }
 
 TEST_CASE("cuda: the pieces of a step (norm, clipping, one unclipped SGD and AdamW step)") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
-    return;
-  }
-  const Device gpu = Device::cuda(0);
-  Generator gen(23);
-  const Tensor g = randn({33, 7}, gen, {.dtype = DType::f64});
-  CHECK(norm(g.to(gpu), 2.0).item() == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
-  CHECK(norm(g.to(gpu), 1.0).item() == doctest::Approx(norm(g, 1.0).item()).epsilon(1e-12));
-  CHECK(sum(square(g.to(gpu))).item() == doctest::Approx(sum(square(g)).item()).epsilon(1e-12));
-  for (Device dev : {Device::cpu(), gpu}) {
-    Tensor p = g.to(dev).clone().detach().requires_grad_();
-    p.set_grad(g.to(dev).clone());
-    const double total = clip_grad_norm_({p}, 5.0);
-    CAPTURE(dev.str());
-    CHECK(total == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
-    CHECK(norm(p.grad(), 2.0).item() == doctest::Approx(5.0).epsilon(1e-6));
-  }
-  auto one_step = [&](Device dev, bool adamw) {
-    Tensor p = g.to(dev).clone().detach().requires_grad_();  // never g itself
-    p.set_grad(square(g).to(dev));
-    if (adamw) {
-      AdamW opt({p}, AdamWOptions{.lr = 0.01});
-      opt.step();
-    } else {
-      SGD opt({p}, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
-      opt.step();
+  if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
+  for (const Device gpu : quanta::testing::test_devices()) {
+    INFO("on ", gpu.str());
+    Generator gen(23);
+    const Tensor g = randn({33, 7}, gen, {.dtype = DType::f64});
+    CHECK(norm(g.to(gpu), 2.0).item() == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
+    CHECK(norm(g.to(gpu), 1.0).item() == doctest::Approx(norm(g, 1.0).item()).epsilon(1e-12));
+    CHECK(sum(square(g.to(gpu))).item() == doctest::Approx(sum(square(g)).item()).epsilon(1e-12));
+    for (Device dev : {Device::cpu(), gpu}) {
+      Tensor p = g.to(dev).clone().detach().requires_grad_();
+      p.set_grad(g.to(dev).clone());
+      const double total = clip_grad_norm_({p}, 5.0);
+      CAPTURE(dev.str());
+      CHECK(total == doctest::Approx(norm(g, 2.0).item()).epsilon(1e-12));
+      CHECK(norm(p.grad(), 2.0).item() == doctest::Approx(5.0).epsilon(1e-6));
     }
-    return p.detach().to(Device::cpu()).to_vector<double>();
-  };
-  check_close(one_step(gpu, false), one_step(Device::cpu(), false), 1e-12);
-  check_close(one_step(gpu, true), one_step(Device::cpu(), true), 1e-12);
+    auto one_step = [&](Device dev, bool adamw) {
+      Tensor p = g.to(dev).clone().detach().requires_grad_();  // never g itself
+      p.set_grad(square(g).to(dev));
+      if (adamw) {
+        AdamW opt({p}, AdamWOptions{.lr = 0.01});
+        opt.step();
+      } else {
+        SGD opt({p}, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+        opt.step();
+      }
+      return p.detach().to(Device::cpu()).to_vector<double>();
+    };
+    check_close(one_step(gpu, false), one_step(Device::cpu(), false), 1e-12);
+    check_close(one_step(gpu, true), one_step(Device::cpu(), true), 1e-12);
+  }
 }
 
 // ---- the fused steps (kernel table's sgd_step / adam_step) ----
@@ -663,28 +662,27 @@ TEST_CASE("fused steps: 16-bit and zero-size parameters, buffers made on the fir
 }
 
 TEST_CASE("cuda: fused steps equal the device's op chain bit for bit, and the CPU's") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
-    return;
-  }
-  const Device gpu = Device::cuda(0);
-  for (DType t : {DType::f32, DType::f64}) {
-    Generator gen(41);
-    const Tensor p0 = randn({129, 65}, gen, {.dtype = t});
-    std::vector<Tensor> grads;
-    for (int s = 0; s < 4; ++s) grads.push_back(randn({129, 65}, gen, {.dtype = t}));
-    for (int which = 0; which < kOptSettings; ++which) {
-      CAPTURE(dtype_name(t));
-      CAPTURE(which);
-      const auto fused = four_steps(which, p0, grads, gpu, true);
-      check_same_bits(fused, four_steps(which, p0, grads, gpu, false));
-      // The CPU's sqrt kernel (Eigen's fast vector form) differs in the last
-      // bits, so Adam's steps agree with the CPU's to rounding, SGD's exactly.
-      const auto cpu = four_steps(which, p0, grads, Device::cpu(), true);
-      if (which < 4) check_same_bits(fused, cpu);
-      for (size_t k = 0; k < fused.size(); ++k)
-        check_close(fused[k].to_vector<double>(), cpu[k].to_vector<double>(),
-                    t == DType::f32 ? 1e-5 : 1e-12);
+  if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
+  for (const Device gpu : quanta::testing::test_devices()) {
+    INFO("on ", gpu.str());
+    for (DType t : {DType::f32, DType::f64}) {
+      Generator gen(41);
+      const Tensor p0 = randn({129, 65}, gen, {.dtype = t});
+      std::vector<Tensor> grads;
+      for (int s = 0; s < 4; ++s) grads.push_back(randn({129, 65}, gen, {.dtype = t}));
+      for (int which = 0; which < kOptSettings; ++which) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(which);
+        const auto fused = four_steps(which, p0, grads, gpu, true);
+        check_same_bits(fused, four_steps(which, p0, grads, gpu, false));
+        // The CPU's sqrt kernel (Eigen's fast vector form) differs in the last
+        // bits, so Adam's steps agree with the CPU's to rounding, SGD's exactly.
+        const auto cpu = four_steps(which, p0, grads, Device::cpu(), true);
+        if (which < 4) check_same_bits(fused, cpu);
+        for (size_t k = 0; k < fused.size(); ++k)
+          check_close(fused[k].to_vector<double>(), cpu[k].to_vector<double>(),
+                      t == DType::f32 ? 1e-5 : 1e-12);
+      }
     }
   }
 }

@@ -577,60 +577,60 @@ TEST_CASE("random fill: the device's block walk equals the CPU's fill, bit for b
 
 TEST_CASE(
     "cuda: random fills on the device equal the CPU stream (uniform, integer, bernoulli bitwise)") {
-  if (!quanta::testing::have_gpu()) {
-    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
-    return;
-  }
-  const Device gpu = Device::cuda(0);
-  for (int64_t n : {0, 1, 5, 4099, 1 << 20}) {
-    CAPTURE(n);
-    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-      CAPTURE(dtype_name(t));
-      Generator a = Generator::named(11, "device"), b = a;
-      const Tensor c = rand({n}, a, {.dtype = t}), d = rand({n}, b, {.dtype = t, .device = gpu});
-      CHECK(d.device() == gpu);
-      CHECK(same_bytes(d, c));
-      CHECK(a.offset() == b.offset());
-      const Tensor zc = randn({n}, a, {.dtype = t}),
-                   zd = randn({n}, b, {.dtype = t, .device = gpu});
-      CHECK(a.offset() == b.offset());
-      // Box-Muller runs CUDA's f64 log, sin and cos (documented at 1 and 2
-      // ulps) where the CPU runs glibc's: f32 and narrower results are
-      // within one ulp of their dtype, f64 ones within a few.
-      const double ulps = t == DType::f64 ? 4.0 : 1.0;
-      CHECK(max_ulps(zd, zc) <= ulps);
-      // In place on a strided device view: the fill's values land where the CPU's do.
-      Tensor hc = zeros({n, 2}, {.dtype = t}), hd = zeros({n, 2}, {.dtype = t, .device = gpu});
-      uniform_(hc.select(1, 1), -3.0, 5.0, a);
-      uniform_(hd.select(1, 1), -3.0, 5.0, b);
-      CHECK(same_bytes(hd, hc));
-      normal_(hc.select(1, 0), 2.0, 0.5, a);
-      normal_(hd.select(1, 0), 2.0, 0.5, b);
-      CHECK(max_ulps(hd, hc) <= ulps);
-      CHECK(a.offset() == b.offset());
-    }
-    Generator a(5), b(5);
-    for (DType t : {DType::i64, DType::i32, DType::u8, DType::f32}) {
-      const int64_t lo = t == DType::u8 ? 0 : -1000000007, hi = t == DType::u8 ? 256 : 1000000007;
-      CHECK(same_bytes(randint(lo, hi, {n}, b, {.dtype = t, .device = gpu}),
-                       randint(lo, hi, {n}, a, {.dtype = t})));
-    }
-    CHECK(same_bytes(
-        randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, b,
-                {.device = gpu}),
-        randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, a)));
-    CHECK(a.offset() == b.offset());
-    // Bernoulli (and so dropout's mask) is drawn on the device, in every dtype.
-    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::u8, DType::boolean})
-      for (double p : {0.0, 0.3, 1.0}) {
-        const Tensor m = bernoulli({n}, p, b, {.dtype = t, .device = gpu});
-        CHECK(m.device() == gpu);
-        CHECK(same_bytes(m, bernoulli({n}, p, a, {.dtype = t})));
+  if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
+  for (const Device gpu : quanta::testing::test_devices()) {
+    INFO("on ", gpu.str());
+    for (int64_t n : {0, 1, 5, 4099, 1 << 20}) {
+      CAPTURE(n);
+      for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+        CAPTURE(dtype_name(t));
+        Generator a = Generator::named(11, "device"), b = a;
+        const Tensor c = rand({n}, a, {.dtype = t}), d = rand({n}, b, {.dtype = t, .device = gpu});
+        CHECK(d.device() == gpu);
+        CHECK(same_bytes(d, c));
+        CHECK(a.offset() == b.offset());
+        const Tensor zc = randn({n}, a, {.dtype = t}),
+                     zd = randn({n}, b, {.dtype = t, .device = gpu});
+        CHECK(a.offset() == b.offset());
+        // Box-Muller runs CUDA's f64 log, sin and cos (documented at 1 and 2
+        // ulps) where the CPU runs glibc's: f32 and narrower results are
+        // within one ulp of their dtype, f64 ones within a few.
+        const double ulps = t == DType::f64 ? 4.0 : 1.0;
+        CHECK(max_ulps(zd, zc) <= ulps);
+        // In place on a strided device view: the fill's values land where the CPU's do.
+        Tensor hc = zeros({n, 2}, {.dtype = t}), hd = zeros({n, 2}, {.dtype = t, .device = gpu});
+        uniform_(hc.select(1, 1), -3.0, 5.0, a);
+        uniform_(hd.select(1, 1), -3.0, 5.0, b);
+        CHECK(same_bytes(hd, hc));
+        normal_(hc.select(1, 0), 2.0, 0.5, a);
+        normal_(hd.select(1, 0), 2.0, 0.5, b);
+        CHECK(max_ulps(hd, hc) <= ulps);
+        CHECK(a.offset() == b.offset());
       }
-    const Tensor x = rand({n}, a), xd = x.to(gpu);
-    Generator da = Generator::named(3, "dropout"), db = da;
-    CHECK(same_bytes(dropout(xd, 0.25, true, db), dropout(x, 0.25, true, da)));
-    CHECK(a.offset() == b.offset());
-    CHECK(da.offset() == db.offset());
+      Generator a(5), b(5);
+      for (DType t : {DType::i64, DType::i32, DType::u8, DType::f32}) {
+        const int64_t lo = t == DType::u8 ? 0 : -1000000007, hi = t == DType::u8 ? 256 : 1000000007;
+        CHECK(same_bytes(randint(lo, hi, {n}, b, {.dtype = t, .device = gpu}),
+                         randint(lo, hi, {n}, a, {.dtype = t})));
+      }
+      CHECK(same_bytes(
+          randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n}, b,
+                  {.dtype = DType::i64, .device = gpu}),
+          randint(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), {n},
+                  a)));
+      CHECK(a.offset() == b.offset());
+      // Bernoulli (and so dropout's mask) is drawn on the device, in every dtype.
+      for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::u8, DType::boolean})
+        for (double p : {0.0, 0.3, 1.0}) {
+          const Tensor m = bernoulli({n}, p, b, {.dtype = t, .device = gpu});
+          CHECK(m.device() == gpu);
+          CHECK(same_bytes(m, bernoulli({n}, p, a, {.dtype = t})));
+        }
+      const Tensor x = rand({n}, a), xd = rand({n}, b, {.device = gpu});  // both streams advance
+      Generator da = Generator::named(3, "dropout"), db = da;
+      CHECK(same_bytes(dropout(xd, 0.25, true, db), dropout(x, 0.25, true, da)));
+      CHECK(a.offset() == b.offset());
+      CHECK(da.offset() == db.offset());
+    }
   }
 }

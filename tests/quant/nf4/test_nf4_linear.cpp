@@ -436,38 +436,39 @@ TEST_CASE("LoRA training: a frozen NF4 MLP plus adapters learns a synthetic task
 }
 
 TEST_CASE("LoRALinear on an NF4 base on cuda:0: forward and gradients equal the CPU's") {
-  if (!testing::have_gpu()) {
-    MESSAGE("skipped: " << testing::no_gpu_reason());
-    return;
-  }
-  const Device gpu = Device::cuda(0);
-  // Batch 4 takes the fused GEMV on both devices, 40 the tiled path; the
-  // dropout masks come from the same stream on both (bernoulli draws on the
-  // device by the CPU's rule).
-  for (int64_t batch : {4, 40}) {
-    INFO("batch ", batch);
-    Generator gen(48);
-    Linear lin(128, 24, gen);
-    auto make = [&] {
-      auto l = std::make_shared<LoRALinear>(
-          std::make_shared<NF4Linear>(lin),
-          LoRAOptions{.rank = 4, .alpha = 8, .dropout = 0.25, .seed = 5});
-      NoGradGuard ng;
-      Generator b(9);
-      copy_(l->lora_B(), randn({24, 4}, b));  // B = 0 would hide the adapters
-      return l;
-    };
-    auto on_cpu = make(), on_gpu = make();
-    on_gpu->to(gpu);
-    const Tensor x = randn({batch, 128}, gen), w = randn({batch, 24}, gen);
-    Tensor xc = x.clone().requires_grad_(true), xg = x.to(gpu).requires_grad_(true);
-    const Tensor yc = (*on_cpu)(xc), yg = (*on_gpu)(xg);
-    CHECK(yg.device() == gpu);
-    CHECK(max_abs_diff(yg.to(Device::cpu()), yc) < 1e-4);
-    sum(yc * w).backward();
-    sum(yg * w.to(gpu)).backward();
-    CHECK(max_abs_diff(xg.grad().to(Device::cpu()), xc.grad()) < 1e-4);
-    CHECK(max_abs_diff(on_gpu->lora_A().grad().to(Device::cpu()), on_cpu->lora_A().grad()) < 1e-3);
-    CHECK(max_abs_diff(on_gpu->lora_B().grad().to(Device::cpu()), on_cpu->lora_B().grad()) < 1e-3);
+  if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
+  for (const Device gpu : quanta::testing::test_devices()) {
+    INFO("on ", gpu.str());
+    // Batch 4 takes the fused GEMV on both devices, 40 the tiled path; the
+    // dropout masks come from the same stream on both (bernoulli draws on the
+    // device by the CPU's rule).
+    for (int64_t batch : {4, 40}) {
+      INFO("batch ", batch);
+      Generator gen(48);
+      Linear lin(128, 24, gen);
+      auto make = [&] {
+        auto l = std::make_shared<LoRALinear>(
+            std::make_shared<NF4Linear>(lin),
+            LoRAOptions{.rank = 4, .alpha = 8, .dropout = 0.25, .seed = 5});
+        NoGradGuard ng;
+        Generator b(9);
+        copy_(l->lora_B(), randn({24, 4}, b));  // B = 0 would hide the adapters
+        return l;
+      };
+      auto on_cpu = make(), on_gpu = make();
+      on_gpu->to(gpu);
+      const Tensor x = randn({batch, 128}, gen), w = randn({batch, 24}, gen);
+      Tensor xc = x.clone().requires_grad_(true), xg = x.to(gpu).requires_grad_(true);
+      const Tensor yc = (*on_cpu)(xc), yg = (*on_gpu)(xg);
+      CHECK(yg.device() == gpu);
+      CHECK(max_abs_diff(yg.to(Device::cpu()), yc) < 1e-4);
+      sum(yc * w).backward();
+      sum(yg * w.to(gpu)).backward();
+      CHECK(max_abs_diff(xg.grad().to(Device::cpu()), xc.grad()) < 1e-4);
+      CHECK(max_abs_diff(on_gpu->lora_A().grad().to(Device::cpu()), on_cpu->lora_A().grad()) <
+            1e-3);
+      CHECK(max_abs_diff(on_gpu->lora_B().grad().to(Device::cpu()), on_cpu->lora_B().grad()) <
+            1e-3);
+    }
   }
 }

@@ -33,9 +33,10 @@ Device where_to_run(const TrainConfig& c) {
   try {
     d = Device::parse(c.device);
   } catch (const std::invalid_argument&) {
-    throw std::invalid_argument("--device must be cpu, cuda or cuda:N, got '" + c.device + "'");
+    throw std::invalid_argument("--device must be cpu, cuda, cuda:N, sim or sim:N, got '" +
+                                c.device + "'");
   }
-  if (d.is_cpu()) return d;
+  if (d.is_cpu() || d.is_sim()) return d;
   if (!cuda_built())
     throw std::invalid_argument("--device " + c.device + ": this quanta was built without CUDA");
   const int visible = cuda_device_count();

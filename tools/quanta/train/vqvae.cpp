@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "engine/device_backend.h"
 #include "engine/ops/view.h"
 
 namespace quanta::train {
@@ -52,10 +53,11 @@ VqVae::VqVae(const ModelConfig& cfg, std::unique_ptr<TrainQuantizer> quantizer, 
 }
 
 ConvLayout VqVae::use_layout_for(Device device) {
-  // Channels last saves the CPU kernels two transposes per layer and pass;
-  // the CUDA kernels compute channels first, where channels last would add
-  // them instead (engine/ops/conv.h).
-  const ConvLayout layout = device.is_cpu() ? ConvLayout::nhwc : ConvLayout::nchw;
+  // Channels last saves the CPU kernels (the CPU's and sim's) two transposes
+  // per layer and pass; the CUDA kernels compute channels first, where
+  // channels last would add them instead (engine/ops/conv.h).
+  const ConvLayout layout =
+      device_caps(device).channels_last_conv ? ConvLayout::nhwc : ConvLayout::nchw;
   for (const auto& c : convs_) c->set_layout(layout);
   for (const auto& u : ups_) u->set_layout(layout);
   return layout;
