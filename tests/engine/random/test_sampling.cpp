@@ -497,7 +497,10 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 }
 
 // Largest distance in units in the last place of want's floating dtype.
-double max_ulps(const Tensor& got, const Tensor& want) {
+// The largest |got - want| in units in the last place of want's dtype, the
+// unit taken at max(|want|, floor): a floor keeps a value that cancelled to
+// near zero from magnifying an error its inputs already had.
+double max_ulps(const Tensor& got, const Tensor& want, double floor = 0) {
   const auto g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
   const auto w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
   const DType t = want.dtype();
@@ -505,7 +508,7 @@ double max_ulps(const Tensor& got, const Tensor& want) {
   double worst = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     int e = 0;
-    std::frexp(w[i], &e);
+    std::frexp(std::max(std::abs(w[i]), floor), &e);
     const double ulp = std::ldexp(1.0, e - digits);
     worst = std::max(worst, std::abs(g[i] - w[i]) / ulp);
   }
@@ -604,7 +607,10 @@ TEST_CASE(
         CHECK(same_bytes(hd, hc));
         normal_(hc.select(1, 0), 2.0, 0.5, a);
         normal_(hd.select(1, 0), 2.0, 0.5, b);
-        CHECK(max_ulps(hd, hc) <= ulps);
+        // 2 + 0.5 z cancels to near 0 where z is near -4 (about 60 of 2^20
+        // draws): z's few ulps then become many of the result's (128 on the
+        // first GPU), so they are counted at the scale of the terms.
+        CHECK(max_ulps(hd, hc, 4.0) <= ulps);
         CHECK(a.offset() == b.offset());
       }
       Generator a(5), b(5);
