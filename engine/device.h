@@ -51,6 +51,8 @@ struct DeviceStats {
 
 /** Counters of `device` (all zero for the CPU). */
 DeviceStats device_stats(Device device);
+/** Host syncs of every device since the process started (never reset). */
+int64_t host_sync_count();
 /** Restarts the counters of `device` (live allocations stay counted). */
 void reset_device_stats(Device device);
 

@@ -45,6 +45,7 @@ struct Counters {
   std::mutex mutex;
   std::map<std::pair<int, int>, DeviceStats> stats;  // (type, index)
   std::set<std::pair<std::string, std::size_t>> warned;
+  int64_t total_syncs = 0;
 };
 Counters& counters() {
   static Counters* c = new Counters;  // never destroyed: tensors die after main's statics
@@ -98,6 +99,7 @@ void count_copy(Device dst, Device src, std::size_t nbytes) {
   std::lock_guard<std::mutex> lock(c.mutex);
   const auto n = static_cast<int64_t>(nbytes);
   if (to_host) {
+    ++c.total_syncs;
     DeviceStats& s = slot(c, src);
     ++s.host_syncs;
     ++s.copies_to_host;
@@ -133,6 +135,12 @@ DeviceStats device_stats(Device device) {
   Counters& c = counters();
   std::lock_guard<std::mutex> lock(c.mutex);
   return slot(c, device);
+}
+
+int64_t host_sync_count() {
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.total_syncs;
 }
 
 void reset_device_stats(Device device) {

@@ -602,6 +602,11 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
     const std::vector<json> la = records(a, "train"), lb = records(b, "train");
     REQUIRE(la.size() == lb.size());
     for (std::size_t i = 0; i < la.size(); ++i) CHECK(lb[i]["loss"].dump() == la[i]["loss"].dump());
+    // The CPU never waits for a device; sim counts what a GPU would wait for.
+    CHECK(la.back()["host_syncs_per_step"].get<double>() == 0);
+    CHECK(lb.back()["host_syncs_per_step"].get<double>() > 0);
+    MESSAGE(name << ": " << lb.back()["host_syncs_per_step"].get<double>()
+                 << " host syncs per step on sim (step 4)");
     const auto ta = io::load_safetensors(a + "/checkpoint.safetensors").tensors;
     const auto tb = io::load_safetensors(b + "/checkpoint.safetensors").tensors;
     REQUIRE(ta.size() == tb.size());

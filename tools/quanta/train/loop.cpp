@@ -192,6 +192,7 @@ class Loop {
   // all-reduce of the logged values and of whether any rank was asked to
   // stop (`stop_here`). Returns whether the run stops after this step.
   bool train_step(bool stop_here) {
+    const int64_t syncs_before = host_sync_count();
     const Tensor batch = order_.batch(step_);
     const StepLoss out = task_.step({rank_share(batch, rank_, world_), batch.numel(), world_});
     optimizer_.zero_grad();
@@ -213,6 +214,8 @@ class Loop {
     window_.loss += loss;
     for (std::size_t i = 0; i < names_.size(); ++i) window_.terms[i] += shared[i + 1] / world_;
     ++window_.steps;
+    window_syncs_ += host_sync_count() - syncs_before;
+    ++window_synced_steps_;
     return shared.back() > 0;
   }
 
@@ -234,10 +237,17 @@ class Loop {
           {"loss", window_.loss / n}, {"lr", s_.lr},   {"img_per_s", progress_->throughput(step_)},
           {"elapsed_s", elapsed_s()}};
       for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
+      // Points where the host waited for the device (0 on the CPU): each
+      // one stalls a GPU's queue (engine/host_sync.h).
+      if (window_synced_steps_ > 0)
+        record["host_syncs_per_step"] = double(window_syncs_) / double(window_synced_steps_);
       append_metric(metrics_path_, history_.emplace_back(std::move(record)));
     }
     progress_->update(step_, epoch(), window_.loss / n, log_now);
-    if (window_ends) window_ = LogWindow(names_.size(), step_ + 1);
+    if (window_ends) {
+      window_ = LogWindow(names_.size(), step_ + 1);
+      window_syncs_ = window_synced_steps_ = 0;
+    }
   }
 
   bool eval_due() const {
@@ -293,6 +303,7 @@ class Loop {
   int64_t step_ = 0;
   std::vector<json> history_;
   LogWindow window_;
+  int64_t window_syncs_ = 0, window_synced_steps_ = 0;  // host syncs in this window (not saved)
   BatchOrder order_;
   Progress* progress_ = nullptr;
   const std::chrono::steady_clock::time_point started_;

@@ -1,0 +1,120 @@
+// The sim device: parsing and names, a GPU's rules (no mixing with CPU
+// tensors, no direct host access), the CPU's bits, and the host-sync
+// counters and guards (engine/host_sync.h) that hold on CUDA too.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "engine/device_backend.h"
+#include "quanta.h"
+
+using namespace quanta;
+
+namespace {
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("sim devices parse, print and differ by index") {
+  CHECK(Device::parse("sim") == Device::sim(0));
+  CHECK(Device::parse("sim:3") == Device::sim(3));
+  CHECK(Device::sim(1).str() == "sim:1");
+  CHECK(Device::sim(0) != Device::sim(1));
+  CHECK(Device::sim(0) != Device::cuda(0));
+  CHECK(Device::sim(0).is_sim());
+  CHECK_FALSE(Device::sim(0).is_cpu());
+  for (const char* bad : {"sim:", "sim:x", "sim:-1", "sims", "SIM"})
+    CHECK(message_of([&] { (void)Device::parse(bad); }).find("'sim' or 'sim:N'") !=
+          std::string::npos);
+}
+
+TEST_CASE("sim tensors obey a GPU's rules: no mixing, no direct host access") {
+  const Device sim = Device::sim(0);
+  const Tensor a = ones({3}, {.device = sim}), b = ones({3});
+  CHECK(a.device() == sim);
+  CHECK(message_of([&] { (void)add(a, b); }) ==
+        "[add] operands are on different devices: sim:0 and cpu; move them to one device first");
+  CHECK(message_of([&] { (void)add(a, ones({3}, {.device = Device::sim(1)})); })
+            .find("sim:0 and sim:1") != std::string::npos);
+  CHECK(message_of([&] { (void)a.data<float>(); }) ==
+        "[data] tensor is on sim:0; copy it to cpu first");
+  // Copies in every direction, a CUDA-less sim:1 included.
+  const Tensor c = a.to(Device::sim(1)).to(Device::cpu());
+  CHECK(c.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK_FALSE(device_caps(sim).host_readable);
+  CHECK(device_caps(Device::cpu()).host_readable);
+}
+
+TEST_CASE("sim gives the CPU's bits (the CPU's kernels on memory of its own)") {
+  Generator g(3), h(3);
+  const Tensor x = randn({33, 17}, g), w = randn({17, 5}, g);
+  const Tensor want = softmax(matmul(x, w), -1);
+  const Tensor got = softmax(matmul(x.to(Device::sim()), w.to(Device::sim())), -1);
+  REQUIRE(got.device() == Device::sim());
+  const Tensor back = got.to(Device::cpu());
+  CHECK(std::memcmp(back.raw_data(), want.raw_data(), want.nbytes()) == 0);
+  // Random draws made on sim equal the CPU's.
+  const Tensor r = randn({1000}, h, {.device = Device::sim()}).to(Device::cpu());
+  Generator fresh(3);
+  CHECK(r.to_vector<float>() == randn({1000}, fresh).to_vector<float>());
+}
+
+TEST_CASE("device_stats counts host syncs, copies and sim memory") {
+  const Device sim = Device::sim(2);  // a device no other case touches
+  reset_device_stats(sim);
+  {
+    const Tensor a = zeros({256}, {.device = sim});  // 1 KiB
+    DeviceStats s = device_stats(sim);
+    CHECK(s.allocations == 1);
+    CHECK(s.allocated_bytes == 1024);
+    CHECK(s.host_syncs == 0);
+    (void)a.to_vector<float>();
+    (void)sum(a).item();
+    s = device_stats(sim);
+    CHECK(s.host_syncs == 2);
+    CHECK(s.copies_to_host == 2);
+    CHECK(s.bytes_to_host == 1024 + 4);
+    const Tensor b = ones({8}).to(sim);
+    s = device_stats(sim);
+    CHECK(s.copies_from_host == 1);
+    CHECK(s.bytes_from_host == 32);
+    CHECK(s.host_syncs == 2);  // an upload does not wait for the device
+    (void)b.clone();
+    CHECK(device_stats(sim).peak_allocated_bytes >= 1024 + 32);
+  }
+  CHECK(device_stats(sim).allocated_bytes == 0);
+  CHECK(device_stats(Device::cpu()).host_syncs == 0);
+}
+
+TEST_CASE("HostSyncGuard refuses a host sync, names where, and lets uploads through") {
+  const Device sim = Device::sim(0);
+  const Tensor a = full({4}, 2.0, {.device = sim});
+  {
+    HostSyncGuard guard("the steady-state step");
+    const Tensor b = ones({4}).to(sim);  // host to device: no sync
+    const Tensor c = a * b;              // kernels: no sync
+    const std::string m = message_of([&] { (void)sum(c).item(); });
+    CHECK(m.find("[host sync]") == 0);
+    CHECK(m.find("from sim:0") != std::string::npos);
+    CHECK(m.find("inside the steady-state step") != std::string::npos);
+    {
+      HostSyncGuard inner("the inner scope");
+      CHECK(message_of([&] { (void)c.to(Device::cpu()); }).find("inside the inner scope") !=
+            std::string::npos);
+    }
+    CHECK(message_of([&] { (void)c.to_vector<float>(); }).find("inside the steady-state step") !=
+          std::string::npos);
+  }
+  CHECK(a.to_vector<float>() == std::vector<float>{2, 2, 2, 2});  // allowed again
+}
