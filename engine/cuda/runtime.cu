@@ -3,6 +3,7 @@
 // through quanta_cuda_module_v1. libquanta's caching allocator sits over
 // device_malloc; every kernel and every staged copy runs on the device's
 // default stream, which is what makes its reuse of blocks safe.
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -34,18 +35,44 @@ void check_device(int device) {
                              " is not available (" + std::to_string(n) + " CUDA devices visible)");
 }
 
+// The first time a device is used: the stream-ordered pool that kernels'
+// scratch buffers come from (cudaMallocAsync) keeps what it was given. Its
+// default release threshold, 0, hands every byte back to the driver at each
+// synchronisation, so each step's scratch would be a fresh driver allocation.
+void prepare_device(int device) {
+  static std::mutex mutex;
+  static std::map<int, bool> prepared;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (prepared[device]) return;
+  cudaMemPool_t pool = nullptr;
+  QUANTA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  QUANTA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  prepared[device] = true;
+}
+
 void set_device(int device) {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
   check_device(device);
   QUANTA_CUDA_CHECK(cudaSetDevice(device));
+  prepare_device(device);
 }
 
 void* device_malloc(std::size_t nbytes, int device) {
   check_device(device);
   QUANTA_CUDA_CHECK(cudaSetDevice(device));
+  prepare_device(device);
   void* p = nullptr;
-  QUANTA_CUDA_CHECK(cudaMalloc(&p, nbytes));
+  const cudaError_t r = cudaMalloc(&p, nbytes);
+  if (r != cudaSuccess) {
+    // cudaMalloc leaves its error as the thread's last error: the caching
+    // allocator may retry and succeed, and the next launch check
+    // (cudaGetLastError) would then report a false out-of-memory.
+    cudaGetLastError();
+    throw std::runtime_error("[cuda] cudaMalloc of " + std::to_string(nbytes) + " bytes on cuda:" +
+                             std::to_string(device) + " failed: " + cudaGetErrorString(r));
+  }
   return p;
 }
 

@@ -158,3 +158,24 @@ TEST_CASE("caching allocator: CUDA tensors go through it (on a GPU)") {
   CHECK(after.cache_hits - before.cache_hits >= 4);  // the same block, each time
   CHECK(after.allocated_bytes == before.allocated_bytes);
 }
+
+// A failed cudaMalloc leaves its error as the thread's last CUDA error; had
+// it stayed, the next kernel's launch check would report an out-of-memory
+// that did not happen (after the allocator's retry succeeded, say).
+TEST_CASE("caching allocator: a failed device allocation leaves no error behind (on a GPU)") {
+  if (!quanta::testing::have_gpu()) {
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
+    return;
+  }
+  const Device gpu = Device::cuda(0);
+  const Tensor small = ones({1000}).to(gpu);
+  std::string what;
+  try {
+    (void)empty({int64_t(1) << 50}, {.dtype = DType::u8, .device = gpu});  // 1 PiB
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  CHECK(what.find("out of memory") != std::string::npos);
+  // Kernels launched now must not see the failed allocation's error.
+  CHECK(sum(small * 2.0).to(Device::cpu()).item<float>() == 2000.0f);
+}

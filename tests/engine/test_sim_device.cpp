@@ -4,27 +4,15 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <functional>
 #include <stdexcept>
 #include <string>
 
 #include "engine/device_backend.h"
 #include "quanta.h"
+#include "support/errors.h"
 
 using namespace quanta;
-
-namespace {
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using quanta::testing::message_of;
 
 TEST_CASE("sim devices parse, print and differ by index") {
   CHECK(Device::parse("sim") == Device::sim(0));
@@ -45,8 +33,9 @@ TEST_CASE("sim tensors obey a GPU's rules: no mixing, no direct host access") {
   CHECK(a.device() == sim);
   CHECK(message_of([&] { (void)add(a, b); }) ==
         "[add] operands are on different devices: sim:0 and cpu; move them to one device first");
-  CHECK(message_of([&] { (void)add(a, ones({3}, {.device = Device::sim(1)})); })
-            .find("sim:0 and sim:1") != std::string::npos);
+  CHECK(message_of([&] {
+          (void)add(a, ones({3}, {.device = Device::sim(1)}));
+        }).find("sim:0 and sim:1") != std::string::npos);
   CHECK(message_of([&] { (void)a.data<float>(); }) ==
         "[data] tensor is on sim:0; copy it to cpu first");
   // Copies in every direction, a CUDA-less sim:1 included.

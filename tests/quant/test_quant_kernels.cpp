@@ -20,9 +20,11 @@
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"
+#include "support/errors.h"
 #include "support/gpu.h"
 
 using namespace quanta;
+using quanta::testing::message_of;
 using namespace quanta::quant;
 
 namespace {
@@ -52,16 +54,6 @@ std::vector<std::string> null_entries(const QuantKernelTable& t) {
   QUANT_ENTRIES(QUANT_NULL)
 #undef QUANT_NULL
   return out;
-}
-
-// The message of what `f` throws ("" when it does not throw).
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void check_names(const std::string& msg, const std::string& op) {

@@ -7,8 +7,10 @@
 #include <numeric>
 
 #include "quanta.h"
+#include "support/errors.h"
 
 using namespace quanta;
+using quanta::testing::message_of;
 
 namespace {
 
@@ -46,15 +48,6 @@ double vstd(const std::vector<double>& v) {
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -182,7 +175,7 @@ TEST_CASE("load_state_dict names every missing, unexpected and mis-shaped key") 
   }
   bad.emplace_back("extra", zeros({1}));
   bad.emplace_back("seq.5.bias", zeros({1}));
-  const std::string msg = error_of([&] { net.load_state_dict(bad); });
+  const std::string msg = message_of([&] { net.load_state_dict(bad); });
   CAPTURE(msg);
   CHECK(contains(msg, "[Net::load_state_dict]"));
   CHECK(contains(msg, "missing keys: running, seq.2.weight"));
