@@ -18,7 +18,7 @@
 //                  W 1 E 1  1 if w < ceil(p 2^32) (so w 2^-32 < p exactly), else 0
 //
 // An affine uniform or normal fill (uniform_, normal_) then maps v to
-// shift + scale * v in the draw dtype.
+// fma(scale, v, shift) in the draw dtype: shift + scale * v rounded once.
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
