@@ -77,6 +77,7 @@ HostSyncGuard::~HostSyncGuard() { guards.pop_back(); }
 namespace detail {
 
 void count_copy(Device dst, Device src, std::size_t nbytes) {
+  if (dst.is_cpu() && src.is_cpu()) return;  // nothing to count: keep CPU copies lock-free
   const bool to_host = dst.is_cpu() && !src.is_cpu();
   if (to_host) {
     const HostSyncPolicy policy = !guards.empty() ? HostSyncPolicy::error : host_sync_policy();
