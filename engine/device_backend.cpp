@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/call_site.h"
 #include "engine/host_sync.h"
 
 namespace quanta {
@@ -44,7 +45,7 @@ namespace {
 struct Counters {
   std::mutex mutex;
   std::map<std::pair<int, int>, DeviceStats> stats;  // (type, index)
-  std::set<std::pair<std::string, std::size_t>> warned;
+  std::set<std::vector<void*>> warned;               // call stacks already printed
   int64_t total_syncs = 0;
 };
 Counters& counters() {
@@ -82,18 +83,20 @@ void count_copy(Device dst, Device src, std::size_t nbytes) {
   if (to_host) {
     const HostSyncPolicy policy = !guards.empty() ? HostSyncPolicy::error : host_sync_policy();
     if (policy != HostSyncPolicy::allow) {
+      // The callers say which op read the device and who asked for it.
+      const std::vector<void*> stack = call_stack(1, 24);
       std::string m = "[host sync] a copy of " + std::to_string(nbytes) + " bytes from " +
                       src.str() + " to the host";
       if (policy == HostSyncPolicy::error) {
         m += !guards.empty() ? " inside " + guards.back()
                              : std::string(" while QUANTA_HOST_SYNC=error");
         m += " (item(), to_vector(), to(cpu), printing and index bounds checks read the device)";
-        throw std::logic_error(m);
+        throw std::logic_error(m + describe_call_stack(stack, 6));
       }
       Counters& c = counters();
       std::lock_guard<std::mutex> lock(c.mutex);
-      if (c.warned.insert({src.str(), nbytes}).second)
-        std::fprintf(stderr, "quanta: %s\n", m.c_str());
+      if (c.warned.insert(stack).second)
+        std::fprintf(stderr, "quanta: %s%s\n", m.c_str(), describe_call_stack(stack, 6).c_str());
     }
   }
   Counters& c = counters();

@@ -9,7 +9,8 @@
 namespace quanta {
 
 /** Within its scope (on this thread), a host sync throws std::logic_error
- * naming the device, the bytes and `what`, before anything is copied.
+ * naming the device, the bytes, `what` and the callers (the op first, then
+ * whoever called it), before anything is copied.
  * Guards nest. */
 class HostSyncGuard {
  public:
@@ -21,7 +22,7 @@ class HostSyncGuard {
 
 /** What a host sync does outside any guard, from QUANTA_HOST_SYNC read once
  * per process: unset or "allow" (nothing), "warn" (prints each distinct
- * device and size once to stderr), "error" (throws as a guard would). */
+ * call stack once to stderr, with its callers), "error" (throws as a guard would). */
 enum class HostSyncPolicy { allow, warn, error };
 HostSyncPolicy host_sync_policy();
 

@@ -104,6 +104,10 @@ TEST_CASE("HostSyncGuard refuses a host sync, names where, and lets uploads thro
     }
     CHECK(message_of([&] { (void)c.to_vector<float>(); }).find("inside the steady-state step") !=
           std::string::npos);
+    // The callers follow, the op that read the device first.
+    const std::string named =
+        message_of([&] { (void)nonzero(gt(a, zeros({4}, {.device = sim}))); });
+    CHECK(named.find("\n    at quanta::nonzero(") != std::string::npos);
   }
   CHECK(a.to_vector<float>() == std::vector<float>{2, 2, 2, 2});  // allowed again
 }
