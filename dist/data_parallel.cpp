@@ -201,6 +201,7 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   // 2. Rank 0's values everywhere, as bytes.
   for (auto& [name, p] : all_params) group.broadcast(p, 0);
   for (auto& [name, b] : state_->buffers) group.broadcast(b, 0);
+  module_->reload_host_state();
 
   // 3. Buckets in reverse registration order (gradients arrive roughly in
   //    reverse), one dtype per bucket, at most bucket_bytes each.
@@ -298,8 +299,10 @@ void DataParallel::finish_step() {
   }
   for (auto& b : st.buckets) b.pending = int(b.slots.size());
   st.next_launch = 0;
-  if (opts_.broadcast_buffers)
+  if (opts_.broadcast_buffers) {
     for (auto& [name, b] : st.buffers) st.grads->broadcast(b, 0);
+    module_->reload_host_state();
+  }
   for (auto& hook : hooks_) hook(group_);
 }
 

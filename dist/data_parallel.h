@@ -23,11 +23,11 @@
 // buckets still waiting (parameters unused on this rank contribute zeros,
 // so unused parameters never hang), waits, writes the averaged gradients
 // (a parameter unused on every rank keeps an undefined .grad), broadcasts
-// buffers from rank 0 when broadcast_buffers is on, then runs the step hooks
-// in the order they were added. Step hooks are where other replicated state
-// (quantizer statistics, codebooks) is reconciled with a fixed sequence of
-// collectives (docs/design.md rule 1). forward() itself issues no collective, so an
-// extra, eval or no-grad forward on one rank cannot deadlock anything.
+// buffers from rank 0 when broadcast_buffers is on (then reload_host_state()),
+// then runs the step hooks in the order they were added. Step hooks are where other replicated
+// state (quantizer statistics, codebooks) is reconciled with a fixed sequence of collectives
+// (docs/design.md rule 1). forward() itself issues no collective, so an extra, eval or no-grad
+// forward on one rank cannot deadlock anything.
 #include <cstddef>
 #include <functional>
 #include <memory>

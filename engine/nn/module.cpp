@@ -260,7 +260,13 @@ LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
   NoGradGuard no_grad;
   for (const auto& [k, dst] : own)
     if (const Tensor* src = find_tensor(sd, k)) copy_(dst, *src);
+  reload_host_state();
   return result;
+}
+
+void Module::reload_host_state() {
+  read_host_state();
+  for (auto& [name, child] : children_) child->reload_host_state();
 }
 
 namespace {

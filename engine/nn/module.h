@@ -127,6 +127,16 @@ class Module {
    * they are. */
   void to(DType dtype);
 
+  /** Modules that keep a host copy of a buffer's value (a flag the forward
+   * consults, so that a step on a GPU need not read the device) re-read it,
+   * on this module and every descendant. load_state_dict and DataParallel's
+   * broadcasts call it; call it after writing such a buffer any other way. */
+  void reload_host_state();
+
+ protected:
+  /** This module's own part of reload_host_state(): nothing by default. */
+  virtual void read_host_state() {}
+
  private:
   struct Entry {
     std::string name;

@@ -85,9 +85,16 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
   }
   initted_ =
       register_buffer("initted", scalar(opts_.kmeans_init ? 0.0 : 1.0, {.dtype = DType::boolean}));
+  initted_on_host_ = !opts_.kmeans_init;
 }
 
-bool Codebook::initted() const { return initted_.item() != 0.0; }
+bool Codebook::initted() const { return initted_on_host_; }
+
+void Codebook::read_host_state() {
+  initted_on_host_ = initted_.item() != 0.0;
+  affine_initted_on_host_ = opts_.affine_param && codebook_mean_needs_init_.item() == 0.0 &&
+                            codebook_var_needs_init_.item() == 0.0;
+}
 
 void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   const int64_t g = opts_.num_codebooks, k = opts_.codebook_size;
@@ -115,6 +122,7 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   // codes that received no rows become (almost) zero.
   if (opts_.ema_update) embed_from_statistics();
   fill_(initted_, 1.0);
+  initted_on_host_ = true;
 }
 
 void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& valid) {
@@ -355,12 +363,10 @@ void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var) 
   update(batch_var_, b_var, opts_.affine_param_batch_decay);
   fill_(codebook_mean_needs_init_, 0.0);
   fill_(codebook_var_needs_init_, 0.0);
+  affine_initted_on_host_ = true;
 }
 
-bool Codebook::affine_initted() const {
-  return opts_.affine_param && codebook_mean_needs_init_.item() == 0.0 &&
-         codebook_var_needs_init_.item() == 0.0;
-}
+bool Codebook::affine_initted() const { return affine_initted_on_host_; }
 
 namespace {
 Tensor stddev(const Tensor& var) {

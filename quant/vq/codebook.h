@@ -158,8 +158,12 @@ class Codebook : public Module, public StepKeyed {
   void embed_from_statistics();
   // affine_param is on and its running statistics have been set once.
   bool affine_initted() const;
+  // The host's copies of initted and the affine "needs init" flags: read
+  // every forward, they must not cost a device read (Module::reload_host_state).
+  void read_host_state() override;
 
   CodebookOptions opts_;
+  bool initted_on_host_ = false, affine_initted_on_host_ = false;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
   Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_;
   Tensor codebook_mean_needs_init_, codebook_var_needs_init_;

@@ -10,6 +10,7 @@
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"
+#include "support/gpu.h"
 #include "vq_test_util.h"
 
 using namespace quanta;
@@ -181,6 +182,30 @@ TEST_CASE("kmeans_init initialises the codebook on the first forward") {
   vq.forward(randn({2, 32, 3}, data));
   CHECK(vq.codebook().initted());
   CHECK(sum(abs(vq.codebook().embed())).item() > 0.0);
+}
+
+TEST_CASE("initted is read from the host, and follows a loaded state both ways") {
+  // The forward consults initted every step: a host copy, never a device
+  // read, which load_state_dict (and DataParallel's broadcasts) refresh.
+  Generator gen(8), data(9);
+  VectorQuantizeOptions o = small(3, 4);
+  o.kmeans_init = true;
+  VectorQuantize fresh(o, gen), trained(o, gen), untrained(o, gen);
+  trained.forward(randn({2, 32, 3}, data));
+  REQUIRE(trained.codebook().initted());
+  fresh.load_state_dict(trained.state_dict());
+  CHECK(fresh.codebook().initted());
+  trained.load_state_dict(untrained.state_dict());
+  CHECK_FALSE(trained.codebook().initted());
+  for (const Device device : testing::test_devices()) {
+    CAPTURE(device.str());
+    VectorQuantize vq(o, gen);
+    vq.to(device);
+    vq.eval();
+    vq.forward(randn({2, 32, 3}, data).to(device));  // k-means on the first batch
+    HostSyncGuard guard("the forwards after k-means");
+    CHECK(vq.codebook().initted());
+  }
 }
 
 TEST_CASE("zero-size batches give zero-size outputs and zero loss") {
