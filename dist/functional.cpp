@@ -1,10 +1,12 @@
 #include "dist/functional.h"
 
+#include <limits>
 #include <stdexcept>
 
 #include "engine/autograd/function.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/view.h"
 
 namespace quanta::dist::fn {
 namespace {
@@ -107,9 +109,11 @@ Tensor global_mean(ProcessGroup& g, const Tensor& sum, const Tensor& count) {
                                 shape_str(count.shape()));
   Tensor total = count.detach().reshape({}).to(DType::f64).clone();
   g.all_reduce(total);
-  const double n = total.item();
   Tensor summed = all_reduce(g, sum, ReduceOp::sum);
-  return n == 0 ? summed * 0.0 : summed / n;
+  // The count stays on the device (no host read). No item on any rank means
+  // a zero sum: dividing it by 1 keeps it 0.
+  const Tensor n = clamp(total, 1.0, std::numeric_limits<double>::quiet_NaN());
+  return summed / to_dtype(n, summed.dtype());
 }
 
 }  // namespace quanta::dist::fn
