@@ -9,8 +9,12 @@
 #include <stdexcept>
 #include <streambuf>
 
+#include "engine/autograd/grad_mode.h"
 #include "engine/cpu/parallel.h"
+#include "engine/device_backend.h"
 #include "engine/factory.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
 #include "engine/optim/optimizer.h"
 #include "train/batch_order.h"
 #include "train/checkpoint.h"
@@ -137,7 +141,7 @@ class Loop {
     LoopResult result;
     while (step_ < s_.total_steps) {
       const bool stop = train_step(signals.caught() != 0);
-      log_step();
+      log_step(stop);
       if (stop) {
         if (lead_) save_and_write_outputs(false);
         progress.line("interrupted by " + signal_name(signals.caught()) + " after step " +
@@ -188,9 +192,12 @@ class Loop {
     write_metrics(metrics_path_, history_);
   }
 
-  // One optimizer step on this rank's share of the global batch, then one
-  // all-reduce of the logged values and of whether any rank was asked to
-  // stop (`stop_here`). Returns whether the run stops after this step.
+  // One optimizer step on this rank's share of the global batch. The logged
+  // values stay where the model is: a device's are read once per log window
+  // (flush_values), so a step never waits for it; the CPU's every step. With
+  // several ranks, one host all-reduce per step says whether any rank was
+  // asked to stop (`stop_here`). Returns whether the run stops after this
+  // step.
   bool train_step(bool stop_here) {
     const int64_t syncs_before = host_sync_count();
     const Tensor batch = order_.batch(step_);
@@ -201,22 +208,44 @@ class Loop {
     optimizer_.step();
     task_.after_step();
     ++step_;
-    std::vector<double> shared = {out.loss.item()};
-    for (const Tensor& t : out.terms) shared.push_back(t.item());
-    shared.push_back(stop_here ? 1.0 : 0.0);
-    Tensor reduced = from_vector<double>(shared, {int64_t(shared.size())});
-    group_.all_reduce(reduced);
-    shared = reduced.to_vector<double>();
-    const double loss = shared[0] / world_;
-    if (!std::isfinite(loss))
-      throw std::runtime_error(s_.activity + " diverged: loss " + std::to_string(loss) +
-                               " at step " + std::to_string(step_) + " (try a smaller --lr)");
-    window_.loss += loss;
-    for (std::size_t i = 0; i < names_.size(); ++i) window_.terms[i] += shared[i + 1] / world_;
-    ++window_.steps;
+    {
+      NoGradGuard no_grad;
+      std::vector<Tensor> values = {out.loss.detach()};
+      for (const Tensor& t : out.terms) values.push_back(t.detach());
+      pending_values_.push_back(to_dtype(stack(values), DType::f64));
+    }
     window_syncs_ += host_sync_count() - syncs_before;
     ++window_synced_steps_;
-    return shared.back() > 0;
+    if (device_caps(out.loss.device()).host_readable) flush_values();
+    if (world_ == 1) return stop_here;
+    Tensor stop = scalar(stop_here ? 1.0 : 0.0, {.dtype = DType::f64});
+    group_.all_reduce(stop);
+    return stop.item() > 0;
+  }
+
+  // Adds the steps' values not yet read to the log window: one read of the
+  // device (and one all-reduce across ranks) for all of them. A non-finite
+  // loss stops the run naming the first step that had one.
+  void flush_values() {
+    if (pending_values_.empty()) return;
+    const auto n = static_cast<int64_t>(pending_values_.size());
+    Tensor values = stack(pending_values_).to(Device::cpu());
+    pending_values_.clear();
+    if (world_ > 1) group_.all_reduce(values);
+    const std::vector<double> v = values.to_vector<double>();
+    const std::size_t width = names_.size() + 1;
+    for (int64_t i = 0; i < n; ++i) {
+      const double* row = v.data() + static_cast<std::size_t>(i) * width;
+      const double loss = row[0] / world_;
+      if (!std::isfinite(loss))
+        throw std::runtime_error(s_.activity + " diverged: loss " + std::to_string(loss) +
+                                 " at step " + std::to_string(step_ - n + 1 + i) +
+                                 " (try a smaller --lr)");
+      window_.loss += loss;
+      for (std::size_t t = 0; t < names_.size(); ++t) window_.terms[t] += row[t + 1] / world_;
+      ++window_.steps;
+    }
+    shown_loss_ = window_.loss / double(window_.steps);
   }
 
   int64_t epoch() const { return (step_ - 1) / per_epoch_ + 1; }  // 1-based, for people
@@ -227,9 +256,10 @@ class Loop {
 
   // The "train" record and the progress line when a window ends (or the run
   // does), the bar's redraw otherwise.
-  void log_step() {
+  void log_step(bool stopping) {
     const bool window_ends = step_ % s_.log_every == 0;
     const bool log_now = window_ends || step_ == s_.total_steps;
+    if (log_now || stopping || eval_due()) flush_values();
     const double n = double(window_.steps);
     if (log_now && lead_) {
       json record = {
@@ -237,13 +267,14 @@ class Loop {
           {"loss", window_.loss / n}, {"lr", s_.lr},   {"img_per_s", progress_->throughput(step_)},
           {"elapsed_s", elapsed_s()}};
       for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
-      // Points where the host waited for the device (0 on the CPU): each
-      // one stalls a GPU's queue (engine/host_sync.h).
+      // Points inside the steps where the host waited for the device (0
+      // on the CPU; the window's one read of the losses is not counted):
+      // each one stalls a GPU's queue (engine/host_sync.h).
       if (window_synced_steps_ > 0)
         record["host_syncs_per_step"] = double(window_syncs_) / double(window_synced_steps_);
       append_metric(metrics_path_, history_.emplace_back(std::move(record)));
     }
-    progress_->update(step_, epoch(), window_.loss / n, log_now);
+    progress_->update(step_, epoch(), shown_loss_, log_now);
     if (window_ends) {
       window_ = LogWindow(names_.size(), step_ + 1);
       window_syncs_ = window_synced_steps_ = 0;
@@ -303,6 +334,8 @@ class Loop {
   int64_t step_ = 0;
   std::vector<json> history_;
   LogWindow window_;
+  std::vector<Tensor> pending_values_;  // per step: [loss, terms...] f64, not yet read
+  double shown_loss_ = NAN;             // the progress line's: the window's mean so far
   int64_t window_syncs_ = 0, window_synced_steps_ = 0;  // host syncs in this window (not saved)
   BatchOrder order_;
   Progress* progress_ = nullptr;

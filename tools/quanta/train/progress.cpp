@@ -39,9 +39,12 @@ double Progress::throughput(int64_t step) const {
 std::string Progress::status(int64_t step, int64_t epoch, double loss) const {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   const double per_step = step > start_ ? dt / static_cast<double>(step - start_) : NAN;
+  // A device's losses are read once per log window: none yet reads "-".
+  char loss_text[32] = "-";
+  if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.5f", loss);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "epoch %lld  loss %.5f  %.0f img/s  eta %s",
-                static_cast<long long>(epoch), loss, throughput(step),
+  std::snprintf(buf, sizeof buf, "epoch %lld  loss %s  %.0f img/s  eta %s",
+                static_cast<long long>(epoch), loss_text, throughput(step),
                 format_duration(per_step * static_cast<double>(total_ - step)).c_str());
   return buf;
 }

@@ -15,8 +15,9 @@ class Progress {
  public:
   /** Steps run from `start` to `total`; `bar` redraws one line in place. */
   Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t batch_size);
-  /** Reports that `step` steps are done with this recent mean `loss`. Draws
-   * the bar (at most ~10 times a second) or, when `log_line`, a plain line. */
+  /** Reports that `step` steps are done with this recent mean `loss` (NaN:
+   * not read yet, shown as "-"). Draws the bar (at most ~10 times a second)
+   * or, when `log_line`, a plain line. */
   void update(int64_t step, int64_t epoch, double loss, bool log_line);
   /** Prints a full line (clearing the bar first). */
   void line(const std::string& text);
