@@ -345,9 +345,8 @@ VectorQuantize::Losses VectorQuantize::losses(const Tokens& t, const Tensor& idx
   l.diversity = l.commit;
   if (!p.training) return l;
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
-  const Tensor count = t.valid.defined() ? sum(to_dtype(t.valid, t.x.dtype()))
-                                         : scalar(double(g * tt), options_of(t.x));
-  const bool any_valid = count.item() > 0;
+  // Without a mask every token counts, which the host knows; a mask is read.
+  const bool any_valid = t.valid.defined() ? any(t.valid).item() != 0.0 : g * tt > 0;
   if (opts_.commitment_weight > 0 && any_valid) {
     if (opts_.commitment_use_cross_entropy_loss) {
       Tensor target = idx;
