@@ -37,18 +37,18 @@ std::string describe(void* frame) {
   if (dladdr(pc, &info) == 0) return "??";
   if (info.dli_sname) return demangled(info.dli_sname);
   char offset[32];
-  std::snprintf(offset, sizeof offset, "+0x%zx",
-                static_cast<std::size_t>(static_cast<char*>(pc) -
-                                         static_cast<char*>(info.dli_fbase)));
+  std::snprintf(
+      offset, sizeof offset, "+0x%zx",
+      static_cast<std::size_t>(static_cast<char*>(pc) - static_cast<char*>(info.dli_fbase)));
   return std::string(info.dli_fname ? info.dli_fname : "??") + offset;
 }
 
 // The copy machinery every host read passes through: naming it says nothing.
 bool is_machinery(const std::string& name) {
   for (const char* prefix :
-       {"quanta::detail::count_copy", "quanta::copy_bytes", "quanta::Storage::",
-        "quanta::Tensor::to(", "quanta::Tensor::contiguous", "quanta::Tensor::to_vector",
-        "quanta::Tensor::item", "quanta::Tensor::copy_"})
+       {"quanta::detail::count_copy", "quanta::copy_bytes",
+        "quanta::Storage::", "quanta::Tensor::to(", "quanta::Tensor::contiguous",
+        "quanta::Tensor::to_vector", "quanta::Tensor::item", "quanta::Tensor::copy_"})
     if (name.rfind(prefix, 0) == 0) return true;
   return false;
 }

@@ -11,6 +11,8 @@
 
 namespace quanta {
 
+struct DeviceErrorFlag;
+
 /** What a device's kernels do natively, read where an op picks a path
  * (instead of asking whether the device is the CPU). */
 struct DeviceCaps {
@@ -36,6 +38,9 @@ struct DeviceBackend {
    * returns. */
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t nbytes);
+  /** The error flag of device `index` (engine/device_error.h), made on first
+   * use; null for the CPU, which checks on the host. */
+  DeviceErrorFlag* (*error_flag)(int index) = nullptr;
 };
 
 /** The table of devices of type `type`. */

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/device_backend.h"
+#include "engine/device_error.h"
 
 namespace quanta {
 
@@ -30,6 +31,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   // The device that is not the host does the copy (the CPU's when both are).
   const Device owner = dst_device.is_cpu() ? src_device : dst_device;
   device_backend(owner.type).copy(dst, dst_device, src, src_device, nbytes);
+  // The device has run everything queued before this read: what its
+  // kernels found wrong is known now.
+  if (dst_device.is_cpu() && !src_device.is_cpu()) detail::report_device_errors(src_device);
 }
 
 }  // namespace quanta

@@ -132,4 +132,15 @@ void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, 
   });
 }
 
+// sim's bounds check (the CPU's own ops check on the host): one pass in
+// order, so the first bad index is the one recorded.
+void checked_indices(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
+                     DeviceErrorFlag* flag, int32_t check) {
+  for (int64_t i = 0; i < n; ++i) {
+    const bool ok = idx[i] >= 0 && idx[i] < size;
+    if (!ok && flag->raised == 0) *flag = {1, check, idx[i]};
+    safe[i] = ok ? idx[i] : 0;
+  }
+}
+
 }  // namespace quanta::cpu

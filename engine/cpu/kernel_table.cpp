@@ -24,6 +24,7 @@ const KernelTable& cpu_kernels() {
       .index_select = index_select,
       .index_lines = index_lines,
       .index_add = index_add,
+      .checked_indices = checked_indices,
       .conv = conv,
       .avg_pool = avg_pool,
       .max_pool = max_pool,

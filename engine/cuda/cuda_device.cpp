@@ -1,14 +1,29 @@
 // CUDA's device table in libquanta: memory and copies forwarded to the CUDA
 // module (engine/cuda/module.cpp), which throws naming what is missing when
 // it cannot be loaded.
+#include <map>
+#include <mutex>
+
 #include "engine/cuda/runtime.h"
 #include "engine/device_backend.h"
+#include "engine/device_error.h"
 
 namespace quanta::cuda {
 namespace {
 
 void* allocate(std::size_t nbytes, int index) { return device_malloc(nbytes, index); }
 void release(void* p, std::size_t, int index) noexcept { device_free(p, index); }
+
+// One flag per GPU, in mapped host memory: kernels write it, the host reads
+// it after the copy that ends a read of that GPU, without another copy.
+DeviceErrorFlag* error_flag(int index) {
+  static std::mutex mutex;
+  static std::map<int, DeviceErrorFlag*>* flags = new std::map<int, DeviceErrorFlag*>;
+  std::lock_guard<std::mutex> lock(mutex);
+  DeviceErrorFlag*& f = (*flags)[index];
+  if (!f) f = static_cast<DeviceErrorFlag*>(mapped_host_alloc(sizeof(DeviceErrorFlag)));
+  return f;
+}
 
 }  // namespace
 
@@ -20,6 +35,7 @@ const DeviceBackend& backend() {
       .allocate = allocate,
       .release = release,
       .copy = copy,
+      .error_flag = error_flag,
   };
   return b;
 }

@@ -32,6 +32,22 @@ __global__ void index_select_kernel(const T* in, int64_t outer, int64_t n, int64
   }
 }
 
+// flag is mapped host memory (cudaHostAllocMapped): the host reads it after
+// the copy that ends its next read of the device.
+__global__ void checked_indices_kernel(const int64_t* ix, int64_t n, int64_t size, int64_t* safe,
+                                       DeviceErrorFlag* flag, int32_t check) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t v = ix[i];
+    const bool ok = v >= 0 && v < size;
+    if (!ok && atomicCAS(&flag->raised, 0, 1) == 0) {
+      flag->check = check;
+      flag->value = v;
+    }
+    safe[i] = ok ? v : 0;
+  }
+}
+
 // The coordinates of a line, as offsets under up to three operands' strides.
 struct LineWalk {
   int ndim = 0;
@@ -116,6 +132,15 @@ void index_select(DType dtype, const void* src, int64_t outer, int64_t n, int64_
         static_cast<const T*>(src), outer, n, inner, idx, m, static_cast<T*>(out));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
+}
+
+void checked_indices(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
+                     DeviceErrorFlag* flag, int32_t check) {
+  if (n == 0) return;
+  const LaunchConfig cfg = launch_config(n, max_blocks());
+  checked_indices_kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(idx, n, size, safe,
+                                                                             flag, check);
+  QUANTA_CUDA_CHECK_LAUNCH();
 }
 
 void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand& idx,

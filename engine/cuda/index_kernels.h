@@ -13,5 +13,7 @@ void index_lines(IndexMode mode, const Shape& shape, int64_t dim, const Operand&
                  const Operand& out, const Operand& src, double value);
 void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, const int64_t* idx,
                int64_t m, const void* src, double alpha);
+void checked_indices(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
+                     DeviceErrorFlag* flag, int32_t check);
 
 }  // namespace quanta::cuda

@@ -332,6 +332,7 @@ const KernelTable& cuda_kernels() {
       .index_select = index_select,
       .index_lines = index_lines,
       .index_add = index_add,
+      .checked_indices = checked_indices,
       .conv = conv,
       .avg_pool = avg_pool,
       .max_pool = max_pool,

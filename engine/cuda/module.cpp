@@ -137,6 +137,10 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
 
 void synchronize(int device) { need("cuda::synchronize").synchronize(device); }
 
+void* mapped_host_alloc(std::size_t nbytes) {
+  return need("cuda::mapped_host_alloc").mapped_host_alloc(nbytes);
+}
+
 std::shared_ptr<void> record_event(int device) {
   const Module& m = need("cuda::record_event");
   return std::shared_ptr<void>(m.record_event(device), m.release_event);

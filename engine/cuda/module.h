@@ -28,7 +28,8 @@ struct Module {
   // steps; Module gained synchronize.
   // 3: RandomFill gained the bernoulli draw and its `below` field; Module
   // gained record_event and release_event.
-  static constexpr int kAbi = 3;
+  // 4: Module gained mapped_host_alloc; KernelTable gained checked_indices.
+  static constexpr int kAbi = 4;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;
@@ -42,6 +43,9 @@ struct Module {
   void* (*record_event)(int device) = nullptr;
   /** Destroys an event from record_event. Never throws. */
   void (*release_event)(void* event) noexcept = nullptr;
+  /** nbytes of zeroed pinned host memory that every GPU's kernels may write
+   * (cudaHostAllocMapped | Portable; one address on both sides), never freed. */
+  void* (*mapped_host_alloc)(std::size_t nbytes) = nullptr;
 };
 
 /** The loaded module, or nullptr when quanta was built without CUDA or the

@@ -98,6 +98,13 @@ void* record_event(int device) {
 
 void release_event(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
+void* mapped_host_alloc(std::size_t nbytes) {
+  void* p = nullptr;
+  QUANTA_CUDA_CHECK(cudaHostAlloc(&p, nbytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(p, 0, nbytes);
+  return p;
+}
+
 // True for host memory the DMA engine can read directly (cudaHostAlloc,
 // cudaHostRegister); malloc'd memory is "unregistered".
 bool host_pinned(const void* p) {
@@ -214,6 +221,7 @@ quanta_cuda_module_v1() {
       .synchronize = synchronize,
       .record_event = record_event,
       .release_event = release_event,
+      .mapped_host_alloc = mapped_host_alloc,
   };
   return &m;
 }

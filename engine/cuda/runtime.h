@@ -31,4 +31,8 @@ void synchronize(int device);
  * start after that work and not after work queued later. */
 std::shared_ptr<void> record_event(int device);
 
+/** Zeroed pinned host memory that kernels on every GPU may write and the
+ * host reads after a synchronising copy (error flags); never freed. */
+void* mapped_host_alloc(std::size_t nbytes);
+
 }  // namespace quanta::cuda

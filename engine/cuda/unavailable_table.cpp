@@ -53,6 +53,8 @@ const KernelTable& unavailable_kernels() {
           },
       .index_add = [](DType, void*, int64_t, int64_t, int64_t, const int64_t*, int64_t, const void*,
                       double) { no_cuda("index_add"); },
+      .checked_indices = [](const int64_t*, int64_t, int64_t, int64_t*, DeviceErrorFlag*,
+                            int32_t) { no_cuda("index bounds check"); },
       .conv =
           [](ConvKind kind, DType, const ConvGeom&, const void*, const void*, const void*, void*) {
             no_cuda(kind == ConvKind::forward      ? "conv2d"

@@ -14,6 +14,7 @@
 #include <initializer_list>
 
 #include "engine/device.h"
+#include "engine/device_error.h"
 #include "engine/dtype.h"
 #include "engine/kernels/conv_geom.h"
 #include "engine/kernels/functors.h"
@@ -171,7 +172,7 @@ struct KernelTable {
                   void* out);
 
   // ---- the index family; indices are i64 on the same device, already
-  // checked to lie in range by the op ----
+  // checked to lie in range by the op (or by checked_indices) ----
 
   /** out[a, j, :] = src[a, idx[j], :] for a contiguous src [outer, n, inner]
    * and out [outer, m, inner]; any plain dtype. */
@@ -191,6 +192,14 @@ struct KernelTable {
    * j, so duplicates are deterministic. */
   void (*index_add)(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner,
                     const int64_t* idx, int64_t m, const void* src, double alpha);
+  /** The bounds check of a device the host does not read (engine/
+   * device_error.h): safe[i] = idx[i] when 0 <= idx[i] < size, else 0; a
+   * bad index is recorded in *flag as {1, check, idx[i]} unless the flag is
+   * already raised (on CUDA, whichever bad index wins; on sim the first).
+   * Ops on the CPU check on the host instead and never call it (sim, which
+   * shares the CPU's table, does). */
+  void (*checked_indices)(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
+                          DeviceErrorFlag* flag, int32_t check);
 
   // ---- convolution and pooling (geometry in engine/kernels/conv_geom.h);
   // every operand contiguous, f32 or f64 unless said otherwise ----

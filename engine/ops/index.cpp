@@ -1,6 +1,7 @@
 // Indexing ops: forward kernels, shape rules and backward formulas together.
 // Every index tensor is converted to contiguous i64 and bounds-checked before
-// a kernel runs, so kernel bodies (which may run in parallel) never throw.
+// a kernel runs (on a device, by the device), so kernel bodies (which may run
+// in parallel) never throw or read out of bounds.
 #include "engine/ops/index.h"
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
 #include "engine/cpu/parallel.h"
+#include "engine/device_backend.h"
+#include "engine/device_error.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
@@ -37,16 +40,26 @@ Tensor as_index(const char* op, const Tensor& index) {
   return detail::as_plain(index, DType::i64).contiguous();
 }
 
-// Every index must lie in [0, size): the first one that does not is named.
-// (Indices on a GPU are read back for the check: a wrong index must fail
-// with its value, not fault inside a kernel.)
-void check_bounds(const char* op, const Tensor& index, int64_t dim, int64_t size) {
-  const Tensor idx = index.to(Device::cpu());
-  const int64_t* p = idx.data<int64_t>();
-  for (int64_t i = 0, n = idx.numel(); i < n; ++i)
+// Every index must lie in [0, size). The host checks the CPU's at once,
+// naming the first bad one. A device checks its own without the host reading
+// them (engine/device_error.h): the op then runs on the returned copy, where
+// a bad index reads as 0, and the next read of the device reports it.
+Tensor check_bounds(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+  const Device device = index.device();
+  if (!device_caps(device).host_readable) {
+    Tensor safe = detail::make_tensor(index.shape(), DType::i64, device);
+    kernels(device).checked_indices(static_cast<const int64_t*>(index.raw_data()), index.numel(),
+                                    size, static_cast<int64_t*>(safe.raw_data()),
+                                    detail::device_error_flag(device),
+                                    detail::register_index_check(device, op, dim, size));
+    return safe;
+  }
+  const int64_t* p = index.data<int64_t>();
+  for (int64_t i = 0, n = index.numel(); i < n; ++i)
     if (p[i] < 0 || p[i] >= size)
       fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) + " with size " +
                    str(size));
+  return index;
 }
 
 // A fresh contiguous copy of x in dtype t, with no graph.
@@ -142,10 +155,10 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
     const Tensor s1 = has_src ? as_1d(src) : src;
     return reshape(scatter_impl(op, mode, as_1d(x), dim, as_1d(index), s1, value), x.shape());
   }
-  const Tensor idx = as_index(op, index);
+  Tensor idx = as_index(op, index);
   const int64_t d = wrap_dim(dim, x.dim(), op);
   check_scatter_shapes(op, x, d, idx, has_src ? &src : nullptr);
-  check_bounds(op, idx, d, x.shape()[d]);
+  idx = check_bounds(op, idx, d, x.shape()[d]);
 
   const DType ct = mode == ScatterMode::add ? detail::cpu_compute_dtype(x.dtype()) : x.dtype();
   Tensor out = plain_copy(x, ct);
@@ -175,7 +188,7 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   kernels_for("index_select", {&x, &index});
   check_plain("index_select", x);
-  const Tensor idx = as_index("index_select", index);
+  Tensor idx = as_index("index_select", index);
   if (idx.dim() > 1)
     fail("index_select", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
   if (x.dim() == 0) {
@@ -183,7 +196,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     return idx.dim() == 0 ? reshape(r, {}) : r;
   }
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
-  check_bounds("index_select", idx, d, x.shape()[d]);
+  idx = check_bounds("index_select", idx, d, x.shape()[d]);
   Tensor out = select_slices(x, d, idx);
   return autograd::record("index_select", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{index_add(zeros(in, options_of(g)), d, idx, g)};
@@ -195,10 +208,10 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   check_plain("gather", x);
   if (rank0_as_1d("gather", {&x, &index}))
     return reshape(gather(as_1d(x), dim, as_1d(index)), index.shape());
-  const Tensor idx = as_index("gather", index);
+  Tensor idx = as_index("gather", index);
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   check_scatter_shapes("gather", x, d, idx, nullptr);
-  check_bounds("gather", idx, d, x.shape()[d]);
+  idx = check_bounds("gather", idx, d, x.shape()[d]);
   Tensor out = detail::make_tensor(idx.shape(), x.dtype(), x.device());
   // x's own strides: no copy for views.
   k.index_lines(IndexMode::gather, idx.shape(), d, operand_of(idx), operand_of(out), operand_of(x),
@@ -228,7 +241,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   if (src.dtype() != x.dtype())
     fail("index_add", std::string("src has dtype ") + dtype_name(src.dtype()) +
                           ", expected the input's dtype " + dtype_name(x.dtype()));
-  const Tensor idx = as_index("index_add", index);
+  Tensor idx = as_index("index_add", index);
   if (idx.dim() > 1)
     fail("index_add", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
   if (x.dim() == 0) return reshape(index_add(reshape(x, {1}), dim, idx, as_1d(src), alpha), {});
@@ -243,7 +256,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                           " (the input's shape with the index's length in "
                           "dim " +
                           str(d) + ")");
-  check_bounds("index_add", idx, d, x.shape()[d]);
+  idx = check_bounds("index_add", idx, d, x.shape()[d]);
 
   const DType ct = detail::cpu_compute_dtype(x.dtype());
   Tensor out = plain_copy(x, ct);
@@ -314,8 +327,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   if (padding_idx < -1 || padding_idx >= V)
     fail("embedding", "padding_idx " + str(padding_idx) + " is out of range for " + str(V) +
                           " rows (expected -1 for none, or 0.." + str(V - 1) + ")");
-  const Tensor idx = as_index("embedding", indices).reshape({indices.numel()});
-  check_bounds("embedding", idx, 0, V);
+  Tensor idx = as_index("embedding", indices).reshape({indices.numel()});
+  idx = check_bounds("embedding", idx, 0, V);
   Shape out_shape = indices.shape();
   out_shape.push_back(D);
   Tensor out = select_slices(weight, 0, idx).reshape(out_shape);

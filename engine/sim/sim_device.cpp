@@ -5,12 +5,16 @@
 // it a GPU from the host's side lives elsewhere, unchanged for it: tensors of
 // two devices refuse to meet in an op (common_device), Tensor::data<T> refuses
 // a device tensor, and every read from the host is a device-to-host copy,
-// a host sync that a HostSyncGuard can forbid.
+// a host sync that a HostSyncGuard can forbid. Kernels check indices as a
+// GPU's do: into the error flag, reported at the next read.
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include "engine/device_backend.h"
+#include "engine/device_error.h"
 
 namespace quanta::sim {
 namespace {
@@ -34,6 +38,14 @@ void copy(void* dst, Device, const void* src, Device, std::size_t nbytes) {
   std::memcpy(dst, src, nbytes);
 }
 
+// One flag per device index, in host memory as all of sim's is.
+DeviceErrorFlag* error_flag(int index) {
+  static std::mutex mutex;
+  static std::map<int, DeviceErrorFlag>* flags = new std::map<int, DeviceErrorFlag>;
+  std::lock_guard<std::mutex> lock(mutex);
+  return &(*flags)[index];
+}
+
 }  // namespace
 
 const DeviceBackend& backend() {
@@ -46,6 +58,7 @@ const DeviceBackend& backend() {
       .allocate = allocate,
       .release = release,
       .copy = copy,
+      .error_flag = error_flag,
   };
   return b;
 }
