@@ -190,7 +190,8 @@ int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t ta
 }
 
 std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
-    const std::vector<int64_t>& expiring, const Header& header) {
+    const std::vector<int64_t>& expiring, const std::vector<std::vector<int64_t>>& expired,
+    const Header& header) {
   const int world = group_.size(), rank = group_.rank();
   // This rank's candidate rows per (codebook, table); every rank's counts
   // came with the header.
@@ -213,14 +214,15 @@ std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
   // Every rank draws the same positions and fills the rows it holds.
   std::vector<Tensor> picked;  // per table: [m, D], zeros where another rank holds the row
   int64_t t = 0;
-  for (Codebook* cb : books) {
+  for (std::size_t b = 0; b < books.size(); ++b) {
+    Codebook* cb = books[b];
     std::vector<int64_t> pool_sizes;
     for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
       int64_t total = 0;
       for (int r = 0; r < world; ++r) total += count(r, t + h);
       pool_sizes.push_back(total);
     }
-    const std::vector<Tensor> positions = cb->draw_replacements(pool_sizes);
+    const std::vector<Tensor> positions = cb->draw_replacements(pool_sizes, expired[b]);
     for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
       int64_t begin = 0;
       for (int r = 0; r < rank; ++r) begin += count(r, t);
@@ -372,16 +374,21 @@ void QuantizerSync::replace_dead_codes(const Reconciliation& plan, const Header&
   // pool positions (the same on every rank), and each picked row is
   // contributed by the rank that holds it and zero elsewhere (an exact
   // sum), in one all_reduce for every codebook.
+  // One read of the device per codebook: how many codes of each table expire.
   std::vector<int64_t> expiring;
+  std::vector<std::vector<int64_t>> expired;
   for (std::size_t i = 0; i < codebooks_.size(); ++i) {
     Codebook& cb = *codebooks_[i];
-    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0 &&
-        any(cb.expired_codes()).item())
+    std::vector<int64_t> counts;
+    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0) counts = cb.expired_counts();
+    if (std::any_of(counts.begin(), counts.end(), [](int64_t c) { return c > 0; })) {
       expiring.push_back(int64_t(i));
-    else
+      expired.push_back(std::move(counts));
+    } else {
       cb.pending().candidates.clear();
+    }
   }
-  const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, header);
+  const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, expired, header);
   Fused replacements(plan.wide, plan.device, replacement_staging_);
   for (const auto& tables : rows)
     for (const Tensor& r : tables) replacements.add(r, r.shape());

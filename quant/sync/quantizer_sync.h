@@ -133,8 +133,10 @@ class QuantizerSync {
   void replace_dead_codes(const Reconciliation& plan, const Header& header);
   // Per expiring codebook and table, the replacement rows as this rank
   // holds them: [m, D], zeros where another rank holds the row.
-  std::vector<std::vector<Tensor>> pick_replacements(const std::vector<int64_t>& expiring,
-                                                     const Header& header);
+  // `expired`: each expiring codebook's expired_counts().
+  std::vector<std::vector<Tensor>> pick_replacements(
+      const std::vector<int64_t>& expiring, const std::vector<std::vector<int64_t>>& expired,
+      const Header& header);
 
   std::shared_ptr<Module> module_;
   dist::ProcessGroup& group_;

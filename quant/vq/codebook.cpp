@@ -212,6 +212,13 @@ Tensor Codebook::expired_codes() const {
   return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code, options_of(cluster_size_)));
 }
 
+std::vector<int64_t> Codebook::expired_counts() const {
+  if (opts_.threshold_ema_dead_code <= 0)
+    return std::vector<int64_t>(static_cast<std::size_t>(opts_.num_codebooks), 0);
+  NoGradGuard no_grad;
+  return sum(to_dtype(expired_codes(), DType::i64), {1}).to_vector<int64_t>();
+}
+
 Tensor Codebook::table_rows(const std::vector<std::vector<Tensor>>& per_table,
                             int64_t table) const {
   const auto t = static_cast<std::size_t>(table);
@@ -231,7 +238,7 @@ void Codebook::expire_codes() {
 void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   std::vector<int64_t> sizes;
   for (const Tensor& p : pools) sizes.push_back(p.size(0));
-  const std::vector<Tensor> picks = draw_replacements(sizes);
+  const std::vector<Tensor> picks = draw_replacements(sizes, expired_counts());
   std::vector<Tensor> rows;
   for (std::size_t h = 0; h < picks.size(); ++h)
     rows.push_back(picks[h].numel() == 0 ? zeros({0, opts_.dim}, options_of(embed_))
@@ -239,15 +246,14 @@ void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   replace_expired(rows);
 }
 
-std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes) {
+std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes,
+                                                const std::vector<int64_t>& expired) {
   NoGradGuard no_grad;
   std::vector<Tensor> picks;
-  const Tensor expired = expired_codes();
-  const bool any_expired = opts_.threshold_ema_dead_code > 0 && any(expired).item();
   Generator& gen = dead_code_gen_.next();  // one stream for the tables, in turn
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
-    const int64_t m = any_expired ? sum(select(expired, 0, h)).item<int64_t>() : 0;
+    const int64_t m = h < static_cast<int64_t>(expired.size()) ? expired[size_t(h)] : 0;
     picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, gen, embed_.device())
                                    : zeros({0}, {.dtype = DType::i64, .device = embed_.device()}));
   }

@@ -115,8 +115,10 @@ class Codebook : public Module, public StepKeyed {
   /** The two halves of expire_codes(pools), for a caller that never holds
    * the whole pool (QuantizerSync): which pool rows replace the expired codes
    * of each table, given each pool's size ([m_g] int64 positions, empty when
-   * nothing expired or the pool is empty; draws from the dead-code stream)... */
-  std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes);
+   * nothing expired or the pool is empty; draws from the dead-code stream),
+   * `expired` being expired_counts()... */
+  std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes,
+                                        const std::vector<int64_t>& expired);
   /** ...and the replacement itself: `rows[g]` [m_g, D] for table g's
    * expired codes in ascending code order (as draw_replacements sized them).
    * Clears the pending candidates. */
@@ -124,6 +126,9 @@ class Codebook : public Module, public StepKeyed {
   /** The codes that expire now: cluster_size < threshold, [G, K] bool
    * (all false when dead-code expiry is off). */
   Tensor expired_codes() const;
+  /** How many codes of each table expire now: one read of the device (none
+   * when dead-code expiry is off). */
+  std::vector<int64_t> expired_counts() const;
   /** apply_affine_update(), apply_ema_update() then expire_codes(); before
    * initialisation, the deferred k-means initialisation from pending samples
    * instead. */

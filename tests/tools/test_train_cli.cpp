@@ -582,7 +582,7 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
 // the CPU beside its device tensors fails the run instead.
 // Host syncs per step of the codebook families on sim today (docs/gpu-runs.md
 // lists what remains); the bound only ever goes down.
-constexpr double kVqSyncsPerStep = 7, kRvqSyncsPerStep = 2;
+constexpr double kVqSyncsPerStep = 5, kRvqSyncsPerStep = 2;
 
 TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint bytes") {
   if (!have_dataset()) return;
