@@ -64,8 +64,8 @@ void report_device_errors(Device device) {
     std::lock_guard<std::mutex> lock(r.mutex);
     check = r.recent[static_cast<std::size_t>(seen.check % kChecks)];
   }
-  const std::string where = " (found on " + device.str() +
-                            " by the kernel, reported at the next read of that device)";
+  const std::string where =
+      " (found on " + device.str() + " by the kernel, reported at the next read of that device)";
   if (check.id != seen.check || !check.op)
     throw std::invalid_argument("[index op] index " + std::to_string(seen.value) +
                                 " was out of bounds in an index op more than " +

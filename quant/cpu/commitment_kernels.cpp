@@ -23,9 +23,9 @@ T squared_distance(const T* a, const T* b, int64_t d) {
 
 }  // namespace
 
-SquaredErrorSum squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                              int64_t rows, int64_t d) {
-  return dispatch_float(dtype, "commitment_loss", [&](auto tag) {
+void squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid, int64_t rows,
+                   int64_t d, double* out) {
+  dispatch_float(dtype, "commitment_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const std::vector<T> w = row_weights<T>(valid, rows);
     const T* px = static_cast<const T*>(x);
@@ -45,26 +45,27 @@ SquaredErrorSum squared_error(DType dtype, const void* x, const void* q, const u
         partial[c] = s;
       }
     });
-    SquaredErrorSum out;
-    for (double p : partial) out.total += p;
+    double total = 0;
+    for (double p : partial) total += p;
     double count = 0;
     if (w.empty())
       count = double(rows);
     else
       for (T v : w) count += double(v);
-    out.rows = count;
-    return out;
+    out[0] = total;
+    out[1] = count * double(d);
   });
 }
 
 void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                        int64_t rows, int64_t d, double g, void* gx) {
+                        int64_t rows, int64_t d, const double* scale, void* gx) {
   dispatch_float(dtype, "commitment_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const std::vector<T> w = row_weights<T>(valid, rows);
     const T* px = static_cast<const T*>(x);
     const T* pq = static_cast<const T*>(q);
     T* out = static_cast<T*>(gx);
+    const T g = T(*scale);
     const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(d, 1));
     cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
@@ -73,7 +74,7 @@ void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t
           std::fill(o, o + d, T(0));
           continue;
         }
-        for (int64_t e = 0; e < d; ++e) o[e] = fn::commit_grad(T(g), px[r * d + e], pq[r * d + e]);
+        for (int64_t e = 0; e < d; ++e) o[e] = fn::commit_grad(g, px[r * d + e], pq[r * d + e]);
       }
     });
   });

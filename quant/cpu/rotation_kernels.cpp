@@ -85,11 +85,12 @@ void straight_backward(const T* x, const T* q, const T* g, T* gx, int64_t rows, 
 }  // namespace
 
 void route_grad(bool rotation, DType dtype, const void* x, const void* q, const void* g,
-                const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx) {
+                const uint8_t* valid, const double* coef, int64_t rows, int64_t d, void* gx) {
   dispatch_float(dtype, "rotate_to", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const std::vector<T> w = coef != 0 ? row_weights<T>(valid, rows) : std::vector<T>{};
-    const CommitTerm<T> commit{T(coef), w.empty() ? nullptr : w.data()};
+    const double c = coef ? *coef : 0.0;
+    const std::vector<T> w = c != 0 ? row_weights<T>(valid, rows) : std::vector<T>{};
+    const CommitTerm<T> commit{T(c), w.empty() ? nullptr : w.data()};
     auto* kernel = rotation ? &rotate_backward<T> : &straight_backward<T>;
     kernel(static_cast<const T*>(x), static_cast<const T*>(q), static_cast<const T*>(g),
            static_cast<T*>(gx), rows, d, commit);

@@ -9,12 +9,12 @@ namespace quanta::quant::quant_cuda {
 
 void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int64_t k, int64_t d,
                    bool cosine, int64_t* out);
-SquaredErrorSum squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                              int64_t rows, int64_t d);
+void squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid, int64_t rows,
+                   int64_t d, double* out);
 void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                        int64_t rows, int64_t d, double scale, void* gx);
+                        int64_t rows, int64_t d, const double* scale, void* gx);
 void route_grad(bool rotation, DType dtype, const void* x, const void* q, const void* g,
-                const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx);
+                const uint8_t* valid, const double* coef, int64_t rows, int64_t d, void* gx);
 void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
               double scale);
 void code_statistics(DType dtype, const int64_t* idx, const void* x, int64_t n, int64_t k,

@@ -46,13 +46,13 @@ const QuantKernelTable& unavailable_table() {
       .device_name = "cuda",
       .nearest_codes = [](DType, const void*, const void*, int64_t, int64_t, int64_t, bool,
                           int64_t*) { unavailable("nearest_codes"); },
-      .squared_error = [](DType, const void*, const void*, const uint8_t*, int64_t,
-                          int64_t) -> SquaredErrorSum { unavailable("commitment_loss"); },
+      .squared_error = [](DType, const void*, const void*, const uint8_t*, int64_t, int64_t,
+                          double*) { unavailable("commitment_loss"); },
       .squared_error_grad = [](DType, const void*, const void*, const uint8_t*, int64_t, int64_t,
-                               double, void*) { unavailable("commitment_loss backward"); },
+                               const double*, void*) { unavailable("commitment_loss backward"); },
       .route_grad =
-          [](bool rotation, DType, const void*, const void*, const void*, const uint8_t*, double,
-             int64_t, int64_t, void*) {
+          [](bool rotation, DType, const void*, const void*, const void*, const uint8_t*,
+             const double*, int64_t, int64_t, void*) {
             unavailable(rotation ? "rotate_to backward"
                                  : "straight_through_with_commitment backward");
           },

@@ -121,11 +121,21 @@ __global__ void chunk_sums(const T* x, const T* q, const uint8_t* valid, int64_t
   }
 }
 
+// The chunks' partial sums added in order, as the CPU does, by one thread:
+// the result stays on the device.
+__global__ void finish_sums(const Partial* partial, int64_t chunks, int64_t d, double* out) {
+  double total = 0, rows = 0;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c].total, rows += partial[c].rows;
+  out[0] = total;
+  out[1] = rows * static_cast<double>(d);
+}
+
 // ---- squared_error_grad, put_rows, the straight route ----
 
 template <class T>
 __global__ void commit_grad_kernel(const T* x, const T* q, const uint8_t* valid, int64_t rows,
-                                   int64_t d, T scale, T* gx) {
+                                   int64_t d, const double* scale_on_device, T* gx) {
+  const T scale = static_cast<T>(*scale_on_device);
   QUANTA_GRID_STRIDE(i, rows * d) {
     gx[i] = valid && valid[i / d] == 0 ? T(0) : fn::commit_grad(scale, x[i], q[i]);
   }
@@ -137,17 +147,25 @@ __device__ T commit_weight(T coef, const uint8_t* valid, int64_t r) {
   return valid && coef != T(0) ? coef * static_cast<T>(valid[r]) : coef;
 }
 
+// The commitment coefficient, one f64 on the device, or 0 without one.
 template <class T>
-__global__ void straight_kernel(const T* x, const T* q, const T* g, const uint8_t* valid, T coef,
-                                int64_t rows, int64_t d, T* gx) {
+__device__ T commit_coef(const double* coef) {
+  return coef ? static_cast<T>(*coef) : T(0);
+}
+
+template <class T>
+__global__ void straight_kernel(const T* x, const T* q, const T* g, const uint8_t* valid,
+                                const double* coef_on_device, int64_t rows, int64_t d, T* gx) {
+  const T coef = commit_coef<T>(coef_on_device);
   QUANTA_GRID_STRIDE(i, rows * d) {
     gx[i] = fn::straight_grad(g[i], commit_weight(coef, valid, i / d), x[i], q[i]);
   }
 }
 
 template <class T>
-__global__ void rotation_kernel(const T* x, const T* q, const T* g, const uint8_t* valid, T coef,
-                                int64_t rows, int64_t d, T* gx) {
+__global__ void rotation_kernel(const T* x, const T* q, const T* g, const uint8_t* valid,
+                                const double* coef_on_device, int64_t rows, int64_t d, T* gx) {
+  const T coef = commit_coef<T>(coef_on_device);
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(r, rows) {
     const T *xr = x + r * d, *qr = q + r * d, *gr = g + r * d;
@@ -187,42 +205,37 @@ void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int
   });
 }
 
-SquaredErrorSum squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                              int64_t rows, int64_t d) {
-  SquaredErrorSum out;
+void squared_error(DType dtype, const void* x, const void* q, const uint8_t* valid, int64_t rows,
+                   int64_t d, double* out) {
   const int64_t chunks = squared_error_chunks(rows);
-  if (chunks == 0) return out;
-  std::vector<Partial> host(static_cast<size_t>(chunks));
   cuda::dispatch_float(dtype, "commitment_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    Scratch<Partial> partial(chunks);
-    chunk_sums<T><<<static_cast<unsigned>(chunks), cuda::kThreadsPerBlock, 0, kStream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, partial.get());
+    Scratch<Partial> partial(chunks > 0 ? chunks : 1);
+    if (chunks > 0) {
+      chunk_sums<T><<<static_cast<unsigned>(chunks), cuda::kThreadsPerBlock, 0, kStream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, partial.get());
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
+    finish_sums<<<1, 1, 0, kStream>>>(partial.get(), chunks, d, out);
     QUANTA_CUDA_CHECK_LAUNCH();
-    QUANTA_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.get(), sizeof(Partial) * host.size(),
-                                      cudaMemcpyDeviceToHost, kStream));
-    QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
   });
-  // The chunks' partial sums added in order, as the CPU does.
-  for (const Partial& p : host) out.total += p.total, out.rows += p.rows;
-  return out;
 }
 
 void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                        int64_t rows, int64_t d, double scale, void* gx) {
+                        int64_t rows, int64_t d, const double* scale, void* gx) {
   cuda::dispatch_float(dtype, "commitment_loss", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const cuda::LaunchConfig g = grid_for(rows * d);
     if (g.blocks == 0) return;
     commit_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, T(scale),
+        static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, scale,
         static_cast<T*>(gx));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }
 
 void route_grad(bool rotation, DType dtype, const void* x, const void* q, const void* g,
-                const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx) {
+                const uint8_t* valid, const double* coef, int64_t rows, int64_t d, void* gx) {
   cuda::dispatch_float(dtype, "rotate_to", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T *px = static_cast<const T*>(x), *pq = static_cast<const T*>(q),
@@ -231,12 +244,12 @@ void route_grad(bool rotation, DType dtype, const void* x, const void* q, const 
       const cuda::LaunchConfig c = warp_grid_for(d > 0 ? rows : 0);
       if (c.blocks == 0) return;
       rotation_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
-          px, pq, pg, valid, T(coef), rows, d, static_cast<T*>(gx));
+          px, pq, pg, valid, coef, rows, d, static_cast<T*>(gx));
     } else {
       const cuda::LaunchConfig c = grid_for(rows * d);
       if (c.blocks == 0) return;
       straight_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
-          px, pq, pg, valid, T(coef), rows, d, static_cast<T*>(gx));
+          px, pq, pg, valid, coef, rows, d, static_cast<T*>(gx));
     }
     QUANTA_CUDA_CHECK_LAUNCH();
   });

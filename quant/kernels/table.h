@@ -34,13 +34,6 @@ namespace quanta::quant {
  * log(max(p, kEntropyEps)). */
 inline constexpr double kEntropyEps = 1e-5;
 
-/** What squared_error returns: the sum of (q - x)^2 over the counted rows'
- * elements (accumulated in f64) and the number of counted rows. */
-struct SquaredErrorSum {
-  double total = 0;
-  double rows = 0;
-};
-
 /** The quantizer kernels of one device. Every entry handles zero sizes. Row
  * masks (`valid`) are u8 0/1 per row, or null (every row counts). */
 struct QuantKernelTable {
@@ -55,24 +48,27 @@ struct QuantKernelTable {
   void (*nearest_codes)(DType dtype, const void* x, const void* codes, int64_t n, int64_t k,
                         int64_t d, bool cosine, int64_t* out);
   /** commitment_loss (and route_with_commitment) forward: over x, q [rows, d]
-   * (contiguous, `dtype` f32 or f64), the sum of (x - q)^2 over the rows
-   * with valid[r] != 0, in f64 partial sums of 256 rows added in order (the
-   * total does not depend on the thread count), and the number of such rows
-   * (the sum of valid; rows when valid is null). */
-  SquaredErrorSum (*squared_error)(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                                   int64_t rows, int64_t d);
-  /** commitment_loss backward: gx [rows, d] = T(scale) * (x - q), exactly 0
-   * on rows with valid[r] == 0. Every element of gx is written. */
+   * (contiguous, `dtype` f32 or f64), out[0] = the sum of (x - q)^2 over the
+   * rows with valid[r] != 0, in f64 partial sums of 256 rows added in order
+   * (the total does not depend on the thread count), and out[1] = the number
+   * of such elements (the sum of valid, or rows, times d). `out` is two f64
+   * on the device: the loss never visits the host. */
+  void (*squared_error)(DType dtype, const void* x, const void* q, const uint8_t* valid,
+                        int64_t rows, int64_t d, double* out);
+  /** commitment_loss backward: gx [rows, d] = T(*scale) * (x - q), exactly 0
+   * on rows with valid[r] == 0, `scale` one f64 on the device. Every element
+   * of gx is written. */
   void (*squared_error_grad)(DType dtype, const void* x, const void* q, const uint8_t* valid,
-                             int64_t rows, int64_t d, double scale, void* gx);
+                             int64_t rows, int64_t d, const double* scale, void* gx);
   /** rotate_to / route_with_commitment backward: x's gradient from the
    * output gradient g along the route (rotation: the rotation trick's
    * lambda (g - 2 (g.w) w + 2 (g.q^) u), u = x/|x|, q^ = q/|q|,
    * w = (u + q^)/|u + q^|, lambda = |q|/|x|; else g itself) plus
-   * T(coef) * T(valid[r]) * (x - q) (valid null: T(coef) (x - q)). x, q, g
-   * and gx [rows, d] contiguous, of `dtype` (f32 or f64). */
+   * T(coef) * T(valid[r]) * (x - q) (valid null: T(coef) (x - q)), `coef`
+   * one f64 on the device or null (no commitment term). x, q, g and gx
+   * [rows, d] contiguous, of `dtype` (f32 or f64). */
   void (*route_grad)(bool rotation, DType dtype, const void* x, const void* q, const void* g,
-                     const uint8_t* valid, double coef, int64_t rows, int64_t d, void* gx);
+                     const uint8_t* valid, const double* coef, int64_t rows, int64_t d, void* gx);
   /** Codebook dead-code replacement, in place: rows at[0..m) of the
    * contiguous table dst (rows of d elements, `dtype` f32 or f64) set to
    * T(scale) * src[i] (src [m, d] contiguous of `dtype`), or to T(scale) when

@@ -1,5 +1,6 @@
 #include "quant/vq/commitment_loss.h"
 
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,22 @@ Tensor row_mask(const Tensor& valid, int64_t rows) {
   return contiguous(valid.detach().to(DType::u8));
 }
 
+namespace {
+// The element count, at least 1: a count of 0 comes with a sum of 0.
+Tensor elements_at_least_one(const Tensor& sums) {
+  return clamp(slice(sums, 0, 1, 2), 1.0, std::numeric_limits<double>::quiet_NaN());
+}
+}  // namespace
+
+Tensor SquaredError::mean(DType dtype) const {
+  return reshape(to_dtype(slice(sums, 0, 0, 1) / elements_at_least_one(sums), dtype), {});
+}
+
+Tensor SquaredError::coefficient(const Tensor& g, double scale) const {
+  // The order of the host formula it replaces, g * scale / n, in f64.
+  return reshape(to_dtype(g, DType::f64) * scale, {1}) / elements_at_least_one(sums);
+}
+
 SquaredError masked_squared_error(const Tensor& x, const Tensor& q, const Tensor& valid) {
   const QuantKernelTable& kernels = quant_kernels_for("commitment_loss", {&x, &q, &valid});
   const Tensor xc = contiguous(x.detach()), qc = contiguous(q.detach());
@@ -37,9 +54,10 @@ SquaredError masked_squared_error(const Tensor& x, const Tensor& q, const Tensor
   const int64_t rows = d == 0 ? 0 : xc.numel() / d;
   dispatch_float(xc.dtype(), "commitment_loss", [](auto) {});  // f32 or f64
   const Tensor mask = row_mask(valid, rows);
-  const SquaredErrorSum s =
-      kernels.squared_error(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows, d);
-  return {s.total, s.rows * double(d)};
+  SquaredError e{empty({2}, {.dtype = DType::f64, .device = xc.device()})};
+  kernels.squared_error(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows, d,
+                        static_cast<double*>(e.sums.raw_data()));
+  return e;
 }
 
 Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
@@ -51,25 +69,21 @@ Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid) {
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   autograd::Function fn;
   fn.name = "commitment_loss";
-  // count * d, shared by forward and backward.
-  auto denom = std::make_shared<double>(0.0);
+  // The sum and count * d, shared by forward and backward.
+  auto error = std::make_shared<SquaredError>();
   fn.forward = [=](const std::vector<Tensor>& in) {
-    const SquaredError e = masked_squared_error(in[0], in[1], valid);
-    *denom = e.elements;
-    const double value = e.elements > 0 ? e.total / e.elements : 0.0;
-    return std::vector<Tensor>{scalar(value, options_of(in[0]))};
+    *error = masked_squared_error(in[0], in[1], valid);
+    return std::vector<Tensor>{error->mean(in[0].dtype())};
   };
   const bool q_grad = q.requires_grad();
   fn.backward = [=, &kernels, xs = x.detach(), qs = q.detach()](const std::vector<Tensor>& grads) {
     const Tensor xc = contiguous(xs), qc = contiguous(qs);
     // Uninitialised: every element is written below (0 for masked rows).
-    Tensor gx = *denom > 0 ? empty(xs.shape(), options_of(xs)) : zeros(xs.shape(), options_of(xs));
-    if (*denom > 0) {
-      const double g = grads[0].item() * 2.0 / *denom;
-      const Tensor mask = row_mask(valid, rows);
-      kernels.squared_error_grad(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows, d,
-                                 g, gx.raw_data());
-    }
+    Tensor gx = empty(xs.shape(), options_of(xs));
+    const Tensor scale = error->coefficient(grads[0], 2.0);
+    const Tensor mask = row_mask(valid, rows);
+    kernels.squared_error_grad(xc.dtype(), xc.raw_data(), qc.raw_data(), mask_data(mask), rows, d,
+                               static_cast<const double*>(scale.raw_data()), gx.raw_data());
     return std::vector<Tensor>{gx, q_grad ? -gx : Tensor()};
   };
   return autograd::apply(fn, {x, q})[0];

@@ -15,12 +15,17 @@ namespace quanta::quant {
 Tensor commitment_loss(const Tensor& x, const Tensor& q, const Tensor& valid = Tensor());
 
 /** The forward of commitment_loss, shared with the fused training output
- * (rotation_trick.h): sum of (q - x)^2 over the valid tokens' elements, and
- * the number of those elements. Same requirements as commitment_loss; no
- * graph. */
+ * (rotation_trick.h), on x's device (never read by the host): `sums`, f64
+ * [2], holds the sum of (q - x)^2 over the valid tokens' elements and the
+ * number of those elements. Same requirements as commitment_loss; no graph. */
 struct SquaredError {
-  double total = 0;
-  double elements = 0;
+  Tensor sums;
+  /** sums[0] / sums[1] (0 when no element counts), a 0-d tensor of `dtype`. */
+  Tensor mean(DType dtype) const;
+  /** scale * g / sums[1] as one f64 on the device (g a 0-d gradient): the
+   * backward's coefficient of (x - q); any value when no element counts,
+   * since then no row takes it. */
+  Tensor coefficient(const Tensor& g, double scale) const;
 };
 SquaredError masked_squared_error(const Tensor& x, const Tensor& q, const Tensor& valid);
 

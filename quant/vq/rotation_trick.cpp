@@ -24,9 +24,10 @@ void check_pair(const char* op, const Tensor& x, const Tensor& q) {
 }
 
 // x's gradient from the output gradient `g` along `route`, plus the
-// commitment term (coef 0: none) over the rows `mask` (u8, undefined: all).
+// commitment term (coef: one f64 on the device; undefined: none) over the
+// rows `mask` (u8, undefined: all).
 Tensor input_gradient(const Tensor& xs, const Tensor& qd, const Tensor& g_out, GradientRoute route,
-                      double coef, const Tensor& mask) {
+                      const Tensor& coef, const Tensor& mask) {
   const QuantKernelTable& kernels = quant_kernels(xs.device());
   const int64_t d = xs.size(-1);
   const int64_t rows = d == 0 ? 0 : xs.numel() / d;
@@ -34,9 +35,11 @@ Tensor input_gradient(const Tensor& xs, const Tensor& qd, const Tensor& g_out, G
                g = contiguous(to_dtype(g_out, xs.dtype()));
   Tensor gx = empty(xs.shape(), options_of(xs));  // every element is written
   const auto* valid =
-      coef != 0 && mask.defined() ? static_cast<const uint8_t*>(mask.raw_data()) : nullptr;
+      coef.defined() && mask.defined() ? static_cast<const uint8_t*>(mask.raw_data()) : nullptr;
   kernels.route_grad(route == GradientRoute::rotation, xs.dtype(), xc.raw_data(), qc.raw_data(),
-                     g.raw_data(), valid, coef, rows, d, gx.raw_data());
+                     g.raw_data(), valid,
+                     coef.defined() ? static_cast<const double*>(coef.raw_data()) : nullptr, rows,
+                     d, gx.raw_data());
   return gx;
 }
 
@@ -52,7 +55,7 @@ Tensor rotate_to(const Tensor& x, const Tensor& q) {
   fn.forward = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[1]}; };
   fn.backward = [xs = x.detach(), qd](const std::vector<Tensor>& grads) {
     return std::vector<Tensor>{
-        input_gradient(xs, qd, grads[0], GradientRoute::rotation, 0.0, Tensor()), Tensor()};
+        input_gradient(xs, qd, grads[0], GradientRoute::rotation, Tensor(), Tensor()), Tensor()};
   };
   return autograd::apply(fn, {x, qd})[0];
 }
@@ -64,18 +67,16 @@ TrainingOutput route_with_commitment(const Tensor& x, const Tensor& q, const Ten
   const int64_t d = x.size(-1);
   const Tensor mask = row_mask(valid, d == 0 ? 0 : x.numel() / d);
   const Tensor qd = q.detach();
-  auto elements = std::make_shared<double>(0.0);  // the commitment's denominator
+  auto error = std::make_shared<SquaredError>();  // the commitment's sum and count
   autograd::Function fn;
   fn.name = route == GradientRoute::rotation ? "rotate_with_commitment"
                                              : "straight_through_with_commitment";
   fn.forward = [=](const std::vector<Tensor>& in) {
-    const SquaredError e = masked_squared_error(in[0], in[1], mask);
-    *elements = e.elements;
-    const double commit = e.elements > 0 ? e.total / e.elements : 0.0;
-    return std::vector<Tensor>{in[1], scalar(commit, options_of(in[0]))};
+    *error = masked_squared_error(in[0], in[1], mask);
+    return std::vector<Tensor>{in[1], error->mean(in[0].dtype())};
   };
   fn.backward = [=, xs = x.detach()](const std::vector<Tensor>& grads) {
-    const double coef = *elements > 0 ? grads[1].item() * 2.0 / *elements : 0.0;
+    const Tensor coef = error->coefficient(grads[1], 2.0);
     return std::vector<Tensor>{input_gradient(xs, qd, grads[0], route, coef, mask), Tensor()};
   };
   const std::vector<Tensor> out = autograd::apply(fn, {x, qd});

@@ -414,22 +414,29 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       const uint8_t* hv = masked ? valid.data<uint8_t>() : nullptr;
       Tensor gvalid = on_gpu(valid), gx = on_gpu(x), gq = on_gpu(q);
       const uint8_t* dv = masked ? testing::dev<uint8_t>(gvalid) : nullptr;
-      const SquaredErrorSum want =
-          cpu_t().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d);
-      const SquaredErrorSum got =
-          gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d);
-      const SquaredErrorSum again =
-          gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d);
-      CHECK(got.rows == want.rows);
-      CHECK(std::fabs(got.total - want.total) <= tol(dt) * want.total);
-      CHECK(std::memcmp(&got.total, &again.total, sizeof(double)) == 0);
+      // Both results stay on the device: [sum, elements] in f64.
+      Tensor want = empty({2}, {.dtype = DType::f64});
+      Tensor got = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
+      Tensor again = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
+      cpu_t().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d, want.data<double>());
+      gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
+                            testing::dev<double>(got));
+      gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
+                            testing::dev<double>(again));
+      const std::vector<double> w = want.to_vector<double>(), g = got.to_vector<double>(),
+                                a = again.to_vector<double>();
+      CHECK(g[1] == w[1]);
+      CHECK(std::fabs(g[0] - w[0]) <= tol(dt) * w[0]);
+      CHECK(std::memcmp(&g[0], &a[0], sizeof(double)) == 0);
 
+      const Tensor scale = scalar(0.25, {.dtype = DType::f64});
+      const Tensor gscale = on_gpu(scale);
       Tensor gwant = empty({rows, d}, {.dtype = dt});
       Tensor ggot = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_t().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, 0.25,
+      cpu_t().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, scale.data<double>(),
                                  gwant.raw_data());
-      gpu_t().squared_error_grad(dt, gx.raw_data(), gq.raw_data(), dv, rows, d, 0.25,
-                                 ggot.raw_data());
+      gpu_t().squared_error_grad(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
+                                 testing::dev<double>(gscale), ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
     }
 }
@@ -443,13 +450,15 @@ TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU
         Tensor x = random_tensor({rows, d}, dt, 8), q = random_tensor({rows, d}, dt, 9);
         Tensor g = random_tensor({rows, d}, dt, 10), valid = row_mask(rows, 11);
         Tensor gvalid = on_gpu(valid);
+        const Tensor coef = scalar(0.5, {.dtype = DType::f64}), gcoef = on_gpu(coef);
         Tensor want = empty({rows, d}, {.dtype = dt});
         Tensor got = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
         cpu_t().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
-                           masked ? valid.data<uint8_t>() : nullptr, 0.5, rows, d, want.raw_data());
+                           masked ? valid.data<uint8_t>() : nullptr, coef.data<double>(), rows, d,
+                           want.raw_data());
         gpu_t().route_grad(rotation, dt, on_gpu(x).raw_data(), on_gpu(q).raw_data(),
                            on_gpu(g).raw_data(), masked ? testing::dev<uint8_t>(gvalid) : nullptr,
-                           0.5, rows, d, got.raw_data());
+                           testing::dev<double>(gcoef), rows, d, got.raw_data());
         INFO(dtype_name(dt), " rotation ", rotation, " masked ", masked);
         CHECK(max_err(got, want) <= 10 * tol(dt));
       }
@@ -879,10 +888,13 @@ TEST_CASE("quant cuda: nf4_linear on small batches equals the CPU, double quant 
 TEST_CASE("quant cuda: zero sizes launch nothing") {
   SKIP_WITHOUT_GPU();
   const QuantKernelTable& t = gpu_t();
-  CHECK(t.squared_error(DType::f32, nullptr, nullptr, nullptr, 0, 4).rows == 0);
+  Tensor sums = full({2}, 7.0, {.dtype = DType::f64, .device = Device::cuda(0)});
+  t.squared_error(DType::f32, nullptr, nullptr, nullptr, 0, 4, testing::dev<double>(sums));
+  CHECK(sums.to_vector<double>() == std::vector<double>{0.0, 0.0});  // zeros, still written
   t.nearest_codes(DType::f32, nullptr, nullptr, 0, 3, 4, false, nullptr);
-  t.squared_error_grad(DType::f32, nullptr, nullptr, nullptr, 0, 4, 1.0, nullptr);
-  t.route_grad(true, DType::f32, nullptr, nullptr, nullptr, nullptr, 1.0, 0, 4, nullptr);
+  t.squared_error_grad(DType::f32, nullptr, nullptr, nullptr, 0, 4, testing::dev<double>(sums),
+                       nullptr);
+  t.route_grad(true, DType::f32, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr);
   t.put_rows(DType::f32, nullptr, 4, nullptr, 0, nullptr, 1.0);
   t.bit_product(DType::f32, nullptr, 0, 3, nullptr);
   t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);

@@ -99,13 +99,13 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   const NF4RunsOut out{.run = 64, .codes = b};
   check_names(message_of([&] { t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i); }),
               "nearest_codes");
-  check_names(message_of([&] { t.squared_error(DType::f32, f, f, nullptr, 1, 1); }),
+  check_names(message_of([&] { t.squared_error(DType::f32, f, f, nullptr, 1, 1, d); }),
               "commitment_loss");
-  check_names(message_of([&] { t.squared_error_grad(DType::f32, f, f, b, 1, 1, 1.0, f); }),
+  check_names(message_of([&] { t.squared_error_grad(DType::f32, f, f, b, 1, 1, d, f); }),
               "commitment_loss");
-  check_names(message_of([&] { t.route_grad(true, DType::f32, f, f, f, b, 1.0, 1, 1, f); }),
+  check_names(message_of([&] { t.route_grad(true, DType::f32, f, f, f, b, d, 1, 1, f); }),
               "rotate_to");
-  check_names(message_of([&] { t.route_grad(false, DType::f32, f, f, f, b, 1.0, 1, 1, f); }),
+  check_names(message_of([&] { t.route_grad(false, DType::f32, f, f, f, b, d, 1, 1, f); }),
               "straight_through_with_commitment");
   check_names(message_of([&] { t.put_rows(DType::f32, f, 1, i, 1, f, 1.0); }), "Codebook");
   check_names(message_of([&] { t.code_statistics(DType::f32, i, f, 1, 1, 1, f, f); }),

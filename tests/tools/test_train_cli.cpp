@@ -582,7 +582,7 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
 // the CPU beside its device tensors fails the run instead.
 // Host syncs per step of the codebook families on sim today (docs/gpu-runs.md
 // lists what remains); the bound only ever goes down.
-constexpr double kVqSyncsPerStep = 5, kRvqSyncsPerStep = 2;
+constexpr double kVqSyncsPerStep = 4, kRvqSyncsPerStep = 1;
 
 TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint bytes") {
   if (!have_dataset()) return;
@@ -610,7 +610,7 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
     // The CPU never waits for a device; sim counts what a GPU would wait
     // for. Steps without codebooks wait for nothing (losses are read once
     // per log window); the codebook families' reads are bounded by today's
-    // count (the rotation trick's backward, QuantizerSync's dead codes), so
+    // count (QuantizerSync's header and dead codes), so
     // one more fails here.
     CHECK(la.back()["host_syncs_per_step"].get<double>() == 0);
     const double syncs = lb.back()["host_syncs_per_step"].get<double>();
