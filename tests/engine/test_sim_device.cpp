@@ -13,6 +13,7 @@
 #include "engine/device_backend.h"
 #include "quanta.h"
 #include "support/errors.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using quanta::testing::message_of;
@@ -115,41 +116,42 @@ TEST_CASE("HostSyncGuard refuses a host sync, names where, and lets uploads thro
   CHECK(a.to_vector<float>() == std::vector<float>{2, 2, 2, 2});  // allowed again
 }
 
-TEST_CASE(
-    "a bad index on sim is found by the device and reported at the next read, naming the op") {
-  const Device sim = Device::sim(0);
-  const TensorOptions on_sim{.dtype = DType::i64, .device = sim};
-  const Tensor x = from_vector<float>({1, 2, 3}, {3}).to(sim);
-  const Tensor idx = from_vector<int64_t>({0, 7, 1}, {3}, on_sim);
-  Tensor y;
-  {
-    HostSyncGuard guard("queuing the op");  // the check itself reads nothing
-    y = index_select(x, 0, idx);
-  }
-  const std::string m = message_of([&] { (void)y.to_vector<float>(); });
-  CHECK(m.find("[index_select] index 7 is out of bounds for dim 0 with size 3") == 0);
-  CHECK(m.find("found on sim:0") != std::string::npos);
-  // Reported once; the kernel read row 0 for the bad index, never out of bounds.
-  CHECK(y.to_vector<float>() == std::vector<float>{1, 1, 2});
+TEST_CASE("a bad index on a device is found there and reported at the next read, naming the op") {
+  for (const Device sim : testing::test_devices()) {
+    CAPTURE(sim.str());
+    const TensorOptions on_sim{.dtype = DType::i64, .device = sim};
+    const Tensor x = from_vector<float>({1, 2, 3}, {3}).to(sim);
+    const Tensor idx = from_vector<int64_t>({0, 7, 1}, {3}, on_sim);
+    Tensor y;
+    {
+      HostSyncGuard guard("queuing the op");  // the check itself reads nothing
+      y = index_select(x, 0, idx);
+    }
+    const std::string m = message_of([&] { (void)y.to_vector<float>(); });
+    CHECK(m.find("[index_select] index 7 is out of bounds for dim 0 with size 3") == 0);
+    CHECK(m.find("found on " + sim.str()) != std::string::npos);
+    // Reported once; the kernel read row 0 for the bad index, never out of bounds.
+    CHECK(y.to_vector<float>() == std::vector<float>{1, 1, 2});
 
-  // The other index ops, each named; the CPU still fails at once, alike.
-  const Tensor bad = from_vector<int64_t>({-1}, {1}, on_sim);
-  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
-      {"gather", [&](const Tensor& i) { return gather(x, 0, i); }},
-      {"scatter", [&](const Tensor& i) { return scatter(x, 0, i, 5.0); }},
-      {"index_add",
-       [&](const Tensor& i) { return index_add(x, 0, i, ones({1}, {.device = sim})); }},
-      {"embedding",
-       [&](const Tensor& i) {
-         return embedding(reshape(x, {3, 1}), i);
-       }},
-  };
-  for (const auto& [name, op] : ops) {
-    CAPTURE(name);
-    const Tensor out = op(bad);
-    const std::string e = message_of([&] { (void)out.to(Device::cpu()); });
-    CHECK(e.find("[" + name + "] index -1 is out of bounds") == 0);
-    CHECK(message_of([&] { (void)out.to(Device::cpu()); }).empty());  // cleared
+    // The other index ops, each named; the CPU still fails at once, alike.
+    const Tensor bad = from_vector<int64_t>({-1}, {1}, on_sim);
+    const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> ops = {
+        {"gather", [&](const Tensor& i) { return gather(x, 0, i); }},
+        {"scatter", [&](const Tensor& i) { return scatter(x, 0, i, 5.0); }},
+        {"index_add",
+         [&](const Tensor& i) { return index_add(x, 0, i, ones({1}, {.device = sim})); }},
+        {"embedding",
+         [&](const Tensor& i) {
+           return embedding(reshape(x, {3, 1}), i);
+         }},
+    };
+    for (const auto& [name, op] : ops) {
+      CAPTURE(name);
+      const Tensor out = op(bad);
+      const std::string e = message_of([&] { (void)out.to(Device::cpu()); });
+      CHECK(e.find("[" + name + "] index -1 is out of bounds") == 0);
+      CHECK(message_of([&] { (void)out.to(Device::cpu()); }).empty());  // cleared
+    }
   }
   CHECK(message_of([] {
           (void)index_select(from_vector<float>({1, 2, 3}, {3}), 0,
