@@ -44,7 +44,7 @@ Tensor as_index(const char* op, const Tensor& index) {
 // naming the first bad one. A device checks its own without the host reading
 // them (engine/device_error.h): the op then runs on the returned copy, where
 // a bad index reads as 0, and the next read of the device reports it.
-Tensor check_bounds(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+Tensor check_bounds_impl(const char* op, const Tensor& index, int64_t dim, int64_t size) {
   const Device device = index.device();
   if (!device_caps(device).host_readable) {
     Tensor safe = detail::make_tensor(index.shape(), DType::i64, device);
@@ -158,7 +158,7 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   Tensor idx = as_index(op, index);
   const int64_t d = wrap_dim(dim, x.dim(), op);
   check_scatter_shapes(op, x, d, idx, has_src ? &src : nullptr);
-  idx = check_bounds(op, idx, d, x.shape()[d]);
+  idx = detail::checked_index(op, idx, d, x.shape()[d]);
 
   const DType ct = mode == ScatterMode::add ? detail::cpu_compute_dtype(x.dtype()) : x.dtype();
   Tensor out = plain_copy(x, ct);
@@ -196,7 +196,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     return idx.dim() == 0 ? reshape(r, {}) : r;
   }
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
-  idx = check_bounds("index_select", idx, d, x.shape()[d]);
+  idx = detail::checked_index("index_select", idx, d, x.shape()[d]);
   Tensor out = select_slices(x, d, idx);
   return autograd::record("index_select", out, {x}, [d, idx, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{index_add(zeros(in, options_of(g)), d, idx, g)};
@@ -211,7 +211,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor idx = as_index("gather", index);
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   check_scatter_shapes("gather", x, d, idx, nullptr);
-  idx = check_bounds("gather", idx, d, x.shape()[d]);
+  idx = detail::checked_index("gather", idx, d, x.shape()[d]);
   Tensor out = detail::make_tensor(idx.shape(), x.dtype(), x.device());
   // x's own strides: no copy for views.
   k.index_lines(IndexMode::gather, idx.shape(), d, operand_of(idx), operand_of(out), operand_of(x),
@@ -256,7 +256,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                           " (the input's shape with the index's length in "
                           "dim " +
                           str(d) + ")");
-  idx = check_bounds("index_add", idx, d, x.shape()[d]);
+  idx = detail::checked_index("index_add", idx, d, x.shape()[d]);
 
   const DType ct = detail::cpu_compute_dtype(x.dtype());
   Tensor out = plain_copy(x, ct);
@@ -328,7 +328,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
     fail("embedding", "padding_idx " + str(padding_idx) + " is out of range for " + str(V) +
                           " rows (expected -1 for none, or 0.." + str(V - 1) + ")");
   Tensor idx = as_index("embedding", indices).reshape({indices.numel()});
-  idx = check_bounds("embedding", idx, 0, V);
+  idx = detail::checked_index("embedding", idx, 0, V);
   Shape out_shape = indices.shape();
   out_shape.push_back(D);
   Tensor out = select_slices(weight, 0, idx).reshape(out_shape);
@@ -342,5 +342,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
     return std::vector<Tensor>{index_add(zeros({V, D}, options_of(g)), 0, idx, rows)};
   });
 }
+
+namespace detail {
+Tensor checked_index(const char* op, const Tensor& index, int64_t dim, int64_t size) {
+  return check_bounds_impl(op, index, dim, size);
+}
+}  // namespace detail
 
 }  // namespace quanta

@@ -42,4 +42,13 @@ Tensor nonzero(const Tensor& mask);
  * Row `padding_idx` (in [0, V); -1 = none) receives no gradient. */
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);
 
+namespace detail {
+/** `index` (contiguous i64) checked to lie in [0, size) as the index ops
+ * check theirs: on the CPU at once, throwing "[op] index v is out of bounds
+ * for dim d with size n"; on a device by the device (engine/device_error.h),
+ * reported at the next read of it. Use the returned tensor: on a device it
+ * is a copy in which a bad index reads as 0. */
+Tensor checked_index(const char* op, const Tensor& index, int64_t dim, int64_t size);
+}  // namespace detail
+
 }  // namespace quanta

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/device_backend.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
@@ -95,16 +96,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                 " does not match logits shape " + shape_str(logits.shape()) +
                                 ": expected " + shape_str(want));
   const Tensor t = target.detach().to(DType::i64);
-  for (int64_t v : t.to_vector<int64_t>())
-    if (v != ignore_index && (v < 0 || v >= classes))
-      throw std::invalid_argument("[cross_entropy] target " + std::to_string(v) +
-                                  " is out of range for " + std::to_string(classes) +
-                                  " classes (ignore_index " + std::to_string(ignore_index) + ")");
+  // The CPU's targets are checked here, at once; a device checks its own
+  // (the picked classes below) without the host reading them.
+  const bool on_host = device_caps(t.device()).host_readable;
+  if (on_host)
+    for (int64_t v : t.to_vector<int64_t>())
+      if (v != ignore_index && (v < 0 || v >= classes))
+        throw std::invalid_argument("[cross_entropy] target " + std::to_string(v) +
+                                    " is out of range for " + std::to_string(classes) +
+                                    " classes (ignore_index " + std::to_string(ignore_index) + ")");
 
   const TensorOptions index_opts{.dtype = DType::i64, .device = t.device()};
   const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), index_opts));
   // Ignored targets pick class 0 (any valid class) and are masked out below.
-  const Tensor picked = where(keep, t, scalar(0.0, index_opts));
+  Tensor picked = where(keep, t, scalar(0.0, index_opts));
+  if (!on_host) picked = detail::checked_index("cross_entropy", contiguous(picked), 1, classes);
   const Tensor lsm = log_softmax(logits, 1);                            // [N, C, *]
   Tensor loss = neg(squeeze(gather(lsm, 1, unsqueeze(picked, 1)), 1));  // [N, *]
   loss = smooth(loss, lsm, label_smoothing);

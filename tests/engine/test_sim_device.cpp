@@ -152,6 +152,12 @@ TEST_CASE("a bad index on a device is found there and reported at the next read,
       CHECK(e.find("[" + name + "] index -1 is out of bounds") == 0);
       CHECK(message_of([&] { (void)out.to(Device::cpu()); }).empty());  // cleared
     }
+    // cross_entropy's targets, checked by the device as well.
+    const Tensor loss =
+        cross_entropy(ones({1, 3}, {.device = sim}), from_vector<int64_t>({5}, {1}, on_sim));
+    CHECK(message_of([&] {
+            (void)loss.item();
+          }).find("[cross_entropy] index 5 is out of bounds for dim 1 with size 3") == 0);
   }
   CHECK(message_of([] {
           (void)index_select(from_vector<float>({1, 2, 3}, {3}), 0,
