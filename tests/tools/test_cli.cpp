@@ -309,6 +309,36 @@ TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
                                       "train_step_qlora"});
 }
 
+// sim runs the CPU's kernels under a GPU's rules: its rows count what a step
+// asks of the host, which is what a GPU's queue would wait for.
+TEST_CASE("quanta bench train --device sim counts each step's host syncs and copies") {
+  Result r = quanta_cli(
+      {"bench", "train", "--device", "sim", "--json", "--repeat", "1", "--size", "small"});
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  const auto rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.size() == 5);
+  for (const auto& row : rows) {
+    const std::string name = row["name"].get<std::string>();
+    CAPTURE(name);
+    CHECK(row["ms"].get<double>() > 0);
+    const double syncs = row["host_syncs_per_step"].get<double>();
+    CHECK(row["copies_per_step"].get<double>() >= syncs);
+    MESSAGE(name << ": " << syncs << " host syncs per step on sim");
+    // Only the VQ step's dead-code replacement still reads the device (the
+    // expired counts and positions it draws, docs/gpu-runs.md).
+    if (name == "train_step_vqvae_vq")
+      CHECK(syncs <= 4);
+    else
+      CHECK(syncs == 0);
+  }
+  Result text =
+      quanta_cli({"bench", "train", "--device", "sim", "--repeat", "1", "--size", "small"});
+  CHECK(contains(text.out, "syncs   copies"));
+  check_one_line_error(quanta_cli({"bench", "engine", "--device", "sim"}), 2,
+                       "the engine suite times the CPU or a GPU, and sim runs the CPU's kernels");
+}
+
 // --device cuda: where no GPU is, one line saying why and success (scripts
 // run it everywhere); on a GPU, every row measured or unavailable with its
 // error, never a failed command.

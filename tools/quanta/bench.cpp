@@ -77,10 +77,10 @@ void run_bench(BenchCommand& c) {
   if (c.threads > 0) set_num_threads(c.threads);
   c.opts.small = c.size == "small";
   c.opts.device = Device::parse(c.device);
-  if (c.opts.device.is_sim())
-    throw UsageError("--device " + c.device +
-                     ": the bench suites time the CPU or a GPU, and sim runs the CPU's "
-                     "kernels");
+  if (c.opts.device.is_sim() && c.suite != "train")
+    throw UsageError("--device " + c.device + ": the " + c.suite +
+                     " suite times the CPU or a GPU, and sim runs the CPU's kernels (bench "
+                     "train takes sim: it counts each step's host syncs)");
   const SuiteInfo& suite = suites().at(c.suite);
   if (c.opts.device.is_cuda()) {
     if (!suite.cuda)
@@ -100,7 +100,7 @@ void run_bench(BenchCommand& c) {
     std::cout << "# quanta bench " << c.suite << ": " << num_threads()
               << " threads (OpenMP waits: " << wait_policy_name() << "), size " << c.size
               << ", median of " << c.opts.repeat
-              << (c.opts.device.is_cuda() ? ", on " + c.opts.device.str() : std::string()) << "\n";
+              << (!c.opts.device.is_cpu() ? ", on " + c.opts.device.str() : std::string()) << "\n";
   print_rows(std::cout, rows, c.json);
 }
 
@@ -151,13 +151,20 @@ BenchRow unavailable_row(const std::string& name, const std::string& why) {
 }
 
 void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json) {
+  const bool counted = std::any_of(rows.begin(), rows.end(),
+                                   [](const BenchRow& r) { return r.host_syncs_per_step >= 0; });
   if (json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& r : rows)
-      if (r.unavailable.empty())
-        list.push_back(
-            {{"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms}, {"ratio", r.ratio()}});
-      else
+      if (r.unavailable.empty()) {
+        nlohmann::ordered_json row = {
+            {"name", r.name}, {"ms", r.ms}, {"floor_ms", r.floor_ms}, {"ratio", r.ratio()}};
+        if (r.host_syncs_per_step >= 0) {
+          row["host_syncs_per_step"] = r.host_syncs_per_step;
+          row["copies_per_step"] = r.copies_per_step;
+        }
+        list.push_back(row);
+      } else
         list.push_back({{"name", r.name},
                         {"ms", nullptr},
                         {"floor_ms", nullptr},
@@ -169,18 +176,23 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
   std::size_t w = 4;
   for (const auto& r : rows) w = std::max(w, r.name.size());
   char buf[128];
-  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s\n", int(w), "name", "ms", "floor_ms",
+  std::snprintf(buf, sizeof buf, "%-*s  %10s  %10s  %7s", int(w), "name", "ms", "floor_ms",
                 "ratio");
-  out << buf;
+  out << buf << (counted ? "    syncs   copies\n" : "\n");
   for (const auto& r : rows) {
     if (!r.unavailable.empty()) {
       std::snprintf(buf, sizeof buf, "%-*s  ", int(w), r.name.c_str());
       out << buf << "unavailable: " << r.unavailable << "\n";
       continue;
     }
-    std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f\n", int(w), r.name.c_str(), r.ms,
+    std::snprintf(buf, sizeof buf, "%-*s  %10.3f  %10.3f  %7.2f", int(w), r.name.c_str(), r.ms,
                   r.floor_ms, r.ratio());
     out << buf;
+    if (r.host_syncs_per_step >= 0) {
+      std::snprintf(buf, sizeof buf, "  %7.2f  %7.2f", r.host_syncs_per_step, r.copies_per_step);
+      out << buf;
+    }
+    out << "\n";
   }
 }
 

@@ -22,6 +22,11 @@ struct BenchRow {
   double floor_ms = 0;
   /** Why the row could not be measured (the op's error); "" when it was. */
   std::string unavailable = {};
+  /** On a device (`bench train --device cuda|sim`): how often one step
+   * waits for the device (device-to-host copies) and how many copies it
+   * makes in all; negative when not measured (the CPU). */
+  double host_syncs_per_step = -1;
+  double copies_per_step = -1;
   /** How many times slower than its floor the op is (1 = at the floor). */
   double ratio() const { return ms / floor_ms; }
 };
@@ -31,7 +36,7 @@ struct BenchOptions {
   int repeat = 5;      // timed runs per measurement (the median is reported)
   bool small = false;  // tiny sizes: a smoke test, not a measurement
   int ranks = 2;       // ranks for suites that run collectives (dist)
-  Device device;       // where the engine and train suites run (cpu or cuda:N)
+  Device device;       // where the suites run (cpu or cuda:N; train also sim:N)
 };
 
 /** The median of `samples` (the mean of the middle two for an even count). */
@@ -55,7 +60,9 @@ std::vector<double> interleaved_ms(int repeat, int calls,
 BenchRow unavailable_row(const std::string& name, const std::string& why);
 
 /** Prints rows as an aligned table "name ms floor_ms ratio", or as a JSON
- * list of objects with keys name, ms, floor_ms, ratio. */
+ * list of objects with keys name, ms, floor_ms, ratio; rows measured on a
+ * device add host_syncs_per_step and copies_per_step (columns "syncs" and
+ * "copies"). */
 void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json);
 
 /** A bench suite: runs and returns its rows. */

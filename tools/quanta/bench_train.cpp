@@ -12,7 +12,10 @@
 // With --device cuda each row is the step on the GPU against the same step
 // (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
 // faster. A model whose step fails on the GPU (a kernel it has not yet)
-// prints its row as unavailable with the error.
+// prints its row as unavailable with the error. On a device (cuda or sim)
+// each row also counts what one step asks of the host: host syncs (each one
+// stalls a GPU's queue) and copies. sim runs the CPU's kernels, so its time
+// is the CPU's plus the device bookkeeping, and its counts are CUDA's.
 #include "bench.h"
 #include "engine/cuda/runtime.h"
 #include "engine/ops/loss.h"
@@ -164,19 +167,32 @@ Step qlora_step(const train::ClassifierShape& shape, const Tensor& cpu_images,
   return cross_entropy_step(std::move(model), kFinetuneLr, cpu_images, cpu_labels, device);
 }
 
-// The GPU rows: each model's step on o.device against the same step on the
-// CPU, in turns, each batch ended by a synchronisation.
-std::vector<BenchRow> bench_train_cuda(const BenchOptions& o, const Tensor& images,
-                                       const Tensor& labels) {
-  const Device gpu = o.device;
-  auto sync = [gpu] { cuda::synchronize(gpu.index); };
+// Steps counted for a row's host syncs and copies, after its timing (the
+// steady state: k-means and other first-step work are behind it).
+constexpr int kCountedSteps = 3;
+
+// The device rows: each model's step on o.device against the same step on
+// the CPU, in turns, each batch ended by a synchronisation; then its counts.
+std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& images,
+                                         const Tensor& labels) {
+  const Device dev = o.device;
+  std::function<void()> sync;
+  if (dev.is_cuda()) sync = [dev] { cuda::synchronize(dev.index); };
   auto row = [&](const std::string& name, const std::function<Step(Device)>& make) {
     try {
-      const Step on_gpu = make(gpu), on_cpu = make(Device::cpu());
-      const std::vector<double> ms = interleaved_ms(o.repeat, 4, {on_gpu.run, on_cpu.run}, sync);
+      const Step on_dev = make(dev), on_cpu = make(Device::cpu());
+      const std::vector<double> ms = interleaved_ms(o.repeat, 4, {on_dev.run, on_cpu.run}, sync);
       BenchRow r{name};
       r.ms = ms[0];
       r.floor_ms = ms[1];
+      const DeviceStats before = device_stats(dev);
+      for (int i = 0; i < kCountedSteps; ++i) on_dev.run();
+      const DeviceStats after = device_stats(dev);
+      auto per_step = [](int64_t n) { return double(n) / kCountedSteps; };
+      r.host_syncs_per_step = per_step(after.host_syncs - before.host_syncs);
+      r.copies_per_step =
+          per_step(after.copies_to_host + after.copies_from_host + after.copies_on_device -
+                   before.copies_to_host - before.copies_from_host - before.copies_on_device);
       return r;
     } catch (const std::exception& e) {
       return unavailable_row(name, e.what());
@@ -208,7 +224,7 @@ std::vector<BenchRow> bench_train(const BenchOptions& o) {
   const int64_t batch = o.small ? 4 : kBatch;
   const Tensor images = rand({batch, 1, 28, 28}, gen);
   const Tensor labels = randint(0, train::kNumClasses, {batch}, gen);
-  if (o.device.is_cuda()) return bench_train_cuda(o, images, labels);
+  if (!o.device.is_cpu()) return bench_train_device(o, images, labels);
   std::vector<BenchRow> rows;
 
   for (const char* type : {"vq", "none", "fsq"}) {
