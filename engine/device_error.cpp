@@ -35,7 +35,7 @@ Registry& registry() {
 
 }  // namespace
 
-int32_t register_index_check(Device, const char* op, int64_t dim, int64_t size) {
+int32_t register_index_check(const char* op, int64_t dim, int64_t size) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const int32_t id = r.next;

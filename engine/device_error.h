@@ -23,9 +23,9 @@ struct DeviceErrorFlag {
 namespace detail {
 
 /** An index check of `op` (indices along `dim`, of size `size`) about to be
- * queued on `device`: returns the id its kernel records on an error. `op`
+ * queued on a device: returns the id its kernel records on an error. `op`
  * must outlive the process (a string literal). */
-int32_t register_index_check(Device device, const char* op, int64_t dim, int64_t size);
+int32_t register_index_check(const char* op, int64_t dim, int64_t size);
 
 /** The error flag of `device` (never the CPU): device-writable, host-readable. */
 DeviceErrorFlag* device_error_flag(Device device);

@@ -40,28 +40,6 @@ Tensor as_index(const char* op, const Tensor& index) {
   return detail::as_plain(index, DType::i64).contiguous();
 }
 
-// Every index must lie in [0, size). The host checks the CPU's at once,
-// naming the first bad one. A device checks its own without the host reading
-// them (engine/device_error.h): the op then runs on the returned copy, where
-// a bad index reads as 0, and the next read of the device reports it.
-Tensor check_bounds_impl(const char* op, const Tensor& index, int64_t dim, int64_t size) {
-  const Device device = index.device();
-  if (!device_caps(device).host_readable) {
-    Tensor safe = detail::make_tensor(index.shape(), DType::i64, device);
-    kernels(device).checked_indices(static_cast<const int64_t*>(index.raw_data()), index.numel(),
-                                    size, static_cast<int64_t*>(safe.raw_data()),
-                                    detail::device_error_flag(device),
-                                    detail::register_index_check(device, op, dim, size));
-    return safe;
-  }
-  const int64_t* p = index.data<int64_t>();
-  for (int64_t i = 0, n = index.numel(); i < n; ++i)
-    if (p[i] < 0 || p[i] >= size)
-      fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) + " with size " +
-                   str(size));
-  return index;
-}
-
 // A fresh contiguous copy of x in dtype t, with no graph.
 Tensor plain_copy(const Tensor& x, DType t) {
   Tensor out = detail::make_tensor(x.shape(), t, x.device());
@@ -344,9 +322,29 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
 }
 
 namespace detail {
+
+// Every index must lie in [0, size). The host checks the CPU's at once,
+// naming the first bad one. A device checks its own without the host reading
+// them (engine/device_error.h): the op then runs on the returned copy, where
+// a bad index reads as 0, and the next read of the device reports it.
 Tensor checked_index(const char* op, const Tensor& index, int64_t dim, int64_t size) {
-  return check_bounds_impl(op, index, dim, size);
+  const Device device = index.device();
+  if (!device_caps(device).host_readable) {
+    Tensor safe = detail::make_tensor(index.shape(), DType::i64, device);
+    kernels(device).checked_indices(static_cast<const int64_t*>(index.raw_data()), index.numel(),
+                                    size, static_cast<int64_t*>(safe.raw_data()),
+                                    detail::device_error_flag(device),
+                                    detail::register_index_check(op, dim, size));
+    return safe;
+  }
+  const int64_t* p = index.data<int64_t>();
+  for (int64_t i = 0, n = index.numel(); i < n; ++i)
+    if (p[i] < 0 || p[i] >= size)
+      fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) + " with size " +
+                   str(size));
+  return index;
 }
+
 }  // namespace detail
 
 }  // namespace quanta
