@@ -16,6 +16,7 @@ void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, c
     T* out = static_cast<T*>(dst);
     const T* in = static_cast<const T*>(src);
     for (int64_t i = 0; i < m; ++i) {
+      if (at[i] < 0) continue;
       T* row = out + at[i] * d;
       for (int64_t e = 0; e < d; ++e) row[e] = in ? T(scale) * in[i * d + e] : T(scale);
     }

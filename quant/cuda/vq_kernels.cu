@@ -192,7 +192,10 @@ __global__ void rotation_kernel(const T* x, const T* q, const T* g, const uint8_
 template <class T>
 __global__ void put_rows_kernel(T* dst, int64_t d, const int64_t* at, int64_t m, const T* src,
                                 T scale) {
-  QUANTA_GRID_STRIDE(i, m * d) { dst[at[i / d] * d + i % d] = src ? scale * src[i] : scale; }
+  QUANTA_GRID_STRIDE(i, m * d) {
+    const int64_t row = at[i / d];
+    if (row >= 0) dst[row * d + i % d] = src ? scale * src[i] : scale;
+  }
 }
 
 }  // namespace

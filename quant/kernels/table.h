@@ -72,7 +72,9 @@ struct QuantKernelTable {
   /** Codebook dead-code replacement, in place: rows at[0..m) of the
    * contiguous table dst (rows of d elements, `dtype` f32 or f64) set to
    * T(scale) * src[i] (src [m, d] contiguous of `dtype`), or to T(scale) when
-   * src is null. at: i64 on the device. */
+   * src is null; a negative at[i] skips row i (the caller marks the codes
+   * that keep their rows without counting, on the device, the others). at:
+   * i64 on the device. */
   void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
                    double scale);
   /** The statistics of an assignment (the codebook EMA's and k-means'):

@@ -55,10 +55,8 @@ class Fused {
         // take equal dtypes): the header block is made on the CPU in f64.
         const Tensor src = to_dtype(reshape(parts_[i], {numel}), dtype_);
         copy_(dst, src.device() == device_ ? src : src.to(device_));
-      } else if (device_.is_cpu()) {
-        fill_(dst, 0.0);
       } else {
-        copy_(dst, zeros({numel}, {.dtype = dtype_, .device = device_}));
+        fill_(dst, 0.0);
       }
       at += numel;
     }
@@ -189,70 +187,46 @@ int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t ta
   return values[size_t(rank * width + offset[size_t(codebook)] + 1 + table)];
 }
 
-std::vector<std::vector<Tensor>> QuantizerSync::pick_replacements(
-    const std::vector<int64_t>& expiring, const std::vector<std::vector<int64_t>>& expired,
-    const Header& header) {
-  const int world = group_.size(), rank = group_.rank();
-  // This rank's candidate rows per (codebook, table); every rank's counts
-  // came with the header.
-  std::vector<Tensor> local_rows;
-  std::vector<int64_t> table_codebook, table_index;
-  for (int64_t i : expiring) {
-    Codebook& cb = *codebooks_[static_cast<size_t>(i)];
-    for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
-      local_rows.push_back(cb.table_rows(cb.pending().candidates, h));
-      table_codebook.push_back(i);
-      table_index.push_back(h);
-    }
-  }
-  auto count = [&](int r, int64_t t) {
-    return header.candidates(r, table_codebook[size_t(t)], table_index[size_t(t)]);
-  };
-  std::vector<Codebook*> books;
-  for (int64_t i : expiring) books.push_back(codebooks_[static_cast<size_t>(i)]);
+namespace {
+// The replacement rows this rank holds: row c is the pool row `positions[c]`
+// where this rank holds it (pool positions [begin, begin + local.size(0))),
+// zero elsewhere, so that the sum over ranks is every code's drawn row.
+Tensor held_rows(const Tensor& positions, const Tensor& local, int64_t begin, int64_t dim,
+                 const TensorOptions& like) {
+  const int64_t k = positions.numel(), mine = local.size(0);
+  if (mine == 0) return zeros({k, dim}, like);
+  const Tensor at = positions - double(begin);
+  const Tensor held =
+      logical_and(ge(at, scalar_like(at, 0.0)), lt(at, scalar_like(at, double(mine))));
+  const Tensor rows = index_select(local, 0, where(held, at, scalar_like(at, 0.0)));
+  return where(unsqueeze(held, -1), rows, scalar(0.0, like));
+}
+}  // namespace
 
-  // Every rank draws the same positions and fills the rows it holds.
-  std::vector<Tensor> picked;  // per table: [m, D], zeros where another rank holds the row
-  int64_t t = 0;
-  for (std::size_t b = 0; b < books.size(); ++b) {
-    Codebook* cb = books[b];
-    std::vector<int64_t> pool_sizes;
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
-      int64_t total = 0;
-      for (int r = 0; r < world; ++r) total += count(r, t + h);
-      pool_sizes.push_back(total);
+std::vector<Tensor> QuantizerSync::pick_replacements(Codebook& cb, int64_t index,
+                                                     const Header& header) {
+  const int world = group_.size(), rank = group_.rank();
+  // Every rank's candidate counts came with the header: the pool is their
+  // concatenation in rank order, and every rank draws the same positions.
+  std::vector<int64_t> pool_sizes, begins;
+  for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
+    int64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) begins.push_back(total);
+      total += header.candidates(r, index, h);
     }
-    const std::vector<Tensor> positions = cb->draw_replacements(pool_sizes, expired[b]);
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t) {
-      int64_t begin = 0;
-      for (int r = 0; r < rank; ++r) begin += count(r, t);
-      const int64_t mine = count(rank, t), d = cb->options().dim;
-      const std::vector<int64_t> pos = positions[size_t(h)].to_vector<int64_t>();
-      std::vector<int64_t> local_at, slot;
-      for (std::size_t j = 0; j < pos.size(); ++j)
-        if (pos[j] >= begin && pos[j] < begin + mine) {
-          local_at.push_back(pos[j] - begin);
-          slot.push_back(int64_t(j));
-        }
-      Tensor rows = zeros({int64_t(pos.size()), d}, options_of(cb->embed()));
-      if (!slot.empty()) {
-        const TensorOptions on{.dtype = DType::i64, .device = rows.device()};
-        const Tensor src =
-            index_select(local_rows[size_t(t)], 0,
-                         from_vector<int64_t>(local_at, {int64_t(local_at.size())}, on));
-        rows = index_add(rows, 0, from_vector<int64_t>(slot, {int64_t(slot.size())}, on), src);
-      }
-      picked.push_back(rows);
-    }
+    pool_sizes.push_back(total);
   }
-  std::vector<std::vector<Tensor>> out;
-  t = 0;
-  for (Codebook* cb : books) {
-    out.emplace_back();
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h, ++t)
-      out.back().push_back(picked[size_t(t)]);
+  const std::vector<Tensor> positions = cb.draw_replacements(pool_sizes);
+  std::vector<Tensor> rows;
+  for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
+    const Tensor& pos = positions[size_t(h)];
+    rows.push_back(pos.defined()
+                       ? held_rows(pos, cb.table_rows(cb.pending().candidates, h),
+                                   begins[size_t(h)], cb.options().dim, options_of(cb.embed()))
+                       : Tensor());
   }
-  return out;
+  return rows;
 }
 
 namespace {
@@ -351,15 +325,18 @@ void QuantizerSync::reduce_statistics(const Reconciliation& plan, Header& header
   // One fused all_reduce(sum), whatever the data: the header (every rank's
   // forward count and candidate rows per codebook, as a scattered block),
   // then every reconciled codebook's statistics.
+  // One rank's header is its own: no block, and no read of the device.
+  const bool gather_header = header.world > 1;
   Fused bulk(plan.wide, plan.device, staging_);
-  if (std::find(plan.reduce.begin(), plan.reduce.end(), true) != plan.reduce.end()) {
+  if (gather_header &&
+      std::find(plan.reduce.begin(), plan.reduce.end(), true) != plan.reduce.end()) {
     const Tensor block = scatter_header_row(header.values, group_.rank(), header.world);
     bulk.add(block, block.shape());
   }
   for (std::size_t i = 0; i < codebooks_.size(); ++i)
     if (plan.reduce[i]) add_statistics(bulk, *codebooks_[i]);
   if (!bulk.reduce(group_)) return;
-  header.values = gather_header_rows(bulk.take(DType::f64));
+  if (gather_header) header.values = gather_header_rows(bulk.take(DType::f64));
   for (std::size_t i = 0; i < codebooks_.size(); ++i)
     if (plan.reduce[i])
       apply_reduced_statistics(bulk, *codebooks_[i], header.max_steps(int64_t(i)));
@@ -367,39 +344,42 @@ void QuantizerSync::reduce_statistics(const Reconciliation& plan, Header& header
 
 void QuantizerSync::replace_dead_codes(const Reconciliation& plan, const Header& header) {
   // Which codes expire follows from the reduced cluster sizes, identical on
-  // every rank, and so does whether this collective runs. The replacements
-  // are drawn from the pool of every rank's candidates in rank order (what
-  // one process would hold for the whole batch) without moving the pool:
-  // the header carried the candidate counts, the codebook's stream picks
-  // pool positions (the same on every rank), and each picked row is
-  // contributed by the rank that holds it and zero elsewhere (an exact
-  // sum), in one all_reduce for every codebook.
-  // One read of the device per codebook: how many codes of each table expire.
-  std::vector<int64_t> expiring;
-  std::vector<std::vector<int64_t>> expired;
+  // every rank, and is decided on the device: nothing here reads it back.
+  // The replacements are drawn from the pool of every rank's candidates in
+  // rank order (what one process would hold for the whole batch) without
+  // moving the pool: the header carried the candidate counts, the
+  // codebook's stream picks a pool position for every code (the same on
+  // every rank), and each picked row is contributed by the rank that holds
+  // it and zero elsewhere (an exact sum), in one all_reduce for every
+  // codebook. It runs whenever expiry is on and some rank holds candidates,
+  // known from the header alike on every rank, whether or not a code
+  // expires: a fixed sequence of collectives with no host sync.
+  std::vector<Codebook*> expiring;
+  std::vector<std::vector<Tensor>> rows;
   for (std::size_t i = 0; i < codebooks_.size(); ++i) {
     Codebook& cb = *codebooks_[i];
-    std::vector<int64_t> counts;
-    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0) counts = cb.expired_counts();
-    if (std::any_of(counts.begin(), counts.end(), [](int64_t c) { return c > 0; })) {
-      expiring.push_back(int64_t(i));
-      expired.push_back(std::move(counts));
+    std::vector<Tensor> tables;
+    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0)
+      tables = pick_replacements(cb, int64_t(i), header);
+    if (std::any_of(tables.begin(), tables.end(), [](const Tensor& t) { return t.defined(); })) {
+      expiring.push_back(&cb);
+      rows.push_back(std::move(tables));
     } else {
       cb.pending().candidates.clear();
     }
   }
-  const std::vector<std::vector<Tensor>> rows = pick_replacements(expiring, expired, header);
-  Fused replacements(plan.wide, plan.device, replacement_staging_);
-  for (const auto& tables : rows)
-    for (const Tensor& r : tables) replacements.add(r, r.shape());
-  if (!replacements.reduce(group_)) return;
-  for (std::size_t e = 0; e < expiring.size(); ++e) {
-    Codebook& cb = *codebooks_[size_t(expiring[e])];
-    std::vector<Tensor> replacement;
-    for (std::size_t h = 0; h < rows[e].size(); ++h)
-      replacement.push_back(replacements.take(cb.embed().dtype()));
-    cb.replace_expired(replacement);
+  if (expiring.empty()) return;
+  if (group_.size() > 1) {
+    Fused replacements(plan.wide, plan.device, replacement_staging_);
+    for (const auto& tables : rows)
+      for (const Tensor& r : tables)
+        if (r.defined()) replacements.add(r, r.shape());
+    replacements.reduce(group_);
+    for (std::size_t e = 0; e < expiring.size(); ++e)
+      for (Tensor& r : rows[e])
+        if (r.defined()) r = replacements.take(expiring[e]->embed().dtype());
   }
+  for (std::size_t e = 0; e < expiring.size(); ++e) expiring[e]->replace_expired(rows[e]);
 }
 
 }  // namespace quanta::quant

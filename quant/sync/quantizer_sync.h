@@ -78,12 +78,17 @@ class QuantizerSync {
    * carrying a small header (every rank's forward count and candidate row
    * counts, scattered so that the sum gathers them), every initialised
    * codebook's counts, token totals, affine statistics and EMA sums (zeros
-   * from a rank that accumulated none); (3) when the reduced cluster sizes
-   * show expired codes, one all_reduce(sum) of the replacement rows. Each
-   * condition is the same on every rank (initialisation is global, expiry is
-   * read from reduced statistics), so the ranks always issue the same
-   * sequence, whatever forwards each of them ran. The steady state is one
-   * collective per step.
+   * from a rank that accumulated none); (3) when some codebook has dead-code
+   * expiry on and some rank holds candidate rows, one all_reduce(sum) of
+   * replacement rows (every code's, applied where the reduced cluster sizes
+   * show it expired). Each condition is the same on every rank
+   * (initialisation is global, the candidate counts travel in the header),
+   * so the ranks always issue the same sequence, whatever forwards each of
+   * them ran. The steady state is one collective per step, two with expiry.
+   * Host reads: with several ranks, one per step (the header, after the
+   * fused all_reduce: forward counts and candidate counts size the EMA
+   * decay and the replacement pool); with one rank, none. Which codes
+   * expire and which rows replace them are decided on the device.
    * Then the step count advances and the layers' random streams are pinned
    * to it. Throws std::invalid_argument (before any collective) when the
    * codebooks are not all on one device. */
@@ -129,14 +134,13 @@ class QuantizerSync {
   /** (2) The fused all_reduce of the header and the statistics, then each
    * codebook's EMA step; fills `header` with every rank's row. */
   void reduce_statistics(const Reconciliation& plan, Header& header);
-  /** (3) The all_reduce of replacement rows for expired codes, when any. */
+  /** (3) Dead-code replacement: the all_reduce of replacement rows, when
+   * expiry is on and the pool is not empty. */
   void replace_dead_codes(const Reconciliation& plan, const Header& header);
-  // Per expiring codebook and table, the replacement rows as this rank
-  // holds them: [m, D], zeros where another rank holds the row.
-  // `expired`: each expiring codebook's expired_counts().
-  std::vector<std::vector<Tensor>> pick_replacements(
-      const std::vector<int64_t>& expiring, const std::vector<std::vector<int64_t>>& expired,
-      const Header& header);
+  // Codebook `index`'s replacement rows as this rank holds them, per table:
+  // [K, D], a code's drawn row where this rank holds it, zeros elsewhere;
+  // undefined for a table whose pool is empty on every rank.
+  std::vector<Tensor> pick_replacements(Codebook& cb, int64_t index, const Header& header);
 
   std::shared_ptr<Module> module_;
   dist::ProcessGroup& group_;

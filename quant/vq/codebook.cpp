@@ -39,9 +39,9 @@ CodebookOptions checked(const CodebookOptions& o) {
 // The same seed for both streams: they differ by name.
 uint64_t seed_of(Generator& gen) { return draw_seed(gen); }
 
-// Rows `at` (i64 [m]) of the contiguous table `dst` ([K, D], or [K] with
-// D = 1) set to scale * src (src [m, D]; undefined: every row = scale), in
-// place: a dead-code step touches only the replaced rows, not the table.
+// Rows `at` (i64 [m], -1 = skip) of the contiguous table `dst` ([K, D], or
+// [K] with D = 1) set to scale * src (src [m, D]; undefined: every row =
+// scale), in place: a dead-code step touches only the replaced rows.
 void put_rows_(const Tensor& dst, const Tensor& at, const Tensor& src, double scale) {
   const QuantKernelTable& kernels = quant_kernels_for("Codebook", {&dst, &src});
   const int64_t d = dst.dim() == 2 ? dst.size(1) : 1;
@@ -238,24 +238,37 @@ void Codebook::expire_codes() {
 void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   std::vector<int64_t> sizes;
   for (const Tensor& p : pools) sizes.push_back(p.size(0));
-  const std::vector<Tensor> picks = draw_replacements(sizes, expired_counts());
+  const std::vector<Tensor> picks = draw_replacements(sizes);
   std::vector<Tensor> rows;
   for (std::size_t h = 0; h < picks.size(); ++h)
-    rows.push_back(picks[h].numel() == 0 ? zeros({0, opts_.dim}, options_of(embed_))
-                                         : index_select(pools[h], 0, picks[h]));
+    rows.push_back(picks[h].defined() ? index_select(pools[h], 0, picks[h]) : Tensor());
   replace_expired(rows);
 }
 
-std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes,
-                                                const std::vector<int64_t>& expired) {
+std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes) {
   NoGradGuard no_grad;
-  std::vector<Tensor> picks;
+  const int64_t k = opts_.codebook_size;
+  std::vector<Tensor> picks(static_cast<size_t>(opts_.num_codebooks));
+  if (opts_.threshold_ema_dead_code <= 0) return picks;
+  const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
+  const Tensor expired = to_dtype(expired_codes(), DType::i64);  // [G, K]
   Generator& gen = dead_code_gen_.next();  // one stream for the tables, in turn
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
-    const int64_t m = h < static_cast<int64_t>(expired.size()) ? expired[size_t(h)] : 0;
-    picks.push_back(n > 0 && m > 0 ? sample_row_positions(n, m, gen, embed_.device())
-                                   : zeros({0}, {.dtype = DType::i64, .device = embed_.device()}));
+    if (n <= 0) continue;
+    // Both draws are made whatever expires, so the stream advances the same
+    // way on every rank and step without reading the device. With n >= K
+    // rows every expiry fits the permutation.
+    Tensor draws = randperm_prefix(n, std::min(n, k), gen, i64);
+    const Tensor dead = select(expired, 0, h);
+    if (n < k) {
+      const Tensor with_replacement = randint(0, n, {k}, gen, i64);
+      const Tensor fits = le(sum(dead), scalar(double(n), i64));
+      draws = where(fits, cat({draws, zeros({k - n}, i64)}), with_replacement);
+    }
+    // Code c's draw is the one of its rank among the expired codes.
+    const Tensor rank = clamp(cumsum(dead, 0) - 1.0, 0.0, double(k - 1));
+    picks[size_t(h)] = gather(draws, 0, rank);
   }
   return picks;
 }
@@ -266,19 +279,23 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   NoGradGuard no_grad;
   const double threshold = opts_.threshold_ema_dead_code;
   const Tensor expired = expired_codes();
+  const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
+  const Tensor codes = arange(opts_.codebook_size, i64), skip = full({1}, -1.0, i64);
   for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
+    if (!rows[size_t(h)].defined()) continue;
     const Tensor& r = rows[size_t(h)];
-    if (r.size(0) == 0) continue;
-    const Tensor dead = nonzero(select(expired, 0, h));
-    const int64_t m = dead.numel();
-    if (r.dim() != 2 || r.size(0) != m || r.size(1) != opts_.dim)
+    if (r.dim() != 2 || r.size(0) != opts_.codebook_size || r.size(1) != opts_.dim)
       throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
-                                  " has " + std::to_string(m) + " expired codes of dim " +
-                                  std::to_string(opts_.dim) + ", got rows of shape " +
+                                  " takes rows of shape [" + std::to_string(opts_.codebook_size) +
+                                  ", " + std::to_string(opts_.dim) + "], got " +
                                   shape_str(r.shape()));
-    put_rows_(select(embed_, 0, h), dead, r, 1.0);
-    put_rows_(select(embed_avg_, 0, h), dead, r, threshold);
-    put_rows_(select(cluster_size_, 0, h), dead, Tensor(), threshold);
+    // Row c goes to code c where c expires; elsewhere the index is -1, which
+    // put_rows skips: only the replaced rows are written, with no read of
+    // how many there are.
+    const Tensor at = where(select(expired, 0, h), codes, skip);
+    put_rows_(select(embed_, 0, h), at, r, 1.0);
+    put_rows_(select(embed_avg_, 0, h), at, r, threshold);
+    put_rows_(select(cluster_size_, 0, h), at, Tensor(), threshold);
   }
 }
 

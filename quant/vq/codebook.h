@@ -112,22 +112,30 @@ class Codebook : public Module, public StepKeyed {
    * With P_g < the number of expired codes the rows are drawn with
    * replacement, as the reference's sample_vectors does. */
   void expire_codes(const std::vector<Tensor>& pools);
-  /** The two halves of expire_codes(pools), for a caller that never holds
-   * the whole pool (QuantizerSync): which pool rows replace the expired codes
-   * of each table, given each pool's size ([m_g] int64 positions, empty when
-   * nothing expired or the pool is empty; draws from the dead-code stream),
-   * `expired` being expired_counts()... */
-  std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes,
-                                        const std::vector<int64_t>& expired);
-  /** ...and the replacement itself: `rows[g]` [m_g, D] for table g's
-   * expired codes in ascending code order (as draw_replacements sized them).
-   * Clears the pending candidates. */
+  /** The two halves of expire_codes(pools), decided on the device without
+   * reading it back (no host sync), for a caller that never holds the whole
+   * pool (QuantizerSync). First the draw: for each table whose pool holds
+   * `pool_sizes[g]` > 0 rows (every rank's candidates in rank order), the
+   * pool position of each code's replacement, [K] int64. The j-th expired
+   * code (ascending) takes the j-th draw: the first m of a random permutation
+   * of the pool when it has at least m = (codes expiring) rows, else m draws
+   * with replacement, as the reference's sample_vectors does. Entries of
+   * codes that do not expire are valid positions, and unused. Undefined for
+   * a table with an empty pool, and for every table when expiry is off.
+   * Draws from the dead-code stream (the same on every rank)... */
+  std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes);
+  /** ...then the replacement: `rows[g]` [K, D] (any float dtype) holds the
+   * new row of every code of table g that expires now (the other rows are
+   * ignored; undefined leaves the table untouched): embed takes the row,
+   * embed_avg row * threshold, cluster_size the threshold. Clears the
+   * pending candidates. Throws std::invalid_argument naming the table when a
+   * shape is not [K, D]. */
   void replace_expired(const std::vector<Tensor>& rows);
   /** The codes that expire now: cluster_size < threshold, [G, K] bool
    * (all false when dead-code expiry is off). */
   Tensor expired_codes() const;
   /** How many codes of each table expire now: one read of the device (none
-   * when dead-code expiry is off). */
+   * when dead-code expiry is off). Training never calls it. */
   std::vector<int64_t> expired_counts() const;
   /** apply_affine_update(), apply_ema_update() then expire_codes(); before
    * initialisation, the deferred k-means initialisation from pending samples

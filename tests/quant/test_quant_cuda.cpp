@@ -468,12 +468,12 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
   SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::f64})
     for (bool with_src : {true, false}) {
-      Tensor table = random_tensor({20, 7}, dt, 12), src = random_tensor({3, 7}, dt, 13);
-      Tensor at = from_vector<int64_t>({3, 11, 0}, {3});
+      Tensor table = random_tensor({20, 7}, dt, 12), src = random_tensor({4, 7}, dt, 13);
+      Tensor at = from_vector<int64_t>({3, -1, 11, 0}, {4});  // -1: skipped
       Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
-      cpu_t().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 3,
+      cpu_t().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 4,
                        with_src ? src.raw_data() : nullptr, 1.5);
-      gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 3,
+      gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 4,
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
       CHECK(same_bytes(gtable, table));
     }

@@ -71,6 +71,20 @@ TEST_CASE("quant kernels: the CPU table is complete") {
   CHECK(&quant_kernels(Device::cpu()) == &quant_cpu::table());
 }
 
+TEST_CASE("quant kernels: put_rows writes the rows named and skips those marked -1") {
+  for (bool with_src : {true, false}) {
+    std::vector<double> table(5 * 2, 7.0);
+    const std::vector<double> src = {1, 2, 3, 4, 5, 6};
+    const std::vector<int64_t> at = {4, -1, 1};
+    quant_kernels(Device::cpu())
+        .put_rows(DType::f64, table.data(), 2, at.data(), 3, with_src ? src.data() : nullptr, 0.5);
+    const std::vector<double> want =
+        with_src ? std::vector<double>{7, 7, 2.5, 3, 7, 7, 7, 7, 0.5, 1}
+                 : std::vector<double>{7, 7, 0.5, 0.5, 7, 7, 7, 7, 0.5, 0.5};
+    CHECK(table == want);
+  }
+}
+
 TEST_CASE("quant kernels: the CUDA table is complete") {
   const QuantKernelTable& t = quant_cuda::table();
   CHECK(std::string(t.device_name) == "cuda");

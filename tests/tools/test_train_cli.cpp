@@ -580,9 +580,6 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
 // sim runs the CPU's kernels behind a GPU's rules: a run there must give the
 // CPU's losses and checkpoint bytes exactly, and any tensor a layer makes on
 // the CPU beside its device tensors fails the run instead.
-// Host syncs per step of the codebook families on sim today (docs/gpu-runs.md
-// lists what remains); the bound only ever goes down.
-constexpr double kVqSyncsPerStep = 4, kRvqSyncsPerStep = 1;
 
 TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint bytes") {
   if (!have_dataset()) return;
@@ -608,16 +605,12 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
     REQUIRE(la.size() == lb.size());
     for (std::size_t i = 0; i < la.size(); ++i) CHECK(lb[i]["loss"].dump() == la[i]["loss"].dump());
     // The CPU never waits for a device; sim counts what a GPU would wait
-    // for. Steps without codebooks wait for nothing (losses are read once
-    // per log window); the codebook families' reads are bounded by today's
-    // count (QuantizerSync's header and dead codes), so
-    // one more fails here.
+    // for, and no family's step waits for anything: the losses are read once
+    // per log window, k-means, EMA and dead codes stay on the device.
     CHECK(la.back()["host_syncs_per_step"].get<double>() == 0);
     const double syncs = lb.back()["host_syncs_per_step"].get<double>();
     MESSAGE(name << ": " << syncs << " host syncs per step on sim (steps 1-4)");
-    if (name == "none" || name == "fsq" || name == "lfq") CHECK(syncs == 0);
-    if (name == "vq") CHECK(syncs <= kVqSyncsPerStep);
-    if (name == "rvq") CHECK(syncs <= kRvqSyncsPerStep);
+    CHECK(syncs == 0);
     const auto ta = io::load_safetensors(a + "/checkpoint.safetensors").tensors;
     const auto tb = io::load_safetensors(b + "/checkpoint.safetensors").tensors;
     REQUIRE(ta.size() == tb.size());

@@ -499,9 +499,11 @@ TEST_CASE(
 
 TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
   // Steady state: one fused all_reduce (header, counts, sums); a second one
-  // carries the replacement rows when codes expire. No statistics anywhere:
-  // still the one fused all_reduce (of zeros). k-means pending: one
-  // all_gather_v per table, nothing else.
+  // carries the replacement rows whenever expiry is on and some rank holds
+  // candidates (which codes expire is the device's business, not a reason
+  // to read it back). No statistics anywhere: still the one fused
+  // all_reduce (of zeros). k-means pending: one all_gather_v per table,
+  // nothing else.
   const auto errors = run_ranks(2, [&](ProcessGroup& group) {
     Generator gen(3);
     auto o = vq_options();
@@ -520,6 +522,16 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
     const uint64_t before = group.sequence();
     sync.sync_state();  // no forward since the last one
     CHECK(group.sequence() - before == 1);
+
+    auto rare = vq_options();
+    rare.threshold_ema_dead_code = 1e-9;  // on, but no code falls below it
+    auto vq1 = std::make_shared<VectorQuantize>(rare, gen);
+    QuantizerSync sync1(vq1, group);
+    vq1->forward(x);
+    const uint64_t start = group.sequence();
+    sync1.sync_state();
+    CHECK(group.sequence() - start == 2);  // the same sequence, nothing read to skip it
+    CHECK(any(vq1->codebook().expired_codes()).item() == 0.0);
 
     auto steady = vq_options();
     steady.threshold_ema_dead_code = 0;  // codes never expire

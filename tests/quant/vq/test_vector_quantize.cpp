@@ -153,6 +153,81 @@ TEST_CASE("dead codes are replaced by rows of the batch") {
   CHECK(used.size() == 7);  // drawn without replacement from 16 rows
 }
 
+TEST_CASE("dead codes are replaced on the device without a read, as on the CPU") {
+  // Three tables of 16 codes, each with a pool of 12 candidate rows: a step
+  // where at most 12 codes of a table expire draws without replacement, one
+  // where more expire draws with it. The device decides which codes expire
+  // and where their rows come from without reading anything back, and ends
+  // with the CPU's codebook bitwise.
+  Generator data(16);
+  VectorQuantizeOptions o = small(12, 16);
+  o.heads = 3;
+  o.codebook_dim = 4;
+  o.separate_codebook_per_head = true;
+  o.threshold_ema_dead_code = 0.9;
+  const Tensor x = randn({1, 12, 12}, data);
+  std::vector<std::vector<float>> embeds;
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : testing::test_devices()) devices.push_back(d);
+  for (const Device device : devices) {
+    CAPTURE(device.str());
+    Generator gen(17);
+    VectorQuantize vq(o, gen);
+    vq.to(device);
+    const Tensor xd = x.to(device);
+    vq.forward(xd);  // the first step: any one-off reads happen here
+    {
+      HostSyncGuard guard("a training step with dead-code replacement");
+      for (int step = 0; step < 2; ++step) vq.forward(xd);
+    }
+    const std::vector<float> embed = vq.codebook().embed().to_vector<float>();
+    const std::vector<float> size = vq.codebook().cluster_size().to_vector<float>();
+    const std::vector<float> rows = x.to_vector<float>();
+    // The codes the last step replaced hold the threshold as their cluster
+    // size, and one of their table's rows of the batch as their code.
+    int replaced = 0;
+    for (int h = 0; h < 3; ++h)
+      for (int k = 0; k < 16; ++k) {
+        if (size[size_t(h * 16 + k)] != float(o.threshold_ema_dead_code)) continue;
+        ++replaced;
+        bool found = false;
+        for (int t = 0; t < 12; ++t) {
+          bool same = true;
+          for (int e = 0; e < 4; ++e)
+            same = same && embed[size_t((h * 16 + k) * 4 + e)] == rows[size_t(t * 12 + h * 4 + e)];
+          found = found || same;
+        }
+        CHECK_MESSAGE(found, "table " << h << ", code " << k << " is not a row of the batch");
+      }
+    MESSAGE(device.str() << ": " << replaced << " codes replaced in the last step");
+    CHECK(replaced >= 3);
+    embeds.push_back(embed);
+  }
+  for (std::size_t i = 1; i < embeds.size(); ++i) CHECK(embeds[i] == embeds[0]);
+}
+
+TEST_CASE("more expired codes than candidate rows: drawn with replacement") {
+  Generator gen(18), data(19);
+  VectorQuantizeOptions o = small(3, 8);
+  o.threshold_ema_dead_code = 1e6;  // every code expires
+  VectorQuantize vq(o, gen);
+  const Tensor x = randn({1, 3, 3}, data);
+  vq.forward(x);
+  const auto rows = x.to_vector<float>();
+  const auto embed = vq.codebook().embed().to_vector<float>();
+  for (int k = 0; k < 8; ++k) {
+    bool found = false;
+    for (int t = 0; t < 3; ++t) {
+      bool same = true;
+      for (int e = 0; e < 3; ++e)
+        same = same && embed[size_t(k * 3 + e)] == rows[size_t(t * 3 + e)];
+      found = found || same;
+    }
+    CHECK_MESSAGE(found, "code " << k << " is not a row of the batch");
+  }
+  CHECK(vq.codebook().cluster_size().to_vector<float>() == std::vector<float>(8, 1e6f));
+}
+
 TEST_CASE("k-means: distortion never increases with more iterations") {
   Generator data(7);
   const Tensor centres = randn({5, 3}, data) * 3.0;
