@@ -26,6 +26,7 @@
 #include "dist/reduce_kernels.h"
 #include "dist/rendezvous.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/device_backend.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
@@ -558,8 +559,10 @@ void ProcessGroup::fused_debug_all_reduce(const Call& c, const Tensor& buf, Redu
 
 void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site site) {
   if (t.defined()) detail::check_reducible("all_reduce", t.dtype(), op);
-  const bool fuse =
-      debug_ && size_ > 1 && t.defined() && t.device().is_cpu() && t.nbytes() <= kDebugPayload;
+  // Debug mode's fingerprint exchange can carry a small payload read in
+  // place: only memory the host reads directly, never a device's.
+  const bool fuse = debug_ && size_ > 1 && t.defined() && device_caps(t.device()).host_readable &&
+                    t.nbytes() <= kDebugPayload;
   Call c = begin("all_reduce", &t, detail::kSameShape, op, -1, o, site, !fuse);
   if (size_ == 1) return;
   Tensor buf = inplace_buffer("all_reduce", t);

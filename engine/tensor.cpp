@@ -8,6 +8,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
 #include "engine/cpu/convert.h"
+#include "engine/device_backend.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
@@ -74,7 +75,7 @@ void Tensor::check_data_access(DType want) const {
   if (dtype() != want)
     throw std::invalid_argument(std::string("[data] tensor has dtype ") + dtype_name(dtype()) +
                                 ", accessed as " + dtype_name(want));
-  if (!device().is_cpu())
+  if (!device_caps(device()).host_readable)
     throw std::invalid_argument("[data] tensor is on " + device().str() + "; copy it to cpu first");
 }
 

@@ -30,15 +30,9 @@ CodeStatistics code_statistics(const Tensor& idx, const Tensor& x, int64_t k) {
   if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
     return {index_add(zeros({k}, opt), 0, idx, ones({n}, opt)),
             index_add(zeros({k, d}, opt), 0, idx, x.detach())};
-  const Tensor ix = contiguous(idx.to(DType::i64));
-  if (x.device().is_cpu()) {
-    const int64_t* p = ix.data<int64_t>();
-    for (int64_t i = 0; i < n; ++i)
-      if (p[i] < 0 || p[i] >= k)
-        throw std::invalid_argument("[code_statistics] index " + std::to_string(p[i]) + " at row " +
-                                    std::to_string(i) + " is outside [0, " + std::to_string(k) +
-                                    ")");
-  }
+  // Checked as the index ops check theirs: at once on the CPU, on a device
+  // by the device (reported at the next read), never by reading it back.
+  const Tensor ix = detail::checked_index("code_statistics", contiguous(idx.to(DType::i64)), 0, k);
   const Tensor xc = contiguous(x.detach());
   CodeStatistics s{empty({k}, opt), empty({k, d}, opt)};
   kernels.code_statistics(x.dtype(), static_cast<const int64_t*>(ix.raw_data()), xc.raw_data(), n,

@@ -8,6 +8,8 @@
 #include "engine/cpu/parallel.h"
 #include "quant/vq/code_statistics.h"
 #include "quanta.h"
+#include "support/errors.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -59,13 +61,31 @@ TEST_CASE("code_statistics: other floating dtypes, zero codes and bad input") {
   CHECK(code_statistics(zeros({0}, {.dtype = DType::i64}), zeros({0, 2}), 0).sums.shape() ==
         Shape{0, 2});
   const Tensor xf = randn({6, 2}, gen);
-  CHECK_THROWS_WITH_AS(code_statistics(idx, xf, 2),
-                       doctest::Contains("index 2 at row 3 is outside [0, 2)"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      code_statistics(idx, xf, 2),
+      doctest::Contains("[code_statistics] index 2 is out of bounds for dim 0 with size 2"),
+      std::invalid_argument);
   CHECK_THROWS_WITH_AS(code_statistics(idx, randn({5, 2}, gen), 3),
                        doctest::Contains("needs idx [N] and x [N, D]"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(code_statistics(idx.to(DType::f32), xf, 3),
                        doctest::Contains("idx must be i64 or i32"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(code_statistics(idx, xf.to(DType::i64), 3),
                        doctest::Contains("x must be floating"), std::invalid_argument);
+}
+
+TEST_CASE("code_statistics: a bad code on a device is found there, named at the next read") {
+  for (const Device device : testing::test_devices()) {
+    CAPTURE(device.str());
+    const Tensor idx = from_vector<int64_t>({0, 5, 1}, {3}).to(device);
+    const Tensor x = ones({3, 2}, {.device = device});
+    CodeStatistics s;
+    {
+      HostSyncGuard guard("counting codes");  // the check reads nothing back
+      s = code_statistics(idx, x, 2);
+    }
+    const std::string m = testing::message_of([&] { (void)s.counts.to_vector<float>(); });
+    CHECK(m.find("[code_statistics] index 5 is out of bounds for dim 0 with size 2") == 0);
+    // The bad row was counted as code 0, never written out of bounds.
+    CHECK(s.counts.to_vector<float>() == std::vector<float>{2, 1});
+  }
 }
