@@ -34,8 +34,10 @@ struct DeviceBackend {
   /** Returns memory from allocate. Never throws. */
   void (*release)(void* ptr, std::size_t nbytes, int index) noexcept;
   /** nbytes between this device and the host, or within devices of this
-   * type; ordered after every kernel queued before it, and done when it
-   * returns. */
+   * type; ordered after every kernel queued before it and before every one
+   * queued after it. The host may reuse its memory when it returns; a copy
+   * to the device may still be in flight then (CUDA queues small uploads),
+   * a copy to the host is done. */
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t nbytes);
   /** The error flag of device `index` (engine/device_error.h), made on first

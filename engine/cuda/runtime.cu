@@ -5,14 +5,18 @@
 // default stream, which is what makes its reuse of blocks safe.
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/module.h"
 #include "engine/cuda/staging.h"
+#include "engine/cuda/upload_ring.h"
 #include "engine/kernels/table.h"
 
 namespace quanta::cuda {
@@ -116,6 +120,20 @@ bool host_pinned(const void* p) {
   return a.type == cudaMemoryTypeHost;
 }
 
+// Stream 0 and events belong to the current device: a copy on `d`'s stream
+// makes it current, and the caller's current device is back on return, as
+// cudaMemcpy would leave it.
+struct CurrentDevice {
+  int before = -1;
+  explicit CurrentDevice(int d) {
+    if (cudaGetDevice(&before) != cudaSuccess) before = -1;
+    set_device(d);
+  }
+  ~CurrentDevice() {
+    if (before >= 0) cudaSetDevice(before);
+  }
+};
+
 // One device's two pinned staging buffers and the events that say when the
 // DMA last queued on each is over. Made at the first large copy and kept
 // for the process (2 x 4 MiB of pinned host memory per device that copies).
@@ -141,18 +159,7 @@ Staging& staging(int device) {
 // drains the other buffer. Synchronous on return, like cudaMemcpy: the
 // caller may free or read its host memory.
 void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, bool to_device) {
-  // Stream 0 and the events belong to the current device; the caller's
-  // current device is back on return, as cudaMemcpy would leave it.
-  struct CurrentDevice {
-    int before = -1;
-    explicit CurrentDevice(int d) {
-      if (cudaGetDevice(&before) != cudaSuccess) before = -1;
-      set_device(d);
-    }
-    ~CurrentDevice() {
-      if (before >= 0) cudaSetDevice(before);
-    }
-  } current(device);
+  CurrentDevice current(device);
   Staging& s = staging(device);
   std::lock_guard<std::mutex> lock(s.m);
   for (int b = 0; b < kStagingBuffers; ++b)
@@ -192,10 +199,66 @@ void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, boo
   }
 }
 
+// One device's ring of pinned memory for queued uploads (upload_ring.h) and
+// an event per upload still queued, oldest first.
+struct Uploads {
+  std::mutex m;
+  void* buffer = nullptr;
+  UploadRing ring;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> queued;
+  std::vector<cudaEvent_t> spare;
+};
+
+// Never destroyed, like the staging buffers.
+Uploads& uploads(int device) {
+  static std::mutex m;
+  static auto* all = new std::map<int, Uploads>();
+  std::lock_guard<std::mutex> lock(m);
+  return (*all)[device];
+}
+
+// A host-to-device copy that returns before the DMA: the bytes are copied
+// into the ring (the caller may reuse its memory at once) and the transfer is
+// queued on the device's stream, in order with the kernels before and after
+// it. The host waits only when the ring comes round to a transfer still
+// queued.
+void queued_upload(void* dst, const void* src, std::size_t nbytes, int device) {
+  CurrentDevice current(device);
+  Uploads& u = uploads(device);
+  std::lock_guard<std::mutex> lock(u.m);
+  if (!u.buffer)
+    QUANTA_CUDA_CHECK(cudaHostAlloc(&u.buffer, kUploadRingBytes, cudaHostAllocDefault));
+  const UploadSpan span = u.ring.reserve(nbytes);
+  while (!u.queued.empty() && u.queued.front().first <= span.wait_for) {
+    const auto [seq, done] = u.queued.front();
+    u.queued.pop_front();
+    // The newest overlapped upload; the older ones ended before it.
+    if (seq == span.wait_for) QUANTA_CUDA_CHECK(cudaEventSynchronize(done));
+    u.spare.push_back(done);
+  }
+  char* slot = static_cast<char*>(u.buffer) + span.offset;
+  std::memcpy(slot, src, nbytes);
+  QUANTA_CUDA_CHECK(cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, 0));
+  cudaEvent_t done = nullptr;
+  if (u.spare.empty()) {
+    QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = u.spare.back();
+    u.spare.pop_back();
+  }
+  QUANTA_CUDA_CHECK(cudaEventRecord(done, 0));
+  u.queued.emplace_back(span.seq, done);
+}
+
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
   if (dst_device.is_cuda()) check_device(dst_device.index);
   if (src_device.is_cuda()) check_device(src_device.index);
-  // Small copies skip even the pointer query: they stay plain cudaMemcpy.
+  // Uploads up to a few MiB (batches, scalars, drawn indices) are queued, so
+  // a step never waits for its own inputs; pinned or not, they pass through
+  // the ring, since the caller may rewrite its memory on return.
+  if (src_device.is_cpu() && dst_device.is_cuda() && nbytes > 0 && nbytes <= kAsyncUploadMaxBytes)
+    return queued_upload(dst, src, nbytes, dst_device.index);
+  // Other small copies skip even the pointer query: they stay plain cudaMemcpy.
   const bool large = nbytes >= kStagingThresholdBytes;
   if (large && src_device.is_cpu() && dst_device.is_cuda() && use_staging(nbytes, host_pinned(src)))
     return staged_copy(dst, src, nbytes, dst_device.index, true);

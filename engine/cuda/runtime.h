@@ -15,9 +15,13 @@ void device_free(void* ptr, int device) noexcept;
 /** Makes GPU `device` current for this thread's kernel launches; throws
  * naming the device when it is not available. */
 void set_device(int device);
-/** Copies host<->device or device<->device; synchronous. Host<->device
- * copies of 16 MiB and more from or into pageable host memory go through
- * pinned staging buffers in 4 MiB chunks (engine/cuda/staging.h). */
+/** Copies host<->device or device<->device, in order with the kernels on
+ * the device's stream. Uploads of up to 4 MiB are queued: copied into a
+ * pinned ring (engine/cuda/upload_ring.h), they return at once with the
+ * host's source free to reuse, and whatever runs after them on the device
+ * sees the bytes. Every other copy is synchronous; host<->device copies of
+ * 16 MiB and more from or into pageable host memory go through pinned
+ * staging buffers in 4 MiB chunks (engine/cuda/staging.h). */
 void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes);
 
 /** Waits until everything queued on GPU `device` (kernels, copies) is done;
