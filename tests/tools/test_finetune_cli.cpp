@@ -293,6 +293,77 @@ TEST_CASE("finetune --resume continues exactly, dropout streams included") {
       "--resume cannot change the run it continues (base:");
 }
 
+// The "train" records of a run's metrics.jsonl.
+std::vector<json> train_records(const std::string& dir) {
+  std::vector<json> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (j["kind"] == "train") out.push_back(j);
+  }
+  return out;
+}
+
+// sim runs the CPU's kernels behind a GPU's rules: the classifier and the
+// QLoRA adapters it trains are the CPU's bit for bit, and no step waits for
+// the device (the losses are read once per log window).
+TEST_CASE("train --task classify and finetune --device sim: the CPU's losses and bytes") {
+  if (!have_dataset()) return;
+  const Trained& t = trained();
+  REQUIRE(t.train.code == 0);
+  ScratchDir dir("on_sim");
+  auto same_runs = [&](const std::string& a, const std::string& b) {
+    const std::vector<json> la = train_records(a), lb = train_records(b);
+    REQUIRE(!la.empty());
+    REQUIRE(la.size() == lb.size());
+    for (std::size_t i = 0; i < la.size(); ++i) {
+      CHECK(lb[i]["loss"].dump() == la[i]["loss"].dump());
+      CHECK(lb[i]["host_syncs_per_step"].get<double>() == 0);
+    }
+  };
+  std::map<std::string, CliResult> classify, tune;
+  for (const std::string device : {"cpu", "sim"}) {
+    classify[device] =
+        run_quanta(with({"train", "--task", "classify", "--steps", "8", "--log-every", "4",
+                         "--device", device, "--out", dir.file("clf-" + device)},
+                        kSubset));
+    tune[device] = run_quanta(finetune(
+        t.nf4_ckpt, dir.file("qlora-" + device),
+        {"--lora-dropout", "0.2", "--log-every", "4", "--merge", "--device", device}, "8"));
+    CAPTURE(classify[device].err);
+    CAPTURE(tune[device].err);
+    REQUIRE(classify[device].code == 0);
+    REQUIRE(tune[device].code == 0);
+  }
+  same_runs(dir.file("clf-cpu"), dir.file("clf-sim"));
+  check_same_tensors(dir.file("clf-cpu/checkpoint.safetensors"),
+                     dir.file("clf-sim/checkpoint.safetensors"));
+  CHECK(percent_after(classify["sim"].out, "test accuracy") ==
+        percent_after(classify["cpu"].out, "test accuracy"));
+  same_runs(dir.file("qlora-cpu"), dir.file("qlora-sim"));
+  for (const char* file : {"adapters.safetensors", "checkpoint.safetensors", "merged.safetensors"})
+    check_same_tensors(dir.file(std::string("qlora-cpu/") + file),
+                       dir.file(std::string("qlora-sim/") + file));
+  CHECK(percent_after(tune["sim"].out, "after fine-tuning:") ==
+        percent_after(tune["cpu"].out, "after fine-tuning:"));
+  // The device is where this run went, not what defines it: the checkpoint's
+  // config records it, and a resume may move the run.
+  const auto meta = io::load_safetensors(dir.file("clf-sim/checkpoint.safetensors")).metadata;
+  CHECK(json::parse(meta.at("config"))["device"] == "sim");
+  const CliResult more =
+      run_quanta(with({"train", "--task", "classify", "--steps", "12", "--log-every", "4",
+                       "--device", "cpu", "--resume", "--out", dir.file("clf-sim")},
+                      kSubset));
+  CAPTURE(more.err);
+  CHECK(more.code == 0);
+  for (const std::vector<std::string> bad :
+       {std::vector<std::string>{"train", "--task", "classify", "--device", "gpu", "--out",
+                                 dir.file("bad")},
+        finetune(t.nf4_ckpt, dir.file("bad2"), {"--device", "gpu"})})
+    check_one_line_error(run_quanta(bad), 2,
+                         "--device must be cpu, cuda, cuda:N, sim or sim:N, got 'gpu'");
+}
+
 TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
   const CliResult help = run_quanta({"finetune", "--help"});
   CHECK(help.code == 0);

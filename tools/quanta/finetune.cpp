@@ -47,6 +47,7 @@
 #include "train/loop.h"
 #include "train/outputs.h"
 #include "train/progress.h"
+#include "train/run_device.h"
 #include "train/run_folder.h"
 
 namespace quanta::cli {
@@ -71,7 +72,8 @@ struct FinetuneOptions {
   double lr = 1e-3;
   uint64_t seed = quant::LoRAOptions{}.seed;
   int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
-  std::string dist_timeout;  // seconds; empty: the library's default
+  std::string device = "cpu";  // train::run_device; a resume may change it
+  std::string dist_timeout;    // seconds; empty: the library's default
   bool merge = false, overwrite = false, resume = false;
 };
 
@@ -382,7 +384,7 @@ void print_base(std::ostream& log, const FinetuneOptions& o, const QLoraModel& q
 }
 
 // The adapter steps, in the training loop.
-train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool resume,
+train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool resume, Device device,
                             dist::ProcessGroup& group) {
   train::LoopSettings s;
   s.out_dir = o.out;
@@ -397,8 +399,9 @@ train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool re
   s.lr = o.lr;
   s.checkpoint_format = kFinetuneFormat;
   s.checkpoint_config = finetune_config_json(o);
-  s.header = {
-      {"quanta_version", QUANTA_VERSION}, {"config", s.checkpoint_config}, {"device", "cpu"}};
+  s.header = {{"quanta_version", QUANTA_VERSION},
+              {"config", s.checkpoint_config},
+              {"device", device.str()}};
   s.activity = "fine-tuning";
   return train::run_loop(task, s, group, std::cout);
 }
@@ -468,6 +471,12 @@ void run_finetune(const FinetuneOptions& o) {
   apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
   if (out.restarts.max > 0 && rank_zero) train::claim_run(o.out, out.restarts.run_id);
+  Device device;
+  try {
+    device = train::run_device(o.device);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   if (!fs::exists(o.checkpoint))
     throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
@@ -488,16 +497,17 @@ void run_finetune(const FinetuneOptions& o) {
   const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
   print_base(log, o, q, reports, test, nf4_acc);
 
-  AdapterTask task(q.model, train_set, test, [&](std::ostream& os, int64_t start, int64_t total) {
-    os << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
-       << o.dropout << ") on " << train_set.size() << " images: "
-       << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
-       << total << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed " << o.seed
-       << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
-       << " threads each\n"
-       << std::flush;
-  });
-  const train::LoopResult r = fine_tune(task, o, out.resume, *group);
+  AdapterTask task(
+      q.model, train_set, test, device, [&](std::ostream& os, int64_t start, int64_t total) {
+        os << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
+           << o.dropout << ") on " << train_set.size() << " images: "
+           << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
+           << total << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed "
+           << o.seed << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
+           << " threads each\n"
+           << std::flush;
+      });
+  const train::LoopResult r = fine_tune(task, o, out.resume, device, *group);
   if (r.interrupted || !lead) return;
 
   const double after = task.test_accuracy();
@@ -571,6 +581,10 @@ void add_finetune(CLI::App& app) {
   sub->add_option("--threads", o->threads, "CPU threads per rank")
       ->capture_default_str()
       ->transform(thread_count());
+  sub->add_option("--device", o->device,
+                  "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): "
+                  "where the model, the adapters and the batches live")
+      ->capture_default_str();
   sub->add_option("--nproc", o->nproc, "local ranks, data-parallel (runs quanta launch -n N)")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxRanks));

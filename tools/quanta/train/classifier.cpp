@@ -4,7 +4,11 @@
 #include <limits>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
+#include "engine/ops/view.h"
 
 namespace quanta::train {
 
@@ -19,18 +23,22 @@ std::shared_ptr<Sequential> make_classifier(const ClassifierShape& shape, Genera
 double accuracy(Module& model, const Tensor& images, const Tensor& labels, int64_t batch) {
   const int64_t n = images.size(0);
   if (n == 0) return std::numeric_limits<double>::quiet_NaN();
+  // Batches go to the model's device, and the count stays there until the
+  // one read at the end.
+  const std::vector<Tensor> params = model.parameters();
+  const Device device = params.empty() ? Device::cpu() : params.front().device();
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
-  int64_t correct = 0;
+  Tensor correct = zeros({}, {.dtype = DType::i64, .device = device});
   for (int64_t i = 0; i < n; i += batch) {
     const int64_t b = std::min(batch, n - i);
-    const Tensor pred = argmax(model.forward(images.narrow(0, i, b)), 1).contiguous();
-    const Tensor want = labels.narrow(0, i, b).contiguous();
-    for (int64_t k = 0; k < b; ++k) correct += pred.data<int64_t>()[k] == want.data<int64_t>()[k];
+    const Tensor pred = argmax(model.forward(images.narrow(0, i, b).to(device)), 1);
+    const Tensor hits = eq(pred, labels.narrow(0, i, b).to(device));
+    correct = correct + sum(to_dtype(hits, DType::i64));
   }
   model.train(was_training);
-  return double(correct) / double(n);
+  return correct.item() / double(n);
 }
 
 }  // namespace quanta::train

@@ -32,8 +32,9 @@ struct ClassifierShape {
 std::shared_ptr<Sequential> make_classifier(const ClassifierShape& shape, Generator& gen);
 
 /** Fraction of `images` [N, 1, 28, 28] whose argmax logit equals `labels`
- * [N] (i64), in eval mode and without gradients, `batch` images at a time;
- * NaN when N = 0. */
+ * [N] (i64), in eval mode and without gradients, `batch` images at a time
+ * moved to the model's device (its parameters'); NaN when N = 0. One read of
+ * the device, at the end. */
 double accuracy(Module& model, const Tensor& images, const Tensor& labels, int64_t batch = 500);
 
 }  // namespace quanta::train

@@ -16,6 +16,7 @@
 #include "train/config.h"
 #include "train/limits.h"
 #include "train/outputs.h"
+#include "train/run_device.h"
 
 namespace quanta::train {
 namespace {
@@ -54,9 +55,6 @@ ClassifyConfig classify_config(const json& flags, const json& base) {
           "--task classify trains a fixed MLP (784-256-128-10) and takes "
           "no " +
           std::string(key == "model" ? "--hidden / --dim" : "quantizer") + " options");
-    if (key == "device" && v != "cpu")
-      throw std::invalid_argument("--task classify runs on the CPU only, got --device " +
-                                  v.get<std::string>());
     if (key == "nproc" && v != 1)
       throw std::invalid_argument("--task classify trains on one process; --nproc " + v.dump() +
                                   " is for the VQ-VAE and quanta finetune");
@@ -65,7 +63,7 @@ ClassifyConfig classify_config(const json& flags, const json& base) {
   }
   json j = base;
   for (const char* key : {"data", "limit_train", "limit_test", "steps", "batch_size", "lr", "seed",
-                          "log_every", "threads"})
+                          "log_every", "threads", "device"})
     if (flags.contains(key)) j[key] = flags[key];
   if (flags.contains("epochs")) epochs = int_at(flags, "epochs", 1, kMaxEpochs);
   c = classify_config_from_json(j);
@@ -88,6 +86,7 @@ json classify_config_json(const ClassifyConfig& c) {
               {"seed", c.seed},
               {"log_every", c.log_every},
               {"threads", c.threads},
+              {"device", c.device},
               {"model", {{"hidden1", c.model.hidden1}, {"hidden2", c.model.hidden2}}}};
 }
 
@@ -105,6 +104,7 @@ ClassifyConfig classify_config_from_json(const json& j) {
     c.seed = j.at("seed").get<uint64_t>();
     c.log_every = int_at(j, "log_every", 1, kMaxCount);
     c.threads = int_at(j, "threads", 0, kMaxThreads);
+    c.device = j.value("device", std::string("cpu"));
     c.model.hidden1 = int_at(j.at("model"), "hidden1", 1, kMaxChannels);
     c.model.hidden2 = int_at(j.at("model"), "hidden2", 1, kMaxChannels);
   } catch (const json::exception& e) {
@@ -116,14 +116,23 @@ ClassifyConfig classify_config_from_json(const json& j) {
 }
 
 ClassifierTask::ClassifierTask(std::shared_ptr<Sequential> model, const data::ImageDataset& train,
-                               const data::ImageDataset& test, Describe describe)
-    : model_(std::move(model)), train_(train), test_(test), describe_(std::move(describe)) {}
+                               const data::ImageDataset& test, Device device, Describe describe)
+    : model_(std::move(model)),
+      train_(train),
+      test_(test),
+      device_(device),
+      describe_(std::move(describe)) {
+  // Initialised on the CPU (the same draws on every device), then moved.
+  if (!device_.is_cpu()) model_->to(device_);
+}
 
 StepLoss ClassifierTask::step(const BatchShare& share) {
   // Sum over this rank's rows / global rows, times W (loop.h's StepLoss):
-  // the mean over the global batch once the ranks' parts are averaged.
-  const Tensor sum_loss = cross_entropy(model_->forward(index_select(train_.images, 0, share.rows)),
-                                        index_select(train_.labels, 0, share.rows), Reduction::sum);
+  // the mean over the global batch once the ranks' parts are averaged. The
+  // datasets stay on the host; each batch travels to the model's device.
+  const Tensor images = index_select(train_.images, 0, share.rows).to(device_);
+  const Tensor labels = index_select(train_.labels, 0, share.rows).to(device_);
+  const Tensor sum_loss = cross_entropy(model_->forward(images), labels, Reduction::sum);
   return {sum_loss * (double(share.world) / double(share.global_rows)), {}};
 }
 
@@ -144,6 +153,7 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
                             std::ostream& log) {
   const std::string& out_dir = job.out_dir;
   ClassifyConfig cfg = config;
+  const Device device = run_device(cfg.device);
   if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
   const data::ImageDataset train_set =
       data::load_fashion_mnist(cfg.data, data::Split::train, cfg.limit_train);
@@ -154,7 +164,7 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
   if (cfg.steps < 0) cfg.steps = -cfg.steps * per_epoch;  // --epochs
 
   Generator gen = Generator::named(cfg.seed, "model");
-  ClassifierTask task(make_classifier(cfg.model, gen), train_set, test_set,
+  ClassifierTask task(make_classifier(cfg.model, gen), train_set, test_set, device,
                       [&](std::ostream& os, int64_t start, int64_t total) {
                         os << "training a classifier (MLP 784-" << cfg.model.hidden1 << "-"
                            << cfg.model.hidden2 << "-10) on " << n << " images (" << test_set.size()
@@ -179,7 +189,8 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
   s.lr = cfg.lr;
   s.checkpoint_format = kClassifierFormat;
   s.checkpoint_config = classify_config_json(cfg);
-  s.header = {{"quanta_version", job.version}, {"config", s.checkpoint_config}, {"device", "cpu"}};
+  s.header = {
+      {"quanta_version", job.version}, {"config", s.checkpoint_config}, {"device", device.str()}};
   const std::shared_ptr<dist::ProcessGroup> group = dist::ProcessGroup::single();
   const LoopResult lr = run_loop(task, s, *group, log);
 

@@ -8,7 +8,8 @@
 // Its config object:
 //   {"task": "classify", "data": DIR, "limit_train": N, "limit_test": N,
 //    "steps": N, "batch_size": B, "lr": X, "seed": S, "log_every": N,
-//    "threads": N, "model": {"hidden1": H1, "hidden2": H2}}
+//    "threads": N, "device": "cpu", "model": {"hidden1": H1, "hidden2": H2}}
+// ("device" absent, as in older checkpoints: "cpu").
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -32,13 +33,14 @@ struct ClassifyConfig {
   double lr = 1e-3;
   uint64_t seed = 0;
   int64_t log_every = 100;
-  int64_t threads = 0;  // 0: the engine's default (all cores)
+  int64_t threads = 0;         // 0: the engine's default (all cores)
+  std::string device = "cpu";  // --device (run_device.h); a resume may change it
   ClassifierShape model;
 };
 
 /** The config of `flags` (the keys quanta train's flags set, config.h names:
  * steps or epochs, batch_size, lr, seed, data, limit_train, limit_test,
- * log_every, threads; device "cpu" and nproc 1 only) over the defaults.
+ * log_every, threads, device; nproc 1 only) over the defaults.
  * Throws std::invalid_argument naming the first flag classify does not take. */
 ClassifyConfig classify_config(const nlohmann::json& flags);
 /** The same over `base`, a classifier config object (a checkpoint's). */
@@ -67,8 +69,10 @@ struct ClassifyResult {
 class ClassifierTask : public LoopTask {
  public:
   using Describe = std::function<void(std::ostream& log, int64_t start_step, int64_t total_steps)>;
+  /** Moves `model` to `device`, where each batch goes (the datasets stay on
+   * the host). */
   ClassifierTask(std::shared_ptr<Sequential> model, const data::ImageDataset& train,
-                 const data::ImageDataset& test, Describe describe);
+                 const data::ImageDataset& test, Device device, Describe describe);
 
   std::shared_ptr<Module> model() override { return model_; }
   void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const override {
@@ -86,6 +90,7 @@ class ClassifierTask : public LoopTask {
   std::shared_ptr<Sequential> model_;
   const data::ImageDataset& train_;
   const data::ImageDataset& test_;
+  Device device_;
 
  private:
   Describe describe_;

@@ -18,6 +18,7 @@
 #include "train/config.h"
 #include "train/loop.h"
 #include "train/outputs.h"
+#include "train/run_device.h"
 #include "train/vqvae.h"
 
 namespace quanta::train {
@@ -25,26 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// The device the model and the batches live on; a clear error when this
-// build or this machine cannot give it.
-Device where_to_run(const TrainConfig& c) {
-  Device d;
-  try {
-    d = Device::parse(c.device);
-  } catch (const std::invalid_argument&) {
-    throw std::invalid_argument("--device must be cpu, cuda, cuda:N, sim or sim:N, got '" +
-                                c.device + "'");
-  }
-  if (d.is_cpu() || d.is_sim()) return d;
-  if (!cuda_built())
-    throw std::invalid_argument("--device " + c.device + ": this quanta was built without CUDA");
-  const int visible = cuda_device_count();
-  if (d.index >= visible)
-    throw std::invalid_argument("--device " + c.device + ": " + std::to_string(visible) +
-                                " CUDA devices are visible");
-  return d;
-}
 
 // The ranks of this run: the launcher's (torchrun / quanta launch / srun /
 // mpirun) when one started us, else a world of one. --nproc, when more than
@@ -166,7 +147,7 @@ class VqVaeTask : public LoopTask {
 
 TrainResult run_training(const TrainJob& job, std::ostream& log) {
   const TrainConfig cfg = config_from_json(job.config);
-  const Device device = where_to_run(cfg);
+  const Device device = run_device(cfg.device);
   const std::shared_ptr<dist::ProcessGroup> group = make_group(cfg);
   if (cfg.limit_test == 0) throw std::invalid_argument("--limit-test must not be 0");
   if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
