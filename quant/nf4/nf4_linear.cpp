@@ -19,8 +19,7 @@ namespace {
 using detail::NF4Runs;
 
 // The weight as the kernels see it, kept alive by backward: the nf4 tensor,
-// or bitsandbytes' packed codes with their f32 scales (reconstructed once per
-// call from the double-quantized state).
+// or bitsandbytes' packed codes with their f32 scales.
 struct Weight {
   Tensor nf4;
   Tensor packed, scales;
@@ -92,16 +91,28 @@ Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType de
 }
 
 Tensor nf4_linear(const Tensor& x, const BnbNF4State& w, const Tensor& bias, DType dequant_dtype) {
-  check_args(x, w.shape, bias, dequant_dtype);
-  quant_kernels_for("nf4_linear", {&x, &bias});
-  auto weight = std::make_shared<Weight>();
   // The state's scales are rebuilt on the host (interop), then move to x.
-  weight->scales = bnb_scales(w).to(x.device());  // checks the state
-  weight->packed = w.packed.detach().to(x.device()).to(DType::u8).contiguous();
-  weight->block = w.blocksize;
-  weight->n_out = w.shape[0];
-  weight->n_in = w.shape[1];
+  return detail::nf4_linear_scaled(x, w.packed, bnb_scales(w).to(x.device()), w.blocksize, w.shape,
+                                   bias, dequant_dtype);
+}
+
+namespace detail {
+
+Tensor nf4_linear_scaled(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t block,
+                         const Shape& shape, const Tensor& bias, DType dequant_dtype) {
+  check_args(x, shape, bias, dequant_dtype);
+  if (!scales.defined() || scales.dtype() != DType::f32)
+    throw std::invalid_argument("[nf4_linear] scales must be f32");
+  quant_kernels_for("nf4_linear", {&x, &bias, &scales});
+  auto weight = std::make_shared<Weight>();
+  weight->scales = scales.contiguous();
+  weight->packed = packed.detach().to(x.device()).to(DType::u8).contiguous();
+  weight->block = block;
+  weight->n_out = shape[0];
+  weight->n_in = shape[1];
   return linear_impl(x, std::move(weight), bias, dequant_dtype);
 }
+
+}  // namespace detail
 
 }  // namespace quanta::quant

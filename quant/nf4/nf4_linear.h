@@ -31,4 +31,13 @@ Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(
 Tensor nf4_linear(const Tensor& x, const BnbNF4State& w, const Tensor& bias = Tensor(),
                   DType dequant_dtype = DType::f32);
 
+namespace detail {
+/** The bitsandbytes-layout nf4_linear once its scales are built: `packed`
+ * (u8, two codes a byte, `shape` [out, in] row-major), `scales` (f32, one per
+ * `block` elements; bnb_scales), on x's device. For a layer that keeps its
+ * scales (NF4Linear) instead of rebuilding them per call. */
+Tensor nf4_linear_scaled(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t block,
+                         const Shape& shape, const Tensor& bias, DType dequant_dtype);
+}  // namespace detail
+
 }  // namespace quanta::quant

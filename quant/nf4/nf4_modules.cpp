@@ -7,6 +7,7 @@
 #include "engine/factory.h"
 #include "engine/nn/init.h"
 #include "engine/ops/dropout.h"
+#include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_runs.h"
@@ -48,7 +49,7 @@ void NF4Linear::init_bnb(const BnbNF4State& w, const Tensor& bias) {
   if (w.shape.size() != 2)
     throw std::invalid_argument("[NF4Linear] weight must be 2-d [out, in], got " +
                                 shape_str(w.shape));
-  bnb_scales(w);  // throws naming what is inconsistent
+  const Tensor scales = bnb_scales(w);  // throws naming what is inconsistent
   shape_ = w.shape;
   bnb_block_ = w.blocksize;
   nested_block_ = w.nested_blocksize;
@@ -59,8 +60,19 @@ void NF4Linear::init_bnb(const BnbNF4State& w, const Tensor& bias) {
     nested_quant_map_ = register_buffer("weight_nested_quant_map", w.nested_quant_map.contiguous());
     nested_offset_ =
         register_buffer("weight_nested_offset", full({}, w.nested_offset, {.dtype = DType::f32}));
+    nested_offset_value_ = w.nested_offset;
   }
+  scales_ = register_buffer("weight_scales", scales.to(weight_.device()), /*persistent=*/false);
   register_bias(bias);
+}
+
+void NF4Linear::read_host_state() {
+  if (!is_bnb()) return;
+  // A load replaced the state's tensors in place: one read of them here
+  // instead of one per forward.
+  if (nested_offset_.defined()) nested_offset_value_ = static_cast<float>(nested_offset_.item());
+  NoGradGuard no_grad;
+  copy_(scales_, bnb_scales(bnb_weight()).to(scales_.device()));
 }
 
 void NF4Linear::register_bias(const Tensor& bias) {
@@ -84,7 +96,7 @@ BnbNF4State NF4Linear::bnb_weight() const {
   if (s.double_quant) {
     s.nested_absmax = nested_absmax_;
     s.nested_quant_map = nested_quant_map_;
-    s.nested_offset = static_cast<float>(nested_offset_.item());
+    s.nested_offset = nested_offset_value_;
   }
   s.blocksize = bnb_block_;
   s.nested_blocksize = nested_block_;
@@ -93,7 +105,9 @@ BnbNF4State NF4Linear::bnb_weight() const {
 }
 
 Tensor NF4Linear::forward(const Tensor& x) {
-  if (is_bnb()) return nf4_linear(x, bnb_weight(), bias_, dequant_dtype_);
+  if (is_bnb())
+    return detail::nf4_linear_scaled(x, weight_, scales_, bnb_block_, shape_, bias_,
+                                     dequant_dtype_);
   return nf4_linear(x, weight_, bias_, dequant_dtype_);
 }
 

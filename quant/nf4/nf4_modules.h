@@ -49,6 +49,10 @@ class NF4Linear : public Module {
   int64_t in_features() const { return shape_[1]; }
   int64_t out_features() const { return shape_[0]; }
 
+ protected:
+  /** Rebuilds the bitsandbytes layout's scales from the loaded state. */
+  void read_host_state() override;
+
  private:
   void init_nf4(const Tensor& weight, const Tensor& bias);
   void init_bnb(const BnbNF4State& weight, const Tensor& bias);
@@ -58,6 +62,12 @@ class NF4Linear : public Module {
   // bitsandbytes' layout only: scales (or their 8-bit codes) and the
   // double-quantization state; block 0 for an nf4 dtype weight.
   Tensor absmax_, nested_absmax_, nested_quant_map_, nested_offset_;
+  // What forward multiplies by: every block's f32 scale, rebuilt from the
+  // state on the host when the state is set or loaded, never per forward; a
+  // non-persistent buffer, so it moves with the layer and stays out of the
+  // state dict. The offset's value is kept on the host for the same reason.
+  Tensor scales_;
+  float nested_offset_value_ = 0;
   int64_t bnb_block_ = 0, nested_block_ = 256;
   Shape shape_;
   DType dequant_dtype_;

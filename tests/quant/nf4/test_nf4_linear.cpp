@@ -342,6 +342,31 @@ TEST_CASE("NF4Linear at block 32: bitsandbytes' state as buffers, state dict rou
   CHECK(max_abs_diff((*model)(x), before) < 0.1 * max(abs(before)).item() + 0.05);
 }
 
+TEST_CASE("NF4Linear at block 32 on a device: scales built once, no host sync per forward") {
+  Generator gen(43);
+  Linear lin(96, 10, gen), other_lin(96, 10, gen);
+  NF4Options o;
+  o.block_size = 32;
+  o.double_quant = true;
+  const Tensor x = randn({4, 96}, gen);
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    NF4Linear on_cpu(lin, o), on_device(lin, o);
+    on_device.to(device);
+    Tensor y;
+    {
+      HostSyncGuard guard("the forwards and backward of a bitsandbytes-layout layer");
+      for (int i = 0; i < 3; ++i) y = on_device(x.to(device).requires_grad_(true));
+      sum(y).backward();
+    }
+    CHECK(max_abs_diff(y.to(Device::cpu()), on_cpu(x)) == 0.0);
+    // A load replaces the state on the device; the scales follow it.
+    NF4Linear other(other_lin, o);
+    on_device.load_state_dict(other.state_dict());
+    CHECK(max_abs_diff(on_device(x.to(device)).to(Device::cpu()), other(x)) == 0.0);
+  }
+}
+
 TEST_CASE("quantize_nf4(module) converts Linear layers in place with include/exclude") {
   Generator gen(43);
   auto model =
