@@ -21,6 +21,7 @@ struct DecodeOptions {
   std::string out;
   int64_t cols = 8;
   int64_t limit = 64;
+  std::string device = "cpu";
   bool allow_other_checkpoint = false;
 };
 
@@ -42,10 +43,12 @@ void check_same_model(const io::SafetensorsFile& codes, const train::Checkpoint&
 }
 
 void run_decode(const DecodeOptions& o) {
+  const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
   if (const std::string bad = train::non_finite_summary(ck, o.checkpoint); !bad.empty())
     throw std::runtime_error(bad + ": its decoded images would be meaningless");
+  model->to(device);
   const io::SafetensorsFile file = io::load_safetensors(o.codes);
   check_same_model(file, ck, o);
   const Tensor* found = find_tensor(file.tensors, "indices");
@@ -62,7 +65,7 @@ void run_decode(const DecodeOptions& o) {
   Tensor images;
   {
     NoGradGuard no_grad;
-    images = model->decode(model->quantizer().decode(indices));
+    images = model->decode(model->quantizer().decode(indices.to(device))).to(Device::cpu());
   }
   image::write_png(o.out, image::image_grid(images, o.cols, 2, 2));
   std::cout << "decoded " << images.size(0) << " images to " << o.out << "\n";
@@ -92,6 +95,7 @@ void add_decode(CLI::App& app) {
   sub->add_option("--limit", o->limit, "decode the first N only")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxCount));
+  add_device_flag(*sub, o->device, "the model and the codes");
   sub->add_flag("--allow-other-checkpoint", o->allow_other_checkpoint,
                 "decode codes that quanta encode made with another checkpoint (refused "
                 "otherwise)");

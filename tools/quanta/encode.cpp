@@ -25,6 +25,7 @@ struct EncodeOptions {
   std::string data;
   std::string split = "test";
   int64_t limit = -1;
+  std::string device = "cpu";
   std::vector<std::string> images;
 };
 
@@ -45,8 +46,10 @@ Tensor image_tensor(const std::string& path) {
 }
 
 void run_encode(const EncodeOptions& o) {
+  const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
+  model->to(device);
   if (model->quantizer().codebook_size() == 0)
     throw UsageError(o.checkpoint + " was trained with quantizer '" +
                      ck.info.config["quantizer"].value("type", std::string("none")) +
@@ -71,12 +74,13 @@ void run_encode(const EncodeOptions& o) {
   {
     NoGradGuard no_grad;
     for (int64_t s = 0; s < images.size(0); s += 256) {
-      const Tensor batch = images.narrow(0, s, std::min<int64_t>(256, images.size(0) - s));
+      const Tensor batch =
+          images.narrow(0, s, std::min<int64_t>(256, images.size(0) - s)).to(device);
       codes.push_back(model->quantizer().forward(model->encode(batch)).indices);
     }
   }
   if (codes.empty()) throw UsageError("no images to encode");
-  const Tensor indices = cat(codes, 0);
+  const Tensor indices = cat(codes, 0).to(Device::cpu());  // one read, at the end
   tensors.insert(tensors.begin(), {"indices", indices});
   io::save_safetensors(o.out, tensors,
                        {{"checkpoint", o.checkpoint},
@@ -110,6 +114,7 @@ void add_encode(CLI::App& app) {
   sub->add_option("--limit", o->limit, "first N images of the split only")
       ->transform(integer_in(0, train::kMaxCount));
   sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the one trained on)");
+  add_device_flag(*sub, o->device, "the model and each batch");
   sub->add_option("--images", o->images, "28x28 PNG files to encode instead of the dataset")
       ->check(CLI::ExistingFile);
   sub->callback([o] { run_encode(*o); });

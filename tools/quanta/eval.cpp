@@ -25,12 +25,15 @@ struct EvalOptions {
   std::string png;
   int64_t limit = -1;
   int64_t batch_size = 256;
+  std::string device = "cpu";
   bool json = false;
 };
 
 void run_eval(const EvalOptions& o) {
+  const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
+  model->to(device);  // evaluate() sends each batch where the model is
   // A NaN codebook still gives numbers (NaN, or an argmin over NaN): say so
   // before them, and fail after them.
   const std::string non_finite = train::non_finite_summary(ck, o.checkpoint);
@@ -98,6 +101,7 @@ void add_eval(CLI::App& app) {
                   "the checkpoint)");
   sub->add_option("--limit", o->limit, "evaluate on the first N test images only")
       ->transform(integer_in(0, train::kMaxCount));
+  add_device_flag(*sub, o->device, "the model and each batch");
   sub->add_option("--batch-size", o->batch_size, "images per forward pass")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxBatchSize));

@@ -47,7 +47,6 @@
 #include "train/loop.h"
 #include "train/outputs.h"
 #include "train/progress.h"
-#include "train/run_device.h"
 #include "train/run_folder.h"
 
 namespace quanta::cli {
@@ -471,12 +470,7 @@ void run_finetune(const FinetuneOptions& o) {
   apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
   if (out.restarts.max > 0 && rank_zero) train::claim_run(o.out, out.restarts.run_id);
-  Device device;
-  try {
-    device = train::run_device(o.device);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
+  const Device device = device_flag(o.device);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   if (!fs::exists(o.checkpoint))
     throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
@@ -581,10 +575,7 @@ void add_finetune(CLI::App& app) {
   sub->add_option("--threads", o->threads, "CPU threads per rank")
       ->capture_default_str()
       ->transform(thread_count());
-  sub->add_option("--device", o->device,
-                  "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): "
-                  "where the model, the adapters and the batches live")
-      ->capture_default_str();
+  add_device_flag(*sub, o->device, "the model, the adapters and the batches");
   sub->add_option("--nproc", o->nproc, "local ranks, data-parallel (runs quanta launch -n N)")
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxRanks));

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "commands.h"
 #include "train/limits.h"
+#include "train/run_device.h"
 
 namespace quanta::cli {
 namespace {
@@ -120,6 +122,23 @@ CLI::Validator thread_count() {
         return err + " (4 per core, at most 1024)";
       },
       std::string("0 (all cores) to ").append(std::to_string(most)));
+}
+
+CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::string& what) {
+  return sub
+      .add_option("--device", device,
+                  "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): "
+                  "where " +
+                      what + " live")
+      ->capture_default_str();
+}
+
+Device device_flag(const std::string& device) {
+  try {
+    return train::run_device(device);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 }  // namespace quanta::cli

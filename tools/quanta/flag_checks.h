@@ -6,8 +6,12 @@
 // themselves and refuse all of that with a message naming the allowed range.
 // The integer ones also rewrite the text in plain decimal, so attach them
 // with ->transform(): ->check() hands a validator a copy of the text.
+// And --device, the same flag for every subcommand that runs a model.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <string>
+
+#include "engine/device.h"
 
 namespace quanta::cli {
 
@@ -22,5 +26,12 @@ CLI::Validator number_in(double lo, double hi, bool above_lo = false);
 
 /** --threads: 0 (all cores) up to train::max_threads(). */
 CLI::Validator thread_count();
+
+/** Adds --device (cpu, cuda, cuda:N, sim, sim:N; default cpu) to `sub`:
+ * `what` lives there. */
+CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::string& what);
+/** The device --device names (train::run_device); its errors are usage
+ * errors (exit 2). */
+Device device_flag(const std::string& device);
 
 }  // namespace quanta::cli
