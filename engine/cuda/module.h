@@ -22,14 +22,20 @@ struct KernelTable;
 namespace quanta::cuda {
 
 /** What libquanta_cuda offers, returned by its one exported entry point
- * `quanta_cuda_module_v1`. A new field or a changed signature bumps kAbi. */
+ * `quanta_cuda_module_v1`. kAbi versions everything libquanta reaches in
+ * the module: this struct, the engine's KernelTable and the tables found by
+ * name in a module that passed this check (module_symbol: the quantizers'
+ * QuantKernelTable, dist's NCCL backend). A new field, a changed signature
+ * or a changed meaning in any of them bumps it. */
 struct Module {
   // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer
   // steps; Module gained synchronize.
   // 3: RandomFill gained the bernoulli draw and its `below` field; Module
   // gained record_event and release_event.
   // 4: Module gained mapped_host_alloc; KernelTable gained checked_indices.
-  static constexpr int kAbi = 4;
+  // 5: QuantKernelTable's put_rows skips rows whose index is negative (an
+  // older module would write before the table); copy queues small uploads.
+  static constexpr int kAbi = 5;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;

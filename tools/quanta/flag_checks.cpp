@@ -124,13 +124,13 @@ CLI::Validator thread_count() {
       std::string("0 (all cores) to ").append(std::to_string(most)));
 }
 
+std::string device_flag_help(const std::string& what) {
+  return "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): where " +
+         what + " live";
+}
+
 CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::string& what) {
-  return sub
-      .add_option("--device", device,
-                  "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): "
-                  "where " +
-                      what + " live")
-      ->capture_default_str();
+  return sub.add_option("--device", device, device_flag_help(what))->capture_default_str();
 }
 
 Device device_flag(const std::string& device) {

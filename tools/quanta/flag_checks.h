@@ -27,6 +27,8 @@ CLI::Validator number_in(double lo, double hi, bool above_lo = false);
 /** --threads: 0 (all cores) up to train::max_threads(). */
 CLI::Validator thread_count();
 
+/** --device's help: where `what` live. */
+std::string device_flag_help(const std::string& what);
 /** Adds --device (cpu, cuda, cuda:N, sim, sim:N; default cpu) to `sub`:
  * `what` lives there. */
 CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::string& what);

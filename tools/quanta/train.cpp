@@ -305,10 +305,8 @@ void add_train(CLI::App& app) {
                         "steps between evaluations + checkpoints (0: each epoch)")
       ->transform(integer_in(0, train::kMaxCount));
   add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads")->transform(thread_count());
-  add_override<std::string>(
-      sub, t, "--device", "/device",
-      "cpu, cuda, cuda:N or sim (a simulated GPU: the CPU's results, a GPU's rules): where the "
-      "model and the batches live");
+  add_override<std::string>(sub, t, "--device", "/device",
+                            device_flag_help("the model and the batches"));
   add_override<int64_t>(
       sub, t, "--nproc", "/nproc",
       "ranks for data-parallel training on this machine (started through quanta launch; "
