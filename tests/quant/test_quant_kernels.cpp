@@ -245,6 +245,15 @@ TEST_CASE("quant layers: a training step on a device equals the CPU's") {
           }
         }
       }
+      // Past the first steps (k-means done), a training step never waits for
+      // the device: forward, codebook update, dead codes, losses, backward.
+      const Tensor xg = x.to(gpu), wg = w.to(gpu);
+      HostSyncGuard guard(std::string(f.name) + ": a steady-state training step");
+      for (int step = 0; step < 2; ++step) {
+        const QuantizeOutput og =
+            on_gpu->forward(xg.clone().requires_grad_(true), Tensor(), QuantizeOptions{});
+        (sum(og.quantized * wg) + sum(og.loss)).backward();
+      }
     }
   }
 }
