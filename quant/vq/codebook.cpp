@@ -365,27 +365,38 @@ void Codebook::apply_affine_update() {
   NoGradGuard no_grad;
   const Tensor n = p.affine_count, s = p.affine_sum, sq = p.affine_sumsq;
   p.affine_count = p.affine_sum = p.affine_sumsq = Tensor();
-  if (min(n).item() <= 0) return;  // a table without rows: as update_affine
-  const Tensor count = reshape(n, {opts_.num_codebooks, 1, 1});
+  // A table without rows leaves every statistic as it is (as update_affine
+  // does), decided on the device: the counts are not read back.
+  const Tensor count =
+      clamp(reshape(n, {opts_.num_codebooks, 1, 1}), 1.0, std::numeric_limits<double>::quiet_NaN());
   const Tensor b_mean = s / count;
   const Tensor b_var =
       clamp(sq / count - square(b_mean), 0.0, std::numeric_limits<double>::quiet_NaN());
-  set_affine_statistics(b_mean, b_var);
+  set_affine_statistics(b_mean, b_var, gt(min(n), scalar_like(n, 0.0)));
 }
 
-void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var) {
+void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var,
+                                     const Tensor& apply) {
   const Tensor e = embed_.detach();
   const Tensor cb_mean = mean(e, {1}, true), cb_var = var(e, {1}, 0.0, true);
-  const bool first = !affine_initted();
+  // The first update sets the statistics, later ones blend them in: the
+  // device's own flag says which, so an update skipped there (`apply`
+  // false) leaves the first for the next one.
+  const Tensor first = ne(codebook_mean_needs_init_, scalar_like(codebook_mean_needs_init_, 0.0));
   auto update = [&](const Tensor& buf, const Tensor& value, double decay) {
-    copy_(buf, first ? value : buf * decay + value * (1.0 - decay));
+    Tensor next = where(first, value, buf * decay + value * (1.0 - decay));
+    if (apply.defined()) next = where(apply, next, buf);
+    copy_(buf, next);
   };
   update(codebook_mean_, cb_mean, opts_.affine_param_codebook_decay);
   update(codebook_var_, cb_var, opts_.affine_param_codebook_decay);
   update(batch_mean_, b_mean, opts_.affine_param_batch_decay);
   update(batch_var_, b_var, opts_.affine_param_batch_decay);
-  fill_(codebook_mean_needs_init_, 0.0);
-  fill_(codebook_var_needs_init_, 0.0);
+  for (const Tensor& flag : {codebook_mean_needs_init_, codebook_var_needs_init_})
+    copy_(flag, apply.defined() ? where(apply, zeros_like(flag), flag) : zeros_like(flag));
+  // Once any update was made, the host applies the statistics; should the
+  // device have skipped it, they still hold their initial zeros and ones,
+  // with which affine_codes and to_codebook_space give their input back.
   affine_initted_on_host_ = true;
 }
 

@@ -165,7 +165,10 @@ class Codebook : public Module, public StepKeyed {
   Tensor to_codebook_space(const Tensor& x) const;
 
  private:
-  void set_affine_statistics(const Tensor& batch_mean, const Tensor& batch_var);
+  // `apply` (a device bool scalar; undefined: true) keeps every statistic
+  // as it is where false.
+  void set_affine_statistics(const Tensor& batch_mean, const Tensor& batch_var,
+                             const Tensor& apply = Tensor());
   // embed from embed_avg and cluster_size (ema_update): after k-means and
   // after every EMA step.
   void embed_from_statistics();

@@ -22,6 +22,7 @@
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -412,6 +413,48 @@ TEST_CASE("QuantizerSync: quantize dropout draws the same level on every rank") 
   CHECK(kept[2] == kept[0]);
   // And the draws do change from step to step (3 levels, 8 steps).
   CHECK(std::set<int64_t>(kept[0].begin(), kept[0].end()).size() > 1);
+}
+
+TEST_CASE("QuantizerSync on one process and a device: the steady state reads nothing back") {
+  // k-means, affine statistics, EMA and dead codes through the deferred
+  // path: after the first reconciliation (k-means) every step is queued on
+  // the device, and ends with the CPU's codebook bit for bit.
+  auto o = vq_options();
+  o.kmeans_init = true;
+  o.affine_param = true;
+  o.threshold_ema_dead_code = 1.0;
+  std::vector<std::vector<std::vector<float>>> results;
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : quanta::testing::test_devices()) devices.push_back(d);
+  for (const Device device : devices) {
+    CAPTURE(device.str());
+    auto group = ProcessGroup::single();
+    Generator gen(11);
+    auto vq = std::make_shared<VectorQuantize>(o, gen);
+    vq->to(device);
+    QuantizerSync sync(vq, *group);
+    auto step = [&](int64_t s) {
+      const Tensor x = reshape(global_batch(int(s)), {1, kTokens, kDim})
+                           .to(DType::f32)
+                           .to(device)
+                           .requires_grad_(true);
+      const QuantizeOutput out = vq->forward(x, Tensor());
+      (sum(out.quantized) + sum(out.loss)).backward();
+      sync.sync_state();
+    };
+    step(0);  // k-means on the first batch's samples
+    if (!device.is_cpu()) {
+      HostSyncGuard guard("QuantizerSync's steady state on one process");
+      for (int64_t s = 1; s < kSteps; ++s) step(s);
+    } else {
+      for (int64_t s = 1; s < kSteps; ++s) step(s);
+    }
+    std::vector<std::vector<float>> state;
+    for (const auto& [name, t] : vq->named_buffers())
+      state.push_back(t.to(Device::cpu()).to(DType::f32).to_vector<float>());
+    results.push_back(state);
+  }
+  for (std::size_t i = 1; i < results.size(); ++i) CHECK(results[i] == results[0]);
 }
 
 TEST_CASE("QuantizerSync: k-means waits for the first reconciliation") {
