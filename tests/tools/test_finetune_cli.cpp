@@ -356,7 +356,7 @@ TEST_CASE("train --task classify and finetune --device sim: the CPU's losses and
                       kSubset));
   CAPTURE(more.err);
   CHECK(more.code == 0);
-  for (const std::vector<std::string> bad :
+  for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"train", "--task", "classify", "--device", "gpu", "--out",
                                  dir.file("bad")},
         finetune(t.nf4_ckpt, dir.file("bad2"), {"--device", "gpu"})})
