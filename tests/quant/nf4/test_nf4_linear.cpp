@@ -359,11 +359,13 @@ TEST_CASE("NF4Linear at block 32 on a device: scales built once, no host sync pe
       for (int i = 0; i < 3; ++i) y = on_device(x.to(device).requires_grad_(true));
       sum(y).backward();
     }
-    CHECK(max_abs_diff(y.to(Device::cpu()), on_cpu(x)) == 0.0);
+    // sim: the CPU's bits; a GPU's dot products add in another order.
+    const double tol = device.is_sim() ? 0.0 : 1e-5;
+    CHECK(max_abs_diff(y.to(Device::cpu()), on_cpu(x)) <= tol);
     // A load replaces the state on the device; the scales follow it.
     NF4Linear other(other_lin, o);
     on_device.load_state_dict(other.state_dict());
-    CHECK(max_abs_diff(on_device(x.to(device)).to(Device::cpu()), other(x)) == 0.0);
+    CHECK(max_abs_diff(on_device(x.to(device)).to(Device::cpu()), other(x)) <= tol);
   }
 }
 
