@@ -1,13 +1,8 @@
 #include "dist/data_parallel.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "dist/nccl_backend.h"
 #include "engine/autograd/grad_mode.h"
@@ -15,70 +10,10 @@
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
+#include "engine/serial_worker.h"
 
 namespace quanta::dist {
 namespace {
-
-// A single communication thread: bucket reductions run here, in the order
-// they were queued, while backward continues on the caller's thread.
-class CommThread {
- public:
-  CommThread() : thread_([this] { loop(); }) {}
-  ~CommThread() {
-    {
-      std::lock_guard<std::mutex> g(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> g(m_);
-      jobs_.push_back(std::move(job));
-      ++pending_;
-    }
-    cv_.notify_all();
-  }
-  /** Waits for every job; rethrows the first failure. */
-  void drain() {
-    std::unique_lock<std::mutex> lk(m_);
-    done_cv_.wait(lk, [this] { return pending_ == 0; });
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lk(m_);
-    for (;;) {
-      cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      auto job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lk.unlock();
-      std::exception_ptr err;
-      try {
-        if (!error_) job();  // after a failure the group is broken: skip
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lk.lock();
-      if (err && !error_) error_ = err;
-      if (--pending_ == 0) done_cv_.notify_all();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> jobs_;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
 
 std::string describe_tensors(const std::vector<std::pair<std::string, Tensor>>& named,
                              const char* kind) {
@@ -116,8 +51,8 @@ struct DataParallel::State {
   std::vector<std::pair<std::string, Tensor>> buffers;
   std::size_t next_launch = 0;
   int no_sync_depth = 0;
-  std::shared_ptr<ProcessGroup> grads;  // own connections, used from the comm thread
-  std::unique_ptr<CommThread> comm;
+  std::shared_ptr<ProcessGroup> grads;                 // own connections, used from the comm thread
+  std::unique_ptr<quanta::detail::SerialWorker> comm;  // bucket reductions, in order
 
   // A full bucket's reduction goes to the communication thread. On a GPU
   // its gradient copies are only queued yet: an event recorded now, after
@@ -233,7 +168,7 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
     b.pending = int(b.slots.size());
   }
   st.grads = group.clone("dp");
-  st.comm = std::make_unique<CommThread>();
+  st.comm = std::make_unique<quanta::detail::SerialWorker>();
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     std::weak_ptr<State> weak = state_;
     st.slots[i].param.register_post_accumulate_hook([weak, i](const Tensor&) {

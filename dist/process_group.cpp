@@ -295,7 +295,15 @@ detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) {
 }
 
 detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout) {
-  if (!t.device().is_cuda()) return *gloo_;
+  if (!t.device().is_cuda()) {
+    // Gloo moves a sim device's bytes where NCCL would move a GPU's. NCCL's
+    // stream waits for the kernels queued before the call; Gloo works from
+    // this thread, so it waits for the device's stream here (the staging
+    // copies of this call included), as the NCCL backend's host then waits
+    // for its collective. Like that wait, it moves no data: no host sync.
+    if (t.device().is_sim()) synchronize(t.device());
+    return *gloo_;
+  }
   if (!nccl_) {
     // One communicator per group, on the device of its first CUDA tensor;
     // its keys live under the group's store.

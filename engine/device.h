@@ -56,6 +56,12 @@ int64_t host_sync_count();
 /** Restarts the counters of `device` (live allocations stay counted). */
 void reset_device_stats(Device device);
 
+/** Waits until every kernel and copy queued on `device` has finished, and
+ * throws what a queued kernel reported (nothing to wait for on the CPU).
+ * Not a host sync in device_stats: it moves no data. Timing a device's work
+ * needs it; reading a result does not (every read waits by itself). */
+void synchronize(Device device);
+
 /** True when quanta was compiled with its CUDA backend. */
 bool cuda_built();
 /** Number of visible CUDA devices (0 without CUDA or without a GPU). */

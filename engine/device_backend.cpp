@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/call_site.h"
+#include "engine/device_error.h"
 #include "engine/host_sync.h"
 
 namespace quanta {
@@ -38,6 +39,13 @@ const DeviceBackend& device_backend(DeviceType type) {
       return sim::backend();
   }
   throw std::logic_error("[device_backend] unknown device type");
+}
+
+void synchronize(Device device) {
+  const DeviceBackend& b = device_backend(device.type);
+  if (!b.synchronize) return;
+  b.synchronize(device.index);
+  detail::report_device_errors(device);  // what the finished kernels found
 }
 
 namespace {

@@ -43,6 +43,9 @@ struct DeviceBackend {
   /** The error flag of device `index` (engine/device_error.h), made on first
    * use; null for the CPU, which checks on the host. */
   DeviceErrorFlag* (*error_flag)(int index) = nullptr;
+  /** Waits until everything queued on device `index` has run and reports a
+   * failure of queued work; null for the CPU, which queues nothing. */
+  void (*synchronize)(int index) = nullptr;
 };
 
 /** The table of devices of type `type`. */

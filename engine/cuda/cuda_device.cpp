@@ -36,6 +36,7 @@ const DeviceBackend& backend() {
       .release = release,
       .copy = copy,
       .error_flag = error_flag,
+      .synchronize = synchronize,
   };
   return b;
 }

@@ -6,13 +6,18 @@
 #include <string>
 
 #include "engine/cuda/module.h"
+#include "engine/sim/sim_stream.h"
 #include "engine/tensor.h"
 
 namespace quanta {
 
 const KernelTable& kernels(Device device) {
-  if (!device.is_cuda()) return cpu::cpu_kernels();
   // Entries take raw pointers, not devices: the launch goes to the current one.
+  if (device.is_cpu()) return cpu::cpu_kernels();
+  if (device.is_sim()) {
+    sim::set_current_index(device.index);
+    return sim::sim_kernels();
+  }
   const cuda::Module* m = cuda::module();
   if (!m) return cuda::unavailable_kernels();
   m->set_device(device.index);

@@ -197,7 +197,7 @@ struct KernelTable {
    * bad index is recorded in *flag as {1, check, idx[i]} unless the flag is
    * already raised (on CUDA, whichever bad index wins; on sim the first).
    * Ops on the CPU check on the host instead and never call it (sim, which
-   * shares the CPU's table, does). */
+   * queues the CPU's kernels, does). */
   void (*checked_indices)(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
                           DeviceErrorFlag* flag, int32_t check);
 
@@ -291,6 +291,11 @@ namespace cpu {
 /** The CPU table (engine/cpu/). */
 const KernelTable& cpu_kernels();
 }  // namespace cpu
+namespace sim {
+/** The sim table: the CPU's kernels queued on the current sim device's
+ * stream (engine/sim/sim_kernels.cpp). */
+const KernelTable& sim_kernels();
+}  // namespace sim
 namespace cuda {
 /** The CUDA table (engine/cuda/kernels.cu, inside libquanta_cuda). */
 const KernelTable& cuda_kernels();

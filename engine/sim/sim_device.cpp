@@ -1,20 +1,24 @@
 // The `sim` device's table: a GPU stand-in that every machine has. Its memory
 // is host memory of its own (aligned like the CPU's, so the CPU's kernels run
-// on it and give the CPU's bits), counted in device_stats; its copies are
-// memcpy, counted too (copy_bytes counts them for every device). What makes
-// it a GPU from the host's side lives elsewhere, unchanged for it: tensors of
-// two devices refuse to meet in an op (common_device), Tensor::data<T> refuses
-// a device tensor, and every read from the host is a device-to-host copy,
-// a host sync that a HostSyncGuard can forbid. Kernels check indices as a
-// GPU's do: into the error flag, reported at the next read.
+// on it and give the CPU's bits), counted in device_stats. Its kernels and
+// copies run asynchronously, in order, on the device's stream (engine/sim/
+// sim_stream.h): a copy to the host waits for the stream, one from the host
+// queues a snapshot of the host's bytes, a free waits its turn. What else
+// makes it a GPU from the host's side lives elsewhere, unchanged for it:
+// tensors of two devices refuse to meet in an op (common_device),
+// Tensor::data<T> refuses a device tensor, and every read from the host is a
+// device-to-host copy, a host sync that a HostSyncGuard can forbid. Kernels
+// check indices as a GPU's do: into the error flag, reported at the next read.
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 
 #include "engine/device_backend.h"
 #include "engine/device_error.h"
+#include "engine/sim/sim_stream.h"
 
 namespace quanta::sim {
 namespace {
@@ -29,16 +33,41 @@ void* allocate(std::size_t nbytes, int index) {
   return p;
 }
 
+// Stream-ordered, as CUDA's caching allocator is: kernels queued before the
+// free still read and write the memory.
 void release(void* p, std::size_t nbytes, int index) noexcept {
   detail::count_allocation(Device::sim(index), nbytes, false);
-  std::free(p);
+  try {
+    enqueue(
+        index, [p] { std::free(p); }, /*after_failure=*/true);
+  } catch (...) {  // no memory to queue with: wait for the stream instead
+    try {
+      synchronize(index);
+    } catch (...) {  // a kernel's failure: its report waits for the next read
+    }
+    std::free(p);
+  }
 }
 
-void copy(void* dst, Device, const void* src, Device, std::size_t nbytes) {
-  std::memcpy(dst, src, nbytes);
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t nbytes) {
+  if (dst_device.is_cpu()) {  // a read: everything queued before it has run
+    synchronize(src_device.index);
+    std::memcpy(dst, src, nbytes);
+  } else if (src_device.is_cpu()) {  // the host may reuse src on return
+    std::shared_ptr<unsigned char[]> bytes(new unsigned char[nbytes]);
+    std::memcpy(bytes.get(), src, nbytes);
+    enqueue(dst_device.index, [dst, bytes, nbytes] { std::memcpy(dst, bytes.get(), nbytes); });
+  } else if (dst_device.index == src_device.index) {
+    enqueue(dst_device.index, [dst, src, nbytes] { std::memcpy(dst, src, nbytes); });
+  } else {  // between two sim devices: both drained, then a host copy
+    synchronize(src_device.index);
+    synchronize(dst_device.index);
+    std::memcpy(dst, src, nbytes);
+  }
 }
 
-// One flag per device index, in host memory as all of sim's is.
+// One flag per device index, in host memory as all of sim's is; kernels on
+// the stream write it, the host reads it after a synchronize.
 DeviceErrorFlag* error_flag(int index) {
   static std::mutex mutex;
   static std::map<int, DeviceErrorFlag>* flags = new std::map<int, DeviceErrorFlag>;
@@ -49,7 +78,7 @@ DeviceErrorFlag* error_flag(int index) {
 }  // namespace
 
 const DeviceBackend& backend() {
-  // The CPU's kernel table, so its layouts: the results are the CPU's bits.
+  // The CPU's kernels, so its layouts: the results are the CPU's bits.
   // add_n's fused loop is host code in the op (it reads data<T>), so sim
   // takes the chain of adds, which sums the terms in the same order.
   static const DeviceBackend b{
@@ -59,6 +88,7 @@ const DeviceBackend& backend() {
       .release = release,
       .copy = copy,
       .error_flag = error_flag,
+      .synchronize = synchronize,
   };
   return b;
 }

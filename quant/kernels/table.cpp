@@ -7,12 +7,17 @@
 
 #include "engine/cuda/module.h"
 #include "engine/kernels/table.h"
+#include "engine/sim/sim_stream.h"
 #include "engine/tensor.h"
 
 namespace quanta::quant {
 
 const QuantKernelTable& quant_kernels(Device device) {
-  if (!device.is_cuda()) return quant_cpu::table();
+  if (device.is_cpu()) return quant_cpu::table();
+  if (device.is_sim()) {
+    sim::set_current_index(device.index);
+    return quant_sim::table();
+  }
   // Entries take raw pointers, not devices: the launch goes to the current
   // one, as the engine's kernels() has it.
   if (const cuda::Module* m = cuda::module()) m->set_device(device.index);

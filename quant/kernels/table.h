@@ -127,8 +127,8 @@ struct QuantKernelTable {
                           DType dequant, int64_t k, void* dx);
 };
 
-/** The quantizer kernel table of `device`: the CPU table (quant/cpu/), or for
- * CUDA the CUDA module's (quant/cuda/), with the device made current; without
+/** The quantizer kernel table of `device`: the CPU table (quant/cpu/), sim's
+ * (quant/sim/), or for CUDA the CUDA module's (quant/cuda/), with the device made current; without
  * the module, a table whose entries throw "[op] has no CUDA kernel here: why". */
 const QuantKernelTable& quant_kernels(Device device);
 
@@ -140,6 +140,11 @@ namespace quant_cpu {
 /** The CPU table (quant/cpu/kernel_table.cpp). */
 const QuantKernelTable& table();
 }  // namespace quant_cpu
+namespace quant_sim {
+/** The sim table: the CPU's entries queued on the current sim device's
+ * stream (quant/sim/table.cpp). */
+const QuantKernelTable& table();
+}  // namespace quant_sim
 namespace quant_cuda {
 /** The CUDA table: the CUDA module's (the .cu files of quant/cuda/), or unavailable_table()
  * in a build without CUDA or where the module cannot be loaded. */

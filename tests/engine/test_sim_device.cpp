@@ -1,16 +1,21 @@
 // The sim device: parsing and names, a GPU's rules (no mixing with CPU
-// tensors, no direct host access), the CPU's bits, and the host-sync
-// counters and guards (engine/host_sync.h) that hold on CUDA too.
+// tensors, no direct host access), the CPU's bits, the host-sync counters
+// and guards (engine/host_sync.h) that hold on CUDA too, and its streams:
+// asynchronous kernels, stream-ordered frees, failures reported at a wait.
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "engine/device_backend.h"
+#include "engine/sim/sim_stream.h"
 #include "quanta.h"
 #include "support/errors.h"
 #include "support/gpu.h"
@@ -163,4 +168,105 @@ TEST_CASE("a bad index on a device is found there and reported at the next read,
           (void)index_select(from_vector<float>({1, 2, 3}, {3}), 0,
                              from_vector<int64_t>({0, 7, 1}, {3}));
         }).find("[index_select] index 7 is out of bounds for dim 0 with size 3") == 0);
+}
+
+namespace {
+// Holds sim device `index`'s stream until release(): work queued behind it
+// waits, as a GPU's kernels wait behind a long one.
+class StreamGate {
+ public:
+  explicit StreamGate(int index) {
+    sim::enqueue(index, [f = open_.get_future().share()] { f.wait(); });
+  }
+  ~StreamGate() { release(); }
+  void release() {
+    if (!released_) open_.set_value();
+    released_ = true;
+  }
+
+ private:
+  std::promise<void> open_;
+  bool released_ = false;
+};
+}  // namespace
+
+TEST_CASE("sim runs kernels asynchronously: the host goes on, a read waits for the stream") {
+  const Device sim = Device::sim();
+  const Tensor x = from_vector<float>({1, 2, 3}, {3}).to(sim);
+  Tensor y = zeros({3}, {.device = sim});
+  synchronize(sim);
+  {
+    StreamGate gate(sim.index);
+    {
+      HostSyncGuard guard("queuing behind a busy stream");
+      copy_(y, add(x, x));  // queued, not run: the host does not wait for it
+    }
+    // A host that reads the memory without waiting reads a race: the sum is
+    // not there yet (its kernel is held behind the gate).
+    float raw[3];
+    std::memcpy(raw, y.raw_data(), sizeof raw);  // what a missing wait sees
+    CHECK(std::vector<float>(raw, raw + 3) == std::vector<float>{0, 0, 0});
+    gate.release();
+    // A read waits for everything queued before it.
+    CHECK(y.to_vector<float>() == std::vector<float>{2, 4, 6});
+  }
+  // synchronize waits without moving data: not a host sync.
+  reset_device_stats(sim);
+  y = mul(y, y);
+  synchronize(sim);
+  CHECK(device_stats(sim).host_syncs == 0);
+  CHECK(y.to_vector<float>() == std::vector<float>{4, 16, 36});
+}
+
+TEST_CASE("sim frees memory in stream order, after the kernels queued before the free") {
+  const Device sim = Device::sim();
+  Tensor out = zeros({4}, {.device = sim});
+  {
+    StreamGate gate(sim.index);
+    {
+      // The inputs die before the kernel that reads them has run: their
+      // memory must outlive it (ASan would see a use after free otherwise).
+      const Tensor a = from_vector<float>({1, 2, 3, 4}, {4}).to(sim);
+      const Tensor b = full({4}, 10.0, {.device = sim});
+      copy_(out, add(a, b));
+    }
+    const DeviceStats held = device_stats(sim);
+    gate.release();
+    CHECK(held.allocated_bytes >= 16);  // out's bytes at least, counted while queued
+  }
+  CHECK(out.to_vector<float>() == std::vector<float>{11, 12, 13, 14});
+}
+
+TEST_CASE(
+    "sim: a failure in queued work is reported at the next wait, and skips the work after it") {
+  const Device sim = Device::sim(3);  // a stream of its own
+  bool later_ran = false;
+  bool free_ran = false;
+  sim::enqueue(sim.index, [] { throw std::runtime_error("[a kernel] went wrong"); });
+  sim::enqueue(sim.index, [&later_ran] { later_ran = true; });
+  sim::enqueue(
+      sim.index, [&free_ran] { free_ran = true; }, /*after_failure=*/true);
+  CHECK_THROWS_WITH_AS(synchronize(sim), "[a kernel] went wrong", std::runtime_error);
+  CHECK_FALSE(later_ran);  // no kernel reads what a failed one left
+  CHECK(free_ran);         // frees still run
+  // Reported once; the stream serves again.
+  synchronize(sim);
+  const Tensor t = full({2}, 3.0, {.device = sim});
+  CHECK(t.to_vector<float>() == std::vector<float>{3, 3});
+}
+
+TEST_CASE("sim: every thread's work queues on the device's one stream, in order") {
+  const Device sim = Device::sim();
+  Tensor acc = zeros({1}, {.dtype = DType::f64, .device = sim});
+  std::vector<std::thread> threads;
+  std::mutex order;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        std::lock_guard<std::mutex> lock(order);  // tensors are not thread-safe; the stream is
+        acc = add(acc, full({1}, 1.0, {.dtype = DType::f64, .device = sim}));
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(acc.item() == 200.0);
 }

@@ -177,7 +177,7 @@ std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& im
                                          const Tensor& labels) {
   const Device dev = o.device;
   std::function<void()> sync;
-  if (dev.is_cuda()) sync = [dev] { cuda::synchronize(dev.index); };
+  if (!dev.is_cpu()) sync = [dev] { synchronize(dev); };
   auto row = [&](const std::string& name, const std::function<Step(Device)>& make) {
     try {
       const Step on_dev = make(dev), on_cpu = make(Device::cpu());

@@ -1,0 +1,67 @@
+#include "engine/serial_worker.h"
+
+#include <utility>
+
+namespace quanta::detail {
+
+SerialWorker::SerialWorker() : thread_([this] { serve(); }) {}
+
+SerialWorker::~SerialWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  posted_.notify_all();
+  thread_.join();
+}
+
+void SerialWorker::post(std::function<void()> job, bool after_failure) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back({std::move(job), after_failure});
+    ++posted_count_;
+  }
+  posted_.notify_all();
+}
+
+void SerialWorker::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t target = posted_count_;
+  finished_.wait(lock, [&] { return finished_count_ >= target; });
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+void SerialWorker::serve() {
+  for (;;) {
+    // Everything posted so far in one take: one lock and one wake-up for a
+    // run of small jobs (a GPU stream's kernels come in runs).
+    std::deque<Job> batch;
+    bool failed = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      posted_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      batch.swap(jobs_);
+      failed = failure_ != nullptr;
+    }
+    for (Job& job : batch) {
+      if (failed && !job.after_failure) continue;
+      try {
+        job.run();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!failure_) failure_ = std::current_exception();
+        failed = true;
+      }
+    }
+    const auto n = static_cast<uint64_t>(batch.size());
+    batch.clear();  // the jobs' captures go before a drain returns
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finished_count_ += n;
+    }
+    finished_.notify_all();
+  }
+}
+
+}  // namespace quanta::detail

@@ -1,0 +1,74 @@
+// sim's streams: one SerialWorker per device, never destroyed.
+#include "engine/sim/sim_stream.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "engine/cpu/parallel.h"
+#include "engine/serial_worker.h"
+
+namespace quanta::sim {
+namespace {
+
+struct Streams {
+  std::mutex mutex;
+  std::map<int, detail::SerialWorker*> by_index;
+};
+Streams& streams() {
+  // Never destroyed, nor are the streams: tensors freed after main's statics
+  // still queue their frees.
+  static Streams* s = new Streams;
+  return *s;
+}
+
+// Work still queued when the process exits runs before the statics it may
+// use are destroyed.
+void drain_at_exit() {
+  Streams& s = streams();
+  std::map<int, detail::SerialWorker*> all;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    all = s.by_index;
+  }
+  for (auto& [index, stream] : all) {
+    try {
+      stream->drain();
+    } catch (...) {  // nobody is left to hear of it
+    }
+  }
+}
+
+detail::SerialWorker& stream(int index) {
+  Streams& s = streams();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  detail::SerialWorker*& p = s.by_index[index];
+  if (!p) {
+    if (s.by_index.size() == 1) std::atexit(drain_at_exit);
+    p = new detail::SerialWorker;
+  }
+  return *p;
+}
+
+thread_local int current = 0;
+
+}  // namespace
+
+void enqueue(int index, std::function<void()> work, bool after_failure) {
+  // The queueing thread's OpenMP width: a kernel splits its loops as it
+  // would have on that thread, so sim keeps the CPU's bits at any --threads.
+  stream(index).post(
+      [threads = num_threads(), work = std::move(work)] {
+        if (num_threads() != threads) set_num_threads(threads);
+        work();
+      },
+      after_failure);
+}
+
+void synchronize(int index) { stream(index).drain(); }
+
+int current_index() { return current; }
+void set_current_index(int index) { current = index; }
+
+}  // namespace quanta::sim

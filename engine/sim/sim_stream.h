@@ -1,0 +1,31 @@
+#pragma once
+// sim's streams: what makes the `sim` device asynchronous, as a GPU is. Each
+// sim device has one stream, served by a worker thread of its own: kernels
+// and copies queue on it in order and the host goes on at once, so a host
+// that reads device memory without waiting for the stream reads a race, and
+// a buffer freed while a kernel still uses it is freed too early (ASan sees
+// both). The host waits where CUDA's host waits: a copy to the host, a
+// collective handing device memory to its transport, synchronize(Device).
+// Internal to the engine's sim device and the sim kernel tables.
+#include <functional>
+
+namespace quanta::sim {
+
+/** Queues `work` on device `index`'s stream: it runs on the stream's worker
+ * after everything queued before it. An exception it throws is kept and
+ * rethrown by the device's next synchronize (a GPU's sticky error); after
+ * one, queued work is skipped until then, except work queued with
+ * `after_failure` (frees), so no kernel reads what a failed one left. */
+void enqueue(int index, std::function<void()> work, bool after_failure = false);
+
+/** Waits until everything queued on device `index` so far has run, then
+ * rethrows the first failure since the last synchronize, if any. */
+void synchronize(int index);
+
+/** The sim device whose kernels this thread reaches: kernels(Device::sim(i))
+ * and quant_kernels(Device::sim(i)) set it, as CUDA's current device is set,
+ * because table entries take raw pointers, not devices. */
+int current_index();
+void set_current_index(int index);
+
+}  // namespace quanta::sim
