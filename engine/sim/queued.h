@@ -39,8 +39,9 @@ template <>
 class Held<Operand> {
  public:
   Held(const Operand& o, std::size_t ndim)
-      : op_(o), strides_(o.strides ? std::vector<int64_t>(o.strides, o.strides + ndim)
-                                   : std::vector<int64_t>{}) {}
+      : op_(o),
+        strides_(o.strides ? std::vector<int64_t>(o.strides, o.strides + ndim)
+                           : std::vector<int64_t>{}) {}
   Operand get() const {
     Operand o = op_;
     if (o.strides) o.strides = strides_.data();

@@ -1,7 +1,8 @@
 // sim's quantizer table: the CPU's entries, each queued on the current sim
 // device's stream, as the engine's sim table queues its kernels.
-#include "engine/sim/queued.h"
 #include "quant/kernels/table.h"
+
+#include "engine/sim/queued.h"
 
 namespace quanta::quant::quant_sim {
 
