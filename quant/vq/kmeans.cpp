@@ -40,6 +40,10 @@ KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine
     if (cosine) updated = l2norm(updated);
     means = where(unsqueeze(eq(bins, scalar(0.0, options_of(bins))), 1), means, updated);
   }
+  // No iteration: the sampled rows are the means, and the bins count the
+  // rows nearest to each (all-zero bins would start the codebook's EMA
+  // cluster sizes at 0, and its codes at embed_avg / 0).
+  if (iters == 0) bins = code_statistics(nearest_codes(x, means, cosine), x, k).counts;
   return {means, bins};
 }
 

@@ -12,14 +12,16 @@ struct KMeansResult {
   /** [K, D] */
   Tensor means;
   /** [K] f32: rows assigned to each mean in the last iteration (before that
-   * iteration's mean update, as the reference reports it). */
+   * iteration's mean update, as the reference reports it); with 0
+   * iterations, rows nearest to each seed. */
   Tensor bins;
 };
 
 /** k-means of `samples` [N, D] (N > 0) into `k` means: seeds are k rows drawn
  * from `gen` (without replacement when N >= k, else with), then `iters`
- * rounds of nearest-mean assignment and mean update; a mean that gets no rows
- * keeps its value. `cosine`: similarity is the dot product and means are
+ * rounds of nearest-mean assignment and mean update (0: the seeds are the
+ * means; the reference fails there); a mean that gets no rows keeps its
+ * value. `cosine`: similarity is the dot product and means are
  * l2-normalised. No gradient. */
 KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine, Generator& gen);
 

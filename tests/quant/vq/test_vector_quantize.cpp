@@ -251,6 +251,22 @@ TEST_CASE("k-means: distortion never increases with more iterations") {
   }
 }
 
+TEST_CASE("k-means with 0 iterations: the seeds, and bins that count the rows nearest each") {
+  // All-zero bins started the codebook's EMA cluster sizes at 0 and its
+  // codes at embed_avg / 0: `quanta train --kmeans-iters 0` diverged.
+  Generator data(7), g(11);
+  const Tensor samples = randn({50, 3}, data);
+  const KMeansResult r = kmeans(samples, 4, 0, false, g);
+  const Tensor nearest = nearest_codes(samples, r.means, false);
+  std::vector<float> want(4, 0.0f);
+  for (int64_t i : nearest.to_vector<int64_t>()) want[size_t(i)] += 1;
+  CHECK(r.bins.to_vector<float>() == want);
+  CHECK(sum(r.bins).item() == 50.0);
+  // The means are rows of the samples, as drawn.
+  Generator again(11);
+  CHECK(r.means.to_vector<float>() == sample_rows(samples, 4, again).to_vector<float>());
+}
+
 TEST_CASE("kmeans_init initialises the codebook on the first forward") {
   Generator gen(8), data(9);
   VectorQuantizeOptions o = small(3, 4);
