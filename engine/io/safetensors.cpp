@@ -413,7 +413,11 @@ struct InputFile {
   Fd fd;
   uint64_t size = 0;
 
-  explicit InputFile(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer, so the
+  // check below that refuses it would never run. pread ignores the flag on
+  // the regular files that pass.
+  explicit InputFile(const std::string& path)
+      : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     if (fd.get() < 0) fail_errno(path, "cannot open");
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) fail_errno(path, "cannot stat");

@@ -3,10 +3,13 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "quanta.h"
@@ -220,6 +224,30 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
   check_one_line_error(quanta_cli({"inspect", dir.file("missing.safetensors")}), 1,
                        "missing.safetensors: cannot open");
   check_one_line_error(quanta_cli({"inspect", dir.path().string()}), 1, "is a directory");
+}
+
+TEST_CASE("quanta inspect refuses a FIFO at once instead of waiting for a writer") {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // If quanta waits in open(), a writer arriving after 20 s lets it go on;
+  // that it had to come is the failure (rather than a hung suite).
+  std::atomic<bool> done{false}, had_to_unblock{false};
+  std::thread unblocker([&] {
+    for (int i = 0; i < 200 && !done; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (done) return;
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // fails with no reader
+    if (fd >= 0) {
+      had_to_unblock = true;
+      ::close(fd);
+    }
+  });
+  const Result r = quanta_cli({"inspect", fifo});
+  done = true;
+  unblocker.join();
+  CHECK_FALSE(had_to_unblock);
+  check_one_line_error(r, 1, "is not a regular file");
 }
 
 TEST_CASE("quanta bench engine reports its rows against their floors") {
