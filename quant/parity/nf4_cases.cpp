@@ -2,17 +2,63 @@
 // dequantize_4bit cases (tests/data/reference-vectors/README.md, "NF4").
 // Every value is exact: codes, packed bytes, scales and dequantized values
 // are compared bit for bit whatever tolerance the caller passes.
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
 #include "engine/ops/view.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_interop.h"
 #include "quant/parity/parity.h"
 
 namespace quanta::parity {
+namespace {
+
+// The runner quantizes as the spec says bitsandbytes did: blocks of 64 and,
+// with compress_statistics, groups of 256 scales. A spec that says anything
+// else, or describes another weight than the file holds, is refused rather
+// than compared against settings it does not state.
+void check_nf4_spec(const CaseFile& c, const Tensor& weight, bool dq) {
+  const nlohmann::json spec = nlohmann::json::parse(c.meta("spec"));
+  auto bad = [&](const std::string& key, const std::string& why) {
+    throw std::invalid_argument(c.path + ": spec." + key + " " + why);
+  };
+  auto whole = [&](const char* key) -> int64_t {
+    if (!spec.contains(key)) bad(key, "is missing");
+    if (!spec[key].is_number_integer()) bad(key, "must be a whole number, got " + spec[key].dump());
+    return spec[key].get<int64_t>();
+  };
+  if (whole("blocksize") != 64)
+    bad("blocksize", "is " + spec["blocksize"].dump() + "; the NF4 runner compares blocks of 64");
+  if (whole("numel") != weight.numel())
+    bad("numel", "is " + spec["numel"].dump() + ", the weight has " +
+                     std::to_string(weight.numel()) + " elements");
+  if (!spec.contains("shape") || !spec["shape"].is_array()) bad("shape", "must be a list of sizes");
+  Shape shape;
+  for (const auto& d : spec["shape"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      bad("shape", "must hold sizes >= 0, got " + spec["shape"].dump());
+    shape.push_back(d.get<int64_t>());
+  }
+  if (shape != weight.shape())
+    bad("shape", "is " + spec["shape"].dump() + ", the weight's is " + shape_str(weight.shape()));
+  const bool compress = spec.value("compress_statistics", false);
+  if (compress != dq)
+    bad("compress_statistics", std::string("is ") + (compress ? "true" : "false") +
+                                   (dq ? ", but the file holds double-quant state"
+                                       : ", but the file holds no double-quant state"));
+  if (dq && whole("nested_blocksize") != 256)
+    bad("nested_blocksize",
+        "is " + spec["nested_blocksize"].dump() + "; the NF4 runner compares groups of 256");
+}
+
+}  // namespace
 
 void run_nf4_case(const CaseFile& c, double, CaseResult& r) {
   const Tensor& weight = c.at("weight");
   const bool dq = c.has("nested_absmax");
   const int64_t n = weight.numel();
+  check_nf4_spec(c, weight, dq);
 
   // 1. Quantize the float32 weight ourselves: codes and packed bytes always
   // match (codes use the exact block absmax); without double quant the scales

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,18 @@ void get(const json& j, const char* key, T& out) {
   if (it != j.end() && !it->is_null()) out = it->get<T>();
 }
 
+// A size the case gives: when present it is a whole number >= 1 (the
+// reference fails on 0 and negative sizes, while quanta's options read 0 as
+// "derive it", so a case could otherwise pass with an option it ignored).
+void get_size(const json& j, const char* key, int64_t& out, const std::string& cls) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (!it->is_number_integer() || it->get<int64_t>() < 1)
+    throw std::invalid_argument(cls + " option '" + key + "' must be a whole number >= 1, got " +
+                                it->dump());
+  out = it->get<int64_t>();
+}
+
 void refuse_unknown(const json& ctor, const std::vector<std::string>& known,
                     const std::string& cls) {
   for (auto it = ctor.begin(); it != ctor.end(); ++it) {
@@ -51,8 +64,8 @@ FSQOptions fsq_options(const json& ctor) {
                  "FSQ");
   FSQOptions o;
   get(ctor, "levels", o.levels);
-  get(ctor, "dim", o.dim);
-  get(ctor, "num_codebooks", o.num_codebooks);
+  get_size(ctor, "dim", o.dim, "FSQ");
+  get_size(ctor, "num_codebooks", o.num_codebooks, "FSQ");
   if (ctor.contains("keep_num_codebooks_dim") && !ctor["keep_num_codebooks_dim"].is_null())
     o.keep_num_codebooks_dim = ctor["keep_num_codebooks_dim"].get<bool>();
   get(ctor, "channel_first", o.channel_first);
@@ -73,7 +86,7 @@ ResidualFSQOptions rfsq_options(const json& ctor) {
     layer.erase(k);
   if (!layer.contains("bound_hard_clamp")) layer["bound_hard_clamp"] = true;
   o.fsq = fsq_options(layer);
-  get(ctor, "num_quantizers", o.num_quantizers);
+  get_size(ctor, "num_quantizers", o.num_quantizers, "the residual quantizer");
   get(ctor, "quantize_dropout", o.quantize_dropout);
   get(ctor, "quantize_dropout_cutoff_index", o.quantize_dropout_cutoff_index);
   get(ctor, "quantize_dropout_multiple_of", o.quantize_dropout_multiple_of);
@@ -91,12 +104,12 @@ LFQOptions lfq_options(const json& ctor) {
                   "soft_clamp_input_value", "channel_first", "spherical", "force_quantization_f32"},
                  "LFQ");
   LFQOptions o;
-  get(ctor, "dim", o.dim);
-  get(ctor, "codebook_size", o.codebook_size);
+  get_size(ctor, "dim", o.dim, "LFQ");
+  get_size(ctor, "codebook_size", o.codebook_size, "LFQ");
   get(ctor, "entropy_loss_weight", o.entropy_loss_weight);
   get(ctor, "commitment_loss_weight", o.commitment_loss_weight);
   get(ctor, "diversity_gamma", o.diversity_gamma);
-  get(ctor, "num_codebooks", o.num_codebooks);
+  get_size(ctor, "num_codebooks", o.num_codebooks, "LFQ");
   if (ctor.contains("keep_num_codebooks_dim") && !ctor["keep_num_codebooks_dim"].is_null())
     o.keep_num_codebooks_dim = ctor["keep_num_codebooks_dim"].get<bool>();
   get(ctor, "codebook_scale", o.codebook_scale);
@@ -117,7 +130,7 @@ ResidualLFQOptions rlfq_options(const json& ctor) {
                         "quantize_dropout_multiple_of"})
     layer.erase(k);
   o.lfq = lfq_options(layer);
-  get(ctor, "num_quantizers", o.num_quantizers);
+  get_size(ctor, "num_quantizers", o.num_quantizers, "the residual quantizer");
   get(ctor, "quantize_dropout", o.quantize_dropout);
   get(ctor, "quantize_dropout_cutoff_index", o.quantize_dropout_cutoff_index);
   get(ctor, "quantize_dropout_multiple_of", o.quantize_dropout_multiple_of);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "parity_test_util.h"
 #include "quant/parity/parity.h"
 
 namespace {
@@ -42,5 +43,30 @@ TEST_CASE("scalar quantizer parity with vector-quantize-pytorch 1.31.0") {
     INFO(report.str());
     if (std::getenv("QUANTA_PARITY_VERBOSE")) MESSAGE(report.str());
     CHECK(r.passed());
+  }
+}
+
+TEST_CASE("scalar parity: a size of 0 or below in a case's options fails, naming the option") {
+  using namespace quanta;
+  const parity::CaseFile base = parity::testing::reference_case("lfq_c2x16");
+  for (const std::string& option :
+       {std::string("\"codebook_size\": 0"), std::string("\"codebook_size\": -4"),
+        std::string("\"dim\": 0")}) {
+    CAPTURE(option);
+    parity::CaseFile c = base;
+    std::string& spec = c.metadata.at("spec");
+    const std::string key = "\"constructor_options\": {";
+    const auto at = spec.find(key);
+    REQUIRE(at != std::string::npos);
+    // The case's own codebook_size goes, so the option given is the only one.
+    const auto cs = spec.find("\"codebook_size\": 16", at);
+    REQUIRE(cs != std::string::npos);
+    spec.erase(cs, std::string("\"codebook_size\": 16, ").size());
+    spec.insert(at + key.size(), option + ", ");
+    const parity::CaseResult r = parity::run_case(c, 1e-5);
+    CHECK_FALSE(r.passed());
+    const std::string name = option.substr(1, option.find('"', 1) - 1);
+    CHECK(r.error.find("LFQ option '" + name + "' must be a whole number >= 1") !=
+          std::string::npos);
   }
 }
