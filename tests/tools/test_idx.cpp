@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <new>
 
@@ -55,7 +56,7 @@ std::string error_of(const std::string& path) {
 // is capped at what the test uses now plus 512 MiB: a reader that allocates
 // what a header claims before finding the data missing fails there with
 // std::bad_alloc ("bad_alloc: ..."), not with its message.
-std::string error_with_memory_cap(const std::string& path) {
+std::string error_with_memory_cap(const std::string& path, int64_t max_rows = -1) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   const pid_t pid = ::fork();
@@ -72,7 +73,7 @@ std::string error_with_memory_cap(const std::string& path) {
       what = "setrlimit failed";
     else
       try {
-        data::read_idx(path);
+        data::read_idx(path, max_rows);
       } catch (const std::bad_alloc& e) {
         what = std::string("bad_alloc: ") + e.what();
       } catch (const std::exception& e) {
@@ -122,6 +123,38 @@ TEST_CASE("read_idx checks the file's size against its header before allocating"
   CHECK(contains(part,
                  "short.gz: truncated: the IDX data needs 2097152 bytes, the file "
                  "holds 1048576"));
+}
+
+TEST_CASE("read_idx with max_rows inflates only those rows: a large file's head in little memory") {
+  ScratchDir dir("idx_rows");
+  const data::IdxArray a = make_array({6, 2, 3});
+  write_gz(dir.file("a.gz"), data::idx_bytes(a));
+  const data::IdxArray head = data::read_idx(dir.file("a.gz"), 2);
+  CHECK(head.dims == a.dims);  // the header's
+  CHECK(head.data == std::vector<uint8_t>(a.data.begin(), a.data.begin() + 12));
+  CHECK(data::read_idx(dir.file("a.gz"), 6).data == a.data);
+  CHECK(data::read_idx(dir.file("a.gz"), 100).data == a.data);
+  CHECK(data::read_idx(dir.file("a.gz"), 0).data.empty());
+  // 800,000 images of 28 x 28 (627 MB inflated, zeros, a small gzip file):
+  // more than the child's 512 MiB when read whole, nothing to it for 64.
+  {
+    gzFile f = gzopen(dir.file("big.gz").c_str(), "wb1");
+    REQUIRE(f != nullptr);
+    const std::vector<uint8_t> header = {0, 0, 8, 3,  0x00, 0x0c, 0x35, 0x00,
+                                         0, 0, 0, 28, 0,    0,    0,    28};
+    REQUIRE(gzwrite(f, header.data(), unsigned(header.size())) == int(header.size()));
+    const std::vector<uint8_t> zeros(1 << 20, 0);
+    for (uint64_t left = uint64_t{800000} * 784; left > 0;) {
+      const auto n = static_cast<unsigned>(std::min<uint64_t>(left, zeros.size()));
+      REQUIRE(gzwrite(f, zeros.data(), n) == int(n));
+      left -= n;
+    }
+    REQUIRE(gzclose(f) == Z_OK);
+  }
+  CHECK(error_with_memory_cap(dir.file("big.gz"), 64) == "no error");
+  const std::string whole = error_with_memory_cap(dir.file("big.gz"));
+  CAPTURE(whole);
+  CHECK(whole != "no error");  // the cap holds: a whole read does not fit
 }
 
 TEST_CASE("read_idx reads gzipped and plain IDX files") {
@@ -259,6 +292,17 @@ TEST_CASE("load_fashion_mnist reads the four files and checks them") {
     CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::test),
                          doctest::Contains("t10k-images-idx3-ubyte.gz: holds no images"),
                          std::runtime_error);
+  }
+  SUBCASE("a label outside 0..9 names its file and image") {
+    data::IdxArray bad = labels;
+    bad.data[3] = 255;
+    write_gz(dir.file("train-labels-idx1-ubyte.gz"), data::idx_bytes(bad));
+    CHECK_THROWS_WITH_AS(
+        data::load_fashion_mnist(dir.path.string(), data::Split::train),
+        doctest::Contains("train-labels-idx1-ubyte.gz: label 255 of image 3 is not a class 0..9"),
+        std::runtime_error);
+    // Outside the images a limit reads, it is not read, so not checked.
+    CHECK(data::load_fashion_mnist(dir.path.string(), data::Split::train, 3).size() == 3);
   }
   SUBCASE("images must be 28 x 28") {
     write_gz(dir.file("train-images-idx3-ubyte.gz"), data::idx_bytes(make_array({5, 27, 28})));

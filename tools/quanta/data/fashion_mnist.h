@@ -11,6 +11,9 @@ namespace quanta::data {
 /** Where dataset-fashion-mnist puts the files. */
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
+/** Fashion-MNIST's classes: labels are 0..kClasses - 1. */
+inline constexpr int64_t kClasses = 10;
+
 /** Images and their labels. */
 struct ImageDataset {
   /** [N, 1, 28, 28] f32 in [0, 1] (pixel / 255). */
@@ -29,7 +32,9 @@ enum class Split { train, test };
  * A folder without the files is one error that says how to install them
  * (apt-get install dataset-fashion-mnist) or to pass --data DIR; bad files
  * give read_idx's errors; images and labels must agree in count, the
- * images must be 28 x 28, and a file of 0 images is an error. */
+ * images must be 28 x 28, a file of 0 images is an error, and so is a label
+ * outside 0..9 (named with its file and image). With a limit, only the
+ * samples used are read from the files (read_idx's max_rows). */
 ImageDataset load_fashion_mnist(const std::string& dir, Split split, int64_t limit = -1);
 
 }  // namespace quanta::data

@@ -71,7 +71,7 @@ void check_size(const std::string& path, gzFile f, uint64_t header, uint64_t cou
 
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
+IdxArray read_idx(const std::string& path, int64_t max_rows) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path, "cannot open: no such file");
   if (std::filesystem::is_directory(path, ec)) fail(path, "cannot open: is a directory");
@@ -102,20 +102,26 @@ IdxArray read_idx(const std::string& path) {
     if (count > kMaxElements) fail(path, "IDX dimensions claim more than 2^34 elements");
   }
   check_size(path, f.get(), 4 + 4 * uint64_t(ndim), count);
+  // The rows asked for: all, or the first max_rows entries of dim 0.
+  const uint64_t rows = static_cast<uint64_t>(a.dims[0]);
+  const uint64_t wanted = max_rows < 0 || static_cast<uint64_t>(max_rows) >= rows
+                              ? count
+                              : (rows == 0 ? 0 : count / rows * static_cast<uint64_t>(max_rows));
   // Read in chunks, the buffer growing with what arrives: a header that
   // overstates a gzip file's content fails at its end, not in an allocation
   // of the size it claims.
   try {
-    for (uint64_t got = 0; got < count;) {
-      const uint64_t chunk = std::min<uint64_t>(count - got, kChunk);
+    for (uint64_t got = 0; got < wanted;) {
+      const uint64_t chunk = std::min<uint64_t>(wanted - got, kChunk);
       a.data.resize(got + chunk);
       read_exact(f.get(), path, a.data.data() + got, chunk, "IDX data", got, count);
       got += chunk;
     }
   } catch (const std::bad_alloc&) {
-    fail(path, "out of memory for the " + std::to_string(count) +
+    fail(path, "out of memory for the " + std::to_string(wanted) +
                    " bytes of IDX data its header declares");
   }
+  if (wanted < count) return a;  // the rest is not read, so not checked either
   uint8_t extra;
   const int r = gzread(f.get(), &extra, 1);
   if (r < 0) fail(path, "corrupt gzip data after the IDX data");

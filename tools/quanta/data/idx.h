@@ -18,8 +18,13 @@ struct IdxArray {
 /** Reads `path` (gzip-compressed or not) and validates magic, dims and size:
  * the element count must match the dims exactly. Throws std::runtime_error
  * naming the file and what is wrong (missing, not IDX, truncated, corrupt
- * compression, trailing bytes, unsupported type). */
-IdxArray read_idx(const std::string& path);
+ * compression, trailing bytes, unsupported type).
+ *
+ * With `max_rows` >= 0 only the first min(max_rows, dims[0]) entries of dim 0
+ * are read into data (dims stay the header's) and the file after them is
+ * neither read nor checked: a run on 64 images of a large file inflates
+ * those, not the whole file. */
+IdxArray read_idx(const std::string& path, int64_t max_rows = -1);
 
 /** The bytes of an IDX file holding `a` (uncompressed), for tests and tools. */
 std::vector<uint8_t> idx_bytes(const IdxArray& a);
