@@ -34,8 +34,8 @@ Millis env_timeout(const char* name) {
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seconds);
   if (ec != std::errc() || end != s.data() + s.size() || !(seconds >= 0.001) || seconds > 1e9)
     throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + s +
-                                "' is not a timeout: expected a positive number of seconds, "
-                                "e.g. 300 or 2.5");
+                                "' is not a timeout: expected a number of seconds from 0.001 to "
+                                "1e9 (about 31 years), e.g. 300 or 2.5");
   return Millis(static_cast<int64_t>(seconds * 1000 + 0.5));
 }
 

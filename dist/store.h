@@ -68,6 +68,9 @@ struct TcpStoreOptions {
    * interface (dist::init with QUANTA_STORE_BIND_ALL=1). */
   std::string bind{};
   StoreLimits limits{};
+  /** Who runs the server, for the messages of a client that cannot reach it
+   * ("is rank 0 running ...?"); quanta launch's store is node 0's launcher. */
+  std::string server_owner = "rank 0";
 };
 
 /** The server side of TcpStore: a thread serving one map to any number of

@@ -134,13 +134,15 @@ void TcpStore::connect_and_hello() {
     const std::string why = errno_text();
     if (Clock::now() >= deadline)
       throw std::runtime_error("[TcpStore] could not connect to " + describe() + " within " +
-                               std::to_string(timeout_.count()) + " ms (" + why +
-                               "): is rank 0 running and are MASTER_ADDR/MASTER_PORT right?");
+                               std::to_string(timeout_.count()) + " ms (" + why + "): is " +
+                               opts_.server_owner +
+                               " running, and are MASTER_ADDR/MASTER_PORT right?");
     if (report.due())
       std::fprintf(stderr,
-                   "[TcpStore] waiting for the store server at %s (%s; %s): is the rank hosting "
-                   "it (rank 0) running, and are MASTER_ADDR/MASTER_PORT right?\n",
-                   describe().c_str(), why.c_str(), report.waited().c_str());
+                   "[TcpStore] waiting for the store server at %s (%s; %s): is %s, which hosts "
+                   "it, running, and are MASTER_ADDR/MASTER_PORT right?\n",
+                   describe().c_str(), why.c_str(), report.waited().c_str(),
+                   opts_.server_owner.c_str());
     std::this_thread::sleep_for(sleep);
   }
   int one = 1;

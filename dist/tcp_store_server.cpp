@@ -247,8 +247,8 @@ struct TcpStoreServer::Impl {
     c.vlen = take<uint64_t>(c.head + 5);
     if (!c.authed) {
       if (c.cmd != kHello)
-        return refuse_stranger(c, "it sent a " + std::string(store_cmd_name(c.cmd)) +
-                                      " request before the job token handshake");
+        return refuse_stranger(c, "it sent a request (" + std::string(store_cmd_name(c.cmd)) +
+                                      ") before the job token handshake");
       if (c.klen > std::strlen(kProtocol) || c.vlen > kMaxTokenBytes)
         return refuse_stranger(
             c, "wrong job token (a handshake of " + std::to_string(c.vlen) + " bytes)");

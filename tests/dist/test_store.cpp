@@ -57,6 +57,14 @@ TEST_CASE("TcpStore: no server means a clear error after the timeout") {
   CHECK_THROWS_WITH(TcpStore("127.0.0.1", 1, false, Millis(300)),
                     doctest::Contains("could not connect"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  // The message names who should be running the server: rank 0 by default,
+  // node 0's launcher for quanta launch's own store.
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", 1, false, Millis(100)),
+                    doctest::Contains("is rank 0 running"));
+  TcpStoreOptions launcher;
+  launcher.server_owner = "node 0's quanta launch (--node-rank 0)";
+  CHECK_THROWS_WITH(TcpStore("127.0.0.1", 1, false, Millis(100), launcher),
+                    doctest::Contains("is node 0's quanta launch (--node-rank 0) running"));
   CHECK_THROWS_WITH(TcpStore("127.0.0.1", port, true, Millis(300)),
                     doctest::Contains("cannot listen on port"));
 }

@@ -55,6 +55,7 @@ NodeGroup::NodeGroup(const NodeGroupOptions& opts) : opts_(opts) {
   dist::TcpStoreOptions store_opts;
   if (!opts.token.empty()) store_opts.token = opts.token;
   if (opts.bind_all) store_opts.bind = "0.0.0.0";
+  store_opts.server_owner = "node 0's quanta launch (--node-rank 0)";
   const bool host = opts.node_rank == 0;
   store_ = std::make_unique<dist::TcpStore>(opts.master_addr, opts.master_port, host, opts.timeout,
                                             store_opts);
