@@ -412,3 +412,21 @@ TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
       run_quanta({"finetune", dir.file("vq/checkpoint.safetensors"), "--out", dir.file("o")}), 1,
       "quanta train --task classify");
 }
+
+TEST_CASE("finetune refuses an --out that would replace its base checkpoint") {
+  // `quanta finetune runs/clf/checkpoint.safetensors --out runs/clf --overwrite`
+  // would write the fine-tune's checkpoint over the base it reads.
+  ScratchDir dir("finetune_same_file");
+  const std::string run = dir.file("clf");
+  fs::create_directories(run);
+  const std::string base = run + "/checkpoint.safetensors";
+  std::ofstream(base) << "the base";
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"--overwrite"}}) {
+    std::vector<std::string> args = {"finetune", base, "--out", run};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_quanta(args);
+    check_one_line_error(r, 2, "--out " + base + " is the base checkpoint this command reads");
+  }
+  CHECK(slurp(base) == "the base");
+}

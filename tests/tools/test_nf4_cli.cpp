@@ -263,6 +263,21 @@ TEST_CASE("quanta quantize --format torchao, its re-import, and refused combinat
       "block_size must be 32, 64, 128 or 256");
 }
 
+TEST_CASE("quanta quantize refuses to write over its input, by name or through a link") {
+  ScratchDir dir("nf4_cli_same");
+  const std::string src = dir.file("in.safetensors"), link = dir.file("link.safetensors");
+  io::save_safetensors(src, tiny_checkpoint());
+  const std::string before = quanta::test::slurp(src);
+  std::filesystem::create_symlink(src, link);
+  for (const std::string& out : {src, link}) {
+    CAPTURE(out);
+    const auto r = run_quanta({"quantize", src, out});
+    quanta::test::check_one_line_error(r, 2, "OUT " + out + " is the input checkpoint IN");
+    CHECK(contains(r.err, "writing it would destroy that input"));
+    CHECK(quanta::test::slurp(src) == before);  // untouched
+  }
+}
+
 TEST_CASE("quanta inspect reports the bits per parameter of each NF4 layout") {
   ScratchDir dir("nf4_cli");
   const std::string src = dir.file("in.safetensors");

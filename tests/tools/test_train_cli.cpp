@@ -2,6 +2,7 @@
 // training runs use a small subset of Fashion-MNIST and --threads 1 (suites
 // run side by side; one thread per run keeps timings steady).
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "engine/io/safetensors.h"
 #include "image/png.h"
 #include "train/outputs.h"
+#include "train/run_folder.h"
 
 using namespace quanta;
 using namespace quanta::test;
@@ -188,6 +190,16 @@ TEST_CASE("quanta train (default vq) uses its codebook; encode and decode round-
   CAPTURE(d.err);
   REQUIRE(d.code == 0);
   CHECK(image::read_png(dir.file("d.png")).width > 0);
+  // Codes of another layout (a trailing codebook dim this quantizer does
+  // not have): one line naming the file and both shapes, not an error from
+  // deep inside the decoder.
+  io::save_safetensors(dir.file("codes4.st"),
+                       {{"indices", zeros({2, 7, 7, 2}, {.dtype = DType::i64})}});
+  check_one_line_error(
+      run_quanta({"decode", ckpt, dir.file("codes4.st"), "--out", dir.file("d4.png")}), 1,
+      dir.file("codes4.st") +
+          ": 'indices' has shape [2, 7, 7, 2]; this checkpoint's quantizer "
+          "decodes [N, 7, 7]");
 }
 
 TEST_CASE("quanta train --resume continues exactly") {
@@ -395,6 +407,12 @@ TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --o
   REQUIRE(p.code == 0);
   CHECK_FALSE(contains(p.out, "timeout"));
   if (!have_dataset()) return;
+  // A start that failed before its first step leaves its header alone: the
+  // corrected command runs without --overwrite.
+  const std::string failed = dir.file("failed");
+  fs::create_directories(failed);
+  std::ofstream(failed + "/metrics.jsonl") << "{\"kind\": \"header\", \"step\": 0}\n";
+  CHECK(run_quanta(tiny(failed, 1)).code == 0);
   const std::string real = dir.file("real");
   REQUIRE(run_quanta(tiny(real, 2)).code == 0);
   const std::string metrics = slurp(real + "/metrics.jsonl");
@@ -405,6 +423,53 @@ TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --o
   CAPTURE(o.err);
   CHECK(o.code == 0);
   CHECK(records(real, "train").size() == 3);
+}
+
+TEST_CASE("one run per folder: a run into a folder that another run holds is refused, naming it") {
+  // Before, two runs started into one --out at once both passed the check
+  // for earlier files, both ran, and interleaved their records.
+  ScratchDir dir("train_lock");
+  const std::string run = dir.file("run");
+  train::RunFolderLock held = train::lock_run_folder(run);
+  REQUIRE(held.held());
+  const std::string holder = "(pid " + std::to_string(::getpid()) + " on host ";
+  const std::vector<std::vector<std::string>> commands = {
+      {"train", "--steps", "1", "--out", run},
+      {"train", "--task", "classify", "--steps", "1", "--out", run},
+      {"finetune", dir.file("base.safetensors"), "--out", run},
+  };
+  for (const auto& args : commands) {
+    CAPTURE(args[1]);
+    const CliResult r = run_quanta(args);
+    check_one_line_error(r, 2, "--out " + run + " is in use by another quanta run " + holder);
+    CHECK(contains(r.err, "wait for it to end, or give another --out"));
+  }
+  CHECK_THROWS_WITH_AS(train::lock_run_folder(run), doctest::Contains(holder.c_str()),
+                       std::invalid_argument);
+  CHECK_FALSE(fs::exists(run + "/metrics.jsonl"));
+  // A lock ends with its holder (a process that died holds none): the file
+  // it leaves, naming the old holder, does not stand in the way.
+  held = train::RunFolderLock();
+  CHECK(train::lock_run_folder(run).held());
+}
+
+TEST_CASE("encode and decode refuse an --out that is one of their inputs") {
+  // Before, `encode run/checkpoint.safetensors --out run/checkpoint.safetensors`
+  // replaced the checkpoint with a codes file and exited 0.
+  ScratchDir dir("train_same_file");
+  const std::string ck = dir.file("checkpoint.safetensors"), codes = dir.file("codes.safetensors");
+  std::ofstream(ck) << "a checkpoint";
+  std::ofstream(codes) << "codes";
+  const CliResult e = run_quanta({"encode", ck, "--out", ck});
+  check_one_line_error(e, 2, "--out " + ck + " is the checkpoint this command reads");
+  for (const std::string& out : {ck, codes}) {
+    CAPTURE(out);
+    const CliResult d = run_quanta({"decode", ck, codes, "--out", out});
+    check_one_line_error(d, 2, "--out " + out + " is the ");
+    CHECK(contains(d.err, "writing it would destroy that input; give another --out"));
+  }
+  CHECK(slurp(ck) == "a checkpoint");
+  CHECK(slurp(codes) == "codes");
 }
 
 TEST_CASE("quanta train: a test split of 0 images is an error, not 'test mse n/a'") {

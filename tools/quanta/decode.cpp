@@ -43,6 +43,8 @@ void check_same_model(const io::SafetensorsFile& codes, const train::Checkpoint&
 }
 
 void run_decode(const DecodeOptions& o) {
+  refuse_output_over_input("--out", o.out,
+                           {{"the checkpoint", o.checkpoint}, {"the codes file", o.codes}});
   const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
@@ -56,6 +58,20 @@ void run_decode(const DecodeOptions& o) {
   Tensor indices = *found;
   if (indices.dim() < 1 || (indices.dtype() != DType::i64 && indices.dtype() != DType::i32))
     throw std::runtime_error(o.codes + ": 'indices' must be an integer tensor [N, 7, 7, ...]");
+  // The layout encode writes for this quantizer: [N, 7, 7], and a trailing
+  // dim of Q when it returns Q codes per position.
+  const int64_t q = model->quantizer().num_codebooks();
+  Shape want = {indices.size(0), train::kLatentSide, train::kLatentSide};
+  if (q > 1) want.push_back(q);
+  if (indices.shape() != want) {
+    Shape shown = want;
+    shown[0] = -1;
+    std::string layout = shape_str(shown);
+    layout.replace(layout.find("-1"), 2, "N");
+    throw std::runtime_error(o.codes + ": 'indices' has shape " + shape_str(indices.shape()) +
+                             "; this checkpoint's quantizer decodes " + layout +
+                             " (quanta encode writes that layout)");
+  }
   const int64_t k = model->quantizer().codebook_size();
   for (int64_t v : indices.to_vector<int64_t>())
     if (v < 0 || v >= k)

@@ -46,6 +46,9 @@ Tensor image_tensor(const std::string& path) {
 }
 
 void run_encode(const EncodeOptions& o) {
+  std::vector<InputFile> inputs = {{"the checkpoint", o.checkpoint}};
+  for (const std::string& image : o.images) inputs.push_back({"an image", image});
+  refuse_output_over_input("--out", o.out, inputs);
   const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);

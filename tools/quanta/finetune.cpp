@@ -57,6 +57,10 @@ using nlohmann::json;
 
 inline constexpr const char* kAdaptersFile = "adapters.safetensors";
 inline constexpr const char* kMergedFile = "merged.safetensors";
+// What a fine-tune writes in --out, and how a refused one can go on.
+const std::vector<std::string> kRunFiles = {train::kCheckpointFile, train::kMetricsFile,
+                                            kAdaptersFile, kMergedFile};
+constexpr const char* kWaysOn = "continue it with --resume, or replace it with --overwrite";
 inline constexpr const char* kAdaptersFormat = "quanta-lora-1";
 // The mid-run checkpoint in --out (train/checkpoint.h's layout; its model
 // tensors are the adapters only: the base is the input checkpoint's).
@@ -256,6 +260,11 @@ struct OutputPlan {
 };
 
 OutputPlan plan_output(const FinetuneOptions& o) {
+  // A base checkpoint kept in --out under one of the names a fine-tune
+  // writes there would be replaced by the fine-tune's own file.
+  for (const std::string& file : kRunFiles)
+    refuse_output_over_input("--out", train::out_file(o.out, file.c_str()),
+                             {{"the base checkpoint", o.checkpoint}});
   OutputPlan p;
   p.resume = o.resume;
   try {
@@ -265,9 +274,7 @@ OutputPlan plan_output(const FinetuneOptions& o) {
     p.restarts = train::launch_restarts_from_env();
     p.plan = train::restart_plan(o.out, p.restarts, train::kCheckpointFile);
     if (!o.resume && !o.overwrite && p.plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(
-          o.out, {train::kCheckpointFile, train::kMetricsFile, kAdaptersFile, kMergedFile},
-          "continue it with --resume, or replace it with --overwrite");
+      train::refuse_to_replace_run(o.out, kRunFiles, kWaysOn);
     if (!p.resume && p.plan != train::RestartPlan::resume) return p;
     const train::Checkpoint ck =
         train::load_checkpoint(train::out_file(o.out, train::kCheckpointFile), kFinetuneFormat);
@@ -469,7 +476,16 @@ void run_finetune(const FinetuneOptions& o) {
               << " holds no checkpoint of this run yet; fine-tuning again from step 0\n";
   apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
-  if (out.restarts.max > 0 && rank_zero) train::claim_run(o.out, out.restarts.run_id);
+  train::RunFolderLock folder;
+  if (rank_zero) {
+    try {
+      folder = train::take_run_folder(
+          o.out, !o.resume && !o.overwrite && out.plan == train::RestartPlan::first_start,
+          kRunFiles, kWaysOn, out.restarts.max > 0 ? out.restarts.run_id : "");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   const Device device = device_flag(o.device);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   if (!fs::exists(o.checkpoint))

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "commands.h"
@@ -138,6 +139,18 @@ Device device_flag(const std::string& device) {
     return train::run_device(device);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
+  }
+}
+
+void refuse_output_over_input(const std::string& flag, const std::string& output,
+                              const std::vector<InputFile>& inputs) {
+  namespace fs = std::filesystem;
+  for (const InputFile& in : inputs) {
+    std::error_code ec;
+    // An output that does not exist yet is no input (an input exists).
+    if (!fs::equivalent(output, in.path, ec) || ec) continue;
+    throw UsageError(flag + " " + output + " is " + in.what + " this command reads (" + in.path +
+                     "): writing it would destroy that input; give another " + flag);
   }
 }
 

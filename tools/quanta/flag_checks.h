@@ -6,10 +6,13 @@
 // themselves and refuse all of that with a message naming the allowed range.
 // The integer ones also rewrite the text in plain decimal, so attach them
 // with ->transform(): ->check() hands a validator a copy of the text.
-// And --device, the same flag for every subcommand that runs a model.
+// And --device, the same flag for every subcommand that runs a model, and
+// the rule that no command writes over one of its inputs.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/device.h"
 
@@ -35,5 +38,16 @@ CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::stri
 /** The device --device names (train::run_device); its errors are usage
  * errors (exit 2). */
 Device device_flag(const std::string& device);
+
+/** A file a command reads: what it is ("the checkpoint") and its path. */
+struct InputFile {
+  std::string what;
+  std::string path;
+};
+/** Throws UsageError (exit 2) when `output` (written by flag `flag`) is one
+ * of `inputs`: the same file, through a symlink or a hard link too (the
+ * same inode). Writing it would destroy the input the command is reading. */
+void refuse_output_over_input(const std::string& flag, const std::string& output,
+                              const std::vector<InputFile>& inputs);
 
 }  // namespace quanta::cli

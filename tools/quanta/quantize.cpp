@@ -23,6 +23,7 @@
 
 #include "commands.h"
 #include "engine/io/safetensors.h"
+#include "flag_checks.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_import.h"
 #include "quant/nf4/nf4_interop.h"
@@ -411,6 +412,7 @@ void throw_if_refused(const QuantizeOptions& o, const std::vector<std::string>& 
 }
 
 void run_quantize(const QuantizeOptions& o) {
+  refuse_output_over_input("OUT", o.out, {{"the input checkpoint IN", o.in}});
   const QuantizePlan plan = plan_quantize(o);
   const io::SafetensorsFile in = io::load_safetensors(o.in);
   QuantizeOutput out;

@@ -32,6 +32,9 @@
 namespace quanta::cli {
 namespace {
 
+// How a refused run can go on (train::refuse_to_replace_run).
+constexpr const char* kWaysOn = "continue it with --resume, or replace it with --overwrite";
+
 using nlohmann::json;
 
 struct TrainFlags {
@@ -122,8 +125,7 @@ void run_train_classify(const TrainFlags& f, const json& layer, const std::strin
                        : train::restart_plan(out, restarts, train::kCheckpointFile);
     const bool resume = f.resume || plan == train::RestartPlan::resume;
     if (!f.print_config && !resume && !f.overwrite && plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
-                                   "continue it with --resume, or replace it with --overwrite");
+      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile}, kWaysOn);
     // Complete: the flags' --steps / --epochs, else the checkpoint's steps.
     auto complete = [&](int64_t step, int64_t epoch, const json& ck_config) {
       const int64_t steps = layer.contains("steps") ? layer["steps"].get<int64_t>() : 0;
@@ -132,7 +134,12 @@ void run_train_classify(const TrainFlags& f, const json& layer, const std::strin
       return ck_config.contains("steps") && step >= ck_config["steps"].get<int64_t>();
     };
     if (announce_restart(plan, restarts, out, complete, lead)) return;
-    if (!f.print_config && restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
+    train::RunFolderLock folder;
+    if (!f.print_config && lead)
+      folder = train::take_run_folder(
+          out, !resume && !f.overwrite && plan == train::RestartPlan::first_start,
+          {train::kCheckpointFile, train::kMetricsFile}, kWaysOn,
+          restarts.max > 0 ? restarts.run_id : "");
     train::run_classify_command(layer, {out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION},
                                 f.print_config, std::cout);
   } catch (const std::invalid_argument& e) {
@@ -208,8 +215,7 @@ void run_train(const TrainFlags& f) {
   // before the process group forms, so before rank 0 writes a file).
   try {
     if (!resume && !f.overwrite && plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile},
-                                   "continue it with --resume, or replace it with --overwrite");
+      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile}, kWaysOn);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -222,10 +228,15 @@ void run_train(const TrainFlags& f) {
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
   if (nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(nproc));
-  if (restarts.max > 0 && lead) train::claim_run(out, restarts.run_id);
   train::TrainJob job{config, out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
   train::TrainResult r;
   try {
+    train::RunFolderLock folder;
+    if (lead)
+      folder = train::take_run_folder(
+          out, !resume && !f.overwrite && plan == train::RestartPlan::first_start,
+          {train::kCheckpointFile, train::kMetricsFile}, kWaysOn,
+          restarts.max > 0 ? restarts.run_id : "");
     r = train::run_training(job, std::cout);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());

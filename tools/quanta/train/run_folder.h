@@ -2,7 +2,9 @@
 // The output folder of a run: a folder that already holds one is not
 // replaced silently (its checkpoint overwritten, metrics.jsonl truncated),
 // except by a restart of the launcher job that wrote it (quanta launch
-// --max-restarts, torchrun --max-restarts), which continues that run.
+// --max-restarts, torchrun --max-restarts), which continues that run; and
+// one run writes in a folder at a time (its lead process holds the folder's
+// lock while it runs).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +41,41 @@ inline constexpr const char* kRunIdFile = ".quanta-run-id";
  * there, so its restarts can tell their own run from one they find; does
  * nothing when `run_id` is empty. */
 void claim_run(const std::string& dir, const std::string& run_id);
+
+/** The file in a run folder whose lock (flock) the running lead holds; it
+ * names that process ("pid 1234 on host h") for a run that is refused. */
+inline constexpr const char* kLockFile = ".quanta-lock";
+
+/** The lock of a run folder, held until destroyed (or the process ends, so a
+ * lock left by a process that died is free again). */
+class RunFolderLock {
+ public:
+  RunFolderLock() = default;
+  explicit RunFolderLock(int fd) : fd_(fd) {}
+  RunFolderLock(RunFolderLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  RunFolderLock& operator=(RunFolderLock&& o) noexcept;
+  RunFolderLock(const RunFolderLock&) = delete;
+  RunFolderLock& operator=(const RunFolderLock&) = delete;
+  ~RunFolderLock();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+/** Takes the lock of `dir` (created if absent) without waiting; throws
+ * std::invalid_argument naming the process that holds it ("--out E is in use
+ * by another quanta run (pid 1234 on host h): ..."). On a file system that
+ * has no locks it warns once on stderr and returns an empty lock. */
+RunFolderLock lock_run_folder(const std::string& dir);
+
+/** What the lead process of a run does before it writes into `dir`: takes
+ * its lock, checks `files` again under it when `refuse` (another run may have
+ * written them since the first check, refuse_to_replace_run's rules and
+ * message), then records launcher job `run_id` (claim_run). */
+RunFolderLock take_run_folder(const std::string& dir, bool refuse,
+                              const std::vector<std::string>& files, const std::string& ways_on,
+                              const std::string& run_id);
 
 /** What a command does with its output folder. */
 enum class RestartPlan {
