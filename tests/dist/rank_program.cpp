@@ -5,6 +5,10 @@
 //         ranks try another all_reduce: they print the error and how long it took
 //   fail  rank 1 exits with status 7 at once; the others sleep 60 s (the
 //         launcher must stop them)
+//   die_in_step  DataParallel on a sim device: one step, then rank 1 exits
+//         abruptly after the next forward; the others' gradient reduction
+//         (on the communication thread, from device buckets) must fail and
+//         say so at finish_step, printed as for `die`
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +16,7 @@
 #include <cstring>
 #include <thread>
 
+#include "dist/data_parallel.h"
 #include "dist/env.h"
 #include "quanta.h"
 
@@ -35,6 +40,31 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       try {
         g->all_reduce(x);
+        std::printf("NO ERROR\n");
+        return 1;
+      } catch (const dist::DistError& e) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+        std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
+        return 0;
+      }
+    }
+    if (std::strcmp(scenario, "die_in_step") == 0) {
+      const Device sim = Device::sim();
+      Generator gen(5);
+      auto model = std::make_shared<Linear>(4, 3, gen);
+      model->to(sim);
+      dist::DataParallel dp(model, *g);
+      const Tensor input = full({2, 4}, g->rank() + 1.0, {.device = sim});
+      sum(dp(input)).backward();
+      dp.finish_step();
+      const Tensor out = dp(input);
+      if (g->rank() == 1) _exit(3);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        sum(out).backward();
+        dp.finish_step();
         std::printf("NO ERROR\n");
         return 1;
       } catch (const dist::DistError& e) {

@@ -98,6 +98,32 @@ TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
   }
 }
 
+TEST_CASE("a rank that dies in a DataParallel step on sim: the survivors fail naming it") {
+  // The device path: buckets on the sim device, the reduction on the
+  // communication thread after the stream's wait. Nothing may hang there.
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r)
+    pids.push_back(spawn({prog, "die_in_step"},
+                         {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+                          "MASTER_PORT=" + std::to_string(port)},
+                         tmp_path("die_step" + std::to_string(r))));
+  std::vector<Run> runs;
+  for (int r = 0; r < 3; ++r)
+    runs.push_back(finish(pids[r], tmp_path("die_step" + std::to_string(r))));
+  CHECK(runs[1].status == 3);
+  for (int r : {0, 2}) {
+    CAPTURE(runs[r].out);
+    CHECK(runs[r].status == 0);
+    CHECK(runs[r].out.find("ERROR after") != std::string::npos);
+    CHECK(runs[r].out.find("did not arrive: 1") != std::string::npos);
+    const long ms = std::stol(runs[r].out.substr(runs[r].out.find("after ") + 6));
+    CHECK(ms < 10000);  // within the group's timeout (10 s)
+  }
+}
+
 TEST_CASE("a lone rank says what it waits for, and QUANTA_DIST_TIMEOUT bounds the wait") {
   const std::string prog = env_or_skip("RANK_PROGRAM");
   if (prog.empty()) return;
