@@ -118,4 +118,40 @@ inline bool have_dataset() {
   return false;
 }
 
+/** `a` followed by `b`: a command line with a few more flags. */
+inline std::vector<std::string> with(std::vector<std::string> a,
+                                     const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/** A `quanta train` of `steps` steps small enough for a test (256 training
+ * images, 64 test images, hidden 8, dim 4, a log line per step, an
+ * evaluation and checkpoint every 3 steps, one thread) into `out`. */
+inline std::vector<std::string> tiny_train(const std::string& out, int steps,
+                                           const std::vector<std::string>& extra = {}) {
+  return with({"train",
+               "--steps",
+               std::to_string(steps),
+               "--limit-train",
+               "256",
+               "--limit-test",
+               "64",
+               "--batch-size",
+               "32",
+               "--hidden",
+               "8",
+               "--dim",
+               "4",
+               "--log-every",
+               "1",
+               "--eval-every",
+               "3",
+               "--threads",
+               "1",
+               "--out",
+               out},
+              extra);
+}
+
 }  // namespace quanta::test

@@ -23,11 +23,6 @@ namespace {
 const std::vector<std::string> kSubset = {"--limit-train", "2000", "--limit-test", "500",
                                           "--threads",     "1",    "--batch-size", "64"};
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // The percentage after `label` in `text` ("... label 81.20%"), NaN if absent.
 double percent_after(const std::string& text, const std::string& label) {
   std::smatch m;

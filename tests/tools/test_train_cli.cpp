@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "cli_runner.h"
@@ -34,39 +36,6 @@ std::vector<json> records(const std::string& dir, const std::string& kind) {
   for (json& r : train::read_metrics(dir + "/metrics.jsonl"))
     if (r["kind"] == kind) out.push_back(std::move(r));
   return out;
-}
-
-// A tiny run: 256 images, batches of 32, a narrow model; `extra` flags last.
-std::vector<std::string> tiny(const std::string& out, int steps,
-                              const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {"train",
-                                   "--steps",
-                                   std::to_string(steps),
-                                   "--limit-train",
-                                   "256",
-                                   "--limit-test",
-                                   "64",
-                                   "--batch-size",
-                                   "32",
-                                   "--hidden",
-                                   "8",
-                                   "--dim",
-                                   "4",
-                                   "--log-every",
-                                   "1",
-                                   "--eval-every",
-                                   "3",
-                                   "--threads",
-                                   "1",
-                                   "--out",
-                                   out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 }  // namespace
@@ -211,9 +180,9 @@ TEST_CASE("quanta train --resume continues exactly") {
       "--quantizer",     "rvq", "--num-quantizers", "3",
       "--codebook-size", "32",  "--kmeans-init",    "--quantize-dropout"};
   const std::string a = dir.file("a"), b = dir.file("b");
-  REQUIRE(run_quanta(tiny(a, 6, rvq)).code == 0);
-  REQUIRE(run_quanta(tiny(b, 4, rvq)).code == 0);  // checkpoints at steps 3 and 4
-  CliResult r = run_quanta(with(tiny(b, 6, rvq), {"--resume"}));
+  REQUIRE(run_quanta(tiny_train(a, 6, rvq)).code == 0);
+  REQUIRE(run_quanta(tiny_train(b, 4, rvq)).code == 0);  // checkpoints at steps 3 and 4
+  CliResult r = run_quanta(with(tiny_train(b, 6, rvq), {"--resume"}));
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   CHECK(contains(r.out, "resuming at step 4 of 6"));
@@ -238,21 +207,21 @@ TEST_CASE("quanta train --resume continues exactly") {
   CHECK(fa.metadata == fb.metadata);
   CHECK(json::parse(fa.metadata.at("rng"))["quantizer"] == json{{"steps", 6}});
 
-  std::vector<std::string> changed = with(tiny(b, 9, rvq), {"--resume", "--lr", "0.01"});
+  std::vector<std::string> changed = with(tiny_train(b, 9, rvq), {"--resume", "--lr", "0.01"});
   check_one_line_error(run_quanta(changed), 2,
                        "--resume cannot change the run it continues (lr: checkpoint 0.002");
-  check_one_line_error(run_quanta(with(tiny(b, 9), {"--resume", "--quantizer", "vq"})), 2,
+  check_one_line_error(run_quanta(with(tiny_train(b, 9), {"--resume", "--quantizer", "vq"})), 2,
                        "--resume cannot change the run it continues (quantizer:");
-  check_one_line_error(run_quanta(with(tiny(b, 6, rvq), {"--resume"})), 2,
+  check_one_line_error(run_quanta(with(tiny_train(b, 6, rvq), {"--resume"})), 2,
                        "the checkpoint is at step 6");
 
   // The default vq replaces dead codes with rows drawn from the codebook's
   // stream, keyed by the step (restored from the checkpoint): every step
   // after the resume point is identical too, replacements included.
   const std::string c = dir.file("c"), d = dir.file("d");
-  REQUIRE(run_quanta(tiny(c, 9)).code == 0);
-  REQUIRE(run_quanta(tiny(d, 4)).code == 0);
-  REQUIRE(run_quanta(with(tiny(d, 9), {"--resume"})).code == 0);
+  REQUIRE(run_quanta(tiny_train(c, 9)).code == 0);
+  REQUIRE(run_quanta(tiny_train(d, 4)).code == 0);
+  REQUIRE(run_quanta(with(tiny_train(d, 9), {"--resume"})).code == 0);
   const std::vector<json> rc = records(c, "train"), rd = records(d, "train");
   REQUIRE(rc.size() == 9);
   REQUIRE(rd.size() == 9);
@@ -273,7 +242,7 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint and exits cleanly") {
   if (!have_dataset()) return;
   ScratchDir dir("sigterm");
   const std::string out = dir.file("run");
-  CliProcess p(tiny(out, 100000));
+  CliProcess p(tiny_train(out, 100000));
   // Wait until a few steps are logged, then ask it to stop.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline &&
@@ -412,14 +381,14 @@ TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --o
   const std::string failed = dir.file("failed");
   fs::create_directories(failed);
   std::ofstream(failed + "/metrics.jsonl") << "{\"kind\": \"header\", \"step\": 0}\n";
-  CHECK(run_quanta(tiny(failed, 1)).code == 0);
+  CHECK(run_quanta(tiny_train(failed, 1)).code == 0);
   const std::string real = dir.file("real");
-  REQUIRE(run_quanta(tiny(real, 2)).code == 0);
+  REQUIRE(run_quanta(tiny_train(real, 2)).code == 0);
   const std::string metrics = slurp(real + "/metrics.jsonl");
-  check_one_line_error(run_quanta(tiny(real, 2)), 2,
+  check_one_line_error(run_quanta(tiny_train(real, 2)), 2,
                        "already holds a run (checkpoint.safetensors, metrics.jsonl)");
   CHECK(slurp(real + "/metrics.jsonl") == metrics);  // untouched
-  const CliResult o = run_quanta(with(tiny(real, 3), {"--overwrite"}));
+  const CliResult o = run_quanta(with(tiny_train(real, 3), {"--overwrite"}));
   CAPTURE(o.err);
   CHECK(o.code == 0);
   CHECK(records(real, "train").size() == 3);
@@ -499,7 +468,8 @@ TEST_CASE("eval warns about and fails on a NaN codebook; decode and encode refus
   if (!have_dataset()) return;
   ScratchDir dir("nan_codebook");
   const std::string out = dir.file("run");
-  REQUIRE(run_quanta(tiny(out, 1, {"--codebook-size", "16", "--kmeans-init=false"})).code == 0);
+  REQUIRE(run_quanta(tiny_train(out, 1, {"--codebook-size", "16", "--kmeans-init=false"})).code ==
+          0);
   io::SafetensorsFile f = io::load_safetensors(out + "/checkpoint.safetensors");
   std::string poisoned;
   for (auto& [name, t] : f.tensors)
@@ -630,8 +600,8 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
   if (!have_dataset()) return;
   ScratchDir dir("decode_other");
   const std::string a = dir.file("a"), b = dir.file("b");
-  REQUIRE(run_quanta(tiny(a, 2)).code == 0);
-  REQUIRE(run_quanta(tiny(b, 2, {"--seed", "1"})).code == 0);
+  REQUIRE(run_quanta(tiny_train(a, 2)).code == 0);
+  REQUIRE(run_quanta(tiny_train(b, 2, {"--seed", "1"})).code == 0);
   const std::string ca = a + "/checkpoint.safetensors", cb = b + "/checkpoint.safetensors";
   const std::string codes = dir.file("codes.st");
   REQUIRE(run_quanta({"encode", ca, "--limit", "4", "--out", codes}).code == 0);
@@ -664,8 +634,8 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
     const std::string name = runs[k].empty() ? "vq" : runs[k][1];
     CAPTURE(name);
     const std::string a = dir.file(name + "-cpu"), b = dir.file(name + "-sim");
-    CliResult ra = run_quanta(with(tiny(a, 4, runs[k]), {"--device", "cpu"}));
-    CliResult rb = run_quanta(with(tiny(b, 4, runs[k]), {"--device", "sim"}));
+    CliResult ra = run_quanta(with(tiny_train(a, 4, runs[k]), {"--device", "cpu"}));
+    CliResult rb = run_quanta(with(tiny_train(b, 4, runs[k]), {"--device", "sim"}));
     CAPTURE(rb.err);
     REQUIRE(ra.code == 0);
     REQUIRE(rb.code == 0);
@@ -696,7 +666,7 @@ TEST_CASE("eval, encode and decode --device sim: the CPU's figures, codes and pi
   if (!have_dataset()) return;
   ScratchDir dir("sim_tools");
   const std::string run = dir.file("run"), ckpt = run + "/checkpoint.safetensors";
-  REQUIRE(run_quanta(tiny(run, 4)).code == 0);
+  REQUIRE(run_quanta(tiny_train(run, 4)).code == 0);
   auto bytes = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -743,7 +713,7 @@ TEST_CASE("a diverging run names its first non-finite step, on the CPU and on si
   std::string message;
   for (const std::string device : {"cpu", "sim"}) {
     CAPTURE(device);
-    std::vector<std::string> args = with(tiny(dir.file(device), 8, {"--quantizer", "none"}),
+    std::vector<std::string> args = with(tiny_train(dir.file(device), 8, {"--quantizer", "none"}),
                                          {"--lr", "1e6", "--device", device});
     *(std::find(args.begin(), args.end(), "--log-every") + 1) = "4";
     CliResult r = run_quanta(args);
