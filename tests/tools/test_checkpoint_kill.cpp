@@ -20,7 +20,8 @@
 using namespace quanta;
 using namespace quanta::test;
 
-TEST_CASE("SIGKILL anywhere leaves a whole checkpoint or none, and --resume continues bit for bit") {
+TEST_CASE(
+    "SIGKILL anywhere leaves a whole checkpoint or none, and --resume continues bit for bit") {
   if (!have_dataset()) return;
   ScratchDir dir("sigkill");
   // A checkpoint every step: kills land before, during and after writes.

@@ -1,0 +1,80 @@
+#include "llm/data/token_jsonl.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace quanta::llm {
+namespace {
+
+using nlohmann::json;
+
+// The array `key` of `object` as whole numbers, each checked by `valid`.
+template <class Valid>
+std::vector<int64_t> whole_numbers(const json& object, const char* key, const std::string& where,
+                                   Valid&& valid) {
+  const json& a = object.at(key);
+  if (!a.is_array()) throw std::runtime_error(where + key + " is not an array");
+  std::vector<int64_t> out;
+  out.reserve(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const json& v = a[i];
+    if (!v.is_number_integer())
+      throw std::runtime_error(where + key + "[" + std::to_string(i) + "] is " + v.dump() +
+                               ", not a whole number");
+    const int64_t x = v.get<int64_t>();
+    if (const std::string why = valid(x); !why.empty())
+      throw std::runtime_error(where + key + "[" + std::to_string(i) + "] is " +
+                               std::to_string(x) + ": " + why);
+    out.push_back(x);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  const int64_t vocab = limits.vocab_size;
+  auto id_ok = [&](int64_t x) -> std::string {
+    if (x < 0) return "ids are >= 0";
+    if (vocab > 0 && x >= vocab)
+      return "outside the model's vocabulary of " + std::to_string(vocab);
+    return "";
+  };
+  auto label_ok = [&](int64_t x) -> std::string {
+    return x == kIgnoreIndex ? std::string() : id_ok(x);
+  };
+  std::vector<TokenExample> examples;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ": line " + std::to_string(n) + ": ";
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) throw std::runtime_error(where + "not valid JSON");
+    if (!j.is_object()) throw std::runtime_error(where + "not a JSON object");
+    if (!j.contains("input_ids")) throw std::runtime_error(where + "no input_ids");
+    TokenExample e;
+    e.input_ids = whole_numbers(j, "input_ids", where, id_ok);
+    if (e.input_ids.empty()) throw std::runtime_error(where + "input_ids is empty");
+    if (limits.max_length > 0 && static_cast<int64_t>(e.input_ids.size()) > limits.max_length)
+      throw std::runtime_error(where + std::to_string(e.input_ids.size()) +
+                               " tokens, longer than the model's " +
+                               std::to_string(limits.max_length) + " positions");
+    if (j.contains("labels") && !j["labels"].is_null()) {
+      e.labels = whole_numbers(j, "labels", where, label_ok);
+      if (e.labels.size() != e.input_ids.size())
+        throw std::runtime_error(where + "labels has " + std::to_string(e.labels.size()) +
+                                 " entries, input_ids " + std::to_string(e.input_ids.size()));
+    } else {
+      e.labels = e.input_ids;
+    }
+    examples.push_back(std::move(e));
+  }
+  if (in.bad()) throw std::runtime_error(path + ": cannot read");
+  if (examples.empty()) throw std::runtime_error(path + ": holds no example (no non-empty line)");
+  return examples;
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,213 @@
+// Token data: llm.c token files and JSONL examples, read back exactly, and
+// every malformed file refused with one error naming the file and the place
+// (a bounded, deterministic fuzz of both formats included).
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "llm/data/token_file.h"
+#include "llm/data/token_jsonl.h"
+
+using namespace quanta::llm;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() / ("quanta_tokens_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+// The error `f` throws (std::exception), or "no error".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("token files: both of llm.c's layouts round-trip, in windows") {
+  Scratch s;
+  const std::vector<int64_t> small = {0, 1, 50256, 65535, 7, 7};
+  write_token_file(s.file("gpt2.bin"), small, TokenWidth::u16);
+  const TokenFile a(s.file("gpt2.bin"));
+  CHECK(a.size() == 6);
+  CHECK(a.width() == TokenWidth::u16);
+  CHECK(a.read(0, 6) == small);
+  CHECK(a.read(2, 3) == std::vector<int64_t>{50256, 65535, 7});
+  CHECK(a.read(6, 0).empty());
+  CHECK(fs::file_size(s.file("gpt2.bin")) == 1024 + 12);
+
+  const std::vector<int64_t> wide = {128000, 4294967295LL, 0, 128255};
+  write_token_file(s.file("llama3.bin"), wide, TokenWidth::u32);
+  const TokenFile b(s.file("llama3.bin"));
+  CHECK(b.width() == TokenWidth::u32);
+  CHECK(b.read(0, 4) == wide);
+  // The header is llm.c's: magic, version, count, then zeros.
+  const std::string raw = bytes_of(s.file("llama3.bin"));
+  CHECK(raw.substr(0, 4) == std::string("\xa1\xd9\x34\x01", 4));  // 20240801
+  CHECK(raw[4] == 7);
+  CHECK(raw[8] == 4);
+  CHECK(raw.substr(12, 1012) == std::string(1012, '\0'));
+
+  // Ids checked against a vocabulary name the position.
+  CHECK(has(error_of([&] { (void)a.read(0, 6, 50257); }),
+            "gpt2.bin: token 3 is id 65535, outside the model's vocabulary of 50257"));
+  CHECK_THROWS_AS((void)a.read(4, 3), std::out_of_range);
+  CHECK_THROWS_AS((void)a.read(-1, 1), std::out_of_range);
+  CHECK_THROWS_AS(write_token_file(s.file("x.bin"), {70000}, TokenWidth::u16),
+                  std::invalid_argument);
+  CHECK_FALSE(fs::exists(s.file("x.bin")));
+}
+
+TEST_CASE("token files: a bad header, size or file is one error naming the file") {
+  Scratch s;
+  write_token_file(s.file("ok.bin"), {1, 2, 3}, TokenWidth::u16);
+  const std::string ok = bytes_of(s.file("ok.bin"));
+  auto with_word = [&](int i, int32_t v) {
+    std::string b = ok;
+    for (int k = 0; k < 4; ++k) b[std::size_t(4 * i + k)] = char((uint32_t(v) >> (8 * k)) & 0xFF);
+    return b;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {with_word(0, 12345), "not an llm.c token file: magic 12345"},
+      {with_word(1, 7), "magic 20240520 (uint16 ids) needs version 1, the header says 7"},
+      {with_word(2, 4), "truncated: the header says 4 tokens (8 bytes), the file holds 6 bytes"},
+      {with_word(2, 2), "2 bytes after the 2 tokens the header declares"},
+      {with_word(2, -5), "the header's token count is negative (-5)"},
+      {ok.substr(0, 100), "is 100 bytes, shorter than a token file's 1024-byte header"},
+      {ok.substr(0, ok.size() - 1), "truncated"},
+  };
+  for (const auto& [bytes, want] : cases) {
+    CAPTURE(want);
+    write_bytes(s.file("bad.bin"), bytes);
+    const std::string e = error_of([&] { TokenFile f(s.file("bad.bin")); });
+    CHECK(e.rfind(s.file("bad.bin") + ": ", 0) == 0);
+    CHECK(has(e, want));
+  }
+  CHECK(has(error_of([&] { TokenFile f(s.file("absent.bin")); }), "absent.bin: cannot open"));
+  CHECK(has(error_of([&] { TokenFile f(s.dir.string()); }), "is not a regular file"));
+  REQUIRE(::mkfifo(s.file("fifo").c_str(), 0600) == 0);
+  CHECK(has(error_of([&] { TokenFile f(s.file("fifo")); }), "is not a regular file"));
+
+  // Cut while open: a read error naming the file, not a crash.
+  write_token_file(s.file("cut.bin"), std::vector<int64_t>(1000, 5), TokenWidth::u16);
+  const TokenFile cut(s.file("cut.bin"));
+  fs::resize_file(s.file("cut.bin"), 1024 + 100);
+  CHECK(has(error_of([&] { (void)cut.read(0, 1000); }), "cut.bin: ends inside the token ids"));
+}
+
+TEST_CASE("token JSONL: input_ids and labels, -100 ignored, errors name file, line and field") {
+  Scratch s;
+  const std::string path = s.file("data.jsonl");
+  std::ofstream(path) << R"({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]})" << "\n\n"
+                      << R"({"input_ids": [4, 5], "text": "kept aside"})" << "\n";
+  const std::vector<TokenExample> ex = read_token_jsonl(path, {.vocab_size = 10});
+  REQUIRE(ex.size() == 2);
+  CHECK(ex[0].input_ids == std::vector<int64_t>{1, 2, 3});
+  CHECK(ex[0].labels == std::vector<int64_t>{-100, 2, 3});
+  CHECK(ex[1].labels == ex[1].input_ids);  // no labels: every position scored
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"input_ids": [1, 2)", "line 1: not valid JSON"},
+      {R"([1, 2, 3])", "line 1: not a JSON object"},
+      {R"({"labels": [1]})", "line 1: no input_ids"},
+      {R"({"input_ids": []})", "line 1: input_ids is empty"},
+      {R"({"input_ids": "1 2"})", "line 1: input_ids is not an array"},
+      {R"({"input_ids": [1, 2.5]})", "line 1: input_ids[1] is 2.5, not a whole number"},
+      {R"({"input_ids": [1, 10]})",
+       "line 1: input_ids[1] is 10: outside the model's vocabulary of 10"},
+      {R"({"input_ids": [-100, 1]})", "line 1: input_ids[0] is -100: ids are >= 0"},
+      {R"({"input_ids": [1, 2], "labels": [1]})", "line 1: labels has 1 entries, input_ids 2"},
+      {R"({"input_ids": [1, 2], "labels": [1, -7]})", "line 1: labels[1] is -7: ids are >= 0"},
+      {R"({"input_ids": [1, 2, 3, 4, 5]})",
+       "line 1: 5 tokens, longer than the model's 4 positions"},
+      {"\n  \n", "holds no example"},
+  };
+  for (const auto& [text, want] : cases) {
+    CAPTURE(text);
+    std::ofstream(path, std::ios::trunc) << text << "\n";
+    const std::string e =
+        error_of([&] { (void)read_token_jsonl(path, {.vocab_size = 10, .max_length = 4}); });
+    CHECK(e.rfind(path + ": ", 0) == 0);
+    CHECK(has(e, want));
+  }
+  CHECK(has(error_of([&] { (void)read_token_jsonl(s.file("absent.jsonl")); }), "cannot open"));
+}
+
+TEST_CASE("token data fuzz: mutated files load or fail cleanly, never crash or accept garbage") {
+  Scratch s;
+  std::mt19937 rng(20261128);  // deterministic
+  std::vector<int64_t> ids(300);
+  for (auto& v : ids) v = int64_t(rng() % 1000);
+  write_token_file(s.file("seed.bin"), ids, TokenWidth::u16);
+  const std::string seed = bytes_of(s.file("seed.bin"));
+  std::ofstream(s.file("seed.jsonl")) << R"({"input_ids": [5, 6, 7], "labels": [-100, 6, 7]})"
+                                      << "\n" << R"({"input_ids": [1]})" << "\n";
+  const std::string seed_jsonl = bytes_of(s.file("seed.jsonl"));
+  int loaded = 0, refused = 0;
+  for (int it = 0; it < 1500; ++it) {
+    const bool jsonl = it % 3 == 2;
+    std::string b = jsonl ? seed_jsonl : seed;
+    switch (rng() % 3) {
+      case 0:  // flip a few bytes (mostly in the header for token files)
+        for (int k = 0; k < 1 + int(rng() % 4); ++k) {
+          const std::size_t at = jsonl ? rng() % b.size() : rng() % std::min<std::size_t>(b.size(), 16);
+          b[at] = char(rng() & 0xFF);
+        }
+        break;
+      case 1:  // cut
+        b.resize(rng() % (b.size() + 1));
+        break;
+      default:  // append
+        b += std::string(1 + rng() % 9, char(rng() & 0xFF));
+    }
+    const std::string path = s.file(jsonl ? "m.jsonl" : "m.bin");
+    write_bytes(path, b);
+    try {
+      if (jsonl) {
+        for (const TokenExample& e : read_token_jsonl(path, {.vocab_size = 1000}))
+          REQUIRE(e.labels.size() == e.input_ids.size());
+      } else {
+        const TokenFile f(path);
+        // Accepted only when the size is exactly what the header says.
+        const int64_t w = f.width() == TokenWidth::u16 ? 2 : 4;
+        REQUIRE(int64_t(b.size()) == 1024 + f.size() * w);
+        (void)f.read(0, f.size());
+      }
+      ++loaded;
+    } catch (const std::runtime_error& e) {
+      REQUIRE(std::string(e.what()).rfind(path + ": ", 0) == 0);  // names the file
+      ++refused;
+    }
+  }
+  MESSAGE(loaded << " mutated files loaded, " << refused << " refused");
+  CHECK(loaded + refused == 1500);
+  CHECK(refused > 500);
+}
