@@ -32,8 +32,15 @@ using Clock = std::chrono::steady_clock;
 
 std::string errno_text() { return std::strerror(errno); }
 
+// What a client says when its server is gone, however it found out (a
+// send that fails, a receive that ends): whose process to look at.
+std::string server_gone(const std::string& owner) {
+  return owner + ", which hosts it, has exited or was lost";
+}
+
 // Sends all of `n` bytes or throws.
-void send_all(int fd, const char* p, std::size_t n, const std::string& where) {
+void send_all(int fd, const char* p, std::size_t n, const std::string& where,
+              const std::string& owner) {
   while (n > 0) {
     const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
@@ -41,15 +48,16 @@ void send_all(int fd, const char* p, std::size_t n, const std::string& where) {
       throw std::runtime_error("[TcpStore] could not send to " + where +
                                " in time (the server is not reading)");
     if (k <= 0)
-      throw std::runtime_error("[TcpStore] lost the connection to " + where + ": " + errno_text());
+      throw std::runtime_error("[TcpStore] lost the connection to the store server at " + where +
+                               " (" + errno_text() + "): " + server_gone(owner));
     p += k;
     n -= static_cast<std::size_t>(k);
   }
 }
 
 // Receives exactly `n` bytes before `deadline` or throws.
-void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline,
-              const std::string& where) {
+void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline, const std::string& where,
+              const std::string& owner) {
   while (n > 0) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
     if (left <= 0)
@@ -63,8 +71,7 @@ void recv_all(int fd, char* p, std::size_t n, Clock::time_point deadline,
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0)
       throw std::runtime_error("[TcpStore] the store server at " + where +
-                               " closed the connection (the rank hosting it, normally rank 0, "
-                               "has exited or was lost)");
+                               " closed the connection: " + server_gone(owner));
     p += k;
     n -= static_cast<std::size_t>(k);
   }
@@ -195,11 +202,11 @@ TcpStore::Reply TcpStore::request(uint8_t cmd, const std::string& key, const Byt
   head_and_key += key;
   std::lock_guard<std::mutex> g(lock_->m);
   const std::string where = describe();
-  send_all(fd_, head_and_key.data(), head_and_key.size(), where);
-  send_all(fd_, value.data(), value.size(), where);  // not copied: values can be large
+  send_all(fd_, head_and_key.data(), head_and_key.size(), where, opts_.server_owner);
+  send_all(fd_, value.data(), value.size(), where, opts_.server_owner);  // values can be large
   char head[kReplyHeader];
   const auto deadline = Clock::now() + std::max(timeout_, Millis(1000));
-  recv_all(fd_, head, sizeof head, deadline, where);
+  recv_all(fd_, head, sizeof head, deadline, where, opts_.server_owner);
   const auto n = take<uint64_t>(head + 1);
   // A server (or whatever answers on that port) cannot make us allocate
   // more than the largest value we would accept ourselves.
@@ -208,7 +215,7 @@ TcpStore::Reply TcpStore::request(uint8_t cmd, const std::string& key, const Byt
                              std::to_string(n) + " bytes, more than the store's limit: is " +
                              where + " a quanta store?");
   Reply r{static_cast<uint8_t>(head[0]), std::string(n, '\0')};
-  recv_all(fd_, r.value.data(), r.value.size(), deadline, where);
+  recv_all(fd_, r.value.data(), r.value.size(), deadline, where, opts_.server_owner);
   if (r.status == kError && throw_on_error)
     throw std::runtime_error("[TcpStore] " + std::string(store_cmd_name(cmd)) + " of key '" + key +
                              "' at " + where + " failed: " + r.value);

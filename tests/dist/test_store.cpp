@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "dist/store.h"
@@ -45,6 +46,17 @@ TEST_CASE("TcpStore: a server and two clients") {
       "g1", std::make_shared<TcpStore>("127.0.0.1", server_and_client.port(), false, Millis(1000)));
   p1.set_string("k", "1");
   CHECK(client.get_string("g1/k", Millis(100)) == "1");
+}
+
+TEST_CASE("TcpStore: a server that goes away is named by whoever hosts it") {
+  // Whether the client finds out in a send or a receive, the message says
+  // whose process to look at.
+  auto server = std::make_unique<TcpStoreServer>(0);
+  TcpStore client("127.0.0.1", server->port(), false, Millis(2000));
+  client.set_string("k", "v");
+  server.reset();  // its connections close with it
+  CHECK_THROWS_WITH(client.set_string("k", "w"),
+                    doctest::Contains("rank 0, which hosts it, has exited or was lost"));
 }
 
 TEST_CASE("TcpStore: no server means a clear error after the timeout") {

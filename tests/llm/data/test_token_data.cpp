@@ -48,7 +48,9 @@ std::string error_of(F&& f) {
   }
   return "no error";
 }
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -126,8 +128,10 @@ TEST_CASE("token files: a bad header, size or file is one error naming the file"
 TEST_CASE("token JSONL: input_ids and labels, -100 ignored, errors name file, line and field") {
   Scratch s;
   const std::string path = s.file("data.jsonl");
-  std::ofstream(path) << R"({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]})" << "\n\n"
-                      << R"({"input_ids": [4, 5], "text": "kept aside"})" << "\n";
+  std::ofstream(path) << R"({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]})"
+                      << "\n\n"
+                      << R"({"input_ids": [4, 5], "text": "kept aside"})"
+                      << "\n";
   const std::vector<TokenExample> ex = read_token_jsonl(path, {.vocab_size = 10});
   REQUIRE(ex.size() == 2);
   CHECK(ex[0].input_ids == std::vector<int64_t>{1, 2, 3});
@@ -169,7 +173,9 @@ TEST_CASE("token data fuzz: mutated files load or fail cleanly, never crash or a
   write_token_file(s.file("seed.bin"), ids, TokenWidth::u16);
   const std::string seed = bytes_of(s.file("seed.bin"));
   std::ofstream(s.file("seed.jsonl")) << R"({"input_ids": [5, 6, 7], "labels": [-100, 6, 7]})"
-                                      << "\n" << R"({"input_ids": [1]})" << "\n";
+                                      << "\n"
+                                      << R"({"input_ids": [1]})"
+                                      << "\n";
   const std::string seed_jsonl = bytes_of(s.file("seed.jsonl"));
   int loaded = 0, refused = 0;
   for (int it = 0; it < 1500; ++it) {
@@ -178,7 +184,8 @@ TEST_CASE("token data fuzz: mutated files load or fail cleanly, never crash or a
     switch (rng() % 3) {
       case 0:  // flip a few bytes (mostly in the header for token files)
         for (int k = 0; k < 1 + int(rng() % 4); ++k) {
-          const std::size_t at = jsonl ? rng() % b.size() : rng() % std::min<std::size_t>(b.size(), 16);
+          const std::size_t at =
+              jsonl ? rng() % b.size() : rng() % std::min<std::size_t>(b.size(), 16);
           b[at] = char(rng() & 0xFF);
         }
         break;
