@@ -11,6 +11,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
 #include "engine/serial_worker.h"
+#include "engine/sim/sim_stream.h"
 
 namespace quanta::dist {
 namespace {
@@ -57,13 +58,16 @@ struct DataParallel::State {
   // A full bucket's reduction goes to the communication thread. On a GPU
   // its gradient copies are only queued yet: an event recorded now, after
   // them, is what the NCCL reduction waits for, so it overlaps the backward
-  // kernels the main thread queues from here on (nccl_backend.h).
+  // kernels the main thread queues from here on (nccl_backend.h). On sim
+  // the same: Gloo starts when the stream passes the event.
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Tensor flat = buckets[next_launch++].flat;
       ProcessGroup* g = grads.get();
       std::shared_ptr<void> ready;
       if (flat.device().is_cuda()) ready = cuda::record_event(flat.device().index);
+      if (flat.device().is_sim())
+        ready = std::make_shared<sim::Event>(sim::record_event(flat.device().index));
       comm->post([g, flat, ready] {
         const detail::ReadyAfter after(ready.get());
         g->all_reduce(flat, ReduceOp::avg);

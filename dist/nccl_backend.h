@@ -22,11 +22,13 @@
 
 namespace quanta::dist::detail {
 
-/** The device work the NCCL collectives this thread issues next must wait
- * for: while a ReadyAfter lives on this thread, the CUDA event (cudaEvent_t)
- * it names, recorded when the data became ready (DataParallel records one
- * when a bucket fills); otherwise null, and a collective waits for everything
- * queued on the device's default stream when it starts. */
+/** The device work the collectives this thread issues next must wait for:
+ * while a ReadyAfter lives on this thread, the event it names, recorded when
+ * the data became ready (DataParallel records one when a bucket fills), of
+ * the collective's device type: a CUDA event (cudaEvent_t) for NCCL, a
+ * sim::Event (engine/sim/sim_stream.h) for Gloo on a sim device; otherwise
+ * null, and a collective waits for everything queued on the device when it
+ * starts. */
 void* ready_event();
 
 /** Sets ready_event() on this thread for its lifetime (restoring the one

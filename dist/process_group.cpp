@@ -30,6 +30,7 @@
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/generator.h"
+#include "engine/sim/sim_stream.h"
 #include "engine/storage.h"
 
 namespace quanta::dist {
@@ -296,12 +297,18 @@ detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g) {
 
 detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout) {
   if (!t.device().is_cuda()) {
-    // Gloo moves a sim device's bytes where NCCL would move a GPU's. NCCL's
-    // stream waits for the kernels queued before the call; Gloo works from
-    // this thread, so it waits for the device's stream here (the staging
-    // copies of this call included), as the NCCL backend's host then waits
-    // for its collective. Like that wait, it moves no data: no host sync.
-    if (t.device().is_sim()) synchronize(t.device());
+    // Gloo moves a sim device's bytes where NCCL would move a GPU's, and
+    // waits where NCCL's stream waits: for this thread's ready event when
+    // one is set (DataParallel's bucket, whose copies are before it; later
+    // kernels run on beside the transfer), else for everything queued on
+    // the device. Like the NCCL backend's host wait, it moves no data: no
+    // host sync.
+    if (t.device().is_sim()) {
+      if (const void* e = detail::ready_event())
+        sim::wait_event(*static_cast<const sim::Event*>(e));
+      else
+        synchronize(t.device());
+    }
     return *gloo_;
   }
   if (!nccl_) {

@@ -31,6 +31,16 @@ void SerialWorker::drain() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
+uint64_t SerialWorker::posted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return posted_count_;
+}
+
+void SerialWorker::wait_for(uint64_t mark) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  finished_.wait(lock, [&] { return finished_count_ >= mark; });
+}
+
 void SerialWorker::serve() {
   for (;;) {
     // Everything posted so far in one take: one lock and one wake-up for a
@@ -45,22 +55,24 @@ void SerialWorker::serve() {
       failed = failure_ != nullptr;
     }
     for (Job& job : batch) {
-      if (failed && !job.after_failure) continue;
-      try {
-        job.run();
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!failure_) failure_ = std::current_exception();
-        failed = true;
+      if (!failed || job.after_failure) {
+        try {
+          job.run();
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (!failure_) failure_ = std::current_exception();
+          failed = true;
+        }
       }
+      job.run = nullptr;  // its captures go before a wait for it returns
+      // Counted one by one: a wait for a mark (wait_for) must not wait for
+      // the jobs after it, which may take long or wait themselves.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++finished_count_;
+      }
+      finished_.notify_all();
     }
-    const auto n = static_cast<uint64_t>(batch.size());
-    batch.clear();  // the jobs' captures go before a drain returns
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      finished_count_ += n;
-    }
-    finished_.notify_all();
   }
 }
 

@@ -30,6 +30,13 @@ class SerialWorker {
    * rethrows the kept exception, if any, and forgets it. */
   void drain();
 
+  /** How many jobs have been posted: a mark in the queue, as a GPU's event
+   * recorded on a stream is. */
+  uint64_t posted() const;
+  /** Waits until the first `mark` jobs have run (or been skipped); a kept
+   * exception stays for drain(). */
+  void wait_for(uint64_t mark);
+
  private:
   struct Job {
     std::function<void()> run;
@@ -37,7 +44,7 @@ class SerialWorker {
   };
   void serve();
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable posted_, finished_;
   std::deque<Job> jobs_;
   uint64_t posted_count_ = 0, finished_count_ = 0;

@@ -68,6 +68,10 @@ void enqueue(int index, std::function<void()> work, bool after_failure) {
 
 void synchronize(int index) { stream(index).drain(); }
 
+Event record_event(int index) { return {index, stream(index).posted()}; }
+
+void wait_event(const Event& event) { stream(event.index).wait_for(event.mark); }
+
 int current_index() { return current; }
 void set_current_index(int index) { current = index; }
 

@@ -7,6 +7,7 @@
 // both). The host waits where CUDA's host waits: a copy to the host, a
 // collective handing device memory to its transport, synchronize(Device).
 // Internal to the engine's sim device and the sim kernel tables.
+#include <cstdint>
 #include <functional>
 
 namespace quanta::sim {
@@ -21,6 +22,18 @@ void enqueue(int index, std::function<void()> work, bool after_failure = false);
 /** Waits until everything queued on device `index` so far has run, then
  * rethrows the first failure since the last synchronize, if any. */
 void synchronize(int index);
+
+/** A point in a sim device's stream: everything queued on it before the
+ * point was recorded. What a CUDA event is to a GPU's stream. */
+struct Event {
+  int index = 0;
+  uint64_t mark = 0;
+};
+/** An event after everything queued on device `index` so far. */
+Event record_event(int index);
+/** Waits until the work before `event` has run; work queued after it may
+ * still run (a kernel failure stays for the next synchronize). */
+void wait_event(const Event& event);
 
 /** The sim device whose kernels this thread reaches: kernels(Device::sim(i))
  * and quant_kernels(Device::sim(i)) set it, as CUDA's current device is set,

@@ -4,6 +4,7 @@
 // asynchronous kernels, stream-ordered frees, failures reported at a wait.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -269,4 +270,21 @@ TEST_CASE("sim: every thread's work queues on the device's one stream, in order"
     });
   for (std::thread& t : threads) t.join();
   CHECK(acc.item() == 200.0);
+}
+
+TEST_CASE("sim events: a wait for an event does not wait for the work queued after it") {
+  // What a collective's stream does with DataParallel's ready event: it
+  // starts when the bucket's copies are done, while backward goes on.
+  const Device sim = Device::sim(4);  // a stream of its own
+  bool before = false;
+  sim::enqueue(sim.index, [&before] { before = true; });
+  const sim::Event ready = sim::record_event(sim.index);
+  StreamGate gate(sim.index);  // later work, held
+  auto waited = std::async(std::launch::async, [&] { sim::wait_event(ready); });
+  const bool returned = waited.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  CHECK(returned);  // else it waited for the gate too
+  CHECK(before);
+  gate.release();
+  waited.wait();
+  synchronize(sim);
 }
