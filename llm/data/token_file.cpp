@@ -77,7 +77,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
                      std::to_string(kTokenMagicU16) + " (uint16 ids) or " +
                      std::to_string(kTokenMagicU32) + " (uint32 ids)");
     }
-    if (count < 0) fail(path, "the header's token count is negative (" + std::to_string(count) + ")");
+    if (count < 0)
+      fail(path, "the header's token count is negative (" + std::to_string(count) + ")");
     const int64_t data_bytes = file_bytes - header_bytes;
     const int64_t want = int64_t{count} * id_bytes(width_);
     if (data_bytes < want)
@@ -100,7 +101,10 @@ TokenFile::~TokenFile() {
 }
 
 TokenFile::TokenFile(TokenFile&& o) noexcept
-    : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), width_(o.width_), count_(o.count_) {}
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      width_(o.width_),
+      count_(o.count_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {
@@ -140,8 +144,8 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& ids, 
   if (ids.size() > static_cast<std::size_t>(INT32_MAX))
     throw std::invalid_argument("[write_token_file] " + std::to_string(ids.size()) +
                                 " tokens: the header's count is an int32");
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(kTokenHeaderWords * 4 +
-                                                            static_cast<int64_t>(ids.size()) * w));
+  std::vector<unsigned char> bytes(
+      static_cast<std::size_t>(kTokenHeaderWords * 4 + static_cast<int64_t>(ids.size()) * w));
   auto put = [&](std::size_t at, uint32_t v, int64_t nbytes) {
     for (int64_t k = 0; k < nbytes; ++k) bytes[at + std::size_t(k)] = (v >> (8 * k)) & 0xFF;
   };

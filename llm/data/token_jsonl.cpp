@@ -24,8 +24,8 @@ std::vector<int64_t> whole_numbers(const json& object, const char* key, const st
                                ", not a whole number");
     const int64_t x = v.get<int64_t>();
     if (const std::string why = valid(x); !why.empty())
-      throw std::runtime_error(where + key + "[" + std::to_string(i) + "] is " +
-                               std::to_string(x) + ": " + why);
+      throw std::runtime_error(where + key + "[" + std::to_string(i) + "] is " + std::to_string(x) +
+                               ": " + why);
     out.push_back(x);
   }
   return out;
