@@ -22,6 +22,26 @@
 
 using namespace quanta;
 
+namespace {
+// Runs `step`, which must fail with a DistError: prints how long that took
+// and the error ("ERROR after N ms: ..."), exit status 0; else "NO ERROR", 1.
+template <class Step>
+int expect_failure(Step&& step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    step();
+    std::printf("NO ERROR\n");
+    return 1;
+  } catch (const dist::DistError& e) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
+    return 0;
+  }
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   const char* scenario = argc > 1 ? argv[1] : "ok";
   try {
@@ -37,18 +57,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(scenario, "die") == 0) {
       g->all_reduce(x);
       if (g->rank() == 1) _exit(3);
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        g->all_reduce(x);
-        std::printf("NO ERROR\n");
-        return 1;
-      } catch (const dist::DistError& e) {
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count();
-        std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
-        return 0;
-      }
+      return expect_failure([&] { g->all_reduce(x); });
     }
     if (std::strcmp(scenario, "die_in_step") == 0) {
       const Device sim = Device::sim();
@@ -61,19 +70,10 @@ int main(int argc, char** argv) {
       dp.finish_step();
       const Tensor out = dp(input);
       if (g->rank() == 1) _exit(3);
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
+      return expect_failure([&] {
         sum(out).backward();
         dp.finish_step();
-        std::printf("NO ERROR\n");
-        return 1;
-      } catch (const dist::DistError& e) {
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count();
-        std::printf("ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
-        return 0;
-      }
+      });
     }
     if (std::strcmp(scenario, "fail") == 0) {
       if (g->rank() == 1) {

@@ -75,18 +75,21 @@ std::string tmp_path(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
-  const std::string prog = env_or_skip("RANK_PROGRAM");
-  if (prog.empty()) return;
+namespace {
+// Three ranks of the rank program's `scenario`, in which rank 1 exits with
+// status 3: both survivors must fail naming it, within `most_ms`.
+void check_survivors_name_rank_1(const std::string& prog, const std::string& scenario,
+                                 long most_ms) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < 3; ++r)
-    pids.push_back(spawn({prog, "die"},
+    pids.push_back(spawn({prog, scenario},
                          {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
                           "MASTER_PORT=" + std::to_string(port)},
-                         tmp_path("die" + std::to_string(r))));
+                         tmp_path(scenario + std::to_string(r))));
   std::vector<Run> runs;
-  for (int r = 0; r < 3; ++r) runs.push_back(finish(pids[r], tmp_path("die" + std::to_string(r))));
+  for (int r = 0; r < 3; ++r)
+    runs.push_back(finish(pids[r], tmp_path(scenario + std::to_string(r))));
   CHECK(runs[1].status == 3);
   for (int r : {0, 2}) {
     CAPTURE(runs[r].out);
@@ -94,34 +97,24 @@ TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
     CHECK(runs[r].out.find("ERROR after") != std::string::npos);
     CHECK(runs[r].out.find("did not arrive: 1") != std::string::npos);
     const long ms = std::stol(runs[r].out.substr(runs[r].out.find("after ") + 6));
-    CHECK(ms < 5000);  // the group timeout is 10 s: the loss is seen, not waited out
+    CHECK(ms < most_ms);
   }
+}
+}  // namespace
+
+TEST_CASE("a rank that dies: the survivors fail within seconds, naming it") {
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  // The group timeout is 10 s: the loss is seen, not waited out.
+  check_survivors_name_rank_1(prog, "die", 5000);
 }
 
 TEST_CASE("a rank that dies in a DataParallel step on sim: the survivors fail naming it") {
   // The device path: buckets on the sim device, the reduction on the
-  // communication thread after the stream's wait. Nothing may hang there.
+  // communication thread after the bucket's event. Nothing may hang there.
   const std::string prog = env_or_skip("RANK_PROGRAM");
   if (prog.empty()) return;
-  const int port = free_port();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 3; ++r)
-    pids.push_back(spawn({prog, "die_in_step"},
-                         {"RANK=" + std::to_string(r), "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
-                          "MASTER_PORT=" + std::to_string(port)},
-                         tmp_path("die_step" + std::to_string(r))));
-  std::vector<Run> runs;
-  for (int r = 0; r < 3; ++r)
-    runs.push_back(finish(pids[r], tmp_path("die_step" + std::to_string(r))));
-  CHECK(runs[1].status == 3);
-  for (int r : {0, 2}) {
-    CAPTURE(runs[r].out);
-    CHECK(runs[r].status == 0);
-    CHECK(runs[r].out.find("ERROR after") != std::string::npos);
-    CHECK(runs[r].out.find("did not arrive: 1") != std::string::npos);
-    const long ms = std::stol(runs[r].out.substr(runs[r].out.find("after ") + 6));
-    CHECK(ms < 10000);  // within the group's timeout (10 s)
-  }
+  check_survivors_name_rank_1(prog, "die_in_step", 10000);  // within the group's timeout
 }
 
 TEST_CASE("a lone rank says what it waits for, and QUANTA_DIST_TIMEOUT bounds the wait") {

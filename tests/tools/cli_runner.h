@@ -125,6 +125,16 @@ inline std::vector<std::string> with(std::vector<std::string> a,
   return a;
 }
 
+/** `args` with the value after `flag` (which it holds) replaced by `value`. */
+inline std::vector<std::string> set_flag(std::vector<std::string> args, const std::string& flag,
+                                         const std::string& value) {
+  const auto at = std::find(args.begin(), args.end(), flag);
+  REQUIRE(at != args.end());
+  REQUIRE(at + 1 != args.end());
+  *(at + 1) = value;
+  return args;
+}
+
 /** A `quanta train` of `steps` steps small enough for a test (256 training
  * images, 64 test images, hidden 8, dim 4, a log line per step, an
  * evaluation and checkpoint every 3 steps, one thread) into `out`. */

@@ -32,9 +32,7 @@ TEST_CASE(
   ScratchDir dir("sigkill");
   // A checkpoint every step: kills land before, during and after writes.
   auto run_args = [](const std::string& out) {
-    std::vector<std::string> a = tiny_train(out, kSteps);
-    *(std::find(a.begin(), a.end(), "--eval-every") + 1) = "1";
-    return a;
+    return set_flag(tiny_train(out, kSteps), "--eval-every", "1");
   };
   const std::string ref = dir.file("ref");
   const auto t0 = std::chrono::steady_clock::now();

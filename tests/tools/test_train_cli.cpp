@@ -530,28 +530,10 @@ TEST_CASE("quanta train --print-config shows the quantizer's resolved options") 
 TEST_CASE("metrics.jsonl: a header per start, lr and elapsed_s; resume keeps the log window") {
   if (!have_dataset()) return;
   ScratchDir dir("metrics");
+  // A log window of 4 steps; evaluation at each epoch's end only.
   auto run = [](const std::string& out, int steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"train",
-                                     "--steps",
-                                     std::to_string(steps),
-                                     "--limit-train",
-                                     "256",
-                                     "--limit-test",
-                                     "64",
-                                     "--batch-size",
-                                     "32",
-                                     "--hidden",
-                                     "8",
-                                     "--dim",
-                                     "4",
-                                     "--log-every",
-                                     "4",
-                                     "--threads",
-                                     "1",
-                                     "--out",
-                                     out};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run_quanta(args);
+    return run_quanta(
+        set_flag(set_flag(tiny_train(out, steps, extra), "--log-every", "4"), "--eval-every", "0"));
   };
   const std::string a = dir.file("a"), b = dir.file("b");
   REQUIRE(run(a, 6).code == 0);
