@@ -1,0 +1,247 @@
+// The CPU's scaled dot-product attention, tiled as FlashAttention-2 is: a
+// block of queries walks the key blocks with an online softmax (a running
+// max and sum per query), so memory is one block of scores per thread, never
+// a q_len x kv_len matrix. The backward recomputes each block's
+// probabilities from the saved log-sum-exp; key blocks own their dK and dV
+// (one pass) and query blocks their dQ (a second), so no two threads add
+// into one gradient row and every sum runs in a fixed order.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/cpu/parallel.h"
+#include "llm/cpu/kernels.h"
+#include "llm/kernels/functors.h"
+
+namespace quanta::llm::llm_cpu {
+namespace {
+
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 64;
+
+template <class A>
+using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <class A>
+struct Scratch {
+  Mat<A> q, k, v, o, d_out, s, dp, dq, dk, dv;
+  std::vector<A> m, l;
+};
+
+// Rows t0 .. t0 + n of head h of image b, widened to A.
+template <class T, class A>
+void load_rows(const HeadsOperand& op, int64_t b, int64_t h, int64_t t0, int64_t n, int64_t D,
+               Mat<A>& m) {
+  m.resize(n, D);
+  const T* base = static_cast<const T*>(op.data) + b * op.sb + h * op.sh;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = base + (t0 + t) * op.st;
+    for (int64_t d = 0; d < D; ++d) m(t, d) = static_cast<A>(row[d]);
+  }
+}
+
+template <class T, class A>
+void store_rows(const Mat<A>& m, T* data, int64_t sb, int64_t st, int64_t sh, int64_t b, int64_t h,
+                int64_t t0) {
+  for (int64_t t = 0; t < m.rows(); ++t) {
+    T* row = data + b * sb + (t0 + t) * st + h * sh;
+    for (int64_t d = 0; d < m.cols(); ++d) row[d] = static_cast<T>(m(t, d));
+  }
+}
+
+// scores = scale q k^T + mask, -inf where the causal mask hides a key.
+template <class A>
+void scores(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, int64_t j0, Scratch<A>& s) {
+  s.s.noalias() = s.q * s.k.transpose();
+  s.s *= static_cast<A>(a.scale);
+  const MaskOperand& mk = a.mask;
+  for (int64_t i = 0; i < s.s.rows(); ++i) {
+    if (mk.data) {
+      const A* row = static_cast<const A*>(mk.data) + b * mk.sb + h * mk.sh + (i0 + i) * mk.si;
+      for (int64_t j = 0; j < s.s.cols(); ++j) s.s(i, j) += row[(j0 + j) * mk.sj];
+    }
+    if (a.causal) {
+      const int64_t last = fn::last_visible_key(i0 + i, a.q_len, a.kv_len);
+      for (int64_t j = std::max<int64_t>(0, last + 1 - j0); j < s.s.cols(); ++j)
+        s.s(i, j) = -INFINITY;
+    }
+  }
+}
+
+// The keys a block of queries i0 .. i0 + ni may see: [0, end).
+int64_t keys_seen(const AttentionArgs& a, int64_t i0, int64_t ni) {
+  if (!a.causal) return a.kv_len;
+  const int64_t last = fn::last_visible_key(i0 + ni - 1, a.q_len, a.kv_len);
+  return std::clamp<int64_t>(last + 1, 0, a.kv_len);
+}
+
+int64_t group_of(const AttentionArgs& a) { return a.heads / a.kv_heads; }
+
+template <class T, class A>
+void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scratch<A>& s) {
+  const int64_t D = a.head_dim, ni = std::min(kBlockQ, a.q_len - i0), hk = h / group_of(a);
+  load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+  s.o.setZero(ni, D);
+  s.m.assign(ni, -INFINITY);
+  s.l.assign(ni, A(0));
+  const int64_t end = keys_seen(a, i0, ni);
+  for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
+    const int64_t nj = std::min(kBlockK, end - j0);
+    load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+    load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+    scores(a, b, h, i0, j0, s);
+    for (int64_t i = 0; i < ni; ++i) {
+      const A m_new = std::max(s.m[i], s.s.row(i).maxCoeff());
+      if (m_new == -INFINITY) {  // nothing seen yet: this block adds nothing
+        s.s.row(i).setZero();
+        continue;
+      }
+      const A alpha = std::exp(s.m[i] - m_new);
+      s.s.row(i) = (s.s.row(i).array() - m_new).exp().matrix();
+      s.l[i] = s.l[i] * alpha + s.s.row(i).sum();
+      s.o.row(i) *= alpha;
+      s.m[i] = m_new;
+    }
+    s.o.noalias() += s.s * s.v;
+  }
+  A* lse = static_cast<A*>(a.lse) + (b * a.heads + h) * a.q_len + i0;
+  for (int64_t i = 0; i < ni; ++i) {
+    if (s.l[i] > A(0)) {
+      s.o.row(i) /= s.l[i];
+      lse[i] = s.m[i] + std::log(s.l[i]);
+    } else {
+      s.o.row(i).setZero();
+      lse[i] = -INFINITY;
+    }
+  }
+  const int64_t H = a.heads;
+  store_rows<T, A>(s.o, static_cast<T*>(a.out), a.q_len * H * D, H * D, D, b, h, i0);
+}
+
+// p = exp(s - lse) and ds = p (dO v^T - delta) for the block in s.s, s.dp.
+template <class A>
+void probs_and_score_grads(const AttentionArgs& a, const A* delta, int64_t b, int64_t h, int64_t i0,
+                           Scratch<A>& s) {
+  const A* lse = static_cast<const A*>(a.lse) + (b * a.heads + h) * a.q_len + i0;
+  const A* dl = delta + (b * a.heads + h) * a.q_len + i0;
+  s.dp.noalias() = s.d_out * s.v.transpose();
+  for (int64_t i = 0; i < s.s.rows(); ++i)
+    for (int64_t j = 0; j < s.s.cols(); ++j) {
+      const A p = fn::attention_prob(s.s(i, j), lse[i]);
+      s.s(i, j) = p;
+      s.dp(i, j) = fn::attention_score_grad(p, s.dp(i, j), dl[i]);
+    }
+}
+
+template <class T, class A>
+void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
+                     int64_t hk, int64_t j0, T* gk, T* gv, Scratch<A>& s) {
+  const int64_t D = a.head_dim, nj = std::min(kBlockK, a.kv_len - j0), G = group_of(a);
+  load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+  load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+  s.dk.setZero(nj, D);
+  s.dv.setZero(nj, D);
+  const int64_t begin = a.causal ? fn::first_seeing_query(j0, a.q_len, a.kv_len) : 0;
+  for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+    for (int64_t i0 = begin; i0 < a.q_len; i0 += kBlockQ) {
+      const int64_t ni = std::min(kBlockQ, a.q_len - i0);
+      load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+      load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
+      scores(a, b, h, i0, j0, s);
+      probs_and_score_grads(a, delta, b, h, i0, s);
+      s.dv.noalias() += s.s.transpose() * s.d_out;
+      s.dk.noalias() += s.dp.transpose() * s.q;
+    }
+  s.dk *= static_cast<A>(a.scale);
+  const int64_t Hk = a.kv_heads;
+  store_rows<T, A>(s.dk, gk, a.kv_len * Hk * D, Hk * D, D, b, hk, j0);
+  store_rows<T, A>(s.dv, gv, a.kv_len * Hk * D, Hk * D, D, b, hk, j0);
+}
+
+template <class T, class A>
+void query_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
+                       int64_t h, int64_t i0, T* gq, Scratch<A>& s) {
+  const int64_t D = a.head_dim, ni = std::min(kBlockQ, a.q_len - i0), hk = h / group_of(a);
+  load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+  load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
+  s.dq.setZero(ni, D);
+  const int64_t end = keys_seen(a, i0, ni);
+  for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
+    const int64_t nj = std::min(kBlockK, end - j0);
+    load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+    load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+    scores(a, b, h, i0, j0, s);
+    probs_and_score_grads(a, delta, b, h, i0, s);
+    s.dq.noalias() += s.dp * s.k;
+  }
+  s.dq *= static_cast<A>(a.scale);
+  const int64_t H = a.heads;
+  store_rows<T, A>(s.dq, gq, a.q_len * H * D, H * D, D, b, h, i0);
+}
+
+int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// Calls f(task, scratch) for task in [0, n), one scratch per thread's chunk.
+template <class A, class F>
+void for_tasks(int64_t n, F&& f) {
+  cpu::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    Scratch<A> s;
+    for (int64_t t = lo; t < hi; ++t) f(t, s);
+  });
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  dispatch_llm(a.dtype, "scaled_dot_product_attention", [&](auto types) {
+    using T = typename decltype(types)::data;
+    using A = typename decltype(types)::acc;
+    if (a.batch * a.heads * a.q_len == 0) return;
+    const int64_t nqb = blocks(a.q_len, kBlockQ);
+    for_tasks<A>(a.batch * a.heads * nqb, [&](int64_t t, Scratch<A>& s) {
+      const int64_t qb = t % nqb, bh = t / nqb;
+      forward_block<T, A>(a, bh / a.heads, bh % a.heads, qb * kBlockQ, s);
+    });
+  });
+}
+
+void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta_, void* gq, void* gk,
+                    void* gv) {
+  dispatch_llm(a.dtype, "scaled_dot_product_attention backward", [&](auto types) {
+    using T = typename decltype(types)::data;
+    using A = typename decltype(types)::acc;
+    const int64_t B = a.batch, H = a.heads, Hk = a.kv_heads, D = a.head_dim;
+    const int64_t Tq = a.q_len, S = a.kv_len;
+    A* delta = static_cast<A*>(delta_);
+    const T* dO = static_cast<const T*>(grad_out);
+    const T* O = static_cast<const T*>(a.out);
+    // delta[b, h, i] = dO . O of the query's row.
+    cpu::parallel_for(0, B * Tq * H,
+                      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(D, 1)),
+                      [&](int64_t lo, int64_t hi) {
+                        for (int64_t r = lo; r < hi; ++r) {
+                          A acc = 0;
+                          for (int64_t d = 0; d < D; ++d)
+                            acc += static_cast<A>(dO[r * D + d]) * static_cast<A>(O[r * D + d]);
+                          const int64_t h = r % H, i = (r / H) % Tq, b = r / (H * Tq);
+                          delta[(b * H + h) * Tq + i] = acc;
+                        }
+                      });
+    const HeadsOperand d_out{grad_out, Tq * H * D, H * D, D};
+    const int64_t nkb = blocks(S, kBlockK);
+    for_tasks<A>(B * Hk * nkb, [&](int64_t t, Scratch<A>& s) {
+      const int64_t kb = t % nkb, bh = t / nkb;
+      key_block_grads<T, A>(a, d_out, delta, bh / Hk, bh % Hk, kb * kBlockK, static_cast<T*>(gk),
+                            static_cast<T*>(gv), s);
+    });
+    const int64_t nqb = blocks(Tq, kBlockQ);
+    for_tasks<A>(B * H * nqb, [&](int64_t t, Scratch<A>& s) {
+      const int64_t qb = t % nqb, bh = t / nqb;
+      query_block_grads<T, A>(a, d_out, delta, bh / H, bh % H, qb * kBlockQ, static_cast<T*>(gq),
+                              s);
+    });
+  });
+}
+
+}  // namespace quanta::llm::llm_cpu

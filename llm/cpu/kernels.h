@@ -1,0 +1,46 @@
+#pragma once
+// The CPU language-model table's entries, one family per file; contracts in
+// llm/kernels/table.h. dispatch_llm gives an entry its data and accumulation
+// types.
+#include <type_traits>
+
+#include "engine/dispatch.h"
+#include "llm/kernels/table.h"
+
+namespace quanta::llm::llm_cpu {
+
+template <class T, class A>
+struct Types {
+  using data = T;
+  using acc = A;
+};
+
+/** Runs f(Types<T, A>{}) for dtype's data type T (f32, f64, bf16, f16) and
+ * its accumulation type A; throws naming `op` for any other dtype. */
+template <class F>
+void dispatch_llm(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(Types<float, float>{});
+    case DType::f64:
+      return f(Types<double, double>{});
+    case DType::bf16:
+      return f(Types<bf16, float>{});
+    case DType::f16:
+      return f(Types<f16, float>{});
+    default:
+      detail::bad_dtype(op, t, "expected f32, f64, bf16 or f16");
+  }
+}
+
+void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n, double eps,
+              void* y, void* inv_rms);
+void rms_norm_grad(DType dtype, const void* x, const void* weight, const void* inv_rms,
+                   const void* gy, int64_t rows, int64_t n, void* gx, void* gw);
+void rope(DType dtype, bool inverse, const void* x, const void* cos, const void* sin, int64_t rows,
+          int64_t heads, int64_t dim, void* out);
+void attention(const AttentionArgs& a);
+void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta, void* gq, void* gk,
+                    void* gv);
+
+}  // namespace quanta::llm::llm_cpu

@@ -1,0 +1,96 @@
+// CUDA entries rms_norm and rms_norm_grad (llm/kernels/table.h): a warp per
+// row for the row sums, a thread per column for the weight's gradient (rows
+// added in order), the per-element math from llm/kernels/functors.h.
+#include "llm/cuda/device.cuh"
+#include "llm/cuda/kernels.h"
+#include "llm/kernels/functors.h"
+
+namespace quanta::llm::llm_cuda {
+namespace {
+
+template <class T, class A>
+__global__ void rms_norm_kernel(const T* x, const T* w, int64_t rows, int64_t n, A eps, T* y,
+                                A* inv_rms) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(r, rows) {
+    const T* xr = x + r * n;
+    A sum_sq = 0;
+    for (int64_t j = lane; j < n; j += kWarp) {
+      const A v = static_cast<A>(xr[j]);
+      sum_sq += v * v;
+    }
+    const A scale = fn::rms_scale<A>(warp_sum(sum_sq), n, eps);
+    if (lane == 0) inv_rms[r] = scale;
+    for (int64_t j = lane; j < n; j += kWarp) y[r * n + j] = fn::rms_out<T, A>(xr[j], w[j], scale);
+  }
+}
+
+template <class T, class A>
+__global__ void rms_norm_input_grad_kernel(const T* x, const T* w, const A* inv_rms, const T* gy,
+                                           int64_t rows, int64_t n, T* gx) {
+  const int lane = threadIdx.x % kWarp;
+  QUANTA_WARP_STRIDE(r, rows) {
+    const T* xr = x + r * n;
+    const T* gr = gy + r * n;
+    A dot = 0;
+    for (int64_t j = lane; j < n; j += kWarp)
+      dot += static_cast<A>(gr[j]) * static_cast<A>(w[j]) * static_cast<A>(xr[j]);
+    const A c = warp_sum(dot) / static_cast<A>(n);
+    const A scale = inv_rms[r];
+    for (int64_t j = lane; j < n; j += kWarp)
+      gx[r * n + j] = static_cast<T>(fn::rms_grad_x<A>(
+          static_cast<A>(xr[j]), static_cast<A>(gr[j]) * static_cast<A>(w[j]), scale, c));
+  }
+}
+
+template <class T, class A>
+__global__ void rms_norm_weight_grad_kernel(const T* x, const A* inv_rms, const T* gy, int64_t rows,
+                                            int64_t n, T* gw) {
+  QUANTA_GRID_STRIDE(j, n) {
+    A acc = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      acc += static_cast<A>(gy[r * n + j]) * static_cast<A>(x[r * n + j]) * inv_rms[r];
+    gw[j] = static_cast<T>(acc);
+  }
+}
+
+unsigned blocks_of(const cuda::LaunchConfig& g) { return static_cast<unsigned>(g.blocks); }
+
+}  // namespace
+
+void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n, double eps,
+              void* y, void* inv_rms) {
+  dispatch_llm(dtype, "rms_norm", [&](auto types) {
+    using T = typename decltype(types)::data;
+    using A = typename decltype(types)::acc;
+    const cuda::LaunchConfig g = warp_grid_for(rows);
+    if (g.blocks == 0 || n == 0) return;
+    rms_norm_kernel<T, A><<<blocks_of(g), g.threads, 0, kStream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), rows, n, static_cast<A>(eps),
+        static_cast<T*>(y), static_cast<A*>(inv_rms));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void rms_norm_grad(DType dtype, const void* x, const void* weight, const void* inv_rms,
+                   const void* gy, int64_t rows, int64_t n, void* gx, void* gw) {
+  dispatch_llm(dtype, "rms_norm backward", [&](auto types) {
+    using T = typename decltype(types)::data;
+    using A = typename decltype(types)::acc;
+    const cuda::LaunchConfig g = warp_grid_for(rows);
+    if (g.blocks > 0 && n > 0) {
+      rms_norm_input_grad_kernel<T, A><<<blocks_of(g), g.threads, 0, kStream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const A*>(inv_rms),
+          static_cast<const T*>(gy), rows, n, static_cast<T*>(gx));
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
+    const cuda::LaunchConfig c = grid_for(n);
+    if (c.blocks == 0) return;
+    rms_norm_weight_grad_kernel<T, A><<<blocks_of(c), c.threads, 0, kStream>>>(
+        static_cast<const T*>(x), static_cast<const A*>(inv_rms), static_cast<const T*>(gy), rows,
+        n, static_cast<T*>(gw));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace quanta::llm::llm_cuda

@@ -1,0 +1,127 @@
+#pragma once
+// The language models' device seam, in the manner of the engine's
+// (engine/kernels/table.h) and the quantizers' (quant/kernels/table.h): one
+// table of kernels per device, one entry per fused op that is a hand-written
+// loop rather than a composition of engine ops. The ops (llm/ops/) keep
+// validation, shapes, dtype rules and the gradient rule, create outputs on
+// the input's device and call `llm_kernels(device).<entry>(...)`. Entries take
+// raw pointers on that device, sizes and dtypes; they never see a Tensor.
+//
+// Element types: every entry takes f32, f64, bf16 and f16 data and
+// accumulates in the "accumulation dtype" of its data: f64 for f64, f32 for
+// the rest. Statistics an op saves for its backward (RMS scales, attention's
+// log-sum-exp) and cos/sin tables are in the accumulation dtype.
+//
+// Where a new fused op goes: an entry here with its contract, its per-element
+// math in llm/kernels/functors.h (shared with nvcc), one function in llm/cpu/
+// (and its line in llm/cpu/kernel_table.cpp), one in the CUDA table
+// (llm/cuda/) and one line in sim's (llm/sim/table.cpp).
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/device.h"
+#include "engine/dtype.h"
+
+namespace quanta {
+class Tensor;
+}
+
+namespace quanta::llm {
+
+/** The accumulation dtype of `data`: f64 for f64, else f32. */
+inline DType accumulation_dtype(DType data) { return data == DType::f64 ? DType::f64 : DType::f32; }
+
+/** One [batch, tokens, heads, head_dim] operand: element (b, t, h, d) at
+ * data + b * sb + t * st + h * sh + d elements (head_dim contiguous). Q and
+ * the output have `heads` heads, K and V `kv_heads`. */
+struct HeadsOperand {
+  const void* data = nullptr;
+  int64_t sb = 0, st = 0, sh = 0;
+};
+
+/** An additive attention mask in the accumulation dtype, broadcast to
+ * [batch, heads, q_len, kv_len]: element (b, h, i, j) at
+ * data + b * sb + h * sh + i * si + j * sj (a stride of 0 broadcasts);
+ * -inf hides a key. data null: no mask. */
+struct MaskOperand {
+  const void* data = nullptr;
+  int64_t sb = 0, sh = 0, si = 0, sj = 0;
+};
+
+/** One scaled dot-product attention. Query i (of q_len) sees key j (of
+ * kv_len) when !causal or j <= i + kv_len - q_len (the queries are the last
+ * q_len positions of the keys', as with a KV cache). Query head h reads key
+ * and value head h / (heads / kv_heads) (grouped-query attention; heads is a
+ * multiple of kv_heads). scores = scale * q.k + mask. */
+struct AttentionArgs {
+  DType dtype = DType::f32;  // of q, k, v, out and the gradients
+  int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  double scale = 1.0;
+  bool causal = false;
+  HeadsOperand q, k, v;
+  MaskOperand mask;
+  /** [batch, q_len, heads, head_dim], contiguous. */
+  void* out = nullptr;
+  /** [batch, heads, q_len] in the accumulation dtype: each query's
+   * log-sum-exp of its visible scores (-inf when it sees no key; its output
+   * row is then 0). */
+  void* lse = nullptr;
+};
+
+/** The language-model kernels of one device. Every entry handles zero sizes. */
+struct LlmKernelTable {
+  const char* device_name;
+
+  /** Llama's RMSNorm over rows of n: r = 1 / sqrt(mean(x^2) + eps) in the
+   * accumulation dtype, y = weight * (x r rounded to dtype) rounded to dtype
+   * (transformers' order of roundings). x, weight, y of `dtype`, contiguous;
+   * inv_rms[rows] (accumulation dtype) receives r. */
+  void (*rms_norm)(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n,
+                   double eps, void* y, void* inv_rms);
+  /** Its backward, the roundings taken as identities: with g = gy * weight,
+   * gx = r g - x r^3 mean(g x) per row, gw[j] = sum over rows of gy x r,
+   * added in row order. gx [rows, n] and gw [n] of `dtype`. */
+  void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, const void* inv_rms,
+                        const void* gy, int64_t rows, int64_t n, void* gx, void* gw);
+
+  /** Rotary embedding as transformers applies it (rotate_half): for x
+   * [rows, heads, dim] contiguous and cos, sin [rows, dim / 2] (accumulation
+   * dtype, first rounded to dtype), with a = x[.., d], b = x[.., d + dim/2]:
+   * out[.., d] = a c - b s, out[.., d + dim/2] = b c + a s, each product and
+   * the sum rounded to dtype. `inverse` rotates by -angle (the backward). */
+  void (*rope)(DType dtype, bool inverse, const void* x, const void* cos, const void* sin,
+               int64_t rows, int64_t heads, int64_t dim, void* out);
+
+  /** Attention forward (see AttentionArgs): fills a.out and a.lse, in
+   * memory linear in the lengths (never a q_len x kv_len matrix). */
+  void (*attention)(const AttentionArgs& a);
+  /** Attention backward, recomputing the scores from a.q, a.k, a.v, a.lse:
+   * given grad_out [batch, q_len, heads, head_dim] contiguous and a.out,
+   * writes gq [batch, q_len, heads, head_dim], gk and gv [batch, kv_len,
+   * kv_heads, head_dim] (contiguous, dtype). delta [batch, heads, q_len]
+   * (accumulation dtype) is scratch. Every add happens in a fixed order:
+   * the same bits on every run. */
+  void (*attention_grad)(const AttentionArgs& a, const void* grad_out, void* delta, void* gq,
+                         void* gk, void* gv);
+};
+
+/** The table of `device` (cpu, sim or cuda; on cuda without the module's
+ * table, entries that throw naming the op). */
+const LlmKernelTable& llm_kernels(Device device);
+/** The table of the device all of `ts` live on (throws naming `op` when they
+ * differ). */
+const LlmKernelTable& llm_kernels_for(const char* op, std::initializer_list<const Tensor*> ts);
+
+namespace llm_cpu {
+const LlmKernelTable& table();
+}
+namespace llm_sim {
+const LlmKernelTable& table();
+}
+namespace llm_cuda {
+/** The CUDA module's table (quanta_llm_cuda_table_v1), or unavailable_table(). */
+const LlmKernelTable& table();
+const LlmKernelTable& unavailable_table();
+}  // namespace llm_cuda
+
+}  // namespace quanta::llm

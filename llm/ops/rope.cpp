@@ -1,0 +1,164 @@
+// Rotary embeddings: transformers' frequency rules (modeling_rope_utils:
+// default, linear, dynamic, llama3) on the host in f32, the tables from
+// engine ops, the rotation from llm_kernels().rope.
+#include "llm/ops/rope.h"
+
+#include <cmath>
+#include <memory>
+
+#include "engine/autograd/function.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/view.h"
+#include "llm/kernels/table.h"
+#include "llm/ops/checks.h"
+
+namespace quanta::llm {
+namespace {
+
+constexpr const char* kOp = "rope";
+
+void check_positive(const char* what, double v) {
+  if (!std::isfinite(v) || v <= 0)
+    detail::bad_argument(kOp,
+                         std::string(what) + " must be finite and > 0, got " + std::to_string(v));
+}
+
+// 1 / base^(2i / dim) in f32, as torch computes `1.0 / (base ** (arange(0,
+// dim, 2).float() / dim))`: the exponent and the power in f32.
+std::vector<float> default_inv_freq(double base, int64_t dim) {
+  std::vector<float> f(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    f[i] = 1.0f / std::pow(static_cast<float>(base), exponent);
+  }
+  return f;
+}
+
+// Llama 3's rule: long wavelengths slowed by `factor`, short ones kept, a
+// smooth blend between (f32 throughout, as torch's tensor arithmetic).
+void llama3_scale(std::vector<float>& inv_freq, const RopeScaling& s) {
+  const float factor = static_cast<float>(s.factor);
+  const float low = static_cast<float>(s.low_freq_factor);
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  // Python computes these scalars in double; torch compares and divides
+  // them with the f32 tensor in f32.
+  const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
+  const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
+  const float span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+  for (float& f : inv_freq) {
+    const float wavelen = static_cast<float>(2 * M_PI) / f;
+    float scaled = wavelen > low_wavelen ? f / factor : f;
+    const float smooth = (static_cast<float>(old_len) / wavelen - low) / span;
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    if (medium) scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+    f = scaled;
+  }
+}
+
+}  // namespace
+
+RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
+  if (c.head_dim < 2 || c.head_dim % 2 != 0)
+    detail::bad_argument(kOp, "head_dim must be even and >= 2, got " + std::to_string(c.head_dim));
+  check_positive("rope_theta", c.theta);
+  const RopeScaling& s = c.scaling;
+  RopeFrequencies out;
+  if (s.type == "default") {
+    out.inv_freq = default_inv_freq(c.theta, c.head_dim);
+  } else if (s.type == "linear") {
+    check_positive("rope_scaling.factor", s.factor);
+    out.inv_freq = default_inv_freq(c.theta, c.head_dim);
+    for (float& f : out.inv_freq) f /= static_cast<float>(s.factor);
+  } else if (s.type == "dynamic") {
+    check_positive("rope_scaling.factor", s.factor);
+    if (c.max_position_embeddings <= 0)
+      detail::bad_argument(kOp, "dynamic scaling needs max_position_embeddings > 0");
+    const double max_pos = static_cast<double>(c.max_position_embeddings);
+    const double len = seq_len > c.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;
+    const double dim = static_cast<double>(c.head_dim);
+    const double base =
+        c.theta * std::pow(s.factor * len / max_pos - (s.factor - 1), dim / (dim - 2));
+    out.inv_freq = default_inv_freq(base, c.head_dim);
+  } else if (s.type == "llama3") {
+    check_positive("rope_scaling.factor", s.factor);
+    check_positive("rope_scaling.low_freq_factor", s.low_freq_factor);
+    check_positive("rope_scaling.high_freq_factor", s.high_freq_factor);
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      detail::bad_argument(kOp, "rope_scaling.high_freq_factor must be over low_freq_factor");
+    if (s.original_max_position_embeddings <= 0)
+      detail::bad_argument(kOp,
+                           "llama3 scaling needs rope_scaling.original_max_position_embeddings"
+                           " > 0");
+    out.inv_freq = default_inv_freq(c.theta, c.head_dim);
+    llama3_scale(out.inv_freq, s);
+  } else {
+    detail::bad_argument(kOp, "rope_scaling type '" + s.type +
+                                  "' is not supported (supported: default, linear, dynamic, "
+                                  "llama3)");
+  }
+  return out;
+}
+
+RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType dtype) {
+  if (!positions.defined() || positions.dtype() != DType::i64 || positions.dim() != 2)
+    detail::bad_argument(
+        kOp, "positions must be i64 [batch, tokens]" +
+                 (positions.defined() ? ", got " + std::string(dtype_name(positions.dtype())) +
+                                            " " + shape_str(positions.shape())
+                                      : std::string()));
+  if (f.inv_freq.empty()) detail::bad_argument(kOp, "no inverse frequencies");
+  const DType acc = accumulation_dtype(dtype);
+  const int64_t half = static_cast<int64_t>(f.inv_freq.size());
+  const Tensor inv = from_vector(f.inv_freq, {1, 1, half}).to(positions.device()).to(acc);
+  // position * inv_freq: the one product of transformers' k = 1 matmul.
+  const Tensor angle = mul(unsqueeze(positions.to(acc), -1), inv);
+  RopeTables t{cos(angle), sin(angle)};
+  if (f.attention_scaling != 1.0) {
+    t.cos = t.cos * f.attention_scaling;
+    t.sin = t.sin * f.attention_scaling;
+  }
+  return t;
+}
+
+Tensor apply_rope(const Tensor& x, const RopeTables& t) {
+  detail::check_floating(kOp, "x", x);
+  detail::check_dims(kOp, "x", x, 4, "[batch, tokens, heads, head_dim]");
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  if (D % 2 != 0) detail::bad_argument(kOp, "head_dim must be even, got " + std::to_string(D));
+  const DType acc = accumulation_dtype(x.dtype());
+  for (const Tensor* table : {&t.cos, &t.sin}) {
+    const char* name = table == &t.cos ? "cos" : "sin";
+    if (!table->defined() || table->dim() != 3 || table->size(1) != T || table->size(2) != D / 2 ||
+        (table->size(0) != B && table->size(0) != 1))
+      detail::bad_argument(kOp, std::string(name) + " must be [" + std::to_string(B) + " or 1, " +
+                                    std::to_string(T) + ", " + std::to_string(D / 2) + "], got " +
+                                    (table->defined() ? shape_str(table->shape()) : "undefined"));
+    if (table->dtype() != acc)
+      detail::bad_argument(kOp, std::string(name) + " is " + dtype_name(table->dtype()) +
+                                    "; x of dtype " + dtype_name(x.dtype()) + " needs " +
+                                    dtype_name(acc) + " tables (rope_tables gives them)");
+  }
+  const Tensor c = expand(t.cos, {B, T, D / 2}).contiguous();
+  const Tensor s = expand(t.sin, {B, T, D / 2}).contiguous();
+  autograd::Function fn;
+  fn.name = kOp;
+  const auto rotate = [c, s](const Tensor& in, bool inverse) {
+    const Tensor xc = in.contiguous();
+    const LlmKernelTable& k = llm_kernels_for(kOp, {&xc, &c});
+    Tensor out = empty(xc.shape(), {.dtype = xc.dtype(), .device = xc.device()});
+    k.rope(xc.dtype(), inverse, xc.raw_data(), c.raw_data(), s.raw_data(), xc.size(0) * xc.size(1),
+           xc.size(2), xc.size(3), out.raw_data());
+    return out;
+  };
+  fn.forward = [rotate](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{rotate(in[0], false)};
+  };
+  const DType dt = x.dtype();
+  fn.backward = [rotate, dt](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{rotate(g[0].to(dt), true)};
+  };
+  return autograd::apply(fn, {x})[0];
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,62 @@
+#pragma once
+// Rotary position embeddings as Hugging Face transformers computes and
+// applies them: inverse frequencies from rope_theta and the config's scaling
+// kind, cos and sin tables per position, and `x * cos + rotate_half(x) * sin`
+// on each head (the first and second halves of a head are the pairs).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace quanta::llm {
+
+/** A config's `rope_scaling` (transformers 4.x) or the scaling part of its
+ * `rope_parameters` (5.x). */
+struct RopeScaling {
+  /** "default" (none), "linear", "dynamic" or "llama3"; any other kind is
+   * refused by name. */
+  std::string type = "default";
+  double factor = 1.0;
+  // llama3 only:
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+/** What the frequencies depend on. */
+struct RopeConfig {
+  double theta = 10000.0;
+  int64_t head_dim = 0;                 // even, >= 2
+  int64_t max_position_embeddings = 0;  // dynamic scaling starts past it
+  RopeScaling scaling;
+};
+
+/** The inverse frequencies (head_dim / 2, in f32 as transformers computes
+ * them) and the factor cos and sin are multiplied by. */
+struct RopeFrequencies {
+  std::vector<float> inv_freq;
+  double attention_scaling = 1.0;
+};
+
+/** The frequencies of `config` for sequences of `seq_len` positions (only
+ * "dynamic" depends on it: it rescales theta when seq_len is over
+ * max_position_embeddings, as transformers does for the longest sequence it
+ * has seen). Throws naming the config value that is wrong. */
+RopeFrequencies rope_frequencies(const RopeConfig& config, int64_t seq_len = 0);
+
+/** cos and sin [batch, tokens, head_dim / 2] of positions [batch, tokens]
+ * (i64, on the device the tables go to), in the accumulation dtype of
+ * `dtype` (f64 for f64, else f32): angle = position * inv_freq, then cos and
+ * sin times attention_scaling. batch may be 1 for every row of a batch. */
+struct RopeTables {
+  Tensor cos, sin;
+};
+RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType dtype);
+
+/** The rotary embedding of x [batch, tokens, heads, head_dim] by `t`, in x's
+ * dtype (f32, f64, bf16, f16), rounded as transformers rounds it in that
+ * dtype. Differentiable in x. */
+Tensor apply_rope(const Tensor& x, const RopeTables& t);
+
+}  // namespace quanta::llm

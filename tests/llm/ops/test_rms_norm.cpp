@@ -1,0 +1,68 @@
+// rms_norm: op-harness rows (f64 finite differences, strided, zero-size,
+// 16-bit, every device), transformers' LlamaRMSNorm in f32 and bf16, errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "engine/ops/harness.h"
+#include "llm/ops/rms_norm.h"
+#include "op_fixtures.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+// Plain loops: weight * x / sqrt(mean(x^2) + eps) over the last dim.
+Tensor ref_rms_norm(const Inputs& xs, double eps) {
+  const Tensor& x = xs[0];
+  const int64_t n = x.shape().back(), rows = n ? x.numel() / n : 0;
+  const std::vector<double> v = x.to_vector<double>(), w = xs[1].to_vector<double>();
+  std::vector<double> y(v.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < n; ++j) ss += v[r * n + j] * v[r * n + j];
+    const double scale = 1 / std::sqrt(ss / n + eps);
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = w[j] * v[r * n + j] * scale;
+  }
+  return from_vector<double>(y, {static_cast<int64_t>(y.size())}).reshape(x.shape());
+}
+
+}  // namespace
+
+TEST_CASE("rms_norm: op harness") {
+  for (double eps : {1e-6, 0.5}) {
+    OpCase c;
+    c.name = "rms_norm eps " + std::to_string(eps);
+    c.shapes = {{3, 4, 8}, {8}};
+    c.zero_shapes = {{0, 8}, {8}};
+    c.op = [eps](const Inputs& xs) { return llm::rms_norm(xs[0], xs[1], eps); };
+    c.reference = [eps](const Inputs& xs) { return ref_rms_norm(xs, eps); };
+    c.half = true;
+    run_case(c);
+  }
+}
+
+TEST_CASE("rms_norm: equals transformers' LlamaRMSNorm in f32 and bf16") {
+  const auto& f = op_fixtures().at("rms_norm");
+  const double eps = f.at("eps").get<double>();
+  const Tensor y = llm::rms_norm(fixture_tensor(f.at("x")), fixture_tensor(f.at("weight")), eps);
+  CHECK(max_rel_diff(y, fixture_tensor(f.at("y"))) < 1e-6);
+  const Tensor yb = llm::rms_norm(fixture_tensor(f.at("x_bf16"), DType::bf16),
+                                  fixture_tensor(f.at("weight_bf16"), DType::bf16), eps);
+  CHECK(yb.dtype() == DType::bf16);
+  // The same two roundings as transformers: equal to the bit but where the
+  // f32 sum of squares rounds differently (then one bf16 step at most).
+  CHECK(max_rel_diff(yb, fixture_tensor(f.at("y_bf16"))) <= 0x1p-8);
+}
+
+TEST_CASE("rms_norm: clear errors") {
+  const Tensor x = ones({2, 4});
+  CHECK_THROWS_WITH(llm::rms_norm(x, ones({3})),
+                    doctest::Contains("weight must be [4] (x's last dim), got [3]"));
+  CHECK_THROWS_WITH(llm::rms_norm(x, ones({4}, {.dtype = DType::f64})),
+                    doctest::Contains("x is f32 but weight is f64"));
+  CHECK_THROWS_WITH(llm::rms_norm(ones({2, 4}, {.dtype = DType::i64}), ones({4})),
+                    doctest::Contains("x has dtype i64"));
+  CHECK_THROWS_WITH(llm::rms_norm(x, ones({4}), -1.0), doctest::Contains("eps must be"));
+}

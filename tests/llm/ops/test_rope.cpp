@@ -1,0 +1,132 @@
+// Rotary embeddings: transformers' tables for every supported scaling kind,
+// apply_rotary_pos_emb in f32 and bf16, op-harness rows (the rotation's
+// gradient by finite differences, every device), errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "engine/ops/harness.h"
+#include "llm/ops/rope.h"
+#include "op_fixtures.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+llm::RopeConfig config_of(const nlohmann::json& c) {
+  const auto& p = c.at("rope_parameters");
+  llm::RopeConfig cfg;
+  cfg.theta = p.at("rope_theta").get<double>();
+  cfg.head_dim = c.at("head_dim").get<int64_t>();
+  cfg.max_position_embeddings = c.at("max_position_embeddings").get<int64_t>();
+  cfg.scaling.type = p.at("rope_type").get<std::string>();
+  if (p.contains("factor")) cfg.scaling.factor = p.at("factor").get<double>();
+  if (p.contains("low_freq_factor")) cfg.scaling.low_freq_factor = p.at("low_freq_factor");
+  if (p.contains("high_freq_factor")) cfg.scaling.high_freq_factor = p.at("high_freq_factor");
+  if (p.contains("original_max_position_embeddings"))
+    cfg.scaling.original_max_position_embeddings = p.at("original_max_position_embeddings");
+  return cfg;
+}
+
+Tensor positions_of(const std::vector<int64_t>& p) {
+  return from_vector<int64_t>(p, {1, static_cast<int64_t>(p.size())});
+}
+
+const std::vector<int64_t> kPositions = {0, 1, 4, 9, 30};
+
+// Plain loops: the rotation of x [B, T, H, D] at kPositions (every batch row
+// alike) by theta 10000's frequencies, in f64 from the f32 inverse frequencies.
+Tensor ref_rope(const Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  const std::vector<float> inv =
+      llm::rope_frequencies({.theta = 10000, .head_dim = D, .max_position_embeddings = 64})
+          .inv_freq;
+  const std::vector<double> v = x.to_vector<double>();
+  std::vector<double> y(v.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < half; ++d) {
+          const double angle = static_cast<double>(kPositions[t]) * inv[d];
+          const int64_t at = ((b * T + t) * H + h) * D + d;
+          const double a = v[at], c = v[at + half];
+          y[at] = a * std::cos(angle) - c * std::sin(angle);
+          y[at + half] = c * std::cos(angle) + a * std::sin(angle);
+        }
+  return from_vector<double>(y, {static_cast<int64_t>(y.size())}).reshape(x.shape());
+}
+
+Tensor rope_at_positions(const Tensor& x) {
+  const llm::RopeFrequencies f =
+      llm::rope_frequencies({.theta = 10000, .head_dim = x.size(3), .max_position_embeddings = 64});
+  return llm::apply_rope(x,
+                         llm::rope_tables(f, positions_of(kPositions).to(x.device()), x.dtype()));
+}
+
+}  // namespace
+
+TEST_CASE("rope: transformers' tables for default, theta, linear, dynamic and llama3") {
+  for (const auto& c : op_fixtures().at("rope")) {
+    const std::string name = c.at("name").get<std::string>();
+    INFO("case ", name);
+    const std::vector<int64_t> pos = c.at("positions").get<std::vector<int64_t>>();
+    const llm::RopeFrequencies f = llm::rope_frequencies(config_of(c), pos.back() + 1);
+    const std::vector<float> want = c.at("inv_freq").get<std::vector<float>>();
+    REQUIRE(f.inv_freq.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      CHECK_MESSAGE(std::abs(f.inv_freq[i] - want[i]) <= 2e-7f * want[i], "inv_freq[" << i << "]");
+    CHECK(f.attention_scaling == c.at("attention_scaling").get<double>());
+    const llm::RopeTables t = llm::rope_tables(f, positions_of(pos), DType::f32);
+    CHECK(max_rel_diff(t.cos, fixture_tensor(c.at("cos"))) < 1e-6);
+    CHECK(max_rel_diff(t.sin, fixture_tensor(c.at("sin"))) < 1e-6);
+  }
+}
+
+TEST_CASE("rope: equals transformers' apply_rotary_pos_emb in f32 and bf16") {
+  const auto& f = op_fixtures().at("apply_rope");
+  const std::vector<int64_t> pos = f.at("positions").get<std::vector<int64_t>>();
+  const llm::RopeFrequencies freq = llm::rope_frequencies(
+      {.theta = f.at("theta").get<double>(), .head_dim = f.at("head_dim").get<int64_t>()});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const std::string tag = dt == DType::bf16 ? "_bf16" : "";
+    INFO("dtype ", dtype_name(dt));
+    const Tensor q = fixture_tensor(f.at("q" + tag), dt);
+    const Tensor out = llm::apply_rope(q, llm::rope_tables(freq, positions_of(pos), dt));
+    CHECK(out.dtype() == dt);
+    CHECK(max_rel_diff(out, fixture_tensor(f.at("out" + tag))) <
+          (dt == DType::bf16 ? 0x1p-8 : 1e-5));
+  }
+}
+
+TEST_CASE("rope: op harness") {
+  OpCase c;
+  c.name = "apply_rope";
+  c.shapes = {{2, 5, 3, 8}};
+  c.zero_shapes = {{0, 5, 3, 8}};
+  c.op = [](const Inputs& xs) { return rope_at_positions(xs[0]); };
+  c.reference = [](const Inputs& xs) { return ref_rope(xs[0]); };
+  run_case(c);
+}
+
+TEST_CASE("rope: clear errors") {
+  llm::RopeConfig cfg{.theta = 10000, .head_dim = 8, .max_position_embeddings = 64};
+  cfg.scaling.type = "yarn";
+  CHECK_THROWS_WITH(llm::rope_frequencies(cfg),
+                    doctest::Contains("rope_scaling type 'yarn' is not supported"));
+  cfg.scaling.type = "llama3";
+  cfg.scaling.factor = 8;
+  CHECK_THROWS_WITH(llm::rope_frequencies(cfg),
+                    doctest::Contains("original_max_position_embeddings"));
+  CHECK_THROWS_WITH(llm::rope_frequencies({.theta = 10000, .head_dim = 7}),
+                    doctest::Contains("head_dim must be even"));
+  CHECK_THROWS_WITH(llm::rope_frequencies({.theta = -1, .head_dim = 8}),
+                    doctest::Contains("rope_theta must be finite and > 0"));
+  const llm::RopeFrequencies f = llm::rope_frequencies({.theta = 10000, .head_dim = 8});
+  const llm::RopeTables t = llm::rope_tables(f, positions_of({0, 1, 2}), DType::f32);
+  CHECK_THROWS_WITH(llm::apply_rope(ones({1, 4, 2, 8}), t), doctest::Contains("cos must be"));
+  CHECK_THROWS_WITH(llm::apply_rope(ones({1, 3, 2, 8}, {.dtype = DType::f64}), t),
+                    doctest::Contains("needs f64 tables"));
+  CHECK_THROWS_WITH(llm::rope_tables(f, ones({1, 3}), DType::f32),
+                    doctest::Contains("positions must be i64 [batch, tokens]"));
+}
