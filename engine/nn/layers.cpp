@@ -81,6 +81,18 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool b
   if (bias) bias_ = register_parameter("bias", b);
 }
 
+Linear::Linear(const Tensor& weight, const Tensor& bias) : Module("Linear") {
+  if (!weight.defined() || weight.dim() != 2)
+    fail("Linear", "weight must be [out, in], got " +
+                       (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
+  in_ = weight.size(1);
+  out_ = weight.size(0);
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out_))
+    fail("Linear", "bias must be [" + std::to_string(out_) + "], got " + shape_str(bias.shape()));
+  weight_ = register_parameter("weight", weight);
+  if (bias.defined()) bias_ = register_parameter("bias", bias);
+}
+
 Tensor Linear::forward(const Tensor& x) {
   if (x.dim() < 1 || x.size(-1) != in_)
     fail("Linear",
@@ -147,6 +159,14 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& g
     if (padding_idx >= 0) fill_(w.select(0, padding_idx), 0.0);
   }
   weight_ = register_parameter("weight", w);
+}
+
+Embedding::Embedding(const Tensor& weight) : Module("Embedding"), padding_idx_(-1) {
+  if (!weight.defined() || weight.dim() != 2)
+    fail("Embedding",
+         "weight must be [num_embeddings, embedding_dim], got " +
+             (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
+  weight_ = register_parameter("weight", weight);
 }
 
 Tensor Embedding::forward(const Tensor& indices) {

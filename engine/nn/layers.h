@@ -27,6 +27,10 @@ class Linear : public Module {
  public:
   /** weight [out, in], bias [out] when `bias`. */
   Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  /** Around given tensors (weight [out, in] floating, bias [out] or
+   * undefined), registered as they are, without a copy: for models whose
+   * weights come from a file. */
+  explicit Linear(const Tensor& weight, const Tensor& bias = Tensor());
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
   /** Undefined when built without bias. */
@@ -97,6 +101,9 @@ class Embedding : public Module {
    * starts at zero and gets no gradient. */
   Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& gen,
             int64_t padding_idx = -1);
+  /** Around a given weight [num_embeddings, embedding_dim] (floating),
+   * registered as it is, without a copy. */
+  explicit Embedding(const Tensor& weight);
   Tensor forward(const Tensor& indices) override;
   const Tensor& weight() const { return weight_; }
   int64_t padding_idx() const { return padding_idx_; }

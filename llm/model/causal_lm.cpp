@@ -1,0 +1,319 @@
+// CausalLM: weights by transformers' names into modules, and the decoder's
+// forward (embeddings, N x [RMSNorm, attention with RoPE and grouped heads,
+// residual, RMSNorm, SiLU-gated MLP, residual], RMSNorm, lm_head).
+#include "llm/model/causal_lm.h"
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
+#include "engine/ops/join.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/view.h"
+#include "engine/random/sampling.h"
+#include "llm/ops/attention.h"
+#include "llm/ops/rms_norm.h"
+#include "llm/ops/rope.h"
+
+namespace quanta::llm {
+namespace {
+
+// Hands out the weights by name, checking shapes; collects every problem so
+// that one error lists them all.
+class WeightTaker {
+ public:
+  WeightTaker(const StateDict& weights, DType dtype) : dtype_(dtype) {
+    for (const auto& [name, t] : weights) left_.emplace(name, t);
+  }
+  Tensor take(const std::string& name, const Shape& shape) {
+    auto it = left_.find(name);
+    if (it == left_.end()) {
+      missing_.push_back(name + " " + shape_str(shape));
+      return zeros(shape, {.dtype = dtype_});
+    }
+    Tensor t = it->second;
+    left_.erase(it);
+    if (t.shape() != shape) {
+      wrong_.push_back(name + " is " + shape_str(t.shape()) + ", expected " + shape_str(shape));
+      return zeros(shape, {.dtype = dtype_});
+    }
+    if (!is_floating(t.dtype())) {
+      wrong_.push_back(name + " has dtype " + std::string(dtype_name(t.dtype())));
+      return zeros(shape, {.dtype = dtype_});
+    }
+    return t.dtype() == dtype_ ? t : t.to(dtype_);
+  }
+  void drop(const std::string& name) { left_.erase(name); }
+  void finish() const {
+    if (missing_.empty() && wrong_.empty() && left_.empty()) return;
+    std::ostringstream e;
+    e << "[CausalLM] the weights do not match the config:";
+    const auto list = [&](const char* what, const std::vector<std::string>& names) {
+      if (names.empty()) return;
+      e << "\n  " << what << " (" << names.size() << "):";
+      for (const auto& n : names) e << "\n    " << n;
+    };
+    list("missing", missing_);
+    list("wrong shape or dtype", wrong_);
+    std::vector<std::string> unexpected;
+    for (const auto& [name, t] : left_) unexpected.push_back(name);
+    list("unexpected", unexpected);
+    throw std::invalid_argument(e.str());
+  }
+
+ private:
+  DType dtype_;
+  std::map<std::string, Tensor> left_;
+  std::vector<std::string> missing_, wrong_;
+};
+
+// A module that only groups children (transformers' LlamaModel, ModuleList).
+class Group : public Module {
+ public:
+  explicit Group(const char* type) : Module(type) {}
+};
+
+// One child slot that follows replace_module (NF4 and LoRA conversions).
+struct Slot {
+  const char* name;
+  std::shared_ptr<Module>* module;
+};
+
+class Attention : public Module {
+ public:
+  Attention(const DecoderConfig& c, WeightTaker& w, const std::string& prefix)
+      : Module("Attention"), c_(c) {
+    const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+    const auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
+      const std::string p = prefix + name;
+      Tensor weight = w.take(p + ".weight", {out, in});
+      Tensor b = bias ? w.take(p + ".bias", {out}) : Tensor();
+      return register_module(name, std::shared_ptr<Module>(std::make_shared<Linear>(weight, b)));
+    };
+    q_ = proj("q_proj", q, c.hidden_size, c.qkv_bias);
+    k_ = proj("k_proj", kv, c.hidden_size, c.qkv_bias);
+    v_ = proj("v_proj", kv, c.hidden_size, c.qkv_bias);
+    o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
+  }
+  std::shared_ptr<Module> replace_module(const std::string& name,
+                                         std::shared_ptr<Module> m) override {
+    auto old = Module::replace_module(name, m);
+    for (const Slot& s :
+         {Slot{"q_proj", &q_}, Slot{"k_proj", &k_}, Slot{"v_proj", &v_}, Slot{"o_proj", &o_}})
+      if (name == s.name) *s.module = m;
+    return old;
+  }
+  Tensor forward(const Tensor& x, const RopeTables& rope, KVCache* cache, size_t layer,
+                 const Tensor& mask) {
+    const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim;
+    Tensor q = reshape(q_->forward(x), {B, T, c_.num_attention_heads, D});
+    Tensor k = reshape(k_->forward(x), {B, T, c_.num_key_value_heads, D});
+    Tensor v = reshape(v_->forward(x), {B, T, c_.num_key_value_heads, D});
+    q = apply_rope(q, rope);
+    k = apply_rope(k, rope);
+    if (cache) {
+      if (cache->keys.size() <= layer) {
+        cache->keys.resize(layer + 1);
+        cache->values.resize(layer + 1);
+      }
+      if (cache->keys[layer].defined()) {
+        k = cat({cache->keys[layer], k}, 1);
+        v = cat({cache->values[layer], v}, 1);
+      }
+      cache->keys[layer] = k.detach();
+      cache->values[layer] = v.detach();
+    }
+    AttentionOptions o;
+    o.causal = true;
+    o.mask = mask;
+    const Tensor a = scaled_dot_product_attention(q, k, v, o);
+    return o_->forward(reshape(a, {B, T, c_.num_attention_heads * D}));
+  }
+
+ private:
+  DecoderConfig c_;
+  std::shared_ptr<Module> q_, k_, v_, o_;
+};
+
+class MLP : public Module {
+ public:
+  MLP(const DecoderConfig& c, WeightTaker& w, const std::string& prefix) : Module("MLP") {
+    const auto proj = [&](const char* name, int64_t out, int64_t in) {
+      const std::string p = prefix + name;
+      Tensor weight = w.take(p + ".weight", {out, in});
+      Tensor b = c.mlp_bias ? w.take(p + ".bias", {out}) : Tensor();
+      return register_module(name, std::shared_ptr<Module>(std::make_shared<Linear>(weight, b)));
+    };
+    gate_ = proj("gate_proj", c.intermediate_size, c.hidden_size);
+    up_ = proj("up_proj", c.intermediate_size, c.hidden_size);
+    down_ = proj("down_proj", c.hidden_size, c.intermediate_size);
+  }
+  std::shared_ptr<Module> replace_module(const std::string& name,
+                                         std::shared_ptr<Module> m) override {
+    auto old = Module::replace_module(name, m);
+    for (const Slot& s :
+         {Slot{"gate_proj", &gate_}, Slot{"up_proj", &up_}, Slot{"down_proj", &down_}})
+      if (name == s.name) *s.module = m;
+    return old;
+  }
+  Tensor forward(const Tensor& x) override {
+    return down_->forward(mul(silu(gate_->forward(x)), up_->forward(x)));
+  }
+
+ private:
+  std::shared_ptr<Module> gate_, up_, down_;
+};
+
+class DecoderLayer : public Module {
+ public:
+  DecoderLayer(const DecoderConfig& c, WeightTaker& w, const std::string& prefix)
+      : Module("DecoderLayer") {
+    attn_ = register_module("self_attn", std::make_shared<Attention>(c, w, prefix + "self_attn."));
+    mlp_ = register_module("mlp", std::make_shared<MLP>(c, w, prefix + "mlp."));
+    in_norm_ = register_module(
+        "input_layernorm",
+        std::make_shared<RMSNorm>(w.take(prefix + "input_layernorm.weight", {c.hidden_size}),
+                                  c.rms_norm_eps));
+    post_norm_ = register_module(
+        "post_attention_layernorm",
+        std::make_shared<RMSNorm>(
+            w.take(prefix + "post_attention_layernorm.weight", {c.hidden_size}), c.rms_norm_eps));
+  }
+  Tensor forward(const Tensor& h, const RopeTables& rope, KVCache* cache, size_t layer,
+                 const Tensor& mask) {
+    const Tensor a = add(h, attn_->forward(in_norm_->forward(h), rope, cache, layer, mask));
+    return add(a, mlp_->forward(post_norm_->forward(a)));
+  }
+
+ private:
+  std::shared_ptr<Attention> attn_;
+  std::shared_ptr<MLP> mlp_;
+  std::shared_ptr<RMSNorm> in_norm_, post_norm_;
+};
+
+}  // namespace
+
+RMSNorm::RMSNorm(const Tensor& weight, double eps) : Module("RMSNorm"), eps_(eps) {
+  weight_ = register_parameter("weight", weight);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
+
+std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const DecoderConfig& c) {
+  std::vector<std::pair<std::string, Shape>> out;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const auto proj = [&](const std::string& name, int64_t o, int64_t i, bool bias) {
+      out.push_back({p + name + ".weight", {o, i}});
+      if (bias) out.push_back({p + name + ".bias", {o}});
+    };
+    proj("self_attn.q_proj", q, d, c.qkv_bias);
+    proj("self_attn.k_proj", kv, d, c.qkv_bias);
+    proj("self_attn.v_proj", kv, d, c.qkv_bias);
+    proj("self_attn.o_proj", d, q, c.o_bias);
+    proj("mlp.gate_proj", f, d, c.mlp_bias);
+    proj("mlp.up_proj", f, d, c.mlp_bias);
+    proj("mlp.down_proj", d, f, c.mlp_bias);
+    out.push_back({p + "input_layernorm.weight", {d}});
+    out.push_back({p + "post_attention_layernorm.weight", {d}});
+  }
+  out.push_back({"model.norm.weight", {d}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
+  return out;
+}
+
+CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
+    : Module("CausalLM"), config_(std::move(config)) {
+  const DecoderConfig& c = config_;
+  WeightTaker w(weights, c.dtype);
+  // Checkpoints of the Llama 2 era persisted RoPE's inverse frequencies; they
+  // are computed, never loaded.
+  for (const auto& [name, t] : weights)
+    if (name.size() > 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0)
+      w.drop(name);
+  if (c.tie_word_embeddings) w.drop("lm_head.weight");
+  auto model = register_module("model", std::make_shared<Group>("Model"));
+  embed_ = model->register_module(
+      "embed_tokens", std::make_shared<Embedding>(
+                          w.take("model.embed_tokens.weight", {c.vocab_size, c.hidden_size})));
+  auto layers = model->register_module("layers", std::make_shared<Group>("ModuleList"));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string n = std::to_string(l);
+    layers_.push_back(layers->register_module(
+        n,
+        std::shared_ptr<Module>(std::make_shared<DecoderLayer>(c, w, "model.layers." + n + "."))));
+  }
+  norm_ = model->register_module(
+      "norm",
+      std::make_shared<RMSNorm>(w.take("model.norm.weight", {c.hidden_size}), c.rms_norm_eps));
+  if (!c.tie_word_embeddings)
+    lm_head_ = register_module("lm_head", std::make_shared<Linear>(w.take(
+                                              "lm_head.weight", {c.vocab_size, c.hidden_size})));
+  w.finish();
+}
+
+std::shared_ptr<CausalLM> CausalLM::random(const DecoderConfig& config, Generator& gen,
+                                           Device device, double init_std) {
+  StateDict sd;
+  for (const auto& [name, shape] : expected_weights(config)) {
+    const bool norm = name.find("norm.weight") != std::string::npos;
+    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    Tensor t = norm   ? ones(shape, {.device = device})
+               : bias ? zeros(shape, {.device = device})
+                      : randn(shape, gen, {.device = device}) * init_std;
+    sd.push_back({name, t.to(config.dtype)});
+  }
+  return std::make_shared<CausalLM>(config, sd);
+}
+
+Device CausalLM::device() const { return embed_->weight().device(); }
+
+Tensor CausalLM::lm_head_weight() const { return lm_head_ ? lm_head_->weight() : embed_->weight(); }
+
+Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& attention_mask) {
+  const DecoderConfig& c = config_;
+  if (!ids.defined() || ids.dtype() != DType::i64 || ids.dim() != 2)
+    throw std::invalid_argument("[CausalLM] ids must be i64 [batch, tokens]" +
+                                (ids.defined() ? ", got " + std::string(dtype_name(ids.dtype())) +
+                                                     " " + shape_str(ids.shape())
+                                               : std::string()));
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const int64_t past = cache ? cache->length() : 0;
+  if (past + T > c.max_position_embeddings)
+    throw std::invalid_argument("[CausalLM] " + std::to_string(past + T) +
+                                " positions exceed max_position_embeddings " +
+                                std::to_string(c.max_position_embeddings));
+  const Device dev = device();
+  Tensor mask;
+  if (attention_mask.defined()) {
+    if (attention_mask.dim() != 2 || attention_mask.size(0) != B ||
+        attention_mask.size(1) != past + T)
+      throw std::invalid_argument("[CausalLM] attention_mask must be [" + std::to_string(B) + ", " +
+                                  std::to_string(past + T) + "] (batch, cached + new), got " +
+                                  shape_str(attention_mask.shape()));
+    const Tensor keep = attention_mask.dtype() == DType::boolean
+                            ? attention_mask
+                            : ne(attention_mask, zeros_like(attention_mask));
+    mask = reshape(keep.to(dev), {B, 1, 1, past + T});
+  }
+  const Tensor positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T),
+                                          1.0, {.dtype = DType::i64, .device = dev}),
+                                   {1, T});
+  const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
+  Tensor h = embed_->forward(ids.to(dev));
+  for (size_t l = 0; l < layers_.size(); ++l)
+    h = static_cast<DecoderLayer&>(*layers_[l]).forward(h, rope, cache, l, mask);
+  return norm_->forward(h);
+}
+
+Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask) {
+  return linear(hidden_states(ids, cache, attention_mask), lm_head_weight());
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,81 @@
+#pragma once
+// A Llama-family decoder-only language model (llama, mistral, qwen2), laid
+// out as transformers' *ForCausalLM so that its state dict has their names:
+// model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head
+// (absent when the embeddings are tied). Projections are engine Linear
+// modules, so NF4 and LoRA conversions replace them in place.
+#include <memory>
+#include <vector>
+
+#include "engine/nn/layers.h"
+#include "engine/nn/module.h"
+#include "engine/random/generator.h"
+#include "llm/model/config.h"
+
+namespace quanta::llm {
+
+/** The keys and values of the positions seen so far, per layer
+ * ([batch, length, kv_heads, head_dim] each), for generation: a forward with
+ * a cache reads them and appends its own. */
+struct KVCache {
+  std::vector<Tensor> keys, values;
+  /** Positions held (0 for a new cache). */
+  int64_t length() const { return keys.empty() ? 0 : keys[0].size(1); }
+};
+
+/** RMSNorm with a learned scale, as LlamaRMSNorm. */
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const Tensor& weight, double eps);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+  double eps_;
+};
+
+class CausalLM : public Module {
+ public:
+  /** Builds the model around `weights` (transformers' names), taken as they
+   * are when already of config.dtype (no copy), else converted to it.
+   * Throws one error listing every missing name, unexpected name and wrong
+   * shape. A tied model may carry lm_head.weight (ignored, as transformers
+   * ties it). */
+  CausalLM(DecoderConfig config, const StateDict& weights);
+  /** Random weights (normal, std init_std; norms at 1) in config.dtype on
+   * `device`: for benchmarks and tests. */
+  static std::shared_ptr<CausalLM> random(const DecoderConfig& config, Generator& gen,
+                                          Device device = Device::cpu(), double init_std = 0.02);
+  /** The names and shapes a model of `config` has, in state-dict order. */
+  static std::vector<std::pair<std::string, Shape>> expected_weights(const DecoderConfig& config);
+
+  /** The final hidden states [batch, tokens, hidden_size] (after model.norm)
+   * of ids [batch, tokens] (i64, each < vocab_size). With `cache`, ids
+   * continue the cached sequence (positions from cache->length()) and the
+   * cache grows by `tokens`. `attention_mask` [batch, cache length + tokens]
+   * (bool, or integers with 1 for a real token and 0 for padding) hides the
+   * padding keys, as transformers' attention_mask does. */
+  Tensor hidden_states(const Tensor& ids, KVCache* cache = nullptr,
+                       const Tensor& attention_mask = Tensor());
+  /** Logits [batch, tokens, vocab_size] in config.dtype: lm_head of
+   * hidden_states. */
+  Tensor logits(const Tensor& ids, KVCache* cache = nullptr,
+                const Tensor& attention_mask = Tensor());
+  /** The output projection's weight [vocab_size, hidden_size] (the
+   * embeddings when tied). */
+  Tensor lm_head_weight() const;
+
+  const DecoderConfig& config() const { return config_; }
+  Device device() const;
+
+ private:
+  DecoderConfig config_;
+  std::shared_ptr<Embedding> embed_;
+  std::vector<std::shared_ptr<Module>> layers_;
+  std::shared_ptr<RMSNorm> norm_;
+  std::shared_ptr<Linear> lm_head_;
+};
+
+}  // namespace quanta::llm

@@ -1,0 +1,234 @@
+// config.json: transformers' names (both generations) to DecoderConfig and back.
+#include "llm/model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace quanta::llm {
+namespace {
+
+using nlohmann::json;
+
+struct Reader {
+  const json& j;
+  const std::string& source;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::invalid_argument(source + ": " + what);
+  }
+  bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+  int64_t integer(const char* key, int64_t fallback = -1) const {
+    if (!has(key)) {
+      if (fallback >= 0) return fallback;
+      fail(std::string("missing \"") + key + "\"");
+    }
+    const json& v = j.at(key);
+    if (!v.is_number_integer())
+      fail(std::string("\"") + key + "\" must be an integer, got " + v.dump());
+    const int64_t n = v.get<int64_t>();
+    if (n <= 0) fail(std::string("\"") + key + "\" must be > 0, got " + std::to_string(n));
+    return n;
+  }
+  double number(const json& obj, const char* key, double fallback, bool required) const {
+    if (!obj.contains(key) || obj.at(key).is_null()) {
+      if (required) fail(std::string("missing \"") + key + "\"");
+      return fallback;
+    }
+    const json& v = obj.at(key);
+    if (!v.is_number()) fail(std::string("\"") + key + "\" must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool flag(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j.at(key).is_boolean()) fail(std::string("\"") + key + "\" must be true or false");
+    return j.at(key).get<bool>();
+  }
+  std::string text(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j.at(key).is_string()) fail(std::string("\"") + key + "\" must be a string");
+    return j.at(key).get<std::string>();
+  }
+};
+
+DType dtype_of(const Reader& r) {
+  // 5.x writes "dtype", 4.x "torch_dtype"; either may be absent (f32).
+  const std::string name = r.has("dtype") ? r.text("dtype", "") : r.text("torch_dtype", "float32");
+  if (name == "float32") return DType::f32;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16") return DType::f16;
+  r.fail("dtype \"" + name + "\" is not one quanta loads (float32, bfloat16, float16)");
+}
+
+// The RoPE settings: 5.x's rope_parameters (theta inside), else 4.x's
+// rope_theta and rope_scaling (null: none).
+void read_rope(const Reader& r, DecoderConfig& c) {
+  const json* scaling = nullptr;
+  if (r.has("rope_parameters")) {
+    const json& p = r.j.at("rope_parameters");
+    if (!p.is_object()) r.fail("\"rope_parameters\" must be an object");
+    if (p.contains("full_attention") || p.contains("sliding_attention"))
+      r.fail("per-layer-type \"rope_parameters\" are not supported");
+    c.rope.theta = r.number(p, "rope_theta", 10000.0, false);
+    scaling = &p;
+  } else {
+    c.rope.theta = r.number(r.j, "rope_theta", 10000.0, false);
+    if (r.has("rope_scaling")) {
+      scaling = &r.j.at("rope_scaling");
+      if (!scaling->is_object()) r.fail("\"rope_scaling\" must be an object or null");
+    }
+  }
+  if (scaling) {
+    const json& s = *scaling;
+    // 4.x wrote the kind as "type" before "rope_type".
+    std::string type = "default";
+    if (s.contains("rope_type") && s.at("rope_type").is_string())
+      type = s.at("rope_type").get<std::string>();
+    else if (s.contains("type") && s.at("type").is_string())
+      type = s.at("type").get<std::string>();
+    if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3")
+      r.fail("rope_scaling type \"" + type +
+             "\" is not supported (supported: default, linear, dynamic, llama3)");
+    c.rope.scaling.type = type;
+    const bool scaled = type != "default";
+    c.rope.scaling.factor = r.number(s, "factor", 1.0, scaled);
+    if (type == "llama3") {
+      c.rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
+      c.rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
+      c.rope.scaling.original_max_position_embeddings =
+          static_cast<int64_t>(r.number(s, "original_max_position_embeddings", 0, true));
+    }
+    if (r.number(s, "partial_rotary_factor", 1.0, false) != 1.0)
+      r.fail("\"partial_rotary_factor\" other than 1 is not supported");
+  }
+  if (r.has("partial_rotary_factor") && r.number(r.j, "partial_rotary_factor", 1, false) != 1.0)
+    r.fail("\"partial_rotary_factor\" other than 1 is not supported");
+  if (r.flag("rope_interleaved", false))
+    r.fail("\"rope_interleaved\": true is not supported (transformers' Llama rotates halves)");
+  c.rope.head_dim = c.head_dim;
+  c.rope.max_position_embeddings = c.max_position_embeddings;
+}
+
+void refuse_sliding_window(const Reader& r, const DecoderConfig& c) {
+  if (c.model_type == "mistral" && r.has("sliding_window"))
+    r.fail("\"sliding_window\": " + r.j.at("sliding_window").dump() +
+           " is not supported (quanta runs full attention; set it to null only if the model "
+           "was trained without one)");
+  if (c.model_type == "qwen2" && r.flag("use_sliding_window", false))
+    r.fail("\"use_sliding_window\": true is not supported (quanta runs full attention)");
+  if (r.has("layer_types")) {
+    for (const json& t : r.j.at("layer_types"))
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        r.fail("\"layer_types\" holds " + t.dump() + "; only full_attention is supported");
+  }
+}
+
+}  // namespace
+
+int64_t DecoderConfig::parameter_count() const {
+  const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  int64_t layer = hidden_size * (q + 2 * kv) + q * hidden_size;  // q, k, v, o
+  if (qkv_bias) layer += q + 2 * kv;
+  if (o_bias) layer += hidden_size;
+  layer += 3 * hidden_size * intermediate_size;  // gate, up, down
+  if (mlp_bias) layer += 2 * intermediate_size + hidden_size;
+  layer += 2 * hidden_size;  // the two norms
+  const int64_t embed = vocab_size * hidden_size;
+  return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + hidden_size;
+}
+
+DecoderConfig parse_decoder_config(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(source + ": not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw std::invalid_argument(source + ": not a JSON object");
+  const Reader r{j, source};
+  DecoderConfig c;
+  c.model_type = r.text("model_type", "");
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2")
+    r.fail("model_type \"" + c.model_type + "\" is not supported (llama, mistral, qwen2)");
+  const std::string act = r.text("hidden_act", "silu");
+  if (act != "silu") r.fail("hidden_act \"" + act + "\" is not supported (silu)");
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_hidden_layers = r.integer("num_hidden_layers");
+  c.num_attention_heads = r.integer("num_attention_heads");
+  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    r.fail("num_attention_heads " + std::to_string(c.num_attention_heads) +
+           " is not a multiple of num_key_value_heads " + std::to_string(c.num_key_value_heads));
+  if (!r.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+    r.fail("hidden_size is not a multiple of num_attention_heads and there is no head_dim");
+  c.head_dim = r.integer("head_dim", c.hidden_size / c.num_attention_heads);
+  if (c.head_dim % 2 != 0) r.fail("head_dim must be even, got " + std::to_string(c.head_dim));
+  c.max_position_embeddings = r.integer("max_position_embeddings");
+  c.rms_norm_eps = r.number(j, "rms_norm_eps", 1e-6, false);
+  if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
+  c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
+  c.attention_bias = r.flag("attention_bias", false);
+  c.mlp_bias = r.flag("mlp_bias", false);
+  c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
+  c.o_bias = c.model_type != "qwen2" && c.attention_bias;
+  c.dtype = dtype_of(r);
+  if (r.has("pretraining_tp") && r.integer("pretraining_tp") < 1) r.fail("bad pretraining_tp");
+  refuse_sliding_window(r, c);
+  read_rope(r, c);
+  rope_frequencies(c.rope, 0);  // every RoPE value checked now, not at the first forward
+  return c;
+}
+
+DecoderConfig read_decoder_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open (a model folder holds config.json)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_decoder_config(ss.str(), path);
+}
+
+std::string decoder_config_json(const DecoderConfig& c) {
+  json j;
+  j["model_type"] = c.model_type;
+  j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                        : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                    : "LlamaForCausalLM"};
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.scaling.type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    json s{{"rope_type", c.rope.scaling.type}, {"factor", c.rope.scaling.factor}};
+    if (c.rope.scaling.type == "llama3") {
+      s["low_freq_factor"] = c.rope.scaling.low_freq_factor;
+      s["high_freq_factor"] = c.rope.scaling.high_freq_factor;
+      s["original_max_position_embeddings"] = c.rope.scaling.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = s;
+  }
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.model_type != "qwen2") {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
+  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
+  j["torch_dtype"] = c.dtype == DType::bf16  ? "bfloat16"
+                     : c.dtype == DType::f16 ? "float16"
+                                             : "float32";
+  return j.dump(2) + "\n";
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,59 @@
+#pragma once
+// A decoder's config.json as Hugging Face transformers writes it, for the
+// Llama family quanta runs: model_type llama, mistral (without a sliding
+// window) and qwen2. Both generations of names are read: transformers 4.x's
+// (rope_theta and rope_scaling at the top level, torch_dtype), which most
+// published models carry, and 5.x's (rope_parameters, dtype).
+#include <cstdint>
+#include <string>
+
+#include "engine/dtype.h"
+#include "llm/ops/rope.h"
+
+namespace quanta::llm {
+
+struct DecoderConfig {
+  std::string model_type = "llama";  // llama, mistral or qwen2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  /** theta, head_dim, max_position_embeddings and the scaling, as the
+   * RoPE ops take them. */
+  RopeConfig rope;
+  bool tie_word_embeddings = false;
+  /** Biases on q, k, v and o (llama's attention_bias); qwen2 always has
+   * them on q, k and v only. */
+  bool attention_bias = false;
+  bool qkv_bias = false;  // derived: q, k, v carry biases
+  bool o_bias = false;    // derived: o carries a bias
+  bool mlp_bias = false;
+  /** The weights' dtype (torch_dtype / dtype): f32, bf16 or f16. */
+  DType dtype = DType::f32;
+
+  /** Parameters of the model, embeddings counted once when tied. */
+  int64_t parameter_count() const;
+};
+
+/** Parses config.json text; `source` (a path) names the file in errors.
+ * Throws std::invalid_argument naming the key that is missing, has the wrong
+ * type or a value quanta does not run (another model_type, hidden_act,
+ * a sliding window, partial rotary, interleaved RoPE, a rope_scaling kind
+ * outside default, linear, dynamic, llama3). Keys that do not change the
+ * computation (architectures, token ids, dropout, use_cache, ...) are
+ * ignored. */
+DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& source);
+
+/** Reads `path` (a config.json) with parse_decoder_config. */
+DecoderConfig read_decoder_config(const std::string& path);
+
+/** config.json text for `c` in transformers 4.x's names (the ones every
+ * version of transformers reads). */
+std::string decoder_config_json(const DecoderConfig& c);
+
+}  // namespace quanta::llm

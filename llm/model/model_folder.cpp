@@ -1,0 +1,106 @@
+// Model folders: config.json, one safetensors file or an index and shards.
+#include "llm/model/model_folder.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/io/safetensors.h"
+
+namespace quanta::llm {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+// The index's weight map: shard file -> the names it should hold.
+std::map<std::string, std::set<std::string>> read_index(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, "cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("not JSON (") + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
+    fail(path, "has no \"weight_map\" object");
+  std::map<std::string, std::set<std::string>> shards;
+  for (const auto& [name, file] : j.at("weight_map").items()) {
+    if (!file.is_string()) fail(path, "weight_map[\"" + name + "\"] is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      fail(path, "weight_map[\"" + name + "\"] names \"" + f + "\", not a file in the folder");
+    shards[f].insert(name);
+  }
+  if (shards.empty()) fail(path, "weight_map is empty");
+  return shards;
+}
+
+}  // namespace
+
+StateDict read_model_weights(const std::string& dir) {
+  const fs::path root(dir);
+  const fs::path single = root / "model.safetensors";
+  const fs::path index = root / "model.safetensors.index.json";
+  StateDict out;
+  if (fs::exists(single)) {
+    for (auto& [name, t] : io::load_safetensors(single.string()).tensors)
+      out.push_back({name, std::move(t)});
+    return out;
+  }
+  if (!fs::exists(index))
+    fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
+  for (const auto& [file, names] : read_index(index.string())) {
+    const fs::path shard = root / file;
+    if (!fs::exists(shard))
+      fail(index.string(), "lists shard " + file + ", which is not in the folder");
+    io::SafetensorsFile f = io::load_safetensors(shard.string());
+    std::set<std::string> seen;
+    for (auto& [name, t] : f.tensors) {
+      if (!names.count(name))
+        fail(shard.string(), "holds " + name + ", which the index does not list for this shard");
+      seen.insert(name);
+      out.push_back({name, std::move(t)});
+    }
+    for (const auto& name : names)
+      if (!seen.count(name)) fail(shard.string(), "lacks " + name + ", which the index lists");
+  }
+  return out;
+}
+
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) {
+  DecoderConfig config = read_decoder_config((fs::path(dir) / "config.json").string());
+  StateDict weights = read_model_weights(dir);
+  if (!device.is_cpu())
+    for (auto& [name, t] : weights) t = t.to(device);
+  try {
+    return std::make_shared<CausalLM>(std::move(config), weights);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(dir + ": " + e.what());
+  }
+}
+
+void save_causal_lm(const CausalLM& model, const std::string& dir) {
+  fs::create_directories(dir);
+  const fs::path config = fs::path(dir) / "config.json";
+  const fs::path tmp = fs::path(dir) / ".config.json.tmp";
+  {
+    std::ofstream out(tmp);
+    out << decoder_config_json(model.config());
+    if (!out) fail(tmp.string(), "cannot write");
+  }
+  fs::rename(tmp, config);
+  io::TensorMap tensors;
+  for (const auto& [name, t] : model.state_dict()) tensors.push_back({name, t.detach()});
+  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,29 @@
+#pragma once
+// Hugging Face model folders: config.json with model.safetensors, or shards
+// model-0000N-of-0000M.safetensors listed by model.safetensors.index.json,
+// as save_pretrained writes them.
+#include <memory>
+#include <string>
+
+#include "engine/device.h"
+#include "engine/nn/module.h"
+#include "llm/model/causal_lm.h"
+
+namespace quanta::llm {
+
+/** Every tensor of the folder's weights, by name (f32, bf16 and f16 as
+ * stored). A sharded folder is read through its index: a name the index
+ * lists that its shard lacks, a name a shard holds that the index does not
+ * list, or a shard the index names that is missing is an error naming the
+ * file. Shards are read one at a time. */
+StateDict read_model_weights(const std::string& dir);
+
+/** The model of folder `dir` on `device` (weights in the config's dtype). */
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu());
+
+/** Writes `model` to `dir` (created if needed) as transformers does:
+ * config.json (4.x names) and model.safetensors, tied embeddings stored
+ * once. An existing config.json or model.safetensors is replaced. */
+void save_causal_lm(const CausalLM& model, const std::string& dir);
+
+}  // namespace quanta::llm

@@ -1,0 +1,119 @@
+"""Writes tiny Hugging Face model folders (random weights) and what
+transformers computes with them, for quanta's decoder parity tests. Run with
+the peer environment (../shared/peer/setup.sh):
+
+    /tmp/peer-venv/bin/python tests/data/llm/make_tiny_models.py tests/data/llm
+
+models/<name>/       config.json + model.safetensors (or shards + index),
+                     as save_pretrained writes them
+expected/<name>.safetensors
+                     input_ids [2, 12] (I64), logits [2, 12, vocab] (F32),
+                     loss [] (F32: transformers' causal-LM loss with
+                     labels = input_ids), prompt [1, 5] (I64) and generated
+                     [1, 8] (I64: generate(do_sample=False) new tokens)
+
+One folder's config.json is rewritten in transformers 4.x's names
+(rope_theta and rope_scaling at the top level, torch_dtype), the names most
+published models carry.
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.2,
+              bos_token_id=1, eos_token_id=2, pad_token_id=None)
+
+MODELS = {
+    # Grouped-query attention, untied embeddings, default RoPE.
+    "llama_gqa": (LlamaConfig, LlamaForCausalLM,
+                  dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                  torch.float32, None),
+    # Plain heads, tied embeddings, head_dim != hidden / heads, Llama 3's RoPE
+    # scaling; config rewritten in 4.x names.
+    "llama_tied_llama3": (LlamaConfig, LlamaForCausalLM,
+                          dict(num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                               tie_word_embeddings=True,
+                               rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 32}),
+                          torch.float32, None),
+    # bf16 weights and activations.
+    "llama_bf16": (LlamaConfig, LlamaForCausalLM,
+                   dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   torch.bfloat16, None),
+    # Qwen2: q, k, v biases, tied embeddings.
+    "qwen2_bias": (Qwen2Config, Qwen2ForCausalLM,
+                   dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                   torch.float32, None),
+    # Mistral without a sliding window, saved in shards with an index.
+    "mistral_sharded": (MistralConfig, MistralForCausalLM,
+                        dict(num_attention_heads=4, num_key_value_heads=1,
+                             tie_word_embeddings=False, sliding_window=None,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                        torch.float32, "40KB"),
+}
+
+
+def to_4x_names(path):
+    with open(path) as f:
+        c = json.load(f)
+    rope = c.pop("rope_parameters")
+    c["rope_theta"] = rope.pop("rope_theta")
+    c["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    c["torch_dtype"] = c.pop("dtype")
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+
+
+def main(root):
+    for i, (name, (config_cls, model_cls, extra, dtype, shard)) in enumerate(MODELS.items()):
+        torch.manual_seed(1000 + i)
+        config = config_cls(**COMMON, **extra)
+        model = model_cls(config).to(dtype).eval()
+        folder = os.path.join(root, "models", name)
+        os.makedirs(folder, exist_ok=True)
+        for f in os.listdir(folder):
+            os.remove(os.path.join(folder, f))
+        kwargs = {"max_shard_size": shard} if shard else {}
+        model.save_pretrained(folder, safe_serialization=True, **kwargs)
+        for f in os.listdir(folder):  # keep only what the loader reads
+            if f == "generation_config.json":
+                os.remove(os.path.join(folder, f))
+        if name == "llama_tied_llama3":
+            to_4x_names(os.path.join(folder, "config.json"))
+        ids = torch.randint(0, COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(7 + i))
+        prompt = torch.randint(3, COMMON["vocab_size"], (1, 5), generator=torch.Generator().manual_seed(70 + i))
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=ids)
+            gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        save_file({
+            "input_ids": ids.contiguous(),
+            "logits": out.logits.float().contiguous(),
+            "loss": out.loss.float().reshape(()).contiguous(),
+            "prompt": prompt.contiguous(),
+            "generated": gen[:, prompt.shape[1]:].contiguous(),
+        }, os.path.join(root, "expected", name + ".safetensors"),
+            metadata={"transformers": transformers.__version__, "torch": torch.__version__})
+        print(name, sorted(os.listdir(folder)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,235 @@
+// CausalLM against transformers on tiny random models (tests/data/llm,
+// made by make_tiny_models.py): logits, loss and greedy generation on the
+// CPU and sim, for GQA and plain heads, tied and untied embeddings, Llama 3
+// RoPE scaling, bf16, Qwen2's biases and a sharded Mistral folder. Also the
+// KV cache against a full forward, the chunked loss against the plain one,
+// a directional finite difference through the whole f64 model, save and
+// reload, and the errors a bad folder or config gives.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "../ops/op_fixtures.h"
+#include "engine/io/safetensors.h"
+#include "llm/model/causal_lm.h"
+#include "llm/model/generate.h"
+#include "llm/model/lm_loss.h"
+#include "llm/model/model_folder.h"
+#include "support/temp_dir.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string data_dir() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm";
+}
+
+const std::vector<std::string> kModels = {"llama_gqa", "llama_tied_llama3", "llama_bf16",
+                                          "qwen2_bias", "mistral_sharded"};
+
+const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
+  for (const auto& [n, t] : f.tensors)
+    if (n == name) return t;
+  FAIL("expected file lacks " << name);
+  static Tensor none;
+  return none;
+}
+
+std::vector<int64_t> ids_of(const Tensor& t) { return t.to(DType::i64).to_vector<int64_t>(); }
+
+// A small f64 model with every feature on: GQA, biases, untied, llama3 RoPE.
+llm::DecoderConfig tiny_config(DType dtype) {
+  llm::DecoderConfig c;
+  c.vocab_size = 11, c.hidden_size = 8, c.intermediate_size = 12, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 4;
+  c.max_position_embeddings = 64, c.rms_norm_eps = 1e-5, c.dtype = dtype;
+  c.attention_bias = true, c.qkv_bias = true, c.o_bias = true;
+  c.rope = {.theta = 10000, .head_dim = 4, .max_position_embeddings = 64};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu and sim") {
+  for (const std::string& name : kModels) {
+    INFO("model ", name);
+    const io::SafetensorsFile want =
+        io::load_safetensors(data_dir() + "/expected/" + name + ".safetensors");
+    const bool bf16 = name == "llama_bf16";
+    for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+      INFO("device ", dev.str());
+      auto model = llm::load_causal_lm(data_dir() + "/models/" + name, dev);
+      CHECK(model->config().dtype == (bf16 ? DType::bf16 : DType::f32));
+      NoGradGuard no_grad;
+      const Tensor ids = expected(want, "input_ids");
+      const Tensor logits = model->logits(ids.to(dev)).to(Device::cpu());
+      const double err = max_rel_diff(logits.to(DType::f32), expected(want, "logits"));
+      MESSAGE(name << " on " << dev.str() << ": logits max |diff| / max |logit| = " << err);
+      // f32: summation order only. bf16: transformers rounds the same
+      // intermediates; a different order of f32 sums can flip a rounding.
+      CHECK(err < (bf16 ? 2e-2 : 1e-5));
+      const Tensor loss = llm::causal_lm_loss(logits, ids);
+      const double want_loss = expected(want, "loss").to_vector<double>()[0];
+      CHECK(std::abs(loss.to_vector<double>()[0] - want_loss) < (bf16 ? 1e-2 : 1e-5) * want_loss);
+      const std::vector<int64_t> got =
+          llm::generate(*model, ids_of(expected(want, "prompt")), {.max_new_tokens = 8});
+      CHECK(got == ids_of(expected(want, "generated")));
+    }
+  }
+}
+
+TEST_CASE("CausalLM: sim gives the CPU's bits") {
+  auto cpu = llm::load_causal_lm(data_dir() + "/models/llama_gqa");
+  auto sim = llm::load_causal_lm(data_dir() + "/models/llama_gqa", Device::sim(0));
+  const Tensor ids = from_vector<int64_t>({1, 5, 9, 2, 7, 3}, {1, 6});
+  CHECK(cpu->logits(ids).to_vector<float>() ==
+        sim->logits(ids.to(Device::sim(0))).to(Device::cpu()).to_vector<float>());
+}
+
+TEST_CASE("CausalLM: a KV cache continues a sequence as a full forward would") {
+  auto model = llm::load_causal_lm(data_dir() + "/models/llama_tied_llama3");
+  NoGradGuard no_grad;
+  const std::vector<int64_t> seq = {4, 8, 15, 16, 23, 42, 7, 1};
+  const Tensor full = model->logits(from_vector<int64_t>(seq, {1, 8}));
+  llm::KVCache cache;
+  const Tensor head = model->logits(from_vector<int64_t>({4, 8, 15, 16, 23}, {1, 5}), &cache);
+  CHECK(cache.length() == 5);
+  const Tensor tail = model->logits(from_vector<int64_t>({42, 7, 1}, {1, 3}), &cache);
+  CHECK(cache.length() == 8);
+  CHECK(max_rel_diff(head, slice(full, 1, 0, 5)) < 1e-6);
+  CHECK(max_rel_diff(tail, slice(full, 1, 5, 8)) < 1e-6);
+}
+
+TEST_CASE("CausalLM: padding keys hidden by attention_mask leave the other rows' logits alone") {
+  auto model = llm::load_causal_lm(data_dir() + "/models/qwen2_bias");
+  NoGradGuard no_grad;
+  const Tensor one = model->logits(from_vector<int64_t>({5, 6, 7}, {1, 3}));
+  // Right padding with junk ids: the real positions see only real keys.
+  const Tensor ids = from_vector<int64_t>({5, 6, 7, 0, 0, 5, 6, 7, 9, 9}, {2, 5});
+  const Tensor mask = from_vector<int64_t>({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, {2, 5});
+  const Tensor padded = model->logits(ids, nullptr, mask);
+  CHECK(max_rel_diff(slice(select(padded, 0, 0), 0, 0, 3), select(one, 0, 0)) < 1e-6);
+}
+
+TEST_CASE("CausalLM: f64 directional finite difference through the whole model") {
+  Generator gen(5);
+  auto model = llm::CausalLM::random(tiny_config(DType::f64), gen, Device::cpu(), 0.5);
+  const Tensor ids = from_vector<int64_t>({1, 4, 9, 2, 10, 3, 0, 5}, {2, 4});
+  const auto loss = [&] { return llm::causal_lm_loss(model->logits(ids), ids); };
+  Tensor l = loss();
+  l.backward();
+  std::vector<Tensor> dirs;
+  double analytic = 0;
+  Generator dgen(6);
+  for (const Tensor& p : model->parameters()) {
+    dirs.push_back(randn(p.shape(), dgen, {.dtype = DType::f64}));
+    analytic += sum(mul(p.grad(), dirs.back())).to_vector<double>()[0];
+  }
+  const double eps = 1e-6;
+  const auto shifted = [&](double s) {
+    NoGradGuard no_grad;
+    const auto ps = model->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) copy_(ps[i], add(ps[i], dirs[i] * s));
+    const double v = loss().to_vector<double>()[0];
+    for (size_t i = 0; i < ps.size(); ++i) copy_(ps[i], sub(ps[i], dirs[i] * s));
+    return v;
+  };
+  const double numeric = (shifted(eps) - shifted(-eps)) / (2 * eps);
+  CHECK(std::abs(numeric - analytic) <= 1e-6 * std::max(1.0, std::abs(analytic)));
+}
+
+TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") {
+  Generator gen(7);
+  auto model = llm::CausalLM::random(tiny_config(DType::f64), gen, Device::cpu(), 0.5);
+  const Tensor ids = from_vector<int64_t>({1, 4, 9, 2, 10, 3, 0, 5, 6, 7}, {2, 5});
+  Tensor labels = ids.clone();
+  copy_(select(select(labels, 0, 1), 0, 2), full({}, -100, {.dtype = DType::i64}));
+  for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+    INFO("device ", dev.str());
+    const Tensor h = model->hidden_states(ids).detach().to(dev).requires_grad_(true);
+    const Tensor w = model->lm_head_weight().detach().to(dev).requires_grad_(true);
+    const Tensor plain = llm::causal_lm_loss(linear(h, w), labels.to(dev));
+    const auto g_plain = autograd::grad({plain}, {h, w});
+    const Tensor chunked = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3);
+    const auto g_chunked = autograd::grad({chunked}, {h, w});
+    CHECK(std::abs(plain.to_vector<double>()[0] - chunked.to_vector<double>()[0]) < 1e-12);
+    CHECK(max_rel_diff(g_chunked[0], g_plain[0]) < 1e-12);
+    CHECK(max_rel_diff(g_chunked[1], g_plain[1]) < 1e-12);
+  }
+}
+
+TEST_CASE("CausalLM: save writes a folder that loads back to the same weights") {
+  TempDir tmp;
+  auto model = llm::load_causal_lm(data_dir() + "/models/llama_tied_llama3");
+  llm::save_causal_lm(*model, (tmp.path() / "copy").string());
+  auto again = llm::load_causal_lm((tmp.path() / "copy").string());
+  CHECK(again->config().rope.scaling.type == "llama3");
+  CHECK(again->config().tie_word_embeddings);
+  const StateDict a = model->state_dict(), b = again->state_dict();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].first == b[i].first);
+    CHECK(a[i].second.to_vector<float>() == b[i].second.to_vector<float>());
+  }
+}
+
+TEST_CASE("CausalLM: every wrong weight listed in one error") {
+  const std::string dir = data_dir() + "/models/llama_gqa";
+  const llm::DecoderConfig c = llm::read_decoder_config(dir + "/config.json");
+  StateDict w = llm::read_model_weights(dir);
+  w.erase(w.begin() + 1);  // a missing one
+  w.push_back({"model.layers.9.mlp.gate_proj.weight", zeros({2, 2})});
+  for (auto& [name, t] : w)
+    if (name == "model.norm.weight") t = zeros({31});
+  try {
+    llm::CausalLM model(c, w);
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    CHECK(m.find("missing (1)") != std::string::npos);
+    CHECK(m.find("unexpected (1):\n    model.layers.9.mlp.gate_proj.weight") != std::string::npos);
+    CHECK(m.find("model.norm.weight is [31], expected [32]") != std::string::npos);
+  }
+}
+
+TEST_CASE("decoder configs: clear errors for what quanta does not run") {
+  const auto parse = [](const std::string& extra) {
+    return llm::parse_decoder_config(
+        R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32)" +
+            extra + "}",
+        "cfg.json");
+  };
+  CHECK(parse("").num_key_value_heads == 2);
+  CHECK(parse("").head_dim == 4);
+  CHECK_THROWS_WITH(parse(R"(, "hidden_act": "gelu")"),
+                    doctest::Contains("cfg.json: hidden_act \"gelu\" is not supported"));
+  CHECK_THROWS_WITH(parse(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
+                    doctest::Contains("rope_scaling type \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(parse(R"(, "rope_interleaved": true)"), doctest::Contains("rope_interleaved"));
+  CHECK_THROWS_WITH(parse(R"(, "num_key_value_heads": 3)"),
+                    doctest::Contains("not a multiple of num_key_value_heads 3"));
+  CHECK_THROWS_WITH(parse(R"(, "torch_dtype": "int8")"),
+                    doctest::Contains("dtype \"int8\" is not one quanta loads"));
+  CHECK_THROWS_WITH(llm::parse_decoder_config(R"({"model_type": "gpt2"})", "cfg.json"),
+                    doctest::Contains("model_type \"gpt2\" is not supported"));
+  CHECK_THROWS_WITH(llm::parse_decoder_config(
+                        R"({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8,
+              "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "max_position_embeddings": 32, "sliding_window": 4096})",
+                        "cfg.json"),
+                    doctest::Contains("\"sliding_window\": 4096 is not supported"));
+  CHECK_THROWS_WITH(parse(R"(, "layer_types": ["sliding_attention"])"),
+                    doctest::Contains("only full_attention is supported"));
+  CHECK_THROWS_WITH(llm::parse_decoder_config(R"({"model_type": "llama"})", "cfg.json"),
+                    doctest::Contains("missing \"vocab_size\""));
+  CHECK_THROWS_WITH(llm::read_decoder_config("/nonexistent/config.json"),
+                    doctest::Contains("cannot open"));
+}
