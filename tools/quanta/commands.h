@@ -35,8 +35,13 @@ void add_launch(CLI::App& app);
 /** `quanta train [--steps N | --epochs N] [--quantizer TYPE] ...` (train.cpp). */
 void add_train(CLI::App& app);
 
-/** `quanta eval CHECKPOINT`: test metrics and reconstructions (eval.cpp). */
+/** `quanta eval CHECKPOINT`: test metrics and reconstructions; `quanta eval
+ * --model DIR --data TOKENS --seq-len N`: a language model's perplexity
+ * (eval.cpp). */
 void add_eval(CLI::App& app);
+
+/** `quanta generate --model DIR --prompt-ids 1,2,3`: new tokens (generate.cpp). */
+void add_generate(CLI::App& app);
 
 /** `quanta encode CHECKPOINT --out CODES`: images to indices (encode.cpp). */
 void add_encode(CLI::App& app);

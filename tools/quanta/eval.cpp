@@ -11,6 +11,8 @@
 #include "commands.h"
 #include "data/fashion_mnist.h"
 #include "flag_checks.h"
+#include "llm/model/lm_eval.h"
+#include "llm/model/model_folder.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
 #include "train/metrics.h"
@@ -21,6 +23,8 @@ namespace {
 
 struct EvalOptions {
   std::string checkpoint;
+  std::string model;  // a language-model folder instead of a checkpoint
+  int64_t seq_len = 0;
   std::string data;
   std::string png;
   int64_t limit = -1;
@@ -29,7 +33,37 @@ struct EvalOptions {
   bool json = false;
 };
 
+// A language model's mean window cross-entropy and perplexity on a token file.
+void run_lm_eval(const EvalOptions& o) {
+  if (!o.checkpoint.empty()) throw UsageError("give a CHECKPOINT or --model DIR, not both");
+  if (o.data.empty()) throw UsageError("--model needs --data TOKENS (an llm.c token file)");
+  if (o.seq_len == 0) throw UsageError("--model needs --seq-len N");
+  if (!o.png.empty() || o.limit >= 0)
+    throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
+  auto model = llm::load_causal_lm(o.model, device_flag(o.device));
+  const llm::TokenFile tokens(o.data);
+  const llm::WindowEval r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["model"] = o.model;
+    j["data"] = o.data;
+    j["seq_len"] = o.seq_len;
+    j["loss"] = r.loss;
+    j["perplexity"] = r.perplexity;
+    j["windows"] = r.windows;
+    j["tokens"] = r.tokens;
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  std::cout << "loss " << train::fmt_metric(r.loss, 6) << "  perplexity "
+            << train::fmt_metric(r.perplexity, 4) << "  (" << r.windows << " windows of "
+            << o.seq_len << " tokens, " << r.tokens << " predictions)\n";
+}
+
 void run_eval(const EvalOptions& o) {
+  if (!o.model.empty()) return run_lm_eval(o);
+  if (o.checkpoint.empty())
+    throw UsageError("give a CHECKPOINT (or --model DIR for a language model)");
   const Device device = device_flag(o.device);
   const train::Checkpoint ck = train::load_checkpoint(o.checkpoint);
   std::unique_ptr<train::VqVae> model = train::restore_model(ck, o.checkpoint);
@@ -92,21 +126,30 @@ void add_eval(CLI::App& app) {
       "Examples:\n"
       "  quanta eval runs/baseline/checkpoint.safetensors\n"
       "  quanta eval runs/baseline/checkpoint.safetensors --limit 1000 --json\n"
-      "  quanta eval ckpt.safetensors --data ~/fashion-mnist --png recon.png");
-  sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train")
-      ->required();
-  sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the one trained on)");
+      "  quanta eval ckpt.safetensors --data ~/fashion-mnist --png recon.png\n"
+      "  quanta eval --model tests/data/llm/models/llama_gqa --data tokens.bin --seq-len 64");
+  sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train");
+  sub->add_option("--model", o->model,
+                  "a language-model folder (config.json, safetensors) to score on --data");
+  sub->add_option("--seq-len", o->seq_len, "--model: tokens per window")
+      ->transform(integer_in(2, 1 << 24));
+  sub->add_option("--data", o->data,
+                  "Fashion-MNIST folder (default: the one trained on); with --model, an "
+                  "llm.c token file");
   sub->add_option("--png", o->png,
                   "reconstruction PNG to write (default: eval_reconstructions.png beside "
                   "the checkpoint)");
   sub->add_option("--limit", o->limit, "evaluate on the first N test images only")
       ->transform(integer_in(0, train::kMaxCount));
   add_device_flag(*sub, o->device, "the model and each batch");
-  sub->add_option("--batch-size", o->batch_size, "images per forward pass")
-      ->capture_default_str()
-      ->transform(integer_in(1, train::kMaxBatchSize));
+  CLI::Option* batch = sub->add_option(
+      "--batch-size", o->batch_size, "images (with --model: windows, default 1) per forward pass");
+  batch->capture_default_str()->transform(integer_in(1, train::kMaxBatchSize));
   sub->add_flag("--json", o->json, "print one JSON object");
-  sub->callback([o] { run_eval(*o); });
+  sub->callback([o, batch] {
+    if (!o->model.empty() && batch->count() == 0) o->batch_size = 1;
+    run_eval(*o);
+  });
 }
 
 }  // namespace quanta::cli

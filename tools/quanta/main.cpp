@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("quanta ") + QUANTA_VERSION);
   quanta::cli::add_train(app);
   quanta::cli::add_eval(app);
+  quanta::cli::add_generate(app);
   quanta::cli::add_encode(app);
   quanta::cli::add_decode(app);
   quanta::cli::add_inspect(app);

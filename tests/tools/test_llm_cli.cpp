@@ -1,0 +1,104 @@
+// `quanta eval --model` and `quanta generate` on the tiny transformers models
+// of tests/data/llm: the perplexity equals transformers' loss on the same
+// windows, greedy tokens equal transformers' generate, and bad flags or
+// inputs end in one clear line.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "llm/data/token_file.h"
+#include "quanta.h"
+
+using namespace quanta;
+using namespace quanta::test;
+
+namespace {
+
+std::string models() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm/models/";
+}
+
+const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
+  for (const auto& [n, t] : f.tensors)
+    if (n == name) return t;
+  FAIL("expected file lacks " << name);
+  static Tensor none;
+  return none;
+}
+
+std::string ids_text(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("quanta eval --model: one window's loss equals transformers'") {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const io::SafetensorsFile want =
+      io::load_safetensors(std::string(root) + "/llm/expected/llama_gqa.safetensors");
+  // The expected file's two rows of 12 tokens as two windows.
+  const std::vector<int64_t> ids = expected(want, "input_ids").to_vector<int64_t>();
+  ScratchDir dir("llm_cli");
+  llm::write_token_file(dir.file("tokens.bin"), ids, llm::TokenWidth::u16);
+  for (const char* device : {"cpu", "sim"}) {
+    const CliResult r =
+        run_quanta({"eval", "--model", models() + "llama_gqa", "--data", dir.file("tokens.bin"),
+                    "--seq-len", "12", "--device", device, "--json"});
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("windows") == 2);
+    CHECK(j.at("tokens") == 22);
+    // transformers' loss is the mean over both rows' 22 predictions; with
+    // equal windows that is the mean of the windows' means.
+    const double loss = expected(want, "loss").to_vector<double>()[0];
+    CHECK(std::abs(j.at("loss").get<double>() - loss) < 1e-5 * loss);
+    CHECK(std::abs(j.at("perplexity").get<double>() - std::exp(loss)) < 1e-4 * std::exp(loss));
+  }
+  const CliResult text = run_quanta({"eval", "--model", models() + "llama_gqa", "--data",
+                                     dir.file("tokens.bin"), "--seq-len", "12"});
+  CHECK(contains(text.out, "perplexity"));
+  check_one_line_error(run_quanta({"eval", "--model", models() + "llama_gqa", "--data",
+                                   dir.file("tokens.bin"), "--seq-len", "25"}),
+                       1, "hold no window of 25");
+  check_one_line_error(
+      run_quanta({"eval", "--model", models() + "llama_gqa", "--data", dir.file("tokens.bin")}), 2,
+      "--model needs --seq-len N");
+  check_one_line_error(run_quanta({"eval", "--model", models() + "nonexistent", "--data",
+                                   dir.file("tokens.bin"), "--seq-len", "4"}),
+                       1, "cannot open");
+}
+
+TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  for (const char* name : {"llama_gqa", "qwen2_bias", "mistral_sharded"}) {
+    INFO("model ", name);
+    const io::SafetensorsFile want =
+        io::load_safetensors(std::string(root) + "/llm/expected/" + name + ".safetensors");
+    const CliResult r = run_quanta({"generate", "--model", models() + name, "--prompt-ids",
+                                    ids_text(expected(want, "prompt").to_vector<int64_t>()),
+                                    "--max-new-tokens", "8", "--json"});
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(nlohmann::json::parse(r.out).at("ids").get<std::vector<int64_t>>() ==
+          expected(want, "generated").to_vector<int64_t>());
+  }
+  // Sampling: a seed gives the same tokens every run.
+  const std::vector<std::string> sample = {"generate",     "--model", models() + "llama_gqa",
+                                           "--prompt-ids", "3,4,5",   "--temperature",
+                                           "0.9",          "--top-p", "0.8",
+                                           "--seed",       "11"};
+  const CliResult a = run_quanta(sample), b = run_quanta(sample);
+  REQUIRE(a.code == 0);
+  CHECK(a.out == b.out);
+  check_one_line_error(
+      run_quanta({"generate", "--model", models() + "llama_gqa", "--prompt-ids", "3,x"}), 2,
+      "'x' is not an integer");
+  check_one_line_error(
+      run_quanta({"generate", "--model", models() + "llama_gqa", "--prompt-ids", "3,64"}), 1,
+      "prompt id 64 at position 1 is outside [0, 64)");
+}
