@@ -2,9 +2,12 @@
 // block of queries walks the key blocks with an online softmax (a running
 // max and sum per query), so memory is one block of scores per thread, never
 // a q_len x kv_len matrix. The backward recomputes each block's
-// probabilities from the saved log-sum-exp; key blocks own their dK and dV
-// (one pass) and query blocks their dQ (a second), so no two threads add
-// into one gradient row and every sum runs in a fixed order.
+// probabilities from the saved log-sum-exp. With enough (image, key head)
+// pairs one task per pair walks its key blocks in order, adding dK, dV and
+// its own dQ rows (five products per block, as FlashAttention-2); with
+// fewer, key blocks own their dK and dV (one pass) and query blocks their dQ
+// (a second). Either way no two threads add into one gradient row and every
+// sum runs in a fixed order.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -119,24 +122,31 @@ void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scr
   store_rows<T, A>(s.o, static_cast<T*>(a.out), a.q_len * H * D, H * D, D, b, h, i0);
 }
 
-// p = exp(s - lse) and ds = p (dO v^T - delta) for the block in s.s, s.dp.
+// p = exp(s - lse) and ds = p (dO v^T - delta) for the block in s.s, s.dp,
+// a row at a time with Eigen's vectorised exp (fn::attention_prob and
+// fn::attention_score_grad per element, as the CUDA kernels compute them).
 template <class A>
 void probs_and_score_grads(const AttentionArgs& a, const A* delta, int64_t b, int64_t h, int64_t i0,
                            Scratch<A>& s) {
   const A* lse = static_cast<const A*>(a.lse) + (b * a.heads + h) * a.q_len + i0;
   const A* dl = delta + (b * a.heads + h) * a.q_len + i0;
   s.dp.noalias() = s.d_out * s.v.transpose();
-  for (int64_t i = 0; i < s.s.rows(); ++i)
-    for (int64_t j = 0; j < s.s.cols(); ++j) {
-      const A p = fn::attention_prob(s.s(i, j), lse[i]);
-      s.s(i, j) = p;
-      s.dp(i, j) = fn::attention_score_grad(p, s.dp(i, j), dl[i]);
+  for (int64_t i = 0; i < s.s.rows(); ++i) {
+    if (lse[i] == -INFINITY) {  // a query that sees no key: p = 0
+      s.s.row(i).setZero();
+      s.dp.row(i).setZero();
+      continue;
     }
+    s.s.row(i) = (s.s.row(i).array() - lse[i]).exp().matrix();
+    s.dp.row(i) = (s.s.row(i).array() * (s.dp.row(i).array() - dl[i])).matrix();
+  }
 }
 
+// dK and dV of one key block (and, when dq is given, its share of dQ added
+// into dq: the group's query rows [(h - hk G) q_len + i, D], unscaled).
 template <class T, class A>
 void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
-                     int64_t hk, int64_t j0, T* gk, T* gv, Scratch<A>& s) {
+                     int64_t hk, int64_t j0, T* gk, T* gv, Scratch<A>& s, Mat<A>* dq = nullptr) {
   const int64_t D = a.head_dim, nj = std::min(kBlockK, a.kv_len - j0), G = group_of(a);
   load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
   load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
@@ -152,6 +162,7 @@ void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A*
       probs_and_score_grads(a, delta, b, h, i0, s);
       s.dv.noalias() += s.s.transpose() * s.d_out;
       s.dk.noalias() += s.dp.transpose() * s.q;
+      if (dq) dq->middleRows((h - hk * G) * a.q_len + i0, ni).noalias() += s.dp * s.k;
     }
   s.dk *= static_cast<A>(a.scale);
   const int64_t Hk = a.kv_heads;
@@ -180,7 +191,31 @@ void query_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const 
   store_rows<T, A>(s.dq, gq, a.q_len * H * D, H * D, D, b, h, i0);
 }
 
+// All gradients of one (image, key head) in one pass, FlashAttention-2's
+// five products per block: key blocks in order, each adding its share of dQ
+// for the group's query heads into an accumulator that only this task
+// touches, so the sums still have one order.
+template <class T, class A>
+void group_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
+                 int64_t hk, T* gq, T* gk, T* gv, Scratch<A>& s) {
+  const int64_t G = group_of(a), D = a.head_dim, H = a.heads;
+  Mat<A> dq = Mat<A>::Zero(G * a.q_len, D);
+  for (int64_t j0 = 0; j0 < a.kv_len; j0 += kBlockK)
+    key_block_grads<T, A>(a, d_out, delta, b, hk, j0, gk, gv, s, &dq);
+  dq *= static_cast<A>(a.scale);
+  for (int64_t g = 0; g < G; ++g) {
+    const Mat<A> rows = dq.middleRows(g * a.q_len, a.q_len);
+    store_rows<T, A>(rows, gq, a.q_len * H * D, H * D, D, b, hk * G + g, 0);
+  }
+}
+
 int64_t blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// At least this many (image, key head) pairs make the one-pass backward
+// parallel enough; fewer take two passes (key blocks, then query blocks),
+// recomputing the scores once more. Chosen by shape alone, never by the
+// thread count, so the bits never depend on the machine.
+constexpr int64_t kOnePassGroups = 8;
 
 // Calls f(task, scratch) for task in [0, n), one scratch per thread's chunk.
 template <class A, class F>
@@ -229,6 +264,13 @@ void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta_, 
                         }
                       });
     const HeadsOperand d_out{grad_out, Tq * H * D, H * D, D};
+    if (B * Hk >= kOnePassGroups) {
+      for_tasks<A>(B * Hk, [&](int64_t t, Scratch<A>& s) {
+        group_grads<T, A>(a, d_out, delta, t / Hk, t % Hk, static_cast<T*>(gq), static_cast<T*>(gk),
+                          static_cast<T*>(gv), s);
+      });
+      return;
+    }
     const int64_t nkb = blocks(S, kBlockK);
     for_tasks<A>(B * Hk * nkb, [&](int64_t t, Scratch<A>& s) {
       const int64_t kb = t % nkb, bh = t / nkb;

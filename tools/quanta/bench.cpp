@@ -38,6 +38,10 @@ const std::map<std::string, SuiteInfo>& suites() {
         "GEMM of their FLOPs",
         true}},
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
+      {"llm",
+       {bench_llm,
+        "causal attention and a ~110M Llama, forward and forward + backward, against PyTorch "
+        "(floor = PyTorch's time; ../shared/peer/setup.sh)"}},
   };
   return all;
 }

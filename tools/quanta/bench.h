@@ -109,6 +109,9 @@ std::vector<BenchRow> bench_nf4(const BenchOptions& opts);
  * the small-batch GEMV against cuBLAS's bf16 GEMV, a large-batch nf4_linear
  * against the f32 GEMM (bench_nf4_cuda.cpp). */
 std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& opts);
+/** Attention and a ~110M Llama against PyTorch in a peer process, timed in
+ * turns; floor_ms is PyTorch's (bench_llm.cpp). */
+std::vector<BenchRow> bench_llm(const BenchOptions& opts);
 /** Collectives and DataParallel (bench_dist.cpp). */
 std::vector<BenchRow> bench_dist(const BenchOptions& opts);
 

@@ -17,6 +17,7 @@
 #include "llm/model/generate.h"
 #include "llm/model/lm_loss.h"
 #include "llm/model/model_folder.h"
+#include "support/gpu.h"
 #include "support/temp_dir.h"
 
 using namespace quanta;
@@ -57,13 +58,15 @@ llm::DecoderConfig tiny_config(DType dtype) {
 
 }  // namespace
 
-TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu and sim") {
+TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu, sim and cuda") {
   for (const std::string& name : kModels) {
     INFO("model ", name);
     const io::SafetensorsFile want =
         io::load_safetensors(data_dir() + "/expected/" + name + ".safetensors");
     const bool bf16 = name == "llama_bf16";
-    for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
+    for (const Device dev : devices) {
       INFO("device ", dev.str());
       auto model = llm::load_causal_lm(data_dir() + "/models/" + name, dev);
       CHECK(model->config().dtype == (bf16 ? DType::bf16 : DType::f32));
@@ -232,4 +235,44 @@ TEST_CASE("decoder configs: clear errors for what quanta does not run") {
                     doctest::Contains("missing \"vocab_size\""));
   CHECK_THROWS_WITH(llm::read_decoder_config("/nonexistent/config.json"),
                     doctest::Contains("cannot open"));
+}
+
+TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5") {
+  struct Published {
+    const char* file;
+    const char* type;
+    int64_t heads, kv_heads, head_dim, parameters;
+    bool tied;
+    const char* rope;
+  };
+  // Parameter counts as the hub lists them: the config's shapes add up to them.
+  const Published models[] = {
+      {"llama-3.2-1b.json", "llama", 32, 8, 64, 1235814400, true, "llama3"},
+      {"tinyllama-1.1b-chat-v1.0.json", "llama", 32, 4, 64, 1100048384, false, "default"},
+      {"smollm2-135m.json", "llama", 9, 3, 64, 134515008, true, "default"},
+      {"qwen2.5-0.5b.json", "qwen2", 14, 2, 64, 494032768, true, "default"},
+  };
+  for (const Published& m : models) {
+    INFO("config ", m.file);
+    const llm::DecoderConfig c = llm::read_decoder_config(data_dir() + "/configs/" + m.file);
+    CHECK(c.model_type == m.type);
+    CHECK(c.num_attention_heads == m.heads);
+    CHECK(c.num_key_value_heads == m.kv_heads);
+    CHECK(c.head_dim == m.head_dim);
+    CHECK(c.tie_word_embeddings == m.tied);
+    CHECK(c.dtype == DType::bf16);
+    CHECK(c.rope.scaling.type == m.rope);
+    CHECK(c.parameter_count() == m.parameters);
+    CHECK(c.qkv_bias == (std::string(m.type) == "qwen2"));
+    // The shapes CausalLM expects are the ones those checkpoints hold.
+    int64_t total = 0;
+    for (const auto& [name, shape] : llm::CausalLM::expected_weights(c)) total += numel_of(shape);
+    CHECK(total == m.parameters);
+  }
+  const llm::DecoderConfig llama =
+      llm::read_decoder_config(data_dir() + "/configs/llama-3.2-1b.json");
+  CHECK(llama.rope.theta == 500000.0);
+  CHECK(llama.rope.scaling.factor == 32.0);
+  CHECK(llama.rope.scaling.original_max_position_embeddings == 8192);
+  CHECK(llama.max_position_embeddings == 131072);
 }

@@ -94,6 +94,9 @@ TEST_CASE("attention: op harness") {
   run_case(attention_case("sdpa mask", {2, 4, 2, 4}, {2, 5, 2, 4}, false, padding_mask(2, 4, 5)));
   run_case(
       attention_case("sdpa causal mask", {2, 5, 2, 4}, {2, 5, 1, 4}, true, padding_mask(2, 5, 5)));
+  // 2 images x 4 key heads: the one-pass backward (8 or more pairs).
+  run_case(attention_case("sdpa one-pass backward", {2, 9, 8, 4}, {2, 9, 4, 4}, true,
+                          padding_mask(2, 9, 9)));
   // Past one 64-row tile in both directions, ragged last tiles.
   run_case(attention_case("sdpa tiles", {1, 70, 1, 3}, {1, 70, 1, 3}, true));
   OpCase zero = attention_case("sdpa zero-size", {2, 5, 2, 4}, {2, 6, 2, 4}, true);
@@ -123,10 +126,11 @@ TEST_CASE("attention: equals PyTorch's values and gradients (causal GQA, KV-cach
 }
 
 TEST_CASE("attention: grouped heads equal repeated heads, and bits do not depend on threads") {
-  const Tensor q = make_input({2, 80, 4, 8}, Domain::any, 1).to(DType::f32).requires_grad_(true);
-  const Tensor k = make_input({2, 80, 2, 8}, Domain::any, 2).to(DType::f32).requires_grad_(true);
-  const Tensor v = make_input({2, 80, 2, 8}, Domain::any, 3).to(DType::f32).requires_grad_(true);
-  const Tensor g = make_input({2, 80, 4, 8}, Domain::any, 4).to(DType::f32);
+  // 4 images x 2 key heads: the one-pass backward; the harness rows cover both.
+  const Tensor q = make_input({4, 80, 4, 8}, Domain::any, 1).to(DType::f32).requires_grad_(true);
+  const Tensor k = make_input({4, 80, 2, 8}, Domain::any, 2).to(DType::f32).requires_grad_(true);
+  const Tensor v = make_input({4, 80, 2, 8}, Domain::any, 3).to(DType::f32).requires_grad_(true);
+  const Tensor g = make_input({4, 80, 4, 8}, Domain::any, 4).to(DType::f32);
   const auto run = [&](int threads) {
     const int before = num_threads();
     set_num_threads(threads);
@@ -141,7 +145,7 @@ TEST_CASE("attention: grouped heads equal repeated heads, and bits do not depend
   CHECK(run(1) == run(2));
   // Key head c serves query heads 2c and 2c + 1: the same as copies of it.
   const auto repeat_heads = [](const Tensor& t) {
-    return reshape(expand(unsqueeze(t.detach(), 3), {2, 80, 2, 2, 8}), {2, 80, 4, 8});
+    return reshape(expand(unsqueeze(t.detach(), 3), {4, 80, 2, 2, 8}), {4, 80, 4, 8});
   };
   const Tensor rk = repeat_heads(k), rv = repeat_heads(v);
   const Tensor grouped =

@@ -1,0 +1,98 @@
+"""PyTorch's side of `quanta bench llm`: the same workloads timed in a
+long-lived process that quanta drives over stdin/stdout, so that the two
+sides alternate round by round on the same machine.
+
+Protocol (one line each way): quanta writes `setup NAME KEY=VALUE...`
+(answer `ok`), then `time NAME CALLS` (answer: milliseconds per call, the
+mean of CALLS calls), and `peak NAME` for attention's peak memory (answer:
+bytes allocated beyond the inputs, from tracemalloc-free accounting by
+torch's CPU allocator is not available, so `nan`). `quit` ends it.
+
+Workloads, matching tools/quanta/bench_llm.cpp:
+  attention   B H T D causal: F.scaled_dot_product_attention forward
+  attention_fb               forward + backward
+  llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids
+  llama_fb    forward + backward of its causal-LM loss
+
+Run by quanta with the peer environment's python (../shared/peer/setup.sh):
+/tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
+"""
+import os
+import sys
+import time
+
+# The two sides take turns on the same cores: OpenMP threads that spin
+# after their work would steal the other side's time, so they sleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402 (after the OpenMP setting)
+import torch.nn.functional as F  # noqa: E402
+
+
+def llama(cfg):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
+        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"], max_position_embeddings=4096,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).float()
+
+
+def main():
+    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads())
+    work = {}
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "quit":
+            break
+        if parts[0] == "setup":
+            name = parts[1]
+            cfg = {k: int(v) for k, v in (p.split("=") for p in parts[2:])}
+            work[name] = make(name, cfg)
+            print("ok", flush=True)
+        elif parts[0] == "time":
+            fn = work[parts[1]]
+            calls = int(parts[2])
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            print((time.perf_counter() - start) * 1000 / calls, flush=True)
+
+
+def make(name, cfg):
+    g = torch.Generator().manual_seed(1)
+    if name.startswith("attention"):
+        B, H, T, D = cfg["B"], cfg["H"], cfg["T"], cfg["D"]
+        q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
+        grad = torch.randn(B, H, T, D, generator=g)
+        if name.endswith("_fb"):
+            def fb():
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                o.backward(grad)
+            return fb
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return fwd
+    model = llama(cfg)
+    ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g)
+    if name.endswith("_fb"):
+        model.train()
+        def fb():
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+        return fb
+    model.eval()
+    def fwd():
+        with torch.no_grad():
+            model(input_ids=ids)
+    return fwd
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+// `quanta bench llm`: the language-model workloads against PyTorch on the
+// same machine, timed in turns (interleaved_ms) with a long-lived PyTorch
+// process (tools/peer/llm_bench_peer.py) that quanta drives over a pipe:
+//   attention_T{512,2048}[_fb]: causal scaled dot-product attention, B 4,
+//     12 heads of 64, forward (and forward + backward), against PyTorch's
+//     F.scaled_dot_product_attention on [B, H, T, D] tensors.
+//   llama100m_B4_T512[_fb], llama100m_B1_T2048[_fb]: a ~110M-parameter
+//     Llama (768 hidden, 12 layers, 12 heads, 2048 MLP, 32000 vocab, tied;
+//     random weights, f32) forward (and forward + backward of the causal-LM
+//     loss), against transformers' LlamaForCausalLM with attn_implementation
+//     "sdpa".
+// ratio = quanta / PyTorch: below 1 quanta is faster. The peer's python is
+// $QUANTA_PEER_PYTHON, else /tmp/peer-venv/bin/python (../shared/peer/
+// setup.sh); without it the rows say so. --size small shrinks every shape
+// (a smoke test, not a measurement).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "bench.h"
+#include "llm/model/causal_lm.h"
+#include "llm/model/lm_loss.h"
+#include "llm/ops/attention.h"
+#include "quanta.h"
+#include "quanta_config.h"
+
+namespace quanta::cli {
+namespace {
+
+// The PyTorch process: one request line in, one answer line out.
+class Peer {
+ public:
+  Peer(const std::string& python, const std::string& script, int threads) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe failed");
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[1]);
+      close(out[0]);
+      const std::string t = std::to_string(threads);
+      execl(python.c_str(), python.c_str(), script.c_str(), t.c_str(), nullptr);
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+  }
+  ~Peer() {
+    if (to_) {
+      std::fputs("quit\n", to_);
+      std::fclose(to_);
+    }
+    if (from_) std::fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  std::string ask(const std::string& line) {
+    std::fputs((line + "\n").c_str(), to_);
+    std::fflush(to_);
+    char buf[256];
+    if (!std::fgets(buf, sizeof buf, from_))
+      throw std::runtime_error("the PyTorch peer ended (request: " + line + ")");
+    std::string s(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+std::string peer_python() {
+  if (const char* p = std::getenv("QUANTA_PEER_PYTHON")) return p;
+  return "/tmp/peer-venv/bin/python";
+}
+
+// The peer script beside the source tree the binary was built from, or
+// $QUANTA_PEER_SCRIPT.
+std::string peer_script() {
+  if (const char* p = std::getenv("QUANTA_PEER_SCRIPT")) return p;
+  return std::string(QUANTA_SOURCE_ROOT) + "/tools/peer/llm_bench_peer.py";
+}
+
+struct Workload {
+  std::string name;
+  std::string peer_setup;  // "setup NAME KEY=VALUE..."
+  std::function<void()> run;
+};
+
+}  // namespace
+
+std::vector<BenchRow> bench_llm(const BenchOptions& o) {
+  if (!o.device.is_cpu()) throw std::invalid_argument("bench llm runs on the CPU only for now");
+  std::vector<Workload> work;
+  Generator gen(321);
+  // Attention: B 4, 12 heads of 64 (small: B 1, 2 heads of 16).
+  const int64_t B = o.small ? 1 : 4, H = o.small ? 2 : 12, D = o.small ? 16 : 64;
+  std::vector<std::shared_ptr<Tensor>> keep;
+  for (int64_t T : o.small ? std::vector<int64_t>{64} : std::vector<int64_t>{512, 2048}) {
+    auto q = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
+    auto k = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
+    auto v = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
+    auto g = std::make_shared<Tensor>(randn({B, T, H, D}, gen));
+    const std::string shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) +
+                              " T=" + std::to_string(T) + " D=" + std::to_string(D);
+    const std::string tag = "attention_T" + std::to_string(T);
+    work.push_back({tag, "setup attention " + shape, [=] {
+                      NoGradGuard no_grad;
+                      llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true});
+                    }});
+    work.push_back({tag + "_fb", "setup attention_fb " + shape, [=] {
+                      q->zero_grad(), k->zero_grad(), v->zero_grad();
+                      llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
+                    }});
+  }
+  // The ~110M Llama (small: 2 layers of 64).
+  llm::DecoderConfig c;
+  c.vocab_size = o.small ? 512 : 32000;
+  c.hidden_size = o.small ? 64 : 768;
+  c.intermediate_size = o.small ? 128 : 2048;
+  c.num_hidden_layers = o.small ? 2 : 12;
+  c.num_attention_heads = o.small ? 4 : 12;
+  c.num_key_value_heads = c.num_attention_heads;
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.rope = {.theta = 10000, .head_dim = c.head_dim, .max_position_embeddings = 4096};
+  auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
+  const std::string cfg = "vocab=" + std::to_string(c.vocab_size) +
+                          " hidden=" + std::to_string(c.hidden_size) +
+                          " ffn=" + std::to_string(c.intermediate_size) +
+                          " layers=" + std::to_string(c.num_hidden_layers) +
+                          " heads=" + std::to_string(c.num_attention_heads) +
+                          " kv_heads=" + std::to_string(c.num_key_value_heads);
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      o.small ? std::vector<std::pair<int64_t, int64_t>>{{2, 32}}
+              : std::vector<std::pair<int64_t, int64_t>>{{4, 512}, {1, 2048}};
+  for (const auto& [b, t] : shapes) {
+    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
+    const std::string tag = "llama" + std::string(o.small ? "small" : "100m") + "_B" +
+                            std::to_string(b) + "_T" + std::to_string(t);
+    const std::string shape = cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t);
+    work.push_back({tag, "setup llama_fwd " + shape, [=] {
+                      NoGradGuard no_grad;
+                      model->logits(*ids);
+                    }});
+    work.push_back({tag + "_fb", "setup llama_fb " + shape, [=] {
+                      for (const Tensor& p : model->parameters()) p.zero_grad();
+                      llm::causal_lm_loss(model->logits(*ids), *ids).backward();
+                    }});
+  }
+
+  std::unique_ptr<Peer> peer;
+  std::string why;
+  if (!std::filesystem::exists(peer_python()))
+    why = "no PyTorch peer: " + peer_python() +
+          " is missing (run ../shared/peer/setup.sh or set QUANTA_PEER_PYTHON)";
+  else if (!std::filesystem::exists(peer_script()))
+    why = "no peer script at " + peer_script() + " (set QUANTA_PEER_SCRIPT)";
+  else
+    peer = std::make_unique<Peer>(peer_python(), peer_script(), num_threads());
+
+  std::vector<BenchRow> rows;
+  for (const Workload& w : work) {
+    BenchRow row{w.name};
+    if (!peer) {
+      row.ms = median_ms(o.repeat, w.run);
+      row.unavailable = why;
+      rows.push_back(row);
+      continue;
+    }
+    const std::string setup = peer->ask(w.peer_setup);
+    if (setup != "ok") {
+      rows.push_back(unavailable_row(w.name, "the PyTorch peer refused setup: " + setup));
+      continue;
+    }
+    const std::string name = w.peer_setup.substr(6, w.peer_setup.find(' ', 6) - 6);
+    const std::vector<double> ms =
+        interleaved_ms(o.repeat, 1, {w.run, [&] { peer->ask("time " + name + " 1"); }});
+    row.ms = ms[0];
+    row.floor_ms = ms[1];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace quanta::cli
