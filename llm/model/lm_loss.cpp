@@ -9,6 +9,7 @@
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
+#include "engine/ops/join.h"
 #include "engine/ops/linalg.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/reductions.h"
@@ -46,9 +47,16 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   check_labels("causal_lm_loss", labels, B, T);
   if (T < 2) throw std::invalid_argument("[causal_lm_loss] needs at least 2 tokens per row");
-  const Tensor x =
-      reshape(slice(logits, 1, 0, T - 1), {B * (T - 1), V}).to(loss_dtype(logits.dtype()));
-  return cross_entropy(x, next_labels(labels.to(logits.device())), Reduction::mean, ignore_index);
+  // As transformers 5 does: the labels shift left and the last position of
+  // each row gets ignore_index, so every row of the logits is used as it lies
+  // (a view, not a copy of [batch, tokens - 1, vocab]).
+  const Tensor l = labels.to(logits.device());
+  const Tensor shifted =
+      cat({slice(l, 1, 1, T), full({B, 1}, static_cast<double>(ignore_index),
+                                   {.dtype = DType::i64, .device = l.device()})},
+          1);
+  const Tensor x = reshape(logits, {B * T, V}).to(loss_dtype(logits.dtype()));
+  return cross_entropy(x, reshape(shifted, {B * T}), Reduction::mean, ignore_index);
 }
 
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
