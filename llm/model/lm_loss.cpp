@@ -51,10 +51,9 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore
   // each row gets ignore_index, so every row of the logits is used as it lies
   // (a view, not a copy of [batch, tokens - 1, vocab]).
   const Tensor l = labels.to(logits.device());
-  const Tensor shifted =
-      cat({slice(l, 1, 1, T), full({B, 1}, static_cast<double>(ignore_index),
-                                   {.dtype = DType::i64, .device = l.device()})},
-          1);
+  const Tensor shifted = cat({slice(l, 1, 1, T), full({B, 1}, static_cast<double>(ignore_index),
+                                                      {.dtype = DType::i64, .device = l.device()})},
+                             1);
   const Tensor x = reshape(logits, {B * T, V}).to(loss_dtype(logits.dtype()));
   return cross_entropy(x, reshape(shifted, {B * T}), Reduction::mean, ignore_index);
 }

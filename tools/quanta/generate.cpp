@@ -2,6 +2,7 @@
 // Hugging Face model folder, greedy or sampled, with a KV cache.
 #include "llm/model/generate.h"
 
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,15 @@ struct GenerateFlags {
   std::string device = "cpu";
   bool json = false;
 };
+
+// This process's peak resident memory (VmHWM), -1 where /proc cannot tell.
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
@@ -61,6 +71,7 @@ void run_generate(const GenerateFlags& f) {
     j["model"] = f.model;
     j["prompt_ids"] = prompt;
     j["ids"] = ids;
+    j["peak_rss_bytes"] = peak_rss_bytes();
     std::cout << j.dump() << "\n";
     return;
   }
@@ -94,7 +105,8 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(1e-9, 1.0));
   sub->add_option("--seed", f->seed, "the sampler's seed")->capture_default_str();
   add_device_flag(*sub, f->device, "the model");
-  sub->add_flag("--json", f->json, "print one JSON object whose ids are the new tokens");
+  sub->add_flag("--json", f->json,
+                "print one JSON object: ids (the new tokens), peak_rss_bytes (VmHWM)");
   sub->callback([f] { run_generate(*f); });
 }
 
