@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev                       # JSON (metadata, bench output)
   libcli11-dev                             # command-line flags
   libpng-dev zlib1g-dev                    # PNG of reconstructions
+  libsentencepiece-dev                     # text through a model's tokenizer.model
   dataset-fashion-mnist                    # `quanta train` default data
   python3                                  # CI summary script
   clang-format                             # CI's format check (tools/check-format.sh)

@@ -2,6 +2,8 @@
 // Perplexity over a token file: its consecutive non-overlapping windows of
 // seq_len tokens, each scored on its seq_len - 1 next-token predictions.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "llm/data/token_file.h"
 #include "llm/model/causal_lm.h"
@@ -23,5 +25,9 @@ struct WindowEval {
  * >= vocab_size names the file and position. */
 WindowEval evaluate_windows(CausalLM& model, const TokenFile& tokens, int64_t seq_len,
                             int64_t batch_size = 1);
+/** The same over ids in memory (a tokenized text); `source` names them in
+ * errors. */
+WindowEval evaluate_windows(CausalLM& model, const std::vector<int64_t>& ids,
+                            const std::string& source, int64_t seq_len, int64_t batch_size = 1);
 
 }  // namespace quanta::llm

@@ -11,6 +11,7 @@
 #include "llm/data/token_file.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/model_folder.h"
+#include "llm/text/tokenizer.h"
 #include "quanta.h"
 
 using namespace quanta;
@@ -137,4 +138,46 @@ TEST_CASE("loading a model folder peaks near the weights' bytes, not twice them"
                                 << peak - base << " over the tiny model's run");
   CHECK(peak - base > weights / 2);  // the measure sees the weights at all
   CHECK(peak - base < weights * 12 / 10);
+}
+
+TEST_CASE("quanta generate --prompt and eval on text, through the folder's tokenizer.model") {
+  const std::string model = models() + "llama_gqa";
+  if (!llm::Tokenizer::available()) {
+    check_one_line_error(run_quanta({"generate", "--model", model, "--prompt", "hello world"}), 1,
+                         "built without libsentencepiece");
+    return;
+  }
+  // "hello world" is 23 32 26 42 46 (tokenizer_cases.tsv), after BOS 1.
+  const CliResult text = run_quanta(
+      {"generate", "--model", model, "--prompt", "hello world", "--max-new-tokens", "8", "--json"});
+  const CliResult ids = run_quanta({"generate", "--model", model, "--prompt-ids",
+                                    "1,23,32,26,42,46", "--max-new-tokens", "8", "--json"});
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  REQUIRE_MESSAGE(ids.code == 0, ids.err);
+  const auto jt = nlohmann::json::parse(text.out), ji = nlohmann::json::parse(ids.out);
+  CHECK(jt.at("prompt_ids") == ji.at("prompt_ids"));
+  CHECK(jt.at("ids") == ji.at("ids"));
+  CHECK(jt.at("text").get<std::string>().size() > 0);
+  const CliResult plain = run_quanta(
+      {"generate", "--model", model, "--prompt", "hello world", "--max-new-tokens", "8"});
+  CHECK(plain.out.rfind("hello world", 0) == 0);
+  // Text data: the same windows as the token file of its ids.
+  ScratchDir dir("llm_text");
+  const std::string corpus = "the quick brown fox jumps over the lazy dog, hello world";
+  std::ofstream(dir.file("text.txt")) << corpus;
+  const llm::Tokenizer tok(llm::tokenizer_model_in(model));
+  llm::write_token_file(dir.file("text.bin"), tok.encode(corpus, true), llm::TokenWidth::u16);
+  const CliResult a = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("text.txt"), "--seq-len", "8", "--json"});
+  const CliResult b = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("text.bin"), "--seq-len", "8", "--json"});
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(nlohmann::json::parse(a.out).at("loss") == nlohmann::json::parse(b.out).at("loss"));
+  check_one_line_error(
+      run_quanta({"generate", "--model", models() + "qwen2_bias", "--prompt", "hello"}), 2,
+      "--prompt needs");
+  check_one_line_error(
+      run_quanta({"generate", "--model", model, "--prompt", "hi", "--prompt-ids", "1"}), 2,
+      "one of them");
 }

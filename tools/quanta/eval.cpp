@@ -2,9 +2,11 @@
 // test images above their reconstructions.
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +15,7 @@
 #include "flag_checks.h"
 #include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
+#include "llm/text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
 #include "train/metrics.h"
@@ -36,13 +39,31 @@ struct EvalOptions {
 // A language model's mean window cross-entropy and perplexity on a token file.
 void run_lm_eval(const EvalOptions& o) {
   if (!o.checkpoint.empty()) throw UsageError("give a CHECKPOINT or --model DIR, not both");
-  if (o.data.empty()) throw UsageError("--model needs --data TOKENS (an llm.c token file)");
+  if (o.data.empty())
+    throw UsageError("--model needs --data TOKENS (an llm.c token file, or a .txt)");
   if (o.seq_len == 0) throw UsageError("--model needs --seq-len N");
   if (!o.png.empty() || o.limit >= 0)
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
   auto model = llm::load_causal_lm(o.model, device_flag(o.device));
-  const llm::TokenFile tokens(o.data);
-  const llm::WindowEval r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);
+  llm::WindowEval r;
+  if (std::filesystem::path(o.data).extension() == ".txt") {
+    // Raw text: the whole file through the folder's tokenizer, a BOS first.
+    const std::string path = llm::tokenizer_model_in(o.model);
+    if (path.empty())
+      throw UsageError(o.data + " is text, and " + o.model +
+                       " has no tokenizer.model to read it with (tokenize it with "
+                       "tools/tokenize.py into a token file)");
+    const llm::Tokenizer tokenizer(path);
+    std::ifstream in(o.data, std::ios::binary);
+    if (!in) throw std::runtime_error(o.data + ": cannot open");
+    std::stringstream text;
+    text << in.rdbuf();
+    r = llm::evaluate_windows(*model, tokenizer.encode(text.str(), true), o.data, o.seq_len,
+                              o.batch_size);
+  } else {
+    const llm::TokenFile tokens(o.data);
+    r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);
+  }
   if (o.json) {
     nlohmann::ordered_json j;
     j["model"] = o.model;
@@ -135,7 +156,7 @@ void add_eval(CLI::App& app) {
       ->transform(integer_in(2, 1 << 24));
   sub->add_option("--data", o->data,
                   "Fashion-MNIST folder (default: the one trained on); with --model, an "
-                  "llm.c token file");
+                  "llm.c token file, or a .txt read through the folder's tokenizer.model");
   sub->add_option("--png", o->png,
                   "reconstruction PNG to write (default: eval_reconstructions.png beside "
                   "the checkpoint)");

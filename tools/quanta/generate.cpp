@@ -1,5 +1,6 @@
-// `quanta generate --model DIR --prompt-ids 1,2,3`: new tokens from a
-// Hugging Face model folder, greedy or sampled, with a KV cache.
+// `quanta generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)`: new
+// tokens from a Hugging Face model folder, greedy or sampled, with a KV
+// cache; text through the folder's SentencePiece tokenizer.model.
 #include "llm/model/generate.h"
 
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "llm/model/model_folder.h"
+#include "llm/text/tokenizer.h"
 
 namespace quanta::cli {
 namespace {
@@ -20,6 +22,7 @@ namespace {
 struct GenerateFlags {
   std::string model;
   std::string prompt_ids;
+  std::string prompt;  // text, through the folder's tokenizer.model
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -58,7 +61,19 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 void run_generate(const GenerateFlags& f) {
-  const std::vector<int64_t> prompt = parse_ids(f.prompt_ids);
+  if (f.prompt.empty() == f.prompt_ids.empty())
+    throw UsageError("give the prompt as --prompt TEXT or --prompt-ids 1,2,3 (one of them)");
+  std::unique_ptr<llm::Tokenizer> tokenizer;
+  if (!f.prompt.empty()) {
+    const std::string path = llm::tokenizer_model_in(f.model);
+    if (path.empty())
+      throw UsageError("--prompt needs " + f.model +
+                       "/tokenizer.model (a SentencePiece model); for a folder with only "
+                       "tokenizer.json, tokenize with tools/tokenize.py and pass --prompt-ids");
+    tokenizer = std::make_unique<llm::Tokenizer>(path);
+  }
+  const std::vector<int64_t> prompt =
+      tokenizer ? tokenizer->encode(f.prompt, true) : parse_ids(f.prompt_ids);
   auto model = llm::load_causal_lm(f.model, device_flag(f.device));
   llm::GenerateOptions o;
   o.max_new_tokens = f.max_new_tokens;
@@ -71,8 +86,13 @@ void run_generate(const GenerateFlags& f) {
     j["model"] = f.model;
     j["prompt_ids"] = prompt;
     j["ids"] = ids;
+    if (tokenizer) j["text"] = tokenizer->decode(ids);
     j["peak_rss_bytes"] = peak_rss_bytes();
     std::cout << j.dump() << "\n";
+    return;
+  }
+  if (tokenizer) {
+    std::cout << f.prompt << tokenizer->decode(ids) << "\n";
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? "," : "") << ids[i];
@@ -89,11 +109,14 @@ void add_generate(CLI::App& app) {
       "Examples:\n"
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt-ids 5,9,2 "
       "--max-new-tokens 8\n"
-      "  quanta generate --model DIR --prompt-ids 1,2 --temperature 0.8 --top-p 0.9 --seed 3");
+      "  quanta generate --model DIR --prompt-ids 1,2 --temperature 0.8 --top-p 0.9 --seed 3\n"
+      "  quanta generate --model tests/data/llm/models/llama_gqa --prompt \"hello world\"");
   sub->add_option("--model", f->model, "model folder: config.json and safetensors weights")
       ->required();
-  sub->add_option("--prompt-ids", f->prompt_ids, "the prompt as comma-separated token ids")
-      ->required();
+  sub->add_option("--prompt-ids", f->prompt_ids, "the prompt as comma-separated token ids");
+  sub->add_option("--prompt", f->prompt,
+                  "the prompt as text, through the folder's SentencePiece tokenizer.model (a BOS "
+                  "first); prints the prompt and the new text");
   sub->add_option("--max-new-tokens", f->max_new_tokens, "tokens to generate")
       ->capture_default_str()
       ->transform(integer_in(0, 1 << 20));

@@ -1,0 +1,66 @@
+// Tokenizer: the ids libsentencepiece's own spm_encode gives for a few texts
+// (tests/data/llm/tokenizer_cases.tsv, make_tokenizer.sh), a BOS in front
+// on request, decode back to the text, and clear errors.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "llm/text/tokenizer.h"
+#include "support/temp_dir.h"
+
+using namespace quanta;
+
+namespace {
+
+std::string data_dir() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm";
+}
+
+}  // namespace
+
+TEST_CASE("Tokenizer: ids equal spm_encode's, BOS first on request, decode inverts") {
+  const std::string model = llm::tokenizer_model_in(data_dir() + "/models/llama_gqa");
+  REQUIRE(!model.empty());
+  if (!llm::Tokenizer::available()) {
+    CHECK_THROWS_WITH(llm::Tokenizer{model}, doctest::Contains("built without libsentencepiece"));
+    MESSAGE("skipped: quanta was built without libsentencepiece");
+    return;
+  }
+  const llm::Tokenizer tok(model);
+  CHECK(tok.vocab_size() == 64);
+  CHECK(tok.bos_id() == 1);
+  CHECK(tok.eos_id() == 2);
+  std::ifstream cases(data_dir() + "/tokenizer_cases.tsv");
+  std::string line;
+  int n = 0;
+  while (std::getline(cases, line)) {
+    const auto tab = line.find('\t');
+    const std::string text = line.substr(0, tab);
+    std::vector<int64_t> want;
+    std::istringstream ids(line.substr(tab + 1));
+    for (int64_t id; ids >> id;) want.push_back(id);
+    INFO("text '", text, "'");
+    CHECK(tok.encode(text, false) == want);
+    std::vector<int64_t> with_bos = {1};
+    with_bos.insert(with_bos.end(), want.begin(), want.end());
+    CHECK(tok.encode(text, true) == with_bos);
+    ++n;
+  }
+  CHECK(n == 4);
+  CHECK(tok.decode(tok.encode("hello world", true)) == "hello world");
+  CHECK_THROWS_WITH(tok.decode({5, 64}), doctest::Contains("id 64 is outside the tokenizer's 64"));
+}
+
+TEST_CASE("Tokenizer: a missing or broken tokenizer.model names the file") {
+  if (!llm::Tokenizer::available()) return;
+  testing::TempDir tmp;
+  const std::string bad = (tmp.path() / "tokenizer.model").string();
+  std::ofstream(bad) << "not a model";
+  CHECK_THROWS_WITH(llm::Tokenizer{bad},
+                    doctest::Contains((bad + ": not a SentencePiece model").c_str()));
+  CHECK_THROWS_WITH(llm::Tokenizer{bad + ".none"}, doctest::Contains("not a SentencePiece model"));
+  CHECK(llm::tokenizer_model_in(tmp.path().string() + "/nothing").empty());
+}
