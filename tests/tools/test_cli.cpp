@@ -169,7 +169,7 @@ TEST_CASE("quanta rejects bad usage with exit code 2") {
   check_one_line_error(quanta_cli({"inspect", "x.safetensors", "--bogus"}), 2, "--bogus");
   check_one_line_error(quanta_cli({"bench"}), 2, "suite is required");
   check_one_line_error(quanta_cli({"bench", "nope"}), 2,
-                       "unknown bench suite 'nope' (suites: dist, engine, nf4, quant, train)");
+                       "unknown bench suite 'nope' (suites: dist, engine, llm, nf4, quant, train)");
   check_one_line_error(quanta_cli({"bench", "engine", "--repeat", "0"}), 2, "--repeat");
   check_one_line_error(quanta_cli({"bench", "engine", "--size", "huge"}), 2, "--size");
 }
@@ -634,6 +634,30 @@ TEST_CASE("quanta bench quant --size small --json lists the quantizer rows") {
   for (const char* want : {"vq_train_step", "rvq8_train_step", "fsq_train_step",
                            "lfq_1024_train_step", "lfq_65536_train_step"})
     CHECK_MESSAGE(seen.count(want) == 1, want);
+}
+
+TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is missing") {
+  // Without the peer environment every row runs quanta's side and says why
+  // it has no floor; with it (QUANTA_PEER_PYTHON), the rows are timed in turns.
+  const char* peer = std::getenv("QUANTA_PEER_PYTHON");
+  const std::string saved = peer ? peer : "";
+  ::setenv("QUANTA_PEER_PYTHON", "/nonexistent/python", 1);
+  const Result r = quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1"});
+  if (peer)
+    ::setenv("QUANTA_PEER_PYTHON", saved.c_str(), 1);
+  else
+    ::unsetenv("QUANTA_PEER_PYTHON");
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  std::set<std::string> names;
+  for (const auto& row : nlohmann::json::parse(r.out)) {
+    names.insert(row["name"].get<std::string>());
+    CHECK(contains(row["unavailable"].get<std::string>(),
+                   "no PyTorch peer: /nonexistent/python is missing"));
+  }
+  for (const char* want : {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
+                           "llamasmall_B2_T32_fb"})
+    CHECK_MESSAGE(names.count(want) == 1, want);
 }
 
 TEST_CASE("numeric flags out of range are one clear line, exit 2, for every subcommand") {
