@@ -655,8 +655,8 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
     CHECK(contains(row["unavailable"].get<std::string>(),
                    "no PyTorch peer: /nonexistent/python is missing"));
   }
-  for (const char* want : {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
-                           "llamasmall_B2_T32_fb"})
+  for (const char* want :
+       {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32", "llamasmall_B2_T32_fb"})
     CHECK_MESSAGE(names.count(want) == 1, want);
 }
 
