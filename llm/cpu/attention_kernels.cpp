@@ -8,12 +8,12 @@
 // fewer, key blocks own their dK and dV (one pass) and query blocks their dQ
 // (a second). Either way no two threads add into one gradient row and every
 // sum runs in a fixed order.
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "engine/cpu/parallel.h"
+#include "engine/eigen.h"
 #include "llm/cpu/kernels.h"
 #include "llm/kernels/functors.h"
 

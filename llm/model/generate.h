@@ -21,7 +21,7 @@ struct GenerateOptions {
   /** The sampler's Philox seed: the same seed gives the same tokens. */
   uint64_t seed = 0;
   /** Stop after generating this token (it is returned). */
-  std::optional<int64_t> eos_token_id;
+  std::optional<int64_t> eos_token_id{};
 };
 
 /** The new token ids after `prompt` (ids < vocab_size, at least one). */

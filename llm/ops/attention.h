@@ -14,11 +14,11 @@ struct AttentionOptions {
    * are equal). */
   bool causal = false;
   /** Multiplies q.k; unset: head_dim^-0.5 (transformers' `scaling`). */
-  std::optional<double> scale;
+  std::optional<double> scale{};
   /** Optional, broadcast to [batch, heads, q_len, kv_len]: floating, added to
    * the scores (-inf hides a key), or bool, true where a query may see a key
    * (PyTorch's convention). Not differentiated. */
-  Tensor mask;
+  Tensor mask{};
 };
 
 /** softmax(scale q k^T + mask) v per head, for q [batch, q_len, heads,

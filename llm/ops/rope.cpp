@@ -124,7 +124,7 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
 Tensor apply_rope(const Tensor& x, const RopeTables& t) {
   detail::check_floating(kOp, "x", x);
   detail::check_dims(kOp, "x", x, 4, "[batch, tokens, heads, head_dim]");
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(3);
   if (D % 2 != 0) detail::bad_argument(kOp, "head_dim must be even, got " + std::to_string(D));
   const DType acc = accumulation_dtype(x.dtype());
   for (const Tensor* table : {&t.cos, &t.sin}) {

@@ -29,7 +29,7 @@ struct RopeConfig {
   double theta = 10000.0;
   int64_t head_dim = 0;                 // even, >= 2
   int64_t max_position_embeddings = 0;  // dynamic scaling starts past it
-  RopeScaling scaling;
+  RopeScaling scaling{};
 };
 
 /** The inverse frequencies (head_dim / 2, in f32 as transformers computes

@@ -6,6 +6,7 @@
 // tokenizer.json (Llama 3, Qwen2, SmolLM2) are tokenized ahead of time by
 // tools/tokenize.py into an llm.c token file.
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ class Tokenizer {
 };
 
 /** DIR/tokenizer.model when it exists, else "" (the folder has none). */
-std::string tokenizer_model_in(const std::string& dir);
+inline std::string tokenizer_model_in(const std::string& dir) {
+  const auto p = std::filesystem::path(dir) / "tokenizer.model";
+  return std::filesystem::exists(p) ? p.string() : std::string();
+}
 
 }  // namespace quanta::llm

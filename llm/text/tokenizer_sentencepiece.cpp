@@ -1,7 +1,6 @@
 // Tokenizer on libsentencepiece (built when Meson finds it).
 #include <sentencepiece_processor.h>
 
-#include <filesystem>
 #include <stdexcept>
 
 #include "llm/text/tokenizer.h"
@@ -50,10 +49,5 @@ int64_t Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int64_t Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
 int64_t Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
 bool Tokenizer::available() { return true; }
-
-std::string tokenizer_model_in(const std::string& dir) {
-  const auto p = std::filesystem::path(dir) / "tokenizer.model";
-  return std::filesystem::exists(p) ? p.string() : std::string();
-}
 
 }  // namespace quanta::llm

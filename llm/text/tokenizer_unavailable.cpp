@@ -1,5 +1,4 @@
 // Tokenizer in a build without libsentencepiece: every use says how to get it.
-#include <filesystem>
 #include <stdexcept>
 
 #include "llm/text/tokenizer.h"
@@ -22,10 +21,5 @@ int64_t Tokenizer::vocab_size() const { return 0; }
 int64_t Tokenizer::bos_id() const { return -1; }
 int64_t Tokenizer::eos_id() const { return -1; }
 bool Tokenizer::available() { return false; }
-
-std::string tokenizer_model_in(const std::string& dir) {
-  const auto p = std::filesystem::path(dir) / "tokenizer.model";
-  return std::filesystem::exists(p) ? p.string() : std::string();
-}
 
 }  // namespace quanta::llm
