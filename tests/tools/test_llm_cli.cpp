@@ -137,7 +137,13 @@ TEST_CASE("loading a model folder peaks near the weights' bytes, not twice them"
   MESSAGE("quanta generate on " << weights << " bytes of weights: peak RSS " << peak << " bytes, "
                                 << peak - base << " over the tiny model's run");
   CHECK(peak - base > weights / 2);  // the measure sees the weights at all
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's shadow adds an eighth of every byte touched, and its
+  // allocator pads: the goal is for normal builds.
+  CHECK(peak - base < weights * 14 / 10);
+#else
   CHECK(peak - base < weights * 12 / 10);
+#endif
 }
 
 TEST_CASE("quanta generate --prompt and eval on text, through the folder's tokenizer.model") {
