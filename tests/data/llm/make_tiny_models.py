@@ -89,8 +89,9 @@ def main(root):
         model = model_cls(config).to(dtype).eval()
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)
-        for f in os.listdir(folder):
-            os.remove(os.path.join(folder, f))
+        for f in os.listdir(folder):  # make_tokenizer.sh's tokenizer.model stays
+            if f != "tokenizer.model":
+                os.remove(os.path.join(folder, f))
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(folder, safe_serialization=True, **kwargs)
         for f in os.listdir(folder):  # keep only what the loader reads
@@ -98,6 +99,9 @@ def main(root):
                 os.remove(os.path.join(folder, f))
         if name == "llama_tied_llama3":
             to_4x_names(os.path.join(folder, "config.json"))
+        # What a user gets: the folder loaded back (from_pretrained keeps RoPE's
+        # inverse frequencies in f32; the .to(dtype) above rounded them too).
+        model = model_cls.from_pretrained(folder).eval()
         ids = torch.randint(0, COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(7 + i))
         prompt = torch.randint(3, COMMON["vocab_size"], (1, 5), generator=torch.Generator().manual_seed(70 + i))
         with torch.no_grad():
