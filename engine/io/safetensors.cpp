@@ -18,6 +18,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "engine/io/atomic_file.h"
+
 namespace quanta::io {
 namespace {
 
@@ -452,21 +454,6 @@ SafetensorsHeader read_header(const InputFile& in, const std::string& path) {
   return parse_header(text.data(), n, in.size - 8 - n, path);
 }
 
-void write_all(int fd, const void* data, uint64_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<uint64_t>(n, 1u << 30));
-    const ssize_t put = ::write(fd, p, chunk);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("[save_safetensors] writing " + path +
-                               " failed: " + std::strerror(errno));
-    }
-    p += put;
-    n -= static_cast<uint64_t>(put);
-  }
-}
-
 // ---- writing ----
 
 // What a file holds, in write order: the padded header, then each tensor's bytes.
@@ -544,12 +531,6 @@ Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::stri
   return p;
 }
 
-std::string folder_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 }  // namespace
 
 // ---- public API ----
@@ -558,38 +539,10 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // Everything that can be refused is refused before touching the disk.
   const Prepared p = prepare(tensors, metadata);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-  if (fd.get() < 0)
-    throw std::runtime_error("[save_safetensors] cannot create " + tmp + ": " +
-                             std::strerror(errno));
-  try {
-    const uint64_t n = p.header.size();
-    write_all(fd.get(), &n, 8, tmp);
-    write_all(fd.get(), p.header.data(), n, tmp);
-    for (const Tensor& t : p.data)
-      if (t.nbytes() > 0) write_all(fd.get(), t.raw_data(), t.nbytes(), tmp);
-    if (::fsync(fd.get()) != 0)
-      throw std::runtime_error("[save_safetensors] fsync of " + tmp +
-                               " failed: " + std::strerror(errno));
-    if (fd.reset() != 0)
-      throw std::runtime_error("[save_safetensors] closing " + tmp +
-                               " failed: " + std::strerror(errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw std::runtime_error("[save_safetensors] cannot rename " + tmp + " to " + path + ": " +
-                               std::strerror(errno));
-  } catch (...) {
-    fd.reset();
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable. Some filesystems cannot fsync a folder
-  // (EINVAL): the file is in place, so that is not an error.
-  Fd dir(::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0 && ::fsync(dir.get()) != 0 && errno != EINVAL && errno != ENOTSUP)
-    throw std::runtime_error(
-        "[save_safetensors] " + path +
-        " was written but fsync of its folder failed: " + std::strerror(errno));
+  const uint64_t n = p.header.size();
+  std::vector<ByteSpan> pieces = {{&n, 8}, {p.header.data(), n}};
+  for (const Tensor& t : p.data) pieces.push_back({t.raw_data(), t.nbytes()});
+  write_file_atomic(path, pieces, "save_safetensors");
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

@@ -55,10 +55,11 @@ struct Reader {
 DType dtype_of(const Reader& r) {
   // 5.x writes "dtype", 4.x "torch_dtype"; either may be absent (f32).
   const std::string name = r.has("dtype") ? r.text("dtype", "") : r.text("torch_dtype", "float32");
-  if (name == "float32") return DType::f32;
-  if (name == "bfloat16") return DType::bf16;
-  if (name == "float16") return DType::f16;
-  r.fail("dtype \"" + name + "\" is not one quanta loads (float32, bfloat16, float16)");
+  try {
+    return dtype_from_torch_name(name);
+  } catch (const std::invalid_argument& e) {
+    r.fail(e.what());
+  }
 }
 
 // The RoPE settings: 5.x's rope_parameters (theta inside), else 4.x's
@@ -225,10 +226,32 @@ std::string decoder_config_json(const DecoderConfig& c) {
   }
   if (c.model_type == "mistral") j["sliding_window"] = nullptr;
   if (c.model_type == "qwen2") j["use_sliding_window"] = false;
-  j["torch_dtype"] = c.dtype == DType::bf16  ? "bfloat16"
-                     : c.dtype == DType::f16 ? "float16"
-                                             : "float32";
+  j["torch_dtype"] = torch_dtype_name(c.dtype);
   return j.dump(2) + "\n";
+}
+
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "float32";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::f64:
+      return "float64";  // tests' f64 models
+    default:
+      throw std::invalid_argument(std::string("dtype ") + dtype_name(dtype) +
+                                  " is not a model dtype (float32, bfloat16, float16)");
+  }
+}
+
+DType dtype_from_torch_name(const std::string& name) {
+  if (name == "float32") return DType::f32;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16") return DType::f16;
+  throw std::invalid_argument("dtype \"" + name +
+                              "\" is not one quanta loads (float32, bfloat16, float16)");
 }
 
 }  // namespace quanta::llm

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
 
 namespace quanta::llm {
@@ -90,14 +91,8 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) 
 
 void save_causal_lm(const CausalLM& model, const std::string& dir) {
   fs::create_directories(dir);
-  const fs::path config = fs::path(dir) / "config.json";
-  const fs::path tmp = fs::path(dir) / ".config.json.tmp";
-  {
-    std::ofstream out(tmp);
-    out << decoder_config_json(model.config());
-    if (!out) fail(tmp.string(), "cannot write");
-  }
-  fs::rename(tmp, config);
+  io::write_text_atomic((fs::path(dir) / "config.json").string(),
+                        decoder_config_json(model.config()), "save_causal_lm");
   io::TensorMap tensors;
   for (const auto& [name, t] : model.state_dict()) tensors.push_back({name, t.detach()});
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});

@@ -12,16 +12,16 @@ namespace {
 
 // torch.linspace(start, end, steps) in float32, as PyTorch's CPU kernel
 // computes it: the first half counts up from start, the second half down from
-// end, so both ends are exact.
+// end, so both ends are exact; each value is one fused multiply-add (the
+// kernel is built with FMA contraction, so start + step * i rounds once).
 std::vector<float> linspace_f32(float start, float end, int64_t steps) {
   std::vector<float> v(static_cast<size_t>(steps));
   const float step = (end - start) / static_cast<float>(steps - 1);
   const int64_t halfway = steps / 2;
-  for (int64_t i = 0; i < steps; ++i) {
-    // volatile: two roundings, never contracted into an FMA.
-    volatile float delta = step * static_cast<float>(i < halfway ? i : steps - i - 1);
-    v[static_cast<size_t>(i)] = i < halfway ? start + delta : end - delta;
-  }
+  for (int64_t i = 0; i < steps; ++i)
+    v[static_cast<size_t>(i)] = i < halfway
+                                    ? std::fma(step, static_cast<float>(i), start)
+                                    : std::fma(-step, static_cast<float>(steps - i - 1), end);
   return v;
 }
 
@@ -48,6 +48,57 @@ std::array<float, 256> build_dynamic_map() {
   return out;
 }
 
+// torch.sum of float32 values on the CPU as PyTorch's cascade sum computes
+// it in one chunk (SumKernel.cpp: vectors of 8 lanes, 4 independent
+// accumulators, partial sums carried up 4 levels every 16 rows, then the
+// scalar tail and the lanes in order), so that the mean bitsandbytes
+// subtracts before double quantization is its bits. PyTorch splits a sum of
+// more than 32768 values across threads, so bitsandbytes' own offset then
+// depends on its thread count; this stays the one-chunk order.
+float torch_sum_f32(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 8, kRows = 4, kLevels = 4;
+  using Lanes = std::array<float, kLanes>;
+  const auto add = [](Lanes& acc, const float* v) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += v[l];
+  };
+  const auto add_lanes = [](Lanes& acc, const Lanes& v) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += v[l];
+  };
+  const int64_t vectors = n / kLanes, rows = vectors / kRows;
+  const auto ceil_log2 = [](int64_t v) -> int64_t {
+    if (v <= 2) return 1;
+    int64_t bits = 0;
+    for (uint64_t u = static_cast<uint64_t>(v) - 1; u; u >>= 1) ++bits;
+    return bits;
+  };
+  const int64_t level_power = std::max<int64_t>(4, ceil_log2(rows) / kLevels);
+  const int64_t level_step = int64_t{1} << level_power, level_mask = level_step - 1;
+  std::array<std::array<Lanes, kRows>, kLevels> acc{};
+  int64_t i = 0;
+  while (i + level_step <= rows) {
+    for (int64_t j = 0; j < level_step; ++j, ++i)
+      for (int64_t k = 0; k < kRows; ++k) add(acc[0][k], x + (i * kRows + k) * kLanes);
+    for (int64_t j = 1; j < kLevels; ++j) {
+      for (int64_t k = 0; k < kRows; ++k) {
+        add_lanes(acc[j][k], acc[j - 1][k]);
+        acc[j - 1][k] = Lanes{};
+      }
+      if ((i & (level_mask << (j * level_power))) != 0) break;
+    }
+  }
+  for (; i < rows; ++i)
+    for (int64_t k = 0; k < kRows; ++k) add(acc[0][k], x + (i * kRows + k) * kLanes);
+  for (int64_t j = 1; j < kLevels; ++j)
+    for (int64_t k = 0; k < kRows; ++k) add_lanes(acc[0][k], acc[j][k]);
+  Lanes partial = acc[0][0];
+  for (int64_t v = rows * kRows; v < vectors; ++v) add(partial, x + v * kLanes);
+  for (int64_t k = 1; k < kRows; ++k) add_lanes(partial, acc[0][k]);
+  float total = 0;
+  for (int64_t t = vectors * kLanes; t < n; ++t) total += x[t];
+  for (int64_t l = 0; l < kLanes; ++l) total += partial[l];
+  return total;
+}
+
 std::array<float, 255> midpoints_of(const std::array<float, 256>& map) {
   std::array<float, 255> m{};
   for (size_t i = 0; i < m.size(); ++i) m[i] = (map[i] + map[i + 1]) / 2.0f;
@@ -69,9 +120,8 @@ DoubleQuantState double_quantize(const float* scales, int64_t n, int64_t group) 
   s.group = group;
   s.map = dynamic_map8();
   const auto mids = midpoints_of(s.map);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += scales[i];
-  s.offset = n == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(n));
+  // torch.mean: the float sum, then one float division.
+  s.offset = n == 0 ? 0.0f : torch_sum_f32(scales, n) / static_cast<float>(n);
   s.codes.resize(static_cast<size_t>(n));
   const int64_t groups = (n + group - 1) / group;
   s.group_absmax.resize(static_cast<size_t>(groups));

@@ -24,8 +24,10 @@ struct DoubleQuantState {
   std::array<float, 256> map{};
 };
 
-/** Double-quantizes `n` scales (offset = their mean, computed in double and
- * rounded to float32: bitsandbytes' torch mean may differ in the last bit). */
+/** Double-quantizes `n` scales (offset = their mean, summed in float in
+ * PyTorch's CPU order so that it is bitsandbytes' offset bit for bit; above
+ * 32768 scales PyTorch's sum, so bitsandbytes' offset, depends on its thread
+ * count and may differ in the last bit). */
 DoubleQuantState double_quantize(const float* scales, int64_t n, int64_t group = 256);
 
 /** Reconstructs the scales as bitsandbytes does:

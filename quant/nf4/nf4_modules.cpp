@@ -14,6 +14,12 @@
 
 namespace quanta::quant {
 
+namespace {
+std::string stream_name(const char* kind, const std::string& stream) {
+  return stream.empty() ? std::string(kind) : std::string(kind) + "." + stream;
+}
+}  // namespace
+
 NF4Linear::NF4Linear(const Linear& linear, const NF4Options& o)
     : Module("NF4Linear"), dequant_dtype_(o.dequant_dtype) {
   const Tensor bias = linear.bias().defined() ? linear.bias().detach().clone() : Tensor();
@@ -105,6 +111,16 @@ BnbNF4State NF4Linear::bnb_weight() const {
 }
 
 Tensor NF4Linear::forward(const Tensor& x) {
+  if (x.dtype() == DType::bf16 || x.dtype() == DType::f16) {
+    // Half-precision activations (a bf16 model): the products are summed in
+    // f32 and the result rounded once, as a bf16 GEMM with f32 accumulation
+    // does; the frozen bias joins in f32.
+    const Tensor b = bias_.defined() ? bias_.to(DType::f32) : Tensor();
+    const Tensor y = is_bnb() ? detail::nf4_linear_scaled(x.to(DType::f32), weight_, scales_,
+                                                          bnb_block_, shape_, b, dequant_dtype_)
+                              : nf4_linear(x.to(DType::f32), weight_, b, dequant_dtype_);
+    return y.to(x.dtype());
+  }
   if (is_bnb())
     return detail::nf4_linear_scaled(x, weight_, scales_, bnb_block_, shape_, bias_,
                                      dequant_dtype_);
@@ -126,7 +142,7 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
       base_(std::move(base)),
       scaling_(0),
       dropout_(o.dropout),
-      dropout_gen_(Generator::named(o.seed, "lora.dropout")) {
+      dropout_gen_(Generator::named(o.seed, stream_name("lora.dropout", o.stream))) {
   if (!base_) throw std::invalid_argument("[LoRALinear] base is null");
   if (o.rank <= 0)
     throw std::invalid_argument("[LoRALinear] rank must be positive, got " +
@@ -134,18 +150,27 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
   if (o.dropout < 0 || o.dropout >= 1)
     throw std::invalid_argument("[LoRALinear] dropout must be in [0, 1), got " +
                                 std::to_string(o.dropout));
-  scaling_ = o.alpha / static_cast<double>(o.rank);
+  if (o.dtype != DType::f32 && o.dtype != DType::f64)
+    throw std::invalid_argument(
+        std::string("[LoRALinear] adapters' dtype must be f32 or f64, got ") + dtype_name(o.dtype));
+  const double r = static_cast<double>(o.rank);
+  scaling_ = o.use_rslora ? o.alpha / std::sqrt(r) : o.alpha / r;
   register_module("base", base_);
+  // Drawn in f32 whatever the dtype, so an f64 model starts from the same
+  // adapters as an f32 one.
   Tensor a = empty({o.rank, base_->in_features()});
-  Generator init_gen = Generator::named(o.seed, "lora.init");
+  Generator init_gen = Generator::named(o.seed, stream_name("lora.init", o.stream));
   init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));  // PEFT's default for lora_A
-  lora_a_ = register_parameter("lora_A", a);
-  lora_b_ = register_parameter("lora_B", zeros({base_->out_features(), o.rank}));
+  const Device device = base_->weight().device();
+  lora_a_ = register_parameter("lora_A", a.to(o.dtype).to(device));
+  lora_b_ = register_parameter(
+      "lora_B", zeros({base_->out_features(), o.rank}, {.dtype = o.dtype}).to(device));
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {
-  const Tensor h = dropout(x, dropout_, is_training(), dropout_gen_);
-  return base_->forward(x) + linear(linear(h, lora_a_), lora_b_) * scaling_;
+  const Tensor y = base_->forward(x);
+  const Tensor h = dropout(x.to(lora_a_.dtype()), dropout_, is_training(), dropout_gen_);
+  return y + (linear(linear(h, lora_a_), lora_b_) * scaling_).to(y.dtype());
 }
 
 Tensor LoRALinear::merged_weight() const {

@@ -73,18 +73,30 @@ class NF4Linear : public Module {
   DType dequant_dtype_;
 };
 
-/** LoRA options (PEFT's names). */
+/** LoRA options (PEFT's LoraConfig: r, lora_alpha, lora_dropout, use_rslora). */
 struct LoRAOptions {
   int64_t rank = 8;
   double alpha = 16;
   double dropout = 0;
+  /** Scale the adapters' product by alpha / sqrt(rank) (rank-stabilised
+   * LoRA) instead of alpha / rank. */
+  bool use_rslora = false;
+  /** The adapters' dtype, in which their product is computed (PEFT keeps
+   * them in f32 over a bf16 model): f32 or f64. */
+  DType dtype = DType::f32;
   /** Seed of the adapters' initialisation and dropout streams. */
   uint64_t seed = 0;
+  /** Names the streams: seed and stream give each layer its own draws
+   * ("lora.init" / "lora.dropout" suffixed with it when not empty). */
+  std::string stream{};
 };
 
-/** base(x) + (dropout(x) A^T B^T) * alpha / rank: a frozen NF4Linear "base"
- * and trainable adapters "lora_A" [rank, in] (Kaiming-uniform) and "lora_B"
- * [out, rank] (zeros, so training starts from the base model). */
+/** base(x) + (dropout(x) A^T B^T) * scaling, scaling = alpha / rank (or
+ * alpha / sqrt(rank)): a frozen NF4Linear "base" and trainable adapters
+ * "lora_A" [rank, in] (Kaiming-uniform, PEFT's default) and "lora_B"
+ * [out, rank] (zeros, so training starts from the base model). The adapters'
+ * product runs in their dtype and is added in the base output's dtype (as
+ * PEFT does over a 4-bit base). */
 class LoRALinear : public Module {
  public:
   LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& options = {});

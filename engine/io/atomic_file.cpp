@@ -1,0 +1,72 @@
+#include "engine/io/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace quanta::io {
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw std::runtime_error(std::string("[") + op + "] " + what + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const void* data, uint64_t n, const std::string& path, const char* op) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<uint64_t>(n, 1u << 30));
+    const ssize_t put = ::write(fd, p, chunk);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      fail(op, "writing " + path + " failed");
+    }
+    p += put;
+    n -= static_cast<uint64_t>(put);
+  }
+}
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces,
+                       const char* op) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) fail(op, "cannot create " + tmp);
+  try {
+    for (const ByteSpan& piece : pieces)
+      if (piece.size > 0) write_all(fd, piece.data, piece.size, tmp, op);
+    if (::fsync(fd) != 0) fail(op, "fsync of " + tmp + " failed");
+    const int closed = ::close(fd);
+    fd = -1;
+    if (closed != 0) fail(op, "closing " + tmp + " failed");
+    if (::rename(tmp.c_str(), path.c_str()) != 0) fail(op, "cannot rename " + tmp + " to " + path);
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable. Some filesystems cannot fsync a folder
+  // (EINVAL): the file is in place, so that is not an error.
+  const int dir = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    const bool synced = ::fsync(dir) == 0 || errno == EINVAL || errno == ENOTSUP;
+    ::close(dir);
+    if (!synced) fail(op, path + " was written but fsync of its folder failed");
+  }
+}
+
+void write_text_atomic(const std::string& path, const std::string& text, const char* op) {
+  write_file_atomic(path, {{text.data(), text.size()}}, op);
+}
+
+}  // namespace quanta::io

@@ -1,0 +1,128 @@
+#include "llm/qlora/peft_folder.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/io/atomic_file.h"
+#include "engine/ops/elementwise.h"
+
+namespace quanta::llm {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The last component of a path or hub id, without a trailing slash:
+// "meta-llama/Llama-3.2-1B" and "/models/Llama-3.2-1B/" both give
+// "Llama-3.2-1B".
+std::string last_component(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::string peft_tensor_name(const std::string& module, const std::string& which) {
+  return "base_model.model." + module + "." + which + ".weight";
+}
+
+io::TensorMap peft_adapter_tensors(Module& model) {
+  io::TensorMap out;
+  for (const auto& [name, layer] : lora_layers(model)) {
+    out.emplace_back(peft_tensor_name(name, "lora_A"), layer->lora_A().detach());
+    out.emplace_back(peft_tensor_name(name, "lora_B"), layer->lora_B().detach());
+  }
+  return out;
+}
+
+void save_peft_adapters(Module& model, const LoraSettings& lora,
+                        const BaseQuantization& quantization, const std::string& dir) {
+  const io::TensorMap tensors = peft_adapter_tensors(model);
+  if (tensors.empty())
+    throw std::invalid_argument("[save_peft_adapters] the model has no adapters");
+  const std::string config = adapter_config_json(lora, quantization).dump(2) + "\n";
+  fs::create_directories(dir);
+  io::save_safetensors((fs::path(dir) / kAdapterWeightsFile).string(), tensors, {{"format", "pt"}});
+  io::write_text_atomic((fs::path(dir) / kAdapterConfigFile).string(), config,
+                        "save_peft_adapters");
+}
+
+AdapterFolderConfig read_adapter_folder_config(const std::string& dir, DType model_dtype) {
+  const std::string path = (fs::path(dir) / kAdapterConfigFile).string();
+  if (!fs::is_directory(dir))
+    throw std::runtime_error(dir + ": not an adapter folder (no such folder)");
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open (is " + dir + " a PEFT adapter folder?)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": not JSON (" + std::string(e.what()) + ")");
+  }
+  return {read_adapter_config(j, path), read_base_quantization(j, path, model_dtype)};
+}
+
+void load_peft_adapter_tensors(Module& model, const std::string& dir) {
+  const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
+  if (!fs::exists(path)) throw std::runtime_error(path + ": no such file");
+  io::SafetensorsFile file = io::load_safetensors(path);
+  std::map<std::string, Tensor> stored(file.tensors.begin(), file.tensors.end());
+  const io::TensorMap wanted = peft_adapter_tensors(model);
+  std::string problems;
+  const auto note = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+  std::map<std::string, bool> used;
+  for (const auto& [name, t] : stored) used[name] = false;
+  for (const auto& [name, t] : wanted) {
+    auto it = stored.find(name);
+    if (it == stored.end()) {
+      note("missing " + name);
+      continue;
+    }
+    used[name] = true;
+    if (it->second.shape() != t.shape())
+      note(name + " is " + shape_str(it->second.shape()) + ", the model's is " +
+           shape_str(t.shape()));
+    else if (!is_floating(it->second.dtype()))
+      note(name + " is " + dtype_name(it->second.dtype()) + ", not floating");
+  }
+  for (const auto& [name, was_used] : used)
+    if (!was_used) note("unexpected " + name);
+  if (!problems.empty())
+    throw std::runtime_error(path +
+                             " does not fit the model (made for another base, r or "
+                             "target_modules?): " +
+                             problems);
+  NoGradGuard no_grad;
+  for (const auto& [name, t] : wanted) copy_(t, stored.at(name).to(t.dtype()).to(t.device()));
+}
+
+QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
+                                const std::string& base_dir) {
+  const AdapterFolderConfig folder = read_adapter_folder_config(adapter_dir, model.config().dtype);
+  const std::string recorded = folder.lora.base_model_name_or_path;
+  if (!base_dir.empty() && !recorded.empty() &&
+      last_component(recorded) !=
+          last_component(fs::absolute(base_dir).lexically_normal().string()))
+    throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
+                             ": the adapters were made for base \"" + recorded + "\", not " +
+                             base_dir);
+  QLoRAOptions options;
+  options.lora = folder.lora;
+  options.quantization = folder.quantization;
+  QLoRAReport report;
+  try {
+    report = apply_qlora(model, options);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
+                             " does not fit the model: " + e.what());
+  }
+  load_peft_adapter_tensors(model, adapter_dir);
+  return report;
+}
+
+}  // namespace quanta::llm

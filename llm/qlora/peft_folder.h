@@ -1,0 +1,59 @@
+#pragma once
+// PEFT adapter folders: adapter_config.json and adapter_model.safetensors
+// with PEFT's tensor names (base_model.model.<module>.lora_A.weight), as
+// PeftModel.save_pretrained writes them and PeftModel.from_pretrained
+// reads them.
+#include <string>
+
+#include "engine/io/safetensors.h"
+#include "engine/nn/module.h"
+#include "llm/model/causal_lm.h"
+#include "llm/qlora/lora_config.h"
+#include "llm/qlora/qlora_model.h"
+
+namespace quanta::llm {
+
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+
+/** PEFT's saved name of adapter `which` ("lora_A" or "lora_B") of the layer
+ * called `module`: "base_model.model." + module + "." + which + ".weight". */
+std::string peft_tensor_name(const std::string& module, const std::string& which);
+
+/** The adapters of a converted model (apply_qlora) under PEFT's names, in
+ * model order, as they are (not copied). */
+io::TensorMap peft_adapter_tensors(Module& model);
+
+/** Writes `dir` (created if needed): adapter_config.json (`lora`,
+ * recording `quantization`) and adapter_model.safetensors, each atomically. */
+void save_peft_adapters(Module& model, const LoraSettings& lora,
+                        const BaseQuantization& quantization, const std::string& dir);
+
+/** An adapter folder's settings. */
+struct AdapterFolderConfig {
+  LoraSettings lora;
+  BaseQuantization quantization;
+};
+
+/** Reads dir/adapter_config.json (read_adapter_config's checks; the
+ * quantization as read_base_quantization reads it for a model of
+ * `model_dtype`); errors name the file. */
+AdapterFolderConfig read_adapter_folder_config(const std::string& dir,
+                                               DType model_dtype = DType::f32);
+
+/** Copies dir/adapter_model.safetensors into the adapters of a model that
+ * apply_qlora converted with the folder's settings (converted to the
+ * adapters' dtype). Throws std::runtime_error naming the file and listing
+ * every missing, unexpected and mis-shaped tensor; the model is unchanged
+ * then. */
+void load_peft_adapter_tensors(Module& model, const std::string& dir);
+
+/** Applies the adapter folder `adapter_dir` to the model loaded from
+ * `base_dir`: apply_qlora with the folder's settings (seed unused), then its
+ * tensors. A folder whose base_model_name_or_path ends in another name than
+ * `base_dir` is refused, naming both (an adapter made for another base);
+ * an empty `base_dir` skips that check. */
+QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
+                                const std::string& base_dir);
+
+}  // namespace quanta::llm

@@ -1,0 +1,216 @@
+#include "llm/qlora/qlora_model.h"
+
+#include <map>
+#include <stdexcept>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/nn/layers.h"
+#include "quant/nf4/nf4_interop.h"
+
+namespace quanta::llm {
+
+namespace {
+
+// transformers keeps the output projection in the model's dtype under
+// load_in_4bit (llm_int8_skip_modules), and PEFT's all-linear skips it.
+constexpr const char* kOutputLayer = "lm_head";
+
+// A child slot of the model tree: the parent, the child's name and its full
+// dotted name. Collected before replacing, since replacing while walking
+// would invalidate the walk.
+template <typename Child>
+struct Slot {
+  Module* parent;
+  std::string child, name;
+  Child* module;
+};
+
+template <typename Child>
+std::vector<Slot<Child>> find_children(Module& root) {
+  std::vector<Slot<Child>> out;
+  for (auto& [prefix, m] : root.named_modules())
+    for (auto& [child, c] : m->named_children())
+      if (auto* typed = dynamic_cast<Child*>(c.get()))
+        out.push_back({m, child, prefix.empty() ? child : prefix + "." + child, typed});
+  return out;
+}
+
+bool ends_with_part(const std::string& name, const std::string& suffix) {
+  if (name == suffix) return true;
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+         name[name.size() - suffix.size() - 1] == '.';
+}
+
+}  // namespace
+
+bool matches_target(const std::string& name, const std::vector<std::string>& targets) {
+  for (const std::string& t : targets) {
+    if (t == kAllLinear) {
+      if (!ends_with_part(name, kOutputLayer)) return true;
+    } else if (ends_with_part(name, t)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& o) {
+  check_lora_settings(o.lora);
+  quant::NF4Options nf4;
+  nf4.block_size = o.quantization.blocksize;
+  nf4.double_quant = o.quantization.double_quant;
+  nf4.dequant_dtype = o.quantization.compute_dtype;
+  quant::check_options(nf4);
+  if (!find_children<quant::NF4Linear>(model).empty() ||
+      !find_children<quant::LoRALinear>(model).empty())
+    throw std::invalid_argument("[apply_qlora] the model is already quantized");
+
+  QLoRAReport report;
+  for (const Tensor& p : model.parameters()) report.total_parameters += p.numel();
+  std::vector<Slot<Linear>> slots;
+  for (const Slot<Linear>& s : find_children<Linear>(model))
+    if (!ends_with_part(s.name, kOutputLayer)) slots.push_back(s);
+
+  // Every entry must name something, and r must fit every adapted layer:
+  // checked before any layer is converted, so a refused model is unchanged.
+  for (const std::string& t : o.lora.target_modules) {
+    bool found = false;
+    for (const Slot<Linear>& s : slots) found = found || matches_target(s.name, {t});
+    if (!found)
+      throw std::invalid_argument("target_modules entry \"" + t +
+                                  "\" matches no linear layer of the model (its layers end in "
+                                  "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  }
+  for (const Slot<Linear>& s : slots)
+    if (matches_target(s.name, o.lora.target_modules) &&
+        o.lora.r > std::min(s.module->in_features(), s.module->out_features()))
+      throw std::invalid_argument("lora r " + std::to_string(o.lora.r) + " is larger than layer " +
+                                  s.name + " allows (" + std::to_string(s.module->out_features()) +
+                                  " x " + std::to_string(s.module->in_features()) + ")");
+
+  quant::LoRAOptions lora;
+  lora.rank = o.lora.r;
+  lora.alpha = o.lora.lora_alpha;
+  lora.dropout = o.lora.lora_dropout;
+  lora.use_rslora = o.lora.use_rslora;
+  lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
+  lora.seed = o.seed;
+  for (const Slot<Linear>& s : slots) {
+    QLoRALayer layer{s.name, s.module->weight().shape()};
+    layer.bytes_before = s.module->weight().nbytes();
+    const Tensor bias = s.module->bias().defined() ? s.module->bias().detach() : Tensor();
+    auto base = std::make_shared<quant::NF4Linear>(
+        quant::quantize_bnb(s.module->weight().detach(), nf4), bias, nf4.dequant_dtype);
+    base->to(s.module->weight().device());  // bitsandbytes' layout is built on the host
+    layer.bytes_after = base->weight_bytes();
+    std::shared_ptr<Module> replacement = base;
+    if (matches_target(s.name, o.lora.target_modules)) {
+      lora.stream = s.name;
+      replacement = std::make_shared<quant::LoRALinear>(base, lora);
+      layer.adapted = true;
+    }
+    s.parent->replace_module(s.child, replacement);
+    report.layers.push_back(layer);
+  }
+  // Only the adapters train.
+  for (auto& [name, p] : model.named_parameters()) {
+    const bool adapter = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B");
+    Tensor t = p;
+    t.requires_grad_(adapter);
+    if (adapter) report.trainable_parameters += p.numel();
+  }
+  return report;
+}
+
+std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& model) {
+  std::vector<std::pair<std::string, quant::LoRALinear*>> out;
+  for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model))
+    out.emplace_back(s.name, s.module);
+  return out;
+}
+
+std::vector<std::pair<std::string, quant::NF4Linear*>> nf4_layers(Module& model) {
+  // named_modules() is in model order: an adapted layer comes right before
+  // its base, which takes the layer's name.
+  std::vector<std::pair<std::string, quant::NF4Linear*>> out;
+  std::string last_lora;
+  for (auto& [name, m] : model.named_modules()) {
+    if (dynamic_cast<quant::LoRALinear*>(m)) last_lora = name;
+    if (auto* nf4 = dynamic_cast<quant::NF4Linear*>(m))
+      out.emplace_back(!last_lora.empty() && name == last_lora + ".base" ? last_lora : name, nf4);
+  }
+  return out;
+}
+
+io::TensorMap bnb_base_tensors(Module& model) {
+  io::TensorMap out;
+  for (const auto& [name, layer] : nf4_layers(model)) {
+    quant::append_bnb_tensors(out, name + ".weight", layer->bnb_weight());
+    if (layer->bias().defined()) out.emplace_back(name + ".bias", layer->bias().detach());
+  }
+  return out;
+}
+
+void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
+                   const std::string& source) {
+  StateDict incoming;
+  std::string problems;
+  const auto note = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+  for (const auto& [name, layer] : nf4_layers(model)) {
+    const std::string key = name + ".weight";
+    quant::BnbNF4State state;
+    try {
+      state = quant::read_bnb_tensors(tensors, key);
+    } catch (const std::exception& e) {
+      note(e.what());
+      continue;
+    }
+    const quant::BnbNF4State mine = layer->bnb_weight();
+    if (state.shape != mine.shape || state.blocksize != mine.blocksize ||
+        state.double_quant != mine.double_quant) {
+      note(key + " is " + shape_str(state.shape) + " block " + std::to_string(state.blocksize) +
+           (state.double_quant ? " with" : " without") + " double quant, the model's " +
+           shape_str(mine.shape) + " block " + std::to_string(mine.blocksize) +
+           (mine.double_quant ? " with" : " without") + " double quant");
+      continue;
+    }
+    // The layer's buffers, as its state dict names them.
+    std::string prefix;
+    for (auto& [full, t] : model.named_buffers())
+      if (t.is_same(layer->weight())) prefix = full.substr(0, full.size() - 6);  // "weight"
+    incoming.emplace_back(prefix + "weight", state.packed.to(mine.packed.device()));
+    incoming.emplace_back(prefix + "weight_absmax", state.absmax.to(mine.absmax.device()));
+    if (state.double_quant) {
+      incoming.emplace_back(prefix + "weight_nested_absmax",
+                            state.nested_absmax.to(mine.nested_absmax.device()));
+      incoming.emplace_back(prefix + "weight_nested_quant_map",
+                            state.nested_quant_map.to(mine.nested_quant_map.device()));
+      incoming.emplace_back(prefix + "weight_nested_offset",
+                            full({}, state.nested_offset, {.dtype = DType::f32}));
+    }
+  }
+  if (!problems.empty())
+    throw std::runtime_error(source + " does not hold this model's NF4 bases: " + problems);
+  model.load_state_dict(incoming, /*strict=*/false);
+}
+
+void merge_qlora(CausalLM& model) {
+  const DType dtype = model.config().dtype;
+  NoGradGuard no_grad;
+  const auto plain = [&](const Tensor& weight, const Tensor& bias) {
+    return std::make_shared<Linear>(weight.to(dtype).contiguous(),
+                                    bias.defined() ? bias.to(dtype).contiguous() : Tensor());
+  };
+  for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model))
+    s.parent->replace_module(s.child, plain(s.module->merged_weight(), s.module->base()->bias()));
+  for (const Slot<quant::NF4Linear>& s : find_children<quant::NF4Linear>(model))
+    s.parent->replace_module(s.child, plain(s.module->dequantized_weight(), s.module->bias()));
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor t = p;
+    t.requires_grad_(false);
+  }
+}
+
+}  // namespace quanta::llm

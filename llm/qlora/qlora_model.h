@@ -1,0 +1,87 @@
+#pragma once
+// QLoRA on a CausalLM, as transformers + bitsandbytes + PEFT build it: every
+// linear layer but lm_head becomes a frozen NF4 weight quantized exactly as
+// bitsandbytes' Linear4bit does (same packed codes and scales, its layout),
+// and the layers target_modules names get LoRA adapters (PEFT's
+// initialisation, drawn from quanta's named streams). Embeddings, norms and
+// lm_head stay in the model's dtype and, like the bases, are frozen: the
+// adapters are the only trainable tensors.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/io/safetensors.h"
+#include "engine/nn/module.h"
+#include "llm/model/causal_lm.h"
+#include "llm/qlora/lora_config.h"
+#include "quant/nf4/nf4_modules.h"
+
+namespace quanta::llm {
+
+/** A QLoRA model's settings. */
+struct QLoRAOptions {
+  LoraSettings lora;
+  BaseQuantization quantization;
+  /** Seed of the adapters' initialisation and dropout streams (each layer
+   * draws from its own, named after it). */
+  uint64_t seed = 0;
+};
+
+/** One converted linear layer. */
+struct QLoRALayer {
+  std::string name;  // "model.layers.0.self_attn.q_proj"
+  Shape shape;       // [out, in]
+  bool adapted = false;
+  std::size_t bytes_before = 0;  // the float weight
+  std::size_t bytes_after = 0;   // codes and scales in bitsandbytes' layout
+};
+
+/** What apply_qlora did. */
+struct QLoRAReport {
+  std::vector<QLoRALayer> layers;
+  int64_t trainable_parameters = 0;
+  int64_t total_parameters = 0;  // of the float model
+};
+
+/** True when PEFT would adapt the module called `name` (a dotted path):
+ * `name` equals an entry or ends with "." + entry; "all-linear" takes every
+ * linear layer but lm_head. */
+bool matches_target(const std::string& name, const std::vector<std::string>& target_modules);
+
+/** Converts `model` in place (see the top of this file). Throws
+ * std::invalid_argument naming the problem for a target_modules entry that
+ * matches no linear layer, an r above a targeted layer's in or out
+ * features, or a model already converted. */
+QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
+
+/** The adapted layers of a converted model, by module name, in model order. */
+std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& model);
+
+/** The NF4 layers of a converted model (adapted or not), by module name, in
+ * model order. */
+std::vector<std::pair<std::string, quant::NF4Linear*>> nf4_layers(Module& model);
+
+/** The NF4 bases of a converted model as bitsandbytes serializes them, under
+ * the module names transformers uses ("model.layers.0.mlp.up_proj.weight",
+ * ".weight.absmax", ".weight.quant_map", ".weight.nested_absmax",
+ * ".weight.nested_quant_map", ".weight.quant_state.bitsandbytes__nf4"), plus
+ * their biases: what a 4-bit transformers checkpoint holds for them. */
+io::TensorMap bnb_base_tensors(Module& model);
+
+/** Replaces the NF4 bases of a converted model by the bitsandbytes states
+ * `tensors` holds under those names (read_bnb_tensors): a base quantized by
+ * bitsandbytes, bit for bit. Every base must be there with the layer's
+ * shape and the model's block size and double quantization; the error names
+ * `source` and every problem, and the model is unchanged then. */
+void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
+                   const std::string& source);
+
+/** Replaces every adapted layer by a plain Linear holding its merged weight
+ * (base dequantized + scaling B A) and every other NF4 layer by its
+ * dequantized weight, in the model's dtype: the model a merged fine-tune
+ * saves with save_causal_lm. */
+void merge_qlora(CausalLM& model);
+
+}  // namespace quanta::llm

@@ -1,0 +1,204 @@
+"""Writes what PEFT + bitsandbytes + transformers compute for QLoRA on the CPU
+(NF4 base with double quantization, blocksize 64, LoRA adapters), for quanta's
+QLoRA parity tests. Reads the tiny models in ../models (make_tiny_models.py).
+Run from the repository root with the peer environment (../shared/peer/setup.sh):
+
+    /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm
+
+One folder per case in qlora/:
+
+case.json            the settings (model, r, lora_alpha, target_modules, ...),
+                     "targeted": the modules with LoRA adapters, "quantized":
+                     the modules bitsandbytes made Linear4bit (every Linear but
+                     lm_head, targeted or not), both in model order
+adapter_init/        adapter_config.json + adapter_model.safetensors as PEFT's
+                     save_pretrained writes them before training (lora_A as PEFT
+                     initialises it, lora_B = randn * 0.05), base_model_name_or_path
+                     set to the model folder's name, target_modules sorted
+nf4_base.safetensors each quantized module's state as bitsandbytes serializes it,
+                     under the original module name: <m>.weight (U8 packed codes
+                     [n*k/2, 1]), <m>.weight.absmax (U8), .quant_map (F32 [16]),
+                     .nested_absmax (F32), .nested_quant_map (F32 [256]),
+                     .quant_state.bitsandbytes__nf4 (U8 JSON), <m>.bias if any
+expected.safetensors ids, labels [2, 12] (I64, labels -100 at [0, 0:3] and [1, 7]);
+                     loss [], logits [2, 12, 64] (train mode), logits_eval (eval
+                     mode, no_grad); grad.<adapter name> (the gradients of the
+                     loss); updated.<adapter name> (after one AdamW step);
+                     loss_after [] (train-mode loss after the step); floats all F32
+
+Two of bitsandbytes' CPU kernels are set aside. Its native dequantize_4bit
+takes the 64-blocks per row (absmax[row * (K // 64) + col // 64]) while
+quantize_4bit and the CUDA kernels take them over the flattened weight
+(absmax[(row * K + col) // 64]); the two differ when K is not a multiple of
+64, as here (K = 32, 48). dequantize_4bit is replaced by the flat layout, the
+one the serialized state means: code[q] * absmax in f32, then rounded to the
+compute dtype. The fused AVX512-BF16 kernel (eval mode, on CPUs that have it)
+is switched off so that logits_eval does not depend on the machine.
+"""
+import json
+import os
+import shutil
+import sys
+import warnings
+from math import prod
+
+import bitsandbytes as bnb
+import peft
+import torch
+import transformers
+from peft import LoraConfig, get_peft_model
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+CASES = {
+    "llama_gqa_all": dict(model="llama_gqa", r=4, lora_alpha=8, target_modules="all-linear",
+                          use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "qwen2_qv_rslora": dict(model="qwen2_bias", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                            use_rslora=True, dtype=torch.float32, n_targeted=4),
+    "llama_bf16_all": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules="all-linear",
+                           use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+}
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
+# One metadata key: safetensors writes several in a random order.
+VERSIONS = (f"torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"peft {peft.__version__}, bitsandbytes {bnb.__version__}")
+QUANT_KEYS = ["weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax",
+              "weight.nested_quant_map", "weight.quant_state.bitsandbytes__nf4"]
+
+
+def dequantize_4bit_flat(A, absmax, blocksize, quant_type, shape, dtype):
+    assert prod(shape) % blocksize == 0
+    packed = A.view(torch.uint8).reshape(-1)
+    q = torch.stack([packed >> 4, packed & 15], 1).reshape(-1).long()  # high nibble first
+    code = bnb.functional.get_4bit_type(quant_type, device="cpu")
+    return (code[q].view(-1, blocksize) * absmax.float().view(-1, 1)).reshape(shape).to(dtype)
+
+
+with warnings.catch_warnings():  # "Overriding a previously registered kernel"
+    warnings.simplefilter("ignore")
+    torch.library.register_kernel("bitsandbytes::dequantize_4bit", "cpu", dequantize_4bit_flat)
+
+
+def run_case(root, name, c, seed):
+    out_dir = os.path.join(root, "qlora", name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    dtype = c["dtype"]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.join(root, "models", c["model"]), dtype=dtype, device_map="cpu",
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype))
+    quantized = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(quantized) == 14, quantized
+    assert not isinstance(model.lm_head, bnb.nn.Linear4bit) and model.lm_head.weight.dtype == dtype
+    for n, p in model.named_parameters():  # embeddings, norms, lm_head stay in the model dtype
+        if not any(n.startswith(q + ".") for q in quantized):
+            assert p.dtype == dtype and ("embed" in n or "norm" in n or n.startswith("lm_head")), (n, p.dtype)
+    for n in quantized:
+        m = model.get_submodule(n)
+        assert m.weight.dtype == torch.uint8 and m.weight.quant_state.nested
+        assert m.weight.quant_state.blocksize == 64 and m.weight.quant_state.quant_type == "nf4"
+        m.support_avx512bf16_for_cpu = False
+
+    cfg = LoraConfig(r=c["r"], lora_alpha=c["lora_alpha"], lora_dropout=0.0, target_modules=c["target_modules"],
+                     use_rslora=c["use_rslora"], task_type="CAUSAL_LM", bias="none")
+    torch.manual_seed(seed + 1)
+    pm = get_peft_model(model, cfg)
+    prefix = "base_model.model."
+    targeted = [n[len(prefix):] for n, m in pm.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert len(targeted) == c["n_targeted"] and "lm_head" not in targeted, targeted
+    trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * len(targeted) and all(".lora_" in n for n, _ in trainable)
+    g = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for n, p in trainable:
+            if ".lora_B." in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+    # Initial adapters, as PEFT saves them.
+    adapter_dir = os.path.join(out_dir, "adapter_init")
+    pm.save_pretrained(adapter_dir)
+    for f in os.listdir(adapter_dir):  # keep only what a loader reads (not the model card)
+        if f not in ("adapter_config.json", "adapter_model.safetensors"):
+            os.remove(os.path.join(adapter_dir, f))
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    acfg["base_model_name_or_path"] = c["model"]
+    acfg["target_modules"] = sorted(acfg["target_modules"])  # a set, saved in hash order
+    with open(os.path.join(adapter_dir, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2, sort_keys=True)
+    with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    saved_name = {n: n.replace(".default.", ".") for n, _ in trainable}
+    assert set(saved_name.values()) == saved, (sorted(saved), sorted(saved_name.values()))
+
+    # NF4 bases, bitsandbytes' serialization under the original module names.
+    base = {}
+    for n in quantized:
+        peft_name = prefix + n + (".base_layer" if n in targeted else "")
+        for k, v in pm.get_submodule(peft_name).state_dict().items():
+            base[f"{n}.{k}"] = v.detach().clone().contiguous()
+    base_path = os.path.join(out_dir, "nf4_base.safetensors")
+    save_file(base, base_path, metadata={"versions": VERSIONS})
+    with safe_open(base_path, "pt") as f:
+        back = {k: f.get_tensor(k) for k in f.keys()}
+    for n in quantized:
+        for k, dt in zip(QUANT_KEYS, [torch.uint8, torch.uint8, torch.float32, torch.float32, torch.float32,
+                                      torch.uint8]):
+            assert back[f"{n}.{k}"].dtype == dt, (n, k)
+        qs = json.loads(bytes(back[f"{n}.weight.quant_state.bitsandbytes__nf4"].tolist()))
+        assert qs["quant_type"] == "nf4" and qs["blocksize"] == 64 and qs["nested_blocksize"] == 256, qs
+        if pm.get_submodule(prefix + n + (".base_layer" if n in targeted else "")).bias is not None:
+            assert back[f"{n}.bias"].dtype == dtype
+    assert set(back) == set(base)
+
+    # Inputs.
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed + 3))
+    labels = ids.clone()
+    labels[0, 0:3] = -100
+    labels[1, 7] = -100
+
+    pm.eval()
+    with torch.no_grad():
+        logits_eval = pm(input_ids=ids, labels=labels).logits.float()
+    pm.train()
+    out = pm(input_ids=ids, labels=labels)
+    loss = out.loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = {n: p.grad.float().clone() for n, p in trainable}
+    for n, gr in grads.items():
+        assert torch.isfinite(gr).all() and (".lora_B." in n or gr.abs().max() > 0), n
+    opt = torch.optim.AdamW([p for _, p in trainable], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    opt.step()
+    loss_after = pm(input_ids=ids, labels=labels).loss
+    assert torch.isfinite(loss_after)
+
+    exp = {"ids": ids, "labels": labels, "loss": loss.detach().float().reshape(()),
+           "logits": out.logits.detach().float(), "logits_eval": logits_eval,
+           "loss_after": loss_after.detach().float().reshape(())}
+    for n, p in trainable:
+        exp["grad." + saved_name[n]] = grads[n]
+        exp["updated." + saved_name[n]] = p.detach().float()
+    save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+              metadata={"versions": VERSIONS})
+
+    settings = {"model": c["model"], "r": c["r"], "lora_alpha": c["lora_alpha"], "lora_dropout": 0.0,
+                "target_modules": c["target_modules"], "use_rslora": c["use_rslora"],
+                "compute_dtype": str(dtype).removeprefix("torch."), "lr": LR, "weight_decay": WEIGHT_DECAY,
+                "betas": list(BETAS), "eps": EPS, "targeted": targeted, "quantized": quantized}
+    with open(os.path.join(out_dir, "case.json"), "w") as f:
+        json.dump(settings, f, indent=2)
+        f.write("\n")
+    print(name, "loss", loss.item(), "loss_after", loss_after.item(), "targeted", len(targeted))
+
+
+def main(root):
+    for i, (name, c) in enumerate(CASES.items()):
+        run_case(root, name, c, seed=100 * (i + 1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

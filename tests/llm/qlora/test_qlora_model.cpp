@@ -1,0 +1,197 @@
+// QLoRA on a CausalLM without fixtures: which layers PEFT's target_modules
+// select, what apply_qlora converts and freezes, its refusals, adapter
+// folders written and read back (and refused when they do not fit), and a
+// merged model equal to the adapted one.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../ops/op_fixtures.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "llm/model/lm_loss.h"
+#include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
+#include "support/temp_dir.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string model_dir(const std::string& name) {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm/models/" + name;
+}
+
+llm::QLoRAOptions options(std::vector<std::string> targets, int64_t r = 4) {
+  llm::QLoRAOptions o;
+  o.lora.r = r;
+  o.lora.lora_alpha = 8;
+  o.lora.target_modules = std::move(targets);
+  o.quantization.compute_dtype = DType::f32;
+  o.seed = 3;
+  return o;
+}
+
+// Gives every lora_B values, so that the adapters change the output.
+void perturb_adapters(Module& model) {
+  NoGradGuard no_grad;
+  Generator gen(11);
+  for (auto& [name, layer] : llm::lora_layers(model))
+    copy_(layer->lora_B(), randn(layer->lora_B().shape(), gen) * 0.05);
+}
+
+const Tensor kIds = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 30, 41, 12, 0}, {2, 5});
+
+}  // namespace
+
+TEST_CASE("matches_target: PEFT's suffix rule and all-linear") {
+  using llm::matches_target;
+  CHECK(matches_target("model.layers.0.self_attn.q_proj", {"q_proj"}));
+  CHECK(matches_target("model.layers.0.self_attn.q_proj", {"self_attn.q_proj"}));
+  CHECK(matches_target("q_proj", {"q_proj"}));
+  CHECK_FALSE(matches_target("model.layers.0.self_attn.xq_proj", {"q_proj"}));
+  CHECK_FALSE(matches_target("model.layers.0.self_attn.q_proj", {"proj"}));
+  CHECK(matches_target("model.layers.1.mlp.down_proj", {"all-linear"}));
+  CHECK_FALSE(matches_target("lm_head", {"all-linear"}));
+  CHECK(llm::parse_target_modules("q_proj,v_proj") == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK_THROWS_WITH_AS(llm::parse_target_modules("q_proj,,v_proj"),
+                       doctest::Contains("empty entry"), std::invalid_argument);
+}
+
+TEST_CASE("apply_qlora: every linear layer but lm_head in NF4, adapters only where targeted") {
+  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+  const llm::QLoRAReport r = llm::apply_qlora(*model, options({"q_proj", "v_proj"}));
+  REQUIRE(r.layers.size() == 14);  // 7 projections in each of 2 layers
+  int adapted = 0;
+  for (const llm::QLoRALayer& l : r.layers) {
+    adapted += l.adapted;
+    CHECK(l.adapted == (l.name.ends_with("q_proj") || l.name.ends_with("v_proj")));
+    // bitsandbytes' layout at block 64 with double quant: 4 bits a weight
+    // plus one byte a block (and 4 bytes per 256 blocks).
+    CHECK(l.bytes_after < l.bytes_before / 7);
+  }
+  CHECK(adapted == 4);
+  // q_proj: r x 32 + 32 x r; v_proj: r x 32 + 16 x r (2 kv heads of 8).
+  CHECK(r.trainable_parameters == 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4));
+  int64_t trainable = 0;
+  for (const auto& [name, p] : model->named_parameters()) {
+    INFO(name);
+    CHECK(p.requires_grad() == (name.ends_with("lora_A") || name.ends_with("lora_B")));
+    trainable += p.requires_grad() ? p.numel() : 0;
+  }
+  CHECK(trainable == r.trainable_parameters);
+  CHECK(model->find("lm_head.weight").dtype() == DType::f32);
+  // Each layer draws its own adapters.
+  const auto layers = llm::lora_layers(*model);
+  REQUIRE(layers.size() == 4);
+  CHECK(layers[0].first == "model.layers.0.self_attn.q_proj");
+  CHECK(max_rel_diff(layers[0].second->lora_A(), layers[2].second->lora_A()) > 0.1);
+  // lora_B starts at zero: the output is the NF4 base's.
+  NoGradGuard no_grad;
+  CHECK(model->logits(kIds).defined());
+}
+
+TEST_CASE("apply_qlora: refusals name the problem and leave the model unchanged") {
+  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*model, options({"q_proj", "qproj"})),
+                       doctest::Contains("\"qproj\" matches no linear layer"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*model, options({"lm_head"})),
+                       doctest::Contains("\"lm_head\" matches no linear layer"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*model, options({"v_proj"}, 17)),
+                       doctest::Contains("lora r 17 is larger than layer "
+                                         "model.layers.0.self_attn.v_proj allows (16 x 32)"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*model, options({"all-linear", "q_proj"})),
+                       doctest::Contains("all-linear stands alone"), std::invalid_argument);
+  CHECK(llm::lora_layers(*model).empty());
+  CHECK(model->find("model.layers.0.self_attn.q_proj.weight").dtype() == DType::f32);
+  llm::apply_qlora(*model, options({"all-linear"}));
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*model, options({"all-linear"})),
+                       doctest::Contains("already quantized"), std::invalid_argument);
+}
+
+TEST_CASE("PEFT adapter folders: written, read back, and refused when they do not fit") {
+  TempDir tmp;
+  const std::string dir = tmp.path().string() + "/adapters";
+  auto model = llm::load_causal_lm(model_dir("qwen2_bias"));
+  llm::QLoRAOptions o = options({"q_proj", "v_proj"}, 2);
+  o.lora.use_rslora = true;
+  o.lora.base_model_name_or_path = "qwen2_bias";
+  llm::apply_qlora(*model, o);
+  perturb_adapters(*model);
+  llm::save_peft_adapters(*model, o.lora, o.quantization, dir);
+
+  std::ifstream in(dir + "/adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  CHECK(config["peft_type"] == "LORA");
+  CHECK(config["task_type"] == "CAUSAL_LM");
+  CHECK(config["r"] == 2);
+  CHECK(config["use_rslora"] == true);
+  CHECK(config["target_modules"] == nlohmann::json({"q_proj", "v_proj"}));
+  const io::SafetensorsFile saved = io::load_safetensors(dir + "/adapter_model.safetensors");
+  CHECK(saved.tensors.size() == 8);
+  CHECK(saved.tensors[0].first == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+
+  NoGradGuard no_grad;
+  const Tensor want = model->logits(kIds);
+  auto again = llm::load_causal_lm(model_dir("qwen2_bias"));
+  const llm::QLoRAReport r = llm::apply_peft_adapters(*again, dir, model_dir("qwen2_bias"));
+  CHECK(r.layers.size() == 14);
+  CHECK(again->logits(kIds).to_vector<float>() == want.to_vector<float>());
+
+  // Another base, by name.
+  auto other = llm::load_causal_lm(model_dir("llama_gqa"));
+  CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*other, dir, model_dir("llama_gqa")),
+                       doctest::Contains("made for base \"qwen2_bias\""), std::runtime_error);
+  // Tensors that do not fit the config (another r): every one listed.
+  nlohmann::json bad = config;
+  bad["r"] = 3;
+  std::ofstream(dir + "/adapter_config.json") << bad.dump();
+  auto fourth = llm::load_causal_lm(model_dir("qwen2_bias"));
+  CHECK_THROWS_WITH_AS(
+      llm::apply_peft_adapters(*fourth, dir, ""),
+      doctest::Contains("does not fit the model (made for another base, r or target_modules?): "
+                        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight is "
+                        "[2, 32], the model's is [3, 32]"),
+      std::runtime_error);
+  // A damaged config: one line naming the file and the field.
+  bad = config;
+  bad["use_dora"] = true;
+  std::ofstream(dir + "/adapter_config.json") << bad.dump();
+  auto third = llm::load_causal_lm(model_dir("qwen2_bias"));
+  CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
+                       doctest::Contains("adapter_config.json: use_dora is set"),
+                       std::runtime_error);
+  bad = config;
+  bad["target_modules"] = ".*proj";
+  std::ofstream(dir + "/adapter_config.json") << bad.dump();
+  CHECK_THROWS_WITH_AS(llm::read_adapter_folder_config(dir),
+                       doctest::Contains("regular expression"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(llm::read_adapter_folder_config(tmp.path().string() + "/none"),
+                       doctest::Contains("not an adapter folder"), std::runtime_error);
+}
+
+TEST_CASE("merge_qlora: the merged float model computes what the adapted one does") {
+  TempDir tmp;
+  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+  llm::apply_qlora(*model, options({"all-linear"}));
+  perturb_adapters(*model);
+  NoGradGuard no_grad;
+  const Tensor adapted = model->logits(kIds);
+  llm::merge_qlora(*model);
+  CHECK(llm::lora_layers(*model).empty());
+  CHECK(max_rel_diff(model->logits(kIds), adapted) < 1e-5);
+  llm::save_causal_lm(*model, tmp.path().string() + "/merged");
+  auto reloaded = llm::load_causal_lm(tmp.path().string() + "/merged");
+  CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+}
