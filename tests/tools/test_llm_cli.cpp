@@ -10,7 +10,10 @@
 #include "cli_runner.h"
 #include "llm/data/token_file.h"
 #include "llm/model/causal_lm.h"
+#include "llm/model/generate.h"
+#include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "quanta.h"
 
@@ -186,4 +189,43 @@ TEST_CASE("quanta generate --prompt and eval on text, through the folder's token
   check_one_line_error(
       run_quanta({"generate", "--model", model, "--prompt", "hi", "--prompt-ids", "1"}), 2,
       "one of them");
+}
+
+TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base") {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const std::string adapters = std::string(root) + "/llm/qlora/llama_gqa_all/adapter_init";
+  const std::string base = models() + "llama_gqa";
+  // The same model in process: the base quantized as the folder says, its adapters.
+  auto model = llm::load_causal_lm(base);
+  llm::apply_peft_adapters(*model, adapters, base);
+  const std::vector<int64_t> ids = {5, 9, 2, 33, 4, 17, 60, 1, 8, 21, 40, 2, 7, 7, 30, 11};
+  ScratchDir dir("llm_cli_adapters");
+  llm::write_token_file(dir.file("tokens.bin"), ids, llm::TokenWidth::u16);
+  const llm::WindowEval want =
+      llm::evaluate_windows(*model, llm::TokenFile(dir.file("tokens.bin")), 8, 1);
+  const CliResult r = run_quanta({"eval", "--model", base, "--adapters", adapters, "--data",
+                                  dir.file("tokens.bin"), "--seq-len", "8", "--json"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("adapters") == adapters);
+  CHECK(j.at("loss").get<double>() == doctest::Approx(want.loss).epsilon(1e-12));
+  const CliResult plain = run_quanta(
+      {"eval", "--model", base, "--data", dir.file("tokens.bin"), "--seq-len", "8", "--json"});
+  REQUIRE(plain.code == 0);
+  CHECK(nlohmann::json::parse(plain.out).at("loss") != j.at("loss"));
+
+  const std::vector<int64_t> greedy = llm::generate(*model, {5, 9, 2}, {.max_new_tokens = 8});
+  const CliResult g = run_quanta({"generate", "--model", base, "--adapters", adapters,
+                                  "--prompt-ids", "5,9,2", "--max-new-tokens", "8", "--json"});
+  REQUIRE_MESSAGE(g.code == 0, g.err);
+  CHECK(nlohmann::json::parse(g.out).at("ids").get<std::vector<int64_t>>() == greedy);
+
+  check_one_line_error(run_quanta({"generate", "--model", models() + "qwen2_bias", "--adapters",
+                                   adapters, "--prompt-ids", "1"}),
+                       1, "the adapters were made for base \"llama_gqa\"");
+  check_one_line_error(run_quanta({"eval", "--adapters", adapters, "--data", "x"}), 2,
+                       "--adapters goes with --model DIR");
+  check_one_line_error(run_quanta({"generate", "--model", base, "--adapters", dir.file("none"),
+                                   "--prompt-ids", "1"}),
+                       1, "not an adapter folder");
 }

@@ -15,6 +15,7 @@
 #include "flag_checks.h"
 #include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
@@ -26,7 +27,8 @@ namespace {
 
 struct EvalOptions {
   std::string checkpoint;
-  std::string model;  // a language-model folder instead of a checkpoint
+  std::string model;     // a language-model folder instead of a checkpoint
+  std::string adapters;  // a PEFT adapter folder over --model
   int64_t seq_len = 0;
   std::string data;
   std::string png;
@@ -45,6 +47,8 @@ void run_lm_eval(const EvalOptions& o) {
   if (!o.png.empty() || o.limit >= 0)
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
   auto model = llm::load_causal_lm(o.model, device_flag(o.device));
+  // The base quantized as the adapters were trained over it, then the adapters.
+  if (!o.adapters.empty()) llm::apply_peft_adapters(*model, o.adapters, o.model);
   llm::WindowEval r;
   if (std::filesystem::path(o.data).extension() == ".txt") {
     // Raw text: the whole file through the folder's tokenizer, a BOS first.
@@ -67,6 +71,7 @@ void run_lm_eval(const EvalOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["model"] = o.model;
+    if (!o.adapters.empty()) j["adapters"] = o.adapters;
     j["data"] = o.data;
     j["seq_len"] = o.seq_len;
     j["loss"] = r.loss;
@@ -82,6 +87,8 @@ void run_lm_eval(const EvalOptions& o) {
 }
 
 void run_eval(const EvalOptions& o) {
+  if (!o.adapters.empty() && o.model.empty())
+    throw UsageError("--adapters goes with --model DIR (the base the adapters were trained on)");
   if (!o.model.empty()) return run_lm_eval(o);
   if (o.checkpoint.empty())
     throw UsageError("give a CHECKPOINT (or --model DIR for a language model)");
@@ -152,6 +159,9 @@ void add_eval(CLI::App& app) {
   sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train");
   sub->add_option("--model", o->model,
                   "a language-model folder (config.json, safetensors) to score on --data");
+  sub->add_option("--adapters", o->adapters,
+                  "--model: a PEFT LoRA adapter folder; the base is quantized to NF4 as the "
+                  "adapters were trained over it");
   sub->add_option("--seq-len", o->seq_len, "--model: tokens per window")
       ->transform(integer_in(2, 1 << 24));
   sub->add_option("--data", o->data,

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 
 namespace quanta::cli {
@@ -21,6 +22,7 @@ namespace {
 
 struct GenerateFlags {
   std::string model;
+  std::string adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
   std::string prompt;  // text, through the folder's tokenizer.model
   int64_t max_new_tokens = 32;
@@ -75,6 +77,7 @@ void run_generate(const GenerateFlags& f) {
   const std::vector<int64_t> prompt =
       tokenizer ? tokenizer->encode(f.prompt, true) : parse_ids(f.prompt_ids);
   auto model = llm::load_causal_lm(f.model, device_flag(f.device));
+  if (!f.adapters.empty()) llm::apply_peft_adapters(*model, f.adapters, f.model);
   llm::GenerateOptions o;
   o.max_new_tokens = f.max_new_tokens;
   o.temperature = f.temperature;
@@ -84,6 +87,7 @@ void run_generate(const GenerateFlags& f) {
   if (f.json) {
     nlohmann::ordered_json j;
     j["model"] = f.model;
+    if (!f.adapters.empty()) j["adapters"] = f.adapters;
     j["prompt_ids"] = prompt;
     j["ids"] = ids;
     if (tokenizer) j["text"] = tokenizer->decode(ids);
@@ -113,6 +117,9 @@ void add_generate(CLI::App& app) {
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt \"hello world\"");
   sub->add_option("--model", f->model, "model folder: config.json and safetensors weights")
       ->required();
+  sub->add_option("--adapters", f->adapters,
+                  "a PEFT LoRA adapter folder; the base is quantized to NF4 as the adapters "
+                  "were trained over it");
   sub->add_option("--prompt-ids", f->prompt_ids, "the prompt as comma-separated token ids");
   sub->add_option("--prompt", f->prompt,
                   "the prompt as text, through the folder's SentencePiece tokenizer.model (a BOS "
