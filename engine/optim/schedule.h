@@ -68,6 +68,24 @@ class WarmupCosine : public LrSchedule {
   double min_lr_;
 };
 
+/** Linear warmup, then linear decay to min_lr at total_steps
+ * (transformers' get_linear_schedule_with_warmup, with the warmup of this
+ * file), for base lr b:
+ *   s <  warmup:          b (s + 1) / warmup
+ *   warmup <= s < total:  min_lr + (b - min_lr) (total - s) / (total - warmup)
+ *   s >= total:           min_lr */
+class WarmupLinearDecay : public LrSchedule {
+ public:
+  /** Needs 0 <= warmup_steps <= total_steps and min_lr >= 0. */
+  WarmupLinearDecay(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+                    double min_lr = 0.0);
+  double lr_at(int64_t step, size_t group = 0) const override;
+
+ private:
+  int64_t warmup_, total_;
+  double min_lr_;
+};
+
 /** Linear warmup, then constant: b (s + 1) / warmup for s < warmup, else b. */
 class LinearWarmup : public LrSchedule {
  public:

@@ -281,7 +281,7 @@ TEST_CASE("finetune --resume continues exactly, dropout streams included") {
         doctest::Approx(percent_after(whole.out, "after fine-tuning:")));
   // What defines the run may not change; the base neither.
   check_one_line_error(run_quanta(finetune(t.nf4_ckpt, out.file("split"),
-                                           with(drop, {"--resume", "--rank", "4"}), "20")),
+                                           with(drop, {"--resume", "--lora-r", "4"}), "20")),
                        2, "--resume cannot change the run it continues (model:");
   check_one_line_error(
       run_quanta(finetune(t.float_ckpt, out.file("split"), with(drop, {"--resume"}), "20")), 2,
@@ -374,7 +374,8 @@ TEST_CASE("finetune: bad files and flags give one line and a non-zero exit") {
         "junk.safetensors");
   }
   check_one_line_error(
-      run_quanta({"finetune", dir.file("x"), "--out", dir.file("o"), "--rank", "0"}), 2, "--rank");
+      run_quanta({"finetune", dir.file("x"), "--out", dir.file("o"), "--lora-r", "0"}), 2,
+      "--lora-r");
   check_one_line_error(run_quanta({"finetune", dir.file("x")}), 2, "--out");
   {  // An --out that holds a fine-tuning run is refused (before, replaced
      // silently), before anything is read; --overwrite goes on.

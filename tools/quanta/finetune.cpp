@@ -36,6 +36,7 @@
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
+#include "finetune_run.h"
 #include "flag_checks.h"
 #include "quant/nf4/nf4_modules.h"
 #include "quanta_config.h"
@@ -66,33 +67,21 @@ inline constexpr const char* kAdaptersFormat = "quanta-lora-1";
 // tensors are the adapters only: the base is the input checkpoint's).
 inline constexpr const char* kFinetuneFormat = "quanta-finetune-1";
 
-struct FinetuneOptions {
-  std::string checkpoint, out, data;
-  // The adapters' defaults are the library's (bench train's QLoRA row uses them too).
-  int64_t rank = quant::LoRAOptions{}.rank;
-  double alpha = quant::LoRAOptions{}.alpha, dropout = quant::LoRAOptions{}.dropout;
-  int64_t steps = 300, batch_size = 128;
-  double lr = 1e-3;
-  uint64_t seed = quant::LoRAOptions{}.seed;
-  int64_t limit_train = -1, limit_test = -1, log_every = 50, threads = 0, nproc = 1;
-  std::string device = "cpu";  // train::run_device; a resume may change it
-  std::string dist_timeout;    // seconds; empty: the library's default
-  bool merge = false, overwrite = false, resume = false;
-};
-
 // The settings a fine-tuning checkpoint keeps; a --resume must not change
 // those train::resume_conflict compares (batch_size, lr, seed, limit_train,
 // model) nor the base.
 json finetune_config_json(const FinetuneOptions& o) {
-  return {{"task", "finetune"},
-          {"base", fs::absolute(o.checkpoint).lexically_normal().string()},
-          {"steps", o.steps},
-          {"batch_size", o.batch_size},
-          {"lr", o.lr},
-          {"seed", o.seed},
-          {"limit_train", o.limit_train},
-          {"log_every", o.log_every},
-          {"model", {{"lora_rank", o.rank}, {"lora_alpha", o.alpha}, {"lora_dropout", o.dropout}}}};
+  return {
+      {"task", "finetune"},
+      {"base", fs::absolute(o.checkpoint).lexically_normal().string()},
+      {"steps", o.steps},
+      {"batch_size", o.batch_size},
+      {"lr", o.lr},
+      {"seed", o.seed},
+      {"limit_train", o.limit_train},
+      {"log_every", o.log_every},
+      {"model",
+       {{"lora_rank", o.lora_r}, {"lora_alpha", o.lora_alpha}, {"lora_dropout", o.lora_dropout}}}};
 }
 
 // The classifier with LoRA adapters as the training loop's task: the
@@ -259,12 +248,11 @@ struct OutputPlan {
   bool done = false;  // a restart found the run complete: nothing to do
 };
 
-OutputPlan plan_output(const FinetuneOptions& o) {
-  // A base checkpoint kept in --out under one of the names a fine-tune
-  // writes there would be replaced by the fine-tune's own file.
-  for (const std::string& file : kRunFiles)
-    refuse_output_over_input("--out", train::out_file(o.out, file.c_str()),
-                             {{"the base checkpoint", o.checkpoint}});
+OutputPlan plan_output(const FinetuneOptions& o, const RunSpec& spec) {
+  // An input kept in --out under one of the names a fine-tune writes there
+  // would be replaced by the fine-tune's own file.
+  for (const std::string& file : spec.files)
+    refuse_output_over_input("--out", train::out_file(o.out, file.c_str()), spec.inputs);
   OutputPlan p;
   p.resume = o.resume;
   try {
@@ -274,11 +262,11 @@ OutputPlan plan_output(const FinetuneOptions& o) {
     p.restarts = train::launch_restarts_from_env();
     p.plan = train::restart_plan(o.out, p.restarts, train::kCheckpointFile);
     if (!o.resume && !o.overwrite && p.plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(o.out, kRunFiles, kWaysOn);
+      train::refuse_to_replace_run(o.out, spec.files, kWaysOn);
     if (!p.resume && p.plan != train::RestartPlan::resume) return p;
-    const train::Checkpoint ck =
-        train::load_checkpoint(train::out_file(o.out, train::kCheckpointFile), kFinetuneFormat);
-    const json now = finetune_config_json(o);
+    const train::Checkpoint ck = train::load_checkpoint(
+        train::out_file(o.out, train::kCheckpointFile), spec.checkpoint_format);
+    const json& now = spec.config;
     std::string diff = train::resume_conflict(ck.info.config, now);
     if (diff.empty() && ck.info.config.value("base", "") != now["base"].get<std::string>())
       diff = "base: checkpoint " + ck.info.config.value("base", "") + ", now " +
@@ -289,13 +277,13 @@ OutputPlan plan_output(const FinetuneOptions& o) {
     // The outputs come after the last checkpoint: a complete run whose
     // adapters were not written yet fine-tunes again.
     const bool complete = ck.info.step >= o.steps;
-    p.done = complete && fs::exists(fs::path(o.out) / kAdaptersFile);
+    p.done = complete && fs::exists(fs::path(o.out) / spec.done_marker);
     p.resume = !complete;
     if (is_rank_zero())
       std::cout << train::restart_text(p.restarts)
                 << (p.done     ? ": the run in " + o.out + " is complete; nothing left to fine-tune"
-                    : complete ? ": the run in " + o.out +
-                                     " has no adapters file yet; fine-tuning again from the start"
+                    : complete ? ": the run in " + o.out + " has no " + spec.done_marker +
+                                     " yet; fine-tuning again from the start"
                                : ": resuming the run in " + o.out + " from its checkpoint (step " +
                                      std::to_string(ck.info.step) + ")")
                 << "\n";
@@ -330,7 +318,7 @@ struct AdapterBytes {
 std::vector<quant::NF4LayerReport> add_adapters(QLoraModel& q, const FinetuneOptions& o,
                                                 AdapterBytes& bytes) {
   const quant::LoRAOptions lora{
-      .rank = o.rank, .alpha = o.alpha, .dropout = o.dropout, .seed = o.seed};
+      .rank = o.lora_r, .alpha = o.lora_alpha, .dropout = o.lora_dropout, .seed = o.seed};
   quant::NF4ConvertOptions convert;
   convert.lora = true;
   convert.lora_options = lora;
@@ -432,9 +420,14 @@ std::string write_adapters(const FinetuneOptions& o, const QLoraModel& q, const 
   io::TensorMap adapters;
   for (const auto& [name, p] : q.model->named_parameters())
     if (p.requires_grad()) adapters.emplace_back(name, p.detach());
-  const json lora_json = {{"rank", o.rank},   {"alpha", o.alpha}, {"dropout", o.dropout},
-                          {"steps", o.steps}, {"lr", o.lr},       {"batch_size", o.batch_size},
-                          {"seed", o.seed},   {"nproc", world}};
+  const json lora_json = {{"rank", o.lora_r},
+                          {"alpha", o.lora_alpha},
+                          {"dropout", o.lora_dropout},
+                          {"steps", o.steps},
+                          {"lr", o.lr},
+                          {"batch_size", o.batch_size},
+                          {"seed", o.seed},
+                          {"nproc", world}};
   const std::string path = train::out_file(o.out, kAdaptersFile);
   io::save_safetensors(path, adapters,
                        {{"format", kAdaptersFormat},
@@ -467,30 +460,52 @@ std::string write_merged(const FinetuneOptions& o, const QLoraModel& q,
          percent(info.results["test_accuracy"].get<double>()) + ")";
 }
 
-void run_finetune(const FinetuneOptions& o) {
-  const OutputPlan out = plan_output(o);
-  if (out.done) return;
+}  // namespace
+
+std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
+  const OutputPlan out = plan_output(o, spec);
+  if (out.done) return std::nullopt;
   const bool rank_zero = is_rank_zero();
   if (out.plan == train::RestartPlan::start_again && rank_zero)
     std::cout << train::restart_text(out.restarts) << ": " << o.out
               << " holds no checkpoint of this run yet; fine-tuning again from step 0\n";
   apply_dist_timeout(o.dist_timeout);
   if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
-  train::RunFolderLock folder;
+  StartedRun run;
+  run.resume = out.resume;
   if (rank_zero) {
     try {
-      folder = train::take_run_folder(
+      run.folder = train::take_run_folder(
           o.out, !o.resume && !o.overwrite && out.plan == train::RestartPlan::first_start,
-          kRunFiles, kWaysOn, out.restarts.max > 0 ? out.restarts.run_id : "");
+          spec.files, kWaysOn, out.restarts.max > 0 ? out.restarts.run_id : "");
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
   }
-  const Device device = device_flag(o.device);
+  run.device = device_flag(o.device);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  if (!fs::exists(o.checkpoint))
-    throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
-  std::shared_ptr<dist::ProcessGroup> group = dist::init();
+  if (spec.check_inputs) spec.check_inputs();
+  run.group = dist::init();
+  return run;
+}
+
+namespace {
+
+void run_finetune(const FinetuneOptions& o) {
+  RunSpec spec;
+  spec.files = kRunFiles;
+  spec.config = finetune_config_json(o);
+  spec.inputs = {{"the base checkpoint", o.checkpoint}};
+  spec.done_marker = kAdaptersFile;
+  spec.checkpoint_format = kFinetuneFormat;
+  spec.check_inputs = [&] {
+    if (!fs::exists(o.checkpoint))
+      throw std::runtime_error("cannot read checkpoint '" + o.checkpoint + "': no such file");
+  };
+  std::optional<StartedRun> run = start_finetune_run(o, spec);
+  if (!run) return;
+  const Device device = run->device;
+  std::shared_ptr<dist::ProcessGroup> group = run->group;
   const int world = group->size();
   const bool lead = group->rank() == 0;
   std::ostream& log = train::lead_log(std::cout, lead);
@@ -509,15 +524,15 @@ void run_finetune(const FinetuneOptions& o) {
 
   AdapterTask task(
       q.model, train_set, test, device, [&](std::ostream& os, int64_t start, int64_t total) {
-        os << "fine-tuning LoRA adapters (rank " << o.rank << ", alpha " << o.alpha << ", dropout "
-           << o.dropout << ") on " << train_set.size() << " images: "
+        os << "fine-tuning LoRA adapters (rank " << o.lora_r << ", alpha " << o.lora_alpha
+           << ", dropout " << o.lora_dropout << ") on " << train_set.size() << " images: "
            << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
            << total << " steps, global batch " << o.batch_size << ", lr " << o.lr << ", seed "
            << o.seed << ", " << world << (world == 1 ? " rank, " : " ranks, ") << num_threads()
            << " threads each\n"
            << std::flush;
       });
-  const train::LoopResult r = fine_tune(task, o, out.resume, device, *group);
+  const train::LoopResult r = fine_tune(task, o, run->resume, device, *group);
   if (r.interrupted || !lead) return;
 
   const double after = task.test_accuracy();
@@ -539,54 +554,94 @@ void run_finetune(const FinetuneOptions& o) {
 
 }  // namespace
 
+void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>& given) {
+  const bool lm = !o.model.empty();
+  if (lm && !o.checkpoint.empty())
+    throw UsageError("give a classifier CHECKPOINT or --model DIR (a language model), not both");
+  if (!lm && o.checkpoint.empty())
+    throw UsageError(
+        "give a classifier CHECKPOINT, or --model DIR and --data FILE for a "
+        "language model");
+  static const std::vector<const char*> kLmOnly = {
+      "--eval-data",    "--merge-to",       "--seq-len",       "--grad-accum",
+      "--warmup-steps", "--eval-every",     "--weight-decay",  "--max-grad-norm",
+      "--lr-schedule",  "--target-modules", "--compute-dtype", "--use-rslora"};
+  static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
+                                                           "--merge"};
+  for (const char* flag : lm ? kClassifierOnly : kLmOnly)
+    if (given(flag))
+      throw UsageError(std::string(flag) +
+                       (lm ? " is for the classifier of quanta train, not --model"
+                           : " is for a language model (--model DIR)"));
+  // The classifier's defaults are the library's LoRA ones; a language
+  // model's are QLoRA's usual recipe.
+  if (o.steps < 0) o.steps = lm ? 0 : 300;  // 0: one epoch, known once the data is read
+  if (o.batch_size < 0) o.batch_size = lm ? 4 : 128;
+  if (o.lr < 0) o.lr = lm ? 2e-4 : 1e-3;
+  if (o.lora_dropout < 0) o.lora_dropout = lm ? 0.05 : quant::LoRAOptions{}.dropout;
+  if (o.log_every < 0) o.log_every = lm ? 10 : 50;
+}
+
 void add_finetune(CLI::App& app) {
   auto o = std::make_shared<FinetuneOptions>();
   CLI::App* sub = app.add_subcommand(
       "finetune",
-      "LoRA fine-tuning on an NF4 base (QLoRA) of the classifier of quanta train --task "
-      "classify: accuracy before and after, memory used, adapters in --out");
+      "QLoRA: LoRA adapters trained over a frozen NF4 base, of a language model (--model DIR, "
+      "a Hugging Face folder; PEFT adapters out) or of the classifier of quanta train --task "
+      "classify");
   sub->footer(
       "Examples:\n"
+      "  quanta finetune --model tests/data/llm/models/llama_gqa --data tokens.bin --seq-len 64 "
+      "--out runs/lm\n"
+      "  quanta finetune --model DIR --data train.jsonl --eval-data eval.jsonl --seq-len 512 \\\n"
+      "      --lora-r 16 --target-modules q_proj,v_proj --out runs/lm --merge-to runs/merged\n"
       "  quanta train --task classify --out runs/clf\n"
       "  quanta quantize runs/clf/checkpoint.safetensors runs/clf/nf4.safetensors\n"
       "  quanta finetune runs/clf/nf4.safetensors --out runs/qlora --steps 300\n"
       "  quanta finetune runs/clf/checkpoint.safetensors --out runs/qlora --merge\n"
-      "  quanta finetune runs/clf/nf4.safetensors --out runs/qlora2 --nproc 2\n"
-      "A float checkpoint is quantized to NF4 here (block 64, double quant). Writes\n"
-      "adapters.safetensors (lora_A / lora_B per layer) and with --merge\n"
-      "merged.safetensors, a float classifier checkpoint. See docs/finetune.md.");
+      "  quanta finetune runs/clf/checkpoint.safetensors --out runs/qlora2 --nproc 2\n"
+      "A language model's linear layers but lm_head are quantized to NF4 as bitsandbytes does\n"
+      "(block 64, double quant); --out gets adapters/ (a PEFT folder), checkpoint.safetensors\n"
+      "and metrics.jsonl. See docs/finetune.md.");
   sub->add_option("checkpoint", o->checkpoint,
-                  "classifier checkpoint (float, or NF4 from quanta quantize)")
-      ->required();
+                  "classifier checkpoint (float, or NF4 from quanta quantize)");
+  sub->add_option("--model", o->model,
+                  "a language model: Hugging Face folder (llama, mistral, qwen2)");
   sub->add_option("--out", o->out, "output folder")->required();
-  sub->add_option("--rank", o->rank, "LoRA rank")
+  sub->add_option("--lora-r", o->lora_r, "LoRA rank r (PEFT's r)")
       ->capture_default_str()
       ->transform(integer_in(1, 4096));
-  sub->add_option("--alpha", o->alpha, "LoRA alpha; the update is scaled by alpha / rank")
+  sub->add_option("--lora-alpha", o->lora_alpha,
+                  "LoRA alpha; the update is scaled by alpha / r (alpha / sqrt(r) with "
+                  "--use-rslora)")
       ->capture_default_str()
       ->check(number_in(0, 1e6, true));
-  sub->add_option("--lora-dropout", o->dropout, "dropout on the adapters' input")
-      ->capture_default_str()
+  sub->add_option("--lora-dropout", o->lora_dropout,
+                  "dropout on the adapters' input (0.05 with --model)")
+      ->default_str("0")
       ->check(number_in(0.0, 0.999));
-  sub->add_option("--steps", o->steps, "optimizer steps")
-      ->capture_default_str()
+  sub->add_option("--steps", o->steps, "optimizer steps (with --model: one epoch of --data)")
+      ->default_str("300")
       ->transform(integer_in(1, train::kMaxSteps));
-  sub->add_option("--batch-size", o->batch_size, "global batch size, split across ranks")
-      ->capture_default_str()
+  sub->add_option("--batch-size", o->batch_size,
+                  "global batch, split across ranks: images, or sequences with --model (4)")
+      ->default_str("128")
       ->transform(integer_in(1, train::kMaxBatchSize));
-  sub->add_option("--lr", o->lr, "Adam learning rate of the adapters")
-      ->capture_default_str()
+  sub->add_option("--lr", o->lr, "peak learning rate of the adapters (2e-4 with --model)")
+      ->default_str("0.001")
       ->check(number_in(0, 1e6, true));
   sub->add_option("--seed", o->seed, "seed of the adapters' init, dropout and data order")
       ->capture_default_str()
       ->transform(unsigned_integer());
-  sub->add_option("--data", o->data, "Fashion-MNIST folder (default: the checkpoint's)");
+  sub->add_option("--data", o->data,
+                  "training data: a Fashion-MNIST folder (default: the checkpoint's), or with "
+                  "--model an llm.c token file or a JSONL file of input_ids (and labels)");
   sub->add_option("--limit-train", o->limit_train, "use only the first N training images")
       ->transform(integer_in(0, train::kMaxCount));
   sub->add_option("--limit-test", o->limit_test, "evaluate on only the first N test images")
       ->transform(integer_in(1, train::kMaxCount));
-  sub->add_option("--log-every", o->log_every, "steps between log lines")
-      ->capture_default_str()
+  sub->add_option("--log-every", o->log_every, "steps between log lines (10 with --model)")
+      ->default_str("50")
       ->transform(integer_in(1, train::kMaxCount));
   sub->add_option("--threads", o->threads, "CPU threads per rank")
       ->capture_default_str()
@@ -605,7 +660,14 @@ void add_finetune(CLI::App& app) {
   sub->add_flag("--merge", o->merge,
                 "also write merged.safetensors, the float model with the "
                 "adapters merged in");
-  sub->callback([o] { run_finetune(*o); });
+  add_lm_finetune_flags(*sub, *o);
+  sub->callback([o, sub] {
+    resolve_defaults(*o, [sub](const char* flag) { return sub->count(flag) > 0; });
+    if (o->model.empty())
+      run_finetune(*o);
+    else
+      run_lm_finetune(*o);
+  });
 }
 
 }  // namespace quanta::cli

@@ -415,6 +415,25 @@ TEST_CASE("clip_grad_value_ clamps each gradient") {
 
 // ---- schedules ----
 
+TEST_CASE("WarmupLinearDecay warms up, then falls linearly to min_lr at total_steps") {
+  Tensor a = param({0.0});
+  SGD opt({a}, {.lr = 1.0});
+  WarmupLinearDecay sched(opt, 2, 6, 0.2);
+  // Warmup (s + 1) / 2, then 0.2 + 0.8 (6 - s) / 4, then min_lr.
+  const std::vector<double> want = {0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2};
+  for (size_t s = 0; s < want.size(); ++s) {
+    CAPTURE(s);
+    CHECK(sched.lr_at(static_cast<int64_t>(s)) == doctest::Approx(want[s]).epsilon(1e-14));
+    CHECK(opt.lr() == doctest::Approx(want[s]).epsilon(1e-14));
+    sched.step();
+  }
+  SGD opt0({param({0.0})}, {.lr = 0.3});
+  CHECK(WarmupLinearDecay(opt0, 0, 3).lr_at(0) == doctest::Approx(0.3));
+  CHECK(WarmupLinearDecay(opt0, 0, 3).lr_at(2) == doctest::Approx(0.1));
+  CHECK_THROWS_AS(WarmupLinearDecay(opt0, 5, 4), std::invalid_argument);
+  CHECK_THROWS_AS(WarmupLinearDecay(opt0, 0, 4, -1.0), std::invalid_argument);
+}
+
 TEST_CASE("WarmupCosine warms up linearly, then follows a cosine to min_lr") {
   Tensor a = param({0.0}), b = param({0.0});
   SGD opt(std::vector<ParamGroup>{{.params = {a}}, {.params = {b}, .lr = 0.2}}, {.lr = 1.0});

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <streambuf>
@@ -13,9 +14,11 @@
 #include "engine/cpu/parallel.h"
 #include "engine/device_backend.h"
 #include "engine/factory.h"
+#include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/view.h"
 #include "engine/optim/optimizer.h"
+#include "engine/optim/schedule.h"
 #include "train/batch_order.h"
 #include "train/checkpoint.h"
 #include "train/outputs.h"
@@ -101,6 +104,27 @@ std::vector<Tensor> trainable_parameters(Module& model) {
   return out;
 }
 
+std::unique_ptr<Adam> make_optimizer(const std::vector<Tensor>& params, const LoopSettings& s) {
+  const OptimizerSettings& o = s.optimizer;
+  if (o.adamw)
+    return std::make_unique<AdamW>(params,
+                                   AdamWOptions{.lr = s.lr, .weight_decay = o.weight_decay});
+  return std::make_unique<Adam>(params, AdamOptions{.lr = s.lr, .weight_decay = o.weight_decay});
+}
+
+// The lr of each step, a pure function of the step (so a resumed run
+// continues the curve); "constant" with no warmup is the lr itself.
+std::unique_ptr<LrSchedule> make_schedule(Optimizer& opt, const LoopSettings& s) {
+  const OptimizerSettings& o = s.optimizer;
+  if (o.schedule == "linear")
+    return std::make_unique<WarmupLinearDecay>(opt, o.warmup_steps, s.total_steps);
+  if (o.schedule == "cosine")
+    return std::make_unique<WarmupCosine>(opt, o.warmup_steps, s.total_steps);
+  if (o.schedule == "constant") return std::make_unique<LinearWarmup>(opt, o.warmup_steps);
+  throw std::invalid_argument("--lr-schedule must be constant, linear or cosine, got \"" +
+                              o.schedule + "\"");
+}
+
 std::string signal_name(int sig) {
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "another rank";
 }
@@ -119,7 +143,8 @@ class Loop {
         log_(lead_log(log, lead_)),
         model_(task.model()),
         names_(task.term_names()),
-        optimizer_(trainable_parameters(*model_), {.lr = s.lr}),
+        optimizer_(make_optimizer(trainable_parameters(*model_), s)),
+        schedule_(make_schedule(*optimizer_, s)),
         per_epoch_((s.examples + s.batch_size - 1) / s.batch_size),
         ckpt_path_(out_file(s.out_dir, kCheckpointFile)),
         metrics_path_(out_file(s.out_dir, kMetricsFile)),
@@ -134,7 +159,8 @@ class Loop {
     if (s_.resume) restore();
     write_header();
     task_.describe(log_, step_, s_.total_steps);
-    Progress progress(log_, s_.progress_bar, step_, s_.total_steps, s_.batch_size);
+    Progress progress(log_, s_.progress_bar, step_, s_.total_steps,
+                      s_.batch_size * s_.items_per_row, s_.throughput_unit);
     progress_ = &progress;
     StopSignals signals;
     model_->train();
@@ -164,7 +190,7 @@ class Loop {
   void restore() {
     Checkpoint ck = load_checkpoint(ckpt_path_, s_.checkpoint_format);
     task_.load_state(ck.model);
-    optimizer_.load_state_dict(ck.optimizer);
+    optimizer_->load_state_dict(ck.optimizer);
     task_.load_extra_state(ck.info.rng);
     step_ = ck.info.step;
     window_ = LogWindow::restore(ck.info.log_window, names_, step_, s_.log_every);
@@ -201,22 +227,44 @@ class Loop {
   bool train_step(bool stop_here) {
     const int64_t syncs_before = host_sync_count();
     const Tensor batch = order_.batch(step_);
-    const StepLoss out = task_.step({rank_share(batch, rank_, world_), batch.numel(), world_});
-    optimizer_.zero_grad();
-    out.loss.backward();
+    const Tensor share = rank_share(batch, rank_, world_);
+    optimizer_->zero_grad();
+    // Micro-batches: contiguous pieces of this rank's share; gradients
+    // accumulate locally and are averaged across ranks once, at the end.
+    const int64_t pieces = std::min<int64_t>(s_.optimizer.grad_accum, share.numel());
+    std::vector<Tensor> values;
+    Device loss_device = Device::cpu();
+    for (int64_t p = 0; p < std::max<int64_t>(pieces, 1); ++p) {
+      const int64_t lo = share.numel() * p / std::max<int64_t>(pieces, 1);
+      const int64_t hi = share.numel() * (p + 1) / std::max<int64_t>(pieces, 1);
+      const StepLoss out = task_.step({slice(share, 0, lo, hi), batch.numel(), world_, batch});
+      {
+        std::optional<dist::DataParallel::NoSync> local;
+        if (dp_ && p + 1 < pieces) local.emplace(*dp_);
+        out.loss.backward();
+      }
+      NoGradGuard no_grad;
+      std::vector<Tensor> v = {out.loss.detach()};
+      for (const Tensor& t : out.terms) v.push_back(t.detach());
+      values.push_back(to_dtype(stack(v), DType::f64));
+      loss_device = out.loss.device();
+    }
     if (dp_) dp_->finish_step();
-    optimizer_.step();
+    if (s_.optimizer.max_grad_norm > 0)
+      clip_grad_norm_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
+    optimizer_->set_lr(schedule_->lr_at(step_));
+    optimizer_->step();
     task_.after_step();
     ++step_;
     {
       NoGradGuard no_grad;
-      std::vector<Tensor> values = {out.loss.detach()};
-      for (const Tensor& t : out.terms) values.push_back(t.detach());
-      pending_values_.push_back(to_dtype(stack(values), DType::f64));
+      Tensor sum = values[0];
+      for (std::size_t i = 1; i < values.size(); ++i) sum = sum + values[i];
+      pending_values_.push_back(sum);
     }
     window_syncs_ += host_sync_count() - syncs_before;
     ++window_synced_steps_;
-    if (device_caps(out.loss.device()).host_readable) flush_values();
+    if (device_caps(loss_device).host_readable) flush_values();
     if (world_ == 1) return stop_here;
     Tensor stop = scalar(stop_here ? 1.0 : 0.0, {.dtype = DType::f64});
     group_.all_reduce(stop);
@@ -263,8 +311,9 @@ class Loop {
     const double n = double(window_.steps);
     if (log_now && lead_) {
       json record = {
-          {"kind", "train"},          {"step", step_}, {"epoch", epoch()},
-          {"loss", window_.loss / n}, {"lr", s_.lr},   {"img_per_s", progress_->throughput(step_)},
+          {"kind", "train"},         {"step", step_},
+          {"epoch", epoch()},        {"loss", window_.loss / n},
+          {"lr", lr_now()},          {s_.throughput_unit + "_per_s", progress_->throughput(step_)},
           {"elapsed_s", elapsed_s()}};
       for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
       // Points inside the steps where the host waited for the device (0
@@ -281,6 +330,9 @@ class Loop {
     }
   }
 
+  // The lr of the last step taken (the first step's before any).
+  double lr_now() const { return schedule_->lr_at(std::max<int64_t>(step_ - 1, 0)); }
+
   bool eval_due() const {
     if (step_ == s_.total_steps) return true;
     if (s_.eval_every == kEvalAtEnd) return false;
@@ -296,7 +348,7 @@ class Loop {
     record["kind"] = "eval";
     record["step"] = step_;
     record["epoch"] = epoch();
-    record["lr"] = s_.lr;
+    record["lr"] = lr_now();
     record["elapsed_s"] = elapsed_s();
     append_metric(metrics_path_, history_.emplace_back(record));
     save_and_write_outputs(true);
@@ -315,7 +367,7 @@ class Loop {
     info.rng["seed"] = s_.seed;
     info.log_window = window_.to_json(names_);
     info.results = task_.results();
-    save_checkpoint(ckpt_path_, task_.state(), &optimizer_, info);
+    save_checkpoint(ckpt_path_, task_.state(), optimizer_.get(), info);
     task_.write_outputs(history_, evaluated);
   }
 
@@ -327,7 +379,8 @@ class Loop {
   std::ostream& log_;
   std::shared_ptr<Module> model_;
   const std::vector<std::string> names_;
-  Adam optimizer_;
+  std::unique_ptr<Adam> optimizer_;
+  std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<dist::DataParallel> dp_;
   const int64_t per_epoch_;
   const std::string ckpt_path_, metrics_path_;

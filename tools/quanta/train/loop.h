@@ -5,8 +5,9 @@
 // hand it to run_loop, which does the rest the same way for all three:
 //   - batches: the global batch of step s is BatchOrder's (a pure function of
 //     seed and step), each rank takes its contiguous share;
-//   - the step: zero_grad, backward, DataParallel's gradient average, Adam,
-//     the task's after_step();
+//   - the step: zero_grad, backward (over --grad-accum micro-batches, one
+//     gradient average), DataParallel's gradient average, clipping, the
+//     schedule's lr, Adam or AdamW, the task's after_step();
 //   - one all-reduce per step carrying the logged losses and whether any rank
 //     was asked to stop, so every rank stops after the same step;
 //   - the divergence check (a non-finite loss stops the run with its step);
@@ -32,17 +33,20 @@
 
 namespace quanta::train {
 
-/** This rank's share of a step's global batch. */
+/** This rank's share of a step's global batch (with gradient accumulation:
+ * of one micro-batch of it). */
 struct BatchShare {
   Tensor rows;              // positions into the training set, this rank's
   int64_t global_rows = 0;  // rows of the whole (global) batch
   int world = 1;            // ranks sharing it
+  Tensor batch;             // the whole global batch's positions (every rank's)
 };
 
 /** What one step's forward reports. `loss` is back-propagated; it and every
- * term are this rank's part, scaled so that their sum over the ranks divided
- * by the world size is the whole batch's value (then DataParallel's average
- * of the gradients is the whole batch's gradient, however the batch splits). */
+ * term are this rank's part, scaled so that their sum over the ranks (and
+ * over the micro-batches of an accumulated step) divided by the world size
+ * is the whole batch's value (then DataParallel's average of the gradients
+ * is the whole batch's gradient, however the batch splits). */
 struct StepLoss {
   Tensor loss;
   /** Values of the task's term_names(), in order (scalars; detached or not). */
@@ -95,6 +99,23 @@ class LoopTask {
   virtual void load_extra_state(const nlohmann::json& /*rng*/) {}
 };
 
+/** The optimizer and what shapes its steps. */
+struct OptimizerSettings {
+  /** AdamW (decoupled weight decay) instead of Adam. */
+  bool adamw = false;
+  double weight_decay = 0;
+  /** "constant", "linear" (to 0 at the last step) or "cosine" (to 0), each
+   * after `warmup_steps` of linear warmup. */
+  std::string schedule = "constant";
+  int64_t warmup_steps = 0;
+  /** Clip the gradients' joint 2-norm to this before each step (0: no). */
+  double max_grad_norm = 0;
+  /** Micro-batches per step: each rank's share is split into this many
+   * forward/backward passes, their gradients summed, averaged across ranks
+   * once. */
+  int64_t grad_accum = 1;
+};
+
 /** How to run a task. */
 struct LoopSettings {
   /** Output folder: checkpoint.safetensors and metrics.jsonl go there. */
@@ -110,8 +131,14 @@ struct LoopSettings {
   /** Steps between evaluations + checkpoints: 0 each epoch, kEvalAtEnd only
    * at the end. */
   int64_t eval_every = 0;
-  /** Adam's learning rate. */
+  /** The optimizer's (peak) learning rate. */
   double lr = 1e-3;
+  OptimizerSettings optimizer{};
+  /** What a step's throughput counts: `throughput_unit` ("img", "tokens";
+   * the train record's field is "<unit>_per_s"), `items_per_row` of them per
+   * row of the batch. */
+  std::string throughput_unit = "img";
+  int64_t items_per_row = 1;
   /** Checkpoint format tag and the config object it keeps. */
   std::string checkpoint_format;
   nlohmann::json checkpoint_config;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ostream>
+#include <utility>
 
 namespace quanta::train {
 
@@ -22,12 +23,14 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t batch_size)
+Progress::Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t items_per_step,
+                   std::string unit)
     : os_(os),
       bar_(bar),
       start_(start),
       total_(total),
-      batch_(batch_size),
+      batch_(items_per_step),
+      unit_(std::move(unit)),
       t0_(std::chrono::steady_clock::now()),
       last_draw_(t0_) {}
 
@@ -43,8 +46,8 @@ std::string Progress::status(int64_t step, int64_t epoch, double loss) const {
   char loss_text[32] = "-";
   if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.5f", loss);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "epoch %lld  loss %s  %.0f img/s  eta %s",
-                static_cast<long long>(epoch), loss_text, throughput(step),
+  std::snprintf(buf, sizeof buf, "epoch %lld  loss %s  %.0f %s/s  eta %s",
+                static_cast<long long>(epoch), loss_text, throughput(step), unit_.c_str(),
                 format_duration(per_step * static_cast<double>(total_ - step)).c_str());
   return buf;
 }

@@ -13,15 +13,17 @@ std::string format_duration(double seconds);
 
 class Progress {
  public:
-  /** Steps run from `start` to `total`; `bar` redraws one line in place. */
-  Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t batch_size);
+  /** Steps run from `start` to `total`; `bar` redraws one line in place.
+   * Each step handles `items_per_step` of `unit` ("img", "tokens"). */
+  Progress(std::ostream& os, bool bar, int64_t start, int64_t total, int64_t items_per_step,
+           std::string unit = "img");
   /** Reports that `step` steps are done with this recent mean `loss` (NaN:
    * not read yet, shown as "-"). Draws the bar (at most ~10 times a second)
    * or, when `log_line`, a plain line. */
   void update(int64_t step, int64_t epoch, double loss, bool log_line);
   /** Prints a full line (clearing the bar first). */
   void line(const std::string& text);
-  /** Images per second since the start. */
+  /** Items (images, tokens) per second since the start. */
   double throughput(int64_t step) const;
   /** Ends the bar's line. */
   void finish();
@@ -32,6 +34,7 @@ class Progress {
   std::ostream& os_;
   bool bar_;
   int64_t start_, total_, batch_;
+  std::string unit_;
   std::chrono::steady_clock::time_point t0_, last_draw_;
   bool drawn_ = false;
 };

@@ -1,0 +1,123 @@
+#include "llm/data/lm_examples.h"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "engine/factory.h"
+
+namespace quanta::llm {
+
+namespace {
+
+// Scored next-token predictions of one example: labels at 1..n-1 that are
+// not ignored.
+int64_t scored_in(const std::vector<int64_t>& labels) {
+  int64_t n = 0;
+  for (std::size_t i = 1; i < labels.size(); ++i) n += labels[i] != kIgnoreIndex;
+  return n;
+}
+
+std::vector<int64_t> host_rows(const Tensor& rows) {
+  return rows.to(Device::cpu()).to(DType::i64).contiguous().to_vector<int64_t>();
+}
+
+}  // namespace
+
+LmExamples LmExamples::from_token_file(const std::string& path, int64_t seq_len,
+                                       int64_t vocab_size) {
+  if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
+  LmExamples e;
+  e.path_ = path;
+  e.seq_len_ = seq_len;
+  e.vocab_size_ = vocab_size;
+  e.tokens_ = std::make_shared<TokenFile>(path);
+  e.windows_ = e.tokens_->size() / seq_len;
+  if (e.windows_ == 0)
+    throw std::runtime_error(path + ": " + std::to_string(e.tokens_->size()) +
+                             " tokens, fewer than one sequence of " + std::to_string(seq_len));
+  return e;
+}
+
+LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size) {
+  if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
+  LmExamples e;
+  e.path_ = path;
+  e.seq_len_ = seq_len;
+  e.vocab_size_ = vocab_size;
+  e.examples_ = read_token_jsonl(path, {.vocab_size = vocab_size, .max_length = 0});
+  int64_t total = 0;
+  for (std::size_t i = 0; i < e.examples_.size(); ++i) {
+    TokenExample& x = e.examples_[i];
+    if (static_cast<int64_t>(x.input_ids.size()) > seq_len)
+      throw std::runtime_error(path + ": example " + std::to_string(i + 1) + " has " +
+                               std::to_string(x.input_ids.size()) +
+                               " tokens, more than the sequence length " + std::to_string(seq_len) +
+                               " (raise --seq-len or split it)");
+    if (x.labels.empty()) x.labels = x.input_ids;
+    e.scored_.push_back(scored_in(x.labels));
+    total += e.scored_.back();
+  }
+  if (total == 0)
+    throw std::runtime_error(path +
+                             ": no example has a scored token (every label is -100, or "
+                             "every example is one token long)");
+  return e;
+}
+
+LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64_t vocab_size) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".jsonl" || ext == ".json") return from_jsonl(path, seq_len, vocab_size);
+  return from_token_file(path, seq_len, vocab_size);
+}
+
+int64_t LmExamples::size() const {
+  return tokens_ ? windows_ : static_cast<int64_t>(examples_.size());
+}
+
+LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
+  const std::vector<int64_t> r = host_rows(rows);
+  const int64_t n = static_cast<int64_t>(r.size());
+  int64_t length = 0;
+  for (int64_t i : r) {
+    if (i < 0 || i >= size())
+      throw std::out_of_range(path_ + ": example " + std::to_string(i) + " of " +
+                              std::to_string(size()));
+    length = std::max<int64_t>(length, tokens_ ? seq_len_ : int64_t(examples_[i].input_ids.size()));
+  }
+  std::vector<int64_t> ids(static_cast<std::size_t>(n * length), 0);
+  std::vector<int64_t> labels(static_cast<std::size_t>(n * length), kIgnoreIndex);
+  LmBatch b;
+  for (int64_t k = 0; k < n; ++k) {
+    const std::size_t at = static_cast<std::size_t>(k * length);
+    if (tokens_) {
+      const std::vector<int64_t> w = tokens_->read(r[k] * seq_len_, seq_len_, vocab_size_);
+      std::copy(w.begin(), w.end(), ids.begin() + at);
+      std::copy(w.begin(), w.end(), labels.begin() + at);
+      b.scored_tokens += seq_len_ - 1;
+    } else {
+      const TokenExample& x = examples_[static_cast<std::size_t>(r[k])];
+      std::copy(x.input_ids.begin(), x.input_ids.end(), ids.begin() + at);
+      std::copy(x.labels.begin(), x.labels.end(), labels.begin() + at);
+      b.scored_tokens += scored_[static_cast<std::size_t>(r[k])];
+    }
+  }
+  b.ids = from_vector(ids, {n, length}).to(device);
+  b.labels = from_vector(labels, {n, length}).to(device);
+  return b;
+}
+
+int64_t LmExamples::scored_tokens(const Tensor& rows) const {
+  if (tokens_) return rows.numel() * (seq_len_ - 1);
+  int64_t n = 0;
+  for (int64_t i : host_rows(rows)) n += scored_.at(static_cast<std::size_t>(i));
+  return n;
+}
+
+int64_t LmExamples::total_scored_tokens() const {
+  if (tokens_) return windows_ * (seq_len_ - 1);
+  int64_t n = 0;
+  for (int64_t s : scored_) n += s;
+  return n;
+}
+
+}  // namespace quanta::llm

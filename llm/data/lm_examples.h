@@ -1,0 +1,63 @@
+#pragma once
+// Training and evaluation examples for a causal language model: the
+// consecutive windows of a token file, or the lines of a JSONL file (one
+// example each, with its labels), batched as ids and labels padded on the
+// right (a causal model's real tokens never see the padding after them).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "llm/data/token_file.h"
+#include "llm/data/token_jsonl.h"
+
+namespace quanta::llm {
+
+/** A batch: ids and labels [rows, length] (i64), length the longest row;
+ * padding has id 0 and label -100. */
+struct LmBatch {
+  Tensor ids, labels;
+  /** Positions whose next-token prediction is scored (label != -100 at
+   * positions 1..length-1, as causal_lm_loss counts them). */
+  int64_t scored_tokens = 0;
+};
+
+class LmExamples {
+ public:
+  /** The windows [i L, (i + 1) L) of token file `path`, L = seq_len (a
+   * partial last window is left out); every id must be below vocab_size.
+   * Throws std::runtime_error naming the file when it holds less than one
+   * window. */
+  static LmExamples from_token_file(const std::string& path, int64_t seq_len, int64_t vocab_size);
+  /** One example per line of a JSONL file (read_token_jsonl's format and
+   * checks); a line longer than seq_len is refused naming it (nothing is
+   * cut silently), as is a file with no scored token. */
+  static LmExamples from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size);
+  /** The format by extension: .jsonl or .json lines, else a token file. */
+  static LmExamples from_file(const std::string& path, int64_t seq_len, int64_t vocab_size);
+
+  int64_t size() const;
+  /** The longest an example may be. */
+  int64_t seq_len() const { return seq_len_; }
+  const std::string& path() const { return path_; }
+  /** Examples `rows` (i64 positions, any device; read on the host), on
+   * `device`. */
+  LmBatch batch(const Tensor& rows, Device device = Device::cpu()) const;
+  /** Scored positions of examples `rows` without building the batch. */
+  int64_t scored_tokens(const Tensor& rows) const;
+  /** Scored positions of every example. */
+  int64_t total_scored_tokens() const;
+
+ private:
+  LmExamples() = default;
+  std::string path_;
+  int64_t seq_len_ = 0;
+  std::shared_ptr<TokenFile> tokens_;   // windows of a token file, or
+  std::vector<TokenExample> examples_;  // the lines of a JSONL file
+  int64_t windows_ = 0;
+  std::vector<int64_t> scored_;  // per JSONL example
+  int64_t vocab_size_ = 0;
+};
+
+}  // namespace quanta::llm

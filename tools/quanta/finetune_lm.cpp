@@ -1,0 +1,272 @@
+// `quanta finetune --model DIR --data FILE --out DIR`: QLoRA on a language
+// model. The model folder's linear layers but lm_head become frozen NF4
+// weights quantized as bitsandbytes does; LoRA adapters (PEFT's) on the
+// layers --target-modules names are trained with AdamW on the next-token
+// loss of --data, in the training loop of quanta train (progress in tokens/s,
+// metrics.jsonl, checkpoints, SIGTERM, --resume, --nproc). --out gets the
+// adapters as a PEFT folder (adapters/, rewritten at every checkpoint);
+// --merge-to DIR writes the merged model as a Hugging Face folder.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "engine/cpu/parallel.h"
+#include "finetune_run.h"
+#include "llm/data/lm_examples.h"
+#include "llm/model/config.h"
+#include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
+#include "quanta_config.h"
+#include "train/checkpoint.h"
+#include "train/limits.h"
+#include "train/lm_task.h"
+#include "train/loop.h"
+#include "train/outputs.h"
+
+namespace quanta::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline constexpr const char* kAdaptersDir = "adapters";
+inline constexpr const char* kLmFinetuneFormat = "quanta-lm-finetune-1";
+
+// The settings a language-model fine-tune's checkpoint keeps; what defines
+// the run (train::resume_conflict: batch_size, lr, seed, model) may not
+// change on --resume, nor the base.
+json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
+  return {{"task", "finetune-lm"},
+          {"base", fs::absolute(o.model).lexically_normal().string()},
+          {"data", o.data},
+          {"eval_data", o.eval_data},
+          {"steps", o.steps},
+          {"batch_size", o.batch_size},
+          {"lr", o.lr},
+          {"seed", o.seed},
+          {"log_every", o.log_every},
+          {"model",
+           {{"seq_len", seq_len},
+            {"lora_r", o.lora_r},
+            {"lora_alpha", o.lora_alpha},
+            {"lora_dropout", o.lora_dropout},
+            {"target_modules", o.target_modules},
+            {"use_rslora", o.use_rslora},
+            {"compute_dtype", o.compute_dtype},
+            {"grad_accum", o.grad_accum},
+            {"weight_decay", o.weight_decay},
+            {"max_grad_norm", o.max_grad_norm},
+            {"lr_schedule", o.lr_schedule},
+            {"warmup_steps", o.warmup_steps}}}};
+}
+
+// bitsandbytes computes an f32 or bf16 layer in its input's dtype whatever
+// bnb_4bit_compute_dtype says (Linear4bit.set_compute_type), so "auto", the
+// model's dtype, is what PEFT + bitsandbytes compute in.
+DType compute_dtype_of(const std::string& name, DType model_dtype) {
+  if (name == "auto") return model_dtype == DType::f64 ? DType::f32 : model_dtype;
+  if (name == "bfloat16" || name == "bf16") return DType::bf16;
+  if (name == "float32" || name == "f32") return DType::f32;
+  if (name == "float16" || name == "f16") return DType::f16;
+  throw UsageError("--compute-dtype must be auto, bfloat16, float32 or float16, got \"" + name +
+                   "\"");
+}
+
+std::string with_commas(uint64_t v) {
+  std::string digits = std::to_string(v), s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+std::string score_text(const train::LmScore& s) {
+  char line[96];
+  std::snprintf(line, sizeof line, "loss %.5f  perplexity %.3f", s.loss, s.perplexity);
+  return line;
+}
+
+}  // namespace
+
+void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
+  sub.add_option("--eval-data", o.eval_data,
+                 "--model: data scored before, during (--eval-every) and after training");
+  sub.add_option("--seq-len", o.seq_len,
+                 "--model: tokens per sequence (token files are cut into windows of it; "
+                 "min(512, the model's max_position_embeddings) when not given)")
+      ->transform(integer_in(2, 1 << 20));
+  sub.add_option("--grad-accum", o.grad_accum,
+                 "--model: micro-batches per step (each rank's share of the batch split)")
+      ->capture_default_str()
+      ->transform(integer_in(1, 4096));
+  sub.add_option("--lr-schedule", o.lr_schedule, "--model: constant, linear or cosine")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  sub.add_option("--warmup-steps", o.warmup_steps, "--model: steps of linear warmup")
+      ->capture_default_str()
+      ->transform(integer_in(0, train::kMaxSteps));
+  sub.add_option("--weight-decay", o.weight_decay, "--model: AdamW's decoupled weight decay")
+      ->capture_default_str()
+      ->check(number_in(0, 1));
+  sub.add_option("--max-grad-norm", o.max_grad_norm,
+                 "--model: clip the adapters' gradient norm to this (0: no clipping)")
+      ->capture_default_str()
+      ->check(number_in(0, 1e6));
+  sub.add_option("--target-modules", o.target_modules,
+                 "--model: layers that get adapters, PEFT's target_modules: name suffixes "
+                 "(q_proj,v_proj) or all-linear")
+      ->capture_default_str();
+  sub.add_flag("--use-rslora", o.use_rslora,
+               "--model: scale the adapters by alpha / sqrt(r) (rank-stabilised LoRA)");
+  sub.add_option("--compute-dtype", o.compute_dtype,
+                 "--model: the dtype NF4 weights are dequantized to (bitsandbytes' "
+                 "bnb_4bit_compute_dtype): auto (the model's dtype, what bitsandbytes uses "
+                 "for f32 and bf16 layers), bfloat16 or float32")
+      ->capture_default_str();
+  sub.add_option("--eval-every", o.eval_every,
+                 "--model: steps between evaluations and checkpoints (0: at the end only)")
+      ->capture_default_str()
+      ->transform(integer_in(0, train::kMaxSteps));
+  sub.add_option("--merge-to", o.merge_to,
+                 "--model: also write the model with the adapters merged, as a Hugging Face "
+                 "folder in the base's dtype");
+}
+
+void run_lm_finetune(const FinetuneOptions& flags) {
+  FinetuneOptions o = flags;
+  if (o.data.empty())
+    throw UsageError("--model needs --data FILE (an llm.c token file, or JSONL of input_ids)");
+  const llm::DecoderConfig config =
+      llm::read_decoder_config((fs::path(o.model) / "config.json").string());
+  const int64_t seq_len =
+      o.seq_len > 0 ? o.seq_len : std::min<int64_t>(512, config.max_position_embeddings);
+  if (seq_len > config.max_position_embeddings)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
+                     "max_position_embeddings " + std::to_string(config.max_position_embeddings));
+  llm::QLoRAOptions q;
+  try {
+    q.lora.target_modules = llm::parse_target_modules(o.target_modules);
+    q.lora.r = o.lora_r;
+    q.lora.lora_alpha = o.lora_alpha;
+    q.lora.lora_dropout = o.lora_dropout;
+    q.lora.use_rslora = o.use_rslora;
+    q.lora.base_model_name_or_path = o.model;
+    llm::check_lora_settings(q.lora);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--target-modules / --lora-*: ") + e.what());
+  }
+  q.quantization.compute_dtype = compute_dtype_of(o.compute_dtype, config.dtype);
+  q.seed = o.seed;
+  if (!o.merge_to.empty())
+    refuse_output_over_input(
+        "--merge-to", (fs::path(o.merge_to) / "model.safetensors").string(),
+        {{"the base model", (fs::path(o.model) / "model.safetensors").string()}});
+
+  RunSpec spec;
+  spec.files = {train::kCheckpointFile, train::kMetricsFile, kAdaptersDir};
+  spec.config = lm_config_json(o, seq_len);
+  spec.inputs = {{"the training data", o.data}};
+  if (!o.eval_data.empty()) spec.inputs.push_back({"the evaluation data", o.eval_data});
+  spec.done_marker = std::string(kAdaptersDir) + "/" + llm::kAdapterWeightsFile;
+  spec.checkpoint_format = kLmFinetuneFormat;
+  std::optional<StartedRun> run = start_finetune_run(o, spec);
+  if (!run) return;
+  dist::ProcessGroup& group = *run->group;
+  const bool lead = group.rank() == 0;
+  std::ostream& log = train::lead_log(std::cout, lead);
+
+  llm::LmExamples train_data = llm::LmExamples::from_file(o.data, seq_len, config.vocab_size);
+  std::optional<llm::LmExamples> eval_data;
+  if (!o.eval_data.empty())
+    eval_data = llm::LmExamples::from_file(o.eval_data, seq_len, config.vocab_size);
+  if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
+
+  std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(o.model, run->device);
+  const llm::QLoRAReport report = llm::apply_qlora(*model, q);
+  uint64_t before = 0, after = 0;
+  int64_t adapted = 0;
+  for (const llm::QLoRALayer& l : report.layers) {
+    before += l.bytes_before;
+    after += l.bytes_after;
+    adapted += l.adapted;
+  }
+  log << "base: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
+      << " layers, " << with_commas(uint64_t(report.total_parameters)) << " parameters, "
+      << llm::torch_dtype_name(config.dtype) << ")\n"
+      << "NF4: " << report.layers.size() << " linear layers (all but lm_head), "
+      << with_commas(before) << " -> " << with_commas(after)
+      << " bytes (block 64, double quant, compute "
+      << llm::torch_dtype_name(q.quantization.compute_dtype) << ")\n"
+      << "LoRA: r " << o.lora_r << ", alpha " << o.lora_alpha << ", dropout " << o.lora_dropout
+      << (o.use_rslora ? ", rslora" : "") << " on " << adapted << " layers (" << o.target_modules
+      << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
+      << std::fixed << std::setprecision(3)
+      << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
+      << std::defaultfloat << std::setprecision(6) << "%)\n";
+  const int64_t eval_rows = o.batch_size;
+  if (lead && eval_data && !run->resume)
+    log << "eval before fine-tuning: "
+        << score_text(train::score_examples(*model, *eval_data, eval_rows)) << "\n";
+
+  const std::string adapters_dir = (fs::path(o.out) / kAdaptersDir).string();
+  train::LmFinetuneTask task(
+      model, std::move(train_data), std::move(eval_data), eval_rows, adapters_dir, q.lora,
+      q.quantization, [&](std::ostream& os, int64_t start, int64_t total) {
+        os << "fine-tuning on " << task.examples() << " sequences of up to " << seq_len
+           << " tokens from " << o.data << ": "
+           << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
+           << total << " steps, global batch " << o.batch_size
+           << (o.grad_accum > 1 ? " in " + std::to_string(o.grad_accum) + " micro-batches" : "")
+           << ", AdamW lr " << o.lr << " (" << o.lr_schedule << ", warmup " << o.warmup_steps
+           << "), seed " << o.seed << ", " << group.size()
+           << (group.size() == 1 ? " rank, " : " ranks, ") << num_threads() << " threads each\n"
+           << std::flush;
+      });
+
+  train::LoopSettings s;
+  s.out_dir = o.out;
+  s.resume = run->resume;
+  s.progress_bar = lead && ::isatty(STDOUT_FILENO) == 1;
+  s.examples = task.examples();
+  s.batch_size = o.batch_size;
+  s.total_steps = o.steps;
+  s.seed = o.seed;
+  s.log_every = o.log_every;
+  s.eval_every = o.eval_every > 0 ? o.eval_every : train::kEvalAtEnd;
+  s.lr = o.lr;
+  s.optimizer = {.adamw = true,
+                 .weight_decay = o.weight_decay,
+                 .schedule = o.lr_schedule,
+                 .warmup_steps = o.warmup_steps,
+                 .max_grad_norm = o.max_grad_norm,
+                 .grad_accum = o.grad_accum};
+  s.throughput_unit = "tokens";
+  s.items_per_row = seq_len;
+  s.checkpoint_format = kLmFinetuneFormat;
+  s.checkpoint_config = spec.config;
+  s.header = {{"quanta_version", QUANTA_VERSION},
+              {"config", s.checkpoint_config},
+              {"device", run->device.str()}};
+  s.activity = "fine-tuning";
+  const train::LoopResult r = train::run_loop(task, s, group, std::cout);
+  if (r.interrupted || !lead) return;
+  if (task.last_score())
+    log << "eval after fine-tuning: " << score_text(*task.last_score()) << "\n";
+  log << "adapters: " << adapters_dir << " (PEFT: adapter_config.json, " << llm::kAdapterWeightsFile
+      << ")\n";
+  if (!o.merge_to.empty()) {
+    llm::merge_qlora(*model);
+    llm::save_causal_lm(*model, o.merge_to);
+    log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
+        << ", the NF4 base dequantized plus the adapters)\n";
+  }
+}
+
+}  // namespace quanta::cli

@@ -1,0 +1,140 @@
+#include "train/lm_task.h"
+
+#include <cmath>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/reduce.h"
+#include "llm/model/lm_loss.h"
+#include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
+
+namespace quanta::train {
+
+using nlohmann::json;
+
+namespace {
+
+// Logits are made this many positions at a time (and again in backward), so
+// that [tokens, vocab] f32 logits are never all alive.
+constexpr int64_t kLossChunkTokens = 1024;
+
+}  // namespace
+
+LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_t rows) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  double sum = 0;
+  int64_t tokens = 0;
+  for (int64_t lo = 0; lo < data.size(); lo += rows) {
+    const int64_t hi = std::min(data.size(), lo + rows);
+    std::vector<int64_t> r;
+    for (int64_t i = lo; i < hi; ++i) r.push_back(i);
+    const llm::LmBatch b = data.batch(from_vector(r, {hi - lo}), model.device());
+    if (b.scored_tokens == 0) continue;
+    const Tensor loss = llm::chunked_causal_lm_loss(
+        model.hidden_states(b.ids), model.lm_head_weight(), b.labels, kLossChunkTokens);
+    sum += loss.to(Device::cpu()).to(DType::f64).item() * double(b.scored_tokens);
+    tokens += b.scored_tokens;
+  }
+  model.train(was_training);
+  LmScore s;
+  s.tokens = tokens;
+  s.loss = tokens ? sum / double(tokens) : NAN;
+  s.perplexity = std::exp(s.loss);
+  return s;
+}
+
+LmFinetuneTask::LmFinetuneTask(std::shared_ptr<llm::CausalLM> model, llm::LmExamples train,
+                               std::optional<llm::LmExamples> eval, int64_t eval_rows,
+                               std::string adapters_dir, llm::LoraSettings lora,
+                               llm::BaseQuantization quantization, Describe describe)
+    : model_(std::move(model)),
+      train_(std::move(train)),
+      eval_(std::move(eval)),
+      eval_rows_(eval_rows),
+      adapters_dir_(std::move(adapters_dir)),
+      lora_(std::move(lora)),
+      quantization_(quantization),
+      describe_(std::move(describe)) {}
+
+StepLoss LmFinetuneTask::step(const BatchShare& share) {
+  const llm::LmBatch b = train_.batch(share.rows, model_->device());
+  // Each token of the global batch weighs the same, whichever rank and
+  // micro-batch holds it: this part's sum of token losses over the global
+  // count, times the world size that DataParallel's average divides by.
+  const int64_t global = train_.scored_tokens(share.batch);
+  const Tensor hidden = model_->hidden_states(b.ids);
+  Tensor loss;
+  if (b.scored_tokens == 0 || global == 0) {
+    loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
+  } else {
+    loss =
+        llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), b.labels, kLossChunkTokens) *
+        (double(b.scored_tokens) / double(global) * double(share.world));
+  }
+  return {loss.to(DType::f32), {}};
+}
+
+Evaluation LmFinetuneTask::evaluate() {
+  Evaluation ev;
+  if (!eval_) {
+    ev.line = "checkpoint and adapters written (no --eval-data to score)";
+    return ev;
+  }
+  const LmScore s = score_examples(*model_, *eval_, eval_rows_);
+  last_score_ = s;
+  ev.fields = {{"eval_loss", s.loss}, {"eval_perplexity", s.perplexity}, {"eval_tokens", s.tokens}};
+  char line[160];
+  std::snprintf(line, sizeof line, "eval loss %.5f  perplexity %.3f  (%lld tokens of %s)", s.loss,
+                s.perplexity, static_cast<long long>(s.tokens), eval_->path().c_str());
+  ev.line = line;
+  return ev;
+}
+
+void LmFinetuneTask::write_outputs(const std::vector<json>& /*history*/, bool /*evaluated*/) {
+  llm::save_peft_adapters(*model_, lora_, quantization_, adapters_dir_);
+}
+
+StateDict LmFinetuneTask::state() {
+  StateDict out;
+  for (const auto& [name, p] : model_->named_parameters())
+    if (p.requires_grad()) out.emplace_back(name, p.detach());
+  return out;
+}
+
+void LmFinetuneTask::load_state(const StateDict& state) {
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : model_->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    const Tensor* t = find_tensor(state, name);
+    if (!t || t->shape() != p.shape())
+      throw std::runtime_error("the fine-tuning checkpoint has no adapter '" + name + "' of " +
+                               shape_str(p.shape()) + " (another --lora-r or --target-modules?)");
+    copy_(p, t->to(p.dtype()).to(p.device()));
+  }
+}
+
+json LmFinetuneTask::extra_state() const {
+  json streams = json::object();
+  for (const auto& [name, layer] : llm::lora_layers(*model_)) {
+    const GeneratorState g = layer->dropout_generator().state();
+    streams[name] = {g.seed, g.key, g.offset.lo, g.offset.hi};
+  }
+  return {{"lora_dropout", streams}};
+}
+
+void LmFinetuneTask::load_extra_state(const json& rng) {
+  const json streams = rng.value("lora_dropout", json::object());
+  for (const auto& [name, layer] : llm::lora_layers(*model_)) {
+    if (!streams.contains(name))
+      throw std::runtime_error("the fine-tuning checkpoint has no dropout stream of " + name);
+    const json& g = streams.at(name);
+    layer->dropout_generator().set_state(
+        {g[0].get<uint64_t>(), g[1].get<uint64_t>(), {g[2].get<uint64_t>(), g[3].get<uint64_t>()}});
+  }
+}
+
+}  // namespace quanta::train
