@@ -68,6 +68,7 @@ std::vector<int64_t> generate(CausalLM& model, const std::vector<int64_t>& promp
                                 " exceeds max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
   NoGradGuard no_grad;
+  EvalModeGuard eval_mode(model);  // no dropout (adapters) while generating
   Generator gen(o.seed);
   KVCache cache;
   std::vector<int64_t> out;

@@ -33,6 +33,7 @@ WindowEval windows(CausalLM& model, int64_t count, const std::string& source, co
     throw std::invalid_argument(source + ": " + std::to_string(count) +
                                 " tokens hold no window of " + std::to_string(seq_len));
   NoGradGuard no_grad;
+  EvalModeGuard eval_mode(model);  // no dropout (adapters) while scoring
   double total = 0;
   for (int64_t w0 = 0; w0 < r.windows; w0 += batch_size) {
     const int64_t n = std::min(batch_size, r.windows - w0);

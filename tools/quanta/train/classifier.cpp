@@ -27,8 +27,7 @@ double accuracy(Module& model, const Tensor& images, const Tensor& labels, int64
   // one read at the end.
   const std::vector<Tensor> params = model.parameters();
   const Device device = params.empty() ? Device::cpu() : params.front().device();
-  const bool was_training = model.is_training();
-  model.eval();
+  EvalModeGuard eval_mode(model);
   NoGradGuard no_grad;
   Tensor correct = zeros({}, {.dtype = DType::i64, .device = device});
   for (int64_t i = 0; i < n; i += batch) {
@@ -37,7 +36,6 @@ double accuracy(Module& model, const Tensor& images, const Tensor& labels, int64
     const Tensor hits = eq(pred, labels.narrow(0, i, b).to(device));
     correct = correct + sum(to_dtype(hits, DType::i64));
   }
-  model.train(was_training);
   return correct.item() / double(n);
 }
 

@@ -24,8 +24,7 @@ constexpr int64_t kLossChunkTokens = 1024;
 
 LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_t rows) {
   NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
+  EvalModeGuard eval_mode(model);
   double sum = 0;
   int64_t tokens = 0;
   for (int64_t lo = 0; lo < data.size(); lo += rows) {
@@ -39,7 +38,6 @@ LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_
     sum += loss.to(Device::cpu()).to(DType::f64).item() * double(b.scored_tokens);
     tokens += b.scored_tokens;
   }
-  model.train(was_training);
   LmScore s;
   s.tokens = tokens;
   s.loss = tokens ? sum / double(tokens) : NAN;

@@ -68,8 +68,7 @@ std::vector<double> CodeCounts::totals() const {
 
 EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
   if (batch_size <= 0) throw std::invalid_argument("[evaluate] batch_size must be positive");
-  const bool was_training = model.is_training();
-  model.eval();
+  EvalModeGuard eval_mode(model);
   NoGradGuard no_grad;
   CodeCounts counts(model.quantizer().codebook_size(), model.quantizer().num_codebooks());
   const int64_t n = images.size(0);
@@ -81,7 +80,6 @@ EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
     squared += mse_loss(out.reconstruction, batch, Reduction::sum).item();
     counts.add(out.quantized.indices);
   }
-  model.train(was_training);
   EvalResult r;
   r.samples = n;
   r.mse = n > 0 ? squared / static_cast<double>(images.numel())

@@ -90,14 +90,12 @@ void write_usage_plot(const std::string& path, const EvalResult& eval,
 void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
                            const std::string& caption, int64_t n) {
   const Tensor x = images.narrow(0, 0, std::min(n, images.size(0)));
-  const bool was_training = model.is_training();
-  model.eval();
+  EvalModeGuard eval_mode(model);
   Tensor y;
   {
     NoGradGuard no_grad;
     y = model.forward(x.to(model.parameters().front().device())).to(Device::cpu());
   }
-  model.train(was_training);
   image::write_png(path, image::reconstruction_figure(x, y, 8, caption).image());
 }
 

@@ -1,0 +1,254 @@
+// quanta finetune --model: QLoRA on the tiny model folders (tests/data/llm):
+// the loss falls on a learnable token stream, the PEFT folder it writes
+// scores what the run reported, --merge-to gives a loadable float model,
+// 5 steps + --resume to 10 are the bytes of 10 in one go, JSONL data with
+// labels, 2 ranks agree with 1, and bad input is one line.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/io/safetensors.h"
+#include "llm/data/lm_examples.h"
+#include "llm/data/token_file.h"
+#include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
+#include "train/lm_task.h"
+
+using namespace quanta;
+using namespace quanta::test;
+using nlohmann::json;
+
+namespace {
+
+std::string model(const std::string& name) {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm/models/" + name;
+}
+
+// A stream a small model learns quickly: steps of 7 modulo 60, one token in
+// ten replaced by another.
+std::vector<int64_t> learnable_tokens(int64_t n, uint64_t seed) {
+  std::vector<int64_t> ids;
+  uint64_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    ids.push_back((x >> 33) % 10 == 0 ? int64_t((x >> 40) % 64) : (i * 7) % 60);
+  }
+  return ids;
+}
+
+std::vector<json> records(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+std::vector<std::string> finetune(const std::string& name, const ScratchDir& d,
+                                  const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"finetune",          "--model",     model(name), "--data",
+                                   d.file("train.bin"), "--log-every", "5",         "--out",
+                                   d.file(out)};
+  // These tests' defaults, unless `extra` gives the flag.
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--seq-len", "32"}, {"--batch-size", "4"}, {"--lr", "1e-2"}})
+    if (std::find(extra.begin(), extra.end(), flag) == extra.end())
+      args.insert(args.end(), {flag, value});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+void check_same_tensors(const std::string& a, const std::string& b) {
+  const io::SafetensorsFile x = io::load_safetensors(a), y = io::load_safetensors(b);
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    CAPTURE(x.tensors[i].first);
+    CHECK(x.tensors[i].first == y.tensors[i].first);
+    CHECK(x.tensors[i].second.to_vector<float>() == y.tensors[i].second.to_vector<float>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "finetune --model: the eval loss falls on every tiny model folder; the PEFT folder "
+    "scores what the run reported") {
+  ScratchDir d("ft_lm");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(2400, 1), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
+  for (const std::string name :
+       {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded"}) {
+    CAPTURE(name);
+    const std::string out = "run_" + name;
+    const CliResult r =
+        run_quanta(finetune(name, d, out, {"--steps", "30", "--eval-data", d.file("eval.bin")}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(contains(r.out, "NF4: 14 linear layers (all but lm_head)"));
+    CHECK(contains(r.out, "on 14 layers (all-linear)"));
+    const std::vector<json> rec = records(d.file(out + "/metrics.jsonl"));
+    REQUIRE(rec.size() >= 3);
+    CHECK(rec.front()["kind"] == "header");
+    CHECK(rec[1].contains("tokens_per_s"));
+    CHECK(rec[1]["lr"].get<double>() < 1e-2);  // the linear schedule decays it
+    const double before =
+        std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
+    const json& last = rec.back();
+    REQUIRE(last["kind"] == "eval");
+    MESSAGE(name << ": eval loss " << before << " -> " << last["eval_loss"].get<double>());
+    CHECK(last["eval_loss"].get<double>() < 0.8 * before);
+
+    // The adapters as PEFT would load them, over the NF4 base: the same score.
+    auto m = llm::load_causal_lm(model(name));
+    llm::apply_peft_adapters(*m, d.file(out + "/adapters"), model(name));
+    const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
+    const train::LmScore s = train::score_examples(*m, eval, 4);
+    CHECK(s.loss == doctest::Approx(last["eval_loss"].get<double>()).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --target-modules") {
+  ScratchDir d("ft_lm_opts");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 3), llm::TokenWidth::u16);
+  {
+    std::ofstream jl(d.file("train.jsonl"));
+    const std::vector<int64_t> t = learnable_tokens(400, 4);
+    for (int i = 0; i < 20; ++i) {
+      json line;
+      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 10 + i % 7);
+      std::vector<int64_t> labels = ids;
+      for (std::size_t k = 0; k < 4 && k < labels.size(); ++k) labels[k] = -100;  // a prompt
+      line["input_ids"] = ids;
+      line["labels"] = labels;
+      jl << line.dump() << "\n";
+    }
+  }
+  const CliResult merged =
+      run_quanta(finetune("qwen2_bias", d, "merged_run",
+                          {"--steps", "8", "--target-modules", "q_proj,v_proj", "--lora-r", "4",
+                           "--use-rslora", "--grad-accum", "2", "--lr-schedule", "cosine",
+                           "--warmup-steps", "2", "--merge-to", d.file("merged")}));
+  REQUIRE_MESSAGE(merged.code == 0, merged.err);
+  CHECK(contains(merged.out, "on 4 layers (q_proj,v_proj)"));
+  CHECK(contains(merged.out, "in 2 micro-batches"));
+  std::ifstream cfg(d.file("merged_run/adapters/adapter_config.json"));
+  const json config = json::parse(cfg);
+  CHECK(config["r"] == 4);
+  CHECK(config["use_rslora"] == true);
+  CHECK(config["target_modules"] == json({"q_proj", "v_proj"}));
+  // The merged folder computes what the adapters over the NF4 base do.
+  auto adapted = llm::load_causal_lm(model("qwen2_bias"));
+  llm::apply_peft_adapters(*adapted, d.file("merged_run/adapters"), model("qwen2_bias"));
+  auto plain = llm::load_causal_lm(d.file("merged"));
+  adapted->eval();  // no adapter dropout
+  const Tensor ids = from_vector<int64_t>({3, 10, 17, 24, 31, 38}, {1, 6});
+  NoGradGuard no_grad;
+  const auto a = adapted->logits(ids).to_vector<float>(), b = plain->logits(ids).to_vector<float>();
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(a[i])));
+  }
+  CHECK(worst < 1e-5 * scale);
+
+  const CliResult jsonl = run_quanta({"finetune", "--model", model("llama_gqa"), "--data",
+                                      d.file("train.jsonl"), "--seq-len", "32", "--batch-size", "5",
+                                      "--steps", "6", "--out", d.file("jsonl_run")});
+  REQUIRE_MESSAGE(jsonl.code == 0, jsonl.err);
+  CHECK(contains(jsonl.out, "fine-tuning on 20 sequences of up to 32 tokens"));
+}
+
+TEST_CASE("finetune --model: 5 steps and --resume to 10 are 10 steps in one go") {
+  ScratchDir d("ft_lm_resume");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);
+  // A decaying schedule follows each run's --steps, so a run that grows
+  // continues on another curve; warmup alone is the same whatever the total.
+  const std::vector<std::string> common = {"--lora-dropout", "0.1",      "--grad-accum",   "2",
+                                           "--lr-schedule",  "constant", "--warmup-steps", "3"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "whole", with({"--steps", "10"}))).code == 0);
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "split", with({"--steps", "5"}))).code == 0);
+  const CliResult r =
+      run_quanta(finetune("llama_gqa", d, "split", with({"--steps", "10", "--resume"})));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "resuming at step 5 of 10 steps"));
+  check_same_tensors(d.file("whole/adapters/adapter_model.safetensors"),
+                     d.file("split/adapters/adapter_model.safetensors"));
+  check_same_tensors(d.file("whole/checkpoint.safetensors"),
+                     d.file("split/checkpoint.safetensors"));
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "split",
+                                           with({"--steps", "12", "--resume", "--lora-r", "4"}))),
+                       2, "--resume cannot change the run it continues (model:");
+  // A run in --out is not replaced silently.
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "whole", with({"--steps", "10"}))), 2,
+                       "--resume");
+}
+
+TEST_CASE("finetune --model: 2 ranks train what 1 does") {
+  ScratchDir d("ft_lm_ranks");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 6), llm::TokenWidth::u16);
+  // An uneven batch (5 sequences on 2 ranks); no dropout, so the ranks'
+  // sums are the one process's up to the order of the f32 additions.
+  const std::vector<std::string> flags = {"--steps",        "4", "--batch-size", "5",
+                                          "--lora-dropout", "0", "--lr",         "1e-3"};
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "one", flags)).code == 0);
+  std::vector<std::string> two = flags;
+  two.insert(two.end(), {"--nproc", "2"});
+  const CliResult r = run_quanta(finetune("llama_gqa", d, "two", two));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const io::SafetensorsFile a =
+      io::load_safetensors(d.file("one/adapters/adapter_model.safetensors"));
+  const io::SafetensorsFile b =
+      io::load_safetensors(d.file("two/adapters/adapter_model.safetensors"));
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto x = a.tensors[i].second.to_vector<float>(),
+               y = b.tensors[i].second.to_vector<float>();
+    for (std::size_t k = 0; k < x.size(); ++k)
+      worst = std::max(worst, double(std::abs(x[k] - y[k])));
+  }
+  MESSAGE("1 rank vs 2 ranks: adapters max |diff| " << worst << " after 4 AdamW steps of lr 1e-3");
+  // Adam divides by |g| + eps: an element whose gradient is rounding noise
+  // (~1e-9) moves by a noisy fraction of lr, well under 0.1 lr.
+  CHECK(worst < 1e-4);
+  const std::vector<json> one = records(d.file("one/metrics.jsonl")),
+                          twor = records(d.file("two/metrics.jsonl"));
+  CHECK(one[1]["loss"].get<double>() ==
+        doctest::Approx(twor[1]["loss"].get<double>()).epsilon(1e-5));
+}
+
+TEST_CASE("finetune --model: bad input is one clear line") {
+  ScratchDir d("ft_lm_bad");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(200, 7), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("short.bin"), learnable_tokens(20, 7), llm::TokenWidth::u16);
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o1", {"--target-modules", "qproj"})), 1,
+                       "target_modules entry \"qproj\" matches no linear layer");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o2", {"--lora-r", "40"})), 1,
+                       "lora r 40 is larger than layer");
+  check_one_line_error(run_quanta({"finetune", "--model", model("llama_gqa"), "--data",
+                                   d.file("short.bin"), "--seq-len", "32", "--out", d.file("o3")}),
+                       1, "20 tokens, fewer than one sequence of 32");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o4", {"--seq-len", "4096"})), 2,
+                       "longer than the model's max_position_embeddings 128");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o5", {"--merge"})), 2,
+                       "--merge is for the classifier of quanta train, not --model");
+  check_one_line_error(
+      run_quanta({"finetune", "--model", model("llama_gqa"), "--out", d.file("o6")}), 2,
+      "--model needs --data FILE");
+  check_one_line_error(
+      run_quanta({"finetune", "x.safetensors", "--out", d.file("o7"), "--seq-len", "8"}), 2,
+      "--seq-len is for a language model (--model DIR)");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o8", {"--compute-dtype", "int8"})), 2,
+                       "--compute-dtype must be auto, bfloat16, float32 or float16");
+  check_one_line_error(run_quanta({"finetune", "--model", model("nonexistent"), "--data",
+                                   d.file("train.bin"), "--out", d.file("o9")}),
+                       1, "nonexistent");
+}
