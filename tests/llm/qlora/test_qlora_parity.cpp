@@ -195,3 +195,24 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "QLoRA parity: PEFT loads the adapter folder quanta writes and computes quanta's logits") {
+  const std::string dir = llm_data() + "/qlora/quanta_written";
+  std::map<std::string, Tensor> want;
+  for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : test_devices()) devices.push_back(d);
+  for (const Device dev : devices) {
+    INFO("device ", dev.str());
+    auto model = llm::load_causal_lm(llm_data() + "/models/llama_gqa", dev);
+    llm::apply_peft_adapters(*model, dir + "/adapters", llm_data() + "/models/llama_gqa");
+    model->eval();
+    NoGradGuard no_grad;
+    const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());
+    const double err = max_rel_diff(logits, want.at("logits"));
+    MESSAGE("quanta-written adapters on " << dev.str() << ": logits vs PEFT's, max rel. diff "
+                                          << err);
+    CHECK(err < 1e-5);
+  }
+}

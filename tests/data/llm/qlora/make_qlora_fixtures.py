@@ -26,6 +26,10 @@ expected.safetensors ids, labels [2, 12] (I64, labels -100 at [0, 0:3] and [1, 7
                      loss); updated.<adapter name> (after one AdamW step);
                      loss_after [] (train-mode loss after the step); floats all F32
 
+quanta_written/      adapters/ as quanta finetune writes them (see
+                     check_quanta_adapters) and peft_logits.safetensors, what
+                     PEFT computes with them: the folder PEFT loads
+
 Two of bitsandbytes' CPU kernels are set aside. Its native dequantize_4bit
 takes the 64-blocks per row (absmax[row * (K // 64) + col // 64]) while
 quantize_4bit and the CUDA kernels take them over the flattened weight
@@ -195,9 +199,34 @@ def run_case(root, name, c, seed):
     print(name, "loss", loss.item(), "loss_after", loss_after.item(), "targeted", len(targeted))
 
 
+def check_quanta_adapters(root):
+    """PEFT's logits with the adapter folder quanta wrote (quanta_written/
+    adapters, from `quanta finetune --model models/llama_gqa --data
+    TOKENS --seq-len 64 --steps 20 --batch-size 8 --lr 1e-2 --lora-r 4`, its
+    base_model_name_or_path set to llama_gqa), over bitsandbytes' base, in
+    eval mode: quanta_written/peft_logits.safetensors (ids, logits)."""
+    from peft import PeftModel
+    case = os.path.join(root, "qlora", "quanta_written")
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.join(root, "models", "llama_gqa"), dtype=torch.float32, device_map="cpu",
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_use_double_quant=True,
+                                               bnb_4bit_compute_dtype=torch.float32))
+    peft_model = PeftModel.from_pretrained(model, os.path.join(case, "adapters")).eval()
+    ids = torch.tensor([[5, 12, 19, 26, 33, 40, 47, 54, 1, 8, 15, 22],
+                        [3, 10, 17, 24, 31, 38, 45, 52, 59, 6, 13, 20]])
+    with torch.no_grad():
+        logits = peft_model(input_ids=ids).logits.float()
+    save_file({"ids": ids, "logits": logits.contiguous()},
+              os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+    print("quanta_written: PEFT loaded", len(peft_model.peft_config["default"].target_modules),
+          "adapted modules")
+
+
 def main(root):
     for i, (name, c) in enumerate(CASES.items()):
         run_case(root, name, c, seed=100 * (i + 1))
+    check_quanta_adapters(root)
 
 
 if __name__ == "__main__":
