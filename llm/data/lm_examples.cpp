@@ -38,6 +38,26 @@ LmExamples LmExamples::from_token_file(const std::string& path, int64_t seq_len,
   return e;
 }
 
+LmExamples LmExamples::from_ids(std::vector<int64_t> ids, const std::string& source,
+                                int64_t seq_len, int64_t vocab_size) {
+  if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || (vocab_size > 0 && ids[i] >= vocab_size))
+      throw std::runtime_error(source + ": token " + std::to_string(i) + " is id " +
+                               std::to_string(ids[i]) + ", outside the vocabulary of " +
+                               std::to_string(vocab_size));
+  LmExamples e;
+  e.path_ = source;
+  e.seq_len_ = seq_len;
+  e.vocab_size_ = vocab_size;
+  e.windows_ = static_cast<int64_t>(ids.size()) / seq_len;
+  if (e.windows_ == 0)
+    throw std::runtime_error(source + ": " + std::to_string(ids.size()) +
+                             " tokens, fewer than one sequence of " + std::to_string(seq_len));
+  e.ids_ = std::move(ids);
+  return e;
+}
+
 LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size) {
   if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
   LmExamples e;
@@ -70,8 +90,10 @@ LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64
   return from_token_file(path, seq_len, vocab_size);
 }
 
+bool LmExamples::windowed() const { return tokens_ || !ids_.empty(); }
+
 int64_t LmExamples::size() const {
-  return tokens_ ? windows_ : static_cast<int64_t>(examples_.size());
+  return windowed() ? windows_ : static_cast<int64_t>(examples_.size());
 }
 
 LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
@@ -82,15 +104,19 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
     if (i < 0 || i >= size())
       throw std::out_of_range(path_ + ": example " + std::to_string(i) + " of " +
                               std::to_string(size()));
-    length = std::max<int64_t>(length, tokens_ ? seq_len_ : int64_t(examples_[i].input_ids.size()));
+    length =
+        std::max<int64_t>(length, windowed() ? seq_len_ : int64_t(examples_[i].input_ids.size()));
   }
   std::vector<int64_t> ids(static_cast<std::size_t>(n * length), 0);
   std::vector<int64_t> labels(static_cast<std::size_t>(n * length), kIgnoreIndex);
   LmBatch b;
   for (int64_t k = 0; k < n; ++k) {
     const std::size_t at = static_cast<std::size_t>(k * length);
-    if (tokens_) {
-      const std::vector<int64_t> w = tokens_->read(r[k] * seq_len_, seq_len_, vocab_size_);
+    if (windowed()) {
+      const std::vector<int64_t> w =
+          tokens_ ? tokens_->read(r[k] * seq_len_, seq_len_, vocab_size_)
+                  : std::vector<int64_t>(ids_.begin() + r[k] * seq_len_,
+                                         ids_.begin() + (r[k] + 1) * seq_len_);
       std::copy(w.begin(), w.end(), ids.begin() + at);
       std::copy(w.begin(), w.end(), labels.begin() + at);
       b.scored_tokens += seq_len_ - 1;
@@ -107,14 +133,14 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
 }
 
 int64_t LmExamples::scored_tokens(const Tensor& rows) const {
-  if (tokens_) return rows.numel() * (seq_len_ - 1);
+  if (windowed()) return rows.numel() * (seq_len_ - 1);
   int64_t n = 0;
   for (int64_t i : host_rows(rows)) n += scored_.at(static_cast<std::size_t>(i));
   return n;
 }
 
 int64_t LmExamples::total_scored_tokens() const {
-  if (tokens_) return windows_ * (seq_len_ - 1);
+  if (windowed()) return windows_ * (seq_len_ - 1);
   int64_t n = 0;
   for (int64_t s : scored_) n += s;
   return n;

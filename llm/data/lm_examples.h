@@ -1,6 +1,6 @@
 #pragma once
 // Training and evaluation examples for a causal language model: the
-// consecutive windows of a token file, or the lines of a JSONL file (one
+// consecutive windows of a token file (or of ids in memory), or the lines of a JSONL file (one
 // example each, with its labels), batched as ids and labels padded on the
 // right (a causal model's real tokens never see the padding after them).
 #include <cstdint>
@@ -34,6 +34,10 @@ class LmExamples {
    * checks); a line longer than seq_len is refused naming it (nothing is
    * cut silently), as is a file with no scored token. */
   static LmExamples from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size);
+  /** The windows of `ids` held in memory (text a tokenizer encoded),
+   * `source` naming them in errors. */
+  static LmExamples from_ids(std::vector<int64_t> ids, const std::string& source, int64_t seq_len,
+                             int64_t vocab_size);
   /** The format by extension: .jsonl or .json lines, else a token file. */
   static LmExamples from_file(const std::string& path, int64_t seq_len, int64_t vocab_size);
 
@@ -51,9 +55,11 @@ class LmExamples {
 
  private:
   LmExamples() = default;
+  bool windowed() const;
   std::string path_;
   int64_t seq_len_ = 0;
   std::shared_ptr<TokenFile> tokens_;   // windows of a token file, or
+  std::vector<int64_t> ids_;            // of ids in memory, or
   std::vector<TokenExample> examples_;  // the lines of a JSONL file
   int64_t windows_ = 0;
   std::vector<int64_t> scored_;  // per JSONL example

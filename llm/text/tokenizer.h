@@ -49,4 +49,10 @@ inline std::string tokenizer_model_in(const std::string& dir) {
   return std::filesystem::exists(p) ? p.string() : std::string();
 }
 
+/** The ids of text file `path` through the tokenizer.model of model
+ * folder `model_dir`, a BOS first (as a document starts). Throws
+ * std::invalid_argument when the folder has no tokenizer.model (saying how
+ * to tokenize instead), std::runtime_error when the file cannot be read. */
+std::vector<int64_t> encode_text_file(const std::string& path, const std::string& model_dir);
+
 }  // namespace quanta::llm

@@ -52,18 +52,13 @@ void run_lm_eval(const EvalOptions& o) {
   llm::WindowEval r;
   if (std::filesystem::path(o.data).extension() == ".txt") {
     // Raw text: the whole file through the folder's tokenizer, a BOS first.
-    const std::string path = llm::tokenizer_model_in(o.model);
-    if (path.empty())
-      throw UsageError(o.data + " is text, and " + o.model +
-                       " has no tokenizer.model to read it with (tokenize it with "
-                       "tools/tokenize.py into a token file)");
-    const llm::Tokenizer tokenizer(path);
-    std::ifstream in(o.data, std::ios::binary);
-    if (!in) throw std::runtime_error(o.data + ": cannot open");
-    std::stringstream text;
-    text << in.rdbuf();
-    r = llm::evaluate_windows(*model, tokenizer.encode(text.str(), true), o.data, o.seq_len,
-                              o.batch_size);
+    std::vector<int64_t> ids;
+    try {
+      ids = llm::encode_text_file(o.data, o.model);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    r = llm::evaluate_windows(*model, ids, o.data, o.seq_len, o.batch_size);
   } else {
     const llm::TokenFile tokens(o.data);
     r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);

@@ -635,7 +635,8 @@ void add_finetune(CLI::App& app) {
       ->transform(unsigned_integer());
   sub->add_option("--data", o->data,
                   "training data: a Fashion-MNIST folder (default: the checkpoint's), or with "
-                  "--model an llm.c token file or a JSONL file of input_ids (and labels)");
+                  "--model an llm.c token file, a JSONL file of input_ids (and labels), or "
+                  "a .txt read with the folder's tokenizer.model");
   sub->add_option("--limit-train", o->limit_train, "use only the first N training images")
       ->transform(integer_in(0, train::kMaxCount));
   sub->add_option("--limit-test", o->limit_test, "evaluate on only the first N test images")

@@ -22,6 +22,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "llm/text/tokenizer.h"
 #include "quanta_config.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
@@ -76,6 +77,20 @@ DType compute_dtype_of(const std::string& name, DType model_dtype) {
   if (name == "float16" || name == "f16") return DType::f16;
   throw UsageError("--compute-dtype must be auto, bfloat16, float32 or float16, got \"" + name +
                    "\"");
+}
+
+// --data / --eval-data: a token file, JSONL, or text (.txt) through the
+// model folder's tokenizer.model.
+llm::LmExamples read_examples(const std::string& path, const std::string& model_dir,
+                              int64_t seq_len, int64_t vocab_size) {
+  if (fs::path(path).extension() != ".txt")
+    return llm::LmExamples::from_file(path, seq_len, vocab_size);
+  try {
+    return llm::LmExamples::from_ids(llm::encode_text_file(path, model_dir), path, seq_len,
+                                     vocab_size);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 std::string with_commas(uint64_t v) {
@@ -182,10 +197,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool lead = group.rank() == 0;
   std::ostream& log = train::lead_log(std::cout, lead);
 
-  llm::LmExamples train_data = llm::LmExamples::from_file(o.data, seq_len, config.vocab_size);
+  llm::LmExamples train_data = read_examples(o.data, o.model, seq_len, config.vocab_size);
   std::optional<llm::LmExamples> eval_data;
   if (!o.eval_data.empty())
-    eval_data = llm::LmExamples::from_file(o.eval_data, seq_len, config.vocab_size);
+    eval_data = read_examples(o.eval_data, o.model, seq_len, config.vocab_size);
   if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
 
   std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(o.model, run->device);
@@ -264,8 +279,14 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (!o.merge_to.empty()) {
     llm::merge_qlora(*model);
     llm::save_causal_lm(*model, o.merge_to);
+    // The tokenizer goes with the weights, so the merged folder is whole.
+    for (const char* file : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                             "special_tokens_map.json", "generation_config.json"})
+      if (fs::exists(fs::path(o.model) / file))
+        fs::copy_file(fs::path(o.model) / file, fs::path(o.merge_to) / file,
+                      fs::copy_options::overwrite_existing);
     log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
-        << ", the NF4 base dequantized plus the adapters)\n";
+        << ", the NF4 base dequantized plus the adapters; the base's tokenizer files)\n";
   }
 }
 
