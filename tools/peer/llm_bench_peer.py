@@ -13,6 +13,9 @@ Workloads, matching tools/quanta/bench_llm.cpp:
   attention_fb               forward + backward
   llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids
   llama_fb    forward + backward of its causal-LM loss
+  qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
+              double quant, f32 compute), PEFT LoRA r on all linear layers
+              (alpha 2r, dropout 0.05), forward + backward + AdamW
 
 Run by quanta with the peer environment's python (../shared/peer/setup.sh):
 /tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
@@ -64,6 +67,26 @@ def main():
             print((time.perf_counter() - start) * 1000 / calls, flush=True)
 
 
+def qlora(cfg):
+    import tempfile
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        llama(cfg).save_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, device_map="cpu",
+            quantization_config=BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.float32))
+    model = get_peft_model(model, LoraConfig(r=cfg["r"], lora_alpha=2 * cfg["r"],
+                                             lora_dropout=0.05, target_modules="all-linear",
+                                             task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
 def make(name, cfg):
     g = torch.Generator().manual_seed(1)
     if name.startswith("attention"):
@@ -79,6 +102,17 @@ def make(name, cfg):
             with torch.no_grad():
                 F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return fwd
+    if name == "qlora":
+        model = qlora(cfg)
+        ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4,
+                                weight_decay=0.0)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        return step
     model = llama(cfg)
     ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g)
     if name.endswith("_fb"):

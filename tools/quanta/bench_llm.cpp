@@ -9,6 +9,11 @@
 //     random weights, f32) forward (and forward + backward of the causal-LM
 //     loss), against transformers' LlamaForCausalLM with attn_implementation
 //     "sdpa".
+//   qlora100m_B4_T512: one QLoRA training step of the same model (every
+//     linear layer but lm_head in NF4, block 64, double quant, f32 compute;
+//     LoRA r 16, alpha 32, dropout 0.05 on all of them; forward, backward of
+//     the causal-LM loss, AdamW on the adapters), against transformers +
+//     bitsandbytes (load_in_4bit) + PEFT doing the same.
 // ratio = quanta / PyTorch: below 1 quanta is faster. The peer's python is
 // $QUANTA_PEER_PYTHON, else /tmp/peer-venv/bin/python (../shared/peer/
 // setup.sh); without it the rows say so. --size small shrinks every shape
@@ -29,6 +34,7 @@
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
 #include "llm/ops/attention.h"
+#include "llm/qlora/qlora_model.h"
 #include "quanta.h"
 #include "quanta_config.h"
 
@@ -161,6 +167,35 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     work.push_back({tag + "_fb", "setup llama_fb " + shape, [=] {
                       for (const Tensor& p : model->parameters()) p.zero_grad();
                       llm::causal_lm_loss(model->logits(*ids), *ids).backward();
+                    }});
+  }
+
+  // QLoRA: a second copy of the model, converted (small: the small one).
+  {
+    auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
+    llm::QLoRAOptions q;
+    q.lora.r = o.small ? 4 : 16;
+    q.lora.lora_alpha = 2.0 * double(q.lora.r);
+    q.lora.lora_dropout = 0.05;
+    q.quantization.compute_dtype = DType::f32;
+    llm::apply_qlora(*qmodel, q);
+    std::vector<Tensor> adapters;
+    for (const Tensor& p : qmodel->parameters())
+      if (p.requires_grad()) adapters.push_back(p);
+    auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
+    const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
+    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
+    const std::string tag = "qlora" + std::string(o.small ? "small" : "100m") + "_B" +
+                            std::to_string(b) + "_T" + std::to_string(t);
+    work.push_back({tag,
+                    "setup qlora " + cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t) +
+                        " r=" + std::to_string(q.lora.r),
+                    [=] {
+                      opt->zero_grad();
+                      llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids),
+                                                  qmodel->lm_head_weight(), *ids)
+                          .backward();
+                      opt->step();
                     }});
   }
 
