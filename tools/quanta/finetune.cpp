@@ -91,22 +91,9 @@ class AdapterTask : public train::ClassifierTask {
  public:
   using ClassifierTask::ClassifierTask;
 
-  StateDict state() override {
-    StateDict out;
-    for (const auto& [name, p] : model_->named_parameters())
-      if (p.requires_grad()) out.emplace_back(name, p.detach());
-    return out;
-  }
+  StateDict state() override { return train::trainable_state(*model_); }
   void load_state(const StateDict& state) override {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : model_->named_parameters()) {
-      if (!p.requires_grad()) continue;
-      const Tensor* t = find_tensor(state, name);
-      if (!t || t->shape() != p.shape())
-        throw std::runtime_error("the fine-tuning checkpoint has no adapter '" + name + "' of " +
-                                 shape_str(p.shape()) + " (another --rank or base?)");
-      copy_(p, *t);
-    }
+    train::load_trainable_state(*model_, state, "another --lora-r or base?");
   }
   json extra_state() const override {
     json streams = json::object();
@@ -144,16 +131,6 @@ std::string percent(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f%%", 100 * v);
   return b;
-}
-
-std::string with_commas(uint64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string s;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
 }
 
 // Builds the classifier the checkpoint describes. Float Linear weights are
@@ -461,6 +438,16 @@ std::string write_merged(const FinetuneOptions& o, const QLoraModel& q,
 }
 
 }  // namespace
+
+std::string with_commas(uint64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
 
 std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
   const OutputPlan out = plan_output(o, spec);

@@ -93,15 +93,6 @@ llm::LmExamples read_examples(const std::string& path, const std::string& model_
   }
 }
 
-std::string with_commas(uint64_t v) {
-  std::string digits = std::to_string(v), s;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
 std::string score_text(const train::LmScore& s) {
   char line[96];
   std::snprintf(line, sizeof line, "loss %.5f  perplexity %.3f", s.loss, s.perplexity);

@@ -82,6 +82,9 @@ struct StartedRun {
  * restart found the run complete. */
 std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec);
 
+/** "1,234,567": the byte and parameter counts finetune prints. */
+std::string with_commas(uint64_t v);
+
 /** The language-model flags of quanta finetune. */
 void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o);
 

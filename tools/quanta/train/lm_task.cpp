@@ -96,23 +96,10 @@ void LmFinetuneTask::write_outputs(const std::vector<json>& /*history*/, bool /*
   llm::save_peft_adapters(*model_, lora_, quantization_, adapters_dir_);
 }
 
-StateDict LmFinetuneTask::state() {
-  StateDict out;
-  for (const auto& [name, p] : model_->named_parameters())
-    if (p.requires_grad()) out.emplace_back(name, p.detach());
-  return out;
-}
+StateDict LmFinetuneTask::state() { return trainable_state(*model_); }
 
 void LmFinetuneTask::load_state(const StateDict& state) {
-  NoGradGuard no_grad;
-  for (const auto& [name, p] : model_->named_parameters()) {
-    if (!p.requires_grad()) continue;
-    const Tensor* t = find_tensor(state, name);
-    if (!t || t->shape() != p.shape())
-      throw std::runtime_error("the fine-tuning checkpoint has no adapter '" + name + "' of " +
-                               shape_str(p.shape()) + " (another --lora-r or --target-modules?)");
-    copy_(p, t->to(p.dtype()).to(p.device()));
-  }
+  load_trainable_state(*model_, state, "another --lora-r or --target-modules?");
 }
 
 json LmFinetuneTask::extra_state() const {

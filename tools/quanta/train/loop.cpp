@@ -410,6 +410,25 @@ std::ostream& lead_log(std::ostream& log, bool lead) {
 
 StateDict LoopTask::state() { return model()->state_dict(); }
 
+StateDict trainable_state(Module& model) {
+  StateDict out;
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.requires_grad()) out.emplace_back(name, p.detach());
+  return out;
+}
+
+void load_trainable_state(Module& model, const StateDict& state, const std::string& hint) {
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    const Tensor* t = find_tensor(state, name);
+    if (!t || t->shape() != p.shape())
+      throw std::runtime_error("the fine-tuning checkpoint has no adapter '" + name + "' of " +
+                               shape_str(p.shape()) + " (" + hint + ")");
+    copy_(p, t->to(p.dtype()).to(p.device()));
+  }
+}
+
 void LoopTask::load_state(const StateDict& state) { model()->load_state_dict(state); }
 
 LoopResult run_loop(LoopTask& task, const LoopSettings& settings, dist::ProcessGroup& group,

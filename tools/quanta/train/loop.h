@@ -116,6 +116,13 @@ struct OptimizerSettings {
   int64_t grad_accum = 1;
 };
 
+/** The trainable tensors of `model` (requires_grad), by name: what a
+ * fine-tune's checkpoint keeps of the model (the adapters). */
+StateDict trainable_state(Module& model);
+/** Copies them back; a missing or mis-shaped one throws std::runtime_error
+ * naming it, `hint` saying what may differ ("another --lora-r?"). */
+void load_trainable_state(Module& model, const StateDict& state, const std::string& hint);
+
 /** How to run a task. */
 struct LoopSettings {
   /** Output folder: checkpoint.safetensors and metrics.jsonl go there. */
