@@ -17,6 +17,7 @@
 #include "engine/nn/init.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/module.h"
+#include "engine/nn/recompute.h"
 #include "engine/ops/conv.h"
 #include "engine/ops/dropout.h"
 #include "engine/ops/elementwise.h"

@@ -1,6 +1,7 @@
 // Module registry, traversal, modes and state dicts.
 #include "engine/nn/module.h"
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 #include <unordered_set>
@@ -192,6 +193,14 @@ Tensor Module::find(std::string_view dotted_name) const {
   for (const auto& e : m->buffers_)
     if (e.name == dotted_name) return e.tensor;
   return Tensor();
+}
+
+std::vector<Generator*> Module::random_streams() {
+  std::vector<Generator*> out;
+  for (const auto& [name, m] : named_modules())
+    for (Generator* g : m->own_random_streams())
+      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  return out;
 }
 
 void Module::train(bool on) {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/random/generator.h"
 #include "engine/tensor.h"
 
 namespace quanta {
@@ -103,6 +104,13 @@ class Module {
   void eval() { train(false); }
   /** True in training mode (the default). */
   bool is_training() const { return training_; }
+
+  /** The generators this module's forward and its descendants' draw from in
+   * training (dropout masks), each once: a training checkpoint saves their
+   * states, and recompute() replays them. */
+  std::vector<Generator*> random_streams();
+  /** This module's own part of random_streams(): none by default. */
+  virtual std::vector<Generator*> own_random_streams() { return {}; }
 
   /** Drops the gradients of all parameters (sets them undefined). */
   void zero_grad();

@@ -8,10 +8,12 @@
 #include <stdexcept>
 
 #include "engine/factory.h"
+#include "engine/nn/recompute.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
 #include "engine/ops/linalg.h"
+#include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "llm/ops/attention.h"
@@ -276,7 +278,27 @@ Device CausalLM::device() const { return embed_->weight().device(); }
 
 Tensor CausalLM::lm_head_weight() const { return lm_head_ ? lm_head_->weight() : embed_->weight(); }
 
-Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& attention_mask) {
+namespace {
+
+// transformers' find_packed_sequence_indices: the document index of each
+// token ([batch, tokens]), a new one wherever a position is not the previous
+// one plus 1; then [batch, 1, tokens, tokens] true where query and key are
+// in the same document (the causal part is the attention's own).
+Tensor packed_document_mask(const Tensor& positions, int64_t B) {
+  const int64_t T = positions.size(1);
+  Tensor p = positions.size(0) == B ? positions : expand(positions, {B, T});
+  const Tensor step = sub(slice(p, 1, 1, T), slice(p, 1, 0, T - 1));
+  const Tensor starts = cat({zeros({B, 1}, {.dtype = DType::i64, .device = p.device()}),
+                             ne(step, ones_like(step)).to(DType::i64)},
+                            1);
+  const Tensor document = cumsum(starts, 1);
+  return unsqueeze(eq(unsqueeze(document, 2), unsqueeze(document, 1)), 1);
+}
+
+}  // namespace
+
+Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,
+                               const Tensor& position_ids) {
   const DecoderConfig& c = config_;
   if (!ids.defined() || ids.dtype() != DType::i64 || ids.dim() != 2)
     throw std::invalid_argument("[CausalLM] ids must be i64 [batch, tokens]" +
@@ -302,18 +324,40 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                             : ne(attention_mask, zeros_like(attention_mask));
     mask = reshape(keep.to(dev), {B, 1, 1, past + T});
   }
-  const Tensor positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T),
-                                          1.0, {.dtype = DType::i64, .device = dev}),
-                                   {1, T});
+  Tensor positions;
+  if (position_ids.defined()) {
+    if (position_ids.dtype() != DType::i64 || position_ids.dim() != 2 ||
+        (position_ids.size(0) != B && position_ids.size(0) != 1) || position_ids.size(1) != T)
+      throw std::invalid_argument("[CausalLM] position_ids must be i64 [" + std::to_string(B) +
+                                  " or 1, " + std::to_string(T) + "], got " +
+                                  std::string(dtype_name(position_ids.dtype())) + " " +
+                                  shape_str(position_ids.shape()));
+    positions = position_ids.to(dev);
+    if (!cache && !mask.defined() && T > 1) mask = packed_document_mask(positions, B);
+  } else {
+    positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
+                               {.dtype = DType::i64, .device = dev}),
+                        {1, T});
+  }
   const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
   Tensor h = embed_->forward(ids.to(dev));
-  for (size_t l = 0; l < layers_.size(); ++l)
-    h = static_cast<DecoderLayer&>(*layers_[l]).forward(h, rope, cache, l, mask);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
+    if (recompute_layers_ && !cache)
+      h = quanta::recompute(
+          [&layer, rope, l, mask](const Tensor& x) {
+            return layer.forward(x, rope, nullptr, l, mask);
+          },
+          h, layer.parameters(), layer.random_streams());
+    else
+      h = layer.forward(h, rope, cache, l, mask);
+  }
   return norm_->forward(h);
 }
 
-Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask) {
-  return linear(hidden_states(ids, cache, attention_mask), lm_head_weight());
+Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,
+                        const Tensor& position_ids) {
+  return linear(hidden_states(ids, cache, attention_mask, position_ids), lm_head_weight());
 }
 
 }  // namespace quanta::llm

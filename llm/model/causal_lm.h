@@ -56,16 +56,31 @@ class CausalLM : public Module {
    * continue the cached sequence (positions from cache->length()) and the
    * cache grows by `tokens`. `attention_mask` [batch, cache length + tokens]
    * (bool, or integers with 1 for a real token and 0 for padding) hides the
-   * padding keys, as transformers' attention_mask does. */
+   * padding keys, as transformers' attention_mask does. `position_ids`
+   * [batch or 1, tokens] (i64) replaces the positions 0, 1, ... (after the
+   * cache); without a cache or attention_mask, positions that restart mark
+   * packed documents, as transformers reads them: a document starts wherever
+   * a position is not the previous one plus 1, and a token attends only to
+   * earlier tokens of its own document. */
   Tensor hidden_states(const Tensor& ids, KVCache* cache = nullptr,
-                       const Tensor& attention_mask = Tensor());
+                       const Tensor& attention_mask = Tensor(),
+                       const Tensor& position_ids = Tensor());
   /** Logits [batch, tokens, vocab_size] in config.dtype: lm_head of
    * hidden_states. */
   Tensor logits(const Tensor& ids, KVCache* cache = nullptr,
-                const Tensor& attention_mask = Tensor());
+                const Tensor& attention_mask = Tensor(), const Tensor& position_ids = Tensor());
   /** The output projection's weight [vocab_size, hidden_size] (the
    * embeddings when tied). */
   Tensor lm_head_weight() const;
+
+  /** Activation recomputation per decoder layer: with it on, a forward that
+   * builds a graph (training, no cache) keeps only each layer's input and
+   * runs the layer again in the backward (quanta::recompute), so activation
+   * memory is one layer's plus the layer inputs, for about a third more
+   * compute. Values and gradients are the same either way (dropout draws
+   * included). Off by default. */
+  void set_recompute_layers(bool on) { recompute_layers_ = on; }
+  bool recompute_layers() const { return recompute_layers_; }
 
   const DecoderConfig& config() const { return config_; }
   Device device() const;
@@ -76,6 +91,7 @@ class CausalLM : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
+  bool recompute_layers_ = false;
 };
 
 }  // namespace quanta::llm

@@ -112,6 +112,7 @@ class LoRALinear : public Module {
   /** The stream the adapters' input dropout draws from: a training
    * checkpoint keeps its state so that a resumed run drops the same inputs. */
   Generator& dropout_generator() { return dropout_gen_; }
+  std::vector<Generator*> own_random_streams() override { return {&dropout_gen_}; }
 
  private:
   std::shared_ptr<NF4Linear> base_;

@@ -96,23 +96,10 @@ class AdapterTask : public train::ClassifierTask {
     train::load_trainable_state(*model_, state, "another --lora-r or base?");
   }
   json extra_state() const override {
-    json streams = json::object();
-    for (std::size_t i = 0; i < model_->size(); ++i)
-      if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*model_)[i])) {
-        const GeneratorState g = l->dropout_generator().state();
-        streams[std::to_string(i)] = {g.seed, g.key, g.offset.lo, g.offset.hi};
-      }
-    return {{"lora_dropout", streams}};
+    return {{"lora_dropout", train::random_stream_states(*model_)}};
   }
   void load_extra_state(const json& rng) override {
-    const json streams = rng.value("lora_dropout", json::object());
-    for (std::size_t i = 0; i < model_->size(); ++i)
-      if (auto l = std::dynamic_pointer_cast<quant::LoRALinear>((*model_)[i])) {
-        const json& g = streams.at(std::to_string(i));
-        l->dropout_generator().set_state({g[0].get<uint64_t>(),
-                                          g[1].get<uint64_t>(),
-                                          {g[2].get<uint64_t>(), g[3].get<uint64_t>()}});
-      }
+    train::load_random_stream_states(*model_, rng.value("lora_dropout", json::object()));
   }
 };
 

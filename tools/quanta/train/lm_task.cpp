@@ -103,23 +103,11 @@ void LmFinetuneTask::load_state(const StateDict& state) {
 }
 
 json LmFinetuneTask::extra_state() const {
-  json streams = json::object();
-  for (const auto& [name, layer] : llm::lora_layers(*model_)) {
-    const GeneratorState g = layer->dropout_generator().state();
-    streams[name] = {g.seed, g.key, g.offset.lo, g.offset.hi};
-  }
-  return {{"lora_dropout", streams}};
+  return {{"lora_dropout", random_stream_states(*model_)}};
 }
 
 void LmFinetuneTask::load_extra_state(const json& rng) {
-  const json streams = rng.value("lora_dropout", json::object());
-  for (const auto& [name, layer] : llm::lora_layers(*model_)) {
-    if (!streams.contains(name))
-      throw std::runtime_error("the fine-tuning checkpoint has no dropout stream of " + name);
-    const json& g = streams.at(name);
-    layer->dropout_generator().set_state(
-        {g[0].get<uint64_t>(), g[1].get<uint64_t>(), {g[2].get<uint64_t>(), g[3].get<uint64_t>()}});
-  }
+  load_random_stream_states(*model_, rng.value("lora_dropout", json::object()));
 }
 
 }  // namespace quanta::train

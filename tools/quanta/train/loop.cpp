@@ -429,6 +429,31 @@ void load_trainable_state(Module& model, const StateDict& state, const std::stri
   }
 }
 
+json random_stream_states(Module& model) {
+  json out = json::object();
+  for (const auto& [name, m] : model.named_modules()) {
+    const std::vector<Generator*> streams = m->own_random_streams();
+    if (streams.size() > 1)
+      throw std::logic_error("random_stream_states: " + name + " has several streams");
+    if (streams.empty()) continue;
+    const GeneratorState g = streams[0]->state();
+    out[name] = {g.seed, g.key, g.offset.lo, g.offset.hi};
+  }
+  return out;
+}
+
+void load_random_stream_states(Module& model, const json& states) {
+  for (const auto& [name, m] : model.named_modules()) {
+    const std::vector<Generator*> streams = m->own_random_streams();
+    if (streams.empty()) continue;
+    if (!states.contains(name))
+      throw std::runtime_error("the fine-tuning checkpoint has no dropout stream of " + name);
+    const json& g = states.at(name);
+    streams[0]->set_state(
+        {g[0].get<uint64_t>(), g[1].get<uint64_t>(), {g[2].get<uint64_t>(), g[3].get<uint64_t>()}});
+  }
+}
+
 void LoopTask::load_state(const StateDict& state) { model()->load_state_dict(state); }
 
 LoopResult run_loop(LoopTask& task, const LoopSettings& settings, dist::ProcessGroup& group,

@@ -123,6 +123,14 @@ StateDict trainable_state(Module& model);
  * naming it, `hint` saying what may differ ("another --lora-r?"). */
 void load_trainable_state(Module& model, const StateDict& state, const std::string& hint);
 
+/** The states of the generators `model`'s layers draw from in training
+ * (Module::own_random_streams, e.g. LoRA dropout), by module name, as JSON:
+ * a checkpoint keeps them so that a resumed run draws the same numbers. */
+nlohmann::json random_stream_states(Module& model);
+/** Restores them; a layer the checkpoint has no state for throws
+ * std::runtime_error naming it. */
+void load_random_stream_states(Module& model, const nlohmann::json& states);
+
 /** How to run a task. */
 struct LoopSettings {
   /** Output folder: checkpoint.safetensors and metrics.jsonl go there. */
