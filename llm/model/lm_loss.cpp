@@ -1,11 +1,12 @@
 // causal_lm_loss and its chunked form (a custom autograd function that
-// recomputes each chunk's logits in the backward).
+// forms each chunk's gradients while its logits are alive).
 #include "llm/model/lm_loss.h"
 
 #include <memory>
 #include <stdexcept>
 
 #include "engine/autograd/function.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -81,42 +82,62 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   const auto rows = [=](const Tensor& h) {
     return reshape(contiguous(slice(h, 1, 0, T - 1)), {N, d});
   };
+  // When the loss will be differentiated, each chunk's gradients are formed
+  // while its logits are alive (d loss / d logits = softmax - one_hot), so
+  // the backward only scales them: the logits are computed once, and the
+  // weight's gradient only when the weight is trained (a frozen lm_head, as
+  // in QLoRA, costs one GEMM fewer per chunk).
+  const bool differentiated = grad_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  const bool weight_grad = differentiated && weight.requires_grad();
+  const bool hidden_grad = differentiated && hidden.requires_grad();
+  const int64_t V = weight.size(0);
+  // Unscaled gradients ([N, hidden] and [vocab, hidden] in the accumulation
+  // dtype), filled by the forward and read once by the backward.
+  auto grads = std::make_shared<std::vector<Tensor>>(2);
   autograd::Function fn;
   fn.name = op;
   fn.forward = [=](const std::vector<Tensor>& in) {
     const Tensor h = rows(in[0]);
+    const Tensor& w = in[1];
     Tensor total = zeros({}, {.dtype = acc, .device = h.device()});
+    Tensor gh = hidden_grad ? empty({N, d}, {.dtype = acc, .device = h.device()}) : Tensor();
+    Tensor gw = weight_grad ? zeros(w.shape(), {.dtype = acc, .device = h.device()}) : Tensor();
     for (int64_t n0 = 0; n0 < N; n0 += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - n0);
-      const Tensor logits = linear(narrow(h, 0, n0, n), in[1]).to(acc);
-      total = add(total,
-                  cross_entropy(logits, narrow(targets, 0, n0, n), Reduction::sum, ignore_index));
+      const Tensor hc = narrow(h, 0, n0, n), t = narrow(targets, 0, n0, n);
+      const Tensor logits = linear(hc, w).to(acc);
+      total = add(total, cross_entropy(logits, t, Reduction::sum, ignore_index));
+      if (!differentiated) continue;
+      const Tensor ok = narrow(valid, 0, n0, n);
+      const Tensor safe = where(ok, t, zeros_like(t));
+      const Tensor dlogits =
+          mul(sub(softmax(logits, 1), one_hot(safe, V).to(acc)), unsqueeze(ok.to(acc), 1));
+      if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
+      if (weight_grad) gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
     }
+    *grads = {gh, gw};
     return std::vector<Tensor>{div(total, count)};
   };
-  const Tensor h_saved = hidden.detach(), w_saved = weight.detach();
+  const Shape hidden_shape = hidden.shape();
+  const DType hidden_dtype = hidden.dtype(), weight_dtype = weight.dtype();
   fn.backward = [=](const std::vector<Tensor>& g) {
-    const Tensor h = rows(h_saved);
     const Tensor scale = div(g[0].to(acc), count);
-    Tensor gh = empty({N, d}, {.dtype = h.dtype(), .device = h.device()});
-    Tensor gw = zeros(w_saved.shape(), {.dtype = acc, .device = h.device()});
-    const int64_t V = w_saved.size(0);
-    for (int64_t n0 = 0; n0 < N; n0 += chunk_tokens) {
-      const int64_t n = std::min(chunk_tokens, N - n0);
-      const Tensor hc = narrow(h, 0, n0, n);
-      const Tensor t = narrow(targets, 0, n0, n), ok = narrow(valid, 0, n0, n);
-      const Tensor p = softmax(linear(hc, w_saved).to(acc), 1);
-      const Tensor safe = where(ok, t, zeros_like(t));
-      // d(loss)/d(logits) = (softmax - one_hot) on counted rows, times g / count.
-      const Tensor dlogits =
-          mul(mul(sub(p, one_hot(safe, V).to(acc)), unsqueeze(ok.to(acc), 1)), scale);
-      const Tensor dl = dlogits.to(w_saved.dtype());
-      copy_(narrow(gh, 0, n0, n), matmul(dl, w_saved));
-      gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
+    std::vector<Tensor> out(2);
+    const Tensor gh = (*grads)[0], gw = (*grads)[1];
+    grads->assign(2, Tensor());  // read once: a second backward finds nothing
+    if (hidden_grad) {
+      if (!gh.defined())
+        throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
+      Tensor full = zeros(hidden_shape, {.dtype = hidden_dtype, .device = gh.device()});
+      copy_(slice(full, 1, 0, T - 1), reshape(mul(gh, scale).to(hidden_dtype), {B, T - 1, d}));
+      out[0] = full;
     }
-    Tensor gh_full = zeros(h_saved.shape(), {.dtype = h.dtype(), .device = h.device()});
-    copy_(slice(gh_full, 1, 0, T - 1), reshape(gh, {B, T - 1, d}));
-    return std::vector<Tensor>{gh_full, gw.to(w_saved.dtype())};
+    if (weight_grad) {
+      if (!gw.defined())
+        throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
+      out[1] = mul(gw, scale).to(weight_dtype);
+    }
+    return out;
   };
   return autograd::apply(fn, {hidden, weight})[0];
 }

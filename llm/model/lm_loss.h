@@ -16,9 +16,12 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore
 /** The same loss from the final hidden states [batch, tokens, hidden] and the
  * output projection's weight [vocab, hidden], computing the logits
  * `chunk_tokens` positions at a time (in the weight's dtype, then upcast,
- * as the model's lm_head would) and again in the backward, so that
- * [tokens, vocab] f32 logits are never all alive. Differentiable in hidden
- * and weight; equal to causal_lm_loss(linear(hidden, weight), labels). */
+ * as the model's lm_head would), so that [tokens, vocab] f32 logits are
+ * never all alive. When the result will be differentiated, the forward also
+ * forms the gradients chunk by chunk (the logits are computed once; the
+ * weight's gradient only when the weight requires grad) and the backward
+ * scales them, so the loss can be differentiated once (a second backward
+ * throws). Equal to causal_lm_loss(linear(hidden, weight), labels). */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               int64_t chunk_tokens = 1024, int64_t ignore_index = -100);
 

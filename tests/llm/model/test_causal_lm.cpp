@@ -121,6 +121,50 @@ TEST_CASE("CausalLM: padding keys hidden by attention_mask leave the other rows'
   CHECK(max_rel_diff(slice(select(padded, 0, 0), 0, 0, 3), select(one, 0, 0)) < 1e-6);
 }
 
+TEST_CASE(
+    "CausalLM: packed documents (restarting position_ids) equal transformers' and each "
+    "document alone") {
+  for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
+    INFO("model ", name);
+    const io::SafetensorsFile want =
+        io::load_safetensors(data_dir() + "/expected/packed_" + name + ".safetensors");
+    const Tensor ids = expected(want, "input_ids"), positions = expected(want, "position_ids");
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);
+    for (const Device dev : devices) {
+      INFO("device ", dev.str());
+      auto model = llm::load_causal_lm(data_dir() + "/models/" + name, dev);
+      NoGradGuard no_grad;
+      const Tensor logits =
+          model->logits(ids.to(dev), nullptr, Tensor(), positions.to(dev)).to(Device::cpu());
+      const double err = max_rel_diff(logits, expected(want, "logits"));
+      MESSAGE(name << " packed on " << dev.str() << ": logits max |diff| / max |logit| = " << err);
+      CHECK(err < 1e-5);
+      const double loss =
+          llm::causal_lm_loss(logits, expected(want, "labels")).to_vector<double>()[0];
+      const double want_loss = expected(want, "loss").to_vector<double>()[0];
+      CHECK(std::abs(loss - want_loss) < 1e-5 * want_loss);
+      // Each document alone, at positions 0, 1, ...: the same logits.
+      const std::vector<int64_t> pos = positions.to_vector<int64_t>();
+      const int64_t T = ids.size(1);
+      for (int64_t row = 0; row < ids.size(0); ++row)
+        for (int64_t start = 0; start < T;) {
+          int64_t end = start + 1;
+          while (end < T && pos[row * T + end] != 0) ++end;
+          const Tensor doc = slice(slice(ids, 0, row, row + 1), 1, start, end);
+          const Tensor alone = model->logits(doc.to(dev)).to(Device::cpu());
+          CHECK(max_rel_diff(slice(slice(logits, 0, row, row + 1), 1, start, end), alone) < 1e-5);
+          start = end;
+        }
+    }
+  }
+  auto model = llm::load_causal_lm(data_dir() + "/models/llama_gqa");
+  CHECK_THROWS_WITH_AS(model->logits(from_vector<int64_t>({1, 2, 3}, {1, 3}), nullptr, Tensor(),
+                                     from_vector<int64_t>({0, 1}, {1, 2})),
+                       doctest::Contains("position_ids must be i64 [1 or 1, 3]"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("CausalLM: f64 directional finite difference through the whole model") {
   Generator gen(5);
   auto model = llm::CausalLM::random(tiny_config(DType::f64), gen, Device::cpu(), 0.5);
@@ -165,6 +209,16 @@ TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") 
     CHECK(std::abs(plain.to_vector<double>()[0] - chunked.to_vector<double>()[0]) < 1e-12);
     CHECK(max_rel_diff(g_chunked[0], g_plain[0]) < 1e-12);
     CHECK(max_rel_diff(g_chunked[1], g_plain[1]) < 1e-12);
+    // A frozen weight (QLoRA's lm_head): the hidden states' gradient alone.
+    const Tensor frozen = model->lm_head_weight().detach().to(dev);
+    const Tensor g_frozen =
+        autograd::grad({llm::chunked_causal_lm_loss(h, frozen, labels.to(dev), 4) * 3.0}, {h})[0];
+    CHECK(max_rel_diff(g_frozen, g_plain[0] * 3.0) < 1e-12);
+    // Its gradients are formed once: a second backward is refused.
+    const Tensor once = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3);
+    autograd::grad({once}, {h}, {}, /*retain_graph=*/true);
+    CHECK_THROWS_WITH_AS(autograd::grad({once}, {h}), doctest::Contains("backward ran twice"),
+                         std::runtime_error);
   }
 }
 
