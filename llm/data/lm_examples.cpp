@@ -58,14 +58,16 @@ LmExamples LmExamples::from_ids(std::vector<int64_t> ids, const std::string& sou
   return e;
 }
 
-LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size) {
+LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                                  const LmDataOptions& options) {
   if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
   LmExamples e;
   e.path_ = path;
   e.seq_len_ = seq_len;
   e.vocab_size_ = vocab_size;
-  e.examples_ = read_token_jsonl(path, {.vocab_size = vocab_size, .max_length = 0});
-  int64_t total = 0;
+  e.examples_ =
+      read_token_jsonl(path, {.vocab_size = vocab_size, .max_length = 0}, options.prompts);
+  e.documents_ = static_cast<int64_t>(e.examples_.size());
   for (std::size_t i = 0; i < e.examples_.size(); ++i) {
     TokenExample& x = e.examples_[i];
     if (static_cast<int64_t>(x.input_ids.size()) > seq_len)
@@ -74,6 +76,10 @@ LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int6
                                " tokens, more than the sequence length " + std::to_string(seq_len) +
                                " (raise --seq-len or split it)");
     if (x.labels.empty()) x.labels = x.input_ids;
+  }
+  if (options.pack) e.pack();
+  int64_t total = 0;
+  for (const TokenExample& x : e.examples_) {
     e.scored_.push_back(scored_in(x.labels));
     total += e.scored_.back();
   }
@@ -84,9 +90,36 @@ LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int6
   return e;
 }
 
-LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64_t vocab_size) {
+void LmExamples::pack() {
+  std::vector<TokenExample> rows;
+  for (TokenExample& x : examples_) {
+    const int64_t n = static_cast<int64_t>(x.input_ids.size());
+    if (rows.empty() || int64_t(rows.back().input_ids.size()) + n > seq_len_) {
+      rows.emplace_back();
+      positions_.emplace_back();
+    }
+    TokenExample& row = rows.back();
+    // The first token of an example is not predicted from the example before.
+    x.labels[0] = kIgnoreIndex;
+    row.input_ids.insert(row.input_ids.end(), x.input_ids.begin(), x.input_ids.end());
+    row.labels.insert(row.labels.end(), x.labels.begin(), x.labels.end());
+    for (int64_t p = 0; p < n; ++p) positions_.back().push_back(p);
+  }
+  examples_ = std::move(rows);
+}
+
+LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                                 const LmDataOptions& options) {
   const std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".jsonl" || ext == ".json") return from_jsonl(path, seq_len, vocab_size);
+  if (ext == ".jsonl" || ext == ".json") return from_jsonl(path, seq_len, vocab_size, options);
+  if (options.pack)
+    throw std::invalid_argument(path +
+                                " is a token file, cut into full windows already: packing is "
+                                "for JSONL examples");
+  if (options.prompts.completions_only)
+    throw std::invalid_argument(path +
+                                " is a token file: training on completions only needs JSONL "
+                                "lines with a prompt and a completion");
   return from_token_file(path, seq_len, vocab_size);
 }
 
@@ -109,6 +142,7 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
   }
   std::vector<int64_t> ids(static_cast<std::size_t>(n * length), 0);
   std::vector<int64_t> labels(static_cast<std::size_t>(n * length), kIgnoreIndex);
+  std::vector<int64_t> positions(packed() ? ids.size() : 0);
   LmBatch b;
   for (int64_t k = 0; k < n; ++k) {
     const std::size_t at = static_cast<std::size_t>(k * length);
@@ -125,10 +159,17 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
       std::copy(x.input_ids.begin(), x.input_ids.end(), ids.begin() + at);
       std::copy(x.labels.begin(), x.labels.end(), labels.begin() + at);
       b.scored_tokens += scored_[static_cast<std::size_t>(r[k])];
+      if (packed()) {
+        const std::vector<int64_t>& p = positions_[static_cast<std::size_t>(r[k])];
+        std::copy(p.begin(), p.end(), positions.begin() + at);
+        for (int64_t j = int64_t(p.size()); j < length; ++j)
+          positions[at + std::size_t(j)] = j - int64_t(p.size());
+      }
     }
   }
   b.ids = from_vector(ids, {n, length}).to(device);
   b.labels = from_vector(labels, {n, length}).to(device);
+  if (packed()) b.position_ids = from_vector(positions, {n, length}).to(device);
   return b;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Training and evaluation examples for a causal language model: the
-// consecutive windows of a token file (or of ids in memory), or the lines of a JSONL file (one
-// example each, with its labels), batched as ids and labels padded on the
-// right (a causal model's real tokens never see the padding after them).
+// consecutive windows of a token file (or of ids in memory), or the lines of
+// a JSONL file (one example each, with its labels; or several packed into
+// one row, told apart by restarting positions), batched as ids and labels
+// padded on the right (a causal model's real tokens never see the padding
+// after them).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,9 +20,27 @@ namespace quanta::llm {
  * padding has id 0 and label -100. */
 struct LmBatch {
   Tensor ids, labels;
+  /** Packed examples only: [rows, length] (i64), each example's positions
+   * 0, 1, ... (the padding after them a run of its own), for
+   * CausalLM::hidden_states, which keeps each example's attention within
+   * itself. Undefined otherwise. */
+  Tensor position_ids;
   /** Positions whose next-token prediction is scored (label != -100 at
    * positions 1..length-1, as causal_lm_loss counts them). */
   int64_t scored_tokens = 0;
+};
+
+/** How a JSONL file becomes examples. */
+struct LmDataOptions {
+  /** Prompt-completion lines (token_jsonl.h). */
+  PromptCompletion prompts{};
+  /** Packs the examples into rows of up to seq_len tokens, in file order (a
+   * new row when the next example does not fit), so that a batch carries
+   * few padding tokens. Each example keeps its own positions and attention
+   * (LmBatch::position_ids), and the first token of each is not predicted
+   * from the one before it: the loss equals that of the examples alone.
+   * Only for JSONL: a token file's windows are full already. */
+  bool pack = false;
 };
 
 class LmExamples {
@@ -33,15 +53,22 @@ class LmExamples {
   /** One example per line of a JSONL file (read_token_jsonl's format and
    * checks); a line longer than seq_len is refused naming it (nothing is
    * cut silently), as is a file with no scored token. */
-  static LmExamples from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size);
+  static LmExamples from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                               const LmDataOptions& options = {});
   /** The windows of `ids` held in memory (text a tokenizer encoded),
    * `source` naming them in errors. */
   static LmExamples from_ids(std::vector<int64_t> ids, const std::string& source, int64_t seq_len,
                              int64_t vocab_size);
-  /** The format by extension: .jsonl or .json lines, else a token file. */
-  static LmExamples from_file(const std::string& path, int64_t seq_len, int64_t vocab_size);
+  /** The format by extension: .jsonl or .json lines, else a token file
+   * (which refuses `options` other than the defaults, naming them). */
+  static LmExamples from_file(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                              const LmDataOptions& options = {});
 
+  /** Examples (packed rows when packed). */
   int64_t size() const;
+  /** JSONL lines read (as many as size() unless packed). */
+  int64_t documents() const { return documents_; }
+  bool packed() const { return !positions_.empty(); }
   /** The longest an example may be. */
   int64_t seq_len() const { return seq_len_; }
   const std::string& path() const { return path_; }
@@ -56,13 +83,16 @@ class LmExamples {
  private:
   LmExamples() = default;
   bool windowed() const;
+  void pack();
   std::string path_;
   int64_t seq_len_ = 0;
   std::shared_ptr<TokenFile> tokens_;   // windows of a token file, or
   std::vector<int64_t> ids_;            // of ids in memory, or
   std::vector<TokenExample> examples_;  // the lines of a JSONL file
   int64_t windows_ = 0;
-  std::vector<int64_t> scored_;  // per JSONL example
+  std::vector<int64_t> scored_;                  // per JSONL example
+  std::vector<std::vector<int64_t>> positions_;  // per packed row
+  int64_t documents_ = 0;
   int64_t vocab_size_ = 0;
 };
 

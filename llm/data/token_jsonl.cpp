@@ -1,5 +1,6 @@
 #include "llm/data/token_jsonl.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -33,7 +34,8 @@ std::vector<int64_t> whole_numbers(const json& object, const char* key, const st
 
 }  // namespace
 
-std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits) {
+std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits,
+                                           const PromptCompletion& prompts) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open");
   const int64_t vocab = limits.vocab_size;
@@ -54,15 +56,56 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) throw std::runtime_error(where + "not valid JSON");
     if (!j.is_object()) throw std::runtime_error(where + "not a JSON object");
-    if (!j.contains("input_ids")) throw std::runtime_error(where + "no input_ids");
+    const bool pair = j.contains("prompt") || j.contains("completion");
+    if (pair && j.contains("input_ids"))
+      throw std::runtime_error(where + "has both input_ids and a prompt or completion");
+    if (!pair && prompts.completions_only)
+      throw std::runtime_error(where +
+                               "no prompt and completion (training on completions only needs "
+                               "both on every line)");
+    if (!pair && !j.contains("input_ids"))
+      throw std::runtime_error(where + "no input_ids (nor a prompt and a completion)");
     TokenExample e;
-    e.input_ids = whole_numbers(j, "input_ids", where, id_ok);
+    if (pair) {
+      for (const char* key : {"prompt", "completion"})
+        if (!j.contains(key)) throw std::runtime_error(where + "no " + key);
+      // Text through the encoder, or ids as they are.
+      const auto part = [&](const char* key, bool first) {
+        const json& v = j.at(key);
+        if (!v.is_string()) return whole_numbers(j, key, where, id_ok);
+        if (!prompts.encode)
+          throw std::runtime_error(where + key +
+                                   " is text, and there is no tokenizer to read it with (give "
+                                   "ids, or a model folder with a tokenizer.model)");
+        std::vector<int64_t> ids = prompts.encode(v.get<std::string>(), first);
+        for (std::size_t i = 0; i < ids.size(); ++i)
+          if (const std::string why = id_ok(ids[i]); !why.empty())
+            throw std::runtime_error(where + key + " encodes to id " + std::to_string(ids[i]) +
+                                     ": " + why);
+        return ids;
+      };
+      const std::vector<int64_t> prompt = part("prompt", true);
+      std::vector<int64_t> completion = part("completion", false);
+      if (prompts.eos_id >= 0 && j.at("completion").is_string())
+        completion.push_back(prompts.eos_id);
+      if (completion.empty()) throw std::runtime_error(where + "completion is empty");
+      e.input_ids = prompt;
+      e.input_ids.insert(e.input_ids.end(), completion.begin(), completion.end());
+      e.labels = e.input_ids;
+      if (prompts.completions_only)
+        std::fill(e.labels.begin(), e.labels.begin() + std::ptrdiff_t(prompt.size()), kIgnoreIndex);
+    } else {
+      e.input_ids = whole_numbers(j, "input_ids", where, id_ok);
+    }
     if (e.input_ids.empty()) throw std::runtime_error(where + "input_ids is empty");
     if (limits.max_length > 0 && static_cast<int64_t>(e.input_ids.size()) > limits.max_length)
       throw std::runtime_error(where + std::to_string(e.input_ids.size()) +
                                " tokens, longer than the model's " +
                                std::to_string(limits.max_length) + " positions");
-    if (j.contains("labels") && !j["labels"].is_null()) {
+    if (pair) {
+      if (j.contains("labels"))
+        throw std::runtime_error(where + "has labels beside a prompt and completion");
+    } else if (j.contains("labels") && !j["labels"].is_null()) {
       e.labels = whole_numbers(j, "labels", where, label_ok);
       if (e.labels.size() != e.input_ids.size())
         throw std::runtime_error(where + "labels has " + std::to_string(e.labels.size()) +

@@ -1,9 +1,12 @@
 #pragma once
-// Tokenized examples as JSON lines: one object per line with an
-// "input_ids" array and an optional "labels" array of the same length
-// (-100 marks a position that is not scored, transformers' convention;
-// without "labels", every position is scored on its own id).
+// Examples as JSON lines: one object per line with an "input_ids" array and
+// an optional "labels" array of the same length (-100 marks a position that
+// is not scored, transformers' convention; without "labels", every position
+// is scored on its own id), or a "prompt" and a "completion" (TRL's
+// prompt-completion format: text, or arrays of ids), the completion scored
+// and the prompt too unless only completions are trained on.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,12 +29,32 @@ struct TokenLimits {
   int64_t max_length = 0;
 };
 
+/** How "prompt" / "completion" lines become ids and labels: the prompt's ids
+ * (a BOS first when the encoder adds one) then the completion's (no BOS),
+ * then eos_id after a text completion, so the model learns where a
+ * completion ends (TRL appends the EOS too; ids are taken as they are).
+ * Tokenizing the two separately keeps the boundary exact. */
+struct PromptCompletion {
+  /** Text to ids (add_bos: whether a BOS goes first); unset, only id arrays
+   * are accepted and a text field is refused naming the line. */
+  std::function<std::vector<int64_t>(const std::string& text, bool add_bos)> encode{};
+  /** Appended to every text completion when >= 0. */
+  int64_t eos_id = -1;
+  /** Labels the prompt's positions -100: the loss covers the completion
+   * (and its EOS) only. Every line must then be a prompt-completion one. */
+  bool completions_only = false;
+};
+
 /** Reads every non-empty line of `path`. Each error is one
  * std::runtime_error naming the file, the line and the field ("data.jsonl:
  * line 7: labels has 12 entries, input_ids 13"): a line that is not a JSON
  * object, a missing or empty input_ids, an entry that is not a whole number,
  * an id outside [0, vocab_size), a label neither -100 nor a valid id, a
- * sequence longer than max_length. A file with no example is an error too. */
-std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits = {});
+ * sequence longer than max_length, a line with both input_ids and a prompt,
+ * a prompt without a completion, text where no encoder is given, and with
+ * completions_only a line that is not a prompt-completion pair. A file with
+ * no example is an error too. */
+std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits = {},
+                                           const PromptCompletion& prompts = {});
 
 }  // namespace quanta::llm

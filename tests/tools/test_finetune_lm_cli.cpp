@@ -165,6 +165,57 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
   CHECK(contains(jsonl.out, "fine-tuning on 20 sequences of up to 32 tokens"));
 }
 
+TEST_CASE(
+    "finetune --model: --pack, --train-on-completions-only, and --recompute changes nothing") {
+  ScratchDir d("ft_lm_pack");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(400, 8), llm::TokenWidth::u16);
+  {
+    std::ofstream pairs(d.file("pairs.jsonl")), plain(d.file("plain.jsonl"));
+    const std::vector<int64_t> t = learnable_tokens(600, 9);
+    for (int i = 0; i < 24; ++i) {
+      const auto at = t.begin() + i * 24;
+      pairs << json{{"prompt", std::vector<int64_t>(at, at + 3 + i % 4)},
+                    {"completion", std::vector<int64_t>(at + 3 + i % 4, at + 9 + i % 5)}}
+                   .dump()
+            << "\n";
+      plain << json{{"input_ids", std::vector<int64_t>(at, at + 8)}}.dump() << "\n";
+    }
+  }
+  const auto run = [&](const std::string& out, std::vector<std::string> more,
+                       const std::string& data = "pairs.jsonl") {
+    std::vector<std::string> args = {"finetune",
+                                     "--model",
+                                     model("llama_gqa"),
+                                     "--data",
+                                     d.file(data),
+                                     "--seq-len",
+                                     "32",
+                                     "--batch-size",
+                                     "2",
+                                     "--steps",
+                                     "6",
+                                     "--lora-dropout",
+                                     "0.1",
+                                     "--out",
+                                     d.file(out)};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_quanta(args);
+  };
+  const CliResult packed = run("packed", {"--pack", "--train-on-completions-only"});
+  REQUIRE_MESSAGE(packed.code == 0, packed.err);
+  CHECK(contains(packed.out, "(24 examples packed)"));
+  const CliResult again =
+      run("recomputed", {"--pack", "--train-on-completions-only", "--recompute"});
+  REQUIRE_MESSAGE(again.code == 0, again.err);
+  CHECK(contains(again.out, "layers recomputed in the backward"));
+  check_same_tensors(d.file("packed/adapters/adapter_model.safetensors"),
+                     d.file("recomputed/adapters/adapter_model.safetensors"));
+
+  check_one_line_error(run("o1", {"--pack"}, "train.bin"), 2, "packing is for JSONL examples");
+  check_one_line_error(run("o2", {"--train-on-completions-only"}, "plain.jsonl"), 1,
+                       "line 1: no prompt and completion");
+}
+
 TEST_CASE("finetune --model: 5 steps and --resume to 10 are 10 steps in one go") {
   ScratchDir d("ft_lm_resume");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);

@@ -536,10 +536,14 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
     throw UsageError(
         "give a classifier CHECKPOINT, or --model DIR and --data FILE for a "
         "language model");
-  static const std::vector<const char*> kLmOnly = {
-      "--eval-data",    "--merge-to",       "--seq-len",       "--grad-accum",
-      "--warmup-steps", "--eval-every",     "--weight-decay",  "--max-grad-norm",
-      "--lr-schedule",  "--target-modules", "--compute-dtype", "--use-rslora"};
+  static const std::vector<const char*> kLmOnly = {"--eval-data",     "--merge-to",
+                                                   "--seq-len",       "--grad-accum",
+                                                   "--warmup-steps",  "--eval-every",
+                                                   "--weight-decay",  "--max-grad-norm",
+                                                   "--lr-schedule",   "--target-modules",
+                                                   "--compute-dtype", "--use-rslora",
+                                                   "--pack",          "--train-on-completions-only",
+                                                   "--recompute"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

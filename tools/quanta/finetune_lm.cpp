@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -59,6 +60,8 @@ json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
             {"lora_dropout", o.lora_dropout},
             {"target_modules", o.target_modules},
             {"use_rslora", o.use_rslora},
+            {"pack", o.pack},
+            {"train_on_completions_only", o.completions_only},
             {"compute_dtype", o.compute_dtype},
             {"grad_accum", o.grad_accum},
             {"weight_decay", o.weight_decay},
@@ -81,10 +84,40 @@ DType compute_dtype_of(const std::string& name, DType model_dtype) {
 
 // --data / --eval-data: a token file, JSONL, or text (.txt) through the
 // model folder's tokenizer.model.
-llm::LmExamples read_examples(const std::string& path, const std::string& model_dir,
-                              int64_t seq_len, int64_t vocab_size) {
-  if (fs::path(path).extension() != ".txt")
-    return llm::LmExamples::from_file(path, seq_len, vocab_size);
+// The folder's tokenizer for text fields of JSONL lines, loaded on first use
+// (id-only data needs none).
+llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
+  llm::PromptCompletion p;
+  p.completions_only = completions_only;
+  const std::string model = llm::tokenizer_model_in(model_dir);
+  if (model.empty()) return p;
+  auto tokenizer = std::make_shared<std::unique_ptr<llm::Tokenizer>>();
+  const auto load = [tokenizer, model]() -> const llm::Tokenizer& {
+    if (!*tokenizer) *tokenizer = std::make_unique<llm::Tokenizer>(model);
+    return **tokenizer;
+  };
+  p.encode = [load](const std::string& text, bool add_bos) { return load().encode(text, add_bos); };
+  if (llm::Tokenizer::available()) p.eos_id = load().eos_id();
+  return p;
+}
+
+llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o, int64_t seq_len,
+                              int64_t vocab_size) {
+  const std::string& model_dir = o.model;
+  if (fs::path(path).extension() != ".txt") {
+    try {
+      return llm::LmExamples::from_file(
+          path, seq_len, vocab_size,
+          {.prompts = prompt_reader(model_dir, o.completions_only), .pack = o.pack});
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string(e.what()) +
+                       (o.pack ? " (--pack)" : " (--train-on-completions-only)"));
+    }
+  }
+  if (o.pack || o.completions_only)
+    throw UsageError(path +
+                     " is text, one stream cut into full windows: --pack and "
+                     "--train-on-completions-only are for JSONL examples");
   try {
     return llm::LmExamples::from_ids(llm::encode_text_file(path, model_dir), path, seq_len,
                                      vocab_size);
@@ -136,6 +169,15 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "bnb_4bit_compute_dtype): auto (the model's dtype, what bitsandbytes uses "
                  "for f32 and bf16 layers), bfloat16 or float32")
       ->capture_default_str();
+  sub.add_flag("--pack", o.pack,
+               "--model: pack JSONL examples several to a sequence, each attending only to "
+               "itself (positions restart at each), for fewer padding tokens");
+  sub.add_flag("--train-on-completions-only", o.completions_only,
+               "--model: JSONL lines of prompt and completion (text or ids); only the "
+               "completion and its EOS are scored");
+  sub.add_flag("--recompute", o.recompute,
+               "--model: recompute each decoder layer's activations in the backward (memory of "
+               "one layer's activations, about a third more compute; same results)");
   sub.add_option("--eval-every", o.eval_every,
                  "--model: steps between evaluations and checkpoints (0: at the end only)")
       ->capture_default_str()
@@ -188,14 +230,14 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool lead = group.rank() == 0;
   std::ostream& log = train::lead_log(std::cout, lead);
 
-  llm::LmExamples train_data = read_examples(o.data, o.model, seq_len, config.vocab_size);
+  llm::LmExamples train_data = read_examples(o.data, o, seq_len, config.vocab_size);
   std::optional<llm::LmExamples> eval_data;
-  if (!o.eval_data.empty())
-    eval_data = read_examples(o.eval_data, o.model, seq_len, config.vocab_size);
+  if (!o.eval_data.empty()) eval_data = read_examples(o.eval_data, o, seq_len, config.vocab_size);
   if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
 
   std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(o.model, run->device);
   const llm::QLoRAReport report = llm::apply_qlora(*model, q);
+  model->set_recompute_layers(o.recompute);
   uint64_t before = 0, after = 0;
   int64_t adapted = 0;
   for (const llm::QLoRALayer& l : report.layers) {
@@ -226,7 +268,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       model, std::move(train_data), std::move(eval_data), eval_rows, adapters_dir, q.lora,
       q.quantization, [&](std::ostream& os, int64_t start, int64_t total) {
         os << "fine-tuning on " << task.examples() << " sequences of up to " << seq_len
-           << " tokens from " << o.data << ": "
+           << " tokens from " << o.data
+           << (task.packed_documents() > 0
+                   ? " (" + std::to_string(task.packed_documents()) + " examples packed)"
+                   : std::string())
+           << (o.recompute ? ", layers recomputed in the backward" : "") << ": "
            << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
            << total << " steps, global batch " << o.batch_size
            << (o.grad_accum > 1 ? " in " + std::to_string(o.grad_accum) + " micro-batches" : "")

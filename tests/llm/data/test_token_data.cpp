@@ -11,8 +11,11 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "engine/factory.h"
+#include "llm/data/lm_examples.h"
 #include "llm/data/token_file.h"
 #include "llm/data/token_jsonl.h"
 
@@ -163,6 +166,95 @@ TEST_CASE("token JSONL: input_ids and labels, -100 ignored, errors name file, li
     CHECK(has(e, want));
   }
   CHECK(has(error_of([&] { (void)read_token_jsonl(s.file("absent.jsonl")); }), "cannot open"));
+}
+
+TEST_CASE("token JSONL: prompt and completion, as text or ids; completions only; refusals") {
+  Scratch s;
+  const std::string path = s.file("pairs.jsonl");
+  std::ofstream(path) << R"({"prompt": "ab", "completion": "cde"})"
+                      << "\n"
+                      << R"({"prompt": [7, 8], "completion": [9]})"
+                      << "\n";
+  // A stand-in tokenizer: one id per letter, BOS 1 when asked.
+  PromptCompletion p;
+  p.encode = [](const std::string& text, bool bos) {
+    std::vector<int64_t> ids;
+    if (bos) ids.push_back(1);
+    for (char c : text) ids.push_back(10 + (c - 'a'));
+    return ids;
+  };
+  p.eos_id = 2;
+  std::vector<TokenExample> ex = read_token_jsonl(path, {.vocab_size = 20}, p);
+  REQUIRE(ex.size() == 2);
+  CHECK(ex[0].input_ids == std::vector<int64_t>{1, 10, 11, 12, 13, 14, 2});
+  CHECK(ex[0].labels == ex[0].input_ids);  // the prompt is trained on too by default
+  CHECK(ex[1].input_ids == std::vector<int64_t>{7, 8, 9});  // ids as given, no EOS added
+  p.completions_only = true;
+  ex = read_token_jsonl(path, {.vocab_size = 20}, p);
+  CHECK(ex[0].labels == std::vector<int64_t>{-100, -100, -100, 12, 13, 14, 2});
+  CHECK(ex[1].labels == std::vector<int64_t>{-100, -100, 9});
+
+  const std::vector<std::tuple<std::string, std::string, bool>> cases = {
+      {R"({"input_ids": [1, 2]})", "line 1: no prompt and completion", true},
+      {R"({"prompt": [1]})", "line 1: no completion", false},
+      {R"({"prompt": [1], "completion": [2], "input_ids": [1, 2]})",
+       "line 1: has both input_ids and a prompt", false},
+      {R"({"prompt": [1], "completion": [2], "labels": [1, 2]})", "line 1: has labels beside",
+       false},
+      {R"({"prompt": [1], "completion": []})", "line 1: completion is empty", false},
+      {R"({"prompt": "zz", "completion": [2]})",
+       "line 1: prompt encodes to id 35: outside the model's vocabulary of 20", false},
+      {R"({"prompt": [1], "completion": 3})", "line 1: completion is not an array", false},
+  };
+  for (const auto& [text, want, only] : cases) {
+    CAPTURE(text);
+    std::ofstream(path, std::ios::trunc) << text << "\n";
+    PromptCompletion q = p;
+    q.completions_only = only;
+    const std::string e = error_of([&] { (void)read_token_jsonl(path, {.vocab_size = 20}, q); });
+    CHECK(e.rfind(path + ": ", 0) == 0);
+    CHECK(has(e, want));
+  }
+  std::ofstream(path, std::ios::trunc) << R"({"prompt": "a", "completion": "b"})"
+                                       << "\n";
+  CHECK(has(error_of([&] { (void)read_token_jsonl(path, {.vocab_size = 20}); }),
+            "line 1: prompt is text, and there is no tokenizer"));
+}
+
+TEST_CASE("LmExamples: packed rows keep each example's positions and scored tokens") {
+  Scratch s;
+  const std::string path = s.file("docs.jsonl");
+  std::ofstream(path) << R"({"input_ids": [1, 2, 3]})"
+                      << "\n"
+                      << R"({"input_ids": [4, 5], "labels": [-100, 5]})"
+                      << "\n"
+                      << R"({"input_ids": [6, 7, 8, 9]})"
+                      << "\n"
+                      << R"({"input_ids": [3]})"
+                      << "\n"
+                      << R"({"input_ids": [5, 5, 5]})"
+                      << "\n";
+  const LmExamples plain = LmExamples::from_jsonl(path, 6, 10);
+  const LmExamples packed = LmExamples::from_jsonl(path, 6, 10, {.pack = true});
+  CHECK_FALSE(plain.packed());
+  CHECK(packed.packed());
+  CHECK(packed.documents() == 5);
+  REQUIRE(packed.size() == 3);  // [3 + 2], [4 + 1], [3]
+  CHECK(packed.total_scored_tokens() == plain.total_scored_tokens());
+  const LmBatch b = packed.batch(quanta::from_vector<int64_t>({1, 2}, {2}));
+  CHECK(b.ids.to_vector<int64_t>() == std::vector<int64_t>{6, 7, 8, 9, 3, 5, 5, 5, 0, 0});
+  CHECK(b.labels.to_vector<int64_t>() ==
+        std::vector<int64_t>{-100, 7, 8, 9, -100, -100, 5, 5, -100, -100});
+  // Padding is a run of positions of its own, so no real token sees it.
+  CHECK(b.position_ids.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 0, 0, 1, 2, 0, 1});
+  CHECK(b.scored_tokens == 5);
+  CHECK(packed.batch(quanta::from_vector<int64_t>({0}, {1})).labels.to_vector<int64_t>() ==
+        std::vector<int64_t>{-100, 2, 3, -100, 5});
+  CHECK_FALSE(plain.batch(quanta::from_vector<int64_t>({0}, {1})).position_ids.defined());
+
+  const std::string tokens = s.file("stream.bin");
+  CHECK(has(error_of([&] { (void)LmExamples::from_file(tokens, 4, 10, {.pack = true}); }),
+            "packing is for JSONL examples"));
 }
 
 TEST_CASE("token data fuzz: mutated files load or fail cleanly, never crash or accept garbage") {

@@ -13,6 +13,7 @@
 
 #include "../ops/op_fixtures.h"
 #include "engine/io/safetensors.h"
+#include "llm/data/lm_examples.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/generate.h"
 #include "llm/model/lm_loss.h"
@@ -163,6 +164,39 @@ TEST_CASE(
                                      from_vector<int64_t>({0, 1}, {1, 2})),
                        doctest::Contains("position_ids must be i64 [1 or 1, 3]"),
                        std::invalid_argument);
+}
+
+TEST_CASE("packed examples: the loss and gradients of the examples alone") {
+  TempDir tmp;
+  const std::string path = (tmp.path() / "docs.jsonl").string();
+  std::ofstream(path) << R"({"input_ids": [3, 9, 14, 2, 7]})"
+                      << "\n"
+                      << R"({"input_ids": [5, 5, 31, 8], "labels": [-100, -100, 31, 8]})"
+                      << "\n"
+                      << R"({"input_ids": [12, 40, 6, 1, 1, 9, 22]})"
+                      << "\n"
+                      << R"({"input_ids": [30, 2]})"
+                      << "\n";
+  const auto loss_and_grads = [&](bool pack) {
+    auto model = llm::load_causal_lm(data_dir() + "/models/qwen2_bias");
+    const llm::LmExamples data = llm::LmExamples::from_jsonl(path, 12, 64, {.pack = pack});
+    const llm::LmBatch b = data.batch(arange(0.0, double(data.size()), 1.0, {.dtype = DType::i64}));
+    const Tensor loss =
+        llm::chunked_causal_lm_loss(model->hidden_states(b.ids, nullptr, Tensor(), b.position_ids),
+                                    model->lm_head_weight(), b.labels, 5);
+    loss.backward();
+    std::vector<Tensor> out{loss};
+    for (const Tensor& p : model->parameters()) out.push_back(p.grad());
+    return std::make_pair(data.size(), out);
+  };
+  const auto [rows, packed] = loss_and_grads(true);
+  const auto [examples, plain] = loss_and_grads(false);
+  CHECK(rows == 2);
+  CHECK(examples == 4);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    INFO("tensor ", i);
+    CHECK(max_rel_diff(packed[i], plain[i]) < 1e-5);
+  }
 }
 
 TEST_CASE("CausalLM: f64 directional finite difference through the whole model") {

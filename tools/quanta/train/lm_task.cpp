@@ -33,8 +33,9 @@ LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_
     for (int64_t i = lo; i < hi; ++i) r.push_back(i);
     const llm::LmBatch b = data.batch(from_vector(r, {hi - lo}), model.device());
     if (b.scored_tokens == 0) continue;
-    const Tensor loss = llm::chunked_causal_lm_loss(
-        model.hidden_states(b.ids), model.lm_head_weight(), b.labels, kLossChunkTokens);
+    const Tensor loss =
+        llm::chunked_causal_lm_loss(model.hidden_states(b.ids, nullptr, Tensor(), b.position_ids),
+                                    model.lm_head_weight(), b.labels, kLossChunkTokens);
     sum += loss.to(Device::cpu()).to(DType::f64).item() * double(b.scored_tokens);
     tokens += b.scored_tokens;
   }
@@ -64,7 +65,7 @@ StepLoss LmFinetuneTask::step(const BatchShare& share) {
   // micro-batch holds it: this part's sum of token losses over the global
   // count, times the world size that DataParallel's average divides by.
   const int64_t global = train_.scored_tokens(share.batch);
-  const Tensor hidden = model_->hidden_states(b.ids);
+  const Tensor hidden = model_->hidden_states(b.ids, nullptr, Tensor(), b.position_ids);
   Tensor loss;
   if (b.scored_tokens == 0 || global == 0) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter

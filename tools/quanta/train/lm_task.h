@@ -52,6 +52,8 @@ class LmFinetuneTask : public LoopTask {
   void load_extra_state(const nlohmann::json& rng) override;
 
   int64_t examples() const { return train_.size(); }
+  /** Examples packed into those sequences (0 when not packed). */
+  int64_t packed_documents() const { return train_.packed() ? train_.documents() : 0; }
   /** The last evaluation (nullopt before any, or without --eval-data). */
   const std::optional<LmScore>& last_score() const { return last_score_; }
 
