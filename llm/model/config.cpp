@@ -239,10 +239,10 @@ const char* torch_dtype_name(DType dtype) {
     case DType::f16:
       return "float16";
     case DType::f64:
-      return "float64";  // tests' f64 models
+      return "float64";
     default:
       throw std::invalid_argument(std::string("dtype ") + dtype_name(dtype) +
-                                  " is not a model dtype (float32, bfloat16, float16)");
+                                  " is not a model dtype (float32, bfloat16, float16, float64)");
   }
 }
 
@@ -250,8 +250,9 @@ DType dtype_from_torch_name(const std::string& name) {
   if (name == "float32") return DType::f32;
   if (name == "bfloat16") return DType::bf16;
   if (name == "float16") return DType::f16;
+  if (name == "float64") return DType::f64;  // rare in the wild; exact references in tests
   throw std::invalid_argument("dtype \"" + name +
-                              "\" is not one quanta loads (float32, bfloat16, float16)");
+                              "\" is not one quanta loads (float32, bfloat16, float16, float64)");
 }
 
 }  // namespace quanta::llm

@@ -55,8 +55,8 @@ DecoderConfig read_decoder_config(const std::string& path);
 /** PyTorch's name of a model dtype: "float32", "bfloat16", "float16" or
  * "float64" (throws std::invalid_argument for another dtype). */
 const char* torch_dtype_name(DType dtype);
-/** The model dtype PyTorch calls `name` ("float32", "bfloat16", "float16");
- * throws std::invalid_argument naming it for anything else. */
+/** The model dtype PyTorch calls `name` ("float32", "bfloat16", "float16",
+ * "float64"); throws std::invalid_argument naming it for anything else. */
 DType dtype_from_torch_name(const std::string& name);
 
 /** config.json text for `c` in transformers 4.x's names (the ones every

@@ -19,6 +19,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
+#include "train/checkpoint.h"
 #include "train/lm_task.h"
 
 using namespace quanta;
@@ -283,6 +284,67 @@ TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
     const std::vector<json> many = records(d.file(out + "/metrics.jsonl"));
     CHECK(one[1]["loss"].get<double>() ==
           doctest::Approx(many[1]["loss"].get<double>()).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("finetune --model: an f64 model on 2 and 3 ranks trains what 1 does within 1e-9") {
+  ScratchDir d("ft_lm_ranks64");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 12), llm::TokenWidth::u16);
+  {
+    // The tiny Llama's shapes in f64: the NF4 base dequantizes to f32 values
+    // that f64 holds exactly, so ranks differ only by f64 summation order.
+    llm::DecoderConfig c = llm::read_decoder_config(model("llama_gqa") + "/config.json");
+    c.dtype = DType::f64;
+    Generator gen(21);
+    llm::save_causal_lm(*llm::CausalLM::random(c, gen, Device::cpu(), 0.1), d.file("f64_model"));
+  }
+  const auto run = [&](const std::string& out, const std::string& ranks) {
+    return run_quanta({"finetune",
+                       "--model",
+                       d.file("f64_model"),
+                       "--data",
+                       d.file("train.bin"),
+                       "--seq-len",
+                       "32",
+                       "--steps",
+                       "4",
+                       "--batch-size",
+                       "5",
+                       "--grad-accum",
+                       "2",
+                       "--lora-dropout",
+                       "0",
+                       "--lr",
+                       "1e-3",
+                       "--nproc",
+                       ranks,
+                       "--out",
+                       d.file(out)});
+  };
+  const CliResult one = run("one", "1");
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  const StateDict a =
+      train::load_checkpoint(d.file("one/checkpoint.safetensors"), "quanta-lm-finetune-1").model;
+  for (const std::string ranks : {"2", "3"}) {
+    CAPTURE(ranks);
+    const CliResult r = run("ranks" + ranks, ranks);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    const StateDict b = train::load_checkpoint(d.file("ranks" + ranks + "/checkpoint.safetensors"),
+                                               "quanta-lm-finetune-1")
+                            .model;
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    int64_t adapters = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i].first.find("lora_") == std::string::npos) continue;
+      ++adapters;
+      CHECK(a[i].second.dtype() == DType::f64);
+      const auto x = a[i].second.to_vector<double>(), y = b[i].second.to_vector<double>();
+      for (std::size_t k = 0; k < x.size(); ++k) worst = std::max(worst, std::abs(x[k] - y[k]));
+    }
+    CHECK(adapters == 28);
+    MESSAGE("f64: 1 rank vs " << ranks << ": adapters max |diff| " << worst);
+    CHECK(worst < 1e-9);
   }
 }
 

@@ -82,8 +82,6 @@ DType compute_dtype_of(const std::string& name, DType model_dtype) {
                    "\"");
 }
 
-// --data / --eval-data: a token file, JSONL, or text (.txt) through the
-// model folder's tokenizer.model.
 // The folder's tokenizer for text fields of JSONL lines, loaded on first use
 // (id-only data needs none).
 llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
@@ -101,6 +99,8 @@ llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completio
   return p;
 }
 
+// --data / --eval-data: a token file, JSONL, or text (.txt) through the
+// model folder's tokenizer.model.
 llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o, int64_t seq_len,
                               int64_t vocab_size) {
   const std::string& model_dir = o.model;
