@@ -85,6 +85,30 @@ DType parse_dtype(const std::string& s) {
   throw std::invalid_argument("[parse_dtype] unknown dtype: got '" + s + "'");
 }
 
+const char* torch_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
+    case DType::boolean:
+      return "bool";
+    default:
+      throw std::invalid_argument(std::string("[torch_name] ") + dtype_name(t) +
+                                  " has no PyTorch dtype");
+  }
+}
+
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   if (!dtype_info(a).arithmetic || !dtype_info(b).arithmetic)

@@ -32,6 +32,9 @@ inline const char* dtype_name(DType t) { return dtype_info(t).name; }
 std::size_t element_size(DType t);
 /** Parses "f32", "float32", "bf16", ... ; throws std::invalid_argument. */
 DType parse_dtype(const std::string& s);
+/** PyTorch's name without "torch.": "float32", "bfloat16", "int64", "uint8",
+ * "bool", ...; throws std::invalid_argument for a dtype PyTorch lacks (nf4). */
+const char* torch_name(DType t);
 /** The dtype two operands are computed in (NumPy-style promotion). */
 DType promote_types(DType a, DType b);
 /** f32 for integral/bool inputs, the dtype itself for floating inputs. */

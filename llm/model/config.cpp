@@ -231,19 +231,10 @@ std::string decoder_config_json(const DecoderConfig& c) {
 }
 
 const char* torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "float32";
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    case DType::f64:
-      return "float64";
-    default:
-      throw std::invalid_argument(std::string("dtype ") + dtype_name(dtype) +
-                                  " is not a model dtype (float32, bfloat16, float16, float64)");
-  }
+  if (!is_floating(dtype))
+    throw std::invalid_argument(std::string("dtype ") + dtype_name(dtype) +
+                                " is not a model dtype (float32, bfloat16, float16, float64)");
+  return torch_name(dtype);
 }
 
 DType dtype_from_torch_name(const std::string& name) {

@@ -56,8 +56,11 @@ bool matches_target(const std::string& name, const std::vector<std::string>& tar
   return false;
 }
 
-QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& o) {
-  check_lora_settings(o.lora);
+namespace {
+
+// apply_qlora's conversion, with adapters on o.lora.target_modules (none
+// when it is empty).
+QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   quant::NF4Options nf4;
   nf4.block_size = o.quantization.blocksize;
   nf4.double_quant = o.quantization.double_quant;
@@ -122,6 +125,20 @@ QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& o) {
     if (adapter) report.trainable_parameters += p.numel();
   }
   return report;
+}
+
+}  // namespace
+
+QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& o) {
+  check_lora_settings(o.lora);
+  return convert_layers(model, o);
+}
+
+QLoRAReport quantize_base(CausalLM& model, const BaseQuantization& quantization) {
+  QLoRAOptions o;
+  o.lora.target_modules = {};
+  o.quantization = quantization;
+  return convert_layers(model, o);
 }
 
 std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& model) {

@@ -56,6 +56,11 @@ bool matches_target(const std::string& name, const std::vector<std::string>& tar
  * features, or a model already converted. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
 
+/** apply_qlora's NF4 conversion without adapters: the 4-bit base alone, as
+ * transformers' load_in_4bit builds it (every parameter frozen). Throws
+ * std::invalid_argument for a model already converted. */
+QLoRAReport quantize_base(CausalLM& model, const BaseQuantization& quantization);
+
 /** The adapted layers of a converted model, by module name, in model order. */
 std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& model);
 

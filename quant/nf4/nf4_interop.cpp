@@ -153,7 +153,9 @@ BnbNF4State quantize_bnb(const Tensor& x, const NF4Options& o) {
     host.nf4_encode(
         xf.data<float>(), n, o.block_size, absmax.data(), absmax.data(),
         {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
-  return make_state(packed, absmax, o.block_size, x.shape(), o.double_quant);
+  BnbNF4State state = make_state(packed, absmax, o.block_size, x.shape(), o.double_quant);
+  if (x.dtype() == DType::bf16 || x.dtype() == DType::f16) state.dtype = x.dtype();
+  return state;
 }
 
 Tensor bnb_scales(const BnbNF4State& s) {
@@ -226,7 +228,9 @@ BnbNF4State to_bnb(const Tensor& nf4_any, bool double_quant, int64_t block_size)
 BnbNF4State to_bnb(const BnbNF4State& s, bool double_quant) {
   if (s.double_quant == double_quant) return s;
   const Tensor scales = bnb_scales(s);
-  return make_state(s.packed, to_vector_f32(scales), s.blocksize, s.shape, double_quant);
+  BnbNF4State out = make_state(s.packed, to_vector_f32(scales), s.blocksize, s.shape, double_quant);
+  out.dtype = s.dtype;
+  return out;
 }
 
 Tensor from_bnb(const BnbNF4State& s) {
@@ -244,16 +248,23 @@ void append_bnb_tensors(io::TensorMap& out, const std::string& name, const BnbNF
   out.emplace_back(name, s.packed);
   out.emplace_back(name + ".absmax", s.absmax);
   out.emplace_back(name + ".quant_map", s.quant_map);
-  json meta = {
-      {"quant_type", "nf4"}, {"blocksize", s.blocksize}, {"dtype", "float32"}, {"shape", s.shape}};
+  // bitsandbytes' QuantState.as_dict through Python's json.dumps: its key
+  // order, ", " and ": " separators, the offset as Python prints a double
+  // (shortest round trip, as nlohmann prints it), so the bytes are its own.
+  std::string shape;
+  for (std::size_t i = 0; i < s.shape.size(); ++i)
+    shape += (i ? ", " : "") + std::to_string(s.shape[i]);
+  std::string meta = std::string(R"({"quant_type": "nf4", "blocksize": )") +
+                     std::to_string(s.blocksize) + R"(, "dtype": ")" + torch_name(s.dtype) +
+                     R"(", "shape": [)" + shape + "]";
   if (s.double_quant) {
     out.emplace_back(name + ".nested_absmax", s.nested_absmax);
     out.emplace_back(name + ".nested_quant_map", s.nested_quant_map);
-    meta["nested_blocksize"] = s.nested_blocksize;
-    meta["nested_dtype"] = "float32";
-    meta["nested_offset"] = static_cast<double>(s.nested_offset);
+    meta += R"(, "nested_blocksize": )" + std::to_string(s.nested_blocksize) +
+            R"(, "nested_dtype": "float32", "nested_offset": )" +
+            json(static_cast<double>(s.nested_offset)).dump();
   }
-  out.emplace_back(name + ".quant_state.bitsandbytes__nf4", string_to_bytes(meta.dump()));
+  out.emplace_back(name + ".quant_state.bitsandbytes__nf4", string_to_bytes(meta + "}"));
 }
 
 bool has_bnb_tensors(const std::map<std::string, Tensor>& t, const std::string& name) {
@@ -276,6 +287,11 @@ BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& t, const std::
                                   meta.at("quant_type").get<std::string>() + ", not nf4");
     s.blocksize = meta.at("blocksize").get<int64_t>();
     s.shape = meta.at("shape").get<Shape>();
+    const std::string dtype = meta.value("dtype", std::string("float32"));
+    s.dtype = parse_dtype(dtype);
+    if (s.dtype != DType::f32 && s.dtype != DType::bf16 && s.dtype != DType::f16)
+      throw std::invalid_argument("[read_bnb_tensors] '" + key + "' has dtype " + dtype +
+                                  ", not float32, bfloat16 or float16");
     s.double_quant = meta.contains("nested_blocksize");
     if (s.double_quant) {
       s.nested_blocksize = meta.at("nested_blocksize").get<int64_t>();

@@ -34,6 +34,9 @@ struct BnbNF4State {
   int64_t nested_blocksize = 256;
   /** Shape of the original weight. */
   Shape shape;
+  /** The original weight's dtype (f32, bf16 or f16): bitsandbytes'
+   * quant_state.dtype, what transformers dequantizes a loaded layer to. */
+  DType dtype = DType::f32;
 };
 
 /** Quantizes a floating tensor (any shape, zero-size allowed) straight into

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -346,6 +347,36 @@ TEST_CASE("finetune --model: an f64 model on 2 and 3 ranks trains what 1 does wi
     MESSAGE("f64: 1 rank vs " << ranks << ": adapters max |diff| " << worst);
     CHECK(worst < 1e-9);
   }
+}
+
+TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
+  ScratchDir d("quantize_folder");
+  const CliResult r =
+      run_quanta({"quantize", model("qwen2_bias"), d.file("q4"), "--compute-dtype", "float32"});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "14 linear layers (all but lm_head) in NF4, block 64, double quant"));
+  CHECK(contains(r.out, "model.layers.1.mlp.down_proj"));
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const io::SafetensorsFile want = io::load_safetensors(
+      std::string(root) + "/llm/qlora/transformers_4bit/qwen2_bias/model.safetensors");
+  const io::SafetensorsFile got = io::load_safetensors(d.file("q4/model.safetensors"));
+  std::map<std::string, Tensor> theirs(want.tensors.begin(), want.tensors.end());
+  REQUIRE(got.tensors.size() == theirs.size());
+  for (const auto& [name, t] : got.tensors) {
+    CAPTURE(name);
+    REQUIRE(theirs.count(name) == 1);
+    CHECK(t.to_vector<double>() == theirs.at(name).to_vector<double>());
+  }
+  CHECK(std::filesystem::exists(d.file("q4/tokenizer.model")) ==
+        std::filesystem::exists(model("qwen2_bias") + "/tokenizer.model"));
+  check_one_line_error(
+      run_quanta({"quantize", model("qwen2_bias"), d.file("q5"), "--format", "torchao"}), 2,
+      "--format torchao: a model folder becomes transformers' 4-bit folder");
+  check_one_line_error(
+      run_quanta({"quantize", model("qwen2_bias"), d.file("q6"), "--block-size", "128"}), 2,
+      "in blocks of 64");
+  check_one_line_error(run_quanta({"quantize", model("qwen2_bias"), model("qwen2_bias")}), 2,
+                       "is the model folder IN");
 }
 
 TEST_CASE("finetune --model: bad input is one clear line") {

@@ -70,18 +70,6 @@ json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
             {"warmup_steps", o.warmup_steps}}}};
 }
 
-// bitsandbytes computes an f32 or bf16 layer in its input's dtype whatever
-// bnb_4bit_compute_dtype says (Linear4bit.set_compute_type), so "auto", the
-// model's dtype, is what PEFT + bitsandbytes compute in.
-DType compute_dtype_of(const std::string& name, DType model_dtype) {
-  if (name == "auto") return model_dtype == DType::f64 ? DType::f32 : model_dtype;
-  if (name == "bfloat16" || name == "bf16") return DType::bf16;
-  if (name == "float32" || name == "f32") return DType::f32;
-  if (name == "float16" || name == "f16") return DType::f16;
-  throw UsageError("--compute-dtype must be auto, bfloat16, float32 or float16, got \"" + name +
-                   "\"");
-}
-
 // The folder's tokenizer for text fields of JSONL lines, loaded on first use
 // (id-only data needs none).
 llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
@@ -210,7 +198,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--target-modules / --lora-*: ") + e.what());
   }
-  q.quantization.compute_dtype = compute_dtype_of(o.compute_dtype, config.dtype);
+  q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
   if (!o.merge_to.empty())
     refuse_output_over_input(

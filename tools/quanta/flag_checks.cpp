@@ -154,4 +154,13 @@ void refuse_output_over_input(const std::string& flag, const std::string& output
   }
 }
 
+DType compute_dtype_flag(const std::string& name, DType model_dtype) {
+  if (name == "auto") return model_dtype == DType::f64 ? DType::f32 : model_dtype;
+  if (name == "bfloat16" || name == "bf16") return DType::bf16;
+  if (name == "float32" || name == "f32") return DType::f32;
+  if (name == "float16" || name == "f16") return DType::f16;
+  throw UsageError("--compute-dtype must be auto, bfloat16, float32 or float16, got \"" + name +
+                   "\"");
+}
+
 }  // namespace quanta::cli

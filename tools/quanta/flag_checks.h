@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/dtype.h"
 
 namespace quanta::cli {
 
@@ -38,6 +39,14 @@ CLI::Option* add_device_flag(CLI::App& sub, std::string& device, const std::stri
 /** The device --device names (train::run_device); its errors are usage
  * errors (exit 2). */
 Device device_flag(const std::string& device);
+
+/** --compute-dtype: the dtype NF4 weights are dequantized to
+ * (bnb_4bit_compute_dtype): bfloat16, float32, float16, or "auto", the
+ * model's dtype (f32 for an f64 model). bitsandbytes computes an f32 or
+ * bf16 layer in its input's dtype whatever bnb_4bit_compute_dtype says
+ * (Linear4bit.set_compute_type), so "auto" is what PEFT + bitsandbytes
+ * compute in. Anything else is a UsageError naming it. */
+DType compute_dtype_flag(const std::string& name, DType model_dtype);
 
 /** A file a command reads: what it is ("the checkpoint") and its path. */
 struct InputFile {

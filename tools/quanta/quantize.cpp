@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "quant/nf4/nf4_import.h"
 #include "quant/nf4/nf4_interop.h"
 #include "quant/nf4/nf4_modules.h"
+#include "quantize_folder.h"
 
 namespace quanta::cli {
 namespace {
@@ -37,7 +39,27 @@ struct QuantizeOptions {
   int64_t block_size = 64;
   bool double_quant = false, no_double_quant = false;
   std::vector<std::string> include, exclude;
+  std::string compute_dtype;  // model folders only
+  bool format_given = false;
 };
+
+// IN a model folder: transformers' 4-bit folder, whose layout and selection
+// (every linear layer but lm_head) are fixed.
+void quantize_model_folder(const QuantizeOptions& o) {
+  if (o.format_given && o.format != "bnb")
+    throw UsageError("--format " + o.format +
+                     ": a model folder becomes transformers' 4-bit "
+                     "folder, in bitsandbytes' layout (--format bnb)");
+  if (!o.include.empty() || !o.exclude.empty())
+    throw UsageError(
+        "--include / --exclude: a model folder is quantized as load_in_4bit does "
+        "(every linear layer but lm_head)");
+  run_quantize_folder({.in = o.in,
+                       .out = o.out,
+                       .block_size = o.block_size,
+                       .double_quant = !o.no_double_quant,
+                       .compute_dtype = o.compute_dtype.empty() ? "auto" : o.compute_dtype});
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -412,6 +434,9 @@ void throw_if_refused(const QuantizeOptions& o, const std::vector<std::string>& 
 }
 
 void run_quantize(const QuantizeOptions& o) {
+  if (std::filesystem::is_directory(o.in)) return quantize_model_folder(o);
+  if (!o.compute_dtype.empty())
+    throw UsageError("--compute-dtype is for a model folder IN (a checkpoint file records none)");
   refuse_output_over_input("OUT", o.out, {{"the input checkpoint IN", o.in}});
   const QuantizePlan plan = plan_quantize(o);
   const io::SafetensorsFile in = io::load_safetensors(o.in);
@@ -437,12 +462,18 @@ void add_quantize(CLI::App& app) {
       "Examples:\n"
       "  quanta quantize runs/clf/checkpoint.safetensors runs/clf/nf4.safetensors\n"
       "  quanta quantize model.safetensors model_bnb.safetensors --format bnb --block-size 32\n"
-      "  quanta quantize in.safetensors out.safetensors --exclude head --no-double-quant");
-  sub->add_option("in", o->in, "input .safetensors")->required();
-  sub->add_option("out", o->out, "output .safetensors")->required();
-  sub->add_option("--format", o->format,
-                  "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao")
-      ->capture_default_str();
+      "  quanta quantize in.safetensors out.safetensors --exclude head --no-double-quant\n"
+      "  quanta quantize models/llama models/llama-4bit   (a Hugging Face folder: the 4-bit\n"
+      "      folder transformers' load_in_4bit + save_pretrained writes)");
+  sub->add_option("in", o->in, "input .safetensors, or a Hugging Face model folder")->required();
+  sub->add_option("out", o->out, "output .safetensors (a folder when IN is one)")->required();
+  CLI::Option* format =
+      sub->add_option("--format", o->format,
+                      "quanta (nf4 dtype), bnb (bitsandbytes QuantState names) or torchao")
+          ->capture_default_str();
+  sub->add_option("--compute-dtype", o->compute_dtype,
+                  "model folders: bnb_4bit_compute_dtype, auto (the model's dtype), bfloat16, "
+                  "float32 or float16");
   sub->add_option("--block-size", o->block_size,
                   "elements per scale: 32 (bnb and torchao only), 64, 128 or 256")
       ->capture_default_str();
@@ -453,7 +484,10 @@ void add_quantize(CLI::App& app) {
   sub->add_flag("--no-double-quant", o->no_double_quant, "keep f32 block scales")->excludes(dq);
   sub->add_option("--include", o->include, "only tensors whose name contains one of these");
   sub->add_option("--exclude", o->exclude, "skip tensors whose name contains one of these");
-  sub->callback([o] { run_quantize(*o); });
+  sub->callback([o, format] {
+    o->format_given = format->count() > 0;
+    run_quantize(*o);
+  });
 }
 
 }  // namespace quanta::cli

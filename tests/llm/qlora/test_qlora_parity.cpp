@@ -14,9 +14,11 @@
 #include "engine/optim/optimizer.h"
 #include "llm/model/lm_loss.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
 #include "support/gpu.h"
+#include "support/temp_dir.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -215,4 +217,46 @@ TEST_CASE(
                                           << err);
     CHECK(err < 1e-5);
   }
+}
+
+TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers saves") {
+  for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
+    INFO("model ", name);
+    const std::string theirs = llm_data() + "/qlora/transformers_4bit/" + name;
+    TempDir tmp;
+    const std::string ours = tmp.path().string() + "/" + name + "_4bit";
+    auto model = llm::load_causal_lm(llm_data() + "/models/" + name);
+    llm::QLoRAOptions o;
+    o.lora.target_modules = {"q_proj"};
+    o.quantization.compute_dtype = DType::f32;
+    llm::apply_qlora(*model, o);
+    llm::save_bnb_folder(*model, o.quantization, ours);
+
+    std::map<std::string, Tensor> want;
+    for (auto& [n, t] : io::load_safetensors(theirs + "/model.safetensors").tensors) want[n] = t;
+    const io::SafetensorsFile got = io::load_safetensors(ours + "/model.safetensors");
+    CHECK(got.tensors.size() == want.size());
+    int64_t quant_states = 0;
+    for (const auto& [n, t] : got.tensors) {
+      INFO("tensor ", n);
+      REQUIRE(want.count(n) == 1);
+      const Tensor& w = want.at(n);
+      CHECK(t.dtype() == w.dtype());
+      CHECK(t.shape() == w.shape());
+      if (t.dtype() == DType::u8)
+        CHECK(bytes_differing(t, w) == 0);
+      else  // f32 weights and NF4 tables: every value, exactly
+        CHECK(t.to_vector<double>() == w.to_vector<double>());
+      quant_states += n.find("quant_state.bitsandbytes__nf4") != std::string::npos;
+    }
+    CHECK(quant_states == 14);
+    const auto config_of = [](const std::string& dir) {
+      std::ifstream in(dir + "/config.json");
+      return nlohmann::json::parse(in);
+    };
+    CHECK(config_of(ours)["quantization_config"] == config_of(theirs)["quantization_config"]);
+  }
+  auto plain = llm::load_causal_lm(llm_data() + "/models/llama_gqa");
+  CHECK_THROWS_WITH_AS(llm::save_bnb_folder(*plain, {}, "/nonexistent"),
+                       doctest::Contains("the model has no NF4 layers"), std::invalid_argument);
 }

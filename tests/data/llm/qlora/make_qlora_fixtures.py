@@ -3,7 +3,9 @@
 QLoRA parity tests. Reads the tiny models in ../models (make_tiny_models.py).
 Run from the repository root with the peer environment (../shared/peer/setup.sh):
 
-    /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm
+    /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
+
+(PART: cases, quanta_written, transformers_4bit; all when none is named.)
 
 One folder per case in qlora/:
 
@@ -25,6 +27,10 @@ expected.safetensors ids, labels [2, 12] (I64, labels -100 at [0, 0:3] and [1, 7
                      mode, no_grad); grad.<adapter name> (the gradients of the
                      loss); updated.<adapter name> (after one AdamW step);
                      loss_after [] (train-mode loss after the step); floats all F32
+
+transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa and
+                     qwen2_bias loaded in 4 bits and saved by transformers'
+                     save_pretrained (the folder quanta's 4-bit save must equal)
 
 quanta_written/      adapters/ as quanta finetune writes them (see
                      check_quanta_adapters) and peft_logits.safetensors, what
@@ -223,11 +229,35 @@ def check_quanta_adapters(root):
           "adapted modules")
 
 
-def main(root):
-    for i, (name, c) in enumerate(CASES.items()):
-        run_case(root, name, c, seed=100 * (i + 1))
-    check_quanta_adapters(root)
+def save_transformers_4bit(root):
+    """The tiny f32 folders loaded with load_in_4bit (NF4, double quant,
+    compute float32) and saved again by save_pretrained: the 4-bit checkpoint
+    transformers writes and loads, config.json with its quantization_config
+    and model.safetensors (transformers_4bit/<model>/)."""
+    for name in ["llama_gqa", "qwen2_bias"]:
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.join(root, "models", name), dtype=torch.float32, device_map="cpu",
+            quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                   bnb_4bit_use_double_quant=True,
+                                                   bnb_4bit_compute_dtype=torch.float32))
+        out = os.path.join(root, "qlora", "transformers_4bit", name)
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        os.remove(os.path.join(out, "generation_config.json"))
+        with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+            print("transformers_4bit:", name, len(list(f.keys())), "tensors")
+
+
+PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
+                                for i, (name, c) in enumerate(CASES.items())],
+         "quanta_written": check_quanta_adapters,
+         "transformers_4bit": save_transformers_4bit}
+
+
+def main(root, parts):
+    for part in parts or PARTS:
+        PARTS[part](root)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
