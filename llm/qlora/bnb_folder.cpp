@@ -21,14 +21,14 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
                      const std::string& dir) {
   io::TensorMap tensors = bnb_base_tensors(model);
   if (tensors.empty())
-    throw std::invalid_argument("[save_bnb_folder] the model has no NF4 layers (apply_qlora first)");
+    throw std::invalid_argument(
+        "[save_bnb_folder] the model has no NF4 layers (apply_qlora first)");
   std::set<std::string> quantized;
   for (const auto& [name, t] : tensors) quantized.insert(name);
   for (const auto& [name, shape] : CausalLM::expected_weights(model.config())) {
     if (quantized.count(name)) continue;
     const Tensor t = model.find(name);
-    if (!t.defined())
-      throw std::logic_error("[save_bnb_folder] the model has no " + name);
+    if (!t.defined()) throw std::logic_error("[save_bnb_folder] the model has no " + name);
     tensors.emplace_back(name, t.detach());
   }
   json config = json::parse(decoder_config_json(model.config()));

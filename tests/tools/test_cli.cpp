@@ -643,6 +643,9 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   const std::string saved = peer ? peer : "";
   ::setenv("QUANTA_PEER_PYTHON", "/nonexistent/python", 1);
   const Result r = quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1"});
+  const Result only =
+      quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlora"});
+  const Result none = quanta_cli({"bench", "llm", "--size", "small", "--only", "gpt2"});
   if (peer)
     ::setenv("QUANTA_PEER_PYTHON", saved.c_str(), 1);
   else
@@ -655,9 +658,16 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
     CHECK(contains(row["unavailable"].get<std::string>(),
                    "no PyTorch peer: /nonexistent/python is missing"));
   }
-  for (const char* want :
-       {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32", "llamasmall_B2_T32_fb"})
+  for (const char* want : {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
+                           "llamasmall_B2_T32_fb", "qlorasmall_B2_T32"})
     CHECK_MESSAGE(names.count(want) == 1, want);
+  // --only keeps the rows whose name contains it, and refuses a text that matches none.
+  REQUIRE(only.code == 0);
+  const nlohmann::json rows = nlohmann::json::parse(only.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["name"] == "qlorasmall_B2_T32");
+  CHECK(none.code != 0);
+  CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
 }
 
 TEST_CASE("numeric flags out of range are one clear line, exit 2, for every subcommand") {

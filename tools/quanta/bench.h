@@ -37,6 +37,7 @@ struct BenchOptions {
   bool small = false;  // tiny sizes: a smoke test, not a measurement
   int ranks = 2;       // ranks for suites that run collectives (dist)
   Device device;       // where the suites run (cpu or cuda:N; train also sim:N)
+  std::string only{};  // llm suite: only the rows whose name contains it
 };
 
 /** The median of `samples` (the mean of the middle two for an even count). */

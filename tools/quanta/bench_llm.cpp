@@ -199,6 +199,17 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
                     }});
   }
 
+  if (!o.only.empty()) {
+    std::string names;
+    bool any = false;
+    for (const Workload& w : work) {
+      any = any || w.name.find(o.only) != std::string::npos;
+      names += (names.empty() ? "" : ", ") + w.name;
+    }
+    if (!any)
+      throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
+                                  names + ")");
+  }
   std::unique_ptr<Peer> peer;
   std::string why;
   if (!std::filesystem::exists(peer_python()))
@@ -211,6 +222,7 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
 
   std::vector<BenchRow> rows;
   for (const Workload& w : work) {
+    if (w.name.find(o.only) == std::string::npos) continue;
     BenchRow row{w.name};
     if (!peer) {
       row.ms = median_ms(o.repeat, w.run);

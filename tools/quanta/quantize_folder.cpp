@@ -21,8 +21,9 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
     throw UsageError("--block-size " + std::to_string(o.block_size) +
                      ": a model folder is quantized as transformers' load_in_4bit does, in "
                      "blocks of 64");
-  refuse_output_over_input("OUT", (fs::path(o.out) / "model.safetensors").string(),
-                           {{"the model folder IN", (fs::path(o.in) / "model.safetensors").string()}});
+  refuse_output_over_input(
+      "OUT", (fs::path(o.out) / "model.safetensors").string(),
+      {{"the model folder IN", (fs::path(o.in) / "model.safetensors").string()}});
   if (fs::exists(fs::path(o.out) / "config.json") &&
       fs::equivalent(fs::path(o.out) / "config.json", fs::path(o.in) / "config.json"))
     throw UsageError("OUT " + o.out + " is the model folder IN");
@@ -50,9 +51,8 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
       "%s: %zu linear layers (all but lm_head) in NF4, block %lld, %s, compute %s: %s -> %s "
       "bytes\n",
       o.out.c_str(), report.layers.size(), static_cast<long long>(o.block_size),
-      o.double_quant ? "double quant" : "f32 scales",
-      llm::torch_dtype_name(q.compute_dtype), with_commas(before).c_str(),
-      with_commas(after).c_str());
+      o.double_quant ? "double quant" : "f32 scales", llm::torch_dtype_name(q.compute_dtype),
+      with_commas(before).c_str(), with_commas(after).c_str());
 }
 
 }  // namespace quanta::cli

@@ -16,6 +16,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "support/gpu.h"
 #include "support/temp_dir.h"
 
 using namespace quanta;
@@ -196,8 +197,10 @@ TEST_CASE("merge_qlora: the merged float model computes what the adapted one doe
   CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
 }
 
-TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws, on cpu and sim") {
-  for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws, on every device") {
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
+  for (const Device dev : devices) {
     INFO("device ", dev.str());
     const auto run = [&](bool recompute) {
       auto model = llm::load_causal_lm(model_dir("llama_gqa"));
