@@ -3,14 +3,21 @@
 #include "llm/qlora/bnb_folder.h"
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
+#include "engine/factory.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
+#include "engine/ops/view.h"
 #include "llm/model/config.h"
+#include "llm/model/model_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "quant/nf4/nf4_interop.h"
+#include "quant/nf4/nf4_modules.h"
 
 namespace quanta::llm {
 
@@ -51,6 +58,100 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
   io::write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n",
                         "save_bnb_folder");
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+}
+
+std::optional<BaseQuantization> folder_quantization(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("quantization_config")) return std::nullopt;
+  const json& q = config["quantization_config"];
+  const std::string method = q.value("quant_method", std::string("?"));
+  if (method != "bitsandbytes" || !q.value("load_in_4bit", false) ||
+      q.value("bnb_4bit_quant_type", std::string("fp4")) != "nf4")
+    throw std::runtime_error(path + ": quantization_config is " + method +
+                             (method == "bitsandbytes"
+                                  ? (q.value("load_in_4bit", false)
+                                         ? " " + q.value("bnb_4bit_quant_type", std::string("fp4"))
+                                         : std::string(" 8-bit"))
+                                  : std::string()) +
+                             "; quanta reads bitsandbytes NF4 (load_in_4bit, nf4) folders");
+  BaseQuantization b;
+  b.double_quant = q.value("bnb_4bit_use_double_quant", false);
+  const json dtype = q.value("bnb_4bit_compute_dtype", json("float32"));
+  b.compute_dtype = dtype_from_torch_name(dtype.is_string() ? dtype.get<std::string>() : "float32");
+  return b;
+}
+
+std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
+                                          std::optional<DType> compute_dtype) {
+  const std::optional<BaseQuantization> recorded = folder_quantization(dir);
+  if (!recorded)
+    throw std::invalid_argument(dir +
+                                ": config.json has no quantization_config (a float folder: "
+                                "load_causal_lm)");
+  const DType dequant = compute_dtype.value_or(recorded->compute_dtype);
+  const DecoderConfig config = read_decoder_config((fs::path(dir) / "config.json").string());
+  std::map<std::string, Tensor> file;
+  for (auto& [name, t] : read_model_weights(dir)) file.emplace(name, t);
+  // The layers stored as bitsandbytes states get a weight that takes no
+  // memory (one zero, broadcast) until their NF4 base replaces them.
+  StateDict weights;
+  std::vector<std::string> quantized;
+  for (const auto& [name, shape] : CausalLM::expected_weights(config)) {
+    if (quant::has_bnb_tensors(file, name)) {
+      quantized.push_back(name.substr(0, name.size() - 7));  // less ".weight"
+      weights.emplace_back(name, expand(zeros({1, 1}, {.dtype = config.dtype}), shape));
+    } else if (file.count(name)) {
+      weights.emplace_back(name, file.at(name));
+    }
+  }
+  std::shared_ptr<CausalLM> model;
+  try {
+    model = std::make_shared<CausalLM>(config, weights);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(dir + ": " + e.what());
+  }
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, shape] : CausalLM::expected_weights(config)) shapes[name] = shape;
+  std::string problems;
+  for (const std::string& layer : quantized) {
+    const Tensor bias = model->find(layer + ".bias");
+    Module* parent = model.get();
+    std::string child = layer;
+    for (std::size_t dot; (dot = child.find('.')) != std::string::npos;) {
+      std::shared_ptr<Module> next;
+      for (auto& [n, c] : parent->named_children())
+        if (n == child.substr(0, dot)) next = c;
+      parent = next.get();
+      child = child.substr(dot + 1);
+    }
+    try {
+      const quant::BnbNF4State state = quant::read_bnb_tensors(file, layer + ".weight");
+      auto base = std::make_shared<quant::NF4Linear>(
+          state, bias.defined() ? bias.detach() : Tensor(), dequant);
+      if (state.shape != shapes.at(layer + ".weight"))
+        throw std::invalid_argument(layer + ".weight is " + shape_str(state.shape) +
+                                    ", the config's " + shape_str(shapes.at(layer + ".weight")));
+      parent->replace_module(child, base);
+    } catch (const std::exception& e) {
+      problems += std::string(problems.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (!problems.empty()) throw std::invalid_argument(dir + ": " + problems);
+  for (auto& [name, p] : model->named_parameters()) {
+    Tensor t = p;
+    t.requires_grad_(false);
+  }
+  if (!device.is_cpu()) model->to(device);
+  return model;
+}
+
+std::shared_ptr<CausalLM> load_base_model(const std::string& dir, Device device,
+                                          std::optional<DType> compute_dtype) {
+  if (folder_quantization(dir)) return load_bnb_folder(dir, device, compute_dtype);
+  return load_causal_lm(dir, device);
 }
 
 }  // namespace quanta::llm

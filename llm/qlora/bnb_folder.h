@@ -3,8 +3,11 @@
 // bitsandbytes NF4 states (the tensors Linear4bit serializes) and whose
 // config.json carries the quantization_config that load_in_4bit wrote, so
 // that AutoModelForCausalLM.from_pretrained loads it without quantizing.
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "engine/device.h"
 #include "llm/model/causal_lm.h"
 #include "llm/qlora/lora_config.h"
 
@@ -21,5 +24,26 @@ namespace quanta::llm {
  * part of it (save_peft_adapters writes them). Throws std::invalid_argument
  * for a model without NF4 layers. */
 void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir);
+
+/** The quantization a model folder's config.json records: set for a
+ * bitsandbytes NF4 folder (quant_method bitsandbytes, load_in_4bit,
+ * bnb_4bit_quant_type nf4; compute dtype bnb_4bit_compute_dtype, float32
+ * when absent, as transformers defaults), empty for a float folder. Another
+ * quantization (8-bit, fp4, GPTQ, ...) throws std::runtime_error naming it. */
+std::optional<BaseQuantization> folder_quantization(const std::string& dir);
+
+/** The model of a 4-bit folder (save_bnb_folder's, or transformers'), its
+ * linear layers NF4 bases holding the folder's bitsandbytes states bit for
+ * bit (no float weight is built for them), dequantizing to
+ * `compute_dtype` (the folder's when unset); every parameter frozen. Pass it
+ * to apply_qlora for adapters. Throws naming the folder and every missing or
+ * mis-shaped state. */
+std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device = Device::cpu(),
+                                          std::optional<DType> compute_dtype = std::nullopt);
+
+/** The model of folder `dir`: load_bnb_folder for a 4-bit folder,
+ * load_causal_lm for a float one (compute_dtype unused). */
+std::shared_ptr<CausalLM> load_base_model(const std::string& dir, Device device = Device::cpu(),
+                                          std::optional<DType> compute_dtype = std::nullopt);
 
 }  // namespace quanta::llm

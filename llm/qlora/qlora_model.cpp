@@ -58,6 +58,23 @@ bool matches_target(const std::string& name, const std::vector<std::string>& tar
 
 namespace {
 
+// A linear layer apply_qlora converts: a float Linear to quantize, or an
+// NF4 base loaded already (a 4-bit folder) that only gets its adapter.
+struct Convertible {
+  Module* parent;
+  std::string child, name;
+  Linear* linear = nullptr;
+  quant::NF4Linear* nf4 = nullptr;
+  int64_t in() const { return linear ? linear->in_features() : nf4->in_features(); }
+  int64_t out() const { return linear ? linear->out_features() : nf4->out_features(); }
+};
+
+std::shared_ptr<Module> child_of(Module& parent, const std::string& name) {
+  for (auto& [n, c] : parent.named_children())
+    if (n == name) return c;
+  throw std::logic_error("[apply_qlora] no child " + name);
+}
+
 // apply_qlora's conversion, with adapters on o.lora.target_modules (none
 // when it is empty).
 QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
@@ -66,32 +83,36 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   nf4.double_quant = o.quantization.double_quant;
   nf4.dequant_dtype = o.quantization.compute_dtype;
   quant::check_options(nf4);
-  if (!find_children<quant::NF4Linear>(model).empty() ||
-      !find_children<quant::LoRALinear>(model).empty())
-    throw std::invalid_argument("[apply_qlora] the model is already quantized");
+  if (!find_children<quant::LoRALinear>(model).empty())
+    throw std::invalid_argument("[apply_qlora] the model is already quantized and has adapters");
 
   QLoRAReport report;
   for (const Tensor& p : model.parameters()) report.total_parameters += p.numel();
-  std::vector<Slot<Linear>> slots;
+  std::vector<Convertible> slots;
   for (const Slot<Linear>& s : find_children<Linear>(model))
-    if (!ends_with_part(s.name, kOutputLayer)) slots.push_back(s);
+    if (!ends_with_part(s.name, kOutputLayer))
+      slots.push_back({s.parent, s.child, s.name, s.module});
+  const std::vector<Slot<quant::NF4Linear>> loaded = find_children<quant::NF4Linear>(model);
+  if (!loaded.empty() && !slots.empty())
+    throw std::invalid_argument("[apply_qlora] the model is already quantized");
+  for (const Slot<quant::NF4Linear>& s : loaded)
+    slots.push_back({s.parent, s.child, s.name, nullptr, s.module});
 
   // Every entry must name something, and r must fit every adapted layer:
   // checked before any layer is converted, so a refused model is unchanged.
   for (const std::string& t : o.lora.target_modules) {
     bool found = false;
-    for (const Slot<Linear>& s : slots) found = found || matches_target(s.name, {t});
+    for (const Convertible& s : slots) found = found || matches_target(s.name, {t});
     if (!found)
       throw std::invalid_argument("target_modules entry \"" + t +
                                   "\" matches no linear layer of the model (its layers end in "
                                   "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
   }
-  for (const Slot<Linear>& s : slots)
-    if (matches_target(s.name, o.lora.target_modules) &&
-        o.lora.r > std::min(s.module->in_features(), s.module->out_features()))
+  for (const Convertible& s : slots)
+    if (matches_target(s.name, o.lora.target_modules) && o.lora.r > std::min(s.in(), s.out()))
       throw std::invalid_argument("lora r " + std::to_string(o.lora.r) + " is larger than layer " +
-                                  s.name + " allows (" + std::to_string(s.module->out_features()) +
-                                  " x " + std::to_string(s.module->in_features()) + ")");
+                                  s.name + " allows (" + std::to_string(s.out()) + " x " +
+                                  std::to_string(s.in()) + ")");
 
   quant::LoRAOptions lora;
   lora.rank = o.lora.r;
@@ -100,13 +121,19 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   lora.use_rslora = o.lora.use_rslora;
   lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
   lora.seed = o.seed;
-  for (const Slot<Linear>& s : slots) {
-    QLoRALayer layer{s.name, s.module->weight().shape()};
-    layer.bytes_before = s.module->weight().nbytes();
-    const Tensor bias = s.module->bias().defined() ? s.module->bias().detach() : Tensor();
-    auto base = std::make_shared<quant::NF4Linear>(
-        quant::quantize_bnb(s.module->weight().detach(), nf4), bias, nf4.dequant_dtype);
-    base->to(s.module->weight().device());  // bitsandbytes' layout is built on the host
+  for (const Convertible& s : slots) {
+    QLoRALayer layer{s.name, Shape{s.out(), s.in()}};
+    std::shared_ptr<quant::NF4Linear> base;
+    if (s.linear) {
+      layer.bytes_before = s.linear->weight().nbytes();
+      const Tensor bias = s.linear->bias().defined() ? s.linear->bias().detach() : Tensor();
+      base = std::make_shared<quant::NF4Linear>(
+          quant::quantize_bnb(s.linear->weight().detach(), nf4), bias, nf4.dequant_dtype);
+      base->to(s.linear->weight().device());  // bitsandbytes' layout is built on the host
+    } else {
+      base = std::dynamic_pointer_cast<quant::NF4Linear>(child_of(*s.parent, s.child));
+      layer.bytes_before = std::size_t(s.out() * s.in()) * element_size(model.config().dtype);
+    }
     layer.bytes_after = base->weight_bytes();
     std::shared_ptr<Module> replacement = base;
     if (matches_target(s.name, o.lora.target_modules)) {

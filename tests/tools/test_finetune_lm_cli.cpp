@@ -369,6 +369,19 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
   }
   CHECK(std::filesystem::exists(d.file("q4/tokenizer.model")) ==
         std::filesystem::exists(model("qwen2_bias") + "/tokenizer.model"));
+  // Fine-tuning over the 4-bit folder is fine-tuning over the float one: the
+  // same NF4 bytes, so the same adapters, bit for bit.
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(600, 13), llm::TokenWidth::u16);
+  for (const auto& [base, out] : {std::pair{model("qwen2_bias"), std::string("from_float")},
+                                  std::pair{d.file("q4"), std::string("from_4bit")}}) {
+    const CliResult f =
+        run_quanta({"finetune", "--model", base, "--data", d.file("train.bin"), "--seq-len", "32",
+                    "--steps", "4", "--batch-size", "4", "--lr", "1e-2", "--out", d.file(out)});
+    REQUIRE_MESSAGE(f.code == 0, f.err);
+    CHECK(contains(f.out, "NF4: 14 linear layers (all but lm_head)"));
+  }
+  check_same_tensors(d.file("from_float/adapters/adapter_model.safetensors"),
+                     d.file("from_4bit/adapters/adapter_model.safetensors"));
   check_one_line_error(
       run_quanta({"quantize", model("qwen2_bias"), d.file("q5"), "--format", "torchao"}), 2,
       "--format torchao: a model folder becomes transformers' 4-bit folder");

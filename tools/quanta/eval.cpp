@@ -15,6 +15,7 @@
 #include "flag_checks.h"
 #include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "train/checkpoint.h"
@@ -46,7 +47,7 @@ void run_lm_eval(const EvalOptions& o) {
   if (o.seq_len == 0) throw UsageError("--model needs --seq-len N");
   if (!o.png.empty() || o.limit >= 0)
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
-  auto model = llm::load_causal_lm(o.model, device_flag(o.device));
+  auto model = llm::load_base_model(o.model, device_flag(o.device));
   // The base quantized as the adapters were trained over it, then the adapters.
   if (!o.adapters.empty()) llm::apply_peft_adapters(*model, o.adapters, o.model);
   llm::WindowEval r;

@@ -21,6 +21,7 @@
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
 #include "llm/text/tokenizer.h"
@@ -223,7 +224,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (!o.eval_data.empty()) eval_data = read_examples(o.eval_data, o, seq_len, config.vocab_size);
   if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
 
-  std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(o.model, run->device);
+  // A 4-bit folder's NF4 bases are taken as they are stored.
+  if (const std::optional<llm::BaseQuantization> stored = llm::folder_quantization(o.model))
+    q.quantization.double_quant = stored->double_quant;
+  std::shared_ptr<llm::CausalLM> model =
+      llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
   const llm::QLoRAReport report = llm::apply_qlora(*model, q);
   model->set_recompute_layers(o.recompute);
   uint64_t before = 0, after = 0;

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 
@@ -76,7 +77,7 @@ void run_generate(const GenerateFlags& f) {
   }
   const std::vector<int64_t> prompt =
       tokenizer ? tokenizer->encode(f.prompt, true) : parse_ids(f.prompt_ids);
-  auto model = llm::load_causal_lm(f.model, device_flag(f.device));
+  auto model = llm::load_base_model(f.model, device_flag(f.device));
   if (!f.adapters.empty()) llm::apply_peft_adapters(*model, f.adapters, f.model);
   llm::GenerateOptions o;
   o.max_new_tokens = f.max_new_tokens;

@@ -260,3 +260,45 @@ TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers s
   CHECK_THROWS_WITH_AS(llm::save_bnb_folder(*plain, {}, "/nonexistent"),
                        doctest::Contains("the model has no NF4 layers"), std::invalid_argument);
 }
+
+TEST_CASE("QLoRA parity: transformers' 4-bit folder loads as the base quanta quantizes itself") {
+  for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
+    INFO("model ", name);
+    const std::string four_bit = llm_data() + "/qlora/transformers_4bit/" + name;
+    const std::optional<llm::BaseQuantization> q = llm::folder_quantization(four_bit);
+    REQUIRE(q.has_value());
+    CHECK(q->double_quant);
+    CHECK(q->compute_dtype == DType::f32);
+    CHECK_FALSE(llm::folder_quantization(llm_data() + "/models/" + name).has_value());
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);
+    for (const Device dev : devices) {
+      INFO("device ", dev.str());
+      auto loaded = llm::load_base_model(four_bit, dev);
+      auto quantized = llm::load_causal_lm(llm_data() + "/models/" + name, dev);
+      llm::quantize_base(*quantized, *q);
+      for (const Tensor& p : loaded->parameters()) CHECK_FALSE(p.requires_grad());
+      const io::TensorMap a = llm::bnb_base_tensors(*loaded), b = llm::bnb_base_tensors(*quantized);
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        INFO("tensor ", a[i].first);
+        CHECK(a[i].first == b[i].first);
+        CHECK(a[i].second.to(Device::cpu()).to_vector<double>() ==
+              b[i].second.to(Device::cpu()).to_vector<double>());
+      }
+      NoGradGuard no_grad;
+      const Tensor ids = from_vector<int64_t>({3, 9, 27, 5, 1, 40}, {1, 6}).to(dev);
+      CHECK(loaded->logits(ids).to(Device::cpu()).to_vector<float>() ==
+            quantized->logits(ids).to(Device::cpu()).to_vector<float>());
+      // Adapters go onto the loaded bases as onto converted ones.
+      llm::QLoRAOptions o;
+      o.lora.target_modules = {"all-linear"};
+      o.quantization = *q;
+      const llm::QLoRAReport r = llm::apply_qlora(*loaded, o);
+      CHECK(r.layers.size() == 14);
+      CHECK(r.trainable_parameters > 0);
+    }
+  }
+  CHECK_THROWS_WITH_AS(llm::load_bnb_folder(llm_data() + "/models/llama_gqa"),
+                       doctest::Contains("has no quantization_config"), std::invalid_argument);
+}
