@@ -80,48 +80,42 @@ void LrSchedule::load_state_dict(const StateDict& sd) {
   apply();
 }
 
-// ---- WarmupCosine ----
+// ---- WarmupDecay, WarmupCosine, WarmupLinearDecay ----
+WarmupDecay::WarmupDecay(const char* name, Optimizer& optimizer, int64_t warmup_steps,
+                         int64_t total_steps, double min_lr)
+    : LrSchedule(name, optimizer), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
+  if (warmup_steps < 0 || total_steps < warmup_steps)
+    fail("needs 0 <= warmup_steps <= total_steps, got warmup_steps " +
+         std::to_string(warmup_steps) + " and total_steps " + std::to_string(total_steps));
+  if (!(min_lr >= 0)) fail("min_lr must be >= 0");
+}
+
+double WarmupDecay::lr_at(int64_t step, size_t group) const {
+  const double base = base_lrs_.at(group);
+  if (step < warmup_) return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step >= total_) return min_lr_;
+  return min_lr_ + (base - min_lr_) * remaining(step);
+}
+
 WarmupCosine::WarmupCosine(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
                            double min_lr)
-    : LrSchedule("WarmupCosine", optimizer),
-      warmup_(warmup_steps),
-      total_(total_steps),
-      min_lr_(min_lr) {
-  if (warmup_steps < 0 || total_steps < warmup_steps)
-    fail("needs 0 <= warmup_steps <= total_steps, got warmup_steps " +
-         std::to_string(warmup_steps) + " and total_steps " + std::to_string(total_steps));
-  if (!(min_lr >= 0)) fail("min_lr must be >= 0");
+    : WarmupDecay("WarmupCosine", optimizer, warmup_steps, total_steps, min_lr) {
   apply();
 }
 
-double WarmupCosine::lr_at(int64_t step, size_t group) const {
-  const double base = base_lrs_.at(group);
-  if (step < warmup_) return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
-  if (step >= total_) return min_lr_;
+double WarmupCosine::remaining(int64_t step) const {
   const double p = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
-  return min_lr_ + (base - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
+  return 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
-// ---- WarmupLinearDecay ----
 WarmupLinearDecay::WarmupLinearDecay(Optimizer& optimizer, int64_t warmup_steps,
                                      int64_t total_steps, double min_lr)
-    : LrSchedule("WarmupLinearDecay", optimizer),
-      warmup_(warmup_steps),
-      total_(total_steps),
-      min_lr_(min_lr) {
-  if (warmup_steps < 0 || total_steps < warmup_steps)
-    fail("needs 0 <= warmup_steps <= total_steps, got warmup_steps " +
-         std::to_string(warmup_steps) + " and total_steps " + std::to_string(total_steps));
-  if (!(min_lr >= 0)) fail("min_lr must be >= 0");
+    : WarmupDecay("WarmupLinearDecay", optimizer, warmup_steps, total_steps, min_lr) {
   apply();
 }
 
-double WarmupLinearDecay::lr_at(int64_t step, size_t group) const {
-  const double base = base_lrs_.at(group);
-  if (step < warmup_) return base * static_cast<double>(step + 1) / static_cast<double>(warmup_);
-  if (step >= total_) return min_lr_;
-  return min_lr_ + (base - min_lr_) * static_cast<double>(total_ - step) /
-                       static_cast<double>(total_ - warmup_);
+double WarmupLinearDecay::remaining(int64_t step) const {
+  return static_cast<double>(total_ - step) / static_cast<double>(total_ - warmup_);
 }
 
 // ---- LinearWarmup ----

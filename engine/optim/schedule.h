@@ -50,40 +50,47 @@ class LrSchedule {
   int64_t step_ = 0;
 };
 
-/** Linear warmup, then cosine decay to min_lr (nanoGPT's schedule), for base
- * lr b:
+/** Linear warmup to the base lr b, then a decay to min_lr at total_steps
+ * whose shape a subclass gives (the fraction of b - min_lr left at step s):
  *   s <  warmup:          b (s + 1) / warmup
- *   warmup <= s < total:  min_lr + (b - min_lr) (1 + cos(pi p)) / 2,
- *                         p = (s - warmup) / (total - warmup)
+ *   warmup <= s < total:  min_lr + (b - min_lr) remaining(s)
  *   s >= total:           min_lr */
-class WarmupCosine : public LrSchedule {
+class WarmupDecay : public LrSchedule {
  public:
-  /** Needs 0 <= warmup_steps <= total_steps and min_lr >= 0. */
-  WarmupCosine(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
-               double min_lr = 0.0);
   double lr_at(int64_t step, size_t group = 0) const override;
 
- private:
+ protected:
+  /** Needs 0 <= warmup_steps <= total_steps and min_lr >= 0. Subclasses
+   * call apply() once constructed (it reads remaining()). */
+  WarmupDecay(const char* name, Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+              double min_lr);
+  /** For warmup <= step < total. */
+  virtual double remaining(int64_t step) const = 0;
   int64_t warmup_, total_;
   double min_lr_;
 };
 
-/** Linear warmup, then linear decay to min_lr at total_steps
- * (transformers' get_linear_schedule_with_warmup, with the warmup of this
- * file), for base lr b:
- *   s <  warmup:          b (s + 1) / warmup
- *   warmup <= s < total:  min_lr + (b - min_lr) (total - s) / (total - warmup)
- *   s >= total:           min_lr */
-class WarmupLinearDecay : public LrSchedule {
+/** Cosine decay after the warmup (nanoGPT's schedule):
+ * remaining(s) = (1 + cos(pi p)) / 2, p = (s - warmup) / (total - warmup). */
+class WarmupCosine : public WarmupDecay {
  public:
-  /** Needs 0 <= warmup_steps <= total_steps and min_lr >= 0. */
+  WarmupCosine(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+               double min_lr = 0.0);
+
+ protected:
+  double remaining(int64_t step) const override;
+};
+
+/** Linear decay after the warmup (transformers'
+ * get_linear_schedule_with_warmup, with the warmup of this file):
+ * remaining(s) = (total - s) / (total - warmup). */
+class WarmupLinearDecay : public WarmupDecay {
+ public:
   WarmupLinearDecay(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
                     double min_lr = 0.0);
-  double lr_at(int64_t step, size_t group = 0) const override;
 
- private:
-  int64_t warmup_, total_;
-  double min_lr_;
+ protected:
+  double remaining(int64_t step) const override;
 };
 
 /** Linear warmup, then constant: b (s + 1) / warmup for s < warmup, else b. */
