@@ -11,15 +11,15 @@ namespace {
 // of 64 elements, each 32 bytes of packed 4-bit codes then an f32 scale, so
 // every unit is self-contained and byte copies of whole units are exact.
 constexpr std::array<DTypeInfo, 9> kTable = {{
-    {"f32", 4, 1, true, false, true},
-    {"f64", 8, 1, true, false, true},
-    {"bf16", 2, 1, true, false, true},
-    {"f16", 2, 1, true, false, true},
-    {"i32", 4, 1, false, true, true},
-    {"i64", 8, 1, false, true, true},
-    {"u8", 1, 1, false, true, true},
-    {"bool", 1, 1, false, false, true},
-    {"nf4", 36, 64, false, false, false},
+    {"f32", 4, 1, true, false, true, "float32"},
+    {"f64", 8, 1, true, false, true, "float64"},
+    {"bf16", 2, 1, true, false, true, "bfloat16"},
+    {"f16", 2, 1, true, false, true, "float16"},
+    {"i32", 4, 1, false, true, true, "int32"},
+    {"i64", 8, 1, false, true, true, "int64"},
+    {"u8", 1, 1, false, true, true, "uint8"},
+    {"bool", 1, 1, false, false, true, "bool"},
+    {"nf4", 36, 64, false, false, false, nullptr},
 }};
 static_assert(kTable.size() == static_cast<std::size_t>(DType::nf4) + 1,
               "one traits row per dtype");
@@ -86,27 +86,11 @@ DType parse_dtype(const std::string& s) {
 }
 
 const char* torch_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    case DType::i32:
-      return "int32";
-    case DType::i64:
-      return "int64";
-    case DType::u8:
-      return "uint8";
-    case DType::boolean:
-      return "bool";
-    default:
-      throw std::invalid_argument(std::string("[torch_name] ") + dtype_name(t) +
-                                  " has no PyTorch dtype");
-  }
+  const char* name = dtype_info(t).torch_name;
+  if (!name)
+    throw std::invalid_argument(std::string("[torch_name] ") + dtype_name(t) +
+                                " has no PyTorch dtype");
+  return name;
 }
 
 DType promote_types(DType a, DType b) {

@@ -20,8 +20,9 @@ struct DTypeInfo {
   std::size_t block_bytes;  // bytes of one storage block
   std::size_t block_elems;  // logical elements in one block (1 for plain types)
   bool is_floating;
-  bool is_integral;  // i32, i64, u8 (bool counts as neither)
-  bool arithmetic;   // false for byte-only formats (nf4)
+  bool is_integral;        // i32, i64, u8 (bool counts as neither)
+  bool arithmetic;         // false for byte-only formats (nf4)
+  const char* torch_name;  // PyTorch's name ("float32", "bfloat16"); null if it has none
 };
 
 /** The traits row of `t`. */

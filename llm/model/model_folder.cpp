@@ -98,4 +98,12 @@ void save_causal_lm(const CausalLM& model, const std::string& dir) {
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
 }
 
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  for (const char* file : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"})
+    if (fs::exists(fs::path(from) / file))
+      fs::copy_file(fs::path(from) / file, fs::path(to) / file,
+                    fs::copy_options::overwrite_existing);
+}
+
 }  // namespace quanta::llm

@@ -26,4 +26,11 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device =
  * once. An existing config.json or model.safetensors is replaced. */
 void save_causal_lm(const CausalLM& model, const std::string& dir);
 
+/** Copies the files of folder `from` that go with its weights but are not
+ * them (tokenizer.model, tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, generation_config.json; those it has) into `to`,
+ * replacing them there: a folder derived from `from` (merged, quantized) is
+ * then whole. */
+void copy_tokenizer_files(const std::string& from, const std::string& to);
+
 }  // namespace quanta::llm

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "engine/factory.h"
 #include "engine/io/atomic_file.h"
@@ -98,10 +99,10 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
   // The layers stored as bitsandbytes states get a weight that takes no
   // memory (one zero, broadcast) until their NF4 base replaces them.
   StateDict weights;
-  std::vector<std::string> quantized;
+  std::map<std::string, Shape> quantized;  // layer name -> its weight's shape
   for (const auto& [name, shape] : CausalLM::expected_weights(config)) {
     if (quant::has_bnb_tensors(file, name)) {
-      quantized.push_back(name.substr(0, name.size() - 7));  // less ".weight"
+      quantized[name.substr(0, name.size() - 7)] = shape;  // less ".weight"
       weights.emplace_back(name, expand(zeros({1, 1}, {.dtype = config.dtype}), shape));
     } else if (file.count(name)) {
       weights.emplace_back(name, file.at(name));
@@ -113,28 +114,24 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(dir + ": " + e.what());
   }
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, shape] : CausalLM::expected_weights(config)) shapes[name] = shape;
-  std::string problems;
-  for (const std::string& layer : quantized) {
-    const Tensor bias = model->find(layer + ".bias");
-    Module* parent = model.get();
-    std::string child = layer;
-    for (std::size_t dot; (dot = child.find('.')) != std::string::npos;) {
-      std::shared_ptr<Module> next;
-      for (auto& [n, c] : parent->named_children())
-        if (n == child.substr(0, dot)) next = c;
-      parent = next.get();
-      child = child.substr(dot + 1);
+  // Each stored layer's parent and child name, found in one walk (replacing
+  // while walking would invalidate the walk).
+  std::vector<std::tuple<Module*, std::string, std::string>> slots;
+  for (auto& [prefix, m] : model->named_modules())
+    for (auto& [child, c] : m->named_children()) {
+      const std::string name = prefix.empty() ? child : prefix + "." + child;
+      if (quantized.count(name)) slots.emplace_back(m, child, name);
     }
+  std::string problems;
+  for (const auto& [parent, child, layer] : slots) {
+    const Tensor bias = model->find(layer + ".bias");
     try {
       const quant::BnbNF4State state = quant::read_bnb_tensors(file, layer + ".weight");
-      auto base = std::make_shared<quant::NF4Linear>(
-          state, bias.defined() ? bias.detach() : Tensor(), dequant);
-      if (state.shape != shapes.at(layer + ".weight"))
+      if (state.shape != quantized.at(layer))
         throw std::invalid_argument(layer + ".weight is " + shape_str(state.shape) +
-                                    ", the config's " + shape_str(shapes.at(layer + ".weight")));
-      parent->replace_module(child, base);
+                                    ", the config's " + shape_str(quantized.at(layer)));
+      parent->replace_module(child, std::make_shared<quant::NF4Linear>(
+                                        state, bias.defined() ? bias.detach() : Tensor(), dequant));
     } catch (const std::exception& e) {
       problems += std::string(problems.empty() ? "" : "; ") + e.what();
     }

@@ -71,20 +71,26 @@ json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
             {"warmup_steps", o.warmup_steps}}}};
 }
 
-// The folder's tokenizer for text fields of JSONL lines, loaded on first use
-// (id-only data needs none).
+// Prompt-completion lines read with the folder's tokenizer.model (when it
+// has one): text through it, its EOS after each completion. A build without
+// libsentencepiece fails on the first text field, saying so.
 llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
   llm::PromptCompletion p;
   p.completions_only = completions_only;
   const std::string model = llm::tokenizer_model_in(model_dir);
   if (model.empty()) return p;
-  auto tokenizer = std::make_shared<std::unique_ptr<llm::Tokenizer>>();
-  const auto load = [tokenizer, model]() -> const llm::Tokenizer& {
-    if (!*tokenizer) *tokenizer = std::make_unique<llm::Tokenizer>(model);
-    return **tokenizer;
+  if (!llm::Tokenizer::available()) {
+    p.encode = [model](const std::string&, bool) -> std::vector<int64_t> {
+      llm::Tokenizer unavailable(model);  // throws, naming what is missing
+      return {};
+    };
+    return p;
+  }
+  auto tokenizer = std::make_shared<const llm::Tokenizer>(model);
+  p.encode = [tokenizer](const std::string& text, bool add_bos) {
+    return tokenizer->encode(text, add_bos);
   };
-  p.encode = [load](const std::string& text, bool add_bos) { return load().encode(text, add_bos); };
-  if (llm::Tokenizer::available()) p.eos_id = load().eos_id();
+  p.eos_id = tokenizer->eos_id();
   return p;
 }
 
@@ -309,12 +315,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (!o.merge_to.empty()) {
     llm::merge_qlora(*model);
     llm::save_causal_lm(*model, o.merge_to);
-    // The tokenizer goes with the weights, so the merged folder is whole.
-    for (const char* file : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                             "special_tokens_map.json", "generation_config.json"})
-      if (fs::exists(fs::path(o.model) / file))
-        fs::copy_file(fs::path(o.model) / file, fs::path(o.merge_to) / file,
-                      fs::copy_options::overwrite_existing);
+    llm::copy_tokenizer_files(o.model, o.merge_to);
     log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
         << ", the NF4 base dequantized plus the adapters; the base's tokenizer files)\n";
   }

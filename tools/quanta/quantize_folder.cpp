@@ -34,12 +34,7 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   q.compute_dtype = compute_dtype_flag(o.compute_dtype, model->config().dtype);
   const llm::QLoRAReport report = llm::quantize_base(*model, q);
   llm::save_bnb_folder(*model, q, o.out);
-  // The tokenizer goes with the weights, so the folder is whole.
-  for (const char* file : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                           "special_tokens_map.json", "generation_config.json"})
-    if (fs::exists(fs::path(o.in) / file))
-      fs::copy_file(fs::path(o.in) / file, fs::path(o.out) / file,
-                    fs::copy_options::overwrite_existing);
+  llm::copy_tokenizer_files(o.in, o.out);
   uint64_t before = 0, after = 0;
   for (const llm::QLoRALayer& l : report.layers) {
     std::printf("%-44s %-12s %12s -> %10s bytes\n", l.name.c_str(), shape_str(l.shape).c_str(),
