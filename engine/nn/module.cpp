@@ -39,6 +39,32 @@ Tensor Module::forward(const Tensor&) {
                               "] has no single-input forward; call its own forward method");
 }
 
+Tensor Module::operator()(const Tensor& x) {
+  const ForwardScope scope(*this);
+  return forward(x);
+}
+
+int Module::add_forward_hooks(ForwardHook before, ForwardHook after) {
+  forward_hooks_.push_back({next_hook_id_, std::move(before), std::move(after)});
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hooks(int id) {
+  std::erase_if(forward_hooks_, [id](const Hooks& h) { return h.id == id; });
+}
+
+Module::ForwardScope::ForwardScope(Module& module) : module_(module) {
+  for (const Hooks& h : module_.forward_hooks_)
+    if (h.before) h.before(module_);
+}
+
+Module::ForwardScope::~ForwardScope() {
+  // In reverse, as scopes unwind; an `after` hook must not throw (it also
+  // runs while an exception from the forward is on its way out).
+  for (auto it = module_.forward_hooks_.rbegin(); it != module_.forward_hooks_.rend(); ++it)
+    if (it->after) it->after(module_);
+}
+
 void Module::check_new_name(const char* op, const std::string& name) const {
   auto fail = [&](const std::string& why) {
     throw std::invalid_argument("[" + type_name_ + "::" + op + "] " + why);

@@ -9,6 +9,7 @@
 // values in place and to(device / dtype) swaps the storage inside the same
 // tensor, so layers and optimisers may keep the handles they were given.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,8 +54,34 @@ class Module {
   /** The forward pass of a single-input module; modules with other inputs
    * define their own and leave this throwing. */
   virtual Tensor forward(const Tensor& x);
-  /** forward(x). */
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /** forward(x) between the forward hooks (ForwardScope). */
+  Tensor operator()(const Tensor& x);
+
+  // ---- forward hooks ----
+  /** A callback run around a module's forward, given the module. */
+  using ForwardHook = std::function<void(Module&)>;
+  /** Adds hooks run around this module's forward: `before` just before it,
+   * `after` just after it (also when it throws). operator() runs them; a
+   * module whose forward takes other inputs is called inside a
+   * ForwardScope by its owner, so that they run too. recompute() runs a
+   * forward again in the backward, hooks included. Either may be empty.
+   * Returns an id for remove_forward_hooks. Sharded data parallel gathers a
+   * layer's weights in `before` and frees them in `after`. */
+  int add_forward_hooks(ForwardHook before, ForwardHook after);
+  /** Removes the hooks add_forward_hooks returned `id` for (no-op if gone). */
+  void remove_forward_hooks(int id);
+  /** Runs a module's `before` hooks when made and its `after` hooks when
+   * destroyed: what a caller puts around a forward with other inputs. */
+  class ForwardScope {
+   public:
+    explicit ForwardScope(Module& module);
+    ~ForwardScope();
+    ForwardScope(const ForwardScope&) = delete;
+    ForwardScope& operator=(const ForwardScope&) = delete;
+
+   private:
+    Module& module_;
+  };
 
   // ---- registration ----
   /** Registers `value` (floating) as parameter `name`: a detached leaf sharing
@@ -162,6 +189,12 @@ class Module {
   std::vector<Entry> params_;
   std::vector<Entry> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  struct Hooks {
+    int id;
+    ForwardHook before, after;
+  };
+  std::vector<Hooks> forward_hooks_;
+  int next_hook_id_ = 0;
 };
 
 /** Puts `module` in eval mode for the guard's lifetime, then back into the

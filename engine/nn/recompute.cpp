@@ -64,8 +64,9 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& i
 }
 
 Tensor recompute(Module& module, const Tensor& input) {
-  return recompute([&module](const Tensor& x) { return module.forward(x); }, input,
-                   module.parameters(), module.random_streams());
+  // module(x): its forward hooks run in the forward and again in the recomputation.
+  return recompute([&module](const Tensor& x) { return module(x); }, input, module.parameters(),
+                   module.random_streams());
 }
 
 }  // namespace quanta

@@ -27,8 +27,8 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& i
                  const std::vector<Tensor>& parameters,
                  const std::vector<Generator*>& streams = {});
 
-/** recompute of module.forward with the module's parameters and random
- * streams. */
+/** recompute of module(x) (its forward hooks included) with the module's
+ * parameters and random streams. */
 Tensor recompute(Module& module, const Tensor& input);
 
 }  // namespace quanta

@@ -343,16 +343,27 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
   Tensor h = embed_->forward(ids.to(dev));
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
-    if (recompute_layers_ && !cache)
+    // Inside the layer's forward hooks, in the recomputation too (a sharded
+    // base is gathered there).
+    if (recompute_layers_ && !cache) {
       h = quanta::recompute(
           [&layer, rope, l, mask](const Tensor& x) {
+            const Module::ForwardScope scope(layer);
             return layer.forward(x, rope, nullptr, l, mask);
           },
           h, layer.parameters(), layer.random_streams());
-    else
+    } else {
+      const Module::ForwardScope scope(layer);
       h = layer.forward(h, rope, cache, l, mask);
+    }
   }
   return norm_->forward(h);
+}
+
+std::vector<std::string> CausalLM::layer_names() const {
+  std::vector<std::string> names;
+  for (size_t l = 0; l < layers_.size(); ++l) names.push_back("model.layers." + std::to_string(l));
+  return names;
 }
 
 Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,

@@ -6,6 +6,7 @@
 // (absent when the embeddings are tied). Projections are engine Linear
 // modules, so NF4 and LoRA conversions replace them in place.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/nn/layers.h"
@@ -81,6 +82,11 @@ class CausalLM : public Module {
    * included). Off by default. */
   void set_recompute_layers(bool on) { recompute_layers_ = on; }
   bool recompute_layers() const { return recompute_layers_; }
+
+  /** The decoder layers' module names, in order ("model.layers.0", ...):
+   * the units a sharded base is gathered by. Each layer's forward runs
+   * inside its forward hooks (Module::ForwardScope). */
+  std::vector<std::string> layer_names() const;
 
   const DecoderConfig& config() const { return config_; }
   Device device() const;

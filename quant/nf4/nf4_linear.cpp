@@ -19,7 +19,9 @@ namespace {
 using detail::NF4Runs;
 
 // The weight as the kernels see it, kept alive by backward: the nf4 tensor,
-// or bitsandbytes' packed codes with their f32 scales.
+// or bitsandbytes' packed codes with their f32 scales. Detached handles of
+// their own: a layer whose storage is swapped after the forward (a sharded
+// base, freed once the layer ran) leaves what backward reads intact.
 struct Weight {
   Tensor nf4;
   Tensor packed, scales;
@@ -84,7 +86,7 @@ Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType de
   check_args(x, w.shape(), bias, dequant_dtype);
   quant_kernels_for("nf4_linear", {&x, &w, &bias});
   auto weight = std::make_shared<Weight>();
-  weight->nf4 = w;
+  weight->nf4 = w.detach();
   weight->n_out = w.size(0);
   weight->n_in = w.size(1);
   return linear_impl(x, std::move(weight), bias, dequant_dtype);
@@ -105,7 +107,7 @@ Tensor nf4_linear_scaled(const Tensor& x, const Tensor& packed, const Tensor& sc
     throw std::invalid_argument("[nf4_linear] scales must be f32");
   quant_kernels_for("nf4_linear", {&x, &bias, &scales});
   auto weight = std::make_shared<Weight>();
-  weight->scales = scales.contiguous();
+  weight->scales = scales.detach().contiguous();
   weight->packed = packed.detach().to(x.device()).to(DType::u8).contiguous();
   weight->block = block;
   weight->n_out = shape[0];

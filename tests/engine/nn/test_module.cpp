@@ -2,6 +2,7 @@
 // against explicit computations, and initialiser statistics.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <numeric>
@@ -550,4 +551,38 @@ TEST_CASE("initialisers follow PyTorch's formulas") {
   xavier_uniform_(t1, a);
   xavier_uniform_(t2, b);
   CHECK(t1.to_vector<float>() == t2.to_vector<float>());
+}
+
+TEST_CASE("forward hooks run around operator() and a ForwardScope, again in a recomputation") {
+  Generator gen(3);
+  auto lin = std::make_shared<Linear>(3, 2, gen);
+  std::vector<std::string> log;
+  const int a = lin->add_forward_hooks([&](Module& m) { log.push_back("before " + m.type_name()); },
+                                       [&](Module&) { log.push_back("after"); });
+  lin->add_forward_hooks(nullptr, [&](Module&) { log.push_back("after 2"); });
+  const Tensor x = ones({1, 3}).requires_grad_(true);
+  (*lin)(x);
+  CHECK(log == std::vector<std::string>{"before Linear", "after 2", "after"});
+  // forward() itself runs none; a ForwardScope does.
+  log.clear();
+  lin->forward(x);
+  CHECK(log.empty());
+  {
+    const Module::ForwardScope scope(*lin);
+    CHECK(log == std::vector<std::string>{"before Linear"});
+  }
+  CHECK(log.size() == 3);
+  // recompute runs the forward, and its hooks, again in the backward.
+  log.clear();
+  sum(recompute(*lin, x)).backward();
+  CHECK(std::count(log.begin(), log.end(), "before Linear") == 2);
+  // The after hooks run when the forward throws, too.
+  log.clear();
+  CHECK_THROWS((*lin)(ones({1, 5})));
+  CHECK(log == std::vector<std::string>{"before Linear", "after 2", "after"});
+  lin->remove_forward_hooks(a);
+  lin->remove_forward_hooks(a);  // already gone: nothing
+  log.clear();
+  (*lin)(x);
+  CHECK(log == std::vector<std::string>{"after 2"});
 }
