@@ -104,13 +104,28 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
     all_params.emplace_back(name, p);
     if (p.requires_grad()) params.emplace_back(name, p);
   }
-  for (auto& [name, b] : module_->named_buffers())
-    if (!ignore.count(name)) state_->buffers.emplace_back(name, b);
+  // Buffers inside a sharded unit are checked like the others but never
+  // broadcast: ShardedUnits compares their bytes and keeps 1/N of them.
+  const auto sharded_buffer = [&](const std::string& name) {
+    return std::any_of(opts_.shard_units.begin(), opts_.shard_units.end(),
+                       [&](const std::string& u) { return name.rfind(u + ".", 0) == 0; });
+  };
+  std::vector<std::pair<std::string, Tensor>> all_buffers;
+  for (auto& [name, b] : module_->named_buffers()) {
+    if (ignore.count(name)) continue;
+    all_buffers.emplace_back(name, b);
+    if (!sharded_buffer(name)) state_->buffers.emplace_back(name, b);
+  }
+  if (!opts_.shard_units.empty() && opts_.broadcast_buffers && !state_->buffers.empty())
+    throw std::invalid_argument(
+        "[DataParallel] broadcast_buffers with shard_units: buffer '" + state_->buffers[0].first +
+        "' is outside the sharded units, and reloading it would read the sharded ones; turn "
+        "broadcast_buffers off or shard every module that holds buffers");
 
   // 1. Same names, shapes and dtypes everywhere (a hash first, the full
   //    lists only when the hashes differ).
   const std::string desc =
-      describe_tensors(all_params, "parameter") + describe_tensors(state_->buffers, "buffer");
+      describe_tensors(all_params, "parameter") + describe_tensors(all_buffers, "buffer");
   Tensor hash = from_vector<int64_t>({int64_t(quanta::detail::fnv1a64(desc))}, {1});
   const auto hashes = group.all_gather(hash).to_vector<int64_t>();
   if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end()) {
@@ -141,6 +156,8 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   for (auto& [name, p] : all_params) group.broadcast(p, 0);
   for (auto& [name, b] : state_->buffers) group.broadcast(b, 0);
   module_->reload_host_state();
+  if (!opts_.shard_units.empty())
+    sharded_ = std::make_unique<ShardedUnits>(*module_, group, opts_.shard_units, opts_.shard);
 
   // 3. Buckets in reverse registration order (gradients arrive roughly in
   //    reverse), one dtype per bucket, at most bucket_bytes each.
@@ -194,6 +211,10 @@ std::size_t DataParallel::buckets_launched() const { return state_->next_launch;
 DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) { ++dp_.state_->no_sync_depth; }
 DataParallel::NoSync::~NoSync() { --dp_.state_->no_sync_depth; }
 
+void DataParallel::unshard() {
+  if (sharded_) sharded_->unshard();
+}
+
 void DataParallel::add_step_hook(StepHook hook) { hooks_.push_back(std::move(hook)); }
 
 void DataParallel::finish_step() {
@@ -238,7 +259,7 @@ void DataParallel::finish_step() {
   }
   for (auto& b : st.buckets) b.pending = int(b.slots.size());
   st.next_launch = 0;
-  if (opts_.broadcast_buffers) {
+  if (opts_.broadcast_buffers && !st.buffers.empty()) {
     for (auto& [name, b] : st.buffers) st.grads->broadcast(b, 0);
     module_->reload_host_state();
   }

@@ -28,6 +28,12 @@
 // state (quantizer statistics, codebooks) is reconciled with a fixed sequence of collectives
 // (docs/design.md rule 1). forward() itself issues no collective, so an extra, eval or no-grad
 // forward on one rank cannot deadlock anything.
+//
+// With shard_units, the buffers of those modules (a QLoRA model's NF4 bases,
+// by decoder layer) are sharded across ranks instead of replicated: each rank
+// keeps 1/N of their bytes and gathers a unit just before its forward
+// (dist/sharded_units.h). Those forwards are then collectives: every rank
+// must run the same ones (evaluations too).
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -35,6 +41,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
+#include "dist/sharded_units.h"
 #include "engine/nn/module.h"
 
 namespace quanta::dist {
@@ -46,6 +53,12 @@ struct DataParallelOptions {
   bool broadcast_buffers = true;
   /** Parameter and buffer names left alone (not checked, broadcast or reduced). */
   std::vector<std::string> ignore{};
+  /** Modules (dotted names, in forward order) whose buffers are sharded
+   * across ranks and gathered just in time; empty: nothing is sharded.
+   * Their bytes are checked equal on every rank, not broadcast. */
+  std::vector<std::string> shard_units{};
+  /** How they are sharded. */
+  ShardOptions shard{};
 };
 
 class DataParallel {
@@ -97,12 +110,19 @@ class DataParallel {
    * the overlap); finish_step() launches the rest and resets it to 0. */
   std::size_t buckets_launched() const;
 
+  /** The sharded units (null without shard_units): their sizes and counters. */
+  const ShardedUnits* sharded() const { return sharded_.get(); }
+  /** Gathers the sharded units back for good: the module is whole again on
+   * every rank (to merge or save it). Collective; no-op without sharding. */
+  void unshard();
+
  private:
   struct State;
   std::shared_ptr<Module> module_;
   ProcessGroup& group_;
   DataParallelOptions opts_;
   std::shared_ptr<State> state_;
+  std::unique_ptr<ShardedUnits> sharded_;
   std::vector<StepHook> hooks_;
 };
 

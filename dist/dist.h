@@ -7,4 +7,5 @@
 #include "dist/functional.h"
 #include "dist/process_group.h"
 #include "dist/random.h"
+#include "dist/sharded_units.h"
 #include "dist/store.h"
