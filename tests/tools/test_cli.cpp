@@ -643,8 +643,8 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   const std::string saved = peer ? peer : "";
   ::setenv("QUANTA_PEER_PYTHON", "/nonexistent/python", 1);
   const Result r = quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1"});
-  const Result only =
-      quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlora"});
+  const Result only = quanta_cli(
+      {"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlorasmall_B"});
   const Result none = quanta_cli({"bench", "llm", "--size", "small", "--only", "gpt2"});
   if (peer)
     ::setenv("QUANTA_PEER_PYTHON", saved.c_str(), 1);
@@ -653,11 +653,26 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   std::set<std::string> names;
+  std::map<std::string, nlohmann::json> shard;
   for (const auto& row : nlohmann::json::parse(r.out)) {
-    names.insert(row["name"].get<std::string>());
+    const std::string name = row["name"].get<std::string>();
+    names.insert(name);
+    // The sharding rows compare quanta with quanta: measured without a peer.
+    if (contains(name, "_shard2_")) {
+      shard[name] = row;
+      continue;
+    }
     CHECK(contains(row["unavailable"].get<std::string>(),
                    "no PyTorch peer: /nonexistent/python is missing"));
   }
+  REQUIRE(shard.size() == 4);
+  CHECK(shard["qlorasmall_shard2_step"]["ms"].get<double>() > 0);
+  CHECK_FALSE(shard["qlorasmall_shard2_step"].contains("unit"));
+  // Two ranks keep less than one; a step gathers the base twice (forward
+  // and recomputation).
+  CHECK(shard["qlorasmall_shard2_base"]["unit"] == "MB");
+  CHECK(shard["qlorasmall_shard2_base"]["ratio"].get<double>() < 1);
+  CHECK(shard["qlorasmall_shard2_gathered"]["ratio"].get<double>() == doctest::Approx(2.0));
   for (const char* want : {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
                            "llamasmall_B2_T32_fb", "qlorasmall_B2_T32"})
     CHECK_MESSAGE(names.count(want) == 1, want);

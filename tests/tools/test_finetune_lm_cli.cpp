@@ -288,7 +288,9 @@ TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
   }
 }
 
-TEST_CASE("finetune --model: an f64 model on 2 and 3 ranks trains what 1 does within 1e-9") {
+TEST_CASE(
+    "finetune --model: an f64 model on 2, 3 and 4 ranks, sharded or not, trains what 1 does "
+    "within 1e-9") {
   ScratchDir d("ft_lm_ranks64");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 12), llm::TokenWidth::u16);
   {
@@ -299,54 +301,85 @@ TEST_CASE("finetune --model: an f64 model on 2 and 3 ranks trains what 1 does wi
     Generator gen(21);
     llm::save_causal_lm(*llm::CausalLM::random(c, gen, Device::cpu(), 0.1), d.file("f64_model"));
   }
-  const auto run = [&](const std::string& out, const std::string& ranks) {
-    return run_quanta({"finetune",
-                       "--model",
-                       d.file("f64_model"),
-                       "--data",
-                       d.file("train.bin"),
-                       "--seq-len",
-                       "32",
-                       "--steps",
-                       "4",
-                       "--batch-size",
-                       "5",
-                       "--grad-accum",
-                       "2",
-                       "--lora-dropout",
-                       "0",
-                       "--lr",
-                       "1e-3",
-                       "--nproc",
-                       ranks,
-                       "--out",
-                       d.file(out)});
-  };
-  const CliResult one = run("one", "1");
-  REQUIRE_MESSAGE(one.code == 0, one.err);
-  const StateDict a =
-      train::load_checkpoint(d.file("one/checkpoint.safetensors"), "quanta-lm-finetune-1").model;
-  for (const std::string ranks : {"2", "3"}) {
-    CAPTURE(ranks);
-    const CliResult r = run("ranks" + ranks, ranks);
+  const auto run = [&](const std::string& out, const std::string& ranks,
+                       std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"finetune",
+                                     "--model",
+                                     d.file("f64_model"),
+                                     "--data",
+                                     d.file("train.bin"),
+                                     "--seq-len",
+                                     "32",
+                                     "--steps",
+                                     "4",
+                                     "--grad-accum",
+                                     "2",
+                                     "--lora-dropout",
+                                     "0",
+                                     "--lr",
+                                     "1e-3",
+                                     "--nproc",
+                                     ranks,
+                                     "--out",
+                                     d.file(out)};
+    if (std::find(extra.begin(), extra.end(), "--batch-size") == extra.end())
+      extra.insert(extra.end(), {"--batch-size", "5"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_quanta(args);
     REQUIRE_MESSAGE(r.code == 0, r.err);
-    const StateDict b = train::load_checkpoint(d.file("ranks" + ranks + "/checkpoint.safetensors"),
-                                               "quanta-lm-finetune-1")
-                            .model;
+    return r;
+  };
+  const auto adapters = [&](const std::string& out) {
+    StateDict all =
+        train::load_checkpoint(d.file(out + "/checkpoint.safetensors"), "quanta-lm-finetune-1")
+            .model;
+    StateDict lora;
+    for (auto& [name, t] : all)
+      if (name.find("lora_") != std::string::npos) lora.emplace_back(name, t);
+    CHECK(lora.size() == 28);
+    return lora;
+  };
+  const auto max_diff = [](const StateDict& a, const StateDict& b) {
     REQUIRE(a.size() == b.size());
     double worst = 0;
-    int64_t adapters = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
-      if (a[i].first.find("lora_") == std::string::npos) continue;
-      ++adapters;
+      CHECK(a[i].first == b[i].first);
       CHECK(a[i].second.dtype() == DType::f64);
       const auto x = a[i].second.to_vector<double>(), y = b[i].second.to_vector<double>();
       for (std::size_t k = 0; k < x.size(); ++k) worst = std::max(worst, std::abs(x[k] - y[k]));
     }
-    CHECK(adapters == 28);
-    MESSAGE("f64: 1 rank vs " << ranks << ": adapters max |diff| " << worst);
-    CHECK(worst < 1e-9);
+    return worst;
+  };
+  run("one", "1");
+  const StateDict one = adapters("one");
+  for (const std::string ranks : {"2", "3"}) {
+    CAPTURE(ranks);
+    run("ranks" + ranks, ranks);
+    const StateDict many = adapters("ranks" + ranks);
+    MESSAGE("f64: 1 rank vs " << ranks << ": adapters max |diff| " << max_diff(one, many));
+    CHECK(max_diff(one, many) < 1e-9);
+    // Sharding the base moves bytes only: the same adapters bit for bit as
+    // the same ranks unsharded, with the layers recomputed (gathered again
+    // in the backward) or not.
+    const std::string out = "sharded" + ranks;
+    // Evaluations run on every rank then (a sharded forward is a collective).
+    std::vector<std::string> shard = {"--shard", "--eval-data", d.file("train.bin"), "--eval-every",
+                                      "2"};
+    if (ranks == "3") shard.push_back("--recompute");
+    const CliResult r = run(out, ranks, shard);
+    CHECK(r.out.find("kept per rank") != std::string::npos);
+    CHECK(max_diff(many, adapters(out)) == 0);
+    int evals = 0;
+    for (const json& rec : records(d.file(out + "/metrics.jsonl"))) evals += rec["kind"] == "eval";
+    CHECK(evals == 2);
   }
+  // 4 sharded ranks on a batch of 3: one rank's share is empty (it still
+  // gathers every layer with the others).
+  run("one_b3", "1", {"--batch-size", "3"});
+  run("sharded4", "4", {"--batch-size", "3", "--shard", "--recompute"});
+  const double worst = max_diff(adapters("one_b3"), adapters("sharded4"));
+  MESSAGE("f64: 1 rank vs 4 sharded ranks, batch 3: adapters max |diff| " << worst);
+  CHECK(worst < 1e-9);
 }
 
 TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {

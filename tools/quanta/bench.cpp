@@ -167,6 +167,7 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
           row["host_syncs_per_step"] = r.host_syncs_per_step;
           row["copies_per_step"] = r.copies_per_step;
         }
+        if (!r.unit.empty()) row["unit"] = r.unit;
         list.push_back(row);
       } else
         list.push_back({{"name", r.name},
@@ -196,6 +197,7 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
       std::snprintf(buf, sizeof buf, "  %7.2f  %7.2f", r.host_syncs_per_step, r.copies_per_step);
       out << buf;
     }
+    if (!r.unit.empty()) out << "  (" << r.unit << ", not ms)";
     out << "\n";
   }
 }
@@ -247,7 +249,8 @@ void add_bench(CLI::App& app) {
           "SUITE"));
   sub->add_flag("--json", c->json,
                 "print a JSON list of {name, ms, floor_ms, ratio} instead of a table");
-  sub->add_option("-n,--ranks", c->opts.ranks, "ranks for the dist suite")
+  sub->add_option("-n,--ranks", c->opts.ranks,
+                  "ranks for the dist suite and the llm suite's sharding rows")
       ->capture_default_str()
       ->transform(integer_in(2, 64));
   sub->add_option("--only", c->opts.only,

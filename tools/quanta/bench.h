@@ -4,10 +4,13 @@
 // bytes the op must move), and ratio = ms / floor_ms.
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/store.h"
 #include "engine/device.h"
+#include "llm/model/config.h"
 
 namespace quanta {
 class Generator;
@@ -27,6 +30,9 @@ struct BenchRow {
    * makes in all; negative when not measured (the CPU). */
   double host_syncs_per_step = -1;
   double copies_per_step = -1;
+  /** What ms and floor_ms hold when the row is not a time ("MB": a memory
+   * row, its value against its floor's); empty for milliseconds. */
+  std::string unit{};
   /** How many times slower than its floor the op is (1 = at the floor). */
   double ratio() const { return ms / floor_ms; }
 };
@@ -113,7 +119,19 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& opts);
 /** Attention and a ~110M Llama against PyTorch in a peer process, timed in
  * turns; floor_ms is PyTorch's (bench_llm.cpp). */
 std::vector<BenchRow> bench_llm(const BenchOptions& opts);
+/** The llm suite's sharding rows on opts.ranks ranks: a QLoRA step with
+ * its NF4 base sharded against the same step replicated, in time, memory
+ * per rank and bytes gathered (bench_llm_shard.cpp). */
+std::vector<BenchRow> bench_llm_shard(const BenchOptions& opts, const llm::DecoderConfig& config);
+/** The names of bench_llm_shard's rows. */
+std::vector<std::string> llm_shard_row_names(const BenchOptions& opts);
 /** Collectives and DataParallel (bench_dist.cpp). */
 std::vector<BenchRow> bench_dist(const BenchOptions& opts);
+
+/** Runs body(store, rank) on n threads as the ranks of one job (a TcpStore
+ * on loopback between them), each computing with its share of the threads
+ * (OpenMP's count is per thread), as ranks under quanta launch do. Throws
+ * naming the first rank that failed. */
+void run_thread_ranks(int n, const std::function<void(std::shared_ptr<dist::Store>, int)>& body);
 
 }  // namespace quanta::cli

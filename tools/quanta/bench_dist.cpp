@@ -219,10 +219,8 @@ void rank_body(dist::ProcessGroup& g, dist::ProcessGroup& debug_g, const BenchOp
 
 }  // namespace
 
-std::vector<BenchRow> bench_dist(const BenchOptions& o) {
-  const int n = o.ranks;
+void run_thread_ranks(int n, const std::function<void(std::shared_ptr<dist::Store>, int)>& body) {
   dist::TcpStoreServer server(0);
-  std::vector<BenchRow> rows;
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   const int per_rank = std::max(1, num_threads() / n);
@@ -230,16 +228,7 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
     threads.emplace_back([&, r] {
       use_threads_here(per_rank);
       try {
-        auto store =
-            std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000));
-        dist::GroupOptions go;
-        go.timeout = Millis(60000);
-        go.debug = 0;
-        dist::ProcessGroup g(store, r, n, go);
-        go.debug = 1;
-        go.name = "debug";
-        dist::ProcessGroup debug_g(store, r, n, go);
-        rank_body(g, debug_g, o, rows);
+        body(std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000)), r);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -248,7 +237,26 @@ std::vector<BenchRow> bench_dist(const BenchOptions& o) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r)
     if (!errors[r].empty())
-      throw std::runtime_error("bench dist: rank " + std::to_string(r) + ": " + errors[r]);
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+}
+
+std::vector<BenchRow> bench_dist(const BenchOptions& o) {
+  const int n = o.ranks;
+  std::vector<BenchRow> rows;
+  try {
+    run_thread_ranks(n, [&](std::shared_ptr<dist::Store> store, int r) {
+      dist::GroupOptions go;
+      go.timeout = Millis(60000);
+      go.debug = 0;
+      dist::ProcessGroup g(store, r, n, go);
+      go.debug = 1;
+      go.name = "debug";
+      dist::ProcessGroup debug_g(store, r, n, go);
+      rank_body(g, debug_g, o, rows);
+    });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("bench dist: ") + e.what());
+  }
   // The one-process floor of the DataParallel step, alone on the machine.
   const int64_t width = o.small ? 32 : 512, batch = o.small ? 8 : 256;
   auto model = mlp(width, 7);

@@ -9,6 +9,8 @@
 //     random weights, f32) forward (and forward + backward of the causal-LM
 //     loss), against transformers' LlamaForCausalLM with attn_implementation
 //     "sdpa".
+//   qlora100m_shardN_*: with -n N, the same step with the NF4 base sharded
+//     across N ranks against replicated (bench_llm_shard.cpp).
 //   qlora100m_B4_T512: one QLoRA training step of the same model (every
 //     linear layer but lm_head in NF4, block 64, double quant, f32 compute;
 //     LoRA r 16, alpha 32, dropout 0.05 on all of them; forward, backward of
@@ -199,13 +201,20 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
                     }});
   }
 
+  const std::vector<std::string> shard_rows = llm_shard_row_names(o);
+  const auto shard_wanted = [&] {
+    for (const std::string& name : shard_rows)
+      if (name.find(o.only) != std::string::npos) return true;
+    return false;
+  };
   if (!o.only.empty()) {
     std::string names;
-    bool any = false;
+    bool any = shard_wanted();
     for (const Workload& w : work) {
       any = any || w.name.find(o.only) != std::string::npos;
       names += (names.empty() ? "" : ", ") + w.name;
     }
+    for (const std::string& name : shard_rows) names += ", " + name;
     if (!any)
       throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
                                   names + ")");
@@ -241,6 +250,11 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     row.ms = ms[0];
     row.floor_ms = ms[1];
     rows.push_back(row);
+  }
+  // Sharding against replication needs no peer: both are quanta's.
+  if (shard_wanted()) {
+    for (BenchRow& r : bench_llm_shard(o, c))
+      if (r.name.find(o.only) != std::string::npos) rows.push_back(std::move(r));
   }
   return rows;
 }

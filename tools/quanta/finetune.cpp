@@ -543,7 +543,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--lr-schedule",   "--target-modules",
                                                    "--compute-dtype", "--use-rslora",
                                                    "--pack",          "--train-on-completions-only",
-                                                   "--recompute"};
+                                                   "--recompute",     "--shard"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

@@ -173,6 +173,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--recompute", o.recompute,
                "--model: recompute each decoder layer's activations in the backward (memory of "
                "one layer's activations, about a third more compute; same results)");
+  sub.add_flag("--shard", o.shard,
+               "--model with several ranks: each rank keeps 1/N of the NF4 base and gathers a "
+               "decoder layer's just before it runs (with --recompute, again in the backward: "
+               "the base's memory per rank is then about 1/N); same results");
   sub.add_option("--eval-every", o.eval_every,
                  "--model: steps between evaluations and checkpoints (0: at the end only)")
       ->capture_default_str()
@@ -298,6 +302,12 @@ void run_lm_finetune(const FinetuneOptions& flags) {
                  .warmup_steps = o.warmup_steps,
                  .max_grad_norm = o.max_grad_norm,
                  .grad_accum = o.grad_accum};
+  if (o.shard) {
+    // The decoder layers hold the NF4 bases; frozen state needs no broadcast
+    // after the first.
+    s.data_parallel.shard_units = model->layer_names();
+    s.data_parallel.broadcast_buffers = false;
+  }
   s.throughput_unit = "tokens";
   s.items_per_row = seq_len;
   s.checkpoint_format = kLmFinetuneFormat;

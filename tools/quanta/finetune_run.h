@@ -43,7 +43,7 @@ struct FinetuneOptions {
   int64_t seq_len = 0, grad_accum = 1, warmup_steps = 0, eval_every = 0;
   double weight_decay = 0, max_grad_norm = 1.0;
   std::string lr_schedule = "linear", target_modules = "all-linear", compute_dtype = "auto";
-  bool use_rslora = false, pack = false, completions_only = false, recompute = false;
+  bool use_rslora = false, pack = false, completions_only = false, recompute = false, shard = false;
 };
 
 /** Fills the kind-specific defaults (lr, steps, batch size, dropout, log

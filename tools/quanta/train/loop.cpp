@@ -159,6 +159,10 @@ class Loop {
     if (s_.resume) restore();
     write_header();
     task_.describe(log_, step_, s_.total_steps);
+    if (sharded())
+      log_ << "sharded: " << dp_->sharded()->full_bytes() << " bytes of frozen base state, "
+           << dp_->sharded()->shard_bytes() << " kept per rank, gathered by "
+           << s_.data_parallel.shard_units.size() << " units just in time\n";
     Progress progress(log_, s_.progress_bar, step_, s_.total_steps,
                       s_.batch_size * s_.items_per_row, s_.throughput_unit);
     progress_ = &progress;
@@ -176,9 +180,11 @@ class Loop {
         result.interrupted = true;
         break;
       }
-      if (eval_due() && lead_) result.last_eval = evaluate();
+      if (eval_due() && (lead_ || sharded())) result.last_eval = evaluate();
     }
     progress.finish();
+    // The caller gets its model whole (a merge reads the base).
+    if (dp_ && !result.interrupted) dp_->unshard();
     progress_ = nullptr;
     result.step = step_;
     return result;
@@ -231,12 +237,18 @@ class Loop {
     optimizer_->zero_grad();
     // Micro-batches: contiguous pieces of this rank's share; gradients
     // accumulate locally and are averaged across ranks once, at the end.
-    const int64_t pieces = std::min<int64_t>(s_.optimizer.grad_accum, share.numel());
+    // Every rank runs as many as the largest share needs, some of them
+    // empty on a smaller share (an empty piece adds exact zeros): a sharded
+    // model's forwards are collectives, so their count must agree.
+    int64_t largest = 0;
+    for (int r = 0; r < world_; ++r)
+      largest = std::max(largest, rank_share(batch, r, world_).numel());
+    const int64_t pieces = std::max<int64_t>(1, std::min(s_.optimizer.grad_accum, largest));
     std::vector<Tensor> values;
     Device loss_device = Device::cpu();
-    for (int64_t p = 0; p < std::max<int64_t>(pieces, 1); ++p) {
-      const int64_t lo = share.numel() * p / std::max<int64_t>(pieces, 1);
-      const int64_t hi = share.numel() * (p + 1) / std::max<int64_t>(pieces, 1);
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t lo = share.numel() * p / pieces;
+      const int64_t hi = share.numel() * (p + 1) / pieces;
       const StepLoss out = task_.step({slice(share, 0, lo, hi), batch.numel(), world_, batch});
       {
         std::optional<dist::DataParallel::NoSync> local;
@@ -330,6 +342,8 @@ class Loop {
     }
   }
 
+  bool sharded() const { return dp_ && dp_->sharded(); }
+
   // The lr of the last step taken (the first step's before any).
   double lr_now() const { return schedule_->lr_at(std::max<int64_t>(step_ - 1, 0)); }
 
@@ -340,10 +354,12 @@ class Loop {
   }
 
   // Rank 0 alone (every rank holds the same model; an evaluation issues no
-  // collective): the eval record, the checkpoint, the task's outputs.
+  // collective): the eval record, the checkpoint, the task's outputs. A
+  // sharded model's forwards gather it: every rank evaluates, rank 0 writes.
   json evaluate() {
     const Evaluation ev = task_.evaluate();
     model_->train();
+    if (!lead_) return ev.fields;
     json record = ev.fields;
     record["kind"] = "eval";
     record["step"] = step_;
