@@ -218,7 +218,8 @@ TEST_CASE(
                        "line 1: no prompt and completion");
 }
 
-TEST_CASE("finetune --model: 5 steps and --resume to 10 are 10 steps in one go") {
+TEST_CASE(
+    "finetune --model: 5 steps and --resume to 10 are 10 steps in one go, sharded on 2 ranks too") {
   ScratchDir d("ft_lm_resume");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);
   // A decaying schedule follows each run's --steps, so a run that grows
@@ -245,6 +246,28 @@ TEST_CASE("finetune --model: 5 steps and --resume to 10 are 10 steps in one go")
   // A run in --out is not replaced silently.
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "whole", with({"--steps", "10"}))), 2,
                        "--resume");
+
+  // Sharded: 5 steps + --resume to 10 on 2 ranks are the 10 steps of 2
+  // unsharded ranks, bit for bit (dropout included), with and without
+  // recomputation; the checkpoint is the ordinary one, so a run on another
+  // number of ranks, unsharded, resumes it.
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "whole2",
+                              with({"--steps", "10", "--nproc", "2"})))
+              .code == 0);
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "sharded",
+                              with({"--steps", "5", "--nproc", "2", "--shard", "--recompute"})))
+              .code == 0);
+  const CliResult s = run_quanta(
+      finetune("llama_gqa", d, "sharded", with({"--steps", "10", "--nproc", "2", "--shard",
+                                                 "--resume"})));
+  REQUIRE_MESSAGE(s.code == 0, s.err);
+  CHECK(contains(s.out, "resuming at step 5 of 10 steps"));
+  check_same_tensors(d.file("whole2/adapters/adapter_model.safetensors"),
+                     d.file("sharded/adapters/adapter_model.safetensors"));
+  const CliResult other = run_quanta(
+      finetune("llama_gqa", d, "sharded", with({"--steps", "12", "--nproc", "3", "--resume"})));
+  REQUIRE_MESSAGE(other.code == 0, other.err);
+  CHECK(contains(other.out, "resuming at step 10 of 12 steps"));
 }
 
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
