@@ -72,7 +72,12 @@ struct ShardedUnits::State {
   // communication thread).
   std::vector<Tensor> gather(const Unit& u) {
     NoGradGuard no_grad;
-    const Tensor all = group->all_gather(u.shard);
+    Tensor all;
+    try {
+      all = group->all_gather(u.shard);
+    } catch (const DistError& e) {
+      throw DistError("[ShardedUnits] gathering unit '" + u.name + "': " + e.what());
+    }
     const Device dev = all.device();
     const char* base = static_cast<const char*>(all.raw_data());
     std::vector<Tensor> out;
@@ -97,8 +102,8 @@ struct ShardedUnits::State {
 
   // Unit i's gathered tensors: prefetched, or gathered now.
   std::vector<Tensor> take(std::size_t i) {
-    auto it = std::find_if(pending.begin(), pending.end(),
-                           [i](const Pending& p) { return p.unit == i; });
+    auto it =
+        std::find_if(pending.begin(), pending.end(), [i](const Pending& p) { return p.unit == i; });
     const bool hit = it != pending.end();
     if (!hit) {
       post_gather(i);
@@ -116,8 +121,7 @@ struct ShardedUnits::State {
   }
 
   void release(Unit& u) {
-    for (const Tensor& t : u.tensors)
-      point_at(t, std::make_shared<Storage>(0, t.device()));
+    for (const Tensor& t : u.tensors) point_at(t, std::make_shared<Storage>(0, t.device()));
   }
 
   // The unit expected after unit i: onwards in the direction the last two

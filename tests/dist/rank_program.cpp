@@ -9,6 +9,10 @@
 //         abruptly after the next forward; the others' gradient reduction
 //         (on the communication thread, from device buckets) must fail and
 //         say so at finish_step, printed as for `die`
+//   die_in_gather  ShardedUnits on a sim device: the first unit's forward
+//         (its gather, and the next unit's prefetch), then rank 1 exits
+//         abruptly; the others' next forwards must fail at a gather, printed
+//         as for `die`
 #include <unistd.h>
 
 #include <chrono>
@@ -18,11 +22,21 @@
 
 #include "dist/data_parallel.h"
 #include "dist/env.h"
+#include "dist/sharded_units.h"
 #include "quanta.h"
 
 using namespace quanta;
 
 namespace {
+// A unit whose buffer is sharded.
+class Unit : public Module {
+ public:
+  explicit Unit(Device dev) : Module("Unit") {
+    register_buffer("codes", full({4096}, 3.0, {.device = dev}));
+  }
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
 // Runs `step`, which must fail with a DistError: prints how long that took
 // and the error ("ERROR after N ms: ..."), exit status 0; else "NO ERROR", 1.
 template <class Step>
@@ -73,6 +87,18 @@ int main(int argc, char** argv) {
       return expect_failure([&] {
         sum(out).backward();
         dp.finish_step();
+      });
+    }
+    if (std::strcmp(scenario, "die_in_gather") == 0) {
+      const Device sim = Device::sim();
+      Module root("Root");
+      auto a = root.register_module("a", std::make_shared<Unit>(sim));
+      auto b = root.register_module("b", std::make_shared<Unit>(sim));
+      dist::ShardedUnits units(root, *g, {"a", "b"});
+      (*a)(x);
+      if (g->rank() == 1) _exit(3);
+      return expect_failure([&] {
+        for (int i = 0; i < 4; ++i) (*(i % 2 ? a : b))(x);
       });
     }
     if (std::strcmp(scenario, "fail") == 0) {

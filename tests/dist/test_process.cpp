@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -115,6 +116,19 @@ TEST_CASE("a rank that dies in a DataParallel step on sim: the survivors fail na
   const std::string prog = env_or_skip("RANK_PROGRAM");
   if (prog.empty()) return;
   check_survivors_name_rank_1(prog, "die_in_step", 10000);  // within the group's timeout
+}
+
+TEST_CASE("a rank that dies between sharded gathers on sim: the survivors fail naming it") {
+  // The gathers run on ShardedUnits' communication thread; its failure
+  // reaches the forward that waits for it.
+  const std::string prog = env_or_skip("RANK_PROGRAM");
+  if (prog.empty()) return;
+  check_survivors_name_rank_1(prog, "die_in_gather", 10000);  // within the group's timeout
+  for (int r : {0, 2}) {
+    std::ifstream in(tmp_path("die_in_gather" + std::to_string(r)));
+    const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(out.find("[ShardedUnits] gathering unit '") != std::string::npos);
+  }
 }
 
 TEST_CASE("a lone rank says what it waits for, and QUANTA_DIST_TIMEOUT bounds the wait") {

@@ -251,15 +251,13 @@ TEST_CASE(
   // unsharded ranks, bit for bit (dropout included), with and without
   // recomputation; the checkpoint is the ordinary one, so a run on another
   // number of ranks, unsharded, resumes it.
-  REQUIRE(run_quanta(finetune("llama_gqa", d, "whole2",
-                              with({"--steps", "10", "--nproc", "2"})))
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "whole2", with({"--steps", "10", "--nproc", "2"})))
               .code == 0);
   REQUIRE(run_quanta(finetune("llama_gqa", d, "sharded",
                               with({"--steps", "5", "--nproc", "2", "--shard", "--recompute"})))
               .code == 0);
-  const CliResult s = run_quanta(
-      finetune("llama_gqa", d, "sharded", with({"--steps", "10", "--nproc", "2", "--shard",
-                                                 "--resume"})));
+  const CliResult s = run_quanta(finetune(
+      "llama_gqa", d, "sharded", with({"--steps", "10", "--nproc", "2", "--shard", "--resume"})));
   REQUIRE_MESSAGE(s.code == 0, s.err);
   CHECK(contains(s.out, "resuming at step 5 of 10 steps"));
   check_same_tensors(d.file("whole2/adapters/adapter_model.safetensors"),

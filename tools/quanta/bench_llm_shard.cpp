@@ -86,8 +86,8 @@ int64_t step_peak(Replica& r, const Tensor& ids, Device dev) {
 }  // namespace
 
 std::vector<std::string> llm_shard_row_names(const BenchOptions& o) {
-  const std::string tag = std::string("qlora") + (o.small ? "small" : "100m") + "_shard" +
-                          std::to_string(o.ranks);
+  const std::string tag =
+      std::string("qlora") + (o.small ? "small" : "100m") + "_shard" + std::to_string(o.ranks);
   return {tag + "_step", tag + "_base", tag + "_peak", tag + "_gathered"};
 }
 
