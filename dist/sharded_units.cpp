@@ -53,7 +53,6 @@ struct ShardedUnits::State {
     std::shared_ptr<std::vector<Tensor>> data;
   };
 
-  Module& root;
   ShardOptions options;
   std::vector<Unit> units;
   std::vector<std::string> names;
@@ -66,7 +65,7 @@ struct ShardedUnits::State {
   bool sharded = true;
   std::atomic<uint64_t> gathered{0}, gathers{0}, hits{0};
 
-  State(Module& r, ShardOptions o) : root(r), options(o) {}
+  explicit State(ShardOptions o) : options(o) {}
 
   // All-gathers unit u's shards into fresh storage per tensor (runs on the
   // communication thread).
@@ -177,7 +176,7 @@ struct ShardedUnits::State {
 
 ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::string> units,
                            ShardOptions options)
-    : state_(std::make_shared<State>(root, options)) {
+    : state_(std::make_shared<State>(options)) {
   State& st = *state_;
   if (options.granule_bytes == 0 || (options.granule_bytes & (options.granule_bytes - 1)) != 0)
     throw std::invalid_argument("[ShardedUnits] granule_bytes must be a power of two, got " +
@@ -186,13 +185,16 @@ ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::s
   const int n = group.size(), r = group.rank();
   std::string layout;
   for (const std::string& name : units) {
+    for (const std::string& other : units)
+      if (other != name && name.rfind(other + ".", 0) == 0)
+        throw std::invalid_argument("[ShardedUnits] unit '" + name + "' is inside unit '" + other +
+                                    "'; list either, not both");
+    if (std::count(units.begin(), units.end(), name) > 1)
+      throw std::invalid_argument("[ShardedUnits] unit '" + name + "' is listed twice");
     auto m = std::find_if(modules.begin(), modules.end(),
                           [&](const auto& e) { return e.first == name; });
     if (m == modules.end() || name.empty())
       throw std::invalid_argument("[ShardedUnits] no module named '" + name + "' to shard");
-    for (const State::Unit& u : st.units)
-      if (u.module == m->second)
-        throw std::invalid_argument("[ShardedUnits] unit '" + name + "' is listed twice");
     State::Unit u;
     u.name = name;
     u.module = m->second;
@@ -206,6 +208,7 @@ ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::s
       st.names.push_back(name + "." + tname);
       layout += st.names.back() + " " + dtype_name(t.dtype()) + " " + shape_str(t.shape()) + "\n";
     }
+    if (u.tensors.empty()) continue;  // nothing to shard: it runs as it is
     u.shard_bytes = round_up((u.bytes + n - 1) / n, options.granule_bytes);
     st.full += u.bytes;
     st.kept += u.shard_bytes;

@@ -50,7 +50,8 @@ struct ShardOptions {
 class ShardedUnits {
  public:
   /** Shards the buffers of the modules of `root` named `units` (dotted
-   * paths, e.g. "model.layers.0"; in the order they run forward). Collective.
+   * paths, e.g. "model.layers.0"; in the order they run forward; none inside
+   * another; a unit without buffers is left alone). Collective.
    * Every rank must hold the same units with the same bytes: a difference
    * raises DistError on every rank, naming the first tensors that differ
    * and the ranks that hold them. `group` and `root` must outlive this. */

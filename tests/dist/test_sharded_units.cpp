@@ -171,7 +171,7 @@ TEST_CASE("prefetch: forward then a recomputing backward find the next unit alre
   REQUIRE(all_ok(errors));
 }
 
-TEST_CASE("a rank that holds other bytes is named on every rank before anything is sharded") {
+TEST_CASE("a rank that holds other bytes is named on every rank; bad unit lists are refused") {
   auto errors = run_ranks(3, [&](ProcessGroup& g) {
     Model m(2, Device::cpu(), g.rank() == 2 ? 1 : 0);
     ShardedUnits s(m, g, m.names());
@@ -186,6 +186,22 @@ TEST_CASE("a rank that holds other bytes is named on every rank before anything 
     ShardedUnits s(m, g, {"u0", "nope"});
   });
   for (int r = 0; r < 2; ++r) CHECK(errors[r].find("no module named 'nope'") != std::string::npos);
+  errors = run_ranks(2, [&](ProcessGroup& g) {
+    Model m(2, Device::cpu());
+    ShardedUnits s(m, g, {"u0", "u0"});
+  });
+  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("'u0' is listed twice") != std::string::npos);
+  errors = run_ranks(2, [&](ProcessGroup& g) {
+    Model m(2, Device::cpu());
+    ShardedUnits s(m, g, {"", "u0"});
+  });
+  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("no module named ''") != std::string::npos);
+  errors = run_ranks(2, [&](ProcessGroup& g) {
+    Model m(2, Device::cpu());
+    ShardedUnits s(m, g, {"u0", "u0.inner"});
+  });
+  for (int r = 0; r < 2; ++r)
+    CHECK(errors[r].find("'u0.inner' is inside unit 'u0'") != std::string::npos);
 }
 
 TEST_CASE("DataParallel with shard_units: sharded buffers are checked, not broadcast") {
