@@ -181,27 +181,20 @@ TEST_CASE("a rank that holds other bytes is named on every rank; bad unit lists 
     CHECK(errors[r].find("different bytes") != std::string::npos);
     CHECK(errors[r].find("'u1.codes': rank 2") != std::string::npos);
   }
-  errors = run_ranks(2, [&](ProcessGroup& g) {
-    Model m(2, Device::cpu());
-    ShardedUnits s(m, g, {"u0", "nope"});
-  });
-  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("no module named 'nope'") != std::string::npos);
-  errors = run_ranks(2, [&](ProcessGroup& g) {
-    Model m(2, Device::cpu());
-    ShardedUnits s(m, g, {"u0", "u0"});
-  });
-  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("'u0' is listed twice") != std::string::npos);
-  errors = run_ranks(2, [&](ProcessGroup& g) {
-    Model m(2, Device::cpu());
-    ShardedUnits s(m, g, {"", "u0"});
-  });
-  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("no module named ''") != std::string::npos);
-  errors = run_ranks(2, [&](ProcessGroup& g) {
-    Model m(2, Device::cpu());
-    ShardedUnits s(m, g, {"u0", "u0.inner"});
-  });
-  for (int r = 0; r < 2; ++r)
-    CHECK(errors[r].find("'u0.inner' is inside unit 'u0'") != std::string::npos);
+  // Unit lists: every rank refuses them alike, naming the problem.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"u0", "nope"}, "no module named 'nope'"},
+      {{"u0", "u0"}, "'u0' is listed twice"},
+      {{"", "u0"}, "no module named ''"},
+      {{"u0", "u0.inner"}, "'u0.inner' is inside unit 'u0'"}};
+  for (const auto& [units, why] : bad) {
+    CAPTURE(why);
+    errors = run_ranks(2, [&](ProcessGroup& g) {
+      Model m(2, Device::cpu());
+      ShardedUnits s(m, g, units);
+    });
+    for (int r = 0; r < 2; ++r) CHECK(errors[r].find(why) != std::string::npos);
+  }
 }
 
 TEST_CASE("DataParallel with shard_units: sharded buffers are checked, not broadcast") {
