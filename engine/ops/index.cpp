@@ -16,20 +16,17 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/join.h"
+#include "engine/ops/op_helpers.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
+using detail::check_plain;
+using detail::str;
 
 [[noreturn]] void fail(const char* op, const std::string& what) {
   throw std::invalid_argument(std::string("[") + op + "] " + what);
-}
-
-void check_plain(const char* op, const Tensor& t) {
-  if (!dtype_info(t.dtype()).arithmetic)
-    detail::bad_dtype(op, t.dtype(), "a byte-only format: dequantize it first");
 }
 
 // `index` as contiguous i64 with no graph; i32 is accepted and widened.

@@ -9,17 +9,14 @@
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/op_helpers.h"
 #include "engine/ops/view.h"
 
 namespace quanta {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
-void check_plain(const char* op, const Tensor& t) {
-  if (!dtype_info(t.dtype()).arithmetic)
-    detail::bad_dtype(op, t.dtype(), "a byte-only format: dequantize it first");
-}
+using detail::check_plain;
+using detail::str;
 
 // dst <- src with no graph (dst is a fresh output or a view of one).
 void copy_plain(const Tensor& dst, const Tensor& src) {

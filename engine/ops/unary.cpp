@@ -7,12 +7,13 @@
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/op_helpers.h"
 
 namespace quanta {
 namespace {
 
+using detail::one;
 using detail::unary_float;
-std::vector<Tensor> one(Tensor g) { return {std::move(g)}; }
 
 // Unary op whose backward needs the input x and/or the output y.
 template <class Back>

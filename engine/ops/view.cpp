@@ -7,12 +7,13 @@
 #include "engine/autograd/node.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/op_helpers.h"
 #include "engine/ops/reduce.h"
 
 namespace quanta {
 namespace {
 
-std::vector<Tensor> one(Tensor g) { return {std::move(g)}; }
+using detail::one;
 
 // Strides for viewing `x` with `shape` without a copy, or empty if impossible
 // (the dims being merged or split must be contiguous with each other).

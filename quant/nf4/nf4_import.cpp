@@ -7,11 +7,6 @@
 namespace quanta::quant {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 const std::string kTorchaoKey = ".torchao_nf4";
 
 // The block size and double quantization `quanta quantize --format quanta`
@@ -75,7 +70,7 @@ std::vector<NF4FileWeight> find_nf4_weights(const io::SafetensorsFile& file) {
     }
   }
   for (const auto& [key, value] : file.metadata) {
-    if (!ends_with(key, kTorchaoKey)) continue;
+    if (!key.ends_with(kTorchaoKey)) continue;
     const std::string name = key.substr(0, key.size() - kTorchaoKey.size());
     NF4FileWeight w{name, NF4Layout::torchao, {}, {key}};
     for (const char* part :

@@ -12,11 +12,6 @@ namespace {
 
 using json = nlohmann::json;
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The option as the reference resolved it, else as passed, else `fallback`
 // (the reference's default).
 json option(const json& spec, const char* key, const json& fallback) {
@@ -52,7 +47,7 @@ bool ema_distance_gradient_case(const CaseFile& c, const json& spec) {
 // lies downstream and must still match.
 bool upstream_gradient(const std::string& name) {
   return name == "x_grad" ||
-         (ends_with(name, "_grad") && name.find("project_out") == std::string::npos);
+         (name.ends_with("_grad") && name.find("project_out") == std::string::npos);
 }
 
 }  // namespace

@@ -52,17 +52,12 @@ bool rotation_trick_on(const CaseInfo& i) {
   return true;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 bool entropy_term(const std::string& name, const CaseInfo&) {
   return name == "aux_loss.per_sample_entropy" || name == "aux_loss.batch_entropy";
 }
 
 bool rotation_trick_gradient(const std::string& name, const CaseInfo& i) {
-  return ends_with(name, "_grad") && is_vq_family(i.cls) && i.mode == "train" &&
+  return name.ends_with("_grad") && is_vq_family(i.cls) && i.mode == "train" &&
          rotation_trick_on(i);
 }
 

@@ -219,17 +219,12 @@ Layer build(const std::string& cls, const json& opts) {
   return l;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 bool is_state_key(const std::string& k) {
   static const char* io[] = {"x",        "w",      "L",     "quantized", "indices",
                              "aux_loss", "x_grad", "codes", "output",    "codebooks"};
   for (const char* n : io)
     if (k == n) return false;
-  return k.rfind("aux_loss.", 0) != 0 && !ends_with(k, "_after") && !ends_with(k, "_grad");
+  return k.rfind("aux_loss.", 0) != 0 && !k.ends_with("_after") && !k.ends_with("_grad");
 }
 
 // Copies every state tensor of the case into the module (and its aliases).
@@ -301,12 +296,12 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
   r.checks.push_back(compare("L", loss, c.at("L"), tolerance));
   r.checks.push_back(compare("x_grad", grad_or_zeros(x), c.at("x_grad"), tolerance));
   for (const auto& [k, t] : c.tensors) {
-    if (ends_with(k, "_after")) {
+    if (k.ends_with("_after")) {
       const std::string key = k.substr(0, k.size() - 6);
       const Tensor now = l.module->find(key);
       if (!now.defined()) throw UnsupportedCase("no state '" + key + "' to compare");
       r.checks.push_back(compare(k, now, t, tolerance));
-    } else if (ends_with(k, "_grad") && k != "x_grad") {
+    } else if (k.ends_with("_grad") && k != "x_grad") {
       const std::string key = k.substr(0, k.size() - 5);
       const Tensor p = l.module->find(key);
       if (!p.defined()) throw UnsupportedCase("no parameter '" + key + "' for its gradient");

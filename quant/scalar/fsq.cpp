@@ -17,7 +17,9 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("[FSQ] " + what); }
+[[noreturn]] void fsq_fail(const std::string& what) {
+  throw std::invalid_argument("[FSQ] " + what);
+}
 
 }  // namespace
 
@@ -29,28 +31,28 @@ FSQ::FSQ(FSQOptions opts, uint64_t seed)
       seed_(seed),
       noise_gen_(Generator::named(seed_, "fsq.noise")) {
   const auto& L = opts_.levels;
-  if (L.empty()) fail("levels must not be empty");
+  if (L.empty()) fsq_fail("levels must not be empty");
   if (opts_.num_codebooks < 1)
-    fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
+    fsq_fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
   basis_.reserve(L.size());
   for (int64_t l : L) {
-    if (l < 2) fail("every level must be >= 2, got " + std::to_string(l));
+    if (l < 2) fsq_fail("every level must be >= 2, got " + std::to_string(l));
     if (l == 2 && !opts_.preserve_symmetry)
-      fail("a level of 2 needs preserve_symmetry = true (otherwise its two codes coincide)");
+      fsq_fail("a level of 2 needs preserve_symmetry = true (otherwise its two codes coincide)");
     basis_.push_back(codebook_size_);
     if (codebook_size_ > std::numeric_limits<int64_t>::max() / l)
-      fail("prod(levels) overflows 64-bit indices");
+      fsq_fail("prod(levels) overflows 64-bit indices");
     codebook_size_ *= l;
   }
   if (opts_.noise_dropout < 0 || opts_.noise_dropout > 1)
-    fail("noise_dropout must lie in [0, 1], got " + std::to_string(opts_.noise_dropout));
+    fsq_fail("noise_dropout must lie in [0, 1], got " + std::to_string(opts_.noise_dropout));
   if (opts_.noise_dropout > 0 && !opts_.preserve_symmetry)
-    fail("noise_dropout needs preserve_symmetry = true");
+    fsq_fail("noise_dropout needs preserve_symmetry = true");
   const int64_t effective = codebook_dim() * opts_.num_codebooks;
   dim_ = opts_.dim > 0 ? opts_.dim : effective;
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
-    fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
+    fsq_fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
   Generator init = Generator::named(seed_, "fsq.init");
   if (dim_ != effective) {
     project_in_ = register_module(
@@ -74,7 +76,7 @@ Tensor FSQ::quantize(const Tensor& z) const {
   const auto& L = opts_.levels;
   const size_t d = L.size();
   if (z.dim() < 1 || z.size(-1) != static_cast<int64_t>(d))
-    fail("quantize expects [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
+    fsq_fail("quantize expects [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
   if (opts_.preserve_symmetry) {
     // 2/(L-1) * floor_ste((L-1)(bound(z)+1)/2 + 1/2) - 1
     std::vector<double> lm1(d), step(d);
@@ -107,8 +109,8 @@ Tensor FSQ::codes_to_indices(const Tensor& codes) const {
   const auto& L = opts_.levels;
   const size_t d = L.size();
   if (codes.dim() < 1 || codes.size(-1) != static_cast<int64_t>(d))
-    fail("codes_to_indices expects [..., " + std::to_string(d) + "], got " +
-         shape_str(codes.shape()));
+    fsq_fail("codes_to_indices expects [..., " + std::to_string(d) + "], got " +
+             shape_str(codes.shape()));
   // Level per dimension in [0, L), rounded back to an exact integer.
   std::vector<double> a(d), b(d);
   for (size_t i = 0; i < d; ++i) {
@@ -128,15 +130,15 @@ Tensor FSQ::codes_to_indices(const Tensor& codes) const {
 
 Tensor FSQ::indices_to_level_indices(const Tensor& indices) const {
   if (is_floating(indices.dtype()))
-    fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
+    fsq_fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
   const auto& L = opts_.levels;
   const int64_t d = codebook_dim();
   const std::vector<int64_t> idx = indices.to_vector<int64_t>();
   std::vector<int32_t> out(idx.size() * d);
   for (size_t t = 0; t < idx.size(); ++t) {
     if (idx[t] < 0 || idx[t] >= codebook_size_)
-      fail("index " + std::to_string(idx[t]) + " outside [0, " + std::to_string(codebook_size_) +
-           ")");
+      fsq_fail("index " + std::to_string(idx[t]) + " outside [0, " +
+               std::to_string(codebook_size_) + ")");
     for (int64_t i = 0; i < d; ++i)
       out[t * d + i] = static_cast<int32_t>((idx[t] / basis_[i]) % L[i]);
   }
@@ -171,8 +173,8 @@ Tensor FSQ::indices_to_grid_codes(const Tensor& indices) const {
   const size_t d = L.size();
   Tensor idx = keep_codebook_dim_ ? indices : unsqueeze(indices, -1);
   if (idx.size(-1) != opts_.num_codebooks)
-    fail("indices_to_codes expects a trailing codebook dim of " +
-         std::to_string(opts_.num_codebooks) + ", got " + shape_str(indices.shape()));
+    fsq_fail("indices_to_codes expects a trailing codebook dim of " +
+             std::to_string(opts_.num_codebooks) + ", got " + shape_str(indices.shape()));
   const Tensor level = indices_to_level_indices(idx).to(DType::f32);
   std::vector<double> scale(d), shift(d);
   for (size_t i = 0; i < d; ++i) {

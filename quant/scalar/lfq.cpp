@@ -18,7 +18,9 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("[LFQ] " + what); }
+[[noreturn]] void lfq_fail(const std::string& what) {
+  throw std::invalid_argument("[LFQ] " + what);
+}
 
 }  // namespace
 
@@ -30,31 +32,31 @@ LFQ::LFQ(LFQOptions opts, uint64_t seed)
       seed_(seed),
       sample_gen_(StepStream(Generator::named(seed_, "lfq.entropy_tokens"))) {
   if (opts_.num_codebooks < 1)
-    fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
+    lfq_fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));
   if (opts_.codebook_size > 0) {
     codebook_size_ = opts_.codebook_size;
     if ((codebook_size_ & (codebook_size_ - 1)) != 0)
-      fail("codebook_size must be a power of two, got " + std::to_string(codebook_size_));
+      lfq_fail("codebook_size must be a power of two, got " + std::to_string(codebook_size_));
     while ((int64_t{1} << bits_) < codebook_size_) ++bits_;
   } else {
-    if (opts_.dim <= 0) fail("give dim or codebook_size");
+    if (opts_.dim <= 0) lfq_fail("give dim or codebook_size");
     bits_ = opts_.dim;
-    if (bits_ > 62) fail("2^dim codes overflow 64-bit indices: dim = " + std::to_string(bits_));
+    if (bits_ > 62) lfq_fail("2^dim codes overflow 64-bit indices: dim = " + std::to_string(bits_));
     codebook_size_ = int64_t{1} << bits_;
   }
-  if (bits_ < 1) fail("codebook_size must be >= 2");
+  if (bits_ < 1) lfq_fail("codebook_size must be >= 2");
   if (opts_.frac_per_sample_entropy <= 0 || opts_.frac_per_sample_entropy > 1)
-    fail("frac_per_sample_entropy must lie in (0, 1], got " +
-         std::to_string(opts_.frac_per_sample_entropy));
+    lfq_fail("frac_per_sample_entropy must lie in (0, 1], got " +
+             std::to_string(opts_.frac_per_sample_entropy));
   const int64_t effective = bits_ * opts_.num_codebooks;
   dim_ = opts_.dim > 0 ? opts_.dim : effective;
   const bool proj = opts_.has_projections.value_or(dim_ != effective);
   if (!proj && dim_ != effective)
-    fail("dim " + std::to_string(dim_) +
-         " != codebook_dim * num_codebooks = " + std::to_string(effective) + " needs projections");
+    lfq_fail("dim " + std::to_string(dim_) + " != codebook_dim * num_codebooks = " +
+             std::to_string(effective) + " needs projections");
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
-    fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
+    lfq_fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
   Generator init = Generator::named(seed_, "lfq.init");
   if (proj) {
     project_in_ = register_module(
@@ -84,20 +86,20 @@ Tensor LFQ::entropy_codebook(const Tensor& like) const {
 
 Tensor LFQ::indices_to_grid_codes(const Tensor& indices) const {
   if (is_floating(indices.dtype()))
-    fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
+    lfq_fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
   const Tensor idx = keep_codebook_dim_ ? indices : unsqueeze(indices, -1);
   const int64_t C = opts_.num_codebooks;
   if (idx.dim() < 1 || idx.size(-1) != C)
-    fail("indices need a trailing codebook dim of " + std::to_string(C) + ", got " +
-         shape_str(indices.shape()));
+    lfq_fail("indices need a trailing codebook dim of " + std::to_string(C) + ", got " +
+             shape_str(indices.shape()));
   const double m =
       opts_.spherical ? opts_.codebook_scale / std::sqrt(double(bits_)) : opts_.codebook_scale;
   const std::vector<int64_t> v = idx.to_vector<int64_t>();
   std::vector<float> out(v.size() * static_cast<size_t>(bits_));
   for (size_t t = 0; t < v.size(); ++t) {
     if (v[t] < 0 || v[t] >= codebook_size_)
-      fail("index " + std::to_string(v[t]) + " outside [0, " + std::to_string(codebook_size_) +
-           ")");
+      lfq_fail("index " + std::to_string(v[t]) + " outside [0, " + std::to_string(codebook_size_) +
+               ")");
     for (int64_t j = 0; j < bits_; ++j)
       out[t * bits_ + j] = float(((v[t] >> (bits_ - 1 - j)) & 1) ? m : -m);
   }
