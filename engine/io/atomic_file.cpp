@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace quanta::io {
@@ -35,6 +37,16 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// Makes a rename in the folder of `path` durable. Some file systems cannot
+// fsync a folder (EINVAL): the entry is in place, so that is not an error.
+void sync_folder_of(const std::string& path, const char* op) {
+  const int dir = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  const bool synced = ::fsync(dir) == 0 || errno == EINVAL || errno == ENOTSUP;
+  ::close(dir);
+  if (!synced) fail(op, path + " was written but fsync of its folder failed");
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces,
@@ -55,18 +67,34 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
     ::unlink(tmp.c_str());
     throw;
   }
-  // Make the rename itself durable. Some filesystems cannot fsync a folder
-  // (EINVAL): the file is in place, so that is not an error.
-  const int dir = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    const bool synced = ::fsync(dir) == 0 || errno == EINVAL || errno == ENOTSUP;
-    ::close(dir);
-    if (!synced) fail(op, path + " was written but fsync of its folder failed");
-  }
+  sync_folder_of(path, op);
 }
 
 void write_text_atomic(const std::string& path, const std::string& text, const char* op) {
   write_file_atomic(path, {{text.data(), text.size()}}, op);
+}
+
+void replace_folder(const std::string& staged, const std::string& dir, const char* op) {
+  namespace fs = std::filesystem;
+  std::string target = dir;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  if (!fs::exists(target)) {
+    if (::rename(staged.c_str(), target.c_str()) != 0)
+      fail(op, "cannot rename " + staged + " to " + target);
+  } else if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) ==
+             0) {
+    fs::remove_all(staged);  // the old contents
+  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+    for (const auto& entry : fs::directory_iterator(staged)) {
+      const std::string to = (fs::path(target) / entry.path().filename()).string();
+      if (::rename(entry.path().c_str(), to.c_str()) != 0)
+        fail(op, "cannot rename " + entry.path().string() + " to " + to);
+    }
+    fs::remove_all(staged);
+  } else {
+    fail(op, "cannot exchange " + staged + " and " + target);
+  }
+  sync_folder_of(target, op);
 }
 
 }  // namespace quanta::io

@@ -23,4 +23,13 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
 /** write_file_atomic of one string (config files, JSON). */
 void write_text_atomic(const std::string& path, const std::string& text, const char* op);
 
+/** Puts folder `staged` (written whole beside it) in the place of folder
+ * `dir` in one step, for folders whose files only make sense together (an
+ * adapter folder's config and weights): a reader sees the old folder or the
+ * new one. `dir` absent: a rename. `dir` present: the two are exchanged
+ * (renameat2 RENAME_EXCHANGE) and the old contents, now at `staged`, are
+ * removed. On a file system that cannot exchange, `staged`'s files replace
+ * `dir`'s one by one, each atomically. Errors as write_file_atomic's. */
+void replace_folder(const std::string& staged, const std::string& dir, const char* op);
+
 }  // namespace quanta::io

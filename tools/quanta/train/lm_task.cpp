@@ -1,9 +1,11 @@
 #include "train/lm_task.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
+#include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "llm/model/lm_loss.h"
@@ -94,7 +96,13 @@ Evaluation LmFinetuneTask::evaluate() {
 }
 
 void LmFinetuneTask::write_outputs(const std::vector<json>& /*history*/, bool /*evaluated*/) {
-  llm::save_peft_adapters(*model_, lora_, quantization_, adapters_dir_);
+  // Written beside the folder and swapped in, so that a kill at any moment
+  // leaves the old adapters or the new ones, never one file of each (a
+  // leftover staging folder of a killed run is cleared here).
+  const std::string staged = adapters_dir_ + ".staged";
+  std::filesystem::remove_all(staged);
+  llm::save_peft_adapters(*model_, lora_, quantization_, staged);
+  io::replace_folder(staged, adapters_dir_, "finetune");
 }
 
 StateDict LmFinetuneTask::state() { return trainable_state(*model_); }

@@ -1,0 +1,66 @@
+// Atomic outputs: a file written whole or not at all, and a folder swapped
+// for another in one step (its files belong together).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/io/atomic_file.h"
+#include "support/temp_dir.h"
+
+using namespace quanta;
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A folder `dir` holding one file per (name, text).
+void make_folder(const std::string& dir,
+                 const std::vector<std::pair<std::string, std::string>>& files) {
+  fs::create_directories(dir);
+  for (const auto& [name, text] : files) io::write_text_atomic(dir + "/" + name, text, "test");
+}
+
+}  // namespace
+
+TEST_CASE("write_text_atomic replaces a file and leaves no temporary file") {
+  TempDir t("atomic_file");
+  io::write_text_atomic(t.file("a.json"), "old", "test");
+  io::write_text_atomic(t.file("a.json"), "new", "test");
+  CHECK(read_text(t.file("a.json")) == "new");
+  CHECK(std::distance(fs::directory_iterator(t.path()), fs::directory_iterator()) == 1);
+  CHECK_THROWS_WITH_AS(io::write_text_atomic(t.file("no/such/folder/x"), "x", "op"),
+                       doctest::Contains("[op] cannot create"), std::runtime_error);
+}
+
+TEST_CASE("replace_folder moves a staged folder in, or swaps it for the old one whole") {
+  TempDir t("atomic_folder");
+  const std::string dir = t.file("adapters"), staged = t.file("adapters.staged");
+  make_folder(staged, {{"config.json", "c1"}, {"weights", "w1"}});
+  io::replace_folder(staged, dir, "test");
+  CHECK_FALSE(fs::exists(staged));
+  CHECK(read_text(dir + "/config.json") == "c1");
+  CHECK(read_text(dir + "/weights") == "w1");
+
+  // An existing folder is replaced whole: a file the new one lacks is gone
+  // with the old folder, and the trailing slash of the target is ignored.
+  fs::remove_all(staged);
+  make_folder(dir, {{"config.json", "c1"}, {"weights", "w1"}, {"old_only", "x"}});
+  make_folder(staged, {{"config.json", "c2"}, {"weights", "w2"}});
+  io::replace_folder(staged, dir + "/", "test");
+  CHECK_FALSE(fs::exists(staged));
+  CHECK(read_text(dir + "/config.json") == "c2");
+  CHECK(read_text(dir + "/weights") == "w2");
+  CHECK_FALSE(fs::exists(dir + "/old_only"));
+
+  CHECK_THROWS_WITH_AS(io::replace_folder(t.file("missing"), t.file("elsewhere"), "op"),
+                       doctest::Contains("[op] cannot rename"), std::runtime_error);
+}
