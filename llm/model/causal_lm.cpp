@@ -3,6 +3,7 @@
 // residual, RMSNorm, SiLU-gated MLP, residual], RMSNorm, lm_head).
 #include "llm/model/causal_lm.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -34,21 +35,26 @@ class WeightTaker {
     auto it = left_.find(name);
     if (it == left_.end()) {
       missing_.push_back(name + " " + shape_str(shape));
-      return zeros(shape, {.dtype = dtype_});
+      return placeholder(shape);
     }
     Tensor t = it->second;
     left_.erase(it);
     if (t.shape() != shape) {
       wrong_.push_back(name + " is " + shape_str(t.shape()) + ", expected " + shape_str(shape));
-      return zeros(shape, {.dtype = dtype_});
+      return placeholder(shape);
     }
     if (!is_floating(t.dtype())) {
       wrong_.push_back(name + " has dtype " + std::string(dtype_name(t.dtype())));
-      return zeros(shape, {.dtype = dtype_});
+      return placeholder(shape);
     }
     return t.dtype() == dtype_ ? t : t.to(dtype_);
   }
   void drop(const std::string& name) { left_.erase(name); }
+  // Stands in for a weight that is wrong until finish() reports it: one
+  // zero, broadcast, so that a config of absurd sizes allocates nothing.
+  Tensor placeholder(const Shape& shape) const {
+    return expand(zeros(Shape(shape.size(), 1), {.dtype = dtype_}), shape);
+  }
   void finish() const {
     if (missing_.empty() && wrong_.empty() && left_.empty()) return;
     std::ostringstream e;
@@ -233,6 +239,9 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
 CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
     : Module("CausalLM"), config_(std::move(config)) {
   const DecoderConfig& c = config_;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : weights) names.push_back(name);
+  check_layer_count(c, names);
   WeightTaker w(weights, c.dtype);
   // Checkpoints of the Llama 2 era persisted RoPE's inverse frequencies; they
   // are computed, never loaded.
@@ -258,6 +267,27 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
     lm_head_ = register_module("lm_head", std::make_shared<Linear>(w.take(
                                               "lm_head.weight", {c.vocab_size, c.hidden_size})));
   w.finish();
+}
+
+void CausalLM::check_layer_count(const DecoderConfig& config,
+                                 const std::vector<std::string>& names) {
+  static const std::string prefix = "model.layers.";
+  int64_t stored = 0;  // 1 + the largest layer index named
+  for (const std::string& name : names) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::size_t dot = name.find('.', prefix.size());
+    const std::string index = name.substr(prefix.size(), dot - prefix.size());
+    if (index.empty() || index.size() > 9 ||
+        index.find_first_not_of("0123456789") != std::string::npos)
+      continue;  // not a layer index: finish() reports the name as unexpected
+    stored = std::max<int64_t>(stored, std::stoll(index) + 1);
+  }
+  if (config.num_hidden_layers > stored)
+    throw std::invalid_argument("[CausalLM] the config says num_hidden_layers " +
+                                std::to_string(config.num_hidden_layers) + ", the weights hold " +
+                                (stored == 0 ? std::string("no decoder layer")
+                                             : "layers 0.." + std::to_string(stored - 1) + " (" +
+                                                   std::to_string(stored) + ")"));
 }
 
 std::shared_ptr<CausalLM> CausalLM::random(const DecoderConfig& config, Generator& gen,

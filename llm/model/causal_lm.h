@@ -51,6 +51,13 @@ class CausalLM : public Module {
                                           Device device = Device::cpu(), double init_std = 0.02);
   /** The names and shapes a model of `config` has, in state-dict order. */
   static std::vector<std::pair<std::string, Shape>> expected_weights(const DecoderConfig& config);
+  /** Throws std::invalid_argument when `config` has more decoder layers
+   * than the weights named `names` hold ("model.layers.N." prefixes, N from
+   * 0), before anything per layer is built or listed: a config of 10^9
+   * layers over a 2-layer model is one error, not 10^9 missing layers.
+   * (Layers beyond the config's are reported by the constructor as
+   * unexpected names.) */
+  static void check_layer_count(const DecoderConfig& config, const std::vector<std::string>& names);
 
   /** The final hidden states [batch, tokens, hidden_size] (after model.norm)
    * of ids [batch, tokens] (i64, each < vocab_size). With `cache`, ids

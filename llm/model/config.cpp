@@ -1,6 +1,7 @@
 // config.json: transformers' names (both generations) to DecoderConfig and back.
 #include "llm/model/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -10,6 +11,13 @@ namespace quanta::llm {
 namespace {
 
 using nlohmann::json;
+
+// Bounds far above any published model's (vocabularies of 256k, widths of
+// 16k, 126 layers) that keep every size and product of two sizes in int64:
+// a config of absurd sizes is refused before anything is compared or built.
+constexpr int64_t kMaxSize = (int64_t(1) << 31) - 1;
+constexpr int64_t kMaxWeightElements = int64_t(1) << 40;
+constexpr int64_t kMaxHeadDim = 65536;  // published models use 64 to 256
 
 struct Reader {
   const json& j;
@@ -29,6 +37,9 @@ struct Reader {
       fail(std::string("\"") + key + "\" must be an integer, got " + v.dump());
     const int64_t n = v.get<int64_t>();
     if (n <= 0) fail(std::string("\"") + key + "\" must be > 0, got " + std::to_string(n));
+    if (n > kMaxSize)
+      fail(std::string("\"") + key + "\" is " + std::to_string(n) +
+           ", more than any model has (at most " + std::to_string(kMaxSize) + ")");
     return n;
   }
   double number(const json& obj, const char* key, double fallback, bool required) const {
@@ -97,8 +108,11 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     if (type == "llama3") {
       c.rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
       c.rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
-      c.rope.scaling.original_max_position_embeddings =
-          static_cast<int64_t>(r.number(s, "original_max_position_embeddings", 0, true));
+      const double original = r.number(s, "original_max_position_embeddings", 0, true);
+      if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
+        r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
+               std::to_string(kMaxSize));
+      c.rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
     }
     if (r.number(s, "partial_rotary_factor", 1.0, false) != 1.0)
       r.fail("\"partial_rotary_factor\" other than 1 is not supported");
@@ -167,7 +181,21 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
     r.fail("hidden_size is not a multiple of num_attention_heads and there is no head_dim");
   c.head_dim = r.integer("head_dim", c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.fail("head_dim must be even, got " + std::to_string(c.head_dim));
+  if (c.head_dim > kMaxHeadDim)
+    r.fail("head_dim " + std::to_string(c.head_dim) + " is more than any model has (at most " +
+           std::to_string(kMaxHeadDim) + ")");
   c.max_position_embeddings = r.integer("max_position_embeddings");
+  const auto check_weight = [&](const char* rows, int64_t r_n, const char* cols, int64_t c_n) {
+    if (r_n > kMaxWeightElements / c_n)
+      r.fail(std::string("a [") + rows + ", " + cols + "] weight of " + std::to_string(r_n) +
+             " x " + std::to_string(c_n) + " elements is more than quanta loads (2^40)");
+  };
+  check_weight("vocab_size", c.vocab_size, "hidden_size", c.hidden_size);
+  check_weight("intermediate_size", c.intermediate_size, "hidden_size", c.hidden_size);
+  if (c.num_attention_heads > kMaxSize / c.head_dim)
+    r.fail("num_attention_heads x head_dim is more than any model has");
+  check_weight("num_attention_heads x head_dim", c.num_attention_heads * c.head_dim, "hidden_size",
+               c.hidden_size);
   c.rms_norm_eps = r.number(j, "rms_norm_eps", 1e-6, false);
   if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
   c.tie_word_embeddings = r.flag("tie_word_embeddings", false);

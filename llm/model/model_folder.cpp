@@ -45,12 +45,37 @@ std::map<std::string, std::set<std::string>> read_index(const std::string& path)
   return shards;
 }
 
+// True when `path` (canonical) lies inside folder `root` (canonical).
+bool lies_inside(const fs::path& path, const fs::path& root) {
+  const fs::path rel = path.lexically_relative(root);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
 }  // namespace
+
+std::string model_folder_file(const std::string& dir, const std::string& name) {
+  const fs::path path = fs::path(dir) / name;
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(link)) return path.string();
+  if (fs::is_symlink(link)) {
+    const fs::path target = fs::weakly_canonical(path, ec);
+    if (ec || !fs::exists(target)) fail(path.string(), "is a symlink to nothing");
+    const fs::path root = fs::canonical(dir, ec);
+    // The hub cache links snapshots/<revision>/<file> to ../../blobs/<hash>.
+    const bool cached = root.parent_path().filename() == "snapshots" &&
+                        lies_inside(target, root.parent_path().parent_path() / "blobs");
+    if (ec || !(lies_inside(target, root) || cached))
+      fail(path.string(), "is a symlink to " + target.string() + ", outside the model folder");
+  }
+  if (!fs::is_regular_file(path, ec)) fail(path.string(), "is not a regular file");
+  return path.string();
+}
 
 StateDict read_model_weights(const std::string& dir) {
   const fs::path root(dir);
-  const fs::path single = root / "model.safetensors";
-  const fs::path index = root / "model.safetensors.index.json";
+  const fs::path single = model_folder_file(dir, "model.safetensors");
+  const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
   StateDict out;
   if (fs::exists(single)) {
     for (auto& [name, t] : io::load_safetensors(single.string()).tensors)
@@ -60,7 +85,7 @@ StateDict read_model_weights(const std::string& dir) {
   if (!fs::exists(index))
     fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
   for (const auto& [file, names] : read_index(index.string())) {
-    const fs::path shard = root / file;
+    const fs::path shard = model_folder_file(dir, file);
     if (!fs::exists(shard))
       fail(index.string(), "lists shard " + file + ", which is not in the folder");
     io::SafetensorsFile f = io::load_safetensors(shard.string());
@@ -78,7 +103,7 @@ StateDict read_model_weights(const std::string& dir) {
 }
 
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) {
-  DecoderConfig config = read_decoder_config((fs::path(dir) / "config.json").string());
+  DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
   StateDict weights = read_model_weights(dir);
   if (!device.is_cpu())
     for (auto& [name, t] : weights) t = t.to(device);

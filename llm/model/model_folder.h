@@ -11,6 +11,14 @@
 
 namespace quanta::llm {
 
+/** The path of file `name` of model folder `dir`, checked before anything
+ * opens it: a directory, FIFO or device there, a broken symlink, or a
+ * symlink leading out of the folder is refused (std::runtime_error naming
+ * the file). Symlinks inside the folder, and those of the Hugging Face hub
+ * cache (snapshots/REV/FILE to blobs/ beside snapshots/), are followed. An
+ * absent file gives its path: the caller says what it needed. */
+std::string model_folder_file(const std::string& dir, const std::string& name);
+
 /** Every tensor of the folder's weights, by name (f32, bf16 and f16 as
  * stored). A sharded folder is read through its index: a name the index
  * lists that its shard lacks, a name a shard holds that the index does not

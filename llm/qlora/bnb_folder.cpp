@@ -62,7 +62,7 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
 }
 
 std::optional<BaseQuantization> folder_quantization(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
+  const std::string path = model_folder_file(dir, "config.json");
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open");
   const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -93,9 +93,18 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
                                 ": config.json has no quantization_config (a float folder: "
                                 "load_causal_lm)");
   const DType dequant = compute_dtype.value_or(recorded->compute_dtype);
-  const DecoderConfig config = read_decoder_config((fs::path(dir) / "config.json").string());
+  const DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
   std::map<std::string, Tensor> file;
-  for (auto& [name, t] : read_model_weights(dir)) file.emplace(name, t);
+  std::vector<std::string> names;
+  for (auto& [name, t] : read_model_weights(dir)) {
+    names.push_back(name);
+    file.emplace(name, t);
+  }
+  try {
+    CausalLM::check_layer_count(config, names);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(dir + ": " + e.what());
+  }
   // The layers stored as bitsandbytes states get a weight that takes no
   // memory (one zero, broadcast) until their NF4 base replaces them.
   StateDict weights;
