@@ -66,7 +66,7 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
     const bool cached = root.parent_path().filename() == "snapshots" &&
                         lies_inside(target, root.parent_path().parent_path() / "blobs");
     if (ec || !(lies_inside(target, root) || cached))
-      fail(path.string(), "is a symlink to " + target.string() + ", outside the model folder");
+      fail(path.string(), "is a symlink to " + target.string() + ", outside the folder");
   }
   if (!fs::is_regular_file(path, ec)) fail(path.string(), "is not a regular file");
   return path.string();

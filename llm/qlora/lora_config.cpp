@@ -96,9 +96,9 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
 
 LoraSettings read_adapter_config(const json& j, const std::string& source) {
   if (!j.is_object()) fail(source, "is not a JSON object");
-  const std::string peft_type = j.value("peft_type", std::string());
+  const json peft_type = j.value("peft_type", json());
   if (peft_type != "LORA")
-    fail(source, "peft_type is \"" + peft_type + "\"; only LORA adapters are read");
+    fail(source, "peft_type is " + peft_type.dump() + "; only LORA adapters are read");
   if (j.contains("task_type") && !j.at("task_type").is_null() && j.at("task_type") != "CAUSAL_LM")
     fail(source, "task_type is " + j.at("task_type").dump() + ", not CAUSAL_LM");
   // Options that change what the adapters compute, which this library does
@@ -112,6 +112,8 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   if (j.contains("bias") && j.at("bias") != "none")
     fail(source, "bias is " + j.at("bias").dump() + "; quanta reads adapters with bias \"none\"");
   LoraSettings l;
+  if (j.contains("r") && j.at("r").is_number() && !j.at("r").is_number_integer())
+    fail(source, "\"r\" must be an integer, got " + j.at("r").dump());
   try {
     l.r = j.at("r").get<int64_t>();
     l.lora_alpha = j.at("lora_alpha").get<double>();
@@ -147,10 +149,19 @@ BaseQuantization read_base_quantization(const json& j, const std::string& source
     return q;
   }
   const json& r = j.at(kQuantizationKey);
+  if (!r.is_object()) fail(source, std::string(kQuantizationKey) + " must be an object");
   try {
     if (r.value("quant_type", std::string("nf4")) != "nf4")
       fail(source, std::string(kQuantizationKey) + ".quant_type must be nf4");
+    if (r.contains("blocksize") && !r.at("blocksize").is_number_integer())
+      fail(source, std::string(kQuantizationKey) + ".blocksize must be an integer");
     q.blocksize = r.value("blocksize", q.blocksize);
+    // bitsandbytes' block sizes.
+    if (q.blocksize != 32 && !(q.blocksize >= 64 && q.blocksize <= 4096 && q.blocksize % 64 == 0))
+      fail(source, std::string(kQuantizationKey) +
+                       ".blocksize must be 32 or a multiple of 64 up "
+                       "to 4096, got " +
+                       std::to_string(q.blocksize));
     q.double_quant = r.value("double_quant", q.double_quant);
     q.compute_dtype = dtype_from_torch_name(r.value("compute_dtype", std::string("bfloat16")));
   } catch (const std::exception& e) {

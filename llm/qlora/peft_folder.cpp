@@ -8,6 +8,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
+#include "llm/model/model_folder.h"
 
 namespace quanta::llm {
 
@@ -53,9 +54,9 @@ void save_peft_adapters(Module& model, const LoraSettings& lora,
 }
 
 AdapterFolderConfig read_adapter_folder_config(const std::string& dir, DType model_dtype) {
-  const std::string path = (fs::path(dir) / kAdapterConfigFile).string();
   if (!fs::is_directory(dir))
     throw std::runtime_error(dir + ": not an adapter folder (no such folder)");
+  const std::string path = model_folder_file(dir, kAdapterConfigFile);
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open (is " + dir + " a PEFT adapter folder?)");
   json j;
@@ -67,10 +68,19 @@ AdapterFolderConfig read_adapter_folder_config(const std::string& dir, DType mod
   return {read_adapter_config(j, path), read_base_quantization(j, path, model_dtype)};
 }
 
-void load_peft_adapter_tensors(Module& model, const std::string& dir) {
-  const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
+namespace {
+
+// The folder's adapter_model.safetensors, read whole (sizes and offsets
+// checked).
+io::SafetensorsFile read_adapter_weights(const std::string& dir) {
+  const std::string path = model_folder_file(dir, kAdapterWeightsFile);
   if (!fs::exists(path)) throw std::runtime_error(path + ": no such file");
-  io::SafetensorsFile file = io::load_safetensors(path);
+  return io::load_safetensors(path);
+}
+
+// Copies `file` (read from `path`) into the adapters of `model`, or throws
+// listing every misfit with the model unchanged.
+void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const std::string& path) {
   std::map<std::string, Tensor> stored(file.tensors.begin(), file.tensors.end());
   const io::TensorMap wanted = peft_adapter_tensors(model);
   std::string problems;
@@ -101,6 +111,29 @@ void load_peft_adapter_tensors(Module& model, const std::string& dir) {
   for (const auto& [name, t] : wanted) copy_(t, stored.at(name).to(t.dtype()).to(t.device()));
 }
 
+// Every stored lora_A must have the config's rank: checked before adapters
+// of that rank are made, so that a config's r of 10^9 allocates nothing.
+void check_stored_rank(const io::SafetensorsFile& file, int64_t r, const std::string& path) {
+  bool any = false;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.find(".lora_A.") == std::string::npos) continue;
+    any = true;
+    if (t.dim() != 2 || t.size(0) != r)
+      throw std::runtime_error(
+          path + ": " + name + " is " + shape_str(t.shape()) + ": it has rank " +
+          (t.dim() == 2 ? std::to_string(t.size(0)) : std::string("?")) + ", the config's r is " +
+          std::to_string(r) + " (an adapter_config.json from another run?)");
+  }
+  if (!any) throw std::runtime_error(path + " holds no lora_A tensor (not a LoRA adapter file)");
+}
+
+}  // namespace
+
+void load_peft_adapter_tensors(Module& model, const std::string& dir) {
+  copy_adapter_tensors(model, read_adapter_weights(dir),
+                       (fs::path(dir) / kAdapterWeightsFile).string());
+}
+
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
                                 const std::string& base_dir) {
   const AdapterFolderConfig folder = read_adapter_folder_config(adapter_dir, model.config().dtype);
@@ -111,6 +144,11 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
     throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
                              ": the adapters were made for base \"" + recorded + "\", not " +
                              base_dir);
+  // The weights are read and checked against the config before the model
+  // is converted: a bad file leaves the model as it was.
+  const std::string weights_path = (fs::path(adapter_dir) / kAdapterWeightsFile).string();
+  const io::SafetensorsFile weights = read_adapter_weights(adapter_dir);
+  check_stored_rank(weights, folder.lora.r, weights_path);
   QLoRAOptions options;
   options.lora = folder.lora;
   options.quantization = folder.quantization;
@@ -121,7 +159,7 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
     throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
                              " does not fit the model: " + e.what());
   }
-  load_peft_adapter_tensors(model, adapter_dir);
+  copy_adapter_tensors(model, weights, weights_path);
   return report;
 }
 

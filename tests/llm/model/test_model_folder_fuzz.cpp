@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -185,12 +185,12 @@ TEST_CASE("model folders: an index naming shards outside the folder, or missing,
   copy_fixture("mistral_sharded", dir);
   fs::remove(dir + "/" + shard2);
   fs::create_symlink(outside, dir + "/" + shard2);
-  check_refused(dir, dir + "/" + shard2, "outside the model folder");
+  check_refused(dir, dir + "/" + shard2, "outside the folder");
   copy_fixture("mistral_sharded", dir);
   fs::remove(dir + "/config.json");
   fs::create_symlink(t.file("outside.json"), dir + "/config.json");
   write_text(t.file("outside.json"), read_text(fixture("mistral_sharded") + "/config.json"));
-  check_refused(dir, dir + "/config.json", "outside the model folder");
+  check_refused(dir, dir + "/config.json", "outside the folder");
   // A symlink inside the folder is fine.
   copy_fixture("mistral_sharded", dir);
   fs::rename(dir + "/" + shard2, dir + "/real.safetensors");
@@ -272,8 +272,8 @@ TEST_CASE("model folders: shards that disagree with the config, or are cut, are 
   // Cut short at every part of the file: header length, header, data.
   copy_fixture("llama_gqa", dir);
   const std::string whole = read_text(weights);
-  for (const std::size_t keep : {std::size_t(0), std::size_t(5), std::size_t(20),
-                                 whole.size() / 2, whole.size() - 1}) {
+  for (const std::size_t keep :
+       {std::size_t(0), std::size_t(5), std::size_t(20), whole.size() / 2, whole.size() - 1}) {
     CAPTURE(keep);
     write_text(weights, whole.substr(0, keep));
     const Loaded r = load(dir);
@@ -287,10 +287,27 @@ TEST_CASE("model folders: a bounded mutation fuzz finds no crash and no error na
   TempDir t("model_fuzz_random");
   const std::string dir = t.file("m");
   std::mt19937_64 rng(20261129);  // the same mutations every run
-  const json hostile[] = {0,     -1,   1,          2,     3,    7,       64,
-                          1e9,   1e30, -1e30,      1.5,   "x",  nullptr, true,
-                          false, json::array(), json::object(), int64_t(1) << 31,
-                          int64_t(1) << 40, int64_t(1) << 62, std::numeric_limits<int64_t>::min()};
+  const json hostile[] = {0,
+                          -1,
+                          1,
+                          2,
+                          3,
+                          7,
+                          64,
+                          1e9,
+                          1e30,
+                          -1e30,
+                          1.5,
+                          "x",
+                          nullptr,
+                          true,
+                          false,
+                          json::array(),
+                          json::object(),
+                          int64_t(1) << 31,
+                          int64_t(1) << 40,
+                          int64_t(1) << 62,
+                          std::numeric_limits<int64_t>::min()};
   const std::size_t n_hostile = sizeof(hostile) / sizeof(hostile[0]);
   int loaded = 0, refused = 0;
   for (int i = 0; i < 300; ++i) {
@@ -322,9 +339,15 @@ TEST_CASE("model folders: a bounded mutation fuzz finds no crash and no error na
         std::string s = read_text(file);
         const std::size_t at = rng() % s.size();
         switch (rng() % 3) {
-          case 0: s[at] = static_cast<char>(rng() & 0xff); break;
-          case 1: s.resize(at); break;
-          default: s.insert(at, s.substr(at, rng() % 16)); break;
+          case 0:
+            s[at] = static_cast<char>(rng() & 0xff);
+            break;
+          case 1:
+            s.resize(at);
+            break;
+          default:
+            s.insert(at, s.substr(at, rng() % 16));
+            break;
         }
         write_text(file, s);
         break;

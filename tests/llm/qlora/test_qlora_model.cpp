@@ -161,9 +161,9 @@ TEST_CASE("PEFT adapter folders: written, read back, and refused when they do no
   auto fourth = llm::load_causal_lm(model_dir("qwen2_bias"));
   CHECK_THROWS_WITH_AS(
       llm::apply_peft_adapters(*fourth, dir, ""),
-      doctest::Contains("does not fit the model (made for another base, r or target_modules?): "
+      doctest::Contains("adapter_model.safetensors: "
                         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight is "
-                        "[2, 32], the model's is [3, 32]"),
+                        "[2, 32]: it has rank 2, the config's r is 3"),
       std::runtime_error);
   // A damaged config: one line naming the file and the field.
   bad = config;

@@ -1,0 +1,278 @@
+// Hostile PEFT adapter folders: every mistake in adapter_config.json or
+// adapter_model.safetensors is refused with an error naming the file,
+// before the model is changed or anything of the config's sizes is
+// allocated; a bounded mutation fuzz (fixed seed) finds no crash, no hang
+// and no error that names nothing.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "engine/factory.h"
+#include "engine/io/safetensors.h"
+#include "llm/model/model_folder.h"
+#include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
+#include "support/temp_dir.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string base_dir() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm/models/llama_gqa";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A whole adapter folder for llama_gqa (r 4 on q_proj and v_proj, named
+// after its base), made once and copied for each case.
+class AdapterFolders {
+ public:
+  explicit AdapterFolders(const TempDir& t) : good_(t.file("good")), dir_(t.file("adapters")) {
+    auto model = llm::load_causal_lm(base_dir());
+    llm::QLoRAOptions o;
+    o.lora.r = 4;
+    o.lora.target_modules = {"q_proj", "v_proj"};
+    o.lora.base_model_name_or_path = "llama_gqa";
+    llm::apply_qlora(*model, o);
+    llm::save_peft_adapters(*model, o.lora, o.quantization, good_);
+  }
+  // A fresh copy of the good folder.
+  const std::string& fresh() const {
+    fs::remove_all(dir_);
+    fs::copy(good_, dir_, fs::copy_options::recursive);
+    return dir_;
+  }
+  std::string config() const { return dir_ + "/" + llm::kAdapterConfigFile; }
+  std::string weights() const { return dir_ + "/" + llm::kAdapterWeightsFile; }
+
+ private:
+  std::string good_, dir_;
+};
+
+struct Applied {
+  bool ok = false;
+  std::string error;
+  bool model_unchanged = true;  // no layer converted when it failed
+};
+
+Applied apply(const std::string& dir) {
+  Applied r;
+  auto model = llm::load_causal_lm(base_dir());
+  const std::size_t params = model->named_parameters().size();
+  try {
+    llm::apply_peft_adapters(*model, dir, base_dir());
+    r.ok = true;
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    r.model_unchanged = model->named_parameters().size() == params;
+  }
+  return r;
+}
+
+void check_refused(const std::string& dir, const std::string& file, const std::string& what) {
+  const Applied r = apply(dir);
+  CAPTURE(r.error);
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.error.find(file) != std::string::npos);
+  CHECK(r.error.find(what) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming file and field") {
+  TempDir t("adapter_fuzz_config");
+  const AdapterFolders folders(t);
+  const std::string dir = folders.fresh();
+  REQUIRE(apply(dir).ok);
+  struct Case {
+    const char* key;
+    json value;  // null: the key removed
+    const char* says;
+  };
+  const Case cases[] = {
+      {"r", nullptr, "a LoRA field is missing or of the wrong type"},
+      {"r", 0, "lora r must be positive"},
+      {"r", -4, "lora r must be positive"},
+      {"r", 2.5, "\"r\" must be an integer"},
+      {"r", "4", "a LoRA field is missing or of the wrong type"},
+      // Ranks the stored tensors do not have: refused before adapters of
+      // that rank are allocated.
+      {"r", 8, "has rank 4, the config's r is 8"},
+      {"r", int64_t(1000000000), "has rank 4, the config's r is 1000000000"},
+      {"lora_alpha", -1.0, "lora_alpha must be positive"},
+      {"lora_alpha", "x", "a LoRA field is missing or of the wrong type"},
+      {"lora_dropout", 1.0, "lora_dropout must be in [0, 1)"},
+      {"target_modules", json::array(), "target_modules is empty"},
+      {"target_modules", json::array({"gate_proj"}), "does not fit the model"},
+      {"target_modules", json::array({"nothing_here"}), "nothing_here"},
+      {"target_modules", 7, "a LoRA field is missing or of the wrong type"},
+      {"peft_type", "PREFIX_TUNING", "only LORA adapters are read"},
+      {"peft_type", 3, "peft_type"},
+      {"task_type", "SEQ_CLS", "not CAUSAL_LM"},
+      {"use_dora", true, "use_dora is set"},
+      {"bias", "all", "bias is \"all\""},
+      {"base_model_name_or_path", "another-model", "made for base \"another-model\""},
+      {"quanta_base_quantization", json{{"quant_type", "fp4"}}, "quant_type must be nf4"},
+      {"quanta_base_quantization", json{{"blocksize", 0}}, "blocksize"},
+      {"quanta_base_quantization", json{{"blocksize", -64}}, "blocksize"},
+      {"quanta_base_quantization", json{{"blocksize", int64_t(1) << 40}}, "blocksize"},
+      {"quanta_base_quantization", json{{"compute_dtype", "int8"}}, "int8"},
+      {"quanta_base_quantization", 5, "quanta_base_quantization"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.key);
+    CAPTURE(c.value.dump());
+    folders.fresh();
+    json j = json::parse(read_text(folders.config()));
+    if (c.value.is_null())
+      j.erase(c.key);
+    else
+      j[c.key] = c.value;
+    write_text(folders.config(), j.dump(2));
+    const Applied r = apply(dir);
+    CAPTURE(r.error);
+    REQUIRE_FALSE(r.ok);
+    CHECK(r.error.find(dir) != std::string::npos);
+    CHECK(r.error.find(c.says) != std::string::npos);
+  }
+  folders.fresh();
+  write_text(folders.config(), "{\"r\": ");
+  check_refused(dir, folders.config(), "not JSON");
+  write_text(folders.config(), "[]");
+  check_refused(dir, folders.config(), "is not a JSON object");
+  fs::remove(folders.config());
+  check_refused(dir, folders.config(), "cannot open");
+  REQUIRE(::mkfifo(folders.config().c_str(), 0600) == 0);
+  check_refused(dir, folders.config(), "is not a regular file");
+  check_refused(t.file("no_such_folder"), "no_such_folder", "not an adapter folder");
+}
+
+TEST_CASE("adapter folders: adapter_model.safetensors that does not fit is refused, model intact") {
+  TempDir t("adapter_fuzz_weights");
+  const AdapterFolders folders(t);
+  const std::string dir = folders.fresh();
+  const auto rewrite = [&](const std::function<void(io::TensorMap&)>& change) {
+    folders.fresh();
+    io::SafetensorsFile f = io::load_safetensors(folders.weights());
+    change(f.tensors);
+    io::save_safetensors(folders.weights(), f.tensors, f.metadata);
+  };
+  rewrite([](io::TensorMap& m) { m.pop_back(); });
+  check_refused(dir, folders.weights(), "missing base_model.model.model.layers.1");
+  rewrite([](io::TensorMap& m) { m.push_back({"base_model.model.extra.weight", zeros({2})}); });
+  check_refused(dir, folders.weights(), "unexpected base_model.model.extra.weight");
+  rewrite([](io::TensorMap& m) { m[1].second = zeros({m[1].second.size(0) + 1, 4}); });
+  check_refused(dir, folders.weights(), "the model's is");
+  rewrite([](io::TensorMap& m) { m[1].second = m[1].second.to(DType::i32); });
+  check_refused(dir, folders.weights(), "not floating");
+  rewrite([](io::TensorMap& m) { m.clear(); });
+  check_refused(dir, folders.weights(), "holds no lora_A tensor");
+  // Another rank in the tensors than in the config (a folder from another run).
+  rewrite([](io::TensorMap& m) {
+    for (auto& [name, t] : m)
+      t = name.find("lora_A") != std::string::npos ? zeros({2, t.size(1)}) : zeros({t.size(0), 2});
+  });
+  check_refused(dir, folders.weights(), "has rank 2, the config's r is 4");
+
+  folders.fresh();
+  const std::string whole = read_text(folders.weights());
+  for (const std::size_t keep : {std::size_t(0), std::size_t(7), std::size_t(30),
+                                 whole.size() / 2, whole.size() - 1}) {
+    CAPTURE(keep);
+    write_text(folders.weights(), whole.substr(0, keep));
+    const Applied r = apply(dir);
+    CAPTURE(r.error);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.find(folders.weights()) != std::string::npos);
+    CHECK(r.model_unchanged);
+  }
+  fs::remove(folders.weights());
+  check_refused(dir, folders.weights(), "no such file");
+  fs::create_directory(folders.weights());
+  check_refused(dir, folders.weights(), "is not a regular file");
+}
+
+TEST_CASE("adapter folders: a bounded mutation fuzz finds no crash and no error naming nothing") {
+  TempDir t("adapter_fuzz_random");
+  const AdapterFolders folders(t);
+  std::mt19937_64 rng(20261129);  // the same mutations every run
+  const json hostile[] = {0,      -1,    1,     2,    4,       8,           1e9,
+                          1e30,   -1e30, 0.5,   "x",  nullptr, true,        false,
+                          "LORA", "all-linear", json::array(), json::object(),
+                          json::array({"q_proj"}), int64_t(1) << 40, int64_t(1) << 62};
+  const std::size_t n_hostile = sizeof(hostile) / sizeof(hostile[0]);
+  int applied = 0, refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    CAPTURE(i);
+    const std::string dir = folders.fresh();
+    switch (rng() % 3) {
+      case 0: {  // a config value replaced (one level into objects)
+        json c = json::parse(read_text(folders.config()));
+        std::vector<std::string> keys;
+        for (auto& [k, v] : c.items()) keys.push_back(k);
+        const std::string key = keys[rng() % keys.size()];
+        if (c[key].is_object() && !c[key].empty()) {
+          auto it = c[key].begin();
+          std::advance(it, rng() % c[key].size());
+          it.value() = hostile[rng() % n_hostile];
+        } else {
+          c[key] = hostile[rng() % n_hostile];
+        }
+        write_text(folders.config(), c.dump());
+        break;
+      }
+      case 1: {  // bytes of the config changed, cut or doubled
+        std::string s = read_text(folders.config());
+        const std::size_t at = rng() % s.size();
+        switch (rng() % 3) {
+          case 0: s[at] = static_cast<char>(rng() & 0xff); break;
+          case 1: s.resize(at); break;
+          default: s.insert(at, s.substr(at, rng() % 16)); break;
+        }
+        write_text(folders.config(), s);
+        break;
+      }
+      default: {  // a bit of the weights file's header (or its length) flipped
+        std::string s = read_text(folders.weights());
+        uint64_t header = 0;
+        std::memcpy(&header, s.data(), 8);
+        const std::size_t at = rng() % std::min<std::size_t>(s.size(), 8 + header);
+        s[at] = static_cast<char>(s[at] ^ (1 << (rng() % 8)));
+        write_text(folders.weights(), s);
+        break;
+      }
+    }
+    const Applied r = apply(dir);
+    if (r.ok) {
+      ++applied;
+      continue;
+    }
+    ++refused;
+    CAPTURE(r.error);
+    CHECK(r.error.find(dir) != std::string::npos);
+  }
+  MESSAGE(applied << " of 200 mutated adapter folders applied, " << refused << " refused");
+  CHECK(refused > 100);
+}
