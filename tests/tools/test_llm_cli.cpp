@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -228,4 +229,39 @@ TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base"
   check_one_line_error(run_quanta({"generate", "--model", base, "--adapters", dir.file("none"),
                                    "--prompt-ids", "1"}),
                        1, "not an adapter folder");
+}
+
+TEST_CASE("hostile model and adapter folders end every command in one line, writing nothing") {
+  ScratchDir dir("llm_cli_hostile");
+  const std::string model = dir.file("model"), adapters = dir.file("adapters");
+  fs::copy(models() + "llama_gqa", model);
+  fs::copy(std::string(std::getenv("QUANTA_TEST_DATA")) + "/llm/qlora/llama_gqa_all/adapter_init",
+           adapters);
+  auto config = nlohmann::json::parse(slurp(models() + "llama_gqa/config.json"));
+  config["num_hidden_layers"] = 1000000000;
+  std::ofstream(model + "/config.json") << config.dump();
+  auto adapter_config = nlohmann::json::parse(slurp(adapters + "/adapter_config.json"));
+  adapter_config["r"] = 1000000000;
+  std::ofstream(adapters + "/adapter_config.json") << adapter_config.dump();
+  llm::write_token_file(dir.file("tokens.bin"), {1, 2, 3, 4, 5, 6, 7, 8, 9}, llm::TokenWidth::u16);
+  const std::string layers = "the config says num_hidden_layers 1000000000, the weights hold";
+  check_one_line_error(run_quanta({"generate", "--model", model, "--prompt-ids", "1"}), 1, layers);
+  check_one_line_error(
+      run_quanta({"eval", "--model", model, "--data", dir.file("tokens.bin"), "--seq-len", "4"}), 1,
+      layers);
+  check_one_line_error(run_quanta({"quantize", model, dir.file("nf4")}), 1, layers);
+  CHECK_FALSE(fs::exists(dir.file("nf4")));
+  check_one_line_error(run_quanta({"finetune", "--model", model, "--data", dir.file("tokens.bin"),
+                                   "--seq-len", "4", "--out", dir.file("run")}),
+                       1, layers);
+  // The run folder holds nothing but its lock: the corrected command runs in it.
+  for (const auto& entry : fs::directory_iterator(dir.file("run")))
+    CHECK(entry.path().filename() == ".quanta-lock");
+  const std::string rank = "it has rank 4, the config's r is 1000000000";
+  check_one_line_error(run_quanta({"generate", "--model", models() + "llama_gqa", "--adapters",
+                                   adapters, "--prompt-ids", "1"}),
+                       1, rank);
+  check_one_line_error(run_quanta({"eval", "--model", models() + "llama_gqa", "--adapters",
+                                   adapters, "--data", dir.file("tokens.bin"), "--seq-len", "4"}),
+                       1, rank);
 }

@@ -198,8 +198,8 @@ TEST_CASE("adapter folders: adapter_model.safetensors that does not fit is refus
 
   folders.fresh();
   const std::string whole = read_text(folders.weights());
-  for (const std::size_t keep : {std::size_t(0), std::size_t(7), std::size_t(30),
-                                 whole.size() / 2, whole.size() - 1}) {
+  for (const std::size_t keep :
+       {std::size_t(0), std::size_t(7), std::size_t(30), whole.size() / 2, whole.size() - 1}) {
     CAPTURE(keep);
     write_text(folders.weights(), whole.substr(0, keep));
     const Applied r = apply(dir);
@@ -218,10 +218,27 @@ TEST_CASE("adapter folders: a bounded mutation fuzz finds no crash and no error 
   TempDir t("adapter_fuzz_random");
   const AdapterFolders folders(t);
   std::mt19937_64 rng(20261129);  // the same mutations every run
-  const json hostile[] = {0,      -1,    1,     2,    4,       8,           1e9,
-                          1e30,   -1e30, 0.5,   "x",  nullptr, true,        false,
-                          "LORA", "all-linear", json::array(), json::object(),
-                          json::array({"q_proj"}), int64_t(1) << 40, int64_t(1) << 62};
+  const json hostile[] = {0,
+                          -1,
+                          1,
+                          2,
+                          4,
+                          8,
+                          1e9,
+                          1e30,
+                          -1e30,
+                          0.5,
+                          "x",
+                          nullptr,
+                          true,
+                          false,
+                          "LORA",
+                          "all-linear",
+                          json::array(),
+                          json::object(),
+                          json::array({"q_proj"}),
+                          int64_t(1) << 40,
+                          int64_t(1) << 62};
   const std::size_t n_hostile = sizeof(hostile) / sizeof(hostile[0]);
   int applied = 0, refused = 0;
   for (int i = 0; i < 200; ++i) {
@@ -247,9 +264,15 @@ TEST_CASE("adapter folders: a bounded mutation fuzz finds no crash and no error 
         std::string s = read_text(folders.config());
         const std::size_t at = rng() % s.size();
         switch (rng() % 3) {
-          case 0: s[at] = static_cast<char>(rng() & 0xff); break;
-          case 1: s.resize(at); break;
-          default: s.insert(at, s.substr(at, rng() % 16)); break;
+          case 0:
+            s[at] = static_cast<char>(rng() & 0xff);
+            break;
+          case 1:
+            s.resize(at);
+            break;
+          default:
+            s.insert(at, s.substr(at, rng() % 16));
+            break;
         }
         write_text(folders.config(), s);
         break;
