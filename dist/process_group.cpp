@@ -186,6 +186,20 @@ uint32_t sub_tag(uint32_t tag, uint32_t k) {
 
 }  // namespace
 
+namespace {
+
+// Where rank `rank` posts what it was doing when a call failed (fail()).
+std::string status_key(int rank) { return "status/" + std::to_string(rank); }
+
+// Should this process be killed, the store posts its status for it, and a
+// peer's fail() names it at once rather than after the report's grace.
+void leave_will(Store& store, int rank) {
+  const std::string died = "died: its process ended (killed, or exited) without leaving the group";
+  store.set_will(status_key(rank), Bytes(died.begin(), died.end()));
+}
+
+}  // namespace
+
 ProcessGroup::ProcessGroup(int rank, int size, GroupOptions opts)
     : rank_(rank),
       size_(size),
@@ -232,6 +246,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int world_siz
     seed_ = std::stoull(store_->get_string("seed", opts_.timeout));
     await_all_connected(*store_, rank, world_size, opts_.timeout);
     detail::check_no_duplicate(*store_);  // a duplicate that came while we connected
+    leave_will(*store_, rank);
   } catch (const std::exception& e) {
     throw DistError("[dist] rendezvous of group '" + opts_.name + "' failed on rank " +
                     std::to_string(rank) + " of " + std::to_string(world_size) + " through " +
@@ -253,8 +268,14 @@ ProcessGroup::~ProcessGroup() {
   // Tell peers still waiting on us that we left on purpose (fail() reads it).
   if (store_ && broken_.empty()) {
     try {
-      store_->set_string("status/" + std::to_string(rank_),
+      store_->set_string(status_key(rank_),
                          "left the group after " + std::to_string(seq_) + " collectives");
+    } catch (...) {
+    }
+  }
+  if (store_) {
+    try {
+      store_->clear_will(status_key(rank_));
     } catch (...) {
     }
   }
@@ -276,6 +297,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::clone(const std::string& purpose) {
     g->gloo_ = std::make_unique<detail::GlooBackend>(gloo_store, rank_, size_, opts_.timeout,
                                                      gloo().device());
     await_all_connected(*g->store_, rank_, size_, opts_.timeout);
+    leave_will(*g->store_, rank_);
   } catch (const std::exception& e) {
     throw DistError("[dist] creating group '" + name + "' failed on rank " + std::to_string(rank_) +
                     ": " + e.what());
@@ -416,7 +438,7 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   std::vector<std::string> reports(size_);
   const Millis grace = grace_of(call.timeout);
   try {
-    store_->set_string("status/" + std::to_string(rank_), call.desc());
+    store_->set_string(status_key(rank_), call.desc());
     const auto posts = await_posts(*store_, rank_, size_, "status/", grace);
     for (int r = 0; r < size_; ++r)
       if (posts[r]) reports[r].assign(posts[r]->begin(), posts[r]->end());
@@ -432,7 +454,7 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
     const std::string& rep = reports[r];
     if (rep.empty())
       missing.push_back(r);
-    else if (rep.rfind("left", 0) == 0 || rep.rfind("failed", 0) == 0)
+    else if (rep.rfind("left", 0) == 0 || rep.rfind("failed", 0) == 0 || rep.rfind("died", 0) == 0)
       msg << "\n  rank " << r << " " << rep;
     else if (rep.substr(0, rep.find(" at ")) == mine)
       msg << "\n  rank " << r << " arrived and failed too";
@@ -455,9 +477,9 @@ void ProcessGroup::mismatch(const Call& call, const std::string& diff) {
   // A rank that fails later in another call (the root of a broadcast
   // learns nothing from it) reads why this one left.
   try {
-    store_->set_string("status/" + std::to_string(rank_), "failed the check of " + call.desc() +
-                                                              ": the ranks called different "
-                                                              "collectives");
+    store_->set_string(status_key(rank_), "failed the check of " + call.desc() +
+                                              ": the ranks called different "
+                                              "collectives");
   } catch (...) {
   }
   throw DistError("[dist] " + call.desc() + " on rank " + std::to_string(rank_) + " of " +

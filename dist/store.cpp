@@ -30,6 +30,9 @@ std::string Store::get_string(const std::string& key, Millis timeout) {
   return std::string(b.begin(), b.end());
 }
 
+void Store::set_will(const std::string&, const Bytes&) {}
+void Store::clear_will(const std::string&) {}
+
 void Store::set_string(const std::string& key, const std::string& value) {
   set(key, Bytes(value.begin(), value.end()));
 }
@@ -145,5 +148,9 @@ int64_t PrefixStore::add(const std::string& key, int64_t delta) {
 bool PrefixStore::check(const std::string& key) { return base_->check(prefix_ + key); }
 bool PrefixStore::remove(const std::string& key) { return base_->remove(prefix_ + key); }
 std::string PrefixStore::describe() const { return base_->describe() + " [" + prefix_ + "]"; }
+void PrefixStore::set_will(const std::string& key, const Bytes& value) {
+  base_->set_will(prefix_ + key, value);
+}
+void PrefixStore::clear_will(const std::string& key) { base_->clear_will(prefix_ + key); }
 
 }  // namespace quanta::dist

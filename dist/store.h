@@ -37,6 +37,13 @@ class Store {
   virtual bool remove(const std::string& key) = 0;
   /** Where the store lives, for error messages ("tcp://127.0.0.1:29500"). */
   virtual std::string describe() const = 0;
+  /** Asks the store to set `key` to `value` (non-empty) if this client
+   * vanishes (its process killed) before clear_will(key), and only if `key`
+   * is unset then: how a process's death reaches the others at once
+   * instead of after a timeout. A store without connections ignores it. */
+  virtual void set_will(const std::string& key, const Bytes& value);
+  /** Withdraws set_will(key). */
+  virtual void clear_will(const std::string& key);
 
   /** Waits until every key is set (throws like get on timeout). */
   void wait(const std::vector<std::string>& keys, Millis timeout);
@@ -113,6 +120,8 @@ class TcpStore : public Store {
   bool check(const std::string& key) override;
   bool remove(const std::string& key) override;
   std::string describe() const override;
+  void set_will(const std::string& key, const Bytes& value) override;
+  void clear_will(const std::string& key) override;
   /** The port of the server (useful with port 0 and is_server). */
   int port() const { return port_; }
   /** When this store hosts the server: on destruction, keep serving until
@@ -171,6 +180,8 @@ class PrefixStore : public Store {
   bool check(const std::string& key) override;
   bool remove(const std::string& key) override;
   std::string describe() const override;
+  void set_will(const std::string& key, const Bytes& value) override;
+  void clear_will(const std::string& key) override;
   /** The store below the prefix. */
   const std::shared_ptr<Store>& base() const { return base_; }
 

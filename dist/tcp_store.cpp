@@ -245,4 +245,10 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 bool TcpStore::check(const std::string& key) { return request(kCheck, key, {}).found(); }
 bool TcpStore::remove(const std::string& key) { return request(kRemove, key, {}).found(); }
 
+void TcpStore::set_will(const std::string& key, const Bytes& value) {
+  if (value.empty()) throw std::invalid_argument("[TcpStore] a will needs a value");
+  request(kWill, key, value);
+}
+void TcpStore::clear_will(const std::string& key) { request(kWill, key, {}); }
+
 }  // namespace quanta::dist

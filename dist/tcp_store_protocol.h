@@ -12,7 +12,18 @@
 
 namespace quanta::dist::detail {
 
-enum StoreCmd : uint8_t { kSet = 0, kGet = 1, kAdd = 2, kCheck = 3, kRemove = 4, kHello = 5 };
+// WILL: the server sets key to value when this connection ends before a WILL
+// of the key with an empty value withdraws it (and only if the key is unset
+// then): how a process that is killed tells the others at once.
+enum StoreCmd : uint8_t {
+  kSet = 0,
+  kGet = 1,
+  kAdd = 2,
+  kCheck = 3,
+  kRemove = 4,
+  kHello = 5,
+  kWill = 6
+};
 enum StoreStatus : uint8_t { kOk = 0, kMissing = 1, kError = 2 };
 
 constexpr std::size_t kRequestHeader = 1 + 4 + 8;
@@ -36,6 +47,8 @@ inline const char* store_cmd_name(uint8_t cmd) {
       return "remove";
     case kHello:
       return "hello";
+    case kWill:
+      return "will";
   }
   return "unknown command";
 }

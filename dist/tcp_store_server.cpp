@@ -120,6 +120,9 @@ struct TcpStoreServer::Impl {
     std::string key;
     Bytes value;
     uint64_t discard = 0;  // bytes of a refused request still to skip
+    // Set when the connection ends (the client's process died) unless
+    // withdrawn first: key -> value.
+    std::map<std::string, Bytes> wills;
   };
   std::list<Client> clients;
 
@@ -202,9 +205,23 @@ struct TcpStoreServer::Impl {
       }
       case kHello:
         return reply_of(kOk, "");  // already authenticated
+      case kWill:
+        break;  // per connection: will()
     }
     return error("unknown command " + std::to_string(cmd) +
                  " (is the client a quanta store client of the same version?)");
+  }
+
+  // Records (or, with an empty value, withdraws) what to set when `c` ends.
+  std::string will(Client& c) {
+    if (c.value.empty()) {
+      c.wills.erase(c.key);
+    } else {
+      if (c.wills.size() >= 64 && !c.wills.count(c.key))
+        return error("will of key '" + c.key + "': a connection may hold 64 wills");
+      c.wills[c.key] = std::move(c.value);
+    }
+    return reply_of(kOk, "");
   }
 
   // ---- one client's bytes ----
@@ -279,7 +296,7 @@ struct TcpStoreServer::Impl {
       c.out = reply_of(kOk, "");
     } else {
       try {
-        c.out = handle(c.cmd, c.key, std::move(c.value));
+        c.out = c.cmd == kWill ? will(c) : handle(c.cmd, c.key, std::move(c.value));
       } catch (const std::exception& e) {  // out of memory, in practice
         c.out = error(std::string(store_cmd_name(c.cmd)) + " of key '" + c.key +
                       "' failed in the store server: " + e.what());
@@ -334,6 +351,12 @@ struct TcpStoreServer::Impl {
   void drop(Client& c) {
     if (c.fd >= 0) ::close(c.fd);
     c.fd = -1;
+    // The wills of a connection that ended: a key already set (the process
+    // posted before it left) keeps its value; the store's limits hold.
+    for (auto& [key, value] : c.wills)
+      if (!data.count(key) && over_quota(key, true, 0, key.size() + value.size()).empty())
+        store(key, std::move(value));
+    c.wills.clear();
   }
 
   // Sends what the socket takes now; the rest waits for POLLOUT.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "dist/store.h"
@@ -46,6 +47,41 @@ TEST_CASE("TcpStore: a server and two clients") {
       "g1", std::make_shared<TcpStore>("127.0.0.1", server_and_client.port(), false, Millis(1000)));
   p1.set_string("k", "1");
   CHECK(client.get_string("g1/k", Millis(100)) == "1");
+}
+
+TEST_CASE("TcpStore: a client's will is set when its connection ends, unless withdrawn") {
+  TcpStore host("127.0.0.1", 0, true, Millis(2000));
+  const auto client = [&] {
+    return std::make_shared<TcpStore>("127.0.0.1", host.port(), false, Millis(2000));
+  };
+  const auto gone = [&](const std::string& key) {
+    // The server sees the closed connection within its poll.
+    return host.get_string(key, Millis(2000));
+  };
+  {
+    PrefixStore dying("g", client());
+    dying.set_will("status/1", Bytes{'d', 'e', 'a', 'd'});
+    CHECK_FALSE(host.check("g/status/1"));  // not while it lives
+  }
+  CHECK(gone("g/status/1") == "dead");
+  {
+    auto c = client();
+    c->set_will("withdrawn", Bytes{'x'});
+    c->clear_will("withdrawn");
+    c->set_will("posted", Bytes{'x'});
+    c->set_string("posted", "its own word");  // a status posted before leaving is kept
+    c->set_will("second", Bytes{'y'});
+    c->set_will("second", Bytes{'z'});  // the last will counts
+  }
+  CHECK(gone("second") == "z");
+  CHECK(host.get_string("posted", Millis(100)) == "its own word");
+  CHECK_FALSE(host.check("withdrawn"));
+  CHECK_THROWS_WITH(host.set_will("k", Bytes{}), doctest::Contains("a will needs a value"));
+  // A connection holds a bounded number of wills.
+  auto c = client();
+  for (int i = 0; i < 64; ++i) c->set_will("w" + std::to_string(i), Bytes{'1'});
+  CHECK_THROWS_WITH(c->set_will("w64", Bytes{'1'}), doctest::Contains("may hold 64 wills"));
+  c->set_will("w0", Bytes{'2'});  // replacing one is fine
 }
 
 TEST_CASE("TcpStore: a server that goes away is named by whoever hosts it") {
