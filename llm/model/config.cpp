@@ -95,6 +95,10 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     const json& s = *scaling;
     // 4.x wrote the kind as "type" before "rope_type".
     std::string type = "default";
+    for (const char* key : {"rope_type", "type"})
+      if (s.contains(key) && !s.at(key).is_null() && !s.at(key).is_string())
+        r.fail(std::string("rope_scaling \"") + key + "\" must be a string, got " +
+               s.at(key).dump());
     if (s.contains("rope_type") && s.at("rope_type").is_string())
       type = s.at("rope_type").get<std::string>();
     else if (s.contains("type") && s.at("type").is_string())
@@ -205,6 +209,11 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.o_bias = c.model_type != "qwen2" && c.attention_bias;
   c.dtype = dtype_of(r);
   if (r.has("pretraining_tp") && r.integer("pretraining_tp") < 1) r.fail("bad pretraining_tp");
+  // transformers drops attention probabilities while training when it is
+  // set; quanta's attention has no dropout, so a fine-tune would differ.
+  if (r.number(j, "attention_dropout", 0.0, false) != 0.0)
+    r.fail("\"attention_dropout\": " + j.at("attention_dropout").dump() +
+           " is not supported (quanta's attention has no dropout; 0 is)");
   refuse_sliding_window(r, c);
   read_rope(r, c);
   rope_frequencies(c.rope, 0);  // every RoPE value checked now, not at the first forward

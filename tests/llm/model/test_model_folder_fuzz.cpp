@@ -125,6 +125,10 @@ TEST_CASE("model folders: each config.json mistake is refused, naming the file a
       {"dtype", "int8", "dtype \"int8\" is not one quanta loads"},
       {"rms_norm_eps", -1.0, "\"rms_norm_eps\" must be >= 0"},
       {"tie_word_embeddings", "yes", "\"tie_word_embeddings\" must be true or false"},
+      {"attention_dropout", 0.1, "\"attention_dropout\": 0.1 is not supported"},
+      {"attention_dropout", "x", "\"attention_dropout\" must be a number"},
+      {"rope_parameters", json{{"rope_theta", 10000.0}, {"rope_type", json::object()}},
+       "\"rope_type\" must be a string"},
       // Sizes no machine holds: refused by the config's bounds before any
       // weight is compared or allocated.
       {"num_hidden_layers", int64_t(1000000000), "num_hidden_layers"},
