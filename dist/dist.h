@@ -5,6 +5,7 @@
 #include "dist/data_parallel.h"
 #include "dist/env.h"
 #include "dist/functional.h"
+#include "dist/optimizer_shards.h"
 #include "dist/process_group.h"
 #include "dist/random.h"
 #include "dist/sharded_units.h"

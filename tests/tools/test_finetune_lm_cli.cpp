@@ -262,6 +262,11 @@ TEST_CASE(
   CHECK(contains(s.out, "resuming at step 5 of 10 steps"));
   check_same_tensors(d.file("whole2/adapters/adapter_model.safetensors"),
                      d.file("sharded/adapters/adapter_model.safetensors"));
+  // Each sharded rank kept AdamW state for its share of the adapters only;
+  // the checkpoint gathers it into the ordinary layout, the same bytes.
+  CHECK(contains(s.out, "optimizer state sharded: rank 0 keeps it for "));
+  check_same_tensors(d.file("whole2/checkpoint.safetensors"),
+                     d.file("sharded/checkpoint.safetensors"));
   const CliResult other = run_quanta(
       finetune("llama_gqa", d, "sharded", with({"--steps", "12", "--nproc", "3", "--resume"})));
   REQUIRE_MESSAGE(other.code == 0, other.err);

@@ -16,10 +16,13 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
 
 void save_checkpoint(const std::string& path, const StateDict& model_state,
                      const Optimizer* optimizer, const CheckpointInfo& info) {
+  save_checkpoint(path, model_state, optimizer ? optimizer->state_dict() : StateDict{}, info);
+}
+
+void save_checkpoint(const std::string& path, const StateDict& model_state,
+                     const StateDict& optimizer_state, const CheckpointInfo& info) {
   StateDict tensors = add_prefix(model_state, "model.");
-  if (optimizer)
-    for (auto& entry : add_prefix(optimizer->state_dict(), "optim."))
-      tensors.push_back(std::move(entry));
+  for (auto& entry : add_prefix(optimizer_state, "optim.")) tensors.push_back(std::move(entry));
   std::map<std::string, std::string> meta = {
       {"format", info.format},
       {"framework", "quanta"},

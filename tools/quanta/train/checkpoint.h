@@ -50,6 +50,10 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
  * keeps only part of its model, such as a fine-tune's adapters). */
 void save_checkpoint(const std::string& path, const StateDict& model_state,
                      const Optimizer* optimizer, const CheckpointInfo& info);
+/** The same with the optimizer's state given as its state dict (gathered
+ * from the ranks that shard it). */
+void save_checkpoint(const std::string& path, const StateDict& model_state,
+                     const StateDict& optimizer_state, const CheckpointInfo& info);
 
 /** A loaded checkpoint: its info and the state dicts (prefixes removed). */
 struct Checkpoint {

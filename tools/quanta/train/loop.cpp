@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <streambuf>
 
+#include "dist/optimizer_shards.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/parallel.h"
 #include "engine/device_backend.h"
@@ -152,6 +153,8 @@ class Loop {
         order_(s.seed, s.examples, s.batch_size),
         started_(std::chrono::steady_clock::now()) {
     if (world_ > 1) dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
+    if (world_ > 1 && s.shard_optimizer_state)
+      opt_shards_ = std::make_unique<dist::OptimizerShards>(group_, trainable_parameters(*model_));
   }
 
   LoopResult run() {
@@ -163,6 +166,9 @@ class Loop {
       log_ << "sharded: " << dp_->sharded()->full_bytes() << " bytes of frozen base state, "
            << dp_->sharded()->shard_bytes() << " kept per rank, gathered by "
            << s_.data_parallel.shard_units.size() << " units just in time\n";
+    if (opt_shards_)
+      log_ << "optimizer state sharded: rank 0 keeps it for " << opt_shards_->owned_elements()
+           << " of " << opt_shards_->total_elements() << " trainable elements\n";
     Progress progress(log_, s_.progress_bar, step_, s_.total_steps,
                       s_.batch_size * s_.items_per_row, s_.throughput_unit);
     progress_ = &progress;
@@ -173,14 +179,18 @@ class Loop {
       const bool stop = train_step(signals.caught() != 0);
       log_step(stop);
       if (stop) {
-        if (lead_) save_and_write_outputs(false);
+        const StateDict optimizer_state = gathered_optimizer_state();
+        if (lead_) save_and_write_outputs(false, optimizer_state);
         progress.line("interrupted by " + signal_name(signals.caught()) + " after step " +
                       std::to_string(step_) + "; checkpoint written to " + ckpt_path_ +
                       " (continue with --resume --out " + s_.out_dir + ")");
         result.interrupted = true;
         break;
       }
-      if (eval_due() && (lead_ || sharded())) result.last_eval = evaluate();
+      if (eval_due()) {
+        const StateDict optimizer_state = gathered_optimizer_state();
+        if (lead_ || sharded()) result.last_eval = evaluate(optimizer_state);
+      }
     }
     progress.finish();
     // The caller gets its model whole (a merge reads the base).
@@ -196,7 +206,8 @@ class Loop {
   void restore() {
     Checkpoint ck = load_checkpoint(ckpt_path_, s_.checkpoint_format);
     task_.load_state(ck.model);
-    optimizer_->load_state_dict(ck.optimizer);
+    optimizer_->load_state_dict(opt_shards_ ? opt_shards_->owned_state(ck.optimizer)
+                                            : ck.optimizer);
     task_.load_extra_state(ck.info.rng);
     step_ = ck.info.step;
     window_ = LogWindow::restore(ck.info.log_window, names_, step_, s_.log_every);
@@ -264,8 +275,10 @@ class Loop {
     if (dp_) dp_->finish_step();
     if (s_.optimizer.max_grad_norm > 0)
       clip_grad_norm_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
+    if (opt_shards_) opt_shards_->drop_unowned_grads();
     optimizer_->set_lr(schedule_->lr_at(step_));
     optimizer_->step();
+    if (opt_shards_) opt_shards_->broadcast_updates();
     task_.after_step();
     ++step_;
     {
@@ -356,7 +369,14 @@ class Loop {
   // Rank 0 alone (every rank holds the same model; an evaluation issues no
   // collective): the eval record, the checkpoint, the task's outputs. A
   // sharded model's forwards gather it: every rank evaluates, rank 0 writes.
-  json evaluate() {
+  // The optimizer's whole state for a checkpoint: gathered from the ranks
+  // that own it when it is sharded (a collective: every rank calls it).
+  StateDict gathered_optimizer_state() {
+    return opt_shards_ ? opt_shards_->gather_state(optimizer_->state_dict())
+                       : optimizer_->state_dict();
+  }
+
+  json evaluate(const StateDict& optimizer_state) {
     const Evaluation ev = task_.evaluate();
     model_->train();
     if (!lead_) return ev.fields;
@@ -367,13 +387,13 @@ class Loop {
     record["lr"] = lr_now();
     record["elapsed_s"] = elapsed_s();
     append_metric(metrics_path_, history_.emplace_back(record));
-    save_and_write_outputs(true);
+    save_and_write_outputs(true, optimizer_state);
     progress_->line("eval step " + std::to_string(step_) + " (epoch " + std::to_string(epoch()) +
                     "): " + ev.line);
     return ev.fields;
   }
 
-  void save_and_write_outputs(bool evaluated) {
+  void save_and_write_outputs(bool evaluated, const StateDict& optimizer_state) {
     CheckpointInfo info;
     info.format = s_.checkpoint_format;
     info.config = s_.checkpoint_config;
@@ -383,7 +403,7 @@ class Loop {
     info.rng["seed"] = s_.seed;
     info.log_window = window_.to_json(names_);
     info.results = task_.results();
-    save_checkpoint(ckpt_path_, task_.state(), optimizer_.get(), info);
+    save_checkpoint(ckpt_path_, task_.state(), optimizer_state, info);
     task_.write_outputs(history_, evaluated);
   }
 
@@ -398,6 +418,7 @@ class Loop {
   std::unique_ptr<Adam> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<dist::OptimizerShards> opt_shards_;  // with shard_optimizer_state
   const int64_t per_epoch_;
   const std::string ckpt_path_, metrics_path_;
   int64_t step_ = 0;

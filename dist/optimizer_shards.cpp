@@ -1,0 +1,127 @@
+#include "dist/optimizer_shards.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/io/safetensors.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
+
+namespace quanta::dist {
+namespace {
+
+// The parameter index of an optimizer state key "state.0.{i}.{name}", or -1
+// for the keys every rank holds alike (groups.*, hparams.*).
+int64_t state_param(const std::string& key) {
+  static const std::string prefix = "state.";
+  if (key.compare(0, prefix.size(), prefix) != 0) return -1;
+  const std::size_t g_end = key.find('.', prefix.size());
+  const std::size_t i_end = g_end == std::string::npos ? g_end : key.find('.', g_end + 1);
+  if (i_end == std::string::npos || key.compare(prefix.size(), g_end - prefix.size(), "0") != 0)
+    throw std::invalid_argument("[OptimizerShards] optimizer state key '" + key +
+                                "' is not of parameter group 0 (one group is sharded)");
+  return std::stoll(key.substr(g_end + 1, i_end - g_end - 1));
+}
+
+bool is_step_key(const std::string& key) { return key.ends_with(".step"); }
+
+}  // namespace
+
+OptimizerShards::OptimizerShards(ProcessGroup& group, std::vector<Tensor> params)
+    : group_(group), params_(std::move(params)) {
+  for (const Tensor& p : params_) total_elements_ += p.numel();
+  // Parameter i goes to the rank whose equal share of the elements holds
+  // its middle element: contiguous, balanced, the same on every rank.
+  const int n = group_.size();
+  int64_t before = 0;
+  for (const Tensor& p : params_) {
+    const int64_t middle = before + p.numel() / 2;
+    const int owner =
+        total_elements_ == 0 ? 0 : static_cast<int>(middle * n / std::max<int64_t>(1, total_elements_));
+    owners_.push_back(std::min(owner, n - 1));
+    if (owners_.back() == group_.rank()) owned_elements_ += p.numel();
+    before += p.numel();
+  }
+}
+
+void OptimizerShards::drop_unowned_grads() {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (owners_[i] != group_.rank()) params_[i].set_grad(Tensor());
+}
+
+void OptimizerShards::broadcast_updates() {
+  NoGradGuard no_grad;
+  for (int r = 0; r < group_.size(); ++r) {
+    // One flat buffer per dtype of rank r's parameters.
+    std::map<DType, std::vector<std::size_t>> by_dtype;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (owners_[i] == r) by_dtype[params_[i].dtype()].push_back(i);
+    for (const auto& [dtype, members] : by_dtype) {
+      std::vector<Tensor> parts;
+      for (std::size_t i : members) parts.push_back(reshape(params_[i].detach(), {-1}));
+      Tensor flat = parts.size() == 1 ? parts[0].contiguous().clone() : cat(parts, 0);
+      group_.broadcast(flat, r);
+      if (r == group_.rank()) continue;
+      int64_t at = 0;
+      for (std::size_t i : members) {
+        const Tensor& p = params_[i];
+        copy_(p, reshape(slice(flat, 0, at, at + p.numel()), p.shape()));
+        at += p.numel();
+      }
+    }
+  }
+}
+
+StateDict OptimizerShards::gather_state(const StateDict& mine) {
+  io::TensorMap own;
+  for (const auto& [key, value] : mine)
+    if (state_param(key) >= 0) own.emplace_back(key, value.detach());
+  const std::vector<uint8_t> bytes = io::serialize_safetensors(own);
+  const Tensor local =
+      from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, DType::u8, {.dtype = DType::u8});
+  std::vector<int64_t> sizes;
+  const Tensor all = group_.all_gather_v(local, &sizes).contiguous();
+  // Every rank's per-parameter state, by parameter.
+  std::map<int64_t, StateDict> states;
+  const auto* data = static_cast<const uint8_t*>(all.raw_data());
+  int64_t at = 0;
+  for (int r = 0; r < group_.size(); ++r) {
+    const std::vector<uint8_t> part(data + at, data + at + sizes[r]);
+    at += sizes[r];
+    for (auto& [key, value] :
+         io::parse_safetensors(part, "the optimizer state of rank " + std::to_string(r)).tensors)
+      states[state_param(key)].emplace_back(key, std::move(value));
+  }
+  StateDict whole;
+  for (const auto& [key, value] : mine)
+    if (state_param(key) < 0) whole.emplace_back(key, value);
+  for (auto& [i, entries] : states) {
+    // The step first, as Optimizer::state_dict() gives it.
+    for (auto& e : entries)
+      if (is_step_key(e.first)) whole.push_back(e);
+    for (auto& e : entries)
+      if (!is_step_key(e.first)) whole.push_back(e);
+  }
+  return whole;
+}
+
+StateDict OptimizerShards::owned_state(const StateDict& whole) const {
+  StateDict out;
+  for (const auto& [key, value] : whole) {
+    const int64_t i = state_param(key);
+    if (i >= static_cast<int64_t>(params_.size()))
+      throw std::invalid_argument("[OptimizerShards] optimizer state key '" + key +
+                                  "' names parameter " + std::to_string(i) + " of " +
+                                  std::to_string(params_.size()));
+    if (i < 0 || owners_[static_cast<std::size_t>(i)] == group_.rank())
+      out.emplace_back(key, value);
+  }
+  return out;
+}
+
+}  // namespace quanta::dist
