@@ -41,8 +41,9 @@ OptimizerShards::OptimizerShards(ProcessGroup& group, std::vector<Tensor> params
   int64_t before = 0;
   for (const Tensor& p : params_) {
     const int64_t middle = before + p.numel() / 2;
-    const int owner =
-        total_elements_ == 0 ? 0 : static_cast<int>(middle * n / std::max<int64_t>(1, total_elements_));
+    const int owner = total_elements_ == 0
+                          ? 0
+                          : static_cast<int>(middle * n / std::max<int64_t>(1, total_elements_));
     owners_.push_back(std::min(owner, n - 1));
     if (owners_.back() == group_.rank()) owned_elements_ += p.numel();
     before += p.numel();
@@ -82,8 +83,8 @@ StateDict OptimizerShards::gather_state(const StateDict& mine) {
   for (const auto& [key, value] : mine)
     if (state_param(key) >= 0) own.emplace_back(key, value.detach());
   const std::vector<uint8_t> bytes = io::serialize_safetensors(own);
-  const Tensor local =
-      from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, DType::u8, {.dtype = DType::u8});
+  const Tensor local = from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, DType::u8,
+                                 {.dtype = DType::u8});
   std::vector<int64_t> sizes;
   const Tensor all = group_.all_gather_v(local, &sizes).contiguous();
   // Every rank's per-parameter state, by parameter.

@@ -94,9 +94,9 @@ TEST_CASE("OptimizerShards: sharded AdamW equals one process's, with 1/N of the 
     int64_t total = 0;
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
-      CHECK(got[r] == want);                             // bit for bit, every rank
-      CHECK(as_map(gathered[r]) == ref_state_at_2);      // the whole state, every rank
-      CHECK(owned[r] < make_params()[2].numel() + 13);   // a share, not the whole
+      CHECK(got[r] == want);                            // bit for bit, every rank
+      CHECK(as_map(gathered[r]) == ref_state_at_2);     // the whole state, every rank
+      CHECK(owned[r] < make_params()[2].numel() + 13);  // a share, not the whole
       // Only the owned parameters' state: fewer entries than one process's.
       CHECK(state_entries[r] < static_cast<int64_t>(ref_state_at_2.size()));
       total += owned[r];
@@ -120,8 +120,7 @@ TEST_CASE("OptimizerShards: a whole state_dict resumes on another number of rank
     std::vector<Tensor> ps = make_params();
     {
       NoGradGuard no_grad;
-      for (std::size_t i = 0; i < ps.size(); ++i)
-        copy_(ps[i], from_vector(at_2[i], ps[i].shape()));
+      for (std::size_t i = 0; i < ps.size(); ++i) copy_(ps[i], from_vector(at_2[i], ps[i].shape()));
     }
     AdamW opt = make_adamw(ps);
     OptimizerShards shards(g, ps);

@@ -8,8 +8,10 @@
 // of the threads. Rows (rank 0's; every rank runs the same loop):
 //   qlora100m_shardN_step: ms of the sharded step; floor: the replicated
 //     step on the same ranks, timed in turns. Goal: ratio <= 1.25.
-//   qlora100m_shardN_base: MB the model holds per rank between steps;
-//     floor: replicated. The NF4 base is most of it.
+//   qlora100m_shardN_base: MB a rank holds between steps (model, adapters'
+//     gradients and AdamW state, after a first step); floor: replicated.
+//     The NF4 base is most of it; the sharded side also splits the AdamW
+//     state (dist::OptimizerShards), as quanta finetune --shard does.
 //   qlora100m_shardN_peak: peak MB per rank during a step; floor:
 //     replicated.
 //   qlora100m_shardN_gathered: MB gathered per step; floor: the NF4 base's
@@ -21,6 +23,7 @@
 
 #include "bench.h"
 #include "dist/data_parallel.h"
+#include "dist/optimizer_shards.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
 #include "llm/qlora/qlora_model.h"
@@ -32,15 +35,29 @@ namespace {
 double mb(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 // One replica of the QLoRA model on `dev` with its optimizer, and the
-// device memory it holds once built.
+// device memory it holds between steps.
 struct Replica {
   std::shared_ptr<llm::CausalLM> model;
   std::unique_ptr<dist::DataParallel> dp;
   std::unique_ptr<AdamW> opt;
+  std::unique_ptr<dist::OptimizerShards> opt_shards;  // sharded replicas
   int64_t resident = 0;
 };
 
-Replica make_replica(const llm::DecoderConfig& c, Device dev, dist::ProcessGroup& g, bool shard) {
+void train_step(Replica& r, const Tensor& ids) {
+  r.opt->zero_grad();
+  llm::chunked_causal_lm_loss(r.model->hidden_states(ids), r.model->lm_head_weight(), ids)
+      .backward();
+  r.dp->finish_step();
+  if (r.opt_shards) r.opt_shards->drop_unowned_grads();
+  r.opt->step();
+  if (r.opt_shards) r.opt_shards->broadcast_updates();
+}
+
+// Built, then one step, so that what it holds between steps (AdamW's state
+// made at the first) is counted.
+Replica make_replica(const llm::DecoderConfig& c, Device dev, dist::ProcessGroup& g, bool shard,
+                     const Tensor& ids) {
   const int64_t before = device_stats(dev).allocated_bytes;
   Replica r;
   Generator gen(321);  // the same weights on every rank
@@ -59,17 +76,11 @@ Replica make_replica(const llm::DecoderConfig& c, Device dev, dist::ProcessGroup
   for (const Tensor& p : r.model->parameters())
     if (p.requires_grad()) adapters.push_back(p);
   r.opt = std::make_unique<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
+  if (shard) r.opt_shards = std::make_unique<dist::OptimizerShards>(g, adapters);
+  train_step(r, ids);
   synchronize(dev);
   r.resident = device_stats(dev).allocated_bytes - before;
   return r;
-}
-
-void train_step(Replica& r, const Tensor& ids) {
-  r.opt->zero_grad();
-  llm::chunked_causal_lm_loss(r.model->hidden_states(ids), r.model->lm_head_weight(), ids)
-      .backward();
-  r.dp->finish_step();
-  r.opt->step();
 }
 
 // Peak device bytes of one step of `r`, counting `r`'s resident memory but
@@ -106,8 +117,8 @@ std::vector<BenchRow> bench_llm_shard(const BenchOptions& o, const llm::DecoderC
     const Tensor all = randint(0, c.vocab_size, {batch, tokens}, data_gen);
     const int64_t lo = batch * rank / n, hi = batch * (rank + 1) / n;
     const Tensor ids = all.narrow(0, lo, hi - lo).contiguous().to(dev);
-    Replica replicated = make_replica(c, dev, g, false);
-    Replica sharded = make_replica(c, dev, g, true);
+    Replica replicated = make_replica(c, dev, g, false, ids);
+    Replica sharded = make_replica(c, dev, g, true, ids);
     const std::vector<double> ms = interleaved_ms(
         o.repeat, 1, {[&] { train_step(sharded, ids); }, [&] { train_step(replicated, ids); }},
         [&] { synchronize(dev); });
