@@ -683,6 +683,10 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(rows[0]["name"] == "qlorasmall_B2_T32");
   CHECK(none.code != 0);
   CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
+  // The ~500M size is the llm suite's alone.
+  const Result large = quanta_cli({"bench", "quant", "--size", "large"});
+  CHECK(large.code == 2);
+  CHECK(contains(large.err, "--size large is for bench llm (its ~500M config), not quant"));
 }
 
 TEST_CASE("numeric flags out of range are one clear line, exit 2, for every subcommand") {

@@ -80,6 +80,9 @@ std::string cuda_skip_reason(Device d) {
 void run_bench(BenchCommand& c) {
   if (c.threads > 0) set_num_threads(c.threads);
   c.opts.small = c.size == "small";
+  c.opts.large = c.size == "large";
+  if (c.opts.large && c.suite != "llm")
+    throw UsageError("--size large is for bench llm (its ~500M config), not " + c.suite);
   c.opts.device = Device::parse(c.device);
   if (c.opts.device.is_sim() && c.suite != "train")
     throw UsageError("--device " + c.device + ": the " + c.suite +
@@ -261,9 +264,10 @@ void add_bench(CLI::App& app) {
       ->transform(integer_in(1, 1000));
   sub->add_option("--size", c->size,
                   "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
-                  "row names stay the same)")
+                  "row names stay the same); bench llm also takes large (a ~500M Llama, the "
+                  "sharding rows of -n N only)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"full", "small"}));
+      ->check(CLI::IsMember({"full", "small", "large"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
       ->transform(thread_count());
   sub->add_option("--device", c->device,

@@ -41,6 +41,7 @@ struct BenchRow {
 struct BenchOptions {
   int repeat = 5;      // timed runs per measurement (the median is reported)
   bool small = false;  // tiny sizes: a smoke test, not a measurement
+  bool large = false;  // llm suite: the ~500M config, its sharding rows only
   int ranks = 2;       // ranks for suites that run collectives (dist)
   Device device;       // where the suites run (cpu or cuda:N; train also sim:N)
   std::string only{};  // llm suite: only the rows whose name contains it
@@ -123,6 +124,10 @@ std::vector<BenchRow> bench_llm(const BenchOptions& opts);
  * its NF4 base sharded against the same step replicated, in time, memory
  * per rank and bytes gathered (bench_llm_shard.cpp). */
 std::vector<BenchRow> bench_llm_shard(const BenchOptions& opts, const llm::DecoderConfig& config);
+/** The llm suite's Llama for `opts`' size, and its tag in row names
+ * ("small", "100m", "500m"). */
+llm::DecoderConfig bench_llm_config(const BenchOptions& opts);
+std::string llm_size_tag(const BenchOptions& opts);
 /** The names of bench_llm_shard's rows. */
 std::vector<std::string> llm_shard_row_names(const BenchOptions& opts);
 /** Collectives and DataParallel (bench_dist.cpp). */

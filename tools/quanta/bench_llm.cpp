@@ -19,7 +19,9 @@
 // ratio = quanta / PyTorch: below 1 quanta is faster. The peer's python is
 // $QUANTA_PEER_PYTHON, else /tmp/peer-venv/bin/python (../shared/peer/
 // setup.sh); without it the rows say so. --size small shrinks every shape
-// (a smoke test, not a measurement).
+// (a smoke test, not a measurement); --size large gives only the sharding
+// rows, qlora500m_shardN_*, of a ~517M Llama (1280 hidden, 24 layers, 20
+// heads, 3456 MLP) at B 4 x T 128.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -110,8 +112,30 @@ struct Workload {
 
 }  // namespace
 
+std::string llm_size_tag(const BenchOptions& o) {
+  return o.small ? "small" : o.large ? "500m" : "100m";
+}
+
+llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
+  // The ~110M Llama (small: 2 layers of 64; large: ~517M, 24 layers of 1280).
+  llm::DecoderConfig c;
+  c.vocab_size = o.small ? 512 : 32000;
+  c.hidden_size = o.small ? 64 : o.large ? 1280 : 768;
+  c.intermediate_size = o.small ? 128 : o.large ? 3456 : 2048;
+  c.num_hidden_layers = o.small ? 2 : o.large ? 24 : 12;
+  c.num_attention_heads = o.small ? 4 : o.large ? 20 : 12;
+  c.num_key_value_heads = c.num_attention_heads;
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  c.rope = {.theta = 10000, .head_dim = c.head_dim, .max_position_embeddings = 4096};
+  return c;
+}
+
 std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   if (!o.device.is_cpu()) throw std::invalid_argument("bench llm runs on the CPU only for now");
+  if (o.large) return bench_llm_shard(o, bench_llm_config(o));  // ~500M: the sharding rows
   std::vector<Workload> work;
   Generator gen(321);
   // Attention: B 4, 12 heads of 64 (small: B 1, 2 heads of 16).
@@ -134,19 +158,7 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
                       llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
                     }});
   }
-  // The ~110M Llama (small: 2 layers of 64).
-  llm::DecoderConfig c;
-  c.vocab_size = o.small ? 512 : 32000;
-  c.hidden_size = o.small ? 64 : 768;
-  c.intermediate_size = o.small ? 128 : 2048;
-  c.num_hidden_layers = o.small ? 2 : 12;
-  c.num_attention_heads = o.small ? 4 : 12;
-  c.num_key_value_heads = c.num_attention_heads;
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.max_position_embeddings = 4096;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = true;
-  c.rope = {.theta = 10000, .head_dim = c.head_dim, .max_position_embeddings = 4096};
+  const llm::DecoderConfig c = bench_llm_config(o);
   auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   const std::string cfg = "vocab=" + std::to_string(c.vocab_size) +
                           " hidden=" + std::to_string(c.hidden_size) +
@@ -159,8 +171,8 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
               : std::vector<std::pair<int64_t, int64_t>>{{4, 512}, {1, 2048}};
   for (const auto& [b, t] : shapes) {
     auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
-    const std::string tag = "llama" + std::string(o.small ? "small" : "100m") + "_B" +
-                            std::to_string(b) + "_T" + std::to_string(t);
+    const std::string tag =
+        "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
     const std::string shape = cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t);
     work.push_back({tag, "setup llama_fwd " + shape, [=] {
                       NoGradGuard no_grad;
@@ -187,8 +199,8 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
     const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
     auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
-    const std::string tag = "qlora" + std::string(o.small ? "small" : "100m") + "_B" +
-                            std::to_string(b) + "_T" + std::to_string(t);
+    const std::string tag =
+        "qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
     work.push_back({tag,
                     "setup qlora " + cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t) +
                         " r=" + std::to_string(q.lora.r),

@@ -97,14 +97,14 @@ int64_t step_peak(Replica& r, const Tensor& ids, Device dev) {
 }  // namespace
 
 std::vector<std::string> llm_shard_row_names(const BenchOptions& o) {
-  const std::string tag =
-      std::string("qlora") + (o.small ? "small" : "100m") + "_shard" + std::to_string(o.ranks);
+  const std::string tag = "qlora" + llm_size_tag(o) + "_shard" + std::to_string(o.ranks);
   return {tag + "_step", tag + "_base", tag + "_peak", tag + "_gathered"};
 }
 
 std::vector<BenchRow> bench_llm_shard(const BenchOptions& o, const llm::DecoderConfig& c) {
   const int n = o.ranks;
-  const int64_t batch = o.small ? 2 : 4, tokens = o.small ? 32 : 512;
+  // The ~500M model's step at B 4 x T 128, so that its rows take minutes.
+  const int64_t batch = o.small ? 2 : 4, tokens = o.small ? 32 : o.large ? 128 : 512;
   const std::vector<std::string> names = llm_shard_row_names(o);
   if (n < 2) return {unavailable_row(names[0], "sharding needs -n 2 or more ranks")};
   std::vector<BenchRow> rows;
