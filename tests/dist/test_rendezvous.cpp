@@ -1,8 +1,11 @@
 // Rendezvous: a rank started twice fails the ranks that meet it, naming the
 // rank, instead of hanging in Gloo's connect; a rank left alone says on
 // stderr what it waits for within seconds.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -115,11 +118,17 @@ TEST_CASE("rendezvous: a lone rank says what it waits for within seconds") {
   // The group's server first: a port probed and closed before it opens could
   // be handed to it by the kernel, and the lone client would then connect.
   TcpStoreServer server(0);
-  int free_port = 0;
-  while (free_port == 0 || free_port == server.port()) {
-    TcpStoreServer probe(0);
-    free_port = probe.port();
-  }
+  // A port held bound but not listening: connecting is refused, and no other
+  // process (the suites run side by side) can start a server on it meanwhile.
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(holder >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int free_port = ntohs(addr.sin_port);
   std::string store_error;
   std::thread lone_client([&] {  // a rank whose store server never starts
     try {
@@ -141,6 +150,7 @@ TEST_CASE("rendezvous: a lone rank says what it waits for within seconds") {
     }
   }
   lone_client.join();
+  ::close(holder);
   const std::string text = captured.text();
   CAPTURE(text);
   CAPTURE(group_error);
