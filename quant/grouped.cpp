@@ -12,7 +12,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& who, const std::string& what) {
+[[noreturn]] void grouped_fail(const std::string& who, const std::string& what) {
   std::string m = "[" + who + "] ";
   m += what;
   throw std::invalid_argument(m);
@@ -27,7 +27,7 @@ Grouped::Grouped(std::string name, GroupedLayout layout)
     m += std::to_string(layout_.dim);
     m += " must be a positive multiple of groups ";
     m += std::to_string(layout_.groups);
-    fail(type_name(), m);
+    grouped_fail(type_name(), m);
   }
   list_ = register_module("rvqs", std::make_shared<Module>("ModuleList"));
 }
@@ -39,8 +39,8 @@ void Grouped::add_group(std::shared_ptr<Quantizer> group) {
 
 QuantizeOutput Grouped::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
   if (x.dim() >= 4 && !layout_.accept_image_fmap)
-    fail(type_name(), std::string("got a feature map of shape ") + shape_str(x.shape()) +
-                          "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
+    grouped_fail(type_name(), std::string("got a feature map of shape ") + shape_str(x.shape()) +
+                                  "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, layout_.channel_last, layout_.dim, type_name());
   const Tensor token_mask = detail::token_mask(mask, layout, type_name());
   QuantizeOptions each = opts;
@@ -66,8 +66,8 @@ QuantizeOutput Grouped::forward(const Tensor& x, const Tensor& mask, const Quant
 
 std::vector<Tensor> Grouped::per_group(const Tensor& indices, bool output) {
   if (indices.dim() < 2 || indices.size(0) != groups())
-    fail(type_name(), std::string("expects indices [groups = ") + std::to_string(groups()) +
-                          ", ..., q], got " + shape_str(indices.shape()));
+    grouped_fail(type_name(), std::string("expects indices [groups = ") + std::to_string(groups()) +
+                                  ", ..., q], got " + shape_str(indices.shape()));
   std::vector<Tensor> out;
   for (int64_t g = 0; g < groups(); ++g) {
     const Tensor idx = select(indices, 0, g);

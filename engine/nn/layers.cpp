@@ -17,14 +17,14 @@
 namespace quanta {
 namespace {
 
-[[noreturn]] void fail(const std::string& layer, const std::string& what) {
+[[noreturn]] void layer_fail(const std::string& layer, const std::string& what) {
   throw std::invalid_argument("[" + layer + "] " + what);
 }
 
 void check_positive(const std::string& layer, const char* what, int64_t v, bool zero_ok) {
   if (v < 0 || (!zero_ok && v == 0))
-    fail(layer, std::string(what) + " must be " + (zero_ok ? "non-negative" : "positive") +
-                    ", got " + std::to_string(v));
+    layer_fail(layer, std::string(what) + " must be " + (zero_ok ? "non-negative" : "positive") +
+                          ", got " + std::to_string(v));
 }
 
 // PyTorch's reset_parameters for Linear and the convolutions: the weight with
@@ -52,8 +52,9 @@ void check_conv(const std::string& layer, int64_t in, int64_t out, std::array<in
     check_positive(layer, "output_padding", o.output_padding[i], true);
   }
   if (in % o.groups != 0 || out % o.groups != 0)
-    fail(layer, "in_channels " + std::to_string(in) + " and out_channels " + std::to_string(out) +
-                    " must be multiples of groups " + std::to_string(o.groups));
+    layer_fail(layer, "in_channels " + std::to_string(in) + " and out_channels " +
+                          std::to_string(out) + " must be multiples of groups " +
+                          std::to_string(o.groups));
 }
 
 void check_channels(const std::string& layer, const Tensor& x, int64_t channels,
@@ -61,9 +62,10 @@ void check_channels(const std::string& layer, const Tensor& x, int64_t channels,
   const std::string c = std::to_string(channels);
   if (layout == ConvLayout::nhwc) {
     if (x.dim() != 4 || x.size(3) != channels)
-      fail(layer, "input must be [N, H, W, " + c + "] (layout nhwc), got " + shape_str(x.shape()));
+      layer_fail(layer,
+                 "input must be [N, H, W, " + c + "] (layout nhwc), got " + shape_str(x.shape()));
   } else if (x.dim() != 4 || x.size(1) != channels) {
-    fail(layer, "input must be [N, " + c + ", H, W], got " + shape_str(x.shape()));
+    layer_fail(layer, "input must be [N, " + c + ", H, W], got " + shape_str(x.shape()));
   }
 }
 
@@ -83,20 +85,22 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool b
 
 Linear::Linear(const Tensor& weight, const Tensor& bias) : Module("Linear") {
   if (!weight.defined() || weight.dim() != 2)
-    fail("Linear", "weight must be [out, in], got " +
-                       (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
+    layer_fail("Linear",
+               "weight must be [out, in], got " +
+                   (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
   in_ = weight.size(1);
   out_ = weight.size(0);
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out_))
-    fail("Linear", "bias must be [" + std::to_string(out_) + "], got " + shape_str(bias.shape()));
+    layer_fail("Linear",
+               "bias must be [" + std::to_string(out_) + "], got " + shape_str(bias.shape()));
   weight_ = register_parameter("weight", weight);
   if (bias.defined()) bias_ = register_parameter("bias", bias);
 }
 
 Tensor Linear::forward(const Tensor& x) {
   if (x.dim() < 1 || x.size(-1) != in_)
-    fail("Linear",
-         "input must end in in_features " + std::to_string(in_) + ", got " + shape_str(x.shape()));
+    layer_fail("Linear", "input must end in in_features " + std::to_string(in_) + ", got " +
+                             shape_str(x.shape()));
   return linear(x, weight_, bias_);
 }
 
@@ -106,7 +110,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2>
     : Module("Conv2d"), opts_(opts) {
   check_conv("Conv2d", in_channels, out_channels, kernel, opts);
   if (opts.output_padding != std::array<int64_t, 2>{0, 0})
-    fail("Conv2d", "output_padding applies only to ConvTranspose2d");
+    layer_fail("Conv2d", "output_padding applies only to ConvTranspose2d");
   Tensor w = empty({out_channels, in_channels / opts.groups, kernel[0], kernel[1]});
   Tensor b = opts.bias ? empty({out_channels}) : Tensor();
   default_init(w, b, gen);
@@ -128,8 +132,8 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels,
   check_conv("ConvTranspose2d", in_channels, out_channels, kernel, opts);
   for (int i = 0; i < 2; ++i)
     if (opts.output_padding[i] >= opts.stride[i] && opts.output_padding[i] >= opts.dilation[i])
-      fail("ConvTranspose2d", "output_padding must be smaller than stride or dilation, got " +
-                                  std::to_string(opts.output_padding[i]));
+      layer_fail("ConvTranspose2d", "output_padding must be smaller than stride or dilation, got " +
+                                        std::to_string(opts.output_padding[i]));
   Tensor w = empty({in_channels, out_channels / opts.groups, kernel[0], kernel[1]});
   Tensor b = opts.bias ? empty({out_channels}) : Tensor();
   default_init(w, b, gen);
@@ -150,8 +154,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& g
   check_positive("Embedding", "num_embeddings", num_embeddings, true);
   check_positive("Embedding", "embedding_dim", embedding_dim, true);
   if (padding_idx < -1 || padding_idx >= num_embeddings)
-    fail("Embedding", "padding_idx must be -1 (none) or in [0, " + std::to_string(num_embeddings) +
-                          "), got " + std::to_string(padding_idx));
+    layer_fail("Embedding", "padding_idx must be -1 (none) or in [0, " +
+                                std::to_string(num_embeddings) + "), got " +
+                                std::to_string(padding_idx));
   Tensor w = empty({num_embeddings, embedding_dim});
   {
     NoGradGuard no_grad;
@@ -163,9 +168,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, Generator& g
 
 Embedding::Embedding(const Tensor& weight) : Module("Embedding"), padding_idx_(-1) {
   if (!weight.defined() || weight.dim() != 2)
-    fail("Embedding",
-         "weight must be [num_embeddings, embedding_dim], got " +
-             (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
+    layer_fail("Embedding",
+               "weight must be [num_embeddings, embedding_dim], got " +
+                   (weight.defined() ? shape_str(weight.shape()) : std::string("undefined")));
   weight_ = register_parameter("weight", weight);
 }
 
@@ -195,8 +200,8 @@ std::shared_ptr<Module> Sequential::replace_module(const std::string& name,
 
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
   if (i >= items_.size())
-    fail("Sequential", "index " + std::to_string(i) + " out of range for " +
-                           std::to_string(items_.size()) + " modules");
+    layer_fail("Sequential", "index " + std::to_string(i) + " out of range for " +
+                                 std::to_string(items_.size()) + " modules");
   return items_[i];
 }
 

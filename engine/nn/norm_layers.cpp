@@ -9,12 +9,13 @@
 namespace quanta {
 namespace {
 
-[[noreturn]] void fail(const std::string& layer, const std::string& what) {
+[[noreturn]] void norm_layer_fail(const std::string& layer, const std::string& what) {
   throw std::invalid_argument("[" + layer + "] " + what);
 }
 
 void check_positive(const std::string& layer, const char* what, int64_t v) {
-  if (v <= 0) fail(layer, std::string(what) + " must be positive, got " + std::to_string(v));
+  if (v <= 0)
+    norm_layer_fail(layer, std::string(what) + " must be positive, got " + std::to_string(v));
 }
 
 }  // namespace
@@ -22,7 +23,7 @@ void check_positive(const std::string& layer, const char* what, int64_t v) {
 // ---- LayerNorm ----
 LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine)
     : Module("LayerNorm"), shape_(std::move(normalized_shape)), eps_(eps) {
-  if (shape_.empty()) fail("LayerNorm", "normalized_shape is empty");
+  if (shape_.empty()) norm_layer_fail("LayerNorm", "normalized_shape is empty");
   for (int64_t s : shape_) check_positive("LayerNorm", "normalized_shape sizes", s);
   if (elementwise_affine) {
     weight_ = register_parameter("weight", ones(shape_));
@@ -38,8 +39,9 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   check_positive("GroupNorm", "num_groups", num_groups);
   check_positive("GroupNorm", "num_channels", num_channels);
   if (num_channels % num_groups != 0)
-    fail("GroupNorm", "num_channels " + std::to_string(num_channels) +
-                          " must be a multiple of num_groups " + std::to_string(num_groups));
+    norm_layer_fail("GroupNorm", "num_channels " + std::to_string(num_channels) +
+                                     " must be a multiple of num_groups " +
+                                     std::to_string(num_groups));
   if (affine) {
     weight_ = register_parameter("weight", ones({num_channels}));
     bias_ = register_parameter("bias", zeros({num_channels}));
@@ -48,8 +50,8 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
 
 Tensor GroupNorm::forward(const Tensor& x) {
   if (x.dim() < 2 || x.size(1) != channels_)
-    fail("GroupNorm",
-         "input must be [N, " + std::to_string(channels_) + ", ...], got " + shape_str(x.shape()));
+    norm_layer_fail("GroupNorm", "input must be [N, " + std::to_string(channels_) + ", ...], got " +
+                                     shape_str(x.shape()));
   return group_norm(x, groups_, weight_, bias_, eps_);
 }
 

@@ -127,7 +127,7 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
       });
 }
 
-[[noreturn]] void fail(const char* op, const std::string& what) {
+[[noreturn]] void conv_fail(const char* op, const std::string& what) {
   throw std::invalid_argument(std::string("[") + op + "] " + what);
 }
 
@@ -135,24 +135,25 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
 void check_common(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
                   const Pair& stride, const Pair& padding, const Pair& dilation, int64_t groups,
                   ConvLayout layout) {
-  if (!x.defined() || !w.defined()) fail(op, "got an undefined input or weight");
+  if (!x.defined() || !w.defined()) conv_fail(op, "got an undefined input or weight");
   kernels_for(op, {&x, &w, &b});  // one device for all operands
   if (x.dim() != 4)
-    fail(op, std::string("input must be 4-d ") +
-                 (layout == ConvLayout::nhwc ? "[N, H, W, C] (layout nhwc)" : "[N, C, H, W]") +
-                 ": got shape " + shape_str(x.shape()));
-  if (w.dim() != 4) fail(op, "weight must be 4-d: got shape " + shape_str(w.shape()));
+    conv_fail(op, std::string("input must be 4-d ") +
+                      (layout == ConvLayout::nhwc ? "[N, H, W, C] (layout nhwc)" : "[N, C, H, W]") +
+                      ": got shape " + shape_str(x.shape()));
+  if (w.dim() != 4) conv_fail(op, "weight must be 4-d: got shape " + shape_str(w.shape()));
   DType dt = promote_types(x.dtype(), w.dtype());
   if (b.defined()) dt = promote_types(dt, b.dtype());
   if (!is_floating(dt))
-    fail(op, std::string("needs floating operands: got ") + dtype_name(x.dtype()) + " input and " +
-                 dtype_name(w.dtype()) + " weight");
-  if (stride[0] < 1 || stride[1] < 1) fail(op, "stride must be positive: got " + pair_str(stride));
+    conv_fail(op, std::string("needs floating operands: got ") + dtype_name(x.dtype()) +
+                      " input and " + dtype_name(w.dtype()) + " weight");
+  if (stride[0] < 1 || stride[1] < 1)
+    conv_fail(op, "stride must be positive: got " + pair_str(stride));
   if (dilation[0] < 1 || dilation[1] < 1)
-    fail(op, "dilation must be positive: got " + pair_str(dilation));
+    conv_fail(op, "dilation must be positive: got " + pair_str(dilation));
   if (padding[0] < 0 || padding[1] < 0)
-    fail(op, "padding must be non-negative: got " + pair_str(padding));
-  if (groups < 1) fail(op, "groups must be positive: got " + std::to_string(groups));
+    conv_fail(op, "padding must be non-negative: got " + pair_str(padding));
+  if (groups < 1) conv_fail(op, "groups must be positive: got " + std::to_string(groups));
 }
 
 // An input's sizes, read in its layout.
@@ -167,8 +168,8 @@ struct Activation {
 
 void check_bias(const char* op, const Tensor& b, int64_t channels) {
   if (b.defined() && (b.dim() != 1 || b.size(0) != channels))
-    fail(op,
-         "bias must have shape [" + std::to_string(channels) + "]: got " + shape_str(b.shape()));
+    conv_fail(
+        op, "bias must have shape [" + std::to_string(channels) + "]: got " + shape_str(b.shape()));
 }
 
 }  // namespace
@@ -180,27 +181,27 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pa
   const Activation in(x, layout);
   const int64_t C = in.C, O = w.size(0);
   if (C % groups != 0)
-    fail(op, "input channels (" + std::to_string(C) + ") are not divisible by groups (" +
-                 std::to_string(groups) + ")");
+    conv_fail(op, "input channels (" + std::to_string(C) + ") are not divisible by groups (" +
+                      std::to_string(groups) + ")");
   if (O % groups != 0)
-    fail(op, "output channels (" + std::to_string(O) + ") are not divisible by groups (" +
-                 std::to_string(groups) + ")");
+    conv_fail(op, "output channels (" + std::to_string(O) + ") are not divisible by groups (" +
+                      std::to_string(groups) + ")");
   if (w.size(1) != C / groups)
-    fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(1) * groups) +
-                 " input channels with groups = " + std::to_string(groups) + ": got input " +
-                 shape_str(x.shape()));
+    conv_fail(op, "weight " + shape_str(w.shape()) + " expects " +
+                      std::to_string(w.size(1) * groups) + " input channels with groups = " +
+                      std::to_string(groups) + ": got input " + shape_str(x.shape()));
   check_bias(op, b, O);
   ConvGeom g{in.N, C, in.H,   in.W,    O,        w.size(2), w.size(3),
              0,    0, stride, padding, dilation, groups,    layout == ConvLayout::nhwc};
   const int64_t nh = g.H + 2 * padding[0] - dilation[0] * (g.kh - 1) - 1;
   const int64_t nw = g.W + 2 * padding[1] - dilation[1] * (g.kw - 1) - 1;
   if (nh < 0 || nw < 0)
-    fail(op, "output size is not positive: input " + std::to_string(g.H) + "x" +
-                 std::to_string(g.W) + " (padded by " + pair_str(padding) +
-                 ") is smaller than "
-                 "the dilated kernel " +
-                 std::to_string(dilation[0] * (g.kh - 1) + 1) + "x" +
-                 std::to_string(dilation[1] * (g.kw - 1) + 1));
+    conv_fail(op, "output size is not positive: input " + std::to_string(g.H) + "x" +
+                      std::to_string(g.W) + " (padded by " + pair_str(padding) +
+                      ") is smaller than "
+                      "the dilated kernel " +
+                      std::to_string(dilation[0] * (g.kh - 1) + 1) + "x" +
+                      std::to_string(dilation[1] * (g.kw - 1) + 1));
   g.OH = nh / stride[0] + 1;
   g.OW = nw / stride[1] + 1;
   return conv_op(Kind::forward, x, w, b, g);
@@ -214,19 +215,19 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair 
   const Activation in(x, layout);
   const int64_t Cin = in.C;
   if (w.size(0) != Cin)
-    fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(0)) +
-                 " input channels: got input " + shape_str(x.shape()));
+    conv_fail(op, "weight " + shape_str(w.shape()) + " expects " + std::to_string(w.size(0)) +
+                      " input channels: got input " + shape_str(x.shape()));
   if (Cin % groups != 0)
-    fail(op, "input channels (" + std::to_string(Cin) + ") are not divisible by groups (" +
-                 std::to_string(groups) + ")");
+    conv_fail(op, "input channels (" + std::to_string(Cin) + ") are not divisible by groups (" +
+                      std::to_string(groups) + ")");
   for (int d = 0; d < 2; ++d)
     if (output_padding[d] < 0 ||
         (output_padding[d] >= stride[d] && output_padding[d] >= dilation[d]))
-      fail(op,
-           "output_padding must be non-negative and smaller than stride or dilation: got "
-           "output_padding " +
-               pair_str(output_padding) + ", stride " + pair_str(stride) + ", dilation " +
-               pair_str(dilation));
+      conv_fail(op,
+                "output_padding must be non-negative and smaller than stride or dilation: got "
+                "output_padding " +
+                    pair_str(output_padding) + ", stride " + pair_str(stride) + ", dilation " +
+                    pair_str(dilation));
   const int64_t Cout = w.size(1) * groups;
   check_bias(op, b, Cout);
   const int64_t kh = w.size(2), kw = w.size(3);
@@ -235,8 +236,9 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair 
   const int64_t W =
       (in.W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1;
   if (H <= 0 || W <= 0)
-    fail(op, "output size is not positive: got " + std::to_string(H) + "x" + std::to_string(W) +
-                 " from input " + shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
+    conv_fail(op, "output size is not positive: got " + std::to_string(H) + "x" +
+                      std::to_string(W) + " from input " + shape_str(x.shape()) + " and weight " +
+                      shape_str(w.shape()));
   // The conv2d whose input gradient this is: input [N, Cout, H, W], weight
   // [Cin, Cout / groups, kh, kw], output [N, Cin, x.H, x.W].
   const ConvGeom g{in.N, Cout, H,      W,       Cin,      kh,     kw,

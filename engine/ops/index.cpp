@@ -25,15 +25,15 @@ namespace {
 using detail::check_plain;
 using detail::str;
 
-[[noreturn]] void fail(const char* op, const std::string& what) {
+[[noreturn]] void index_fail(const char* op, const std::string& what) {
   throw std::invalid_argument(std::string("[") + op + "] " + what);
 }
 
 // `index` as contiguous i64 with no graph; i32 is accepted and widened.
 Tensor as_index(const char* op, const Tensor& index) {
-  if (!index.defined()) fail(op, "index is undefined");
+  if (!index.defined()) index_fail(op, "index is undefined");
   if (index.dtype() != DType::i64 && index.dtype() != DType::i32)
-    fail(op, std::string("index must be i64 or i32, got ") + dtype_name(index.dtype()));
+    index_fail(op, std::string("index must be i64 or i32, got ") + dtype_name(index.dtype()));
   return detail::as_plain(index, DType::i64).contiguous();
 }
 
@@ -75,7 +75,7 @@ bool rank0_as_1d(const char* op, std::initializer_list<const Tensor*> ts) {
   if (any0 && any_big) {
     std::string shapes;
     for (const Tensor* t : ts) shapes += (shapes.empty() ? "" : ", ") + shape_str(t->shape());
-    fail(op, "operands must have the same number of dims, got shapes " + shapes);
+    index_fail(op, "operands must have the same number of dims, got shapes " + shapes);
   }
   return any0;
 }
@@ -90,17 +90,17 @@ void check_scatter_shapes(const char* op, const Tensor& x, int64_t d, const Tens
                           const Tensor* src) {
   const int64_t nd = x.dim();
   if (index.dim() != nd)
-    fail(op, "index has " + str(index.dim()) + " dims, expected " + str(nd) +
-                 " (the dims of the input)");
+    index_fail(op, "index has " + str(index.dim()) + " dims, expected " + str(nd) +
+                       " (the dims of the input)");
   if (src && src->dim() != nd)
-    fail(op, "src has " + str(src->dim()) + " dims, expected " + str(nd));
+    index_fail(op, "src has " + str(src->dim()) + " dims, expected " + str(nd));
   for (int64_t k = 0; k < nd; ++k) {
     if (k != d && index.shape()[k] > x.shape()[k])
-      fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the input shape " +
-                   shape_str(x.shape()) + " in dim " + str(k));
+      index_fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the input shape " +
+                         shape_str(x.shape()) + " in dim " + str(k));
     if (src && index.shape()[k] > src->shape()[k])
-      fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the src shape " +
-                   shape_str(src->shape()) + " in dim " + str(k));
+      index_fail(op, "index of shape " + shape_str(index.shape()) + " exceeds the src shape " +
+                         shape_str(src->shape()) + " in dim " + str(k));
   }
 }
 
@@ -122,10 +122,10 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   const bool has_src = mode != ScatterMode::fill;
   const KernelTable& k = kernels_for(op, {&x, &src, &index});
   check_plain(op, x);
-  if (has_src && !src.defined()) fail(op, "src is undefined");
+  if (has_src && !src.defined()) index_fail(op, "src is undefined");
   if (has_src && src.dtype() != x.dtype())
-    fail(op, std::string("src has dtype ") + dtype_name(src.dtype()) +
-                 ", expected the input's dtype " + dtype_name(x.dtype()));
+    index_fail(op, std::string("src has dtype ") + dtype_name(src.dtype()) +
+                       ", expected the input's dtype " + dtype_name(x.dtype()));
   if (has_src ? rank0_as_1d(op, {&x, &index, &src}) : rank0_as_1d(op, {&x, &index})) {
     const Tensor s1 = has_src ? as_1d(src) : src;
     return reshape(scatter_impl(op, mode, as_1d(x), dim, as_1d(index), s1, value), x.shape());
@@ -165,7 +165,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   check_plain("index_select", x);
   Tensor idx = as_index("index_select", index);
   if (idx.dim() > 1)
-    fail("index_select", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
+    index_fail("index_select", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
   if (x.dim() == 0) {
     const Tensor r = index_select(reshape(x, {1}), dim, idx);
     return idx.dim() == 0 ? reshape(r, {}) : r;
@@ -212,13 +212,13 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                  double alpha) {
   const KernelTable& k = kernels_for("index_add", {&x, &src, &index});
   check_plain("index_add", x);
-  if (!src.defined()) fail("index_add", "src is undefined");
+  if (!src.defined()) index_fail("index_add", "src is undefined");
   if (src.dtype() != x.dtype())
-    fail("index_add", std::string("src has dtype ") + dtype_name(src.dtype()) +
-                          ", expected the input's dtype " + dtype_name(x.dtype()));
+    index_fail("index_add", std::string("src has dtype ") + dtype_name(src.dtype()) +
+                                ", expected the input's dtype " + dtype_name(x.dtype()));
   Tensor idx = as_index("index_add", index);
   if (idx.dim() > 1)
-    fail("index_add", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
+    index_fail("index_add", "index must be 0-d or 1-d, got shape " + shape_str(idx.shape()));
   if (x.dim() == 0) return reshape(index_add(reshape(x, {1}), dim, idx, as_1d(src), alpha), {});
   const int64_t d = wrap_dim(dim, x.dim(), "index_add");
   const int64_t m = idx.numel();
@@ -227,10 +227,11 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   // A 0-d src stands for one slice when x is 1-d (as in PyTorch).
   const Tensor s_in = (src.dim() == 0 && x.dim() == 1) ? reshape(src, {1}) : src;
   if (s_in.shape() != want)
-    fail("index_add", "src has shape " + shape_str(src.shape()) + ", expected " + shape_str(want) +
-                          " (the input's shape with the index's length in "
-                          "dim " +
-                          str(d) + ")");
+    index_fail("index_add", "src has shape " + shape_str(src.shape()) + ", expected " +
+                                shape_str(want) +
+                                " (the input's shape with the index's length in "
+                                "dim " +
+                                str(d) + ")");
   idx = detail::checked_index("index_add", idx, d, x.shape()[d]);
 
   const DType ct = detail::cpu_compute_dtype(x.dtype());
@@ -262,7 +263,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   kernels_for("masked_fill", {&x, &mask});
   check_plain("masked_fill", x);
   if (mask.dtype() != DType::boolean)
-    fail("masked_fill", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+    index_fail("masked_fill", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   broadcast_shapes(x.shape(), mask.shape(), "masked_fill");  // names this op on mismatch
   // where's backward already gives zeros where filled.
   return where(mask.detach(), scalar(value, {.dtype = x.dtype(), .device = x.device()}), x);
@@ -270,7 +271,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 Tensor nonzero(const Tensor& mask) {
   if (mask.dtype() != DType::boolean)
-    fail("nonzero", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+    index_fail("nonzero", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   // The positions are counted on the host: the output's size depends on them.
   const Tensor m = mask.detach().contiguous().to(Device::cpu());
   const bool* mp = m.data<bool>();
@@ -285,7 +286,7 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
   kernels_for("masked_select", {&x, &mask});
   check_plain("masked_select", x);
   if (mask.dtype() != DType::boolean)
-    fail("masked_select", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+    index_fail("masked_select", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
   // Row-major positions of the true elements; index_select's backward then
   // routes the gradient (and expand's sums it over broadcast dims).
@@ -297,11 +298,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   kernels_for("embedding", {&weight, &indices});
   check_plain("embedding", weight);
   if (weight.dim() != 2)
-    fail("embedding", "weight must be 2-d [V, D], got shape " + shape_str(weight.shape()));
+    index_fail("embedding", "weight must be 2-d [V, D], got shape " + shape_str(weight.shape()));
   const int64_t V = weight.shape()[0], D = weight.shape()[1];
   if (padding_idx < -1 || padding_idx >= V)
-    fail("embedding", "padding_idx " + str(padding_idx) + " is out of range for " + str(V) +
-                          " rows (expected -1 for none, or 0.." + str(V - 1) + ")");
+    index_fail("embedding", "padding_idx " + str(padding_idx) + " is out of range for " + str(V) +
+                                " rows (expected -1 for none, or 0.." + str(V - 1) + ")");
   Tensor idx = as_index("embedding", indices).reshape({indices.numel()});
   idx = detail::checked_index("embedding", idx, 0, V);
   Shape out_shape = indices.shape();
@@ -337,8 +338,8 @@ Tensor checked_index(const char* op, const Tensor& index, int64_t dim, int64_t s
   const int64_t* p = index.data<int64_t>();
   for (int64_t i = 0, n = index.numel(); i < n; ++i)
     if (p[i] < 0 || p[i] >= size)
-      fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) + " with size " +
-                   str(size));
+      index_fail(op, "index " + str(p[i]) + " is out of bounds for dim " + str(dim) +
+                         " with size " + str(size));
   return index;
 }
 

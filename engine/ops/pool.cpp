@@ -24,7 +24,7 @@ struct PoolGeom : PoolWindow {
   Shape in_shape, out_shape;
 };
 
-[[noreturn]] void fail(const char* op, const std::string& what) {
+[[noreturn]] void pool_fail(const char* op, const std::string& what) {
   throw std::invalid_argument(std::string("[") + op + "] " + what);
 }
 
@@ -32,21 +32,23 @@ struct PoolGeom : PoolWindow {
 PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding,
                    Pair dilation) {
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    pool_fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   if (!is_floating(x.dtype()))
-    fail(op, std::string("needs a floating input: got ") + dtype_name(x.dtype()));
-  if (kernel[0] < 1 || kernel[1] < 1) fail(op, "kernel must be positive: got " + pair_str(kernel));
+    pool_fail(op, std::string("needs a floating input: got ") + dtype_name(x.dtype()));
+  if (kernel[0] < 1 || kernel[1] < 1)
+    pool_fail(op, "kernel must be positive: got " + pair_str(kernel));
   if (stride[0] < 0 || stride[1] < 0)
-    fail(op, "stride must be positive (0 means the kernel size): got " + pair_str(stride));
+    pool_fail(op, "stride must be positive (0 means the kernel size): got " + pair_str(stride));
   if (dilation[0] < 1 || dilation[1] < 1)
-    fail(op, "dilation must be positive: got " + pair_str(dilation));
+    pool_fail(op, "dilation must be positive: got " + pair_str(dilation));
   for (int d = 0; d < 2; ++d) {
     if (stride[d] == 0) stride[d] = kernel[d];
     const int64_t extent = dilation[d] * (kernel[d] - 1) + 1;
     if (padding[d] < 0 || padding[d] > extent / 2)
-      fail(op, "padding must be between 0 and half the kernel: got padding " + pair_str(padding) +
-                   " for kernel " + pair_str(kernel) +
-                   (dilation == Pair{1, 1} ? std::string() : " dilated by " + pair_str(dilation)));
+      pool_fail(op,
+                "padding must be between 0 and half the kernel: got padding " + pair_str(padding) +
+                    " for kernel " + pair_str(kernel) +
+                    (dilation == Pair{1, 1} ? std::string() : " dilated by " + pair_str(dilation)));
   }
   PoolGeom g;
   g.H = x.size(-2);
@@ -55,8 +57,8 @@ PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pa
   const int64_t nh = g.H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1;
   const int64_t nw = g.W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1;
   if (nh < 0 || nw < 0)
-    fail(op, "output size is not positive: input " + std::to_string(g.H) + "x" +
-                 std::to_string(g.W) + " is smaller than the kernel " + pair_str(kernel));
+    pool_fail(op, "output size is not positive: input " + std::to_string(g.H) + "x" +
+                      std::to_string(g.W) + " is smaller than the kernel " + pair_str(kernel));
   g.OH = nh / stride[0] + 1;
   g.OW = nw / stride[1] + 1;
   g.kernel = kernel;
@@ -150,7 +152,7 @@ Tensor interpolate_nearest2x(const Tensor& x) {
   const char* op = "interpolate_nearest2x";
   const KernelTable& k = kernels_for(op, {&x});
   if (x.dim() != 3 && x.dim() != 4)
-    fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
+    pool_fail(op, "input must be [N, C, H, W] or [C, H, W]: got shape " + shape_str(x.shape()));
   const int64_t nd = x.dim(), H = x.size(-2), W = x.size(-1);
   Shape out_shape = x.shape();
   out_shape[nd - 2] = 2 * H;

@@ -13,7 +13,7 @@
 namespace quanta::llm {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void token_file_fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
 }
 
@@ -25,10 +25,11 @@ void read_exact(int fd, const std::string& path, void* dst, std::size_t n, int64
     const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      fail(path, std::string("cannot read the ") + what + ": " + std::strerror(errno));
+      token_file_fail(path, std::string("cannot read the ") + what + ": " + std::strerror(errno));
     }
     if (got == 0)
-      fail(path, std::string("ends inside the ") + what + " (the file was cut or replaced)");
+      token_file_fail(path,
+                      std::string("ends inside the ") + what + " (the file was cut or replaced)");
     p += got;
     offset += got;
     n -= static_cast<std::size_t>(got);
@@ -42,16 +43,18 @@ int64_t id_bytes(TokenWidth w) { return w == TokenWidth::u16 ? 2 : 4; }
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: a FIFO must fail the regular-file check, not wait for a writer.
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (fd_ < 0) token_file_fail(path, std::string("cannot open: ") + std::strerror(errno));
   try {
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
+    if (::fstat(fd_, &st) != 0)
+      token_file_fail(path, std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) token_file_fail(path, "is not a regular file");
     const auto file_bytes = static_cast<int64_t>(st.st_size);
     const int64_t header_bytes = kTokenHeaderWords * 4;
     if (file_bytes < header_bytes)
-      fail(path, "is " + std::to_string(file_bytes) + " bytes, shorter than a token file's " +
-                     std::to_string(header_bytes) + "-byte header");
+      token_file_fail(path, "is " + std::to_string(file_bytes) +
+                                " bytes, shorter than a token file's " +
+                                std::to_string(header_bytes) + "-byte header");
     unsigned char raw[12];
     read_exact(fd_, path, raw, sizeof raw, 0, "header");
     auto word = [&](int i) {
@@ -63,31 +66,32 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     if (magic == kTokenMagicU16) {
       width_ = TokenWidth::u16;
       if (version != kTokenVersionU16)
-        fail(path, "magic " + std::to_string(magic) + " (uint16 ids) needs version " +
-                       std::to_string(kTokenVersionU16) + ", the header says " +
-                       std::to_string(version));
+        token_file_fail(path, "magic " + std::to_string(magic) + " (uint16 ids) needs version " +
+                                  std::to_string(kTokenVersionU16) + ", the header says " +
+                                  std::to_string(version));
     } else if (magic == kTokenMagicU32) {
       width_ = TokenWidth::u32;
       if (version != kTokenVersionU32)
-        fail(path, "magic " + std::to_string(magic) + " (uint32 ids) needs version " +
-                       std::to_string(kTokenVersionU32) + ", the header says " +
-                       std::to_string(version));
+        token_file_fail(path, "magic " + std::to_string(magic) + " (uint32 ids) needs version " +
+                                  std::to_string(kTokenVersionU32) + ", the header says " +
+                                  std::to_string(version));
     } else {
-      fail(path, "not an llm.c token file: magic " + std::to_string(magic) + ", expected " +
-                     std::to_string(kTokenMagicU16) + " (uint16 ids) or " +
-                     std::to_string(kTokenMagicU32) + " (uint32 ids)");
+      token_file_fail(path, "not an llm.c token file: magic " + std::to_string(magic) +
+                                ", expected " + std::to_string(kTokenMagicU16) +
+                                " (uint16 ids) or " + std::to_string(kTokenMagicU32) +
+                                " (uint32 ids)");
     }
     if (count < 0)
-      fail(path, "the header's token count is negative (" + std::to_string(count) + ")");
+      token_file_fail(path, "the header's token count is negative (" + std::to_string(count) + ")");
     const int64_t data_bytes = file_bytes - header_bytes;
     const int64_t want = int64_t{count} * id_bytes(width_);
     if (data_bytes < want)
-      fail(path, "truncated: the header says " + std::to_string(count) + " tokens (" +
-                     std::to_string(want) + " bytes), the file holds " +
-                     std::to_string(data_bytes) + " bytes after the header");
+      token_file_fail(path, "truncated: the header says " + std::to_string(count) + " tokens (" +
+                                std::to_string(want) + " bytes), the file holds " +
+                                std::to_string(data_bytes) + " bytes after the header");
     if (data_bytes > want)
-      fail(path, std::to_string(data_bytes - want) + " bytes after the " + std::to_string(count) +
-                     " tokens the header declares");
+      token_file_fail(path, std::to_string(data_bytes - want) + " bytes after the " +
+                                std::to_string(count) + " tokens the header declares");
     count_ = count;
   } catch (...) {
     ::close(fd_);
@@ -131,8 +135,9 @@ std::vector<int64_t> TokenFile::read(int64_t begin, int64_t n, int64_t vocab_siz
     uint32_t v = uint32_t(b[0]) | uint32_t(b[1]) << 8;
     if (w == 4) v |= uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
     if (vocab_size > 0 && int64_t{v} >= vocab_size)
-      fail(path_, "token " + std::to_string(begin + i) + " is id " + std::to_string(v) +
-                      ", outside the model's vocabulary of " + std::to_string(vocab_size));
+      token_file_fail(path_, "token " + std::to_string(begin + i) + " is id " + std::to_string(v) +
+                                 ", outside the model's vocabulary of " +
+                                 std::to_string(vocab_size));
     ids[static_cast<std::size_t>(i)] = v;
   }
   return ids;

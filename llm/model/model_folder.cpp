@@ -17,31 +17,32 @@ namespace {
 
 namespace fs = std::filesystem;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void folder_fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
 }
 
 // The index's weight map: shard file -> the names it should hold.
 std::map<std::string, std::set<std::string>> read_index(const std::string& path) {
   std::ifstream in(path);
-  if (!in) fail(path, "cannot open");
+  if (!in) folder_fail(path, "cannot open");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("not JSON (") + e.what() + ")");
+    folder_fail(path, std::string("not JSON (") + e.what() + ")");
   }
   if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
-    fail(path, "has no \"weight_map\" object");
+    folder_fail(path, "has no \"weight_map\" object");
   std::map<std::string, std::set<std::string>> shards;
   for (const auto& [name, file] : j.at("weight_map").items()) {
-    if (!file.is_string()) fail(path, "weight_map[\"" + name + "\"] is not a file name");
+    if (!file.is_string()) folder_fail(path, "weight_map[\"" + name + "\"] is not a file name");
     const std::string f = file.get<std::string>();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      fail(path, "weight_map[\"" + name + "\"] names \"" + f + "\", not a file in the folder");
+      folder_fail(path,
+                  "weight_map[\"" + name + "\"] names \"" + f + "\", not a file in the folder");
     shards[f].insert(name);
   }
-  if (shards.empty()) fail(path, "weight_map is empty");
+  if (shards.empty()) folder_fail(path, "weight_map is empty");
   return shards;
 }
 
@@ -60,15 +61,15 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
   if (ec || !fs::exists(link)) return path.string();
   if (fs::is_symlink(link)) {
     const fs::path target = fs::weakly_canonical(path, ec);
-    if (ec || !fs::exists(target)) fail(path.string(), "is a symlink to nothing");
+    if (ec || !fs::exists(target)) folder_fail(path.string(), "is a symlink to nothing");
     const fs::path root = fs::canonical(dir, ec);
     // The hub cache links snapshots/<revision>/<file> to ../../blobs/<hash>.
     const bool cached = root.parent_path().filename() == "snapshots" &&
                         lies_inside(target, root.parent_path().parent_path() / "blobs");
     if (ec || !(lies_inside(target, root) || cached))
-      fail(path.string(), "is a symlink to " + target.string() + ", outside the folder");
+      folder_fail(path.string(), "is a symlink to " + target.string() + ", outside the folder");
   }
-  if (!fs::is_regular_file(path, ec)) fail(path.string(), "is not a regular file");
+  if (!fs::is_regular_file(path, ec)) folder_fail(path.string(), "is not a regular file");
   return path.string();
 }
 
@@ -83,21 +84,23 @@ StateDict read_model_weights(const std::string& dir) {
     return out;
   }
   if (!fs::exists(index))
-    fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
+    folder_fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
   for (const auto& [file, names] : read_index(index.string())) {
     const fs::path shard = model_folder_file(dir, file);
     if (!fs::exists(shard))
-      fail(index.string(), "lists shard " + file + ", which is not in the folder");
+      folder_fail(index.string(), "lists shard " + file + ", which is not in the folder");
     io::SafetensorsFile f = io::load_safetensors(shard.string());
     std::set<std::string> seen;
     for (auto& [name, t] : f.tensors) {
       if (!names.count(name))
-        fail(shard.string(), "holds " + name + ", which the index does not list for this shard");
+        folder_fail(shard.string(),
+                    "holds " + name + ", which the index does not list for this shard");
       seen.insert(name);
       out.push_back({name, std::move(t)});
     }
     for (const auto& name : names)
-      if (!seen.count(name)) fail(shard.string(), "lacks " + name + ", which the index lists");
+      if (!seen.count(name))
+        folder_fail(shard.string(), "lacks " + name + ", which the index lists");
   }
   return out;
 }

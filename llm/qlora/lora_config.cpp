@@ -14,7 +14,7 @@ namespace {
 // The key under which an adapter folder records its base's quantization.
 constexpr const char* kQuantizationKey = "quanta_base_quantization";
 
-[[noreturn]] void fail(const std::string& source, const std::string& what) {
+[[noreturn]] void adapter_config_fail(const std::string& source, const std::string& what) {
   throw std::runtime_error(source + ": " + what);
 }
 
@@ -95,25 +95,27 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
 }
 
 LoraSettings read_adapter_config(const json& j, const std::string& source) {
-  if (!j.is_object()) fail(source, "is not a JSON object");
+  if (!j.is_object()) adapter_config_fail(source, "is not a JSON object");
   const json peft_type = j.value("peft_type", json());
   if (peft_type != "LORA")
-    fail(source, "peft_type is " + peft_type.dump() + "; only LORA adapters are read");
+    adapter_config_fail(source,
+                        "peft_type is " + peft_type.dump() + "; only LORA adapters are read");
   if (j.contains("task_type") && !j.at("task_type").is_null() && j.at("task_type") != "CAUSAL_LM")
-    fail(source, "task_type is " + j.at("task_type").dump() + ", not CAUSAL_LM");
+    adapter_config_fail(source, "task_type is " + j.at("task_type").dump() + ", not CAUSAL_LM");
   // Options that change what the adapters compute, which this library does
   // not implement: refused by name rather than silently computed otherwise.
   for (const char* key : {"use_dora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",
                           "rank_pattern", "alpha_pattern", "layer_replication",
                           "trainable_token_indices", "lora_bias", "exclude_modules"})
     if (!unset(j, key))
-      fail(source, std::string(key) + " is set (" + j.at(key).dump() +
-                       "); quanta reads adapters without it");
+      adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
+                                      "); quanta reads adapters without it");
   if (j.contains("bias") && j.at("bias") != "none")
-    fail(source, "bias is " + j.at("bias").dump() + "; quanta reads adapters with bias \"none\"");
+    adapter_config_fail(
+        source, "bias is " + j.at("bias").dump() + "; quanta reads adapters with bias \"none\"");
   LoraSettings l;
   if (j.contains("r") && j.at("r").is_number() && !j.at("r").is_number_integer())
-    fail(source, "\"r\" must be an integer, got " + j.at("r").dump());
+    adapter_config_fail(source, "\"r\" must be an integer, got " + j.at("r").dump());
   try {
     l.r = j.at("r").get<int64_t>();
     l.lora_alpha = j.at("lora_alpha").get<double>();
@@ -122,8 +124,8 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     const json& tm = j.at("target_modules");
     if (tm.is_string()) {
       if (tm.get<std::string>() != kAllLinear)
-        fail(source, "target_modules is the regular expression " + tm.dump() +
-                         "; quanta reads a list of module names or \"all-linear\"");
+        adapter_config_fail(source, "target_modules is the regular expression " + tm.dump() +
+                                        "; quanta reads a list of module names or \"all-linear\"");
       l.target_modules = {kAllLinear};
     } else {
       l.target_modules = tm.get<std::vector<std::string>>();
@@ -131,12 +133,13 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     const json& base = j.value("base_model_name_or_path", json());
     l.base_model_name_or_path = base.is_string() ? base.get<std::string>() : "";
   } catch (const json::exception& e) {
-    fail(source, std::string("a LoRA field is missing or of the wrong type: ") + e.what());
+    adapter_config_fail(source,
+                        std::string("a LoRA field is missing or of the wrong type: ") + e.what());
   }
   try {
     check_lora_settings(l);
   } catch (const std::invalid_argument& e) {
-    fail(source, e.what());
+    adapter_config_fail(source, e.what());
   }
   return l;
 }
@@ -149,24 +152,25 @@ BaseQuantization read_base_quantization(const json& j, const std::string& source
     return q;
   }
   const json& r = j.at(kQuantizationKey);
-  if (!r.is_object()) fail(source, std::string(kQuantizationKey) + " must be an object");
+  if (!r.is_object())
+    adapter_config_fail(source, std::string(kQuantizationKey) + " must be an object");
   try {
     if (r.value("quant_type", std::string("nf4")) != "nf4")
-      fail(source, std::string(kQuantizationKey) + ".quant_type must be nf4");
+      adapter_config_fail(source, std::string(kQuantizationKey) + ".quant_type must be nf4");
     if (r.contains("blocksize") && !r.at("blocksize").is_number_integer())
-      fail(source, std::string(kQuantizationKey) + ".blocksize must be an integer");
+      adapter_config_fail(source, std::string(kQuantizationKey) + ".blocksize must be an integer");
     q.blocksize = r.value("blocksize", q.blocksize);
     // bitsandbytes' block sizes.
     if (q.blocksize != 32 && !(q.blocksize >= 64 && q.blocksize <= 4096 && q.blocksize % 64 == 0))
-      fail(source, std::string(kQuantizationKey) +
-                       ".blocksize must be 32 or a multiple of 64 up "
-                       "to 4096, got " +
-                       std::to_string(q.blocksize));
+      adapter_config_fail(source, std::string(kQuantizationKey) +
+                                      ".blocksize must be 32 or a multiple of 64 up "
+                                      "to 4096, got " +
+                                      std::to_string(q.blocksize));
     q.double_quant = r.value("double_quant", q.double_quant);
     q.compute_dtype = dtype_from_torch_name(r.value("compute_dtype", std::string("bfloat16")));
   } catch (const std::exception& e) {
     if (dynamic_cast<const std::runtime_error*>(&e)) throw;
-    fail(source, std::string(kQuantizationKey) + ": " + e.what());
+    adapter_config_fail(source, std::string(kQuantizationKey) + ": " + e.what());
   }
   return q;
 }

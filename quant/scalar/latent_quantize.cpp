@@ -17,7 +17,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
+[[noreturn]] void latent_fail(const std::string& what) {
   throw std::invalid_argument("[LatentQuantize] " + what);
 }
 
@@ -26,12 +26,12 @@ namespace {
 LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
     : SingleLayerQuantizer("LatentQuantize"), opts_(std::move(opts)) {
   const uint64_t seed = draw_seed(gen);
-  if (opts_.levels.empty()) fail("levels must not be empty");
-  if (opts_.num_codebooks < 1) fail("num_codebooks must be >= 1");
+  if (opts_.levels.empty()) latent_fail("levels must not be empty");
+  if (opts_.num_codebooks < 1) latent_fail("num_codebooks must be >= 1");
   auto list = register_module("values_per_latent", std::make_shared<Module>("ParameterList"));
   for (size_t i = 0; i < opts_.levels.size(); ++i) {
     const int64_t l = opts_.levels[i];
-    if (l < 2) fail("every level must be >= 2, got " + std::to_string(l));
+    if (l < 2) latent_fail("every level must be >= 2, got " + std::to_string(l));
     basis_.push_back(codebook_size_);
     codebook_size_ *= l;
     const Tensor grid = linspace(-0.5, 0.5, l);
@@ -43,7 +43,7 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
   dim_ = opts_.dim > 0 ? opts_.dim : effective;
   keep_codebook_dim_ = opts_.keep_num_codebooks_dim.value_or(opts_.num_codebooks > 1);
   if (opts_.num_codebooks > 1 && !keep_codebook_dim_)
-    fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
+    latent_fail("keep_num_codebooks_dim = false needs num_codebooks == 1");
   Generator init = Generator::named(seed, "latent_quantize.init");
   if (dim_ != effective) {
     project_in_ = register_module("project_in", std::make_shared<Linear>(dim_, effective, init));
@@ -54,7 +54,7 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
 Tensor LatentQuantize::codes_to_indices(const Tensor& z) const {
   const int64_t d = static_cast<int64_t>(opts_.levels.size());
   if (z.dim() < 1 || z.size(-1) != d)
-    fail("expected [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
+    latent_fail("expected [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
   Tensor index;
   for (int64_t i = 0; i < d; ++i) {
     // nearest grid value (first on ties), as the reference's argmin |z - v|
@@ -69,7 +69,7 @@ Tensor LatentQuantize::codes_to_indices(const Tensor& z) const {
 Tensor LatentQuantize::quantize(const Tensor& z) const {
   const int64_t d = static_cast<int64_t>(opts_.levels.size());
   if (z.dim() < 1 || z.size(-1) != d)
-    fail("expected [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
+    latent_fail("expected [..., " + std::to_string(d) + "], got " + shape_str(z.shape()));
   std::vector<Tensor> cols;
   for (int64_t i = 0; i < d; ++i) {
     const Tensor v = values_[i].to(z.dtype());
@@ -83,7 +83,7 @@ Tensor LatentQuantize::quantize(const Tensor& z) const {
 Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out) const {
   const Tensor idx = keep_codebook_dim_ ? indices : unsqueeze(indices, -1);
   if (idx.size(-1) != opts_.num_codebooks)
-    fail("indices need a trailing codebook dim of " + std::to_string(opts_.num_codebooks));
+    latent_fail("indices need a trailing codebook dim of " + std::to_string(opts_.num_codebooks));
   const Tensor flat = flatten(idx.to(DType::i64));
   const std::vector<int64_t> v = flat.to_vector<int64_t>();
   std::vector<Tensor> cols;
@@ -91,7 +91,7 @@ Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out)
     std::vector<int64_t> pos(v.size());
     for (size_t t = 0; t < v.size(); ++t) {
       if (v[t] < 0 || v[t] >= codebook_size_)
-        fail("index " + std::to_string(v[t]) + " out of range");
+        latent_fail("index " + std::to_string(v[t]) + " out of range");
       pos[t] = (v[t] / basis_[i]) % opts_.levels[i];
     }
     cols.push_back(

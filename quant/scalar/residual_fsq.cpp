@@ -16,7 +16,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& who, const std::string& what) {
+[[noreturn]] void residual_fsq_fail(const std::string& who, const std::string& what) {
   throw std::invalid_argument("[" + who + "] " + what);
 }
 
@@ -31,12 +31,13 @@ ResidualFSQ::ResidualFSQ(ResidualFSQOptions opts, uint64_t seed)
       opts_(std::move(opts)) {
   seed_dropout(Generator::named(seed, "rfsq.quantize_dropout"));
   if (opts_.num_quantizers < 1)
-    fail("ResidualFSQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
-  if (opts_.fsq.num_codebooks != 1) fail("ResidualFSQ", "num_codebooks must be 1");
+    residual_fsq_fail("ResidualFSQ",
+                      "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
+  if (opts_.fsq.num_codebooks != 1) residual_fsq_fail("ResidualFSQ", "num_codebooks must be 1");
   quantize_dropout().check("ResidualFSQ", opts_.num_quantizers);
   const auto& L = opts_.fsq.levels;
   const int64_t d = static_cast<int64_t>(L.size());
-  if (d == 0) fail("ResidualFSQ", "levels must not be empty");
+  if (d == 0) residual_fsq_fail("ResidualFSQ", "levels must not be empty");
   dim_ = opts_.fsq.dim > 0 ? opts_.fsq.dim : d;
   Generator init = Generator::named(seed, "rfsq.init");
   if (dim_ != d) {

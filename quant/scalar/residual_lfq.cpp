@@ -16,7 +16,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const std::string& who, const std::string& what) {
+[[noreturn]] void residual_lfq_fail(const std::string& who, const std::string& what) {
   throw std::invalid_argument("[" + who + "] " + what);
 }
 
@@ -31,15 +31,16 @@ ResidualLFQ::ResidualLFQ(ResidualLFQOptions opts, uint64_t seed)
       opts_(std::move(opts)) {
   seed_dropout(Generator::named(seed, "rlfq.quantize_dropout"));
   if (opts_.num_quantizers < 1)
-    fail("ResidualLFQ", "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
-  if (opts_.lfq.num_codebooks != 1) fail("ResidualLFQ", "num_codebooks must be 1");
+    residual_lfq_fail("ResidualLFQ",
+                      "num_quantizers must be >= 1, got " + std::to_string(opts_.num_quantizers));
+  if (opts_.lfq.num_codebooks != 1) residual_lfq_fail("ResidualLFQ", "num_codebooks must be 1");
   quantize_dropout().check("ResidualLFQ", opts_.num_quantizers);
   // The layer geometry, from one probe layer without projections.
   LFQOptions probe = opts_.lfq;
   probe.has_projections = false;
   probe.dim = 0;
   if (probe.codebook_size == 0) {
-    if (opts_.lfq.dim <= 0) fail("ResidualLFQ", "give dim or codebook_size");
+    if (opts_.lfq.dim <= 0) residual_lfq_fail("ResidualLFQ", "give dim or codebook_size");
     probe.dim = opts_.lfq.dim;
   }
   const int64_t d = LFQ(probe, seed).codebook_dim();

@@ -16,7 +16,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const char* who, const std::string& what) {
+[[noreturn]] void residual_vq_fail(const char* who, const std::string& what) {
   throw std::invalid_argument(std::string("[") + who + "] " + what);
 }
 
@@ -26,19 +26,19 @@ QuantizeDropout dropout_of(const ResidualVQOptions& o) {
 
 ResidualVQOptions checked(ResidualVQOptions o) {
   const char* who = "ResidualVQ";
-  if (o.dim <= 0) fail(who, "dim must be positive, got " + std::to_string(o.dim));
+  if (o.dim <= 0) residual_vq_fail(who, "dim must be positive, got " + std::to_string(o.dim));
   if (o.num_quantizers <= 0) o.num_quantizers = static_cast<int64_t>(o.codebook_sizes.size());
-  if (o.num_quantizers <= 0) fail(who, "num_quantizers must be positive");
+  if (o.num_quantizers <= 0) residual_vq_fail(who, "num_quantizers must be positive");
   if (o.codebook_sizes.size() == 1)
     o.codebook_sizes.assign(static_cast<size_t>(o.num_quantizers), o.codebook_sizes[0]);
   if (static_cast<int64_t>(o.codebook_sizes.size()) != o.num_quantizers)
-    fail(who, "codebook_sizes has " + std::to_string(o.codebook_sizes.size()) + " entries for " +
-                  std::to_string(o.num_quantizers) + " quantizers");
-  if (o.layer.heads != 1) fail(who, "heads must be 1 (the reference asserts it)");
+    residual_vq_fail(who, "codebook_sizes has " + std::to_string(o.codebook_sizes.size()) +
+                              " entries for " + std::to_string(o.num_quantizers) + " quantizers");
+  if (o.layer.heads != 1) residual_vq_fail(who, "heads must be 1 (the reference asserts it)");
   if (o.shared_codebook)
     for (int64_t s : o.codebook_sizes)
       if (s != o.codebook_sizes[0])
-        fail(who, "shared_codebook needs one codebook size for all layers");
+        residual_vq_fail(who, "shared_codebook needs one codebook size for all layers");
   dropout_of(o).check(who, o.num_quantizers);
   return o;
 }
@@ -78,8 +78,9 @@ ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
 QuantizeOutput ResidualVQ::forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
                                         const QuantizeOptions&) {
   if (x.dim() >= 4 && !opts_.accept_image_fmap)
-    fail("ResidualVQ", "got a feature map of shape " + shape_str(x.shape()) +
-                           "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
+    residual_vq_fail("ResidualVQ",
+                     "got a feature map of shape " + shape_str(x.shape()) +
+                         "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, opts_.channel_last, opts_.dim, "ResidualVQ");
   const Tensor token_mask = detail::token_mask(mask, layout, "ResidualVQ");
   return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](const Tensor& z) {

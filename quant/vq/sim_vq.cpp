@@ -22,7 +22,7 @@
 namespace quanta::quant {
 namespace {
 
-[[noreturn]] void fail(const char* who, const std::string& what) {
+[[noreturn]] void sim_vq_fail(const char* who, const std::string& what) {
   throw std::invalid_argument(std::string("[") + who + "] " + what);
 }
 
@@ -31,8 +31,9 @@ namespace {
 SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen)
     : SingleLayerQuantizer("SimVQ"), opts_(opts) {
   if (opts_.dim <= 0 || opts_.codebook_size <= 0)
-    fail("SimVQ", "dim and codebook_size must be positive, got " + std::to_string(opts_.dim) +
-                      " and " + std::to_string(opts_.codebook_size));
+    sim_vq_fail("SimVQ", "dim and codebook_size must be positive, got " +
+                             std::to_string(opts_.dim) + " and " +
+                             std::to_string(opts_.codebook_size));
   const int64_t df = opts_.frozen_codebook_dim > 0 ? opts_.frozen_codebook_dim : opts_.dim;
   transform_ = register_module("code_transform",
                                std::make_shared<Linear>(df, opts_.dim, gen, /*bias=*/false));
@@ -49,8 +50,9 @@ QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask, const Quantiz
   Tensor valid;
   if (mask.defined()) {
     if (mask.dtype() != DType::boolean || mask.numel() != b * n)
-      fail("SimVQ", "mask must be bool with one entry per token, got " +
-                        std::string(dtype_name(mask.dtype())) + " " + shape_str(mask.shape()));
+      sim_vq_fail("SimVQ", "mask must be bool with one entry per token, got " +
+                               std::string(dtype_name(mask.dtype())) + " " +
+                               shape_str(mask.shape()));
     valid = reshape(mask, {b * n});
   }
   const Tensor codes = codebook();
@@ -105,7 +107,7 @@ ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
     : Residual("ResidualSimVQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
                                  opts.quantize_dropout_multiple_of}),
       opts_(opts) {
-  if (opts_.num_quantizers <= 0) fail("ResidualSimVQ", "num_quantizers must be positive");
+  if (opts_.num_quantizers <= 0) sim_vq_fail("ResidualSimVQ", "num_quantizers must be positive");
   quantize_dropout().check("ResidualSimVQ", opts_.num_quantizers);
   auto list = std::make_shared<Module>("ModuleList");
   register_module("layers", list);

@@ -32,19 +32,20 @@ namespace {
 
 const char* kWho = "VectorQuantize";
 
-[[noreturn]] void fail(const std::string& what) {
+[[noreturn]] void vq_fail(const std::string& what) {
   throw std::invalid_argument(std::string("[") + kWho + "] " + what);
 }
 
 VectorQuantizeOptions checked(VectorQuantizeOptions o) {
-  if (o.dim <= 0) fail("dim must be positive, got " + std::to_string(o.dim));
+  if (o.dim <= 0) vq_fail("dim must be positive, got " + std::to_string(o.dim));
   if (o.codebook_size <= 0)
-    fail("codebook_size must be positive, got " + std::to_string(o.codebook_size));
-  if (o.heads <= 0) fail("heads must be positive, got " + std::to_string(o.heads));
-  if (o.codebook_dim < 0) fail("codebook_dim must be >= 0, got " + std::to_string(o.codebook_dim));
-  if (o.kmeans_iters < 0) fail("kmeans_iters must be >= 0");
-  if (o.threshold_ema_dead_code < 0) fail("threshold_ema_dead_code must be >= 0");
-  if (o.sample_codebook_temp < 0) fail("sample_codebook_temp must be >= 0");
+    vq_fail("codebook_size must be positive, got " + std::to_string(o.codebook_size));
+  if (o.heads <= 0) vq_fail("heads must be positive, got " + std::to_string(o.heads));
+  if (o.codebook_dim < 0)
+    vq_fail("codebook_dim must be >= 0, got " + std::to_string(o.codebook_dim));
+  if (o.kmeans_iters < 0) vq_fail("kmeans_iters must be >= 0");
+  if (o.threshold_ema_dead_code < 0) vq_fail("threshold_ema_dead_code must be >= 0");
+  if (o.sample_codebook_temp < 0) vq_fail("sample_codebook_temp must be >= 0");
   return o;
 }
 
@@ -135,7 +136,7 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
     const CodebookOptions& c = shared->options();
     if (c.dim != codebook_dim_ || c.codebook_size != opts_.codebook_size ||
         c.num_codebooks != num_codebooks())
-      fail("the shared codebook has another shape than this layer needs");
+      vq_fail("the shared codebook has another shape than this layer needs");
     codebook_ = register_module("_codebook", shared);
   } else {
     codebook_ = register_module(
@@ -172,8 +173,8 @@ Tensor VectorQuantize::indices_to_tokens(const Tensor& idx, int64_t b, int64_t n
 
 VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& mask) {
   if (x.dim() >= 4 && !opts_.accept_image_fmap)
-    fail("got a feature map of shape " + shape_str(x.shape()) +
-         "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
+    vq_fail("got a feature map of shape " + shape_str(x.shape()) +
+            "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   Tokens t{TokenLayout(x, opts_.channel_last, opts_.dim, kWho)};
   t.b = t.layout.batch();
   t.n = t.layout.tokens();
@@ -184,10 +185,10 @@ VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& ma
   t.x = xs;
   if (mask.defined()) {
     if (mask.dtype() != DType::boolean)
-      fail(std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
+      vq_fail(std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
     if (mask.numel() != t.b * t.n)
-      fail("mask of shape " + shape_str(mask.shape()) + " does not match the " +
-           std::to_string(t.b) + " x " + std::to_string(t.n) + " tokens of the input");
+      vq_fail("mask of shape " + shape_str(mask.shape()) + " does not match the " +
+              std::to_string(t.b) + " x " + std::to_string(t.n) + " tokens of the input");
     t.mask = contiguous(reshape(mask, {t.b, t.n}));
     const int64_t h = opts_.heads;
     if (h == 1) {
@@ -513,8 +514,8 @@ Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) {
   Shape lead = indices.shape();
   if (h > 1) {
     if (lead.empty() || lead.back() != h)
-      fail("get_codes_from_indices expects indices [..., " + std::to_string(h) + "] for " +
-           std::to_string(h) + " heads, got " + shape_str(indices.shape()));
+      vq_fail("get_codes_from_indices expects indices [..., " + std::to_string(h) + "] for " +
+              std::to_string(h) + " heads, got " + shape_str(indices.shape()));
     lead.pop_back();
   }
   int64_t m = 1;
