@@ -16,7 +16,7 @@
 namespace quanta::llm {
 namespace {
 
-constexpr const char* kOp = "scaled_dot_product_attention";
+constexpr const char* kAttentionOp = "scaled_dot_product_attention";
 
 // A [batch, len, heads, dim] operand with its last dim contiguous.
 Tensor dim_contiguous(const Tensor& t) {
@@ -38,16 +38,17 @@ Tensor additive_mask(const Tensor& mask, const Shape& target, DType acc) {
   } else if (is_floating(mask.dtype())) {
     m = mask.to(acc);
   } else {
-    detail::bad_argument(kOp, std::string("mask has dtype ") + dtype_name(mask.dtype()) +
-                                  "; expected bool or a floating dtype");
+    detail::bad_argument(kAttentionOp, std::string("mask has dtype ") + dtype_name(mask.dtype()) +
+                                           "; expected bool or a floating dtype");
   }
   if (m.dim() > 4)
-    detail::bad_argument(kOp, "mask " + shape_str(mask.shape()) + " has more than 4 dims");
+    detail::bad_argument(kAttentionOp, "mask " + shape_str(mask.shape()) + " has more than 4 dims");
   for (int64_t d = 0; d < m.dim(); ++d) {
     const int64_t size = m.shape()[d], want = target[4 - m.dim() + d];
     if (size != want && size != 1)
-      detail::bad_argument(kOp, "mask " + shape_str(mask.shape()) + " does not broadcast to " +
-                                    shape_str(target) + " [batch, heads, q_len, kv_len]");
+      detail::bad_argument(kAttentionOp, "mask " + shape_str(mask.shape()) +
+                                             " does not broadcast to " + shape_str(target) +
+                                             " [batch, heads, q_len, kv_len]");
   }
   return expand(m, target);
 }
@@ -56,31 +57,32 @@ Tensor additive_mask(const Tensor& mask, const Shape& target, DType acc) {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& o) {
-  detail::check_floating(kOp, "q", q);
-  detail::check_floating(kOp, "k", k);
-  detail::check_floating(kOp, "v", v);
-  detail::check_same_dtype(kOp, "q", q, "k", k);
-  detail::check_same_dtype(kOp, "q", q, "v", v);
+  detail::check_floating(kAttentionOp, "q", q);
+  detail::check_floating(kAttentionOp, "k", k);
+  detail::check_floating(kAttentionOp, "v", v);
+  detail::check_same_dtype(kAttentionOp, "q", q, "k", k);
+  detail::check_same_dtype(kAttentionOp, "q", q, "v", v);
   const char* layout = "[batch, len, heads, head_dim]";
-  detail::check_dims(kOp, "q", q, 4, layout);
-  detail::check_dims(kOp, "k", k, 4, layout);
-  detail::check_dims(kOp, "v", v, 4, layout);
+  detail::check_dims(kAttentionOp, "q", q, 4, layout);
+  detail::check_dims(kAttentionOp, "k", k, 4, layout);
+  detail::check_dims(kAttentionOp, "v", v, 4, layout);
   if (k.shape() != v.shape())
     detail::bad_argument(
-        kOp, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ");
+        kAttentionOp, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
   const int64_t S = k.size(1), Hk = k.size(2);
   if (k.size(0) != B || k.size(3) != D)
-    detail::bad_argument(kOp, "q " + shape_str(q.shape()) + " and k " + shape_str(k.shape()) +
-                                  " disagree on batch or head_dim");
+    detail::bad_argument(kAttentionOp, "q " + shape_str(q.shape()) + " and k " +
+                                           shape_str(k.shape()) + " disagree on batch or head_dim");
   if (Hk == 0 ? H != 0 : H % Hk != 0)
     detail::bad_argument(
-        kOp, "q's " + std::to_string(H) + " heads are not a multiple of k's " + std::to_string(Hk));
+        kAttentionOp,
+        "q's " + std::to_string(H) + " heads are not a multiple of k's " + std::to_string(Hk));
   const double scale = o.scale ? *o.scale : std::pow(static_cast<double>(D), -0.5);
-  if (!std::isfinite(scale)) detail::bad_argument(kOp, "scale must be finite");
+  if (!std::isfinite(scale)) detail::bad_argument(kAttentionOp, "scale must be finite");
   const DType dt = q.dtype(), acc = accumulation_dtype(dt);
   const Tensor mask = additive_mask(o.mask, {B, H, T, S}, acc);
-  if (mask.defined()) common_device(kOp, {&q, &mask});
+  if (mask.defined()) common_device(kAttentionOp, {&q, &mask});
 
   struct Saved {
     Tensor q, k, v, out, lse;
@@ -102,11 +104,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return a;
   };
   autograd::Function fn;
-  fn.name = kOp;
+  fn.name = kAttentionOp;
   fn.forward = [=](const std::vector<Tensor>& in) {
     Saved& s = *saved;
     s.q = dim_contiguous(in[0]), s.k = dim_contiguous(in[1]), s.v = dim_contiguous(in[2]);
-    const LlmKernelTable& table = llm_kernels_for(kOp, {&s.q, &s.k, &s.v});
+    const LlmKernelTable& table = llm_kernels_for(kAttentionOp, {&s.q, &s.k, &s.v});
     s.out = empty({B, T, H, D}, {.dtype = dt, .device = s.q.device()});
     s.lse = empty({B, H, T}, {.dtype = acc, .device = s.q.device()});
     table.attention(args(s));

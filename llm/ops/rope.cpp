@@ -16,11 +16,11 @@
 namespace quanta::llm {
 namespace {
 
-constexpr const char* kOp = "rope";
+constexpr const char* kRopeOp = "rope";
 
 void check_positive(const char* what, double v) {
   if (!std::isfinite(v) || v <= 0)
-    detail::bad_argument(kOp,
+    detail::bad_argument(kRopeOp,
                          std::string(what) + " must be finite and > 0, got " + std::to_string(v));
 }
 
@@ -60,7 +60,8 @@ void llama3_scale(std::vector<float>& inv_freq, const RopeScaling& s) {
 
 RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
   if (c.head_dim < 2 || c.head_dim % 2 != 0)
-    detail::bad_argument(kOp, "head_dim must be even and >= 2, got " + std::to_string(c.head_dim));
+    detail::bad_argument(kRopeOp,
+                         "head_dim must be even and >= 2, got " + std::to_string(c.head_dim));
   check_positive("rope_theta", c.theta);
   const RopeScaling& s = c.scaling;
   RopeFrequencies out;
@@ -73,7 +74,7 @@ RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
   } else if (s.type == "dynamic") {
     check_positive("rope_scaling.factor", s.factor);
     if (c.max_position_embeddings <= 0)
-      detail::bad_argument(kOp, "dynamic scaling needs max_position_embeddings > 0");
+      detail::bad_argument(kRopeOp, "dynamic scaling needs max_position_embeddings > 0");
     const double max_pos = static_cast<double>(c.max_position_embeddings);
     const double len = seq_len > c.max_position_embeddings ? static_cast<double>(seq_len) : max_pos;
     const double dim = static_cast<double>(c.head_dim);
@@ -85,17 +86,17 @@ RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
     check_positive("rope_scaling.low_freq_factor", s.low_freq_factor);
     check_positive("rope_scaling.high_freq_factor", s.high_freq_factor);
     if (!(s.high_freq_factor > s.low_freq_factor))
-      detail::bad_argument(kOp, "rope_scaling.high_freq_factor must be over low_freq_factor");
+      detail::bad_argument(kRopeOp, "rope_scaling.high_freq_factor must be over low_freq_factor");
     if (s.original_max_position_embeddings <= 0)
-      detail::bad_argument(kOp,
+      detail::bad_argument(kRopeOp,
                            "llama3 scaling needs rope_scaling.original_max_position_embeddings"
                            " > 0");
     out.inv_freq = default_inv_freq(c.theta, c.head_dim);
     llama3_scale(out.inv_freq, s);
   } else {
-    detail::bad_argument(kOp, "rope_scaling type '" + s.type +
-                                  "' is not supported (supported: default, linear, dynamic, "
-                                  "llama3)");
+    detail::bad_argument(kRopeOp, "rope_scaling type '" + s.type +
+                                      "' is not supported (supported: default, linear, dynamic, "
+                                      "llama3)");
   }
   return out;
 }
@@ -103,11 +104,11 @@ RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
 RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType dtype) {
   if (!positions.defined() || positions.dtype() != DType::i64 || positions.dim() != 2)
     detail::bad_argument(
-        kOp, "positions must be i64 [batch, tokens]" +
-                 (positions.defined() ? ", got " + std::string(dtype_name(positions.dtype())) +
-                                            " " + shape_str(positions.shape())
-                                      : std::string()));
-  if (f.inv_freq.empty()) detail::bad_argument(kOp, "no inverse frequencies");
+        kRopeOp, "positions must be i64 [batch, tokens]" +
+                     (positions.defined() ? ", got " + std::string(dtype_name(positions.dtype())) +
+                                                " " + shape_str(positions.shape())
+                                          : std::string()));
+  if (f.inv_freq.empty()) detail::bad_argument(kRopeOp, "no inverse frequencies");
   const DType acc = accumulation_dtype(dtype);
   const int64_t half = static_cast<int64_t>(f.inv_freq.size());
   const Tensor inv = from_vector(f.inv_freq, {1, 1, half}).to(positions.device()).to(acc);
@@ -122,30 +123,31 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
 }
 
 Tensor apply_rope(const Tensor& x, const RopeTables& t) {
-  detail::check_floating(kOp, "x", x);
-  detail::check_dims(kOp, "x", x, 4, "[batch, tokens, heads, head_dim]");
+  detail::check_floating(kRopeOp, "x", x);
+  detail::check_dims(kRopeOp, "x", x, 4, "[batch, tokens, heads, head_dim]");
   const int64_t B = x.size(0), T = x.size(1), D = x.size(3);
-  if (D % 2 != 0) detail::bad_argument(kOp, "head_dim must be even, got " + std::to_string(D));
+  if (D % 2 != 0) detail::bad_argument(kRopeOp, "head_dim must be even, got " + std::to_string(D));
   const DType acc = accumulation_dtype(x.dtype());
   for (const Tensor* table : {&t.cos, &t.sin}) {
     const char* name = table == &t.cos ? "cos" : "sin";
     if (!table->defined() || table->dim() != 3 || table->size(1) != T || table->size(2) != D / 2 ||
         (table->size(0) != B && table->size(0) != 1))
-      detail::bad_argument(kOp, std::string(name) + " must be [" + std::to_string(B) + " or 1, " +
-                                    std::to_string(T) + ", " + std::to_string(D / 2) + "], got " +
-                                    (table->defined() ? shape_str(table->shape()) : "undefined"));
+      detail::bad_argument(kRopeOp,
+                           std::string(name) + " must be [" + std::to_string(B) + " or 1, " +
+                               std::to_string(T) + ", " + std::to_string(D / 2) + "], got " +
+                               (table->defined() ? shape_str(table->shape()) : "undefined"));
     if (table->dtype() != acc)
-      detail::bad_argument(kOp, std::string(name) + " is " + dtype_name(table->dtype()) +
-                                    "; x of dtype " + dtype_name(x.dtype()) + " needs " +
-                                    dtype_name(acc) + " tables (rope_tables gives them)");
+      detail::bad_argument(kRopeOp, std::string(name) + " is " + dtype_name(table->dtype()) +
+                                        "; x of dtype " + dtype_name(x.dtype()) + " needs " +
+                                        dtype_name(acc) + " tables (rope_tables gives them)");
   }
   const Tensor c = expand(t.cos, {B, T, D / 2}).contiguous();
   const Tensor s = expand(t.sin, {B, T, D / 2}).contiguous();
   autograd::Function fn;
-  fn.name = kOp;
+  fn.name = kRopeOp;
   const auto rotate = [c, s](const Tensor& in, bool inverse) {
     const Tensor xc = in.contiguous();
-    const LlmKernelTable& k = llm_kernels_for(kOp, {&xc, &c});
+    const LlmKernelTable& k = llm_kernels_for(kRopeOp, {&xc, &c});
     Tensor out = empty(xc.shape(), {.dtype = xc.dtype(), .device = xc.device()});
     k.rope(xc.dtype(), inverse, xc.raw_data(), c.raw_data(), s.raw_data(), xc.size(0) * xc.size(1),
            xc.size(2), xc.size(3), out.raw_data());
