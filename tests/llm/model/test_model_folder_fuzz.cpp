@@ -19,6 +19,7 @@
 #include "engine/io/safetensors.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
+#include "support/file_mutations.h"
 #include "support/temp_dir.h"
 
 using namespace quanta;
@@ -32,17 +33,6 @@ std::string fixture(const std::string& name) {
   const char* root = std::getenv("QUANTA_TEST_DATA");
   REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
   return std::string(root) + "/llm/models/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
 // A copy of fixture `name` at `dir` (replacing what is there).
@@ -291,28 +281,27 @@ TEST_CASE("model folders: a bounded mutation fuzz finds no crash and no error na
   TempDir t("model_fuzz_random");
   const std::string dir = t.file("m");
   std::mt19937_64 rng(20261129);  // the same mutations every run
-  const json hostile[] = {0,
-                          -1,
-                          1,
-                          2,
-                          3,
-                          7,
-                          64,
-                          1e9,
-                          1e30,
-                          -1e30,
-                          1.5,
-                          "x",
-                          nullptr,
-                          true,
-                          false,
-                          json::array(),
-                          json::object(),
-                          int64_t(1) << 31,
-                          int64_t(1) << 40,
-                          int64_t(1) << 62,
-                          std::numeric_limits<int64_t>::min()};
-  const std::size_t n_hostile = sizeof(hostile) / sizeof(hostile[0]);
+  const std::vector<json> hostile = {0,
+                                     -1,
+                                     1,
+                                     2,
+                                     3,
+                                     7,
+                                     64,
+                                     1e9,
+                                     1e30,
+                                     -1e30,
+                                     1.5,
+                                     "x",
+                                     nullptr,
+                                     true,
+                                     false,
+                                     json::array(),
+                                     json::object(),
+                                     int64_t(1) << 31,
+                                     int64_t(1) << 40,
+                                     int64_t(1) << 62,
+                                     std::numeric_limits<int64_t>::min()};
   int loaded = 0, refused = 0;
   for (int i = 0; i < 300; ++i) {
     CAPTURE(i);
@@ -323,48 +312,15 @@ TEST_CASE("model folders: a bounded mutation fuzz finds no crash and no error na
     const std::string weights =
         dir + (sharded ? "/model-00001-of-00002.safetensors" : "/model.safetensors");
     switch (rng() % 4) {
-      case 0: {  // a config value replaced (nested objects too)
-        json c = read_json(config);
-        std::vector<std::string> keys;
-        for (auto& [k, v] : c.items()) keys.push_back(k);
-        const std::string key = keys[rng() % keys.size()];
-        if (c[key].is_object() && !c[key].empty()) {
-          auto it = c[key].begin();
-          std::advance(it, rng() % c[key].size());
-          it.value() = hostile[rng() % n_hostile];
-        } else {
-          c[key] = hostile[rng() % n_hostile];
-        }
-        write_json(config, c);
+      case 0:  // a config value replaced (nested objects too)
+        replace_json_value(config, rng, hostile);
         break;
-      }
-      case 1: {  // bytes of config.json or the index changed, cut or doubled
-        const std::string file = sharded && rng() % 2 ? index : config;
-        std::string s = read_text(file);
-        const std::size_t at = rng() % s.size();
-        switch (rng() % 3) {
-          case 0:
-            s[at] = static_cast<char>(rng() & 0xff);
-            break;
-          case 1:
-            s.resize(at);
-            break;
-          default:
-            s.insert(at, s.substr(at, rng() % 16));
-            break;
-        }
-        write_text(file, s);
+      case 1:  // bytes of config.json or the index changed, cut or doubled
+        change_bytes(sharded && rng() % 2 ? index : config, rng);
         break;
-      }
-      default: {  // bytes of a weights file's header (or its length) changed
-        std::string s = read_text(weights);
-        uint64_t header = 0;
-        std::memcpy(&header, s.data(), 8);
-        const std::size_t at = rng() % std::min<std::size_t>(s.size(), 8 + header);
-        s[at] = static_cast<char>(s[at] ^ (1 << (rng() % 8)));
-        write_text(weights, s);
+      default:  // bytes of a weights file's header (or its length) changed
+        flip_header_bit(weights, rng);
         break;
-      }
     }
     const Loaded r = load(dir);
     if (r.ok) {

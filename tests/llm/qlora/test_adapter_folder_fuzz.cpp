@@ -19,6 +19,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "support/file_mutations.h"
 #include "support/temp_dir.h"
 
 using namespace quanta;
@@ -32,17 +33,6 @@ std::string base_dir() {
   const char* root = std::getenv("QUANTA_TEST_DATA");
   REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
   return std::string(root) + "/llm/models/llama_gqa";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
 // A whole adapter folder for llama_gqa (r 4 on q_proj and v_proj, named
@@ -218,74 +208,41 @@ TEST_CASE("adapter folders: a bounded mutation fuzz finds no crash and no error 
   TempDir t("adapter_fuzz_random");
   const AdapterFolders folders(t);
   std::mt19937_64 rng(20261129);  // the same mutations every run
-  const json hostile[] = {0,
-                          -1,
-                          1,
-                          2,
-                          4,
-                          8,
-                          1e9,
-                          1e30,
-                          -1e30,
-                          0.5,
-                          "x",
-                          nullptr,
-                          true,
-                          false,
-                          "LORA",
-                          "all-linear",
-                          json::array(),
-                          json::object(),
-                          json::array({"q_proj"}),
-                          int64_t(1) << 40,
-                          int64_t(1) << 62};
-  const std::size_t n_hostile = sizeof(hostile) / sizeof(hostile[0]);
+  const std::vector<json> hostile = {0,
+                                     -1,
+                                     1,
+                                     2,
+                                     4,
+                                     8,
+                                     1e9,
+                                     1e30,
+                                     -1e30,
+                                     0.5,
+                                     "x",
+                                     nullptr,
+                                     true,
+                                     false,
+                                     "LORA",
+                                     "all-linear",
+                                     json::array(),
+                                     json::object(),
+                                     json::array({"q_proj"}),
+                                     int64_t(1) << 40,
+                                     int64_t(1) << 62};
   int applied = 0, refused = 0;
   for (int i = 0; i < 200; ++i) {
     CAPTURE(i);
     const std::string dir = folders.fresh();
     switch (rng() % 3) {
-      case 0: {  // a config value replaced (one level into objects)
-        json c = json::parse(read_text(folders.config()));
-        std::vector<std::string> keys;
-        for (auto& [k, v] : c.items()) keys.push_back(k);
-        const std::string key = keys[rng() % keys.size()];
-        if (c[key].is_object() && !c[key].empty()) {
-          auto it = c[key].begin();
-          std::advance(it, rng() % c[key].size());
-          it.value() = hostile[rng() % n_hostile];
-        } else {
-          c[key] = hostile[rng() % n_hostile];
-        }
-        write_text(folders.config(), c.dump());
+      case 0:  // a config value replaced (one level into objects)
+        replace_json_value(folders.config(), rng, hostile);
         break;
-      }
-      case 1: {  // bytes of the config changed, cut or doubled
-        std::string s = read_text(folders.config());
-        const std::size_t at = rng() % s.size();
-        switch (rng() % 3) {
-          case 0:
-            s[at] = static_cast<char>(rng() & 0xff);
-            break;
-          case 1:
-            s.resize(at);
-            break;
-          default:
-            s.insert(at, s.substr(at, rng() % 16));
-            break;
-        }
-        write_text(folders.config(), s);
+      case 1:  // bytes of the config changed, cut or doubled
+        change_bytes(folders.config(), rng);
         break;
-      }
-      default: {  // a bit of the weights file's header (or its length) flipped
-        std::string s = read_text(folders.weights());
-        uint64_t header = 0;
-        std::memcpy(&header, s.data(), 8);
-        const std::size_t at = rng() % std::min<std::size_t>(s.size(), 8 + header);
-        s[at] = static_cast<char>(s[at] ^ (1 << (rng() % 8)));
-        write_text(folders.weights(), s);
+      default:  // a bit of the weights file's header (or its length) flipped
+        flip_header_bit(folders.weights(), rng);
         break;
-      }
     }
     const Applied r = apply(dir);
     if (r.ok) {
