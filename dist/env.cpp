@@ -39,17 +39,17 @@ Millis env_timeout(const char* name) {
   return Millis(static_cast<int64_t>(seconds * 1000 + 0.5));
 }
 
+}  // namespace
+
 bool env_flag(const char* name) {
   const char* v = env(name);
   if (!v) return false;
   const std::string s = v;
   if (s == "1" || s == "true" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "no") return false;
-  throw std::invalid_argument(std::string("[dist::init] ") + name + "='" + s +
-                              "' is not a flag: expected 1 or 0");
+  throw std::invalid_argument(std::string("[dist] ") + name + "='" + s +
+                              "' is not a flag: expected 1 or 0 (true/false, yes/no)");
 }
-
-}  // namespace
 
 LaunchInfo launch_info_from_env() {
   LaunchInfo info;

@@ -38,6 +38,11 @@ struct LaunchInfo {
   Millis timeout{0};
 };
 
+/** An environment flag: unset or empty is false, 1/true/yes true, 0/false/no
+ * false; any other value throws std::invalid_argument naming the variable
+ * (a typo must not quietly switch a check off). */
+bool env_flag(const char* name);
+
 /** Reads the launcher's environment (torchrun first, then Slurm, then Open
  * MPI); throws std::invalid_argument naming a malformed variable. */
 LaunchInfo launch_info_from_env();

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "dist/backend.h"
+#include "dist/env.h"
 #include "dist/fingerprint.h"
 #include "dist/gloo_backend.h"
 #include "dist/group_call.h"
@@ -63,11 +64,6 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0;
-}
 
 std::string default_host() {
   if (const char* h = std::getenv("QUANTA_DIST_HOST"); h && *h) return h;

@@ -8,6 +8,7 @@
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/ops/elementwise.h"
+#include "engine/text.h"
 
 namespace quanta {
 
@@ -252,12 +253,6 @@ StateDict Module::state_dict() const {
 }
 
 namespace {
-std::string join(const std::vector<std::string>& xs) {
-  std::string s;
-  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + xs[i];
-  return s;
-}
-
 std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
 }  // namespace
 
@@ -282,11 +277,11 @@ LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
   }
   std::vector<std::string> problems;
   if (strict && !result.missing_keys.empty())
-    problems.push_back("missing keys: " + join(result.missing_keys));
+    problems.push_back("missing keys: " + join_names(result.missing_keys));
   if (strict && !result.unexpected_keys.empty())
-    problems.push_back("unexpected keys: " + join(result.unexpected_keys));
-  if (!mismatched.empty()) problems.push_back("mismatched keys: " + join(mismatched));
-  if (!duplicates.empty()) problems.push_back("duplicate keys: " + join(duplicates));
+    problems.push_back("unexpected keys: " + join_names(result.unexpected_keys));
+  if (!mismatched.empty()) problems.push_back("mismatched keys: " + join_names(mismatched));
+  if (!duplicates.empty()) problems.push_back("duplicate keys: " + join_names(duplicates));
   if (!problems.empty()) {
     std::string msg = "[" + type_name_ + "::load_state_dict] ";
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];

@@ -14,6 +14,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
+#include "engine/text.h"
 
 namespace quanta {
 namespace {
@@ -22,12 +23,6 @@ std::string num(double v) {
   std::ostringstream os;
   os << v;
   return os.str();
-}
-
-std::string join(const std::vector<std::string>& xs) {
-  std::string s;
-  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + xs[i];
-  return s;
 }
 
 Tensor f64_scalar(double v) { return scalar(v, {.dtype = DType::f64}); }
@@ -304,9 +299,11 @@ void Optimizer::check_param_states(LoadCheck& check, const LoadedStates& states,
 std::string Optimizer::describe_problems(const LoadCheck& check,
                                          const std::vector<GroupValues>& groups) {
   std::vector<std::string> problems;
-  if (!check.missing.empty()) problems.push_back("missing keys: " + join(check.missing));
-  if (!check.unexpected.empty()) problems.push_back("unexpected keys: " + join(check.unexpected));
-  if (!check.mismatched.empty()) problems.push_back("mismatched keys: " + join(check.mismatched));
+  if (!check.missing.empty()) problems.push_back("missing keys: " + join_names(check.missing));
+  if (!check.unexpected.empty())
+    problems.push_back("unexpected keys: " + join_names(check.unexpected));
+  if (!check.mismatched.empty())
+    problems.push_back("mismatched keys: " + join_names(check.mismatched));
   // Group values are only worth judging once every key is in order.
   for (size_t g = 0; g < groups.size() && problems.empty(); ++g)
     if (!(groups[g].lr >= 0) || !(groups[g].weight_decay >= 0))

@@ -1,0 +1,16 @@
+#pragma once
+// Small text helpers for error messages.
+#include <string>
+#include <vector>
+
+namespace quanta {
+
+/** `names` separated by ", " ("a, b, c"; "" for none): the lists of keys,
+ * ranks or options that error messages name. */
+inline std::string join_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s;
+}
+
+}  // namespace quanta
