@@ -57,6 +57,11 @@ class Backend {
                           Millis timeout) = 0;
   /** Returns when every rank has called barrier. */
   virtual void barrier(uint32_t tag, Millis timeout) = 0;
+  /** Ends this rank's connections after a failed collective, so that a peer
+   * blocked on an exchange with this rank fails at once instead of at its
+   * timeout. The backend is not used afterwards. No-op by default (NCCL's
+   * own error handling aborts its communicator). */
+  virtual void close_connections() {}
 };
 
 }  // namespace quanta::dist::detail

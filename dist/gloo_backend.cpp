@@ -84,6 +84,10 @@ void GlooBackend::connect(Store& store, int rank, int size, Millis timeout) {
 
 GlooBackend::~GlooBackend() = default;
 
+void GlooBackend::close_connections() {
+  if (context_) context_->closeConnections();
+}
+
 void GlooBackend::all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
                              Millis timeout) {
   all_reduce(data, n, element_size(dtype), reduce_fn(dtype, op), tag, timeout);

@@ -37,6 +37,7 @@ class GlooBackend final : public Backend {
   // ---- Backend: (dtype, op) become a ReduceFn (reduce_kernels.h); avg sums,
   // then divides by the world size on every rank ----
   const char* name() const override { return "gloo"; }
+  void close_connections() override;
   void all_reduce(void* data, std::size_t n, DType dtype, ReduceOp op, uint32_t tag,
                   Millis timeout) override;
   /** Two ranks up to kPairwiseBytes: the check region travels in the same

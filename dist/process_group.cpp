@@ -435,6 +435,9 @@ void ProcessGroup::fail(const Call& call, const std::string& what) {
   const Millis grace = grace_of(call.timeout);
   try {
     store_->set_string(status_key(rank_), call.desc());
+    // A survivor blocked on an exchange with this rank would otherwise wait
+    // for it until its own timeout: it learns of the failure now, and posts.
+    if (gloo_) gloo_->close_connections();
     const auto posts = await_posts(*store_, rank_, size_, "status/", grace);
     for (int r = 0; r < size_; ++r)
       if (posts[r]) reports[r].assign(posts[r]->begin(), posts[r]->end());
