@@ -158,6 +158,20 @@ TEST_CASE("line_plot and bar_chart make PNGs of the stated size with data in the
   CHECK(read_png(dir.file("usage.png")).width == 720);
 }
 
+TEST_CASE("stack_vertically puts panels one above the other, padding narrower ones white") {
+  Canvas red(4, 2, {255, 0, 0}), green(6, 3, {0, 255, 0});
+  const Canvas s = stack_vertically({red, green});
+  CHECK(s.width() == 6);
+  CHECK(s.height() == 5);
+  CHECK(count_color(s, {255, 0, 0}, 0, 0, 5, 4) == 8);  // all of red, rows 0-1
+  CHECK(count_color(s, {255, 0, 0}, 0, 0, 3, 1) == 8);
+  CHECK(count_color(s, {0, 255, 0}, 0, 2, 5, 4) == 18);     // all of green, rows 2-4
+  CHECK(count_color(s, {255, 255, 255}, 4, 0, 5, 1) == 4);  // beside the narrower panel
+  const Canvas none = stack_vertically({});
+  CHECK(none.width() == 1);
+  CHECK(none.height() == 1);
+}
+
 TEST_CASE("image grids lay tiles out in rows, reconstructions under originals") {
   Tensor imgs = zeros({3, 1, 2, 2});
   imgs.data<float>()[0] = 1.0f;    // image 0, pixel (0, 0)

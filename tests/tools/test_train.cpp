@@ -281,12 +281,43 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(two.usage() == doctest::Approx((1.0 / 3 + 1.0) / 2));
   CHECK(two.perplexity() == doctest::Approx((1.0 + 3.0) / 2));
   CHECK(two.totals() == std::vector<double>{4, 1, 1});
+  CHECK(two.usage_per_codebook() == std::vector<double>{1.0 / 3, 1.0});
+  const std::vector<double> p = two.perplexity_per_codebook();
+  REQUIRE(p.size() == 2);
+  CHECK(p[0] == doctest::Approx(1.0));
+  CHECK(p[1] == doctest::Approx(3.0));
+  // Both codebooks skewed: codes {0, 0, 0, 1} and {0, 0, 1, 0} give
+  // exp(-(3/4 ln 3/4 + 1/4 ln 1/4)) each.
+  CodeCounts skew(2, 2);
+  skew.add(from_vector<int64_t>({0, 0, 0, 0, 0, 1, 1, 0}, {4, 2}));
+  const double h = -(0.75 * std::log(0.75) + 0.25 * std::log(0.25));
+  CHECK(skew.perplexity_per_codebook()[0] == doctest::Approx(std::exp(h)));
+  CHECK(skew.perplexity_per_codebook()[1] == doctest::Approx(std::exp(h)));
+  CHECK(skew.usage_per_codebook() == std::vector<double>{1.0, 1.0});
+  // A codebook never counted has no perplexity: the mean has none either.
+  CodeCounts empty(3, 2);
+  CHECK(std::isnan(empty.perplexity_per_codebook()[0]));
+  CHECK(std::isnan(empty.perplexity()));
+  CHECK(empty.usage_per_codebook() == std::vector<double>{0.0, 0.0});
 
   CodeCounts none(0, 1);
   none.add(zeros({0}, {.dtype = DType::i64}));
   CHECK(std::isnan(none.usage()));
   CHECK(std::isnan(none.perplexity()));
   CHECK(none.totals().empty());
+  CHECK(none.usage_per_codebook().empty());
+  CHECK(none.perplexity_per_codebook().empty());
+}
+
+TEST_CASE("psnr_db: 10 log10(peak^2 / mse)") {
+  CHECK(psnr_db(0.01) == doctest::Approx(20.0));
+  CHECK(psnr_db(1.0) == doctest::Approx(0.0));
+  CHECK(psnr_db(0.0201) == doctest::Approx(-10.0 * std::log10(0.0201)));
+  CHECK(psnr_db(1.0, 255.0) == doctest::Approx(20.0 * std::log10(255.0)));
+  CHECK(std::isinf(psnr_db(0.0)));
+  CHECK(psnr_db(0.0) > 0);
+  CHECK(std::isnan(psnr_db(-1e-3)));
+  CHECK(std::isnan(psnr_db(std::nan(""))));
 }
 
 TEST_CASE("BatchOrder gives batch_indices' batches, in any order of steps") {
@@ -425,6 +456,22 @@ TEST_CASE("every quantizer type builds from its config, trains, and decodes its 
     std::unique_ptr<TrainQuantizer> q = make_quantizer(tc.config, 8, 5);
     CHECK(q->codebook_size() == tc.codebook_size);
     CHECK(q->num_codebooks() == tc.num_codebooks);
+    // Per-codebook metrics name each index column for what it is.
+    if (tc.num_codebooks > 1) {
+      const std::string first = q->codebook_name(0), last = q->codebook_name(tc.num_codebooks - 1);
+      if (type == "grvq") {
+        CHECK(first == "group 0 level 0");
+        CHECK(last == "group 1 level 1");
+        CHECK(q->codebook_name(1) == "group 0 level 1");
+      } else if (type == "vq") {
+        CHECK(last == "head " + std::to_string(tc.num_codebooks - 1));
+      } else if (type[0] == 'r') {
+        CHECK(last == "level " + std::to_string(tc.num_codebooks - 1));
+      } else {
+        CHECK(last == "codebook " + std::to_string(tc.num_codebooks - 1));
+      }
+      CHECK(first.back() == '0');
+    }
     Generator gen(9);
     const Tensor z = randn({2, 8, 7, 7}, gen).detach();
 

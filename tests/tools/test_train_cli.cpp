@@ -171,6 +171,63 @@ TEST_CASE("quanta train (default vq) uses its codebook; encode and decode round-
           "decodes [N, 7, 7]");
 }
 
+TEST_CASE("PSNR and per-codebook usage: metrics.jsonl, the lines, eval and the usage picture") {
+  if (!have_dataset()) return;
+  ScratchDir dir("per_codebook");
+  const std::string run = dir.file("run");
+  const CliResult r = run_quanta(
+      tiny_train(run, 3, {"--quantizer", "rvq", "--num-quantizers", "3", "--codebook-size", "32"}));
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  // Each train record's PSNR is its window's reconstruction error in dB
+  // (images in [0, 1]), shown on the progress line.
+  for (const json& t : records(run, "train"))
+    CHECK(t["psnr"].get<double>() ==
+          doctest::Approx(-10 * std::log10(t["recon_mse"].get<double>())).epsilon(1e-12));
+  CHECK(contains(r.out, " dB  "));
+  const std::vector<json> evals = records(run, "eval");
+  REQUIRE(evals.size() == 1);
+  const json& ev = evals[0];
+  CHECK(ev["psnr"].get<double>() ==
+        doctest::Approx(-10 * std::log10(ev["test_mse"].get<double>())).epsilon(1e-12));
+  // One entry per level, whose means are the overall figures.
+  REQUIRE(ev["codebook_usage_per_level"].size() == 3);
+  REQUIRE(ev["perplexity_per_level"].size() == 3);
+  double usage = 0, perplexity = 0;
+  for (int q = 0; q < 3; ++q) {
+    const double u = ev["codebook_usage_per_level"][q], p = ev["perplexity_per_level"][q];
+    CHECK(u > 0);
+    CHECK(u <= 1);
+    CHECK(p >= 1);
+    CHECK(p <= 32);
+    usage += u / 3;
+    perplexity += p / 3;
+  }
+  CHECK(ev["codebook_usage"].get<double>() == doctest::Approx(usage).epsilon(1e-12));
+  CHECK(ev["perplexity"].get<double>() == doctest::Approx(perplexity).epsilon(1e-12));
+  CHECK(contains(r.out, "psnr "));
+  CHECK(contains(r.out, "per codebook (level 0 first): usage "));
+  // The summed chart above one chart per level.
+  const image::Image png = image::read_png(run + "/" + train::kUsageFile);
+  CHECK(png.width == 720);
+  CHECK(png.height == 440 + 3 * 240);
+
+  const CliResult e = run_quanta({"eval", run + "/checkpoint.safetensors", "--json", "--limit",
+                                  "64", "--png", dir.file("eval.png")});
+  CAPTURE(e.err);
+  REQUIRE(e.code == 0);
+  const json j = json::parse(e.out);
+  CHECK(j["codebook_names"] == json{"level 0", "level 1", "level 2"});
+  CHECK(j["codebook_usage_per_level"] == ev["codebook_usage_per_level"]);
+  CHECK(j["perplexity_per_level"] == ev["perplexity_per_level"]);
+  CHECK(j["psnr"].get<double>() == doctest::Approx(ev["psnr"].get<double>()).epsilon(1e-6));
+  const CliResult text = run_quanta(
+      {"eval", run + "/checkpoint.safetensors", "--limit", "64", "--png", dir.file("eval.png")});
+  CHECK(contains(text.out, "test psnr:"));
+  CHECK(contains(text.out, "  level 2: usage "));
+}
+
 TEST_CASE("quanta train --resume continues exactly") {
   if (!have_dataset()) return;
   ScratchDir dir("resume");

@@ -118,19 +118,33 @@ void run_eval(const EvalOptions& o) {
     j["quantizer"] = type;
     j["test_samples"] = r.samples;
     j["test_mse"] = r.mse;
+    j["psnr"] = r.psnr;
     j["codebook_usage"] = r.usage;  // NaN prints as null
     j["perplexity"] = r.perplexity;
+    if (!r.per_codebook.empty()) {
+      nlohmann::ordered_json names, usage, perplexity;
+      for (const train::CodebookFigures& c : r.per_codebook) {
+        names.push_back(c.name);
+        usage.push_back(c.usage);
+        perplexity.push_back(c.perplexity);
+      }
+      j["codebook_names"] = names;
+      j["codebook_usage_per_level"] = usage;
+      j["perplexity_per_level"] = perplexity;
+    }
     j["reconstructions"] = png;
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << o.checkpoint << " (step " << ck.info.step << ", quantizer " << type << ")\n"
               << "test images:     " << r.samples << "\n"
               << "test mse:        " << train::fmt_metric(r.mse, 6) << "\n"
-              << "codebook usage:  "
-              << (std::isfinite(r.usage) ? train::fmt_metric(100 * r.usage, 1) + "%" : "n/a")
-              << "\n"
-              << "perplexity:      " << train::fmt_metric(r.perplexity, 1) << "\n"
-              << "reconstructions: " << png << "\n";
+              << "test psnr:       " << train::fmt_metric(r.psnr, 2) << " dB\n"
+              << "codebook usage:  " << train::fmt_percent(r.usage) << "\n"
+              << "perplexity:      " << train::fmt_metric(r.perplexity, 1) << "\n";
+    for (const train::CodebookFigures& c : r.per_codebook)
+      std::cout << "  " << c.name << ": usage " << train::fmt_percent(c.usage) << ", perplexity "
+                << train::fmt_metric(c.perplexity, 1) << "\n";
+    std::cout << "reconstructions: " << png << "\n";
   }
   if (!non_finite.empty())
     throw std::runtime_error(non_finite +

@@ -201,4 +201,20 @@ Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec, const 
   return c;
 }
 
+Canvas stack_vertically(const std::vector<Canvas>& panels) {
+  int64_t width = 1, height = 0;
+  for (const Canvas& p : panels) {
+    width = std::max(width, p.width());
+    height += p.height();
+  }
+  Canvas out(width, std::max<int64_t>(height, 1));
+  int64_t top = 0;
+  for (const Canvas& p : panels) {
+    for (int64_t y = 0; y < p.height(); ++y)
+      for (int64_t x = 0; x < p.width(); ++x) out.set(x, top + y, p.get(x, y));
+    top += p.height();
+  }
+  return out;
+}
+
 }  // namespace quanta::image

@@ -51,4 +51,8 @@ Canvas line_plot(const std::vector<Series>& series, const PlotSpec& spec);
 Canvas bar_chart(const std::vector<double>& values, const PlotSpec& spec,
                  const std::string& note = "");
 
+/** `panels` one above the other, left-aligned, as wide as the widest (the
+ * rest white); an empty list gives a 1x1 white canvas. */
+Canvas stack_vertically(const std::vector<Canvas>& panels);
+
 }  // namespace quanta::image

@@ -340,7 +340,15 @@ class Loop {
           {"epoch", epoch()},        {"loss", window_.loss / n},
           {"lr", lr_now()},          {s_.throughput_unit + "_per_s", progress_->throughput(step_)},
           {"elapsed_s", elapsed_s()}};
-      for (std::size_t i = 0; i < names_.size(); ++i) record[names_[i]] = window_.terms[i] / n;
+      std::vector<double> mean_terms;
+      for (std::size_t i = 0; i < names_.size(); ++i)
+        record[names_[i]] = mean_terms.emplace_back(window_.terms[i] / n);
+      std::string shown;
+      for (const WindowMetric& m : task_.window_metrics(mean_terms)) {
+        record[m.name] = m.value;
+        shown += (shown.empty() ? "" : "  ") + m.text;
+      }
+      progress_->set_window_text(shown);
       // Points inside the steps where the host waited for the device (0
       // on the CPU; the window's one read of the losses is not counted):
       // each one stalls a GPU's queue (engine/host_sync.h).

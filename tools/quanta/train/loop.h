@@ -62,6 +62,14 @@ struct Evaluation {
   std::string line;
 };
 
+/** A figure derived from a log window's mean terms: a field of the "train"
+ * record and a part of the progress line. */
+struct WindowMetric {
+  std::string name;  // the record's field
+  double value = 0;
+  std::string text;  // on the progress line, e.g. "psnr 21.37 dB"
+};
+
 /** The task-specific half of a run. */
 class LoopTask {
  public:
@@ -76,6 +84,12 @@ class LoopTask {
   virtual void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const = 0;
   /** The metrics names of StepLoss::terms ("recon_mse", ...). */
   virtual std::vector<std::string> term_names() const { return {}; }
+  /** Figures derived from a log window's mean terms (in term_names() order),
+   * e.g. a PSNR from a reconstruction error; none by default. */
+  virtual std::vector<WindowMetric> window_metrics(
+      const std::vector<double>& /*mean_terms*/) const {
+    return {};
+  }
   /** Forward of this rank's share of the step's batch. */
   virtual StepLoss step(const BatchShare& share) = 0;
   /** After every optimizer step, on every rank. */

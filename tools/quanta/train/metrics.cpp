@@ -30,33 +30,51 @@ void CodeCounts::add(const Tensor& indices) {
   }
 }
 
-double CodeCounts::usage() const {
-  if (counts.empty()) return std::numeric_limits<double>::quiet_NaN();
+namespace {
+
+double mean(const std::vector<double>& v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   double sum = 0;
-  for (const auto& c : counts) {
-    int64_t used = 0;
-    for (int64_t n : c) used += n > 0;
-    sum += static_cast<double>(used) / static_cast<double>(codebook_size);
-  }
-  return sum / static_cast<double>(counts.size());
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
 }
 
-double CodeCounts::perplexity() const {
-  if (counts.empty()) return std::numeric_limits<double>::quiet_NaN();
-  double sum = 0;
-  for (const auto& c : counts) {
-    double total = 0;
-    for (int64_t n : c) total += static_cast<double>(n);
-    if (total == 0) return std::numeric_limits<double>::quiet_NaN();
-    double entropy = 0;
-    for (int64_t n : c)
-      if (n > 0) {
-        const double p = static_cast<double>(n) / total;
-        entropy -= p * std::log(p);
-      }
-    sum += std::exp(entropy);
-  }
-  return sum / static_cast<double>(counts.size());
+double used_fraction(const std::vector<int64_t>& c) {
+  int64_t used = 0;
+  for (int64_t n : c) used += n > 0;
+  return static_cast<double>(used) / static_cast<double>(c.size());
+}
+
+// exp(entropy) of the frequencies; NaN when nothing was counted.
+double effective_codes(const std::vector<int64_t>& c) {
+  double total = 0;
+  for (int64_t n : c) total += static_cast<double>(n);
+  if (total == 0) return std::numeric_limits<double>::quiet_NaN();
+  double entropy = 0;
+  for (int64_t n : c)
+    if (n > 0) {
+      const double p = static_cast<double>(n) / total;
+      entropy -= p * std::log(p);
+    }
+  return std::exp(entropy);
+}
+
+}  // namespace
+
+double CodeCounts::usage() const { return mean(usage_per_codebook()); }
+
+double CodeCounts::perplexity() const { return mean(perplexity_per_codebook()); }
+
+std::vector<double> CodeCounts::usage_per_codebook() const {
+  std::vector<double> u;
+  for (const auto& c : counts) u.push_back(used_fraction(c));
+  return u;
+}
+
+std::vector<double> CodeCounts::perplexity_per_codebook() const {
+  std::vector<double> p;
+  for (const auto& c : counts) p.push_back(effective_codes(c));
+  return p;
 }
 
 std::vector<double> CodeCounts::totals() const {
@@ -64,6 +82,12 @@ std::vector<double> CodeCounts::totals() const {
   for (const auto& c : counts)
     for (size_t k = 0; k < c.size(); ++k) t[k] += static_cast<double>(c[k]);
   return counts.empty() ? std::vector<double>{} : t;
+}
+
+double psnr_db(double mse, double peak) {
+  if (!(mse >= 0)) return std::numeric_limits<double>::quiet_NaN();
+  if (mse == 0) return std::numeric_limits<double>::infinity();
+  return 10.0 * std::log10(peak * peak / mse);
 }
 
 EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
@@ -84,9 +108,18 @@ EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
   r.samples = n;
   r.mse = n > 0 ? squared / static_cast<double>(images.numel())
                 : std::numeric_limits<double>::quiet_NaN();
+  r.psnr = psnr_db(r.mse);
   r.usage = counts.usage();
   r.perplexity = counts.perplexity();
   r.code_totals = counts.totals();
+  if (counts.counts.size() > 1) {
+    const std::vector<double> usage = counts.usage_per_codebook();
+    const std::vector<double> perplexity = counts.perplexity_per_codebook();
+    for (size_t q = 0; q < counts.counts.size(); ++q)
+      r.per_codebook.push_back(
+          {model.quantizer().codebook_name(static_cast<int64_t>(q)), usage[q], perplexity[q],
+           std::vector<double>(counts.counts[q].begin(), counts.counts[q].end())});
+  }
   return r;
 }
 

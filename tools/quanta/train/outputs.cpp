@@ -72,19 +72,37 @@ void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>&
   image::write_png(path, image::line_plot({train, test}, spec).image());
 }
 
+namespace {
+
+std::string usage_title(const std::string& what, double usage, double perplexity) {
+  return what + ": " + fmt_percent(usage) + " used, perplexity " + fmt_metric(perplexity, 1);
+}
+
+}  // namespace
+
 void write_usage_plot(const std::string& path, const EvalResult& eval,
                       const std::string& quantizer_type) {
   std::string title = "codebook usage (test set)";
-  if (!eval.code_totals.empty()) {
-    title = "test set: ";
-    title += fmt_metric(100.0 * eval.usage, 1);
-    title += "% of codes used, perplexity ";
-    title += fmt_metric(eval.perplexity, 1);
-  }
+  const size_t codebooks = eval.per_codebook.size();
+  // Titles print 12 pixels a character: at most 60 fit the 720-pixel width.
+  std::string what = "test set";
+  if (codebooks > static_cast<size_t>(kMaxUsagePanels))
+    what = "all " + std::to_string(codebooks) + " codebooks (" + std::to_string(kMaxUsagePanels) +
+           " below)";
+  else if (codebooks > 0)
+    what = "all " + std::to_string(codebooks) + " codebooks";
+  if (!eval.code_totals.empty()) title = usage_title(what, eval.usage, eval.perplexity);
   image::PlotSpec spec{title, "code index", "count", 720, 440, false};
   const std::string note =
       eval.code_totals.empty() ? "no codebook (quantizer " + quantizer_type + ")" : "";
-  image::write_png(path, image::bar_chart(eval.code_totals, spec, note).image());
+  std::vector<image::Canvas> panels{image::bar_chart(eval.code_totals, spec, note)};
+  for (size_t q = 0; q < std::min(codebooks, static_cast<size_t>(kMaxUsagePanels)); ++q) {
+    const CodebookFigures& c = eval.per_codebook[q];
+    const image::PlotSpec level{
+        usage_title(c.name, c.usage, c.perplexity), "code index", "count", 720, 240, false};
+    panels.push_back(image::bar_chart(c.counts, level));
+  }
+  image::write_png(path, image::stack_vertically(panels).image());
 }
 
 void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
@@ -104,6 +122,10 @@ std::string fmt_metric(double v, int digits) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+std::string fmt_percent(double fraction) {
+  return std::isfinite(fraction) ? fmt_metric(100 * fraction, 1) + "%" : "n/a";
 }
 
 }  // namespace quanta::train

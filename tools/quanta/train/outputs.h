@@ -17,6 +17,8 @@ inline constexpr const char* kMetricsFile = "metrics.jsonl";
 inline constexpr const char* kReconstructionsFile = "reconstructions.png";
 inline constexpr const char* kUsageFile = "codebook_usage.png";
 inline constexpr const char* kLossFile = "loss.png";
+/** Per-codebook charts drawn in codebook_usage.png at most. */
+inline constexpr int64_t kMaxUsagePanels = 16;
 
 /** `name` inside the output folder `dir`. */
 std::string out_file(const std::string& dir, const char* name);
@@ -34,7 +36,11 @@ void append_metric(const std::string& path, const nlohmann::json& record);
 void write_loss_plot(const std::string& path, const std::vector<nlohmann::json>& records);
 
 /** The bar chart of code counts on the test set (a note instead of bars when
- * the quantizer has no codebook). */
+ * the quantizer has no codebook). With several codebooks (residual levels,
+ * groups, heads) the chart of their summed counts is followed by one chart
+ * per codebook, each titled with its usage and perplexity (the first
+ * kMaxUsagePanels; the top title says when there are more). All count the
+ * whole test set. */
 void write_usage_plot(const std::string& path, const EvalResult& eval,
                       const std::string& quantizer_type);
 
@@ -46,5 +52,7 @@ void write_reconstructions(const std::string& path, VqVae& model, const Tensor& 
 
 /** A metric for printing: "n/a" for NaN, else printf("%.*f"). */
 std::string fmt_metric(double v, int digits);
+/** A fraction as a percentage with one decimal ("97.3%"); "n/a" for NaN. */
+std::string fmt_percent(double fraction);
 
 }  // namespace quanta::train

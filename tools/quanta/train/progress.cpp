@@ -45,9 +45,11 @@ std::string Progress::status(int64_t step, int64_t epoch, double loss) const {
   // A device's losses are read once per log window: none yet reads "-".
   char loss_text[32] = "-";
   if (!std::isnan(loss)) std::snprintf(loss_text, sizeof loss_text, "%.5f", loss);
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "epoch %lld  loss %s  %.0f %s/s  eta %s",
-                static_cast<long long>(epoch), loss_text, throughput(step), unit_.c_str(),
+  const std::string window = window_text_.empty() ? "" : "  " + window_text_;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "epoch %lld  loss %s%s  %.0f %s/s  eta %s",
+                static_cast<long long>(epoch), loss_text, window.c_str(), throughput(step),
+                unit_.c_str(),
                 format_duration(per_step * static_cast<double>(total_ - step)).c_str());
   return buf;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <utility>
 
 namespace quanta::train {
 
@@ -21,6 +22,9 @@ class Progress {
    * not read yet, shown as "-"). Draws the bar (at most ~10 times a second)
    * or, when `log_line`, a plain line. */
   void update(int64_t step, int64_t epoch, double loss, bool log_line);
+  /** Figures of the last log window shown after the loss from now on (e.g.
+   * "psnr 21.37 dB"); empty shows none. */
+  void set_window_text(std::string text) { window_text_ = std::move(text); }
   /** Prints a full line (clearing the bar first). */
   void line(const std::string& text);
   /** Items (images, tokens) per second since the start. */
@@ -35,6 +39,7 @@ class Progress {
   bool bar_;
   int64_t start_, total_, batch_;
   std::string unit_;
+  std::string window_text_;
   std::chrono::steady_clock::time_point t0_, last_draw_;
   bool drawn_ = false;
 };

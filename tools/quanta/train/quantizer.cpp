@@ -97,6 +97,16 @@ Tensor LayerQuantizer::decode(const Tensor& indices) {
   return channels_first(layer_->get_output_from_indices(idx));
 }
 
+std::string LayerQuantizer::codebook_name(int64_t i) const {
+  if (groups_ > 0) {
+    const int64_t levels = facts_.num_codebooks / groups_;
+    return "group " + std::to_string(i / levels) + " level " + std::to_string(i % levels);
+  }
+  if (dynamic_cast<const quant::Residual*>(layer_.get())) return "level " + std::to_string(i);
+  if (facts_.type == "vq") return "head " + std::to_string(i);
+  return TrainQuantizer::codebook_name(i);
+}
+
 void LayerQuantizer::pin_streams() {
   for (auto& [path, m] : layer_->named_modules())
     if (auto* s = dynamic_cast<quant::StepKeyed*>(m)) s->pin_random_step(uint64_t(steps_));

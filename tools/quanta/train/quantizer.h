@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "dist/process_group.h"
 #include "engine/nn/module.h"
@@ -34,6 +35,10 @@ class TrainQuantizer {
   /** Codebooks whose indices forward returns side by side (the trailing
    * index dimension when > 1): residual levels, groups, heads. */
   virtual int64_t num_codebooks() const { return 1; }
+  /** What codebook `i` of forward's trailing index dimension is, for the
+   * per-codebook metrics: "level 2", "group 1 level 0", "head 3"; counted
+   * from 0 as the dimension is. */
+  virtual std::string codebook_name(int64_t i) const { return "codebook " + std::to_string(i); }
   /** The layer as a Module: its parameters train with the model and its
    * parameters and buffers (codebooks, EMA statistics) are checkpointed. */
   virtual std::shared_ptr<Module> module() = 0;

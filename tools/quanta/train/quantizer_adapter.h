@@ -79,6 +79,7 @@ class LayerQuantizer final : public TrainQuantizer {
   Tensor decode(const Tensor& indices) override;
   int64_t codebook_size() const override { return facts_.codebook_size; }
   int64_t num_codebooks() const override { return facts_.num_codebooks; }
+  std::string codebook_name(int64_t i) const override;
   std::shared_ptr<Module> module() override { return layer_; }
   bool loss_is_global() const override { return facts_.loss_is_global; }
   /** Reconciles module()'s state over `group` from now on (QuantizerSync). */

@@ -108,13 +108,34 @@ class VqVaeTask : public LoopTask {
   Evaluation evaluate() override {
     last_eval_ = train::evaluate(*model_, test_set_.images, 256);
     const EvalResult& ev = last_eval_;
-    return {{{"test_mse", ev.mse},
-             {"codebook_usage", ev.usage},
-             {"perplexity", ev.perplexity},
-             {"test_samples", ev.samples}},
-            "test mse " + fmt_metric(ev.mse, 5) + "  codebook usage " +
-                (std::isfinite(ev.usage) ? fmt_metric(100 * ev.usage, 1) + "%" : "n/a") +
-                "  perplexity " + fmt_metric(ev.perplexity, 1)};
+    Evaluation e{{{"test_mse", ev.mse},
+                  {"psnr", ev.psnr},
+                  {"codebook_usage", ev.usage},
+                  {"perplexity", ev.perplexity},
+                  {"test_samples", ev.samples}},
+                 "test mse " + fmt_metric(ev.mse, 5) + "  psnr " + fmt_metric(ev.psnr, 2) +
+                     " dB  codebook usage " + fmt_percent(ev.usage) + "  perplexity " +
+                     fmt_metric(ev.perplexity, 1)};
+    if (!ev.per_codebook.empty()) {
+      json usage = json::array(), perplexity = json::array();
+      std::string usage_text, perplexity_text;
+      for (const CodebookFigures& c : ev.per_codebook) {
+        usage.push_back(c.usage);
+        perplexity.push_back(c.perplexity);
+        usage_text += " " + fmt_percent(c.usage);
+        perplexity_text += " " + fmt_metric(c.perplexity, 1);
+      }
+      e.fields["codebook_usage_per_level"] = usage;
+      e.fields["perplexity_per_level"] = perplexity;
+      e.line += "\n  per codebook (" + ev.per_codebook.front().name + " first): usage" +
+                usage_text + ", perplexity" + perplexity_text;
+    }
+    return e;
+  }
+
+  std::vector<WindowMetric> window_metrics(const std::vector<double>& mean_terms) const override {
+    const double psnr = psnr_db(mean_terms.at(0));  // recon_mse: term_names()[0]
+    return {{"psnr", psnr, "psnr " + fmt_metric(psnr, 2) + " dB"}};
   }
 
   void write_outputs(const std::vector<json>& history, bool evaluated) override {
