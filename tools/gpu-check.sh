@@ -513,9 +513,9 @@ run_phase() {
 
 # The same training job on the CPU and on the GPU (300 steps of 64, one
 # seed, the data slice from the bundle): the CUDA run must finish and its
-# test MSE be within 5% of the CPU's (issue 17); then the default quantizer
+# test MSE be within 5% of the CPU's; then the default quantizer
 # on both, judged the same way (its VQ layers run the quantizer table's CUDA
-# kernels, issue 18). Each run gets LIMIT
+# kernels). Each run gets LIMIT
 # seconds (phase_train LIMIT); about 10 s each on the first GPU machine's
 # 16 cores is the estimate (the CPU step is 15 ms on 2 cores here).
 readonly TRAIN_STEPS=300
@@ -566,9 +566,9 @@ PY
 }
 
 # The GPU bench suites, each row against its floor (a row whose op has no
-# kernel yet says so): issue 18's NF4 and VQ rows first (short, and the ones
+# kernel yet says so): the NF4 and VQ rows first (short, and the ones
 # with goals to meet: nf4_dequantize ratio <= 1.18, nf4_gemv_8192_b1 <= 0.33,
-# vq_nearest_* <= 1.2), then issue 17's engine and train rows. Timings, not
+# vq_nearest_* <= 1.2), then the engine and train rows. Timings, not
 # a test: the phase fails only when a command fails. The commands share
 # LIMIT seconds, each getting what the ones before it left (phase_bench
 # LIMIT).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-runs the training figures README.md quotes (the 200-step example with 2
 # and 1 threads, and with --nproc 2) and prints each final line beside the
-# command, so the README's figures come from one script (issue 20.16).
+# command, so the README's figures come from one script, never by hand.
 #
 #   tools/readme-figures.sh [QUANTA]      QUANTA defaults to build/tools/quanta
 #

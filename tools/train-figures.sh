@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-runs the quantizer comparison of docs/train.md ("Measured") and prints
 # its two tables as Markdown rows, so those figures come from one script, as
-# the README's do from tools/readme-figures.sh (issue 20.16).
+# the README's do from tools/readme-figures.sh: hand-copied figures drift.
 #
 #   tools/train-figures.sh [QUANTA] [--short-only]
 #                                   QUANTA defaults to build/tools/quanta

@@ -80,23 +80,8 @@ void for_each_run(const Shape& shape, const std::array<const Operand*, N>& ops, 
                });
 }
 
-/** for_each_run over tensors that all have `shape` (broadcast inputs as
- * expanded views). */
-template <size_t N, class Kernel>
-void for_each_run(const Shape& shape, const std::array<const Tensor*, N>& ts, Kernel&& kernel) {
-  std::array<Operand, N> ops;
-  std::array<const Operand*, N> ptrs;
-  for (size_t k = 0; k < N; ++k) {
-    ops[k] = operand_of(*ts[k]);
-    ptrs[k] = &ops[k];
-  }
-  for_each_run<N>(shape, ptrs, kernel);
-}
-
 template <class>
 using OperandRef = const Operand&;
-template <class>
-using TensorRef = const Tensor&;
 
 /** out[i] = f(in[i]...) over `shape` for typed operands; `out` is written. */
 template <class Out, class... In, class F>
@@ -141,12 +126,6 @@ void map(const Shape& shape, F&& f, const Operand& out, OperandRef<In>... in) {
           (std::index_sequence_for<In...>{});
         }
       });
-}
-
-/** map over tensors that all have out's shape. */
-template <class Out, class... In, class F>
-void map(const Tensor& out, F&& f, TensorRef<In>... in) {
-  map<Out, In...>(out.shape(), f, operand_of(out), operand_of(in)...);
 }
 
 }  // namespace quanta::cpu

@@ -8,7 +8,7 @@
 //
 // Everything CUDA passes through here: the runtime seam (engine/cuda/runtime.h
 // forwards to it), the kernel table, and symbols other layers look up by name
-// (dist's NCCL backend; quant's CUDA table, issue 18), so dependencies still
+// (dist's NCCL backend, quant's CUDA table), so dependencies still
 // point one way (quant -> dist -> engine).
 #include <cstddef>
 #include <string>
@@ -28,13 +28,7 @@ namespace quanta::cuda {
  * QuantKernelTable, dist's NCCL backend). A new field, a changed signature
  * or a changed meaning in any of them bumps it. */
 struct Module {
-  // 2: KernelTable gained gemm_16bit, random_fill and the fused optimizer
-  // steps; Module gained synchronize.
-  // 3: RandomFill gained the bernoulli draw and its `below` field; Module
-  // gained record_event and release_event.
-  // 4: Module gained mapped_host_alloc; KernelTable gained checked_indices.
-  // 5: QuantKernelTable's put_rows skips rows whose index is negative (an
-  // older module would write before the table); copy queues small uploads.
+  // What each version changed is in git's history of this line.
   static constexpr int kAbi = 5;
   int abi = kAbi;
   int (*device_count)() = nullptr;

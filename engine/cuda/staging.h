@@ -12,7 +12,7 @@
 // copies keep the plain cudaMemcpy. Host memory that is already pinned
 // (cudaHostAlloc, cudaHostRegister) goes straight to the DMA as before.
 //
-// The sizes are a first choice, not measured on a GPU yet (docs/gpu-runs.md):
+// The sizes are a first choice (docs/gpu-runs.md says where they stand):
 // 4 MiB chunks keep each DMA long against its few microseconds of setup;
 // the threshold asks for at least four chunks, so that the pipeline is full
 // for most of the copy.

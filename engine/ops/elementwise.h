@@ -16,7 +16,6 @@ Tensor div(const Tensor& a, const Tensor& b);
 /** a ** b elementwise. */
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, double exponent);
-/** Elementwise larger / smaller (ties split the gradient evenly). */
 /** terms[0] + terms[1] + ... (left to right, so the same values as the
  * chain of add()s), in one pass over the inputs when they share shape,
  * dtype (f32 or f64) and the CPU; otherwise the chain itself (broadcasting
@@ -24,6 +23,7 @@ Tensor pow(const Tensor& a, double exponent);
  * least one term. */
 Tensor add_n(const std::vector<Tensor>& terms);
 
+/** Elementwise larger / smaller (ties split the gradient evenly). */
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 /** relu's backward in one pass: grad where x > 0, else 0 (broadcasting as

@@ -1,5 +1,6 @@
 #pragma once
-// Matrix products. All of them run on one Eigen GEMM (engine/cpu/gemm.h):
+// Matrix products. On the CPU all of them run on one GEMM entry
+// (engine/cpu/gemm.h: OpenBLAS where the build found it, else Eigen's own):
 // f32 and f64 are computed as they are, bf16 and f16 are computed in f32 and
 // stored back, integer and bool operands are refused with an error naming the
 // op (cast them to a floating dtype first). Mixed dtypes promote.

@@ -46,7 +46,10 @@ ResidualVQOptions checked(ResidualVQOptions o) {
 }  // namespace
 
 ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen)
-    : Residual("ResidualVQ", dropout_of(checked(opts))), opts_(checked(opts)) {
+    : ResidualVQ(checked(opts), gen, Validated{}) {}
+
+ResidualVQ::ResidualVQ(const ResidualVQOptions& opts, Generator& gen, Validated)
+    : Residual("ResidualVQ", dropout_of(opts)), opts_(opts) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   if (codebook_dim_ != opts_.dim) {
     project_in_ = register_module("project_in", std::shared_ptr<Module>(std::make_shared<Linear>(

@@ -83,6 +83,10 @@ class ResidualVQ : public Residual {
   int64_t codebook_dim_;
   std::vector<std::shared_ptr<VectorQuantize>> layers_;
   std::shared_ptr<Module> project_in_, project_out_;
+
+  // The public constructor validates `opts` once and delegates here.
+  struct Validated {};
+  ResidualVQ(const ResidualVQOptions& opts, Generator& gen, Validated);
 };
 
 /** GroupedResidualVQ options. */

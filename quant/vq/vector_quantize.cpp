@@ -459,9 +459,8 @@ Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, i
                                       int64_t n) const {
   const int64_t k = opts_.codebook_size, h = opts_.heads;
   Tensor p = softmax(dist * opts_.codebook_diversity_temperature, -1);  // [G, T, K]
-  Tensor w = valid.defined() ? to_dtype(valid, p.dtype())
-                             : ones(valid.defined() ? valid.shape() : Shape{p.size(0), p.size(1)},
-                                    options_of(p));
+  Tensor w =
+      valid.defined() ? to_dtype(valid, p.dtype()) : ones({p.size(0), p.size(1)}, options_of(p));
   p = p * unsqueeze(w, -1);
   // Average over everything but the sequence position n, as the reference.
   Tensor pn, cnt;

@@ -60,7 +60,7 @@ TEST_CASE("one rank skips a collective: every rank raises, naming what the other
   }
 }
 
-// Issue 21 item 10: rank 0 makes one extra all_reduce of the same shape.
+// Rank 0 makes one extra all_reduce of the same shape.
 // Without the always-on check it paired with rank 1's real one, rank 1
 // returned [3, 3, 102, 3, 3] (rank 0's extra values in its sum) and exited 0.
 TEST_CASE("without debug, an extra same-shape all_reduce fails on both ranks with a DistError") {

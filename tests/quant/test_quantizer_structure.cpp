@@ -1,4 +1,4 @@
-// The quantizer structure of issue 22: every residual and grouped family
+// The quantizer structure: every residual and grouped family
 // behind one Quantizer interface, one quantize-dropout rule, a dropout
 // decision taken from outside. Also the behaviour the unification changed
 // (each case says what it was before).
@@ -136,7 +136,7 @@ TEST_CASE("every residual and grouped family takes a dropout decision from outsi
 }
 
 TEST_CASE("quantize dropout applies to training forwards with grad off too") {
-  // Before issue 22 the scalar family (ResidualFSQ, ResidualLFQ and their
+  // Before the unification the scalar family (ResidualFSQ, ResidualLFQ and their
   // grouped forms) dropped layers only with grad enabled, the VQ family in
   // every training forward; now all follow vector-quantize-pytorch's
   // ResidualVQ: training decides, grad mode does not.

@@ -1,4 +1,4 @@
-// Goldens of the residual and grouped quantizers (issue 22): outputs,
+// Goldens of the residual and grouped quantizers: outputs,
 // indices, losses, loss terms, gradients, lookups and state of every
 // ResidualVQ, GroupedResidualVQ, ResidualSimVQ, ResidualFSQ,
 // GroupedResidualFSQ, ResidualLFQ and GroupedResidualLFQ, with and without

@@ -417,7 +417,7 @@ TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one l
   const std::set<std::string> train_rows = {"train_step_vqvae_vq", "train_step_vqvae_none",
                                             "train_step_vqvae_fsq", "train_step_classifier",
                                             "train_step_qlora"};
-  // Issue 18's rows: every one has its kernels, so every one must run.
+  // The quantizer rows: every one has its kernels, so every one must run.
   const std::set<std::string> quant_rows = {
       "vq_nearest_8192x256_k1024",          "vq_nearest_8192x256_k1024_cosine",
       "vq_nearest_8192x256_k16384",         "vq_nearest_8192x256_k16384_cosine",

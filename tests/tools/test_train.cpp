@@ -672,7 +672,7 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
   CHECK(r.last_eval.perplexity > 300);
 }
 
-// The CUDA axis of the training step (issue 17): the main job's model at its
+// The CUDA axis of the training step: the main job's model at its
 // default size, the same weights and batch on both devices, one step's loss
 // and every gradient on cuda:0 within 1e-5 of the CPU's, relative to the
 // largest magnitude of each (a near-zero gradient element has no meaningful

@@ -54,7 +54,7 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
                          : bench_matmul("matmul_1024", 1024, 1024, 1024, o, gen));
   rows.push_back(o.small ? bench_matmul("matmul_4096x4096x256", 256, 256, 16, o, gen)
                          : bench_matmul("matmul_4096x4096x256", 4096, 4096, 256, o, gen));
-  // Skinny products of the main job (issue 19): FSQ's projections 16 -> 4
+  // Skinny products of the main job: FSQ's projections 16 -> 4
   // -> 16 on a batch's 3136 latent pixels, and one chunk of enc2's
   // convolution as a GEMM (1568 pixels x 512 taps-and-channels x 32 outputs).
   const int64_t tokens = o.small ? 64 : 3136, pixels = o.small ? 64 : 1568;

@@ -3,7 +3,7 @@
 //   vq_nearest_8192x256_kK  nearest_codes of 8192 tokens of dim 256 against
 //     K = 1024 and 16384 codes, euclidean and (_cosine) cosine, against the
 //     f32 GEMM x [8192, 256] x codes^T [256, K] (the distance GEMM the search
-//     is built on: at most 1.2x of it is issue 18's goal, so the argmin and
+//     is built on: at most 1.2x of it is the goal, so the argmin and
 //     the tiling cost at most a fifth more). Both include allocating their
 //     outputs; the GEMM's codes^T is made once beforehand.
 //   vq_code_statistics_65536x256_k1024  the codebook EMA's counts and sums

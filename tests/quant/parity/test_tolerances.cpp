@@ -14,7 +14,7 @@ using parity::testing::check_named;
 using parity::testing::reference_case;
 using parity::testing::report;
 
-// Issue 20 item 10: float32 rounding of the entropy over 1024 codes puts the
+// Float32 rounding of the entropy over 1024 codes puts the
 // reference's per_sample_entropy ~5e-5 off the float64 value quanta matches.
 TEST_CASE("LFQ with 1024 codes: the entropy terms compare at 1e-4 and pass") {
   const parity::CaseFile c = reference_case("lfq_d10_c1024_entropy_commit");

@@ -255,7 +255,7 @@ TEST_CASE("ResidualFSQ: outputs from indices, scales, quantize dropout") {
   ResidualFSQ again2(d, seed_b);
   for (int i = 0; i < 5; ++i) CHECK(again.draw_dropout() == again2.draw_dropout());
   // One rule for every family (quant/quantize_dropout.h): training decides,
-  // grad mode does not (before issue 22 a no-grad forward kept every layer).
+  // grad mode does not (a no-grad forward used to keep every layer).
   Generator seed_c(78), seed_d(78);
   ResidualFSQ with_grad(d, seed_c), without_grad(d, seed_d);
   for (int i = 0; i < 5; ++i) {
