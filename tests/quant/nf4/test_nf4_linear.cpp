@@ -13,9 +13,11 @@
 #include "quant/nf4/nf4_modules.h"
 #include "quanta.h"
 #include "support/gpu.h"
+#include "support/numeric_grad.h"
 
 using namespace quanta;
 using namespace quanta::quant;
+using quanta::testing::numeric_grad;
 
 namespace {
 
@@ -26,25 +28,6 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   return max(abs(a.to(DType::f64) - b.to(DType::f64))).item();
-}
-
-// f64 central differences of sum(f(x) * probe) with respect to x.
-Tensor numeric_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
-                    const Tensor& probe, double h = 1e-6) {
-  Tensor g = zeros(x.shape(), {.dtype = DType::f64});
-  Tensor xc = x.detach().clone();
-  double* px = xc.data<double>();
-  double* pg = g.data<double>();
-  for (int64_t i = 0; i < xc.numel(); ++i) {
-    const double keep = px[i];
-    px[i] = keep + h;
-    const double up = sum(f(xc) * probe).item();
-    px[i] = keep - h;
-    const double down = sum(f(xc) * probe).item();
-    px[i] = keep;
-    pg[i] = (up - down) / (2 * h);
-  }
-  return g;
 }
 
 }  // namespace
@@ -256,8 +239,9 @@ TEST_CASE("nf4_linear gradient: f64 check of dx and dbias") {
     CHECK(max_abs_diff(x.grad(), x2.grad()) < 1e-12);
     CHECK(max_abs_diff(b.grad(), b2.grad()) < 1e-12);
     // Against central differences of nf4_linear itself.
-    const Tensor num = numeric_grad([&](const Tensor& xx) { return nf4_linear(xx, q, b.detach()); },
-                                    x.detach(), probe);
+    const Tensor num = numeric_grad(
+        [&](const Tensor& xx) { return sum(nf4_linear(xx, q, b.detach()) * probe).item(); },
+        x.detach());
     CHECK(max_abs_diff(x.grad(), num) < 1e-6);
   }
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "quanta.h"
+#include "support/numeric_grad.h"
 
 namespace scalar_test {
 
@@ -30,24 +31,7 @@ inline double max_abs(const Tensor& a) {
   return m;
 }
 
-/** Central differences of the scalar f() with respect to every element of
- * the f64 leaf `p` (modified in place and restored). */
-inline Tensor numeric_grad(const Tensor& p, const std::function<double()>& f, double h = 1e-6) {
-  NoGradGuard ng;
-  Tensor g = zeros(p.shape(), {.dtype = DType::f64});
-  double* pp = p.data<double>();
-  double* pg = g.data<double>();
-  for (int64_t i = 0; i < p.numel(); ++i) {
-    const double keep = pp[i];
-    pp[i] = keep + h;
-    const double up = f();
-    pp[i] = keep - h;
-    const double down = f();
-    pp[i] = keep;
-    pg[i] = (up - down) / (2 * h);
-  }
-  return g;
-}
+using quanta::testing::numeric_grad;
 
 /** Relative error of `actual` against `expected`, scaled by max |expected|. */
 inline double rel_err(const Tensor& actual, const Tensor& expected) {
