@@ -32,7 +32,8 @@ inline Tensor numeric_grad(const Tensor& p, const std::function<double()>& f, do
 inline Tensor numeric_grad(const std::function<double(const Tensor&)>& f, const Tensor& x,
                            double h = 1e-6) {
   const Tensor moved = x.detach().to(DType::f64).clone();
-  return numeric_grad(moved, [&] { return f(moved); }, h);
+  return numeric_grad(
+      moved, [&] { return f(moved); }, h);
 }
 
 }  // namespace quanta::testing

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.h"
+
 extern char** environ;
 
 namespace quanta::test {
@@ -23,18 +25,7 @@ namespace quanta::test {
 namespace fs = std::filesystem;
 
 /** A fresh folder under the system temp dir, removed at scope exit. */
-struct ScratchDir {
-  fs::path path;
-  explicit ScratchDir(const std::string& tag) {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("quanta_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using ScratchDir = quanta::testing::TempDir;
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -41,16 +41,17 @@ struct Trained {
 };
 
 const Trained& trained() {
-  static Trained t = [] {
-    Trained t;
+  static Trained t;  // built in place: its folder must not be copied (or removed twice)
+  static const bool ready = [] {
     t.train = run_quanta(with(
         {"train", "--task", "classify", "--steps", "150", "--out", t.dir.file("clf")}, kSubset));
     t.float_ckpt = t.dir.file("clf/checkpoint.safetensors");
     t.nf4_ckpt = t.dir.file("nf4.safetensors");
     t.accuracy = percent_after(t.train.out, "test accuracy");
     t.quantize = run_quanta({"quantize", t.float_ckpt, t.nf4_ckpt});
-    return t;
+    return true;
   }();
+  (void)ready;
   return t;
 }
 

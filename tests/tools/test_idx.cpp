@@ -182,7 +182,7 @@ TEST_CASE("read_idx names the file and the problem") {
   const std::vector<uint8_t> good = data::idx_bytes(make_array({2, 3, 3}));
 
   CHECK(contains(error_of(dir.file("missing.gz")), "missing.gz: cannot open: no such file"));
-  CHECK(contains(error_of(dir.path.string()), "is a directory"));
+  CHECK(contains(error_of(dir.path().string()), "is a directory"));
 
   std::vector<uint8_t> magic = good;
   magic[0] = 0x1f;
@@ -256,21 +256,22 @@ TEST_CASE("load_fashion_mnist reads the four files and checks them") {
     write_gz(dir.file(std::string(split) + "-images-idx3-ubyte.gz"), data::idx_bytes(images));
     write_gz(dir.file(std::string(split) + "-labels-idx1-ubyte.gz"), data::idx_bytes(labels));
   }
-  const data::ImageDataset ds = data::load_fashion_mnist(dir.path.string(), data::Split::train);
+  const data::ImageDataset ds = data::load_fashion_mnist(dir.path().string(), data::Split::train);
   REQUIRE(ds.images.shape() == Shape{5, 1, 28, 28});
   CHECK(ds.labels.to_vector<int64_t>() == std::vector<int64_t>{9, 0, 3, 1, 7});
   const std::vector<float> px = ds.images.to_vector<float>();
   for (size_t i : {size_t{0}, size_t{1}, size_t{784}, size_t{3919}})
     CHECK(px[i] == doctest::Approx(images.data[i] / 255.0));
 
-  const data::ImageDataset few = data::load_fashion_mnist(dir.path.string(), data::Split::test, 2);
+  const data::ImageDataset few =
+      data::load_fashion_mnist(dir.path().string(), data::Split::test, 2);
   CHECK(few.size() == 2);
   CHECK(few.labels.to_vector<int64_t>() == std::vector<int64_t>{9, 0});
 
   SUBCASE("missing files say how to install them") {
     ScratchDir empty("fmnist_empty");
     try {
-      data::load_fashion_mnist(empty.path.string(), data::Split::train);
+      data::load_fashion_mnist(empty.path().string(), data::Split::train);
       FAIL("expected an error");
     } catch (const std::runtime_error& e) {
       CHECK(contains(e.what(), "train-images-idx3-ubyte.gz is missing"));
@@ -283,13 +284,13 @@ TEST_CASE("load_fashion_mnist reads the four files and checks them") {
     four.dims = {4};
     four.data.pop_back();
     write_gz(dir.file("train-labels-idx1-ubyte.gz"), data::idx_bytes(four));
-    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::train),
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path().string(), data::Split::train),
                          doctest::Contains("4 labels for 5 images"), std::runtime_error);
   }
   SUBCASE("a split of 0 images is an error") {
     write_gz(dir.file("t10k-images-idx3-ubyte.gz"), data::idx_bytes(make_array({0, 28, 28})));
     write_gz(dir.file("t10k-labels-idx1-ubyte.gz"), data::idx_bytes(make_array({0})));
-    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::test),
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path().string(), data::Split::test),
                          doctest::Contains("t10k-images-idx3-ubyte.gz: holds no images"),
                          std::runtime_error);
   }
@@ -298,15 +299,15 @@ TEST_CASE("load_fashion_mnist reads the four files and checks them") {
     bad.data[3] = 255;
     write_gz(dir.file("train-labels-idx1-ubyte.gz"), data::idx_bytes(bad));
     CHECK_THROWS_WITH_AS(
-        data::load_fashion_mnist(dir.path.string(), data::Split::train),
+        data::load_fashion_mnist(dir.path().string(), data::Split::train),
         doctest::Contains("train-labels-idx1-ubyte.gz: label 255 of image 3 is not a class 0..9"),
         std::runtime_error);
     // Outside the images a limit reads, it is not read, so not checked.
-    CHECK(data::load_fashion_mnist(dir.path.string(), data::Split::train, 3).size() == 3);
+    CHECK(data::load_fashion_mnist(dir.path().string(), data::Split::train, 3).size() == 3);
   }
   SUBCASE("images must be 28 x 28") {
     write_gz(dir.file("train-images-idx3-ubyte.gz"), data::idx_bytes(make_array({5, 27, 28})));
-    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path.string(), data::Split::train),
+    CHECK_THROWS_WITH_AS(data::load_fashion_mnist(dir.path().string(), data::Split::train),
                          doctest::Contains("expected images of shape [N, 28, 28]"),
                          std::runtime_error);
   }

@@ -50,7 +50,8 @@ TEST_CASE("write_png round-trips gray and RGB images through libpng") {
     // The PNG signature starts the file and no temporary file is left behind.
     CHECK(quanta::test::slurp(path).substr(1, 3) == "PNG");
     int files = 0;
-    for (const auto& e : std::filesystem::directory_iterator(dir.path)) files += !e.is_directory();
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+      files += !e.is_directory();
     CHECK(files == (channels == 1 ? 1 : 2));  // img1.png, then img1.png + img3.png
   }
 }

@@ -395,7 +395,7 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
                        "quantizer option 'decay' must be a number");
 
   // No dataset: one line saying how to get it.
-  check_one_line_error(run_quanta({"train", "--data", dir.path.string(), "--out", dir.file("o")}),
+  check_one_line_error(run_quanta({"train", "--data", dir.path().string(), "--out", dir.file("o")}),
                        1, "apt-get install dataset-fashion-mnist");
   std::ofstream(dir.file("notes.txt")) << "hello";
   check_one_line_error(run_quanta({"eval", dir.file("notes.txt")}), 1, "notes.txt");
@@ -516,7 +516,7 @@ TEST_CASE("quanta train: a test split of 0 images is an error, not 'test mse n/a
   write("t10k-images-idx3-ubyte.gz", {0, 28, 28});
   write("t10k-labels-idx1-ubyte.gz", {0});
   const CliResult r =
-      run_quanta({"train", "--data", dir.path.string(), "--steps", "1", "--batch-size", "16",
+      run_quanta({"train", "--data", dir.path().string(), "--steps", "1", "--batch-size", "16",
                   "--hidden", "8", "--dim", "4", "--threads", "1", "--out", dir.file("run")});
   check_one_line_error(r, 1, "t10k-images-idx3-ubyte.gz: holds no images");
 }
