@@ -2,9 +2,7 @@
 // and reading the launchers' environments. RANK_PROGRAM is
 // tests/dist/rank_program.cpp; QUANTA_EXE the quanta command.
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 
 #include "dist/env.h"
 #include "dist/store.h"
+#include "support/spawn.h"
 
 using namespace quanta::dist;
 
@@ -39,23 +38,7 @@ struct Run {
 // Runs argv with extra environment entries, stdout+stderr to a file.
 pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
             const std::string& out_path) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
-  for (auto& kv : extra_env) env.push_back(kv);
-  std::vector<char*> envp, argv;
-  for (auto& kv : env) envp.push_back(kv.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> a = args;
-  for (auto& s : a) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
+  return quanta::testing::spawn_process(args, extra_env, out_path);
 }
 
 Run finish(pid_t pid, const std::string& out_path) {

@@ -2,9 +2,7 @@
 // Runs the `quanta` binary (QUANTA_EXE) as a child process, no shell, and
 // collects its exit code, stdout and stderr; temporary folders for outputs.
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/spawn.h"
 #include "support/temp_dir.h"
 
 extern char** environ;
@@ -49,19 +48,9 @@ struct CliProcess {
   explicit CliProcess(const std::vector<std::string>& args) {
     const char* exe = std::getenv("QUANTA_EXE");
     REQUIRE_MESSAGE(exe != nullptr, "set QUANTA_EXE to the quanta binary (meson test does)");
-    const std::string out = dir.file("out"), err = dir.file("err");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> argv_s = {exe};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "cannot run " << exe);
+    std::vector<std::string> argv = {exe};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid = quanta::testing::spawn_process(argv, {}, dir.file("out"), dir.file("err"));
   }
   /** Waits for the exit and returns what the process printed. */
   CliResult wait() {

@@ -2,7 +2,6 @@
 // code, stdout and stderr. Meson passes the binary in QUANTA_EXE.
 #include <doctest/doctest.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_runner.h"
 #include "quanta.h"
 #include "support/temp_dir.h"
 
@@ -30,64 +30,10 @@ extern char** environ;
 namespace fs = std::filesystem;
 using namespace quanta;
 
-using testing::TempDir;
+using quanta::testing::TempDir;
+using namespace quanta::test;
 
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int code = -1;  // exit code, or 128 + signal
-  std::string out;
-  std::string err;
-};
-
-// Runs quanta with `args`, no shell involved.
-Result quanta_cli(const std::vector<std::string>& args) {
-  const char* exe = std::getenv("QUANTA_EXE");
-  REQUIRE_MESSAGE(exe != nullptr, "set QUANTA_EXE to the quanta binary (meson test does)");
-  TempDir dir;
-  const std::string out = dir.file("out"), err = dir.file("err");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> argv_s = {exe};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, exe, &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE_MESSAGE(rc == 0, "cannot run " << exe);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// One line on stderr naming `what`, nothing on stdout.
-void check_one_line_error(const Result& r, int code, const std::string& what) {
-  CAPTURE(r.err);
-  CHECK(r.code == code);
-  CHECK(r.out.empty());
-  CHECK(r.err.rfind("quanta: error: ", 0) == 0);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK(contains(r.err, what));
-}
 
 // tests/data: QUANTA_TEST_DATA when set (meson sets it for the library
 // suites), else beside this source file. __FILE__ is relative to the build
@@ -114,14 +60,14 @@ std::vector<std::string> lines_of(const std::string& text) {
 }  // namespace
 
 TEST_CASE("quanta --help and --version") {
-  Result help = quanta_cli({"--help"});
+  CliResult help = run_quanta({"--help"});
   CHECK(help.code == 0);
   CHECK(contains(help.out, "inspect"));
   CHECK(contains(help.out, "bench"));
-  Result bench_help = quanta_cli({"bench", "--help"});
+  CliResult bench_help = run_quanta({"bench", "--help"});
   CHECK(bench_help.code == 0);
   CHECK(contains(bench_help.out, "A [M, K] by B [K, N]"));
-  Result version = quanta_cli({"--version"});
+  CliResult version = run_quanta({"--version"});
   CHECK(version.code == 0);
   const char* want = std::getenv("QUANTA_VERSION");
   REQUIRE(want != nullptr);
@@ -132,7 +78,7 @@ TEST_CASE("every subcommand's --help has examples, readable types and its defaul
   for (const char* sub : {"train", "eval", "encode", "decode", "inspect", "bench", "parity",
                           "quantize", "finetune", "launch"}) {
     CAPTURE(sub);
-    Result r = quanta_cli({sub, "--help"});
+    CliResult r = run_quanta({sub, "--help"});
     CHECK(r.code == 0);
     CHECK(contains(r.out, "Examples:\n  quanta "));
     // Defaults come from the values (CLI11 shows "=VALUE"), never as text.
@@ -142,16 +88,16 @@ TEST_CASE("every subcommand's --help has examples, readable types and its defaul
     CHECK_FALSE(contains(r.out, "1099511627776"));  // ranges read "in [1, 2^40]"
     CHECK_FALSE(contains(r.out, "{true}"));
   }
-  Result quantize = quanta_cli({"quantize", "--help"});
+  CliResult quantize = run_quanta({"quantize", "--help"});
   CHECK(contains(quantize.out, "TEXT=quanta"));
   CHECK(contains(quantize.out, "INT=64"));
-  Result launch = quanta_cli({"launch", "--help"});
+  CliResult launch = run_quanta({"launch", "--help"});
   CHECK(contains(launch.out, "INT:in [1, 2^10]=1"));
-  Result finetune = quanta_cli({"finetune", "--help"});
+  CliResult finetune = run_quanta({"finetune", "--help"});
   CHECK(contains(finetune.out, "--steps INT:in [1, 2^40]=300"));
   CHECK(contains(finetune.out, "--lr FLOAT:in (0, 1e+06]=0.001"));
   CHECK(contains(finetune.out, "--dist-timeout SECONDS:in (0, "));
-  Result train = quanta_cli({"train", "--help"});
+  CliResult train = run_quanta({"train", "--help"});
   CHECK(contains(train.out, "--batch-size INT:in [1, 2^30]=64"));
   CHECK(contains(train.out, "--lr FLOAT:in (0, 1e+06]=0.002"));
   CHECK(contains(train.out, "--codebook-size INT "));
@@ -162,16 +108,16 @@ TEST_CASE("every subcommand's --help has examples, readable types and its defaul
 }
 
 TEST_CASE("quanta rejects bad usage with exit code 2") {
-  check_one_line_error(quanta_cli({}), 2, "a subcommand is required");
-  check_one_line_error(quanta_cli({"--bogus"}), 2, "--bogus");
-  check_one_line_error(quanta_cli({"frobnicate"}), 2, "unknown subcommand 'frobnicate'");
-  check_one_line_error(quanta_cli({"inspect"}), 2, "file is required");
-  check_one_line_error(quanta_cli({"inspect", "x.safetensors", "--bogus"}), 2, "--bogus");
-  check_one_line_error(quanta_cli({"bench"}), 2, "suite is required");
-  check_one_line_error(quanta_cli({"bench", "nope"}), 2,
+  check_one_line_error(run_quanta({}), 2, "a subcommand is required");
+  check_one_line_error(run_quanta({"--bogus"}), 2, "--bogus");
+  check_one_line_error(run_quanta({"frobnicate"}), 2, "unknown subcommand 'frobnicate'");
+  check_one_line_error(run_quanta({"inspect"}), 2, "file is required");
+  check_one_line_error(run_quanta({"inspect", "x.safetensors", "--bogus"}), 2, "--bogus");
+  check_one_line_error(run_quanta({"bench"}), 2, "suite is required");
+  check_one_line_error(run_quanta({"bench", "nope"}), 2,
                        "unknown bench suite 'nope' (suites: dist, engine, llm, nf4, quant, train)");
-  check_one_line_error(quanta_cli({"bench", "engine", "--repeat", "0"}), 2, "--repeat");
-  check_one_line_error(quanta_cli({"bench", "engine", "--size", "huge"}), 2, "--size");
+  check_one_line_error(run_quanta({"bench", "engine", "--repeat", "0"}), 2, "--repeat");
+  check_one_line_error(run_quanta({"bench", "engine", "--size", "huge"}), 2, "--size");
 }
 
 TEST_CASE("quanta inspect lists tensors and metadata") {
@@ -183,7 +129,7 @@ TEST_CASE("quanta inspect lists tensors and metadata") {
                         {"step", scalar(7, {.dtype = DType::i64})}},
                        {{"framework", "quanta"}, {"epoch", "3"}});
   SUBCASE("table") {
-    Result r = quanta_cli({"inspect", path});
+    CliResult r = run_quanta({"inspect", path});
     CAPTURE(r.out);
     CAPTURE(r.err);
     CHECK(r.code == 0);
@@ -197,7 +143,7 @@ TEST_CASE("quanta inspect lists tensors and metadata") {
     CHECK(contains(r.out, "epoch = 3"));
   }
   SUBCASE("json") {
-    Result r = quanta_cli({"inspect", path, "--json"});
+    CliResult r = run_quanta({"inspect", path, "--json"});
     REQUIRE(r.code == 0);
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["file"] == path);
@@ -219,11 +165,11 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
   TempDir dir;
   const std::string path = dir.file("broken.safetensors");
   std::ofstream(path, std::ios::binary) << std::string("\x10\0\0\0\0\0\0\0{\"a\":", 14);
-  check_one_line_error(quanta_cli({"inspect", path}), 1, path);
-  check_one_line_error(quanta_cli({"inspect", path}), 1, "exceeds");
-  check_one_line_error(quanta_cli({"inspect", dir.file("missing.safetensors")}), 1,
+  check_one_line_error(run_quanta({"inspect", path}), 1, path);
+  check_one_line_error(run_quanta({"inspect", path}), 1, "exceeds");
+  check_one_line_error(run_quanta({"inspect", dir.file("missing.safetensors")}), 1,
                        "missing.safetensors: cannot open");
-  check_one_line_error(quanta_cli({"inspect", dir.path().string()}), 1, "is a directory");
+  check_one_line_error(run_quanta({"inspect", dir.path().string()}), 1, "is a directory");
 }
 
 TEST_CASE("quanta inspect refuses a FIFO at once instead of waiting for a writer") {
@@ -243,7 +189,7 @@ TEST_CASE("quanta inspect refuses a FIFO at once instead of waiting for a writer
       ::close(fd);
     }
   });
-  const Result r = quanta_cli({"inspect", fifo});
+  const CliResult r = run_quanta({"inspect", fifo});
   done = true;
   unblocker.join();
   CHECK_FALSE(had_to_unblock);
@@ -267,7 +213,7 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
                                        "convT_dec2_32x7_k4s2",
                                        "convT_dec3_32x14_k4s2"};
   SUBCASE("json") {
-    Result r = quanta_cli({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
+    CliResult r = run_quanta({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
     const auto rows = nlohmann::json::parse(r.out);
@@ -287,8 +233,8 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
     CHECK(rows.size() == names.size());
   }
   SUBCASE("table") {
-    Result r =
-        quanta_cli({"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
+    CliResult r =
+        run_quanta({"bench", "engine", "--repeat", "1", "--size", "small", "--threads", "1"});
     REQUIRE(r.code == 0);
     CHECK(contains(r.out, "1 threads"));
     CHECK(contains(r.out, "floor_ms"));
@@ -304,7 +250,7 @@ TEST_CASE("quanta spins briefly in OpenMP waits unless the environment names a p
   const char* spins = std::getenv("GOMP_SPINCOUNT");
   const std::string saved_policy = policy ? policy : "", saved_spins = spins ? spins : "";
   auto header = [] {
-    Result r = quanta_cli({"bench", "engine", "--repeat", "1", "--size", "small"});
+    CliResult r = run_quanta({"bench", "engine", "--repeat", "1", "--size", "small"});
     REQUIRE(r.code == 0);
     return r.out.substr(0, r.out.find('\n'));
   };
@@ -322,7 +268,7 @@ TEST_CASE("quanta spins briefly in OpenMP waits unless the environment names a p
 }
 
 TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
-  Result r = quanta_cli({"bench", "train", "--json", "--repeat", "1", "--size", "small"});
+  CliResult r = run_quanta({"bench", "train", "--json", "--repeat", "1", "--size", "small"});
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   const auto rows = nlohmann::json::parse(r.out);
@@ -340,7 +286,7 @@ TEST_CASE("quanta bench train times a step of each model against its FLOPs") {
 // sim runs the CPU's kernels under a GPU's rules: its rows count what a step
 // asks of the host, which is what a GPU's queue would wait for.
 TEST_CASE("quanta bench train --device sim counts each step's host syncs and copies") {
-  Result r = quanta_cli(
+  CliResult r = run_quanta(
       {"bench", "train", "--device", "sim", "--json", "--repeat", "1", "--size", "small"});
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
@@ -360,10 +306,10 @@ TEST_CASE("quanta bench train --device sim counts each step's host syncs and cop
     else
       CHECK(syncs == 0);
   }
-  Result text =
-      quanta_cli({"bench", "train", "--device", "sim", "--repeat", "1", "--size", "small"});
+  CliResult text =
+      run_quanta({"bench", "train", "--device", "sim", "--repeat", "1", "--size", "small"});
   CHECK(contains(text.out, "syncs   copies"));
-  check_one_line_error(quanta_cli({"bench", "engine", "--device", "sim"}), 2,
+  check_one_line_error(run_quanta({"bench", "engine", "--device", "sim"}), 2,
                        "the engine suite times the CPU or a GPU, and sim runs the CPU's kernels");
 }
 
@@ -371,21 +317,21 @@ TEST_CASE("quanta bench train --device sim counts each step's host syncs and cop
 // run it everywhere); on a GPU, every row measured or unavailable with its
 // error, never a failed command.
 TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one line why not") {
-  check_one_line_error(quanta_cli({"bench", "engine", "--device", "gpu"}), 2,
+  check_one_line_error(run_quanta({"bench", "engine", "--device", "gpu"}), 2,
                        "--device must be cpu, cuda or cuda:N, got 'gpu'");
   check_one_line_error(
-      quanta_cli({"bench", "dist", "--device", "cuda"}), 2,
+      run_quanta({"bench", "dist", "--device", "cuda"}), 2,
       "the dist suite runs on the CPU only (engine, nf4, quant, train run on CUDA)");
   if (cuda_device_count() == 0) {
     for (const char* suite : {"engine", "train", "quant", "nf4"}) {
       CAPTURE(suite);
-      Result r = quanta_cli({"bench", suite, "--device", "cuda", "--size", "small"});
+      CliResult r = run_quanta({"bench", suite, "--device", "cuda", "--size", "small"});
       CHECK(r.code == 0);
       CHECK(r.err.empty());
       CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
       CHECK(contains(r.out, std::string("quanta bench ") + suite + " --device cuda: skipped: "));
       if (!cuda_built()) CHECK(contains(r.out, "this quanta was built without CUDA"));
-      Result j = quanta_cli({"bench", suite, "--device", "cuda", "--json"});
+      CliResult j = run_quanta({"bench", suite, "--device", "cuda", "--json"});
       CHECK(j.code == 0);
       CHECK(j.out == "[]\n");  // still JSON for a reader of stdout
       CHECK(contains(j.err, "skipped: "));
@@ -428,7 +374,7 @@ TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one l
        {std::pair{"engine", engine_rows}, std::pair{"train", train_rows},
         std::pair{"quant", quant_rows}, std::pair{"nf4", nf4_rows}}) {
     CAPTURE(suite);
-    Result r = quanta_cli(
+    CliResult r = run_quanta(
         {"bench", suite, "--device", "cuda", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);
     REQUIRE(r.code == 0);
@@ -462,8 +408,8 @@ TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one l
       for (const auto& row : rows)
         if (row["name"] == "train_step_vqvae_none") CHECK(!row.contains("unavailable"));
   }
-  Result table =
-      quanta_cli({"bench", "engine", "--device", "cuda", "--repeat", "1", "--size", "small"});
+  CliResult table =
+      run_quanta({"bench", "engine", "--device", "cuda", "--repeat", "1", "--size", "small"});
   REQUIRE(table.code == 0);
   CHECK(contains(table.out, ", on cuda:0"));
   CHECK(contains(table.out, "\nsum_dim0 "));
@@ -488,7 +434,7 @@ TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
   io::save_safetensors(bad, file.tensors, file.metadata);
 
   SUBCASE("text") {
-    const Result ok = quanta_cli({"parity", ref});
+    const CliResult ok = run_quanta({"parity", ref});
     CAPTURE(ok.out);
     CAPTURE(ok.err);
     CHECK(ok.code == 0);
@@ -511,7 +457,7 @@ TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
                              "_codebook.embed_after", "_codebook.cluster_size_after"})
       CHECK_MESSAGE(names.count(want) == 1, want);
 
-    const Result fail = quanta_cli({"parity", bad});
+    const CliResult fail = run_quanta({"parity", bad});
     CAPTURE(fail.out);
     CHECK(fail.code == 1);
     CHECK(contains(fail.out, "vq_euclidean_ste (VectorQuantize): FAIL"));
@@ -526,16 +472,16 @@ TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
     CHECK(contains(fail.out, "0 of 1 cases passed"));
     CHECK(fail.err == "quanta: error: parity: 1 of 1 cases failed\n");
     // Several files: one report each, the count, and failure if any fails.
-    const Result both = quanta_cli({"parity", ref, bad});
+    const CliResult both = run_quanta({"parity", ref, bad});
     CHECK(both.code == 1);
     CHECK(contains(both.out, "1 of 2 cases passed"));
     // A tolerance above the moved tensor's error lets it pass.
     const double rel = 0.5 / scale;
-    CHECK(quanta_cli({"parity", bad, "--tolerance", std::to_string(rel * 1.01)}).code == 0);
-    CHECK(quanta_cli({"parity", bad, "--tolerance", std::to_string(rel * 0.99)}).code == 1);
+    CHECK(run_quanta({"parity", bad, "--tolerance", std::to_string(rel * 1.01)}).code == 0);
+    CHECK(run_quanta({"parity", bad, "--tolerance", std::to_string(rel * 0.99)}).code == 1);
   }
   SUBCASE("json") {
-    const Result r = quanta_cli({"parity", "--json", ref, bad});
+    const CliResult r = run_quanta({"parity", "--json", ref, bad});
     CAPTURE(r.err);
     CHECK(r.code == 1);
     const auto cases = nlohmann::json::parse(r.out);
@@ -568,7 +514,7 @@ TEST_CASE("quanta parity: PASS on a reference case, FAIL on a perturbed copy") {
 TEST_CASE("quanta parity: a missing file is one clear line and exit 1; usage errors exit 2") {
   TempDir dir;
   const std::string missing = dir.file("missing.safetensors");
-  const Result r = quanta_cli({"parity", missing});
+  const CliResult r = run_quanta({"parity", missing});
   CAPTURE(r.out);
   CAPTURE(r.err);
   CHECK(r.code == 1);
@@ -581,10 +527,10 @@ TEST_CASE("quanta parity: a missing file is one clear line and exit 1; usage err
   CHECK(naming == 1);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(r.err.rfind("quanta: error: ", 0) == 0);
-  check_one_line_error(quanta_cli({"parity"}), 2, "files is required");
-  check_one_line_error(quanta_cli({"parity", dir.path().string()}), 2,
+  check_one_line_error(run_quanta({"parity"}), 2, "files is required");
+  check_one_line_error(run_quanta({"parity", dir.path().string()}), 2,
                        "holds no .safetensors files");
-  check_one_line_error(quanta_cli({"parity", missing, "--tolerance", "-1"}), 2,
+  check_one_line_error(run_quanta({"parity", missing, "--tolerance", "-1"}), 2,
                        "--tolerance: must be a number >= 0");
 }
 
@@ -593,7 +539,7 @@ namespace {
 // A bench suite's --json rows: each name once, positive times, ratio =
 // ms / floor_ms. Returns the rows (empty after a failed REQUIRE).
 nlohmann::json bench_rows(const std::vector<std::string>& args, std::set<std::string>& seen) {
-  const Result r = quanta_cli(args);
+  const CliResult r = run_quanta(args);
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   const auto rows = nlohmann::json::parse(r.out);
@@ -642,10 +588,10 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   const char* peer = std::getenv("QUANTA_PEER_PYTHON");
   const std::string saved = peer ? peer : "";
   ::setenv("QUANTA_PEER_PYTHON", "/nonexistent/python", 1);
-  const Result r = quanta_cli({"bench", "llm", "--size", "small", "--json", "--repeat", "1"});
-  const Result only = quanta_cli(
+  const CliResult r = run_quanta({"bench", "llm", "--size", "small", "--json", "--repeat", "1"});
+  const CliResult only = run_quanta(
       {"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlorasmall_B"});
-  const Result none = quanta_cli({"bench", "llm", "--size", "small", "--only", "gpt2"});
+  const CliResult none = run_quanta({"bench", "llm", "--size", "small", "--only", "gpt2"});
   if (peer)
     ::setenv("QUANTA_PEER_PYTHON", saved.c_str(), 1);
   else
@@ -684,7 +630,7 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(none.code != 0);
   CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
   // The ~500M size is the llm suite's alone.
-  const Result large = quanta_cli({"bench", "quant", "--size", "large"});
+  const CliResult large = run_quanta({"bench", "quant", "--size", "large"});
   CHECK(large.code == 2);
   CHECK(contains(large.err, "--size large is for bench llm (its ~500M config), not quant"));
 }
@@ -749,18 +695,18 @@ TEST_CASE("numeric flags out of range are one clear line, exit 2, for every subc
   for (const auto& [args, what] : cases) {
     CAPTURE(args.front());
     CAPTURE(args[args.size() - 2]);
-    check_one_line_error(quanta_cli(args), 2, what);
+    check_one_line_error(run_quanta(args), 2, what);
   }
   // A config file's numbers are held to the same limits.
   TempDir dir;
   std::ofstream(dir.file("big.json")) << R"({"batch_size": 9223372036854775807})";
-  check_one_line_error(quanta_cli({"train", "--config", dir.file("big.json")}), 2,
+  check_one_line_error(run_quanta({"train", "--config", dir.file("big.json")}), 2,
                        "'batch_size' must be at most 1073741824");
   std::ofstream(dir.file("threads.json")) << R"({"threads": 100000})";
-  check_one_line_error(quanta_cli({"train", "--config", dir.file("threads.json")}), 2,
+  check_one_line_error(run_quanta({"train", "--config", dir.file("threads.json")}), 2,
                        "'threads' must be at most 1024");
   // In range, the text is read as decimal ("010" is ten, not octal eight).
-  const Result ok = quanta_cli(
+  const CliResult ok = run_quanta(
       {"train", "--batch-size", "010", "--seed", "18446744073709551615", "--print-config"});
   CAPTURE(ok.err);
   REQUIRE(ok.code == 0);
@@ -784,7 +730,7 @@ TEST_CASE("quanta parity: a case whose spec is missing or damaged fails, naming 
       {"wrong_kind", R"({"kind": "lookup"})"},
       {"no_kind", R"({"case": "nf4_bs64_64x64"})"},
   };
-  CHECK(quanta_cli({"parity", ref}).code == 0);
+  CHECK(run_quanta({"parity", ref}).code == 0);
   for (const auto& [tag, spec] : damaged) {
     CAPTURE(tag);
     std::map<std::string, std::string> meta = file.metadata;
@@ -794,7 +740,7 @@ TEST_CASE("quanta parity: a case whose spec is missing or damaged fails, naming 
       meta["spec"] = spec;
     const std::string path = dir.file(tag + ".safetensors");
     io::save_safetensors(path, file.tensors, meta);
-    const Result r = quanta_cli({"parity", path});
+    const CliResult r = run_quanta({"parity", path});
     CAPTURE(r.out);
     CHECK(r.code == 1);
     CHECK(contains(r.out, "FAIL"));
