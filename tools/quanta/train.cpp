@@ -243,11 +243,8 @@ void run_train(const TrainFlags& f) {
   }
   if (r.interrupted || r.rank != 0) return;
   std::cout << "done: " << r.step << " steps; test mse " << train::fmt_metric(r.last_eval.mse, 5)
-            << ", codebook usage "
-            << (std::isfinite(r.last_eval.usage)
-                    ? train::fmt_metric(100 * r.last_eval.usage, 1) + "%"
-                    : std::string("n/a"))
-            << ", perplexity " << train::fmt_metric(r.last_eval.perplexity, 1) << "\n"
+            << ", codebook usage " << train::fmt_percent(r.last_eval.usage) << ", perplexity "
+            << train::fmt_metric(r.last_eval.perplexity, 1) << "\n"
             << "outputs in " << out << ": " << train::kCheckpointFile << " " << train::kMetricsFile
             << " " << train::kReconstructionsFile << " " << train::kUsageFile << " "
             << train::kLossFile << "\n";
