@@ -122,15 +122,11 @@ void run_eval(const EvalOptions& o) {
     j["codebook_usage"] = r.usage;  // NaN prints as null
     j["perplexity"] = r.perplexity;
     if (!r.per_codebook.empty()) {
-      nlohmann::ordered_json names, usage, perplexity;
-      for (const train::CodebookFigures& c : r.per_codebook) {
-        names.push_back(c.name);
-        usage.push_back(c.usage);
-        perplexity.push_back(c.perplexity);
-      }
+      nlohmann::ordered_json names;
+      for (const train::CodebookFigures& c : r.per_codebook) names.push_back(c.name);
       j["codebook_names"] = names;
-      j["codebook_usage_per_level"] = usage;
-      j["perplexity_per_level"] = perplexity;
+      const nlohmann::json lists = train::per_codebook_fields(r);
+      for (const auto& [key, list] : lists.items()) j[key] = list;
     }
     j["reconstructions"] = png;
     std::cout << j.dump(2) << "\n";

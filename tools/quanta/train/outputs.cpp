@@ -124,6 +124,19 @@ std::string fmt_metric(double v, int digits) {
   return buf;
 }
 
+nlohmann::json per_codebook_fields(const EvalResult& eval) {
+  nlohmann::json fields = nlohmann::json::object();
+  if (eval.per_codebook.empty()) return fields;
+  nlohmann::json usage = nlohmann::json::array(), perplexity = nlohmann::json::array();
+  for (const CodebookFigures& c : eval.per_codebook) {
+    usage.push_back(c.usage);
+    perplexity.push_back(c.perplexity);
+  }
+  fields["codebook_usage_per_level"] = usage;
+  fields["perplexity_per_level"] = perplexity;
+  return fields;
+}
+
 std::string fmt_percent(double fraction) {
   return std::isfinite(fraction) ? fmt_metric(100 * fraction, 1) + "%" : "n/a";
 }

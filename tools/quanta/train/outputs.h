@@ -50,6 +50,11 @@ void write_usage_plot(const std::string& path, const EvalResult& eval,
 void write_reconstructions(const std::string& path, VqVae& model, const Tensor& images,
                            const std::string& caption, int64_t n = 16);
 
+/** The per-codebook lists of an evaluation as metrics.jsonl and `quanta eval
+ * --json` write them: {"codebook_usage_per_level": [...],
+ * "perplexity_per_level": [...]}, in index order; empty for one codebook. */
+nlohmann::json per_codebook_fields(const EvalResult& eval);
+
 /** A metric for printing: "n/a" for NaN, else printf("%.*f"). */
 std::string fmt_metric(double v, int digits);
 /** A fraction as a percentage with one decimal ("97.3%"); "n/a" for NaN. */

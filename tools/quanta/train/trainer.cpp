@@ -117,16 +117,12 @@ class VqVaeTask : public LoopTask {
                      " dB  codebook usage " + fmt_percent(ev.usage) + "  perplexity " +
                      fmt_metric(ev.perplexity, 1)};
     if (!ev.per_codebook.empty()) {
-      json usage = json::array(), perplexity = json::array();
+      e.fields.update(per_codebook_fields(ev));
       std::string usage_text, perplexity_text;
       for (const CodebookFigures& c : ev.per_codebook) {
-        usage.push_back(c.usage);
-        perplexity.push_back(c.perplexity);
         usage_text += " " + fmt_percent(c.usage);
         perplexity_text += " " + fmt_metric(c.perplexity, 1);
       }
-      e.fields["codebook_usage_per_level"] = usage;
-      e.fields["perplexity_per_level"] = perplexity;
       e.line += "\n  per codebook (" + ev.per_codebook.front().name + " first): usage" +
                 usage_text + ", perplexity" + perplexity_text;
     }
