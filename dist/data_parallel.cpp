@@ -4,7 +4,7 @@
 #include <set>
 #include <sstream>
 
-#include "dist/nccl_backend.h"
+#include "dist/backend/nccl_backend.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/cuda/runtime.h"
 #include "engine/factory.h"

@@ -9,4 +9,4 @@
 #include "dist/process_group.h"
 #include "dist/random.h"
 #include "dist/sharded_units.h"
-#include "dist/store.h"
+#include "dist/store/store.h"

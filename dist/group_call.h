@@ -8,6 +8,7 @@
 
 #include "dist/fingerprint.h"
 #include "dist/process_group.h"
+#include "engine/random/generator.h"
 
 namespace quanta::dist {
 
@@ -21,6 +22,14 @@ struct ProcessGroup::Call {
    * (formatting it costs more than a small collective's bookkeeping). */
   std::string desc() const { return detail::describe(fp); }
 };
+
+namespace detail {
+/** A tag of its own for a call's k-th extra message (the always-on check's
+ * ring, all_gather_v's sizes): distinct from the call's tag and the others'. */
+inline uint32_t sub_tag(uint32_t tag, uint32_t k) {
+  return static_cast<uint32_t>(quanta::detail::splitmix64((uint64_t(tag) << 8) | k));
+}
+}  // namespace detail
 
 // Runs a backend call, turning its failures into fail()'s report.
 template <class F>

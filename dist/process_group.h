@@ -16,7 +16,7 @@
 //
 // Collectives run on CPU tensors through Gloo (TCP); CUDA tensors go to NCCL
 // when built with CUDA: the group holds both behind one interface
-// (detail::Backend, dist/backend.h) and picks one by tensor device. World
+// (detail::Backend, dist/backend/backend.h) and picks one by tensor device. World
 // size 1 needs no backend: collectives are identities, so every program runs
 // unchanged on one process.
 #include <chrono>
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "engine/tensor.h"
 
 namespace quanta::dist {
@@ -139,6 +139,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Call;
+  class Checks;  // dist/call_checks.h
   friend detail::GlooBackend* detail::gloo_backend_of(ProcessGroup& g);
   ProcessGroup(int rank, int size, GroupOptions opts);
   Call begin(const char* op, const Tensor* t, int shape_rule, ReduceOp rop, int root,
@@ -147,30 +148,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   /** Whether this call carries the always-on check (debug mode compares the
    * whole fingerprints before the call instead). */
   bool checked() const { return size_ > 1 && !debug_; }
-  /** The always-on check found different calls (`diff`: compare()'s
-   * report): breaks the group and raises on this rank. */
-  [[noreturn]] void mismatch(const Call& call, const std::string& diff);
-  /** A reduction's check region says the ranks differ: learn their calls
-   * through the store, then mismatch(). */
-  [[noreturn]] void reduction_mismatch(const Call& call);
-  /** A buffer of at least `bytes` on `device` for the always-on check's
-   * staged payloads, kept for the next call. */
-  Tensor staging(std::size_t bytes, Device device);
-  /** The always-on check of a large reduction, in a small call after it. */
-  void reduction_check_after(const Call& call, DType dtype, ReduceOp op);
-  /** A large byte collective `run` with its always-on check beside it: each
-   * rank sends its fingerprint to the next rank of the ring while `run`
-   * moves the data, and compares the previous rank's with its own after it.
-   * Equal neighbours all round mean equal calls, so any difference raises
-   * on at least one rank (the others' next collective then fails), and the
-   * payload is neither copied nor followed by a round of its own. A
-   * broadcast cuts the ring before its root (`root` >= 0), which then
-   * neither waits nor learns (as with the check inside small payloads). */
-  void run_beside_ring_check(const Call& call, const std::function<void()>& run, int root = -1);
-  void check_fingerprints(const Call& call);
-  void check_fingerprints(const Call& call, const std::vector<detail::Fingerprint>& all);
-  std::vector<char> debug_exchange(const Call& call, const void* payload, std::size_t bytes);
-  void fused_debug_all_reduce(const Call& call, const Tensor& buf, ReduceOp op);
   template <class F>
   void guarded(const Call& call, F&& f);
   /** The backend for tensors on `t`'s device: CPU -> Gloo, CUDA -> NCCL
@@ -193,7 +170,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::unique_ptr<detail::Backend> gloo_;              // a GlooBackend; null in a world of one
   std::unique_ptr<detail::Backend> nccl_;              // made at the first CUDA collective
   std::shared_ptr<detail::StreamCalls> stream_calls_;  // shared with clones
-  Tensor staging_;                                     // see staging()
+  std::unique_ptr<Checks> checks_;                     // see dist/call_checks.h
 };
 
 }  // namespace quanta::dist

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 namespace quanta::dist::testing {
 

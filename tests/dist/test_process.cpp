@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dist/env.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "support/spawn.h"
 
 using namespace quanta::dist;

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "cli_runner.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "train/outputs.h"
 #include "train/run_folder.h"
 

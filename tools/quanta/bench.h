@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "engine/device.h"
 #include "llm/model/config.h"
 

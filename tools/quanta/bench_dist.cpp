@@ -52,10 +52,10 @@
 #endif
 
 #include "bench.h"
+#include "dist/backend/gloo_backend.h"
+#include "dist/backend/reduce_kernels.h"
 #include "dist/data_parallel.h"
-#include "dist/gloo_backend.h"
 #include "dist/process_group.h"
-#include "dist/reduce_kernels.h"
 #include "quant/sync/quantizer_sync.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"

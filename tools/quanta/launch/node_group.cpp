@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "dist/wait_report.h"
+#include "dist/store/wait_report.h"
 
 namespace quanta::cli::launch {
 namespace {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "launch/local_ranks.h"
 
 namespace quanta::cli::launch {

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 using namespace quanta::dist;
 

@@ -1,4 +1,4 @@
-#include "dist/gloo_backend.h"
+#include "dist/backend/gloo_backend.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/backend.h"
+#include "dist/backend/backend.h"
 #include "dist/process_group.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "engine/dtype.h"
 
 namespace quanta::dist::detail {

@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 namespace quanta::dist::testing {
 

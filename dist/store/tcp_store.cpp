@@ -18,9 +18,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "dist/store.h"
-#include "dist/tcp_store_protocol.h"
-#include "dist/wait_report.h"
+#include "dist/store/store.h"
+#include "dist/store/tcp_store_protocol.h"
+#include "dist/store/wait_report.h"
 
 namespace quanta::dist {
 

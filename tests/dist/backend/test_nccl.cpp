@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/nccl_backend.h"
+#include "dist/backend/nccl_backend.h"
 #include "dist/reduce_check.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "engine/cuda/runtime.h"
 #include "quant/nf4/nf4_format.h"
 #include "quanta.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 #include "engine/dtype.h"
 
 namespace quanta::dist::detail {

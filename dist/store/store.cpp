@@ -1,5 +1,5 @@
 // Store helpers, FileStore and PrefixStore (TcpStore lives in tcp_store.cpp).
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -23,8 +23,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "dist/store.h"
-#include "dist/tcp_store_protocol.h"
+#include "dist/store/store.h"
+#include "dist/store/tcp_store_protocol.h"
 
 namespace quanta::dist {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 using namespace quanta::dist;
 using Clock = std::chrono::steady_clock;

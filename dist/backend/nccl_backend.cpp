@@ -1,5 +1,5 @@
 // NCCL backend (compiled with CUDA only). See nccl_backend.h for the rules.
-#include "dist/nccl_backend.h"
+#include "dist/backend/nccl_backend.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -374,7 +374,7 @@ void NcclBackend::barrier(uint32_t, Millis) {
 
 }  // namespace quanta::dist::detail
 
-// The entry libquanta's make_nccl_backend (dist/nccl_module.cpp) looks up in
+// The entry libquanta's make_nccl_backend (dist/backend/nccl_module.cpp) looks up in
 // libquanta_cuda, where this file is compiled.
 extern "C" __attribute__((visibility("default"))) quanta::dist::detail::Backend*
 quanta_nccl_backend_v1(quanta::dist::Store& store, int rank, int size, int device,

@@ -1,4 +1,4 @@
-#include "dist/rendezvous.h"
+#include "dist/store/rendezvous.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/wait_report.h"
+#include "dist/store/wait_report.h"
 
 namespace quanta::dist::detail {
 namespace {

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 namespace quanta::dist::detail {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/backend.h"
-#include "dist/reduce_kernels.h"
-#include "dist/store.h"
+#include "dist/backend/backend.h"
+#include "dist/backend/reduce_kernels.h"
+#include "dist/store/store.h"
 
 namespace gloo {
 class Context;

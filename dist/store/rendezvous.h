@@ -8,7 +8,7 @@
 // missing) after 3 s, then every 30 s.
 #include <string>
 
-#include "dist/store.h"
+#include "dist/store/store.h"
 
 namespace quanta::dist::detail {
 

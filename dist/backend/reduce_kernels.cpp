@@ -1,4 +1,4 @@
-#include "dist/reduce_kernels.h"
+#include "dist/backend/reduce_kernels.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -4,7 +4,7 @@
 // here in libquanta, which DataParallel and the module both link.
 #include <memory>
 
-#include "dist/nccl_backend.h"
+#include "dist/backend/nccl_backend.h"
 #include "engine/cuda/module.h"
 
 namespace quanta::dist::detail {
