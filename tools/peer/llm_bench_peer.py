@@ -8,7 +8,7 @@ mean of CALLS calls), and `peak NAME` for attention's peak memory (answer:
 bytes allocated beyond the inputs, from tracemalloc-free accounting by
 torch's CPU allocator is not available, so `nan`). `quit` ends it.
 
-Workloads, matching tools/quanta/bench_llm.cpp:
+Workloads, matching tools/quanta/bench/llm.cpp:
   attention   B H T D causal: F.scaled_dot_product_attention forward
   attention_fb               forward + backward
   llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids

@@ -51,7 +51,6 @@ struct GemmFloor {
 }  // namespace
 
 std::vector<BenchRow> bench_quant_vq(const BenchOptions& o) {
-  Eigen::setNbThreads(num_threads());
   const Sizes s = o.small ? Sizes{2, 64, 32, 64} : Sizes{8, 1024, 256, 1024};
   Generator gen(1234);
   Tensor x = randn({s.batch, s.tokens, s.dim}, gen);

@@ -13,7 +13,7 @@
 //   conv_*: bench_conv's layers on the GPU against the f32 8192^3 rate.
 // Op times include allocating their outputs (from the caching allocator).
 #include "bench.h"
-#include "bench_gpu.h"
+#include "gpu.h"
 #include "quanta.h"
 
 namespace quanta::cli {

@@ -21,23 +21,11 @@
 #include "quanta.h"
 
 namespace quanta::cli {
-namespace {
-
-void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-  constexpr int64_t kBlock = int64_t(1) << 16;
-  cpu::parallel_for(0, (bytes + kBlock - 1) / kBlock, 4, [&](int64_t lo, int64_t hi) {
-    const int64_t begin = lo * kBlock;
-    const int64_t end = std::min(bytes, hi * kBlock);
-    std::memcpy(dst + begin, src + begin, static_cast<std::size_t>(end - begin));
-  });
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<BenchRow> bench_nf4(const BenchOptions& o) {
   if (o.device.is_cuda()) return bench_nf4_cuda(o);
   NoGradGuard no_grad;
-  Eigen::setNbThreads(num_threads());
   Generator gen(4242);
   const int64_t n_out = o.small ? 256 : 4096, n_in = o.small ? 256 : 4096;
   const Tensor w = randn({n_out, n_in}, gen);

@@ -10,7 +10,7 @@
 //     loss), against transformers' LlamaForCausalLM with attn_implementation
 //     "sdpa".
 //   qlora100m_shardN_*: with -n N, the same step with the NF4 base sharded
-//     across N ranks against replicated (bench_llm_shard.cpp).
+//     across N ranks against replicated (llm_shard.cpp).
 //   qlora100m_B4_T512: one QLoRA training step of the same model (every
 //     linear layer but lm_head in NF4, block 64, double quant, f32 compute;
 //     LoRA r 16, alpha 32, dropout 0.05 on all of them; forward, backward of

@@ -47,9 +47,6 @@
 #include <memory>
 #include <mutex>
 #include <thread>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "bench.h"
 #include "dist/backend/gloo_backend.h"
@@ -64,16 +61,6 @@ namespace quanta::cli {
 namespace {
 
 using dist::Millis;
-
-// This thread's parallel regions use `threads` threads (Eigen follows
-// OpenMP's per-thread count unless --threads pinned it).
-void use_threads_here(int threads) {
-#ifdef _OPENMP
-  omp_set_num_threads(std::max(1, threads));
-#else
-  (void)threads;
-#endif
-}
 
 std::shared_ptr<Sequential> mlp(int64_t width, uint64_t seed) {
   Generator gen(seed);
@@ -226,7 +213,9 @@ void run_thread_ranks(int n, const std::function<void(std::shared_ptr<dist::Stor
   const int per_rank = std::max(1, num_threads() / n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      use_threads_here(per_rank);
+      // This thread's parallel regions (OpenMP keeps the count per thread; Eigen
+      // follows it).
+      set_num_threads(per_rank);
       try {
         body(std::make_shared<dist::TcpStore>("127.0.0.1", server.port(), false, Millis(30000)), r);
       } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 // `quanta bench quant --device cuda`: the VQ nearest-code search on a GPU
-// against the cuBLAS GEMM of the same shape, timed in turns (bench_gpu.h).
+// against the cuBLAS GEMM of the same shape, timed in turns (gpu.h).
 //   vq_nearest_8192x256_kK  nearest_codes of 8192 tokens of dim 256 against
 //     K = 1024 and 16384 codes, euclidean and (_cosine) cosine, against the
 //     f32 GEMM x [8192, 256] x codes^T [256, K] (the distance GEMM the search
@@ -15,7 +15,7 @@
 // --size small: 512 tokens of dim 64 against 1/16 of the codes, 4096 tokens
 // for the statistics (row names stay the same).
 #include "bench.h"
-#include "bench_gpu.h"
+#include "gpu.h"
 #include "quant/vq/code_statistics.h"
 #include "quant/vq/nearest_code.h"
 #include "quanta.h"

@@ -1,5 +1,5 @@
-// The shared `--device cuda` bench helpers (bench_gpu.h).
-#include "bench_gpu.h"
+// The shared `--device cuda` bench helpers (gpu.h).
+#include "gpu.h"
 
 #include <exception>
 

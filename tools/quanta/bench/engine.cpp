@@ -33,21 +33,11 @@ BenchRow bench_matmul(const std::string& name, int64_t m, int64_t k, int64_t n,
   return row;
 }
 
-void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-  constexpr int64_t kBlock = int64_t(1) << 16;
-  cpu::parallel_for(0, (bytes + kBlock - 1) / kBlock, 4, [&](int64_t lo, int64_t hi) {
-    const int64_t begin = lo * kBlock;
-    const int64_t end = std::min(bytes, hi * kBlock);
-    std::memcpy(dst + begin, src + begin, static_cast<std::size_t>(end - begin));
-  });
-}
-
 }  // namespace
 
 std::vector<BenchRow> bench_engine(const BenchOptions& o) {
   if (o.device.is_cuda()) return bench_engine_cuda(o);
   NoGradGuard no_grad;
-  Eigen::setNbThreads(num_threads());
   Generator gen(1234);
   std::vector<BenchRow> rows;
   rows.push_back(o.small ? bench_matmul("matmul_1024", 128, 128, 128, o, gen)

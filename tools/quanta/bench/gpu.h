@@ -1,6 +1,6 @@
 #pragma once
-// What the `--device cuda` bench rows share (bench_engine_cuda.cpp,
-// bench_quant_cuda.cpp, bench_nf4_cuda.cpp): timing on a GPU in turns with
+// What the `--device cuda` bench rows share (engine_cuda.cpp,
+// quant_cuda.cpp, bench_nf4_cuda.cpp): timing on a GPU in turns with
 // a floor, each batch of calls ended by cuda::synchronize so that it counts
 // the device's work and not only the launches, and rows that report an op's
 // error instead of failing the suite.

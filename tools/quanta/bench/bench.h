@@ -64,6 +64,10 @@ std::vector<double> interleaved_ms(int repeat, int calls,
                                    const std::vector<std::function<void()>>& fns,
                                    const std::function<void()>& sync = {});
 
+/** memcpy on every CPU thread, in 64 KiB blocks: the floor of an op that
+ * reads and writes `bytes` once. */
+void parallel_memcpy(uint8_t* dst, const uint8_t* src, int64_t bytes);
+
 /** A row that could not be measured, with the error's text. */
 BenchRow unavailable_row(const std::string& name, const std::string& why);
 
@@ -77,18 +81,18 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
 using BenchSuite = std::vector<BenchRow> (*)(const BenchOptions&);
 
 /** Engine kernels: matmul against a bare Eigen GEMM, elementwise ops and a
- * reduction against memcpy (see bench_engine.cpp for the conventions); on
+ * reduction against memcpy (see engine.cpp for the conventions); on
  * a CUDA device, bench_engine_cuda's rows. */
 std::vector<BenchRow> bench_engine(const BenchOptions& opts);
 /** The engine suite on opts.device, a GPU: elementwise ops and reductions
  * against a device-to-device copy of the same bytes, GEMM (f32, bf16, f16)
  * against cuBLAS's rate on its peak shape, the convolutions
- * (bench_engine_cuda.cpp). */
+ * (engine_cuda.cpp). */
 std::vector<BenchRow> bench_engine_cuda(const BenchOptions& opts);
 
 /** The engine suite's convolution rows: each layer of the main job's VQ-VAE
  * forward and backward on opts.device against a large GEMM's time for the
- * same FLOPs (bench_conv.cpp). `sync` ends each timed batch (for a GPU). */
+ * same FLOPs (conv.cpp). `sync` ends each timed batch (for a GPU). */
 std::vector<BenchRow> bench_conv(const BenchOptions& opts, Generator& gen,
                                  const std::function<void()>& sync = {});
 /** FLOPs of the main job's convolutions forward and backward at `batch`
@@ -97,18 +101,18 @@ double main_job_conv_flops(int64_t batch);
 
 /** One training step of `quanta train`'s models (VQ-VAE with vq, none and
  * fsq; the classifier) against a large GEMM's time for their FLOPs; on a
- * CUDA device, against the same step on the CPU (bench_train.cpp). */
+ * CUDA device, against the same step on the CPU (train.cpp). */
 std::vector<BenchRow> bench_train(const BenchOptions& opts);
 
 /** Quantizer train steps: the VQ family's rows then the scalar family's; on
  * a CUDA device, bench_quant_cuda's rows. */
 std::vector<BenchRow> bench_quant(const BenchOptions& opts);
 /** The quant suite on opts.device, a GPU: the VQ nearest-code search against
- * the cuBLAS GEMM of its shape (bench_quant_cuda.cpp). */
+ * the cuBLAS GEMM of its shape (quant_cuda.cpp). */
 std::vector<BenchRow> bench_quant_cuda(const BenchOptions& opts);
-/** The VQ family's rows of `bench quant` (bench_quant_vq.cpp). */
+/** The VQ family's rows of `bench quant` (quant_vq.cpp). */
 std::vector<BenchRow> bench_quant_vq(const BenchOptions& opts);
-/** The FSQ / LFQ rows of `bench quant` (bench_quant_scalar.cpp). */
+/** The FSQ / LFQ rows of `bench quant` (quant_scalar.cpp). */
 std::vector<BenchRow> bench_quant_scalar(const BenchOptions& opts);
 /** NF4 format and nf4_linear (bench_nf4.cpp); on a CUDA device,
  * bench_nf4_cuda's rows. */
@@ -118,11 +122,11 @@ std::vector<BenchRow> bench_nf4(const BenchOptions& opts);
  * against the f32 GEMM (bench_nf4_cuda.cpp). */
 std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& opts);
 /** Attention and a ~110M Llama against PyTorch in a peer process, timed in
- * turns; floor_ms is PyTorch's (bench_llm.cpp). */
+ * turns; floor_ms is PyTorch's (llm.cpp). */
 std::vector<BenchRow> bench_llm(const BenchOptions& opts);
 /** The llm suite's sharding rows on opts.ranks ranks: a QLoRA step with
  * its NF4 base sharded against the same step replicated, in time, memory
- * per rank and bytes gathered (bench_llm_shard.cpp). */
+ * per rank and bytes gathered (llm_shard.cpp). */
 std::vector<BenchRow> bench_llm_shard(const BenchOptions& opts, const llm::DecoderConfig& config);
 /** The llm suite's Llama for `opts`' size, and its tag in row names
  * ("small", "100m", "500m"). */
@@ -130,7 +134,7 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& opts);
 std::string llm_size_tag(const BenchOptions& opts);
 /** The names of bench_llm_shard's rows. */
 std::vector<std::string> llm_shard_row_names(const BenchOptions& opts);
-/** Collectives and DataParallel (bench_dist.cpp). */
+/** Collectives and DataParallel (dist.cpp). */
 std::vector<BenchRow> bench_dist(const BenchOptions& opts);
 
 /** Runs body(store, rank) on n threads as the ranks of one job (a TcpStore

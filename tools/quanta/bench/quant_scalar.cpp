@@ -80,7 +80,6 @@ BenchRow bench_lfq(const std::string& name, int64_t bits, int64_t B, int64_t N, 
 }  // namespace
 
 std::vector<BenchRow> bench_quant_scalar(const BenchOptions& o) {
-  Eigen::setNbThreads(num_threads());
   Generator gen(4321);
   std::vector<BenchRow> rows;
   rows.push_back(bench_fsq(o, gen));

@@ -1,5 +1,5 @@
 // `quanta bench quant`: the vector-quantizer rows, then the scalar ones (on a
-// GPU: bench_quant_cuda.cpp's).
+// GPU: quant_cuda.cpp's).
 #include "bench.h"
 
 namespace quanta::cli {

@@ -1,5 +1,5 @@
 // `quanta bench nf4 --device cuda`: the NF4 kernels on a GPU against their
-// floors, each timed in turns with its floor (bench_gpu.h). The weight is
+// floors, each timed in turns with its floor (gpu.h). The weight is
 // 8192 x 8192 (--size small: 256 x 256; row names stay the same).
 //   nf4_dequantize[_bf16]: the nf4 weight into a reused f32 (bf16) buffer,
 //     against a device-to-device copy with the same memory traffic (a copy
@@ -16,7 +16,7 @@
 // The floors' transposed weights are made once beforehand; every op and
 // floor allocates its output from the caching allocator.
 #include "bench.h"
-#include "bench_gpu.h"
+#include "gpu.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quanta.h"
