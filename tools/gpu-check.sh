@@ -238,24 +238,7 @@ EOF
   # A slice of Fashion-MNIST (the GPU machine has no dataset package), so
   # --run can train the same small job on the CPU and on the GPU and compare.
   if [ -e "$FMNIST/train-images-idx3-ubyte.gz" ]; then
-    python3 - "$FMNIST" "$dir/fashion-mnist-subset" <<'PY'
-import gzip, struct, sys, os
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst, exist_ok=True)
-for prefix, keep in (("train", 4096), ("t10k", 1024)):
-    for kind in ("images-idx3", "labels-idx1"):
-        name = f"{prefix}-{kind}-ubyte.gz"
-        data = gzip.open(os.path.join(src, name)).read()
-        ndim = data[3]
-        dims = list(struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim]))
-        per = 1
-        for d in dims[1:]:
-            per *= d
-        head = data[:4] + struct.pack(">" + "I" * ndim, keep, *dims[1:])
-        body = data[4 + 4 * ndim: 4 + 4 * ndim + keep * per]
-        with gzip.open(os.path.join(dst, name), "wb", compresslevel=9) as f:
-            f.write(head + body)
-PY
+    python3 "$root/tools/gpu-check/fashion_mnist_subset.py" "$FMNIST" "$dir/fashion-mnist-subset"
     echo "fashion-mnist-subset: 4096 training and 1024 test images" >>"$dir/.sources"
   else
     echo "gpu-check: $FMNIST not found: the bundle has no data, --run skips its training phase" >&2
@@ -543,26 +526,7 @@ phase_train() {
 # train_verdict DIR: one line per quantizer, the last evaluation's test MSE
 # on each device and their ratio; each must be within 5% (PASS/FAIL).
 train_verdict() {
-  python3 - "$1" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-def mse(run):
-    path = os.path.join(out, run, "metrics.jsonl")
-    if not os.path.exists(path):
-        return None
-    ev = [json.loads(l) for l in open(path) if '"eval"' in l]
-    return ev[-1]["test_mse"] if ev else None
-bad = False
-for q in ("none", "vq"):
-    c, g = mse(f"{q}-cpu"), mse(f"{q}-cuda")
-    ratio = g / c if c and g else None
-    ok = ratio is not None and abs(ratio - 1) <= 0.05
-    verdict = "PASS (within 5%)" if ok else "FAIL (not within 5%)"
-    bad = bad or not ok
-    shown = "none" if ratio is None else f"{ratio:.4f}"
-    print(f"train {q}: test mse cpu {c}  cuda {g}  cuda/cpu {shown}  {verdict}")
-sys.exit(1 if bad else 0)
-PY
+  python3 "$root/tools/gpu-check/train_verdict.py" "$1"
 }
 
 # The GPU bench suites, each row against its floor (a row whose op has no
@@ -634,22 +598,7 @@ phase_test() {
 # dir, or `missing NAME` when its executable was not built, or (after) `notrun
 # NAME` when testlog.json lacks it (meson test stopped before starting it).
 suite_states() {
-  python3 - "$build" "$1" <<'PY'
-import json, os, sys
-build, when = sys.argv[1], sys.argv[2]
-log = os.path.join(build, "meson-logs", "testlog.json")
-ran = None
-if when == "after" and os.path.exists(log):
-    # Newer Meson names a test "project:name" there.
-    ran = {json.loads(l)["name"].split(":")[-1] for l in open(log) if l.strip()}
-for t in json.load(open(os.path.join(build, "meson-info", "intro-tests.json"))):
-    if not os.path.exists(t["cmd"][0]):
-        print("missing", t["name"])
-    elif ran is not None and t["name"] not in ran:
-        print("notrun", t["name"])
-    else:
-        print("built", t["name"])
-PY
+  python3 "$root/tools/gpu-check/suite_states.py" "$build" "$1"
 }
 
 # The first failed edge of a ninja log (the error itself) and how many more
