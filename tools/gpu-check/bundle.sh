@@ -1,0 +1,195 @@
+# shellcheck shell=bash source-path=SCRIPTDIR
+# tools/gpu-check.sh --bundle DIR: copies the Debian build dependencies the GPU
+# machines lack (headers, Gloo and libpng with the libraries they need,
+# relocatable .pc files, pkgconf) and a slice of Fashion-MNIST into DIR, and
+# checks that DIR is self-contained and at most 40 MiB. Why a bundle, and
+# what it leaves out: the header of tools/gpu-check.sh.
+
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+readonly FMNIST=/usr/share/datasets/fashion-mnist
+readonly BUNDLE_MAX_KIB=$((40 * 1024))
+
+# Copies one shared library under its soname (what the loader asks for) and,
+# given LINKNAME, under that name too (-lX and find_library need libX.so),
+# then the libraries it needs. Copies, not symlinks, so that nothing depends
+# on how the folder travels. The C runtime, the compiler's own libraries and
+# zlib (a required package on Debian and Ubuntu alike) are left out: the GPU
+# machine has them, newer, and an older libstdc++ or libz on LD_LIBRARY_PATH
+# would be loaded by every program there.
+copy_lib() {
+  local dir="$1" path="$2" linkname="${3:-}" real soname
+  real="$(readlink -f "$path")"
+  soname="$(readelf -d "$real" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')"
+  soname="${soname:-$(basename "$real")}"
+  [ -z "$linkname" ] || cp "$real" "$dir/lib/$linkname"
+  [ -f "$dir/lib/$soname" ] && return 0
+  cp "$real" "$dir/lib/$soname"
+  # Debian 12 registers some libraries under /lib, which is a link to /usr/lib.
+  { dpkg -S "$real" 2>/dev/null || dpkg -S "${real#/usr}" 2>/dev/null || echo "?: $real"; } \
+    | head -n 1 >>"$dir/.sources"
+  copy_deps "$dir" "$real"
+}
+
+copy_deps() {
+  local dir="$1" file="$2" dep
+  while read -r dep; do
+    case "$(basename "$dep")" in
+      ld-linux*|libc.so*|libm.so*|libmvec.so*|libdl.so*|libpthread.so*|librt.so*|\
+      libutil.so*|libresolv.so*|libstdc++.so*|libgcc_s.so*|libz.so*) ;;
+      *) copy_lib "$dir" "$dep" ;;
+    esac
+  done < <(ldd "$file" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
+}
+
+# Rewrites a Debian .pc file so that every path is under ${pcfiledir}/../..
+# (the bundle's root). Some files have no prefix line (nlohmann_json.pc names
+# /usr/include outright), so the prefix is always written first.
+# shellcheck disable=SC2016  # ${...} is pkg-config's, not the shell's
+rewrite_pc() {
+  {
+    echo 'prefix=${pcfiledir}/../..'
+    sed -e '/^prefix=/d' \
+        -e 's|^exec_prefix=.*|exec_prefix=${prefix}|' \
+        -e 's|^libdir=.*|libdir=${prefix}/lib|' \
+        -e 's|^sharedlibdir=.*|sharedlibdir=${libdir}|' \
+        -e 's|/usr/include|${prefix}/include|g' \
+        -e 's|/usr/lib/x86_64-linux-gnu|${prefix}/lib|g' "$1"
+  } >"$2"
+}
+
+bundle_main() {
+  [ $# -eq 1 ] || die "--bundle takes one DIR"
+  local dir="$1" f m src dest pkg
+  for f in readelf ldd dpkg-query pkg-config; do
+    command -v "$f" >/dev/null || die "$f not found (run tools/install-deps.sh)"
+  done
+  # Never wipe a folder this script did not make.
+  if [ -e "$dir" ]; then
+    [ -f "$dir/$MARKER" ] || [ -z "$(ls -A "$dir")" ] \
+      || die "$dir exists and is not a bundle; give a new or empty folder"
+    rm -rf "$dir"
+  fi
+  mkdir -p "$dir"/{include,gloo-include,lib/pkgconfig,bin,libexec}
+  dir="$(cd "$dir" && pwd)"
+
+  # gloo has no .pc file (dist/meson.build finds it with find_library and
+  # has_headers), so --run puts gloo-include on CPLUS_INCLUDE_PATH. The other
+  # headers stay off every default path so that configure has to find them
+  # through their .pc files, as it does here.
+  local headers=(
+    "/usr/include/eigen3 include libeigen3-dev"
+    "/usr/include/doctest include doctest-dev"
+    "/usr/include/CLI include libcli11-dev"
+    "/usr/include/nlohmann include nlohmann-json3-dev"
+    "/usr/include/libpng16 include libpng-dev"
+    "/usr/include/zlib.h include zlib1g-dev"
+    "/usr/include/zconf.h include zlib1g-dev"
+    "/usr/include/gloo gloo-include libgloo-dev"
+  )
+  for f in "${headers[@]}"; do
+    read -r src dest pkg <<<"$f"
+    [ -e "$src" ] || die "$src not found (Debian package $pkg: run tools/install-deps.sh)"
+    cp -a "$src" "$dir/$dest/"
+  done
+
+  : >"$dir/.sources"
+  local libs=(
+    "/usr/lib/libgloo.so libgloo-dev"
+    "/usr/lib/x86_64-linux-gnu/libpng16.so libpng-dev"
+    "/usr/lib/x86_64-linux-gnu/libz.so zlib1g-dev"
+  )
+  for f in "${libs[@]}"; do
+    read -r src pkg <<<"$f"
+    [ -e "$src" ] || die "$src not found (Debian package $pkg: run tools/install-deps.sh)"
+    if [ "$(basename "$src")" = libz.so ]; then
+      # Only for -lz: at run time the machine's own libz.so.1 is loaded.
+      cp "$(readlink -f "$src")" "$dir/lib/libz.so"
+    else
+      copy_lib "$dir" "$src" "$(basename "$src")"
+    fi
+  done
+
+  # pkgconf, in case the GPU machine has no pkg-config. The wrapper finds
+  # libpkgconf next to it without touching the caller's LD_LIBRARY_PATH.
+  cp /usr/bin/pkgconf "$dir/libexec/pkgconf"
+  copy_deps "$dir" /usr/bin/pkgconf
+  cat >"$dir/bin/pkg-config" <<'EOF'
+#!/bin/sh
+# Debian 12's pkgconf, run with the libpkgconf bundled next to it.
+here="$(cd "$(dirname "$0")/.." && pwd)"
+exec env LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$here/libexec/pkgconf" "$@"
+EOF
+  chmod +x "$dir/bin/pkg-config"
+
+  for m in eigen3 CLI11 nlohmann_json libpng16 zlib; do
+    src="$(pkg-config --variable=pcfiledir "$m")/$m.pc"
+    [ -f "$src" ] || die "$m.pc not found (run tools/install-deps.sh)"
+    rewrite_pc "$src" "$dir/lib/pkgconfig/$m.pc"
+  done
+  cp "$dir/lib/pkgconfig/libpng16.pc" "$dir/lib/pkgconfig/libpng.pc"
+  # Debian's doctest-dev has only a CMake config; a .pc file spares the GPU
+  # machine the CMake lookup (and its dependence on CMake's version).
+  local dv
+  dv="$(awk '/#define DOCTEST_VERSION_(MAJOR|MINOR|PATCH) / {v = v (v ? "." : "") $3}
+             END {print v}' /usr/include/doctest/doctest.h)"
+  cat >"$dir/lib/pkgconfig/doctest.pc" <<EOF
+prefix=\${pcfiledir}/../..
+includedir=\${prefix}/include
+
+Name: doctest
+Description: C++ testing framework (header-only, bundled by tools/gpu-check.sh)
+Version: $dv
+Cflags: -I\${includedir}
+EOF
+
+  if grep -n '/usr' "$dir"/lib/pkgconfig/*.pc; then
+    die "the .pc files above still name /usr"
+  fi
+  # Every flag must point into the bundle, read by the bundled pkgconf alone.
+  local flags version word bad=0
+  for m in eigen3 doctest CLI11 nlohmann_json libpng zlib; do
+    version="$(PKG_CONFIG_LIBDIR="$dir/lib/pkgconfig" PKG_CONFIG_PATH='' \
+               "$dir/bin/pkg-config" --modversion "$m")" || die "the bundled pkg-config fails on $m"
+    flags="$(PKG_CONFIG_LIBDIR="$dir/lib/pkgconfig" PKG_CONFIG_PATH='' \
+             "$dir/bin/pkg-config" --cflags --libs "$m")" || die "the bundled pkg-config fails on $m"
+    printf '  %-14s %-8s %s\n' "$m" "$version" "$flags"
+    for word in $flags; do
+      case "$word" in
+        -I*|-L*) case "$(realpath -m "${word:2}")" in
+                   "$dir"/*|"$dir") ;;
+                   *) echo "gpu-check: $m: $word is outside the bundle" >&2; bad=1 ;;
+                 esac ;;
+      esac
+    done
+  done
+  [ "$bad" -eq 0 ] || die "bundled .pc files point outside $dir"
+
+  # A slice of Fashion-MNIST (the GPU machine has no dataset package), so
+  # --run can train the same small job on the CPU and on the GPU and compare.
+  if [ -e "$FMNIST/train-images-idx3-ubyte.gz" ]; then
+    python3 "$gpu_check_dir/fashion_mnist_subset.py" "$FMNIST" "$dir/fashion-mnist-subset"
+    echo "fashion-mnist-subset: 4096 training and 1024 test images" >>"$dir/.sources"
+  else
+    echo "gpu-check: $FMNIST not found: the bundle has no data, --run skips its training phase" >&2
+  fi
+
+  {
+    echo "Made by tools/gpu-check.sh --bundle on $(date -u +%FT%TZ)"
+    echo "from Debian $(cat /etc/debian_version 2>/dev/null || echo '?') packages:"
+    dpkg-query -W -f='  ${Package} ${Version}\n' libeigen3-dev doctest-dev libcli11-dev \
+      nlohmann-json3-dev libpng-dev zlib1g-dev libgloo-dev pkgconf-bin
+    echo "libraries (package: file):"
+    sort -u "$dir/.sources" | sed 's/^/  /'
+  } >"$dir/MANIFEST.txt"
+  rm -f "$dir/.sources"
+  echo "gpu-check bundle v1" >"$dir/$MARKER"
+
+  local kib
+  kib="$(du -sk "$dir" | cut -f1)"
+  cat "$dir/MANIFEST.txt"
+  echo "gpu-check: bundle $dir: $(du -sh "$dir" | cut -f1) (${kib} KiB, limit ${BUNDLE_MAX_KIB} KiB)"
+  [ "$kib" -le "$BUNDLE_MAX_KIB" ] || die "bundle is larger than 40 MiB"
+}

@@ -1,0 +1,107 @@
+# shellcheck shell=bash
+# The phases of tools/gpu-check.sh --run, each a function that run_phase (in
+# run.sh) runs into its own log with a time limit: phase_info, phase_setup,
+# phase_build, phase_test, phase_train and phase_bench. They read what
+# run_main sets up: build (the build dir, relative to the repository root,
+# which is the current folder), bundle, reuse and setup_opts.
+# shellcheck disable=SC2154  # build, bundle, reuse, setup_opts: run_main's
+
+# The same training job on the CPU and on the GPU (300 steps of 64, one
+# seed, the data slice from the bundle): the CUDA run must finish and its
+# test MSE be within 5% of the CPU's; then the default quantizer
+# on both, judged the same way (its VQ layers run the quantizer table's CUDA
+# kernels). Each run gets LIMIT
+# seconds (phase_train LIMIT); about 10 s each on the first GPU machine's
+# 16 cores is the estimate (the CPU step is 15 ms on 2 cores here).
+readonly TRAIN_STEPS=300
+readonly TRAIN_SEED=17
+phase_train() {
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" out="$build-train"
+  local common=(train --data "$data" --steps "$TRAIN_STEPS" --seed "$TRAIN_SEED"
+                --batch-size 64 --limit-test 512 --eval-every "$TRAIN_STEPS"
+                --log-every 50 --threads "$(nproc)")
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
+  rm -rf "$out"
+  local q dev rc=0
+  for q in none vq; do
+    for dev in cpu cuda; do
+      echo "== quantizer $q on $dev ($TRAIN_STEPS steps, seed $TRAIN_SEED)"
+      timeout -k 5 "$1" "$quanta" "${common[@]}" --quantizer "$q" --device "$dev" \
+        --out "$out/$q-$dev" || { echo "(exit $?)"; rc=1; }
+    done
+  done
+  train_verdict "$out" || rc=1
+  return "$rc"
+}
+
+# train_verdict DIR: one line per quantizer, the last evaluation's test MSE
+# on each device and their ratio; each must be within 5% (PASS/FAIL).
+train_verdict() {
+  python3 "$gpu_check_dir/train_verdict.py" "$1"
+}
+
+# The GPU bench suites, each row against its floor (a row whose op has no
+# kernel yet says so): the NF4 and VQ rows first (short, and the ones
+# with goals to meet: nf4_dequantize ratio <= 1.18, nf4_gemv_8192_b1 <= 0.33,
+# vq_nearest_* <= 1.2), then the engine and train rows. Timings, not
+# a test: the phase fails only when a command fails. The commands share
+# LIMIT seconds, each getting what the ones before it left (phase_bench
+# LIMIT).
+phase_bench() {
+  local quanta="$build/tools/quanta" suite rc=0 end=$((SECONDS + $1)) left
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  for suite in nf4 quant engine train; do
+    left=$((end - SECONDS))
+    [ "$left" -ge 10 ] || { echo "== bench $suite: no time left"; rc=1; continue; }
+    echo "== bench $suite --device cuda"
+    timeout -k 5 "$left" "$quanta" bench "$suite" --device cuda --repeat 3 \
+      --threads "$(nproc)" || { echo "(exit $?)"; rc=1; }
+  done
+  return "$rc"
+}
+
+phase_info() {
+  echo "host: $(hostname), $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB," \
+       "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
+  timeout 30 nvidia-smi || echo "nvidia-smi failed (exit $?)"
+  command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  command -v c++ >/dev/null && c++ --version | head -n 1
+  echo "meson $(meson --version 2>&1), ninja $(ninja --version 2>&1), $(python3 --version 2>&1)"
+  [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
+    || echo "Fashion-MNIST absent: its training test cases return early (counted as passed)"
+}
+
+phase_setup() {
+  if [ "$reuse" -eq 1 ] && [ -f "$build/build.ninja" ]; then
+    timeout -k 10 "$1" meson setup --reconfigure "$build" "${setup_opts[@]}"
+  else
+    rm -rf "$build"
+    timeout -k 10 "$1" meson setup "$build" "${setup_opts[@]}"
+  fi
+}
+
+# -k 0: on a machine lent for minutes, one call should show every file that
+# fails to compile, and build every suite that can be built.
+phase_build() {
+  local targets=()
+  read -r -a targets <<<"${GPU_CHECK_TARGETS:-}"
+  timeout -k 15 "$1" ninja -C "$build" -k 0 -j "${NINJA_JOBS:-$(nproc)}" "${targets[@]}"
+}
+
+# As tools/run-tests.sh's tail, split out so that build and tests are timed
+# and logged apart. meson test gets what is left of the deadline (on SIGTERM
+# it stops the running suites, which count as failed, and still writes
+# testlog.json). phase_test LIMIT [SUITE...]: no SUITE runs them all.
+phase_test() {
+  local limit="$1" rc=0 src=0
+  shift
+  rm -f "$build/meson-logs/testlog.json"
+  timeout -k 20 "$limit" meson test -C "$build" --no-rebuild --print-errorlogs \
+    --num-processes "${MESON_TEST_JOBS:-8}" \
+    --timeout-multiplier "${QUANTA_TEST_TIMEOUT_MULTIPLIER:-0.34}" "$@" || rc=$?
+  echo "meson test exit status: $rc$([ "$rc" -eq 124 ] && echo ' (stopped at the deadline)')"
+  python3 "$root/tools/test_summary.py" "$build" "$rc" || src=$?
+  [ "$rc" -eq 124 ] && return 124
+  return "$src"
+}
