@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 std::string detail::status_key(int rank) { return "status/" + std::to_string(rank); }
 
 std::vector<std::optional<Bytes>> detail::await_posts(Store& store, int rank, int size,
-                                              const std::string& prefix, Millis grace) {
+                                                      const std::string& prefix, Millis grace) {
   std::vector<std::optional<Bytes>> posts(size);
   const auto deadline = Clock::now() + grace;
   for (;;) {
@@ -39,7 +39,9 @@ std::vector<std::optional<Bytes>> detail::await_posts(Store& store, int rank, in
   }
 }
 
-Millis detail::grace_of(Millis timeout) { return std::clamp(timeout / 2, Millis(300), Millis(2000)); }
+Millis detail::grace_of(Millis timeout) {
+  return std::clamp(timeout / 2, Millis(300), Millis(2000));
+}
 
 std::vector<char> ProcessGroup::Checks::debug_exchange(const Call& call, const void* payload,
                                                        std::size_t bytes) {
@@ -47,8 +49,8 @@ std::vector<char> ProcessGroup::Checks::debug_exchange(const Call& call, const v
   std::memcpy(mine.data(), &call.fp, sizeof(Fingerprint));
   if (bytes) std::memcpy(mine.data() + sizeof(Fingerprint), payload, bytes);
   const uint32_t tag = static_cast<uint32_t>(quanta::detail::splitmix64(call.fp.seq ^ 0x6670ull));
-  g_.guarded(call,
-          [&] { g_.gloo_->all_gather(mine.data(), all.data(), kDebugBlock, tag, call.timeout); });
+  g_.guarded(
+      call, [&] { g_.gloo_->all_gather(mine.data(), all.data(), kDebugBlock, tag, call.timeout); });
   std::vector<Fingerprint> fps(g_.size_);
   for (int r = 0; r < g_.size_; ++r)
     std::memcpy(&fps[r], all.data() + r * kDebugBlock, sizeof(Fingerprint));
@@ -56,7 +58,9 @@ std::vector<char> ProcessGroup::Checks::debug_exchange(const Call& call, const v
   return all;
 }
 
-void ProcessGroup::Checks::fingerprints_before(const Call& call) { debug_exchange(call, nullptr, 0); }
+void ProcessGroup::Checks::fingerprints_before(const Call& call) {
+  debug_exchange(call, nullptr, 0);
+}
 
 void ProcessGroup::Checks::compare_debug(const Call& call, const std::vector<Fingerprint>& all) {
   const std::string diff = detail::compare(all);
@@ -83,8 +87,8 @@ void ProcessGroup::Checks::mismatch(const Call& call, const std::string& diff) {
   // learns nothing from it) reads why this one left.
   try {
     g_.store_->set_string(detail::status_key(g_.rank_), "failed the check of " + call.desc() +
-                                              ": the ranks called different "
-                                              "collectives");
+                                                            ": the ranks called different "
+                                                            "collectives");
   } catch (...) {
   }
   throw DistError("[dist] " + call.desc() + " on rank " + std::to_string(g_.rank_) + " of " +
@@ -167,8 +171,8 @@ void ProcessGroup::Checks::reduction_after(const Call& c, DType dtype, ReduceOp 
   // have been inside the payload.
   std::vector<char> region = detail::check_region(c.word, dtype);
   g_.guarded(c, [&] {
-    g_.gloo().all_reduce(region.data(), detail::kCheckElems, dtype, op, detail::sub_tag(c.tag, kCheckTag),
-                      c.timeout);
+    g_.gloo().all_reduce(region.data(), detail::kCheckElems, dtype, op,
+                         detail::sub_tag(c.tag, kCheckTag), c.timeout);
   });
   if (!detail::check_region_holds(region.data(), c.word, dtype, op)) reduction_mismatch(c);
 }
@@ -178,13 +182,14 @@ void ProcessGroup::Checks::beside_ring(const Call& c, const std::function<void()
   bool received = false;
   g_.guarded(c, [&] {
     received = g_.gloo().ring_exchange(&c.fp, &previous, sizeof(Fingerprint),
-                                    detail::sub_tag(c.tag, kCheckTag), c.timeout, run, root);
+                                       detail::sub_tag(c.tag, kCheckTag), c.timeout, run, root);
   });
   if (!received) return;
   // Named lower rank first, as a gather of every fingerprint would name them.
   const int before = (g_.rank_ + g_.size_ - 1) % g_.size_;
-  const std::string diff = before < g_.rank_ ? detail::compare({previous, c.fp}, {before, g_.rank_})
-                                          : detail::compare({c.fp, previous}, {g_.rank_, before});
+  const std::string diff = before < g_.rank_
+                               ? detail::compare({previous, c.fp}, {before, g_.rank_})
+                               : detail::compare({c.fp, previous}, {g_.rank_, before});
   if (!diff.empty()) mismatch(c, diff);
 }
 

@@ -151,7 +151,8 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
         .all_reduce_checked(buf.raw_data(), n, region.data(), detail::kCheckElems, buf.dtype(), op,
                             c.tag, c.timeout);
   });
-  if (!detail::check_region_holds(region.data(), c.word, buf.dtype(), op)) checks_->reduction_mismatch(c);
+  if (!detail::check_region_holds(region.data(), c.word, buf.dtype(), op))
+    checks_->reduction_mismatch(c);
   finish_inplace(t, buf);
 }
 
@@ -287,8 +288,8 @@ Tensor ProcessGroup::all_gather_v(const Tensor& t, std::vector<int64_t>* sizes, 
   for (int r = 0; r < size_; ++r) bytes[r] = bytes_of(in.dtype(), pieces[r]);
   guarded(c, [&] {
     backend_for(in, c.timeout)
-        .all_gather_v(in.raw_data(), out.raw_data(), bytes, detail::sub_tag(c.tag, 2 + uint32_t(total)),
-                      c.timeout);
+        .all_gather_v(in.raw_data(), out.raw_data(), bytes,
+                      detail::sub_tag(c.tag, 2 + uint32_t(total)), c.timeout);
   });
   if (sizes) *sizes = counts;
   return out;
@@ -339,7 +340,8 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& t, ReduceOp op, CallOptions o,
   });
   std::vector<char> check(region.size());
   copy_bytes(check.data(), cpu, reduced + bytes, dev, check.size());
-  if (!detail::check_region_holds(check.data(), c.word, in.dtype(), op)) checks_->reduction_mismatch(c);
+  if (!detail::check_region_holds(check.data(), c.word, in.dtype(), op))
+    checks_->reduction_mismatch(c);
   copy_bytes(out.raw_data(), dev, reduced, dev, bytes);
   return out;
 }
