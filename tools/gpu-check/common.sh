@@ -167,7 +167,9 @@ setup_env() {
   local from_bundle=() from_system=() sys_path
   for f in "$bundle"/lib/*.so.*; do
     name="$(basename "$f")"
-    sys_path="$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')"
+    # awk reads to the end: leaving early would kill ldconfig with SIGPIPE,
+    # and under pipefail that ended the whole run silently (status 141).
+    sys_path="$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !found {found = 1; print $NF}')"
     if [ -n "$sys_path" ] && [ -e "$sys_path" ]; then
       from_system+=("$name")
     else
