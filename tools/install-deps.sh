@@ -15,7 +15,7 @@ packages=(
   libsentencepiece-dev                     # text through a model's tokenizer.model
   dataset-fashion-mnist                    # `quanta train` default data
   python3                                  # CI summary script
-  clang-format                             # CI's format check (tools/check-format.sh)
+  clang-format                             # CI's format check (tools/dev/check-format.sh)
 )
 
 missing=()

@@ -3,12 +3,12 @@
 # and 1 threads, and with --nproc 2) and prints each final line beside the
 # command, so the README's figures come from one script, never by hand.
 #
-#   tools/readme-figures.sh [QUANTA]      QUANTA defaults to build/tools/quanta
+#   tools/dev/readme-figures.sh [QUANTA]      QUANTA defaults to build/tools/quanta
 #
 # The figures depend on the thread count (the CPU kernels split their sums by
 # thread), so every command names it. Takes about 20 s on 2 cores.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 quanta="${1:-$root/build/tools/quanta}"
 [ -x "$quanta" ] || { echo "readme-figures: no quanta binary at $quanta (build first)"; exit 2; }
 work="$(mktemp -d /tmp/quanta-figures.XXXXXX)"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Re-runs the quantizer comparison of docs/train.md ("Measured") and prints
 # its two tables as Markdown rows, so those figures come from one script, as
-# the README's do from tools/readme-figures.sh: hand-copied figures drift.
+# the README's do from tools/dev/readme-figures.sh: hand-copied figures drift.
 #
-#   tools/train-figures.sh [QUANTA] [--short-only]
+#   tools/dev/train-figures.sh [QUANTA] [--short-only]
 #                                   QUANTA defaults to build/tools/quanta
 #
 # Every run is `--threads 1`: the CPU kernels split some sums by thread, so
@@ -12,7 +12,7 @@
 # the machine and its load. The long table (whole dataset, 1 or 2 epochs) takes
 # about 20 minutes on one free core, the short one (400 steps) about 8.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 readonly root
 quanta="$root/build/tools/quanta"
 short_only=0
