@@ -1,7 +1,7 @@
 // The quantizers' device seam (quant/kernels/table.h): the CPU and CUDA
 // tables are complete, where the CUDA module's table cannot be had every
 // entry fails naming the op and why, and CUDA tensors reach the CUDA kernels
-// (their results against the CPU's: test_quant_cuda.cpp).
+// (their results against the CPU's: cuda/test_cuda_table.cpp).
 #include <doctest/doctest.h>
 
 #include <cstring>

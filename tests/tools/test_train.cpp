@@ -678,7 +678,7 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
 // largest magnitude of each (a near-zero gradient element has no meaningful
 // relative error of its own). No quantizer, so that a failure points at the
 // engine's kernels (the encoder, decoder, losses and their backwards); the
-// quantizers' CUDA kernels have their own tests (tests/quant/test_quant_cuda.cpp).
+// quantizers' CUDA kernels have their own tests (tests/quant/cuda/test_cuda_table.cpp).
 TEST_CASE("one VQ-VAE training step on CUDA gives the CPU's loss and gradients") {
   if (!quanta::testing::have_gpu()) {
     MESSAGE("skipped: " << quanta::testing::no_gpu_reason());

@@ -1,8 +1,8 @@
-// The CUDA quantizer table (quant/cuda/): the math it shares with the CPU
-// (quant/kernels/functors.h) and its host-side plans (quant/cuda/plans.h)
-// checked on the CPU, then every entry on cuda:0 against the CPU table on the
-// same inputs (indices and NF4 bytes equal, values within each dtype's
-// tolerance), skipped with one line where no GPU is present.
+// The CUDA quantizer table (quant/cuda/): every entry on cuda:0 against the
+// CPU table on the same inputs (indices and NF4 bytes equal, values within
+// each dtype's tolerance), skipped with one line where no GPU is present.
+// The math it shares with the CPU and its plans are checked without a GPU
+// (tests/quant/kernels/test_functors.cpp, tests/quant/cuda/test_plans.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "quant/cuda/plans.h"
-#include "quant/kernels/code_stats_pieces.h"
 #include "quant/kernels/entropy_walk.h"
 #include "quant/kernels/functors.h"
 #include "quant/kernels/table.h"
@@ -24,279 +23,12 @@
 #include "quant/nf4/nf4_linear.h"
 #include "quanta.h"
 #include "support/gpu.h"
+#include "support/quant_table_checks.h"
 
 using namespace quanta;
 using namespace quanta::quant;
+using namespace quanta::testing;
 namespace qfn = quanta::quant::fn;
-
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The contract's rule, written plainly: the first index of the smallest
-// non-NaN score, 0 when there is none.
-int64_t rule_argmin(const std::vector<double>& row) {
-  int64_t best = -1;
-  for (size_t j = 0; j < row.size(); ++j)
-    if (!std::isnan(row[j]) && (best < 0 || row[j] < row[static_cast<size_t>(best)]))
-      best = static_cast<int64_t>(j);
-  // The scan starts from +inf: a row whose best is +inf gives 0 too.
-  if (best < 0 || row[static_cast<size_t>(best)] == kInf) return 0;
-  return best;
-}
-
-// The CUDA kernel's scan: 32 lanes each offered every 32nd score, merged in
-// a butterfly, then across two tiles.
-int64_t lane_argmin(const std::vector<double>& row, size_t split) {
-  auto tile = [&](size_t lo, size_t hi) {
-    std::vector<qfn::ArgMin<double>> lanes(32);
-    for (size_t j = lo; j < hi; ++j)
-      qfn::argmin_offer(lanes[(j - lo) % 32], row[j], static_cast<int64_t>(j));
-    for (int o = 16; o > 0; o /= 2)
-      for (int l = 0; l < 32; ++l)
-        if ((l ^ o) > l) lanes[l] = qfn::argmin_merge(lanes[l], lanes[l ^ o]);
-    return lanes[0];
-  };
-  return qfn::argmin_result(qfn::argmin_merge(tile(0, split), tile(split, row.size())));
-}
-
-std::vector<double> random_values(size_t n, unsigned seed, double lo = -1, double hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-}  // namespace
-
-// ---- the shared math and the plans, on the CPU ----
-
-TEST_CASE("quant functors: the argmin keeps the first of ties and never picks NaN") {
-  const std::vector<std::vector<double>> rows = {
-      {3, 1, 2, 1},
-      {kNaN, kNaN, kNaN},
-      {kInf, kInf},
-      {kNaN, kInf, -kInf, -kInf},
-      {5, kNaN, 5, 4, 4, kNaN},
-  };
-  for (const auto& row : rows) {
-    qfn::ArgMin<double> serial;
-    for (size_t j = 0; j < row.size(); ++j)
-      qfn::argmin_offer(serial, row[j], static_cast<int64_t>(j));
-    CHECK(qfn::argmin_result(serial) == rule_argmin(row));
-    for (size_t split = 0; split <= row.size(); ++split)
-      CHECK(lane_argmin(row, split) == rule_argmin(row));
-  }
-  // Long rows with repeated values: every lane and tile boundary.
-  std::vector<double> row(200);
-  for (size_t j = 0; j < row.size(); ++j) row[j] = double((j * 37) % 11);
-  row[150] = kNaN;
-  for (size_t split : {0, 1, 31, 32, 33, 100, 200})
-    CHECK(lane_argmin(row, split) == rule_argmin(row));
-}
-
-TEST_CASE("quant functors: bit products are the CPU table's") {
-  for (int64_t k = 0; k <= 6; ++k) {
-    const int64_t rows = 3, n = int64_t(1) << k;
-    const std::vector<double> pi = random_values(static_cast<size_t>(rows * 2 * k), 7 + k, 0, 1);
-    const std::vector<double> gP = random_values(static_cast<size_t>(rows * n), 9 + k);
-    std::vector<double> out(static_cast<size_t>(rows * n)), grad(static_cast<size_t>(rows * 2 * k));
-    quant_cpu::table().bit_product(DType::f64, pi.data(), rows, k, out.data());
-    quant_cpu::table().bit_product_grad(DType::f64, pi.data(), gP.data(), rows, k, grad.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < n; ++c)
-        CHECK(qfn::bit_product_at(pi.data() + r * 2 * k, k, c) == out[r * n + c]);
-      for (int64_t j = 0; j < k; ++j) {
-        double g2[2];
-        qfn::bit_product_grad_at(pi.data() + r * 2 * k, k, gP.data() + r * n, j, g2);
-        // The same sums in the same order; only where a compiler fuses a
-        // multiply-add may differ (g++ and nvcc both may), so within 1e-14.
-        CHECK(g2[0] == doctest::Approx(grad[r * 2 * k + 2 * j]).epsilon(1e-14));
-        CHECK(g2[1] == doctest::Approx(grad[r * 2 * k + 2 * j + 1]).epsilon(1e-14));
-      }
-    }
-  }
-}
-
-TEST_CASE("quant functors: NF4 codes, midpoints and scaling are the format's") {
-  for (int i = 0; i < 15; ++i) CHECK(qfn::nf4_midpoint(i) == nf4_midpoints()[i]);
-  auto counted = [](float v) {
-    int c = 0;
-    for (float m : nf4_midpoints()) c += v > m ? 1 : 0;
-    return c;
-  };
-  std::vector<float> probes = {-1.0f, 1.0f, 0.0f, -0.0f, std::nanf("")};
-  for (float m : nf4_midpoints())
-    probes.insert(probes.end(), {m, std::nextafter(m, 2.0f), std::nextafter(m, -2.0f)});
-  for (double v : random_values(2000, 5)) probes.push_back(static_cast<float>(v));
-  for (float v : probes) CHECK(qfn::nf4_code(v) == counted(v));
-  CHECK(qfn::nf4_code(0.0f) == kNF4ZeroCode);
-  CHECK(qfn::nf4_code(1.0f) == 15);
-  CHECK(qfn::nf4_code(-1.0f) == 0);
-
-  CHECK(qfn::nf4_block_scale(0.0f) == qfn::kNF4MinScale);
-  CHECK(qfn::nf4_block_scale(3.0f) == 3.0f);
-  CHECK(qfn::nf4_scaled(5.0f, 2.0f, 0.5f, true) == 1.0f);
-  CHECK(qfn::nf4_scaled(-5.0f, 2.0f, 0.5f, false) == -1.0f);
-  CHECK(qfn::nf4_scaled(1.0f, 3.0f, 1.0f / 3.0f, false) == 1.0f / 3.0f);
-  CHECK(std::isnan(qfn::nf4_scaled(std::nanf(""), 1.0f, 1.0f, true)));
-  CHECK(qfn::nf4_absmax_step(2.0f, std::nanf("")) == 2.0f);
-  CHECK(qfn::nf4_absmax_step(2.0f, -3.0f) == 3.0f);
-}
-
-TEST_CASE("quant functors: run codes and scales read both NF4 layouts as NF4Runs does") {
-  std::vector<uint8_t> units(3 * kNF4UnitBytes);
-  for (size_t i = 0; i < units.size(); ++i) units[i] = static_cast<uint8_t>(i * 7);
-  const NF4Runs u = nf4_unit_runs(units.data(), 150);
-  std::vector<uint8_t> packed(80);
-  const std::vector<float> scales = {0.5f, 1.5f, 2.5f};
-  const NF4Runs p = nf4_packed_runs(packed.data(), scales.data(), 160, 128);
-  const NF4Runs b32 = nf4_packed_runs(packed.data(), scales.data(), 96, 32);
-  for (const NF4Runs* w : {&u, &p})
-    for (int64_t r = 0; r < w->runs(); ++r) {
-      CHECK(qfn::nf4_run_codes(*w, r) == w->codes_of(r));
-      CHECK(qfn::nf4_run_scale(*w, r) == w->scale_of(r));
-    }
-  for (const NF4Runs* w : {&u, &p, &b32})
-    for (int64_t i = 0; i < w->n; ++i) CHECK(qfn::nf4_run_of(*w, i) == i / w->run);
-  const uint8_t byte[1] = {0xA3};
-  CHECK(qfn::nf4_nibble(byte, 0) == 0xA);
-  CHECK(qfn::nf4_nibble(byte, 1) == 0x3);
-  // The GEMV's 32-bit words of 4 packed bytes give each code nf4_nibble gives.
-  const uint8_t four[4] = {0xA3, 0x5F, 0x07, 0xC1};
-  uint32_t word = 0;
-  std::memcpy(&word, four, 4);  // little-endian, as the GPU loads it
-  for (int j = 0; j < 8; ++j) CHECK(qfn::nf4_word_code(word, j) == qfn::nf4_nibble(four, j));
-  for (int c = 0; c < 16; ++c) CHECK(qfn::nf4_value(c) == kNF4Values[static_cast<size_t>(c)]);
-}
-
-TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work") {
-  using namespace quant_cuda;
-  CHECK(nearest_tiles(0, 5).rows == 0);
-  CHECK(nearest_tiles(5, 0).codes == 0);
-  const NearestTiles small = nearest_tiles(100, 50, 1000);
-  CHECK(small.codes == 50);
-  CHECK(small.rows == 20);
-  const NearestTiles big = nearest_tiles(10, 5000, 1000);
-  CHECK(big.codes == 1000);
-  CHECK(big.rows == 1);
-  const NearestTiles wide = nearest_tiles(8192, 16384);
-  CHECK(wide.codes == kNearestMaxCodes);
-  CHECK(wide.rows * wide.codes <= kNearestTileElems);
-  CHECK(nearest_tiles(3, 10).rows == 3);
-
-  CHECK(nf4_tile_rows(0, 64) == 0);
-  CHECK(nf4_tile_rows(10, 0) == 0);
-  CHECK(nf4_tile_rows(10, 64, 256) == 4);
-  CHECK(nf4_tile_rows(10, 1000, 256) == 1);
-  CHECK(nf4_tile_rows(3, 64) == 3);
-  CHECK(nf4_tile_rows(100000, 4096) * 4096 <= kNF4GpuTileElems);
-
-  CHECK(squared_error_chunks(0) == 0);
-  CHECK(squared_error_chunks(1) == 1);
-  CHECK(squared_error_chunks(256) == 1);
-  CHECK(squared_error_chunks(257) == 2);
-}
-
-TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in its budget") {
-  using namespace quant_cuda;
-  alignas(8) static uint8_t bytes[4 * kNF4UnitBytes];
-  const NF4Runs units = nf4_unit_runs(bytes, 4 * 64);
-  CHECK(nf4_use_gemv(1, 128, 2, units));
-  CHECK(nf4_use_gemv(kNF4GemvMaxBatch, 64, 3, units));
-  CHECK_FALSE(nf4_use_gemv(kNF4GemvMaxBatch + 1, 64, 3, units));  // the tiled path
-  CHECK_FALSE(nf4_use_gemv(0, 64, 3, units));
-  CHECK_FALSE(nf4_use_gemv(1, 0, 3, units));
-  CHECK_FALSE(nf4_use_gemv(1, 96, 2, units));  // rows would start inside a run
-  CHECK_FALSE(nf4_use_gemv(1, 64, 2, nf4_unit_runs(bytes + 2, 128)));  // unaligned words
-  const float scales[8] = {};
-  CHECK(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 32)));  // block 32: runs of 32
-  CHECK(nf4_use_gemv(2, 128, 2, nf4_packed_runs(bytes, scales, 256, 128)));
-  CHECK_FALSE(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 64)));
-
-  CHECK(nf4_gemv_plan(0, 64, 8, 4).blocks == 0);
-  CHECK(nf4_gemv_plan(1, 64, 0, 4).blocks == 0);
-  for (int64_t e : {4, 8}) {
-    // Every lane's 8 staged values start on 16 bytes, and the 8 lanes of one
-    // 16-byte load phase start in 8 different bank groups.
-    std::vector<int> seen(8, 0);
-    for (int64_t lane = 0; lane < 8; ++lane) {
-      const int64_t at = nf4_gemv_slot(8 * lane, e) * e;
-      CHECK(at % 16 == 0);
-      ++seen[static_cast<size_t>(at / 16 % 8)];
-    }
-    CHECK(std::count(seen.begin(), seen.end(), 1) == 8);
-    for (int64_t m = 1; m <= kNF4GemvMaxBatch; ++m)
-      for (int64_t k : {64, 256, 320, 4096, 8192, 65536})
-        for (int64_t n : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{8192}, int64_t{1} << 22}) {
-          CAPTURE(e);
-          CAPTURE(m);
-          CAPTURE(k);
-          CAPTURE(n);
-          const NF4GemvPlan p = nf4_gemv_plan(m, k, n, e);
-          CHECK(p.chunk % kNF4GemvStep == 0);
-          CHECK(p.chunk >= kNF4GemvStep);
-          CHECK(p.chunk < k + kNF4GemvStep);  // never more than one partial step past k
-          CHECK(p.smem_bytes == m * nf4_gemv_slot(p.chunk, e) * e);
-          CHECK(p.smem_bytes <= kNF4GemvSmemBytes);
-          CHECK(p.blocks >= 1);
-          CHECK(p.blocks <= kNF4GemvMaxBlocks);
-          CHECK((p.blocks == kNF4GemvMaxBlocks || p.blocks * kNF4GemvBlockRows >= n));
-        }
-  }
-  // One row of x of 8192 f32 values: two passes of at most 32 KiB.
-  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).chunk == 21 * kNF4GemvStep);
-  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
-}
-
-TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {
-  using namespace quant_cuda;
-  alignas(16) static uint8_t bytes[8 * kNF4UnitBytes];
-  alignas(16) static float out[8];
-  const float scales[8] = {};
-  const NF4Runs units = nf4_unit_runs(bytes, 8 * 64);
-  const auto check = [](const NF4DecodeSplit& s, int64_t words, int64_t tail_begin,
-                        int64_t tail_count) {
-    CHECK(s.words == words);
-    CHECK(s.tail_begin == tail_begin);
-    CHECK(s.tail_count == tail_count);
-  };
-  check(nf4_decode_split(units, 0, 512, out), 64, 512, 0);
-  check(nf4_decode_split(units, 64, 203, out), 25, 264, 3);  // a partial last word
-  check(nf4_decode_split(units, 0, 5, out), 0, 0, 5);        // less than a word
-  check(nf4_decode_split(units, 4, 100, out), 0, 4, 100);    // begin inside a word
-  check(nf4_decode_split(units, 0, 64, out + 1), 0, 0, 64);  // output not on 16 bytes
-  check(nf4_decode_split(nf4_unit_runs(bytes + 2, 128), 0, 128, out), 0, 0, 128);  // codes
-  check(nf4_decode_split(nf4_packed_runs(bytes, scales, 96, 32), 0, 96, out), 12, 96, 0);
-  check(nf4_decode_split(units, 0, 0, out), 0, 0, 0);
-  CHECK(nf4_word_aligned(units));
-  CHECK_FALSE(nf4_word_aligned(nf4_packed_runs(bytes + 1, scales, 96, 32)));
-  // A word never straddles two runs, so one scale serves its 8 codes.
-  static_assert(32 % kNF4WordCodes == 0 && 64 % kNF4WordCodes == 0);
-}
-
-TEST_CASE("quant cuda plans: code_statistics' pieces are about sqrt(n) rows, powers of two") {
-  using namespace quant_cuda;
-  CHECK(code_stats_piece_rows(0) == 32);
-  CHECK(code_stats_piece_rows(1000) == 32);
-  CHECK(code_stats_piece_rows(1025) == 64);
-  CHECK(code_stats_piece_rows(65536) == 256);
-  CHECK(code_stats_piece_rows(int64_t{1} << 30) == 1024);  // the cap: 8 KiB of staged keys
-  for (int64_t n : {1, 33, 3136, 100000, 1 << 22}) {
-    const int64_t p = code_stats_piece_rows(n);
-    CHECK((p & (p - 1)) == 0);
-    CHECK((p == 1024 || p * p >= n));
-    CHECK((p == 32 || (p / 2) * (p / 2) < n));
-  }
-  CHECK(code_stats_threads(1) == 32);
-  CHECK(code_stats_threads(64) == 64);
-  CHECK(code_stats_threads(65) == 96);
-  CHECK(code_stats_threads(4096) == 256);
-}
-
-// ---- the CUDA axis: every entry against the CPU table ----
 
 namespace {
 
@@ -310,29 +42,9 @@ bool same_bytes(const Tensor& got, const Tensor& want) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
-// max |got - want| / max(1, max |want|), NaN-aware (NaN matches NaN).
-double max_err(const Tensor& got, const Tensor& want) {
-  const auto a = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
-  const auto b = want.to(DType::f64).to_vector<double>();
-  REQUIRE(a.size() == b.size());
-  double scale = 1, err = 0;
-  for (double v : b) scale = std::max(scale, std::isfinite(v) ? std::fabs(v) : 0.0);
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-    err = std::max(err, std::isnan(a[i] - b[i]) ? kInf : std::fabs(a[i] - b[i]));
-  }
-  return err / scale;
-}
-
 double tol(DType t) { return t == DType::f64 ? 1e-10 : 2e-5; }
 
-const QuantKernelTable& cpu_t() { return quant_cpu::table(); }
 const QuantKernelTable& gpu_t() { return quant_kernels(Device::cuda(0)); }
-
-Tensor random_tensor(const Shape& s, DType t, uint64_t seed) {
-  Generator gen(seed);
-  return randn(s, gen).to(t);
-}
 
 Tensor row_mask(int64_t rows, uint64_t seed) {
   std::vector<uint8_t> v(static_cast<size_t>(rows));
@@ -352,14 +64,14 @@ Tensor cpu_units(const Tensor& x) {
   const int64_t n = x.numel(), runs = (n + 63) / 64;
   Tensor absmax = empty({runs});
   Tensor units = zeros({runs * static_cast<int64_t>(kNF4UnitBytes)}, {.dtype = DType::u8});
-  cpu_t().nf4_absmax(x.data<float>(), n, 64, absmax.data<float>());
+  cpu_quant_table().nf4_absmax(x.data<float>(), n, 64, absmax.data<float>());
   const NF4RunsOut out{.run = 64,
                        .codes = units.data<uint8_t>(),
                        .code_stride = static_cast<int64_t>(kNF4UnitBytes),
                        .pad_runs = true,
                        .scales = units.data<uint8_t>() + kNF4CodeBytes,
                        .scale_stride = static_cast<int64_t>(kNF4UnitBytes)};
-  cpu_t().nf4_encode(x.data<float>(), n, 64, absmax.data<float>(), absmax.data<float>(), out);
+  cpu_quant_table().nf4_encode(x.data<float>(), n, 64, absmax.data<float>(), absmax.data<float>(), out);
   return units;
 }
 
@@ -381,7 +93,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
           x.data<double>()[5 * d] = kNaN;
         Tensor want = empty({n}, {.dtype = DType::i64});
         Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
-        cpu_t().nearest_codes(dt, x.raw_data(), c.raw_data(), n, 2 * k, d, cosine,
+        cpu_quant_table().nearest_codes(dt, x.raw_data(), c.raw_data(), n, 2 * k, d, cosine,
                               want.data<int64_t>());
         gpu_t().nearest_codes(dt, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, 2 * k, d, cosine,
                               testing::dev<int64_t>(got));
@@ -394,7 +106,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
   Tensor x = random_tensor({n, d}, DType::f32, 3), c = random_tensor({k, d}, DType::f32, 4);
   Tensor want = empty({n}, {.dtype = DType::i64});
   Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
-  cpu_t().nearest_codes(DType::f32, x.raw_data(), c.raw_data(), n, k, d, false,
+  cpu_quant_table().nearest_codes(DType::f32, x.raw_data(), c.raw_data(), n, k, d, false,
                         want.data<int64_t>());
   gpu_t().nearest_codes(DType::f32, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, k, d, false,
                         testing::dev<int64_t>(got));
@@ -418,7 +130,7 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       Tensor want = empty({2}, {.dtype = DType::f64});
       Tensor got = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
       Tensor again = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
-      cpu_t().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d, want.data<double>());
+      cpu_quant_table().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d, want.data<double>());
       gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
                             testing::dev<double>(got));
       gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
@@ -433,7 +145,7 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       const Tensor gscale = on_gpu(scale);
       Tensor gwant = empty({rows, d}, {.dtype = dt});
       Tensor ggot = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_t().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, scale.data<double>(),
+      cpu_quant_table().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, scale.data<double>(),
                                  gwant.raw_data());
       gpu_t().squared_error_grad(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
                                  testing::dev<double>(gscale), ggot.raw_data());
@@ -453,7 +165,7 @@ TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU
         const Tensor coef = scalar(0.5, {.dtype = DType::f64}), gcoef = on_gpu(coef);
         Tensor want = empty({rows, d}, {.dtype = dt});
         Tensor got = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_t().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
+        cpu_quant_table().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
                            masked ? valid.data<uint8_t>() : nullptr, coef.data<double>(), rows, d,
                            want.raw_data());
         gpu_t().route_grad(rotation, dt, on_gpu(x).raw_data(), on_gpu(q).raw_data(),
@@ -471,7 +183,7 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
       Tensor table = random_tensor({20, 7}, dt, 12), src = random_tensor({4, 7}, dt, 13);
       Tensor at = from_vector<int64_t>({3, -1, 11, 0}, {4});  // -1: skipped
       Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
-      cpu_t().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 4,
+      cpu_quant_table().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 4,
                        with_src ? src.raw_data() : nullptr, 1.5);
       gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 4,
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
@@ -479,108 +191,6 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
     }
 }
 
-TEST_CASE("quant functors: the entropy walk's insertion sort is a stable sort by magnitude") {
-  std::mt19937 rng(5);
-  for (int64_t d : {1, 2, 7, 16, 64}) {
-    std::vector<double> a(static_cast<size_t>(d));
-    for (double& v : a) v = double(rng() % 6) * 0.5;  // many ties
-    std::vector<int64_t> got(a.size()), want(a.size());
-    quant::fn::order_by_magnitude(a.data(), d, got.data());
-    std::iota(want.begin(), want.end(), int64_t{0});
-    std::stable_sort(want.begin(), want.end(), [&](int64_t i, int64_t j) { return a[i] < a[j]; });
-    CHECK(got == want);
-  }
-}
-
-// What code_statistics.cu does, on the CPU: the keys sorted stably, every
-// piece walked for every column, then the spanning codes combined.
-namespace {
-
-template <class T>
-void pieces_on_cpu(const std::vector<int64_t>& idx, const T* x, int64_t k, int64_t d, int64_t P,
-                   std::vector<T>& counts, std::vector<T>& sums, std::vector<int>& writes) {
-  const int64_t n = static_cast<int64_t>(idx.size());
-  std::vector<int32_t> rows(static_cast<size_t>(n)), keys(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
-  const auto key_of = [&](int64_t i) {
-    return static_cast<int32_t>(idx[i] >= 0 && idx[i] < k ? idx[i] : k);
-  };
-  std::stable_sort(rows.begin(), rows.end(),
-                   [&](int32_t a, int32_t b) { return key_of(a) < key_of(b); });
-  for (int64_t t = 0; t < n; ++t) keys[t] = key_of(rows[t]);
-  const int64_t pieces = (n + P - 1) / P;
-  std::vector<T> head(static_cast<size_t>(pieces * d)), tail(static_cast<size_t>(pieces * d));
-  sums.assign(static_cast<size_t>(k * d), T(-12345));
-  writes.assign(static_cast<size_t>(k * d), 0);
-  for (int64_t j = 0; j < pieces; ++j) {
-    const int64_t p0 = j * P, len = std::min(P, n - p0);
-    const bool from_before = p0 > 0 && keys[p0 - 1] == keys[p0];
-    const bool into_next = p0 + len < n && keys[p0 + len] == keys[p0 + len - 1];
-    for (int64_t e = 0; e < d; ++e)
-      quant::fn::walk_piece(keys.data() + p0, rows.data() + p0, len, from_before, into_next, x, d,
-                            e, k, [&](quant::fn::PiecePart part, int32_t c, T acc) {
-                              if (part == quant::fn::PiecePart::head) head[j * d + e] = acc;
-                              if (part == quant::fn::PiecePart::tail) tail[j * d + e] = acc;
-                              if (part == quant::fn::PiecePart::whole) {
-                                sums[c * d + e] = acc;
-                                ++writes[c * d + e];
-                              }
-                            });
-  }
-  counts.assign(static_cast<size_t>(k), T(0));
-  for (int64_t c = 0; c < k; ++c) {
-    const int64_t s = std::lower_bound(keys.begin(), keys.end(), c) - keys.begin();
-    const int64_t end = std::lower_bound(keys.begin(), keys.end(), c + 1) - keys.begin();
-    counts[c] = static_cast<T>(end - s);
-    for (int64_t e = 0; e < d; ++e) {
-      if (s == end) {
-        sums[c * d + e] = T(0);
-        ++writes[c * d + e];
-      } else if (quant::fn::spans_pieces(s, end, P)) {
-        sums[c * d + e] = quant::fn::combine_code(s, end, P, head.data(), tail.data(), d, e);
-        ++writes[c * d + e];
-      }
-    }
-  }
-}
-
-}  // namespace
-
-TEST_CASE("quant functors: code_statistics' piece walk gives every code's count and sum once") {
-  struct Case {
-    int64_t n, k, d, P;
-  };
-  for (Case c : {Case{1, 1, 1, 32}, Case{5, 3, 2, 32}, Case{1000, 16, 3, 32}, Case{1000, 16, 3, 4},
-                 Case{3136, 512, 4, 64}, Case{5000, 8, 2, 32}, Case{5000, 8, 2, 1},
-                 Case{4000, 9, 3, 7}, Case{777, 40, 5, 16}}) {
-    // 0: random codes, some outside [0, k); 1: every row on one code; 2: a few codes
-    for (int pattern : {0, 1, 2}) {
-      INFO("n ", c.n, " k ", c.k, " d ", c.d, " P ", c.P, " pattern ", pattern);
-      std::vector<int64_t> idx(static_cast<size_t>(c.n));
-      std::mt19937_64 rng(static_cast<uint64_t>(c.n * 7 + c.P + pattern));
-      for (auto& v : idx) {
-        v = pattern == 1   ? 3 % c.k
-            : pattern == 2 ? int64_t(rng() % 3) * (c.k / 3)
-                           : int64_t(rng() % static_cast<uint64_t>(c.k + 1)) - (rng() % 50 == 0);
-      }
-      const Tensor x = random_tensor({c.n, c.d}, DType::f64, 41);
-      std::vector<double> counts, sums;
-      std::vector<int> writes;
-      pieces_on_cpu(idx, x.data<double>(), c.k, c.d, c.P, counts, sums, writes);
-      CHECK(std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; }));
-      // Against the CPU entry (which counts an index outside [0, k) nowhere, as the walk does).
-      Tensor want_counts = empty({c.k}, {.dtype = DType::f64});
-      Tensor want_sums = empty({c.k, c.d}, {.dtype = DType::f64});
-      cpu_t().code_statistics(DType::f64, idx.data(), x.raw_data(), c.n, c.k, c.d,
-                              want_counts.raw_data(), want_sums.raw_data());
-      CHECK(counts == want_counts.to_vector<double>());
-      CHECK(max_err(from_vector<double>(sums, {c.k, c.d}), want_sums) <= 1e-12);
-      // One piece holds everything: the CPU's order, bit for bit.
-      pieces_on_cpu(idx, x.data<double>(), c.k, c.d, c.n, counts, sums, writes);
-      CHECK(sums == want_sums.to_vector<double>());
-    }
-  }
-}
 
 TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, same bits every run") {
   SKIP_WITHOUT_GPU();
@@ -601,7 +211,7 @@ TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, sam
     for (DType dt : {DType::f32, DType::f64}) {
       const Tensor x = random_tensor({c.n, c.d}, dt, 31);
       Tensor counts = empty({c.k}, {.dtype = dt}), sums = empty({c.k, c.d}, {.dtype = dt});
-      cpu_t().code_statistics(dt, idx.data<int64_t>(), x.raw_data(), c.n, c.k, c.d,
+      cpu_quant_table().code_statistics(dt, idx.data<int64_t>(), x.raw_data(), c.n, c.k, c.d,
                               counts.raw_data(), sums.raw_data());
       const Tensor gidx = on_gpu(idx), gx = on_gpu(x);
       Tensor bytes[2][2];
@@ -638,13 +248,13 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
       Tensor go = random_tensor({rows, n}, dt, 15);
       Tensor want = empty({rows, n}, {.dtype = dt});
       Tensor got = empty({rows, n}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_t().bit_product(dt, pi.raw_data(), rows, k, want.raw_data());
+      cpu_quant_table().bit_product(dt, pi.raw_data(), rows, k, want.raw_data());
       gpu_t().bit_product(dt, on_gpu(pi).raw_data(), rows, k, got.raw_data());
       INFO(dtype_name(dt), " k ", k);
       CHECK(same_bytes(got, want));  // the same multiplications in the same order
       Tensor gwant = zeros({rows, k, 2}, {.dtype = dt});
       Tensor ggot = zeros({rows, k, 2}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_t().bit_product_grad(dt, pi.raw_data(), go.raw_data(), rows, k, gwant.raw_data());
+      cpu_quant_table().bit_product_grad(dt, pi.raw_data(), go.raw_data(), rows, k, gwant.raw_data());
       gpu_t().bit_product_grad(dt, on_gpu(pi).raw_data(), on_gpu(go).raw_data(), rows, k,
                                ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
@@ -662,7 +272,7 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
       Tensor h = empty({rows}, {.dtype = DType::f64}), g = empty({rows, d}, {.dtype = DType::f64});
       Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
       Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
-      cpu_t().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
+      cpu_quant_table().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
       gpu_t().clamped_entropy(testing::dev<double>(on_gpu(z)), rows, d, testing::dev<double>(gh),
                               testing::dev<double>(gg));
       if (d > quant_cuda::kEntropyWalkMaxBits) {
@@ -687,13 +297,13 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
     const int64_t blocks = (n + block - 1) / block, run = std::min<int64_t>(block, 64);
     Tensor absmax = empty({blocks});
     Tensor gabs = empty({blocks}, {.device = Device::cuda(0)});
-    cpu_t().nf4_absmax(x.data<float>(), n, block, absmax.data<float>());
+    cpu_quant_table().nf4_absmax(x.data<float>(), n, block, absmax.data<float>());
     gpu_t().nf4_absmax(testing::dev<float>(gx), n, block, testing::dev<float>(gabs));
     REQUIRE(same_bytes(gabs, absmax));
     // bitsandbytes' layout: packed codes, scales apart.
     Tensor packed = zeros({(n + 1) / 2}, {.dtype = DType::u8});
     Tensor gpacked = zeros({(n + 1) / 2}, {.dtype = DType::u8, .device = Device::cuda(0)});
-    cpu_t().nf4_encode(
+    cpu_quant_table().nf4_encode(
         x.data<float>(), n, block, absmax.data<float>(), absmax.data<float>(),
         {.run = run, .codes = packed.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
     gpu_t().nf4_encode(testing::dev<float>(gx), n, block, testing::dev<float>(gabs),
@@ -709,7 +319,7 @@ TEST_CASE("quant cuda: NF4 absmax, codes and values are the CPU's bytes") {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       Tensor want = empty({n}, {.dtype = dt});
       Tensor got = empty({n}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_t().nf4_decode(w, dt, want.raw_data());
+      cpu_quant_table().nf4_decode(w, dt, want.raw_data());
       gpu_t().nf4_decode(gw, dt, got.raw_data());
       CHECK(same_bytes(got, want));
     }
@@ -745,7 +355,7 @@ TEST_CASE("quant cuda: nf4_decode by words and by elements writes the CPU's valu
         INFO("n ", n, " ", dtype_name(dt), " output shifted by ", shift);
         Tensor want = empty({n}, {.dtype = dt});
         Tensor got = empty({n + shift}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_t().nf4_decode(w, dt, want.raw_data());
+        cpu_quant_table().nf4_decode(w, dt, want.raw_data());
         gpu_t().nf4_decode(gw, dt, got.narrow(0, shift, n).raw_data());
         CHECK(same_bytes(got.narrow(0, shift, n), want));
       }
@@ -772,7 +382,7 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         Tensor x = random_tensor({s.m, s.k}, dt, 19), bias = random_tensor({s.n}, dt, 20);
         Tensor want = empty({s.m, s.n}, {.dtype = dt});
         Tensor got = empty({s.m, s.n}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_t().nf4_linear(dt, x.raw_data(), s.m, s.k, w, dd, s.n, bias.raw_data(),
+        cpu_quant_table().nf4_linear(dt, x.raw_data(), s.m, s.k, w, dd, s.n, bias.raw_data(),
                            want.raw_data());
         gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), s.m, s.k, gw, dd, s.n, on_gpu(bias).raw_data(),
                            got.raw_data());
@@ -780,7 +390,7 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         Tensor g = random_tensor({s.m, s.n}, dt, 21);
         Tensor dwant = empty({s.m, s.k}, {.dtype = dt});
         Tensor dgot = empty({s.m, s.k}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_t().nf4_linear_grad(dt, g.raw_data(), s.m, s.n, w, dd, s.k, dwant.raw_data());
+        cpu_quant_table().nf4_linear_grad(dt, g.raw_data(), s.m, s.n, w, dd, s.k, dwant.raw_data());
         gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data());
         CHECK(max_err(dgot, dwant) <= 10 * tol(dt));
       }
@@ -818,8 +428,8 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
       const int64_t n = c.n * c.k, run = std::min<int64_t>(c.block, 64);
       scales = empty({(n + c.block - 1) / c.block});
       codes = zeros({(n + 1) / 2}, {.dtype = DType::u8});
-      cpu_t().nf4_absmax(wf.data<float>(), n, c.block, scales.data<float>());
-      cpu_t().nf4_encode(
+      cpu_quant_table().nf4_absmax(wf.data<float>(), n, c.block, scales.data<float>());
+      cpu_quant_table().nf4_encode(
           wf.data<float>(), n, c.block, scales.data<float>(), scales.data<float>(),
           {.run = run, .codes = codes.data<uint8_t>(), .code_stride = run / 2, .pad_runs = false});
     }
@@ -847,7 +457,7 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
           Tensor want = empty({c.m, c.n}, {.dtype = dt});
           Tensor got = empty({c.m, c.n}, {.dtype = dt, .device = Device::cuda(0)});
           Tensor tiled = empty({mt, c.n}, {.dtype = dt, .device = Device::cuda(0)});
-          cpu_t().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b, want.raw_data());
+          cpu_quant_table().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b, want.raw_data());
           gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data());
           gpu_t().nf4_linear(dt, on_gpu(xt).raw_data(), mt, c.k, gw, dd, c.n, gb, tiled.raw_data());
           CHECK(max_err(got, want) <= 10 * tol(dt));

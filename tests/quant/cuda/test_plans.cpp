@@ -1,0 +1,137 @@
+// The CUDA quantizer kernels' host-side plans (quant/cuda/plans.h): tile
+// sizes within their budgets, covering the work, on the CPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "quant/cuda/plans.h"
+#include "quant/kernels/code_stats_pieces.h"
+
+using namespace quanta;
+using namespace quanta::quant;
+
+TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work") {
+  using namespace quant_cuda;
+  CHECK(nearest_tiles(0, 5).rows == 0);
+  CHECK(nearest_tiles(5, 0).codes == 0);
+  const NearestTiles small = nearest_tiles(100, 50, 1000);
+  CHECK(small.codes == 50);
+  CHECK(small.rows == 20);
+  const NearestTiles big = nearest_tiles(10, 5000, 1000);
+  CHECK(big.codes == 1000);
+  CHECK(big.rows == 1);
+  const NearestTiles wide = nearest_tiles(8192, 16384);
+  CHECK(wide.codes == kNearestMaxCodes);
+  CHECK(wide.rows * wide.codes <= kNearestTileElems);
+  CHECK(nearest_tiles(3, 10).rows == 3);
+
+  CHECK(nf4_tile_rows(0, 64) == 0);
+  CHECK(nf4_tile_rows(10, 0) == 0);
+  CHECK(nf4_tile_rows(10, 64, 256) == 4);
+  CHECK(nf4_tile_rows(10, 1000, 256) == 1);
+  CHECK(nf4_tile_rows(3, 64) == 3);
+  CHECK(nf4_tile_rows(100000, 4096) * 4096 <= kNF4GpuTileElems);
+
+  CHECK(squared_error_chunks(0) == 0);
+  CHECK(squared_error_chunks(1) == 1);
+  CHECK(squared_error_chunks(256) == 1);
+  CHECK(squared_error_chunks(257) == 2);
+}
+
+TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in its budget") {
+  using namespace quant_cuda;
+  alignas(8) static uint8_t bytes[4 * kNF4UnitBytes];
+  const NF4Runs units = nf4_unit_runs(bytes, 4 * 64);
+  CHECK(nf4_use_gemv(1, 128, 2, units));
+  CHECK(nf4_use_gemv(kNF4GemvMaxBatch, 64, 3, units));
+  CHECK_FALSE(nf4_use_gemv(kNF4GemvMaxBatch + 1, 64, 3, units));  // the tiled path
+  CHECK_FALSE(nf4_use_gemv(0, 64, 3, units));
+  CHECK_FALSE(nf4_use_gemv(1, 0, 3, units));
+  CHECK_FALSE(nf4_use_gemv(1, 96, 2, units));  // rows would start inside a run
+  CHECK_FALSE(nf4_use_gemv(1, 64, 2, nf4_unit_runs(bytes + 2, 128)));  // unaligned words
+  const float scales[8] = {};
+  CHECK(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 32)));  // block 32: runs of 32
+  CHECK(nf4_use_gemv(2, 128, 2, nf4_packed_runs(bytes, scales, 256, 128)));
+  CHECK_FALSE(nf4_use_gemv(2, 96, 2, nf4_packed_runs(bytes, scales, 192, 64)));
+
+  CHECK(nf4_gemv_plan(0, 64, 8, 4).blocks == 0);
+  CHECK(nf4_gemv_plan(1, 64, 0, 4).blocks == 0);
+  for (int64_t e : {4, 8}) {
+    // Every lane's 8 staged values start on 16 bytes, and the 8 lanes of one
+    // 16-byte load phase start in 8 different bank groups.
+    std::vector<int> seen(8, 0);
+    for (int64_t lane = 0; lane < 8; ++lane) {
+      const int64_t at = nf4_gemv_slot(8 * lane, e) * e;
+      CHECK(at % 16 == 0);
+      ++seen[static_cast<size_t>(at / 16 % 8)];
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 8);
+    for (int64_t m = 1; m <= kNF4GemvMaxBatch; ++m)
+      for (int64_t k : {64, 256, 320, 4096, 8192, 65536})
+        for (int64_t n : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{8192}, int64_t{1} << 22}) {
+          CAPTURE(e);
+          CAPTURE(m);
+          CAPTURE(k);
+          CAPTURE(n);
+          const NF4GemvPlan p = nf4_gemv_plan(m, k, n, e);
+          CHECK(p.chunk % kNF4GemvStep == 0);
+          CHECK(p.chunk >= kNF4GemvStep);
+          CHECK(p.chunk < k + kNF4GemvStep);  // never more than one partial step past k
+          CHECK(p.smem_bytes == m * nf4_gemv_slot(p.chunk, e) * e);
+          CHECK(p.smem_bytes <= kNF4GemvSmemBytes);
+          CHECK(p.blocks >= 1);
+          CHECK(p.blocks <= kNF4GemvMaxBlocks);
+          CHECK((p.blocks == kNF4GemvMaxBlocks || p.blocks * kNF4GemvBlockRows >= n));
+        }
+  }
+  // One row of x of 8192 f32 values: two passes of at most 32 KiB.
+  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).chunk == 21 * kNF4GemvStep);
+  CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
+}
+
+TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {
+  using namespace quant_cuda;
+  alignas(16) static uint8_t bytes[8 * kNF4UnitBytes];
+  alignas(16) static float out[8];
+  const float scales[8] = {};
+  const NF4Runs units = nf4_unit_runs(bytes, 8 * 64);
+  const auto check = [](const NF4DecodeSplit& s, int64_t words, int64_t tail_begin,
+                        int64_t tail_count) {
+    CHECK(s.words == words);
+    CHECK(s.tail_begin == tail_begin);
+    CHECK(s.tail_count == tail_count);
+  };
+  check(nf4_decode_split(units, 0, 512, out), 64, 512, 0);
+  check(nf4_decode_split(units, 64, 203, out), 25, 264, 3);  // a partial last word
+  check(nf4_decode_split(units, 0, 5, out), 0, 0, 5);        // less than a word
+  check(nf4_decode_split(units, 4, 100, out), 0, 4, 100);    // begin inside a word
+  check(nf4_decode_split(units, 0, 64, out + 1), 0, 0, 64);  // output not on 16 bytes
+  check(nf4_decode_split(nf4_unit_runs(bytes + 2, 128), 0, 128, out), 0, 0, 128);  // codes
+  check(nf4_decode_split(nf4_packed_runs(bytes, scales, 96, 32), 0, 96, out), 12, 96, 0);
+  check(nf4_decode_split(units, 0, 0, out), 0, 0, 0);
+  CHECK(nf4_word_aligned(units));
+  CHECK_FALSE(nf4_word_aligned(nf4_packed_runs(bytes + 1, scales, 96, 32)));
+  // A word never straddles two runs, so one scale serves its 8 codes.
+  static_assert(32 % kNF4WordCodes == 0 && 64 % kNF4WordCodes == 0);
+}
+
+TEST_CASE("quant cuda plans: code_statistics' pieces are about sqrt(n) rows, powers of two") {
+  using namespace quant_cuda;
+  CHECK(code_stats_piece_rows(0) == 32);
+  CHECK(code_stats_piece_rows(1000) == 32);
+  CHECK(code_stats_piece_rows(1025) == 64);
+  CHECK(code_stats_piece_rows(65536) == 256);
+  CHECK(code_stats_piece_rows(int64_t{1} << 30) == 1024);  // the cap: 8 KiB of staged keys
+  for (int64_t n : {1, 33, 3136, 100000, 1 << 22}) {
+    const int64_t p = code_stats_piece_rows(n);
+    CHECK((p & (p - 1)) == 0);
+    CHECK((p == 1024 || p * p >= n));
+    CHECK((p == 32 || (p / 2) * (p / 2) < n));
+  }
+  CHECK(code_stats_threads(1) == 32);
+  CHECK(code_stats_threads(64) == 64);
+  CHECK(code_stats_threads(65) == 96);
+  CHECK(code_stats_threads(4096) == 256);
+}
