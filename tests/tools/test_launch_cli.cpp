@@ -322,8 +322,10 @@ TEST_CASE("quanta finetune and train --task classify restarted: they continue fr
     CHECK(contains(r.out, std::string("[rank 0] restart ") + restart + ": the run in " + clf +
                               " is complete (its checkpoint is at its last step, 5); nothing "
                               "left to train\n"));
-  CHECK(contains(r.out, "[rank 0] restart 2 of 2: the run in " + lora +
-                            " is complete; nothing left to fine-tune\n"));
+  CHECK(contains(
+      r.out,
+      "[rank 0] restart 2 of 2: the run in " + lora +
+          " is complete (its checkpoint is at its last step, 3); nothing left to fine-tune\n"));
   CHECK(fs::exists(lora + "/adapters.safetensors"));
 }
 

@@ -58,10 +58,9 @@ using nlohmann::json;
 
 inline constexpr const char* kAdaptersFile = "adapters.safetensors";
 inline constexpr const char* kMergedFile = "merged.safetensors";
-// What a fine-tune writes in --out, and how a refused one can go on.
+// What a fine-tune writes in --out.
 const std::vector<std::string> kRunFiles = {train::kCheckpointFile, train::kMetricsFile,
                                             kAdaptersFile, kMergedFile};
-constexpr const char* kWaysOn = "continue it with --resume, or replace it with --overwrite";
 inline constexpr const char* kAdaptersFormat = "quanta-lora-1";
 // The mid-run checkpoint in --out (train/checkpoint.h's layout; its model
 // tensors are the adapters only: the base is the input checkpoint's).
@@ -199,62 +198,6 @@ QLoraModel load_classifier(const std::string& path, const data::ImageDataset& te
   // caller wraps every layer in LoRA adapters.
   for (auto& [name, base] : nf4) q.model->replace_module(name, base);
   return q;
-}
-
-// What the command does with --out, decided before --nproc starts the ranks
-// (and again by every rank before the process group forms, so before rank 0
-// writes): refuse a folder that holds a run, or continue the run there
-// (--resume, or a restart by the launcher job that wrote it).
-struct OutputPlan {
-  train::LaunchRestarts restarts;
-  train::RestartPlan plan = train::RestartPlan::first_start;
-  bool resume = false;
-  bool done = false;  // a restart found the run complete: nothing to do
-};
-
-OutputPlan plan_output(const FinetuneOptions& o, const RunSpec& spec) {
-  // An input kept in --out under one of the names a fine-tune writes there
-  // would be replaced by the fine-tune's own file.
-  for (const std::string& file : spec.files)
-    refuse_output_over_input("--out", train::out_file(o.out, file.c_str()), spec.inputs);
-  OutputPlan p;
-  p.resume = o.resume;
-  try {
-    if (o.resume && o.overwrite)
-      throw std::invalid_argument(
-          "--resume continues the run in --out, --overwrite replaces it: give one");
-    p.restarts = train::launch_restarts_from_env();
-    p.plan = train::restart_plan(o.out, p.restarts, train::kCheckpointFile);
-    if (!o.resume && !o.overwrite && p.plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(o.out, spec.files, kWaysOn);
-    if (!p.resume && p.plan != train::RestartPlan::resume) return p;
-    const train::Checkpoint ck = train::load_checkpoint(
-        train::out_file(o.out, train::kCheckpointFile), spec.checkpoint_format);
-    const json& now = spec.config;
-    std::string diff = train::resume_conflict(ck.info.config, now);
-    if (diff.empty() && ck.info.config.value("base", "") != now["base"].get<std::string>())
-      diff = "base: checkpoint " + ck.info.config.value("base", "") + ", now " +
-             now["base"].get<std::string>();
-    if (!diff.empty())
-      throw std::invalid_argument("--resume cannot change the run it continues (" + diff + ")");
-    if (p.plan != train::RestartPlan::resume) return p;
-    // The outputs come after the last checkpoint: a complete run whose
-    // adapters were not written yet fine-tunes again.
-    const bool complete = ck.info.step >= o.steps;
-    p.done = complete && fs::exists(fs::path(o.out) / spec.done_marker);
-    p.resume = !complete;
-    if (is_rank_zero())
-      std::cout << train::restart_text(p.restarts)
-                << (p.done     ? ": the run in " + o.out + " is complete; nothing left to fine-tune"
-                    : complete ? ": the run in " + o.out + " has no " + spec.done_marker +
-                                     " yet; fine-tuning again from the start"
-                               : ": resuming the run in " + o.out + " from its checkpoint (step " +
-                                     std::to_string(ck.info.step) + ")")
-                << "\n";
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  return p;
 }
 
 // The data folder: --data, else the one the classifier was trained on.
@@ -424,47 +367,6 @@ std::string write_merged(const FinetuneOptions& o, const QLoraModel& q,
          percent(info.results["test_accuracy"].get<double>()) + ")";
 }
 
-}  // namespace
-
-std::string with_commas(uint64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string s;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
-std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
-  const OutputPlan out = plan_output(o, spec);
-  if (out.done) return std::nullopt;
-  const bool rank_zero = is_rank_zero();
-  if (out.plan == train::RestartPlan::start_again && rank_zero)
-    std::cout << train::restart_text(out.restarts) << ": " << o.out
-              << " holds no checkpoint of this run yet; fine-tuning again from step 0\n";
-  apply_dist_timeout(o.dist_timeout);
-  if (o.nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(o.nproc));
-  StartedRun run;
-  run.resume = out.resume;
-  if (rank_zero) {
-    try {
-      run.folder = train::take_run_folder(
-          o.out, !o.resume && !o.overwrite && out.plan == train::RestartPlan::first_start,
-          spec.files, kWaysOn, out.restarts.max > 0 ? out.restarts.run_id : "");
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-  }
-  run.device = device_flag(o.device);
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  if (spec.check_inputs) spec.check_inputs();
-  run.group = dist::init();
-  return run;
-}
-
-namespace {
-
 void run_finetune(const FinetuneOptions& o) {
   RunSpec spec;
   spec.files = kRunFiles;
@@ -527,38 +429,6 @@ void run_finetune(const FinetuneOptions& o) {
 }
 
 }  // namespace
-
-void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>& given) {
-  const bool lm = !o.model.empty();
-  if (lm && !o.checkpoint.empty())
-    throw UsageError("give a classifier CHECKPOINT or --model DIR (a language model), not both");
-  if (!lm && o.checkpoint.empty())
-    throw UsageError(
-        "give a classifier CHECKPOINT, or --model DIR and --data FILE for a "
-        "language model");
-  static const std::vector<const char*> kLmOnly = {"--eval-data",     "--merge-to",
-                                                   "--seq-len",       "--grad-accum",
-                                                   "--warmup-steps",  "--eval-every",
-                                                   "--weight-decay",  "--max-grad-norm",
-                                                   "--lr-schedule",   "--target-modules",
-                                                   "--compute-dtype", "--use-rslora",
-                                                   "--pack",          "--train-on-completions-only",
-                                                   "--recompute",     "--shard"};
-  static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
-                                                           "--merge"};
-  for (const char* flag : lm ? kClassifierOnly : kLmOnly)
-    if (given(flag))
-      throw UsageError(std::string(flag) +
-                       (lm ? " is for the classifier of quanta train, not --model"
-                           : " is for a language model (--model DIR)"));
-  // The classifier's defaults are the library's LoRA ones; a language
-  // model's are QLoRA's usual recipe.
-  if (o.steps < 0) o.steps = lm ? 0 : 300;  // 0: one epoch, known once the data is read
-  if (o.batch_size < 0) o.batch_size = lm ? 4 : 128;
-  if (o.lr < 0) o.lr = lm ? 2e-4 : 1e-3;
-  if (o.lora_dropout < 0) o.lora_dropout = lm ? 0.05 : quant::LoRAOptions{}.dropout;
-  if (o.log_every < 0) o.log_every = lm ? 10 : 50;
-}
 
 void add_finetune(CLI::App& app) {
   auto o = std::make_shared<FinetuneOptions>();

@@ -20,6 +20,7 @@
 #include "flag_checks.h"
 #include "quanta_config.h"
 #include "relaunch.h"
+#include "run_start.h"
 #include "train/checkpoint.h"
 #include "train/classify.h"
 #include "train/config.h"
@@ -31,9 +32,6 @@
 
 namespace quanta::cli {
 namespace {
-
-// How a refused run can go on (train::refuse_to_replace_run).
-constexpr const char* kWaysOn = "continue it with --resume, or replace it with --overwrite";
 
 using nlohmann::json;
 
@@ -70,77 +68,40 @@ CLI::Option* add_override(CLI::App* sub, TrainFlags& f, const std::string& flag,
   return opt;
 }
 
-// Says what a restart by the launcher does with `out` (plan resume or
-// start_again); true when there is nothing left to do: the checkpoint is at
-// the run's last step already (the failure came after it, at exit say), as
-// `complete(step, epoch, config)` tells from the checkpoint's step, epoch and
-// config (its header is read once, here).
-using CompleteFn = std::function<bool(int64_t, int64_t, const json&)>;
-bool announce_restart(train::RestartPlan plan, const train::LaunchRestarts& restarts,
-                      const std::string& out, const CompleteFn& complete, bool lead) {
-  if (plan == train::RestartPlan::start_again) {
-    if (lead)
-      std::cout << train::restart_text(restarts) << ": " << out
-                << " holds no checkpoint of this run yet; training again from step 0\n";
-    return false;
-  }
-  if (plan != train::RestartPlan::resume) return false;
-  int64_t step = -1, epoch = -1;
-  json config;
-  try {
-    const auto meta =
-        io::read_safetensors_header(train::out_file(out, train::kCheckpointFile)).metadata;
-    step = std::stoll(meta.at("step"));
-    epoch = std::stoll(meta.at("epoch"));
-    config = json::parse(meta.at("config"));
-  } catch (const std::exception&) {
-    step = -1;  // unreadable: loading it names the problem
-  }
-  if (step >= 0 && complete(step, epoch, config)) {
-    if (lead)
-      std::cout << train::restart_text(restarts) << ": the run in " << out
-                << " is complete (its checkpoint is at its last step, " << step
-                << "); nothing left to train\n";
-    return true;
-  }
-  if (lead)
-    std::cout << train::restart_text(restarts) << ": resuming the run in " << out
-              << " from its checkpoint (step " << step << ")\n";
-  return false;
-}
-
 // A checkpoint's epoch is step / steps-per-epoch, so an --epochs run is
 // complete exactly when that reaches --epochs (no need to count the data).
 bool run_complete(int64_t steps, int64_t epochs, int64_t step, int64_t epoch) {
   return steps > 0 ? step >= steps : epoch >= epochs;
 }
 
+// The --out policy of a run of quanta train (run_start.h).
+RunRequest run_request(const TrainFlags& f, const std::string& out) {
+  return {.out = out,
+          .out_given = !f.out.empty(),
+          .resume = f.resume,
+          .overwrite = f.overwrite,
+          .dry = f.print_config,
+          .files = {train::kCheckpointFile, train::kMetricsFile}};
+}
+
 // `quanta train --task classify`: the same folder rules as the VQ-VAE's.
-void run_train_classify(const TrainFlags& f, const json& layer, const std::string& out,
-                        const train::LaunchRestarts& restarts, bool lead) {
+void run_train_classify(const TrainFlags& f, const json& layer, const std::string& out) {
   if (!f.config_file.empty()) throw UsageError("--task classify takes no --config");
+  RunRequest request = run_request(f, out);
+  // Complete: the flags' --steps / --epochs, else the checkpoint's steps.
+  request.complete = [&](int64_t step, int64_t epoch, const json& ck_config) {
+    const int64_t steps = layer.contains("steps") ? layer["steps"].get<int64_t>() : 0;
+    const int64_t epochs = layer.contains("epochs") ? layer["epochs"].get<int64_t>() : 0;
+    if (steps > 0 || epochs > 0) return run_complete(steps, epochs, step, epoch);
+    return ck_config.contains("steps") && step >= ck_config["steps"].get<int64_t>();
+  };
+  RunStart start(std::move(request));
+  if (start.finished()) return;
   try {
-    const train::RestartPlan plan =
-        f.print_config ? train::RestartPlan::first_start
-                       : train::restart_plan(out, restarts, train::kCheckpointFile);
-    const bool resume = f.resume || plan == train::RestartPlan::resume;
-    if (!f.print_config && !resume && !f.overwrite && plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile}, kWaysOn);
-    // Complete: the flags' --steps / --epochs, else the checkpoint's steps.
-    auto complete = [&](int64_t step, int64_t epoch, const json& ck_config) {
-      const int64_t steps = layer.contains("steps") ? layer["steps"].get<int64_t>() : 0;
-      const int64_t epochs = layer.contains("epochs") ? layer["epochs"].get<int64_t>() : 0;
-      if (steps > 0 || epochs > 0) return run_complete(steps, epochs, step, epoch);
-      return ck_config.contains("steps") && step >= ck_config["steps"].get<int64_t>();
-    };
-    if (announce_restart(plan, restarts, out, complete, lead)) return;
     train::RunFolderLock folder;
-    if (!f.print_config && lead)
-      folder = train::take_run_folder(
-          out, !resume && !f.overwrite && plan == train::RestartPlan::first_start,
-          {train::kCheckpointFile, train::kMetricsFile}, kWaysOn,
-          restarts.max > 0 ? restarts.run_id : "");
-    train::run_classify_command(layer, {out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION},
+    if (!f.print_config) folder = start.take(1, "");
+    train::run_classify_command(layer,
+                                {out, start.resume(), ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION},
                                 f.print_config, std::cout);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
@@ -157,31 +118,17 @@ std::string default_out_dir() {
 void run_train(const TrainFlags& f) {
   json layer = json::object();
   for (const auto& apply : f.apply) apply(layer);
-  if (f.resume && f.out.empty())
-    throw UsageError("--resume needs --out DIR, the folder of the run to continue");
-  if (f.resume && f.overwrite)
-    throw UsageError("--resume continues the run in --out, --overwrite replaces it: give one");
-  train::LaunchRestarts restarts;
-  try {
-    restarts = train::launch_restarts_from_env();
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  // A restart finds the run it continues through --out; the default folder
-  // is named after each start's time, so the restart would not find it.
-  if (restarts.max > 0 && f.out.empty() && !f.print_config)
-    throw UsageError(
-        "--out: started with restarts (--max-restarts), this run must be in a folder a "
-        "restart can find: give --out DIR");
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
-  const bool lead = is_rank_zero();
-  if (f.task == "classify") return run_train_classify(f, layer, out, restarts, lead);
+  if (f.task == "classify") return run_train_classify(f, layer, out);
 
   // Restarted by the launcher job that wrote --out: continue its run.
-  const train::RestartPlan plan = f.print_config
-                                      ? train::RestartPlan::first_start
-                                      : train::restart_plan(out, restarts, train::kCheckpointFile);
-  const bool resume = f.resume || plan == train::RestartPlan::resume;
+  RunRequest request = run_request(f, out);
+  train::TrainConfig cfg;
+  request.complete = [&](int64_t step, int64_t epoch, const json&) {
+    return run_complete(cfg.steps, cfg.epochs, step, epoch);
+  };
+  RunStart start(std::move(request));
+  const bool resume = start.resume();
   json base = train::default_config_json();
   json from_checkpoint;
   if (resume) {
@@ -211,32 +158,14 @@ void run_train(const TrainFlags& f) {
     }
     return;
   }
-  // Before --nproc starts the ranks (and, under a launcher, by every rank
-  // before the process group forms, so before rank 0 writes a file).
-  try {
-    if (!resume && !f.overwrite && plan == train::RestartPlan::first_start)
-      train::refuse_to_replace_run(out, {train::kCheckpointFile, train::kMetricsFile}, kWaysOn);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
-  const train::TrainConfig cfg = train::config_from_json(config);
-  auto complete = [&](int64_t step, int64_t epoch, const json&) {
-    return run_complete(cfg.steps, cfg.epochs, step, epoch);
-  };
-  if (announce_restart(plan, restarts, out, complete, lead)) return;
-  apply_dist_timeout(f.dist_timeout);
+  cfg = train::config_from_json(config);
+  if (start.finished()) return;
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
-  if (nproc > 1 && !under_launcher()) relaunch_with_ranks(static_cast<int>(nproc));
+  train::RunFolderLock folder = start.take(nproc, f.dist_timeout);
   train::TrainJob job{config, out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
   train::TrainResult r;
   try {
-    train::RunFolderLock folder;
-    if (lead)
-      folder = train::take_run_folder(
-          out, !resume && !f.overwrite && plan == train::RestartPlan::first_start,
-          {train::kCheckpointFile, train::kMetricsFile}, kWaysOn,
-          restarts.max > 0 ? restarts.run_id : "");
     r = train::run_training(job, std::cout);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());

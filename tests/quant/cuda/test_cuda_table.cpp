@@ -71,7 +71,8 @@ Tensor cpu_units(const Tensor& x) {
                        .pad_runs = true,
                        .scales = units.data<uint8_t>() + kNF4CodeBytes,
                        .scale_stride = static_cast<int64_t>(kNF4UnitBytes)};
-  cpu_quant_table().nf4_encode(x.data<float>(), n, 64, absmax.data<float>(), absmax.data<float>(), out);
+  cpu_quant_table().nf4_encode(x.data<float>(), n, 64, absmax.data<float>(), absmax.data<float>(),
+                               out);
   return units;
 }
 
@@ -94,7 +95,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
         Tensor want = empty({n}, {.dtype = DType::i64});
         Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
         cpu_quant_table().nearest_codes(dt, x.raw_data(), c.raw_data(), n, 2 * k, d, cosine,
-                              want.data<int64_t>());
+                                        want.data<int64_t>());
         gpu_t().nearest_codes(dt, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, 2 * k, d, cosine,
                               testing::dev<int64_t>(got));
         INFO(dtype_name(dt), " cosine ", cosine, " k ", k);
@@ -107,7 +108,7 @@ TEST_CASE("quant cuda: nearest_codes picks the CPU's indices, ties and NaN rows 
   Tensor want = empty({n}, {.dtype = DType::i64});
   Tensor got = empty({n}, {.dtype = DType::i64, .device = Device::cuda(0)});
   cpu_quant_table().nearest_codes(DType::f32, x.raw_data(), c.raw_data(), n, k, d, false,
-                        want.data<int64_t>());
+                                  want.data<int64_t>());
   gpu_t().nearest_codes(DType::f32, on_gpu(x).raw_data(), on_gpu(c).raw_data(), n, k, d, false,
                         testing::dev<int64_t>(got));
   const auto a = got.to(Device::cpu()).to_vector<int64_t>(), b = want.to_vector<int64_t>();
@@ -130,7 +131,8 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       Tensor want = empty({2}, {.dtype = DType::f64});
       Tensor got = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
       Tensor again = empty({2}, {.dtype = DType::f64, .device = Device::cuda(0)});
-      cpu_quant_table().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d, want.data<double>());
+      cpu_quant_table().squared_error(dt, x.raw_data(), q.raw_data(), hv, rows, d,
+                                      want.data<double>());
       gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
                             testing::dev<double>(got));
       gpu_t().squared_error(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
@@ -145,8 +147,8 @@ TEST_CASE("quant cuda: squared_error equals the CPU's and is the same bits every
       const Tensor gscale = on_gpu(scale);
       Tensor gwant = empty({rows, d}, {.dtype = dt});
       Tensor ggot = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_quant_table().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d, scale.data<double>(),
-                                 gwant.raw_data());
+      cpu_quant_table().squared_error_grad(dt, x.raw_data(), q.raw_data(), hv, rows, d,
+                                           scale.data<double>(), gwant.raw_data());
       gpu_t().squared_error_grad(dt, gx.raw_data(), gq.raw_data(), dv, rows, d,
                                  testing::dev<double>(gscale), ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
@@ -166,8 +168,8 @@ TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU
         Tensor want = empty({rows, d}, {.dtype = dt});
         Tensor got = empty({rows, d}, {.dtype = dt, .device = Device::cuda(0)});
         cpu_quant_table().route_grad(rotation, dt, x.raw_data(), q.raw_data(), g.raw_data(),
-                           masked ? valid.data<uint8_t>() : nullptr, coef.data<double>(), rows, d,
-                           want.raw_data());
+                                     masked ? valid.data<uint8_t>() : nullptr, coef.data<double>(),
+                                     rows, d, want.raw_data());
         gpu_t().route_grad(rotation, dt, on_gpu(x).raw_data(), on_gpu(q).raw_data(),
                            on_gpu(g).raw_data(), masked ? testing::dev<uint8_t>(gvalid) : nullptr,
                            testing::dev<double>(gcoef), rows, d, got.raw_data());
@@ -184,13 +186,12 @@ TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
       Tensor at = from_vector<int64_t>({3, -1, 11, 0}, {4});  // -1: skipped
       Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
       cpu_quant_table().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 4,
-                       with_src ? src.raw_data() : nullptr, 1.5);
+                                 with_src ? src.raw_data() : nullptr, 1.5);
       gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 4,
                        with_src ? gsrc.raw_data() : nullptr, 1.5);
       CHECK(same_bytes(gtable, table));
     }
 }
-
 
 TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, same bits every run") {
   SKIP_WITHOUT_GPU();
@@ -212,7 +213,7 @@ TEST_CASE("quant cuda: code_statistics counts exactly, sums within rounding, sam
       const Tensor x = random_tensor({c.n, c.d}, dt, 31);
       Tensor counts = empty({c.k}, {.dtype = dt}), sums = empty({c.k, c.d}, {.dtype = dt});
       cpu_quant_table().code_statistics(dt, idx.data<int64_t>(), x.raw_data(), c.n, c.k, c.d,
-                              counts.raw_data(), sums.raw_data());
+                                        counts.raw_data(), sums.raw_data());
       const Tensor gidx = on_gpu(idx), gx = on_gpu(x);
       Tensor bytes[2][2];
       for (auto& run : bytes) {
@@ -254,7 +255,8 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
       CHECK(same_bytes(got, want));  // the same multiplications in the same order
       Tensor gwant = zeros({rows, k, 2}, {.dtype = dt});
       Tensor ggot = zeros({rows, k, 2}, {.dtype = dt, .device = Device::cuda(0)});
-      cpu_quant_table().bit_product_grad(dt, pi.raw_data(), go.raw_data(), rows, k, gwant.raw_data());
+      cpu_quant_table().bit_product_grad(dt, pi.raw_data(), go.raw_data(), rows, k,
+                                         gwant.raw_data());
       gpu_t().bit_product_grad(dt, on_gpu(pi).raw_data(), on_gpu(go).raw_data(), rows, k,
                                ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
@@ -272,7 +274,8 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
       Tensor h = empty({rows}, {.dtype = DType::f64}), g = empty({rows, d}, {.dtype = DType::f64});
       Tensor gh = empty({rows}, {.dtype = DType::f64, .device = Device::cuda(0)});
       Tensor gg = empty({rows, d}, {.dtype = DType::f64, .device = Device::cuda(0)});
-      cpu_quant_table().clamped_entropy(z.data<double>(), rows, d, h.data<double>(), g.data<double>());
+      cpu_quant_table().clamped_entropy(z.data<double>(), rows, d, h.data<double>(),
+                                        g.data<double>());
       gpu_t().clamped_entropy(testing::dev<double>(on_gpu(z)), rows, d, testing::dev<double>(gh),
                               testing::dev<double>(gg));
       if (d > quant_cuda::kEntropyWalkMaxBits) {
@@ -383,7 +386,7 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         Tensor want = empty({s.m, s.n}, {.dtype = dt});
         Tensor got = empty({s.m, s.n}, {.dtype = dt, .device = Device::cuda(0)});
         cpu_quant_table().nf4_linear(dt, x.raw_data(), s.m, s.k, w, dd, s.n, bias.raw_data(),
-                           want.raw_data());
+                                     want.raw_data());
         gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), s.m, s.k, gw, dd, s.n, on_gpu(bias).raw_data(),
                            got.raw_data());
         CHECK(max_err(got, want) <= 10 * tol(dt));

@@ -62,7 +62,6 @@ std::vector<double> random_values(size_t n, unsigned seed, double lo = -1, doubl
   return v;
 }
 
-
 }  // namespace
 
 TEST_CASE("quant functors: the argmin keeps the first of ties and never picks NaN") {
@@ -257,7 +256,7 @@ TEST_CASE("quant functors: code_statistics' piece walk gives every code's count 
       Tensor want_counts = empty({c.k}, {.dtype = DType::f64});
       Tensor want_sums = empty({c.k, c.d}, {.dtype = DType::f64});
       cpu_quant_table().code_statistics(DType::f64, idx.data(), x.raw_data(), c.n, c.k, c.d,
-                              want_counts.raw_data(), want_sums.raw_data());
+                                        want_counts.raw_data(), want_sums.raw_data());
       CHECK(counts == want_counts.to_vector<double>());
       CHECK(max_err(from_vector<double>(sums, {c.k, c.d}), want_sums) <= 1e-12);
       // One piece holds everything: the CPU's order, bit for bit.
@@ -266,4 +265,3 @@ TEST_CASE("quant functors: code_statistics' piece walk gives every code's count 
     }
   }
 }
-

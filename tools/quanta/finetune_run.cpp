@@ -1,0 +1,107 @@
+// What quanta finetune's two kinds of run share: their defaults, and the
+// start of a run (the --out policy of run_start.h, the device, the threads
+// and the process group).
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "dist/env.h"
+#include "engine/cpu/parallel.h"
+#include "finetune_run.h"
+#include "quant/nf4/nf4_modules.h"
+#include "run_start.h"
+#include "train/checkpoint.h"
+#include "train/outputs.h"
+#include "train/config.h"
+
+namespace quanta::cli {
+namespace {
+
+// A --resume (or a restart's) checkpoint must be of this kind of run and
+// keep the settings it was made with.
+void check_resume(const FinetuneOptions& o, const RunSpec& spec) {
+  try {
+    const train::Checkpoint ck = train::load_checkpoint(
+        train::out_file(o.out, train::kCheckpointFile), spec.checkpoint_format);
+    const nlohmann::json& now = spec.config;
+    std::string diff = train::resume_conflict(ck.info.config, now);
+    if (diff.empty() && ck.info.config.value("base", "") != now["base"].get<std::string>())
+      diff = "base: checkpoint " + ck.info.config.value("base", "") + ", now " +
+             now["base"].get<std::string>();
+    if (!diff.empty())
+      throw std::invalid_argument("--resume cannot change the run it continues (" + diff + ")");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace
+
+std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
+  RunStart start({.out = o.out,
+                  .resume = o.resume,
+                  .overwrite = o.overwrite,
+                  .files = spec.files,
+                  .inputs = spec.inputs,
+                  .verb = "fine-tune",
+                  .gerund = "fine-tuning",
+                  .complete = [&](int64_t step, int64_t, const nlohmann::json&) {
+                    return step >= o.steps;
+                  },
+                  .done_marker = spec.done_marker});
+  if (start.resume()) check_resume(o, spec);
+  if (start.finished()) return std::nullopt;
+  StartedRun run;
+  run.resume = start.resume();
+  run.folder = start.take(o.nproc, o.dist_timeout);
+  run.device = device_flag(o.device);
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  if (spec.check_inputs) spec.check_inputs();
+  run.group = dist::init();
+  return run;
+}
+
+std::string with_commas(uint64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>& given) {
+  const bool lm = !o.model.empty();
+  if (lm && !o.checkpoint.empty())
+    throw UsageError("give a classifier CHECKPOINT or --model DIR (a language model), not both");
+  if (!lm && o.checkpoint.empty())
+    throw UsageError(
+        "give a classifier CHECKPOINT, or --model DIR and --data FILE for a "
+        "language model");
+  static const std::vector<const char*> kLmOnly = {"--eval-data",     "--merge-to",
+                                                   "--seq-len",       "--grad-accum",
+                                                   "--warmup-steps",  "--eval-every",
+                                                   "--weight-decay",  "--max-grad-norm",
+                                                   "--lr-schedule",   "--target-modules",
+                                                   "--compute-dtype", "--use-rslora",
+                                                   "--pack",          "--train-on-completions-only",
+                                                   "--recompute",     "--shard"};
+  static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
+                                                           "--merge"};
+  for (const char* flag : lm ? kClassifierOnly : kLmOnly)
+    if (given(flag))
+      throw UsageError(std::string(flag) +
+                       (lm ? " is for the classifier of quanta train, not --model"
+                           : " is for a language model (--model DIR)"));
+  // The classifier's defaults are the library's LoRA ones; a language
+  // model's are QLoRA's usual recipe.
+  if (o.steps < 0) o.steps = lm ? 0 : 300;  // 0: one epoch, known once the data is read
+  if (o.batch_size < 0) o.batch_size = lm ? 4 : 128;
+  if (o.lr < 0) o.lr = lm ? 2e-4 : 1e-3;
+  if (o.lora_dropout < 0) o.lora_dropout = lm ? 0.05 : quant::LoRAOptions{}.dropout;
+  if (o.log_every < 0) o.log_every = lm ? 10 : 50;
+}
+
+}  // namespace quanta::cli
