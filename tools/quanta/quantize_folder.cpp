@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
-#include "finetune_run.h"
+#include "finetune/run.h"
 #include "flag_checks.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"

@@ -99,8 +99,8 @@ bool RunStart::finished() {
     // outputs were not written yet runs again.
     resume_ = false;
     if (lead)
-      std::cout << restart << ": the run in " << r_.out << " has no " << r_.done_marker
-                << " yet; " << r_.gerund << " again from the start\n";
+      std::cout << restart << ": the run in " << r_.out << " has no " << r_.done_marker << " yet; "
+                << r_.gerund << " again from the start\n";
     return false;
   }
   if (complete) {

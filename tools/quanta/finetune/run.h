@@ -2,8 +2,8 @@
 // What `quanta finetune`'s two kinds of run share: the flags (the classifier
 // of quanta train, or a language model with --model) and the start of a run
 // (the --out folder's plan and lock, the launcher's restarts, --nproc,
-// the process group). finetune.cpp runs the classifier, finetune_lm.cpp the
-// language model.
+// the process group). classifier.cpp runs the classifier, language_model.cpp
+// the language model; ../finetune.cpp is the command.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
@@ -88,7 +88,11 @@ std::string with_commas(uint64_t v);
 /** The language-model flags of quanta finetune. */
 void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o);
 
-/** quanta finetune --model DIR --data FILE --out DIR (finetune_lm.cpp). */
+/** quanta finetune --model DIR --data FILE --out DIR (language_model.cpp). */
 void run_lm_finetune(const FinetuneOptions& o);
+
+/** quanta finetune CHECKPOINT --out DIR: the classifier of quanta train
+ * (classifier.cpp). */
+void run_classifier_finetune(const FinetuneOptions& o);
 
 }  // namespace quanta::cli

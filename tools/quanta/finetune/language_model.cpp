@@ -17,7 +17,6 @@
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
-#include "finetune_run.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
@@ -26,6 +25,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "llm/text/tokenizer.h"
 #include "quanta_config.h"
+#include "run.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
 #include "train/lm_task.h"

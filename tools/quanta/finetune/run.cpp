@@ -1,6 +1,8 @@
 // What quanta finetune's two kinds of run share: their defaults, and the
 // start of a run (the --out policy of run_start.h, the device, the threads
 // and the process group).
+#include "run.h"
+
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -8,12 +10,11 @@
 #include "commands.h"
 #include "dist/env.h"
 #include "engine/cpu/parallel.h"
-#include "finetune_run.h"
 #include "quant/nf4/nf4_modules.h"
 #include "run_start.h"
 #include "train/checkpoint.h"
-#include "train/outputs.h"
 #include "train/config.h"
+#include "train/outputs.h"
 
 namespace quanta::cli {
 namespace {
@@ -39,17 +40,16 @@ void check_resume(const FinetuneOptions& o, const RunSpec& spec) {
 }  // namespace
 
 std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
-  RunStart start({.out = o.out,
-                  .resume = o.resume,
-                  .overwrite = o.overwrite,
-                  .files = spec.files,
-                  .inputs = spec.inputs,
-                  .verb = "fine-tune",
-                  .gerund = "fine-tuning",
-                  .complete = [&](int64_t step, int64_t, const nlohmann::json&) {
-                    return step >= o.steps;
-                  },
-                  .done_marker = spec.done_marker});
+  RunStart start(
+      {.out = o.out,
+       .resume = o.resume,
+       .overwrite = o.overwrite,
+       .files = spec.files,
+       .inputs = spec.inputs,
+       .verb = "fine-tune",
+       .gerund = "fine-tuning",
+       .complete = [&](int64_t step, int64_t, const nlohmann::json&) { return step >= o.steps; },
+       .done_marker = spec.done_marker});
   if (start.resume()) check_resume(o, spec);
   if (start.finished()) return std::nullopt;
   StartedRun run;
