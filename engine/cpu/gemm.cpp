@@ -241,7 +241,7 @@ template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<do
 
 namespace quanta::cpu {
 
-void gemm_entry(const GemmArgs& g) {
+void gemm(const GemmArgs& g) {
   dispatch_float(g.dtype, "gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const MatRef<T> a{static_cast<const T*>(g.a.data), g.a.rs, g.a.cs};

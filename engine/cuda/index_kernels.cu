@@ -14,6 +14,7 @@
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/index_kernels.h"
+#include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
 
 namespace quanta::cuda {

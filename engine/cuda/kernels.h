@@ -1,40 +1,14 @@
 #pragma once
-// The CUDA table's entries defined outside kernels.cu, one family per file
-// (reduce_kernels.cu); kernels.cu puts them in the table. Like
-// engine/cpu/kernels.h for the CPU.
+// The CUDA table's entries, one family per file (elementwise_kernels.cu,
+// gemm.cu, reduce_kernels.cu, index_kernels.cu, conv_kernels.cu,
+// pool_kernels.cu, distance_kernels.cu, random_kernels.cu,
+// optim_kernels.cu), each a function named and typed as its entry in
+// KernelTable (engine/kernels/table.h); table.cu puts them in the table.
+// Like engine/cpu/kernels.h for the CPU.
 #include "engine/kernels/table.h"
 
 namespace quanta::cuda {
 
-void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
-                 void* out);
-void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t outer,
-               int64_t inner, void* out);
-void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,
-                int64_t* indices, void* values);
-void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,
-            void* out);
-void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner,
-             void* out);
-
-// conv_kernels.cu, pool_kernels.cu
-void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
-          const void* bias, void* out);
-void avg_pool(bool adjoint, DType dtype, const PoolWindow& g, const void* in, void* out);
-void max_pool(DType dtype, const PoolWindow& g, const void* in, void* out, int64_t* indices);
-void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_t* indices,
-                    const void* in, void* out);
-void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out);
-void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_t k, int64_t d,
-                    void* out);
-
-// random_kernels
-void random_fill(const RandomFill& f, int64_t n, void* out);
-
-// optim_kernels
-void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
-              void* momentum_buffer);
-void adam_step(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
-               void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
+QUANTA_KERNEL_ENTRIES(QUANTA_DECLARE_KERNEL)
 
 }  // namespace quanta::cuda

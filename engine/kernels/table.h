@@ -10,8 +10,10 @@
 // op list there) when it is elementwise, else a new family here with an entry
 // in every device's table. Where a new device goes: a file that fills a
 // KernelTable, and one case in kernels() (table.cpp).
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "engine/device.h"
 #include "engine/device_error.h"
@@ -113,6 +115,10 @@ struct AdamStep {
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
+  /** True when gemm takes bf16 and f16 operands and C directly, multiplying
+   * and accumulating in f32 and rounding C once (as the CPU's f32 product of
+   * the widened operands does); else ops widen 16-bit operands to f32. */
+  bool gemm_16bit;
 
   /** dst[i] = value converted to dst's dtype (any plain dtype). */
   void (*fill)(const Shape& shape, const Operand& dst, double value);
@@ -144,10 +150,6 @@ struct KernelTable {
   /** Matrix products in f32 or f64 (see GemmArgs); bf16 and f16 too where
    * gemm_16bit is set. */
   void (*gemm)(const GemmArgs& args);
-  /** True when gemm takes bf16 and f16 operands and C directly, multiplying
-   * and accumulating in f32 and rounding C once (as the CPU's f32 product of
-   * the widened operands does); else ops widen 16-bit operands to f32. */
-  bool gemm_16bit;
   /** out[r] = stat(rows[r, 0..inner), param) for r < outer (see RowStat);
    * rows and out contiguous, of one dtype, f32 or f64; accumulation is in
    * that dtype (var, std) or in f64 (norm). */
@@ -258,6 +260,34 @@ struct KernelTable {
   void (*adam_step)(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
                     void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
 };
+
+/** Every function entry of KernelTable, in the table's order. Each device's
+ * table and the declarations of its entries are made from this list
+ * (engine/cpu/table.cpp, engine/cuda/table.cu, engine/sim/sim_kernels.cpp),
+ * so a new kernel family is its member above, its name here, and a function
+ * of that name in each device's folder. */
+// (An X-macro list, which clang-format does not lay out idempotently.)
+// clang-format off
+#define QUANTA_KERNEL_ENTRIES(X) \
+  X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(reduce_rows) X(gemm_maps) X(gemm) \
+  X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) X(index_lines) \
+  X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) X(max_pool_route) \
+  X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sgd_step) X(adam_step)
+// clang-format on
+
+/** Declares a device's function for `entry`, with the entry's type (in the
+ * device's namespace): QUANTA_KERNEL_ENTRIES(QUANTA_DECLARE_KERNEL). */
+#define QUANTA_DECLARE_KERNEL(entry) std::remove_pointer_t<decltype(KernelTable::entry)> entry;
+/** One designated initializer of a table: the function named as the entry. */
+#define QUANTA_FILL_KERNEL(entry) .entry = entry,
+
+namespace detail {
+#define QUANTA_COUNT_KERNEL(entry) +1
+inline constexpr std::size_t kKernelEntries = 0 QUANTA_KERNEL_ENTRIES(QUANTA_COUNT_KERNEL);
+#undef QUANTA_COUNT_KERNEL
+static_assert(sizeof(KernelTable) == sizeof(void*) * (2 + kKernelEntries),
+              "QUANTA_KERNEL_ENTRIES must list every entry of KernelTable, in order");
+}  // namespace detail
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
  * whose every entry throws "[op] quanta was built without CUDA". */

@@ -1,0 +1,184 @@
+// The elementwise family on CUDA (fill, copy, unary, binary, update, where):
+// a grid-stride walk over a StridedIndex calling the shared functors
+// (engine/kernels/functors.h), so the math is the CPU's.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "engine/cuda/check.cuh"
+#include "engine/cuda/device_types.cuh"
+#include "engine/cuda/kernels.h"
+#include "engine/cuda/launch.h"
+#include "engine/kernels/strided_index.h"
+#include "engine/kernels/table.h"
+
+
+namespace quanta::cuda {
+namespace {
+
+template <int N, class Body>
+__global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[N];
+    ix.offsets(i, off);
+    body(off);
+  }
+}
+
+// Runs body(offsets) for every element of `shape`; zero-size launches skipped.
+template <int N, class Body>
+void walk(const char* op, const Shape& shape, const std::array<const Operand*, N>& ops,
+          const Body& body) {
+  const int64_t n = numel_of(shape);
+  if (n == 0) return;
+  std::array<const int64_t*, N> strides;
+  for (int k = 0; k < N; ++k) strides[k] = ops[k]->strides;
+  const StridedIndex<N> ix = make_strided_index<N>(shape, strides, op);
+  const LaunchConfig cfg = launch_config(n, max_blocks());
+  walk_kernel<N><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, ix, body);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+struct FillBody {
+  T* dst;
+  T value;
+  __device__ void operator()(const int64_t (&o)[1]) const { dst[o[0]] = value; }
+};
+template <class D, class S>
+struct CopyBody {
+  D* dst;
+  const S* src;
+  __device__ void operator()(const int64_t (&o)[2]) const { dst[o[0]] = convert<D>(src[o[1]]); }
+};
+template <class T, class F>
+struct UnaryBody {
+  F f;
+  T* out;
+  const T* in;
+  __device__ void operator()(const int64_t (&o)[2]) const { out[o[0]] = f(in[o[1]]); }
+};
+template <class O, class T, class F>
+struct BinaryBody {
+  F f;
+  O* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    out[o[0]] = static_cast<O>(f(a[o[1]], b[o[2]]));
+  }
+};
+template <class T, class F>
+struct UpdateBody {
+  F f;
+  T* dst;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    dst[o[0]] = f(dst[o[0]], a[o[1]], b[o[2]]);
+  }
+};
+template <class T>
+struct WhereBody {
+  T* out;
+  const bool* cond;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t (&o)[4]) const {
+    out[o[0]] = cond[o[1]] ? a[o[2]] : b[o[3]];
+  }
+};
+
+}  // namespace
+
+void fill(const Shape& shape, const Operand& dst, double value) {
+  dispatch_all(dst.dtype, "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    walk<1>("fill_", shape, {&dst}, FillBody<T>{static_cast<T*>(dst.data), convert<T>(value)});
+  });
+}
+
+void copy(const Shape& shape, const Operand& dst, const Operand& src) {
+  dispatch_all(dst.dtype, "copy_", [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    dispatch_all(src.dtype, "copy_", [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      walk<2>("copy_", shape, {&dst, &src},
+              CopyBody<D, S>{static_cast<D*>(dst.data), static_cast<const S*>(src.data)});
+    });
+  });
+}
+
+void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,
+           const Operand& in) {
+  dispatch_float(in.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.data);
+    const T* i = static_cast<const T*>(in.data);
+    switch (op) {
+#define QUANTA_CASE(name, F) \
+  case UnaryOp::name:        \
+    return walk<2>(#name, shape, {&out, &in}, UnaryBody<T, fn::F>{fn::F{args}, o, i});
+      QUANTA_UNARY_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& a,
+            const Operand& b) {
+  dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pa = static_cast<const T*>(a.data);
+    const T* pb = static_cast<const T*>(b.data);
+    switch (op) {
+#define QUANTA_ARITH_CASE(name, F)               \
+  case BinaryOp::name:                           \
+    return walk<3>(#name, shape, {&out, &a, &b}, \
+                   BinaryBody<T, T, fn::F>{{}, static_cast<T*>(out.data), pa, pb});
+#define QUANTA_PREDICATE_CASE(name, F)           \
+  case BinaryOp::name:                           \
+    return walk<3>(#name, shape, {&out, &a, &b}, \
+                   BinaryBody<bool, T, fn::F>{{}, static_cast<bool*>(out.data), pa, pb});
+      QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
+      QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
+#undef QUANTA_ARITH_CASE
+#undef QUANTA_PREDICATE_CASE
+    }
+  });
+}
+
+void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Operand& dst,
+            const Operand& a, const Operand& b) {
+  dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = static_cast<T*>(dst.data);
+    const T* pa = static_cast<const T*>(a.data);
+    const T* pb = static_cast<const T*>(b.data);
+    switch (op) {
+#define QUANTA_CASE(name, F) \
+  case UpdateOp::name:       \
+    return walk<3>(#name, shape, {&dst, &a, &b}, UpdateBody<T, fn::F>{fn::F{args}, d, pa, pb});
+      QUANTA_UPDATE_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+    }
+  });
+}
+
+void where(const Shape& shape, const Operand& out, const Operand& cond, const Operand& a,
+           const Operand& b) {
+  dispatch_all(out.dtype, "where", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    walk<4>("where", shape, {&out, &cond, &a, &b},
+            WhereBody<T>{static_cast<T*>(out.data), static_cast<const bool*>(cond.data),
+                         static_cast<const T*>(a.data), static_cast<const T*>(b.data)});
+  });
+}
+
+}  // namespace quanta::cuda
