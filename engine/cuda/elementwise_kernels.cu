@@ -17,7 +17,6 @@
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 
-
 namespace quanta::cuda {
 namespace {
 

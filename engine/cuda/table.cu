@@ -8,9 +8,7 @@ namespace quanta::cuda {
 
 const KernelTable& cuda_kernels() {
   static const KernelTable table{
-      .device_name = "cuda",
-      .gemm_16bit = true,
-      QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
+      .device_name = "cuda", .gemm_16bit = true, QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }
 

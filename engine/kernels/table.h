@@ -13,12 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 
 #include "engine/device.h"
 #include "engine/device_error.h"
 #include "engine/dtype.h"
 #include "engine/kernels/conv_geom.h"
+#include "engine/kernels/entries.h"
 #include "engine/kernels/functors.h"
 #include "engine/shape.h"
 
@@ -277,17 +277,13 @@ struct KernelTable {
 
 /** Declares a device's function for `entry`, with the entry's type (in the
  * device's namespace): QUANTA_KERNEL_ENTRIES(QUANTA_DECLARE_KERNEL). */
-#define QUANTA_DECLARE_KERNEL(entry) std::remove_pointer_t<decltype(KernelTable::entry)> entry;
-/** One designated initializer of a table: the function named as the entry. */
-#define QUANTA_FILL_KERNEL(entry) .entry = entry,
+#define QUANTA_DECLARE_KERNEL(entry) QUANTA_DECLARE_ENTRY(KernelTable, entry)
 
-namespace detail {
 #define QUANTA_COUNT_KERNEL(entry) +1
-inline constexpr std::size_t kKernelEntries = 0 QUANTA_KERNEL_ENTRIES(QUANTA_COUNT_KERNEL);
-#undef QUANTA_COUNT_KERNEL
-static_assert(sizeof(KernelTable) == sizeof(void*) * (2 + kKernelEntries),
+static_assert(sizeof(KernelTable) ==
+                  sizeof(void*) * (2 + 0 QUANTA_KERNEL_ENTRIES(QUANTA_COUNT_KERNEL)),
               "QUANTA_KERNEL_ENTRIES must list every entry of KernelTable, in order");
-}  // namespace detail
+#undef QUANTA_COUNT_KERNEL
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
  * whose every entry throws "[op] quanta was built without CUDA". */
@@ -330,7 +326,7 @@ namespace cuda {
 /** The CUDA table (engine/cuda/kernels.cu, inside libquanta_cuda). */
 const KernelTable& cuda_kernels();
 /** The table used when there is no CUDA backend: every entry throws naming
- * its op and why (engine/cuda/unavailable_table.cpp). */
+ * its op and why (engine/cuda/unavailable.cpp). */
 const KernelTable& unavailable_kernels();
 }  // namespace cuda
 

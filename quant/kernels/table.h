@@ -13,15 +13,17 @@
 // entropy's GEMM) need no entry: they run on every device the engine's table
 // serves.
 //
-// Where a new fast path goes: an entry here with its contract, one function
-// in quant/cpu/ (and its line in quant/cpu/kernel_table.cpp), one in the CUDA
-// table (quant/cuda/). A device the table lacks fails in one place, its
-// entry, naming the op.
+// Where a new fast path goes: an entry here with its contract and its name
+// in QUANTA_QUANT_KERNEL_ENTRIES, one function of that name in quant/cpu/,
+// one in quant/cuda/, and its line in quant/cuda/unavailable.cpp. A device
+// the table lacks fails in one place, its entry, naming the op.
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/kernels/entries.h"
 #include "quant/kernels/nf4_layout.h"
 
 namespace quanta {
@@ -127,6 +129,28 @@ struct QuantKernelTable {
                           DType dequant, int64_t k, void* dx);
 };
 
+/** Every function entry of QuantKernelTable, in the table's order. Each
+ * device's table and the declarations of its entries are made from this list
+ * (quant/cpu/table.cpp, quant/cuda/table.cu, quant/sim/table.cpp), as the
+ * engine's are from QUANTA_KERNEL_ENTRIES: a new family is its member above,
+ * its name here, and a function of that name in each device's folder. */
+// clang-format off
+#define QUANTA_QUANT_KERNEL_ENTRIES(X) \
+  X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows) \
+  X(code_statistics) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
+  X(nf4_encode) X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
+// clang-format on
+
+/** Declares a device's function for `entry`, with the entry's type (in the
+ * device's namespace): QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_DECLARE_QUANT_KERNEL). */
+#define QUANTA_DECLARE_QUANT_KERNEL(entry) QUANTA_DECLARE_ENTRY(QuantKernelTable, entry)
+
+#define QUANTA_COUNT_QUANT_KERNEL(entry) +1
+static_assert(sizeof(QuantKernelTable) ==
+                  sizeof(void*) * (1 + 0 QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_COUNT_QUANT_KERNEL)),
+              "QUANTA_QUANT_KERNEL_ENTRIES must list every entry of QuantKernelTable, in order");
+#undef QUANTA_COUNT_QUANT_KERNEL
+
 /** The quantizer kernel table of `device`: the CPU table (quant/cpu/), sim's
  * (quant/sim/), or for CUDA the CUDA module's (quant/cuda/), with the device made current; without
  * the module, a table whose entries throw "[op] has no CUDA kernel here: why". */
@@ -137,7 +161,7 @@ const QuantKernelTable& quant_kernels(Device device);
 const QuantKernelTable& quant_kernels_for(const char* op, std::initializer_list<const Tensor*> ts);
 
 namespace quant_cpu {
-/** The CPU table (quant/cpu/kernel_table.cpp). */
+/** The CPU table (quant/cpu/table.cpp). */
 const QuantKernelTable& table();
 }  // namespace quant_cpu
 namespace quant_sim {
@@ -146,8 +170,9 @@ namespace quant_sim {
 const QuantKernelTable& table();
 }  // namespace quant_sim
 namespace quant_cuda {
-/** The CUDA table: the CUDA module's (the .cu files of quant/cuda/), or unavailable_table()
- * in a build without CUDA or where the module cannot be loaded. */
+/** The CUDA table: the CUDA module's (quant/cuda/table.cu), or
+ * unavailable_table() in a build without CUDA or where the module cannot be
+ * loaded (quant/cuda/unavailable.cpp). */
 const QuantKernelTable& table();
 /** The table whose entries all throw std::runtime_error naming the op and why
  * the CUDA module's table cannot be had. */

@@ -29,29 +29,12 @@ using namespace quanta::quant;
 
 namespace {
 
-// Every entry of QuantKernelTable, in order. The static_assert below fails
-// when an entry is added to the table but not here.
-// (An X-macro list that clang-format 14 does not format idempotently.)
-// clang-format off
-#define QUANT_ENTRIES(X)                                                                   \
-  X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows)        \
-  X(code_statistics)                                                                      \
-  X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) X(nf4_encode)        \
-  X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
-// clang-format on
-
-#define QUANT_COUNT(name) +1
-constexpr int kEntries = 0 QUANT_ENTRIES(QUANT_COUNT);
-#undef QUANT_COUNT
-static_assert(sizeof(QuantKernelTable) == sizeof(void*) * (1 + kEntries),
-              "QUANT_ENTRIES must list every entry of QuantKernelTable");
-
 // The names of `t`'s null entries.
 std::vector<std::string> null_entries(const QuantKernelTable& t) {
   std::vector<std::string> out;
 #define QUANT_NULL(name) \
   if (t.name == nullptr) out.push_back(#name);
-  QUANT_ENTRIES(QUANT_NULL)
+  QUANTA_QUANT_KERNEL_ENTRIES(QUANT_NULL)
 #undef QUANT_NULL
   return out;
 }

@@ -1,0 +1,72 @@
+// quant_cuda::table() in libquanta: the CUDA module's quantizer table
+// (quanta_quant_cuda_table_v1, found by name as dist finds its NCCL backend),
+// or, in a build without CUDA or where the module cannot be loaded, a table
+// whose entries throw naming the op and the reason. Links no CUDA library.
+#include <stdexcept>
+#include <string>
+
+#include "engine/cuda/module.h"
+#include "quant/kernels/table.h"
+
+namespace quanta::quant::quant_cuda {
+namespace {
+
+struct Chosen {
+  const QuantKernelTable* table = nullptr;
+  std::string reason;  // why `table` is the unavailable one
+};
+
+const Chosen& chosen() {
+  static const Chosen c = []() -> Chosen {
+    if (!cuda::module()) return {&unavailable_table(), cuda::unavailable_reason()};
+    try {
+      using Entry = const QuantKernelTable* (*)();
+      auto entry = reinterpret_cast<Entry>(
+          cuda::module_symbol("quant_kernels", "quanta_quant_cuda_table_v1"));
+      return {entry(), ""};
+    } catch (const std::exception& e) {
+      return {&unavailable_table(), e.what()};
+    }
+  }();
+  return c;
+}
+
+[[noreturn]] void unavailable(const char* op) {
+  const std::string& why = chosen().reason;
+  throw std::runtime_error(std::string("[") + op + "] has no CUDA kernel here: " +
+                           (why.empty() ? "the CUDA module's quantizer table is not in use" : why) +
+                           "; move the tensors to cpu");
+}
+
+}  // namespace
+
+// One line an entry: each lambda takes the entry's arguments as they come
+// (auto...), naming the ones that choose the op.
+const QuantKernelTable& unavailable_table() {
+  static const QuantKernelTable t{
+      .device_name = "cuda",
+      .nearest_codes = [](auto...) { unavailable("nearest_codes"); },
+      .squared_error = [](auto...) { unavailable("commitment_loss"); },
+      .squared_error_grad = [](auto...) { unavailable("commitment_loss backward"); },
+      .route_grad =
+          [](bool rotation, auto...) {
+            unavailable(rotation ? "rotate_to backward"
+                                 : "straight_through_with_commitment backward");
+          },
+      .put_rows = [](auto...) { unavailable("Codebook"); },
+      .code_statistics = [](auto...) { unavailable("code_statistics"); },
+      .bit_product = [](auto...) { unavailable("lfq_bit_product"); },
+      .bit_product_grad = [](auto...) { unavailable("lfq_bit_product backward"); },
+      .clamped_entropy = [](auto...) { unavailable("lfq_clamped_entropy"); },
+      .nf4_absmax = [](auto...) { unavailable("quantize_nf4"); },
+      .nf4_encode = [](auto...) { unavailable("quantize_nf4"); },
+      .nf4_decode = [](auto...) { unavailable("dequantize"); },
+      .nf4_linear = [](auto...) { unavailable("nf4_linear"); },
+      .nf4_linear_grad = [](auto...) { unavailable("nf4_linear backward"); },
+  };
+  return t;
+}
+
+const QuantKernelTable& table() { return *chosen().table; }
+
+}  // namespace quanta::quant::quant_cuda
