@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/cuda/caching_allocator.h"
+#include "engine/cuda/module_table.h"
 #include "engine/cuda/runtime.h"
 
 namespace quanta {
@@ -99,6 +100,14 @@ void* module_symbol(const char* op, const char* name) {
     throw std::runtime_error(std::string("[") + op + "] the CUDA backend has no " + name +
                              " (a module from another quanta version?)");
   return sym;
+}
+
+void no_cuda_kernel(const char* op, const std::string& reason, const char* kind) {
+  throw std::runtime_error(std::string("[") + op + "] has no CUDA kernel here: " +
+                           (reason.empty()
+                                ? std::string("the CUDA module's ") + kind + " table is not in use"
+                                : reason) +
+                           "; move the tensors to cpu");
 }
 
 std::string try_load(const std::string& path) {

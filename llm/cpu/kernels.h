@@ -33,14 +33,6 @@ void dispatch_llm(DType t, const char* op, F&& f) {
   }
 }
 
-void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n, double eps,
-              void* y, void* inv_rms);
-void rms_norm_grad(DType dtype, const void* x, const void* weight, const void* inv_rms,
-                   const void* gy, int64_t rows, int64_t n, void* gx, void* gw);
-void rope(DType dtype, bool inverse, const void* x, const void* cos, const void* sin, int64_t rows,
-          int64_t heads, int64_t dim, void* out);
-void attention(const AttentionArgs& a);
-void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta, void* gq, void* gk,
-                    void* gv);
+QUANTA_LLM_KERNEL_ENTRIES(QUANTA_DECLARE_LLM_KERNEL)
 
 }  // namespace quanta::llm::llm_cpu

@@ -12,15 +12,16 @@
 // the rest. Statistics an op saves for its backward (RMS scales, attention's
 // log-sum-exp) and cos/sin tables are in the accumulation dtype.
 //
-// Where a new fused op goes: an entry here with its contract, its per-element
-// math in llm/kernels/functors.h (shared with nvcc), one function in llm/cpu/
-// (and its line in llm/cpu/kernel_table.cpp), one in the CUDA table
-// (llm/cuda/) and one line in sim's (llm/sim/table.cpp).
+// Where a new fused op goes: an entry here with its contract and its name in
+// QUANTA_LLM_KERNEL_ENTRIES, its per-element math in llm/kernels/functors.h
+// (shared with nvcc), one function of that name in llm/cpu/, one in
+// llm/cuda/, and its line in llm/cuda/unavailable.cpp.
 #include <cstdint>
 #include <initializer_list>
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/kernels/entries.h"
 
 namespace quanta {
 class Tensor;
@@ -104,6 +105,20 @@ struct LlmKernelTable {
   void (*attention_grad)(const AttentionArgs& a, const void* grad_out, void* delta, void* gq,
                          void* gk, void* gv);
 };
+
+/** Every function entry of LlmKernelTable, in the table's order: the CPU,
+ * CUDA and sim tables and the entries' declarations are made from it, as
+ * the engine's are from QUANTA_KERNEL_ENTRIES. */
+#define QUANTA_LLM_KERNEL_ENTRIES(X) \
+  X(rms_norm) X(rms_norm_grad) X(rope) X(attention) X(attention_grad)
+/** Declares a device's function for `entry`, with the entry's type. */
+#define QUANTA_DECLARE_LLM_KERNEL(entry) QUANTA_DECLARE_ENTRY(LlmKernelTable, entry)
+
+#define QUANTA_COUNT_LLM_KERNEL(entry) +1
+static_assert(sizeof(LlmKernelTable) ==
+                  sizeof(void*) * (1 + 0 QUANTA_LLM_KERNEL_ENTRIES(QUANTA_COUNT_LLM_KERNEL)),
+              "QUANTA_LLM_KERNEL_ENTRIES must list every entry of LlmKernelTable, in order");
+#undef QUANTA_COUNT_LLM_KERNEL
 
 /** The table of `device` (cpu, sim or cuda; on cuda without the module's
  * table, entries that throw naming the op). */

@@ -7,17 +7,11 @@
 namespace quanta::llm::llm_sim {
 
 const LlmKernelTable& table() {
-  using llm_cpu::table;
-  using sim::Queued;
-  using T = LlmKernelTable;
-  static const LlmKernelTable t{
-      .device_name = "sim",
-      .rms_norm = Queued<&table, &T::rms_norm>::call,
-      .rms_norm_grad = Queued<&table, &T::rms_norm_grad>::call,
-      .rope = Queued<&table, &T::rope>::call,
-      .attention = Queued<&table, &T::attention>::call,
-      .attention_grad = Queued<&table, &T::attention_grad>::call,
-  };
+#define QUANTA_SIM_LLM_KERNEL(entry) \
+  .entry = sim::Queued<&llm_cpu::table, &LlmKernelTable::entry>::call,
+  static const LlmKernelTable t{.device_name = "sim",
+                                QUANTA_LLM_KERNEL_ENTRIES(QUANTA_SIM_LLM_KERNEL)};
+#undef QUANTA_SIM_LLM_KERNEL
   return t;
 }
 

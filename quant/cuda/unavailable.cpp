@@ -5,37 +5,20 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/cuda/module.h"
+#include "engine/cuda/module_table.h"
 #include "quant/kernels/table.h"
 
 namespace quanta::quant::quant_cuda {
 namespace {
 
-struct Chosen {
-  const QuantKernelTable* table = nullptr;
-  std::string reason;  // why `table` is the unavailable one
-};
-
-const Chosen& chosen() {
-  static const Chosen c = []() -> Chosen {
-    if (!cuda::module()) return {&unavailable_table(), cuda::unavailable_reason()};
-    try {
-      using Entry = const QuantKernelTable* (*)();
-      auto entry = reinterpret_cast<Entry>(
-          cuda::module_symbol("quant_kernels", "quanta_quant_cuda_table_v1"));
-      return {entry(), ""};
-    } catch (const std::exception& e) {
-      return {&unavailable_table(), e.what()};
-    }
-  }();
+const cuda::ModuleTable<QuantKernelTable>& chosen() {
+  static const cuda::ModuleTable<QuantKernelTable> c("quant_kernels", "quanta_quant_cuda_table_v1",
+                                                     unavailable_table());
   return c;
 }
 
 [[noreturn]] void unavailable(const char* op) {
-  const std::string& why = chosen().reason;
-  throw std::runtime_error(std::string("[") + op + "] has no CUDA kernel here: " +
-                           (why.empty() ? "the CUDA module's quantizer table is not in use" : why) +
-                           "; move the tensors to cpu");
+  cuda::no_cuda_kernel(op, chosen().reason, "quantizer");
 }
 
 }  // namespace
