@@ -13,7 +13,7 @@
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
@@ -90,7 +90,7 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
   const KernelTable& k = kernels_for(op, {&a, &b, &bias});
   DType dt = promote_types(a.dtype(), b.dtype());
   if (bias.defined()) dt = promote_types(dt, bias.dtype());
-  const DType ct = detail::cpu_compute_dtype(dt);
+  const DType ct = detail::compute_dtype(dt);
   Tensor ap = detail::as_plain(a, ct).contiguous(), bp = detail::as_plain(b, ct).contiguous();
   Tensor biasp = bias.defined() ? detail::as_plain(bias, ct).contiguous() : Tensor();
   Tensor out = detail::make_tensor(out_shape(kind, g), ct, a.device());

@@ -11,14 +11,14 @@
 #include "engine/device_backend.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce.h"
 
 namespace quanta {
 namespace {
 
 using detail::binary_kernel;
-using detail::cpu_compute_dtype;
+using detail::compute_dtype;
 
 // The gradient for input `in` from a broadcast output gradient.
 Tensor grad_for(const Tensor& g, const Tensor& in) {
@@ -29,14 +29,14 @@ Tensor grad_for(const Tensor& g, const Tensor& in) {
 Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
   const DType out_dt = promote_types(a.dtype(), b.dtype());
-  const DType ct = cpu_compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
+  const DType ct = compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
   Tensor out = binary_kernel(op, a, b, ct, ct);
   return ct == out_dt ? out : detail::as_plain(out, out_dt);
 }
 
 Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
-  const DType ct = cpu_compute_dtype(promote_types(a.dtype(), b.dtype()));
+  const DType ct = compute_dtype(promote_types(a.dtype(), b.dtype()));
   return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean);
 }
 
@@ -94,7 +94,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   // True division: integers divide as floats, like torch.div.
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   Tensor out = binary_kernel(BinaryOp::div, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("div", out, {a, b},
@@ -152,7 +152,7 @@ Tensor add_n(const std::vector<Tensor>& terms) {
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   Tensor out = binary_kernel(BinaryOp::pow, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
@@ -271,7 +271,7 @@ void update(UpdateOp op, const char* name, const Tensor& dst, ScalarArgs args, c
   detail::check_inplace(name, dst);
   const KernelTable& k = kernels_for(name, {&dst, &a, &b});
   const DType t = dst.dtype();
-  const DType ct = detail::cpu_compute_dtype(t);
+  const DType ct = detail::compute_dtype(t);
   if (ct != t) {  // 16-bit floats: compute in f32, store back
     Tensor tmp = detail::as_plain(dst, ct);
     update(op, name, tmp, args, a, b);

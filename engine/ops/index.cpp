@@ -14,8 +14,8 @@
 #include "engine/device_error.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/join.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/op_helpers.h"
 #include "engine/ops/view.h"
 
@@ -135,7 +135,7 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   check_scatter_shapes(op, x, d, idx, has_src ? &src : nullptr);
   idx = detail::checked_index(op, idx, d, x.shape()[d]);
 
-  const DType ct = mode == ScatterMode::add ? detail::cpu_compute_dtype(x.dtype()) : x.dtype();
+  const DType ct = mode == ScatterMode::add ? detail::compute_dtype(x.dtype()) : x.dtype();
   Tensor out = plain_copy(x, ct);
   const Tensor s = has_src ? detail::as_plain(src, ct) : Tensor();
   const IndexMode im = mode == ScatterMode::add    ? IndexMode::scatter_add
@@ -234,7 +234,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                                 str(d) + ")");
   idx = detail::checked_index("index_add", idx, d, x.shape()[d]);
 
-  const DType ct = detail::cpu_compute_dtype(x.dtype());
+  const DType ct = detail::compute_dtype(x.dtype());
   Tensor out = plain_copy(x, ct);
   const Tensor s = detail::as_plain(s_in, ct).contiguous();
   const Shape& xs = x.shape();

@@ -10,7 +10,7 @@
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 
@@ -38,8 +38,7 @@ Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x
 // 16-bit where the device multiplies them directly (f32 accumulation either
 // way), else they widen to f32.
 DType gemm_dtype(const KernelTable& k, DType dt) {
-  return k.gemm_16bit && (dt == DType::bf16 || dt == DType::f16) ? dt
-                                                                 : detail::cpu_compute_dtype(dt);
+  return k.gemm_16bit && (dt == DType::bf16 || dt == DType::f16) ? dt : detail::compute_dtype(dt);
 }
 
 // `x` without graph, in dtype `ct`, with its last two dims in a layout the
@@ -283,7 +282,7 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
         shapes_str(x, c));
   const DType dt = product_dtype("sq_dist", x, c);
   const Tensor X = cast(x, dt), C = cast(c, dt);
-  const DType ct = detail::cpu_compute_dtype(dt);
+  const DType ct = detail::compute_dtype(dt);
   const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
   Tensor xp = detail::as_plain(X, ct).contiguous(), cp = detail::as_plain(C, ct).contiguous();
   Tensor out = detail::make_tensor({N, K}, ct, x.device());

@@ -9,7 +9,7 @@
 
 #include "engine/autograd/node.h"
 #include "engine/kernels/table.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 
@@ -78,7 +78,7 @@ PoolGeom pool_geom(const char* op, const Tensor& x, Pair kernel, Pair stride, Pa
 template <class F>
 Tensor run_float(const char* op, const Tensor& t, const Shape& shape, F kernel) {
   const KernelTable& k = kernels_for(op, {&t});
-  const DType ct = detail::cpu_compute_dtype(t.dtype());
+  const DType ct = detail::compute_dtype(t.dtype());
   Tensor in = detail::as_plain(t, ct).contiguous();
   Tensor out = detail::make_tensor(shape, ct, t.device());
   kernel(k, ct, in.raw_data(), out.raw_data());

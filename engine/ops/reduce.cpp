@@ -5,7 +5,7 @@
 #include "engine/autograd/node.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce_plan.h"
 #include "engine/ops/view.h"
 
@@ -22,8 +22,8 @@ Tensor expand_back(const Tensor& g, const Shape& kept_shape, const Shape& in_sha
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const KernelTable& k = kernels_for("sum", {&x});
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
-  const DType ct = detail::cpu_compute_dtype(out_dt);
-  Tensor src = detail::cpu_compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
+  const DType ct = detail::compute_dtype(out_dt);
+  Tensor src = detail::compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
   auto p = detail::plan_reduce(src, dims, keepdim, "sum");
   Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
   k.reduce_rows(RowReduce::sum, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,

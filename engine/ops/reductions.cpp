@@ -13,8 +13,8 @@
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
 #include "engine/ops/index.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/op_helpers.h"
 #include "engine/ops/reduce_plan.h"
 #include "engine/ops/view.h"
@@ -23,7 +23,7 @@ namespace quanta {
 namespace {
 
 using detail::as_plain;
-using detail::cpu_compute_dtype;
+using detail::compute_dtype;
 using detail::make_tensor;
 
 using detail::one;
@@ -77,7 +77,7 @@ Tensor prod_backward(const Tensor& g, const Tensor& x, const Shape& kept, const 
 // bool compares as u8 and 16-bit floats as f32.
 DType extreme_compute_dtype(const Tensor& x, const char* op) {
   check_arithmetic(x, op);
-  return x.dtype() == DType::boolean ? DType::u8 : cpu_compute_dtype(x.dtype());
+  return x.dtype() == DType::boolean ? DType::u8 : compute_dtype(x.dtype());
 }
 
 // Values (when wanted) and first indices of the extrema along `dim` (x not 0-d).
@@ -161,7 +161,7 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
   const char* op = take_sqrt ? "std" : "var";
   const KernelTable& k = kernels_for(op, {&x});
   check_floating(x, op);
-  const DType ct = cpu_compute_dtype(x.dtype());
+  const DType ct = compute_dtype(x.dtype());
   auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
   // Too few values for the correction divide by zero (NaN), as in PyTorch.
   const double divisor = std::max(0.0, static_cast<double>(p.inner) - correction);
@@ -193,7 +193,7 @@ Tensor cumsum_dir(const Tensor& x, int64_t dim, bool reverse) {
   }
   const int64_t d = wrap_dim(dim, x.dim(), "cumsum");
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   const Tensor in = as_plain(x, ct).contiguous();
   Tensor out = make_tensor(x.shape(), ct, x.device());
   // x viewed as [outer, n, inner]; the scan runs over n.
@@ -227,7 +227,7 @@ Tensor prod(const Tensor& x, const Dims& dims, bool keepdim) {
   const KernelTable& k = kernels_for("prod", {&x});
   check_arithmetic(x, "prod");
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod");
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   // Integers multiply as unsigned 64-bit: overflow wraps.
@@ -272,7 +272,7 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
   const KernelTable& k = kernels_for("logsumexp", {&x});
   check_arithmetic(x, "logsumexp");
   const DType out_dt = to_floating(x.dtype());
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "logsumexp"), keepdim,
                                "logsumexp");
   Tensor out = make_tensor(p.out_shape, ct, x.device());
@@ -296,7 +296,7 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
   if (!(p > 0))
     throw std::invalid_argument("[norm] p must be > 0 or INFINITY, got " + std::to_string(p));
   const bool inf = std::isinf(p);
-  const DType ct = cpu_compute_dtype(x.dtype());
+  const DType ct = compute_dtype(x.dtype());
   auto plan = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "norm"), keepdim, "norm");
   if (inf) require_nonempty(plan, x.shape(), "norm");  // the inf-norm is a max
   Tensor out = make_tensor(plan.out_shape, ct, x.device());

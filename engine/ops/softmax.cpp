@@ -8,7 +8,7 @@
 #include "engine/dispatch.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 
@@ -27,7 +27,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, const char* op) {
   }
   const int64_t d = wrap_dim(dim, x.dim(), op);
   const DType out_dt = to_floating(x.dtype());
-  const DType ct = detail::cpu_compute_dtype(out_dt);
+  const DType ct = detail::compute_dtype(out_dt);
   const Tensor in = detail::as_plain(x, ct).contiguous();
   Tensor out = detail::make_tensor(x.shape(), ct, x.device());
   int64_t outer = 1, inner = 1;

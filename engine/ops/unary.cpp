@@ -6,7 +6,7 @@
 #include "engine/autograd/node.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
-#include "engine/ops/elementwise_kernels.h"
+#include "engine/ops/kernel_call.h"
 #include "engine/ops/op_helpers.h"
 
 namespace quanta {

@@ -14,41 +14,9 @@
 //     opt.step(); opt.zero_grad();
 //   }
 //
-// What distributed mode changes, layer by layer:
-// * VectorQuantize (and ResidualVQ, GroupedResidualVQ, RandomProjection-
-//   Quantizer, which hold them): forward issues NO collective. It only
-//   accumulates local statistics (folded EMA counts and sums, token counts,
-//   every valid row as a dead-code candidate, k-means samples while the
-//   codebook awaits initialisation). sync_state() reduces them with a fixed,
-//   data-independent sequence of collectives and updates every rank's codebook
-//   identically, so codebooks stay bitwise equal.
-// * k-means initialisation is global and deferred: the training forwards
-//   before the first sync_state() quantize against the zero codebook (every
-//   token gets code 0 and the zero vector) and only collect samples;
-//   sync_state() gathers every rank's samples in rank order and runs k-means
-//   on the pool, identically on every rank (the same result as one process on
-//   the whole batch). Call sync_state() once after a first no-grad training
-//   forward to start training from initialised codes.
-// * LFQ (and ResidualLFQ, GroupedResidualLFQ): every token mean in the loss
-//   (per-sample entropy, batch entropy, commitment) is the token-weighted
-//   mean over all ranks through dist::fn::global_mean, so the loss and its
-//   gradient equal one process's on the whole batch. These ARE collectives
-//   inside the training forward: every rank must run the same LFQ training
-//   forwards (a rank with no tokens or a fully masked batch takes part as
-//   usual). A rank that runs an extra one, or evaluates while the others
-//   train, cannot be made correct: every rank fails at the group's timeout
-//   with an error naming the collective it waited in and the rank that did
-//   not arrive, instead of hanging.
-// * Quantize dropout, stochastic code sampling and entropy subsampling draw
-//   from StepStreams pinned to the reconciliation count: every rank draws the
-//   same numbers in a step, whatever extra, eval or no-grad forwards it ran.
-// * VectorQuantize's codebook-diversity loss averages code probabilities
-//   over the batch through a cross-rank, token-weighted mean (collectives in
-//   the training forward when its weight is > 0, as for LFQ).
-// * affine_param: the running batch statistics are accumulated in forward
-//   (count, sum, sum of squares of the valid rows) and applied at the
-//   reconciliation, from the whole global batch, before the EMA step; a
-//   forward uses the statistics of the last reconciliation.
+// What distributed mode changes in each layer (no collective in a VQ
+// forward, deferred global k-means, LFQ's cross-rank token means, step-pinned
+// random streams, affine statistics): docs/distributed_quantizers.md.
 #include <cstdint>
 #include <memory>
 #include <string>

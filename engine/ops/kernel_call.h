@@ -1,7 +1,8 @@
 #pragma once
+// How an op calls its device's kernel table: the dtype a kernel computes in,
+// broadcasting, operands, and the calls of the elementwise families. Op
+// files hold validation and the backward formulas.
 #include <algorithm>
-// Shared machinery for elementwise ops: dtype selection, broadcasting and the
-// call of the device's kernel table. Op files hold only the backward formulas.
 #include <stdexcept>
 #include <string>
 
@@ -14,8 +15,9 @@
 
 namespace quanta::detail {
 
-/** Dtype a floating kernel computes in on the CPU (16-bit floats use f32). */
-inline DType cpu_compute_dtype(DType t) {
+/** Dtype a floating kernel computes in (16-bit floats use f32; a device whose
+ * kernels take 16-bit data directly, gemm_16bit, is asked by its op). */
+inline DType compute_dtype(DType t) {
   return (t == DType::bf16 || t == DType::f16) ? DType::f32 : t;
 }
 
@@ -31,7 +33,7 @@ inline Tensor unary_float(UnaryOp op, const Tensor& x, ScalarArgs args = {}) {
   const KernelTable& k = kernels_for(op_name(op), {&x});
   check_arithmetic(op_name(op), {x.dtype()});
   const DType out_dt = to_floating(x.dtype());
-  const DType ct = cpu_compute_dtype(out_dt);
+  const DType ct = compute_dtype(out_dt);
   Tensor in = as_plain(x, ct);
   Tensor out = make_tensor(x.shape(), ct, x.device());
   k.unary(op, args, x.shape(), operand_of(out), operand_of(in));
