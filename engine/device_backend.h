@@ -18,8 +18,6 @@ struct DeviceErrorFlag;
 struct DeviceCaps {
   /** conv2d takes channels-last (NHWC) activations without permuting them. */
   bool channels_last_conv = false;
-  /** add_n sums more than two terms in one pass. */
-  bool fused_add_n = false;
   /** Its bytes are this process's ordinary memory (the host may read them
    * directly, without a copy: the CPU alone; sim's memory is host memory
    * too, but reading it is a counted copy, as on a GPU). */

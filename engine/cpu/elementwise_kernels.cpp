@@ -8,6 +8,7 @@
 #include "engine/cpu/convert.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/loop.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/unary_vector.h"
 #include "engine/dispatch.h"
 #include "engine/eigen.h"
@@ -129,6 +130,27 @@ void where(const Shape& shape, const Operand& out, const Operand& cond, const Op
     using T = typename decltype(tag)::type;
     map<T, bool, T, T>(
         shape, [](bool k, T x, T y) { return k ? x : y; }, out, cond, a, b);
+  });
+}
+
+void add_n(DType dtype, const TermList& terms, int64_t n, void* out) {
+  dispatch_float(dtype, "add_n", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(out);
+    const auto term = [&](int64_t t) { return static_cast<const T*>(terms.data[t]); };
+    parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
+      // Blocks that stay in L1 while every term is added into them in order.
+      constexpr int64_t kBlock = 2048;
+      for (int64_t b = lo; b < hi; b += kBlock) {
+        const int64_t e = std::min(hi, b + kBlock);
+        const T* s0 = term(0);
+        for (int64_t i = b; i < e; ++i) dst[i] = s0[i];
+        for (int64_t t = 1; t < terms.count; ++t) {
+          const T* st = term(t);
+          for (int64_t i = b; i < e; ++i) dst[i] += st[i];
+        }
+      }
+    });
   });
 }
 

@@ -49,7 +49,7 @@ void copy(void* dst, Device, const void* src, Device, std::size_t nbytes) {
 const DeviceBackend& host_backend() {
   static const DeviceBackend b{
       .name = "cpu",
-      .caps = {.channels_last_conv = true, .fused_add_n = true, .host_readable = true},
+      .caps = {.channels_last_conv = true, .host_readable = true},
       .allocate = allocate,
       .release = release,
       .copy = copy,

@@ -31,7 +31,7 @@ const DeviceBackend& backend() {
   // The CUDA convolutions take channels first (ops permute NHWC around them).
   static const DeviceBackend b{
       .name = "cuda",
-      .caps = {.channels_last_conv = false, .fused_add_n = false, .host_readable = false},
+      .caps = {.channels_last_conv = false, .host_readable = false},
       .allocate = allocate,
       .release = release,
       .copy = copy,

@@ -94,7 +94,46 @@ struct WhereBody {
   }
 };
 
+// add_n in launches of up to kTermsPerLaunch terms passed by value: the
+// first starts from term 0, each later one from out, so every element adds
+// the terms in order.
+constexpr int kTermsPerLaunch = 8;
+
+template <class T>
+struct TermBatch {
+  const T* term[kTermsPerLaunch];
+  int count = 0;
+  bool from_out = false;
+};
+
+template <class T>
+__global__ void add_terms_kernel(int64_t n, TermBatch<T> b, T* out) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    T acc = b.from_out ? out[i] : b.term[0][i];
+    for (int t = b.from_out ? 0 : 1; t < b.count; ++t) acc += b.term[t][i];
+    out[i] = acc;
+  }
+}
+
 }  // namespace
+
+void add_n(DType dtype, const TermList& terms, int64_t n, void* out) {
+  if (n == 0) return;
+  dispatch_float(dtype, "add_n", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const LaunchConfig cfg = launch_config(n, max_blocks());
+    for (int64_t first = 0; first < terms.count; first += kTermsPerLaunch) {
+      TermBatch<T> b;
+      b.from_out = first > 0;
+      for (int64_t t = first; t < terms.count && b.count < kTermsPerLaunch; ++t)
+        b.term[b.count++] = static_cast<const T*>(terms.data[t]);
+      add_terms_kernel<T>
+          <<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, b, static_cast<T*>(out));
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
 
 void fill(const Shape& shape, const Operand& dst, double value) {
   dispatch_all(dst.dtype, "fill_", [&](auto tag) {

@@ -26,6 +26,7 @@ const KernelTable& unavailable_kernels() {
       .binary = [](BinaryOp op, auto...) { no_cuda(op_name(op)); },
       .update = [](UpdateOp op, auto...) { no_cuda(op_name(op)); },
       .where = [](auto...) { no_cuda("where"); },
+      .add_n = [](auto...) { no_cuda("add_n"); },
       .reduce_rows = [](RowReduce op, auto...) { no_cuda(op_name(op)); },
       .gemm_maps = [](auto...) -> bool { no_cuda("gemm"); },
       .gemm = [](auto...) { no_cuda("gemm"); },

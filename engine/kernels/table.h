@@ -112,6 +112,13 @@ struct AdamStep {
   bool amsgrad = false;
 };
 
+/** The terms of add_n: `count` pointers to arrays on the device (the array
+ * of pointers itself is host memory). */
+struct TermList {
+  const void* const* data = nullptr;
+  int64_t count = 0;
+};
+
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
@@ -137,6 +144,10 @@ struct KernelTable {
   /** out[i] = cond[i] ? a[i] : b[i]; cond is bool, the rest share a dtype. */
   void (*where)(const Shape& shape, const Operand& out, const Operand& cond, const Operand& a,
                 const Operand& b);
+  /** out[i] = ((t0[i] + t1[i]) + t2[i]) + ... over the count >= 2 terms, in
+   * that order, each term and out n contiguous elements of one dtype (f32 or
+   * f64): the bits of adding the terms one by one, without the temporaries. */
+  void (*add_n)(DType dtype, const TermList& terms, int64_t n, void* out);
   /** out[r] = reduce(rows[r, 0..inner)) for r < outer; rows contiguous, out
    * contiguous. sum: floating input reduces in its own dtype, integral into
    * i64. prod, max, min: out has the input's dtype (prod: f32, f64 or i64;
@@ -269,8 +280,8 @@ struct KernelTable {
 // (An X-macro list, which clang-format does not lay out idempotently.)
 // clang-format off
 #define QUANTA_KERNEL_ENTRIES(X) \
-  X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(reduce_rows) X(gemm_maps) X(gemm) \
-  X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) X(index_lines) \
+  X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(add_n) X(reduce_rows) \
+  X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) X(index_lines) \
   X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) X(max_pool_route) \
   X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sgd_step) X(adam_step)
 // clang-format on

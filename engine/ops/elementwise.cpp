@@ -109,8 +109,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add_n(const std::vector<Tensor>& terms) {
   if (terms.empty()) throw std::invalid_argument("[add_n] needs at least one term");
   const Tensor& first = terms[0];
-  bool fused = terms.size() > 2 && device_caps(first.device()).fused_add_n &&
-               (first.dtype() == DType::f32 || first.dtype() == DType::f64);
+  // Three or more like terms: one kernel adding them in order (the bits of
+  // the chain of adds below, without its temporaries).
+  bool fused = terms.size() > 2 && (first.dtype() == DType::f32 || first.dtype() == DType::f64);
   for (const Tensor& t : terms)
     fused = fused && t.defined() && t.device() == first.device() && t.dtype() == first.dtype() &&
             t.shape() == first.shape();
@@ -120,27 +121,15 @@ Tensor add_n(const std::vector<Tensor>& terms) {
     return total;
   }
   std::vector<Tensor> in;
-  for (const Tensor& t : terms) in.push_back(contiguous(t.detach()));
+  std::vector<const void*> data;
+  for (const Tensor& t : terms) {
+    in.push_back(contiguous(t.detach()));
+    data.push_back(in.back().raw_data());
+  }
   Tensor out = detail::make_tensor(first.shape(), first.dtype(), first.device());
-  dispatch_float(first.dtype(), "add_n", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    std::vector<const T*> src;
-    for (const Tensor& t : in) src.push_back(t.data<T>());
-    T* dst = out.data<T>();
-    cpu::parallel_for(0, out.numel(), cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
-      // Blocks that stay in L1 while every term is added into them in order.
-      constexpr int64_t kBlock = 2048;
-      for (int64_t b = lo; b < hi; b += kBlock) {
-        const int64_t e = std::min(hi, b + kBlock);
-        const T* s0 = src[0];
-        for (int64_t i = b; i < e; ++i) dst[i] = s0[i];
-        for (std::size_t t = 1; t < src.size(); ++t) {
-          const T* st = src[t];
-          for (int64_t i = b; i < e; ++i) dst[i] += st[i];
-        }
-      }
-    });
-  });
+  kernels(first.device())
+      .add_n(first.dtype(), {data.data(), static_cast<int64_t>(data.size())}, out.numel(),
+             out.raw_data());
   std::vector<bool> needs;
   for (const Tensor& t : terms) needs.push_back(t.requires_grad());
   return autograd::record("add_n", out, terms, [needs](const Tensor& g) {

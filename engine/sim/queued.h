@@ -1,7 +1,7 @@
 #pragma once
 // How a CPU table entry becomes one of sim's: the call's arguments are copied
 // into a closure, with the host arrays some of them point to (an Operand's
-// strides, GemmArgs' offsets), and the closure is queued on the current sim
+// strides, GemmArgs' offsets, add_n's terms), and the closure is queued on the current sim
 // device's stream to run the CPU's kernel there. The device pointers are
 // copied as they are: they stay valid because sim frees memory on the stream
 // too, after every kernel queued before the free.
@@ -72,6 +72,17 @@ class Held<GemmArgs> {
  private:
   GemmArgs args_;
   std::vector<int64_t> a_off_, b_off_;
+};
+
+/** add_n's array of term pointers is a host array. */
+template <>
+class Held<TermList> {
+ public:
+  Held(const TermList& t, std::size_t) : data_(t.data, t.data + t.count) {}
+  TermList get() const { return {data_.data(), static_cast<int64_t>(data_.size())}; }
+
+ private:
+  std::vector<const void*> data_;
 };
 
 /** The rank of the call's shape: how many strides each Operand brings. */

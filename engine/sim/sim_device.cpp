@@ -83,7 +83,7 @@ const DeviceBackend& backend() {
   // takes the chain of adds, which sums the terms in the same order.
   static const DeviceBackend b{
       .name = "sim",
-      .caps = {.channels_last_conv = true, .fused_add_n = false, .host_readable = false},
+      .caps = {.channels_last_conv = true, .host_readable = false},
       .allocate = allocate,
       .release = release,
       .copy = copy,

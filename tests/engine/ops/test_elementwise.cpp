@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "engine/ops/harness.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -346,6 +347,26 @@ TEST_CASE("add_n: the chain of adds bit for bit, gradients only where taken, cle
   CHECK(add_n({t[3]}).to_vector<float>() == t[3].to_vector<float>());
   CHECK_THROWS_WITH_AS(add_n({}), doctest::Contains("[add_n] needs at least one term"),
                        std::invalid_argument);
+}
+
+TEST_CASE("add_n on every test device: more terms than one CUDA launch takes, the CPU's bits") {
+  Generator gen(9);
+  std::vector<Tensor> t;
+  for (int i = 0; i < 19; ++i) t.push_back(randn({5, 301}, gen, {.dtype = DType::f64}));
+  const std::vector<double> want = add_n(t).to_vector<double>();
+  Tensor chain = t[0];
+  for (int i = 1; i < 19; ++i) chain = chain + t[i];
+  CHECK(want == chain.to_vector<double>());
+  for (const Device d : testing::test_devices()) {
+    INFO(d.str());
+    std::vector<Tensor> on;
+    for (const Tensor& x : t) on.push_back(x.to(d));
+    const Tensor got = add_n(on);
+    CHECK(got.device() == d);
+    // The terms may go (and be freed) before the queued kernel runs.
+    on.clear();
+    CHECK(got.to(Device::cpu()).to_vector<double>() == want);
+  }
 }
 
 TEST_CASE("relu_backward: where(x > 0, grad, 0) in one pass, NaN and ties included") {
