@@ -18,10 +18,15 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "engine/io/atomic_file.h"
+#include "engine/io/safetensors_spec.h"
 
 namespace quanta::io {
 namespace {
+
+using safetensors_spec::find_spec;
+using safetensors_spec::kBlockDTypeKey;
+using safetensors_spec::quote_name;
+using safetensors_spec::SpecDType;
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian values; quanta copies bytes as they are");
@@ -31,61 +36,6 @@ using ordered_json = nlohmann::ordered_json;
 
 // The reference loader's limit on the header size.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-
-// A dtype of the safetensors spec. `rank` is its position in the reference
-// `Dtype` enum (increasing alignment), which the reference writer sorts by.
-struct SpecDType {
-  const char* name;
-  int rank;
-  int bits;
-  std::optional<DType> dtype;  // empty: quanta has no matching dtype
-};
-
-// clang-format off
-constexpr std::array<SpecDType, 20> kSpecDTypes = {{
-    {"BOOL", 0, 8, DType::boolean},
-    {"F4", 1, 4, std::nullopt},
-    {"F6_E2M3", 2, 6, std::nullopt},
-    {"F6_E3M2", 3, 6, std::nullopt},
-    {"U8", 4, 8, DType::u8},
-    {"I8", 5, 8, std::nullopt},
-    {"F8_E5M2", 6, 8, std::nullopt},
-    {"F8_E4M3", 7, 8, std::nullopt},
-    {"F8_E8M0", 8, 8, std::nullopt},
-    {"I16", 9, 16, std::nullopt},
-    {"U16", 10, 16, std::nullopt},
-    {"F16", 11, 16, DType::f16},
-    {"BF16", 12, 16, DType::bf16},
-    {"I32", 13, 32, DType::i32},
-    {"U32", 14, 32, std::nullopt},
-    {"F32", 15, 32, DType::f32},
-    {"C64", 16, 64, std::nullopt},
-    {"F64", 17, 64, DType::f64},
-    {"I64", 18, 64, DType::i64},
-    {"U64", 19, 64, std::nullopt},
-}};
-// clang-format on
-
-const SpecDType* find_spec(const std::string& name) {
-  for (const auto& s : kSpecDTypes)
-    if (name == s.name) return &s;
-  return nullptr;
-}
-
-const SpecDType* find_spec(DType t) {
-  for (const auto& s : kSpecDTypes)
-    if (s.dtype == t) return &s;
-  return nullptr;
-}
-
-// Names can be as long as the header: keep error messages to one readable line.
-std::string quote_name(const std::string& s) {
-  constexpr std::size_t kMax = 80;
-  std::string out = "'";
-  for (char c : s.size() > kMax ? s.substr(0, kMax) : s)
-    out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
-  return out + (s.size() > kMax ? "...'" : "'");
-}
 
 std::string brief_json(const json& j) {
   std::string s = j.dump(-1, ' ', true, json::error_handler_t::replace);
@@ -317,10 +267,6 @@ uint64_t check_length(const uint8_t* head, uint64_t total, const std::string& so
   return n;
 }
 
-// Metadata key prefix naming the dtype and shape of a tensor stored as raw
-// U8 bytes because safetensors has no such dtype (nf4): "nf4 [4096, 4096]".
-const std::string kBlockDTypeKey = "quanta.dtype.";
-
 std::pair<DType, Shape> parse_block_dtype(const std::string& value, const SafetensorsEntry& e,
                                           const std::string& source) {
   const auto space = value.find(' ');
@@ -454,96 +400,9 @@ SafetensorsHeader read_header(const InputFile& in, const std::string& path) {
   return parse_header(text.data(), n, in.size - 8 - n, path);
 }
 
-// ---- writing ----
-
-// What a file holds, in write order: the padded header, then each tensor's bytes.
-struct Prepared {
-  std::string header;
-  std::vector<Tensor> data;  // contiguous CPU tensors in buffer order
-};
-
-Prepared prepare(const TensorMap& tensors, const std::map<std::string, std::string>& metadata) {
-  struct Item {
-    const std::string* name;
-    Tensor t;
-    const SpecDType* spec;
-  };
-  std::vector<Item> items;
-  items.reserve(tensors.size());
-  std::map<std::string, std::string> meta = metadata;
-  std::set<std::string_view> seen;
-  for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__")
-      throw std::invalid_argument(
-          "[save_safetensors] tensor name '__metadata__' is reserved for file metadata");
-    if (!seen.insert(name).second)
-      throw std::invalid_argument("[save_safetensors] duplicate tensor name " + quote_name(name));
-    if (!t.defined())
-      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
-                                  " is undefined");
-    if (dtype_info(t.dtype()).block_elems != 1) {
-      // Block dtypes (nf4) are saved as their bytes, U8 [nbytes].
-      const Tensor c = t.detach().to(Device::cpu()).contiguous();
-      Tensor bytes =
-          detail::make_tensor({static_cast<int64_t>(c.nbytes())}, DType::u8, Device::cpu());
-      if (c.nbytes()) std::memcpy(bytes.raw_data(), c.raw_data(), c.nbytes());
-      meta[kBlockDTypeKey + name] =
-          std::string(dtype_name(t.dtype())) + " " + json(t.shape()).dump();
-      items.push_back({&name, bytes, find_spec(DType::u8)});
-      continue;
-    }
-    const SpecDType* spec = find_spec(t.dtype());
-    if (!spec)
-      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) + " has dtype " +
-                                  dtype_name(t.dtype()) +
-                                  ", which safetensors files cannot hold yet");
-    items.push_back({&name, t.detach().to(Device::cpu()).contiguous(), spec});
-  }
-  // Like the reference writer: largest alignment first, then by name, so every
-  // tensor starts at a multiple of its element size (the header is padded to 8).
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    if (a.spec->rank != b.spec->rank) return a.spec->rank > b.spec->rank;
-    return *a.name < *b.name;
-  });
-
-  ordered_json header = ordered_json::object();
-  if (!meta.empty()) header["__metadata__"] = meta;
-  Prepared p;
-  uint64_t offset = 0;
-  for (auto& item : items) {
-    const uint64_t n = item.t.nbytes();
-    ordered_json info = ordered_json::object();
-    info["dtype"] = item.spec->name;
-    info["shape"] = item.t.shape();
-    info["data_offsets"] = {offset, offset + n};
-    header[*item.name] = std::move(info);
-    offset += n;
-    p.data.push_back(std::move(item.t));
-  }
-  try {
-    p.header = header.dump();
-  } catch (const ordered_json::exception& e) {
-    throw std::invalid_argument(std::string("[save_safetensors] a tensor name or metadata "
-                                            "string is not valid UTF-8 (") +
-                                e.what() + ")");
-  }
-  p.header.append((8 - p.header.size() % 8) % 8, ' ');
-  return p;
-}
-
 }  // namespace
 
 // ---- public API ----
-
-void save_safetensors(const std::string& path, const TensorMap& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // Everything that can be refused is refused before touching the disk.
-  const Prepared p = prepare(tensors, metadata);
-  const uint64_t n = p.header.size();
-  std::vector<ByteSpan> pieces = {{&n, 8}, {p.header.data(), n}};
-  for (const Tensor& t : p.data) pieces.push_back({t.raw_data(), t.nbytes()});
-  write_file_atomic(path, pieces, "save_safetensors");
-}
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
   InputFile in(path);
@@ -569,25 +428,6 @@ std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const Safet
                    "changed after its header was read?)");
   std::vector<uint8_t> out(n);
   if (n > 0) in.read_at(8 + h.header_bytes + e.begin, out.data(), n, path);
-  return out;
-}
-
-std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
-  const Prepared p = prepare(tensors, metadata);
-  uint64_t total = 8 + p.header.size();
-  for (const Tensor& t : p.data) total += t.nbytes();
-  // Sized once and filled with memcpy (GCC 12 misreports vector::insert here).
-  std::vector<uint8_t> out(total);
-  uint8_t* dst = out.data();
-  const uint64_t n = p.header.size();
-  std::memcpy(dst, &n, 8);
-  std::memcpy(dst + 8, p.header.data(), n);
-  dst += 8 + n;
-  for (const Tensor& t : p.data) {
-    if (t.nbytes() > 0) std::memcpy(dst, t.raw_data(), t.nbytes());
-    dst += t.nbytes();
-  }
   return out;
 }
 
