@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "llm/text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/lm_task.h"
+#include "train/run_folder.h"
 
 using namespace quanta;
 using namespace quanta::test;
@@ -508,4 +510,44 @@ TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged w
       run_quanta({"finetune", "--model", model("qwen2_bias"), "--data", d.file("train.txt"),
                   "--seq-len", "16", "--out", d.file("run2")}),
       2, "has no tokenizer.model to read it with");
+}
+
+namespace {
+// Sets environment variables for a scope (the quanta processes a test
+// starts inherit them), and removes them after.
+struct ScopedEnv {
+  std::vector<std::string> names;
+  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
+    for (const auto& [name, value] : vars) {
+      ::setenv(name.c_str(), value.c_str(), 1);
+      names.push_back(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const std::string& name : names) ::unsetenv(name.c_str());
+  }
+};
+}  // namespace
+
+TEST_CASE("finetune --model, one epoch: the checkpoint records its step count for restarts") {
+  ScratchDir d("ft_lm_epoch");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(600, 1), llm::TokenWidth::u16);
+  const int64_t sequences = llm::LmExamples::from_file(d.file("train.bin"), 32, 64).size();
+  const int64_t steps = (sequences + 3) / 4;  // batch 4
+  REQUIRE(steps > 1);
+  const CliResult r = run_quanta(finetune("llama_gqa", d, "run"));  // no --steps: one epoch
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto meta = io::read_safetensors_header(d.file("run/checkpoint.safetensors")).metadata;
+  CHECK(json::parse(meta.at("config"))["steps"] == steps);
+  // A launcher's restart of the job that wrote the folder: the run is
+  // complete at that count (a checkpoint short of it would resume).
+  train::claim_run(d.file("run"), "job-epoch");
+  const ScopedEnv env({{"QUANTA_RESTART_COUNT", "1"},
+                       {"QUANTA_MAX_RESTARTS", "1"},
+                       {"QUANTA_RUN_ID", "job-epoch"}});
+  const CliResult again = run_quanta(finetune("llama_gqa", d, "run"));
+  CAPTURE(again.err);
+  CHECK(again.code == 0);
+  CHECK(contains(again.out, "is complete (its checkpoint is at its last step, " +
+                                std::to_string(steps) + "); nothing left to fine-tune"));
 }

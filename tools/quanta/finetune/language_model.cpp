@@ -315,6 +315,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   s.items_per_row = seq_len;
   s.checkpoint_format = kLmFinetuneFormat;
   s.checkpoint_config = spec.config;
+  // --steps 0 (one epoch) was resolved from the data just now: the checkpoint
+  // records the count, so a restart can tell a complete run from one to resume.
+  s.checkpoint_config["steps"] = o.steps;
   s.header = {{"quanta_version", QUANTA_VERSION},
               {"config", s.checkpoint_config},
               {"device", run->device.str()}};

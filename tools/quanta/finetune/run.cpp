@@ -40,16 +40,22 @@ void check_resume(const FinetuneOptions& o, const RunSpec& spec) {
 }  // namespace
 
 std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const RunSpec& spec) {
-  RunStart start(
-      {.out = o.out,
-       .resume = o.resume,
-       .overwrite = o.overwrite,
-       .files = spec.files,
-       .inputs = spec.inputs,
-       .verb = "fine-tune",
-       .gerund = "fine-tuning",
-       .complete = [&](int64_t step, int64_t, const nlohmann::json&) { return step >= o.steps; },
-       .done_marker = spec.done_marker});
+  RunStart start({.out = o.out,
+                  .resume = o.resume,
+                  .overwrite = o.overwrite,
+                  .files = spec.files,
+                  .inputs = spec.inputs,
+                  .verb = "fine-tune",
+                  .gerund = "fine-tuning",
+                  // --steps 0 (a language model's one epoch) is counted once the data
+                  // is read; its checkpoint records that count.
+                  .complete =
+                      [&](int64_t step, int64_t, const nlohmann::json& config) {
+                        const int64_t steps =
+                            o.steps > 0 ? o.steps : config.value("steps", int64_t{0});
+                        return steps > 0 && step >= steps;
+                      },
+                  .done_marker = spec.done_marker});
   if (start.resume()) check_resume(o, spec);
   if (start.finished()) return std::nullopt;
   StartedRun run;
