@@ -12,3 +12,11 @@
 
 /** One designated initializer of a table: the function named as the entry. */
 #define QUANTA_FILL_KERNEL(entry) .entry = entry,
+
+/** Fails to compile unless `list` names every function member of `Table`:
+ * a table is `leading` pointer-sized data members, then one pointer per
+ * entry. */
+#define QUANTA_CHECK_ENTRY_LIST(Table, list, leading)                                    \
+  static_assert(sizeof(Table) == sizeof(void*) * (leading + 0 list(QUANTA_COUNT_ENTRY)), \
+                #list " must list every entry of " #Table ", in order")
+#define QUANTA_COUNT_ENTRY(entry) +1

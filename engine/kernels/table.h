@@ -290,11 +290,7 @@ struct KernelTable {
  * device's namespace): QUANTA_KERNEL_ENTRIES(QUANTA_DECLARE_KERNEL). */
 #define QUANTA_DECLARE_KERNEL(entry) QUANTA_DECLARE_ENTRY(KernelTable, entry)
 
-#define QUANTA_COUNT_KERNEL(entry) +1
-static_assert(sizeof(KernelTable) ==
-                  sizeof(void*) * (2 + 0 QUANTA_KERNEL_ENTRIES(QUANTA_COUNT_KERNEL)),
-              "QUANTA_KERNEL_ENTRIES must list every entry of KernelTable, in order");
-#undef QUANTA_COUNT_KERNEL
+QUANTA_CHECK_ENTRY_LIST(KernelTable, QUANTA_KERNEL_ENTRIES, 2);
 
 /** The kernel table of `device`; for CUDA in a build without CUDA, a table
  * whose every entry throws "[op] quanta was built without CUDA". */

@@ -114,11 +114,7 @@ struct LlmKernelTable {
 /** Declares a device's function for `entry`, with the entry's type. */
 #define QUANTA_DECLARE_LLM_KERNEL(entry) QUANTA_DECLARE_ENTRY(LlmKernelTable, entry)
 
-#define QUANTA_COUNT_LLM_KERNEL(entry) +1
-static_assert(sizeof(LlmKernelTable) ==
-                  sizeof(void*) * (1 + 0 QUANTA_LLM_KERNEL_ENTRIES(QUANTA_COUNT_LLM_KERNEL)),
-              "QUANTA_LLM_KERNEL_ENTRIES must list every entry of LlmKernelTable, in order");
-#undef QUANTA_COUNT_LLM_KERNEL
+QUANTA_CHECK_ENTRY_LIST(LlmKernelTable, QUANTA_LLM_KERNEL_ENTRIES, 1);
 
 /** The table of `device` (cpu, sim or cuda; on cuda without the module's
  * table, entries that throw naming the op). */

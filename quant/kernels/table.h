@@ -145,11 +145,7 @@ struct QuantKernelTable {
  * device's namespace): QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_DECLARE_QUANT_KERNEL). */
 #define QUANTA_DECLARE_QUANT_KERNEL(entry) QUANTA_DECLARE_ENTRY(QuantKernelTable, entry)
 
-#define QUANTA_COUNT_QUANT_KERNEL(entry) +1
-static_assert(sizeof(QuantKernelTable) ==
-                  sizeof(void*) * (1 + 0 QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_COUNT_QUANT_KERNEL)),
-              "QUANTA_QUANT_KERNEL_ENTRIES must list every entry of QuantKernelTable, in order");
-#undef QUANTA_COUNT_QUANT_KERNEL
+QUANTA_CHECK_ENTRY_LIST(QuantKernelTable, QUANTA_QUANT_KERNEL_ENTRIES, 1);
 
 /** The quantizer kernel table of `device`: the CPU table (quant/cpu/), sim's
  * (quant/sim/), or for CUDA the CUDA module's (quant/cuda/), with the device made current; without
