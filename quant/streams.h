@@ -1,10 +1,9 @@
 #pragma once
-// Named random streams for the quantizers. A layer takes one 64-bit seed from
-// the generator it is built with and keys each of its streams by name from
-// that seed, so layers built from the same generator state (on every rank)
+// How a quantizer layer is seeded. A layer takes one 64-bit seed from the
+// generator it is built with and keys each of its streams by name from that
+// seed (Generator::named), so layers built from the same generator state (on every rank)
 // draw identical numbers without communicating.
 #include <cstdint>
-#include <string_view>
 
 #include "engine/random/generator.h"
 
@@ -15,11 +14,6 @@ inline uint64_t draw_seed(Generator& gen) {
   uint32_t w[2];
   gen.fill_u32(w, 2);
   return (static_cast<uint64_t>(w[1]) << 32) | w[0];
-}
-
-/** The stream `name` of `seed` ("vq.dead_code", "rvq.dropout", ...). */
-inline Generator named_stream(uint64_t seed, std::string_view name) {
-  return Generator::named(seed, name);
 }
 
 }  // namespace quanta::quant

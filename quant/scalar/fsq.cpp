@@ -23,12 +23,10 @@ namespace {
 
 }  // namespace
 
-FSQ::FSQ(FSQOptions opts, Generator& gen) : FSQ(std::move(opts), draw_seed(gen)) {}
-
-FSQ::FSQ(FSQOptions opts, uint64_t seed)
+FSQ::FSQ(FSQOptions opts, Generator& gen)
     : SingleLayerQuantizer("FSQ"),
       opts_(std::move(opts)),
-      seed_(seed),
+      seed_(draw_seed(gen)),
       noise_gen_(Generator::named(seed_, "fsq.noise")) {
   const auto& L = opts_.levels;
   if (L.empty()) fsq_fail("levels must not be empty");

@@ -100,10 +100,6 @@ class FSQ : public SingleLayerQuantizer, public StepKeyed {
   const std::vector<int64_t>& basis() const { return basis_; }
 
  private:
-  // A residual stack seeds each layer from its own seed (detail::child_seed).
-  friend class ResidualFSQ;
-  FSQ(FSQOptions opts, uint64_t seed);
-
   Tensor per_dim(const std::vector<double>& v, const Tensor& like) const;
   /** Codes [..., C, d] -> [..., C*d] -> project_out when asked. */
   Tensor codes_out(const Tensor& codes, bool project_out) const;

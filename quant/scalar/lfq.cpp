@@ -24,12 +24,10 @@ namespace {
 
 }  // namespace
 
-LFQ::LFQ(LFQOptions opts, Generator& gen) : LFQ(std::move(opts), draw_seed(gen)) {}
-
-LFQ::LFQ(LFQOptions opts, uint64_t seed)
+LFQ::LFQ(LFQOptions opts, Generator& gen)
     : SingleLayerQuantizer("LFQ"),
       opts_(std::move(opts)),
-      seed_(seed),
+      seed_(draw_seed(gen)),
       sample_gen_(StepStream(Generator::named(seed_, "lfq.entropy_tokens"))) {
   if (opts_.num_codebooks < 1)
     lfq_fail("num_codebooks must be >= 1, got " + std::to_string(opts_.num_codebooks));

@@ -111,10 +111,6 @@ class LFQ : public SingleLayerQuantizer, public StepKeyed {
   const LFQOptions& options() const { return opts_; }
 
  private:
-  // A residual stack seeds each layer from its own seed (detail::child_seed).
-  friend class ResidualLFQ;
-  LFQ(LFQOptions opts, uint64_t seed);
-
   /** +-m per bit of every code: what the entropy terms compare against. */
   Tensor entropy_codebook(const Tensor& like) const;
 

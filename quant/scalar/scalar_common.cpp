@@ -40,8 +40,4 @@ Tensor features_to_dim1(const Tensor& x) {
   return permute(x, order);
 }
 
-uint64_t child_seed(uint64_t seed, const std::string& name) {
-  return quanta::detail::derive_key(seed, name);
-}
-
 }  // namespace quanta::quant::detail

@@ -1,6 +1,6 @@
 #pragma once
 // Pieces the FSQ and LFQ families share: the fixed random rotation, the input
-// soft clamp, layouts and sub-layer seeds. (Token masks are
+// soft clamp and layouts. (Token masks are
 // quant/token_layout.h's, the quantize-dropout draw quant/quantize_dropout.h's.)
 #include <cstdint>
 #include <string>
@@ -21,8 +21,5 @@ Tensor soft_clamp(const Tensor& x, const Tensor& v);
 
 /** [B, ..., D] to [B, D, ...] (features to dim 1), as channel-first outputs. */
 Tensor features_to_dim1(const Tensor& x);
-
-/** The seed of sub-layer `name` of a module seeded with `seed`. */
-uint64_t child_seed(uint64_t seed, const std::string& name);
 
 }  // namespace quanta::quant::detail

@@ -67,8 +67,8 @@ Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
     if (opts_.use_cosine_sim) embed = l2norm(embed);
   }
   const uint64_t seed = seed_of(gen);
-  kmeans_gen_ = StepStream(named_stream(seed, "vq.kmeans"));
-  dead_code_gen_ = StepStream(named_stream(seed, "vq.dead_code"));
+  kmeans_gen_ = StepStream(Generator::named(seed, "vq.kmeans"));
+  dead_code_gen_ = StepStream(Generator::named(seed, "vq.dead_code"));
   embed_ = opts_.embed_is_parameter ? register_parameter("embed", embed)
                                     : register_buffer("embed", embed);
   embed_avg_ = register_buffer("embed_avg", embed.clone());

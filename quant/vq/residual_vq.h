@@ -1,17 +1,19 @@
 #pragma once
 // ResidualVQ: a stack of VectorQuantize layers, each quantizing what the
 // previous ones left (SoundStream), with optional quantizer dropout; and
-// GroupedResidualVQ, one ResidualVQ per slice of the feature dimension. The
-// stack and the grouping are quant/residual.h and quant/grouped.h.
+// GroupedResidualVQ, one ResidualVQ per slice of the feature dimension. Both
+// are made from LayerTraits<VectorQuantize> (quant/layer_traits.h).
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
-#include "quant/grouped.h"
+#include "quant/grouped_of.h"
+#include "quant/layer_traits.h"
 #include "quant/quantize_output.h"
 #include "quant/residual.h"
+#include "quant/residual_of.h"
 #include "quant/vq/vector_quantize.h"
 
 namespace quanta::quant {
@@ -43,52 +45,6 @@ struct ResidualVQOptions {
   VectorQuantizeOptions layer;
 };
 
-class ResidualVQ : public Residual {
- public:
-  /** Layers "layers.<i>", projections "project_in" / "project_out"; the
-   * dropout stream "rvq.dropout" is keyed from `gen`. */
-  ResidualVQ(const ResidualVQOptions& opts, Generator& gen);
-
-  /** Quantizes `x` (layouts as VectorQuantize). Indices [B, N, Q] (-1 for
-   * dropped layers and masked tokens), loss [Q] (0 for dropped layers), and
-   * each VectorQuantize loss term stacked per layer. */
-  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
-    return forward(x, mask, QuantizeOptions{});
-  }
-
-  /** Per-layer codes of `indices` [..., q] (q <= Q; missing layers and -1
-   * give zeros): [Q, ..., codebook_dim]. */
-  Tensor get_codes_from_indices(const Tensor& indices) override;
-  /** project_out of the summed codes: [..., dim]. */
-  Tensor get_output_from_indices(const Tensor& indices) override;
-
-  /** Applies every codebook's pending statistics (each shared one once). */
-  void update_state();
-  /** Turns update_in_forward on or off for the whole stack. */
-  void set_update_in_forward(bool on);
-
-  const ResidualVQOptions& options() const { return opts_; }
-  int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
-  VectorQuantize& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
-  bool has_projections() const { return project_in_ != nullptr; }
-
-  using Residual::forward;
-
- protected:
-  QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
-                              const QuantizeOptions& opts) override;
-
- private:
-  ResidualVQOptions opts_;
-  int64_t codebook_dim_;
-  std::vector<std::shared_ptr<VectorQuantize>> layers_;
-  std::shared_ptr<Module> project_in_, project_out_;
-
-  // The public constructor validates `opts` once and delegates here.
-  struct Validated {};
-  ResidualVQ(const ResidualVQOptions& opts, Generator& gen, Validated);
-};
-
 /** GroupedResidualVQ options. */
 struct GroupedResidualVQOptions {
   int64_t dim = 0;
@@ -99,21 +55,69 @@ struct GroupedResidualVQOptions {
   ResidualVQOptions rvq;
 };
 
-class GroupedResidualVQ : public Grouped {
+/** How a stack of VectorQuantize layers is made (quant/layer_traits.h). */
+template <>
+struct LayerTraits<VectorQuantize> {
+  using Options = ResidualVQOptions;
+  using GroupedOptions = GroupedResidualVQOptions;
+  static constexpr const char* name = "ResidualVQ";
+  static constexpr const char* grouped_name = "GroupedResidualVQ";
+  static constexpr DType index_dtype = DType::i64;
+  static constexpr MemberLosses losses = MemberLosses::stacked;
+
+  /** Fills num_quantizers from codebook_sizes and one size to every layer. */
+  static StackPlan plan(Options& opts);
+  /** Layer i > 0 of a shared_codebook stack quantizes with layer 0's codebook. */
+  static std::shared_ptr<VectorQuantize> make_layer(
+      const Options& opts, const StackPlan& plan, int64_t i,
+      const std::vector<std::shared_ptr<VectorQuantize>>& built, Generator& gen);
+  static QuantizeOutput quantize(VectorQuantize& layer, const Tensor& residual,
+                                 const Tensor& token_mask, const QuantizeOptions& opts);
+  static Tensor codes(VectorQuantize& layer, const Tensor& indices);
+  /** A shared codebook is updated once, after all layers (the reference's
+   * manual_ema_update): its layers only accumulate. */
+  static void after_forward(const Options& opts, bool training,
+                            const std::vector<std::shared_ptr<VectorQuantize>>& layers);
+  static GroupedLayout grouped_layout(const GroupedOptions& opts);
+  static Options group_options(const GroupedOptions& opts);
+};
+
+extern template class ResidualOf<VectorQuantize>;
+
+class ResidualVQ : public ResidualOf<VectorQuantize> {
  public:
-  /** Groups "rvqs.<g>". */
-  GroupedResidualVQ(const GroupedResidualVQOptions& opts, Generator& gen);
+  /** Layers "layers.<i>", projections "project_in" / "project_out", built
+   * from `gen` (quant/layer_traits.h's seeding). */
+  using ResidualOf::ResidualOf;
+
+  /** Quantizes `x` (layouts as VectorQuantize). Indices [B, N, Q] (-1 for
+   * dropped layers and masked tokens), loss [Q] (0 for dropped layers), and
+   * each VectorQuantize loss term stacked per layer. */
+  QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
+    return forward(x, mask, QuantizeOptions{});
+  }
+  using ResidualOf::forward;
+
+  /** Applies every codebook's pending statistics (each shared one once). */
+  void update_state();
+  /** Turns update_in_forward on or off for the whole stack. */
+  void set_update_in_forward(bool on);
+};
+
+extern template class GroupedOf<VectorQuantize, ResidualVQ>;
+
+class GroupedResidualVQ : public GroupedOf<VectorQuantize, ResidualVQ> {
+ public:
+  /** Groups "rvqs.<g>", built one after another from `gen`. */
+  using GroupedOf::GroupedOf;
   /** Quantized features concatenated over groups; indices [G, B, N, Q], loss
    * [G, Q], loss terms [G, Q]. One dropout decision for all groups. */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
     return forward(x, mask, QuantizeOptions{});
   }
+  using GroupedOf::forward;
   void update_state();
   void set_update_in_forward(bool on);
-  /** Group `g`'s ResidualVQ. */
-  ResidualVQ& group(int64_t g) { return static_cast<ResidualVQ&>(Grouped::group(g)); }
-
-  using Grouped::forward;
 };
 
 }  // namespace quanta::quant

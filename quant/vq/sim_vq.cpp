@@ -13,6 +13,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/residual_of_impl.h"
 #include "quant/streams.h"
 #include "quant/token_layout.h"
 #include "quant/vq/commitment_loss.h"
@@ -103,51 +104,40 @@ Tensor SimVQ::indices_to_codes(const Tensor& indices) {
   return q;
 }
 
-ResidualSimVQ::ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen)
-    : Residual("ResidualSimVQ", {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
-                                 opts.quantize_dropout_multiple_of}),
-      opts_(opts) {
-  if (opts_.num_quantizers <= 0) sim_vq_fail("ResidualSimVQ", "num_quantizers must be positive");
-  quantize_dropout().check("ResidualSimVQ", opts_.num_quantizers);
-  auto list = std::make_shared<Module>("ModuleList");
-  register_module("layers", list);
-  for (int64_t i = 0; i < opts_.num_quantizers; ++i) {
-    SimVQOptions lo = opts_.layer;
-    lo.dim = opts_.dim;
-    lo.codebook_size = opts_.codebook_size;
-    lo.rotation_trick = opts_.rotation_trick;
-    lo.channel_first = false;  // the stack works on channel-last tokens
-    auto l = std::make_shared<SimVQ>(lo, gen);
-    list->register_module(std::to_string(i), l);
-    layers_.push_back(l);
-  }
-  seed_dropout(named_stream(draw_seed(gen), "rvq.dropout"));
+StackPlan LayerTraits<SimVQ>::plan(Options& opts) {
+  if (opts.num_quantizers <= 0) sim_vq_fail("ResidualSimVQ", "num_quantizers must be positive");
+  // Rank >= 4 inputs are feature maps whatever accept_image_fmap says (it
+  // only moves the features of sequences to dim 1).
+  return {.dim = opts.dim,
+          .layer_dim = opts.dim,
+          .num_quantizers = opts.num_quantizers,
+          .channel_last = !opts.accept_image_fmap,
+          .accept_image_fmap = true,
+          .dropout = {opts.quantize_dropout, opts.quantize_dropout_cutoff_index,
+                      opts.quantize_dropout_multiple_of}};
 }
 
-QuantizeOutput ResidualSimVQ::forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
-                                           const QuantizeOptions&) {
-  const TokenLayout layout(x, !opts_.accept_image_fmap, opts_.dim, "ResidualSimVQ");
-  const Tensor token_mask = detail::token_mask(mask, layout, "ResidualSimVQ");
-  return quantize_tokens(layout, x, nullptr, nullptr, [&](const Tensor& z) {
-    return residual_quantize(z, num_quantizers(), last_kept, DType::i64, MemberLosses::stacked,
-                             [&](int64_t i, const Tensor& residual) {
-                               return layers_[static_cast<size_t>(i)]->forward(residual,
-                                                                               token_mask);
-                             });
-  });
+std::shared_ptr<SimVQ> LayerTraits<SimVQ>::make_layer(const Options& opts, const StackPlan&,
+                                                      int64_t,
+                                                      const std::vector<std::shared_ptr<SimVQ>>&,
+                                                      Generator& gen) {
+  SimVQOptions lo = opts.layer;
+  lo.dim = opts.dim;
+  lo.codebook_size = opts.codebook_size;
+  lo.rotation_trick = opts.rotation_trick;
+  lo.channel_first = false;  // the stack works on channel-last tokens
+  return std::make_shared<SimVQ>(lo, gen);
 }
 
-Tensor ResidualSimVQ::get_codes_from_indices(const Tensor& indices) {
-  return residual_codes(
-      indices, num_quantizers(),
-      [&](int64_t i, const Tensor& idx) {
-        return embedding(layers_[static_cast<size_t>(i)]->codebook(), idx);
-      },
-      "ResidualSimVQ");
+QuantizeOutput LayerTraits<SimVQ>::quantize(SimVQ& layer, const Tensor& residual,
+                                            const Tensor& token_mask, const QuantizeOptions&) {
+  return layer.forward(residual, token_mask);
 }
 
-Tensor ResidualSimVQ::get_output_from_indices(const Tensor& indices) {
-  return sum(get_codes_from_indices(indices), {0});
+Tensor LayerTraits<SimVQ>::codes(SimVQ& layer, const Tensor& indices) {
+  return embedding(layer.codebook(), indices);
 }
+
+template class ResidualOf<SimVQ>;
 
 }  // namespace quanta::quant

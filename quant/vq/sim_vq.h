@@ -1,7 +1,8 @@
 #pragma once
 // SimVQ (Zhu et al., 2024): a frozen random codebook seen through a learned
 // linear transform, so every code moves with each gradient step; and
-// ResidualSimVQ, a residual stack of them. As vector-quantize-pytorch 1.31.0.
+// ResidualSimVQ, a residual stack of them (from LayerTraits<SimVQ>). As
+// vector-quantize-pytorch 1.31.0.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -9,9 +10,11 @@
 #include "engine/nn/layers.h"
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
+#include "quant/layer_traits.h"
 #include "quant/quantize_output.h"
 #include "quant/quantizer.h"
 #include "quant/residual.h"
+#include "quant/residual_of.h"
 
 namespace quanta::quant {
 
@@ -79,32 +82,35 @@ struct ResidualSimVQOptions {
   SimVQOptions layer;
 };
 
-class ResidualSimVQ : public Residual {
+/** How a stack of SimVQ layers is made (quant/layer_traits.h). */
+template <>
+struct LayerTraits<SimVQ> {
+  using Options = ResidualSimVQOptions;
+  static constexpr const char* name = "ResidualSimVQ";
+  static constexpr DType index_dtype = DType::i64;
+  static constexpr MemberLosses losses = MemberLosses::stacked;
+
+  static StackPlan plan(Options& opts);
+  static std::shared_ptr<SimVQ> make_layer(const Options& opts, const StackPlan& plan, int64_t i,
+                                           const std::vector<std::shared_ptr<SimVQ>>& built,
+                                           Generator& gen);
+  static QuantizeOutput quantize(SimVQ& layer, const Tensor& residual, const Tensor& token_mask,
+                                 const QuantizeOptions& opts);
+  static Tensor codes(SimVQ& layer, const Tensor& indices);
+};
+
+extern template class ResidualOf<SimVQ>;
+
+class ResidualSimVQ : public ResidualOf<SimVQ> {
  public:
-  /** Layers "layers.<i>"; the dropout stream "rvq.dropout" is keyed from
-   * `gen`. */
-  ResidualSimVQ(const ResidualSimVQOptions& opts, Generator& gen);
+  /** Layers "layers.<i>", built from `gen` (quant/layer_traits.h's seeding). */
+  using ResidualOf::ResidualOf;
   /** Sum of the layers' codes; indices [..., Q] (-1 dropped), loss [Q] and
    * the term "commitment" [Q]. `mask` as SimVQ's. */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
     return forward(x, mask, QuantizeOptions{});
   }
-  /** Per-layer codes [Q, ..., D] of indices [..., q <= Q] (-1: zeros). */
-  Tensor get_codes_from_indices(const Tensor& indices) override;
-  /** Sum of get_codes_from_indices over layers: [..., D]. */
-  Tensor get_output_from_indices(const Tensor& indices) override;
-  int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
-  SimVQ& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
-
-  using Residual::forward;
-
- protected:
-  QuantizeOutput forward_kept(const Tensor& x, const Tensor& mask, int64_t last_kept,
-                              const QuantizeOptions& opts) override;
-
- private:
-  ResidualSimVQOptions opts_;
-  std::vector<std::shared_ptr<SimVQ>> layers_;
+  using ResidualOf::forward;
 };
 
 }  // namespace quanta::quant

@@ -144,8 +144,8 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
                          codebook_options(opts_, codebook_dim_, learnable_, ema_update_), gen));
   }
   const uint64_t seed = draw_seed(gen);
-  sample_gen_ = StepStream(named_stream(seed, "vq.sample"));
-  orthogonal_gen_ = StepStream(named_stream(seed, "vq.orthogonal"));
+  sample_gen_ = StepStream(Generator::named(seed, "vq.sample"));
+  orthogonal_gen_ = StepStream(Generator::named(seed, "vq.orthogonal"));
 }
 
 // [B, N, H * Dc] -> [G, T, Dc] with tokens in (b, n) order per head

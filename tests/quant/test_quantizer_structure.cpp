@@ -1,7 +1,8 @@
 // The quantizer structure: every residual and grouped family
 // behind one Quantizer interface, one quantize-dropout rule, a dropout
 // decision taken from outside. Also the behaviour the unification changed
-// (each case says what it was before).
+// (each case says what it was before). And a toy family that gets its
+// residual and grouped forms from its LayerTraits alone.
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "quant/grouped_of.h"
 #include "quant/quantizer.h"
+#include "quant/residual_of_impl.h"
 #include "quant/scalar/residual_fsq.h"
 #include "quant/scalar/residual_lfq.h"
 #include "quant/vq/residual_vq.h"
@@ -90,6 +93,121 @@ int64_t last_kept_of(const Tensor& indices) {
 }
 
 }  // namespace
+
+namespace {
+
+// A toy family: one feature per layer, the codes -1, 0 and 1 (index code + 1),
+// the straight-through gradient and loss mse(x, sg(q)). It states its
+// LayerTraits and nothing else; ResidualOf and GroupedOf do the rest.
+struct ToyOptions {
+  int64_t dim = 1, num_quantizers = 1;
+  QuantizeDropout dropout{};
+};
+struct ToyGroupedOptions {
+  ToyOptions stack;
+  int64_t groups = 1;
+};
+
+class ToyLayer : public SingleLayerQuantizer {
+ public:
+  explicit ToyLayer(Generator&) : SingleLayerQuantizer("ToyLayer") {}
+  QuantizeOutput forward(const Tensor& x, const Tensor&, const QuantizeOptions&) override {
+    const Tensor q = round(clamp(x.detach(), -1.0, 1.0));
+    QuantizeOutput out;
+    out.quantized = x + (q - x).detach();
+    out.indices = squeeze(q + 1.0, -1).to(DType::i64);
+    const Tensor err = x - q;
+    out.loss = mean(err * err);
+    return out;
+  }
+  Tensor get_codes_from_indices(const Tensor& i) override {
+    return unsqueeze(i.to(DType::f32) - 1.0, -1);
+  }
+  Tensor get_output_from_indices(const Tensor& i) override { return get_codes_from_indices(i); }
+};
+
+}  // namespace
+
+template <>
+struct quanta::quant::LayerTraits<ToyLayer> {
+  using Options = ToyOptions;
+  using GroupedOptions = ToyGroupedOptions;
+  static constexpr const char* name = "ResidualToy";
+  static constexpr const char* grouped_name = "GroupedResidualToy";
+  static constexpr DType index_dtype = DType::i64;
+  static constexpr MemberLosses losses = MemberLosses::stacked;
+  static StackPlan plan(Options& o) {
+    return {.dim = o.dim, .layer_dim = 1, .num_quantizers = o.num_quantizers, .dropout = o.dropout};
+  }
+  static std::shared_ptr<ToyLayer> make_layer(const Options&, const StackPlan&, int64_t,
+                                              const std::vector<std::shared_ptr<ToyLayer>>&,
+                                              Generator& gen) {
+    return std::make_shared<ToyLayer>(gen);
+  }
+  static QuantizeOutput quantize(ToyLayer& l, const Tensor& r, const Tensor& mask,
+                                 const QuantizeOptions& o) {
+    return l.forward(r, mask, o);
+  }
+  static Tensor codes(ToyLayer& l, const Tensor& i) { return l.get_codes_from_indices(i); }
+  static GroupedLayout grouped_layout(const GroupedOptions& o) {
+    return {.dim = o.stack.dim, .groups = o.groups};
+  }
+  static Options group_options(const GroupedOptions& o) {
+    Options s = o.stack;
+    s.dim = o.stack.dim / o.groups;
+    return s;
+  }
+};
+
+namespace {
+
+std::vector<double> vals(const Tensor& t) { return t.to(DType::f64).to_vector<double>(); }
+
+}  // namespace
+
+TEST_CASE("a toy family gets its residual and grouped forms from its traits alone") {
+  Generator gen(9);
+  ResidualOf<ToyLayer> stack(ToyOptions{.dim = 1, .num_quantizers = 3}, gen);
+  CHECK(stack.num_quantizers() == 3);
+  CHECK_FALSE(stack.has_projections());
+  CHECK(stack.named_parameters().empty());
+  // 2.4: layer 0 takes 1 (clamped), layer 1 the residual 1.4 as 1, layer 2
+  // 0.4 as 0; the output is their sum, and each layer passes its gradient
+  // straight through to x (a residual is cut from the codes, not from x).
+  const Tensor x = from_vector<double>({2.4, -0.6}, {1, 2, 1}).to(DType::f32).requires_grad_();
+  QuantizeOutput o = stack.forward(x, Tensor());
+  CHECK(vals(o.quantized) == std::vector<double>{2, -1});
+  CHECK(vals(o.indices) == std::vector<double>{2, 2, 1, 0, 1, 1});
+  CHECK(o.loss.shape() == Shape{3});
+  sum(o.quantized).backward();
+  CHECK(vals(x.grad()) == std::vector<double>{3, 3});
+  CHECK(vals(stack.get_output_from_indices(o.indices)) == std::vector<double>{2, -1});
+  // A dropout decision from outside: later layers give -1 and look up zeros.
+  o = stack.forward(x, Tensor(), QuantizeOptions{.last_kept = 0});
+  CHECK(vals(o.indices) == std::vector<double>{2, -1, -1, 0, -1, -1});
+  CHECK(vals(o.quantized) == std::vector<double>{1, -1});
+  // Wider inputs get projections, built from the generator: the same seed,
+  // the same stack.
+  Generator a(4), b(4);
+  ResidualOf<ToyLayer> pa(ToyOptions{.dim = 3, .num_quantizers = 2}, a);
+  ResidualOf<ToyLayer> pb(ToyOptions{.dim = 3, .num_quantizers = 2}, b);
+  CHECK(pa.has_projections());
+  CHECK(vals(pa.state_dict().at(0).second) == vals(pb.state_dict().at(0).second));
+  // The grouped form: one stack per feature, one decision for all of them.
+  GroupedOf<ToyLayer> grouped(
+      ToyGroupedOptions{.stack = {.dim = 2, .num_quantizers = 3}, .groups = 2}, gen);
+  CHECK(grouped.type_name() == "GroupedResidualToy");
+  const Tensor pair = from_vector<double>({2.4, -0.6}, {1, 1, 2}).to(DType::f32);
+  o = grouped.forward(pair, Tensor(), QuantizeOptions{.last_kept = 1});
+  CHECK(vals(o.quantized) == std::vector<double>{2, -1});
+  CHECK(vals(o.indices) == std::vector<double>{2, 2, -1, 0, 1, -1});
+  CHECK(o.loss.shape() == Shape{2, 3});
+  CHECK(vals(grouped.get_output_from_indices(o.indices)) == std::vector<double>{2, -1});
+  CHECK_THROWS_AS(GroupedOf<ToyLayer>(ToyGroupedOptions{.stack = {.dim = 3}, .groups = 2}, gen),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(ResidualOf<ToyLayer>(ToyOptions{.num_quantizers = 0}, gen),
+                  std::invalid_argument);
+}
 
 TEST_CASE("QuantizeDropout: uniform in [cutoff, Q - 1], rounded up to multiple_of, capped") {
   Generator gen(1);
