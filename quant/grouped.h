@@ -45,6 +45,9 @@ class Grouped : public Quantizer {
   /** [..., dim]: each group's output, concatenated. */
   Tensor get_output_from_indices(const Tensor& indices) override;
   int64_t num_quantizers() const override { return groups_.front()->num_quantizers(); }
+  int64_t codebook_size() const override { return groups_.front()->codebook_size(); }
+  /** groups x layers. */
+  int64_t num_codebooks() const override { return groups() * groups_.front()->num_codebooks(); }
   int64_t dropout_decision() override { return groups_.front()->dropout_decision(); }
 
   int64_t groups() const { return static_cast<int64_t>(groups_.size()); }

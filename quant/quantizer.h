@@ -49,6 +49,12 @@ class Quantizer : public Module {
   virtual Tensor get_output_from_indices(const Tensor& indices) = 0;
   /** Layers per stack (Q). */
   virtual int64_t num_quantizers() const = 0;
+  /** Codes per codebook (a stack's: its largest layer's). */
+  virtual int64_t codebook_size() const = 0;
+  /** Indices a forward gives each token (the trailing dimension, or 1 where
+   * there is none): a single layer's heads or codebooks, a stack's layers,
+   * a grouped form's groups x layers. */
+  virtual int64_t num_codebooks() const = 0;
   /** The last layer the next forward keeps when the caller does not say:
    * drawn (advancing the dropout stream) when quantize dropout applies,
    * kKeepAllLayers otherwise. */

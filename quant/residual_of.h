@@ -42,6 +42,9 @@ class ResidualOf : public Residual {
   Tensor get_output_from_indices(const Tensor& indices) override;
 
   int64_t num_quantizers() const override { return static_cast<int64_t>(layers_.size()); }
+  int64_t codebook_size() const override;
+  /** One index per layer. */
+  int64_t num_codebooks() const override { return num_quantizers(); }
   /** The options as validated (what they imply filled in). */
   const Options& options() const { return opts_; }
   /** Input features. */

@@ -1,6 +1,7 @@
 #pragma once
 // ResidualOf<Layer>'s member functions. Included by the one file that
 // instantiates a family's stack (`template class ResidualOf<Layer>;`).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -33,23 +34,30 @@ template <class Layer>
 ResidualOf<Layer>::ResidualOf(Planned p, Generator& gen)
     : Residual(Traits::name, p.plan.dropout), opts_(std::move(p.opts)), plan_(p.plan) {
   if (plan_.layer_dim != plan_.dim) {
-    project_in_ = register_module("project_in", std::make_shared<Linear>(
-                                                    plan_.dim, plan_.layer_dim, gen,
-                                                    plan_.projection_bias));
-    project_out_ = register_module("project_out", std::make_shared<Linear>(
-                                                      plan_.layer_dim, plan_.dim, gen,
-                                                      plan_.projection_bias));
+    project_in_ = register_module(
+        "project_in",
+        std::make_shared<Linear>(plan_.dim, plan_.layer_dim, gen, plan_.projection_bias));
+    project_out_ = register_module(
+        "project_out",
+        std::make_shared<Linear>(plan_.layer_dim, plan_.dim, gen, plan_.projection_bias));
   }
   auto list = register_module("layers", std::make_shared<Module>("ModuleList"));
   for (int64_t i = 0; i < plan_.num_quantizers; ++i)
-    layers_.push_back(list->register_module(
-        std::to_string(i), Traits::make_layer(opts_, plan_, i, layers_, gen)));
+    layers_.push_back(list->register_module(std::to_string(i),
+                                            Traits::make_layer(opts_, plan_, i, layers_, gen)));
   if constexpr (requires { Traits::level_scales(opts_, plan_); })
     scales_ = register_buffer("scales", Traits::level_scales(opts_, plan_), false);
   if constexpr (requires { Traits::input_bound(opts_, plan_); })
     input_bound_ = Traits::input_bound(opts_, plan_);
   // "rvq.dropout": the name the VQ family's stream always had.
   seed_dropout(Generator::named(draw_seed(gen), "rvq.dropout"));
+}
+
+template <class Layer>
+int64_t ResidualOf<Layer>::codebook_size() const {
+  int64_t largest = 0;
+  for (const auto& l : layers_) largest = std::max(largest, l->codebook_size());
+  return largest;
 }
 
 template <class Layer>
@@ -62,24 +70,24 @@ QuantizeOutput ResidualOf<Layer>::forward_kept(const Tensor& x, const Tensor& ma
                                                int64_t last_kept, const QuantizeOptions& opts) {
   const std::string who = Traits::name;
   if (x.dim() >= 4 && !plan_.accept_image_fmap)
-    throw std::invalid_argument("[" + who + "] got a feature map of shape " +
-                                shape_str(x.shape()) +
+    throw std::invalid_argument("[" + who + "] got a feature map of shape " + shape_str(x.shape()) +
                                 "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, plan_.channel_last, plan_.dim, who);
   const Tensor keep = detail::token_mask(mask, layout, who);
   return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](Tensor z) {
     if constexpr (requires { Traits::bound_input(z, input_bound_); })
       if (input_bound_.defined()) z = Traits::bound_input(z, input_bound_);
-    QuantizeOutput out = residual_quantize(
-        z, num_quantizers(), last_kept, Traits::index_dtype, Traits::losses,
-        [&](int64_t q, const Tensor& residual) {
-          Layer& layer = *layers_[static_cast<size_t>(q)];
-          if (!scales_.defined()) return Traits::quantize(layer, residual, keep, opts);
-          const Tensor scale = level_scale(q).to(z.dtype());
-          QuantizeOutput o = Traits::quantize(layer, residual / scale, keep, opts);
-          o.quantized = o.quantized * scale;
-          return o;
-        });
+    QuantizeOutput out = residual_quantize(z, num_quantizers(), last_kept, Traits::index_dtype,
+                                           Traits::losses, [&](int64_t q, const Tensor& residual) {
+                                             Layer& layer = *layers_[static_cast<size_t>(q)];
+                                             if (!scales_.defined())
+                                               return Traits::quantize(layer, residual, keep, opts);
+                                             const Tensor scale = level_scale(q).to(z.dtype());
+                                             QuantizeOutput o = Traits::quantize(
+                                                 layer, residual / scale, keep, opts);
+                                             o.quantized = o.quantized * scale;
+                                             return o;
+                                           });
     if constexpr (requires { Traits::after_forward(opts_, true, layers_); })
       Traits::after_forward(opts_, is_training(), layers_);
     return out;

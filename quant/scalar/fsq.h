@@ -89,7 +89,8 @@ class FSQ : public SingleLayerQuantizer, public StepKeyed {
   Tensor implicit_codebook() const;
 
   /** prod(levels). */
-  int64_t codebook_size() const { return codebook_size_; }
+  int64_t codebook_size() const override { return codebook_size_; }
+  int64_t num_codebooks() const override { return opts_.num_codebooks; }
   /** len(levels). */
   int64_t codebook_dim() const { return static_cast<int64_t>(opts_.levels.size()); }
   int64_t dim() const { return dim_; }

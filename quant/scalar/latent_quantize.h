@@ -67,7 +67,8 @@ class LatentQuantize : public SingleLayerQuantizer {
     return indices_to_codes(indices, true);
   }
 
-  int64_t codebook_size() const { return codebook_size_; }
+  int64_t codebook_size() const override { return codebook_size_; }
+  int64_t num_codebooks() const override { return opts_.num_codebooks; }
   /** Grid values of dimension i: [levels[i]]. */
   const Tensor& values(int64_t i) const { return values_.at(static_cast<size_t>(i)); }
 

@@ -103,7 +103,8 @@ class LFQ : public SingleLayerQuantizer, public StepKeyed {
    * processes (see TokenMean). */
   TokenMean token_mean = local_token_mean;
 
-  int64_t codebook_size() const { return codebook_size_; }
+  int64_t codebook_size() const override { return codebook_size_; }
+  int64_t num_codebooks() const override { return opts_.num_codebooks; }
   int64_t codebook_dim() const { return bits_; }
   int64_t dim() const { return dim_; }
   bool has_projections() const { return project_in_ != nullptr; }

@@ -87,7 +87,6 @@ class ResidualFSQ : public ResidualOf<FSQ> {
 
   /** The layers' implicit codebooks, unscaled: [num_quantizers, codebook_size, d]. */
   Tensor codebooks() const;
-  int64_t codebook_size() const { return layer(0).codebook_size(); }
   /** The per-layer scales [num_quantizers, d] (L^-l). */
   const Tensor& scales() const { return level_scales(); }
 };

@@ -59,6 +59,8 @@ class SimVQ : public SingleLayerQuantizer {
    * dim 1 as the reference does). */
   Tensor indices_to_codes(const Tensor& indices);
   const SimVQOptions& options() const { return opts_; }
+  int64_t codebook_size() const override { return opts_.codebook_size; }
+  int64_t num_codebooks() const override { return 1; }
 
  private:
   SimVQOptions opts_;

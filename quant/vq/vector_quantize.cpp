@@ -135,7 +135,7 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
   if (shared) {
     const CodebookOptions& c = shared->options();
     if (c.dim != codebook_dim_ || c.codebook_size != opts_.codebook_size ||
-        c.num_codebooks != num_codebooks())
+        c.num_codebooks != separate_codebooks())
       vq_fail("the shared codebook has another shape than this layer needs");
     codebook_ = register_module("_codebook", shared);
   } else {

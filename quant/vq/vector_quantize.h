@@ -153,7 +153,11 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   bool learnable_codebook() const { return learnable_; }
   bool ema_update() const { return ema_update_; }
   int64_t codebook_dim() const { return codebook_dim_; }
-  int64_t num_codebooks() const { return opts_.separate_codebook_per_head ? opts_.heads : 1; }
+  /** The Codebook's codebooks: heads when separate_codebook_per_head, else 1. */
+  int64_t separate_codebooks() const { return opts_.separate_codebook_per_head ? opts_.heads : 1; }
+  int64_t codebook_size() const override { return opts_.codebook_size; }
+  /** heads: every head gives an index. */
+  int64_t num_codebooks() const override { return opts_.heads; }
   bool has_projections() const { return project_in_ != nullptr; }
   /** The codebook-diversity loss's batch mean; a distributed run replaces it
    * with a cross-rank, token-weighted mean (QuantizerSync does), so the loss

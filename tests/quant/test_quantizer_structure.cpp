@@ -124,6 +124,8 @@ class ToyLayer : public SingleLayerQuantizer {
     return unsqueeze(i.to(DType::f32) - 1.0, -1);
   }
   Tensor get_output_from_indices(const Tensor& i) override { return get_codes_from_indices(i); }
+  int64_t codebook_size() const override { return 3; }
+  int64_t num_codebooks() const override { return 1; }
 };
 
 }  // namespace
@@ -169,6 +171,8 @@ TEST_CASE("a toy family gets its residual and grouped forms from its traits alon
   Generator gen(9);
   ResidualOf<ToyLayer> stack(ToyOptions{.dim = 1, .num_quantizers = 3}, gen);
   CHECK(stack.num_quantizers() == 3);
+  CHECK(stack.num_codebooks() == 3);
+  CHECK(stack.codebook_size() == 3);
   CHECK_FALSE(stack.has_projections());
   CHECK(stack.named_parameters().empty());
   // 2.4: layer 0 takes 1 (clamped), layer 1 the residual 1.4 as 1, layer 2
@@ -197,6 +201,7 @@ TEST_CASE("a toy family gets its residual and grouped forms from its traits alon
   GroupedOf<ToyLayer> grouped(
       ToyGroupedOptions{.stack = {.dim = 2, .num_quantizers = 3}, .groups = 2}, gen);
   CHECK(grouped.type_name() == "GroupedResidualToy");
+  CHECK(grouped.num_codebooks() == 6);
   const Tensor pair = from_vector<double>({2.4, -0.6}, {1, 1, 2}).to(DType::f32);
   o = grouped.forward(pair, Tensor(), QuantizeOptions{.last_kept = 1});
   CHECK(vals(o.quantized) == std::vector<double>{2, -1});
@@ -251,6 +256,30 @@ TEST_CASE("every residual and grouped family takes a dropout decision from outsi
       CHECK(q->dropout_decision() == kKeepAllLayers);
     }
   }
+}
+
+TEST_CASE("every family reports its codebook size and its index columns") {
+  // What `quanta train` reads of a layer besides forward and decode.
+  for (auto& [name, q] : all_quantizers(false)) {
+    INFO(name);
+    const bool grouped = name.rfind("Grouped", 0) == 0;
+    CHECK(q->num_codebooks() == (grouped ? 2 : 1) * kLayers);
+    const int64_t size = name.find("FSQ") != std::string::npos ? 60
+                         : name == "GroupedResidualLFQ"        ? 4
+                                                               : 16;
+    CHECK(q->codebook_size() == size);
+  }
+  // A stack of differently sized layers reports the largest.
+  Generator gen(12);
+  ResidualVQOptions o = rvq_options(false);
+  o.codebook_sizes = {8, 32, 16, 4};
+  CHECK(ResidualVQ(o, gen).codebook_size() == 32);
+  VectorQuantizeOptions heads;
+  heads.dim = kDim;
+  heads.codebook_size = 16;
+  heads.heads = 2;
+  heads.codebook_dim = kDim / 2;
+  CHECK(VectorQuantize(heads, gen).num_codebooks() == 2);
 }
 
 TEST_CASE("quantize dropout applies to training forwards with grad off too") {

@@ -9,7 +9,9 @@
 #include "engine/ops/view.h"
 #include "quant/grouped.h"
 #include "quant/residual.h"
+#include "quant/scalar/lfq.h"
 #include "quant/step_stream.h"
+#include "quant/vq/vector_quantize.h"
 #include "train/quantizer_adapter.h"
 #include "train/quantizer_config.h"
 
@@ -55,10 +57,12 @@ Tensor channels_first(const Tensor& y) { return contiguous(permute(y, {0, 3, 1, 
 
 }  // namespace
 
-LayerQuantizer::LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, LayerFacts facts,
-                               uint64_t seed)
-    : layer_(std::move(layer)), facts_(std::move(facts)) {
+LayerQuantizer::LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, std::string type,
+                               int64_t dim, uint64_t seed)
+    : layer_(std::move(layer)), type_(std::move(type)), dim_(dim) {
   if (auto* g = dynamic_cast<quant::Grouped*>(layer_.get())) groups_ = g->groups();
+  for (auto& [path, m] : layer_->named_modules())
+    loss_is_global_ = loss_is_global_ || dynamic_cast<quant::LFQ*>(m) != nullptr;
   // The dropout draw of step s is the run seed's stream "quantize_dropout"
   // at offset {0, s}, as it has been since the command had one: checkpoints
   // resume onto the same draws. (Grouped layers decide by group 0's stream.)
@@ -69,16 +73,15 @@ LayerQuantizer::LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, LayerFac
 }
 
 quant::QuantizeOutput LayerQuantizer::forward(const Tensor& z) {
-  if (z.dim() != 4 || z.size(1) != facts_.dim)
-    throw std::invalid_argument("[quantizer " + facts_.type + "] expected features [B, " +
-                                std::to_string(facts_.dim) + ", H, W], got " +
-                                shape_str(z.shape()));
+  if (z.dim() != 4 || z.size(1) != dim_)
+    throw std::invalid_argument("[quantizer " + type_ + "] expected features [B, " +
+                                std::to_string(dim_) + ", H, W], got " + shape_str(z.shape()));
   quant::QuantizeOutput out = layer_->forward(z, Tensor(), {});
   out.indices = as_i64(out.indices);
   if (groups_ > 0) {  // [G, B, H, W, Q] -> [B, H, W, G * Q]
     const Tensor& i = out.indices;
     out.indices = reshape(contiguous(permute(i, {1, 2, 3, 0, 4})),
-                          {i.size(1), i.size(2), i.size(3), facts_.num_codebooks});
+                          {i.size(1), i.size(2), i.size(3), num_codebooks()});
   }
   return out;
 }
@@ -86,12 +89,12 @@ quant::QuantizeOutput LayerQuantizer::forward(const Tensor& z) {
 Tensor LayerQuantizer::decode(const Tensor& indices) {
   Tensor idx = as_i64(indices);
   if (groups_ > 0) {  // [B, H, W, G * Q] -> [G, B, H, W, Q]
-    if (idx.dim() != 4 || idx.size(3) != facts_.num_codebooks)
-      throw std::invalid_argument("[quantizer " + facts_.type + "] expected indices [B, H, W, " +
-                                  std::to_string(facts_.num_codebooks) + "], got " +
+    if (idx.dim() != 4 || idx.size(3) != num_codebooks())
+      throw std::invalid_argument("[quantizer " + type_ + "] expected indices [B, H, W, " +
+                                  std::to_string(num_codebooks()) + "], got " +
                                   shape_str(idx.shape()));
-    const Tensor split = reshape(
-        idx, {idx.size(0), idx.size(1), idx.size(2), groups_, facts_.num_codebooks / groups_});
+    const Tensor split =
+        reshape(idx, {idx.size(0), idx.size(1), idx.size(2), groups_, num_codebooks() / groups_});
     idx = contiguous(permute(split, {3, 0, 1, 2, 4}));
   }
   return channels_first(layer_->get_output_from_indices(idx));
@@ -99,11 +102,11 @@ Tensor LayerQuantizer::decode(const Tensor& indices) {
 
 std::string LayerQuantizer::codebook_name(int64_t i) const {
   if (groups_ > 0) {
-    const int64_t levels = facts_.num_codebooks / groups_;
+    const int64_t levels = num_codebooks() / groups_;
     return "group " + std::to_string(i / levels) + " level " + std::to_string(i % levels);
   }
   if (dynamic_cast<const quant::Residual*>(layer_.get())) return "level " + std::to_string(i);
-  if (facts_.type == "vq") return "head " + std::to_string(i);
+  if (dynamic_cast<const quant::VectorQuantize*>(layer_.get())) return "head " + std::to_string(i);
   return TrainQuantizer::codebook_name(i);
 }
 

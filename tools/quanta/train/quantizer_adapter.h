@@ -48,21 +48,6 @@ std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& ke
  * the run seed. Every family is built from it the same way. */
 Generator layer_generator(uint64_t seed);
 
-/** What the trainer reads of a layer besides its Quantizer interface, as the
- * configuration gives it. */
-struct LayerFacts {
-  /** The config's type, for errors ("vq", "rfsq", ...). */
-  std::string type;
-  /** Feature channels of the input [B, dim, H, W]. */
-  int64_t dim = 0;
-  /** Codes per codebook. */
-  int64_t codebook_size = 0;
-  /** Indices side by side in forward's trailing dimension. */
-  int64_t num_codebooks = 1;
-  /** The loss is a whole-batch quantity on every rank (LFQ's token means). */
-  bool loss_is_global = false;
-};
-
 /** Every quantizer family behind TrainQuantizer: forward, decode and quantize
  * dropout through quant::Quantizer, codebook state reconciled by
  * quant::QuantizerSync in after_step(). The layer's random streams
@@ -73,15 +58,19 @@ struct LayerFacts {
  * shown as [B, H, W, G * Q], group-major. */
 class LayerQuantizer final : public TrainQuantizer {
  public:
-  LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, LayerFacts facts, uint64_t seed);
+  /** `type` is the config's ("vq", "rfsq", ...), for errors; `dim` the
+   * feature channels of the input [B, dim, H, W]. */
+  LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, std::string type, int64_t dim,
+                 uint64_t seed);
 
   quant::QuantizeOutput forward(const Tensor& z) override;
   Tensor decode(const Tensor& indices) override;
-  int64_t codebook_size() const override { return facts_.codebook_size; }
-  int64_t num_codebooks() const override { return facts_.num_codebooks; }
+  int64_t codebook_size() const override { return layer_->codebook_size(); }
+  int64_t num_codebooks() const override { return layer_->num_codebooks(); }
   std::string codebook_name(int64_t i) const override;
   std::shared_ptr<Module> module() override { return layer_; }
-  bool loss_is_global() const override { return facts_.loss_is_global; }
+  /** LFQ's loss is: its token means are cross-rank means under QuantizerSync. */
+  bool loss_is_global() const override { return loss_is_global_; }
   /** Reconciles module()'s state over `group` from now on (QuantizerSync). */
   void set_group(dist::ProcessGroup& group) override;
   /** QuantizerSync::sync_state() (over a world of one unless set_group was
@@ -97,7 +86,9 @@ class LayerQuantizer final : public TrainQuantizer {
   void pin_streams();
 
   std::shared_ptr<quant::Quantizer> layer_;
-  LayerFacts facts_;
+  std::string type_;
+  int64_t dim_ = 0;
+  bool loss_is_global_ = false;
   int64_t groups_ = 0;  // a grouped layer's groups; 0: not grouped
   int64_t steps_ = 0;
   std::shared_ptr<dist::ProcessGroup> own_group_;  // a world of one, when no group is set

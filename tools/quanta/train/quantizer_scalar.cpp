@@ -48,19 +48,14 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, Quan
     o.levels = option_list(c, "levels", kLevels);
     o.dim = dim;
     o.num_codebooks = option_int(c, "num_codebooks", 1);
-    auto layer = std::make_shared<quant::FSQ>(o, gen);
-    return std::make_unique<LayerQuantizer>(
-        layer, LayerFacts{type, dim, layer->codebook_size(), o.num_codebooks}, seed);
+    return std::make_unique<LayerQuantizer>(std::make_shared<quant::FSQ>(o, gen), type, dim, seed);
   }
   if (type == "lfq") {
     const int64_t codebooks = option_int(c, "num_codebooks", 1);
     const int64_t bits = std::clamp<int64_t>(dim / codebooks, 1, kLfqMaxBits);
     quant::LFQOptions o = lfq_options(c, dim, int64_t{1} << bits);
     o.num_codebooks = codebooks;
-    auto layer = std::make_shared<quant::LFQ>(o, gen);
-    // LFQ's token means are cross-rank means under QuantizerSync.
-    return std::make_unique<LayerQuantizer>(
-        layer, LayerFacts{type, dim, layer->codebook_size(), codebooks, true}, seed);
+    return std::make_unique<LayerQuantizer>(std::make_shared<quant::LFQ>(o, gen), type, dim, seed);
   }
   if (type == "rfsq") {
     quant::ResidualFSQOptions o;
@@ -68,18 +63,16 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, Quan
     o.fsq.dim = dim;
     o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
     o.quantize_dropout = option_bool(c, "quantize_dropout", false);
-    auto layer = std::make_shared<quant::ResidualFSQ>(o, gen);
-    return std::make_unique<LayerQuantizer>(
-        layer, LayerFacts{type, dim, layer->codebook_size(), o.num_quantizers}, seed);
+    return std::make_unique<LayerQuantizer>(std::make_shared<quant::ResidualFSQ>(o, gen), type, dim,
+                                            seed);
   }
   if (type == "rlfq") {
     quant::ResidualLFQOptions o;
     o.lfq = lfq_options(c, dim, kRlfqCodebookSize);
     o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
     o.quantize_dropout = option_bool(c, "quantize_dropout", false);
-    return std::make_unique<LayerQuantizer>(
-        std::make_shared<quant::ResidualLFQ>(o, gen),
-        LayerFacts{type, dim, o.lfq.codebook_size, o.num_quantizers, true}, seed);
+    return std::make_unique<LayerQuantizer>(std::make_shared<quant::ResidualLFQ>(o, gen), type, dim,
+                                            seed);
   }
   return nullptr;
 }

@@ -60,8 +60,8 @@ std::unique_ptr<TrainQuantizer> vq(QuantizerOptions& c, int64_t dim, uint64_t se
   }
   o.accept_image_fmap = true;
   Generator gen = layer_generator(seed);
-  return std::make_unique<LayerQuantizer>(std::make_shared<quant::VectorQuantize>(o, gen),
-                                          LayerFacts{"vq", dim, o.codebook_size, o.heads}, seed);
+  return std::make_unique<LayerQuantizer>(std::make_shared<quant::VectorQuantize>(o, gen), "vq",
+                                          dim, seed);
 }
 
 quant::ResidualVQOptions rvq_options(QuantizerOptions& c, int64_t dim) {
@@ -81,9 +81,8 @@ std::unique_ptr<TrainQuantizer> rvq(QuantizerOptions& c, int64_t dim, uint64_t s
   quant::ResidualVQOptions o = rvq_options(c, dim);
   o.accept_image_fmap = true;
   Generator gen = layer_generator(seed);
-  return std::make_unique<LayerQuantizer>(
-      std::make_shared<quant::ResidualVQ>(o, gen),
-      LayerFacts{"rvq", dim, o.codebook_sizes.at(0), o.num_quantizers}, seed);
+  return std::make_unique<LayerQuantizer>(std::make_shared<quant::ResidualVQ>(o, gen), "rvq", dim,
+                                          seed);
 }
 
 // Indices are [B, H, W, groups * num_quantizers], group-major.
@@ -98,9 +97,8 @@ std::unique_ptr<TrainQuantizer> grvq(QuantizerOptions& c, int64_t dim, uint64_t 
   o.accept_image_fmap = true;
   o.rvq = rvq_options(c, dim / groups);
   Generator gen = layer_generator(seed);
-  return std::make_unique<LayerQuantizer>(
-      std::make_shared<quant::GroupedResidualVQ>(o, gen),
-      LayerFacts{"grvq", dim, o.rvq.codebook_sizes.at(0), groups * o.rvq.num_quantizers}, seed);
+  return std::make_unique<LayerQuantizer>(std::make_shared<quant::GroupedResidualVQ>(o, gen),
+                                          "grvq", dim, seed);
 }
 
 // SimVQ has no state besides its parameters: after_step only counts.
@@ -113,8 +111,8 @@ std::unique_ptr<TrainQuantizer> simvq(QuantizerOptions& c, int64_t dim, uint64_t
   o.rotation_trick = option_bool(c, "rotation_trick", o.rotation_trick);
   o.commitment_weight = option_number(c, "commitment_weight", o.commitment_weight);
   Generator gen = layer_generator(seed);
-  return std::make_unique<LayerQuantizer>(std::make_shared<quant::SimVQ>(o, gen),
-                                          LayerFacts{"simvq", dim, o.codebook_size}, seed);
+  return std::make_unique<LayerQuantizer>(std::make_shared<quant::SimVQ>(o, gen), "simvq", dim,
+                                          seed);
 }
 
 }  // namespace
