@@ -15,11 +15,13 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "quant/option_json.h"
 #include "quant/parity/parity.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
 #include "quant/scalar/residual_lfq.h"
+#include "quant/scalar/scalar_option_fields.h"
 
 namespace quanta::parity {
 namespace {
@@ -27,113 +29,20 @@ namespace {
 using json = nlohmann::json;
 using namespace quanta::quant;
 
-// The options a case passes; keys missing from the case keep quanta's
-// defaults, which are the reference's.
-template <class T>
-void get(const json& j, const char* key, T& out) {
-  auto it = j.find(key);
-  if (it != j.end() && !it->is_null()) out = it->get<T>();
-}
-
-// A size the case gives: when present it is a whole number >= 1 (the
-// reference fails on 0 and negative sizes, while quanta's options read 0 as
-// "derive it", so a case could otherwise pass with an option it ignored).
-void get_size(const json& j, const char* key, int64_t& out, const std::string& cls) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return;
-  if (!it->is_number_integer() || it->get<int64_t>() < 1)
-    throw std::invalid_argument(cls + " option '" + key + "' must be a whole number >= 1, got " +
-                                it->dump());
-  out = it->get<int64_t>();
-}
-
-void refuse_unknown(const json& ctor, const std::vector<std::string>& known,
-                    const std::string& cls) {
-  for (auto it = ctor.begin(); it != ctor.end(); ++it) {
-    bool ok = false;
-    for (const auto& k : known) ok = ok || k == it.key();
-    if (!ok) throw UnsupportedCase(cls + " option '" + it.key() + "'");
+// The options of class `cls` from a case's constructor options: quanta's
+// fields by the reference's names (quant/scalar/scalar_option_fields.h);
+// keys missing from the case keep quanta's defaults, which are the
+// reference's. A size given is a whole number >= 1: the reference fails on 0
+// and negative sizes, while quanta's options read 0 as "derive it", so a case
+// could otherwise pass with an option it ignored.
+template <class Options>
+Options options_of(const std::string& cls, const json& ctor) {
+  Options o;
+  for (const auto& [k, v] : ctor.items()) {
+    // Switches of the reference's implementation with nothing to change here.
+    if (k == "return_indices" || k == "force_quantization_f32") continue;
+    if (!set_option(o, cls, k, v)) throw UnsupportedCase(cls + " option '" + k + "'");
   }
-}
-
-FSQOptions fsq_options(const json& ctor) {
-  refuse_unknown(ctor,
-                 {"levels", "dim", "num_codebooks", "keep_num_codebooks_dim", "channel_first",
-                  "projection_has_bias", "preserve_symmetry", "noise_dropout", "bound_hard_clamp",
-                  "orthogonal_rotation", "return_indices", "force_quantization_f32"},
-                 "FSQ");
-  FSQOptions o;
-  get(ctor, "levels", o.levels);
-  get_size(ctor, "dim", o.dim, "FSQ");
-  get_size(ctor, "num_codebooks", o.num_codebooks, "FSQ");
-  if (ctor.contains("keep_num_codebooks_dim") && !ctor["keep_num_codebooks_dim"].is_null())
-    o.keep_num_codebooks_dim = ctor["keep_num_codebooks_dim"].get<bool>();
-  get(ctor, "channel_first", o.channel_first);
-  get(ctor, "projection_has_bias", o.projection_has_bias);
-  get(ctor, "preserve_symmetry", o.preserve_symmetry);
-  get(ctor, "noise_dropout", o.noise_dropout);
-  get(ctor, "bound_hard_clamp", o.bound_hard_clamp);
-  get(ctor, "orthogonal_rotation", o.orthogonal_rotation);
-  return o;
-}
-
-ResidualFSQOptions rfsq_options(const json& ctor) {
-  ResidualFSQOptions o;
-  json layer = ctor;
-  for (const char* k :
-       {"num_quantizers", "quantize_dropout", "quantize_dropout_cutoff_index",
-        "quantize_dropout_multiple_of", "soft_clamp_input_value", "is_channel_first"})
-    layer.erase(k);
-  if (!layer.contains("bound_hard_clamp")) layer["bound_hard_clamp"] = true;
-  o.fsq = fsq_options(layer);
-  get_size(ctor, "num_quantizers", o.num_quantizers, "the residual quantizer");
-  get(ctor, "quantize_dropout", o.quantize_dropout);
-  get(ctor, "quantize_dropout_cutoff_index", o.quantize_dropout_cutoff_index);
-  get(ctor, "quantize_dropout_multiple_of", o.quantize_dropout_multiple_of);
-  if (ctor.contains("soft_clamp_input_value") && !ctor["soft_clamp_input_value"].is_null())
-    o.soft_clamp_input_value = ctor["soft_clamp_input_value"].get<double>();
-  get(ctor, "is_channel_first", o.fsq.channel_first);
-  return o;
-}
-
-LFQOptions lfq_options(const json& ctor) {
-  refuse_unknown(ctor,
-                 {"dim", "codebook_size", "entropy_loss_weight", "commitment_loss_weight",
-                  "diversity_gamma", "num_codebooks", "keep_num_codebooks_dim", "codebook_scale",
-                  "frac_per_sample_entropy", "has_projections", "projection_has_bias",
-                  "soft_clamp_input_value", "channel_first", "spherical", "force_quantization_f32"},
-                 "LFQ");
-  LFQOptions o;
-  get_size(ctor, "dim", o.dim, "LFQ");
-  get_size(ctor, "codebook_size", o.codebook_size, "LFQ");
-  get(ctor, "entropy_loss_weight", o.entropy_loss_weight);
-  get(ctor, "commitment_loss_weight", o.commitment_loss_weight);
-  get(ctor, "diversity_gamma", o.diversity_gamma);
-  get_size(ctor, "num_codebooks", o.num_codebooks, "LFQ");
-  if (ctor.contains("keep_num_codebooks_dim") && !ctor["keep_num_codebooks_dim"].is_null())
-    o.keep_num_codebooks_dim = ctor["keep_num_codebooks_dim"].get<bool>();
-  get(ctor, "codebook_scale", o.codebook_scale);
-  get(ctor, "frac_per_sample_entropy", o.frac_per_sample_entropy);
-  if (ctor.contains("has_projections") && !ctor["has_projections"].is_null())
-    o.has_projections = ctor["has_projections"].get<bool>();
-  get(ctor, "projection_has_bias", o.projection_has_bias);
-  get(ctor, "soft_clamp_input_value", o.soft_clamp_input_value);
-  get(ctor, "channel_first", o.channel_first);
-  get(ctor, "spherical", o.spherical);
-  return o;
-}
-
-ResidualLFQOptions rlfq_options(const json& ctor) {
-  ResidualLFQOptions o;
-  json layer = ctor;
-  for (const char* k : {"num_quantizers", "quantize_dropout", "quantize_dropout_cutoff_index",
-                        "quantize_dropout_multiple_of"})
-    layer.erase(k);
-  o.lfq = lfq_options(layer);
-  get_size(ctor, "num_quantizers", o.num_quantizers, "the residual quantizer");
-  get(ctor, "quantize_dropout", o.quantize_dropout);
-  get(ctor, "quantize_dropout_cutoff_index", o.quantize_dropout_cutoff_index);
-  get(ctor, "quantize_dropout_multiple_of", o.quantize_dropout_multiple_of);
   return o;
 }
 
@@ -190,7 +99,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
   const bool lookup = kind == "lookup";
   Generator gen(0);  // the state comes from the case file
   if (r.cls == "FSQ") {
-    FSQ m(fsq_options(ctor), gen);
+    FSQ m(options_of<FSQOptions>("FSQ", ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -205,7 +114,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "ResidualFSQ") {
-    ResidualFSQ m(rfsq_options(ctor), gen);
+    ResidualFSQ m(options_of<ResidualFSQOptions>("ResidualFSQ", ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -218,7 +127,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
   } else if (r.cls == "LFQ") {
-    LFQ m(lfq_options(ctor), gen);
+    LFQ m(options_of<LFQOptions>("LFQ", ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();
@@ -234,7 +143,7 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
     forward_backward(
         m, c, [&](const Tensor& x) { return m.forward(x, Tensor(), inv_t); }, check);
   } else if (r.cls == "ResidualLFQ") {
-    ResidualLFQ m(rlfq_options(ctor), gen);
+    ResidualLFQ m(options_of<ResidualLFQOptions>("ResidualLFQ", ctor), gen);
     load_state(m, c);
     if (lookup) {
       m.eval();

@@ -12,9 +12,11 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "quant/option_json.h"
 #include "quant/parity/parity.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
+#include "quant/vq/vq_option_fields.h"
 
 namespace quanta::parity {
 namespace {
@@ -22,167 +24,82 @@ namespace {
 using json = nlohmann::json;
 using namespace quanta::quant;
 
-[[noreturn]] void unsupported(const std::string& key, const json& v) {
-  throw UnsupportedCase("option " + key + "=" + v.dump() + " is not supported by quanta");
+[[noreturn]] void unsupported(const std::string& cls, const std::string& key, const json& v) {
+  throw UnsupportedCase(cls + " option " + key + "=" + v.dump() + " is not supported by quanta");
 }
 
-// Options that only matter for multi-process or compiled PyTorch runs, or that
-// are accepted when they hold their default value.
-bool require_value(const std::string& key, const json& v, const json& allowed) {
-  if (v != allowed) unsupported(key, v);
-  return true;
+// The reference's options quanta has no field for, accepted at these values
+// only: multi-process or compiled-PyTorch switches and features left out.
+const json& accepted_values() {
+  static const json values = {
+      {"sync_kmeans", nullptr},  // any value: one process
+      {"sync_codebook", nullptr},
+      {"directional_reparam_variance", nullptr},  // only read by options that are off
+      {"directional_reparam", false},
+      {"sync_affine_param", false},
+      {"manual_ema_update", false},
+      {"manual_in_place_optimizer_update", false},
+      {"vq_bridge", nullptr},
+      {"in_place_codebook_optimizer", nullptr},
+      {"return_zeros_for_masked_padding", true},
+      {"route_gradients_to_input", true},
+  };
+  return values;
 }
 
-std::optional<bool> opt_bool(const json& v) {
-  if (v.is_null()) return std::nullopt;
-  return v.get<bool>();
+// ResidualVQ's (its layers take the ones above).
+const json& accepted_stack_values() {
+  static const json values = {
+      {"diveq", false},
+      {"implicit_neural_codebook", false},
+      {"beam_size", nullptr},
+      {"eval_beam_size", nullptr},
+      {"beam_score_quantizer_weights", nullptr},
+      {"quant_grad_frac", 0.0},
+      {"mlp_kwargs", json::object()},
+  };
+  return values;
 }
 
-// One VectorQuantize option; false if `key` is not a VectorQuantize option.
-bool set_vq_option(VectorQuantizeOptions& o, const std::string& key, const json& v) {
-  if (key == "dim")
-    o.dim = v.get<int64_t>();
-  else if (key == "codebook_size")
-    o.codebook_size = v.get<int64_t>();
-  else if (key == "codebook_dim")
-    o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
-  else if (key == "heads")
-    o.heads = v.get<int64_t>();
-  else if (key == "separate_codebook_per_head")
-    o.separate_codebook_per_head = v.get<bool>();
-  else if (key == "decay")
-    o.decay = v.get<double>();
-  else if (key == "eps")
-    o.eps = v.get<double>();
-  else if (key == "freeze_codebook")
-    o.freeze_codebook = v.get<bool>();
-  else if (key == "kmeans_init")
-    o.kmeans_init = v.get<bool>();
-  else if (key == "kmeans_iters")
-    o.kmeans_iters = v.get<int64_t>();
-  else if (key == "sync_kmeans" || key == "sync_codebook")
-    return true;  // one process
-  else if (key == "use_cosine_sim")
-    o.use_cosine_sim = v.get<bool>();
-  else if (key == "layernorm_after_project_in")
-    o.layernorm_after_project_in = v.get<bool>();
-  else if (key == "threshold_ema_dead_code")
-    o.threshold_ema_dead_code = v.get<double>();
-  else if (key == "channel_last")
-    o.channel_last = v.get<bool>();
-  else if (key == "accept_image_fmap" || key == "accept_3d_fmap")
-    o.accept_image_fmap = o.accept_image_fmap || v.get<bool>();
-  else if (key == "commitment_weight")
-    o.commitment_weight = v.get<double>();
-  else if (key == "commitment_use_cross_entropy_loss")
-    o.commitment_use_cross_entropy_loss = v.get<bool>();
-  else if (key == "orthogonal_reg_weight")
-    o.orthogonal_reg_weight = v.get<double>();
-  else if (key == "orthogonal_reg_active_codes_only")
-    o.orthogonal_reg_active_codes_only = v.get<bool>();
-  else if (key == "orthogonal_reg_max_codes")
-    o.orthogonal_reg_max_codes = v.is_null() ? 0 : v.get<int64_t>();
-  else if (key == "codebook_diversity_loss_weight")
-    o.codebook_diversity_loss_weight = v.get<double>();
-  else if (key == "codebook_diversity_temperature")
-    o.codebook_diversity_temperature = v.get<double>();
-  else if (key == "stochastic_sample_codes")
-    o.stochastic_sample_codes = v.get<bool>();
-  else if (key == "sample_codebook_temp")
-    o.sample_codebook_temp = v.get<double>();
-  else if (key == "straight_through")
-    o.straight_through = v.get<bool>();
-  else if (key == "rotation_trick")
-    o.rotation_trick = opt_bool(v);
-  else if (key == "learnable_codebook")
-    o.learnable_codebook = opt_bool(v);
-  else if (key == "ema_update")
-    o.ema_update = opt_bool(v);
-  else if (key == "affine_param")
-    o.affine_param = v.get<bool>();
-  else if (key == "affine_param_batch_decay")
-    o.affine_param_batch_decay = v.get<double>();
-  else if (key == "affine_param_codebook_decay")
-    o.affine_param_codebook_decay = v.get<double>();
-  else if (key == "sync_update_v")
-    o.sync_update_v = v.get<double>();
-  else if (key == "directional_reparam" || key == "sync_affine_param" ||
-           key == "manual_ema_update" || key == "manual_in_place_optimizer_update")
-    return require_value(key, v, false);
-  else if (key == "vq_bridge" || key == "in_place_codebook_optimizer")
-    return require_value(key, v, nullptr);
-  else if (key == "return_zeros_for_masked_padding" || key == "route_gradients_to_input")
-    return require_value(key, v, true);
-  else if (key == "directional_reparam_variance")
-    return true;  // only read by options that are off
-  else
-    return false;
-  return true;
+// Keys any value of which is accepted (their entry above is null but
+// a value is not required).
+bool any_value(const std::string& key) {
+  return key == "sync_kmeans" || key == "sync_codebook" || key == "directional_reparam_variance";
+}
+
+// The options of class `cls` from a case: quanta's fields by the reference's
+// names (quant/vq/vq_option_fields.h), the accepted values above, and
+// "accept_3d_fmap" (one flag here for image and video maps).
+template <class Options>
+Options options_of(const std::string& cls, const json& opts) {
+  Options o;
+  for (const auto& [k, v] : opts.items()) {
+    if constexpr (std::is_same_v<Options, ResidualVQOptions>)
+      if (k == "heads" && v != 1) unsupported(cls, k, v);  // the reference asserts it
+    if (k == "accept_3d_fmap") {
+      if (v == true) set_option(o, cls, "accept_image_fmap", true);
+    } else if (set_option(o, cls, k, v)) {
+      continue;
+    } else if (accepted_values().contains(k)) {
+      if (!any_value(k) && v != accepted_values()[k]) unsupported(cls, k, v);
+    } else if (!std::is_same_v<Options, VectorQuantizeOptions> &&
+               accepted_stack_values().contains(k)) {
+      if (v != accepted_stack_values()[k]) unsupported(cls, k, v);
+    } else {
+      unsupported(cls, k, v);
+    }
+  }
+  return o;
 }
 
 VectorQuantizeOptions vq_options(const json& opts) {
-  VectorQuantizeOptions o;
-  for (const auto& [k, v] : opts.items())
-    if (!set_vq_option(o, k, v)) unsupported(k, v);
-  return o;
+  return options_of<VectorQuantizeOptions>("VectorQuantize", opts);
 }
-
 ResidualVQOptions rvq_options(const json& opts) {
-  ResidualVQOptions o;
-  for (const auto& [k, v] : opts.items()) {
-    if (k == "dim")
-      o.dim = v.get<int64_t>();
-    else if (k == "num_quantizers")
-      o.num_quantizers = v.is_null() ? 0 : v.get<int64_t>();
-    else if (k == "codebook_size") {
-      if (v.is_array())
-        o.codebook_sizes = v.get<std::vector<int64_t>>();
-      else
-        o.codebook_sizes = {v.get<int64_t>()};
-    } else if (k == "codebook_dim")
-      o.codebook_dim = v.is_null() ? 0 : v.get<int64_t>();
-    else if (k == "shared_codebook")
-      o.shared_codebook = v.get<bool>();
-    else if (k == "quantize_dropout")
-      o.quantize_dropout = v.get<bool>();
-    else if (k == "quantize_dropout_cutoff_index")
-      o.quantize_dropout_cutoff_index = v.get<int64_t>();
-    else if (k == "quantize_dropout_multiple_of")
-      o.quantize_dropout_multiple_of = v.get<int64_t>();
-    else if (k == "accept_image_fmap")
-      o.accept_image_fmap = v.get<bool>();
-    else if (k == "heads")
-      require_value(k, v, 1);
-    else if (k == "diveq" || k == "implicit_neural_codebook")
-      require_value(k, v, false);
-    else if (k == "beam_size" || k == "eval_beam_size" || k == "beam_score_quantizer_weights")
-      require_value(k, v, nullptr);
-    else if (k == "quant_grad_frac")
-      require_value(k, v, 0.0);
-    else if (k == "mlp_kwargs")
-      require_value(k, v, json::object());
-    else if (!set_vq_option(o.layer, k, v))
-      unsupported(k, v);
-  }
-  return o;
+  return options_of<ResidualVQOptions>("ResidualVQ", opts);
 }
-
 GroupedResidualVQOptions grvq_options(const json& opts) {
-  GroupedResidualVQOptions o;
-  json rest = json::object();
-  for (const auto& [k, v] : opts.items()) {
-    if (k == "dim")
-      o.dim = v.get<int64_t>();
-    else if (k == "groups")
-      o.groups = v.get<int64_t>();
-    else if (k == "accept_image_fmap")
-      o.accept_image_fmap = v.get<bool>();
-    else
-      rest[k] = v;
-  }
-  rest["dim"] = o.dim / (o.groups > 0 ? o.groups : 1);
-  o.rvq = rvq_options(rest);
-  return o;
+  return options_of<GroupedResidualVQOptions>("GroupedResidualVQ", opts);
 }
 
 // The module under test, whichever class it is, behind one interface.
@@ -277,7 +194,7 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
   if (kind != "forward_backward") throw UnsupportedCase("case kind '" + kind + "'");
   const json kwargs = spec.value("forward_kwargs", json::object());
   for (const auto& [k, v] : kwargs.items())
-    if (k != "return_loss_breakdown") unsupported("forward " + k, v);
+    if (k != "return_loss_breakdown") unsupported("forward", k, v);
 
   Tensor x = c.at("x").clone();
   x.requires_grad_(true);

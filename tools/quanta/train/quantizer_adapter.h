@@ -6,13 +6,16 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
+#include "quant/option_json.h"
 #include "quant/quantizer.h"
 #include "quant/sync/quantizer_sync.h"
 #include "train/quantizer.h"
+#include "train/quantizer_config.h"
 
 namespace quanta::train::detail {
 
@@ -42,6 +45,25 @@ double option_number(QuantizerOptions& config, const std::string& key, double fa
 bool option_bool(QuantizerOptions& config, const std::string& key, bool fallback);
 std::vector<int64_t> option_list(QuantizerOptions& config, const std::string& key,
                                  const std::vector<int64_t>& fallback);
+
+/** Reads into `opts` every option of quantizer type `type` that names one of
+ * its fields (quant's for_each_option: the reference's names): the value the
+ * config gives, else the field's present value, recorded as the default.
+ * Unset optional fields (they follow from other options in the layer) and
+ * sizes of 0 (derived) are not recorded, as no config could spell them. */
+template <class Options>
+void read_options(QuantizerOptions& config, const std::string& type, Options& opts) {
+  for_each_option(opts, [&](std::string_view name, auto& field, quant::OptionKind kind) {
+    const std::string key(name);
+    if (!option_applies(key, type)) return;
+    if (config.given().contains(key)) {
+      quant::read_option("[config] quantizer", name, config.given()[key], field, kind);
+      return;
+    }
+    const nlohmann::json value = quant::option_json(field, kind);
+    if (!value.is_null()) config.record(key, value);
+  });
+}
 
 /** The generator a run seeded with `seed` builds its layer from (parameters,
  * codes and the seeds of its internal streams): the stream "quantizer" of

@@ -114,6 +114,12 @@ std::string available_quantizer_types() {
   return names;
 }
 
+bool option_applies(const std::string& key, const std::string& type) {
+  for (const QuantizerOption& o : quantizer_options())
+    if (o.key == key) return std::find(o.types.begin(), o.types.end(), type) != o.types.end();
+  return false;
+}
+
 std::string flag_name(const std::string& key) {
   std::string s = key;
   std::replace(s.begin(), s.end(), '_', '-');

@@ -28,6 +28,9 @@ const std::vector<QuantizerOption>& quantizer_options();
 /** The types make_quantizer can build in this build, comma-separated. */
 std::string available_quantizer_types();
 
+/** Whether `key` is an option of quantizer type `type` (quantizer_options()). */
+bool option_applies(const std::string& key, const std::string& type);
+
 /** The flag spelling of an option key: codebook_size -> codebook-size. */
 std::string flag_name(const std::string& key);
 

@@ -12,6 +12,7 @@
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
 #include "quant/scalar/residual_lfq.h"
+#include "quant/scalar/scalar_option_fields.h"
 #include "train/quantizer_adapter.h"
 
 namespace quanta::train::detail {
@@ -28,16 +29,6 @@ constexpr int64_t kRlfqCodebookSize = 512;          // 9 bits per level
 constexpr int64_t kLfqMaxBits = 16;
 constexpr int64_t kNumQuantizers = 4;
 
-quant::LFQOptions lfq_options(QuantizerOptions& c, int64_t dim, int64_t default_size) {
-  quant::LFQOptions o;
-  o.dim = dim;
-  o.codebook_size = option_int(c, "codebook_size", default_size);
-  o.entropy_loss_weight = option_number(c, "entropy_loss_weight", o.entropy_loss_weight);
-  o.commitment_loss_weight = option_number(c, "commitment_loss_weight", o.commitment_loss_weight);
-  o.diversity_gamma = option_number(c, "diversity_gamma", o.diversity_gamma);
-  return o;
-}
-
 }  // namespace
 
 std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, QuantizerOptions& c,
@@ -45,32 +36,35 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, Quan
   Generator gen = layer_generator(seed);
   if (type == "fsq") {
     quant::FSQOptions o;
-    o.levels = option_list(c, "levels", kLevels);
+    o.levels = kLevels;
     o.dim = dim;
-    o.num_codebooks = option_int(c, "num_codebooks", 1);
+    read_options(c, type, o);
     return std::make_unique<LayerQuantizer>(std::make_shared<quant::FSQ>(o, gen), type, dim, seed);
   }
   if (type == "lfq") {
-    const int64_t codebooks = option_int(c, "num_codebooks", 1);
-    const int64_t bits = std::clamp<int64_t>(dim / codebooks, 1, kLfqMaxBits);
-    quant::LFQOptions o = lfq_options(c, dim, int64_t{1} << bits);
-    o.num_codebooks = codebooks;
+    quant::LFQOptions o;
+    o.dim = dim;
+    o.num_codebooks = option_int(c, "num_codebooks", 1);
+    const int64_t bits = std::clamp<int64_t>(dim / o.num_codebooks, 1, kLfqMaxBits);
+    o.codebook_size = int64_t{1} << bits;
+    read_options(c, type, o);
     return std::make_unique<LayerQuantizer>(std::make_shared<quant::LFQ>(o, gen), type, dim, seed);
   }
   if (type == "rfsq") {
     quant::ResidualFSQOptions o;
-    o.fsq.levels = option_list(c, "levels", kLevels);
+    o.fsq.levels = kLevels;
     o.fsq.dim = dim;
-    o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
-    o.quantize_dropout = option_bool(c, "quantize_dropout", false);
+    o.num_quantizers = kNumQuantizers;
+    read_options(c, type, o);
     return std::make_unique<LayerQuantizer>(std::make_shared<quant::ResidualFSQ>(o, gen), type, dim,
                                             seed);
   }
   if (type == "rlfq") {
     quant::ResidualLFQOptions o;
-    o.lfq = lfq_options(c, dim, kRlfqCodebookSize);
-    o.num_quantizers = option_int(c, "num_quantizers", kNumQuantizers);
-    o.quantize_dropout = option_bool(c, "quantize_dropout", false);
+    o.lfq.dim = dim;
+    o.lfq.codebook_size = kRlfqCodebookSize;
+    o.num_quantizers = kNumQuantizers;
+    read_options(c, type, o);
     return std::make_unique<LayerQuantizer>(std::make_shared<quant::ResidualLFQ>(o, gen), type, dim,
                                             seed);
   }
