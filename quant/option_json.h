@@ -43,8 +43,8 @@ inline int64_t option_integer(const std::string& who, std::string_view name,
  * read into a list is the one-element list. Throws std::invalid_argument
  * naming the option for a value of another type, or a size below 1. */
 template <class T>
-void read_option(const std::string& who, std::string_view name, const nlohmann::json& v,
-                 T& field, OptionKind kind) {
+void read_option(const std::string& who, std::string_view name, const nlohmann::json& v, T& field,
+                 OptionKind kind) {
   if (v.is_null()) return;
   if constexpr (detail::is_optional<T>::value) {
     typename T::value_type value{};
@@ -74,8 +74,7 @@ void read_option(const std::string& who, std::string_view name, const nlohmann::
 template <class T>
 nlohmann::json option_json(const T& field, OptionKind kind) {
   if constexpr (std::is_same_v<T, int64_t>) {
-    return kind == OptionKind::size && field == 0 ? nlohmann::json(nullptr)
-                                                  : nlohmann::json(field);
+    return kind == OptionKind::size && field == 0 ? nlohmann::json(nullptr) : nlohmann::json(field);
   } else if constexpr (detail::is_optional<T>::value) {
     return field ? nlohmann::json(*field) : nlohmann::json(nullptr);
   } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {

@@ -81,13 +81,7 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
            const Operand& in) {
   dispatch_float(in.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    switch (op) {
-#define QUANTA_CASE(name, F) \
-  case UnaryOp::name:        \
-    return unary_typed<T>(fn::F{args}, shape, out, in);
-      QUANTA_UNARY_OPS(QUANTA_CASE)
-#undef QUANTA_CASE
-    }
+    visit_functor(op, args, [&](auto f) { unary_typed<T>(f, shape, out, in); });
   });
 }
 
@@ -95,18 +89,9 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
             const Operand& b) {
   dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    switch (op) {
-#define QUANTA_ARITH_CASE(name, F) \
-  case BinaryOp::name:             \
-    return binary_typed<T, false>(fn::F{}, shape, out, a, b);
-#define QUANTA_PREDICATE_CASE(name, F) \
-  case BinaryOp::name:                 \
-    return binary_typed<T, true>(fn::F{}, shape, out, a, b);
-      QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
-      QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
-#undef QUANTA_ARITH_CASE
-#undef QUANTA_PREDICATE_CASE
-    }
+    visit_functor(op, [&](auto f, auto writes_bool) {
+      binary_typed<T, decltype(writes_bool)::value>(f, shape, out, a, b);
+    });
   });
 }
 
@@ -114,13 +99,7 @@ void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Opera
             const Operand& a, const Operand& b) {
   dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    switch (op) {
-#define QUANTA_CASE(name, F) \
-  case UpdateOp::name:       \
-    return map<T, T, T, T>(shape, fn::F{args}, dst, dst, a, b);
-      QUANTA_UPDATE_OPS(QUANTA_CASE)
-#undef QUANTA_CASE
-    }
+    visit_functor(op, args, [&](auto f) { map<T, T, T, T>(shape, f, dst, dst, a, b); });
   });
 }
 

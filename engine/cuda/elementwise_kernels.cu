@@ -159,13 +159,9 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out.data);
     const T* i = static_cast<const T*>(in.data);
-    switch (op) {
-#define QUANTA_CASE(name, F) \
-  case UnaryOp::name:        \
-    return walk<2>(#name, shape, {&out, &in}, UnaryBody<T, fn::F>{fn::F{args}, o, i});
-      QUANTA_UNARY_OPS(QUANTA_CASE)
-#undef QUANTA_CASE
-    }
+    visit_functor(op, args, [&](auto f) {
+      walk<2>(op_name(op), shape, {&out, &in}, UnaryBody<T, decltype(f)>{f, o, i});
+    });
   });
 }
 
@@ -175,20 +171,11 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
     using T = typename decltype(tag)::type;
     const T* pa = static_cast<const T*>(a.data);
     const T* pb = static_cast<const T*>(b.data);
-    switch (op) {
-#define QUANTA_ARITH_CASE(name, F)               \
-  case BinaryOp::name:                           \
-    return walk<3>(#name, shape, {&out, &a, &b}, \
-                   BinaryBody<T, T, fn::F>{{}, static_cast<T*>(out.data), pa, pb});
-#define QUANTA_PREDICATE_CASE(name, F)           \
-  case BinaryOp::name:                           \
-    return walk<3>(#name, shape, {&out, &a, &b}, \
-                   BinaryBody<bool, T, fn::F>{{}, static_cast<bool*>(out.data), pa, pb});
-      QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
-      QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
-#undef QUANTA_ARITH_CASE
-#undef QUANTA_PREDICATE_CASE
-    }
+    visit_functor(op, [&](auto f, auto writes_bool) {
+      using O = std::conditional_t<decltype(writes_bool)::value, bool, T>;
+      walk<3>(op_name(op), shape, {&out, &a, &b},
+              BinaryBody<O, T, decltype(f)>{f, static_cast<O*>(out.data), pa, pb});
+    });
   });
 }
 
@@ -199,13 +186,9 @@ void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Opera
     T* d = static_cast<T*>(dst.data);
     const T* pa = static_cast<const T*>(a.data);
     const T* pb = static_cast<const T*>(b.data);
-    switch (op) {
-#define QUANTA_CASE(name, F) \
-  case UpdateOp::name:       \
-    return walk<3>(#name, shape, {&dst, &a, &b}, UpdateBody<T, fn::F>{fn::F{args}, d, pa, pb});
-      QUANTA_UPDATE_OPS(QUANTA_CASE)
-#undef QUANTA_CASE
-    }
+    visit_functor(op, args, [&](auto f) {
+      walk<3>(op_name(op), shape, {&dst, &a, &b}, UpdateBody<T, decltype(f)>{f, d, pa, pb});
+    });
   });
 }
 

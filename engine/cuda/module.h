@@ -25,8 +25,9 @@ namespace quanta::cuda {
  * `quanta_cuda_module_v1`. kAbi versions everything libquanta reaches in
  * the module: this struct, the engine's KernelTable and the tables found by
  * name in a module that passed this check (module_symbol: the quantizers'
- * QuantKernelTable, dist's NCCL backend). A new field, a changed signature
- * or a changed meaning in any of them bumps it. */
+ * QuantKernelTable, the language models' LlmKernelTable, dist's NCCL
+ * backend), so it is the one ABI check for all of them. A new field, a
+ * changed signature or a changed meaning in any of them bumps it. */
 struct Module {
   // What each version changed is in git's history of this line.
   static constexpr int kAbi = 5;

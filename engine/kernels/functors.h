@@ -11,6 +11,7 @@
 // stay CPU-only, in engine/cpu/unary_vector.h.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define QUANTA_HD __host__ __device__
@@ -187,5 +188,49 @@ enum class UpdateOp : uint8_t { QUANTA_UPDATE_OPS(QUANTA_ENUM_ROW) };
 
 /** True for the ops whose result is bool (comparisons, logic). */
 constexpr bool is_predicate(BinaryOp op) { return op >= BinaryOp::eq; }
+
+// The one switch from an op to its functor (host code): every device's
+// elementwise entry calls visit_functor and wraps the functor in its loop.
+
+/** Calls visit(functor) with `op`'s functor, made from `args`. */
+template <class Visit>
+void visit_functor(UnaryOp op, const ScalarArgs& args, Visit&& visit) {
+  switch (op) {
+#define QUANTA_CASE(name, F) \
+  case UnaryOp::name:        \
+    return visit(fn::F{args});
+    QUANTA_UNARY_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+  }
+}
+
+/** Calls visit(functor, std::bool_constant<writes bool>) with `op`'s functor. */
+template <class Visit>
+void visit_functor(BinaryOp op, Visit&& visit) {
+  switch (op) {
+#define QUANTA_ARITH_CASE(name, F) \
+  case BinaryOp::name:             \
+    return visit(fn::F{}, std::false_type{});
+#define QUANTA_PREDICATE_CASE(name, F) \
+  case BinaryOp::name:                 \
+    return visit(fn::F{}, std::true_type{});
+    QUANTA_ARITH_OPS(QUANTA_ARITH_CASE)
+    QUANTA_PREDICATE_OPS(QUANTA_PREDICATE_CASE)
+#undef QUANTA_ARITH_CASE
+#undef QUANTA_PREDICATE_CASE
+  }
+}
+
+/** Calls visit(functor) with `op`'s functor, made from `args`. */
+template <class Visit>
+void visit_functor(UpdateOp op, const ScalarArgs& args, Visit&& visit) {
+  switch (op) {
+#define QUANTA_CASE(name, F) \
+  case UpdateOp::name:       \
+    return visit(fn::F{args});
+    QUANTA_UPDATE_OPS(QUANTA_CASE)
+#undef QUANTA_CASE
+  }
+}
 
 }  // namespace quanta

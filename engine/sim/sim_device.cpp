@@ -79,8 +79,6 @@ DeviceErrorFlag* error_flag(int index) {
 
 const DeviceBackend& backend() {
   // The CPU's kernels, so its layouts: the results are the CPU's bits.
-  // add_n's fused loop is host code in the op (it reads data<T>), so sim
-  // takes the chain of adds, which sums the terms in the same order.
   static const DeviceBackend b{
       .name = "sim",
       .caps = {.channels_last_conv = true, .host_readable = false},

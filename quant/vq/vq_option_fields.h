@@ -62,8 +62,8 @@ void for_each_option(ResidualVQOptions& o, Visit&& visit) {
   visit("accept_image_fmap", o.accept_image_fmap, K::value);
   visit("channel_last", o.channel_last, K::value);
   for_each_option(o.layer, [&](std::string_view name, auto& field, OptionKind kind) {
-    for (std::string_view own : {"dim", "codebook_size", "codebook_dim", "accept_image_fmap",
-                                 "channel_last"})
+    for (std::string_view own :
+         {"dim", "codebook_size", "codebook_dim", "accept_image_fmap", "channel_last"})
       if (name == own) return;
     visit(name, field, kind);
   });
@@ -92,8 +92,7 @@ void for_each_option(SimVQOptions& o, Visit&& visit) {
   visit("frozen_codebook_dim", o.frozen_codebook_dim, K::size);
   visit("channel_first", o.channel_first, K::value);
   visit("rotation_trick", o.rotation_trick, K::value);
-  visit("input_to_quantize_commit_loss_weight", o.input_to_quantize_commit_loss_weight,
-        K::value);
+  visit("input_to_quantize_commit_loss_weight", o.input_to_quantize_commit_loss_weight, K::value);
   visit("commitment_weight", o.commitment_weight, K::value);
 }
 
