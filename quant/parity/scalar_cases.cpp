@@ -87,6 +87,24 @@ void forward_backward(Module& m, const CaseFile& c,
     if (c.has(name + "_grad")) check(name + "_grad", p.grad());
 }
 
+// Builds `Layer` from the case (its options by name, its state from the
+// file) and makes the recorded call: the index lookups `lookups` checks, or a
+// forward through `forward` and the backward of forward_backward.
+template <class Layer, class Options, class Lookups, class Forward>
+void run_layer(const std::string& cls, const json& ctor, const CaseFile& c, bool lookup,
+               Checker& check, Lookups&& lookups, Forward&& forward) {
+  Generator gen(0);  // the state comes from the case file
+  Layer m(options_of<Options>(cls, ctor), gen);
+  load_state(m, c);
+  if (lookup) {
+    m.eval();
+    lookups(m, c.at("indices"));
+    return;
+  }
+  forward_backward(
+      m, c, [&](const Tensor& x) { return forward(m, x); }, check);
+}
+
 }  // namespace
 
 void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
@@ -97,64 +115,42 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
   if (kind != "forward_backward" && kind != "lookup")
     throw UnsupportedCase("case kind '" + kind + "'");
   const bool lookup = kind == "lookup";
-  Generator gen(0);  // the state comes from the case file
+  const auto plain = [](auto& m, const Tensor& x) { return m.forward(x, Tensor()); };
+  // A single layer's codes of the case's indices, after and before project_out.
+  const auto layer_codes = [&](auto& m, const Tensor& idx) {
+    check("codes", m.indices_to_codes(idx));
+    if (c.has("codes_before_project_out"))
+      check("codes_before_project_out", m.indices_to_codes(idx, false));
+  };
+  // A stack's per-layer codes, its output and (when recorded) its codebooks.
+  const auto stack_lookups = [&](auto& m, const Tensor& idx) {
+    check("codes", m.get_codes_from_indices(idx));
+    check("output", m.get_output_from_indices(idx));
+    if (c.has("codebooks")) check("codebooks", m.codebooks());
+  };
   if (r.cls == "FSQ") {
-    FSQ m(options_of<FSQOptions>("FSQ", ctor), gen);
-    load_state(m, c);
-    if (lookup) {
-      m.eval();
-      const Tensor& idx = c.at("indices");
-      check("codes", m.indices_to_codes(idx));
-      if (c.has("codes_before_project_out"))
-        check("codes_before_project_out", m.indices_to_codes(idx, false));
-      check("level_indices", m.indices_to_level_indices(idx));
-      check("implicit_codebook", m.implicit_codebook());
-      return;
-    }
-    forward_backward(
-        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    run_layer<FSQ, FSQOptions>(
+        r.cls, ctor, c, lookup, check,
+        [&](FSQ& m, const Tensor& idx) {
+          layer_codes(m, idx);
+          check("level_indices", m.indices_to_level_indices(idx));
+          check("implicit_codebook", m.implicit_codebook());
+        },
+        plain);
   } else if (r.cls == "ResidualFSQ") {
-    ResidualFSQ m(options_of<ResidualFSQOptions>("ResidualFSQ", ctor), gen);
-    load_state(m, c);
-    if (lookup) {
-      m.eval();
-      const Tensor& idx = c.at("indices");
-      check("codes", m.get_codes_from_indices(idx));
-      check("output", m.get_output_from_indices(idx));
-      if (c.has("codebooks")) check("codebooks", m.codebooks());
-      return;
-    }
-    forward_backward(
-        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    run_layer<ResidualFSQ, ResidualFSQOptions>(r.cls, ctor, c, lookup, check, stack_lookups, plain);
   } else if (r.cls == "LFQ") {
-    LFQ m(options_of<LFQOptions>("LFQ", ctor), gen);
-    load_state(m, c);
-    if (lookup) {
-      m.eval();
-      const Tensor& idx = c.at("indices");
-      check("codes", m.indices_to_codes(idx));
-      if (c.has("codes_before_project_out"))
-        check("codes_before_project_out", m.indices_to_codes(idx, false));
-      if (c.has("codebook")) check("codebook", m.codebook());
-      return;
-    }
     const json fk = spec.value("forward_kwargs", json::object());
     const double inv_t = fk.value("inv_temperature", 100.0);
-    forward_backward(
-        m, c, [&](const Tensor& x) { return m.forward(x, Tensor(), inv_t); }, check);
+    run_layer<LFQ, LFQOptions>(
+        r.cls, ctor, c, lookup, check,
+        [&](LFQ& m, const Tensor& idx) {
+          layer_codes(m, idx);
+          if (c.has("codebook")) check("codebook", m.codebook());
+        },
+        [&](LFQ& m, const Tensor& x) { return m.forward(x, Tensor(), inv_t); });
   } else if (r.cls == "ResidualLFQ") {
-    ResidualLFQ m(options_of<ResidualLFQOptions>("ResidualLFQ", ctor), gen);
-    load_state(m, c);
-    if (lookup) {
-      m.eval();
-      const Tensor& idx = c.at("indices");
-      check("codes", m.get_codes_from_indices(idx));
-      check("output", m.get_output_from_indices(idx));
-      if (c.has("codebooks")) check("codebooks", m.codebooks());
-      return;
-    }
-    forward_backward(
-        m, c, [&](const Tensor& x) { return m.forward(x, Tensor()); }, check);
+    run_layer<ResidualLFQ, ResidualLFQOptions>(r.cls, ctor, c, lookup, check, stack_lookups, plain);
   } else {
     throw UnsupportedCase("class '" + r.cls + "'");
   }
