@@ -47,16 +47,15 @@ decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
 template <class F>
 decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32:
-      return f(detail::TypeTag<float>{});
-    case DType::f64:
-      return f(detail::TypeTag<double>{});
     case DType::i32:
       return f(detail::TypeTag<int32_t>{});
     case DType::i64:
       return f(detail::TypeTag<int64_t>{});
     case DType::u8:
       return f(detail::TypeTag<uint8_t>{});
+    case DType::f32:
+    case DType::f64:
+      return dispatch_float(t, op, f);
     default:
       detail::bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
   }
@@ -66,22 +65,18 @@ decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
 template <class F>
 decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32:
-      return f(detail::TypeTag<float>{});
-    case DType::f64:
-      return f(detail::TypeTag<double>{});
     case DType::bf16:
       return f(detail::TypeTag<bf16>{});
     case DType::f16:
       return f(detail::TypeTag<f16>{});
-    case DType::i32:
-      return f(detail::TypeTag<int32_t>{});
-    case DType::i64:
-      return f(detail::TypeTag<int64_t>{});
-    case DType::u8:
-      return f(detail::TypeTag<uint8_t>{});
     case DType::boolean:
       return f(detail::TypeTag<bool>{});
+    case DType::f32:
+    case DType::f64:
+    case DType::i32:
+    case DType::i64:
+    case DType::u8:
+      return dispatch_numeric(t, op, f);
     default:
       detail::bad_dtype(op, t, "a byte-only format: dequantize it first");
   }

@@ -3,7 +3,7 @@
 // the features split into G equal chunks, one residual stack per chunk, one
 // quantize-dropout decision (group 0's) for all of them, the outputs
 // concatenated and the indices stacked. Written once here over the Quantizer
-// interface; the grouped classes only build their groups.
+// interface; GroupedOf<Layer> (quant/grouped_of.h) builds a family's groups.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -3,10 +3,10 @@
 // layer i quantizes what layers 0..i-1 left, later layers see that residual
 // cut from the graph, layers after the quantize-dropout decision give index
 // -1 and loss 0, the output is the sum of the kept layers' outputs. Written
-// once here, with the dropout decision and its stream; ResidualVQ,
-// ResidualSimVQ, ResidualFSQ and ResidualLFQ only say how one of their layers
-// quantizes (ResidualFSQ scales, ResidualLFQ passes a temperature) and which
-// code an index stands for.
+// once here, with the dropout decision and its stream; ResidualOf<Layer>
+// (quant/residual_of.h) runs it for a family from its LayerTraits, which say
+// how one of its layers is made and quantizes and which code an index stands
+// for.
 #include <cstdint>
 #include <functional>
 #include <string>

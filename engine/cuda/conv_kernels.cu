@@ -35,14 +35,6 @@ Geom flat(const ConvGeom& g) {
           g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1]};
 }
 
-template <class Kernel, class... Args>
-void launch(int64_t n, Kernel kernel, Args... args) {
-  if (n <= 0) return;
-  const LaunchConfig cfg = launch_config(n, max_blocks());
-  kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, args...);
-  QUANTA_CUDA_CHECK_LAUNCH();
-}
-
 // cols [S, C kh kw, OH OW] of images x [S, C, H, W]: row (c, i, j), column
 // (oh, ow) holds x[c, oh sh - ph + i dh, ow sw - pw + j dw], 0 in the padding
 // (the CPU's im2col for every group of every image at once).
@@ -177,9 +169,9 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       // y[n, group] [og, L] = w[group] [og, ckk] . cols[n, group] [ckk, L]
       const T* x = a + n0 * g.C * HW;
       T* y = out + n0 * g.O * L;
-      if (!pw) launch(S * per_image, im2col_kernel<T>, fg, x, cols);
+      if (!pw) launch_elements(S * per_image, im2col_kernel<T>, fg, x, cols);
       const T* src = pw ? x : cols;  // [S, G, ckk, L]
-      if (bias) launch(S * g.O * L, fill_channels_kernel<T>, g.O, L, bias, y);
+      if (bias) launch_elements(S * g.O * L, fill_channels_kernel<T>, g.O, L, bias, y);
       if (G == 1) {
         gemm_batch<T>(S, og, L, ckk, b, ckk, 1, 0, src, L, 1, ckk * L, y, bias != nullptr);
       } else {
@@ -194,7 +186,7 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       T* x = out + n0 * g.C * HW;
       T* dst = pw ? x : cols;  // [S, G, ckk, L]
       const bool acc = pw && bias;
-      if (acc) launch(S * g.C * HW, fill_channels_kernel<T>, g.C, HW, bias, x);
+      if (acc) launch_elements(S * g.C * HW, fill_channels_kernel<T>, g.C, HW, bias, x);
       if (G == 1) {
         gemm_batch<T>(S, ckk, L, og, b, 1, ckk, 0, gy, L, 1, g.O * L, dst, acc);
       } else {
@@ -202,12 +194,12 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
           gemm_batch<T>(G, ckk, L, og, b, 1, ckk, og * ckk, gy + s * g.O * L, L, 1, og * L,
                         dst + s * G * ckk * L, acc);
       }
-      if (!pw) launch(S * g.C * HW, col2im_kernel<T>, fg, cols, bias, x);
+      if (!pw) launch_elements(S * g.C * HW, col2im_kernel<T>, fg, cols, bias, x);
     } else {
       // gw[group] [og, ckk] += g[n, group] [og, L] . cols[n, group]^T [L, ckk]
       const T* x = a + n0 * g.C * HW;
       const T* gy = b + n0 * g.O * L;
-      if (!pw) launch(S * per_image, im2col_kernel<T>, fg, x, cols);
+      if (!pw) launch_elements(S * per_image, im2col_kernel<T>, fg, x, cols);
       const T* src = pw ? x : cols;
       for (int64_t s = 0; s < S; ++s)
         gemm_batch<T>(G, og, ckk, L, gy + s * g.O * L, L, 1, og * L, src + s * G * ckk * L, 1, L,

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/launch.h"
 #include "engine/dtype.h"
 
 namespace quanta::cuda {
@@ -30,46 +31,6 @@ struct Tag {
 // The device's element type of a dtype (CUDA's own 16-bit floats: the same
 // bits as the CPU's Eigen types).
 template <class F>
-inline void dispatch_all(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(Tag<float>{});
-    case DType::f64:
-      return f(Tag<double>{});
-    case DType::bf16:
-      return f(Tag<__nv_bfloat16>{});
-    case DType::f16:
-      return f(Tag<__half>{});
-    case DType::i32:
-      return f(Tag<int32_t>{});
-    case DType::i64:
-      return f(Tag<int64_t>{});
-    case DType::u8:
-      return f(Tag<uint8_t>{});
-    case DType::boolean:
-      return f(Tag<bool>{});
-    default:
-      bad_dtype(op, t, "a byte-only format: dequantize it first");
-  }
-}
-template <class F>
-inline void dispatch_numeric(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(Tag<float>{});
-    case DType::f64:
-      return f(Tag<double>{});
-    case DType::i32:
-      return f(Tag<int32_t>{});
-    case DType::i64:
-      return f(Tag<int64_t>{});
-    case DType::u8:
-      return f(Tag<uint8_t>{});
-    default:
-      bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
-  }
-}
-template <class F>
 inline void dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
     case DType::f32:
@@ -78,6 +39,41 @@ inline void dispatch_float(DType t, const char* op, F&& f) {
       return f(Tag<double>{});
     default:
       bad_dtype(op, t, "expected f32 or f64");
+  }
+}
+template <class F>
+inline void dispatch_numeric(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32:
+      return f(Tag<int32_t>{});
+    case DType::i64:
+      return f(Tag<int64_t>{});
+    case DType::u8:
+      return f(Tag<uint8_t>{});
+    case DType::f32:
+    case DType::f64:
+      return dispatch_float(t, op, f);
+    default:
+      bad_dtype(op, t, "expected f32, f64, i32, i64 or u8");
+  }
+}
+template <class F>
+inline void dispatch_all(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::bf16:
+      return f(Tag<__nv_bfloat16>{});
+    case DType::f16:
+      return f(Tag<__half>{});
+    case DType::boolean:
+      return f(Tag<bool>{});
+    case DType::f32:
+    case DType::f64:
+    case DType::i32:
+    case DType::i64:
+    case DType::u8:
+      return dispatch_numeric(t, op, f);
+    default:
+      bad_dtype(op, t, "a byte-only format: dequantize it first");
   }
 }
 
@@ -121,6 +117,16 @@ inline int64_t max_blocks() {
     if (dev < kMaxDevices) sms_of[dev].store(sms, std::memory_order_relaxed);
   }
   return static_cast<int64_t>(sms) * 8;
+}
+
+// Launches kernel(n, args...), a grid-stride loop over n elements, on the
+// current device's default stream; nothing for n <= 0.
+template <class Kernel, class... Args>
+void launch_elements(int64_t n, Kernel kernel, Args... args) {
+  if (n <= 0) return;
+  const LaunchConfig cfg = launch_config(n, max_blocks());
+  kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, args...);
+  QUANTA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace quanta::cuda

@@ -32,14 +32,6 @@ Win flat(const PoolWindow& g) {
           g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1]};
 }
 
-template <class Kernel, class... Args>
-void launch(int64_t n, Kernel kernel, Args... args) {
-  if (n <= 0) return;
-  const LaunchConfig cfg = launch_config(n, max_blocks());
-  kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, args...);
-  QUANTA_CUDA_CHECK_LAUNCH();
-}
-
 // a * b rounded on its own: never fused into a following add (the CPU's
 // adjoint multiplies first, then adds).
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -170,19 +162,19 @@ void avg_pool(bool adjoint, DType dtype, const PoolWindow& g, const void* in, vo
     // The CPU's divisor, computed on the host the same way.
     const T inv = T(1) / static_cast<T>(g.kernel[0] * g.kernel[1]);
     if (adjoint)
-      launch(g.P * g.H * g.W, avg_adjoint_kernel<T>, flat(g), inv, static_cast<const T*>(in),
-             static_cast<T*>(out));
+      launch_elements(g.P * g.H * g.W, avg_adjoint_kernel<T>, flat(g), inv,
+                      static_cast<const T*>(in), static_cast<T*>(out));
     else
-      launch(g.P * g.OH * g.OW, avg_forward_kernel<T>, flat(g), inv, static_cast<const T*>(in),
-             static_cast<T*>(out));
+      launch_elements(g.P * g.OH * g.OW, avg_forward_kernel<T>, flat(g), inv,
+                      static_cast<const T*>(in), static_cast<T*>(out));
   });
 }
 
 void max_pool(DType dtype, const PoolWindow& g, const void* in, void* out, int64_t* indices) {
   dispatch_float(dtype, "max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(g.P * g.OH * g.OW, max_forward_kernel<T>, flat(g), static_cast<const T*>(in),
-           static_cast<T*>(out), indices);
+    launch_elements(g.P * g.OH * g.OW, max_forward_kernel<T>, flat(g), static_cast<const T*>(in),
+                    static_cast<T*>(out), indices);
   });
 }
 
@@ -191,18 +183,19 @@ void max_pool_route(bool scatter, DType dtype, const PoolWindow& g, const int64_
   dispatch_float(dtype, scatter ? "max_pool2d_backward" : "max_pool2d_gather", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (scatter)
-      launch(g.P * g.H * g.W, max_scatter_kernel<T>, flat(g), indices, static_cast<const T*>(in),
-             static_cast<T*>(out));
+      launch_elements(g.P * g.H * g.W, max_scatter_kernel<T>, flat(g), indices,
+                      static_cast<const T*>(in), static_cast<T*>(out));
     else
-      launch(g.P * g.OH * g.OW, max_gather_kernel<T>, flat(g), indices, static_cast<const T*>(in),
-             static_cast<T*>(out));
+      launch_elements(g.P * g.OH * g.OW, max_gather_kernel<T>, flat(g), indices,
+                      static_cast<const T*>(in), static_cast<T*>(out));
   });
 }
 
 void upsample_nearest2x(DType dtype, int64_t rows, int64_t W, const void* in, void* out) {
   dispatch_all(dtype, "interpolate_nearest2x", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch(4 * rows * W, upsample2x_kernel<T>, W, static_cast<const T*>(in), static_cast<T*>(out));
+    launch_elements(4 * rows * W, upsample2x_kernel<T>, W, static_cast<const T*>(in),
+                    static_cast<T*>(out));
   });
 }
 

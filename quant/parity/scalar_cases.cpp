@@ -36,7 +36,7 @@ using namespace quanta::quant;
 // and negative sizes, while quanta's options read 0 as "derive it", so a case
 // could otherwise pass with an option it ignored.
 template <class Options>
-Options options_of(const std::string& cls, const json& ctor) {
+Options scalar_options_of(const std::string& cls, const json& ctor) {
   Options o;
   for (const auto& [k, v] : ctor.items()) {
     // Switches of the reference's implementation with nothing to change here.
@@ -94,7 +94,7 @@ template <class Layer, class Options, class Lookups, class Forward>
 void run_layer(const std::string& cls, const json& ctor, const CaseFile& c, bool lookup,
                Checker& check, Lookups&& lookups, Forward&& forward) {
   Generator gen(0);  // the state comes from the case file
-  Layer m(options_of<Options>(cls, ctor), gen);
+  Layer m(scalar_options_of<Options>(cls, ctor), gen);
   load_state(m, c);
   if (lookup) {
     m.eval();

@@ -71,7 +71,7 @@ bool any_value(const std::string& key) {
 // names (quant/vq/vq_option_fields.h), the accepted values above, and
 // "accept_3d_fmap" (one flag here for image and video maps).
 template <class Options>
-Options options_of(const std::string& cls, const json& opts) {
+Options vq_options_of(const std::string& cls, const json& opts) {
   Options o;
   for (const auto& [k, v] : opts.items()) {
     if constexpr (std::is_same_v<Options, ResidualVQOptions>)
@@ -93,13 +93,13 @@ Options options_of(const std::string& cls, const json& opts) {
 }
 
 VectorQuantizeOptions vq_options(const json& opts) {
-  return options_of<VectorQuantizeOptions>("VectorQuantize", opts);
+  return vq_options_of<VectorQuantizeOptions>("VectorQuantize", opts);
 }
 ResidualVQOptions rvq_options(const json& opts) {
-  return options_of<ResidualVQOptions>("ResidualVQ", opts);
+  return vq_options_of<ResidualVQOptions>("ResidualVQ", opts);
 }
 GroupedResidualVQOptions grvq_options(const json& opts) {
-  return options_of<GroupedResidualVQOptions>("GroupedResidualVQ", opts);
+  return vq_options_of<GroupedResidualVQOptions>("GroupedResidualVQ", opts);
 }
 
 // The module under test, whichever class it is, behind one interface.
