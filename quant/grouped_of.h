@@ -21,7 +21,7 @@ class GroupedOf : public Grouped {
 
   /** Groups "rvqs.<g>", each a Stack of Traits::group_options(opts). */
   GroupedOf(const Options& opts, Generator& gen) : Grouped(Traits::grouped_name, layout_of(opts)) {
-    for (int64_t g = 0; g < groups_of(opts); ++g)
+    for (int64_t g = 0; g < layout().groups; ++g)
       add_group(std::make_shared<Stack>(Traits::group_options(opts), gen));
   }
 
@@ -40,7 +40,6 @@ class GroupedOf : public Grouped {
     layout.losses = Traits::losses;
     return layout;
   }
-  static int64_t groups_of(const Options& opts) { return Traits::grouped_layout(opts).groups; }
 };
 
 }  // namespace quanta::quant

@@ -32,9 +32,6 @@ using namespace quanta::quant;
 // only: multi-process or compiled-PyTorch switches and features left out.
 const json& accepted_values() {
   static const json values = {
-      {"sync_kmeans", nullptr},  // any value: one process
-      {"sync_codebook", nullptr},
-      {"directional_reparam_variance", nullptr},  // only read by options that are off
       {"directional_reparam", false},
       {"sync_affine_param", false},
       {"manual_ema_update", false},
@@ -61,9 +58,9 @@ const json& accepted_stack_values() {
   return values;
 }
 
-// Keys any value of which is accepted (their entry above is null but
-// a value is not required).
-bool any_value(const std::string& key) {
+// The reference's options that change nothing here, whatever their value:
+// the syncs (one process) and what only options that are off read.
+bool ignored(const std::string& key) {
   return key == "sync_kmeans" || key == "sync_codebook" || key == "directional_reparam_variance";
 }
 
@@ -78,10 +75,10 @@ Options vq_options_of(const std::string& cls, const json& opts) {
       if (k == "heads" && v != 1) unsupported(cls, k, v);  // the reference asserts it
     if (k == "accept_3d_fmap") {
       if (v == true) set_option(o, cls, "accept_image_fmap", true);
-    } else if (set_option(o, cls, k, v)) {
+    } else if (ignored(k) || set_option(o, cls, k, v)) {
       continue;
     } else if (accepted_values().contains(k)) {
-      if (!any_value(k) && v != accepted_values()[k]) unsupported(cls, k, v);
+      if (v != accepted_values()[k]) unsupported(cls, k, v);
     } else if (!std::is_same_v<Options, VectorQuantizeOptions> &&
                accepted_stack_values().contains(k)) {
       if (v != accepted_stack_values()[k]) unsupported(cls, k, v);

@@ -105,7 +105,7 @@ Tensor SimVQ::indices_to_codes(const Tensor& indices) {
 }
 
 StackPlan LayerTraits<SimVQ>::plan(Options& opts) {
-  if (opts.num_quantizers <= 0) sim_vq_fail("ResidualSimVQ", "num_quantizers must be positive");
+  // (num_quantizers >= 1 is ResidualOf's check.)
   // Rank >= 4 inputs are feature maps whatever accept_image_fmap says (it
   // only moves the features of sequences to dim 1).
   return {.dim = opts.dim,
