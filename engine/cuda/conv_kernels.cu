@@ -1,4 +1,5 @@
-// The CUDA convolution kernels: the CPU's im2col + GEMM scheme (engine/cpu/
+// The CUDA convolution kernels: cuDNN's (engine/cuda/cudnn_conv.cpp) where it
+// takes the convolution, else the CPU's im2col + GEMM scheme (engine/cpu/
 // conv_kernels.cpp) with the columns of a chunk of images built by one
 // grid-stride kernel and the products run by the table's cuBLAS GEMM,
 // batched over groups (over images too when groups is 1). col2im is a gather:
@@ -14,9 +15,11 @@
 #include <vector>
 
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/cudnn_conv.h"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/scratch.h"
 
 namespace quanta::cuda {
 namespace {
@@ -97,19 +100,6 @@ __global__ void fill_channels_kernel(int64_t total, int64_t channels, int64_t pl
     out[e] = bias[(e / plane) % channels];
 }
 
-// A device buffer freed (stream-ordered) when it goes out of scope.
-struct Scratch {
-  void* p = nullptr;
-  explicit Scratch(std::size_t bytes) {
-    if (bytes) QUANTA_CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
-  }
-  ~Scratch() {
-    if (p) cudaFreeAsync(p, 0);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
-
 // C_i = A_i B_i (+= when accumulate) for i < batch through the table's GEMM:
 // A_i [m, k] at a + i sa with strides (ars, acs), B_i [k, n] at b + i sb with
 // strides (brs, bcs), C_i row-major [m, n] at c + i m n. Offsets in arithmetic
@@ -160,8 +150,8 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
   int64_t chunk = g.N;
   if (per_image > 0)
     chunk = std::clamp<int64_t>(kColsBudget / (per_image * int64_t(sizeof(T))), 1, g.N);
-  Scratch scratch(static_cast<std::size_t>(chunk * per_image) * sizeof(T));
-  T* cols = static_cast<T*>(scratch.p);
+  Scratch<T> scratch(chunk * per_image);
+  T* cols = scratch.get();
 
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
     const int64_t S = std::min(chunk, g.N - n0);
@@ -212,6 +202,7 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
 
 void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
           const void* bias, void* out) {
+  if (cudnn_conv(kind, dtype, g, a, b, bias, out)) return;
   const char* op = conv_op_name(kind);
   // engine/ops/conv.cpp permutes channels-last activations before they come here.
   if (g.channels_last)

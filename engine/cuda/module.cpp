@@ -150,6 +150,12 @@ void* mapped_host_alloc(std::size_t nbytes) {
   return need("cuda::mapped_host_alloc").mapped_host_alloc(nbytes);
 }
 
+ConvPaths conv_paths() { return need("cuda::conv_paths").conv_paths(); }
+
+void set_nondeterministic_conv(bool allowed) {
+  need("cuda::set_nondeterministic_conv").set_nondeterministic_conv(allowed);
+}
+
 std::shared_ptr<void> record_event(int device) {
   const Module& m = need("cuda::record_event");
   return std::shared_ptr<void>(m.record_event(device), m.release_event);

@@ -11,6 +11,7 @@
 // (dist's NCCL backend, quant's CUDA table), so dependencies still
 // point one way (quant -> dist -> engine).
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "engine/device.h"
@@ -21,6 +22,14 @@ struct KernelTable;
 
 namespace quanta::cuda {
 
+/** Convolutions run by the CUDA conv entry, by path: cuDNN, or im2col +
+ * cuBLAS (what cuDNN refuses, and everything in a build without cuDNN). */
+struct ConvPaths {
+  bool cudnn_linked = false;  // the module was built with cuDNN
+  int64_t cudnn = 0;
+  int64_t im2col = 0;
+};
+
 /** What libquanta_cuda offers, returned by its one exported entry point
  * `quanta_cuda_module_v1`. kAbi versions everything libquanta reaches in
  * the module: this struct, the engine's KernelTable and the tables found by
@@ -30,7 +39,7 @@ namespace quanta::cuda {
  * changed signature or a changed meaning in any of them bumps it. */
 struct Module {
   // What each version changed is in git's history of this line.
-  static constexpr int kAbi = 5;
+  static constexpr int kAbi = 6;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;
@@ -47,6 +56,11 @@ struct Module {
   /** nbytes of zeroed pinned host memory that every GPU's kernels may write
    * (cudaHostAllocMapped | Portable; one address on both sides), never freed. */
   void* (*mapped_host_alloc)(std::size_t nbytes) = nullptr;
+  /** How many convolutions each path has run, on every GPU, since the module
+   * was loaded (engine/cuda/cudnn_conv.h). */
+  ConvPaths (*conv_paths)() = nullptr;
+  /** Whether cuDNN may choose nondeterministic convolution algorithms. */
+  void (*set_nondeterministic_conv)(bool allowed) = nullptr;
 };
 
 /** The loaded module, or nullptr when quanta was built without CUDA or the

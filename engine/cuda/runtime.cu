@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/cudnn_conv.h"
 #include "engine/cuda/module.h"
 #include "engine/cuda/staging.h"
 #include "engine/cuda/upload_ring.h"
@@ -285,6 +286,8 @@ quanta_cuda_module_v1() {
       .record_event = record_event,
       .release_event = release_event,
       .mapped_host_alloc = mapped_host_alloc,
+      .conv_paths = conv_paths_taken,
+      .set_nondeterministic_conv = set_cudnn_nondeterministic,
   };
   return &m;
 }

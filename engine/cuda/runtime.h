@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "engine/cuda/module.h"
 #include "engine/device.h"
 
 namespace quanta::cuda {
@@ -34,6 +35,16 @@ void synchronize(int device);
  * copy of the pointer. Other streams wait for it (cudaStreamWaitEvent) to
  * start after that work and not after work queued later. */
 std::shared_ptr<void> record_event(int device);
+
+/** How many convolutions the GPUs have run through cuDNN and through im2col
+ * + cuBLAS so far (engine/cuda/module.h's ConvPaths): a test or benchmark
+ * reads it before and after to see which path ran. */
+ConvPaths conv_paths();
+
+/** Lets cuDNN choose nondeterministic convolution algorithms on every GPU
+ * (off by default): the data and filter gradients may then be faster, and
+ * their bits vary from run to run (atomic additions in any order). */
+void set_nondeterministic_conv(bool allowed);
 
 /** Zeroed pinned host memory that kernels on every GPU may write and the
  * host reads after a synchronising copy (error flags); never freed. */

@@ -17,6 +17,7 @@
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/scratch.h"
 #include "engine/dtype.h"
 #include "quant/cuda/plans.h"
 
@@ -25,24 +26,8 @@ namespace quanta::quant::quant_cuda {
 /** The stream every quantizer kernel, copy and GEMM is queued on. */
 inline constexpr cudaStream_t kStream = 0;
 
-/** n elements of T from the device's stream-ordered pool (cudaMallocAsync:
- * reused across calls without a cudaMalloc), freed in stream order. */
-template <class T>
-class Scratch {
- public:
-  explicit Scratch(int64_t n) {
-    if (n > 0) QUANTA_CUDA_CHECK(cudaMallocAsync(&p_, sizeof(T) * static_cast<size_t>(n), kStream));
-  }
-  ~Scratch() {
-    if (p_) cudaFreeAsync(p_, kStream);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  T* get() const { return p_; }
-
- private:
-  T* p_ = nullptr;
-};
+/** Temporary device memory: the engine's (stream 0, which is kStream). */
+using quanta::cuda::Scratch;
 
 /** The quantizer kernels' cuBLAS handle of the current device: default math
  * (no TF32, as the engine's GEMMs), on kStream. */

@@ -15,8 +15,8 @@ readonly MARKER=.gpu-check-bundle
 readonly CUDA_LIB_DIRS=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
 readonly CUDA_INCLUDE=/usr/local/cuda/include
 # The CUDA libraries meson.build links (cublasLt: cuBLAS needs it at run time).
-readonly CUDA_LIBS=(cudart cublas cublasLt nccl)
-readonly CUDA_HEADERS=(cuda_runtime.h cublas_v2.h nccl.h)
+readonly CUDA_LIBS=(cudart cublas cublasLt cudnn nccl)
+readonly CUDA_HEADERS=(cuda_runtime.h cublas_v2.h cudnn.h nccl.h)
 
 die() {
   echo "gpu-check: $*" >&2

@@ -77,7 +77,7 @@ run_main() {
   cd "$root"
   deadline="${GPU_CHECK_DEADLINE_S:-540}"
   build="${GPU_CHECK_BUILD_DIR:-build-gpu}"
-  setup_opts=(-Dcuda=enabled -Dnative=true "${extra[@]}")
+  setup_opts=(-Dcuda=enabled -Dcudnn=enabled -Dnative=true "${extra[@]}")
   local logs="${OUT:-$root/$build-logs}" work="$root/$build-env" tmp
   mkdir -p "$logs"
   tmp="$(mktemp -d)"

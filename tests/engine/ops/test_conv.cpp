@@ -9,6 +9,7 @@
 
 #include "engine/cpu/conv_direct.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cuda/runtime.h"
 #include "engine/ops/harness.h"
 #include "support/gpu.h"
 
@@ -181,9 +182,44 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 double dot(const Tensor& a, const Tensor& b) { return sum(mul(a, b)).item(); }
 
+// The convolutions a scope ran on the GPU, by path (engine/cuda/module.h's
+// ConvPaths). `expect_cudnn` checks that cuDNN ran them all (im2col only in
+// a module built without cuDNN); `expect_im2col` that cuDNN refused them.
+class GpuConvPaths {
+ public:
+  GpuConvPaths() {
+    if (have_gpu()) before_ = cuda::conv_paths();
+  }
+  void expect_cudnn() const { expect(true); }
+  void expect_im2col() const { expect(false); }
+
+ private:
+  void expect(bool cudnn) const {
+    if (!have_gpu()) {
+      MESSAGE("GPU convolution paths not checked: " << no_gpu_reason());
+      return;
+    }
+    const cuda::ConvPaths now = cuda::conv_paths();
+    const int64_t ran_cudnn = now.cudnn - before_.cudnn, ran_im2col = now.im2col - before_.im2col;
+    MESSAGE("on the GPU: " << ran_cudnn << " convolutions through cuDNN, " << ran_im2col
+                           << " through im2col");
+    CHECK(ran_cudnn + ran_im2col > 0);
+    if (!now.cudnn_linked) {
+      MESSAGE("the CUDA module was built without cuDNN: every convolution takes im2col");
+      CHECK(ran_cudnn == 0);
+    } else if (cudnn) {
+      CHECK(ran_im2col == 0);
+    } else {
+      CHECK(ran_cudnn == 0);
+    }
+  }
+  cuda::ConvPaths before_{};
+};
+
 }  // namespace
 
 TEST_CASE("conv2d through the harness") {
+  const GpuConvPaths paths;
   run_case(conv_case("conv2d plain with bias", {{2, 3, 5, 6}, {4, 3, 3, 3}, {4}}, {},
                      {{0, 3, 5, 6}, {4, 3, 3, 3}, {4}}));
   run_case(conv_case("conv2d stride 2 padding 1", {{2, 3, 7, 6}, {4, 3, 3, 3}, {4}},
@@ -203,9 +239,11 @@ TEST_CASE("conv2d through the harness") {
       conv_case("conv2d 1x1 pointwise groups 2", {{3, 4, 4, 4}, {6, 2, 1, 1}, {6}}, {.groups = 2}));
   run_case(
       conv_case("conv2d several images", {{5, 3, 6, 6}, {4, 3, 3, 3}, {4}}, {.padding = {1, 1}}));
+  paths.expect_cudnn();  // on a GPU: forward, both gradients, f32 and f64
 }
 
 TEST_CASE("conv_transpose2d through the harness") {
+  const GpuConvPaths paths;
   run_case(conv_t_case("conv_transpose2d stride 2 output_padding 1",
                        {{2, 4, 3, 3}, {4, 3, 3, 3}, {3}},
                        {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}},
@@ -214,16 +252,20 @@ TEST_CASE("conv_transpose2d through the harness") {
       "conv_transpose2d groups 2, dilation, uneven stride", {{1, 4, 3, 4}, {4, 2, 2, 3}, {4}},
       {.stride = {2, 1}, .dilation = {1, 2}, .output_padding = {1, 0}, .groups = 2}));
   run_case(conv_t_case("conv_transpose2d 1x1", {{2, 3, 4, 4}, {3, 5, 1, 1}}, {}));
-  // output_padding below the dilation but not the stride: the output grows
-  // past what the matching conv2d would read.
-  run_case(conv_t_case("conv_transpose2d output_padding from dilation",
-                       {{1, 2, 3, 3}, {2, 2, 2, 2}, {2}},
-                       {.dilation = {2, 2}, .output_padding = {1, 1}}));
   run_case(
       conv_t_case("conv_transpose2d groups 3, padding, bias", {{2, 6, 4, 3}, {6, 1, 3, 3}, {3}},
                   {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 0}, .groups = 3}));
   run_case(conv_t_case("conv_transpose2d 1x1 groups 2 with bias", {{2, 4, 3, 3}, {4, 3, 1, 1}, {6}},
                        {.groups = 2}));
+  paths.expect_cudnn();
+  // output_padding below the dilation but not the stride: the output grows
+  // past what the matching conv2d would read. cuDNN derives the output size
+  // from the input and refuses this geometry; im2col runs it.
+  const GpuConvPaths grown;
+  run_case(conv_t_case("conv_transpose2d output_padding from dilation",
+                       {{1, 2, 3, 3}, {2, 2, 2, 2}, {2}},
+                       {.dilation = {2, 2}, .output_padding = {1, 1}}));
+  grown.expect_im2col();
 }
 
 TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness") {

@@ -1,0 +1,300 @@
+// Convolutions through cuDNN 9's convolution API (cudnnConvolutionForward,
+// BackwardData, BackwardFilter). A plan (descriptors, algorithm, workspace
+// size) is made once per device, kind, dtype, geometry and determinism
+// setting and kept: making one costs cuDNN's heuristics, running one is a
+// launch or two. Everything runs on stream 0, as every other quanta kernel.
+#include "engine/cuda/cudnn_conv.h"
+
+#ifdef QUANTA_CUDNN
+
+#include <cudnn.h>
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/cuda/check.cuh"
+#include "engine/cuda/scratch.h"
+
+#define QUANTA_CUDNN_CHECK(call)                                                            \
+  do {                                                                                      \
+    cudnnStatus_t quanta_st_ = (call);                                                      \
+    if (quanta_st_ != CUDNN_STATUS_SUCCESS)                                                 \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) +     \
+                               ": " #call " failed: " + cudnnGetErrorString(quanta_st_)); \
+  } while (0)
+
+namespace quanta::cuda {
+namespace {
+
+// The most workspace one algorithm may ask for; a faster one asking more is
+// passed over (the im2col path's column budget, for the same reason).
+constexpr std::size_t kWorkspaceLimit = std::size_t(256) << 20;
+
+std::atomic<bool> nondeterministic_allowed{false};
+std::atomic<int64_t> ran_cudnn{0}, ran_im2col{0};
+
+// The current device's handle, made on first use; handles are never
+// destroyed (at exit the CUDA runtime may already be gone). Calls through
+// one handle are serialised by its mutex: cuDNN does not promise that two
+// threads may share a handle.
+struct Handle {
+  cudnnHandle_t h = nullptr;
+  std::mutex mu;
+};
+
+Handle& current_handle() {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<Handle>> handles;
+  int dev = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1);
+  if (!handles[dev]) {
+    auto h = std::make_unique<Handle>();
+    QUANTA_CUDNN_CHECK(cudnnCreate(&h->h));  // stream: the NULL stream, stream 0
+    handles[dev] = std::move(h);
+  }
+  return *handles[dev];
+}
+
+bool cudnn_type(DType dtype, cudnnDataType_t& t) {
+  switch (dtype) {
+    case DType::f32: t = CUDNN_DATA_FLOAT; return true;
+    case DType::f64: t = CUDNN_DATA_DOUBLE; return true;
+    default: return false;
+  }
+}
+
+// What a plan is found by.
+using Key = std::tuple<int, int, int, bool, std::array<int64_t, 17>>;
+
+Key key_of(ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic) {
+  int dev = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
+  return {dev,
+          static_cast<int>(kind),
+          static_cast<int>(dtype),
+          nondeterministic,
+          {g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.OH, g.OW, g.stride[0], g.stride[1],
+           g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups,
+           g.channels_last ? 1 : 0}};
+}
+
+// One convolution's descriptors and chosen algorithm; usable = false when
+// cuDNN takes no algorithm for it (the caller then uses im2col).
+struct Plan {
+  bool usable = false;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, x_bias = nullptr, y_bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = 0;
+  std::size_t workspace = 0;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x_bias) cudnnDestroyTensorDescriptor(x_bias);
+    if (y_bias) cudnnDestroyTensorDescriptor(y_bias);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+bool fits_int(std::initializer_list<int64_t> dims) {
+  int64_t total = 1;
+  for (int64_t d : dims) {
+    if (d <= 0 || d > INT_MAX) return false;
+    total *= d;
+    if (total > INT_MAX) return false;  // cuDNN's legacy API indexes with int
+  }
+  return true;
+}
+
+void set_activation(cudnnTensorDescriptor_t d, bool channels_last, cudnnDataType_t t, int64_t n,
+                    int64_t c, int64_t h, int64_t w) {
+  QUANTA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, channels_last ? CUDNN_TENSOR_NHWC
+                                                                 : CUDNN_TENSOR_NCHW,
+                                                t, static_cast<int>(n), static_cast<int>(c),
+                                                static_cast<int>(h), static_cast<int>(w)));
+}
+
+// The first of cuDNN's heuristic ranking (fastest first) that succeeds, uses
+// FMA arithmetic (no TF32 down-conversion), is deterministic unless allowed
+// otherwise, and fits the workspace limit.
+template <class Perf>
+bool choose(const Perf* perf, int count, bool nondeterministic, Plan& p) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = perf[i];
+    if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    if (r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+      continue;
+    if (!nondeterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
+    if (r.memory > kWorkspaceLimit) continue;
+    p.algo = static_cast<int>(r.algo);
+    p.workspace = r.memory;
+    return true;
+  }
+  return false;
+}
+
+std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, const ConvGeom& g,
+                                bool nondeterministic) {
+  auto p = std::make_unique<Plan>();
+  cudnnDataType_t t{};
+  if (!cudnn_type(dtype, t)) return p;
+  if (g.N == 0 || !fits_int({g.N, g.C, g.H, g.W}) || !fits_int({g.N, g.O, g.OH, g.OW}) ||
+      !fits_int({g.O, g.cg(), g.kh, g.kw}))
+    return p;
+  QUANTA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  QUANTA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  QUANTA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x_bias));
+  QUANTA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y_bias));
+  QUANTA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
+  QUANTA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
+  set_activation(p->x, g.channels_last, t, g.N, g.C, g.H, g.W);
+  set_activation(p->y, g.channels_last, t, g.N, g.O, g.OH, g.OW);
+  set_activation(p->x_bias, false, t, 1, g.C, 1, 1);
+  set_activation(p->y_bias, false, t, 1, g.O, 1, 1);
+  // The weight is [O, C / groups, kh, kw] in every layout.
+  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+      p->w, t, CUDNN_TENSOR_NCHW, static_cast<int>(g.O), static_cast<int>(g.cg()),
+      static_cast<int>(g.kh), static_cast<int>(g.kw)));
+  QUANTA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
+      static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
+      static_cast<int>(g.dilation[0]), static_cast<int>(g.dilation[1]),
+      CUDNN_CROSS_CORRELATION, t));
+  QUANTA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)));
+  QUANTA_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+
+  // cuDNN's own output size must be the geometry's (it is, for every
+  // geometry the ops make; anything else is left to im2col).
+  int n = 0, c = 0, oh = 0, ow = 0;
+  if (cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &c, &oh, &ow) !=
+          CUDNN_STATUS_SUCCESS ||
+      n != g.N || c != g.O || oh != g.OH || ow != g.OW)
+    return p;
+
+  constexpr int kMaxAlgos = 16;
+  int count = 0;
+  bool chosen = false;
+  if (kind == ConvKind::forward) {
+    cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
+    if (cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
+                                               perf) == CUDNN_STATUS_SUCCESS)
+      chosen = choose(perf, count, nondeterministic, *p);
+  } else if (kind == ConvKind::input_grad) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
+    if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x, kMaxAlgos,
+                                                    &count, perf) == CUDNN_STATUS_SUCCESS)
+      chosen = choose(perf, count, nondeterministic, *p);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
+    if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w, kMaxAlgos,
+                                                      &count, perf) == CUDNN_STATUS_SUCCESS)
+      chosen = choose(perf, count, nondeterministic, *p);
+  }
+  p->usable = chosen;
+  return p;
+}
+
+// The plan for this convolution on the current device, made on first use.
+// Plans live as long as the process: a training run meets a handful of
+// geometries (the last, smaller batch and evaluation's add a few).
+const Plan& plan_for(Handle& h, ConvKind kind, DType dtype, const ConvGeom& g) {
+  static std::mutex mu;
+  static std::map<Key, std::unique_ptr<Plan>> plans;
+  const bool nondet = nondeterministic_allowed.load(std::memory_order_relaxed);
+  const Key key = key_of(kind, dtype, g, nondet);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = plans.find(key);
+  if (it == plans.end()) {
+    std::lock_guard<std::mutex> handle_lock(h.mu);
+    it = plans.emplace(key, make_plan(h.h, kind, dtype, g, nondet)).first;
+  }
+  return *it->second;
+}
+
+template <class Scalar>
+void run(Handle& h, const Plan& p, ConvKind kind, const void* a, const void* b, const void* bias,
+         void* out) {
+  const Scalar one = 1, zero = 0;
+  Scratch<unsigned char> workspace(static_cast<int64_t>(p.workspace));
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (kind == ConvKind::forward) {
+    QUANTA_CUDNN_CHECK(cudnnConvolutionForward(
+        h.h, &one, p.x, a, p.w, b, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
+        workspace.get(), p.workspace, &zero, p.y, out));
+    if (bias) QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out));
+  } else if (kind == ConvKind::input_grad) {
+    QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h.h, &one, p.w, b, p.y, a, p.conv, static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
+        workspace.get(), p.workspace, &zero, p.x, out));
+    if (bias) QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.x_bias, bias, &one, p.x, out));
+  } else {
+    QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        h.h, &one, p.x, a, p.y, b, p.conv, static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo),
+        workspace.get(), p.workspace, &zero, p.w, out));
+  }
+}
+
+}  // namespace
+
+bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
+                const void* bias, void* out) {
+  if (no_work(g)) return false;
+  Handle& h = current_handle();
+  const Plan& p = plan_for(h, kind, dtype, g);
+  (p.usable ? ran_cudnn : ran_im2col).fetch_add(1, std::memory_order_relaxed);
+  if (!p.usable) return false;
+  if (dtype == DType::f64)
+    run<double>(h, p, kind, a, b, bias, out);
+  else
+    run<float>(h, p, kind, a, b, bias, out);
+  return true;
+}
+
+ConvPaths conv_paths_taken() {
+  return {.cudnn_linked = true, .cudnn = ran_cudnn.load(), .im2col = ran_im2col.load()};
+}
+
+void set_cudnn_nondeterministic(bool allowed) { nondeterministic_allowed.store(allowed); }
+
+}  // namespace quanta::cuda
+
+#else  // a CUDA module built without cuDNN: im2col for everything
+
+#include <atomic>
+
+namespace quanta::cuda {
+namespace {
+std::atomic<int64_t> ran_im2col{0};
+}
+
+bool cudnn_conv(ConvKind, DType, const ConvGeom& g, const void*, const void*, const void*,
+                void*) {
+  if (no_work(g)) return false;
+  ran_im2col.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+ConvPaths conv_paths_taken() {
+  return {.cudnn_linked = false, .cudnn = 0, .im2col = ran_im2col.load()};
+}
+
+void set_cudnn_nondeterministic(bool) {}
+
+}  // namespace quanta::cuda
+
+#endif
