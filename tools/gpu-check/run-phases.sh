@@ -61,6 +61,27 @@ phase_bench() {
   return "$rc"
 }
 
+# Where the default training step's GPU time goes: Nsight Compute times every
+# kernel of PROFILE_STEPS steps of `quanta train --device cuda` (one at a
+# time, at the clocks the GPU runs at) and kernel_profile.py sums them by
+# kernel, per step. Skipped, saying so, where ncu is not installed.
+readonly PROFILE_STEPS=10
+phase_profile() {
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu csv
+  ncu="$(command -v ncu || compgen -G '/opt/nvidia/nsight-compute/*/ncu' | sort -V | tail -n 1)" \
+    || true
+  [ -n "$ncu" ] || { echo "no ncu on this machine: no kernel profile"; return 0; }
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
+  csv="$(mktemp)"
+  rm -rf "$build-profile"
+  timeout -k 5 "$1" "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none \
+    "$quanta" train --data "$data" --device cuda --steps "$PROFILE_STEPS" --batch-size 64 \
+    --limit-test 64 --eval-every 1000000 --log-every "$PROFILE_STEPS" --threads "$(nproc)" \
+    --out "$build-profile" >"$csv" 2>&1 || { echo "(ncu exit $?)"; tail -n 5 "$csv"; return 1; }
+  python3 "$gpu_check_dir/kernel_profile.py" "$csv" "$PROFILE_STEPS" 20
+}
+
 phase_info() {
   echo "host: $(hostname), $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB," \
        "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"

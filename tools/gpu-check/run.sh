@@ -158,6 +158,12 @@ run_main() {
     show <"$tmp/bench.log"
     bench_rows="$(grep -vE '^(# |==|name )' "$tmp/bench.log" | grep -E '^[A-Za-z]' || true)"
   fi
+  # The kernel profile last: it tells where a step's time goes, and nothing
+  # is judged by it.
+  if [ -x "$build/tools/quanta" ] && [ "$(budget 5)" -ge 30 ]; then
+    run_phase profile "$tmp/profile.log" phase_profile "$(( $(budget 5) - 5 ))" || true
+    show <"$tmp/profile.log"
+  fi
   # Like test_summary.py, no failure may vanish from the count: a suite that
   # was not built, or not started before the deadline, is one failed case.
   local uncounted=$((${#missing[@]} + ${#notrun[@]}))
