@@ -23,11 +23,11 @@
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/scratch.h"
 
-#define QUANTA_CUDNN_CHECK(call)                                                            \
-  do {                                                                                      \
-    cudnnStatus_t quanta_st_ = (call);                                                      \
-    if (quanta_st_ != CUDNN_STATUS_SUCCESS)                                                 \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) +     \
+#define QUANTA_CUDNN_CHECK(call)                                                          \
+  do {                                                                                    \
+    cudnnStatus_t quanta_st_ = (call);                                                    \
+    if (quanta_st_ != CUDNN_STATUS_SUCCESS)                                               \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) +   \
                                ": " #call " failed: " + cudnnGetErrorString(quanta_st_)); \
   } while (0)
 
@@ -67,9 +67,14 @@ Handle& current_handle() {
 
 bool cudnn_type(DType dtype, cudnnDataType_t& t) {
   switch (dtype) {
-    case DType::f32: t = CUDNN_DATA_FLOAT; return true;
-    case DType::f64: t = CUDNN_DATA_DOUBLE; return true;
-    default: return false;
+    case DType::f32:
+      t = CUDNN_DATA_FLOAT;
+      return true;
+    case DType::f64:
+      t = CUDNN_DATA_DOUBLE;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -83,9 +88,8 @@ Key key_of(ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic)
           static_cast<int>(kind),
           static_cast<int>(dtype),
           nondeterministic,
-          {g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.OH, g.OW, g.stride[0], g.stride[1],
-           g.padding[0], g.padding[1], g.dilation[0], g.dilation[1], g.groups,
-           g.channels_last ? 1 : 0}};
+          {g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.OH, g.OW, g.stride[0], g.stride[1], g.padding[0],
+           g.padding[1], g.dilation[0], g.dilation[1], g.groups, g.channels_last ? 1 : 0}};
 }
 
 // One convolution's descriptors and chosen algorithm; usable = false when
@@ -123,10 +127,9 @@ bool fits_int(std::initializer_list<int64_t> dims) {
 
 void set_activation(cudnnTensorDescriptor_t d, bool channels_last, cudnnDataType_t t, int64_t n,
                     int64_t c, int64_t h, int64_t w) {
-  QUANTA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, channels_last ? CUDNN_TENSOR_NHWC
-                                                                 : CUDNN_TENSOR_NCHW,
-                                                t, static_cast<int>(n), static_cast<int>(c),
-                                                static_cast<int>(h), static_cast<int>(w)));
+  QUANTA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
+      d, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, static_cast<int>(n),
+      static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 
 // The first of cuDNN's heuristic ranking (fastest first) that succeeds, uses
@@ -167,14 +170,13 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
   set_activation(p->x_bias, false, t, 1, g.C, 1, 1);
   set_activation(p->y_bias, false, t, 1, g.O, 1, 1);
   // The weight is [O, C / groups, kh, kw] in every layout.
-  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
-      p->w, t, CUDNN_TENSOR_NCHW, static_cast<int>(g.O), static_cast<int>(g.cg()),
-      static_cast<int>(g.kh), static_cast<int>(g.kw)));
+  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, static_cast<int>(g.O),
+                                                static_cast<int>(g.cg()), static_cast<int>(g.kh),
+                                                static_cast<int>(g.kw)));
   QUANTA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
-      static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
-      static_cast<int>(g.dilation[0]), static_cast<int>(g.dilation[1]),
-      CUDNN_CROSS_CORRELATION, t));
+      static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]), static_cast<int>(g.dilation[0]),
+      static_cast<int>(g.dilation[1]), CUDNN_CROSS_CORRELATION, t));
   QUANTA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)));
   QUANTA_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
 
@@ -196,8 +198,8 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
       chosen = choose(perf, count, nondeterministic, *p);
   } else if (kind == ConvKind::input_grad) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
-    if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x, kMaxAlgos,
-                                                    &count, perf) == CUDNN_STATUS_SUCCESS)
+    if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x, kMaxAlgos, &count,
+                                                    perf) == CUDNN_STATUS_SUCCESS)
       chosen = choose(perf, count, nondeterministic, *p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
@@ -233,9 +235,9 @@ void run(Handle& h, const Plan& p, ConvKind kind, const void* a, const void* b, 
   Scratch<unsigned char> workspace(static_cast<int64_t>(p.workspace));
   std::lock_guard<std::mutex> lock(h.mu);
   if (kind == ConvKind::forward) {
-    QUANTA_CUDNN_CHECK(cudnnConvolutionForward(
-        h.h, &one, p.x, a, p.w, b, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
-        workspace.get(), p.workspace, &zero, p.y, out));
+    QUANTA_CUDNN_CHECK(cudnnConvolutionForward(h.h, &one, p.x, a, p.w, b, p.conv,
+                                               static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
+                                               workspace.get(), p.workspace, &zero, p.y, out));
     if (bias) QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out));
   } else if (kind == ConvKind::input_grad) {
     QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardData(
@@ -282,8 +284,7 @@ namespace {
 std::atomic<int64_t> ran_im2col{0};
 }
 
-bool cudnn_conv(ConvKind, DType, const ConvGeom& g, const void*, const void*, const void*,
-                void*) {
+bool cudnn_conv(ConvKind, DType, const ConvGeom& g, const void*, const void*, const void*, void*) {
   if (no_work(g)) return false;
   ran_im2col.fetch_add(1, std::memory_order_relaxed);
   return false;

@@ -22,9 +22,7 @@ bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, co
 
 /** A convolution with no element to compute (zero images, channels or
  * pixels): cudnn_conv leaves it to its caller, uncounted. */
-inline bool no_work(const ConvGeom& g) {
-  return g.N * g.C * g.H * g.W * g.O * g.OH * g.OW == 0;
-}
+inline bool no_work(const ConvGeom& g) { return g.N * g.C * g.H * g.W * g.O * g.OH * g.OW == 0; }
 
 /** The convolutions (but those with no work) cudnn_conv has run (cudnn)
  * and refused (im2col: its caller runs those), on every device, since the
