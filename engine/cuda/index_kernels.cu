@@ -1,8 +1,9 @@
 // The CUDA index family: slices by index, gathers and scatters along one
-// dim, index_add. Like the CPU's, every line (or every (outer, column) pair
-// of index_add) is walked by one thread in index order, so duplicated
-// indices accumulate in the same order on every run: deterministic without
-// float atomics.
+// dim, index_add. Like the CPU's, every line of a scatter (or every (outer,
+// column) pair of index_add) is walked by one thread in index order, so
+// duplicated indices accumulate, or overwrite, in the same order on every
+// run: deterministic without float atomics. A gather writes each element
+// once, so it takes one thread per element.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -81,9 +82,7 @@ __global__ void index_lines_kernel(LineWalk w, int64_t lines, const int64_t* ix,
     w.base(l, b);
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = ix[b[0] + j * is];
-      if constexpr (Mode == IndexMode::gather) {
-        o[b[1] + j * os] = s[b[2] + i * ss];
-      } else if constexpr (Mode == IndexMode::scatter_fill) {
+      if constexpr (Mode == IndexMode::scatter_fill) {
         o[b[1] + i * os] = value;
       } else if constexpr (Mode == IndexMode::scatter_add) {
         T& dst = o[b[1] + i * os];
@@ -92,6 +91,23 @@ __global__ void index_lines_kernel(LineWalk w, int64_t lines, const int64_t* ix,
         o[b[1] + i * os] = s[b[2] + j * ss];
       }
     }
+  }
+}
+
+// The gather of index_lines, one thread per element: out[.., j, ..] =
+// src[.., idx[.., j, ..], ..] (the walk's operands: idx, out, src).
+template <class T>
+__global__ void gather_kernel(LineWalk w, int64_t total, const int64_t* ix, T* o, const T* s) {
+  const int d = w.dim;
+  const int64_t len = w.shape[d];
+  const int64_t is = w.strides[0][d], os = w.strides[1][d], ss = w.strides[2][d];
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += step) {
+    const int64_t j = e % len;
+    int64_t b[3];
+    w.base(e / len, b);
+    o[b[1] + j * os] = s[b[2] + ix[b[0] + j * is] * ss];
   }
 }
 
@@ -113,10 +129,18 @@ __global__ void index_add_kernel(T* o, int64_t outer, int64_t n, int64_t inner, 
 template <class T, IndexMode Mode>
 void launch_lines(const LineWalk& w, int64_t lines, const Operand& idx, const Operand& out,
                   const Operand& src, double value) {
-  const LaunchConfig cfg = launch_config(lines, max_blocks());
-  index_lines_kernel<T, Mode><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
-      w, lines, static_cast<const int64_t*>(idx.data), static_cast<T*>(out.data),
-      static_cast<const T*>(src.data), convert<T>(value));
+  if constexpr (Mode == IndexMode::gather) {
+    const int64_t total = lines * w.shape[w.dim];
+    const LaunchConfig cfg = launch_config(total, max_blocks());
+    gather_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+        w, total, static_cast<const int64_t*>(idx.data), static_cast<T*>(out.data),
+        static_cast<const T*>(src.data));
+  } else {
+    const LaunchConfig cfg = launch_config(lines, max_blocks());
+    index_lines_kernel<T, Mode><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+        w, lines, static_cast<const int64_t*>(idx.data), static_cast<T*>(out.data),
+        static_cast<const T*>(src.data), convert<T>(value));
+  }
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 

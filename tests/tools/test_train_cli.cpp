@@ -432,6 +432,11 @@ TEST_CASE("quanta train refuses a folder that holds a run unless --resume or --o
   const CliResult p = run_quanta({"train", "--dist-timeout", "30", "--print-config"});
   REQUIRE(p.code == 0);
   CHECK_FALSE(contains(p.out, "timeout"));
+  // So is --fast-conv; without a GPU it changes nothing and says nothing.
+  const CliResult fc = run_quanta({"train", "--fast-conv", "--print-config"});
+  REQUIRE(fc.code == 0);
+  CHECK(fc.out == run_quanta({"train", "--print-config"}).out);
+  if (cuda_device_count() == 0) CHECK(fc.err.empty());
   if (!have_dataset()) return;
   // A start that failed before its first step leaves its header alone: the
   // corrected command runs without --overwrite.

@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "dist_timeout.h"
+#include "fast_conv.h"
 #include "engine/io/safetensors.h"
 #include "flag_checks.h"
 #include "quanta_config.h"
@@ -42,6 +43,7 @@ struct TrainFlags {
   bool resume = false;
   bool overwrite = false;
   bool print_config = false;
+  bool fast_conv = false;
   std::string dist_timeout;  // seconds; empty: the library's default
   // Each given flag writes its value into the flags' config layer.
   std::vector<std::function<void(json&)>> apply;
@@ -116,6 +118,7 @@ std::string default_out_dir() {
 }
 
 void run_train(const TrainFlags& f) {
+  apply_fast_conv(f.fast_conv);
   json layer = json::object();
   for (const auto& apply : f.apply) apply(layer);
   const std::string out = f.out.empty() ? default_out_dir() : f.out;
@@ -217,6 +220,7 @@ void add_train(CLI::App& app) {
                 "replace the run --out already holds (its checkpoint and metrics.jsonl) "
                 "instead of refusing");
   add_dist_timeout_flag(*sub, t.dist_timeout);
+  add_fast_conv_flag(*sub, t.fast_conv);
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
   add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxSteps));
