@@ -33,7 +33,8 @@
 # steps on the CPU and on the GPU with one seed, whose test MSE must agree
 # within 5% (a FAIL there also makes the exit status non-zero), and `quanta
 # bench nf4`, `bench quant`, `bench engine` and `bench train` with --device
-# cuda, whose rows go into the summary; last, where Nsight Compute (ncu) is
+# cuda, then `bench train --fast-conv` (rows named *_fast_conv), whose rows go
+# into the summary; last, where Nsight Compute (ncu) is
 # installed, a kernel profile of 10 steps of `quanta train --device cuda`:
 # launches and kernel time per step, and the 20 kernels that take the most
 # (tools/gpu-check/kernel_profile.py; the first step's initialisation and a

@@ -188,24 +188,38 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
       n != g.N || c != g.O || oh != g.OH || ow != g.OW)
     return p;
 
+  // Deterministic plans rank cuDNN's algorithms by its heuristics, the same
+  // ranking every run. Where nondeterminism is allowed anyway, cuDNN times
+  // them on this GPU (the Find calls: once per plan, on scratch buffers of
+  // their own) and the fastest that qualifies wins, as PyTorch's
+  // cudnn.benchmark does.
   constexpr int kMaxAlgos = 16;
   int count = 0;
   bool chosen = false;
+  cudnnStatus_t st{};
   if (kind == ConvKind::forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
-    if (cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y, kMaxAlgos, &count,
-                                               perf) == CUDNN_STATUS_SUCCESS)
-      chosen = choose(perf, count, nondeterministic, *p);
+    st = nondeterministic ? cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
+                                                                 kMaxAlgos, &count, perf)
+                          : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+                                                                   kMaxAlgos, &count, perf);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   } else if (kind == ConvKind::input_grad) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
-    if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x, kMaxAlgos, &count,
-                                                    perf) == CUDNN_STATUS_SUCCESS)
-      chosen = choose(perf, count, nondeterministic, *p);
+    st = nondeterministic
+             ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x, kMaxAlgos,
+                                                         &count, perf)
+             : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                                                           kMaxAlgos, &count, perf);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
-    if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w, kMaxAlgos,
-                                                      &count, perf) == CUDNN_STATUS_SUCCESS)
-      chosen = choose(perf, count, nondeterministic, *p);
+    st = nondeterministic
+             ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
+                                                           kMaxAlgos, &count, perf)
+             : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
+                                                             kMaxAlgos, &count, perf);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   }
   p->usable = chosen;
   return p;

@@ -14,9 +14,11 @@ namespace quanta::cuda {
 /** Runs the table's conv entry (engine/kernels/table.h) through cuDNN and
  * returns true, or returns false having done nothing when cuDNN does not
  * take this kind, dtype and geometry. The algorithm is chosen once per
- * device, kind, dtype, geometry and determinism setting, by cuDNN's
- * heuristics (not by timing, so the choice, and with it the result, is the
- * same run after run), and cached. f32 runs with FMA arithmetic, never TF32. */
+ * device, kind, dtype, geometry and determinism setting and cached: by
+ * cuDNN's heuristics among the deterministic ones (not by timing, so the
+ * choice, and with it the result, is the same run after run), or, where
+ * nondeterminism is allowed, by timing every algorithm on this GPU. f32 runs
+ * with FMA arithmetic, never TF32. */
 bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
                 const void* bias, void* out);
 
@@ -30,8 +32,8 @@ inline bool no_work(const ConvGeom& g) { return g.N * g.C * g.H * g.W * g.O * g.
 ConvPaths conv_paths_taken();
 
 /** Whether cuDNN may choose algorithms whose results vary from run to run
- * (atomics in the data and filter gradients): off (deterministic) unless
- * set, for every device of the process. */
+ * (atomics in the data and filter gradients, and a choice made by timing):
+ * off (deterministic) unless set, for every device of the process. */
 void set_cudnn_nondeterministic(bool allowed);
 
 }  // namespace quanta::cuda

@@ -42,8 +42,10 @@ std::shared_ptr<void> record_event(int device);
 ConvPaths conv_paths();
 
 /** Lets cuDNN choose nondeterministic convolution algorithms on every GPU
- * (off by default): the data and filter gradients may then be faster, and
- * their bits vary from run to run (atomic additions in any order). */
+ * (off by default): each convolution's algorithm is then the fastest cuDNN
+ * times on the GPU, atomics-based gradients included, and results vary in
+ * their last bits from run to run. Applies to convolutions first seen after
+ * the call (plans are kept per setting). */
 void set_nondeterministic_conv(bool allowed);
 
 /** Zeroed pinned host memory that kernels on every GPU may write and the

@@ -41,6 +41,11 @@ train_verdict() {
   python3 "$gpu_check_dir/train_verdict.py" "$1"
 }
 
+# Bench output with SUFFIX appended to each train_step row's name.
+suffix_rows() {
+  if [ -z "$1" ]; then cat; else sed "s/^\(train_step_[a-z_]*\)/\1$1/"; fi
+}
+
 # The GPU bench suites, each row against its floor (a row whose op has no
 # kernel yet says so): the NF4 and VQ rows first (short, and the ones
 # with goals to meet: nf4_dequantize ratio <= 1.18, nf4_gemv_8192_b1 <= 0.33,
@@ -51,12 +56,19 @@ train_verdict() {
 phase_bench() {
   local quanta="$build/tools/quanta" suite rc=0 end=$((SECONDS + $1)) left
   [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
-  for suite in nf4 quant engine train; do
+  # The last run: train again with cuDNN's algorithms timed and atomics
+  # allowed (--fast-conv), beside the deterministic default; its rows are
+  # named *_fast_conv.
+  local suffix
+  for suite in nf4 quant engine train "train --fast-conv"; do
     left=$((end - SECONDS))
     [ "$left" -ge 10 ] || { echo "== bench $suite: no time left"; rc=1; continue; }
     echo "== bench $suite --device cuda"
-    timeout -k 5 "$left" "$quanta" bench "$suite" --device cuda --repeat 3 \
-      --threads "$(nproc)" || { echo "(exit $?)"; rc=1; }
+    suffix=""
+    [ "$suite" != "train --fast-conv" ] || suffix=_fast_conv
+    # shellcheck disable=SC2086  # "train --fast-conv" is two words
+    timeout -k 5 "$left" "$quanta" bench $suite --device cuda --repeat 3 \
+      --threads "$(nproc)" | suffix_rows "$suffix" || { echo "(exit $?)"; rc=1; }
   done
   return "$rc"
 }

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cuda/module.h"
+#include "fast_conv.h"
 #include "flag_checks.h"
 #include "wait_policy.h"
 
@@ -60,6 +61,7 @@ struct BenchCommand {
   std::string size = "full";
   std::string device = "cpu";
   int threads = 0;
+  bool fast_conv = false;
   BenchOptions opts;
 };
 
@@ -80,6 +82,7 @@ std::string cuda_skip_reason(Device d) {
 
 void run_bench(BenchCommand& c) {
   if (c.threads > 0) set_num_threads(c.threads);
+  apply_fast_conv(c.fast_conv);
   c.opts.small = c.size == "small";
   c.opts.large = c.size == "large";
   if (c.opts.large && c.suite != "llm")
@@ -179,6 +182,7 @@ void add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"full", "small", "large"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")
       ->transform(thread_count());
+  add_fast_conv_flag(*sub, c->fast_conv);
   sub->add_option("--device", c->device,
                   "cpu, cuda or cuda:N: where the suites but dist run (without a GPU "
                   "a cuda run prints one line saying why and exits 0)")

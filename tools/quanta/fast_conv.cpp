@@ -9,9 +9,10 @@ namespace quanta::cli {
 
 CLI::Option* add_fast_conv_flag(CLI::App& sub, bool& fast_conv) {
   return sub.add_flag("--fast-conv", fast_conv,
-                      "on a GPU, let cuDNN choose convolution algorithms whose gradients vary "
-                      "in their last bits from run to run (faster; off: every run repeats bit "
-                      "for bit); no effect on the CPU");
+                      "on a GPU, let cuDNN time its convolution algorithms and take the "
+                      "fastest, nondeterministic ones included, so results vary in their last "
+                      "bits from run to run (off: every run repeats bit for bit); no effect on "
+                      "the CPU");
 }
 
 void apply_fast_conv(bool fast_conv) {
