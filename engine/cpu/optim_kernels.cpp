@@ -25,8 +25,11 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
   });
 }
 
-void adam_step(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
-               void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq) {
+namespace {
+
+// One parameter's Adam step.
+void adam_one(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
+              void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq) {
   dispatch_float(dtype, "Adam step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const fn::AdamUpdate<T> f(s);
@@ -56,6 +59,15 @@ void adam_step(const AdamStep& s, DType dtype, int64_t n, void* param, const voi
       for (int64_t i = lo; i < hi; ++i) f.apply(p[i], m[i], root[i]);
     });
   });
+}
+
+}  // namespace
+
+void adam_step(DType dtype, const AdamTensorList& tensors) {
+  for (int64_t i = 0; i < tensors.count; ++i) {
+    const AdamTensor& t = tensors.data[i];
+    adam_one(t.s, dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq);
+  }
 }
 
 }  // namespace quanta::cpu

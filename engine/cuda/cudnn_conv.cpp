@@ -206,19 +206,17 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   } else if (kind == ConvKind::input_grad) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
-    st = nondeterministic
-             ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x, kMaxAlgos,
-                                                         &count, perf)
-             : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
-                                                           kMaxAlgos, &count, perf);
+    st = nondeterministic ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
+                                                                      kMaxAlgos, &count, perf)
+                          : cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                h, p->w, p->y, p->conv, p->x, kMaxAlgos, &count, perf);
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
-    st = nondeterministic
-             ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
-                                                           kMaxAlgos, &count, perf)
-             : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
-                                                             kMaxAlgos, &count, perf);
+    st = nondeterministic ? cudnnFindConvolutionBackwardFilterAlgorithm(
+                                h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf)
+                          : cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf);
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
   }
   p->usable = chosen;

@@ -1,6 +1,10 @@
-// Fused optimizer steps on CUDA: one grid-stride launch per parameter
-// through the CPU's per-element updates (engine/kernels/optim_functors.h).
+// Fused optimizer steps on CUDA through the CPU's per-element updates
+// (engine/kernels/optim_functors.h): SGD one grid-stride launch per
+// parameter, Adam one launch per chunk of parameters, whose pointers and
+// settings travel as the kernel's argument (no upload), one grid row each.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
@@ -18,8 +22,29 @@ __global__ void sgd_kernel(fn::SgdUpdate<T> f, int64_t n, T* p, const T* g, T* b
     f(p[i], g[i], buf ? buf + i : nullptr);
 }
 
+// Parameters per Adam launch: 16 of them in f64 are about 2.5 KB of kernel
+// argument, under the 4 KB every CUDA version takes.
+constexpr int kAdamChunk = 16;
+
 template <class T>
-__global__ void adam_kernel(fn::AdamUpdate<T> f, int64_t n, T* p, const T* g, T* m, T* v, T* vmax) {
+struct AdamChunk {
+  fn::AdamUpdate<T> f[kAdamChunk];
+  int64_t n[kAdamChunk];
+  T* p[kAdamChunk];
+  const T* g[kAdamChunk];
+  T* m[kAdamChunk];
+  T* v[kAdamChunk];
+  T* vmax[kAdamChunk];
+};
+
+// Grid row blockIdx.y updates the chunk's parameter y.
+template <class T>
+__global__ void adam_kernel(AdamChunk<T> c) {
+  const int t = static_cast<int>(blockIdx.y);
+  const int64_t n = c.n[t];
+  const fn::AdamUpdate<T> f = c.f[t];
+  T *p = c.p[t], *m = c.m[t], *v = c.v[t], *vmax = c.vmax[t];
+  const T* g = c.g[t];
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
     f(p[i], g[i], m[i], v[i], vmax ? vmax + i : nullptr);
@@ -40,16 +65,33 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
   });
 }
 
-void adam_step(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
-               void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq) {
-  if (n == 0) return;
+void adam_step(DType dtype, const AdamTensorList& tensors) {
   dispatch_float(dtype, "Adam step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const LaunchConfig cfg = launch_config(n, max_blocks());
-    adam_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
-        fn::AdamUpdate<T>(s), n, static_cast<T*>(param), static_cast<const T*>(grad),
-        static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq));
-    QUANTA_CUDA_CHECK_LAUNCH();
+    for (int64_t first = 0; first < tensors.count; first += kAdamChunk) {
+      AdamChunk<T> c{};
+      int rows = 0;
+      int64_t widest = 0;
+      for (int64_t i = first; i < std::min<int64_t>(tensors.count, first + kAdamChunk); ++i) {
+        const AdamTensor& t = tensors.data[i];
+        if (t.n == 0) continue;
+        c.f[rows] = fn::AdamUpdate<T>(t.s);
+        c.n[rows] = t.n;
+        c.p[rows] = static_cast<T*>(t.param);
+        c.g[rows] = static_cast<const T*>(t.grad);
+        c.m[rows] = static_cast<T*>(t.exp_avg);
+        c.v[rows] = static_cast<T*>(t.exp_avg_sq);
+        c.vmax[rows] = static_cast<T*>(t.max_exp_avg_sq);
+        widest = std::max(widest, t.n);
+        ++rows;
+      }
+      if (rows == 0) continue;
+      const LaunchConfig cfg = launch_config(widest, max_blocks());
+      adam_kernel<T>
+          <<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)), cfg.threads>>>(
+              c);
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
   });
 }
 

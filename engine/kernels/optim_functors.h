@@ -140,6 +140,8 @@ struct AdamUpdate {
   T decay, wd, w, neg_keep, beta2, one_minus_beta2, bc2_sqrt, eps, step;
   bool decoupled, coupled, lerp_from_m, amsgrad;
 
+  /** Unset, for arrays of them (a CUDA launch carries several). */
+  AdamUpdate() = default;
   explicit AdamUpdate(const AdamStep& s)
       : decay(static_cast<T>(1.0 - s.lr * s.weight_decay)),
         wd(static_cast<T>(s.weight_decay)),

@@ -112,6 +112,26 @@ struct AdamStep {
   bool amsgrad = false;
 };
 
+/** One parameter of a multi-tensor Adam step: its settings (each parameter
+ * has its own step count, so its own bias corrections, and its group's lr)
+ * and its n contiguous elements: param, grad, the moments and
+ * max_exp_avg_sq (null without amsgrad), all of one dtype, on one device. */
+struct AdamTensor {
+  AdamStep s;
+  int64_t n = 0;
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* max_exp_avg_sq = nullptr;
+};
+
+/** `count` parameters of one Adam step (the array itself is host memory). */
+struct AdamTensorList {
+  const AdamTensor* data = nullptr;
+  int64_t count = 0;
+};
+
 /** The terms of add_n: `count` pointers to arrays on the device (the array
  * of pointers itself is host memory). */
 struct TermList {
@@ -266,10 +286,10 @@ struct KernelTable {
    * by fn::SgdUpdate (engine/kernels/optim_functors.h). */
   void (*sgd_step)(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
                    void* momentum_buffer);
-  /** One fused Adam/AdamW step likewise (fn::AdamUpdate); max_exp_avg_sq is
-   * null without amsgrad. */
-  void (*adam_step)(const AdamStep& s, DType dtype, int64_t n, void* param, const void* grad,
-                    void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq);
+  /** One fused Adam/AdamW step (fn::AdamUpdate) of every parameter in
+   * `tensors` (f32 or f64, all of `dtype`): the bits of updating them one by
+   * one, in fewer launches (on CUDA one per chunk of parameters). */
+  void (*adam_step)(DType dtype, const AdamTensorList& tensors);
 };
 
 /** Every function entry of KernelTable, in the table's order. Each device's

@@ -92,6 +92,9 @@ class Optimizer {
    * st.step already incremented. */
   virtual void update(const ParamGroup& group, const Tensor& p, const Tensor& grad,
                       ParamState& st) = 0;
+  /** Runs what update() queued, after the last parameter of a step (and
+   * after a failed one, for those queued before the failure). */
+  virtual void finish_step() {}
   /** Hyper-parameters other than lr and weight decay (stored as doubles). */
   virtual std::vector<HyperParam> hyper_params() = 0;
   /** Checks the hyper-parameters; throws naming the bad one. */
@@ -184,6 +187,7 @@ class Adam : public Optimizer {
  public:
   Adam(const std::vector<Tensor>& params, const AdamOptions& opts = {});
   Adam(std::vector<ParamGroup> groups, const AdamOptions& opts = {});
+  ~Adam() override;
 
  protected:
   Adam(const char* name, std::vector<ParamGroup> groups, const AdamOptions& opts, bool decoupled);
@@ -192,10 +196,15 @@ class Adam : public Optimizer {
   std::vector<HyperParam> hyper_params() override;
   void check_hyper_params() const override;
   std::vector<std::string> state_buffers() const override;
+  void finish_step() override;
 
  private:
   double beta1_, beta2_, eps_, amsgrad_;
   bool decoupled_;
+  // The step's fusable parameters, run together by finish_step
+  // (optimizer.cpp).
+  struct Queued;
+  std::vector<Queued> queued_;
 };
 
 /** AdamW: Adam with decoupled weight decay, p = p (1 - lr weight_decay)

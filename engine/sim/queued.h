@@ -85,6 +85,17 @@ class Held<TermList> {
   std::vector<const void*> data_;
 };
 
+/** adam_step's parameter list is a host array. */
+template <>
+class Held<AdamTensorList> {
+ public:
+  Held(const AdamTensorList& t, std::size_t) : data_(t.data, t.data + t.count) {}
+  AdamTensorList get() const { return {data_.data(), static_cast<int64_t>(data_.size())}; }
+
+ private:
+  std::vector<AdamTensor> data_;
+};
+
 /** The rank of the call's shape: how many strides each Operand brings. */
 inline std::size_t rank_in(const Shape& s) { return s.size(); }
 template <typename T>

@@ -16,8 +16,8 @@
 
 #include "commands.h"
 #include "dist_timeout.h"
-#include "fast_conv.h"
 #include "engine/io/safetensors.h"
+#include "fast_conv.h"
 #include "flag_checks.h"
 #include "quanta_config.h"
 #include "relaunch.h"

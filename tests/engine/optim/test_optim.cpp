@@ -680,6 +680,62 @@ TEST_CASE("fused steps: 16-bit and zero-size parameters, buffers made on the fir
               {0.5 + 0.25 * 1.0, 0.5 + 0.25 * -2.0});
 }
 
+TEST_CASE("Adam over many parameters: one batched step equals each parameter stepped alone") {
+  // 20 parameters (more than the 16 of one CUDA launch; one empty, one
+  // transposed and so stepped by the chain), in two groups with their own
+  // lr, and one parameter without a gradient in the middle steps: its step
+  // count, and with it its bias corrections, falls behind the others'.
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : quanta::testing::test_devices()) devices.push_back(d);
+  for (const Device dev : devices) {
+    for (DType t : {DType::f32, DType::f64}) {
+      CAPTURE(dev.str());
+      CAPTURE(dtype_name(t));
+      Generator gen(77);
+      std::vector<Tensor> start;
+      for (int i = 0; i < 20; ++i) {
+        const Shape shape = i == 3 ? Shape{0, 4} : Shape{1 + i % 5, 3 + 7 * i};
+        start.push_back(randn(shape, gen, {.dtype = t}));
+      }
+      std::vector<std::vector<Tensor>> grads(3);
+      for (auto& step : grads)
+        for (const Tensor& p : start) step.push_back(randn(p.shape(), gen, {.dtype = t}));
+      const auto param = [&](int i) {
+        Tensor p = i == 5 ? start[i].t().contiguous().to(dev).t() : start[i].to(dev).clone();
+        return p.detach().requires_grad_();
+      };
+      const AdamOptions opts{.lr = 0.01, .weight_decay = 0.02, .amsgrad = true};
+      const auto run = [&](const std::vector<int>& which) {
+        std::vector<Tensor> ps;
+        for (int i : which) ps.push_back(param(i));
+        std::vector<ParamGroup> groups(2);
+        for (size_t k = 0; k < ps.size(); ++k) groups[which[k] % 2].params.push_back(ps[k]);
+        groups[1].lr = 0.03;
+        std::erase_if(groups, [](const auto& g) { return g.params.empty(); });
+        Adam opt(groups, opts);
+        for (size_t s = 0; s < grads.size(); ++s) {
+          for (size_t k = 0; k < ps.size(); ++k)
+            if (which[k] == 7 && s == 1)
+              ps[k].set_grad(Tensor());
+            else
+              ps[k].set_grad(grads[s][which[k]].to(dev).clone());
+          opt.step();
+        }
+        std::vector<Tensor> out;
+        for (const Tensor& p : ps) out.push_back(p.detach().to(Device::cpu()).contiguous());
+        return out;
+      };
+      std::vector<int> all(20);
+      for (int i = 0; i < 20; ++i) all[i] = i;
+      const std::vector<Tensor> together = run(all);
+      for (int i = 0; i < 20; ++i) {
+        CAPTURE(i);
+        check_same_bits({together[i]}, run({i}));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda: fused steps equal the device's op chain bit for bit, and the CPU's") {
   if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
   for (const Device gpu : quanta::testing::test_devices()) {
