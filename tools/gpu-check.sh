@@ -14,10 +14,13 @@
 # git-ignored folders one carries (64 MiB together) travel there. --bundle
 # copies those dependencies out of the installed Debian packages into DIR (at
 # most 40 MiB), with pkg-config files whose prefix is relative to the file, so
-# DIR works wherever it lands. CUDA (cudart, cuBLAS, NCCL) is never bundled:
-# libnccl alone is over 200 MB. --run finds it on the machine, in the toolkit or
-# in a Python venv's nvidia-* wheels. Fashion-MNIST is not bundled either: the
-# test cases that train on it return early, saying so, when it is absent.
+# DIR works wherever it lands. CUDA (cudart, cuBLAS, cuDNN, NCCL) is never
+# bundled: libnccl alone is over 200 MB. --run finds it on the machine, in the
+# toolkit or in a Python venv's nvidia-* wheels. Of Fashion-MNIST only a slice
+# travels (4096 training and 1024 test images, for the training phases); the
+# test cases that train on the whole set return early, saying so. Beside a
+# checkout with ../shared/peer, the PyTorch replica of quanta train and
+# vector-quantize-pytorch's wheels travel too (the peer phase).
 #
 # --run prints the GPU and the toolchain, sets up the environment, configures a
 # fresh BUILD_DIR with -Dcuda=enabled -Dnative=true (then the MESON_OPTIONs),
@@ -34,7 +37,11 @@
 # within 5% (a FAIL there also makes the exit status non-zero), and `quanta
 # bench nf4`, `bench quant`, `bench engine` and `bench train` with --device
 # cuda, then `bench train --fast-conv` (rows named *_fast_conv), whose rows go
-# into the summary; last, where Nsight Compute (ncu) is
+# into the summary; then, where the bundle carries the PyTorch peer (made
+# beside a checkout with ../shared/peer), 200 steps of quanta train, of its
+# PyTorch replica with vector-quantize-pytorch 1.32 eager, and compiled
+# (torch.compile), for vq, none and fsq on the GPU, each one's last img/s and
+# test MSE; last, where Nsight Compute (ncu) is
 # installed, a kernel profile of 10 steps of `quanta train --device cuda`:
 # launches and kernel time per step, and the 20 kernels that take the most
 # (tools/gpu-check/kernel_profile.py; the first step's initialisation and a

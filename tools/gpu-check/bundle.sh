@@ -59,6 +59,33 @@ rewrite_pc() {
   } >"$2"
 }
 
+# The PyTorch side of the GPU comparison: ../shared/peer's replica of quanta
+# train (beside a developer's checkout only, never in a plain clone) and
+# vector-quantize-pytorch 1.32 with the pure-Python packages it needs that
+# the GPU machines' PyTorch image lacks, as wheels for their Python 3.12
+# (PyPI is reached from here, never from there). Without either, --run
+# skips its peer phase and says why.
+readonly PEER_SCRIPT="$root/../shared/peer/quanta_arch_fmnist.py"
+readonly PEER_WHEELS=(vector-quantize-pytorch==1.32.0 einx==0.4.3 einops==0.8.2
+                      torch-einops-utils==0.2.0 loguru==0.7.3 frozendict==2.5.1)
+bundle_peer() {
+  local dir="$1"
+  if [ ! -f "$PEER_SCRIPT" ]; then
+    echo "gpu-check: no $PEER_SCRIPT: the bundle has no PyTorch peer" >&2
+    return 0
+  fi
+  mkdir -p "$dir/peer/wheels"
+  cp "$PEER_SCRIPT" "$dir/peer/"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux2014_x86_64 -d "$dir/peer/wheels" \
+      "${PEER_WHEELS[@]}"; then
+    echo "gpu-check: the peer's wheels could not be downloaded: the bundle has no PyTorch peer" >&2
+    rm -rf "$dir/peer"
+    return 0
+  fi
+  echo "peer: quanta_arch_fmnist.py and wheels ${PEER_WHEELS[*]}" >>"$dir/.sources"
+}
+
 bundle_main() {
   [ $# -eq 1 ] || die "--bundle takes one DIR"
   local dir="$1" f m src dest pkg
@@ -175,6 +202,8 @@ EOF
   else
     echo "gpu-check: $FMNIST not found: the bundle has no data, --run skips its training phase" >&2
   fi
+
+  bundle_peer "$dir"
 
   {
     echo "Made by tools/gpu-check.sh --bundle on $(date -u +%FT%TZ)"

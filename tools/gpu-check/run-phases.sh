@@ -94,6 +94,42 @@ phase_profile() {
   python3 "$gpu_check_dir/kernel_profile.py" "$csv" "$PROFILE_STEPS" 20
 }
 
+# quanta against eager PyTorch and torch.compile on the same GPU: the
+# replica of quanta train (../shared/peer, carried by the bundle) with
+# vector-quantize-pytorch from the bundle's wheels, PEER_STEPS steps of each
+# quantizer, beside quanta train's own steps in the same call. Each prints
+# its last log line (images per second over steps 151-200, past warm-up and
+# compilation) and its evaluation (test MSE, codebook usage).
+readonly PEER_STEPS=200
+phase_peer() {
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" site q end left
+  [ -f "$bundle/peer/quanta_arch_fmnist.py" ] || { echo "the bundle has no PyTorch peer"; return 0; }
+  [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
+  site="$(mktemp -d)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+    "$bundle"/peer/wheels/*.whl || { echo "cannot install the peer's wheels"; return 1; }
+  end=$((SECONDS + $1))
+  local common=(--steps "$PEER_STEPS" --batch-size 64 --limit-test 512 --data "$data")
+  for q in vq none fsq; do
+    for mode in quanta eager compile; do
+      left=$((end - SECONDS))
+      [ "$left" -ge 15 ] || { echo "== $q $mode: no time left"; continue; }
+      echo "== $q $mode"
+      if [ "$mode" = quanta ]; then
+        timeout -k 5 "$left" "$quanta" train "${common[@]}" --quantizer "$q" --device cuda \
+          --eval-every "$PEER_STEPS" --log-every 50 --out "$build-peer/$q" --overwrite 2>&1 \
+          | grep -E "^step $PEER_STEPS/|^eval|error" || echo "(exit $?)"
+      else
+        # shellcheck disable=SC2046  # --compile or nothing
+        PYTHONPATH="$site" timeout -k 5 "$left" python3 "$bundle/peer/quanta_arch_fmnist.py" \
+          "${common[@]}" --quantizer "$q" --device cuda --log-every 50 \
+          $([ "$mode" = compile ] && echo --compile) 2>&1 \
+          | grep -E "^step $PEER_STEPS/|^eval|Error" || echo "(exit $?)"
+      fi
+    done
+  done
+}
+
 phase_info() {
   echo "host: $(hostname), $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB," \
        "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"

@@ -158,8 +158,12 @@ run_main() {
     show <"$tmp/bench.log"
     bench_rows="$(grep -vE '^(# |==|name )' "$tmp/bench.log" | grep -E '^[A-Za-z]' || true)"
   fi
-  # The kernel profile last: it tells where a step's time goes, and nothing
-  # is judged by it.
+  # quanta beside PyTorch on this GPU, then the kernel profile: they tell
+  # how fast a step is and where its time goes; nothing is judged by them.
+  if [ -x "$build/tools/quanta" ] && [ "$(budget 45)" -ge 60 ]; then
+    run_phase peer "$tmp/peer.log" phase_peer "$(( $(budget 45) - 5 ))" || true
+    show <"$tmp/peer.log"
+  fi
   if [ -x "$build/tools/quanta" ] && [ "$(budget 5)" -ge 30 ]; then
     run_phase profile "$tmp/profile.log" phase_profile "$(( $(budget 5) - 5 ))" || true
     show <"$tmp/profile.log"
