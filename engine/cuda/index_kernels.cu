@@ -1,13 +1,20 @@
 // The CUDA index family: slices by index, gathers and scatters along one
-// dim, index_add. Like the CPU's, every line of a scatter (or every (outer,
-// column) pair of index_add) is walked by one thread in index order, so
-// duplicated indices accumulate, or overwrite, in the same order on every
-// run: deterministic without float atomics. A gather writes each element
-// once, so it takes one thread per element.
+// dim, index_add. Like the CPU's, every line of a scatter is walked by one
+// thread in index order, so duplicated indices overwrite, or accumulate, in
+// the same order on every run: deterministic without float atomics. A
+// gather writes each element once, so it takes one thread per element.
+// index_add sorts the positions by index first (a stable radix sort, so
+// equal indices keep their order) and gives each run of one index, column
+// by column, a thread that adds the run in order: the bits of adding the
+// positions one by one, with a thread per distinct index and column.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <bit>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -17,6 +24,7 @@
 #include "engine/cuda/index_kernels.h"
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/scratch.h"
 
 namespace quanta::cuda {
 namespace {
@@ -126,6 +134,38 @@ __global__ void index_add_kernel(T* o, int64_t outer, int64_t n, int64_t inner, 
   }
 }
 
+// keys[j] = idx[j], pos[j] = j: what index_add sorts.
+__global__ void index_keys_kernel(const int64_t* ix, int64_t m, int32_t* keys, int32_t* pos) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < m; j += step) {
+    keys[j] = static_cast<int32_t>(ix[j]);
+    pos[j] = static_cast<int32_t>(j);
+  }
+}
+
+// index_add over positions sorted by index (key[p] = idx[pos[p]]): the
+// thread of (a, p, column k) where p starts a run of one index adds the
+// run's rows of src in their original order into out[a, key[p], k].
+template <class T>
+__global__ void index_add_runs_kernel(T* o, int64_t outer, int64_t n, int64_t inner,
+                                      const int32_t* key, const int32_t* pos, int64_t m,
+                                      const T* sp, T alpha) {
+  const int64_t total = outer * m * inner;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += step) {
+    const int64_t k = e % inner, r = e / inner;
+    const int64_t p = r % m, a = r / m;
+    const int32_t i = key[p];
+    if (p > 0 && key[p - 1] == i) continue;  // not the head of its run
+    T* dst = o + (a * n + i) * inner + k;
+    T acc = *dst;
+    for (int64_t q = p; q < m && key[q] == i; ++q)
+      acc = static_cast<T>(acc + alpha * sp[(a * m + pos[q]) * inner + k]);
+    *dst = acc;
+  }
+}
+
 template <class T, IndexMode Mode>
 void launch_lines(const LineWalk& w, int64_t lines, const Operand& idx, const Operand& out,
                   const Operand& src, double value) {
@@ -218,11 +258,40 @@ void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, 
                int64_t m, const void* src, double alpha) {
   dispatch_numeric(dtype, "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (outer * m * inner == 0) return;
-    const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
-    index_add_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
-        static_cast<T*>(out), outer, n, inner, idx, m, static_cast<const T*>(src),
-        static_cast<T>(alpha));
+    if (outer * n * m * inner == 0) return;  // no row to add to, or nothing to add
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    if (n > kMax || m > kMax) {
+      // Past 32-bit keys: one thread per (outer, column) pair walks every
+      // position, in order.
+      const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
+      index_add_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+          static_cast<T*>(out), outer, n, inner, idx, m, static_cast<const T*>(src),
+          static_cast<T>(alpha));
+      QUANTA_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    Scratch<int32_t> keys(2 * m), pos(2 * m);
+    const LaunchConfig ck = launch_config(m, max_blocks());
+    index_keys_kernel<<<static_cast<unsigned>(ck.blocks), ck.threads>>>(idx, m, keys.get(),
+                                                                        pos.get());
+    QUANTA_CUDA_CHECK_LAUNCH();
+    // Indices lie in [0, n): only their low bit_width(n - 1) bits need sorting.
+    const int end_bit = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(n - 1))));
+    int32_t* sorted_keys = keys.get() + m;
+    int32_t* sorted_pos = pos.get() + m;
+    const int count = static_cast<int>(m);
+    size_t temp_bytes = 0;
+    QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.get(), sorted_keys,
+                                                      pos.get(), sorted_pos, count, 0, end_bit,
+                                                      cudaStream_t{0}));
+    Scratch<unsigned char> temp(std::max<int64_t>(1, static_cast<int64_t>(temp_bytes)));
+    QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(),
+                                                      sorted_keys, pos.get(), sorted_pos, count, 0,
+                                                      end_bit, cudaStream_t{0}));
+    const LaunchConfig cfg = launch_config(outer * m * inner, max_blocks());
+    index_add_runs_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+        static_cast<T*>(out), outer, n, inner, sorted_keys, sorted_pos, m,
+        static_cast<const T*>(src), static_cast<T>(alpha));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "engine/ops/harness.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -741,4 +742,32 @@ TEST_CASE("large inputs (parallel kernel paths) match the references") {
   for (int64_t r = 0; r < 50; ++r)
     for (int64_t c = 0; c < 8; ++c) ok = ok && g[r * 8 + c] == counts[r];
   CHECK(ok);
+}
+
+TEST_CASE("index_add with long runs of repeated indices: the CPU's bits on every test device") {
+  // 5000 positions into 37 rows (every row hit about 135 times, row 3 by a
+  // run of 400 in a row), along the middle dim of [3, 37, 19]: the CUDA
+  // kernel sorts the positions and adds each index's run in order, which
+  // must be the order of adding them one by one.
+  Generator gen(9);
+  std::vector<int64_t> idx(5000);
+  for (size_t j = 0; j < idx.size(); ++j)
+    idx[j] = j >= 1000 && j < 1400 ? 3 : static_cast<int64_t>((j * 7919 + j / 13) % 37);
+  const Tensor index = from_vector<int64_t>(idx, {5000});
+  for (DType t : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(t));
+    const Tensor x = randn({3, 37, 19}, gen, {.dtype = t});
+    const Tensor src = randn({3, 5000, 19}, gen, {.dtype = t});
+    const std::vector<double> want = index_add(x, 1, index, src, 0.7).to_vector<double>();
+    for (const Device dev : test_devices()) {
+      CAPTURE(dev.str());
+      const std::vector<double> got = index_add(x.to(dev), 1, index.to(dev), src.to(dev), 0.7)
+                                          .to(Device::cpu())
+                                          .to_vector<double>();
+      REQUIRE(got.size() == want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      CHECK(differ == 0);
+    }
+  }
 }
