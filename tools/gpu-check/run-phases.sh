@@ -106,8 +106,8 @@ phase_peer() {
   [ -f "$bundle/peer/quanta_arch_fmnist.py" ] || { echo "the bundle has no PyTorch peer"; return 0; }
   [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
   site="$(mktemp -d)"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-    "$bundle"/peer/wheels/*.whl || { echo "cannot install the peer's wheels"; return 1; }
+  python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bundle"/peer/wheels/*.whl || { echo "cannot install the peer's wheels"; return 1; }
   end=$((SECONDS + $1))
   local common=(--steps "$PEER_STEPS" --batch-size 64 --limit-test 512 --data "$data")
   for q in vq none fsq; do
