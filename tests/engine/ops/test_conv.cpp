@@ -268,6 +268,28 @@ TEST_CASE("conv_transpose2d through the harness") {
   grown.expect_im2col();
 }
 
+TEST_CASE("conv on a GPU with cuDNN's algorithms timed, atomics allowed (--fast-conv)") {
+  if (!have_gpu()) {
+    MESSAGE("cuda:0 skipped: " << no_gpu_reason());
+    return;
+  }
+  // Fresh plans (they are kept per setting), chosen by timing on this GPU;
+  // atomics-based gradients differ from the CPU's in the last bits, which
+  // the harness's device tolerance takes.
+  cuda::set_nondeterministic_conv(true);
+  struct Restore {
+    ~Restore() { cuda::set_nondeterministic_conv(false); }
+  } restore;
+  const GpuConvPaths paths;
+  run_case(conv_case("fast conv2d stride 2 padding 1", {{4, 3, 9, 8}, {6, 3, 3, 3}, {6}},
+                     {.stride = {2, 2}, .padding = {1, 1}}));
+  run_case(conv_case("fast conv2d groups 2, dilation", {{2, 4, 9, 9}, {6, 2, 3, 3}, {6}},
+                     {.padding = {2, 2}, .dilation = {2, 2}, .groups = 2}));
+  run_case(conv_t_case("fast conv_transpose2d stride 2", {{2, 4, 5, 5}, {4, 3, 4, 4}, {3}},
+                       {.stride = {2, 2}, .padding = {1, 1}}));
+  paths.expect_cudnn();
+}
+
 TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness") {
   // Inputs [N, H, W, C]; the references run on the NCHW permutation. One
   // group takes the CPU kernels' in-place path; several groups (and CUDA)
