@@ -46,6 +46,7 @@ std::atomic<int64_t> ran_cudnn{0}, ran_im2col{0};
 // one handle are serialised by its mutex: cuDNN does not promise that two
 // threads may share a handle.
 struct Handle {
+  int device = 0;
   cudnnHandle_t h = nullptr;
   std::mutex mu;
 };
@@ -59,6 +60,7 @@ Handle& current_handle() {
   if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1);
   if (!handles[dev]) {
     auto h = std::make_unique<Handle>();
+    h->device = dev;
     QUANTA_CUDNN_CHECK(cudnnCreate(&h->h));  // stream: the NULL stream, stream 0
     handles[dev] = std::move(h);
   }
@@ -81,10 +83,8 @@ bool cudnn_type(DType dtype, cudnnDataType_t& t) {
 // What a plan is found by.
 using Key = std::tuple<int, int, int, bool, std::array<int64_t, 17>>;
 
-Key key_of(ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic) {
-  int dev = 0;
-  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
-  return {dev,
+Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic) {
+  return {device,
           static_cast<int>(kind),
           static_cast<int>(dtype),
           nondeterministic,
@@ -230,7 +230,7 @@ const Plan& plan_for(Handle& h, ConvKind kind, DType dtype, const ConvGeom& g) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Plan>> plans;
   const bool nondet = nondeterministic_allowed.load(std::memory_order_relaxed);
-  const Key key = key_of(kind, dtype, g, nondet);
+  const Key key = key_of(h.device, kind, dtype, g, nondet);
   std::lock_guard<std::mutex> lock(mu);
   auto it = plans.find(key);
   if (it == plans.end()) {

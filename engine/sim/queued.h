@@ -1,16 +1,17 @@
 #pragma once
 // How a CPU table entry becomes one of sim's: the call's arguments are copied
 // into a closure, with the host arrays some of them point to (an Operand's
-// strides, GemmArgs' offsets, add_n's terms), and the closure is queued on the current sim
-// device's stream to run the CPU's kernel there. The device pointers are
-// copied as they are: they stay valid because sim frees memory on the stream
-// too, after every kernel queued before the free.
+// strides, GemmArgs' offsets, add_n's terms, adam_step's parameters), and the closure is queued on
+// the current sim device's stream to run the CPU's kernel there. The device pointers are copied as
+// they are: they stay valid because sim frees memory on the stream too, after every kernel queued
+// before the free.
 //
 //   .fill = sim::Queued<&cpu::cpu_kernels, &KernelTable::fill>::call,
 //
 // serves the engine's table (engine/sim/sim_kernels.cpp) and the
 // quantizers' (quant/sim/table.cpp) alike.
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
@@ -74,26 +75,22 @@ class Held<GemmArgs> {
   std::vector<int64_t> a_off_, b_off_;
 };
 
-/** add_n's array of term pointers is a host array. */
-template <>
-class Held<TermList> {
- public:
-  Held(const TermList& t, std::size_t) : data_(t.data, t.data + t.count) {}
-  TermList get() const { return {data_.data(), static_cast<int64_t>(data_.size())}; }
-
- private:
-  std::vector<const void*> data_;
+/** A list argument, {data, count} over a host array (add_n's TermList,
+ * adam_step's AdamTensorList): the array is copied. */
+template <typename T>
+concept HostList = requires(const T& t) {
+  t.data;
+  { t.count } -> std::convertible_to<int64_t>;
 };
 
-/** adam_step's parameter list is a host array. */
-template <>
-class Held<AdamTensorList> {
+template <HostList T>
+class Held<T> {
  public:
-  Held(const AdamTensorList& t, std::size_t) : data_(t.data, t.data + t.count) {}
-  AdamTensorList get() const { return {data_.data(), static_cast<int64_t>(data_.size())}; }
+  Held(const T& t, std::size_t) : data_(t.data, t.data + t.count) {}
+  T get() const { return {data_.data(), static_cast<int64_t>(data_.size())}; }
 
  private:
-  std::vector<AdamTensor> data_;
+  std::vector<std::remove_cvref_t<decltype(*T::data)>> data_;
 };
 
 /** The rank of the call's shape: how many strides each Operand brings. */
