@@ -156,6 +156,25 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op, CallOptions o, Site 
   finish_inplace(t, buf);
 }
 
+void ProcessGroup::reduce(const Tensor& t, int root, ReduceOp op, CallOptions o, Site site) {
+  if (root < 0 || root >= size_)
+    throw std::invalid_argument("[dist::reduce] root " + std::to_string(root) +
+                                " is outside a world of " + std::to_string(size_));
+  if (t.defined()) detail::check_reducible("reduce", t.dtype(), op);
+  Call c = begin("reduce", &t, detail::kSameShape, op, root, o, site);
+  if (size_ == 1) return;
+  Tensor buf = inplace_buffer("reduce", t);
+  const std::size_t n = static_cast<std::size_t>(buf.numel());
+  guarded(c, [&] {
+    backend_for(buf, c.timeout).reduce(buf.raw_data(), n, buf.dtype(), op, root, c.tag, c.timeout);
+  });
+  // The check region in a small all_reduce after the data, not inside it:
+  // only the root would see it reduced there, and every rank must learn of
+  // a mismatch (and name the calls) from this call, not from a later one.
+  if (checked() && n != 0) checks_->reduction_after(c, buf.dtype(), op);
+  if (rank_ == root) finish_inplace(t, buf);
+}
+
 void ProcessGroup::broadcast(const Tensor& t, int root, CallOptions o, Site site) {
   if (root < 0 || root >= size_)
     throw std::invalid_argument("[dist::broadcast] root " + std::to_string(root) +

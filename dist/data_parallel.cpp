@@ -38,39 +38,86 @@ struct DataParallel::State {
   struct Slot {
     std::string name;
     Tensor param;
+    int owner = -1;  // the rank that keeps its gradient; -1: every rank
     int bucket = 0;
     int64_t offset = 0;
     bool ready = false;
   };
   struct Bucket {
-    Tensor flat;
+    Tensor flat;  // allocated on first use; dropped between steps when another rank owns it
+    Device device;
+    int64_t numel = 0;
+    int owner = -1;
     std::vector<int> slots;
     int pending = 0;
   };
-  std::vector<Slot> slots;
+  std::vector<Slot> slots;  // reverse registration order
   std::vector<Bucket> buckets;
   std::vector<std::pair<std::string, Tensor>> buffers;
   std::size_t next_launch = 0;
   int no_sync_depth = 0;
+  int rank = 0;
   std::shared_ptr<ProcessGroup> grads;                 // own connections, used from the comm thread
   std::unique_ptr<quanta::detail::SerialWorker> comm;  // bucket reductions, in order
 
-  // A full bucket's reduction goes to the communication thread. On a GPU
-  // its gradient copies are only queued yet: an event recorded now, after
-  // them, is what the NCCL reduction waits for, so it overlaps the backward
-  // kernels the main thread queues from here on (nccl_backend.h). On sim
-  // the same: Gloo starts when the stream passes the event.
+  // Slots in order into buckets: a new one when the dtype or the owner
+  // changes or the bucket would pass `cap` bytes.
+  void assign_buckets(std::size_t cap) {
+    buckets.clear();
+    std::size_t used = 0;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      const std::size_t bytes = s.param.nbytes();
+      bool fresh = buckets.empty();
+      if (!fresh) {
+        const Slot& last = slots[buckets.back().slots.back()];
+        fresh =
+            last.param.dtype() != s.param.dtype() || last.owner != s.owner || used + bytes > cap;
+      }
+      if (fresh) {
+        // On the parameters' device: gradients are copied in on the device
+        // and the backend reduces them there (NCCL for CUDA), no host trip.
+        buckets.push_back(Bucket{{}, s.param.device(), 0, s.owner, {}, 0});
+        used = 0;
+      }
+      Bucket& b = buckets.back();
+      s.bucket = static_cast<int>(buckets.size() - 1);
+      s.offset = b.numel;
+      b.numel += s.param.numel();
+      b.slots.push_back(static_cast<int>(i));
+      b.pending = static_cast<int>(b.slots.size());
+      used += bytes;
+    }
+  }
+
+  Tensor& flat_of(Bucket& b) {
+    if (!b.flat.defined())
+      b.flat = quanta::detail::make_tensor({b.numel}, slots[b.slots[0]].param.dtype(), b.device);
+    return b.flat;
+  }
+
+  // A full bucket's reduction goes to the communication thread: an average
+  // on every rank, or into its owner. On a GPU its gradient copies are only
+  // queued yet: an event recorded now, after them, is what the NCCL
+  // reduction waits for, so it overlaps the backward kernels the main
+  // thread queues from here on (nccl_backend.h). On sim the same: Gloo
+  // starts when the stream passes the event.
   void launch_ready() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      Tensor flat = buckets[next_launch++].flat;
+      Bucket& b = buckets[next_launch++];
+      Tensor flat = flat_of(b);
+      const int owner = b.owner;
       ProcessGroup* g = grads.get();
       std::shared_ptr<void> ready;
       if (flat.device().is_cuda()) ready = cuda::record_event(flat.device().index);
       if (flat.device().is_sim())
         ready = std::make_shared<sim::Event>(sim::record_event(flat.device().index));
-      comm->post([g, flat, ready] {
+      comm->post([g, flat, owner, ready] {
         const detail::ReadyAfter after(ready.get());
-        g->all_reduce(flat, ReduceOp::avg);
+        if (owner < 0)
+          g->all_reduce(flat, ReduceOp::avg);
+        else
+          g->reduce(flat, owner, ReduceOp::avg);
       });
     }
   }
@@ -84,7 +131,10 @@ struct DataParallel::State {
                                   "after each backward, or accumulate inside no_sync()");
     Bucket& b = buckets[s.bucket];
     NoGradGuard g;
-    copy_(b.flat.narrow(0, s.offset, s.param.numel()), s.param.grad().reshape({s.param.numel()}));
+    copy_(flat_of(b).narrow(0, s.offset, s.param.numel()),
+          s.param.grad().reshape({s.param.numel()}));
+    // Another rank keeps this gradient: this rank's copy is in the bucket.
+    if (s.owner >= 0 && s.owner != rank) s.param.set_grad(Tensor());
     s.ready = true;
     if (--b.pending == 0) launch_ready();
   }
@@ -162,32 +212,10 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   // 3. Buckets in reverse registration order (gradients arrive roughly in
   //    reverse), one dtype per bucket, at most bucket_bytes each.
   State& st = *state_;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    const Tensor& p = it->second;
-    const std::size_t bytes = p.nbytes();
-    bool fresh = st.buckets.empty();
-    if (!fresh) {
-      const auto& last = st.slots[st.buckets.back().slots.back()];
-      std::size_t used = 0;
-      for (int i : st.buckets.back().slots) used += st.slots[i].param.nbytes();
-      fresh = last.param.dtype() != p.dtype() || used + bytes > opts_.bucket_bytes;
-    }
-    if (fresh) st.buckets.emplace_back();
-    State::Slot s{it->first, p, int(st.buckets.size() - 1), 0, false};
-    auto& b = st.buckets.back();
-    for (int i : b.slots) s.offset += st.slots[i].param.numel();
-    b.slots.push_back(int(st.slots.size()));
-    st.slots.push_back(s);
-  }
-  for (auto& b : st.buckets) {
-    int64_t n = 0;
-    for (int i : b.slots) n += st.slots[i].param.numel();
-    // On the parameters' device: gradients are copied in on the device and
-    // the backend reduces them there (NCCL for CUDA) without a host trip.
-    const Tensor& first = st.slots[b.slots[0]].param;
-    b.flat = zeros({n}, options_of(first));
-    b.pending = int(b.slots.size());
-  }
+  st.rank = group.rank();
+  for (auto it = params.rbegin(); it != params.rend(); ++it)
+    st.slots.push_back(State::Slot{it->first, it->second});
+  st.assign_buckets(opts_.bucket_bytes);
   st.grads = group.clone("dp");
   st.comm = std::make_unique<quanta::detail::SerialWorker>();
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
@@ -202,8 +230,28 @@ DataParallel::~DataParallel() = default;
 
 std::size_t DataParallel::num_buckets() const { return state_->buckets.size(); }
 
-Device DataParallel::bucket_device(std::size_t i) const {
-  return state_->buckets.at(i).flat.device();
+Device DataParallel::bucket_device(std::size_t i) const { return state_->buckets.at(i).device; }
+
+int DataParallel::bucket_owner(std::size_t i) const { return state_->buckets.at(i).owner; }
+
+void DataParallel::reduce_gradients_to_owners(const std::function<int(const Tensor&)>& owner) {
+  State& st = *state_;
+  const bool mid_step =
+      st.next_launch != 0 ||
+      std::any_of(st.slots.begin(), st.slots.end(), [](const State::Slot& s) { return s.ready; });
+  if (mid_step)
+    throw std::invalid_argument(
+        "[DataParallel] reduce_gradients_to_owners during a step: call it before a backward or "
+        "after finish_step()");
+  for (State::Slot& s : st.slots) {
+    const int r = owner(s.param);
+    if (r < -1 || r >= group_.size())
+      throw std::invalid_argument("[DataParallel] the owner of parameter '" + s.name + "' is " +
+                                  std::to_string(r) + ", outside a world of " +
+                                  std::to_string(group_.size()) + " (or -1 for every rank)");
+    s.owner = r;
+  }
+  st.assign_buckets(opts_.bucket_bytes);
 }
 
 std::size_t DataParallel::buckets_launched() const { return state_->next_launch; }
@@ -224,23 +272,25 @@ void DataParallel::finish_step() {
         "[DataParallel] finish_step() inside no_sync(): leave the no_sync "
         "region for the step that reduces the accumulated gradients");
   NoGradGuard no_grad;
-  // Which parameters have a gradient on this rank (used, or accumulated).
+  // Which parameters have a gradient on this rank (used, or accumulated);
+  // one reduced during backward may have handed its gradient to its owner.
   Tensor used = zeros({int64_t(st.slots.size())}, {.dtype = DType::u8});
   uint8_t* u = used.data<uint8_t>();
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     State::Slot& s = st.slots[i];
     const Tensor g = s.param.grad();
-    u[i] = g.defined();
+    u[i] = s.ready || g.defined();
     if (s.ready) continue;
     // Not reduced during backward: unused this step, or accumulated under
     // no_sync. Contribute what we have (zeros when nothing).
-    Tensor dst = st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel());
+    State::Bucket& b = st.buckets[s.bucket];
+    Tensor dst = st.flat_of(b).narrow(0, s.offset, s.param.numel());
     if (g.defined())
       copy_(dst, g.reshape({s.param.numel()}));
     else
       fill_(dst, 0.0);
     s.ready = true;
-    --st.buckets[s.bucket].pending;
+    --b.pending;
   }
   st.launch_ready();
   st.comm->drain();
@@ -248,6 +298,10 @@ void DataParallel::finish_step() {
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     State::Slot& s = st.slots[i];
     s.ready = false;
+    if (s.owner >= 0 && s.owner != st.rank) {
+      s.param.set_grad(Tensor());  // its owner has the average
+      continue;
+    }
     if (!u[i]) continue;  // unused on every rank: keep no gradient
     Tensor avg =
         st.buckets[s.bucket].flat.narrow(0, s.offset, s.param.numel()).reshape(s.param.shape());
@@ -257,7 +311,10 @@ void DataParallel::finish_step() {
     else
       s.param.set_grad(avg.clone());
   }
-  for (auto& b : st.buckets) b.pending = int(b.slots.size());
+  for (auto& b : st.buckets) {
+    b.pending = int(b.slots.size());
+    if (b.owner >= 0 && b.owner != st.rank) b.flat = Tensor();
+  }
   st.next_launch = 0;
   if (opts_.broadcast_buffers && !st.buffers.empty()) {
     for (auto& [name, b] : st.buffers) st.grads->broadcast(b, 0);

@@ -101,10 +101,23 @@ class DataParallel {
    * Call once after the step's last backward, before the optimizer step. */
   void finish_step();
 
+  /** Sends each parameter's averaged gradient to one owner rank only, a
+   * reduce into it instead of an all-reduce (ZeRO stage 2, with
+   * dist::OptimizerShards' owners): `owner(p)` is the rank that keeps
+   * parameter p's gradient, or -1 for one every rank keeps. Buckets are
+   * rebuilt to hold one owner's parameters each. From then on a rank's
+   * gradients of parameters owned elsewhere are dropped as soon as they are
+   * in a bucket, and after finish_step() those parameters have no .grad;
+   * buckets of other owners hold no memory between steps. Call on every
+   * rank with the same owners, between steps; no communication. */
+  void reduce_gradients_to_owners(const std::function<int(const Tensor& param)>& owner);
+
   /** How many gradient buckets there are. */
   std::size_t num_buckets() const;
   /** Where bucket i lives: its parameters' device. */
   Device bucket_device(std::size_t i) const;
+  /** The rank bucket i is reduced into, -1 for all of them. */
+  int bucket_owner(std::size_t i) const;
   /** How many of this step's buckets have been handed to the communication
    * thread so far (read during backward, e.g. from a gradient hook, it shows
    * the overlap); finish_step() launches the rest and resets it to 0. */

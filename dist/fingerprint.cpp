@@ -8,9 +8,9 @@
 namespace quanta::dist::detail {
 namespace {
 
-const char* const kOps[] = {"all_reduce",   "broadcast",      "all_gather",
-                            "all_gather_v", "reduce_scatter", "all_to_all",
-                            "barrier",      "clone",          "other"};
+const char* const kOps[] = {"all_reduce",     "broadcast",  "all_gather", "all_gather_v",
+                            "reduce_scatter", "all_to_all", "barrier",    "clone",
+                            "reduce",         "other"};
 
 uint64_t mix(uint64_t h, uint64_t v) { return quanta::detail::splitmix64(h ^ v); }
 

@@ -11,6 +11,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/view.h"
+#include "engine/optim/optimizer.h"
 
 namespace quanta::dist {
 namespace {
@@ -48,6 +49,54 @@ OptimizerShards::OptimizerShards(ProcessGroup& group, std::vector<Tensor> params
     if (owners_.back() == group_.rank()) owned_elements_ += p.numel();
     before += p.numel();
   }
+}
+
+int OptimizerShards::owner_of(const Tensor& p) const {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].is_same(p)) return owners_[i];
+  return -1;
+}
+
+void OptimizerShards::reduce_gradients_to_owners(DataParallel& dp) const {
+  dp.reduce_gradients_to_owners([this](const Tensor& p) { return owner_of(p); });
+}
+
+double OptimizerShards::clip_grad_norm_(double max_norm, double norm_type,
+                                        bool error_if_nonfinite) {
+  NoGradGuard no_grad;
+  // [norm, 1] at parameter i's pair from its owner, zeros from the others.
+  std::vector<Tensor> mine, measured;
+  std::vector<std::size_t> measured_at;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (owners_[i] != group_.rank() || !g.defined()) continue;
+    mine.push_back(g);
+    if (g.numel() > 0) {  // grad_norms skips empty gradients, as clip_grad_norm_
+      measured.push_back(g);
+      measured_at.push_back(i);
+    }
+  }
+  std::vector<double> pairs(2 * params_.size(), 0.0);
+  if (!measured.empty()) {
+    const std::vector<double> norms =
+        grad_norms(measured, norm_type).to(Device::cpu()).to_vector<double>();
+    for (std::size_t k = 0; k < measured_at.size(); ++k) {
+      pairs[2 * measured_at[k]] = norms[k];
+      pairs[2 * measured_at[k] + 1] = 1.0;
+    }
+  }
+  Tensor all = from_vector(pairs, {static_cast<int64_t>(pairs.size())});
+  group_.all_reduce(all, ReduceOp::sum);
+  const std::vector<double> summed = all.to_vector<double>();
+  std::vector<double> present;
+  Device where = Device::cpu();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (summed[2 * i + 1] == 0.0) continue;
+    if (present.empty()) where = params_[i].device();
+    present.push_back(summed[2 * i]);
+  }
+  const Tensor norms = from_vector(present, {static_cast<int64_t>(present.size())}).to(where);
+  return clip_grads_by_norms(mine, norms, max_norm, norm_type, error_if_nonfinite);
 }
 
 void OptimizerShards::drop_unowned_grads() {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dist/data_parallel.h"
 #include "dist/process_group.h"
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
@@ -39,10 +40,23 @@ class OptimizerShards {
 
   /** The owner rank of parameter `i`. */
   int owner(std::size_t i) const { return owners_.at(i); }
+  /** The owner of parameter `p` (the same tensor), -1 when it is not one of them. */
+  int owner_of(const Tensor& p) const;
   /** Elements of the parameters this rank owns, and of all of them. */
   int64_t owned_elements() const { return owned_elements_; }
   int64_t total_elements() const { return total_elements_; }
 
+  /** Makes `dp` reduce each of these parameters' gradients into its owner
+   * (DataParallel::reduce_gradients_to_owners): a rank then never holds the
+   * others' averaged gradients. Every rank calls it, between steps. */
+  void reduce_gradients_to_owners(DataParallel& dp) const;
+  /** clip_grad_norm_ over every rank's share: each owner's per-parameter
+   * norms are summed across ranks (each slot has one writer, so the sum is
+   * exact), and the total is taken over them in parameter order, as
+   * clip_grad_norm_ does over the whole gradients: the same total and the
+   * same scaled gradients, bit for bit. Scales this rank's gradients;
+   * returns the total norm. A collective. */
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
   /** Drops the gradients of the parameters this rank does not own, so that
    * the optimizer skips them and makes no state for them. Call after the
    * gradients are averaged (and clipped), before the step. */

@@ -238,7 +238,8 @@ detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout)
 ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shape_rule,
                                        ReduceOp rop, int root, const CallOptions& o,
                                        const Site& site, bool exchange_fingerprints) {
-  const bool reduces = std::strcmp(op, "all_reduce") == 0 || std::strcmp(op, "reduce_scatter") == 0;
+  const bool reduces = std::strcmp(op, "all_reduce") == 0 ||
+                       std::strcmp(op, "reduce_scatter") == 0 || std::strcmp(op, "reduce") == 0;
   Call c;
   c.fp = detail::make_fingerprint(op, seq_, t, shape_rule, reduces ? int32_t(rop) : -1, root, site);
   if (!broken_.empty())

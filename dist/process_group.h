@@ -118,6 +118,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
    * Arithmetic dtypes only; avg needs a floating dtype. */
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum, CallOptions o = {},
                   Site site = Site::current());
+  /** Reduces `t` across ranks into root's `t` (in place there); the other
+   * ranks' `t` keep their values. Arithmetic dtypes only; avg needs a
+   * floating dtype. */
+  void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum, CallOptions o = {},
+              Site site = Site::current());
   /** Copies root's `t` into `t` on every rank, as bytes (any dtype, nf4 too). */
   void broadcast(const Tensor& t, int root, CallOptions o = {}, Site site = Site::current());
   /** Every rank's `t` concatenated along dim 0 in rank order: [N * d0, ...]

@@ -39,6 +39,11 @@ class Backend {
     all_reduce(data, n, dtype, op, tag, timeout);
     all_reduce(check, check_n, dtype, op, ~tag, timeout);
   }
+  /** Reduces `n` elements of `dtype` at `data` across ranks into rank
+   * `root`'s `data` (avg divides by the world size); the other ranks' `data`
+   * keep their values. */
+  virtual void reduce(void* data, std::size_t n, DType dtype, ReduceOp op, int root, uint32_t tag,
+                      Millis timeout) = 0;
   /** Copies `bytes` bytes at `data` from rank `root` to every rank. */
   virtual void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) = 0;
   /** `out` receives every rank's `bytes_per_rank` bytes of `in`, in rank order. */

@@ -6,6 +6,7 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -37,6 +38,25 @@ class StoreAdapter : public gloo::rendezvous::Store {
   dist::Store& s_;
   Millis timeout_;
 };
+
+// Gloo's algorithms need only the element size: `f` is called with a value
+// of the unsigned type of that size, whose pointers carry the bytes.
+template <class F>
+void with_element_type(std::size_t elem_size, const char* op, F&& f) {
+  switch (elem_size) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      throw std::invalid_argument(std::string("[dist::") + op + "] unsupported element size " +
+                                  std::to_string(elem_size));
+  }
+}
 
 }  // namespace
 
@@ -118,6 +138,30 @@ void GlooBackend::all_reduce_checked(void* data, std::size_t n, void* check, std
   }
 }
 
+void GlooBackend::reduce(void* data, std::size_t n, DType dtype, ReduceOp op, int root,
+                         uint32_t tag, Millis timeout) {
+  if (n == 0) return;
+  const std::size_t elem = element_size(dtype);
+  std::unique_ptr<char[]> scratch;
+  void* out = data;
+  if (context_->rank != root) {
+    scratch = std::make_unique_for_overwrite<char[]>(n * elem);
+    out = scratch.get();
+  }
+  gloo::ReduceOptions opts(context_);
+  with_element_type(elem, "reduce", [&](auto type) {
+    using T = decltype(type);
+    opts.setInput(static_cast<T*>(data), n);
+    opts.setOutput(static_cast<T*>(out), n);
+  });
+  opts.setRoot(root);
+  opts.setReduceFunction(reduce_fn(dtype, op));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::reduce(opts);
+  if (op == ReduceOp::avg && context_->rank == root) divide(data, dtype, n, context_->size);
+}
+
 void GlooBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype,
                                  ReduceOp op, uint32_t tag, Millis timeout) {
   const std::size_t size = static_cast<std::size_t>(context_->size);
@@ -144,23 +188,8 @@ void GlooBackend::ring_all_reduce(void* data, std::size_t n, std::size_t elem_si
                                   const ReduceFn& fn, uint32_t tag, Millis timeout) {
   if (n == 0) return;
   gloo::AllreduceOptions opts(context_);
-  // Gloo only needs the element size: pass the bytes as an opaque type of it.
-  switch (elem_size) {
-    case 1:
-      opts.setOutput(static_cast<uint8_t*>(data), n);
-      break;
-    case 2:
-      opts.setOutput(static_cast<uint16_t*>(data), n);
-      break;
-    case 4:
-      opts.setOutput(static_cast<uint32_t*>(data), n);
-      break;
-    case 8:
-      opts.setOutput(static_cast<uint64_t*>(data), n);
-      break;
-    default:
-      throw std::invalid_argument("[dist::all_reduce] unsupported element size");
-  }
+  with_element_type(elem_size, "all_reduce",
+                    [&](auto type) { opts.setOutput(static_cast<decltype(type)*>(data), n); });
   opts.setReduceFunction(fn);
   opts.setTag(tag);
   opts.setTimeout(timeout);

@@ -45,6 +45,11 @@ class GlooBackend final : public Backend {
    * copied behind the data up to kStagedCheckBytes, else a second ring. */
   void all_reduce_checked(void* data, std::size_t n, void* check, std::size_t check_n, DType dtype,
                           ReduceOp op, uint32_t tag, Millis timeout) override;
+  /** Gloo's ring reduce: a reduce-scatter, then the chunks to the root.
+   * Gloo uses the output as scratch on every rank, so the other ranks
+   * reduce into a buffer of their own and keep `data`. */
+  void reduce(void* data, std::size_t n, DType dtype, ReduceOp op, int root, uint32_t tag,
+              Millis timeout) override;
   void broadcast(void* data, std::size_t bytes, int root, uint32_t tag, Millis timeout) override;
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, uint32_t tag,
                   Millis timeout) override;

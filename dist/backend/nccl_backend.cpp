@@ -330,6 +330,17 @@ void NcclBackend::reduce_scatter(const void* in, void* out, std::size_t n_out, D
   s.watch(deadline, "reduce_scatter");
 }
 
+void NcclBackend::reduce(void* data, std::size_t n, DType dtype, ReduceOp op, int root, uint32_t,
+                         Millis timeout) {
+  Impl& s = *impl_;
+  const DeviceScope scope(s.device);
+  const auto deadline = Clock::now() + timeout;
+  s.order_after_default();
+  s.enqueue_check(ncclReduce(data, data, n, nccl_type(dtype), nccl_op(op), root, s.comm, s.stream),
+                  deadline, "ncclReduce");
+  s.watch(deadline, "reduce");
+}
+
 // NCCL has no collective for uneven pieces or all-to-all: both are grouped
 // ncclSend/ncclRecv with every peer, device to device.
 void NcclBackend::all_gather_v(const void* in, void* out, const std::vector<std::size_t>& bytes,

@@ -75,6 +75,9 @@ class NcclBackend final : public Backend {
                     Millis timeout) override;
   void reduce_scatter(const void* in, void* out, std::size_t n_out, DType dtype, ReduceOp op,
                       uint32_t tag, Millis timeout) override;
+  /** ncclReduce in place: NCCL writes the receive buffer on the root only. */
+  void reduce(void* data, std::size_t n, DType dtype, ReduceOp op, int root, uint32_t tag,
+              Millis timeout) override;
   /** Grouped ncclSend/ncclRecv with every peer (own block: a device copy). */
   void all_to_all(const void* in, void* out, std::size_t total_bytes, uint32_t tag,
                   Millis timeout) override;

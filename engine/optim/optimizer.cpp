@@ -569,26 +569,35 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& opts)
            AdamOptions{opts.lr, opts.betas, opts.eps, opts.weight_decay, opts.amsgrad}, true) {}
 
 // ---- clipping ----
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                       bool error_if_nonfinite) {
-  const bool inf = std::isinf(norm_type) && norm_type > 0;
-  if (!inf && !(norm_type > 0))
+namespace {
+void check_clip_options(double max_norm, double norm_type) {
+  if (!(std::isinf(norm_type) && norm_type > 0) && !(norm_type > 0))
     throw std::invalid_argument("[clip_grad_norm_] norm_type must be > 0 or INFINITY, got " +
                                 num(norm_type));
   if (!(max_norm >= 0))
     throw std::invalid_argument("[clip_grad_norm_] max_norm must be >= 0, got " + num(max_norm));
+}
+}  // namespace
+
+Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type) {
   NoGradGuard no_grad;
-  std::vector<Tensor> grads, norms;
-  for (const Tensor& p : params)
-    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
   // One norm per gradient, left where it is (f64, gathered on the first
   // gradient's device): the total and the factor are computed there, so a
   // GPU run syncs once, for the value returned, not once per parameter.
+  std::vector<Tensor> norms;
   for (const Tensor& g : grads)
     if (g.numel() > 0) norms.push_back(norm(g, norm_type).to(DType::f64).to(grads[0].device()));
-  if (norms.empty()) return 0.0;
-  const Tensor all = stack(norms);
-  const Tensor total = inf ? amax(all) : pow(sum(pow(all, norm_type)), 1.0 / norm_type);
+  if (norms.empty()) return zeros({0}, {.dtype = DType::f64});
+  return stack(norms);
+}
+
+double clip_grads_by_norms(const std::vector<Tensor>& grads, const Tensor& norms, double max_norm,
+                           double norm_type, bool error_if_nonfinite) {
+  check_clip_options(max_norm, norm_type);
+  if (norms.numel() == 0) return 0.0;
+  NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  const Tensor total = inf ? amax(norms) : pow(sum(pow(norms, norm_type)), 1.0 / norm_type);
   if (error_if_nonfinite && !std::isfinite(total.item()))
     throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
                              " is non-finite, so it cannot be clipped");
@@ -597,8 +606,18 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   // in PyTorch.
   const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
   for (const Tensor& g : grads)
-    if (g.numel() > 0) mul_(g, coef.to(g.dtype()).to(g.device()));
+    if (g.defined() && g.numel() > 0) mul_(g, coef.to(g.dtype()).to(g.device()));
   return total.item();
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                       bool error_if_nonfinite) {
+  check_clip_options(max_norm, norm_type);
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  return clip_grads_by_norms(grads, grad_norms(grads, norm_type), max_norm, norm_type,
+                             error_if_nonfinite);
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {

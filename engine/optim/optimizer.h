@@ -223,6 +223,15 @@ class AdamW : public Adam {
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 
+/** The pieces of clip_grad_norm_, for gradients spread over ranks
+ * (dist::OptimizerShards): the per-tensor `norm_type`-norms of `grads`
+ * (f64, 1-d, empty gradients skipped, on the first one's device)... */
+Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type = 2.0);
+/** ...and, given every gradient's norm in that order, `grads` scaled as
+ * clip_grad_norm_ scales them; returns the total norm. */
+double clip_grads_by_norms(const std::vector<Tensor>& grads, const Tensor& norms, double max_norm,
+                           double norm_type = 2.0, bool error_if_nonfinite = false);
+
 /** Clamps every gradient of `params` to [-clip_value, clip_value] in place. */
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
 

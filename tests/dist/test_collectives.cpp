@@ -207,6 +207,61 @@ TEST_CASE("reduce_scatter: min, max, avg, sum and prod on f32 over three ranks")
   }
 }
 
+TEST_CASE("reduce: every op into the root over three ranks; the others keep their values") {
+  const int n = 3;
+  for (ReduceOp op : {ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::sum, ReduceOp::prod})
+    for (int root : {0, 2}) {
+      CAPTURE(reduce_op_name(op));
+      CAPTURE(root);
+      std::vector<std::vector<float>> got(n);
+      auto errors = run_ranks(n, [&](ProcessGroup& g) {
+        // Non-contiguous on purpose: the reduced values come back through a copy.
+        Tensor x = rank_tensor(g.rank(), {3, 2}, DType::f32).t();
+        g.reduce(x, root, op);
+        got[g.rank()] = x.t().contiguous().to_vector<float>();
+      });
+      REQUIRE(all_ok(errors));
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < 6; ++i) {
+          const double x = double(i);
+          const double want = r != root             ? x + 1 + r
+                              : op == ReduceOp::min ? x + 1
+                              : op == ReduceOp::max ? x + 3
+                              : op == ReduceOp::avg ? x + 2
+                              : op == ReduceOp::sum ? 3 * x + 6
+                                                    : (x + 1) * (x + 2) * (x + 3);
+          CHECK(got[r][i] == float(want));
+        }
+    }
+}
+
+TEST_CASE("reduce: a large buffer, and a different call on one rank named on every rank") {
+  // 3 MB: past the inline check size, through Gloo's segmented ring.
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Tensor x = full({750000}, double(g.rank() + 1));
+    g.reduce(x, 1, ReduceOp::avg);
+    const auto v = x.to_vector<float>();
+    CHECK(v.front() == (g.rank() == 1 ? 1.5f : 1.0f));
+    CHECK(v.back() == (g.rank() == 1 ? 1.5f : 1.0f));
+  });
+  CHECK(all_ok(errors));
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& g) {
+    try {
+      g.reduce(zeros({4}), 0, g.rank() == 0 ? ReduceOp::sum : ReduceOp::max);
+    } catch (const std::exception& e) {
+      messages[g.rank()] = e.what();
+    }
+  });
+  for (const std::string& m : messages) {
+    CHECK(m.find("reduce") != std::string::npos);
+    CHECK(m.find("max") != std::string::npos);
+  }
+  auto one = ProcessGroup::single();
+  CHECK_THROWS_WITH_AS(one->reduce(zeros({2}), 1), doctest::Contains("[dist::reduce] root 1"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("zero-size tensors are normal in every collective") {
   auto errors = run_ranks(2, [&](ProcessGroup& g) {
     Tensor e = zeros({0, 3});
@@ -215,6 +270,7 @@ TEST_CASE("zero-size tensors are normal in every collective") {
     CHECK(g.all_gather(e).shape() == Shape{0, 3});
     CHECK(g.all_gather_v(e).shape() == Shape{0, 3});
     CHECK(g.reduce_scatter(zeros({0, 3})).shape() == Shape{0, 3});
+    g.reduce(e, 1);
     CHECK(g.all_to_all(e).shape() == Shape{0, 3});
     g.barrier();
   });

@@ -1,12 +1,15 @@
 // DataParallel on thread ranks: N ranks with the batch split equal one
 // process on the whole batch over several optimizer steps (f64); model
 // mismatches, unused parameters, no_sync, ignored parameters, buffers and
-// step hooks.
+// step hooks; gradients reduced into their owners (with OptimizerShards).
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
+#include <set>
 
 #include "dist/data_parallel.h"
+#include "dist/optimizer_shards.h"
 #include "quanta.h"
 #include "ranks.h"
 
@@ -335,4 +338,152 @@ TEST_CASE("a world of one: DataParallel runs unchanged and gradients are the loc
   sum(ref->forward(batch_x(3, 0))).backward();
   CHECK(model->body->find("weight").grad().to_vector<double>() ==
         ref->body->find("weight").grad().to_vector<double>());
+}
+
+namespace {
+
+// Every parameter's gradient (empty where it has none), on the host.
+std::vector<std::vector<double>> grads_of(Module& m) {
+  std::vector<std::vector<double>> out;
+  for (auto& p : m.parameters())
+    out.push_back(p.grad().defined() ? p.grad().to(Device::cpu()).to_vector<double>()
+                                     : std::vector<double>{});
+  return out;
+}
+
+// Parameter i of `m` belongs to rank i mod n, except the first (body.weight),
+// which every rank keeps.
+std::function<int(const Tensor&)> owners_mod(Module& m, int n) {
+  std::vector<Tensor> ps = m.parameters();
+  return [ps, n](const Tensor& p) {
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].is_same(p)) return i == 0 ? -1 : int(i) % n;
+    return -1;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("gradients reduced into their owners: each rank keeps its share, the average's values") {
+  for (int n : {2, 3})
+    for (Device dev : {Device::cpu(), Device::sim(0)}) {
+      CAPTURE(n);
+      CAPTURE(dev.str());
+      auto errors = run_ranks(n, [&](ProcessGroup& g) {
+        // Two replicas on the same ranks: one all-reduces, one reduces into owners.
+        auto plain = std::make_shared<TwoHeads>(31);
+        auto owned = std::make_shared<TwoHeads>(31);
+        plain->to(dev);
+        owned->to(dev);
+        DataParallel dp_plain(plain, g, {.bucket_bytes = 64});
+        DataParallel dp_owned(owned, g, {.bucket_bytes = 64});
+        const auto owner = owners_mod(*owned, n);
+        dp_owned.reduce_gradients_to_owners(owner);
+        // Buckets split where the owner changes, and say whose they are.
+        std::set<int> bucket_owners;
+        for (std::size_t b = 0; b < dp_owned.num_buckets(); ++b)
+          bucket_owners.insert(dp_owned.bucket_owner(b));
+        CHECK(bucket_owners.size() == std::size_t(n + 1));
+        for (std::size_t b = 0; b < dp_plain.num_buckets(); ++b)
+          CHECK(dp_plain.bucket_owner(b) == -1);
+        const auto step = [&](int s) {
+          // Step 1 accumulates two micro-batches; step 2 leaves head b unused everywhere.
+          for (auto* m : {plain.get(), owned.get()}) m->use_b = s != 2;
+          for (auto* dp : {&dp_plain, &dp_owned}) {
+            if (s == 1) {
+              auto guard = dp->no_sync();
+              sum(dp->forward(batch_x(2, 50 + g.rank()).to(dev))).backward();
+            }
+            sum(dp->forward(batch_x(3, s + 10 * g.rank()).to(dev))).backward();
+            dp->finish_step();
+          }
+          const auto want = grads_of(*plain), got = grads_of(*owned);
+          const auto params = owned->parameters();
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            CAPTURE(i);
+            const int o = owner(params[i]);
+            if (o >= 0 && o != g.rank()) {
+              CHECK(got[i].empty());  // its owner has it
+            } else if (n == 2) {
+              CHECK(got[i] == want[i]);  // a sum of two is the same either way
+            } else {
+              REQUIRE(got[i].size() == want[i].size());
+              for (std::size_t j = 0; j < want[i].size(); ++j)
+                CHECK(got[i][j] == doctest::Approx(want[i][j]).epsilon(1e-14));
+            }
+            if (s == 2 && i >= 4) CHECK(got[i].empty());  // b.weight, b.bias: unused everywhere
+          }
+          plain->zero_grad();
+          owned->zero_grad();
+        };
+        for (int s = 0; s < 3; ++s) step(s);
+      });
+      CHECK(all_ok(errors));
+    }
+}
+
+TEST_CASE("reduce_gradients_to_owners refuses an owner outside the world and a step under way") {
+  auto errors = run_ranks(kRanks, [&](ProcessGroup& g) {
+    auto model = std::make_shared<TwoHeads>(3);
+    DataParallel dp(model, g, {.bucket_bytes = 64});
+    CHECK_THROWS_WITH_AS(
+        dp.reduce_gradients_to_owners([](const Tensor&) { return 2; }),
+        doctest::Contains("owner of parameter 'b.bias' is 2, outside a world of 2"),
+        std::invalid_argument);
+    sum(dp(batch_x(1, 0))).backward();
+    CHECK_THROWS_WITH_AS(dp.reduce_gradients_to_owners([](const Tensor&) { return 0; }),
+                         doctest::Contains("during a step"), std::invalid_argument);
+    dp.finish_step();
+    dp.reduce_gradients_to_owners([](const Tensor&) { return 0; });
+    CHECK(dp.num_buckets() == 6u);
+  });
+  CHECK(all_ok(errors));
+}
+
+TEST_CASE(
+    "OptimizerShards over DataParallel: clipped over every rank's share, AdamW as unsharded") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    std::vector<std::vector<std::vector<double>>> want(n), got(n);
+    std::vector<std::vector<double>> want_norms(n), got_norms(n);
+    auto errors = run_ranks(n, [&](ProcessGroup& g) {
+      auto run = [&](bool shard, std::vector<double>& norms) {
+        auto model = std::make_shared<TwoHeads>(41);
+        DataParallel dp(model, g, {.bucket_bytes = 64});
+        const std::vector<Tensor> params = model->parameters();
+        AdamW opt(params, AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+        std::unique_ptr<OptimizerShards> shards;
+        if (shard) {
+          shards = std::make_unique<OptimizerShards>(g, params);
+          shards->reduce_gradients_to_owners(dp);
+        }
+        for (int s = 0; s < 3; ++s) {
+          model->use_b = s != 1;  // a step where b has no gradient anywhere
+          sum(dp(batch_x(3, s + 10 * g.rank()))).backward();
+          dp.finish_step();
+          // A small limit, so that every step clips.
+          norms.push_back(shard ? shards->clip_grad_norm_(0.05) : clip_grad_norm_(params, 0.05));
+          opt.step();
+          if (shard) shards->broadcast_updates();
+          opt.zero_grad();
+        }
+        return values(*model);
+      };
+      want[g.rank()] = run(false, want_norms[g.rank()]);
+      got[g.rank()] = run(true, got_norms[g.rank()]);
+    });
+    REQUIRE(all_ok(errors));
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      if (n == 2) {
+        CHECK(got_norms[r] == want_norms[r]);  // the same total, bit for bit
+        CHECK(got[r] == want[r]);
+      } else {
+        CHECK(got[r] == got[0]);  // every rank has the owners' updates
+        for (std::size_t k = 0; k < 3; ++k)
+          CHECK(got_norms[r][k] == doctest::Approx(want_norms[r][k]).epsilon(1e-13));
+        check_close(got[r], want[r]);
+      }
+    }
+  }
 }

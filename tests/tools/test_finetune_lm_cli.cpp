@@ -266,7 +266,7 @@ TEST_CASE(
                      d.file("sharded/adapters/adapter_model.safetensors"));
   // Each sharded rank kept AdamW state for its share of the adapters only;
   // the checkpoint gathers it into the ordinary layout, the same bytes.
-  CHECK(contains(s.out, "optimizer state sharded: rank 0 keeps it for "));
+  CHECK(contains(s.out, "optimizer state and gradients sharded: rank 0 keeps them for "));
   check_same_tensors(d.file("whole2/checkpoint.safetensors"),
                      d.file("sharded/checkpoint.safetensors"));
   const CliResult other = run_quanta(
@@ -386,9 +386,12 @@ TEST_CASE(
     const StateDict many = adapters("ranks" + ranks);
     MESSAGE("f64: 1 rank vs " << ranks << ": adapters max |diff| " << max_diff(one, many));
     CHECK(max_diff(one, many) < 1e-9);
-    // Sharding the base moves bytes only: the same adapters bit for bit as
-    // the same ranks unsharded, with the layers recomputed (gathered again
-    // in the backward) or not.
+    // Sharding the base moves bytes only, and the adapters' gradients are
+    // reduced into their owners rather than all-reduced: the same adapters
+    // as the same ranks unsharded, with the layers recomputed (gathered
+    // again in the backward) or not; bit for bit on two ranks (a sum of two
+    // is the same either way), within rounding on three (Gloo's reduce and
+    // all-reduce add the three in other orders).
     const std::string out = "sharded" + ranks;
     // Evaluations run on every rank then (a sharded forward is a collective).
     std::vector<std::string> shard = {"--shard", "--eval-data", d.file("train.bin"), "--eval-every",
@@ -396,7 +399,10 @@ TEST_CASE(
     if (ranks == "3") shard.push_back("--recompute");
     const CliResult r = run(out, ranks, shard);
     CHECK(r.out.find("kept per rank") != std::string::npos);
-    CHECK(max_diff(many, adapters(out)) == 0);
+    if (ranks == "2")
+      CHECK(max_diff(many, adapters(out)) == 0);
+    else
+      CHECK(max_diff(many, adapters(out)) < 1e-13);
     int evals = 0;
     for (const json& rec : records(d.file(out + "/metrics.jsonl"))) evals += rec["kind"] == "eval";
     CHECK(evals == 2);

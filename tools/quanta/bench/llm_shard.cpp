@@ -11,7 +11,8 @@
 //   qlora100m_shardN_base: MB a rank holds between steps (model, adapters'
 //     gradients and AdamW state, after a first step); floor: replicated.
 //     The NF4 base is most of it; the sharded side also splits the AdamW
-//     state (dist::OptimizerShards), as quanta finetune --shard does.
+//     state and the adapters' gradients (dist::OptimizerShards, reduced
+//     into their owners), as quanta finetune --shard does.
 //   qlora100m_shardN_peak: peak MB per rank during a step; floor:
 //     replicated.
 //   qlora100m_shardN_gathered: MB gathered per step; floor: the NF4 base's
@@ -49,7 +50,6 @@ void train_step(Replica& r, const Tensor& ids) {
   llm::chunked_causal_lm_loss(r.model->hidden_states(ids), r.model->lm_head_weight(), ids)
       .backward();
   r.dp->finish_step();
-  if (r.opt_shards) r.opt_shards->drop_unowned_grads();
   r.opt->step();
   if (r.opt_shards) r.opt_shards->broadcast_updates();
 }
@@ -76,7 +76,10 @@ Replica make_replica(const llm::DecoderConfig& c, Device dev, dist::ProcessGroup
   for (const Tensor& p : r.model->parameters())
     if (p.requires_grad()) adapters.push_back(p);
   r.opt = std::make_unique<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
-  if (shard) r.opt_shards = std::make_unique<dist::OptimizerShards>(g, adapters);
+  if (shard) {
+    r.opt_shards = std::make_unique<dist::OptimizerShards>(g, adapters);
+    r.opt_shards->reduce_gradients_to_owners(*r.dp);
+  }
   train_step(r, ids);
   synchronize(dev);
   r.resident = device_stats(dev).allocated_bytes - before;

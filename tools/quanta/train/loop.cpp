@@ -153,8 +153,10 @@ class Loop {
         order_(s.seed, s.examples, s.batch_size),
         started_(std::chrono::steady_clock::now()) {
     if (world_ > 1) dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
-    if (world_ > 1 && s.shard_optimizer_state)
+    if (world_ > 1 && s.shard_optimizer_state) {
       opt_shards_ = std::make_unique<dist::OptimizerShards>(group_, trainable_parameters(*model_));
+      opt_shards_->reduce_gradients_to_owners(*dp_);
+    }
   }
 
   LoopResult run() {
@@ -167,8 +169,9 @@ class Loop {
            << dp_->sharded()->shard_bytes() << " kept per rank, gathered by "
            << s_.data_parallel.shard_units.size() << " units just in time\n";
     if (opt_shards_)
-      log_ << "optimizer state sharded: rank 0 keeps it for " << opt_shards_->owned_elements()
-           << " of " << opt_shards_->total_elements() << " trainable elements\n";
+      log_ << "optimizer state and gradients sharded: rank 0 keeps them for "
+           << opt_shards_->owned_elements() << " of " << opt_shards_->total_elements()
+           << " trainable elements\n";
     Progress progress(log_, s_.progress_bar, step_, s_.total_steps,
                       s_.batch_size * s_.items_per_row, s_.throughput_unit);
     progress_ = &progress;
@@ -273,9 +276,11 @@ class Loop {
       loss_device = out.loss.device();
     }
     if (dp_) dp_->finish_step();
-    if (s_.optimizer.max_grad_norm > 0)
+    // Sharded, each rank holds its own parameters' gradients only.
+    if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
+      opt_shards_->clip_grad_norm_(s_.optimizer.max_grad_norm);
+    else if (s_.optimizer.max_grad_norm > 0)
       clip_grad_norm_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
-    if (opt_shards_) opt_shards_->drop_unowned_grads();
     optimizer_->set_lr(schedule_->lr_at(step_));
     optimizer_->step();
     if (opt_shards_) opt_shards_->broadcast_updates();

@@ -176,9 +176,10 @@ struct LoopSettings {
   nlohmann::json header = nlohmann::json::object();
   /** DataParallel's options when there are several ranks. */
   dist::DataParallelOptions data_parallel{};
-  /** With several ranks: each rank keeps the optimizer state of its share of
-   * the trainable parameters only (dist::OptimizerShards); same results,
-   * checkpoints in the ordinary layout. */
+  /** With several ranks: each rank keeps the averaged gradients and the
+   * optimizer state of its share of the trainable parameters only
+   * (dist::OptimizerShards); same results, checkpoints in the ordinary
+   * layout. */
   bool shard_optimizer_state = false;
   /** "training" or "fine-tuning": how a divergence message starts. */
   std::string activity = "training";
