@@ -2,7 +2,8 @@
 // the loss falls on a learnable token stream, the PEFT folder it writes
 // scores what the run reported, --merge-to gives a loadable float model,
 // 5 steps + --resume to 10 are the bytes of 10 in one go, JSONL data with
-// labels, 2 ranks agree with 1, and bad input is one line.
+// labels, 2 ranks agree with 1 (sharded too, and across two launchers), and
+// bad input is one line.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/lm_task.h"
 #include "train/run_folder.h"
+#include "two_nodes.h"
 
 using namespace quanta;
 using namespace quanta::test;
@@ -221,7 +223,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "finetune --model: 5 steps and --resume to 10 are 10 steps in one go, sharded on 2 ranks too") {
+    "finetune --model: 5 steps and --resume to 10 are 10 steps in one go, sharded on 2 ranks and "
+    "2 nodes too") {
   ScratchDir d("ft_lm_resume");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);
   // A decaying schedule follows each run's --steps, so a run that grows
@@ -269,6 +272,17 @@ TEST_CASE(
   CHECK(contains(s.out, "optimizer state and gradients sharded: rank 0 keeps them for "));
   check_same_tensors(d.file("whole2/checkpoint.safetensors"),
                      d.file("sharded/checkpoint.safetensors"));
+  // The same sharded run as one job of two nodes, a launcher and a rank each
+  // (quanta launch --nnodes 2 on loopback): the same adapters.
+  std::vector<std::string> program =
+      finetune("llama_gqa", d, "nodes", with({"--steps", "10", "--shard", "--recompute"}));
+  program.insert(program.begin(), std::getenv("QUANTA_EXE"));
+  const TwoNodeJob nodes = launch_two_nodes(program, {1, 1}, 0, /*first=*/1);
+  CAPTURE(nodes);
+  REQUIRE(nodes.r0.code == 0);
+  REQUIRE(nodes.r1.code == 0);
+  check_same_tensors(d.file("whole2/adapters/adapter_model.safetensors"),
+                     d.file("nodes/adapters/adapter_model.safetensors"));
   const CliResult other = run_quanta(
       finetune("llama_gqa", d, "sharded", with({"--steps", "12", "--nproc", "3", "--resume"})));
   REQUIRE_MESSAGE(other.code == 0, other.err);

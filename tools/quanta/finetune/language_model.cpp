@@ -176,8 +176,8 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--shard", o.shard,
                "--model with several ranks: each rank keeps 1/N of the NF4 base and gathers a "
                "decoder layer's just before it runs (with --recompute, again in the backward: "
-               "the base's memory per rank is then about 1/N), and 1/N of the adapters' AdamW "
-               "state; same results");
+               "the base's memory per rank is then about 1/N), and 1/N of the adapters' "
+               "averaged gradients and AdamW state; same results");
   sub.add_option("--eval-every", o.eval_every,
                  "--model: steps between evaluations and checkpoints (0: at the end only)")
       ->capture_default_str()
@@ -308,7 +308,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     // after the first.
     s.data_parallel.shard_units = model->layer_names();
     s.data_parallel.broadcast_buffers = false;
-    // And the adapters' AdamW state: each rank keeps its share.
+    // And the adapters' averaged gradients and AdamW state: each rank
+    // keeps its share.
     s.shard_optimizer_state = true;
   }
   s.throughput_unit = "tokens";
