@@ -513,6 +513,37 @@ TEST_CASE("every quantizer type builds from its config, trains, and decodes its 
   }
 }
 
+TEST_CASE("FSQ's grid options reach the layer from the config") {
+  // One level dimension, no projections: the quantized values are the grid's.
+  const Tensor z = from_vector<float>({-3.0f, 0.1f, 0.8f, 3.0f}, {1, 1, 1, 4});
+  auto quantized = [&](const json& config, bool training = false) {
+    std::unique_ptr<TrainQuantizer> q = make_quantizer(config, 1, 0);
+    q->module()->train(training);
+    return q->forward(z).quantized.to_vector<float>();
+  };
+  // 4 levels: asymmetric {-1, -1/2, 0, 1/2} by default, symmetric {-1, -1/3, 1/3, 1}.
+  CHECK(quantized({{"type", "fsq"}, {"levels", {4}}}).back() == 0.5f);
+  const auto symmetric = quantized({{"type", "fsq"}, {"levels", {4}}, {"preserve_symmetry", true}});
+  CHECK(symmetric.front() == -1.0f);
+  CHECK(symmetric.back() == 1.0f);
+  // 5 levels: tanh bounds 0.8 to 1.33 half-steps (rounds to 1), a hard clamp to 1.6 (to 2).
+  CHECK(quantized({{"type", "fsq"}, {"levels", {5}}})[2] == 0.5f);
+  CHECK(quantized({{"type", "fsq"}, {"levels", {5}}, {"bound_hard_clamp", true}})[2] == 1.0f);
+  // Noise on every element while training moves codes off the grid; eval is clean.
+  const json noisy = {
+      {"type", "fsq"}, {"levels", {4}}, {"preserve_symmetry", true}, {"noise_dropout", 1.0}};
+  CHECK(quantized(noisy, false) == symmetric);
+  CHECK(quantized(noisy, true) != symmetric);
+  CHECK(contains(invalid([] {
+                   make_quantizer({{"type", "fsq"}, {"noise_dropout", 0.5}}, 4, 0);
+                 }),
+                 "noise_dropout needs preserve_symmetry"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "vq"}, {"preserve_symmetry", true}});
+                 }),
+                 "'preserve_symmetry' does not apply to quantizer 'vq'"));
+}
+
 TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "vq"}}, 16, 0)->codebook_size() == 512);
   CHECK(make_quantizer({{"type", "simvq"}}, 16, 0)->codebook_size() == 512);
