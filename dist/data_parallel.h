@@ -16,8 +16,9 @@
 // During backward each parameter's post-accumulate hook copies its gradient
 // into a bucket (reverse registration order, at most bucket_bytes, one dtype
 // per bucket); a full bucket is all-reduced (avg) on a communication thread
-// while backward goes on. Buckets launch strictly in order, so every rank
-// issues the same sequence whatever its graph.
+// while backward goes on, or with reduce_gradients_to_owners reduced (avg)
+// into the one rank that keeps those gradients (ZeRO-2). Buckets launch
+// strictly in order, so every rank issues the same sequence whatever its graph.
 //
 // finish_step() is the one fixed point per optimizer step: it launches the
 // buckets still waiting (parameters unused on this rank contribute zeros,
