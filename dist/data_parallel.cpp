@@ -56,7 +56,6 @@ struct DataParallel::State {
   std::vector<std::pair<std::string, Tensor>> buffers;
   std::size_t next_launch = 0;
   int no_sync_depth = 0;
-  int rank = 0;
   std::shared_ptr<ProcessGroup> grads;                 // own connections, used from the comm thread
   std::unique_ptr<quanta::detail::SerialWorker> comm;  // bucket reductions, in order
 
@@ -89,6 +88,10 @@ struct DataParallel::State {
       used += bytes;
     }
   }
+
+  // Whether `owner` (a slot's or a bucket's) is another rank: this rank
+  // hands those gradients over and keeps none of them.
+  bool owned_elsewhere(int owner) const { return owner >= 0 && owner != grads->rank(); }
 
   Tensor& flat_of(Bucket& b) {
     if (!b.flat.defined())
@@ -134,7 +137,7 @@ struct DataParallel::State {
     copy_(flat_of(b).narrow(0, s.offset, s.param.numel()),
           s.param.grad().reshape({s.param.numel()}));
     // Another rank keeps this gradient: this rank's copy is in the bucket.
-    if (s.owner >= 0 && s.owner != rank) s.param.set_grad(Tensor());
+    if (owned_elsewhere(s.owner)) s.param.set_grad(Tensor());
     s.ready = true;
     if (--b.pending == 0) launch_ready();
   }
@@ -212,7 +215,6 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   // 3. Buckets in reverse registration order (gradients arrive roughly in
   //    reverse), one dtype per bucket, at most bucket_bytes each.
   State& st = *state_;
-  st.rank = group.rank();
   for (auto it = params.rbegin(); it != params.rend(); ++it)
     st.slots.push_back(State::Slot{it->first, it->second});
   st.assign_buckets(opts_.bucket_bytes);
@@ -298,7 +300,7 @@ void DataParallel::finish_step() {
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     State::Slot& s = st.slots[i];
     s.ready = false;
-    if (s.owner >= 0 && s.owner != st.rank) {
+    if (st.owned_elsewhere(s.owner)) {
       s.param.set_grad(Tensor());  // its owner has the average
       continue;
     }
@@ -313,7 +315,7 @@ void DataParallel::finish_step() {
   }
   for (auto& b : st.buckets) {
     b.pending = int(b.slots.size());
-    if (b.owner >= 0 && b.owner != st.rank) b.flat = Tensor();
+    if (st.owned_elsewhere(b.owner)) b.flat = Tensor();
   }
   st.next_launch = 0;
   if (opts_.broadcast_buffers && !st.buffers.empty()) {

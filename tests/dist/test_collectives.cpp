@@ -25,6 +25,22 @@ Tensor rank_tensor(int r, const Shape& shape, DType dtype) {
       .to(dtype);
 }
 
+// Element x of rank_tensor on ranks 0, 1 and 2 (x + 1, x + 2, x + 3) reduced by `op`.
+double three_ranks(ReduceOp op, double x) {
+  switch (op) {
+    case ReduceOp::min:
+      return x + 1;
+    case ReduceOp::max:
+      return x + 3;
+    case ReduceOp::avg:
+      return x + 2;
+    case ReduceOp::sum:
+      return 3 * x + 6;
+    default:  // prod
+      return (x + 1) * (x + 2) * (x + 3);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -197,12 +213,7 @@ TEST_CASE("reduce_scatter: min, max, avg, sum and prod on f32 over three ranks")
     for (int r = 0; r < n; ++r)
       for (int64_t k = 0; k < 4; ++k) {
         const double x = double(4 * r + k);  // element index in the full tensor
-        const double want = op == ReduceOp::min   ? x + 1
-                            : op == ReduceOp::max ? x + 3
-                            : op == ReduceOp::avg ? x + 2
-                            : op == ReduceOp::sum ? 3 * x + 6
-                                                  : (x + 1) * (x + 2) * (x + 3);
-        CHECK(got[r][k] == float(want));
+        CHECK(got[r][k] == float(three_ranks(op, x)));
       }
   }
 }
@@ -224,13 +235,7 @@ TEST_CASE("reduce: every op into the root over three ranks; the others keep thei
       for (int r = 0; r < n; ++r)
         for (int64_t i = 0; i < 6; ++i) {
           const double x = double(i);
-          const double want = r != root             ? x + 1 + r
-                              : op == ReduceOp::min ? x + 1
-                              : op == ReduceOp::max ? x + 3
-                              : op == ReduceOp::avg ? x + 2
-                              : op == ReduceOp::sum ? 3 * x + 6
-                                                    : (x + 1) * (x + 2) * (x + 3);
-          CHECK(got[r][i] == float(want));
+          CHECK(got[r][i] == float(r == root ? three_ranks(op, x) : x + 1 + r));
         }
     }
 }
