@@ -32,6 +32,17 @@
 //   static void after_forward(const Options&, bool training,
 //       const std::vector<std::shared_ptr<L>>& layers);
 //       once after the layers ran (ResidualVQ's shared-codebook update)
+//   static double quant_grad_frac(const Options&);
+//       the fraction of later layers' gradient that reaches a layer's output
+//       (residual_quantize's grad_frac; 0 without the hook)
+//   static void route_output(const Options&, bool training,
+//       const std::vector<std::shared_ptr<L>>& layers, const Tensor& tokens,
+//       QuantizeOutput& out);
+//       after after_forward: replaces out.quantized (the summed layers'
+//       output, tokens [B, N, d]) given the stack's input tokens (DiVeQ)
+//   static MaskedOutput masked_output(const Options&, const Tensor& keep);
+//       what the stack outputs at masked tokens after project_out (without
+//       the hook: whatever the layers gave there, through project_out)
 //
 // Seeding, the same for every family: the stack builds its projections (when
 // its layers are narrower than its input), then layer 0, 1, ... from the

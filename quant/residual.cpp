@@ -15,11 +15,16 @@ namespace quanta::quant {
 
 QuantizeOutput quantize_tokens(const TokenLayout& layout, const Tensor& x, Module* project_in,
                                Module* project_out,
-                               const std::function<QuantizeOutput(const Tensor&)>& quantize) {
-  Tensor tokens = layout.to_tokens(x);
-  if (project_in) tokens = project_in->forward(tokens);
-  QuantizeOutput out = quantize(tokens);
+                               const std::function<QuantizeOutput(const Tensor&)>& quantize,
+                               const MaskedOutput& masked) {
+  const Tensor input = layout.to_tokens(x);
+  QuantizeOutput out = quantize(project_in ? project_in->forward(input) : input);
   if (project_out) out.quantized = project_out->forward(out.quantized);
+  if (masked.keep.defined()) {
+    const Tensor keep = unsqueeze(masked.keep, -1);
+    out.quantized = masked.zeros ? out.quantized * to_dtype(keep, out.quantized.dtype())
+                                 : where(keep, out.quantized, input);
+  }
   out.quantized = layout.from_tokens(out.quantized);
   out.indices = layout.spatial_from_tokens(out.indices);
   return out;
@@ -44,8 +49,8 @@ void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losse
 }
 
 QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
-                                 DType index_dtype, MemberLosses losses,
-                                 const ResidualLayer& layer) {
+                                 DType index_dtype, MemberLosses losses, const ResidualLayer& layer,
+                                 double grad_frac) {
   const int64_t b = tokens.size(0), n = tokens.size(1);
   const Tensor zero_loss = zeros({}, options_of(tokens));
   Tensor residual = tokens;
@@ -60,8 +65,10 @@ QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64
       continue;
     }
     const QuantizeOutput o = layer(i, residual);
-    // Later layers see a residual cut from the graph (reference issue #33).
-    residual = residual - o.quantized.detach();
+    // Later layers see a residual cut from the graph (reference issue #33),
+    // unless a fraction of their gradient is asked to reach this layer.
+    const Tensor cut = o.quantized.detach();
+    residual = residual - (grad_frac <= 0 ? cut : o.quantized * grad_frac + cut * (1 - grad_frac));
     outputs.push_back(o.quantized);
     indices.push_back(o.indices.dtype() == index_dtype ? o.indices : o.indices.to(index_dtype));
     layer_losses.push_back(o.loss);

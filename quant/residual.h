@@ -50,18 +50,31 @@ using ResidualLayer = std::function<QuantizeOutput(int64_t layer, const Tensor& 
 /** Runs `num_layers` layers on successive residuals of `tokens` [B, N, d],
  * keeping layers 0..last_kept (kKeepAllLayers: all). Returns the summed
  * output [B, N, d] (add_n: one pass), indices [B, N, Q] of `index_dtype`
- * (-1 for dropped layers) and the losses as `losses` says. */
+ * (-1 for dropped layers) and the losses as `losses` says. Layer i + 1
+ * quantizes residual - (grad_frac q_i + (1 - grad_frac) sg(q_i)): with
+ * grad_frac 0 (the default) later layers' losses do not reach layer i's
+ * output, with 1 fully. */
 QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
-                                 DType index_dtype, MemberLosses losses,
-                                 const ResidualLayer& layer);
+                                 DType index_dtype, MemberLosses losses, const ResidualLayer& layer,
+                                 double grad_frac = 0.0);
+
+/** What a stack outputs at the tokens its mask leaves out. */
+struct MaskedOutput {
+  /** [B, N] bool, true for valid tokens; undefined: no mask, nothing to do. */
+  Tensor keep;
+  /** Zeros there; false: the input there, unchanged. */
+  bool zeros = true;
+};
 
 /** What every stack does around its residual loop: `x` (laid out as
  * `layout` says) to tokens [B, N, D], through `project_in` when there is one,
- * `quantize` on them, its output through `project_out` when there is one and
- * back to x's layout, its indices to x's spatial shape. */
+ * `quantize` on them, its output through `project_out` when there is one,
+ * set at masked tokens as `masked` says, and back to x's layout; its indices
+ * to x's spatial shape. */
 QuantizeOutput quantize_tokens(const TokenLayout& layout, const Tensor& x, Module* project_in,
                                Module* project_out,
-                               const std::function<QuantizeOutput(const Tensor&)>& quantize);
+                               const std::function<QuantizeOutput(const Tensor&)>& quantize,
+                               const MaskedOutput& masked = {});
 
 /** Layer `layer`'s codes [..., d] of valid indices (i64, none negative). */
 using ResidualLookup = std::function<Tensor(int64_t layer, const Tensor& indices)>;

@@ -74,24 +74,34 @@ QuantizeOutput ResidualOf<Layer>::forward_kept(const Tensor& x, const Tensor& ma
                                 "; set accept_image_fmap to quantize [B, D, H, W...] inputs");
   const TokenLayout layout(x, plan_.channel_last, plan_.dim, who);
   const Tensor keep = detail::token_mask(mask, layout, who);
-  return quantize_tokens(layout, x, project_in_.get(), project_out_.get(), [&](Tensor z) {
-    if constexpr (requires { Traits::bound_input(z, input_bound_); })
-      if (input_bound_.defined()) z = Traits::bound_input(z, input_bound_);
-    QuantizeOutput out = residual_quantize(z, num_quantizers(), last_kept, Traits::index_dtype,
-                                           Traits::losses, [&](int64_t q, const Tensor& residual) {
-                                             Layer& layer = *layers_[static_cast<size_t>(q)];
-                                             if (!scales_.defined())
-                                               return Traits::quantize(layer, residual, keep, opts);
-                                             const Tensor scale = level_scale(q).to(z.dtype());
-                                             QuantizeOutput o = Traits::quantize(
-                                                 layer, residual / scale, keep, opts);
-                                             o.quantized = o.quantized * scale;
-                                             return o;
-                                           });
-    if constexpr (requires { Traits::after_forward(opts_, true, layers_); })
-      Traits::after_forward(opts_, is_training(), layers_);
-    return out;
-  });
+  double grad_frac = 0;
+  if constexpr (requires { Traits::quant_grad_frac(opts_); })
+    grad_frac = Traits::quant_grad_frac(opts_);
+  MaskedOutput masked;
+  if constexpr (requires { Traits::masked_output(opts_, keep); })
+    masked = Traits::masked_output(opts_, keep);
+  const auto quantize_layer = [&](int64_t q, const Tensor& residual) {
+    Layer& layer = *layers_[static_cast<size_t>(q)];
+    if (!scales_.defined()) return Traits::quantize(layer, residual, keep, opts);
+    const Tensor scale = level_scale(q).to(residual.dtype());
+    QuantizeOutput o = Traits::quantize(layer, residual / scale, keep, opts);
+    o.quantized = o.quantized * scale;
+    return o;
+  };
+  return quantize_tokens(
+      layout, x, project_in_.get(), project_out_.get(),
+      [&](Tensor z) {
+        if constexpr (requires { Traits::bound_input(z, input_bound_); })
+          if (input_bound_.defined()) z = Traits::bound_input(z, input_bound_);
+        QuantizeOutput out = residual_quantize(z, num_quantizers(), last_kept, Traits::index_dtype,
+                                               Traits::losses, quantize_layer, grad_frac);
+        if constexpr (requires { Traits::after_forward(opts_, true, layers_); })
+          Traits::after_forward(opts_, is_training(), layers_);
+        if constexpr (requires { Traits::route_output(opts_, true, layers_, z, out); })
+          Traits::route_output(opts_, is_training(), layers_, z, out);
+        return out;
+      },
+      masked);
 }
 
 template <class Layer>

@@ -69,6 +69,9 @@ struct CaseResult {
   std::vector<TensorCheck> checks;
   /** Non-empty when the case could not be run: what is unsupported or broken. */
   std::string error;
+  /** The reference's random draws inside the forward that the run replayed
+   * from the case (tensors "draws.<name>") instead of drawing its own. */
+  std::vector<std::string> replayed_draws;
   /** No error, at least one check, and every check passed or failed only by
    * a known difference. */
   bool passed() const;

@@ -154,6 +154,9 @@ void print_result(std::ostream& out, const CaseResult& r) {
     out << (i == 0 ? " (known difference: " : ", ") << known[i];
   out << (known.empty() ? "\n" : ")\n");
   if (!r.error.empty()) out << "  error: " << r.error << "\n";
+  for (size_t i = 0; i < r.replayed_draws.size(); ++i)
+    out << (i == 0 ? "  replays the reference's draws: " : ", ") << r.replayed_draws[i]
+        << (i + 1 == r.replayed_draws.size() ? "\n" : "");
   for (const TensorCheck& c : r.checks) {
     out << "  " << std::left << std::setw(36) << c.name << " max_rel_err " << std::scientific
         << std::setprecision(2) << c.max_rel_error << " (tol " << c.tolerance;

@@ -41,7 +41,9 @@ bool is_vq_family(const std::string& cls) {
 }
 
 // The reference's own resolution when the case records it, else the option as
-// passed, else the reference's default (rotation_trick defaults to true).
+// passed, else the reference's default (rotation_trick defaults to true
+// unless DiVeQ routes the gradient, and no route is taken without
+// route_gradients_to_input).
 bool rotation_trick_on(const CaseInfo& i) {
   const json resolved = i.spec.value("resolved", json::object());
   if (resolved.contains("rotation_trick") && resolved["rotation_trick"].is_boolean())
@@ -49,7 +51,8 @@ bool rotation_trick_on(const CaseInfo& i) {
   const json opts = i.spec.value("constructor_options", json::object());
   if (opts.contains("rotation_trick") && opts["rotation_trick"].is_boolean())
     return opts["rotation_trick"].get<bool>();
-  return true;
+  return opts.value("directional_reparam", false) != true && opts.value("diveq", false) != true &&
+         opts.value("route_gradients_to_input", true) != false;
 }
 
 bool entropy_term(const std::string& name, const CaseInfo&) {

@@ -32,14 +32,11 @@ using namespace quanta::quant;
 // only: multi-process or compiled-PyTorch switches and features left out.
 const json& accepted_values() {
   static const json values = {
-      {"directional_reparam", false},
       {"sync_affine_param", false},
       {"manual_ema_update", false},
       {"manual_in_place_optimizer_update", false},
       {"vq_bridge", nullptr},
       {"in_place_codebook_optimizer", nullptr},
-      {"return_zeros_for_masked_padding", true},
-      {"route_gradients_to_input", true},
   };
   return values;
 }
@@ -47,22 +44,16 @@ const json& accepted_values() {
 // ResidualVQ's (its layers take the ones above).
 const json& accepted_stack_values() {
   static const json values = {
-      {"diveq", false},
-      {"implicit_neural_codebook", false},
-      {"beam_size", nullptr},
-      {"eval_beam_size", nullptr},
-      {"beam_score_quantizer_weights", nullptr},
-      {"quant_grad_frac", 0.0},
+      {"implicit_neural_codebook", false}, {"beam_size", nullptr},
+      {"eval_beam_size", nullptr},         {"beam_score_quantizer_weights", nullptr},
       {"mlp_kwargs", json::object()},
   };
   return values;
 }
 
 // The reference's options that change nothing here, whatever their value:
-// the syncs (one process) and what only options that are off read.
-bool ignored(const std::string& key) {
-  return key == "sync_kmeans" || key == "sync_codebook" || key == "directional_reparam_variance";
-}
+// the syncs (one process).
+bool ignored(const std::string& key) { return key == "sync_kmeans" || key == "sync_codebook"; }
 
 // The options of class `cls` from a case: quanta's fields by the reference's
 // names (quant/vq/vq_option_fields.h), the accepted values above, and
@@ -102,8 +93,10 @@ GroupedResidualVQOptions grvq_options(const json& opts) {
 // The module under test, whichever class it is, behind one interface.
 struct Layer {
   std::shared_ptr<Module> module;
-  std::function<QuantizeOutput(const Tensor&)> forward;
+  std::function<QuantizeOutput(const Tensor&, const Tensor& mask)> forward;
   std::function<Tensor(const Tensor&)> codes, output;
+  /** Where DiVeQ's noise is drawn (null: the class draws none). */
+  VectorQuantize* diveq_draws = nullptr;
 };
 
 Layer build(const std::string& cls, const json& opts) {
@@ -112,19 +105,21 @@ Layer build(const std::string& cls, const json& opts) {
   if (cls == "VectorQuantize") {
     auto m = std::make_shared<VectorQuantize>(vq_options(opts), gen);
     l.module = m;
-    l.forward = [m](const Tensor& x) { return m->forward(x); };
+    l.diveq_draws = m.get();
+    l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.codes = [m](const Tensor& i) { return m->get_codes_from_indices(i); };
     l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
   } else if (cls == "ResidualVQ") {
     auto m = std::make_shared<ResidualVQ>(rvq_options(opts), gen);
     l.module = m;
-    l.forward = [m](const Tensor& x) { return m->forward(x); };
+    l.diveq_draws = &m->layer(0);
+    l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.codes = [m](const Tensor& i) { return m->get_codes_from_indices(i); };
     l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
   } else if (cls == "GroupedResidualVQ") {
     auto m = std::make_shared<GroupedResidualVQ>(grvq_options(opts), gen);
     l.module = m;
-    l.forward = [m](const Tensor& x) { return m->forward(x); };
+    l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.codes = [m](const Tensor& i) { return m->get_codes_from_indices(i); };
     l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
   } else {
@@ -134,11 +129,12 @@ Layer build(const std::string& cls, const json& opts) {
 }
 
 bool is_state_key(const std::string& k) {
-  static const char* io[] = {"x",        "w",      "L",     "quantized", "indices",
-                             "aux_loss", "x_grad", "codes", "output",    "codebooks"};
+  static const char* io[] = {"x",      "w",     "L",      "quantized", "indices",   "aux_loss",
+                             "x_grad", "codes", "output", "codebooks", "token_mask"};
   for (const char* n : io)
     if (k == n) return false;
-  return k.rfind("aux_loss.", 0) != 0 && !k.ends_with("_after") && !k.ends_with("_grad");
+  return k.rfind("aux_loss.", 0) != 0 && k.rfind("draws.", 0) != 0 && !k.ends_with("_after") &&
+         !k.ends_with("_grad");
 }
 
 // Copies every state tensor of the case into the module (and its aliases).
@@ -162,6 +158,27 @@ void load_state(const CaseFile& c, Module& m, const json& aliases) {
       if (!dst.defined() || !dst.is_same(m.find(target.get<std::string>())))
         if (dst.defined()) put(alias, c.at(target.get<std::string>()));
     }
+}
+
+// The reference's draws inside the forward, replayed from the case: DiVeQ's
+// direction noise ("draws.directional_noise", the reference's randn_like of
+// the error, reshaped to the draw quanta asks for).
+void replay_draws(const CaseFile& c, Layer& l, CaseResult& r) {
+  for (const auto& [k, t] : c.tensors) {
+    if (k.rfind("draws.", 0) != 0) continue;
+    const std::string name = k.substr(6);
+    if (name != "directional_noise" || !l.diveq_draws)
+      throw UnsupportedCase("the case replays draws '" + name + "' that quanta's " + r.cls +
+                            " does not make");
+    l.diveq_draws->directional_noise = [draws = t, name](const Shape& shape,
+                                                         const TensorOptions& o) {
+      if (draws.numel() != numel_of(shape))
+        throw std::runtime_error("draws." + name + " holds " + std::to_string(draws.numel()) +
+                                 " values; the forward draws " + shape_str(shape));
+      return to_dtype(reshape(draws, shape), o.dtype);
+    };
+    r.replayed_draws.push_back(name);
+  }
 }
 
 Tensor grad_or_zeros(const Tensor& t) {
@@ -190,12 +207,18 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
   }
   if (kind != "forward_backward") throw UnsupportedCase("case kind '" + kind + "'");
   const json kwargs = spec.value("forward_kwargs", json::object());
-  for (const auto& [k, v] : kwargs.items())
-    if (k != "return_loss_breakdown") unsupported("forward", k, v);
+  Tensor mask;
+  for (const auto& [k, v] : kwargs.items()) {
+    if (k == "mask" && v.is_object() && v.contains("tensor"))
+      mask = to_dtype(c.at(v["tensor"].get<std::string>()), DType::boolean);
+    else if (k != "return_loss_breakdown")
+      unsupported("forward", k, v);
+  }
+  replay_draws(c, l, r);
 
   Tensor x = c.at("x").clone();
   x.requires_grad_(true);
-  QuantizeOutput out = l.forward(x);
+  QuantizeOutput out = l.forward(x, mask);
   const Tensor loss = add(sum(mul(out.quantized, c.at("w"))), sum(out.loss));
   if (loss.requires_grad()) loss.backward();
 

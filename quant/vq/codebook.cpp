@@ -241,7 +241,10 @@ void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   const std::vector<Tensor> picks = draw_replacements(sizes);
   std::vector<Tensor> rows;
   for (std::size_t h = 0; h < picks.size(); ++h)
-    rows.push_back(picks[h].defined() ? index_select(pools[h], 0, picks[h]) : Tensor());
+    rows.push_back(
+        picks[h].defined()
+            ? index_select(pools[h], 0, clamp(picks[h], 0.0, double(pools[h].size(0) - 1)))
+            : Tensor());
   replace_expired(rows);
 }
 
@@ -249,6 +252,7 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
   NoGradGuard no_grad;
   const int64_t k = opts_.codebook_size;
   std::vector<Tensor> picks(static_cast<size_t>(opts_.num_codebooks));
+  replacing_.assign(picks.size(), Tensor());
   if (opts_.threshold_ema_dead_code <= 0) return picks;
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
   const Tensor expired = to_dtype(expired_codes(), DType::i64);  // [G, K]
@@ -256,19 +260,24 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
     if (n <= 0) continue;
-    // Both draws are made whatever expires, so the stream advances the same
+    // The draws are made whatever expires, so the stream advances the same
     // way on every rank and step without reading the device. With n >= K
     // rows every expiry fits the permutation.
     Tensor draws = randperm_prefix(n, std::min(n, k), gen, i64);
-    const Tensor dead = select(expired, 0, h);
+    Tensor chosen = select(expired, 0, h);
     if (n < k) {
-      const Tensor with_replacement = randint(0, n, {k}, gen, i64);
-      const Tensor fits = le(sum(dead), scalar(double(n), i64));
-      draws = where(fits, cat({draws, zeros({k - n}, i64)}), with_replacement);
+      // The first n expired codes in a random order of the codes.
+      const Tensor order = randperm(k, gen, i64);
+      const Tensor dead = gather(chosen, 0, order);
+      const Tensor first = dead * to_dtype(le(cumsum(dead, 0), scalar(double(n), i64)), DType::i64);
+      chosen = scatter(zeros({k}, i64), 0, order, first);
+      draws = cat({draws, zeros({k - n}, i64)});
     }
-    // Code c's draw is the one of its rank among the expired codes.
-    const Tensor rank = clamp(cumsum(dead, 0) - 1.0, 0.0, double(k - 1));
-    picks[size_t(h)] = gather(draws, 0, rank);
+    // The j-th chosen code takes draw j.
+    const Tensor rank = clamp(cumsum(chosen, 0) - 1.0, 0.0, double(k - 1));
+    const Tensor replaced = to_dtype(chosen, DType::boolean);
+    picks[size_t(h)] = where(replaced, gather(draws, 0, rank), full({k}, -1.0, i64));
+    replacing_[size_t(h)] = replaced;
   }
   return picks;
 }
@@ -279,6 +288,8 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   NoGradGuard no_grad;
   const double threshold = opts_.threshold_ema_dead_code;
   const Tensor expired = expired_codes();
+  std::vector<Tensor> chosen;
+  chosen.swap(replacing_);  // one draw, one replacement
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
   // 0..K-1 made on the device (arange builds on the host and uploads).
   const Tensor codes = cumsum(ones({opts_.codebook_size}, i64), 0) - 1.0;
@@ -294,7 +305,8 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
     // Row c goes to code c where c expires; elsewhere the index is -1, which
     // put_rows skips: only the replaced rows are written, with no read of
     // how many there are.
-    const Tensor at = where(select(expired, 0, h), codes, skip);
+    const bool drawn = h < static_cast<int64_t>(chosen.size()) && chosen[size_t(h)].defined();
+    const Tensor at = where(drawn ? chosen[size_t(h)] : select(expired, 0, h), codes, skip);
     put_rows_(select(embed_, 0, h), at, r, 1.0);
     put_rows_(select(embed_avg_, 0, h), at, r, threshold);
     put_rows_(select(cluster_size_, 0, h), at, Tensor(), threshold);

@@ -109,24 +109,29 @@ class Codebook : public Module, public StepKeyed {
   /** Dead-code expiry drawing from `pools`, one [P_g, D] tensor of candidate
    * rows per codebook (a distributed run passes every rank's candidates in
    * rank order). Same rule as expire_codes(); pending candidates are cleared.
-   * With P_g < the number of expired codes the rows are drawn with
-   * replacement, as the reference's sample_vectors does. */
+   * With P_g < the number of expired codes only P_g of them, chosen at
+   * random, are replaced now (each by a distinct row); the rest stay expired
+   * for a later step (vector-quantize-pytorch 1.32: drawing with replacement
+   * made duplicate codes). */
   void expire_codes(const std::vector<Tensor>& pools);
   /** The two halves of expire_codes(pools), decided on the device without
    * reading it back (no host sync), for a caller that never holds the whole
    * pool (QuantizerSync). First the draw: for each table whose pool holds
    * `pool_sizes[g]` > 0 rows (every rank's candidates in rank order), the
-   * pool position of each code's replacement, [K] int64. The j-th expired
-   * code (ascending) takes the j-th draw: the first m of a random permutation
-   * of the pool when it has at least m = (codes expiring) rows, else m draws
-   * with replacement, as the reference's sample_vectors does. Entries of
-   * codes that do not expire are valid positions, and unused. Undefined for
-   * a table with an empty pool, and for every table when expiry is off.
-   * Draws from the dead-code stream (the same on every rank)... */
+   * pool position of each code's replacement, [K] int64, -1 for the codes
+   * not replaced now. The codes replaced are the expired ones, or when the
+   * pool holds fewer rows P than m = (codes expiring), P of them chosen by a
+   * random permutation of the codes; the j-th of them (ascending) takes the
+   * j-th entry of a random permutation of the pool, as the reference's
+   * sample_vectors does. Undefined for a table with an empty pool, and for
+   * every table when expiry is off. Draws from the dead-code stream (the
+   * same on every rank, whatever expires) and remembers which codes it
+   * chose for replace_expired... */
   std::vector<Tensor> draw_replacements(const std::vector<int64_t>& pool_sizes);
   /** ...then the replacement: `rows[g]` [K, D] (any float dtype) holds the
-   * new row of every code of table g that expires now (the other rows are
-   * ignored; undefined leaves the table untouched): embed takes the row,
+   * new row of every code of table g that the last draw_replacements chose
+   * (the other rows are ignored; undefined leaves the table untouched; with
+   * no draw since the last replacement, every expired code): embed takes the row,
    * embed_avg row * threshold, cluster_size the threshold. Clears the
    * pending candidates. Throws std::invalid_argument naming the table when a
    * shape is not [K, D]. */
@@ -185,6 +190,9 @@ class Codebook : public Module, public StepKeyed {
   Tensor codebook_mean_needs_init_, codebook_var_needs_init_;
   CodebookStatistics pending_;
   StepStream kmeans_gen_, dead_code_gen_;
+  // Per table, [K] bool: the codes the last draw_replacements chose
+  // (undefined: that table's expired codes).
+  std::vector<Tensor> replacing_;
 };
 
 }  // namespace quanta::quant

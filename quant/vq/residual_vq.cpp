@@ -3,7 +3,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/factory.h"
 #include "quant/residual_of_impl.h"
+#include "quant/vq/directional_reparam.h"
 
 namespace quanta::quant {
 namespace {
@@ -24,6 +26,16 @@ StackPlan LayerTraits<VectorQuantize>::plan(Options& o) {
     residual_vq_fail("codebook_sizes has " + std::to_string(o.codebook_sizes.size()) +
                      " entries for " + std::to_string(o.num_quantizers) + " quantizers");
   if (o.layer.heads != 1) residual_vq_fail("heads must be 1 (the reference asserts it)");
+  if (!(o.quant_grad_frac >= 0 && o.quant_grad_frac <= 1))
+    residual_vq_fail("quant_grad_frac must be in [0, 1], got " + std::to_string(o.quant_grad_frac));
+  if (o.diveq && o.layer.ema_update.value_or(false))
+    residual_vq_fail("diveq trains the codes by gradient: ema_update must be off");
+  if (o.diveq && !o.layer.learnable_codebook.value_or(true))
+    residual_vq_fail("diveq trains the codes by gradient: learnable_codebook must be on");
+  if (o.diveq && o.layer.directional_reparam)
+    residual_vq_fail(
+        "diveq reparameterises the stack's output: its layers take no "
+        "directional_reparam");
   if (o.shared_codebook)
     for (int64_t s : o.codebook_sizes)
       if (s != o.codebook_sizes[0])
@@ -48,6 +60,12 @@ std::shared_ptr<VectorQuantize> LayerTraits<VectorQuantize>::make_layer(
   lo.channel_last = true;
   lo.accept_image_fmap = false;
   lo.update_in_forward = opts.update_in_forward && !opts.shared_codebook;
+  if (opts.diveq) {
+    lo.ema_update = false;
+    lo.learnable_codebook = true;
+    lo.route_gradients_to_input = false;
+    lo.commitment_weight = 0;
+  }
   return (opts.shared_codebook && i > 0)
              ? std::make_shared<VectorQuantize>(lo, gen, built[0]->codebook_ptr())
              : std::make_shared<VectorQuantize>(lo, gen);
@@ -67,6 +85,15 @@ void LayerTraits<VectorQuantize>::after_forward(
     const Options& opts, bool training,
     const std::vector<std::shared_ptr<VectorQuantize>>& layers) {
   if (opts.shared_codebook && opts.update_in_forward && training) layers[0]->update_state();
+}
+
+void LayerTraits<VectorQuantize>::route_output(
+    const Options& opts, bool training, const std::vector<std::shared_ptr<VectorQuantize>>& layers,
+    const Tensor& tokens, QuantizeOutput& out) {
+  if (!opts.diveq || !training) return;
+  out.quantized =
+      directional_reparam(tokens, out.quantized, opts.layer.directional_reparam_variance,
+                          layers[0]->directional_noise(tokens.shape(), options_of(tokens)));
 }
 
 GroupedLayout LayerTraits<VectorQuantize>::grouped_layout(const GroupedOptions& opts) {

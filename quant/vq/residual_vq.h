@@ -38,6 +38,16 @@ struct ResidualVQOptions {
   int64_t quantize_dropout_multiple_of = 1;
   bool accept_image_fmap = false;
   bool channel_last = true;
+  /** DiVeQ across the stack: the layers' codes learn by gradient (no EMA, no
+   * commitment loss, their outputs are their codes), the residual passes
+   * every gradient back (quant_grad_frac 1), and in training the summed
+   * output is directionally reparameterised against the stack's input
+   * (quant/vq/directional_reparam.h; noise variance
+   * layer.directional_reparam_variance, drawn from layer 0's stream). */
+  bool diveq = false;
+  /** The fraction of later layers' gradient that reaches a layer's output
+   * through the residual (0: none, the SoundStream default; 1: all). */
+  double quant_grad_frac = 0;
   /** Apply every codebook's statistics at the end of a training forward. */
   bool update_in_forward = true;
   /** Every other VectorQuantize option, for all layers (dim, codebook_size,
@@ -78,6 +88,18 @@ struct LayerTraits<VectorQuantize> {
    * manual_ema_update): its layers only accumulate. */
   static void after_forward(const Options& opts, bool training,
                             const std::vector<std::shared_ptr<VectorQuantize>>& layers);
+  static double quant_grad_frac(const Options& opts) {
+    return opts.diveq ? 1.0 : opts.quant_grad_frac;
+  }
+  /** diveq's reparameterisation of the summed output (training only). */
+  static void route_output(const Options& opts, bool training,
+                           const std::vector<std::shared_ptr<VectorQuantize>>& layers,
+                           const Tensor& tokens, QuantizeOutput& out);
+  /** Masked tokens output zeros, or with layer.return_zeros_for_masked_padding
+   * off the input, after project_out (vector-quantize-pytorch 1.32). */
+  static MaskedOutput masked_output(const Options& opts, const Tensor& keep) {
+    return {keep, opts.layer.return_zeros_for_masked_padding};
+  }
   static GroupedLayout grouped_layout(const GroupedOptions& opts);
   static Options group_options(const GroupedOptions& opts);
 };

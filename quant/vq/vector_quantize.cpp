@@ -24,6 +24,7 @@
 #include "quant/streams.h"
 #include "quant/token_layout.h"
 #include "quant/vq/commitment_loss.h"
+#include "quant/vq/directional_reparam.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/rotation_trick.h"
 
@@ -46,6 +47,12 @@ VectorQuantizeOptions checked(VectorQuantizeOptions o) {
   if (o.kmeans_iters < 0) vq_fail("kmeans_iters must be >= 0");
   if (o.threshold_ema_dead_code < 0) vq_fail("threshold_ema_dead_code must be >= 0");
   if (o.sample_codebook_temp < 0) vq_fail("sample_codebook_temp must be >= 0");
+  if (!(o.directional_reparam_variance >= 0))
+    vq_fail("directional_reparam_variance must be >= 0, got " +
+            std::to_string(o.directional_reparam_variance));
+  // Nothing else revives a code the gradient never reaches.
+  if (o.directional_reparam && o.threshold_ema_dead_code <= 0)
+    vq_fail("directional_reparam needs dead-code replacement: set threshold_ema_dead_code > 0");
   return o;
 }
 
@@ -97,6 +104,8 @@ struct VectorQuantize::Tokens {
   explicit Tokens(TokenLayout l) : layout(std::move(l)) {}
   TokenLayout layout;
   int64_t b = 0, n = 0;
+  /** The input as tokens [B, N, dim], before project_in. */
+  Tensor input;
   /** [G, T, codebook_dim], T = B * N (* heads when shared). */
   Tensor x;
   /** [G, T] bool, undefined without a mask. */
@@ -113,11 +122,17 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
     : SingleLayerQuantizer(kWho),
       opts_(checked(opts)),
       sample_gen_(Generator(0)),
-      orthogonal_gen_(Generator(0)) {
+      orthogonal_gen_(Generator(0)),
+      diveq_gen_(Generator(0)) {
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
-  rotation_trick_ = opts_.rotation_trick.value_or(opts_.dim > 1);
-  learnable_ = opts_.learnable_codebook.value_or(false);
-  ema_update_ = opts_.ema_update.value_or(true);
+  const bool diveq = opts_.directional_reparam;
+  rotation_trick_ = opts_.rotation_trick.value_or(!diveq && opts_.dim > 1);
+  learnable_ = opts_.learnable_codebook.value_or(diveq);
+  ema_update_ = opts_.ema_update.value_or(!diveq);
+  if (diveq && (opts_.straight_through || rotation_trick_))
+    vq_fail(
+        "directional_reparam is a gradient route of its own: turn straight_through and "
+        "rotation_trick off");
   const int64_t inner = codebook_dim_ * opts_.heads;
   if (inner != opts_.dim) {
     auto lin_in = std::make_shared<Linear>(opts_.dim, inner, gen);
@@ -146,6 +161,10 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
   const uint64_t seed = draw_seed(gen);
   sample_gen_ = StepStream(Generator::named(seed, "vq.sample"));
   orthogonal_gen_ = StepStream(Generator::named(seed, "vq.orthogonal"));
+  diveq_gen_ = StepStream(Generator::named(seed, "vq.diveq"));
+  directional_noise = [this](const Shape& shape, const TensorOptions& o) {
+    return randn(shape, diveq_gen_.next(), o);
+  };
 }
 
 // [B, N, H * Dc] -> [G, T, Dc] with tokens in (b, n) order per head
@@ -179,6 +198,7 @@ VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& ma
   t.b = t.layout.batch();
   t.n = t.layout.tokens();
   Tensor tokens = t.layout.to_tokens(x);
+  t.input = tokens;
   if (project_in_) tokens = project_in_->forward(tokens);
   Tensor xs = split_heads(tokens, t.b, t.n);
   if (opts_.use_cosine_sim) xs = l2norm(xs);
@@ -348,13 +368,14 @@ VectorQuantize::Losses VectorQuantize::losses(const Tokens& t, const Tensor& idx
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
   // Without a mask every token counts, which the host knows; a mask is read.
   const bool any_valid = t.valid.defined() ? any(t.valid).item() != 0.0 : g * tt > 0;
-  if (opts_.commitment_weight > 0 && any_valid) {
+  // DiVeQ trains the codes through the output: no commitment loss.
+  if (opts_.commitment_weight > 0 && !opts_.directional_reparam && any_valid) {
     if (opts_.commitment_use_cross_entropy_loss) {
       Tensor target = idx;
       if (t.valid.defined()) target = where(t.valid, idx, full_like(idx, -1.0));
       l.commit =
           cross_entropy(reshape(dist, {g * tt, k}), reshape(target, {g * tt}), Reduction::mean, -1);
-    } else if (!p.gumbel && !learnable_) {
+    } else if (!p.gumbel && !learnable_ && opts_.route_gradients_to_input) {
       const GradientRoute route =
           rotation_trick_ ? GradientRoute::rotation : GradientRoute::straight_through;
       const TrainingOutput r = route_with_commitment(t.x, q.detach(), t.valid, route);
@@ -378,26 +399,37 @@ VectorQuantize::Losses VectorQuantize::losses(const Tokens& t, const Tensor& idx
 }
 
 // The gradient route from the output back to the input (unless fused into
-// the commitment loss): rotation trick or straight-through in training,
-// none in eval; Gumbel straight-through routes through the softmax already.
+// the commitment loss): rotation trick, DiVeQ or straight-through in
+// training, none in eval; Gumbel straight-through routes through the softmax
+// already. Without routing the output is the code (a learnable one keeps its
+// gradient).
 Tensor VectorQuantize::routed_output(const Tokens& t, const Tensor& q, const Losses& l,
-                                     const Plan& p) const {
+                                     const Plan& p) {
   if (!p.training) return q.detach();
   if (p.gumbel) return q;
   Tensor out = l.routed;
-  if (!out.defined())
-    out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+  if (!out.defined()) {
+    if (!opts_.route_gradients_to_input)
+      out = q;
+    else if (opts_.directional_reparam)
+      out = directional_reparam(t.x, q, opts_.directional_reparam_variance,
+                                directional_noise(t.x.shape(), options_of(t.x)));
+    else
+      out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+  }
   if (opts_.sync_update_v > 0) out = out + (out - out.detach()) * opts_.sync_update_v;
   return out;
 }
 
-// The output in the input's layout: masked tokens get zeros and index -1.
+// The output in the input's layout: masked tokens get zeros (or the input)
+// and index -1.
 QuantizeOutput VectorQuantize::finish(const Tokens& t, const Tensor& q_out, const Tensor& idx,
                                       const Losses& l) {
   Tensor y = project_out(merge_heads(q_out, t.b, t.n));
   Tensor indices = indices_to_tokens(idx, t.b, t.n);
   if (t.mask.defined()) {
-    y = y * unsqueeze(to_dtype(t.mask, y.dtype()), -1);
+    y = opts_.return_zeros_for_masked_padding ? y * unsqueeze(to_dtype(t.mask, y.dtype()), -1)
+                                              : where(unsqueeze(t.mask, -1), y, t.input);
     const Tensor m = opts_.heads == 1 ? t.mask : unsqueeze(t.mask, -1);
     indices = where(m, indices, full_like(indices, -1.0));
   }

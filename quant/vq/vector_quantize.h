@@ -74,12 +74,27 @@ struct VectorQuantizeOptions {
   double sample_codebook_temp = 1.0;
   /** Gumbel-softmax straight-through: one-hot + softmax - sg(softmax). */
   bool straight_through = false;
-  /** Rotation trick gradient (default: on when dim > 1), else the STE. */
+  /** Rotation trick gradient (default: on when dim > 1 and
+   * directional_reparam is off), else the STE. */
   std::optional<bool> rotation_trick;
-  /** Codebook trained by gradient (commitment not detached). Default false. */
+  /** DiVeQ: the output is x + sg(n) |q - x| with n the unit direction of
+   * (q - x) + sqrt(directional_reparam_variance) * noise (quant/vq/
+   * directional_reparam.h), so the codes learn by gradient. Implies no
+   * commitment loss, and by default a learnable codebook without the EMA
+   * update; needs threshold_ema_dead_code > 0 (the reference asserts it). */
+  bool directional_reparam = false;
+  double directional_reparam_variance = 5e-3;
+  /** Codebook trained by gradient (commitment not detached). Default:
+   * directional_reparam. */
   std::optional<bool> learnable_codebook;
-  /** EMA codebook update. Default true. */
+  /** EMA codebook update. Default: not directional_reparam. */
   std::optional<bool> ema_update;
+  /** Route the output gradient to the input (rotation trick, STE or DiVeQ);
+   * false: the output is the code itself, and only a learnable codebook
+   * receives its gradient (ResidualVQ's diveq sets this). */
+  bool route_gradients_to_input = true;
+  /** Masked tokens output zeros; false: they output the input unchanged. */
+  bool return_zeros_for_masked_padding = true;
   /** No statistics, no update. */
   bool freeze_codebook = false;
   /** Codes follow the running mean / variance of the inputs:
@@ -107,6 +122,7 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   void pin_random_step(uint64_t step) override {
     sample_gen_.pin(step);
     orthogonal_gen_.pin(step);
+    diveq_gen_.pin(step);
   }
   /** Builds the layer; parameters and codes are drawn from `gen`, and the
    * layer's random streams (k-means, dead codes, sampling) are keyed from it. */
@@ -163,6 +179,12 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
    * with a cross-rank, token-weighted mean (QuantizerSync does), so the loss
    * and its gradient equal one process's on the whole batch. */
   BatchMean batch_mean = local_batch_mean;
+  /** Standard normal draws of `shape` for DiVeQ's direction noise: by default
+   * from this layer's "vq.diveq" step stream. Replaced to replay another
+   * implementation's draws (`quanta parity` does). ResidualVQ's diveq draws
+   * from its layer 0's. */
+  using NoiseSource = std::function<Tensor(const Shape& shape, const TensorOptions& opts)>;
+  NoiseSource directional_noise;
 
   /** Turns update_in_forward on or off (a distributed wrapper turns it off). */
   void set_update_in_forward(bool on) { opts_.update_in_forward = on; }
@@ -183,7 +205,7 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   void accumulate(const Tokens& t, const Tensor& idx);
   Losses losses(const Tokens& t, const Tensor& idx, const Tensor& q, const Tensor& dist,
                 const Plan& p);
-  Tensor routed_output(const Tokens& t, const Tensor& q, const Losses& l, const Plan& p) const;
+  Tensor routed_output(const Tokens& t, const Tensor& q, const Losses& l, const Plan& p);
   QuantizeOutput finish(const Tokens& t, const Tensor& q_out, const Tensor& idx, const Losses& l);
 
   Tensor split_heads(const Tensor& t, int64_t b, int64_t n) const;
@@ -199,7 +221,7 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   bool rotation_trick_, learnable_, ema_update_;
   std::shared_ptr<Module> project_in_, project_out_;
   std::shared_ptr<Codebook> codebook_;
-  StepStream sample_gen_, orthogonal_gen_;
+  StepStream sample_gen_, orthogonal_gen_, diveq_gen_;
 };
 
 }  // namespace quanta::quant

@@ -38,6 +38,10 @@ void for_each_option(VectorQuantizeOptions& o, Visit&& visit) {
   visit("sample_codebook_temp", o.sample_codebook_temp, K::value);
   visit("straight_through", o.straight_through, K::value);
   visit("rotation_trick", o.rotation_trick, K::value);
+  visit("directional_reparam", o.directional_reparam, K::value);
+  visit("directional_reparam_variance", o.directional_reparam_variance, K::value);
+  visit("route_gradients_to_input", o.route_gradients_to_input, K::value);
+  visit("return_zeros_for_masked_padding", o.return_zeros_for_masked_padding, K::value);
   visit("learnable_codebook", o.learnable_codebook, K::value);
   visit("ema_update", o.ema_update, K::value);
   visit("affine_param", o.affine_param, K::value);
@@ -59,6 +63,8 @@ void for_each_option(ResidualVQOptions& o, Visit&& visit) {
   visit("quantize_dropout", o.quantize_dropout, K::value);
   visit("quantize_dropout_cutoff_index", o.quantize_dropout_cutoff_index, K::value);
   visit("quantize_dropout_multiple_of", o.quantize_dropout_multiple_of, K::size);
+  visit("diveq", o.diveq, K::value);
+  visit("quant_grad_frac", o.quant_grad_frac, K::value);
   visit("accept_image_fmap", o.accept_image_fmap, K::value);
   visit("channel_last", o.channel_last, K::value);
   for_each_option(o.layer, [&](std::string_view name, auto& field, OptionKind kind) {

@@ -56,6 +56,7 @@ nlohmann::ordered_json to_json(const std::string& file, const parity::CaseResult
   j["class"] = r.cls;
   j["passed"] = r.passed();
   j["known_differences"] = r.known_differences();
+  j["replayed_draws"] = r.replayed_draws;
   if (!r.error.empty()) j["error"] = r.error;
   j["checks"] = nlohmann::ordered_json::array();
   for (const auto& c : r.checks) {

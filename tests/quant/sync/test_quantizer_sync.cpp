@@ -167,6 +167,30 @@ std::vector<Case> cases() {
                    return dynamic_cast<ResidualLFQ&>(m).forward(x, mask);
                  },
                  true});
+  // DiVeQ's direction noise is drawn per rank for its own tokens (like
+  // stochastic sampling): without noise the rest of the path, codes trained
+  // by gradient and dead-code statistics, is N ranks == one process.
+  out.push_back({"vq_diveq",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.directional_reparam = true;
+                   o.directional_reparam_variance = 0;
+                   o.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
+  out.push_back({"rvq_diveq",
+                 [](Generator& g) {
+                   ResidualVQOptions o;
+                   o.dim = kDim;
+                   o.num_quantizers = 2;
+                   o.codebook_sizes = {8};
+                   o.diveq = true;
+                   o.layer.directional_reparam_variance = 0;
+                   o.layer.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<ResidualVQ>(o, g);
+                 },
+                 call<ResidualVQ>()});
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "quant/vq/commitment_loss.h"
+#include "quant/vq/directional_reparam.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/rotation_trick.h"
 #include "quant/vq/vector_quantize.h"
@@ -226,4 +227,41 @@ TEST_CASE("route_with_commitment equals the separate ops, value and gradient (f6
   CHECK_THROWS_WITH_AS(
       route_with_commitment(x, slice(q, 2, 0, 4), Tensor(), GradientRoute::rotation),
       doctest::Contains("route_with_commitment"), std::invalid_argument);
+}
+
+TEST_CASE("directional_reparam: value x + n |q - x|, f64 gradient with the direction frozen") {
+  Generator gen(31);
+  const Tensor x0 = randn({4, 5}, gen, {.dtype = DType::f64});
+  const Tensor q0 = randn({4, 5}, gen, {.dtype = DType::f64});
+  const Tensor noise = randn({4, 5}, gen, {.dtype = DType::f64});
+  const Tensor g = randn({4, 5}, gen, {.dtype = DType::f64});
+  const double var = 0.3;
+  // The direction n at the base point, as a constant.
+  const Tensor n = l2norm(q0 - x0 + noise * std::sqrt(var));
+  Tensor x = x0.clone(), q = q0.clone();
+  x.requires_grad_(true);
+  q.requires_grad_(true);
+  const Tensor y = directional_reparam(x, q, var, noise);
+  CHECK(max_abs_diff(y, x0 + n * norm(q0 - x0, 2.0, {-1}, true)) < 1e-14);
+  sum(y * g).backward();
+  auto in_x = [&](const Tensor& xt) {
+    return sum((xt + n * norm(q0 - xt, 2.0, {-1}, true)) * g).item();
+  };
+  auto in_q = [&](const Tensor& qt) {
+    return sum((x0 + n * norm(qt - x0, 2.0, {-1}, true)) * g).item();
+  };
+  CHECK(max_abs_diff(numeric_grad(in_x, x0), x.grad()) < 1e-7);
+  CHECK(max_abs_diff(numeric_grad(in_q, q0), q.grad()) < 1e-7);
+  // Without noise the value is the code, up to rounding.
+  CHECK(max_abs_diff(directional_reparam(x0, q0, var, Tensor()), q0) < 1e-12);
+  CHECK(max_abs_diff(directional_reparam(x0, q0, 0.0, noise), q0) < 1e-12);
+  // A zero error has a zero gradient, not NaN.
+  Tensor same = x0.clone();
+  same.requires_grad_(true);
+  sum(directional_reparam(same, x0, var, noise)).backward();
+  CHECK(max_abs_diff(same.grad(), ones({4, 5}, {.dtype = DType::f64})) == 0.0);
+  CHECK_THROWS_WITH_AS(directional_reparam(x0, q0, -1.0, noise),
+                       doctest::Contains("variance must be >= 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(directional_reparam(x0, q0, var, zeros({4, 4}, {.dtype = DType::f64})),
+                       doctest::Contains("noise must have x's shape"), std::invalid_argument);
 }

@@ -1,0 +1,175 @@
+# Dumps the vector-quantize-pytorch 1.32 cases (DiVeQ, quant_grad_frac, masks
+# with the 1.32 output rule, partial dead-code replacement) into the folder
+# given as the first argument. Run with vector-quantize-pytorch 1.32.0,
+# PyTorch 2.14.1 (CPU) and safetensors 0.8.0:
+#   python3 make_vqp132_cases.py tests/data/reference-vectors
+# Random draws the reference makes inside a forward are handled as the
+# README's "Random draws inside a forward" says: DiVeQ's noise is recorded
+# (draws.directional_noise) for quanta parity to replay; the dead-code
+# choice is not, and its case stores no tensor that depends on it.
+import copy, json, sys, platform
+import torch
+from safetensors.torch import save_file
+from vector_quantize_pytorch import VectorQuantize, ResidualVQ
+torch.set_num_threads(1)
+out = sys.argv[1]
+LOSS = ("L = sum(quantized * w) + sum(aux_loss), where aux_loss is the auxiliary loss exactly as "
+        "returned by forward (summed over all its elements when it is a vector); x_grad = dL/dx "
+        "and <param>_grad = dL/d<param>, from one backward pass")
+
+def stored(t):
+    t = t.detach().clone()
+    return t.to(torch.uint8) if t.dtype == torch.bool else t
+
+class RecordNormals:
+    """Records every torch.randn_like call made inside the block."""
+    def __enter__(self):
+        self.draws, self.orig = [], torch.randn_like
+        def recorded(t, *a, **k):
+            r = self.orig(t, *a, **k)
+            self.draws.append(r.detach().clone())
+            return r
+        torch.randn_like = recorded
+        return self
+    def __exit__(self, *exc):
+        torch.randn_like = self.orig
+
+def codebooks(m):
+    """(codebook [K, d] float64, projection or None) per quantizing layer, in order."""
+    layers = list(m.layers) if isinstance(m, ResidualVQ) else [m]
+    proj = m.project_in if getattr(m, "has_projections", False) else None
+    return [l._codebook.embed[0].detach().double() for l in layers], proj
+
+def margin_ok(m, x, mask, rel=5e-5):
+    """Every valid token's nearest code (at every residual layer, in float64)
+    is ahead of the second by rel * scale: no decision sits on a boundary."""
+    embeds, proj = codebooks(m)
+    r = x.detach()
+    if proj is not None:
+        r = torch.nn.functional.linear(r, proj.weight, proj.bias)
+    r = r.double().reshape(-1, r.shape[-1])
+    if mask is not None:
+        r = r[mask.reshape(-1)]
+    for e in embeds:
+        d = r.pow(2).sum(-1, keepdim=True) + e.pow(2).sum(-1) - 2 * r @ e.T
+        s = d.sort(-1)
+        scale = r.pow(2).sum(-1) + e.pow(2).sum(-1).max()
+        if not ((s.values[:, 1] - s.values[:, 0]) >= rel * scale).all():
+            return False
+        r = r - e[s.indices[:, 0]]
+    return True
+
+def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, drop=()):
+    torch.manual_seed(seeds[0])
+    mod = ctor(**opts).train()
+    tensors = {k: stored(v) for k, v in mod.state_dict().items()}
+    mask = None
+    if mask_rows is not None:
+        mask = torch.tensor(mask_rows, dtype=torch.bool)
+    for attempt in range(200):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seeds[1] + 1000 * attempt))
+        if margin_ok(mod, x, mask): break
+    else:
+        raise SystemExit(name + ": no input clear of decision boundaries")
+    x = x.clone().requires_grad_()
+    kwargs = {}
+    if cls == "VectorQuantize":
+        kwargs["return_loss_breakdown"] = True
+    if mask is not None:
+        kwargs["mask"] = mask
+    with RecordNormals() as normals:
+        ret = mod(x, **kwargs)
+    quantized, indices, aux_loss = ret[:3]
+    w = torch.randn(quantized.shape, generator=torch.Generator().manual_seed(seeds[2]))
+    L = (quantized * w).sum() + aux_loss.sum()
+    L.backward()
+    tensors.update(x=stored(x), w=w, quantized=stored(quantized), indices=indices,
+                   aux_loss=stored(aux_loss), L=stored(L), x_grad=x.grad)
+    if mask is not None:
+        tensors["token_mask"] = stored(mask)
+    if len(ret) == 4:
+        for n, value in ret[3]._asdict().items():
+            tensors[f"aux_loss.{n}"] = torch.as_tensor(value, dtype=torch.float32).detach()
+    assert len(normals.draws) <= 1, "one normal draw expected inside the forward"
+    if normals.draws:
+        tensors["draws.directional_noise"] = normals.draws[0]
+    if after:
+        for k, v in mod.state_dict().items():
+            if "_codebook." in k:
+                tensors[k + "_after"] = stored(v)
+    for k, p in mod.named_parameters():
+        if p.grad is not None:
+            tensors[k + "_grad"] = p.grad
+    for k in drop:
+        tensors.pop(k, None)
+    fwd = {k: (v if not torch.is_tensor(v) else {"tensor": "token_mask"}) for k, v in kwargs.items()}
+    spec = {"case": name, "kind": "forward_backward", "class": cls,
+            "module": "vector_quantize_pytorch." + cls, "constructor_options": opts,
+            "mode": "train", "forward_kwargs": fwd,
+            "loss": LOSS, "x_grad_defined": True, "state_aliases": {},
+            "randomness": {"module_init": f"torch.manual_seed({seeds[0]}) then construct",
+                           "x": f"torch.randn(shape, generator=torch.Generator().manual_seed({seeds[1]} + 1000 * attempt)), attempt {attempt}",
+                           "w": f"torch.randn(quantized.shape, generator=torch.Generator().manual_seed({seeds[2]}))"},
+            "note": note,
+            "peer": {"vector_quantize_pytorch": "1.32.0", "torch": torch.__version__,
+                     "python": platform.python_version(), "device": "cpu", "dtype": "float32",
+                     "threads": 1}}
+    metadata = {"case": name, "kind": "forward_backward", "class": cls, "mode": "train",
+                "loss": LOSS, "library_version": "vector-quantize-pytorch 1.32.0",
+                "torch_version": torch.__version__, "format": "safetensors; reference vectors v1",
+                "spec": json.dumps(spec)}
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()},
+              f"{out}/{name}.safetensors", metadata=metadata)
+    print(name, "attempt", attempt, {k: tuple(v.shape) for k, v in tensors.items()})
+
+BASE = dict(decay=0.8, eps=1e-5, kmeans_init=False, stochastic_sample_codes=False)
+# A 2 x 12 batch: tokens 9.. of the first row and 5.. of the second are padding.
+MASK = [[True] * 9 + [False] * 3, [True] * 5 + [False] * 7]
+
+# DiVeQ: codes learn by gradient through the reparameterised output; no EMA,
+# no commitment loss; dead-code replacement on (required), which one step
+# cannot reach (cluster sizes start at 1, decay 0.8, threshold 0.5).
+dump("vq_diveq", "VectorQuantize", VectorQuantize,
+     dict(dim=16, codebook_size=32, directional_reparam=True, threshold_ema_dead_code=0.5, **BASE),
+     (2, 12, 16), (1101, 1102, 1103),
+     "DiVeQ (directional_reparam): the output moves x by |q - x| along the noisy error "
+     "direction; draws.directional_noise holds the reference's randn_like draw")
+dump("rvq_q3_diveq_proj", "ResidualVQ", ResidualVQ,
+     dict(dim=16, codebook_dim=8, num_quantizers=3, codebook_size=32, diveq=True,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1111, 1112, 1113),
+     "ResidualVQ diveq=True: learnable codes, full residual gradient, the summed output "
+     "reparameterised against the projected input (draws.directional_noise)")
+dump("rvq_q3_grad_frac", "ResidualVQ", ResidualVQ,
+     dict(dim=16, num_quantizers=3, codebook_size=32, quant_grad_frac=0.5, commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1121, 1122, 1123),
+     "quant_grad_frac=0.5: half of the later layers' gradient reaches each layer's output")
+dump("rvq_q2_masked_proj", "ResidualVQ", ResidualVQ,
+     dict(dim=16, codebook_dim=8, num_quantizers=2, codebook_size=32, commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1131, 1132, 1133),
+     "mask with projections: 1.32 outputs zeros at padding after project_out", mask_rows=MASK)
+dump("rvq_q2_masked_keep_input", "ResidualVQ", ResidualVQ,
+     dict(dim=16, codebook_dim=8, num_quantizers=2, codebook_size=32, commitment_weight=1.0,
+          return_zeros_for_masked_padding=False, threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1141, 1142, 1143),
+     "return_zeros_for_masked_padding=False: padding outputs the input unchanged", mask_rows=MASK)
+# (Without projections: the reference's masked commitment loss compares the
+# codes with the unprojected input, which fails with codebook_dim != dim.)
+dump("vq_masked_keep_input", "VectorQuantize", VectorQuantize,
+     dict(dim=16, codebook_size=32, commitment_weight=1.0,
+          return_zeros_for_masked_padding=False, threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1151, 1152, 1153),
+     "VectorQuantize with a mask and return_zeros_for_masked_padding=False", mask_rows=MASK)
+# 1.32's partial dead-code replacement: 6 tokens, 32 codes, threshold 0.9 >
+# 0.8 (an unused code's cluster size after one step), so at least 26 codes
+# expire and only 6, chosen at random, are replaced. Which ones depends on
+# the reference's draws, so the case stores only what does not: the
+# forward, its losses and gradients, and cluster_size before the expiry
+# cannot be compared either, so no _after tensor is stored.
+dump("vq_dead_codes_partial", "VectorQuantize", VectorQuantize,
+     dict(dim=16, codebook_size=32, commitment_weight=1.0, threshold_ema_dead_code=0.9, **BASE),
+     (1, 6, 16), (1161, 1162, 1163),
+     "more expired codes than samples: 1.32 replaces a random subset (not stored: it depends "
+     "on the reference's draws; quanta's tests check the rule)", after=False)
