@@ -32,6 +32,11 @@
 //   static void after_forward(const Options&, bool training,
 //       const std::vector<std::shared_ptr<L>>& layers);
 //       once after the layers ran (ResidualVQ's shared-codebook update)
+//   static std::optional<QuantizeOutput> search(const Options&, bool training,
+//       const std::vector<std::shared_ptr<L>>& layers, const Tensor& tokens,
+//       const Tensor& keep, int64_t last_kept);
+//       replaces the greedy residual loop when it returns a value (ResidualVQ's
+//       beam search)
 //   static double quant_grad_frac(const Options&);
 //       the fraction of later layers' gradient that reaches a layer's output
 //       (residual_quantize's grad_frac; 0 without the hook)

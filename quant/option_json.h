@@ -58,6 +58,17 @@ void read_option(const std::string& who, std::string_view name, const nlohmann::
   } else if constexpr (std::is_same_v<T, double>) {
     if (!v.is_number()) detail::bad_option(who, name, "a number", v);
     field = v.get<double>();
+  } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+    if (!v.is_array()) {
+      field = {0.0};
+      read_option(who, name, v, field[0], kind);
+      return;
+    }
+    field.clear();
+    for (const auto& e : v) {
+      field.push_back(0.0);
+      read_option(who, name, e, field.back(), kind);
+    }
   } else {
     static_assert(std::is_same_v<T, std::vector<int64_t>>, "an option type without a reader");
     if (!v.is_array()) {

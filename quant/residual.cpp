@@ -48,6 +48,11 @@ void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losse
   }
 }
 
+Tensor frac_gradient(const Tensor& q, double grad_frac) {
+  const Tensor cut = q.detach();
+  return grad_frac <= 0 ? cut : q * grad_frac + cut * (1 - grad_frac);
+}
+
 QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64_t last_kept,
                                  DType index_dtype, MemberLosses losses, const ResidualLayer& layer,
                                  double grad_frac) {
@@ -67,8 +72,7 @@ QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64
     const QuantizeOutput o = layer(i, residual);
     // Later layers see a residual cut from the graph (reference issue #33),
     // unless a fraction of their gradient is asked to reach this layer.
-    const Tensor cut = o.quantized.detach();
-    residual = residual - (grad_frac <= 0 ? cut : o.quantized * grad_frac + cut * (1 - grad_frac));
+    residual = residual - frac_gradient(o.quantized, grad_frac);
     outputs.push_back(o.quantized);
     indices.push_back(o.indices.dtype() == index_dtype ? o.indices : o.indices.to(index_dtype));
     layer_losses.push_back(o.loss);

@@ -58,6 +58,10 @@ QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64
                                  DType index_dtype, MemberLosses losses, const ResidualLayer& layer,
                                  double grad_frac = 0.0);
 
+/** What residual_quantize subtracts from the residual for a layer's output
+ * q: its value, carrying grad_frac of the gradient (0: none, a cut). */
+Tensor frac_gradient(const Tensor& q, double grad_frac);
+
 /** What a stack outputs at the tokens its mask leaves out. */
 struct MaskedOutput {
   /** [B, N] bool, true for valid tokens; undefined: no mask, nothing to do. */

@@ -2,6 +2,7 @@
 // ResidualOf<Layer>'s member functions. Included by the one file that
 // instantiates a family's stack (`template class ResidualOf<Layer>;`).
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -93,8 +94,13 @@ QuantizeOutput ResidualOf<Layer>::forward_kept(const Tensor& x, const Tensor& ma
       [&](Tensor z) {
         if constexpr (requires { Traits::bound_input(z, input_bound_); })
           if (input_bound_.defined()) z = Traits::bound_input(z, input_bound_);
-        QuantizeOutput out = residual_quantize(z, num_quantizers(), last_kept, Traits::index_dtype,
-                                               Traits::losses, quantize_layer, grad_frac);
+        std::optional<QuantizeOutput> searched;
+        if constexpr (requires { Traits::search(opts_, true, layers_, z, keep, last_kept); })
+          searched = Traits::search(opts_, is_training(), layers_, z, keep, last_kept);
+        QuantizeOutput out =
+            searched ? std::move(*searched)
+                     : residual_quantize(z, num_quantizers(), last_kept, Traits::index_dtype,
+                                         Traits::losses, quantize_layer, grad_frac);
         if constexpr (requires { Traits::after_forward(opts_, true, layers_); })
           Traits::after_forward(opts_, is_training(), layers_);
         if constexpr (requires { Traits::route_output(opts_, true, layers_, z, out); })

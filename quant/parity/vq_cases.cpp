@@ -44,8 +44,7 @@ const json& accepted_values() {
 // ResidualVQ's (its layers take the ones above).
 const json& accepted_stack_values() {
   static const json values = {
-      {"implicit_neural_codebook", false}, {"beam_size", nullptr},
-      {"eval_beam_size", nullptr},         {"beam_score_quantizer_weights", nullptr},
+      {"implicit_neural_codebook", false},
       {"mlp_kwargs", json::object()},
   };
   return values;
@@ -97,6 +96,8 @@ struct Layer {
   std::function<Tensor(const Tensor&)> codes, output;
   /** Where DiVeQ's noise is drawn (null: the class draws none). */
   VectorQuantize* diveq_draws = nullptr;
+  /** The forward with topk codes (VectorQuantize only). */
+  std::function<QuantizeOutput(const Tensor&, int64_t k, const Tensor& mask)> forward_topk;
 };
 
 Layer build(const std::string& cls, const json& opts) {
@@ -106,6 +107,9 @@ Layer build(const std::string& cls, const json& opts) {
     auto m = std::make_shared<VectorQuantize>(vq_options(opts), gen);
     l.module = m;
     l.diveq_draws = m.get();
+    l.forward_topk = [m](const Tensor& x, int64_t k, const Tensor& mask) {
+      return m->forward_topk(x, k, mask);
+    };
     l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.codes = [m](const Tensor& i) { return m->get_codes_from_indices(i); };
     l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
@@ -208,17 +212,20 @@ void run_vq_case(const CaseFile& c, double tolerance, CaseResult& r) {
   if (kind != "forward_backward") throw UnsupportedCase("case kind '" + kind + "'");
   const json kwargs = spec.value("forward_kwargs", json::object());
   Tensor mask;
+  int64_t topk = 0;
   for (const auto& [k, v] : kwargs.items()) {
     if (k == "mask" && v.is_object() && v.contains("tensor"))
       mask = to_dtype(c.at(v["tensor"].get<std::string>()), DType::boolean);
-    else if (k != "return_loss_breakdown")
+    else if (k == "topk" && v.is_number_integer() && l.forward_topk)
+      topk = v.get<int64_t>();
+    else if (k != "return_loss_breakdown" && !(k == "topk" && v.is_null()))
       unsupported("forward", k, v);
   }
   replay_draws(c, l, r);
 
   Tensor x = c.at("x").clone();
   x.requires_grad_(true);
-  QuantizeOutput out = l.forward(x, mask);
+  QuantizeOutput out = topk > 0 ? l.forward_topk(x, topk, mask) : l.forward(x, mask);
   const Tensor loss = add(sum(mul(out.quantized, c.at("w"))), sum(out.loss));
   if (loss.requires_grad()) loss.backward();
 

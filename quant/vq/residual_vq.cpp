@@ -6,6 +6,7 @@
 #include "engine/factory.h"
 #include "quant/residual_of_impl.h"
 #include "quant/vq/directional_reparam.h"
+#include "quant/vq/residual_beam_search.h"
 
 namespace quanta::quant {
 namespace {
@@ -28,6 +29,17 @@ StackPlan LayerTraits<VectorQuantize>::plan(Options& o) {
   if (o.layer.heads != 1) residual_vq_fail("heads must be 1 (the reference asserts it)");
   if (!(o.quant_grad_frac >= 0 && o.quant_grad_frac <= 1))
     residual_vq_fail("quant_grad_frac must be in [0, 1], got " + std::to_string(o.quant_grad_frac));
+  if (o.beam_size < 0)
+    residual_vq_fail("beam_size must be >= 0, got " + std::to_string(o.beam_size));
+  if (o.eval_beam_size && *o.eval_beam_size < 1)
+    residual_vq_fail("eval_beam_size must be >= 1, got " + std::to_string(*o.eval_beam_size));
+  if (o.eval_beam_size && o.beam_size == 0)
+    residual_vq_fail("eval_beam_size needs beam_size (the reference asserts it)");
+  if (!o.beam_score_quantizer_weights.empty() &&
+      static_cast<int64_t>(o.beam_score_quantizer_weights.size()) != o.num_quantizers)
+    residual_vq_fail("beam_score_quantizer_weights has " +
+                     std::to_string(o.beam_score_quantizer_weights.size()) + " weights for " +
+                     std::to_string(o.num_quantizers) + " quantizers");
   if (o.diveq && o.layer.ema_update.value_or(false))
     residual_vq_fail("diveq trains the codes by gradient: ema_update must be off");
   if (o.diveq && !o.layer.learnable_codebook.value_or(true))
@@ -85,6 +97,19 @@ void LayerTraits<VectorQuantize>::after_forward(
     const Options& opts, bool training,
     const std::vector<std::shared_ptr<VectorQuantize>>& layers) {
   if (opts.shared_codebook && opts.update_in_forward && training) layers[0]->update_state();
+}
+
+std::optional<QuantizeOutput> LayerTraits<VectorQuantize>::search(
+    const Options& opts, bool training, const std::vector<std::shared_ptr<VectorQuantize>>& layers,
+    const Tensor& tokens, const Tensor& keep, int64_t last_kept) {
+  const int64_t beam = training ? opts.beam_size : opts.eval_beam_size.value_or(opts.beam_size);
+  if (beam <= 1) return std::nullopt;
+  BeamSearch s;
+  s.beam = beam;
+  s.weights = opts.beam_score_quantizer_weights;
+  if (s.weights.empty()) s.weights.assign(layers.size(), 1.0);
+  s.grad_frac = quant_grad_frac(opts);
+  return residual_beam_search(tokens, keep, layers, last_kept, s, training);
 }
 
 void LayerTraits<VectorQuantize>::route_output(

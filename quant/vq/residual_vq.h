@@ -5,6 +5,7 @@
 // are made from LayerTraits<VectorQuantize> (quant/layer_traits.h).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/nn/module.h"
@@ -48,6 +49,14 @@ struct ResidualVQOptions {
   /** The fraction of later layers' gradient that reaches a layer's output
    * through the residual (0: none, the SoundStream default; 1: all). */
   double quant_grad_frac = 0;
+  /** Beam search (quant/vq/residual_beam_search.h) with this many paths per
+   * token in training; 0 or 1: greedy, layer by layer. */
+  int64_t beam_size = 0;
+  /** Paths in eval (unset: beam_size). */
+  std::optional<int64_t> eval_beam_size;
+  /** Layer i's commitment counts this many times in a path's score (empty:
+   * 1 for every layer; else one per layer). */
+  std::vector<double> beam_score_quantizer_weights;
   /** Apply every codebook's statistics at the end of a training forward. */
   bool update_in_forward = true;
   /** Every other VectorQuantize option, for all layers (dim, codebook_size,
@@ -91,6 +100,12 @@ struct LayerTraits<VectorQuantize> {
   static double quant_grad_frac(const Options& opts) {
     return opts.diveq ? 1.0 : opts.quant_grad_frac;
   }
+  /** The beam search instead of the greedy loop when the mode's beam size is
+   * above 1; nullopt otherwise. */
+  static std::optional<QuantizeOutput> search(
+      const Options& opts, bool training,
+      const std::vector<std::shared_ptr<VectorQuantize>>& layers, const Tensor& tokens,
+      const Tensor& keep, int64_t last_kept);
   /** diveq's reparameterisation of the summed output (training only). */
   static void route_output(const Options& opts, bool training,
                            const std::vector<std::shared_ptr<VectorQuantize>>& layers,

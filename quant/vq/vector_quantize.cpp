@@ -27,6 +27,7 @@
 #include "quant/vq/directional_reparam.h"
 #include "quant/vq/nearest_code.h"
 #include "quant/vq/rotation_trick.h"
+#include "quant/vq/top_codes.h"
 
 namespace quanta::quant {
 namespace {
@@ -398,24 +399,24 @@ VectorQuantize::Losses VectorQuantize::losses(const Tokens& t, const Tensor& idx
   return l;
 }
 
-// The gradient route from the output back to the input (unless fused into
-// the commitment loss): rotation trick, DiVeQ or straight-through in
+// The gradient route from the output q back to the input x (unless `fused`
+// into the commitment loss): rotation trick, DiVeQ or straight-through in
 // training, none in eval; Gumbel straight-through routes through the softmax
 // already. Without routing the output is the code (a learnable one keeps its
 // gradient).
-Tensor VectorQuantize::routed_output(const Tokens& t, const Tensor& q, const Losses& l,
+Tensor VectorQuantize::routed_output(const Tensor& x, const Tensor& q, const Tensor& fused,
                                      const Plan& p) {
   if (!p.training) return q.detach();
   if (p.gumbel) return q;
-  Tensor out = l.routed;
+  Tensor out = fused;
   if (!out.defined()) {
     if (!opts_.route_gradients_to_input)
       out = q;
     else if (opts_.directional_reparam)
-      out = directional_reparam(t.x, q, opts_.directional_reparam_variance,
-                                directional_noise(t.x.shape(), options_of(t.x)));
+      out = directional_reparam(x, q, opts_.directional_reparam_variance,
+                                directional_noise(x.shape(), options_of(x)));
     else
-      out = rotation_trick_ ? rotate_to(t.x, q.detach()) : straight_through(t.x, q.detach());
+      out = rotation_trick_ ? rotate_to(x, q.detach()) : straight_through(x, q.detach());
   }
   if (opts_.sync_update_v > 0) out = out + (out - out.detach()) * opts_.sync_update_v;
   return out;
@@ -457,7 +458,99 @@ QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask,
   const Tensor q = gathered_codes(idx, codes, dist, p);
   if (p.updates) accumulate(t, idx);
   const Losses l = losses(t, idx, q, dist, p);
-  return finish(t, routed_output(t, q, l, p), idx, l);
+  return finish(t, routed_output(t.x, q, l.routed, p), idx, l);
+}
+
+QuantizeOutput VectorQuantize::forward_topk(const Tensor& x, int64_t k, const Tensor& mask) {
+  if (opts_.heads != 1)
+    vq_fail("topk codes need heads = 1, the layer has " + std::to_string(opts_.heads));
+  if (k < 1) vq_fail("topk must be >= 1, got " + std::to_string(k));
+  if (x.dim() >= 4 || (x.dim() == 3 && !opts_.channel_last))
+    vq_fail("topk codes take channel-last tokens [B, N, D] or [B, D], got " + shape_str(x.shape()));
+  if (is_training() && opts_.commitment_use_cross_entropy_loss)
+    vq_fail(
+        "topk codes in training need the MSE commitment (commitment_use_cross_entropy_loss is on)");
+  k = std::min(k, opts_.codebook_size);
+  const Tokens t = prepare(x, mask);
+  init_codebook(t);
+  Plan p = plan();
+  p.updates = false;  // candidates only: the caller keeps some (update_indices)
+  if (opts_.affine_param && p.training) update_affine(t);
+  const Tensor codes = codes_for(p);
+  const Tensor dist = distances(t.x, codes);  // [1, T, K]
+  Tensor logits = dist.detach();
+  if (p.stochastic)
+    logits = logits / opts_.sample_codebook_temp +
+             gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
+  const Tensor idx = top_indices(logits, k);  // [1, T, k]
+  const int64_t tt = t.x.size(1), d = codebook_dim_, kk = opts_.codebook_size;
+  const Tensor flat = reshape(idx, {1, tt * k});
+  Tensor q;
+  if (p.gumbel) {  // each candidate's one-hot + softmax - sg(softmax)
+    const Tensor soft = unsqueeze(softmax(dist / opts_.sample_codebook_temp, -1), 2);
+    const Tensor hard = to_dtype(one_hot(idx, kk), soft.dtype());
+    q = matmul(reshape(hard + soft - soft.detach(), {1, tt * k, kk}), codes);
+  } else {
+    q = gather_codes(codes, flat);
+  }
+  q = reshape(q, {1, tt, k, d});
+  const Tensor xk = expand(unsqueeze(t.x, 2), {1, tt, k, d});
+  Tensor commit = mean(square((learnable_ ? q : q.detach()) - xk), {-1});  // [1, T, k]
+  if (t.valid.defined()) commit = commit * unsqueeze(to_dtype(t.valid, commit.dtype()), -1);
+  const bool has_commitment = opts_.commitment_weight > 0 && !opts_.directional_reparam;
+  Losses l;
+  l.commit = commit;
+  l.loss = has_commitment ? commit * opts_.commitment_weight : commit;
+  l.ortho = zero_like_loss(t.x);
+  l.diversity = l.ortho;
+  if (p.training) {
+    if (!has_commitment) l.loss = zeros_like(commit);
+    if (opts_.codebook_diversity_loss_weight > 0) {
+      l.diversity = diversity_loss(dist, t.valid, t.b, t.n);
+      l.loss = l.loss + l.diversity * opts_.codebook_diversity_loss_weight;
+    }
+    if (opts_.orthogonal_reg_weight > 0) {
+      l.ortho = orthogonal_loss(flat);
+      l.loss = l.loss + l.ortho * opts_.orthogonal_reg_weight;
+    }
+  }
+  // The output: [B, N, k, D] (no heads to merge), masked as forward does.
+  Tensor y = project_out(reshape(routed_output(xk, q, Tensor(), p), {t.b, t.n, k, d}));
+  Tensor indices = reshape(idx, {t.b, t.n, k});
+  if (t.mask.defined()) {
+    const Tensor m = unsqueeze(t.mask, -1);
+    y = opts_.return_zeros_for_masked_padding
+            ? y * unsqueeze(to_dtype(m, y.dtype()), -1)
+            : where(unsqueeze(m, -1), y, expand(unsqueeze(t.input, 2), y.shape()));
+    indices = where(m, indices, full_like(indices, -1.0));
+  }
+  const bool single = x.dim() == 2;
+  QuantizeOutput out;
+  out.quantized = single ? reshape(y, {t.b, k, opts_.dim}) : y;
+  out.indices = single ? reshape(indices, {t.b, k}) : indices;
+  const auto per_token = [&](const Tensor& v) {
+    return v.dim() == 0 ? v : (single ? reshape(v, {t.b, k}) : reshape(v, {t.b, t.n, k}));
+  };
+  out.loss = per_token(l.loss);
+  out.losses = {{"commitment", per_token(l.commit)},
+                {"orthogonal_reg", l.ortho},
+                {"codebook_diversity", l.diversity},
+                {"inplace_optimize", zero_like_loss(t.x)}};
+  return out;
+}
+
+void VectorQuantize::update_indices(const Tensor& x, const Tensor& indices, const Tensor& mask) {
+  if (!plan().updates) return;
+  NoGradGuard no_grad;
+  const Tokens t = prepare(x.detach(), mask);
+  const int64_t tokens = t.x.size(1);
+  if (indices.numel() != tokens)
+    vq_fail("update_indices got indices of shape " + shape_str(indices.shape()) + " for " +
+            std::to_string(tokens) + " tokens");
+  // Masked tokens' -1 look up code 0 and count nothing.
+  Tensor idx = reshape(to_dtype(indices, DType::i64), {1, tokens});
+  idx = where(lt(idx, scalar_like(idx, 0.0)), zeros_like(idx), idx);
+  accumulate(t, idx);
 }
 
 Tensor VectorQuantize::orthogonal_loss(const Tensor& indices) {

@@ -150,6 +150,25 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   QuantizeOutput forward_with_indices(const Tensor& x, const Tensor& indices,
                                       const Tensor& mask = Tensor());
 
+  /** The k nearest codes of every token, nearest first (the reference's
+   * forward(topk=k); a residual beam search's candidates). One head, inputs
+   * [B, N, D] or [B, D] (channel last); k is capped at codebook_size.
+   * Returns quantized [B, N, k, D] (routed as forward routes, zeros or the
+   * input at masked tokens), indices [B, N, k] (-1 masked) and per-token
+   * losses: loss [B, N, k] is the commitment mean((q - x)^2) over the
+   * features, weighted (unweighted when the layer has no commitment loss),
+   * plus in training the weighted batch terms (orthogonal, diversity); term
+   * "commitment" is the unweighted per-token value. Nothing is accumulated:
+   * the caller passes the codes it keeps to update_indices. Refused in
+   * training with commitment_use_cross_entropy_loss. */
+  QuantizeOutput forward_topk(const Tensor& x, int64_t k, const Tensor& mask = Tensor());
+  /** In training, accumulates the statistics of `x` (the layer's input
+   * layouts) assigned to `indices` (as forward returns them; masked tokens,
+   * whose index is -1, count nothing) as a forward would, and with update_in_forward
+   * applies them (EMA step, dead-code expiry). A no-op in eval, with a
+   * frozen codebook or without EMA and dead-code expiry. */
+  void update_indices(const Tensor& x, const Tensor& indices, const Tensor& mask = Tensor());
+
   /** Codes of `indices` ([..., heads] or [...] with one head; -1 gives zeros)
    * before project_out: [..., heads * codebook_dim] (one layer: no leading
    * quantizers dimension, unlike the stacks). */
@@ -205,7 +224,7 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   void accumulate(const Tokens& t, const Tensor& idx);
   Losses losses(const Tokens& t, const Tensor& idx, const Tensor& q, const Tensor& dist,
                 const Plan& p);
-  Tensor routed_output(const Tokens& t, const Tensor& q, const Losses& l, const Plan& p);
+  Tensor routed_output(const Tensor& x, const Tensor& q, const Tensor& fused, const Plan& p);
   QuantizeOutput finish(const Tokens& t, const Tensor& q_out, const Tensor& idx, const Losses& l);
 
   Tensor split_heads(const Tensor& t, int64_t b, int64_t n) const;

@@ -65,6 +65,9 @@ void for_each_option(ResidualVQOptions& o, Visit&& visit) {
   visit("quantize_dropout_multiple_of", o.quantize_dropout_multiple_of, K::size);
   visit("diveq", o.diveq, K::value);
   visit("quant_grad_frac", o.quant_grad_frac, K::value);
+  visit("beam_size", o.beam_size, K::size);
+  visit("eval_beam_size", o.eval_beam_size, K::size);
+  visit("beam_score_quantizer_weights", o.beam_score_quantizer_weights, K::value);
   visit("accept_image_fmap", o.accept_image_fmap, K::value);
   visit("channel_last", o.channel_last, K::value);
   for_each_option(o.layer, [&](std::string_view name, auto& field, OptionKind kind) {

@@ -59,9 +59,10 @@ def margin_ok(m, x, mask, rel=5e-5):
         r = r - e[s.indices[:, 0]]
     return True
 
-def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, drop=()):
+def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, drop=(),
+         mode="train", extra=None):
     torch.manual_seed(seeds[0])
-    mod = ctor(**opts).train()
+    mod = ctor(**opts).train(mode == "train")
     tensors = {k: stored(v) for k, v in mod.state_dict().items()}
     mask = None
     if mask_rows is not None:
@@ -77,14 +78,17 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
         kwargs["return_loss_breakdown"] = True
     if mask is not None:
         kwargs["mask"] = mask
+    kwargs.update(extra or {})
     with RecordNormals() as normals:
         ret = mod(x, **kwargs)
     quantized, indices, aux_loss = ret[:3]
     w = torch.randn(quantized.shape, generator=torch.Generator().manual_seed(seeds[2]))
     L = (quantized * w).sum() + aux_loss.sum()
-    L.backward()
+    if L.requires_grad:
+        L.backward()
+    x_grad = x.grad if x.grad is not None else torch.zeros_like(x)
     tensors.update(x=stored(x), w=w, quantized=stored(quantized), indices=indices,
-                   aux_loss=stored(aux_loss), L=stored(L), x_grad=x.grad)
+                   aux_loss=stored(aux_loss), L=stored(L), x_grad=x_grad)
     if mask is not None:
         tensors["token_mask"] = stored(mask)
     if len(ret) == 4:
@@ -105,7 +109,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
     fwd = {k: (v if not torch.is_tensor(v) else {"tensor": "token_mask"}) for k, v in kwargs.items()}
     spec = {"case": name, "kind": "forward_backward", "class": cls,
             "module": "vector_quantize_pytorch." + cls, "constructor_options": opts,
-            "mode": "train", "forward_kwargs": fwd,
+            "mode": mode, "forward_kwargs": fwd,
             "loss": LOSS, "x_grad_defined": True, "state_aliases": {},
             "randomness": {"module_init": f"torch.manual_seed({seeds[0]}) then construct",
                            "x": f"torch.randn(shape, generator=torch.Generator().manual_seed({seeds[1]} + 1000 * attempt)), attempt {attempt}",
@@ -114,7 +118,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
             "peer": {"vector_quantize_pytorch": "1.32.0", "torch": torch.__version__,
                      "python": platform.python_version(), "device": "cpu", "dtype": "float32",
                      "threads": 1}}
-    metadata = {"case": name, "kind": "forward_backward", "class": cls, "mode": "train",
+    metadata = {"case": name, "kind": "forward_backward", "class": cls, "mode": mode,
                 "loss": LOSS, "library_version": "vector-quantize-pytorch 1.32.0",
                 "torch_version": torch.__version__, "format": "safetensors; reference vectors v1",
                 "spec": json.dumps(spec)}
@@ -173,3 +177,29 @@ dump("vq_dead_codes_partial", "VectorQuantize", VectorQuantize,
      (1, 6, 16), (1161, 1162, 1163),
      "more expired codes than samples: 1.32 replaces a random subset (not stored: it depends "
      "on the reference's draws; quanta's tests check the rule)", after=False)
+
+# topk codes: the 3 nearest codes of every token, per-token losses, no
+# codebook update (the caller keeps some codes); in training and in eval.
+for mode in ("train", "eval"):
+    dump(f"vq_topk3_{mode}", "VectorQuantize", VectorQuantize,
+         dict(dim=16, codebook_size=32, commitment_weight=1.0, threshold_ema_dead_code=0, **BASE),
+         (2, 12, 16), (1171, 1172, 1173),
+         f"forward(topk=3) in {mode} mode: quantized [b, n, 3, d], per-token losses [b, n, 3]",
+         mode=mode, extra={"topk": 3})
+# ResidualVQ beam search: greedy choices replaced by the best of beam_size
+# paths per token; the codebooks then take the best path's statistics.
+dump("rvq_q3_beam2", "ResidualVQ", ResidualVQ,
+     dict(dim=16, num_quantizers=3, codebook_size=32, beam_size=2, commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1181, 1182, 1183), "beam_size=2 in training")
+dump("rvq_q3_beam3_weights_masked", "ResidualVQ", ResidualVQ,
+     dict(dim=16, num_quantizers=3, codebook_size=32, beam_size=3, commitment_weight=1.0,
+          beam_score_quantizer_weights=[1.0, 0.5, 0.25], threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1191, 1192, 1193),
+     "beam_size=3, per-layer score weights, a mask (1.32's loss normaliser: all valid tokens)",
+     mask_rows=MASK)
+dump("rvq_q3_eval_beam4_proj", "ResidualVQ", ResidualVQ,
+     dict(dim=16, codebook_dim=8, num_quantizers=3, codebook_size=32, beam_size=2,
+          eval_beam_size=4, commitment_weight=1.0, threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1201, 1202, 1203), "eval_beam_size=4 in eval mode, with projections",
+     mode="eval")

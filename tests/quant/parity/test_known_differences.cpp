@@ -1,6 +1,8 @@
 // Known differences (quant/parity/known_differences.cpp): with the EMA update
 // on, the reference's gradient through the distances reads the post-update
-// codebook. The case reports it by name and passes; nothing else is excused.
+// codebook; after a beam search the reference updates only layer 0. Each case
+// reports its difference by name and passes; nothing else is excused. And the
+// DiVeQ cases replay the reference's recorded noise.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -60,4 +62,35 @@ TEST_CASE("without the EMA update the same x_grad mismatch is a plain failure") 
   CHECK_FALSE(r.passed());
   CHECK(r.known_differences().empty());
   CHECK(check_named(r, "x_grad").known_difference.empty());
+}
+
+TEST_CASE(
+    "beam search in training: later layers' state is a named known difference, layer 0's "
+    "matches") {
+  const parity::CaseResult r = parity::run_case(parity::testing::reference_case("rvq_q3_beam2"));
+  const std::string text = report(r);
+  INFO(text);
+  CHECK(r.passed());
+  REQUIRE(r.known_differences().size() == 1);
+  CHECK(r.known_differences()[0] == "beam-search-updates-layer-0");
+  for (const auto& c : r.checks) {
+    const bool later_state = c.name.ends_with("_after") && c.name.rfind("layers.0.", 0) != 0;
+    if (later_state && !c.pass)
+      CHECK(c.known_difference.rfind("beam-search-updates-layer-0: ", 0) == 0);
+    if (!later_state) CHECK_MESSAGE(c.pass, c.name);  // forward, losses, gradients, layer 0
+  }
+  CHECK_FALSE(check_named(r, "layers.1._codebook.embed_after").pass);
+}
+
+TEST_CASE("DiVeQ cases replay the reference's noise and say so") {
+  const parity::CaseResult r = parity::run_case(parity::testing::reference_case("vq_diveq"));
+  INFO(report(r));
+  CHECK(r.passed());
+  REQUIRE(r.replayed_draws.size() == 1);
+  CHECK(r.replayed_draws[0] == "directional_noise");
+  CHECK(report(r).find("replays the reference's draws: directional_noise") != std::string::npos);
+  // Without the recorded draw the layer draws its own noise: the output differs.
+  parity::CaseFile own = parity::testing::reference_case("vq_diveq");
+  own.tensors.erase("draws.directional_noise");
+  CHECK_FALSE(parity::run_case(own).passed());
 }
