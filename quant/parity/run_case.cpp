@@ -122,8 +122,8 @@ CaseResult run_case(const CaseFile& c, double tolerance) {
   r.cls = cls == c.metadata.end() ? "" : cls->second;
   const bool vq =
       r.cls == "VectorQuantize" || r.cls == "ResidualVQ" || r.cls == "GroupedResidualVQ";
-  const bool scalar =
-      r.cls == "FSQ" || r.cls == "ResidualFSQ" || r.cls == "LFQ" || r.cls == "ResidualLFQ";
+  const bool scalar = r.cls == "FSQ" || r.cls == "ResidualFSQ" || r.cls == "LFQ" ||
+                      r.cls == "ResidualLFQ" || r.cls == "LatentQuantize";
   const bool nf4 = r.cls == "bitsandbytes NF4";
   try {
     if (!vq && !scalar && !nf4)

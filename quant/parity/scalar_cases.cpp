@@ -1,7 +1,7 @@
-// Parity runner for the FSQ and LFQ families: rebuilds FSQ, ResidualFSQ, LFQ
-// or ResidualLFQ from a case's spec and stored state, makes the recorded call
-// (train-mode forward + backward of L = sum(quantized * w) + sum(aux_loss), or
-// the index lookups) and compares every stored result.
+// Parity runner for the FSQ and LFQ families and LatentQuantize: rebuilds FSQ,
+// ResidualFSQ, LFQ, ResidualLFQ or LatentQuantize from a case's spec and stored state, makes the
+// recorded call (train-mode forward + backward of L = sum(quantized * w) + sum(aux_loss), or the
+// index lookups) and compares every stored result.
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "quant/option_json.h"
 #include "quant/parity/parity.h"
 #include "quant/scalar/fsq.h"
+#include "quant/scalar/latent_quantize.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
 #include "quant/scalar/residual_lfq.h"
@@ -137,6 +138,10 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
           check("implicit_codebook", m.implicit_codebook());
         },
         plain);
+  } else if (r.cls == "LatentQuantize") {
+    if (lookup) throw UnsupportedCase("LatentQuantize lookup cases");
+    run_layer<LatentQuantize, LatentQuantizeOptions>(
+        r.cls, ctor, c, lookup, check, [](LatentQuantize&, const Tensor&) {}, plain);
   } else if (r.cls == "ResidualFSQ") {
     run_layer<ResidualFSQ, ResidualFSQOptions>(r.cls, ctor, c, lookup, check, stack_lookups, plain);
   } else if (r.cls == "LFQ") {

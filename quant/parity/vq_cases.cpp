@@ -32,8 +32,6 @@ using namespace quanta::quant;
 // only: multi-process or compiled-PyTorch switches and features left out.
 const json& accepted_values() {
   static const json values = {
-      {"sync_affine_param", false},
-      {"manual_ema_update", false},
       {"manual_in_place_optimizer_update", false},
       {"vq_bridge", nullptr},
       {"in_place_codebook_optimizer", nullptr},
@@ -51,8 +49,11 @@ const json& accepted_stack_values() {
 }
 
 // The reference's options that change nothing here, whatever their value:
-// the syncs (one process).
-bool ignored(const std::string& key) { return key == "sync_kmeans" || key == "sync_codebook"; }
+// the syncs (one process; a distributed run reconciles codebooks and affine
+// statistics through QuantizerSync, always).
+bool ignored(const std::string& key) {
+  return key == "sync_kmeans" || key == "sync_codebook" || key == "sync_affine_param";
+}
 
 // The options of class `cls` from a case: quanta's fields by the reference's
 // names (quant/vq/vq_option_fields.h), the accepted values above, and

@@ -27,6 +27,14 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
     : SingleLayerQuantizer("LatentQuantize"), opts_(std::move(opts)) {
   const uint64_t seed = draw_seed(gen);
   if (opts_.levels.empty()) latent_fail("levels must not be empty");
+  if (opts_.codebook_dim < 0)
+    latent_fail("codebook_dim must be >= 0, got " + std::to_string(opts_.codebook_dim));
+  // One level for every code dimension: the reference's int levels.
+  if (opts_.levels.size() == 1 && opts_.codebook_dim > 1)
+    opts_.levels.assign(static_cast<size_t>(opts_.codebook_dim), opts_.levels[0]);
+  if (opts_.codebook_dim > 0 && opts_.codebook_dim != static_cast<int64_t>(opts_.levels.size()))
+    latent_fail("codebook_dim " + std::to_string(opts_.codebook_dim) + " does not match the " +
+                std::to_string(opts_.levels.size()) + " levels");
   if (opts_.num_codebooks < 1) latent_fail("num_codebooks must be >= 1");
   auto list = register_module("values_per_latent", std::make_shared<Module>("ParameterList"));
   for (size_t i = 0; i < opts_.levels.size(); ++i) {
@@ -34,7 +42,10 @@ LatentQuantize::LatentQuantize(LatentQuantizeOptions opts, Generator& gen)
     if (l < 2) latent_fail("every level must be >= 2, got " + std::to_string(l));
     basis_.push_back(codebook_size_);
     codebook_size_ *= l;
-    const Tensor grid = linspace(-0.5, 0.5, l);
+    // From -1/2, with 0 on the grid: linspace(-1/2, 1/2, L) for odd L,
+    // i / L - 1/2 for even L (the reference's values_per_latent).
+    const Tensor grid =
+        l % 2 == 1 ? linspace(-0.5, 0.5, l) : linspace(-0.5, 0.5 - 1.0 / double(l), l);
     values_.push_back(opts_.optimize_values ? list->register_parameter(std::to_string(i), grid)
                                             : list->register_buffer(std::to_string(i), grid));
   }

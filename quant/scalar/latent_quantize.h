@@ -1,7 +1,8 @@
 #pragma once
 // LatentQuantize (latent_quantization.py of the reference): each code
 // dimension snaps to the nearest of its own grid of values, initialised to
-// linspace(-1/2, 1/2, L_i); the index packs the per-dimension positions with
+// L_i values from -1/2 with 0 among them (linspace(-1/2, 1/2, L_i) for odd
+// L_i, i / L_i - 1/2 for even); the index packs the per-dimension positions with
 // the basis cumprod([1, L_0, ...]) as FSQ does.
 #include <cstdint>
 #include <memory>
@@ -17,8 +18,11 @@
 namespace quanta::quant {
 
 struct LatentQuantizeOptions {
-  /** Grid sizes per code dimension (each >= 2). */
+  /** Grid sizes per code dimension (each >= 2); one size with codebook_dim
+   * > 1 is that size for every dimension. */
   std::vector<int64_t> levels;
+  /** Code dimensions; 0 = len(levels). */
+  int64_t codebook_dim = 0;
   /** Input features; 0 = len(levels) * num_codebooks. */
   int64_t dim = 0;
   double commitment_loss_weight = 0.1;

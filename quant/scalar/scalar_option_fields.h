@@ -5,6 +5,7 @@
 
 #include "quant/option_fields.h"
 #include "quant/scalar/fsq.h"
+#include "quant/scalar/latent_quantize.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
 #include "quant/scalar/residual_lfq.h"
@@ -24,6 +25,19 @@ void for_each_option(FSQOptions& o, Visit&& visit) {
   visit("noise_dropout", o.noise_dropout, K::value);
   visit("bound_hard_clamp", o.bound_hard_clamp, K::value);
   visit("orthogonal_rotation", o.orthogonal_rotation, K::value);
+}
+
+template <class Visit>
+void for_each_option(LatentQuantizeOptions& o, Visit&& visit) {
+  using K = OptionKind;
+  visit("levels", o.levels, K::size);
+  visit("dim", o.dim, K::size);
+  visit("codebook_dim", o.codebook_dim, K::size);
+  visit("commitment_loss_weight", o.commitment_loss_weight, K::value);
+  visit("quantization_loss_weight", o.quantization_loss_weight, K::value);
+  visit("num_codebooks", o.num_codebooks, K::size);
+  visit("keep_num_codebooks_dim", o.keep_num_codebooks_dim, K::value);
+  visit("optimize_values", o.optimize_values, K::value);
 }
 
 template <class Visit>

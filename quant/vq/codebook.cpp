@@ -120,7 +120,7 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   copy_(cluster_size_, b);
   // The reference recomputes embed from these statistics right away, so
   // codes that received no rows become (almost) zero.
-  if (opts_.ema_update) embed_from_statistics();
+  if (opts_.ema_update && !opts_.manual_ema_update) embed_from_statistics();
   fill_(initted_, 1.0);
   initted_on_host_ = true;
 }
@@ -191,13 +191,18 @@ void Codebook::embed_from_statistics() {
   if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
 }
 
+void Codebook::update_ema() {
+  NoGradGuard no_grad;
+  embed_from_statistics();
+}
+
 void Codebook::apply_embed_ema() {
   if (pending_.empty()) return;
   NoGradGuard no_grad;
   // The same lerp for embed_avg, in place: no [G, K, D] temporaries.
   mul_(embed_avg_, std::pow(opts_.decay, double(pending_.steps)));
   add_(embed_avg_, pending_.sums, 1.0 - opts_.decay);
-  if (opts_.ema_update) embed_from_statistics();
+  if (opts_.ema_update && !opts_.manual_ema_update) embed_from_statistics();
   pending_.counts = Tensor();
   pending_.sums = Tensor();
   pending_.tokens = Tensor();

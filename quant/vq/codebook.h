@@ -26,6 +26,9 @@ struct CodebookOptions {
   bool use_cosine_sim = false;
   /** Recompute embed from the EMA statistics on apply_ema_update. */
   bool ema_update = true;
+  /** With ema_update: the EMA step updates cluster_size and embed_avg but
+   * leaves embed to an explicit update_ema(). */
+  bool manual_ema_update = false;
   /** embed is an nn parameter (learnable codebook or orthogonal loss). */
   bool embed_is_parameter = false;
   /** Match the codes' running mean / variance to the inputs' (see
@@ -142,6 +145,9 @@ class Codebook : public Module, public StepKeyed {
   /** How many codes of each table expire now: one read of the device (none
    * when dead-code expiry is off). Training never calls it. */
   std::vector<int64_t> expired_counts() const;
+  /** embed <- embed_avg / Laplace-smoothed cluster sizes (l2-normalised for
+   * cosine): what the EMA step ends with, for manual_ema_update. */
+  void update_ema();
   /** apply_affine_update(), apply_ema_update() then expire_codes(); before
    * initialisation, the deferred k-means initialisation from pending samples
    * instead. */

@@ -72,6 +72,9 @@ std::shared_ptr<VectorQuantize> LayerTraits<VectorQuantize>::make_layer(
   lo.channel_last = true;
   lo.accept_image_fmap = false;
   lo.update_in_forward = opts.update_in_forward && !opts.shared_codebook;
+  // A shared codebook's codes follow its statistics once per forward, after
+  // the last layer, whatever the layers ask (as the reference forces).
+  if (opts.shared_codebook) lo.manual_ema_update = false;
   if (opts.diveq) {
     lo.ema_update = false;
     lo.learnable_codebook = true;
@@ -145,6 +148,11 @@ void ResidualVQ::update_state() {
     return;
   }
   for (int64_t i = 0; i < num_quantizers(); ++i) layer(i).update_state();
+}
+
+void ResidualVQ::update_ema() {
+  for (int64_t i = 0; i < (options().shared_codebook ? 1 : num_quantizers()); ++i)
+    layer(i).update_ema();
 }
 
 void ResidualVQ::set_update_in_forward(bool on) {

@@ -137,6 +137,8 @@ class ResidualVQ : public ResidualOf<VectorQuantize> {
 
   /** Applies every codebook's pending statistics (each shared one once). */
   void update_state();
+  /** Every codebook's codes from its EMA statistics (layer.manual_ema_update). */
+  void update_ema();
   /** Turns update_in_forward on or off for the whole stack. */
   void set_update_in_forward(bool on);
 };

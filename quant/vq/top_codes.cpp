@@ -15,9 +15,9 @@ namespace quanta::quant {
 
 Tensor top_indices(const Tensor& x, int64_t k) {
   if (x.dim() < 1 || k < 1 || k > x.size(-1))
-    throw std::invalid_argument("[top_indices] k must be in [1, " +
-                                std::to_string(x.dim() < 1 ? 0 : x.size(-1)) + "] for a tensor of shape " +
-                                shape_str(x.shape()) + ", got " + std::to_string(k));
+    throw std::invalid_argument(
+        "[top_indices] k must be in [1, " + std::to_string(x.dim() < 1 ? 0 : x.size(-1)) +
+        "] for a tensor of shape " + shape_str(x.shape()) + ", got " + std::to_string(k));
   NoGradGuard no_grad;
   Tensor rest = x.detach();
   std::vector<Tensor> picks;

@@ -70,6 +70,7 @@ CodebookOptions codebook_options(const VectorQuantizeOptions& o, int64_t codeboo
   c.threshold_ema_dead_code = o.threshold_ema_dead_code;
   c.use_cosine_sim = o.use_cosine_sim;
   c.ema_update = ema;
+  c.manual_ema_update = o.manual_ema_update;
   // The orthogonal loss needs a gradient on the codes even when the EMA
   // trains them, as in the reference.
   c.embed_is_parameter = learnable || o.orthogonal_reg_weight > 0;

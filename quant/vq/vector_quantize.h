@@ -105,6 +105,9 @@ struct VectorQuantizeOptions {
   double affine_param_codebook_decay = 0.9;
   /** q + v (q - sg(q)) on the output (Huh et al. eq. 21); 0 = off. */
   double sync_update_v = 0;
+  /** The EMA step updates cluster_size and embed_avg but leaves the codes to
+   * an explicit update_ema() (the reference's manual_ema_update). */
+  bool manual_ema_update = false;
   /** Call update_state() at the end of every training forward. */
   bool update_in_forward = true;
 };
@@ -178,6 +181,9 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
 
   /** Applies the pending statistics: EMA update then dead-code expiry. */
   void update_state() { codebook_->update_state(); }
+  /** The codes from the EMA statistics (with manual_ema_update; the
+   * reference's _codebook.update_ema()). */
+  void update_ema() { codebook_->update_ema(); }
 
   Codebook& codebook() { return *codebook_; }
   const Codebook& codebook() const { return *codebook_; }

@@ -44,6 +44,7 @@ void for_each_option(VectorQuantizeOptions& o, Visit&& visit) {
   visit("return_zeros_for_masked_padding", o.return_zeros_for_masked_padding, K::value);
   visit("learnable_codebook", o.learnable_codebook, K::value);
   visit("ema_update", o.ema_update, K::value);
+  visit("manual_ema_update", o.manual_ema_update, K::value);
   visit("affine_param", o.affine_param, K::value);
   visit("affine_param_batch_decay", o.affine_param_batch_decay, K::value);
   visit("affine_param_codebook_decay", o.affine_param_codebook_decay, K::value);

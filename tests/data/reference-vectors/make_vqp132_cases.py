@@ -1,5 +1,6 @@
 # Dumps the vector-quantize-pytorch 1.32 cases (DiVeQ, quant_grad_frac, masks
-# with the 1.32 output rule, partial dead-code replacement) into the folder
+# with the 1.32 output rule, partial dead-code replacement, top-k codes,
+# ResidualVQ beam search, manual_ema_update, LatentQuantize) into the folder
 # given as the first argument. Run with vector-quantize-pytorch 1.32.0,
 # PyTorch 2.14.1 (CPU) and safetensors 0.8.0:
 #   python3 make_vqp132_cases.py tests/data/reference-vectors
@@ -10,7 +11,7 @@
 import copy, json, sys, platform
 import torch
 from safetensors.torch import save_file
-from vector_quantize_pytorch import VectorQuantize, ResidualVQ
+from vector_quantize_pytorch import VectorQuantize, ResidualVQ, LatentQuantize
 torch.set_num_threads(1)
 out = sys.argv[1]
 LOSS = ("L = sum(quantized * w) + sum(aux_loss), where aux_loss is the auxiliary loss exactly as "
@@ -59,8 +60,20 @@ def margin_ok(m, x, mask, rel=5e-5):
         r = r - e[s.indices[:, 0]]
     return True
 
+def latent_margin_ok(m, x, mask, rel=1e-4):
+    """Every projected value is clear of the midpoint between grid values."""
+    z = x.detach().movedim(1, -1)
+    if m.has_projections:
+        z = m.project_in(z)
+    z = z.reshape(*z.shape[:-1], m.num_codebooks, -1).double()
+    for i, v in enumerate(m.values_per_latent):
+        d = (z[..., i, None] - v.detach().double()).abs().sort(-1).values
+        if not ((d[..., 1] - d[..., 0]) >= rel).all():
+            return False
+    return True
+
 def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, drop=(),
-         mode="train", extra=None):
+         mode="train", extra=None, margin=margin_ok):
     torch.manual_seed(seeds[0])
     mod = ctor(**opts).train(mode == "train")
     tensors = {k: stored(v) for k, v in mod.state_dict().items()}
@@ -69,7 +82,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
         mask = torch.tensor(mask_rows, dtype=torch.bool)
     for attempt in range(200):
         x = torch.randn(shape, generator=torch.Generator().manual_seed(seeds[1] + 1000 * attempt))
-        if margin_ok(mod, x, mask): break
+        if margin(mod, x, mask): break
     else:
         raise SystemExit(name + ": no input clear of decision boundaries")
     x = x.clone().requires_grad_()
@@ -203,3 +216,19 @@ dump("rvq_q3_eval_beam4_proj", "ResidualVQ", ResidualVQ,
           eval_beam_size=4, commitment_weight=1.0, threshold_ema_dead_code=0, **BASE),
      (2, 12, 16), (1201, 1202, 1203), "eval_beam_size=4 in eval mode, with projections",
      mode="eval")
+# LatentQuantize, channel-first feature maps [b, d, h, w] (the reference's
+# only layout): one codebook, and two codebooks with projections (1.32 builds
+# num_codebooks > 1; even levels start at -1/2 with 0 on the grid).
+dump("latent_555", "LatentQuantize", LatentQuantize,
+     dict(levels=[5, 5, 5], dim=3), (2, 3, 3, 4), (1211, 1212, 1213),
+     "LatentQuantize levels [5, 5, 5] on a [2, 3, 3, 4] feature map", margin=latent_margin_ok)
+dump("latent_534_c2_proj", "LatentQuantize", LatentQuantize,
+     dict(levels=[5, 3, 4], dim=8, num_codebooks=2), (2, 8, 3, 4), (1221, 1222, 1223),
+     "LatentQuantize levels [5, 3, 4], num_codebooks=2, projections 8 -> 6 -> 8",
+     margin=latent_margin_ok)
+# manual_ema_update: the forward's EMA step moves cluster_size and embed_avg,
+# the codes wait for update_ema().
+dump("vq_manual_ema", "VectorQuantize", VectorQuantize,
+     dict(dim=16, codebook_size=32, commitment_weight=1.0, manual_ema_update=True,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1231, 1232, 1233), "manual_ema_update=True: embed unchanged after the step")

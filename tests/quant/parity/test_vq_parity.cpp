@@ -55,9 +55,9 @@ TEST_CASE("an option quanta cannot build is reported by name") {
   const std::string key = "\"constructor_options\": {";
   const auto at = spec.find(key);
   REQUIRE(at != std::string::npos);
-  spec.insert(at + key.size(), "\"sync_affine_param\": true, ");
+  spec.insert(at + key.size(), "\"in_place_codebook_optimizer\": \"Adam\", ");
   const parity::CaseResult r = parity::run_case(c, 1e-5);
   CHECK_FALSE(r.passed());
   CHECK(r.error.find("unsupported") != std::string::npos);
-  CHECK(r.error.find("sync_affine_param") != std::string::npos);
+  CHECK(r.error.find("in_place_codebook_optimizer") != std::string::npos);
 }

@@ -45,6 +45,25 @@ TEST_CASE("LatentQuantize snaps to per-dimension grids and round-trips indices")
   CHECK(lq.forward(zeros({0, 4, 3}), Tensor()).quantized.shape() == Shape{0, 4, 3});
 }
 
+TEST_CASE("LatentQuantize grids start at -1/2 with 0 on them; int levels fill codebook_dim") {
+  Generator gen(3);
+  LatentQuantizeOptions o;
+  o.levels = {5, 4};
+  LatentQuantize lq(o, gen);
+  CHECK(vals(lq.values(0)) == std::vector<double>{-0.5, -0.25, 0.0, 0.25, 0.5});
+  CHECK(vals(lq.values(1)) == std::vector<double>{-0.5, -0.25, 0.0, 0.25});
+  LatentQuantizeOptions one;
+  one.levels = {3};
+  one.codebook_dim = 4;
+  LatentQuantize four(one, gen);
+  CHECK(four.codebook_size() == 81);
+  one.codebook_dim = 0;
+  one.levels = {3, 3};
+  one.codebook_dim = 3;
+  CHECK_THROWS_WITH_AS(LatentQuantize(one, gen), doctest::Contains("codebook_dim 3 does not match"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("LatentQuantize with projections and image maps") {
   Generator gen(2);
   LatentQuantizeOptions o;

@@ -27,7 +27,9 @@ namespace {
 double sq(const std::vector<double>& x, int64_t t, const std::vector<double>& e, int64_t c,
           int64_t d) {
   double s = 0;
-  for (int64_t i = 0; i < d; ++i) s += (x[size_t(t * d + i)] - e[size_t(c * d + i)]) * (x[size_t(t * d + i)] - e[size_t(c * d + i)]);
+  for (int64_t i = 0; i < d; ++i)
+    s += (x[size_t(t * d + i)] - e[size_t(c * d + i)]) *
+         (x[size_t(t * d + i)] - e[size_t(c * d + i)]);
   return s;
 }
 
@@ -72,15 +74,18 @@ TEST_CASE("forward_topk: the k nearest codes, per-token losses, no update") {
       }
       std::vector<int64_t> order(7);
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t a, int64_t b) { return sq(xv, t, ev, a, 4) < sq(xv, t, ev, b, 4); });
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return sq(xv, t, ev, a, 4) < sq(xv, t, ev, b, 4);
+      });
       for (int64_t j = 0; j < 3; ++j) {
         const int64_t c = idx[size_t(t * 3 + j)];
         CHECK(c == order[size_t(j)]);
         for (int64_t i = 0; i < 4; ++i)
-          CHECK(q[size_t((t * 3 + j) * 4 + i)] == doctest::Approx(ev[size_t(c * 4 + i)]).epsilon(1e-6));
+          CHECK(q[size_t((t * 3 + j) * 4 + i)] ==
+                doctest::Approx(ev[size_t(c * 4 + i)]).epsilon(1e-6));
         CHECK(commit[size_t(t * 3 + j)] == doctest::Approx(sq(xv, t, ev, c, 4) / 4).epsilon(1e-5));
-        CHECK(loss[size_t(t * 3 + j)] == doctest::Approx(0.5 * commit[size_t(t * 3 + j)]).epsilon(1e-6));
+        CHECK(loss[size_t(t * 3 + j)] ==
+              doctest::Approx(0.5 * commit[size_t(t * 3 + j)]).epsilon(1e-6));
       }
     }
     CHECK(max_abs_diff(vq.codebook().embed(), before) == 0.0);  // candidates only
@@ -101,11 +106,13 @@ TEST_CASE("forward_topk: refusals name what is wrong") {
   heads.heads = 2;
   heads.codebook_dim = 2;
   VectorQuantize two(heads, gen);
-  CHECK_THROWS_WITH_AS(two.forward_topk(x, 2), doctest::Contains("heads = 1"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(two.forward_topk(x, 2), doctest::Contains("heads = 1"),
+                       std::invalid_argument);
   VectorQuantizeOptions ce = o;
   ce.commitment_use_cross_entropy_loss = true;
   VectorQuantize cross(ce, gen);
-  CHECK_THROWS_WITH_AS(cross.forward_topk(x, 2), doctest::Contains("commitment_use_cross_entropy_loss"),
+  CHECK_THROWS_WITH_AS(cross.forward_topk(x, 2),
+                       doctest::Contains("commitment_use_cross_entropy_loss"),
                        std::invalid_argument);
   VectorQuantize plain(o, gen);
   CHECK_THROWS_WITH_AS(plain.forward_topk(x, 0), doctest::Contains("topk must be >= 1"),
@@ -141,7 +148,8 @@ TEST_CASE("beam search holding every path finds the best one (exhaustive search)
     for (int64_t a = 0; a < 4; ++a)
       for (int64_t b = 0; b < 4; ++b) {
         std::vector<double> r(3);
-        for (int64_t i = 0; i < 3; ++i) r[size_t(i)] = xv[size_t(t * 3 + i)] - e0[size_t(a * 3 + i)];
+        for (int64_t i = 0; i < 3; ++i)
+          r[size_t(i)] = xv[size_t(t * 3 + i)] - e0[size_t(a * 3 + i)];
         const double score = sq(xv, t, e0, a, 3) / 3 + 0.5 * sq(r, 0, e1, b, 3) / 3;
         if (score < best) best = score, best0 = a, best1 = b;
       }
@@ -161,7 +169,8 @@ TEST_CASE("beam search in training: every layer takes the statistics of the chos
   o.beam_size = 3;
   ResidualVQ searched(o, g1), by_hand(o, g2);
   const Tensor x = randn({2, 4, 4}, data);
-  const Tensor mask = to_dtype(from_vector<uint8_t>({1, 1, 1, 0, 1, 1, 0, 0}, {2, 4}), DType::boolean);
+  const Tensor mask =
+      to_dtype(from_vector<uint8_t>({1, 1, 1, 0, 1, 1, 0, 0}, {2, 4}), DType::boolean);
   const QuantizeOutput out = searched.forward(x, mask);
   // The same statistics applied by hand along the returned path.
   Tensor residual = x;
@@ -175,7 +184,8 @@ TEST_CASE("beam search in training: every layer takes the statistics of the chos
     CAPTURE(i);
     CHECK(max_abs_diff(searched.layer(i).codebook().cluster_size(),
                        by_hand.layer(i).codebook().cluster_size()) < 1e-6);
-    CHECK(max_abs_diff(searched.layer(i).codebook().embed(), by_hand.layer(i).codebook().embed()) < 1e-6);
+    CHECK(max_abs_diff(searched.layer(i).codebook().embed(), by_hand.layer(i).codebook().embed()) <
+          1e-6);
   }
   // Losses: each layer's per-token commitment averaged over the 5 valid tokens.
   CHECK(out.loss.shape() == Shape{3});

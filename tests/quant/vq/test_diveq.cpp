@@ -208,3 +208,34 @@ TEST_CASE("masked tokens output zeros, or the input with return_zeros_for_masked
     }
   }
 }
+
+TEST_CASE("manual_ema_update: the step moves the statistics, update_ema() the codes") {
+  Generator g1(14), g2(14), data(15);
+  VectorQuantizeOptions o;
+  o.dim = 4;
+  o.codebook_size = 6;
+  VectorQuantize automatic(o, g1);
+  o.manual_ema_update = true;
+  VectorQuantize manual(o, g2);
+  const Tensor x = randn({2, 5, 4}, data);
+  const Tensor before = manual.codebook().embed().clone();
+  automatic.forward(x);
+  manual.forward(x);
+  CHECK(max_abs_diff(manual.codebook().embed(), before) == 0.0);
+  CHECK(max_abs_diff(manual.codebook().cluster_size(), automatic.codebook().cluster_size()) == 0.0);
+  CHECK(max_abs_diff(manual.codebook().embed_avg(), automatic.codebook().embed_avg()) == 0.0);
+  manual.update_ema();
+  CHECK(max_abs_diff(manual.codebook().embed(), automatic.codebook().embed()) == 0.0);
+  // A shared codebook ignores it: its codes follow once per forward, as the reference forces.
+  Generator g3(16);
+  ResidualVQOptions r;
+  r.dim = 4;
+  r.num_quantizers = 2;
+  r.codebook_sizes = {6};
+  r.shared_codebook = true;
+  r.layer.manual_ema_update = true;
+  ResidualVQ shared(r, g3);
+  const Tensor codes = shared.layer(0).codebook().embed().clone();
+  shared.forward(x);
+  CHECK(max_abs_diff(shared.layer(0).codebook().embed(), codes) > 0);
+}
