@@ -16,6 +16,8 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/random/sampling.h"
+#include "quant/vq/residual_vq.h"
+#include "quant/vq/vector_quantize.h"
 #include "support/gpu.h"
 #include "train/batch_order.h"
 #include "train/checkpoint.h"
@@ -542,6 +544,34 @@ TEST_CASE("FSQ's grid options reach the layer from the config") {
                    validate_quantizer_config({{"type", "vq"}, {"preserve_symmetry", true}});
                  }),
                  "'preserve_symmetry' does not apply to quantizer 'vq'"));
+}
+
+TEST_CASE("DiVeQ, beam search and quant_grad_frac reach the layer from the config") {
+  const json rvq = {{"type", "rvq"},  {"codebook_size", 8},  {"num_quantizers", 2},
+                    {"beam_size", 3}, {"eval_beam_size", 5}, {"quant_grad_frac", 0.5}};
+  std::unique_ptr<TrainQuantizer> q = make_quantizer(rvq, 4, 0);
+  const auto& stack = dynamic_cast<quant::ResidualVQ&>(*q->module());
+  CHECK(stack.options().beam_size == 3);
+  CHECK(stack.options().eval_beam_size.value_or(0) == 5);
+  CHECK(stack.options().quant_grad_frac == 0.5);
+  // A beam search runs on the training map like the greedy stack.
+  Generator data(3);
+  const Tensor z = randn({2, 4, 3, 3}, data);
+  q->module()->train(true);
+  CHECK(q->forward(z).quantized.shape() == z.shape());
+  std::unique_ptr<TrainQuantizer> d = make_quantizer(
+      {{"type", "vq"}, {"directional_reparam", true}, {"threshold_ema_dead_code", 1.0}}, 4, 0);
+  const auto& layer = dynamic_cast<quant::VectorQuantize&>(*d->module());
+  CHECK(layer.options().directional_reparam);
+  CHECK(layer.learnable_codebook());
+  CHECK(contains(invalid([] {
+                   make_quantizer({{"type", "vq"}, {"directional_reparam", true}}, 4, 0);
+                 }),
+                 "threshold_ema_dead_code > 0"));
+  CHECK(dynamic_cast<quant::ResidualVQ&>(
+            *make_quantizer({{"type", "rvq"}, {"diveq", true}}, 4, 0)->module())
+            .options()
+            .diveq);
 }
 
 TEST_CASE("quantizer defaults and option errors") {
