@@ -58,6 +58,9 @@ void read_option(const std::string& who, std::string_view name, const nlohmann::
   } else if constexpr (std::is_same_v<T, double>) {
     if (!v.is_number()) detail::bad_option(who, name, "a number", v);
     field = v.get<double>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) detail::bad_option(who, name, "a string", v);
+    field = v.get<std::string>();
   } else if constexpr (std::is_same_v<T, std::vector<double>>) {
     if (!v.is_array()) {
       field = {0.0};

@@ -34,6 +34,47 @@ namespace detail {
 inline constexpr double kSqrt2OverPi = 0.7978845608028654;
 inline constexpr double kInvSqrt2 = 0.7071067811865476;
 inline constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+/** The inverse error function on [-1, 1] (+-inf at +-1, NaN outside): Giles'
+ * single-precision approximation ("Approximating the erfinv function", GPU
+ * Computing Gems, 2011), then two Newton steps on erf in T, which bring a
+ * double to full precision. */
+template <class T>
+QUANTA_HD T erfinv(T x) {
+  if (!(x > T(-1) && x < T(1))) {
+    if (x == T(1)) return T(HUGE_VAL);
+    if (x == T(-1)) return T(-HUGE_VAL);
+    return T(NAN);
+  }
+  double w = -std::log((1.0 - double(x)) * (1.0 + double(x))), p;
+  if (w < 5.0) {
+    w -= 2.5;
+    p = 2.81022636e-08;
+    p = 3.43273939e-07 + p * w;
+    p = -3.5233877e-06 + p * w;
+    p = -4.39150654e-06 + p * w;
+    p = 0.00021858087 + p * w;
+    p = -0.00125372503 + p * w;
+    p = -0.00417768164 + p * w;
+    p = 0.246640727 + p * w;
+    p = 1.50140941 + p * w;
+  } else {
+    w = std::sqrt(w) - 3.0;
+    p = -0.000200214257;
+    p = 0.000100950558 + p * w;
+    p = 0.00134934322 + p * w;
+    p = -0.00367342844 + p * w;
+    p = 0.00573950773 + p * w;
+    p = -0.0076224613 + p * w;
+    p = 0.00943887047 + p * w;
+    p = 1.00167406 + p * w;
+    p = 2.83297682 + p * w;
+  }
+  T y = T(p * double(x));
+  for (int i = 0; i < 2; ++i)  // Newton: erf'(y) = 2/sqrt(pi) exp(-y^2)
+    y -= (std::erf(y) - x) / (T(1.1283791670955126) * std::exp(-y * y));
+  return y;
+}
 }  // namespace detail
 
 // The functor and op-list macros below are hand-aligned: clang-format 14
@@ -62,6 +103,8 @@ QUANTA_UNARY_FUNCTOR(Sin, std::sin(v))
 QUANTA_UNARY_FUNCTOR(Cos, std::cos(v))
 QUANTA_UNARY_FUNCTOR(Tanh, std::tanh(v))
 QUANTA_UNARY_FUNCTOR(Erf, std::erf(v))
+QUANTA_UNARY_FUNCTOR(Erfinv, detail::erfinv(v))
+QUANTA_UNARY_FUNCTOR(Atan, std::atan(v))
 // Stable for large |v|: never exponentiate a large positive number.
 QUANTA_UNARY_FUNCTOR(Sigmoid,
                      v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v)))
@@ -165,7 +208,7 @@ QUANTA_UPDATE_FUNCTOR(Addcdiv, d + static_cast<T>(s.a) * x / y)
   X(relu, Relu) X(leaky_relu, LeakyRelu) X(gelu, GeluErf) X(gelu_backward, GeluErfGrad) \
   X(gelu_tanh, GeluTanh) X(silu, Silu) X(softplus, Softplus) X(square, Square)          \
   X(pow_scalar, PowScalar) X(clamp, Clamp) X(sign, Sign) X(round, Round)                \
-  X(floor, Floor) X(ceil, Ceil)
+  X(floor, Floor) X(ceil, Ceil) X(erfinv, Erfinv) X(atan, Atan)
 
 // Arithmetic ops write the compute dtype; predicates write bool.
 #define QUANTA_ARITH_OPS(X) \

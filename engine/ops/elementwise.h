@@ -43,6 +43,9 @@ Tensor cos(const Tensor& x);
 Tensor tanh(const Tensor& x);
 /** The error function, 2/sqrt(pi) * integral of exp(-t^2) from 0 to x. */
 Tensor erf(const Tensor& x);
+/** The inverse of erf on [-1, 1] (+-inf at +-1, NaN outside). */
+Tensor erfinv(const Tensor& x);
+Tensor atan(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);

@@ -106,6 +106,21 @@ Tensor erf(const Tensor& x) {
   });
 }
 
+Tensor erfinv(const Tensor& x) {
+  Tensor y = unary_float(UnaryOp::erfinv, x);
+  return with_grad("erfinv", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
+    // d/dx erfinv(x) = sqrt(pi)/2 exp(erfinv(x)^2)
+    return mul(g, exp(square(y)) * 0.88622692545275801);
+  });
+}
+
+Tensor atan(const Tensor& x) {
+  Tensor y = unary_float(UnaryOp::atan, x);
+  return with_grad("atan", x, y, [](const Tensor& g, const Tensor& x, const Tensor&) {
+    return div(g, square(x) + 1.0);
+  });
+}
+
 Tensor sigmoid(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::sigmoid, x);
   return with_grad("sigmoid", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {

@@ -123,7 +123,7 @@ CaseResult run_case(const CaseFile& c, double tolerance) {
   const bool vq =
       r.cls == "VectorQuantize" || r.cls == "ResidualVQ" || r.cls == "GroupedResidualVQ";
   const bool scalar = r.cls == "FSQ" || r.cls == "ResidualFSQ" || r.cls == "LFQ" ||
-                      r.cls == "ResidualLFQ" || r.cls == "LatentQuantize";
+                      r.cls == "ResidualLFQ" || r.cls == "LatentQuantize" || r.cls == "FSP";
   const bool nf4 = r.cls == "bitsandbytes NF4";
   try {
     if (!vq && !scalar && !nf4)

@@ -1,7 +1,7 @@
-// Parity runner for the FSQ and LFQ families and LatentQuantize: rebuilds FSQ,
-// ResidualFSQ, LFQ, ResidualLFQ or LatentQuantize from a case's spec and stored state, makes the
-// recorded call (train-mode forward + backward of L = sum(quantized * w) + sum(aux_loss), or the
-// index lookups) and compares every stored result.
+// Parity runner for the FSQ and LFQ families, FSP and LatentQuantize: rebuilds
+// FSQ, ResidualFSQ, LFQ, ResidualLFQ, FSP or LatentQuantize from a case's spec and stored state,
+// makes the recorded call (train-mode forward + backward of L = sum(quantized * w) + sum(aux_loss),
+// or the index lookups) and compares every stored result.
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -17,6 +17,7 @@
 #include "engine/ops/view.h"
 #include "quant/option_json.h"
 #include "quant/parity/parity.h"
+#include "quant/scalar/fsp.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/latent_quantize.h"
 #include "quant/scalar/lfq.h"
@@ -138,6 +139,24 @@ void run_scalar_case(const CaseFile& c, double tolerance, CaseResult& r) {
           check("implicit_codebook", m.implicit_codebook());
         },
         plain);
+  } else if (r.cls == "FSP") {
+    if (lookup) throw UnsupportedCase("FSP lookup cases");
+    run_layer<FSP, FSPOptions>(
+        r.cls, ctor, c, lookup, check, [](FSP&, const Tensor&) {},
+        [&](FSP& m, const Tensor& x) {
+          // The reference's two rand_like draws of the training perturbation.
+          for (const char* what : {"perturbation", "keep"})
+            if (c.has(std::string("draws.") + what)) r.replayed_draws.push_back(what);
+          if (!r.replayed_draws.empty())
+            m.uniform_draws = [&c](const std::string& what, const Shape& shape,
+                                   const TensorOptions&) {
+              return reshape(c.at("draws." + what), shape);
+            };
+          const QuantizeOutput out = m.forward(x, Tensor());
+          if (c.has("level_indices"))
+            check("level_indices", m.indices_to_level_indices(out.indices));
+          return out;
+        });
   } else if (r.cls == "LatentQuantize") {
     if (lookup) throw UnsupportedCase("LatentQuantize lookup cases");
     run_layer<LatentQuantize, LatentQuantizeOptions>(

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "quant/option_fields.h"
+#include "quant/scalar/fsp.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/latent_quantize.h"
 #include "quant/scalar/lfq.h"
@@ -25,6 +26,19 @@ void for_each_option(FSQOptions& o, Visit&& visit) {
   visit("noise_dropout", o.noise_dropout, K::value);
   visit("bound_hard_clamp", o.bound_hard_clamp, K::value);
   visit("orthogonal_rotation", o.orthogonal_rotation, K::value);
+}
+
+template <class Visit>
+void for_each_option(FSPOptions& o, Visit&& visit) {
+  using K = OptionKind;
+  visit("levels", o.levels, K::size);
+  visit("dim", o.dim, K::size);
+  visit("channel_first", o.channel_first, K::value);
+  visit("projection_has_bias", o.projection_has_bias, K::value);
+  visit("act_name", o.act_name, K::value);
+  visit("quantize_rate", o.quantize_rate, K::value);
+  visit("need_inv_act", o.need_inv_act, K::value);
+  visit("vector_norm", o.vector_norm, K::value);
 }
 
 template <class Visit>

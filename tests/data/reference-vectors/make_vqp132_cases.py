@@ -11,7 +11,7 @@
 import copy, json, sys, platform
 import torch
 from safetensors.torch import save_file
-from vector_quantize_pytorch import VectorQuantize, ResidualVQ, LatentQuantize
+from vector_quantize_pytorch import VectorQuantize, ResidualVQ, LatentQuantize, FSP
 torch.set_num_threads(1)
 out = sys.argv[1]
 LOSS = ("L = sum(quantized * w) + sum(aux_loss), where aux_loss is the auxiliary loss exactly as "
@@ -22,18 +22,20 @@ def stored(t):
     t = t.detach().clone()
     return t.to(torch.uint8) if t.dtype == torch.bool else t
 
-class RecordNormals:
-    """Records every torch.randn_like call made inside the block."""
+class Record:
+    """Records every call of torch.<fn> (randn_like, rand_like) inside the block."""
+    def __init__(self, fn):
+        self.fn = fn
     def __enter__(self):
-        self.draws, self.orig = [], torch.randn_like
+        self.draws, self.orig = [], getattr(torch, self.fn)
         def recorded(t, *a, **k):
             r = self.orig(t, *a, **k)
             self.draws.append(r.detach().clone())
             return r
-        torch.randn_like = recorded
+        setattr(torch, self.fn, recorded)
         return self
     def __exit__(self, *exc):
-        torch.randn_like = self.orig
+        setattr(torch, self.fn, self.orig)
 
 def codebooks(m):
     """(codebook [K, d] float64, projection or None) per quantizing layer, in order."""
@@ -92,7 +94,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
     if mask is not None:
         kwargs["mask"] = mask
     kwargs.update(extra or {})
-    with RecordNormals() as normals:
+    with Record("randn_like") as normals, Record("rand_like") as uniforms:
         ret = mod(x, **kwargs)
     quantized, indices, aux_loss = ret[:3]
     w = torch.randn(quantized.shape, generator=torch.Generator().manual_seed(seeds[2]))
@@ -104,9 +106,16 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
                    aux_loss=stored(aux_loss), L=stored(L), x_grad=x_grad)
     if mask is not None:
         tensors["token_mask"] = stored(mask)
-    if len(ret) == 4:
+    if len(ret) == 4 and isinstance(ret[3], dict):  # FSP: level indices and acceptance
+        tensors["level_indices"] = ret[3]["level_indices"].to(torch.int32)
+        if "p_accept_prob" in ret[3]:
+            tensors["aux_loss.p_accept_prob"] = ret[3]["p_accept_prob"].detach().float()
+    elif len(ret) == 4:
         for n, value in ret[3]._asdict().items():
             tensors[f"aux_loss.{n}"] = torch.as_tensor(value, dtype=torch.float32).detach()
+    assert len(uniforms.draws) in (0, 2), "FSP draws twice or not at all"
+    for what, u in zip(("perturbation", "keep"), uniforms.draws):
+        tensors["draws." + what] = u
     assert len(normals.draws) <= 1, "one normal draw expected inside the forward"
     if normals.draws:
         tensors["draws.directional_noise"] = normals.draws[0]
@@ -232,3 +241,35 @@ dump("vq_manual_ema", "VectorQuantize", VectorQuantize,
      dict(dim=16, codebook_size=32, commitment_weight=1.0, manual_ema_update=True,
           threshold_ema_dead_code=0, **BASE),
      (2, 12, 16), (1231, 1232, 1233), "manual_ema_update=True: embed unchanged after the step")
+
+def fsp_margin_ok(m, x, mask, rel=1e-4):
+    """Every activation is clear of its bin edges (in float64)."""
+    z = x.detach().movedim(1, -1) if m.channel_first else x.detach()
+    z = z.reshape(-1, m.dim)
+    if m.has_projections:
+        z = m.project_in(z)
+    a = m.act_func(z.double()) * m._levels.double()
+    return bool(((a - a.round()).abs() >= rel).all())
+
+# FSP: the training perturbation replays the reference's two rand_like draws
+# (draws.perturbation, draws.keep); level indices as int32.
+dump("fsp_8555", "FSP", FSP, dict(levels=[8, 5, 5, 5]), (2, 16, 4), (1241, 1242, 1243),
+     "FSP defaults (tanh, quantize_rate 0: every element perturbed in training, var_tanh)",
+     margin=fsp_margin_ok)
+dump("fsp_865_d12_normal_inv", "FSP", FSP,
+     dict(levels=[8, 6, 5], dim=12, act_name="normal", need_inv_act=True, quantize_rate=0.5,
+          vector_norm="kurt"),
+     (2, 16, 12), (1251, 1252, 1253),
+     "normal CDF, the inverse activation as the code, half the elements quantized, kurtosis loss",
+     margin=fsp_margin_ok)
+dump("fsp_77_laplace_channel_first_eval", "FSP", FSP,
+     dict(levels=[7, 7], act_name="laplace", vector_norm="var_laplace", channel_first=True),
+     (2, 2, 12), (1261, 1262, 1263), "Laplace CDF, channel-first [b, d, n], eval",
+     mode="eval", margin=fsp_margin_ok)
+dump("fsp_96_cauchy_inv", "FSP", FSP,
+     dict(levels=[9, 6], act_name="cauchy", need_inv_act=True, quantize_rate=0.25, vector_norm="var"),
+     (2, 16, 2), (1271, 1272, 1273), "Cauchy CDF with its inverse, a quarter quantized",
+     margin=fsp_margin_ok)
+dump("fsp_54_sigmoid_inv", "FSP", FSP,
+     dict(levels=[5, 4], act_name="sigmoid", need_inv_act=True, vector_norm="var_sigmoid"),
+     (2, 16, 2), (1281, 1282, 1283), "sigmoid CDF with its inverse (logit)", margin=fsp_margin_ok)

@@ -46,6 +46,16 @@ OpCase binary_case(std::string name, std::function<Tensor(const Tensor&, const T
 
 double sigmoid_ref(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
+// erfinv by bisection on std::erf: independent of the kernel's approximation.
+double erfinv_ref(double v) {
+  double lo = -6, hi = 6;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (std::erf(mid) < v ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
 }  // namespace
 
 TEST_CASE("elementwise binary ops through the harness") {
@@ -100,6 +110,10 @@ TEST_CASE("elementwise unary ops through the harness") {
       "tanh", [](auto& x) { return tanh(x); }, [](double v) { return std::tanh(v); }));
   run_case(unary_case(
       "erf", [](auto& x) { return erf(x); }, [](double v) { return std::erf(v); }));
+  run_case(unary_case(
+      "erfinv", [](auto& x) { return erfinv(x); }, erfinv_ref, Domain::unit));
+  run_case(unary_case(
+      "atan", [](auto& x) { return atan(x); }, [](double v) { return std::atan(v); }));
   run_case(unary_case(
       "sigmoid", [](auto& x) { return sigmoid(x); }, sigmoid_ref));
   run_case(unary_case(
@@ -388,4 +402,17 @@ TEST_CASE("relu_backward: where(x > 0, grad, 0) in one pass, NaN and ties includ
   // Linear in grad: its gradient is the same mask.
   sum(relu_backward(g, x) * 2.0).backward();
   CHECK(g.grad().to_vector<double>() == std::vector<double>{0, 0, 2, 0, 2, 0});
+}
+
+TEST_CASE("erfinv: the ends and outside of [-1, 1], and full precision in f64") {
+  const Tensor x = from_vector<double>({1.0, -1.0, 1.5, 0.0, 0.999999, -0.3}, {6});
+  const auto y = erfinv(x).to_vector<double>();
+  CHECK(std::isinf(y[0]));
+  CHECK(y[0] > 0);
+  CHECK(std::isinf(y[1]));
+  CHECK(y[1] < 0);
+  CHECK(std::isnan(y[2]));
+  CHECK(y[3] == 0.0);
+  CHECK(std::abs(std::erf(y[4]) - 0.999999) < 1e-15);  // erf is flat there: check its value
+  CHECK(std::abs(std::erf(y[5]) + 0.3) < 1e-15);
 }

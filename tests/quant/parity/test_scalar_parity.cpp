@@ -23,7 +23,7 @@ std::vector<std::string> scalar_cases() {
     const std::string name = e.path().filename().string();
     if (e.path().extension() != ".safetensors") continue;
     std::string family = name.rfind("lookup_", 0) == 0 ? name.substr(7) : name;
-    for (const char* f : {"fsq_", "rfsq_", "lfq_", "rlfq_", "latent_"})
+    for (const char* f : {"fsq_", "rfsq_", "lfq_", "rlfq_", "latent_", "fsp_"})
       if (family.rfind(f, 0) == 0) files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
@@ -35,8 +35,8 @@ std::vector<std::string> scalar_cases() {
 TEST_CASE("scalar quantizer parity with vector-quantize-pytorch 1.31.0 and 1.32.0") {
   const std::vector<std::string> files = scalar_cases();
   // fsq x4, rfsq x1, lfq x5, rlfq x1 and their lookups (3 + 1 + 2 + 1);
-  // LatentQuantize x2 (1.32).
-  CHECK(files.size() == 20);
+  // LatentQuantize x2 and FSP x5 (1.32).
+  CHECK(files.size() == 25);
   for (const std::string& path : files) {
     const quanta::parity::CaseResult r = quanta::parity::run_case(quanta::parity::load_case(path));
     std::ostringstream report;
