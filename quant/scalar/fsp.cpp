@@ -13,7 +13,7 @@
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
-#include "quant/scalar/scalar_common.h"
+#include "quant/streams.h"
 #include "quant/token_layout.h"
 
 namespace quanta::quant {
@@ -69,8 +69,9 @@ FSP::FSP(FSPOptions opts, Generator& gen)
       found = true;
     }
   if (!found)
-    fsp_fail("vector_norm must be one of none, var, kurt, var_tanh, var_sigmoid, var_laplace, got '" +
-             opts_.vector_norm + "'");
+    fsp_fail(
+        "vector_norm must be one of none, var, kurt, var_tanh, var_sigmoid, var_laplace, got '" +
+        opts_.vector_norm + "'");
   const int64_t d = static_cast<int64_t>(opts_.levels.size());
   dim_ = opts_.dim > 0 ? opts_.dim : d;
   Generator init = Generator::named(seed, "fsp.init");
@@ -144,7 +145,7 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
   if (project_in_) z = project_in_->forward(z);
   const Tensor loss = statistics_loss(z);
   const double eps = z.dtype() == DType::f64 ? std::numeric_limits<double>::epsilon()
-                                              : double(std::numeric_limits<float>::epsilon());
+                                             : double(std::numeric_limits<float>::epsilon());
   std::vector<double> lv(opts_.levels.begin(), opts_.levels.end());
   const Tensor levels = from_vector<double>(lv, {d}).to(z.dtype()).to(z.device());
   const Tensor act = activate(z);
@@ -158,21 +159,23 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
   if (is_training() && opts_.quantize_rate < 1.0) {
     Generator& gen = perturb_gen_.next();  // one next() per forward: a pinned stream restarts
     const auto draw = [&](const std::string& what) {
-      return uniform_draws ? to_dtype(uniform_draws(what, act.shape(), options_of(act)), act.dtype())
-                           : rand(act.shape(), gen, options_of(act));
+      return uniform_draws
+                 ? to_dtype(uniform_draws(what, act.shape(), options_of(act)), act.dtype())
+                 : rand(act.shape(), gen, options_of(act));
     };
     // Uniform within half a bin of the activation, kept where it stays in (0, 1).
     const Tensor offset = (draw("perturbation") * 2.0 - 1.0) / (levels * 2.0);
     const Tensor proposal = act + offset;
-    const Tensor inside =
-        logical_and(gt(proposal, scalar_like(proposal, 0.0)), lt(proposal, scalar_like(proposal, 1.0)));
+    const Tensor inside = logical_and(gt(proposal, scalar_like(proposal, 0.0)),
+                                      lt(proposal, scalar_like(proposal, 1.0)));
     accepted = mean(to_dtype(inside, z.dtype()));
     const Tensor perturbed = where(inside, proposal, act);
     const Tensor perturb = gt(draw("keep"), scalar_like(act, opts_.quantize_rate));
     code_act = where(perturb, perturbed, code_act);
   }
-  Tensor q = opts_.need_inv_act ? straight_through(z, inverse_activation(clamp(code_act.detach(), eps, 1.0 - eps)))
-                                : (code_act - 0.5) * (1.0 / kUniformStd);
+  Tensor q = opts_.need_inv_act
+                 ? straight_through(z, inverse_activation(clamp(code_act.detach(), eps, 1.0 - eps)))
+                 : (code_act - 0.5) * (1.0 / kUniformStd);
   if (project_out_) q = project_out_->forward(q);
   Tensor indices;
   {
@@ -199,8 +202,8 @@ Tensor FSP::indices_to_level_indices(const Tensor& indices) const {
   std::vector<int32_t> out(idx.size() * size_t(d));
   for (size_t t = 0; t < idx.size(); ++t) {
     if (idx[t] < 0 || idx[t] >= codebook_size_)
-      fsp_fail("index " + std::to_string(idx[t]) + " outside [0, " + std::to_string(codebook_size_) +
-               ")");
+      fsp_fail("index " + std::to_string(idx[t]) + " outside [0, " +
+               std::to_string(codebook_size_) + ")");
     for (int64_t i = 0; i < d; ++i)
       out[t * size_t(d) + size_t(i)] =
           static_cast<int32_t>((idx[t] / basis_[size_t(i)]) % opts_.levels[size_t(i)]);
@@ -219,8 +222,6 @@ Tensor FSP::get_codes_from_indices(const Tensor& indices) {
 Tensor FSP::get_output_from_indices(const Tensor& indices) {
   Tensor codes = get_codes_from_indices(indices);
   if (project_out_) codes = project_out_->forward(codes);
-  const bool image = indices.dim() >= 3;
-  if (image || (opts_.channel_first && indices.dim() == 2)) codes = detail::features_to_dim1(codes);
   return codes;
 }
 

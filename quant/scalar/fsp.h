@@ -69,8 +69,9 @@ class FSP : public SingleLayerQuantizer, public StepKeyed {
   Tensor indices_to_level_indices(const Tensor& indices) const;
   /** Indices -> codes [..., d] before project_out. */
   Tensor get_codes_from_indices(const Tensor& indices) override;
-  /** Indices -> project_out(codes) in the input's layout (channel first when
-   * channel_first), as the reference's indices_to_codes. */
+  /** Indices -> project_out(codes), [..., dim] (features last, as every
+   * quantizer's; the reference's indices_to_codes puts them first with
+   * channel_first). */
   Tensor get_output_from_indices(const Tensor& indices) override;
   int64_t codebook_size() const override { return codebook_size_; }
   int64_t num_codebooks() const override { return 1; }

@@ -16,6 +16,7 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/random/sampling.h"
+#include "quant/scalar/fsp.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
 #include "support/gpu.h"
@@ -574,6 +575,39 @@ TEST_CASE("DiVeQ, beam search and quant_grad_frac reach the layer from the confi
             .diveq);
 }
 
+TEST_CASE("FSP from the config: its options reach the layer, choices are checked") {
+  std::unique_ptr<TrainQuantizer> q = make_quantizer({{"type", "fsp"},
+                                                      {"levels", {8, 6, 5}},
+                                                      {"act_name", "normal"},
+                                                      {"quantize_rate", 0.5},
+                                                      {"need_inv_act", true},
+                                                      {"vector_norm", "kurt"}},
+                                                     3, 0);
+  const auto& fsp = dynamic_cast<quant::FSP&>(*q->module());
+  CHECK(fsp.options().act_name == "normal");
+  CHECK(fsp.options().quantize_rate == 0.5);
+  CHECK(fsp.options().need_inv_act);
+  CHECK(fsp.options().vector_norm == "kurt");
+  CHECK(q->codebook_size() == 240);
+  Generator data(4);
+  const Tensor z = randn({2, 3, 4, 4}, data);
+  q->module()->eval();
+  const auto out = q->forward(z);
+  CHECK(out.quantized.shape() == z.shape());
+  CHECK(max_abs_diff(q->decode(out.indices), out.quantized) < 1e-5);  // eval: the codes
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "fsp"}, {"act_name", "relu"}});
+                 }),
+                 "'act_name' must be one of tanh, sigmoid, normal, laplace, cauchy, got \"relu\""));
+  const auto& opts = quantizer_options();
+  const auto act = std::find_if(opts.begin(), opts.end(),
+                                [](const QuantizerOption& o) { return o.key == "act_name"; });
+  REQUIRE(act != opts.end());
+  CHECK(parse_option_value(*act, "cauchy") == "cauchy");
+  CHECK(contains(invalid([&] { parse_option_value(*act, "gelu"); }),
+                 "--act-name: expected one of tanh, sigmoid, normal, laplace, cauchy, got 'gelu'"));
+}
+
 TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "vq"}}, 16, 0)->codebook_size() == 512);
   CHECK(make_quantizer({{"type", "simvq"}}, 16, 0)->codebook_size() == 512);
@@ -588,7 +622,7 @@ TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->codebook_size() == 512);
   CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->num_codebooks() == 4);
   CHECK(make_quantizer({{"type", "none"}}, 16, 0)->codebook_size() == 0);
-  CHECK(available_quantizer_types() == "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq");
+  CHECK(available_quantizer_types() == "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq");
 
   CHECK(contains(invalid([] {
                    make_quantizer({{"type", "grvq"}, {"groups", 3}}, 16, 0);

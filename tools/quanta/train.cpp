@@ -278,6 +278,11 @@ void add_train(CLI::App& app) {
     if (opt.type == train::OptionType::integer) o->type_name("INT");
     if (opt.type == train::OptionType::number) o->type_name("FLOAT");
     if (opt.type == train::OptionType::integer_list) o->type_name("INT,INT,...");
+    if (opt.type == train::OptionType::choice) {
+      std::string names;
+      for (const auto& c : opt.choices) names += (names.empty() ? "" : "|") + c;
+      o->type_name("{" + names + "}");
+    }
     o->group("Quantizer options");
     t.apply.push_back([o, text, opt](json& layer) {
       if (o->count() == 0) return;

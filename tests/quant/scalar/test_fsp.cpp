@@ -32,7 +32,8 @@ double cdf(const std::string& act, double z) {
   if (act == "tanh") return (std::tanh(z) + 1) / 2;
   if (act == "sigmoid") return 1 / (1 + std::exp(-z));
   if (act == "normal") return (1 + std::erf(z / std::sqrt(2.0))) / 2;
-  if (act == "laplace") return 0.5 * (1 + (z > 0 ? 1 : z < 0 ? -1 : 0) * (1 - std::exp(-std::abs(z))));
+  if (act == "laplace")
+    return 0.5 * (1 + (z > 0 ? 1 : z < 0 ? -1 : 0) * (1 - std::exp(-std::abs(z))));
   return std::atan(z) / M_PI + 0.5;
 }
 
@@ -59,12 +60,14 @@ TEST_CASE("FSP in eval: each element the midpoint of its CDF bin, indices mixed-
         for (size_t i = 0; i < 3; ++i) {
           const int64_t levels = o.levels[i];
           const double p = cdf(act, xv[t * 3 + i]);
-          const int64_t bin = std::min<int64_t>(int64_t(std::floor(p * double(levels))), levels - 1);
+          const int64_t bin =
+              std::min<int64_t>(int64_t(std::floor(p * double(levels))), levels - 1);
           const double mid = (double(bin) + 0.5) / double(levels);
           double want = (mid - 0.5) * std::sqrt(12.0);
           if (inverse) {  // the z whose CDF is the midpoint
             double lo = -60, hi = 60;
-            for (int k = 0; k < 200; ++k) (cdf(act, 0.5 * (lo + hi)) < mid ? lo : hi) = 0.5 * (lo + hi);
+            for (int k = 0; k < 200; ++k)
+              (cdf(act, 0.5 * (lo + hi)) < mid ? lo : hi) = 0.5 * (lo + hi);
             want = 0.5 * (lo + hi);
           }
           CHECK(q[t * 3 + i] == doctest::Approx(want).epsilon(1e-9));
@@ -123,7 +126,8 @@ TEST_CASE("FSP: the perturbation draws come from the step stream; eval draws not
   CHECK(max_abs_diff(a.forward(x), a.forward(x)) == 0.0);
   a.eval();
   const QuantizeOutput e = a.forward(x, Tensor());
-  CHECK(max_abs_diff(e.quantized, a.get_output_from_indices(e.indices)) < 1e-6);  // straight-through rounding
+  CHECK(max_abs_diff(e.quantized, a.get_output_from_indices(e.indices)) <
+        1e-6);  // straight-through rounding
   CHECK(e.term("p_accept_prob").item() == 0.0);
 }
 
@@ -131,13 +135,16 @@ TEST_CASE("FSP: refusals name the option") {
   Generator gen(7);
   FSPOptions o;
   o.levels = {8, 1};
-  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("every level must be >= 2"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("every level must be >= 2"),
+                       std::invalid_argument);
   o.levels = {8, 5};
   o.act_name = "relu";
-  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("act_name must be one of"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("act_name must be one of"),
+                       std::invalid_argument);
   o.act_name = "tanh";
   o.vector_norm = "l2";
-  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("vector_norm must be one of"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("vector_norm must be one of"),
+                       std::invalid_argument);
   o.vector_norm = "none";
   o.quantize_rate = 1.5;
   CHECK_THROWS_WITH_AS(FSP(o, gen), doctest::Contains("quantize_rate must lie in [0, 1]"),

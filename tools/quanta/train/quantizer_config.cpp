@@ -17,8 +17,13 @@ std::vector<std::string> with(std::vector<std::string> a, std::vector<std::strin
   return a;
 }
 
-const char* type_word(OptionType t) {
-  switch (t) {
+std::string type_word(const QuantizerOption& o) {
+  if (o.type == OptionType::choice) {
+    std::string words = "one of ";
+    for (size_t i = 0; i < o.choices.size(); ++i) words += (i ? ", " : "") + o.choices[i];
+    return words;
+  }
+  switch (o.type) {
     case OptionType::integer:
       return "an integer";
     case OptionType::number:
@@ -61,6 +66,7 @@ const std::vector<std::pair<std::string, std::string>>& quantizer_types() {
       {"grvq", "GroupedResidualVQ: residual VQ per channel group"},
       {"simvq", "SimVQ: a frozen codebook through a learned linear map"},
       {"fsq", "FSQ: finite scalar quantization on fixed levels"},
+      {"fsp", "FSP: finite scalar perturbation, CDF bins with in-bin noise while training"},
       {"rfsq", "ResidualFSQ: a stack of FSQs on the residuals"},
       {"lfq", "LFQ: lookup-free (binary) quantization"},
       {"rlfq", "ResidualLFQ: a stack of LFQs on the residuals"},
@@ -77,7 +83,7 @@ const std::vector<QuantizerOption>& quantizer_options() {
        "code vector size (projections in and out when it "
        "differs from the latent dim)",
        with(kVqFamily, {"simvq"})},
-      {"levels", T::integer_list, "FSQ levels per dimension, e.g. 8,5,5,5", {"fsq", "rfsq"}},
+      {"levels", T::integer_list, "FSQ levels per dimension, e.g. 8,5,5,5", {"fsq", "fsp", "rfsq"}},
       {"num_quantizers", T::integer, "residual quantizer levels", {"rvq", "grvq", "rfsq", "rlfq"}},
       {"groups", T::integer, "channel groups", {"grvq"}},
       {"heads", T::integer, "heads (the latent split into this many parts)", {"vq"}},
@@ -138,6 +144,24 @@ const std::vector<QuantizerOption>& quantizer_options() {
        T::boolean,
        "bound the latent by clamp(z, -1, 1) instead of tanh",
        {"fsq", "rfsq"}},
+      {"act_name",
+       T::choice,
+       "FSP's CDF activation",
+       {"fsp"},
+       {"tanh", "sigmoid", "normal", "laplace", "cauchy"}},
+      {"quantize_rate",
+       T::number,
+       "FSP: the fraction of elements quantized while training (the rest perturbed; 0 to 1)",
+       {"fsp"}},
+      {"need_inv_act",
+       T::boolean,
+       "FSP: the code is the activation's inverse at the bin midpoint",
+       {"fsp"}},
+      {"vector_norm",
+       T::choice,
+       "FSP's batch-statistics loss preset",
+       {"fsp"},
+       {"none", "var", "kurt", "var_tanh", "var_sigmoid", "var_laplace"}},
       {"entropy_loss_weight", T::number, "weight of the entropy loss", {"lfq", "rlfq"}},
       {"commitment_loss_weight", T::number, "weight of the commitment loss", {"lfq", "rlfq"}},
       {"diversity_gamma", T::number, "weight of the codebook-entropy term", {"lfq", "rlfq"}},
@@ -170,7 +194,7 @@ void validate_quantizer_config(const nlohmann::json& config) {
   if (!config.contains("type") || !config["type"].is_string())
     throw std::invalid_argument(
         "[config] \"quantizer\" needs a string \"type\" (one of "
-        "none, vq, rvq, grvq, simvq, fsq, rfsq, lfq, rlfq)");
+        "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq)");
   const std::string type = config["type"].get<std::string>();
   std::string names;
   bool known = false;
@@ -210,9 +234,13 @@ void validate_quantizer_config(const nlohmann::json& config) {
         ok = value.is_array() && !value.empty();
         for (const auto& v : value) ok = ok && integer_in(v, 1, kMaxIntegerOption);
         break;
+      case OptionType::choice:
+        ok = value.is_string() && std::find(it->choices.begin(), it->choices.end(),
+                                            value.get<std::string>()) != it->choices.end();
+        break;
     }
     if (!ok) {
-      std::string want = type_word(it->type);
+      std::string want = type_word(*it);
       if (it->type == OptionType::integer)
         want += value.is_number_integer() && !integer_in(value, INT64_MIN, kMaxIntegerOption)
                     ? " <= " + std::to_string(kMaxIntegerOption)
@@ -228,7 +256,7 @@ void validate_quantizer_config(const nlohmann::json& config) {
 
 nlohmann::json parse_option_value(const QuantizerOption& opt, const std::string& text) {
   auto bad = [&]() -> std::invalid_argument {
-    return std::invalid_argument("--" + flag_name(opt.key) + ": expected " + type_word(opt.type) +
+    return std::invalid_argument("--" + flag_name(opt.key) + ": expected " + type_word(opt) +
                                  ", got '" + text + "'");
   };
   auto parse_int = [&](const std::string& s) {
@@ -250,6 +278,9 @@ nlohmann::json parse_option_value(const QuantizerOption& opt, const std::string&
       if (text == "true" || text == "1" || text == "on" || text == "yes") return true;
       if (text == "false" || text == "0" || text == "off" || text == "no") return false;
       throw bad();
+    case OptionType::choice:
+      if (std::find(opt.choices.begin(), opt.choices.end(), text) == opt.choices.end()) throw bad();
+      return text;
     default: {
       nlohmann::json list = nlohmann::json::array();
       size_t start = 0;

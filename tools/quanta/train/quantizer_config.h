@@ -10,15 +10,16 @@
 namespace quanta::train {
 
 /** The JSON type an option value must have. */
-enum class OptionType { integer, number, boolean, integer_list };
+enum class OptionType { integer, number, boolean, integer_list, choice };
 
-/** One quantizer option: its key ("codebook_size"), value type, help text
- * and the quantizer types that accept it. */
+/** One quantizer option: its key ("codebook_size"), value type, help text,
+ * the quantizer types that accept it and, for a choice, its values. */
 struct QuantizerOption {
   std::string key;
   OptionType type;
   std::string help;
   std::vector<std::string> types;
+  std::vector<std::string> choices = {};
 };
 
 /** Every quantizer type name, "none" first, with a one-line description. */

@@ -1,5 +1,5 @@
 // The scalar family's layers built from a "quantizer" config: FSQ ("fsq"),
-// ResidualFSQ ("rfsq"), LFQ ("lfq") and ResidualLFQ ("rlfq") on [B, D, H, W]
+// FSP ("fsp"), ResidualFSQ ("rfsq"), LFQ ("lfq") and ResidualLFQ ("rlfq") on [B, D, H, W]
 // feature maps (their layers take rank-4 inputs as channel-first feature
 // maps), driven by LayerQuantizer. Their codebooks are implicit, so there is
 // no state to update after a step.
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "quant/scalar/fsp.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
@@ -40,6 +41,13 @@ std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type, Quan
     o.dim = dim;
     read_options(c, type, o);
     return std::make_unique<LayerQuantizer>(std::make_shared<quant::FSQ>(o, gen), type, dim, seed);
+  }
+  if (type == "fsp") {
+    quant::FSPOptions o;
+    o.levels = kLevels;
+    o.dim = dim;
+    read_options(c, type, o);
+    return std::make_unique<LayerQuantizer>(std::make_shared<quant::FSP>(o, gen), type, dim, seed);
   }
   if (type == "lfq") {
     quant::LFQOptions o;
