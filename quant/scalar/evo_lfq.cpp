@@ -37,13 +37,13 @@ class EvalMode {
 
 }  // namespace
 
-EvoLFQ::EvoLFQ(std::shared_ptr<Module> encoder, std::shared_ptr<Module> decoder,
-               EvoLFQOptions opts, Generator& gen)
+EvoLFQ::EvoLFQ(std::shared_ptr<Module> encoder, std::shared_ptr<Module> decoder, EvoLFQOptions opts,
+               Generator& gen)
     : Module("EvoLFQ"), opts_(std::move(opts)), gen_(0) {
   if (!encoder || !decoder) evo_fail("needs an encoder and a decoder");
   if (opts_.pop_size <= opts_.elitism_count)
-    evo_fail("pop_size (" + std::to_string(opts_.pop_size) + ") must be greater than elitism_count (" +
-             std::to_string(opts_.elitism_count) + ")");
+    evo_fail("pop_size (" + std::to_string(opts_.pop_size) +
+             ") must be greater than elitism_count (" + std::to_string(opts_.elitism_count) + ")");
   if (opts_.elitism_count < 0) evo_fail("elitism_count must be >= 0");
   if (opts_.tournament_size < 1) evo_fail("tournament_size must be >= 1");
   if (!(opts_.mutation_rate >= 0 && opts_.mutation_rate <= 1))
@@ -65,7 +65,8 @@ Tensor EvoLFQ::encode(const Tensor& x, bool signs) {
   NoGradGuard no_grad;
   EvalMode eval(*this);
   // The bits are the signs of the codes before project_out.
-  const Tensor codes = lfq_->get_codes_from_indices(lfq_->forward(encoder_->forward(x), Tensor()).indices);
+  const Tensor codes =
+      lfq_->get_codes_from_indices(lfq_->forward(encoder_->forward(x), Tensor()).indices);
   const Tensor one = gt(codes, scalar_like(codes, 0.0));
   return signs ? where(one, ones_like(codes), -ones_like(codes)) : to_dtype(one, codes.dtype());
 }
@@ -75,16 +76,18 @@ Tensor EvoLFQ::decode_bits(const Tensor& bits) {
   EvalMode eval(*this);
   const int64_t c = lfq_->num_codebooks(), d = lfq_->codebook_dim();
   if (bits.dim() < 1 || bits.size(-1) != c * d)
-    evo_fail("bits must end in num_codebooks * codebook_dim = " + std::to_string(c * d) +
-             ", got " + shape_str(bits.shape()));
+    evo_fail("bits must end in num_codebooks * codebook_dim = " + std::to_string(c * d) + ", got " +
+             shape_str(bits.shape()));
   Shape split = bits.shape();
   split.back() = c;
   split.push_back(d);
   // Most significant bit first, as LFQ's indices.
   std::vector<int64_t> weights(static_cast<size_t>(d));
   for (int64_t i = 0; i < d; ++i) weights[size_t(i)] = int64_t{1} << (d - 1 - i);
-  const Tensor w = from_vector<int64_t>(weights, {d}, {.dtype = DType::i64, .device = bits.device()});
-  Tensor indices = sum(to_dtype(gt(reshape(bits, split), scalar_like(bits, 0.0)), DType::i64) * w, {-1});
+  const Tensor w =
+      from_vector<int64_t>(weights, {d}, {.dtype = DType::i64, .device = bits.device()});
+  Tensor indices =
+      sum(to_dtype(gt(reshape(bits, split), scalar_like(bits, 0.0)), DType::i64) * w, {-1});
   if (!lfq_->keep_num_codebooks_dim()) indices = squeeze(indices, -1);
   return decoder_->forward(lfq_->get_output_from_indices(indices));
 }
@@ -92,7 +95,8 @@ Tensor EvoLFQ::decode_bits(const Tensor& bits) {
 Tensor EvoLFQ::random_population(const Shape& member, bool signs, Device device) {
   Shape shape{opts_.pop_size};
   shape.insert(shape.end(), member.begin(), member.end());
-  const Tensor bits = to_dtype(randint(0, 2, shape, gen_, {.dtype = DType::i64, .device = device}), DType::f32);
+  const Tensor bits =
+      to_dtype(randint(0, 2, shape, gen_, {.dtype = DType::i64, .device = device}), DType::f32);
   return signs ? bits * 2.0 - 1.0 : bits;
 }
 
@@ -136,7 +140,8 @@ EvoLFQ::Generation EvoLFQ::step(const Tensor& population, const Fitness& fitness
   const Tensor parents = squeeze(gather(contenders, -1, argmax(scores, -1, true)), -1);  // [n, 2]
   const Tensor first = index_select(population, 0, select(parents, 1, 0));
   const Tensor second = index_select(population, 0, select(parents, 1, 1));
-  const Tensor take_first = lt(rand(first.shape(), gen_, options_of(first)), scalar_like(first, 0.5));
+  const Tensor take_first =
+      lt(rand(first.shape(), gen_, options_of(first)), scalar_like(first, 0.5));
   parts.push_back(mutate(where(take_first, first, second), signs));
   return {cat(parts, 0), fit};
 }

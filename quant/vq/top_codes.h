@@ -10,8 +10,9 @@
 namespace quanta::quant {
 
 /** Indices (i64 [..., k]) of the k largest values along the last dim of `x`
- * [..., n], largest first, ties to the lower index (argmax's rule). No
+ * [..., n], largest first, ties to the lower index (argmax's rule); with
+ * `largest` false the k smallest, smallest first (argmin's rule). No
  * gradient. 1 <= k <= n. */
-Tensor top_indices(const Tensor& x, int64_t k);
+Tensor top_indices(const Tensor& x, int64_t k, bool largest = true);
 
 }  // namespace quanta::quant

@@ -478,12 +478,28 @@ QuantizeOutput VectorQuantize::forward_topk(const Tensor& x, int64_t k, const Te
   p.updates = false;  // candidates only: the caller keeps some (update_indices)
   if (opts_.affine_param && p.training) update_affine(t);
   const Tensor codes = codes_for(p);
-  const Tensor dist = distances(t.x, codes);  // [1, T, K]
-  Tensor logits = dist.detach();
-  if (p.stochastic)
-    logits = logits / opts_.sample_codebook_temp +
-             gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
-  const Tensor idx = top_indices(logits, k);  // [1, T, k]
+  // The distances [1, T, K] where a loss, the Gumbel softmax or sampling
+  // reads them; else the k nearest are those of least squared distance (the
+  // same order without the square root and sign).
+  Tensor dist, idx;
+  if (p.gumbel || p.stochastic || (p.training && opts_.codebook_diversity_loss_weight > 0)) {
+    dist = distances(t.x, codes);
+    Tensor logits = dist.detach();
+    if (p.stochastic)
+      logits = logits / opts_.sample_codebook_temp +
+               gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
+    idx = top_indices(logits, k);  // [1, T, k]
+  } else {
+    NoGradGuard choice_only;
+    const Tensor xs = t.x.detach();
+    std::vector<Tensor> per;  // cosine: similarities (largest nearest); else squared distances
+    for (int64_t g = 0; g < xs.size(0); ++g)
+      per.push_back(opts_.use_cosine_sim
+                        ? matmul(select(xs, 0, g), transpose(select(codes, 0, g), 0, 1))
+                        : sq_dist(select(xs, 0, g), select(codes, 0, g)));
+    idx = top_indices(per.size() == 1 ? unsqueeze(per[0], 0) : stack(per), k,
+                      /*largest=*/opts_.use_cosine_sim);
+  }
   const int64_t tt = t.x.size(1), d = codebook_dim_, kk = opts_.codebook_size;
   const Tensor flat = reshape(idx, {1, tt * k});
   Tensor q;

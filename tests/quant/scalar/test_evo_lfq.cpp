@@ -32,7 +32,9 @@ std::shared_ptr<EvoLFQ> make(Generator& gen, EvoLFQOptions o = options()) {
 }
 
 // Fitness: the number of ones.
-Tensor ones_count(const Tensor&, const Tensor& bits) { return sum(gt(bits, scalar_like(bits, 0.0)), {-1}); }
+Tensor ones_count(const Tensor&, const Tensor& bits) {
+  return sum(gt(bits, scalar_like(bits, 0.0)), {-1});
+}
 
 }  // namespace
 
@@ -74,7 +76,8 @@ TEST_CASE("EvoLFQ step: elites carried over, children from their parents' bits")
     // The two fittest first, in order.
     std::vector<int> order(12);
     for (int i = 0; i < 12; ++i) order[size_t(i)] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return fit[size_t(a)] > fit[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return fit[size_t(a)] > fit[size_t(b)]; });
     for (int e = 0; e < 2; ++e)
       for (int k = 0; k < 8; ++k)
         CHECK(after[size_t(e * 8 + k)] == before[size_t(order[size_t(e)] * 8 + k)]);
@@ -94,10 +97,9 @@ TEST_CASE("EvoLFQ evolve: the best never gets worse and the toy optimum is found
   Generator gen(4);
   auto evo = make(gen, options(24));
   std::vector<double> best;
-  const EvoLFQ::Result r = evo->evolve(ones_count, evo->random_population({8}), 40, false,
-                                       [&](int64_t, const EvoLFQ::Result& now) {
-                                         best.push_back(now.best_fitness);
-                                       });
+  const EvoLFQ::Result r =
+      evo->evolve(ones_count, evo->random_population({8}), 40, false,
+                  [&](int64_t, const EvoLFQ::Result& now) { best.push_back(now.best_fitness); });
   REQUIRE(best.size() == 40);
   for (size_t i = 1; i < best.size(); ++i) CHECK(best[i] >= best[i - 1]);
   CHECK(r.best_fitness == 8.0);
