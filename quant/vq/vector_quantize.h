@@ -1,6 +1,6 @@
 #pragma once
 // VectorQuantize: nearest-code quantization with an EMA-trained codebook,
-// following vector-quantize-pytorch 1.31.0 option by option (docs/vq.md).
+// following vector-quantize-pytorch 1.32.0 option by option (docs/vq.md).
 //
 // State updates are explicit: a training forward only ACCUMULATES statistics
 // into the codebook's pending CodebookStatistics; update_state() (EMA step
