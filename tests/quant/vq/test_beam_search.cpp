@@ -39,7 +39,8 @@ TEST_CASE("top_indices: the k largest, largest first, ties to the lower index") 
   const Tensor x = from_vector<float>({1, 5, 3, 5, -2, 0, 0, 7, 7, 1}, {2, 5});
   CHECK(top_indices(x, 3).to_vector<int64_t>() == std::vector<int64_t>{1, 3, 2, 2, 3, 4});
   CHECK(top_indices(x, 1).shape() == Shape{2, 1});
-  CHECK(top_indices(x, 2, /*largest=*/false).to_vector<int64_t>() == std::vector<int64_t>{4, 0, 0, 1});
+  CHECK(top_indices(x, 2, /*largest=*/false).to_vector<int64_t>() ==
+        std::vector<int64_t>{4, 0, 0, 1});
   CHECK_THROWS_WITH_AS(top_indices(x, 6), doctest::Contains("k must be in [1, 5]"),
                        std::invalid_argument);
 }
@@ -111,7 +112,8 @@ TEST_CASE("forward_topk with a cosine codebook: the most similar codes first") {
   for (int64_t t = 0; t < 6; ++t) {
     std::vector<double> sim(9);
     for (int64_t c = 0; c < 9; ++c)
-      for (int64_t i = 0; i < 4; ++i) sim[size_t(c)] += xv[size_t(t * 4 + i)] * e[size_t(c * 4 + i)];
+      for (int64_t i = 0; i < 4; ++i)
+        sim[size_t(c)] += xv[size_t(t * 4 + i)] * e[size_t(c * 4 + i)];
     for (int64_t j = 0; j + 1 < 4; ++j)
       CHECK(sim[size_t(idx[size_t(t * 4 + j)])] >= sim[size_t(idx[size_t(t * 4 + j + 1)])]);
     CHECK(*std::max_element(sim.begin(), sim.end()) == sim[size_t(idx[size_t(t * 4)])]);
