@@ -13,6 +13,7 @@
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/scalar/scalar_common.h"
 #include "quant/streams.h"
 #include "quant/token_layout.h"
 
@@ -195,22 +196,7 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
 Tensor FSP::forward(const Tensor& x) { return forward(x, Tensor()).quantized; }
 
 Tensor FSP::indices_to_level_indices(const Tensor& indices) const {
-  if (is_floating(indices.dtype()))
-    fsp_fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
-  const int64_t d = int64_t(opts_.levels.size());
-  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
-  std::vector<int32_t> out(idx.size() * size_t(d));
-  for (size_t t = 0; t < idx.size(); ++t) {
-    if (idx[t] < 0 || idx[t] >= codebook_size_)
-      fsp_fail("index " + std::to_string(idx[t]) + " outside [0, " +
-               std::to_string(codebook_size_) + ")");
-    for (int64_t i = 0; i < d; ++i)
-      out[t * size_t(d) + size_t(i)] =
-          static_cast<int32_t>((idx[t] / basis_[size_t(i)]) % opts_.levels[size_t(i)]);
-  }
-  Shape s = indices.shape();
-  s.push_back(d);
-  return from_vector<int32_t>(out, s).to(indices.device());
+  return detail::index_digits(indices, basis_, opts_.levels, codebook_size_, "FSP");
 }
 
 Tensor FSP::get_codes_from_indices(const Tensor& indices) {

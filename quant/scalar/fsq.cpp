@@ -127,22 +127,7 @@ Tensor FSQ::codes_to_indices(const Tensor& codes) const {
 }
 
 Tensor FSQ::indices_to_level_indices(const Tensor& indices) const {
-  if (is_floating(indices.dtype()))
-    fsq_fail("indices must be integers, got " + std::string(dtype_name(indices.dtype())));
-  const auto& L = opts_.levels;
-  const int64_t d = codebook_dim();
-  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
-  std::vector<int32_t> out(idx.size() * d);
-  for (size_t t = 0; t < idx.size(); ++t) {
-    if (idx[t] < 0 || idx[t] >= codebook_size_)
-      fsq_fail("index " + std::to_string(idx[t]) + " outside [0, " +
-               std::to_string(codebook_size_) + ")");
-    for (int64_t i = 0; i < d; ++i)
-      out[t * d + i] = static_cast<int32_t>((idx[t] / basis_[i]) % L[i]);
-  }
-  Shape s = indices.shape();
-  s.push_back(d);
-  return from_vector<int32_t>(out, s).to(indices.device());
+  return detail::index_digits(indices, basis_, opts_.levels, codebook_size_, "FSQ");
 }
 
 Tensor FSQ::codes_out(const Tensor& codes, bool project_out) const {

@@ -4,6 +4,7 @@
 // quant/token_layout.h's, the quantize-dropout draw quant/quantize_dropout.h's.)
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
@@ -21,5 +22,13 @@ Tensor soft_clamp(const Tensor& x, const Tensor& v);
 
 /** [B, ..., D] to [B, D, ...] (features to dim 1), as channel-first outputs. */
 Tensor features_to_dim1(const Tensor& x);
+
+/** The mixed-radix digits of integer `indices` [...] (digit i = index /
+ * basis[i] mod levels[i]) as int32 [..., len(levels)], on indices' device.
+ * Read on the host: throws std::invalid_argument naming `who` for float
+ * indices or an index outside [0, codebook_size). */
+Tensor index_digits(const Tensor& indices, const std::vector<int64_t>& basis,
+                    const std::vector<int64_t>& levels, int64_t codebook_size,
+                    const std::string& who);
 
 }  // namespace quanta::quant::detail
