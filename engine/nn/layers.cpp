@@ -11,6 +11,7 @@
 #include "engine/ops/conv.h"
 #include "engine/ops/index.h"
 #include "engine/ops/linalg.h"
+#include "engine/ops/pool.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 
@@ -213,5 +214,7 @@ Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor LeakyReLU::forward(const Tensor& x) { return leaky_relu(x, slope_); }
 Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_, end_); }
+Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, kernel_, stride_); }
+Tensor UpsampleNearest2x::forward(const Tensor& x) { return interpolate_nearest2x(x); }
 
 }  // namespace quanta

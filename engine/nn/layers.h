@@ -229,6 +229,26 @@ class Identity : public Module {
   Tensor forward(const Tensor& x) override { return x; }
 };
 
+/** max_pool2d over [N, C, H, W] (engine/ops/pool.h); stride {0, 0} means
+ * stride = kernel. */
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0})
+      : Module("MaxPool2d"), kernel_(kernel), stride_(stride) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::array<int64_t, 2> kernel_, stride_;
+};
+
+/** Nearest-neighbour 2x upsampling of [N, C, H, W] (PyTorch's
+ * Upsample(scale_factor=2, mode="nearest")). */
+class UpsampleNearest2x : public Module {
+ public:
+  UpsampleNearest2x() : Module("UpsampleNearest2x") {}
+  Tensor forward(const Tensor& x) override;
+};
+
 /** Flattens dims start_dim..end_dim into one (default: all but the batch). */
 class Flatten : public Module {
  public:

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -14,7 +15,10 @@
 #include "engine/io/safetensors.h"
 #include "engine/ops/conv.h"
 #include "engine/ops/loss.h"
+#include "engine/ops/norm.h"
+#include "engine/ops/pool.h"
 #include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/fsp.h"
 #include "quant/vq/residual_vq.h"
@@ -195,6 +199,72 @@ TEST_CASE("config layers merge key by key and validate") {
                    config_from_json(merge_config(defaults, {{"model", {{"depth", 3}}}}));
                  }),
                  "unknown key 'model.depth'"));
+  const json cosine = {{"lr_schedule", "cosine"}, {"warmup_steps", 10}, {"weight_decay", 0.01}};
+  const TrainConfig sched = config_from_json(merge_config(defaults, cosine));
+  CHECK(sched.lr_schedule == "cosine");
+  CHECK(sched.warmup_steps == 10);
+  CHECK(sched.weight_decay == 0.01);
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"lr_schedule", "step"}}));
+                 }),
+                 "'lr_schedule' must be \"constant\", \"linear\" or \"cosine\", got \"step\""));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"weight_decay", -1}}));
+                 }),
+                 "'weight_decay' must be a number >= 0"));
+  // A config written before these keys existed loads with their defaults,
+  // and resuming its checkpoint under today's defaults changes nothing.
+  json old = defaults;
+  for (const char* k : {"lr_schedule", "warmup_steps", "weight_decay"}) old.erase(k);
+  CHECK(config_to_json(config_from_json(old)) == defaults);
+  CHECK(resume_conflict(old, defaults).empty());
+  CHECK(contains(resume_conflict(old, merge_config(defaults, cosine)), "lr_schedule"));
+}
+
+TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers") {
+  const json defaults = default_config_json();
+  auto quantizer = [](json q) { return json{{"quantizer", std::move(q)}}; };
+  CHECK(compose_config({}) == defaults);  // vq: the defaults are its recipe
+  const json steps = {{"steps", 5}};
+  CHECK(compose_config({steps}) == merge_config(defaults, steps));
+
+  // FSQ: the encoder writes a symmetric 8,8,8 grid behind the latent norm.
+  json fsq = compose_config({quantizer({{"type", "fsq"}})});
+  CHECK(fsq["model"]["dim"] == 3);
+  CHECK(fsq["model"]["latent_norm_groups"] == 4);
+  CHECK(fsq["lr"] == 0.005);
+  CHECK(fsq["quantizer"] ==
+        json{{"type", "fsq"}, {"levels", {8, 8, 8}}, {"preserve_symmetry", true}});
+  CHECK_NOTHROW(config_from_json(fsq));
+  // Levels given: the latent width follows them; every setting given wins.
+  const json levels = quantizer({{"type", "fsq"}, {"levels", {8, 5, 5, 5}}});
+  const json flags = {{"lr", 0.001}, {"model", {{"latent_norm_groups", 0}}}};
+  fsq = compose_config({levels, flags});
+  CHECK(fsq["model"]["dim"] == 4);
+  CHECK(fsq["model"]["latent_norm_groups"] == 0);
+  CHECK(fsq["lr"] == 0.001);
+  CHECK(fsq["quantizer"]["levels"] == json{8, 5, 5, 5});
+  const json wide = {{"model", {{"dim", 16}}}};
+  CHECK(compose_config({levels, wide})["model"]["dim"] == 16);  // projections 16 -> 4
+  CHECK(compose_config({quantizer({{"type", "fsp"}})})["quantizer"] ==
+        json{{"type", "fsp"}, {"levels", {8, 8, 8}}});
+
+  // LFQ: a bit per latent channel, 2^10 codes unless a size is given.
+  const json lfq_model = {{"hidden", 32}, {"dim", 10}, {"latent_norm_groups", 4}, {"arch", "conv"}};
+  CHECK(compose_config({quantizer({{"type", "lfq"}})})["model"] == lfq_model);
+  CHECK(compose_config({quantizer({{"type", "lfq"}, {"codebook_size", 65536}})})["model"]["dim"] ==
+        16);
+  // Not a power of two: the default width, and config_from_json names it.
+  CHECK(compose_config({quantizer({{"type", "lfq"}, {"codebook_size", 1000}})})["model"]["dim"] ==
+        10);
+  // The last layer's type decides the recipe; a bad type is left to validation.
+  const json vq = compose_config({quantizer({{"type", "lfq"}}), quantizer({{"type", "vq"}})});
+  CHECK(vq["model"] == defaults["model"]);
+  CHECK(vq["lr"] == defaults["lr"]);
+  CHECK(contains(invalid([&] {
+                   config_from_json(compose_config({quantizer({{"type", 3}})}));
+                 }),
+                 "type"));
 }
 
 TEST_CASE("quantizer options: one table, typed, per quantizer type") {
@@ -409,6 +479,98 @@ TEST_CASE("the VQ-VAE's channels-last layers compute what its layers do channels
   CHECK(latent.shape() == z.shape());
   CHECK(max_abs_diff(latent, z) < 1e-5);
   CHECK(max_abs_diff(model.decode(latent), y) < 1e-5);
+}
+
+TEST_CASE("the VQ-VAE's latent GroupNorm normalises channel groups in either layout") {
+  // With latent_norm_groups the encoder's last convolution sees group-normed
+  // activations (no affine parameters: the state dict keeps its 14 tensors,
+  // the last convolution moves to encoder.7).
+  Generator gen(5);
+  VqVae model({.hidden = 16, .dim = 8, .latent_norm_groups = 4},
+              make_quantizer({{"type", "none"}}, 8, 0), gen);
+  CHECK(model.state_dict().size() == 14);
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : model.named_parameters()) p[name] = t.detach();
+  REQUIRE(p.count("encoder.7.weight") == 1);
+  Generator data(3);
+  const Tensor x = rand({3, 1, 28, 28}, data);
+  auto c2d = [&](const Tensor& in, const std::string& layer, int64_t stride, int64_t pad) {
+    return conv2d(in, p[layer + ".weight"], p[layer + ".bias"], {stride, stride}, {pad, pad});
+  };
+  Tensor z = relu(c2d(x, "encoder.0", 2, 1));
+  z = relu(c2d(z, "encoder.2", 2, 1));
+  z = relu(c2d(z, "encoder.4", 1, 1));
+  const Tensor z_hidden = z, normed = group_norm(z, 4);
+  z = c2d(normed, "encoder.7", 1, 0);
+  NoGradGuard no_grad;
+  const Tensor latent = model.encode(x);  // channels last on the CPU
+  CHECK(max_abs_diff(latent, z) < 1e-5);
+  // Each group of 4 channels of one image has mean 0 and variance
+  // v / (v + eps), v the group's variance before.
+  const Tensor g = reshape(normed, {3, 4, 4 * 7 * 7});
+  CHECK(max_abs_diff(mean(g, {2}), zeros({3, 4})) < 1e-5);
+  const Tensor raw = reshape(z_hidden, {3, 4, 4 * 7 * 7});
+  const Tensor centred = sub(raw, mean(raw, {2}, true));
+  const Tensor v = mean(mul(centred, centred), {2});
+  CHECK(max_abs_diff(mean(mul(g, g), {2}), div(v, v + 1e-5)) < 1e-4);
+
+  const json defaults = default_config_json();
+  CHECK(defaults["model"]["latent_norm_groups"] == 0);
+  CHECK(
+      contains(invalid([&] {
+                 config_from_json(merge_config(defaults, {{"model", {{"latent_norm_groups", 5}}}}));
+               }),
+               "'model.latent_norm_groups' must divide model.hidden (32), got 5"));
+  // A config written before the key existed still loads, and resuming its
+  // checkpoint with today's defaults is no change of the run.
+  json old = defaults;
+  old["model"].erase("latent_norm_groups");
+  CHECK(config_from_json(old).model.latent_norm_groups == 0);
+  CHECK(resume_conflict(old, defaults).empty());
+  CHECK(!resume_conflict(old, merge_config(defaults, {{"model", {{"latent_norm_groups", 4}}}}))
+             .empty());
+}
+
+TEST_CASE("the vqp-example arch is vector-quantize-pytorch's examples' autoencoder") {
+  // On images mapped to [-1, 1]: conv3, max pool, GELU, conv3, max pool,
+  // [GroupNorm], conv1 | conv3, up, conv3, GELU, up, conv3, clamp to [-1, 1];
+  // the reconstruction comes back in [0, 1].
+  Generator gen(6);
+  VqVae model({.hidden = 8, .dim = 3, .latent_norm_groups = 2, .arch = "vqp-example"},
+              make_quantizer({{"type", "none"}}, 3, 0), gen);
+  CHECK(model.image_scale() == 2.0);
+  CHECK(model.state_dict().size() == 12);  // 6 convolutions
+  std::map<std::string, Tensor> p;
+  for (const auto& [name, t] : model.named_parameters()) p[name] = t.detach();
+  Generator data(4);
+  const Tensor x = rand({2, 1, 28, 28}, data);
+  auto c2d = [&](const Tensor& in, const std::string& layer, int64_t pad) {
+    return conv2d(in, p[layer + ".weight"], p[layer + ".bias"], {1, 1}, {pad, pad});
+  };
+  Tensor z = gelu(max_pool2d(c2d(x * 2.0 - 1.0, "encoder.0", 1), {2, 2}));
+  z = max_pool2d(c2d(z, "encoder.3", 1), {2, 2});
+  z = c2d(group_norm(z, 2), "encoder.6", 0);
+  Tensor y = interpolate_nearest2x(c2d(z, "decoder.0", 1));
+  y = interpolate_nearest2x(gelu(c2d(y, "decoder.2", 1)));
+  y = (clamp(c2d(y, "decoder.5", 1), -1.0, 1.0) + 1.0) * 0.5;
+  VqVaeOutput out = model.run(x);
+  CHECK(out.reconstruction.shape() == Shape{2, 1, 28, 28});
+  CHECK(max_abs_diff(model.encode(x), z) < 1e-5);
+  CHECK(max_abs_diff(out.reconstruction, y) < 1e-5);
+  sum(out.reconstruction).backward();
+  for (const auto& [name, t] : model.named_parameters()) {
+    CAPTURE(name);
+    CHECK(t.grad().defined());
+  }
+  CHECK(contains(
+      invalid([&] {
+        config_from_json(merge_config(default_config_json(), {{"model", {{"arch", "resnet"}}}}));
+      }),
+      "'model.arch' must be \"conv\" or \"vqp-example\", got \"resnet\""));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(default_config_json(), {{"recon_loss", "l2"}}));
+                 }),
+                 "'recon_loss' must be \"mse\" or \"l1\""));
 }
 
 TEST_CASE("checkpoints restore the model, optimizer and run state") {
@@ -765,6 +927,40 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
   CHECK(r.last_eval.mse < 0.025);
   CHECK(r.last_eval.usage > 0.9);
   CHECK(r.last_eval.perplexity > 300);
+}
+
+TEST_CASE("an l1 run of the vqp-example arch logs its l1 and the [0, 1] mse") {
+  if (!have_dataset()) return;
+  ScratchDir dir("vqp_l1_run");
+  const json cfg = merge_config(
+      default_config_json(),
+      {{"steps", 4},
+       {"batch_size", 16},
+       {"limit_train", 64},
+       {"limit_test", 32},
+       {"log_every", 2},
+       {"threads", 1},
+       {"recon_loss", "l1"},
+       {"model", {{"arch", "vqp-example"}, {"dim", 8}, {"latent_norm_groups", 4}}},
+       {"quantizer", {{"type", "lfq"}, {"spherical", true}, {"entropy_loss_weight", 0.02}}}});
+  std::ostringstream log;
+  const TrainResult r = run_training({cfg, dir.file("run"), false, false, "test"}, log);
+  CAPTURE(log.str());
+  CHECK(r.step == 4);
+  std::ifstream in(dir.file("run") + "/metrics.jsonl");
+  int train_records = 0;
+  for (std::string line; std::getline(in, line);) {
+    const json rec = json::parse(line);
+    if (rec["kind"] != "train") continue;
+    ++train_records;
+    // Errors on [0, 1] are at most 1 in size, so the [0, 1] mse is at most
+    // the [0, 1] mean |error|: half the l1, which is in [-1, 1] units.
+    const double l1 = rec["recon_l1"].get<double>(), mse = rec["recon_mse"].get<double>();
+    CHECK(l1 > 0);
+    CHECK(mse > 0);
+    CHECK(mse <= l1 / 2 + 1e-9);
+  }
+  CHECK(train_records == 2);
 }
 
 // The CUDA axis of the training step: the main job's model at its

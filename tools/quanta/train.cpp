@@ -132,18 +132,23 @@ void run_train(const TrainFlags& f) {
   };
   RunStart start(std::move(request));
   const bool resume = start.resume();
-  json base = train::default_config_json();
   json from_checkpoint;
   if (resume) {
     const std::string ckpt = train::out_file(out, train::kCheckpointFile);
     from_checkpoint = train::load_checkpoint(ckpt).info.config;
-    base = from_checkpoint;
   }
   json config;
   try {
-    if (!f.config_file.empty())
-      base = train::merge_config(base, train::read_config_file(f.config_file));
-    config = train::merge_config(base, layer);
+    std::vector<json> layers;
+    if (!f.config_file.empty()) layers.push_back(train::read_config_file(f.config_file));
+    layers.push_back(layer);
+    if (resume) {
+      // The checkpoint's config already holds its recipe.
+      config = from_checkpoint;
+      for (const json& l : layers) config = train::merge_config(config, l);
+    } else {
+      config = train::compose_config(layers);
+    }
     train::config_from_json(config);  // validate before touching any file
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
@@ -253,11 +258,32 @@ void add_train(CLI::App& app) {
       "ranks for data-parallel training on this machine (started through quanta launch; "
       "under torchrun/srun/mpirun the launcher's world size is used)")
       ->transform(integer_in(1, train::kMaxRanks));
+  add_override<std::string>(sub, t, "--lr-schedule", "/lr_schedule",
+                            "the lr over the run: constant, linear or cosine (to 0 at the end)")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  add_override<int64_t>(sub, t, "--warmup-steps", "/warmup_steps",
+                        "steps of linear lr warmup from 0")
+      ->transform(integer_in(0, train::kMaxSteps));
+  add_override<double>(sub, t, "--weight-decay", "/weight_decay",
+                       "AdamW's decoupled weight decay (0: Adam)")
+      ->check(CLI::NonNegativeNumber);
   add_override<int64_t>(sub, t, "--hidden", "/model/hidden", "channels of the hidden convolutions")
       ->transform(integer_in(1, train::kMaxChannels));
   add_override<int64_t>(sub, t, "--dim", "/model/dim",
                         "channels of the latent map the quantizer sees")
       ->transform(integer_in(1, train::kMaxChannels));
+  add_override<std::string>(
+      sub, t, "--arch", "/model/arch",
+      "the autoencoder: conv (ours) or vqp-example (vector-quantize-pytorch's "
+      "examples': max pools, nearest upsampling, GELU, images in [-1, 1])")
+      ->check(CLI::IsMember({"conv", "vqp-example"}));
+  add_override<std::string>(sub, t, "--recon-loss", "/recon_loss",
+                            "reconstruction loss: mse or l1, in the model's image units")
+      ->check(CLI::IsMember({"mse", "l1"}));
+  add_override<int64_t>(sub, t, "--latent-norm-groups", "/model/latent_norm_groups",
+                        "groups of a GroupNorm (no affine) in front of the encoder's last "
+                        "convolution; 0: none")
+      ->transform(integer_in(0, train::kMaxChannels));
   std::string types;
   for (const auto& [name, what] : train::quantizer_types()) types += "\n  " + name + ": " + what;
   add_override<std::string>(sub, t, "--quantizer", "/quantizer/type", "quantizer type:" + types)

@@ -485,6 +485,12 @@ TEST_CASE("activation modules compute their formulas") {
   check(Identity(), [](double v) { return v; });
   CHECK(Flatten()(zeros({2, 3, 4})).shape() == Shape{2, 12});
   CHECK(Flatten(0, 1)(zeros({2, 3, 4})).shape() == Shape{6, 4});
+  const Tensor img = from_vector(std::vector<double>{1, 5, 2, 0, 3, 4, 7, 6}, {1, 1, 2, 4});
+  CHECK(MaxPool2d({2, 2})(img).to_vector<double>() == std::vector<double>{5, 7});
+  CHECK(MaxPool2d({1, 2}, {1, 2})(img).to_vector<double>() == std::vector<double>{5, 2, 4, 7});
+  const Tensor up = UpsampleNearest2x()(from_vector(std::vector<double>{1, 2}, {1, 1, 1, 2}));
+  CHECK(up.shape() == Shape{1, 1, 2, 4});
+  CHECK(up.to_vector<double>() == std::vector<double>{1, 1, 2, 2, 1, 1, 2, 2});
 }
 
 // ---- initialisers ----

@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -15,13 +16,20 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kKeys[] = {"data",       "limit_train", "limit_test", "steps",     "epochs",
-                             "batch_size", "lr",          "seed",       "log_every", "eval_every",
-                             "threads",    "device",      "nproc",      "model",     "quantizer"};
-const char* const kModelKeys[] = {"hidden", "dim"};
+const char* const kKeys[] = {"data",         "limit_train",  "limit_test", "steps",
+                             "epochs",       "batch_size",   "lr",         "lr_schedule",
+                             "warmup_steps", "weight_decay", "recon_loss", "seed",
+                             "log_every",    "eval_every",   "threads",    "device",
+                             "nproc",        "model",        "quantizer"};
+// Keys an older checkpoint's config may lack; they keep their defaults.
+const char* const kOptionalKeys[] = {"lr_schedule", "warmup_steps", "weight_decay", "recon_loss"};
+const char* const kModelKeys[] = {"hidden", "dim", "latent_norm_groups", "arch"};
+// Model keys an older checkpoint's config may lack; they keep their defaults.
+const char* const kOptionalModelKeys[] = {"latent_norm_groups", "arch"};
 // What a resumed run must share with its checkpoint to continue it exactly.
-const char* const kRunDefining[] = {"batch_size",  "lr",    "seed",
-                                    "limit_train", "model", "quantizer"};
+const char* const kRunDefining[] = {"batch_size",   "lr",         "lr_schedule", "warmup_steps",
+                                    "weight_decay", "recon_loss", "seed",        "limit_train",
+                                    "model",        "quantizer"};
 
 std::string dump(const json& v) {
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -62,6 +70,26 @@ void check_keys(const json& j, const Keys& keys, const std::string& where) {
   }
 }
 
+template <size_t N>
+bool listed(const char* const (&list)[N], const std::string& k) {
+  for (const char* o : list)
+    if (k == o) return true;
+  return false;
+}
+
+// `config` with the keys an older config lacks set to today's defaults, so
+// that resuming its checkpoint compares like with like.
+json with_optional_defaults(json config) {
+  if (!config.is_object()) return config;
+  const json defaults = default_config_json();
+  for (const char* k : kOptionalKeys)
+    if (!config.contains(k)) config[k] = defaults[k];
+  if (config.contains("model") && config["model"].is_object())
+    for (const char* k : kOptionalModelKeys)
+      if (!config["model"].contains(k)) config["model"][k] = defaults["model"][k];
+  return config;
+}
+
 }  // namespace
 
 json default_config_json() {
@@ -75,6 +103,53 @@ json default_config_json() {
                  {"kmeans_init", true},
                  {"threshold_ema_dead_code", 2}};
   return config_to_json(c);
+}
+
+json recipe_layer(const json& asked) {
+  const json defaults = default_config_json();
+  const json q = asked.contains("quantizer") && asked["quantizer"].is_object() ? asked["quantizer"]
+                                                                               : json::object();
+  // A type that is not a string is left for config_from_json to name.
+  const std::string type = q.contains("type") && q["type"].is_string()
+                               ? q["type"].get<std::string>()
+                               : defaults["quantizer"]["type"].get<std::string>();
+  // Each family's figures on this model are in docs/train.md ("Recipes").
+  // The GroupNorm in front of the latent's projection fixes the scale the
+  // projection sees: without it LFQ collapses to a few codes within an epoch
+  // and FSQ's usage swings with the seed.
+  json layer = {{"quantizer", {{"type", type}}}};
+  if (type == "fsq" || type == "fsp") {
+    // A 512-point grid the encoder writes directly (no projections), with
+    // FSQ's symmetric levels so that every level is reachable from either
+    // side of the bound.
+    layer["lr"] = 0.005;
+    layer["model"] = {{"dim", 3}, {"latent_norm_groups", 4}};
+    layer["quantizer"]["levels"] = {8, 8, 8};
+    if (type == "fsq") layer["quantizer"]["preserve_symmetry"] = true;
+    const json levels = q.value("levels", json());
+    const json books = q.value("num_codebooks", json(1));
+    if (levels.is_array() && books.is_number_integer())
+      layer["model"]["dim"] = int64_t(levels.size()) * books.get<int64_t>();
+  } else if (type == "lfq") {
+    // A bit per latent channel: 2^10 codes, or the codebook size asked for.
+    layer["model"] = {{"dim", 10}, {"latent_norm_groups", 4}};
+    const json size = q.value("codebook_size", json());
+    const json books = q.value("num_codebooks", json(1));
+    if (size.is_number_integer() && books.is_number_integer() && size.get<int64_t>() > 1 &&
+        std::has_single_bit(size.get<uint64_t>()))
+      layer["model"]["dim"] = std::bit_width(size.get<uint64_t>() - 1) * books.get<int64_t>();
+  } else if (type == "rfsq" || type == "rlfq") {
+    layer["model"] = {{"latent_norm_groups", 4}};
+  }
+  return layer;
+}
+
+json compose_config(const std::vector<json>& layers) {
+  json asked = json::object();
+  for (const json& l : layers) asked = merge_config(asked, l);
+  json config = merge_config(default_config_json(), recipe_layer(asked));
+  for (const json& l : layers) config = merge_config(config, l);
+  return config;
 }
 
 json merge_config(json base, const json& layer) {
@@ -102,7 +177,7 @@ json merge_config(json base, const json& layer) {
 TrainConfig config_from_json(const json& j) {
   check_keys(j, kKeys, "");
   for (const char* k : kKeys)
-    if (!j.contains(k))
+    if (!j.contains(k) && !listed(kOptionalKeys, k))
       throw std::invalid_argument(std::string("[config] missing key '") + k + "'");
   TrainConfig c;
   if (!j["data"].is_string()) bad("data", "a folder name", j["data"]);
@@ -119,6 +194,24 @@ TrainConfig config_from_json(const json& j) {
   if (!j["lr"].is_number() || !(j["lr"].get<double>() > 0) || !std::isfinite(j["lr"].get<double>()))
     bad("lr", "a positive number", j["lr"]);
   c.lr = j["lr"].get<double>();
+  if (j.contains("lr_schedule")) {
+    const json& v = j["lr_schedule"];
+    if (!v.is_string() || (v != "constant" && v != "linear" && v != "cosine"))
+      bad("lr_schedule", "\"constant\", \"linear\" or \"cosine\"", v);
+    c.lr_schedule = v.get<std::string>();
+  }
+  if (j.contains("recon_loss")) {
+    const json& v = j["recon_loss"];
+    if (!v.is_string() || (v != "mse" && v != "l1")) bad("recon_loss", "\"mse\" or \"l1\"", v);
+    c.recon_loss = v.get<std::string>();
+  }
+  if (j.contains("warmup_steps")) c.warmup_steps = get_int(j, "warmup_steps", 0, kMaxSteps);
+  if (j.contains("weight_decay")) {
+    const json& v = j["weight_decay"];
+    if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>()))
+      bad("weight_decay", "a number >= 0", v);
+    c.weight_decay = v.get<double>();
+  }
   if (!j["seed"].is_number_unsigned()) bad("seed", "an integer >= 0", j["seed"]);
   c.seed = j["seed"].get<uint64_t>();
   c.log_every = get_int(j, "log_every", 1, kMaxCount);
@@ -129,10 +222,22 @@ TrainConfig config_from_json(const json& j) {
   c.nproc = get_int(j, "nproc", 1, kMaxRanks);
   check_keys(j["model"], kModelKeys, "model");
   for (const char* k : kModelKeys)
-    if (!j["model"].contains(k))
+    if (!j["model"].contains(k) && !listed(kOptionalModelKeys, k))
       throw std::invalid_argument(std::string("[config] missing key 'model.") + k + "'");
   c.model.hidden = get_int(j["model"], "hidden", 1, kMaxChannels);
   c.model.dim = get_int(j["model"], "dim", 1, kMaxChannels);
+  if (j["model"].contains("latent_norm_groups"))
+    c.model.latent_norm_groups = get_int(j["model"], "latent_norm_groups", 0, kMaxChannels);
+  if (j["model"].contains("arch")) {
+    const json& v = j["model"]["arch"];
+    if (!v.is_string() || (v != "conv" && v != "vqp-example"))
+      bad("model.arch", "\"conv\" or \"vqp-example\"", v);
+    c.model.arch = v.get<std::string>();
+  }
+  if (c.model.latent_norm_groups > 0 && c.model.hidden % c.model.latent_norm_groups != 0)
+    throw std::invalid_argument("[config] 'model.latent_norm_groups' must divide model.hidden (" +
+                                std::to_string(c.model.hidden) + "), got " +
+                                std::to_string(c.model.latent_norm_groups));
   validate_quantizer_config(j["quantizer"]);
   c.quantizer = j["quantizer"];
   return c;
@@ -146,13 +251,21 @@ json config_to_json(const TrainConfig& c) {
           {"epochs", c.epochs},
           {"batch_size", c.batch_size},
           {"lr", c.lr},
+          {"lr_schedule", c.lr_schedule},
+          {"warmup_steps", c.warmup_steps},
+          {"weight_decay", c.weight_decay},
+          {"recon_loss", c.recon_loss},
           {"seed", c.seed},
           {"log_every", c.log_every},
           {"eval_every", c.eval_every},
           {"threads", c.threads},
           {"device", c.device},
           {"nproc", c.nproc},
-          {"model", {{"hidden", c.model.hidden}, {"dim", c.model.dim}}},
+          {"model",
+           {{"hidden", c.model.hidden},
+            {"dim", c.model.dim},
+            {"latent_norm_groups", c.model.latent_norm_groups},
+            {"arch", c.model.arch}}},
           {"quantizer", c.quantizer}};
 }
 
@@ -172,8 +285,9 @@ json read_config_file(const std::string& path) {
 }
 
 std::string resume_conflict(const json& checkpoint, const json& now) {
+  const json then = with_optional_defaults(checkpoint), full = with_optional_defaults(now);
   for (const char* k : kRunDefining) {
-    const json a = checkpoint.value(k, json()), b = now.value(k, json());
+    const json a = then.value(k, json()), b = full.value(k, json());
     if (a != b) return std::string(k) + ": checkpoint " + dump(a) + ", now " + dump(b);
   }
   return "";

@@ -1,9 +1,10 @@
 #pragma once
 // The configuration of a training run, as one JSON object:
 //   {"data": DIR, "limit_train": N, "limit_test": N, "steps": N, "epochs": N,
-//    "batch_size": B, "lr": X, "seed": S, "log_every": N, "eval_every": N,
+//    "batch_size": B, "lr": X, "lr_schedule": "constant", "warmup_steps": N,
+//    "weight_decay": X, "recon_loss": "mse", "seed": S, "log_every": N, "eval_every": N,
 //    "threads": N, "device": "cpu", "nproc": N,
-//    "model": {"hidden": C, "dim": D},
+//    "model": {"hidden": C, "dim": D, "latent_norm_groups": G, "arch": "conv"},
 //    "quantizer": {"type": "vq", ...options (quantizer_config.h)}}
 // Layers apply in order: defaults, the --config file, the command-line flags,
 // each one key by key (also inside "model" and "quantizer"). The merged object
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace quanta::train {
 
@@ -21,6 +23,14 @@ struct ModelConfig {
   int64_t hidden = 32;
   /** Channels of the latent map the quantizer sees (D of [B, D, 7, 7]). */
   int64_t dim = 16;
+  /** Groups of a GroupNorm without affine parameters in front of the
+   * encoder's last (1x1) convolution; 0: none. It fixes the scale of what
+   * the projection to the quantizer sees, as vector-quantize-pytorch's
+   * examples do. A divisor of `hidden`. */
+  int64_t latent_norm_groups = 0;
+  /** "conv" (the model above) or "vqp-example" (vector-quantize-pytorch's
+   * examples' autoencoder; vqvae.h). */
+  std::string arch = "conv";
 };
 
 /** Every setting of a training run (see the layout at the top). */
@@ -32,6 +42,15 @@ struct TrainConfig {
   int64_t epochs = 0;
   int64_t batch_size = 64;
   double lr = 2e-3;
+  /** The lr over the run: "constant", "linear" or "cosine" (both to 0 at
+   * the last step), each after `warmup_steps` of linear warmup from 0. */
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  /** AdamW's decoupled weight decay; 0: Adam. */
+  double weight_decay = 0;
+  /** The reconstruction loss: "mse" or "l1" (mean absolute error), in the
+   * model's image units (VqVae::image_scale). */
+  std::string recon_loss = "mse";
   uint64_t seed = 0;
   int64_t log_every = 50;
   int64_t eval_every = 0;  // 0: at the end of every epoch
@@ -49,6 +68,20 @@ nlohmann::json default_config_json();
  * option). A layer that sets "steps" but not "epochs" clears "epochs" and
  * vice versa; a layer setting both (non-zero) is an error. */
 nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& layer);
+
+/** What the quantizer a config asks for trains with on this model where the
+ * config leaves it out: a layer over default_config_json() that sets the
+ * type and, for the scalar families, the latent width and norm, the learning
+ * rate and the levels (docs/train.md, "Recipes"). `asked` is the merged
+ * layers of the config file and flags; the latent width follows the levels
+ * or the LFQ codebook size they give, so that the encoder writes the
+ * quantizer's dimensions itself. */
+nlohmann::json recipe_layer(const nlohmann::json& asked);
+
+/** The config of a new run: default_config_json(), then the recipe for what
+ * `layers` (config file, flags) ask for, then `layers` in order, so that any
+ * setting a layer gives wins. */
+nlohmann::json compose_config(const std::vector<nlohmann::json>& layers);
 
 /** Parses and validates a full config object (unknown keys, types, ranges,
  * the quantizer object); throws std::invalid_argument with one line naming the

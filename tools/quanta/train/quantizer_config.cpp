@@ -165,6 +165,14 @@ const std::vector<QuantizerOption>& quantizer_options() {
       {"entropy_loss_weight", T::number, "weight of the entropy loss", {"lfq", "rlfq"}},
       {"commitment_loss_weight", T::number, "weight of the commitment loss", {"lfq", "rlfq"}},
       {"diversity_gamma", T::number, "weight of the codebook-entropy term", {"lfq", "rlfq"}},
+      {"spherical",
+       T::boolean,
+       "l2-normalise the input and the codes (codes on the sphere of radius codebook_scale)",
+       {"lfq", "rlfq"}},
+      {"frac_per_sample_entropy",
+       T::number,
+       "fraction of the tokens the per-sample entropy is estimated on (1: all)",
+       {"lfq", "rlfq"}},
   };
   return options;
 }

@@ -86,7 +86,10 @@ class VqVaeTask : public LoopTask {
         << std::flush;
   }
 
-  std::vector<std::string> term_names() const override { return {"recon_mse", "aux_loss"}; }
+  std::vector<std::string> term_names() const override {
+    if (cfg_.recon_loss == "l1") return {"recon_mse", "aux_loss", "recon_l1"};
+    return {"recon_mse", "aux_loss"};
+  }
 
   StepLoss step(const BatchShare& share) override {
     // The dataset stays on the host; each batch travels to the model's device.
@@ -96,11 +99,17 @@ class VqVaeTask : public LoopTask {
     // its token share unless it is global (loop.h's StepLoss).
     const double b = double(share.global_rows), w = double(share.world);
     const double pixels = double(x.numel() / std::max<int64_t>(x.size(0), 1));
-    const Tensor recon = sum(square(out.reconstruction - x)) * (w / (b * pixels));
+    const double scale = w / (b * pixels), units = model_->image_scale();
+    const Tensor diff = out.reconstruction - x;
+    const Tensor recon = sum(square(diff)) * scale;  // on [0, 1]: what metrics report
     const double aux_weight =
         model_->quantizer().loss_is_global() ? 1.0 : w * double(share.rows.numel()) / b;
     const Tensor aux = sum(out.quantized.loss) * aux_weight;
-    return {recon + aux, {recon, aux}};
+    if (cfg_.recon_loss == "l1") {
+      const Tensor l1 = sum(abs(diff)) * (scale * units);
+      return {l1 + aux, {recon, aux, l1}};
+    }
+    return {recon * (units * units) + aux, {recon, aux}};
   }
 
   void after_step() override { model_->quantizer().after_step(); }
@@ -182,6 +191,10 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   s.log_every = cfg.log_every;
   s.eval_every = cfg.eval_every;
   s.lr = cfg.lr;
+  s.optimizer.schedule = cfg.lr_schedule;
+  s.optimizer.warmup_steps = cfg.warmup_steps;
+  s.optimizer.adamw = cfg.weight_decay > 0;
+  s.optimizer.weight_decay = cfg.weight_decay;
   s.checkpoint_format = kCheckpointFormat;
   s.checkpoint_config = config_to_json(cfg);
   s.header = {{"quanta_version", job.version},

@@ -1,11 +1,19 @@
 #pragma once
 // The convolutional VQ-VAE that `quanta train` fits to 28 x 28 gray images:
 //   encoder  1x28x28 -conv4 s2-> Cx14x14 -conv4 s2-> Cx7x7 -conv3-> Cx7x7
-//            -conv1-> Dx7x7                                  (ReLU between)
+//            [-GroupNorm->] -conv1-> Dx7x7                   (ReLU between)
 //   quantizer on the D x 7 x 7 map (49 codes per image)
 //   decoder  Dx7x7 -conv3-> Cx7x7 -convT4 s2-> Cx14x14 -convT4 s2-> 1x28x28
 //            -> sigmoid                                      (ReLU between)
-// C = ModelConfig::hidden, D = ModelConfig::dim. Loss: mean squared
+// (ModelConfig::arch "conv"; "vqp-example" is vector-quantize-pytorch's
+// examples' autoencoder instead:
+//   encoder  1x28x28 -conv3-> C/2 -maxpool2-> GELU -conv3-> C -maxpool2->
+//            Cx7x7 [-GroupNorm->] -conv1-> Dx7x7
+//   decoder  Dx7x7 -conv3-> C -up2-> -conv3-> C/2 -> GELU -up2-> -conv3-> 1x28x28
+//            -> clamp to [-1, 1]
+// on images mapped to [-1, 1] and back.)
+// C = ModelConfig::hidden, D = ModelConfig::dim; the GroupNorm (no affine
+// parameters, so no new state) when ModelConfig::latent_norm_groups > 0. Loss: mean squared
 // reconstruction error plus the sum of the quantizer's auxiliary loss.
 // Between its layers the activations are channels last on the CPU (its
 // convolution kernels' layout) and channels first on a GPU (the CUDA
@@ -43,15 +51,25 @@ class VqVae : public Module {
   /** Images [B, 1, 28, 28] from a (quantized) latent map [B, D, 7, 7]. */
   Tensor decode(const Tensor& latents);
 
+  /** Width of the range images span inside the model: 1 for [0, 1] (conv),
+   * 2 for vqp-example's [-1, 1]. The reconstruction loss is measured in the
+   * model's own units, as the reference examples measure theirs. */
+  double image_scale() const;
+
   TrainQuantizer& quantizer() { return *quantizer_; }
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  void build_conv(Generator& enc_gen, Generator& dec_gen);
+  void build_vqp_example(Generator& enc_gen, Generator& dec_gen);
   // Sets every convolution's layout for activations on `device`.
   ConvLayout use_layout_for(Device device);
 
+  class LatentNorm;
+
   ModelConfig cfg_;
   std::shared_ptr<Sequential> encoder_, decoder_;
+  std::shared_ptr<LatentNorm> latent_norm_;
   std::vector<std::shared_ptr<Conv2d>> convs_;
   std::vector<std::shared_ptr<ConvTranspose2d>> ups_;
   std::unique_ptr<TrainQuantizer> quantizer_;
