@@ -13,9 +13,10 @@ ImplicitCodebookMLP::ImplicitCodebookMLP(int64_t dim, int64_t dim_hidden, int64_
                                          Generator& gen)
     : Module("ImplicitCodebookMLP"), dim_(dim) {
   if (dim <= 0 || dim_hidden < 0 || depth < 0)
-    throw std::invalid_argument("[ImplicitCodebookMLP] dim must be positive and dim_hidden, depth " +
-                                std::string(">= 0: got ") + std::to_string(dim) + ", " +
-                                std::to_string(dim_hidden) + ", " + std::to_string(depth));
+    throw std::invalid_argument(
+        "[ImplicitCodebookMLP] dim must be positive and dim_hidden, depth " +
+        std::string(">= 0: got ") + std::to_string(dim) + ", " + std::to_string(dim_hidden) + ", " +
+        std::to_string(depth));
   const int64_t hidden = dim_hidden > 0 ? dim_hidden : dim;
   proj_in_ = register_module("proj_in", std::make_shared<Linear>(2 * dim, dim, gen));
   auto list = register_module("layers", std::make_shared<Module>("ModuleList"));
@@ -40,8 +41,9 @@ Tensor ImplicitCodebookMLP::forward(const Tensor& codes, const Tensor& condition
   // proj_in of the concatenation [z, c] is W_z z + W_c c + b: the two halves
   // are formed apart and broadcast, so neither [G, T, K, 2d] copy is made.
   const Tensor& w = proj_in_->weight();
-  const Tensor from_condition = linear(condition, slice(w, 1, 0, dim_));             // [T, d]
-  const Tensor from_codes = linear(codes, slice(w, 1, dim_, 2 * dim_), proj_in_->bias());  // [G, K, d]
+  const Tensor from_condition = linear(condition, slice(w, 1, 0, dim_));  // [T, d]
+  const Tensor from_codes =
+      linear(codes, slice(w, 1, dim_, 2 * dim_), proj_in_->bias());                  // [G, K, d]
   Tensor x = unsqueeze(unsqueeze(from_condition, 0), 2) + unsqueeze(from_codes, 1);  // [G, T, K, d]
   for (const auto& block : blocks_) x = block->forward(x) + x;
   return x;

@@ -61,7 +61,8 @@ TEST_CASE("ImplicitCodebookMLP: proj_in of [condition, code], then residual SiLU
                        std::invalid_argument);
 }
 
-TEST_CASE("ImplicitCodebookMLP: f64 gradients of codes, condition and weights match finite differences") {
+TEST_CASE(
+    "ImplicitCodebookMLP: f64 gradients of codes, condition and weights match finite differences") {
   Generator gen(3), data(4);
   ImplicitCodebookMLP mlp(3, 4, 2, gen);
   mlp.to(DType::f64);
@@ -82,9 +83,8 @@ TEST_CASE("ImplicitCodebookMLP: f64 gradients of codes, condition and weights ma
   for (const char* name : {"proj_in.weight", "layers.0.0.weight", "layers.1.2.bias"}) {
     CAPTURE(name);
     const Tensor p = mlp.find(name);
-    CHECK(max_abs_diff(p.grad(), numeric_grad(p, [&] {
-                         return at(codes.detach(), cond.detach());
-                       })) < 1e-7);
+    CHECK(max_abs_diff(p.grad(),
+                       numeric_grad(p, [&] { return at(codes.detach(), cond.detach()); })) < 1e-7);
   }
 }
 
@@ -93,8 +93,8 @@ TEST_CASE("vq_bridge: learnable codes without EMA, quantizing with the bridged c
   VectorQuantizeOptions o;
   o.dim = 4;
   o.codebook_size = 6;
-  o.vq_bridge = std::make_shared<Sequential>(std::make_shared<Linear>(4, 4, gen),
-                                             std::make_shared<Tanh>());
+  o.vq_bridge =
+      std::make_shared<Sequential>(std::make_shared<Linear>(4, 4, gen), std::make_shared<Tanh>());
   VectorQuantize vq(o, gen);
   CHECK(vq.learnable_codebook());
   CHECK_FALSE(vq.ema_update());
@@ -103,7 +103,7 @@ TEST_CASE("vq_bridge: learnable codes without EMA, quantizing with the bridged c
   const Tensor x = randn({2, 3, 4}, data, kF64);
   const QuantizeOutput out = vq.forward(x);
   // The chosen code is the nearest bridged code, and lookups see the bridge.
-  const Tensor bridged = o.vq_bridge->forward(vq.codebook().embed().detach());  // [1, K, d]
+  const Tensor bridged = o.vq_bridge->forward(vq.codebook().embed().detach());     // [1, K, d]
   const Tensor d = sum(square(unsqueeze(reshape(x, {6, 4}), 1) - bridged), {-1});  // [6, K]
   CHECK(max_abs_diff(reshape(out.indices, {6}), argmin(d, -1)) == 0.0);
   CHECK(max_abs_diff(out.quantized, vq.get_output_from_indices(out.indices)) < 1e-12);
@@ -154,7 +154,9 @@ TEST_CASE("implicit neural codebook: layers 1.. quantize with MLP(code, running 
   CHECK(max_abs_diff(select(dropped, 0, 2), zeros({1, 1, 4})) == 0.0);
 }
 
-TEST_CASE("implicit neural codebook: f64 gradients of the last layer's MLP and codes match finite differences") {
+TEST_CASE(
+    "implicit neural codebook: f64 gradients of the last layer's MLP and codes match finite "
+    "differences") {
   // Only the last layer's MLP and codes reach the loss by a true derivative
   // alone (earlier ones also move later residuals and conditions in value,
   // which the residual's stop-gradient leaves out by design).
@@ -182,8 +184,7 @@ TEST_CASE("implicit neural codebook: refusals name the option") {
   Generator gen(11);
   ResidualVQOptions o = qinco_options();
   o.beam_size = 2;
-  CHECK_THROWS_WITH_AS(ResidualVQ(o, gen), doctest::Contains("beam search"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(ResidualVQ(o, gen), doctest::Contains("beam search"), std::invalid_argument);
   o = qinco_options();
   o.layer.ema_update = true;
   CHECK_THROWS_WITH_AS(ResidualVQ(o, gen), doctest::Contains("ema_update must be off"),
