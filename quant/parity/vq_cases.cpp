@@ -98,7 +98,7 @@ Options vq_options_of(const std::string& cls, const json& opts) {
     } else if (k == "mlp_kwargs" && v.is_object() &&
                !std::is_same_v<Options, VectorQuantizeOptions>) {
       for (const auto& [mk, mv] : v.items())
-        if (!set_option(o, cls, "mlp_kwargs." + mk, mv)) unsupported(cls, k, v);
+        if (!set_option(o, cls, "mlp_" + mk, mv)) unsupported(cls, k, v);
     } else if (accepted_values().contains(k)) {
       if (v != accepted_values()[k]) unsupported(cls, k, v);
     } else {

@@ -65,7 +65,8 @@ struct ResidualVQOptions {
    * search, cosine similarity or affine_param. */
   bool implicit_neural_codebook = false;
   /** The MLPs' hidden width (0: the layer dimension) and number of residual
-   * blocks (the reference's mlp_kwargs dim_hidden and depth). */
+   * blocks (the reference's mlp_kwargs dim_hidden and depth; options
+   * "mlp_dim_hidden" and "mlp_depth"). */
   int64_t mlp_dim_hidden = 0;
   int64_t mlp_depth = 4;
   /** Apply every codebook's statistics at the end of a training forward. */
