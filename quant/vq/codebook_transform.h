@@ -24,7 +24,9 @@ using CodebookTransform = std::function<Tensor(const Tensor& codes, const Tensor
 /** QINCo's codebook MLP (vector-quantize-pytorch's residual_vq.MLP): a code
  * c and a condition z give proj_in([z, c]) followed by `depth` residual
  * blocks x + Linear(SiLU(Linear(x))). State keys as the reference's:
- * proj_in.*, layers.<i>.0.*, layers.<i>.2.*. */
+ * proj_in.*, layers.<i>.0.*, layers.<i>.2.*. The reference's l2norm_output
+ * follows use_cosine_sim, which it refuses with the learnable codebook QINCo
+ * needs, so it is never on and is left out. */
 class ImplicitCodebookMLP : public Module {
  public:
   /** dim d, hidden width (0 = d) and depth, drawn from `gen` in the

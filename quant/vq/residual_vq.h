@@ -60,9 +60,9 @@ struct ResidualVQOptions {
   /** QINCo's implicit neural codebook: layer i > 0 quantizes with a codebook
    * of its own for every token, its codes passed with the token's running
    * sum of the earlier layers' outputs through an ImplicitCodebookMLP
-   * (quant/vq/codebook_transform.h; modules "mlps.<i-1>", drawn after the
-   * layers). The layers' codes learn by gradient (no EMA). Not with beam
-   * search, cosine similarity or affine_param. */
+   * (quant/vq/codebook_transform.h; modules "mlps.<i-1>", drawn from the
+   * generator last, after the dropout stream's seed). The layers' codes learn by gradient (no EMA).
+   * Not with beam search, cosine similarity or affine_param. */
   bool implicit_neural_codebook = false;
   /** The MLPs' hidden width (0: the layer dimension) and number of residual
    * blocks (the reference's mlp_kwargs dim_hidden and depth; options
