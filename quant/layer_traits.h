@@ -45,6 +45,12 @@
 //       QuantizeOutput& out);
 //       after after_forward: replaces out.quantized (the summed layers'
 //       output, tokens [B, N, d]) given the stack's input tokens (DiVeQ)
+//   static bool conditions_layers(const Options&);
+//       true: layer i > 0 quantizes with QuantizeOptions::condition set to
+//       the sum of layers 0..i-1's outputs, and its codes are looked up with
+//       the sum of the earlier codes as condition, through
+//       static Tensor codes(L&, const Tensor& indices, const Tensor& condition)
+//       (ResidualVQ's implicit neural codebook)
 //   static MaskedOutput masked_output(const Options&, const Tensor& keep);
 //       what the stack outputs at masked tokens after project_out (without
 //       the hook: whatever the layers gave there, through project_out)

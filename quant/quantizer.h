@@ -26,6 +26,11 @@ struct QuantizeOptions {
   /** LFQ's inverse temperature of the code distribution (0: the layer's
    * option); the other families ignore it. */
   double inv_temperature = 0;
+  /** What a VectorQuantize layer's conditioned codebook transform reads:
+   * tokens [B, N, d] like the layer's (ResidualVQ's implicit neural codebook
+   * passes the sum of the earlier layers' outputs); undefined: none. The
+   * other families ignore it. */
+  Tensor condition = Tensor();
 };
 
 class Quantizer : public Module {

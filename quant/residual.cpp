@@ -69,7 +69,7 @@ QuantizeOutput residual_quantize(const Tensor& tokens, int64_t num_layers, int64
         for (auto& [name, values] : terms) values.push_back(zero_loss);
       continue;
     }
-    const QuantizeOutput o = layer(i, residual);
+    const QuantizeOutput o = layer(i, residual, outputs);
     // Later layers see a residual cut from the graph (reference issue #33),
     // unless a fraction of their gradient is asked to reach this layer.
     residual = residual - frac_gradient(o.quantized, grad_frac);
@@ -107,7 +107,7 @@ Tensor residual_codes(const Tensor& indices, int64_t num_layers, const ResidualL
     const Tensor idx =
         i < indices.size(-1) ? to_dtype(select(indices, -1, i), DType::i64) : full(lead, -1.0, on);
     const Tensor dropped = lt(idx, none);
-    const Tensor c = lookup(i, where(dropped, none, idx));
+    const Tensor c = lookup(i, where(dropped, none, idx), codes);
     codes.push_back(masked_fill(c, unsqueeze(dropped, -1), 0.0));
   }
   return stack(codes);

@@ -43,9 +43,12 @@ using MemberTerms = std::vector<std::pair<std::string, std::vector<Tensor>>>;
 void combine_member_losses(QuantizeOutput& out, const std::vector<Tensor>& losses,
                            const MemberTerms& terms, MemberLosses how, const Tensor& zero);
 
-/** Layer `layer` of a stack quantizing `residual` (tokens [B, N, d]): its
- * output in tokens, indices [B, N], loss and loss terms. */
-using ResidualLayer = std::function<QuantizeOutput(int64_t layer, const Tensor& residual)>;
+/** Layer `layer` of a stack quantizing `residual` (tokens [B, N, d]), given
+ * the outputs of the layers before it (`earlier`, in order; what a layer
+ * conditioned on the running sum reads): its output in tokens, indices
+ * [B, N], loss and loss terms. */
+using ResidualLayer = std::function<QuantizeOutput(int64_t layer, const Tensor& residual,
+                                                   const std::vector<Tensor>& earlier)>;
 
 /** Runs `num_layers` layers on successive residuals of `tokens` [B, N, d],
  * keeping layers 0..last_kept (kKeepAllLayers: all). Returns the summed
@@ -80,8 +83,11 @@ QuantizeOutput quantize_tokens(const TokenLayout& layout, const Tensor& x, Modul
                                const std::function<QuantizeOutput(const Tensor&)>& quantize,
                                const MaskedOutput& masked = {});
 
-/** Layer `layer`'s codes [..., d] of valid indices (i64, none negative). */
-using ResidualLookup = std::function<Tensor(int64_t layer, const Tensor& indices)>;
+/** Layer `layer`'s codes [..., d] of valid indices (i64, none negative),
+ * given the codes of the layers before it (`earlier`, in order, zeros where
+ * an index was -1). */
+using ResidualLookup =
+    std::function<Tensor(int64_t layer, const Tensor& indices, const std::vector<Tensor>& earlier)>;
 
 /** Per-layer codes [Q, ..., d] of `indices` [..., q] (q <= Q): missing layers
  * and index -1 give zeros. Errors name `who`. */

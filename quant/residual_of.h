@@ -62,6 +62,9 @@ class ResidualOf : public Residual {
   const std::vector<std::shared_ptr<Layer>>& layers() const { return layers_; }
   /** Layer q's scale [d] (the level_scales hook), or undefined. */
   Tensor level_scale(int64_t q) const;
+  /** Layers after the first quantize with the sum of the earlier ones'
+   * outputs as QuantizeOptions::condition (the conditions_layers hook). */
+  bool conditions_layers() const;
   /** Every layer's scale [Q, d] (the level_scales hook), or undefined. */
   const Tensor& level_scales() const { return scales_; }
 

@@ -62,6 +62,13 @@ int64_t ResidualOf<Layer>::codebook_size() const {
 }
 
 template <class Layer>
+bool ResidualOf<Layer>::conditions_layers() const {
+  if constexpr (requires { Traits::conditions_layers(opts_); })
+    return Traits::conditions_layers(opts_);
+  return false;
+}
+
+template <class Layer>
 Tensor ResidualOf<Layer>::level_scale(int64_t q) const {
   return scales_.defined() ? select(scales_, 0, q) : Tensor();
 }
@@ -81,11 +88,15 @@ QuantizeOutput ResidualOf<Layer>::forward_kept(const Tensor& x, const Tensor& ma
   MaskedOutput masked;
   if constexpr (requires { Traits::masked_output(opts_, keep); })
     masked = Traits::masked_output(opts_, keep);
-  const auto quantize_layer = [&](int64_t q, const Tensor& residual) {
+  const bool conditioned = conditions_layers();
+  const auto quantize_layer = [&](int64_t q, const Tensor& residual,
+                                  const std::vector<Tensor>& earlier) {
     Layer& layer = *layers_[static_cast<size_t>(q)];
-    if (!scales_.defined()) return Traits::quantize(layer, residual, keep, opts);
+    QuantizeOptions layer_opts = opts;
+    if (conditioned && !earlier.empty()) layer_opts.condition = add_n(earlier);
+    if (!scales_.defined()) return Traits::quantize(layer, residual, keep, layer_opts);
     const Tensor scale = level_scale(q).to(residual.dtype());
-    QuantizeOutput o = Traits::quantize(layer, residual / scale, keep, opts);
+    QuantizeOutput o = Traits::quantize(layer, residual / scale, keep, layer_opts);
     o.quantized = o.quantized * scale;
     return o;
   };
@@ -112,10 +123,15 @@ QuantizeOutput ResidualOf<Layer>::forward_kept(const Tensor& x, const Tensor& ma
 
 template <class Layer>
 Tensor ResidualOf<Layer>::get_codes_from_indices(const Tensor& indices) {
+  const bool conditioned = conditions_layers();
   return residual_codes(
       indices, num_quantizers(),
-      [&](int64_t q, const Tensor& idx) {
-        const Tensor codes = Traits::codes(*layers_[static_cast<size_t>(q)], idx);
+      [&](int64_t q, const Tensor& idx, const std::vector<Tensor>& earlier) {
+        Layer& layer = *layers_[static_cast<size_t>(q)];
+        Tensor codes;
+        if constexpr (requires { Traits::codes(layer, idx, Tensor()); })
+          if (conditioned && !earlier.empty()) codes = Traits::codes(layer, idx, add_n(earlier));
+        if (!codes.defined()) codes = Traits::codes(layer, idx);
         return scales_.defined() ? codes * level_scale(q) : codes;
       },
       Traits::name);

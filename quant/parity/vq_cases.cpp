@@ -9,6 +9,7 @@
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
+#include "engine/nn/layers.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
@@ -33,20 +34,44 @@ using namespace quanta::quant;
 const json& accepted_values() {
   static const json values = {
       {"manual_in_place_optimizer_update", false},
-      {"vq_bridge", nullptr},
       {"in_place_codebook_optimizer", nullptr},
   };
   return values;
 }
 
-// ResidualVQ's (its layers take the ones above).
-const json& accepted_stack_values() {
-  static const json values = {
-      {"implicit_neural_codebook", false},
-      {"mlp_kwargs", json::object()},
-  };
-  return values;
+// A vq_bridge as a case spells it (the reference takes any module; a case
+// names a torch.nn.Sequential by its layers): {"sequential": [["Linear", in,
+// out], ["SiLU"], ...]}, state keys _codebook.vq_bridge.<i>.*. Its
+// parameters come from the case's state.
+std::shared_ptr<Module> bridge_module(const std::string& cls, const json& spec) {
+  if (!spec.is_object() || !spec.contains("sequential") || !spec["sequential"].is_array())
+    unsupported(cls, "vq_bridge", spec);
+  Generator gen(0);
+  auto seq = std::make_shared<Sequential>();
+  for (const json& layer : spec["sequential"]) {
+    const std::string kind = layer.is_array() && !layer.empty() && layer[0].is_string()
+                                 ? layer[0].get<std::string>()
+                                 : std::string();
+    if (kind == "Linear" && layer.size() == 3)
+      seq->push_back(
+          std::make_shared<Linear>(layer[1].get<int64_t>(), layer[2].get<int64_t>(), gen));
+    else if (kind == "SiLU" && layer.size() == 1)
+      seq->push_back(std::make_shared<SiLU>());
+    else if (kind == "ReLU" && layer.size() == 1)
+      seq->push_back(std::make_shared<ReLU>());
+    else if (kind == "Tanh" && layer.size() == 1)
+      seq->push_back(std::make_shared<Tanh>());
+    else
+      unsupported(cls, "vq_bridge", spec);
+  }
+  return seq;
 }
+
+// The layer options inside a family's options, where the bridge goes (one
+// module for every layer, as the reference passes it on).
+VectorQuantizeOptions& layer_options(VectorQuantizeOptions& o) { return o; }
+VectorQuantizeOptions& layer_options(ResidualVQOptions& o) { return o.layer; }
+VectorQuantizeOptions& layer_options(GroupedResidualVQOptions& o) { return o.rvq.layer; }
 
 // The reference's options that change nothing here, whatever their value:
 // the syncs (one process; a distributed run reconciles codebooks and affine
@@ -68,11 +93,14 @@ Options vq_options_of(const std::string& cls, const json& opts) {
       if (v == true) set_option(o, cls, "accept_image_fmap", true);
     } else if (ignored(k) || set_option(o, cls, k, v)) {
       continue;
+    } else if (k == "vq_bridge") {
+      if (!v.is_null()) layer_options(o).vq_bridge = bridge_module(cls, v);
+    } else if (k == "mlp_kwargs" && v.is_object() &&
+               !std::is_same_v<Options, VectorQuantizeOptions>) {
+      for (const auto& [mk, mv] : v.items())
+        if (!set_option(o, cls, "mlp_" + mk, mv)) unsupported(cls, k, v);
     } else if (accepted_values().contains(k)) {
       if (v != accepted_values()[k]) unsupported(cls, k, v);
-    } else if (!std::is_same_v<Options, VectorQuantizeOptions> &&
-               accepted_stack_values().contains(k)) {
-      if (v != accepted_stack_values()[k]) unsupported(cls, k, v);
     } else {
       unsupported(cls, k, v);
     }

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/factory.h"
 #include "quant/residual_of_impl.h"
@@ -48,6 +49,20 @@ StackPlan LayerTraits<VectorQuantize>::plan(Options& o) {
     residual_vq_fail(
         "diveq reparameterises the stack's output: its layers take no "
         "directional_reparam");
+  if (o.implicit_neural_codebook) {
+    if (o.beam_size > 1 || o.eval_beam_size.value_or(1) > 1)
+      residual_vq_fail("implicit_neural_codebook does not take beam search (beam_size)");
+    if (o.layer.use_cosine_sim || o.layer.affine_param)
+      residual_vq_fail(
+          "implicit_neural_codebook trains the codes by gradient: use_cosine_sim and "
+          "affine_param must be off");
+    if (o.layer.ema_update.value_or(false) || !o.layer.learnable_codebook.value_or(true))
+      residual_vq_fail(
+          "implicit_neural_codebook trains the codes by gradient: ema_update must be off and "
+          "learnable_codebook on");
+    if (o.mlp_dim_hidden < 0 || o.mlp_depth < 0)
+      residual_vq_fail("mlp_kwargs dim_hidden and depth must be >= 0");
+  }
   if (o.shared_codebook)
     for (int64_t s : o.codebook_sizes)
       if (s != o.codebook_sizes[0])
@@ -75,6 +90,10 @@ std::shared_ptr<VectorQuantize> LayerTraits<VectorQuantize>::make_layer(
   // A shared codebook's codes follow its statistics once per forward, after
   // the last layer, whatever the layers ask (as the reference forces).
   if (opts.shared_codebook) lo.manual_ema_update = false;
+  if (opts.implicit_neural_codebook) {
+    lo.ema_update = false;
+    lo.learnable_codebook = true;
+  }
   if (opts.diveq) {
     lo.ema_update = false;
     lo.learnable_codebook = true;
@@ -88,12 +107,13 @@ std::shared_ptr<VectorQuantize> LayerTraits<VectorQuantize>::make_layer(
 
 QuantizeOutput LayerTraits<VectorQuantize>::quantize(VectorQuantize& layer, const Tensor& residual,
                                                      const Tensor& token_mask,
-                                                     const QuantizeOptions&) {
-  return layer.forward(residual, token_mask);
+                                                     const QuantizeOptions& opts) {
+  return layer.forward(residual, token_mask, opts);  // it reads the condition only
 }
 
-Tensor LayerTraits<VectorQuantize>::codes(VectorQuantize& layer, const Tensor& indices) {
-  return layer.get_codes_from_indices(indices);
+Tensor LayerTraits<VectorQuantize>::codes(VectorQuantize& layer, const Tensor& indices,
+                                          const Tensor& condition) {
+  return layer.codes_from_indices(indices, condition);
 }
 
 void LayerTraits<VectorQuantize>::after_forward(
@@ -141,6 +161,23 @@ ResidualVQOptions LayerTraits<VectorQuantize>::group_options(const GroupedOption
 
 template class ResidualOf<VectorQuantize>;
 template class GroupedOf<VectorQuantize, ResidualVQ>;
+
+ResidualVQ::ResidualVQ(ResidualVQOptions opts, Generator& gen) : ResidualOf(std::move(opts), gen) {
+  if (!options().implicit_neural_codebook) return;
+  auto list = register_module("mlps", std::make_shared<Module>("ModuleList"));
+  for (int64_t i = 1; i < num_quantizers(); ++i) {
+    auto mlp = list->register_module(
+        std::to_string(i - 1),
+        std::make_shared<ImplicitCodebookMLP>(layer(i).codebook_dim(), options().mlp_dim_hidden,
+                                              options().mlp_depth, gen));
+    // After the layer's own transform (a vq_bridge), as the reference orders them.
+    VectorQuantize& l = layer(i);
+    l.codebook_transform = [mlp, before = l.codebook_transform](const Tensor& codes,
+                                                                const Tensor& condition) {
+      return mlp->forward(before ? before(codes, condition) : codes, condition);
+    };
+  }
+}
 
 void ResidualVQ::update_state() {
   if (options().shared_codebook) {

@@ -57,6 +57,18 @@ struct ResidualVQOptions {
   /** Layer i's commitment counts this many times in a path's score (empty:
    * 1 for every layer; else one per layer). */
   std::vector<double> beam_score_quantizer_weights;
+  /** QINCo's implicit neural codebook: layer i > 0 quantizes with a codebook
+   * of its own for every token, its codes passed with the token's running
+   * sum of the earlier layers' outputs through an ImplicitCodebookMLP
+   * (quant/vq/codebook_transform.h; modules "mlps.<i-1>", drawn from the
+   * generator last, after the dropout stream's seed). The layers' codes learn by gradient (no EMA).
+   * Not with beam search, cosine similarity or affine_param. */
+  bool implicit_neural_codebook = false;
+  /** The MLPs' hidden width (0: the layer dimension) and number of residual
+   * blocks (the reference's mlp_kwargs dim_hidden and depth; options
+   * "mlp_dim_hidden" and "mlp_depth"). */
+  int64_t mlp_dim_hidden = 0;
+  int64_t mlp_depth = 4;
   /** Apply every codebook's statistics at the end of a training forward. */
   bool update_in_forward = true;
   /** Every other VectorQuantize option, for all layers (dim, codebook_size,
@@ -92,7 +104,11 @@ struct LayerTraits<VectorQuantize> {
       const std::vector<std::shared_ptr<VectorQuantize>>& built, Generator& gen);
   static QuantizeOutput quantize(VectorQuantize& layer, const Tensor& residual,
                                  const Tensor& token_mask, const QuantizeOptions& opts);
-  static Tensor codes(VectorQuantize& layer, const Tensor& indices);
+  /** `condition`: the earlier layers' codes summed (implicit neural codebook). */
+  static Tensor codes(VectorQuantize& layer, const Tensor& indices,
+                      const Tensor& condition = Tensor());
+  /** The implicit neural codebook conditions layers on the running sum. */
+  static bool conditions_layers(const Options& opts) { return opts.implicit_neural_codebook; }
   /** A shared codebook is updated once, after all layers (the reference's
    * manual_ema_update): its layers only accumulate. */
   static void after_forward(const Options& opts, bool training,
@@ -124,8 +140,9 @@ extern template class ResidualOf<VectorQuantize>;
 class ResidualVQ : public ResidualOf<VectorQuantize> {
  public:
   /** Layers "layers.<i>", projections "project_in" / "project_out", built
-   * from `gen` (quant/layer_traits.h's seeding). */
-  using ResidualOf::ResidualOf;
+   * from `gen` (quant/layer_traits.h's seeding), then with
+   * implicit_neural_codebook the MLPs "mlps.<i>" of layers 1.. . */
+  ResidualVQ(ResidualVQOptions opts, Generator& gen);
 
   /** Quantizes `x` (layouts as VectorQuantize). Indices [B, N, Q] (-1 for
    * dropped layers and masked tokens), loss [Q] (0 for dropped layers), and

@@ -99,6 +99,22 @@ Tensor gather_codes(const Tensor& codes, const Tensor& idx) {
   return reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {g * tt})), {g, tt, d});
 }
 
+// Per-token codes [G, T, K, d] at idx [G, T] -> [G, T, d]: each token's own
+// codebook's row (token t of table g starts at row (g T + t) K).
+Tensor gather_token_codes(const Tensor& codes, const Tensor& idx) {
+  const int64_t g = codes.size(0), tt = codes.size(1), k = codes.size(2), d = codes.size(3);
+  const Tensor start =
+      reshape(arange(g * tt, {.dtype = DType::i64, .device = idx.device()}) * k, {g, tt});
+  return reshape(index_select(reshape(codes, {g * tt * k, d}), 0, reshape(idx + start, {g * tt})),
+                 {g, tt, d});
+}
+
+// The distances to per-token codes [G, T, K, d], [G, T, K]: the reference's
+// -pairwise_distance(x, c), i.e. -|x - c + 1e-6|.
+Tensor token_distances(const Tensor& x, const Tensor& codes) {
+  return -sqrt(sum(square(unsqueeze(x, 2) - codes + 1e-6), {-1}));
+}
+
 }  // namespace
 
 /** The input as the codebook sees it. */
@@ -129,8 +145,15 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
   codebook_dim_ = opts_.codebook_dim > 0 ? opts_.codebook_dim : opts_.dim;
   const bool diveq = opts_.directional_reparam;
   rotation_trick_ = opts_.rotation_trick.value_or(!diveq && opts_.dim > 1);
-  learnable_ = opts_.learnable_codebook.value_or(diveq);
-  ema_update_ = opts_.ema_update.value_or(!diveq);
+  const bool bridge = opts_.vq_bridge != nullptr;
+  learnable_ = opts_.learnable_codebook.value_or(diveq || bridge);
+  ema_update_ = opts_.ema_update.value_or(!diveq && !bridge);
+  if (bridge && (!learnable_ || ema_update_))
+    vq_fail(
+        "vq_bridge trains the codes through the bridge: learnable_codebook must be on and "
+        "ema_update off");
+  if (bridge && opts_.use_cosine_sim)
+    vq_fail("vq_bridge needs a learnable codebook, which cosine similarity does not take");
   if (diveq && (opts_.straight_through || rotation_trick_))
     vq_fail(
         "directional_reparam is a gradient route of its own: turn straight_through and "
@@ -159,6 +182,14 @@ VectorQuantize::VectorQuantize(const VectorQuantizeOptions& opts, Generator& gen
     codebook_ = register_module(
         "_codebook", std::make_shared<Codebook>(
                          codebook_options(opts_, codebook_dim_, learnable_, ema_update_), gen));
+  }
+  if (bridge) {
+    bool registered = false;  // a shared codebook holds its bridge once
+    for (const auto& [name, child] : codebook_->named_children()) registered |= name == "vq_bridge";
+    if (!registered) codebook_->register_module("vq_bridge", opts_.vq_bridge);
+    codebook_transform = [b = opts_.vq_bridge](const Tensor& codes, const Tensor&) {
+      return b->forward(codes);
+    };
   }
   const uint64_t seed = draw_seed(gen);
   sample_gen_ = StepStream(Generator::named(seed, "vq.sample"));
@@ -228,6 +259,7 @@ VectorQuantize::Tokens VectorQuantize::prepare(const Tensor& x, const Tensor& ma
 // The reference's "dist": -sqrt(max(|x - e|^2, 1e-8)) or the cosine similarity,
 // [G, T, K], differentiable in x (and in the codes when they need a gradient).
 Tensor VectorQuantize::distances(const Tensor& x, const Tensor& codes) const {
+  if (codes.dim() == 4) return token_distances(x, codes);
   if (opts_.use_cosine_sim) return matmul(x, transpose(codes, 1, 2));
   std::vector<Tensor> per;
   for (int64_t g = 0; g < x.size(0); ++g)
@@ -313,10 +345,29 @@ void VectorQuantize::update_affine(const Tokens& t) {
 // input's through the distances), so when a state update before backward
 // (this forward's, or a shared codebook's after the last layer) will
 // overwrite the codebook in place, they are a copy.
-Tensor VectorQuantize::codes_for(const Plan& p) const {
+// Through codebook_transform when there is one: a per-token codebook
+// [G, T, K, d] comes back as it is (affine_param's map has no per-token form).
+Tensor VectorQuantize::codes_for(const Plan& p, const Tensor& condition) const {
   Codebook& cb = *codebook_;
-  const Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
-  return cb.affine_codes(p.updates && (learnable_ || p.need_dist) ? embed.clone() : embed);
+  Tensor embed = learnable_ ? cb.embed() : cb.embed().detach();
+  if (p.updates && (learnable_ || p.need_dist)) embed = embed.clone();
+  if (!codebook_transform) return cb.affine_codes(embed);
+  const Tensor codes = codebook_transform(embed, condition);
+  if (codes.dim() != 4) return cb.affine_codes(codes);
+  if (opts_.affine_param) vq_fail("affine_param does not take a per-token codebook transform");
+  return codes;
+}
+
+// A condition [B, N, d] (or any shape of `rows` rows) as rows [rows, d].
+Tensor VectorQuantize::condition_rows(const Tensor& condition, int64_t rows) const {
+  if (!condition.defined()) return condition;
+  if (opts_.heads != 1)
+    vq_fail("a condition for the codebook transform needs heads = 1, the layer has " +
+            std::to_string(opts_.heads));
+  if (condition.numel() != rows * codebook_dim_)
+    vq_fail("a condition of shape " + shape_str(condition.shape()) + " for " +
+            std::to_string(rows) + " tokens of " + std::to_string(codebook_dim_) + " features");
+  return reshape(condition, {rows, codebook_dim_});
 }
 
 // The chosen code of every token [G, T]: Gumbel-sampled, the argmax of the
@@ -329,7 +380,7 @@ Tensor VectorQuantize::choose_codes(const Tokens& t, const Tensor& codes, const 
                           gumbel_noise(dist.shape(), sample_gen_.next(), options_of(dist));
     return argmax(logits, -1);
   }
-  if (p.need_dist) return argmax(dist.detach(), -1);
+  if (p.need_dist || codes.dim() == 4) return argmax(dist.detach(), -1);
   std::vector<Tensor> per;
   for (int64_t h = 0; h < t.x.size(0); ++h)
     per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h), opts_.use_cosine_sim));
@@ -344,9 +395,13 @@ Tensor VectorQuantize::gathered_codes(const Tensor& idx, const Tensor& codes, co
   if (p.gumbel) {
     const Tensor soft = softmax(dist / opts_.sample_codebook_temp, -1);
     const Tensor hard = to_dtype(one_hot(idx, opts_.codebook_size), soft.dtype());
-    return matmul(hard + soft - soft.detach(), codes);
+    const Tensor weights = hard + soft - soft.detach();  // [G, T, K]
+    if (codes.dim() != 4) return matmul(weights, codes);
+    const int64_t g = codes.size(0), tt = codes.size(1), k = codes.size(2), d = codes.size(3);
+    return reshape(matmul(reshape(weights, {g * tt, 1, k}), reshape(codes, {g * tt, k, d})),
+                   {g, tt, d});
   }
-  return gather_codes(codes, idx);
+  return codes.dim() == 4 ? gather_token_codes(codes, idx) : gather_codes(codes, idx);
 }
 
 void VectorQuantize::accumulate(const Tokens& t, const Tensor& idx) {
@@ -447,14 +502,19 @@ QuantizeOutput VectorQuantize::finish(const Tokens& t, const Tensor& q_out, cons
 }
 
 QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask,
-                                       const QuantizeOptions& /*one layer: nothing to drop*/) {
+                                       const QuantizeOptions& opts) {
   const Tokens t = prepare(x, mask);
   init_codebook(t);
   const Plan p = plan();
   if (opts_.affine_param && p.training) update_affine(t);
-  const Tensor codes = codes_for(p);
+  const Tensor codes = codes_for(p, condition_rows(opts.condition, t.b * t.n));
   Tensor dist;
-  if (p.need_dist) dist = distances(t.x, codes);
+  if (p.need_dist) {
+    dist = distances(t.x, codes);
+  } else if (codes.dim() == 4) {  // a codebook per token: the choice reads the distances
+    NoGradGuard choice_only;
+    dist = distances(t.x, codes);
+  }
   const Tensor idx = choose_codes(t, codes, dist, p);
   const Tensor q = gathered_codes(idx, codes, dist, p);
   if (p.updates) accumulate(t, idx);
@@ -477,7 +537,8 @@ QuantizeOutput VectorQuantize::forward_topk(const Tensor& x, int64_t k, const Te
   Plan p = plan();
   p.updates = false;  // candidates only: the caller keeps some (update_indices)
   if (opts_.affine_param && p.training) update_affine(t);
-  const Tensor codes = codes_for(p);
+  const Tensor codes = codes_for(p, Tensor());
+  if (codes.dim() == 4) vq_fail("topk codes do not take a per-token codebook transform");
   // The distances [1, T, K] where a loss, the Gumbel softmax or sampling
   // reads them; else the k nearest are those of least squared distance (the
   // same order without the square root and sign).
@@ -624,8 +685,11 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
                                                     const Tensor& mask) {
   Tokens t = prepare(x, mask);
   const int64_t g = t.x.size(0), tt = t.x.size(1), k = opts_.codebook_size;
-  const Tensor codes =
-      codebook_->affine_codes(learnable_ ? codebook_->embed() : codebook_->embed().detach());
+  Plan p = plan();
+  p.updates = false;  // this forward updates nothing
+  const Tensor codes = codes_for(p, Tensor());
+  if (codes.dim() == 4)
+    vq_fail("forward with indices does not take a per-token codebook transform");
   const Tensor dist = distances(t.x, codes);
   const Tensor idx = argmax(dist.detach(), -1);
   // Given indices [B, N(, heads)] to the codebook's token order [G, T].
@@ -650,7 +714,7 @@ QuantizeOutput VectorQuantize::forward_with_indices(const Tensor& x, const Tenso
   return out;
 }
 
-Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) {
+Tensor VectorQuantize::codes_from_indices(const Tensor& indices, const Tensor& condition) {
   const int64_t h = opts_.heads, k = opts_.codebook_size, d = codebook_dim_;
   Shape lead = indices.shape();
   if (h > 1) {
@@ -661,15 +725,21 @@ Tensor VectorQuantize::get_codes_from_indices(const Tensor& indices) {
   }
   int64_t m = 1;
   for (int64_t s : lead) m *= s;
-  const Tensor codes = codebook_->embed().detach();
+  NoGradGuard no_grad;
+  Tensor codes = codebook_->embed().detach();
+  if (codebook_transform) codes = codebook_transform(codes, condition_rows(condition, m));
   const int64_t g = codes.size(0);
   Tensor idx = reshape(to_dtype(indices, DType::i64), {m, h});
   const Tensor valid = ge(idx, scalar(0.0, options_of(idx)));
   Tensor flat = where(valid, idx, zeros_like(idx));
-  if (g > 1)
-    flat = flat + unsqueeze(arange(h, {.dtype = DType::i64, .device = idx.device()}) * k, 0);
-  Tensor rows =
-      reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})), {m, h, d});
+  Tensor rows;
+  if (codes.dim() == 4) {  // one head: token i's code from its own codebook
+    rows = reshape(gather_token_codes(codes, reshape(flat, {1, m})), {m, h, d});
+  } else {
+    if (g > 1)
+      flat = flat + unsqueeze(arange(h, {.dtype = DType::i64, .device = idx.device()}) * k, 0);
+    rows = reshape(index_select(reshape(codes, {g * k, d}), 0, reshape(flat, {m * h})), {m, h, d});
+  }
   rows = rows * unsqueeze(to_dtype(valid, rows.dtype()), -1);
   Shape out = lead;
   out.push_back(h * d);

@@ -20,6 +20,7 @@
 #include "quant/quantizer.h"
 #include "quant/step_stream.h"
 #include "quant/vq/codebook.h"
+#include "quant/vq/codebook_transform.h"
 
 namespace quanta::quant {
 
@@ -84,10 +85,18 @@ struct VectorQuantizeOptions {
    * update; needs threshold_ema_dead_code > 0 (the reference asserts it). */
   bool directional_reparam = false;
   double directional_reparam_variance = 5e-3;
+  /** FVQ's bridge: a module mapping the codes [G, K, codebook_dim] to codes
+   * of the same shape, which the layer then quantizes with (its codebook
+   * transform, quant/vq/codebook_transform.h), registered as
+   * _codebook.vq_bridge (every layer given the same module shares it).
+   * Needs a learnable codebook without the EMA update (the defaults then),
+   * Euclidean distances, as the reference asserts. */
+  std::shared_ptr<Module> vq_bridge;
   /** Codebook trained by gradient (commitment not detached). Default:
-   * directional_reparam. */
+   * directional_reparam or a vq_bridge. */
   std::optional<bool> learnable_codebook;
-  /** EMA codebook update. Default: not directional_reparam. */
+  /** EMA codebook update. Default: neither directional_reparam nor a
+   * vq_bridge. */
   std::optional<bool> ema_update;
   /** Route the output gradient to the input (rotation trick, STE or DiVeQ);
    * false: the output is the code itself, and only a learnable codebook
@@ -140,8 +149,9 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
    * ones get zero output, index -1 and contribute nothing to statistics or
    * losses. Indices are [B, N] ([B, N, heads] with several heads). Losses:
    * "commitment", "orthogonal_reg", "codebook_diversity", "inplace_optimize"
-   * (unweighted), loss = their weighted sum; 0 in eval mode. `opts` changes
-   * nothing (one layer, no temperature). */
+   * (unweighted), loss = their weighted sum; 0 in eval mode. Of `opts` only
+   * the condition counts: what codebook_transform reads (one layer, no
+   * dropout, no temperature). */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) override;
   /** forward(x, mask, {}). */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor()) {
@@ -174,8 +184,14 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
 
   /** Codes of `indices` ([..., heads] or [...] with one head; -1 gives zeros)
    * before project_out: [..., heads * codebook_dim] (one layer: no leading
-   * quantizers dimension, unlike the stacks). */
-  Tensor get_codes_from_indices(const Tensor& indices) override;
+   * quantizers dimension, unlike the stacks), through codebook_transform
+   * (no gradient). */
+  Tensor get_codes_from_indices(const Tensor& indices) override {
+    return codes_from_indices(indices, Tensor());
+  }
+  /** The same with the condition a conditioned codebook_transform reads:
+   * [..., codebook_dim], one row per index (one head). */
+  Tensor codes_from_indices(const Tensor& indices, const Tensor& condition);
   /** project_out(get_codes_from_indices(indices)): [..., dim]. */
   Tensor get_output_from_indices(const Tensor& indices) override;
 
@@ -210,6 +226,14 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
    * from its layer 0's. */
   using NoiseSource = std::function<Tensor(const Shape& shape, const TensorOptions& opts)>;
   NoiseSource directional_noise;
+  /** The codebook transform hook (quant/vq/codebook_transform.h): the codes
+   * every forward and lookup quantizes with, from the codes (learnable ones
+   * with their gradient) and the forward's QuantizeOptions::condition as
+   * rows [B * N, codebook_dim]; applied before affine_param's map, which a
+   * per-token codebook does not take. Empty: the codes themselves. The
+   * constructor sets it to the vq_bridge; ResidualVQ's implicit neural
+   * codebook sets its layers' to their MLP. */
+  CodebookTransform codebook_transform;
 
   /** Turns update_in_forward on or off (a distributed wrapper turns it off). */
   void set_update_in_forward(bool on) { opts_.update_in_forward = on; }
@@ -223,7 +247,8 @@ class VectorQuantize : public SingleLayerQuantizer, public StepKeyed {
   void init_codebook(const Tokens& t);
   Plan plan() const;
   void update_affine(const Tokens& t);
-  Tensor codes_for(const Plan& p) const;
+  Tensor codes_for(const Plan& p, const Tensor& condition) const;
+  Tensor condition_rows(const Tensor& condition, int64_t rows) const;
   Tensor choose_codes(const Tokens& t, const Tensor& codes, const Tensor& dist, const Plan& p);
   Tensor gathered_codes(const Tensor& idx, const Tensor& codes, const Tensor& dist,
                         const Plan& p) const;

@@ -69,6 +69,10 @@ void for_each_option(ResidualVQOptions& o, Visit&& visit) {
   visit("beam_size", o.beam_size, K::size);
   visit("eval_beam_size", o.eval_beam_size, K::size);
   visit("beam_score_quantizer_weights", o.beam_score_quantizer_weights, K::value);
+  visit("implicit_neural_codebook", o.implicit_neural_codebook, K::value);
+  // The reference's mlp_kwargs dict, flattened: mlp_kwargs={"depth": 2} is mlp_depth.
+  visit("mlp_dim_hidden", o.mlp_dim_hidden, K::size);
+  visit("mlp_depth", o.mlp_depth, K::value);
   visit("accept_image_fmap", o.accept_image_fmap, K::value);
   visit("channel_last", o.channel_last, K::value);
   for_each_option(o.layer, [&](std::string_view name, auto& field, OptionKind kind) {

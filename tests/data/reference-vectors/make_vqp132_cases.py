@@ -1,9 +1,10 @@
 # Dumps the vector-quantize-pytorch 1.32 cases (DiVeQ, quant_grad_frac, masks
 # with the 1.32 output rule, partial dead-code replacement, top-k codes,
-# ResidualVQ beam search, manual_ema_update, LatentQuantize) into the folder
-# given as the first argument. Run with vector-quantize-pytorch 1.32.0,
-# PyTorch 2.14.1 (CPU) and safetensors 0.8.0:
-#   python3 make_vqp132_cases.py tests/data/reference-vectors
+# ResidualVQ beam search, manual_ema_update, LatentQuantize, FSP, FVQ's
+# vq_bridge, QINCo's implicit neural codebook) into the folder given as the
+# first argument; further arguments name the only cases to write. Run with
+# vector-quantize-pytorch 1.32.0, PyTorch 2.14.1 (CPU) and safetensors 0.8.0:
+#   python3 make_vqp132_cases.py tests/data/reference-vectors [case ...]
 # Random draws the reference makes inside a forward are handled as the
 # README's "Random draws inside a forward" says: DiVeQ's noise is recorded
 # (draws.directional_noise) for quanta parity to replay; the dead-code
@@ -14,6 +15,7 @@ from safetensors.torch import save_file
 from vector_quantize_pytorch import VectorQuantize, ResidualVQ, LatentQuantize, FSP
 torch.set_num_threads(1)
 out = sys.argv[1]
+ONLY = set(sys.argv[2:])  # empty: every case
 LOSS = ("L = sum(quantized * w) + sum(aux_loss), where aux_loss is the auxiliary loss exactly as "
         "returned by forward (summed over all its elements when it is a vector); x_grad = dL/dx "
         "and <param>_grad = dL/d<param>, from one backward pass")
@@ -75,7 +77,9 @@ def latent_margin_ok(m, x, mask, rel=1e-4):
     return True
 
 def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, drop=(),
-         mode="train", extra=None, margin=margin_ok):
+         mode="train", extra=None, margin=margin_ok, param_grads=True):
+    if ONLY and name not in ONLY:
+        return
     torch.manual_seed(seeds[0])
     mod = ctor(**opts).train(mode == "train")
     tensors = {k: stored(v) for k, v in mod.state_dict().items()}
@@ -124,7 +128,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
             if "_codebook." in k:
                 tensors[k + "_after"] = stored(v)
     for k, p in mod.named_parameters():
-        if p.grad is not None:
+        if param_grads and p.grad is not None:
             tensors[k + "_grad"] = p.grad
     for k in drop:
         tensors.pop(k, None)
@@ -273,3 +277,135 @@ dump("fsp_96_cauchy_inv", "FSP", FSP,
 dump("fsp_54_sigmoid_inv", "FSP", FSP,
      dict(levels=[5, 4], act_name="sigmoid", need_inv_act=True, vector_norm="var_sigmoid"),
      (2, 16, 2), (1281, 1282, 1283), "sigmoid CDF with its inverse (logit)", margin=fsp_margin_ok)
+
+# FVQ's vq_bridge: the reference takes any module over the codes [h, c, d]
+# and ships none, so a case names a torch.nn.Sequential by its layers
+# ({"sequential": [["Linear", in, out], ["SiLU"], ...]}, what `quanta
+# parity` builds); the same module goes to every layer, as the reference
+# passes vq_kwargs on. QINCo (implicit_neural_codebook): layer i > 0
+# quantizes with MLP(code, running quantized sum), a codebook per token.
+def bridge(spec):
+    layers = []
+    for kind, *args in spec["sequential"]:
+        layers.append(getattr(torch.nn, kind)(*args))
+    return torch.nn.Sequential(*layers)
+
+def with_bridge(cls):
+    def ctor(**o):
+        o = dict(o)
+        if o.get("vq_bridge") is not None:
+            o["vq_bridge"] = bridge(o["vq_bridge"])
+        return cls(**o)
+    return ctor
+
+@torch.no_grad()
+def transformed_codes(m, x):
+    """(per-layer codes [b, n, c, d] in float64, projected input) through the
+    bridge and the implicit codebook's MLPs, following the nearest code."""
+    m64 = copy.deepcopy(m).double()
+    layers = list(m64.layers) if isinstance(m64, ResidualVQ) else [m64]
+    mlps = [None, *m64.mlps] if getattr(m64, "implicit_neural_codebook", False) else [None] * len(layers)
+    r = x.detach().double()
+    if getattr(m64, "has_projections", False):
+        r = m64.project_in(r)
+    cond = torch.zeros_like(r)
+    for layer, mlp in zip(layers, mlps):
+        e = layer._codebook.embed
+        if layer._codebook.vq_bridge is not None:
+            e = layer._codebook.vq_bridge(e)
+        codes = mlp(e[0], condition=cond) if mlp is not None else e[0].expand(*r.shape[:-1], *e.shape[1:])
+        d = ((r[..., None, :] - codes) ** 2).sum(-1)
+        yield r, codes, d
+        q = codes.gather(-2, d.argmin(-1)[..., None, None].expand(*codes.shape[:-2], 1, codes.shape[-1]))[..., 0, :]
+        r, cond = r - q, cond + q
+
+def transformed_margin_ok(m, x, mask, rel=5e-5):
+    """margin_ok for transformed codebooks (vq_bridge, implicit neural codebook)."""
+    for r, codes, d in transformed_codes(m, x):
+        s = d.sort(-1).values
+        scale = r.pow(2).sum(-1) + codes.pow(2).sum(-1).max(-1).values
+        ok = (s[..., 1] - s[..., 0]) >= rel * scale
+        if mask is not None:
+            ok = ok[mask]
+        if not ok.all():
+            return False
+    return True
+
+BRIDGE = {"sequential": [["Linear", 16, 32], ["SiLU"], ["Linear", 32, 16]]}
+dump("vq_bridge_mlp", "VectorQuantize", with_bridge(VectorQuantize),
+     dict(dim=16, codebook_size=32, vq_bridge=BRIDGE, commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1291, 1292, 1293),
+     "vq_bridge = Sequential(Linear(16, 32), SiLU(), Linear(32, 16)): learnable codes, no EMA; "
+     "the bridge's and the codes' gradients", margin=transformed_margin_ok)
+dump("rvq_q3_qinco", "ResidualVQ", ResidualVQ,
+     dict(dim=16, num_quantizers=3, codebook_size=32, implicit_neural_codebook=True,
+          mlp_kwargs=dict(depth=2, dim_hidden=24), commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1301, 1302, 1303),
+     "implicit_neural_codebook: layers 1 and 2 quantize with MLP(code, running sum), "
+     "depth 2, hidden 24; the MLPs' gradients", margin=transformed_margin_ok)
+dump("rvq_q3_qinco_proj_masked", "ResidualVQ", ResidualVQ,
+     dict(dim=16, codebook_dim=8, num_quantizers=3, codebook_size=32,
+          implicit_neural_codebook=True, mlp_kwargs=dict(depth=1), commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1311, 1312, 1313),
+     "implicit_neural_codebook with projections 16 -> 8 and a mask", mask_rows=MASK,
+     margin=transformed_margin_ok)
+dump("rvq_q3_qinco_eval", "ResidualVQ", ResidualVQ,
+     dict(dim=16, num_quantizers=3, codebook_size=32, implicit_neural_codebook=True,
+          commitment_weight=1.0, threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1321, 1322, 1323),
+     "implicit_neural_codebook in eval, the default MLP (depth 4). No parameter gradients: "
+     "the reference's eval output keeps the codes' gradient, quanta's eval output has none",
+     mode="eval", margin=transformed_margin_ok, param_grads=False)
+dump("rvq_q2_qinco_bridge", "ResidualVQ", with_bridge(ResidualVQ),
+     dict(dim=16, num_quantizers=2, codebook_size=32, implicit_neural_codebook=True,
+          mlp_kwargs=dict(depth=1),
+          vq_bridge={"sequential": [["Linear", 16, 16], ["Tanh"]]}, commitment_weight=1.0,
+          threshold_ema_dead_code=0, **BASE),
+     (2, 12, 16), (1331, 1332, 1333),
+     "implicit_neural_codebook after a vq_bridge that every layer shares (bridge, then MLP)",
+     margin=transformed_margin_ok)
+
+def dump_lookup(name, cls, opts, shape, seeds, note, dropped=()):
+    """get_codes_from_indices / get_output_from_indices; `dropped` lists
+    (b, n, from_layer): that token's layers from from_layer on are -1."""
+    if ONLY and name not in ONLY:
+        return
+    torch.manual_seed(seeds[0])
+    mod = cls(**opts).eval()
+    tensors = {k: stored(v) for k, v in mod.state_dict().items()}
+    indices = torch.randint(0, opts["codebook_size"], shape,
+                            generator=torch.Generator().manual_seed(seeds[1]))
+    for b, n, q in dropped:
+        indices[b, n, q:] = -1
+    with torch.no_grad():
+        codes = mod.get_codes_from_indices(indices)
+        output = mod.get_output_from_indices(indices)
+    tensors.update(indices=indices, codes=codes, output=output)
+    spec = {"case": name, "kind": "lookup", "class": cls.__name__,
+            "module": "vector_quantize_pytorch." + cls.__name__, "constructor_options": opts,
+            "mode": "eval", "calls": ["codes = module.get_codes_from_indices(indices)",
+                                      "output = module.get_output_from_indices(indices)"],
+            "randomness": {"module_init": f"torch.manual_seed({seeds[0]}) then construct",
+                           "indices": f"torch.randint with torch.Generator().manual_seed({seeds[1]}), "
+                                      f"then -1 from layer q on at (b, n, q) in {list(dropped)}"},
+            "state_aliases": {}, "note": note,
+            "peer": {"vector_quantize_pytorch": "1.32.0", "torch": torch.__version__,
+                     "python": platform.python_version(), "device": "cpu", "dtype": "float32",
+                     "threads": 1}}
+    metadata = {"case": name, "kind": "lookup", "class": cls.__name__, "mode": "eval",
+                "library_version": "vector-quantize-pytorch 1.32.0",
+                "torch_version": torch.__version__, "format": "safetensors; reference vectors v1",
+                "spec": json.dumps(spec)}
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()},
+              f"{out}/{name}.safetensors", metadata=metadata)
+    print(name, {k: tuple(v.shape) for k, v in tensors.items()})
+
+dump_lookup("lookup_rvq_q3_qinco_proj", ResidualVQ,
+            dict(dim=16, codebook_dim=8, num_quantizers=3, codebook_size=32,
+                 implicit_neural_codebook=True, mlp_kwargs=dict(depth=2), quantize_dropout=True),
+            (2, 10, 3), (1341, 1342),
+            "codes derived layer by layer through the MLPs; dropped layers (-1) at the end give zeros",
+            dropped=((0, 3, 2), (1, 7, 1)))

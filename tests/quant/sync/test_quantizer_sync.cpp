@@ -191,6 +191,31 @@ std::vector<Case> cases() {
                    return std::make_shared<ResidualVQ>(o, g);
                  },
                  call<ResidualVQ>()});
+  // The codebook transform: a bridge over the codes, and QINCo's per-token
+  // codebooks (an MLP of each code and the token's running sum), both
+  // trained by gradient; no collective in their forwards.
+  out.push_back({"vq_bridge",
+                 [](Generator& g) {
+                   auto o = vq_options();
+                   o.vq_bridge = std::make_shared<Sequential>(std::make_shared<Linear>(4, 4, g),
+                                                              std::make_shared<Tanh>());
+                   o.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<VectorQuantize>(o, g);
+                 },
+                 call<VectorQuantize>()});
+  out.push_back({"rvq_implicit_neural_codebook",
+                 [](Generator& g) {
+                   ResidualVQOptions o;
+                   o.dim = kDim;
+                   o.codebook_dim = 4;
+                   o.num_quantizers = 3;
+                   o.codebook_sizes = {8};
+                   o.implicit_neural_codebook = true;
+                   o.mlp_depth = 1;
+                   o.layer.threshold_ema_dead_code = 1.0;
+                   return std::make_shared<ResidualVQ>(o, g);
+                 },
+                 call<ResidualVQ>()});
   return out;
 }
 
