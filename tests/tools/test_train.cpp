@@ -228,10 +228,13 @@ TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers
   const json steps = {{"steps", 5}};
   CHECK(compose_config({steps}) == merge_config(defaults, steps));
 
+  // Residual VQ: the defaults' k-means init and dead-code expiry.
+  CHECK(compose_config({quantizer({{"type", "rvq"}})})["quantizer"] ==
+        json{{"type", "rvq"}, {"kmeans_init", true}, {"threshold_ema_dead_code", 2}});
   // FSQ: the encoder writes a symmetric 8,8,8 grid behind the latent norm.
   json fsq = compose_config({quantizer({{"type", "fsq"}})});
   CHECK(fsq["model"]["dim"] == 3);
-  CHECK(fsq["model"]["latent_norm_groups"] == 4);
+  CHECK(fsq["model"]["latent_norm_groups"] == 16);
   CHECK(fsq["lr"] == 0.005);
   CHECK(fsq["quantizer"] ==
         json{{"type", "fsq"}, {"levels", {8, 8, 8}}, {"preserve_symmetry", true}});
@@ -244,14 +247,27 @@ TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers
   CHECK(fsq["model"]["latent_norm_groups"] == 0);
   CHECK(fsq["lr"] == 0.001);
   CHECK(fsq["quantizer"]["levels"] == json{8, 5, 5, 5});
+  // The norm's groups divide the width asked for.
+  const json narrow = {{"model", {{"hidden", 8}}}}, odd = {{"model", {{"hidden", 7}}}};
+  CHECK(compose_config({levels, narrow})["model"]["latent_norm_groups"] == 8);
+  CHECK(compose_config({levels, odd})["model"]["latent_norm_groups"] == 1);
+  CHECK_NOTHROW(config_from_json(compose_config({levels, odd})));
   const json wide = {{"model", {{"dim", 16}}}};
   CHECK(compose_config({levels, wide})["model"]["dim"] == 16);  // projections 16 -> 4
   CHECK(compose_config({quantizer({{"type", "fsp"}})})["quantizer"] ==
         json{{"type", "fsp"}, {"levels", {8, 8, 8}}});
+  CHECK(compose_config({quantizer({{"type", "rfsq"}})})["quantizer"] ==
+        json{{"type", "rfsq"},
+             {"levels", {8, 8, 8}},
+             {"preserve_symmetry", true},
+             {"quantize_dropout", true}});
 
   // LFQ: a bit per latent channel, 2^10 codes unless a size is given.
   const json lfq_model = {{"hidden", 32}, {"dim", 10}, {"latent_norm_groups", 4}, {"arch", "conv"}};
-  CHECK(compose_config({quantizer({{"type", "lfq"}})})["model"] == lfq_model);
+  const json lfq = compose_config({quantizer({{"type", "lfq"}})});
+  CHECK(lfq["model"] == lfq_model);
+  CHECK(lfq["quantizer"] ==
+        json{{"type", "lfq"}, {"spherical", true}, {"entropy_loss_weight", 0.02}});
   CHECK(compose_config({quantizer({{"type", "lfq"}, {"codebook_size", 65536}})})["model"]["dim"] ==
         16);
   // Not a power of two: the default width, and config_from_json names it.

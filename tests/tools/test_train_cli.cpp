@@ -586,7 +586,18 @@ TEST_CASE("quanta train --print-config shows the quantizer's resolved options") 
   CHECK(json::parse(again.out) == json::parse(r.out));
   CliResult fsq = run_quanta({"train", "--quantizer", "fsq", "--print-config"});
   REQUIRE(fsq.code == 0);
-  CHECK(json::parse(fsq.out)["quantizer"]["levels"] == json{8, 5, 5, 5});
+  const json fsq_config = json::parse(fsq.out);
+  CHECK(fsq_config["quantizer"]["levels"] == json{8, 8, 8});  // FSQ's recipe
+  CHECK(fsq_config["model"]["dim"] == 3);
+  CHECK(fsq_config["lr"] == 0.005);
+  // Flags win over the recipe; the latent width follows the levels given.
+  CliResult mine = run_quanta(
+      {"train", "--quantizer", "fsq", "--levels", "8,5,5,5", "--lr", "0.001", "--print-config"});
+  REQUIRE(mine.code == 0);
+  const json mine_config = json::parse(mine.out);
+  CHECK(mine_config["quantizer"]["levels"] == json{8, 5, 5, 5});
+  CHECK(mine_config["model"]["dim"] == 4);
+  CHECK(mine_config["lr"] == 0.001);
 }
 
 TEST_CASE("metrics.jsonl: a header per start, lr and elapsed_s; resume keeps the log window") {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Re-runs the quantizer comparison of docs/train.md ("Measured") and prints
-# its two tables as Markdown rows, so those figures come from one script, as
+# Re-runs the quantizer comparison of docs/train.md ("Recipes") and prints
+# its two tables as Markdown rows (every quantizer type at its recipe, then
+# what each part of a recipe does), so those figures come from one script, as
 # the README's do from tools/dev/readme-figures.sh: hand-copied figures drift.
 #
 #   tools/dev/train-figures.sh [QUANTA] [--short-only]
@@ -9,8 +10,9 @@
 # Every run is `--threads 1`: the CPU kernels split some sums by thread, so
 # the figures depend on the thread count, and one thread also keeps them
 # independent of what else the machine runs. Only the time column depends on
-# the machine and its load. The long table (whole dataset, 1 or 2 epochs) takes
-# about 20 minutes on one free core, the short one (400 steps) about 8.
+# the machine and its load. The long table (whole test set) takes about 10
+# minutes on one free core, the short one (2,000 test images) about 6; both
+# train for the default 2 epochs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 readonly root
@@ -57,9 +59,18 @@ usage_cell() {  # usage_cell DIR: "100%" or "n/a"
   python3 -c "print(f'{100 * $u:.1f}%')"
 }
 
+levels_cell() {  # levels_cell DIR: each codebook's usage ("100.0/98.2/...%") or "-"
+  python3 - "$1/metrics.jsonl" <<'EOF'
+import json, sys
+evals = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "eval"]
+levels = evals[-1].get("codebook_usage_per_level")
+print("/".join(f"{100 * u:.1f}" for u in levels) + "%" if levels else "-")
+EOF
+}
+
 if [ "$short_only" = 0 ]; then
-  echo "| quantizer (command: \`quanta train --threads 1\` plus) | steps | test MSE | usage | perplexity | time |"
-  echo "|---|---|---|---|---|---|"
+  echo "| quantizer (command: \`quanta train --threads 1\` plus) | steps | test MSE | usage | usage per codebook | perplexity | time |"
+  echo "|---|---|---|---|---|---|---|"
   long_row() {  # long_row LABEL NAME ARGS...
     local label="$1" name="$2"; shift 2
     local secs steps mse first
@@ -68,38 +79,41 @@ if [ "$short_only" = 0 ]; then
     mse="$(metric "$work/$name" test_mse 5)"
     first="$(metric "$work/$name" test_mse 5 first)"
     [ "$first" != "$mse" ] && mse="$mse ($first after epoch 1)"
-    echo "| $label | $steps | $mse | $(usage_cell "$work/$name") | $(metric "$work/$name" perplexity 1) | ${secs} s |"
+    echo "| $label | $steps | $mse | $(usage_cell "$work/$name") | $(levels_cell "$work/$name") | $(metric "$work/$name" perplexity 1) | ${secs} s |"
   }
-  long_row "vq, the default (nothing)" vq
+  long_row "vq, the default (nothing): 512 codes" vq
   long_row "none (\`--quantizer none\`)" none --quantizer none
-  long_row "fsq (\`--quantizer fsq --epochs 1\`: levels 8,5,5,5, projections 16 -> 4)" fsq --quantizer fsq --epochs 1
-  long_row "fsq without projections (\`--quantizer fsq --dim 4 --epochs 1\`)" fsq4 --quantizer fsq --dim 4 --epochs 1
-  long_row "lfq (\`--quantizer lfq --epochs 1 --limit-test 2000\`: 65536 codes, a bit per channel, no projections)" lfq --quantizer lfq --epochs 1 --limit-test 2000
-  long_row "lfq with 512 codes (\`--quantizer lfq --codebook-size 512 --epochs 1\`: projections 16 -> 9)" lfq512 --quantizer lfq --codebook-size 512 --epochs 1
-  long_row "the same with \`--lr 1e-3\`" lfq512lr --quantizer lfq --codebook-size 512 --epochs 1 --lr 1e-3
-  long_row "the same with \`--lr 1e-3 --dim 9 --commitment-loss-weight 0.25 --limit-test 2000\`" lfq512d9 --quantizer lfq --codebook-size 512 --epochs 1 --lr 1e-3 --dim 9 --commitment-loss-weight 0.25 --limit-test 2000
+  long_row "rvq (\`--quantizer rvq\`: 4 levels of 512)" rvq --quantizer rvq
+  long_row "grvq (\`--quantizer grvq\`: 2 groups x 4 levels of 512)" grvq --quantizer grvq
+  long_row "simvq (\`--quantizer simvq\`: 512 codes)" simvq --quantizer simvq
+  long_row "fsq (\`--quantizer fsq\`: 8,8,8 = 512 codes)" fsq --quantizer fsq
+  long_row "the same, \`--seed 1\`" fsq1 --quantizer fsq --seed 1
+  long_row "the same, \`--seed 2\`" fsq2 --quantizer fsq --seed 2
+  long_row "fsp (\`--quantizer fsp\`: 8,8,8)" fsp --quantizer fsp
+  long_row "rfsq (\`--quantizer rfsq\`: 4 levels of 8,8,8)" rfsq --quantizer rfsq
+  long_row "lfq (\`--quantizer lfq\`: 2^10 codes)" lfq --quantizer lfq
+  long_row "lfq, \`--codebook-size 65536\` (2^16 codes)" lfq16 --quantizer lfq --codebook-size 65536
+  long_row "rlfq (\`--quantizer rlfq\`: 4 levels of 512)" rlfq --quantizer rlfq
   echo
 fi
 
-echo "Shorter runs (\`--steps 400 --limit-test 2000\`, so 2,000 test images):"
+echo "What each part of a recipe does (2 epochs, \`--limit-test 2000\`, so 2,000 test images):"
 echo
-echo "| quantizer | test MSE | usage | perplexity |"
-echo "|---|---|---|---|"
+echo "| quantizer | test MSE | usage | usage per codebook | perplexity |"
+echo "|---|---|---|---|---|"
 short_row() {  # short_row LABEL NAME ARGS...
   local label="$1" name="$2"; shift 2
-  run "$name" --steps 400 --limit-test 2000 "$@" >/dev/null
-  echo "| $label | $(metric "$work/$name" test_mse 5) | $(usage_cell "$work/$name") | $(metric "$work/$name" perplexity 1) |"
+  run "$name" --limit-test 2000 "$@" >/dev/null
+  echo "| $label | $(metric "$work/$name" test_mse 5) | $(usage_cell "$work/$name") | $(levels_cell "$work/$name") | $(metric "$work/$name" perplexity 1) |"
 }
 short_row "vq, the default" s_vq
 short_row "vq, \`--threshold-ema-dead-code 0\` (no dead-code expiry)" s_vq_nodead --threshold-ema-dead-code 0
-short_row "none" s_none --quantizer none
+short_row "rvq" s_rvq --quantizer rvq
+short_row "rvq, \`--threshold-ema-dead-code 0 --kmeans-init=false\`" s_rvq_plain --quantizer rvq --threshold-ema-dead-code 0 --kmeans-init=false
 short_row "fsq" s_fsq --quantizer fsq
-short_row "fsq, \`--dim 4\`" s_fsq4 --quantizer fsq --dim 4
-short_row "rvq, \`--kmeans-init --threshold-ema-dead-code 2\` (4 levels of 512)" s_rvq --quantizer rvq --kmeans-init --threshold-ema-dead-code 2
-short_row "lfq, \`--codebook-size 65536\` (the lfq default)" s_lfq --quantizer lfq --codebook-size 65536
-short_row "lfq, \`--codebook-size 512\`" s_lfq512 --quantizer lfq --codebook-size 512
-short_row "lfq, \`--codebook-size 512 --lr 1e-3\`" s_lfq512lr --quantizer lfq --codebook-size 512 --lr 1e-3
-short_row "lfq, \`--codebook-size 512 --dim 9\`" s_lfq512d9 --quantizer lfq --codebook-size 512 --dim 9
-short_row "lfq, \`--codebook-size 512 --commitment-loss-weight 0.25\`" s_lfq512c --quantizer lfq --codebook-size 512 --commitment-loss-weight 0.25
-short_row "lfq, \`--codebook-size 512 --entropy-loss-weight 0.02\`" s_lfq512e --quantizer lfq --codebook-size 512 --entropy-loss-weight 0.02
-short_row "rlfq (4 levels of 512, projections 16 -> 9)" s_rlfq --quantizer rlfq
+short_row "fsq, \`--latent-norm-groups 0\` (no latent norm)" s_fsq_nonorm --quantizer fsq --latent-norm-groups 0
+short_row "rfsq" s_rfsq --quantizer rfsq
+short_row "rfsq, \`--quantize-dropout=false\`" s_rfsq_nodrop --quantizer rfsq --quantize-dropout=false
+short_row "lfq" s_lfq --quantizer lfq
+short_row "lfq, \`--latent-norm-groups 0\`" s_lfq_nonorm --quantizer lfq --latent-norm-groups 0
+short_row "lfq, \`--spherical=false --entropy-loss-weight 0.1\`" s_lfq_plain --quantizer lfq --spherical=false --entropy-loss-weight 0.1

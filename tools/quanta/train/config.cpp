@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -118,28 +119,48 @@ json recipe_layer(const json& asked) {
   // projection sees: without it LFQ collapses to a few codes within an epoch
   // and FSQ's usage swings with the seed.
   json layer = {{"quantizer", {{"type", type}}}};
-  if (type == "fsq" || type == "fsp") {
+  const json books = q.value("num_codebooks", json(1));
+  // The norm's groups must divide the hidden width the run asks for.
+  const json hidden_asked = asked.contains("model") && asked["model"].is_object()
+                                ? asked["model"].value("hidden", json())
+                                : json();
+  const int64_t hidden = hidden_asked.is_number_integer() && hidden_asked.get<int64_t>() > 0
+                             ? hidden_asked.get<int64_t>()
+                             : defaults["model"]["hidden"].get<int64_t>();
+  auto norm_groups = [hidden](int64_t wanted) { return std::gcd(hidden, wanted); };
+  if (type == "rvq" || type == "grvq") {
+    // The defaults' VQ recipe on every level: without dead-code expiry the
+    // first level settles on a few codes (1.4% of 512).
+    layer["quantizer"]["kmeans_init"] = true;
+    layer["quantizer"]["threshold_ema_dead_code"] = 2;
+  } else if (type == "fsq" || type == "fsp" || type == "rfsq") {
     // A 512-point grid the encoder writes directly (no projections), with
     // FSQ's symmetric levels so that every level is reachable from either
-    // side of the bound.
+    // side of the bound; two channels per norm group at the default width.
     layer["lr"] = 0.005;
-    layer["model"] = {{"dim", 3}, {"latent_norm_groups", 4}};
+    layer["model"] = {{"dim", 3}, {"latent_norm_groups", norm_groups(16)}};
     layer["quantizer"]["levels"] = {8, 8, 8};
-    if (type == "fsq") layer["quantizer"]["preserve_symmetry"] = true;
+    if (type != "fsp") layer["quantizer"]["preserve_symmetry"] = true;
+    // Later levels correct the first so well that it settles on half its
+    // codes, unless training sometimes drops them.
+    if (type == "rfsq") layer["quantizer"]["quantize_dropout"] = true;
     const json levels = q.value("levels", json());
-    const json books = q.value("num_codebooks", json(1));
     if (levels.is_array() && books.is_number_integer())
       layer["model"]["dim"] = int64_t(levels.size()) * books.get<int64_t>();
-  } else if (type == "lfq") {
-    // A bit per latent channel: 2^10 codes, or the codebook size asked for.
-    layer["model"] = {{"dim", 10}, {"latent_norm_groups", 4}};
-    const json size = q.value("codebook_size", json());
-    const json books = q.value("num_codebooks", json(1));
-    if (size.is_number_integer() && books.is_number_integer() && size.get<int64_t>() > 1 &&
-        std::has_single_bit(size.get<uint64_t>()))
-      layer["model"]["dim"] = std::bit_width(size.get<uint64_t>() - 1) * books.get<int64_t>();
-  } else if (type == "rfsq" || type == "rlfq") {
-    layer["model"] = {{"latent_norm_groups", 4}};
+  } else if (type == "lfq" || type == "rlfq") {
+    // vector-quantize-pytorch's example recipe: codes on the sphere and a
+    // light entropy loss.
+    layer["model"] = {{"latent_norm_groups", norm_groups(4)}};
+    layer["quantizer"]["spherical"] = true;
+    layer["quantizer"]["entropy_loss_weight"] = 0.02;
+    if (type == "lfq") {
+      // A bit per latent channel: 2^10 codes, or the codebook size asked for.
+      layer["model"]["dim"] = 10;
+      const json size = q.value("codebook_size", json());
+      if (size.is_number_integer() && books.is_number_integer() && size.get<int64_t>() > 1 &&
+          std::has_single_bit(size.get<uint64_t>()))
+        layer["model"]["dim"] = std::bit_width(size.get<uint64_t>() - 1) * books.get<int64_t>();
+    }
   }
   return layer;
 }
