@@ -112,8 +112,11 @@ short_row "rvq" s_rvq --quantizer rvq
 short_row "rvq, \`--threshold-ema-dead-code 0 --kmeans-init=false\`" s_rvq_plain --quantizer rvq --threshold-ema-dead-code 0 --kmeans-init=false
 short_row "fsq" s_fsq --quantizer fsq
 short_row "fsq, \`--latent-norm-groups 0\` (no latent norm)" s_fsq_nonorm --quantizer fsq --latent-norm-groups 0
+short_row "fsq, \`--seed 2\`" s_fsq_s2 --quantizer fsq --seed 2
+short_row "fsq, \`--seed 2 --latent-norm-groups 0\`" s_fsq_s2_nonorm --quantizer fsq --seed 2 --latent-norm-groups 0
 short_row "rfsq" s_rfsq --quantizer rfsq
 short_row "rfsq, \`--quantize-dropout=false\`" s_rfsq_nodrop --quantizer rfsq --quantize-dropout=false
 short_row "lfq" s_lfq --quantizer lfq
 short_row "lfq, \`--latent-norm-groups 0\`" s_lfq_nonorm --quantizer lfq --latent-norm-groups 0
 short_row "lfq, \`--spherical=false --entropy-loss-weight 0.1\`" s_lfq_plain --quantizer lfq --spherical=false --entropy-loss-weight 0.1
+short_row "lfq, \`--spherical=false --entropy-loss-weight 0.1 --latent-norm-groups 0\` (none of the recipe but D = 10)" s_lfq_none --quantizer lfq --spherical=false --entropy-loss-weight 0.1 --latent-norm-groups 0
