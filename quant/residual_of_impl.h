@@ -48,8 +48,11 @@ ResidualOf<Layer>::ResidualOf(Planned p, Generator& gen)
                                             Traits::make_layer(opts_, plan_, i, layers_, gen)));
   if constexpr (requires { Traits::level_scales(opts_, plan_); })
     scales_ = register_buffer("scales", Traits::level_scales(opts_, plan_), false);
-  if constexpr (requires { Traits::input_bound(opts_, plan_); })
-    input_bound_ = Traits::input_bound(opts_, plan_);
+  // A buffer (not saved) so that moving the stack to a device moves it too.
+  if constexpr (requires { Traits::input_bound(opts_, plan_); }) {
+    const Tensor bound = Traits::input_bound(opts_, plan_);
+    if (bound.defined()) input_bound_ = register_buffer("input_bound", bound, false);
+  }
   // "rvq.dropout": the name the VQ family's stream always had.
   seed_dropout(Generator::named(draw_seed(gen), "rvq.dropout"));
 }

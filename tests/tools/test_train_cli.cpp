@@ -684,6 +684,13 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
       {"--quantizer", "lfq"},
       {"--quantizer", "rvq", "--num-quantizers", "3", "--codebook-size", "32", "--kmeans-init",
        "--quantize-dropout"},
+      // Every other type at its recipe, and the reference examples' model.
+      {"--quantizer", "grvq", "--num-quantizers", "2", "--codebook-size", "32"},
+      {"--quantizer", "simvq"},
+      {"--quantizer", "fsp"},
+      {"--quantizer", "rfsq"},
+      {"--quantizer", "rlfq"},
+      {"--arch", "vqp-example", "--quantizer", "lfq", "--recon-loss", "l1"},
   };
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const std::string name = runs[k].empty() ? "vq" : runs[k][1];

@@ -64,13 +64,30 @@ TEST_CASE("quanta train --nproc 2 and 3 equal one process (same seed, same globa
   // tiny gradient into a full step, so k-means, dead-code expiry and quantize
   // dropout are proven equal to one process in f64 by tests/quant/sync,
   // where no such near-tie can hide; here the end-to-end run is compared on
-  // configurations whose decisions are not near-tied.
-  const std::vector<std::vector<std::string>> configs = {
-      {"--quantizer", "vq", "--kmeans-init=false", "--threshold-ema-dead-code", "0"},
-      {"--quantizer", "fsq", "--levels", "5,5,5,5"},
-      {"--quantizer", "lfq", "--codebook-size", "16"}};
-  for (const auto& extra : configs) {
-    const std::string q = extra[1];
+  // configurations whose decisions are not near-tied. For the same reason the
+  // scalar runs leave out their recipes' latent GroupNorm and spherical codes:
+  // both normalise away a direction (a channel that is positive everywhere
+  // under a one-channel group, a latent's length), so some parameters get a
+  // gradient that is zero but for rounding, which Adam scales up to a step
+  // whose sign the reduction order decides. Both are per-sample maps, equal
+  // across ranks by construction: the recipes' runs match one process's
+  // losses at 1e-5 and their model parameters to that noise (measured: up to
+  // 6e-3 of the largest; their Adam moments are the noise and are skipped).
+  struct Config {
+    std::vector<std::string> flags;
+    double parameter_tolerance;
+  };
+  const std::vector<Config> configs = {
+      {{"--quantizer", "vq", "--kmeans-init=false", "--threshold-ema-dead-code", "0"}, 1e-5},
+      {{"--quantizer", "fsq", "--levels", "5,5,5,5", "--latent-norm-groups", "0", "--lr", "0.002"},
+       1e-5},
+      {{"--quantizer", "lfq", "--codebook-size", "16", "--latent-norm-groups", "0",
+        "--spherical=false", "--entropy-loss-weight", "0.1"},
+       1e-5},
+      {{"--quantizer", "fsq", "--levels", "5,5,5,5"}, 2e-2},
+      {{"--quantizer", "lfq", "--codebook-size", "16"}, 2e-2}};
+  for (const auto& [extra, tolerance] : configs) {
+    const std::string q = extra[1] + (tolerance > 1e-5 ? "_recipe" : "");
     CAPTURE(q);
     ScratchDir dir("train_dist_" + q);
     const CliResult one = run_train(dir.file("one"), "1", extra);
@@ -91,7 +108,9 @@ TEST_CASE("quanta train --nproc 2 and 3 equal one process (same seed, same globa
         CAPTURE(name);
         REQUIRE(got.count(name) == 1);
         if (t.numel() == 0 || !dtype_info(t.dtype()).arithmetic) continue;
-        CHECK(max_rel(got.at(name), t) <= 1e-5);
+        // The recipes' Adam moments hold the rounding noise itself.
+        if (tolerance > 1e-5 && name.rfind("optim.", 0) == 0) continue;
+        CHECK(max_rel(got.at(name), t) <= tolerance);
       }
       // The logged losses agree step by step (all-reduced shares).
       const auto a = train::read_metrics(dir.file("one") + "/metrics.jsonl");

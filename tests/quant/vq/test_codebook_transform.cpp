@@ -2,15 +2,16 @@
 // vq_bridge and QINCo's implicit neural codebook. The MLP against its
 // definition and in f64 against finite differences, the codes' gradient
 // through a bridge and through the last layer's MLP against finite
-// differences, the resolved defaults and refusals, and lookups equal to what
-// the forward quantized with. quanta parity checks the numbers against
-// vector-quantize-pytorch 1.32 (vq_bridge_mlp, rvq_*_qinco*).
+// differences, the resolved defaults and refusals, lookups equal to what
+// the forward quantized with, and a training step on a device. quanta parity checks the numbers
+// against vector-quantize-pytorch 1.32 (vq_bridge_mlp, rvq_*_qinco*).
 #include <doctest/doctest.h>
 
 #include "quant/vq/codebook_transform.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"
+#include "support/gpu.h"
 #include "vq_test_util.h"
 
 using namespace quanta;
@@ -193,4 +194,48 @@ TEST_CASE("implicit neural codebook: refusals name the option") {
   o.layer.affine_param = true;
   CHECK_THROWS_WITH_AS(ResidualVQ(o, gen), doctest::Contains("affine_param"),
                        std::invalid_argument);
+}
+
+TEST_CASE("implicit neural codebook and vq_bridge on a device: no host reads, the CPU's numbers") {
+  // A QINCo stack whose layers also share a bridge: both transforms in one
+  // training step, on every test device; on sim bit for bit the CPU's.
+  auto make = [](Generator& gen) {
+    ResidualVQOptions o = qinco_options();
+    o.layer.vq_bridge =
+        std::make_shared<Sequential>(std::make_shared<Linear>(4, 4, gen), std::make_shared<Tanh>());
+    return std::make_unique<ResidualVQ>(o, gen);
+  };
+  Generator data(21);
+  const Tensor x = randn({2, 5, 4}, data);
+  Generator g0(22);
+  auto cpu = make(g0);
+  Tensor xc = x.clone();
+  xc.requires_grad_(true);
+  const QuantizeOutput ref = cpu->forward(xc);
+  (sum(ref.quantized * ref.quantized) + sum(ref.loss)).backward();
+  for (const Device device : testing::test_devices()) {
+    CAPTURE(device.str());
+    Generator g(22);
+    auto rvq = make(g);
+    rvq->to(device);
+    Tensor xd = x.to(device);
+    xd.requires_grad_(true);
+    QuantizeOutput out;
+    {
+      HostSyncGuard guard("a QINCo training step");
+      out = rvq->forward(xd);
+      (sum(out.quantized * out.quantized) + sum(out.loss)).backward();
+    }
+    if (!device.is_sim()) continue;  // a GPU sums in other orders
+    CHECK(max_abs_diff(out.quantized.to(Device::cpu()), ref.quantized) == 0.0);
+    CHECK(out.indices.to(Device::cpu()).to_vector<int64_t>() == ref.indices.to_vector<int64_t>());
+    CHECK(max_abs_diff(xd.grad().to(Device::cpu()), xc.grad()) == 0.0);
+    const auto pd = rvq->named_parameters(), pc = cpu->named_parameters();
+    REQUIRE(pd.size() == pc.size());
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      CAPTURE(pc[i].first);
+      REQUIRE(pd[i].second.grad().defined());
+      CHECK(max_abs_diff(pd[i].second.grad().to(Device::cpu()), pc[i].second.grad()) == 0.0);
+    }
+  }
 }
