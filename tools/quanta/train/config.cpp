@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "data/fashion_mnist.h"
 #include "train/limits.h"
@@ -71,6 +72,23 @@ void check_keys(const json& j, const Keys& keys, const std::string& where) {
   }
 }
 
+// One of `choices` at j[key]; `name` is how errors show the key.
+std::string get_choice(const json& j, const std::string& key, const std::string& name,
+                       std::initializer_list<const char*> choices) {
+  const json& v = j.at(key);
+  std::vector<std::string> quoted;
+  for (const char* c : choices) {
+    if (v.is_string() && v == c) return c;
+    std::string q(1, '"');
+    q.append(c).push_back('"');
+    quoted.push_back(std::move(q));
+  }
+  std::string want;
+  for (std::size_t i = 0; i < quoted.size(); ++i)
+    want += (i == 0 ? "" : i + 1 == quoted.size() ? " or " : ", ") + quoted[i];
+  bad(name, want, v);
+}
+
 template <size_t N>
 bool listed(const char* const (&list)[N], const std::string& k) {
   for (const char* o : list)
@@ -116,8 +134,8 @@ json recipe_layer(const json& asked) {
                                : defaults["quantizer"]["type"].get<std::string>();
   // Each family's figures on this model are in docs/train.md ("Recipes").
   // The GroupNorm in front of the latent's projection fixes the scale the
-  // projection sees: without it LFQ collapses to a few codes within an epoch
-  // and FSQ's usage swings with the seed.
+  // projection sees: without it FSQ's usage swings with the seed, and LFQ
+  // without it or spherical codes collapses to a few codes within two epochs.
   json layer = {{"quantizer", {{"type", type}}}};
   const json books = q.value("num_codebooks", json(1));
   // The norm's groups must divide the hidden width the run asks for.
@@ -215,17 +233,10 @@ TrainConfig config_from_json(const json& j) {
   if (!j["lr"].is_number() || !(j["lr"].get<double>() > 0) || !std::isfinite(j["lr"].get<double>()))
     bad("lr", "a positive number", j["lr"]);
   c.lr = j["lr"].get<double>();
-  if (j.contains("lr_schedule")) {
-    const json& v = j["lr_schedule"];
-    if (!v.is_string() || (v != "constant" && v != "linear" && v != "cosine"))
-      bad("lr_schedule", "\"constant\", \"linear\" or \"cosine\"", v);
-    c.lr_schedule = v.get<std::string>();
-  }
-  if (j.contains("recon_loss")) {
-    const json& v = j["recon_loss"];
-    if (!v.is_string() || (v != "mse" && v != "l1")) bad("recon_loss", "\"mse\" or \"l1\"", v);
-    c.recon_loss = v.get<std::string>();
-  }
+  if (j.contains("lr_schedule"))
+    c.lr_schedule = get_choice(j, "lr_schedule", "lr_schedule", {"constant", "linear", "cosine"});
+  if (j.contains("recon_loss"))
+    c.recon_loss = get_choice(j, "recon_loss", "recon_loss", {"mse", "l1"});
   if (j.contains("warmup_steps")) c.warmup_steps = get_int(j, "warmup_steps", 0, kMaxSteps);
   if (j.contains("weight_decay")) {
     const json& v = j["weight_decay"];
@@ -249,12 +260,8 @@ TrainConfig config_from_json(const json& j) {
   c.model.dim = get_int(j["model"], "dim", 1, kMaxChannels);
   if (j["model"].contains("latent_norm_groups"))
     c.model.latent_norm_groups = get_int(j["model"], "latent_norm_groups", 0, kMaxChannels);
-  if (j["model"].contains("arch")) {
-    const json& v = j["model"]["arch"];
-    if (!v.is_string() || (v != "conv" && v != "vqp-example"))
-      bad("model.arch", "\"conv\" or \"vqp-example\"", v);
-    c.model.arch = v.get<std::string>();
-  }
+  if (j["model"].contains("arch"))
+    c.model.arch = get_choice(j["model"], "arch", "model.arch", {"conv", "vqp-example"});
   if (c.model.latent_norm_groups > 0 && c.model.hidden % c.model.latent_norm_groups != 0)
     throw std::invalid_argument("[config] 'model.latent_norm_groups' must divide model.hidden (" +
                                 std::to_string(c.model.hidden) + "), got " +
