@@ -458,6 +458,12 @@ dump("hvq_2d_levels_masked_channel_last_eval", "HierarchicalVQ", FlatHierarchica
      (2, 6, 6, 8), (1381, 1382, 1383),
      "2-d channel-last [b, h, w, c], a codebook and a Phi per level, a mask, eval",
      mask_rows=MASK_2D, mode="eval", margin=hvq_margin_ok)
+dump("hvq_3d_shared_resi3", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=16, scales=[1, [1, 2, 2], [2, 3, 4]], accept_3d_fmap=True,
+          share_quant_resi=3, **HVQ),
+     (2, 8, 2, 3, 4), (1401, 1402, 1403),
+     "3-d volumes [b, c, d, h, w], trilinear upsampling, a Conv3d Phi per level",
+     margin=hvq_margin_ok)
 dump("hvq_1d_nested_dropout", "HierarchicalVQ", FlatHierarchicalVQ,
      dict(dim=8, codebook_size=16, scales=[1, 2, 4, 8], nested_dropout=1.0, **HVQ),
      (2, 8, 8), (1391, 1392, 1393),
