@@ -56,6 +56,13 @@ TEST_CASE("HierarchicalVQ: shapes, index layout and get_output_from_indices") {
     CHECK(levels[2].shape() == Shape{2, 5});
     // Eval quantizes with the codes only: the indices rebuild the output.
     CHECK(max_abs_diff(hvq.get_output_from_indices(out.indices), out.quantized) < 1e-5);
+    // An empty batch is valid input.
+    const QuantizeOutput empty = hvq.forward(zeros({0, 4, 10}));
+    CHECK(empty.quantized.shape() == Shape{0, 4, 10});
+    CHECK(empty.indices.shape() == Shape{0, 19});
+    CHECK(empty.loss.item() == 0.0);
+    hvq.train();
+    CHECK(hvq.forward(zeros({0, 4, 10})).loss.item() == 0.0);
   }
   SUBCASE("2-d channel-last, per-level codebooks and Phis, a mask") {
     HierarchicalVQOptions o = base_1d();
@@ -86,7 +93,8 @@ TEST_CASE("HierarchicalVQ: shapes, index layout and get_output_from_indices") {
     HierarchicalVQOptions o = base_1d();
     o.accept_3d_fmap = true;
     o.scales = {{1}, {2}, {1, 3, 3}};
-    CHECK_THROWS_AS(HierarchicalVQ(o, *std::make_unique<Generator>(0)), std::invalid_argument);
+    Generator bad(0);
+    CHECK_THROWS_AS(HierarchicalVQ(o, bad), std::invalid_argument);
     o.scales = {{1}, {1, 2, 2}, {2, 3, 3}};
     Generator g(5);
     HierarchicalVQ hvq(o, g);
