@@ -120,8 +120,8 @@ CaseResult run_case(const CaseFile& c, double tolerance) {
   r.case_name = c.name;
   auto cls = c.metadata.find("class");
   r.cls = cls == c.metadata.end() ? "" : cls->second;
-  const bool vq =
-      r.cls == "VectorQuantize" || r.cls == "ResidualVQ" || r.cls == "GroupedResidualVQ";
+  const bool vq = r.cls == "VectorQuantize" || r.cls == "ResidualVQ" ||
+                  r.cls == "GroupedResidualVQ" || r.cls == "HierarchicalVQ";
   const bool scalar = r.cls == "FSQ" || r.cls == "ResidualFSQ" || r.cls == "LFQ" ||
                       r.cls == "ResidualLFQ" || r.cls == "LatentQuantize" || r.cls == "FSP";
   const bool nf4 = r.cls == "bitsandbytes NF4";

@@ -1,5 +1,5 @@
-// Parity runner for the VectorQuantize family: VectorQuantize, ResidualVQ and
-// GroupedResidualVQ cases (forward_backward and lookup). The layer is built
+// Parity runner for the VectorQuantize family: VectorQuantize, ResidualVQ,
+// GroupedResidualVQ and HierarchicalVQ cases (forward_backward and lookup). The layer is built
 // from the case's constructor options; an option quanta cannot honour throws
 // UnsupportedCase naming it.
 #include <functional>
@@ -13,6 +13,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "quant/hierarchical/hierarchical_vq.h"
 #include "quant/option_json.h"
 #include "quant/parity/parity.h"
 #include "quant/vq/residual_vq.h"
@@ -118,6 +119,78 @@ GroupedResidualVQOptions grvq_options(const json& opts) {
   return vq_options_of<GroupedResidualVQOptions>("GroupedResidualVQ", opts);
 }
 
+// HierarchicalVQ's options by the reference's names. Its scales (an int or a
+// per-dim list per level) and codebook_size (an int or one per level) are
+// lists, so they are read here rather than through the option fields.
+HierarchicalVQOptions hvq_options(const json& opts) {
+  const std::string cls = "HierarchicalVQ";
+  HierarchicalVQOptions o;
+  auto ints = [&](const std::string& k, const json& v) {
+    std::vector<int64_t> out;
+    if (v.is_number_integer()) {
+      out.push_back(v.get<int64_t>());
+    } else if (v.is_array()) {
+      for (const json& e : v) {
+        if (!e.is_number_integer()) unsupported(cls, k, v);
+        out.push_back(e.get<int64_t>());
+      }
+    } else {
+      unsupported(cls, k, v);
+    }
+    return out;
+  };
+  for (const auto& [k, v] : opts.items()) {
+    if (k == "dim")
+      o.dim = v.get<int64_t>();
+    else if (k == "codebook_size")
+      o.codebook_size = ints(k, v);
+    else if (k == "scales") {
+      if (!v.is_array()) unsupported(cls, k, v);
+      for (const json& level : v) o.scales.push_back(ints(k, level));
+    } else if (k == "shared_codebook")
+      o.shared_codebook = v.get<bool>();
+    else if (k == "channel_first")
+      o.channel_first = v.get<bool>();
+    else if (k == "decay")
+      o.decay = v.get<double>();
+    else if (k == "commitment_weight")
+      o.commitment_weight = v.get<double>();
+    else if (k == "rotation_trick")
+      o.rotation_trick = v.get<bool>();
+    else if (k == "kmeans_init")
+      o.kmeans_init = v.get<bool>();
+    else if (k == "kmeans_iters")
+      o.kmeans_iters = v.get<int64_t>();
+    else if (k == "threshold_ema_dead_code")
+      o.threshold_ema_dead_code = v.get<double>();
+    else if (k == "stochastic_sample_codes")
+      o.stochastic_sample_codes = v.get<bool>();
+    else if (k == "sample_codebook_temp")
+      o.sample_codebook_temp = v.get<double>();
+    else if (k == "orthogonal_reg_weight")
+      o.orthogonal_reg_weight = v.get<double>();
+    else if (k == "orthogonal_reg_max_codes")
+      o.orthogonal_reg_max_codes = v.get<int64_t>();
+    else if (k == "orthogonal_reg_active_codes_only")
+      o.orthogonal_reg_active_codes_only = v.get<bool>();
+    else if (k == "quant_resi")
+      o.quant_resi = v.get<double>();
+    else if (k == "share_quant_resi")
+      o.share_quant_resi = v.get<int64_t>();
+    else if (k == "nested_dropout")
+      o.nested_dropout = v.get<double>();
+    else if (k == "nested_dropout_min_levels")
+      o.nested_dropout_min_levels = v.get<int64_t>();
+    else if (k == "accept_image_fmap")
+      o.accept_image_fmap = v.get<bool>();
+    else if (k == "accept_3d_fmap")
+      o.accept_3d_fmap = v.get<bool>();
+    else if (!ignored(k))
+      unsupported(cls, k, v);
+  }
+  return o;
+}
+
 // The module under test, whichever class it is, behind one interface.
 struct Layer {
   std::shared_ptr<Module> module;
@@ -125,6 +198,8 @@ struct Layer {
   std::function<Tensor(const Tensor&)> codes, output;
   /** Where DiVeQ's noise is drawn (null: the class draws none). */
   VectorQuantize* diveq_draws = nullptr;
+  /** Where nested dropout's cutoff is drawn (HierarchicalVQ only). */
+  HierarchicalVQ* cutoff_draws = nullptr;
   /** The forward with topk codes (VectorQuantize only). */
   std::function<QuantizeOutput(const Tensor&, int64_t k, const Tensor& mask)> forward_topk;
 };
@@ -154,6 +229,12 @@ Layer build(const std::string& cls, const json& opts) {
     l.module = m;
     l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.codes = [m](const Tensor& i) { return m->get_codes_from_indices(i); };
+    l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
+  } else if (cls == "HierarchicalVQ") {
+    auto m = std::make_shared<HierarchicalVQ>(hvq_options(opts), gen);
+    l.module = m;
+    l.cutoff_draws = m.get();
+    l.forward = [m](const Tensor& x, const Tensor& mask) { return m->forward(x, mask); };
     l.output = [m](const Tensor& i) { return m->get_output_from_indices(i); };
   } else {
     throw UnsupportedCase("class '" + cls + "' is not in the VectorQuantize family");
@@ -195,11 +276,17 @@ void load_state(const CaseFile& c, Module& m, const json& aliases) {
 
 // The reference's draws inside the forward, replayed from the case: DiVeQ's
 // direction noise ("draws.directional_noise", the reference's randn_like of
-// the error, reshaped to the draw quanta asks for).
+// the error, reshaped to the draw quanta asks for) and HierarchicalVQ's
+// nested-dropout cutoff ("draws.cutoff", -1: every level kept).
 void replay_draws(const CaseFile& c, Layer& l, CaseResult& r) {
   for (const auto& [k, t] : c.tensors) {
     if (k.rfind("draws.", 0) != 0) continue;
     const std::string name = k.substr(6);
+    if (name == "cutoff" && l.cutoff_draws) {
+      l.cutoff_draws->draw_cutoff = [v = t.item<int64_t>()] { return v; };
+      r.replayed_draws.push_back(name);
+      continue;
+    }
     if (name != "directional_noise" || !l.diveq_draws)
       throw UnsupportedCase("the case replays draws '" + name + "' that quanta's " + r.cls +
                             " does not make");

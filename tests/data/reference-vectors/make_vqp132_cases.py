@@ -1,7 +1,7 @@
 # Dumps the vector-quantize-pytorch 1.32 cases (DiVeQ, quant_grad_frac, masks
 # with the 1.32 output rule, partial dead-code replacement, top-k codes,
 # ResidualVQ beam search, manual_ema_update, LatentQuantize, FSP, FVQ's
-# vq_bridge, QINCo's implicit neural codebook) into the folder given as the
+# vq_bridge, QINCo's implicit neural codebook, HierarchicalVQ) into the folder given as the
 # first argument; further arguments name the only cases to write. Run with
 # vector-quantize-pytorch 1.32.0, PyTorch 2.14.1 (CPU) and safetensors 0.8.0:
 #   python3 make_vqp132_cases.py tests/data/reference-vectors [case ...]
@@ -13,6 +13,7 @@ import copy, json, sys, platform
 import torch
 from safetensors.torch import save_file
 from vector_quantize_pytorch import VectorQuantize, ResidualVQ, LatentQuantize, FSP
+from vector_quantize_pytorch.hierarchical_vq import HierarchicalVQ
 torch.set_num_threads(1)
 out = sys.argv[1]
 ONLY = set(sys.argv[2:])  # empty: every case
@@ -106,6 +107,7 @@ def dump(name, cls, ctor, opts, shape, seeds, note, mask_rows=None, after=True, 
     if L.requires_grad:
         L.backward()
     x_grad = x.grad if x.grad is not None else torch.zeros_like(x)
+    tensors.update(getattr(mod, "recorded_draws", {}))
     tensors.update(x=stored(x), w=w, quantized=stored(quantized), indices=indices,
                    aux_loss=stored(aux_loss), L=stored(L), x_grad=x_grad)
     if mask is not None:
@@ -402,6 +404,71 @@ def dump_lookup(name, cls, opts, shape, seeds, note, dropped=()):
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()},
               f"{out}/{name}.safetensors", metadata=metadata)
     print(name, {k: tuple(v.shape) for k, v in tensors.items()})
+
+# HierarchicalVQ: its indices (a tuple of [b, level shape...]) flattened per
+# level and concatenated, [b, sum of level sizes], quanta's layout; nested
+# dropout's cutoff recorded as draws.cutoff (-1: every level kept). The margin
+# check runs a float64 copy in the same mode and checks every level's tokens
+# against the codebook that level quantizes with (a shared codebook moves
+# between levels in training).
+class FlatHierarchicalVQ(HierarchicalVQ):
+    def forward(self, x, **kwargs):
+        rec, indices, loss, cutoff = super().forward(x, return_cutoff=True, **kwargs)
+        self.recorded_draws = {"draws.cutoff": torch.tensor(-1 if cutoff is None else cutoff)}
+        return rec, torch.cat([i.flatten(1) for i in indices], dim=1), loss
+
+def hvq_margin_ok(m, x, mask, rel=5e-5):
+    m64 = copy.deepcopy(m).double()
+    ok = [True]
+    def check(vq, args, kwargs):
+        r = args[0].detach().reshape(-1, args[0].shape[-1])
+        if kwargs.get("mask") is not None:
+            r = r[kwargs["mask"].reshape(-1)]
+        e = vq._codebook.embed[0].detach()
+        d = r.pow(2).sum(-1, keepdim=True) + e.pow(2).sum(-1) - 2 * r @ e.T
+        s = d.sort(-1).values
+        scale = r.pow(2).sum(-1) + e.pow(2).sum(-1).max()
+        ok[0] &= bool(((s[:, 1] - s[:, 0]) >= rel * scale).all())
+    for vq in ([m64.vq] if m64.vq is not None else list(m64.vqs)):
+        vq.register_forward_pre_hook(check, with_kwargs=True)
+    with torch.no_grad() if not m.training else torch.enable_grad():
+        m64(x.double(), **({"mask": mask} if mask is not None else {}))
+    return ok[0]
+
+HVQ = dict(decay=0.8, kmeans_init=False, threshold_ema_dead_code=0)
+MASK_1D = [[True] * 8 + [False] * 2, [True] * 5 + [False] * 5]
+MASK_2D = [[[True] * 6] * 4 + [[False] * 6] * 2, [[True] * 3 + [False] * 3] * 6]
+dump("hvq_1d_shared", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=16, scales=[1, 3, 5, 10], **HVQ), (2, 8, 10), (1351, 1352, 1353),
+     "1-d [b, c, n], a shared codebook (its EMA moves between levels), one Phi (quant_resi 0.5)",
+     margin=hvq_margin_ok)
+dump("hvq_1d_levels_masked_resi2", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=[16, 16, 24, 32], scales=[1, 3, 5, 10], shared_codebook=False,
+          share_quant_resi=2, **HVQ), (2, 8, 10), (1361, 1362, 1363),
+     "a codebook per level, two Phi convolutions chosen by level depth, a mask "
+     "(masked pooling, the coarsest level a masked mean)", mask_rows=MASK_1D, margin=hvq_margin_ok)
+dump("hvq_2d_shared", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=16, scales=[1, [2, 3], 4, 6], accept_image_fmap=True, **HVQ),
+     (2, 8, 6, 6), (1371, 1372, 1373),
+     "2-d feature maps, per-dim scales, bilinear upsampling, a shared codebook",
+     margin=hvq_margin_ok)
+dump("hvq_2d_levels_masked_channel_last_eval", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=[8, 16, 16], scales=[1, 3, 6], shared_codebook=False,
+          share_quant_resi=0, channel_first=False, accept_image_fmap=True, **HVQ),
+     (2, 6, 6, 8), (1381, 1382, 1383),
+     "2-d channel-last [b, h, w, c], a codebook and a Phi per level, a mask, eval",
+     mask_rows=MASK_2D, mode="eval", margin=hvq_margin_ok)
+dump("hvq_3d_shared_resi3", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=16, scales=[1, [1, 2, 2], [2, 3, 4]], accept_3d_fmap=True,
+          share_quant_resi=3, **HVQ),
+     (2, 8, 2, 3, 4), (1401, 1402, 1403),
+     "3-d volumes [b, c, d, h, w], trilinear upsampling, a Conv3d Phi per level",
+     margin=hvq_margin_ok)
+dump("hvq_1d_nested_dropout", "HierarchicalVQ", FlatHierarchicalVQ,
+     dict(dim=8, codebook_size=16, scales=[1, 2, 4, 8], nested_dropout=1.0, **HVQ),
+     (2, 8, 8), (1391, 1392, 1393),
+     "nested_dropout=1: only levels 0..cutoff reconstruct and count in the loss; "
+     "draws.cutoff holds the reference's cutoff", margin=hvq_margin_ok)
 
 dump_lookup("lookup_rvq_q3_qinco_proj", ResidualVQ,
             dict(dim=16, codebook_dim=8, num_quantizers=3, codebook_size=32,

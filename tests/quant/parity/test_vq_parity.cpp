@@ -23,7 +23,7 @@ std::vector<fs::path> vq_cases() {
   for (const auto& e : fs::directory_iterator(fs::path(root) / "reference-vectors")) {
     const std::string name = e.path().filename().string();
     if (e.path().extension() != ".safetensors") continue;
-    for (const char* prefix : {"vq_", "rvq_", "grvq_", "lookup_vq", "lookup_rvq"})
+    for (const char* prefix : {"vq_", "rvq_", "grvq_", "hvq_", "lookup_vq", "lookup_rvq"})
       if (name.rfind(prefix, 0) == 0) files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
