@@ -756,14 +756,19 @@ TEST_CASE("QuantizerSync: HierarchicalVQ on N ranks equals one process") {
   // one process holds level 0 of every image, then level 1, ...: the same
   // rows in another order, hence other draws. It is compared without the
   // pools (EMA, Phi and the cutoffs); the ranks still agree bitwise with
-  // them on (the next test).
-  for (const bool shared : {false, true}) {
+  // them on (the next test). Per-level codebooks also run with every code
+  // expiring every step, so that the replacement pool is surely drawn from.
+  struct Variant {
+    bool shared;
+    double threshold;
+  };
+  for (const Variant v : {Variant{false, 1.0}, Variant{false, 1e6}, Variant{true, 0.0}}) {
+    const bool shared = v.shared;
     CAPTURE(shared);
+    CAPTURE(v.threshold);
     HierarchicalVQOptions o = hvq_options(shared);
-    if (shared) {
-      o.kmeans_init = false;
-      o.threshold_ema_dead_code = 0;
-    }
+    o.threshold_ema_dead_code = v.threshold;
+    if (shared) o.kmeans_init = false;
     HvqRun want;
     {
       auto group = ProcessGroup::single();
