@@ -13,6 +13,7 @@
 #include "engine/ops/join.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
+#include "quant/hierarchical/hierarchical_vq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/step_stream.h"
 #include "quant/vq/codebook.h"
@@ -103,6 +104,13 @@ QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup&
       };
     }
     if (auto* rvq = dynamic_cast<ResidualVQ*>(m)) rvq->set_update_in_forward(false);
+    // A HierarchicalVQ's levels are VectorQuantize layers (turned off just
+    // above when the traversal reaches them), and in its default mode a shared
+    // codebook applies each level's EMA step inside the forward, before the
+    // next level. Switching the layer itself keeps that off even if it is
+    // reached first or its levels stop being plain submodules: every level's
+    // statistics stay pending for the fused all_reduce of sync_state().
+    if (auto* hvq = dynamic_cast<HierarchicalVQ*>(m)) hvq->set_update_in_forward(false);
     if (auto* lfq = dynamic_cast<LFQ*>(m))
       lfq->token_mean = [g](const Tensor& sum, int64_t count) {
         return dist::fn::global_mean(

@@ -14,6 +14,7 @@
 
 #include "dist/data_parallel.h"
 #include "dist/ranks.h"
+#include "quant/hierarchical/hierarchical_vq.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/scalar/residual_fsq.h"
@@ -671,4 +672,254 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
     CHECK(group.sequence() - next == 1);  // initialised: the fused all_reduce
   });
   REQUIRE(all_ok(errors));
+}
+
+namespace {
+
+// HierarchicalVQ: images [B, kDim, 4, 4] quantized at scales 1, 2, 4, the
+// global batch of kImages split by whole images (a rank with none for N = 3).
+constexpr int64_t kImages = 6;
+constexpr int64_t kSide = 4;
+
+HierarchicalVQOptions hvq_options(bool shared) {
+  HierarchicalVQOptions o;
+  o.dim = kDim;
+  o.codebook_size = {8};
+  o.scales = {{1}, {2}, {4}};
+  o.shared_codebook = shared;
+  o.share_quant_resi = shared ? 1 : 0;  // one Phi, or one per level
+  o.accept_image_fmap = true;
+  o.decay = 0.8;
+  o.kmeans_init = true;
+  o.kmeans_iters = 4;
+  o.threshold_ema_dead_code = 1.0;
+  o.nested_dropout = 0.7;  // most steps keep fewer levels: the cutoff matters
+  return o;
+}
+
+std::shared_ptr<HierarchicalVQ> make_hvq(const HierarchicalVQOptions& o) {
+  Generator gen(7);
+  auto hvq = std::make_shared<HierarchicalVQ>(o, gen);
+  hvq->to(DType::f64);
+  return hvq;
+}
+
+Tensor global_images(int s) {
+  Generator gen(2000 + uint64_t(s));
+  return to_dtype(randn({kImages, kDim, kSide, kSide}, gen) * 1.5, DType::f64);
+}
+
+std::vector<int64_t> image_cuts(int n) {
+  if (n == 1) return {0, kImages};
+  if (n == 2) return {0, 4, kImages};
+  return {0, 3, kImages, kImages};  // rank 2 has no images
+}
+
+/** A training forward and backward on this rank's images, scaled as
+ * forward_backward() does (the ranks' shares add up to the whole-batch
+ * loss: every level's commitment loss is a mean over the rank's images).
+ * Returns this rank's share; `cutoff` gets the forward's nested-dropout cutoff. */
+double hvq_forward_backward(HierarchicalVQ& hvq, const Tensor& x, int world, int64_t& cutoff) {
+  const QuantizeOutput out = hvq.forward(x);
+  cutoff = hvq.last_cutoff();
+  const double all = double(kImages * kDim * kSide * kSide);
+  Tensor loss = sum(square(out.quantized - x)) * (double(world) / all);
+  loss = loss + out.loss * (double(world) * double(x.size(0)) / double(kImages));
+  if (loss.requires_grad()) loss.backward();
+  return loss.item() / double(world);
+}
+
+std::vector<double> grads_of(Module& m) {
+  std::vector<double> g;
+  for (auto& [name, p] : m.named_parameters()) {
+    // A level's Phi past the step's cutoff has no gradient on one process
+    // (DataParallel fills zeros): compare it as zeros.
+    const Tensor grad = p.grad().defined() ? p.grad() : zeros_like(p);
+    const std::vector<double> v = to_dtype(grad, DType::f64).to_vector<double>();
+    g.insert(g.end(), v.begin(), v.end());
+  }
+  return g;
+}
+
+struct HvqRun {
+  State state;
+  std::vector<double> losses;
+  std::vector<std::vector<double>> grads;  // per step, after the reduction
+  std::vector<int64_t> cutoffs;
+};
+
+}  // namespace
+
+TEST_CASE("QuantizerSync: HierarchicalVQ on N ranks equals one process") {
+  // A shared codebook is called once per level, so its k-means and
+  // dead-code pools hold [level 0, 1, 2] of every rank in rank order, where
+  // one process holds level 0 of every image, then level 1, ...: the same
+  // rows in another order, hence other draws. It is compared without the
+  // pools (EMA, Phi and the cutoffs); the ranks still agree bitwise with
+  // them on (the next test). Per-level codebooks also run with every code
+  // expiring every step, so that the replacement pool is surely drawn from.
+  struct Variant {
+    bool shared;
+    double threshold;
+  };
+  for (const Variant v : {Variant{false, 1.0}, Variant{false, 1e6}, Variant{true, 0.0}}) {
+    const bool shared = v.shared;
+    CAPTURE(shared);
+    CAPTURE(v.threshold);
+    HierarchicalVQOptions o = hvq_options(shared);
+    o.threshold_ema_dead_code = v.threshold;
+    if (shared) o.kmeans_init = false;
+    HvqRun want;
+    {
+      auto group = ProcessGroup::single();
+      auto hvq = make_hvq(o);
+      QuantizerSync sync(hvq, *group);
+      SGD opt(hvq->parameters(), {.lr = 0.05});
+      for (int s = 0; s < kSteps; ++s) {
+        int64_t cutoff = 0;
+        want.losses.push_back(hvq_forward_backward(*hvq, global_images(s), 1, cutoff));
+        want.cutoffs.push_back(cutoff);
+        want.grads.push_back(grads_of(*hvq));
+        sync.sync_state();
+        opt.step();
+        opt.zero_grad();
+      }
+      want.state = state_of(*hvq);
+    }
+    // The draws vary from step to step, and some steps drop levels.
+    CHECK(std::set<int64_t>(want.cutoffs.begin(), want.cutoffs.end()).size() > 1);
+    for (int n : {2, 3}) {
+      CAPTURE(n);
+      std::vector<HvqRun> got(static_cast<size_t>(n));
+      const auto errors = run_ranks(n, [&](ProcessGroup& group) {
+        const int r = group.rank();
+        HvqRun& run = got[size_t(r)];
+        auto hvq = make_hvq(o);
+        QuantizerSync sync(hvq, group);
+        dist::DataParallel dp(hvq, group, {.broadcast_buffers = false});
+        sync.attach(dp);
+        SGD opt(hvq->parameters(), {.lr = 0.05});
+        const auto cut = image_cuts(n);
+        for (int s = 0; s < kSteps; ++s) {
+          const Tensor x =
+              contiguous(slice(global_images(s), 0, cut[size_t(r)], cut[size_t(r) + 1]));
+          int64_t cutoff = 0;
+          Tensor share = scalar(hvq_forward_backward(*hvq, x, n, cutoff), {.dtype = DType::f64});
+          run.cutoffs.push_back(cutoff);
+          dp.finish_step();  // gradients, then sync_state()
+          run.grads.push_back(grads_of(*hvq));
+          opt.step();
+          opt.zero_grad();
+          group.all_reduce(share);
+          run.losses.push_back(share.item());
+        }
+        run.state = state_of(*hvq);
+      });
+      REQUIRE(all_ok(errors));
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        const HvqRun& run = got[size_t(r)];
+        CHECK(run.cutoffs == want.cutoffs);
+        for (int s = 0; s < kSteps; ++s) {
+          CAPTURE(s);
+          CHECK(run.losses[size_t(s)] == doctest::Approx(want.losses[size_t(s)]).epsilon(1e-9));
+          REQUIRE(run.grads[size_t(s)].size() == want.grads[size_t(s)].size());
+          CHECK(max_rel_diff(run.grads[size_t(s)], want.grads[size_t(s)]) <= 1e-9);
+        }
+        REQUIRE(run.state.size() == want.state.size());
+        for (const auto& [name, values] : want.state) {
+          CAPTURE(name);
+          CHECK(max_rel_diff(run.state.at(name), values) <= 1e-9);
+          CHECK(bitwise_equal(run.state.at(name), got[0].state.at(name)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("QuantizerSync: a HierarchicalVQ rank validating in train mode does not hang") {
+  // The reference draws the nested-dropout cutoff from a seed made by a
+  // collective inside the forward, so a rank that runs a train-mode forward
+  // alone (validation without eval()) waits there forever. Here the cutoff
+  // comes from the step-pinned stream: rank 1 validates every step (plain
+  // and under no-grad), rank 0 does not, and both go on in step.
+  for (const bool shared : {false, true}) {
+    CAPTURE(shared);
+    constexpr int n = 2;
+    std::vector<State> buffers(n);
+    std::vector<uint64_t> sequence(n);
+    std::vector<std::vector<int64_t>> cutoffs(n), validation_cutoffs(n);
+    dist::GroupOptions opts;
+    opts.timeout = dist::Millis(20000);  // a collective in the forward fails, never hangs
+    const auto errors = run_ranks(
+        n,
+        [&](ProcessGroup& group) {
+          const int r = group.rank();
+          auto hvq = make_hvq(hvq_options(shared));
+          QuantizerSync sync(hvq, group);
+          dist::DataParallel dp(hvq, group, {.broadcast_buffers = false});
+          sync.attach(dp);
+          SGD opt(hvq->parameters(), {.lr = 0.05});
+          const auto cut = image_cuts(n);
+          for (int s = 0; s < kSteps; ++s) {
+            const Tensor x =
+                contiguous(slice(global_images(s), 0, cut[size_t(r)], cut[size_t(r) + 1]));
+            if (r == 1) {
+              const Tensor val = global_images(100 + s);
+              hvq->forward(val);  // still in train mode, no backward
+              validation_cutoffs[size_t(r)].push_back(hvq->last_cutoff());
+              NoGradGuard no_grad;
+              hvq->forward(val);
+              validation_cutoffs[size_t(r)].push_back(hvq->last_cutoff());
+            }
+            int64_t cutoff = 0;
+            hvq_forward_backward(*hvq, x, n, cutoff);
+            cutoffs[size_t(r)].push_back(cutoff);
+            dp.finish_step();
+            opt.step();
+            opt.zero_grad();
+          }
+          buffers[size_t(r)] = buffers_of(*hvq);
+          sequence[size_t(r)] = group.sequence();
+        },
+        opts);
+    REQUIRE(all_ok(errors));
+    CHECK(sequence[1] == sequence[0]);  // the same collectives on both ranks
+    // The same cutoff for every forward of a step, on either rank.
+    CHECK(cutoffs[1] == cutoffs[0]);
+    REQUIRE(validation_cutoffs[1].size() == 2 * size_t(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+      CHECK(validation_cutoffs[1][2 * size_t(s)] == cutoffs[0][size_t(s)]);
+      CHECK(validation_cutoffs[1][2 * size_t(s) + 1] == cutoffs[0][size_t(s)]);
+    }
+    CHECK(std::set<int64_t>(cutoffs[0].begin(), cutoffs[0].end()).size() > 1);
+    for (const auto& [name, values] : buffers[0]) {
+      CAPTURE(name);
+      CHECK(bitwise_equal(buffers[1].at(name), values));
+    }
+  }
+}
+
+TEST_CASE("QuantizerSync: a HierarchicalVQ applies no codebook state inside its forward") {
+  // On its own a shared codebook's later levels see the earlier levels' EMA
+  // step within one forward (the reference); under QuantizerSync every
+  // level's statistics wait for sync_state().
+  for (const bool shared : {true, false}) {
+    CAPTURE(shared);
+    HierarchicalVQOptions o = hvq_options(shared);
+    o.kmeans_init = false;
+    auto group = ProcessGroup::single();
+    auto hvq = make_hvq(o);
+    QuantizerSync sync(hvq, *group);
+    const State before = buffers_of(*hvq);
+    hvq->forward(global_images(0));
+    hvq->forward(global_images(1));
+    for (const auto& [name, values] : buffers_of(*hvq)) {
+      CAPTURE(name);
+      CHECK(bitwise_equal(values, before.at(name)));
+    }
+    sync.sync_state();
+    CHECK(max_rel_diff(buffers_of(*hvq).at(shared ? "vq._codebook.embed" : "vqs.0._codebook.embed"),
+                       before.at(shared ? "vq._codebook.embed" : "vqs.0._codebook.embed")) > 0);
+  }
 }
