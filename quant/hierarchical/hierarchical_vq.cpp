@@ -228,6 +228,20 @@ int64_t HierarchicalVQ::nested_cutoff() {
   return draw_cutoff();
 }
 
+QuantizeOutput HierarchicalVQ::forward_lens(const Tensor& x, const Tensor& lens) {
+  if (spatial_dims_ != 1) fail("lens is only taken for 1-d sequences; pass a mask");
+  if (!lens.defined() || lens.dim() != 1 || is_floating(lens.dtype()))
+    fail("lens must be integer lengths [B]");
+  if (x.dim() != 3 || lens.size(0) != x.size(0))
+    fail("lens " + shape_str(lens.shape()) + " must give one length per sequence of " +
+         shape_str(x.shape()));
+  const int64_t length = x.size(opts_.channel_first ? 2 : 1);
+  const Tensor positions =
+      unsqueeze(arange(length, {.dtype = DType::i64, .device = x.device()}), 0);
+  const Tensor mask = lt(positions, unsqueeze(to_dtype(lens.to(x.device()), DType::i64), 1));
+  return forward(x, mask);
+}
+
 QuantizeOutput HierarchicalVQ::forward(const Tensor& x, const Tensor& mask) {
   const int64_t k = spatial_dims_;
   if (x.dim() != k + 2)

@@ -75,6 +75,9 @@ class HierarchicalVQ : public Module, public StepKeyed {
    * level_offsets() splits them); loss: the commitment losses' mean over the
    * kept levels (a scalar). */
   QuantizeOutput forward(const Tensor& x, const Tensor& mask = Tensor());
+  /** forward() of 1-D sequences with valid lengths `lens` [B] (integers):
+   * token i of sequence b is kept where i < lens[b] (the reference's `lens`). */
+  QuantizeOutput forward_lens(const Tensor& x, const Tensor& lens);
 
   /** The reconstruction from `indices` [B, sum of level sizes] (forward's
    * layout), at spatial shape `full_shape` (empty: the last level's),

@@ -106,6 +106,30 @@ TEST_CASE("HierarchicalVQ: shapes, index layout and get_output_from_indices") {
   }
 }
 
+TEST_CASE("HierarchicalVQ: lens are the mask of the first lens[b] tokens (1-d)") {
+  Generator g(31), data(32);
+  HierarchicalVQ hvq(base_1d(), g);
+  hvq.eval();
+  const Tensor x = randn({3, 4, 10}, data);
+  const Tensor lens = from_vector<int64_t>({10, 4, 7}, {3});
+  std::vector<float> keep;
+  for (int64_t len : {10, 4, 7})
+    for (int64_t i = 0; i < 10; ++i) keep.push_back(i < len ? 1.0f : 0.0f);
+  const Tensor mask = to_dtype(from_vector(keep, {3, 10}), DType::boolean);
+  const QuantizeOutput a = hvq.forward_lens(x, lens), b = hvq.forward(x, mask);
+  CHECK(max_abs_diff(a.quantized, b.quantized) == 0.0);
+  CHECK(a.indices.to_vector<int64_t>() == b.indices.to_vector<int64_t>());
+  CHECK_THROWS_WITH_AS(hvq.forward_lens(x, from_vector<int64_t>({1, 2}, {2})),
+                       doctest::Contains("one length per sequence"), std::invalid_argument);
+  HierarchicalVQOptions image = base_1d();
+  image.accept_image_fmap = true;
+  image.scales = {{1}, {2}};
+  Generator g2(33);
+  HierarchicalVQ hvq2(image, g2);
+  CHECK_THROWS_WITH_AS(hvq2.forward_lens(zeros({1, 4, 2, 2}), lens),
+                       doctest::Contains("only taken for 1-d"), std::invalid_argument);
+}
+
 TEST_CASE("HierarchicalVQ: the reference's asserts name the option") {
   auto refuses = [](HierarchicalVQOptions o, const char* what) {
     CAPTURE(what);
