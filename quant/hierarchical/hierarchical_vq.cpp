@@ -96,19 +96,9 @@ HierarchicalVQ::HierarchicalVQ(HierarchicalVQOptions opts, Generator& gen)
   if (o.shared_codebook && std::set<int64_t>(sizes.begin(), sizes.end()).size() != 1)
     fail("shared_codebook requires uniform codebook sizes (codebook_size)");
 
-  VectorQuantizeOptions lo;
+  VectorQuantizeOptions lo = o.layer;
   lo.dim = o.dim;
-  lo.decay = o.decay;
-  lo.commitment_weight = o.commitment_weight;
-  lo.rotation_trick = o.rotation_trick;
-  lo.kmeans_init = o.kmeans_init;
-  lo.kmeans_iters = o.kmeans_iters;
-  lo.threshold_ema_dead_code = o.threshold_ema_dead_code;
-  lo.stochastic_sample_codes = o.stochastic_sample_codes;
-  lo.sample_codebook_temp = o.sample_codebook_temp;
-  lo.orthogonal_reg_weight = o.orthogonal_reg_weight;
-  lo.orthogonal_reg_max_codes = o.orthogonal_reg_max_codes;
-  lo.orthogonal_reg_active_codes_only = o.orthogonal_reg_active_codes_only;
+  lo.accept_image_fmap = false;
   lo.channel_last = true;
   if (o.shared_codebook) {
     lo.codebook_size = sizes[0];

@@ -22,6 +22,19 @@ namespace quanta::quant {
 
 /** HierarchicalVQ options (the reference's names and defaults). */
 struct HierarchicalVQOptions {
+  /** VectorQuantizeOptions with the defaults the reference's HierarchicalVQ
+   * passes its levels. */
+  static VectorQuantizeOptions default_layer_options() {
+    VectorQuantizeOptions o;
+    o.decay = 0.99;
+    o.rotation_trick = false;
+    o.kmeans_init = true;
+    o.threshold_ema_dead_code = 2;
+    o.sample_codebook_temp = 0.1;
+    o.orthogonal_reg_max_codes = 128;
+    return o;
+  }
+
   /** Feature size of the input (required). */
   int64_t dim = 0;
   /** One codebook size for every level, or one per level (required). */
@@ -33,18 +46,12 @@ struct HierarchicalVQOptions {
   bool shared_codebook = true;
   /** Input [B, C, s...]; false: [B, s..., C]. */
   bool channel_first = true;
-  /** The levels' VectorQuantize options. */
-  double decay = 0.99;
-  double commitment_weight = 1.0;
-  bool rotation_trick = false;
-  bool kmeans_init = true;
-  int64_t kmeans_iters = 10;
-  double threshold_ema_dead_code = 2;
-  bool stochastic_sample_codes = false;
-  double sample_codebook_temp = 0.1;
-  double orthogonal_reg_weight = 0;
-  int64_t orthogonal_reg_max_codes = 128;
-  bool orthogonal_reg_active_codes_only = false;
+  /** The levels' VectorQuantize options with the reference HierarchicalVQ's
+   * defaults (default_layer_options: decay 0.99, no rotation trick, k-means
+   * init, dead-code threshold 2, sample_codebook_temp 0.1,
+   * orthogonal_reg_max_codes 128); the stack
+   * sets their dim, codebook_size and token layout. */
+  VectorQuantizeOptions layer = default_layer_options();
   /** Phi's mix of its convolution into the upsampled codes (|quant_resi|;
    * below 1e-8 Phi is the identity). */
   double quant_resi = 0.5;

@@ -121,7 +121,8 @@ GroupedResidualVQOptions grvq_options(const json& opts) {
 
 // HierarchicalVQ's options by the reference's names. Its scales (an int or a
 // per-dim list per level) and codebook_size (an int or one per level) are
-// lists, so they are read here rather than through the option fields.
+// lists, so they are read here; the levels' VectorQuantize options go through
+// the option fields as VectorQuantize's do.
 HierarchicalVQOptions hvq_options(const json& opts) {
   const std::string cls = "HierarchicalVQ";
   HierarchicalVQOptions o;
@@ -151,28 +152,6 @@ HierarchicalVQOptions hvq_options(const json& opts) {
       o.shared_codebook = v.get<bool>();
     else if (k == "channel_first")
       o.channel_first = v.get<bool>();
-    else if (k == "decay")
-      o.decay = v.get<double>();
-    else if (k == "commitment_weight")
-      o.commitment_weight = v.get<double>();
-    else if (k == "rotation_trick")
-      o.rotation_trick = v.get<bool>();
-    else if (k == "kmeans_init")
-      o.kmeans_init = v.get<bool>();
-    else if (k == "kmeans_iters")
-      o.kmeans_iters = v.get<int64_t>();
-    else if (k == "threshold_ema_dead_code")
-      o.threshold_ema_dead_code = v.get<double>();
-    else if (k == "stochastic_sample_codes")
-      o.stochastic_sample_codes = v.get<bool>();
-    else if (k == "sample_codebook_temp")
-      o.sample_codebook_temp = v.get<double>();
-    else if (k == "orthogonal_reg_weight")
-      o.orthogonal_reg_weight = v.get<double>();
-    else if (k == "orthogonal_reg_max_codes")
-      o.orthogonal_reg_max_codes = v.get<int64_t>();
-    else if (k == "orthogonal_reg_active_codes_only")
-      o.orthogonal_reg_active_codes_only = v.get<bool>();
     else if (k == "quant_resi")
       o.quant_resi = v.get<double>();
     else if (k == "share_quant_resi")
@@ -185,7 +164,7 @@ HierarchicalVQOptions hvq_options(const json& opts) {
       o.accept_image_fmap = v.get<bool>();
     else if (k == "accept_3d_fmap")
       o.accept_3d_fmap = v.get<bool>();
-    else if (!ignored(k))
+    else if (!ignored(k) && !set_option(o.layer, cls, k, v))
       unsupported(cls, k, v);
   }
   return o;

@@ -30,8 +30,8 @@ HierarchicalVQOptions base_1d() {
   o.dim = 4;
   o.codebook_size = {8};
   o.scales = {{1}, {3}, {5}, {10}};
-  o.kmeans_init = false;
-  o.threshold_ema_dead_code = 0;
+  o.layer.kmeans_init = false;
+  o.layer.threshold_ema_dead_code = 0;
   return o;
 }
 
@@ -223,7 +223,7 @@ TEST_CASE("HierarchicalVQ: the input gradient matches finite differences (f64)")
     // codes) is left out of the map above, so take it out of the layer's too.
     Tensor no_loss = x.clone().requires_grad_(true);
     HierarchicalVQOptions o0 = o;
-    o0.commitment_weight = 0;
+    o0.layer.commitment_weight = 0;
     Generator g0(7);
     HierarchicalVQ plain(o0, g0);
     plain.to(DType::f64);

@@ -689,10 +689,10 @@ HierarchicalVQOptions hvq_options(bool shared) {
   o.shared_codebook = shared;
   o.share_quant_resi = shared ? 1 : 0;  // one Phi, or one per level
   o.accept_image_fmap = true;
-  o.decay = 0.8;
-  o.kmeans_init = true;
-  o.kmeans_iters = 4;
-  o.threshold_ema_dead_code = 1.0;
+  o.layer.decay = 0.8;
+  o.layer.kmeans_init = true;
+  o.layer.kmeans_iters = 4;
+  o.layer.threshold_ema_dead_code = 1.0;
   o.nested_dropout = 0.7;  // most steps keep fewer levels: the cutoff matters
   return o;
 }
@@ -767,8 +767,8 @@ TEST_CASE("QuantizerSync: HierarchicalVQ on N ranks equals one process") {
     CAPTURE(shared);
     CAPTURE(v.threshold);
     HierarchicalVQOptions o = hvq_options(shared);
-    o.threshold_ema_dead_code = v.threshold;
-    if (shared) o.kmeans_init = false;
+    o.layer.threshold_ema_dead_code = v.threshold;
+    if (shared) o.layer.kmeans_init = false;
     HvqRun want;
     {
       auto group = ProcessGroup::single();
@@ -907,7 +907,7 @@ TEST_CASE("QuantizerSync: a HierarchicalVQ applies no codebook state inside its 
   for (const bool shared : {true, false}) {
     CAPTURE(shared);
     HierarchicalVQOptions o = hvq_options(shared);
-    o.kmeans_init = false;
+    o.layer.kmeans_init = false;
     auto group = ProcessGroup::single();
     auto hvq = make_hvq(o);
     QuantizerSync sync(hvq, *group);

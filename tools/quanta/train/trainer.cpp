@@ -109,7 +109,8 @@ class VqVaeTask : public LoopTask {
       const Tensor l1 = sum(abs(diff)) * (scale * units);
       return {l1 + aux, {recon, aux, l1}};
     }
-    return {recon * (units * units) + aux, {recon, aux}};
+    // In [0, 1] units (the conv arch) the loss is the reported mse itself.
+    return {(units == 1.0 ? recon : recon * (units * units)) + aux, {recon, aux}};
   }
 
   void after_step() override { model_->quantizer().after_step(); }
