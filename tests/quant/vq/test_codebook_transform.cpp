@@ -181,6 +181,26 @@ TEST_CASE(
                      zeros_like(rvq.find("mlps.0.proj_in.weight"))) > 0);
 }
 
+TEST_CASE("implicit neural codebook with Gumbel straight-through: the chosen per-token codes") {
+  // The one-hot straight-through weights over each token's own codebook: in
+  // value the chosen code (what a lookup gives), with a gradient to the
+  // codes through the softmax.
+  ResidualVQOptions o = qinco_options();
+  o.layer.straight_through = true;
+  o.layer.stochastic_sample_codes = true;
+  o.layer.sample_codebook_temp = 0.5;
+  Generator gen(23), data(24);
+  ResidualVQ rvq(o, gen);
+  rvq.to(DType::f64);
+  const Tensor x = randn({2, 3, 4}, data, kF64);
+  const QuantizeOutput out = rvq.forward(x);
+  CHECK(max_abs_diff(out.quantized, rvq.get_output_from_indices(out.indices)) < 1e-12);
+  sum(out.quantized * out.quantized).backward();
+  const Tensor g = rvq.find("mlps.1.proj_in.weight").grad();
+  REQUIRE(g.defined());
+  CHECK(max_abs_diff(g, zeros_like(g)) > 0);
+}
+
 TEST_CASE("implicit neural codebook: refusals name the option") {
   Generator gen(11);
   ResidualVQOptions o = qinco_options();
