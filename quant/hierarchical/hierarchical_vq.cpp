@@ -103,6 +103,7 @@ HierarchicalVQ::HierarchicalVQ(HierarchicalVQOptions opts, Generator& gen)
   if (o.shared_codebook) {
     lo.codebook_size = sizes[0];
     vqs_.push_back(register_module("vq", std::make_shared<VectorQuantize>(lo, gen)));
+    vqs_[0]->codebook().set_calls_per_forward(num_levels());
   } else {
     auto list = register_module("vqs", std::make_shared<Module>("ModuleList"));
     for (size_t l = 0; l < sizes.size(); ++l) {

@@ -87,6 +87,23 @@ class Fused {
   std::size_t next_ = 0;
 };
 
+// Table `table`'s rows from the calls in pool slot `slot` of `per_table`
+// (pending().candidates or init_samples: one block per call of the
+// codebook): the calls whose index is `slot` modulo calls_per_forward(), in
+// call order. [0, D] when there are none.
+Tensor slot_rows(const Codebook& cb, const std::vector<std::vector<Tensor>>& per_table,
+                 int64_t table, int64_t slot) {
+  const int64_t period = cb.calls_per_forward();
+  if (period == 1) return cb.table_rows(per_table, table);
+  std::vector<Tensor> blocks;
+  const auto t = static_cast<std::size_t>(table);
+  if (t < per_table.size())
+    for (std::size_t k = static_cast<std::size_t>(slot); k < per_table[t].size();
+         k += static_cast<std::size_t>(period))
+      blocks.push_back(per_table[t][k]);
+  return cb.table_rows({blocks}, 0);
+}
+
 }  // namespace
 
 QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup& group)
@@ -142,12 +159,14 @@ QuantizerSync::Header QuantizerSync::local_header() const {
     const CodebookOptions& o = cb->options();
     h.offset.push_back(int64_t(h.values.size()));
     const CodebookStatistics& p = cb->pending();
+    const auto period = static_cast<std::size_t>(cb->calls_per_forward());
     h.values.push_back(p.steps);
     for (int64_t t = 0; t < o.num_codebooks; ++t) {
-      int64_t rows = 0;
+      std::vector<int64_t> rows(period, 0);  // per pool slot
       if (t < static_cast<int64_t>(p.candidates.size()))
-        for (const Tensor& c : p.candidates[size_t(t)]) rows += c.size(0);
-      h.values.push_back(rows);
+        for (std::size_t k = 0; k < p.candidates[size_t(t)].size(); ++k)
+          rows[k % period] += p.candidates[size_t(t)][k].size(0);
+      h.values.insert(h.values.end(), rows.begin(), rows.end());
     }
   }
   h.width = int64_t(h.values.size());
@@ -191,21 +210,34 @@ int64_t QuantizerSync::Header::max_steps(int64_t codebook) const {
   return most;
 }
 
-int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t table) const {
-  return values[size_t(rank * width + offset[size_t(codebook)] + 1 + table)];
+int64_t QuantizerSync::Header::candidates(int rank, int64_t codebook, int64_t table, int64_t slot,
+                                          int64_t slots) const {
+  return values[size_t(rank * width + offset[size_t(codebook)] + 1 + table * slots + slot)];
 }
 
 namespace {
+// Where this rank's rows of one pool slot lie: pool positions
+// [pool_begin, pool_begin + rows), rows [local_begin, ...) of its own.
+struct HeldRange {
+  int64_t pool_begin = 0, local_begin = 0, rows = 0;
+};
+
 // The replacement rows this rank holds: row c is the pool row `positions[c]`
-// where this rank holds it (pool positions [begin, begin + local.size(0))),
-// zero elsewhere, so that the sum over ranks is every code's drawn row.
-Tensor held_rows(const Tensor& positions, const Tensor& local, int64_t begin, int64_t dim,
-                 const TensorOptions& like) {
-  const int64_t k = positions.numel(), mine = local.size(0);
-  if (mine == 0) return zeros({k, dim}, like);
-  const Tensor at = positions - double(begin);
-  const Tensor held =
-      logical_and(ge(at, scalar_like(at, 0.0)), lt(at, scalar_like(at, double(mine))));
+// where this rank holds it (in one of `ranges`, rows of `local`), zero
+// elsewhere, so that the sum over ranks is every code's drawn row.
+Tensor held_rows(const Tensor& positions, const Tensor& local, const std::vector<HeldRange>& ranges,
+                 int64_t dim, const TensorOptions& like) {
+  const int64_t k = positions.numel();
+  if (local.size(0) == 0) return zeros({k, dim}, like);
+  Tensor at = scalar_like(positions, -1.0);  // the local row, -1: held elsewhere
+  for (const HeldRange& r : ranges) {
+    if (r.rows == 0) continue;
+    const Tensor offset = positions - double(r.pool_begin);
+    const Tensor in = logical_and(ge(offset, scalar_like(offset, 0.0)),
+                                  lt(offset, scalar_like(offset, double(r.rows))));
+    at = where(in, offset + double(r.local_begin), at);
+  }
+  const Tensor held = ge(at, scalar_like(at, 0.0));
   const Tensor rows = index_select(local, 0, where(held, at, scalar_like(at, 0.0)));
   return where(unsqueeze(held, -1), rows, scalar(0.0, like));
 }
@@ -214,25 +246,41 @@ Tensor held_rows(const Tensor& positions, const Tensor& local, int64_t begin, in
 std::vector<Tensor> QuantizerSync::pick_replacements(Codebook& cb, int64_t index,
                                                      const Header& header) {
   const int world = group_.size(), rank = group_.rank();
-  // Every rank's candidate counts came with the header: the pool is their
-  // concatenation in rank order, and every rank draws the same positions.
-  std::vector<int64_t> pool_sizes, begins;
+  const int64_t slots = cb.calls_per_forward();
+  // Every rank's candidate counts came with the header: the pool is, slot
+  // by slot (a codebook's calls in a forward), every rank's rows in rank
+  // order, and every rank draws the same positions. This rank's rows are
+  // its slots' rows in slot order.
+  std::vector<int64_t> pool_sizes;
+  std::vector<std::vector<HeldRange>> held;
   for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
-    int64_t total = 0;
-    for (int r = 0; r < world; ++r) {
-      if (r == rank) begins.push_back(total);
-      total += header.candidates(r, index, h);
-    }
+    int64_t total = 0, local = 0;
+    std::vector<HeldRange> ranges;
+    for (int64_t j = 0; j < slots; ++j)
+      for (int r = 0; r < world; ++r) {
+        const int64_t n = header.candidates(r, index, h, j, slots);
+        if (r == rank) {
+          ranges.push_back({total, local, n});
+          local += n;
+        }
+        total += n;
+      }
     pool_sizes.push_back(total);
+    held.push_back(std::move(ranges));
   }
   const std::vector<Tensor> positions = cb.draw_replacements(pool_sizes);
   std::vector<Tensor> rows;
   for (int64_t h = 0; h < cb.options().num_codebooks; ++h) {
     const Tensor& pos = positions[size_t(h)];
-    rows.push_back(pos.defined()
-                       ? held_rows(pos, cb.table_rows(cb.pending().candidates, h),
-                                   begins[size_t(h)], cb.options().dim, options_of(cb.embed()))
-                       : Tensor());
+    if (!pos.defined()) {
+      rows.emplace_back();
+      continue;
+    }
+    std::vector<Tensor> local;
+    for (int64_t j = 0; j < slots; ++j)
+      local.push_back(slot_rows(cb, cb.pending().candidates, h, j));
+    rows.push_back(held_rows(pos, slots == 1 ? local[0] : cat(local), held[size_t(h)],
+                             cb.options().dim, options_of(cb.embed())));
   }
   return rows;
 }
@@ -317,13 +365,19 @@ QuantizerSync::Reconciliation QuantizerSync::plan_reconciliation() const {
 }
 
 void QuantizerSync::init_awaiting_codebooks() {
-  // Deferred k-means on the pooled samples of every rank (rank order): the
-  // same pool, hence the same codes, on every rank.
+  // Deferred k-means on the pooled samples of every rank: slot by slot (a
+  // codebook's calls in a forward), every rank's rows in rank order, which is
+  // one process's order on the whole batch. The same pool, hence the same
+  // codes, on every rank; one all_gather_v per table and slot.
   for (Codebook* cb : codebooks_) {
     if (cb->initted()) continue;
     std::vector<Tensor> pools;
-    for (int64_t h = 0; h < cb->options().num_codebooks; ++h)
-      pools.push_back(group_.all_gather_v(cb->table_rows(cb->pending().init_samples, h)));
+    for (int64_t h = 0; h < cb->options().num_codebooks; ++h) {
+      std::vector<Tensor> slots;
+      for (int64_t j = 0; j < cb->calls_per_forward(); ++j)
+        slots.push_back(group_.all_gather_v(slot_rows(*cb, cb->pending().init_samples, h, j)));
+      pools.push_back(slots.size() == 1 ? slots[0] : cat(slots));
+    }
     cb->pending() = CodebookStatistics{};
     cb->init_from_samples(pools);
   }

@@ -42,7 +42,9 @@ class QuantizerSync {
   /** The reconciliation point, on every rank once per optimizer step (after
    * the step's forwards, before the next ones). Collectives, in this order:
    * (1) for each codebook awaiting k-means, one all_gather_v of samples per
-   * table; (2) when some codebook is initialised, ONE fused all_reduce(sum)
+   * table and pool slot (a codebook shared by L levels has L slots, one per
+   * call: the pools hold every rank's rows call by call, as one process
+   * holds the whole batch's); (2) when some codebook is initialised, ONE fused all_reduce(sum)
    * carrying a small header (every rank's forward count and candidate row
    * counts, scattered so that the sum gathers them), every initialised
    * codebook's counts, token totals, affine statistics and EMA sums (zeros
@@ -73,7 +75,8 @@ class QuantizerSync {
   std::size_t num_codebooks() const { return codebooks_.size(); }
 
  private:
-  // Every rank's per-codebook [forwards, candidate rows per table...]
+  // Every rank's per-codebook [forwards, candidate rows per table and pool
+  // slot...]
   // (local_header() holds this rank's row alone until the fused all_reduce
   // gathers the others).
   struct Header {
@@ -82,7 +85,10 @@ class QuantizerSync {
     int64_t width = 0;
     int world = 1;
     int64_t max_steps(int64_t codebook) const;
-    int64_t candidates(int rank, int64_t codebook, int64_t table) const;
+    // Candidate rows of `rank` in pool slot `slot` of `slots` (the codebook's
+    // calls_per_forward()).
+    int64_t candidates(int rank, int64_t codebook, int64_t table, int64_t slot,
+                       int64_t slots) const;
   };
   Header local_header() const;
   void pin_streams();

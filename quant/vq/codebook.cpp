@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/dispatch.h"
@@ -123,6 +124,13 @@ void Codebook::init_from_samples(const std::vector<Tensor>& samples) {
   if (opts_.ema_update && !opts_.manual_ema_update) embed_from_statistics();
   fill_(initted_, 1.0);
   initted_on_host_ = true;
+}
+
+void Codebook::set_calls_per_forward(int64_t calls) {
+  if (calls < 1)
+    throw std::invalid_argument("[Codebook::set_calls_per_forward] calls " + std::to_string(calls) +
+                                " must be >= 1");
+  calls_per_forward_ = calls;
 }
 
 void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& valid) {

@@ -60,6 +60,16 @@ class Codebook : public Module, public StepKeyed {
   /** True once the codes are initialised (always, without k-means). */
   bool initted() const;
 
+  /** How many times one forward of the owning layer calls this codebook: 1,
+   * or the number of levels for a codebook shared by the levels of a
+   * residual or hierarchical stack (the stack sets it). A distributed run
+   * pools every rank's k-means samples and dead-code candidates by call,
+   * then by rank (QuantizerSync): for one forward a step, exactly the order
+   * in which one process on the whole batch holds them. */
+  int64_t calls_per_forward() const { return calls_per_forward_; }
+  /** Throws std::invalid_argument when `calls` < 1. */
+  void set_calls_per_forward(int64_t calls);
+
   /** k-means initialisation from `samples`, one [N_g, D] tensor per codebook
    * (rows already projected/normalised, masked rows removed). Codebooks with
    * no rows are left uninitialised... and so is the whole codebook: nothing
@@ -190,6 +200,7 @@ class Codebook : public Module, public StepKeyed {
   void read_host_state() override;
 
   CodebookOptions opts_;
+  int64_t calls_per_forward_ = 1;
   bool initted_on_host_ = false, affine_initted_on_host_ = false;
   Tensor embed_, embed_avg_, cluster_size_, initted_;
   Tensor batch_mean_, batch_var_, codebook_mean_, codebook_var_;

@@ -100,9 +100,12 @@ std::shared_ptr<VectorQuantize> LayerTraits<VectorQuantize>::make_layer(
     lo.route_gradients_to_input = false;
     lo.commitment_weight = 0;
   }
-  return (opts.shared_codebook && i > 0)
-             ? std::make_shared<VectorQuantize>(lo, gen, built[0]->codebook_ptr())
-             : std::make_shared<VectorQuantize>(lo, gen);
+  if (opts.shared_codebook && i > 0)
+    return std::make_shared<VectorQuantize>(lo, gen, built[0]->codebook_ptr());
+  auto layer = std::make_shared<VectorQuantize>(lo, gen);
+  // Every level calls a shared codebook once per forward.
+  if (opts.shared_codebook) layer->codebook().set_calls_per_forward(opts.num_quantizers);
+  return layer;
 }
 
 QuantizeOutput LayerTraits<VectorQuantize>::quantize(VectorQuantize& layer, const Tensor& residual,

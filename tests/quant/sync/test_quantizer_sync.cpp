@@ -69,6 +69,14 @@ VectorQuantizeOptions vq_options() {
   return o;
 }
 
+std::vector<Case> cases();
+
+Case case_named(const std::string& name) {
+  for (Case& c : cases())
+    if (c.name == name) return c;
+  throw std::invalid_argument("no test case " + name);
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   out.push_back({"vq_kmeans_dead_codes",
@@ -121,6 +129,23 @@ std::vector<Case> cases() {
                    o.quantize_dropout = true;
                    o.layer = vq_options();
                    o.layer.threshold_ema_dead_code = 0.5;
+                   return std::make_shared<ResidualVQ>(o, g);
+                 },
+                 call<ResidualVQ>()});
+  // A codebook shared by the levels is called once per level: its k-means
+  // samples and dead-code candidates are pooled level by level across the
+  // ranks, as one process holds them.
+  out.push_back({"rvq_shared_codebook_kmeans_dead_codes",
+                 [](Generator& g) {
+                   ResidualVQOptions o;
+                   o.dim = kDim;
+                   o.num_quantizers = 3;
+                   o.codebook_sizes = {8};
+                   o.shared_codebook = true;
+                   o.layer = vq_options();
+                   o.layer.kmeans_init = true;
+                   o.layer.kmeans_iters = 4;
+                   o.layer.threshold_ema_dead_code = 1.0;
                    return std::make_shared<ResidualVQ>(o, g);
                  },
                  call<ResidualVQ>()});
@@ -443,8 +468,7 @@ TEST_CASE(
 TEST_CASE("QuantizerSync: quantize dropout draws the same level on every rank") {
   // Each rank runs a different number of extra training forwards per step:
   // the level kept in the step's real forward is the same on every rank.
-  const Case c = cases()[5];
-  REQUIRE(c.name == "rvq_quantize_dropout");
+  const Case c = case_named("rvq_quantize_dropout");
   constexpr int n = 3;
   std::vector<std::vector<int64_t>> kept(n);
   const auto errors = run_ranks(n, [&](ProcessGroup& group) {
@@ -577,8 +601,7 @@ TEST_CASE(
     "on every rank") {
   // LFQ's loss holds collectives (global token means): a rank that skips
   // them cannot be made correct, but it must fail clearly, not hang.
-  const Case c = cases()[8];
-  REQUIRE(c.name == "lfq_entropy");
+  const Case c = case_named("lfq_entropy");
   dist::GroupOptions opts;
   opts.timeout = dist::Millis(2000);
   const auto errors = run_ranks(
@@ -670,6 +693,23 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
     const uint64_t next = group.sequence();
     init_sync.sync_state();
     CHECK(group.sequence() - next == 1);  // initialised: the fused all_reduce
+
+    // A codebook shared by 3 levels pools its samples level by level: one
+    // all_gather_v per level, whatever the data.
+    ResidualVQOptions shared;
+    shared.dim = kDim;
+    shared.num_quantizers = 3;
+    shared.codebook_sizes = {8};
+    shared.shared_codebook = true;
+    shared.layer = vq_options();
+    shared.layer.kmeans_init = true;
+    auto rvq = std::make_shared<ResidualVQ>(shared, gen);
+    QuantizerSync rvq_sync(rvq, group);
+    REQUIRE(rvq_sync.num_codebooks() == 1);
+    rvq->forward(randn({1, 7, kDim}, data));
+    const uint64_t levels = group.sequence();
+    rvq_sync.sync_state();
+    CHECK(group.sequence() - levels == 3);
   });
   REQUIRE(all_ok(errors));
 }
@@ -751,24 +791,21 @@ struct HvqRun {
 }  // namespace
 
 TEST_CASE("QuantizerSync: HierarchicalVQ on N ranks equals one process") {
-  // A shared codebook is called once per level, so its k-means and
-  // dead-code pools hold [level 0, 1, 2] of every rank in rank order, where
-  // one process holds level 0 of every image, then level 1, ...: the same
-  // rows in another order, hence other draws. It is compared without the
-  // pools (EMA, Phi and the cutoffs); the ranks still agree bitwise with
-  // them on (the next test). Per-level codebooks also run with every code
-  // expiring every step, so that the replacement pool is surely drawn from.
+  // A shared codebook is called once per level: its k-means and dead-code
+  // pools hold level 0 of every rank's images, then level 1, ..., as one
+  // process holds them. Both forms also run with every code expiring every
+  // step, so that the replacement pool is surely drawn from.
   struct Variant {
     bool shared;
     double threshold;
   };
-  for (const Variant v : {Variant{false, 1.0}, Variant{false, 1e6}, Variant{true, 0.0}}) {
+  for (const Variant v :
+       {Variant{false, 1.0}, Variant{false, 1e6}, Variant{true, 1.0}, Variant{true, 1e6}}) {
     const bool shared = v.shared;
     CAPTURE(shared);
     CAPTURE(v.threshold);
     HierarchicalVQOptions o = hvq_options(shared);
     o.layer.threshold_ema_dead_code = v.threshold;
-    if (shared) o.layer.kmeans_init = false;
     HvqRun want;
     {
       auto group = ProcessGroup::single();
