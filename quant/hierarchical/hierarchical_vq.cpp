@@ -157,8 +157,8 @@ std::vector<Tensor> HierarchicalVQ::split_indices(const Tensor& indices) const {
 
 Tensor HierarchicalVQ::pool_residual(const Tensor& t, const std::vector<int64_t>& shape,
                                      const Tensor& maskf, Tensor* level_mask) const {
-  if (!maskf.defined()) return adaptive_avg_pool_nd(t, shape);
-  const Tensor pooled_mask = adaptive_avg_pool_nd(maskf, shape);  // [B, 1, l...]
+  if (!maskf.defined()) return adaptive_avg_pool_nd(t, shape, &resample_);
+  const Tensor pooled_mask = adaptive_avg_pool_nd(maskf, shape, &resample_);  // [B, 1, l...]
   *level_mask = flatten(gt(pooled_mask, zeros_like(pooled_mask)), 1, -1);
   if (numel_of_level(shape) == 1) {
     // The coarsest level is the reference's masked_mean: sum / max(count, 1e-5).
@@ -167,7 +167,7 @@ Tensor HierarchicalVQ::pool_residual(const Tensor& t, const std::vector<int64_t>
     const Tensor count = sum(maskf, spatial, true);
     return sum(t * maskf, spatial, true) / clamp(count, 1e-5, INFINITY);
   }
-  return adaptive_avg_pool_nd(t * maskf, shape) / clamp(pooled_mask, 1e-6, INFINITY);
+  return adaptive_avg_pool_nd(t * maskf, shape, &resample_) / clamp(pooled_mask, 1e-6, INFINITY);
 }
 
 Module* HierarchicalVQ::choose_phi(int64_t level) {
@@ -208,8 +208,9 @@ Tensor HierarchicalVQ::phi(Module& p, const Tensor& x) const {
 
 Tensor HierarchicalVQ::upsample_to_full(const Tensor& q, const std::vector<int64_t>& full,
                                         int64_t level) {
-  const Tensor up =
-      level_shapes_[static_cast<size_t>(level)] == full ? q : interpolate_linear_nd(q, full);
+  const Tensor up = level_shapes_[static_cast<size_t>(level)] == full
+                        ? q
+                        : interpolate_linear_nd(q, full, &resample_);
   return phi(*choose_phi(level), up);
 }
 

@@ -14,6 +14,7 @@
 
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
+#include "quant/hierarchical/resample.h"
 #include "quant/quantize_output.h"
 #include "quant/step_stream.h"
 #include "quant/vq/vector_quantize.h"
@@ -134,6 +135,8 @@ class HierarchicalVQ : public Module, public StepKeyed {
   std::vector<std::vector<int64_t>> level_shapes_;
   std::vector<std::shared_ptr<VectorQuantize>> vqs_;
   std::vector<Module*> phis_;
+  // Pooling and interpolation matrices, uploaded once per shape and device.
+  mutable ResampleMatrices resample_;
   StepStream cutoff_stream_;
   int64_t last_cutoff_ = -1;
 };

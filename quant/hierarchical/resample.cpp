@@ -20,9 +20,17 @@ void check_sizes(const char* op, int64_t in, int64_t out) {
 
 using MatrixOf = std::vector<double> (*)(int64_t, int64_t);
 
+// [in, out] = the matrix transposed, so that a dim moved last multiplies from the left.
+Tensor build_matrix(MatrixOf matrix_of, int64_t in, int64_t out, DType dtype,
+                    const Device& device) {
+  return contiguous(transpose(from_vector(matrix_of(in, out), {out, in}), 0, 1))
+      .to(dtype)
+      .to(device);
+}
+
 // Applies matrix_of(in, out) along every spatial dim whose size changes.
 Tensor separable(const char* op, const Tensor& x, const std::vector<int64_t>& out,
-                 MatrixOf matrix_of) {
+                 MatrixOf matrix_of, ResampleMatrices* held) {
   const int64_t k = static_cast<int64_t>(out.size());
   if (x.dim() != k + 2)
     throw std::invalid_argument(std::string("[") + op + "] expected [B, C] and " +
@@ -33,15 +41,23 @@ Tensor separable(const char* op, const Tensor& x, const std::vector<int64_t>& ou
     const int64_t in = x.shape()[static_cast<size_t>(d + 2)], o = out[static_cast<size_t>(d)];
     check_sizes(op, in, o);
     if (in == o) continue;  // both maps are the identity then
-    // [in, out] = the matrix transposed, so the dim (moved last) multiplies from the left.
-    const Tensor m =
-        transpose(from_vector(matrix_of(in, o), {o, in}), 0, 1).to(x.dtype()).to(x.device());
+    const Tensor m = held ? held->get(matrix_of, in, o, x.dtype(), x.device())
+                          : build_matrix(matrix_of, in, o, x.dtype(), x.device());
     y = transpose(matmul(transpose(y, d + 2, -1), m), d + 2, -1);
   }
   return contiguous(y);
 }
 
 }  // namespace
+
+Tensor ResampleMatrices::get(MatrixOf matrix_of, int64_t in, int64_t out, DType dtype,
+                             const Device& device) {
+  const Key key{matrix_of, in, out, dtype, device.str()};
+  auto it = held_.find(key);
+  if (it == held_.end())
+    it = held_.emplace(key, build_matrix(matrix_of, in, out, dtype, device)).first;
+  return it->second;
+}
 
 std::vector<double> adaptive_avg_pool_matrix(int64_t in, int64_t out) {
   check_sizes("adaptive_avg_pool_nd", in, out);
@@ -69,12 +85,14 @@ std::vector<double> interpolate_linear_matrix(int64_t in, int64_t out) {
   return m;
 }
 
-Tensor adaptive_avg_pool_nd(const Tensor& x, const std::vector<int64_t>& out) {
-  return separable("adaptive_avg_pool_nd", x, out, adaptive_avg_pool_matrix);
+Tensor adaptive_avg_pool_nd(const Tensor& x, const std::vector<int64_t>& out,
+                            ResampleMatrices* held) {
+  return separable("adaptive_avg_pool_nd", x, out, adaptive_avg_pool_matrix, held);
 }
 
-Tensor interpolate_linear_nd(const Tensor& x, const std::vector<int64_t>& out) {
-  return separable("interpolate_linear_nd", x, out, interpolate_linear_matrix);
+Tensor interpolate_linear_nd(const Tensor& x, const std::vector<int64_t>& out,
+                             ResampleMatrices* held) {
+  return separable("interpolate_linear_nd", x, out, interpolate_linear_matrix, held);
 }
 
 }  // namespace quanta::quant

@@ -104,3 +104,26 @@ TEST_CASE("adaptive_avg_pool_nd and interpolate_linear_nd: empty batches and bad
   CHECK_THROWS_AS(adaptive_avg_pool_nd(zeros({1, 3, 6}), {2, 2}), std::invalid_argument);
   CHECK_THROWS_AS(interpolate_linear_nd(zeros({1, 3, 6}), {0}), std::invalid_argument);
 }
+
+TEST_CASE("ResampleMatrices: each matrix is built once per shape, dtype and device") {
+  ResampleMatrices held;
+  const Tensor x = image();
+  const Tensor pooled = adaptive_avg_pool_nd(x, {3, 4}, &held);
+  CHECK(held.size() == 2);  // one per dim whose size changes
+  CHECK(max_diff(pooled.to_vector<double>(), adaptive_avg_pool_nd(x, {3, 4}).to_vector<double>()) ==
+        0);
+  // The same shapes again reuse them; interpolation's are other matrices.
+  CHECK(max_diff(adaptive_avg_pool_nd(x * 2.0, {3, 4}, &held).to_vector<double>(),
+                 (pooled * 2.0).to_vector<double>()) < 1e-12);
+  CHECK(held.size() == 2);
+  const Tensor up = interpolate_linear_nd(pooled, {5, 7}, &held);
+  CHECK(held.size() == 4);
+  CHECK(max_diff(up.to_vector<double>(),
+                 interpolate_linear_nd(pooled, {5, 7}).to_vector<double>()) == 0);
+  // Another dtype is another matrix, and the result keeps the input's dtype.
+  const Tensor pooled32 = adaptive_avg_pool_nd(to_dtype(x, DType::f32), {3, 4}, &held);
+  CHECK(pooled32.dtype() == DType::f32);
+  CHECK(held.size() == 6);
+  CHECK(max_diff(to_dtype(pooled32, DType::f64).to_vector<double>(), pooled.to_vector<double>()) <
+        1e-4);
+}
