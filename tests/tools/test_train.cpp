@@ -353,7 +353,7 @@ TEST_CASE("quantizer options: one table, typed, per quantizer type") {
 
 TEST_CASE("code counts give usage and perplexity per codebook") {
   CodeCounts one(4, 1);
-  one.add(from_vector<int64_t>({0, 0, 1, 1}, {2, 2}));
+  one.add({from_vector<int64_t>({0, 0, 1, 1}, {2, 2})});
   CHECK(one.usage() == doctest::Approx(0.5));
   CHECK(one.perplexity() == doctest::Approx(2.0));  // two codes, equally often
   const std::vector<double> t = one.totals();
@@ -362,11 +362,17 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(t[1] == 2);
   CHECK(t[2] == 0);
   CHECK(t[3] == 0);
-  CHECK_THROWS_WITH_AS(one.add(from_vector<int64_t>({4})), doctest::Contains("code index 4"),
+  CHECK_THROWS_WITH_AS(one.add({from_vector<int64_t>({4})}), doctest::Contains("code index 4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(one.add({}), doctest::Contains("codes of 0 codebooks for counts of 1"),
                        std::invalid_argument);
 
-  CodeCounts two(3, 2);  // indices [N, 2]: codebook 0 uses {0}, codebook 1 uses {0, 1, 2}
-  two.add(from_vector<int64_t>({0, 0, 0, 1, 0, 2}, {3, 2}));
+  // Indices [N, 2] through the quantizer's split: codebook 0 uses {0},
+  // codebook 1 uses {0, 1, 2}.
+  const std::unique_ptr<TrainQuantizer> rvq =
+      make_quantizer({{"type", "rvq"}, {"codebook_size", 3}, {"num_quantizers", 2}}, 4, 0);
+  CodeCounts two(3, 2);
+  two.add(rvq->codes_per_codebook(from_vector<int64_t>({0, 0, 0, 1, 0, 2}, {3, 2})));
   CHECK(two.usage() == doctest::Approx((1.0 / 3 + 1.0) / 2));
   CHECK(two.perplexity() == doctest::Approx((1.0 + 3.0) / 2));
   CHECK(two.totals() == std::vector<double>{4, 1, 1});
@@ -378,7 +384,7 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   // Both codebooks skewed: codes {0, 0, 0, 1} and {0, 0, 1, 0} give
   // exp(-(3/4 ln 3/4 + 1/4 ln 1/4)) each.
   CodeCounts skew(2, 2);
-  skew.add(from_vector<int64_t>({0, 0, 0, 0, 0, 1, 1, 0}, {4, 2}));
+  skew.add(rvq->codes_per_codebook(from_vector<int64_t>({0, 0, 0, 0, 0, 1, 1, 0}, {4, 2})));
   const double h = -(0.75 * std::log(0.75) + 0.25 * std::log(0.25));
   CHECK(skew.perplexity_per_codebook()[0] == doctest::Approx(std::exp(h)));
   CHECK(skew.perplexity_per_codebook()[1] == doctest::Approx(std::exp(h)));
@@ -390,7 +396,7 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(empty.usage_per_codebook() == std::vector<double>{0.0, 0.0});
 
   CodeCounts none(0, 1);
-  none.add(zeros({0}, {.dtype = DType::i64}));
+  none.add({zeros({0}, {.dtype = DType::i64})});
   CHECK(std::isnan(none.usage()));
   CHECK(std::isnan(none.perplexity()));
   CHECK(none.totals().empty());
