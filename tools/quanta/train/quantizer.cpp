@@ -194,6 +194,7 @@ std::unique_ptr<TrainQuantizer> build(detail::QuantizerOptions& options, int64_t
   if (type == "none") return std::make_unique<NoQuantizer>();
   if (auto q = detail::make_vq_family(type, options, dim, seed)) return q;
   if (auto q = detail::make_scalar_family(type, options, dim, seed)) return q;
+  if (auto q = detail::make_hierarchical(type, options, dim, seed)) return q;
   throw std::invalid_argument("[quantizer] '" + type + "' is not available (available: " +
                               available_quantizer_types() + ")");
 }

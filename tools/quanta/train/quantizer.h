@@ -1,10 +1,12 @@
 #pragma once
 // The quantizer seam of the training pipeline. The VQ-VAE, the training loop,
 // the metrics and the checkpoints see every quantizer family (VQ, residual,
-// grouped, SimVQ, FSQ, LFQ, ...) through this one interface. Every family is
-// a quant::Quantizer, so one adapter drives them all (LayerQuantizer,
-// quantizer_adapter.h); quantizer_vq.cpp and quantizer_scalar.cpp only build
-// the layer that make_quantizer's config describes.
+// grouped, SimVQ, FSQ, LFQ, ...) through this one interface. Every family but
+// HierarchicalVQ is a quant::Quantizer, so one adapter drives them all
+// (LayerQuantizer, quantizer_adapter.h); quantizer_vq.cpp and
+// quantizer_scalar.cpp only build the layer that make_quantizer's config
+// describes. HierarchicalVQ's levels have their own resolutions, so its
+// adapter (quantizer_hierarchical.cpp) maps them onto the latent's grid.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>

@@ -139,5 +139,8 @@ std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, Quantize
 std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type,
                                                    QuantizerOptions& config, int64_t dim,
                                                    uint64_t seed);
+/** HierarchicalVQ: "hvq"; null for other types. */
+std::unique_ptr<TrainQuantizer> make_hierarchical(const std::string& type, QuantizerOptions& config,
+                                                  int64_t dim, uint64_t seed);
 
 }  // namespace quanta::train::detail
