@@ -293,6 +293,26 @@ TEST_CASE("quanta train --resume continues exactly") {
     REQUIRE(t.nbytes() == td[i].second.nbytes());
     CHECK(std::memcmp(t.raw_data(), td[i].second.raw_data(), t.nbytes()) == 0);
   }
+
+  // HierarchicalVQ: its levels' k-means and dead codes, and nested dropout's
+  // cutoff, drawn from streams keyed by the step.
+  const std::vector<std::string> hvq = {"--quantizer",     "hvq", "--scales",         "1,2,4,7",
+                                        "--codebook-size", "32",  "--nested-dropout", "0.5"};
+  const std::string e = dir.file("e"), f = dir.file("f");
+  REQUIRE(run_quanta(tiny_train(e, 7, hvq)).code == 0);
+  REQUIRE(run_quanta(tiny_train(f, 3, hvq)).code == 0);
+  REQUIRE(run_quanta(with(tiny_train(f, 7, hvq), {"--resume"})).code == 0);
+  const std::vector<json> re = records(e, "train"), rf = records(f, "train");
+  REQUIRE(re.size() == 7);
+  REQUIRE(rf.size() == 7);
+  for (std::size_t i = 3; i < 7; ++i) CHECK(rf[i]["loss"].dump() == re[i]["loss"].dump());
+  const io::SafetensorsFile fe = io::load_safetensors(e + "/checkpoint.safetensors");
+  const io::SafetensorsFile ff = io::load_safetensors(f + "/checkpoint.safetensors");
+  REQUIRE(fe.tensors.size() == ff.tensors.size());
+  for (std::size_t i = 0; i < fe.tensors.size(); ++i) {
+    CAPTURE(fe.tensors[i].first);
+    CHECK(fe.tensors[i].second.to_vector<double>() == ff.tensors[i].second.to_vector<double>());
+  }
 }
 
 TEST_CASE("SIGTERM finishes the step, writes a checkpoint and exits cleanly") {
@@ -690,6 +710,7 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
       {"--quantizer", "fsp"},
       {"--quantizer", "rfsq"},
       {"--quantizer", "rlfq"},
+      {"--quantizer", "hvq", "--nested-dropout", "0.5"},
       {"--arch", "vqp-example", "--quantizer", "lfq", "--recon-loss", "l1"},
   };
   for (std::size_t k = 0; k < runs.size(); ++k) {
