@@ -281,6 +281,11 @@ TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers
              {"preserve_symmetry", true},
              {"quantize_dropout", true}});
 
+  // HierarchicalVQ: a codebook per level.
+  CHECK(compose_config({quantizer({{"type", "hvq"}})})["quantizer"] ==
+        json{{"type", "hvq"}, {"shared_codebook", false}});
+  CHECK_NOTHROW(config_from_json(compose_config({quantizer({{"type", "hvq"}})})));
+
   // LFQ: a bit per latent channel, 2^10 codes unless a size is given.
   const json lfq_model = {{"hidden", 32}, {"dim", 10}, {"latent_norm_groups", 4}, {"arch", "conv"}};
   const json lfq = compose_config({quantizer({{"type", "lfq"}})});
@@ -827,7 +832,7 @@ TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "none"}}, 16, 0)->codebook_size() == 0);
   CHECK(available_quantizer_types() ==
         "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq, hvq");
-  CHECK(make_quantizer({{"type", "hvq"}}, 16, 0)->num_codebooks() == 6);  // 1,2,3,4,5,7
+  CHECK(make_quantizer({{"type", "hvq"}}, 16, 0)->num_codebooks() == 4);  // 1,2,4,7
   CHECK(make_quantizer({{"type", "hvq"}}, 16, 0)->codebook_size() == 512);
 
   CHECK(contains(invalid([] {

@@ -151,7 +151,7 @@ const std::vector<QuantizerOption>& quantizer_options() {
       {"scales",
        T::integer_list,
        "HierarchicalVQ's level sides, coarse to fine, non-decreasing, at most the latent's 7 "
-       "(e.g. 1,2,3,4,5,7)",
+       "(e.g. 1,2,4,7)",
        {"hvq"}},
       {"quant_resi",
        T::number,
