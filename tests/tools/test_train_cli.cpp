@@ -362,6 +362,22 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   CHECK(vq["kmeans_init"] == true);
   CHECK(vq["threshold_ema_dead_code"] == 2);
   CHECK(vq["decay"] == 0.8);  // resolved: the layer's default written out
+  // hvq: its recipe and the layer's options, resolved; a bad option is one line naming it.
+  CliResult hp =
+      run_quanta({"train", "--quantizer", "hvq", "--nested-dropout", "0.25", "--print-config"});
+  REQUIRE(hp.code == 0);
+  const json hvq = json::parse(hp.out)["quantizer"];
+  CHECK(hvq["scales"] == json{1, 2, 4, 7});
+  CHECK(hvq["shared_codebook"] == false);
+  CHECK(hvq["nested_dropout"] == 0.25);
+  CHECK(hvq["decay"] == 0.99);
+  CHECK(hvq["quant_resi"] == 0.5);
+  check_one_line_error(
+      run_quanta({"train", "--quantizer", "hvq", "--scales", "1,9", "--out", dir.file("h")}), 2,
+      "[quantizer hvq] scales must be at most the latent's side 7, got 9");
+  check_one_line_error(
+      run_quanta({"train", "--quantizer", "hvq", "--scales", "2,x", "--out", dir.file("h")}), 2,
+      "--scales: expected a list of positive integers");
 
   CliResult h = run_quanta({"train", "--help"});
   CHECK(h.code == 0);
