@@ -764,39 +764,47 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
 TEST_CASE("eval, encode and decode --device sim: the CPU's figures, codes and pictures") {
   if (!have_dataset()) return;
   ScratchDir dir("sim_tools");
-  const std::string run = dir.file("run"), ckpt = run + "/checkpoint.safetensors";
-  REQUIRE(run_quanta(tiny_train(run, 4)).code == 0);
   auto bytes = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  std::map<std::string, json> evals;
-  for (const std::string device : {"cpu", "sim"}) {
-    CAPTURE(device);
-    const CliResult e = run_quanta({"eval", ckpt, "--json", "--limit", "64", "--device", device,
-                                    "--png", dir.file("eval-" + device + ".png")});
-    const CliResult c = run_quanta({"encode", ckpt, "--limit", "16", "--device", device, "--out",
-                                    dir.file("codes-" + device + ".st")});
-    const CliResult d = run_quanta({"decode", ckpt, dir.file("codes-cpu.st"), "--device", device,
-                                    "--out", dir.file("decoded-" + device + ".png")});
-    CAPTURE(e.err);
-    CAPTURE(c.err);
-    CAPTURE(d.err);
-    REQUIRE(e.code == 0);
-    REQUIRE(c.code == 0);
-    REQUIRE(d.code == 0);
-    evals[device] = json::parse(e.out);
+  // The default vq, and hvq, whose level codes travel on the latent's grid.
+  for (const std::string type : {"vq", "hvq"}) {
+    CAPTURE(type);
+    const std::string run = dir.file(type), ckpt = run + "/checkpoint.safetensors";
+    REQUIRE(run_quanta(tiny_train(run, 4, {"--quantizer", type})).code == 0);
+    const std::string codes_cpu = dir.file(type + "-codes-cpu.st");
+    std::map<std::string, json> evals;
+    for (const std::string device : {"cpu", "sim"}) {
+      CAPTURE(device);
+      const std::string at = type + "-" + device;
+      const CliResult e = run_quanta({"eval", ckpt, "--json", "--limit", "64", "--device", device,
+                                      "--png", dir.file(at + "-eval.png")});
+      const CliResult c = run_quanta({"encode", ckpt, "--limit", "16", "--device", device, "--out",
+                                      dir.file(type + "-codes-" + device + ".st")});
+      const CliResult d = run_quanta(
+          {"decode", ckpt, codes_cpu, "--device", device, "--out", dir.file(at + "-decoded.png")});
+      CAPTURE(e.err);
+      CAPTURE(c.err);
+      CAPTURE(d.err);
+      REQUIRE(e.code == 0);
+      REQUIRE(c.code == 0);
+      REQUIRE(d.code == 0);
+      evals[device] = json::parse(e.out);
+    }
+    for (const char* key : {"test_mse", "codebook_usage", "perplexity", "test_samples",
+                            "codebook_usage_per_level", "perplexity_per_level"})
+      CHECK(evals["sim"].value(key, json()).dump() == evals["cpu"].value(key, json()).dump());
+    CHECK(bytes(dir.file(type + "-sim-eval.png")) == bytes(dir.file(type + "-cpu-eval.png")));
+    const Tensor a = io::load_safetensors(codes_cpu).tensors.at(0).second;
+    const Tensor b = io::load_safetensors(dir.file(type + "-codes-sim.st")).tensors.at(0).second;
+    CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
+    CHECK(bytes(dir.file(type + "-sim-decoded.png")) == bytes(dir.file(type + "-cpu-decoded.png")));
   }
-  for (const char* key : {"test_mse", "codebook_usage", "perplexity", "test_samples"})
-    CHECK(evals["sim"][key].dump() == evals["cpu"][key].dump());
-  CHECK(bytes(dir.file("eval-sim.png")) == bytes(dir.file("eval-cpu.png")));
-  const Tensor a = io::load_safetensors(dir.file("codes-cpu.st")).tensors.at(0).second;
-  const Tensor b = io::load_safetensors(dir.file("codes-sim.st")).tensors.at(0).second;
-  CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
-  CHECK(bytes(dir.file("decoded-sim.png")) == bytes(dir.file("decoded-cpu.png")));
+  const std::string ckpt = dir.file("vq") + "/checkpoint.safetensors";
   for (const char* command : {"eval", "encode", "decode"}) {
     std::vector<std::string> args = {command, ckpt};
-    if (std::string(command) == "decode") args.push_back(dir.file("codes-cpu.st"));
+    if (std::string(command) == "decode") args.push_back(dir.file("vq-codes-cpu.st"));
     if (std::string(command) != "eval") args.insert(args.end(), {"--out", dir.file("x")});
     args.insert(args.end(), {"--device", "gpu"});
     check_one_line_error(run_quanta(args), 2,
