@@ -123,6 +123,7 @@ std::vector<TypeCase> type_cases() {
         {"codebook_dim", 4}},
        16,
        4},
+      {{{"type", "hvq"}, {"codebook_size", 16}, {"scales", {7}}}, 16, 1},  // one level: [B, H, W]
   };
 }
 

@@ -1,12 +1,12 @@
 // HierarchicalVQ ("hvq", vector-quantize-pytorch 1.32's VAR-style multi-scale
 // residual quantization) behind TrainQuantizer. Its levels quantize the latent
 // at their own resolutions (1 x 1 up to the latent's 7 x 7), so the adapter
-// shows each level's code map on the latent's grid: indices [B, H, W, levels],
-// level l's code of cell (r, c) written at every position (i, j) that nearest
-// resizing maps to it (r = floor(i h_l / H), c = floor(j w_l / W)). Decode and
-// the usage metrics read each cell back at the first position it covers, so
-// decode is exact and a level's codes count once per token of the level, not
-// once per position they cover.
+// shows each level's code map on the latent's grid: indices [B, H, W, levels]
+// ([B, H, W] for one level), level l's code of cell (r, c) written at every
+// position (i, j) that nearest resizing maps to it (r = floor(i h_l / H),
+// c = floor(j w_l / W)). Decode and the usage metrics read each cell back at
+// the first position it covers, so decode is exact and a level's codes count
+// once per token of the level, not once per position they cover.
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -55,7 +55,8 @@ class HierarchicalQuantizer final : public SyncedQuantizer {
       const Tensor grid = index_select(cells, 1, positions(l, h, w, false, z.device()));
       maps.push_back(reshape(grid, {z.size(0), h, w}));
     }
-    out.indices = stack(maps, 3);
+    // One level has no trailing dimension, as every single codebook.
+    out.indices = maps.size() == 1 ? maps[0] : stack(maps, 3);
     return out;
   }
 
@@ -100,16 +101,18 @@ class HierarchicalQuantizer final : public SyncedQuantizer {
     return from_vector<int64_t>(p).to(device);
   }
 
-  // Indices [B, H, W, levels] as forward gives them -> per level [B, h_l w_l].
+  // Indices [B, H, W, levels] ([B, H, W] for one level) as forward gives
+  // them -> per level [B, h_l w_l].
   std::vector<Tensor> level_tokens(const Tensor& indices) const {
-    if (indices.dim() != 4 || indices.size(3) != num_codebooks())
-      fail("expected indices [B, H, W, " + std::to_string(num_codebooks()) + "], got " +
-           shape_str(indices.shape()));
+    const bool one = num_codebooks() == 1;
+    if (indices.dim() != (one ? 3 : 4) || (!one && indices.size(3) != num_codebooks()))
+      fail("expected indices [B, H, W" + (one ? "" : ", " + std::to_string(num_codebooks())) +
+           "], got " + shape_str(indices.shape()));
     const int64_t h = indices.size(1), w = indices.size(2);
     check_grid(h, w);
     std::vector<Tensor> tokens;
     for (int64_t l = 0; l < num_codebooks(); ++l) {
-      const Tensor grid = flatten(select(indices, 3, l), 1, -1);  // [B, H W]
+      const Tensor grid = flatten(one ? indices : select(indices, 3, l), 1, -1);  // [B, H W]
       tokens.push_back(index_select(grid, 1, positions(l, h, w, true, indices.device())));
     }
     return tokens;
