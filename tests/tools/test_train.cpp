@@ -20,6 +20,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "quant/hierarchical/hierarchical_vq.h"
 #include "quant/scalar/fsp.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
@@ -107,6 +108,22 @@ std::vector<TypeCase> type_cases() {
       {{{"type", "rlfq"}, {"codebook_size", 16}, {"num_quantizers", 3}, {"quantize_dropout", true}},
        16,
        3},
+      {{{"type", "hvq"},
+        {"codebook_size", 16},
+        {"scales", {1, 2, 4, 7}},
+        {"shared_codebook", false},
+        {"kmeans_init", true}},
+       16,
+       4},
+      {{{"type", "hvq"},
+        {"codebook_size", 16},
+        {"scales", {1, 3, 3, 5}},
+        {"share_quant_resi", 0},
+        {"nested_dropout", 0.5},
+        {"codebook_dim", 4}},
+       16,
+       4},
+      {{{"type", "hvq"}, {"codebook_size", 16}, {"scales", {7}}}, 16, 1},  // one level: [B, H, W]
   };
 }
 
@@ -124,6 +141,7 @@ struct TinyRun {
   std::unique_ptr<VqVae> model;
   std::unique_ptr<Adam> opt;
   std::vector<Tensor> last_indices;
+  std::vector<int64_t> cutoffs;  // HierarchicalVQ's nested-dropout cutoff per step
 
   TinyRun(const json& quantizer, uint64_t seed) {
     Generator gen = Generator::named(seed, "model");
@@ -144,6 +162,8 @@ struct TinyRun {
     opt->step();
     model->quantizer().after_step();
     last_indices.push_back(out.quantized.indices);
+    if (auto* h = dynamic_cast<quant::HierarchicalVQ*>(model->quantizer().module().get()))
+      cutoffs.push_back(h->last_cutoff());
     return loss.item();
   }
 };
@@ -262,6 +282,11 @@ TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers
              {"preserve_symmetry", true},
              {"quantize_dropout", true}});
 
+  // HierarchicalVQ: a codebook per level.
+  CHECK(compose_config({quantizer({{"type", "hvq"}})})["quantizer"] ==
+        json{{"type", "hvq"}, {"shared_codebook", false}});
+  CHECK_NOTHROW(config_from_json(compose_config({quantizer({{"type", "hvq"}})})));
+
   // LFQ: a bit per latent channel, 2^10 codes unless a size is given.
   const json lfq_model = {{"hidden", 32}, {"dim", 10}, {"latent_norm_groups", 4}, {"arch", "conv"}};
   const json lfq = compose_config({quantizer({{"type", "lfq"}})});
@@ -353,7 +378,7 @@ TEST_CASE("quantizer options: one table, typed, per quantizer type") {
 
 TEST_CASE("code counts give usage and perplexity per codebook") {
   CodeCounts one(4, 1);
-  one.add(from_vector<int64_t>({0, 0, 1, 1}, {2, 2}));
+  one.add({from_vector<int64_t>({0, 0, 1, 1}, {2, 2})});
   CHECK(one.usage() == doctest::Approx(0.5));
   CHECK(one.perplexity() == doctest::Approx(2.0));  // two codes, equally often
   const std::vector<double> t = one.totals();
@@ -362,11 +387,17 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(t[1] == 2);
   CHECK(t[2] == 0);
   CHECK(t[3] == 0);
-  CHECK_THROWS_WITH_AS(one.add(from_vector<int64_t>({4})), doctest::Contains("code index 4"),
+  CHECK_THROWS_WITH_AS(one.add({from_vector<int64_t>({4})}), doctest::Contains("code index 4"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(one.add({}), doctest::Contains("codes of 0 codebooks for counts of 1"),
                        std::invalid_argument);
 
-  CodeCounts two(3, 2);  // indices [N, 2]: codebook 0 uses {0}, codebook 1 uses {0, 1, 2}
-  two.add(from_vector<int64_t>({0, 0, 0, 1, 0, 2}, {3, 2}));
+  // Indices [N, 2] through the quantizer's split: codebook 0 uses {0},
+  // codebook 1 uses {0, 1, 2}.
+  const std::unique_ptr<TrainQuantizer> rvq =
+      make_quantizer({{"type", "rvq"}, {"codebook_size", 3}, {"num_quantizers", 2}}, 4, 0);
+  CodeCounts two(3, 2);
+  two.add(rvq->codes_per_codebook(from_vector<int64_t>({0, 0, 0, 1, 0, 2}, {3, 2})));
   CHECK(two.usage() == doctest::Approx((1.0 / 3 + 1.0) / 2));
   CHECK(two.perplexity() == doctest::Approx((1.0 + 3.0) / 2));
   CHECK(two.totals() == std::vector<double>{4, 1, 1});
@@ -378,7 +409,7 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   // Both codebooks skewed: codes {0, 0, 0, 1} and {0, 0, 1, 0} give
   // exp(-(3/4 ln 3/4 + 1/4 ln 1/4)) each.
   CodeCounts skew(2, 2);
-  skew.add(from_vector<int64_t>({0, 0, 0, 0, 0, 1, 1, 0}, {4, 2}));
+  skew.add(rvq->codes_per_codebook(from_vector<int64_t>({0, 0, 0, 0, 0, 1, 1, 0}, {4, 2})));
   const double h = -(0.75 * std::log(0.75) + 0.25 * std::log(0.25));
   CHECK(skew.perplexity_per_codebook()[0] == doctest::Approx(std::exp(h)));
   CHECK(skew.perplexity_per_codebook()[1] == doctest::Approx(std::exp(h)));
@@ -390,7 +421,7 @@ TEST_CASE("code counts give usage and perplexity per codebook") {
   CHECK(empty.usage_per_codebook() == std::vector<double>{0.0, 0.0});
 
   CodeCounts none(0, 1);
-  none.add(zeros({0}, {.dtype = DType::i64}));
+  none.add({zeros({0}, {.dtype = DType::i64})});
   CHECK(std::isnan(none.usage()));
   CHECK(std::isnan(none.perplexity()));
   CHECK(none.totals().empty());
@@ -646,7 +677,7 @@ TEST_CASE("every quantizer type builds from its config, trains, and decodes its 
         CHECK(q->codebook_name(1) == "group 0 level 1");
       } else if (type == "vq") {
         CHECK(last == "head " + std::to_string(tc.num_codebooks - 1));
-      } else if (type[0] == 'r') {
+      } else if (type[0] == 'r' || type == "hvq") {
         CHECK(last == "level " + std::to_string(tc.num_codebooks - 1));
       } else {
         CHECK(last == "codebook " + std::to_string(tc.num_codebooks - 1));
@@ -800,7 +831,10 @@ TEST_CASE("quantizer defaults and option errors") {
   CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->codebook_size() == 512);
   CHECK(make_quantizer({{"type", "rlfq"}}, 16, 0)->num_codebooks() == 4);
   CHECK(make_quantizer({{"type", "none"}}, 16, 0)->codebook_size() == 0);
-  CHECK(available_quantizer_types() == "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq");
+  CHECK(available_quantizer_types() ==
+        "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq, hvq");
+  CHECK(make_quantizer({{"type", "hvq"}}, 16, 0)->num_codebooks() == 4);  // 1,2,4,7
+  CHECK(make_quantizer({{"type", "hvq"}}, 16, 0)->codebook_size() == 512);
 
   CHECK(contains(invalid([] {
                    make_quantizer({{"type", "grvq"}, {"groups", 3}}, 16, 0);
@@ -823,6 +857,98 @@ TEST_CASE("quantizer defaults and option errors") {
                    vq->forward(zeros({2, 8, 7, 7}));
                  }),
                  "expected features [B, 16, H, W], got [2, 8, 7, 7]"));
+}
+
+TEST_CASE("hvq: each level's code map on the latent grid, decoded exactly, counted per token") {
+  const json config = {
+      {"type", "hvq"}, {"codebook_size", 8}, {"scales", {1, 2, 7}}, {"shared_codebook", false}};
+  std::unique_ptr<TrainQuantizer> q = make_quantizer(config, 4, 3);
+  REQUIRE(q->num_codebooks() == 3);
+  CHECK(q->codebook_name(2) == "level 2");
+
+  // A known map: level 0 code 5; level 1's 2 x 2 cells codes 0..3 (nearest
+  // resizing: rows and columns 0-3 are cell 0, 4-6 cell 1); level 2 one code
+  // per position. Each level counts its own tokens: 1, 4 and 49 of them.
+  std::vector<int64_t> map;
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t j = 0; j < 7; ++j) {
+      const int64_t cell = (i * 2 / 7) * 2 + j * 2 / 7;
+      for (int64_t v : {int64_t{5}, cell, (i * 7 + j) % 8}) map.push_back(v);
+    }
+  const Tensor indices = from_vector<int64_t>(map, {1, 7, 7, 3});
+  const std::vector<Tensor> codes = q->codes_per_codebook(indices);
+  REQUIRE(codes.size() == 3);
+  CHECK(codes[0].to_vector<int64_t>() == std::vector<int64_t>{5});
+  CHECK(codes[1].to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(codes[2].numel() == 49);
+  CodeCounts counts(8, 3);
+  counts.add(codes);
+  CHECK(counts.usage_per_codebook() == std::vector<double>{1.0 / 8, 4.0 / 8, 1.0});
+  const std::vector<double> p = counts.perplexity_per_codebook();
+  CHECK(p[0] == doctest::Approx(1.0));
+  // Four cells once each: 4, where counting positions (16, 12, 12, 9) would give less.
+  CHECK(p[1] == doctest::Approx(4.0));
+
+  // A forward's map holds the layer's own level indices at their cells, and
+  // in eval decode gives forward's quantized map bit for bit.
+  Generator gen(2);
+  const Tensor z = randn({3, 4, 7, 7}, gen);
+  q->forward(z);
+  q->after_step();  // k-means on the first batch
+  q->module()->eval();
+  const quant::QuantizeOutput out = q->forward(z);
+  CHECK(out.indices.shape() == Shape{3, 7, 7, 3});
+  auto& layer = dynamic_cast<quant::HierarchicalVQ&>(*q->module());
+  const std::vector<Tensor> own = layer.split_indices(layer.forward(z).indices);
+  const std::vector<Tensor> read = q->codes_per_codebook(out.indices);
+  for (size_t l = 0; l < 3; ++l) CHECK(read[l].to_vector<int64_t>() == own[l].to_vector<int64_t>());
+  // Image 1's level 1 ([2, 2] cells) at every position of its grid.
+  const std::vector<int64_t> grid = out.indices.to_vector<int64_t>();
+  const std::vector<int64_t> cells = own[1].to_vector<int64_t>();
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t j = 0; j < 7; ++j)
+      CHECK(grid[size_t(((7 + i) * 7 + j) * 3 + 1)] ==
+            cells[size_t(4 + (i * 2 / 7) * 2 + j * 2 / 7)]);
+  CHECK(max_abs_diff(q->decode(out.indices), out.quantized) == 0);
+
+  // Errors name what is wrong.
+  CHECK(contains(invalid([&] {
+                   q->decode(zeros({1, 7, 7, 2}, {.dtype = DType::i64}));
+                 }),
+                 "[quantizer hvq] expected indices [B, H, W, 3], got [1, 7, 7, 2]"));
+  CHECK(contains(invalid([&] {
+                   q->forward(zeros({1, 4, 5, 5}));
+                 }),
+                 "scales must not exceed the latent's 5 x 5, got a level of 7 x 7"));
+  CHECK(contains(invalid([] {
+                   make_quantizer({{"type", "hvq"}, {"scales", {1, 8}}}, 4, 0);
+                 }),
+                 "[quantizer hvq] scales must be at most the latent's side 7, got 8"));
+  CHECK(contains(invalid([] {
+                   make_quantizer({{"type", "hvq"}, {"scales", {3, 2}}}, 4, 0);
+                 }),
+                 "scales must be non-decreasing"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "hvq"}, {"nested_dropout", 1.5}});
+                 }),
+                 "'nested_dropout' must be a number from 0 to 1, got 1.5"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "hvq"}, {"nested_dropout_min_levels", 0}});
+                 }),
+                 "'nested_dropout_min_levels' must be an integer > 0, got 0"));
+  CHECK_NOTHROW(validate_quantizer_config({{"type", "hvq"}, {"share_quant_resi", 0}}));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "hvq"}, {"scales", {1, 0}}});
+                 }),
+                 "'scales' must be a list of positive integers"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "hvq"}, {"levels", {8, 8}}});
+                 }),
+                 "'levels' does not apply to quantizer 'hvq'"));
+  CHECK(contains(invalid([] {
+                   validate_quantizer_config({{"type", "rvq"}, {"scales", {1, 2}}});
+                 }),
+                 "'scales' does not apply to quantizer 'rvq'"));
 }
 
 // The draw every checkpoint since the command had quantize dropout was made
@@ -880,6 +1006,12 @@ TEST_CASE("resuming from a checkpoint continues with the identical next losses")
        {"quantize_dropout", true},
        {"kmeans_init", true}},
       {{"type", "rlfq"}, {"codebook_size", 16}, {"num_quantizers", 3}, {"quantize_dropout", true}},
+      // Nested dropout's cutoff is drawn from a stream keyed by the step.
+      {{"type", "hvq"},
+       {"codebook_size", 16},
+       {"scales", {1, 2, 4, 7}},
+       {"shared_codebook", false},
+       {"nested_dropout", 0.5}},
   };
   for (const json& qc : configs) {
     CAPTURE(qc.dump());
@@ -902,13 +1034,16 @@ TEST_CASE("resuming from a checkpoint continues with the identical next losses")
       CAPTURE(s);
       CHECK(b.step(s) == uninterrupted[static_cast<size_t>(s - 3)]);  // bitwise
     }
-    if (qc.value("quantize_dropout", false)) {
+    if (qc.value("quantize_dropout", false) || qc.value("nested_dropout", 0.0) > 0) {
       // Dropout did drop layers (index -1) in some step: the resumed run
-      // matched the draws, it did not just avoid them.
+      // matched the draws, it did not just avoid them. (Nested dropout keeps
+      // every level's indices and drops their sum.)
       bool dropped = false;
       for (const Tensor& idx : a.last_indices)
         for (int64_t v : idx.to_vector<int64_t>()) dropped = dropped || v == -1;
-      CHECK(dropped);
+      const bool cut =
+          std::any_of(a.cutoffs.begin(), a.cutoffs.end(), [](int64_t c) { return c >= 0; });
+      CHECK((qc["type"] == "hvq" ? cut : dropped));
       // Without the step count the draws restart and the losses differ.
       TinyRun c(qc, 21);
       c.model->load_state_dict(ck.model);

@@ -293,6 +293,26 @@ TEST_CASE("quanta train --resume continues exactly") {
     REQUIRE(t.nbytes() == td[i].second.nbytes());
     CHECK(std::memcmp(t.raw_data(), td[i].second.raw_data(), t.nbytes()) == 0);
   }
+
+  // HierarchicalVQ: its levels' k-means and dead codes, and nested dropout's
+  // cutoff, drawn from streams keyed by the step.
+  const std::vector<std::string> hvq = {"--quantizer",     "hvq", "--scales",         "1,2,4,7",
+                                        "--codebook-size", "32",  "--nested-dropout", "0.5"};
+  const std::string e = dir.file("e"), f = dir.file("f");
+  REQUIRE(run_quanta(tiny_train(e, 7, hvq)).code == 0);
+  REQUIRE(run_quanta(tiny_train(f, 3, hvq)).code == 0);
+  REQUIRE(run_quanta(with(tiny_train(f, 7, hvq), {"--resume"})).code == 0);
+  const std::vector<json> re = records(e, "train"), rf = records(f, "train");
+  REQUIRE(re.size() == 7);
+  REQUIRE(rf.size() == 7);
+  for (std::size_t i = 3; i < 7; ++i) CHECK(rf[i]["loss"].dump() == re[i]["loss"].dump());
+  const io::SafetensorsFile fe = io::load_safetensors(e + "/checkpoint.safetensors");
+  const io::SafetensorsFile ff = io::load_safetensors(f + "/checkpoint.safetensors");
+  REQUIRE(fe.tensors.size() == ff.tensors.size());
+  for (std::size_t i = 0; i < fe.tensors.size(); ++i) {
+    CAPTURE(fe.tensors[i].first);
+    CHECK(fe.tensors[i].second.to_vector<double>() == ff.tensors[i].second.to_vector<double>());
+  }
 }
 
 TEST_CASE("SIGTERM finishes the step, writes a checkpoint and exits cleanly") {
@@ -342,6 +362,22 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   CHECK(vq["kmeans_init"] == true);
   CHECK(vq["threshold_ema_dead_code"] == 2);
   CHECK(vq["decay"] == 0.8);  // resolved: the layer's default written out
+  // hvq: its recipe and the layer's options, resolved; a bad option is one line naming it.
+  CliResult hp =
+      run_quanta({"train", "--quantizer", "hvq", "--nested-dropout", "0.25", "--print-config"});
+  REQUIRE(hp.code == 0);
+  const json hvq = json::parse(hp.out)["quantizer"];
+  CHECK(hvq["scales"] == json{1, 2, 4, 7});
+  CHECK(hvq["shared_codebook"] == false);
+  CHECK(hvq["nested_dropout"] == 0.25);
+  CHECK(hvq["decay"] == 0.99);
+  CHECK(hvq["quant_resi"] == 0.5);
+  check_one_line_error(
+      run_quanta({"train", "--quantizer", "hvq", "--scales", "1,9", "--out", dir.file("h")}), 2,
+      "[quantizer hvq] scales must be at most the latent's side 7, got 9");
+  check_one_line_error(
+      run_quanta({"train", "--quantizer", "hvq", "--scales", "2,x", "--out", dir.file("h")}), 2,
+      "--scales: expected a list of positive integers");
 
   CliResult h = run_quanta({"train", "--help"});
   CHECK(h.code == 0);
@@ -690,6 +726,7 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
       {"--quantizer", "fsp"},
       {"--quantizer", "rfsq"},
       {"--quantizer", "rlfq"},
+      {"--quantizer", "hvq", "--nested-dropout", "0.5"},
       {"--arch", "vqp-example", "--quantizer", "lfq", "--recon-loss", "l1"},
   };
   for (std::size_t k = 0; k < runs.size(); ++k) {
@@ -727,39 +764,47 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
 TEST_CASE("eval, encode and decode --device sim: the CPU's figures, codes and pictures") {
   if (!have_dataset()) return;
   ScratchDir dir("sim_tools");
-  const std::string run = dir.file("run"), ckpt = run + "/checkpoint.safetensors";
-  REQUIRE(run_quanta(tiny_train(run, 4)).code == 0);
   auto bytes = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  std::map<std::string, json> evals;
-  for (const std::string device : {"cpu", "sim"}) {
-    CAPTURE(device);
-    const CliResult e = run_quanta({"eval", ckpt, "--json", "--limit", "64", "--device", device,
-                                    "--png", dir.file("eval-" + device + ".png")});
-    const CliResult c = run_quanta({"encode", ckpt, "--limit", "16", "--device", device, "--out",
-                                    dir.file("codes-" + device + ".st")});
-    const CliResult d = run_quanta({"decode", ckpt, dir.file("codes-cpu.st"), "--device", device,
-                                    "--out", dir.file("decoded-" + device + ".png")});
-    CAPTURE(e.err);
-    CAPTURE(c.err);
-    CAPTURE(d.err);
-    REQUIRE(e.code == 0);
-    REQUIRE(c.code == 0);
-    REQUIRE(d.code == 0);
-    evals[device] = json::parse(e.out);
+  // The default vq, and hvq, whose level codes travel on the latent's grid.
+  for (const std::string type : {"vq", "hvq"}) {
+    CAPTURE(type);
+    const std::string run = dir.file(type), ckpt = run + "/checkpoint.safetensors";
+    REQUIRE(run_quanta(tiny_train(run, 4, {"--quantizer", type})).code == 0);
+    const std::string codes_cpu = dir.file(type + "-codes-cpu.st");
+    std::map<std::string, json> evals;
+    for (const std::string device : {"cpu", "sim"}) {
+      CAPTURE(device);
+      const std::string at = type + "-" + device;
+      const CliResult e = run_quanta({"eval", ckpt, "--json", "--limit", "64", "--device", device,
+                                      "--png", dir.file(at + "-eval.png")});
+      const CliResult c = run_quanta({"encode", ckpt, "--limit", "16", "--device", device, "--out",
+                                      dir.file(type + "-codes-" + device + ".st")});
+      const CliResult d = run_quanta(
+          {"decode", ckpt, codes_cpu, "--device", device, "--out", dir.file(at + "-decoded.png")});
+      CAPTURE(e.err);
+      CAPTURE(c.err);
+      CAPTURE(d.err);
+      REQUIRE(e.code == 0);
+      REQUIRE(c.code == 0);
+      REQUIRE(d.code == 0);
+      evals[device] = json::parse(e.out);
+    }
+    for (const char* key : {"test_mse", "codebook_usage", "perplexity", "test_samples",
+                            "codebook_usage_per_level", "perplexity_per_level"})
+      CHECK(evals["sim"].value(key, json()).dump() == evals["cpu"].value(key, json()).dump());
+    CHECK(bytes(dir.file(type + "-sim-eval.png")) == bytes(dir.file(type + "-cpu-eval.png")));
+    const Tensor a = io::load_safetensors(codes_cpu).tensors.at(0).second;
+    const Tensor b = io::load_safetensors(dir.file(type + "-codes-sim.st")).tensors.at(0).second;
+    CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
+    CHECK(bytes(dir.file(type + "-sim-decoded.png")) == bytes(dir.file(type + "-cpu-decoded.png")));
   }
-  for (const char* key : {"test_mse", "codebook_usage", "perplexity", "test_samples"})
-    CHECK(evals["sim"][key].dump() == evals["cpu"][key].dump());
-  CHECK(bytes(dir.file("eval-sim.png")) == bytes(dir.file("eval-cpu.png")));
-  const Tensor a = io::load_safetensors(dir.file("codes-cpu.st")).tensors.at(0).second;
-  const Tensor b = io::load_safetensors(dir.file("codes-sim.st")).tensors.at(0).second;
-  CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
-  CHECK(bytes(dir.file("decoded-sim.png")) == bytes(dir.file("decoded-cpu.png")));
+  const std::string ckpt = dir.file("vq") + "/checkpoint.safetensors";
   for (const char* command : {"eval", "encode", "decode"}) {
     std::vector<std::string> args = {command, ckpt};
-    if (std::string(command) == "decode") args.push_back(dir.file("codes-cpu.st"));
+    if (std::string(command) == "decode") args.push_back(dir.file("vq-codes-cpu.st"));
     if (std::string(command) != "eval") args.insert(args.end(), {"--out", dir.file("x")});
     args.insert(args.end(), {"--device", "gpu"});
     check_one_line_error(run_quanta(args), 2,

@@ -94,6 +94,10 @@ if [ "$short_only" = 0 ]; then
   long_row "lfq (\`--quantizer lfq\`: 2^10 codes)" lfq --quantizer lfq
   long_row "lfq, \`--codebook-size 65536\` (2^16 codes)" lfq16 --quantizer lfq --codebook-size 65536
   long_row "rlfq (\`--quantizer rlfq\`: 4 levels of 512)" rlfq --quantizer rlfq
+  long_row "hvq (\`--quantizer hvq\`: levels 1x1, 2x2, 4x4, 7x7 of 512)" hvq --quantizer hvq
+  long_row "the same, \`--seed 1\`" hvq1 --quantizer hvq --seed 1
+  long_row "hvq, \`--shared-codebook\` (one codebook for the 4 levels)" hvq_shared --quantizer hvq --shared-codebook
+  long_row "hvq, \`--scales 1,2,3,4,5,7\` (6 levels)" hvq6 --quantizer hvq --scales 1,2,3,4,5,7
   echo
 fi
 

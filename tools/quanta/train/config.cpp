@@ -151,6 +151,11 @@ json recipe_layer(const json& asked) {
     // first level settles on a few codes (1.4% of 512).
     layer["quantizer"]["kmeans_init"] = true;
     layer["quantizer"]["threshold_ema_dead_code"] = 2;
+  } else if (type == "hvq") {
+    // The reference's levels (k-means init, dead-code expiry) with a codebook
+    // per level: one codebook shared by the levels leaves most of its codes
+    // unused at the coarse levels (docs/train.md, "Recipes").
+    layer["quantizer"]["shared_codebook"] = false;
   } else if (type == "fsq" || type == "fsp" || type == "rfsq") {
     // A 512-point grid the encoder writes directly (no projections), with
     // FSQ's symmetric levels so that every level is reachable from either

@@ -14,19 +14,19 @@ CodeCounts::CodeCounts(int64_t size, int64_t num_codebooks)
       counts(size > 0 ? static_cast<size_t>(num_codebooks) : 0,
              std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(size, 0)), 0)) {}
 
-void CodeCounts::add(const Tensor& indices) {
-  if (counts.empty() || indices.numel() == 0) return;
-  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
-  const size_t q = counts.size();
-  if (q > 1 && (indices.dim() == 0 || indices.size(-1) != static_cast<int64_t>(q)))
-    throw std::invalid_argument("[metrics] indices " + shape_str(indices.shape()) +
-                                " lack the trailing dimension of " + std::to_string(q) +
-                                " codebooks");
-  for (size_t i = 0; i < idx.size(); ++i) {
-    if (idx[i] < 0 || idx[i] >= codebook_size)
-      throw std::invalid_argument("[metrics] code index " + std::to_string(idx[i]) +
-                                  " outside the codebook of " + std::to_string(codebook_size));
-    ++counts[i % q][static_cast<size_t>(idx[i])];
+void CodeCounts::add(const std::vector<Tensor>& codes) {
+  if (counts.empty()) return;
+  if (codes.size() != counts.size())
+    throw std::invalid_argument("[metrics] codes of " + std::to_string(codes.size()) +
+                                " codebooks for counts of " + std::to_string(counts.size()));
+  for (size_t q = 0; q < codes.size(); ++q) {
+    if (codes[q].numel() == 0) continue;
+    for (int64_t v : codes[q].to_vector<int64_t>()) {
+      if (v < 0 || v >= codebook_size)
+        throw std::invalid_argument("[metrics] code index " + std::to_string(v) +
+                                    " outside the codebook of " + std::to_string(codebook_size));
+      ++counts[q][static_cast<size_t>(v)];
+    }
   }
 }
 
@@ -102,7 +102,7 @@ EvalResult evaluate(VqVae& model, const Tensor& images, int64_t batch_size) {
     const Tensor batch = images.narrow(0, start, std::min(batch_size, n - start)).to(device);
     VqVaeOutput out = model.run(batch);
     squared += mse_loss(out.reconstruction, batch, Reduction::sum).item();
-    counts.add(out.quantized.indices);
+    counts.add(model.quantizer().codes_per_codebook(out.quantized.indices));
   }
   EvalResult r;
   r.samples = n;

@@ -17,9 +17,10 @@ struct CodeCounts {
 
   /** Counts for `num_codebooks` codebooks of `codebook_size` codes. */
   CodeCounts(int64_t codebook_size, int64_t num_codebooks);
-  /** Adds the codes in `indices` ([..] for one codebook, [.., Q] for Q);
-   * throws naming the value when an index is out of range. */
-  void add(const Tensor& indices);
+  /** Adds each codebook's codes (TrainQuantizer::codes_per_codebook: one
+   * tensor per codebook, any shape); throws naming the value when an index is
+   * out of range. */
+  void add(const std::vector<Tensor>& codes);
   /** Fraction of codes chosen at least once, averaged over codebooks; NaN
    * when there is no codebook. */
   double usage() const;

@@ -72,10 +72,14 @@ LayerQuantizer::LayerQuantizer(std::shared_ptr<quant::Quantizer> layer, std::str
   pin_streams();
 }
 
+void check_features(const Tensor& z, const std::string& type, int64_t dim) {
+  if (z.dim() != 4 || z.size(1) != dim)
+    throw std::invalid_argument("[quantizer " + type + "] expected features [B, " +
+                                std::to_string(dim) + ", H, W], got " + shape_str(z.shape()));
+}
+
 quant::QuantizeOutput LayerQuantizer::forward(const Tensor& z) {
-  if (z.dim() != 4 || z.size(1) != dim_)
-    throw std::invalid_argument("[quantizer " + type_ + "] expected features [B, " +
-                                std::to_string(dim_) + ", H, W], got " + shape_str(z.shape()));
+  check_features(z, type_, dim_);
   quant::QuantizeOutput out = layer_->forward(z, Tensor(), {});
   out.indices = as_i64(out.indices);
   if (groups_ > 0) {  // [G, B, H, W, Q] -> [B, H, W, G * Q]
@@ -110,17 +114,17 @@ std::string LayerQuantizer::codebook_name(int64_t i) const {
   return TrainQuantizer::codebook_name(i);
 }
 
-void LayerQuantizer::pin_streams() {
-  for (auto& [path, m] : layer_->named_modules())
+void SyncedQuantizer::pin_streams() {
+  for (auto& [path, m] : module()->named_modules())
     if (auto* s = dynamic_cast<quant::StepKeyed*>(m)) s->pin_random_step(uint64_t(steps_));
 }
 
-void LayerQuantizer::set_group(dist::ProcessGroup& group) {
+void SyncedQuantizer::set_group(dist::ProcessGroup& group) {
   sync_ = std::make_unique<quant::QuantizerSync>(module(), group);
   sync_->set_step(static_cast<uint64_t>(steps_));
 }
 
-quant::QuantizerSync& LayerQuantizer::sync() {
+quant::QuantizerSync& SyncedQuantizer::sync() {
   if (!sync_) {
     own_group_ = dist::ProcessGroup::single();
     set_group(*own_group_);
@@ -128,12 +132,12 @@ quant::QuantizerSync& LayerQuantizer::sync() {
   return *sync_;
 }
 
-void LayerQuantizer::after_step() {
+void SyncedQuantizer::after_step() {
   sync().sync_state();
   ++steps_;
 }
 
-void LayerQuantizer::load_extra_state(const nlohmann::json& state) {
+void SyncedQuantizer::load_extra_state(const nlohmann::json& state) {
   if (!state.contains("steps")) return;  // a checkpoint from before the count
   const nlohmann::json& s = state["steps"];
   if (!s.is_number_integer() || s.get<int64_t>() < 0)
@@ -146,6 +150,18 @@ void LayerQuantizer::load_extra_state(const nlohmann::json& state) {
 }
 
 }  // namespace detail
+
+std::vector<Tensor> TrainQuantizer::codes_per_codebook(const Tensor& indices) const {
+  const int64_t q = num_codebooks();
+  if (q == 1) return {indices};
+  if (indices.dim() == 0 || indices.size(-1) != q)
+    throw std::invalid_argument("[metrics] indices " + shape_str(indices.shape()) +
+                                " lack the trailing dimension of " + std::to_string(q) +
+                                " codebooks");
+  std::vector<Tensor> codes;
+  for (int64_t i = 0; i < q; ++i) codes.push_back(select(indices, -1, i));
+  return codes;
+}
 
 NoQuantizer::NoQuantizer() : module_(std::make_shared<Identity>()) {}
 
@@ -178,6 +194,7 @@ std::unique_ptr<TrainQuantizer> build(detail::QuantizerOptions& options, int64_t
   if (type == "none") return std::make_unique<NoQuantizer>();
   if (auto q = detail::make_vq_family(type, options, dim, seed)) return q;
   if (auto q = detail::make_scalar_family(type, options, dim, seed)) return q;
+  if (auto q = detail::make_hierarchical(type, options, dim, seed)) return q;
   throw std::invalid_argument("[quantizer] '" + type + "' is not available (available: " +
                               available_quantizer_types() + ")");
 }

@@ -1,14 +1,17 @@
 #pragma once
 // The quantizer seam of the training pipeline. The VQ-VAE, the training loop,
 // the metrics and the checkpoints see every quantizer family (VQ, residual,
-// grouped, SimVQ, FSQ, LFQ, ...) through this one interface. Every family is
-// a quant::Quantizer, so one adapter drives them all (LayerQuantizer,
-// quantizer_adapter.h); quantizer_vq.cpp and quantizer_scalar.cpp only build
-// the layer that make_quantizer's config describes.
+// grouped, SimVQ, FSQ, LFQ, ...) through this one interface. Every family but
+// HierarchicalVQ is a quant::Quantizer, so one adapter drives them all
+// (LayerQuantizer, quantizer_adapter.h); quantizer_vq.cpp and
+// quantizer_scalar.cpp only build the layer that make_quantizer's config
+// describes. HierarchicalVQ's levels have their own resolutions, so its
+// adapter (quantizer_hierarchical.cpp) maps them onto the latent's grid.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "engine/nn/module.h"
@@ -39,6 +42,13 @@ class TrainQuantizer {
    * per-codebook metrics: "level 2", "group 1 level 0", "head 3"; counted
    * from 0 as the dimension is. */
   virtual std::string codebook_name(int64_t i) const { return "codebook " + std::to_string(i); }
+  /** The codes of each codebook in `indices` (as forward returns them), one
+   * tensor per codebook, each code once per token it quantized: what the
+   * usage and perplexity metrics count. By default the trailing dimension's
+   * slices (the whole tensor for one codebook); a layer whose codebooks
+   * quantize at other resolutions than the latent's (HierarchicalVQ's levels)
+   * returns each at its own. */
+  virtual std::vector<Tensor> codes_per_codebook(const Tensor& indices) const;
   /** The layer as a Module: its parameters train with the model and its
    * parameters and buffers (codebooks, EMA statistics) are checkpointed. */
   virtual std::shared_ptr<Module> module() = 0;

@@ -70,15 +70,41 @@ void read_options(QuantizerOptions& config, const std::string& type, Options& op
  * the run seed. Every family is built from it the same way. */
 Generator layer_generator(uint64_t seed);
 
+/** What every adapter with quantizer state shares: the step count that keys
+ * the layer's random streams and quant::QuantizerSync, the one point per
+ * optimizer step where the codebook state is applied and reconciled. The
+ * layer's StepKeyed streams are pinned to the step from the first forward
+ * (derived constructors call pin_streams()), so --resume draws what the
+ * uninterrupted run drew; the step count is the extra state. */
+class SyncedQuantizer : public TrainQuantizer {
+ public:
+  /** Reconciles module()'s state over `group` from now on (QuantizerSync). */
+  void set_group(dist::ProcessGroup& group) override;
+  /** QuantizerSync::sync_state() (over a world of one unless set_group was
+   * called), then counts the step. */
+  void after_step() override;
+  nlohmann::json extra_state() const override { return {{"steps", steps_}}; }
+  void load_extra_state(const nlohmann::json& state) override;
+
+ protected:
+  /** Pins the layer's random streams to the step count (QuantizerSync does
+   * from its first reconciliation on). */
+  void pin_streams();
+
+ private:
+  quant::QuantizerSync& sync();
+
+  int64_t steps_ = 0;
+  std::shared_ptr<dist::ProcessGroup> own_group_;  // a world of one, when no group is set
+  std::unique_ptr<quant::QuantizerSync> sync_;
+};
+
 /** Every quantizer family behind TrainQuantizer: forward, decode and quantize
  * dropout through quant::Quantizer, codebook state reconciled by
- * quant::QuantizerSync in after_step(). The layer's random streams
- * (quantize dropout included, keyed by the run seed's stream
- * "quantize_dropout") are StepStreams pinned to the optimizer step from the
- * first forward, so --resume draws what the uninterrupted run drew; the step
- * count is the extra state. Grouped layers' indices [G, B, H, W, Q] are
- * shown as [B, H, W, G * Q], group-major. */
-class LayerQuantizer final : public TrainQuantizer {
+ * SyncedQuantizer. Quantize dropout is keyed by the run seed's stream
+ * "quantize_dropout". Grouped layers' indices [G, B, H, W, Q] are shown as
+ * [B, H, W, G * Q], group-major. */
+class LayerQuantizer final : public SyncedQuantizer {
  public:
   /** `type` is the config's ("vq", "rfsq", ...), for errors; `dim` the
    * feature channels of the input [B, dim, H, W]. */
@@ -93,29 +119,18 @@ class LayerQuantizer final : public TrainQuantizer {
   std::shared_ptr<Module> module() override { return layer_; }
   /** LFQ's loss is: its token means are cross-rank means under QuantizerSync. */
   bool loss_is_global() const override { return loss_is_global_; }
-  /** Reconciles module()'s state over `group` from now on (QuantizerSync). */
-  void set_group(dist::ProcessGroup& group) override;
-  /** QuantizerSync::sync_state() (over a world of one unless set_group was
-   * called), then counts the step. */
-  void after_step() override;
-  nlohmann::json extra_state() const override { return {{"steps", steps_}}; }
-  void load_extra_state(const nlohmann::json& state) override;
 
  private:
-  quant::QuantizerSync& sync();
-  /** Pins the layer's random streams to the step count (QuantizerSync does
-   * from its first reconciliation on). */
-  void pin_streams();
-
   std::shared_ptr<quant::Quantizer> layer_;
   std::string type_;
   int64_t dim_ = 0;
   bool loss_is_global_ = false;
   int64_t groups_ = 0;  // a grouped layer's groups; 0: not grouped
-  int64_t steps_ = 0;
-  std::shared_ptr<dist::ProcessGroup> own_group_;  // a world of one, when no group is set
-  std::unique_ptr<quant::QuantizerSync> sync_;
 };
+
+/** Checks that z is the feature map [B, dim, H, W] quantizer `type` takes;
+ * std::invalid_argument naming it otherwise. */
+void check_features(const Tensor& z, const std::string& type, int64_t dim);
 
 /** The VQ family: "vq", "rvq", "grvq", "simvq"; null for other types. */
 std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, QuantizerOptions& config,
@@ -124,5 +139,8 @@ std::unique_ptr<TrainQuantizer> make_vq_family(const std::string& type, Quantize
 std::unique_ptr<TrainQuantizer> make_scalar_family(const std::string& type,
                                                    QuantizerOptions& config, int64_t dim,
                                                    uint64_t seed);
+/** HierarchicalVQ: "hvq"; null for other types. */
+std::unique_ptr<TrainQuantizer> make_hierarchical(const std::string& type, QuantizerOptions& config,
+                                                  int64_t dim, uint64_t seed);
 
 }  // namespace quanta::train::detail

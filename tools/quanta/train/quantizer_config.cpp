@@ -10,7 +10,8 @@
 namespace quanta::train {
 namespace {
 
-const std::vector<std::string> kVqFamily = {"vq", "rvq", "grvq"};
+// The VectorQuantize layers, alone or stacked: their codebook options.
+const std::vector<std::string> kVqFamily = {"vq", "rvq", "grvq", "hvq"};
 
 std::vector<std::string> with(std::vector<std::string> a, std::vector<std::string> b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -53,8 +54,14 @@ bool integer_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
   return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 
-// Options whose integer values are sizes or counts, so must be positive.
-bool must_be_positive(const std::string& key) { return key != "kmeans_iters"; }
+// Options whose integer values are sizes or counts, so must be positive
+// (share_quant_resi 0: one Phi per level).
+bool must_be_positive(const std::string& key) {
+  return key != "kmeans_iters" && key != "share_quant_resi";
+}
+
+// Number options that are fractions, so at most 1.
+bool is_fraction(const std::string& key) { return key == "decay" || key == "nested_dropout"; }
 
 }  // namespace
 
@@ -70,6 +77,7 @@ const std::vector<std::pair<std::string, std::string>>& quantizer_types() {
       {"rfsq", "ResidualFSQ: a stack of FSQs on the residuals"},
       {"lfq", "LFQ: lookup-free (binary) quantization"},
       {"rlfq", "ResidualLFQ: a stack of LFQs on the residuals"},
+      {"hvq", "HierarchicalVQ: VAR-style multi-scale residual VQ, coarse to fine levels"},
   };
   return types;
 }
@@ -136,7 +144,31 @@ const std::vector<QuantizerOption>& quantizer_options() {
        T::integer,
        "QINCo's MLP hidden width (default: the code size)",
        {"rvq", "grvq"}},
-      {"shared_codebook", T::boolean, "one codebook for every residual level", {"rvq", "grvq"}},
+      {"shared_codebook",
+       T::boolean,
+       "one codebook for every residual level",
+       {"rvq", "grvq", "hvq"}},
+      {"scales",
+       T::integer_list,
+       "HierarchicalVQ's level sides, coarse to fine, non-decreasing, at most the latent's 7 "
+       "(e.g. 1,2,4,7)",
+       {"hvq"}},
+      {"quant_resi",
+       T::number,
+       "HierarchicalVQ: weight of Phi's convolution on each upsampled level (0: none)",
+       {"hvq"}},
+      {"share_quant_resi",
+       T::integer,
+       "HierarchicalVQ: Phi convolutions shared by the levels (1: one; 0: one per level)",
+       {"hvq"}},
+      {"nested_dropout",
+       T::number,
+       "HierarchicalVQ, training: probability of keeping only the coarsest levels (0 to 1)",
+       {"hvq"}},
+      {"nested_dropout_min_levels",
+       T::integer,
+       "HierarchicalVQ: levels nested dropout always keeps",
+       {"hvq"}},
       {"quantize_dropout",
        T::boolean,
        "drop trailing residual levels while training",
@@ -210,9 +242,8 @@ void validate_quantizer_config(const nlohmann::json& config) {
     throw std::invalid_argument("[config] \"quantizer\" must be an object, got " +
                                 short_dump(config));
   if (!config.contains("type") || !config["type"].is_string())
-    throw std::invalid_argument(
-        "[config] \"quantizer\" needs a string \"type\" (one of "
-        "none, vq, rvq, grvq, simvq, fsq, fsp, rfsq, lfq, rlfq)");
+    throw std::invalid_argument("[config] \"quantizer\" needs a string \"type\" (one of " +
+                                available_quantizer_types() + ")");
   const std::string type = config["type"].get<std::string>();
   std::string names;
   bool known = false;
@@ -243,7 +274,7 @@ void validate_quantizer_config(const nlohmann::json& config) {
         // eps smooths a division (0 lets a dead code divide by zero); decay
         // is a fraction.
         if (ok && key == "eps") ok = value.get<double>() > 0;
-        if (ok && key == "decay") ok = value.get<double>() <= 1;
+        if (ok && is_fraction(key)) ok = value.get<double>() <= 1;
         break;
       case OptionType::boolean:
         ok = value.is_boolean();
@@ -265,7 +296,7 @@ void validate_quantizer_config(const nlohmann::json& config) {
                 : must_be_positive(key) ? " > 0"
                                         : " >= 0";
       if (it->type == OptionType::number)
-        want += key == "eps" ? " > 0" : key == "decay" ? " from 0 to 1" : " >= 0";
+        want += key == "eps" ? " > 0" : is_fraction(key) ? " from 0 to 1" : " >= 0";
       throw std::invalid_argument("[config] quantizer option '" + key + "' must be " + want +
                                   ", got " + short_dump(value));
     }
