@@ -84,16 +84,20 @@ TEST_CASE("quanta train --nproc 2 and 3 equal one process (same seed, same globa
       {{"--quantizer", "lfq", "--codebook-size", "16", "--latent-norm-groups", "0",
         "--spherical=false", "--entropy-loss-weight", "0.1"},
        1e-5},
-      // HierarchicalVQ with a codebook per level (its recipe), k-means, dead
-      // codes and nested dropout. A shared codebook's k-means and dead-code
-      // pools are ordered per rank, not per level as one process orders them.
+      // HierarchicalVQ with a codebook per level (its recipe) and with one
+      // shared by the levels (pooled level by level across the ranks), with
+      // k-means, dead codes and nested dropout.
       {{"--quantizer", "hvq", "--scales", "1,2,4,7", "--codebook-size", "32", "--nested-dropout",
         "0.5"},
+       1e-5},
+      {{"--quantizer", "hvq", "--scales", "1,2,4,7", "--codebook-size", "32", "--nested-dropout",
+        "0.5", "--shared-codebook"},
        1e-5},
       {{"--quantizer", "fsq", "--levels", "5,5,5,5"}, 2e-2},
       {{"--quantizer", "lfq", "--codebook-size", "16"}, 2e-2}};
   for (const auto& [extra, tolerance] : configs) {
-    const std::string q = extra[1] + (tolerance > 1e-5 ? "_recipe" : "");
+    const std::string q = extra[1] + (tolerance > 1e-5 ? "_recipe" : "") +
+                          (extra.back() == "--shared-codebook" ? "_shared" : "");
     CAPTURE(q);
     ScratchDir dir("train_dist_" + q);
     const CliResult one = run_train(dir.file("one"), "1", extra);
