@@ -7,6 +7,7 @@ packages=(
   meson ninja-build pkg-config g++ cmake   # build (cmake: doctest's config)
   libeigen3-dev                            # CPU kernels
   libopenblas-openmp-dev                   # CPU GEMM (OpenMP build: shares our threads)
+  libdnnl-dev                              # CPU f32 GEMM: oneDNN picks the CPU's widest kernels
   doctest-dev                              # tests
   libgloo-dev                              # dist: CPU collectives
   nlohmann-json3-dev                       # JSON (metadata, bench output)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/cpu/kernels.h"
@@ -12,6 +14,9 @@
 
 #ifdef QUANTA_GEMM_OPENBLAS
 #include <cblas.h>
+#endif
+#ifdef QUANTA_GEMM_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
 #endif
 
 namespace quanta::cpu {
@@ -149,6 +154,33 @@ void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const
 }
 #endif
 
+#ifdef QUANTA_GEMM_ONEDNN
+// oneDNN when the loaded library runs on OpenMP (Debian's does): like
+// OpenBLAS's OpenMP build it shares quanta's threads, one thread inside a
+// parallel region.
+bool onednn_usable() {
+  static const bool usable = dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP;
+  return usable;
+}
+
+// The f32 product through oneDNN's sgemm (row-major, like cblas): its JIT
+// takes the CPU's widest kernels from the CPU itself.
+template <int LA, int LB>
+void onednn_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t oa, const float* b,
+                    int64_t ob, float* c, int64_t ldc, bool acc) {
+  oa = std::max<int64_t>(oa, LA == Eigen::RowMajor ? k : m);
+  ob = std::max<int64_t>(ob, LB == Eigen::RowMajor ? n : k);
+  ldc = std::max<int64_t>(ldc, n);
+  const dnnl_status_t status =
+      dnnl_sgemm(LA == Eigen::RowMajor ? 'N' : 'T', LB == Eigen::RowMajor ? 'N' : 'T', m, n, k,
+                 1.0f, a, oa, b, ob, acc ? 1.0f : 0.0f, c, ldc);
+  if (status != dnnl_success)
+    throw std::runtime_error("[gemm] oneDNN's sgemm failed (status " + std::to_string(status) +
+                             ") on " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                             std::to_string(k));
+}
+#endif
+
 template <class T>
 using ProductFn = void (*)(int64_t, int64_t, int64_t, const T*, int64_t, const T*, int64_t, T*,
                            int64_t, bool);
@@ -160,6 +192,17 @@ constexpr double kBlasMinWork = 1 << 20;
 
 template <class T>
 ProductFn<T> pick(Layout la, Layout lb, double work) {
+#ifdef QUANTA_GEMM_ONEDNN
+  if constexpr (std::is_same_v<T, float>) {
+    if (work >= kBlasMinWork && onednn_usable()) {
+      if (la == kRowMajor)
+        return lb == kRowMajor ? &onednn_product<Eigen::RowMajor, Eigen::RowMajor>
+                               : &onednn_product<Eigen::RowMajor, Eigen::ColMajor>;
+      return lb == kRowMajor ? &onednn_product<Eigen::ColMajor, Eigen::RowMajor>
+                             : &onednn_product<Eigen::ColMajor, Eigen::ColMajor>;
+    }
+  }
+#endif
 #ifdef QUANTA_GEMM_OPENBLAS
   if (work >= kBlasMinWork && openblas_usable()) {
     if (la == kRowMajor)

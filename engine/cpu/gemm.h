@@ -1,9 +1,10 @@
 #pragma once
 // The one GEMM every CPU matrix product goes through (matmul, linear, conv).
 // Operands are strided matrices; a plain transpose (one unit stride) maps onto
-// the backend with no copy, so transposed views cost nothing. The backend is
-// OpenBLAS's OpenMP build where the build found it (-Dblas, meson_options.txt),
-// else Eigen.
+// the backend with no copy, so transposed views cost nothing. Products of at
+// least 2^20 multiply-adds go to oneDNN (f32, -Donednn) or OpenBLAS's OpenMP
+// build (-Dblas) where the build found them; the rest, and every product
+// without them, to Eigen.
 #include <cstdint>
 
 namespace quanta::cpu {

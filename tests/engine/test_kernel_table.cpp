@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/module.h"
@@ -297,5 +299,84 @@ TEST_CASE("CPU gemm: products cut into row blocks per thread are right for every
       }
       set_num_threads(before);
     }
+  }
+}
+
+TEST_CASE("CPU gemm: large products (the BLAS backends) are right for every layout") {
+  // From 2^20 multiply-adds f32 products go to oneDNN (or OpenBLAS) and f64
+  // ones to OpenBLAS, where the build has them: both operand layouts, padded
+  // leading dimensions, accumulation into C, and calls from inside a parallel
+  // region (one per thread) agree with a plain f64 loop.
+  Generator gen(6);
+  const int64_t m = 130, n = 96, k = 170;  // 2.1M multiply-adds
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor a = randn({m, k}, gen, {.dtype = DType::f64});
+    const Tensor b = randn({k, n}, gen, {.dtype = DType::f64});
+    const Tensor c0 = randn({m, n}, gen, {.dtype = DType::f64});
+    const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>(),
+                              cv = c0.to_vector<double>();
+    std::vector<double> product(static_cast<size_t>(m * n), 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j)
+          product[size_t(i * n + j)] += av[size_t(i * k + p)] * bv[size_t(p * n + j)];
+    const double tol = dt == DType::f32 ? 1e-4 : 1e-11;
+    // Each operand stored row-major or column-major with 3 spare elements
+    // per leading dimension.
+    auto stored = [&](const std::vector<double>& v, int64_t rows, int64_t cols, bool col_major,
+                      std::vector<double>& out) -> std::pair<int64_t, int64_t> {
+      const int64_t ld = (col_major ? rows : cols) + 3;
+      out.assign(size_t(ld * (col_major ? cols : rows)), -7.0);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          out[size_t(col_major ? j * ld + i : i * ld + j)] = v[size_t(i * cols + j)];
+      return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
+    };
+    for (const bool a_col : {false, true})
+      for (const bool b_col : {false, true})
+        for (const bool accumulate : {false, true})
+          for (const bool nested : {false, true}) {
+            INFO(dtype_name(dt) << (a_col ? " A col-major" : " A row-major")
+                                << (b_col ? ", B col-major" : ", B row-major")
+                                << (accumulate ? ", accumulate" : "")
+                                << (nested ? ", inside a parallel region" : ""));
+            std::vector<double> as, bs;
+            const auto [ars, acs] = stored(av, m, k, a_col, as);
+            const auto [brs, bcs] = stored(bv, k, n, b_col, bs);
+            const int64_t ldc = n + 5;
+            std::vector<double> worst_per_call(2, 0.0);
+            auto run = [&](int call) {
+              std::vector<double> c(size_t(m * ldc), 0.0);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) c[size_t(i * ldc + j)] = cv[size_t(i * n + j)];
+              if (dt == DType::f32) {
+                std::vector<float> af(as.begin(), as.end()), bf(bs.begin(), bs.end()),
+                    cf(c.begin(), c.end());
+                cpu::gemm<float>(m, n, k, {af.data(), ars, acs}, {bf.data(), brs, bcs}, cf.data(),
+                                 ldc, accumulate);
+                c.assign(cf.begin(), cf.end());
+              } else {
+                cpu::gemm<double>(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(),
+                                  ldc, accumulate);
+              }
+              double worst = 0;
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  const double want =
+                      product[size_t(i * n + j)] + (accumulate ? cv[size_t(i * n + j)] : 0.0);
+                  worst = std::max(
+                      worst, std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
+                }
+              worst_per_call[size_t(call)] = worst;
+            };
+            if (nested)
+              cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+                for (int64_t call = lo; call < hi; ++call) run(int(call));
+              });
+            else
+              run(0);
+            CHECK(worst_per_call[0] < tol * std::sqrt(double(k)));
+            if (nested) CHECK(worst_per_call[1] < tol * std::sqrt(double(k)));
+          }
   }
 }
