@@ -1,7 +1,11 @@
 #include "engine/cpu/block_cache.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
+#include <list>
 #include <map>
 #include <mutex>
 #include <new>
@@ -22,20 +26,62 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
+// How far in use plus kept may pass the peak in use: room for the blocks of
+// the sizes a step's other phases take, kept while its peak phase runs (a
+// Llama step's forward temporaries while its backward starts): half the peak,
+// at least 512 MiB.
+constexpr std::size_t kMinSlackBytes = std::size_t(512) << 20;
+
 struct Cache {
+  struct Kept {
+    std::size_t bytes;
+    void* block;
+  };
   std::mutex mutex;
-  std::multimap<std::size_t, void*> free;  // size -> block
-  std::size_t held = 0;
-  std::size_t capacity = 0;
+  std::list<Kept> kept;  // oldest first
+  std::multimap<std::size_t, std::list<Kept>::iterator> by_size;
+  std::size_t held = 0;    // bytes kept
+  std::size_t in_use = 0;  // bytes of blocks handed out
+  std::size_t peak = 0;    // the most in_use ever was
+  bool on = true;
+  bool fixed = false;         // QUANTA_CPU_CACHE_MB: a fixed bound on `held`
+  std::size_t fixed_cap = 0;  // its bytes
 
   Cache() {
-    std::size_t mb = 512;
     if (const char* env = std::getenv("QUANTA_CPU_CACHE_MB")) {
       char* end = nullptr;
       const unsigned long long v = std::strtoull(env, &end, 10);
-      if (end != env && *end == '\0') mb = static_cast<std::size_t>(v);
+      if (end != env && *end == '\0') {
+        fixed = true;
+        fixed_cap = static_cast<std::size_t>(v) << 20;
+        on = v > 0;
+      }
     }
-    capacity = kSanitized ? 0 : mb << 20;
+    if (kSanitized) on = false;
+  }
+
+  std::size_t bound() const { return peak + std::max(kMinSlackBytes, peak / 2); }
+
+  void forget(std::list<Kept>::iterator it) {
+    held -= it->bytes;
+    kept.erase(it);
+  }
+
+  // Frees the blocks kept longest until `bytes` more in use stays within the
+  // bound (the caller holds the mutex).
+  void make_room(std::size_t bytes) {
+    if (fixed) return;  // the fixed bound applies to kept blocks only
+    const std::size_t limit = std::max(bound(), in_use + bytes);
+    while (!kept.empty() && in_use + bytes + held > limit) {
+      auto oldest = kept.begin();
+      for (auto it = by_size.lower_bound(oldest->bytes); it != by_size.end(); ++it)
+        if (it->second == oldest) {
+          by_size.erase(it);
+          break;
+        }
+      std::free(oldest->block);
+      forget(oldest);
+    }
   }
 };
 
@@ -47,28 +93,64 @@ Cache& cache() {
   return *c;
 }
 
+void* fresh_block(std::size_t bytes) {
+  void* p = std::aligned_alloc(kCachedBlockMin, bytes);
+  if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice only
+#endif
+  return p;
+}
+
 }  // namespace
 
-void* take_cached_block(std::size_t bytes) {
+void* take_block(std::size_t bytes) {
   Cache& c = cache();
-  if (c.capacity == 0) return nullptr;
+  if (!c.on) return fresh_block(bytes);
   std::lock_guard<std::mutex> lock(c.mutex);
-  auto it = c.free.find(bytes);
-  if (it == c.free.end()) return nullptr;
-  void* block = it->second;
-  c.free.erase(it);
-  c.held -= bytes;
+  void* block = nullptr;
+  if (auto it = c.by_size.find(bytes); it != c.by_size.end()) {
+    block = it->second->block;
+    c.forget(it->second);
+    c.by_size.erase(it);
+  } else {
+    c.make_room(bytes);
+    block = fresh_block(bytes);
+  }
+  c.in_use += bytes;
+  c.peak = std::max(c.peak, c.in_use);
   return block;
 }
 
-bool keep_cached_block(void* block, std::size_t bytes) {
+void give_back_block(void* block, std::size_t bytes) noexcept {
   Cache& c = cache();
-  if (bytes < kCachedBlockMin || c.capacity == 0) return false;
+  if (!c.on) {
+    std::free(block);
+    return;
+  }
   std::lock_guard<std::mutex> lock(c.mutex);
-  if (c.held + bytes > c.capacity) return false;
-  c.free.emplace(bytes, block);
+  c.in_use -= bytes;
+  // In use plus kept stays as it was, within the bound; a fixed bound caps
+  // the kept bytes alone.
+  if (c.fixed && c.held + bytes > c.fixed_cap) {
+    std::free(block);
+    return;
+  }
+  // No memory for the bookkeeping (a release must not throw): free the block.
+  try {
+    c.kept.push_back({bytes, block});
+  } catch (const std::bad_alloc&) {
+    std::free(block);
+    return;
+  }
+  try {
+    c.by_size.emplace(bytes, std::prev(c.kept.end()));
+  } catch (const std::bad_alloc&) {
+    c.kept.pop_back();
+    std::free(block);
+    return;
+  }
   c.held += bytes;
-  return true;
 }
 
 std::size_t cached_block_bytes() {
@@ -77,21 +159,29 @@ std::size_t cached_block_bytes() {
   return c.held;
 }
 
+BlockCacheStats block_cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const std::size_t bound = !c.on ? 0 : c.fixed ? c.in_use + c.fixed_cap : c.bound();
+  return {.held = c.held, .in_use = c.in_use, .peak = c.peak, .bound = bound};
+}
+
 ScratchBuffer::ScratchBuffer(std::size_t bytes) {
   constexpr std::size_t kFromCache = std::size_t(256) << 10;
   if (bytes >= kFromCache) {
-    cached_bytes_ = (bytes + kCachedBlockMin - 1) / kCachedBlockMin * kCachedBlockMin;
-    data_ = take_cached_block(cached_bytes_);
-    if (!data_) data_ = std::aligned_alloc(kCachedBlockMin, cached_bytes_);
+    block_bytes_ = (bytes + kCachedBlockMin - 1) / kCachedBlockMin * kCachedBlockMin;
+    data_ = take_block(block_bytes_);
   } else {
     data_ = std::malloc(std::max<std::size_t>(bytes, 1));
+    if (!data_) throw std::bad_alloc();
   }
-  if (!data_) throw std::bad_alloc();
 }
 
 ScratchBuffer::~ScratchBuffer() {
-  if (cached_bytes_ > 0 && keep_cached_block(data_, cached_bytes_)) return;
-  std::free(data_);
+  if (block_bytes_ > 0)
+    give_back_block(data_, block_bytes_);
+  else
+    std::free(data_);
 }
 
 }  // namespace quanta::cpu

@@ -5,27 +5,47 @@
 // step) allocates the same sizes every time, so handing the same pages back
 // removes that cost. This is the one process-wide mutable state of the
 // engine besides the thread-local guards and the thread count: a bounded,
-// mutex-guarded set of free blocks. Only blocks of at least 2 MiB are kept
-// (smaller ones are cheap for malloc), at most 512 MiB in all, or
-// QUANTA_CPU_CACHE_MB (read once; 0 turns the cache off). Builds with
-// AddressSanitizer keep nothing, so a use after free is still reported.
+// mutex-guarded set of free blocks.
+//
+// Only blocks of at least 2 MiB go through it (smaller ones are cheap for
+// malloc). The bound: blocks in use plus blocks kept never exceed the most
+// that were ever in use at once by more than half of it (at least 512 MiB).
+// So the cache keeps a whole training step's blocks (a Llama step's exceed
+// 512 MiB: without them every step faulted its pages in again, 25-30% of its
+// time, docs/performance.md) and never makes the process hold more than 1.5x
+// its own peak: a fresh block that would pass the bound first frees the
+// blocks kept longest. QUANTA_CPU_CACHE_MB (read once) sets a fixed bound on
+// the blocks kept instead (at most that many MiB, whatever is in use); 0
+// turns the cache off. Builds with AddressSanitizer keep
+// nothing, so a use after free is still reported.
 #include <cstddef>
 
 namespace quanta::cpu {
 
-/** Blocks this size and larger are cached (2 MiB, a huge page). */
+/** Blocks this size and larger go through the cache (2 MiB, a huge page). */
 inline constexpr std::size_t kCachedBlockMin = std::size_t(2) << 20;
 
-/** A cached block of exactly `bytes` (a multiple of kCachedBlockMin, aligned
- * to it), or nullptr when none is free. */
-void* take_cached_block(std::size_t bytes);
+/** A block of `bytes` (a multiple of kCachedBlockMin), aligned to
+ * kCachedBlockMin: a kept block of exactly that size when one is free (its
+ * pages already touched), else a fresh one advised to use huge pages.
+ * Throws std::bad_alloc when memory runs out. */
+void* take_block(std::size_t bytes);
 
-/** Keeps a block of `bytes` that its owner no longer needs; false when the
- * cache is full or off (the caller then frees it). */
-bool keep_cached_block(void* block, std::size_t bytes);
+/** Gives back a block from take_block(bytes): kept for reuse, or freed when
+ * the cache is off or (with QUANTA_CPU_CACHE_MB) full. */
+void give_back_block(void* block, std::size_t bytes) noexcept;
 
-/** Bytes held by the cache now. */
+/** Bytes of free blocks the cache holds now. */
 std::size_t cached_block_bytes();
+
+/** The cache's figures, for diagnostics and tests. */
+struct BlockCacheStats {
+  std::size_t held = 0;    // free blocks kept
+  std::size_t in_use = 0;  // blocks from take_block not given back
+  std::size_t peak = 0;    // the most in_use ever was
+  std::size_t bound = 0;   // in_use + held stays within it (0: the cache is off)
+};
+BlockCacheStats block_cache_stats();
 
 /** A kernel's scratch memory for one call. From 256 KiB up it is rounded
  * to whole cached blocks and comes from (and goes back to) the cache: a
@@ -45,7 +65,7 @@ class ScratchBuffer {
 
  private:
   void* data_ = nullptr;
-  std::size_t cached_bytes_ = 0;  // the block's size when it is a cached block
+  std::size_t block_bytes_ = 0;  // the block's size when it came from take_block
 };
 
 }  // namespace quanta::cpu

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "engine/cpu/block_cache.h"
 #include "engine/cuda/module.h"
@@ -182,4 +183,42 @@ TEST_CASE("large CPU buffers are reused: a freed 4 MiB block backs the next 4 Mi
   CHECK(sum(c).item() == 0.0);
   Tensor small = empty({16});  // small blocks are malloc's business
   CHECK(cpu::cached_block_bytes() == before);
+}
+
+TEST_CASE("the CPU block cache keeps a step's blocks, within 1.5x the peak in use") {
+  cpu::BlockCacheStats s = cpu::block_cache_stats();
+  if (s.bound == 0 || std::getenv("QUANTA_CPU_CACHE_MB")) {
+    MESSAGE("the CPU block cache is off or has a fixed bound: nothing to check");
+    return;
+  }
+  // Enough 62 MiB blocks (a size nothing else here uses) to pass the bound:
+  // the peak, hence the bound, rises with them (untouched, they cost no memory).
+  const int64_t block = int64_t(62) << 20;
+  const std::size_t k = (s.bound - s.in_use) / std::size_t(block) + 2;
+  {
+    std::vector<Tensor> step;
+    for (std::size_t i = 0; i < k; ++i) step.push_back(empty({block}, {.dtype = DType::u8}));
+    s = cpu::block_cache_stats();
+    CHECK(s.peak == s.in_use);
+    CHECK(s.bound == s.peak + std::max(std::size_t(512) << 20, s.peak / 2));
+    CHECK(s.in_use + s.held <= s.bound);
+  }
+  // Freed, they are all kept: the next step takes them back.
+  s = cpu::block_cache_stats();
+  CHECK(s.held >= k * std::size_t(block));
+  CHECK(s.in_use + s.held <= s.bound);
+  {
+    // Sizes that were never freed, past the slack: the blocks kept longest
+    // make room for them.
+    std::vector<Tensor> others;
+    for (std::size_t i = 0; i < k; ++i)
+      others.push_back(empty({int64_t(66) << 20}, {.dtype = DType::u8}));
+    const cpu::BlockCacheStats after = cpu::block_cache_stats();
+    CHECK(after.held < s.held);
+    CHECK(after.in_use + after.held <= after.bound);
+  }
+  // The 62 MiB blocks still kept are handed back before any fresh one.
+  const std::size_t held = cpu::cached_block_bytes();
+  Tensor again = empty({block}, {.dtype = DType::u8});
+  CHECK(cpu::cached_block_bytes() == held - std::size_t(block));
 }
