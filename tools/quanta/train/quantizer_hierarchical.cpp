@@ -7,9 +7,11 @@
 // c = floor(j w_l / W)). Decode and the usage metrics read each cell back at
 // the first position it covers, so decode is exact and a level's codes count
 // once per token of the level, not once per position they cover.
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -87,7 +89,11 @@ class HierarchicalQuantizer final : public SyncedQuantizer {
   // Level l on the grid [h, w]: the cell of every position (i W + j -> r w_l
   // + c), or with `firsts` the first position of every cell (r w_l + c ->
   // i W + j, i = ceil(r h / h_l): the smallest i with floor(i h_l / h) = r).
+  // Built and uploaded once per grid and device: every forward and decode
+  // reads them.
   Tensor positions(int64_t l, int64_t h, int64_t w, bool firsts, Device device) const {
+    const auto key = std::make_tuple(l, h, w, firsts, device.str());
+    if (auto it = positions_.find(key); it != positions_.end()) return it->second;
     const std::vector<int64_t>& s = layer_->level_shapes()[static_cast<size_t>(l)];
     std::vector<int64_t> p;
     if (firsts) {
@@ -98,7 +104,7 @@ class HierarchicalQuantizer final : public SyncedQuantizer {
       for (int64_t i = 0; i < h; ++i)
         for (int64_t j = 0; j < w; ++j) p.push_back(i * s[0] / h * s[1] + j * s[1] / w);
     }
-    return from_vector<int64_t>(p).to(device);
+    return positions_.emplace(key, from_vector<int64_t>(p).to(device)).first->second;
   }
 
   // Indices [B, H, W, levels] ([B, H, W] for one level) as forward gives
@@ -119,6 +125,7 @@ class HierarchicalQuantizer final : public SyncedQuantizer {
   }
 
   std::shared_ptr<quant::HierarchicalVQ> layer_;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, Tensor> positions_;
   int64_t dim_ = 0;
   int64_t codebook_size_ = 0;
 };
