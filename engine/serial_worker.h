@@ -36,6 +36,9 @@ class SerialWorker {
   /** Waits until the first `mark` jobs have run (or been skipped); a kept
    * exception stays for drain(). */
   void wait_for(uint64_t mark);
+  /** True on the worker's own thread (a job that posts more work must not
+   * wait for the queue it is part of). */
+  bool on_worker_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
   struct Job {

@@ -4,6 +4,7 @@
 // asynchronous kernels, stream-ordered frees, failures reported at a wait.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -217,6 +218,25 @@ TEST_CASE("sim runs kernels asynchronously: the host goes on, a read waits for t
   synchronize(sim);
   CHECK(device_stats(sim).host_syncs == 0);
   CHECK(y.to_vector<float>() == std::vector<float>{4, 16, 36});
+}
+
+TEST_CASE("sim: a host at most 1024 jobs ahead of its stream waits, as a full launch queue does") {
+  const Device sim = Device::sim(5);  // a stream of its own
+  std::atomic<int> queued{0};
+  StreamGate gate(sim.index);  // holds the stream: nothing queued after it runs yet
+  std::thread host([&] {
+    for (int i = 0; i < 1100; ++i) {
+      sim::enqueue(sim.index, [] {});
+      ++queued;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The gate and 1023 more fill the queue; the next enqueue waits for room.
+  CHECK(queued.load() <= 1024);
+  gate.release();
+  host.join();
+  CHECK(queued.load() == 1100);
+  synchronize(sim);
 }
 
 TEST_CASE("sim frees memory in stream order, after the kernels queued before the free") {
