@@ -159,6 +159,17 @@ std::size_t cached_block_bytes() {
   return c.held;
 }
 
+std::size_t release_cached_blocks() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const std::size_t freed = c.held;
+  for (const Cache::Kept& k : c.kept) std::free(k.block);
+  c.kept.clear();
+  c.by_size.clear();
+  c.held = 0;
+  return freed;
+}
+
 BlockCacheStats block_cache_stats() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);

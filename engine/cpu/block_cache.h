@@ -38,6 +38,11 @@ void give_back_block(void* block, std::size_t bytes) noexcept;
 /** Bytes of free blocks the cache holds now. */
 std::size_t cached_block_bytes();
 
+/** Frees every block the cache holds (what a program that is done with a
+ * large phase calls to hand the memory back to the system); returns the
+ * bytes freed. Blocks in use are untouched and come back to the cache. */
+std::size_t release_cached_blocks();
+
 /** The cache's figures, for diagnostics and tests. */
 struct BlockCacheStats {
   std::size_t held = 0;    // free blocks kept

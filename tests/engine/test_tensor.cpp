@@ -221,4 +221,10 @@ TEST_CASE("the CPU block cache keeps a step's blocks, within 1.5x the peak in us
   const std::size_t held = cpu::cached_block_bytes();
   Tensor again = empty({block}, {.dtype = DType::u8});
   CHECK(cpu::cached_block_bytes() == held - std::size_t(block));
+  // Everything kept can be handed back to the system; blocks in use return
+  // to the cache when freed.
+  CHECK(cpu::release_cached_blocks() == held - std::size_t(block));
+  CHECK(cpu::cached_block_bytes() == 0);
+  again = Tensor();
+  CHECK(cpu::cached_block_bytes() == std::size_t(block));
 }
