@@ -35,6 +35,7 @@
 #include <string>
 
 #include "bench.h"
+#include "engine/cpu/block_cache.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
 #include "llm/ops/attention.h"
@@ -278,6 +279,9 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // still alive, so the models above and the peer's process go first.
   work.clear();
   peer.reset();
+  // The CPU block cache's kept blocks too: the sharding rows' ranks run on
+  // sim devices, whose memory is their own.
+  cpu::release_cached_blocks();
   if (shard_wanted()) {
     for (BenchRow& r : bench_llm_shard(o, c))
       if (r.name.find(o.only) != std::string::npos) rows.push_back(std::move(r));
