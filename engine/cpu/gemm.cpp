@@ -117,6 +117,17 @@ void product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const T* b
   });
 }
 
+#if defined(QUANTA_GEMM_OPENBLAS) || defined(QUANTA_GEMM_ONEDNN)
+// BLAS-style interfaces check every leading dimension against the matrix it
+// describes, even where a size of 1 makes the stride irrelevant.
+template <int LA, int LB>
+void valid_leading_dims(int64_t m, int64_t n, int64_t k, int64_t& oa, int64_t& ob, int64_t& ldc) {
+  oa = std::max<int64_t>(oa, LA == Eigen::RowMajor ? k : m);
+  ob = std::max<int64_t>(ob, LB == Eigen::RowMajor ? n : k);
+  ldc = std::max<int64_t>(ldc, n);
+}
+#endif
+
 #ifdef QUANTA_GEMM_OPENBLAS
 // OpenBLAS when the loaded library is its OpenMP build: that one runs on
 // quanta's OpenMP threads (one thread inside a parallel region). A pthreads
@@ -145,11 +156,7 @@ void blas_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t oa, const
                   T* c, int64_t ldc, bool acc) {
   const CBLAS_TRANSPOSE ta = LA == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
   const CBLAS_TRANSPOSE tb = LB == Eigen::RowMajor ? CblasNoTrans : CblasTrans;
-  // BLAS checks every leading dimension against the matrix it describes,
-  // even where a size of 1 makes the stride irrelevant.
-  oa = std::max<int64_t>(oa, LA == Eigen::RowMajor ? k : m);
-  ob = std::max<int64_t>(ob, LB == Eigen::RowMajor ? n : k);
-  ldc = std::max<int64_t>(ldc, n);
+  valid_leading_dims<LA, LB>(m, n, k, oa, ob, ldc);
   blas_gemm(ta, tb, m, n, k, a, oa, b, ob, acc ? T(1) : T(0), c, ldc);
 }
 #endif
@@ -168,9 +175,7 @@ bool onednn_usable() {
 template <int LA, int LB>
 void onednn_product(int64_t m, int64_t n, int64_t k, const float* a, int64_t oa, const float* b,
                     int64_t ob, float* c, int64_t ldc, bool acc) {
-  oa = std::max<int64_t>(oa, LA == Eigen::RowMajor ? k : m);
-  ob = std::max<int64_t>(ob, LB == Eigen::RowMajor ? n : k);
-  ldc = std::max<int64_t>(ldc, n);
+  valid_leading_dims<LA, LB>(m, n, k, oa, ob, ldc);
   const dnnl_status_t status =
       dnnl_sgemm(LA == Eigen::RowMajor ? 'N' : 'T', LB == Eigen::RowMajor ? 'N' : 'T', m, n, k,
                  1.0f, a, oa, b, ob, acc ? 1.0f : 0.0f, c, ldc);

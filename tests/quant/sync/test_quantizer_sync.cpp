@@ -69,6 +69,16 @@ VectorQuantizeOptions vq_options() {
   return o;
 }
 
+/** A ResidualVQ of 3 levels of 8 codes over vq_options() layers. */
+ResidualVQOptions rvq_options() {
+  ResidualVQOptions o;
+  o.dim = kDim;
+  o.num_quantizers = 3;
+  o.codebook_sizes = {8};
+  o.layer = vq_options();
+  return o;
+}
+
 std::vector<Case> cases();
 
 Case case_named(const std::string& name) {
@@ -122,12 +132,8 @@ std::vector<Case> cases() {
                  call<VectorQuantize>()});
   out.push_back({"rvq_quantize_dropout",
                  [](Generator& g) {
-                   ResidualVQOptions o;
-                   o.dim = kDim;
-                   o.num_quantizers = 3;
-                   o.codebook_sizes = {8};
+                   ResidualVQOptions o = rvq_options();
                    o.quantize_dropout = true;
-                   o.layer = vq_options();
                    o.layer.threshold_ema_dead_code = 0.5;
                    return std::make_shared<ResidualVQ>(o, g);
                  },
@@ -137,12 +143,8 @@ std::vector<Case> cases() {
   // ranks, as one process holds them.
   out.push_back({"rvq_shared_codebook_kmeans_dead_codes",
                  [](Generator& g) {
-                   ResidualVQOptions o;
-                   o.dim = kDim;
-                   o.num_quantizers = 3;
-                   o.codebook_sizes = {8};
+                   ResidualVQOptions o = rvq_options();
                    o.shared_codebook = true;
-                   o.layer = vq_options();
                    o.layer.kmeans_init = true;
                    o.layer.kmeans_iters = 4;
                    o.layer.threshold_ema_dead_code = 1.0;
@@ -696,12 +698,8 @@ TEST_CASE("QuantizerSync: collectives per reconciliation, whatever expires") {
 
     // A codebook shared by 3 levels pools its samples level by level: one
     // all_gather_v per level, whatever the data.
-    ResidualVQOptions shared;
-    shared.dim = kDim;
-    shared.num_quantizers = 3;
-    shared.codebook_sizes = {8};
+    ResidualVQOptions shared = rvq_options();
     shared.shared_codebook = true;
-    shared.layer = vq_options();
     shared.layer.kmeans_init = true;
     auto rvq = std::make_shared<ResidualVQ>(shared, gen);
     QuantizerSync rvq_sync(rvq, group);

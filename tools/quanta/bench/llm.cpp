@@ -243,27 +243,22 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     peer = std::make_unique<Peer>(peer_python(), peer_script(), num_threads());
 
   std::vector<BenchRow> rows;
-  for (Workload& w : work) {
+  for (Workload& slot : work) {
     // What a row holds (its model, gradients, inputs) goes with it once it
     // has run: the Llama model and its gradients are gone before the QLoRA
     // step, whose activations then fit beside what is left.
-    const auto release = [&w] { w.run = nullptr; };
-    if (w.name.find(o.only) == std::string::npos) {
-      release();
-      continue;
-    }
+    const Workload w = std::move(slot);
+    if (w.name.find(o.only) == std::string::npos) continue;
     BenchRow row{w.name};
     if (!peer) {
       row.ms = median_ms(o.repeat, w.run);
       row.unavailable = why;
       rows.push_back(row);
-      release();
       continue;
     }
     const std::string setup = peer->ask(w.peer_setup);
     if (setup != "ok") {
       rows.push_back(unavailable_row(w.name, "the PyTorch peer refused setup: " + setup));
-      release();
       continue;
     }
     const std::string name = w.peer_setup.substr(6, w.peer_setup.find(' ', 6) - 6);
@@ -272,7 +267,6 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     row.ms = ms[0];
     row.floor_ms = ms[1];
     rows.push_back(row);
-    release();
   }
   // Sharding against replication needs no peer: both are quanta's. Its
   // replicas (N ranks, sharded and replicated) come on top of whatever is
