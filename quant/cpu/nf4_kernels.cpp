@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
@@ -128,6 +129,16 @@ void decode_range_runs(const NF4Runs& w, int64_t begin, int64_t count, DType dty
         i = stop;
         continue;
       }
+      if constexpr (std::is_same_v<T, bf16>) {
+        // Decoded values are bf16 already (dtype bf16): the rounding is exact.
+        if (dtype == DType::bf16) {
+          float run[R];
+          simd::decode_run_f32<R>(codes, s, dtype, run);
+          cpu::round_to_bf16(run, R, dst);
+          i = stop;
+          continue;
+        }
+      }
     }
     const std::array<float, 16> t = simd::scaled_table(s, dtype);
     T lut[16];
@@ -156,6 +167,7 @@ void nf4_decode_range(const NF4Runs& w, int64_t begin, int64_t count, DType dtyp
 
 template void nf4_decode_range<float>(const NF4Runs&, int64_t, int64_t, DType, float*);
 template void nf4_decode_range<double>(const NF4Runs&, int64_t, int64_t, DType, double*);
+template void nf4_decode_range<bf16>(const NF4Runs&, int64_t, int64_t, DType, bf16*);
 
 void nf4_decode(const NF4Runs& w, DType dtype, void* out) {
   if (w.n == 0) return;

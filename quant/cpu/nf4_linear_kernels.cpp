@@ -2,14 +2,17 @@
 // linear layer's product with a frozen NF4 weight, dequantized tile by tile
 // into a small buffer (never as a whole), or, for a batch of at most 8 rows
 // whose rows start on a run of codes, decoded on the fly while the packed
-// bytes are read once.
+// bytes are read once. With bf16 compute on a CPU with bf16 products the
+// operands go to bf16 and the weight is decoded in slabs of whole rows.
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "engine/cpu/block_cache.h"
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
@@ -154,6 +157,66 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType
   });
 }
 
+// bf16 compute as bitsandbytes' bnb_4bit_compute_dtype=bfloat16 runs it:
+// the activation (x forward, g backward) rounded to bf16 once, the weight
+// decoded to bf16, products through the CPU's bf16 instructions, f32 sums.
+// The result stays f32 (bitsandbytes rounds it to bf16 before casting back).
+// Slabs of whole rows of at most kBf16SlabElems elements are decoded in
+// parallel, then multiplied by one threaded product: every layer of a model
+// up to a few billion parameters is one slab, and larger ones never hold
+// their whole weight in bf16.
+constexpr int64_t kBf16SlabElems = int64_t{1} << 23;
+
+bool use_bf16_products(DType dd, int64_t M) {
+  return dd == DType::bf16 && M > kNF4FusedMaxBatch && cpu::bf16_gemm_native();
+}
+
+// `n` floats of src as bf16 in `out`, in parallel.
+bf16* to_bf16(const float* src, int64_t n, const cpu::ScratchBuffer& out) {
+  bf16* dst = out.as<bf16>();
+  cpu::parallel_for(0, n, cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
+    cpu::round_to_bf16(src + lo, hi - lo, dst + lo);
+  });
+  return dst;
+}
+
+// Rows [n0, n0 + r) of W, K each, decoded to bf16 into slab, in parallel.
+void decode_slab(const NF4Runs& w, int64_t n0, int64_t r, int64_t K, bf16* slab) {
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
+  cpu::parallel_for(0, r, grain, [&](int64_t lo, int64_t hi) {
+    nf4_decode_range(w, (n0 + lo) * K, (hi - lo) * K, DType::bf16, slab + lo * K);
+  });
+}
+
+int64_t slab_rows(int64_t N, int64_t K) {
+  return std::clamp<int64_t>(kBf16SlabElems / std::max<int64_t>(K, 1), 1, N);
+}
+
+void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
+  const cpu::ScratchBuffer xs(sizeof(bf16) * size_t(M * K));
+  const bf16* xb = to_bf16(x, M * K, xs);
+  const int64_t rows = slab_rows(N, K);
+  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode_slab(w, n0, r, K, slab.as<bf16>());
+    // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
+    cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab.as<bf16>(), 1, K}, y + n0, N);
+  }
+}
+
+void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
+  const cpu::ScratchBuffer gs(sizeof(bf16) * size_t(M * N));
+  const bf16* gb = to_bf16(g, M * N, gs);
+  const int64_t rows = slab_rows(N, K);
+  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode_slab(w, n0, r, K, slab.as<bf16>());
+    cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab.as<bf16>(), K, 1}, dx, K, n0 > 0);
+  }
+}
+
 // y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole
 // tiles (each dequantizes its own into a private buffer and runs a
 // single-threaded GEMM), so there is one parallel region per call.
@@ -163,6 +226,9 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd
   if (K == 0) {
     std::fill(y, y + M * N, T(0));
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_bf16_products(dd, M)) return forward_bf16(x, M, K, w, N, y);
   }
   if (M <= kNF4FusedMaxBatch && K % w.run == 0) {
     if (w.run == 32)
@@ -193,6 +259,9 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType d
   if (N == 0) {
     std::fill(dx, dx + M * K, T(0));
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_bf16_products(dd, M)) return backward_bf16(g, M, N, w, K, dx);
   }
   const int64_t rows = tile_rows(N, K, w.run);
   cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/launch.h"
@@ -379,4 +380,102 @@ TEST_CASE("CPU gemm: large products (the BLAS backends) are right for every layo
             if (nested) CHECK(worst_per_call[1] < tol * std::sqrt(double(k)));
           }
   }
+}
+
+TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size") {
+  // bf16 operands, f32 sums: against an f64 loop over the same bf16 values,
+  // from a single multiply-add to a large product, both operand layouts,
+  // padded leading dimensions, accumulation, calls inside a parallel region.
+  if (!cpu::bf16_gemm_native()) {
+    MESSAGE(
+        "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, or "
+        "QUANTA_CPU_BF16_GEMM=0); the bf16_products_forced test runs them emulated");
+    return;
+  }
+  Generator gen(7);
+  struct Dims {
+    int64_t m, n, k;
+  };
+  for (const Dims d : {Dims{1, 1, 1}, Dims{1, 37, 20}, Dims{19, 1, 33}, Dims{130, 96, 170}}) {
+    const auto [m, n, k] = d;
+    // Values that bf16 holds exactly, so the reference sees the same operands.
+    const std::vector<double> av = randn({m, k}, gen).to(DType::bf16).to_vector<double>();
+    const std::vector<double> bv = randn({k, n}, gen).to(DType::bf16).to_vector<double>();
+    const std::vector<double> cv = randn({m, n}, gen).to_vector<double>();
+    std::vector<double> product(size_t(m * n), 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j)
+          product[size_t(i * n + j)] += av[size_t(i * k + p)] * bv[size_t(p * n + j)];
+    auto stored = [](const std::vector<double>& v, int64_t rows, int64_t cols, bool col_major,
+                     std::vector<bf16>& out) -> std::pair<int64_t, int64_t> {
+      const int64_t ld = (col_major ? rows : cols) + 3;
+      out.assign(size_t(ld * (col_major ? cols : rows)), bf16(-7.0f));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          out[size_t(col_major ? j * ld + i : i * ld + j)] = bf16(float(v[size_t(i * cols + j)]));
+      return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
+    };
+    for (const bool a_col : {false, true})
+      for (const bool b_col : {false, true})
+        for (const bool accumulate : {false, true})
+          for (const bool nested : {false, true}) {
+            INFO(m << "x" << n << "x" << k << (a_col ? " A col-major" : " A row-major")
+                   << (b_col ? ", B col-major" : ", B row-major")
+                   << (accumulate ? ", accumulate" : "")
+                   << (nested ? ", inside a parallel region" : ""));
+            std::vector<bf16> as, bs;
+            const auto [ars, acs] = stored(av, m, k, a_col, as);
+            const auto [brs, bcs] = stored(bv, k, n, b_col, bs);
+            const int64_t ldc = n + 5;
+            std::vector<double> worst(2, 0.0);
+            std::vector<int> padding_kept(2, 1);
+            auto run = [&](int call) {
+              std::vector<float> c(size_t(m * ldc), 3.5f);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j)
+                  c[size_t(i * ldc + j)] = float(cv[size_t(i * n + j)]);
+              cpu::gemm_bf16(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(), ldc,
+                             accumulate);
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  const double want =
+                      product[size_t(i * n + j)] + (accumulate ? cv[size_t(i * n + j)] : 0.0);
+                  worst[size_t(call)] =
+                      std::max(worst[size_t(call)],
+                               std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
+                }
+                // The padding past n is left alone.
+                for (int64_t j = n; j < ldc; ++j)
+                  if (c[size_t(i * ldc + j)] != 3.5f) padding_kept[size_t(call)] = 0;
+              }
+            };
+            if (nested)
+              cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+                for (int64_t call = lo; call < hi; ++call) run(int(call));
+              });
+            else
+              run(0);
+            CHECK(worst[0] < 1e-5 * std::sqrt(double(k)));
+            CHECK(padding_kept[0] == 1);
+            if (nested) {
+              CHECK(worst[1] < 1e-5 * std::sqrt(double(k)));
+              CHECK(padding_kept[1] == 1);
+            }
+          }
+  }
+}
+
+TEST_CASE("CPU gemm: round_to_bf16 rounds to nearest even on its vector body and its tail") {
+  Generator gen(8);
+  const std::vector<float> src = (randn({37}, gen) * 1000.0).to_vector<float>();
+  std::vector<bf16> got(src.size());
+  cpu::round_to_bf16(src.data(), int64_t(src.size()), got.data());
+  for (size_t i = 0; i < src.size(); ++i) CHECK(float(got[i]) == float(bf16(src[i])));
+  // Ties go to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+  const float tie[17] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256};
+  bf16 out[17];
+  cpu::round_to_bf16(tie, 17, out);
+  CHECK(float(out[0]) == 1.0f);
+  CHECK(float(out[1]) == 1.0f + 4.0f / 256);
 }

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/cpu/gemm_bf16.h"
+#include "quant/kernels/nf4_layout.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_modules.h"
@@ -28,6 +30,12 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   return max(abs(a.to(DType::f64) - b.to(DType::f64))).item();
+}
+
+// Whether an f32 nf4_linear of m rows with weights in `dt` runs bf16
+// products on this CPU, rounding its input (or output gradient) to bf16 too.
+bool bf16_products(DType dt, int64_t m) {
+  return dt == DType::bf16 && m > kNF4FusedMaxBatch && cpu::bf16_gemm_native();
 }
 
 }  // namespace
@@ -127,10 +135,14 @@ TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
       CHECK(max_abs_diff(nf4_linear(x, q, b, dt), ref) < 1e-10);
       const Tensor ref32 = linear(x, dequantize(s, dt).to(DType::f64), b);
       CHECK(max_abs_diff(nf4_linear(x, s, b, dt), ref32) < 1e-10);
-      // f32 inputs: the fused kernels' rounded tables.
+      // f32 inputs: the fused kernels' rounded tables; with bf16 products
+      // the input is rounded to bf16 as well.
       const Tensor xf = x.to(DType::f32);
-      CHECK(max_abs_diff(nf4_linear(xf, q, b.to(DType::f32), dt), ref) < 1e-4);
-      CHECK(max_abs_diff(nf4_linear(xf, s, b.to(DType::f32), dt), ref32) < 1e-4);
+      const Tensor xr = bf16_products(dt, m) ? xf.to(DType::bf16).to(DType::f64) : x;
+      CHECK(max_abs_diff(nf4_linear(xf, q, b.to(DType::f32), dt),
+                         linear(xr, dequantize(q, dt).to(DType::f64), b)) < 1e-4);
+      CHECK(max_abs_diff(nf4_linear(xf, s, b.to(DType::f32), dt),
+                         linear(xr, dequantize(s, dt).to(DType::f64), b)) < 1e-4);
       // Backward uses the same rounded values.
       Tensor x1 = x.detach().clone().requires_grad_();
       Tensor x2 = x.detach().clone().requires_grad_();
@@ -202,6 +214,47 @@ TEST_CASE("nf4_linear tiled path across several weight tiles, forward and backwa
   const Tensor xf = randn({16, n_in}, gen);
   const Tensor ref = linear(xf.to(DType::f64), dequantize(q).to(DType::f64));
   CHECK(max_abs_diff(nf4_linear(xf, q), ref) < 1e-4 * std::sqrt(double(n_in)));
+}
+
+TEST_CASE("nf4_linear with bf16 products: bf16 input and weight, f32 sums, forward and backward") {
+  // bitsandbytes' bf16 compute: the input (forward) and the output gradient
+  // (backward) rounded to bf16, the weight decoded to bf16, f32 sums. Shapes:
+  // in a multiple of 64 and not, block 32 and 64, and a weight of more than
+  // one slab (2^23 elements), whose backward accumulates slab by slab.
+  if (!cpu::bf16_gemm_native()) {
+    MESSAGE(
+        "skipped: bf16 products are not native here; the nf4_bf16_products_forced test "
+        "runs them emulated");
+    return;
+  }
+  Generator gen(25);
+  struct Case {
+    int64_t m, k, n, block;
+  };
+  for (const Case c : {Case{9, 128, 40, 64}, Case{33, 96, 17, 32}, Case{130, 1000, 70, 64},
+                       Case{12, 2048, 4097, 64}}) {
+    CAPTURE(c.m);
+    CAPTURE(c.k);
+    CAPTURE(c.n);
+    const Tensor w = randn({c.n, c.k}, gen);
+    NF4Options o;
+    o.block_size = c.block;
+    const BnbNF4State s = quantize_bnb(w, o);
+    const Tensor wd = dequantize(s, DType::bf16).to(DType::f64);
+    const Tensor x = randn({c.m, c.k}, gen);
+    const Tensor g = randn({c.m, c.n}, gen);
+    Tensor x1 = x.detach().clone().requires_grad_();
+    const Tensor y = nf4_linear(x1, s, Tensor(), DType::bf16);
+    y.backward(g);
+    const Tensor y_ref = linear(x.to(DType::bf16).to(DType::f64), wd);
+    const Tensor dx_ref = matmul(g.to(DType::bf16).to(DType::f64), wd);
+    const double tol = 1e-5 * std::sqrt(double(std::max(c.k, c.n)));
+    CHECK(y.dtype() == DType::f32);
+    CHECK(max_abs_diff(y, y_ref) < tol * (1.0 + max(abs(y_ref)).item()));
+    CHECK(max_abs_diff(x1.grad(), dx_ref) < tol * (1.0 + max(abs(dx_ref)).item()));
+    // Rounding the input is the difference: an f32-input reference is off.
+    if (c.k == 128) CHECK(max_abs_diff(y, linear(x.to(DType::f64), wd)) > 1e-4);
+  }
 }
 
 TEST_CASE("nf4_linear zero-size inputs and argument errors") {

@@ -1,0 +1,152 @@
+#include "engine/cpu/gemm_bf16.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#ifdef QUANTA_GEMM_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace quanta::cpu {
+namespace {
+
+#ifdef QUANTA_GEMM_ONEDNN
+// What QUANTA_CPU_BF16_GEMM asks for: -1 unset, else 0 or 1.
+int bf16_gemm_override() {
+  const char* v = std::getenv("QUANTA_CPU_BF16_GEMM");
+  if (!v || !*v) return -1;
+  return std::string(v) == "0" ? 0 : 1;
+}
+
+bool onednn_on_openmp() { return dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP; }
+
+// oneDNN's ISA levels are cumulative bit masks: a CPU at or above
+// avx512_core_bf16 (AMX included) has the bf16 dot products.
+bool cpu_has_bf16_dot() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// A strided rows x cols operand as a plain oneDNN layout: row-major or
+// column-major with an outer stride the descriptor accepts even where a dim
+// of 1 makes the stride meaningless.
+dnnl::memory::dims plain_strides(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if (cs == 1 || cols <= 1) return {std::max<int64_t>(rs, std::max<int64_t>(cols, 1)), 1};
+  return {1, std::max<int64_t>(cs, std::max<int64_t>(rows, 1))};
+}
+
+// One matmul primitive per shape, layout and accumulation, made once per
+// thread (a primitive's creation runs oneDNN's JIT: far dearer than a call).
+struct ProductKey {
+  int64_t m, n, k, ars, acs, brs, bcs, ldc;
+  bool accumulate;
+  auto tie() const { return std::tie(m, n, k, ars, acs, brs, bcs, ldc, accumulate); }
+  bool operator<(const ProductKey& o) const { return tie() < o.tie(); }
+};
+
+struct Product {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c;
+};
+
+Product make_product(const ProductKey& key) {
+  using dt = dnnl::memory::data_type;
+  Product p;
+  p.a = dnnl::memory::desc({key.m, key.k}, dt::bf16, {key.ars, key.acs});
+  p.b = dnnl::memory::desc({key.k, key.n}, dt::bf16, {key.brs, key.bcs});
+  p.c = dnnl::memory::desc({key.m, key.n}, dt::f32, {key.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (key.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::desc desc(p.a, p.b, p.c);
+  p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  return p;
+}
+
+const Product& product_for(const ProductKey& key) {
+  // Bounded: a workload with ever new shapes rebuilds instead of growing.
+  constexpr size_t kMaxKept = 256;
+  thread_local std::map<ProductKey, Product> kept;
+  auto it = kept.find(key);
+  if (it != kept.end()) return it->second;
+  if (kept.size() >= kMaxKept) kept.clear();
+  return kept.emplace(key, make_product(key)).first->second;
+}
+#endif
+
+}  // namespace
+
+bool bf16_gemm_native() {
+#ifdef QUANTA_GEMM_ONEDNN
+  static const bool native = [] {
+    if (!onednn_on_openmp()) return false;
+    const int asked = bf16_gemm_override();
+    return asked == -1 ? cpu_has_bf16_dot() : asked == 1;
+  }();
+  return native;
+#else
+  return false;
+#endif
+}
+
+void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, float* c,
+               int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+#ifdef QUANTA_GEMM_ONEDNN
+  const dnnl::memory::dims sa = plain_strides(m, k, a.rs, a.cs);
+  const dnnl::memory::dims sb = plain_strides(k, n, b.rs, b.cs);
+  const ProductKey key{m,     n,     k, sa[0], sa[1], sb[0], sb[1], std::max<int64_t>(ldc, n),
+                       accumulate};
+  try {
+    const Product& p = product_for(key);
+    thread_local dnnl::stream stream(cpu_engine());
+    // oneDNN takes handles as void*; it only reads the operands.
+    dnnl::memory ma(p.a, cpu_engine(), const_cast<bf16*>(a.p));
+    dnnl::memory mb(p.b, cpu_engine(), const_cast<bf16*>(b.p));
+    dnnl::memory mc(p.c, cpu_engine(), c);
+    p.primitive.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error("[gemm] oneDNN's bf16 matmul failed on " + std::to_string(m) + "x" +
+                             std::to_string(n) + "x" + std::to_string(k) + ": " + e.what());
+  }
+#else
+  (void)a, (void)b, (void)c, (void)ldc;
+  throw std::logic_error("[gemm] bf16 products need oneDNN, which this build lacks");
+#endif
+}
+
+void round_to_bf16(const float* src, int64_t n, bf16* dst) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    std::memcpy(static_cast<void*>(dst + i), &v, sizeof v);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = bf16(src[i]);
+}
+
+}  // namespace quanta::cpu
