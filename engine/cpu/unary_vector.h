@@ -32,7 +32,26 @@ QUANTA_VECTOR_FORM(Rsqrt, a.rsqrt())
 QUANTA_VECTOR_FORM(Sin, a.sin())
 QUANTA_VECTOR_FORM(Cos, a.cos())
 QUANTA_VECTOR_FORM(Tanh, a.tanh())
+// The scalar forms' formulas with Eigen's vector exp (a decoder's SiLU and
+// its gradient's sigmoid called libm's scalar expf once per element).
+// Sigmoid stays stable: e = exp(-|a|) never overflows, and e / (1 + e) is
+// the branch for negative a.
+QUANTA_VECTOR_FORM(Silu, a / (1 + (-a).exp()))
 #undef QUANTA_VECTOR_FORM
+
+template <>
+struct VectorForm<fn::Sigmoid> {
+  static constexpr bool has = true;
+  static auto apply(const auto& a) {
+    return (a >= 0).select(1 / (1 + (-a.abs()).exp()), (-a.abs()).exp() / (1 + (-a.abs()).exp()));
+  }
+  // Eigen's clamped double exp again (see Exp): far below 0 the result is 0.
+  template <class T>
+  static void fixup(const T* src, T* dst, int64_t n) {
+    const T underflow = std::log(std::numeric_limits<T>::denorm_min());
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < underflow ? T(0) : dst[i];
+  }
+};
 
 template <>
 struct VectorForm<fn::Exp> {

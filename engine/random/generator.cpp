@@ -30,8 +30,57 @@ uint32_t PhiloxStream::word(int64_t i) const {
   return philox4x32_10(counter_at(start, b), key)[static_cast<size_t>(i % 4)];
 }
 
+namespace {
+
+// Philox4x32-10 of kLanes consecutive blocks at once, the words of each
+// block kept apart (structure of arrays) so that the compiler turns every
+// round into vector multiplies: the same arithmetic as philox4x32_10, lane
+// by lane, so the same bits.
+constexpr int kLanes = 16;
+
+void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
+                  uint32_t* out) {
+  uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    const std::array<uint32_t, 4> c = philox_counter(start.lo, start.hi, first_block + j);
+    c0[j] = c[0], c1[j] = c[1], c2[j] = c[2], c3[j] = c[3];
+  }
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key[0] += detail::kPhiloxW0;
+      key[1] += detail::kPhiloxW1;
+    }
+    for (int j = 0; j < kLanes; ++j) {
+      const uint64_t p0 = static_cast<uint64_t>(detail::kPhiloxM0) * c0[j];
+      const uint64_t p1 = static_cast<uint64_t>(detail::kPhiloxM1) * c2[j];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[j] ^ key[0];
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[j] ^ key[1];
+      c1[j] = static_cast<uint32_t>(p1);
+      c3[j] = static_cast<uint32_t>(p0);
+      c0[j] = n0;
+      c2[j] = n2;
+    }
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    out[4 * j] = c0[j], out[4 * j + 1] = c1[j], out[4 * j + 2] = c2[j], out[4 * j + 3] = c3[j];
+  }
+}
+
+}  // namespace
+
 void PhiloxStream::words(int64_t begin, int64_t end, uint32_t* out) const {
   int64_t i = begin;
+  // Whole groups of kLanes blocks from the first block edge on.
+  const int64_t group_words = 4 * kLanes;
+  if (end - begin >= group_words + 4) {
+    while (i % 4 != 0) {  // the head, up to the first block edge
+      out[i - begin] = word(i);
+      ++i;
+    }
+    for (; i + group_words <= end; i += group_words)
+      philox_lanes(start, static_cast<uint64_t>(i) / 4, key, out + (i - begin));
+    out += i - begin;
+  }
   while (i < end) {
     const auto b = static_cast<uint64_t>(i) / 4;
     const auto w = philox4x32_10(counter_at(start, b), key);
