@@ -90,7 +90,6 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   const bool differentiated = grad_enabled() && (hidden.requires_grad() || weight.requires_grad());
   const bool weight_grad = differentiated && weight.requires_grad();
   const bool hidden_grad = differentiated && hidden.requires_grad();
-  const int64_t V = weight.size(0);
   // Unscaled gradients ([N, hidden] and [vocab, hidden] in the accumulation
   // dtype), filled by the forward and read once by the backward.
   auto grads = std::make_shared<std::vector<Tensor>>(2);
@@ -105,13 +104,18 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     for (int64_t n0 = 0; n0 < N; n0 += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - n0);
       const Tensor hc = narrow(h, 0, n0, n), t = narrow(targets, 0, n0, n);
-      const Tensor logits = linear(hc, w).to(acc);
+      Tensor logits = linear(hc, w).to(acc);
       total = add(total, cross_entropy(logits, t, Reduction::sum, ignore_index));
       if (!differentiated) continue;
-      const Tensor ok = narrow(valid, 0, n0, n);
-      const Tensor safe = where(ok, t, zeros_like(t));
-      const Tensor dlogits =
-          mul(sub(softmax(logits, 1), one_hot(safe, V).to(acc)), unsqueeze(ok.to(acc), 1));
+      const Tensor ok = unsqueeze(narrow(valid, 0, n0, n).to(acc), 1);
+      const Tensor safe = unsqueeze(where(narrow(valid, 0, n0, n), t, zeros_like(t)), 1);
+      // softmax - one_hot(target), ignored rows zero: the -1 added at each
+      // target (p + (-1) is p - 1 exactly), never a [chunk, vocab] one-hot,
+      // and at most two [chunk, vocab] tensors alive at once.
+      Tensor dlogits = softmax(logits, 1);
+      logits = Tensor();
+      dlogits = scatter_add(dlogits, 1, safe, neg(ok));
+      dlogits = mul(dlogits, ok);
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
     }

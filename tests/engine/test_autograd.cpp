@@ -1,6 +1,8 @@
 // The reverse-mode engine: ordering, accumulation, guards, custom functions, hooks.
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "quanta.h"
@@ -264,4 +266,46 @@ TEST_CASE("in-place accumulation never writes into a gradient someone else holds
   add_(z.grad(), seed2);
   CHECK(seed2.to_vector<double>() == std::vector<double>{4, 5});
   CHECK(z.grad().to_vector<double>() == std::vector<double>{8, 10});
+}
+
+TEST_CASE("binary ops keep for the backward only the inputs whose values it reads") {
+  // add, sub and where read no input values (only shapes and dtypes), mul
+  // reads each input for the other's gradient, div reads the divisor: an
+  // input nobody else holds is freed once the forward returns.
+  auto freed_after = [](const std::function<Tensor(const Tensor&, const Tensor&)>& op, bool a_grad,
+                        bool b_grad) {
+    // Intermediates (a leaf is held by its gradient accumulator anyway).
+    Generator gen(1);
+    const Tensor leaf_a = randn({8, 3}, gen).requires_grad_(a_grad);
+    const Tensor leaf_b = (randn({3}, gen) + 3.0).requires_grad_(b_grad);
+    Tensor a = leaf_a * 1.0, b = leaf_b * 1.0;
+    std::weak_ptr<Storage> wa = a.storage(), wb = b.storage();
+    Tensor y = op(a, b);
+    a = Tensor();
+    b = Tensor();
+    return std::pair<bool, bool>{wa.expired(), wb.expired()};
+  };
+  using P = std::pair<bool, bool>;
+  const auto add_op = [](const Tensor& a, const Tensor& b) { return add(a, b); };
+  const auto sub_op = [](const Tensor& a, const Tensor& b) { return sub(a, b); };
+  const auto mul_op = [](const Tensor& a, const Tensor& b) { return mul(a, b); };
+  const auto div_op = [](const Tensor& a, const Tensor& b) { return div(a, b); };
+  const auto where_op = [](const Tensor& a, const Tensor& b) {
+    return where(gt(a, zeros_like(a)), a, b);
+  };
+  CHECK(freed_after(add_op, true, true) == P{true, true});
+  CHECK(freed_after(sub_op, true, true) == P{true, true});
+  CHECK(freed_after(where_op, true, true) == P{true, true});
+  CHECK(freed_after(mul_op, true, false) == P{true, false});  // dy/da = b
+  CHECK(freed_after(mul_op, false, true) == P{false, true});  // dy/db = a
+  CHECK(freed_after(mul_op, true, true) == P{false, false});
+  CHECK(freed_after(div_op, true, false) == P{true, false});
+  // The gradients are the same as ever: broadcast summed away, dtype kept.
+  Tensor a = ones({8, 3}).requires_grad_();
+  Tensor b = full({3}, 2.0, {.dtype = DType::f64}).requires_grad_();
+  sum(sub(mul(a, b), div(a, b))).backward();
+  CHECK(b.grad().dtype() == DType::f64);
+  CHECK(b.grad().shape() == Shape{3});
+  CHECK(b.grad().to_vector<double>()[0] == doctest::Approx(8 * (1 + 1.0 / 4)));
+  CHECK(a.grad().to_vector<float>()[0] == doctest::Approx(2 - 0.5));
 }

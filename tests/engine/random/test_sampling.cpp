@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/cpu/block_cache.h"
 #include "engine/kernels/table.h"
 #include "engine/random/draw.h"
 #include "quanta.h"
@@ -639,4 +640,27 @@ TEST_CASE(
       CHECK(da.offset() == db.offset());
     }
   }
+}
+
+TEST_CASE("dropout: keeps no mask for the backward, which draws the same one again") {
+  // The forward's output is the only new memory the graph holds (a mask of
+  // the input's size was kept before); the backward's gradient equals the
+  // forward's mask, and the generator advanced once, by the forward.
+  Generator g = Generator::named(6, "dropout.memory");
+  const int64_t n = int64_t{1} << 21;  // 8 MiB of f32: cached blocks, counted
+  Tensor x = randn({n}, g).requires_grad_();
+  const std::size_t before = cpu::block_cache_stats().in_use;
+  Tensor y = dropout(x, 0.5, true, g);
+  // (Sanitized builds keep no blocks and count none.)
+  if (cpu::block_cache_stats().bound > 0)
+    CHECK(cpu::block_cache_stats().in_use - before == y.nbytes());
+  const PhiloxOffset after_forward = g.offset();
+  y.backward(ones({n}));
+  CHECK(g.offset() == after_forward);
+  // y = x * mask * 2 and dy/dx = mask * 2: where x is nonzero they agree.
+  const auto xv = x.to_vector<float>(), yv = y.to_vector<float>(), gv = x.grad().to_vector<float>();
+  bool same = true;
+  for (size_t i = 0; i < xv.size(); ++i)
+    if (xv[i] != 0) same = same && gv[i] == yv[i] / xv[i] * 1.0f;
+  CHECK(same);
 }
