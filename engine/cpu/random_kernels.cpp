@@ -1,5 +1,7 @@
 // random_fill on the CPU: the stream's word groups in parallel, each mapped
 // by the shared rule (engine/random/draw.h) that the CUDA entry runs too.
+#include <algorithm>
+
 #include "engine/cpu/kernels.h"
 #include "engine/dispatch.h"
 #include "engine/random/draw.h"
@@ -7,9 +9,38 @@
 
 namespace quanta::cpu {
 
+namespace {
+
+// A bernoulli fill in f32 or f64 (dropout's masks) as one select per word:
+// fill_group's two possible values formed once, so the same bits, in a loop
+// the compiler vectorises instead of fill_group's per-element dispatch.
+template <class T>
+void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
+  const T a = static_cast<T>(f.scale), b = static_cast<T>(f.shift);
+  const T one = f.affine ? draw::affine(a, b, T(1)) : T(1);
+  const T zero = f.affine ? draw::affine(a, b, T(0)) : T(0);
+  const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
+  constexpr int64_t kChunk = 2048;
+  parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
+    uint32_t words[kChunk];
+    for (int64_t c = lo; c < hi; c += kChunk) {
+      const int64_t m = std::min(kChunk, hi - c);
+      s.words(c, c + m, words);
+      T* dst = out + c;
+      for (int64_t k = 0; k < m; ++k) dst[k] = words[k] < f.below ? one : zero;
+    }
+  });
+}
+
+}  // namespace
+
 void random_fill(const RandomFill& f, int64_t n, void* out) {
   const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
   if (n == 0) return;
+  if (f.draw == RandomDraw::bernoulli && f.dtype == DType::f32)
+    return bernoulli_fill(f, n, static_cast<float*>(out));
+  if (f.draw == RandomDraw::bernoulli && f.dtype == DType::f64)
+    return bernoulli_fill(f, n, static_cast<double*>(out));
   draw::dispatch_fill<bf16, f16>(gr, f.dtype, [&]<int W, class T>() {
     const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
     T* p = static_cast<T*>(out);

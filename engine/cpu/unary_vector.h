@@ -32,39 +32,29 @@ QUANTA_VECTOR_FORM(Rsqrt, a.rsqrt())
 QUANTA_VECTOR_FORM(Sin, a.sin())
 QUANTA_VECTOR_FORM(Cos, a.cos())
 QUANTA_VECTOR_FORM(Tanh, a.tanh())
-// The scalar forms' formulas with Eigen's vector exp (a decoder's SiLU and
-// its gradient's sigmoid called libm's scalar expf once per element).
-// Sigmoid stays stable: e = exp(-|a|) never overflows, and e / (1 + e) is
-// the branch for negative a.
+// The scalar form's formula with Eigen's vector exp (a decoder's SiLU
+// called libm's scalar expf once per element).
 QUANTA_VECTOR_FORM(Silu, a / (1 + (-a).exp()))
 #undef QUANTA_VECTOR_FORM
 
+// Sigmoid, stable: the vector pass is e = exp(-|a|) alone, which never
+// overflows (Eigen's select does not vectorise: a select over exps ran
+// libm's scalar expf three times per element); the fix-up pass forms the
+// scalar form's two branches from e, 1 / (1 + e) for a >= 0 and
+// e / (1 + e) below, a loop the compiler vectorises.
 template <>
 struct VectorForm<fn::Sigmoid> {
   static constexpr bool has = true;
-  static auto apply(const auto& a) {
-    return (a >= 0).select(1 / (1 + (-a.abs()).exp()), (-a.abs()).exp() / (1 + (-a.abs()).exp()));
-  }
-  // Eigen's clamped double exp again (see Exp): far below 0 the result is 0.
+  static auto apply(const auto& a) { return (-a.abs()).exp(); }
   template <class T>
   static void fixup(const T* src, T* dst, int64_t n) {
+    // Eigen's clamped double exp again (see Exp): far below 0 the result is 0.
     const T underflow = std::log(std::numeric_limits<T>::denorm_min());
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < underflow ? T(0) : dst[i];
-  }
-};
-
-template <>
-struct VectorForm<fn::Exp> {
-  static constexpr bool has = true;
-  static auto apply(const auto& a) { return a.exp(); }
-  // Eigen's SSE2 double exp clamps its input, so exp(-inf) came out as
-  // 5.6e-309 instead of 0 (a -inf logit got a sliver of probability).
-  // Below log(denorm_min) the true result is 0 in every precision.
-  template <class T>
-  static void fixup(const T* src, T* dst, int64_t n) {
-    const T underflow = std::log(std::numeric_limits<T>::denorm_min());
-    // A select, not a branch: the compiler turns it into a vector blend.
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < underflow ? T(0) : dst[i];
+    for (int64_t i = 0; i < n; ++i) {
+      const T e = dst[i], v = src[i];
+      const T s = v >= 0 ? T(1) / (T(1) + e) : e / (T(1) + e);
+      dst[i] = v < underflow ? T(0) : s;
+    }
   }
 };
 

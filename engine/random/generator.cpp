@@ -8,6 +8,10 @@
 #include "engine/cpu/parallel.h"
 #include "engine/random/philox.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace quanta {
 namespace {
 
@@ -32,12 +36,65 @@ uint32_t PhiloxStream::word(int64_t i) const {
 
 namespace {
 
-// Philox4x32-10 of kLanes consecutive blocks at once, the words of each
-// block kept apart (structure of arrays) so that the compiler turns every
-// round into vector multiplies: the same arithmetic as philox4x32_10, lane
-// by lane, so the same bits.
+// Philox4x32-10 of kLanes consecutive blocks at once, word k of every
+// block in one vector: the same arithmetic as philox4x32_10, lane by lane,
+// so the same bits. With AVX-512 each round's 32 x 32 -> 64 products are
+// vpmuludq on the even and odd lanes (what the compiler made of the plain
+// loop, 64-bit multiplies, was half as fast); elsewhere the plain loop.
 constexpr int kLanes = 16;
 
+#if defined(__AVX512F__)
+// hi and lo words of m * c for the 16 lanes of c.
+inline void mul_hi_lo(__m512i c, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(c, m);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m);
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+  lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+}
+
+void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
+                  uint32_t* out) {
+  alignas(64) uint32_t w[4][kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    const std::array<uint32_t, 4> c = philox_counter(start.lo, start.hi, first_block + j);
+    for (int k = 0; k < 4; ++k) w[k][j] = c[static_cast<size_t>(k)];
+  }
+  __m512i c0 = _mm512_load_si512(w[0]), c1 = _mm512_load_si512(w[1]);
+  __m512i c2 = _mm512_load_si512(w[2]), c3 = _mm512_load_si512(w[3]);
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(detail::kPhiloxM0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(detail::kPhiloxM1));
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key[0] += detail::kPhiloxW0;
+      key[1] += detail::kPhiloxW1;
+    }
+    __m512i hi0, lo0, hi1, lo1;
+    mul_hi_lo(c0, m0, hi0, lo0);
+    mul_hi_lo(c2, m1, hi1, lo1);
+    const __m512i k0 = _mm512_set1_epi32(static_cast<int>(key[0]));
+    const __m512i k1 = _mm512_set1_epi32(static_cast<int>(key[1]));
+    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), k0);
+    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), k1);
+    c1 = lo1;
+    c3 = lo0;
+  }
+  // Back to block order (word k of block j at out[4 j + k]): a 4 x 16
+  // transpose. Within each 128-bit lane L the unpacks give blocks 4L..4L+3
+  // whole (e, f, g, h); the shuffles then gather lane L of each.
+  const __m512i a = _mm512_unpacklo_epi32(c0, c1), b = _mm512_unpackhi_epi32(c0, c1);
+  const __m512i c = _mm512_unpacklo_epi32(c2, c3), d = _mm512_unpackhi_epi32(c2, c3);
+  const __m512i e = _mm512_unpacklo_epi64(a, c), f = _mm512_unpackhi_epi64(a, c);
+  const __m512i g = _mm512_unpacklo_epi64(b, d), h = _mm512_unpackhi_epi64(b, d);
+  const __m512i ef02 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512i gh02 = _mm512_shuffle_i32x4(g, h, _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512i ef13 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(3, 1, 3, 1));
+  const __m512i gh13 = _mm512_shuffle_i32x4(g, h, _MM_SHUFFLE(3, 1, 3, 1));
+  _mm512_storeu_si512(out, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(2, 0, 2, 0)));
+  _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(2, 0, 2, 0)));
+  _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#else
 void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
                   uint32_t* out) {
   uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
@@ -65,6 +122,7 @@ void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t,
     out[4 * j] = c0[j], out[4 * j + 1] = c1[j], out[4 * j + 2] = c2[j], out[4 * j + 3] = c3[j];
   }
 }
+#endif
 
 }  // namespace
 
