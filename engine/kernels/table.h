@@ -88,7 +88,7 @@ struct RandomFill {
                              // integer: i64
   uint32_t key[2] = {0, 0};
   uint64_t start_lo = 0, start_hi = 0;  // the stream's first block
-  bool affine = false;                  // uniform, normal in f32 or f64: shift + scale * v
+  bool affine = false;  // uniform, normal, bernoulli in f32 or f64: shift + scale * v
   double scale = 1.0, shift = 0.0;
   int64_t low = 0;     // integer: low + multiply-shift of the range
   uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)

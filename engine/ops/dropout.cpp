@@ -13,24 +13,42 @@
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 
 namespace quanta {
+namespace {
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+// The keep-mask scaled by 1 / (1 - p) that a generator in a given state
+// draws: the forward draws it from the caller's generator (advancing it),
+// the backward again from a copy taken before.
+struct ScaledMask {
+  Shape shape;
+  double p;
+  TensorOptions opts;
+  Tensor operator()(Generator& g) const {
+    NoGradGuard no_grad;
+    return scaled_bernoulli(shape, 1.0 - p, 1.0 / (1.0 - p), g, opts);
+  }
+};
+
+void check_dropout(const Tensor& x, double p) {
   if (!x.defined()) throw std::invalid_argument("[dropout] undefined input");
   if (!(p >= 0 && p <= 1))
     throw std::invalid_argument("[dropout] p must be in [0, 1]: got " + std::to_string(p));
   if (!is_floating(x.dtype())) detail::bad_dtype("dropout", x.dtype(), "expected a floating dtype");
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  check_dropout(x, p);
   if (!training || p == 0) return x;
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   if (p == 1) return mul(x, zeros(x.shape(), opts));
   const Generator replay = gen;
-  const double scale = 1.0 / (1.0 - p);
-  const auto scaled_mask = [shape = x.shape(), p, scale, opts](Generator& g) {
-    NoGradGuard no_grad;
-    return mul(bernoulli(shape, 1.0 - p, g, opts), scalar(scale, opts));
-  };
+  const ScaledMask scaled_mask{x.shape(), p, opts};
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -40,6 +58,40 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     Generator again = replay;
     return std::vector<Tensor>{mul(g, scaled_mask(again))};
   });
+}
+
+Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
+                      Generator& gen) {
+  check_dropout(x, p);
+  if (!training || p == 0 || p == 1 || !weight.defined() || weight.dtype() != x.dtype() ||
+      weight.dim() != 2 || !grad_enabled())
+    return linear(dropout(x, p, training, gen), weight);
+  const Generator replay = gen;
+  const ScaledMask scaled_mask{x.shape(), p, {.dtype = x.dtype(), .device = x.device()}};
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = linear(mul(x, scaled_mask(gen)), weight);
+  }
+  // The gradients as linear's and dropout's backward form them: dx = (g w) *
+  // mask, dw = g^T (x * mask) over the rows.
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  return autograd::record(
+      "dropout_linear", out, {x, weight},
+      [x = need_w ? x.detach() : Tensor(), w = need_x ? weight.detach() : Tensor(), scaled_mask,
+       replay, need_x, need_w](const Tensor& g) {
+        Generator again = replay;
+        const Tensor mask = scaled_mask(again);
+        Tensor gx, gw;
+        if (need_x) gx = mul(matmul(g, w), mask);
+        if (need_w) {
+          const int64_t out_f = g.size(-1), in_f = mask.size(-1);
+          const int64_t rows = numel_of(Shape(mask.shape().begin(), mask.shape().end() - 1));
+          gw = matmul(transpose(reshape(g, {rows, out_f}), 0, 1),
+                      reshape(mul(x, mask), {rows, in_f}));
+        }
+        return std::vector<Tensor>{gx, gw};
+      });
 }
 
 }  // namespace quanta

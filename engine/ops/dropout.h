@@ -11,4 +11,12 @@ namespace quanta {
  * p == 0, and x * 0 (no draw) when p == 1. Needs 0 <= p <= 1 and a floating x. */
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 
+/** linear(dropout(x, p, training, gen), weight): the same values, gradients
+ * and draws, but the graph keeps x (which other ops keep too: LoRA's input
+ * is the frozen layer's input) instead of the dropped copy, and the backward
+ * draws the mask again. x [..., in] and weight [out, in] of one dtype;
+ * other dtypes take the two ops. */
+Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
+                      Generator& gen);
+
 }  // namespace quanta

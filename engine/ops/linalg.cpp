@@ -251,20 +251,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();
   const bool need_b = Bias.defined() && Bias.requires_grad();
-  return autograd::record(
-      "linear", out, {X, W, Bias},
-      [x = X.detach(), w = W.detach(), need_x, need_w, need_b, out_f, in_f](const Tensor& g) {
-        Tensor gx, gw, gb;
-        if (need_x) gx = matmul(g, w);
-        if (need_w || need_b) {
-          // Rows from the shape: -1 cannot be inferred when a feature size is 0.
-          const int64_t rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
-          Tensor g2 = reshape(g, {rows, out_f});
-          if (need_w) gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
-          if (need_b) gb = sum(g2, {0});
-        }
-        return std::vector<Tensor>{gx, gw, gb};
-      });
+  // Each operand is kept only for the other's gradient (a frozen weight's
+  // layer keeps no copy of its input alive until the backward).
+  return autograd::record("linear", out, {X, W, Bias},
+                          [x = need_w ? X.detach() : Tensor(), w = need_x ? W.detach() : Tensor(),
+                           rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1)), need_x,
+                           need_w, need_b, out_f, in_f](const Tensor& g) {
+                            Tensor gx, gw, gb;
+                            if (need_x) gx = matmul(g, w);
+                            if (need_w || need_b) {
+                              // Rows from the shape: -1 cannot be inferred when a feature size is
+                              // 0.
+                              Tensor g2 = reshape(g, {rows, out_f});
+                              if (need_w)
+                                gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
+                              if (need_b) gb = sum(g2, {0});
+                            }
+                            return std::vector<Tensor>{gx, gw, gb};
+                          });
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {

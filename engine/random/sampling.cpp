@@ -17,6 +17,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/random/draw.h"
@@ -285,6 +286,18 @@ Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptio
   Tensor out = draw_tensor(shape, f, gen, opts.device);
   if (!floating) out = out.to(opts.dtype);
   return finish(out, opts);
+}
+
+Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& gen,
+                        const TensorOptions& opts) {
+  if (opts.dtype != DType::f32 && opts.dtype != DType::f64)
+    return mul(bernoulli(shape, p, gen, opts), scalar(value, opts));
+  check_shape("bernoulli", shape);
+  if (!(p >= 0 && p <= 1))
+    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
+  RandomFill f = affine_fill(RandomDraw::bernoulli, opts.dtype, value, 0.0);
+  f.below = draw::bernoulli_below(p);
+  return finish(draw_tensor(shape, f, gen, opts.device), opts);
 }
 
 void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {

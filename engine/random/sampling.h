@@ -63,6 +63,12 @@ Tensor randperm_prefix(int64_t n, int64_t m, Generator& gen,
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, Generator& gen);
 /** Bernoulli(p) samples as 0/1 in opts.dtype (f32 by default; bool works). */
 Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptions& opts = {});
+/** bernoulli(shape, p, gen, opts) * value, drawing the same words (the same
+ * positions are nonzero): in one pass for f32 and f64 (value rounded to the
+ * dtype once), as that product for other floating dtypes. Dropout's scaled
+ * keep-mask. */
+Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& gen,
+                        const TensorOptions& opts = {});
 
 /** Fills `t` in place with uniform values in [lo, hi): drawn as f64 for f64
  * tensors, else as f32 (then rounded to bf16/f16, which may reach hi). Any

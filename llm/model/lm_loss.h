@@ -13,6 +13,10 @@ namespace quanta::llm {
  * every label is ignored (as transformers). Differentiable in logits. */
 Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100);
 
+/** chunked_causal_lm_loss's chunk: a few [chunk, vocab] f32 tensors are
+ * alive at once (134 MB for Llama 3's vocabulary), the GEMMs still large. */
+inline constexpr int64_t kLossChunkTokens = 256;
+
 /** The same loss from the final hidden states [batch, tokens, hidden] and the
  * output projection's weight [vocab, hidden], computing the logits
  * `chunk_tokens` positions at a time (in the weight's dtype, then upcast,
@@ -23,6 +27,6 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore
  * scales them, so the loss can be differentiated once (a second backward
  * throws). Equal to causal_lm_loss(linear(hidden, weight), labels). */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
-                              int64_t chunk_tokens = 1024, int64_t ignore_index = -100);
+                              int64_t chunk_tokens = kLossChunkTokens, int64_t ignore_index = -100);
 
 }  // namespace quanta::llm

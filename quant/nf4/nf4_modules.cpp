@@ -169,8 +169,10 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
 
 Tensor LoRALinear::forward(const Tensor& x) {
   const Tensor y = base_->forward(x);
-  const Tensor h = dropout(x.to(lora_a_.dtype()), dropout_, is_training(), dropout_gen_);
-  return y + (linear(linear(h, lora_a_), lora_b_) * scaling_).to(y.dtype());
+  // dropout_linear keeps x for the backward, not the dropped copy.
+  const Tensor a =
+      dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(), dropout_gen_);
+  return y + (linear(a, lora_b_) * scaling_).to(y.dtype());
 }
 
 Tensor LoRALinear::merged_weight() const {

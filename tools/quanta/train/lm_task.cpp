@@ -16,13 +16,7 @@ namespace quanta::train {
 
 using nlohmann::json;
 
-namespace {
-
-// Logits are made this many positions at a time (and again in backward), so
-// that [tokens, vocab] f32 logits are never all alive.
-constexpr int64_t kLossChunkTokens = 1024;
-
-}  // namespace
+namespace {}  // namespace
 
 LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_t rows) {
   NoGradGuard no_grad;
@@ -37,7 +31,7 @@ LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_
     if (b.scored_tokens == 0) continue;
     const Tensor loss =
         llm::chunked_causal_lm_loss(model.hidden_states(b.ids, nullptr, Tensor(), b.position_ids),
-                                    model.lm_head_weight(), b.labels, kLossChunkTokens);
+                                    model.lm_head_weight(), b.labels);
     sum += loss.to(Device::cpu()).to(DType::f64).item() * double(b.scored_tokens);
     tokens += b.scored_tokens;
   }
@@ -72,9 +66,8 @@ StepLoss LmFinetuneTask::step(const BatchShare& share) {
   if (b.scored_tokens == 0 || global == 0) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
   } else {
-    loss =
-        llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), b.labels, kLossChunkTokens) *
-        (double(b.scored_tokens) / double(global) * double(share.world));
+    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), b.labels) *
+           (double(b.scored_tokens) / double(global) * double(share.world));
   }
   return {loss.to(DType::f32), {}};
 }
