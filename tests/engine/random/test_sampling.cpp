@@ -664,3 +664,40 @@ TEST_CASE("dropout: keeps no mask for the backward, which draws the same one aga
     if (xv[i] != 0) same = same && gv[i] == yv[i] / xv[i] * 1.0f;
   CHECK(same);
 }
+
+TEST_CASE("dropout_linear: linear(dropout(x)) bit for bit, keeping x instead of the dropped copy") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dt);
+    Generator init(8);
+    const Tensor x0 = randn({3, 5, 40}, init, {.dtype = dt}),
+                 w0 = randn({7, 40}, init, {.dtype = dt});
+    const Tensor probe = randn({3, 5, 7}, init, {.dtype = dt});
+    Tensor x1 = x0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+    Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
+    Generator g1 = Generator::named(9, "dropout_linear"), g2 = g1;
+    const Tensor y1 = dropout_linear(x1, w1, 0.3, true, g1);
+    const Tensor y2 = linear(dropout(x2, 0.3, true, g2), w2);
+    CHECK(g1.offset() == g2.offset());
+    CHECK(max(abs(y1 - y2)).item() == 0);
+    sum(y1 * probe).backward();
+    sum(y2 * probe).backward();
+    CHECK(max(abs(x1.grad() - x2.grad())).item() == 0);
+    CHECK(max(abs(w1.grad() - w2.grad())).item() == 0);
+    // Evaluation and p = 0: the plain product, no draw.
+    const PhiloxOffset before = g1.offset();
+    CHECK(max(abs(dropout_linear(x0, w0, 0.3, false, g1) - linear(x0, w0))).item() == 0);
+    CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1) - linear(x0, w0))).item() == 0);
+    CHECK(g1.offset() == before);
+  }
+  // The graph holds no dropped copy of a large input (cached blocks, counted
+  // where the cache is on): only the small output is new.
+  Generator g(10);
+  const Tensor x = (randn({4096, 512}, g) * 1.0).requires_grad_();  // 8 MiB
+  const Tensor w = randn({16, 512}, g).requires_grad_();
+  const std::size_t before = cpu::block_cache_stats().in_use;
+  Tensor y = dropout_linear(x, w, 0.1, true, g);
+  if (cpu::block_cache_stats().bound > 0) CHECK(cpu::block_cache_stats().in_use == before);
+  Tensor y2 = linear(dropout(x, 0.1, true, g), w);
+  if (cpu::block_cache_stats().bound > 0)
+    CHECK(cpu::block_cache_stats().in_use == before + x.nbytes());
+}
