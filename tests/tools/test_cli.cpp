@@ -619,14 +619,23 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(shard["qlorasmall_shard2_base"]["unit"] == "MB");
   CHECK(shard["qlorasmall_shard2_base"]["ratio"].get<double>() < 1);
   CHECK(shard["qlorasmall_shard2_gathered"]["ratio"].get<double>() == doctest::Approx(2.0));
-  for (const char* want : {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
-                           "llamasmall_B2_T32_fb", "qlorasmall_B2_T32"})
+  for (const char* want :
+       {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32", "llamasmall_B2_T32_fb",
+        "qlorasmall_B2_T32", "qlorasmall_B2_T32_peak_rss"})
     CHECK_MESSAGE(names.count(want) == 1, want);
   // --only keeps the rows whose name contains it, and refuses a text that matches none.
   REQUIRE(only.code == 0);
   const nlohmann::json rows = nlohmann::json::parse(only.out);
-  REQUIRE(rows.size() == 1);
+  REQUIRE(rows.size() == 2);
   CHECK(rows[0]["name"] == "qlorasmall_B2_T32");
+  // Without a peer the rows keep quanta's side: the step's time, and the
+  // peak memory of a fresh process running it (MB; a small model still
+  // maps the libraries, so tens of MB at least).
+  CHECK(rows[0]["ms"].get<double>() > 0);
+  CHECK(rows[1]["name"] == "qlorasmall_B2_T32_peak_rss");
+  CHECK(rows[1]["unit"] == "MB");
+  CHECK(rows[1]["ms"].get<double>() > 10);
+  CHECK(rows[1]["ms"].get<double>() < 4000);
   CHECK(none.code != 0);
   CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
   // The ~500M size is the llm suite's alone.

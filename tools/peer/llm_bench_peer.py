@@ -4,9 +4,10 @@ sides alternate round by round on the same machine.
 
 Protocol (one line each way): quanta writes `setup NAME KEY=VALUE...`
 (answer `ok`), then `time NAME CALLS` (answer: milliseconds per call, the
-mean of CALLS calls), and `peak NAME` for attention's peak memory (answer:
-bytes allocated beyond the inputs, from tracemalloc-free accounting by
-torch's CPU allocator is not available, so `nan`). `quit` ends it.
+mean of CALLS calls); `peak NAME KEY=VALUE...` answers the peak resident
+memory in MB of a fresh python process (this script with --peak) that
+imports the same libraries, sets NAME up and runs it twice, as quanta
+measures its own side in a fresh process. `quit` ends it.
 
 Workloads, matching tools/quanta/bench/llm.cpp:
   attention   B H T D causal: F.scaled_dot_product_attention forward
@@ -14,13 +15,16 @@ Workloads, matching tools/quanta/bench/llm.cpp:
   llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids
   llama_fb    forward + backward of its causal-LM loss
   qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
-              double quant, f32 compute), PEFT LoRA r on all linear layers
-              (alpha 2r, dropout 0.05), forward + backward + AdamW
+              double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
+              on all linear layers (alpha 2r, dropout 0.05), forward +
+              backward + AdamW
 
 Run by quanta with the peer environment's python (../shared/peer/setup.sh):
 /tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
 """
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -44,8 +48,34 @@ def llama(cfg):
     return LlamaForCausalLM(config).float()
 
 
+def parse_config(words):
+    return {k: int(v) for k, v in (p.split("=") for p in words)}
+
+
+def peak_child(name, words):
+    """In a fresh process: set NAME up, run it twice, print the peak RSS."""
+    fn = make(name, parse_config(words))
+    fn()
+    fn()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, flush=True)
+
+
+def peak(threads, name, words):
+    done = subprocess.run(
+        [sys.executable, __file__, str(threads), "--peak", name, *words],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines:
+        return "failed (exit status %d)" % done.returncode
+    return lines[-1]
+
+
 def main():
-    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads())
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    if len(sys.argv) > 3 and sys.argv[2] == "--peak":
+        peak_child(sys.argv[3], sys.argv[4:])
+        return
     work = {}
     for line in sys.stdin:
         parts = line.split()
@@ -55,9 +85,10 @@ def main():
             break
         if parts[0] == "setup":
             name = parts[1]
-            cfg = {k: int(v) for k, v in (p.split("=") for p in parts[2:])}
-            work[name] = make(name, cfg)
+            work[name] = make(name, parse_config(parts[2:]))
             print("ok", flush=True)
+        elif parts[0] == "peak":
+            print(peak(threads, parts[1], parts[2:]), flush=True)
         elif parts[0] == "time":
             fn = work[parts[1]]
             calls = int(parts[2])
@@ -79,7 +110,7 @@ def qlora(cfg):
             folder, dtype=torch.float32, device_map="cpu",
             quantization_config=BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.float32))
+                bnb_4bit_compute_dtype=torch.bfloat16 if cfg.get("bf16") else torch.float32))
     model = get_peft_model(model, LoraConfig(r=cfg["r"], lora_alpha=2 * cfg["r"],
                                              lora_dropout=0.05, target_modules="all-linear",
                                              task_type="CAUSAL_LM"))

@@ -176,8 +176,8 @@ void add_bench(CLI::App& app) {
       ->transform(integer_in(1, 1000));
   sub->add_option("--size", c->size,
                   "full (the sizes in the row names) or small (tiny sizes for a smoke test; "
-                  "row names stay the same); bench llm also takes large (a ~500M Llama, the "
-                  "sharding rows of -n N only)")
+                  "row names stay the same); bench llm also takes large (a ~500M Llama: its "
+                  "QLoRA step, peak memory and the sharding rows of -n N)")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "small", "large"}));
   sub->add_option("--threads", c->threads, "CPU threads (default: OpenMP's default)")

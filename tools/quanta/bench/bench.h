@@ -132,6 +132,25 @@ std::vector<BenchRow> bench_llm_shard(const BenchOptions& opts, const llm::Decod
  * ("small", "100m", "500m"). */
 llm::DecoderConfig bench_llm_config(const BenchOptions& opts);
 std::string llm_size_tag(const BenchOptions& opts);
+/** One row of the llm suite: quanta's step and the peer's setup line for
+ * the same work ("setup NAME KEY=VALUE...", tools/peer/llm_bench_peer.py). */
+struct LlmWorkload {
+  std::string name;
+  std::string peer_setup;
+  std::function<void()> run;
+};
+/** The suite's QLoRA training step of `config` (llm.cpp). */
+LlmWorkload qlora_workload(const BenchOptions& opts, const llm::DecoderConfig& config,
+                           Generator& gen);
+/** `config` as the peer's KEY=VALUE words. */
+std::string llm_peer_config(const llm::DecoderConfig& config);
+/** Peak resident memory in MB of a fresh quanta process that builds
+ * qlora_workload and runs its step twice, so that nothing else this process
+ * holds counts (llm_peak_rss.cpp). Throws naming what failed. */
+double qlora_peak_rss_mb(const BenchOptions& opts);
+/** When this process is that child (QUANTA_BENCH_LLM_PEAK_RSS set): does
+ * its work, prints "peak_rss_mb X" and returns true. */
+bool run_as_peak_rss_child(const BenchOptions& opts);
 /** The names of bench_llm_shard's rows. */
 std::vector<std::string> llm_shard_row_names(const BenchOptions& opts);
 /** Collectives and DataParallel (dist.cpp). */

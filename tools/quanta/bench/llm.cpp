@@ -12,16 +12,21 @@
 //   qlora100m_shardN_*: with -n N, the same step with the NF4 base sharded
 //     across N ranks against replicated (llm_shard.cpp).
 //   qlora100m_B4_T512: one QLoRA training step of the same model (every
-//     linear layer but lm_head in NF4, block 64, double quant, f32 compute;
+//     linear layer but lm_head in NF4, block 64, double quant; bf16 compute
+//     where the CPU has bf16 products (cpu::bf16_gemm_native), else f32;
 //     LoRA r 16, alpha 32, dropout 0.05 on all of them; forward, backward of
 //     the causal-LM loss, AdamW on the adapters), against transformers +
 //     bitsandbytes (load_in_4bit) + PEFT doing the same.
+//   qlora100m_B4_T512_peak_rss: the peak resident memory in MB of that step
+//     (setup and two steps) in a fresh process on each side
+//     (llm_peak_rss.cpp): ms and floor_ms hold MB.
 // ratio = quanta / PyTorch: below 1 quanta is faster. The peer's python is
 // $QUANTA_PEER_PYTHON, else /tmp/peer-venv/bin/python (../shared/peer/
 // setup.sh); without it the rows say so. --size small shrinks every shape
-// (a smoke test, not a measurement); --size large gives only the sharding
-// rows, qlora500m_shardN_*, of a ~517M Llama (1280 hidden, 24 layers, 20
-// heads, 3456 MLP) at B 4 x T 128.
+// (a smoke test, not a measurement); --size large gives the QLoRA rows
+// (qlora500m_B4_T512, its _peak_rss) and the sharding rows,
+// qlora500m_shardN_*, of a ~517M Llama (1280 hidden, 24 layers, 20 heads,
+// 3456 MLP), the latter at B 4 x T 128.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -36,6 +41,7 @@
 
 #include "bench.h"
 #include "engine/cpu/block_cache.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
 #include "llm/ops/attention.h"
@@ -105,12 +111,6 @@ std::string peer_script() {
   return std::string(QUANTA_SOURCE_ROOT) + "/tools/peer/llm_bench_peer.py";
 }
 
-struct Workload {
-  std::string name;
-  std::string peer_setup;  // "setup NAME KEY=VALUE..."
-  std::function<void()> run;
-};
-
 }  // namespace
 
 std::string llm_size_tag(const BenchOptions& o) {
@@ -134,11 +134,47 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
   return c;
 }
 
-std::vector<BenchRow> bench_llm(const BenchOptions& o) {
-  if (!o.device.is_cpu()) throw std::invalid_argument("bench llm runs on the CPU only for now");
-  if (o.large) return bench_llm_shard(o, bench_llm_config(o));  // ~500M: the sharding rows
-  std::vector<Workload> work;
-  Generator gen(321);
+LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen) {
+  auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
+  llm::QLoRAOptions q;
+  q.lora.r = o.small ? 4 : 16;
+  q.lora.lora_alpha = 2.0 * double(q.lora.r);
+  q.lora.lora_dropout = 0.05;
+  // bf16 compute where the CPU multiplies bf16 natively (as QLoRA runs
+  // on GPUs), else f32; the peer is told the same.
+  const bool bf16 = cpu::bf16_gemm_native();
+  q.quantization.compute_dtype = bf16 ? DType::bf16 : DType::f32;
+  llm::apply_qlora(*qmodel, q);
+  std::vector<Tensor> adapters;
+  for (const Tensor& p : qmodel->parameters())
+    if (p.requires_grad()) adapters.push_back(p);
+  auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
+  const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
+  auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
+  return {"qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t),
+          "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) + " T=" +
+              std::to_string(t) + " r=" + std::to_string(q.lora.r) + " bf16=" + (bf16 ? "1" : "0"),
+          [=] {
+            opt->zero_grad();
+            llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids), qmodel->lm_head_weight(), *ids)
+                .backward();
+            opt->step();
+          }};
+}
+
+std::string llm_peer_config(const llm::DecoderConfig& c) {
+  return "vocab=" + std::to_string(c.vocab_size) + " hidden=" + std::to_string(c.hidden_size) +
+         " ffn=" + std::to_string(c.intermediate_size) +
+         " layers=" + std::to_string(c.num_hidden_layers) +
+         " heads=" + std::to_string(c.num_attention_heads) +
+         " kv_heads=" + std::to_string(c.num_key_value_heads);
+}
+
+namespace {
+
+// The attention rows and the Llama forward (+ backward) rows.
+void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
+                             std::vector<LlmWorkload>& work) {
   // Attention: B 4, 12 heads of 64 (small: B 1, 2 heads of 16).
   const int64_t B = o.small ? 1 : 4, H = o.small ? 2 : 12, D = o.small ? 16 : 64;
   std::vector<std::shared_ptr<Tensor>> keep;
@@ -159,14 +195,8 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
                       llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
                     }});
   }
-  const llm::DecoderConfig c = bench_llm_config(o);
   auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
-  const std::string cfg = "vocab=" + std::to_string(c.vocab_size) +
-                          " hidden=" + std::to_string(c.hidden_size) +
-                          " ffn=" + std::to_string(c.intermediate_size) +
-                          " layers=" + std::to_string(c.num_hidden_layers) +
-                          " heads=" + std::to_string(c.num_attention_heads) +
-                          " kv_heads=" + std::to_string(c.num_key_value_heads);
+  const std::string cfg = llm_peer_config(c);
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       o.small ? std::vector<std::pair<int64_t, int64_t>>{{2, 32}}
               : std::vector<std::pair<int64_t, int64_t>>{{4, 512}, {1, 2048}};
@@ -184,35 +214,46 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
                       llm::causal_lm_loss(model->logits(*ids), *ids).backward();
                     }});
   }
+}
 
-  // QLoRA: a second copy of the model, converted (small: the small one).
-  {
-    auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
-    llm::QLoRAOptions q;
-    q.lora.r = o.small ? 4 : 16;
-    q.lora.lora_alpha = 2.0 * double(q.lora.r);
-    q.lora.lora_dropout = 0.05;
-    q.quantization.compute_dtype = DType::f32;
-    llm::apply_qlora(*qmodel, q);
-    std::vector<Tensor> adapters;
-    for (const Tensor& p : qmodel->parameters())
-      if (p.requires_grad()) adapters.push_back(p);
-    auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
-    const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
-    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
-    const std::string tag =
-        "qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
-    work.push_back({tag,
-                    "setup qlora " + cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t) +
-                        " r=" + std::to_string(q.lora.r),
-                    [=] {
-                      opt->zero_grad();
-                      llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids),
-                                                  qmodel->lm_head_weight(), *ids)
-                          .backward();
-                      opt->step();
-                    }});
+// The QLoRA step's peak resident memory, quanta's (a child process) against
+// PyTorch's (a child of the peer) in MB.
+BenchRow peak_rss_row(const BenchOptions& o, const std::string& name, const std::string& request,
+                      Peer* peer, const std::string& why) {
+  BenchRow row{name};
+  row.unit = "MB";
+  try {
+    row.ms = qlora_peak_rss_mb(o);
+  } catch (const std::exception& e) {
+    return unavailable_row(name, e.what());
   }
+  if (!peer) {
+    row.unavailable = why;
+    return row;
+  }
+  const std::string answer = peer->ask(request);
+  char* end = nullptr;
+  row.floor_ms = std::strtod(answer.c_str(), &end);
+  if (end == answer.c_str() || !(row.floor_ms > 0))
+    row.unavailable = "the PyTorch peer could not measure its peak: " + answer;
+  return row;
+}
+
+}  // namespace
+
+std::vector<BenchRow> bench_llm(const BenchOptions& o) {
+  if (!o.device.is_cpu()) throw std::invalid_argument("bench llm runs on the CPU only for now");
+  if (run_as_peak_rss_child(o)) return {};
+  std::vector<LlmWorkload> work;
+  Generator gen(321);
+  const llm::DecoderConfig c = bench_llm_config(o);
+  // ~500M: the QLoRA step and the sharding rows only.
+  if (!o.large) add_attention_and_llama(o, c, gen, work);
+  // QLoRA: a model of its own, converted; its peak memory in a process of
+  // its own on each side.
+  work.push_back(qlora_workload(o, c, gen));
+  const std::string peak_name = work.back().name + "_peak_rss";
+  const std::string peak_request = "peak" + work.back().peer_setup.substr(5);
 
   const std::vector<std::string> shard_rows = llm_shard_row_names(o);
   const auto shard_wanted = [&] {
@@ -222,11 +263,12 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   };
   if (!o.only.empty()) {
     std::string names;
-    bool any = shard_wanted();
-    for (const Workload& w : work) {
+    bool any = shard_wanted() || peak_name.find(o.only) != std::string::npos;
+    for (const LlmWorkload& w : work) {
       any = any || w.name.find(o.only) != std::string::npos;
       names += (names.empty() ? "" : ", ") + w.name;
     }
+    names += ", " + peak_name;
     for (const std::string& name : shard_rows) names += ", " + name;
     if (!any)
       throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
@@ -243,11 +285,11 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     peer = std::make_unique<Peer>(peer_python(), peer_script(), num_threads());
 
   std::vector<BenchRow> rows;
-  for (Workload& slot : work) {
+  for (LlmWorkload& slot : work) {
     // What a row holds (its model, gradients, inputs) goes with it once it
     // has run: the Llama model and its gradients are gone before the QLoRA
     // step, whose activations then fit beside what is left.
-    const Workload w = std::move(slot);
+    const LlmWorkload w = std::move(slot);
     if (w.name.find(o.only) == std::string::npos) continue;
     BenchRow row{w.name};
     if (!peer) {
@@ -268,6 +310,8 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     row.floor_ms = ms[1];
     rows.push_back(row);
   }
+  if (peak_name.find(o.only) != std::string::npos)
+    rows.push_back(peak_rss_row(o, peak_name, peak_request, peer.get(), why));
   // Sharding against replication needs no peer: both are quanta's. Its
   // replicas (N ranks, sharded and replicated) come on top of whatever is
   // still alive, so the models above and the peer's process go first.

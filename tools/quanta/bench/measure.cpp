@@ -71,12 +71,15 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
         }
         if (!r.unit.empty()) row["unit"] = r.unit;
         list.push_back(row);
-      } else
+      } else {
+        // A row measured without its floor (the peer missing) keeps its value.
         list.push_back({{"name", r.name},
-                        {"ms", nullptr},
+                        {"ms", r.ms > 0 ? nlohmann::ordered_json(r.ms) : nullptr},
                         {"floor_ms", nullptr},
                         {"ratio", nullptr},
                         {"unavailable", r.unavailable}});
+        if (r.ms > 0 && !r.unit.empty()) list.back()["unit"] = r.unit;
+      }
     out << list.dump(2) << "\n";
     return;
   }
@@ -88,6 +91,12 @@ void print_rows(std::ostream& out, const std::vector<BenchRow>& rows, bool json)
   out << buf << (counted ? "    syncs   copies\n" : "\n");
   for (const auto& r : rows) {
     if (!r.unavailable.empty()) {
+      if (r.ms > 0) {
+        std::snprintf(buf, sizeof buf, "%-*s  %10.3f  ", int(w), r.name.c_str(), r.ms);
+        out << buf << (r.unit.empty() ? "" : "(" + r.unit + ") ") << "no floor: " << r.unavailable
+            << "\n";
+        continue;
+      }
       std::snprintf(buf, sizeof buf, "%-*s  ", int(w), r.name.c_str());
       out << buf << "unavailable: " << r.unavailable << "\n";
       continue;
