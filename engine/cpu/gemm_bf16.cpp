@@ -117,8 +117,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, 
 #ifdef QUANTA_GEMM_ONEDNN
   const dnnl::memory::dims sa = plain_strides(m, k, a.rs, a.cs);
   const dnnl::memory::dims sb = plain_strides(k, n, b.rs, b.cs);
-  const ProductKey key{m,     n,     k, sa[0], sa[1], sb[0], sb[1], std::max<int64_t>(ldc, n),
-                       accumulate};
+  const ProductKey key{m, n, k, sa[0], sa[1], sb[0], sb[1], std::max<int64_t>(ldc, n), accumulate};
   try {
     const Product& p = product_for(key);
     thread_local dnnl::stream stream(cpu_engine());
