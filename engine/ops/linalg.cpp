@@ -204,27 +204,38 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul(a, b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  const KernelTable& k = kernels_for("linear", {&x, &w, &b});
+// linear's product with what the GEMM starts from: the bias b broadcast
+// over the rows, or (linear_add) a whole addend c of the output's shape; the
+// GEMM accumulates onto it, so neither costs a pass of its own.
+Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                   const Tensor& c) {
+  const KernelTable& k = kernels_for(op, {&x, &w, &b, &c});
   if (w.dim() != 2)
-    throw std::invalid_argument("[linear] weight must be 2-d [out, in]: got shape " +
+    throw std::invalid_argument(std::string("[") + op +
+                                "] weight must be 2-d [out, in]: got shape " +
                                 shape_str(w.shape()));
   if (x.dim() == 0 || x.size(-1) != w.size(1))
-    throw std::invalid_argument(
-        "[linear] input's last dim must equal the weight's in "
-        "features: got input " +
-        shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
+    throw std::invalid_argument(std::string("[") + op +
+                                "] input's last dim must equal the weight's in features: got "
+                                "input " +
+                                shape_str(x.shape()) + " and weight " + shape_str(w.shape()));
   const int64_t out_f = w.size(0), in_f = w.size(1);
   if (b.defined() && (b.dim() != 1 || b.size(0) != out_f))
-    throw std::invalid_argument("[linear] bias must have shape [" + std::to_string(out_f) +
-                                "]: got " + shape_str(b.shape()));
-  DType dt = product_dtype("linear", x, w);
-  if (b.defined()) dt = promote_types(dt, b.dtype());
-  const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
-  const DType ct = gemm_dtype(k, dt);
-
+    throw std::invalid_argument(std::string("[") + op + "] bias must have shape [" +
+                                std::to_string(out_f) + "]: got " + shape_str(b.shape()));
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
+  if (c.defined() && c.shape() != out_shape)
+    throw std::invalid_argument(std::string("[") + op +
+                                "] the addend must have the product's shape " +
+                                shape_str(out_shape) + ": got " + shape_str(c.shape()));
+  DType dt = product_dtype(op, x, w);
+  if (b.defined()) dt = promote_types(dt, b.dtype());
+  if (c.defined()) dt = promote_types(dt, c.dtype());
+  const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
+  const Tensor C = c.defined() ? cast(c, dt) : Tensor();
+  const DType ct = gemm_dtype(k, dt);
+
   Tensor out = detail::make_tensor(out_shape, ct, x.device());
   int64_t xrs = 0, xcs = 0;
   Tensor xp = as_rows(k, detail::as_plain(X, ct), xrs, xcs);
@@ -237,6 +248,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     Tensor bp = detail::as_plain(Bias, ct);
     const int64_t out_strides[2] = {out_f, 1}, bias_strides[2] = {0, bp.strides()[0]};
     k.copy({rows, out_f}, {out.raw_data(), ct, out_strides}, {bp.raw_data(), ct, bias_strides});
+  } else if (C.defined()) {
+    k.copy(out_shape, operand_of(out), operand_of(detail::as_plain(C, ct)));
   }
   k.gemm({.dtype = ct,
           .m = rows,
@@ -246,18 +259,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
           .b = {wp.raw_data(), wp.strides()[1], wp.strides()[0]},
           .c = out.raw_data(),
           .ldc = out_f,
-          .accumulate = Bias.defined()});
+          .accumulate = Bias.defined() || C.defined()});
   if (ct != dt) out = detail::as_plain(out, dt);
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();
   const bool need_b = Bias.defined() && Bias.requires_grad();
+  const bool need_c = C.defined() && C.requires_grad();
   // Each operand is kept only for the other's gradient (a frozen weight's
   // layer keeps no copy of its input alive until the backward).
-  return autograd::record("linear", out, {X, W, Bias},
+  return autograd::record(op, out, {X, W, Bias, C},
                           [x = need_w ? X.detach() : Tensor(), w = need_x ? W.detach() : Tensor(),
                            rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1)), need_x,
-                           need_w, need_b, out_f, in_f](const Tensor& g) {
-                            Tensor gx, gw, gb;
+                           need_w, need_b, need_c, out_f, in_f](const Tensor& g) {
+                            Tensor gx, gw, gb, gc;
                             if (need_x) gx = matmul(g, w);
                             if (need_w || need_b) {
                               // Rows from the shape: -1 cannot be inferred when a feature size is
@@ -267,8 +281,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                                 gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
                               if (need_b) gb = sum(g2, {0});
                             }
-                            return std::vector<Tensor>{gx, gw, gb};
+                            if (need_c) gc = g;
+                            return std::vector<Tensor>{gx, gw, gb, gc};
                           });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return linear_onto("linear", x, w, b, Tensor());
+}
+
+Tensor linear_add(const Tensor& c, const Tensor& x, const Tensor& w) {
+  if (!c.defined()) throw std::invalid_argument("[linear_add] undefined addend");
+  return linear_onto("linear_add", x, w, Tensor(), c);
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {

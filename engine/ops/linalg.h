@@ -18,6 +18,11 @@ Tensor matmul(const Tensor& a, const Tensor& b);
  * bias); returns [..., out]. The bias is folded into the GEMM. */
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 
+/** c + linear(x, w), c of the product's shape [..., out]: the GEMM adds onto
+ * a copy of c instead of a product and an add (a LoRA term onto its frozen
+ * layer's output). The gradient of c is the output's gradient. */
+Tensor linear_add(const Tensor& c, const Tensor& x, const Tensor& w);
+
 /** Batched product of 3-d tensors: a [B, m, k], b [B, k, n] -> [B, m, n]
  * (no broadcasting). */
 Tensor bmm(const Tensor& a, const Tensor& b);

@@ -169,10 +169,15 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
 
 Tensor LoRALinear::forward(const Tensor& x) {
   const Tensor y = base_->forward(x);
-  // dropout_linear keeps x for the backward, not the dropped copy.
+  // dropout_linear keeps x for the backward, not the dropped copy. The
+  // scaling goes on the rank-r activation, and the second product adds onto
+  // the frozen layer's output in its GEMM: (a s) B^T + y, where PEFT writes
+  // y + (a B^T) s, equal up to rounding, without two passes over [.., out].
   const Tensor a =
-      dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(), dropout_gen_);
-  return y + (linear(a, lora_b_) * scaling_).to(y.dtype());
+      dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(), dropout_gen_) *
+      scaling_;
+  if (y.dtype() == lora_b_.dtype()) return linear_add(y, a, lora_b_);
+  return y + linear(a, lora_b_).to(y.dtype());
 }
 
 Tensor LoRALinear::merged_weight() const {

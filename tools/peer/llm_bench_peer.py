@@ -22,6 +22,7 @@ Workloads, matching tools/quanta/bench/llm.cpp:
 Run by quanta with the peer environment's python (../shared/peer/setup.sh):
 /tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
 """
+import gc
 import os
 import resource
 import subprocess
@@ -88,6 +89,10 @@ def main():
             work[name] = make(name, parse_config(parts[2:]))
             print("ok", flush=True)
         elif parts[0] == "peak":
+            # The fresh process measures alone: what this one holds goes
+            # first, so the machine holds one model at a time.
+            work.clear()
+            gc.collect()
             print(peak(threads, parts[1], parts[2:]), flush=True)
         elif parts[0] == "time":
             fn = work[parts[1]]

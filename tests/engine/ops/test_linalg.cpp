@@ -179,6 +179,20 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   ln.half = true;
   run_case(ln);
 
+  // linear_add: c + x w^T, the GEMM accumulating onto a copy of c (the f64
+  // gradient check covers c, x and w; devices and 16-bit dtypes as linear).
+  OpCase la;
+  la.name = "linear_add";
+  la.shapes = {{2, 3, 5}, {2, 3, 4}, {5, 4}};
+  la.zero_shapes = {{0, 5}, {0, 4}, {5, 4}};
+  la.op = [](const Inputs& x) { return linear_add(x[0], x[1], x[2]); };
+  la.reference = [](const Inputs& x) { return x[0] + ref_linear(x[1], x[2], nullptr); };
+  la.half = true;
+  run_case(la);
+  CHECK_THROWS_WITH_AS(linear_add(zeros({3, 4}), zeros({3, 4}), zeros({5, 4})),
+                       doctest::Contains("[linear_add] the addend must have the product's shape"),
+                       std::invalid_argument);
+
   OpCase bm = matmul_case("bmm", {{2, 3, 4}, {2, 4, 5}}, {}, {{0, 3, 4}, {0, 4, 5}});
   bm.op = [](const Inputs& x) { return bmm(x[0], x[1]); };
   run_case(bm);

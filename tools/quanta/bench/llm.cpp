@@ -217,25 +217,27 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
 }
 
 // The QLoRA step's peak resident memory, quanta's (a child process) against
-// PyTorch's (a child of the peer) in MB.
+// PyTorch's (a child of the peer) in MB. The peer goes first: asked, it
+// drops its own workloads, so no two models share the machine's memory.
 BenchRow peak_rss_row(const BenchOptions& o, const std::string& name, const std::string& request,
                       Peer* peer, const std::string& why) {
   BenchRow row{name};
   row.unit = "MB";
+  std::string peer_failed;
+  if (peer) {
+    const std::string answer = peer->ask(request);
+    char* end = nullptr;
+    row.floor_ms = std::strtod(answer.c_str(), &end);
+    if (end == answer.c_str() || !(row.floor_ms > 0))
+      peer_failed = "the PyTorch peer could not measure its peak: " + answer;
+  }
   try {
     row.ms = qlora_peak_rss_mb(o);
   } catch (const std::exception& e) {
     return unavailable_row(name, e.what());
   }
-  if (!peer) {
-    row.unavailable = why;
-    return row;
-  }
-  const std::string answer = peer->ask(request);
-  char* end = nullptr;
-  row.floor_ms = std::strtod(answer.c_str(), &end);
-  if (end == answer.c_str() || !(row.floor_ms > 0))
-    row.unavailable = "the PyTorch peer could not measure its peak: " + answer;
+  if (!peer) row.unavailable = why;
+  if (!peer_failed.empty()) row.unavailable = peer_failed;
   return row;
 }
 
@@ -310,6 +312,9 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     row.floor_ms = ms[1];
     rows.push_back(row);
   }
+  // The peak rows' fresh processes measure alone: the kept blocks go back
+  // first (the peer drops its own workloads when asked).
+  cpu::release_cached_blocks();
   if (peak_name.find(o.only) != std::string::npos)
     rows.push_back(peak_rss_row(o, peak_name, peak_request, peer.get(), why));
   // Sharding against replication needs no peer: both are quanta's. Its
