@@ -20,6 +20,7 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
   const T one = f.affine ? draw::affine(a, b, T(1)) : T(1);
   const T zero = f.affine ? draw::affine(a, b, T(0)) : T(0);
   const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
+  const T* times = static_cast<const T*>(f.times);
   constexpr int64_t kChunk = 2048;
   parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
     uint32_t words[kChunk];
@@ -27,7 +28,12 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
       const int64_t m = std::min(kChunk, hi - c);
       s.words(c, c + m, words);
       T* dst = out + c;
-      for (int64_t k = 0; k < m; ++k) dst[k] = words[k] < f.below ? one : zero;
+      if (times) {
+        const T* src = times + c;
+        for (int64_t k = 0; k < m; ++k) dst[k] = src[k] * (words[k] < f.below ? one : zero);
+      } else {
+        for (int64_t k = 0; k < m; ++k) dst[k] = words[k] < f.below ? one : zero;
+      }
     }
   });
 }

@@ -93,6 +93,10 @@ struct RandomFill {
   int64_t low = 0;     // integer: low + multiply-shift of the range
   uint64_t range = 0;  // integer: high - low, as unsigned (up to 2^64 - 1)
   uint64_t below = 0;  // bernoulli: 1 where the word < below (ceil(p 2^32)), else 0
+  // bernoulli in f32 or f64: when set, n contiguous elements of the fill's
+  // dtype on its device, and element i is times[i] * value (dropout in one
+  // pass, no mask written). Null: the value itself.
+  const void* times = nullptr;
 };
 
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is

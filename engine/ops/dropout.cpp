@@ -20,16 +20,14 @@
 namespace quanta {
 namespace {
 
-// The keep-mask scaled by 1 / (1 - p) that a generator in a given state
-// draws: the forward draws it from the caller's generator (advancing it),
-// the backward again from a copy taken before.
-struct ScaledMask {
-  Shape shape;
+// t times the keep-mask scaled by 1 / (1 - p) that a generator in a given
+// state draws, in one pass (bernoulli_mul: no mask written): the forward
+// draws from the caller's generator (advancing it), the backward again
+// from a copy taken before.
+struct MaskedBy {
   double p;
-  TensorOptions opts;
-  Tensor operator()(Generator& g) const {
-    NoGradGuard no_grad;
-    return scaled_bernoulli(shape, 1.0 - p, 1.0 / (1.0 - p), g, opts);
+  Tensor operator()(const Tensor& t, Generator& g) const {
+    return bernoulli_mul(t, 1.0 - p, 1.0 / (1.0 - p), g);
   }
 };
 
@@ -48,15 +46,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   if (p == 1) return mul(x, zeros(x.shape(), opts));
   const Generator replay = gen;
-  const ScaledMask scaled_mask{x.shape(), p, opts};
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = mul(x, scaled_mask(gen));  // advances gen as the draw does
-  }
-  return autograd::record("dropout", out, {x}, [scaled_mask, replay](const Tensor& g) {
+  const MaskedBy masked{p};
+  const Tensor out = masked(x, gen);  // advances gen as the draw does
+  return autograd::record("dropout", out, {x}, [masked, replay](const Tensor& g) {
     Generator again = replay;
-    return std::vector<Tensor>{mul(g, scaled_mask(again))};
+    return std::vector<Tensor>{masked(g, again)};
   });
 }
 
@@ -67,28 +61,30 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
       weight.dim() != 2 || !grad_enabled())
     return linear(dropout(x, p, training, gen), weight);
   const Generator replay = gen;
-  const ScaledMask scaled_mask{x.shape(), p, {.dtype = x.dtype(), .device = x.device()}};
+  const MaskedBy masked{p};
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = linear(mul(x, scaled_mask(gen)), weight);
+    out = linear(masked(x, gen), weight);
   }
   // The gradients as linear's and dropout's backward form them: dx = (g w) *
-  // mask, dw = g^T (x * mask) over the rows.
+  // mask, dw = g^T (x * mask) over the rows, each mask drawn again.
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   return autograd::record(
       "dropout_linear", out, {x, weight},
-      [x = need_w ? x.detach() : Tensor(), w = need_x ? weight.detach() : Tensor(), scaled_mask,
-       replay, need_x, need_w](const Tensor& g) {
-        Generator again = replay;
-        const Tensor mask = scaled_mask(again);
+      [x = need_w ? x.detach() : Tensor(), w = need_x ? weight.detach() : Tensor(),
+       x_shape = x.shape(), masked, replay, need_x, need_w](const Tensor& g) {
         Tensor gx, gw;
-        if (need_x) gx = mul(matmul(g, w), mask);
+        if (need_x) {
+          Generator again = replay;
+          gx = masked(matmul(g, w), again);
+        }
         if (need_w) {
-          const int64_t out_f = g.size(-1), in_f = mask.size(-1);
-          const int64_t rows = numel_of(Shape(mask.shape().begin(), mask.shape().end() - 1));
+          Generator again = replay;
+          const int64_t out_f = g.size(-1), in_f = x_shape.back();
+          const int64_t rows = numel_of(Shape(x_shape.begin(), x_shape.end() - 1));
           gw = matmul(transpose(reshape(g, {rows, out_f}), 0, 1),
-                      reshape(mul(x, mask), {rows, in_f}));
+                      reshape(masked(x, again), {rows, in_f}));
         }
         return std::vector<Tensor>{gx, gw};
       });

@@ -197,7 +197,10 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
     auto put = [&](int64_t i, T v) { out[i] = f.affine ? affine(a, b, v) : v; };
     (void)put;  // unused where (T, W) has no rule
     if (f.draw == RandomDraw::bernoulli) {
-      if constexpr (W == 1) put(g, static_cast<T>(bernoulli(w[0], f.below)));
+      if constexpr (W == 1) {
+        put(g, static_cast<T>(bernoulli(w[0], f.below)));
+        if (f.times) out[g] = static_cast<const T*>(f.times)[g] * out[g];
+      }
     } else if (f.draw == RandomDraw::uniform) {
       if constexpr (f64 && W == 2) put(g, uniform_f64(w));
       if constexpr (!f64 && W == 1) put(g, uniform_f32(w[0]));

@@ -300,6 +300,20 @@ Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& g
   return finish(draw_tensor(shape, f, gen, opts.device), opts);
 }
 
+Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen) {
+  const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
+  NoGradGuard no_grad;
+  if ((x.dtype() != DType::f32 && x.dtype() != DType::f64) || !x.is_contiguous())
+    return mul(x, scaled_bernoulli(x.shape(), p, value, gen, opts));
+  check_shape("bernoulli", x.shape());
+  if (!(p >= 0 && p <= 1))
+    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
+  RandomFill f = affine_fill(RandomDraw::bernoulli, x.dtype(), value, 0.0);
+  f.below = draw::bernoulli_below(p);
+  f.times = x.raw_data();
+  return draw_tensor(x.shape(), f, gen, x.device());
+}
+
 void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {
   check_fill_target("uniform_", t);
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))

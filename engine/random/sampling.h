@@ -69,6 +69,11 @@ Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptio
  * keep-mask. */
 Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& gen,
                         const TensorOptions& opts = {});
+/** x * scaled_bernoulli(x.shape(), p, value, gen, x's dtype and device),
+ * the same draws and bits, in one pass that writes no mask where x is
+ * contiguous f32 or f64 (else those two ops). No autograd: dropout's
+ * building block. */
+Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen);
 
 /** Fills `t` in place with uniform values in [lo, hi): drawn as f64 for f64
  * tensors, else as f32 (then rounded to bf16/f16, which may reach hi). Any

@@ -633,9 +633,19 @@ TEST_CASE(
           CHECK(m.device() == gpu);
           CHECK(same_bytes(m, bernoulli({n}, p, a, {.dtype = t})));
         }
+      // The scaled mask dropout draws (one affine bernoulli fill in f32 and f64).
+      for (DType t : {DType::f32, DType::f64, DType::bf16})
+        CHECK(same_bytes(scaled_bernoulli({n}, 0.7, 1 / 0.7, b, {.dtype = t, .device = gpu}),
+                         scaled_bernoulli({n}, 0.7, 1 / 0.7, a, {.dtype = t})));
       const Tensor x = rand({n}, a), xd = rand({n}, b, {.device = gpu});  // both streams advance
       Generator da = Generator::named(3, "dropout"), db = da;
-      CHECK(same_bytes(dropout(xd, 0.25, true, db), dropout(x, 0.25, true, da)));
+      Tensor xg = x.clone().requires_grad_(), xdg = xd.clone().requires_grad_();
+      const Tensor y = dropout(xg, 0.25, true, da), yd = dropout(xdg, 0.25, true, db);
+      CHECK(same_bytes(yd, y));
+      // The backward draws the mask again, on the device too.
+      sum(yd).backward();
+      sum(y).backward();
+      CHECK(same_bytes(xdg.grad(), xg.grad()));
       CHECK(a.offset() == b.offset());
       CHECK(da.offset() == db.offset());
     }
