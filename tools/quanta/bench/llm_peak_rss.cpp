@@ -71,10 +71,10 @@ double qlora_peak_rss_mb(const BenchOptions& o) {
   waitpid(pid, &status, 0);
   const size_t at = text.find("peak_rss_mb ");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || at == std::string::npos)
-    throw std::runtime_error("the peak RSS child (" + std::string(kChildVariable) +
-                             "=1 quanta bench llm) failed: " +
-                             (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
-                                                : std::string("killed by a signal")));
+    throw std::runtime_error(
+        "the peak RSS child (" + std::string(kChildVariable) + "=1 quanta bench llm) failed: " +
+        (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                           : std::string("killed by a signal")));
   return std::stod(text.substr(at + 12));
 }
 
