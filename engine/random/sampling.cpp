@@ -76,6 +76,18 @@ RandomFill affine_fill(RandomDraw d, DType t, double scale, double shift) {
   return f;
 }
 
+// A bernoulli(p) fill in `dtype` (f32 or f64: of `value` or 0), its
+// arguments checked.
+RandomFill bernoulli_fill(const Shape& shape, double p, DType dtype, double value = 1.0) {
+  check_shape("bernoulli", shape);
+  if (!(p >= 0 && p <= 1))
+    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
+  RandomFill f = value == 1.0 ? fill_of(RandomDraw::bernoulli, dtype)
+                              : affine_fill(RandomDraw::bernoulli, dtype, value, 0.0);
+  f.below = draw::bernoulli_below(p);
+  return f;
+}
+
 // The dtype in-place fills draw in: f64 for f64, else f32.
 DType draw_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -273,16 +285,12 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
 }
 
 Tensor bernoulli(const Shape& shape, double p, Generator& gen, const TensorOptions& opts) {
-  check_shape("bernoulli", shape);
-  if (!(p >= 0 && p <= 1))
-    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
   const bool floating = is_floating(opts.dtype);
   if (!floating && opts.dtype != DType::boolean && !dtype_info(opts.dtype).arithmetic)
     detail::bad_dtype("bernoulli", opts.dtype, "expected a numeric or bool dtype");
   // Drawn on the target device in a floating dtype; 0 and 1 then convert
   // exactly to integers and bool.
-  RandomFill f = fill_of(RandomDraw::bernoulli, floating ? opts.dtype : DType::f32);
-  f.below = draw::bernoulli_below(p);
+  const RandomFill f = bernoulli_fill(shape, p, floating ? opts.dtype : DType::f32);
   Tensor out = draw_tensor(shape, f, gen, opts.device);
   if (!floating) out = out.to(opts.dtype);
   return finish(out, opts);
@@ -292,24 +300,16 @@ Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& g
                         const TensorOptions& opts) {
   if (opts.dtype != DType::f32 && opts.dtype != DType::f64)
     return mul(bernoulli(shape, p, gen, opts), scalar(value, opts));
-  check_shape("bernoulli", shape);
-  if (!(p >= 0 && p <= 1))
-    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
-  RandomFill f = affine_fill(RandomDraw::bernoulli, opts.dtype, value, 0.0);
-  f.below = draw::bernoulli_below(p);
-  return finish(draw_tensor(shape, f, gen, opts.device), opts);
+  return finish(draw_tensor(shape, bernoulli_fill(shape, p, opts.dtype, value), gen, opts.device),
+                opts);
 }
 
 Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen) {
-  const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   NoGradGuard no_grad;
   if ((x.dtype() != DType::f32 && x.dtype() != DType::f64) || !x.is_contiguous())
-    return mul(x, scaled_bernoulli(x.shape(), p, value, gen, opts));
-  check_shape("bernoulli", x.shape());
-  if (!(p >= 0 && p <= 1))
-    throw std::invalid_argument("[bernoulli] p must be in [0, 1]: got " + std::to_string(p));
-  RandomFill f = affine_fill(RandomDraw::bernoulli, x.dtype(), value, 0.0);
-  f.below = draw::bernoulli_below(p);
+    return mul(
+        x, scaled_bernoulli(x.shape(), p, value, gen, {.dtype = x.dtype(), .device = x.device()}));
+  RandomFill f = bernoulli_fill(x.shape(), p, x.dtype(), value);
   f.times = x.raw_data();
   return draw_tensor(x.shape(), f, gen, x.device());
 }
