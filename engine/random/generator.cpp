@@ -9,7 +9,19 @@
 #include "engine/random/philox.h"
 
 #if defined(__AVX512F__)
+// g++ 12's AVX-512 headers fill "undefined" pass-through operands from an
+// uninitialised variable and then warn about it where the intrinsics inline
+// (GCC bug 105593, fixed in 13); the diagnostic state is by location, so
+// silencing it around the include silences exactly those lines.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 namespace quanta {
