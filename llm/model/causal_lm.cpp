@@ -20,6 +20,7 @@
 #include "llm/ops/attention.h"
 #include "llm/ops/rms_norm.h"
 #include "llm/ops/rope.h"
+#include "llm/ops/swiglu.h"
 
 namespace quanta::llm {
 namespace {
@@ -168,7 +169,7 @@ class MLP : public Module {
     return old;
   }
   Tensor forward(const Tensor& x) override {
-    return down_->forward(mul(silu(gate_->forward(x)), up_->forward(x)));
+    return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
   }
 
  private:
