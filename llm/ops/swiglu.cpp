@@ -19,7 +19,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
                                 gate.device().str() + " and " + shape_str(up.shape()) + " " +
                                 dtype_name(up.dtype()) + " on " + up.device().str());
   if (!is_floating(gate.dtype()))
-    detail::bad_dtype("swiglu", gate.dtype(), "expected a floating dtype");
+    quanta::detail::bad_dtype("swiglu", gate.dtype(), "expected a floating dtype");
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -29,18 +29,17 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   // The formulas of mul's and silu's backward, in their order, so the bits
   // match the two ops': d up = g silu(gate), d gate = (g up) s (1 + gate (1 - s))
   // with s = sigmoid(gate).
-  return autograd::record(
-      "swiglu", out, {gate, up},
-      [gate = gate.detach(), up = need_gate ? up.detach() : Tensor(), need_gate,
-       need_up](const Tensor& g) {
-        Tensor d_gate, d_up;
-        if (need_up) d_up = mul(g, silu(gate));
-        if (need_gate) {
-          const Tensor s = sigmoid(gate);
-          d_gate = mul(mul(g, up), s * (1.0 + gate * (1.0 - s)));
-        }
-        return std::vector<Tensor>{d_gate, d_up};
-      });
+  return autograd::record("swiglu", out, {gate, up},
+                          [gate = gate.detach(), up = need_gate ? up.detach() : Tensor(), need_gate,
+                           need_up](const Tensor& g) {
+                            Tensor d_gate, d_up;
+                            if (need_up) d_up = mul(g, silu(gate));
+                            if (need_gate) {
+                              const Tensor s = sigmoid(gate);
+                              d_gate = mul(mul(g, up), s * (1.0 + gate * (1.0 - s)));
+                            }
+                            return std::vector<Tensor>{d_gate, d_up};
+                          });
 }
 
 }  // namespace quanta::llm

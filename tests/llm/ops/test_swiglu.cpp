@@ -18,9 +18,8 @@ TEST_CASE("swiglu: op harness") {
   c.zero_shapes = {{0, 8}, {0, 8}};
   c.op = [](const Inputs& xs) { return llm::swiglu(xs[0], xs[1]); };
   c.reference = [](const Inputs& xs) {
-    return ref_elementwise(xs, [](const std::vector<double>& v) {
-      return v[0] / (1 + std::exp(-v[0])) * v[1];
-    });
+    return ref_elementwise(
+        xs, [](const std::vector<double>& v) { return v[0] / (1 + std::exp(-v[0])) * v[1]; });
   };
   c.half = true;
   run_case(c);
@@ -51,6 +50,7 @@ TEST_CASE("swiglu: clear errors") {
   CHECK_THROWS_WITH_AS(llm::swiglu(zeros({2, 3}), zeros({3, 2})),
                        doctest::Contains("[swiglu] gate and up must share shape"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(llm::swiglu(zeros({2}, {.dtype = DType::i64}), zeros({2}, {.dtype = DType::i64})),
-                       doctest::Contains("swiglu"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      llm::swiglu(zeros({2}, {.dtype = DType::i64}), zeros({2}, {.dtype = DType::i64})),
+      doctest::Contains("swiglu"), std::invalid_argument);
 }
