@@ -16,6 +16,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # 2000 BPE pieces (ids 0 unk, 1 <s>, 2 </s>, as Llama's) from six licenses;
 # the model's vocabulary stays 32000, the ids above 1999 simply unused.
+# spm_train breaks some ties differently from run to run (neither one thread
+# nor --random_seed made two runs' files equal), so the figures of a fine-tune
+# move a little with each new tokenizer.
 spm_train --input="$licenses/GPL-3,$licenses/GPL-2,$licenses/LGPL-2.1,$licenses/GFDL-1.3,$licenses/MPL-2.0,$licenses/Artistic" \
   --model_prefix="$tmp/tok" --vocab_size=2000 --model_type=bpe --character_coverage=1.0 \
   --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 --minloglevel=2
