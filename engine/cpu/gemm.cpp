@@ -228,9 +228,16 @@ ProductFn<T> pick(Layout la, Layout lb, double work) {
 
 }  // namespace
 
+GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  GemmLayout l;
+  const Layout layout = layout_of(rows, cols, rs, cs, l.outer);
+  l.maps = layout != kNone;
+  l.row_major = layout == kRowMajor;
+  return l;
+}
+
 bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  int64_t outer = 0;
-  return layout_of(rows, cols, rs, cs, outer) != kNone;
+  return gemm_layout(rows, cols, rs, cs).maps;
 }
 
 template <class T>

@@ -17,8 +17,19 @@ struct MatRef {
   int64_t cs;
 };
 
+/** How a rows x cols matrix with strides (rs, cs) maps onto a GEMM: `maps`
+ * when it is row-major or column-major with a valid outer stride, `outer`
+ * that stride (a dim of 1 takes any stride: outer is then the one a
+ * BLAS-style interface accepts). */
+struct GemmLayout {
+  bool maps = false;
+  bool row_major = false;
+  int64_t outer = 0;
+};
+GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
+
 /** True when a rows x cols matrix with strides (rs, cs) maps onto the GEMM
- * without a copy (row-major or column-major with a valid outer stride). */
+ * without a copy (gemm_layout(...).maps). */
 bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
 
 /** c[m, n] = a[m, k] b[k, n], or c += a b when `accumulate`; `c` is

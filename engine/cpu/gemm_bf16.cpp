@@ -41,12 +41,12 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// A strided rows x cols operand as a plain oneDNN layout: row-major or
-// column-major with an outer stride the descriptor accepts even where a dim
-// of 1 makes the stride meaningless.
+// A strided rows x cols operand (one gemm_maps accepts) as the strides of a
+// plain oneDNN layout: row-major or column-major with the outer stride a
+// BLAS-style interface accepts even where a dim of 1 makes it meaningless.
 dnnl::memory::dims plain_strides(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  if (cs == 1 || cols <= 1) return {std::max<int64_t>(rs, std::max<int64_t>(cols, 1)), 1};
-  return {1, std::max<int64_t>(cs, std::max<int64_t>(rows, 1))};
+  const GemmLayout l = gemm_layout(rows, cols, rs, cs);
+  return l.row_major ? dnnl::memory::dims{l.outer, 1} : dnnl::memory::dims{1, l.outer};
 }
 
 // One matmul primitive per shape, layout and accumulation, made once per

@@ -188,33 +188,34 @@ void decode_slab(const NF4Runs& w, int64_t n0, int64_t r, int64_t K, bf16* slab)
   });
 }
 
-int64_t slab_rows(int64_t N, int64_t K) {
-  return std::clamp<int64_t>(kBf16SlabElems / std::max<int64_t>(K, 1), 1, N);
+// Calls product(n0, r, slab) for each slab of rows [n0, n0 + r) of W,
+// decoded to bf16 (r x K, row-major) into one reused buffer.
+template <class Product>
+void for_each_slab(const NF4Runs& w, int64_t N, int64_t K, Product&& product) {
+  const int64_t rows = std::clamp<int64_t>(kBf16SlabElems / std::max<int64_t>(K, 1), 1, N);
+  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode_slab(w, n0, r, K, slab.as<bf16>());
+    product(n0, r, static_cast<const bf16*>(slab.as<bf16>()));
+  }
 }
 
 void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
   const cpu::ScratchBuffer xs(sizeof(bf16) * size_t(M * K));
   const bf16* xb = to_bf16(x, M * K, xs);
-  const int64_t rows = slab_rows(N, K);
-  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    decode_slab(w, n0, r, K, slab.as<bf16>());
+  for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
     // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
-    cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab.as<bf16>(), 1, K}, y + n0, N);
-  }
+    cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab, 1, K}, y + n0, N);
+  });
 }
 
 void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
   const cpu::ScratchBuffer gs(sizeof(bf16) * size_t(M * N));
   const bf16* gb = to_bf16(g, M * N, gs);
-  const int64_t rows = slab_rows(N, K);
-  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    decode_slab(w, n0, r, K, slab.as<bf16>());
-    cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab.as<bf16>(), K, 1}, dx, K, n0 > 0);
-  }
+  for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
+    cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab, K, 1}, dx, K, n0 > 0);
+  });
 }
 
 // y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole

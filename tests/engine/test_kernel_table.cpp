@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/convert.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
@@ -37,6 +38,31 @@ std::vector<int64_t> naive_offsets(const Shape& shape, const Shape& strides) {
     out.push_back(off);
   }
   return out;
+}
+
+// a [m, k] times b [k, n], both row-major, by the definition in f64.
+std::vector<double> naive_product(const std::vector<double>& a, const std::vector<double>& b,
+                                  int64_t m, int64_t n, int64_t k) {
+  std::vector<double> c(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j)
+        c[size_t(i * n + j)] += a[size_t(i * k + p)] * b[size_t(p * n + j)];
+  return c;
+}
+
+// The row-major rows x cols values v stored as T, row-major or column-major
+// with 3 spare elements (-7) per leading dimension; returns the strides
+// (row, column).
+template <class T>
+std::pair<int64_t, int64_t> stored(const std::vector<double>& v, int64_t rows, int64_t cols,
+                                   bool col_major, std::vector<T>& out) {
+  const int64_t ld = (col_major ? rows : cols) + 3;
+  out.assign(size_t(ld * (col_major ? cols : rows)), cpu::cast<T>(-7.0));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[size_t(col_major ? j * ld + i : i * ld + j)] = cpu::cast<T>(v[size_t(i * cols + j)]);
+  return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
 }
 
 void check_index(const Shape& shape, const Shape& s0, const Shape& s1) {
@@ -316,23 +342,10 @@ TEST_CASE("CPU gemm: large products (the BLAS backends) are right for every layo
     const Tensor c0 = randn({m, n}, gen, {.dtype = DType::f64});
     const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>(),
                               cv = c0.to_vector<double>();
-    std::vector<double> product(static_cast<size_t>(m * n), 0.0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t p = 0; p < k; ++p)
-        for (int64_t j = 0; j < n; ++j)
-          product[size_t(i * n + j)] += av[size_t(i * k + p)] * bv[size_t(p * n + j)];
+    const std::vector<double> product = naive_product(av, bv, m, n, k);
     const double tol = dt == DType::f32 ? 1e-4 : 1e-11;
-    // Each operand stored row-major or column-major with 3 spare elements
-    // per leading dimension.
-    auto stored = [&](const std::vector<double>& v, int64_t rows, int64_t cols, bool col_major,
-                      std::vector<double>& out) -> std::pair<int64_t, int64_t> {
-      const int64_t ld = (col_major ? rows : cols) + 3;
-      out.assign(size_t(ld * (col_major ? cols : rows)), -7.0);
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j)
-          out[size_t(col_major ? j * ld + i : i * ld + j)] = v[size_t(i * cols + j)];
-      return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
-    };
+    // Each operand stored row-major or column-major with padded leading
+    // dimensions.
     for (const bool a_col : {false, true})
       for (const bool b_col : {false, true})
         for (const bool accumulate : {false, true})
@@ -402,20 +415,7 @@ TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size"
     const std::vector<double> av = randn({m, k}, gen).to(DType::bf16).to_vector<double>();
     const std::vector<double> bv = randn({k, n}, gen).to(DType::bf16).to_vector<double>();
     const std::vector<double> cv = randn({m, n}, gen).to_vector<double>();
-    std::vector<double> product(size_t(m * n), 0.0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t p = 0; p < k; ++p)
-        for (int64_t j = 0; j < n; ++j)
-          product[size_t(i * n + j)] += av[size_t(i * k + p)] * bv[size_t(p * n + j)];
-    auto stored = [](const std::vector<double>& v, int64_t rows, int64_t cols, bool col_major,
-                     std::vector<bf16>& out) -> std::pair<int64_t, int64_t> {
-      const int64_t ld = (col_major ? rows : cols) + 3;
-      out.assign(size_t(ld * (col_major ? cols : rows)), bf16(-7.0f));
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j)
-          out[size_t(col_major ? j * ld + i : i * ld + j)] = bf16(float(v[size_t(i * cols + j)]));
-      return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
-    };
+    const std::vector<double> product = naive_product(av, bv, m, n, k);
     for (const bool a_col : {false, true})
       for (const bool b_col : {false, true})
         for (const bool accumulate : {false, true})

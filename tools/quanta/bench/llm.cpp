@@ -312,8 +312,10 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     row.floor_ms = ms[1];
     rows.push_back(row);
   }
-  // The peak rows' fresh processes measure alone: the kept blocks go back
-  // first (the peer drops its own workloads when asked).
+  // The CPU block cache's kept blocks go back now: the peak rows' fresh
+  // processes measure alone (the peer drops its own workloads when asked),
+  // and the sharding rows' ranks run on sim devices, whose memory is their
+  // own.
   cpu::release_cached_blocks();
   if (peak_name.find(o.only) != std::string::npos)
     rows.push_back(peak_rss_row(o, peak_name, peak_request, peer.get(), why));
@@ -322,9 +324,6 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // still alive, so the models above and the peer's process go first.
   work.clear();
   peer.reset();
-  // The CPU block cache's kept blocks too: the sharding rows' ranks run on
-  // sim devices, whose memory is their own.
-  cpu::release_cached_blocks();
   if (shard_wanted()) {
     for (BenchRow& r : bench_llm_shard(o, c))
       if (r.name.find(o.only) != std::string::npos) rows.push_back(std::move(r));
