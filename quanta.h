@@ -33,6 +33,7 @@
 #include "engine/ops/view.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
+#include "engine/precision.h"
 #include "engine/random/generator.h"
 #include "engine/random/philox.h"
 #include "engine/random/sampling.h"

@@ -7,6 +7,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "quant/token_layout.h"
 
 namespace quanta::quant {
@@ -38,6 +39,7 @@ void Grouped::add_group(std::shared_ptr<Quantizer> group) {
 }
 
 QuantizeOutput Grouped::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   if (x.dim() >= 4 && !layout_.accept_image_fmap)
     grouped_fail(type_name(), std::string("got a feature map of shape ") + shape_str(x.shape()) +
                                   "; set accept_image_fmap to quantize [B, D, H, W...] inputs");

@@ -10,6 +10,7 @@
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 
 namespace quanta::quant {
 
@@ -117,6 +118,7 @@ Residual::Residual(std::string name, QuantizeDropout dropout)
     : Quantizer(std::move(name)), dropout_(dropout) {}
 
 QuantizeOutput Residual::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   return forward_kept(x, mask, opts.last_kept ? *opts.last_kept : dropout_decision(), opts);
 }
 

@@ -8,6 +8,7 @@
 #include "engine/autograd/node.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/precision.h"
 
 namespace quanta::autograd {
 namespace {
@@ -107,7 +108,11 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool 
         const auto& m = node->outputs()[i];
         grads[i] = zeros(m.shape, {.dtype = m.dtype, .device = m.device});
       }
-    std::vector<Tensor> in_grads = node->apply(grads);
+    std::vector<Tensor> in_grads;
+    {
+      const MixedPrecision precision(node->mixed_precision());
+      in_grads = node->apply(grads);
+    }
     if (!retain_graph) node->release();
 
     const auto& edges = node->next_edges();

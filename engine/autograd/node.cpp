@@ -6,6 +6,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/precision.h"
 
 namespace quanta {
 namespace {
@@ -28,7 +29,8 @@ Node::Node(std::string name, std::vector<Edge> next_edges, std::vector<OutputMet
     : name_(std::move(name)),
       next_edges_(std::move(next_edges)),
       outputs_(std::move(outputs)),
-      sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+      sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)),
+      mixed_precision_(mixed_precision_enabled()) {}
 
 FunctionNode::FunctionNode(std::string name, std::vector<Edge> next,
                            std::vector<OutputMeta> outputs, BackwardFn fn)

@@ -41,12 +41,16 @@ class Node {
   const std::vector<OutputMeta>& outputs() const { return outputs_; }
   /** Creation order; later nodes run first when several are ready. */
   uint64_t sequence_nr() const { return sequence_nr_; }
+  /** Whether MixedPrecision was on when the node was made: its backward
+   * runs in the same product precision (engine/precision.h). */
+  bool mixed_precision() const { return mixed_precision_; }
 
  private:
   std::string name_;
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> outputs_;
   uint64_t sequence_nr_;
+  bool mixed_precision_;
 };
 
 /** Backward formula: output gradients to exactly one gradient per input. An

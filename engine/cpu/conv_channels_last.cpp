@@ -216,7 +216,8 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
       } else {
         T* cols = cols_of(worker);
         chunk_columns(images, nb, cols);
-        gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {weight.get(), 1, ckk}, y, O);
+        gemm<T>(nb * L, O, ckk, {cols, ckk, 1}, {weight.get(), 1, ckk}, y, O, false,
+                g.bf16_products);
       }
       finish(y, n0, nb, O, L);
     });
@@ -231,7 +232,8 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
         if constexpr (kF32) conv_direct_input_grad(gy, nb, g, {table.get()}, weight.get(), images);
       } else {
         T* cols = cols_of(worker);
-        gemm<T>(nb * L, ckk, O, {gy, O, 1}, {weight.get(), ckk, 1}, cols, ckk);
+        gemm<T>(nb * L, ckk, O, {gy, O, 1}, {weight.get(), ckk, 1}, cols, ckk, false,
+                g.bf16_products);
         for (int64_t j = 0; j < nb; ++j) col2im_nhwc(cols + j * L * ckk, images + j * HW * C, g);
       }
       finish(images, n0, nb, C, HW);
@@ -253,7 +255,7 @@ void conv_channels_last(ConvKind kind, const T* a, const T* b, const T* bias, T*
       } else {
         T* cols = cols_of(worker);
         chunk_columns(images, nb, cols);
-        gemm<T>(O, ckk, nb * L, {gy, 1, O}, {cols, ckk, 1}, acc, ckk, true);
+        gemm<T>(O, ckk, nb * L, {gy, 1, O}, {cols, ckk, 1}, acc, ckk, true, g.bf16_products);
       }
     });
     for (int64_t w = 1; w < plan.workers; ++w)

@@ -132,10 +132,12 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out, c
           T* yn = out + (n0 * g.O + gi * og) * L;
           for (int64_t o = 0; o < og && bias; ++o)
             std::fill(yn + o * L, yn + (o + 1) * L, bias[gi * og + o]);
-          gemm<T>(og, L, ckk, {b + gi * og * ckk, ckk, 1}, {cols, L, 1}, yn, L, bias != nullptr);
+          gemm<T>(og, L, ckk, {b + gi * og * ckk, ckk, 1}, {cols, L, 1}, yn, L, bias != nullptr,
+                  g.bf16_products);
           continue;
         }
-        gemm<T>(og, ld, ckk, {b + gi * og * ckk, ckk, 1}, {cols, ld, 1}, y, ld);
+        gemm<T>(og, ld, ckk, {b + gi * og * ckk, ckk, 1}, {cols, ld, 1}, y, ld, false,
+                g.bf16_products);
         for (int64_t j = 0; j < nb; ++j)
           for (int64_t o = 0; o < og; ++o) {
             const T* src = y + o * ld + j * L;
@@ -160,7 +162,8 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out, c
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const T* gyc = a + (n0 * g.O + gi * og) * L;
         if (nb > 1) gather_images(gyc, g.O * L, nb, og, L, gy);
-        gemm<T>(ckk, ld, og, {b + gi * og * ckk, 1, ckk}, {nb > 1 ? gy : gyc, ld, 1}, cols, ld);
+        gemm<T>(ckk, ld, og, {b + gi * og * ckk, 1, ckk}, {nb > 1 ? gy : gyc, ld, 1}, cols, ld,
+                false, g.bf16_products);
         for (int64_t j = 0; j < nb; ++j)
           col2im(cols + j * L, ld, out + ((n0 + j) * g.C + gi * cg) * HW, g);
       }
@@ -183,7 +186,7 @@ void conv_planar(ConvKind kind, const T* a, const T* b, const T* bias, T* out, c
         const T* gyc = b + (n0 * g.O + gi * og) * L;
         if (nb > 1) gather_images(gyc, g.O * L, nb, og, L, gy);
         gemm<T>(og, ckk, ld, {nb > 1 ? gy : gyc, ld, 1}, {cols, 1, ld}, acc + gi * og * ckk, ckk,
-                true);
+                true, g.bf16_products);
       }
     });
     if (plan.workers > 1) {

@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/cpu/block_cache.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
@@ -226,6 +228,33 @@ ProductFn<T> pick(Layout la, Layout lb, double work) {
                          : &product<T, Eigen::ColMajor, Eigen::ColMajor>;
 }
 
+// The rows x cols operand `a` rounded to bf16 into `out`, packed in its own
+// orientation (a row-major operand stays row-major), in parallel.
+MatRef<bf16> bf16_operand(int64_t rows, int64_t cols, MatRef<float> a, const ScratchBuffer& out) {
+  const GemmLayout l = gemm_layout(rows, cols, a.rs, a.cs);
+  const int64_t lines = l.row_major ? rows : cols, len = l.row_major ? cols : rows;
+  bf16* dst = out.as<bf16>();
+  parallel_for(0, lines, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(len, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i)
+                   round_to_bf16(a.p + i * l.outer, len, dst + i * len);
+               });
+  return l.row_major ? MatRef<bf16>{dst, len, 1} : MatRef<bf16>{dst, 1, len};
+}
+
+// Whether an f32 product asked for bf16 products gets them: the CPU's bf16
+// instructions, and enough work to repay rounding both operands.
+bool takes_bf16(bool bf16_products, double work) {
+  return bf16_products && work >= kBlasMinWork && bf16_gemm_native();
+}
+
+// MixedPrecision's f32 product: both operands rounded to bf16, f32 sums.
+void bf16_product(int64_t m, int64_t n, int64_t k, MatRef<float> a, MatRef<float> b, float* c,
+                  int64_t ldc, bool accumulate) {
+  const ScratchBuffer ab(sizeof(bf16) * size_t(m * k)), bb(sizeof(bf16) * size_t(k * n));
+  gemm_bf16(m, n, k, bf16_operand(m, k, a, ab), bf16_operand(k, n, b, bb), c, ldc, accumulate);
+}
+
 }  // namespace
 
 GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
@@ -242,11 +271,17 @@ bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
 
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64_t ldc,
-          bool accumulate) {
+          bool accumulate, bool bf16_products) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) zero_rows(c, m, n, ldc);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (takes_bf16(bf16_products, double(m) * double(n) * double(k))) {
+      bf16_product(m, n, k, a, b, c, ldc, accumulate);
+      return;
+    }
   }
   int64_t oa = 0, ob = 0;
   const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
@@ -255,11 +290,20 @@ void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64
 
 template <class T>
 void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a, const int64_t* a_off,
-                  MatRef<T> b, const int64_t* b_off, T* c) {
+                  MatRef<T> b, const int64_t* b_off, T* c, bool bf16_products) {
   if (batch == 0 || m == 0 || n == 0) return;
   if (k == 0) {
     std::memset(c, 0, sizeof(T) * batch * m * n);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    // Products large enough for bf16 are large enough to thread one by one.
+    if (takes_bf16(bf16_products, double(m) * double(n) * double(k))) {
+      for (int64_t i = 0; i < batch; ++i)
+        bf16_product(m, n, k, {a.p + a_off[i], a.rs, a.cs}, {b.p + b_off[i], b.rs, b.cs},
+                     c + i * m * n, n, false);
+      return;
+    }
   }
   int64_t oa = 0, ob = 0;
   const Layout la = layout_of(m, k, a.rs, a.cs, oa), lb = layout_of(k, n, b.rs, b.cs, ob);
@@ -284,13 +328,13 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, MatRef<T> a, c
 }
 
 template void gemm<float>(int64_t, int64_t, int64_t, MatRef<float>, MatRef<float>, float*, int64_t,
-                          bool);
+                          bool, bool);
 template void gemm<double>(int64_t, int64_t, int64_t, MatRef<double>, MatRef<double>, double*,
-                           int64_t, bool);
+                           int64_t, bool, bool);
 template void gemm_batched<float>(int64_t, int64_t, int64_t, int64_t, MatRef<float>, const int64_t*,
-                                  MatRef<float>, const int64_t*, float*);
+                                  MatRef<float>, const int64_t*, float*, bool);
 template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<double>,
-                                   const int64_t*, MatRef<double>, const int64_t*, double*);
+                                   const int64_t*, MatRef<double>, const int64_t*, double*, bool);
 
 }  // namespace quanta::cpu
 
@@ -303,7 +347,7 @@ void gemm(const GemmArgs& g) {
     const MatRef<T> b{static_cast<const T*>(g.b.data), g.b.rs, g.b.cs};
     T* c = static_cast<T*>(g.c);
     if (g.batch == 1 && !g.a_off && !g.b_off) {
-      gemm<T>(g.m, g.n, g.k, a, b, c, g.ldc, g.accumulate);
+      gemm<T>(g.m, g.n, g.k, a, b, c, g.ldc, g.accumulate, g.bf16_products);
       return;
     }
     if (g.accumulate || g.ldc != g.n)
@@ -311,7 +355,7 @@ void gemm(const GemmArgs& g) {
     std::vector<int64_t> zeros;
     if (!g.a_off || !g.b_off) zeros.assign(static_cast<size_t>(g.batch), 0);
     gemm_batched<T>(g.batch, g.m, g.n, g.k, a, g.a_off ? g.a_off : zeros.data(), b,
-                    g.b_off ? g.b_off : zeros.data(), c);
+                    g.b_off ? g.b_off : zeros.data(), c, g.bf16_products);
   });
 }
 

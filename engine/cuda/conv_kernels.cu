@@ -107,7 +107,7 @@ __global__ void fill_channels_kernel(int64_t total, int64_t channels, int64_t pl
 template <class T>
 void gemm_batch(int64_t batch, int64_t m, int64_t n, int64_t k, const T* a, int64_t ars,
                 int64_t acs, int64_t sa, const T* b, int64_t brs, int64_t bcs, int64_t sb, T* c,
-                bool accumulate) {
+                bool accumulate, bool bf16_products) {
   if (batch <= 0) return;
   std::vector<int64_t> ao(batch), bo(batch);
   for (int64_t i = 0; i < batch; ++i) {
@@ -127,6 +127,7 @@ void gemm_batch(int64_t batch, int64_t m, int64_t n, int64_t k, const T* a, int6
   args.c = c;
   args.ldc = n;
   args.accumulate = accumulate;
+  args.bf16_products = bf16_products;
   cuda_kernels().gemm(args);
 }
 
@@ -163,11 +164,12 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       const T* src = pw ? x : cols;  // [S, G, ckk, L]
       if (bias) launch_elements(S * g.O * L, fill_channels_kernel<T>, g.O, L, bias, y);
       if (G == 1) {
-        gemm_batch<T>(S, og, L, ckk, b, ckk, 1, 0, src, L, 1, ckk * L, y, bias != nullptr);
+        gemm_batch<T>(S, og, L, ckk, b, ckk, 1, 0, src, L, 1, ckk * L, y, bias != nullptr,
+                      g.bf16_products);
       } else {
         for (int64_t s = 0; s < S; ++s)
           gemm_batch<T>(G, og, L, ckk, b, ckk, 1, og * ckk, src + s * G * ckk * L, L, 1, ckk * L,
-                        y + s * g.O * L, bias != nullptr);
+                        y + s * g.O * L, bias != nullptr, g.bf16_products);
       }
     } else if (kind == ConvKind::input_grad) {
       // cols[n, group] [ckk, L] = w[group]^T [ckk, og] . g[n, group] [og, L],
@@ -178,11 +180,11 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       const bool acc = pw && bias;
       if (acc) launch_elements(S * g.C * HW, fill_channels_kernel<T>, g.C, HW, bias, x);
       if (G == 1) {
-        gemm_batch<T>(S, ckk, L, og, b, 1, ckk, 0, gy, L, 1, g.O * L, dst, acc);
+        gemm_batch<T>(S, ckk, L, og, b, 1, ckk, 0, gy, L, 1, g.O * L, dst, acc, g.bf16_products);
       } else {
         for (int64_t s = 0; s < S; ++s)
           gemm_batch<T>(G, ckk, L, og, b, 1, ckk, og * ckk, gy + s * g.O * L, L, 1, og * L,
-                        dst + s * G * ckk * L, acc);
+                        dst + s * G * ckk * L, acc, g.bf16_products);
       }
       if (!pw) launch_elements(S * g.C * HW, col2im_kernel<T>, fg, cols, bias, x);
     } else {
@@ -193,7 +195,7 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
       const T* src = pw ? x : cols;
       for (int64_t s = 0; s < S; ++s)
         gemm_batch<T>(G, og, ckk, L, gy + s * g.O * L, L, 1, og * L, src + s * G * ckk * L, 1, L,
-                      ckk * L, out, true);
+                      ckk * L, out, true, g.bf16_products);
     }
   }
 }

@@ -81,7 +81,7 @@ bool cudnn_type(DType dtype, cudnnDataType_t& t) {
 }
 
 // What a plan is found by.
-using Key = std::tuple<int, int, int, bool, std::array<int64_t, 17>>;
+using Key = std::tuple<int, int, int, bool, std::array<int64_t, 18>>;
 
 Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic) {
   return {device,
@@ -89,7 +89,8 @@ Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, bool nonde
           static_cast<int>(dtype),
           nondeterministic,
           {g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.OH, g.OW, g.stride[0], g.stride[1], g.padding[0],
-           g.padding[1], g.dilation[0], g.dilation[1], g.groups, g.channels_last ? 1 : 0}};
+           g.padding[1], g.dilation[0], g.dilation[1], g.groups, g.channels_last ? 1 : 0,
+           g.bf16_products ? 1 : 0}};
 }
 
 // One convolution's descriptors and chosen algorithm; usable = false when
@@ -101,6 +102,7 @@ struct Plan {
   cudnnConvolutionDescriptor_t conv = nullptr;
   int algo = 0;
   std::size_t workspace = 0;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -133,19 +135,21 @@ void set_activation(cudnnTensorDescriptor_t d, bool channels_last, cudnnDataType
 }
 
 // The first of cuDNN's heuristic ranking (fastest first) that succeeds, uses
-// FMA arithmetic (no TF32 down-conversion), is deterministic unless allowed
-// otherwise, and fits the workspace limit.
+// FMA arithmetic (no TF32 down-conversion; with `tensor_ops`, MixedPrecision's
+// convolutions, TF32 tensor cores too, never fp16 conversion), is
+// deterministic unless allowed otherwise, and fits the workspace limit.
 template <class Perf>
-bool choose(const Perf* perf, int count, bool nondeterministic, Plan& p) {
+bool choose(const Perf* perf, int count, bool nondeterministic, bool tensor_ops, Plan& p) {
   for (int i = 0; i < count; ++i) {
     const Perf& r = perf[i];
     if (r.status != CUDNN_STATUS_SUCCESS) continue;
-    if (r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
-      continue;
+    if (r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
+    if (r.mathType == CUDNN_TENSOR_OP_MATH && !tensor_ops) continue;
     if (!nondeterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
     if (r.memory > kWorkspaceLimit) continue;
     p.algo = static_cast<int>(r.algo);
     p.workspace = r.memory;
+    p.math = r.mathType;
     return true;
   }
   return false;
@@ -178,7 +182,11 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
       static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]), static_cast<int>(g.dilation[0]),
       static_cast<int>(g.dilation[1]), CUDNN_CROSS_CORRELATION, t));
   QUANTA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)));
-  QUANTA_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+  // cuDNN has no bf16 math for f32 data: MixedPrecision's convolutions may
+  // take TF32 tensor cores instead (10 mantissa bits of the operands kept).
+  const bool tensor_ops = g.bf16_products && dtype == DType::f32;
+  QUANTA_CUDNN_CHECK(
+      cudnnSetConvolutionMathType(p->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 
   // cuDNN's own output size must be the geometry's (it is, for every
   // geometry the ops make; anything else is left to im2col).
@@ -203,22 +211,24 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
                                                                  kMaxAlgos, &count, perf)
                           : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
                                                                    kMaxAlgos, &count, perf);
-    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   } else if (kind == ConvKind::input_grad) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
     st = nondeterministic ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
                                                                       kMaxAlgos, &count, perf)
                           : cudnnGetConvolutionBackwardDataAlgorithm_v7(
                                 h, p->w, p->y, p->conv, p->x, kMaxAlgos, &count, perf);
-    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
     st = nondeterministic ? cudnnFindConvolutionBackwardFilterAlgorithm(
                                 h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf)
                           : cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                                 h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf);
-    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, *p);
+    chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   }
+  // The descriptor runs in the math type the chosen algorithm was ranked in.
+  if (chosen) QUANTA_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->math));
   p->usable = chosen;
   return p;
 }

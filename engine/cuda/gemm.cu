@@ -53,33 +53,48 @@ struct Blas {
     if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
     return CUDA_R_64F;
   }
+  // cuBLAS's compute type: f32 sums; an f32 product under MixedPrecision
+  // lets cuBLAS round its operands to bf16 for the tensor cores.
+  static cublasComputeType_t compute(bool bf16_products) {
+    return std::is_same_v<T, float> && bf16_products ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                     : CUBLAS_COMPUTE_32F;
+  }
   static void one(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
                   int64_t n, int64_t k, const Scalar* alpha, const T* a, int64_t lda, const T* b,
-                  int64_t ldb, const Scalar* beta, T* c, int64_t ldc) {
-    if constexpr (std::is_same_v<T, float>) {
-      QUANTA_CUBLAS_CHECK(cublasSgemm_64(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
-    } else if constexpr (std::is_same_v<T, double>) {
+                  int64_t ldb, const Scalar* beta, T* c, int64_t ldc, bool bf16_products) {
+    if constexpr (std::is_same_v<T, double>) {
       QUANTA_CUBLAS_CHECK(cublasDgemm_64(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
     } else {
+      if constexpr (std::is_same_v<T, float>) {
+        if (!bf16_products) {
+          QUANTA_CUBLAS_CHECK(
+              cublasSgemm_64(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+          return;
+        }
+      }
       QUANTA_CUBLAS_CHECK(cublasGemmEx_64(h, ta, tb, m, n, k, alpha, a, data_type(), lda, b,
                                           data_type(), ldb, beta, c, data_type(), ldc,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                          compute(bf16_products), CUBLAS_GEMM_DEFAULT));
     }
   }
   static void strided(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
                       int64_t n, int64_t k, const Scalar* alpha, const T* a, int64_t lda,
                       int64_t sa, const T* b, int64_t ldb, int64_t sb, const Scalar* beta, T* c,
-                      int64_t ldc, int64_t sc, int64_t batch) {
-    if constexpr (std::is_same_v<T, float>) {
-      QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, ta, tb, m, n, k, alpha, a, lda, sa, b,
-                                                       ldb, sb, beta, c, ldc, sc, batch));
-    } else if constexpr (std::is_same_v<T, double>) {
+                      int64_t ldc, int64_t sc, int64_t batch, bool bf16_products) {
+    if constexpr (std::is_same_v<T, double>) {
       QUANTA_CUBLAS_CHECK(cublasDgemmStridedBatched_64(h, ta, tb, m, n, k, alpha, a, lda, sa, b,
                                                        ldb, sb, beta, c, ldc, sc, batch));
     } else {
+      if constexpr (std::is_same_v<T, float>) {
+        if (!bf16_products) {
+          QUANTA_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h, ta, tb, m, n, k, alpha, a, lda, sa, b,
+                                                           ldb, sb, beta, c, ldc, sc, batch));
+          return;
+        }
+      }
       QUANTA_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
           h, ta, tb, m, n, k, alpha, a, data_type(), lda, sa, b, data_type(), ldb, sb, beta, c,
-          data_type(), ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          data_type(), ldc, sc, batch, compute(bf16_products), CUBLAS_GEMM_DEFAULT));
     }
   }
 };
@@ -106,7 +121,8 @@ void gemm_typed(const GemmArgs& g) {
   }
   cublasHandle_t h = blas_handle();
   auto one = [&](const T* pa, const T* pb, T* pc) {
-    Blas<T>::one(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld, &beta, pc, g.ldc);
+    Blas<T>::one(h, opb, opa, g.n, g.m, g.k, &alpha, pb, lb.ld, pa, la.ld, &beta, pc, g.ldc,
+                 g.bf16_products);
   };
   if (g.batch == 1) {
     one(a + (g.a_off ? g.a_off[0] : 0), b + (g.b_off ? g.b_off[0] : 0), c);
@@ -119,7 +135,7 @@ void gemm_typed(const GemmArgs& g) {
     return;
   }
   Blas<T>::strided(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld, sb, a, la.ld, sa, &beta, c, g.ldc,
-                   sc, g.batch);
+                   sc, g.batch, g.bf16_products);
 }
 
 }  // namespace

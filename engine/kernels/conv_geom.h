@@ -23,6 +23,9 @@ struct ConvGeom {
   Pair stride, padding, dilation;
   int64_t groups;
   bool channels_last = false;
+  /** f32 convolutions may round their operands to bf16 (f32 sums and
+   * result): MixedPrecision's (engine/precision.h). */
+  bool bf16_products = false;
 
   int64_t cg() const { return C / groups; }
   int64_t og() const { return O / groups; }

@@ -55,6 +55,10 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  /** f32 products may round their operands to bf16 (f32 sums and result)
+   * where the device multiplies bf16 faster: MixedPrecision's products
+   * (engine/precision.h). Other dtypes ignore it. */
+  bool bf16_products = false;
 };
 
 /** What a row reduction computes per row. */

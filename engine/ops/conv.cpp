@@ -17,6 +17,7 @@
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 
 namespace quanta {
 namespace {
@@ -94,7 +95,9 @@ Tensor conv_op(Kind kind, const Tensor& a, const Tensor& b, const Tensor& bias, 
   Tensor ap = detail::as_plain(a, ct).contiguous(), bp = detail::as_plain(b, ct).contiguous();
   Tensor biasp = bias.defined() ? detail::as_plain(bias, ct).contiguous() : Tensor();
   Tensor out = detail::make_tensor(out_shape(kind, g), ct, a.device());
-  k.conv(kind, ct, g, ap.raw_data(), bp.raw_data(), biasp.defined() ? biasp.raw_data() : nullptr,
+  ConvGeom kg = g;
+  kg.bf16_products = ct == DType::f32 && mixed_precision_enabled();
+  k.conv(kind, ct, kg, ap.raw_data(), bp.raw_data(), biasp.defined() ? biasp.raw_data() : nullptr,
          out.raw_data());
   if (ct != dt) out = detail::as_plain(out, dt);
 

@@ -2,6 +2,8 @@
 // 2-d convolutions with PyTorch's shapes and argument order, computed as
 // im2col + GEMM (col2im for the adjoint). f32/f64 compute as they are,
 // bf16/f16 in f32; mixed dtypes promote; integer operands are refused.
+// Under MixedPrecision (engine/precision.h) f32 convolutions round their
+// operands to bf16 where the device multiplies bf16 faster (TF32 on CUDA).
 #include <array>
 #include <cstdint>
 

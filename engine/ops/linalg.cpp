@@ -13,6 +13,7 @@
 #include "engine/ops/kernel_call.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 
 namespace quanta {
 namespace {
@@ -40,6 +41,10 @@ Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x
 DType gemm_dtype(const KernelTable& k, DType dt) {
   return k.gemm_16bit && (dt == DType::bf16 || dt == DType::f16) ? dt : detail::compute_dtype(dt);
 }
+
+// Whether a product computed in `ct` rounds its operands to bf16:
+// MixedPrecision's f32 products (engine/precision.h).
+bool bf16_products(DType ct) { return ct == DType::f32 && mixed_precision_enabled(); }
 
 // `x` without graph, in dtype `ct`, with its last two dims in a layout the
 // GEMM maps directly (a copy only when neither of them has unit stride).
@@ -111,7 +116,8 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, DType ct) {
              .a = {A.raw_data(), A.strides()[ad - 2], A.strides()[ad - 1]},
              .b = {B.raw_data(), B.strides()[bd - 2], B.strides()[bd - 1]},
              .c = out.raw_data(),
-             .ldc = n};
+             .ldc = n,
+             .bf16_products = bf16_products(ct)};
   // A batch of rows times one matrix: a single GEMM over the merged rows.
   if (numel_of(b_batch) == 1) {
     const int64_t rs = merged_row_stride(A);
@@ -259,7 +265,8 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
           .b = {wp.raw_data(), wp.strides()[1], wp.strides()[0]},
           .c = out.raw_data(),
           .ldc = out_f,
-          .accumulate = Bias.defined() || C.defined()});
+          .accumulate = Bias.defined() || C.defined(),
+          .bf16_products = bf16_products(ct)});
   if (ct != dt) out = detail::as_plain(out, dt);
 
   const bool need_x = X.requires_grad(), need_w = W.requires_grad();
@@ -314,7 +321,9 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
   const int64_t N = x.size(0), K = c.size(0), D = x.size(1);
   Tensor xp = detail::as_plain(X, ct).contiguous(), cp = detail::as_plain(C, ct).contiguous();
   Tensor out = detail::make_tensor({N, K}, ct, x.device());
-  // x c^T (c [K, D] read as a column-major [D, K] matrix), then the norms.
+  // x c^T (c [K, D] read as a column-major [D, K] matrix), then the norms;
+  // f32 products under MixedPrecision too: distances decide codes, and
+  // |x|^2 - 2 x.c + |c|^2 cancels the operands' leading bits.
   k.gemm({.dtype = ct,
           .m = N,
           .n = K,
@@ -327,6 +336,7 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
   if (ct != dt) out = detail::as_plain(out, dt);
   return autograd::record(
       "sq_dist", out, {X, C}, [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
+        const MixedPrecision f32_products(false);  // as the forward's product
         // Clamped entries pass no gradient.
         Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
         Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;

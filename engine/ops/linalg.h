@@ -3,7 +3,9 @@
 // (engine/cpu/gemm.h: OpenBLAS where the build found it, else Eigen's own):
 // f32 and f64 are computed as they are, bf16 and f16 are computed in f32 and
 // stored back, integer and bool operands are refused with an error naming the
-// op (cast them to a floating dtype first). Mixed dtypes promote.
+// op (cast them to a floating dtype first). Mixed dtypes promote. Under
+// MixedPrecision (engine/precision.h) f32 products other than sq_dist's
+// round their operands to bf16 where the device multiplies bf16 faster.
 #include "engine/tensor.h"
 
 namespace quanta {

@@ -13,6 +13,7 @@
 #include "engine/ops/join.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/hierarchical/resample.h"
 #include "quant/streams.h"
@@ -235,6 +236,7 @@ QuantizeOutput HierarchicalVQ::forward_lens(const Tensor& x, const Tensor& lens)
 }
 
 QuantizeOutput HierarchicalVQ::forward(const Tensor& x, const Tensor& mask) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const int64_t k = spatial_dims_;
   if (x.dim() != k + 2)
     fail("expected input [B, " + std::string(opts_.channel_first ? "dim, " : "") +

@@ -10,6 +10,7 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/lfq_entropy.h"
 #include "quant/streams.h"
@@ -26,6 +27,7 @@ BinaryMapper::BinaryMapper(BinaryMapperOptions opts, Generator& gen)
 }
 
 QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCall& call) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const int64_t k = opts_.bits;
   if (logits.dim() < 1 || logits.size(-1) != k)
     throw std::invalid_argument("[BinaryMapper] logits must end in bits = " + std::to_string(k) +

@@ -12,6 +12,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/scalar_common.h"
 #include "quant/streams.h"
@@ -139,6 +140,7 @@ Tensor FSP::codes_from_bins(const Tensor& bins, const Tensor& levels) const {
 }
 
 QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions&) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const TokenLayout layout(x, !opts_.channel_first, dim_, "FSP");
   (void)detail::token_mask(mask, layout, "FSP");
   const int64_t b = layout.batch(), n = layout.tokens(), d = int64_t(opts_.levels.size());

@@ -10,6 +10,7 @@
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/scalar_common.h"
 #include "quant/token_layout.h"
@@ -185,6 +186,7 @@ Tensor FSQ::implicit_codebook() const {
 }
 
 QuantizeOutput FSQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions&) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const TokenLayout layout(x, !opts_.channel_first, dim_, "FSQ");
   (void)detail::token_mask(mask, layout, "FSQ");  // validated; FSQ tokens are independent
   Tensor z = layout.to_tokens(x);                 // [B, N, D]

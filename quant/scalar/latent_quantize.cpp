@@ -11,6 +11,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "quant/scalar/scalar_common.h"
 #include "quant/token_layout.h"
 
@@ -119,6 +120,7 @@ Tensor LatentQuantize::indices_to_codes(const Tensor& indices, bool project_out)
 
 QuantizeOutput LatentQuantize::forward(const Tensor& x, const Tensor& mask,
                                        const QuantizeOptions&) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const TokenLayout layout(x, true, dim_, "LatentQuantize");
   (void)detail::token_mask(mask, layout, "LatentQuantize");
   Tensor z = layout.to_tokens(x);

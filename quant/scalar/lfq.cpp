@@ -11,6 +11,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/scalar/scalar_common.h"
 #include "quant/token_layout.h"
@@ -122,6 +123,7 @@ Tensor LFQ::get_output_from_indices(const Tensor& indices) {
 }
 
 QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions& opts) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const double inv_t = opts.inv_temperature > 0 ? opts.inv_temperature : opts_.inv_temperature;
   const TokenLayout layout(x, !opts_.channel_first, dim_, "LFQ");
   const Tensor keep = detail::token_mask(mask, layout, "LFQ");

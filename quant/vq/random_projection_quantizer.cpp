@@ -8,6 +8,7 @@
 #include "engine/ops/linalg.h"
 #include "engine/ops/norm.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 
 namespace quanta::quant {
 
@@ -32,6 +33,7 @@ RandomProjectionQuantizer::RandomProjectionQuantizer(const RandomProjectionQuant
 }
 
 QuantizeOutput RandomProjectionQuantizer::forward(const Tensor& x, const Tensor& indices) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   if (x.dim() != 3 || x.size(-1) != opts_.dim)
     throw std::invalid_argument("[RandomProjectionQuantizer] expects x [B, N, " +
                                 std::to_string(opts_.dim) + "], got " + shape_str(x.shape()));

@@ -12,6 +12,7 @@
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/residual_of_impl.h"
 #include "quant/streams.h"
@@ -45,6 +46,7 @@ SimVQ::SimVQ(const SimVQOptions& opts, Generator& gen)
 Tensor SimVQ::codebook() { return transform_->forward(frozen_); }
 
 QuantizeOutput SimVQ::forward(const Tensor& x, const Tensor& mask, const QuantizeOptions&) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const TokenLayout layout(x, !opts_.channel_first, opts_.dim, "SimVQ");
   const int64_t b = layout.batch(), n = layout.tokens(), d = opts_.dim;
   const Tensor tokens = reshape(layout.to_tokens(x), {b * n, d});

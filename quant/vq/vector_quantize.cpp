@@ -20,6 +20,7 @@
 #include "engine/ops/reductions.h"
 #include "engine/ops/softmax.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "engine/random/sampling.h"
 #include "quant/streams.h"
 #include "quant/token_layout.h"
@@ -503,6 +504,7 @@ QuantizeOutput VectorQuantize::finish(const Tokens& t, const Tensor& q_out, cons
 
 QuantizeOutput VectorQuantize::forward(const Tensor& x, const Tensor& mask,
                                        const QuantizeOptions& opts) {
+  const MixedPrecision f32_math(false);  // quantizer math stays f32 (engine/precision.h)
   const Tokens t = prepare(x, mask);
   init_codebook(t);
   const Plan p = plan();

@@ -11,6 +11,8 @@
 
 #include "cli_runner.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/cpu/conv_direct.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
 #include "engine/ops/conv.h"
@@ -1078,6 +1080,45 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
   CHECK(r.last_eval.mse < 0.025);
   CHECK(r.last_eval.usage > 0.9);
   CHECK(r.last_eval.perplexity > 300);
+}
+
+TEST_CASE("bf16 products: mixed-precision training keeps vq, fsq and lfq within 5% of f32") {
+  if (!have_dataset()) return;
+  if (!cpu::bf16_gemm_native()) {
+    MESSAGE("skipped: bf16 products are not native here; bf16_products_forced runs it");
+    return;
+  }
+  // Each quantizer at its recipe, trained in f32 and in bf16 products. The
+  // bf16 run's convolutions all take im2col and the bf16 GEMM (the direct
+  // AVX-512 kernels multiply in f32), as every convolution on a GPU would.
+  for (const std::string type : {"vq", "fsq", "lfq"}) {
+    CAPTURE(type);
+    TrainResult runs[2];
+    for (const bool bf16 : {false, true}) {
+      ScratchDir dir("mixed_" + type + (bf16 ? "_bf16" : "_f32"));
+      const json cfg = compose_config({json{{"steps", 150},
+                                            {"batch_size", 32},
+                                            {"limit_train", 2000},
+                                            {"limit_test", 500},
+                                            {"log_every", 50},
+                                            {"threads", 1},
+                                            {"precision", bf16 ? "bf16" : "f32"},
+                                            {"model", {{"hidden", 16}}},
+                                            {"quantizer", {{"type", type}}}}});
+      cpu::conv_direct_enable(!bf16);
+      std::ostringstream log;
+      runs[bf16] = run_training({cfg, dir.file("run"), false, false, "test"}, log);
+      cpu::conv_direct_enable(true);
+      CAPTURE(log.str());
+      CHECK(runs[bf16].step == 150);
+    }
+    const EvalResult& f32 = runs[0].last_eval;
+    const EvalResult& bf16 = runs[1].last_eval;
+    MESSAGE(type << ": test mse f32 " << f32.mse << ", bf16 " << bf16.mse << "; usage "
+                 << f32.usage << ", " << bf16.usage);
+    CHECK(std::abs(bf16.mse - f32.mse) <= 0.05 * f32.mse);
+    CHECK(std::abs(bf16.usage - f32.usage) <= 0.05 * f32.usage);
+  }
 }
 
 TEST_CASE("an l1 run of the vqp-example arch logs its l1 and the [0, 1] mse") {

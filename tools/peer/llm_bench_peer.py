@@ -13,7 +13,8 @@ Workloads, matching tools/quanta/bench/llm.cpp:
   attention   B H T D causal: F.scaled_dot_product_attention forward
   attention_fb               forward + backward
   llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids
-  llama_fb    forward + backward of its causal-LM loss
+  llama_fb    forward + backward of its causal-LM loss (autocast=1: the
+              forward under torch.autocast("cpu", dtype=torch.bfloat16))
   qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
               double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
               on all linear layers (alpha 2r, dropout 0.05), forward +
@@ -155,7 +156,9 @@ def make(name, cfg):
         model.train()
         def fb():
             model.zero_grad(set_to_none=True)
-            model(input_ids=ids, labels=ids).loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast"))):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
         return fb
     model.eval()
     def fwd():

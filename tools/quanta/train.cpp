@@ -253,6 +253,11 @@ void add_train(CLI::App& app) {
   add_override<int64_t>(sub, t, "--threads", "/threads", "CPU threads")->transform(thread_count());
   add_override<std::string>(sub, t, "--device", "/device",
                             device_flag_help("the model and the batches"));
+  add_override<std::string>(sub, t, "--precision", "/precision",
+                            "f32, or bf16: convolutions and linear layers multiply in bf16 "
+                            "with f32 sums where the device has bf16 products (the weights, "
+                            "optimizer state, quantizer math and losses stay f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add_override<int64_t>(
       sub, t, "--nproc", "/nproc",
       "ranks for data-parallel training on this machine (started through quanta launch; "

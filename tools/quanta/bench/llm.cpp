@@ -9,6 +9,9 @@
 //     random weights, f32) forward (and forward + backward of the causal-LM
 //     loss), against transformers' LlamaForCausalLM with attn_implementation
 //     "sdpa".
+//   llama100m_*_fb_mixed (where the CPU has bf16 products): the same
+//     forward + backward in bf16 mixed precision, quanta's MixedPrecision
+//     (engine/precision.h) against torch.autocast("cpu", bfloat16).
 //   qlora100m_shardN_*: with -n N, the same step with the NF4 base sharded
 //     across N ranks against replicated (llm_shard.cpp).
 //   qlora100m_B4_T512: one QLoRA training step of the same model (every
@@ -42,6 +45,7 @@
 #include "bench.h"
 #include "engine/cpu/block_cache.h"
 #include "engine/cpu/gemm_bf16.h"
+#include "engine/precision.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
 #include "llm/ops/attention.h"
@@ -211,6 +215,14 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
                     }});
     work.push_back({tag + "_fb", "setup llama_fb " + shape, [=] {
                       for (const Tensor& p : model->parameters()) p.zero_grad();
+                      llm::causal_lm_loss(model->logits(*ids), *ids).backward();
+                    }});
+    // bf16 mixed precision on both sides: MixedPrecision's bf16 products
+    // against PyTorch's autocast to bf16, where the CPU has bf16 products.
+    if (!cpu::bf16_gemm_native()) continue;
+    work.push_back({tag + "_fb_mixed", "setup llama_fb " + shape + " autocast=1", [=] {
+                      for (const Tensor& p : model->parameters()) p.zero_grad();
+                      const MixedPrecision mixed;
                       llm::causal_lm_loss(model->logits(*ids), *ids).backward();
                     }});
   }

@@ -80,6 +80,7 @@ json finetune_config_json(const FinetuneOptions& o) {
       {"seed", o.seed},
       {"limit_train", o.limit_train},
       {"log_every", o.log_every},
+      {"precision", o.precision},
       {"model",
        {{"lora_rank", o.lora_r}, {"lora_alpha", o.lora_alpha}, {"lora_dropout", o.lora_dropout}}}};
 }
@@ -299,6 +300,7 @@ train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool re
   s.log_every = o.log_every;
   s.eval_every = train::kEvalAtEnd;
   s.lr = o.lr;
+  s.mixed_precision = o.precision == "bf16";
   s.checkpoint_format = kFinetuneFormat;
   s.checkpoint_config = finetune_config_json(o);
   s.header = {{"quanta_version", QUANTA_VERSION},

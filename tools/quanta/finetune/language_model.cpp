@@ -54,6 +54,7 @@ json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
           {"lr", o.lr},
           {"seed", o.seed},
           {"log_every", o.log_every},
+          {"precision", o.precision},
           {"model",
            {{"seq_len", seq_len},
             {"lora_r", o.lora_r},
@@ -297,6 +298,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   s.log_every = o.log_every;
   s.eval_every = o.eval_every > 0 ? o.eval_every : train::kEvalAtEnd;
   s.lr = o.lr;
+  s.mixed_precision = o.precision == "bf16";
   s.optimizer = {.adamw = true,
                  .weight_decay = o.weight_decay,
                  .schedule = o.lr_schedule,

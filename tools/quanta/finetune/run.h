@@ -33,6 +33,7 @@ struct FinetuneOptions {
   uint64_t seed = 0;
   int64_t log_every = -1, threads = 0, nproc = 1;
   std::string device = "cpu";  // a resume may change it
+  std::string precision = "f32";  // or "bf16": MixedPrecision's products
   std::string dist_timeout;    // seconds; empty: the library's default
   bool overwrite = false, resume = false;
   // The classifier's.

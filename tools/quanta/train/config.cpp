@@ -22,16 +22,17 @@ const char* const kKeys[] = {"data",         "limit_train",  "limit_test", "step
                              "epochs",       "batch_size",   "lr",         "lr_schedule",
                              "warmup_steps", "weight_decay", "recon_loss", "seed",
                              "log_every",    "eval_every",   "threads",    "device",
-                             "nproc",        "model",        "quantizer"};
+                             "nproc",        "precision",    "model",      "quantizer"};
 // Keys an older checkpoint's config may lack; they keep their defaults.
-const char* const kOptionalKeys[] = {"lr_schedule", "warmup_steps", "weight_decay", "recon_loss"};
+const char* const kOptionalKeys[] = {"lr_schedule", "warmup_steps", "weight_decay", "recon_loss",
+                                     "precision"};
 const char* const kModelKeys[] = {"hidden", "dim", "latent_norm_groups", "arch"};
 // Model keys an older checkpoint's config may lack; they keep their defaults.
 const char* const kOptionalModelKeys[] = {"latent_norm_groups", "arch"};
 // What a resumed run must share with its checkpoint to continue it exactly.
 const char* const kRunDefining[] = {"batch_size",   "lr",         "lr_schedule", "warmup_steps",
                                     "weight_decay", "recon_loss", "seed",        "limit_train",
-                                    "model",        "quantizer"};
+                                    "precision",    "model",      "quantizer"};
 
 std::string dump(const json& v) {
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -257,6 +258,8 @@ TrainConfig config_from_json(const json& j) {
   if (!j["device"].is_string()) bad("device", "\"cpu\" or \"cuda\"", j["device"]);
   c.device = j["device"].get<std::string>();
   c.nproc = get_int(j, "nproc", 1, kMaxRanks);
+  if (j.contains("precision"))
+    c.precision = get_choice(j, "precision", "precision", {"f32", "bf16"});
   check_keys(j["model"], kModelKeys, "model");
   for (const char* k : kModelKeys)
     if (!j["model"].contains(k) && !listed(kOptionalModelKeys, k))
@@ -294,6 +297,7 @@ json config_to_json(const TrainConfig& c) {
           {"threads", c.threads},
           {"device", c.device},
           {"nproc", c.nproc},
+          {"precision", c.precision},
           {"model",
            {{"hidden", c.model.hidden},
             {"dim", c.model.dim},

@@ -3,7 +3,7 @@
 //   {"data": DIR, "limit_train": N, "limit_test": N, "steps": N, "epochs": N,
 //    "batch_size": B, "lr": X, "lr_schedule": "constant", "warmup_steps": N,
 //    "weight_decay": X, "recon_loss": "mse", "seed": S, "log_every": N, "eval_every": N,
-//    "threads": N, "device": "cpu", "nproc": N,
+//    "threads": N, "device": "cpu", "nproc": N, "precision": "f32",
 //    "model": {"hidden": C, "dim": D, "latent_norm_groups": G, "arch": "conv"},
 //    "quantizer": {"type": "vq", ...options (quantizer_config.h)}}
 // Layers apply in order: defaults, the --config file, the command-line flags,
@@ -57,6 +57,10 @@ struct TrainConfig {
   int64_t threads = 0;     // 0: the engine's default (all cores)
   std::string device = "cpu";
   int64_t nproc = 1;
+  /** "f32", or "bf16": the model's products (convolutions, linear layers)
+   * in bf16 with f32 sums under MixedPrecision (engine/precision.h);
+   * weights, optimizer state, the quantizer's math and the losses stay f32. */
+  std::string precision = "f32";
   ModelConfig model;
   nlohmann::json quantizer;
 };

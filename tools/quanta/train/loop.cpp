@@ -20,6 +20,7 @@
 #include "engine/ops/view.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
+#include "engine/precision.h"
 #include "train/batch_order.h"
 #include "train/checkpoint.h"
 #include "train/outputs.h"
@@ -263,7 +264,11 @@ class Loop {
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t lo = share.numel() * p / pieces;
       const int64_t hi = share.numel() * (p + 1) / pieces;
-      const StepLoss out = task_.step({slice(share, 0, lo, hi), batch.numel(), world_, batch});
+      // The backward runs in the precision each op's forward ran in.
+      const StepLoss out = [&] {
+        const MixedPrecision precision(s_.mixed_precision);
+        return task_.step({slice(share, 0, lo, hi), batch.numel(), world_, batch});
+      }();
       {
         std::optional<dist::DataParallel::NoSync> local;
         if (dp_ && p + 1 < pieces) local.emplace(*dp_);
@@ -390,7 +395,10 @@ class Loop {
   }
 
   json evaluate(const StateDict& optimizer_state) {
-    const Evaluation ev = task_.evaluate();
+    const Evaluation ev = [&] {
+      const MixedPrecision precision(s_.mixed_precision);
+      return task_.evaluate();
+    }();
     model_->train();
     if (!lead_) return ev.fields;
     json record = ev.fields;

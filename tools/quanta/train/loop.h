@@ -181,6 +181,9 @@ struct LoopSettings {
    * (dist::OptimizerShards); same results, checkpoints in the ordinary
    * layout. */
   bool shard_optimizer_state = false;
+  /** bf16 products (engine/precision.h's MixedPrecision) in every step's
+   * forward and backward and in evaluation. */
+  bool mixed_precision = false;
   /** "training" or "fine-tuning": how a divergence message starts. */
   std::string activity = "training";
 };

@@ -196,6 +196,7 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   s.optimizer.warmup_steps = cfg.warmup_steps;
   s.optimizer.adamw = cfg.weight_decay > 0;
   s.optimizer.weight_decay = cfg.weight_decay;
+  s.mixed_precision = cfg.precision == "bf16";
   s.checkpoint_format = kCheckpointFormat;
   s.checkpoint_config = config_to_json(cfg);
   s.header = {{"quanta_version", job.version},

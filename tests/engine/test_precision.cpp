@@ -1,0 +1,183 @@
+// MixedPrecision (engine/precision.h): f32 products from bf16-rounded
+// operands with f32 sums, the precision each backward node inherits from its
+// forward, and the products that stay f32 (f64, sq_dist). The cases whose
+// names say "bf16 products" also run with QUANTA_CPU_BF16_GEMM=1 (the
+// bf16_products_forced test), so CPUs without bf16 instructions check them.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "engine/cpu/conv_direct.h"
+#include "engine/cpu/gemm_bf16.h"
+#include "quanta.h"
+
+using namespace quanta;
+
+namespace {
+
+// `x` rounded to bf16 and widened back to f64: the operand a bf16 product sees.
+Tensor bf16_rounded(const Tensor& x) { return x.detach().to(DType::bf16).to(DType::f64); }
+
+// Largest |a - b| over the largest |b|.
+double relative_gap(const Tensor& a, const Tensor& b) {
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  REQUIRE(av.size() == bv.size());
+  double gap = 0, scale = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    gap = std::max(gap, std::abs(av[i] - bv[i]));
+    scale = std::max(scale, std::abs(bv[i]));
+  }
+  return gap / scale;
+}
+
+bool bf16_products_here() {
+  if (cpu::bf16_gemm_native()) return true;
+  MESSAGE(
+      "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, or "
+      "QUANTA_CPU_BF16_GEMM=0); the bf16_products_forced test runs them emulated");
+  return false;
+}
+
+// Products of at least 2^20 multiply-adds, which the CPU takes in bf16.
+constexpr int64_t kRows = 64, kIn = 256, kOut = 128;
+
+}  // namespace
+
+TEST_CASE("MixedPrecision: guards nest and restore") {
+  CHECK_FALSE(mixed_precision_enabled());
+  {
+    const MixedPrecision on;
+    CHECK(mixed_precision_enabled());
+    {
+      const MixedPrecision off(false);
+      CHECK_FALSE(mixed_precision_enabled());
+    }
+    CHECK(mixed_precision_enabled());
+  }
+  CHECK_FALSE(mixed_precision_enabled());
+}
+
+TEST_CASE("MixedPrecision: bf16 products in linear, matmul and their backward") {
+  if (!bf16_products_here()) return;
+  Generator gen(11);
+  const Tensor x = randn({kRows, kIn}, gen).requires_grad_(true);
+  const Tensor w = randn({kOut, kIn}, gen).requires_grad_(true);
+  const Tensor g = randn({kRows, kOut}, gen);
+  const Tensor exact = linear(x.detach(), w.detach());
+
+  Tensor y;
+  {
+    const MixedPrecision mixed;
+    y = linear(x, w);
+  }
+  // The product of the rounded operands, summed in f32: within f32 rounding
+  // of the f64 product of the same operands, and visibly not the f32 one.
+  const Tensor want = linear(bf16_rounded(x), bf16_rounded(w));
+  CHECK(relative_gap(y, want) < 1e-5);
+  CHECK(relative_gap(y, exact) > 1e-4);
+  CHECK(relative_gap(y, exact) < 2e-2);
+  CHECK(y.dtype() == DType::f32);
+
+  // The backward runs after the guard ended, in the forward's precision.
+  y.backward(g);
+  CHECK(relative_gap(x.grad(), matmul(bf16_rounded(g), bf16_rounded(w))) < 1e-5);
+  CHECK(relative_gap(w.grad(), matmul(transpose(bf16_rounded(g), 0, 1), bf16_rounded(x))) < 1e-5);
+
+  // A product made outside the guard is differentiated in f32 even when its
+  // backward runs inside one.
+  x.zero_grad();
+  const Tensor y32 = matmul(x, transpose(w.detach(), 0, 1));
+  CHECK(relative_gap(y32, exact) < 1e-6);
+  {
+    const MixedPrecision mixed;
+    y32.backward(g);
+  }
+  CHECK(relative_gap(x.grad(), matmul(g.to(DType::f64), w.detach().to(DType::f64))) < 1e-6);
+
+  // matmul with batch dims (one GEMM per batch entry) under the guard.
+  const Tensor a = randn({3, kRows, kIn}, gen), b = randn({3, kIn, kOut}, gen);
+  Tensor ab;
+  {
+    const MixedPrecision mixed;
+    ab = matmul(a, b);
+  }
+  CHECK(relative_gap(ab, matmul(bf16_rounded(a), bf16_rounded(b))) < 1e-5);
+  CHECK(relative_gap(ab, matmul(a, b)) > 1e-4);
+}
+
+TEST_CASE("MixedPrecision: bf16 products in conv2d (im2col path) and its backward") {
+  if (!bf16_products_here()) return;
+  // The direct AVX-512 kernels multiply in f32 whatever the precision; off,
+  // the convolution goes through im2col and the GEMM.
+  cpu::conv_direct_enable(false);
+  Generator gen(12);
+  const Tensor x = randn({8, 32, 16, 16}, gen).requires_grad_(true);
+  const Tensor w = randn({64, 32, 3, 3}, gen).requires_grad_(true);
+  const Tensor g = randn({8, 64, 16, 16}, gen);
+  for (const ConvLayout layout : {ConvLayout::nchw, ConvLayout::nhwc}) {
+    CAPTURE(layout == ConvLayout::nhwc);
+    const auto in = [&](const Tensor& t) {
+      return layout == ConvLayout::nhwc ? permute(t, {0, 2, 3, 1}).contiguous() : t;
+    };
+    const Tensor xl = in(x.detach()).requires_grad_(true), gl = in(g);
+    Tensor y;
+    {
+      const MixedPrecision mixed;
+      y = conv2d(xl, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, layout);
+    }
+    const Tensor want =
+        conv2d(bf16_rounded(xl), bf16_rounded(w), Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, layout);
+    CHECK(relative_gap(y, want) < 1e-5);
+    CHECK(relative_gap(y, conv2d(xl.detach(), w.detach(), Tensor(), {1, 1}, {1, 1}, {1, 1}, 1,
+                                 layout)) > 1e-4);
+    w.zero_grad();
+    y.backward(gl);
+    const Tensor gx = conv_transpose2d(bf16_rounded(gl), bf16_rounded(w), Tensor(), {1, 1}, {1, 1},
+                                       {0, 0}, 1, {1, 1}, layout);
+    CHECK(relative_gap(xl.grad(), gx) < 1e-5);
+    // The weight gradient sums over every pixel of every image: f32 sums of
+    // bf16 products against f64 sums.
+    const Tensor xd = bf16_rounded(xl).requires_grad_(true);
+    const Tensor wd = bf16_rounded(w).requires_grad_(true);
+    conv2d(xd, wd, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, layout).backward(bf16_rounded(gl));
+    CHECK(relative_gap(w.grad(), wd.grad()) < 1e-4);
+  }
+  cpu::conv_direct_enable(true);
+}
+
+TEST_CASE("MixedPrecision: f64 products and sq_dist stay exact; small products stay f32") {
+  Generator gen(13);
+  const Tensor x = randn({kRows, kIn}, gen, {.dtype = DType::f64});
+  const Tensor w = randn({kOut, kIn}, gen, {.dtype = DType::f64});
+  const Tensor c = randn({kOut, kIn}, gen);
+  const Tensor x32 = x.to(DType::f32);
+  const Tensor small_a = randn({8, 16}, gen), small_b = randn({16, 8}, gen);
+  const Tensor ref64 = linear(x, w), ref_dist = sq_dist(x32, c);
+  const Tensor ref_small = matmul(small_a, small_b);
+  const MixedPrecision mixed;
+  CHECK(linear(x, w).to_vector<double>() == ref64.to_vector<double>());
+  // Distances decide codes: the quantizers' nearest-code search keeps f32.
+  CHECK(sq_dist(x32, c).to_vector<float>() == ref_dist.to_vector<float>());
+  CHECK(matmul(small_a, small_b).to_vector<float>() == ref_small.to_vector<float>());
+}
+
+TEST_CASE("MixedPrecision on sim: bf16 products, the CPU's bits") {
+  if (!bf16_products_here()) return;
+  Generator gen(14);
+  const Tensor x = randn({kRows, kIn}, gen).requires_grad_(true);
+  const Tensor w = randn({kOut, kIn}, gen).requires_grad_(true);
+  const Tensor xs = x.detach().to(Device::sim(0)).requires_grad_(true);
+  const Tensor ws = w.detach().to(Device::sim(0)).requires_grad_(true);
+  Tensor y, ys;
+  {
+    const MixedPrecision mixed;
+    y = linear(x, w);
+    ys = linear(xs, ws);
+  }
+  CHECK(ys.to(Device::cpu()).to_vector<float>() == y.to_vector<float>());
+  sum(y).backward();
+  sum(ys).backward();
+  CHECK(xs.grad().to(Device::cpu()).to_vector<float>() == x.grad().to_vector<float>());
+  CHECK(ws.grad().to(Device::cpu()).to_vector<float>() == w.grad().to_vector<float>());
+}
