@@ -1114,8 +1114,8 @@ TEST_CASE("bf16 products: mixed-precision training keeps vq, fsq and lfq within 
     }
     const EvalResult& f32 = runs[0].last_eval;
     const EvalResult& bf16 = runs[1].last_eval;
-    MESSAGE(type << ": test mse f32 " << f32.mse << ", bf16 " << bf16.mse << "; usage "
-                 << f32.usage << ", " << bf16.usage);
+    MESSAGE(type << ": test mse f32 " << f32.mse << ", bf16 " << bf16.mse << "; usage " << f32.usage
+                 << ", " << bf16.usage);
     CHECK(std::abs(bf16.mse - f32.mse) <= 0.05 * f32.mse);
     CHECK(std::abs(bf16.usage - f32.usage) <= 0.05 * f32.usage);
   }

@@ -32,9 +32,9 @@ struct FinetuneOptions {
   double lr = -1;
   uint64_t seed = 0;
   int64_t log_every = -1, threads = 0, nproc = 1;
-  std::string device = "cpu";  // a resume may change it
+  std::string device = "cpu";     // a resume may change it
   std::string precision = "f32";  // or "bf16": MixedPrecision's products
-  std::string dist_timeout;    // seconds; empty: the library's default
+  std::string dist_timeout;       // seconds; empty: the library's default
   bool overwrite = false, resume = false;
   // The classifier's.
   int64_t limit_train = -1, limit_test = -1;
