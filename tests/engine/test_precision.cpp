@@ -11,6 +11,7 @@
 #include "engine/cpu/conv_direct.h"
 #include "engine/cpu/gemm_bf16.h"
 #include "quanta.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 
@@ -180,4 +181,26 @@ TEST_CASE("MixedPrecision on sim: bf16 products, the CPU's bits") {
   sum(ys).backward();
   CHECK(xs.grad().to(Device::cpu()).to_vector<float>() == x.grad().to_vector<float>());
   CHECK(ws.grad().to(Device::cpu()).to_vector<float>() == w.grad().to_vector<float>());
+}
+
+TEST_CASE("MixedPrecision on cuda:0: bf16 tensor-core GEMMs and TF32 convolutions") {
+  if (!quanta::testing::have_gpu()) {
+    MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
+    return;
+  }
+  Generator gen(15);
+  const Device gpu = Device::cuda(0);
+  const Tensor x = randn({kRows, kIn}, gen), w = randn({kOut, kIn}, gen);
+  const Tensor xc = randn({8, 32, 16, 16}, gen), wc = randn({64, 32, 3, 3}, gen);
+  Tensor y, yc;
+  {
+    const MixedPrecision mixed;
+    y = linear(x.to(gpu), w.to(gpu)).to(Device::cpu());
+    yc = conv2d(xc.to(gpu), wc.to(gpu), Tensor(), {1, 1}, {1, 1}).to(Device::cpu());
+  }
+  // cuBLAS rounds the operands to bf16 and sums in f32 (its order, not the
+  // CPU's); cuDNN's TF32 keeps 10 of the operands' mantissa bits.
+  CHECK(relative_gap(y, linear(bf16_rounded(x), bf16_rounded(w))) < 1e-4);
+  const Tensor exact_c = conv2d(xc.to(DType::f64), wc.to(DType::f64), Tensor(), {1, 1}, {1, 1});
+  CHECK(relative_gap(yc, exact_c) < 2e-3);
 }

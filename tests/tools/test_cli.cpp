@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli_runner.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "quanta.h"
 #include "support/temp_dir.h"
 
@@ -623,11 +624,19 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
        {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32", "llamasmall_B2_T32_fb",
         "qlorasmall_B2_T32", "qlorasmall_B2_T32_peak_rss"})
     CHECK_MESSAGE(names.count(want) == 1, want);
+  // The mixed-precision rows come where the CPU has bf16 products.
+  const bool mixed = cpu::bf16_gemm_native();
+  CHECK(names.count("llamasmall_B2_T32_fb_mixed") == (mixed ? 1 : 0));
+  CHECK(names.count("qlorasmall_B2_T32_mixed") == (mixed ? 1 : 0));
   // --only keeps the rows whose name contains it, and refuses a text that matches none.
   REQUIRE(only.code == 0);
-  const nlohmann::json rows = nlohmann::json::parse(only.out);
-  REQUIRE(rows.size() == 2);
+  nlohmann::json rows = nlohmann::json::parse(only.out);
+  REQUIRE(rows.size() == (mixed ? 3 : 2));
   CHECK(rows[0]["name"] == "qlorasmall_B2_T32");
+  if (mixed) {
+    CHECK(rows[1]["name"] == "qlorasmall_B2_T32_mixed");
+    rows.erase(1);
+  }
   // Without a peer the rows keep quanta's side: the step's time, and the
   // peak memory of a fresh process running it (MB; a small model still
   // maps the libraries, so tens of MB at least).

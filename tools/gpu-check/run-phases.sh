@@ -111,12 +111,14 @@ phase_peer() {
   end=$((SECONDS + $1))
   local common=(--steps "$PEER_STEPS" --batch-size 64 --limit-test 512 --data "$data")
   for q in vq none fsq; do
-    for mode in quanta eager compile; do
+    for mode in quanta quanta_bf16 eager compile; do
       left=$((end - SECONDS))
       [ "$left" -ge 15 ] || { echo "== $q $mode: no time left"; continue; }
       echo "== $q $mode"
-      if [ "$mode" = quanta ]; then
+      if [ "${mode%_bf16}" = quanta ]; then
+        # quanta_bf16: --precision bf16 (bf16 GEMMs, TF32 convolutions)
         timeout -k 5 "$left" "$quanta" train "${common[@]}" --quantizer "$q" --device cuda \
+          --precision "$([ "$mode" = quanta_bf16 ] && echo bf16 || echo f32)" \
           --eval-every "$PEER_STEPS" --log-every 50 --out "$build-peer/$q" --overwrite 2>&1 \
           | grep -E "^step $PEER_STEPS/|^eval|error" || echo "(exit $?)"
       else

@@ -18,7 +18,7 @@ Workloads, matching tools/quanta/bench/llm.cpp:
   qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
               double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
               on all linear layers (alpha 2r, dropout 0.05), forward +
-              backward + AdamW
+              backward + AdamW (autocast=1: the forward under autocast)
 
 Run by quanta with the peer environment's python (../shared/peer/setup.sh):
 /tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
@@ -147,7 +147,9 @@ def make(name, cfg):
 
         def step():
             opt.zero_grad(set_to_none=True)
-            model(input_ids=ids, labels=ids).loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast"))):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
             opt.step()
         return step
     model = llama(cfg)

@@ -139,9 +139,10 @@ struct LlmWorkload {
   std::string peer_setup;
   std::function<void()> run;
 };
-/** The suite's QLoRA training step of `config` (llm.cpp). */
+/** The suite's QLoRA training step of `config` (llm.cpp); `mixed`: under
+ * MixedPrecision (the row's name ends in _mixed, the peer autocasts). */
 LlmWorkload qlora_workload(const BenchOptions& opts, const llm::DecoderConfig& config,
-                           Generator& gen);
+                           Generator& gen, bool mixed = false);
 /** `config` as the peer's KEY=VALUE words. */
 std::string llm_peer_config(const llm::DecoderConfig& config);
 /** Peak resident memory in MB of a fresh quanta process that builds

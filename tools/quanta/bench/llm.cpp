@@ -20,6 +20,8 @@
 //     LoRA r 16, alpha 32, dropout 0.05 on all of them; forward, backward of
 //     the causal-LM loss, AdamW on the adapters), against transformers +
 //     bitsandbytes (load_in_4bit) + PEFT doing the same.
+//   qlora100m_B4_T512_mixed (where the CPU has bf16 products): that step
+//     in bf16 mixed precision, MixedPrecision against torch.autocast.
 //   qlora100m_B4_T512_peak_rss: the peak resident memory in MB of that step
 //     (setup and two steps) in a fresh process on each side
 //     (llm_peak_rss.cpp): ms and floor_ms hold MB.
@@ -138,7 +140,8 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
   return c;
 }
 
-LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen) {
+LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
+                           bool mixed) {
   auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   llm::QLoRAOptions q;
   q.lora.r = o.small ? 4 : 16;
@@ -155,13 +158,19 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
   auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
   const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
   auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
-  return {"qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t),
-          "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) + " T=" +
-              std::to_string(t) + " r=" + std::to_string(q.lora.r) + " bf16=" + (bf16 ? "1" : "0"),
+  return {"qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t) +
+              (mixed ? "_mixed" : ""),
+          "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
+              " T=" + std::to_string(t) + " r=" + std::to_string(q.lora.r) +
+              " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : ""),
           [=] {
             opt->zero_grad();
-            llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids), qmodel->lm_head_weight(), *ids)
-                .backward();
+            {
+              const MixedPrecision precision(mixed);
+              llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids), qmodel->lm_head_weight(),
+                                          *ids)
+                  .backward();
+            }
             opt->step();
           }};
 }
@@ -268,6 +277,9 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   work.push_back(qlora_workload(o, c, gen));
   const std::string peak_name = work.back().name + "_peak_rss";
   const std::string peak_request = "peak" + work.back().peer_setup.substr(5);
+  // The same step in bf16 mixed precision on both sides (quanta finetune
+  // --precision bf16; PyTorch's autocast), where the CPU has bf16 products.
+  if (cpu::bf16_gemm_native()) work.push_back(qlora_workload(o, c, gen, true));
 
   const std::vector<std::string> shard_rows = llm_shard_row_names(o);
   const auto shard_wanted = [&] {
