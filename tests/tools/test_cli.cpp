@@ -317,14 +317,14 @@ TEST_CASE("quanta bench train --device sim counts each step's host syncs and cop
 // --device cuda: where no GPU is, one line saying why and success (scripts
 // run it everywhere); on a GPU, every row measured or unavailable with its
 // error, never a failed command.
-TEST_CASE("quanta bench engine/train/quant/nf4 --device cuda: GPU rows, or one line why not") {
+TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or one line why not") {
   check_one_line_error(run_quanta({"bench", "engine", "--device", "gpu"}), 2,
                        "--device must be cpu, cuda or cuda:N, got 'gpu'");
   check_one_line_error(
       run_quanta({"bench", "dist", "--device", "cuda"}), 2,
-      "the dist suite runs on the CPU only (engine, nf4, quant, train run on CUDA)");
+      "the dist suite runs on the CPU only (engine, llm, nf4, quant, train run on CUDA)");
   if (cuda_device_count() == 0) {
-    for (const char* suite : {"engine", "train", "quant", "nf4"}) {
+    for (const char* suite : {"engine", "train", "quant", "nf4", "llm"}) {
       CAPTURE(suite);
       CliResult r = run_quanta({"bench", suite, "--device", "cuda", "--size", "small"});
       CHECK(r.code == 0);
@@ -593,6 +593,8 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   const CliResult only = run_quanta(
       {"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlorasmall_B"});
   const CliResult none = run_quanta({"bench", "llm", "--size", "small", "--only", "gpt2"});
+  const CliResult sim =
+      run_quanta({"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--device", "sim"});
   if (peer)
     ::setenv("QUANTA_PEER_PYTHON", saved.c_str(), 1);
   else
@@ -647,6 +649,19 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(rows[1]["ms"].get<double>() < 4000);
   CHECK(none.code != 0);
   CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
+  // On a device (sim here, the path CUDA takes) every workload runs there;
+  // the CPU's peak-memory and sharding rows are left out.
+  CAPTURE(sim.err);
+  REQUIRE(sim.code == 0);
+  std::set<std::string> sim_names;
+  for (const auto& row : nlohmann::json::parse(sim.out)) {
+    sim_names.insert(row["name"].get<std::string>());
+    CHECK(row["ms"].get<double>() > 0);
+    CHECK(contains(row["unavailable"].get<std::string>(), "sim has no PyTorch peer"));
+  }
+  CHECK(sim_names == std::set<std::string>{"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
+                                           "llamasmall_B2_T32_fb", "llamasmall_B2_T32_fb_mixed",
+                                           "qlorasmall_B2_T32", "qlorasmall_B2_T32_mixed"});
   // The ~500M size is the llm suite's alone.
   const CliResult large = run_quanta({"bench", "quant", "--size", "large"});
   CHECK(large.code == 2);

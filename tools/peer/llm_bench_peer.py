@@ -20,6 +20,9 @@ Workloads, matching tools/quanta/bench/llm.cpp:
               on all linear layers (alpha 2r, dropout 0.05), forward +
               backward + AdamW (autocast=1: the forward under autocast)
 
+KEY=VALUE words are integers; cuda=1 runs the workload on the GPU (quanta's
+--device cuda), with torch.cuda.synchronize() ending each timed batch.
+
 Run by quanta with the peer environment's python (../shared/peer/setup.sh):
 /tmp/peer-venv/bin/python tools/peer/llm_bench_peer.py
 """
@@ -36,6 +39,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402 (after the OpenMP setting)
 import torch.nn.functional as F  # noqa: E402
+
+
+def device(cfg):
+    """Where a workload runs: cuda=1 puts it on the GPU (quanta's --device cuda)."""
+    return "cuda" if cfg.get("cuda") else "cpu"
 
 
 def llama(cfg):
@@ -101,6 +109,9 @@ def main():
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
+            # A GPU's calls count when their work is done, as quanta's do.
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
             print((time.perf_counter() - start) * 1000 / calls, flush=True)
 
 
@@ -113,7 +124,7 @@ def qlora(cfg):
     with tempfile.TemporaryDirectory() as folder:
         llama(cfg).save_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, device_map="cpu",
+            folder, dtype=torch.float32, device_map={"": 0} if cfg.get("cuda") else "cpu",
             quantization_config=BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.bfloat16 if cfg.get("bf16") else torch.float32))
@@ -128,8 +139,9 @@ def make(name, cfg):
     g = torch.Generator().manual_seed(1)
     if name.startswith("attention"):
         B, H, T, D = cfg["B"], cfg["H"], cfg["T"], cfg["D"]
-        q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
-        grad = torch.randn(B, H, T, D, generator=g)
+        q, k, v = (torch.randn(B, H, T, D, generator=g).to(device(cfg)).requires_grad_(True)
+                   for _ in range(3))
+        grad = torch.randn(B, H, T, D, generator=g).to(device(cfg))
         if name.endswith("_fb"):
             def fb():
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -141,24 +153,26 @@ def make(name, cfg):
         return fwd
     if name == "qlora":
         model = qlora(cfg)
-        ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g)
+        ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g).to(device(cfg))
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4,
                                 weight_decay=0.0)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast"))):
+            with torch.autocast(device(cfg), dtype=torch.bfloat16,
+                                enabled=bool(cfg.get("autocast"))):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
         return step
-    model = llama(cfg)
-    ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g)
+    model = llama(cfg).to(device(cfg))
+    ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g).to(device(cfg))
     if name.endswith("_fb"):
         model.train()
         def fb():
             model.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast"))):
+            with torch.autocast(device(cfg), dtype=torch.bfloat16,
+                                enabled=bool(cfg.get("autocast"))):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
         return fb

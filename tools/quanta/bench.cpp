@@ -42,8 +42,9 @@ const std::map<std::string, SuiteInfo>& suites() {
       {"dist", {bench_dist, "collectives and DataParallel against bare Gloo and one process"}},
       {"llm",
        {bench_llm,
-        "causal attention and a ~110M Llama, forward and forward + backward, against PyTorch "
-        "(floor = PyTorch's time; ../shared/peer/setup.sh)"}},
+        "causal attention and a ~110M Llama, forward and forward + backward, and a QLoRA step, "
+        "against PyTorch (floor = PyTorch's time; ../shared/peer/setup.sh)",
+        true}},
   };
   return all;
 }
@@ -88,10 +89,11 @@ void run_bench(BenchCommand& c) {
   if (c.opts.large && c.suite != "llm")
     throw UsageError("--size large is for bench llm (its ~500M config), not " + c.suite);
   c.opts.device = Device::parse(c.device);
-  if (c.opts.device.is_sim() && c.suite != "train")
+  if (c.opts.device.is_sim() && c.suite != "train" && c.suite != "llm")
     throw UsageError("--device " + c.device + ": the " + c.suite +
                      " suite times the CPU or a GPU, and sim runs the CPU's kernels (bench "
-                     "train takes sim: it counts each step's host syncs)");
+                     "train takes sim: it counts each step's host syncs; bench llm runs its "
+                     "GPU path there)");
   const SuiteInfo& suite = suites().at(c.suite);
   if (c.opts.device.is_cuda()) {
     if (!suite.cuda)
@@ -152,8 +154,10 @@ void add_bench(CLI::App& app) {
       "steps run against the same step on the CPU; quant's nearest-code searches against the "
       "f32 GEMM of their shape; nf4's dequantize against a device copy of the bytes it moves, "
       "its batch-1 GEMV against cuBLAS's bf16 GEMV and its batch-512 nf4_linear against the "
-      "f32 GEMM of the same shape. A row whose op fails on the GPU prints 'unavailable' with "
-      "the error.");
+      "f32 GEMM of the same shape; llm's rows (attention, the Llama, the QLoRA step in bf16 "
+      "compute) against the same PyTorch workloads on the same GPU (the peer's python must "
+      "import transformers, peft and bitsandbytes; --device sim runs quanta's side alone). A "
+      "row whose op fails on the GPU prints 'unavailable' with the error.");
   sub->add_option("suite", c->suite, "the suite to run: " + suite_names())
       ->required()
       ->check(CLI::Validator(

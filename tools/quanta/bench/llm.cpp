@@ -117,6 +117,12 @@ std::string peer_script() {
   return std::string(QUANTA_SOURCE_ROOT) + "/tools/peer/llm_bench_peer.py";
 }
 
+// The peer's word for where it runs: " cuda=1" on a GPU, nothing on the CPU.
+std::string peer_device(Device device) { return device.is_cuda() ? " cuda=1" : ""; }
+
+// Whether `device` multiplies bf16 faster than f32: the mixed-precision rows.
+bool bf16_products(Device device) { return !device.is_cpu() || cpu::bf16_gemm_native(); }
+
 }  // namespace
 
 std::string llm_size_tag(const BenchOptions& o) {
@@ -147,22 +153,23 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
   q.lora.r = o.small ? 4 : 16;
   q.lora.lora_alpha = 2.0 * double(q.lora.r);
   q.lora.lora_dropout = 0.05;
-  // bf16 compute where the CPU multiplies bf16 natively (as QLoRA runs
-  // on GPUs), else f32; the peer is told the same.
-  const bool bf16 = cpu::bf16_gemm_native();
+  // bf16 compute on a GPU (as QLoRA runs there) and where the CPU
+  // multiplies bf16 natively, else f32; the peer is told the same.
+  const bool bf16 = !o.device.is_cpu() || cpu::bf16_gemm_native();
   q.quantization.compute_dtype = bf16 ? DType::bf16 : DType::f32;
   llm::apply_qlora(*qmodel, q);
+  qmodel->to(o.device);
   std::vector<Tensor> adapters;
   for (const Tensor& p : qmodel->parameters())
     if (p.requires_grad()) adapters.push_back(p);
   auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
   const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
-  auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
+  auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
   return {"qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t) +
               (mixed ? "_mixed" : ""),
           "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
               " T=" + std::to_string(t) + " r=" + std::to_string(q.lora.r) +
-              " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : ""),
+              " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") + peer_device(o.device),
           [=] {
             opt->zero_grad();
             {
@@ -192,12 +199,14 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
   const int64_t B = o.small ? 1 : 4, H = o.small ? 2 : 12, D = o.small ? 16 : 64;
   std::vector<std::shared_ptr<Tensor>> keep;
   for (int64_t T : o.small ? std::vector<int64_t>{64} : std::vector<int64_t>{512, 2048}) {
-    auto q = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
-    auto k = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
-    auto v = std::make_shared<Tensor>(randn({B, T, H, D}, gen).requires_grad_(true));
-    auto g = std::make_shared<Tensor>(randn({B, T, H, D}, gen));
+    const auto input = [&] {
+      return std::make_shared<Tensor>(randn({B, T, H, D}, gen).to(o.device).requires_grad_(true));
+    };
+    auto q = input(), k = input(), v = input();
+    auto g = std::make_shared<Tensor>(randn({B, T, H, D}, gen).to(o.device));
     const std::string shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) +
-                              " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                              " T=" + std::to_string(T) + " D=" + std::to_string(D) +
+                              peer_device(o.device);
     const std::string tag = "attention_T" + std::to_string(T);
     work.push_back({tag, "setup attention " + shape, [=] {
                       NoGradGuard no_grad;
@@ -209,12 +218,13 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
                     }});
   }
   auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
-  const std::string cfg = llm_peer_config(c);
+  model->to(o.device);
+  const std::string cfg = llm_peer_config(c) + peer_device(o.device);
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       o.small ? std::vector<std::pair<int64_t, int64_t>>{{2, 32}}
               : std::vector<std::pair<int64_t, int64_t>>{{4, 512}, {1, 2048}};
   for (const auto& [b, t] : shapes) {
-    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen));
+    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
     const std::string tag =
         "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
     const std::string shape = cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t);
@@ -227,8 +237,9 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
                       llm::causal_lm_loss(model->logits(*ids), *ids).backward();
                     }});
     // bf16 mixed precision on both sides: MixedPrecision's bf16 products
-    // against PyTorch's autocast to bf16, where the CPU has bf16 products.
-    if (!cpu::bf16_gemm_native()) continue;
+    // against PyTorch's autocast to bf16, on a GPU and where the CPU has
+    // bf16 products.
+    if (!bf16_products(o.device)) continue;
     work.push_back({tag + "_fb_mixed", "setup llama_fb " + shape + " autocast=1", [=] {
                       for (const Tensor& p : model->parameters()) p.zero_grad();
                       const MixedPrecision mixed;
@@ -265,7 +276,6 @@ BenchRow peak_rss_row(const BenchOptions& o, const std::string& name, const std:
 }  // namespace
 
 std::vector<BenchRow> bench_llm(const BenchOptions& o) {
-  if (!o.device.is_cpu()) throw std::invalid_argument("bench llm runs on the CPU only for now");
   if (run_as_peak_rss_child(o)) return {};
   std::vector<LlmWorkload> work;
   Generator gen(321);
@@ -279,7 +289,7 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   const std::string peak_request = "peak" + work.back().peer_setup.substr(5);
   // The same step in bf16 mixed precision on both sides (quanta finetune
   // --precision bf16; PyTorch's autocast), where the CPU has bf16 products.
-  if (cpu::bf16_gemm_native()) work.push_back(qlora_workload(o, c, gen, true));
+  if (bf16_products(o.device)) work.push_back(qlora_workload(o, c, gen, true));
 
   const std::vector<std::string> shard_rows = llm_shard_row_names(o);
   const auto shard_wanted = [&] {
@@ -287,22 +297,27 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
       if (name.find(o.only) != std::string::npos) return true;
     return false;
   };
+  // The peak resident memory and the sharding rows are the CPU's.
+  const bool cpu_rows = o.device.is_cpu();
   if (!o.only.empty()) {
     std::string names;
-    bool any = shard_wanted() || peak_name.find(o.only) != std::string::npos;
+    bool any = cpu_rows && (shard_wanted() || peak_name.find(o.only) != std::string::npos);
     for (const LlmWorkload& w : work) {
       any = any || w.name.find(o.only) != std::string::npos;
       names += (names.empty() ? "" : ", ") + w.name;
     }
-    names += ", " + peak_name;
-    for (const std::string& name : shard_rows) names += ", " + name;
+    if (cpu_rows) names += ", " + peak_name;
+    for (const std::string& name : shard_rows)
+      if (cpu_rows) names += ", " + name;
     if (!any)
       throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
                                   names + ")");
   }
   std::unique_ptr<Peer> peer;
   std::string why;
-  if (!std::filesystem::exists(peer_python()))
+  if (o.device.is_sim())
+    why = "sim has no PyTorch peer (its kernels are the CPU's: the CPU rows compare)";
+  else if (!std::filesystem::exists(peer_python()))
     why = "no PyTorch peer: " + peer_python() +
           " is missing (run ../shared/peer/setup.sh or set QUANTA_PEER_PYTHON)";
   else if (!std::filesystem::exists(peer_script()))
@@ -315,8 +330,14 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     // What a row holds (its model, gradients, inputs) goes with it once it
     // has run: the Llama model and its gradients are gone before the QLoRA
     // step, whose activations then fit beside what is left.
-    const LlmWorkload w = std::move(slot);
+    LlmWorkload w = std::move(slot);
     if (w.name.find(o.only) == std::string::npos) continue;
+    // On a device a call ends when its work is done, not when it is queued.
+    if (!o.device.is_cpu())
+      w.run = [run = w.run, device = o.device] {
+        run();
+        synchronize(device);
+      };
     BenchRow row{w.name};
     if (!peer) {
       row.ms = median_ms(o.repeat, w.run);
@@ -341,6 +362,7 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // and the sharding rows' ranks run on sim devices, whose memory is their
   // own.
   cpu::release_cached_blocks();
+  if (!cpu_rows) return rows;
   if (peak_name.find(o.only) != std::string::npos)
     rows.push_back(peak_rss_row(o, peak_name, peak_request, peer.get(), why));
   // Sharding against replication needs no peer: both are quanta's. Its
