@@ -49,7 +49,8 @@ suffix_rows() {
 # The GPU bench suites, each row against its floor (a row whose op has no
 # kernel yet says so): the NF4 and VQ rows first (short, and the ones
 # with goals to meet: nf4_dequantize ratio <= 1.18, nf4_gemv_8192_b1 <= 0.33,
-# vq_nearest_* <= 1.2), then the engine and train rows. Timings, not
+# vq_nearest_* <= 1.2), the QLoRA step (goal: ratio <= 0.77, 1.3x PyTorch's
+# tokens/s), then the engine and train rows. Timings, not
 # a test: the phase fails only when a command fails. The commands share
 # LIMIT seconds, each getting what the ones before it left (phase_bench
 # LIMIT).
@@ -60,10 +61,14 @@ phase_bench() {
   # allowed (--fast-conv), beside the deterministic default; its rows are
   # named *_fast_conv.
   local suffix
-  for suite in nf4 quant engine train "train --fast-conv"; do
+  for suite in nf4 quant llm engine train "train --fast-conv"; do
     left=$((end - SECONDS))
     [ "$left" -ge 10 ] || { echo "== bench $suite: no time left"; rc=1; continue; }
     echo "== bench $suite --device cuda"
+    if [ "$suite" = llm ]; then
+      bench_qlora "$left" || rc=1
+      continue
+    fi
     suffix=""
     [ "$suite" != "train --fast-conv" ] || suffix=_fast_conv
     # shellcheck disable=SC2086  # "train --fast-conv" is two words
@@ -71,6 +76,25 @@ phase_bench() {
       --threads "$(nproc)" | suffix_rows "$suffix" || { echo "(exit $?)"; rc=1; }
   done
   return "$rc"
+}
+
+# The QLoRA step of the ~110M Llama (NF4 base, bf16 compute; and under
+# MixedPrecision) beside PyTorch + PEFT + bitsandbytes on this GPU, the peer
+# being this machine's python3 where it imports them; else quanta's side
+# alone, and the line names what the peer lacks (the bundle cannot carry
+# them: bitsandbytes and transformers alone exceed its size).
+bench_qlora() {
+  local peer_py missing
+  peer_py="$(command -v python3 || echo /nonexistent)"
+  missing="$(python3 -c 'import importlib.util as u; print(" ".join(m for m in ("torch",
+    "transformers", "peft", "accelerate", "bitsandbytes") if u.find_spec(m) is None))' \
+    2>/dev/null || echo python3)"
+  if [ -n "$missing" ]; then
+    echo "the PyTorch peer lacks: $missing (rows without a floor)"
+    peer_py=/nonexistent
+  fi
+  QUANTA_PEER_PYTHON="$peer_py" timeout -k 5 "$1" "$build/tools/quanta" bench llm --device cuda \
+    --only qlora100m_B4_T512 --repeat 3 --threads "$(nproc)" || { echo "(exit $?)"; return 1; }
 }
 
 # Where the default training step's GPU time goes: Nsight Compute times every

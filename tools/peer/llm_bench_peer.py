@@ -95,7 +95,12 @@ def main():
             break
         if parts[0] == "setup":
             name = parts[1]
-            work[name] = make(name, parse_config(parts[2:]))
+            try:
+                work[name] = make(name, parse_config(parts[2:]))
+            except Exception as e:  # one line back: quanta's row says why
+                print("failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e)
+                                          else ""), flush=True)
+                continue
             print("ok", flush=True)
         elif parts[0] == "peak":
             # The fresh process measures alone: what this one holds goes

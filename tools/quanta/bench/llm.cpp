@@ -79,6 +79,9 @@ class Peer {
     close(out[1]);
     to_ = fdopen(in[1], "w");
     from_ = fdopen(out[0], "r");
+    // A peer that dies (a python without torch) must not take this process
+    // with it: writes to it then fail instead of raising SIGPIPE.
+    signal(SIGPIPE, SIG_IGN);
   }
   ~Peer() {
     if (to_) {
@@ -88,12 +91,13 @@ class Peer {
     if (from_) std::fclose(from_);
     if (pid_ > 0) waitpid(pid_, nullptr, 0);
   }
+  /** The answer to one request; throws when the peer has ended. */
   std::string ask(const std::string& line) {
-    std::fputs((line + "\n").c_str(), to_);
-    std::fflush(to_);
     char buf[256];
-    if (!std::fgets(buf, sizeof buf, from_))
-      throw std::runtime_error("the PyTorch peer ended (request: " + line + ")");
+    if (std::fputs((line + "\n").c_str(), to_) < 0 || std::fflush(to_) != 0 ||
+        !std::fgets(buf, sizeof buf, from_))
+      throw std::runtime_error("the PyTorch peer ended (its stderr says why; request: " + line +
+                               ")");
     std::string s(buf);
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
     return s;
@@ -345,16 +349,26 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
       rows.push_back(row);
       continue;
     }
-    const std::string setup = peer->ask(w.peer_setup);
-    if (setup != "ok") {
-      rows.push_back(unavailable_row(w.name, "the PyTorch peer refused setup: " + setup));
-      continue;
+    try {
+      const std::string setup = peer->ask(w.peer_setup);
+      if (setup != "ok") {  // quanta's side still runs
+        row.ms = median_ms(o.repeat, w.run);
+        row.unavailable = "the PyTorch peer refused setup: " + setup;
+        rows.push_back(row);
+        continue;
+      }
+      const std::string name = w.peer_setup.substr(6, w.peer_setup.find(' ', 6) - 6);
+      const std::vector<double> ms =
+          interleaved_ms(o.repeat, 1, {w.run, [&] { peer->ask("time " + name + " 1"); }});
+      row.ms = ms[0];
+      row.floor_ms = ms[1];
+    } catch (const std::runtime_error& e) {
+      // The peer is gone: this row and the rest keep quanta's side.
+      why = e.what();
+      peer.reset();
+      row.ms = median_ms(o.repeat, w.run);
+      row.unavailable = why;
     }
-    const std::string name = w.peer_setup.substr(6, w.peer_setup.find(' ', 6) - 6);
-    const std::vector<double> ms =
-        interleaved_ms(o.repeat, 1, {w.run, [&] { peer->ask("time " + name + " 1"); }});
-    row.ms = ms[0];
-    row.floor_ms = ms[1];
     rows.push_back(row);
   }
   // The CPU block cache's kept blocks go back now: the peak rows' fresh
