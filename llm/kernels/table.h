@@ -67,6 +67,10 @@ struct AttentionArgs {
    * log-sum-exp of its visible scores (-inf when it sees no key; its output
    * row is then 0). */
   void* lse = nullptr;
+  /** f32 blocks' products may round their operands to bf16 (f32 sums):
+   * MixedPrecision's (engine/precision.h), where the device has bf16
+   * products. */
+  bool bf16_products = false;
 };
 
 /** The language-model kernels of one device. Every entry handles zero sizes. */

@@ -10,6 +10,7 @@
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/view.h"
+#include "engine/precision.h"
 #include "llm/kernels/table.h"
 #include "llm/ops/checks.h"
 
@@ -101,6 +102,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     }
     a.out = s.out.raw_data();
     a.lse = s.lse.raw_data();
+    // The forward's precision, and the backward's (its node's, the same).
+    a.bf16_products = dt == DType::f32 && mixed_precision_enabled();
     return a;
   };
   autograd::Function fn;

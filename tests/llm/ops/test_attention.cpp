@@ -8,7 +8,9 @@
 #include <cmath>
 #include <optional>
 
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/ops/harness.h"
+#include "engine/precision.h"
 #include "llm/ops/attention.h"
 #include "op_fixtures.h"
 
@@ -152,6 +154,42 @@ TEST_CASE("attention: grouped heads equal repeated heads, and bits do not depend
       llm::scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {.causal = true});
   const Tensor copied = llm::scaled_dot_product_attention(q.detach(), rk, rv, {.causal = true});
   CHECK(max_rel_diff(grouped, copied) < 1e-6);
+}
+
+TEST_CASE("attention under MixedPrecision: bf16 products of its blocks, f32 softmax") {
+  if (!cpu::bf16_gemm_native()) {
+    MESSAGE("skipped: bf16 products are not native here; llm_bf16_products_forced runs it");
+    return;
+  }
+  // 256 queries of head_dim 64: full 128-wide blocks, products of 2^20
+  // multiply-adds, which take bf16 operands under the guard.
+  const Tensor q = make_input({1, 256, 2, 64}, Domain::any, 5).to(DType::f32).requires_grad_(true);
+  const Tensor k = make_input({1, 256, 2, 64}, Domain::any, 6).to(DType::f32).requires_grad_(true);
+  const Tensor v = make_input({1, 256, 2, 64}, Domain::any, 7).to(DType::f32).requires_grad_(true);
+  const Tensor g = make_input({1, 256, 2, 64}, Domain::any, 8).to(DType::f32);
+  const Tensor exact =
+      llm::scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), {.causal = true});
+  Tensor out;
+  {
+    const MixedPrecision mixed;
+    out = llm::scaled_dot_product_attention(q, k, v, {.causal = true});
+  }
+  // bf16 keeps 8 bits of each operand: the output moves by about 2^-9 of
+  // its scale, visibly but no more.
+  CHECK(max_rel_diff(out, exact) > 1e-5);
+  CHECK(max_rel_diff(out, exact) < 3e-2);
+  // The backward runs in the forward's precision after the guard ended;
+  // its gradients stay near the f32 ones.
+  out.backward(g);
+  const Tensor qe = q.detach().requires_grad_(true), ke = k.detach().requires_grad_(true),
+               ve = v.detach().requires_grad_(true);
+  llm::scaled_dot_product_attention(qe, ke, ve, {.causal = true}).backward(g);
+  for (const auto& [mixed_grad, f32_grad] :
+       {std::pair{q.grad(), qe.grad()}, std::pair{k.grad(), ke.grad()},
+        std::pair{v.grad(), ve.grad()}}) {
+    CHECK(max_rel_diff(mixed_grad, f32_grad) > 1e-5);
+    CHECK(max_rel_diff(mixed_grad, f32_grad) < 5e-2);
+  }
 }
 
 TEST_CASE("attention: memory linear in the length (sim's peak allocation)") {
