@@ -339,8 +339,68 @@ template void gemm_batched<double>(int64_t, int64_t, int64_t, int64_t, MatRef<do
 }  // namespace quanta::cpu
 
 namespace quanta::cpu {
+namespace {
+
+// The rows x cols operand `a` widened to f32 into `out`, packed row-major.
+MatRef<float> f32_operand(int64_t rows, int64_t cols, MatRef<bf16> a, const ScratchBuffer& out) {
+  float* dst = out.as<float>();
+  parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(cols, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i)
+                   for (int64_t j = 0; j < cols; ++j)
+                     dst[i * cols + j] = static_cast<float>(a.p[i * a.rs + j * a.cs]);
+               });
+  return {dst, std::max<int64_t>(cols, 1), 1};
+}
+
+// One bf16 product c[m, n] (row stride ldc, bf16) = a b, or += a b: f32
+// sums in a scratch C, rounded into c once. Products large enough for
+// oneDNN's bf16 matmul take the operands as they are; smaller ones widen
+// them and run the f32 GEMM (a primitive per shape would cost more than
+// the product).
+void bf16_gemm_one(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, bf16* c,
+                   int64_t ldc, bool accumulate) {
+  const ScratchBuffer cs(sizeof(float) * size_t(m * n));
+  float* cf = cs.as<float>();
+  const auto rows = [&](auto&& row) {
+    parallel_for(0, m, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(n, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t i = lo; i < hi; ++i) row(i);
+                 });
+  };
+  if (accumulate)
+    rows([&](int64_t i) {
+      for (int64_t j = 0; j < n; ++j) cf[i * n + j] = static_cast<float>(c[i * ldc + j]);
+    });
+  if (double(m) * double(n) * double(k) >= kBlasMinWork) {
+    gemm_bf16(m, n, k, a, b, cf, n, accumulate);
+  } else {
+    const ScratchBuffer as(sizeof(float) * size_t(m * k)), bs(sizeof(float) * size_t(k * n));
+    gemm<float>(m, n, k, f32_operand(m, k, a, as), f32_operand(k, n, b, bs), cf, n, accumulate);
+  }
+  rows([&](int64_t i) { round_to_bf16(cf + i * n, n, c + i * ldc); });
+}
+
+// GemmArgs in bf16 (the table's gemm_bf16: the CPU has bf16 products).
+void bf16_gemm(const GemmArgs& g) {
+  const auto* a = static_cast<const bf16*>(g.a.data);
+  const auto* b = static_cast<const bf16*>(g.b.data);
+  auto* c = static_cast<bf16*>(g.c);
+  if (g.batch > 1 && (g.accumulate || g.ldc != g.n))
+    throw std::logic_error("[gemm] batched products write fresh contiguous outputs");
+  for (int64_t i = 0; i < g.batch; ++i)
+    bf16_gemm_one(g.m, g.n, g.k, {a + (g.a_off ? g.a_off[i] : 0), g.a.rs, g.a.cs},
+                  {b + (g.b_off ? g.b_off[i] : 0), g.b.rs, g.b.cs}, c + i * g.m * g.n, g.ldc,
+                  g.accumulate);
+}
+
+}  // namespace
 
 void gemm(const GemmArgs& g) {
+  if (g.dtype == DType::bf16 && bf16_gemm_native()) {
+    if (g.batch > 0 && g.m > 0 && g.n > 0) bf16_gemm(g);
+    return;
+  }
   dispatch_float(g.dtype, "gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const MatRef<T> a{static_cast<const T*>(g.a.data), g.a.rs, g.a.cs};

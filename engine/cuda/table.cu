@@ -7,8 +7,10 @@
 namespace quanta::cuda {
 
 const KernelTable& cuda_kernels() {
-  static const KernelTable table{
-      .device_name = "cuda", .gemm_16bit = true, QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
+  static const KernelTable table{.device_name = "cuda",
+                                 .gemm_bf16 = true,
+                                 .gemm_f16 = true,
+                                 QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }
 

@@ -19,7 +19,8 @@ namespace {
 const KernelTable& unavailable_kernels() {
   static const KernelTable table{
       .device_name = "cuda",
-      .gemm_16bit = false,
+      .gemm_bf16 = false,
+      .gemm_f16 = false,
       .fill = [](auto...) { no_cuda("fill_"); },
       .copy = [](auto...) { no_cuda("copy_"); },
       .unary = [](UnaryOp op, auto...) { no_cuda(op_name(op)); },

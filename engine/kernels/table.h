@@ -150,10 +150,12 @@ struct TermList {
 /** The kernels of one device. Every entry handles zero-size shapes. */
 struct KernelTable {
   const char* device_name;
-  /** True when gemm takes bf16 and f16 operands and C directly, multiplying
-   * and accumulating in f32 and rounding C once (as the CPU's f32 product of
-   * the widened operands does); else ops widen 16-bit operands to f32. */
-  bool gemm_16bit;
+  /** True when gemm takes bf16 (gemm_bf16) or f16 (gemm_f16) operands and C
+   * directly, multiplying and summing in f32 and rounding C once (as the f32
+   * product of the widened operands does, up to the order of the sums); else
+   * ops widen those operands to f32 first. */
+  bool gemm_bf16;
+  bool gemm_f16;
 
   /** dst[i] = value converted to dst's dtype (any plain dtype). */
   void (*fill)(const Shape& shape, const Operand& dst, double value);
@@ -187,7 +189,7 @@ struct KernelTable {
    * this device takes without a copy. */
   bool (*gemm_maps)(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
   /** Matrix products in f32 or f64 (see GemmArgs); bf16 and f16 too where
-   * gemm_16bit is set. */
+   * gemm_bf16 / gemm_f16 is set. */
   void (*gemm)(const GemmArgs& args);
   /** out[r] = stat(rows[r, 0..inner), param) for r < outer (see RowStat);
    * rows and out contiguous, of one dtype, f32 or f64; accumulation is in

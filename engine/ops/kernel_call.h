@@ -16,7 +16,7 @@
 namespace quanta::detail {
 
 /** Dtype a floating kernel computes in (16-bit floats use f32; a device whose
- * kernels take 16-bit data directly, gemm_16bit, is asked by its op). */
+ * kernels take 16-bit data directly, gemm_bf16 / gemm_f16, is asked by its op). */
 inline DType compute_dtype(DType t) {
   return (t == DType::bf16 || t == DType::f16) ? DType::f32 : t;
 }

@@ -39,7 +39,8 @@ Tensor cast(const Tensor& x, DType dt) { return x.dtype() == dt ? x : to_dtype(x
 // 16-bit where the device multiplies them directly (f32 accumulation either
 // way), else they widen to f32.
 DType gemm_dtype(const KernelTable& k, DType dt) {
-  return k.gemm_16bit && (dt == DType::bf16 || dt == DType::f16) ? dt : detail::compute_dtype(dt);
+  const bool direct = (dt == DType::bf16 && k.gemm_bf16) || (dt == DType::f16 && k.gemm_f16);
+  return direct ? dt : detail::compute_dtype(dt);
 }
 
 // Whether a product computed in `ct` rounds its operands to bf16:

@@ -32,7 +32,8 @@ auto sim_entry() {
 const KernelTable& sim_kernels() {
 #define QUANTA_SIM_KERNEL(entry) .entry = sim_entry<&KernelTable::entry>(),
   static const KernelTable table{.device_name = "sim",
-                                 .gemm_16bit = cpu::cpu_kernels().gemm_16bit,
+                                 .gemm_bf16 = cpu::cpu_kernels().gemm_bf16,
+                                 .gemm_f16 = cpu::cpu_kernels().gemm_f16,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_SIM_KERNEL)};
 #undef QUANTA_SIM_KERNEL
   return table;

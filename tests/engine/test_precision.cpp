@@ -10,6 +10,7 @@
 
 #include "engine/cpu/conv_direct.h"
 #include "engine/cpu/gemm_bf16.h"
+#include "engine/cpu/kernels.h"
 #include "quanta.h"
 #include "support/gpu.h"
 
@@ -203,4 +204,37 @@ TEST_CASE("MixedPrecision on cuda:0: bf16 tensor-core GEMMs and TF32 convolution
   CHECK(relative_gap(y, linear(bf16_rounded(x), bf16_rounded(w))) < 1e-4);
   const Tensor exact_c = conv2d(xc.to(DType::f64), wc.to(DType::f64), Tensor(), {1, 1}, {1, 1});
   CHECK(relative_gap(yc, exact_c) < 2e-3);
+}
+
+TEST_CASE("bf16 products: bf16 matmul and linear on the CPU multiply bf16 directly") {
+  CHECK(cpu::cpu_kernels().gemm_bf16 == cpu::bf16_gemm_native());
+  CHECK_FALSE(cpu::cpu_kernels().gemm_f16);
+  if (!bf16_products_here()) return;
+  // Large products go to oneDNN's bf16 matmul, small ones widen in the
+  // kernel; either way f32 sums of exact products rounded once to bf16: the
+  // widened f64 product rounded to bf16, up to the last bit.
+  Generator gen(16);
+  for (const int64_t rows : {int64_t{kRows}, int64_t{3}}) {
+    CAPTURE(rows);
+    const Tensor x = randn({rows, kIn}, gen).to(DType::bf16).requires_grad_(true);
+    const Tensor w = randn({kOut, kIn}, gen).to(DType::bf16).requires_grad_(true);
+    const Tensor b = randn({kOut}, gen).to(DType::bf16);
+    const Tensor y = linear(x, w, b);
+    CHECK(y.dtype() == DType::bf16);
+    const Tensor want =
+        linear(x.detach().to(DType::f64), w.detach().to(DType::f64), b.to(DType::f64));
+    CHECK(relative_gap(y.to(DType::f64), want) < 1.0 / 128);
+    const Tensor g = randn({rows, kOut}, gen).to(DType::bf16);
+    y.backward(g);
+    CHECK(x.grad().dtype() == DType::bf16);
+    CHECK(relative_gap(x.grad().to(DType::f64),
+                       matmul(g.to(DType::f64), w.detach().to(DType::f64))) < 1.0 / 128);
+    CHECK(relative_gap(w.grad().to(DType::f64), matmul(transpose(g.to(DType::f64), 0, 1),
+                                                       x.detach().to(DType::f64))) < 1.0 / 128);
+  }
+  // A batch of products, one per batch entry.
+  const Tensor a = randn({3, kRows, kIn}, gen).to(DType::bf16);
+  const Tensor c = randn({3, kIn, kOut}, gen).to(DType::bf16);
+  CHECK(relative_gap(matmul(a, c).to(DType::f64), matmul(a.to(DType::f64), c.to(DType::f64))) <
+        1.0 / 128);
 }
