@@ -629,6 +629,7 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   // The mixed-precision rows come where the CPU has bf16 products.
   const bool mixed = cpu::bf16_gemm_native();
   CHECK(names.count("llamasmall_B2_T32_fb_mixed") == (mixed ? 1 : 0));
+  CHECK(names.count("llamasmall_B2_T32_fb_bf16") == (mixed ? 1 : 0));
   CHECK(names.count("qlorasmall_B2_T32_mixed") == (mixed ? 1 : 0));
   // --only keeps the rows whose name contains it, and refuses a text that matches none.
   REQUIRE(only.code == 0);
@@ -661,7 +662,8 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   }
   CHECK(sim_names == std::set<std::string>{"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
                                            "llamasmall_B2_T32_fb", "llamasmall_B2_T32_fb_mixed",
-                                           "qlorasmall_B2_T32", "qlorasmall_B2_T32_mixed"});
+                                           "llamasmall_B2_T32_fb_bf16", "qlorasmall_B2_T32",
+                                           "qlorasmall_B2_T32_mixed"});
   // The ~500M size is the llm suite's alone.
   const CliResult large = run_quanta({"bench", "quant", "--size", "large"});
   CHECK(large.code == 2);

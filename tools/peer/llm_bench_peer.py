@@ -14,7 +14,8 @@ Workloads, matching tools/quanta/bench/llm.cpp:
   attention_fb               forward + backward
   llama_fwd   a ~100M-parameter LlamaForCausalLM (random weights), B x T ids
   llama_fb    forward + backward of its causal-LM loss (autocast=1: the
-              forward under torch.autocast("cpu", dtype=torch.bfloat16))
+              forward under torch.autocast("cpu", dtype=torch.bfloat16);
+              bf16=1: the model in bf16)
   qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
               double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
               on all linear layers (alpha 2r, dropout 0.05), forward +
@@ -171,6 +172,8 @@ def make(name, cfg):
             opt.step()
         return step
     model = llama(cfg).to(device(cfg))
+    if cfg.get("bf16"):  # the model itself in bf16 (its torch_dtype)
+        model = model.to(torch.bfloat16)
     ids = torch.randint(0, cfg["vocab"], (cfg["B"], cfg["T"]), generator=g).to(device(cfg))
     if name.endswith("_fb"):
         model.train()

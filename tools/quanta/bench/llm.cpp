@@ -12,6 +12,8 @@
 //   llama100m_*_fb_mixed (where the CPU has bf16 products): the same
 //     forward + backward in bf16 mixed precision, quanta's MixedPrecision
 //     (engine/precision.h) against torch.autocast("cpu", bfloat16).
+//   llama100m_B4_T512_fb_bf16 (likewise): the model itself in bf16 on both
+//     sides (weights, activations and gradients).
 //   qlora100m_shardN_*: with -n N, the same step with the NF4 base sharded
 //     across N ranks against replicated (llm_shard.cpp).
 //   qlora100m_B4_T512: one QLoRA training step of the same model (every
@@ -250,6 +252,24 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
                       llm::causal_lm_loss(model->logits(*ids), *ids).backward();
                     }});
   }
+  // The model in bf16 (weights, activations, gradients: a config whose
+  // torch_dtype is bfloat16) on both sides, at the first shape, where the
+  // device multiplies bf16 directly.
+  if (!bf16_products(o.device)) return;
+  auto model16 = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
+  model16->to(DType::bf16);
+  model16->to(o.device);
+  const auto [b, t] = shapes.front();
+  auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
+  const std::string tag =
+      "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
+  work.push_back(
+      {tag + "_fb_bf16",
+       "setup llama_fb " + cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t) + " bf16=1",
+       [=] {
+         for (const Tensor& p : model16->parameters()) p.zero_grad();
+         llm::causal_lm_loss(model16->logits(*ids), *ids).backward();
+       }});
 }
 
 // The QLoRA step's peak resident memory, quanta's (a child process) against
