@@ -70,6 +70,20 @@ TEST_CASE("quanta eval --model: one window's loss equals transformers'") {
   const CliResult text = run_quanta({"eval", "--model", models() + "llama_gqa", "--data",
                                      dir.file("tokens.bin"), "--seq-len", "12"});
   CHECK(contains(text.out, "perplexity"));
+  // bf16 products (MixedPrecision): the tiny model's products are below the
+  // size the CPU rounds, so the loss stays transformers' within bf16's reach.
+  const CliResult mixed =
+      run_quanta({"eval", "--model", models() + "llama_gqa", "--data", dir.file("tokens.bin"),
+                  "--seq-len", "12", "--precision", "bf16", "--json"});
+  REQUIRE_MESSAGE(mixed.code == 0, mixed.err);
+  const auto jm = nlohmann::json::parse(mixed.out);
+  CHECK(jm.at("precision") == "bf16");
+  const double want_loss = expected(want, "loss").to_vector<double>()[0];
+  CHECK(std::abs(jm.at("loss").get<double>() - want_loss) < 1e-2 * want_loss);
+  check_one_line_error(
+      run_quanta({"eval", "--model", models() + "llama_gqa", "--data", dir.file("tokens.bin"),
+                  "--seq-len", "12", "--precision", "f16"}),
+      2, "--precision");
   check_one_line_error(run_quanta({"eval", "--model", models() + "llama_gqa", "--data",
                                    dir.file("tokens.bin"), "--seq-len", "25"}),
                        1, "hold no window of 25");
@@ -94,6 +108,13 @@ TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {
     CHECK(nlohmann::json::parse(r.out).at("ids").get<std::vector<int64_t>>() ==
           expected(want, "generated").to_vector<int64_t>());
   }
+  // --precision bf16 takes the same greedy path (the tiny model's products
+  // stay f32 below the CPU's bf16 size).
+  const CliResult mixed =
+      run_quanta({"generate", "--model", models() + "llama_gqa", "--prompt-ids", "3,4,5",
+                  "--max-new-tokens", "4", "--precision", "bf16", "--json"});
+  REQUIRE_MESSAGE(mixed.code == 0, mixed.err);
+  CHECK(nlohmann::json::parse(mixed.out).at("ids").size() == 4);
   // Sampling: a seed gives the same tokens every run.
   const std::vector<std::string> sample = {"generate",     "--model", models() + "llama_gqa",
                                            "--prompt-ids", "3,4,5",   "--temperature",

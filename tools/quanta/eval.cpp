@@ -12,12 +12,14 @@
 
 #include "commands.h"
 #include "data/fashion_mnist.h"
+#include "engine/precision.h"
 #include "flag_checks.h"
 #include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
+#include "precision_flag.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
 #include "train/metrics.h"
@@ -36,6 +38,7 @@ struct EvalOptions {
   int64_t limit = -1;
   int64_t batch_size = 256;
   std::string device = "cpu";
+  std::string precision = "f32";
   bool json = false;
 };
 
@@ -70,6 +73,7 @@ void run_lm_eval(const EvalOptions& o) {
     if (!o.adapters.empty()) j["adapters"] = o.adapters;
     j["data"] = o.data;
     j["seq_len"] = o.seq_len;
+    j["precision"] = o.precision;
     j["loss"] = r.loss;
     j["perplexity"] = r.perplexity;
     j["windows"] = r.windows;
@@ -83,6 +87,7 @@ void run_lm_eval(const EvalOptions& o) {
 }
 
 void run_eval(const EvalOptions& o) {
+  const MixedPrecision precision(o.precision == "bf16");
   if (!o.adapters.empty() && o.model.empty())
     throw UsageError("--adapters goes with --model DIR (the base the adapters were trained on)");
   if (!o.model.empty()) return run_lm_eval(o);
@@ -121,6 +126,7 @@ void run_eval(const EvalOptions& o) {
     j["psnr"] = r.psnr;
     j["codebook_usage"] = r.usage;  // NaN prints as null
     j["perplexity"] = r.perplexity;
+    j["precision"] = o.precision;
     if (!r.per_codebook.empty()) {
       nlohmann::ordered_json names;
       for (const train::CodebookFigures& c : r.per_codebook) names.push_back(c.name);
@@ -179,6 +185,7 @@ void add_eval(CLI::App& app) {
   sub->add_option("--limit", o->limit, "evaluate on the first N test images only")
       ->transform(integer_in(0, train::kMaxCount));
   add_device_flag(*sub, o->device, "the model and each batch");
+  add_precision_flag(*sub, o->precision, "the model's");
   CLI::Option* batch = sub->add_option(
       "--batch-size", o->batch_size, "images (with --model: windows, default 1) per forward pass");
   batch->capture_default_str()->transform(integer_in(1, train::kMaxBatchSize));

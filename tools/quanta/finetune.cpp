@@ -8,6 +8,7 @@
 #include "dist_timeout.h"
 #include "finetune/run.h"
 #include "flag_checks.h"
+#include "precision_flag.h"
 #include "train/limits.h"
 
 namespace quanta::cli {
@@ -82,13 +83,9 @@ void add_finetune(CLI::App& app) {
       ->capture_default_str()
       ->transform(integer_in(1, train::kMaxRanks));
   add_dist_timeout_flag(*sub, o->dist_timeout);
-  sub->add_option("--precision", o->precision,
-                  "f32, or bf16: the float layers (LoRA's products, lm_head, the classifier's "
-                  "layers) multiply in bf16 with f32 sums where the device has bf16 products "
-                  "(weights, adapters and optimizer state stay f32; NF4 layers follow "
-                  "--compute-dtype)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  add_precision_flag(*sub, o->precision,
+                     "the f32 layers' (LoRA's, an f32 lm_head, the classifier's; NF4 "
+                     "layers follow --compute-dtype)");
   sub->add_flag("--resume", o->resume,
                 "continue the fine-tuning in --out from its checkpoint (--steps may grow; the "
                 "rest must stay)");

@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "commands.h"
+#include "engine/precision.h"
 #include "flag_checks.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
+#include "precision_flag.h"
 
 namespace quanta::cli {
 namespace {
@@ -31,6 +33,7 @@ struct GenerateFlags {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::string device = "cpu";
+  std::string precision = "f32";
   bool json = false;
 };
 
@@ -84,7 +87,10 @@ void run_generate(const GenerateFlags& f) {
   o.temperature = f.temperature;
   o.top_p = f.top_p;
   o.seed = f.seed;
-  const std::vector<int64_t> ids = llm::generate(*model, prompt, o);
+  const std::vector<int64_t> ids = [&] {
+    const MixedPrecision precision(f.precision == "bf16");
+    return llm::generate(*model, prompt, o);
+  }();
   if (f.json) {
     nlohmann::ordered_json j;
     j["model"] = f.model;
@@ -136,6 +142,7 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(1e-9, 1.0));
   sub->add_option("--seed", f->seed, "the sampler's seed")->capture_default_str();
   add_device_flag(*sub, f->device, "the model");
+  add_precision_flag(*sub, f->precision, "the model's");
   sub->add_flag("--json", f->json,
                 "print one JSON object: ids (the new tokens), peak_rss_bytes (VmHWM)");
   sub->callback([f] { run_generate(*f); });
