@@ -312,7 +312,8 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   const std::string peak_name = work.back().name + "_peak_rss";
   const std::string peak_request = "peak" + work.back().peer_setup.substr(5);
   // The same step in bf16 mixed precision on both sides (quanta finetune
-  // --precision bf16; PyTorch's autocast), where the CPU has bf16 products.
+  // --precision bf16; PyTorch's autocast), on a GPU and where the CPU has
+  // bf16 products.
   if (bf16_products(o.device)) work.push_back(qlora_workload(o, c, gen, true));
 
   const std::vector<std::string> shard_rows = llm_shard_row_names(o);
@@ -330,9 +331,10 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
       any = any || w.name.find(o.only) != std::string::npos;
       names += (names.empty() ? "" : ", ") + w.name;
     }
-    if (cpu_rows) names += ", " + peak_name;
-    for (const std::string& name : shard_rows)
-      if (cpu_rows) names += ", " + name;
+    if (cpu_rows) {
+      names += ", " + peak_name;
+      for (const std::string& name : shard_rows) names += ", " + name;
+    }
     if (!any)
       throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
                                   names + ")");
