@@ -38,6 +38,7 @@
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
+#include "engine/precision.h"
 #include "flag_checks.h"
 #include "quant/nf4/nf4_modules.h"
 #include "quanta_config.h"
@@ -400,7 +401,11 @@ void run_classifier_finetune(const FinetuneOptions& o) {
   QLoraModel q = load_classifier(o.checkpoint, test, lead);
   AdapterBytes bytes;
   const std::vector<quant::NF4LayerReport> reports = add_adapters(q, o, bytes);
-  const double nf4_acc = lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
+  // In the run's precision, as the loop's evaluation after it: comparable.
+  const double nf4_acc = [&] {
+    const MixedPrecision precision(o.precision == "bf16");
+    return lead ? train::accuracy(*q.model, test.images, test.labels) : NAN;
+  }();
   print_base(log, o, q, reports, test, nf4_acc);
 
   AdapterTask task(

@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
+#include "engine/precision.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
@@ -264,9 +265,12 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
       << std::defaultfloat << std::setprecision(6) << "%)\n";
   const int64_t eval_rows = o.batch_size;
-  if (lead && eval_data && !run->resume)
+  if (lead && eval_data && !run->resume) {
+    // In the run's precision, as every evaluation of the loop: comparable.
+    const MixedPrecision precision(o.precision == "bf16");
     log << "eval before fine-tuning: "
         << score_text(train::score_examples(*model, *eval_data, eval_rows)) << "\n";
+  }
 
   const std::string adapters_dir = (fs::path(o.out) / kAdaptersDir).string();
   train::LmFinetuneTask task(
