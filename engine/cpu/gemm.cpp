@@ -228,20 +228,6 @@ ProductFn<T> pick(Layout la, Layout lb, double work) {
                          : &product<T, Eigen::ColMajor, Eigen::ColMajor>;
 }
 
-// The rows x cols operand `a` rounded to bf16 into `out`, packed in its own
-// orientation (a row-major operand stays row-major), in parallel.
-MatRef<bf16> bf16_operand(int64_t rows, int64_t cols, MatRef<float> a, const ScratchBuffer& out) {
-  const GemmLayout l = gemm_layout(rows, cols, a.rs, a.cs);
-  const int64_t lines = l.row_major ? rows : cols, len = l.row_major ? cols : rows;
-  bf16* dst = out.as<bf16>();
-  parallel_for(0, lines, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(len, 1)),
-               [&](int64_t lo, int64_t hi) {
-                 for (int64_t i = lo; i < hi; ++i)
-                   round_to_bf16(a.p + i * l.outer, len, dst + i * len);
-               });
-  return l.row_major ? MatRef<bf16>{dst, len, 1} : MatRef<bf16>{dst, 1, len};
-}
-
 // Whether an f32 product asked for bf16 products gets them: the CPU's bf16
 // instructions, and enough work to repay rounding both operands.
 bool takes_bf16(bool bf16_products, double work) {
@@ -252,7 +238,8 @@ bool takes_bf16(bool bf16_products, double work) {
 void bf16_product(int64_t m, int64_t n, int64_t k, MatRef<float> a, MatRef<float> b, float* c,
                   int64_t ldc, bool accumulate) {
   const ScratchBuffer ab(sizeof(bf16) * size_t(m * k)), bb(sizeof(bf16) * size_t(k * n));
-  gemm_bf16(m, n, k, bf16_operand(m, k, a, ab), bf16_operand(k, n, b, bb), c, ldc, accumulate);
+  gemm_bf16(m, n, k, round_operand_to_bf16(m, k, a, ab.as<bf16>()),
+            round_operand_to_bf16(k, n, b, bb.as<bf16>()), c, ldc, accumulate);
 }
 
 }  // namespace

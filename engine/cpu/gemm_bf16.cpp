@@ -8,6 +8,8 @@
 #include <string>
 #include <tuple>
 
+#include "engine/cpu/parallel.h"
+
 #ifdef QUANTA_GEMM_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
@@ -135,6 +137,17 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, 
   (void)a, (void)b, (void)c, (void)ldc;
   throw std::logic_error("[gemm] bf16 products need oneDNN, which this build lacks");
 #endif
+}
+
+MatRef<bf16> round_operand_to_bf16(int64_t rows, int64_t cols, MatRef<float> a, bf16* dst) {
+  const GemmLayout l = gemm_layout(rows, cols, a.rs, a.cs);
+  const int64_t lines = l.row_major ? rows : cols, len = l.row_major ? cols : rows;
+  parallel_for(0, lines, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(len, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i)
+                   round_to_bf16(a.p + i * l.outer, len, dst + i * len);
+               });
+  return l.row_major ? MatRef<bf16>{dst, len, 1} : MatRef<bf16>{dst, 1, len};
 }
 
 void round_to_bf16(const float* src, int64_t n, bf16* dst) {

@@ -30,4 +30,10 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, 
  * thread (vector instructions where the CPU has them). */
 void round_to_bf16(const float* src, int64_t n, bf16* dst);
 
+/** The rows x cols operand `a` (one gemm_maps accepts) rounded to bf16 into
+ * dst (rows * cols elements), packed in its own orientation: a row-major
+ * operand stays row-major, a column-major one column-major. In parallel
+ * unless called inside a parallel region. Returns the packed operand. */
+MatRef<bf16> round_operand_to_bf16(int64_t rows, int64_t cols, MatRef<float> a, bf16* dst);
+
 }  // namespace quanta::cpu

@@ -171,15 +171,6 @@ bool use_bf16_products(DType dd, int64_t M) {
   return dd == DType::bf16 && M > kNF4FusedMaxBatch && cpu::bf16_gemm_native();
 }
 
-// `n` floats of src as bf16 in `out`, in parallel.
-bf16* to_bf16(const float* src, int64_t n, const cpu::ScratchBuffer& out) {
-  bf16* dst = out.as<bf16>();
-  cpu::parallel_for(0, n, cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
-    cpu::round_to_bf16(src + lo, hi - lo, dst + lo);
-  });
-  return dst;
-}
-
 // Rows [n0, n0 + r) of W, K each, decoded to bf16 into slab, in parallel.
 void decode_slab(const NF4Runs& w, int64_t n0, int64_t r, int64_t K, bf16* slab) {
   const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
@@ -203,7 +194,7 @@ void for_each_slab(const NF4Runs& w, int64_t N, int64_t K, Product&& product) {
 
 void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
   const cpu::ScratchBuffer xs(sizeof(bf16) * size_t(M * K));
-  const bf16* xb = to_bf16(x, M * K, xs);
+  const bf16* xb = cpu::round_operand_to_bf16(M, K, {x, K, 1}, xs.as<bf16>()).p;
   for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
     // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
     cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab, 1, K}, y + n0, N);
@@ -212,7 +203,7 @@ void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_
 
 void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
   const cpu::ScratchBuffer gs(sizeof(bf16) * size_t(M * N));
-  const bf16* gb = to_bf16(g, M * N, gs);
+  const bf16* gb = cpu::round_operand_to_bf16(M, N, {g, N, 1}, gs.as<bf16>()).p;
   for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
     cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab, K, 1}, dx, K, n0 > 0);
   });

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 #include "quanta.h"
+#include "support/bf16_products.h"
 #include "support/gpu.h"
 
 using namespace quanta;
@@ -63,6 +65,40 @@ std::pair<int64_t, int64_t> stored(const std::vector<double>& v, int64_t rows, i
     for (int64_t j = 0; j < cols; ++j)
       out[size_t(col_major ? j * ld + i : i * ld + j)] = cpu::cast<T>(v[size_t(i * cols + j)]);
   return col_major ? std::pair<int64_t, int64_t>{1, ld} : std::pair<int64_t, int64_t>{ld, 1};
+}
+
+// One way of calling a GEMM: each operand row- or column-major, C
+// overwritten or accumulated into, from this thread or from inside a
+// parallel region (two calls, one per task).
+struct GemmCall {
+  bool a_col = false, b_col = false, accumulate = false, nested = false;
+  int calls() const { return nested ? 2 : 1; }
+};
+
+std::string describe(const GemmCall& c) {
+  std::string s = c.a_col ? " A col-major" : " A row-major";
+  s += c.b_col ? ", B col-major" : ", B row-major";
+  if (c.accumulate) s += ", accumulate";
+  if (c.nested) s += ", inside a parallel region";
+  return s;
+}
+
+// f(call) for every GemmCall.
+template <class F>
+void for_each_gemm_call(F&& f) {
+  for (const bool a_col : {false, true})
+    for (const bool b_col : {false, true})
+      for (const bool accumulate : {false, true})
+        for (const bool nested : {false, true}) f(GemmCall{a_col, b_col, accumulate, nested});
+}
+
+// run(i) for each of c's calls: on this thread, or each from a task of a
+// parallel region.
+void run_calls(const GemmCall& c, const std::function<void(int)>& run) {
+  if (!c.nested) return run(0);
+  cpu::parallel_for(0, c.calls(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t call = lo; call < hi; ++call) run(int(call));
+  });
 }
 
 void check_index(const Shape& shape, const Shape& s0, const Shape& s1) {
@@ -346,52 +382,40 @@ TEST_CASE("CPU gemm: large products (the BLAS backends) are right for every layo
     const double tol = dt == DType::f32 ? 1e-4 : 1e-11;
     // Each operand stored row-major or column-major with padded leading
     // dimensions.
-    for (const bool a_col : {false, true})
-      for (const bool b_col : {false, true})
-        for (const bool accumulate : {false, true})
-          for (const bool nested : {false, true}) {
-            INFO(dtype_name(dt) << (a_col ? " A col-major" : " A row-major")
-                                << (b_col ? ", B col-major" : ", B row-major")
-                                << (accumulate ? ", accumulate" : "")
-                                << (nested ? ", inside a parallel region" : ""));
-            std::vector<double> as, bs;
-            const auto [ars, acs] = stored(av, m, k, a_col, as);
-            const auto [brs, bcs] = stored(bv, k, n, b_col, bs);
-            const int64_t ldc = n + 5;
-            std::vector<double> worst_per_call(2, 0.0);
-            auto run = [&](int call) {
-              std::vector<double> c(size_t(m * ldc), 0.0);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) c[size_t(i * ldc + j)] = cv[size_t(i * n + j)];
-              if (dt == DType::f32) {
-                std::vector<float> af(as.begin(), as.end()), bf(bs.begin(), bs.end()),
-                    cf(c.begin(), c.end());
-                cpu::gemm<float>(m, n, k, {af.data(), ars, acs}, {bf.data(), brs, bcs}, cf.data(),
-                                 ldc, accumulate);
-                c.assign(cf.begin(), cf.end());
-              } else {
-                cpu::gemm<double>(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(),
-                                  ldc, accumulate);
-              }
-              double worst = 0;
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  const double want =
-                      product[size_t(i * n + j)] + (accumulate ? cv[size_t(i * n + j)] : 0.0);
-                  worst = std::max(
-                      worst, std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
-                }
-              worst_per_call[size_t(call)] = worst;
-            };
-            if (nested)
-              cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
-                for (int64_t call = lo; call < hi; ++call) run(int(call));
-              });
-            else
-              run(0);
-            CHECK(worst_per_call[0] < tol * std::sqrt(double(k)));
-            if (nested) CHECK(worst_per_call[1] < tol * std::sqrt(double(k)));
+    for_each_gemm_call([&](const GemmCall& gc) {
+      INFO(dtype_name(dt) << describe(gc));
+      std::vector<double> as, bs;
+      const auto [ars, acs] = stored(av, m, k, gc.a_col, as);
+      const auto [brs, bcs] = stored(bv, k, n, gc.b_col, bs);
+      const int64_t ldc = n + 5;
+      std::vector<double> worst_per_call(2, 0.0);
+      run_calls(gc, [&](int call) {
+        std::vector<double> c(size_t(m * ldc), 0.0);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) c[size_t(i * ldc + j)] = cv[size_t(i * n + j)];
+        if (dt == DType::f32) {
+          std::vector<float> af(as.begin(), as.end()), bf(bs.begin(), bs.end()),
+              cf(c.begin(), c.end());
+          cpu::gemm<float>(m, n, k, {af.data(), ars, acs}, {bf.data(), brs, bcs}, cf.data(), ldc,
+                           gc.accumulate);
+          c.assign(cf.begin(), cf.end());
+        } else {
+          cpu::gemm<double>(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(), ldc,
+                            gc.accumulate);
+        }
+        double worst = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const double want =
+                product[size_t(i * n + j)] + (gc.accumulate ? cv[size_t(i * n + j)] : 0.0);
+            worst =
+                std::max(worst, std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
           }
+        worst_per_call[size_t(call)] = worst;
+      });
+      for (int call = 0; call < gc.calls(); ++call)
+        CHECK(worst_per_call[size_t(call)] < tol * std::sqrt(double(k)));
+    });
   }
 }
 
@@ -399,12 +423,7 @@ TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size"
   // bf16 operands, f32 sums: against an f64 loop over the same bf16 values,
   // from a single multiply-add to a large product, both operand layouts,
   // padded leading dimensions, accumulation, calls inside a parallel region.
-  if (!cpu::bf16_gemm_native()) {
-    MESSAGE(
-        "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, or "
-        "QUANTA_CPU_BF16_GEMM=0); the bf16_products_forced test runs them emulated");
-    return;
-  }
+  if (!testing::bf16_products_or_skip("bf16_products_forced")) return;
   Generator gen(7);
   struct Dims {
     int64_t m, n, k;
@@ -416,53 +435,38 @@ TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size"
     const std::vector<double> bv = randn({k, n}, gen).to(DType::bf16).to_vector<double>();
     const std::vector<double> cv = randn({m, n}, gen).to_vector<double>();
     const std::vector<double> product = naive_product(av, bv, m, n, k);
-    for (const bool a_col : {false, true})
-      for (const bool b_col : {false, true})
-        for (const bool accumulate : {false, true})
-          for (const bool nested : {false, true}) {
-            INFO(m << "x" << n << "x" << k << (a_col ? " A col-major" : " A row-major")
-                   << (b_col ? ", B col-major" : ", B row-major")
-                   << (accumulate ? ", accumulate" : "")
-                   << (nested ? ", inside a parallel region" : ""));
-            std::vector<bf16> as, bs;
-            const auto [ars, acs] = stored(av, m, k, a_col, as);
-            const auto [brs, bcs] = stored(bv, k, n, b_col, bs);
-            const int64_t ldc = n + 5;
-            std::vector<double> worst(2, 0.0);
-            std::vector<int> padding_kept(2, 1);
-            auto run = [&](int call) {
-              std::vector<float> c(size_t(m * ldc), 3.5f);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j)
-                  c[size_t(i * ldc + j)] = float(cv[size_t(i * n + j)]);
-              cpu::gemm_bf16(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(), ldc,
-                             accumulate);
-              for (int64_t i = 0; i < m; ++i) {
-                for (int64_t j = 0; j < n; ++j) {
-                  const double want =
-                      product[size_t(i * n + j)] + (accumulate ? cv[size_t(i * n + j)] : 0.0);
-                  worst[size_t(call)] =
-                      std::max(worst[size_t(call)],
-                               std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
-                }
-                // The padding past n is left alone.
-                for (int64_t j = n; j < ldc; ++j)
-                  if (c[size_t(i * ldc + j)] != 3.5f) padding_kept[size_t(call)] = 0;
-              }
-            };
-            if (nested)
-              cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
-                for (int64_t call = lo; call < hi; ++call) run(int(call));
-              });
-            else
-              run(0);
-            CHECK(worst[0] < 1e-5 * std::sqrt(double(k)));
-            CHECK(padding_kept[0] == 1);
-            if (nested) {
-              CHECK(worst[1] < 1e-5 * std::sqrt(double(k)));
-              CHECK(padding_kept[1] == 1);
-            }
+    for_each_gemm_call([&](const GemmCall& gc) {
+      INFO(m << "x" << n << "x" << k << describe(gc));
+      std::vector<bf16> as, bs;
+      const auto [ars, acs] = stored(av, m, k, gc.a_col, as);
+      const auto [brs, bcs] = stored(bv, k, n, gc.b_col, bs);
+      const int64_t ldc = n + 5;
+      std::vector<double> worst(2, 0.0);
+      std::vector<int> padding_kept(2, 1);
+      run_calls(gc, [&](int call) {
+        std::vector<float> c(size_t(m * ldc), 3.5f);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) c[size_t(i * ldc + j)] = float(cv[size_t(i * n + j)]);
+        cpu::gemm_bf16(m, n, k, {as.data(), ars, acs}, {bs.data(), brs, bcs}, c.data(), ldc,
+                       gc.accumulate);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const double want =
+                product[size_t(i * n + j)] + (gc.accumulate ? cv[size_t(i * n + j)] : 0.0);
+            worst[size_t(call)] =
+                std::max(worst[size_t(call)],
+                         std::abs(c[size_t(i * ldc + j)] - want) / (1.0 + std::abs(want)));
           }
+          // The padding past n is left alone.
+          for (int64_t j = n; j < ldc; ++j)
+            if (c[size_t(i * ldc + j)] != 3.5f) padding_kept[size_t(call)] = 0;
+        }
+      });
+      for (int call = 0; call < gc.calls(); ++call) {
+        CHECK(worst[size_t(call)] < 1e-5 * std::sqrt(double(k)));
+        CHECK(padding_kept[size_t(call)] == 1);
+      }
+    });
   }
 }
 

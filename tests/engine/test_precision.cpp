@@ -12,34 +12,18 @@
 #include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/kernels.h"
 #include "quanta.h"
+#include "support/bf16_products.h"
 #include "support/gpu.h"
+#include "support/relative_error.h"
 
 using namespace quanta;
+using quanta::testing::bf16_products_or_skip;
+using quanta::testing::max_rel_diff;
 
 namespace {
 
 // `x` rounded to bf16 and widened back to f64: the operand a bf16 product sees.
 Tensor bf16_rounded(const Tensor& x) { return x.detach().to(DType::bf16).to(DType::f64); }
-
-// Largest |a - b| over the largest |b|.
-double relative_gap(const Tensor& a, const Tensor& b) {
-  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
-  REQUIRE(av.size() == bv.size());
-  double gap = 0, scale = 0;
-  for (size_t i = 0; i < av.size(); ++i) {
-    gap = std::max(gap, std::abs(av[i] - bv[i]));
-    scale = std::max(scale, std::abs(bv[i]));
-  }
-  return gap / scale;
-}
-
-bool bf16_products_here() {
-  if (cpu::bf16_gemm_native()) return true;
-  MESSAGE(
-      "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, or "
-      "QUANTA_CPU_BF16_GEMM=0); the bf16_products_forced test runs them emulated");
-  return false;
-}
 
 // Products of at least 2^20 multiply-adds, which the CPU takes in bf16.
 constexpr int64_t kRows = 64, kIn = 256, kOut = 128;
@@ -61,7 +45,7 @@ TEST_CASE("MixedPrecision: guards nest and restore") {
 }
 
 TEST_CASE("MixedPrecision: bf16 products in linear, matmul and their backward") {
-  if (!bf16_products_here()) return;
+  if (!bf16_products_or_skip("bf16_products_forced")) return;
   Generator gen(11);
   const Tensor x = randn({kRows, kIn}, gen).requires_grad_(true);
   const Tensor w = randn({kOut, kIn}, gen).requires_grad_(true);
@@ -76,26 +60,26 @@ TEST_CASE("MixedPrecision: bf16 products in linear, matmul and their backward") 
   // The product of the rounded operands, summed in f32: within f32 rounding
   // of the f64 product of the same operands, and visibly not the f32 one.
   const Tensor want = linear(bf16_rounded(x), bf16_rounded(w));
-  CHECK(relative_gap(y, want) < 1e-5);
-  CHECK(relative_gap(y, exact) > 1e-4);
-  CHECK(relative_gap(y, exact) < 2e-2);
+  CHECK(max_rel_diff(y, want) < 1e-5);
+  CHECK(max_rel_diff(y, exact) > 1e-4);
+  CHECK(max_rel_diff(y, exact) < 2e-2);
   CHECK(y.dtype() == DType::f32);
 
   // The backward runs after the guard ended, in the forward's precision.
   y.backward(g);
-  CHECK(relative_gap(x.grad(), matmul(bf16_rounded(g), bf16_rounded(w))) < 1e-5);
-  CHECK(relative_gap(w.grad(), matmul(transpose(bf16_rounded(g), 0, 1), bf16_rounded(x))) < 1e-5);
+  CHECK(max_rel_diff(x.grad(), matmul(bf16_rounded(g), bf16_rounded(w))) < 1e-5);
+  CHECK(max_rel_diff(w.grad(), matmul(transpose(bf16_rounded(g), 0, 1), bf16_rounded(x))) < 1e-5);
 
   // A product made outside the guard is differentiated in f32 even when its
   // backward runs inside one.
   x.zero_grad();
   const Tensor y32 = matmul(x, transpose(w.detach(), 0, 1));
-  CHECK(relative_gap(y32, exact) < 1e-6);
+  CHECK(max_rel_diff(y32, exact) < 1e-6);
   {
     const MixedPrecision mixed;
     y32.backward(g);
   }
-  CHECK(relative_gap(x.grad(), matmul(g.to(DType::f64), w.detach().to(DType::f64))) < 1e-6);
+  CHECK(max_rel_diff(x.grad(), matmul(g.to(DType::f64), w.detach().to(DType::f64))) < 1e-6);
 
   // matmul with batch dims (one GEMM per batch entry) under the guard.
   const Tensor a = randn({3, kRows, kIn}, gen), b = randn({3, kIn, kOut}, gen);
@@ -104,12 +88,12 @@ TEST_CASE("MixedPrecision: bf16 products in linear, matmul and their backward") 
     const MixedPrecision mixed;
     ab = matmul(a, b);
   }
-  CHECK(relative_gap(ab, matmul(bf16_rounded(a), bf16_rounded(b))) < 1e-5);
-  CHECK(relative_gap(ab, matmul(a, b)) > 1e-4);
+  CHECK(max_rel_diff(ab, matmul(bf16_rounded(a), bf16_rounded(b))) < 1e-5);
+  CHECK(max_rel_diff(ab, matmul(a, b)) > 1e-4);
 }
 
 TEST_CASE("MixedPrecision: bf16 products in conv2d (im2col path) and its backward") {
-  if (!bf16_products_here()) return;
+  if (!bf16_products_or_skip("bf16_products_forced")) return;
   // The direct AVX-512 kernels multiply in f32 whatever the precision; off,
   // the convolution goes through im2col and the GEMM.
   cpu::conv_direct_enable(false);
@@ -130,20 +114,20 @@ TEST_CASE("MixedPrecision: bf16 products in conv2d (im2col path) and its backwar
     }
     const Tensor want =
         conv2d(bf16_rounded(xl), bf16_rounded(w), Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, layout);
-    CHECK(relative_gap(y, want) < 1e-5);
-    CHECK(relative_gap(y, conv2d(xl.detach(), w.detach(), Tensor(), {1, 1}, {1, 1}, {1, 1}, 1,
+    CHECK(max_rel_diff(y, want) < 1e-5);
+    CHECK(max_rel_diff(y, conv2d(xl.detach(), w.detach(), Tensor(), {1, 1}, {1, 1}, {1, 1}, 1,
                                  layout)) > 1e-4);
     w.zero_grad();
     y.backward(gl);
     const Tensor gx = conv_transpose2d(bf16_rounded(gl), bf16_rounded(w), Tensor(), {1, 1}, {1, 1},
                                        {0, 0}, 1, {1, 1}, layout);
-    CHECK(relative_gap(xl.grad(), gx) < 1e-5);
+    CHECK(max_rel_diff(xl.grad(), gx) < 1e-5);
     // The weight gradient sums over every pixel of every image: f32 sums of
     // bf16 products against f64 sums.
     const Tensor xd = bf16_rounded(xl).requires_grad_(true);
     const Tensor wd = bf16_rounded(w).requires_grad_(true);
     conv2d(xd, wd, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, layout).backward(bf16_rounded(gl));
-    CHECK(relative_gap(w.grad(), wd.grad()) < 1e-4);
+    CHECK(max_rel_diff(w.grad(), wd.grad()) < 1e-4);
   }
   cpu::conv_direct_enable(true);
 }
@@ -165,7 +149,7 @@ TEST_CASE("MixedPrecision: f64 products and sq_dist stay exact; small products s
 }
 
 TEST_CASE("MixedPrecision on sim: bf16 products, the CPU's bits") {
-  if (!bf16_products_here()) return;
+  if (!bf16_products_or_skip("bf16_products_forced")) return;
   Generator gen(14);
   const Tensor x = randn({kRows, kIn}, gen).requires_grad_(true);
   const Tensor w = randn({kOut, kIn}, gen).requires_grad_(true);
@@ -201,15 +185,15 @@ TEST_CASE("MixedPrecision on cuda:0: bf16 tensor-core GEMMs and TF32 convolution
   }
   // cuBLAS rounds the operands to bf16 and sums in f32 (its order, not the
   // CPU's); cuDNN's TF32 keeps 10 of the operands' mantissa bits.
-  CHECK(relative_gap(y, linear(bf16_rounded(x), bf16_rounded(w))) < 1e-4);
+  CHECK(max_rel_diff(y, linear(bf16_rounded(x), bf16_rounded(w))) < 1e-4);
   const Tensor exact_c = conv2d(xc.to(DType::f64), wc.to(DType::f64), Tensor(), {1, 1}, {1, 1});
-  CHECK(relative_gap(yc, exact_c) < 2e-3);
+  CHECK(max_rel_diff(yc, exact_c) < 2e-3);
 }
 
 TEST_CASE("bf16 products: bf16 matmul and linear on the CPU multiply bf16 directly") {
   CHECK(cpu::cpu_kernels().gemm_bf16 == cpu::bf16_gemm_native());
   CHECK_FALSE(cpu::cpu_kernels().gemm_f16);
-  if (!bf16_products_here()) return;
+  if (!bf16_products_or_skip("bf16_products_forced")) return;
   // Large products go to oneDNN's bf16 matmul, small ones widen in the
   // kernel; either way f32 sums of exact products rounded once to bf16: the
   // widened f64 product rounded to bf16, up to the last bit.
@@ -223,18 +207,18 @@ TEST_CASE("bf16 products: bf16 matmul and linear on the CPU multiply bf16 direct
     CHECK(y.dtype() == DType::bf16);
     const Tensor want =
         linear(x.detach().to(DType::f64), w.detach().to(DType::f64), b.to(DType::f64));
-    CHECK(relative_gap(y.to(DType::f64), want) < 1.0 / 128);
+    CHECK(max_rel_diff(y.to(DType::f64), want) < 1.0 / 128);
     const Tensor g = randn({rows, kOut}, gen).to(DType::bf16);
     y.backward(g);
     CHECK(x.grad().dtype() == DType::bf16);
-    CHECK(relative_gap(x.grad().to(DType::f64),
+    CHECK(max_rel_diff(x.grad().to(DType::f64),
                        matmul(g.to(DType::f64), w.detach().to(DType::f64))) < 1.0 / 128);
-    CHECK(relative_gap(w.grad().to(DType::f64), matmul(transpose(g.to(DType::f64), 0, 1),
+    CHECK(max_rel_diff(w.grad().to(DType::f64), matmul(transpose(g.to(DType::f64), 0, 1),
                                                        x.detach().to(DType::f64))) < 1.0 / 128);
   }
   // A batch of products, one per batch entry.
   const Tensor a = randn({3, kRows, kIn}, gen).to(DType::bf16);
   const Tensor c = randn({3, kIn, kOut}, gen).to(DType::bf16);
-  CHECK(relative_gap(matmul(a, c).to(DType::f64), matmul(a.to(DType::f64), c.to(DType::f64))) <
+  CHECK(max_rel_diff(matmul(a, c).to(DType::f64), matmul(a.to(DType::f64), c.to(DType::f64))) <
         1.0 / 128);
 }

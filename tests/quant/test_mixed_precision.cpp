@@ -9,11 +9,11 @@
 #include <memory>
 #include <vector>
 
-#include "engine/cpu/gemm_bf16.h"
 #include "quant/scalar/fsq.h"
 #include "quant/scalar/lfq.h"
 #include "quant/vq/vector_quantize.h"
 #include "quanta.h"
+#include "support/bf16_products.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -50,10 +50,7 @@ Run run(const std::function<std::shared_ptr<Quantizer>(Generator&)>& make, bool 
 }  // namespace
 
 TEST_CASE("quantizers under MixedPrecision keep f32 math (no bf16 products)") {
-  if (!cpu::bf16_gemm_native()) {
-    MESSAGE("skipped: bf16 products are not native here; bf16_products_forced runs it");
-    return;
-  }
+  if (!quanta::testing::bf16_products_or_skip("quant_bf16_products_forced")) return;
   const std::vector<std::pair<const char*, std::function<std::shared_ptr<Quantizer>(Generator&)>>>
       layers = {
           {"vq",

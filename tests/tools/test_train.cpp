@@ -12,7 +12,6 @@
 #include "cli_runner.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/conv_direct.h"
-#include "engine/cpu/gemm_bf16.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
 #include "engine/ops/conv.h"
@@ -26,6 +25,7 @@
 #include "quant/scalar/fsp.h"
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/vector_quantize.h"
+#include "support/bf16_products.h"
 #include "support/gpu.h"
 #include "train/batch_order.h"
 #include "train/checkpoint.h"
@@ -1084,10 +1084,7 @@ TEST_CASE("a short vq training run on a Fashion-MNIST subset reconstructs well")
 
 TEST_CASE("bf16 products: mixed-precision training keeps vq, fsq and lfq within 5% of f32") {
   if (!have_dataset()) return;
-  if (!cpu::bf16_gemm_native()) {
-    MESSAGE("skipped: bf16 products are not native here; bf16_products_forced runs it");
-    return;
-  }
+  if (!quanta::testing::bf16_products_or_skip("train_bf16_products_forced")) return;
   // Each quantizer at its recipe, trained in f32 and in bf16 products. The
   // bf16 run's convolutions all take im2col and the bf16 GEMM (the direct
   // AVX-512 kernels multiply in f32), as every convolution on a GPU would.

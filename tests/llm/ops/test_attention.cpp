@@ -8,11 +8,11 @@
 #include <cmath>
 #include <optional>
 
-#include "engine/cpu/gemm_bf16.h"
 #include "engine/ops/harness.h"
 #include "engine/precision.h"
 #include "llm/ops/attention.h"
 #include "op_fixtures.h"
+#include "support/bf16_products.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -157,10 +157,7 @@ TEST_CASE("attention: grouped heads equal repeated heads, and bits do not depend
 }
 
 TEST_CASE("attention under MixedPrecision: bf16 products of its blocks, f32 softmax") {
-  if (!cpu::bf16_gemm_native()) {
-    MESSAGE("skipped: bf16 products are not native here; llm_bf16_products_forced runs it");
-    return;
-  }
+  if (!bf16_products_or_skip("llm_bf16_products_forced")) return;
   // 256 queries of head_dim 64: full 128-wide blocks, products of 2^20
   // multiply-adds, which take bf16 operands under the guard.
   const Tensor q = make_input({1, 256, 2, 64}, Domain::any, 5).to(DType::f32).requires_grad_(true);

@@ -14,6 +14,7 @@
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_modules.h"
 #include "quanta.h"
+#include "support/bf16_products.h"
 #include "support/gpu.h"
 #include "support/numeric_grad.h"
 
@@ -221,12 +222,7 @@ TEST_CASE("nf4_linear with bf16 products: bf16 input and weight, f32 sums, forwa
   // (backward) rounded to bf16, the weight decoded to bf16, f32 sums. Shapes:
   // in a multiple of 64 and not, block 32 and 64, and a weight of more than
   // one slab (2^23 elements), whose backward accumulates slab by slab.
-  if (!cpu::bf16_gemm_native()) {
-    MESSAGE(
-        "skipped: bf16 products are not native here; the nf4_bf16_products_forced test "
-        "runs them emulated");
-    return;
-  }
+  if (!testing::bf16_products_or_skip("nf4_bf16_products_forced")) return;
   Generator gen(25);
   struct Case {
     int64_t m, k, n, block;
