@@ -237,10 +237,20 @@ TEST_CASE("config layers merge key by key and validate") {
   // A config written before these keys existed loads with their defaults,
   // and resuming its checkpoint under today's defaults changes nothing.
   json old = defaults;
-  for (const char* k : {"lr_schedule", "warmup_steps", "weight_decay"}) old.erase(k);
+  for (const char* k : {"lr_schedule", "warmup_steps", "weight_decay", "precision"}) old.erase(k);
   CHECK(config_to_json(config_from_json(old)) == defaults);
   CHECK(resume_conflict(old, defaults).empty());
   CHECK(contains(resume_conflict(old, merge_config(defaults, cosine)), "lr_schedule"));
+  // The products' precision: f32 by default, bf16 on request, part of the
+  // run (a resume cannot change it), anything else refused by name.
+  CHECK(config_from_json(defaults).precision == "f32");
+  const json bf16 = merge_config(defaults, {{"precision", "bf16"}});
+  CHECK(config_from_json(bf16).precision == "bf16");
+  CHECK(contains(resume_conflict(old, bf16), "precision"));
+  CHECK(contains(invalid([&] {
+                   config_from_json(merge_config(defaults, {{"precision", "f16"}}));
+                 }),
+                 "'precision' must be"));
 }
 
 TEST_CASE("a new run's config: defaults, the quantizer's recipe, then the layers") {
