@@ -8,6 +8,7 @@
 #include "engine/autograd/function.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
+#include "engine/capture/device_graph.h"
 #include "engine/cpu/parallel.h"
 #include "engine/device.h"
 #include "engine/dtype.h"

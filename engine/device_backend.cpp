@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/call_site.h"
+#include "engine/capture/device_graph.h"
 #include "engine/device_error.h"
 #include "engine/host_sync.h"
 
@@ -42,6 +43,9 @@ const DeviceBackend& device_backend(DeviceType type) {
 }
 
 void synchronize(Device device) {
+  if (capturing(device))
+    throw std::logic_error("[synchronize] inside a captured step on " + device.str() +
+                           ": its work runs at replay; synchronize after replay()");
   const DeviceBackend& b = device_backend(device.type);
   if (!b.synchronize) return;
   b.synchronize(device.index);
@@ -88,6 +92,12 @@ namespace detail {
 void count_copy(Device dst, Device src, std::size_t nbytes) {
   if (dst.is_cpu() && src.is_cpu()) return;  // nothing to count: keep CPU copies lock-free
   const bool to_host = dst.is_cpu() && !src.is_cpu();
+  if (src.is_cpu() && capturing(dst))
+    throw std::logic_error(
+        "[copy] " + std::to_string(nbytes) + " bytes from the host to " + dst.str() +
+        " inside a captured step: every replay would copy the bytes the host had at capture; "
+        "copy the step's inputs into the tensors it reads before each replay" +
+        describe_call_stack(call_stack(1, 24), 6));
   if (to_host) {
     const HostSyncPolicy policy = !guards.empty() ? HostSyncPolicy::error : host_sync_policy();
     if (policy != HostSyncPolicy::allow) {

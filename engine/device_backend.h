@@ -6,6 +6,7 @@
 // docs/design.md says how). The kernels are the device's KernelTable
 // (engine/kernels/table.h), reached through kernels(Device).
 #include <cstddef>
+#include <cstdint>
 
 #include "engine/device.h"
 
@@ -22,6 +23,25 @@ struct DeviceCaps {
    * directly, without a copy: the CPU alone; sim's memory is host memory
    * too, but reading it is a counted copy, as on a GPU). */
   bool host_readable = false;
+};
+
+/** How a device records its queued work for a DeviceGraph
+ * (engine/capture/device_graph.h). */
+struct GraphOps {
+  /** From here on, the work queued on device `index` (kernels, copies on the
+   * device) is recorded instead of run, and memory allocated on it belongs
+   * to the recording. */
+  void (*begin)(int index);
+  /** Ends the recording: the graph, which owns that memory. */
+  void* (*end)(int index);
+  /** Queues the recorded work once more. */
+  void (*launch)(void* graph, int index);
+  /** How many kernels and copies the recording holds. */
+  int64_t (*size)(const void* graph);
+  /** Returns the graph and, once the replays queued before are done, the
+   * memory it owns that nothing holds any more; memory still held by a
+   * tensor returns when that tensor lets it go. */
+  void (*destroy)(void* graph, int index) noexcept;
 };
 
 struct DeviceBackend {
@@ -44,6 +64,9 @@ struct DeviceBackend {
   /** Waits until everything queued on device `index` has run and reports a
    * failure of queued work; null for the CPU, which queues nothing. */
   void (*synchronize)(int index) = nullptr;
+  /** Null where the device cannot record work (the CPU runs ops as they
+   * are called). */
+  const GraphOps* graph = nullptr;
 };
 
 /** The table of devices of type `type`. */

@@ -18,6 +18,7 @@
 
 #include "engine/device_backend.h"
 #include "engine/device_error.h"
+#include "engine/sim/sim_graph.h"
 #include "engine/sim/sim_stream.h"
 
 namespace quanta::sim {
@@ -30,12 +31,14 @@ void* allocate(std::size_t nbytes, int index) {
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (!p) throw std::bad_alloc();
   detail::count_allocation(Device::sim(index), nbytes, true);
+  note_allocation(p, index);
   return p;
 }
 
 // Stream-ordered, as CUDA's caching allocator is: kernels queued before the
 // free still read and write the memory.
 void release(void* p, std::size_t nbytes, int index) noexcept {
+  if (kept_by_graph(p, nbytes)) return;  // a replay writes it again
   detail::count_allocation(Device::sim(index), nbytes, false);
   try {
     enqueue(
@@ -87,6 +90,7 @@ const DeviceBackend& backend() {
       .copy = copy,
       .error_flag = error_flag,
       .synchronize = synchronize,
+      .graph = &graph_ops(),
   };
   return b;
 }

@@ -62,19 +62,52 @@ thread_local int current = 0;
 // QLoRA replicas passed 14 GB).
 constexpr uint64_t kMaxQueued = 1024;
 
-void enqueue(int index, std::function<void()> work, bool after_failure) {
+namespace {
+
+// The queueing thread's OpenMP width: a kernel splits its loops as it would
+// have on that thread, so sim keeps the CPU's bits at any --threads (and a
+// replay keeps the capture's).
+std::function<void()> at_this_width(std::function<void()> work) {
+  return [threads = num_threads(), work = std::move(work)] {
+    if (num_threads() != threads) set_num_threads(threads);
+    work();
+  };
+}
+
+std::mutex recordings_mutex;
+std::map<int, Recorded*> recordings;
+
+Recorded* recording_of(int index) {
+  std::lock_guard<std::mutex> lock(recordings_mutex);
+  const auto it = recordings.find(index);
+  return it == recordings.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+void post(int index, std::function<void()> work, bool after_failure) {
   detail::SerialWorker& s = stream(index);
-  // The queueing thread's OpenMP width: a kernel splits its loops as it
-  // would have on that thread, so sim keeps the CPU's bits at any --threads.
-  s.post(
-      [threads = num_threads(), work = std::move(work)] {
-        if (num_threads() != threads) set_num_threads(threads);
-        work();
-      },
-      after_failure);
+  s.post(at_this_width(std::move(work)), after_failure);
   if (s.on_worker_thread()) return;
   const uint64_t posted = s.posted();
   if (posted > kMaxQueued) s.wait_for(posted - kMaxQueued);
+}
+
+void enqueue(int index, std::function<void()> work, bool after_failure) {
+  // Frees are never recorded: a replay must not free again.
+  if (Recorded* r = after_failure ? nullptr : recording_of(index)) {
+    r->push_back(at_this_width(std::move(work)));
+    return;
+  }
+  post(index, std::move(work), after_failure);
+}
+
+void set_recording(int index, Recorded* into) {
+  std::lock_guard<std::mutex> lock(recordings_mutex);
+  if (into)
+    recordings[index] = into;
+  else
+    recordings.erase(index);
 }
 
 void synchronize(int index) { stream(index).drain(); }

@@ -9,6 +9,7 @@
 // Internal to the engine's sim device and the sim kernel tables.
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace quanta::sim {
 
@@ -18,6 +19,15 @@ namespace quanta::sim {
  * one, queued work is skipped until then, except work queued with
  * `after_failure` (frees), so no kernel reads what a failed one left. */
 void enqueue(int index, std::function<void()> work, bool after_failure = false);
+
+/** What a recording keeps: the jobs, in order, as enqueue would post them. */
+using Recorded = std::vector<std::function<void()>>;
+/** While `into` is set, enqueue(index, ...) appends to it instead of
+ * posting: device `index` records (engine/sim/sim_graph.cpp). Null ends it. */
+void set_recording(int index, Recorded* into);
+/** Posts `work` on device `index`'s stream even while it records: frees of
+ * memory from before the recording, and replays. */
+void post(int index, std::function<void()> work, bool after_failure = false);
 
 /** Waits until everything queued on device `index` so far has run, then
  * rethrows the first failure since the last synchronize, if any. */

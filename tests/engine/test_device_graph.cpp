@@ -1,0 +1,230 @@
+// DeviceGraph on sim: recorded work replays with the same bits as running it
+// again, the graph keeps its memory, and what a capture cannot hold (reads
+// and writes of host memory, a wait, a capture on the CPU) is refused by
+// name. The same host logic runs on CUDA with a stream's capture.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "quanta.h"
+#include "support/errors.h"
+
+using namespace quanta;
+using quanta::testing::message_of;
+
+namespace {
+
+const Device kSim = Device::sim(0);
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::shared_ptr<Sequential> make_mlp() {
+  Generator gen(11);
+  auto m =
+      std::make_shared<Sequential>(std::make_shared<Linear>(3, 16, gen), std::make_shared<Tanh>(),
+                                   std::make_shared<Linear>(16, 1, gen));
+  m->to(kSim);
+  return m;
+}
+
+// Batch `step` of a fixed regression task, on the host.
+std::pair<Tensor, Tensor> batch(int step) {
+  Generator gen = Generator::named(5, "batch").fork(std::to_string(step));
+  Tensor x = rand({32, 3}, gen) * 2.0 - 1.0;
+  Tensor y = sin(select(x, 1, 0) * 2.0) + select(x, 1, 1) * select(x, 1, 2);
+  return {x, y.unsqueeze(1)};
+}
+
+std::vector<std::vector<float>> values_of(Module& m) {
+  std::vector<std::vector<float>> v;
+  for (const Tensor& p : m.parameters()) v.push_back(p.to(Device::cpu()).to_vector<float>());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a captured sequence of ops replays on new inputs as running it again") {
+  Tensor x = empty({64}, {.device = kSim});
+  Tensor y;
+  DeviceGraph g = DeviceGraph::capture(kSim, [&] { y = exp(x * 0.5 + 1.0) - sum(x); });
+  CHECK(g.device() == kSim);
+  CHECK(g.recorded_work() >= 4);
+  CHECK(g.host_changes() == 0);
+  for (int i = 0; i < 3; ++i) {
+    Generator gen(static_cast<uint64_t>(i));
+    const Tensor input = rand({64}, gen);
+    copy_(x, input.to(kSim));
+    g.replay();
+    const Tensor expected = exp(input * 0.5 + 1.0) - sum(input);
+    CHECK(y.to(Device::cpu()).to_vector<float>() == expected.to_vector<float>());
+  }
+}
+
+TEST_CASE("a captured training step (forward, backward, SGD) equals the eager steps bit for bit") {
+  // Eager: zero_grad, forward, backward, step, at every step.
+  auto eager = make_mlp();
+  SGD eager_opt(eager->parameters(), {.lr = 0.05, .momentum = 0.9});
+  std::vector<float> eager_losses;
+  for (int s = 0; s < 6; ++s) {
+    const auto [x, y] = batch(s);
+    eager_opt.zero_grad();
+    Tensor loss = mse_loss((*eager)(x.to(kSim)), y.to(kSim));
+    loss.backward();
+    eager_opt.step();
+    eager_losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+  }
+
+  // Captured: one eager step (the momentum buffers exist after it, so the
+  // step's kernels are the same from then on), then the step recorded with
+  // its inputs in place and replayed. The gradients are assigned by the
+  // captured backward (none before it), so a replay rewrites them.
+  auto model = make_mlp();
+  SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  Tensor x = empty({32, 3}, {.device = kSim}), y = empty({32, 1}, {.device = kSim});
+  std::vector<float> losses;
+  auto stage = [&](int s) {
+    const auto [bx, by] = batch(s);
+    copy_(x, bx.to(kSim));
+    copy_(y, by.to(kSim));
+  };
+  Tensor loss;
+  auto step = [&] {
+    loss = mse_loss((*model)(x), y);
+    loss.backward();
+    opt.step();
+  };
+  stage(0);
+  opt.zero_grad();
+  step();
+  losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+  opt.zero_grad();
+  DeviceGraph graph = DeviceGraph::capture(kSim, step);
+  for (int s = 1; s < 6; ++s) {
+    stage(s);
+    graph.replay();
+    losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+  }
+  CHECK(losses == eager_losses);
+  CHECK(values_of(*model) == values_of(*eager));
+}
+
+TEST_CASE("Adam outside the graph: captured forward and backward, eager steps, same bits") {
+  // Adam's bias corrections change every step: its step stays outside.
+  auto eager = make_mlp();
+  Adam eager_opt(eager->parameters(), {.lr = 1e-2});
+  for (int s = 0; s < 5; ++s) {
+    const auto [x, y] = batch(s);
+    eager_opt.zero_grad();
+    mse_loss((*eager)(x.to(kSim)), y.to(kSim)).backward();
+    eager_opt.step();
+  }
+  auto model = make_mlp();
+  Adam opt(model->parameters(), {.lr = 1e-2});
+  Tensor x = empty({32, 3}, {.device = kSim}), y = empty({32, 1}, {.device = kSim});
+  DeviceGraph graph = DeviceGraph::capture(kSim, [&] { mse_loss((*model)(x), y).backward(); });
+  for (int s = 0; s < 5; ++s) {
+    const auto [bx, by] = batch(s);
+    copy_(x, bx.to(kSim));
+    copy_(y, by.to(kSim));
+    graph.replay();
+    opt.step();
+  }
+  CHECK(values_of(*model) == values_of(*eager));
+}
+
+TEST_CASE("a graph keeps the memory its capture allocated until it is destroyed") {
+  reset_device_stats(kSim);
+  const int64_t before = device_stats(kSim).allocated_bytes;
+  Tensor x = ones({1000}, {.device = kSim});
+  Tensor kept;
+  {
+    DeviceGraph g = DeviceGraph::capture(kSim, [&] {
+      const Tensor scratch = x * 2.0;  // freed inside the capture, written by each replay
+      kept = scratch + 1.0;
+    });
+    const int64_t during = device_stats(kSim).allocated_bytes;
+    CHECK(during >= before + 3 * 4000);  // x, scratch (kept by the graph), kept
+    kept = Tensor();                     // let go by the host, still written by replays
+    CHECK(device_stats(kSim).allocated_bytes == during);
+    g.replay();
+    g.replay();
+  }
+  // Destroyed: what nobody holds is returned once the replays are done.
+  synchronize(kSim);
+  CHECK(device_stats(kSim).allocated_bytes == before + 4000);
+}
+
+TEST_CASE("a tensor made while capturing outlives its graph") {
+  Tensor x = full({8}, 3.0, {.device = kSim});
+  Tensor out;
+  {
+    DeviceGraph g = DeviceGraph::capture(kSim, [&] { out = x * x; });
+    g.replay();
+  }
+  CHECK(out.to(Device::cpu()).to_vector<float>() == std::vector<float>(8, 9.0f));
+}
+
+TEST_CASE("on_replay: host changes a captured step makes are made again at each replay") {
+  int64_t counter = 0;
+  Tensor x = ones({4}, {.device = kSim});
+  on_replay([&] { counter += 100; });  // outside a capture: nothing
+  DeviceGraph g = DeviceGraph::capture(kSim, [&] {
+    mul_(x, 2.0);
+    ++counter;
+    on_replay([&] { ++counter; });
+  });
+  CHECK(counter == 1);
+  CHECK(g.host_changes() == 1);
+  g.replay();
+  g.replay();
+  CHECK(counter == 3);
+  CHECK(capturing(kSim) == false);
+  CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 4.0f));
+}
+
+TEST_CASE("what a capture cannot hold is refused by name") {
+  Tensor x = ones({4}, {.device = kSim});
+  CHECK(message_of([&] { (void)DeviceGraph::capture(Device::cpu(), [] {}); }) ==
+        "[DeviceGraph] cpu cannot record work: the CPU runs ops as they are called");
+  // A read of the device: its work has not run.
+  CHECK(
+      contains(message_of([&] { (void)DeviceGraph::capture(kSim, [&] { (void)sum(x).item(); }); }),
+               "[host sync] a copy of 4 bytes from sim:0 to the host inside a captured step on "
+               "sim:0"));
+  // A copy from the host: a replay would copy the capture's bytes again.
+  const std::string upload =
+      message_of([&] { (void)DeviceGraph::capture(kSim, [&] { (void)ones({4}).to(kSim); }); });
+  CHECK(contains(upload, "[copy] 16 bytes from the host to sim:0 inside a captured step"));
+  CHECK(contains(upload, "before each replay"));
+  CHECK(message_of([&] { (void)DeviceGraph::capture(kSim, [&] { synchronize(kSim); }); }) ==
+        "[synchronize] inside a captured step on sim:0: its work runs at replay; synchronize "
+        "after replay()");
+  CHECK(message_of([&] {
+          (void)DeviceGraph::capture(kSim, [&] { (void)DeviceGraph::capture(kSim, [] {}); });
+        }) ==
+        "[DeviceGraph] a capture of sim:0 is already open on this thread; captures do not "
+        "nest");
+  // After each refusal the device runs work again as it is queued.
+  CHECK_FALSE(capturing(kSim));
+  add_(x, full({4}, 1.0, {.device = kSim}));
+  CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 2.0f));
+}
+
+TEST_CASE("a capture on another sim device leaves sim:0's queue alone") {
+  const Device other = Device::sim(1);
+  Tensor a = ones({4}, {.device = kSim}), b = ones({4}, {.device = other});
+  DeviceGraph g = DeviceGraph::capture(other, [&] {
+    mul_(a, 2.0);  // sim:0's work runs now
+    mul_(b, 2.0);  // sim:1's is recorded
+  });
+  CHECK(a.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 2.0f));
+  CHECK(b.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 1.0f));
+  g.replay();
+  CHECK(b.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 2.0f));
+}
