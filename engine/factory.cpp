@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "engine/cpu/convert.h"
 #include "engine/dispatch.h"
@@ -96,6 +99,36 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, const Tenso
     return from_blob(values.data(), s, dtype_v<T>, opts);
   }
 }
+
+template <class T>
+Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
+                       const TensorOptions& opts) {
+  if (opts.requires_grad)
+    throw std::invalid_argument("[constant_tensor] a shared constant cannot require grad");
+  // The key: the values' type and bytes, the shape, the dtype and device.
+  std::string key = std::string(dtype_name(dtype_v<T>)) + "|" + dtype_name(opts.dtype) + "|" +
+                    opts.device.str() + "|" + shape_str(shape) + "|";
+  key.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+  // A handful of layers' constants; past the bound (a caller minting keys)
+  // nothing more is kept.
+  constexpr std::size_t kMaxKept = 4096;
+  static std::mutex mutex;
+  static auto* kept = new std::unordered_map<std::string, Tensor>;  // outlives main's tensors
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = kept->find(key);
+    if (it != kept->end()) return it->second;
+  }
+  Tensor t = from_vector<T>(values, shape, opts);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (kept->size() < kMaxKept) kept->emplace(std::move(key), t);
+  return t;
+}
+
+template Tensor constant_tensor(const std::vector<double>&, const Shape&, const TensorOptions&);
+template Tensor constant_tensor(const std::vector<float>&, const Shape&, const TensorOptions&);
+template Tensor constant_tensor(const std::vector<int64_t>&, const Shape&, const TensorOptions&);
+template Tensor constant_tensor(const std::vector<int32_t>&, const Shape&, const TensorOptions&);
 
 template Tensor from_vector(const std::vector<float>&, const Shape&, const TensorOptions&);
 template Tensor from_vector(const std::vector<double>&, const Shape&, const TensorOptions&);

@@ -32,6 +32,14 @@ Tensor eye(int64_t n, int64_t m = -1, const TensorOptions& opts = {});
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
                    const TensorOptions& opts = {.dtype = dtype_v<T>});
+/** from_vector(values, shape, opts), made once per distinct values, shape,
+ * dtype and device and then shared: the constants a layer applies at every
+ * forward (per-dimension scales), uploaded to a device once instead of at
+ * every call (a captured step cannot upload at all; DeviceGraph). Never
+ * write into the result. requires_grad is refused. */
+template <class T>
+Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
+                       const TensorOptions& opts = {.dtype = dtype_v<T>});
 /** A copy of `numel_of(shape)` elements of type `dtype` at `data` (host memory). */
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, const TensorOptions& opts = {});
 

@@ -86,6 +86,7 @@ int64_t DeviceGraph::recorded_work() const { return impl_->ops->size(impl_->grap
 int64_t DeviceGraph::host_changes() const { return static_cast<int64_t>(impl_->changes.size()); }
 
 bool capturing(Device device) { return t_capture && t_capture->device == device; }
+bool capture_open() { return t_capture != nullptr; }
 
 void on_replay(std::function<void()> change) {
   if (t_capture) t_capture->changes.push_back(std::move(change));

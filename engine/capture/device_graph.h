@@ -19,11 +19,13 @@
 //
 // Refused inside a capture, each with a std::logic_error naming it: a copy
 // to the host (a host sync: HostSyncGuard), a copy from the host (a replay
-// would copy the capture's bytes again), synchronize(device), and capture on
-// a device that cannot record (the CPU runs ops as they are called).
-// Host state the step changes (a counter, a random stream's offset) is not
-// replayed by the device: code that changes it inside a capture records the
-// change with on_replay, and each replay makes it again.
+// would copy the capture's bytes again), synchronize(device), a random draw
+// (its stream's key and offset are a kernel's arguments: every replay would
+// draw the same numbers), and capture on a device that cannot record (the
+// CPU runs ops as they are called). Host state the step changes (a counter,
+// the handles of tensors it leaves for later) is not replayed by the device:
+// code that changes it inside a capture records the change with on_replay,
+// and each replay makes it again.
 #include <functional>
 #include <memory>
 
@@ -63,6 +65,8 @@ class DeviceGraph {
 
 /** Whether this thread is capturing work of `device`. */
 bool capturing(Device device);
+/** Whether this thread is capturing work of any device. */
+bool capture_open();
 
 /** Inside a capture: keeps `change`, which the graph's replays then run on
  * the host after queueing the recorded work. The captured run has made the

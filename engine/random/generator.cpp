@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/capture/device_graph.h"
 #include "engine/cpu/parallel.h"
 #include "engine/random/philox.h"
 
@@ -159,10 +160,23 @@ void Generator::set_state(const GeneratorState& s) {
   offset_ = s.offset;
 }
 
+namespace {
+thread_local uint64_t t_draws = 0;
+}  // namespace
+
+uint64_t random_draws_on_this_thread() { return t_draws; }
+
 PhiloxStream Generator::take(int64_t n_words) {
   if (n_words < 0)
     throw std::invalid_argument("[Generator] number of words must be >= 0: got " +
                                 std::to_string(n_words));
+  // A stream's key and offset are a kernel's arguments: a graph would
+  // replay this draw's numbers at every step.
+  if (capture_open())
+    throw std::logic_error(
+        "[Generator] a random draw inside a captured step: every replay would draw the same "
+        "numbers");
+  ++t_draws;
   PhiloxStream s{key_words(key_), offset_};
   const uint64_t blocks = (static_cast<uint64_t>(n_words) + 3) / 4;
   const uint64_t lo = offset_.lo + blocks;

@@ -118,4 +118,8 @@ class Generator {
   PhiloxOffset offset_;
 };
 
+/** Streams taken (Generator::take, so every draw) on this thread so far: a
+ * captured step is one that draws nothing (train/captured_step.h). */
+uint64_t random_draws_on_this_thread();
+
 }  // namespace quanta

@@ -150,7 +150,7 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
   const double eps = z.dtype() == DType::f64 ? std::numeric_limits<double>::epsilon()
                                              : double(std::numeric_limits<float>::epsilon());
   std::vector<double> lv(opts_.levels.begin(), opts_.levels.end());
-  const Tensor levels = from_vector<double>(lv, {d}).to(z.dtype()).to(z.device());
+  const Tensor levels = constant_tensor<double>(lv, {d}, options_of(z));
   const Tensor act = activate(z);
   Tensor bins;
   {
@@ -184,8 +184,8 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
   {
     NoGradGuard no_grad;
     std::vector<double> bv(basis_.begin(), basis_.end());
-    indices = to_dtype(sum(bins * from_vector<double>(bv, {d}).to(z.dtype()).to(z.device()), {-1}),
-                       DType::i32);
+    indices =
+        to_dtype(sum(bins * constant_tensor<double>(bv, {d}, options_of(z)), {-1}), DType::i32);
   }
   QuantizeOutput out;
   out.quantized = layout.from_tokens(reshape(q, {b, n, dim_}));

@@ -66,9 +66,8 @@ FSQ::FSQ(FSQOptions opts, Generator& gen)
 }
 
 Tensor FSQ::per_dim(const std::vector<double>& v, const Tensor& like) const {
-  return from_vector<double>(v, {static_cast<int64_t>(v.size())})
-      .to(like.dtype())
-      .to(like.device());
+  return constant_tensor<double>(v, {static_cast<int64_t>(v.size())},
+                                 {.dtype = like.dtype(), .device = like.device()});
 }
 
 Tensor FSQ::quantize(const Tensor& z) const {
@@ -123,7 +122,8 @@ Tensor FSQ::codes_to_indices(const Tensor& codes) const {
   }
   const Tensor c = codes.detach().to(DType::f64);
   const Tensor level = round(c * per_dim(a, c) + per_dim(b, c)).to(DType::i64);
-  const Tensor basis = from_vector<int64_t>(basis_, {static_cast<int64_t>(d)}).to(codes.device());
+  const Tensor basis = constant_tensor<int64_t>(basis_, {static_cast<int64_t>(d)},
+                                                {.dtype = DType::i64, .device = codes.device()});
   return sum(level * basis, {-1});
 }
 

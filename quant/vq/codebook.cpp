@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/capture/device_graph.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/nn/init.h"
@@ -171,6 +172,9 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
     add_(pending_.tokens, stack(tokens));
   }
   pending_.steps += 1;
+  // A captured step's replays rewrite these tensors; the host's handles to
+  // them (cleared when the statistics are applied) are set again each time.
+  on_replay([this, after = pending_] { pending_ = after; });
 }
 
 void Codebook::apply_ema_update() {

@@ -761,6 +761,59 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
   }
 }
 
+// On sim (as on CUDA) the step's forward and backward are captured once,
+// after two steps, and replayed: the run must be --no-graph's, byte for byte,
+// through evaluations, an epoch's smaller last batch (a step of its own, then
+// a new capture), k-means and dead codes. A step that draws random numbers
+// is never captured, and says so.
+TEST_CASE("quanta train --device sim: the captured step replays --no-graph's bytes") {
+  if (!have_dataset()) return;
+  ScratchDir dir("graph");
+  struct Run {
+    std::vector<std::string> flags;
+    bool captured;
+  };
+  const std::vector<Run> runs = {
+      {{}, true},  // vq with k-means init and dead-code replacement
+      {{"--quantizer", "fsq"}, true},
+      {{"--quantizer", "lfq", "--entropy-loss-weight", "0.1"}, true},
+      {{"--quantizer", "grvq", "--num-quantizers", "2", "--codebook-size", "32"}, true},
+      {{"--quantizer", "hvq"}, true},
+      {{"--precision", "bf16"}, true},
+      {{"--quantizer", "fsp"}, false},  // noise inside its bins while training
+      {{"--quantizer", "rvq", "--quantize-dropout"}, false},
+  };
+  for (const Run& run : runs) {
+    const std::string name = run.flags.empty() ? "vq" : run.flags.back();
+    CAPTURE(name);
+    const std::string a = dir.file(name + "-graph"), b = dir.file(name + "-eager");
+    // 200 images in batches of 32: the epoch's last step (7) has 8.
+    const std::vector<std::string> base =
+        with(set_flag(tiny_train(a, 9, run.flags), "--limit-train", "200"), {"--device", "sim"});
+    CliResult ra = run_quanta(base);
+    CliResult rb = run_quanta(with(set_flag(base, "--out", b), {"--no-graph"}));
+    CAPTURE(ra.err);
+    REQUIRE(ra.code == 0);
+    REQUIRE(rb.code == 0);
+    CHECK(contains(ra.out, "step 3 captured as a graph of ") == run.captured);
+    CHECK(contains(ra.out, "the step draws random numbers") == !run.captured);
+    CHECK_FALSE(contains(rb.out, "captured"));
+    CHECK(records(a, "header").at(0)["graph"] == true);
+    CHECK(records(b, "header").at(0)["graph"] == false);
+    const std::vector<json> la = records(a, "train"), lb = records(b, "train");
+    REQUIRE(la.size() == 9);
+    REQUIRE(lb.size() == 9);
+    for (std::size_t i = 0; i < la.size(); ++i) CHECK(la[i]["loss"].dump() == lb[i]["loss"].dump());
+    CHECK(la.back()["host_syncs_per_step"].get<double>() == 0);
+    const std::vector<json> ea = records(a, "eval"), eb = records(b, "eval");
+    REQUIRE(ea.size() == eb.size());
+    for (std::size_t i = 0; i < ea.size(); ++i)
+      CHECK(ea[i]["test_mse"].dump() == eb[i]["test_mse"].dump());
+    CHECK(quanta::test::slurp(a + "/checkpoint.safetensors") ==
+          quanta::test::slurp(b + "/checkpoint.safetensors"));
+  }
+}
+
 TEST_CASE("eval, encode and decode --device sim: the CPU's figures, codes and pictures") {
   if (!have_dataset()) return;
   ScratchDir dir("sim_tools");

@@ -44,6 +44,7 @@ struct TrainFlags {
   bool overwrite = false;
   bool print_config = false;
   bool fast_conv = false;
+  bool no_graph = false;
   std::string dist_timeout;  // seconds; empty: the library's default
   // Each given flag writes its value into the flags' config layer.
   std::vector<std::function<void(json&)>> apply;
@@ -171,7 +172,8 @@ void run_train(const TrainFlags& f) {
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
   train::RunFolderLock folder = start.take(nproc, f.dist_timeout);
-  train::TrainJob job{config, out, resume, ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION};
+  train::TrainJob job{config,         out,        resume, ::isatty(STDOUT_FILENO) == 1,
+                      QUANTA_VERSION, !f.no_graph};
   train::TrainResult r;
   try {
     r = train::run_training(job, std::cout);
@@ -226,6 +228,10 @@ void add_train(CLI::App& app) {
                 "instead of refusing");
   add_dist_timeout_flag(*sub, t.dist_timeout);
   add_fast_conv_flag(*sub, t.fast_conv);
+  sub->add_flag("--no-graph", t.no_graph,
+                "on cuda and sim, launch every kernel of every step as it is called instead "
+                "of replaying the step's forward and backward as one captured graph (the "
+                "same results either way; for profiling and for bisecting a difference)");
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
   add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxSteps));

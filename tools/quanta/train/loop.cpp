@@ -22,6 +22,7 @@
 #include "engine/optim/schedule.h"
 #include "engine/precision.h"
 #include "train/batch_order.h"
+#include "train/captured_step.h"
 #include "train/checkpoint.h"
 #include "train/outputs.h"
 #include "train/progress.h"
@@ -127,6 +128,16 @@ std::unique_ptr<LrSchedule> make_schedule(Optimizer& opt, const LoopSettings& s)
                               o.schedule + "\"");
 }
 
+// Steps run as called before the step is captured: the first ones change
+// what a step queues (k-means initialisation on the first update, the
+// optimizer's state made by its first step).
+constexpr int64_t kGraphWarmupSteps = 2;
+
+Device model_device(Module& model) {
+  for (const Tensor& p : model.parameters()) return p.device();
+  return Device::cpu();
+}
+
 std::string signal_name(int sig) {
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "another rank";
 }
@@ -152,7 +163,9 @@ class Loop {
         metrics_path_(out_file(s.out_dir, kMetricsFile)),
         window_(names_.size()),
         order_(s.seed, s.examples, s.batch_size),
+        device_(model_device(*model_)),
         started_(std::chrono::steady_clock::now()) {
+    if (graphs_step()) captured_ = std::make_unique<CapturedStep>(device_, kGraphWarmupSteps);
     if (world_ > 1) dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
     if (world_ > 1 && s.shard_optimizer_state) {
       opt_shards_ = std::make_unique<dist::OptimizerShards>(group_, trainable_parameters(*model_));
@@ -235,6 +248,7 @@ class Loop {
     header["resumed"] = s_.resume;
     header["threads"] = num_threads();
     header["world_size"] = world_;
+    header["graph"] = captured_ != nullptr;
     history_.push_back(std::move(header));
     write_metrics(metrics_path_, history_);
   }
@@ -249,7 +263,6 @@ class Loop {
     const int64_t syncs_before = host_sync_count();
     const Tensor batch = order_.batch(step_);
     const Tensor share = rank_share(batch, rank_, world_);
-    optimizer_->zero_grad();
     // Micro-batches: contiguous pieces of this rank's share; gradients
     // accumulate locally and are averaged across ranks once, at the end.
     // Every rank runs as many as the largest share needs, some of them
@@ -260,26 +273,41 @@ class Loop {
       largest = std::max(largest, rank_share(batch, r, world_).numel());
     const int64_t pieces = std::max<int64_t>(1, std::min(s_.optimizer.grad_accum, largest));
     std::vector<Tensor> values;
-    Device loss_device = Device::cpu();
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t lo = share.numel() * p / pieces;
       const int64_t hi = share.numel() * (p + 1) / pieces;
-      // The backward runs in the precision each op's forward ran in.
-      const StepLoss out = [&] {
-        const MixedPrecision precision(s_.mixed_precision);
-        return task_.step({slice(share, 0, lo, hi), batch.numel(), world_, batch});
-      }();
-      {
-        std::optional<dist::DataParallel::NoSync> local;
-        if (dp_ && p + 1 < pieces) local.emplace(*dp_);
-        out.loss.backward();
+      BatchShare piece{slice(share, 0, lo, hi), batch.numel(), world_, batch, {}};
+      const std::vector<Tensor> host_inputs = task_.step_inputs(piece);
+      // Forward and backward; returns the values to log. On a graph's replay
+      // it does not run: the device repeats what it queued at the capture.
+      auto forward_backward = [&](const std::vector<Tensor>& inputs) {
+        piece.inputs = inputs;
+        // The backward runs in the precision each op's forward ran in.
+        const StepLoss out = [&] {
+          const MixedPrecision precision(s_.mixed_precision);
+          return task_.step(piece);
+        }();
+        {
+          std::optional<dist::DataParallel::NoSync> local;
+          if (dp_ && p + 1 < pieces) local.emplace(*dp_);
+          out.loss.backward();
+        }
+        NoGradGuard no_grad;
+        std::vector<Tensor> v = {out.loss.detach()};
+        for (const Tensor& t : out.terms) v.push_back(t.detach());
+        return to_dtype(stack(v), DType::f64);
+      };
+      if (captured_ && !host_inputs.empty()) {
+        values.push_back(captured_->run(host_inputs, forward_backward, *optimizer_));
+        continue;
       }
-      NoGradGuard no_grad;
-      std::vector<Tensor> v = {out.loss.detach()};
-      for (const Tensor& t : out.terms) v.push_back(t.detach());
-      values.push_back(to_dtype(stack(v), DType::f64));
-      loss_device = out.loss.device();
+      if (p == 0) optimizer_->zero_grad();
+      std::vector<Tensor> inputs;
+      for (const Tensor& t : host_inputs) inputs.push_back(t.to(device_));
+      values.push_back(forward_backward(inputs));
     }
+    const Device loss_device = values[0].device();
+    report_graph();
     if (dp_) dp_->finish_step();
     // Sharded, each rank holds its own parameters' gradients only.
     if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
@@ -304,6 +332,21 @@ class Loop {
     Tensor stop = scalar(stop_here ? 1.0 : 0.0, {.dtype = DType::f64});
     group_.all_reduce(stop);
     return stop.item() > 0;
+  }
+
+  // Says once that the step became a graph, or why it never will.
+  void report_graph() {
+    if (!captured_ || graph_reported_) return;
+    if (captured_->draws()) {
+      graph_reported_ = true;
+      progress_->line(
+          "the step draws random numbers (dropout, noise): it runs uncaptured, kernel by kernel");
+    } else if (captured_->captures() > 0) {
+      graph_reported_ = true;
+      progress_->line("step " + std::to_string(step_ + 1) + " captured as a graph of " +
+                      std::to_string(captured_->recorded_work()) +
+                      " kernels and copies; the steps after it replay it (--no-graph: not)");
+    }
   }
 
   // Adds the steps' values not yet read to the log window: one read of the
@@ -374,6 +417,14 @@ class Loop {
   }
 
   bool sharded() const { return dp_ && dp_->sharded(); }
+
+  // Whether the step may run as a graph: asked for, on a device that
+  // records, with one rank (a collective's transport is not captured) and
+  // one micro-batch (DataParallel's per-piece choices differ).
+  bool graphs_step() const {
+    return s_.graph && world_ == 1 && s_.optimizer.grad_accum == 1 && !device_.is_cpu() &&
+           device_backend(device_.type).graph != nullptr;
+  }
 
   // The lr of the last step taken (the first step's before any).
   double lr_now() const { return schedule_->lr_at(std::max<int64_t>(step_ - 1, 0)); }
@@ -449,6 +500,9 @@ class Loop {
   double shown_loss_ = NAN;             // the progress line's: the window's mean so far
   int64_t window_syncs_ = 0, window_synced_steps_ = 0;  // host syncs in this window (not saved)
   BatchOrder order_;
+  const Device device_;                     // the model's
+  std::unique_ptr<CapturedStep> captured_;  // forward and backward as a graph
+  bool graph_reported_ = false;
   Progress* progress_ = nullptr;
   const std::chrono::steady_clock::time_point started_;
 };

@@ -40,6 +40,9 @@ struct BatchShare {
   int64_t global_rows = 0;  // rows of the whole (global) batch
   int world = 1;            // ranks sharing it
   Tensor batch;             // the whole global batch's positions (every rank's)
+  /** The task's step_inputs() for these rows, on the model's device (when
+   * the step is a graph: the same tensors every step, the batch copied in). */
+  std::vector<Tensor> inputs;
 };
 
 /** What one step's forward reports. `loss` is back-propagated; it and every
@@ -90,7 +93,15 @@ class LoopTask {
       const std::vector<double>& /*mean_terms*/) const {
     return {};
   }
-  /** Forward of this rank's share of the step's batch. */
+  /** The host half of a step: the tensors its forward reads, gathered for
+   * this rank's share on the host (the images of its rows). The loop moves
+   * them to the model's device and hands them to step() in
+   * BatchShare::inputs; a task that returns none reads its batch itself,
+   * and its steps are never captured as a graph. */
+  virtual std::vector<Tensor> step_inputs(const BatchShare& /*share*/) { return {}; }
+  /** Forward of this rank's share of the step's batch. When the step is a
+   * graph, this is called once, at the capture; everything else replays
+   * what it queued on the device (engine/capture/device_graph.h). */
   virtual StepLoss step(const BatchShare& share) = 0;
   /** After every optimizer step, on every rank. */
   virtual void after_step() {}
@@ -184,6 +195,10 @@ struct LoopSettings {
   /** bf16 products (engine/precision.h's MixedPrecision) in every step's
    * forward and backward and in evaluation. */
   bool mixed_precision = false;
+  /** Forward and backward as one captured graph on a device that records
+   * (CUDA, sim), with one rank and one micro-batch per step, when the task
+   * has step_inputs (train/captured_step.h); the same bits either way. */
+  bool graph = true;
   /** "training" or "fine-tuning": how a divergence message starts. */
   std::string activity = "training";
 };

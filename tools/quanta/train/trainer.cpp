@@ -91,9 +91,13 @@ class VqVaeTask : public LoopTask {
     return {"recon_mse", "aux_loss"};
   }
 
+  // The dataset stays on the host; each batch travels to the model's device.
+  std::vector<Tensor> step_inputs(const BatchShare& share) override {
+    return {index_select(train_set_.images, 0, share.rows)};
+  }
+
   StepLoss step(const BatchShare& share) override {
-    // The dataset stays on the host; each batch travels to the model's device.
-    const Tensor x = index_select(train_set_.images, 0, share.rows).to(device_);
+    const Tensor& x = share.inputs.at(0);
     VqVaeOutput out = model_->run(x);
     // Local sums over the global count, and the quantizer's loss weighted by
     // its token share unless it is global (loop.h's StepLoss).
@@ -197,6 +201,7 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   s.optimizer.adamw = cfg.weight_decay > 0;
   s.optimizer.weight_decay = cfg.weight_decay;
   s.mixed_precision = cfg.precision == "bf16";
+  s.graph = job.graph;
   s.checkpoint_format = kCheckpointFormat;
   s.checkpoint_config = config_to_json(cfg);
   s.header = {{"quanta_version", job.version},

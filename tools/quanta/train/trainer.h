@@ -25,6 +25,9 @@ struct TrainJob {
   bool progress_bar = false;
   /** quanta's version, recorded in metrics.jsonl's header. */
   std::string version;
+  /** Forward and backward as one captured graph on CUDA and sim
+   * (LoopSettings::graph); false: every kernel launched as called. */
+  bool graph = true;
 };
 
 /** How a run ended. */

@@ -1,0 +1,70 @@
+#include "train/captured_step.h"
+
+#include <stdexcept>
+#include <utility>
+
+#include "engine/factory.h"
+#include "engine/ops/elementwise.h"
+#include "engine/random/generator.h"
+
+namespace quanta::train {
+
+CapturedStep::CapturedStep(Device device, int64_t warmup) : device_(device), warmup_(warmup) {}
+
+bool CapturedStep::fits(const std::vector<Tensor>& host_inputs) const {
+  if (host_inputs.size() != inputs_.size()) return false;
+  for (std::size_t i = 0; i < inputs_.size(); ++i)
+    if (host_inputs[i].shape() != inputs_[i].shape() ||
+        host_inputs[i].dtype() != inputs_[i].dtype())
+      return false;
+  return true;
+}
+
+Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
+                         const std::function<Tensor(const std::vector<Tensor>&)>& body,
+                         Optimizer& optimizer) {
+  if (graph_ && fits(host_inputs)) {
+    for (std::size_t i = 0; i < inputs_.size(); ++i) copy_(inputs_[i], host_inputs[i]);
+    graph_->replay();
+    ++replays_;
+    return values_.clone();  // the next replay rewrites values_
+  }
+  // Another shape, or not captured yet: the gradients the graph wrote are
+  // zeroed below, so the graph goes.
+  graph_.reset();
+  if (uncaptured_ < warmup_ || draws_) {
+    ++uncaptured_;
+    std::vector<Tensor> on_device;
+    for (const Tensor& t : host_inputs) on_device.push_back(t.to(device_));
+    optimizer.zero_grad();
+    const uint64_t draws_before = random_draws_on_this_thread();
+    Tensor values = body(on_device);
+    // A step that draws (dropout, noise, a random level count) would replay
+    // one step's numbers forever: it stays uncaptured.
+    if (random_draws_on_this_thread() != draws_before) draws_ = true;
+    return values;
+  }
+  inputs_.clear();
+  for (const Tensor& t : host_inputs) inputs_.push_back(t.to(device_));
+  // No gradients before the capture: its backward assigns them, so each
+  // replay writes them whole instead of adding to the last step's.
+  optimizer.zero_grad();
+  try {
+    graph_ = DeviceGraph::capture(device_, [&] { values_ = body(inputs_); });
+  } catch (const std::exception& e) {
+    // The steps before still run on the device: let them finish while the
+    // process is whole (at exit, the libraries their kernels call are gone).
+    try {
+      synchronize(device_);
+    } catch (...) {  // the capture's failure is the one to report
+    }
+    throw std::runtime_error(std::string("the training step cannot run as a graph on ") +
+                             device_.str() + ": " + e.what() + "\n(run with --no-graph)");
+  }
+  ++captures_;
+  graph_->replay();
+  ++replays_;
+  return values_.clone();
+}
+
+}  // namespace quanta::train

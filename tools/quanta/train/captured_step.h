@@ -1,0 +1,69 @@
+#pragma once
+// The training loop's forward and backward as one DeviceGraph
+// (engine/capture/device_graph.h) on a device that records (CUDA, sim):
+// after `warmup` steps run as they are called (k-means initialisation and
+// the first optimizer steps make the buffers a steady step reads), the
+// step is captured once and then replayed, the batch copied into the same
+// device tensors before each replay. Bit for bit the step it replaces.
+//
+// A step that draws random numbers in its forward or backward is never
+// captured (its draws' streams are kernel arguments) and runs as called.
+// What stays outside the graph, run as it is called after each replay: the
+// optimizer step (Adam's bias corrections and the schedule's lr change every
+// step), gradient clipping, the quantizers' state updates (k-means, EMA,
+// dead codes: their control flow depends on counts) and evaluation. A step
+// whose batch has other shapes (the last, smaller batch of an epoch) runs
+// uncaptured too and drops the graph; the next full batch captures again.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/capture/device_graph.h"
+#include "engine/optim/optimizer.h"
+#include "engine/tensor.h"
+
+namespace quanta::train {
+
+class CapturedStep {
+ public:
+  /** `device`: the model's. */
+  CapturedStep(Device device, int64_t warmup);
+
+  /** One step's forward and backward: `body` takes the inputs on the device
+   * and returns the values to log (a tensor the loop keeps). Sets the
+   * gradients of `optimizer`'s parameters (zeroed first, except on a replay,
+   * which rewrites them). Returns the step's values, the caller's to keep.
+   * A step that cannot be captured throws std::runtime_error saying why
+   * and how to run without a graph. */
+  Tensor run(const std::vector<Tensor>& host_inputs,
+             const std::function<Tensor(const std::vector<Tensor>&)>& body, Optimizer& optimizer);
+
+  /** Whether a step's forward or backward drew random numbers (dropout,
+   * noise, a random level count): such a step is never captured, since a
+   * replay would draw the captured step's numbers again. Known after the
+   * first step. */
+  bool draws() const { return draws_; }
+  /** Steps run from the graph so far. */
+  int64_t replays() const { return replays_; }
+  /** Times the step was captured. */
+  int64_t captures() const { return captures_; }
+  /** Kernels and copies one replay queues (0 before a capture). */
+  int64_t recorded_work() const { return graph_ ? graph_->recorded_work() : 0; }
+
+ private:
+  bool fits(const std::vector<Tensor>& host_inputs) const;
+
+  Device device_;
+  int64_t warmup_;
+  int64_t uncaptured_ = 0;      // steps run as called since the run started
+  std::vector<Tensor> inputs_;  // the graph's inputs, on the device
+  Tensor values_;               // the graph's output, rewritten by each replay
+  std::optional<DeviceGraph> graph_;
+  bool draws_ = false;
+  int64_t replays_ = 0, captures_ = 0;
+};
+
+}  // namespace quanta::train
