@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "engine/cuda/stream.h"
+
 namespace quanta::dist::detail {
 namespace {
 
@@ -155,14 +157,14 @@ struct NcclBackend::Impl {
 
   // Work on our stream starts after the caller's ready event (ready_event():
   // DataParallel's bucket), else after everything already queued on the
-  // legacy default stream, where the engine's kernels run.
+  // device's quanta stream, where the engine's kernels run.
   void order_after_default() {
     if (void* e = ready_event()) {
       cuda_check(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(e), 0),
                  "cudaStreamWaitEvent");
       return;
     }
-    cuda_check(cudaEventRecord(ready, 0), "cudaEventRecord");
+    cuda_check(cudaEventRecord(ready, cuda::stream()), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
   }
 

@@ -65,7 +65,10 @@ DeviceGraph DeviceGraph::capture(Device device, const std::function<void()>& wor
     work();
   } catch (...) {
     t_capture = nullptr;
-    ops->destroy(ops->end(device.index), device.index);
+    try {
+      ops->destroy(ops->end(device.index), device.index);
+    } catch (...) {  // a capture the failure broke: the failure is the one to report
+    }
     throw;
   }
   t_capture = nullptr;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -59,15 +60,27 @@ void CachingAllocator::release_cached(int device, DeviceCache& c) {
   c.free_blocks.clear();
 }
 
+namespace {
+// A free block of `size` from `blocks`, or null.
+void* take(std::unordered_map<std::size_t, std::vector<void*>>& blocks, std::size_t size) {
+  const auto it = blocks.find(size);
+  if (it == blocks.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  return p;
+}
+}  // namespace
+
 void* CachingAllocator::allocate(std::size_t nbytes, int device) {
   const std::size_t size = size_class(nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceCache& c = cache_of(device);
   ++c.stats.allocations;
   void* p = nullptr;
-  if (auto it = c.free_blocks.find(size); it != c.free_blocks.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
+  // An open pool's own free blocks first (freed earlier in the capture).
+  if (c.open_pool) p = take(pools_.at(c.open_pool).free_blocks, size);
+  if (!p) p = take(c.free_blocks, size);
+  if (p) {
     ++c.stats.cache_hits;
   } else {
     try {
@@ -92,6 +105,7 @@ void* CachingAllocator::allocate(std::size_t nbytes, int device) {
     c.stats.reserved_bytes += size;
   }
   c.live.emplace(p, size);
+  if (c.open_pool) pool_of_[p] = c.open_pool;
   c.stats.allocated_bytes += size;
   raise_peaks(c.stats);
   return p;
@@ -113,7 +127,41 @@ void CachingAllocator::deallocate(void* ptr, int device) noexcept {
   const std::size_t size = it->second;
   c.live.erase(it);
   c.stats.allocated_bytes -= size;
+  if (const auto pool = pool_of_.find(ptr); pool != pool_of_.end()) {
+    pools_.at(pool->second).free_blocks[size].push_back(ptr);  // the graph's still
+    return;
+  }
   c.free_blocks[size].push_back(ptr);
+}
+
+uint64_t CachingAllocator::open_pool(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceCache& c = cache_of(device);
+  if (c.open_pool)
+    throw std::logic_error("[cuda] a graph's memory pool is already open on cuda:" +
+                           std::to_string(device));
+  const uint64_t id = next_pool_++;
+  pools_[id].device = device;
+  c.open_pool = id;
+  return id;
+}
+
+void CachingAllocator::close_pool(int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cache_of(device).open_pool = 0;
+}
+
+void CachingAllocator::release_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  DeviceCache& c = cache_of(it->second.device);
+  if (c.open_pool == pool) c.open_pool = 0;
+  for (auto& [size, blocks] : it->second.free_blocks)
+    for (void* p : blocks) c.free_blocks[size].push_back(p);
+  for (auto b = pool_of_.begin(); b != pool_of_.end();)
+    b = b->second == pool ? pool_of_.erase(b) : std::next(b);
+  pools_.erase(it);
 }
 
 void CachingAllocator::empty_cache() {

@@ -13,6 +13,7 @@
 // Host-only code, in libquanta: the raw device allocation it wraps comes
 // from the CUDA module, and tests drive it with a fake one on the CPU.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -45,8 +46,24 @@ class CachingAllocator {
    * did not hand out is reported on stderr and passed to Raw::free. */
   void deallocate(void* ptr, int device) noexcept;
 
-  /** Returns every cached (unused) block of every device to Raw::free. */
+  /** Returns every cached (unused) block of every device to Raw::free
+   * (a graph's pool keeps its own). */
   void empty_cache();
+
+  /** Private pools, for graphs (engine/capture/device_graph.h): while a
+   * pool is open on `device`, the blocks allocate() hands out there belong
+   * to it until release_pool, wherever they came from, and a block of it
+   * that is freed goes back to it, for its later allocations only: a
+   * graph's replays write every block its capture was given, so nobody
+   * else may have one. Returns the pool's id. Throws std::logic_error when
+   * one is open on `device` already. */
+  uint64_t open_pool(int device);
+  /** Allocations on `device` come from the shared cache again; the pool
+   * keeps its blocks. */
+  void close_pool(int device);
+  /** The graph is gone: the pool's free blocks join the shared cache now,
+   * its blocks still held when they are freed. */
+  void release_pool(uint64_t pool);
   MemoryStats stats(int device) const;
   /** Peaks restart from the current figures. */
   void reset_peak_stats(int device);
@@ -56,10 +73,16 @@ class CachingAllocator {
   static std::size_t size_class(std::size_t nbytes);
 
  private:
+  using FreeBlocks = std::unordered_map<std::size_t, std::vector<void*>>;  // by size class
   struct DeviceCache {
-    std::unordered_map<std::size_t, std::vector<void*>> free_blocks;  // by size class
-    std::unordered_map<void*, std::size_t> live;                      // block -> size class
+    FreeBlocks free_blocks;
+    std::unordered_map<void*, std::size_t> live;  // block -> size class
     MemoryStats stats;
+    uint64_t open_pool = 0;  // allocations go to this pool (0: none)
+  };
+  struct Pool {
+    int device = 0;
+    FreeBlocks free_blocks;
   };
   DeviceCache& cache_of(int device);
   void release_cached(int device, DeviceCache& c);
@@ -67,6 +90,9 @@ class CachingAllocator {
   Raw raw_;
   mutable std::mutex mutex_;
   std::unordered_map<int, DeviceCache> devices_;
+  std::unordered_map<uint64_t, Pool> pools_;
+  std::unordered_map<void*, uint64_t> pool_of_;  // blocks of live pools, held or free
+  uint64_t next_pool_ = 1;
 };
 
 }  // namespace quanta::cuda

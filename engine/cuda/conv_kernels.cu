@@ -140,7 +140,7 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
     const int64_t wsize = g.O * ckk;
     if (wsize == 0) return;
     // Every image's product accumulates into out, one image after another.
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(T) * wsize, 0));
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(T) * wsize, stream()));
   }
   if (g.N == 0) return;
   if (kind == ConvKind::forward && g.O * L == 0) return;

@@ -25,6 +25,14 @@ DeviceErrorFlag* error_flag(int index) {
   return f;
 }
 
+const GraphOps kGraphOps{
+    .begin = begin_capture,
+    .end = end_capture,
+    .launch = launch_graph,
+    .size = graph_nodes,
+    .destroy = [](void* graph, int) noexcept { destroy_graph(graph); },
+};
+
 }  // namespace
 
 const DeviceBackend& backend() {
@@ -37,6 +45,7 @@ const DeviceBackend& backend() {
       .copy = copy,
       .error_flag = error_flag,
       .synchronize = synchronize,
+      .graph = &kGraphOps,
   };
   return b;
 }

@@ -61,7 +61,8 @@ Handle& current_handle() {
   if (!handles[dev]) {
     auto h = std::make_unique<Handle>();
     h->device = dev;
-    QUANTA_CUDNN_CHECK(cudnnCreate(&h->h));  // stream: the NULL stream, stream 0
+    QUANTA_CUDNN_CHECK(cudnnCreate(&h->h));
+    QUANTA_CUDNN_CHECK(cudnnSetStream(h->h, stream_of(dev)));
     handles[dev] = std::move(h);
   }
   return *handles[dev];

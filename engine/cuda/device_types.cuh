@@ -14,6 +14,7 @@
 
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/stream.h"
 #include "engine/dtype.h"
 
 namespace quanta::cuda {
@@ -125,7 +126,7 @@ template <class Kernel, class... Args>
 void launch_elements(int64_t n, Kernel kernel, Args... args) {
   if (n <= 0) return;
   const LaunchConfig cfg = launch_config(n, max_blocks());
-  kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, args...);
+  kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(n, args...);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 

@@ -40,19 +40,19 @@ void sq_dist_finish(DType dtype, const void* x, const void* c, int64_t n, int64_
   dispatch_float(dtype, "sq_dist", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* norms = nullptr;
-    QUANTA_CUDA_CHECK(cudaMallocAsync(&norms, sizeof(T) * (n + k), 0));
+    QUANTA_CUDA_CHECK(cudaMallocAsync(&norms, sizeof(T) * (n + k), stream()));
     const LaunchConfig rx = launch_config(n, max_blocks()), rc = launch_config(k, max_blocks());
-    row_sq_norms<T>
-        <<<static_cast<unsigned>(rx.blocks), rx.threads>>>(static_cast<const T*>(x), n, d, norms);
+    row_sq_norms<T><<<static_cast<unsigned>(rx.blocks), rx.threads, 0, stream()>>>(
+        static_cast<const T*>(x), n, d, norms);
     QUANTA_CUDA_CHECK_LAUNCH();
-    row_sq_norms<T><<<static_cast<unsigned>(rc.blocks), rc.threads>>>(static_cast<const T*>(c), k,
-                                                                      d, norms + n);
+    row_sq_norms<T><<<static_cast<unsigned>(rc.blocks), rc.threads, 0, stream()>>>(
+        static_cast<const T*>(c), k, d, norms + n);
     QUANTA_CUDA_CHECK_LAUNCH();
     const LaunchConfig all = launch_config(n * k, max_blocks());
-    finish<T><<<static_cast<unsigned>(all.blocks), all.threads>>>(norms, norms + n, n, k,
-                                                                  static_cast<T*>(out));
+    finish<T><<<static_cast<unsigned>(all.blocks), all.threads, 0, stream()>>>(
+        norms, norms + n, n, k, static_cast<T*>(out));
     QUANTA_CUDA_CHECK_LAUNCH();
-    QUANTA_CUDA_CHECK(cudaFreeAsync(norms, 0));
+    QUANTA_CUDA_CHECK(cudaFreeAsync(norms, stream()));
   });
 }
 

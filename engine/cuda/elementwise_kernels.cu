@@ -40,7 +40,7 @@ void walk(const char* op, const Shape& shape, const std::array<const Operand*, N
   for (int k = 0; k < N; ++k) strides[k] = ops[k]->strides;
   const StridedIndex<N> ix = make_strided_index<N>(shape, strides, op);
   const LaunchConfig cfg = launch_config(n, max_blocks());
-  walk_kernel<N><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, ix, body);
+  walk_kernel<N><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(n, ix, body);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
@@ -128,8 +128,8 @@ void add_n(DType dtype, const TermList& terms, int64_t n, void* out) {
       b.from_out = first > 0;
       for (int64_t t = first; t < terms.count && b.count < kTermsPerLaunch; ++t)
         b.term[b.count++] = static_cast<const T*>(terms.data[t]);
-      add_terms_kernel<T>
-          <<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(n, b, static_cast<T*>(out));
+      add_terms_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
+          n, b, static_cast<T*>(out));
       QUANTA_CUDA_CHECK_LAUNCH();
     }
   });

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/cuda/blas_handle.h"
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
@@ -14,6 +15,23 @@
 #include "engine/kernels/table.h"
 
 namespace quanta::cuda {
+
+// The size NVIDIA's cuBLAS guide suggests for Hopper; less is enough on
+// older GPUs.
+constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;
+
+cublasHandle_t new_blas_handle(int device) {
+  cublasHandle_t h = nullptr;
+  QUANTA_CUBLAS_CHECK(cublasCreate(&h));
+  QUANTA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  QUANTA_CUBLAS_CHECK(cublasSetStream(h, stream_of(device)));
+  // After cublasSetStream, which resets the workspace to cuBLAS's own.
+  void* workspace = nullptr;
+  QUANTA_CUDA_CHECK(cudaMalloc(&workspace, kBlasWorkspaceBytes));
+  QUANTA_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, kBlasWorkspaceBytes));
+  return h;
+}
+
 namespace {
 
 cublasHandle_t blas_handle() {
@@ -24,9 +42,8 @@ cublasHandle_t blas_handle() {
   std::lock_guard<std::mutex> lock(mu);
   if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
   if (!handles[dev]) {
-    QUANTA_CUBLAS_CHECK(cublasCreate(&handles[dev]));
     // Plain f32 arithmetic: TF32 would change results by ~1e-3.
-    QUANTA_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
+    handles[dev] = new_blas_handle(dev);
   }
   return handles[dev];
 }

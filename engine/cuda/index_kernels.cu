@@ -172,12 +172,12 @@ void launch_lines(const LineWalk& w, int64_t lines, const Operand& idx, const Op
   if constexpr (Mode == IndexMode::gather) {
     const int64_t total = lines * w.shape[w.dim];
     const LaunchConfig cfg = launch_config(total, max_blocks());
-    gather_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    gather_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         w, total, static_cast<const int64_t*>(idx.data), static_cast<T*>(out.data),
         static_cast<const T*>(src.data));
   } else {
     const LaunchConfig cfg = launch_config(lines, max_blocks());
-    index_lines_kernel<T, Mode><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    index_lines_kernel<T, Mode><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         w, lines, static_cast<const int64_t*>(idx.data), static_cast<T*>(out.data),
         static_cast<const T*>(src.data), convert<T>(value));
   }
@@ -193,7 +193,7 @@ void index_select(DType dtype, const void* src, int64_t outer, int64_t n, int64_
   dispatch_all(dtype, "index_select", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const LaunchConfig cfg = launch_config(total, max_blocks());
-    index_select_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    index_select_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         static_cast<const T*>(src), outer, n, inner, idx, m, static_cast<T*>(out));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -203,8 +203,8 @@ void checked_indices(const int64_t* idx, int64_t n, int64_t size, int64_t* safe,
                      DeviceErrorFlag* flag, int32_t check) {
   if (n == 0) return;
   const LaunchConfig cfg = launch_config(n, max_blocks());
-  checked_indices_kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(idx, n, size, safe,
-                                                                             flag, check);
+  checked_indices_kernel<<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
+      idx, n, size, safe, flag, check);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
@@ -264,7 +264,7 @@ void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, 
       // Past 32-bit keys: one thread per (outer, column) pair walks every
       // position, in order.
       const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
-      index_add_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+      index_add_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
           static_cast<T*>(out), outer, n, inner, idx, m, static_cast<const T*>(src),
           static_cast<T>(alpha));
       QUANTA_CUDA_CHECK_LAUNCH();
@@ -272,8 +272,8 @@ void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, 
     }
     Scratch<int32_t> keys(2 * m), pos(2 * m);
     const LaunchConfig ck = launch_config(m, max_blocks());
-    index_keys_kernel<<<static_cast<unsigned>(ck.blocks), ck.threads>>>(idx, m, keys.get(),
-                                                                        pos.get());
+    index_keys_kernel<<<static_cast<unsigned>(ck.blocks), ck.threads, 0, stream()>>>(
+        idx, m, keys.get(), pos.get());
     QUANTA_CUDA_CHECK_LAUNCH();
     // Indices lie in [0, n): only their low bit_width(n - 1) bits need sorting.
     const int end_bit = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(n - 1))));
@@ -283,13 +283,13 @@ void index_add(DType dtype, void* out, int64_t outer, int64_t n, int64_t inner, 
     size_t temp_bytes = 0;
     QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.get(), sorted_keys,
                                                       pos.get(), sorted_pos, count, 0, end_bit,
-                                                      cudaStream_t{0}));
+                                                      stream()));
     Scratch<unsigned char> temp(std::max<int64_t>(1, static_cast<int64_t>(temp_bytes)));
     QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(),
                                                       sorted_keys, pos.get(), sorted_pos, count, 0,
-                                                      end_bit, cudaStream_t{0}));
+                                                      end_bit, stream()));
     const LaunchConfig cfg = launch_config(outer * m * inner, max_blocks());
-    index_add_runs_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    index_add_runs_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         static_cast<T*>(out), outer, n, inner, sorted_keys, sorted_pos, m,
         static_cast<const T*>(src), static_cast<T>(alpha));
     QUANTA_CUDA_CHECK_LAUNCH();

@@ -7,6 +7,8 @@
 #include <dlfcn.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -154,6 +156,68 @@ ConvPaths conv_paths() { return need("cuda::conv_paths").conv_paths(); }
 
 void set_nondeterministic_conv(bool allowed) {
   need("cuda::set_nondeterministic_conv").set_nondeterministic_conv(allowed);
+}
+
+namespace {
+// What libquanta keeps of a CUDA graph: the module's graph and the pool
+// its capture allocated from.
+struct CapturedGraph {
+  void* graph = nullptr;
+  uint64_t pool = 0;
+};
+// The pool of the capture open on each device.
+std::mutex open_pools_mutex;
+std::map<int, uint64_t> open_pools;
+}  // namespace
+
+void begin_capture(int device) {
+  const Module& m = need("DeviceGraph");
+  const uint64_t pool = device_cache().open_pool(device);
+  try {
+    m.begin_capture(device);
+  } catch (...) {
+    device_cache().close_pool(device);
+    device_cache().release_pool(pool);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(open_pools_mutex);
+  open_pools[device] = pool;
+}
+
+void* end_capture(int device) {
+  uint64_t pool = 0;
+  {
+    std::lock_guard<std::mutex> lock(open_pools_mutex);
+    pool = open_pools.at(device);
+    open_pools.erase(device);
+  }
+  device_cache().close_pool(device);
+  void* graph = nullptr;
+  try {
+    graph = need("DeviceGraph").end_capture(device);
+  } catch (...) {
+    device_cache().release_pool(pool);
+    throw;
+  }
+  return new CapturedGraph{graph, pool};
+}
+
+void launch_graph(void* graph, int device) {
+  need("DeviceGraph").launch_graph(static_cast<CapturedGraph*>(graph)->graph, device);
+}
+
+int64_t graph_nodes(const void* graph) {
+  return need("DeviceGraph").graph_nodes(static_cast<const CapturedGraph*>(graph)->graph);
+}
+
+void destroy_graph(void* graph) noexcept {
+  auto* g = static_cast<CapturedGraph*>(graph);
+  if (!g) return;
+  // The module's destroy waits for the queued replays, so the pool's blocks
+  // are free to hand out after it.
+  if (module()) module()->destroy_graph(g->graph);
+  if (module()) device_cache().release_pool(g->pool);
+  delete g;
 }
 
 std::shared_ptr<void> record_event(int device) {

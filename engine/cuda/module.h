@@ -39,7 +39,7 @@ struct ConvPaths {
  * changed signature or a changed meaning in any of them bumps it. */
 struct Module {
   // What each version changed is in git's history of this line.
-  static constexpr int kAbi = 6;
+  static constexpr int kAbi = 7;
   int abi = kAbi;
   int (*device_count)() = nullptr;
   void* (*device_malloc)(std::size_t nbytes, int device) = nullptr;
@@ -61,6 +61,17 @@ struct Module {
   ConvPaths (*conv_paths)() = nullptr;
   /** Whether cuDNN may choose nondeterministic convolution algorithms. */
   void (*set_nondeterministic_conv)(bool allowed) = nullptr;
+  /** Graphs (engine/capture/device_graph.h): begin_capture starts capturing
+   * `device`'s stream on this thread (cudaStreamCaptureModeThreadLocal);
+   * end_capture ends it and returns the instantiated graph, or throws
+   * naming what broke the capture; launch_graph queues it on the stream;
+   * graph_nodes counts its kernels, copies and memory nodes;
+   * destroy_graph frees it (never throws). */
+  void (*begin_capture)(int device) = nullptr;
+  void* (*end_capture)(int device) = nullptr;
+  void (*launch_graph)(void* graph, int device) = nullptr;
+  int64_t (*graph_nodes)(const void* graph) = nullptr;
+  void (*destroy_graph)(void* graph) noexcept = nullptr;
 };
 
 /** The loaded module, or nullptr when quanta was built without CUDA or the

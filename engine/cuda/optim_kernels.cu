@@ -58,7 +58,7 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
   dispatch_float(dtype, "SGD step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const LaunchConfig cfg = launch_config(n, max_blocks());
-    sgd_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    sgd_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         fn::SgdUpdate<T>(s), n, static_cast<T*>(param), static_cast<const T*>(grad),
         static_cast<T*>(momentum_buffer));
     QUANTA_CUDA_CHECK_LAUNCH();
@@ -87,9 +87,8 @@ void adam_step(DType dtype, const AdamTensorList& tensors) {
       }
       if (rows == 0) continue;
       const LaunchConfig cfg = launch_config(widest, max_blocks());
-      adam_kernel<T>
-          <<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)), cfg.threads>>>(
-              c);
+      adam_kernel<T><<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)),
+                       cfg.threads, 0, stream()>>>(c);
       QUANTA_CUDA_CHECK_LAUNCH();
     }
   });

@@ -31,7 +31,7 @@ void random_fill(const RandomFill& f, int64_t n, void* out) {
   const int64_t groups = draw::groups(gr, n), blocks = draw::blocks(gr, n);
   const LaunchConfig cfg = launch_config(blocks, max_blocks());
   draw::dispatch_fill<__nv_bfloat16, __half>(gr, f.dtype, [&]<int W, class T>() {
-    random_fill_kernel<W, T><<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(
+    random_fill_kernel<W, T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
         f, n, groups, blocks, static_cast<T*>(out));
   });
   QUANTA_CUDA_CHECK_LAUNCH();

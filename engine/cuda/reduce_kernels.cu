@@ -265,7 +265,7 @@ void extreme_rows(DType dtype, const void* rows, int64_t outer, int64_t inner, i
   if (inner == 0) throw std::logic_error("[index_rows] empty rows reached the kernel");
   dispatch_numeric(dtype, IsMax ? "max" : "min", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    extreme_kernel<IsMax, T><<<row_blocks(outer), kThreadsPerBlock>>>(
+    extreme_kernel<IsMax, T><<<row_blocks(outer), kThreadsPerBlock, 0, stream()>>>(
         static_cast<const T*>(rows), outer, inner, indices, static_cast<T*>(values));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -302,21 +302,23 @@ void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
   if (outer < blocks && inner > 16 * kThreadsPerBlock)
     parts = std::min<int64_t>((blocks + outer - 1) / outer, inner / (4 * kThreadsPerBlock));
   if (parts <= 1) {
-    chunk_sum_kernel<T, Acc><<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock>>>(
-        in, outer, inner, 1, out);
+    chunk_sum_kernel<T, Acc>
+        <<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock, 0, stream()>>>(
+            in, outer, inner, 1, out);
     QUANTA_CUDA_CHECK_LAUNCH();
     return;
   }
   Acc* partial = nullptr;
-  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, 0));
+  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outer * parts, stream()));
   chunk_sum_kernel<T, Acc>
-      <<<static_cast<unsigned>(std::min(outer * parts, blocks)), kThreadsPerBlock>>>(
+      <<<static_cast<unsigned>(std::min(outer * parts, blocks)), kThreadsPerBlock, 0, stream()>>>(
           in, outer, inner, parts, partial);
   QUANTA_CUDA_CHECK_LAUNCH();
-  chunk_sum_kernel<Acc, Acc><<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock>>>(
-      partial, outer, parts, 1, out);
+  chunk_sum_kernel<Acc, Acc>
+      <<<static_cast<unsigned>(std::min(outer, blocks)), kThreadsPerBlock, 0, stream()>>>(
+          partial, outer, parts, 1, out);
   QUANTA_CUDA_CHECK_LAUNCH();
-  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, 0));
+  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, stream()));
 }
 
 }  // namespace
@@ -341,8 +343,8 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
         using T = typename decltype(tag)::type;
         // Integers multiply as unsigned: overflow wraps, as on the CPU.
         using Acc = std::conditional_t<std::is_integral_v<T>, unsigned long long, T>;
-        prod_kernel<T, Acc><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer, inner,
-                                                          static_cast<T*>(out));
+        prod_kernel<T, Acc><<<blocks, kThreadsPerBlock, 0, stream()>>>(
+            static_cast<const T*>(rows), outer, inner, static_cast<T*>(out));
         QUANTA_CUDA_CHECK_LAUNCH();
       });
     case RowReduce::max:
@@ -355,9 +357,9 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
       const bool* in = static_cast<const bool*>(rows);
       bool* o = static_cast<bool*>(out);
       if (op == RowReduce::all) {
-        bool_kernel<true><<<blocks, kThreadsPerBlock>>>(in, outer, inner, o);
+        bool_kernel<true><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, o);
       } else {
-        bool_kernel<false><<<blocks, kThreadsPerBlock>>>(in, outer, inner, o);
+        bool_kernel<false><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, o);
       }
       QUANTA_CUDA_CHECK_LAUNCH();
       return;
@@ -365,8 +367,8 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
     case RowReduce::logsumexp:
       return dispatch_float(in_dtype, "logsumexp", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        logsumexp_kernel<T><<<blocks, kThreadsPerBlock>>>(static_cast<const T*>(rows), outer, inner,
-                                                          static_cast<T*>(out));
+        logsumexp_kernel<T><<<blocks, kThreadsPerBlock, 0, stream()>>>(
+            static_cast<const T*>(rows), outer, inner, static_cast<T*>(out));
         QUANTA_CUDA_CHECK_LAUNCH();
       });
   }
@@ -393,10 +395,10 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
                             : param == 1.0    ? NormKind::one
                             : param == 2.0    ? NormKind::two
                                               : NormKind::p;
-      norm_kernel<T><<<blocks, kThreadsPerBlock>>>(in, outer, inner, kind, param, o);
+      norm_kernel<T><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, kind, param, o);
     } else {
-      moment_kernel<T>
-          <<<blocks, kThreadsPerBlock>>>(in, outer, inner, param, op == RowStat::std, o);
+      moment_kernel<T><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, param,
+                                                                  op == RowStat::std, o);
     }
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -410,11 +412,12 @@ void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner
     const T* s = static_cast<const T*>(in);
     T* t = static_cast<T*>(out);
     if (inner == 1) {
-      cumsum_rows_kernel<T><<<row_blocks(outer), kThreadsPerBlock>>>(s, outer, n, reverse, t);
+      cumsum_rows_kernel<T>
+          <<<row_blocks(outer), kThreadsPerBlock, 0, stream()>>>(s, outer, n, reverse, t);
     } else {
       const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
-      cumsum_lines_kernel<T>
-          <<<static_cast<unsigned>(cfg.blocks), cfg.threads>>>(s, outer, n, inner, reverse, t);
+      cumsum_lines_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
+          s, outer, n, inner, reverse, t);
     }
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -430,17 +433,17 @@ void softmax(bool log, DType dtype, const void* in, int64_t outer, int64_t n, in
     if (inner == 1) {
       const unsigned blocks = row_blocks(outer);
       if (log) {
-        softmax_rows_kernel<true, T><<<blocks, kThreadsPerBlock>>>(a, outer, n, b);
+        softmax_rows_kernel<true, T><<<blocks, kThreadsPerBlock, 0, stream()>>>(a, outer, n, b);
       } else {
-        softmax_rows_kernel<false, T><<<blocks, kThreadsPerBlock>>>(a, outer, n, b);
+        softmax_rows_kernel<false, T><<<blocks, kThreadsPerBlock, 0, stream()>>>(a, outer, n, b);
       }
     } else {
       const LaunchConfig cfg = launch_config(outer * inner, max_blocks());
       const unsigned blocks = static_cast<unsigned>(cfg.blocks);
       if (log) {
-        softmax_lines_kernel<true, T><<<blocks, cfg.threads>>>(a, outer, n, inner, b);
+        softmax_lines_kernel<true, T><<<blocks, cfg.threads, 0, stream()>>>(a, outer, n, inner, b);
       } else {
-        softmax_lines_kernel<false, T><<<blocks, cfg.threads>>>(a, outer, n, inner, b);
+        softmax_lines_kernel<false, T><<<blocks, cfg.threads, 0, stream()>>>(a, outer, n, inner, b);
       }
     }
     QUANTA_CUDA_CHECK_LAUNCH();

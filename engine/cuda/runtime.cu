@@ -1,8 +1,9 @@
 // CUDA memory and copies, and the module's one exported entry point
 // (engine/cuda/module.h): libquanta reaches everything in libquanta_cuda
 // through quanta_cuda_module_v1. libquanta's caching allocator sits over
-// device_malloc; every kernel and every staged copy runs on the device's
-// default stream, which is what makes its reuse of blocks safe.
+// device_malloc; every kernel and every copy runs on the device's one quanta
+// stream (engine/cuda/stream.h), which is what makes its reuse of blocks safe.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -17,6 +18,7 @@
 #include "engine/cuda/cudnn_conv.h"
 #include "engine/cuda/module.h"
 #include "engine/cuda/staging.h"
+#include "engine/cuda/stream.h"
 #include "engine/cuda/upload_ring.h"
 #include "engine/kernels/table.h"
 
@@ -55,6 +57,40 @@ void prepare_device(int device) {
   QUANTA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   prepared[device] = true;
 }
+
+}  // namespace
+
+cudaStream_t stream_of(int device) {
+  // A fixed table: stream() is read at every launch, so no lock on the way.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<cudaStream_t> streams[kMaxDevices] = {};
+  static std::mutex mutex;
+  if (device < 0 || device >= kMaxDevices)
+    throw std::runtime_error("[cuda] device cuda:" + std::to_string(device) + " is past the " +
+                             std::to_string(kMaxDevices) + " quanta supports");
+  cudaStream_t s = streams[device].load(std::memory_order_acquire);
+  if (s) return s;
+  std::lock_guard<std::mutex> lock(mutex);
+  s = streams[device].load(std::memory_order_relaxed);
+  if (s) return s;
+  int before = -1;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&before));
+  QUANTA_CUDA_CHECK(cudaSetDevice(device));
+  // Blocking (not cudaStreamNonBlocking): ordered with stream 0, see stream.h.
+  const cudaError_t r = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+  cudaSetDevice(before);
+  QUANTA_CUDA_CHECK(r);
+  streams[device].store(s, std::memory_order_release);
+  return s;
+}
+
+cudaStream_t stream() {
+  int device = 0;
+  QUANTA_CUDA_CHECK(cudaGetDevice(&device));
+  return stream_of(device);
+}
+
+namespace {
 
 void set_device(int device) {
   int current = -1;
@@ -95,13 +131,81 @@ void* record_event(int device) {
   set_device(device);
   cudaEvent_t e = nullptr;
   QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  const cudaError_t r = cudaEventRecord(e, 0);
+  const cudaError_t r = cudaEventRecord(e, stream_of(device));
   if (r != cudaSuccess) cudaEventDestroy(e);
   QUANTA_CUDA_CHECK(r);
   return e;
 }
 
 void release_event(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+// A captured graph and what runs it.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::size_t nodes = 0;
+  int device = 0;
+};
+
+void begin_capture(int device) {
+  set_device(device);
+  // Thread-local: another thread's unsafe call (a cudaMalloc for its own
+  // work) does not break this capture; this thread's does, loudly.
+  QUANTA_CUDA_CHECK(cudaStreamBeginCapture(stream_of(device), cudaStreamCaptureModeThreadLocal));
+}
+
+void* end_capture(int device) {
+  set_device(device);
+  cudaGraph_t g = nullptr;
+  const cudaError_t r = cudaStreamEndCapture(stream_of(device), &g);
+  if (r != cudaSuccess || !g) {
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // the capture's error is reported here, not at the next launch
+    throw std::runtime_error(
+        std::string("[DeviceGraph] the capture on cuda:") + std::to_string(device) +
+        " failed: " + cudaGetErrorString(r) +
+        " (work on another stream or stream 0, or a call that synchronises, ran while "
+        "capturing)");
+  }
+  auto* out = new Graph{g, nullptr, 0, device};
+  cudaGraphGetNodes(g, nullptr, &out->nodes);
+  const cudaError_t ri = cudaGraphInstantiate(&out->exec, g, 0);
+  if (ri != cudaSuccess) {
+    cudaGraphDestroy(g);
+    delete out;
+    cudaGetLastError();
+    throw std::runtime_error(std::string("[DeviceGraph] cudaGraphInstantiate on cuda:") +
+                             std::to_string(device) + " failed: " + cudaGetErrorString(ri));
+  }
+  return out;
+}
+
+void launch_graph(void* graph, int device) {
+  set_device(device);
+  QUANTA_CUDA_CHECK(cudaGraphLaunch(static_cast<Graph*>(graph)->exec, stream_of(device)));
+}
+
+int64_t graph_nodes(const void* graph) {
+  return static_cast<int64_t>(static_cast<const Graph*>(graph)->nodes);
+}
+
+// Rare (a new batch shape, the end of a run): the launches still queued
+// finish first, so nothing runs a graph that is gone.
+void destroy_graph(void* graph) noexcept {
+  auto* g = static_cast<Graph*>(graph);
+  if (!g) return;
+  if (g->exec) {
+    int before = -1;
+    cudaGetDevice(&before);
+    cudaSetDevice(g->device);
+    cudaStreamSynchronize(stream_of(g->device));
+    cudaGetLastError();  // a kernel's failure is reported by the next read
+    if (before >= 0) cudaSetDevice(before);
+  }
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+  delete g;
+}
 
 void* mapped_host_alloc(std::size_t nbytes) {
   void* p = nullptr;
@@ -121,8 +225,8 @@ bool host_pinned(const void* p) {
   return a.type == cudaMemoryTypeHost;
 }
 
-// Stream 0 and events belong to the current device: a copy on `d`'s stream
-// makes it current, and the caller's current device is back on return, as
+// Events belong to the current device: a copy on `d`'s stream makes it
+// current, and the caller's current device is back on return, as
 // cudaMemcpy would leave it.
 struct CurrentDevice {
   int before = -1;
@@ -153,12 +257,11 @@ Staging& staging(int device) {
 }
 
 // A copy between pageable host memory and `device` through the staging
-// buffers, chunk by chunk on the device's default stream (stream 0, where
-// every kernel runs): the copy is ordered after the kernels that wrote the
-// source or last used the destination's block, as the caching allocator's
-// reuse rule asks. While the DMA moves one chunk the host memcpy fills or
-// drains the other buffer. Synchronous on return, like cudaMemcpy: the
-// caller may free or read its host memory.
+// buffers, chunk by chunk on the device's stream (where every kernel runs): the copy is ordered
+// after the kernels that wrote the source or last used the destination's block, as the caching
+// allocator's reuse rule asks. While the DMA moves one chunk the host memcpy fills or drains the
+// other buffer. Synchronous on return, like cudaMemcpy: the caller may free or read its host
+// memory.
 void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, bool to_device) {
   CurrentDevice current(device);
   Staging& s = staging(device);
@@ -168,7 +271,7 @@ void staged_copy(void* dst, const void* src, std::size_t nbytes, int device, boo
       QUANTA_CUDA_CHECK(cudaHostAlloc(&s.buffer[b], kStagingChunkBytes, cudaHostAllocDefault));
       QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&s.done[b], cudaEventDisableTiming));
     }
-  const cudaStream_t stream = 0;
+  const cudaStream_t stream = stream_of(device);
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   const std::vector<StagedChunk> plan = staging_plan(nbytes);
@@ -239,7 +342,7 @@ void queued_upload(void* dst, const void* src, std::size_t nbytes, int device) {
   }
   char* slot = static_cast<char*>(u.buffer) + span.offset;
   std::memcpy(slot, src, nbytes);
-  QUANTA_CUDA_CHECK(cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, 0));
+  QUANTA_CUDA_CHECK(cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, stream_of(device)));
   cudaEvent_t done = nullptr;
   if (u.spare.empty()) {
     QUANTA_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -247,7 +350,7 @@ void queued_upload(void* dst, const void* src, std::size_t nbytes, int device) {
     done = u.spare.back();
     u.spare.pop_back();
   }
-  QUANTA_CUDA_CHECK(cudaEventRecord(done, 0));
+  QUANTA_CUDA_CHECK(cudaEventRecord(done, stream_of(device)));
   u.queued.emplace_back(span.seq, done);
 }
 
@@ -265,6 +368,13 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
     return staged_copy(dst, src, nbytes, dst_device.index, true);
   if (large && src_device.is_cuda() && dst_device.is_cpu() && use_staging(nbytes, host_pinned(dst)))
     return staged_copy(dst, src, nbytes, src_device.index, false);
+  // On one GPU: queued on its stream (a captured step's copies are recorded).
+  if (src_device.is_cuda() && dst_device == src_device) {
+    CurrentDevice current(src_device.index);
+    QUANTA_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream_of(src_device.index)));
+    return;
+  }
   QUANTA_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
@@ -288,6 +398,11 @@ quanta_cuda_module_v1() {
       .mapped_host_alloc = mapped_host_alloc,
       .conv_paths = conv_paths_taken,
       .set_nondeterministic_conv = set_cudnn_nondeterministic,
+      .begin_capture = begin_capture,
+      .end_capture = end_capture,
+      .launch_graph = launch_graph,
+      .graph_nodes = graph_nodes,
+      .destroy_graph = destroy_graph,
   };
   return &m;
 }

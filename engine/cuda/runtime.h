@@ -2,6 +2,7 @@
 // The CUDA runtime seam: memory and copies, forwarded to libquanta_cuda
 // (engine/cuda/module.cpp); without it each throws naming the op and why.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "engine/cuda/module.h"
@@ -47,6 +48,16 @@ ConvPaths conv_paths();
  * their last bits from run to run. Applies to convolutions first seen after
  * the call (plans are kept per setting). */
 void set_nondeterministic_conv(bool allowed);
+
+/** Graphs on GPU `device` (engine/capture/device_graph.h): begin_capture
+ * opens a private pool of the caching allocator and starts capturing the
+ * device's stream; end_capture closes both and returns the graph (throws
+ * naming what broke the capture); the graph's pool is released with it. */
+void begin_capture(int device);
+void* end_capture(int device);
+void launch_graph(void* graph, int device);
+int64_t graph_nodes(const void* graph);
+void destroy_graph(void* graph) noexcept;
 
 /** Zeroed pinned host memory that kernels on every GPU may write and the
  * host reads after a synchronising copy (error flags); never freed. */

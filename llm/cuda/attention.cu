@@ -179,7 +179,7 @@ void attention(const AttentionArgs& a) {
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = warp_grid_for(a.batch * a.heads * a.q_len);
     if (g.blocks == 0) return;
-    forward_kernel<T, A><<<blocks_of(g), g.threads, 0, kStream>>>(a);
+    forward_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(a);
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -194,16 +194,16 @@ void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta, v
     A* dl = static_cast<A*>(delta);
     const cuda::LaunchConfig q = warp_grid_for(a.batch * a.heads * a.q_len);
     if (q.blocks > 0) {
-      delta_kernel<T, A><<<blocks_of(q), q.threads, 0, kStream>>>(a, g, dl);
+      delta_kernel<T, A><<<blocks_of(q), q.threads, 0, cuda::stream()>>>(a, g, dl);
       QUANTA_CUDA_CHECK_LAUNCH();
       query_grad_kernel<T, A>
-          <<<blocks_of(q), q.threads, 0, kStream>>>(a, g, dl, static_cast<T*>(gq));
+          <<<blocks_of(q), q.threads, 0, cuda::stream()>>>(a, g, dl, static_cast<T*>(gq));
       QUANTA_CUDA_CHECK_LAUNCH();
     }
     const cuda::LaunchConfig k = warp_grid_for(a.batch * a.kv_heads * a.kv_len);
     if (k.blocks == 0) return;
-    key_grad_kernel<T, A><<<blocks_of(k), k.threads, 0, kStream>>>(a, g, dl, static_cast<T*>(gk),
-                                                                   static_cast<T*>(gv));
+    key_grad_kernel<T, A><<<blocks_of(k), k.threads, 0, cuda::stream()>>>(
+        a, g, dl, static_cast<T*>(gk), static_cast<T*>(gv));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -11,7 +11,6 @@
 namespace quanta::llm::llm_cuda {
 
 using quant::quant_cuda::grid_for;
-using quant::quant_cuda::kStream;
 using quant::quant_cuda::kWarp;
 using quant::quant_cuda::warp_grid_for;
 using quant::quant_cuda::warp_sum;

@@ -65,7 +65,7 @@ void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int6
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = warp_grid_for(rows);
     if (g.blocks == 0 || n == 0) return;
-    rms_norm_kernel<T, A><<<blocks_of(g), g.threads, 0, kStream>>>(
+    rms_norm_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(weight), rows, n, static_cast<A>(eps),
         static_cast<T*>(y), static_cast<A*>(inv_rms));
     QUANTA_CUDA_CHECK_LAUNCH();
@@ -79,14 +79,14 @@ void rms_norm_grad(DType dtype, const void* x, const void* weight, const void* i
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = warp_grid_for(rows);
     if (g.blocks > 0 && n > 0) {
-      rms_norm_input_grad_kernel<T, A><<<blocks_of(g), g.threads, 0, kStream>>>(
+      rms_norm_input_grad_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(
           static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const A*>(inv_rms),
           static_cast<const T*>(gy), rows, n, static_cast<T*>(gx));
       QUANTA_CUDA_CHECK_LAUNCH();
     }
     const cuda::LaunchConfig c = grid_for(n);
     if (c.blocks == 0) return;
-    rms_norm_weight_grad_kernel<T, A><<<blocks_of(c), c.threads, 0, kStream>>>(
+    rms_norm_weight_grad_kernel<T, A><<<blocks_of(c), c.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(x), static_cast<const A*>(inv_rms), static_cast<const T*>(gy), rows,
         n, static_cast<T*>(gw));
     QUANTA_CUDA_CHECK_LAUNCH();

@@ -28,7 +28,7 @@ void rope(DType dtype, bool inverse, const void* x, const void* cos, const void*
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = grid_for(rows * heads * (dim / 2));
     if (g.blocks == 0) return;
-    rope_kernel<T, A><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+    rope_kernel<T, A><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         inverse, static_cast<const T*>(x), static_cast<const A*>(cos), static_cast<const A*>(sin),
         rows, heads, dim, static_cast<T*>(out));
     QUANTA_CUDA_CHECK_LAUNCH();

@@ -113,14 +113,14 @@ void statistics(const int64_t* idx, const T* x, int64_t n, int64_t k, int64_t d,
                                 "2^31 of each");
   if (k == 0) return;
   if (n == 0) {
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(T) * k, kStream));
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(T) * k * d, kStream));
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(T) * k, cuda::stream()));
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(T) * k * d, cuda::stream()));
     return;
   }
   Scratch<int32_t> keys(2 * n), rows(2 * n);
   const cuda::LaunchConfig g = grid_for(n);
-  keys_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(idx, n, k, keys.get(),
-                                                                          rows.get());
+  keys_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+      idx, n, k, keys.get(), rows.get());
   QUANTA_CUDA_CHECK_LAUNCH();
   // Keys lie in [0, k]: only their low bit_width(k) bits need sorting.
   const int end_bit = static_cast<int>(std::bit_width(static_cast<uint64_t>(k)));
@@ -129,25 +129,25 @@ void statistics(const int64_t* idx, const T* x, int64_t n, int64_t k, int64_t d,
   size_t temp_bytes = 0;
   QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.get(), sorted_keys,
                                                     rows.get(), sorted_rows, n, 0, end_bit,
-                                                    kStream));
+                                                    cuda::stream()));
   Scratch<unsigned char> temp(std::max<int64_t>(1, static_cast<int64_t>(temp_bytes)));
   QUANTA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys.get(), sorted_keys,
                                                     rows.get(), sorted_rows, n, 0, end_bit,
-                                                    kStream));
+                                                    cuda::stream()));
   Scratch<int64_t> start(k + 1);
   const cuda::LaunchConfig gr = grid_for(k + 1);
-  runs_kernel<T><<<static_cast<unsigned>(gr.blocks), gr.threads, 0, kStream>>>(sorted_keys, n, k,
-                                                                               start.get(), counts);
+  runs_kernel<T><<<static_cast<unsigned>(gr.blocks), gr.threads, 0, cuda::stream()>>>(
+      sorted_keys, n, k, start.get(), counts);
   QUANTA_CUDA_CHECK_LAUNCH();
   if (d == 0) return;
   const int64_t P = code_stats_piece_rows(n), pieces = (n + P - 1) / P;
   Scratch<T> head(pieces * d), tail(pieces * d);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(pieces, int64_t{1} << 20));
-  pieces_kernel<T><<<blocks, code_stats_threads(d), 2 * P * sizeof(int32_t), kStream>>>(
+  pieces_kernel<T><<<blocks, code_stats_threads(d), 2 * P * sizeof(int32_t), cuda::stream()>>>(
       sorted_keys, sorted_rows, x, n, k, d, P, sums, head.get(), tail.get());
   QUANTA_CUDA_CHECK_LAUNCH();
   const cuda::LaunchConfig gc = grid_for(k * d);
-  combine_kernel<T><<<static_cast<unsigned>(gc.blocks), gc.threads, 0, kStream>>>(
+  combine_kernel<T><<<static_cast<unsigned>(gc.blocks), gc.threads, 0, cuda::stream()>>>(
       start.get(), k, d, P, head.get(), tail.get(), sums);
   QUANTA_CUDA_CHECK_LAUNCH();
 }

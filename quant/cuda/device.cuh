@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/cuda/blas_handle.h"
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/launch.h"
@@ -23,14 +24,13 @@
 
 namespace quanta::quant::quant_cuda {
 
-/** The stream every quantizer kernel, copy and GEMM is queued on. */
-inline constexpr cudaStream_t kStream = 0;
-
-/** Temporary device memory: the engine's (stream 0, which is kStream). */
+/** Temporary device memory: the engine's, on the engine's stream
+ * (engine/cuda/stream.h), where every quantizer kernel, copy and GEMM is
+ * queued too. */
 using quanta::cuda::Scratch;
 
 /** The quantizer kernels' cuBLAS handle of the current device: default math
- * (no TF32, as the engine's GEMMs), on kStream. */
+ * (no TF32, as the engine's GEMMs), on the engine's stream. */
 inline cublasHandle_t blas_handle() {
   static std::mutex mutex;
   static std::vector<cublasHandle_t> handles;  // never destroyed: see the engine's
@@ -39,9 +39,7 @@ inline cublasHandle_t blas_handle() {
   std::lock_guard<std::mutex> lock(mutex);
   if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
   if (!handles[dev]) {
-    QUANTA_CUBLAS_CHECK(cublasCreate(&handles[dev]));
-    QUANTA_CUBLAS_CHECK(cublasSetMathMode(handles[dev], CUBLAS_DEFAULT_MATH));
-    QUANTA_CUBLAS_CHECK(cublasSetStream(handles[dev], kStream));
+    handles[dev] = cuda::new_blas_handle(dev);
   }
   return handles[dev];
 }

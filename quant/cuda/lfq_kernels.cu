@@ -42,7 +42,7 @@ void bit_product(DType dtype, const void* pi, int64_t rows, int64_t k, void* out
     using T = typename decltype(tag)::type;
     const cuda::LaunchConfig g = grid_for(rows << k);
     if (g.blocks == 0) return;
-    bit_product_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+    bit_product_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(pi), rows, k, static_cast<T*>(out));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -54,7 +54,7 @@ void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t
     using T = typename decltype(tag)::type;
     const cuda::LaunchConfig g = grid_for(rows * k);
     if (g.blocks == 0) return;
-    bit_product_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+    bit_product_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(pi), static_cast<const T*>(grad_out), rows, k,
         static_cast<T*>(grad_pi));
     QUANTA_CUDA_CHECK_LAUNCH();
@@ -85,15 +85,15 @@ void clamped_entropy_on_host(const double* z, int64_t rows, int64_t d, double* h
   const size_t nz = static_cast<size_t>(rows * d);
   std::vector<double> hz(nz), hh(static_cast<size_t>(rows)), hg(nz);
   QUANTA_CUDA_CHECK(
-      cudaMemcpyAsync(hz.data(), z, sizeof(double) * nz, cudaMemcpyDeviceToHost, kStream));
-  QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+      cudaMemcpyAsync(hz.data(), z, sizeof(double) * nz, cudaMemcpyDeviceToHost, cuda::stream()));
+  QUANTA_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
   quant_cpu::table().clamped_entropy(hz.data(), rows, d, hh.data(), hg.data());
-  QUANTA_CUDA_CHECK(
-      cudaMemcpyAsync(h, hh.data(), sizeof(double) * hh.size(), cudaMemcpyHostToDevice, kStream));
-  QUANTA_CUDA_CHECK(
-      cudaMemcpyAsync(grad, hg.data(), sizeof(double) * nz, cudaMemcpyHostToDevice, kStream));
+  QUANTA_CUDA_CHECK(cudaMemcpyAsync(h, hh.data(), sizeof(double) * hh.size(),
+                                    cudaMemcpyHostToDevice, cuda::stream()));
+  QUANTA_CUDA_CHECK(cudaMemcpyAsync(grad, hg.data(), sizeof(double) * nz, cudaMemcpyHostToDevice,
+                                    cuda::stream()));
   // The host buffers die here: the copies must be done first.
-  QUANTA_CUDA_CHECK(cudaStreamSynchronize(kStream));
+  QUANTA_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
 }
 
 }  // namespace
@@ -104,7 +104,7 @@ void clamped_entropy(const double* z, int64_t rows, int64_t d, double* h, double
   if (rows == 0) return;
   if (d > kEntropyWalkMaxBits) return clamped_entropy_on_host(z, rows, d, h, grad);
   const cuda::LaunchConfig g = grid_for(rows);
-  clamped_entropy_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+  clamped_entropy_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
       z, rows, d, std::log(kEntropyEps), h, grad);
   QUANTA_CUDA_CHECK_LAUNCH();
 }

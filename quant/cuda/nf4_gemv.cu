@@ -136,7 +136,7 @@ void launch(const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, const 
             const NF4GemvPlan& p) {
   gemv_kernel<T, MB, R>
       <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp, static_cast<size_t>(p.smem_bytes),
-         kStream>>>(x, K, w, dd, N, bias, y, p.chunk);
+         cuda::stream()>>>(x, K, w, dd, N, bias, y, p.chunk);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,7 +11,7 @@ namespace quanta::quant::quant_cuda {
 /** y [m, n] = x [m, k] W^T (+ bias [n] when not null), W the [n, k] weight of
  * w dequantized in registers (dd: f32, bf16 or f16), x, bias and y contiguous
  * on the current device; T float or double. Needs nf4_use_gemv(m, k, n, w).
- * Queued on kStream. */
+ * Queued on cuda::stream(). */
 template <class T>
 void nf4_gemv(const T* x, int64_t m, int64_t k, const NF4Runs& w, DType dd, int64_t n,
               const T* bias, T* y);

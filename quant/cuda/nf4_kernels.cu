@@ -129,13 +129,13 @@ void decode(const NF4Runs& w, int64_t begin, int64_t count, DType dd, D* out) {
   const NF4DecodeSplit s = nf4_decode_split(w, begin, count, out);
   const cuda::LaunchConfig gw = grid_for(s.words);
   if (gw.blocks > 0) {
-    decode_words_kernel<D>
-        <<<static_cast<unsigned>(gw.blocks), gw.threads, 0, kStream>>>(w, begin, s.words, dd, out);
+    decode_words_kernel<D><<<static_cast<unsigned>(gw.blocks), gw.threads, 0, cuda::stream()>>>(
+        w, begin, s.words, dd, out);
     QUANTA_CUDA_CHECK_LAUNCH();
   }
   const cuda::LaunchConfig ge = grid_for(s.tail_count);
   if (ge.blocks > 0) {
-    decode_kernel<D><<<static_cast<unsigned>(ge.blocks), ge.threads, 0, kStream>>>(
+    decode_kernel<D><<<static_cast<unsigned>(ge.blocks), ge.threads, 0, cuda::stream()>>>(
         w, s.tail_begin, s.tail_count, dd, out + (s.tail_begin - begin));
     QUANTA_CUDA_CHECK_LAUNCH();
   }
@@ -159,7 +159,7 @@ void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64
   if (M == 0 || N == 0) return;
   if (nf4_use_gemv(M, K, N, w)) return nf4_gemv<T>(x, M, K, w, dd, N, bias, y);
   if (K == 0) {
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, kStream));
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, cuda::stream()));
   } else {
     const int64_t rows = nf4_tile_rows(N, K);
     Scratch<T> tile(rows * K);
@@ -173,7 +173,8 @@ void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64
   }
   if (bias) {
     const cuda::LaunchConfig g = grid_for(M * N);
-    add_bias_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(bias, M, N, y);
+    add_bias_kernel<T>
+        <<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(bias, M, N, y);
     QUANTA_CUDA_CHECK_LAUNCH();
   }
 }
@@ -183,7 +184,7 @@ template <class T>
 void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx) {
   if (M == 0 || K == 0) return;
   if (N == 0) {
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, kStream));
+    QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, cuda::stream()));
     return;
   }
   const int64_t rows = nf4_tile_rows(N, K);
@@ -204,8 +205,8 @@ void nf4_absmax(const float* x, int64_t n, int64_t block, float* absmax) {
   const int64_t blocks = n > 0 ? (n + block - 1) / block : 0;
   const cuda::LaunchConfig g = warp_grid_for(blocks);
   if (g.blocks == 0) return;
-  absmax_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(x, n, block, blocks,
-                                                                            absmax);
+  absmax_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(x, n, block,
+                                                                                   blocks, absmax);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
@@ -217,8 +218,8 @@ void nf4_encode(const float* x, int64_t n, int64_t block, const float* absmax, c
   const int64_t runs = (n + out.run - 1) / out.run;
   const cuda::LaunchConfig g = grid_for(runs * (out.run / 2));
   if (g.blocks == 0) return;
-  encode_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(x, n, block, absmax,
-                                                                            stored, out, runs);
+  encode_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+      x, n, block, absmax, stored, out, runs);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 

@@ -65,7 +65,7 @@ void nearest(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosin
   if (!cosine) {
     const cuda::LaunchConfig g = warp_grid_for(k);
     code_sq_norms<T>
-        <<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(c, k, d, bias.get());
+        <<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(c, k, d, bias.get());
     QUANTA_CUDA_CHECK_LAUNCH();
   }
   for (int64_t r0 = 0; r0 < n; r0 += tiles.rows) {
@@ -78,9 +78,9 @@ void nearest(const T* x, const T* c, int64_t n, int64_t k, int64_t d, bool cosin
         gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, kc, rows, d, T(-2), c + c0 * d, d, x + r0 * d, d, T(0),
                 scores.get(), kc);
       else
-        QUANTA_CUDA_CHECK(cudaMemsetAsync(scores.get(), 0, sizeof(T) * rows * kc, kStream));
+        QUANTA_CUDA_CHECK(cudaMemsetAsync(scores.get(), 0, sizeof(T) * rows * kc, cuda::stream()));
       const cuda::LaunchConfig ga = warp_grid_for(rows);
-      tile_argmin<T><<<static_cast<unsigned>(ga.blocks), ga.threads, 0, kStream>>>(
+      tile_argmin<T><<<static_cast<unsigned>(ga.blocks), ga.threads, 0, cuda::stream()>>>(
           scores.get(), bias.get(), rows, kc, c0, c0 == 0, c0 + kc >= k, best.get(), out + r0);
       QUANTA_CUDA_CHECK_LAUNCH();
     }
@@ -215,11 +215,11 @@ void squared_error(DType dtype, const void* x, const void* q, const uint8_t* val
     using T = typename decltype(tag)::type;
     Scratch<Partial> partial(chunks > 0 ? chunks : 1);
     if (chunks > 0) {
-      chunk_sums<T><<<static_cast<unsigned>(chunks), cuda::kThreadsPerBlock, 0, kStream>>>(
+      chunk_sums<T><<<static_cast<unsigned>(chunks), cuda::kThreadsPerBlock, 0, cuda::stream()>>>(
           static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, partial.get());
       QUANTA_CUDA_CHECK_LAUNCH();
     }
-    finish_sums<<<1, 1, 0, kStream>>>(partial.get(), chunks, d, out);
+    finish_sums<<<1, 1, 0, cuda::stream()>>>(partial.get(), chunks, d, out);
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -230,7 +230,7 @@ void squared_error_grad(DType dtype, const void* x, const void* q, const uint8_t
     using T = typename decltype(tag)::type;
     const cuda::LaunchConfig g = grid_for(rows * d);
     if (g.blocks == 0) return;
-    commit_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+    commit_grad_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(q), valid, rows, d, scale,
         static_cast<T*>(gx));
     QUANTA_CUDA_CHECK_LAUNCH();
@@ -246,12 +246,12 @@ void route_grad(bool rotation, DType dtype, const void* x, const void* q, const 
     if (rotation) {
       const cuda::LaunchConfig c = warp_grid_for(d > 0 ? rows : 0);
       if (c.blocks == 0) return;
-      rotation_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
+      rotation_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, cuda::stream()>>>(
           px, pq, pg, valid, coef, rows, d, static_cast<T*>(gx));
     } else {
       const cuda::LaunchConfig c = grid_for(rows * d);
       if (c.blocks == 0) return;
-      straight_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, kStream>>>(
+      straight_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, cuda::stream()>>>(
           px, pq, pg, valid, coef, rows, d, static_cast<T*>(gx));
     }
     QUANTA_CUDA_CHECK_LAUNCH();
@@ -264,7 +264,7 @@ void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, c
     using T = typename decltype(tag)::type;
     const cuda::LaunchConfig g = grid_for(m * d);
     if (g.blocks == 0) return;
-    put_rows_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, kStream>>>(
+    put_rows_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         static_cast<T*>(dst), d, at, m, static_cast<const T*>(src), T(scale));
     QUANTA_CUDA_CHECK_LAUNCH();
   });

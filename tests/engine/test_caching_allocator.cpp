@@ -140,6 +140,53 @@ TEST_CASE("caching allocator: live blocks stay with their owner when the cache g
   dev.raw().free(kept, 2);
 }
 
+TEST_CASE("caching allocator: a graph's pool keeps its blocks from everyone else") {
+  FakeDevice dev;
+  {
+    CachingAllocator cache(dev.raw());
+    void* before = cache.allocate(1000, 0);
+    cache.deallocate(before, 0);  // a shared free block: the capture may take it
+    const uint64_t pool = cache.open_pool(0);
+    CHECK_THROWS_AS(cache.open_pool(0), std::logic_error);
+    void* a = cache.allocate(1000, 0);
+    CHECK(a == before);
+    void* b = cache.allocate(1000, 0);  // a new block
+    CHECK(dev.mallocs == 2);
+    cache.deallocate(a, 0);  // freed inside the capture: the pool's again...
+    void* c = cache.allocate(1000, 0);
+    CHECK(c == a);                                 // ...for its later allocations
+    void* other_device = cache.allocate(1000, 1);  // no pool open there
+    cache.close_pool(0);
+    // After the capture: what the graph's blocks go back to stays the graph's.
+    cache.deallocate(c, 0);
+    cache.deallocate(b, 0);  // the host let go of both; the replays still write them
+    void* d = cache.allocate(1000, 0);
+    CHECK(d != b);
+    CHECK(d != c);
+    CHECK(dev.mallocs == 4);  // other_device's and d's
+    // The graph is gone: its free blocks are everyone's.
+    cache.release_pool(pool);
+    void* e = cache.allocate(1000, 0);
+    void* f = cache.allocate(1000, 0);
+    CHECK(((e == b && f == c) || (e == c && f == b)));
+    CHECK(dev.mallocs == 4);
+    for (void* p : {d, e, f}) cache.deallocate(p, 0);
+    cache.deallocate(other_device, 1);
+    CHECK(cache.stats(0).allocated_bytes == 0);
+    // A block still held when its pool is released joins the shared cache
+    // when it is freed.
+    const uint64_t second = cache.open_pool(0);
+    void* held = cache.allocate(5000, 0);
+    cache.close_pool(0);
+    cache.release_pool(second);
+    cache.deallocate(held, 0);
+    void* again = cache.allocate(5000, 0);
+    CHECK(again == held);
+    cache.deallocate(again, 0);
+  }
+  CHECK(dev.blocks.empty());  // the cache returned every block
+}
+
 TEST_CASE("caching allocator: CUDA tensors go through it (on a GPU)") {
   CHECK(cuda_memory_stats(0).allocations >= 0);
   cuda_empty_cache();  // harmless without CUDA

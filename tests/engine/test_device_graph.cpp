@@ -1,7 +1,7 @@
 // DeviceGraph on sim: recorded work replays with the same bits as running it
 // again, the graph keeps its memory, and what a capture cannot hold (reads
 // and writes of host memory, a wait, a capture on the CPU) is refused by
-// name. The same host logic runs on CUDA with a stream's capture.
+// name. The replay cases run on cuda:0 too where a GPU is visible.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 
 #include "quanta.h"
 #include "support/errors.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using quanta::testing::message_of;
@@ -24,12 +25,12 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-std::shared_ptr<Sequential> make_mlp() {
+std::shared_ptr<Sequential> make_mlp(Device device) {
   Generator gen(11);
   auto m =
       std::make_shared<Sequential>(std::make_shared<Linear>(3, 16, gen), std::make_shared<Tanh>(),
                                    std::make_shared<Linear>(16, 1, gen));
-  m->to(kSim);
+  m->to(device);
   return m;
 }
 
@@ -49,93 +50,106 @@ std::vector<std::vector<float>> values_of(Module& m) {
 
 }  // namespace
 
+// Each case on sim, and on cuda:0 where a GPU is visible (there the
+// reference is the same ops run eagerly on the GPU).
 TEST_CASE("a captured sequence of ops replays on new inputs as running it again") {
-  Tensor x = empty({64}, {.device = kSim});
-  Tensor y;
-  DeviceGraph g = DeviceGraph::capture(kSim, [&] { y = exp(x * 0.5 + 1.0) - sum(x); });
-  CHECK(g.device() == kSim);
-  CHECK(g.recorded_work() >= 4);
-  CHECK(g.host_changes() == 0);
-  for (int i = 0; i < 3; ++i) {
-    Generator gen(static_cast<uint64_t>(i));
-    const Tensor input = rand({64}, gen);
-    copy_(x, input.to(kSim));
-    g.replay();
-    const Tensor expected = exp(input * 0.5 + 1.0) - sum(input);
-    CHECK(y.to(Device::cpu()).to_vector<float>() == expected.to_vector<float>());
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    Tensor x = empty({64}, {.device = device});
+    Tensor y;
+    auto ops = [](const Tensor& in) { return exp(in * 0.5 + 1.0) - sum(in); };
+    DeviceGraph g = DeviceGraph::capture(device, [&] { y = ops(x); });
+    CHECK(g.device() == device);
+    CHECK(g.recorded_work() >= 4);
+    CHECK(g.host_changes() == 0);
+    for (int i = 0; i < 3; ++i) {
+      Generator gen(static_cast<uint64_t>(i));
+      const Tensor input = rand({64}, gen);
+      copy_(x, input);
+      g.replay();
+      const Tensor expected = ops(input.to(device));
+      CHECK(y.to(Device::cpu()).to_vector<float>() ==
+            expected.to(Device::cpu()).to_vector<float>());
+    }
   }
 }
 
 TEST_CASE("a captured training step (forward, backward, SGD) equals the eager steps bit for bit") {
-  // Eager: zero_grad, forward, backward, step, at every step.
-  auto eager = make_mlp();
-  SGD eager_opt(eager->parameters(), {.lr = 0.05, .momentum = 0.9});
-  std::vector<float> eager_losses;
-  for (int s = 0; s < 6; ++s) {
-    const auto [x, y] = batch(s);
-    eager_opt.zero_grad();
-    Tensor loss = mse_loss((*eager)(x.to(kSim)), y.to(kSim));
-    loss.backward();
-    eager_opt.step();
-    eager_losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
-  }
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    // Eager: zero_grad, forward, backward, step, at every step.
+    auto eager = make_mlp(device);
+    SGD eager_opt(eager->parameters(), {.lr = 0.05, .momentum = 0.9});
+    std::vector<float> eager_losses;
+    for (int s = 0; s < 6; ++s) {
+      const auto [x, y] = batch(s);
+      eager_opt.zero_grad();
+      Tensor loss = mse_loss((*eager)(x.to(device)), y.to(device));
+      loss.backward();
+      eager_opt.step();
+      eager_losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+    }
 
-  // Captured: one eager step (the momentum buffers exist after it, so the
-  // step's kernels are the same from then on), then the step recorded with
-  // its inputs in place and replayed. The gradients are assigned by the
-  // captured backward (none before it), so a replay rewrites them.
-  auto model = make_mlp();
-  SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
-  Tensor x = empty({32, 3}, {.device = kSim}), y = empty({32, 1}, {.device = kSim});
-  std::vector<float> losses;
-  auto stage = [&](int s) {
-    const auto [bx, by] = batch(s);
-    copy_(x, bx.to(kSim));
-    copy_(y, by.to(kSim));
-  };
-  Tensor loss;
-  auto step = [&] {
-    loss = mse_loss((*model)(x), y);
-    loss.backward();
-    opt.step();
-  };
-  stage(0);
-  opt.zero_grad();
-  step();
-  losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
-  opt.zero_grad();
-  DeviceGraph graph = DeviceGraph::capture(kSim, step);
-  for (int s = 1; s < 6; ++s) {
-    stage(s);
-    graph.replay();
+    // Captured: one eager step (the momentum buffers exist after it, so the
+    // step's kernels are the same from then on), then the step recorded
+    // with its inputs in place and replayed. The gradients are assigned by
+    // the captured backward (none before it), so a replay rewrites them.
+    auto model = make_mlp(device);
+    SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+    Tensor x = empty({32, 3}, {.device = device}), y = empty({32, 1}, {.device = device});
+    std::vector<float> losses;
+    auto stage = [&](int s) {
+      const auto [bx, by] = batch(s);
+      copy_(x, bx);
+      copy_(y, by);
+    };
+    Tensor loss;
+    auto step = [&] {
+      loss = mse_loss((*model)(x), y);
+      loss.backward();
+      opt.step();
+    };
+    stage(0);
+    opt.zero_grad();
+    step();
     losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+    opt.zero_grad();
+    DeviceGraph graph = DeviceGraph::capture(device, step);
+    for (int s = 1; s < 6; ++s) {
+      stage(s);
+      graph.replay();
+      losses.push_back(loss.to(Device::cpu()).to_vector<float>()[0]);
+    }
+    CHECK(losses == eager_losses);
+    CHECK(values_of(*model) == values_of(*eager));
   }
-  CHECK(losses == eager_losses);
-  CHECK(values_of(*model) == values_of(*eager));
 }
 
 TEST_CASE("Adam outside the graph: captured forward and backward, eager steps, same bits") {
-  // Adam's bias corrections change every step: its step stays outside.
-  auto eager = make_mlp();
-  Adam eager_opt(eager->parameters(), {.lr = 1e-2});
-  for (int s = 0; s < 5; ++s) {
-    const auto [x, y] = batch(s);
-    eager_opt.zero_grad();
-    mse_loss((*eager)(x.to(kSim)), y.to(kSim)).backward();
-    eager_opt.step();
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    // Adam's bias corrections change every step: its step stays outside.
+    auto eager = make_mlp(device);
+    Adam eager_opt(eager->parameters(), {.lr = 1e-2});
+    for (int s = 0; s < 5; ++s) {
+      const auto [x, y] = batch(s);
+      eager_opt.zero_grad();
+      mse_loss((*eager)(x.to(device)), y.to(device)).backward();
+      eager_opt.step();
+    }
+    auto model = make_mlp(device);
+    Adam opt(model->parameters(), {.lr = 1e-2});
+    Tensor x = empty({32, 3}, {.device = device}), y = empty({32, 1}, {.device = device});
+    DeviceGraph graph = DeviceGraph::capture(device, [&] { mse_loss((*model)(x), y).backward(); });
+    for (int s = 0; s < 5; ++s) {
+      const auto [bx, by] = batch(s);
+      copy_(x, bx);
+      copy_(y, by);
+      graph.replay();
+      opt.step();
+    }
+    CHECK(values_of(*model) == values_of(*eager));
   }
-  auto model = make_mlp();
-  Adam opt(model->parameters(), {.lr = 1e-2});
-  Tensor x = empty({32, 3}, {.device = kSim}), y = empty({32, 1}, {.device = kSim});
-  DeviceGraph graph = DeviceGraph::capture(kSim, [&] { mse_loss((*model)(x), y).backward(); });
-  for (int s = 0; s < 5; ++s) {
-    const auto [bx, by] = batch(s);
-    copy_(x, bx.to(kSim));
-    copy_(y, by.to(kSim));
-    graph.replay();
-    opt.step();
-  }
-  CHECK(values_of(*model) == values_of(*eager));
 }
 
 TEST_CASE("a graph keeps the memory its capture allocated until it is destroyed") {

@@ -123,7 +123,10 @@ phase_profile() {
 # vector-quantize-pytorch from the bundle's wheels, PEER_STEPS steps of each
 # quantizer, beside quanta train's own steps in the same call. Each prints
 # its last log line (images per second over steps 151-200, past warm-up and
-# compilation) and its evaluation (test MSE, codebook usage).
+# compilation) and its evaluation (test MSE, codebook usage). quanta runs
+# with its step captured as a CUDA graph (the default), with --no-graph,
+# and with --precision bf16; the graph's checkpoint must be --no-graph's,
+# byte for byte.
 readonly PEER_STEPS=200
 phase_peer() {
   local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" site q end left
@@ -135,16 +138,26 @@ phase_peer() {
   end=$((SECONDS + $1))
   local common=(--steps "$PEER_STEPS" --batch-size 64 --limit-test 512 --data "$data")
   for q in vq none fsq; do
-    for mode in quanta quanta_bf16 eager compile; do
+    for mode in quanta quanta_nograph quanta_bf16 eager compile; do
       left=$((end - SECONDS))
       [ "$left" -ge 15 ] || { echo "== $q $mode: no time left"; continue; }
       echo "== $q $mode"
-      if [ "${mode%_bf16}" = quanta ]; then
+      if [ "${mode#quanta}" != "$mode" ]; then
         # quanta_bf16: --precision bf16 (bf16 GEMMs, TF32 convolutions)
+        # shellcheck disable=SC2046  # --no-graph or nothing
         timeout -k 5 "$left" "$quanta" train "${common[@]}" --quantizer "$q" --device cuda \
           --precision "$([ "$mode" = quanta_bf16 ] && echo bf16 || echo f32)" \
-          --eval-every "$PEER_STEPS" --log-every 50 --out "$build-peer/$q" --overwrite 2>&1 \
-          | grep -E "^step $PEER_STEPS/|^eval|error" || echo "(exit $?)"
+          $([ "$mode" = quanta_nograph ] && echo --no-graph) \
+          --eval-every "$PEER_STEPS" --log-every 50 --out "$build-peer/$q-$mode" --overwrite 2>&1 \
+          | grep -E "^step $PEER_STEPS/|^eval|captured|error" || echo "(exit $?)"
+        if [ "$mode" = quanta_nograph ]; then
+          if cmp -s "$build-peer/$q-quanta/checkpoint.safetensors" \
+            "$build-peer/$q-quanta_nograph/checkpoint.safetensors"; then
+            echo "graph and --no-graph checkpoints: the same bytes"
+          else
+            echo "graph and --no-graph checkpoints DIFFER"
+          fi
+        fi
       else
         # shellcheck disable=SC2046  # --compile or nothing
         PYTHONPATH="$site" timeout -k 5 "$left" python3 "$bundle/peer/quanta_arch_fmnist.py" \
