@@ -11,17 +11,21 @@
 // everything else (for QLoRA, decoding the NF4 weights too) is overhead here.
 // With --device cuda each row is the step on the GPU against the same step
 // (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
-// faster. A model whose step fails on the GPU (a kernel it has not yet)
-// prints its row as unavailable with the error. On a device (cuda or sim)
-// each row also counts what one step asks of the host: host syncs (each one
-// stalls a GPU's queue) and copies. sim runs the CPU's kernels, so its time
-// is the CPU's plus the device bookkeeping, and its counts are CUDA's.
+// faster; the _graph rows are the step captured as a graph against the same
+// step launched kernel by kernel on the device, both uploading their batch
+// every step (below 1 the graph is faster). A model whose step fails on the GPU (a kernel it has
+// not yet) prints its row as unavailable with the error. On a device (cuda or sim) each row also
+// counts what one step asks of the host: host syncs (each one stalls a GPU's queue) and copies. sim
+// runs the CPU's kernels, so its time is the CPU's plus the device bookkeeping, and its counts are
+// CUDA's.
 #include "bench.h"
 #include "engine/cuda/runtime.h"
+#include "engine/device_backend.h"
 #include "engine/ops/loss.h"
 #include "engine/optim/optimizer.h"
 #include "quant/nf4/nf4_modules.h"
 #include "quanta.h"
+#include "train/captured_step.h"
 #include "train/classifier.h"
 #include "train/config.h"
 #include "train/quantizer.h"
@@ -31,6 +35,8 @@ namespace quanta::cli {
 namespace {
 
 constexpr int64_t kBatch = 64;
+// Steps run as called before a graph row's step is captured: quanta train's.
+constexpr int64_t kGraphWarmup = 2;
 
 // The classifier's Linear layers forward (x 2 per multiply-add), then
 // backward: weight gradients everywhere, input gradients but for the first.
@@ -77,14 +83,22 @@ struct Step {
   std::shared_ptr<void> state;  // the model and optimizer `run` uses
 };
 
-Step vqvae_step(const char* type, const Tensor& cpu_images, Device device) {
+// How a row's VQ-VAE step gets its images: already on the device (the
+// step's own work alone), uploaded at every step as quanta train does, or
+// uploaded and the forward and backward replayed as a captured graph
+// (train/captured_step.h, on cuda and sim).
+enum class StepInput { resident, uploaded, graph };
+
+Step vqvae_step(const char* type, const Tensor& cpu_images, Device device,
+                StepInput input = StepInput::resident) {
   const nlohmann::json config =
       train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}});
   const train::TrainConfig cfg = train::config_from_json(config);
   struct State {
     std::unique_ptr<train::VqVae> model;
     std::unique_ptr<Adam> optimizer;
-    Tensor images;
+    Tensor images, host_images;
+    std::unique_ptr<train::CapturedStep> captured;
   };
   auto st = std::make_shared<State>();
   Generator model_gen = Generator::named(cfg.seed, "model");
@@ -97,13 +111,25 @@ Step vqvae_step(const char* type, const Tensor& cpu_images, Device device) {
     if (p.requires_grad()) trainable.push_back(p);
   st->optimizer = std::make_unique<Adam>(trainable, AdamOptions{.lr = cfg.lr});
   st->images = cpu_images.to(device);
+  st->host_images = cpu_images;
+  if (input == StepInput::graph)
+    st->captured = std::make_unique<train::CapturedStep>(device, kGraphWarmup);
   State* s = st.get();
-  return {[s] {
-            train::VqVaeOutput out = s->model->run(s->images);
-            const Tensor loss =
-                mean(square(out.reconstruction - s->images)) + sum(out.quantized.loss);
-            s->optimizer->zero_grad();
-            loss.backward();
+  auto forward_backward = [s](const std::vector<Tensor>& in) {
+    const Tensor& x = in.at(0);
+    train::VqVaeOutput out = s->model->run(x);
+    const Tensor loss = mean(square(out.reconstruction - x)) + sum(out.quantized.loss);
+    loss.backward();
+    return loss.detach();
+  };
+  return {[s, input, forward_backward] {
+            if (s->captured) {
+              s->captured->run({s->host_images}, forward_backward, *s->optimizer);
+            } else {
+              s->optimizer->zero_grad();
+              forward_backward({input == StepInput::uploaded ? s->host_images.to(s->images.device())
+                                                             : s->images});
+            }
             s->optimizer->step();
             s->model->quantizer().after_step();
           },
@@ -178,22 +204,35 @@ std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& im
   const Device dev = o.device;
   std::function<void()> sync;
   if (!dev.is_cpu()) sync = [dev] { synchronize(dev); };
+  // `step` timed against `floor` in turns, then what `step` asks of the host.
+  auto measure = [&](const std::string& name, const Step& step, const Step& floor) {
+    const std::vector<double> ms = interleaved_ms(o.repeat, 4, {step.run, floor.run}, sync);
+    BenchRow r{name};
+    r.ms = ms[0];
+    r.floor_ms = ms[1];
+    const DeviceStats before = device_stats(dev);
+    for (int i = 0; i < kCountedSteps; ++i) step.run();
+    const DeviceStats after = device_stats(dev);
+    // Nothing of the row runs on after it (at exit, its kernels' libraries go).
+    if (sync) sync();
+    auto per_step = [](int64_t n) { return double(n) / kCountedSteps; };
+    r.host_syncs_per_step = per_step(after.host_syncs - before.host_syncs);
+    r.copies_per_step =
+        per_step(after.copies_to_host + after.copies_from_host + after.copies_on_device -
+                 before.copies_to_host - before.copies_from_host - before.copies_on_device);
+    return r;
+  };
   auto row = [&](const std::string& name, const std::function<Step(Device)>& make) {
     try {
-      const Step on_dev = make(dev), on_cpu = make(Device::cpu());
-      const std::vector<double> ms = interleaved_ms(o.repeat, 4, {on_dev.run, on_cpu.run}, sync);
-      BenchRow r{name};
-      r.ms = ms[0];
-      r.floor_ms = ms[1];
-      const DeviceStats before = device_stats(dev);
-      for (int i = 0; i < kCountedSteps; ++i) on_dev.run();
-      const DeviceStats after = device_stats(dev);
-      auto per_step = [](int64_t n) { return double(n) / kCountedSteps; };
-      r.host_syncs_per_step = per_step(after.host_syncs - before.host_syncs);
-      r.copies_per_step =
-          per_step(after.copies_to_host + after.copies_from_host + after.copies_on_device -
-                   before.copies_to_host - before.copies_from_host - before.copies_on_device);
-      return r;
+      return measure(name, make(dev), make(Device::cpu()));
+    } catch (const std::exception& e) {
+      return unavailable_row(name, e.what());
+    }
+  };
+  auto graph_row = [&](const std::string& name, const char* type) {
+    try {
+      return measure(name, vqvae_step(type, images, dev, StepInput::graph),
+                     vqvae_step(type, images, dev, StepInput::uploaded));
     } catch (const std::exception& e) {
       return unavailable_row(name, e.what());
     }
@@ -202,6 +241,12 @@ std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& im
   for (const char* type : {"vq", "none", "fsq"})
     rows.push_back(row(std::string("train_step_vqvae_") + type,
                        [&](Device d) { return vqvae_step(type, images, d); }));
+  // The captured step against the same step launched kernel by kernel on
+  // the same device, both uploading their batch every step as quanta train
+  // does: below 1 the graph is faster.
+  if (device_backend(dev.type).graph)
+    for (const char* type : {"vq", "none", "fsq"})
+      rows.push_back(graph_row(std::string("train_step_vqvae_") + type + "_graph", type));
   const train::ClassifierShape shape;
   rows.push_back(row("train_step_classifier",
                      [&](Device d) { return classifier_step(shape, images, labels, d); }));
