@@ -12,19 +12,28 @@
 // runs an extra forward, an eval or a no-grad forward cannot shift them.
 #include <cstdint>
 
+#include "engine/capture/device_graph.h"
 #include "engine/random/generator.h"
 
 namespace quanta::quant {
 
 class StepStream {
  public:
-  explicit StepStream(Generator gen) : gen_(gen), base_(gen) {}
+  explicit StepStream(Generator gen) : gen_(gen), base_(gen) { gen_.set_replayable(); }
+  StepStream(const StepStream& other) : StepStream(other.base_) {
+    gen_ = other.gen_;
+    pinned_ = other.pinned_;
+    step_ = other.step_;
+  }
+  StepStream& operator=(const StepStream& other) = default;
 
-  /** The generator this forward's draws come from (see above). */
+  /** The generator this forward's draws come from (see above). Its device
+   * draws replay in a captured step (engine/capture/device_graph.h): the
+   * pinning below is made again at each replay, with the step then. */
   Generator& next() {
     if (pinned_) {
-      gen_ = base_;
-      gen_.set_offset({0, step_});
+      restart();
+      on_replay([this] { restart(); });
     }
     return gen_;
   }
@@ -37,6 +46,11 @@ class StepStream {
   uint64_t step() const { return step_; }
 
  private:
+  void restart() {
+    gen_ = base_;
+    gen_.set_offset({0, step_});
+  }
+
   Generator gen_, base_;
   bool pinned_ = false;
   uint64_t step_ = 0;

@@ -17,15 +17,22 @@
 // step made and kept (gradients, the loss) are rewritten at each replay,
 // and memory the step freed is not handed to anyone else.
 //
+// The first replay runs the captured step itself, whose host part ran
+// while capturing. Each later replay is one more step: before queueing the
+// work it makes that host part again, in the captured order: the changes
+// recorded with on_replay (a counter, the handles of tensors the step leaves
+// for later), and the random draws. A device fill drawn inside a capture
+// (engine/random/sampling.h) reads its stream from device memory that each
+// replay rewrites with the stream the generator gives then, so every step
+// draws its own numbers, as uncaptured; its generator must be a layer's own
+// (Generator::set_replayable), which outlives the graph.
+//
 // Refused inside a capture, each with a std::logic_error naming it: a copy
 // to the host (a host sync: HostSyncGuard), a copy from the host (a replay
-// would copy the capture's bytes again), synchronize(device), a random draw
-// (its stream's key and offset are a kernel's arguments: every replay would
-// draw the same numbers), and capture on a device that cannot record (the
-// CPU runs ops as they are called). Host state the step changes (a counter,
-// the handles of tensors it leaves for later) is not replayed by the device:
-// code that changes it inside a capture records the change with on_replay,
-// and each replay makes it again.
+// would copy the capture's bytes again), synchronize(device), a draw for the
+// host or from a generator no layer owns, and capture on a device that
+// cannot record (the CPU runs ops as they are called).
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -47,8 +54,9 @@ class DeviceGraph {
    * tensors made while capturing that are still held keep theirs. */
   ~DeviceGraph();
 
-  /** Queues the recorded work once more, then makes the recorded host
-   * changes (on_replay). Asynchronous, as any kernel is. */
+  /** Queues the recorded work: the first time, the captured step; later,
+   * one more step, its host changes (on_replay) and draws made first (see
+   * above). Asynchronous, as any kernel is. */
   void replay();
 
   Device device() const;
@@ -56,6 +64,8 @@ class DeviceGraph {
   int64_t recorded_work() const;
   /** Host changes recorded with on_replay. */
   int64_t host_changes() const;
+  /** Random draws a replay makes again. */
+  int64_t draws() const;
 
  private:
   struct Impl;
@@ -68,9 +78,21 @@ bool capturing(Device device);
 /** Whether this thread is capturing work of any device. */
 bool capture_open();
 
-/** Inside a capture: keeps `change`, which the graph's replays then run on
- * the host after queueing the recorded work. The captured run has made the
- * change itself already; `change` repeats it. Outside a capture: nothing. */
+/** Inside a capture: keeps `change`, which each replay after the first
+ * runs on the host, in the captured order, before queueing the work. The
+ * captured run has made the change itself already; `change` repeats it for
+ * the steps the replays are. Outside a capture: nothing. */
 void on_replay(std::function<void()> change);
+
+class Generator;
+namespace detail {
+/** For a device fill of `device` inside its capture (engine/random/
+ * sampling.cpp): takes `n_words` words from `gen` as the captured step
+ * draws them and returns where the fill's kernel reads its stream
+ * (RandomFill::stream_at), rewritten before each later replay from `gen`
+ * (an owner) or, for a stream an earlier draw of the capture took, that
+ * draw's. */
+const uint64_t* captured_stream(Device device, Generator& gen, int64_t n_words);
+}  // namespace detail
 
 }  // namespace quanta

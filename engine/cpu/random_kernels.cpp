@@ -40,7 +40,9 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
 
 }  // namespace
 
-void random_fill(const RandomFill& f, int64_t n, void* out) {
+void random_fill(const RandomFill& fill, int64_t n, void* out) {
+  RandomFill f = fill;
+  draw::resolve_stream(f);
   const draw::Grouping gr = draw::grouping(f.draw, f.dtype);
   if (n == 0) return;
   if (f.draw == RandomDraw::bernoulli && f.dtype == DType::f32)

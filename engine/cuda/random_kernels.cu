@@ -17,6 +17,7 @@ namespace {
 template <int W, class T>
 __global__ void random_fill_kernel(RandomFill f, int64_t n, int64_t groups, int64_t blocks,
                                    T* out) {
+  draw::resolve_stream(f);  // each thread its own copy of the fill
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += step)

@@ -101,6 +101,11 @@ struct RandomFill {
   // dtype on its device, and element i is times[i] * value (dropout in one
   // pass, no mask written). Null: the value itself.
   const void* times = nullptr;
+  // When set, the stream is read from the fill's device when the kernel
+  // runs, three words: key[0] | key[1] << 32, start_lo, start_hi (a
+  // captured graph's draw, rewritten before each replay); key and start
+  // above are then unused.
+  const uint64_t* stream_at = nullptr;
 };
 
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is

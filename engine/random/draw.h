@@ -216,6 +216,18 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
   }
 }
 
+/** Where a fill's stream lives in device memory (RandomFill::stream_at),
+ * the stream put into `f` itself; the kernels call it first. */
+QUANTA_HD inline void resolve_stream(RandomFill& f) {
+  if (!f.stream_at) return;
+  const uint64_t key = f.stream_at[0];
+  f.key[0] = static_cast<uint32_t>(key);
+  f.key[1] = static_cast<uint32_t>(key >> 32);
+  f.start_lo = f.stream_at[1];
+  f.start_hi = f.stream_at[2];
+  f.stream_at = nullptr;
+}
+
 /** Philox block b of fill f: its four words and the 4 / W groups they hold
  * (what one CUDA thread does; the CPU tests run it to check the device's
  * indexing against the CPU's fill). */

@@ -161,22 +161,28 @@ void Generator::set_state(const GeneratorState& s) {
 }
 
 namespace {
-thread_local uint64_t t_draws = 0;
+thread_local uint64_t t_unreplayable_draws = 0;
+thread_local int t_replayable_draw = 0;
 }  // namespace
 
-uint64_t random_draws_on_this_thread() { return t_draws; }
+uint64_t unreplayable_draws_on_this_thread() { return t_unreplayable_draws; }
+
+detail::ReplayableDraw::ReplayableDraw() { ++t_replayable_draw; }
+detail::ReplayableDraw::~ReplayableDraw() { --t_replayable_draw; }
 
 PhiloxStream Generator::take(int64_t n_words) {
   if (n_words < 0)
     throw std::invalid_argument("[Generator] number of words must be >= 0: got " +
                                 std::to_string(n_words));
-  // A stream's key and offset are a kernel's arguments: a graph would
-  // replay this draw's numbers at every step.
-  if (capture_open())
-    throw std::logic_error(
-        "[Generator] a random draw inside a captured step: every replay would draw the same "
-        "numbers");
-  ++t_draws;
+  if (t_replayable_draw == 0) {
+    // A host draw's numbers are the host's: a graph would replay this
+    // draw's words, or what the host made of them, at every step.
+    if (capture_open())
+      throw std::logic_error(
+          "[Generator] a random draw for the host inside a captured step: every replay would "
+          "use the same numbers");
+    ++t_unreplayable_draws;
+  }
   PhiloxStream s{key_words(key_), offset_};
   const uint64_t blocks = (static_cast<uint64_t>(n_words) + 3) / 4;
   const uint64_t lo = offset_.lo + blocks;

@@ -112,14 +112,55 @@ class Generator {
    * advances by ceil(n / 4). Parallel for large n. */
   void fill_u32(uint32_t* out, int64_t n);
 
+  /** Declares that this object outlives every graph that captures a draw
+   * from it (a layer's own stream): a device draw from it inside a capture
+   * (engine/capture/device_graph.h) is made again from it at each replay,
+   * so each replay draws the numbers the step would. Belongs to the object,
+   * not its value: a copy is not an owner. A copy of an owner may draw in a
+   * capture only a stream an earlier draw of the same capture took
+   * (dropout's backward drawing its forward's mask again). */
+  void set_replayable() { replay_ = Replay::owner; }
+  /** How a capture may replay draws from this object. */
+  enum class Replay : uint8_t { no, owner, copy };
+  Replay replay() const { return replay_; }
+
+  Generator(const Generator& other)
+      : seed_(other.seed_),
+        key_(other.key_),
+        offset_(other.offset_),
+        replay_(other.replay_ == Replay::no ? Replay::no : Replay::copy) {}
+  /** Takes `other`'s stream; an owner stays one. */
+  Generator& operator=(const Generator& other) {
+    seed_ = other.seed_;
+    key_ = other.key_;
+    offset_ = other.offset_;
+    if (replay_ != Replay::owner) replay_ = other.replay_ == Replay::no ? Replay::no : Replay::copy;
+    return *this;
+  }
+
  private:
   uint64_t seed_;
   uint64_t key_;
   PhiloxOffset offset_;
+  Replay replay_ = Replay::no;
 };
 
-/** Streams taken (Generator::take, so every draw) on this thread so far: a
- * captured step is one that draws nothing (train/captured_step.h). */
-uint64_t random_draws_on_this_thread();
+/** Streams taken on this thread so far that a graph could not replay: every
+ * take() but a device fill's from a replayable generator (above). A step
+ * that makes none can be captured (train/captured_step.h). */
+uint64_t unreplayable_draws_on_this_thread();
+
+namespace detail {
+/** While one is alive on this thread, take() is a device fill's draw that a
+ * capture replays (engine/random/sampling.cpp): not refused inside a
+ * capture, not counted above. */
+class ReplayableDraw {
+ public:
+  ReplayableDraw();
+  ~ReplayableDraw();
+  ReplayableDraw(const ReplayableDraw&) = delete;
+  ReplayableDraw& operator=(const ReplayableDraw&) = delete;
+};
+}  // namespace detail
 
 }  // namespace quanta

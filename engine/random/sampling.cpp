@@ -9,12 +9,14 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/capture/device_graph.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
@@ -49,14 +51,24 @@ using draw::u64_of;
 
 // A new contiguous tensor on `device` holding fill f over `shape`: the words
 // are taken from gen here, the values made by the device's random_fill.
+// A device's fill from a generator a capture can replay (a layer's own, or
+// a copy of one) is a replayable draw; inside a capture its stream is read
+// from device memory each replay rewrites (engine/capture/device_graph.h).
 Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
   Tensor out = detail::make_tensor(shape, f.dtype, device);
   const int64_t n = out.numel();
-  const PhiloxStream s = gen.take(draw::words(f.draw, f.dtype, n));
-  f.key[0] = s.key[0];
-  f.key[1] = s.key[1];
-  f.start_lo = s.start.lo;
-  f.start_hi = s.start.hi;
+  const int64_t words = draw::words(f.draw, f.dtype, n);
+  if (!device.is_cpu() && capturing(device)) {
+    f.stream_at = detail::captured_stream(device, gen, words);  // refuses what cannot replay
+  } else {
+    std::optional<detail::ReplayableDraw> counted_as;
+    if (!device.is_cpu() && gen.replay() != Generator::Replay::no) counted_as.emplace();
+    const PhiloxStream s = gen.take(words);
+    f.key[0] = s.key[0];
+    f.key[1] = s.key[1];
+    f.start_lo = s.start.lo;
+    f.start_hi = s.start.hi;
+  }
   kernels(device).random_fill(f, n, out.raw_data());
   return out;
 }

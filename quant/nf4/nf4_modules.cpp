@@ -144,6 +144,7 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
       dropout_(o.dropout),
       dropout_gen_(Generator::named(o.seed, stream_name("lora.dropout", o.stream))) {
   if (!base_) throw std::invalid_argument("[LoRALinear] base is null");
+  dropout_gen_.set_replayable();  // the layer's own: a captured step redraws from it
   if (o.rank <= 0)
     throw std::invalid_argument("[LoRALinear] rank must be positive, got " +
                                 std::to_string(o.rank));

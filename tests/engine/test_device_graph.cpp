@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -184,7 +185,7 @@ TEST_CASE("a tensor made while capturing outlives its graph") {
   CHECK(out.to(Device::cpu()).to_vector<float>() == std::vector<float>(8, 9.0f));
 }
 
-TEST_CASE("on_replay: host changes a captured step makes are made again at each replay") {
+TEST_CASE("on_replay: each replay after the first makes the step's host changes again") {
   int64_t counter = 0;
   Tensor x = ones({4}, {.device = kSim});
   on_replay([&] { counter += 100; });  // outside a capture: nothing
@@ -193,13 +194,78 @@ TEST_CASE("on_replay: host changes a captured step makes are made again at each 
     ++counter;
     on_replay([&] { ++counter; });
   });
-  CHECK(counter == 1);
+  CHECK(counter == 1);  // the captured step's host part
   CHECK(g.host_changes() == 1);
-  g.replay();
+  g.replay();  // the captured step's device part
+  CHECK(counter == 1);
+  g.replay();  // one more step
   g.replay();
   CHECK(counter == 3);
   CHECK(capturing(kSim) == false);
-  CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 4.0f));
+  CHECK(x.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 8.0f));
+}
+
+// A layer's own stream (set_replayable) draws inside a capture: each replay
+// draws the numbers the uncaptured step would, dropout's backward drawing
+// its forward's mask again.
+TEST_CASE("device draws in a captured step: each replay draws that step's numbers") {
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    auto run = [&](bool captured) {
+      Generator noise = Generator::named(3, "noise"), drop = Generator::named(3, "drop");
+      noise.set_replayable();
+      drop.set_replayable();
+      Tensor w = full({5, 6}, 0.5, {.device = device}).requires_grad_(true);
+      Tensor x = empty({6}, {.device = device});
+      Tensor noisy, y;
+      auto step = [&] {
+        noisy = x + rand({6}, noise, {.device = device});
+        y = sum(dropout_linear(dropout(noisy, 0.3, true, drop).unsqueeze(0), w, 0.5, true, drop));
+        w.zero_grad();
+        y.backward();
+      };
+      std::vector<std::vector<float>> seen;
+      std::optional<DeviceGraph> g;
+      for (int s = 0; s < 4; ++s) {
+        copy_(x, full({6}, double(s)));
+        if (!captured) {
+          step();
+        } else {
+          if (!g) g = DeviceGraph::capture(device, step);
+          g->replay();
+        }
+        seen.push_back(noisy.to(Device::cpu()).to_vector<float>());
+        seen.push_back(w.grad().to(Device::cpu()).to_vector<float>());
+      }
+      if (captured) CHECK(g->draws() == 3);  // the noise, and the two dropouts' masks
+      return seen;
+    };
+    const auto eager = run(false), replayed = run(true);
+    CHECK(replayed == eager);
+    CHECK(eager[0] != eager[2]);  // each step its own noise
+  }
+}
+
+TEST_CASE("a draw a replay could not make again is refused inside a capture") {
+  Generator own(5);  // no layer owns it
+  CHECK(contains(message_of([&] {
+                   (void)DeviceGraph::capture(kSim,
+                                              [&] { (void)rand({4}, own, {.device = kSim}); });
+                 }),
+                 "[Generator] a random draw inside a captured step from a stream that may not "
+                 "outlive the graph"));
+  own.set_replayable();
+  CHECK(contains(message_of([&] {
+                   (void)DeviceGraph::capture(kSim, [&] { (void)rand({4}, own); });  // the host's
+                 }),
+                 "[Generator] a random draw for the host inside a captured step"));
+  Generator copy = own;  // a copy draws only a stream the capture drew already
+  CHECK(copy.replay() == Generator::Replay::copy);
+  CHECK(contains(message_of([&] {
+                   (void)DeviceGraph::capture(kSim,
+                                              [&] { (void)rand({4}, copy, {.device = kSim}); });
+                 }),
+                 "may not outlive the graph"));
 }
 
 TEST_CASE("what a capture cannot hold is refused by name") {

@@ -764,8 +764,9 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
 // On sim (as on CUDA) the step's forward and backward are captured once,
 // after two steps, and replayed: the run must be --no-graph's, byte for byte,
 // through evaluations, an epoch's smaller last batch (a step of its own, then
-// a new capture), k-means and dead codes. A step that draws random numbers
-// is never captured, and says so.
+// a new capture), k-means, dead codes and the layers' device draws (each
+// replay draws its step's numbers). A step that draws on the host is never
+// captured, and says so.
 TEST_CASE("quanta train --device sim: the captured step replays --no-graph's bytes") {
   if (!have_dataset()) return;
   ScratchDir dir("graph");
@@ -780,7 +781,10 @@ TEST_CASE("quanta train --device sim: the captured step replays --no-graph's byt
       {{"--quantizer", "grvq", "--num-quantizers", "2", "--codebook-size", "32"}, true},
       {{"--quantizer", "hvq"}, true},
       {{"--precision", "bf16"}, true},
-      {{"--quantizer", "fsp"}, false},  // noise inside its bins while training
+      // Device draws from the layers' own streams: replayed, each step its own.
+      {{"--quantizer", "fsp"}, true},  // noise inside its bins while training
+      {{"--threshold-ema-dead-code", "2", "--directional-reparam"}, true},
+      // A level count drawn on the host: never captured.
       {{"--quantizer", "rvq", "--quantize-dropout"}, false},
   };
   for (const Run& run : runs) {

@@ -37,11 +37,12 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
     std::vector<Tensor> on_device;
     for (const Tensor& t : host_inputs) on_device.push_back(t.to(device_));
     optimizer.zero_grad();
-    const uint64_t draws_before = random_draws_on_this_thread();
+    const uint64_t draws_before = unreplayable_draws_on_this_thread();
     Tensor values = body(on_device);
-    // A step that draws (dropout, noise, a random level count) would replay
-    // one step's numbers forever: it stays uncaptured.
-    if (random_draws_on_this_thread() != draws_before) draws_ = true;
+    // A step that draws for the host (a random level count) or from a
+    // stream no layer owns would replay one step's numbers forever: it
+    // stays uncaptured. Device draws from a layer's stream replay.
+    if (unreplayable_draws_on_this_thread() != draws_before) draws_ = true;
     return values;
   }
   inputs_.clear();

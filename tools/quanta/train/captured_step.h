@@ -6,8 +6,9 @@
 // step is captured once and then replayed, the batch copied into the same
 // device tensors before each replay. Bit for bit the step it replaces.
 //
-// A step that draws random numbers in its forward or backward is never
-// captured (its draws' streams are kernel arguments) and runs as called.
+// A step whose device draws come from its layers' own streams (noise,
+// dropout) is captured: each replay draws that step's numbers. One that
+// draws for the host (a random level count) is never captured.
 // What stays outside the graph, run as it is called after each replay: the
 // optimizer step (Adam's bias corrections and the schedule's lr change every
 // step), gradient clipping, the quantizers' state updates (k-means, EMA,
@@ -41,9 +42,9 @@ class CapturedStep {
   Tensor run(const std::vector<Tensor>& host_inputs,
              const std::function<Tensor(const std::vector<Tensor>&)>& body, Optimizer& optimizer);
 
-  /** Whether a step's forward or backward drew random numbers (dropout,
-   * noise, a random level count): such a step is never captured, since a
-   * replay would draw the captured step's numbers again. Known after the
+  /** Whether a step's forward or backward drew random numbers a graph
+   * cannot draw again (for the host, as a random level count, or from a
+   * stream no layer owns): such a step is never captured. Known after the
    * first step. */
   bool draws() const { return draws_; }
   /** Steps run from the graph so far. */

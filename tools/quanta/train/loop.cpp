@@ -340,7 +340,8 @@ class Loop {
     if (captured_->draws()) {
       graph_reported_ = true;
       progress_->line(
-          "the step draws random numbers (dropout, noise): it runs uncaptured, kernel by kernel");
+          "the step draws random numbers on the host (a random level count): it runs "
+          "uncaptured, kernel by kernel");
     } else if (captured_->captures() > 0) {
       graph_reported_ = true;
       progress_->line("step " + std::to_string(step_ + 1) + " captured as a graph of " +
