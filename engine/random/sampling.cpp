@@ -51,9 +51,10 @@ using draw::u64_of;
 
 // A new contiguous tensor on `device` holding fill f over `shape`: the words
 // are taken from gen here, the values made by the device's random_fill.
-// A device's fill from a generator a capture can replay (a layer's own, or
-// a copy of one) is a replayable draw; inside a capture its stream is read
-// from device memory each replay rewrites (engine/capture/device_graph.h).
+// Inside a capture of `device` the fill reads its stream from device memory
+// that each replay rewrites (engine/capture/device_graph.h); outside, a
+// device fill from a layer's stream (or a copy of one) is not a draw that
+// keeps a step from being captured.
 Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
   Tensor out = detail::make_tensor(shape, f.dtype, device);
   const int64_t n = out.numel();
