@@ -763,8 +763,8 @@ TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint byte
 
 // On sim (as on CUDA) the step's forward and backward are captured once,
 // after two steps, and replayed: the run must be --no-graph's, byte for byte,
-// through evaluations, an epoch's smaller last batch (a step of its own, then
-// a new capture), k-means, dead codes and the layers' device draws (each
+// through evaluations, an epoch's smaller last batch (captured anew, then the
+// full batches again), k-means, dead codes and the layers' device draws (each
 // replay draws its step's numbers). A step that draws on the host is never
 // captured, and says so.
 TEST_CASE("quanta train --device sim: the captured step replays --no-graph's bytes") {

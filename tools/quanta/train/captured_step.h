@@ -13,8 +13,8 @@
 // optimizer step (Adam's bias corrections and the schedule's lr change every
 // step), gradient clipping, the quantizers' state updates (k-means, EMA,
 // dead codes: their control flow depends on counts) and evaluation. A step
-// whose batch has other shapes (the last, smaller batch of an epoch) runs
-// uncaptured too and drops the graph; the next full batch captures again.
+// whose batch has other shapes than the graph's (the last, smaller batch of
+// an epoch) drops it and is captured anew, and so is the next full batch.
 #include <cstdint>
 #include <functional>
 #include <memory>
