@@ -297,7 +297,7 @@ class Loop {
         for (const Tensor& t : out.terms) v.push_back(t.detach());
         return to_dtype(stack(v), DType::f64);
       };
-      if (captured_ && !host_inputs.empty()) {
+      if (captured_) {
         values.push_back(captured_->run(host_inputs, forward_backward, *optimizer_));
         continue;
       }
@@ -340,8 +340,8 @@ class Loop {
     if (captured_->draws()) {
       graph_reported_ = true;
       progress_->line(
-          "the step draws random numbers on the host (a random level count): it runs "
-          "uncaptured, kernel by kernel");
+          "the step draws random numbers a replay could not draw again (on the host, as a "
+          "random level count): it runs uncaptured, kernel by kernel");
     } else if (captured_->captures() > 0) {
       graph_reported_ = true;
       progress_->line("step " + std::to_string(step_ + 1) + " captured as a graph of " +
@@ -419,12 +419,12 @@ class Loop {
 
   bool sharded() const { return dp_ && dp_->sharded(); }
 
-  // Whether the step may run as a graph: asked for, on a device that
-  // records, with one rank (a collective's transport is not captured) and
+  // Whether the step may run as a graph: asked for, a task whose step can
+  // be, on a device that records, with one rank (a collective's transport is not captured) and
   // one micro-batch (DataParallel's per-piece choices differ).
   bool graphs_step() const {
-    return s_.graph && world_ == 1 && s_.optimizer.grad_accum == 1 && !device_.is_cpu() &&
-           device_backend(device_.type).graph != nullptr;
+    return s_.graph && task_.capturable_step() && world_ == 1 && s_.optimizer.grad_accum == 1 &&
+           !device_.is_cpu() && device_backend(device_.type).graph != nullptr;
   }
 
   // The lr of the last step taken (the first step's before any).

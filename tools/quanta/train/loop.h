@@ -96,9 +96,12 @@ class LoopTask {
   /** The host half of a step: the tensors its forward reads, gathered for
    * this rank's share on the host (the images of its rows). The loop moves
    * them to the model's device and hands them to step() in
-   * BatchShare::inputs; a task that returns none reads its batch itself,
-   * and its steps are never captured as a graph. */
+   * BatchShare::inputs; a task that returns none reads its batch itself. */
   virtual std::vector<Tensor> step_inputs(const BatchShare& /*share*/) { return {}; }
+  /** Whether step() may be captured as a graph (LoopSettings::graph): it
+   * reads its batch only from BatchShare::inputs, and nothing a kernel is
+   * given depends on the batch's contents. */
+  virtual bool capturable_step() const { return false; }
   /** Forward of this rank's share of the step's batch. When the step is a
    * graph, this is called once, at the capture; everything else replays
    * what it queued on the device (engine/capture/device_graph.h). */
@@ -196,8 +199,9 @@ struct LoopSettings {
    * forward and backward and in evaluation. */
   bool mixed_precision = false;
   /** Forward and backward as one captured graph on a device that records
-   * (CUDA, sim), with one rank and one micro-batch per step, when the task
-   * has step_inputs (train/captured_step.h); the same bits either way. */
+   * (CUDA, sim), with one rank and one micro-batch per step, when the
+   * task's step is capturable (train/captured_step.h); the same bits
+   * either way. */
   bool graph = true;
   /** "training" or "fine-tuning": how a divergence message starts. */
   std::string activity = "training";

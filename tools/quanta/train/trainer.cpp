@@ -95,6 +95,7 @@ class VqVaeTask : public LoopTask {
   std::vector<Tensor> step_inputs(const BatchShare& share) override {
     return {index_select(train_set_.images, 0, share.rows)};
   }
+  bool capturable_step() const override { return true; }
 
   StepLoss step(const BatchShare& share) override {
     const Tensor& x = share.inputs.at(0);
