@@ -11,8 +11,10 @@
 // recorded, not run: its results exist only after a replay. A replay queues
 // exactly what was recorded, with the same pointers and the same arguments,
 // so what is meant to change between replays must live in device memory that
-// the step reads (its inputs copied in place before each replay, a learning
-// rate in a device scalar), never in a kernel's arguments. Memory allocated
+// the step reads (its inputs copied in place before each replay), never in a
+// kernel's arguments: an optimizer's learning rate and Adam's bias
+// corrections are arguments, so a step whose lr or step count changes keeps
+// its optimizer step outside the graph (train/captured_step.h does). Memory allocated
 // while capturing belongs to the graph until it is destroyed: the tensors the
 // step made and kept (gradients, the loss) are rewritten at each replay,
 // and memory the step freed is not handed to anyone else.
