@@ -5,7 +5,7 @@
 //
 //   Tensor x = empty({B, C, H, W}, {.device = gpu});   // the step's input, in place
 //   DeviceGraph step = DeviceGraph::capture(gpu, [&] { loss = model(x) ... backward(); });
-//   for (...) { x.copy_(next_batch); step.replay(); }
+//   for (...) { copy_(x, next_batch); step.replay(); }
 //
 // Capture runs `work` on the host with the device's kernels and copies
 // recorded, not run: its results exist only after a replay. A replay queues
@@ -14,10 +14,10 @@
 // the step reads (its inputs copied in place before each replay), never in a
 // kernel's arguments: an optimizer's learning rate and Adam's bias
 // corrections are arguments, so a step whose lr or step count changes keeps
-// its optimizer step outside the graph (train/captured_step.h does). Memory allocated
-// while capturing belongs to the graph until it is destroyed: the tensors the
-// step made and kept (gradients, the loss) are rewritten at each replay,
-// and memory the step freed is not handed to anyone else.
+// its optimizer step outside the graph (train/captured_step.h does). Memory
+// allocated while capturing belongs to the graph until it is destroyed: the
+// tensors the step made and kept (gradients, the loss) are rewritten at each
+// replay, and memory the step freed is not handed to anyone else.
 //
 // The first replay runs the captured step itself, whose host part ran
 // while capturing. Each later replay is one more step: before queueing the
