@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -365,6 +366,12 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                                   shape_str(position_ids.shape()));
     positions = position_ids.to(dev);
     if (!cache && !mask.defined() && T > 1) mask = packed_document_mask(positions, B);
+  } else if (past == 0) {
+    // A training step's (and a prompt's) positions: one upload per length,
+    // not per forward (a captured step cannot upload).
+    std::vector<int64_t> iota(static_cast<std::size_t>(T));
+    std::iota(iota.begin(), iota.end(), int64_t{0});
+    positions = constant_tensor<int64_t>(iota, {1, T}, {.dtype = DType::i64, .device = dev});
   } else {
     positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                                {.dtype = DType::i64, .device = dev}),

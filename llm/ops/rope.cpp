@@ -111,7 +111,9 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
   if (f.inv_freq.empty()) detail::bad_argument(kRopeOp, "no inverse frequencies");
   const DType acc = accumulation_dtype(dtype);
   const int64_t half = static_cast<int64_t>(f.inv_freq.size());
-  const Tensor inv = from_vector(f.inv_freq, {1, 1, half}).to(positions.device()).to(acc);
+  // Uploaded once per device and dtype, not at every forward.
+  const Tensor inv =
+      constant_tensor(f.inv_freq, {1, 1, half}, {.dtype = acc, .device = positions.device()});
   // position * inv_freq: the one product of transformers' k = 1 matmul.
   const Tensor angle = mul(unsqueeze(positions.to(acc), -1), inv);
   RopeTables t{cos(angle), sin(angle)};

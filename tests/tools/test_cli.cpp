@@ -667,10 +667,11 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
     CHECK(row["ms"].get<double>() > 0);
     CHECK(contains(row["unavailable"].get<std::string>(), "sim has no PyTorch peer"));
   }
+  // sim records, so the QLoRA step also runs as a captured graph there.
   CHECK(sim_names == std::set<std::string>{"attention_T64", "attention_T64_fb", "llamasmall_B2_T32",
                                            "llamasmall_B2_T32_fb", "llamasmall_B2_T32_fb_mixed",
                                            "llamasmall_B2_T32_fb_bf16", "qlorasmall_B2_T32",
-                                           "qlorasmall_B2_T32_mixed"});
+                                           "qlorasmall_B2_T32_mixed", "qlorasmall_B2_T32_graph"});
   // The ~500M size is the llm suite's alone.
   const CliResult large = run_quanta({"bench", "quant", "--size", "large"});
   CHECK(large.code == 2);

@@ -140,9 +140,12 @@ struct LlmWorkload {
   std::function<void()> run;
 };
 /** The suite's QLoRA training step of `config` (llm.cpp); `mixed`: under
- * MixedPrecision (the row's name ends in _mixed, the peer autocasts). */
+ * MixedPrecision (the row's name ends in _mixed, the peer autocasts);
+ * `graph` (a device that records): its forward and backward replayed as a
+ * captured graph (train/captured_step.h; _graph, against the peer's plain
+ * step). */
 LlmWorkload qlora_workload(const BenchOptions& opts, const llm::DecoderConfig& config,
-                           Generator& gen, bool mixed = false);
+                           Generator& gen, bool mixed = false, bool graph = false);
 /** `config` as the peer's KEY=VALUE words. */
 std::string llm_peer_config(const llm::DecoderConfig& config);
 /** Peak resident memory in MB of a fresh quanta process that builds

@@ -24,6 +24,9 @@
 //     bitsandbytes (load_in_4bit) + PEFT doing the same.
 //   qlora100m_B4_T512_mixed (where the CPU has bf16 products): that step
 //     in bf16 mixed precision, MixedPrecision against torch.autocast.
+//   qlora100m_B4_T512_graph (on cuda and sim): that step with its forward and
+//     backward replayed as a captured graph (train/captured_step.h), its
+//     tokens uploaded each step, against the peer's plain step.
 //   qlora100m_B4_T512_peak_rss: the peak resident memory in MB of that step
 //     (setup and two steps) in a fresh process on each side
 //     (llm_peak_rss.cpp): ms and floor_ms hold MB.
@@ -49,6 +52,7 @@
 #include "bench.h"
 #include "engine/cpu/block_cache.h"
 #include "engine/cpu/gemm_bf16.h"
+#include "engine/device_backend.h"
 #include "engine/precision.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/lm_loss.h"
@@ -56,6 +60,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "quanta.h"
 #include "quanta_config.h"
+#include "train/captured_step.h"
 
 namespace quanta::cli {
 namespace {
@@ -153,7 +158,7 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
 }
 
 LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
-                           bool mixed) {
+                           bool mixed, bool graph) {
   auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   llm::QLoRAOptions q;
   q.lora.r = o.small ? 4 : 16;
@@ -170,13 +175,31 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
     if (p.requires_grad()) adapters.push_back(p);
   auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
   const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
-  auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
-  return {"qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t) +
-              (mixed ? "_mixed" : ""),
-          "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
-              " T=" + std::to_string(t) + " r=" + std::to_string(q.lora.r) +
-              " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") + peer_device(o.device),
-          [=] {
+  const Tensor host_ids = randint(0, c.vocab_size, {b, t}, gen);
+  auto ids = std::make_shared<Tensor>(host_ids.to(o.device));
+  const std::string name = "qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" +
+                           std::to_string(t) + (mixed ? "_mixed" : "");
+  const std::string peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
+                                 " T=" + std::to_string(t) + " r=" + std::to_string(q.lora.r) +
+                                 " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") +
+                                 peer_device(o.device);
+  if (graph) {
+    // The batch uploaded each step, as a fine-tune's is; two steps as
+    // called, then the forward and backward replayed.
+    auto captured = std::make_shared<train::CapturedStep>(o.device, 2);
+    auto forward_backward = [qmodel, mixed](const std::vector<Tensor>& in) {
+      const MixedPrecision precision(mixed);
+      Tensor loss = llm::chunked_causal_lm_loss(qmodel->hidden_states(in.at(0)),
+                                                qmodel->lm_head_weight(), in.at(0));
+      loss.backward();
+      return loss.detach();
+    };
+    return {name + "_graph", peer_setup, [=] {
+              captured->run({host_ids}, forward_backward, *opt);
+              opt->step();
+            }};
+  }
+  return {name, peer_setup, [=] {
             opt->zero_grad();
             {
               const MixedPrecision precision(mixed);
@@ -315,6 +338,10 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // --precision bf16; PyTorch's autocast), on a GPU and where the CPU has
   // bf16 products.
   if (bf16_products(o.device)) work.push_back(qlora_workload(o, c, gen, true));
+  // On a device that records: the plain step as a graph, against the same
+  // PyTorch step.
+  if (!o.device.is_cpu() && device_backend(o.device.type).graph)
+    work.push_back(qlora_workload(o, c, gen, false, true));
 
   const std::vector<std::string> shard_rows = llm_shard_row_names(o);
   const auto shard_wanted = [&] {
@@ -364,6 +391,15 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
         run();
         synchronize(device);
       };
+    // quanta's side once first: a step that cannot run here (a kernel the
+    // device lacks, a step that cannot be captured) leaves its row
+    // unavailable, saying why, and the suite goes on.
+    try {
+      w.run();
+    } catch (const std::exception& e) {
+      rows.push_back(unavailable_row(w.name, e.what()));
+      continue;
+    }
     BenchRow row{w.name};
     if (!peer) {
       row.ms = median_ms(o.repeat, w.run);
