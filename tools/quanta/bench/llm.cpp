@@ -176,7 +176,6 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
   auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
   const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
   const Tensor host_ids = randint(0, c.vocab_size, {b, t}, gen);
-  auto ids = std::make_shared<Tensor>(host_ids.to(o.device));
   const std::string name = "qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" +
                            std::to_string(t) + (mixed ? "_mixed" : "");
   const std::string peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
@@ -199,6 +198,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
               opt->step();
             }};
   }
+  auto ids = std::make_shared<Tensor>(host_ids.to(o.device));
   return {name, peer_setup, [=] {
             opt->zero_grad();
             {
