@@ -1,6 +1,7 @@
 // sim's streams: one SerialWorker per device, never destroyed.
 #include "engine/sim/sim_stream.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -76,8 +77,11 @@ std::function<void()> at_this_width(std::function<void()> work) {
 
 std::mutex recordings_mutex;
 std::map<int, Recorded*> recordings;
+// How many devices record: every kernel asks, and almost always none does.
+std::atomic<int> recording_devices{0};
 
 Recorded* recording_of(int index) {
+  if (recording_devices.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(recordings_mutex);
   const auto it = recordings.find(index);
   return it == recordings.end() ? nullptr : it->second;
@@ -108,6 +112,7 @@ void set_recording(int index, Recorded* into) {
     recordings[index] = into;
   else
     recordings.erase(index);
+  recording_devices.store(static_cast<int>(recordings.size()), std::memory_order_release);
 }
 
 void synchronize(int index) { stream(index).drain(); }

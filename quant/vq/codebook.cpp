@@ -174,7 +174,8 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
   pending_.steps += 1;
   // A captured step's replays rewrite these tensors; the host's handles to
   // them (cleared when the statistics are applied) are set again each time.
-  on_replay([this, after = pending_] { pending_ = after; });
+  // Only then: the copy of the statistics is not every forward's to make.
+  if (capture_open()) on_replay([this, after = pending_] { pending_ = after; });
 }
 
 void Codebook::apply_ema_update() {

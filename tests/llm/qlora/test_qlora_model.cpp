@@ -54,6 +54,19 @@ void perturb_adapters(Module& model) {
 
 const Tensor kIds = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 30, 41, 12, 0}, {2, 5});
 
+// llama_gqa with adapters on every linear layer, LoRA dropout 0.2 and lora_B
+// perturbed, on `dev`, its layers recomputed in backward or not.
+std::shared_ptr<llm::CausalLM> dropout_model(Device dev, bool recompute) {
+  std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(model_dir("llama_gqa"));
+  llm::QLoRAOptions o = options({"all-linear"});
+  o.lora.lora_dropout = 0.2;
+  llm::apply_qlora(*model, o);
+  model->to(dev);
+  perturb_adapters(*model);
+  model->set_recompute_layers(recompute);
+  return model;
+}
+
 }  // namespace
 
 TEST_CASE("matches_target: PEFT's suffix rule and all-linear") {
@@ -206,13 +219,7 @@ TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws,
   for (const Device dev : devices) {
     INFO("device ", dev.str());
     const auto run = [&](bool recompute) {
-      auto model = llm::load_causal_lm(model_dir("llama_gqa"));
-      llm::QLoRAOptions o = options({"all-linear"});
-      o.lora.lora_dropout = 0.2;
-      llm::apply_qlora(*model, o);
-      model->to(dev);
-      perturb_adapters(*model);
-      model->set_recompute_layers(recompute);
+      auto model = dropout_model(dev, recompute);
       const Tensor ids = kIds.to(dev);
       const Tensor loss =
           llm::chunked_causal_lm_loss(model->hidden_states(ids), model->lm_head_weight(), ids, 4);
@@ -241,19 +248,14 @@ TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws,
 // A QLoRA step captured as a DeviceGraph (NF4 bases, adapters with dropout
 // drawn from the layers' own streams, attention, the chunked loss; with and
 // without recomputed layers) and replayed on new tokens: the uncaptured
-// steps' losses, gradients, adapters and stream offsets, bit for bit.
+// steps' losses, the adapters after them and the streams' offsets, bit for
+// bit.
 TEST_CASE("a captured QLoRA step replays the uncaptured steps bit for bit") {
   for (const Device dev : test_devices()) {
     for (const bool recompute : {false, true}) {
       INFO("device ", dev.str(), ", recompute ", recompute);
       const auto run = [&](bool captured) {
-        auto model = llm::load_causal_lm(model_dir("llama_gqa"));
-        llm::QLoRAOptions o = options({"all-linear"});
-        o.lora.lora_dropout = 0.2;
-        llm::apply_qlora(*model, o);
-        model->to(dev);
-        perturb_adapters(*model);
-        model->set_recompute_layers(recompute);
+        auto model = dropout_model(dev, recompute);
         std::vector<Tensor> adapters;
         for (const Tensor& p : model->parameters())
           if (p.requires_grad()) adapters.push_back(p);

@@ -9,6 +9,14 @@
 
 namespace quanta::train {
 
+namespace {
+std::vector<Tensor> on(Device device, const std::vector<Tensor>& host) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : host) out.push_back(t.to(device));
+  return out;
+}
+}  // namespace
+
 CapturedStep::CapturedStep(Device device, int64_t warmup) : device_(device), warmup_(warmup) {}
 
 bool CapturedStep::fits(const std::vector<Tensor>& host_inputs) const {
@@ -26,7 +34,6 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   if (graph_ && fits(host_inputs)) {
     for (std::size_t i = 0; i < inputs_.size(); ++i) copy_(inputs_[i], host_inputs[i]);
     graph_->replay();
-    ++replays_;
     return values_.clone();  // the next replay rewrites values_
   }
   // Another shape, or not captured yet: the gradients the graph wrote are
@@ -34,19 +41,16 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   graph_.reset();
   if (uncaptured_ < warmup_ || draws_) {
     ++uncaptured_;
-    std::vector<Tensor> on_device;
-    for (const Tensor& t : host_inputs) on_device.push_back(t.to(device_));
     optimizer.zero_grad();
     const uint64_t draws_before = unreplayable_draws_on_this_thread();
-    Tensor values = body(on_device);
+    Tensor values = body(on(device_, host_inputs));
     // A step that draws for the host (a random level count) or from a
     // stream no layer owns would replay one step's numbers forever: it
     // stays uncaptured. Device draws from a layer's stream replay.
     if (unreplayable_draws_on_this_thread() != draws_before) draws_ = true;
     return values;
   }
-  inputs_.clear();
-  for (const Tensor& t : host_inputs) inputs_.push_back(t.to(device_));
+  inputs_ = on(device_, host_inputs);
   // No gradients before the capture: its backward assigns them, so each
   // replay writes them whole instead of adding to the last step's.
   optimizer.zero_grad();
@@ -64,7 +68,6 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   }
   ++captures_;
   graph_->replay();
-  ++replays_;
   return values_.clone();
 }
 

@@ -47,8 +47,6 @@ class CapturedStep {
    * stream no layer owns): such a step is never captured. Known after the
    * first step. */
   bool draws() const { return draws_; }
-  /** Steps run from the graph so far. */
-  int64_t replays() const { return replays_; }
   /** Times the step was captured. */
   int64_t captures() const { return captures_; }
   /** Kernels and copies one replay queues (0 before a capture). */
@@ -64,7 +62,7 @@ class CapturedStep {
   Tensor values_;               // the graph's output, rewritten by each replay
   std::optional<DeviceGraph> graph_;
   bool draws_ = false;
-  int64_t replays_ = 0, captures_ = 0;
+  int64_t captures_ = 0;
 };
 
 }  // namespace quanta::train
