@@ -1,6 +1,8 @@
 #include "engine/capture/device_graph.h"
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -24,29 +26,68 @@ StreamWords words_of(const PhiloxStream& s) {
   return {uint64_t(s.key[0]) | uint64_t(s.key[1]) << 32, s.start.lo, s.start.hi};
 }
 
-// A draw the graph makes again at each replay: from `gen`, `words` words,
-// its stream written to `slot` (on the device) before the replay's launch.
-struct Draw {
-  Generator* gen = nullptr;
-  int64_t words = 0;
-  Tensor slot;
-  StreamWords stream{};  // the capture's, then each replay's
+// Device memory for values a replay makes on the host (a draw's stream, an
+// optimizer's lr), with its host copy: the slots are cut from slabs, so a
+// replay uploads them in a copy or two, not one per slot.
+constexpr std::size_t kSlabBytes = 16 << 10;
+constexpr std::size_t kSlotAlign = 16;
+struct Slab {
+  Tensor device;
+  std::vector<unsigned char> host;
+  std::size_t used = 0;
+};
+
+// A slot: `bytes` at `offset` in slab `slab`, which `write` fills before
+// each replay after the first (the captured step wrote its own).
+struct Slot {
+  std::function<void(void*)> write;
+  std::size_t slab = 0, offset = 0, bytes = 0;
 };
 
 // What a replay does on the host before queueing the work, in the order
-// the captured step did it: a host change, or a draw.
+// the captured step did it: a host change, or the writing of a slot.
 struct HostStep {
   std::function<void()> change;  // or, when empty,
-  std::size_t draw = 0;          // the draw
+  std::size_t slot = 0;          // the slot written
+};
+
+// The host steps and slots of a capture, kept by its graph.
+struct Recorded {
+  std::vector<HostStep> host_steps;
+  std::vector<Slot> slots;
+  std::vector<Slab> slabs;
+  int64_t draws = 0;
+
+  void* host_of(const Slot& s) { return slabs[s.slab].host.data() + s.offset; }
 };
 
 // The capture open on this thread, if any.
 struct Capture {
   Device device;
-  std::vector<HostStep> host_steps;
-  std::vector<Draw> draws;
-  // Each stream drawn so far (key word, start lo, start hi, words) -> its draw.
+  Recorded recorded;
+  // Each stream drawn so far (key word, start lo, start hi, words) -> its slot.
   std::map<std::tuple<uint64_t, uint64_t, uint64_t, int64_t>, std::size_t> drawn;
+
+  // A new slot of `bytes` (its host bytes zero), written before each later
+  // replay by `write`; returns its index.
+  std::size_t add_slot(std::size_t bytes, std::function<void(void*)> write) {
+    std::vector<Slab>& slabs = recorded.slabs;
+    const std::size_t need = (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    if (slabs.empty() || slabs.back().used + need > slabs.back().host.size()) {
+      const std::size_t size = std::max(kSlabBytes, need);
+      slabs.push_back({empty({static_cast<int64_t>(size)}, {.dtype = DType::u8, .device = device}),
+                       std::vector<unsigned char>(size), 0});
+    }
+    Slot slot{std::move(write), slabs.size() - 1, slabs.back().used, bytes};
+    slabs.back().used += need;
+    recorded.host_steps.push_back({{}, recorded.slots.size()});
+    recorded.slots.push_back(std::move(slot));
+    return recorded.slots.size() - 1;
+  }
+  void* device_of(std::size_t slot) {
+    const Slot& s = recorded.slots[slot];
+    return static_cast<unsigned char*>(recorded.slabs[s.slab].device.raw_data()) + s.offset;
+  }
 };
 thread_local Capture* t_capture = nullptr;
 
@@ -60,16 +101,11 @@ struct DeviceGraph::Impl {
   Device device;
   const GraphOps* ops = nullptr;
   void* graph = nullptr;
-  std::vector<HostStep> host_steps;
-  std::vector<Draw> draws;
+  Recorded recorded;
   bool replayed = false;
 
-  Impl(Device d, const GraphOps* o, void* g, Capture&& c)
-      : device(d),
-        ops(o),
-        graph(g),
-        host_steps(std::move(c.host_steps)),
-        draws(std::move(c.draws)) {}
+  Impl(Device d, const GraphOps* o, void* g, Recorded&& r)
+      : device(d), ops(o), graph(g), recorded(std::move(r)) {}
   ~Impl() {
     if (graph) ops->destroy(graph, device.index);
   }
@@ -92,7 +128,7 @@ DeviceGraph DeviceGraph::capture(Device device, const std::function<void()>& wor
                                 (device.is_cpu()
                                      ? std::string("the CPU runs ops as they are called")
                                      : "its backend has no graphs in this build"));
-  Capture capture{device, {}, {}, {}};
+  Capture capture{device, {}, {}};
   ops->begin(device.index);
   t_capture = &capture;
   try {
@@ -111,7 +147,7 @@ DeviceGraph DeviceGraph::capture(Device device, const std::function<void()>& wor
   }
   t_capture = nullptr;
   void* graph = ops->end(device.index);
-  return DeviceGraph(std::make_unique<Impl>(device, ops, graph, std::move(capture)));
+  return DeviceGraph(std::make_unique<Impl>(device, ops, graph, std::move(capture.recorded)));
 }
 
 void DeviceGraph::replay() {
@@ -119,21 +155,19 @@ void DeviceGraph::replay() {
   if (t_capture)
     throw std::logic_error("[DeviceGraph] replay inside a capture of " + t_capture->device.str());
   Impl& g = *impl_;
+  Recorded& r = g.recorded;
   // The first replay runs the captured step, whose host part ran at the
   // capture; each later one makes that part again, draws included.
   if (g.replayed) {
-    for (const HostStep& h : g.host_steps) {
-      if (h.change) {
+    for (const HostStep& h : r.host_steps) {
+      if (h.change)
         h.change();
-        continue;
-      }
-      Draw& d = g.draws[h.draw];
-      const detail::ReplayableDraw replayable;
-      d.stream = words_of(d.gen->take(d.words));
+      else
+        r.slots[h.slot].write(r.host_of(r.slots[h.slot]));
     }
   }
-  for (const Draw& d : g.draws)
-    copy_bytes(d.slot.raw_data(), g.device, d.stream.data(), Device::cpu(), sizeof(StreamWords));
+  for (const Slab& s : r.slabs)
+    copy_bytes(s.device.raw_data(), g.device, s.host.data(), Device::cpu(), s.used);
   g.ops->launch(g.graph, g.device.index);
   g.replayed = true;
 }
@@ -143,17 +177,17 @@ int64_t DeviceGraph::recorded_work() const { return impl_->ops->size(impl_->grap
 
 int64_t DeviceGraph::host_changes() const {
   int64_t n = 0;
-  for (const HostStep& h : impl_->host_steps) n += h.change ? 1 : 0;
+  for (const HostStep& h : impl_->recorded.host_steps) n += h.change ? 1 : 0;
   return n;
 }
 
-int64_t DeviceGraph::draws() const { return static_cast<int64_t>(impl_->draws.size()); }
+int64_t DeviceGraph::draws() const { return impl_->recorded.draws; }
 
 bool capturing(Device device) { return t_capture && t_capture->device == device; }
 bool capture_open() { return t_capture != nullptr; }
 
 void on_replay(std::function<void()> change) {
-  if (t_capture) t_capture->host_steps.push_back({std::move(change), 0});
+  if (t_capture) t_capture->recorded.host_steps.push_back({std::move(change), 0});
 }
 
 namespace detail {
@@ -172,20 +206,33 @@ const uint64_t* captured_stream(Device device, Generator& gen, int64_t words) {
   // The same stream again (dropout's backward): the same slot, so each
   // replay's two draws stay one.
   if (const auto it = c.drawn.find(key); it != c.drawn.end())
-    return static_cast<const uint64_t*>(c.draws[it->second].slot.raw_data());
+    return static_cast<const uint64_t*>(c.device_of(it->second));
   if (gen.replay() != Generator::Replay::owner)
     throw std::logic_error(
         "[Generator] a random draw inside a captured step from a stream that may not outlive "
         "the graph (a copy, or a generator no layer owns): a replay could not draw it again");
-  Draw d;
-  d.gen = &gen;
-  d.words = words;
-  d.slot = empty({3}, {.dtype = DType::i64, .device = device});
-  d.stream = w;
-  c.drawn.emplace(key, c.draws.size());
-  c.host_steps.push_back({{}, c.draws.size()});
-  c.draws.push_back(std::move(d));
-  return static_cast<const uint64_t*>(c.draws.back().slot.raw_data());
+  Generator* g = &gen;
+  const std::size_t slot = c.add_slot(sizeof(StreamWords), [g, words](void* out) {
+    const ReplayableDraw replayable;
+    const StreamWords next = words_of(g->take(words));
+    std::memcpy(out, next.data(), sizeof(StreamWords));
+  });
+  std::memcpy(c.recorded.host_of(c.recorded.slots[slot]), w.data(), sizeof(StreamWords));
+  ++c.recorded.draws;
+  c.drawn.emplace(key, slot);
+  return static_cast<const uint64_t*>(c.device_of(slot));
+}
+
+const double* replay_values(Device device, int64_t count,
+                            const std::function<void(double*)>& write) {
+  if (!capturing(device))
+    throw std::logic_error("[DeviceGraph] replay_values outside a capture of " + device.str());
+  if (count <= 0) throw std::invalid_argument("[DeviceGraph] replay_values of no values");
+  Capture& c = *t_capture;
+  const std::size_t slot = c.add_slot(sizeof(double) * static_cast<std::size_t>(count),
+                                      [write](void* out) { write(static_cast<double*>(out)); });
+  write(static_cast<double*>(c.recorded.host_of(c.recorded.slots[slot])));
+  return static_cast<const double*>(c.device_of(slot));
 }
 
 }  // namespace detail

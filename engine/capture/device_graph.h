@@ -12,9 +12,9 @@
 // exactly what was recorded, with the same pointers and the same arguments,
 // so what is meant to change between replays must live in device memory that
 // the step reads (its inputs copied in place before each replay), never in a
-// kernel's arguments: an optimizer's learning rate and Adam's bias
-// corrections are arguments, so a step whose lr or step count changes keeps
-// its optimizer step outside the graph (train/captured_step.h does). Memory
+// kernel's arguments. The optimizers' learning rate and Adam's bias
+// corrections change every step: captured, their kernels read them from
+// device memory a replay rewrites (detail::replay_values). Memory
 // allocated while capturing belongs to the graph until it is destroyed: the
 // tensors the step made and kept (gradients, the loss) are rewritten at each
 // replay, and memory the step freed is not handed to anyone else.
@@ -23,7 +23,8 @@
 // while capturing. Each later replay is one more step: before queueing the
 // work it makes that host part again, in the captured order: the changes
 // recorded with on_replay (a counter, the handles of tensors the step leaves
-// for later), and the random draws. A device fill drawn inside a capture
+// for later), the random draws, and the values kernels read from device
+// memory (an optimizer's lr). A device fill drawn inside a capture
 // (engine/random/sampling.h) reads its stream from device memory that each
 // replay rewrites with the stream the generator gives then, so every step
 // draws its own numbers, as uncaptured; its generator must be a layer's own
@@ -95,6 +96,16 @@ namespace detail {
  * (an owner) or, for a stream an earlier draw of the capture took, that
  * draw's. */
 const uint64_t* captured_stream(Device device, Generator& gen, int64_t n_words);
+
+/** Inside a capture of `device`: `count` doubles of device memory for what
+ * a kernel reads that changes from step to step (an optimizer's lr and bias
+ * corrections: SgdStep::live, AdamStep::live). `write` fills them on the
+ * host: at once, for the captured step, and in each later replay at its
+ * place among the replay's host steps (after the on_replay changes recorded
+ * before it); the values reach the device before the replay's work runs.
+ * Throws std::logic_error outside a capture of `device`. */
+const double* replay_values(Device device, int64_t count,
+                            const std::function<void(double*)>& write);
 }  // namespace detail
 
 }  // namespace quanta

@@ -15,7 +15,7 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
               void* momentum_buffer) {
   dispatch_float(dtype, "SGD step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const fn::SgdUpdate<T> f(s);
+    const fn::SgdUpdate<T> f(fn::read_live(s));
     T* p = static_cast<T*>(param);
     const T* g = static_cast<const T*>(grad);
     T* buf = static_cast<T*>(momentum_buffer);
@@ -66,7 +66,8 @@ void adam_one(const AdamStep& s, DType dtype, int64_t n, void* param, const void
 void adam_step(DType dtype, const AdamTensorList& tensors) {
   for (int64_t i = 0; i < tensors.count; ++i) {
     const AdamTensor& t = tensors.data[i];
-    adam_one(t.s, dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq);
+    adam_one(fn::read_live(t.s), dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq,
+             t.max_exp_avg_sq);
   }
 }
 

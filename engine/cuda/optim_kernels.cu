@@ -15,20 +15,23 @@
 namespace quanta::cuda {
 namespace {
 
+// The update is built by each thread from the settings, whose lr may live
+// in device memory (a captured step's: SgdStep::live).
 template <class T>
-__global__ void sgd_kernel(fn::SgdUpdate<T> f, int64_t n, T* p, const T* g, T* buf) {
+__global__ void sgd_kernel(SgdStep s, int64_t n, T* p, const T* g, T* buf) {
+  const fn::SgdUpdate<T> f(fn::read_live(s));
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
     f(p[i], g[i], buf ? buf + i : nullptr);
 }
 
-// Parameters per Adam launch: 16 of them in f64 are about 2.5 KB of kernel
+// Parameters per Adam launch: 16 of them are about 2 KB of kernel
 // argument, under the 4 KB every CUDA version takes.
 constexpr int kAdamChunk = 16;
 
 template <class T>
 struct AdamChunk {
-  fn::AdamUpdate<T> f[kAdamChunk];
+  AdamStep s[kAdamChunk];
   int64_t n[kAdamChunk];
   T* p[kAdamChunk];
   const T* g[kAdamChunk];
@@ -37,12 +40,14 @@ struct AdamChunk {
   T* vmax[kAdamChunk];
 };
 
-// Grid row blockIdx.y updates the chunk's parameter y.
+// Grid row blockIdx.y updates the chunk's parameter y. Each thread builds
+// the update from the settings, whose lr and bias corrections may live in
+// device memory (a captured step's: AdamStep::live).
 template <class T>
 __global__ void adam_kernel(AdamChunk<T> c) {
   const int t = static_cast<int>(blockIdx.y);
   const int64_t n = c.n[t];
-  const fn::AdamUpdate<T> f = c.f[t];
+  const fn::AdamUpdate<T> f(fn::read_live(c.s[t]));
   T *p = c.p[t], *m = c.m[t], *v = c.v[t], *vmax = c.vmax[t];
   const T* g = c.g[t];
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -59,7 +64,7 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
     using T = typename decltype(tag)::type;
     const LaunchConfig cfg = launch_config(n, max_blocks());
     sgd_kernel<T><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
-        fn::SgdUpdate<T>(s), n, static_cast<T*>(param), static_cast<const T*>(grad),
+        s, n, static_cast<T*>(param), static_cast<const T*>(grad),
         static_cast<T*>(momentum_buffer));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
@@ -75,7 +80,7 @@ void adam_step(DType dtype, const AdamTensorList& tensors) {
       for (int64_t i = first; i < std::min<int64_t>(tensors.count, first + kAdamChunk); ++i) {
         const AdamTensor& t = tensors.data[i];
         if (t.n == 0) continue;
-        c.f[rows] = fn::AdamUpdate<T>(t.s);
+        c.s[rows] = t.s;
         c.n[rows] = t.n;
         c.p[rows] = static_cast<T*>(t.param);
         c.g[rows] = static_cast<const T*>(t.grad);

@@ -111,10 +111,11 @@ struct SgdUpdate {
   T wd, momentum, keep, neg_lr;
   bool has_wd, has_momentum, nesterov, first;
 
-  explicit SgdUpdate(const SgdStep& s)
+  /** From settings whose `live` values (SgdStep::live) were read. */
+  QUANTA_HD explicit SgdUpdate(const SgdStep& s)
       : wd(static_cast<T>(s.weight_decay)),
         momentum(static_cast<T>(s.momentum)),
-        keep(static_cast<T>(1.0 - s.dampening)),
+        keep(static_cast<T>(sub_rn(1.0, s.dampening))),
         neg_lr(static_cast<T>(-s.lr)),
         has_wd(s.weight_decay != 0),
         has_momentum(s.momentum != 0),
@@ -140,21 +141,21 @@ struct AdamUpdate {
   T decay, wd, w, neg_keep, beta2, one_minus_beta2, bc2_sqrt, eps, step;
   bool decoupled, coupled, lerp_from_m, amsgrad;
 
-  /** Unset, for arrays of them (a CUDA launch carries several). */
-  AdamUpdate() = default;
-  explicit AdamUpdate(const AdamStep& s)
-      : decay(static_cast<T>(1.0 - s.lr * s.weight_decay)),
+  /** From settings whose `live` values (AdamStep::live) were read. Each
+   * double rounded once, so the host and the device build the same. */
+  QUANTA_HD explicit AdamUpdate(const AdamStep& s)
+      : decay(static_cast<T>(sub_rn(1.0, mul_rn(s.lr, s.weight_decay)))),
         wd(static_cast<T>(s.weight_decay)),
-        w(static_cast<T>(1.0 - s.beta1)),
-        neg_keep(static_cast<T>(-(1.0 - (1.0 - s.beta1)))),
+        w(static_cast<T>(sub_rn(1.0, s.beta1))),
+        neg_keep(static_cast<T>(-sub_rn(1.0, sub_rn(1.0, s.beta1)))),
         beta2(static_cast<T>(s.beta2)),
-        one_minus_beta2(static_cast<T>(1.0 - s.beta2)),
+        one_minus_beta2(static_cast<T>(sub_rn(1.0, s.beta2))),
         bc2_sqrt(static_cast<T>(s.bc2_sqrt)),
         eps(static_cast<T>(s.eps)),
-        step(static_cast<T>(-(s.lr / s.bc1))),
+        step(static_cast<T>(-div_rn(s.lr, s.bc1))),
         decoupled(s.weight_decay != 0 && s.decoupled),
         coupled(s.weight_decay != 0 && !s.decoupled),
-        lerp_from_m(1.0 - s.beta1 < 0.5),
+        lerp_from_m(sub_rn(1.0, s.beta1) < 0.5),
         amsgrad(s.amsgrad) {}
 
   /** The moments: decays p (AdamW), updates m, v (and the running max of
@@ -184,6 +185,27 @@ struct AdamUpdate {
     apply(p, m, root);
   }
 };
+
+/** `s` with the values a captured step keeps in device memory
+ * (SgdStep::live, AdamStep::live) read from there; `s` itself otherwise. */
+QUANTA_HD inline SgdStep read_live(SgdStep s) {
+  if (s.live) {
+    s.lr = s.live[0];
+    s.weight_decay = s.live[1];
+    s.live = nullptr;
+  }
+  return s;
+}
+QUANTA_HD inline AdamStep read_live(AdamStep s) {
+  if (s.live) {
+    s.lr = s.live[0];
+    s.weight_decay = s.live[1];
+    s.bc1 = s.live[2];
+    s.bc2_sqrt = s.live[3];
+    s.live = nullptr;
+  }
+  return s;
+}
 
 }  // namespace fn
 }  // namespace quanta

@@ -114,6 +114,10 @@ struct SgdStep {
   double lr = 0, weight_decay = 0, momentum = 0, dampening = 0;
   bool nesterov = false;
   bool first = false;
+  /** Or, in a captured step: device memory holding {lr, weight_decay},
+   * read when the kernel runs (a graph rewrites it before each replay); lr
+   * and weight_decay above are then unused. */
+  const double* live = nullptr;
 };
 
 /** One Adam/AdamW step's settings; bias corrections for this step:
@@ -123,6 +127,10 @@ struct AdamStep {
   double bc1 = 1, bc2_sqrt = 1;
   bool decoupled = false;  // AdamW: p *= 1 - lr wd, else g += wd p
   bool amsgrad = false;
+  /** Or, in a captured step: device memory holding {lr, weight_decay, bc1,
+   * bc2_sqrt}, read when the kernel runs (a graph rewrites it before each
+   * replay); those four above are then unused. */
+  const double* live = nullptr;
 };
 
 /** One parameter of a multi-tensor Adam step: its settings (each parameter

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/capture/device_graph.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
@@ -95,6 +96,17 @@ void Optimizer::add_param_group(ParamGroup group) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  if (capture_open()) {
+    // Each replay of a captured step is one more step: the step counts
+    // advance on the host as they would (the bias corrections read them).
+    std::vector<std::pair<size_t, size_t>> stepped;
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (size_t i = 0; i < groups_[g].params.size(); ++i)
+        if (groups_[g].params[i].grad().defined()) stepped.emplace_back(g, i);
+    on_replay([this, stepped] {
+      for (const auto& [g, i] : stepped) ++state_[g][i].step;
+    });
+  }
   try {
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (size_t i = 0; i < groups_[g].params.size(); ++i) {
@@ -103,6 +115,8 @@ void Optimizer::step() {
         if (!grad.defined()) continue;
         ParamState& st = state_[g][i];
         ++st.step;
+        stepping_ = {g, i};
+        if (capture_open()) check_capturable(p, grad, st);
         update(groups_[g], p, grad, st);
       }
     }
@@ -359,6 +373,25 @@ bool Optimizer::fusable(const Tensor& p, const Tensor& grad, const ParamState& s
   return true;
 }
 
+void Optimizer::check_capturable(const Tensor& p, const Tensor& grad, const ParamState& st) const {
+  const std::string which = "[" + name_ + "] parameter " + std::to_string(stepping_.second) +
+                            " of group " + std::to_string(stepping_.first);
+  if (!capturing(p.device()))
+    throw std::logic_error(which + " is on " + p.device().str() +
+                           ", not the device being captured");
+  if (!fusable(p, grad, st))
+    throw std::logic_error(which + " (" + dtype_name(p.dtype()) +
+                           (p.is_contiguous() ? "" : ", strided") +
+                           ") cannot be stepped in a captured step: only f32 and f64 "
+                           "contiguous parameters have a fused step that reads its lr from "
+                           "device memory");
+  for (const std::string& name : state_buffers())
+    if (!st.get(name).defined())
+      throw std::logic_error(which + " has no " + name +
+                             " yet: its first step makes it, which a replay would redo; "
+                             "run a step before capturing");
+}
+
 // ---- SGD ----
 SGD::SGD(const std::vector<Tensor>& params, const SGDOptions& opts)
     : SGD(std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts) {}
@@ -402,9 +435,15 @@ void SGD::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, P
         st.set("momentum_buffer", buf);
       }
     }
+    SgdStep s{lr, wd, momentum_, dampening_, nesterov_ != 0, first};
+    if (capturing(p.device()))  // each replay reads the group's lr then
+      s.live = detail::replay_values(p.device(), 2, [this, g = stepping_.first](double* v) {
+        v[0] = *groups_[g].lr;
+        v[1] = *groups_[g].weight_decay;
+      });
     kernels(p.device())
-        .sgd_step({lr, wd, momentum_, dampening_, nesterov_ != 0, first}, p.dtype(), p.numel(),
-                  p.raw_data(), grad.raw_data(), buf.defined() ? buf.raw_data() : nullptr);
+        .sgd_step(s, p.dtype(), p.numel(), p.raw_data(), grad.raw_data(),
+                  buf.defined() ? buf.raw_data() : nullptr);
     return;
   }
   Tensor d = grad;
@@ -440,7 +479,21 @@ struct Adam::Queued {
   DType dtype;
   Tensor grad;
   AdamTensor tensor;
+  std::pair<size_t, size_t> index;  // group, parameter
 };
+
+AdamStep Adam::settings(size_t g, size_t i) const {
+  const double t = static_cast<double>(state_[g][i].step);
+  return {.lr = *groups_[g].lr,
+          .weight_decay = *groups_[g].weight_decay,
+          .beta1 = beta1_,
+          .beta2 = beta2_,
+          .eps = eps_,
+          .bc1 = 1.0 - std::pow(beta1_, t),
+          .bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t)),
+          .decoupled = decoupled_,
+          .amsgrad = amsgrad_ != 0};
+}
 
 Adam::Adam(const std::vector<Tensor>& params, const AdamOptions& opts)
     : Adam("Adam", std::vector<ParamGroup>{ParamGroup{params, {}, {}}}, opts, false) {}
@@ -467,14 +520,31 @@ void Adam::finish_step() {
   queued.swap(queued_);
   std::vector<bool> done(queued.size(), false);
   std::vector<AdamTensor> list;
+  std::vector<std::pair<size_t, size_t>> index;
   for (size_t i = 0; i < queued.size(); ++i) {
     if (done[i]) continue;
     list.clear();
+    index.clear();
     for (size_t j = i; j < queued.size(); ++j)
       if (!done[j] && queued[j].device == queued[i].device && queued[j].dtype == queued[i].dtype) {
         list.push_back(queued[j].tensor);
+        index.push_back(queued[j].index);
         done[j] = true;
       }
+    if (capturing(queued[i].device)) {
+      // Each replay reads the groups' lr and the step counts then.
+      const double* live = detail::replay_values(
+          queued[i].device, 4 * static_cast<int64_t>(index.size()), [this, index](double* v) {
+            for (const auto& [g, p] : index) {
+              const AdamStep s = settings(g, p);
+              *v++ = s.lr;
+              *v++ = s.weight_decay;
+              *v++ = s.bc1;
+              *v++ = s.bc2_sqrt;
+            }
+          });
+      for (size_t k = 0; k < list.size(); ++k) list[k].s.live = live + 4 * k;
+    }
     kernels(queued[i].device)
         .adam_step(queued[i].dtype, {list.data(), static_cast<int64_t>(list.size())});
   }
@@ -506,25 +576,24 @@ void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, 
     }
     return b;
   };
-  const double t = static_cast<double>(st.step);
-  const double bc1 = 1.0 - std::pow(beta1_, t);
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+  const AdamStep s = settings(stepping_.first, stepping_.second);
+  const double bc1 = s.bc1, bc2_sqrt = s.bc2_sqrt;
   if (fusable(p, grad, st)) {
     // Queued: finish_step runs every fusable parameter of a device and dtype
     // in one call of the table's adam_step (one launch per 16 on CUDA).
     Tensor m = buffer("exp_avg"), v = buffer("exp_avg_sq");
     Tensor vmax = amsgrad_ != 0 ? buffer("max_exp_avg_sq") : Tensor();
-    queued_.push_back(
-        {p.device(), p.dtype(), grad,
-         AdamTensor{
-             .s = {lr, wd, beta1_, beta2_, eps_, bc1, bc2_sqrt, decoupled_, amsgrad_ != 0},
-             .n = p.numel(),
-             .param = p.raw_data(),
-             .grad = grad.raw_data(),
-             .exp_avg = m.raw_data(),
-             .exp_avg_sq = v.raw_data(),
-             .max_exp_avg_sq = vmax.defined() ? vmax.raw_data() : nullptr,
-         }});
+    queued_.push_back({p.device(), p.dtype(), grad,
+                       AdamTensor{
+                           .s = s,
+                           .n = p.numel(),
+                           .param = p.raw_data(),
+                           .grad = grad.raw_data(),
+                           .exp_avg = m.raw_data(),
+                           .exp_avg_sq = v.raw_data(),
+                           .max_exp_avg_sq = vmax.defined() ? vmax.raw_data() : nullptr,
+                       },
+                       stepping_});
     return;
   }
   Tensor g = grad;
@@ -591,33 +660,59 @@ Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type) {
   return stack(norms);
 }
 
-double clip_grads_by_norms(const std::vector<Tensor>& grads, const Tensor& norms, double max_norm,
-                           double norm_type, bool error_if_nonfinite) {
-  check_clip_options(max_norm, norm_type);
-  if (norms.numel() == 0) return 0.0;
-  NoGradGuard no_grad;
-  const bool inf = std::isinf(norm_type);
-  const Tensor total = inf ? amax(norms) : pow(sum(pow(norms, norm_type)), 1.0 / norm_type);
-  if (error_if_nonfinite && !std::isfinite(total.item()))
-    throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
-                             " is non-finite, so it cannot be clipped");
+namespace {
+// The joint norm of the per-tensor `norms` (f64, where they are).
+Tensor total_norm(const Tensor& norms, double norm_type) {
+  return std::isinf(norm_type) ? amax(norms) : pow(sum(pow(norms, norm_type)), 1.0 / norm_type);
+}
+// Scales `grads` by max_norm / (total + 1e-6) where that is below 1.
+void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, double max_norm) {
   // Clamped to 1: gradients within the limit are multiplied by exactly 1,
   // so they do not change. A NaN factor propagates into the gradients, as
   // in PyTorch.
   const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
   for (const Tensor& g : grads)
     if (g.defined() && g.numel() > 0) mul_(g, coef.to(g.dtype()).to(g.device()));
+}
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+}  // namespace
+
+double clip_grads_by_norms(const std::vector<Tensor>& grads, const Tensor& norms, double max_norm,
+                           double norm_type, bool error_if_nonfinite) {
+  check_clip_options(max_norm, norm_type);
+  if (norms.numel() == 0) return 0.0;
+  NoGradGuard no_grad;
+  const Tensor total = total_norm(norms, norm_type);
+  if (error_if_nonfinite && !std::isfinite(total.item()))
+    throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
+                             " is non-finite, so it cannot be clipped");
+  scale_by_total(grads, total, max_norm);
   return total.item();
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   check_clip_options(max_norm, norm_type);
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params)
-    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
+  const std::vector<Tensor> grads = grads_of(params);
   return clip_grads_by_norms(grads, grad_norms(grads, norm_type), max_norm, norm_type,
                              error_if_nonfinite);
+}
+
+Tensor clip_grad_norm_no_sync_(const std::vector<Tensor>& params, double max_norm,
+                               double norm_type) {
+  check_clip_options(max_norm, norm_type);
+  const std::vector<Tensor> grads = grads_of(params);
+  const Tensor norms = grad_norms(grads, norm_type);
+  if (norms.numel() == 0) return zeros({}, {.dtype = DType::f64});
+  NoGradGuard no_grad;
+  const Tensor total = total_norm(norms, norm_type);
+  scale_by_total(grads, total, max_norm);
+  return total;
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {

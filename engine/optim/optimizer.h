@@ -30,6 +30,8 @@
 
 namespace quanta {
 
+struct AdamStep;  // engine/kernels/table.h
+
 /** Parameters that share a learning rate and weight decay. Unset values take
  * the optimiser's defaults. */
 struct ParamGroup {
@@ -44,7 +46,12 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  /** One update of every parameter that has a gradient. */
+  /** One update of every parameter that has a gradient. Inside a capture
+   * (engine/capture/device_graph.h) each replay is one more step: the step
+   * counts advance and the kernels read each group's lr and weight decay as
+   * they are when replay() is called (set_lr before it). Captured, every
+   * parameter with a gradient must be f32 or f64, contiguous, and stepped
+   * before (its state exists); the optimizer must outlive the graph. */
   void step();
   /** Drops the gradients of all parameters (sets them undefined). */
   void zero_grad();
@@ -95,6 +102,10 @@ class Optimizer {
   /** Runs what update() queued, after the last parameter of a step (and
    * after a failed one, for those queued before the failure). */
   virtual void finish_step() {}
+  /** Inside a capture: throws std::logic_error, naming the parameter, when
+   * its step cannot be replayed exactly (no fused step, state the step
+   * would create, another device). */
+  void check_capturable(const Tensor& p, const Tensor& grad, const ParamState& st) const;
   /** Hyper-parameters other than lr and weight decay (stored as doubles). */
   virtual std::vector<HyperParam> hyper_params() = 0;
   /** Checks the hyper-parameters; throws naming the bad one. */
@@ -110,6 +121,8 @@ class Optimizer {
   double default_weight_decay_;
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param]
+  /** The group and index of the parameter update() is called for. */
+  std::pair<size_t, size_t> stepping_{0, 0};
 
  private:
   // The steps of load_state_dict (optimizer.cpp): every key is read and
@@ -199,6 +212,10 @@ class Adam : public Optimizer {
   void finish_step() override;
 
  private:
+  /** The settings of parameter i of group g's step now (its step count
+   * already advanced). */
+  AdamStep settings(size_t g, size_t i) const;
+
   double beta1_, beta2_, eps_, amsgrad_;
   bool decoupled_;
   // The step's fusable parameters, run together by finish_step
@@ -222,6 +239,13 @@ class AdamW : public Adam {
  * `error_if_nonfinite` a NaN or infinite total throws instead. */
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
+
+/** clip_grad_norm_ without reading the device: returns the total norm as an
+ * f64 0-d tensor on the gradients' device (a CPU zero when there are
+ * none), so a GPU step does not wait for it and a captured step
+ * (engine/capture/device_graph.h) may clip. */
+Tensor clip_grad_norm_no_sync_(const std::vector<Tensor>& params, double max_norm,
+                               double norm_type = 2.0);
 
 /** The pieces of clip_grad_norm_, for gradients spread over ranks
  * (dist::OptimizerShards): the per-tensor `norm_type`-norms of `grads`

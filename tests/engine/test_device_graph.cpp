@@ -4,7 +4,9 @@
 // name. The replay cases run on cuda:0 too where a GPU is visible.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -126,31 +128,113 @@ TEST_CASE("a captured training step (forward, backward, SGD) equals the eager st
   }
 }
 
-TEST_CASE("Adam outside the graph: captured forward and backward, eager steps, same bits") {
-  for (const Device device : quanta::testing::test_devices()) {
-    CAPTURE(device.str());
-    // Adam's bias corrections change every step: its step stays outside.
-    auto eager = make_mlp(device);
-    Adam eager_opt(eager->parameters(), {.lr = 1e-2});
-    for (int s = 0; s < 5; ++s) {
-      const auto [x, y] = batch(s);
-      eager_opt.zero_grad();
-      mse_loss((*eager)(x.to(device)), y.to(device)).backward();
-      eager_opt.step();
+// The state an optimizer saves, on the host: step counts, moments, lr.
+std::vector<std::vector<double>> state_of(const Optimizer& opt) {
+  std::vector<std::vector<double>> v;
+  for (const auto& [name, t] : opt.state_dict())
+    v.push_back(t.to(Device::cpu()).to(DType::f64).to_vector<double>());
+  return v;
+}
+
+TEST_CASE("the optimizer inside the graph: lr, step counts and clipping change per replay") {
+  // The whole step captured: forward, backward, clipping and the optimizer,
+  // whose lr (a schedule's) and Adam's bias corrections change every step:
+  // each replay reads them from device memory it rewrites first.
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<Optimizer>(const std::vector<Tensor>&)> make;
+  };
+  const std::vector<Case> cases = {
+      {"Adam", [](const auto& p) { return std::make_unique<Adam>(p, AdamOptions{.lr = 1e-2}); }},
+      {"AdamW amsgrad",
+       [](const auto& p) {
+         return std::make_unique<AdamW>(p, AdamWOptions{.lr = 1e-2, .amsgrad = true});
+       }},
+      {"Adam L2",
+       [](const auto& p) {
+         return std::make_unique<Adam>(p, AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
+       }},
+      {"SGD nesterov",
+       [](const auto& p) {
+         return std::make_unique<SGD>(
+             p, SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3});
+       }},
+  };
+  const auto lr_at = [](int s) { return 1e-2 * (1.0 + 0.5 * std::sin(s)); };
+  for (const Device device : quanta::testing::test_devices())
+    for (const Case& c : cases) {
+      CAPTURE(device.str());
+      CAPTURE(c.name);
+      auto eager = make_mlp(device);
+      auto eager_opt = c.make(eager->parameters());
+      std::vector<float> eager_norms;
+      for (int s = 0; s < 6; ++s) {
+        const auto [x, y] = batch(s);
+        eager_opt->zero_grad();
+        mse_loss((*eager)(x.to(device)), y.to(device)).backward();
+        eager_norms.push_back(static_cast<float>(clip_grad_norm_(eager->parameters(), 0.5)));
+        eager_opt->set_lr(lr_at(s));
+        eager_opt->step();
+      }
+
+      auto model = make_mlp(device);
+      auto opt = c.make(model->parameters());
+      Tensor x = empty({32, 3}, {.device = device}), y = empty({32, 1}, {.device = device});
+      Tensor norm;
+      auto step = [&] {
+        mse_loss((*model)(x), y).backward();
+        norm = clip_grad_norm_no_sync_(model->parameters(), 0.5);
+        opt->step();
+      };
+      std::vector<float> norms;
+      auto stage = [&](int s) {
+        const auto [bx, by] = batch(s);
+        copy_(x, bx);
+        copy_(y, by);
+        opt->set_lr(lr_at(s));
+      };
+      stage(0);
+      opt->zero_grad();
+      step();  // the state exists after one step
+      norms.push_back(static_cast<float>(norm.item()));
+      opt->zero_grad();
+      stage(1);
+      DeviceGraph graph = DeviceGraph::capture(device, step);
+      CHECK(graph.host_changes() == 1);  // the step counts
+      for (int s = 1; s < 6; ++s) {
+        if (s > 1) stage(s);
+        graph.replay();
+        norms.push_back(static_cast<float>(norm.item()));
+      }
+      CHECK(norms == eager_norms);
+      CHECK(*std::max_element(norms.begin(), norms.end()) > 0.5f);  // some step clipped
+      CHECK(values_of(*model) == values_of(*eager));
+      CHECK(state_of(*opt) == state_of(*eager_opt));
     }
-    auto model = make_mlp(device);
-    Adam opt(model->parameters(), {.lr = 1e-2});
-    Tensor x = empty({32, 3}, {.device = device}), y = empty({32, 1}, {.device = device});
-    DeviceGraph graph = DeviceGraph::capture(device, [&] { mse_loss((*model)(x), y).backward(); });
-    for (int s = 0; s < 5; ++s) {
-      const auto [bx, by] = batch(s);
-      copy_(x, bx);
-      copy_(y, by);
-      graph.replay();
-      opt.step();
-    }
-    CHECK(values_of(*model) == values_of(*eager));
-  }
+}
+
+TEST_CASE("an optimizer step a replay could not repeat exactly is refused inside a capture") {
+  auto model = make_mlp(kSim);
+  Tensor x = zeros({4, 3}, {.device = kSim}), y = zeros({4, 1}, {.device = kSim});
+  Adam fresh(model->parameters(), {.lr = 1e-2});
+  mse_loss((*model)(x), y).backward();
+  // Its first step makes the moments: a replay would zero them again.
+  const std::string first = message_of([&] { DeviceGraph::capture(kSim, [&] { fresh.step(); }); });
+  CHECK(contains(first, "[Adam] parameter 0 of group 0 has no exp_avg yet"));
+  CHECK(contains(first, "run a step before capturing"));
+
+  // A bf16 parameter's step is a chain of ops whose lr is an argument.
+  Tensor w = ones({8}, {.dtype = DType::bf16, .device = kSim}).requires_grad_();
+  SGD sgd({w}, {.lr = 0.1});
+  sum(w * 2.0).backward();
+  const std::string bf16 = message_of([&] { DeviceGraph::capture(kSim, [&] { sgd.step(); }); });
+  CHECK(contains(bf16, "[SGD] parameter 0 of group 0 (bf16) cannot be stepped in a captured step"));
+
+  // The value clip_grad_norm_ returns is a read of the device.
+  mse_loss((*model)(x), y).backward();
+  const std::string read = message_of(
+      [&] { DeviceGraph::capture(kSim, [&] { clip_grad_norm_(model->parameters(), 1.0); }); });
+  CHECK(contains(read, "captured step"));
 }
 
 TEST_CASE("a graph keeps the memory its capture allocated until it is destroyed") {

@@ -784,6 +784,8 @@ TEST_CASE("quanta train --device sim: the captured step replays --no-graph's byt
       // Device draws from the layers' own streams: replayed, each step its own.
       {{"--quantizer", "fsp"}, true},  // noise inside its bins while training
       {{"--threshold-ema-dead-code", "2", "--directional-reparam"}, true},
+      // AdamW in the graph, its lr changing every step: read at each replay.
+      {{"--lr-schedule", "cosine", "--warmup-steps", "4", "--weight-decay", "0.01"}, true},
       // A level count drawn on the host: never captured.
       {{"--quantizer", "rvq", "--quantize-dropout"}, false},
   };

@@ -184,7 +184,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
                                  peer_device(o.device);
   if (graph) {
     // The batch uploaded each step, as a fine-tune's is; two steps as
-    // called, then the forward and backward replayed.
+    // called, then the forward, backward and AdamW step replayed.
     auto captured = std::make_shared<train::CapturedStep>(o.device, 2);
     auto forward_backward = [qmodel, mixed](const std::vector<Tensor>& in) {
       const MixedPrecision precision(mixed);
@@ -194,8 +194,8 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
       return loss.detach();
     };
     return {name + "_graph", peer_setup, [=] {
-              captured->run({host_ids}, forward_backward, *opt);
-              opt->step();
+              captured->run(
+                  {host_ids}, forward_backward, [opt] { opt->step(); }, *opt);
             }};
   }
   auto ids = std::make_shared<Tensor>(host_ids.to(o.device));

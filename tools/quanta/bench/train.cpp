@@ -85,7 +85,7 @@ struct Step {
 
 // How a row's VQ-VAE step gets its images: already on the device (the
 // step's own work alone), uploaded at every step as quanta train does, or
-// uploaded and the forward and backward replayed as a captured graph
+// uploaded and the forward, backward and Adam step replayed as a captured graph
 // (train/captured_step.h, on cuda and sim).
 enum class StepInput { resident, uploaded, graph };
 
@@ -124,13 +124,14 @@ Step vqvae_step(const char* type, const Tensor& cpu_images, Device device,
   };
   return {[s, input, forward_backward] {
             if (s->captured) {
-              s->captured->run({s->host_images}, forward_backward, *s->optimizer);
+              s->captured->run(
+                  {s->host_images}, forward_backward, [s] { s->optimizer->step(); }, *s->optimizer);
             } else {
               s->optimizer->zero_grad();
               forward_backward({input == StepInput::uploaded ? s->host_images.to(s->images.device())
                                                              : s->images});
+              s->optimizer->step();
             }
-            s->optimizer->step();
             s->model->quantizer().after_step();
           },
           st};

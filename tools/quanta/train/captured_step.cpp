@@ -30,20 +30,26 @@ bool CapturedStep::fits(const std::vector<Tensor>& host_inputs) const {
 
 Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
                          const std::function<Tensor(const std::vector<Tensor>&)>& body,
-                         Optimizer& optimizer) {
+                         const std::function<void()>& update, Optimizer& optimizer) {
   if (graph_ && fits(host_inputs)) {
     for (std::size_t i = 0; i < inputs_.size(); ++i) copy_(inputs_[i], host_inputs[i]);
     graph_->replay();
+    ++replays_;
     return values_.clone();  // the next replay rewrites values_
   }
   // Another shape, or not captured yet: the gradients the graph wrote are
   // zeroed below, so the graph goes.
+  if (graph_) {
+    short_lived_ = replays_ <= 1 ? short_lived_ + 1 : 0;
+    if (short_lived_ >= 2) stopped_ = true;
+  }
   graph_.reset();
-  if (uncaptured_ < warmup_ || draws_) {
+  if (uncaptured_ < warmup_ || draws_ || stopped_) {
     ++uncaptured_;
     optimizer.zero_grad();
     const uint64_t draws_before = unreplayable_draws_on_this_thread();
     Tensor values = body(on(device_, host_inputs));
+    update();
     // A step that draws for the host (a random level count) or from a
     // stream no layer owns would replay one step's numbers forever: it
     // stays uncaptured. Device draws from a layer's stream replay.
@@ -55,7 +61,10 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   // replay writes them whole instead of adding to the last step's.
   optimizer.zero_grad();
   try {
-    graph_ = DeviceGraph::capture(device_, [&] { values_ = body(inputs_); });
+    graph_ = DeviceGraph::capture(device_, [&] {
+      values_ = body(inputs_);
+      update();
+    });
   } catch (const std::exception& e) {
     // The steps before still run on the device: let them finish while the
     // process is whole (at exit, the libraries their kernels call are gone).
@@ -68,6 +77,7 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   }
   ++captures_;
   graph_->replay();
+  replays_ = 1;
   return values_.clone();
 }
 

@@ -1,20 +1,24 @@
 #pragma once
-// The training loop's forward and backward as one DeviceGraph
-// (engine/capture/device_graph.h) on a device that records (CUDA, sim):
-// after `warmup` steps run as they are called (k-means initialisation and
-// the first optimizer steps make the buffers a steady step reads), the
-// step is captured once and then replayed, the batch copied into the same
-// device tensors before each replay. Bit for bit the step it replaces.
+// The training loop's step (forward, backward, clipping, the optimizer
+// step) as one DeviceGraph (engine/capture/device_graph.h) on a device that
+// records (CUDA, sim): after `warmup` steps run as they are called (k-means
+// initialisation and the first optimizer steps make the buffers a steady
+// step reads), the step is captured once and then replayed, the batch
+// copied into the same device tensors before each replay. Bit for bit the
+// step it replaces: the optimizer's lr (the schedule's, set before each
+// run) and Adam's bias corrections reach a replay through device memory.
 //
 // A step whose device draws come from its layers' own streams (noise,
 // dropout) is captured: each replay draws that step's numbers. One that
 // draws for the host (a random level count) is never captured.
 // What stays outside the graph, run as it is called after each replay: the
-// optimizer step (Adam's bias corrections and the schedule's lr change every
-// step), gradient clipping, the quantizers' state updates (k-means, EMA,
-// dead codes: their control flow depends on counts) and evaluation. A step
-// whose batch has other shapes than the graph's (the last, smaller batch of
-// an epoch) drops it and is captured anew, and so is the next full batch.
+// quantizers' state updates (k-means, EMA, dead codes: their control flow
+// depends on counts) and evaluation. A step whose batch has other shapes
+// than the graph's (the last, smaller batch of an epoch) drops it and is
+// captured anew, and so is the next full batch. When two graphs in a row
+// serve only the step they were captured in (batches whose shapes change
+// from step to step: examples of different lengths), capturing stops and
+// every later step runs as called: a capture costs more than it saves.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,14 +37,16 @@ class CapturedStep {
   /** `device`: the model's. */
   CapturedStep(Device device, int64_t warmup);
 
-  /** One step's forward and backward: `body` takes the inputs on the device
-   * and returns the values to log (a tensor the loop keeps). Sets the
-   * gradients of `optimizer`'s parameters (zeroed first, except on a replay,
-   * which rewrites them). Returns the step's values, the caller's to keep.
-   * A step that cannot be captured throws std::runtime_error saying why
-   * and how to run without a graph. */
+  /** One step: `body`, its forward and backward, takes the inputs on the
+   * device and returns the values to log (a tensor the loop keeps); then
+   * `update` (clipping, `optimizer`'s step) reads the gradients. The
+   * gradients of `optimizer`'s parameters are zeroed first, except on a
+   * replay, which rewrites them. Returns the step's values, the caller's
+   * to keep. A step that cannot be captured throws std::runtime_error
+   * saying why and how to run without a graph. */
   Tensor run(const std::vector<Tensor>& host_inputs,
-             const std::function<Tensor(const std::vector<Tensor>&)>& body, Optimizer& optimizer);
+             const std::function<Tensor(const std::vector<Tensor>&)>& body,
+             const std::function<void()>& update, Optimizer& optimizer);
 
   /** Whether a step's forward or backward drew random numbers a graph
    * cannot draw again (for the host, as a random level count, or from a
@@ -49,6 +55,9 @@ class CapturedStep {
   bool draws() const { return draws_; }
   /** Times the step was captured. */
   int64_t captures() const { return captures_; }
+  /** Whether capturing stopped because the batches' shapes kept changing
+   * (above). */
+  bool stopped() const { return stopped_; }
   /** Kernels and copies one replay queues (0 before a capture). */
   int64_t recorded_work() const { return graph_ ? graph_->recorded_work() : 0; }
 
@@ -63,6 +72,9 @@ class CapturedStep {
   std::optional<DeviceGraph> graph_;
   bool draws_ = false;
   int64_t captures_ = 0;
+  int64_t replays_ = 0;      // of the graph now held
+  int64_t short_lived_ = 0;  // graphs in a row dropped after their own step only
+  bool stopped_ = false;
 };
 
 }  // namespace quanta::train

@@ -273,6 +273,17 @@ class Loop {
       largest = std::max(largest, rank_share(batch, r, world_).numel());
     const int64_t pieces = std::max<int64_t>(1, std::min(s_.optimizer.grad_accum, largest));
     std::vector<Tensor> values;
+    // Clipping and the optimizer step: in a captured step's graph, else
+    // after the pieces.
+    auto update = [&] {
+      // Sharded, each rank holds its own parameters' gradients only.
+      if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
+        opt_shards_->clip_grad_norm_(s_.optimizer.max_grad_norm);
+      else if (s_.optimizer.max_grad_norm > 0)  // the norm is not logged: not read
+        clip_grad_norm_no_sync_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
+      optimizer_->step();
+      if (opt_shards_) opt_shards_->broadcast_updates();
+    };
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t lo = share.numel() * p / pieces;
       const int64_t hi = share.numel() * (p + 1) / pieces;
@@ -298,7 +309,9 @@ class Loop {
         return to_dtype(stack(v), DType::f64);
       };
       if (captured_) {
-        values.push_back(captured_->run(host_inputs, forward_backward, *optimizer_));
+        // The update joins the graph: a replay reads the lr set here.
+        optimizer_->set_lr(schedule_->lr_at(step_));
+        values.push_back(captured_->run(host_inputs, forward_backward, update, *optimizer_));
         continue;
       }
       if (p == 0) optimizer_->zero_grad();
@@ -308,15 +321,11 @@ class Loop {
     }
     const Device loss_device = values[0].device();
     report_graph();
-    if (dp_) dp_->finish_step();
-    // Sharded, each rank holds its own parameters' gradients only.
-    if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
-      opt_shards_->clip_grad_norm_(s_.optimizer.max_grad_norm);
-    else if (s_.optimizer.max_grad_norm > 0)
-      clip_grad_norm_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
-    optimizer_->set_lr(schedule_->lr_at(step_));
-    optimizer_->step();
-    if (opt_shards_) opt_shards_->broadcast_updates();
+    if (!captured_) {
+      if (dp_) dp_->finish_step();
+      optimizer_->set_lr(schedule_->lr_at(step_));
+      update();
+    }
     task_.after_step();
     ++step_;
     {
@@ -336,14 +345,22 @@ class Loop {
 
   // Says once that the step became a graph, or why it never will.
   void report_graph() {
-    if (!captured_ || graph_reported_) return;
+    if (!captured_ || graph_reported_ == GraphReport::stopped) return;
     if (captured_->draws()) {
-      graph_reported_ = true;
+      graph_reported_ = GraphReport::stopped;
       progress_->line(
           "the step draws random numbers a replay could not draw again (on the host, as a "
           "random level count): it runs uncaptured, kernel by kernel");
-    } else if (captured_->captures() > 0) {
-      graph_reported_ = true;
+    } else if (captured_->stopped()) {
+      graph_reported_ = GraphReport::stopped;
+      progress_->line(
+          "the batches change shape from step to step (examples of different lengths), so "
+          "each graph served one step: from step " +
+          std::to_string(step_ + 1) +
+          " the step runs uncaptured, kernel by kernel (packed or windowed data keeps one "
+          "shape)");
+    } else if (captured_->captures() > 0 && graph_reported_ == GraphReport::none) {
+      graph_reported_ = GraphReport::captured;
       progress_->line("step " + std::to_string(step_ + 1) + " captured as a graph of " +
                       std::to_string(captured_->recorded_work()) +
                       " kernels and copies; the steps after it replay it (--no-graph: not)");
@@ -503,7 +520,10 @@ class Loop {
   BatchOrder order_;
   const Device device_;                     // the model's
   std::unique_ptr<CapturedStep> captured_;  // forward and backward as a graph
-  bool graph_reported_ = false;
+  // What the log said of the graph: nothing yet, that it was captured, or
+  // that the step runs uncaptured (the last word).
+  enum class GraphReport { none, captured, stopped };
+  GraphReport graph_reported_ = GraphReport::none;
   Progress* progress_ = nullptr;
   const std::chrono::steady_clock::time_point started_;
 };

@@ -100,7 +100,9 @@ class LoopTask {
   virtual std::vector<Tensor> step_inputs(const BatchShare& /*share*/) { return {}; }
   /** Whether step() may be captured as a graph (LoopSettings::graph): it
    * reads its batch only from BatchShare::inputs, and nothing a kernel is
-   * given depends on the batch's contents. */
+   * given depends on the batch's contents except through the inputs' count
+   * and shapes (a step that takes another path returns other inputs, so
+   * that a graph of one path never replays for the other). */
   virtual bool capturable_step() const { return false; }
   /** Forward of this rank's share of the step's batch. When the step is a
    * graph, this is called once, at the capture; everything else replays
