@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -367,11 +366,9 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
     positions = position_ids.to(dev);
     if (!cache && !mask.defined() && T > 1) mask = packed_document_mask(positions, B);
   } else if (past == 0) {
-    // A training step's (and a prompt's) positions: one upload per length,
-    // not per forward (a captured step cannot upload).
-    std::vector<int64_t> iota(static_cast<std::size_t>(T));
-    std::iota(iota.begin(), iota.end(), int64_t{0});
-    positions = constant_tensor<int64_t>(iota, {1, T}, {.dtype = DType::i64, .device = dev});
+    // A training step's (and a prompt's) positions 0..T-1, made on the
+    // device: no upload, which a captured step cannot make, whatever T.
+    positions = cumsum(ones({1, T}, {.dtype = DType::i64, .device = dev}), 1) - 1.0;
   } else {
     positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                                {.dtype = DType::i64, .device = dev}),

@@ -22,6 +22,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
+#include "support/gpu.h"
 #include "train/checkpoint.h"
 #include "train/lm_task.h"
 #include "train/run_folder.h"
@@ -169,6 +170,85 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
                                       "--steps", "6", "--out", d.file("jsonl_run")});
   REQUIRE_MESSAGE(jsonl.code == 0, jsonl.err);
   CHECK(contains(jsonl.out, "fine-tuning on 20 sequences of up to 32 tokens"));
+}
+
+// On sim, and on cuda:0 where a GPU is visible.
+TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's bytes") {
+  // Forward, backward, clipping (max norm 1 by default) and AdamW with a
+  // decaying lr in one graph; LoRA dropout drawn by each replay; each
+  // batch's loss weight (its share of the scored tokens) an input.
+  ScratchDir d("ft_lm_graph");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);
+  {
+    // Examples of 6 to 15 tokens, the first 3 labels ignored (a prompt);
+    // every fourth one has no scored token at all.
+    std::ofstream jl(d.file("train.jsonl"));
+    const std::vector<int64_t> t = learnable_tokens(600, 6);
+    for (int i = 0; i < 24; ++i) {
+      json line;
+      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 6 + (i * 5) % 10);
+      std::vector<int64_t> labels = ids;
+      for (std::size_t k = 0; k < labels.size(); ++k)
+        if (k < 3 || i % 4 == 0) labels[k] = -100;
+      line["input_ids"] = ids;
+      line["labels"] = labels;
+      jl << line.dump() << "\n";
+    }
+  }
+  struct Run {
+    std::string name;
+    std::vector<std::string> flags;
+    const char* says;  // what the log says of the graph
+    std::string data = "train.bin";
+  };
+  const std::vector<Run> runs = {
+      {"tokens", {"--weight-decay", "0.01"}, "step 3 captured as a graph of "},
+      {"recompute", {"--recompute", "--precision", "bf16"}, "step 3 captured as a graph of "},
+      // Packed: one shape for every batch, each its own loss weight.
+      {"packed", {"--pack", "--batch-size", "2"}, "step 3 captured as a graph of ", "train.jsonl"},
+      // Unpacked, the batches' lengths differ: two graphs serve one step
+      // each, then the steps run as called.
+      {"lengths",
+       {"--batch-size", "2"},
+       "the batches change shape from step to step",
+       "train.jsonl"},
+  };
+  for (const Device device : quanta::testing::test_devices())
+    for (Run run : runs) {
+      run.name += "_" + std::to_string(static_cast<int>(device.type));
+      CAPTURE(run.name);
+      std::vector<std::string> flags = run.flags;
+      flags.insert(flags.end(), {"--steps", "9", "--device", device.str()});
+      auto args = [&](const std::string& out) {
+        std::vector<std::string> a = finetune("llama_gqa", d, out, flags);
+        a.at(4) = d.file(run.data);  // the value of --data
+        a.at(6) = "1";               // of --log-every
+        return a;
+      };
+      const CliResult a = run_quanta(args(run.name + "_graph"));
+      flags.push_back("--no-graph");
+      const CliResult b = run_quanta(args(run.name + "_eager"));
+      REQUIRE_MESSAGE(a.code == 0, a.err);
+      REQUIRE_MESSAGE(b.code == 0, b.err);
+      CHECK(contains(a.out, run.says));
+      CHECK_FALSE(contains(b.out, "captured"));
+      const std::vector<json> ra = records(d.file(run.name + "_graph/metrics.jsonl")),
+                              rb = records(d.file(run.name + "_eager/metrics.jsonl"));
+      CHECK(ra.front()["graph"] == true);
+      CHECK(rb.front()["graph"] == false);
+      std::vector<std::string> la, lb;
+      for (const json& r : ra)
+        if (r["kind"] == "train") la.push_back(r["loss"].dump());
+      for (const json& r : rb)
+        if (r["kind"] == "train") lb.push_back(r["loss"].dump());
+      CHECK(la.size() == 9);
+      CHECK(la == lb);
+      check_same_tensors(d.file(run.name + "_graph/adapters/adapter_model.safetensors"),
+                         d.file(run.name + "_eager/adapters/adapter_model.safetensors"));
+    }
+  const CliResult classifier =
+      run_quanta({"finetune", "checkpoint.safetensors", "--no-graph", "--out", d.file("x")});
+  CHECK(contains(classifier.err, "--no-graph is for a language model (--model DIR)"));
 }
 
 TEST_CASE(

@@ -19,6 +19,7 @@
 #include "engine/io/safetensors.h"
 #include "fast_conv.h"
 #include "flag_checks.h"
+#include "graph_flag.h"
 #include "quanta_config.h"
 #include "relaunch.h"
 #include "run_start.h"
@@ -228,10 +229,7 @@ void add_train(CLI::App& app) {
                 "instead of refusing");
   add_dist_timeout_flag(*sub, t.dist_timeout);
   add_fast_conv_flag(*sub, t.fast_conv);
-  sub->add_flag("--no-graph", t.no_graph,
-                "on cuda and sim, launch every kernel of every step as it is called instead "
-                "of replaying the step's forward and backward as one captured graph (the "
-                "same results either way; for profiling and for bisecting a difference)");
+  add_no_graph_flag(*sub, t.no_graph);
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
   add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxSteps));

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
+#include "graph_flag.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
@@ -172,6 +173,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--train-on-completions-only", o.completions_only,
                "--model: JSONL lines of prompt and completion (text or ids); only the "
                "completion and its EOS are scored");
+  add_no_graph_flag(sub, o.no_graph, "--model: ");
   sub.add_flag("--recompute", o.recompute,
                "--model: recompute each decoder layer's activations in the backward (memory of "
                "one layer's activations, about a third more compute; same results)");
@@ -303,6 +305,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   s.eval_every = o.eval_every > 0 ? o.eval_every : train::kEvalAtEnd;
   s.lr = o.lr;
   s.mixed_precision = o.precision == "bf16";
+  s.graph = !o.no_graph;
   s.optimizer = {.adamw = true,
                  .weight_decay = o.weight_decay,
                  .schedule = o.lr_schedule,

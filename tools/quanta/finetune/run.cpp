@@ -93,7 +93,8 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--lr-schedule",   "--target-modules",
                                                    "--compute-dtype", "--use-rslora",
                                                    "--pack",          "--train-on-completions-only",
-                                                   "--recompute",     "--shard"};
+                                                   "--recompute",     "--shard",
+                                                   "--no-graph"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

@@ -45,6 +45,7 @@ struct FinetuneOptions {
   double weight_decay = 0, max_grad_norm = 1.0;
   std::string lr_schedule = "linear", target_modules = "all-linear", compute_dtype = "auto";
   bool use_rslora = false, pack = false, completions_only = false, recompute = false, shard = false;
+  bool no_graph = false;
 };
 
 /** Fills the kind-specific defaults (lr, steps, batch size, dropout, log

@@ -16,8 +16,6 @@ namespace quanta::train {
 
 using nlohmann::json;
 
-namespace {}  // namespace
-
 LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_t rows) {
   NoGradGuard no_grad;
   EvalModeGuard eval_mode(model);
@@ -55,19 +53,35 @@ LmFinetuneTask::LmFinetuneTask(std::shared_ptr<llm::CausalLM> model, llm::LmExam
       quantization_(quantization),
       describe_(std::move(describe)) {}
 
-StepLoss LmFinetuneTask::step(const BatchShare& share) {
-  const llm::LmBatch b = train_.batch(share.rows, model_->device());
+std::vector<Tensor> LmFinetuneTask::step_inputs(const BatchShare& share) {
+  const llm::LmBatch b = train_.batch(share.rows, Device::cpu());
+  std::vector<Tensor> in = {b.ids, b.labels};
+  if (train_.packed()) in.push_back(b.position_ids);
   // Each token of the global batch weighs the same, whichever rank and
-  // micro-batch holds it: this part's sum of token losses over the global
-  // count, times the world size that DataParallel's average divides by.
+  // micro-batch holds it: this part's mean token loss times its share of
+  // the global count, times the world size that DataParallel's average
+  // divides by. An input, not a constant of the step, so that a captured
+  // step replays with each batch's own weight.
   const int64_t global = train_.scored_tokens(share.batch);
-  const Tensor hidden = model_->hidden_states(b.ids, nullptr, Tensor(), b.position_ids);
+  if (b.scored_tokens > 0 && global > 0)
+    in.push_back(scalar(double(b.scored_tokens) / double(global) * double(share.world),
+                        {.dtype = DType::f64}));
+  // Else no weight: nothing is scored here, and the step (another one) says
+  // so by its inputs, which a graph of a scored step never replays.
+  return in;
+}
+
+StepLoss LmFinetuneTask::step(const BatchShare& share) {
+  const std::vector<Tensor>& in = share.inputs;
+  const std::size_t weight_at = train_.packed() ? 3 : 2;
+  const Tensor hidden =
+      model_->hidden_states(in.at(0), nullptr, Tensor(), train_.packed() ? in.at(2) : Tensor());
   Tensor loss;
-  if (b.scored_tokens == 0 || global == 0) {
+  if (in.size() <= weight_at) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
   } else {
-    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), b.labels) *
-           (double(b.scored_tokens) / double(global) * double(share.world));
+    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), in.at(1));
+    loss = loss * in.at(weight_at).to(loss.dtype());
   }
   return {loss.to(DType::f32), {}};
 }

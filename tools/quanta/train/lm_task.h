@@ -43,6 +43,10 @@ class LmFinetuneTask : public LoopTask {
   void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const override {
     describe_(log, start_step, total_steps);
   }
+  /** The batch on the host: ids, labels, positions (packed data only) and
+   * the loss's weight (f64 0-d), absent when nothing is scored. */
+  std::vector<Tensor> step_inputs(const BatchShare& share) override;
+  bool capturable_step() const override { return true; }
   StepLoss step(const BatchShare& share) override;
   Evaluation evaluate() override;
   void write_outputs(const std::vector<nlohmann::json>& history, bool evaluated) override;
