@@ -7,6 +7,7 @@
 #include "dist/functional.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
+#include "engine/capture/device_graph.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -102,6 +103,14 @@ Tensor slot_rows(const Codebook& cb, const std::vector<std::vector<Tensor>>& per
          k += static_cast<std::size_t>(period))
       blocks.push_back(per_table[t][k]);
   return cb.table_rows({blocks}, 0);
+}
+
+// Whether a codebook's pending statistics are as a reconciliation leaves
+// them: nothing held.
+bool cleared(const CodebookStatistics& p) {
+  return p.steps == 0 && !p.counts.defined() && !p.sums.defined() && !p.tokens.defined() &&
+         p.candidates.empty() && p.init_samples.empty() && !p.affine_count.defined() &&
+         !p.affine_sum.defined() && !p.affine_sumsq.defined();
 }
 
 }  // namespace
@@ -340,6 +349,23 @@ void QuantizerSync::sync_state() {
   replace_dead_codes(plan, header);
   ++step_;
   pin_streams();
+  if (capture_open()) {
+    // Inside a captured training step (engine/capture/device_graph.h) each
+    // replay is one more reconciliation: its device work replays, and its
+    // host part is made again here: the statistics handles the step's
+    // forwards left (set again by their own hooks) applied and cleared, the
+    // count advanced and the streams pinned to it.
+    for (Codebook* cb : codebooks_)
+      if (!cleared(cb->pending()))
+        throw std::logic_error(
+            "[QuantizerSync] a codebook keeps statistics after a captured reconciliation "
+            "(k-means still awaited?): a replay could not repeat it");
+    on_replay([this] {
+      for (Codebook* cb : codebooks_) cb->pending() = CodebookStatistics{};
+      ++step_;
+      pin_streams();
+    });
+  }
 }
 
 QuantizerSync::Reconciliation QuantizerSync::plan_reconciliation() const {

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -773,9 +774,14 @@ TEST_CASE("quanta train --device sim: the captured step replays --no-graph's byt
   struct Run {
     std::vector<std::string> flags;
     bool captured;
+    // Whether the log says the quantizer's state update runs after each
+    // replay (dead-code replacement draws on the host) or joins the graph;
+    // unchecked when unset.
+    std::optional<bool> update_outside = std::nullopt;
   };
   const std::vector<Run> runs = {
-      {{}, true},  // vq with k-means init and dead-code replacement
+      {{}, true, true},  // vq with k-means init and dead-code replacement
+      {{"--threshold-ema-dead-code", "0"}, true, false},  // the EMA update in the graph
       {{"--quantizer", "fsq"}, true},
       {{"--quantizer", "lfq", "--entropy-loss-weight", "0.1"}, true},
       {{"--quantizer", "grvq", "--num-quantizers", "2", "--codebook-size", "32"}, true},
@@ -802,6 +808,8 @@ TEST_CASE("quanta train --device sim: the captured step replays --no-graph's byt
     REQUIRE(ra.code == 0);
     REQUIRE(rb.code == 0);
     CHECK(contains(ra.out, "step 3 captured as a graph of ") == run.captured);
+    if (run.update_outside)
+      CHECK(contains(ra.out, "the state update after it draws on the host") == *run.update_outside);
     CHECK(contains(ra.out, "the step draws random numbers") == !run.captured);
     CHECK_FALSE(contains(rb.out, "captured"));
     CHECK(records(a, "header").at(0)["graph"] == true);

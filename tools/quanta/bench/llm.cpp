@@ -195,7 +195,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
     };
     return {name + "_graph", peer_setup, [=] {
               captured->run(
-                  {host_ids}, forward_backward, [opt] { opt->step(); }, *opt);
+                  {host_ids}, forward_backward, [opt] { opt->step(); }, {}, *opt);
             }};
   }
   auto ids = std::make_shared<Tensor>(host_ids.to(o.device));

@@ -125,14 +125,15 @@ Step vqvae_step(const char* type, const Tensor& cpu_images, Device device,
   return {[s, input, forward_backward] {
             if (s->captured) {
               s->captured->run(
-                  {s->host_images}, forward_backward, [s] { s->optimizer->step(); }, *s->optimizer);
+                  {s->host_images}, forward_backward, [s] { s->optimizer->step(); },
+                  [s] { s->model->quantizer().after_step(); }, *s->optimizer);
             } else {
               s->optimizer->zero_grad();
               forward_backward({input == StepInput::uploaded ? s->host_images.to(s->images.device())
                                                              : s->images});
               s->optimizer->step();
+              s->model->quantizer().after_step();
             }
-            s->model->quantizer().after_step();
           },
           st};
 }

@@ -30,11 +30,13 @@ bool CapturedStep::fits(const std::vector<Tensor>& host_inputs) const {
 
 Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
                          const std::function<Tensor(const std::vector<Tensor>&)>& body,
-                         const std::function<void()>& update, Optimizer& optimizer) {
+                         const std::function<void()>& update, const std::function<void()>& after,
+                         Optimizer& optimizer) {
   if (graph_ && fits(host_inputs)) {
     for (std::size_t i = 0; i < inputs_.size(); ++i) copy_(inputs_[i], host_inputs[i]);
     graph_->replay();
     ++replays_;
+    if (after && !after_in_graph_) after();
     return values_.clone();  // the next replay rewrites values_
   }
   // Another shape, or not captured yet: the gradients the graph wrote are
@@ -47,16 +49,23 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   if (uncaptured_ < warmup_ || draws_ || stopped_) {
     ++uncaptured_;
     optimizer.zero_grad();
-    const uint64_t draws_before = unreplayable_draws_on_this_thread();
+    const uint64_t before = unreplayable_draws_on_this_thread();
     Tensor values = body(on(device_, host_inputs));
     update();
+    const uint64_t between = unreplayable_draws_on_this_thread();
+    if (after) after();
     // A step that draws for the host (a random level count) or from a
-    // stream no layer owns would replay one step's numbers forever: it
-    // stays uncaptured. Device draws from a layer's stream replay.
-    if (unreplayable_draws_on_this_thread() != draws_before) draws_ = true;
+    // stream no layer owns would replay one step's numbers forever: such
+    // steps stay uncaptured, and an `after` that does runs outside the
+    // graph. k-means' draws in the first update are one step's: the last
+    // step before the capture tells. Device draws from a layer's stream
+    // replay.
+    draws_ = between != before;
+    after_draws_ = unreplayable_draws_on_this_thread() != between;
     return values;
   }
   inputs_ = on(device_, host_inputs);
+  after_in_graph_ = after && !after_draws_;
   // No gradients before the capture: its backward assigns them, so each
   // replay writes them whole instead of adding to the last step's.
   optimizer.zero_grad();
@@ -64,6 +73,7 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
     graph_ = DeviceGraph::capture(device_, [&] {
       values_ = body(inputs_);
       update();
+      if (after_in_graph_) after();
     });
   } catch (const std::exception& e) {
     // The steps before still run on the device: let them finish while the
@@ -78,6 +88,7 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   ++captures_;
   graph_->replay();
   replays_ = 1;
+  if (after && !after_in_graph_) after();
   return values_.clone();
 }
 

@@ -11,9 +11,10 @@
 // A step whose device draws come from its layers' own streams (noise,
 // dropout) is captured: each replay draws that step's numbers. One that
 // draws for the host (a random level count) is never captured.
-// What stays outside the graph, run as it is called after each replay: the
-// quantizers' state updates (k-means, EMA, dead codes: their control flow
-// depends on counts) and evaluation. A step whose batch has other shapes
+// The quantizers' state update (EMA, dead codes) joins the graph too,
+// unless it draws on the host (dead-code replacement picks its rows with a
+// host permutation): then it runs as called after each replay, as
+// evaluation always does. A step whose batch has other shapes
 // than the graph's (the last, smaller batch of an epoch) drops it and is
 // captured anew, and so is the next full batch. When two graphs in a row
 // serve only the step they were captured in (batches whose shapes change
@@ -39,22 +40,29 @@ class CapturedStep {
 
   /** One step: `body`, its forward and backward, takes the inputs on the
    * device and returns the values to log (a tensor the loop keeps); then
-   * `update` (clipping, `optimizer`'s step) reads the gradients. The
+   * `update` (clipping, `optimizer`'s step) reads the gradients; then
+   * `after` (may be empty: the quantizers' state update), in the graph
+   * when the last step before the capture saw it draw nothing a replay
+   * could not draw again, else run as called after each replay. The
    * gradients of `optimizer`'s parameters are zeroed first, except on a
-   * replay, which rewrites them. Returns the step's values, the caller's
-   * to keep. A step that cannot be captured throws std::runtime_error
-   * saying why and how to run without a graph. */
+   * replay, which rewrites them. Returns the step's values, the caller's to
+   * keep. A step that cannot be captured throws std::runtime_error saying
+   * why and how to run without a graph. */
   Tensor run(const std::vector<Tensor>& host_inputs,
              const std::function<Tensor(const std::vector<Tensor>&)>& body,
-             const std::function<void()>& update, Optimizer& optimizer);
+             const std::function<void()>& update, const std::function<void()>& after,
+             Optimizer& optimizer);
 
-  /** Whether a step's forward or backward drew random numbers a graph
-   * cannot draw again (for the host, as a random level count, or from a
-   * stream no layer owns): such a step is never captured. Known after the
-   * first step. */
-  bool draws() const { return draws_; }
+  /** Whether the steps after the warm-up keep drawing random numbers a
+   * graph cannot draw again (for the host, as a random level count, or from
+   * a stream no layer owns): such a step is never captured, and each one is
+   * checked again. */
+  bool draws() const { return draws_ && uncaptured_ > warmup_; }
   /** Times the step was captured. */
   int64_t captures() const { return captures_; }
+  /** Whether the graph held now runs `after` too (false: after each
+   * replay, as called). */
+  bool after_in_graph() const { return graph_ && after_in_graph_; }
   /** Whether capturing stopped because the batches' shapes kept changing
    * (above). */
   bool stopped() const { return stopped_; }
@@ -70,7 +78,9 @@ class CapturedStep {
   std::vector<Tensor> inputs_;  // the graph's inputs, on the device
   Tensor values_;               // the graph's output, rewritten by each replay
   std::optional<DeviceGraph> graph_;
-  bool draws_ = false;
+  bool draws_ = false;        // the last uncaptured step's body or update drew (above)
+  bool after_draws_ = false;  // its `after` did
+  bool after_in_graph_ = false;
   int64_t captures_ = 0;
   int64_t replays_ = 0;      // of the graph now held
   int64_t short_lived_ = 0;  // graphs in a row dropped after their own step only

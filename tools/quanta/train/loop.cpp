@@ -274,7 +274,7 @@ class Loop {
     const int64_t pieces = std::max<int64_t>(1, std::min(s_.optimizer.grad_accum, largest));
     std::vector<Tensor> values;
     // Clipping and the optimizer step: in a captured step's graph, else
-    // after the pieces.
+    // after the pieces (the task's after_step too where it can be).
     auto update = [&] {
       // Sharded, each rank holds its own parameters' gradients only.
       if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
@@ -311,7 +311,9 @@ class Loop {
       if (captured_) {
         // The update joins the graph: a replay reads the lr set here.
         optimizer_->set_lr(schedule_->lr_at(step_));
-        values.push_back(captured_->run(host_inputs, forward_backward, update, *optimizer_));
+        std::function<void()> after;
+        if (task_.capturable_after_step()) after = [&] { task_.after_step(); };
+        values.push_back(captured_->run(host_inputs, forward_backward, update, after, *optimizer_));
         continue;
       }
       if (p == 0) optimizer_->zero_grad();
@@ -326,7 +328,7 @@ class Loop {
       optimizer_->set_lr(schedule_->lr_at(step_));
       update();
     }
-    task_.after_step();
+    if (!captured_ || !task_.capturable_after_step()) task_.after_step();
     ++step_;
     {
       NoGradGuard no_grad;
@@ -361,9 +363,13 @@ class Loop {
           "shape)");
     } else if (captured_->captures() > 0 && graph_reported_ == GraphReport::none) {
       graph_reported_ = GraphReport::captured;
-      progress_->line("step " + std::to_string(step_ + 1) + " captured as a graph of " +
-                      std::to_string(captured_->recorded_work()) +
-                      " kernels and copies; the steps after it replay it (--no-graph: not)");
+      progress_->line(
+          "step " + std::to_string(step_ + 1) + " captured as a graph of " +
+          std::to_string(captured_->recorded_work()) +
+          " kernels and copies; the steps after it replay it (--no-graph: not)" +
+          (task_.capturable_after_step() && !captured_->after_in_graph()
+               ? "; the state update after it draws on the host and runs after each replay"
+               : ""));
     }
   }
 

@@ -110,6 +110,10 @@ class LoopTask {
   virtual StepLoss step(const BatchShare& share) = 0;
   /** After every optimizer step, on every rank. */
   virtual void after_step() {}
+  /** Whether after_step() joins a captured step's graph (one rank): it
+   * reads nothing back from the device, and what it changes on the host it
+   * makes again at each replay (on_replay). */
+  virtual bool capturable_after_step() const { return false; }
   /** Evaluates the model on rank 0; called in train mode, which the loop
    * restores afterwards. */
   virtual Evaluation evaluate() = 0;

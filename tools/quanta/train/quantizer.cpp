@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/capture/device_graph.h"
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
 #include "engine/ops/view.h"
@@ -135,6 +136,7 @@ quant::QuantizerSync& SyncedQuantizer::sync() {
 void SyncedQuantizer::after_step() {
   sync().sync_state();
   ++steps_;
+  on_replay([this] { ++steps_; });  // in a captured step: each replay is a step
 }
 
 void SyncedQuantizer::load_extra_state(const nlohmann::json& state) {

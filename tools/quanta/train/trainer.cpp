@@ -119,6 +119,8 @@ class VqVaeTask : public LoopTask {
   }
 
   void after_step() override { model_->quantizer().after_step(); }
+  // One rank's reconciliation is device work and host counters that replay.
+  bool capturable_after_step() const override { return true; }
 
   Evaluation evaluate() override {
     last_eval_ = train::evaluate(*model_, test_set_.images, 256);
