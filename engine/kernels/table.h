@@ -83,7 +83,7 @@ enum class RowStat : uint8_t {
 enum class IndexMode : uint8_t { gather, scatter_copy, scatter_fill, scatter_add };
 
 /** What a random_fill draws per element (rules in engine/random/draw.h). */
-enum class RandomDraw : uint8_t { uniform, normal, integer, bernoulli };
+enum class RandomDraw : uint8_t { uniform, normal, integer, bernoulli, bits };
 
 /** One random fill: the stream (key, start block) and the value rule. */
 struct RandomFill {
@@ -304,6 +304,12 @@ struct KernelTable {
    * The caller has taken draw::words(...) words from the generator. */
   void (*random_fill)(const RandomFill& f, int64_t n, void* out);
 
+  /** Stable ascending sort of n (key, value) pairs by key, each key's 64
+   * bits read as unsigned: values_out[i] = the value of the i-th pair in key
+   * order, pairs with equal keys in their input order. keys and values are
+   * contiguous i64; values_out does not overlap them. */
+  void (*sort_pairs)(int64_t n, const int64_t* keys, const int64_t* values, int64_t* values_out);
+
   /** One fused SGD step over n contiguous elements of one dtype (f32 or
    * f64): param, grad and momentum_buffer (null without momentum) updated
    * by fn::SgdUpdate (engine/kernels/optim_functors.h). */
@@ -326,7 +332,7 @@ struct KernelTable {
   X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(add_n) X(reduce_rows) \
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) X(index_lines) \
   X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) X(max_pool_route) \
-  X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sgd_step) X(adam_step)
+  X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sort_pairs) X(sgd_step) X(adam_step)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

@@ -14,6 +14,7 @@
 //                           u2 = w1 / 2^32: r cos(2 pi u2), r sin(2 pi u2)
 //            f64   W 4 E 2  u1 = ((u64(w0, w1) >> 11) + 1) 2^-53, u2 = u53(w2, w3)
 //   integer  i64   W 2 E 1  low + floor(u64 (high - low) / 2^64) (multiply-shift)
+//   bits     i64   W 2 E 1  u64's 64 bits (randperm's sort keys)
 //   bernoulli f32, f64, bf16, f16
 //                  W 1 E 1  1 if w < ceil(p 2^32) (so w 2^-32 < p exactly), else 0
 //
@@ -57,6 +58,7 @@ inline Grouping grouping(RandomDraw d, DType t) {
       if (f64) return {4, 2};
       break;
     case RandomDraw::integer:
+    case RandomDraw::bits:
       if (t == DType::i64) return {2, 1};
       break;
     case RandomDraw::bernoulli:
@@ -191,7 +193,9 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
                                  T* out) {
   constexpr bool f64 = std::is_same_v<T, double>;
   if constexpr (std::is_same_v<T, int64_t>) {
-    if constexpr (W == 2) out[g] = integer(w, f.low, f.range);
+    if constexpr (W == 2)
+      out[g] =
+          f.draw == RandomDraw::bits ? static_cast<int64_t>(u64_of(w)) : integer(w, f.low, f.range);
   } else if constexpr (f64 || std::is_same_v<T, float>) {
     const T a = static_cast<T>(f.scale), b = static_cast<T>(f.shift);
     auto put = [&](int64_t i, T v) { out[i] = f.affine ? affine(a, b, v) : v; };

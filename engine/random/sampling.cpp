@@ -1,8 +1,8 @@
 // Samplers: validate, take one stream slice, then map words to values in
 // parallel (the word -> element rules are documented in sampling.h).
-// rand, randn, randint, bernoulli, uniform_ and normal_ draw on the target
-// device through its random_fill (engine/random/draw.h); the rest draw on the
-// CPU.
+// rand, randn, randint, bernoulli, uniform_, normal_ and randperm draw on
+// the target device through its random_fill (engine/random/draw.h); the rest
+// draw on the CPU.
 #include "engine/random/sampling.h"
 
 #include <algorithm>
@@ -22,6 +22,8 @@
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/reductions.h"
+#include "engine/ops/view.h"
 #include "engine/random/draw.h"
 #include "engine/random/word_groups.h"
 
@@ -183,6 +185,22 @@ Tensor permutation_prefix(const char* op, int64_t n, int64_t m, Generator& gen,
                                 std::to_string(n) + "]: got " + std::to_string(m));
   if (opts.dtype == DType::boolean || !dtype_info(opts.dtype).arithmetic)
     detail::bad_dtype(op, opts.dtype, "expected an integer or floating dtype");
+  if (!opts.device.is_cpu()) {
+    // On the device: the same keys drawn there (the bits rule), sorted with
+    // their positions by the table's stable sort, which is the order of
+    // (key, position) the host sorts by. No upload, so a captured step
+    // (dead-code replacement) can draw it, each replay its own.
+    const Device device = opts.device;
+    const Tensor keys = draw_tensor({n}, fill_of(RandomDraw::bits, DType::i64), gen, device);
+    const Tensor positions = cumsum(ones({n}, {.dtype = DType::i64, .device = device}), 0) - 1.0;
+    Tensor sorted = detail::make_tensor({n}, DType::i64, device);
+    kernels(device).sort_pairs(n, static_cast<const int64_t*>(keys.raw_data()),
+                               static_cast<const int64_t*>(positions.raw_data()),
+                               static_cast<int64_t*>(sorted.raw_data()));
+    Tensor out = m == n ? sorted : contiguous(slice(sorted, 0, 0, m));
+    if (opts.dtype != DType::i64) out = out.to(opts.dtype);
+    return finish(out, opts);
+  }
   std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(n));
   for_groups<2>(gen.take(2 * n), n, [&](int64_t i, const uint32_t* w) {
     keyed[static_cast<size_t>(i)] = {u64_of(w), i};

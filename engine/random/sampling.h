@@ -44,7 +44,9 @@ Tensor randn(const Shape& shape, Generator& gen, const TensorOptions& opts = {})
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen,
                const TensorOptions& opts = {.dtype = DType::i64});
 /** A uniformly random permutation of 0..n-1 (i64): indices sorted by a
- * 64-bit key per index (words 2i, 2i+1), ties broken by index. */
+ * 64-bit key per index (words 2i, 2i+1), ties broken by index. On a device
+ * the keys are drawn and sorted there (its table's sort_pairs), the same
+ * permutation with no upload, so a captured step may draw it. */
 Tensor randperm(int64_t n, Generator& gen, const TensorOptions& opts = {.dtype = DType::i64});
 /** The first m entries of randperm(n, gen) (0 <= m <= n), bitwise, from the
  * same draws, in O(n log m) rather than a full sort: a random subset of m

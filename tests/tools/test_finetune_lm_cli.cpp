@@ -186,7 +186,7 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
     const std::vector<int64_t> t = learnable_tokens(600, 6);
     for (int i = 0; i < 24; ++i) {
       json line;
-      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 6 + (i * 5) % 10);
+      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 6 + (i * 7) % 10);
       std::vector<int64_t> labels = ids;
       for (std::size_t k = 0; k < labels.size(); ++k)
         if (k < 3 || i % 4 == 0) labels[k] = -100;
@@ -206,10 +206,10 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
       {"recompute", {"--recompute", "--precision", "bf16"}, "step 3 captured as a graph of "},
       // Packed: one shape for every batch, each its own loss weight.
       {"packed", {"--pack", "--batch-size", "2"}, "step 3 captured as a graph of ", "train.jsonl"},
-      // Unpacked, the batches' lengths differ: two graphs serve one step
+      // Unpacked, the batches' lengths differ: three graphs serve one step
       // each, then the steps run as called.
       {"lengths",
-       {"--batch-size", "2"},
+       {"--batch-size", "1"},
        "the batches change shape from step to step",
        "train.jsonl"},
   };

@@ -231,6 +231,54 @@ TEST_CASE("randperm_prefix: randperm's first m entries, bitwise, and the same dr
   CHECK_THROWS_AS(randperm_prefix(5, -1, g), std::invalid_argument);
 }
 
+// On sim, and on cuda:0 where a GPU is visible.
+TEST_CASE("randperm on a device: the CPU's permutations, drawn and sorted there") {
+  for (const Device device : quanta::testing::test_devices()) {
+    CAPTURE(device.str());
+    // The table's stable sort reads keys as unsigned; equal keys keep their order.
+    const std::vector<int64_t> keys = {5, -1, 5, 0, std::numeric_limits<int64_t>::min(), 5};
+    const Tensor k = from_vector<int64_t>(keys).to(device),
+                 v = from_vector<int64_t>({10, 11, 12, 13, 14, 15}).to(device);
+    for (const Device on : {Device::cpu(), device}) {
+      const Tensor kk = k.to(on), vv = v.to(on);
+      Tensor out = empty({6}, {.dtype = DType::i64, .device = on});
+      kernels(on).sort_pairs(6, static_cast<const int64_t*>(kk.raw_data()),
+                             static_cast<const int64_t*>(vv.raw_data()),
+                             static_cast<int64_t*>(out.raw_data()));
+      CHECK(out.to(Device::cpu()).to_vector<int64_t>() ==
+            std::vector<int64_t>{13, 10, 12, 15, 14, 11});
+    }
+    for (const int64_t n : {int64_t(0), int64_t(1), int64_t(2), int64_t(1000), int64_t(70001)})
+      for (const int64_t m : {int64_t(0), n / 3, n}) {
+        CAPTURE(n);
+        CAPTURE(m);
+        Generator a(21), b(21);
+        const Tensor d = randperm_prefix(n, m, b, {.dtype = DType::i64, .device = device});
+        CHECK(d.device() == device);
+        CHECK(d.to(Device::cpu()).to_vector<int64_t>() ==
+              randperm_prefix(n, m, a).to_vector<int64_t>());
+        CHECK(a.offset() == b.offset());  // the next draws agree too
+      }
+    Generator a(4), b(4);
+    CHECK(randperm(300, b, {.dtype = DType::f32, .device = device})
+              .to(Device::cpu())
+              .to_vector<float>() == randperm(300, a, {.dtype = DType::f32}).to_vector<float>());
+    // Drawn on the device, from a layer's stream, it replays in a captured
+    // step, each replay the next permutation.
+    Generator layer(9), host(9);
+    layer.set_replayable();
+    Tensor p;
+    DeviceGraph g = DeviceGraph::capture(device, [&] {
+      p = randperm_prefix(500, 20, layer, {.dtype = DType::i64, .device = device});
+    });
+    for (int s = 0; s < 3; ++s) {
+      g.replay();
+      CHECK(p.to(Device::cpu()).to_vector<int64_t>() ==
+            randperm_prefix(500, 20, host).to_vector<int64_t>());
+    }
+  }
+}
+
 TEST_CASE("multinomial without replacement: no repeats, frequencies follow weights") {
   Generator g(13);
   const Tensor w = from_vector<float>({1, 2, 3, 4, 0});

@@ -43,7 +43,9 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
   // zeroed below, so the graph goes.
   if (graph_) {
     short_lived_ = replays_ <= 1 ? short_lived_ + 1 : 0;
-    if (short_lived_ >= 2) stopped_ = true;
+    // Three, not two: an epoch's short last batch right after a capture
+    // makes two in a row (the full batch's graph, then its own).
+    if (short_lived_ >= 3) stopped_ = true;
   }
   graph_.reset();
   if (uncaptured_ < warmup_ || draws_ || stopped_) {

@@ -16,7 +16,7 @@
 // host permutation): then it runs as called after each replay, as
 // evaluation always does. A step whose batch has other shapes
 // than the graph's (the last, smaller batch of an epoch) drops it and is
-// captured anew, and so is the next full batch. When two graphs in a row
+// captured anew, and so is the next full batch. When three graphs in a row
 // serve only the step they were captured in (batches whose shapes change
 // from step to step: examples of different lengths), capturing stops and
 // every later step runs as called: a capture costs more than it saves.
