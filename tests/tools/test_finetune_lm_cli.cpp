@@ -204,6 +204,8 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
   const std::vector<Run> runs = {
       {"tokens", {"--weight-decay", "0.01"}, "step 3 captured as a graph of "},
       {"recompute", {"--recompute", "--precision", "bf16"}, "step 3 captured as a graph of "},
+      // Three micro-batches (of 2, 1 and 2 rows) in one graph.
+      {"accum", {"--grad-accum", "3", "--batch-size", "5"}, "step 3 captured as a graph of "},
       // Packed: one shape for every batch, each its own loss weight.
       {"packed", {"--pack", "--batch-size", "2"}, "step 3 captured as a graph of ", "train.jsonl"},
       // Unpacked, the batches' lengths differ: three graphs serve one step

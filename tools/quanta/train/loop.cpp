@@ -284,42 +284,64 @@ class Loop {
       optimizer_->step();
       if (opt_shards_) opt_shards_->broadcast_updates();
     };
+    std::vector<BatchShare> piece_of(static_cast<std::size_t>(pieces));
+    std::vector<std::vector<Tensor>> host_inputs(static_cast<std::size_t>(pieces));
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t lo = share.numel() * p / pieces;
       const int64_t hi = share.numel() * (p + 1) / pieces;
-      BatchShare piece{slice(share, 0, lo, hi), batch.numel(), world_, batch, {}};
-      const std::vector<Tensor> host_inputs = task_.step_inputs(piece);
-      // Forward and backward; returns the values to log. On a graph's replay
-      // it does not run: the device repeats what it queued at the capture.
-      auto forward_backward = [&](const std::vector<Tensor>& inputs) {
-        piece.inputs = inputs;
-        // The backward runs in the precision each op's forward ran in.
-        const StepLoss out = [&] {
-          const MixedPrecision precision(s_.mixed_precision);
-          return task_.step(piece);
-        }();
-        {
-          std::optional<dist::DataParallel::NoSync> local;
-          if (dp_ && p + 1 < pieces) local.emplace(*dp_);
-          out.loss.backward();
-        }
-        NoGradGuard no_grad;
-        std::vector<Tensor> v = {out.loss.detach()};
-        for (const Tensor& t : out.terms) v.push_back(t.detach());
-        return to_dtype(stack(v), DType::f64);
-      };
-      if (captured_) {
-        // The update joins the graph: a replay reads the lr set here.
-        optimizer_->set_lr(schedule_->lr_at(step_));
-        std::function<void()> after;
-        if (task_.capturable_after_step()) after = [&] { task_.after_step(); };
-        values.push_back(captured_->run(host_inputs, forward_backward, update, after, *optimizer_));
-        continue;
+      piece_of[p] = {slice(share, 0, lo, hi), batch.numel(), world_, batch, {}};
+      host_inputs[p] = task_.step_inputs(piece_of[p]);
+    }
+    // Piece p's forward and backward on its inputs (on the device); returns
+    // the values to log. On a graph's replay it does not run: the device
+    // repeats what it queued at the capture.
+    auto forward_backward = [&](int64_t p, const std::vector<Tensor>& inputs) {
+      BatchShare& piece = piece_of[p];
+      piece.inputs = inputs;
+      // The backward runs in the precision each op's forward ran in.
+      const StepLoss out = [&] {
+        const MixedPrecision precision(s_.mixed_precision);
+        return task_.step(piece);
+      }();
+      {
+        std::optional<dist::DataParallel::NoSync> local;
+        if (dp_ && p + 1 < pieces) local.emplace(*dp_);
+        out.loss.backward();
       }
-      if (p == 0) optimizer_->zero_grad();
-      std::vector<Tensor> inputs;
-      for (const Tensor& t : host_inputs) inputs.push_back(t.to(device_));
-      values.push_back(forward_backward(inputs));
+      NoGradGuard no_grad;
+      std::vector<Tensor> v = {out.loss.detach()};
+      for (const Tensor& t : out.terms) v.push_back(t.detach());
+      return to_dtype(stack(v), DType::f64);
+    };
+    if (captured_) {
+      // Every piece, the update and (where it can) the task's after_step in
+      // one graph, whose inputs are the pieces' inputs one after another; a
+      // replay reads the lr set here.
+      std::vector<Tensor> all_inputs;
+      for (const auto& in : host_inputs) all_inputs.insert(all_inputs.end(), in.begin(), in.end());
+      auto body = [&](const std::vector<Tensor>& inputs) {
+        Tensor sum;
+        std::size_t at = 0;
+        for (int64_t p = 0; p < pieces; ++p) {
+          const std::size_t n = host_inputs[p].size();
+          const std::vector<Tensor> mine(inputs.begin() + at, inputs.begin() + at + n);
+          at += n;
+          const Tensor v = forward_backward(p, mine);
+          sum = p == 0 ? v : sum + v;
+        }
+        return sum;
+      };
+      optimizer_->set_lr(schedule_->lr_at(step_));
+      std::function<void()> after;
+      if (task_.capturable_after_step()) after = [&] { task_.after_step(); };
+      values.push_back(captured_->run(all_inputs, body, update, after, *optimizer_));
+    } else {
+      optimizer_->zero_grad();
+      for (int64_t p = 0; p < pieces; ++p) {
+        std::vector<Tensor> inputs;
+        for (const Tensor& t : host_inputs[p]) inputs.push_back(t.to(device_));
+        values.push_back(forward_backward(p, inputs));
+      }
     }
     const Device loss_device = values[0].device();
     report_graph();
@@ -443,11 +465,11 @@ class Loop {
   bool sharded() const { return dp_ && dp_->sharded(); }
 
   // Whether the step may run as a graph: asked for, a task whose step can
-  // be, on a device that records, with one rank (a collective's transport is not captured) and
-  // one micro-batch (DataParallel's per-piece choices differ).
+  // be, on a device that records, with one rank (a collective's transport
+  // is not captured). Micro-batches are captured together, in one graph.
   bool graphs_step() const {
-    return s_.graph && task_.capturable_step() && world_ == 1 && s_.optimizer.grad_accum == 1 &&
-           !device_.is_cpu() && device_backend(device_.type).graph != nullptr;
+    return s_.graph && task_.capturable_step() && world_ == 1 && !device_.is_cpu() &&
+           device_backend(device_.type).graph != nullptr;
   }
 
   // The lr of the last step taken (the first step's before any).
