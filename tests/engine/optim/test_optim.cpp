@@ -405,6 +405,29 @@ TEST_CASE("clip_grad_norm_ scales all gradients by one factor") {
   CHECK(clip_grad_norm_({}, 1.0) == 0.0);
 }
 
+TEST_CASE("clip_grad_norm_no_sync_ clips as clip_grad_norm_ does, its total left as a tensor") {
+  for (const double norm_type : {2.0, 1.0, double(INFINITY)}) {
+    CAPTURE(norm_type);
+    Tensor a = param({0.0, 0.0}), b = param({0.0}), c = param({0.0}), d = param({0.0, 0.0});
+    Tensor e = param({0.0}), f = param({0.0});
+    grad(a, {3.0, -4.0});
+    grad(b, {12.0});
+    grad(d, {3.0, -4.0});
+    grad(e, {12.0});
+    const double total = clip_grad_norm_({a, b, c}, 2.0, norm_type);
+    const Tensor lazy = clip_grad_norm_no_sync_({d, e, f}, 2.0, norm_type);
+    CHECK(lazy.dim() == 0);
+    CHECK(lazy.dtype() == DType::f64);
+    CHECK(lazy.item() == total);
+    CHECK(val(d.grad()) == val(a.grad()));  // the same factor, bit for bit
+    CHECK(val(e.grad()) == val(b.grad()));
+    CHECK_FALSE(f.grad().defined());
+  }
+  Tensor a = param({0.0});
+  CHECK(clip_grad_norm_no_sync_({a}, 1.0).item() == 0.0);  // no gradients: a zero
+  CHECK_THROWS_AS(clip_grad_norm_no_sync_({a}, -1.0), std::invalid_argument);
+}
+
 TEST_CASE("clip_grad_value_ clamps each gradient") {
   Tensor a = param({0.0, 0.0, 0.0});
   grad(a, {-3.0, 0.5, 2.0});
