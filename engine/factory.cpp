@@ -9,6 +9,7 @@
 #include "engine/cpu/convert.h"
 #include "engine/dispatch.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/reductions.h"
 
 namespace quanta {
 namespace {
@@ -56,6 +57,8 @@ Tensor arange(double start, double end, double step, const TensorOptions& opts) 
 }
 
 Tensor arange(int64_t end, const TensorOptions& opts) {
+  if (!opts.device.is_cpu() && opts.dtype == DType::i64 && end > 0 && !opts.requires_grad)
+    return cumsum(ones({end}, opts), 0) - 1.0;  // exact: whole numbers
   return arange(0.0, static_cast<double>(end), 1.0, opts);
 }
 

@@ -22,7 +22,9 @@ Tensor scalar(double value, const TensorOptions& opts = {});
 /** [start, end) in steps of `step` (i64 by default when all are integers is
  * left to the caller: pass opts.dtype). */
 Tensor arange(double start, double end, double step = 1.0, const TensorOptions& opts = {});
-/** arange(0, end). */
+/** arange(0, end). In i64 on a device it is made there (running sums of
+ * ones): no upload, so a captured step (engine/capture/device_graph.h) may
+ * call it. */
 Tensor arange(int64_t end, const TensorOptions& opts = {.dtype = DType::i64});
 /** `steps` evenly spaced values from start to end inclusive. */
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& opts = {});

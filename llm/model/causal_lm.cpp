@@ -368,7 +368,7 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
   } else if (past == 0) {
     // A training step's (and a prompt's) positions 0..T-1, made on the
     // device: no upload, which a captured step cannot make, whatever T.
-    positions = cumsum(ones({1, T}, {.dtype = DType::i64, .device = dev}), 1) - 1.0;
+    positions = reshape(arange(T, {.dtype = DType::i64, .device = dev}), {1, T});
   } else {
     positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                                {.dtype = DType::i64, .device = dev}),

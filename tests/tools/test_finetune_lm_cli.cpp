@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,23 @@ std::vector<int64_t> learnable_tokens(int64_t n, uint64_t seed) {
     ids.push_back((x >> 33) % 10 == 0 ? int64_t((x >> 40) % 64) : (i * 7) % 60);
   }
   return ids;
+}
+
+// `count` JSONL lines of input_ids and labels: example i holds tokens
+// [20 i, 20 i + length(i)) of learnable_tokens(20 count, seed), its label k
+// ignored (-100) where ignored(i, k).
+void write_labelled_jsonl(const std::string& path, uint64_t seed, int count,
+                          const std::function<int64_t(int)>& length,
+                          const std::function<bool(int, std::size_t)>& ignored) {
+  std::ofstream jl(path);
+  const std::vector<int64_t> t = learnable_tokens(20 * int64_t(count), seed);
+  for (int i = 0; i < count; ++i) {
+    const std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + length(i));
+    std::vector<int64_t> labels = ids;
+    for (std::size_t k = 0; k < labels.size(); ++k)
+      if (ignored(i, k)) labels[k] = -100;
+    jl << json{{"input_ids", ids}, {"labels", labels}}.dump() << "\n";
+  }
 }
 
 std::vector<json> records(const std::string& path) {
@@ -124,19 +142,9 @@ TEST_CASE(
 TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --target-modules") {
   ScratchDir d("ft_lm_opts");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 3), llm::TokenWidth::u16);
-  {
-    std::ofstream jl(d.file("train.jsonl"));
-    const std::vector<int64_t> t = learnable_tokens(400, 4);
-    for (int i = 0; i < 20; ++i) {
-      json line;
-      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 10 + i % 7);
-      std::vector<int64_t> labels = ids;
-      for (std::size_t k = 0; k < 4 && k < labels.size(); ++k) labels[k] = -100;  // a prompt
-      line["input_ids"] = ids;
-      line["labels"] = labels;
-      jl << line.dump() << "\n";
-    }
-  }
+  write_labelled_jsonl(
+      d.file("train.jsonl"), 4, 20, [](int i) { return 10 + i % 7; },
+      [](int, std::size_t k) { return k < 4; });  // a prompt
   const CliResult merged =
       run_quanta(finetune("qwen2_bias", d, "merged_run",
                           {"--steps", "8", "--target-modules", "q_proj,v_proj", "--lora-r", "4",
@@ -179,22 +187,11 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
   // batch's loss weight (its share of the scored tokens) an input.
   ScratchDir d("ft_lm_graph");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 5), llm::TokenWidth::u16);
-  {
-    // Examples of 6 to 15 tokens, the first 3 labels ignored (a prompt);
-    // every fourth one has no scored token at all.
-    std::ofstream jl(d.file("train.jsonl"));
-    const std::vector<int64_t> t = learnable_tokens(600, 6);
-    for (int i = 0; i < 24; ++i) {
-      json line;
-      std::vector<int64_t> ids(t.begin() + i * 20, t.begin() + i * 20 + 6 + (i * 7) % 10);
-      std::vector<int64_t> labels = ids;
-      for (std::size_t k = 0; k < labels.size(); ++k)
-        if (k < 3 || i % 4 == 0) labels[k] = -100;
-      line["input_ids"] = ids;
-      line["labels"] = labels;
-      jl << line.dump() << "\n";
-    }
-  }
+  // Examples of 6 to 15 tokens, the first 3 labels ignored (a prompt);
+  // every fourth one has no scored token at all.
+  write_labelled_jsonl(
+      d.file("train.jsonl"), 6, 24, [](int i) { return 6 + (i * 7) % 10; },
+      [](int i, std::size_t k) { return k < 3 || i % 4 == 0; });
   struct Run {
     std::string name;
     std::vector<std::string> flags;

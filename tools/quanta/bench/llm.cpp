@@ -24,8 +24,8 @@
 //     bitsandbytes (load_in_4bit) + PEFT doing the same.
 //   qlora100m_B4_T512_mixed (where the CPU has bf16 products): that step
 //     in bf16 mixed precision, MixedPrecision against torch.autocast.
-//   qlora100m_B4_T512_graph (on cuda and sim): that step with its forward and
-//     backward replayed as a captured graph (train/captured_step.h), its
+//   qlora100m_B4_T512_graph (on cuda and sim): that step (forward, backward,
+//     AdamW) replayed as a captured graph (train/captured_step.h), its
 //     tokens uploaded each step, against the peer's plain step.
 //   qlora100m_B4_T512_peak_rss: the peak resident memory in MB of that step
 //     (setup and two steps) in a fresh process on each side

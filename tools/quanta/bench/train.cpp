@@ -13,11 +13,12 @@
 // (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
 // faster; the _graph rows are the step captured as a graph against the same
 // step launched kernel by kernel on the device, both uploading their batch
-// every step (below 1 the graph is faster). A model whose step fails on the GPU (a kernel it has
-// not yet) prints its row as unavailable with the error. On a device (cuda or sim) each row also
-// counts what one step asks of the host: host syncs (each one stalls a GPU's queue) and copies. sim
-// runs the CPU's kernels, so its time is the CPU's plus the device bookkeeping, and its counts are
-// CUDA's.
+// every step (below 1 the graph is faster). A model whose step fails on the
+// GPU (a kernel it has not yet) prints its row as unavailable with the error.
+// On a device (cuda or sim) each row also counts what one step asks of the
+// host: host syncs (each one stalls a GPU's queue) and copies. sim runs the
+// CPU's kernels, so its time is the CPU's plus the device bookkeeping, and
+// its counts are CUDA's.
 #include "bench.h"
 #include "engine/cuda/runtime.h"
 #include "engine/device_backend.h"

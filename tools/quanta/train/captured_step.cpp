@@ -34,10 +34,7 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
                          Optimizer& optimizer) {
   if (graph_ && fits(host_inputs)) {
     for (std::size_t i = 0; i < inputs_.size(); ++i) copy_(inputs_[i], host_inputs[i]);
-    graph_->replay();
-    ++replays_;
-    if (after && !after_in_graph_) after();
-    return values_.clone();  // the next replay rewrites values_
+    return replay(after);
   }
   // Another shape, or not captured yet: the gradients the graph wrote are
   // zeroed below, so the graph goes.
@@ -88,10 +85,15 @@ Tensor CapturedStep::run(const std::vector<Tensor>& host_inputs,
                              device_.str() + ": " + e.what() + "\n(run with --no-graph)");
   }
   ++captures_;
+  replays_ = 0;
+  return replay(after);  // the captured step itself
+}
+
+Tensor CapturedStep::replay(const std::function<void()>& after) {
   graph_->replay();
-  replays_ = 1;
+  ++replays_;
   if (after && !after_in_graph_) after();
-  return values_.clone();
+  return values_.clone();  // the next replay rewrites values_
 }
 
 }  // namespace quanta::train

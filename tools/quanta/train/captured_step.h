@@ -71,6 +71,9 @@ class CapturedStep {
 
  private:
   bool fits(const std::vector<Tensor>& host_inputs) const;
+  /** Replays the graph held, then `after` where it is not in the graph;
+   * returns the step's values. */
+  Tensor replay(const std::function<void()>& after);
 
   Device device_;
   int64_t warmup_;

@@ -547,7 +547,7 @@ class Loop {
   int64_t window_syncs_ = 0, window_synced_steps_ = 0;  // host syncs in this window (not saved)
   BatchOrder order_;
   const Device device_;                     // the model's
-  std::unique_ptr<CapturedStep> captured_;  // forward and backward as a graph
+  std::unique_ptr<CapturedStep> captured_;  // the step as a graph
   // What the log said of the graph: nothing yet, that it was captured, or
   // that the step runs uncaptured (the last word).
   enum class GraphReport { none, captured, stopped };

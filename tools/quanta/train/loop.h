@@ -204,8 +204,9 @@ struct LoopSettings {
   /** bf16 products (engine/precision.h's MixedPrecision) in every step's
    * forward and backward and in evaluation. */
   bool mixed_precision = false;
-  /** Forward and backward as one captured graph on a device that records
-   * (CUDA, sim), with one rank and one micro-batch per step, when the
+  /** The step (its micro-batches' forwards and backwards, clipping, the
+   * optimizer and, where it can be, the task's after_step) as one captured
+   * graph on a device that records (CUDA, sim), with one rank, when the
    * task's step is capturable (train/captured_step.h); the same bits
    * either way. */
   bool graph = true;
