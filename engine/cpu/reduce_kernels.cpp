@@ -1,8 +1,10 @@
 // The CPU's row reductions: each output reduces one contiguous row (sums,
 // products, extrema and their indices, boolean tests, logsumexp, moments,
-// norms), and the running sums along one dim (cumsum).
+// norms); the grid reductions over leading or middle dims, read in place;
+// and the running sums along one dim (cumsum).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -145,6 +147,77 @@ void logsumexp_rows(DType dtype, const void* rows, int64_t outer, int64_t inner,
   });
 }
 
+// Folds src viewed as [outer, a, keep, b] (ReduceGrid) into out[outer, keep].
+// A job folds a block of up to kGridBlock outputs (their accumulators stay
+// in L1) over a piece of a, walking its slabs [keep, b] in memory order
+// (b == 1: contiguous rows, which the compiler vectorizes). a is cut into up
+// to kGridPieces pieces of at least kGridPieceElements values, read as long
+// sequential stretches; the pieces' partial results combine in order. The
+// cut depends on the shape only: the same input gives the same bits
+// whatever the thread count.
+constexpr int64_t kGridBlock = 4096;
+constexpr int64_t kGridPieces = 16;
+constexpr int64_t kGridPieceElements = int64_t(1) << 17;
+
+template <class T, class Acc, class Fold>
+void fold_grid(const T* src, const ReduceGrid& g, Fold fold, Acc* out) {
+  const int64_t block = std::max<int64_t>(1, std::min(g.keep, kGridBlock));
+  const int64_t kblocks = (g.keep + block - 1) / block;
+  const int64_t line = g.keep * g.b;
+  const int64_t piece =
+      std::clamp<int64_t>(std::max((g.a + kGridPieces - 1) / kGridPieces,
+                                   kGridPieceElements / std::max<int64_t>(block * g.b, 1)),
+                          1, std::max<int64_t>(g.a, 1));
+  const int64_t pieces = g.a == 0 ? 1 : (g.a + piece - 1) / piece;
+  // (Not a vector: vector<bool> has no data().)
+  std::unique_ptr<Acc[]> partial(pieces > 1 ? new Acc[g.outer * pieces * g.keep] : nullptr);
+  // Job (o, p, kb): outputs [kb * block, +block) of row o over i in piece p.
+  parallel_for(0, g.outer * pieces * kblocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t job = lo; job < hi; ++job) {
+      const int64_t kb = job % kblocks, p = job / kblocks % pieces, o = job / kblocks / pieces;
+      const int64_t k0 = kb * block, k1 = std::min(g.keep, k0 + block);
+      Acc* acc = pieces > 1 ? partial.get() + (o * pieces + p) * g.keep : out + o * g.keep;
+      for (int64_t k = k0; k < k1; ++k) acc[k] = Fold::template start<Acc>();
+      const int64_t i1 = std::min(g.a, (p + 1) * piece);
+      for (int64_t i = p * piece; i < i1; ++i) {
+        const T* slab = src + (o * g.a + i) * line;
+        if (g.b == 1) {
+          for (int64_t k = k0; k < k1; ++k) acc[k] = fold(acc[k], static_cast<Acc>(slab[k]));
+        } else {
+          for (int64_t k = k0; k < k1; ++k) {
+            Acc r = acc[k];
+            for (int64_t j = 0; j < g.b; ++j) r = fold(r, static_cast<Acc>(slab[k * g.b + j]));
+            acc[k] = r;
+          }
+        }
+      }
+    }
+  });
+  if (pieces <= 1) return;
+  parallel_for(0, g.outer * g.keep, kGrainElements / pieces + 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t e = lo; e < hi; ++e) {
+      const int64_t o = e / g.keep, k = e % g.keep;
+      const Acc* part = partial.get() + o * pieces * g.keep + k;
+      Acc r = part[0];
+      for (int64_t p = 1; p < pieces; ++p) r = fold(r, part[p * g.keep]);
+      out[e] = r;
+    }
+  });
+}
+
+// fold_grid into Acc, then out as O (a wrapping product of integers narrows).
+template <class T, class Acc, class O, class Fold>
+void fold_grid_to(const void* src, const ReduceGrid& g, Fold fold, void* out) {
+  if constexpr (std::is_same_v<Acc, O>) {
+    fold_grid<T, Acc>(static_cast<const T*>(src), g, fold, static_cast<O*>(out));
+  } else {
+    std::vector<Acc> acc(g.outer * g.keep);
+    fold_grid<T, Acc>(static_cast<const T*>(src), g, fold, acc.data());
+    O* o = static_cast<O*>(out);
+    for (std::size_t i = 0; i < acc.size(); ++i) o[i] = static_cast<O>(acc[i]);
+  }
+}
+
 }  // namespace
 
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
@@ -166,6 +239,43 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
       return logsumexp_rows(in_dtype, rows, outer, inner, out);
   }
   throw std::logic_error("[reduce_rows] unknown row reduction");
+}
+
+void reduce_grid(RowReduce op, DType in_dtype, const void* src, const ReduceGrid& grid, void* out) {
+  switch (op) {
+    case RowReduce::sum:
+      return dispatch_all(in_dtype, "sum", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_half_v<T>) {
+          throw std::logic_error("[sum] 16-bit input reached the kernel");
+        } else {
+          using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+          fold_grid_to<T, Acc, Acc>(src, grid, fn::FoldSum{}, out);
+        }
+      });
+    case RowReduce::prod:
+      return dispatch_numeric(in_dtype, "prod", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using Acc = std::conditional_t<std::is_integral_v<T>, uint64_t, T>;
+        fold_grid_to<T, Acc, T>(src, grid, fn::FoldProd{}, out);
+      });
+    case RowReduce::max:
+    case RowReduce::min:
+      return dispatch_numeric(in_dtype, op_name(op), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (op == RowReduce::max)
+          fold_grid_to<T, T, T>(src, grid, fn::FoldExtreme<true>{}, out);
+        else
+          fold_grid_to<T, T, T>(src, grid, fn::FoldExtreme<false>{}, out);
+      });
+    case RowReduce::all:
+      return fold_grid_to<bool, bool, bool>(src, grid, fn::FoldBool<true>{}, out);
+    case RowReduce::any:
+      return fold_grid_to<bool, bool, bool>(src, grid, fn::FoldBool<false>{}, out);
+    case RowReduce::logsumexp:
+      break;
+  }
+  throw std::logic_error(std::string("[reduce_grid] ") + op_name(op) + " has no grid reduction");
 }
 
 void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,

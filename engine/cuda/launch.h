@@ -25,4 +25,26 @@ inline LaunchConfig launch_config(int64_t n, int64_t max_blocks) {
   return c;
 }
 
+/** How a grid reduction's thread-per-output kernel cuts the reduced length a
+ * of `outputs` outputs: `pieces` pieces of `piece` (the last may be shorter),
+ * folded by separate threads and combined in order by a second pass. Cut only
+ * when the outputs alone leave the device mostly idle (under kBusyThreads
+ * threads), and never into pieces under kMinPiece, whose partial results
+ * would cost more than they save. */
+struct GridPieces {
+  int64_t piece = 0;
+  int64_t pieces = 1;
+};
+inline constexpr int64_t kBusyThreads = int64_t(1) << 16;
+inline constexpr int64_t kMinPiece = 32;
+
+inline GridPieces grid_pieces(int64_t outputs, int64_t a) {
+  GridPieces g{std::max<int64_t>(a, 0), 1};
+  if (outputs <= 0 || outputs >= kBusyThreads || a < 2 * kMinPiece) return g;
+  const int64_t want = std::min((kBusyThreads + outputs - 1) / outputs, a / kMinPiece);
+  g.piece = (a + want - 1) / want;
+  g.pieces = (a + g.piece - 1) / g.piece;
+  return g;
+}
+
 }  // namespace quanta::cuda

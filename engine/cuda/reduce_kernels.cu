@@ -1,5 +1,6 @@
-// The CUDA row reductions other than sum (products, extrema and their
-// indices, boolean tests, logsumexp, var/std, norms), cumsum and softmax.
+// The CUDA row reductions (sums, products, extrema and their indices,
+// boolean tests, logsumexp, var/std, norms), the grid reductions over leading
+// or middle dims read in place, cumsum and softmax.
 //
 // A row is reduced by one block of kThreadsPerBlock threads (a grid-stride
 // loop over rows): each thread folds the elements i = tid, tid + blockDim,
@@ -321,6 +322,84 @@ void sum_rows(const T* in, int64_t outer, int64_t inner, Acc* out) {
   QUANTA_CUDA_CHECK(cudaFreeAsync(partial, stream()));
 }
 
+// ---- grid reductions: [outer, a, keep, b] over a and b, read in place ----
+
+// One thread per output (o, k) and piece p of a, folding i in its piece and
+// j in order into out[(o * pieces + p) * keep + k]: a warp's threads take
+// neighbouring k, so for b == 1 (a column reduction) each i is one coalesced
+// read of a row.
+template <class T, class Acc, class Out, class Fold>
+__global__ void grid_fold_kernel(const T* src, int64_t outer, int64_t a, int64_t keep, int64_t b,
+                                 int64_t piece, int64_t pieces, Fold fold, Out* out) {
+  const int64_t n = outer * pieces * keep;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += step) {
+    const int64_t k = e % keep, p = e / keep % pieces, o = e / keep / pieces;
+    const int64_t i1 = min(a, (p + 1) * piece);
+    Acc acc = Fold::template start<Acc>();
+    for (int64_t i = p * piece; i < i1; ++i) {
+      const T* v = src + ((o * a + i) * keep + k) * b;
+      for (int64_t j = 0; j < b; ++j) acc = fold(acc, static_cast<Acc>(v[j]));
+    }
+    out[e] = static_cast<Out>(acc);
+  }
+}
+
+// b >= kGridBlockB (NCHW over N, H and W): one block per output, its threads
+// striding over the a * b values in memory order, combined by CUB.
+constexpr int64_t kGridBlockB = 32;
+
+template <class T, class Acc, class Out, class Fold>
+__global__ void grid_block_kernel(const T* src, int64_t outer, int64_t a, int64_t keep, int64_t b,
+                                  Fold fold, Out* out) {
+  const int64_t n = a * b;
+  for (int64_t r = blockIdx.x; r < outer * keep; r += gridDim.x) {
+    const int64_t o = r / keep, k = r % keep;
+    Acc acc = Fold::template start<Acc>();
+    for (int64_t t = threadIdx.x; t < n; t += blockDim.x)
+      acc = fold(acc, static_cast<Acc>(src[((o * a + t / b) * keep + k) * b + t % b]));
+    acc = block_combine(acc, fold);
+    if (threadIdx.x == 0) out[r] = static_cast<Out>(acc);
+  }
+}
+
+// The grid reduction of src (T) into out (Out) through accumulators of Acc.
+template <class T, class Acc, class Out, class Fold>
+void fold_grid(const void* src, const ReduceGrid& g, Fold fold, void* out) {
+  const T* in = static_cast<const T*>(src);
+  Out* o = static_cast<Out*>(out);
+  const int64_t outputs = g.outer * g.keep;
+  if (outputs == 0) return;
+  if (g.b >= kGridBlockB) {
+    grid_block_kernel<T, Acc, Out><<<row_blocks(outputs), kThreadsPerBlock, 0, stream()>>>(
+        in, g.outer, g.a, g.keep, g.b, fold, o);
+    QUANTA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const GridPieces cut = grid_pieces(outputs, g.a);
+  if (cut.pieces == 1) {
+    const LaunchConfig cfg = launch_config(outputs, max_blocks());
+    grid_fold_kernel<T, Acc, Out><<<static_cast<unsigned>(cfg.blocks), cfg.threads, 0, stream()>>>(
+        in, g.outer, g.a, g.keep, g.b, cut.piece, 1, fold, o);
+    QUANTA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // The pieces' results [outer, pieces, keep], then their fold over pieces.
+  Acc* partial = nullptr;
+  QUANTA_CUDA_CHECK(cudaMallocAsync(&partial, sizeof(Acc) * outputs * cut.pieces, stream()));
+  const LaunchConfig first = launch_config(outputs * cut.pieces, max_blocks());
+  grid_fold_kernel<T, Acc, Acc>
+      <<<static_cast<unsigned>(first.blocks), first.threads, 0, stream()>>>(
+          in, g.outer, g.a, g.keep, g.b, cut.piece, cut.pieces, fold, partial);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  const LaunchConfig second = launch_config(outputs, max_blocks());
+  grid_fold_kernel<Acc, Acc, Out>
+      <<<static_cast<unsigned>(second.blocks), second.threads, 0, stream()>>>(
+          partial, g.outer, cut.pieces, g.keep, 1, cut.pieces, 1, fold, o);
+  QUANTA_CUDA_CHECK_LAUNCH();
+  QUANTA_CUDA_CHECK(cudaFreeAsync(partial, stream()));
+}
+
 }  // namespace
 
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
@@ -373,6 +452,46 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
       });
   }
   throw std::logic_error("[reduce_rows] unknown row reduction");
+}
+
+void reduce_grid(RowReduce op, DType in_dtype, const void* src, const ReduceGrid& grid, void* out) {
+  switch (op) {
+    case RowReduce::sum:
+      return dispatch_all(in_dtype, "sum", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_half_v<T>) {
+          throw std::logic_error("[sum] 16-bit input reached the kernel");
+        } else {
+          using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+          fold_grid<T, Acc, Acc>(src, grid, fn::FoldSum{}, out);
+        }
+      });
+    case RowReduce::prod:
+      return dispatch_numeric(in_dtype, "prod", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        // Integers multiply as unsigned: overflow wraps, as on the CPU.
+        using Acc = std::conditional_t<std::is_integral_v<T>, unsigned long long, T>;
+        fold_grid<T, Acc, T>(src, grid, fn::FoldProd{}, out);
+      });
+    case RowReduce::max:
+    case RowReduce::min:
+      return dispatch_numeric(in_dtype, op_name(op), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (op == RowReduce::max)
+          fold_grid<T, T, T>(src, grid, fn::FoldExtreme<true>{}, out);
+        else
+          fold_grid<T, T, T>(src, grid, fn::FoldExtreme<false>{}, out);
+      });
+    case RowReduce::all:
+    case RowReduce::any:
+      if (in_dtype != DType::boolean) bad_dtype(op_name(op), in_dtype, "expected bool");
+      if (op == RowReduce::all)
+        return fold_grid<bool, bool, bool>(src, grid, fn::FoldBool<true>{}, out);
+      return fold_grid<bool, bool, bool>(src, grid, fn::FoldBool<false>{}, out);
+    case RowReduce::logsumexp:
+      break;
+  }
+  throw std::logic_error(std::string("[reduce_grid] ") + op_name(op) + " has no grid reduction");
 }
 
 void index_rows(RowReduce op, DType dtype, const void* rows, int64_t outer, int64_t inner,

@@ -29,6 +29,7 @@ const KernelTable& unavailable_kernels() {
       .where = [](auto...) { no_cuda("where"); },
       .add_n = [](auto...) { no_cuda("add_n"); },
       .reduce_rows = [](RowReduce op, auto...) { no_cuda(op_name(op)); },
+      .reduce_grid = [](RowReduce op, auto...) { no_cuda(op_name(op)); },
       .gemm_maps = [](auto...) -> bool { no_cuda("gemm"); },
       .gemm = [](auto...) { no_cuda("gemm"); },
       .stat_rows = [](RowStat op, auto...) { no_cuda(op_name(op)); },

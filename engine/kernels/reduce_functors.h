@@ -7,6 +7,7 @@
 // same; the CUDA kernels combine per-thread partials with the same rules.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
@@ -52,5 +53,59 @@ template <class T>
 QUANTA_HD inline T logsumexp_from(T m, T s) {
   return std::isfinite(m) ? m + std::log(s) : m;
 }
+
+/** The folds of a grid reduction (reduce_grid): `start` leaves any value
+ * unchanged, and the step is associative, so a device may cut a fold into
+ * pieces and combine their results with the same step (in a fixed order:
+ * deterministic). Extrema propagate NaN, as reduce_rows' max and min do. */
+struct FoldSum {
+  template <class A>
+  static QUANTA_HD A start() {
+    return A(0);
+  }
+  template <class A>
+  QUANTA_HD A operator()(A acc, A v) const {
+    return acc + v;
+  }
+};
+
+struct FoldProd {
+  template <class A>
+  static QUANTA_HD A start() {
+    return A(1);
+  }
+  template <class A>
+  QUANTA_HD A operator()(A acc, A v) const {
+    return acc * v;
+  }
+};
+
+template <bool IsMax>
+struct FoldExtreme {
+  template <class A>
+  static QUANTA_HD A start() {
+    if constexpr (std::is_floating_point_v<A>)
+      return IsMax ? -std::numeric_limits<A>::infinity() : std::numeric_limits<A>::infinity();
+    else
+      return IsMax ? std::numeric_limits<A>::lowest() : std::numeric_limits<A>::max();
+  }
+  template <class A>
+  QUANTA_HD A operator()(A acc, A v) const {
+    return IsMax ? Maximum{}(acc, v) : Minimum{}(acc, v);
+  }
+};
+
+/** all (And) and any (!And) over bool. */
+template <bool And>
+struct FoldBool {
+  template <class A>
+  static QUANTA_HD A start() {
+    return And;
+  }
+  template <class A>
+  QUANTA_HD A operator()(A acc, A v) const {
+    return And ? (acc && v) : (acc || v);
+  }
+};
 
 }  // namespace quanta::fn

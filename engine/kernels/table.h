@@ -72,6 +72,13 @@ enum class RowReduce : uint8_t {
   logsumexp,  // max + log(sum(exp(x - max))); -inf for an empty row
 };
 
+/** A reduction's view of a contiguous tensor: [outer, a, keep, b], reduced
+ * over a and b, the result [outer, keep]. Reducing the leading dims of
+ * [rows, cols] is {1, rows, cols, 1}; NCHW over N, H and W is {1, N, C, H*W}. */
+struct ReduceGrid {
+  int64_t outer = 1, a = 1, keep = 1, b = 1;
+};
+
 /** A row reduction with one real parameter (floating rows only). */
 enum class RowStat : uint8_t {
   var,   // sum((x - mean)^2) / param, param the divisor n - correction (>= 0)
@@ -197,6 +204,14 @@ struct KernelTable {
    * max, min: f32, f64, i32, i64, u8; inner >= 1). all, any: bool in and out.
    * logsumexp: f32 or f64. */
   void (*reduce_rows)(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
+                      void* out);
+  /** out[o * keep + k] = reduce over i < a, j < b of src[((o * a + i) * keep
+   * + k) * b + j] (see ReduceGrid): a reduction over leading or middle dims
+   * read in place, without the transposed copy reduce_rows would need. src
+   * contiguous, ops and dtypes as reduce_rows' except logsumexp; max and min
+   * need a, b >= 1. Each device sums in its own fixed order (deterministic,
+   * possibly not reduce_rows' last bits). */
+  void (*reduce_grid)(RowReduce op, DType in_dtype, const void* src, const ReduceGrid& grid,
                       void* out);
   /** True when a rows x cols matrix with strides (rs, cs) is a GEMM operand
    * this device takes without a copy. */
@@ -329,10 +344,11 @@ struct KernelTable {
 // (An X-macro list, which clang-format does not lay out idempotently.)
 // clang-format off
 #define QUANTA_KERNEL_ENTRIES(X) \
-  X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(add_n) X(reduce_rows) \
-  X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) X(index_lines) \
-  X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) X(max_pool_route) \
-  X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sort_pairs) X(sgd_step) X(adam_step)
+  X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(add_n) X(reduce_rows) X(reduce_grid) \
+  X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
+  X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
+  X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sort_pairs) \
+  X(sgd_step) X(adam_step)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

@@ -24,10 +24,9 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = detail::compute_dtype(out_dt);
   Tensor src = detail::compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
-  auto p = detail::plan_reduce(src, dims, keepdim, "sum");
+  auto p = detail::plan_reduce(src, dims, keepdim, "sum", true);
   Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
-  k.reduce_rows(RowReduce::sum, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
-                out.raw_data());
+  detail::reduce_planned(k, RowReduce::sum, p, out.raw_data());
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record("sum", out, {x}, [kept = p.kept_shape, in = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{expand_back(g, kept, in)};

@@ -144,11 +144,10 @@ template <bool IsMax>
 Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
-  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op);
+  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op, true);
   require_nonempty(p, x.shape(), op);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
-  k.reduce_rows(IsMax ? RowReduce::max : RowReduce::min, p.rows.dtype(), p.rows.raw_data(), p.outer,
-                p.inner, out.raw_data());
+  detail::reduce_planned(k, IsMax ? RowReduce::max : RowReduce::min, p, out.raw_data());
   if (ct != x.dtype()) out = as_plain(out, x.dtype());
   return autograd::record(op, out, {x},
                           [x = x.detach(), o = out.detach(), kept = p.kept_shape, d = p.dims](
@@ -214,10 +213,10 @@ template <bool All>
 Tensor bool_reduce(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   check_arithmetic(x, op);
-  auto p = detail::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim, op);
+  auto p = detail::plan_reduce(as_plain(x, DType::boolean), checked_dims(x, dims, op), keepdim, op,
+                               true);
   Tensor out = make_tensor(p.out_shape, DType::boolean, x.device());
-  k.reduce_rows(All ? RowReduce::all : RowReduce::any, p.rows.dtype(), p.rows.raw_data(), p.outer,
-                p.inner, out.raw_data());
+  detail::reduce_planned(k, All ? RowReduce::all : RowReduce::any, p, out.raw_data());
   return out;
 }
 
@@ -228,11 +227,11 @@ Tensor prod(const Tensor& x, const Dims& dims, bool keepdim) {
   check_arithmetic(x, "prod");
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = compute_dtype(out_dt);
-  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod");
+  auto p =
+      detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, "prod"), keepdim, "prod", true);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   // Integers multiply as unsigned 64-bit: overflow wraps.
-  k.reduce_rows(RowReduce::prod, p.rows.dtype(), p.rows.raw_data(), p.outer, p.inner,
-                out.raw_data());
+  detail::reduce_planned(k, RowReduce::prod, p, out.raw_data());
   if (ct != out_dt) out = as_plain(out, out_dt);
   return autograd::record("prod", out, {x},
                           [x = x.detach(), kept = p.kept_shape, d = p.dims](const Tensor& g) {

@@ -166,6 +166,24 @@ TEST_CASE("launch config: empty launches skipped, blocks capped") {
   CHECK(cuda::launch_config(int64_t(1) << 40, 1056).blocks == 1056);
 }
 
+TEST_CASE("grid reduction pieces: cut only a long reduction with few outputs") {
+  using cuda::grid_pieces;
+  auto g = grid_pieces(1 << 20, 4096);  // many outputs: one piece each
+  CHECK((g.pieces == 1 && g.piece == 4096));
+  g = grid_pieces(10, 40);  // too short to cut
+  CHECK((g.pieces == 1 && g.piece == 40));
+  g = grid_pieces(768, 8192);  // a bias gradient over 8192 rows
+  CHECK(g.pieces > 1);
+  CHECK(g.piece >= cuda::kMinPiece);
+  CHECK(g.piece * g.pieces >= 8192);
+  CHECK(g.piece * (g.pieces - 1) < 8192);  // no empty piece
+  CHECK(768 * g.pieces <= 2 * cuda::kBusyThreads);
+  g = grid_pieces(1, 1000003);  // a prime length: the last piece is shorter
+  CHECK(g.piece * (g.pieces - 1) < 1000003);
+  CHECK(g.piece * g.pieces >= 1000003);
+  CHECK(grid_pieces(0, 100).pieces == 1);
+}
+
 TEST_CASE("blas layout: row-major, column-major, size-1 dims, refusals") {
   auto l = cuda::blas_layout(3, 4, 4, 1);
   CHECK((l.ok && l.row_major && l.ld == 4));

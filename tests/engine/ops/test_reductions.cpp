@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "engine/ops/harness.h"
+#include "engine/ops/reduce_plan.h"
 #include "support/gpu.h"
 
 using namespace quanta;
@@ -655,5 +656,103 @@ TEST_CASE("reductions and softmax on cuda match the cpu on long rows, ties and N
     CHECK(max(x.to(dev), 1).indices.to(Device::cpu()).item() == 3.0);
     CHECK(argmax(t64({1, 5, 5, 2}).to(dev), 0).to(Device::cpu()).item() == 1.0);
     CHECK(argmin(t64({3, 1, 2, 1}).to(dev), 0).to(Device::cpu()).item() == 1.0);
+  }
+}
+
+TEST_CASE("reductions over leading and middle dims read the input in place, as the rows do") {
+  using detail::plan_reduce;
+  const Tensor x4 = zeros({2, 3, 4, 5});
+  // Which layouts are read in place (grid) and how; rows ([kept,] reduced)
+  // need no copy either; anything else, or a strided input, is copied.
+  auto p = plan_reduce(zeros({6, 7}), {0}, false, "sum", true);
+  CHECK(p.use_grid);
+  CHECK((p.grid.outer == 1 && p.grid.a == 6 && p.grid.keep == 7 && p.grid.b == 1));
+  p = plan_reduce(x4, {1}, false, "sum", true);  // [kept, reduced, kept]
+  CHECK((p.use_grid && p.grid.outer == 2 && p.grid.a == 3 && p.grid.keep == 20 && p.grid.b == 1));
+  p = plan_reduce(x4, {0, 2, 3}, false, "sum", true);  // NCHW over N, H, W
+  CHECK((p.use_grid && p.grid.outer == 1 && p.grid.a == 2 && p.grid.keep == 3 && p.grid.b == 20));
+  p = plan_reduce(x4, {1, 3}, false, "sum", true);  // kept, reduced, kept, reduced
+  CHECK((p.use_grid && p.grid.outer == 2 && p.grid.a == 3 && p.grid.keep == 4 && p.grid.b == 5));
+  p = plan_reduce(zeros({8, 1, 6, 1, 3}), {0, 2}, false, "sum", true);  // size-1 dims merge
+  CHECK((p.use_grid && p.grid.outer == 1 && p.grid.a == 48 && p.grid.keep == 3 && p.grid.b == 1));
+  CHECK_FALSE(plan_reduce(x4, {2, 3}, false, "sum", true).use_grid);  // rows
+  CHECK_FALSE(plan_reduce(x4, {}, false, "sum", true).use_grid);      // all: one row
+  CHECK_FALSE(plan_reduce(x4, {0, 2}, false, "sum", true).use_grid);  // too many groups
+  CHECK_FALSE(plan_reduce(x4, {0}, false, "sum", false).use_grid);    // op without a grid
+  CHECK_FALSE(plan_reduce(transpose(x4, 0, 3), {3}, false, "sum", true).use_grid);  // strided
+  CHECK_FALSE(plan_reduce(zeros({0, 4}), {0}, false, "sum", true).use_grid);        // empty
+
+  // Every op with a grid reduction, on the CPU and each test device, against
+  // the same values laid out strided (which reduce as rows after a copy):
+  // bit for bit where the order cannot matter, within rounding for sums and
+  // products. The shapes take every kernel branch: a long column cut into
+  // pieces, few outputs, b long enough for a block per output, size-1 dims.
+  struct Layout {
+    Shape shape;
+    Dims dims;
+  };
+  const std::vector<Layout> layouts = {{{4096, 48}, {0}},        {{3, 700, 5}, {1}},
+                                       {{5, 7, 40}, {0, 2}},     {{5, 7, 3}, {0, -1}},
+                                       {{2, 300, 4, 6}, {1, 3}}, {{8, 1, 600, 1, 3}, {0, 2}},
+                                       {{20000, 2}, {0}},        {{70, 1100}, {0}}};
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : quanta::testing::test_devices()) devices.push_back(d);
+  uint64_t seed = 90;
+  for (const Device dev : devices) {
+    for (const Layout& l : layouts) {
+      for (bool keep : {false, true}) {
+        const std::string at = dev.str() + " " + shape_str(l.shape) + " dims " + shape_str(l.dims);
+        INFO(at);
+        const Tensor base = make_input(l.shape, Domain::any, ++seed);
+        // A copy with the same values whose first and last dims are swapped
+        // in memory: not contiguous, so its reductions go through the rows.
+        const auto strided = [](const Tensor& t) {
+          return transpose(contiguous(transpose(t, 0, -1)), 0, -1);
+        };
+        REQUIRE(plan_reduce(base, l.dims, keep, "sum", true).use_grid);
+        for (DType dt : {DType::f64, DType::f32}) {
+          const Tensor x = base.to(dt).to(dev), xs = strided(base.to(dt).to(dev));
+          REQUIRE_FALSE(xs.is_contiguous());
+          const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
+          const Tensor s = sum(x, l.dims, keep).to(Device::cpu()).to(DType::f64);
+          const Tensor ss = sum(xs, l.dims, keep).to(Device::cpu()).to(DType::f64);
+          REQUIRE(s.shape() == ss.shape());
+          const Values sv = vals(s), ssv = vals(ss);
+          const Values mag = vals(sum(abs(base), l.dims, keep));
+          for (size_t i = 0; i < sv.size(); ++i) CHECK(std::abs(sv[i] - ssv[i]) <= tol * mag[i]);
+          // Extrema with NaN in a few places: NaN wins, exactly the rows' answer.
+          Values nv = vals(base);
+          for (size_t i = 7; i < nv.size(); i += 1013) nv[i] = NAN;
+          const Tensor n =
+              from_vector<double>(nv, {static_cast<int64_t>(nv.size())}).reshape(l.shape).to(dt);
+          for (bool is_max : {true, false}) {
+            const Tensor g = is_max ? amax(n.to(dev), l.dims, keep) : amin(n.to(dev), l.dims, keep);
+            const Tensor r = is_max ? amax(strided(n.to(dev)), l.dims, keep)
+                                    : amin(strided(n.to(dev)), l.dims, keep);
+            const Values gv = vals(g.to(Device::cpu())), rv = vals(r.to(Device::cpu()));
+            for (size_t i = 0; i < gv.size(); ++i)
+              CHECK(((std::isnan(gv[i]) && std::isnan(rv[i])) || gv[i] == rv[i]));
+          }
+          const Tensor near_one = add(base * 0.0005, scalar(1.0)).to(dt);
+          const Values pv = vals(prod(near_one.to(dev), l.dims, keep).to(Device::cpu()));
+          const Values prv = vals(prod(strided(near_one.to(dev)), l.dims, keep).to(Device::cpu()));
+          for (size_t i = 0; i < pv.size(); ++i)
+            CHECK(pv[i] == doctest::Approx(prv[i]).epsilon(dt == DType::f64 ? 1e-12 : 1e-4));
+        }
+        // Integers and bools: exact. Products wrap as unsigned 64-bit.
+        const Tensor ints = round(base * 3.0).to(DType::i32);
+        CHECK(vals(sum(ints.to(dev), l.dims, keep).to(Device::cpu())) ==
+              vals(sum(strided(ints.to(dev)), l.dims, keep).to(Device::cpu())));
+        CHECK(vals(amin(ints.to(dev), l.dims, keep).to(Device::cpu())) ==
+              vals(amin(strided(ints.to(dev)), l.dims, keep).to(Device::cpu())));
+        CHECK(prod(ints.to(dev), l.dims, keep).to(Device::cpu()).to_vector<int64_t>() ==
+              prod(strided(ints.to(dev)), l.dims, keep).to(Device::cpu()).to_vector<int64_t>());
+        const Tensor flags = gt(base, scalar(1.5));
+        CHECK(vals(any(flags.to(dev), l.dims, keep).to(Device::cpu())) ==
+              vals(any(strided(flags.to(dev)), l.dims, keep).to(Device::cpu())));
+        CHECK(vals(all(logical_not(flags).to(dev), l.dims, keep).to(Device::cpu())) ==
+              vals(all(strided(logical_not(flags).to(dev)), l.dims, keep).to(Device::cpu())));
+      }
+    }
   }
 }

@@ -1,8 +1,10 @@
 // `quanta bench engine`: engine kernels against their floors.
 //   matmul_MxKxN: A [M, K] times B [K, N], f32, against a bare Eigen GEMM of
 //     the same size on the same threads (Eigen::Map, row-major, noalias()).
-//   add / exp / sum on a contiguous f32 tensor against a multithreaded memcpy
-//     with the same memory traffic: a memcpy of n bytes reads n and writes n,
+//   add / exp / sum on a contiguous f32 tensor (sum_dim1 / sum_dim0: the same
+//     values as [4096, 4096] over its rows / its columns, a bias gradient's
+//     reduction, read in place) against a multithreaded memcpy with the same
+//     memory traffic: a memcpy of n bytes reads n and writes n,
 //     so an op that moves k buffers (add 3, exp 2, sum 1) is floored by a
 //     memcpy of k/2 buffers. A kernel that streams memory as well as memcpy
 //     then has ratio 1. Op times include allocating their outputs, as users
@@ -55,6 +57,8 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
   const int64_t n = o.small ? int64_t(1) << 16 : int64_t(1) << 24;
   const Tensor x = rand({n}, gen);
   const Tensor y = rand({n}, gen);
+  const int64_t side = o.small ? 256 : 4096;
+  const Tensor square = reshape(x, {side, side});
   const int64_t buffer = n * 4;
   // Sources and destinations for the floors, 1.5 buffers each, touched now.
   const Tensor src = full({buffer * 3 / 2}, 1.0, {.dtype = DType::u8});
@@ -73,6 +77,8 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
       {"add", 3, [&] { Tensor z = add(x, y); }},
       {"exp", 2, [&] { Tensor z = exp(x); }},
       {"sum", 1, [&] { Tensor s = sum(x); }},
+      {"sum_dim1", 1, [&] { Tensor s = sum(square, {1}); }},
+      {"sum_dim0", 1, [&] { Tensor s = sum(square, {0}); }},
   };
   for (const auto& e : ops) {
     BenchRow row{e.name};
