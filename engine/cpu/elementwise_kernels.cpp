@@ -16,6 +16,19 @@
 namespace quanta::cpu {
 namespace {
 
+// dst[i] = f(src[i]) over n contiguous values: the Eigen vector form where
+// the functor has one (then its fixup for what the vector form gets wrong).
+template <class T, class F>
+void unary_piece(const F& f, const T* src, T* dst, int64_t n) {
+  if constexpr (VectorForm<F>::has) {
+    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+    Eigen::Map<Arr>(dst, n) = VectorForm<F>::apply(Eigen::Map<const Arr>(src, n));
+    VectorForm<F>::fixup(src, dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = f(src[i]);
+  }
+}
+
 template <class T, class F>
 void unary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
   if constexpr (VectorForm<F>::has) {
@@ -23,21 +36,116 @@ void unary_typed(const F& f, const Shape& shape, const Operand& out, const Opera
       const T* src = static_cast<const T*>(in.data);
       T* dst = static_cast<T*>(out.data);
       parallel_for(0, numel_of(shape), kGrainElements, [&](int64_t lo, int64_t hi) {
-        using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
         // In L1/L2-sized pieces, so the fixup pass reads what the vector
         // pass just touched instead of streaming the chunk from memory again.
         constexpr int64_t kPiece = 8192;
-        for (int64_t a = lo; a < hi; a += kPiece) {
-          const int64_t b = std::min(hi, a + kPiece);
-          Eigen::Map<Arr>(dst + a, b - a) =
-              VectorForm<F>::apply(Eigen::Map<const Arr>(src + a, b - a));
-          VectorForm<F>::fixup(src + a, dst + a, b - a);
-        }
+        for (int64_t a = lo; a < hi; a += kPiece)
+          unary_piece(f, src + a, dst + a, std::min(hi, a + kPiece) - a);
       });
       return;
     }
   }
   map<T, T>(shape, f, out, in);
+}
+
+// 16-bit floats (bf16, f16; the table's half_elementwise): every element is
+// computed in f32 and rounded once, the bits of widening the operands, the
+// f32 kernel and narrowing the result, without those two passes over memory.
+// Each run goes in L1-sized pieces: operands widened into f32 buffers (unit
+// strides vectorise), the f32 loop or vector form over the buffers, the
+// result narrowed into place.
+constexpr int64_t kHalfPiece = 1024;
+
+template <class H>
+void widen(const char* base, int64_t stride, int64_t from, int64_t m, float* out) {
+  const H* src = reinterpret_cast<const H*>(base);
+  if (stride == 1) {
+    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<float>(src[from + i]);
+  } else if (stride == 0) {
+    std::fill(out, out + m, static_cast<float>(src[0]));
+  } else {
+    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<float>(src[(from + i) * stride]);
+  }
+}
+
+template <class O>
+void narrow(const float* in, int64_t m, char* base, int64_t stride, int64_t from) {
+  O* dst = reinterpret_cast<O*>(base);
+  if (stride == 1) {
+    for (int64_t i = 0; i < m; ++i) dst[from + i] = cast<O>(in[i]);
+  } else {
+    for (int64_t i = 0; i < m; ++i) dst[(from + i) * stride] = cast<O>(in[i]);
+  }
+}
+
+template <class H, class F>
+void unary_half(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
+  for_each_run<2>(shape, {&out, &in},
+                  [&](int64_t n, const std::array<char*, 2>& b, const std::array<int64_t, 2>& s) {
+                    float x[kHalfPiece], y[kHalfPiece];
+                    for (int64_t a = 0; a < n; a += kHalfPiece) {
+                      const int64_t m = std::min(kHalfPiece, n - a);
+                      widen<H>(b[1], s[1], a, m, x);
+                      unary_piece(f, x, y, m);
+                      narrow<H>(y, m, b[0], s[0], a);
+                    }
+                  });
+}
+
+// out = f(x, y) (O: the 16-bit dtype, or bool for a predicate).
+template <class O, class H, class F>
+void binary_half(const F& f, const Shape& shape, const Operand& out, const Operand& a,
+                 const Operand& b) {
+  for_each_run<3>(shape, {&out, &a, &b},
+                  [&](int64_t n, const std::array<char*, 3>& p, const std::array<int64_t, 3>& s) {
+                    float x[kHalfPiece], y[kHalfPiece], r[kHalfPiece];
+                    for (int64_t at = 0; at < n; at += kHalfPiece) {
+                      const int64_t m = std::min(kHalfPiece, n - at);
+                      widen<H>(p[1], s[1], at, m, x);
+                      widen<H>(p[2], s[2], at, m, y);
+                      if constexpr (std::is_same_v<O, bool>) {
+                        bool* o = reinterpret_cast<bool*>(p[0]);
+                        for (int64_t i = 0; i < m; ++i)
+                          o[(at + i) * s[0]] = static_cast<bool>(f(x[i], y[i]));
+                      } else {
+                        for (int64_t i = 0; i < m; ++i) r[i] = static_cast<float>(f(x[i], y[i]));
+                        narrow<H>(r, m, p[0], s[0], at);
+                      }
+                    }
+                  });
+}
+
+// dst = f(dst, x, y) in place.
+template <class H, class F>
+void update_half(const F& f, const Shape& shape, const Operand& dst, const Operand& a,
+                 const Operand& b) {
+  for_each_run<3>(shape, {&dst, &a, &b},
+                  [&](int64_t n, const std::array<char*, 3>& p, const std::array<int64_t, 3>& s) {
+                    float d[kHalfPiece], x[kHalfPiece], y[kHalfPiece];
+                    for (int64_t at = 0; at < n; at += kHalfPiece) {
+                      const int64_t m = std::min(kHalfPiece, n - at);
+                      widen<H>(p[0], s[0], at, m, d);
+                      widen<H>(p[1], s[1], at, m, x);
+                      widen<H>(p[2], s[2], at, m, y);
+                      for (int64_t i = 0; i < m; ++i)
+                        d[i] = static_cast<float>(f(d[i], x[i], y[i]));
+                      narrow<H>(d, m, p[0], s[0], at);
+                    }
+                  });
+}
+
+// Calls f(TypeTag<H>) and returns true when t is a 16-bit float.
+template <class F>
+bool visit_half(DType t, F&& f) {
+  if (t == DType::bf16) {
+    f(detail::TypeTag<bf16>{});
+    return true;
+  }
+  if (t == DType::f16) {
+    f(detail::TypeTag<f16>{});
+    return true;
+  }
+  return false;
 }
 
 template <class T, bool Predicate, class F>
@@ -79,6 +187,11 @@ void copy(const Shape& shape, const Operand& dst, const Operand& src) {
 
 void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,
            const Operand& in) {
+  if (visit_half(in.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        visit_functor(op, args, [&](auto f) { unary_half<H>(f, shape, out, in); });
+      }))
+    return;
   dispatch_float(in.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     visit_functor(op, args, [&](auto f) { unary_typed<T>(f, shape, out, in); });
@@ -87,6 +200,14 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
 
 void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& a,
             const Operand& b) {
+  if (visit_half(a.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        visit_functor(op, [&](auto f, auto writes_bool) {
+          using O = std::conditional_t<decltype(writes_bool)::value, bool, H>;
+          binary_half<O, H>(f, shape, out, a, b);
+        });
+      }))
+    return;
   dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     visit_functor(op, [&](auto f, auto writes_bool) {
@@ -97,6 +218,11 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
 
 void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Operand& dst,
             const Operand& a, const Operand& b) {
+  if (visit_half(dst.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        visit_functor(op, args, [&](auto f) { update_half<H>(f, shape, dst, a, b); });
+      }))
+    return;
   dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     visit_functor(op, args, [&](auto f) { map<T, T, T, T>(shape, f, dst, dst, a, b); });

@@ -11,6 +11,7 @@ const KernelTable& cpu_kernels() {
   static const KernelTable table{.device_name = "cpu",
                                  .gemm_bf16 = bf16_gemm_native(),
                                  .gemm_f16 = false,
+                                 .half_elementwise = true,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

@@ -1,6 +1,7 @@
 // The elementwise family on CUDA (fill, copy, unary, binary, update, where):
 // a grid-stride walk over a StridedIndex calling the shared functors
-// (engine/kernels/functors.h), so the math is the CPU's.
+// (engine/kernels/functors.h), so the math is the CPU's; 16-bit floats are
+// computed in f32 inside the same walk.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -94,6 +95,54 @@ struct WhereBody {
   }
 };
 
+// 16-bit floats (the table's half_elementwise): every element widened to
+// f32, computed by the same functor and rounded once, the bits of widening
+// the operands, the f32 kernel and narrowing, in one pass instead of three.
+template <class H, class F>
+struct HalfUnaryBody {
+  F f;
+  H* out;
+  const H* in;
+  __device__ void operator()(const int64_t (&o)[2]) const {
+    out[o[0]] = convert<H>(f(convert<float>(in[o[1]])));
+  }
+};
+template <class O, class H, class F>
+struct HalfBinaryBody {
+  F f;
+  O* out;
+  const H* a;
+  const H* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    out[o[0]] = convert<O>(f(convert<float>(a[o[1]]), convert<float>(b[o[2]])));
+  }
+};
+template <class H, class F>
+struct HalfUpdateBody {
+  F f;
+  H* dst;
+  const H* a;
+  const H* b;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    dst[o[0]] =
+        convert<H>(f(convert<float>(dst[o[0]]), convert<float>(a[o[1]]), convert<float>(b[o[2]])));
+  }
+};
+
+// Calls f(Tag<H>) and returns true when t is a 16-bit float.
+template <class F>
+bool visit_half(DType t, F&& f) {
+  if (t == DType::bf16) {
+    f(Tag<__nv_bfloat16>{});
+    return true;
+  }
+  if (t == DType::f16) {
+    f(Tag<__half>{});
+    return true;
+  }
+  return false;
+}
+
 // add_n in launches of up to kTermsPerLaunch terms passed by value: the
 // first starts from term 0, each later one from out, so every element adds
 // the terms in order.
@@ -155,6 +204,15 @@ void copy(const Shape& shape, const Operand& dst, const Operand& src) {
 
 void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,
            const Operand& in) {
+  if (visit_half(in.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        H* o = static_cast<H*>(out.data);
+        const H* i = static_cast<const H*>(in.data);
+        visit_functor(op, args, [&](auto f) {
+          walk<2>(op_name(op), shape, {&out, &in}, HalfUnaryBody<H, decltype(f)>{f, o, i});
+        });
+      }))
+    return;
   dispatch_float(in.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out.data);
@@ -167,6 +225,17 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
 
 void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& a,
             const Operand& b) {
+  if (visit_half(a.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        const H* pa = static_cast<const H*>(a.data);
+        const H* pb = static_cast<const H*>(b.data);
+        visit_functor(op, [&](auto f, auto writes_bool) {
+          using O = std::conditional_t<decltype(writes_bool)::value, bool, H>;
+          walk<3>(op_name(op), shape, {&out, &a, &b},
+                  HalfBinaryBody<O, H, decltype(f)>{f, static_cast<O*>(out.data), pa, pb});
+        });
+      }))
+    return;
   dispatch_numeric(a.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = static_cast<const T*>(a.data);
@@ -181,6 +250,16 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
 
 void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Operand& dst,
             const Operand& a, const Operand& b) {
+  if (visit_half(dst.dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        H* d = static_cast<H*>(dst.data);
+        const H* pa = static_cast<const H*>(a.data);
+        const H* pb = static_cast<const H*>(b.data);
+        visit_functor(op, args, [&](auto f) {
+          walk<3>(op_name(op), shape, {&dst, &a, &b}, HalfUpdateBody<H, decltype(f)>{f, d, pa, pb});
+        });
+      }))
+    return;
   dispatch_numeric(dst.dtype, op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* d = static_cast<T*>(dst.data);

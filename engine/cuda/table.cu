@@ -10,6 +10,7 @@ const KernelTable& cuda_kernels() {
   static const KernelTable table{.device_name = "cuda",
                                  .gemm_bf16 = true,
                                  .gemm_f16 = true,
+                                 .half_elementwise = true,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

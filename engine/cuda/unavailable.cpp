@@ -21,6 +21,7 @@ const KernelTable& unavailable_kernels() {
       .device_name = "cuda",
       .gemm_bf16 = false,
       .gemm_f16 = false,
+      .half_elementwise = false,
       .fill = [](auto...) { no_cuda("fill_"); },
       .copy = [](auto...) { no_cuda("copy_"); },
       .unary = [](UnaryOp op, auto...) { no_cuda(op_name(op)); },

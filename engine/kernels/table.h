@@ -176,6 +176,12 @@ struct KernelTable {
    * ops widen those operands to f32 first. */
   bool gemm_bf16;
   bool gemm_f16;
+  /** True when unary, binary and update take bf16 and f16 operands directly
+   * (all of one 16-bit dtype; a predicate's output bool), computing every
+   * element in f32 and rounding the result once: the bits of widening the
+   * operands to f32, the f32 kernel and narrowing, without those two passes
+   * over memory. Else ops widen first. */
+  bool half_elementwise;
 
   /** dst[i] = value converted to dst's dtype (any plain dtype). */
   void (*fill)(const Shape& shape, const Operand& dst, double value);

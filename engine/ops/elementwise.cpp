@@ -45,14 +45,16 @@ Tensor kept_if(bool needed, const Tensor& t) { return needed ? t.detach() : Tens
 Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
   const DType out_dt = promote_types(a.dtype(), b.dtype());
-  const DType ct = compute_dtype(out_dt == DType::boolean ? DType::u8 : out_dt);
+  const DType ct = detail::elementwise_dtype(
+      kernels_for(op_name(op), {&a, &b}), out_dt == DType::boolean ? DType::u8 : out_dt, {&a, &b});
   Tensor out = binary_kernel(op, a, b, ct, ct);
   return ct == out_dt ? out : detail::as_plain(out, out_dt);
 }
 
 Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
-  const DType ct = compute_dtype(promote_types(a.dtype(), b.dtype()));
+  const DType ct = detail::elementwise_dtype(kernels_for(op_name(op), {&a, &b}),
+                                             promote_types(a.dtype(), b.dtype()), {&a, &b});
   return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean);
 }
 
@@ -112,7 +114,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   // True division: integers divide as floats, like torch.div.
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = compute_dtype(out_dt);
+  const DType ct = detail::elementwise_dtype(kernels_for("div", {&a, &b}), out_dt, {&a, &b});
   Tensor out = binary_kernel(BinaryOp::div, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
@@ -159,7 +161,7 @@ Tensor add_n(const std::vector<Tensor>& terms) {
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = compute_dtype(out_dt);
+  const DType ct = detail::elementwise_dtype(kernels_for("pow", {&a, &b}), out_dt, {&a, &b});
   Tensor out = binary_kernel(BinaryOp::pow, a, b, ct, ct);
   if (ct != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
@@ -279,8 +281,8 @@ void update(UpdateOp op, const char* name, const Tensor& dst, ScalarArgs args, c
   detail::check_inplace(name, dst);
   const KernelTable& k = kernels_for(name, {&dst, &a, &b});
   const DType t = dst.dtype();
-  const DType ct = detail::compute_dtype(t);
-  if (ct != t) {  // 16-bit floats: compute in f32, store back
+  const DType ct = detail::elementwise_dtype(k, t, {&dst, &a, &b});
+  if (ct != t) {  // 16-bit floats the device does not take: compute in f32, store back
     Tensor tmp = detail::as_plain(dst, ct);
     update(op, name, tmp, args, a, b);
     copy_(dst, tmp);

@@ -3,6 +3,7 @@
 // broadcasting, operands, and the calls of the elementwise families. Op
 // files hold validation and the backward formulas.
 #include <algorithm>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,19 @@ inline DType compute_dtype(DType t) {
   return (t == DType::bf16 || t == DType::f16) ? DType::f32 : t;
 }
 
+/** The dtype an elementwise kernel of `k` (unary, binary, update) runs a
+ * result of dtype `want` in: a 16-bit float itself where the device takes
+ * 16-bit operands (half_elementwise) and every input already has that dtype,
+ * else compute_dtype(want). Either way the result's bits are the same. */
+inline DType elementwise_dtype(const KernelTable& k, DType want,
+                               std::initializer_list<const Tensor*> inputs) {
+  const DType ct = compute_dtype(want);
+  if (ct == want || !k.half_elementwise) return ct;
+  for (const Tensor* t : inputs)
+    if (t->dtype() != want) return ct;
+  return want;
+}
+
 /** `x` as dtype `t`, with no graph (kernels see plain values). */
 inline Tensor as_plain(const Tensor& x, DType t) {
   NoGradGuard no_grad;
@@ -33,7 +47,7 @@ inline Tensor unary_float(UnaryOp op, const Tensor& x, ScalarArgs args = {}) {
   const KernelTable& k = kernels_for(op_name(op), {&x});
   check_arithmetic(op_name(op), {x.dtype()});
   const DType out_dt = to_floating(x.dtype());
-  const DType ct = compute_dtype(out_dt);
+  const DType ct = elementwise_dtype(k, out_dt, {&x});
   Tensor in = as_plain(x, ct);
   Tensor out = make_tensor(x.shape(), ct, x.device());
   k.unary(op, args, x.shape(), operand_of(out), operand_of(in));

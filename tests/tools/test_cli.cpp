@@ -208,6 +208,8 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
                                        "sum",
                                        "sum_dim1",
                                        "sum_dim0",
+                                       "add_bf16",
+                                       "exp_bf16",
                                        "conv_enc1_1x28_k4s2",
                                        "conv_enc2_32x14_k4s2",
                                        "conv_enc3_32x7_k3",

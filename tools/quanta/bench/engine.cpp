@@ -3,14 +3,17 @@
 //     the same size on the same threads (Eigen::Map, row-major, noalias()).
 //   add / exp / sum on a contiguous f32 tensor (sum_dim1 / sum_dim0: the same
 //     values as [4096, 4096] over its rows / its columns, a bias gradient's
-//     reduction, read in place) against a multithreaded memcpy with the same
-//     memory traffic: a memcpy of n bytes reads n and writes n,
-//     so an op that moves k buffers (add 3, exp 2, sum 1) is floored by a
-//     memcpy of k/2 buffers. A kernel that streams memory as well as memcpy
-//     then has ratio 1. Op times include allocating their outputs, as users
-//     see them; floors write into buffers touched beforehand.
+//     reduction, read in place; add_bf16 / exp_bf16: bf16 values, half the
+//     bytes, computed in f32 inside the kernel) against a multithreaded
+//     memcpy with the same memory traffic: a memcpy of n bytes reads n and
+//     writes n, so an op that moves k buffers (add 3, exp 2, sum 1) is
+//     floored by a memcpy of k/2 buffers. A kernel that streams memory as
+//     well as memcpy then has ratio 1. Op times include allocating their
+//     outputs, as users see them; floors write into buffers touched
+//     beforehand.
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "bench.h"
 #include "engine/eigen.h"
@@ -59,14 +62,17 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
   const Tensor y = rand({n}, gen);
   const int64_t side = o.small ? 256 : 4096;
   const Tensor square = reshape(x, {side, side});
+  const Tensor xh = x.to(DType::bf16), yh = y.to(DType::bf16);
   const int64_t buffer = n * 4;
   // Sources and destinations for the floors, 1.5 buffers each, touched now.
   const Tensor src = full({buffer * 3 / 2}, 1.0, {.dtype = DType::u8});
   const Tensor dst = zeros({buffer * 3 / 2}, {.dtype = DType::u8});
-  auto memcpy_floor = [&](int64_t buffers_moved) {
-    const int64_t bytes = buffers_moved * buffer / 2;
+  auto memcpy_floor_bytes = [&](int64_t bytes) {
     return median_ms(o.repeat,
                      [&] { parallel_memcpy(dst.data<uint8_t>(), src.data<uint8_t>(), bytes); });
+  };
+  auto memcpy_floor = [&](int64_t buffers_moved) {
+    return memcpy_floor_bytes(buffers_moved * buffer / 2);
   };
   struct Elementwise {
     const char* name;
@@ -79,11 +85,16 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
       {"sum", 1, [&] { Tensor s = sum(x); }},
       {"sum_dim1", 1, [&] { Tensor s = sum(square, {1}); }},
       {"sum_dim0", 1, [&] { Tensor s = sum(square, {0}); }},
+      // bf16 values, half the bytes: floored by half the f32 rows' copy.
+      {"add_bf16", 3, [&] { Tensor z = add(xh, yh); }},
+      {"exp_bf16", 2, [&] { Tensor z = exp(xh); }},
   };
   for (const auto& e : ops) {
     BenchRow row{e.name};
     row.ms = median_ms(o.repeat, e.op);
-    row.floor_ms = memcpy_floor(e.buffers_moved);
+    const bool half = std::string(e.name).ends_with("_bf16");
+    row.floor_ms =
+        half ? memcpy_floor_bytes(e.buffers_moved * buffer / 4) : memcpy_floor(e.buffers_moved);
     rows.push_back(row);
   }
   for (BenchRow& row : bench_conv(o, gen)) rows.push_back(row);

@@ -6,12 +6,16 @@
 //     or column broadcasts or reduces) against a device-to-device copy with
 //     the same memory traffic, as on the CPU: a copy of n bytes reads n and
 //     writes n, so an op that moves k buffers is floored by a copy of k/2
-//     buffers (add 3, exp and broadcasts 2, reductions 1).
+//     buffers (add 3, exp and broadcasts 2, reductions 1). add_bf16 and
+//     exp_bf16: the same on bf16 values (half the bytes), computed in f32
+//     inside the kernel.
 //   matmul_MxKxN[_dtype]: against the time an 8192^3 matmul of the same dtype
 //     takes for the row's FLOPs (8192^3 is where cuBLAS reaches its peak); a
 //     dtype the GEMM refuses prints its rows as unavailable with the error.
 //   conv_*: bench_conv's layers on the GPU against the f32 8192^3 rate.
 // Op times include allocating their outputs (from the caching allocator).
+#include <string>
+
 #include "bench.h"
 #include "gpu.h"
 #include "quanta.h"
@@ -34,8 +38,12 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   const Tensor row_vec = rand({c}, gen).to(gpu.device);
   const Tensor col_vec = rand({r, 1}, gen).to(gpu.device);
   const Tensor flat = x.reshape({r * c});
+  const Tensor xh = x.to(DType::bf16), yh = y.to(DType::bf16);
   const int64_t buffer = r * c * 4;
+  // bf16 rows move half the bytes: buffers_moved counts f32-sized buffers.
   const Memory ops[] = {
+      {"add_bf16", 3, [&] { Tensor z = add(xh, yh); }},
+      {"exp_bf16", 2, [&] { Tensor z = exp(xh); }},
       {"add", 3, [&] { Tensor z = add(x, y); }},
       {"add_broadcast_row", 2, [&] { Tensor z = add(x, row_vec); }},
       {"mul_broadcast_col", 2, [&] { Tensor z = mul(x, col_vec); }},
@@ -45,10 +53,12 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
       {"sum_dim0", 1, [&] { Tensor s = sum(x, {0}); }},
       {"amax_dim1", 1, [&] { Tensor s = amax(x, {1}); }},
   };
-  for (const Memory& m : ops)
-    rows.push_back(row_or_error(m.name, [&] {
-      return gpu.against_copy(m.op, static_cast<std::size_t>(m.buffers_moved * buffer));
-    }));
+  for (const Memory& m : ops) {
+    const bool half = std::string(m.name).ends_with("_bf16");
+    const int64_t bytes = m.buffers_moved * (half ? buffer / 2 : buffer);
+    rows.push_back(row_or_error(
+        m.name, [&] { return gpu.against_copy(m.op, static_cast<std::size_t>(bytes)); }));
+  }
 }
 
 void gemm_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
