@@ -47,4 +47,10 @@ inline GridPieces grid_pieces(int64_t outputs, int64_t a) {
   return g;
 }
 
+/** Lanes of a warp that share one row of d values in a row reduction (1, 8
+ * or 32): a warp's loads then read neighbouring values of its rows together
+ * (coalesced) instead of one value from each of 32 rows d apart, and short
+ * rows do not leave most lanes idle. */
+inline int row_lanes(int64_t d) { return d >= 32 ? 32 : d >= 8 ? 8 : 1; }
+
 }  // namespace quanta::cuda

@@ -184,6 +184,16 @@ TEST_CASE("grid reduction pieces: cut only a long reduction with few outputs") {
   CHECK(grid_pieces(0, 100).pieces == 1);
 }
 
+TEST_CASE("row norms on CUDA: lanes per row by row length") {
+  CHECK(cuda::row_lanes(1) == 1);
+  CHECK(cuda::row_lanes(4) == 1);  // FSQ-sized rows: a thread each
+  CHECK(cuda::row_lanes(8) == 8);
+  CHECK(cuda::row_lanes(16) == 8);  // a 16-dim codebook: four rows per warp
+  CHECK(cuda::row_lanes(32) == 32);
+  CHECK(cuda::row_lanes(512) == 32);
+  for (int64_t d : {1, 7, 8, 31, 32, 1000}) CHECK(32 % cuda::row_lanes(d) == 0);
+}
+
 TEST_CASE("blas layout: row-major, column-major, size-1 dims, refusals") {
   auto l = cuda::blas_layout(3, 4, 4, 1);
   CHECK((l.ok && l.row_major && l.ld == 4));

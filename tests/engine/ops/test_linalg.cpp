@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/ops/harness.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -307,6 +308,27 @@ TEST_CASE("matrix products name the op and the problem in their errors") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(sq_dist(ones({2, 3}), ones({4, 2})), doctest::Contains("[sq_dist]"),
                        std::invalid_argument);
+}
+
+TEST_CASE("sq_dist on every test device: rows short and long (each lane layout of CUDA's norms)") {
+  // CUDA sums a row's squares with 1, 8 or 32 lanes by its length
+  // (cuda::row_lanes); more rows than one warp holds, and a partial last warp.
+  for (const Device dev : quanta::testing::test_devices()) {
+    for (const int64_t d : {3, 16, 40, 300}) {
+      const std::string at = dev.str() + " d " + std::to_string(d);
+      INFO(at);
+      const Tensor x = make_input({37, d}, Domain::any, 5 + d);
+      const Tensor c = make_input({70, d}, Domain::any, 6 + d);
+      for (const DType dt : {DType::f64, DType::f32}) {
+        const Tensor want = sq_dist(x.to(dt), c.to(dt)).to(DType::f64);
+        const Tensor got = sq_dist(x.to(dt).to(dev), c.to(dt).to(dev)).to(Device::cpu());
+        const auto w = want.to_vector<double>(), g = got.to(DType::f64).to_vector<double>();
+        const double tol = dt == DType::f64 ? 1e-10 : 1e-4;
+        for (size_t i = 0; i < w.size(); ++i)
+          CHECK(g[i] == doctest::Approx(w[i]).epsilon(tol).scale(double(d)));
+      }
+    }
+  }
 }
 
 TEST_CASE("sq_dist is exactly zero for identical rows and never negative") {
