@@ -11,6 +11,19 @@ namespace quanta::cpu {
 
 namespace {
 
+// dst[k] = (src ? src[k] : 1) * (w[k] < cut ? one : zero): unaliased
+// pointers, so the compiler vectorises the select (through the caller's
+// captured values it kept a scalar branch per element, 70% of a dropout).
+template <class T>
+void select_words(const uint32_t* __restrict w, const T* __restrict src, T* __restrict dst,
+                  int64_t m, uint32_t cut, T one, T zero) {
+  if (src) {
+    for (int64_t k = 0; k < m; ++k) dst[k] = src[k] * (w[k] < cut ? one : zero);
+  } else {
+    for (int64_t k = 0; k < m; ++k) dst[k] = w[k] < cut ? one : zero;
+  }
+}
+
 // A bernoulli fill in f32 or f64 (dropout's masks) as one select per word:
 // fill_group's two possible values formed once, so the same bits, in a loop
 // the compiler vectorises instead of fill_group's per-element dispatch.
@@ -21,6 +34,10 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
   const T zero = f.affine ? draw::affine(a, b, T(0)) : T(0);
   const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
   const T* times = static_cast<const T*>(f.times);
+  // word < below as a 32-bit compare (below is at most 2^32: p = 1, where
+  // every word keeps), so the loops below compare 16 words per instruction.
+  const bool all = f.below > 0xFFFFFFFFu;
+  const auto below = static_cast<uint32_t>(all ? 0 : f.below);
   constexpr int64_t kChunk = 2048;
   parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
     uint32_t words[kChunk];
@@ -28,12 +45,8 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
       const int64_t m = std::min(kChunk, hi - c);
       s.words(c, c + m, words);
       T* dst = out + c;
-      if (times) {
-        const T* src = times + c;
-        for (int64_t k = 0; k < m; ++k) dst[k] = src[k] * (words[k] < f.below ? one : zero);
-      } else {
-        for (int64_t k = 0; k < m; ++k) dst[k] = words[k] < f.below ? one : zero;
-      }
+      if (all) std::fill(words, words + m, 0u);  // every word below 2^32
+      select_words(words, times ? times + c : nullptr, dst, m, all ? 1u : below, one, zero);
     }
   });
 }

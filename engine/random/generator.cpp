@@ -55,6 +55,8 @@ namespace {
 // vpmuludq on the even and odd lanes (what the compiler made of the plain
 // loop, 64-bit multiplies, was half as fast); elsewhere block by block.
 constexpr int kLanes = 16;
+// Groups of kLanes blocks a call runs together where the stream is long enough.
+constexpr int kGroupsAtOnce = 4;
 
 #if defined(__AVX512F__)
 // hi and lo words of m * c for the 16 lanes of c.
@@ -65,15 +67,35 @@ inline void mul_hi_lo(__m512i c, __m512i m, __m512i& hi, __m512i& lo) {
   lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
 }
 
-void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
-                  uint32_t* out) {
+// The four counter words of blocks first_block .. + kLanes - 1, word k of
+// every block in c[k]. Within a group the low word almost never wraps: then
+// the counters are one scalar counter plus the lane index; else lane by lane.
+inline void counters(PhiloxOffset start, uint64_t first_block, __m512i (&c)[4]) {
+  const std::array<uint32_t, 4> c0 = philox_counter(start.lo, start.hi, first_block);
+  if (c0[0] <= 0xFFFFFFFFu - (kLanes - 1)) {
+    c[0] =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c0[0])),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int k = 1; k < 4; ++k) c[k] = _mm512_set1_epi32(static_cast<int>(c0[k]));
+    return;
+  }
   alignas(64) uint32_t w[4][kLanes];
   for (int j = 0; j < kLanes; ++j) {
-    const std::array<uint32_t, 4> c = philox_counter(start.lo, start.hi, first_block + j);
-    for (int k = 0; k < 4; ++k) w[k][j] = c[static_cast<size_t>(k)];
+    const std::array<uint32_t, 4> cj = philox_counter(start.lo, start.hi, first_block + j);
+    for (int k = 0; k < 4; ++k) w[k][j] = cj[static_cast<size_t>(k)];
   }
-  __m512i c0 = _mm512_load_si512(w[0]), c1 = _mm512_load_si512(w[1]);
-  __m512i c2 = _mm512_load_si512(w[2]), c3 = _mm512_load_si512(w[3]);
+  for (int k = 0; k < 4; ++k) c[k] = _mm512_load_si512(w[k]);
+}
+
+// G groups of kLanes blocks each (G * 4 * kLanes words) through the rounds
+// together: one group's rounds are a chain of dependent multiplies, and G
+// independent chains keep the multiplier busy while each waits.
+template <int G>
+void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
+                  uint32_t* out) {
+  __m512i c[G][4];
+  for (int g = 0; g < G; ++g)
+    counters(start, first_block + static_cast<uint64_t>(g) * kLanes, c[g]);
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(detail::kPhiloxM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(detail::kPhiloxM1));
   for (int round = 0; round < 10; ++round) {
@@ -81,36 +103,44 @@ void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t,
       key[0] += detail::kPhiloxW0;
       key[1] += detail::kPhiloxW1;
     }
-    __m512i hi0, lo0, hi1, lo1;
-    mul_hi_lo(c0, m0, hi0, lo0);
-    mul_hi_lo(c2, m1, hi1, lo1);
     const __m512i k0 = _mm512_set1_epi32(static_cast<int>(key[0]));
     const __m512i k1 = _mm512_set1_epi32(static_cast<int>(key[1]));
-    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), k0);
-    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), k1);
-    c1 = lo1;
-    c3 = lo0;
+    for (int g = 0; g < G; ++g) {
+      __m512i hi0, lo0, hi1, lo1;
+      mul_hi_lo(c[g][0], m0, hi0, lo0);
+      mul_hi_lo(c[g][2], m1, hi1, lo1);
+      c[g][0] = _mm512_xor_si512(_mm512_xor_si512(hi1, c[g][1]), k0);
+      c[g][2] = _mm512_xor_si512(_mm512_xor_si512(hi0, c[g][3]), k1);
+      c[g][1] = lo1;
+      c[g][3] = lo0;
+    }
   }
-  // Back to block order (word k of block j at out[4 j + k]): a 4 x 16
-  // transpose. Within each 128-bit lane L the unpacks give blocks 4L..4L+3
-  // whole (e, f, g, h); the shuffles then gather lane L of each.
-  const __m512i a = _mm512_unpacklo_epi32(c0, c1), b = _mm512_unpackhi_epi32(c0, c1);
-  const __m512i c = _mm512_unpacklo_epi32(c2, c3), d = _mm512_unpackhi_epi32(c2, c3);
-  const __m512i e = _mm512_unpacklo_epi64(a, c), f = _mm512_unpackhi_epi64(a, c);
-  const __m512i g = _mm512_unpacklo_epi64(b, d), h = _mm512_unpackhi_epi64(b, d);
-  const __m512i ef02 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(2, 0, 2, 0));
-  const __m512i gh02 = _mm512_shuffle_i32x4(g, h, _MM_SHUFFLE(2, 0, 2, 0));
-  const __m512i ef13 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(3, 1, 3, 1));
-  const __m512i gh13 = _mm512_shuffle_i32x4(g, h, _MM_SHUFFLE(3, 1, 3, 1));
-  _mm512_storeu_si512(out, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(2, 0, 2, 0)));
-  _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(2, 0, 2, 0)));
-  _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(3, 1, 3, 1)));
-  _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int g = 0; g < G; ++g) {
+    // Back to block order (word k of block j at out[4 j + k]): a 4 x 16
+    // transpose. Within each 128-bit lane L the unpacks give blocks 4L..4L+3
+    // whole (e, f, g, h); the shuffles then gather lane L of each.
+    uint32_t* o = out + g * 4 * kLanes;
+    const __m512i a = _mm512_unpacklo_epi32(c[g][0], c[g][1]);
+    const __m512i b = _mm512_unpackhi_epi32(c[g][0], c[g][1]);
+    const __m512i cc = _mm512_unpacklo_epi32(c[g][2], c[g][3]);
+    const __m512i d = _mm512_unpackhi_epi32(c[g][2], c[g][3]);
+    const __m512i e = _mm512_unpacklo_epi64(a, cc), f = _mm512_unpackhi_epi64(a, cc);
+    const __m512i gg = _mm512_unpacklo_epi64(b, d), h = _mm512_unpackhi_epi64(b, d);
+    const __m512i ef02 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i gh02 = _mm512_shuffle_i32x4(gg, h, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i ef13 = _mm512_shuffle_i32x4(e, f, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i gh13 = _mm512_shuffle_i32x4(gg, h, _MM_SHUFFLE(3, 1, 3, 1));
+    _mm512_storeu_si512(o, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(o + 16, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(o + 32, _mm512_shuffle_i32x4(ef02, gh02, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_si512(o + 48, _mm512_shuffle_i32x4(ef13, gh13, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
 }
 #else
+template <int G>
 void philox_lanes(PhiloxOffset start, uint64_t first_block, std::array<uint32_t, 2> key,
                   uint32_t* out) {
-  for (int j = 0; j < kLanes; ++j) {
+  for (int j = 0; j < G * kLanes; ++j) {
     const auto w = philox4x32_10(philox_counter(start.lo, start.hi, first_block + j), key);
     std::copy(w.begin(), w.end(), out + 4 * j);
   }
@@ -128,8 +158,10 @@ void PhiloxStream::words(int64_t begin, int64_t end, uint32_t* out) const {
       out[i - begin] = word(i);
       ++i;
     }
+    for (; i + kGroupsAtOnce * group_words <= end; i += kGroupsAtOnce * group_words)
+      philox_lanes<kGroupsAtOnce>(start, static_cast<uint64_t>(i) / 4, key, out + (i - begin));
     for (; i + group_words <= end; i += group_words)
-      philox_lanes(start, static_cast<uint64_t>(i) / 4, key, out + (i - begin));
+      philox_lanes<1>(start, static_cast<uint64_t>(i) / 4, key, out + (i - begin));
     out += i - begin;
   }
   while (i < end) {

@@ -147,10 +147,13 @@ TEST_CASE("PhiloxStream::words: the block-group path gives word(i) for every sli
   // a scalar head up to the first block edge and a scalar tail: every start
   // and length around those edges, and a counter that carries into its high
   // 64 bits inside a group.
-  for (const PhiloxOffset start : {PhiloxOffset{5, 0}, PhiloxOffset{~uint64_t{0} - 20, 7}}) {
+  // Long slices take four groups at a time, and a low counter word that
+  // wraps inside a group takes the lane-by-lane counters.
+  for (const PhiloxOffset start : {PhiloxOffset{5, 0}, PhiloxOffset{~uint64_t{0} - 20, 7},
+                                   PhiloxOffset{0xFFFFFFFFull - 40, 3}}) {
     const PhiloxStream s{{0x1234u, 0xABCDu}, start};
     for (int64_t begin : {0, 1, 3, 4, 63, 64, 65}) {
-      for (int64_t n : {0, 1, 67, 68, 69, 127, 128, 129, 300}) {
+      for (int64_t n : {0, 1, 67, 68, 69, 127, 128, 129, 300, 1023, 1024, 1091}) {
         CAPTURE(begin);
         CAPTURE(n);
         std::vector<uint32_t> got(static_cast<size_t>(n) + 1, 0xDEADBEEFu);
