@@ -82,4 +82,19 @@ decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   }
 }
 
+/** Calls f(TypeTag<H>) and returns true when t is a 16-bit float (bf16 or
+ * f16); returns false, calling nothing, for every other dtype. */
+template <class F>
+bool visit_half(DType t, F&& f) {
+  if (t == DType::bf16) {
+    f(detail::TypeTag<bf16>{});
+    return true;
+  }
+  if (t == DType::f16) {
+    f(detail::TypeTag<f16>{});
+    return true;
+  }
+  return false;
+}
+
 }  // namespace quanta

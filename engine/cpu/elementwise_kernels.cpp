@@ -134,20 +134,6 @@ void update_half(const F& f, const Shape& shape, const Operand& dst, const Opera
                   });
 }
 
-// Calls f(TypeTag<H>) and returns true when t is a 16-bit float.
-template <class F>
-bool visit_half(DType t, F&& f) {
-  if (t == DType::bf16) {
-    f(detail::TypeTag<bf16>{});
-    return true;
-  }
-  if (t == DType::f16) {
-    f(detail::TypeTag<f16>{});
-    return true;
-  }
-  return false;
-}
-
 template <class T, bool Predicate, class F>
 void binary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& a,
                   const Operand& b) {

@@ -218,10 +218,72 @@ void fold_grid_to(const void* src, const ReduceGrid& g, Fold fold, void* out) {
   }
 }
 
+// 16-bit rows (the table's half_reductions): sum, max and min of bf16 or f16
+// values in f32, into f32 outputs. Rows are widened in L1-sized pieces, each
+// piece summed by Eigen and the pieces added in order; one long row is cut
+// into pieces of kGrainElements (by its length only) summed on the threads
+// and added in order.
+constexpr int64_t kHalfPiece = 1024;
+
+template <class H>
+void half_rows(RowReduce op, const H* in, int64_t outer, int64_t inner, float* out) {
+  const auto fold = [op](const H* v, int64_t n) {
+    float buf[kHalfPiece];
+    float acc = op == RowReduce::sum ? 0.0f : fn::FoldExtreme<true>::start<float>();
+    if (op == RowReduce::min) acc = fn::FoldExtreme<false>::start<float>();
+    for (int64_t a = 0; a < n; a += kHalfPiece) {
+      const int64_t m = std::min(kHalfPiece, n - a);
+      for (int64_t i = 0; i < m; ++i) buf[i] = static_cast<float>(v[a + i]);
+      if (op == RowReduce::sum) {
+        acc += Eigen::Map<const Eigen::ArrayXf>(buf, m).sum();
+      } else if (op == RowReduce::max) {
+        for (int64_t i = 0; i < m; ++i) acc = fn::Maximum{}(acc, buf[i]);
+      } else {
+        for (int64_t i = 0; i < m; ++i) acc = fn::Minimum{}(acc, buf[i]);
+      }
+    }
+    return acc;
+  };
+  const auto combine = [op](float a, float b) {
+    return op == RowReduce::sum   ? a + b
+           : op == RowReduce::max ? fn::Maximum{}(a, b)
+                                  : fn::Minimum{}(a, b);
+  };
+  if (outer == 1 && inner > kGrainElements) {
+    const int64_t parts = (inner + kGrainElements - 1) / kGrainElements;
+    std::vector<float> partial(parts);
+    parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p * kGrainElements;
+        partial[p] = fold(in + b, std::min(inner, b + kGrainElements) - b);
+      }
+    });
+    float acc = partial[0];
+    for (int64_t p = 1; p < parts; ++p) acc = combine(acc, partial[p]);
+    out[0] = acc;
+    return;
+  }
+  parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(inner, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r) out[r] = fold(in + r * inner, inner);
+               });
+}
+
+void check_half_op(RowReduce op) {
+  if (op != RowReduce::sum && op != RowReduce::max && op != RowReduce::min)
+    throw std::logic_error(std::string("[") + op_name(op) + "] 16-bit input reached the kernel");
+}
+
 }  // namespace
 
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
                  void* out) {
+  if (visit_half(in_dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        check_half_op(op);
+        half_rows(op, static_cast<const H*>(rows), outer, inner, static_cast<float*>(out));
+      }))
+    return;
   switch (op) {
     case RowReduce::sum:
       return sum_rows(in_dtype, rows, outer, inner, out);
@@ -242,6 +304,17 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
 }
 
 void reduce_grid(RowReduce op, DType in_dtype, const void* src, const ReduceGrid& grid, void* out) {
+  if (visit_half(in_dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        check_half_op(op);
+        if (op == RowReduce::sum)
+          fold_grid_to<H, float, float>(src, grid, fn::FoldSum{}, out);
+        else if (op == RowReduce::max)
+          fold_grid_to<H, float, float>(src, grid, fn::FoldExtreme<true>{}, out);
+        else
+          fold_grid_to<H, float, float>(src, grid, fn::FoldExtreme<false>{}, out);
+      }))
+    return;
   switch (op) {
     case RowReduce::sum:
       return dispatch_all(in_dtype, "sum", [&](auto tag) {

@@ -12,6 +12,7 @@ const KernelTable& cpu_kernels() {
                                  .gemm_bf16 = bf16_gemm_native(),
                                  .gemm_f16 = false,
                                  .half_elementwise = true,
+                                 .half_reductions = true,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

@@ -81,6 +81,21 @@ inline void dispatch_all(DType t, const char* op, F&& f) {
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
 
+/** Calls f(Tag<H>) and returns true when t is a 16-bit float (CUDA's bf16 or
+ * f16); returns false, calling nothing, for every other dtype. */
+template <class F>
+inline bool visit_half(DType t, F&& f) {
+  if (t == DType::bf16) {
+    f(Tag<__nv_bfloat16>{});
+    return true;
+  }
+  if (t == DType::f16) {
+    f(Tag<__half>{});
+    return true;
+  }
+  return false;
+}
+
 // Value conversion with the CPU's rules (engine/cpu/convert.h): 16-bit
 // floats go through float, rounding to nearest even; bool is "non-zero".
 template <class D, class S>

@@ -129,20 +129,6 @@ struct HalfUpdateBody {
   }
 };
 
-// Calls f(Tag<H>) and returns true when t is a 16-bit float.
-template <class F>
-bool visit_half(DType t, F&& f) {
-  if (t == DType::bf16) {
-    f(Tag<__nv_bfloat16>{});
-    return true;
-  }
-  if (t == DType::f16) {
-    f(Tag<__half>{});
-    return true;
-  }
-  return false;
-}
-
 // add_n in launches of up to kTermsPerLaunch terms passed by value: the
 // first starts from term 0, each later one from out, so every element adds
 // the terms in order.

@@ -400,11 +400,33 @@ void fold_grid(const void* src, const ReduceGrid& g, Fold fold, void* out) {
   QUANTA_CUDA_CHECK(cudaFreeAsync(partial, stream()));
 }
 
+// 16-bit input (the table's half_reductions): sum, max and min in f32 into
+// f32 outputs, through the grid folds (a row reduction's max and min are the
+// grid {outer, 1, 1, inner}: a block per row when rows are long).
+template <class H>
+void half_grid(RowReduce op, const void* src, const ReduceGrid& g, void* out) {
+  if (op == RowReduce::sum) return fold_grid<H, float, float>(src, g, fn::FoldSum{}, out);
+  if (op == RowReduce::max) return fold_grid<H, float, float>(src, g, fn::FoldExtreme<true>{}, out);
+  if (op == RowReduce::min)
+    return fold_grid<H, float, float>(src, g, fn::FoldExtreme<false>{}, out);
+  throw std::logic_error(std::string("[") + op_name(op) + "] 16-bit input reached the kernel");
+}
+
 }  // namespace
 
 void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, int64_t inner,
                  void* out) {
   if (outer == 0) return;
+  // 16-bit sums go through the row sums (which cut long rows into parts),
+  // max and min through the grid folds.
+  if (visit_half(in_dtype, [&](auto tag) {
+        using H = typename decltype(tag)::type;
+        if (op == RowReduce::sum)
+          sum_rows<H, float>(static_cast<const H*>(rows), outer, inner, static_cast<float*>(out));
+        else
+          half_grid<H>(op, rows, ReduceGrid{outer, 1, 1, inner}, out);
+      }))
+    return;
   const unsigned blocks = row_blocks(outer);
   switch (op) {
     case RowReduce::sum:
@@ -455,6 +477,9 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
 }
 
 void reduce_grid(RowReduce op, DType in_dtype, const void* src, const ReduceGrid& grid, void* out) {
+  if (visit_half(in_dtype,
+                 [&](auto tag) { half_grid<typename decltype(tag)::type>(op, src, grid, out); }))
+    return;
   switch (op) {
     case RowReduce::sum:
       return dispatch_all(in_dtype, "sum", [&](auto tag) {

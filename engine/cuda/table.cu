@@ -11,6 +11,7 @@ const KernelTable& cuda_kernels() {
                                  .gemm_bf16 = true,
                                  .gemm_f16 = true,
                                  .half_elementwise = true,
+                                 .half_reductions = true,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

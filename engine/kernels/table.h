@@ -182,6 +182,10 @@ struct KernelTable {
    * operands to f32, the f32 kernel and narrowing, without those two passes
    * over memory. Else ops widen first. */
   bool half_elementwise;
+  /** True when reduce_rows and reduce_grid take bf16 and f16 rows for sum,
+   * max and min, reducing in f32 into f32 outputs (no widened copy of the
+   * input; sums in the device's order). Else ops widen first. */
+  bool half_reductions;
 
   /** dst[i] = value converted to dst's dtype (any plain dtype). */
   void (*fill)(const Shape& shape, const Operand& dst, double value);

@@ -23,7 +23,10 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const KernelTable& k = kernels_for("sum", {&x});
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = detail::compute_dtype(out_dt);
-  Tensor src = detail::compute_dtype(x.dtype()) != x.dtype() ? detail::as_plain(x, ct) : x;
+  // 16-bit input: read as it is where the device reduces it in f32.
+  const bool widen = detail::compute_dtype(x.dtype()) != x.dtype() &&
+                     !(k.half_reductions && is_floating(x.dtype()));
+  Tensor src = widen ? detail::as_plain(x, ct) : x;
   auto p = detail::plan_reduce(src, dims, keepdim, "sum", true);
   Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
   detail::reduce_planned(k, RowReduce::sum, p, out.raw_data());

@@ -144,7 +144,10 @@ template <bool IsMax>
 Tensor amax_impl(const Tensor& x, const Dims& dims, bool keepdim, const char* op) {
   const KernelTable& k = kernels_for(op, {&x});
   const DType ct = extreme_compute_dtype(x, op);
-  auto p = detail::plan_reduce(as_plain(x, ct), checked_dims(x, dims, op), keepdim, op, true);
+  // 16-bit input: read as it is where the device reduces it in f32.
+  const bool native = k.half_reductions && (x.dtype() == DType::bf16 || x.dtype() == DType::f16);
+  auto p = detail::plan_reduce(native ? x : as_plain(x, ct), checked_dims(x, dims, op), keepdim, op,
+                               true);
   require_nonempty(p, x.shape(), op);
   Tensor out = make_tensor(p.out_shape, ct, x.device());
   detail::reduce_planned(k, IsMax ? RowReduce::max : RowReduce::min, p, out.raw_data());

@@ -35,6 +35,7 @@ const KernelTable& sim_kernels() {
                                  .gemm_bf16 = cpu::cpu_kernels().gemm_bf16,
                                  .gemm_f16 = cpu::cpu_kernels().gemm_f16,
                                  .half_elementwise = cpu::cpu_kernels().half_elementwise,
+                                 .half_reductions = cpu::cpu_kernels().half_reductions,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_SIM_KERNEL)};
 #undef QUANTA_SIM_KERNEL
   return table;

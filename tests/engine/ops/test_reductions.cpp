@@ -756,3 +756,57 @@ TEST_CASE("reductions over leading and middle dims read the input in place, as t
     }
   }
 }
+
+TEST_CASE("bf16 and f16 sums, amax and amin read the 16-bit input and reduce in f32") {
+  // Every device's table reduces 16-bit rows and grids directly
+  // (half_reductions): no widened copy of the input, f32 sums. Extrema are
+  // exact; sums agree with the widened input's within the 16-bit result's
+  // rounding (the order of the f32 sums is the device's).
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : quanta::testing::test_devices()) devices.push_back(d);
+  struct Layout {
+    Shape shape;
+    Dims dims;
+  };
+  const std::vector<Layout> layouts = {{{70000}, {}},         {{300, 70}, {1}}, {{300, 70}, {0}},
+                                       {{6, 50, 40}, {0, 2}}, {{4, 9, 5}, {1}}, {{3, 5}, {}}};
+  for (const Device dev : devices) {
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      for (const Layout& l : layouts) {
+        const std::string at =
+            dev.str() + " " + dtype_name(dt) + " " + shape_str(l.shape) + " " + shape_str(l.dims);
+        INFO(at);
+        Values v = vals(make_input(l.shape, Domain::any, 81));
+        for (size_t i = 11; i < v.size(); i += 4999) v[i] = NAN;
+        const Tensor clean = make_input(l.shape, Domain::any, 82).to(dt).to(dev);
+        const Tensor x = from_vector<double>(v, {static_cast<int64_t>(v.size())})
+                             .reshape(l.shape)
+                             .to(dt)
+                             .to(dev);
+        const Tensor s = sum(clean, l.dims), s32 = sum(clean.to(DType::f32), l.dims);
+        CHECK(s.dtype() == dt);
+        const Values sv = vals(s.to(Device::cpu())), s32v = vals(s32.to(Device::cpu()));
+        const Values mag = vals(sum(abs(clean.to(DType::f32)), l.dims).to(Device::cpu()));
+        for (size_t i = 0; i < sv.size(); ++i)
+          CHECK(std::abs(sv[i] - s32v[i]) <= 1e-2 * std::abs(s32v[i]) + 1e-5 * mag[i]);
+        for (bool is_max : {true, false}) {
+          const Tensor e = is_max ? amax(x, l.dims) : amin(x, l.dims);
+          const Tensor e32 =
+              is_max ? amax(x.to(DType::f32), l.dims) : amin(x.to(DType::f32), l.dims);
+          CHECK(e.dtype() == dt);
+          const Values ev = vals(e.to(Device::cpu())), e32v = vals(e32.to(Device::cpu()));
+          for (size_t i = 0; i < ev.size(); ++i)
+            CHECK(((std::isnan(ev[i]) && std::isnan(e32v[i])) || ev[i] == e32v[i]));
+        }
+      }
+    }
+  }
+  // No widened copy: a 16-bit sum records the reduction and the narrowing of
+  // its small result, as many as an f32 sum records plus that one.
+  const Tensor h = ones({64, 64}, {.dtype = DType::bf16, .device = Device::sim(0)});
+  Tensor out;
+  CHECK(DeviceGraph::capture(Device::sim(0), [&] { out = sum(h, {0}); }).recorded_work() == 2);
+  CHECK(DeviceGraph::capture(Device::sim(0), [&] { out = amax(h, {1}); }).recorded_work() == 2);
+  const Tensor f = ones({64, 64}, {.dtype = DType::f32, .device = Device::sim(0)});
+  CHECK(DeviceGraph::capture(Device::sim(0), [&] { out = sum(f, {0}); }).recorded_work() == 1);
+}
