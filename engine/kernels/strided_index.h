@@ -4,13 +4,14 @@
 // a CUDA thread computes exactly what the CPU tests check. The host builder
 // merges dims that are contiguous in every operand and drops size-1 dims, so
 // most tensors collapse to one or two dims and the per-element divisions stay
-// few.
+// few; below 2^31 elements each is a multiply and a shift (IntDivider).
 #include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
+#include "engine/kernels/int_divider.h"
 #include "engine/shape.h"
 
 namespace quanta {
@@ -23,8 +24,11 @@ inline constexpr int kMaxKernelDims = 8;
 template <int N>
 struct StridedIndex {
   int ndim = 0;
-  bool dense = true;  // every operand contiguous: offset == linear index
+  bool dense = true;   // every operand contiguous: offset == linear index
+  bool narrow = true;  // fewer than 2^31 elements: 32-bit positions, divided by
+                       // multiply and shift (IntDivider) instead of 64-bit division
   int64_t shape[kMaxKernelDims] = {};
+  IntDivider divider[kMaxKernelDims] = {};  // by shape[d], when narrow
   int64_t strides[N][kMaxKernelDims] = {};
 
   /** The N operands' element offsets of the element at row-major position
@@ -32,6 +36,16 @@ struct StridedIndex {
   QUANTA_HD void offsets(int64_t linear, int64_t (&off)[N]) const {
     for (int k = 0; k < N; ++k) off[k] = dense ? linear : 0;
     if (dense) return;
+    if (narrow) {
+      auto pos = static_cast<uint32_t>(linear);
+      for (int d = ndim - 1; d >= 0; --d) {
+        const uint32_t q = divider[d].div(pos);
+        const auto idx = static_cast<int64_t>(pos - q * divider[d].divisor);
+        pos = q;
+        for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
+      }
+      return;
+    }
     for (int d = ndim - 1; d >= 0; --d) {
       const int64_t size = shape[d];
       const int64_t idx = linear % size;
@@ -83,6 +97,11 @@ StridedIndex<N> make_strided_index(const Shape& shape, const std::array<const in
     ix.shape[d] = merged_shape[nd - 1 - d];
     for (int k = 0; k < N; ++k) ix.strides[k][d] = merged[k][nd - 1 - d];
   }
+  int64_t numel = 1;
+  for (int d = 0; d < nd; ++d) numel *= ix.shape[d];
+  ix.narrow = numel < (int64_t(1) << 31);
+  if (ix.narrow)
+    for (int d = 0; d < nd; ++d) ix.divider[d] = IntDivider(static_cast<uint32_t>(ix.shape[d]));
   ix.dense = nd <= 1;
   for (int k = 0; k < N && ix.dense; ++k) ix.dense = nd == 0 || ix.strides[k][0] == 1;
   return ix;

@@ -156,6 +156,64 @@ TEST_CASE("strided index: too many unmergeable dims fail naming the op") {
                        doctest::Contains("[exp]"), std::invalid_argument);
 }
 
+TEST_CASE("IntDivider: multiply-and-shift division equals n / d below 2^31") {
+  const uint32_t top = (uint32_t(1) << 31) - 1;  // the largest dividend it takes
+  for (const uint32_t d : {1u,
+                           2u,
+                           3u,
+                           5u,
+                           7u,
+                           10u,
+                           16u,
+                           100u,
+                           768u,
+                           1000u,
+                           3072u,
+                           4095u,
+                           4096u,
+                           16384u,
+                           65537u,
+                           (1u << 20) + 3u,
+                           (1u << 30) + 1u,
+                           top - 1,
+                           top,
+                           1u << 31}) {
+    INFO("divisor ", d);
+    const IntDivider div(d);
+    bool same = true;
+    for (uint32_t n = 0; n < 20000; ++n) same = same && div.div(n) == n / d;
+    // Around every multiple of d near the top, and the top itself.
+    for (uint64_t k = top / d; k + 3 > top / d && k > 0; --k)
+      for (int64_t e = -2; e <= 2; ++e) {
+        const int64_t n = static_cast<int64_t>(k * d) + e;
+        if (n >= 0 && n <= top) same = same && div.div(uint32_t(n)) == uint32_t(n) / d;
+      }
+    uint64_t x = 88172645463325252ull;  // xorshift: spread dividends
+    for (int i = 0; i < 20000; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      const auto n = static_cast<uint32_t>(x % (uint64_t(top) + 1));
+      same = same && div.div(n) == n / d;
+    }
+    CHECK(same);
+  }
+  CHECK_THROWS_AS(IntDivider(0), std::invalid_argument);
+}
+
+TEST_CASE("strided index past 2^31 elements divides in 64 bits") {
+  // Only the index is built (no memory): a [2^16, 2^16] walk with a broadcast row.
+  const int64_t side = int64_t(1) << 16;
+  const Shape shape{side, side}, full{side, 1}, row{0, 1};
+  const auto ix = make_strided_index<2>(shape, {full.data(), row.data()}, "test");
+  CHECK_FALSE(ix.narrow);
+  for (const int64_t i : {int64_t(0), 3 * side + 5, (int64_t(1) << 31) + 7, side * side - 1}) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    CHECK(off[0] == i);
+    CHECK(off[1] == i % side);
+  }
+  CHECK(make_strided_index<2>({4, 5}, {Shape{5, 1}.data(), Shape{0, 1}.data()}, "test").narrow);
+}
+
 TEST_CASE("launch config: empty launches skipped, blocks capped") {
   using cuda::kThreadsPerBlock;
   CHECK(cuda::launch_config(0, 100).blocks == 0);
