@@ -352,12 +352,12 @@ constexpr int64_t kGridBlockB = 32;
 template <class T, class Acc, class Out, class Fold>
 __global__ void grid_block_kernel(const T* src, int64_t outer, int64_t a, int64_t keep, int64_t b,
                                   Fold fold, Out* out) {
-  const int64_t n = a * b;
   for (int64_t r = blockIdx.x; r < outer * keep; r += gridDim.x) {
     const int64_t o = r / keep, k = r % keep;
     Acc acc = Fold::template start<Acc>();
-    for (int64_t t = threadIdx.x; t < n; t += blockDim.x)
-      acc = fold(acc, static_cast<Acc>(src[((o * a + t / b) * keep + k) * b + t % b]));
+    fn::walk_pairs(threadIdx.x, blockDim.x, a, b, [&](int64_t i, int64_t j) {
+      acc = fold(acc, static_cast<Acc>(src[((o * a + i) * keep + k) * b + j]));
+    });
     acc = block_combine(acc, fold);
     if (threadIdx.x == 0) out[r] = static_cast<Out>(acc);
   }

@@ -108,4 +108,18 @@ struct FoldBool {
   }
 };
 
+/** Calls f(i, j) with (i, j) = (t / b, t % b) for t = first, first + step,
+ * ... below a * b (b >= 1): a thread's share of an [a, b] walk, advanced by
+ * (step / b, step % b) and one carry instead of a division per value. */
+template <class F>
+QUANTA_HD inline void walk_pairs(int64_t first, int64_t step, int64_t a, int64_t b, F&& f) {
+  const int64_t di = step / b, dj = step % b;
+  int64_t i = first / b, j = first % b;
+  for (; i < a; i += di, j += dj) {
+    if (j >= b) j -= b, ++i;
+    if (i >= a) break;
+    f(i, j);
+  }
+}
+
 }  // namespace quanta::fn

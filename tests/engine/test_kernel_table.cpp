@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/module.h"
+#include "engine/kernels/reduce_functors.h"
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
 #include "quanta.h"
@@ -212,6 +214,35 @@ TEST_CASE("strided index past 2^31 elements divides in 64 bits") {
     CHECK(off[1] == i % side);
   }
   CHECK(make_strided_index<2>({4, 5}, {Shape{5, 1}.data(), Shape{0, 1}.data()}, "test").narrow);
+}
+
+TEST_CASE("walk_pairs: a thread's share of an [a, b] walk without divisions") {
+  // Every (first, step) a block of threads uses, against t / b and t % b.
+  for (const int64_t step : {1, 7, 32, 256}) {
+    for (const int64_t a : {0, 1, 3, 40}) {
+      for (const int64_t b : {1, 2, 31, 32, 33, 255, 256, 257, 1000}) {
+        std::vector<int64_t> seen;
+        bool ordered = true;
+        for (int64_t first = 0; first < step; ++first) {
+          int64_t t = first;
+          fn::walk_pairs(first, step, a, b, [&](int64_t i, int64_t j) {
+            ordered = ordered && i == t / b && j == t % b;
+            seen.push_back(i * b + j);
+            t += step;
+          });
+          ordered = ordered && t >= a * b;  // stopped only past the end
+        }
+        CAPTURE(step);
+        CAPTURE(a);
+        CAPTURE(b);
+        CHECK(ordered);
+        std::sort(seen.begin(), seen.end());
+        std::vector<int64_t> all(static_cast<size_t>(a * b));
+        std::iota(all.begin(), all.end(), 0);
+        CHECK(seen == all);
+      }
+    }
+  }
 }
 
 TEST_CASE("launch config: empty launches skipped, blocks capped") {
