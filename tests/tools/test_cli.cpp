@@ -208,6 +208,7 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
                                        "sum",
                                        "sum_dim1",
                                        "sum_dim0",
+                                       "transpose",
                                        "add_bf16",
                                        "exp_bf16",
                                        "conv_enc1_1x28_k4s2",

@@ -3,14 +3,14 @@
 //     the same size on the same threads (Eigen::Map, row-major, noalias()).
 //   add / exp / sum on a contiguous f32 tensor (sum_dim1 / sum_dim0: the same
 //     values as [4096, 4096] over its rows / its columns, a bias gradient's
-//     reduction, read in place; add_bf16 / exp_bf16: bf16 values, half the
-//     bytes, computed in f32 inside the kernel) against a multithreaded
-//     memcpy with the same memory traffic: a memcpy of n bytes reads n and
-//     writes n, so an op that moves k buffers (add 3, exp 2, sum 1) is
-//     floored by a memcpy of k/2 buffers. A kernel that streams memory as
-//     well as memcpy then has ratio 1. Op times include allocating their
-//     outputs, as users see them; floors write into buffers touched
-//     beforehand.
+//     reduction, read in place; transpose: that square copied transposed;
+//     add_bf16 / exp_bf16: bf16 values, half the bytes, computed in f32
+//     inside the kernel) against a multithreaded memcpy with the same memory
+//     traffic: a memcpy of n bytes reads n and writes n, so an op that moves
+//     k buffers (add 3, exp and transpose 2, sum 1) is floored by a memcpy of
+//     k/2 buffers. A kernel that streams memory as well as memcpy then has
+//     ratio 1. Op times include allocating their outputs, as users see them;
+//     floors write into buffers touched beforehand.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -85,6 +85,7 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
       {"sum", 1, [&] { Tensor s = sum(x); }},
       {"sum_dim1", 1, [&] { Tensor s = sum(square, {1}); }},
       {"sum_dim0", 1, [&] { Tensor s = sum(square, {0}); }},
+      {"transpose", 2, [&] { Tensor t = contiguous(transpose(square, 0, 1)); }},
       // bf16 values, half the bytes: floored by half the f32 rows' copy.
       {"add_bf16", 3, [&] { Tensor z = add(xh, yh); }},
       {"exp_bf16", 2, [&] { Tensor z = exp(xh); }},
