@@ -11,16 +11,16 @@ namespace quanta::cpu {
 
 namespace {
 
-// dst[k] = (src ? src[k] : 1) * (w[k] < cut ? one : zero): unaliased
+// dst[k] = (src ? src[k] : 1) * (w[k] < cut ? kept : dropped): unaliased
 // pointers, so the compiler vectorises the select (through the caller's
 // captured values it kept a scalar branch per element, 70% of a dropout).
 template <class T>
 void select_words(const uint32_t* __restrict w, const T* __restrict src, T* __restrict dst,
-                  int64_t m, uint32_t cut, T one, T zero) {
+                  int64_t m, uint32_t cut, T kept, T dropped) {
   if (src) {
-    for (int64_t k = 0; k < m; ++k) dst[k] = src[k] * (w[k] < cut ? one : zero);
+    for (int64_t k = 0; k < m; ++k) dst[k] = src[k] * (w[k] < cut ? kept : dropped);
   } else {
-    for (int64_t k = 0; k < m; ++k) dst[k] = w[k] < cut ? one : zero;
+    for (int64_t k = 0; k < m; ++k) dst[k] = w[k] < cut ? kept : dropped;
   }
 }
 
@@ -34,10 +34,13 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
   const T zero = f.affine ? draw::affine(a, b, T(0)) : T(0);
   const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
   const T* times = static_cast<const T*>(f.times);
-  // word < below as a 32-bit compare (below is at most 2^32: p = 1, where
-  // every word keeps), so the loops below compare 16 words per instruction.
+  // word < below as a 32-bit compare, so the select compares 16 words per
+  // instruction. below is at most 2^32 (p = 1: every word keeps), which no
+  // 32-bit cut expresses: then nothing is below the cut 0 and a dropped
+  // value is the kept one.
   const bool all = f.below > 0xFFFFFFFFu;
-  const auto below = static_cast<uint32_t>(all ? 0 : f.below);
+  const auto cut = static_cast<uint32_t>(all ? 0 : f.below);
+  const T dropped = all ? one : zero;
   constexpr int64_t kChunk = 2048;
   parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
     uint32_t words[kChunk];
@@ -45,8 +48,7 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
       const int64_t m = std::min(kChunk, hi - c);
       s.words(c, c + m, words);
       T* dst = out + c;
-      if (all) std::fill(words, words + m, 0u);  // every word below 2^32
-      select_words(words, times ? times + c : nullptr, dst, m, all ? 1u : below, one, zero);
+      select_words(words, times ? times + c : nullptr, dst, m, cut, one, dropped);
     }
   });
 }

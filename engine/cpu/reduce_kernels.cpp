@@ -225,29 +225,21 @@ void fold_grid_to(const void* src, const ReduceGrid& g, Fold fold, void* out) {
 // and added in order.
 constexpr int64_t kHalfPiece = 1024;
 
-template <class H>
-void half_rows(RowReduce op, const H* in, int64_t outer, int64_t inner, float* out) {
-  const auto fold = [op](const H* v, int64_t n) {
+template <class H, class Fold>
+void half_rows(Fold fold, const H* in, int64_t outer, int64_t inner, float* out) {
+  const auto row = [fold](const H* v, int64_t n) {
     float buf[kHalfPiece];
-    float acc = op == RowReduce::sum ? 0.0f : fn::FoldExtreme<true>::start<float>();
-    if (op == RowReduce::min) acc = fn::FoldExtreme<false>::start<float>();
+    float acc = Fold::template start<float>();
     for (int64_t a = 0; a < n; a += kHalfPiece) {
       const int64_t m = std::min(kHalfPiece, n - a);
       for (int64_t i = 0; i < m; ++i) buf[i] = static_cast<float>(v[a + i]);
-      if (op == RowReduce::sum) {
+      if constexpr (std::is_same_v<Fold, fn::FoldSum>) {
         acc += Eigen::Map<const Eigen::ArrayXf>(buf, m).sum();
-      } else if (op == RowReduce::max) {
-        for (int64_t i = 0; i < m; ++i) acc = fn::Maximum{}(acc, buf[i]);
       } else {
-        for (int64_t i = 0; i < m; ++i) acc = fn::Minimum{}(acc, buf[i]);
+        for (int64_t i = 0; i < m; ++i) acc = fold(acc, buf[i]);
       }
     }
     return acc;
-  };
-  const auto combine = [op](float a, float b) {
-    return op == RowReduce::sum   ? a + b
-           : op == RowReduce::max ? fn::Maximum{}(a, b)
-                                  : fn::Minimum{}(a, b);
   };
   if (outer == 1 && inner > kGrainElements) {
     const int64_t parts = (inner + kGrainElements - 1) / kGrainElements;
@@ -255,22 +247,22 @@ void half_rows(RowReduce op, const H* in, int64_t outer, int64_t inner, float* o
     parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t p = lo; p < hi; ++p) {
         const int64_t b = p * kGrainElements;
-        partial[p] = fold(in + b, std::min(inner, b + kGrainElements) - b);
+        partial[p] = row(in + b, std::min(inner, b + kGrainElements) - b);
       }
     });
     float acc = partial[0];
-    for (int64_t p = 1; p < parts; ++p) acc = combine(acc, partial[p]);
+    for (int64_t p = 1; p < parts; ++p) acc = fold(acc, partial[p]);
     out[0] = acc;
     return;
   }
   parallel_for(0, outer, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(inner, 1)),
                [&](int64_t lo, int64_t hi) {
-                 for (int64_t r = lo; r < hi; ++r) out[r] = fold(in + r * inner, inner);
+                 for (int64_t r = lo; r < hi; ++r) out[r] = row(in + r * inner, inner);
                });
 }
 
 void check_half_op(RowReduce op) {
-  if (op != RowReduce::sum && op != RowReduce::max && op != RowReduce::min)
+  if (!fn::reduces_half(op))
     throw std::logic_error(std::string("[") + op_name(op) + "] 16-bit input reached the kernel");
 }
 
@@ -281,7 +273,9 @@ void reduce_rows(RowReduce op, DType in_dtype, const void* rows, int64_t outer, 
   if (visit_half(in_dtype, [&](auto tag) {
         using H = typename decltype(tag)::type;
         check_half_op(op);
-        half_rows(op, static_cast<const H*>(rows), outer, inner, static_cast<float*>(out));
+        fn::visit_fold(op, [&](auto fold) {
+          half_rows(fold, static_cast<const H*>(rows), outer, inner, static_cast<float*>(out));
+        });
       }))
     return;
   switch (op) {
@@ -307,12 +301,7 @@ void reduce_grid(RowReduce op, DType in_dtype, const void* src, const ReduceGrid
   if (visit_half(in_dtype, [&](auto tag) {
         using H = typename decltype(tag)::type;
         check_half_op(op);
-        if (op == RowReduce::sum)
-          fold_grid_to<H, float, float>(src, grid, fn::FoldSum{}, out);
-        else if (op == RowReduce::max)
-          fold_grid_to<H, float, float>(src, grid, fn::FoldExtreme<true>{}, out);
-        else
-          fold_grid_to<H, float, float>(src, grid, fn::FoldExtreme<false>{}, out);
+        fn::visit_fold(op, [&](auto fold) { fold_grid_to<H, float, float>(src, grid, fold, out); });
       }))
     return;
   switch (op) {

@@ -57,31 +57,37 @@ struct CopyBody {
   const S* src;
   __device__ void operator()(const int64_t (&o)[2]) const { dst[o[0]] = convert<D>(src[o[1]]); }
 };
-template <class T, class F>
+// C: the type the functor computes in, the element type itself or, for the
+// 16-bit floats (the table's half_elementwise), f32: each element is widened,
+// computed and rounded once, the bits of widening the operands, the f32
+// kernel and narrowing, in one pass instead of three.
+template <class T, class F, class C = T>
 struct UnaryBody {
   F f;
   T* out;
   const T* in;
-  __device__ void operator()(const int64_t (&o)[2]) const { out[o[0]] = f(in[o[1]]); }
+  __device__ void operator()(const int64_t (&o)[2]) const {
+    out[o[0]] = static_cast<T>(f(convert<C>(in[o[1]])));
+  }
 };
-template <class O, class T, class F>
+template <class O, class T, class F, class C = T>
 struct BinaryBody {
   F f;
   O* out;
   const T* a;
   const T* b;
   __device__ void operator()(const int64_t (&o)[3]) const {
-    out[o[0]] = static_cast<O>(f(a[o[1]], b[o[2]]));
+    out[o[0]] = static_cast<O>(f(convert<C>(a[o[1]]), convert<C>(b[o[2]])));
   }
 };
-template <class T, class F>
+template <class T, class F, class C = T>
 struct UpdateBody {
   F f;
   T* dst;
   const T* a;
   const T* b;
   __device__ void operator()(const int64_t (&o)[3]) const {
-    dst[o[0]] = f(dst[o[0]], a[o[1]], b[o[2]]);
+    dst[o[0]] = static_cast<T>(f(convert<C>(dst[o[0]]), convert<C>(a[o[1]]), convert<C>(b[o[2]])));
   }
 };
 template <class T>
@@ -92,40 +98,6 @@ struct WhereBody {
   const T* b;
   __device__ void operator()(const int64_t (&o)[4]) const {
     out[o[0]] = cond[o[1]] ? a[o[2]] : b[o[3]];
-  }
-};
-
-// 16-bit floats (the table's half_elementwise): every element widened to
-// f32, computed by the same functor and rounded once, the bits of widening
-// the operands, the f32 kernel and narrowing, in one pass instead of three.
-template <class H, class F>
-struct HalfUnaryBody {
-  F f;
-  H* out;
-  const H* in;
-  __device__ void operator()(const int64_t (&o)[2]) const {
-    out[o[0]] = convert<H>(f(convert<float>(in[o[1]])));
-  }
-};
-template <class O, class H, class F>
-struct HalfBinaryBody {
-  F f;
-  O* out;
-  const H* a;
-  const H* b;
-  __device__ void operator()(const int64_t (&o)[3]) const {
-    out[o[0]] = convert<O>(f(convert<float>(a[o[1]]), convert<float>(b[o[2]])));
-  }
-};
-template <class H, class F>
-struct HalfUpdateBody {
-  F f;
-  H* dst;
-  const H* a;
-  const H* b;
-  __device__ void operator()(const int64_t (&o)[3]) const {
-    dst[o[0]] =
-        convert<H>(f(convert<float>(dst[o[0]]), convert<float>(a[o[1]]), convert<float>(b[o[2]])));
   }
 };
 
@@ -195,7 +167,7 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
         H* o = static_cast<H*>(out.data);
         const H* i = static_cast<const H*>(in.data);
         visit_functor(op, args, [&](auto f) {
-          walk<2>(op_name(op), shape, {&out, &in}, HalfUnaryBody<H, decltype(f)>{f, o, i});
+          walk<2>(op_name(op), shape, {&out, &in}, UnaryBody<H, decltype(f), float>{f, o, i});
         });
       }))
     return;
@@ -218,7 +190,7 @@ void binary(BinaryOp op, const Shape& shape, const Operand& out, const Operand& 
         visit_functor(op, [&](auto f, auto writes_bool) {
           using O = std::conditional_t<decltype(writes_bool)::value, bool, H>;
           walk<3>(op_name(op), shape, {&out, &a, &b},
-                  HalfBinaryBody<O, H, decltype(f)>{f, static_cast<O*>(out.data), pa, pb});
+                  BinaryBody<O, H, decltype(f), float>{f, static_cast<O*>(out.data), pa, pb});
         });
       }))
     return;
@@ -242,7 +214,8 @@ void update(UpdateOp op, const ScalarArgs& args, const Shape& shape, const Opera
         const H* pa = static_cast<const H*>(a.data);
         const H* pb = static_cast<const H*>(b.data);
         visit_functor(op, args, [&](auto f) {
-          walk<3>(op_name(op), shape, {&dst, &a, &b}, HalfUpdateBody<H, decltype(f)>{f, d, pa, pb});
+          walk<3>(op_name(op), shape, {&dst, &a, &b},
+                  UpdateBody<H, decltype(f), float>{f, d, pa, pb});
         });
       }))
     return;

@@ -405,11 +405,9 @@ void fold_grid(const void* src, const ReduceGrid& g, Fold fold, void* out) {
 // grid {outer, 1, 1, inner}: a block per row when rows are long).
 template <class H>
 void half_grid(RowReduce op, const void* src, const ReduceGrid& g, void* out) {
-  if (op == RowReduce::sum) return fold_grid<H, float, float>(src, g, fn::FoldSum{}, out);
-  if (op == RowReduce::max) return fold_grid<H, float, float>(src, g, fn::FoldExtreme<true>{}, out);
-  if (op == RowReduce::min)
-    return fold_grid<H, float, float>(src, g, fn::FoldExtreme<false>{}, out);
-  throw std::logic_error(std::string("[") + op_name(op) + "] 16-bit input reached the kernel");
+  if (!fn::reduces_half(op))
+    throw std::logic_error(std::string("[") + op_name(op) + "] 16-bit input reached the kernel");
+  fn::visit_fold(op, [&](auto fold) { fold_grid<H, float, float>(src, g, fold, out); });
 }
 
 }  // namespace

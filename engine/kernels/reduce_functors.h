@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
+#include "engine/kernels/table.h"     // RowReduce
 
 namespace quanta::fn {
 
@@ -107,6 +108,35 @@ struct FoldBool {
     return And ? (acc && v) : (acc || v);
   }
 };
+
+/** Calls f(fold) with the fold of reduce_grid's `op` (sum, prod, max, min,
+ * all, any); false, calling nothing, for logsumexp, which has none. Host
+ * code: the devices pick their kernels with it. */
+template <class F>
+bool visit_fold(RowReduce op, F&& f) {
+  switch (op) {
+    case RowReduce::sum:
+      return f(FoldSum{}), true;
+    case RowReduce::prod:
+      return f(FoldProd{}), true;
+    case RowReduce::max:
+      return f(FoldExtreme<true>{}), true;
+    case RowReduce::min:
+      return f(FoldExtreme<false>{}), true;
+    case RowReduce::all:
+      return f(FoldBool<true>{}), true;
+    case RowReduce::any:
+      return f(FoldBool<false>{}), true;
+    case RowReduce::logsumexp:
+      break;
+  }
+  return false;
+}
+
+/** The reductions a device takes 16-bit input for (half_reductions), in f32. */
+constexpr bool reduces_half(RowReduce op) {
+  return op == RowReduce::sum || op == RowReduce::max || op == RowReduce::min;
+}
 
 /** Calls f(i, j) with (i, j) = (t / b, t % b) for t = first, first + step,
  * ... below a * b (b >= 1): a thread's share of an [a, b] walk, advanced by

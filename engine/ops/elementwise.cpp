@@ -18,7 +18,6 @@ namespace quanta {
 namespace {
 
 using detail::binary_kernel;
-using detail::compute_dtype;
 
 // What an input's gradient needs of the input itself: its shape (to sum a
 // broadcast away) and dtype. Backward closures keep this, not the tensor,
@@ -45,17 +44,14 @@ Tensor kept_if(bool needed, const Tensor& t) { return needed ? t.detach() : Tens
 Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
   const DType out_dt = promote_types(a.dtype(), b.dtype());
-  const DType ct = detail::elementwise_dtype(
-      kernels_for(op_name(op), {&a, &b}), out_dt == DType::boolean ? DType::u8 : out_dt, {&a, &b});
-  Tensor out = binary_kernel(op, a, b, ct, ct);
-  return ct == out_dt ? out : detail::as_plain(out, out_dt);
+  Tensor out = binary_kernel(op, a, b, out_dt == DType::boolean ? DType::u8 : out_dt);
+  return out.dtype() == out_dt ? out : detail::as_plain(out, out_dt);
 }
 
 Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_arithmetic(op_name(op), {a.dtype(), b.dtype()});
-  const DType ct = detail::elementwise_dtype(kernels_for(op_name(op), {&a, &b}),
-                                             promote_types(a.dtype(), b.dtype()), {&a, &b});
-  return binary_kernel(op, a, b, ct == DType::boolean ? DType::u8 : ct, DType::boolean);
+  const DType t = promote_types(a.dtype(), b.dtype());
+  return binary_kernel(op, a, b, t == DType::boolean ? DType::u8 : t);
 }
 
 std::vector<Tensor> two(Tensor a, Tensor b) { return {std::move(a), std::move(b)}; }
@@ -114,9 +110,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   // True division: integers divide as floats, like torch.div.
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = detail::elementwise_dtype(kernels_for("div", {&a, &b}), out_dt, {&a, &b});
-  Tensor out = binary_kernel(BinaryOp::div, a, b, ct, ct);
-  if (ct != out_dt) out = detail::as_plain(out, out_dt);
+  Tensor out = binary_kernel(BinaryOp::div, a, b, out_dt);
+  if (out.dtype() != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
       "div", out, {a, b},
       [a = meta_of_input(a), b = b.detach(), o = kept_if(b.requires_grad(), out),
@@ -161,9 +156,8 @@ Tensor add_n(const std::vector<Tensor>& terms) {
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   const DType out_dt = to_floating(promote_types(a.dtype(), b.dtype()));
-  const DType ct = detail::elementwise_dtype(kernels_for("pow", {&a, &b}), out_dt, {&a, &b});
-  Tensor out = binary_kernel(BinaryOp::pow, a, b, ct, ct);
-  if (ct != out_dt) out = detail::as_plain(out, out_dt);
+  Tensor out = binary_kernel(BinaryOp::pow, a, b, out_dt);
+  if (out.dtype() != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
       "pow", out, {a, b}, [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
         Tensor ga = mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1.0)))));
@@ -251,8 +245,7 @@ Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ge, a, b)
 namespace {
 Tensor logical(BinaryOp op, const Tensor& a, const Tensor& b) {
   return binary_kernel(op, detail::as_plain(a, DType::boolean).to(DType::u8),
-                       detail::as_plain(b, DType::boolean).to(DType::u8), DType::u8,
-                       DType::boolean);
+                       detail::as_plain(b, DType::boolean).to(DType::u8), DType::u8);
 }
 }  // namespace
 

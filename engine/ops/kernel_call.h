@@ -54,21 +54,19 @@ inline Tensor unary_float(UnaryOp op, const Tensor& x, ScalarArgs args = {}) {
   return ct == out_dt ? out : as_plain(out, out_dt);
 }
 
-/** out = op(a, b) with broadcasting; inputs are converted to `compute`, the
- * result has dtype `out_dt`: the compute dtype (arithmetic ops) or bool
- * (predicates). */
-inline Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, DType compute,
-                            DType out_dt) {
+/** out = op(a, b) with broadcasting, computed in elementwise_dtype(want):
+ * inputs are converted to it, and the result has that dtype (arithmetic ops)
+ * or bool (predicates). `want` is the result's dtype, or the dtype a
+ * predicate compares in. */
+inline Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, DType want) {
   const char* name = op_name(op);
   const KernelTable& k = kernels_for(name, {&a, &b});
-  if (out_dt != (is_predicate(op) ? DType::boolean : compute))
-    throw std::logic_error(std::string("[") + name + "] binary kernel: output dtype " +
-                           dtype_name(out_dt) + " does not match the op");
+  const DType compute = elementwise_dtype(k, want, {&a, &b});
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor ea = as_plain(a, compute), eb = as_plain(b, compute);
   if (ea.shape() != shape) ea = expand(ea, shape);
   if (eb.shape() != shape) eb = expand(eb, shape);
-  Tensor out = make_tensor(shape, out_dt, a.device());
+  Tensor out = make_tensor(shape, is_predicate(op) ? DType::boolean : compute, a.device());
   k.binary(op, shape, operand_of(out), operand_of(ea), operand_of(eb));
   return out;
 }

@@ -24,8 +24,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
   const DType out_dt = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const DType ct = detail::compute_dtype(out_dt);
   // 16-bit input: read as it is where the device reduces it in f32.
-  const bool widen = detail::compute_dtype(x.dtype()) != x.dtype() &&
-                     !(k.half_reductions && is_floating(x.dtype()));
+  const bool widen = detail::compute_dtype(x.dtype()) != x.dtype() && !k.half_reductions;
   Tensor src = widen ? detail::as_plain(x, ct) : x;
   auto p = detail::plan_reduce(src, dims, keepdim, "sum", true);
   Tensor out = detail::make_tensor(p.out_shape, ct, x.device());
