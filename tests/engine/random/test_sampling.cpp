@@ -357,6 +357,10 @@ TEST_CASE("bernoulli: rate, word rule, dtypes") {
   CHECK(std::all_of(zeros_.begin(), zeros_.end(), [](double x) { return x == 0; }));
   const auto ones_ = bernoulli({1000}, 1.0, g).to_vector<double>();
   CHECK(std::all_of(ones_.begin(), ones_.end(), [](double x) { return x == 1; }));
+  // p = 1 fused with a product (no 32-bit cut expresses it): every value kept.
+  const Tensor x = rand({5000}, g);
+  CHECK(bernoulli_mul(x, 1.0, 2.0, g).to_vector<float>() == (x * 2.0).to_vector<float>());
+  CHECK(bernoulli_mul(x, 0.0, 2.0, g).to_vector<float>() == (x * 0.0).to_vector<float>());
   CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::boolean}).dtype() == DType::boolean);
   CHECK(bernoulli({4}, 0.5, g, {.dtype = DType::bf16}).dtype() == DType::bf16);
   // Every dtype takes the same words and gives the same 0s and 1s.
