@@ -28,6 +28,8 @@ const LlmKernelTable& unavailable_table() {
       .rms_norm = [](auto...) { unavailable("rms_norm"); },
       .rms_norm_grad = [](auto...) { unavailable("rms_norm backward"); },
       .rope = [](auto...) { unavailable("rope"); },
+      .swiglu = [](auto...) { unavailable("swiglu"); },
+      .swiglu_grad = [](auto...) { unavailable("swiglu backward"); },
       .attention = [](auto...) { unavailable("scaled_dot_product_attention"); },
       .attention_grad = [](auto...) { unavailable("scaled_dot_product_attention backward"); },
   };

@@ -51,6 +51,29 @@ QUANTA_HD inline void rope_pair(T a, T b, A c, A s, T* out_a, T* out_b) {
   *out_b = static_cast<T>(rounded<T>(fb * c) + rounded<T>(fa * s));
 }
 
+/** SwiGLU's output from gate x with e = exp(-x) and up u: silu(x) = x / (1 +
+ * e), rounded to T as transformers' act_fn(gate) tensor is, times u. Below
+ * about -88 (f32) e is inf and silu -0, its limit. */
+template <class T, class A>
+QUANTA_HD inline T swiglu_out(A x, A e, A u) {
+  return static_cast<T>(rounded<T>(x / (A(1) + e)) * u);
+}
+
+/** SwiGLU's gradients for output gradient g, from x, e = exp(-x) and u as
+ * above: d_up = g silu(x), and d_gate = (g u) s (1 + x (1 - s)) with s = 1 /
+ * (1 + e), where g u is rounded to T (mul's gradient, a tensor of dtype T)
+ * and the rest is formed in A and rounded once, as PyTorch's silu_backward
+ * forms it. */
+template <class T, class A>
+QUANTA_HD inline T swiglu_grad_up(A x, A e, A g) {
+  return static_cast<T>(g * rounded<T>(x / (A(1) + e)));
+}
+template <class T, class A>
+QUANTA_HD inline T swiglu_grad_gate(A x, A e, A u, A g) {
+  const A s = A(1) / (A(1) + e);
+  return static_cast<T>(rounded<T>(g * u) * (s * (A(1) + x * (A(1) - s))));
+}
+
 /** The last key query i may see under a causal mask, with the queries the
  * last q_len of kv_len positions (-1 and below: none). */
 QUANTA_HD inline int64_t last_visible_key(int64_t i, int64_t q_len, int64_t kv_len) {

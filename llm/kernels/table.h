@@ -97,6 +97,19 @@ struct LlmKernelTable {
   void (*rope)(DType dtype, bool inverse, const void* x, const void* cos, const void* sin,
                int64_t rows, int64_t heads, int64_t dim, void* out);
 
+  /** SwiGLU, transformers' act_fn(gate) * up with SiLU: out = silu(gate)
+   * rounded to dtype, times up, rounded to dtype, where silu(x) = x / (1 +
+   * exp(-x)) in the accumulation dtype. gate, up, out: n contiguous elements
+   * of dtype. One pass: silu(gate) is never written. */
+  void (*swiglu)(DType dtype, const void* gate, const void* up, int64_t n, void* out);
+  /** Its backward for the output gradient g (n contiguous, dtype): d_up = g
+   * silu(gate); d_gate = (g up, rounded to dtype) s (1 + gate (1 - s)) with s
+   * = 1 / (1 + exp(-gate)), each rounded once to dtype (the formulas of
+   * PyTorch's mul and silu backward). Either output may be null (not
+   * wanted); up may be null when d_gate is. One pass over the inputs. */
+  void (*swiglu_grad)(DType dtype, const void* gate, const void* up, const void* g, int64_t n,
+                      void* d_gate, void* d_up);
+
   /** Attention forward (see AttentionArgs): fills a.out and a.lse, in
    * memory linear in the lengths (never a q_len x kv_len matrix). */
   void (*attention)(const AttentionArgs& a);
@@ -114,7 +127,7 @@ struct LlmKernelTable {
  * CUDA and sim tables and the entries' declarations are made from it, as
  * the engine's are from QUANTA_KERNEL_ENTRIES. */
 #define QUANTA_LLM_KERNEL_ENTRIES(X) \
-  X(rms_norm) X(rms_norm_grad) X(rope) X(attention) X(attention_grad)
+  X(rms_norm) X(rms_norm_grad) X(rope) X(swiglu) X(swiglu_grad) X(attention) X(attention_grad)
 /** Declares a device's function for `entry`, with the entry's type. */
 #define QUANTA_DECLARE_LLM_KERNEL(entry) QUANTA_DECLARE_ENTRY(LlmKernelTable, entry)
 

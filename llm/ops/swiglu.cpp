@@ -6,7 +6,8 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
 #include "engine/dispatch.h"
-#include "engine/ops/elementwise.h"
+#include "engine/factory.h"
+#include "llm/kernels/table.h"
 
 namespace quanta::llm {
 
@@ -20,26 +21,25 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
                                 dtype_name(up.dtype()) + " on " + up.device().str());
   if (!is_floating(gate.dtype()))
     quanta::detail::bad_dtype("swiglu", gate.dtype(), "expected a floating dtype");
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = mul(silu(gate), up);
-  }
+  const Tensor gc = gate.detach().contiguous(), uc = up.detach().contiguous();
+  const LlmKernelTable& k = llm_kernels_for("swiglu", {&gc, &uc});
+  const TensorOptions opts{.dtype = gc.dtype(), .device = gc.device()};
+  Tensor out = empty(gc.shape(), opts);
+  k.swiglu(gc.dtype(), gc.raw_data(), uc.raw_data(), gc.numel(), out.raw_data());
   const bool need_gate = gate.requires_grad(), need_up = up.requires_grad();
-  // The formulas of mul's and silu's backward, in their order, so the bits
-  // match the two ops': d up = g silu(gate), d gate = (g up) s (1 + gate (1 - s))
-  // with s = sigmoid(gate).
-  return autograd::record("swiglu", out, {gate, up},
-                          [gate = gate.detach(), up = need_gate ? up.detach() : Tensor(), need_gate,
-                           need_up](const Tensor& g) {
-                            Tensor d_gate, d_up;
-                            if (need_up) d_up = mul(g, silu(gate));
-                            if (need_gate) {
-                              const Tensor s = sigmoid(gate);
-                              d_gate = mul(mul(g, up), s * (1.0 + gate * (1.0 - s)));
-                            }
-                            return std::vector<Tensor>{d_gate, d_up};
-                          });
+  // The graph keeps gate, and up only when gate's gradient needs it.
+  return autograd::record(
+      "swiglu", out, {gate, up},
+      [gc, uc = need_gate ? uc : Tensor(), opts, need_gate, need_up](const Tensor& g) {
+        const Tensor gg = g.to(gc.dtype()).contiguous();
+        const LlmKernelTable& kg = llm_kernels_for("swiglu backward", {&gc, &gg});
+        Tensor d_gate = need_gate ? empty(gc.shape(), opts) : Tensor();
+        Tensor d_up = need_up ? empty(gc.shape(), opts) : Tensor();
+        kg.swiglu_grad(gc.dtype(), gc.raw_data(), need_gate ? uc.raw_data() : nullptr,
+                       gg.raw_data(), gc.numel(), need_gate ? d_gate.raw_data() : nullptr,
+                       need_up ? d_up.raw_data() : nullptr);
+        return std::vector<Tensor>{d_gate, d_up};
+      });
 }
 
 }  // namespace quanta::llm

@@ -5,11 +5,13 @@
 namespace quanta::llm {
 
 /** silu(gate) * up, elementwise, as transformers' LlamaMLP forms
- * act_fn(gate_proj(x)) * up_proj(x): the same values and gradients, bit for
- * bit, as mul(silu(gate), up). The graph keeps gate and up only and forms
- * silu(gate) again in the backward, where the two ops also kept silu(gate):
- * one [tokens, intermediate] tensor less per layer. gate and up share a
- * shape, a floating dtype and a device. Differentiable in both. */
+ * act_fn(gate_proj(x)) * up_proj(x): one fused kernel of the device's
+ * language-model table each way (llm/kernels/table.h has the roundings:
+ * those of PyTorch's silu, mul and their backward), within rounding of
+ * mul(silu(gate), up), which makes eight passes over [tokens,
+ * intermediate] in the backward where this makes one. The graph keeps gate
+ * and up only (no silu(gate)). gate and up share a shape, a floating dtype
+ * and a device. Differentiable in both. */
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 
 }  // namespace quanta::llm
