@@ -24,6 +24,19 @@ void select_words(const uint32_t* __restrict w, const T* __restrict src, T* __re
   }
 }
 
+// The same select applied to two sources: dst[k] = src[k] * mask and
+// dst2[k] = src2[k] * mask, one compare per word.
+template <class T>
+void select_words2(const uint32_t* __restrict w, const T* __restrict src, const T* __restrict src2,
+                   T* __restrict dst, T* __restrict dst2, int64_t m, uint32_t cut, T kept,
+                   T dropped) {
+  for (int64_t k = 0; k < m; ++k) {
+    const T mask = w[k] < cut ? kept : dropped;
+    dst[k] = src[k] * mask;
+    dst2[k] = src2[k] * mask;
+  }
+}
+
 // A bernoulli fill in f32 or f64 (dropout's masks) as one select per word:
 // fill_group's two possible values formed once, so the same bits, in a loop
 // the compiler vectorises instead of fill_group's per-element dispatch.
@@ -34,6 +47,8 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
   const T zero = f.affine ? draw::affine(a, b, T(0)) : T(0);
   const PhiloxStream s{{f.key[0], f.key[1]}, {f.start_lo, f.start_hi}};
   const T* times = static_cast<const T*>(f.times);
+  const T* times2 = times ? static_cast<const T*>(f.times2) : nullptr;
+  T* out2 = times ? static_cast<T*>(f.out2) : nullptr;
   // word < below as a 32-bit compare, so the select compares 16 words per
   // instruction. below is at most 2^32 (p = 1: every word keeps), which no
   // 32-bit cut expresses: then nothing is below the cut 0 and a dropped
@@ -47,8 +62,10 @@ void bernoulli_fill(const RandomFill& f, int64_t n, T* out) {
     for (int64_t c = lo; c < hi; c += kChunk) {
       const int64_t m = std::min(kChunk, hi - c);
       s.words(c, c + m, words);
-      T* dst = out + c;
-      select_words(words, times ? times + c : nullptr, dst, m, cut, one, dropped);
+      if (out2)
+        select_words2(words, times + c, times2 + c, out + c, out2 + c, m, cut, one, dropped);
+      else
+        select_words(words, times ? times + c : nullptr, out + c, m, cut, one, dropped);
     }
   });
 }

@@ -108,6 +108,12 @@ struct RandomFill {
   // dtype on its device, and element i is times[i] * value (dropout in one
   // pass, no mask written). Null: the value itself.
   const void* times = nullptr;
+  // With times set, a second product of the same draw: out2[i] = times2[i] *
+  // the value element i of out was multiplied by (n contiguous elements of
+  // the fill's dtype each; dropout's backward masks its output gradient and
+  // its input with one mask). Null: none.
+  const void* times2 = nullptr;
+  void* out2 = nullptr;
   // When set, the stream is read from the fill's device when the kernel
   // runs, three words: key[0] | key[1] << 32, start_lo, start_hi (a
   // captured graph's draw, rewritten before each replay); key and start

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
@@ -29,11 +30,10 @@ struct MaskedBy {
   Tensor operator()(const Tensor& t, Generator& g) const {
     return bernoulli_mul(t, 1.0 - p, 1.0 / (1.0 - p), g);
   }
-  // The mask itself (the same draws and values), for a backward that
-  // applies it twice: one draw instead of two.
-  Tensor mask(const Shape& shape, const TensorOptions& opts, Generator& g) const {
-    NoGradGuard no_grad;
-    return scaled_bernoulli(shape, 1.0 - p, 1.0 / (1.0 - p), g, opts);
+  // a and b times the one mask the generator draws for a's shape (a
+  // backward that applies it twice: one draw instead of two).
+  std::pair<Tensor, Tensor> pair(const Tensor& a, const Tensor& b, Generator& g) const {
+    return bernoulli_mul_pair(a, b, 1.0 - p, 1.0 / (1.0 - p), g);
   }
 };
 
@@ -79,23 +79,22 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
   return autograd::record(
       "dropout_linear", out, {x, weight},
       [x = need_w ? x.detach() : Tensor(), w = need_x ? weight.detach() : Tensor(),
-       x_shape = x.shape(), opts = TensorOptions{.dtype = x.dtype(), .device = x.device()}, masked,
-       replay, need_x, need_w](const Tensor& g) {
-        // Both gradients read the mask: drawn once, applied twice (x * mask
-        // has the bits of the fused draw either way).
+       x_shape = x.shape(), masked, replay, need_x, need_w](const Tensor& g) {
+        // Both gradients read the mask: one draw masks the output gradient's
+        // product and the input together (the bits of the fused draw either
+        // way), no mask written.
         Generator again = replay;
-        const Tensor mask = need_x && need_w ? masked.mask(x_shape, opts, again) : Tensor();
-        const auto apply = [&](const Tensor& t) {
-          if (mask.defined()) return mul(t, mask);
-          Generator fresh = replay;
-          return masked(t, fresh);
-        };
-        Tensor gx, gw;
-        if (need_x) gx = apply(matmul(g, w));
+        Tensor gx, gw, masked_x;
+        if (need_x && need_w)
+          std::tie(gx, masked_x) = masked.pair(matmul(g, w), x, again);
+        else if (need_x)
+          gx = masked(matmul(g, w), again);
+        else
+          masked_x = masked(x, again);
         if (need_w) {
           const int64_t out_f = g.size(-1), in_f = x_shape.back();
           const int64_t rows = numel_of(Shape(x_shape.begin(), x_shape.end() - 1));
-          gw = matmul(transpose(reshape(g, {rows, out_f}), 0, 1), reshape(apply(x), {rows, in_f}));
+          gw = matmul(transpose(reshape(g, {rows, out_f}), 0, 1), reshape(masked_x, {rows, in_f}));
         }
         return std::vector<Tensor>{gx, gw};
       });

@@ -203,7 +203,11 @@ QUANTA_HD inline void fill_group(const RandomFill& f, int64_t n, int64_t g, cons
     if (f.draw == RandomDraw::bernoulli) {
       if constexpr (W == 1) {
         put(g, static_cast<T>(bernoulli(w[0], f.below)));
-        if (f.times) out[g] = static_cast<const T*>(f.times)[g] * out[g];
+        if (f.times) {
+          const T m = out[g];
+          out[g] = static_cast<const T*>(f.times)[g] * m;
+          if (f.out2) static_cast<T*>(f.out2)[g] = static_cast<const T*>(f.times2)[g] * m;
+        }
       }
     } else if (f.draw == RandomDraw::uniform) {
       if constexpr (f64 && W == 2) put(g, uniform_f64(w));

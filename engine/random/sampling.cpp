@@ -344,6 +344,30 @@ Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen) {
   return draw_tensor(x.shape(), f, gen, x.device());
 }
 
+std::pair<Tensor, Tensor> bernoulli_mul_pair(const Tensor& a, const Tensor& b, double p,
+                                             double value, Generator& gen) {
+  NoGradGuard no_grad;
+  if (!a.defined() || !b.defined() || a.shape() != b.shape() || a.dtype() != b.dtype() ||
+      a.device() != b.device())
+    throw std::invalid_argument(
+        "[bernoulli_mul_pair] a and b must share shape, dtype and device: got " +
+        (a.defined() ? shape_str(a.shape()) + " " + dtype_name(a.dtype()) : "undefined") + " and " +
+        (b.defined() ? shape_str(b.shape()) + " " + dtype_name(b.dtype()) : "undefined"));
+  if ((a.dtype() != DType::f32 && a.dtype() != DType::f64) || !a.is_contiguous() ||
+      !b.is_contiguous()) {
+    const Tensor m =
+        scaled_bernoulli(a.shape(), p, value, gen, {.dtype = a.dtype(), .device = a.device()});
+    return {mul(a, m), mul(b, m)};
+  }
+  RandomFill f = bernoulli_fill(a.shape(), p, a.dtype(), value);
+  f.times = a.raw_data();
+  f.times2 = b.raw_data();
+  Tensor second = detail::make_tensor(b.shape(), b.dtype(), b.device());
+  f.out2 = second.raw_data();
+  Tensor first = draw_tensor(a.shape(), f, gen, a.device());
+  return {first, second};
+}
+
 void uniform_(const Tensor& t, double lo, double hi, Generator& gen) {
   check_fill_target("uniform_", t);
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))

@@ -29,6 +29,7 @@
 //   bernoulli element i <- word i: 1 if w * 2^-32 < p (exact: w < ceil(p 2^32)),
 //            else 0; drawn in f32 for integer and bool dtypes, then converted.
 #include <cstdint>
+#include <utility>
 
 #include "engine/random/generator.h"
 #include "engine/tensor.h"
@@ -76,6 +77,14 @@ Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& g
  * contiguous f32 or f64 (else those two ops). No autograd: dropout's
  * building block. */
 Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen);
+/** {a * m, b * m} for the one mask m = scaled_bernoulli(a.shape(), p, value,
+ * gen, a's dtype and device): bernoulli_mul(a, ...)'s draw and bits, and b
+ * times the same mask, in one pass that writes no mask where a and b are
+ * contiguous f32 or f64 (else the mask and two products). a and b share a
+ * shape, dtype and device. No autograd: dropout's backward, which masks
+ * its output gradient and its input alike. */
+std::pair<Tensor, Tensor> bernoulli_mul_pair(const Tensor& a, const Tensor& b, double p,
+                                             double value, Generator& gen);
 
 /** Fills `t` in place with uniform values in [lo, hi): drawn as f64 for f64
  * tensors, else as f32 (then rounded to bf16/f16, which may reach hi). Any

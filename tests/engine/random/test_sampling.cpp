@@ -631,6 +631,76 @@ TEST_CASE("random fill: the device's block walk equals the CPU's fill, bit for b
       }
 }
 
+TEST_CASE("random fill: a bernoulli product's second product, on the block walk and the CPU") {
+  for (DType t : {DType::f32, DType::f64})
+    for (int64_t n : {0, 1, 5, 1031, 5003}) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(n);
+      Generator init(4);
+      const Tensor a = randn({n}, init, {.dtype = t}), b = randn({n}, init, {.dtype = t});
+      RandomFill f;
+      f.draw = RandomDraw::bernoulli;
+      f.dtype = t;
+      f.key[0] = 0x13198a2eu;
+      f.key[1] = 0x03707344u;
+      f.start_hi = 3;
+      f.below = draw::bernoulli_below(0.7);
+      f.affine = true;  // the scaled mask: 0 or 1 / 0.7
+      f.scale = 1.0 / 0.7;
+      Tensor mask = zeros({n}, {.dtype = t});
+      kernels(Device::cpu()).random_fill(f, n, mask.raw_data());
+      f.times = a.raw_data();
+      f.times2 = b.raw_data();
+      Tensor cpu = zeros({n}, {.dtype = t}), cpu2 = zeros({n}, {.dtype = t});
+      f.out2 = cpu2.raw_data();
+      kernels(Device::cpu()).random_fill(f, n, cpu.raw_data());
+      CHECK(same_bytes(cpu, mul(a, mask)));
+      CHECK(same_bytes(cpu2, mul(b, mask)));
+      Tensor walked2 = zeros({n}, {.dtype = t});
+      f.out2 = walked2.raw_data();
+      CHECK(same_bytes(walk_blocks(f, n), cpu));
+      CHECK(same_bytes(walked2, cpu2));
+    }
+}
+
+TEST_CASE("bernoulli_mul_pair: one mask for two tensors, bernoulli_mul's draw and bits") {
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : quanta::testing::test_devices()) devices.push_back(d);
+  for (const Device device : devices)
+    for (DType t : {DType::f32, DType::f64, DType::bf16}) {
+      CAPTURE(device.str());
+      CAPTURE(dtype_name(t));
+      Generator init(6);
+      const TensorOptions o{.dtype = t, .device = device};
+      const Tensor a = randn({37, 29}, init, o), b = randn({37, 29}, init, o);
+      Generator g1 = Generator::named(2, "pair"), g2 = g1, g3 = g1;
+      const auto [pa, pb] = bernoulli_mul_pair(a, b, 0.8, 1.25, g1);
+      CHECK(pa.device() == device);
+      CHECK(same_bytes(pa, bernoulli_mul(a, 0.8, 1.25, g2)));
+      CHECK(same_bytes(pb, mul(b, scaled_bernoulli(a.shape(), 0.8, 1.25, g3, o))));
+      CHECK(g1.offset() == g2.offset());
+      CHECK(g1.offset() == g3.offset());
+      // A strided operand takes the mask-and-products path: the same bits.
+      const Tensor bt = b.t().contiguous().t();
+      Generator g4 = Generator::named(2, "pair");
+      const auto [qa, qb] = bernoulli_mul_pair(a, bt, 0.8, 1.25, g4);
+      CHECK(same_bytes(qa, pa));
+      CHECK(same_bytes(qb, pb));
+    }
+  // p = 1 keeps every value (no 32-bit cut expresses it), p = 0 none.
+  Generator g(7);
+  const Tensor a = rand({4099}, g), b = rand({4099}, g);
+  const auto [ka, kb] = bernoulli_mul_pair(a, b, 1.0, 2.0, g);
+  CHECK(same_bytes(ka, a * 2.0));
+  CHECK(same_bytes(kb, b * 2.0));
+  const auto [za, zb] = bernoulli_mul_pair(a, b, 0.0, 2.0, g);
+  CHECK(same_bytes(za, a * 0.0));
+  CHECK(same_bytes(zb, b * 0.0));
+  CHECK_THROWS_WITH_AS(bernoulli_mul_pair(a, ones({3}), 0.5, 2.0, g),
+                       doctest::Contains("[bernoulli_mul_pair] a and b must share shape"),
+                       std::invalid_argument);
+}
+
 TEST_CASE(
     "cuda: random fills on the device equal the CPU stream (uniform, integer, bernoulli bitwise)") {
   if (!quanta::testing::have_gpu()) MESSAGE("cuda:0 skipped: " << quanta::testing::no_gpu_reason());
