@@ -11,6 +11,15 @@
 // columns 8 l .. 8 l + 7 of every 256, one 32-bit word of codes per weight
 // row, so a warp's loads of a row's codes are contiguous. Each lane sums its
 // products in T; one warp sum per output ends the row.
+//
+// The `wide` kernel (plans.h: NF4GemvKind) stages nothing: lane l takes
+// columns 32 l .. 32 l + 31 of every kNF4GemvWideStep, four words of codes per
+// weight row (one run of 32 or half a run of 64, so one scale) loaded before
+// any is decoded, and reads its values of x from global memory in 16-byte
+// loads through the L1 cache, which the multiprocessor's warps share. Its
+// per-8-code sums are the staged kernel's, in the same order within a lane.
+#include <cstdlib>
+
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/nf4_gemv.h"
 #include "quant/kernels/functors.h"
@@ -34,6 +43,109 @@ __device__ inline void load8(const double* p, double (&v)[kCodes]) {
   for (int q = 0; q < kCodes / 2; ++q) {
     const double2 d = *reinterpret_cast<const double2*>(p + 2 * q);
     v[2 * q] = d.x, v[2 * q + 1] = d.y;
+  }
+}
+
+// The 8 values of x at p (16-byte aligned) from global memory, through L1.
+__device__ inline void load8_global(const float* p, float (&v)[kCodes]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ inline void load8_global(const double* p, double (&v)[kCodes]) {
+#pragma unroll
+  for (int q = 0; q < kCodes / 2; ++q) {
+    const double2 d = __ldg(reinterpret_cast<const double2*>(p + 2 * q));
+    v[2 * q] = d.x, v[2 * q + 1] = d.y;
+  }
+}
+
+// The weight rows a warp of a block at n0 takes; rows past N repeat row N -
+// 1 (every load stays in bounds) and their results are never written.
+__device__ inline void warp_rows(int64_t n0, int warp, int64_t N, int64_t (&row)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t n = n0 + warp * kRows + r;
+    row[r] = n < N ? n : N - 1;
+  }
+}
+
+// The warp's sums of acc, written by lane 0 (bias added) for rows below N.
+template <class T, int MB>
+__device__ inline void write_rows(const T (&acc)[kRows][MB], int64_t n0, int warp, int lane,
+                                  int64_t N, const T* bias, T* y) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t n = n0 + warp * kRows + r;
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      const T sum = warp_sum(acc[r][m]);
+      if (lane == 0 && n < N) y[m * N + n] = bias ? sum + bias[n] : sum;
+    }
+  }
+}
+
+// The `wide` kernel (see the top of the file); MB and R as below.
+template <class T, int MB, int R>
+__global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
+    gemv_wide_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y) {
+  constexpr int kWords = static_cast<int>(kNF4GemvWideCodesPerLane) / kCodes;
+  __shared__ float values[16];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  __syncthreads();
+  const bool scale_after = sizeof(T) == 4 && dd == DType::f32;  // as the staged kernel
+  const int64_t runs_per_row = K / R;
+  for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
+       n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
+    int64_t row[kRows];
+    warp_rows(n0, warp, N, row);
+    T acc[kRows][MB];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < MB; ++m) acc[r][m] = T(0);
+    // K is whole runs and col a multiple of 32: a lane's 32 codes never
+    // leave their run or their row.
+    for (int64_t col = kNF4GemvWideCodesPerLane * lane; col < K; col += kNF4GemvWideStep) {
+      uint32_t words[kRows][kWords];
+      float scale[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t run = row[r] * runs_per_row + col / R;
+        const uint8_t* codes = fn::nf4_run_codes(w, run) + (col % R) / 2;
+#pragma unroll
+        for (int q = 0; q < kWords; ++q)
+          words[r][q] = __ldg(reinterpret_cast<const uint32_t*>(codes + 4 * q));
+        scale[r] = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, run)));
+      }
+#pragma unroll
+      for (int q = 0; q < kWords; ++q) {
+        T wv[kRows][kCodes];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int j = 0; j < kCodes; ++j) {
+            const float v = values[fn::nf4_word_code(words[r][q], j)];
+            wv[r][j] = static_cast<T>(scale_after ? v : round_to(v * scale[r], dd));
+          }
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+          T xv[kCodes];
+          load8_global(x + m * K + col + kCodes * q, xv);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            T dot = T(0);
+#pragma unroll
+            for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
+            acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
+          }
+        }
+      }
+    }
+    write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);
   }
 }
 
@@ -62,14 +174,8 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
 
   for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
        n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
-    // Rows past N repeat row N - 1 (every load stays in bounds); their
-    // results are never written.
     int64_t row[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t n = n0 + warp * kRows + r;
-      row[r] = n < N ? n : N - 1;
-    }
+    warp_rows(n0, warp, N, row);
     T acc[kRows][MB];
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -119,24 +225,21 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t n = n0 + warp * kRows + r;
-#pragma unroll
-      for (int m = 0; m < MB; ++m) {
-        const T sum = warp_sum(acc[r][m]);
-        if (lane == 0 && n < N) y[m * N + n] = bias ? sum + bias[n] : sum;
-      }
-    }
+    write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);
   }
 }
 
 template <class T, int MB, int R>
 void launch(const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias, T* y,
             const NF4GemvPlan& p) {
-  gemv_kernel<T, MB, R>
-      <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp, static_cast<size_t>(p.smem_bytes),
-         cuda::stream()>>>(x, K, w, dd, N, bias, y, p.chunk);
+  if (p.kind == NF4GemvKind::wide)
+    gemv_wide_kernel<T, MB, R>
+        <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp, 0, cuda::stream()>>>(x, K, w, dd,
+                                                                                        N, bias, y);
+  else
+    gemv_kernel<T, MB, R>
+        <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp,
+           static_cast<size_t>(p.smem_bytes), cuda::stream()>>>(x, K, w, dd, N, bias, y, p.chunk);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
@@ -156,7 +259,11 @@ void launch_rows(int64_t M, const T* x, int64_t K, const NF4Runs& w, DType dd, i
 template <class T>
 void nf4_gemv(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
               const T* bias, T* y) {
-  const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T));
+  // The wide kernel's 16-byte loads of x need x 16-byte aligned (rows are:
+  // K is whole runs); an offset view takes the staged kernel.
+  NF4GemvKind kind = nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"));
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) kind = NF4GemvKind::staged;
+  const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T), kind);
   if (p.blocks == 0) return;
   if (w.run == 32)
     launch_rows<T, 32>(M, x, K, w, dd, N, bias, y, p);

@@ -4,6 +4,8 @@
 // only follow them. Grid sizes come from engine/cuda/launch.h.
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "quant/kernels/nf4_layout.h"
 
@@ -133,9 +135,38 @@ inline constexpr int64_t nf4_gemv_slot(int64_t k, int64_t elem_bytes) {
          k % kNF4GemvCodesPerLane;
 }
 
-/** How a fused GEMV runs: `chunk` columns of x (a multiple of kNF4GemvStep)
- * staged per pass in `smem_bytes` of shared memory, `blocks` blocks. */
+/** The GEMV's two kernels. `staged`: per pass a block stages columns of x in
+ * shared memory, and each lane decodes one 32-bit word (8 codes) per weight
+ * row and step. `wide`: no staging (x is read through the L1 cache, where a
+ * multiprocessor's warps share it), and each lane decodes four words (32
+ * codes, one run or half of one) per weight row and step: four times the
+ * weight bytes in flight per lane, for a memory-bound loop whose first GPU
+ * run moved 0.8 TB/s where cuBLAS's bf16 GEMV moved 3.6. Which is faster is
+ * for a GPU to say: `staged` until one has (QUANTA_NF4_GEMV chooses; `quanta
+ * bench nf4 --device cuda` times both). */
+enum class NF4GemvKind { staged, wide };
+
+/** Codes a `wide` lane decodes per weight row and step: four 32-bit words. */
+inline constexpr int64_t kNF4GemvWideCodesPerLane = 32;
+
+/** Columns a `wide` warp covers per step: 32 lanes x 32 codes. */
+inline constexpr int64_t kNF4GemvWideStep = kWarp * kNF4GemvWideCodesPerLane;
+
+/** The kernel QUANTA_NF4_GEMV names ("staged" or "wide"; unset or empty:
+ * staged); throws std::invalid_argument naming the variable for any other
+ * value. Read on every call, so a benchmark can time both in one process. */
+inline NF4GemvKind nf4_gemv_kind_from(const char* env_value) {
+  const std::string v = env_value ? env_value : "";
+  if (v.empty() || v == "staged") return NF4GemvKind::staged;
+  if (v == "wide") return NF4GemvKind::wide;
+  throw std::invalid_argument("QUANTA_NF4_GEMV must be staged or wide, got '" + v + "'");
+}
+
+/** How a fused GEMV runs: `staged` stages `chunk` columns of x (a multiple
+ * of kNF4GemvStep) per pass in `smem_bytes` of shared memory; `wide` stages
+ * nothing (chunk = k, smem_bytes 0). `blocks` blocks either way. */
 struct NF4GemvPlan {
+  NF4GemvKind kind = NF4GemvKind::staged;
   int64_t chunk = 0;
   int64_t smem_bytes = 0;
   int64_t blocks = 0;
@@ -196,12 +227,20 @@ inline NF4DecodeSplit nf4_decode_split(const NF4Runs& w, int64_t begin, int64_t 
 }
 
 /** The GEMV's plan for m rows of x of k columns (elements of elem_bytes: 4 or
- * 8) against n weight rows: the widest chunk of columns whose padded rows fit
+ * 8) against n weight rows. `wide`: a block per kNF4GemvBlockRows weight
+ * rows, at most kNF4GemvMaxBlocks. `staged`: the widest chunk of columns whose padded rows fit
  * kNF4GemvSmemBytes (at least one step; no wider than k rounded up to a step),
  * and a block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks. */
-inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_bytes) {
+inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_bytes,
+                                 NF4GemvKind kind = NF4GemvKind::staged) {
   NF4GemvPlan p;
+  p.kind = kind;
   if (m <= 0 || k <= 0 || n <= 0) return p;
+  if (kind == NF4GemvKind::wide) {
+    p.chunk = k;
+    p.blocks = std::min((n + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows, kNF4GemvMaxBlocks);
+    return p;
+  }
   const int64_t step_bytes =
       m * nf4_gemv_slot(kNF4GemvStep, elem_bytes) * elem_bytes;  // one step of every row
   const int64_t steps_fit = std::max<int64_t>(1, kNF4GemvSmemBytes / step_bytes);

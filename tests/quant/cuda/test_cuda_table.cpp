@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -445,27 +446,34 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
     const NF4Runs w = runs(codes, scales), gw = runs(gcodes, gscales);
     REQUIRE(quant_cuda::nf4_use_gemv(c.m, c.k, c.n, gw));
     REQUIRE_FALSE(quant_cuda::nf4_use_gemv(kNF4GemvMaxBatch + 1, c.k, c.n, gw));
-    for (DType dt : {DType::f32, DType::f64})
-      for (DType dd : {DType::f32, DType::bf16, DType::f16})
-        for (bool with_bias : {false, true}) {
-          INFO(c.m, "x", c.k, "x", c.n, " block ", c.block, c.units ? " units " : " packed ",
-               dtype_name(dt), " dequant ", dtype_name(dd), with_bias ? " bias" : "");
-          const int64_t mt = kNF4GemvMaxBatch + 1;  // rows for the tiled path
-          const Tensor xt = random_tensor({mt, c.k}, dt, 32);
-          const Tensor x = slice(xt, 0, 0, c.m).contiguous();
-          const Tensor bias = with_bias ? random_tensor({c.n}, dt, 33) : Tensor();
-          const Tensor gbias = with_bias ? on_gpu(bias) : Tensor();
-          const void* b = with_bias ? bias.raw_data() : nullptr;
-          const void* gb = with_bias ? gbias.raw_data() : nullptr;
-          Tensor want = empty({c.m, c.n}, {.dtype = dt});
-          Tensor got = empty({c.m, c.n}, {.dtype = dt, .device = Device::cuda(0)});
-          Tensor tiled = empty({mt, c.n}, {.dtype = dt, .device = Device::cuda(0)});
-          cpu_quant_table().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b, want.raw_data());
-          gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data());
-          gpu_t().nf4_linear(dt, on_gpu(xt).raw_data(), mt, c.k, gw, dd, c.n, gb, tiled.raw_data());
-          CHECK(max_err(got, want) <= 10 * tol(dt));
-          CHECK(max_err(got, slice(tiled.to(Device::cpu()), 0, 0, c.m)) <= 10 * tol(dt));
-        }
+    // Both kernels (plans.h: NF4GemvKind), chosen as a benchmark chooses.
+    for (const char* kind : {"staged", "wide"})
+      for (DType dt : {DType::f32, DType::f64})
+        for (DType dd : {DType::f32, DType::bf16, DType::f16})
+          for (bool with_bias : {false, true}) {
+            INFO(kind, " ", c.m, "x", c.k, "x", c.n, " block ", c.block,
+                 c.units ? " units " : " packed ", dtype_name(dt), " dequant ", dtype_name(dd),
+                 with_bias ? " bias" : "");
+            setenv("QUANTA_NF4_GEMV", kind, 1);
+            const int64_t mt = kNF4GemvMaxBatch + 1;  // rows for the tiled path
+            const Tensor xt = random_tensor({mt, c.k}, dt, 32);
+            const Tensor x = slice(xt, 0, 0, c.m).contiguous();
+            const Tensor bias = with_bias ? random_tensor({c.n}, dt, 33) : Tensor();
+            const Tensor gbias = with_bias ? on_gpu(bias) : Tensor();
+            const void* b = with_bias ? bias.raw_data() : nullptr;
+            const void* gb = with_bias ? gbias.raw_data() : nullptr;
+            Tensor want = empty({c.m, c.n}, {.dtype = dt});
+            Tensor got = empty({c.m, c.n}, {.dtype = dt, .device = Device::cuda(0)});
+            Tensor tiled = empty({mt, c.n}, {.dtype = dt, .device = Device::cuda(0)});
+            cpu_quant_table().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b,
+                                         want.raw_data());
+            gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data());
+            gpu_t().nf4_linear(dt, on_gpu(xt).raw_data(), mt, c.k, gw, dd, c.n, gb,
+                               tiled.raw_data());
+            CHECK(max_err(got, want) <= 10 * tol(dt));
+            CHECK(max_err(got, slice(tiled.to(Device::cpu()), 0, 0, c.m)) <= 10 * tol(dt));
+            unsetenv("QUANTA_NF4_GEMV");
+          }
   }
 }
 

@@ -91,6 +91,45 @@ TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in 
   CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
 }
 
+TEST_CASE("quant cuda plans: the wide NF4 GEMV kernel, chosen by name, covers every column once") {
+  using namespace quant_cuda;
+  CHECK(nf4_gemv_kind_from(nullptr) == NF4GemvKind::staged);
+  CHECK(nf4_gemv_kind_from("") == NF4GemvKind::staged);
+  CHECK(nf4_gemv_kind_from("staged") == NF4GemvKind::staged);
+  CHECK(nf4_gemv_kind_from("wide") == NF4GemvKind::wide);
+  CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("fast"),
+                       "QUANTA_NF4_GEMV must be staged or wide, got 'fast'", std::invalid_argument);
+  // Nothing staged; a block per kNF4GemvBlockRows rows, as the staged plan.
+  const NF4GemvPlan p = nf4_gemv_plan(3, 8192, 8193, 4, NF4GemvKind::wide);
+  CHECK(p.kind == NF4GemvKind::wide);
+  CHECK(p.smem_bytes == 0);
+  CHECK(p.chunk == 8192);
+  CHECK(p.blocks == (8193 + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows);
+  CHECK(nf4_gemv_plan(1, 64, 0, 4, NF4GemvKind::wide).blocks == 0);
+  CHECK(nf4_gemv_plan(1, 64, 1u << 30, 8, NF4GemvKind::wide).blocks == kNF4GemvMaxBlocks);
+  // The kernel's walk: lane l, step s takes columns [32 l + 1024 s, + 32) while
+  // they start below k. For k whole runs of 32 or 64 the spans cover [0, k)
+  // once each, and each lies in one run (so one scale and four whole words).
+  for (int64_t run : {int64_t{32}, int64_t{64}})
+    for (int64_t k : {run, 3 * run, int64_t{1024}, int64_t{1056}, 8192 + run}) {
+      CAPTURE(run);
+      CAPTURE(k);
+      std::vector<int> hits(static_cast<size_t>(k), 0);
+      bool in_one_run = true;
+      for (int64_t lane = 0; lane < kWarp; ++lane)
+        for (int64_t col = kNF4GemvWideCodesPerLane * lane; col < k; col += kNF4GemvWideStep) {
+          in_one_run = in_one_run && col / run == (col + kNF4GemvWideCodesPerLane - 1) / run;
+          for (int64_t c = col; c < col + kNF4GemvWideCodesPerLane; ++c)
+            if (c < k)
+              ++hits[static_cast<size_t>(c)];
+            else
+              in_one_run = false;  // past the row's end
+        }
+      CHECK(in_one_run);
+      CHECK(std::count(hits.begin(), hits.end(), 1) == k);
+    }
+}
+
 TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {
   using namespace quant_cuda;
   alignas(16) static uint8_t bytes[8 * kNF4UnitBytes];

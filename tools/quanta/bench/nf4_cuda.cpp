@@ -9,12 +9,18 @@
 //   nf4_gemv_8192_b1: nf4_linear of one f32 row (the fused GEMV), against
 //     cuBLAS's bf16 product of one row with the bf16 weight (a GEMV through
 //     cublasGemmEx) of the same shape. It reads 3.6x fewer bytes; the goal
-//     is at least 3x faster, ratio <= 0.33.
+//     is at least 3x faster, ratio <= 0.33. The GEMV has two kernels
+//     (quant/cuda/plans.h: NF4GemvKind): this row runs the default one
+//     (QUANTA_NF4_GEMV, staged when unset), nf4_gemv_8192_b1_staged and
+//     nf4_gemv_8192_b1_wide each kernel, named, against the same floor.
 //   nf4_linear_8192_b512: nf4_linear of 512 f32 rows (dequantized tiles and
 //     cuBLAS), against the f32 GEMM with the f32 weight: what dequantizing
 //     on the fly costs at a training batch (QLoRA's forward).
 // The floors' transposed weights are made once beforehand; every op and
 // floor allocates its output from the caching allocator.
+#include <cstdlib>
+#include <string>
+
 #include "bench.h"
 #include "gpu.h"
 #include "quant/nf4/nf4_format.h"
@@ -41,14 +47,27 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
     }));
   }
 
-  rows.push_back(row_or_error("nf4_gemv_8192_b1", [&] {
+  {
     const Tensor x = randn({1, n}, gen).to(dev);
     const Tensor xb = x.to(DType::bf16);
     const Tensor wt = transpose(w.to(DType::bf16), 0, 1).contiguous();  // [in, out]
-    const std::vector<double> ms =
-        gpu.time({[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(xb, wt); }});
-    return timed_row(ms[0], ms[1]);
-  }));
+    const char* chosen = std::getenv("QUANTA_NF4_GEMV");
+    const std::string keep = chosen ? chosen : "";
+    for (const char* kind : {"", "staged", "wide"}) {
+      // The kernel is read from the environment on every call; the user's
+      // choice comes back after the named rows.
+      if (*kind) setenv("QUANTA_NF4_GEMV", kind, 1);
+      rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1") + (*kind ? "_" : "") + kind, [&] {
+        const std::vector<double> ms = gpu.time(
+            {[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(xb, wt); }});
+        return timed_row(ms[0], ms[1]);
+      }));
+    }
+    if (chosen)
+      setenv("QUANTA_NF4_GEMV", keep.c_str(), 1);
+    else
+      unsetenv("QUANTA_NF4_GEMV");
+  }
 
   rows.push_back(row_or_error("nf4_linear_8192_b512", [&] {
     const Tensor x = randn({o.small ? 64 : 512, n}, gen).to(dev);
