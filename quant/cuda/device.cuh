@@ -44,6 +44,17 @@ inline cublasHandle_t blas_handle() {
   return handles[dev];
 }
 
+/** Column-major C [m, n] = op(A) op(B) + beta C with bf16 A and B and f32 C:
+ * f32 sums on the tensor cores (products of bf16 values are exact in f32). */
+inline void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b, int64_t ldb,
+                      float beta, float* c, int64_t ldc) {
+  const float alpha = 1.0f;
+  QUANTA_CUBLAS_CHECK(cublasGemmEx_64(blas_handle(), ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda,
+                                      b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_32F, ldc,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 /** Column-major C [m, n] = alpha op(A) op(B) + beta C, f32 or f64. */
 template <class T>
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, T alpha,

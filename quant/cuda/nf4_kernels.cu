@@ -3,9 +3,11 @@
 // quant/kernels/functors.h's (the CPU's, so the bytes are bitsandbytes'); the
 // linear layer runs small batches through the fused GEMV (nf4_gemv.cu) and
 // otherwise dequantizes a bounded tile of weight rows at a time (plans.h)
-// and hands it to cuBLAS.
+// and hands it to cuBLAS: in bf16 on the tensor cores for bf16 compute
+// (plans.h: nf4_bf16_products), else in the data's dtype.
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/kernels.h"
@@ -151,6 +153,46 @@ void check_dequant(const char* op, DType dd) {
     cuda::bad_dtype(op, dd, "nf4 dequantizes to f32, bf16 or f16");
 }
 
+// out[i] = x[i] rounded to bf16 (to nearest even, as the CPU's round_to_bf16).
+__global__ void round_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
+  QUANTA_GRID_STRIDE(i, n) { out[i] = __float2bfloat16_rn(x[i]); }
+}
+
+// out = n f32 values rounded to bf16 (the activation of a bf16 product).
+void round_bf16(const float* x, int64_t n, __nv_bfloat16* out) {
+  const cuda::LaunchConfig g = grid_for(n);
+  if (g.blocks == 0) return;
+  round_bf16_kernel<<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(x, n, out);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+// The tiled products in bf16 (plans.h: nf4_bf16_products), tile by tile as
+// the f32 ones below: the same layouts, bf16 operands, f32 output.
+void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
+  const Scratch<__nv_bfloat16> xb(M * K);
+  round_bf16(x, M * K, xb.get());
+  const int64_t rows = nf4_tile_rows(N, K);
+  Scratch<__nv_bfloat16> tile(rows * K);
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode<__nv_bfloat16>(w, n0 * K, r * K, DType::bf16, tile.get());
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, tile.get(), K, xb.get(), K, 0.0f, y + n0, N);
+  }
+}
+
+void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
+  const Scratch<__nv_bfloat16> gb(M * N);
+  round_bf16(g, M * N, gb.get());
+  const int64_t rows = nf4_tile_rows(N, K);
+  Scratch<__nv_bfloat16> tile(rows * K);
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode<__nv_bfloat16>(w, n0 * K, r * K, DType::bf16, tile.get());
+    gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, tile.get(), K, gb.get() + n0, N,
+              n0 > 0 ? 1.0f : 0.0f, dx, K);
+  }
+}
+
 // y [M, N] = x [M, K] W^T: small batches decoded in registers, larger ones
 // with W dequantized `rows` weight rows at a time.
 template <class T>
@@ -160,6 +202,8 @@ void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64
   if (nf4_use_gemv(M, K, N, w)) return nf4_gemv<T>(x, M, K, w, dd, N, bias, y);
   if (K == 0) {
     QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, cuda::stream()));
+  } else if (nf4_bf16_products(std::is_same_v<T, float>, dd, M)) {
+    if constexpr (std::is_same_v<T, float>) forward_bf16(x, M, K, w, N, y);
   } else {
     const int64_t rows = nf4_tile_rows(N, K);
     Scratch<T> tile(rows * K);
@@ -186,6 +230,9 @@ void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int6
   if (N == 0) {
     QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, cuda::stream()));
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (nf4_bf16_products(true, dd, M)) return backward_bf16(g, M, N, w, K, dx);
   }
   const int64_t rows = nf4_tile_rows(N, K);
   Scratch<T> tile(rows * K);

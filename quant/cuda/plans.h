@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/dtype.h"
 #include "quant/kernels/nf4_layout.h"
 
 namespace quanta::quant::quant_cuda {
@@ -190,6 +191,17 @@ inline bool nf4_word_aligned(const NF4Runs& w) {
 inline bool nf4_use_gemv(int64_t m, int64_t k, int64_t n, const NF4Runs& w) {
   return m >= 1 && m <= kNF4GemvMaxBatch && k >= 1 && n >= 1 && k % w.run == 0 &&
          nf4_word_aligned(w);
+}
+
+/** Whether nf4_linear's tiled path (forward and backward) multiplies in
+ * bf16 on the tensor cores: f32 data, dequant dtype bf16, and more rows
+ * than the fused GEMV takes. As bitsandbytes' bnb_4bit_compute_dtype=bfloat16
+ * and the CPU's path where it has bf16 products (quant/cpu/nf4_linear_kernels
+ * .cpp): the activation (x forward, g backward) rounded to bf16 once, the
+ * weight decoded to bf16 (exact: its values are bf16 already), f32 sums, an
+ * f32 result. Otherwise the tiled path's product is f32 (SGEMM). */
+inline bool nf4_bf16_products(bool f32_data, DType dequant, int64_t m) {
+  return f32_data && dequant == DType::bf16 && m > kNF4GemvMaxBatch;
 }
 
 // ---- nf4_decode (dequantize, and the tiled path's weight tiles) ----

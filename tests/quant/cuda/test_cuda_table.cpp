@@ -386,15 +386,23 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         Tensor x = random_tensor({s.m, s.k}, dt, 19), bias = random_tensor({s.n}, dt, 20);
         Tensor want = empty({s.m, s.n}, {.dtype = dt});
         Tensor got = empty({s.m, s.n}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_quant_table().nf4_linear(dt, x.raw_data(), s.m, s.k, w, dd, s.n, bias.raw_data(),
-                                     want.raw_data());
+        // bf16 products round the activation to bf16 first (plans.h): the CPU
+        // is given it rounded, so its f32 products (a host without bf16 ones)
+        // and its bf16 products both give the GPU's values within f32 sums.
+        const bool bf16 = quant_cuda::nf4_bf16_products(dt == DType::f32, dd, s.m);
+        const auto as_bf16 = [&](const Tensor& t) {
+          return bf16 ? t.to(DType::bf16).to(DType::f32) : t;
+        };
+        cpu_quant_table().nf4_linear(dt, as_bf16(x).raw_data(), s.m, s.k, w, dd, s.n,
+                                     bias.raw_data(), want.raw_data());
         gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), s.m, s.k, gw, dd, s.n, on_gpu(bias).raw_data(),
                            got.raw_data());
         CHECK(max_err(got, want) <= 10 * tol(dt));
         Tensor g = random_tensor({s.m, s.n}, dt, 21);
         Tensor dwant = empty({s.m, s.k}, {.dtype = dt});
         Tensor dgot = empty({s.m, s.k}, {.dtype = dt, .device = Device::cuda(0)});
-        cpu_quant_table().nf4_linear_grad(dt, g.raw_data(), s.m, s.n, w, dd, s.k, dwant.raw_data());
+        cpu_quant_table().nf4_linear_grad(dt, as_bf16(g).raw_data(), s.m, s.n, w, dd, s.k,
+                                          dwant.raw_data());
         gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data());
         CHECK(max_err(dgot, dwant) <= 10 * tol(dt));
       }
@@ -456,7 +464,12 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
                  with_bias ? " bias" : "");
             setenv("QUANTA_NF4_GEMV", kind, 1);
             const int64_t mt = kNF4GemvMaxBatch + 1;  // rows for the tiled path
-            const Tensor xt = random_tensor({mt, c.k}, dt, 32);
+            // Where the tiled path multiplies in bf16 it rounds x to bf16 first
+            // (plans.h: nf4_bf16_products): x is given already rounded, so the
+            // GEMV, which does not round it, sees the same values.
+            Tensor xt = random_tensor({mt, c.k}, dt, 32);
+            if (quant_cuda::nf4_bf16_products(dt == DType::f32, dd, mt))
+              xt = xt.to(DType::bf16).to(DType::f32);
             const Tensor x = slice(xt, 0, 0, c.m).contiguous();
             const Tensor bias = with_bias ? random_tensor({c.n}, dt, 33) : Tensor();
             const Tensor gbias = with_bias ? on_gpu(bias) : Tensor();

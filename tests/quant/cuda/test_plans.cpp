@@ -91,6 +91,18 @@ TEST_CASE("quant cuda plans: the NF4 GEMV takes small batches of whole runs, in 
   CHECK(nf4_gemv_plan(1, 8192, 8192, 4).blocks == 8192 / kNF4GemvBlockRows);
 }
 
+TEST_CASE("quant cuda plans: bf16 products for f32 data, bf16 dequant, past the GEMV's rows") {
+  using namespace quant_cuda;
+  CHECK(nf4_bf16_products(true, DType::bf16, kNF4GemvMaxBatch + 1));
+  CHECK(nf4_bf16_products(true, DType::bf16, 2048));
+  CHECK_FALSE(nf4_bf16_products(true, DType::bf16, kNF4GemvMaxBatch));  // the GEMV's batch
+  CHECK_FALSE(nf4_bf16_products(false, DType::bf16, 2048));             // f64 data
+  CHECK_FALSE(nf4_bf16_products(true, DType::f32, 2048));
+  CHECK_FALSE(nf4_bf16_products(true, DType::f16, 2048));
+  // The CPU's threshold is the same (quant/cpu/nf4_linear_kernels.cpp).
+  CHECK(kNF4GemvMaxBatch == kNF4FusedMaxBatch);
+}
+
 TEST_CASE("quant cuda plans: the wide NF4 GEMV kernel, chosen by name, covers every column once") {
   using namespace quant_cuda;
   CHECK(nf4_gemv_kind_from(nullptr) == NF4GemvKind::staged);
