@@ -62,11 +62,12 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grad_output
 
 namespace autograd {
 
-bool sole_owner(const Tensor& t) {
+bool sole_storage(const Tensor& t) {
   return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
-         !t.requires_grad() && t.is_contiguous() && t.offset() == 0 &&
-         t.nbytes() == t.storage()->nbytes();
+         t.is_contiguous() && t.offset() == 0 && t.nbytes() == t.storage()->nbytes();
 }
+
+bool sole_owner(const Tensor& t) { return sole_storage(t) && !t.requires_grad(); }
 
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return false;

@@ -104,8 +104,12 @@ std::vector<Tensor> record(const char* op, std::vector<Tensor> outs,
                            const std::vector<Tensor>& inputs, BackwardFn backward);
 
 /** True when `t` is the only handle on its storage, is contiguous and
- * spans the whole buffer: a gradient the engine made that nothing else can
- * see, so the engine may add into it in place or adopt it as a leaf's .grad
+ * spans the whole buffer: nothing else can see its values (no other handle,
+ * no closure that kept it), so an op handed it may write its result there. */
+bool sole_storage(const Tensor& t);
+
+/** sole_storage(t) for a tensor outside the graph: a gradient the engine
+ * made, so the engine may add into it in place or adopt it as a leaf's .grad
  * instead of copying (one pass and one allocation fewer per accumulation). */
 bool sole_owner(const Tensor& t);
 

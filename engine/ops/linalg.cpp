@@ -214,8 +214,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 // linear's product with what the GEMM starts from: the bias b broadcast
 // over the rows, or (linear_add) a whole addend c of the output's shape; the
 // GEMM accumulates onto it, so neither costs a pass of its own.
-Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
-                   const Tensor& c) {
+Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, Tensor c) {
   const KernelTable& k = kernels_for(op, {&x, &w, &b, &c});
   if (w.dim() != 2)
     throw std::invalid_argument(std::string("[") + op +
@@ -240,10 +239,13 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
   if (b.defined()) dt = promote_types(dt, b.dtype());
   if (c.defined()) dt = promote_types(dt, c.dtype());
   const Tensor X = cast(x, dt), W = cast(w, dt), Bias = b.defined() ? cast(b, dt) : Tensor();
-  const Tensor C = c.defined() ? cast(c, dt) : Tensor();
   const DType ct = gemm_dtype(k, dt);
-
-  Tensor out = detail::make_tensor(out_shape, ct, x.device());
+  // An addend nobody else can see, already in the GEMM's dtype, is the
+  // output's storage: the product lands on it with no copy.
+  const bool onto_c = c.defined() && c.dtype() == ct && autograd::sole_storage(c);
+  Tensor out = onto_c ? c.detach() : detail::make_tensor(out_shape, ct, x.device());
+  const Tensor C = c.defined() ? cast(c, dt) : Tensor();
+  c = Tensor();
   int64_t xrs = 0, xcs = 0;
   Tensor xp = as_rows(k, detail::as_plain(X, ct), xrs, xcs);
   Tensor wp = detail::as_plain(W, ct);
@@ -255,7 +257,7 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
     Tensor bp = detail::as_plain(Bias, ct);
     const int64_t out_strides[2] = {out_f, 1}, bias_strides[2] = {0, bp.strides()[0]};
     k.copy({rows, out_f}, {out.raw_data(), ct, out_strides}, {bp.raw_data(), ct, bias_strides});
-  } else if (C.defined()) {
+  } else if (C.defined() && !onto_c) {
     k.copy(out_shape, operand_of(out), operand_of(detail::as_plain(C, ct)));
   }
   k.gemm({.dtype = ct,
@@ -298,9 +300,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   return linear_onto("linear", x, w, b, Tensor());
 }
 
-Tensor linear_add(const Tensor& c, const Tensor& x, const Tensor& w) {
+Tensor linear_add(Tensor c, const Tensor& x, const Tensor& w) {
   if (!c.defined()) throw std::invalid_argument("[linear_add] undefined addend");
-  return linear_onto("linear_add", x, w, Tensor(), c);
+  return linear_onto("linear_add", x, w, Tensor(), std::move(c));
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {

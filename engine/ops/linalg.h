@@ -21,9 +21,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 
 /** c + linear(x, w), c of the product's shape [..., out]: the GEMM adds onto
- * a copy of c instead of a product and an add (a LoRA term onto its frozen
- * layer's output). The gradient of c is the output's gradient. */
-Tensor linear_add(const Tensor& c, const Tensor& x, const Tensor& w);
+ * c instead of a product and an add (a LoRA term onto its frozen layer's
+ * output). c is taken by value: one handed over with std::move whose storage
+ * nothing else holds (sole_storage: no other handle, no backward that kept
+ * it) and of the product's dtype becomes the output's storage, the product
+ * added in place; otherwise the GEMM adds onto a copy of c. The gradient of
+ * c is the output's gradient. */
+Tensor linear_add(Tensor c, const Tensor& x, const Tensor& w);
 
 /** Batched product of 3-d tensors: a [B, m, k], b [B, k, n] -> [B, m, n]
  * (no broadcasting). */

@@ -180,7 +180,7 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   ln.half = true;
   run_case(ln);
 
-  // linear_add: c + x w^T, the GEMM accumulating onto a copy of c (the f64
+  // linear_add: c + x w^T, the GEMM accumulating onto c or a copy (the f64
   // gradient check covers c, x and w; devices and 16-bit dtypes as linear).
   OpCase la;
   la.name = "linear_add";
@@ -193,6 +193,39 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   CHECK_THROWS_WITH_AS(linear_add(zeros({3, 4}), zeros({3, 4}), zeros({5, 4})),
                        doctest::Contains("[linear_add] the addend must have the product's shape"),
                        std::invalid_argument);
+
+  {
+    // An addend handed over that nothing else holds becomes the output's
+    // storage; one still held elsewhere (a handle, a view) is left as it was.
+    Generator gen(12);
+    const Tensor x0 = randn({6, 4}, gen), w0 = randn({5, 4}, gen), c0 = randn({6, 5}, gen);
+    const Tensor want = c0 + linear(x0, w0);
+    const Tensor kept = c0.clone();
+    const Tensor same = linear_add(kept, x0, w0);
+    CHECK(same.raw_data() != kept.raw_data());
+    CHECK(max(abs(kept - c0)).item() == 0);
+    CHECK(max(abs(same - want)).item() < 1e-6);
+    Tensor handed = c0.clone();
+    const void* at = handed.raw_data();
+    const Tensor onto = linear_add(std::move(handed), x0, w0);
+    CHECK(onto.raw_data() == at);
+    CHECK(max(abs(onto - want)).item() < 1e-6);
+    Tensor viewed = c0.clone();
+    const Tensor view = viewed.narrow(0, 0, 2);
+    const Tensor copied = linear_add(std::move(viewed), x0, w0);
+    CHECK(max(abs(view - c0.narrow(0, 0, 2))).item() == 0);
+    CHECK(max(abs(copied - want)).item() < 1e-6);
+    // In the graph: c made by an op (its node keeps nothing of it) is written
+    // in place, and its gradient still reaches that op's input.
+    const Tensor a = c0.clone().requires_grad_(), xg = x0.clone().requires_grad_();
+    Tensor c = a * 2.0;
+    const void* cat = c.raw_data();
+    const Tensor y = linear_add(std::move(c), xg, w0);
+    CHECK(y.raw_data() == cat);
+    sum(y * want).backward();
+    CHECK(max(abs(a.grad() - want * 2.0)).item() < 1e-5);
+    CHECK(max(abs(xg.grad() - matmul(want, w0))).item() < 1e-5);
+  }
 
   OpCase bm = matmul_case("bmm", {{2, 3, 4}, {2, 4, 5}}, {}, {{0, 3, 4}, {0, 4, 5}});
   bm.op = [](const Inputs& x) { return bmm(x[0], x[1]); };
