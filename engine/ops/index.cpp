@@ -117,8 +117,8 @@ Tensor gather_to(const Tensor& g, int64_t d, const Tensor& idx, const Shape& src
   return pad(r, pads, 0.0);
 }
 
-Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t dim,
-                    const Tensor& index, const Tensor& src, double value) {
+Tensor scatter_impl(const char* op, ScatterMode mode, Tensor x, int64_t dim, const Tensor& index,
+                    const Tensor& src, double value) {
   const bool has_src = mode != ScatterMode::fill;
   const KernelTable& k = kernels_for(op, {&x, &src, &index});
   check_plain(op, x);
@@ -136,7 +136,8 @@ Tensor scatter_impl(const char* op, ScatterMode mode, const Tensor& x, int64_t d
   idx = detail::checked_index(op, idx, d, x.shape()[d]);
 
   const DType ct = mode == ScatterMode::add ? detail::compute_dtype(x.dtype()) : x.dtype();
-  Tensor out = plain_copy(x, ct);
+  // x handed over, and nobody else can see it: written in place.
+  Tensor out = x.dtype() == ct && autograd::sole_storage(x) ? x.detach() : plain_copy(x, ct);
   const Tensor s = has_src ? detail::as_plain(src, ct) : Tensor();
   const IndexMode im = mode == ScatterMode::add    ? IndexMode::scatter_add
                        : mode == ScatterMode::fill ? IndexMode::scatter_fill
@@ -204,8 +205,8 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value) 
   return scatter_impl("scatter", ScatterMode::fill, x, dim, index, Tensor(), value);
 }
 
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  return scatter_impl("scatter_add", ScatterMode::add, x, dim, index, src, 0.0);
+Tensor scatter_add(Tensor x, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_impl("scatter_add", ScatterMode::add, std::move(x), dim, index, src, 0.0);
 }
 
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,

@@ -22,8 +22,10 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
 /** A copy of `x` with `value` written at the positions `index` points to. */
 Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value);
 /** A copy of `x` with src[i][j][k] added into out[i][index[i][j][k]][k]
- * (dim 1); duplicate targets accumulate. */
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+ * (dim 1); duplicate targets accumulate. x is taken by value: one handed
+ * over with std::move whose storage nothing else holds (sole_storage) is
+ * written in place instead of copied. */
+Tensor scatter_add(Tensor x, int64_t dim, const Tensor& index, const Tensor& src);
 /** A copy of `x` with alpha * src's slice j added into x's slice index[j]
  * along `dim` (index 0-d or 1-d; src has x's shape except index.numel() in
  * `dim`); duplicate indices accumulate. */

@@ -114,8 +114,9 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       // and at most two [chunk, vocab] tensors alive at once.
       Tensor dlogits = softmax(logits, 1);
       logits = Tensor();
-      dlogits = scatter_add(dlogits, 1, safe, neg(ok));
-      dlogits = mul(dlogits, ok);
+      // In place: dlogits is this loop's own.
+      dlogits = scatter_add(std::move(dlogits), 1, safe, neg(ok));
+      mul_(dlogits, ok);
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
     }

@@ -452,6 +452,29 @@ TEST_CASE("duplicate indices accumulate in every backward") {
     sum(z * f64({10, 20, 30})).backward();
     CHECK(s2.grad().to_vector<double>() == std::vector<double>{20, 20, 20, 10});
   }
+  SUBCASE("scatter_add writes an x handed over in place, and copies one still held") {
+    const Tensor src = f64({1, 2, 3, 4});
+    const Tensor held = f64({5, 5, 5});
+    const Tensor copied = scatter_add(held, 0, i64({1, 1, 1, 0}), src);
+    CHECK(copied.raw_data() != held.raw_data());
+    CHECK(held.to_vector<double>() == std::vector<double>{5, 5, 5});
+    CHECK(copied.to_vector<double>() == std::vector<double>{9, 11, 5});
+    Tensor handed = f64({5, 5, 5});
+    const void* at = handed.raw_data();
+    const Tensor in_place = scatter_add(std::move(handed), 0, i64({1, 1, 1, 0}), src);
+    CHECK(in_place.raw_data() == at);
+    CHECK(in_place.to_vector<double>() == std::vector<double>{9, 11, 5});
+    // In the graph: x made by an op (which keeps nothing of it) still passes
+    // the gradient to that op's input.
+    const Tensor a = f64({1, 2, 3}).requires_grad_();
+    Tensor x = a * 2.0;
+    const void* xat = x.raw_data();
+    const Tensor y = scatter_add(std::move(x), 0, i64({0}), f64({7}));
+    CHECK(y.raw_data() == xat);
+    CHECK(y.to_vector<double>() == std::vector<double>{9, 4, 6});
+    sum(y * f64({1, 10, 100})).backward();
+    CHECK(a.grad().to_vector<double>() == std::vector<double>{2, 20, 200});
+  }
   SUBCASE("scatter: the last write wins and x gets no gradient where written") {
     Tensor base = f64({1, 2, 3}).requires_grad_();
     Tensor src = f64({7, 8, 9}).requires_grad_();
