@@ -245,7 +245,6 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
   const bool onto_c = c.defined() && c.dtype() == ct && autograd::sole_storage(c);
   Tensor out = onto_c ? c.detach() : detail::make_tensor(out_shape, ct, x.device());
   const Tensor C = c.defined() ? cast(c, dt) : Tensor();
-  c = Tensor();
   int64_t xrs = 0, xcs = 0;
   Tensor xp = as_rows(k, detail::as_plain(X, ct), xrs, xcs);
   Tensor wp = detail::as_plain(W, ct);

@@ -51,12 +51,18 @@ QUANTA_HD inline void rope_pair(T a, T b, A c, A s, T* out_a, T* out_b) {
   *out_b = static_cast<T>(rounded<T>(fb * c) + rounded<T>(fa * s));
 }
 
-/** SwiGLU's output from gate x with e = exp(-x) and up u: silu(x) = x / (1 +
- * e), rounded to T as transformers' act_fn(gate) tensor is, times u. Below
- * about -88 (f32) e is inf and silu -0, its limit. */
+/** silu(x) = x / (1 + e) from gate x and e = exp(-x), rounded to T as
+ * transformers' act_fn(gate) tensor is. Below about -88 (f32) e is inf and
+ * silu -0, its limit. */
+template <class T, class A>
+QUANTA_HD inline A swiglu_silu(A x, A e) {
+  return rounded<T>(x / (A(1) + e));
+}
+
+/** SwiGLU's output: silu(x) as above, times up u. */
 template <class T, class A>
 QUANTA_HD inline T swiglu_out(A x, A e, A u) {
-  return static_cast<T>(rounded<T>(x / (A(1) + e)) * u);
+  return static_cast<T>(swiglu_silu<T>(x, e) * u);
 }
 
 /** SwiGLU's gradients for output gradient g, from x, e = exp(-x) and u as
@@ -66,7 +72,7 @@ QUANTA_HD inline T swiglu_out(A x, A e, A u) {
  * forms it. */
 template <class T, class A>
 QUANTA_HD inline T swiglu_grad_up(A x, A e, A g) {
-  return static_cast<T>(g * rounded<T>(x / (A(1) + e)));
+  return static_cast<T>(g * swiglu_silu<T>(x, e));
 }
 template <class T, class A>
 QUANTA_HD inline T swiglu_grad_gate(A x, A e, A u, A g) {

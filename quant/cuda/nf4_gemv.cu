@@ -86,6 +86,37 @@ __device__ inline void write_rows(const T (&acc)[kRows][MB], int64_t n0, int war
   }
 }
 
+// Row r's 8 decoded values of one word of codes: value * scale rounded to
+// dd, or the bare value where the scale multiplies the sum instead.
+template <class T>
+__device__ inline void decode_word(const float* values, uint32_t word, float scale, DType dd,
+                                   bool scale_after, T (&wv)[kCodes]) {
+#pragma unroll
+  for (int j = 0; j < kCodes; ++j) {
+    const float v = values[fn::nf4_word_code(word, j)];
+    wv[j] = static_cast<T>(scale_after ? v : round_to(v * scale, dd));
+  }
+}
+
+// acc[r][m] += row r's 8 decoded values . the 8 values of x's row m, which
+// load(m, xv) fetches (both kernels sum the same way).
+template <class T, int MB, class Load>
+__device__ inline void accumulate8(const T (&wv)[kRows][kCodes], const float (&scale)[kRows],
+                                   bool scale_after, Load load, T (&acc)[kRows][MB]) {
+#pragma unroll
+  for (int m = 0; m < MB; ++m) {
+    T xv[kCodes];
+    load(m, xv);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      T dot = T(0);
+#pragma unroll
+      for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
+      acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
+    }
+  }
+}
+
 // The `wide` kernel (see the top of the file); MB and R as below.
 template <class T, int MB, int R>
 __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
@@ -126,23 +157,10 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
         T wv[kRows][kCodes];
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-#pragma unroll
-          for (int j = 0; j < kCodes; ++j) {
-            const float v = values[fn::nf4_word_code(words[r][q], j)];
-            wv[r][j] = static_cast<T>(scale_after ? v : round_to(v * scale[r], dd));
-          }
-#pragma unroll
-        for (int m = 0; m < MB; ++m) {
-          T xv[kCodes];
-          load8_global(x + m * K + col + kCodes * q, xv);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            T dot = T(0);
-#pragma unroll
-            for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
-            acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
-          }
-        }
+          decode_word(values, words[r][q], scale[r], dd, scale_after, wv[r]);
+        accumulate8<T, MB>(
+            wv, scale, scale_after,
+            [&](int m, T(&xv)[kCodes]) { load8_global(x + m * K + col + kCodes * q, xv); }, acc);
       }
     }
     write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);
@@ -204,25 +222,12 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
           const uint8_t* codes = fn::nf4_run_codes(w, run) + (col % R) / 2;
           const uint32_t word = __ldg(reinterpret_cast<const uint32_t*>(codes));
           scale[r] = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, run)));
-#pragma unroll
-          for (int j = 0; j < kCodes; ++j) {
-            const float v = values[fn::nf4_word_code(word, j)];
-            wv[r][j] = static_cast<T>(scale_after ? v : round_to(v * scale[r], dd));
-          }
+          decode_word(values, word, scale[r], dd, scale_after, wv[r]);
         }
         const int64_t slot = nf4_gemv_slot(k, E);
-#pragma unroll
-        for (int m = 0; m < MB; ++m) {
-          T xv[kCodes];
-          load8(xs + m * row_slots + slot, xv);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            T dot = T(0);
-#pragma unroll
-            for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
-            acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
-          }
-        }
+        accumulate8<T, MB>(
+            wv, scale, scale_after,
+            [&](int m, T(&xv)[kCodes]) { load8(xs + m * row_slots + slot, xv); }, acc);
       }
     }
     write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);

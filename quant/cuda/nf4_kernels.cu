@@ -166,31 +166,37 @@ void round_bf16(const float* x, int64_t n, __nv_bfloat16* out) {
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
-// The tiled products in bf16 (plans.h: nf4_bf16_products), tile by tile as
-// the f32 ones below: the same layouts, bf16 operands, f32 output.
+// Calls product(n0, r, tile) for each tile of weight rows [n0, n0 + r), K
+// values each, decoded to D (rounded to dd) into one reused buffer of
+// nf4_tile_rows rows: every tiled product, f32 or bf16, forward or backward.
+template <class D, class Product>
+void for_each_tile(const NF4Runs& w, int64_t N, int64_t K, DType dd, Product&& product) {
+  const int64_t rows = nf4_tile_rows(N, K);
+  Scratch<D> tile(rows * K);
+  for (int64_t n0 = 0; n0 < N; n0 += rows) {
+    const int64_t r = std::min(rows, N - n0);
+    decode<D>(w, n0 * K, r * K, dd, tile.get());
+    product(n0, r, static_cast<const D*>(tile.get()));
+  }
+}
+
+// The tiled products in bf16 (plans.h: nf4_bf16_products): the f32 ones'
+// layouts (below), bf16 operands, f32 output.
 void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
   const Scratch<__nv_bfloat16> xb(M * K);
   round_bf16(x, M * K, xb.get());
-  const int64_t rows = nf4_tile_rows(N, K);
-  Scratch<__nv_bfloat16> tile(rows * K);
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    decode<__nv_bfloat16>(w, n0 * K, r * K, DType::bf16, tile.get());
-    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, tile.get(), K, xb.get(), K, 0.0f, y + n0, N);
-  }
+  for_each_tile<__nv_bfloat16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, auto tile) {
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, tile, K, xb.get(), K, 0.0f, y + n0, N);
+  });
 }
 
 void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
   const Scratch<__nv_bfloat16> gb(M * N);
   round_bf16(g, M * N, gb.get());
-  const int64_t rows = nf4_tile_rows(N, K);
-  Scratch<__nv_bfloat16> tile(rows * K);
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    decode<__nv_bfloat16>(w, n0 * K, r * K, DType::bf16, tile.get());
-    gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, tile.get(), K, gb.get() + n0, N,
-              n0 > 0 ? 1.0f : 0.0f, dx, K);
-  }
+  for_each_tile<__nv_bfloat16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, auto tile) {
+    gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, tile, K, gb.get() + n0, N, n0 > 0 ? 1.0f : 0.0f,
+              dx, K);
+  });
 }
 
 // y [M, N] = x [M, K] W^T: small batches decoded in registers, larger ones
@@ -205,15 +211,11 @@ void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64
   } else if (nf4_bf16_products(std::is_same_v<T, float>, dd, M)) {
     if constexpr (std::is_same_v<T, float>) forward_bf16(x, M, K, w, N, y);
   } else {
-    const int64_t rows = nf4_tile_rows(N, K);
-    Scratch<T> tile(rows * K);
-    for (int64_t n0 = 0; n0 < N; n0 += rows) {
-      const int64_t r = std::min(rows, N - n0);
-      decode<T>(w, n0 * K, r * K, dd, tile.get());
+    for_each_tile<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* tile) {
       // y^T[n0:n0+r, :] (column-major, ld N) = tile [r, K] x^T: tile read as
       // column-major [K, r] and transposed, x as column-major [K, M].
-      gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, T(1), tile.get(), K, x, K, T(0), y + n0, N);
-    }
+      gemm<T>(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, T(1), tile, K, x, K, T(0), y + n0, N);
+    });
   }
   if (bias) {
     const cuda::LaunchConfig g = grid_for(M * N);
@@ -231,19 +233,15 @@ void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int6
     QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, cuda::stream()));
     return;
   }
-  if constexpr (std::is_same_v<T, float>) {
-    if (nf4_bf16_products(true, dd, M)) return backward_bf16(g, M, N, w, K, dx);
+  if (nf4_bf16_products(std::is_same_v<T, float>, dd, M)) {
+    if constexpr (std::is_same_v<T, float>) backward_bf16(g, M, N, w, K, dx);
+    return;
   }
-  const int64_t rows = nf4_tile_rows(N, K);
-  Scratch<T> tile(rows * K);
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t r = std::min(rows, N - n0);
-    decode<T>(w, n0 * K, r * K, dd, tile.get());
+  for_each_tile<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* tile) {
     // dx^T [K, M] (column-major, ld K) += tile^T g[:, n0:n0+r]^T: the tile
     // read as column-major [K, r], g's columns as column-major [r, M], ld N.
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, T(1), tile.get(), K, g + n0, N, T(n0 > 0 ? 1 : 0),
-            dx, K);
-  }
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, T(1), tile, K, g + n0, N, T(n0 > 0 ? 1 : 0), dx, K);
+  });
 }
 
 }  // namespace
