@@ -3,12 +3,17 @@
 // head_dim / 32 values of the row, a dot product is a warp sum, and the keys
 // (or queries) are walked in order with the online softmax of the CPU's
 // kernel, so memory stays linear in the lengths and every sum has one order.
-// Plain and correct rather than fast: the tiled tensor-core version belongs
-// with the GPU speed work, against these as the reference.
+// Plain and correct rather than fast: the entries run the whole-matrix
+// products of attention_products.cu (cuBLAS) where the plan takes the
+// sizes, and these where it does not or QUANTA_CUDA_ATTENTION=reference
+// asks (the reference to measure and check it against).
 #include <cmath>
+#include <cstdlib>
 
+#include "llm/cuda/attention_products.h"
 #include "llm/cuda/device.cuh"
 #include "llm/cuda/kernels.h"
+#include "llm/kernels/attention_plan.h"
 #include "llm/kernels/functors.h"
 
 namespace quanta::llm::llm_cuda {
@@ -170,10 +175,19 @@ void check_head_dim(const AttentionArgs& a, const char* op) {
 
 unsigned blocks_of(const cuda::LaunchConfig& g) { return static_cast<unsigned>(g.blocks); }
 
+// Whether the whole-matrix products run this call (read per call, so a
+// test or a benchmark may switch between the two).
+bool takes_products(const AttentionArgs& a, bool backward) {
+  const auto path = attention_plan::path_from(std::getenv("QUANTA_CUDA_ATTENTION"));
+  const int64_t acc_bytes = a.dtype == DType::f64 ? 8 : 4;
+  return attention_plan::takes(a, path, backward, acc_bytes);
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
   check_head_dim(a, "scaled_dot_product_attention");
+  if (takes_products(a, false)) return attention_products(a);
   dispatch_llm(a.dtype, "scaled_dot_product_attention", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
@@ -187,6 +201,7 @@ void attention(const AttentionArgs& a) {
 void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta, void* gq, void* gk,
                     void* gv) {
   check_head_dim(a, "scaled_dot_product_attention backward");
+  const bool products = takes_products(a, true);
   dispatch_llm(a.dtype, "scaled_dot_product_attention backward", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
@@ -196,6 +211,7 @@ void attention_grad(const AttentionArgs& a, const void* grad_out, void* delta, v
     if (q.blocks > 0) {
       delta_kernel<T, A><<<blocks_of(q), q.threads, 0, cuda::stream()>>>(a, g, dl);
       QUANTA_CUDA_CHECK_LAUNCH();
+      if (products) return attention_products_grad(a, g, dl, gq, gk, gv);
       query_grad_kernel<T, A>
           <<<blocks_of(q), q.threads, 0, cuda::stream()>>>(a, g, dl, static_cast<T*>(gq));
       QUANTA_CUDA_CHECK_LAUNCH();

@@ -110,8 +110,10 @@ struct LlmKernelTable {
   void (*swiglu_grad)(DType dtype, const void* gate, const void* up, const void* g, int64_t n,
                       void* d_gate, void* d_up);
 
-  /** Attention forward (see AttentionArgs): fills a.out and a.lse, in
-   * memory linear in the lengths (never a q_len x kv_len matrix). */
+  /** Attention forward (see AttentionArgs): fills a.out and a.lse. The
+   * CPU's and CUDA's reference kernels keep memory linear in the lengths
+   * (never a q_len x kv_len matrix); CUDA's default path holds the scores
+   * of a chunk of heads within a budget (llm/kernels/attention_plan.h). */
   void (*attention)(const AttentionArgs& a);
   /** Attention backward, recomputing the scores from a.q, a.k, a.v, a.lse:
    * given grad_out [batch, q_len, heads, head_dim] contiguous and a.out,

@@ -86,7 +86,8 @@ phase_bench() {
 }
 
 # The QLoRA step of the ~110M Llama (NF4 base, bf16 compute; and under
-# MixedPrecision) beside PyTorch + PEFT + bitsandbytes on this GPU, the peer
+# MixedPrecision) beside PyTorch + PEFT + bitsandbytes on this GPU, then the
+# attention rows at T 512 (both CUDA attentions) beside torch's SDPA; the peer
 # being this machine's python3 where it imports them; else quanta's side
 # alone, and the line names what the peer lacks (the bundle cannot carry
 # them: bitsandbytes and transformers alone exceed its size).
@@ -100,8 +101,16 @@ bench_qlora() {
     echo "the PyTorch peer lacks: $missing (rows without a floor)"
     peer_py=/nonexistent
   fi
+  local end=$((SECONDS + $1)) rc=0
   QUANTA_PEER_PYTHON="$peer_py" timeout -k 5 "$1" "$build/tools/quanta" bench llm --device cuda \
-    --only qlora100m_B4_T512 --repeat 3 --threads "$(nproc)" || { echo "(exit $?)"; return 1; }
+    --only qlora100m_B4_T512 --repeat 3 --threads "$(nproc)" || { echo "(exit $?)"; rc=1; }
+  # Attention at T 512 forward + backward: the whole-matrix products (the
+  # default) and the reference kernels (_reference), against torch's SDPA.
+  [ $((end - SECONDS)) -ge 10 ] || { echo "== attention rows: no time left"; return 1; }
+  QUANTA_PEER_PYTHON="$peer_py" timeout -k 5 $((end - SECONDS)) "$build/tools/quanta" bench llm \
+    --device cuda --only attention_T512_fb --repeat 3 --threads "$(nproc)" \
+    || { echo "(exit $?)"; rc=1; }
+  return "$rc"
 }
 
 # Where the default training step's GPU time goes: Nsight Compute times every

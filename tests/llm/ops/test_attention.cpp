@@ -13,6 +13,7 @@
 #include "llm/ops/attention.h"
 #include "op_fixtures.h"
 #include "support/bf16_products.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -87,9 +88,7 @@ OpCase attention_case(const std::string& name, Shape q, Shape kv, bool causal,
   return c;
 }
 
-}  // namespace
-
-TEST_CASE("attention: op harness") {
+void harness_rows() {
   run_case(attention_case("sdpa plain", {2, 5, 2, 4}, {2, 6, 2, 4}, false));
   run_case(attention_case("sdpa causal gqa", {2, 7, 4, 4}, {2, 7, 2, 4}, true));
   run_case(attention_case("sdpa kv cache", {1, 3, 2, 4}, {1, 7, 1, 4}, true));
@@ -104,6 +103,23 @@ TEST_CASE("attention: op harness") {
   OpCase zero = attention_case("sdpa zero-size", {2, 5, 2, 4}, {2, 6, 2, 4}, true);
   zero.zero_shapes = {{2, 0, 2, 4}, {2, 6, 2, 4}, {2, 6, 2, 4}};
   run_case(zero);
+}
+
+}  // namespace
+
+TEST_CASE("attention: op harness") { harness_rows(); }
+
+// CUDA has two attentions (llm/cuda/attention.cu): the whole-matrix
+// products it runs by default, which the rows above reach on cuda:0, and
+// the warp-per-row reference kernels, reached here.
+TEST_CASE("attention: op harness on CUDA's reference kernels") {
+  if (!have_gpu()) {
+    MESSAGE("skipped: " << no_gpu_reason());
+    return;
+  }
+  setenv("QUANTA_CUDA_ATTENTION", "reference", 1);
+  harness_rows();
+  unsetenv("QUANTA_CUDA_ATTENTION");
 }
 
 TEST_CASE("attention: equals PyTorch's values and gradients (causal GQA, KV-cache offset)") {

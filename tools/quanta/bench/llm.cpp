@@ -4,6 +4,8 @@
 //   attention_T{512,2048}[_fb]: causal scaled dot-product attention, B 4,
 //     12 heads of 64, forward (and forward + backward), against PyTorch's
 //     F.scaled_dot_product_attention on [B, H, T, D] tensors.
+//   attention_T{512,2048}_fb_reference (on cuda): the same with CUDA's
+//     warp-per-row reference kernels instead of its whole-matrix products.
 //   llama100m_B4_T512[_fb], llama100m_B1_T2048[_fb]: a ~110M-parameter
 //     Llama (768 hidden, 12 layers, 12 heads, 2048 MLP, 32000 vocab, tied;
 //     random weights, f32) forward (and forward + backward of the causal-LM
@@ -241,10 +243,19 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
                       NoGradGuard no_grad;
                       llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true});
                     }});
-    work.push_back({tag + "_fb", "setup attention_fb " + shape, [=] {
-                      q->zero_grad(), k->zero_grad(), v->zero_grad();
-                      llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
-                    }});
+    auto fb = [=] {
+      q->zero_grad(), k->zero_grad(), v->zero_grad();
+      llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
+    };
+    work.push_back({tag + "_fb", "setup attention_fb " + shape, fb});
+    // CUDA's warp-per-row reference kernels, which the default whole-matrix
+    // products replaced (llm/cuda/attention.cu), against the same peer.
+    if (o.device.is_cuda())
+      work.push_back({tag + "_fb_reference", "setup attention_fb " + shape, [fb] {
+                        setenv("QUANTA_CUDA_ATTENTION", "reference", 1);
+                        fb();
+                        unsetenv("QUANTA_CUDA_ATTENTION");
+                      }});
   }
   auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   model->to(o.device);

@@ -1,0 +1,266 @@
+#pragma once
+// Scaled dot-product attention as whole-matrix products over chunks of
+// heads, for a device whose strength is a library GEMM (CUDA: cuBLAS on the
+// tensor cores) rather than a hand-tiled kernel. Per chunk the heads are
+// gathered into contiguous scratch in the accumulation dtype, each head's
+// scores [q_len, kv_len] are one product, a row pass turns them into
+// probabilities (and the log-sum-exp the backward reads), and the output is
+// a second product; the backward recomputes the probabilities from the
+// log-sum-exp and runs the five products FlashAttention-2 runs per block,
+// once per head. Memory is the chunk's scores, bounded by a budget, not the
+// whole q_len x kv_len x heads.
+//
+// The plan is host code over an executor, so the order of the steps, the
+// chunking, the grouped-query expansion and every stride are tested on the
+// CPU with an executor of plain loops against the CPU's attention kernels
+// (tests/llm/kernels/test_attention_plan.cpp); the CUDA executor
+// (llm/cuda/attention_gemm.cu) is thin: gathers, two row passes, cuBLAS.
+//
+// Layout of a chunk of `pairs` (image, kv head) pairs, pair p = b * kv_heads
+// + hk, each with its `group` = heads / kv_heads query heads h = hk * group
+// + g: query-side buffers (q, o, dq: [t = q_len, d]; s, ds: [q_len, kv_len])
+// hold one slot per query head, slot = local pair * group + g; key-side
+// buffers (k, v, dk, dv: [kv_len, d]) one per pair, shared by its group.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "engine/kernels/functors.h"  // QUANTA_HD
+#include "llm/kernels/functors.h"
+#include "llm/kernels/table.h"
+
+namespace quanta::llm::attention_plan {
+
+/** The score of key j for query i of image b, query head h, from the raw
+ * product q.k: scale * q.k + mask, or -inf where the causal mask hides j
+ * (the reference kernels' `score` and `keys_seen` in one). */
+template <class A>
+QUANTA_HD inline A row_score(const AttentionArgs& a, A raw, int64_t b, int64_t h, int64_t i,
+                             int64_t j) {
+  if (a.causal && j > fn::last_visible_key(i, a.q_len, a.kv_len)) return A(-INFINITY);
+  A s = raw * static_cast<A>(a.scale);
+  const MaskOperand& m = a.mask;
+  if (m.data) s += static_cast<const A*>(m.data)[b * m.sb + h * m.sh + i * m.si + j * m.sj];
+  return s;
+}
+
+/** A row's log-sum-exp from its largest score and its sum of exp(score -
+ * max): -inf for a row that sees no key. */
+template <class A>
+QUANTA_HD inline A row_lse(A max, A sum) {
+  return sum > A(0) ? max + std::log(sum) : A(-INFINITY);
+}
+
+/** exp(score - max) for the row's sum, 0 for a hidden key. */
+template <class A>
+QUANTA_HD inline A row_term(A score, A max) {
+  return score == A(-INFINITY) ? A(0) : std::exp(score - max);
+}
+
+/** A probability from its score and its row's log-sum-exp (0 for a hidden
+ * key, and for every key of a row that sees none). */
+template <class A>
+QUANTA_HD inline A row_prob(A score, A lse) {
+  return fn::attention_prob(score, lse);
+}
+
+/** The score gradient the products take: scale * p (dp - delta), the
+ * scale of q.k folded in once for dq and dk. */
+template <class A>
+QUANTA_HD inline A row_score_grad(const AttentionArgs& a, A p, A dp, A delta) {
+  return static_cast<A>(a.scale) * fn::attention_score_grad(p, dp, delta);
+}
+
+/** The scratch buffers of a chunk, in the accumulation dtype. */
+enum class Buf : uint8_t { q, k, v, o, s, ds, dq, dk, dv };
+
+/** A batch of matrices in one buffer: matrix i element (r, c) at
+ * offset + i * stride + r * rs + c * cs (one of rs, cs is 1). */
+struct Mats {
+  Buf buf;
+  int64_t offset, stride, rs, cs;
+};
+
+/** batch products C_i = A_i B_i, C_i [m, n] (C += when accumulate). */
+struct Product {
+  int64_t batch, m, n, k;
+  Mats a, b, c;
+  bool accumulate;
+};
+
+/** One chunk: pairs [first, first + count). */
+struct Chunk {
+  int64_t first, count;
+};
+
+/** The sizes the plan works in. */
+struct Dims {
+  int64_t tq, tk, d, group, kv_heads;
+  explicit Dims(const AttentionArgs& a)
+      : tq(a.q_len),
+        tk(a.kv_len),
+        d(a.head_dim),
+        group(a.kv_heads > 0 ? a.heads / a.kv_heads : 1),
+        kv_heads(a.kv_heads) {}
+  /** Elements of buffer `b` per pair (a query-side buffer holds group slots). */
+  int64_t per_pair(Buf b) const {
+    switch (b) {
+      case Buf::q:
+      case Buf::o:
+      case Buf::dq:
+        return group * tq * d;
+      case Buf::s:
+      case Buf::ds:
+        return group * tq * tk;
+      default:
+        return tk * d;
+    }
+  }
+  /** Scratch elements per pair, forward (q, k, v, o, s) or backward (all). */
+  int64_t scratch_per_pair(bool backward) const {
+    int64_t n = per_pair(Buf::q) + per_pair(Buf::k) + per_pair(Buf::v) + per_pair(Buf::o) +
+                per_pair(Buf::s);
+    if (backward)
+      n += per_pair(Buf::ds) + per_pair(Buf::dq) + per_pair(Buf::dk) + per_pair(Buf::dv);
+    return n;
+  }
+};
+
+/** Pairs per chunk so that a chunk's scratch stays within `budget`
+ * elements: at least 1 (a caller checks that one pair fits first), at most
+ * every pair. */
+inline int64_t pairs_per_chunk(const AttentionArgs& a, bool backward, int64_t budget) {
+  const Dims dims(a);
+  const int64_t pairs = a.batch * a.kv_heads;
+  const int64_t per = std::max<int64_t>(dims.scratch_per_pair(backward), 1);
+  return std::clamp<int64_t>(budget / per, 1, std::max<int64_t>(pairs, 1));
+}
+
+// Query-side matrices of slot (local pair, g) for one g over the chunk's
+// pairs: stride `group` slots apart.
+inline Mats slots(const Dims& x, Buf b, int64_t g, int64_t rows, int64_t cols, bool transposed) {
+  const int64_t size = rows * cols;
+  return {b, g * size, x.group * size, transposed ? 1 : cols, transposed ? cols : 1};
+}
+// Key-side matrices, one per pair.
+inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed) {
+  return {b, 0, rows * cols, transposed ? 1 : cols, transposed ? cols : 1};
+}
+
+/** The forward: out and lse of every query (AttentionArgs). Exec provides
+ * begin_chunk(chunk) (scratch for it), gather(chunk, which) for Buf::q
+ * (a.q per slot), Buf::k, Buf::v (per pair), product(Product),
+ * softmax_rows(chunk) (s: raw q.k in, probabilities out, lse written) and
+ * scatter_out(chunk) (o into a.out). */
+template <class Exec>
+void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
+  const Dims x(a);
+  const int64_t pairs = a.batch * a.kv_heads;
+  for (int64_t first = 0; first < pairs; first += chunk_pairs) {
+    const Chunk c{first, std::min(chunk_pairs, pairs - first)};
+    exec.begin_chunk(c);
+    exec.gather(c, Buf::q);
+    exec.gather(c, Buf::k);
+    exec.gather(c, Buf::v);
+    for (int64_t g = 0; g < x.group; ++g)  // s = q k^T
+      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::q, g, x.tq, x.d, false),
+                    pairs_of(Buf::k, x.tk, x.d, true), slots(x, Buf::s, g, x.tq, x.tk, false),
+                    false});
+    exec.softmax_rows(c);
+    for (int64_t g = 0; g < x.group; ++g)  // o = p v
+      exec.product({c.count, x.tq, x.d, x.tk, slots(x, Buf::s, g, x.tq, x.tk, false),
+                    pairs_of(Buf::v, x.tk, x.d, false), slots(x, Buf::o, g, x.tq, x.d, false),
+                    false});
+    exec.scatter_out(c);
+  }
+}
+
+/** The backward from the forward's out and lse and the output gradient:
+ * Exec provides, beside the forward's, gather(chunk, Buf::o) (the output
+ * gradient per slot), probs_rows(chunk) (s: raw q.k in, probabilities from
+ * the saved lse out), score_grad_rows(chunk) (ds: dp in, scale * p (dp -
+ * delta) out) and scatter_grads(chunk) (dq, dk, dv into the gradients). The
+ * caller has computed delta (each query's dO.O). */
+template <class Exec>
+void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
+  const Dims x(a);
+  const int64_t pairs = a.batch * a.kv_heads;
+  for (int64_t first = 0; first < pairs; first += chunk_pairs) {
+    const Chunk c{first, std::min(chunk_pairs, pairs - first)};
+    exec.begin_chunk(c);
+    exec.gather(c, Buf::q);
+    exec.gather(c, Buf::k);
+    exec.gather(c, Buf::v);
+    exec.gather(c, Buf::o);                // the output gradient
+    for (int64_t g = 0; g < x.group; ++g)  // s = q k^T
+      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::q, g, x.tq, x.d, false),
+                    pairs_of(Buf::k, x.tk, x.d, true), slots(x, Buf::s, g, x.tq, x.tk, false),
+                    false});
+    exec.probs_rows(c);
+    for (int64_t g = 0; g < x.group; ++g) {
+      // dv (+)= p^T dO over the group's heads, in order
+      exec.product({c.count, x.tk, x.d, x.tq, slots(x, Buf::s, g, x.tq, x.tk, true),
+                    slots(x, Buf::o, g, x.tq, x.d, false), pairs_of(Buf::dv, x.tk, x.d, false),
+                    g > 0});
+      // dp = dO v^T
+      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::o, g, x.tq, x.d, false),
+                    pairs_of(Buf::v, x.tk, x.d, true), slots(x, Buf::ds, g, x.tq, x.tk, false),
+                    false});
+    }
+    exec.score_grad_rows(c);
+    for (int64_t g = 0; g < x.group; ++g) {
+      // dq = ds k
+      exec.product({c.count, x.tq, x.d, x.tk, slots(x, Buf::ds, g, x.tq, x.tk, false),
+                    pairs_of(Buf::k, x.tk, x.d, false), slots(x, Buf::dq, g, x.tq, x.d, false),
+                    false});
+      // dk (+)= ds^T q over the group's heads, in order
+      exec.product({c.count, x.tk, x.d, x.tq, slots(x, Buf::ds, g, x.tq, x.tk, true),
+                    slots(x, Buf::q, g, x.tq, x.d, false), pairs_of(Buf::dk, x.tk, x.d, false),
+                    g > 0});
+    }
+    exec.scatter_grads(c);
+  }
+}
+
+/** Which attention a device with both runs: `products` (this plan) or
+ * `reference` (CUDA's warp-per-row kernels, llm/cuda/attention.cu). */
+enum class Path : uint8_t { products, reference };
+
+/** The path QUANTA_CUDA_ATTENTION names (unset or empty: products). */
+inline Path path_from(const char* env_value) {
+  const std::string v = env_value ? env_value : "";
+  if (v.empty() || v == "products") return Path::products;
+  if (v == "reference") return Path::reference;
+  throw std::invalid_argument("QUANTA_CUDA_ATTENTION must be products or reference, got '" + v +
+                              "'");
+}
+
+/** Scratch a chunk may hold, in bytes: the scores of a few hundred heads at
+ * 512 tokens, a small part of a data-centre GPU. */
+inline constexpr int64_t kScratchBudgetBytes = int64_t{1} << 30;
+
+/** Whether the plan takes these sizes on a device with `path` asked: every
+ * length nonzero (the reference kernels handle the empty cases) and one
+ * pair's scratch within the budget (longer sequences take the reference
+ * kernels, whose memory is linear in the lengths). */
+inline bool takes(const AttentionArgs& a, Path path, bool backward, int64_t acc_bytes) {
+  if (path != Path::products) return false;
+  if (a.batch <= 0 || a.heads <= 0 || a.kv_heads <= 0 || a.q_len <= 0 || a.kv_len <= 0 ||
+      a.head_dim <= 0)
+    return false;
+  return Dims(a).scratch_per_pair(backward) * acc_bytes <= kScratchBudgetBytes;
+}
+
+/** Where slot s of chunk c lives: image b, query head h, and its kv head. */
+struct Slot {
+  int64_t b, h, hk;
+};
+QUANTA_HD inline Slot slot_of(const AttentionArgs& a, const Chunk& c, int64_t s) {
+  const int64_t group = a.heads / a.kv_heads;
+  const int64_t pair = c.first + s / group;
+  const int64_t b = pair / a.kv_heads, hk = pair % a.kv_heads;
+  return {b, hk * group + s % group, hk};
+}
+
+}  // namespace quanta::llm::attention_plan
