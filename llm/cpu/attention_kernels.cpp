@@ -10,6 +10,7 @@
 // sum runs in a fixed order.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "engine/cpu/gemm.h"
@@ -29,9 +30,27 @@ constexpr int64_t kBlockK = 128;
 template <class A>
 using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// A row-major block [rows, cols] with row stride rs, as the products read
+// it: a block of scratch, or rows of an operand read in place.
+template <class A>
+struct View {
+  const A* p = nullptr;
+  int64_t rows = 0, cols = 0, rs = 0;
+};
+
+template <class A>
+View<A> view(const Mat<A>& m) {
+  return {m.data(), m.rows(), m.cols(), std::max<int64_t>(m.cols(), 1)};
+}
+
+// q, k, v and the output gradient's rows as the products read them (views
+// of the operands or of the buffers beside them), and the blocks the kernels
+// compute.
 template <class A>
 struct Scratch {
-  Mat<A> q, k, v, o, d_out, s, dp, dq, dk, dv;
+  Mat<A> q, k, v, d_out;  // widened rows where an operand is not in A
+  View<A> Q, K, V, DO;
+  Mat<A> o, s, dp, dq, dk, dv;
   std::vector<A> m, l;
 };
 
@@ -39,9 +58,8 @@ struct Scratch {
 enum class Op { plain, transposed };
 
 template <class A>
-cpu::MatRef<A> operand(const Mat<A>& x, Op op) {
-  const int64_t cols = std::max<int64_t>(x.cols(), 1);
-  return op == Op::plain ? cpu::MatRef<A>{x.data(), cols, 1} : cpu::MatRef<A>{x.data(), 1, cols};
+cpu::MatRef<A> operand(const View<A>& x, Op op) {
+  return op == Op::plain ? cpu::MatRef<A>{x.p, x.rs, 1} : cpu::MatRef<A>{x.p, 1, x.rs};
 }
 
 // c[m, n] (row stride ldc) = or += op(a) op(b), on this thread, through the
@@ -49,33 +67,40 @@ cpu::MatRef<A> operand(const Mat<A>& x, Op op) {
 // multiply-adds, which it hands to oneDNN's JIT kernels (about 1.4x Eigen's
 // on these shapes); bf16 products under MixedPrecision.
 template <class A>
-void product(const AttentionArgs& a, const Mat<A>& x, Op ox, const Mat<A>& y, Op oy, A* c,
+void product(const AttentionArgs& a, const View<A>& x, Op ox, const View<A>& y, Op oy, A* c,
              int64_t ldc, bool accumulate) {
-  const int64_t m = ox == Op::plain ? x.rows() : x.cols();
-  const int64_t k = ox == Op::plain ? x.cols() : x.rows();
-  const int64_t n = oy == Op::plain ? y.cols() : y.rows();
+  const int64_t m = ox == Op::plain ? x.rows : x.cols;
+  const int64_t k = ox == Op::plain ? x.cols : x.rows;
+  const int64_t n = oy == Op::plain ? y.cols : y.rows;
   cpu::gemm<A>(m, n, k, operand(x, ox), operand(y, oy), c, ldc, accumulate, a.bf16_products);
 }
 
 // c = op(a) op(b), c resized, or c += op(a) op(b).
 template <class A>
-void product(const AttentionArgs& a, const Mat<A>& x, Op ox, const Mat<A>& y, Op oy, Mat<A>& c,
+void product(const AttentionArgs& a, const View<A>& x, Op ox, const View<A>& y, Op oy, Mat<A>& c,
              bool accumulate) {
-  if (!accumulate)
-    c.resize(ox == Op::plain ? x.rows() : x.cols(), oy == Op::plain ? y.cols() : y.rows());
+  if (!accumulate) c.resize(ox == Op::plain ? x.rows : x.cols, oy == Op::plain ? y.cols : y.rows);
   product(a, x, ox, y, oy, c.data(), c.cols(), accumulate);
 }
 
-// Rows t0 .. t0 + n of head h of image b, widened to A.
+// Rows t0 .. t0 + n of head h of image b as the products read them: in
+// place where the operand is already in A (f32, f64) and its rows lie at
+// least a row apart, else widened into `buf` (a pass the products of a
+// 500M QLoRA step's attention spent 7% of their time on).
 template <class T, class A>
-void load_rows(const HeadsOperand& op, int64_t b, int64_t h, int64_t t0, int64_t n, int64_t D,
-               Mat<A>& m) {
-  m.resize(n, D);
+View<A> load_rows(const HeadsOperand& op, int64_t b, int64_t h, int64_t t0, int64_t n, int64_t D,
+                  Mat<A>& buf) {
   const T* base = static_cast<const T*>(op.data) + b * op.sb + h * op.sh;
+  if constexpr (std::is_same_v<T, A>) {
+    if (n <= 1 || op.st >= D)
+      return {base + t0 * op.st, n, D, n <= 1 ? std::max<int64_t>(D, 1) : op.st};
+  }
+  buf.resize(n, D);
   for (int64_t t = 0; t < n; ++t) {
     const T* row = base + (t0 + t) * op.st;
-    for (int64_t d = 0; d < D; ++d) m(t, d) = static_cast<A>(row[d]);
+    for (int64_t d = 0; d < D; ++d) buf(t, d) = static_cast<A>(row[d]);
   }
+  return view(buf);
 }
 
 template <class T, class A>
@@ -90,7 +115,7 @@ void store_rows(const Mat<A>& m, T* data, int64_t sb, int64_t st, int64_t sh, in
 // scores = scale q k^T + mask, -inf where the causal mask hides a key.
 template <class A>
 void scores(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, int64_t j0, Scratch<A>& s) {
-  product(a, s.q, Op::plain, s.k, Op::transposed, s.s, false);
+  product(a, s.Q, Op::plain, s.K, Op::transposed, s.s, false);
   s.s *= static_cast<A>(a.scale);
   const MaskOperand& mk = a.mask;
   for (int64_t i = 0; i < s.s.rows(); ++i) {
@@ -118,15 +143,15 @@ int64_t group_of(const AttentionArgs& a) { return a.heads / a.kv_heads; }
 template <class T, class A>
 void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scratch<A>& s) {
   const int64_t D = a.head_dim, ni = std::min(kBlockQ, a.q_len - i0), hk = h / group_of(a);
-  load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+  s.Q = load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
   s.o.setZero(ni, D);
   s.m.assign(ni, -INFINITY);
   s.l.assign(ni, A(0));
   const int64_t end = keys_seen(a, i0, ni);
   for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
     const int64_t nj = std::min(kBlockK, end - j0);
-    load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
-    load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+    s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+    s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
     scores(a, b, h, i0, j0, s);
     for (int64_t i = 0; i < ni; ++i) {
       const A m_new = std::max(s.m[i], s.s.row(i).maxCoeff());
@@ -140,7 +165,7 @@ void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scr
       s.o.row(i) *= alpha;
       s.m[i] = m_new;
     }
-    product(a, s.s, Op::plain, s.v, Op::plain, s.o, true);
+    product(a, view(s.s), Op::plain, s.V, Op::plain, s.o, true);
   }
   A* lse = static_cast<A*>(a.lse) + (b * a.heads + h) * a.q_len + i0;
   for (int64_t i = 0; i < ni; ++i) {
@@ -164,7 +189,7 @@ void probs_and_score_grads(const AttentionArgs& a, const A* delta, int64_t b, in
                            Scratch<A>& s) {
   const A* lse = static_cast<const A*>(a.lse) + (b * a.heads + h) * a.q_len + i0;
   const A* dl = delta + (b * a.heads + h) * a.q_len + i0;
-  product(a, s.d_out, Op::plain, s.v, Op::transposed, s.dp, false);
+  product(a, s.DO, Op::plain, s.V, Op::transposed, s.dp, false);
   for (int64_t i = 0; i < s.s.rows(); ++i) {
     if (lse[i] == -INFINITY) {  // a query that sees no key: p = 0
       s.s.row(i).setZero();
@@ -182,23 +207,23 @@ template <class T, class A>
 void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
                      int64_t hk, int64_t j0, T* gk, T* gv, Scratch<A>& s, Mat<A>* dq = nullptr) {
   const int64_t D = a.head_dim, nj = std::min(kBlockK, a.kv_len - j0), G = group_of(a);
-  load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
-  load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+  s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+  s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
   s.dk.setZero(nj, D);
   s.dv.setZero(nj, D);
   const int64_t begin = a.causal ? fn::first_seeing_query(j0, a.q_len, a.kv_len) : 0;
   for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
     for (int64_t i0 = begin; i0 < a.q_len; i0 += kBlockQ) {
       const int64_t ni = std::min(kBlockQ, a.q_len - i0);
-      load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
-      load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
+      s.Q = load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+      s.DO = load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
       scores(a, b, h, i0, j0, s);
       probs_and_score_grads(a, delta, b, h, i0, s);
-      product(a, s.s, Op::transposed, s.d_out, Op::plain, s.dv, true);
-      product(a, s.dp, Op::transposed, s.q, Op::plain, s.dk, true);
+      product(a, view(s.s), Op::transposed, s.DO, Op::plain, s.dv, true);
+      product(a, view(s.dp), Op::transposed, s.Q, Op::plain, s.dk, true);
       if (dq)
-        product(a, s.dp, Op::plain, s.k, Op::plain, dq->data() + ((h - hk * G) * a.q_len + i0) * D,
-                D, true);
+        product(a, view(s.dp), Op::plain, s.K, Op::plain,
+                dq->data() + ((h - hk * G) * a.q_len + i0) * D, D, true);
     }
   s.dk *= static_cast<A>(a.scale);
   const int64_t Hk = a.kv_heads;
@@ -210,17 +235,17 @@ template <class T, class A>
 void query_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A* delta, int64_t b,
                        int64_t h, int64_t i0, T* gq, Scratch<A>& s) {
   const int64_t D = a.head_dim, ni = std::min(kBlockQ, a.q_len - i0), hk = h / group_of(a);
-  load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
-  load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
+  s.Q = load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
+  s.DO = load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
   s.dq.setZero(ni, D);
   const int64_t end = keys_seen(a, i0, ni);
   for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
     const int64_t nj = std::min(kBlockK, end - j0);
-    load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
-    load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
+    s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
+    s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
     scores(a, b, h, i0, j0, s);
     probs_and_score_grads(a, delta, b, h, i0, s);
-    product(a, s.dp, Op::plain, s.k, Op::plain, s.dq, true);
+    product(a, view(s.dp), Op::plain, s.K, Op::plain, s.dq, true);
   }
   s.dq *= static_cast<A>(a.scale);
   const int64_t H = a.heads;
