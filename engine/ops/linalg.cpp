@@ -211,6 +211,18 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul(a, b);
 }
 
+// linear's weight gradient g^T x [out, in] from g [rows, out] and x [rows,
+// in]. For a low-rank input side (LoRA's B: in 16, out 1280) the GEMM is
+// faster the other way round, (x^T g)^T plus a copy of the small result:
+// 0.29 against 0.39 ms at [2048, 1280] x [2048, 16], 0.80 against 1.06 at
+// out 3456 (cold operands, medians of 21).
+Tensor weight_grad(const Tensor& g, const Tensor& x) {
+  const int64_t out_f = g.size(1), in_f = x.size(1);
+  if (in_f <= 64 && out_f >= 4 * in_f)
+    return transpose(matmul(transpose(x, 0, 1), g), 0, 1).contiguous();
+  return matmul(transpose(g, 0, 1), x);
+}
+
 // linear's product with what the GEMM starts from: the bias b broadcast
 // over the rows, or (linear_add) a whole addend c of the output's shape; the
 // GEMM accumulates onto it, so neither costs a pass of its own.
@@ -286,8 +298,7 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
                               // Rows from the shape: -1 cannot be inferred when a feature size is
                               // 0.
                               Tensor g2 = reshape(g, {rows, out_f});
-                              if (need_w)
-                                gw = matmul(transpose(g2, 0, 1), reshape(x, {rows, in_f}));
+                              if (need_w) gw = weight_grad(g2, reshape(x, {rows, in_f}));
                               if (need_b) gb = sum(g2, {0});
                             }
                             if (need_c) gc = g;

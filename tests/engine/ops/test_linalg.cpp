@@ -180,6 +180,17 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
   ln.half = true;
   run_case(ln);
 
+  // In 3, out 13: the weight gradient is formed as (x^T g)^T, the faster
+  // order for LoRA's B (linalg.cpp, weight_grad).
+  OpCase lr;
+  lr.name = "linear with a low-rank input side";
+  lr.shapes = {{2, 3, 3}, {13, 3}};
+  lr.zero_shapes = {{0, 3}, {13, 3}};
+  lr.op = [](const Inputs& x) { return linear(x[0], x[1]); };
+  lr.reference = [](const Inputs& x) { return ref_linear(x[0], x[1], nullptr); };
+  lr.half = true;
+  run_case(lr);
+
   // linear_add: c + x w^T, the GEMM accumulating onto c or a copy (the f64
   // gradient check covers c, x and w; devices and 16-bit dtypes as linear).
   OpCase la;
