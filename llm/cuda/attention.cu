@@ -56,12 +56,11 @@ __device__ void store_head(const Lanes<A>& x, A scale, T* row, int64_t D, int la
   }
 }
 
+// scale * q.k + mask (-inf past the causal edge, which keys_seen keeps the
+// walks from reaching).
 template <class A>
 __device__ A score(const AttentionArgs& a, A qk, int64_t b, int64_t h, int64_t i, int64_t j) {
-  A s = qk * static_cast<A>(a.scale);
-  const MaskOperand& m = a.mask;
-  if (m.data) s += static_cast<const A*>(m.data)[b * m.sb + h * m.sh + i * m.si + j * m.sj];
-  return s;
+  return attention_plan::row_score<A>(a, qk, b, h, i, j);
 }
 
 __device__ int64_t keys_seen(const AttentionArgs& a, int64_t i) {

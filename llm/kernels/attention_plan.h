@@ -1,7 +1,7 @@
 #pragma once
 // Scaled dot-product attention as whole-matrix products over chunks of
-// heads, for a device whose strength is a library GEMM (CUDA: cuBLAS on the
-// tensor cores) rather than a hand-tiled kernel. Per chunk the heads are
+// heads, for a device whose strength is a library GEMM (CUDA: cuBLAS)
+// rather than a hand-tiled kernel. Per chunk the heads are
 // gathered into contiguous scratch in the accumulation dtype, each head's
 // scores [q_len, kv_len] are one product, a row pass turns them into
 // probabilities (and the log-sum-exp the backward reads), and the output is
@@ -14,7 +14,7 @@
 // chunking, the grouped-query expansion and every stride are tested on the
 // CPU with an executor of plain loops against the CPU's attention kernels
 // (tests/llm/kernels/test_attention_plan.cpp); the CUDA executor
-// (llm/cuda/attention_gemm.cu) is thin: gathers, two row passes, cuBLAS.
+// (llm/cuda/attention_products.cu) is thin: gathers, two row passes, cuBLAS.
 //
 // Layout of a chunk of `pairs` (image, kv head) pairs, pair p = b * kv_heads
 // + hk, each with its `group` = heads / kv_heads query heads h = hk * group
@@ -34,7 +34,7 @@ namespace quanta::llm::attention_plan {
 
 /** The score of key j for query i of image b, query head h, from the raw
  * product q.k: scale * q.k + mask, or -inf where the causal mask hides j
- * (the reference kernels' `score` and `keys_seen` in one). */
+ * (CUDA's reference kernels use it too). */
 template <class A>
 QUANTA_HD inline A row_score(const AttentionArgs& a, A raw, int64_t b, int64_t h, int64_t i,
                              int64_t j) {
