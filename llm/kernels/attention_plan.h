@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
 #include "llm/kernels/functors.h"
@@ -66,10 +67,11 @@ QUANTA_HD inline A row_prob(A score, A lse) {
 }
 
 /** The score gradient the products take: scale * p (dp - delta), the
- * scale of q.k folded in once for dq and dk. */
+ * scale of q.k folded in once for dq and dk; 0 where p is 0. */
 template <class A>
 QUANTA_HD inline A row_score_grad(const AttentionArgs& a, A p, A dp, A delta) {
-  return static_cast<A>(a.scale) * fn::attention_score_grad(p, dp, delta);
+  // p = 0: a hidden key, whose dp a causal block's product did not write.
+  return p == A(0) ? A(0) : static_cast<A>(a.scale) * fn::attention_score_grad(p, dp, delta);
 }
 
 /** The scratch buffers of a chunk, in the accumulation dtype. */
@@ -148,77 +150,129 @@ inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed) {
   return {b, 0, rows * cols, transposed ? 1 : cols, transposed ? cols : 1};
 }
 
+/** Query rows per block of the products: under a causal mask a block
+ * multiplies only the keys its last row sees (at T 512, 5/8 of the whole
+ * products; at T 2048, 17/32). */
+inline constexpr int64_t kQueryBlock = 128;
+
+/** A block of query rows [first, first + rows) and the keys [0, keys) its
+ * products take: every key a row of it sees (at least one: a row that
+ * sees none takes one hidden key, whose probability is 0). */
+struct QueryBlock {
+  int64_t first, rows, keys;
+};
+
+/** The blocks in the order the products run, the last first: it sees
+ * every key, so the first product into dk and dv writes all their rows and
+ * the rest add. Without a causal mask, one block of every row. */
+inline std::vector<QueryBlock> query_blocks(const AttentionArgs& a) {
+  if (!a.causal) return {{0, a.q_len, a.kv_len}};
+  std::vector<QueryBlock> out;
+  for (int64_t first = (a.q_len - 1) / kQueryBlock * kQueryBlock; first >= 0;
+       first -= kQueryBlock) {
+    const int64_t rows = std::min(kQueryBlock, a.q_len - first);
+    const int64_t seen = fn::last_visible_key(first + rows - 1, a.q_len, a.kv_len) + 1;
+    out.push_back({first, rows, std::clamp<int64_t>(seen, 1, a.kv_len)});
+  }
+  return out;
+}
+
+// Rows from `first` on of query-side matrices whose stored rows are `width`
+// wide (a transposed view included: its columns are those rows).
+inline Mats from_row(Mats m, int64_t first, int64_t width) {
+  m.offset += first * width;
+  return m;
+}
+
 /** The forward: out and lse of every query (AttentionArgs). Exec provides
  * begin_chunk(chunk) (scratch for it), gather(chunk, which) for Buf::q
  * (a.q per slot), Buf::k, Buf::v (per pair), product(Product),
- * softmax_rows(chunk) (s: raw q.k in, probabilities out, lse written) and
- * scatter_out(chunk) (o into a.out). */
+ * softmax_rows(chunk) (s: raw q.k in where a block's products wrote it,
+ * probabilities out for every key, lse written) and scatter_out(chunk) (o
+ * into a.out). */
 template <class Exec>
 void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
   const Dims x(a);
   const int64_t pairs = a.batch * a.kv_heads;
+  const std::vector<QueryBlock> blocks = query_blocks(a);
   for (int64_t first = 0; first < pairs; first += chunk_pairs) {
     const Chunk c{first, std::min(chunk_pairs, pairs - first)};
     exec.begin_chunk(c);
     exec.gather(c, Buf::q);
     exec.gather(c, Buf::k);
     exec.gather(c, Buf::v);
-    for (int64_t g = 0; g < x.group; ++g)  // s = q k^T
-      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::q, g, x.tq, x.d, false),
-                    pairs_of(Buf::k, x.tk, x.d, true), slots(x, Buf::s, g, x.tq, x.tk, false),
-                    false});
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks)  // s = q k^T
+        exec.product({c.count, qb.rows, qb.keys, x.d,
+                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
+                      pairs_of(Buf::k, x.tk, x.d, true),
+                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk), false});
     exec.softmax_rows(c);
-    for (int64_t g = 0; g < x.group; ++g)  // o = p v
-      exec.product({c.count, x.tq, x.d, x.tk, slots(x, Buf::s, g, x.tq, x.tk, false),
-                    pairs_of(Buf::v, x.tk, x.d, false), slots(x, Buf::o, g, x.tq, x.d, false),
-                    false});
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks)  // o = p v
+        exec.product({c.count, qb.rows, x.d, qb.keys,
+                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk),
+                      pairs_of(Buf::v, x.tk, x.d, false),
+                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d), false});
     exec.scatter_out(c);
   }
 }
 
 /** The backward from the forward's out and lse and the output gradient:
  * Exec provides, beside the forward's, gather(chunk, Buf::o) (the output
- * gradient per slot), probs_rows(chunk) (s: raw q.k in, probabilities from
- * the saved lse out), score_grad_rows(chunk) (ds: dp in, scale * p (dp -
- * delta) out) and scatter_grads(chunk) (dq, dk, dv into the gradients). The
- * caller has computed delta (each query's dO.O). */
+ * gradient per slot), probs_rows(chunk) (s: raw q.k in where written,
+ * probabilities from the saved lse out for every key),
+ * score_grad_rows(chunk) (ds: dp in where written, scale * p (dp - delta)
+ * out, 0 where p is) and scatter_grads(chunk) (dq, dk, dv into the
+ * gradients). The caller has computed delta (each query's dO.O). */
 template <class Exec>
 void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
   const Dims x(a);
   const int64_t pairs = a.batch * a.kv_heads;
+  const std::vector<QueryBlock> blocks = query_blocks(a);
   for (int64_t first = 0; first < pairs; first += chunk_pairs) {
     const Chunk c{first, std::min(chunk_pairs, pairs - first)};
     exec.begin_chunk(c);
     exec.gather(c, Buf::q);
     exec.gather(c, Buf::k);
     exec.gather(c, Buf::v);
-    exec.gather(c, Buf::o);                // the output gradient
-    for (int64_t g = 0; g < x.group; ++g)  // s = q k^T
-      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::q, g, x.tq, x.d, false),
-                    pairs_of(Buf::k, x.tk, x.d, true), slots(x, Buf::s, g, x.tq, x.tk, false),
-                    false});
+    exec.gather(c, Buf::o);  // the output gradient
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks)  // s = q k^T
+        exec.product({c.count, qb.rows, qb.keys, x.d,
+                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
+                      pairs_of(Buf::k, x.tk, x.d, true),
+                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk), false});
     exec.probs_rows(c);
-    for (int64_t g = 0; g < x.group; ++g) {
-      // dv (+)= p^T dO over the group's heads, in order
-      exec.product({c.count, x.tk, x.d, x.tq, slots(x, Buf::s, g, x.tq, x.tk, true),
-                    slots(x, Buf::o, g, x.tq, x.d, false), pairs_of(Buf::dv, x.tk, x.d, false),
-                    g > 0});
-      // dp = dO v^T
-      exec.product({c.count, x.tq, x.tk, x.d, slots(x, Buf::o, g, x.tq, x.d, false),
-                    pairs_of(Buf::v, x.tk, x.d, true), slots(x, Buf::ds, g, x.tq, x.tk, false),
-                    false});
-    }
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks) {
+        // dv (+)= p^T dO over the blocks and the group's heads, in order
+        const bool add = g > 0 || &qb != &blocks.front();
+        exec.product({c.count, qb.keys, x.d, qb.rows,
+                      from_row(slots(x, Buf::s, g, x.tq, x.tk, true), qb.first, x.tk),
+                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d),
+                      pairs_of(Buf::dv, x.tk, x.d, false), add});
+        // dp = dO v^T
+        exec.product({c.count, qb.rows, qb.keys, x.d,
+                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d),
+                      pairs_of(Buf::v, x.tk, x.d, true),
+                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, false), qb.first, x.tk), false});
+      }
     exec.score_grad_rows(c);
-    for (int64_t g = 0; g < x.group; ++g) {
-      // dq = ds k
-      exec.product({c.count, x.tq, x.d, x.tk, slots(x, Buf::ds, g, x.tq, x.tk, false),
-                    pairs_of(Buf::k, x.tk, x.d, false), slots(x, Buf::dq, g, x.tq, x.d, false),
-                    false});
-      // dk (+)= ds^T q over the group's heads, in order
-      exec.product({c.count, x.tk, x.d, x.tq, slots(x, Buf::ds, g, x.tq, x.tk, true),
-                    slots(x, Buf::q, g, x.tq, x.d, false), pairs_of(Buf::dk, x.tk, x.d, false),
-                    g > 0});
-    }
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks) {
+        // dq = ds k
+        exec.product({c.count, qb.rows, x.d, qb.keys,
+                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, false), qb.first, x.tk),
+                      pairs_of(Buf::k, x.tk, x.d, false),
+                      from_row(slots(x, Buf::dq, g, x.tq, x.d, false), qb.first, x.d), false});
+        // dk (+)= ds^T q over the blocks and the group's heads, in order
+        const bool add = g > 0 || &qb != &blocks.front();
+        exec.product({c.count, qb.keys, x.d, qb.rows,
+                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, true), qb.first, x.tk),
+                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
+                      pairs_of(Buf::dk, x.tk, x.d, false), add});
+      }
     exec.scatter_grads(c);
   }
 }

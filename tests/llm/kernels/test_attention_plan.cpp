@@ -166,6 +166,11 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
       {"grouped-query causal", 2, 4, 2, 6, 6, 4, true, false},
       {"kv cache: 3 queries over 8 keys", 1, 4, 1, 3, 8, 5, true, false},
       {"mask hiding whole rows", 2, 2, 1, 4, 6, 3, false, true},
+      // Causal query blocks of 128 rows, each taking only the keys it sees.
+      {"causal over three query blocks", 1, 2, 1, 300, 300, 2, true, false},
+      {"kv cache over two query blocks", 1, 2, 2, 130, 200, 3, true, true},
+      {"more queries than keys: early rows see none", 1, 2, 1, 140, 20, 2, true, false},
+      {"whole query blocks that see no key", 1, 1, 1, 300, 20, 2, true, false},
   };
   for (const Case& cs : cases) {
     const std::string name = cs.name;
@@ -182,7 +187,9 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
       mask = randoms(B * Tq * Tk, rng);
       for (int64_t j = 0; j < Tk; ++j)
         mask[static_cast<size_t>(1 * Tk + j)] = -INFINITY;  // row 1 of image 0
-      for (int64_t i = 0; i < Tq; ++i) mask[static_cast<size_t>(Tq * Tk + i * Tk + 2)] = -INFINITY;
+      if (B > 1)  // key 2 hidden from every query of image 1
+        for (int64_t i = 0; i < Tq; ++i)
+          mask[static_cast<size_t>(Tq * Tk + i * Tk + 2)] = -INFINITY;
     }
     AttentionArgs a;
     a.dtype = DType::f64;
@@ -292,4 +299,36 @@ TEST_CASE("attention plan: which path a device takes, and the sizes the plan ref
   AttentionArgs longer = a;
   longer.q_len = longer.kv_len = 16384;
   CHECK_FALSE(plan::takes(longer, plan::Path::products, false, 4));
+}
+
+TEST_CASE("attention plan: causal query blocks take only the keys they see, the last first") {
+  AttentionArgs a;
+  a.causal = true;
+  a.q_len = a.kv_len = 300;
+  std::vector<plan::QueryBlock> b = plan::query_blocks(a);
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].first == 256);
+  CHECK(b[0].rows == 44);
+  CHECK(b[0].keys == 300);  // the last sees every key: dk and dv start there
+  CHECK(b[1].first == 128);
+  CHECK(b[1].keys == 256);
+  CHECK(b[2].first == 0);
+  CHECK(b[2].keys == 128);
+  a.q_len = 3;  // a KV cache's last 3 of 8 positions: one block, every key
+  a.kv_len = 8;
+  b = plan::query_blocks(a);
+  REQUIRE(b.size() == 1);
+  CHECK(b[0].keys == 8);
+  a.q_len = 300;  // rows 0..279 see no key: a block of only those still takes one
+  a.kv_len = 20;
+  b = plan::query_blocks(a);
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].keys == 20);
+  CHECK(b[1].keys == 1);
+  CHECK(b[2].keys == 1);
+  a.causal = false;
+  b = plan::query_blocks(a);
+  REQUIRE(b.size() == 1);
+  CHECK(b[0].rows == 300);
+  CHECK(b[0].keys == 20);
 }
