@@ -142,12 +142,13 @@ struct DeviceExec {
   const T* d_out = nullptr;
   const A* delta = nullptr;
   T *gq = nullptr, *gk = nullptr, *gv = nullptr;
-  bool backward = false;
   cuda::Scratch<A> scratch;
   std::array<A*, kBufs> bufs{};
 
-  DeviceExec(const AttentionArgs& args, int64_t chunk_pairs, bool bwd)
-      : a(args), backward(bwd), scratch(chunk_pairs * plan::Dims(args).scratch_per_pair(bwd)) {
+  // The backward's buffers only where it runs (scratch_per_pair counts the
+  // same ones).
+  DeviceExec(const AttentionArgs& args, int64_t chunk_pairs, bool backward)
+      : a(args), scratch(chunk_pairs * x.scratch_per_pair(backward)) {
     A* p = scratch.get();
     for (int b = 0; b < kBufs; ++b) {
       const auto buf = static_cast<plan::Buf>(b);

@@ -139,13 +139,7 @@ inline int64_t pairs_per_chunk(const AttentionArgs& a, bool backward, int64_t bu
   return std::clamp<int64_t>(budget / per, 1, std::max<int64_t>(pairs, 1));
 }
 
-// Query-side matrices of slot (local pair, g) for one g over the chunk's
-// pairs: stride `group` slots apart.
-inline Mats slots(const Dims& x, Buf b, int64_t g, int64_t rows, int64_t cols, bool transposed) {
-  const int64_t size = rows * cols;
-  return {b, g * size, x.group * size, transposed ? 1 : cols, transposed ? cols : 1};
-}
-// Key-side matrices, one per pair.
+// Key-side matrices [rows, cols], one per pair (transposed: their transposes).
 inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed) {
   return {b, 0, rows * cols, transposed ? 1 : cols, transposed ? cols : 1};
 }
@@ -177,11 +171,38 @@ inline std::vector<QueryBlock> query_blocks(const AttentionArgs& a) {
   return out;
 }
 
-// Rows from `first` on of query-side matrices whose stored rows are `width`
-// wide (a transposed view included: its columns are those rows).
-inline Mats from_row(Mats m, int64_t first, int64_t width) {
-  m.offset += first * width;
-  return m;
+// Query-side matrices of block qb for query head g of every pair in the
+// chunk (slots `group` apart): rows [qb.first, ..) of a buffer whose rows
+// are `width` wide (transposed: their transposes).
+inline Mats block_rows(const Dims& x, Buf b, int64_t g, const QueryBlock& qb, int64_t width,
+                       bool transposed) {
+  const int64_t size = x.tq * width;
+  return {b, g * size + qb.first * width, x.group * size, transposed ? 1 : width,
+          transposed ? width : 1};
+}
+
+// Each chunk of the pairs, in order: its scratch, its heads gathered (and
+// the output gradient, for the backward), its raw scores s = q k^T block by
+// block; then rest(chunk).
+template <class Exec, class Rest>
+void for_chunks(const AttentionArgs& a, int64_t chunk_pairs, const std::vector<QueryBlock>& blocks,
+                bool backward, Exec& exec, Rest&& rest) {
+  const Dims x(a);
+  const int64_t pairs = a.batch * a.kv_heads;
+  for (int64_t first = 0; first < pairs; first += chunk_pairs) {
+    const Chunk c{first, std::min(chunk_pairs, pairs - first)};
+    exec.begin_chunk(c);
+    exec.gather(c, Buf::q);
+    exec.gather(c, Buf::k);
+    exec.gather(c, Buf::v);
+    if (backward) exec.gather(c, Buf::o);  // the output gradient
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks)
+        exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::q, g, qb, x.d, false),
+                      pairs_of(Buf::k, x.tk, x.d, true), block_rows(x, Buf::s, g, qb, x.tk, false),
+                      false});
+    rest(c);
+  }
 }
 
 /** The forward: out and lse of every query (AttentionArgs). Exec provides
@@ -193,29 +214,16 @@ inline Mats from_row(Mats m, int64_t first, int64_t width) {
 template <class Exec>
 void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
   const Dims x(a);
-  const int64_t pairs = a.batch * a.kv_heads;
   const std::vector<QueryBlock> blocks = query_blocks(a);
-  for (int64_t first = 0; first < pairs; first += chunk_pairs) {
-    const Chunk c{first, std::min(chunk_pairs, pairs - first)};
-    exec.begin_chunk(c);
-    exec.gather(c, Buf::q);
-    exec.gather(c, Buf::k);
-    exec.gather(c, Buf::v);
-    for (int64_t g = 0; g < x.group; ++g)
-      for (const QueryBlock& qb : blocks)  // s = q k^T
-        exec.product({c.count, qb.rows, qb.keys, x.d,
-                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
-                      pairs_of(Buf::k, x.tk, x.d, true),
-                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk), false});
+  for_chunks(a, chunk_pairs, blocks, false, exec, [&](const Chunk& c) {
     exec.softmax_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks)  // o = p v
-        exec.product({c.count, qb.rows, x.d, qb.keys,
-                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk),
-                      pairs_of(Buf::v, x.tk, x.d, false),
-                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d), false});
+        exec.product({c.count, qb.rows, x.d, qb.keys, block_rows(x, Buf::s, g, qb, x.tk, false),
+                      pairs_of(Buf::v, x.tk, x.d, false), block_rows(x, Buf::o, g, qb, x.d, false),
+                      false});
     exec.scatter_out(c);
-  }
+  });
 }
 
 /** The backward from the forward's out and lse and the output gradient:
@@ -224,57 +232,42 @@ void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
  * probabilities from the saved lse out for every key),
  * score_grad_rows(chunk) (ds: dp in where written, scale * p (dp - delta)
  * out, 0 where p is) and scatter_grads(chunk) (dq, dk, dv into the
- * gradients). The caller has computed delta (each query's dO.O). */
+ * gradients). The caller has computed delta (each query's dO.O). dk and dv
+ * sum over the blocks and the group's heads in order, the first product
+ * (the last block, which sees every key) writing all their rows. */
 template <class Exec>
 void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
   const Dims x(a);
-  const int64_t pairs = a.batch * a.kv_heads;
   const std::vector<QueryBlock> blocks = query_blocks(a);
-  for (int64_t first = 0; first < pairs; first += chunk_pairs) {
-    const Chunk c{first, std::min(chunk_pairs, pairs - first)};
-    exec.begin_chunk(c);
-    exec.gather(c, Buf::q);
-    exec.gather(c, Buf::k);
-    exec.gather(c, Buf::v);
-    exec.gather(c, Buf::o);  // the output gradient
-    for (int64_t g = 0; g < x.group; ++g)
-      for (const QueryBlock& qb : blocks)  // s = q k^T
-        exec.product({c.count, qb.rows, qb.keys, x.d,
-                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
-                      pairs_of(Buf::k, x.tk, x.d, true),
-                      from_row(slots(x, Buf::s, g, x.tq, x.tk, false), qb.first, x.tk), false});
+  for_chunks(a, chunk_pairs, blocks, true, exec, [&](const Chunk& c) {
     exec.probs_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks) {
-        // dv (+)= p^T dO over the blocks and the group's heads, in order
         const bool add = g > 0 || &qb != &blocks.front();
-        exec.product({c.count, qb.keys, x.d, qb.rows,
-                      from_row(slots(x, Buf::s, g, x.tq, x.tk, true), qb.first, x.tk),
-                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d),
-                      pairs_of(Buf::dv, x.tk, x.d, false), add});
+        // dv (+)= p^T dO
+        exec.product({c.count, qb.keys, x.d, qb.rows, block_rows(x, Buf::s, g, qb, x.tk, true),
+                      block_rows(x, Buf::o, g, qb, x.d, false), pairs_of(Buf::dv, x.tk, x.d, false),
+                      add});
         // dp = dO v^T
-        exec.product({c.count, qb.rows, qb.keys, x.d,
-                      from_row(slots(x, Buf::o, g, x.tq, x.d, false), qb.first, x.d),
-                      pairs_of(Buf::v, x.tk, x.d, true),
-                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, false), qb.first, x.tk), false});
+        exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::o, g, qb, x.d, false),
+                      pairs_of(Buf::v, x.tk, x.d, true), block_rows(x, Buf::ds, g, qb, x.tk, false),
+                      false});
       }
     exec.score_grad_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks) {
-        // dq = ds k
-        exec.product({c.count, qb.rows, x.d, qb.keys,
-                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, false), qb.first, x.tk),
-                      pairs_of(Buf::k, x.tk, x.d, false),
-                      from_row(slots(x, Buf::dq, g, x.tq, x.d, false), qb.first, x.d), false});
-        // dk (+)= ds^T q over the blocks and the group's heads, in order
         const bool add = g > 0 || &qb != &blocks.front();
-        exec.product({c.count, qb.keys, x.d, qb.rows,
-                      from_row(slots(x, Buf::ds, g, x.tq, x.tk, true), qb.first, x.tk),
-                      from_row(slots(x, Buf::q, g, x.tq, x.d, false), qb.first, x.d),
-                      pairs_of(Buf::dk, x.tk, x.d, false), add});
+        // dq = ds k
+        exec.product({c.count, qb.rows, x.d, qb.keys, block_rows(x, Buf::ds, g, qb, x.tk, false),
+                      pairs_of(Buf::k, x.tk, x.d, false), block_rows(x, Buf::dq, g, qb, x.d, false),
+                      false});
+        // dk (+)= ds^T q
+        exec.product({c.count, qb.keys, x.d, qb.rows, block_rows(x, Buf::ds, g, qb, x.tk, true),
+                      block_rows(x, Buf::q, g, qb, x.d, false), pairs_of(Buf::dk, x.tk, x.d, false),
+                      add});
       }
     exec.scatter_grads(c);
-  }
+  });
 }
 
 /** Which attention a device with both runs: `products` (this plan) or

@@ -141,6 +141,19 @@ struct Case {
   bool causal, mask;
 };
 
+// Attention's sizes, nothing else set.
+AttentionArgs sizes(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t kv_len,
+                    int64_t head_dim) {
+  AttentionArgs a;
+  a.batch = batch;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.q_len = q_len;
+  a.kv_len = kv_len;
+  a.head_dim = head_dim;
+  return a;
+}
+
 std::vector<double> randoms(int64_t n, std::mt19937& rng) {
   std::normal_distribution<double> nd;
   std::vector<double> v(static_cast<size_t>(n));
@@ -191,14 +204,8 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
         for (int64_t i = 0; i < Tq; ++i)
           mask[static_cast<size_t>(Tq * Tk + i * Tk + 2)] = -INFINITY;
     }
-    AttentionArgs a;
+    AttentionArgs a = sizes(B, H, Hk, Tq, Tk, D);
     a.dtype = DType::f64;
-    a.batch = B;
-    a.heads = H;
-    a.kv_heads = Hk;
-    a.q_len = Tq;
-    a.kv_len = Tk;
-    a.head_dim = D;
     a.scale = 1.0 / std::sqrt(double(D));
     a.causal = cs.causal;
     a.q = {q.data(), H * Tq * D, D, Tq * D};
@@ -255,12 +262,7 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
 }
 
 TEST_CASE("attention plan: a chunk's scratch stays within its budget") {
-  AttentionArgs a;
-  a.batch = 4;
-  a.heads = 8;
-  a.kv_heads = 2;
-  a.q_len = a.kv_len = 512;
-  a.head_dim = 64;
+  const AttentionArgs a = sizes(4, 8, 2, 512, 512, 64);
   const plan::Dims x(a);
   // Per pair: 4 query heads' scores (two buffers backward) and the rest.
   CHECK(x.scratch_per_pair(false) == 4 * 512 * 64 * 2 + 512 * 64 * 2 + 4 * 512 * 512);
@@ -280,12 +282,7 @@ TEST_CASE("attention plan: which path a device takes, and the sizes the plan ref
   CHECK_THROWS_WITH_AS(plan::path_from("flash"),
                        "QUANTA_CUDA_ATTENTION must be products or reference, got 'flash'",
                        std::invalid_argument);
-  AttentionArgs a;
-  a.batch = 2;
-  a.heads = 4;
-  a.kv_heads = 2;
-  a.q_len = a.kv_len = 512;
-  a.head_dim = 64;
+  const AttentionArgs a = sizes(2, 4, 2, 512, 512, 64);
   CHECK(plan::takes(a, plan::Path::products, true, 4));
   CHECK_FALSE(plan::takes(a, plan::Path::reference, true, 4));
   // Empty lengths go to the reference kernels, which handle them.
