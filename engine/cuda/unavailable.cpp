@@ -64,6 +64,7 @@ const KernelTable& unavailable_kernels() {
       .upsample_nearest2x = [](auto...) { no_cuda("interpolate_nearest2x"); },
       .sq_dist_finish = [](auto...) { no_cuda("sq_dist"); },
       .random_fill = [](auto...) { no_cuda("random fill"); },
+      .dropout_product = [](auto...) { no_cuda("dropout_linear"); },
       .sort_pairs = [](auto...) { no_cuda("randperm"); },
       .sgd_step = [](auto...) { no_cuda("SGD step"); },
       .adam_step = [](auto...) { no_cuda("Adam step"); },

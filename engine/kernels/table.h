@@ -121,6 +121,25 @@ struct RandomFill {
   const uint64_t* stream_at = nullptr;
 };
 
+/** Dropout fused with the product that follows it, as LoRA's first factor
+ * runs it: element i of x [m, k] is kept as bernoulli fill `mask` keeps it
+ * (its value, or 0; mask.times and out2 unused), xd = x * keep, which is
+ * never stored. Without gt (the forward): t [m, r] = xd w^T. With gt
+ * [m, r] (the backward): gx [m, k] = (gt w) * keep where gx is set, and
+ * gw [r, k] = gt^T xd where gw is set. x, w, t, gt, gx and gw are
+ * contiguous, row-major, of mask.dtype (f32 or f64); k and r > 0. Sums over
+ * the m rows run in an order set by m alone, whatever the thread count. */
+struct DropoutProduct {
+  RandomFill mask;
+  int64_t m = 0, k = 0, r = 0;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  void* t = nullptr;
+  const void* gt = nullptr;
+  void* gx = nullptr;
+  void* gw = nullptr;
+};
+
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is
  * new: then it starts as the step's direction). */
 struct SgdStep {
@@ -334,6 +353,10 @@ struct KernelTable {
    * every device gives the same bits (normal: the same within libm ulps).
    * The caller has taken draw::words(...) words from the generator. */
   void (*random_fill)(const RandomFill& f, int64_t n, void* out);
+  /** One DropoutProduct (above): its mask drawn as random_fill draws
+   * d.mask over m * k elements (the caller has taken those words from the
+   * generator), so its keep is bernoulli_mul's. */
+  void (*dropout_product)(const DropoutProduct& d);
 
   /** Stable ascending sort of n (key, value) pairs by key, each key's 64
    * bits read as unsigned: values_out[i] = the value of the i-th pair in key
@@ -363,8 +386,8 @@ struct KernelTable {
   X(fill) X(copy) X(unary) X(binary) X(update) X(where) X(add_n) X(reduce_rows) X(reduce_grid) \
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
-  X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(sort_pairs) \
-  X(sgd_step) X(adam_step)
+  X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
+  X(sort_pairs) X(sgd_step) X(adam_step)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

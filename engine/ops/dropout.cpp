@@ -1,18 +1,18 @@
 // Dropout: a random keep-mask scaled by 1 / (1 - p). The backward draws the
 // same mask again from a copy of the generator taken before the forward's
-// draw (philox is counter based: the same key and offset give the same
-// words on every device), so no mask is kept between the passes: a QLoRA
-// step of a 110M decoder kept 650 MB of them.
+// draw, or from the forward's own fill (philox is counter based: the same key
+// and offset give the same words on every device), so no mask is kept
+// between the passes: a QLoRA step of a 110M decoder kept 650 MB of them.
 #include "engine/ops/dropout.h"
 
 #include <stdexcept>
 #include <string>
-#include <tuple>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
 #include "engine/ops/view.h"
@@ -29,11 +29,6 @@ struct MaskedBy {
   double p;
   Tensor operator()(const Tensor& t, Generator& g) const {
     return bernoulli_mul(t, 1.0 - p, 1.0 / (1.0 - p), g);
-  }
-  // a and b times the one mask the generator draws for a's shape (a
-  // backward that applies it twice: one draw instead of two).
-  std::pair<Tensor, Tensor> pair(const Tensor& a, const Tensor& b, Generator& g) const {
-    return bernoulli_mul_pair(a, b, 1.0 - p, 1.0 / (1.0 - p), g);
   }
 };
 
@@ -63,39 +58,46 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
                       Generator& gen) {
   check_dropout(x, p);
-  if (!training || p == 0 || p == 1 || !weight.defined() || weight.dtype() != x.dtype() ||
-      weight.dim() != 2 || !grad_enabled())
+  const DType dt = x.dtype();
+  if (!training || p == 0 || p == 1 || !weight.defined() || weight.dtype() != dt ||
+      (dt != DType::f32 && dt != DType::f64) || weight.dim() != 2 || x.dim() < 1 ||
+      x.numel() == 0 || weight.numel() == 0 || x.size(-1) != weight.size(1))
     return linear(dropout(x, p, training, gen), weight);
-  const Generator replay = gen;
-  const MaskedBy masked{p};
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = linear(masked(x, gen), weight);
-  }
-  // The gradients as linear's and dropout's backward form them: dx = (g w) *
-  // mask, dw = g^T (x * mask) over the rows, each mask drawn again.
+  const Device device = common_device("dropout_linear", {&x, &weight});
+  const Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const int64_t k = wc.size(1), r = wc.size(0), m = xc.numel() / k;
+  // The mask is fixed by this fill (its stream taken once), so the backward
+  // applies the same one without drawing from the generator again.
+  DropoutProduct d;
+  d.mask = detail::taken_bernoulli_fill(xc.shape(), 1.0 - p, 1.0 / (1.0 - p), dt, gen, device);
+  d.m = m, d.k = k, d.r = r;
+  Shape out_shape = x.shape();
+  out_shape.back() = r;
+  Tensor out = detail::make_tensor(out_shape, dt, device);
+  d.x = xc.raw_data(), d.w = wc.raw_data(), d.t = out.raw_data();
+  kernels(device).dropout_product(d);
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   return autograd::record(
       "dropout_linear", out, {x, weight},
-      [x = need_w ? x.detach() : Tensor(), w = need_x ? weight.detach() : Tensor(),
-       x_shape = x.shape(), masked, replay, need_x, need_w](const Tensor& g) {
-        // Both gradients read the mask: one draw masks the output gradient's
-        // product and the input together (the bits of the fused draw either
-        // way), no mask written.
-        Generator again = replay;
-        Tensor gx, gw, masked_x;
-        if (need_x && need_w)
-          std::tie(gx, masked_x) = masked.pair(matmul(g, w), x, again);
-        else if (need_x)
-          gx = masked(matmul(g, w), again);
-        else
-          masked_x = masked(x, again);
-        if (need_w) {
-          const int64_t out_f = g.size(-1), in_f = x_shape.back();
-          const int64_t rows = numel_of(Shape(x_shape.begin(), x_shape.end() - 1));
-          gw = matmul(transpose(reshape(g, {rows, out_f}), 0, 1), reshape(masked_x, {rows, in_f}));
+      [x = need_w ? xc.detach() : Tensor(), w = need_x ? wc.detach() : Tensor(),
+       x_shape = x.shape(), mask = d.mask, m, k, r, dt, device, need_x, need_w](const Tensor& g) {
+        // dx = (g w) * mask and dw = g^T (x * mask) over the rows, in one
+        // kernel: x * mask is formed again, never stored.
+        const Tensor gc = g.contiguous();
+        DropoutProduct b;
+        b.mask = mask;
+        b.m = m, b.k = k, b.r = r;
+        b.gt = gc.raw_data();
+        Tensor gx, gw;
+        if (need_x) {
+          gx = detail::make_tensor(x_shape, dt, device);
+          b.w = w.raw_data(), b.gx = gx.raw_data();
         }
+        if (need_w) {
+          gw = detail::make_tensor({r, k}, dt, device);
+          b.x = x.raw_data(), b.gw = gw.raw_data();
+        }
+        kernels(device).dropout_product(b);
         return std::vector<Tensor>{gx, gw};
       });
 }

@@ -56,9 +56,10 @@ using draw::u64_of;
 // that each replay rewrites (engine/capture/device_graph.h); outside, a
 // device fill from a layer's stream (or a copy of one) is not a draw that
 // keeps a step from being captured.
-Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
-  Tensor out = detail::make_tensor(shape, f.dtype, device);
-  const int64_t n = out.numel();
+// f with the words for n of its elements taken from gen: its stream, or
+// on a device that is capturing a graph, the captured stream slot that each
+// replay rewrites.
+RandomFill take_stream(RandomFill f, int64_t n, Generator& gen, Device device) {
   const int64_t words = draw::words(f.draw, f.dtype, n);
   if (!device.is_cpu() && capturing(device)) {
     f.stream_at = detail::captured_stream(device, gen, words);  // refuses what cannot replay
@@ -71,7 +72,13 @@ Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device devi
     f.start_lo = s.start.lo;
     f.start_hi = s.start.hi;
   }
-  kernels(device).random_fill(f, n, out.raw_data());
+  return f;
+}
+
+Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
+  Tensor out = detail::make_tensor(shape, f.dtype, device);
+  const int64_t n = out.numel();
+  kernels(device).random_fill(take_stream(f, n, gen, device), n, out.raw_data());
   return out;
 }
 
@@ -333,6 +340,15 @@ Tensor scaled_bernoulli(const Shape& shape, double p, double value, Generator& g
   return finish(draw_tensor(shape, bernoulli_fill(shape, p, opts.dtype, value), gen, opts.device),
                 opts);
 }
+
+namespace detail {
+RandomFill taken_bernoulli_fill(const Shape& shape, double p, double value, DType dtype,
+                                Generator& gen, Device device) {
+  if (dtype != DType::f32 && dtype != DType::f64)
+    bad_dtype("bernoulli fill", dtype, "expected f32 or f64");
+  return take_stream(bernoulli_fill(shape, p, dtype, value), numel_of(shape), gen, device);
+}
+}  // namespace detail
 
 Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen) {
   NoGradGuard no_grad;

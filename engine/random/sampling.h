@@ -86,6 +86,18 @@ Tensor bernoulli_mul(const Tensor& x, double p, double value, Generator& gen);
 std::pair<Tensor, Tensor> bernoulli_mul_pair(const Tensor& a, const Tensor& b, double p,
                                              double value, Generator& gen);
 
+struct RandomFill;  // engine/kernels/table.h
+
+namespace detail {
+/** The fill that bernoulli_mul(x, p, value, gen) draws for an x of this
+ * shape, dtype (f32 or f64) and device, its words taken from gen as that
+ * draw takes them (on a device capturing a graph, a stream slot each replay
+ * rewrites): for a kernel that applies the mask itself, such as
+ * dropout_linear's fused product (KernelTable::dropout_product). */
+RandomFill taken_bernoulli_fill(const Shape& shape, double p, double value, DType dtype,
+                                Generator& gen, Device device);
+}  // namespace detail
+
 /** Fills `t` in place with uniform values in [lo, hi): drawn as f64 for f64
  * tensors, else as f32 (then rounded to bf16/f16, which may reach hi). Any
  * floating dtype, any layout; refuses tensors that require grad while grad

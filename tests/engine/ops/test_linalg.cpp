@@ -205,6 +205,27 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
                        doctest::Contains("[linear_add] the addend must have the product's shape"),
                        std::invalid_argument);
 
+  // dropout_linear: linear(dropout(x)), the dropped copy never stored (the
+  // table's dropout_product). Each call draws from a fresh generator, so
+  // every evaluation of the gradient check keeps the same elements; the
+  // reference drops with the mask that stream gives. Rows over two blocks of
+  // the CPU kernel, k not a multiple of 16 and r over 16 (a partial rank
+  // chunk); the zero-size variant takes the two ops.
+  OpCase dl;
+  dl.name = "dropout_linear";
+  dl.shapes = {{2, 40, 37}, {20, 37}};
+  dl.zero_shapes = {{0, 5}, {3, 5}};
+  dl.op = [](const Inputs& x) {
+    Generator g = Generator::named(5, "dropout_linear");
+    return dropout_linear(x[0], x[1], 0.3, true, g);
+  };
+  dl.reference = [](const Inputs& x) {
+    Generator g = Generator::named(5, "dropout_linear");
+    const Tensor keep = scaled_bernoulli(x[0].shape(), 0.7, 1.0 / 0.7, g, {.dtype = DType::f64});
+    return ref_linear(x[0] * keep, x[1], nullptr);
+  };
+  run_case(dl);
+
   {
     // An addend handed over that nothing else holds becomes the output's
     // storage; one still held elsewhere (a handle, a view) is left as it was.

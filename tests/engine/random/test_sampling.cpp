@@ -17,8 +17,10 @@
 #include "engine/random/draw.h"
 #include "quanta.h"
 #include "support/gpu.h"
+#include "support/relative_error.h"
 
 using namespace quanta;
+using quanta::testing::max_rel_diff;
 
 namespace {
 
@@ -797,29 +799,78 @@ TEST_CASE("dropout: keeps no mask for the backward, which draws the same one aga
   CHECK(same);
 }
 
-TEST_CASE("dropout_linear: linear(dropout(x)) bit for bit, keeping x instead of the dropped copy") {
-  for (DType dt : {DType::f32, DType::f64}) {
-    CAPTURE(dt);
-    Generator init(8);
-    const Tensor x0 = randn({3, 5, 40}, init, {.dtype = dt}),
-                 w0 = randn({7, 40}, init, {.dtype = dt});
-    const Tensor probe = randn({3, 5, 7}, init, {.dtype = dt});
-    Tensor x1 = x0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
-    Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
-    Generator g1 = Generator::named(9, "dropout_linear"), g2 = g1;
-    const Tensor y1 = dropout_linear(x1, w1, 0.3, true, g1);
-    const Tensor y2 = linear(dropout(x2, 0.3, true, g2), w2);
-    CHECK(g1.offset() == g2.offset());
-    CHECK(max(abs(y1 - y2)).item() == 0);
-    sum(y1 * probe).backward();
-    sum(y2 * probe).backward();
-    CHECK(max(abs(x1.grad() - x2.grad())).item() == 0);
-    CHECK(max(abs(w1.grad() - w2.grad())).item() == 0);
-    // Evaluation and p = 0: the plain product, no draw.
-    const PhiloxOffset before = g1.offset();
-    CHECK(max(abs(dropout_linear(x0, w0, 0.3, false, g1) - linear(x0, w0))).item() == 0);
-    CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1) - linear(x0, w0))).item() == 0);
-    CHECK(g1.offset() == before);
+TEST_CASE("dropout_linear: linear(dropout(x))'s draws, values and gradients, keeping x") {
+  // Shapes around the CPU kernel's tiles: rows in one or several blocks
+  // with a partial tile of 8, k below, at and past a multiple of 16, r
+  // below 16, at it and with a partial second chunk; each against the two
+  // ops, within the rounding of the sums' order.
+  struct Dims {
+    Shape x;
+    int64_t r;
+  };
+  for (const Dims& dims : {Dims{{3, 5, 40}, 7}, Dims{{1, 16}, 16}, Dims{{130, 33}, 20},
+                           Dims{{2, 75, 1300}, 16}, Dims{{21, 3456}, 3}})
+    for (DType dt : {DType::f32, DType::f64}) {
+      const std::string shape = shape_str(dims.x) + " r " + std::to_string(dims.r);
+      INFO(shape);
+      CAPTURE(dt);
+      Generator init(8);
+      const Tensor x0 = randn(dims.x, init, {.dtype = dt}),
+                   w0 = randn({dims.r, dims.x.back()}, init, {.dtype = dt});
+      Shape out_shape = dims.x;
+      out_shape.back() = dims.r;
+      const Tensor probe = randn(out_shape, init, {.dtype = dt});
+      Tensor x1 = x0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+      Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
+      Generator g1 = Generator::named(9, "dropout_linear"), g2 = g1;
+      const Tensor y1 = dropout_linear(x1, w1, 0.3, true, g1);
+      const Tensor y2 = linear(dropout(x2, 0.3, true, g2), w2);
+      CHECK(g1.offset() == g2.offset());
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-13;
+      CHECK(max_rel_diff(y1, y2) < tol);
+      sum(y1 * probe).backward();
+      sum(y2 * probe).backward();
+      CHECK(max_rel_diff(x1.grad(), x2.grad()) < tol);
+      CHECK(max_rel_diff(w1.grad(), w2.grad()) < tol);
+      // The same elements dropped in the input's gradient.
+      const auto gx1 = x1.grad().to_vector<double>(), gx2 = x2.grad().to_vector<double>();
+      bool same_zeros = true;
+      for (size_t i = 0; i < gx1.size(); ++i)
+        same_zeros = same_zeros && (gx1[i] == 0) == (gx2[i] == 0);
+      CHECK(same_zeros);
+      // One gradient alone: the kernel's other half skipped.
+      Tensor x3 = x0.clone().requires_grad_();
+      Generator g3 = Generator::named(9, "dropout_linear");
+      sum(dropout_linear(x3, w0, 0.3, true, g3) * probe).backward();
+      CHECK(max_rel_diff(x3.grad(), x2.grad()) < tol);
+      Tensor w4 = w0.clone().requires_grad_();
+      Generator g4 = Generator::named(9, "dropout_linear");
+      sum(dropout_linear(x0, w4, 0.3, true, g4) * probe).backward();
+      CHECK(max_rel_diff(w4.grad(), w2.grad()) < tol);
+      // Evaluation and p = 0: the plain product, no draw.
+      const PhiloxOffset before = g1.offset();
+      CHECK(max(abs(dropout_linear(x0, w0, 0.3, false, g1) - linear(x0, w0))).item() == 0);
+      CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1) - linear(x0, w0))).item() == 0);
+      CHECK(g1.offset() == before);
+    }
+  {
+    // The same bits on one thread as on several: the weight gradient sums
+    // fixed chunks of rows in order.
+    Generator init(11);
+    const Tensor x0 = randn({700, 300}, init), w0 = randn({16, 300}, init);
+    const Tensor probe = randn({700, 16}, init);
+    const auto run = [&](int threads) {
+      const int was = num_threads();
+      set_num_threads(threads);
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+      Generator g = Generator::named(3, "threads");
+      const Tensor y = dropout_linear(x, w, 0.1, true, g);
+      sum(y * probe).backward();
+      set_num_threads(was);
+      return std::vector<std::vector<float>>{y.to_vector<float>(), x.grad().to_vector<float>(),
+                                             w.grad().to_vector<float>()};
+    };
+    CHECK(run(1) == run(2));
   }
   // The graph holds no dropped copy of a large input (cached blocks, counted
   // where the cache is on): only the small output is new.

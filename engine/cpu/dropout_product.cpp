@@ -1,0 +1,324 @@
+// dropout_product on the CPU: dropout and the rank-r product after it (LoRA's
+// first factor) over blocks of rows held in cache, so the dropped copy of x
+// is never written to memory and read back, nor is the backward's (g w):
+// each block's keep-mask is drawn, applied and multiplied while it is in L2.
+// With AVX-512 and f32, the block products are register-tiled kernels made
+// for a narrow side of r (a generic GEMM's packing costs more than these
+// products on blocks of a few dozen rows); otherwise each block is one
+// product through cpu::gemm.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "engine/cpu/block_cache.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/keep_mask.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/parallel.h"
+#include "engine/random/draw.h"
+
+namespace quanta::cpu {
+namespace {
+
+// Rows per block: about 64K elements of x (256 KB in f32), a multiple of 8,
+// so a block's words and dropped copy stay in L2 beside the factor.
+int64_t block_rows(int64_t k) {
+  const int64_t rows = std::clamp<int64_t>((int64_t{1} << 16) / k, 8, 64);
+  return rows / 8 * 8;
+}
+
+// The rows of one block: words[i] the stream's word for element i of the
+// block, xd its dropped copy of x.
+template <class T>
+struct Block {
+  int64_t m0 = 0, rows = 0;
+  const uint32_t* words = nullptr;
+  T* xd = nullptr;
+};
+
+template <class T>
+void draw_block(const KeepMask<T>& mask, int64_t k, Block<T>& b, uint32_t* words) {
+  mask.stream.words(b.m0 * k, (b.m0 + b.rows) * k, words);
+  b.words = words;
+}
+
+template <class T>
+void drop_block(const KeepMask<T>& mask, const T* x, int64_t k, Block<T>& b, T* xd) {
+  select_words(b.words, x + b.m0 * k, xd, b.rows * k, mask.cut, mask.kept, mask.dropped);
+  b.xd = xd;
+}
+
+// The block products through cpu::gemm (any dtype, any CPU).
+template <class T>
+struct GemmProducts {
+  const T* w;  // [r, k]
+  int64_t k, r;
+  // t[rows, r] = xd w^T
+  void forward(const Block<T>& b, T* t) const {
+    gemm<T>(b.rows, r, k, {b.xd, k, 1}, {w, 1, k}, t, r);
+  }
+  // gw[r, k] (+)= gt_rows^T xd
+  void weight_grad(const Block<T>& b, const T* gt, T* gw, bool accumulate) const {
+    gemm<T>(r, k, b.rows, {gt, 1, r}, {b.xd, k, 1}, gw, k, accumulate);
+  }
+  // gx rows = (gt_rows w) * keep; scratch holds rows * k values.
+  void input_grad(const Block<T>& b, const T* gt, const KeepMask<T>& mask, T* scratch,
+                  T* gx) const {
+    gemm<T>(b.rows, k, r, {gt, r, 1}, {w, k, 1}, scratch, k);
+    select_words(b.words, scratch, gx + b.m0 * k, b.rows * k, mask.cut, mask.kept, mask.dropped);
+  }
+};
+
+#if defined(__AVX512F__)
+// Tiles with their row counts fixed at compile time, every loop over their
+// registers unrolled: with a run-time count the compiler kept the
+// accumulators in memory, a store per multiply-add.
+inline __mmask16 first_lanes(int64_t n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+}
+
+// t[N rows, 16 columns from j0] = x rows (row stride k) times wt's 16
+// columns (row stride rp): each x value broadcast against a row of wt.
+template <int N>
+void forward_tile(const float* x, int64_t k, const float* wt, int64_t rp, __mmask16 cols, float* t,
+                  int64_t ldt) {
+  __m512 acc[N];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; ++c) {
+    const __m512 v = _mm512_loadu_ps(wt + c * rp);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * k + c]), v, acc[i]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) _mm512_mask_storeu_ps(t + i * ldt, cols, acc[i]);
+}
+
+// gx[N rows, k] = (g rows (stride rp) times w [r, k]) times the keep-mask
+// of the words (row stride k), 16 columns at a time: per rank chunk, 16
+// rows of w in registers against the N rows of g.
+template <int N>
+void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int64_t r,
+                     const uint32_t* words, const KeepMask<float>& mask, float* gx) {
+  const __m512i cut = _mm512_set1_epi32(static_cast<int>(mask.cut));
+  const __m512 kept = _mm512_set1_ps(mask.kept), dropped = _mm512_set1_ps(mask.dropped);
+  for (int64_t c0 = 0; c0 < k; c0 += 16) {
+    const __mmask16 in = first_lanes(k - c0);
+    __m512 acc[N];
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < rp; j0 += 16) {
+      __m512 wv[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j)
+        wv[j] = j0 + j < r ? _mm512_maskz_loadu_ps(in, w + (j0 + j) * k + c0) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) {
+#pragma GCC unroll 8
+        for (int i = 0; i < N; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(g[i * rp + j0 + j]), wv[j], acc[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const __m512i wd = _mm512_maskz_loadu_epi32(in, words + i * k + c0);
+      const __m512 m = _mm512_mask_blend_ps(_mm512_cmplt_epu32_mask(wd, cut), dropped, kept);
+      _mm512_mask_storeu_ps(gx + i * k + c0, in, _mm512_mul_ps(acc[i], m));
+    }
+  }
+}
+
+// Calls tile<N>(...) for N = n (1 to 8).
+template <template <int> class Tile, class... Args>
+void tile_of(int64_t n, Args&&... args) {
+  switch (n) {
+    case 1:
+      return Tile<1>::run(args...);
+    case 2:
+      return Tile<2>::run(args...);
+    case 3:
+      return Tile<3>::run(args...);
+    case 4:
+      return Tile<4>::run(args...);
+    case 5:
+      return Tile<5>::run(args...);
+    case 6:
+      return Tile<6>::run(args...);
+    case 7:
+      return Tile<7>::run(args...);
+    default:
+      return Tile<8>::run(args...);
+  }
+}
+template <int N>
+struct ForwardTile {
+  template <class... A>
+  static void run(A&&... a) {
+    forward_tile<N>(a...);
+  }
+};
+template <int N>
+struct InputGradTile {
+  template <class... A>
+  static void run(A&&... a) {
+    input_grad_tile<N>(a...);
+  }
+};
+
+// f32 block products tiled for r: the rank side padded to rp (a multiple of
+// 16, one register per 16), zeros in the padding, so every r takes one path.
+struct TiledProducts {
+  const float* w;   // [r, k]
+  const float* wt;  // [k, rp]: w^T, zero-padded columns
+  int64_t k, r, rp;
+
+  // t[rows, r] = xd w^T, 8 rows at a time.
+  void forward(const Block<float>& b, float* t) const {
+    for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
+      for (int64_t j0 = 0; j0 < rp; j0 += 16)
+        tile_of<ForwardTile>(std::min<int64_t>(8, b.rows - i0), b.xd + i0 * k, k, wt + j0, rp,
+                             first_lanes(r - j0), t + i0 * r + j0, r);
+  }
+
+  // gw[r, k] (+)= gt_rows^T xd: per 16 columns of k and 16 rows of gw, 16
+  // accumulators over the block's rows. gt is the block's gradient padded
+  // to rp columns.
+  void weight_grad(const Block<float>& b, const float* gt, float* gw, bool accumulate) const {
+    for (int64_t c0 = 0; c0 < k; c0 += 16) {
+      const __mmask16 in = first_lanes(k - c0);
+      for (int64_t j0 = 0; j0 < rp; j0 += 16) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < b.rows; ++i) {
+          const __m512 v = _mm512_maskz_loadu_ps(in, b.xd + i * k + c0);
+          const float* g = gt + i * rp + j0;
+#pragma GCC unroll 16
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(g[j]), v, acc[j]);
+        }
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j) {
+          if (j0 + j >= r) break;
+          float* out = gw + (j0 + j) * k + c0;
+          const __m512 prev = accumulate ? _mm512_maskz_loadu_ps(in, out) : _mm512_setzero_ps();
+          _mm512_mask_storeu_ps(out, in, _mm512_add_ps(prev, acc[j]));
+        }
+      }
+    }
+  }
+
+  // gx rows = (gt_rows w) * keep, 8 rows at a time, the keep-mask applied
+  // from the block's words as the result is stored.
+  void input_grad(const Block<float>& b, const float* gt, const KeepMask<float>& mask, float*,
+                  float* gx) const {
+    for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
+      tile_of<InputGradTile>(std::min<int64_t>(8, b.rows - i0), gt + i0 * rp, rp, w, k, r,
+                             b.words + i0 * k, mask, gx + (b.m0 + i0) * k);
+  }
+};
+#endif
+
+// Forward: each block drawn, dropped and multiplied on one thread.
+template <class T, class Products>
+void forward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& prod) {
+  const int64_t k = d.k, r = d.r, rows = block_rows(k);
+  const T* x = static_cast<const T*>(d.x);
+  T* t = static_cast<T*>(d.t);
+  const int64_t blocks = (d.m + rows - 1) / rows;
+  parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    const ScratchBuffer words(sizeof(uint32_t) * size_t(rows * k)),
+        xd(sizeof(T) * size_t(rows * k));
+    for (int64_t i = lo; i < hi; ++i) {
+      Block<T> b{.m0 = i * rows, .rows = std::min(rows, d.m - i * rows)};
+      draw_block(mask, k, b, words.as<uint32_t>());
+      drop_block(mask, x, k, b, xd.as<T>());
+      prod.forward(b, t + b.m0 * r);
+    }
+  });
+}
+
+// The backward over fixed chunks of blocks (their count set by m alone),
+// each chunk's gw summed apart and the chunks added in order: the same bits
+// on any number of threads. gt's rows are copied per block, padded to
+// `padded` columns with zeros (the tiled kernels read whole registers).
+template <class T, class Products>
+void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& prod,
+              int64_t padded) {
+  const int64_t k = d.k, r = d.r, rows = block_rows(k);
+  const T* x = static_cast<const T*>(d.x);
+  const T* gt = static_cast<const T*>(d.gt);
+  T* gx = static_cast<T*>(d.gx);
+  T* gw = static_cast<T*>(d.gw);
+  const int64_t blocks = (d.m + rows - 1) / rows;
+  constexpr int64_t kMaxChunks = 16;
+  const int64_t per_chunk = (blocks + kMaxChunks - 1) / kMaxChunks;
+  const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;
+  std::vector<T> partial(gw ? size_t(chunks * r * k) : 0);
+  parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    const ScratchBuffer words(sizeof(uint32_t) * size_t(rows * k)),
+        xd(sizeof(T) * size_t(rows * k));
+    std::vector<T> gt_rows(size_t(rows * padded), T(0));
+    for (int64_t c = lo; c < hi; ++c) {
+      const int64_t first = c * per_chunk, end = std::min(blocks, first + per_chunk);
+      for (int64_t i = first; i < end; ++i) {
+        Block<T> b{.m0 = i * rows, .rows = std::min(rows, d.m - i * rows)};
+        for (int64_t j = 0; j < b.rows; ++j)
+          std::copy(gt + (b.m0 + j) * r, gt + (b.m0 + j + 1) * r, gt_rows.data() + j * padded);
+        draw_block(mask, k, b, words.as<uint32_t>());
+        if (gw) {
+          drop_block(mask, x, k, b, xd.as<T>());
+          prod.weight_grad(b, gt_rows.data(), partial.data() + c * r * k, i > first);
+        }
+        // The dropped copy is spent: it is the input gradient's scratch.
+        if (gx) prod.input_grad(b, gt_rows.data(), mask, xd.as<T>(), gx);
+      }
+    }
+  });
+  if (!gw) return;
+  std::memcpy(gw, partial.data(), sizeof(T) * size_t(r * k));
+  for (int64_t c = 1; c < chunks; ++c) {
+    const T* p = partial.data() + c * r * k;
+    for (int64_t i = 0; i < r * k; ++i) gw[i] += p[i];
+  }
+}
+
+template <class T, class Products>
+void run(const DropoutProduct& d, const KeepMask<T>& mask, const Products& prod, int64_t padded) {
+  if (d.gt)
+    backward<T>(d, mask, prod, padded);
+  else
+    forward<T>(d, mask, prod);
+}
+
+template <class T>
+void run_gemm(const DropoutProduct& d) {
+  run<T>(d, KeepMask<T>(d.mask), GemmProducts<T>{static_cast<const T*>(d.w), d.k, d.r}, d.r);
+}
+
+}  // namespace
+
+void dropout_product(const DropoutProduct& dp) {
+  DropoutProduct d = dp;
+  draw::resolve_stream(d.mask);
+  if (d.m == 0) return;
+  if (d.mask.dtype == DType::f64) return run_gemm<double>(d);
+#if defined(__AVX512F__)
+  const int64_t rp = (d.r + 15) / 16 * 16;
+  const auto* w = static_cast<const float*>(d.w);
+  std::vector<float> wt;
+  if (!d.gt) {  // the forward reads w^T
+    wt.assign(size_t(d.k * rp), 0.0f);
+    for (int64_t j = 0; j < d.r; ++j)
+      for (int64_t c = 0; c < d.k; ++c) wt[size_t(c * rp + j)] = w[j * d.k + c];
+  }
+  run<float>(d, KeepMask<float>(d.mask), TiledProducts{w, wt.data(), d.k, d.r, rp}, rp);
+#else
+  run_gemm<float>(d);
+#endif
+}
+
+}  // namespace quanta::cpu
