@@ -37,9 +37,10 @@ bool gemm_maps(int64_t rows, int64_t cols, int64_t rs, int64_t cs);
  * The backend threads the product unless called inside a parallel region.
  * `bf16_products` (MixedPrecision's f32 products): where the CPU multiplies
  * bf16 natively (bf16_gemm_native()) and the product has at least 2^20
- * multiply-adds, the operands are rounded to bf16 and multiplied through
- * gemm_bf16 (f32 sums); smaller products, where the rounding would cost
- * more than it saves, and other CPUs compute in f32. */
+ * multiply-adds and no side under 64, the operands are rounded to bf16 and
+ * multiplied through gemm_bf16 (f32 sums); smaller or narrower products
+ * (a low-rank adapter's), where the rounding would cost more than it saves,
+ * and other CPUs compute in f32. */
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, MatRef<T> a, MatRef<T> b, T* c, int64_t ldc,
           bool accumulate = false, bool bf16_products = false);
