@@ -8,14 +8,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
 #include "engine/dispatch.h"
 #include "engine/factory.h"
 #include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
-#include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 
 namespace quanta {

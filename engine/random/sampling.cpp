@@ -50,15 +50,11 @@ using cpu::for_groups;
 using draw::u53;
 using draw::u64_of;
 
-// A new contiguous tensor on `device` holding fill f over `shape`: the words
-// are taken from gen here, the values made by the device's random_fill.
-// Inside a capture of `device` the fill reads its stream from device memory
-// that each replay rewrites (engine/capture/device_graph.h); outside, a
-// device fill from a layer's stream (or a copy of one) is not a draw that
-// keeps a step from being captured.
-// f with the words for n of its elements taken from gen: its stream, or
-// on a device that is capturing a graph, the captured stream slot that each
-// replay rewrites.
+// f with the words for n of its elements taken from gen. Inside a capture of
+// `device` the fill reads its stream from device memory that each replay
+// rewrites (engine/capture/device_graph.h); outside, a device fill from a
+// layer's stream (or a copy of one) is not a draw that keeps a step from
+// being captured.
 RandomFill take_stream(RandomFill f, int64_t n, Generator& gen, Device device) {
   const int64_t words = draw::words(f.draw, f.dtype, n);
   if (!device.is_cpu() && capturing(device)) {
@@ -75,6 +71,8 @@ RandomFill take_stream(RandomFill f, int64_t n, Generator& gen, Device device) {
   return f;
 }
 
+// A new contiguous tensor on `device` holding fill f over `shape`: the words
+// are taken from gen here, the values made by the device's random_fill.
 Tensor draw_tensor(const Shape& shape, RandomFill f, Generator& gen, Device device) {
   Tensor out = detail::make_tensor(shape, f.dtype, device);
   const int64_t n = out.numel();
