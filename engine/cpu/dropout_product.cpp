@@ -4,14 +4,16 @@
 // each block's keep-mask is drawn, applied and multiplied while it is in L2.
 // With AVX-512 and f32, the block products are register-tiled kernels made
 // for a narrow side of r (a generic GEMM's packing costs more than these
-// products on blocks of a few dozen rows); otherwise each block is one
-// product through cpu::gemm.
+// products on blocks of a few dozen rows); f64 (tests, mostly) runs plain
+// loops over the same blocks. Either way each sum runs in an order fixed by
+// the shapes alone. f32 without AVX-512 takes the unfused steps.
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "engine/cpu/block_cache.h"
@@ -19,6 +21,7 @@
 #include "engine/cpu/keep_mask.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
+#include "engine/kernels/dropout_product_steps.h"
 #include "engine/random/draw.h"
 
 namespace quanta::cpu {
@@ -52,23 +55,52 @@ void drop_block(const KeepMask<T>& mask, const T* x, int64_t k, Block<T>& b, T* 
   b.xd = xd;
 }
 
-// The block products through cpu::gemm (any dtype, any CPU).
+// out[c] += a * x[c], c < n: unaliased, so it is one vector loop.
 template <class T>
-struct GemmProducts {
+void axpy(int64_t n, T a, const T* __restrict x, T* __restrict out) {
+  for (int64_t c = 0; c < n; ++c) out[c] += a * x[c];
+}
+
+// sum of x[c] y[c], c < n, in kLanes partial sums (the compiler makes them
+// one vector) added in order, then the tail.
+template <class T>
+T dot(int64_t n, const T* __restrict x, const T* __restrict y) {
+  constexpr int kLanes = 16;
+  const int64_t whole = n / kLanes * kLanes;
+  T lanes[kLanes] = {};
+  for (int64_t c = 0; c < whole; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[c + l] * y[c + l];
+  T sum = 0;
+  for (int64_t c = whole; c < n; ++c) sum += x[c] * y[c];
+  for (const T v : lanes) sum += v;
+  return sum;
+}
+
+// The block products as loops over a contiguous inner dimension (any dtype,
+// any CPU): every sum runs in one fixed order, which a GEMM library's
+// blocking would not give (Eigen's depends on the thread count).
+template <class T>
+struct LoopProducts {
   const T* w;  // [r, k]
   int64_t k, r;
+
   // t[rows, r] = xd w^T
   void forward(const Block<T>& b, T* t) const {
-    gemm<T>(b.rows, r, k, {b.xd, k, 1}, {w, 1, k}, t, r);
+    for (int64_t i = 0; i < b.rows; ++i)
+      for (int64_t j = 0; j < r; ++j) t[i * r + j] = dot(k, b.xd + i * k, w + j * k);
   }
-  // gw[r, k] (+)= gt_rows^T xd
+  // gw[r, k] (+)= gt_rows^T xd, the rows in order.
   void weight_grad(const Block<T>& b, const T* gt, T* gw, bool accumulate) const {
-    gemm<T>(r, k, b.rows, {gt, 1, r}, {b.xd, k, 1}, gw, k, accumulate);
+    if (!accumulate) std::fill(gw, gw + r * k, T(0));
+    for (int64_t j = 0; j < r; ++j)
+      for (int64_t i = 0; i < b.rows; ++i) axpy(k, gt[i * r + j], b.xd + i * k, gw + j * k);
   }
   // gx rows = (gt_rows w) * keep; scratch holds rows * k values.
   void input_grad(const Block<T>& b, const T* gt, const KeepMask<T>& mask, T* scratch,
                   T* gx) const {
-    gemm<T>(b.rows, k, r, {gt, r, 1}, {w, k, 1}, scratch, k);
+    std::fill(scratch, scratch + b.rows * k, T(0));
+    for (int64_t i = 0; i < b.rows; ++i)
+      for (int64_t j = 0; j < r; ++j) axpy(k, gt[i * r + j], w + j * k, scratch + i * k);
     select_words(b.words, scratch, gx + b.m0 * k, b.rows * k, mask.cut, mask.kept, mask.dropped);
   }
 };
@@ -294,10 +326,35 @@ void run(const DropoutProduct& d, const KeepMask<T>& mask, const Products& prod,
     forward<T>(d, mask, prod);
 }
 
+// w^T [k, stride] for the forward, columns past r zero.
 template <class T>
-void run_gemm(const DropoutProduct& d) {
-  run<T>(d, KeepMask<T>(d.mask), GemmProducts<T>{static_cast<const T*>(d.w), d.k, d.r}, d.r);
+std::vector<T> transposed(const T* w, int64_t r, int64_t k, int64_t stride) {
+  std::vector<T> wt(size_t(k * stride), T(0));
+  for (int64_t j = 0; j < r; ++j)
+    for (int64_t c = 0; c < k; ++c) wt[size_t(c * stride + j)] = w[j * k + c];
+  return wt;
 }
+
+template <class T>
+void run_loops(const DropoutProduct& d) {
+  run<T>(d, KeepMask<T>(d.mask), LoopProducts<T>{static_cast<const T*>(d.w), d.k, d.r}, d.r);
+}
+
+// Without AVX-512, f32 takes the table's unfused steps (the dropped copy
+// made whole, then one threaded library product): faster there than the
+// portable loops, with the GEMM's order of sums.
+template <class T>
+struct WholeSteps {
+  std::vector<std::unique_ptr<ScratchBuffer>> held;
+  T* scratch(int64_t n) {
+    return held.emplace_back(std::make_unique<ScratchBuffer>(sizeof(T) * size_t(n)))->as<T>();
+  }
+  void fill(const RandomFill& f, int64_t n, void* out) { random_fill(f, n, out); }
+  void product(int64_t m, int64_t n, int64_t k, MatOperand a, MatOperand b, void* c) {
+    gemm<T>(m, n, k, {static_cast<const T*>(a.data), a.rs, a.cs},
+            {static_cast<const T*>(b.data), b.rs, b.cs}, static_cast<T*>(c), n);
+  }
+};
 
 }  // namespace
 
@@ -305,19 +362,15 @@ void dropout_product(const DropoutProduct& dp) {
   DropoutProduct d = dp;
   draw::resolve_stream(d.mask);
   if (d.m == 0) return;
-  if (d.mask.dtype == DType::f64) return run_gemm<double>(d);
+  if (d.mask.dtype == DType::f64) return run_loops<double>(d);
 #if defined(__AVX512F__)
   const int64_t rp = (d.r + 15) / 16 * 16;
   const auto* w = static_cast<const float*>(d.w);
-  std::vector<float> wt;
-  if (!d.gt) {  // the forward reads w^T
-    wt.assign(size_t(d.k * rp), 0.0f);
-    for (int64_t j = 0; j < d.r; ++j)
-      for (int64_t c = 0; c < d.k; ++c) wt[size_t(c * rp + j)] = w[j * d.k + c];
-  }
+  const std::vector<float> wt = d.gt ? std::vector<float>() : transposed(w, d.r, d.k, rp);
   run<float>(d, KeepMask<float>(d.mask), TiledProducts{w, wt.data(), d.k, d.r, rp}, rp);
 #else
-  run_gemm<float>(d);
+  WholeSteps<float> steps;
+  dropout_product_steps<float>(d, steps);
 #endif
 }
 

@@ -127,8 +127,10 @@ struct RandomFill {
  * never stored. Without gt (the forward): t [m, r] = xd w^T. With gt
  * [m, r] (the backward): gx [m, k] = (gt w) * keep where gx is set, and
  * gw [r, k] = gt^T xd where gw is set. x, w, t, gt, gx and gw are
- * contiguous, row-major, of mask.dtype (f32 or f64); k and r > 0. Sums over
- * the m rows run in an order set by m alone, whatever the thread count. */
+ * contiguous, row-major, of mask.dtype (f32 or f64); k and r > 0. The CPU
+ * fuses the steps (f32 with AVX-512, and f64: its sums then run in an order
+ * set by the shapes alone, whatever the thread count); other devices run
+ * them as engine/kernels/dropout_product_steps.h writes them. */
 struct DropoutProduct {
   RandomFill mask;
   int64_t m = 0, k = 0, r = 0;

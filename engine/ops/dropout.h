@@ -14,11 +14,12 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 /** linear(dropout(x, p, training, gen), weight): the same draws (the same
  * elements kept), and values and gradients equal up to the order of their
  * sums. In training, for x [..., in] and weight [out, in] of one dtype, f32
- * or f64, the dropped copy of x is never stored (KernelTable::
- * dropout_product: each block of rows dropped and multiplied while in
- * cache, on the CPU), the graph keeps x (which other ops keep too: LoRA's
- * input is the frozen layer's input), and the backward applies the
- * forward's mask again without drawing. Other dtypes take the two ops. */
+ * or f64, it runs as KernelTable::dropout_product (on the CPU each block of
+ * rows dropped and multiplied while in cache, the dropped copy never
+ * stored, for f32 with AVX-512 and for f64), the graph keeps x (which other
+ * ops keep too: LoRA's input is the frozen layer's input), and the backward
+ * applies the forward's mask again without drawing. Other dtypes take the
+ * two ops. */
 Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
                       Generator& gen);
 

@@ -801,15 +801,15 @@ TEST_CASE("dropout: keeps no mask for the backward, which draws the same one aga
 
 TEST_CASE("dropout_linear: linear(dropout(x))'s draws, values and gradients, keeping x") {
   // Shapes around the CPU kernel's tiles: rows in one or several blocks
-  // with a partial tile of 8, k below, at and past a multiple of 16, r
+  // with a partial tile of 8, k under 16, at and past a multiple of 16, r
   // below 16, at it and with a partial second chunk; each against the two
   // ops, within the rounding of the sums' order.
   struct Dims {
     Shape x;
     int64_t r;
   };
-  for (const Dims& dims : {Dims{{3, 5, 40}, 7}, Dims{{1, 16}, 16}, Dims{{130, 33}, 20},
-                           Dims{{2, 75, 1300}, 16}, Dims{{21, 3456}, 3}})
+  for (const Dims& dims : {Dims{{3, 5, 40}, 7}, Dims{{4, 3, 5}, 2}, Dims{{1, 16}, 16},
+                           Dims{{130, 33}, 20}, Dims{{2, 75, 1300}, 16}, Dims{{21, 3456}, 3}})
     for (DType dt : {DType::f32, DType::f64}) {
       const std::string shape = shape_str(dims.x) + " r " + std::to_string(dims.r);
       INFO(shape);
@@ -853,12 +853,20 @@ TEST_CASE("dropout_linear: linear(dropout(x))'s draws, values and gradients, kee
       CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1) - linear(x0, w0))).item() == 0);
       CHECK(g1.offset() == before);
     }
-  {
-    // The same bits on one thread as on several: the weight gradient sums
-    // fixed chunks of rows in order.
+  // The same bits on one thread as on several where the CPU's fused kernel
+  // runs (f64 everywhere, f32 with AVX-512; f32 without it takes the
+  // library GEMM's order): the weight gradient sums fixed chunks of rows in
+  // order.
+  std::vector<DType> fused{DType::f64};
+#if defined(__AVX512F__)
+  fused.push_back(DType::f32);
+#endif
+  for (const DType dt : fused) {
+    CAPTURE(dt);
     Generator init(11);
-    const Tensor x0 = randn({700, 300}, init), w0 = randn({16, 300}, init);
-    const Tensor probe = randn({700, 16}, init);
+    const Tensor x0 = randn({700, 300}, init, {.dtype = dt}),
+                 w0 = randn({16, 300}, init, {.dtype = dt});
+    const Tensor probe = randn({700, 16}, init, {.dtype = dt});
     const auto run = [&](int threads) {
       const int was = num_threads();
       set_num_threads(threads);
@@ -867,8 +875,8 @@ TEST_CASE("dropout_linear: linear(dropout(x))'s draws, values and gradients, kee
       const Tensor y = dropout_linear(x, w, 0.1, true, g);
       sum(y * probe).backward();
       set_num_threads(was);
-      return std::vector<std::vector<float>>{y.to_vector<float>(), x.grad().to_vector<float>(),
-                                             w.grad().to_vector<float>()};
+      return std::vector<std::vector<double>>{y.to_vector<double>(), x.grad().to_vector<double>(),
+                                              w.grad().to_vector<double>()};
     };
     CHECK(run(1) == run(2));
   }
