@@ -123,14 +123,15 @@ struct RandomFill {
 
 /** Dropout fused with the product that follows it, as LoRA's first factor
  * runs it: element i of x [m, k] is kept as bernoulli fill `mask` keeps it
- * (its value, or 0; mask.times and out2 unused), xd = x * keep, which is
- * never stored. Without gt (the forward): t [m, r] = xd w^T. With gt
+ * (its value, or 0; mask.times and out2 unused), xd = x * keep. Without
+ * gt (the forward): t [m, r] = xd w^T. With gt
  * [m, r] (the backward): gx [m, k] = (gt w) * keep where gx is set, and
  * gw [r, k] = gt^T xd where gw is set. x, w, t, gt, gx and gw are
  * contiguous, row-major, of mask.dtype (f32 or f64); k and r > 0. The CPU
- * fuses the steps (f32 with AVX-512, and f64: its sums then run in an order
- * set by the shapes alone, whatever the thread count); other devices run
- * them as engine/kernels/dropout_product_steps.h writes them. */
+ * fuses the steps for f32 with AVX-512 and for f64 (xd never stored; the
+ * sums in an order set by the shapes alone, whatever the thread count);
+ * other devices run them as engine/kernels/dropout_product_steps.h writes
+ * them. */
 struct DropoutProduct {
   RandomFill mask;
   int64_t m = 0, k = 0, r = 0;
