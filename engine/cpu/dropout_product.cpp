@@ -164,42 +164,29 @@ void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int6
   }
 }
 
-// Calls tile<N>(...) for N = n (1 to 8).
-template <template <int> class Tile, class... Args>
-void tile_of(int64_t n, Args&&... args) {
+// Calls tile.template operator()<N>() for N = n (1 to 8): a tile's row
+// count as the compile-time constant its registers need.
+template <class Tile>
+void with_rows(int64_t n, Tile&& tile) {
   switch (n) {
     case 1:
-      return Tile<1>::run(args...);
+      return tile.template operator()<1>();
     case 2:
-      return Tile<2>::run(args...);
+      return tile.template operator()<2>();
     case 3:
-      return Tile<3>::run(args...);
+      return tile.template operator()<3>();
     case 4:
-      return Tile<4>::run(args...);
+      return tile.template operator()<4>();
     case 5:
-      return Tile<5>::run(args...);
+      return tile.template operator()<5>();
     case 6:
-      return Tile<6>::run(args...);
+      return tile.template operator()<6>();
     case 7:
-      return Tile<7>::run(args...);
+      return tile.template operator()<7>();
     default:
-      return Tile<8>::run(args...);
+      return tile.template operator()<8>();
   }
 }
-template <int N>
-struct ForwardTile {
-  template <class... A>
-  static void run(A&&... a) {
-    forward_tile<N>(a...);
-  }
-};
-template <int N>
-struct InputGradTile {
-  template <class... A>
-  static void run(A&&... a) {
-    input_grad_tile<N>(a...);
-  }
-};
 
 // f32 block products tiled for r: the rank side padded to rp (a multiple of
 // 16, one register per 16), zeros in the padding, so every r takes one path.
@@ -212,8 +199,9 @@ struct TiledProducts {
   void forward(const Block<float>& b, float* t) const {
     for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
       for (int64_t j0 = 0; j0 < rp; j0 += 16)
-        tile_of<ForwardTile>(std::min<int64_t>(8, b.rows - i0), b.xd + i0 * k, k, wt + j0, rp,
-                             first_lanes(r - j0), t + i0 * r + j0, r);
+        with_rows(std::min<int64_t>(8, b.rows - i0), [&]<int N>() {
+          forward_tile<N>(b.xd + i0 * k, k, wt + j0, rp, first_lanes(r - j0), t + i0 * r + j0, r);
+        });
   }
 
   // gw[r, k] (+)= gt_rows^T xd: per 16 columns of k and 16 rows of gw, 16
@@ -248,8 +236,9 @@ struct TiledProducts {
   void input_grad(const Block<float>& b, const float* gt, const KeepMask<float>& mask, float*,
                   float* gx) const {
     for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
-      tile_of<InputGradTile>(std::min<int64_t>(8, b.rows - i0), gt + i0 * rp, rp, w, k, r,
-                             b.words + i0 * k, mask, gx + (b.m0 + i0) * k);
+      with_rows(std::min<int64_t>(8, b.rows - i0), [&]<int N>() {
+        input_grad_tile<N>(gt + i0 * rp, rp, w, k, r, b.words + i0 * k, mask, gx + (b.m0 + i0) * k);
+      });
   }
 };
 #endif
@@ -289,7 +278,9 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
   constexpr int64_t kMaxChunks = 16;
   const int64_t per_chunk = (blocks + kMaxChunks - 1) / kMaxChunks;
   const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;
-  std::vector<T> partial(gw ? size_t(chunks * r * k) : 0);
+  // Each chunk's first block writes its partial sum: no zeroing needed.
+  const ScratchBuffer partial_sums(gw ? sizeof(T) * size_t(chunks * r * k) : 0);
+  T* partial = partial_sums.as<T>();
   parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
     const ScratchBuffer words(sizeof(uint32_t) * size_t(rows * k)),
         xd(sizeof(T) * size_t(rows * k));
@@ -303,7 +294,7 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
         draw_block(mask, k, b, words.as<uint32_t>());
         if (gw) {
           drop_block(mask, x, k, b, xd.as<T>());
-          prod.weight_grad(b, gt_rows.data(), partial.data() + c * r * k, i > first);
+          prod.weight_grad(b, gt_rows.data(), partial + c * r * k, i > first);
         }
         // The dropped copy is spent: it is the input gradient's scratch.
         if (gx) prod.input_grad(b, gt_rows.data(), mask, xd.as<T>(), gx);
@@ -311,9 +302,9 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
     }
   });
   if (!gw) return;
-  std::memcpy(gw, partial.data(), sizeof(T) * size_t(r * k));
+  std::memcpy(gw, partial, sizeof(T) * size_t(r * k));
   for (int64_t c = 1; c < chunks; ++c) {
-    const T* p = partial.data() + c * r * k;
+    const T* p = partial + c * r * k;
     for (int64_t i = 0; i < r * k; ++i) gw[i] += p[i];
   }
 }
