@@ -54,6 +54,47 @@ void check_grad(const Node& producer, size_t input_index, const Node& consumer, 
 
 using Accumulator = std::unordered_map<Node*, std::vector<Tensor>>;
 
+// The sums the running formula may add into (gradient_sink), one per input
+// of its node, undefined where none is offered.
+thread_local const std::vector<Tensor>* t_sinks = nullptr;
+
+// Offers a node's formula the pending sums of its inputs that nothing else
+// holds, while it runs; restores the outer offer after (a formula may run a
+// backward of its own: recomputation).
+class SinkScope {
+ public:
+  SinkScope(const Node& node, const Accumulator& pending) : outer_(t_sinks) {
+    const auto& edges = node.next_edges();
+    sinks_.resize(edges.size());
+    for (size_t i = 0; i < edges.size(); ++i) {
+      if (!edges[i].node) continue;
+      const auto it = pending.find(edges[i].node.get());
+      if (it == pending.end() || edges[i].input_nr >= it->second.size()) continue;
+      const Tensor& sum = it->second[edges[i].input_nr];
+      // Checked before this copy: one input of two reaching the same sum
+      // (x * x) is offered it, the other not.
+      if (sum.defined() && sole_owner(sum)) sinks_[i] = sum;
+    }
+    t_sinks = &sinks_;
+  }
+  ~SinkScope() { t_sinks = outer_; }
+  SinkScope(const SinkScope&) = delete;
+  SinkScope& operator=(const SinkScope&) = delete;
+
+  /** Per input, whether the formula returned the sum it was offered: its
+   * gradient is in there already. */
+  std::vector<bool> taken(const std::vector<Tensor>& grads) const {
+    std::vector<bool> out(grads.size(), false);
+    for (size_t i = 0; i < std::min(grads.size(), sinks_.size()); ++i)
+      out[i] = sinks_[i].defined() && sinks_[i].is_same(grads[i]);
+    return out;
+  }
+
+ private:
+  std::vector<Tensor> sinks_;
+  const std::vector<Tensor>* outer_;
+};
+
 void add_to(Accumulator& acc, Node* node, uint32_t slot, const Tensor& g) {
   auto& slots = acc[node];
   const size_t n = std::max<size_t>(node->outputs().size(), 1);
@@ -109,9 +150,14 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool 
         grads[i] = zeros(m.shape, {.dtype = m.dtype, .device = m.device});
       }
     std::vector<Tensor> in_grads;
+    std::vector<bool> summed;
     {
       const MixedPrecision precision(node->mixed_precision());
+      // Released before the sums below: an offered sum the formula left is
+      // again sole-owned, so adding into it stays in place.
+      const SinkScope sinks(*node, pending);
       in_grads = node->apply(grads);
+      summed = sinks.taken(in_grads);
     }
     if (!retain_graph) node->release();
 
@@ -126,7 +172,8 @@ void run(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool 
       // Undefined means zero (see BackwardFn): nothing to add, but the input
       // still counts this edge as done (a node reached by nothing else runs
       // on zeros, so a leaf's .grad then holds zeros).
-      if (in_grads[i].defined()) {
+      // A gradient the formula added into its input's sum is in already.
+      if (in_grads[i].defined() && !(i < summed.size() && summed[i])) {
         check_grad(*node, i, *e.node, e.input_nr, in_grads[i]);
         add_to(pending, e.node.get(), e.input_nr, in_grads[i]);
       }
@@ -169,6 +216,14 @@ std::vector<Tensor> seed_gradients(const std::vector<Tensor>& roots,
 }
 
 }  // namespace
+
+Tensor gradient_sink(size_t input, const Shape& shape, DType dtype, Device device) {
+  if (!t_sinks || input >= t_sinks->size()) return Tensor();
+  const Tensor& sum = (*t_sinks)[input];
+  if (!sum.defined() || sum.shape() != shape || sum.dtype() != dtype || sum.device() != device)
+    return Tensor();
+  return sum;
+}
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {

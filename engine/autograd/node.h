@@ -113,6 +113,17 @@ bool sole_storage(const Tensor& t);
  * instead of copying (one pass and one allocation fewer per accumulation). */
 bool sole_owner(const Tensor& t);
 
+/** Inside a backward formula: the sum of the gradients that already reached
+ * the node's input `input` (its index among the inputs the op was recorded
+ * with), when the engine can hand it over (nothing else holds it; it is
+ * contiguous) and it has the given shape, dtype and device; else undefined
+ * (always, outside a formula). A formula may add its gradient for that input
+ * into this tensor and return it as that input's gradient: the engine then
+ * adds nothing. A tensor read by several ops (a LoRA layer's input reaches
+ * six products) then gets its gradient summed where each product writes,
+ * instead of in a fresh buffer per consumer and a pass to add each. */
+Tensor gradient_sink(size_t input, const Shape& shape, DType dtype, Device device);
+
 /** Runs reverse mode from `roots` with seed gradients `grads` (undefined
  * entries allowed for one-element roots). */
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

@@ -95,13 +95,19 @@ struct LoopProducts {
     for (int64_t j = 0; j < r; ++j)
       for (int64_t i = 0; i < b.rows; ++i) axpy(k, gt[i * r + j], b.xd + i * k, gw + j * k);
   }
-  // gx rows = (gt_rows w) * keep; scratch holds rows * k values.
-  void input_grad(const Block<T>& b, const T* gt, const KeepMask<T>& mask, T* scratch,
-                  T* gx) const {
+  // gx rows = (or +=) (gt_rows w) * keep; scratch holds rows * k values.
+  void input_grad(const Block<T>& b, const T* gt, const KeepMask<T>& mask, T* scratch, T* gx,
+                  bool accumulate) const {
     std::fill(scratch, scratch + b.rows * k, T(0));
     for (int64_t i = 0; i < b.rows; ++i)
       for (int64_t j = 0; j < r; ++j) axpy(k, gt[i * r + j], w + j * k, scratch + i * k);
-    select_words(b.words, scratch, gx + b.m0 * k, b.rows * k, mask.cut, mask.kept, mask.dropped);
+    T* out = gx + b.m0 * k;
+    if (!accumulate) {
+      select_words(b.words, scratch, out, b.rows * k, mask.cut, mask.kept, mask.dropped);
+      return;
+    }
+    for (int64_t e = 0; e < b.rows * k; ++e)
+      out[e] += scratch[e] * (b.words[e] < mask.cut ? mask.kept : mask.dropped);
   }
 };
 
@@ -130,12 +136,13 @@ void forward_tile(const float* x, int64_t k, const float* wt, int64_t rp, __mmas
   for (int i = 0; i < N; ++i) _mm512_mask_storeu_ps(t + i * ldt, cols, acc[i]);
 }
 
-// gx[N rows, k] = (g rows (stride rp) times w [r, k]) times the keep-mask
-// of the words (row stride k), 16 columns at a time: per rank chunk, 16
-// rows of w in registers against the N rows of g.
+// gx[N rows, k] = (or +=) (g rows (stride rp) times w [r, k]) times the
+// keep-mask of the words (row stride k), 16 columns at a time: per rank
+// chunk, 16 rows of w in registers against the N rows of g.
 template <int N>
 void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int64_t r,
-                     const uint32_t* words, const KeepMask<float>& mask, float* gx) {
+                     const uint32_t* words, const KeepMask<float>& mask, float* gx,
+                     bool accumulate) {
   const __m512i cut = _mm512_set1_epi32(static_cast<int>(mask.cut));
   const __m512 kept = _mm512_set1_ps(mask.kept), dropped = _mm512_set1_ps(mask.dropped);
   for (int64_t c0 = 0; c0 < k; c0 += 16) {
@@ -159,7 +166,9 @@ void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int6
     for (int i = 0; i < N; ++i) {
       const __m512i wd = _mm512_maskz_loadu_epi32(in, words + i * k + c0);
       const __m512 m = _mm512_mask_blend_ps(_mm512_cmplt_epu32_mask(wd, cut), dropped, kept);
-      _mm512_mask_storeu_ps(gx + i * k + c0, in, _mm512_mul_ps(acc[i], m));
+      float* out = gx + i * k + c0;
+      const __m512 prev = accumulate ? _mm512_maskz_loadu_ps(in, out) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(out, in, _mm512_fmadd_ps(acc[i], m, prev));
     }
   }
 }
@@ -231,13 +240,14 @@ struct TiledProducts {
     }
   }
 
-  // gx rows = (gt_rows w) * keep, 8 rows at a time, the keep-mask applied
-  // from the block's words as the result is stored.
+  // gx rows = (or +=) (gt_rows w) * keep, 8 rows at a time, the keep-mask
+  // applied from the block's words as the result is stored.
   void input_grad(const Block<float>& b, const float* gt, const KeepMask<float>& mask, float*,
-                  float* gx) const {
+                  float* gx, bool accumulate) const {
     for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
       with_rows(std::min<int64_t>(8, b.rows - i0), [&]<int N>() {
-        input_grad_tile<N>(gt + i0 * rp, rp, w, k, r, b.words + i0 * k, mask, gx + (b.m0 + i0) * k);
+        input_grad_tile<N>(gt + i0 * rp, rp, w, k, r, b.words + i0 * k, mask, gx + (b.m0 + i0) * k,
+                           accumulate);
       });
   }
 };
@@ -297,7 +307,7 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
           prod.weight_grad(b, gt_rows.data(), partial + c * r * k, i > first);
         }
         // The dropped copy is spent: it is the input gradient's scratch.
-        if (gx) prod.input_grad(b, gt_rows.data(), mask, xd.as<T>(), gx);
+        if (gx) prod.input_grad(b, gt_rows.data(), mask, xd.as<T>(), gx, d.accumulate_gx);
       }
     }
   });
@@ -344,6 +354,13 @@ struct WholeSteps {
   void product(int64_t m, int64_t n, int64_t k, MatOperand a, MatOperand b, void* c) {
     gemm<T>(m, n, k, {static_cast<const T*>(a.data), a.rs, a.cs},
             {static_cast<const T*>(b.data), b.rs, b.cs}, static_cast<T*>(c), n);
+  }
+  void add(int64_t n, const void* src, void* dst) {
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+    parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) d[i] += s[i];
+    });
   }
 };
 

@@ -25,6 +25,12 @@ struct Steps {
     g.c = c, g.ldc = n;
     gemm(g);
   }
+  void add(int64_t n, const void* src, void* dst) {
+    const int64_t one = 1;
+    const Operand from{const_cast<void*>(src), dtype, &one};
+    update(UpdateOp::add_scaled, ScalarArgs{1.0, 0.0}, Shape{n}, Operand{dst, dtype, &one}, from,
+           from);
+  }
 };
 
 template <class T>

@@ -9,7 +9,8 @@
 //                            destroyed,
 //   void fill(const RandomFill& f, int64_t n, void* out)   random_fill,
 //   void product(int64_t m, int64_t n, int64_t k, MatOperand a, MatOperand b,
-//                void* c)    c [m, n] (row-major) = a b.
+//                void* c)    c [m, n] (row-major) = a b,
+//   void add(int64_t n, const void* src, void* dst)   dst[i] += src[i].
 #include <cstdint>
 
 #include "engine/kernels/table.h"
@@ -34,7 +35,9 @@ void dropout_product_steps(const DropoutProduct& d, Steps& steps) {
     // One draw masks the gradient and (for gw) x alike.
     f.times = gxd;
     if (d.gw) f.times2 = d.x, f.out2 = xd;
-    steps.fill(f, m * k, d.gx);
+    T* masked = d.accumulate_gx ? steps.scratch(m * k) : static_cast<T*>(d.gx);
+    steps.fill(f, m * k, masked);
+    if (d.accumulate_gx) steps.add(m * k, masked, d.gx);
   } else {
     f.times = d.x;
     steps.fill(f, m * k, xd);

@@ -125,8 +125,9 @@ struct RandomFill {
  * runs it: element i of x [m, k] is kept as bernoulli fill `mask` keeps it
  * (its value, or 0; mask.times and out2 unused), xd = x * keep. Without
  * gt (the forward): t [m, r] = xd w^T. With gt
- * [m, r] (the backward): gx [m, k] = (gt w) * keep where gx is set, and
- * gw [r, k] = gt^T xd where gw is set. x, w, t, gt, gx and gw are
+ * [m, r] (the backward): gx [m, k] = (gt w) * keep where gx is set (gx +=
+ * with accumulate_gx: the sum of x's other gradients), and gw [r, k] =
+ * gt^T xd where gw is set. x, w, t, gt, gx and gw are
  * contiguous, row-major, of mask.dtype (f32 or f64); k and r > 0. The CPU
  * fuses the steps for f32 with AVX-512 and for f64 (xd never stored; the
  * sums in an order set by the shapes alone, whatever the thread count);
@@ -141,6 +142,7 @@ struct DropoutProduct {
   const void* gt = nullptr;
   void* gx = nullptr;
   void* gw = nullptr;
+  bool accumulate_gx = false;
 };
 
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is

@@ -88,7 +88,10 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
         b.gt = gc.raw_data();
         Tensor gx, gw;
         if (need_x) {
-          gx = detail::make_tensor(x_shape, dt, device);
+          // Onto the sum of x's other gradients where the engine hands it over.
+          gx = autograd::gradient_sink(0, x_shape, dt, device);
+          b.accumulate_gx = gx.defined();
+          if (!gx.defined()) gx = detail::make_tensor(x_shape, dt, device);
           b.w = w.raw_data(), b.gx = gx.raw_data();
         }
         if (need_w) {

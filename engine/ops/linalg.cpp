@@ -223,6 +223,30 @@ Tensor weight_grad(const Tensor& g, const Tensor& x) {
   return matmul(transpose(g, 0, 1), x);
 }
 
+// linear's input gradient g w added onto `sum` (the sum of the input's other
+// gradients the engine handed over, gradient_sink) by the GEMM, when the
+// device multiplies the dtype as it is; false when it cannot.
+bool add_input_grad(const Tensor& g, const Tensor& w, int64_t rows, const Tensor& sum) {
+  const KernelTable& k = kernels(g.device());
+  const DType dt = g.dtype();
+  if (!sum.defined() || w.dtype() != dt || gemm_dtype(k, dt) != dt) return false;
+  const int64_t out_f = w.size(0), in_f = w.size(1);
+  const Tensor gc = g.contiguous();
+  Tensor wp = w;
+  if (!k.gemm_maps(out_f, in_f, wp.strides()[0], wp.strides()[1])) wp = wp.contiguous();
+  k.gemm({.dtype = dt,
+          .m = rows,
+          .n = in_f,
+          .k = out_f,
+          .a = {gc.raw_data(), out_f, 1},
+          .b = {wp.raw_data(), wp.strides()[0], wp.strides()[1]},
+          .c = sum.raw_data(),
+          .ldc = in_f,
+          .accumulate = true,
+          .bf16_products = bf16_products(dt)});
+  return true;
+}
+
 // linear's product with what the GEMM starts from: the bias b broadcast
 // over the rows, or (linear_add) a whole addend c of the output's shape; the
 // GEMM accumulates onto it, so neither costs a pass of its own.
@@ -293,7 +317,13 @@ Tensor linear_onto(const char* op, const Tensor& x, const Tensor& w, const Tenso
                            rows = numel_of(Shape(x.shape().begin(), x.shape().end() - 1)), need_x,
                            need_w, need_b, need_c, out_f, in_f](const Tensor& g) {
                             Tensor gx, gw, gb, gc;
-                            if (need_x) gx = matmul(g, w);
+                            if (need_x) {
+                              Shape x_shape = g.shape();
+                              x_shape.back() = in_f;
+                              // Onto the sum of x's other gradients where the engine hands it over.
+                              gx = autograd::gradient_sink(0, x_shape, g.dtype(), g.device());
+                              if (!add_input_grad(g, w, rows, gx)) gx = matmul(g, w);
+                            }
                             if (need_w || need_b) {
                               // Rows from the shape: -1 cannot be inferred when a feature size is
                               // 0.

@@ -201,11 +201,12 @@ void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_
   });
 }
 
-void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
+void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx,
+                   bool accumulate) {
   const cpu::ScratchBuffer gs(sizeof(bf16) * size_t(M * N));
   const bf16* gb = cpu::round_operand_to_bf16(M, N, {g, N, 1}, gs.as<bf16>()).p;
   for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
-    cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab, K, 1}, dx, K, n0 > 0);
+    cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab, K, 1}, dx, K, accumulate || n0 > 0);
   });
 }
 
@@ -242,18 +243,18 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd
   });
 }
 
-// dx [M, K] = g [M, N] W. Threads take row blocks of dx (so no two write the
-// same output) and each walks all weight tiles.
+// dx [M, K] = (or +=) g [M, N] W. Threads take row blocks of dx (so no two
+// write the same output) and each walks all weight tiles.
 template <class T>
-void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K,
-                     T* dx) {
+void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx,
+                     bool accumulate) {
   if (M == 0 || K == 0) return;
   if (N == 0) {
-    std::fill(dx, dx + M * K, T(0));
+    if (!accumulate) std::fill(dx, dx + M * K, T(0));
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (use_bf16_products(dd, M)) return backward_bf16(g, M, N, w, K, dx);
+    if (use_bf16_products(dd, M)) return backward_bf16(g, M, N, w, K, dx, accumulate);
   }
   const int64_t rows = tile_rows(N, K, w.run);
   cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
@@ -262,7 +263,7 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType d
       const int64_t r = std::min(rows, N - n0);
       nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
       cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
-                   n0 > 0);
+                   accumulate || n0 > 0);
     }
   });
 }
@@ -284,10 +285,10 @@ void nf4_linear(DType dtype, const void* x, int64_t M, int64_t K, const NF4Runs&
 }
 
 void nf4_linear_grad(DType dtype, const void* g, int64_t M, int64_t N, const NF4Runs& w, DType dd,
-                     int64_t K, void* dx) {
+                     int64_t K, void* dx, bool accumulate) {
   dispatch_float(dtype, "nf4_linear backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward_kernel(static_cast<const T*>(g), M, N, w, dd, K, static_cast<T*>(dx));
+    backward_kernel(static_cast<const T*>(g), M, N, w, dd, K, static_cast<T*>(dx), accumulate);
   });
 }
 

@@ -190,12 +190,13 @@ void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_
   });
 }
 
-void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx) {
+void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64_t K, float* dx,
+                   bool accumulate) {
   const Scratch<__nv_bfloat16> gb(M * N);
   round_bf16(g, M * N, gb.get());
   for_each_tile<__nv_bfloat16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, auto tile) {
-    gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, tile, K, gb.get() + n0, N, n0 > 0 ? 1.0f : 0.0f,
-              dx, K);
+    gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, tile, K, gb.get() + n0, N,
+              accumulate || n0 > 0 ? 1.0f : 0.0f, dx, K);
   });
 }
 
@@ -225,22 +226,24 @@ void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64
   }
 }
 
-// dx [M, K] = g [M, N] W, summed over the weight tiles.
+// dx [M, K] = (or +=) g [M, N] W, summed over the weight tiles.
 template <class T>
-void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx) {
+void backward(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx,
+              bool accumulate) {
   if (M == 0 || K == 0) return;
   if (N == 0) {
-    QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, cuda::stream()));
+    if (!accumulate) QUANTA_CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(T) * M * K, cuda::stream()));
     return;
   }
   if (nf4_bf16_products(std::is_same_v<T, float>, dd, M)) {
-    if constexpr (std::is_same_v<T, float>) backward_bf16(g, M, N, w, K, dx);
+    if constexpr (std::is_same_v<T, float>) backward_bf16(g, M, N, w, K, dx, accumulate);
     return;
   }
   for_each_tile<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* tile) {
     // dx^T [K, M] (column-major, ld K) += tile^T g[:, n0:n0+r]^T: the tile
     // read as column-major [K, r], g's columns as column-major [r, M], ld N.
-    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, T(1), tile, K, g + n0, N, T(n0 > 0 ? 1 : 0), dx, K);
+    gemm<T>(CUBLAS_OP_N, CUBLAS_OP_N, K, M, r, T(1), tile, K, g + n0, N,
+            T(accumulate || n0 > 0 ? 1 : 0), dx, K);
   });
 }
 
@@ -293,11 +296,11 @@ void nf4_linear(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs&
 }
 
 void nf4_linear_grad(DType dtype, const void* g, int64_t m, int64_t n, const NF4Runs& w,
-                     DType dequant, int64_t k, void* dx) {
+                     DType dequant, int64_t k, void* dx, bool accumulate) {
   check_dequant("nf4_linear backward", dequant);
   cuda::dispatch_float(dtype, "nf4_linear backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward<T>(static_cast<const T*>(g), m, n, w, dequant, k, static_cast<T*>(dx));
+    backward<T>(static_cast<const T*>(g), m, n, w, dequant, k, static_cast<T*>(dx), accumulate);
   });
 }
 

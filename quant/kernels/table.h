@@ -124,9 +124,11 @@ struct QuantKernelTable {
    * x, bias and y contiguous of `dtype` (f32 or f64). */
   void (*nf4_linear)(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs& w,
                      DType dequant, int64_t n, const void* bias, void* y);
-  /** Its input gradient: dx [m, k] = g [m, n] W, contiguous, of `dtype`. */
+  /** Its input gradient: dx [m, k] = g [m, n] W, or dx += g W when
+   * `accumulate` (the sum of the input's other gradients), contiguous, of
+   * `dtype`. */
   void (*nf4_linear_grad)(DType dtype, const void* g, int64_t m, int64_t n, const NF4Runs& w,
-                          DType dequant, int64_t k, void* dx);
+                          DType dequant, int64_t k, void* dx, bool accumulate);
 };
 
 /** Every function entry of QuantKernelTable, in the table's order. Each

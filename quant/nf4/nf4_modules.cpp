@@ -169,7 +169,6 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {
-  Tensor y = base_->forward(x);
   // dropout_linear keeps x for the backward, not the dropped copy. The
   // scaling goes on the rank-r activation, and the second product adds onto
   // the frozen layer's output in its GEMM: (a s) B^T + y, where PEFT writes
@@ -177,6 +176,11 @@ Tensor LoRALinear::forward(const Tensor& x) {
   const Tensor a =
       dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(), dropout_gen_) *
       scaling_;
+  // The frozen product made after the adapter's: the backward runs it first
+  // (later nodes first), so its input gradient is the fresh one x's other
+  // gradients add onto (the adapter's kernel adds onto a sum for free, a
+  // bf16 product does not).
+  Tensor y = base_->forward(x);
   // y handed over: the product adds onto the frozen layer's output in place.
   if (y.dtype() == lora_b_.dtype()) return linear_add(std::move(y), a, lora_b_);
   return y + linear(a, lora_b_).to(y.dtype());

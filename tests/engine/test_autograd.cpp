@@ -309,3 +309,109 @@ TEST_CASE("binary ops keep for the backward only the inputs whose values it read
   CHECK(b.grad().to_vector<double>()[0] == doctest::Approx(8 * (1 + 1.0 / 4)));
   CHECK(a.grad().to_vector<float>()[0] == doctest::Approx(2 - 0.5));
 }
+
+namespace {
+
+// y = 2 x whose backward adds 2 g onto the sum of x's other gradients when
+// the engine offers it (gradient_sink), counting the offers.
+Tensor twice(const Tensor& x, int& offered) {
+  return autograd::record("twice", x.detach() * 2.0, {x},
+                          [&offered, shape = x.shape(), dt = x.dtype()](const Tensor& g) {
+                            Tensor sum = autograd::gradient_sink(0, shape, dt, g.device());
+                            if (!sum.defined()) return std::vector<Tensor>{g * 2.0};
+                            ++offered;
+                            add_(sum, g, 2.0);
+                            return std::vector<Tensor>{sum};
+                          });
+}
+
+}  // namespace
+
+TEST_CASE("gradient_sink: a formula adds onto the sum of its input's other gradients") {
+  const Tensor seed = from_vector<double>({1.0, 10.0});
+  SUBCASE("every consumer after the first adds in place, the sum is exact") {
+    Tensor leaf = from_vector<double>({1.0, 2.0}).requires_grad_();
+    Tensor x = leaf * 1.0;
+    int offered = 0;
+    // Later nodes run first: x * 5 gives the fresh sum, the three others
+    // are each offered it (statements: the order of operands is unspecified).
+    Tensor y = twice(x, offered);
+    y = y + twice(x, offered);
+    y = y + twice(x, offered);
+    y = y + x * 5.0;
+    y.backward(seed);
+    CHECK(offered == 3);
+    CHECK(leaf.grad().to_vector<double>() == std::vector<double>{11, 110});
+  }
+  SUBCASE("a sum someone else holds is not offered") {
+    Tensor kept;
+    autograd::Function keep{
+        "keep", [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 1.0}; },
+        [&kept](const std::vector<Tensor>& g) {
+          kept = g[0];
+          return std::vector<Tensor>{g[0]};
+        }};
+    Tensor leaf = from_vector<double>({1.0, 2.0}).requires_grad_();
+    Tensor x = leaf * 1.0;
+    int offered = 0;
+    Tensor y = twice(x, offered);
+    y = y + autograd::apply(keep, {x})[0];
+    y.backward(seed);
+    CHECK(offered == 0);
+    CHECK(kept.to_vector<double>() == std::vector<double>{1, 10});
+    CHECK(leaf.grad().to_vector<double>() == std::vector<double>{3, 30});
+  }
+  SUBCASE("one input reaching a node twice is offered the sum once") {
+    Tensor leaf = from_vector<double>({1.0, 2.0}).requires_grad_();
+    Tensor x = leaf * 1.0;
+    int offered = 0;
+    // y = 2 x + 2 x + 3 x through one node with x as both inputs.
+    const auto both = [&offered](const Tensor& a, const Tensor& b) {
+      return autograd::record("both", a.detach() * 2.0 + b.detach() * 2.0, {a, b},
+                              [&offered, shape = a.shape(), dt = a.dtype()](const Tensor& g) {
+                                std::vector<Tensor> out;
+                                for (size_t i = 0; i < 2; ++i) {
+                                  Tensor sum = autograd::gradient_sink(i, shape, dt, g.device());
+                                  if (sum.defined()) {
+                                    ++offered;
+                                    add_(sum, g, 2.0);
+                                    out.push_back(sum);
+                                  } else {
+                                    out.push_back(g * 2.0);
+                                  }
+                                }
+                                return out;
+                              });
+    };
+    Tensor y = both(x, x);
+    y = y + x * 3.0;
+    y.backward(seed);
+    CHECK(offered == 1);
+    CHECK(leaf.grad().to_vector<double>() == std::vector<double>{7, 70});
+  }
+  SUBCASE("a formula returning one gradient for two inputs reaching one sum adds it twice") {
+    // add's backward hands g to both inputs: the same tensor, never an
+    // offered sum, so the engine adds it for each.
+    Tensor leaf = from_vector<double>({1.0, 2.0}).requires_grad_();
+    Tensor x = leaf * 1.0;
+    Tensor y = x * 3.0;
+    y = y + add(x, x);
+    y.backward(seed);
+    CHECK(leaf.grad().to_vector<double>() == std::vector<double>{5, 50});
+  }
+  SUBCASE("a sum of another shape or dtype, or no backward running, gives nothing") {
+    CHECK_FALSE(autograd::gradient_sink(0, {2}, DType::f64, Device::cpu()).defined());
+    Tensor leaf = from_vector<double>({1.0, 2.0}).requires_grad_();
+    Tensor x = leaf * 1.0;
+    bool any = false;
+    Tensor probe = autograd::record("probe", x.detach() * 1.0, {x}, [&any](const Tensor& g) {
+      any = autograd::gradient_sink(0, {3}, DType::f64, g.device()).defined() ||
+            autograd::gradient_sink(0, {2}, DType::f32, g.device()).defined() ||
+            autograd::gradient_sink(1, {2}, DType::f64, g.device()).defined();
+      return std::vector<Tensor>{g};
+    });
+    (probe + x * 2.0).backward(seed);  // either order: nothing matches
+    CHECK_FALSE(any);
+    CHECK(leaf.grad().to_vector<double>() == std::vector<double>{3, 30});
+  }
+}

@@ -539,13 +539,15 @@ TEST_CASE("CPU gemm: large products (the BLAS backends) are right for every layo
 TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size") {
   // bf16 operands, f32 sums: against an f64 loop over the same bf16 values,
   // from a single multiply-add to a large product, both operand layouts,
-  // padded leading dimensions, accumulation, calls inside a parallel region.
+  // padded leading dimensions, accumulation (onto an output past 2^18
+  // elements through scratch and a pass), calls inside a parallel region.
   if (!testing::bf16_products_or_skip("bf16_products_forced")) return;
   Generator gen(7);
   struct Dims {
     int64_t m, n, k;
   };
-  for (const Dims d : {Dims{1, 1, 1}, Dims{1, 37, 20}, Dims{19, 1, 33}, Dims{130, 96, 170}}) {
+  for (const Dims d :
+       {Dims{1, 1, 1}, Dims{1, 37, 20}, Dims{19, 1, 33}, Dims{130, 96, 170}, Dims{520, 530, 24}}) {
     const auto [m, n, k] = d;
     // Values that bf16 holds exactly, so the reference sees the same operands.
     const std::vector<double> av = randn({m, k}, gen).to(DType::bf16).to_vector<double>();

@@ -117,8 +117,9 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(
       message_of([&] { t.nf4_linear(DType::f32, f, 1, 2, runs, DType::f32, 1, nullptr, f); }),
       "nf4_linear");
-  check_names(message_of([&] { t.nf4_linear_grad(DType::f32, f, 1, 1, runs, DType::f32, 2, f); }),
-              "nf4_linear");
+  check_names(
+      message_of([&] { t.nf4_linear_grad(DType::f32, f, 1, 1, runs, DType::f32, 2, f, false); }),
+      "nf4_linear");
   if (!cuda::module())  // the reason is the module's
     CHECK(message_of([&] {
             t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i);

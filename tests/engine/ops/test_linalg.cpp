@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "engine/ops/harness.h"
 #include "support/gpu.h"
@@ -345,6 +346,43 @@ TEST_CASE("matmul gradients reach both operands with the right shapes") {
   const Tensor x = make_input({6, 4}, Domain::any, 12);
   sum(matmul(x, w)).backward();
   CHECK(w.grad().defined());
+}
+
+TEST_CASE("linear: an input read by several layers gets its gradient summed by the GEMMs") {
+  // Each linear's input gradient after the first is added onto the sum the
+  // engine hands over (gradient_sink) by its GEMM; the sum equals the
+  // gradients taken one layer at a time. A transposed weight (strided) and a
+  // 3-d input take the same path.
+  for (const DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dt);
+    Generator gen(31);
+    const TensorOptions o{.dtype = dt};
+    const Tensor x0 = randn({2, 9, 12}, gen, o);
+    const Tensor w1 = randn({7, 12}, gen, o), b1 = randn({7}, gen, o);
+    const Tensor w2 = transpose(randn({12, 5}, gen, o), 0, 1);
+    const Tensor w3 = randn({4, 12}, gen, o), c3 = randn({2, 9, 4}, gen, o);
+    const std::vector<std::function<Tensor(const Tensor&)>> layers{
+        [&](const Tensor& x) { return linear(x, w1, b1); },
+        [&](const Tensor& x) { return linear(x, w2); },
+        [&](const Tensor& x) { return linear_add(c3.clone(), x, w3); },
+    };
+    Tensor alone = zeros_like(x0);
+    std::vector<Tensor> probes;
+    for (const auto& layer : layers) {
+      Tensor x = x0.clone().requires_grad_();
+      const Tensor y = layer(x);
+      probes.push_back(randn(y.shape(), gen, o));
+      sum(y * probes.back()).backward();
+      alone = alone + x.grad();
+    }
+    Tensor x = x0.clone().requires_grad_();
+    const Tensor h = x * 1.0;
+    Tensor loss = sum(layers[0](h) * probes[0]);
+    for (size_t i = 1; i < layers.size(); ++i) loss = loss + sum(layers[i](h) * probes[i]);
+    loss.backward();
+    const double tol = dt == DType::f32 ? 1e-5 : 1e-13;
+    CHECK(max(abs(x.grad() - alone)).item() <= tol * max(abs(alone)).item());
+  }
 }
 
 TEST_CASE("matrix products name the op and the problem in their errors") {

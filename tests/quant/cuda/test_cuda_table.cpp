@@ -402,9 +402,14 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
         Tensor dwant = empty({s.m, s.k}, {.dtype = dt});
         Tensor dgot = empty({s.m, s.k}, {.dtype = dt, .device = Device::cuda(0)});
         cpu_quant_table().nf4_linear_grad(dt, as_bf16(g).raw_data(), s.m, s.n, w, dd, s.k,
-                                          dwant.raw_data());
-        gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data());
+                                          dwant.raw_data(), false);
+        gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data(),
+                                false);
         CHECK(max_err(dgot, dwant) <= 10 * tol(dt));
+        // Accumulating: the product added onto what dx holds.
+        gpu_t().nf4_linear_grad(dt, on_gpu(g).raw_data(), s.m, s.n, gw, dd, s.k, dgot.raw_data(),
+                                true);
+        CHECK(max_err(dgot, dwant * 2.0) <= 20 * tol(dt));
       }
   }
 }
@@ -534,5 +539,5 @@ TEST_CASE("quant cuda: zero sizes launch nothing") {
   t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);
   t.nf4_decode(NF4Runs{}, DType::f32, nullptr);
   t.nf4_linear(DType::f32, nullptr, 0, 64, NF4Runs{}, DType::f32, 4, nullptr, nullptr);
-  t.nf4_linear_grad(DType::f32, nullptr, 0, 4, NF4Runs{}, DType::f32, 64, nullptr);
+  t.nf4_linear_grad(DType::f32, nullptr, 0, 4, NF4Runs{}, DType::f32, 64, nullptr, false);
 }

@@ -454,6 +454,58 @@ TEST_CASE("LoRALinear: zero-initialised B, merge, state dict round trip") {
   CHECK(max_abs_diff(other(x), lora(x)) == 0.0);
 }
 
+TEST_CASE("LoRALinear: an input read by several layers gets their gradients summed in place") {
+  // Like q, k and v over one input: each layer's adapter and frozen product
+  // add onto the sum of the gradients that already reached it (the engine's
+  // gradient_sink) instead of a fresh buffer apiece. The sum must equal each
+  // layer's gradient taken alone, with the same dropout draws; bf16 compute
+  // takes the CPU's bf16 products where it has them.
+  for (const DType dt : {DType::f32, DType::f64})
+    for (const DType dd : {DType::f32, DType::bf16}) {
+      CAPTURE(dt);
+      CAPTURE(dd);
+      Generator gen(61);
+      std::vector<std::shared_ptr<LoRALinear>> layers;
+      std::vector<Tensor> probes;
+      for (int i = 0; i < 3; ++i) {
+        Linear lin(96, 40 + 8 * i, gen, /*bias=*/false);
+        NF4Options o;
+        o.dequant_dtype = dd;
+        auto layer = std::make_shared<LoRALinear>(
+            std::make_shared<NF4Linear>(lin, o),
+            LoRAOptions{.rank = 4, .alpha = 8, .dropout = 0.2, .dtype = dt, .seed = uint64_t(i)});
+        {
+          NoGradGuard ng;
+          copy_(layer->lora_B(), randn(layer->lora_B().shape(), gen, {.dtype = dt}));
+        }
+        layers.push_back(layer);
+        probes.push_back(randn({70, 40 + 8 * i}, gen, {.dtype = dt}));
+      }
+      std::vector<GeneratorState> states;
+      for (auto& l : layers) states.push_back(l->dropout_generator().state());
+      const auto rewind = [&] {
+        for (size_t i = 0; i < layers.size(); ++i)
+          layers[i]->dropout_generator().set_state(states[i]);
+      };
+      const Tensor x0 = randn({70, 96}, gen, {.dtype = dt});
+      Tensor alone = zeros_like(x0);
+      rewind();
+      for (size_t i = 0; i < layers.size(); ++i) {
+        Tensor x = x0.clone().requires_grad_();
+        sum((*layers[i])(x)*probes[i]).backward();
+        alone = alone + x.grad();
+      }
+      rewind();
+      Tensor x = x0.clone().requires_grad_();
+      const Tensor h = x * 1.0;  // a node's output, as a norm's is
+      Tensor loss = sum((*layers[0])(h)*probes[0]);
+      for (size_t i = 1; i < layers.size(); ++i) loss = loss + sum((*layers[i])(h)*probes[i]);
+      loss.backward();
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+      CHECK(max_abs_diff(x.grad(), alone) <= tol * max(abs(alone)).item());
+    }
+}
+
 TEST_CASE("LoRA training: a frozen NF4 MLP plus adapters learns a synthetic task") {
   Generator gen(53);
   auto model =
