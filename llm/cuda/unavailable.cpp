@@ -32,6 +32,7 @@ const LlmKernelTable& unavailable_table() {
       .swiglu_grad = [](auto...) { unavailable("swiglu backward"); },
       .attention = [](auto...) { unavailable("scaled_dot_product_attention"); },
       .attention_grad = [](auto...) { unavailable("scaled_dot_product_attention backward"); },
+      .lm_loss_rows = [](auto...) { unavailable("chunked_causal_lm_loss"); },
   };
   return t;
 }

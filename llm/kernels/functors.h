@@ -106,4 +106,18 @@ QUANTA_HD inline A attention_score_grad(A p, A dp, A delta) {
   return p * (dp - delta);
 }
 
+/** The causal-LM loss of one row from its max m, its sum s of exp(x - m)
+ * and its target's logit: logsumexp - x[target]. */
+template <class A>
+QUANTA_HD inline A lm_row_loss(A m, A s, A target_logit) {
+  return m + std::log(s) - target_logit;
+}
+
+/** The loss's gradient at one logit from e = exp(x - m) and 1 / s:
+ * softmax's value, less 1 at the target. */
+template <class A>
+QUANTA_HD inline A lm_logit_grad(A e, A inv_sum, bool is_target) {
+  return e * inv_sum - (is_target ? A(1) : A(0));
+}
+
 }  // namespace quanta::llm::fn

@@ -123,13 +123,24 @@ struct LlmKernelTable {
    * the same bits on every run. */
   void (*attention_grad)(const AttentionArgs& a, const void* grad_out, void* delta, void* gq,
                          void* gk, void* gv);
+
+  /** The causal-LM loss of rows of logits [rows, vocab] (contiguous, f32
+   * or f64: the loss's accumulation dtype) against targets [rows] (i64,
+   * each ignore_index or in [0, vocab)): loss[r] = logsumexp(row) -
+   * row[target] (fn::lm_row_loss), 0 for an ignored row. With `grad`, each
+   * row is overwritten by its loss's gradient, softmax(row) less 1 at the
+   * target (fn::lm_logit_grad), zeros for an ignored row. Each row is read
+   * from memory once and, with grad, written once. */
+  void (*lm_loss_rows)(DType dtype, void* logits, const int64_t* targets, int64_t rows,
+                       int64_t vocab, int64_t ignore_index, bool grad, void* loss);
 };
 
 /** Every function entry of LlmKernelTable, in the table's order: the CPU,
  * CUDA and sim tables and the entries' declarations are made from it, as
  * the engine's are from QUANTA_KERNEL_ENTRIES. */
 #define QUANTA_LLM_KERNEL_ENTRIES(X) \
-  X(rms_norm) X(rms_norm_grad) X(rope) X(swiglu) X(swiglu_grad) X(attention) X(attention_grad)
+  X(rms_norm)                        \
+  X(rms_norm_grad) X(rope) X(swiglu) X(swiglu_grad) X(attention) X(attention_grad) X(lm_loss_rows)
 /** Declares a device's function for `entry`, with the entry's type. */
 #define QUANTA_DECLARE_LLM_KERNEL(entry) QUANTA_DECLARE_ENTRY(LlmKernelTable, entry)
 

@@ -2,11 +2,15 @@
 // forms each chunk's gradients while its logits are alive).
 #include "llm/model/lm_loss.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
+#include <string>
 
 #include "engine/autograd/function.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/autograd/node.h"
+#include "engine/device_backend.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
@@ -14,8 +18,8 @@
 #include "engine/ops/linalg.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/reductions.h"
-#include "engine/ops/softmax.h"
 #include "engine/ops/view.h"
+#include "llm/kernels/table.h"
 
 namespace quanta::llm {
 namespace {
@@ -40,6 +44,26 @@ Tensor next_labels(const Tensor& labels) {
   return reshape(contiguous(slice(labels, 1, 1, T)), {B * (T - 1)});
 }
 
+// Targets each ignore_index or in [0, vocab), as cross_entropy checks them:
+// on the CPU at once, naming the bad one; on a device by the device,
+// reported at the next read (a bad target then reads as class 0).
+Tensor checked_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+  if (device_caps(targets.device()).host_readable) {
+    for (int64_t v : targets.to_vector<int64_t>())
+      if (v != ignore_index && (v < 0 || v >= vocab))
+        throw std::invalid_argument("[chunked_causal_lm_loss] target " + std::to_string(v) +
+                                    " is out of range for a vocabulary of " +
+                                    std::to_string(vocab) + " (ignore_index " +
+                                    std::to_string(ignore_index) + ")");
+    return targets;
+  }
+  const TensorOptions opts{.dtype = DType::i64, .device = targets.device()};
+  const Tensor ignored = eq(targets, scalar(static_cast<double>(ignore_index), opts));
+  const Tensor checked = detail::checked_index(
+      "chunked_causal_lm_loss", contiguous(where(ignored, scalar(0.0, opts), targets)), 0, vocab);
+  return where(ignored, targets, checked);
+}
+
 }  // namespace
 
 Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
@@ -59,6 +83,11 @@ Tensor causal_lm_loss(const Tensor& logits, const Tensor& labels, int64_t ignore
   return cross_entropy(x, reshape(shifted, {B * T}), Reduction::mean, ignore_index);
 }
 
+int64_t loss_chunk_tokens(int64_t vocab) {
+  const int64_t rows = kLossChunkBytes / (int64_t{4} * std::max<int64_t>(vocab, 1));
+  return std::max<int64_t>(64, rows / 64 * 64);
+}
+
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               int64_t chunk_tokens, int64_t ignore_index) {
   constexpr const char* op = "chunked_causal_lm_loss";
@@ -71,10 +100,12 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   check_labels(op, labels, B, T);
   if (T < 2)
     throw std::invalid_argument("[chunked_causal_lm_loss] needs at least 2 tokens per row");
-  if (chunk_tokens < 1)
-    throw std::invalid_argument("[chunked_causal_lm_loss] chunk_tokens must be >= 1");
-  const int64_t N = B * (T - 1);
-  const Tensor targets = next_labels(labels.to(hidden.device()));
+  if (chunk_tokens < 0)
+    throw std::invalid_argument("[chunked_causal_lm_loss] chunk_tokens must be >= 0 (0: " +
+                                std::string("automatic), got ") + std::to_string(chunk_tokens));
+  const int64_t N = B * (T - 1), V = weight.size(0);
+  if (chunk_tokens == 0) chunk_tokens = loss_chunk_tokens(V);
+  const Tensor targets = checked_targets(next_labels(labels.to(hidden.device())), V, ignore_index);
   const Tensor valid = ne(targets, full_like(targets, static_cast<double>(ignore_index)));
   // The number of counted labels stays on the device: no host sync.
   const DType acc = loss_dtype(weight.dtype());
@@ -103,20 +134,19 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     Tensor gw = weight_grad ? zeros(w.shape(), {.dtype = acc, .device = h.device()}) : Tensor();
     for (int64_t n0 = 0; n0 < N; n0 += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - n0);
-      const Tensor hc = narrow(h, 0, n0, n), t = narrow(targets, 0, n0, n);
-      Tensor logits = linear(hc, w).to(acc);
-      total = add(total, cross_entropy(logits, t, Reduction::sum, ignore_index));
+      const Tensor hc = narrow(h, 0, n0, n);
+      const Tensor t = contiguous(narrow(targets, 0, n0, n));
+      // The chunk's logits, this loop's own: the kernel turns them into
+      // their gradient (softmax less 1 at the target, ignored rows zero) in
+      // place, one pass, while it sums each row's loss.
+      Tensor dlogits = linear(hc, w).to(acc).contiguous();
+      if (!autograd::sole_storage(dlogits)) dlogits = dlogits.clone();
+      const Tensor row_loss = empty({n}, {.dtype = acc, .device = h.device()});
+      llm_kernels(h.device())
+          .lm_loss_rows(acc, dlogits.raw_data(), static_cast<const int64_t*>(t.raw_data()), n, V,
+                        ignore_index, differentiated, row_loss.raw_data());
+      total = add(total, sum(row_loss));
       if (!differentiated) continue;
-      const Tensor ok = unsqueeze(narrow(valid, 0, n0, n).to(acc), 1);
-      const Tensor safe = unsqueeze(where(narrow(valid, 0, n0, n), t, zeros_like(t)), 1);
-      // softmax - one_hot(target), ignored rows zero: the -1 added at each
-      // target (p + (-1) is p - 1 exactly), never a [chunk, vocab] one-hot,
-      // and at most two [chunk, vocab] tensors alive at once.
-      Tensor dlogits = softmax(logits, 1);
-      logits = Tensor();
-      // In place: dlogits is this loop's own.
-      dlogits = scatter_add(std::move(dlogits), 1, safe, neg(ok));
-      mul_(dlogits, ok);
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
     }

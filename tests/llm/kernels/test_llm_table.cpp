@@ -62,6 +62,8 @@ TEST_CASE("llm kernels: the stand-in CUDA table names the op and why in every en
       {"scaled_dot_product_attention", message_of([&] { t.attention(args); })},
       {"scaled_dot_product_attention backward",
        message_of([&] { t.attention_grad(args, f, f, f, f, f); })},
+      {"chunked_causal_lm_loss",
+       message_of([&] { t.lm_loss_rows(DType::f32, f, nullptr, 1, 1, -100, true, f); })},
   };
   for (const auto& [op, msg] : calls) {
     INFO(msg);

@@ -256,6 +256,52 @@ TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") 
   }
 }
 
+TEST_CASE(
+    "chunked_causal_lm_loss: fused loss rows on every device, f32 and f64, eval, bad targets") {
+  // Each chunk's rows go through the table's lm_loss_rows (loss and, in
+  // place, softmax less the target): against the plain loss over the whole
+  // logits, with an ignored label, chunks that do not divide the rows, a
+  // frozen weight; without grad mode the loss alone.
+  for (const Device dev : test_devices())
+    for (const DType dt : {DType::f32, DType::f64}) {
+      INFO("device ", dev.str(), " ", dtype_name(dt));
+      Generator gen(11);
+      const Tensor h = randn({2, 6, 8}, gen, {.dtype = dt}).to(dev).requires_grad_(true);
+      const Tensor w = randn({37, 8}, gen, {.dtype = dt}).to(dev);
+      Tensor labels = randint(0, 37, {2, 6}, gen);
+      copy_(select(select(labels, 0, 0), 0, 3), full({}, -100, {.dtype = DType::i64}));
+      const Tensor plain = llm::causal_lm_loss(linear(h, w), labels.to(dev));
+      const Tensor g_plain = autograd::grad({plain}, {h})[0];
+      const Tensor chunked = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 4);
+      const Tensor g_chunked = autograd::grad({chunked}, {h})[0];
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+      CHECK(std::abs(plain.to_vector<double>()[0] - chunked.to_vector<double>()[0]) <
+            tol * std::abs(plain.to_vector<double>()[0]));
+      CHECK(max_rel_diff(g_chunked, g_plain) < tol);
+      NoGradGuard no_grad;
+      const Tensor eval = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 5);
+      CHECK_FALSE(eval.requires_grad());
+      CHECK(std::abs(plain.to_vector<double>()[0] - eval.to_vector<double>()[0]) <
+            tol * std::abs(plain.to_vector<double>()[0]));
+    }
+  // A target outside the vocabulary (and not ignore_index) is named.
+  Generator gen(12);
+  const Tensor h = randn({1, 4, 8}, gen).requires_grad_(true);
+  const Tensor w = randn({37, 8}, gen);
+  const Tensor bad = from_vector<int64_t>({1, 2, 37, 3}, {1, 4});
+  CHECK_THROWS_WITH_AS(llm::chunked_causal_lm_loss(h, w, bad),
+                       doctest::Contains("target 37 is out of range for a vocabulary of 37"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      llm::chunked_causal_lm_loss(h, w, from_vector<int64_t>({1, 2, 3, 4}, {1, 4}), -1),
+      doctest::Contains("chunk_tokens must be >= 0"), std::invalid_argument);
+  // The automatic chunk: one chunk's f32 logits within kLossChunkBytes.
+  CHECK(llm::loss_chunk_tokens(32000) == 1024);
+  CHECK(llm::loss_chunk_tokens(128256) == 256);
+  CHECK(llm::loss_chunk_tokens(4) == llm::kLossChunkBytes / 16);
+  CHECK(llm::loss_chunk_tokens(int64_t{1} << 40) == 64);
+}
+
 TEST_CASE("CausalLM: save writes a folder that loads back to the same weights") {
   TempDir tmp;
   auto model = llm::load_causal_lm(data_dir() + "/models/llama_tied_llama3");
