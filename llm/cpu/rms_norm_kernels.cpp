@@ -39,7 +39,8 @@ void rms_norm(DType dtype, const void* x_, const void* weight_, int64_t rows, in
 }
 
 void rms_norm_grad(DType dtype, const void* x_, const void* weight_, const void* inv_rms_,
-                   const void* gy_, int64_t rows, int64_t n, void* gx_, void* gw_) {
+                   const void* gy_, int64_t rows, int64_t n, void* gx_, void* gw_,
+                   bool accumulate_gx) {
   dispatch_llm(dtype, "rms_norm backward", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
@@ -50,21 +51,25 @@ void rms_norm_grad(DType dtype, const void* x_, const void* weight_, const void*
     T* gx = static_cast<T*>(gx_);
     T* gw = static_cast<T*>(gw_);
     const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(n, 1));
-    parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* xr = x + r * n;
-        const T* gr = gy + r * n;
-        const A scale = inv_rms[r];
-        A dot = 0;
-        for (int64_t j = 0; j < n; ++j)
-          dot += static_cast<A>(gr[j]) * static_cast<A>(w[j]) * static_cast<A>(xr[j]);
-        const A c = dot / static_cast<A>(n);
-        T* out = gx + r * n;
-        for (int64_t j = 0; j < n; ++j)
-          out[j] = static_cast<T>(fn::rms_grad_x<A>(
-              static_cast<A>(xr[j]), static_cast<A>(gr[j]) * static_cast<A>(w[j]), scale, c));
-      }
-    });
+    if (gx)
+      parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const T* xr = x + r * n;
+          const T* gr = gy + r * n;
+          const A scale = inv_rms[r];
+          A dot = 0;
+          for (int64_t j = 0; j < n; ++j)
+            dot += static_cast<A>(gr[j]) * static_cast<A>(w[j]) * static_cast<A>(xr[j]);
+          const A c = dot / static_cast<A>(n);
+          T* out = gx + r * n;
+          for (int64_t j = 0; j < n; ++j) {
+            const A v = fn::rms_grad_x<A>(static_cast<A>(xr[j]),
+                                          static_cast<A>(gr[j]) * static_cast<A>(w[j]), scale, c);
+            out[j] = static_cast<T>(accumulate_gx ? static_cast<A>(out[j]) + v : v);
+          }
+        }
+      });
+    if (!gw) return;
     // The weight's gradient: columns split among threads, each column's sum
     // taken over the rows in order (the same bits for any thread count).
     const int64_t col_grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(rows, 1));

@@ -27,7 +27,7 @@ __global__ void rms_norm_kernel(const T* x, const T* w, int64_t rows, int64_t n,
 
 template <class T, class A>
 __global__ void rms_norm_input_grad_kernel(const T* x, const T* w, const A* inv_rms, const T* gy,
-                                           int64_t rows, int64_t n, T* gx) {
+                                           int64_t rows, int64_t n, T* gx, bool accumulate) {
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(r, rows) {
     const T* xr = x + r * n;
@@ -37,9 +37,11 @@ __global__ void rms_norm_input_grad_kernel(const T* x, const T* w, const A* inv_
       dot += static_cast<A>(gr[j]) * static_cast<A>(w[j]) * static_cast<A>(xr[j]);
     const A c = warp_sum(dot) / static_cast<A>(n);
     const A scale = inv_rms[r];
-    for (int64_t j = lane; j < n; j += kWarp)
-      gx[r * n + j] = static_cast<T>(fn::rms_grad_x<A>(
-          static_cast<A>(xr[j]), static_cast<A>(gr[j]) * static_cast<A>(w[j]), scale, c));
+    for (int64_t j = lane; j < n; j += kWarp) {
+      const A v = fn::rms_grad_x<A>(static_cast<A>(xr[j]),
+                                    static_cast<A>(gr[j]) * static_cast<A>(w[j]), scale, c);
+      gx[r * n + j] = static_cast<T>(accumulate ? static_cast<A>(gx[r * n + j]) + v : v);
+    }
   }
 }
 
@@ -73,19 +75,20 @@ void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int6
 }
 
 void rms_norm_grad(DType dtype, const void* x, const void* weight, const void* inv_rms,
-                   const void* gy, int64_t rows, int64_t n, void* gx, void* gw) {
+                   const void* gy, int64_t rows, int64_t n, void* gx, void* gw,
+                   bool accumulate_gx) {
   dispatch_llm(dtype, "rms_norm backward", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = warp_grid_for(rows);
-    if (g.blocks > 0 && n > 0) {
+    if (gx && g.blocks > 0 && n > 0) {
       rms_norm_input_grad_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(
           static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const A*>(inv_rms),
-          static_cast<const T*>(gy), rows, n, static_cast<T*>(gx));
+          static_cast<const T*>(gy), rows, n, static_cast<T*>(gx), accumulate_gx);
       QUANTA_CUDA_CHECK_LAUNCH();
     }
     const cuda::LaunchConfig c = grid_for(n);
-    if (c.blocks == 0) return;
+    if (!gw || c.blocks == 0) return;
     rms_norm_weight_grad_kernel<T, A><<<blocks_of(c), c.threads, 0, cuda::stream()>>>(
         static_cast<const T*>(x), static_cast<const A*>(inv_rms), static_cast<const T*>(gy), rows,
         n, static_cast<T*>(gw));

@@ -84,10 +84,13 @@ struct LlmKernelTable {
   void (*rms_norm)(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n,
                    double eps, void* y, void* inv_rms);
   /** Its backward, the roundings taken as identities: with g = gy * weight,
-   * gx = r g - x r^3 mean(g x) per row, gw[j] = sum over rows of gy x r,
-   * added in row order. gx [rows, n] and gw [n] of `dtype`. */
+   * gx = r g - x r^3 mean(g x) per row (gx += that with accumulate_gx: the
+   * sum of x's other gradients), gw[j] = sum over rows of gy x r, added in
+   * row order. gx [rows, n] and gw [n] of `dtype`; either may be null (not
+   * wanted: a frozen weight, an input that needs no gradient). */
   void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, const void* inv_rms,
-                        const void* gy, int64_t rows, int64_t n, void* gx, void* gw);
+                        const void* gy, int64_t rows, int64_t n, void* gx, void* gw,
+                        bool accumulate_gx);
 
   /** Rotary embedding as transformers applies it (rotate_half): for x
    * [rows, heads, dim] contiguous and cos, sin [rows, dim / 2] (accumulation

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "engine/autograd/function.h"
+#include "engine/autograd/node.h"
 #include "engine/factory.h"
 #include "llm/kernels/table.h"
 #include "llm/ops/checks.h"
@@ -27,6 +28,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     Tensor x, weight, inv_rms;
   };
   auto saved = std::make_shared<Saved>();
+  // The gradients taken: a frozen weight (a QLoRA model's norms) or an input
+  // that needs none (the first norm over frozen embeddings) costs no pass.
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   autograd::Function fn;
   fn.name = op;
   fn.forward = [saved, eps](const std::vector<Tensor>& in) {
@@ -40,15 +44,25 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     *saved = Saved{xc, wc, inv};
     return std::vector<Tensor>{y};
   };
-  fn.backward = [saved](const std::vector<Tensor>& g) {
+  fn.backward = [saved, need_x, need_w](const std::vector<Tensor>& g) {
     const Saved& s = *saved;
     const Tensor gy = g[0].to(s.x.dtype()).contiguous();
     const LlmKernelTable& k = llm_kernels_for("rms_norm backward", {&s.x, &gy});
     const int64_t rows = detail::leading_rows(s.x), cols = s.x.shape().back();
-    Tensor gx = empty(s.x.shape(), {.dtype = s.x.dtype(), .device = s.x.device()});
-    Tensor gw = empty({cols}, {.dtype = s.x.dtype(), .device = s.x.device()});
+    const TensorOptions opts{.dtype = s.x.dtype(), .device = s.x.device()};
+    Tensor gx, gw;
+    bool onto = false;
+    if (need_x) {
+      // Onto the sum of x's other gradients (the residual stream's) where
+      // the engine hands it over.
+      gx = autograd::gradient_sink(0, s.x.shape(), s.x.dtype(), s.x.device());
+      onto = gx.defined();
+      if (!onto) gx = empty(s.x.shape(), opts);
+    }
+    if (need_w) gw = empty({cols}, opts);
     k.rms_norm_grad(s.x.dtype(), s.x.raw_data(), s.weight.raw_data(), s.inv_rms.raw_data(),
-                    gy.raw_data(), rows, cols, gx.raw_data(), gw.raw_data());
+                    gy.raw_data(), rows, cols, gx.defined() ? gx.raw_data() : nullptr,
+                    gw.defined() ? gw.raw_data() : nullptr, onto);
     return std::vector<Tensor>{gx, gw};
   };
   return autograd::apply(fn, {x, weight})[0];

@@ -57,7 +57,7 @@ TEST_CASE("llm kernels: the stand-in CUDA table names the op and why in every en
   const std::vector<std::pair<std::string, std::string>> calls = {
       {"rms_norm", message_of([&] { t.rms_norm(DType::f32, f, f, 1, 1, 1e-6, f, f); })},
       {"rms_norm backward",
-       message_of([&] { t.rms_norm_grad(DType::f32, f, f, f, f, 1, 1, f, f); })},
+       message_of([&] { t.rms_norm_grad(DType::f32, f, f, f, f, 1, 1, f, f, false); })},
       {"rope", message_of([&] { t.rope(DType::f32, false, f, f, f, 1, 1, 2, f); })},
       {"scaled_dot_product_attention", message_of([&] { t.attention(args); })},
       {"scaled_dot_product_attention backward",

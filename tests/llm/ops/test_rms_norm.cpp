@@ -7,6 +7,8 @@
 #include "engine/ops/harness.h"
 #include "llm/ops/rms_norm.h"
 #include "op_fixtures.h"
+#include "support/gpu.h"
+#include "support/relative_error.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -54,6 +56,47 @@ TEST_CASE("rms_norm: equals transformers' LlamaRMSNorm in f32 and bf16") {
   // The same two roundings as transformers: equal to the bit but where the
   // f32 sum of squares rounds differently (then one bf16 step at most).
   CHECK(max_rel_diff(yb, fixture_tensor(f.at("y_bf16"))) <= 0x1p-8);
+}
+
+TEST_CASE("rms_norm: only the gradients taken, the input's added onto its other gradients") {
+  // As a decoder uses it: x on the residual stream (read by the norm and by
+  // the residual add) and a frozen weight (QLoRA). The input gradient adds
+  // onto the residual's in the kernel; the frozen weight gets none; an
+  // input that needs no gradient (the first norm over frozen embeddings)
+  // gets none either. Against the same graph with a trained weight.
+  for (const Device dev : test_devices())
+    for (const DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      INFO(dev.str(), " ", dtype_name(dt));
+      Generator gen(3);
+      const Tensor x0 = randn({5, 16}, gen, {.dtype = dt}).to(dev);
+      const Tensor w0 = (randn({16}, gen) + 1.0).to(dt).to(dev);
+      const Tensor probe = randn({5, 16}, gen, {.dtype = dt}).to(dev);
+      const auto grads = [&](bool train_w) {
+        Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(train_w);
+        const Tensor h = x * 2.0;
+        // An op between the norm and the residual add, as attention is: the
+        // add's gradient for h is then the engine's alone when the norm runs.
+        Tensor y = llm::rms_norm(h, w, 1e-6) * 3.0;
+        y = sum((y + h) * probe);
+        y.backward();
+        return std::pair<Tensor, Tensor>{x.grad(), w.grad()};
+      };
+      const auto [gx_frozen, gw_frozen] = grads(false);
+      const auto [gx_trained, gw_trained] = grads(true);
+      CHECK_FALSE(gw_frozen.defined());
+      CHECK(gw_trained.defined());
+      // The reference: the norm's input gradient alone (its input a leaf of
+      // its own), plus the residual's, times h's 2.
+      Tensor h = (x0 * 2.0).requires_grad_();
+      sum(llm::rms_norm(h, w0, 1e-6) * 3.0 * probe).backward();
+      const Tensor want = (h.grad() + probe) * 2.0;
+      const double tol = dt == DType::bf16 ? 0x1p-6 : dt == DType::f32 ? 1e-6 : 1e-14;
+      CHECK(max_rel_diff(gx_frozen, want) <= tol);
+      CHECK(max_rel_diff(gx_trained, want) <= tol);
+      // Nothing to differentiate into: a constant input and weight.
+      const Tensor y = llm::rms_norm(x0, w0.clone().requires_grad_(), 1e-6);
+      sum(y * probe).backward();
+    }
 }
 
 TEST_CASE("rms_norm: clear errors") {
