@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "engine/cpu/block_cache.h"
@@ -34,12 +35,14 @@ int64_t block_rows(int64_t k) {
   return rows / 8 * 8;
 }
 
-// The rows of one block: words[i] the stream's word for element i of the
-// block, xd its dropped copy of x.
+// The rows of one block: its keep-mask as the stream's words (words[i] for
+// element i of the block) or as kept bits (DropoutProduct::keep_bits' rows,
+// keep_bit_words(k) words each), and xd its dropped copy of x.
 template <class T>
 struct Block {
   int64_t m0 = 0, rows = 0;
   const uint32_t* words = nullptr;
+  const uint16_t* bits = nullptr;
   T* xd = nullptr;
 };
 
@@ -49,9 +52,60 @@ void draw_block(const KeepMask<T>& mask, int64_t k, Block<T>& b, uint32_t* words
   b.words = words;
 }
 
+// Whether element c of the block's row i is kept, from its bit.
+inline bool kept_bit(const uint16_t* bits, int64_t bw, int64_t i, int64_t c) {
+  return (bits[i * bw + c / 16] >> (c % 16)) & 1u;
+}
+
+// The block's words as kept bits into bits (keep_bits' layout).
+void pack_bits(const uint32_t* words, int64_t rows, int64_t k, uint32_t cut, uint16_t* bits) {
+  const int64_t bw = keep_bit_words(k);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t w = 0; w < bw; ++w) {
+      const int64_t c0 = w * 16, n = std::min<int64_t>(16, k - c0);
+      const uint32_t* row = words + i * k + c0;
+#if defined(__AVX512F__)
+      const auto in = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+      bits[i * bw + w] = _mm512_mask_cmplt_epu32_mask(in, _mm512_maskz_loadu_epi32(in, row),
+                                                      _mm512_set1_epi32(static_cast<int>(cut)));
+#else
+      uint16_t v = 0;
+      for (int64_t j = 0; j < n; ++j) v |= static_cast<uint16_t>((row[j] < cut ? 1u : 0u) << j);
+      bits[i * bw + w] = v;
+#endif
+    }
+}
+
+// xd = x * (kept or dropped) over the block's rows, from its bits.
+template <class T>
+void select_bits(const uint16_t* bits, int64_t rows, int64_t k, const T* x, T* xd, T kept,
+                 T dropped) {
+  const int64_t bw = keep_bit_words(k);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 kv = _mm512_set1_ps(kept), dv = _mm512_set1_ps(dropped);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t w = 0; w < bw; ++w) {
+        const int64_t c0 = w * 16, n = std::min<int64_t>(16, k - c0);
+        const auto in = static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+        const __m512 m = _mm512_mask_blend_ps(bits[i * bw + w], dv, kv);
+        const __m512 v = _mm512_maskz_loadu_ps(in, x + i * k + c0);
+        _mm512_mask_storeu_ps(xd + i * k + c0, in, _mm512_mul_ps(v, m));
+      }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < k; ++c)
+      xd[i * k + c] = x[i * k + c] * (kept_bit(bits, bw, i, c) ? kept : dropped);
+}
+
 template <class T>
 void drop_block(const KeepMask<T>& mask, const T* x, int64_t k, Block<T>& b, T* xd) {
-  select_words(b.words, x + b.m0 * k, xd, b.rows * k, mask.cut, mask.kept, mask.dropped);
+  if (b.bits)
+    select_bits(b.bits, b.rows, k, x + b.m0 * k, xd, mask.kept, mask.dropped);
+  else
+    select_words(b.words, x + b.m0 * k, xd, b.rows * k, mask.cut, mask.kept, mask.dropped);
   b.xd = xd;
 }
 
@@ -102,12 +156,18 @@ struct LoopProducts {
     for (int64_t i = 0; i < b.rows; ++i)
       for (int64_t j = 0; j < r; ++j) axpy(k, gt[i * r + j], w + j * k, scratch + i * k);
     T* out = gx + b.m0 * k;
-    if (!accumulate) {
+    if (!accumulate && !b.bits) {
       select_words(b.words, scratch, out, b.rows * k, mask.cut, mask.kept, mask.dropped);
       return;
     }
-    for (int64_t e = 0; e < b.rows * k; ++e)
-      out[e] += scratch[e] * (b.words[e] < mask.cut ? mask.kept : mask.dropped);
+    const int64_t bw = keep_bit_words(k);
+    for (int64_t i = 0; i < b.rows; ++i)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t e = i * k + c;
+        const bool kept = b.bits ? kept_bit(b.bits, bw, i, c) : b.words[e] < mask.cut;
+        const T v = scratch[e] * (kept ? mask.kept : mask.dropped);
+        out[e] = accumulate ? out[e] + v : v;
+      }
   }
 };
 
@@ -141,8 +201,9 @@ void forward_tile(const float* x, int64_t k, const float* wt, int64_t rp, __mmas
 // chunk, 16 rows of w in registers against the N rows of g.
 template <int N>
 void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int64_t r,
-                     const uint32_t* words, const KeepMask<float>& mask, float* gx,
-                     bool accumulate) {
+                     const uint32_t* words, const uint16_t* bits, const KeepMask<float>& mask,
+                     float* gx, bool accumulate) {
+  const int64_t bw = keep_bit_words(k);
   const __m512i cut = _mm512_set1_epi32(static_cast<int>(mask.cut));
   const __m512 kept = _mm512_set1_ps(mask.kept), dropped = _mm512_set1_ps(mask.dropped);
   for (int64_t c0 = 0; c0 < k; c0 += 16) {
@@ -164,8 +225,10 @@ void input_grad_tile(const float* g, int64_t rp, const float* w, int64_t k, int6
     }
 #pragma GCC unroll 8
     for (int i = 0; i < N; ++i) {
-      const __m512i wd = _mm512_maskz_loadu_epi32(in, words + i * k + c0);
-      const __m512 m = _mm512_mask_blend_ps(_mm512_cmplt_epu32_mask(wd, cut), dropped, kept);
+      const __mmask16 keep =
+          bits ? static_cast<__mmask16>(bits[i * bw + c0 / 16])
+               : _mm512_cmplt_epu32_mask(_mm512_maskz_loadu_epi32(in, words + i * k + c0), cut);
+      const __m512 m = _mm512_mask_blend_ps(keep, dropped, kept);
       float* out = gx + i * k + c0;
       const __m512 prev = accumulate ? _mm512_maskz_loadu_ps(in, out) : _mm512_setzero_ps();
       _mm512_mask_storeu_ps(out, in, _mm512_fmadd_ps(acc[i], m, prev));
@@ -246,17 +309,19 @@ struct TiledProducts {
                   float* gx, bool accumulate) const {
     for (int64_t i0 = 0; i0 < b.rows; i0 += 8)
       with_rows(std::min<int64_t>(8, b.rows - i0), [&]<int N>() {
-        input_grad_tile<N>(gt + i0 * rp, rp, w, k, r, b.words + i0 * k, mask, gx + (b.m0 + i0) * k,
-                           accumulate);
+        input_grad_tile<N>(gt + i0 * rp, rp, w, k, r, b.words ? b.words + i0 * k : nullptr,
+                           b.bits ? b.bits + i0 * keep_bit_words(k) : nullptr, mask,
+                           gx + (b.m0 + i0) * k, accumulate);
       });
   }
 };
 #endif
 
-// Forward: each block drawn, dropped and multiplied on one thread.
+// Forward: each block drawn, dropped and multiplied on one thread; its mask
+// kept as bits where keep_bits is set.
 template <class T, class Products>
 void forward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& prod) {
-  const int64_t k = d.k, r = d.r, rows = block_rows(k);
+  const int64_t k = d.k, r = d.r, rows = block_rows(k), bw = keep_bit_words(k);
   const T* x = static_cast<const T*>(d.x);
   T* t = static_cast<T*>(d.t);
   const int64_t blocks = (d.m + rows - 1) / rows;
@@ -266,6 +331,7 @@ void forward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& p
     for (int64_t i = lo; i < hi; ++i) {
       Block<T> b{.m0 = i * rows, .rows = std::min(rows, d.m - i * rows)};
       draw_block(mask, k, b, words.as<uint32_t>());
+      if (d.keep_bits) pack_bits(b.words, b.rows, k, mask.cut, d.keep_bits + b.m0 * bw);
       drop_block(mask, x, k, b, xd.as<T>());
       prod.forward(b, t + b.m0 * r);
     }
@@ -291,9 +357,11 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
   // Each chunk's first block writes its partial sum: no zeroing needed.
   const ScratchBuffer partial_sums(gw ? sizeof(T) * size_t(chunks * r * k) : 0);
   T* partial = partial_sums.as<T>();
+  // With the forward's bits nothing is drawn.
+  const int64_t bw = keep_bit_words(k);
+  const size_t word_count = d.keep_bits ? 0 : size_t(rows * k);
   parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
-    const ScratchBuffer words(sizeof(uint32_t) * size_t(rows * k)),
-        xd(sizeof(T) * size_t(rows * k));
+    const ScratchBuffer words(sizeof(uint32_t) * word_count), xd(sizeof(T) * size_t(rows * k));
     std::vector<T> gt_rows(size_t(rows * padded), T(0));
     for (int64_t c = lo; c < hi; ++c) {
       const int64_t first = c * per_chunk, end = std::min(blocks, first + per_chunk);
@@ -301,7 +369,10 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
         Block<T> b{.m0 = i * rows, .rows = std::min(rows, d.m - i * rows)};
         for (int64_t j = 0; j < b.rows; ++j)
           std::copy(gt + (b.m0 + j) * r, gt + (b.m0 + j + 1) * r, gt_rows.data() + j * padded);
-        draw_block(mask, k, b, words.as<uint32_t>());
+        if (d.keep_bits)
+          b.bits = d.keep_bits + b.m0 * bw;
+        else
+          draw_block(mask, k, b, words.as<uint32_t>());
         if (gw) {
           drop_block(mask, x, k, b, xd.as<T>());
           prod.weight_grad(b, gt_rows.data(), partial + c * r * k, i > first);

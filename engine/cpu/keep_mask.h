@@ -11,6 +11,17 @@
 
 namespace quanta::cpu {
 
+/** Whether the fused dropout_product keeps the mask as bits (its AVX-512
+ * build; without AVX-512 f32 takes the unfused steps, which cannot). */
+#if defined(__AVX512F__)
+inline constexpr bool kDropoutKeepsBits = true;
+#else
+inline constexpr bool kDropoutKeepsBits = false;
+#endif
+
+/** 16-bit words of keep bits per row of k elements. */
+inline int64_t keep_bit_words(int64_t k) { return (k + 15) / 16; }
+
 template <class T>
 struct KeepMask {
   PhiloxStream stream;

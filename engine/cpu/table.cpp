@@ -1,6 +1,7 @@
 // The CPU kernel table: every entry the function of its name (kernels.h).
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/gemm_bf16.h"
+#include "engine/cpu/keep_mask.h"
 #include "engine/cpu/kernels.h"
 
 namespace quanta::cpu {
@@ -13,6 +14,7 @@ const KernelTable& cpu_kernels() {
                                  .gemm_f16 = false,
                                  .half_elementwise = true,
                                  .half_reductions = true,
+                                 .dropout_keeps_bits = kDropoutKeepsBits,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

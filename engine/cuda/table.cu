@@ -12,6 +12,7 @@ const KernelTable& cuda_kernels() {
                                  .gemm_f16 = true,
                                  .half_elementwise = true,
                                  .half_reductions = true,
+                                 .dropout_keeps_bits = false,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_FILL_KERNEL)};
   return table;
 }

@@ -23,6 +23,7 @@ const KernelTable& unavailable_kernels() {
       .gemm_f16 = false,
       .half_elementwise = false,
       .half_reductions = false,
+      .dropout_keeps_bits = false,
       .fill = [](auto...) { no_cuda("fill_"); },
       .copy = [](auto...) { no_cuda("copy_"); },
       .unary = [](UnaryOp op, auto...) { no_cuda(op_name(op)); },

@@ -143,6 +143,12 @@ struct DropoutProduct {
   void* gx = nullptr;
   void* gw = nullptr;
   bool accumulate_gx = false;
+  /** Where the device keeps them (KernelTable::dropout_keeps_bits; else
+   * null): the keep-mask as bits, ceil(k / 16) 16-bit words a row of x, bit
+   * j of word w of row i set when element (i, 16 w + j) is kept. The
+   * forward writes them; the backward reads them instead of drawing the
+   * stream's words again. */
+  uint16_t* keep_bits = nullptr;
 };
 
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is
@@ -216,6 +222,10 @@ struct KernelTable {
    * max and min, reducing in f32 into f32 outputs (no widened copy of the
    * input; sums in the device's order). Else ops widen first. */
   bool half_reductions;
+  /** True when dropout_product's forward writes DropoutProduct::keep_bits
+   * and its backward reads them (the CPU's fused kernel: the backward then
+   * draws nothing); else keep_bits must stay null. */
+  bool dropout_keeps_bits;
 
   /** dst[i] = value converted to dst's dtype (any plain dtype). */
   void (*fill)(const Shape& shape, const Operand& dst, double value);

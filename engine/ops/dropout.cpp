@@ -1,8 +1,10 @@
 // Dropout: a random keep-mask scaled by 1 / (1 - p). The backward draws the
 // same mask again from a copy of the generator taken before the forward's
 // draw, or from the forward's own fill (philox is counter based: the same key
-// and offset give the same words on every device), so no mask is kept
-// between the passes: a QLoRA step of a 110M decoder kept 650 MB of them.
+// and offset give the same words on every device), so no mask of values is
+// kept between the passes (a QLoRA step of a 110M decoder kept 650 MB of
+// them); dropout_linear keeps the mask as bits where the device's kernel
+// writes them (1/32 of x in f32), so its backward draws nothing.
 #include "engine/ops/dropout.h"
 
 #include <stdexcept>
@@ -73,11 +75,18 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
   out_shape.back() = r;
   Tensor out = detail::make_tensor(out_shape, dt, device);
   d.x = xc.raw_data(), d.w = wc.raw_data(), d.t = out.raw_data();
-  kernels(device).dropout_product(d);
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  // Where the device keeps the mask as bits (1/32 of x in f32), the backward
+  // reads them instead of drawing the words again.
+  Tensor bits;
+  if (kernels(device).dropout_keeps_bits && autograd::any_requires_grad({x, weight})) {
+    bits = detail::make_tensor({2 * m * ((k + 15) / 16)}, DType::u8, device);
+    d.keep_bits = static_cast<uint16_t*>(bits.raw_data());
+  }
+  kernels(device).dropout_product(d);
   return autograd::record(
       "dropout_linear", out, {x, weight},
-      [x = need_w ? xc.detach() : Tensor(), w = need_x ? wc.detach() : Tensor(),
+      [x = need_w ? xc.detach() : Tensor(), w = need_x ? wc.detach() : Tensor(), bits,
        x_shape = x.shape(), mask = d.mask, m, k, r, dt, device, need_x, need_w](const Tensor& g) {
         // dx = (g w) * mask and dw = g^T (x * mask) over the rows, in one
         // kernel: x * mask is formed again, never stored.
@@ -86,6 +95,7 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
         b.mask = mask;
         b.m = m, b.k = k, b.r = r;
         b.gt = gc.raw_data();
+        if (bits.defined()) b.keep_bits = static_cast<uint16_t*>(bits.raw_data());
         Tensor gx, gw;
         if (need_x) {
           // Onto the sum of x's other gradients where the engine hands it over.

@@ -17,9 +17,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
  * or f64, it runs as KernelTable::dropout_product (on the CPU each block of
  * rows dropped and multiplied while in cache, the dropped copy never
  * stored, for f32 with AVX-512 and for f64), the graph keeps x (which other
- * ops keep too: LoRA's input is the frozen layer's input), and the backward
- * applies the forward's mask again without drawing. Other dtypes take the
- * two ops. */
+ * ops keep too: LoRA's input is the frozen layer's input) and, where the
+ * device keeps it (KernelTable::dropout_keeps_bits), the mask as bits, and
+ * the backward applies the forward's mask again without drawing. Other
+ * dtypes take the two ops. */
 Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
                       Generator& gen);
 

@@ -36,6 +36,7 @@ const KernelTable& sim_kernels() {
                                  .gemm_f16 = cpu::cpu_kernels().gemm_f16,
                                  .half_elementwise = cpu::cpu_kernels().half_elementwise,
                                  .half_reductions = cpu::cpu_kernels().half_reductions,
+                                 .dropout_keeps_bits = cpu::cpu_kernels().dropout_keeps_bits,
                                  QUANTA_KERNEL_ENTRIES(QUANTA_SIM_KERNEL)};
 #undef QUANTA_SIM_KERNEL
   return table;
