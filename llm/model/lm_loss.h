@@ -27,14 +27,17 @@ int64_t loss_chunk_tokens(int64_t vocab);
 
 /** The same loss from the final hidden states [batch, tokens, hidden] and the
  * output projection's weight [vocab, hidden], computing the logits
- * `chunk_tokens` positions at a time (0: loss_chunk_tokens(vocab)) (in
- * the weight's dtype, then upcast,
- * as the model's lm_head would), so that [tokens, vocab] f32 logits are
- * never all alive. When the result will be differentiated, the forward also
- * forms the gradients chunk by chunk (the logits are computed once; the
- * weight's gradient only when the weight requires grad) and the backward
- * scales them, so the loss can be differentiated once (a second backward
- * throws). Equal to causal_lm_loss(linear(hidden, weight), labels). */
+ * `chunk_tokens` positions at a time (0, the default: loss_chunk_tokens of
+ * the vocabulary), in the weight's dtype, then upcast, as the model's
+ * lm_head would, so that [tokens, vocab] f32 logits are never all alive.
+ * Each chunk's rows get their loss and, when the result will be
+ * differentiated, their gradient from one kernel (lm_loss_rows, in place
+ * over the logits); the forward forms the gradients chunk by chunk (the
+ * logits are computed once; the weight's gradient only when the weight
+ * requires grad) and the backward scales them, so the loss can be
+ * differentiated once (a second backward throws). A target outside the
+ * vocabulary other than ignore_index is an error. Equal to
+ * causal_lm_loss(linear(hidden, weight), labels). */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               int64_t chunk_tokens = 0, int64_t ignore_index = -100);
 
