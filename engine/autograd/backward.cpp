@@ -64,8 +64,8 @@ thread_local const std::vector<Tensor>* t_sinks = nullptr;
 class SinkScope {
  public:
   SinkScope(const Node& node, const Accumulator& pending) : outer_(t_sinks) {
+    // Sized only when something is offered: most nodes have nothing.
     const auto& edges = node.next_edges();
-    sinks_.resize(edges.size());
     for (size_t i = 0; i < edges.size(); ++i) {
       if (!edges[i].node) continue;
       const auto it = pending.find(edges[i].node.get());
@@ -73,7 +73,9 @@ class SinkScope {
       const Tensor& sum = it->second[edges[i].input_nr];
       // Checked before this copy: one input of two reaching the same sum
       // (x * x) is offered it, the other not.
-      if (sum.defined() && sole_owner(sum)) sinks_[i] = sum;
+      if (!sum.defined() || !sole_owner(sum)) continue;
+      sinks_.resize(edges.size());
+      sinks_[i] = sum;
     }
     t_sinks = &sinks_;
   }
@@ -223,6 +225,12 @@ Tensor gradient_sink(size_t input, const Shape& shape, DType dtype, Device devic
   if (!sum.defined() || sum.shape() != shape || sum.dtype() != dtype || sum.device() != device)
     return Tensor();
   return sum;
+}
+
+GradientBuffer gradient_buffer(size_t input, const Shape& shape, DType dtype, Device device) {
+  Tensor sum = gradient_sink(input, shape, dtype, device);
+  if (sum.defined()) return {std::move(sum), true};
+  return {quanta::detail::make_tensor(shape, dtype, device), false};
 }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

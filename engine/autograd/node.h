@@ -124,6 +124,15 @@ bool sole_owner(const Tensor& t);
  * instead of in a fresh buffer per consumer and a pass to add each. */
 Tensor gradient_sink(size_t input, const Shape& shape, DType dtype, Device device);
 
+/** Where a formula writes input `input`'s gradient: the offered sum
+ * (gradient_sink; `add`: add onto it) or else a fresh, uninitialised tensor
+ * of that shape, dtype and device (write it). */
+struct GradientBuffer {
+  Tensor tensor;
+  bool add = false;
+};
+GradientBuffer gradient_buffer(size_t input, const Shape& shape, DType dtype, Device device);
+
 /** Runs reverse mode from `roots` with seed gradients `grads` (undefined
  * entries allowed for one-element roots). */
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

@@ -156,10 +156,6 @@ struct LoopProducts {
     for (int64_t i = 0; i < b.rows; ++i)
       for (int64_t j = 0; j < r; ++j) axpy(k, gt[i * r + j], w + j * k, scratch + i * k);
     T* out = gx + b.m0 * k;
-    if (!accumulate && !b.bits) {
-      select_words(b.words, scratch, out, b.rows * k, mask.cut, mask.kept, mask.dropped);
-      return;
-    }
     const int64_t bw = keep_bit_words(k);
     for (int64_t i = 0; i < b.rows; ++i)
       for (int64_t c = 0; c < k; ++c) {
@@ -427,11 +423,10 @@ struct WholeSteps {
             {static_cast<const T*>(b.data), b.rs, b.cs}, static_cast<T*>(c), n);
   }
   void add(int64_t n, const void* src, void* dst) {
-    const T* s = static_cast<const T*>(src);
-    T* d = static_cast<T*>(dst);
-    parallel_for(0, n, kGrainElements, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) d[i] += s[i];
-    });
+    const int64_t one = 1;
+    const Operand from{const_cast<void*>(src), dtype_of<T>::value, &one};
+    update(UpdateOp::add_scaled, ScalarArgs{1.0, 0.0}, Shape{n},
+           Operand{dst, dtype_of<T>::value, &one}, from, from);
   }
 };
 

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "engine/cpu/block_cache.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 
 #ifdef QUANTA_GEMM_ONEDNN
@@ -129,10 +130,10 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, 
     const ScratchBuffer sums(sizeof(float) * size_t(m * n));
     float* s = sums.as<float>();
     gemm_bf16(m, n, k, a, b, s, n, false);
-    parallel_for(0, m, std::max<int64_t>(1, kGrainElements / n), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += s[i * n + j];
-    });
+    const int64_t c_strides[2] = {ldc, 1}, s_strides[2] = {n, 1};
+    const Operand sum{s, DType::f32, s_strides};
+    update(UpdateOp::add_scaled, ScalarArgs{1.0, 0.0}, {m, n}, {c, DType::f32, c_strides}, sum,
+           sum);
     return;
   }
   const dnnl::memory::dims sa = plain_strides(m, k, a.rs, a.cs);

@@ -19,9 +19,6 @@ inline constexpr bool kDropoutKeepsBits = true;
 inline constexpr bool kDropoutKeepsBits = false;
 #endif
 
-/** 16-bit words of keep bits per row of k elements. */
-inline int64_t keep_bit_words(int64_t k) { return (k + 15) / 16; }
-
 template <class T>
 struct KeepMask {
   PhiloxStream stream;

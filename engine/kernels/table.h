@@ -151,6 +151,9 @@ struct DropoutProduct {
   uint16_t* keep_bits = nullptr;
 };
 
+/** 16-bit words of DropoutProduct::keep_bits per row of k elements. */
+inline int64_t keep_bit_words(int64_t k) { return (k + 15) / 16; }
+
 /** One SGD step's settings (SGDOptions, plus whether the momentum buffer is
  * new: then it starts as the step's direction). */
 struct SgdStep {

@@ -80,7 +80,7 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
   // reads them instead of drawing the words again.
   Tensor bits;
   if (kernels(device).dropout_keeps_bits && autograd::any_requires_grad({x, weight})) {
-    bits = detail::make_tensor({2 * m * ((k + 15) / 16)}, DType::u8, device);
+    bits = detail::make_tensor({2 * m * keep_bit_words(k)}, DType::u8, device);
     d.keep_bits = static_cast<uint16_t*>(bits.raw_data());
   }
   kernels(device).dropout_product(d);
@@ -99,9 +99,9 @@ Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool trai
         Tensor gx, gw;
         if (need_x) {
           // Onto the sum of x's other gradients where the engine hands it over.
-          gx = autograd::gradient_sink(0, x_shape, dt, device);
-          b.accumulate_gx = gx.defined();
-          if (!gx.defined()) gx = detail::make_tensor(x_shape, dt, device);
+          const autograd::GradientBuffer buffer = autograd::gradient_buffer(0, x_shape, dt, device);
+          gx = buffer.tensor;
+          b.accumulate_gx = buffer.add;
           b.w = w.raw_data(), b.gx = gx.raw_data();
         }
         if (need_w) {

@@ -50,20 +50,15 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     const LlmKernelTable& k = llm_kernels_for("rms_norm backward", {&s.x, &gy});
     const int64_t rows = detail::leading_rows(s.x), cols = s.x.shape().back();
     const TensorOptions opts{.dtype = s.x.dtype(), .device = s.x.device()};
-    Tensor gx, gw;
-    bool onto = false;
-    if (need_x) {
-      // Onto the sum of x's other gradients (the residual stream's) where
-      // the engine hands it over.
-      gx = autograd::gradient_sink(0, s.x.shape(), s.x.dtype(), s.x.device());
-      onto = gx.defined();
-      if (!onto) gx = empty(s.x.shape(), opts);
-    }
-    if (need_w) gw = empty({cols}, opts);
+    // x's gradient onto the sum of its other gradients (the residual
+    // stream's) where the engine hands it over.
+    autograd::GradientBuffer gx;
+    if (need_x) gx = autograd::gradient_buffer(0, s.x.shape(), s.x.dtype(), s.x.device());
+    const Tensor gw = need_w ? empty({cols}, opts) : Tensor();
     k.rms_norm_grad(s.x.dtype(), s.x.raw_data(), s.weight.raw_data(), s.inv_rms.raw_data(),
-                    gy.raw_data(), rows, cols, gx.defined() ? gx.raw_data() : nullptr,
-                    gw.defined() ? gw.raw_data() : nullptr, onto);
-    return std::vector<Tensor>{gx, gw};
+                    gy.raw_data(), rows, cols, need_x ? gx.tensor.raw_data() : nullptr,
+                    need_w ? gw.raw_data() : nullptr, gx.add);
+    return std::vector<Tensor>{gx.tensor, gw};
   };
   return autograd::apply(fn, {x, weight})[0];
 }

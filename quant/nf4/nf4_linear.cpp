@@ -72,12 +72,11 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
       [&kernels, w, dd, x_shape = x.shape(), has_bias = bias.defined(), M, N, K](const Tensor& g) {
         const Tensor gc = g.contiguous();
         // Onto the sum of x's other gradients where the engine hands it over.
-        Tensor dx = autograd::gradient_sink(0, x_shape, g.dtype(), gc.device());
-        const bool onto = dx.defined();
-        if (!onto) dx = quanta::detail::make_tensor(x_shape, g.dtype(), gc.device());
-        kernels.nf4_linear_grad(g.dtype(), gc.raw_data(), M, N, w->runs(), dd, K, dx.raw_data(),
-                                onto);
-        std::vector<Tensor> grads{dx};
+        const autograd::GradientBuffer dx =
+            autograd::gradient_buffer(0, x_shape, g.dtype(), gc.device());
+        kernels.nf4_linear_grad(g.dtype(), gc.raw_data(), M, N, w->runs(), dd, K,
+                                dx.tensor.raw_data(), dx.add);
+        std::vector<Tensor> grads{dx.tensor};
         if (has_bias) grads.push_back(sum(gc.reshape({M, N}), {0}));
         return grads;
       });
