@@ -93,9 +93,13 @@ TEST_CASE("rms_norm: only the gradients taken, the input's added onto its other 
       const double tol = dt == DType::bf16 ? 0x1p-6 : dt == DType::f32 ? 1e-6 : 1e-14;
       CHECK(max_rel_diff(gx_frozen, want) <= tol);
       CHECK(max_rel_diff(gx_trained, want) <= tol);
-      // Nothing to differentiate into: a constant input and weight.
-      const Tensor y = llm::rms_norm(x0, w0.clone().requires_grad_(), 1e-6);
-      sum(y * probe).backward();
+      // An input that needs no gradient (the first norm over frozen
+      // embeddings): the weight's gradient alone, the same as with both.
+      const Tensor w_only = w0.clone().requires_grad_(), w_both = w0.clone().requires_grad_();
+      sum(llm::rms_norm(x0, w_only, 1e-6) * probe).backward();
+      sum(llm::rms_norm(x0.clone().requires_grad_(), w_both, 1e-6) * probe).backward();
+      REQUIRE(w_only.grad().defined());
+      CHECK(max_rel_diff(w_only.grad(), w_both.grad()) == 0);
     }
 }
 
