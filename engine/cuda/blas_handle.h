@@ -1,5 +1,6 @@
 #pragma once
-// A cuBLAS handle as every quanta GEMM on a GPU uses it: default math (no
+// The cuBLAS handle every quanta product on a GPU uses (the engine's GEMMs,
+// the quantizers' and the language models' kernels alike): default math (no
 // TF32 unless a call asks for it), on the device's quanta stream
 // (engine/cuda/stream.h), with a workspace of its own, so that a GEMM inside
 // a captured graph allocates nothing (cuBLAS would otherwise take memory
@@ -8,8 +9,9 @@
 
 namespace quanta::cuda {
 
-/** A new handle for GPU `device` (current on entry), set up as above;
- * never destroyed (at exit the runtime may be gone). */
-cublasHandle_t new_blas_handle(int device);
+/** The current device's handle, made on its first use (a capture makes it
+ * before it starts: making one allocates); never destroyed (at exit the
+ * runtime may be gone). */
+cublasHandle_t blas_handle();
 
 }  // namespace quanta::cuda

@@ -61,6 +61,12 @@ void CachingAllocator::release_cached(int device, DeviceCache& c) {
 }
 
 namespace {
+bool holds_free_blocks(const std::unordered_map<std::size_t, std::vector<void*>>& blocks) {
+  for (const auto& [size, list] : blocks)
+    if (!list.empty()) return true;
+  return false;
+}
+
 // A free block of `size` from `blocks`, or null.
 void* take(std::unordered_map<std::size_t, std::vector<void*>>& blocks, std::size_t size) {
   const auto it = blocks.find(size);
@@ -87,8 +93,10 @@ void* CachingAllocator::allocate(std::size_t nbytes, int device) {
       p = raw_.malloc(size, device);
     } catch (const std::exception& first) {
       // Blocks of other classes may be what the device lacks: return them
-      // and try once more before giving up.
-      if (c.free_blocks.empty()) throw;
+      // and try once more before giving up. Not while a graph is being
+      // captured: cudaFree would wait for the device, which a capture
+      // cannot.
+      if (c.open_pool || !holds_free_blocks(c.free_blocks)) throw;
       ++c.stats.oom_retries;
       const std::size_t cached = c.stats.reserved_bytes - c.stats.allocated_bytes;
       release_cached(device, c);
@@ -129,6 +137,15 @@ void CachingAllocator::deallocate(void* ptr, int device) noexcept {
   c.stats.allocated_bytes -= size;
   if (const auto pool = pool_of_.find(ptr); pool != pool_of_.end()) {
     pools_.at(pool->second).free_blocks[size].push_back(ptr);  // the graph's still
+    return;
+  }
+  if (c.open_pool) {
+    // A block from before the capture, freed during it: the graph's kernels
+    // may still read or write it at every replay, so it joins the graph's
+    // pool rather than the shared cache, where work outside the graph
+    // could be given it.
+    pool_of_[ptr] = c.open_pool;
+    pools_.at(c.open_pool).free_blocks[size].push_back(ptr);
     return;
   }
   c.free_blocks[size].push_back(ptr);

@@ -39,7 +39,8 @@ class CachingAllocator {
 
   /** A block of at least `nbytes` (rounded up to its size class) on
    * `device`. When the device is out of memory, the device's cached blocks
-   * are returned and the allocation tried once more; then it throws
+   * are returned and the allocation tried once more (not while a pool is
+   * open: a capture cannot wait for cudaFree); then it throws
    * std::runtime_error naming the size, the device and what is held. */
   void* allocate(std::size_t nbytes, int device);
   /** Hands a block from allocate() back to the cache. A pointer the cache
@@ -55,7 +56,9 @@ class CachingAllocator {
    * to it until release_pool, wherever they came from, and a block of it
    * that is freed goes back to it, for its later allocations only: a
    * graph's replays write every block its capture was given, so nobody
-   * else may have one. Returns the pool's id. Throws std::logic_error when
+   * else may have one. A block from before the pool opened that is freed
+   * while it is open joins it too (the graph's kernels may use it at every
+   * replay). Returns the pool's id. Throws std::logic_error when
    * one is open on `device` already. */
   uint64_t open_pool(int device);
   /** Allocations on `device` come from the shared cache again; the pool

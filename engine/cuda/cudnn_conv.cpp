@@ -81,14 +81,21 @@ bool cudnn_type(DType dtype, cudnnDataType_t& t) {
   }
 }
 
-// What a plan is found by.
-using Key = std::tuple<int, int, int, bool, std::array<int64_t, 18>>;
+// How a plan's algorithm is chosen: among the deterministic ones by cuDNN's
+// heuristics (the default); among all by timing them (nondeterminism
+// allowed); or, nondeterminism allowed but the stream being captured into a
+// graph, where timing would run and wait for work, among all by the
+// heuristics (kept apart, so the plan made outside a capture is still timed).
+enum class Choice { deterministic, timed, untimed };
 
-Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, bool nondeterministic) {
+// What a plan is found by.
+using Key = std::tuple<int, int, int, Choice, std::array<int64_t, 18>>;
+
+Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, Choice choice) {
   return {device,
           static_cast<int>(kind),
           static_cast<int>(dtype),
-          nondeterministic,
+          choice,
           {g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.OH, g.OW, g.stride[0], g.stride[1], g.padding[0],
            g.padding[1], g.dilation[0], g.dilation[1], g.groups, g.channels_last ? 1 : 0,
            g.bf16_products ? 1 : 0}};
@@ -157,7 +164,9 @@ bool choose(const Perf* perf, int count, bool nondeterministic, bool tensor_ops,
 }
 
 std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, const ConvGeom& g,
-                                bool nondeterministic) {
+                                Choice choice) {
+  const bool nondeterministic = choice != Choice::deterministic;
+  const bool timed = choice == Choice::timed;
   auto p = std::make_unique<Plan>();
   cudnnDataType_t t{};
   if (!cudnn_type(dtype, t)) return p;
@@ -208,24 +217,24 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
   cudnnStatus_t st{};
   if (kind == ConvKind::forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
-    st = nondeterministic ? cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
-                                                                 kMaxAlgos, &count, perf)
-                          : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
-                                                                   kMaxAlgos, &count, perf);
+    st = timed ? cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y, kMaxAlgos,
+                                                      &count, perf)
+               : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y, kMaxAlgos,
+                                                        &count, perf);
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   } else if (kind == ConvKind::input_grad) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
-    st = nondeterministic ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
-                                                                      kMaxAlgos, &count, perf)
-                          : cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                                h, p->w, p->y, p->conv, p->x, kMaxAlgos, &count, perf);
+    st = timed ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x, kMaxAlgos,
+                                                           &count, perf)
+               : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                                                             kMaxAlgos, &count, perf);
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
-    st = nondeterministic ? cudnnFindConvolutionBackwardFilterAlgorithm(
-                                h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf)
-                          : cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                                h, p->x, p->y, p->conv, p->w, kMaxAlgos, &count, perf);
+    st = timed ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
+                                                             kMaxAlgos, &count, perf)
+               : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
+                                                               kMaxAlgos, &count, perf);
     chosen = st == CUDNN_STATUS_SUCCESS && choose(perf, count, nondeterministic, tensor_ops, *p);
   }
   // The descriptor runs in the math type the chosen algorithm was ranked in.
@@ -240,13 +249,18 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
 const Plan& plan_for(Handle& h, ConvKind kind, DType dtype, const ConvGeom& g) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Plan>> plans;
-  const bool nondet = nondeterministic_allowed.load(std::memory_order_relaxed);
-  const Key key = key_of(h.device, kind, dtype, g, nondet);
+  Choice choice = Choice::deterministic;
+  if (nondeterministic_allowed.load(std::memory_order_relaxed)) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    QUANTA_CUDA_CHECK(cudaStreamIsCapturing(stream_of(h.device), &capture));
+    choice = capture == cudaStreamCaptureStatusNone ? Choice::timed : Choice::untimed;
+  }
+  const Key key = key_of(h.device, kind, dtype, g, choice);
   std::lock_guard<std::mutex> lock(mu);
   auto it = plans.find(key);
   if (it == plans.end()) {
     std::lock_guard<std::mutex> handle_lock(h.mu);
-    it = plans.emplace(key, make_plan(h.h, kind, dtype, g, nondet)).first;
+    it = plans.emplace(key, make_plan(h.h, kind, dtype, g, choice)).first;
   }
   return *it->second;
 }
@@ -290,6 +304,8 @@ bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, co
   return true;
 }
 
+void prepare_cudnn() { current_handle(); }
+
 ConvPaths conv_paths_taken() {
   return {.cudnn_linked = true, .cudnn = ran_cudnn.load(), .im2col = ran_im2col.load()};
 }
@@ -312,6 +328,8 @@ bool cudnn_conv(ConvKind, DType, const ConvGeom& g, const void*, const void*, co
   ran_im2col.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
+
+void prepare_cudnn() {}
 
 ConvPaths conv_paths_taken() {
   return {.cudnn_linked = false, .cudnn = 0, .im2col = ran_im2col.load()};

@@ -22,6 +22,10 @@ namespace quanta::cuda {
 bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
                 const void* bias, void* out);
 
+/** Makes the current device's cuDNN handle if it has none yet (a graph's
+ * capture calls it before starting: making one allocates and waits). */
+void prepare_cudnn();
+
 /** A convolution with no element to compute (zero images, channels or
  * pixels): cudnn_conv leaves it to its caller, uncounted. */
 inline bool no_work(const ConvGeom& g) { return g.N * g.C * g.H * g.W * g.O * g.OH * g.OW == 0; }

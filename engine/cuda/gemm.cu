@@ -20,6 +20,9 @@ namespace quanta::cuda {
 // older GPUs.
 constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;
 
+namespace {
+
+// A handle for GPU `device` (current on entry), set up as blas_handle.h says.
 cublasHandle_t new_blas_handle(int device) {
   cublasHandle_t h = nullptr;
   QUANTA_CUBLAS_CHECK(cublasCreate(&h));
@@ -32,7 +35,7 @@ cublasHandle_t new_blas_handle(int device) {
   return h;
 }
 
-namespace {
+}  // namespace
 
 cublasHandle_t blas_handle() {
   static std::mutex mu;
@@ -47,6 +50,8 @@ cublasHandle_t blas_handle() {
   }
   return handles[dev];
 }
+
+namespace {
 
 // The arithmetic progression step of offs[0..n) (0 for one product), or -1.
 int64_t progression(const int64_t* offs, int64_t n) {
@@ -133,7 +138,8 @@ void gemm_typed(const GemmArgs& g) {
   T* c = static_cast<T*>(g.c);
   if (g.k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
     if (!g.accumulate)
-      QUANTA_CUDA_CHECK(cudaMemset2D(c, sizeof(T) * g.ldc, 0, sizeof(T) * g.n, g.m * g.batch));
+      QUANTA_CUDA_CHECK(
+          cudaMemset2DAsync(c, sizeof(T) * g.ldc, 0, sizeof(T) * g.n, g.m * g.batch, stream()));
     return;
   }
   cublasHandle_t h = blas_handle();
@@ -148,7 +154,8 @@ void gemm_typed(const GemmArgs& g) {
   const int64_t sa = progression(g.a_off, g.batch), sb = progression(g.b_off, g.batch);
   const int64_t sc = g.m * g.ldc;
   if (sa < 0 || sb < 0) {
-    for (int64_t i = 0; i < g.batch; ++i) one(a + g.a_off[i], b + g.b_off[i], c + i * sc);
+    for (int64_t i = 0; i < g.batch; ++i)
+      one(a + (g.a_off ? g.a_off[i] : 0), b + (g.b_off ? g.b_off[i] : 0), c + i * sc);
     return;
   }
   Blas<T>::strided(h, opb, opa, g.n, g.m, g.k, &alpha, b, lb.ld, sb, a, la.ld, sa, &beta, c, g.ldc,

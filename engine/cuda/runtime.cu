@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/cuda/blas_handle.h"
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/cudnn_conv.h"
 #include "engine/cuda/module.h"
@@ -100,12 +101,44 @@ void set_device(int device) {
   prepare_device(device);
 }
 
+// cudaMalloc in relaxed capture mode: while this thread captures a graph
+// (its step's first pass meets sizes the cache has never held), the
+// thread-local mode the capture runs in forbids cudaMalloc and would end the
+// capture; relaxed allows it, and the block is not freed while a graph that
+// was given it lives (the caching allocator's pools), as the rule asks.
+cudaError_t malloc_even_capturing(void** p, std::size_t nbytes) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  QUANTA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  const cudaError_t r = cudaMalloc(p, nbytes);
+  QUANTA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  return r;
+}
+
+bool capturing(int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  QUANTA_CUDA_CHECK(cudaStreamIsCapturing(stream_of(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void* device_malloc(std::size_t nbytes, int device) {
   check_device(device);
   QUANTA_CUDA_CHECK(cudaSetDevice(device));
   prepare_device(device);
   void* p = nullptr;
-  const cudaError_t r = cudaMalloc(&p, nbytes);
+  cudaError_t r = malloc_even_capturing(&p, nbytes);
+  if (r == cudaErrorMemoryAllocation && !capturing(device)) {
+    // The stream-ordered pool behind kernels' scratch keeps what it was
+    // given (prepare_device), and destroyed graphs' memory nodes may still
+    // hold theirs: hand both back to the driver once (after the stream has
+    // finished with them) before saying the device is full.
+    cudaGetLastError();
+    cudaMemPool_t pool = nullptr;
+    QUANTA_CUDA_CHECK(cudaStreamSynchronize(stream_of(device)));
+    QUANTA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    QUANTA_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    QUANTA_CUDA_CHECK(cudaDeviceGraphMemTrim(device));
+    r = malloc_even_capturing(&p, nbytes);
+  }
   if (r != cudaSuccess) {
     // cudaMalloc leaves its error as the thread's last error: the caching
     // allocator may retry and succeed, and the next launch check
@@ -149,6 +182,10 @@ struct Graph {
 
 void begin_capture(int device) {
   set_device(device);
+  // Library handles are made on first use, and making one allocates and
+  // synchronises: a capture cannot, so they exist before it starts.
+  blas_handle();
+  prepare_cudnn();
   // Thread-local: another thread's unsafe call (a cudaMalloc for its own
   // work) does not break this capture; this thread's does, loudly.
   QUANTA_CUDA_CHECK(cudaStreamBeginCapture(stream_of(device), cudaStreamCaptureModeThreadLocal));
@@ -375,6 +412,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
         cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream_of(src_device.index)));
     return;
   }
+  // The rest (small reads to the host, large unstaged copies, one GPU to
+  // another) wait: cudaMemcpy runs on the current device's legacy stream,
+  // which waits for that device's quanta stream (blocking) and no other
+  // device's, so the device whose kernels made the source is made current,
+  // and a destination on another GPU first finishes what its stream queued.
+  if (src_device.is_cuda() && dst_device.is_cuda())
+    QUANTA_CUDA_CHECK(cudaStreamSynchronize(stream_of(dst_device.index)));
+  CurrentDevice current(src_device.is_cuda() ? src_device.index : dst_device.index);
   QUANTA_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // What the CUDA quantizer kernels share (included by quant/cuda/*.cu only):
-// stream-ordered scratch, a cuBLAS handle per device, a typed GEMM, warp
+// stream-ordered scratch, the engine's cuBLAS handle, a typed GEMM, warp
 // reductions, and rounding to a dequantized dtype with the CPU's rules.
 // Every quanta kernel runs on the device's default stream (see
 // engine/cuda/caching_allocator.h), and so do these.
@@ -11,8 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <vector>
 
 #include "engine/cuda/blas_handle.h"
 #include "engine/cuda/check.cuh"
@@ -29,20 +27,9 @@ namespace quanta::quant::quant_cuda {
  * queued too. */
 using quanta::cuda::Scratch;
 
-/** The quantizer kernels' cuBLAS handle of the current device: default math
- * (no TF32, as the engine's GEMMs), on the engine's stream. */
-inline cublasHandle_t blas_handle() {
-  static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;  // never destroyed: see the engine's
-  int dev = 0;
-  QUANTA_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
-  if (!handles[dev]) {
-    handles[dev] = cuda::new_blas_handle(dev);
-  }
-  return handles[dev];
-}
+/** The engine's cuBLAS handle of the current device (engine/cuda/blas_handle.h):
+ * one per device for every product, so a capture makes it before it starts. */
+using quanta::cuda::blas_handle;
 
 /** Column-major C [m, n] = op(A) op(B) + beta C with bf16 A and B and f32 C:
  * f32 sums on the tensor cores (products of bf16 values are exact in f32). */

@@ -127,6 +127,38 @@ TEST_CASE("caching allocator: out of memory returns the cache and retries once")
   CHECK(a.stats(0).allocated_bytes == 0);
 }
 
+TEST_CASE("caching allocator: out of memory with nothing cached is the device's error, no retry") {
+  FakeDevice dev;
+  dev.budget = 10000;
+  CachingAllocator a(dev.raw());
+  a.deallocate(a.allocate(6000, 0), 0);
+  void* again = a.allocate(6000, 0);  // the cached block: its size's list is now empty
+  CHECK_THROWS_WITH_AS(a.allocate(7000, 0), doctest::Contains("fake cuda:0: out of memory"),
+                       std::runtime_error);
+  CHECK(a.stats(0).oom_retries == 0);
+  CHECK(a.stats(0).device_frees == 0);
+  a.deallocate(again, 0);
+}
+
+TEST_CASE("caching allocator: out of memory while a pool is open keeps the cache") {
+  // Returning cached blocks calls cudaFree, which waits for the device: a
+  // graph being captured cannot, so the capture gets the device's error.
+  FakeDevice dev;
+  dev.budget = 10000;
+  CachingAllocator a(dev.raw());
+  a.deallocate(a.allocate(6000, 0), 0);  // 6144 cached
+  const uint64_t pool = a.open_pool(0);
+  CHECK_THROWS_WITH_AS(a.allocate(7000, 0), doctest::Contains("fake cuda:0: out of memory"),
+                       std::runtime_error);
+  CHECK(a.stats(0).oom_retries == 0);
+  CHECK(a.stats(0).device_frees == 0);
+  a.close_pool(0);
+  a.release_pool(pool);
+  void* after = a.allocate(7000, 0);  // outside the capture the retry runs
+  CHECK(a.stats(0).oom_retries == 1);
+  a.deallocate(after, 0);
+}
+
 TEST_CASE("caching allocator: live blocks stay with their owner when the cache goes") {
   FakeDevice dev;
   void* kept = nullptr;
@@ -185,6 +217,32 @@ TEST_CASE("caching allocator: a graph's pool keeps its blocks from everyone else
     cache.deallocate(again, 0);
   }
   CHECK(dev.blocks.empty());  // the cache returned every block
+}
+
+TEST_CASE("caching allocator: a block from before a capture, freed during it, is the graph's") {
+  // The graph's kernels read or write it at every replay: work outside the
+  // graph must not be given it while the graph lives.
+  FakeDevice dev;
+  {
+    CachingAllocator cache(dev.raw());
+    void* before = cache.allocate(1000, 0);  // held when the capture starts
+    void* also_before = cache.allocate(1000, 0);
+    const uint64_t pool = cache.open_pool(0);
+    cache.deallocate(before, 0);
+    cache.deallocate(also_before, 0);
+    void* inside = cache.allocate(1000, 0);
+    CHECK((inside == before || inside == also_before));  // the capture may take them again
+    cache.close_pool(0);
+    void* outside = cache.allocate(1000, 0);
+    CHECK(outside != before);
+    CHECK(outside != also_before);
+    CHECK(dev.mallocs == 3);
+    cache.release_pool(pool);
+    void* later = cache.allocate(1000, 0);
+    CHECK(later == (inside == before ? also_before : before));  // the graph is gone
+    for (void* p : {inside, outside, later}) cache.deallocate(p, 0);
+  }
+  CHECK(dev.blocks.empty());
 }
 
 TEST_CASE("caching allocator: CUDA tensors go through it (on a GPU)") {
