@@ -25,7 +25,7 @@ __global__ void lm_loss_rows_kernel(A* logits, const int64_t* targets, int64_t r
   QUANTA_WARP_STRIDE(r, rows) {
     A* x = logits + r * vocab;
     const int64_t t = targets[r];
-    if (t == ignore_index) {
+    if (t == ignore_index || vocab == 0) {  // as the CPU: no logit to read
       if (lane == 0) loss[r] = A(0);
       if (grad)
         for (int64_t j = lane; j < vocab; j += kWarp) x[j] = A(0);
