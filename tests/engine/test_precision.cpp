@@ -183,9 +183,20 @@ TEST_CASE("MixedPrecision on cuda:0: bf16 tensor-core GEMMs and TF32 convolution
     y = linear(x.to(gpu), w.to(gpu)).to(Device::cpu());
     yc = conv2d(xc.to(gpu), wc.to(gpu), Tensor(), {1, 1}, {1, 1}).to(Device::cpu());
   }
-  // cuBLAS rounds the operands to bf16 and sums in f32 (its order, not the
-  // CPU's); cuDNN's TF32 keeps 10 of the operands' mantissa bits.
-  CHECK(max_rel_diff(y, linear(bf16_rounded(x), bf16_rounded(w))) < 1e-4);
+  // CUBLAS_COMPUTE_32F_FAST_16BF allows cuBLAS to round the operands to bf16
+  // for the tensor cores and sum in f32 (its order, not the CPU's); it does
+  // not say how it rounds. On data like this (256 terms of random sign) the
+  // bf16-operand product is 2-3e-3 of the largest output from the exact one
+  // when rounding to nearest, and truncating operands land 8.4e-3 from it:
+  // held to that, both distances printed so the run records which it got
+  // (about 1e-7 from the first: rounding to nearest, as the CPU does).
+  const Tensor rounded = linear(bf16_rounded(x), bf16_rounded(w)), plain = linear(x, w);
+  MESSAGE("cuda:0 MixedPrecision linear: max relative distance to the bf16-operand product "
+          << max_rel_diff(y, rounded) << ", to the f32 product " << max_rel_diff(y, plain));
+  CHECK(max_rel_diff(y, rounded) < 1.2e-2);
+  CHECK(max_rel_diff(y, plain) < 1.5e-2);
+  CHECK_MESSAGE(max_rel_diff(y, plain) > 1e-5,
+                "the product under MixedPrecision is the f32 one: no bf16 arithmetic ran");
   const Tensor exact_c = conv2d(xc.to(DType::f64), wc.to(DType::f64), Tensor(), {1, 1}, {1, 1});
   CHECK(max_rel_diff(yc, exact_c) < 2e-3);
 }

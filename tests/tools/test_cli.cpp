@@ -351,7 +351,9 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
     MESSAGE("GPU rows not run: no CUDA device");
     return;
   }
-  const std::set<std::string> engine_rows = {"add",
+  const std::set<std::string> engine_rows = {"add_bf16",
+                                             "exp_bf16",
+                                             "add",
                                              "add_broadcast_row",
                                              "mul_broadcast_col",
                                              "exp",
