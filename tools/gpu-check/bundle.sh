@@ -1,8 +1,9 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
 # tools/gpu-check.sh --bundle DIR: copies the Debian build dependencies the GPU
 # machines lack (headers, Gloo and libpng with the libraries they need,
-# relocatable .pc files, pkgconf) and a slice of Fashion-MNIST into DIR, and
-# checks that DIR is self-contained and at most 40 MiB. Why a bundle, and
+# relocatable .pc files, pkgconf), a slice of Fashion-MNIST and the PyTorch
+# peers' packages into DIR, and checks that DIR is self-contained, at most
+# 40 MiB, and with the working tree within the device tool's 64. Why a bundle, and
 # what it leaves out: the header of tools/gpu-check.sh.
 
 # shellcheck source=common.sh
@@ -10,6 +11,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 readonly FMNIST=/usr/share/datasets/fashion-mnist
 readonly BUNDLE_MAX_KIB=$((40 * 1024))
+# What the device tool carries, the working tree and the bundle together.
+readonly CARRY_MAX_KIB=$((64 * 1024))
 
 # Copies one shared library under its soname (what the loader asks for) and,
 # given LINKNAME, under that name too (-lX and find_library need libX.so),
@@ -59,31 +62,55 @@ rewrite_pc() {
   } >"$2"
 }
 
-# The PyTorch side of the GPU comparison: ../shared/peer's replica of quanta
-# train (beside a developer's checkout only, never in a plain clone) and
-# vector-quantize-pytorch 1.32 with the pure-Python packages it needs that
-# the GPU machines' PyTorch image lacks, as wheels for their Python 3.12
-# (PyPI is reached from here, never from there). Without either, --run
-# skips its peer phase and says why.
+# The PyTorch side of the GPU comparisons, unpacked into peer/site (one
+# folder for PYTHONPATH; unpack_wheels.py, no pip needed there), for the
+# GPU machines' Python 3.12, whose torch, transformers, peft and accelerate
+# they use (PyPI is reached from here, never from there):
+# - ../shared/peer's replica of quanta train (beside a developer's checkout
+#   only, never in a plain clone) and vector-quantize-pytorch 1.32 with the
+#   pure-Python packages it needs that the machines' image lacks;
+# - bitsandbytes, the QLoRA row's peer, which the image lacks: of its 43 MB
+#   wheel only the Python package and the libraries the machines' torch
+#   loads (the CPU one, and the one for its CUDA, torch.version.cuda 13.0:
+#   libbitsandbytes_cuda130.so), about 4.5 MB.
+# Without the replica or its wheels, --run skips its peer phase; without
+# bitsandbytes, the QLoRA row runs without its floor; each says why.
 readonly PEER_SCRIPT="$root/../shared/peer/quanta_arch_fmnist.py"
 readonly PEER_WHEELS=(vector-quantize-pytorch==1.32.0 einx==0.4.3 einops==0.8.2
                       torch-einops-utils==0.2.0 loguru==0.7.3 frozendict==2.5.1)
+readonly BNB_WHEEL=bitsandbytes==0.50.2
+readonly BNB_LIBS=libbitsandbytes_cpu.so,libbitsandbytes_cuda130.so
+
+# pip download for the GPU machines' Python 3.12 on x86-64: PLATFORM WHEEL...
+download_wheels() {
+  local dest="$1" platform="$2"
+  shift 2
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform "$platform" -d "$dest" "$@"
+}
+
 bundle_peer() {
-  local dir="$1"
+  local dir="$1" wheels
+  wheels="$(mktemp -d)"
+  mkdir -p "$dir/peer/site"
   if [ ! -f "$PEER_SCRIPT" ]; then
-    echo "gpu-check: no $PEER_SCRIPT: the bundle has no PyTorch peer" >&2
-    return 0
+    echo "gpu-check: no $PEER_SCRIPT: the bundle has no PyTorch replica of quanta train" >&2
+  elif ! download_wheels "$wheels/vq" manylinux2014_x86_64 "${PEER_WHEELS[@]}"; then
+    echo "gpu-check: the replica's wheels could not be downloaded: the bundle has no replica" >&2
+  else
+    cp "$PEER_SCRIPT" "$dir/peer/"
+    python3 "$gpu_check_dir/unpack_wheels.py" "$dir/peer/site" "$wheels"/vq/*.whl
+    echo "peer: quanta_arch_fmnist.py and wheels ${PEER_WHEELS[*]}" >>"$dir/.sources"
   fi
-  mkdir -p "$dir/peer/wheels"
-  cp "$PEER_SCRIPT" "$dir/peer/"
-  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp --platform manylinux2014_x86_64 -d "$dir/peer/wheels" \
-      "${PEER_WHEELS[@]}"; then
-    echo "gpu-check: the peer's wheels could not be downloaded: the bundle has no PyTorch peer" >&2
-    rm -rf "$dir/peer"
-    return 0
+  if download_wheels "$wheels/bnb" manylinux_2_24_x86_64 "$BNB_WHEEL"; then
+    python3 "$gpu_check_dir/unpack_wheels.py" "$dir/peer/site" --libs "$BNB_LIBS" \
+      "$wheels"/bnb/*.whl
+    echo "peer: $BNB_WHEEL (Python package, ${BNB_LIBS//,/ })" >>"$dir/.sources"
+  else
+    echo "gpu-check: $BNB_WHEEL could not be downloaded: the QLoRA row will lack its floor" >&2
   fi
-  echo "peer: quanta_arch_fmnist.py and wheels ${PEER_WHEELS[*]}" >>"$dir/.sources"
+  rm -rf "$wheels"
+  find "$dir/peer" -name __pycache__ -prune -exec rm -rf {} +
 }
 
 bundle_main() {
@@ -216,9 +243,17 @@ EOF
   rm -f "$dir/.sources"
   echo "gpu-check bundle v1" >"$dir/$MARKER"
 
-  local kib
+  local kib tree_kib
   kib="$(du -sk "$dir" | cut -f1)"
+  # The files that travel with the bundle: tracked ones and untracked ones
+  # git does not ignore.
+  tree_kib="$(cd "$root" && git ls-files -z -co --exclude-standard \
+              | du -ck --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)" || tree_kib=0
   cat "$dir/MANIFEST.txt"
   echo "gpu-check: bundle $dir: $(du -sh "$dir" | cut -f1) (${kib} KiB, limit ${BUNDLE_MAX_KIB} KiB)"
+  echo "gpu-check: with the working tree (${tree_kib} KiB): $((kib + tree_kib)) KiB of the" \
+       "${CARRY_MAX_KIB} KiB the device tool carries"
   [ "$kib" -le "$BUNDLE_MAX_KIB" ] || die "bundle is larger than 40 MiB"
+  [ $((kib + tree_kib)) -le "$CARRY_MAX_KIB" ] \
+    || die "the bundle and the working tree exceed the 64 MiB the device tool carries"
 }

@@ -96,7 +96,8 @@ setup_env() {
   # meson and ninja may exist only inside a venv (pip).
   for tool in meson ninja; do
     command -v "$tool" >/dev/null && continue
-    for d in /opt/torch/.venv/bin /opt/*/.venv/bin /opt/*/venv/bin "$HOME/.local/bin"; do
+    # HOME may be unset where the device tool runs us (and set -u is on).
+    for d in /opt/torch/.venv/bin /opt/*/.venv/bin /opt/*/venv/bin "${HOME:-}/.local/bin"; do
       if [ -x "$d/$tool" ]; then
         PATH="$PATH:$d"
         break

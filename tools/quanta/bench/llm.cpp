@@ -44,6 +44,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -136,6 +137,57 @@ std::string peer_device(Device device) { return device.is_cuda() ? " cuda=1" : "
 // Whether `device` multiplies bf16 faster than f32: the mixed-precision rows.
 bool bf16_products(Device device) { return !device.is_cpu() || cpu::bf16_gemm_native(); }
 
+// The QLoRA row's name and the peer's setup line, known before its model is
+// made: --only decides from the name whether to make it.
+struct QLoRARow {
+  std::string name, peer_setup;
+  int64_t b, t;
+  int r;
+  bool bf16;
+};
+
+QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c, bool mixed) {
+  QLoRARow row;
+  row.b = o.small ? 2 : 4;
+  row.t = o.small ? 32 : 512;
+  row.r = o.small ? 4 : 16;
+  // bf16 compute on a GPU (as QLoRA runs there) and where the CPU
+  // multiplies bf16 natively, else f32; the peer is told the same.
+  row.bf16 = !o.device.is_cpu() || cpu::bf16_gemm_native();
+  const std::string shape = "_B" + std::to_string(row.b) + "_T" + std::to_string(row.t);
+  row.name = "qlora" + llm_size_tag(o) + shape + (mixed ? "_mixed" : "");
+  row.peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(row.b) +
+                   " T=" + std::to_string(row.t) + " r=" + std::to_string(row.r) +
+                   " bf16=" + (row.bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") +
+                   peer_device(o.device);
+  return row;
+}
+
+// --only's filter: `want` says whether a row is asked for and records its
+// name (for the error when none is), so each builder makes only the models
+// and inputs of the rows it is asked for.
+class RowFilter {
+ public:
+  explicit RowFilter(const std::string& only) : only_(only) {}
+  bool want(const std::string& name) {
+    names_ += (names_.empty() ? "" : ", ") + name;
+    const bool yes = name.find(only_) != std::string::npos;
+    any_ = any_ || yes;
+    return yes;
+  }
+  /** Throws when --only matched no row. */
+  void check() const {
+    if (!any_)
+      throw std::invalid_argument("--only " + only_ + " matches no row of the llm suite (" +
+                                  names_ + ")");
+  }
+
+ private:
+  const std::string& only_;
+  std::string names_;
+  bool any_ = false;
+};
+
 }  // namespace
 
 std::string llm_size_tag(const BenchOptions& o) {
@@ -161,29 +213,20 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
 
 LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
                            bool mixed, bool graph) {
+  const QLoRARow row = qlora_row(o, c, mixed);
   auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   llm::QLoRAOptions q;
-  q.lora.r = o.small ? 4 : 16;
+  q.lora.r = row.r;
   q.lora.lora_alpha = 2.0 * double(q.lora.r);
   q.lora.lora_dropout = 0.05;
-  // bf16 compute on a GPU (as QLoRA runs there) and where the CPU
-  // multiplies bf16 natively, else f32; the peer is told the same.
-  const bool bf16 = !o.device.is_cpu() || cpu::bf16_gemm_native();
-  q.quantization.compute_dtype = bf16 ? DType::bf16 : DType::f32;
+  q.quantization.compute_dtype = row.bf16 ? DType::bf16 : DType::f32;
   llm::apply_qlora(*qmodel, q);
   qmodel->to(o.device);
   std::vector<Tensor> adapters;
   for (const Tensor& p : qmodel->parameters())
     if (p.requires_grad()) adapters.push_back(p);
   auto opt = std::make_shared<AdamW>(adapters, AdamWOptions{.lr = 2e-4, .weight_decay = 0.0});
-  const int64_t b = o.small ? 2 : 4, t = o.small ? 32 : 512;
-  const Tensor host_ids = randint(0, c.vocab_size, {b, t}, gen);
-  const std::string name = "qlora" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" +
-                           std::to_string(t) + (mixed ? "_mixed" : "");
-  const std::string peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(b) +
-                                 " T=" + std::to_string(t) + " r=" + std::to_string(q.lora.r) +
-                                 " bf16=" + (bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") +
-                                 peer_device(o.device);
+  const Tensor host_ids = randint(0, c.vocab_size, {row.b, row.t}, gen);
   if (graph) {
     // The batch uploaded each step, as a fine-tune's is; two steps as
     // called, then the forward, backward and AdamW step replayed.
@@ -195,13 +238,13 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
       loss.backward();
       return loss.detach();
     };
-    return {name + "_graph", peer_setup, [=] {
+    return {row.name + "_graph", row.peer_setup, [=] {
               captured->run(
                   {host_ids}, forward_backward, [opt] { opt->step(); }, {}, *opt);
             }};
   }
   auto ids = std::make_shared<Tensor>(host_ids.to(o.device));
-  return {name, peer_setup, [=] {
+  return {row.name, row.peer_setup, [=] {
             opt->zero_grad();
             {
               const MixedPrecision precision(mixed);
@@ -223,13 +266,17 @@ std::string llm_peer_config(const llm::DecoderConfig& c) {
 
 namespace {
 
-// The attention rows and the Llama forward (+ backward) rows.
+// The attention rows and the Llama forward (+ backward) rows that `filter`
+// wants.
 void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
-                             std::vector<LlmWorkload>& work) {
+                             RowFilter& filter, std::vector<LlmWorkload>& work) {
   // Attention: B 4, 12 heads of 64 (small: B 1, 2 heads of 16).
   const int64_t B = o.small ? 1 : 4, H = o.small ? 2 : 12, D = o.small ? 16 : 64;
-  std::vector<std::shared_ptr<Tensor>> keep;
   for (int64_t T : o.small ? std::vector<int64_t>{64} : std::vector<int64_t>{512, 2048}) {
+    const std::string tag = "attention_T" + std::to_string(T);
+    const bool fwd = filter.want(tag), fb_plain = filter.want(tag + "_fb");
+    const bool fb_reference = o.device.is_cuda() && filter.want(tag + "_fb_reference");
+    if (!fwd && !fb_plain && !fb_reference) continue;
     const auto input = [&] {
       return std::make_shared<Tensor>(randn({B, T, H, D}, gen).to(o.device).requires_grad_(true));
     };
@@ -238,65 +285,82 @@ void add_attention_and_llama(const BenchOptions& o, const llm::DecoderConfig& c,
     const std::string shape = "B=" + std::to_string(B) + " H=" + std::to_string(H) +
                               " T=" + std::to_string(T) + " D=" + std::to_string(D) +
                               peer_device(o.device);
-    const std::string tag = "attention_T" + std::to_string(T);
-    work.push_back({tag, "setup attention " + shape, [=] {
-                      NoGradGuard no_grad;
-                      llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true});
-                    }});
+    if (fwd)
+      work.push_back({tag, "setup attention " + shape, [=] {
+                        NoGradGuard no_grad;
+                        llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true});
+                      }});
     auto fb = [=] {
       q->zero_grad(), k->zero_grad(), v->zero_grad();
       llm::scaled_dot_product_attention(*q, *k, *v, {.causal = true}).backward(*g);
     };
-    work.push_back({tag + "_fb", "setup attention_fb " + shape, fb});
+    if (fb_plain) work.push_back({tag + "_fb", "setup attention_fb " + shape, fb});
     // CUDA's warp-per-row reference kernels, which the default whole-matrix
     // products replaced (llm/cuda/attention.cu), against the same peer.
-    if (o.device.is_cuda())
+    if (fb_reference)
       work.push_back({tag + "_fb_reference", "setup attention_fb " + shape, [fb] {
                         setenv("QUANTA_CUDA_ATTENTION", "reference", 1);
                         fb();
                         unsetenv("QUANTA_CUDA_ATTENTION");
                       }});
   }
-  auto model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
-  model->to(o.device);
   const std::string cfg = llm_peer_config(c) + peer_device(o.device);
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       o.small ? std::vector<std::pair<int64_t, int64_t>>{{2, 32}}
               : std::vector<std::pair<int64_t, int64_t>>{{4, 512}, {1, 2048}};
+  const auto llama_tag = [&](int64_t b, int64_t t) {
+    return "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
+  };
+  // Which of each shape's rows are wanted (forward, forward + backward, and
+  // in bf16 mixed precision), before the model is made.
+  std::vector<std::array<bool, 3>> wanted;
+  bool any = false;
   for (const auto& [b, t] : shapes) {
-    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
-    const std::string tag =
-        "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
-    const std::string shape = cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t);
-    work.push_back({tag, "setup llama_fwd " + shape, [=] {
-                      NoGradGuard no_grad;
-                      model->logits(*ids);
-                    }});
-    work.push_back({tag + "_fb", "setup llama_fb " + shape, [=] {
-                      for (const Tensor& p : model->parameters()) p.zero_grad();
-                      llm::causal_lm_loss(model->logits(*ids), *ids).backward();
-                    }});
+    const std::string tag = llama_tag(b, t);
     // bf16 mixed precision on both sides: MixedPrecision's bf16 products
     // against PyTorch's autocast to bf16, on a GPU and where the CPU has
     // bf16 products.
-    if (!bf16_products(o.device)) continue;
-    work.push_back({tag + "_fb_mixed", "setup llama_fb " + shape + " autocast=1", [=] {
-                      for (const Tensor& p : model->parameters()) p.zero_grad();
-                      const MixedPrecision mixed;
-                      llm::causal_lm_loss(model->logits(*ids), *ids).backward();
-                    }});
+    wanted.push_back({filter.want(tag), filter.want(tag + "_fb"),
+                      bf16_products(o.device) && filter.want(tag + "_fb_mixed")});
+    any = any || wanted.back()[0] || wanted.back()[1] || wanted.back()[2];
+  }
+  std::shared_ptr<llm::CausalLM> model;
+  if (any) {
+    model = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
+    model->to(o.device);
+  }
+  for (std::size_t i = 0; any && i < shapes.size(); ++i) {
+    const auto [b, t] = shapes[i];
+    auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
+    const std::string tag = llama_tag(b, t);
+    const std::string shape = cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t);
+    if (wanted[i][0])
+      work.push_back({tag, "setup llama_fwd " + shape, [=] {
+                        NoGradGuard no_grad;
+                        model->logits(*ids);
+                      }});
+    if (wanted[i][1])
+      work.push_back({tag + "_fb", "setup llama_fb " + shape, [=] {
+                        for (const Tensor& p : model->parameters()) p.zero_grad();
+                        llm::causal_lm_loss(model->logits(*ids), *ids).backward();
+                      }});
+    if (wanted[i][2])
+      work.push_back({tag + "_fb_mixed", "setup llama_fb " + shape + " autocast=1", [=] {
+                        for (const Tensor& p : model->parameters()) p.zero_grad();
+                        const MixedPrecision mixed;
+                        llm::causal_lm_loss(model->logits(*ids), *ids).backward();
+                      }});
   }
   // The model in bf16 (weights, activations, gradients: a config whose
   // torch_dtype is bfloat16) on both sides, at the first shape, where the
   // device multiplies bf16 directly.
-  if (!bf16_products(o.device)) return;
+  const auto [b, t] = shapes.front();
+  const std::string tag = llama_tag(b, t);
+  if (!bf16_products(o.device) || !filter.want(tag + "_fb_bf16")) return;
   auto model16 = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   model16->to(DType::bf16);
   model16->to(o.device);
-  const auto [b, t] = shapes.front();
   auto ids = std::make_shared<Tensor>(randint(0, c.vocab_size, {b, t}, gen).to(o.device));
-  const std::string tag =
-      "llama" + llm_size_tag(o) + "_B" + std::to_string(b) + "_T" + std::to_string(t);
   work.push_back(
       {tag + "_fb_bf16",
        "setup llama_fb " + cfg + " B=" + std::to_string(b) + " T=" + std::to_string(t) + " bf16=1",
@@ -338,45 +402,32 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   std::vector<LlmWorkload> work;
   Generator gen(321);
   const llm::DecoderConfig c = bench_llm_config(o);
+  RowFilter filter(o.only);
   // ~500M: the QLoRA step and the sharding rows only.
-  if (!o.large) add_attention_and_llama(o, c, gen, work);
+  if (!o.large) add_attention_and_llama(o, c, gen, filter, work);
   // QLoRA: a model of its own, converted; its peak memory in a process of
   // its own on each side.
-  work.push_back(qlora_workload(o, c, gen));
-  const std::string peak_name = work.back().name + "_peak_rss";
-  const std::string peak_request = "peak" + work.back().peer_setup.substr(5);
+  const QLoRARow qlora = qlora_row(o, c, false);
+  if (filter.want(qlora.name)) work.push_back(qlora_workload(o, c, gen));
   // The same step in bf16 mixed precision on both sides (quanta finetune
   // --precision bf16; PyTorch's autocast), on a GPU and where the CPU has
   // bf16 products.
-  if (bf16_products(o.device)) work.push_back(qlora_workload(o, c, gen, true));
+  if (bf16_products(o.device) && filter.want(qlora_row(o, c, true).name))
+    work.push_back(qlora_workload(o, c, gen, true));
   // On a device that records: the plain step as a graph, against the same
   // PyTorch step.
-  if (!o.device.is_cpu() && device_backend(o.device.type).graph)
+  if (!o.device.is_cpu() && device_backend(o.device.type).graph &&
+      filter.want(qlora.name + "_graph"))
     work.push_back(qlora_workload(o, c, gen, false, true));
-
-  const std::vector<std::string> shard_rows = llm_shard_row_names(o);
-  const auto shard_wanted = [&] {
-    for (const std::string& name : shard_rows)
-      if (name.find(o.only) != std::string::npos) return true;
-    return false;
-  };
   // The peak resident memory and the sharding rows are the CPU's.
   const bool cpu_rows = o.device.is_cpu();
-  if (!o.only.empty()) {
-    std::string names;
-    bool any = cpu_rows && (shard_wanted() || peak_name.find(o.only) != std::string::npos);
-    for (const LlmWorkload& w : work) {
-      any = any || w.name.find(o.only) != std::string::npos;
-      names += (names.empty() ? "" : ", ") + w.name;
-    }
-    if (cpu_rows) {
-      names += ", " + peak_name;
-      for (const std::string& name : shard_rows) names += ", " + name;
-    }
-    if (!any)
-      throw std::invalid_argument("--only " + o.only + " matches no row of the llm suite (" +
-                                  names + ")");
-  }
+  const std::string peak_name = qlora.name + "_peak_rss";
+  const bool peak_wanted = cpu_rows && filter.want(peak_name);
+  bool shard_wanted = false;
+  if (cpu_rows)
+    for (const std::string& name : llm_shard_row_names(o))
+      shard_wanted = filter.want(name) || shard_wanted;
+  filter.check();
   std::unique_ptr<Peer> peer;
   std::string why;
   if (o.device.is_sim())
@@ -395,7 +446,6 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
     // has run: the Llama model and its gradients are gone before the QLoRA
     // step, whose activations then fit beside what is left.
     LlmWorkload w = std::move(slot);
-    if (w.name.find(o.only) == std::string::npos) continue;
     // On a device a call ends when its work is done, not when it is queued.
     if (!o.device.is_cpu())
       w.run = [run = w.run, device = o.device] {
@@ -446,14 +496,15 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // own.
   cpu::release_cached_blocks();
   if (!cpu_rows) return rows;
-  if (peak_name.find(o.only) != std::string::npos)
-    rows.push_back(peak_rss_row(o, peak_name, peak_request, peer.get(), why));
+  if (peak_wanted)
+    rows.push_back(
+        peak_rss_row(o, peak_name, "peak" + qlora.peer_setup.substr(5), peer.get(), why));
   // Sharding against replication needs no peer: both are quanta's. Its
   // replicas (N ranks, sharded and replicated) come on top of whatever is
   // still alive, so the models above and the peer's process go first.
   work.clear();
   peer.reset();
-  if (shard_wanted()) {
+  if (shard_wanted) {
     for (BenchRow& r : bench_llm_shard(o, c))
       if (r.name.find(o.only) != std::string::npos) rows.push_back(std::move(r));
   }
