@@ -348,6 +348,9 @@ __global__ void grid_fold_kernel(const T* src, int64_t outer, int64_t a, int64_t
 // b >= kGridBlockB (NCHW over N, H and W): one block per output, its threads
 // striding over the a * b values in memory order, combined by CUB.
 constexpr int64_t kGridBlockB = 32;
+// A cut reduction's second pass, over its pieces: a block per output from
+// this many pieces on, else a thread per output.
+constexpr int64_t kBlockFoldPieces = 64;
 
 template <class T, class Acc, class Out, class Fold>
 __global__ void grid_block_kernel(const T* src, int64_t outer, int64_t a, int64_t keep, int64_t b,
@@ -392,10 +395,18 @@ void fold_grid(const void* src, const ReduceGrid& g, Fold fold, void* out) {
       <<<static_cast<unsigned>(first.blocks), first.threads, 0, stream()>>>(
           in, g.outer, g.a, g.keep, g.b, cut.piece, cut.pieces, fold, partial);
   QUANTA_CUDA_CHECK_LAUNCH();
-  const LaunchConfig second = launch_config(outputs, max_blocks());
-  grid_fold_kernel<Acc, Acc, Out>
-      <<<static_cast<unsigned>(second.blocks), second.threads, 0, stream()>>>(
-          partial, g.outer, cut.pieces, g.keep, 1, cut.pieces, 1, fold, o);
+  // Few outputs are what made many pieces (a column of a million rows is
+  // 31250 of them): one thread each would fold them one dependent load at a
+  // time, so from kBlockFoldPieces on a block folds each output's pieces.
+  if (cut.pieces >= kBlockFoldPieces) {
+    grid_block_kernel<Acc, Acc, Out><<<row_blocks(outputs), kThreadsPerBlock, 0, stream()>>>(
+        partial, g.outer, cut.pieces, g.keep, 1, fold, o);
+  } else {
+    const LaunchConfig second = launch_config(outputs, max_blocks());
+    grid_fold_kernel<Acc, Acc, Out>
+        <<<static_cast<unsigned>(second.blocks), second.threads, 0, stream()>>>(
+            partial, g.outer, cut.pieces, g.keep, 1, cut.pieces, 1, fold, o);
+  }
   QUANTA_CUDA_CHECK_LAUNCH();
   QUANTA_CUDA_CHECK(cudaFreeAsync(partial, stream()));
 }
