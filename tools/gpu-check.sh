@@ -34,7 +34,10 @@
 # out before the caller's 10 minutes are. A failed configure ends the run with
 # its log's tail; a failed build (ninja -k 0: every failing file shows) prints
 # the first error, and the suites that did build still run; a suite that runs
-# over GPU_CHECK_SUITE_S is stopped and fails. The last line is
+# over GPU_CHECK_SUITE_S is stopped and fails; up to two suites whose output
+# shows a CUDA fault (an illegal address, a trap: it fails every later case
+# of its process) run again under compute-sanitizer up to their first failed
+# case, which names the kernel and its source line. The last line is
 # `N passed, N failed, N skipped`, where a suite that was not built or not run
 # counts as one failed case; the exit status is non-zero on any failure.
 # Then, as phases of their own (not test counts):

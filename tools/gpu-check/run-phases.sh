@@ -300,8 +300,29 @@ phase_build() {
 # suite costs at most 90 s of the deadline and counts as failed.
 # Meson names its log after a wrapper (testlog-timeout.json); test_summary.py
 # and suite_states.py read testlog.json.
+# A CUDA fault poisons its suite's process: every later case fails and the
+# log does not say which kernel faulted. For at most two suites whose output
+# shows one (cuda_faults.py), run the program again under compute-sanitizer,
+# stopping at the first failed case (the build has -lineinfo: it names the
+# kernel and the source line), within LEFT seconds.
+sanitize_faults() {
+  local testlog="$1" left="$2" sanitizer name cmd
+  sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  [ -x "$sanitizer" ] || { echo "no compute-sanitizer: CUDA faults not located"; return 0; }
+  while IFS=$'\t' read -r name cmd; do
+    [ "$left" -ge 20 ] || { echo "== compute-sanitizer on $name: no time left"; break; }
+    echo "== compute-sanitizer (memcheck) on $name, first failed case, at most 60 s"
+    local start=$SECONDS
+    # shellcheck disable=SC2086  # cmd is the shell-quoted command line
+    eval "QUANTA_TEST_DATA='$root/tests/data' timeout -k 5 $((left < 60 ? left : 60)) \
+      '$sanitizer' --tool memcheck --print-limit 5 $cmd --abort-after=1" 2>&1 \
+      | grep -E '^=========|TEST CASE|ERROR' | head -n 40 || true
+    left=$((left - (SECONDS - start)))
+  done < <(python3 "$gpu_check_dir/cuda_faults.py" "$testlog" 2)
+}
+
 phase_test() {
-  local limit="$1" rc=0 src=0 log="$build/meson-logs/testlog"
+  local limit="$1" rc=0 src=0 log="$build/meson-logs/testlog" end=$((SECONDS + $1))
   shift
   rm -f "$log.json" "$log-timeout.json"
   timeout -k 20 "$limit" meson test -C "$build" --no-rebuild --print-errorlogs \
@@ -310,6 +331,8 @@ phase_test() {
     --timeout-multiplier "${QUANTA_TEST_TIMEOUT_MULTIPLIER:-0.34}" "$@" || rc=$?
   [ ! -f "$log-timeout.json" ] || mv -f "$log-timeout.json" "$log.json"
   echo "meson test exit status: $rc$([ "$rc" -eq 124 ] && echo ' (stopped at the deadline)')"
+  [ "$rc" -eq 0 ] || sanitize_faults "$log.json" $((end - SECONDS - 10))
+  # The summary line stays the log's last.
   python3 "$root/tools/test_summary.py" "$build" "$rc" || src=$?
   [ "$rc" -eq 124 ] && return 124
   return "$src"
