@@ -37,6 +37,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt64;
     case DType::u8:
       return ncclUint8;
+    case DType::boolean:  // bytes of 0 and 1: min and max (all, any) are exact
+      return ncclUint8;
     default:
       break;
   }
@@ -219,7 +221,8 @@ NcclBackend::NcclBackend(Store& store, int rank, int size, int device, Millis ti
     if (store.get_string("nccl/gpu/" + std::to_string(r), timeout) == me)
       throw DistError("[dist::nccl] ranks " + std::to_string(std::min(r, rank)) + " and " +
                       std::to_string(std::max(r, rank)) + " are both on GPU " + me +
-                      ": NCCL needs one GPU per rank (set LOCAL_RANK / CUDA_VISIBLE_DEVICES)");
+                      ": NCCL needs one GPU per rank (--device cuda takes the GPU of each rank's "
+                      "local rank; cuda:N is the same GPU on every rank)");
   }
   ncclUniqueId id;
   if (rank == 0) {

@@ -3,6 +3,7 @@
 // checkpoints.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -34,6 +35,7 @@
 #include "train/progress.h"
 #include "train/quantizer.h"
 #include "train/quantizer_config.h"
+#include "train/run_device.h"
 #include "train/trainer.h"
 #include "train/vqvae.h"
 
@@ -1224,4 +1226,29 @@ TEST_CASE("format_duration") {
   CHECK(format_duration(135) == "2m15s");
   CHECK(format_duration(3720) == "1h02m");
   CHECK(format_duration(NAN) == "?");
+}
+
+TEST_CASE("--device cuda under a launcher: each rank of a node takes the GPU of its local rank") {
+  // NCCL needs one GPU per rank; torchrun's convention, LOCAL_RANK picks it.
+  CHECK(rank_device("cuda", Device::cuda(0), 0) == Device::cuda(0));
+  CHECK(rank_device("cuda", Device::cuda(0), 3) == Device::cuda(3));
+  // A named GPU, the CPU and sim are what they name on every rank.
+  CHECK(rank_device("cuda:1", Device::cuda(1), 3) == Device::cuda(1));
+  CHECK(rank_device("cuda:0", Device::cuda(0), 2) == Device::cuda(0));
+  CHECK(rank_device("cpu", Device::cpu(), 2) == Device::cpu());
+  CHECK(rank_device("sim", Device::sim(0), 2) == Device::sim(0));
+  CHECK(run_device("sim", 5) == Device::sim(0));
+  CHECK(run_device("cpu", 5) == Device::cpu());
+  if (!cuda_built()) {
+    CHECK_THROWS_WITH_AS(run_device("cuda", 1),
+                         "--device cuda: this quanta was built without CUDA",
+                         std::invalid_argument);
+  } else if (cuda_device_count() < 8) {
+    // One rank more than there are GPUs (rank 1 where none is visible).
+    const int rank = std::max(cuda_device_count(), 1);
+    const std::string want =
+        "--device cuda: local rank " + std::to_string(rank) + " takes GPU " + std::to_string(rank);
+    CHECK_THROWS_WITH_AS(run_device("cuda", rank), doctest::Contains(want.c_str()),
+                         std::invalid_argument);
+  }
 }
