@@ -26,7 +26,13 @@ DeviceErrorFlag* error_flag(int index) {
 }
 
 const GraphOps kGraphOps{
-    .begin = begin_capture,
+    // The error flag is made at a device's first checked op; cudaHostAlloc
+    // may not run while the stream is captured, so it exists before.
+    .begin =
+        [](int device) {
+          error_flag(device);
+          begin_capture(device);
+        },
     .end = end_capture,
     .launch = launch_graph,
     .size = graph_nodes,
