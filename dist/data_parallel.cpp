@@ -219,6 +219,9 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
     st.slots.push_back(State::Slot{it->first, it->second});
   st.assign_buckets(opts_.bucket_bytes);
   st.grads = group.clone("dp");
+  // Its NCCL communicators now, on this thread, not mid-backward on the
+  // comm thread.
+  for (const State::Bucket& b : st.buckets) st.grads->connect(b.device);
   st.comm = std::make_unique<quanta::detail::SerialWorker>();
   for (std::size_t i = 0; i < st.slots.size(); ++i) {
     std::weak_ptr<State> weak = state_;

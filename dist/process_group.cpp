@@ -223,14 +223,27 @@ detail::Backend& ProcessGroup::backend_for(const Tensor& t, Millis init_timeout)
     }
     return *gloo_;
   }
+  return backend_for(t.device(), init_timeout);
+}
+
+detail::Backend& ProcessGroup::backend_for(Device device, Millis init_timeout) {
+  if (!device.is_cuda()) return *gloo_;
   if (!nccl_) {
     // One communicator per group, on the device of its first CUDA tensor;
     // its keys live under the group's store.
-    const int index = t.device().index;
+    const int index = device.index;
     PrefixStore s("nccl." + std::to_string(index), store_);
     nccl_ = detail::make_nccl_backend(s, rank_, size_, index, init_timeout);
   }
   return *nccl_;
+}
+
+void ProcessGroup::connect(Device device) {
+  if (size_ == 1 || !device.is_cuda()) return;
+  if (!cuda_built())
+    throw std::invalid_argument("[dist::connect] " + device.str() +
+                                ", but quanta was built without CUDA");
+  backend_for(device, opts_.timeout);
 }
 
 // ---- call bookkeeping ----

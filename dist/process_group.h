@@ -112,6 +112,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
    * (DataParallel reduces gradients on one, on another thread). Collective:
    * every rank must call it in the same order. */
   std::shared_ptr<ProcessGroup> clone(const std::string& purpose);
+  /** Makes the transport for tensors on `device` now rather than at the
+   * first collective: on a GPU, NCCL's communicator (a rendezvous of every
+   * rank; nothing on the CPU and sim, whose Gloo connections exist, or in a
+   * group of one). A group whose collectives run on a worker thread (a
+   * clone's) connects on the thread that made it, in program order: NCCL
+   * warns that a communicator made while another one's kernels run, on
+   * another thread, may deadlock. Collective on a GPU: every rank calls it
+   * in the same order. */
+  void connect(Device device);
 
   // ---- collectives (every rank calls the same ones in the same order) ----
   /** Reduces `t` across ranks in place (any contiguous or strided tensor).
@@ -159,6 +168,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
    * (made on `t`'s device at the first CUDA collective, bounded by
    * `init_timeout`). */
   detail::Backend& backend_for(const Tensor& t, Millis init_timeout);
+  detail::Backend& backend_for(Device device, Millis init_timeout);
   /** The Gloo backend (the host transport: debug exchanges, barriers, clones). */
   detail::GlooBackend& gloo();
 

@@ -265,6 +265,10 @@ ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::s
     st.release(u);
   }
   st.group = group.clone("shard");
+  // Its NCCL communicator now, on this thread, not at the first gather on
+  // the worker thread.
+  for (const auto& u : st.units)
+    if (!u.tensors.empty()) st.group->connect(u.tensors[0].device());
   st.comm = std::make_unique<quanta::detail::SerialWorker>();
   for (std::size_t i = 0; i < st.units.size(); ++i) {
     std::weak_ptr<State> weak = state_;

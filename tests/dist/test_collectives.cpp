@@ -122,6 +122,33 @@ TEST_CASE("all_reduce on a strided view writes back through the view") {
   CHECK(all_ok(errors));
 }
 
+TEST_CASE("connect: a GPU's transport made up front; nothing to make on the CPU or sim") {
+  std::vector<Tensor> out(2);
+  std::vector<std::string> gpu_errors(2);
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    auto clone = g.clone("worker");
+    clone->connect(Device::cpu());
+    clone->connect(Device::sim(0));
+    Tensor t = full({3}, g.rank() + 1.0);
+    clone->all_reduce(t);  // the clone still reduces, in its own sequence
+    out[size_t(g.rank())] = t;
+    if (!cuda_built()) {
+      try {
+        g.connect(Device::cuda(0));
+      } catch (const std::invalid_argument& e) {
+        gpu_errors[size_t(g.rank())] = e.what();
+      }
+    }
+  });
+  REQUIRE(all_ok(errors));
+  CHECK(out[0].to_vector<float>() == std::vector<float>{3, 3, 3});
+  CHECK(out[1].to_vector<float>() == std::vector<float>{3, 3, 3});
+  if (!cuda_built())
+    for (const std::string& e : gpu_errors)
+      CHECK(e == "[dist::connect] cuda:0, but quanta was built without CUDA");
+  CHECK_NOTHROW(ProcessGroup::single()->connect(Device::cuda(0)));  // a group of one: no transport
+}
+
 TEST_CASE("reductions refuse byte-only and unsuitable dtypes before any communication") {
   auto g = ProcessGroup::single();
   Tensor b = zeros({4}, {.dtype = DType::boolean});
