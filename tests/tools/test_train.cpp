@@ -1240,8 +1240,7 @@ TEST_CASE("--device cuda under a launcher: each rank of a node takes the GPU of 
   CHECK(run_device("sim", 5) == Device::sim(0));
   CHECK(run_device("cpu", 5) == Device::cpu());
   if (!cuda_built()) {
-    CHECK_THROWS_WITH_AS(run_device("cuda", 1),
-                         "--device cuda: this quanta was built without CUDA",
+    CHECK_THROWS_WITH_AS(run_device("cuda", 1), "--device cuda: this quanta was built without CUDA",
                          std::invalid_argument);
   } else if (cuda_device_count() < 8) {
     // One rank more than there are GPUs (rank 1 where none is visible).
