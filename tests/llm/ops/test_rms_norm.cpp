@@ -43,6 +43,14 @@ TEST_CASE("rms_norm: op harness") {
     c.half = true;
     run_case(c);
   }
+  // Enough rows that a GPU sums the weight's gradient in pieces of rows
+  // (cuda::grid_pieces: from 64 rows), then the pieces in order.
+  OpCase tall;
+  tall.name = "rms_norm over 200 rows";
+  tall.shapes = {{200, 6}, {6}};
+  tall.op = [](const Inputs& xs) { return llm::rms_norm(xs[0], xs[1], 1e-6); };
+  tall.reference = [](const Inputs& xs) { return ref_rms_norm(xs, 1e-6); };
+  run_case(tall);
 }
 
 TEST_CASE("rms_norm: equals transformers' LlamaRMSNorm in f32 and bf16") {
