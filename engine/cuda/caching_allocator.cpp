@@ -61,18 +61,15 @@ void CachingAllocator::release_cached(int device, DeviceCache& c) {
 }
 
 namespace {
-bool holds_free_blocks(const std::unordered_map<std::size_t, std::vector<void*>>& blocks) {
-  for (const auto& [size, list] : blocks)
-    if (!list.empty()) return true;
-  return false;
-}
-
 // A free block of `size` from `blocks`, or null.
 void* take(std::unordered_map<std::size_t, std::vector<void*>>& blocks, std::size_t size) {
   const auto it = blocks.find(size);
-  if (it == blocks.end() || it->second.empty()) return nullptr;
+  if (it == blocks.end()) return nullptr;
   void* p = it->second.back();
   it->second.pop_back();
+  // No empty lists: an empty map is an empty cache (the out-of-memory retry
+  // reads it so).
+  if (it->second.empty()) blocks.erase(it);
   return p;
 }
 }  // namespace
@@ -96,7 +93,7 @@ void* CachingAllocator::allocate(std::size_t nbytes, int device) {
       // and try once more before giving up. Not while a graph is being
       // captured: cudaFree would wait for the device, which a capture
       // cannot.
-      if (c.open_pool || !holds_free_blocks(c.free_blocks)) throw;
+      if (c.open_pool || c.free_blocks.empty()) throw;
       ++c.stats.oom_retries;
       const std::size_t cached = c.stats.reserved_bytes - c.stats.allocated_bytes;
       release_cached(device, c);

@@ -22,6 +22,7 @@
 
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/scratch.h"
+#include "engine/cuda/stream.h"
 
 #define QUANTA_CUDNN_CHECK(call)                                                          \
   do {                                                                                    \
@@ -250,11 +251,8 @@ const Plan& plan_for(Handle& h, ConvKind kind, DType dtype, const ConvGeom& g) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Plan>> plans;
   Choice choice = Choice::deterministic;
-  if (nondeterministic_allowed.load(std::memory_order_relaxed)) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    QUANTA_CUDA_CHECK(cudaStreamIsCapturing(stream_of(h.device), &capture));
-    choice = capture == cudaStreamCaptureStatusNone ? Choice::timed : Choice::untimed;
-  }
+  if (nondeterministic_allowed.load(std::memory_order_relaxed))
+    choice = capturing(h.device) ? Choice::untimed : Choice::timed;
   const Key key = key_of(h.device, kind, dtype, g, choice);
   std::lock_guard<std::mutex> lock(mu);
   auto it = plans.find(key);

@@ -91,6 +91,12 @@ cudaStream_t stream() {
   return stream_of(device);
 }
 
+bool capturing(int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  QUANTA_CUDA_CHECK(cudaStreamIsCapturing(stream_of(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 namespace {
 
 void set_device(int device) {
@@ -112,12 +118,6 @@ cudaError_t malloc_even_capturing(void** p, std::size_t nbytes) {
   const cudaError_t r = cudaMalloc(p, nbytes);
   QUANTA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   return r;
-}
-
-bool capturing(int device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  QUANTA_CUDA_CHECK(cudaStreamIsCapturing(stream_of(device), &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 void* device_malloc(std::size_t nbytes, int device) {

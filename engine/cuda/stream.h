@@ -15,5 +15,8 @@ namespace quanta::cuda {
 cudaStream_t stream_of(int device);
 /** The current device's stream (the kernel launches' and copies'). */
 cudaStream_t stream();
+/** Whether GPU `device`'s stream is being captured into a graph now (where
+ * nothing may allocate with cudaFree's wait or run work to time it). */
+bool capturing(int device);
 
 }  // namespace quanta::cuda
