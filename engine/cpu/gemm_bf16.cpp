@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -15,7 +14,7 @@
 #ifdef QUANTA_GEMM_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -171,10 +170,22 @@ MatRef<bf16> round_operand_to_bf16(int64_t rows, int64_t cols, MatRef<float> a, 
 
 void round_to_bf16(const float* src, int64_t n, bf16* dst) {
   int64_t i = 0;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
+  // Bf16(v)'s rounding in integer lanes, so every element rounds as the tail
+  // does: the high half of v's bits plus a carry from the low half, ties to
+  // even; a NaN becomes the quiet NaN of its sign. (The CPU's own
+  // conversion, vcvtneps2bf16, flushes subnormal inputs to zero, which
+  // PyTorch's rounding and CUDA's do not.)
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+  const __m512i quiet = _mm512_set1_epi32(0x7FC0), sign = _mm512_set1_epi32(0x8000);
   for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    std::memcpy(static_cast<void*>(dst + i), &v, sizeof v);
+    const __m512 v = _mm512_loadu_ps(src + i);
+    const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+    const __m512i carry = _mm512_add_epi32(half, _mm512_and_si512(high, one));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(v), carry), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_or_si512(quiet, _mm512_and_si512(high, sign)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
   }
 #endif
   for (; i < n; ++i) dst[i] = bf16(src[i]);

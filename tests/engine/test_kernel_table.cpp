@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -601,4 +602,35 @@ TEST_CASE("CPU gemm: round_to_bf16 rounds to nearest even on its vector body and
   cpu::round_to_bf16(tie, 17, out);
   CHECK(float(out[0]) == 1.0f);
   CHECK(float(out[1]) == 1.0f + 4.0f / 256);
+  // Subnormals, NaNs of either sign, infinities, a value that rounds up to
+  // infinity and signed zeros round as bf16() does, in the vector body (the
+  // first 16) as in the tail: the same bits.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float special[] = {1e-40f,
+                           -1e-40f,
+                           3e-39f,
+                           std::numeric_limits<float>::denorm_min(),
+                           nan,
+                           -nan,
+                           inf,
+                           -inf,
+                           3.4e38f,
+                           -0.0f,
+                           0.0f,
+                           std::numeric_limits<float>::min(),
+                           1.5e-40f,
+                           -2.7e-39f,
+                           1.0f + 3.0f / 256,
+                           -7.0f};
+  std::vector<float> twice(special, special + 16);
+  twice.insert(twice.end(), special, special + 16);
+  std::vector<bf16> rounded(twice.size());
+  cpu::round_to_bf16(twice.data(), 16 + 15, rounded.data());  // the second copy in the tail
+  for (size_t i = 0; i < 16 + 15; ++i) {
+    CAPTURE(i);
+    const bf16 want(twice[i]);
+    CHECK(std::memcmp(&rounded[i], &want, sizeof want) == 0);
+  }
+  CHECK(float(rounded[0]) != 0.0f);  // a subnormal is kept, not flushed
 }
