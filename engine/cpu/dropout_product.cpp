@@ -135,7 +135,8 @@ T dot(int64_t n, const T* __restrict x, const T* __restrict y) {
 // blocking would not give (Eigen's depends on the thread count).
 template <class T>
 struct LoopProducts {
-  const T* w;  // [r, k]
+  static constexpr bool kReadsDroppedCopy = true;  // weight_grad reads b.xd
+  const T* w;                                      // [r, k]
   int64_t k, r;
 
   // t[rows, r] = xd w^T
@@ -144,7 +145,8 @@ struct LoopProducts {
       for (int64_t j = 0; j < r; ++j) t[i * r + j] = dot(k, b.xd + i * k, w + j * k);
   }
   // gw[r, k] (+)= gt_rows^T xd, the rows in order.
-  void weight_grad(const Block<T>& b, const T* gt, T* gw, bool accumulate) const {
+  void weight_grad(const Block<T>& b, const KeepMask<T>&, const T*, const T* gt, T* gw,
+                   bool accumulate) const {
     if (!accumulate) std::fill(gw, gw + r * k, T(0));
     for (int64_t j = 0; j < r; ++j)
       for (int64_t i = 0; i < b.rows; ++i) axpy(k, gt[i * r + j], b.xd + i * k, gw + j * k);
@@ -259,6 +261,10 @@ void with_rows(int64_t n, Tile&& tile) {
 // f32 block products tiled for r: the rank side padded to rp (a multiple of
 // 16, one register per 16), zeros in the padding, so every r takes one path.
 struct TiledProducts {
+  // weight_grad applies the mask to x as it loads it: the dropped copy of x
+  // is never written (a pass over the block in L2 and its read back, about
+  // 1% of a QLoRA step).
+  static constexpr bool kReadsDroppedCopy = false;
   const float* w;   // [r, k]
   const float* wt;  // [k, rp]: w^T, zero-padded columns
   int64_t k, r, rp;
@@ -274,8 +280,14 @@ struct TiledProducts {
 
   // gw[r, k] (+)= gt_rows^T xd: per 16 columns of k and 16 rows of gw, 16
   // accumulators over the block's rows. gt is the block's gradient padded
-  // to rp columns.
-  void weight_grad(const Block<float>& b, const float* gt, float* gw, bool accumulate) const {
+  // to rp columns; xd's values are x's (the block's rows) times the mask's
+  // kept or dropped value, the same product drop_block would store.
+  void weight_grad(const Block<float>& b, const KeepMask<float>& mask, const float* x,
+                   const float* gt, float* gw, bool accumulate) const {
+    const int64_t bw = keep_bit_words(k);
+    const __m512i cut = _mm512_set1_epi32(static_cast<int>(mask.cut));
+    const __m512 kept = _mm512_set1_ps(mask.kept), dropped = _mm512_set1_ps(mask.dropped);
+    const float* xb = x + b.m0 * k;
     for (int64_t c0 = 0; c0 < k; c0 += 16) {
       const __mmask16 in = first_lanes(k - c0);
       for (int64_t j0 = 0; j0 < rp; j0 += 16) {
@@ -283,7 +295,12 @@ struct TiledProducts {
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
         for (int64_t i = 0; i < b.rows; ++i) {
-          const __m512 v = _mm512_maskz_loadu_ps(in, b.xd + i * k + c0);
+          const __mmask16 keep = b.bits
+                                     ? static_cast<__mmask16>(b.bits[i * bw + c0 / 16])
+                                     : _mm512_cmplt_epu32_mask(
+                                           _mm512_maskz_loadu_epi32(in, b.words + i * k + c0), cut);
+          const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, xb + i * k + c0),
+                                         _mm512_mask_blend_ps(keep, dropped, kept));
           const float* g = gt + i * rp + j0;
 #pragma GCC unroll 16
           for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(g[j]), v, acc[j]);
@@ -357,7 +374,10 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
   const int64_t bw = keep_bit_words(k);
   const size_t word_count = d.keep_bits ? 0 : size_t(rows * k);
   parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
-    const ScratchBuffer words(sizeof(uint32_t) * word_count), xd(sizeof(T) * size_t(rows * k));
+    // The dropped copy, where the products read it, and the loops' input
+    // gradient scratch.
+    const ScratchBuffer words(sizeof(uint32_t) * word_count),
+        xd(Products::kReadsDroppedCopy ? sizeof(T) * size_t(rows * k) : 0);
     std::vector<T> gt_rows(size_t(rows * padded), T(0));
     for (int64_t c = lo; c < hi; ++c) {
       const int64_t first = c * per_chunk, end = std::min(blocks, first + per_chunk);
@@ -370,10 +390,10 @@ void backward(const DropoutProduct& d, const KeepMask<T>& mask, const Products& 
         else
           draw_block(mask, k, b, words.as<uint32_t>());
         if (gw) {
-          drop_block(mask, x, k, b, xd.as<T>());
-          prod.weight_grad(b, gt_rows.data(), partial + c * r * k, i > first);
+          if constexpr (Products::kReadsDroppedCopy) drop_block(mask, x, k, b, xd.as<T>());
+          prod.weight_grad(b, mask, x, gt_rows.data(), partial + c * r * k, i > first);
         }
-        // The dropped copy is spent: it is the input gradient's scratch.
+        // The dropped copy is spent: it is the loops' input gradient scratch.
         if (gx) prod.input_grad(b, gt_rows.data(), mask, xd.as<T>(), gx, d.accumulate_gx);
       }
     }
