@@ -38,6 +38,7 @@
 #include "engine/random/generator.h"
 #include "engine/random/philox.h"
 #include "engine/random/sampling.h"
+#include "engine/shared_bf16_input.h"
 #include "engine/tensor.h"
 #include "quant/quantize_output.h"
 #include "quant/token_layout.h"

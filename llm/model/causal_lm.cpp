@@ -17,6 +17,7 @@
 #include "engine/ops/reductions.h"
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
+#include "engine/shared_bf16_input.h"
 #include "llm/ops/attention.h"
 #include "llm/ops/rms_norm.h"
 #include "llm/ops/rope.h"
@@ -118,9 +119,14 @@ class Attention : public Module {
   Tensor forward(const Tensor& x, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim;
-    Tensor q = reshape(q_->forward(x), {B, T, c_.num_attention_heads, D});
-    Tensor k = reshape(k_->forward(x), {B, T, c_.num_key_value_heads, D});
-    Tensor v = reshape(v_->forward(x), {B, T, c_.num_key_value_heads, D});
+    Tensor q, k, v;
+    {
+      // One bf16 rounding of x for the three (NF4 layers computing in bf16).
+      const SharedBf16Input shared(x);
+      q = reshape(q_->forward(x), {B, T, c_.num_attention_heads, D});
+      k = reshape(k_->forward(x), {B, T, c_.num_key_value_heads, D});
+      v = reshape(v_->forward(x), {B, T, c_.num_key_value_heads, D});
+    }
     q = apply_rope(q, rope);
     k = apply_rope(k, rope);
     if (cache) {
@@ -169,7 +175,13 @@ class MLP : public Module {
     return old;
   }
   Tensor forward(const Tensor& x) override {
-    return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
+    Tensor gate, up;
+    {
+      const SharedBf16Input shared(x);  // one bf16 rounding of x for the two
+      gate = gate_->forward(x);
+      up = up_->forward(x);
+    }
+    return down_->forward(swiglu(gate, up));
   }
 
  private:

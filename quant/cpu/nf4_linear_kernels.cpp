@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -192,9 +193,11 @@ void for_each_slab(const NF4Runs& w, int64_t N, int64_t K, Product&& product) {
   }
 }
 
-void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
-  const cpu::ScratchBuffer xs(sizeof(bf16) * size_t(M * K));
-  const bf16* xb = cpu::round_operand_to_bf16(M, K, {x, K, 1}, xs.as<bf16>()).p;
+// x rounded (shared: already in `rounded`, when set) then multiplied.
+void forward_bf16(const float* x, const bf16* rounded, int64_t M, int64_t K, const NF4Runs& w,
+                  int64_t N, float* y) {
+  const cpu::ScratchBuffer xs(rounded ? 0 : sizeof(bf16) * size_t(M * K));
+  const bf16* xb = rounded ? rounded : cpu::round_operand_to_bf16(M, K, {x, K, 1}, xs.as<bf16>()).p;
   for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
     // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
     cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab, 1, K}, y + n0, N);
@@ -214,14 +217,15 @@ void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64
 // tiles (each dequantizes its own into a private buffer and runs a
 // single-threaded GEMM), so there is one parallel region per call.
 template <class T>
-void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, T* y) {
+void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, T* y,
+                    const bf16* rounded) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::fill(y, y + M * N, T(0));
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (use_bf16_products(dd, M)) return forward_bf16(x, M, K, w, N, y);
+    if (use_bf16_products(dd, M)) return forward_bf16(x, rounded, M, K, w, N, y);
   }
   if (M <= kNF4FusedMaxBatch && K % w.run == 0) {
     if (w.run == 32)
@@ -271,11 +275,15 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType d
 }  // namespace
 
 void nf4_linear(DType dtype, const void* x, int64_t M, int64_t K, const NF4Runs& w, DType dd,
-                int64_t N, const void* bias, void* y) {
+                int64_t N, const void* bias, void* y, Bf16Input xb) {
+  if (xb.data && dtype != DType::f32)
+    throw std::logic_error("[nf4_linear] a shared bf16 input needs an f32 x");
+  auto* rounded = static_cast<bf16*>(xb.data);
+  if (xb.write) cpu::round_operand_to_bf16(M, K, {static_cast<const float*>(x), K, 1}, rounded);
   dispatch_float(dtype, "nf4_linear", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* py = static_cast<T*>(y);
-    forward_kernel(static_cast<const T*>(x), M, K, w, dd, N, py);
+    forward_kernel(static_cast<const T*>(x), M, K, w, dd, N, py, rounded);
     if (bias && M > 0) {
       const T* pb = static_cast<const T*>(bias);
       for (int64_t m = 0; m < M; ++m)

@@ -182,11 +182,14 @@ void for_each_tile(const NF4Runs& w, int64_t N, int64_t K, DType dd, Product&& p
 
 // The tiled products in bf16 (plans.h: nf4_bf16_products): the f32 ones'
 // layouts (below), bf16 operands, f32 output.
-void forward_bf16(const float* x, int64_t M, int64_t K, const NF4Runs& w, int64_t N, float* y) {
-  const Scratch<__nv_bfloat16> xb(M * K);
-  round_bf16(x, M * K, xb.get());
+// x rounded (shared: already in `rounded`, when set) then multiplied.
+void forward_bf16(const float* x, const __nv_bfloat16* rounded, int64_t M, int64_t K,
+                  const NF4Runs& w, int64_t N, float* y) {
+  const Scratch<__nv_bfloat16> own(rounded ? 0 : M * K);
+  if (!rounded) round_bf16(x, M * K, own.get());
+  const __nv_bfloat16* xb = rounded ? rounded : own.get();
   for_each_tile<__nv_bfloat16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, auto tile) {
-    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, tile, K, xb.get(), K, 0.0f, y + n0, N);
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, r, M, K, tile, K, xb, K, 0.0f, y + n0, N);
   });
 }
 
@@ -203,14 +206,14 @@ void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64
 // y [M, N] = x [M, K] W^T: small batches decoded in registers, larger ones
 // with W dequantized `rows` weight rows at a time.
 template <class T>
-void forward(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias,
-             T* y) {
+void forward(const T* x, const __nv_bfloat16* rounded, int64_t M, int64_t K, const NF4Runs& w,
+             DType dd, int64_t N, const T* bias, T* y) {
   if (M == 0 || N == 0) return;
   if (nf4_use_gemv(M, K, N, w)) return nf4_gemv<T>(x, M, K, w, dd, N, bias, y);
   if (K == 0) {
     QUANTA_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(T) * M * N, cuda::stream()));
   } else if (nf4_bf16_products(std::is_same_v<T, float>, dd, M)) {
-    if constexpr (std::is_same_v<T, float>) forward_bf16(x, M, K, w, N, y);
+    if constexpr (std::is_same_v<T, float>) forward_bf16(x, rounded, M, K, w, N, y);
   } else {
     for_each_tile<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* tile) {
       // y^T[n0:n0+r, :] (column-major, ld N) = tile [r, K] x^T: tile read as
@@ -286,11 +289,15 @@ void nf4_decode(const NF4Runs& w, DType dtype, void* out) {
 }
 
 void nf4_linear(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs& w, DType dequant,
-                int64_t n, const void* bias, void* y) {
+                int64_t n, const void* bias, void* y, Bf16Input xb) {
   check_dequant("nf4_linear", dequant);
+  if (xb.data && dtype != DType::f32)
+    throw std::logic_error("[nf4_linear] a shared bf16 input needs an f32 x");
+  auto* rounded = static_cast<__nv_bfloat16*>(xb.data);
+  if (xb.write) round_bf16(static_cast<const float*>(x), m * k, rounded);
   cuda::dispatch_float(dtype, "nf4_linear", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    forward<T>(static_cast<const T*>(x), m, k, w, dequant, n, static_cast<const T*>(bias),
+    forward<T>(static_cast<const T*>(x), rounded, m, k, w, dequant, n, static_cast<const T*>(bias),
                static_cast<T*>(y));
   });
 }

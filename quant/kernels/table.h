@@ -36,6 +36,17 @@ namespace quanta::quant {
  * log(max(p, kEntropyEps)). */
 inline constexpr double kEntropyEps = 1e-5;
 
+/** nf4_linear's f32 input rounded to bf16 (to nearest even), [m, k] on the
+ * device, shared by the products of one input (SharedBf16Input). With
+ * `write`, the kernel rounds x into `data` whether or not it multiplies in
+ * bf16 (the products after it read what it wrote); without, `data` (when
+ * set) already holds it, and a kernel that multiplies in bf16 reads it
+ * instead of rounding x. Null data: the kernel rounds x itself, if at all. */
+struct Bf16Input {
+  void* data = nullptr;
+  bool write = false;
+};
+
 /** The quantizer kernels of one device. Every entry handles zero sizes. Row
  * masks (`valid`) are u8 0/1 per row, or null (every row counts). */
 struct QuantKernelTable {
@@ -121,9 +132,9 @@ struct QuantKernelTable {
   void (*nf4_decode)(const NF4Runs& w, DType dtype, void* out);
   /** nf4_linear: y [m, n] = x [m, k] W^T (+ bias [n] when not null), W the
    * [n, k] weight of w with values dequant(value * scale) (f32, bf16 or f16);
-   * x, bias and y contiguous of `dtype` (f32 or f64). */
+   * x, bias and y contiguous of `dtype` (f32 or f64); xb only with f32. */
   void (*nf4_linear)(DType dtype, const void* x, int64_t m, int64_t k, const NF4Runs& w,
-                     DType dequant, int64_t n, const void* bias, void* y);
+                     DType dequant, int64_t n, const void* bias, void* y, Bf16Input xb);
   /** Its input gradient: dx [m, k] = g [m, n] W, or dx += g W when
    * `accumulate` (the sum of the input's other gradients), contiguous, of
    * `dtype`. */

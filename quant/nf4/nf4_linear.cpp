@@ -9,6 +9,7 @@
 #include "engine/autograd/node.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
+#include "engine/shared_bf16_input.h"
 #include "quant/kernels/table.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_runs.h"
@@ -62,8 +63,17 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
   const Tensor xc = x.detach().contiguous();
   Tensor y = quanta::detail::make_tensor(out_shape, x.dtype(), x.device());
   const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+  // x's rounding shared with the other products of x (SharedBf16Input),
+  // where the weight computes in bf16: the first writes it.
+  Bf16Input xb;
+  if (dd == DType::bf16)
+    if (quanta::detail::SharedBf16Slot* slot = quanta::detail::shared_bf16_input(x)) {
+      xb.data = slot->rounded.raw_data();
+      xb.write = !slot->written;
+      slot->written = true;
+    }
   kernels.nf4_linear(x.dtype(), xc.raw_data(), M, K, w->runs(), dd, N,
-                     bc.defined() ? bc.raw_data() : nullptr, y.raw_data());
+                     bc.defined() ? bc.raw_data() : nullptr, y.raw_data(), xb);
   std::vector<Tensor> inputs{x};
   if (bias.defined()) inputs.push_back(bias);
   // Backward keeps only the packed weight and its scales.

@@ -115,7 +115,7 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(message_of([&] { t.nf4_encode(f, 2, 64, f, f, out); }), "quantize_nf4");
   check_names(message_of([&] { t.nf4_decode(runs, DType::f32, f); }), "dequantize");
   check_names(
-      message_of([&] { t.nf4_linear(DType::f32, f, 1, 2, runs, DType::f32, 1, nullptr, f); }),
+      message_of([&] { t.nf4_linear(DType::f32, f, 1, 2, runs, DType::f32, 1, nullptr, f, {}); }),
       "nf4_linear");
   check_names(
       message_of([&] { t.nf4_linear_grad(DType::f32, f, 1, 1, runs, DType::f32, 2, f, false); }),

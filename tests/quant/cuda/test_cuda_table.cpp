@@ -394,9 +394,9 @@ TEST_CASE("quant cuda: nf4_linear and its gradient equal the CPU's within roundi
           return bf16 ? t.to(DType::bf16).to(DType::f32) : t;
         };
         cpu_quant_table().nf4_linear(dt, as_bf16(x).raw_data(), s.m, s.k, w, dd, s.n,
-                                     bias.raw_data(), want.raw_data());
+                                     bias.raw_data(), want.raw_data(), {});
         gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), s.m, s.k, gw, dd, s.n, on_gpu(bias).raw_data(),
-                           got.raw_data());
+                           got.raw_data(), {});
         CHECK(max_err(got, want) <= 10 * tol(dt));
         Tensor g = random_tensor({s.m, s.n}, dt, 21);
         Tensor dwant = empty({s.m, s.k}, {.dtype = dt});
@@ -483,11 +483,12 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
             Tensor want = empty({c.m, c.n}, {.dtype = dt});
             Tensor got = empty({c.m, c.n}, {.dtype = dt, .device = Device::cuda(0)});
             Tensor tiled = empty({mt, c.n}, {.dtype = dt, .device = Device::cuda(0)});
-            cpu_quant_table().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b,
-                                         want.raw_data());
-            gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data());
+            cpu_quant_table().nf4_linear(dt, x.raw_data(), c.m, c.k, w, dd, c.n, b, want.raw_data(),
+                                         {});
+            gpu_t().nf4_linear(dt, on_gpu(x).raw_data(), c.m, c.k, gw, dd, c.n, gb, got.raw_data(),
+                               {});
             gpu_t().nf4_linear(dt, on_gpu(xt).raw_data(), mt, c.k, gw, dd, c.n, gb,
-                               tiled.raw_data());
+                               tiled.raw_data(), {});
             CHECK(max_err(got, want) <= 10 * tol(dt));
             CHECK(max_err(got, slice(tiled.to(Device::cpu()), 0, 0, c.m)) <= 10 * tol(dt));
             unsetenv("QUANTA_NF4_GEMV");
@@ -538,6 +539,6 @@ TEST_CASE("quant cuda: zero sizes launch nothing") {
   t.bit_product(DType::f32, nullptr, 0, 3, nullptr);
   t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);
   t.nf4_decode(NF4Runs{}, DType::f32, nullptr);
-  t.nf4_linear(DType::f32, nullptr, 0, 64, NF4Runs{}, DType::f32, 4, nullptr, nullptr);
+  t.nf4_linear(DType::f32, nullptr, 0, 64, NF4Runs{}, DType::f32, 4, nullptr, nullptr, {});
   t.nf4_linear_grad(DType::f32, nullptr, 0, 4, NF4Runs{}, DType::f32, 64, nullptr, false);
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "engine/cpu/gemm_bf16.h"
 #include "quant/kernels/nf4_layout.h"
@@ -251,6 +252,74 @@ TEST_CASE("nf4_linear with bf16 products: bf16 input and weight, f32 sums, forwa
     // Rounding the input is the difference: an f32-input reference is off.
     if (c.k == 128) CHECK(max_abs_diff(y, linear(x.to(DType::f64), wd)) > 1e-4);
   }
+}
+
+TEST_CASE("nf4_linear with bf16 products under SharedBf16Input: one rounding of x, the same bits") {
+  // q, k and v of one input: under a guard of x the first product rounds x
+  // into the guard's buffer and the others read it. Every output and
+  // gradient has the bits of the unguarded products; the buffer holds
+  // bf16(x) after the first; a small batch (fused kernel, which multiplies
+  // in f32) still writes it for the products after it; a guard of another
+  // tensor, or a guard that has ended, shares nothing.
+  if (!testing::bf16_products_or_skip("nf4_bf16_products_forced")) return;
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device& d : testing::test_devices()) devices.push_back(d);
+  for (const Device& device : devices)
+    for (const int64_t m : {int64_t{3}, int64_t{70}}) {
+      CAPTURE(device);
+      CAPTURE(m);
+      Generator gen(41);
+      const Tensor x = randn({m, 96}, gen).to(device);
+      std::vector<BnbNF4State> weights;
+      // Host states: nf4_linear moves their bytes and scales to x's device.
+      for (const int64_t n : {40, 24, 64}) weights.push_back(quantize_bnb(randn({n, 96}, gen)));
+      const auto run = [&](bool guarded) {
+        const Tensor xg = x.detach().clone().requires_grad_();
+        std::vector<Tensor> out;
+        {
+          const std::optional<SharedBf16Input> guard =
+              guarded ? std::optional<SharedBf16Input>(std::in_place, xg) : std::nullopt;
+          Tensor loss;
+          for (size_t i = 0; i < weights.size(); ++i) {
+            const Tensor y = nf4_linear(xg, weights[i], Tensor(), DType::bf16);
+            out.push_back(y.detach().to(Device::cpu()));
+            if (guarded && i == 0) {
+              const quanta::detail::SharedBf16Slot* slot = quanta::detail::shared_bf16_input(xg);
+              REQUIRE(slot != nullptr);
+              CHECK(slot->written);
+              CHECK(bytes_of(slot->rounded.to(Device::cpu())) ==
+                    bytes_of(x.to(Device::cpu()).to(DType::bf16)));
+            }
+            loss = loss.defined() ? loss + sum(y * y) : sum(y * y);
+          }
+          loss.backward();
+        }
+        out.push_back(xg.grad().to(Device::cpu()));
+        return out;
+      };
+      const std::vector<Tensor> plain = run(false), shared = run(true);
+      for (size_t i = 0; i < plain.size(); ++i) {
+        CAPTURE(i);
+        CHECK(bytes_of(shared[i]) == bytes_of(plain[i]));
+      }
+      // Another tensor of the same shape and values, and an ended guard.
+      const Tensor other = x.detach().clone();
+      {
+        const SharedBf16Input guard(x);
+        CHECK(quanta::detail::shared_bf16_input(other) == nullptr);
+        CHECK(quanta::detail::shared_bf16_input(x.narrow(0, 0, 1)) == nullptr);
+        {
+          const SharedBf16Input inner(other);  // nested: each finds its own
+          CHECK(quanta::detail::shared_bf16_input(x) != nullptr);
+          CHECK(quanta::detail::shared_bf16_input(other) != quanta::detail::shared_bf16_input(x));
+        }
+      }
+      CHECK(quanta::detail::shared_bf16_input(x) == nullptr);
+    }
+  // A guard of a non-f32 tensor does nothing.
+  const Tensor x64 = zeros({4, 4}, {.dtype = DType::f64});
+  const SharedBf16Input guard(x64);
+  CHECK(quanta::detail::shared_bf16_input(x64) == nullptr);
 }
 
 TEST_CASE("nf4_linear zero-size inputs and argument errors") {
