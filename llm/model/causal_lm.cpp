@@ -87,7 +87,7 @@ class Group : public Module {
 };
 
 // One child slot that follows replace_module (NF4 and LoRA conversions).
-struct Slot {
+struct ChildSlot {
   const char* name;
   std::shared_ptr<Module>* module;
 };
@@ -111,8 +111,8 @@ class Attention : public Module {
   std::shared_ptr<Module> replace_module(const std::string& name,
                                          std::shared_ptr<Module> m) override {
     auto old = Module::replace_module(name, m);
-    for (const Slot& s :
-         {Slot{"q_proj", &q_}, Slot{"k_proj", &k_}, Slot{"v_proj", &v_}, Slot{"o_proj", &o_}})
+    for (const ChildSlot& s : {ChildSlot{"q_proj", &q_}, ChildSlot{"k_proj", &k_},
+                               ChildSlot{"v_proj", &v_}, ChildSlot{"o_proj", &o_}})
       if (name == s.name) *s.module = m;
     return old;
   }
@@ -169,8 +169,8 @@ class MLP : public Module {
   std::shared_ptr<Module> replace_module(const std::string& name,
                                          std::shared_ptr<Module> m) override {
     auto old = Module::replace_module(name, m);
-    for (const Slot& s :
-         {Slot{"gate_proj", &gate_}, Slot{"up_proj", &up_}, Slot{"down_proj", &down_}})
+    for (const ChildSlot& s : {ChildSlot{"gate_proj", &gate_}, ChildSlot{"up_proj", &up_},
+                               ChildSlot{"down_proj", &down_}})
       if (name == s.name) *s.module = m;
     return old;
   }
