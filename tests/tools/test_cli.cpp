@@ -608,6 +608,9 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   const CliResult only = run_quanta(
       {"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--only", "qlorasmall_B"});
   const CliResult none = run_quanta({"bench", "llm", "--size", "small", "--only", "gpt2"});
+  const CliResult anchored = run_quanta({"bench", "llm", "--size", "small", "--json", "--repeat",
+                                         "1", "--only", "qlorasmall_B2_T32$|^attention_T64$"});
+  const CliResult bad = run_quanta({"bench", "llm", "--size", "small", "--only", "qlora("});
   const CliResult sim =
       run_quanta({"bench", "llm", "--size", "small", "--json", "--repeat", "1", "--device", "sim"});
   if (peer)
@@ -665,6 +668,16 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(rows[1]["ms"].get<double>() < 4000);
   CHECK(none.code != 0);
   CHECK(contains(none.err, "--only gpt2 matches no row of the llm suite (attention_T64,"));
+  // A regular expression: anchored names take those rows alone (not _fb,
+  // _mixed or _peak_rss), and a malformed one is refused by name.
+  CAPTURE(anchored.err);
+  REQUIRE(anchored.code == 0);
+  std::vector<std::string> anchored_names;
+  for (const auto& row : nlohmann::json::parse(anchored.out))
+    anchored_names.push_back(row["name"].get<std::string>());
+  CHECK(anchored_names == std::vector<std::string>{"attention_T64", "qlorasmall_B2_T32"});
+  CHECK(bad.code != 0);
+  CHECK(contains(bad.err, "--only qlora( is not a regular expression"));
   // On a device (sim here, the path CUDA takes) every workload runs there;
   // the CPU's peak-memory and sharding rows are left out.
   CAPTURE(sim.err);

@@ -173,8 +173,9 @@ void add_bench(CLI::App& app) {
       ->capture_default_str()
       ->transform(integer_in(2, 64));
   sub->add_option("--only", c->opts.only,
-                  "llm suite: run only the rows whose name contains this (e.g. qlora); each "
-                  "still beside its peer");
+                  "llm suite: run only the rows whose name this regular expression finds "
+                  "(qlora: every QLoRA row; qlora500m_B4_T512$: that row alone); each still "
+                  "beside its peer");
   sub->add_option("--repeat", c->opts.repeat, "timed runs per measurement")
       ->capture_default_str()
       ->transform(integer_in(1, 1000));

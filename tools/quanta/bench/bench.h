@@ -44,7 +44,7 @@ struct BenchOptions {
   bool large = false;  // llm suite: the ~500M config, its sharding rows only
   int ranks = 2;       // ranks for suites that run collectives (dist)
   Device device;       // where the suites run (cpu or cuda:N; train also sim:N)
-  std::string only{};  // llm suite: only the rows whose name contains it
+  std::string only{};  // llm suite: only the rows whose name this regular expression finds
 };
 
 /** The median of `samples` (the mean of the middle two for an even count). */

@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <string>
 
@@ -165,16 +166,19 @@ QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c, bool mixe
 
 // --only's filter: `want` says whether a row is asked for and records its
 // name (for the error when none is), so each builder makes only the models
-// and inputs of the rows it is asked for.
+// and inputs of the rows it is asked for. --only is a regular expression
+// found anywhere in a name (a plain name matches every row containing it;
+// `qlora500m_B4_T512$` that row alone, `attention|qlora` either).
 class RowFilter {
  public:
-  explicit RowFilter(const std::string& only) : only_(only) {}
+  explicit RowFilter(const std::string& only) : only_(only), pattern_(compile(only)) {}
   bool want(const std::string& name) {
     names_ += (names_.empty() ? "" : ", ") + name;
-    const bool yes = name.find(only_) != std::string::npos;
+    const bool yes = matches(name);
     any_ = any_ || yes;
     return yes;
   }
+  bool matches(const std::string& name) const { return std::regex_search(name, pattern_); }
   /** Throws when --only matched no row. */
   void check() const {
     if (!any_)
@@ -183,7 +187,15 @@ class RowFilter {
   }
 
  private:
+  static std::regex compile(const std::string& only) {
+    try {
+      return std::regex(only, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw std::invalid_argument("--only " + only + " is not a regular expression: " + e.what());
+    }
+  }
   const std::string& only_;
+  std::regex pattern_;
   std::string names_;
   bool any_ = false;
 };
@@ -506,7 +518,7 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   peer.reset();
   if (shard_wanted) {
     for (BenchRow& r : bench_llm_shard(o, c))
-      if (r.name.find(o.only) != std::string::npos) rows.push_back(std::move(r));
+      if (filter.matches(r.name)) rows.push_back(std::move(r));
   }
   return rows;
 }
