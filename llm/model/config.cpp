@@ -73,26 +73,29 @@ DType dtype_of(const Reader& r) {
   }
 }
 
-// The RoPE settings: 5.x's rope_parameters (theta inside), else 4.x's
-// rope_theta and rope_scaling (null: none).
+// The RoPE settings as transformers (5.x, which reads 4.x's names too)
+// resolves them: a non-empty rope_scaling (4.x's name) replaces
+// rope_parameters; rope_theta is the chosen object's, else the top-level
+// key's, else 10000. Read any other way, a config holding both names, or a
+// theta outside the object, would load with other frequencies than
+// transformers gives it, and every logit would differ without an error.
 void read_rope(const Reader& r, DecoderConfig& c) {
-  const json* scaling = nullptr;
-  if (r.has("rope_parameters")) {
-    const json& p = r.j.at("rope_parameters");
-    if (!p.is_object()) r.fail("\"rope_parameters\" must be an object");
-    if (p.contains("full_attention") || p.contains("sliding_attention"))
-      r.fail("per-layer-type \"rope_parameters\" are not supported");
-    c.rope.theta = r.number(p, "rope_theta", 10000.0, false);
-    scaling = &p;
-  } else {
-    c.rope.theta = r.number(r.j, "rope_theta", 10000.0, false);
-    if (r.has("rope_scaling")) {
-      scaling = &r.j.at("rope_scaling");
-      if (!scaling->is_object()) r.fail("\"rope_scaling\" must be an object or null");
-    }
+  const json* params = nullptr;
+  if (r.has("rope_scaling")) {
+    const json& s = r.j.at("rope_scaling");
+    if (!s.is_object()) r.fail("\"rope_scaling\" must be an object or null");
+    if (!s.empty()) params = &s;
   }
-  if (scaling) {
-    const json& s = *scaling;
+  if (!params && r.has("rope_parameters")) {
+    params = &r.j.at("rope_parameters");
+    if (!params->is_object()) r.fail("\"rope_parameters\" must be an object");
+  }
+  c.rope.theta = r.number(r.j, "rope_theta", 10000.0, false);
+  if (params) {
+    const json& s = *params;
+    if (s.contains("full_attention") || s.contains("sliding_attention"))
+      r.fail("per-layer-type \"rope_parameters\" are not supported");
+    c.rope.theta = r.number(s, "rope_theta", c.rope.theta, false);
     // 4.x wrote the kind as "type" before "rope_type".
     std::string type = "default";
     for (const char* key : {"rope_type", "type"})
@@ -112,7 +115,10 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     if (type == "llama3") {
       c.rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
       c.rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
-      const double original = r.number(s, "original_max_position_embeddings", 0, true);
+      // Absent, transformers takes max_position_embeddings (a top-level
+      // original_max_position_embeddings is not read for these models).
+      const double original =
+          r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
       if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
         r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
                std::to_string(kMaxSize));

@@ -371,6 +371,68 @@ TEST_CASE("decoder configs: clear errors for what quanta does not run") {
                     doctest::Contains("cannot open"));
 }
 
+// Each expectation is what transformers 5.24's LlamaConfig(**config) put in
+// rope_parameters for the same keys (run in ../shared/peer's environment).
+TEST_CASE("decoder configs: RoPE settings resolved as transformers resolves them") {
+  const auto rope = [](const std::string& extra) {
+    return llm::parse_decoder_config(
+               R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+                   "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                   "max_position_embeddings": 128)" +
+                   extra + "}",
+               "cfg.json")
+        .rope;
+  };
+  SUBCASE("a non-empty rope_scaling replaces rope_parameters") {
+    const llm::RopeConfig r = rope(R"(, "rope_parameters": {"rope_type": "default",
+        "rope_theta": 10000.0}, "rope_scaling": {"type": "linear", "factor": 4.0})");
+    CHECK(r.scaling.type == "linear");
+    CHECK(r.scaling.factor == 4.0);
+    CHECK(r.theta == 10000.0);
+  }
+  SUBCASE("an empty or null rope_scaling leaves rope_parameters") {
+    for (const char* scaling : {"{}", "null"}) {
+      const llm::RopeConfig r = rope(std::string(R"(, "rope_parameters": {"rope_type": "linear",
+          "factor": 2.0, "rope_theta": 300.0}, "rope_scaling": )") +
+                                     scaling);
+      CHECK(r.scaling.type == "linear");
+      CHECK(r.scaling.factor == 2.0);
+      CHECK(r.theta == 300.0);
+    }
+  }
+  SUBCASE("rope_theta outside the object is the default for the one inside") {
+    CHECK(rope(R"(, "rope_parameters": {"rope_type": "default"}, "rope_theta": 500.0)").theta ==
+          500.0);
+    CHECK(rope(R"(, "rope_parameters": {}, "rope_theta": 500.0)").theta == 500.0);
+    CHECK(rope(R"(, "rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 2.0,
+        "rope_theta": 7.0})")
+              .theta == 7.0);
+    CHECK(rope(R"(, "rope_theta": 500.0, "rope_scaling": null)").theta == 500.0);
+    CHECK(rope("").theta == 10000.0);
+  }
+  SUBCASE("rope_type wins over type") {
+    CHECK(rope(R"(, "rope_parameters": {"rope_type": "linear", "type": "dynamic",
+        "factor": 2.0})")
+              .scaling.type == "linear");
+  }
+  SUBCASE("llama3 without original_max_position_embeddings takes max_position_embeddings") {
+    // A top-level original_max_position_embeddings is not read for Llama.
+    const llm::RopeConfig r = rope(R"(, "rope_theta": 500.0, "original_max_position_embeddings": 64,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0})");
+    CHECK(r.scaling.type == "llama3");
+    CHECK(r.scaling.original_max_position_embeddings == 128);
+    CHECK(r.theta == 500.0);
+  }
+  SUBCASE("a rope_scaling of the wrong kind is refused, as before") {
+    CHECK_THROWS_WITH(rope(R"(, "rope_scaling": [1])"),
+                      doctest::Contains("\"rope_scaling\" must be an object or null"));
+    CHECK_THROWS_WITH(rope(R"(, "rope_parameters": {"rope_type": "default"},
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0})"),
+                      doctest::Contains("rope_scaling type \"yarn\" is not supported"));
+  }
+}
+
 TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5") {
   struct Published {
     const char* file;
