@@ -103,10 +103,15 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   if (j.contains("task_type") && !j.at("task_type").is_null() && j.at("task_type") != "CAUSAL_LM")
     adapter_config_fail(source, "task_type is " + j.at("task_type").dump() + ", not CAUSAL_LM");
   // Options that change what the adapters compute, which this library does
-  // not implement: refused by name rather than silently computed otherwise.
-  for (const char* key : {"use_dora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",
-                          "rank_pattern", "alpha_pattern", "layer_replication",
-                          "trainable_token_indices", "lora_bias", "exclude_modules"})
+  // not implement: refused by name rather than silently computed otherwise
+  // (PEFT 0.21's list; the initialisation-only ones, such as loftq_config or
+  // eva_config, and velora_config, a backward that stores less, are read as
+  // plain LoRA, as PEFT reads them once trained).
+  for (const char* key :
+       {"use_dora", "fan_in_fan_out", "modules_to_save", "layers_to_transform", "rank_pattern",
+        "alpha_pattern", "layer_replication", "trainable_token_indices", "lora_bias",
+        "exclude_modules", "target_parameters", "alora_invocation_tokens", "use_qalora",
+        "kasa_config", "monteclora_config", "use_bdlora", "arrow_config"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
