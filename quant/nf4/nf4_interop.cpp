@@ -65,6 +65,17 @@ void check_file_shape(const Shape& shape, const char* op, const std::string& whe
                                 " has a negative size or overflows 64-bit sizes");
 }
 
+// The packed codes as the bytes they are. bitsandbytes' quant_storage views
+// them as another dtype ([bytes / size, 1]; FSDP-QLoRA stores bf16 so that
+// the shards of 4-bit and float parameters split alike): the bytes, in
+// memory order, are the same stream as uint8 storage's.
+Tensor packed_bytes(const Tensor& stored) {
+  if (stored.dtype() == DType::u8) return stored;
+  const Tensor c = stored.detach().to(Device::cpu()).contiguous();
+  const auto bytes = static_cast<int64_t>(c.numel() * element_size(c.dtype()));
+  return blob(c.raw_data(), {bytes, 1}, DType::u8);
+}
+
 const Tensor& need(const std::map<std::string, Tensor>& m, const std::string& key, const char* op) {
   auto it = m.find(key);
   if (it == m.end())
@@ -301,7 +312,7 @@ BnbNF4State read_bnb_tensors(const std::map<std::string, Tensor>& t, const std::
     throw std::invalid_argument("[read_bnb_tensors] '" + key + "': " + e.what());
   }
   check_file_shape(s.shape, "read_bnb_tensors", key);
-  s.packed = need(t, name, op);
+  s.packed = packed_bytes(need(t, name, op));
   s.absmax = need(t, name + ".absmax", op);
   s.quant_map = need(t, name + ".quant_map", op);
   if (s.double_quant) {

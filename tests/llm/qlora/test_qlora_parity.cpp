@@ -261,6 +261,43 @@ TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers s
                        doctest::Contains("the model has no NF4 layers"), std::invalid_argument);
 }
 
+TEST_CASE("QLoRA parity: a 4-bit folder with bf16 quant_storage (FSDP-QLoRA's) loads as uint8's") {
+  const std::string dir = llm_data() + "/qlora/transformers_4bit/";
+  {
+    // The fixture really stores the codes as BF16 [bytes / 2, 1].
+    const auto stored = io::load_safetensors(dir + "llama_gqa_bf16_storage/model.safetensors");
+    bool seen = false;
+    for (const auto& [name, t] : stored.tensors)
+      if (name == "model.layers.0.self_attn.q_proj.weight") {
+        seen = true;
+        CHECK(t.dtype() == DType::bf16);
+        CHECK(t.shape() == Shape{256, 1});
+      }
+    REQUIRE(seen);
+  }
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : test_devices()) devices.push_back(d);
+  for (const Device dev : devices) {
+    INFO("device ", dev.str());
+    auto bf16_storage = llm::load_base_model(dir + "llama_gqa_bf16_storage", dev);
+    auto u8_storage = llm::load_base_model(dir + "llama_gqa", dev);
+    const io::TensorMap a = llm::bnb_base_tensors(*bf16_storage),
+                        b = llm::bnb_base_tensors(*u8_storage);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("tensor ", a[i].first);
+      CHECK(a[i].first == b[i].first);
+      CHECK(a[i].second.dtype() == b[i].second.dtype());
+      CHECK(a[i].second.to(Device::cpu()).to_vector<double>() ==
+            b[i].second.to(Device::cpu()).to_vector<double>());
+    }
+    NoGradGuard no_grad;
+    const Tensor ids = from_vector<int64_t>({3, 9, 27, 5, 1, 40}, {1, 6}).to(dev);
+    CHECK(bf16_storage->logits(ids).to(Device::cpu()).to_vector<float>() ==
+          u8_storage->logits(ids).to(Device::cpu()).to_vector<float>());
+  }
+}
+
 TEST_CASE("QLoRA parity: transformers' 4-bit folder loads as the base quanta quantizes itself") {
   for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
     INFO("model ", name);

@@ -30,7 +30,10 @@ expected.safetensors ids, labels [2, 12] (I64, labels -100 at [0, 0:3] and [1, 7
 
 transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa and
                      qwen2_bias loaded in 4 bits and saved by transformers'
-                     save_pretrained (the folder quanta's 4-bit save must equal)
+                     save_pretrained (the folder quanta's 4-bit save must equal);
+                     llama_gqa_bf16_storage: llama_gqa with
+                     bnb_4bit_quant_storage=bfloat16 (FSDP-QLoRA's setting: the
+                     packed codes stored as BF16 [bytes / 2, 1])
 
 quanta_written/      adapters/ as quanta finetune writes them (see
                      check_quanta_adapters) and peft_logits.safetensors, what
@@ -234,12 +237,15 @@ def save_transformers_4bit(root):
     compute float32) and saved again by save_pretrained: the 4-bit checkpoint
     transformers writes and loads, config.json with its quantization_config
     and model.safetensors (transformers_4bit/<model>/)."""
-    for name in ["llama_gqa", "qwen2_bias"]:
+    for name, model_name, storage in [("llama_gqa", "llama_gqa", torch.uint8),
+                                      ("qwen2_bias", "qwen2_bias", torch.uint8),
+                                      ("llama_gqa_bf16_storage", "llama_gqa", torch.bfloat16)]:
         model = AutoModelForCausalLM.from_pretrained(
-            os.path.join(root, "models", name), dtype=torch.float32, device_map="cpu",
+            os.path.join(root, "models", model_name), dtype=torch.float32, device_map="cpu",
             quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                    bnb_4bit_use_double_quant=True,
-                                                   bnb_4bit_compute_dtype=torch.float32))
+                                                   bnb_4bit_compute_dtype=torch.float32,
+                                                   bnb_4bit_quant_storage=storage))
         out = os.path.join(root, "qlora", "transformers_4bit", name)
         shutil.rmtree(out, ignore_errors=True)
         model.save_pretrained(out)
