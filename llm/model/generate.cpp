@@ -78,7 +78,8 @@ std::vector<int64_t> generate(CausalLM& model, const std::vector<int64_t>& promp
     const Tensor last = select(select(logits, 0, 0), 0, logits.size(1) - 1);
     const int64_t next = pick(last.to(DType::f64).to_vector<double>(), o, gen);
     out.push_back(next);
-    if (o.eos_token_id && next == *o.eos_token_id) break;
+    if (std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), next) != o.eos_token_ids.end())
+      break;
     ids = from_vector<int64_t>({next}, {1, 1});
   }
   return out;

@@ -3,7 +3,6 @@
 // per forward; greedy (temperature 0, as transformers' do_sample=False) or
 // sampled with temperature and nucleus (top-p) filtering.
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "llm/model/causal_lm.h"
@@ -20,8 +19,9 @@ struct GenerateOptions {
   double top_p = 1.0;
   /** The sampler's Philox seed: the same seed gives the same tokens. */
   uint64_t seed = 0;
-  /** Stop after generating this token (it is returned). */
-  std::optional<int64_t> eos_token_id{};
+  /** Stop after generating any of these tokens (it is returned); empty:
+   * generate max_new_tokens. (eos_token_ids(dir) reads a folder's.) */
+  std::vector<int64_t> eos_token_ids{};
 };
 
 /** The new token ids after `prompt` (ids < vocab_size, at least one). */

@@ -134,4 +134,34 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
                     fs::copy_options::overwrite_existing);
 }
 
+std::vector<int64_t> eos_token_ids(const std::string& dir) {
+  // generation_config.json first: transformers' generate takes its
+  // eos_token_id from there, and from config.json only without one.
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const std::string path = model_folder_file(dir, name);
+    std::ifstream in(path);
+    if (!in) continue;
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      throw std::invalid_argument(path + ": not a JSON object");
+    if (!j.contains("eos_token_id")) continue;
+    const nlohmann::json& v = j.at("eos_token_id");
+    std::vector<int64_t> ids;
+    const auto take = [&](const nlohmann::json& id) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0)
+        throw std::invalid_argument(path +
+                                    ": eos_token_id must be a token id or a list of them, "
+                                    "got " +
+                                    v.dump());
+      ids.push_back(id.get<int64_t>());
+    };
+    if (v.is_array())
+      for (const nlohmann::json& id : v) take(id);
+    else if (!v.is_null())
+      take(v);
+    return ids;
+  }
+  return {};
+}
+
 }  // namespace quanta::llm

@@ -2,8 +2,10 @@
 // Hugging Face model folders: config.json with model.safetensors, or shards
 // model-0000N-of-0000M.safetensors listed by model.safetensors.index.json,
 // as save_pretrained writes them.
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/nn/module.h"
@@ -40,5 +42,11 @@ void save_causal_lm(const CausalLM& model, const std::string& dir);
  * replacing them there: a folder derived from `from` (merged, quantized) is
  * then whole. */
 void copy_tokenizer_files(const std::string& from, const std::string& to);
+
+/** The ids that end generation for folder `dir`, where transformers'
+ * generate finds them: eos_token_id (one id or a list) of
+ * generation_config.json, else of config.json; empty when neither has one
+ * (or it is null). A value other than ids is an error naming the file. */
+std::vector<int64_t> eos_token_ids(const std::string& dir);
 
 }  // namespace quanta::llm

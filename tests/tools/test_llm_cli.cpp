@@ -4,6 +4,7 @@
 // inputs end in one clear line.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,6 +94,58 @@ TEST_CASE("quanta eval --model: one window's loss equals transformers'") {
   check_one_line_error(run_quanta({"eval", "--model", models() + "nonexistent", "--data",
                                    dir.file("tokens.bin"), "--seq-len", "4"}),
                        1, "cannot open");
+}
+
+// transformers' generate stops after an id of generation_config.json's
+// eos_token_id (else config.json's), keeping it; the fixture's tokens were
+// generated with eos_token_id=None, so a copy of the folder names one of them.
+TEST_CASE("quanta generate: stops at the folder's end-of-sequence ids, as transformers does") {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const io::SafetensorsFile want =
+      io::load_safetensors(std::string(root) + "/llm/expected/llama_gqa.safetensors");
+  const std::vector<int64_t> all = expected(want, "generated").to_vector<int64_t>();
+  const std::string prompt = ids_text(expected(want, "prompt").to_vector<int64_t>());
+  // The first generated id not seen before it, past the first.
+  size_t stop = 1;
+  while (stop < all.size() && std::find(all.begin(), all.begin() + stop, all[stop]) !=
+                                  all.begin() + static_cast<std::ptrdiff_t>(stop))
+    ++stop;
+  REQUIRE(stop < all.size());
+  const std::vector<int64_t> until(all.begin(),
+                                   all.begin() + static_cast<std::ptrdiff_t>(stop) + 1);
+  ScratchDir dir("generate_eos");
+  const std::string model = dir.file("model");
+  fs::copy(models() + "llama_gqa", model);
+  const auto ids = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model",          model, "--prompt-ids",
+                                     prompt,     "--max-new-tokens", "8",   "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_quanta(args);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return nlohmann::json::parse(r.out).at("ids").get<std::vector<int64_t>>();
+  };
+  const auto write_json = [](const std::string& path, const nlohmann::json& j) {
+    std::ofstream(path) << j.dump(2);
+  };
+  const std::string config_path = model + "/config.json";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(config_path));
+  // config.json's id, when there is no generation_config.json.
+  config["eos_token_id"] = all[stop];
+  write_json(config_path, config);
+  CHECK(ids({}) == until);
+  CHECK(ids({"--ignore-eos"}) == all);
+  // generation_config.json's list wins over config.json's id.
+  config["eos_token_id"] = 63;
+  write_json(config_path, config);
+  write_json(model + "/generation_config.json", {{"eos_token_id", {62, all[stop]}}});
+  CHECK(ids({}) == until);
+  CHECK(llm::eos_token_ids(model) == std::vector<int64_t>{62, all[stop]});
+  write_json(model + "/generation_config.json", {{"eos_token_id", nullptr}});
+  CHECK(llm::eos_token_ids(model).empty());
+  CHECK(ids({}) == all);
+  write_json(model + "/generation_config.json", {{"eos_token_id", "2"}});
+  check_one_line_error(run_quanta({"generate", "--model", model, "--prompt-ids", prompt}), 1,
+                       "generation_config.json: eos_token_id must be a token id or a list");
 }
 
 TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {

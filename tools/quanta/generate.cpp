@@ -1,6 +1,7 @@
 // `quanta generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)`: new
 // tokens from a Hugging Face model folder, greedy or sampled, with a KV
-// cache; text through the folder's SentencePiece tokenizer.model.
+// cache, up to an end-of-sequence id; text through the folder's SentencePiece
+// tokenizer.model.
 #include "llm/model/generate.h"
 
 #include <fstream>
@@ -32,6 +33,7 @@ struct GenerateFlags {
   double temperature = 0.0;
   double top_p = 1.0;
   uint64_t seed = 0;
+  bool ignore_eos = false;
   std::string device = "cpu";
   std::string precision = "f32";
   bool json = false;
@@ -87,6 +89,8 @@ void run_generate(const GenerateFlags& f) {
   o.temperature = f.temperature;
   o.top_p = f.top_p;
   o.seed = f.seed;
+  // As transformers' generate: stop at the folder's end-of-sequence id(s).
+  if (!f.ignore_eos) o.eos_token_ids = llm::eos_token_ids(f.model);
   const std::vector<int64_t> ids = [&] {
     const MixedPrecision precision(f.precision == "bf16");
     return llm::generate(*model, prompt, o);
@@ -131,7 +135,8 @@ void add_generate(CLI::App& app) {
   sub->add_option("--prompt", f->prompt,
                   "the prompt as text, through the folder's SentencePiece tokenizer.model (a BOS "
                   "first); prints the prompt and the new text");
-  sub->add_option("--max-new-tokens", f->max_new_tokens, "tokens to generate")
+  sub->add_option("--max-new-tokens", f->max_new_tokens,
+                  "at most this many tokens: generation stops after an end-of-sequence token")
       ->capture_default_str()
       ->transform(integer_in(0, 1 << 20));
   sub->add_option("--temperature", f->temperature, "0: greedy; > 0: sample")
@@ -141,6 +146,9 @@ void add_generate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1e-9, 1.0));
   sub->add_option("--seed", f->seed, "the sampler's seed")->capture_default_str();
+  sub->add_flag("--ignore-eos", f->ignore_eos,
+                "generate all --max-new-tokens, past the end-of-sequence id(s) the folder's "
+                "generation_config.json (else config.json) names as eos_token_id");
   add_device_flag(*sub, f->device, "the model");
   add_precision_flag(*sub, f->precision, "the model's");
   sub->add_flag("--json", f->json,
