@@ -116,6 +116,18 @@ class Attention : public Module {
       if (name == s.name) *s.module = m;
     return old;
   }
+  // Full attention over keys equals the model's sliding-window attention
+  // only while no query is sliding_window or more keys past the first.
+  void check_window(int64_t keys, size_t layer) const {
+    if (c_.sliding_window <= 0 || static_cast<int64_t>(layer) < c_.max_window_layers ||
+        keys <= c_.sliding_window)
+      return;
+    throw std::invalid_argument(
+        "[CausalLM] layer " + std::to_string(layer) + " attends over " + std::to_string(keys) +
+        " keys, more than the model's sliding_window " + std::to_string(c_.sliding_window) +
+        ": quanta computes full attention, the model's own up to that many keys (use shorter "
+        "sequences)");
+  }
   Tensor forward(const Tensor& x, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim;
@@ -141,6 +153,7 @@ class Attention : public Module {
       cache->keys[layer] = k.detach();
       cache->values[layer] = v.detach();
     }
+    check_window(k.size(1), layer);
     AttentionOptions o;
     o.causal = true;
     o.mask = mask;

@@ -1,11 +1,13 @@
 // config.json: transformers' names (both generations) to DecoderConfig and back.
 #include "llm/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace quanta::llm {
 namespace {
@@ -135,18 +137,55 @@ void read_rope(const Reader& r, DecoderConfig& c) {
   c.rope.max_position_embeddings = c.max_position_embeddings;
 }
 
-void refuse_sliding_window(const Reader& r, const DecoderConfig& c) {
-  if (c.model_type == "mistral" && r.has("sliding_window"))
-    r.fail("\"sliding_window\": " + r.j.at("sliding_window").dump() +
-           " is not supported (quanta runs full attention; set it to null only if the model "
-           "was trained without one)");
-  if (c.model_type == "qwen2" && r.flag("use_sliding_window", false))
-    r.fail("\"use_sliding_window\": true is not supported (quanta runs full attention)");
-  if (r.has("layer_types")) {
-    for (const json& t : r.j.at("layer_types"))
-      if (!t.is_string() || t.get<std::string>() != "full_attention")
-        r.fail("\"layer_types\" holds " + t.dump() + "; only full_attention is supported");
+// Sliding-window attention as transformers reads it: mistral's
+// sliding_window on every layer (4096 when the key is absent, as
+// MistralConfig's default; none when null); qwen2's when use_sliding_window,
+// on the layers layer_types names sliding_attention, else on those from
+// max_window_layers (28 when absent). Llama has none.
+void read_sliding_window(const Reader& r, DecoderConfig& c) {
+  const int64_t layers = c.num_hidden_layers;
+  const auto window = [&]() -> int64_t {
+    if (!r.j.contains("sliding_window")) return 4096;
+    return r.has("sliding_window") ? r.integer("sliding_window") : 0;
+  };
+  std::vector<bool> slides(static_cast<size_t>(layers), false);
+  int64_t w = 0;
+  if (c.model_type == "mistral") {
+    w = window();
+    std::fill(slides.begin(), slides.end(), true);
+  } else if (c.model_type == "qwen2" && r.flag("use_sliding_window", false)) {
+    w = window();
+    int64_t from = 28;
+    if (r.has("max_window_layers")) {
+      const json& v = r.j.at("max_window_layers");
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        r.fail("\"max_window_layers\" must be an integer >= 0, got " + v.dump());
+      from = v.get<int64_t>();
+    }
+    for (int64_t i = from; i < layers; ++i) slides[static_cast<size_t>(i)] = true;
   }
+  if (r.has("layer_types")) {
+    const json& types = r.j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
+      r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
+    for (size_t i = 0; i < types.size(); ++i) {
+      const json& t = types[i];
+      const bool full = t.is_string() && t.get<std::string>() == "full_attention";
+      const bool sliding = t.is_string() && t.get<std::string>() == "sliding_attention";
+      // Only Qwen2's layers follow layer_types; Llama and Mistral take no
+      // per-layer kinds, so one other than full attention is refused.
+      if (!full && !(sliding && c.model_type == "qwen2"))
+        r.fail("\"layer_types\" holds " + t.dump() + "; only full_attention is supported" +
+               (c.model_type == "qwen2" ? " (and sliding_attention)" : ""));
+      if (c.model_type == "qwen2") slides[i] = sliding;
+    }
+  }
+  const auto first = std::find(slides.begin(), slides.end(), true);
+  if (w == 0 || first == slides.end()) return;
+  if (std::find(first, slides.end(), false) != slides.end())
+    r.fail("sliding-window layers other than the last ones (from one layer on) are not supported");
+  c.sliding_window = w;
+  c.max_window_layers = first - slides.begin();
 }
 
 }  // namespace
@@ -220,7 +259,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   if (r.number(j, "attention_dropout", 0.0, false) != 0.0)
     r.fail("\"attention_dropout\": " + j.at("attention_dropout").dump() +
            " is not supported (quanta's attention has no dropout; 0 is)");
-  refuse_sliding_window(r, c);
+  read_sliding_window(r, c);
   read_rope(r, c);
   rope_frequencies(c.rope, 0);  // every RoPE value checked now, not at the first forward
   return c;
@@ -267,8 +306,13 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
-  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
-  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
+  const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (c.model_type == "mistral") j["sliding_window"] = window;
+  if (c.model_type == "qwen2") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = window;
+    j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.num_hidden_layers;
+  }
   j["torch_dtype"] = torch_dtype_name(c.dtype);
   return j.dump(2) + "\n";
 }

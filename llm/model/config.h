@@ -1,9 +1,10 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
-// Llama family quanta runs: model_type llama, mistral (without a sliding
-// window) and qwen2. Both generations of names are read: transformers 4.x's
-// (rope_theta and rope_scaling at the top level, torch_dtype), which most
-// published models carry, and 5.x's (rope_parameters, dtype).
+// Llama family quanta runs: model_type llama, mistral and qwen2 (a sliding
+// window only over spans it does not cut). Both generations of names are
+// read: transformers 4.x's (rope_theta and rope_scaling at the top level,
+// torch_dtype), which most published models carry, and 5.x's
+// (rope_parameters, dtype).
 #include <cstdint>
 #include <string>
 
@@ -35,6 +36,13 @@ struct DecoderConfig {
   bool mlp_bias = false;
   /** The weights' dtype (torch_dtype / dtype): f32, bf16 or f16. */
   DType dtype = DType::f32;
+  /** Sliding-window attention: the layers from max_window_layers on let a
+   * query see only the last sliding_window keys (mistral's sliding_window,
+   * qwen2's with use_sliding_window); 0: none. quanta computes full
+   * attention, which is the same over at most sliding_window keys, and
+   * refuses a longer span (CausalLM's forward, generate). */
+  int64_t sliding_window = 0;
+  int64_t max_window_layers = 0;
 
   /** Parameters of the model, embeddings counted once when tied. */
   int64_t parameter_count() const;
@@ -43,7 +51,8 @@ struct DecoderConfig {
 /** Parses config.json text; `source` (a path) names the file in errors.
  * Throws std::invalid_argument naming the key that is missing, has the wrong
  * type or a value quanta does not run (another model_type, hidden_act,
- * a sliding window, partial rotary, interleaved RoPE, a rope_scaling kind
+ * sliding-window layers other than the last ones, partial rotary,
+ * interleaved RoPE, a rope_scaling kind
  * outside default, linear, dynamic, llama3). Keys that do not change the
  * computation (architectures, token ids, dropout, use_cache, ...) are
  * ignored. */

@@ -357,12 +357,6 @@ TEST_CASE("decoder configs: clear errors for what quanta does not run") {
                     doctest::Contains("dtype \"int8\" is not one quanta loads"));
   CHECK_THROWS_WITH(llm::parse_decoder_config(R"({"model_type": "gpt2"})", "cfg.json"),
                     doctest::Contains("model_type \"gpt2\" is not supported"));
-  CHECK_THROWS_WITH(llm::parse_decoder_config(
-                        R"({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8,
-              "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "max_position_embeddings": 32, "sliding_window": 4096})",
-                        "cfg.json"),
-                    doctest::Contains("\"sliding_window\": 4096 is not supported"));
   CHECK_THROWS_WITH(parse(R"(, "layer_types": ["sliding_attention"])"),
                     doctest::Contains("only full_attention is supported"));
   CHECK_THROWS_WITH(llm::parse_decoder_config(R"({"model_type": "llama"})", "cfg.json"),
@@ -431,6 +425,97 @@ TEST_CASE("decoder configs: RoPE settings resolved as transformers resolves them
         "rope_scaling": {"rope_type": "yarn", "factor": 2.0})"),
                       doctest::Contains("rope_scaling type \"yarn\" is not supported"));
   }
+}
+
+// What transformers 5.24's MistralConfig and Qwen2Config make of the keys:
+// mistral slides every layer (4096 when sliding_window is absent, none when
+// null); qwen2 only with use_sliding_window, the layers from
+// max_window_layers or those layer_types names.
+TEST_CASE("decoder configs: sliding windows read as transformers reads them, written back") {
+  const auto parse = [](const std::string& type, const std::string& extra) {
+    return llm::parse_decoder_config(R"({"model_type": ")" + type +
+                                         R"(", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+            "max_position_embeddings": 32)" +
+                                         extra + "}",
+                                     "cfg.json");
+  };
+  struct Case {
+    const char* type;
+    const char* extra;
+    int64_t window, from;
+  };
+  const Case cases[] = {
+      {"mistral", "", 4096, 0},
+      {"mistral", R"(, "sliding_window": null)", 0, 0},
+      {"mistral", R"(, "sliding_window": 16)", 16, 0},
+      {"llama", R"(, "sliding_window": 16)", 0, 0},
+      {"qwen2", R"(, "sliding_window": 16)", 0, 0},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16)", 0, 0},  // from 28
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 1)", 16,
+       1},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 0)", 16,
+       0},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": null, "max_window_layers": 0)",
+       0, 0},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 0,
+          "layer_types": ["full_attention", "full_attention", "sliding_attention"])",
+       16, 2},
+      {"qwen2", R"(, "use_sliding_window": false, "sliding_window": 16,
+          "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention"])",
+       0, 0},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.type);
+    CAPTURE(c.extra);
+    const llm::DecoderConfig d = parse(c.type, c.extra);
+    CHECK(d.sliding_window == c.window);
+    if (c.window > 0) CHECK(d.max_window_layers == c.from);
+    // Written back (4.x names) and read again: the same window.
+    const llm::DecoderConfig again =
+        llm::parse_decoder_config(llm::decoder_config_json(d), "written.json");
+    CHECK(again.sliding_window == d.sliding_window);
+    CHECK(again.max_window_layers == d.max_window_layers);
+  }
+  CHECK_THROWS_WITH(parse("qwen2", R"(, "use_sliding_window": true, "sliding_window": 16,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention"])"),
+                    doctest::Contains("other than the last ones"));
+  CHECK_THROWS_WITH(parse("qwen2", R"(, "layer_types": ["full_attention"])"),
+                    doctest::Contains("one type per layer (3)"));
+  CHECK_THROWS_WITH(parse("mistral", R"(, "layer_types": ["sliding_attention",
+      "sliding_attention", "sliding_attention"])"),
+                    doctest::Contains("only full_attention is supported"));
+  CHECK_THROWS_WITH(parse("mistral", R"(, "sliding_window": -4)"),
+                    doctest::Contains("\"sliding_window\" must be > 0"));
+  CHECK_THROWS_WITH(parse("qwen2", R"(, "use_sliding_window": true, "max_window_layers": -1)"),
+                    doctest::Contains("\"max_window_layers\" must be an integer >= 0"));
+}
+
+// Full attention is the sliding window's own over at most sliding_window
+// keys; past that the model is refused, never computed otherwise.
+TEST_CASE("CausalLM: a sliding window runs up to its span and refuses more") {
+  const std::string dir = data_dir() + "/models/mistral_sharded";
+  const llm::DecoderConfig plain = llm::read_decoder_config(dir + "/config.json");
+  REQUIRE(plain.sliding_window == 0);
+  llm::DecoderConfig windowed = plain;
+  windowed.sliding_window = 6;
+  const StateDict weights = llm::read_model_weights(dir);
+  llm::CausalLM a(plain, weights), b(windowed, weights);
+  NoGradGuard no_grad;
+  const Tensor six = from_vector<int64_t>({1, 5, 9, 2, 7, 3}, {1, 6});
+  CHECK(a.logits(six).to_vector<float>() == b.logits(six).to_vector<float>());
+  const Tensor seven = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 4}, {1, 7});
+  CHECK_THROWS_WITH_AS(b.logits(seven), doctest::Contains("more than the model's sliding_window 6"),
+                       std::invalid_argument);
+  // Generation: the last token is not fed back, so 3 + 4 tokens need 6 keys.
+  CHECK(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 4}) ==
+        llm::generate(a, {1, 5, 9}, {.max_new_tokens = 4}));
+  CHECK_THROWS_WITH_AS(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 5}),
+                       doctest::Contains("sliding_window 6"), std::invalid_argument);
+  // Layers before max_window_layers attend in full: only later ones limit.
+  windowed.max_window_layers = plain.num_hidden_layers;
+  llm::CausalLM c(windowed, weights);
+  CHECK(a.logits(seven).to_vector<float>() == c.logits(seven).to_vector<float>());
 }
 
 TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5") {

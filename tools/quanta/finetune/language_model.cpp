@@ -202,6 +202,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (seq_len > config.max_position_embeddings)
     throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
                      "max_position_embeddings " + std::to_string(config.max_position_embeddings));
+  if (config.sliding_window > 0 && seq_len > config.sliding_window)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
+                     "sliding_window " + std::to_string(config.sliding_window) +
+                     " (quanta computes full attention, the window's own up to that length)");
   llm::QLoRAOptions q;
   try {
     q.lora.target_modules = llm::parse_target_modules(o.target_modules);
