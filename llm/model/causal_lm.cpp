@@ -4,6 +4,7 @@
 #include "llm/model/causal_lm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -52,6 +53,11 @@ class WeightTaker {
     return t.dtype() == dtype_ ? t : t.to(dtype_);
   }
   void drop(const std::string& name) { left_.erase(name); }
+  // The weight stored under `name`, if any (not taken).
+  const Tensor* find(const std::string& name) const {
+    const auto it = left_.find(name);
+    return it == left_.end() ? nullptr : &it->second;
+  }
   // Stands in for a weight that is wrong until finish() reports it: one
   // zero, broadcast, so that a config of absurd sizes allocates nothing.
   Tensor placeholder(const Shape& shape) const {
@@ -91,6 +97,27 @@ struct ChildSlot {
   const char* name;
   std::shared_ptr<Module>* module;
 };
+
+// A tied model's file may hold lm_head.weight as a copy of the embeddings;
+// any other lm_head is refused: tied, the embeddings are the output layer,
+// while transformers 5.24 unties the two and uses the stored one, so the
+// file means two models and quanta cannot tell which was meant.
+void check_tied_copy(const Tensor* lm_head, const Tensor* embed) {
+  if (!lm_head || !embed) return;
+  bool copy = lm_head->shape() == embed->shape() && lm_head->dtype() == embed->dtype();
+  if (copy) {
+    const Tensor a = lm_head->to(Device::cpu()).contiguous();
+    const Tensor b = embed->to(Device::cpu()).contiguous();
+    copy = std::memcmp(a.raw_data(), b.raw_data(),
+                       static_cast<size_t>(a.numel()) * element_size(a.dtype())) == 0;
+  }
+  if (!copy)
+    throw std::invalid_argument(
+        "[CausalLM] tie_word_embeddings is true, but the weights hold an lm_head.weight that "
+        "differs from model.embed_tokens.weight (transformers 5.24 then unties the two and uses "
+        "it; tied, the embeddings are the output layer): set tie_word_embeddings to false in "
+        "config.json to use it, or remove it from the weights to tie");
+}
 
 class Attention : public Module {
  public:
@@ -274,7 +301,10 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
   for (const auto& [name, t] : weights)
     if (name.size() > 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0)
       w.drop(name);
-  if (c.tie_word_embeddings) w.drop("lm_head.weight");
+  if (c.tie_word_embeddings) {
+    check_tied_copy(w.find("lm_head.weight"), w.find("model.embed_tokens.weight"));
+    w.drop("lm_head.weight");
+  }
   auto model = register_module("model", std::make_shared<Group>("Model"));
   embed_ = model->register_module(
       "embed_tokens", std::make_shared<Embedding>(

@@ -317,6 +317,28 @@ TEST_CASE("CausalLM: save writes a folder that loads back to the same weights") 
   }
 }
 
+// transformers 5.24, given such a file, unties the two and uses the stored
+// lm_head (checked in ../shared/peer's environment): a tied model with a
+// different lm_head is two models, refused; a copy of the embeddings loads.
+TEST_CASE("CausalLM: a tied model takes a stored lm_head only as a copy of the embeddings") {
+  const std::string dir = data_dir() + "/models/llama_gqa";
+  llm::DecoderConfig c = llm::read_decoder_config(dir + "/config.json");
+  REQUIRE_FALSE(c.tie_word_embeddings);
+  c.tie_word_embeddings = true;
+  StateDict w = llm::read_model_weights(dir);
+  CHECK_THROWS_WITH_AS(llm::CausalLM(c, w),
+                       doctest::Contains("lm_head.weight that differs from "
+                                         "model.embed_tokens.weight"),
+                       std::invalid_argument);
+  Tensor embed;
+  for (const auto& [name, t] : w)
+    if (name == "model.embed_tokens.weight") embed = t;
+  for (auto& [name, t] : w)
+    if (name == "lm_head.weight") t = embed.clone();
+  const llm::CausalLM tied(c, w);
+  CHECK(tied.lm_head_weight().to_vector<float>() == embed.to_vector<float>());
+}
+
 TEST_CASE("CausalLM: every wrong weight listed in one error") {
   const std::string dir = data_dir() + "/models/llama_gqa";
   const llm::DecoderConfig c = llm::read_decoder_config(dir + "/config.json");
