@@ -117,6 +117,10 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
       weights.emplace_back(name, file.at(name));
     }
   }
+  // A tied model's stored lm_head goes to CausalLM, which takes it only as
+  // a copy of the embeddings.
+  if (config.tie_word_embeddings && file.count("lm_head.weight"))
+    weights.emplace_back("lm_head.weight", file.at("lm_head.weight"));
   std::shared_ptr<CausalLM> model;
   try {
     model = std::make_shared<CausalLM>(config, weights);

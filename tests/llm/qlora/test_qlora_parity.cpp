@@ -261,6 +261,33 @@ TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers s
                        doctest::Contains("the model has no NF4 layers"), std::invalid_argument);
 }
 
+TEST_CASE("QLoRA parity: a tied 4-bit folder takes a stored lm_head only as the embeddings") {
+  TempDir tmp;
+  const std::string dir = tmp.path().string() + "/tied_4bit";
+  auto model = llm::load_causal_lm(llm_data() + "/models/llama_tied_llama3");
+  REQUIRE(model->config().tie_word_embeddings);
+  llm::QLoRAOptions o;
+  o.lora.target_modules = {"q_proj"};
+  llm::apply_qlora(*model, o);
+  llm::save_bnb_folder(*model, o.quantization, dir);
+  REQUIRE_NOTHROW(llm::load_base_model(dir));
+  // The same folder with an lm_head that is not the embeddings: refused.
+  io::SafetensorsFile f = io::load_safetensors(dir + "/model.safetensors");
+  Tensor embed;
+  for (const auto& [n, t] : f.tensors)
+    if (n == "model.embed_tokens.weight") embed = t;
+  REQUIRE(embed.defined());
+  f.tensors.emplace_back("lm_head.weight", embed * 2.0);
+  io::save_safetensors(dir + "/model.safetensors", f.tensors);
+  CHECK_THROWS_WITH(
+      llm::load_base_model(dir),
+      doctest::Contains("lm_head.weight that differs from model.embed_tokens.weight"));
+  // A copy of them loads.
+  f.tensors.back().second = embed.clone();
+  io::save_safetensors(dir + "/model.safetensors", f.tensors);
+  CHECK_NOTHROW(llm::load_base_model(dir));
+}
+
 TEST_CASE("QLoRA parity: a 4-bit folder with bf16 quant_storage (FSDP-QLoRA's) loads as uint8's") {
   const std::string dir = llm_data() + "/qlora/transformers_4bit/";
   {
