@@ -102,12 +102,13 @@ struct ChildSlot {
 // any other lm_head is refused: tied, the embeddings are the output layer,
 // while transformers 5.24 unties the two and uses the stored one, so the
 // file means two models and quanta cannot tell which was meant.
-void check_tied_copy(const Tensor* lm_head, const Tensor* embed) {
+// Compared as transformers compares them, in the model's dtype.
+void check_tied_copy(const Tensor* lm_head, const Tensor* embed, DType dtype) {
   if (!lm_head || !embed) return;
-  bool copy = lm_head->shape() == embed->shape() && lm_head->dtype() == embed->dtype();
+  bool copy = lm_head->shape() == embed->shape();
   if (copy) {
-    const Tensor a = lm_head->to(Device::cpu()).contiguous();
-    const Tensor b = embed->to(Device::cpu()).contiguous();
+    const Tensor a = lm_head->to(Device::cpu()).to(dtype).contiguous();
+    const Tensor b = embed->to(Device::cpu()).to(dtype).contiguous();
     copy = std::memcmp(a.raw_data(), b.raw_data(),
                        static_cast<size_t>(a.numel()) * element_size(a.dtype())) == 0;
   }
@@ -143,18 +144,6 @@ class Attention : public Module {
       if (name == s.name) *s.module = m;
     return old;
   }
-  // Full attention over keys equals the model's sliding-window attention
-  // only while no query is sliding_window or more keys past the first.
-  void check_window(int64_t keys, size_t layer) const {
-    if (c_.sliding_window <= 0 || static_cast<int64_t>(layer) < c_.max_window_layers ||
-        keys <= c_.sliding_window)
-      return;
-    throw std::invalid_argument(
-        "[CausalLM] layer " + std::to_string(layer) + " attends over " + std::to_string(keys) +
-        " keys, more than the model's sliding_window " + std::to_string(c_.sliding_window) +
-        ": quanta computes full attention, the model's own up to that many keys (use shorter "
-        "sequences)");
-  }
   Tensor forward(const Tensor& x, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim;
@@ -180,7 +169,6 @@ class Attention : public Module {
       cache->keys[layer] = k.detach();
       cache->values[layer] = v.detach();
     }
-    check_window(k.size(1), layer);
     AttentionOptions o;
     o.causal = true;
     o.mask = mask;
@@ -302,7 +290,7 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
     if (name.size() > 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0)
       w.drop(name);
   if (c.tie_word_embeddings) {
-    check_tied_copy(w.find("lm_head.weight"), w.find("model.embed_tokens.weight"));
+    check_tied_copy(w.find("lm_head.weight"), w.find("model.embed_tokens.weight"), c.dtype);
     w.drop("lm_head.weight");
   }
   auto model = register_module("model", std::make_shared<Group>("Model"));
@@ -397,6 +385,15 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
     throw std::invalid_argument("[CausalLM] " + std::to_string(past + T) +
                                 " positions exceed max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
+  // Full attention is a sliding window's own while no query sees more than
+  // the window's keys; checked before any cache grows.
+  if (const int64_t span = c.attention_span_limit(); span > 0 && past + T > span)
+    throw std::invalid_argument("[CausalLM] " + std::to_string(past + T) +
+                                " positions need attention over more keys than the model's "
+                                "sliding_window " +
+                                std::to_string(span) +
+                                ": quanta computes full attention, the model's own up to that "
+                                "many keys (use shorter sequences)");
   const Device dev = device();
   Tensor mask;
   if (attention_mask.defined()) {

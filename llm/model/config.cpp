@@ -78,9 +78,11 @@ DType dtype_of(const Reader& r) {
 // The RoPE settings as transformers (5.x, which reads 4.x's names too)
 // resolves them: a non-empty rope_scaling (4.x's name) replaces
 // rope_parameters; rope_theta is the chosen object's, else the top-level
-// key's, else 10000. Read any other way, a config holding both names, or a
-// theta outside the object, would load with other frequencies than
-// transformers gives it, and every logit would differ without an error.
+// key's, else 10000; llama3's original_max_position_embeddings is the
+// top-level key's, else the object's, else max_position_embeddings. Read any
+// other way, a config holding both names, or a theta outside the object,
+// would load with other frequencies than transformers gives it, and every
+// logit would differ without an error.
 void read_rope(const Reader& r, DecoderConfig& c) {
   const json* params = nullptr;
   if (r.has("rope_scaling")) {
@@ -117,10 +119,12 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     if (type == "llama3") {
       c.rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
       c.rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
-      // Absent, transformers takes max_position_embeddings (a top-level
-      // original_max_position_embeddings is not read for these models).
-      const double original =
+      // As transformers' RoPE layer resolves it: a top-level
+      // original_max_position_embeddings wins over the one inside, then
+      // max_position_embeddings.
+      const double inside =
           r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
+      const double original = r.number(r.j, "original_max_position_embeddings", inside, false);
       if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
         r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
                std::to_string(kMaxSize));
@@ -148,47 +152,54 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
     if (!r.j.contains("sliding_window")) return 4096;
     return r.has("sliding_window") ? r.integer("sliding_window") : 0;
   };
-  std::vector<bool> slides(static_cast<size_t>(layers), false);
-  int64_t w = 0;
+  int64_t w = 0, first = layers;  // the window, and the first layer that slides
   if (c.model_type == "mistral") {
     w = window();
-    std::fill(slides.begin(), slides.end(), true);
+    first = 0;
   } else if (c.model_type == "qwen2" && r.flag("use_sliding_window", false)) {
     w = window();
-    int64_t from = 28;
+    first = std::min<int64_t>(28, layers);
     if (r.has("max_window_layers")) {
       const json& v = r.j.at("max_window_layers");
       if (!v.is_number_integer() || v.get<int64_t>() < 0)
         r.fail("\"max_window_layers\" must be an integer >= 0, got " + v.dump());
-      from = v.get<int64_t>();
+      first = std::min(v.get<int64_t>(), layers);
     }
-    for (int64_t i = from; i < layers; ++i) slides[static_cast<size_t>(i)] = true;
   }
   if (r.has("layer_types")) {
     const json& types = r.j.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
       r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
+    int64_t first_listed = layers;
     for (size_t i = 0; i < types.size(); ++i) {
       const json& t = types[i];
-      const bool full = t.is_string() && t.get<std::string>() == "full_attention";
-      const bool sliding = t.is_string() && t.get<std::string>() == "sliding_attention";
+      const std::string kind = t.is_string() ? t.get<std::string>() : "";
+      // "attention" is the name transformers gave full attention before.
+      const bool full = kind == "full_attention" || kind == "attention";
+      const bool sliding = kind == "sliding_attention";
       // Only Qwen2's layers follow layer_types; Llama and Mistral take no
       // per-layer kinds, so one other than full attention is refused.
       if (!full && !(sliding && c.model_type == "qwen2"))
         r.fail("\"layer_types\" holds " + t.dump() + "; only full_attention is supported" +
                (c.model_type == "qwen2" ? " (and sliding_attention)" : ""));
-      if (c.model_type == "qwen2") slides[i] = sliding;
+      if (sliding && first_listed == layers) first_listed = static_cast<int64_t>(i);
+      if (full && first_listed < layers && w > 0)
+        r.fail(
+            "sliding-window layers other than the last ones (from one layer on) are not "
+            "supported");
     }
+    if (c.model_type == "qwen2") first = first_listed;
   }
-  const auto first = std::find(slides.begin(), slides.end(), true);
-  if (w == 0 || first == slides.end()) return;
-  if (std::find(first, slides.end(), false) != slides.end())
-    r.fail("sliding-window layers other than the last ones (from one layer on) are not supported");
+  if (w == 0 || first >= layers) return;
   c.sliding_window = w;
-  c.max_window_layers = first - slides.begin();
+  c.max_window_layers = first;
 }
 
 }  // namespace
+
+int64_t DecoderConfig::attention_span_limit() const {
+  return sliding_window > 0 && max_window_layers < num_hidden_layers ? sliding_window : 0;
+}
 
 int64_t DecoderConfig::parameter_count() const {
   const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;

@@ -44,6 +44,11 @@ struct DecoderConfig {
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
 
+  /** The most keys one query may attend to for quanta's full attention to
+   * be the model's own: sliding_window when a layer slides, else 0 (no
+   * limit). */
+  int64_t attention_span_limit() const;
+
   /** Parameters of the model, embeddings counted once when tied. */
   int64_t parameter_count() const;
 };

@@ -135,8 +135,8 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 }
 
 std::vector<int64_t> eos_token_ids(const std::string& dir) {
-  // generation_config.json first: transformers' generate takes its
-  // eos_token_id from there, and from config.json only without one.
+  // transformers' generate reads generation_config.json when the folder has
+  // one (its eos_token_id, none when absent), config.json only without it.
   for (const char* name : {"generation_config.json", "config.json"}) {
     const std::string path = model_folder_file(dir, name);
     std::ifstream in(path);
@@ -144,16 +144,16 @@ std::vector<int64_t> eos_token_ids(const std::string& dir) {
     const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object())
       throw std::invalid_argument(path + ": not a JSON object");
-    if (!j.contains("eos_token_id")) continue;
-    const nlohmann::json& v = j.at("eos_token_id");
     std::vector<int64_t> ids;
+    const nlohmann::json v = j.value("eos_token_id", nlohmann::json());
     const auto take = [&](const nlohmann::json& id) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0)
+      if (!id.is_number_integer())
         throw std::invalid_argument(path +
                                     ": eos_token_id must be a token id or a list of them, "
                                     "got " +
                                     v.dump());
-      ids.push_back(id.get<int64_t>());
+      // A negative id can never be generated: nothing to stop at.
+      if (id.get<int64_t>() >= 0) ids.push_back(id.get<int64_t>());
     };
     if (v.is_array())
       for (const nlohmann::json& id : v) take(id);

@@ -45,8 +45,9 @@ void copy_tokenizer_files(const std::string& from, const std::string& to);
 
 /** The ids that end generation for folder `dir`, where transformers'
  * generate finds them: eos_token_id (one id or a list) of
- * generation_config.json, else of config.json; empty when neither has one
- * (or it is null). A value other than ids is an error naming the file. */
+ * generation_config.json when the folder has one, else of config.json;
+ * empty when that file has none (or null), negative ids left out. A value
+ * other than ids is an error naming the file. */
 std::vector<int64_t> eos_token_ids(const std::string& dir);
 
 }  // namespace quanta::llm

@@ -110,9 +110,15 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   for (const char* key :
        {"use_dora", "fan_in_fan_out", "modules_to_save", "layers_to_transform", "rank_pattern",
         "alpha_pattern", "layer_replication", "trainable_token_indices", "lora_bias",
-        "exclude_modules", "target_parameters", "alora_invocation_tokens", "use_qalora",
-        "kasa_config", "monteclora_config", "use_bdlora", "arrow_config"})
+        "exclude_modules", "target_parameters", "use_qalora"})
     if (!unset(j, key))
+      adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
+                                      "); quanta reads adapters without it");
+  // These are on whenever not null: PEFT turns {} into a config with its
+  // defaults, and takes [] invocation tokens as aLoRA on 4-bit layers.
+  for (const char* key : {"alora_invocation_tokens", "kasa_config", "monteclora_config",
+                          "use_bdlora", "arrow_config"})
+    if (j.contains(key) && !j.at(key).is_null() && j.at(key) != false)
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
   if (j.contains("bias") && j.at("bias") != "none")

@@ -143,6 +143,16 @@ TEST_CASE("quanta generate: stops at the folder's end-of-sequence ids, as transf
   write_json(model + "/generation_config.json", {{"eos_token_id", nullptr}});
   CHECK(llm::eos_token_ids(model).empty());
   CHECK(ids({}) == all);
+  // A generation_config.json without the key: none, config.json not read
+  // (transformers generated all 8 tokens there, in the peer environment).
+  config["eos_token_id"] = all[stop];
+  write_json(config_path, config);
+  write_json(model + "/generation_config.json", {{"bos_token_id", 1}, {"do_sample", false}});
+  CHECK(llm::eos_token_ids(model).empty());
+  CHECK(ids({}) == all);
+  // Negative ids are never generated: left out.
+  write_json(model + "/generation_config.json", {{"eos_token_id", {-1, all[stop]}}});
+  CHECK(llm::eos_token_ids(model) == std::vector<int64_t>{all[stop]});
   write_json(model + "/generation_config.json", {{"eos_token_id", "2"}});
   check_one_line_error(run_quanta({"generate", "--model", model, "--prompt-ids", prompt}), 1,
                        "generation_config.json: eos_token_id must be a token id or a list");

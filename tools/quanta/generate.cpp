@@ -82,6 +82,10 @@ void run_generate(const GenerateFlags& f) {
   }
   const std::vector<int64_t> prompt =
       tokenizer ? tokenizer->encode(f.prompt, true) : parse_ids(f.prompt_ids);
+  // As transformers' generate: stop at the folder's end-of-sequence id(s)
+  // (read first: a bad value fails before the weights load).
+  const std::vector<int64_t> eos =
+      f.ignore_eos ? std::vector<int64_t>{} : llm::eos_token_ids(f.model);
   auto model = llm::load_base_model(f.model, device_flag(f.device));
   if (!f.adapters.empty()) llm::apply_peft_adapters(*model, f.adapters, f.model);
   llm::GenerateOptions o;
@@ -89,8 +93,7 @@ void run_generate(const GenerateFlags& f) {
   o.temperature = f.temperature;
   o.top_p = f.top_p;
   o.seed = f.seed;
-  // As transformers' generate: stop at the folder's end-of-sequence id(s).
-  if (!f.ignore_eos) o.eos_token_ids = llm::eos_token_ids(f.model);
+  o.eos_token_ids = eos;
   const std::vector<int64_t> ids = [&] {
     const MixedPrecision precision(f.precision == "bf16");
     return llm::generate(*model, prompt, o);

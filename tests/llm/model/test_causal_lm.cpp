@@ -337,6 +337,10 @@ TEST_CASE("CausalLM: a tied model takes a stored lm_head only as a copy of the e
     if (name == "lm_head.weight") t = embed.clone();
   const llm::CausalLM tied(c, w);
   CHECK(tied.lm_head_weight().to_vector<float>() == embed.to_vector<float>());
+  // A copy stored in another dtype is compared in the model's.
+  for (auto& [name, t] : w)
+    if (name == "lm_head.weight") t = embed.to(DType::f64);
+  CHECK_NOTHROW(llm::CausalLM(c, w));
 }
 
 TEST_CASE("CausalLM: every wrong weight listed in one error") {
@@ -387,8 +391,9 @@ TEST_CASE("decoder configs: clear errors for what quanta does not run") {
                     doctest::Contains("cannot open"));
 }
 
-// Each expectation is what transformers 5.24's LlamaConfig(**config) put in
-// rope_parameters for the same keys (run in ../shared/peer's environment).
+// Each expectation is what transformers 5.24 computes with for the same keys
+// (LlamaConfig(**config).rope_parameters, and for llama3's original length
+// the rotary embedding's inv_freq; run in ../shared/peer's environment).
 TEST_CASE("decoder configs: RoPE settings resolved as transformers resolves them") {
   const auto rope = [](const std::string& extra) {
     return llm::parse_decoder_config(
@@ -431,14 +436,23 @@ TEST_CASE("decoder configs: RoPE settings resolved as transformers resolves them
         "factor": 2.0})")
               .scaling.type == "linear");
   }
-  SUBCASE("llama3 without original_max_position_embeddings takes max_position_embeddings") {
-    // A top-level original_max_position_embeddings is not read for Llama.
-    const llm::RopeConfig r = rope(R"(, "rope_theta": 500.0, "original_max_position_embeddings": 64,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0})");
-    CHECK(r.scaling.type == "llama3");
-    CHECK(r.scaling.original_max_position_embeddings == 128);
-    CHECK(r.theta == 500.0);
+  SUBCASE("llama3's original_max_position_embeddings: top level, inside, then max") {
+    // What LlamaRotaryEmbedding computes with (its inv_freq), which reads a
+    // top-level key over the one in rope_scaling.
+    const std::string llama3 = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0)";
+    const auto original = [&](const std::string& top, const std::string& inside) {
+      const llm::RopeConfig r =
+          rope(R"(, "rope_theta": 500.0)" + top + R"(, "rope_scaling": {)" + llama3 + inside + "}");
+      CHECK(r.scaling.type == "llama3");
+      CHECK(r.theta == 500.0);
+      return r.scaling.original_max_position_embeddings;
+    };
+    CHECK(original("", "") == 128);
+    CHECK(original("", R"(, "original_max_position_embeddings": 64)") == 64);
+    CHECK(original(R"(, "original_max_position_embeddings": 64)", "") == 64);
+    CHECK(original(R"(, "original_max_position_embeddings": 1024)",
+                   R"(, "original_max_position_embeddings": 512)") == 1024);
   }
   SUBCASE("a rope_scaling of the wrong kind is refused, as before") {
     CHECK_THROWS_WITH(rope(R"(, "rope_scaling": [1])"),
@@ -483,6 +497,10 @@ TEST_CASE("decoder configs: sliding windows read as transformers reads them, wri
       {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 0,
           "layer_types": ["full_attention", "full_attention", "sliding_attention"])",
        16, 2},
+      {"qwen2", R"(, "use_sliding_window": true, "sliding_window": 16,
+          "layer_types": ["attention", "full_attention", "sliding_attention"])",
+       16, 2},
+      {"llama", R"(, "layer_types": ["attention", "full_attention", "attention"])", 0, 0},
       {"qwen2", R"(, "use_sliding_window": false, "sliding_window": 16,
           "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention"])",
        0, 0},
@@ -527,15 +545,22 @@ TEST_CASE("CausalLM: a sliding window runs up to its span and refuses more") {
   const Tensor six = from_vector<int64_t>({1, 5, 9, 2, 7, 3}, {1, 6});
   CHECK(a.logits(six).to_vector<float>() == b.logits(six).to_vector<float>());
   const Tensor seven = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 4}, {1, 7});
-  CHECK_THROWS_WITH_AS(b.logits(seven), doctest::Contains("more than the model's sliding_window 6"),
+  CHECK_THROWS_WITH_AS(b.logits(seven),
+                       doctest::Contains("more keys than the model's sliding_window 6"),
                        std::invalid_argument);
+  // Refused before any layer runs: a cache is left as it was.
+  llm::KVCache cache;
+  CHECK_NOTHROW(b.logits(six, &cache));
+  CHECK_THROWS(b.logits(from_vector<int64_t>({4}, {1, 1}), &cache));
+  CHECK(cache.length() == 6);
   // Generation: the last token is not fed back, so 3 + 4 tokens need 6 keys.
   CHECK(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 4}) ==
         llm::generate(a, {1, 5, 9}, {.max_new_tokens = 4}));
   CHECK_THROWS_WITH_AS(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 5}),
                        doctest::Contains("sliding_window 6"), std::invalid_argument);
-  // Layers before max_window_layers attend in full: only later ones limit.
+  // No layer from max_window_layers on: nothing slides, nothing limits.
   windowed.max_window_layers = plain.num_hidden_layers;
+  CHECK(windowed.attention_span_limit() == 0);
   llm::CausalLM c(windowed, weights);
   CHECK(a.logits(seven).to_vector<float>() == c.logits(seven).to_vector<float>());
 }

@@ -130,6 +130,13 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
       {"monteclora_config", json{{"a", 1}}, "monteclora_config is set"},
       {"use_bdlora", json{{"a", 1}}, "use_bdlora is set"},
       {"arrow_config", json{{"top_k", 3}}, "arrow_config is set"},
+      // {} is each of these with PEFT's defaults, and [] is aLoRA on 4-bit
+      // layers: on, not unset.
+      {"kasa_config", json::object(), "kasa_config is set"},
+      {"monteclora_config", json::object(), "monteclora_config is set"},
+      {"use_bdlora", json::object(), "use_bdlora is set"},
+      {"arrow_config", json::object(), "arrow_config is set"},
+      {"alora_invocation_tokens", json::array(), "alora_invocation_tokens is set"},
       {"bias", "all", "bias is \"all\""},
       {"base_model_name_or_path", "another-model", "made for base \"another-model\""},
       {"quanta_base_quantization", json{{"quant_type", "fp4"}}, "quant_type must be nf4"},
