@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
-#include <vector>
 
 namespace quanta::llm {
 namespace {
