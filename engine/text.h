@@ -5,11 +5,11 @@
 
 namespace quanta {
 
-/** `names` separated by ", " ("a, b, c"; "" for none): the lists of keys,
- * ranks or options that error messages name. */
-inline std::string join_names(const std::vector<std::string>& names) {
+/** `names` separated by `separator` ("a, b, c"; "" for none): the lists of
+ * keys, ranks, options or problems that error messages name. */
+inline std::string join_names(const std::vector<std::string>& names, const char* separator = ", ") {
   std::string s;
-  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? separator : "") + names[i];
   return s;
 }
 

@@ -1,13 +1,16 @@
 #include "llm/qlora/lora_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <stdexcept>
 
 #include "llm/model/config.h"
+#include "llm/qlora/lora_targets.h"
 
 namespace quanta::llm {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -29,7 +32,7 @@ bool unset(const json& j, const char* key) {
 
 }  // namespace
 
-std::vector<std::string> parse_target_modules(const std::string& text) {
+std::vector<std::string> parse_module_names(const std::string& text, const std::string& what) {
   std::vector<std::string> out;
   std::size_t start = 0;
   while (true) {
@@ -37,8 +40,9 @@ std::vector<std::string> parse_target_modules(const std::string& text) {
     const std::string entry =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (entry.empty())
-      throw std::invalid_argument("target modules \"" + text +
-                                  "\" has an empty entry (write q_proj,v_proj or all-linear)");
+      throw std::invalid_argument(what + " \"" + text +
+                                  "\" has an empty entry (entries are separated by single commas: "
+                                  "q_proj,v_proj)");
     out.push_back(entry);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -53,12 +57,53 @@ void check_lora_settings(const LoraSettings& l) {
   if (!(l.lora_dropout >= 0 && l.lora_dropout < 1))
     throw std::invalid_argument("lora_dropout must be in [0, 1), got " +
                                 std::to_string(l.lora_dropout));
-  if (l.target_modules.empty()) throw std::invalid_argument("target_modules is empty");
+  const bool regex = !l.target_modules_regex.empty();
+  if (regex && !l.target_modules.empty())
+    throw std::invalid_argument(
+        "target_modules is a list of names or one regular expression, not both");
+  if (!regex && l.target_modules.empty()) throw std::invalid_argument("target_modules is empty");
   for (const std::string& t : l.target_modules) {
     if (t.empty()) throw std::invalid_argument("target_modules has an empty entry");
     if (t == kAllLinear && l.target_modules.size() > 1)
       throw std::invalid_argument(
           "target_modules: all-linear stands alone, not beside other names");
+  }
+  if (regex) lora_regex(l.target_modules_regex, "target_modules");
+  if (!l.exclude_modules_regex.empty()) {
+    if (!l.exclude_modules.empty())
+      throw std::invalid_argument(
+          "exclude_modules is a list of names or one regular expression, not both");
+    lora_regex(l.exclude_modules_regex, "exclude_modules");
+  }
+  for (const std::string& e : l.exclude_modules)
+    if (e.empty()) throw std::invalid_argument("exclude_modules has an empty entry");
+  // PEFT's LoraConfig refuses these combinations.
+  const bool all_linear = l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear;
+  if (!l.layers_to_transform.empty() && (regex || all_linear))
+    throw std::invalid_argument(
+        "layers_to_transform needs target_modules as a list of names (PEFT refuses it with a "
+        "regular expression or all-linear)");
+  if (!l.layers_pattern.empty() && l.layers_to_transform.empty())
+    throw std::invalid_argument("layers_pattern is given without layers_to_transform");
+  for (int64_t i : l.layers_to_transform)
+    if (i < 0)
+      throw std::invalid_argument("layers_to_transform has the negative index " +
+                                  std::to_string(i));
+  for (const std::string& p : l.layers_pattern) {
+    if (p.empty()) throw std::invalid_argument("layers_pattern has an empty entry");
+    lora_regex(p, "layers_pattern");
+  }
+  for (const auto& [key, r] : l.rank_pattern) {
+    lora_regex("(" + key + ")", "rank_pattern");
+    if (r <= 0)
+      throw std::invalid_argument("rank_pattern \"" + key + "\" gives r " + std::to_string(r) +
+                                  "; it must be positive");
+  }
+  for (const auto& [key, a] : l.alpha_pattern) {
+    lora_regex("(" + key + ")", "alpha_pattern");
+    if (!std::isfinite(a) || a <= 0)
+      throw std::invalid_argument("alpha_pattern \"" + key + "\" gives lora_alpha " +
+                                  std::to_string(a) + "; it must be positive");
   }
 }
 
@@ -72,7 +117,9 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["lora_alpha"] = l.lora_alpha;
   j["lora_dropout"] = l.lora_dropout;
   // PEFT reads the one string "all-linear", and a list of names otherwise.
-  if (l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear)
+  if (!l.target_modules_regex.empty())
+    j["target_modules"] = l.target_modules_regex;
+  else if (l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear)
     j["target_modules"] = kAllLinear;
   else
     j["target_modules"] = l.target_modules;
@@ -83,10 +130,18 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["init_lora_weights"] = true;
   j["use_dora"] = false;
   j["modules_to_save"] = nullptr;
-  j["layers_to_transform"] = nullptr;
-  j["layers_pattern"] = nullptr;
+  j["exclude_modules"] = !l.exclude_modules_regex.empty() ? json(l.exclude_modules_regex)
+                         : l.exclude_modules.empty()      ? json()
+                                                          : json(l.exclude_modules);
+  j["layers_to_transform"] = l.layers_to_transform.empty() ? json() : json(l.layers_to_transform);
+  j["layers_pattern"] = l.layers_pattern.empty()       ? json()
+                        : l.layers_pattern.size() == 1 ? json(l.layers_pattern[0])
+                                                       : json(l.layers_pattern);
+  // In training order: PEFT takes the first matching key in the file's.
   j["rank_pattern"] = json::object();
+  for (const auto& [key, r] : l.rank_pattern) j["rank_pattern"][key] = r;
   j["alpha_pattern"] = json::object();
+  for (const auto& [key, a] : l.alpha_pattern) j["alpha_pattern"][key] = a;
   j[kQuantizationKey] = {{"quant_type", "nf4"},
                          {"blocksize", q.blocksize},
                          {"double_quant", q.double_quant},
@@ -108,9 +163,8 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   // eva_config, and velora_config, a backward that stores less, are read as
   // plain LoRA, as PEFT reads them once trained).
   for (const char* key :
-       {"use_dora", "fan_in_fan_out", "modules_to_save", "layers_to_transform", "rank_pattern",
-        "alpha_pattern", "layer_replication", "trainable_token_indices", "lora_bias",
-        "exclude_modules", "target_parameters", "use_qalora"})
+       {"use_dora", "fan_in_fan_out", "modules_to_save", "layer_replication",
+        "trainable_token_indices", "lora_bias", "target_parameters", "use_qalora"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
@@ -134,13 +188,59 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     l.use_rslora = j.value("use_rslora", false);
     const json& tm = j.at("target_modules");
     if (tm.is_string()) {
-      if (tm.get<std::string>() != kAllLinear)
-        adapter_config_fail(source, "target_modules is the regular expression " + tm.dump() +
-                                        "; quanta reads a list of module names or \"all-linear\"");
-      l.target_modules = {kAllLinear};
+      std::string lower = tm.get<std::string>();
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (lower == kAllLinear) {
+        l.target_modules = {kAllLinear};
+      } else {
+        l.target_modules.clear();
+        l.target_modules_regex = tm.get<std::string>();
+      }
     } else {
       l.target_modules = tm.get<std::vector<std::string>>();
     }
+    // PEFT's fields that are a list or one string (a regular expression
+    // for exclude_modules, a name for layers_pattern), an index or a list.
+    if (!unset(j, "exclude_modules")) {
+      const json& e = j.at("exclude_modules");
+      if (e.is_string())
+        l.exclude_modules_regex = e.get<std::string>();
+      else
+        l.exclude_modules = e.get<std::vector<std::string>>();
+    }
+    if (j.contains("layers_to_transform") && !j.at("layers_to_transform").is_null()) {
+      const json& t = j.at("layers_to_transform");
+      if (t.is_number_integer())
+        l.layers_to_transform = {t.get<int64_t>()};
+      else
+        l.layers_to_transform = t.get<std::vector<int64_t>>();
+    }
+    if (!unset(j, "layers_pattern") && j.at("layers_pattern") != "") {
+      const json& p = j.at("layers_pattern");
+      if (p.is_string())
+        l.layers_pattern = {p.get<std::string>()};
+      else
+        l.layers_pattern = p.get<std::vector<std::string>>();
+    }
+    for (const char* key : {"rank_pattern", "alpha_pattern"})
+      if (j.contains(key) && !j.at(key).is_null() && !j.at(key).is_object())
+        adapter_config_fail(source,
+                            std::string(key) + " must be an object, got " + j.at(key).dump());
+    if (j.contains("rank_pattern") && j.at("rank_pattern").is_object())
+      for (const auto& [key, r] : j.at("rank_pattern").items()) {
+        if (!r.is_number_integer())
+          adapter_config_fail(source,
+                              "rank_pattern \"" + key + "\" must be an integer, got " + r.dump());
+        l.rank_pattern.emplace_back(key, r.get<int64_t>());
+      }
+    if (j.contains("alpha_pattern") && j.at("alpha_pattern").is_object())
+      for (const auto& [key, a] : j.at("alpha_pattern").items()) {
+        if (!a.is_number())
+          adapter_config_fail(source,
+                              "alpha_pattern \"" + key + "\" must be a number, got " + a.dump());
+        l.alpha_pattern.emplace_back(key, a.get<double>());
+      }
     const json& base = j.value("base_model_name_or_path", json());
     l.base_model_name_or_path = base.is_string() ? base.get<std::string>() : "";
   } catch (const json::exception& e) {

@@ -1,8 +1,10 @@
 #pragma once
 // What a QLoRA fine-tune is: PEFT's LoraConfig fields (r, lora_alpha,
-// lora_dropout, target_modules, use_rslora) and bitsandbytes' 4-bit
-// settings (NF4, block 64, double quantization, compute dtype), with PEFT's
-// adapter_config.json as their file form.
+// lora_dropout, target_modules, use_rslora, and the ones choosing layers and
+// their ranks: exclude_modules, layers_to_transform, layers_pattern,
+// rank_pattern, alpha_pattern) and bitsandbytes' 4-bit settings (NF4, block
+// 64, double quantization, compute dtype), with PEFT's adapter_config.json
+// as their file form.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,14 +18,37 @@ namespace quanta::llm {
  * output projection. */
 inline constexpr const char* kAllLinear = "all-linear";
 
-/** LoRA adapters as PEFT's LoraConfig describes them. */
+/** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
+ * and with which r and alpha is PEFT's rule (lora_targets.h). Regular
+ * expressions are Python's as far as ECMAScript (std::regex) shares them:
+ * lookbehind, named groups and inline flags are refused. */
 struct LoraSettings {
+  /** The rank and alpha of layers no rank_pattern / alpha_pattern key matches. */
   int64_t r = 8;
   double lora_alpha = 8;
   double lora_dropout = 0;
-  /** Module-name suffixes ("q_proj" matches "model.layers.0.self_attn.q_proj"),
-   * or the one entry "all-linear". */
+  /** Module-name suffixes ("q_proj" matches "model.layers.0.self_attn.q_proj")
+   * or full names, or the one entry "all-linear". Empty when
+   * target_modules_regex chooses. */
   std::vector<std::string> target_modules = {kAllLinear};
+  /** PEFT's target_modules given as one string: a regular expression a
+   * layer's full name must match entirely ("model\.layers\.\d+\.self_attn\..*"). */
+  std::string target_modules_regex;
+  /** Layers never adapted, by suffix or full name (as target_modules). */
+  std::vector<std::string> exclude_modules;
+  /** ... or by a regular expression matching the full name entirely. */
+  std::string exclude_modules_regex;
+  /** With a target_modules list: only layers of these indexes (the number
+   * after layers_pattern, else the first "<name>.<number>." of the name).
+   * Empty: every layer. */
+  std::vector<int64_t> layers_to_transform;
+  /** The name the layer index follows ("layers"; a regular expression). */
+  std::vector<std::string> layers_pattern;
+  /** Per-layer r and lora_alpha: the first key (a regular expression) that
+   * matches the end of a layer's name after a dot, in this order, gives its
+   * value ("q_proj", "layers\.0\..*"). */
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
   /** alpha / sqrt(r) instead of alpha / r. */
   bool use_rslora = false;
   /** The base model's folder, as the user named it (recorded, checked on load). */
@@ -40,30 +65,37 @@ struct BaseQuantization {
   DType compute_dtype = DType::bf16;
 };
 
-/** Splits "q_proj,v_proj" (or "all-linear") into target_modules entries;
- * throws std::invalid_argument for an empty entry. */
-std::vector<std::string> parse_target_modules(const std::string& text);
+/** Splits a comma-separated list, "q_proj,v_proj" (or "all-linear"), into
+ * its entries; throws std::invalid_argument naming `what` for an empty
+ * entry. */
+std::vector<std::string> parse_module_names(const std::string& text,
+                                            const std::string& what = "target_modules");
 
-/** Throws std::invalid_argument naming the first bad field. */
+/** Throws std::invalid_argument naming the first bad field (a regular
+ * expression that does not compile among them), or a combination PEFT
+ * refuses (layers_to_transform with a regex or all-linear, layers_pattern
+ * without layers_to_transform). */
 void check_lora_settings(const LoraSettings& lora);
 
 /** adapter_config.json as PEFT writes it (peft_type LORA, task_type
  * CAUSAL_LM, bias none, ...), with `quantization` recording how the base
  * was quantized under the key "quanta_base_quantization" (PEFT ignores keys
  * it does not know). */
-nlohmann::json adapter_config_json(const LoraSettings& lora, const BaseQuantization& quantization);
+nlohmann::ordered_json adapter_config_json(const LoraSettings& lora,
+                                           const BaseQuantization& quantization);
 
-/** Reads an adapter_config.json object (PEFT's, or ours). Throws
+/** Reads an adapter_config.json object (PEFT's, or ours), its key order
+ * kept: rank_pattern's and alpha_pattern's first matching key wins. Throws
  * std::runtime_error naming `source` and the field for anything that is not
  * a LoRA adapter of a causal LM this library applies (another peft_type,
- * bias other than none, fan_in_fan_out, DoRA, layers_to_transform, ...). */
-LoraSettings read_adapter_config(const nlohmann::json& config, const std::string& source);
+ * bias other than none, fan_in_fan_out, DoRA, modules_to_save, ...). */
+LoraSettings read_adapter_config(const nlohmann::ordered_json& config, const std::string& source);
 
 /** The base quantization recorded in an adapter_config.json; for a folder
  * PEFT wrote (no record), bitsandbytes' QLoRA settings (NF4, block 64,
  * double quant) computing in `model_dtype`, as Linear4bit does when the
  * activations are f32 or bf16. */
-BaseQuantization read_base_quantization(const nlohmann::json& config, const std::string& source,
-                                        DType model_dtype);
+BaseQuantization read_base_quantization(const nlohmann::ordered_json& config,
+                                        const std::string& source, DType model_dtype);
 
 }  // namespace quanta::llm

@@ -3,19 +3,25 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
+#include <string_view>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
 #include "llm/model/model_folder.h"
+#include "llm/qlora/lora_targets.h"
 
 namespace quanta::llm {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
+
+// What PEFT's saved names put before a module's name.
+constexpr std::string_view kPeftPrefix = "base_model.model.";
 
 // The last component of a path or hub id, without a trailing slash:
 // "meta-llama/Llama-3.2-1B" and "/models/Llama-3.2-1B/" both give
@@ -29,7 +35,7 @@ std::string last_component(std::string path) {
 }  // namespace
 
 std::string peft_tensor_name(const std::string& module, const std::string& which) {
-  return "base_model.model." + module + "." + which + ".weight";
+  return std::string(kPeftPrefix) + module + "." + which + ".weight";
 }
 
 io::TensorMap peft_adapter_tensors(Module& model) {
@@ -111,18 +117,31 @@ void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const 
   for (const auto& [name, t] : wanted) copy_(t, stored.at(name).to(t.dtype()).to(t.device()));
 }
 
-// Every stored lora_A must have the config's rank: checked before adapters
-// of that rank are made, so that a config's r of 10^9 allocates nothing.
-void check_stored_rank(const io::SafetensorsFile& file, int64_t r, const std::string& path) {
+// Every stored lora_A must have the rank the config gives its layer (r, or
+// its rank_pattern's): checked before adapters of that rank are made, so
+// that a config's r of 10^9 allocates nothing.
+void check_stored_rank(const io::SafetensorsFile& file, const LoraSettings& lora,
+                       const std::string& path) {
+  const std::string suffix = ".lora_A.weight";
   bool any = false;
   for (const auto& [name, t] : file.tensors) {
     if (name.find(".lora_A.") == std::string::npos) continue;
     any = true;
-    if (t.dim() != 2 || t.size(0) != r)
-      throw std::runtime_error(
-          path + ": " + name + " is " + shape_str(t.shape()) + ": it has rank " +
-          (t.dim() == 2 ? std::to_string(t.size(0)) : std::string("?")) + ", the config's r is " +
-          std::to_string(r) + " (an adapter_config.json from another run?)");
+    // "base_model.model.<layer>.lora_A.weight"; a name of another form is
+    // reported as unexpected when the tensors are copied.
+    if (name.size() <= kPeftPrefix.size() + suffix.size() || !name.starts_with(kPeftPrefix) ||
+        !name.ends_with(suffix))
+      continue;
+    const std::string layer =
+        name.substr(kPeftPrefix.size(), name.size() - kPeftPrefix.size() - suffix.size());
+    const std::optional<LoraLayerSettings> settings = lora_layer_settings(lora, layer);
+    if (!settings) continue;  // unexpected, reported with the others
+    if (t.dim() != 2 || t.size(0) != settings->r)
+      throw std::runtime_error(path + ": " + name + " is " + shape_str(t.shape()) +
+                               ": it has rank " +
+                               (t.dim() == 2 ? std::to_string(t.size(0)) : std::string("?")) +
+                               ", the config gives the layer r " + std::to_string(settings->r) +
+                               " (an adapter_config.json from another run?)");
   }
   if (!any) throw std::runtime_error(path + " holds no lora_A tensor (not a LoRA adapter file)");
 }
@@ -148,10 +167,11 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   // is converted: a bad file leaves the model as it was.
   const std::string weights_path = (fs::path(adapter_dir) / kAdapterWeightsFile).string();
   const io::SafetensorsFile weights = read_adapter_weights(adapter_dir);
-  check_stored_rank(weights, folder.lora.r, weights_path);
+  check_stored_rank(weights, folder.lora, weights_path);
   QLoRAOptions options;
   options.lora = folder.lora;
   options.quantization = folder.quantization;
+  options.refuse_unused_settings = false;  // PEFT loads such folders
   QLoRAReport report;
   try {
     report = apply_qlora(model, options);

@@ -1,11 +1,14 @@
 #include "llm/qlora/qlora_model.h"
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
+#include "engine/text.h"
+#include "llm/qlora/lora_targets.h"
 #include "quant/nf4/nf4_interop.h"
 
 namespace quanta::llm {
@@ -35,28 +38,6 @@ std::vector<Slot<Child>> find_children(Module& root) {
         out.push_back({m, child, prefix.empty() ? child : prefix + "." + child, typed});
   return out;
 }
-
-bool ends_with_part(const std::string& name, const std::string& suffix) {
-  if (name == suffix) return true;
-  return name.size() > suffix.size() &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-         name[name.size() - suffix.size() - 1] == '.';
-}
-
-}  // namespace
-
-bool matches_target(const std::string& name, const std::vector<std::string>& targets) {
-  for (const std::string& t : targets) {
-    if (t == kAllLinear) {
-      if (!ends_with_part(name, kOutputLayer)) return true;
-    } else if (ends_with_part(name, t)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-namespace {
 
 // A linear layer apply_qlora converts: a float Linear to quantize, or an
 // NF4 base loaded already (a 4-bit folder) that only gets its adapter.
@@ -98,30 +79,44 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   for (const Slot<quant::NF4Linear>& s : loaded)
     slots.push_back({s.parent, s.child, s.name, nullptr, s.module});
 
-  // Every entry must name something, and r must fit every adapted layer:
+  // Every setting must choose something, and each r must fit its layer:
   // checked before any layer is converted, so a refused model is unchanged.
-  for (const std::string& t : o.lora.target_modules) {
-    bool found = false;
-    for (const Convertible& s : slots) found = found || matches_target(s.name, {t});
-    if (!found)
-      throw std::invalid_argument("target_modules entry \"" + t +
-                                  "\" matches no linear layer of the model (its layers end in "
-                                  "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  const bool adapters = !o.lora.target_modules.empty() || !o.lora.target_modules_regex.empty();
+  std::vector<std::optional<LoraLayerSettings>> chosen(slots.size());
+  if (adapters) {
+    std::vector<std::string> names;
+    for (const Convertible& s : slots) names.push_back(s.name);
+    const UnusedLoraSettings unused = unused_lora_settings(o.lora, names);
+    if (!unused.targets.empty())
+      throw std::invalid_argument(join_names(unused.targets, "; ") +
+                                  " (the model's linear layers end in q_proj, k_proj, v_proj, "
+                                  "o_proj, gate_proj, up_proj, down_proj)");
+    if (o.refuse_unused_settings && !unused.others.empty())
+      throw std::invalid_argument(join_names(unused.others, "; "));
+    bool any = false;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      chosen[i] = lora_layer_settings(o.lora, slots[i].name);
+      any = any || chosen[i].has_value();
+    }
+    if (!any)
+      throw std::invalid_argument(
+          "no linear layer gets an adapter: exclude_modules or layers_to_transform leave none of "
+          "the layers target_modules names");
   }
-  for (const Convertible& s : slots)
-    if (matches_target(s.name, o.lora.target_modules) && o.lora.r > std::min(s.in(), s.out()))
-      throw std::invalid_argument("lora r " + std::to_string(o.lora.r) + " is larger than layer " +
-                                  s.name + " allows (" + std::to_string(s.out()) + " x " +
-                                  std::to_string(s.in()) + ")");
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
+      throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
+                                  " is larger than layer " + slots[i].name + " allows (" +
+                                  std::to_string(slots[i].out()) + " x " +
+                                  std::to_string(slots[i].in()) + ")");
 
   quant::LoRAOptions lora;
-  lora.rank = o.lora.r;
-  lora.alpha = o.lora.lora_alpha;
   lora.dropout = o.lora.lora_dropout;
   lora.use_rslora = o.lora.use_rslora;
   lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
   lora.seed = o.seed;
-  for (const Convertible& s : slots) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const Convertible& s = slots[i];
     QLoRALayer layer{s.name, Shape{s.out(), s.in()}};
     std::shared_ptr<quant::NF4Linear> base;
     if (s.linear) {
@@ -136,7 +131,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     }
     layer.bytes_after = base->weight_bytes();
     std::shared_ptr<Module> replacement = base;
-    if (matches_target(s.name, o.lora.target_modules)) {
+    if (chosen[i]) {
+      lora.rank = chosen[i]->r;
+      lora.alpha = chosen[i]->lora_alpha;
       lora.stream = s.name;
       replacement = std::make_shared<quant::LoRALinear>(base, lora);
       layer.adapted = true;

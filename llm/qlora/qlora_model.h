@@ -27,6 +27,10 @@ struct QLoRAOptions {
   /** Seed of the adapters' initialisation and dropout streams (each layer
    * draws from its own, named after it). */
   uint64_t seed = 0;
+  /** Refuse settings that choose nothing (unused_lora_settings' `others`:
+   * an exclude_modules entry, layers_to_transform index or rank_pattern key
+   * without effect). Off to read an adapter folder as PEFT reads it. */
+  bool refuse_unused_settings = true;
 };
 
 /** One converted linear layer. */
@@ -45,15 +49,12 @@ struct QLoRAReport {
   int64_t total_parameters = 0;  // of the float model
 };
 
-/** True when PEFT would adapt the module called `name` (a dotted path):
- * `name` equals an entry or ends with "." + entry; "all-linear" takes every
- * linear layer but lm_head. */
-bool matches_target(const std::string& name, const std::vector<std::string>& target_modules);
-
-/** Converts `model` in place (see the top of this file). Throws
+/** Converts `model` in place (see the top of this file), each adapter with
+ * the r and alpha lora_layer_settings gives its layer. Throws
  * std::invalid_argument naming the problem for a target_modules entry that
- * matches no linear layer, an r above a targeted layer's in or out
- * features, or a model already converted. */
+ * matches no linear layer, settings that adapt no layer, an unused setting
+ * (refuse_unused_settings), a layer's r above its in or out features, or a
+ * model already converted; the model is then unchanged. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
 
 /** apply_qlora's NF4 conversion without adapters: the 4-bit base alone, as

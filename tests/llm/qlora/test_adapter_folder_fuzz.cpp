@@ -109,8 +109,8 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
       {"r", "4", "a LoRA field is missing or of the wrong type"},
       // Ranks the stored tensors do not have: refused before adapters of
       // that rank are allocated.
-      {"r", 8, "has rank 4, the config's r is 8"},
-      {"r", int64_t(1000000000), "has rank 4, the config's r is 1000000000"},
+      {"r", 8, "has rank 4, the config gives the layer r 8"},
+      {"r", int64_t(1000000000), "has rank 4, the config gives the layer r 1000000000"},
       {"lora_alpha", -1.0, "lora_alpha must be positive"},
       {"lora_alpha", "x", "a LoRA field is missing or of the wrong type"},
       {"lora_dropout", 1.0, "lora_dropout must be in [0, 1)"},
@@ -199,7 +199,7 @@ TEST_CASE("adapter folders: adapter_model.safetensors that does not fit is refus
     for (auto& [name, t] : m)
       t = name.find("lora_A") != std::string::npos ? zeros({2, t.size(1)}) : zeros({t.size(0), 2});
   });
-  check_refused(dir, folders.weights(), "has rank 2, the config's r is 4");
+  check_refused(dir, folders.weights(), "has rank 2, the config gives the layer r 4");
 
   folders.fresh();
   const std::string whole = read_text(folders.weights());

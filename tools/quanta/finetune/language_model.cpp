@@ -75,6 +75,79 @@ json lm_config_json(const FinetuneOptions& o, int64_t seq_len) {
             {"warmup_steps", o.warmup_steps}}}};
 }
 
+// The layer choice a checkpoint keeps beside lm_config_json's, only where
+// set: a checkpoint written before these flags existed still resumes.
+void add_layer_choice(json& model, const FinetuneOptions& o) {
+  const std::pair<const char*, const std::string*> texts[] = {
+      {"target_modules_regex", &o.target_modules_regex},
+      {"exclude_modules", &o.exclude_modules},
+      {"exclude_modules_regex", &o.exclude_modules_regex},
+      {"layers_to_transform", &o.layers_to_transform},
+      {"layers_pattern", &o.layers_pattern}};
+  for (const auto& [key, value] : texts)
+    if (!value->empty()) model[key] = *value;
+  if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
+  if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
+}
+
+// "PATTERN=VALUE" split at its last '=' (a pattern may hold one, a number
+// does not).
+std::pair<std::string, std::string> pattern_value(const std::string& text, const char* flag) {
+  const std::size_t eq = text.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw std::invalid_argument(std::string(flag) + " \"" + text +
+                                "\" is not PATTERN=VALUE (e.g. down_proj=32)");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+// A whole number, or std::invalid_argument naming the flag and the text.
+int64_t whole_number(const std::string& text, const std::string& what) {
+  std::size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw std::invalid_argument(what + ": \"" + text + "\" is not a whole number");
+  return v;
+}
+
+// The flags choosing layers and their ranks, into PEFT's fields.
+void read_layer_choice(const FinetuneOptions& o, llm::LoraSettings& l) {
+  l.target_modules_regex = o.target_modules_regex;
+  l.target_modules = o.target_modules_regex.empty()
+                         ? llm::parse_module_names(o.target_modules, "--target-modules")
+                         : std::vector<std::string>{};
+  if (!o.exclude_modules.empty())
+    l.exclude_modules = llm::parse_module_names(o.exclude_modules, "--exclude-modules");
+  l.exclude_modules_regex = o.exclude_modules_regex;
+  if (!o.layers_to_transform.empty())
+    for (const std::string& i :
+         llm::parse_module_names(o.layers_to_transform, "--layers-to-transform"))
+      l.layers_to_transform.push_back(whole_number(i, "--layers-to-transform"));
+  if (!o.layers_pattern.empty())
+    l.layers_pattern = llm::parse_module_names(o.layers_pattern, "--layers-pattern");
+  for (const std::string& p : o.rank_pattern) {
+    const auto [key, value] = pattern_value(p, "--rank-pattern");
+    l.rank_pattern.emplace_back(key, whole_number(value, "--rank-pattern " + p));
+  }
+  for (const std::string& p : o.alpha_pattern) {
+    const auto [key, value] = pattern_value(p, "--alpha-pattern");
+    std::size_t used = 0;
+    double a = 0;
+    try {
+      a = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size())
+      throw std::invalid_argument("--alpha-pattern " + p + ": \"" + value + "\" is not a number");
+    l.alpha_pattern.emplace_back(key, a);
+  }
+}
+
 // Prompt-completion lines read with the folder's tokenizer.model (when it
 // has one): text through it, its EOS after each completion. A build without
 // libsentencepiece fails on the first text field, saying so.
@@ -161,6 +234,27 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "--model: layers that get adapters, PEFT's target_modules: name suffixes "
                  "(q_proj,v_proj) or all-linear")
       ->capture_default_str();
+  sub.add_option("--target-modules-regex", o.target_modules_regex,
+                 "--model: instead of --target-modules, a regular expression a layer's full name "
+                 "must match entirely (PEFT's target_modules as one string), e.g. "
+                 "'.*\\.(q_proj|v_proj)'");
+  sub.add_option("--exclude-modules", o.exclude_modules,
+                 "--model: layers never adapted, by name suffix or full name "
+                 "(model.layers.0.self_attn.q_proj), comma-separated (PEFT's exclude_modules)");
+  sub.add_option("--exclude-modules-regex", o.exclude_modules_regex,
+                 "--model: ... or by a regular expression matching the full name entirely");
+  sub.add_option("--layers-to-transform", o.layers_to_transform,
+                 "--model: with --target-modules names, adapt only decoder layers of these "
+                 "indexes (0,1,5; PEFT's layers_to_transform)");
+  sub.add_option("--layers-pattern", o.layers_pattern,
+                 "--model: the name the layer index follows (layers; PEFT's layers_pattern)");
+  sub.add_option("--rank-pattern", o.rank_pattern,
+                 "--model: PATTERN=R, repeatable: r for the layers whose name ends in a match of "
+                 "PATTERN (a regular expression after a dot; the first that matches wins), e.g. "
+                 "--rank-pattern down_proj=32 (PEFT's rank_pattern)");
+  sub.add_option("--alpha-pattern", o.alpha_pattern,
+                 "--model: PATTERN=ALPHA, repeatable: lora_alpha by layer, as --rank-pattern "
+                 "(PEFT's alpha_pattern)");
   sub.add_flag("--use-rslora", o.use_rslora,
                "--model: scale the adapters by alpha / sqrt(r) (rank-stabilised LoRA)");
   sub.add_option("--compute-dtype", o.compute_dtype,
@@ -212,7 +306,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
                      " (quanta computes full attention, the window's own up to that length)");
   llm::QLoRAOptions q;
   try {
-    q.lora.target_modules = llm::parse_target_modules(o.target_modules);
+    read_layer_choice(o, q.lora);
     q.lora.r = o.lora_r;
     q.lora.lora_alpha = o.lora_alpha;
     q.lora.lora_dropout = o.lora_dropout;
@@ -220,7 +314,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--target-modules / --lora-*: ") + e.what());
+    throw UsageError(std::string("--target-modules / --lora-* / the layer choice: ") + e.what());
   }
   q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
@@ -232,6 +326,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   RunSpec spec;
   spec.files = {train::kCheckpointFile, train::kMetricsFile, kAdaptersDir};
   spec.config = lm_config_json(o, seq_len);
+  add_layer_choice(spec.config["model"], o);
   spec.inputs = {{"the training data", o.data}};
   if (!o.eval_data.empty()) spec.inputs.push_back({"the evaluation data", o.eval_data});
   spec.done_marker = std::string(kAdaptersDir) + "/" + llm::kAdapterWeightsFile;

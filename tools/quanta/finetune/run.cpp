@@ -86,15 +86,30 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
     throw UsageError(
         "give a classifier CHECKPOINT, or --model DIR and --data FILE for a "
         "language model");
-  static const std::vector<const char*> kLmOnly = {"--eval-data",     "--merge-to",
-                                                   "--seq-len",       "--grad-accum",
-                                                   "--warmup-steps",  "--eval-every",
-                                                   "--weight-decay",  "--max-grad-norm",
-                                                   "--lr-schedule",   "--target-modules",
-                                                   "--compute-dtype", "--use-rslora",
-                                                   "--pack",          "--train-on-completions-only",
-                                                   "--recompute",     "--shard",
-                                                   "--no-graph"};
+  static const std::vector<const char*> kLmOnly = {"--eval-data",
+                                                   "--merge-to",
+                                                   "--seq-len",
+                                                   "--grad-accum",
+                                                   "--warmup-steps",
+                                                   "--eval-every",
+                                                   "--weight-decay",
+                                                   "--max-grad-norm",
+                                                   "--lr-schedule",
+                                                   "--target-modules",
+                                                   "--compute-dtype",
+                                                   "--use-rslora",
+                                                   "--pack",
+                                                   "--train-on-completions-only",
+                                                   "--recompute",
+                                                   "--shard",
+                                                   "--no-graph",
+                                                   "--target-modules-regex",
+                                                   "--exclude-modules",
+                                                   "--exclude-modules-regex",
+                                                   "--layers-to-transform",
+                                                   "--layers-pattern",
+                                                   "--rank-pattern",
+                                                   "--alpha-pattern"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)
@@ -102,6 +117,11 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
       throw UsageError(std::string(flag) +
                        (lm ? " is for the classifier of quanta train, not --model"
                            : " is for a language model (--model DIR)"));
+  for (const auto& [a, b] : {std::pair{"--target-modules", "--target-modules-regex"},
+                             {"--exclude-modules", "--exclude-modules-regex"}})
+    if (given(a) && given(b))
+      throw UsageError(std::string("give ") + a + " or " + b + ", not both (PEFT's field is a " +
+                       "list of names or one regular expression)");
   // The classifier's defaults are the library's LoRA ones; a language
   // model's are QLoRA's usual recipe.
   if (o.steps < 0) o.steps = lm ? 0 : 300;  // 0: one epoch, known once the data is read

@@ -44,6 +44,11 @@ struct FinetuneOptions {
   int64_t seq_len = 0, grad_accum = 1, warmup_steps = 0, eval_every = 0;
   double weight_decay = 0, max_grad_norm = 1.0;
   std::string lr_schedule = "linear", target_modules = "all-linear", compute_dtype = "auto";
+  // PEFT's layer choice: as written on the command line (parsed into
+  // LoraSettings by run_lm_finetune); the patterns PATTERN=VALUE, in order.
+  std::string target_modules_regex, exclude_modules, exclude_modules_regex;
+  std::string layers_to_transform, layers_pattern;
+  std::vector<std::string> rank_pattern, alpha_pattern;
   bool use_rslora = false, pack = false, completions_only = false, recompute = false, shard = false;
   bool no_graph = false;
 };
