@@ -55,7 +55,8 @@ Case read_case(const std::string& name) {
   return c;
 }
 
-const std::vector<std::string> kCases = {"llama_gqa_all", "qwen2_qv_rslora", "llama_bf16_all"};
+const std::vector<std::string> kCases = {"llama_gqa_all", "qwen2_qv_rslora", "llama_bf16_all",
+                                         "llama_gqa_regex_patterns", "qwen2_layers_rslora"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -123,6 +124,16 @@ TEST_CASE(
       auto model = llm::load_causal_lm(c.model_dir(), dev);
       llm::apply_peft_adapters(*model, c.dir() + "/adapter_init", c.model_dir());
       llm::load_bnb_base(*model, c.base, "nf4_base.safetensors");
+      // The layers PEFT adapted, each with its r and scaling.
+      std::vector<std::string> adapted;
+      for (const auto& [layer_name, layer] : llm::lora_layers(*model)) {
+        INFO(layer_name);
+        adapted.push_back(layer_name);
+        CHECK(layer->lora_A().size(0) == c.settings["ranks"][layer_name].get<int64_t>());
+        CHECK(layer->scaling() ==
+              doctest::Approx(c.settings["scalings"][layer_name].get<double>()).epsilon(1e-15));
+      }
+      CHECK(nlohmann::json(adapted) == c.settings["targeted"]);
       const Tensor ids = c.expected.at("ids").to(dev), labels = c.expected.at("labels").to(dev);
       // bf16: transformers rounds the same intermediates; a different order
       // of f32 sums can flip a bf16 rounding.

@@ -9,8 +9,10 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
 One folder per case in qlora/:
 
-case.json            the settings (model, r, lora_alpha, target_modules, ...),
-                     "targeted": the modules with LoRA adapters, "quantized":
+case.json            the settings (model, r, lora_alpha, target_modules, PEFT's
+                     layer choice where given: exclude_modules, rank_pattern, ...),
+                     "targeted": the modules with LoRA adapters ("ranks",
+                     "scalings": each one's r and scaling), "quantized":
                      the modules bitsandbytes made Linear4bit (every Linear but
                      lm_head, targeted or not), both in model order
 adapter_init/        adapter_config.json + adapter_model.safetensors as PEFT's
@@ -71,6 +73,18 @@ CASES = {
                             use_rslora=True, dtype=torch.float32, n_targeted=4),
     "llama_bf16_all": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules="all-linear",
                            use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+    # PEFT's layer choice: a regex, an exclusion, per-layer r and alpha (the
+    # first matching key wins: layer 1's q_proj gets 6, layer 0's 2).
+    "llama_gqa_regex_patterns": dict(
+        model="llama_gqa", r=4, lora_alpha=8, target_modules=r".*\.(q_proj|v_proj|down_proj)",
+        use_rslora=False, dtype=torch.float32, n_targeted=5,
+        choice=dict(exclude_modules=["layers.0.mlp.down_proj"],
+                    rank_pattern={"layers.1.self_attn.q_proj": 6, "q_proj": 2},
+                    alpha_pattern={"down_proj": 3})),
+    "qwen2_layers_rslora": dict(
+        model="qwen2_bias", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"],
+        use_rslora=True, dtype=torch.float32, n_targeted=3,
+        choice=dict(layers_to_transform=[1], layers_pattern="layers", rank_pattern={"up_proj": 3})),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -116,7 +130,7 @@ def run_case(root, name, c, seed):
         m.support_avx512bf16_for_cpu = False
 
     cfg = LoraConfig(r=c["r"], lora_alpha=c["lora_alpha"], lora_dropout=0.0, target_modules=c["target_modules"],
-                     use_rslora=c["use_rslora"], task_type="CAUSAL_LM", bias="none")
+                     use_rslora=c["use_rslora"], task_type="CAUSAL_LM", bias="none", **c.get("choice", {}))
     torch.manual_seed(seed + 1)
     pm = get_peft_model(model, cfg)
     prefix = "base_model.model."
@@ -139,7 +153,8 @@ def run_case(root, name, c, seed):
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         acfg = json.load(f)
     acfg["base_model_name_or_path"] = c["model"]
-    acfg["target_modules"] = sorted(acfg["target_modules"])  # a set, saved in hash order
+    if isinstance(acfg["target_modules"], list):
+        acfg["target_modules"] = sorted(acfg["target_modules"])  # a set, saved in hash order
     with open(os.path.join(adapter_dir, "adapter_config.json"), "w") as f:
         json.dump(acfg, f, indent=2, sort_keys=True)
     with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
@@ -201,7 +216,10 @@ def run_case(root, name, c, seed):
     settings = {"model": c["model"], "r": c["r"], "lora_alpha": c["lora_alpha"], "lora_dropout": 0.0,
                 "target_modules": c["target_modules"], "use_rslora": c["use_rslora"],
                 "compute_dtype": str(dtype).removeprefix("torch."), "lr": LR, "weight_decay": WEIGHT_DECAY,
-                "betas": list(BETAS), "eps": EPS, "targeted": targeted, "quantized": quantized}
+                "betas": list(BETAS), "eps": EPS, "targeted": targeted, "quantized": quantized,
+                "ranks": {n: pm.get_submodule(prefix + n).r["default"] for n in targeted},
+                "scalings": {n: pm.get_submodule(prefix + n).scaling["default"] for n in targeted},
+                **c.get("choice", {})}
     with open(os.path.join(out_dir, "case.json"), "w") as f:
         json.dump(settings, f, indent=2)
         f.write("\n")
