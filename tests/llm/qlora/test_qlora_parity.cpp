@@ -211,23 +211,28 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "QLoRA parity: PEFT loads the adapter folder quanta writes and computes quanta's logits") {
-  const std::string dir = llm_data() + "/qlora/quanta_written";
-  std::map<std::string, Tensor> want;
-  for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
-  std::vector<Device> devices{Device::cpu()};
-  for (const Device d : test_devices()) devices.push_back(d);
-  for (const Device dev : devices) {
-    INFO("device ", dev.str());
-    auto model = llm::load_causal_lm(llm_data() + "/models/llama_gqa", dev);
-    llm::apply_peft_adapters(*model, dir + "/adapters", llm_data() + "/models/llama_gqa");
-    model->eval();
-    NoGradGuard no_grad;
-    const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());
-    const double err = max_rel_diff(logits, want.at("logits"));
-    MESSAGE("quanta-written adapters on " << dev.str() << ": logits vs PEFT's, max rel. diff "
-                                          << err);
-    CHECK(err < 1e-5);
+    "QLoRA parity: PEFT loads the adapter folders quanta writes and computes quanta's logits") {
+  // All-linear; PEFT's layer choice by lists (exclude_modules,
+  // layers_to_transform, rank_pattern in an order other than sorted); by
+  // regexes, with rsLoRA.
+  for (const std::string name :
+       {"quanta_written", "quanta_written_choice", "quanta_written_regex"}) {
+    const std::string dir = llm_data() + "/qlora/" + name;
+    std::map<std::string, Tensor> want;
+    for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);
+    for (const Device dev : devices) {
+      INFO(name, " on ", dev.str());
+      auto model = llm::load_causal_lm(llm_data() + "/models/llama_gqa", dev);
+      llm::apply_peft_adapters(*model, dir + "/adapters", llm_data() + "/models/llama_gqa");
+      model->eval();
+      NoGradGuard no_grad;
+      const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());
+      const double err = max_rel_diff(logits, want.at("logits"));
+      MESSAGE(name << " on " << dev.str() << ": logits vs PEFT's, max rel. diff " << err);
+      CHECK(err < 1e-5);
+    }
   }
 }
 

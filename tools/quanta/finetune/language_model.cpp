@@ -15,10 +15,12 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
+#include "engine/text.h"
 #include "graph_flag.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
@@ -112,6 +114,33 @@ int64_t whole_number(const std::string& text, const std::string& what) {
   if (used == 0 || used != text.size())
     throw std::invalid_argument(what + ": \"" + text + "\" is not a whole number");
   return v;
+}
+
+// The layer choice in one line: "q_proj,v_proj; excluding
+// layers.0.mlp.down_proj; layers 0,1; rank_pattern q_proj=2".
+std::string layer_choice_text(const llm::LoraSettings& l) {
+  std::string s = !l.target_modules_regex.empty() ? "regex " + l.target_modules_regex
+                                                  : join_names(l.target_modules, ",");
+  if (!l.exclude_modules_regex.empty()) s += "; excluding regex " + l.exclude_modules_regex;
+  if (!l.exclude_modules.empty()) s += "; excluding " + join_names(l.exclude_modules, ",");
+  if (!l.layers_to_transform.empty()) {
+    std::vector<std::string> i;
+    for (int64_t v : l.layers_to_transform) i.push_back(std::to_string(v));
+    s += "; layers " + join_names(i, ",");
+  }
+  const auto patterns = [&](const char* field, const auto& keys) {
+    if (keys.empty()) return;
+    std::vector<std::string> kv;
+    for (const auto& [key, value] : keys) {
+      std::ostringstream v;
+      v << value;
+      kv.push_back(key + "=" + v.str());
+    }
+    s += std::string("; ") + field + " " + join_names(kv, ", ");
+  };
+  patterns("rank_pattern", l.rank_pattern);
+  patterns("alpha_pattern", l.alpha_pattern);
+  return s;
 }
 
 // The flags choosing layers and their ranks, into PEFT's fields.
@@ -364,9 +393,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << " bytes (block 64, double quant, compute "
       << llm::torch_dtype_name(q.quantization.compute_dtype) << ")\n"
       << "LoRA: r " << o.lora_r << ", alpha " << o.lora_alpha << ", dropout " << o.lora_dropout
-      << (o.use_rslora ? ", rslora" : "") << " on " << adapted << " layers (" << o.target_modules
-      << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
-      << std::fixed << std::setprecision(3)
+      << (o.use_rslora ? ", rslora" : "") << " on " << adapted << " layers ("
+      << layer_choice_text(q.lora) << "): " << with_commas(uint64_t(report.trainable_parameters))
+      << " trainable parameters (" << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
       << std::defaultfloat << std::setprecision(6) << "%)\n";
   const int64_t eval_rows = o.batch_size;

@@ -37,9 +37,10 @@ transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa and
                      bnb_4bit_quant_storage=bfloat16 (FSDP-QLoRA's setting: the
                      packed codes stored as BF16 [bytes / 2, 1])
 
-quanta_written/      adapters/ as quanta finetune writes them (see
-                     check_quanta_adapters) and peft_logits.safetensors, what
-                     PEFT computes with them: the folder PEFT loads
+quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
+                     all-linear; PEFT's layer choice by lists, by regexes) and
+                     peft_logits.safetensors, what PEFT computes with them: the
+                     folders PEFT loads
 
 Two of bitsandbytes' CPU kernels are set aside. Its native dequantize_4bit
 takes the 64-blocks per row (absmax[row * (K // 64) + col // 64]) while
@@ -226,28 +227,52 @@ def run_case(root, name, c, seed):
     print(name, "loss", loss.item(), "loss_after", loss_after.item(), "targeted", len(targeted))
 
 
+# quanta_written*/adapters, made by `quanta finetune --model models/llama_gqa
+# --data TOKENS --seq-len 64 --steps 20 --batch-size 8 --lr 1e-2 --lora-r 4`
+# with these flags (TOKENS: 64 JSONL lines of 64 ids below 64), their
+# base_model_name_or_path set to llama_gqa.
+QUANTA_WRITTEN = {
+    "quanta_written": "",
+    "quanta_written_choice": "--target-modules q_proj,v_proj,down_proj --exclude-modules "
+                             "layers.0.mlp.down_proj --layers-to-transform 0,1 --layers-pattern layers "
+                             "--rank-pattern 'v_proj|layers\\.1\\.self_attn\\.q_proj=6' --rank-pattern q_proj=2 "
+                             "--alpha-pattern down_proj=3",
+    "quanta_written_regex": "--target-modules-regex '.*\\.(q_proj|k_proj|up_proj|down_proj)' "
+                            "--exclude-modules-regex '.*layers\\.1\\.mlp\\..*' --use-rslora "
+                            "--rank-pattern k_proj=3 --alpha-pattern up_proj=5",
+}
+
+
 def check_quanta_adapters(root):
-    """PEFT's logits with the adapter folder quanta wrote (quanta_written/
-    adapters, from `quanta finetune --model models/llama_gqa --data
-    TOKENS --seq-len 64 --steps 20 --batch-size 8 --lr 1e-2 --lora-r 4`, its
-    base_model_name_or_path set to llama_gqa), over bitsandbytes' base, in
-    eval mode: quanta_written/peft_logits.safetensors (ids, logits)."""
+    """PEFT's logits with each adapter folder quanta wrote (QUANTA_WRITTEN),
+    over bitsandbytes' base, in eval mode: <case>/peft_logits.safetensors
+    (ids, logits). quanta_written_choice's rank_pattern is in an order other
+    than sorted, and its first key must win for layer 1's q_proj (r 6)."""
     from peft import PeftModel
-    case = os.path.join(root, "qlora", "quanta_written")
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.join(root, "models", "llama_gqa"), dtype=torch.float32, device_map="cpu",
-        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                               bnb_4bit_use_double_quant=True,
-                                               bnb_4bit_compute_dtype=torch.float32))
-    peft_model = PeftModel.from_pretrained(model, os.path.join(case, "adapters")).eval()
-    ids = torch.tensor([[5, 12, 19, 26, 33, 40, 47, 54, 1, 8, 15, 22],
-                        [3, 10, 17, 24, 31, 38, 45, 52, 59, 6, 13, 20]])
-    with torch.no_grad():
-        logits = peft_model(input_ids=ids).logits.float()
-    save_file({"ids": ids, "logits": logits.contiguous()},
-              os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
-    print("quanta_written: PEFT loaded", len(peft_model.peft_config["default"].target_modules),
-          "adapted modules")
+    for name in QUANTA_WRITTEN:
+        case = os.path.join(root, "qlora", name)
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.join(root, "models", "llama_gqa"), dtype=torch.float32, device_map="cpu",
+            quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                   bnb_4bit_use_double_quant=True,
+                                                   bnb_4bit_compute_dtype=torch.float32))
+        for m in model.modules():  # as in run_case: the flat layout, not the fused kernel
+            if isinstance(m, bnb.nn.Linear4bit):
+                m.support_avx512bf16_for_cpu = False
+        peft_model = PeftModel.from_pretrained(model, os.path.join(case, "adapters")).eval()
+        ranks = {n.removeprefix("base_model.model."): m.r["default"] for n, m in peft_model.named_modules()
+                 if isinstance(m, peft.tuners.lora.LoraLayer)}
+        if name == "quanta_written_choice":
+            assert ranks == {"model.layers.0.self_attn.q_proj": 2, "model.layers.0.self_attn.v_proj": 6,
+                             "model.layers.1.self_attn.q_proj": 6, "model.layers.1.self_attn.v_proj": 6,
+                             "model.layers.1.mlp.down_proj": 4}, ranks
+        ids = torch.tensor([[5, 12, 19, 26, 33, 40, 47, 54, 1, 8, 15, 22],
+                            [3, 10, 17, 24, 31, 38, 45, 52, 59, 6, 13, 20]])
+        with torch.no_grad():
+            logits = peft_model(input_ids=ids).logits.float()
+        save_file({"ids": ids, "logits": logits.contiguous()},
+                  os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+        print(name + ": PEFT adapted", ranks)
 
 
 def save_transformers_4bit(root):
