@@ -368,6 +368,74 @@ TEST_CASE(
   CHECK(contains(other.out, "resuming at step 10 of 12 steps"));
 }
 
+TEST_CASE(
+    "finetune --model: PEFT's layer choice, r and alpha by layer, kept by the folder, sharded "
+    "and resumed") {
+  ScratchDir d("ft_lm_choice");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 8), llm::TokenWidth::u16);
+  // Layer 1's q_proj takes the first rank_pattern key (6), layer 0's the
+  // second (2); both v_proj take the first; layer 0's down_proj is excluded.
+  const std::vector<std::string> choice = {"--target-modules",
+                                           "q_proj,v_proj,down_proj",
+                                           "--exclude-modules",
+                                           "layers.0.mlp.down_proj",
+                                           "--layers-to-transform",
+                                           "0,1",
+                                           "--rank-pattern",
+                                           R"(v_proj|layers\.1\.self_attn\.q_proj=6)",
+                                           "--rank-pattern",
+                                           "q_proj=2",
+                                           "--alpha-pattern",
+                                           "down_proj=3",
+                                           "--lora-r",
+                                           "4"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), choice.begin(), choice.end());
+    return more;
+  };
+  const CliResult one = run_quanta(finetune("llama_gqa", d, "one", with({"--steps", "4"})));
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  CHECK(contains(one.out,
+                 "on 5 layers (q_proj,v_proj,down_proj; excluding layers.0.mlp.down_proj; layers "
+                 "0,1; rank_pattern v_proj|layers\\.1\\.self_attn\\.q_proj=6, q_proj=2; "
+                 "alpha_pattern down_proj=3)"));
+  const json config = json::parse(std::ifstream(d.file("one/adapters/adapter_config.json")));
+  CHECK(config["exclude_modules"] == json({"layers.0.mlp.down_proj"}));
+  CHECK(config["layers_to_transform"] == json({0, 1}));
+  CHECK(config["alpha_pattern"]["down_proj"] == 3.0);
+  const std::map<std::string, int64_t> want = {{"model.layers.0.self_attn.q_proj", 2},
+                                               {"model.layers.0.self_attn.v_proj", 6},
+                                               {"model.layers.1.self_attn.q_proj", 6},
+                                               {"model.layers.1.self_attn.v_proj", 6},
+                                               {"model.layers.1.mlp.down_proj", 4}};
+  std::map<std::string, int64_t> got;
+  for (const auto& [name, t] :
+       io::load_safetensors(d.file("one/adapters/adapter_model.safetensors")).tensors)
+    if (name.ends_with(".lora_A.weight"))
+      got[name.substr(17, name.size() - 17 - 14)] =
+          t.size(0);  // base_model.model.<layer>.lora_A.weight
+  CHECK(got == want);
+  // Sharded on 2 ranks (adapters of unequal sizes split across them) is the
+  // unsharded pair.
+  REQUIRE(
+      run_quanta(finetune("llama_gqa", d, "two", with({"--steps", "4", "--nproc", "2"}))).code ==
+      0);
+  const CliResult sharded = run_quanta(
+      finetune("llama_gqa", d, "sharded", with({"--steps", "4", "--nproc", "2", "--shard"})));
+  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
+                     d.file("sharded/adapters/adapter_model.safetensors"));
+  // The checkpoint keeps the choice: a resume may not change it.
+  std::vector<std::string> changed = with({"--steps", "6", "--resume"});
+  changed.insert(changed.end(), {"--rank-pattern", "k_proj=2"});
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "one", changed)), 2,
+                       "--resume cannot change the run it continues (model:");
+  const CliResult resumed =
+      run_quanta(finetune("llama_gqa", d, "one", with({"--steps", "6", "--resume"})));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  CHECK(contains(resumed.out, "resuming at step 4 of 6 steps"));
+}
+
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
   ScratchDir d("ft_lm_ranks");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 6), llm::TokenWidth::u16);
@@ -560,6 +628,30 @@ TEST_CASE("finetune --model: bad input is one clear line") {
                        "target_modules entry \"qproj\" matches no linear layer");
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "o2", {"--lora-r", "40"})), 1,
                        "lora r 40 is larger than layer");
+  // PEFT's layer choice.
+  const std::vector<std::pair<std::vector<std::string>, std::pair<int, const char*>>> choice = {
+      {{"--target-modules", "q_proj", "--target-modules-regex", ".*"},
+       {2, "give --target-modules or --target-modules-regex, not both"}},
+      {{"--rank-pattern", "q_proj"}, {2, "--rank-pattern \"q_proj\" is not PATTERN=VALUE"}},
+      {{"--rank-pattern", "q_proj=two"}, {2, "--rank-pattern q_proj=two: \"two\" is not a whole"}},
+      {{"--alpha-pattern", "q_proj=x"}, {2, "--alpha-pattern q_proj=x: \"x\" is not a number"}},
+      {{"--layers-to-transform", "0"},
+       {2, "layers_to_transform needs target_modules as a list of names"}},
+      {{"--target-modules-regex", "(?<=attn\\.)q_proj"},
+       {2, "is not a regular expression quanta reads"}},
+      {{"--target-modules", "q_proj", "--rank-pattern", "k_proj=2"},
+       {1, "rank_pattern key \"k_proj\" gives no adapted layer its value"}},
+      {{"--target-modules", "q_proj", "--exclude-modules", "q_proj"},
+       {1, "no linear layer gets an adapter"}},
+      {{"--target-modules", "q_proj", "--rank-pattern", "q_proj=40"},
+       {1, "lora r 40 is larger than layer model.layers.0.self_attn.q_proj"}},
+  };
+  int n = 0;
+  for (const auto& [flags, error] : choice) {
+    CAPTURE(flags);
+    check_one_line_error(run_quanta(finetune("llama_gqa", d, "oc" + std::to_string(n++), flags)),
+                         error.first, error.second);
+  }
   check_one_line_error(run_quanta({"finetune", "--model", model("llama_gqa"), "--data",
                                    d.file("short.bin"), "--seq-len", "32", "--out", d.file("o3")}),
                        1, "20 tokens, fewer than one sequence of 32");
