@@ -341,7 +341,7 @@ TEST_CASE("hostile model and adapter folders end every command in one line, writ
   // The run folder holds nothing but its lock: the corrected command runs in it.
   for (const auto& entry : fs::directory_iterator(dir.file("run")))
     CHECK(entry.path().filename() == ".quanta-lock");
-  const std::string rank = "it has rank 4, the config's r is 1000000000";
+  const std::string rank = "it has rank 4, the config gives the layer r 1000000000";
   check_one_line_error(run_quanta({"generate", "--model", models() + "llama_gqa", "--adapters",
                                    adapters, "--prompt-ids", "1"}),
                        1, rank);
