@@ -77,6 +77,8 @@ void check_lora_settings(const LoraSettings& l) {
   }
   for (const std::string& e : l.exclude_modules)
     if (e.empty()) throw std::invalid_argument("exclude_modules has an empty entry");
+  for (const std::string& m : l.modules_to_save)
+    if (m.empty()) throw std::invalid_argument("modules_to_save has an empty entry");
   // PEFT's LoraConfig refuses these combinations.
   const bool all_linear = l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear;
   if (!l.layers_to_transform.empty() && (regex || all_linear))
@@ -129,7 +131,7 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["use_dora"] = false;
-  j["modules_to_save"] = nullptr;
+  j["modules_to_save"] = l.modules_to_save.empty() ? json() : json(l.modules_to_save);
   j["exclude_modules"] = !l.exclude_modules_regex.empty() ? json(l.exclude_modules_regex)
                          : l.exclude_modules.empty()      ? json()
                                                           : json(l.exclude_modules);
@@ -163,8 +165,8 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   // eva_config, and velora_config, a backward that stores less, are read as
   // plain LoRA, as PEFT reads them once trained).
   for (const char* key :
-       {"use_dora", "fan_in_fan_out", "modules_to_save", "layer_replication",
-        "trainable_token_indices", "lora_bias", "target_parameters", "use_qalora"})
+       {"use_dora", "fan_in_fan_out", "layer_replication", "trainable_token_indices", "lora_bias",
+        "target_parameters", "use_qalora"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
@@ -209,6 +211,8 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
       else
         l.exclude_modules = e.get<std::vector<std::string>>();
     }
+    if (!unset(j, "modules_to_save"))
+      l.modules_to_save = j.at("modules_to_save").get<std::vector<std::string>>();
     if (j.contains("layers_to_transform") && !j.at("layers_to_transform").is_null()) {
       const json& t = j.at("layers_to_transform");
       if (t.is_number_integer())

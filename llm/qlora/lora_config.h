@@ -51,6 +51,11 @@ struct LoraSettings {
   std::vector<std::pair<std::string, double>> alpha_pattern;
   /** alpha / sqrt(r) instead of alpha / r. */
   bool use_rslora = false;
+  /** Modules trained whole beside the adapters and saved with them (PEFT's
+   * modules_to_save): those whose full name ends with an entry
+   * ("embed_tokens", "lm_head"); never an NF4 layer, and not the embeddings
+   * or output layer of a tied model. */
+  std::vector<std::string> modules_to_save;
   /** The base model's folder, as the user named it (recorded, checked on load). */
   std::string base_model_name_or_path;
 };
@@ -88,7 +93,7 @@ nlohmann::ordered_json adapter_config_json(const LoraSettings& lora,
  * kept: rank_pattern's and alpha_pattern's first matching key wins. Throws
  * std::runtime_error naming `source` and the field for anything that is not
  * a LoRA adapter of a causal LM this library applies (another peft_type,
- * bias other than none, fan_in_fan_out, DoRA, modules_to_save, ...). */
+ * bias other than none, fan_in_fan_out, DoRA, layer_replication, ...). */
 LoraSettings read_adapter_config(const nlohmann::ordered_json& config, const std::string& source);
 
 /** The base quantization recorded in an adapter_config.json; for a folder

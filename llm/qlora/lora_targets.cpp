@@ -122,6 +122,12 @@ std::optional<LoraLayerSettings> lora_layer_settings(const LoraSettings& l,
   return s;
 }
 
+bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& name) {
+  for (const std::string& m : modules_to_save)
+    if (name.ends_with(m)) return true;
+  return false;
+}
+
 UnusedLoraSettings unused_lora_settings(const LoraSettings& l,
                                         const std::vector<std::string>& layers) {
   UnusedLoraSettings out;

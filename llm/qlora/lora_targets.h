@@ -32,6 +32,10 @@ struct LoraLayerSettings {
 std::optional<LoraLayerSettings> lora_layer_settings(const LoraSettings& lora,
                                                      const std::string& name);
 
+/** True when PEFT trains the module called `name` whole: its full name ends
+ * with an entry of modules_to_save, as a plain string. */
+bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& name);
+
 /** What of `lora` chooses nothing among a model's linear layers `layers`
  * (full names), one line each. */
 struct UnusedLoraSettings {

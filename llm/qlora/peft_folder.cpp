@@ -38,18 +38,25 @@ std::string peft_tensor_name(const std::string& module, const std::string& which
   return std::string(kPeftPrefix) + module + "." + which + ".weight";
 }
 
-io::TensorMap peft_adapter_tensors(Module& model) {
+io::TensorMap peft_adapter_tensors(Module& model, const std::vector<std::string>& modules_to_save) {
   io::TensorMap out;
   for (const auto& [name, layer] : lora_layers(model)) {
     out.emplace_back(peft_tensor_name(name, "lora_A"), layer->lora_A().detach());
     out.emplace_back(peft_tensor_name(name, "lora_B"), layer->lora_B().detach());
+  }
+  if (modules_to_save.empty()) return out;
+  for (auto& [name, p] : model.named_parameters()) {
+    const std::size_t dot = name.rfind('.');
+    if (dot == std::string::npos || !saved_module(modules_to_save, name.substr(0, dot))) continue;
+    if (name.find(".lora_") != std::string::npos) continue;  // an adapter's, listed above
+    out.emplace_back(std::string(kPeftPrefix) + name, p.detach());
   }
   return out;
 }
 
 void save_peft_adapters(Module& model, const LoraSettings& lora,
                         const BaseQuantization& quantization, const std::string& dir) {
-  const io::TensorMap tensors = peft_adapter_tensors(model);
+  const io::TensorMap tensors = peft_adapter_tensors(model, lora.modules_to_save);
   if (tensors.empty())
     throw std::invalid_argument("[save_peft_adapters] the model has no adapters");
   const std::string config = adapter_config_json(lora, quantization).dump(2) + "\n";
@@ -86,9 +93,10 @@ io::SafetensorsFile read_adapter_weights(const std::string& dir) {
 
 // Copies `file` (read from `path`) into the adapters of `model`, or throws
 // listing every misfit with the model unchanged.
-void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const std::string& path) {
+void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const std::string& path,
+                          const std::vector<std::string>& modules_to_save) {
   std::map<std::string, Tensor> stored(file.tensors.begin(), file.tensors.end());
-  const io::TensorMap wanted = peft_adapter_tensors(model);
+  const io::TensorMap wanted = peft_adapter_tensors(model, modules_to_save);
   std::string problems;
   const auto note = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
   std::map<std::string, bool> used;
@@ -150,7 +158,8 @@ void check_stored_rank(const io::SafetensorsFile& file, const LoraSettings& lora
 
 void load_peft_adapter_tensors(Module& model, const std::string& dir) {
   copy_adapter_tensors(model, read_adapter_weights(dir),
-                       (fs::path(dir) / kAdapterWeightsFile).string());
+                       (fs::path(dir) / kAdapterWeightsFile).string(),
+                       read_adapter_folder_config(dir).lora.modules_to_save);
 }
 
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
@@ -179,7 +188,7 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
     throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
                              " does not fit the model: " + e.what());
   }
-  copy_adapter_tensors(model, weights, weights_path);
+  copy_adapter_tensors(model, weights, weights_path, folder.lora.modules_to_save);
   return report;
 }
 

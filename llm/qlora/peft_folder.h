@@ -21,8 +21,11 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 std::string peft_tensor_name(const std::string& module, const std::string& which);
 
 /** The adapters of a converted model (apply_qlora) under PEFT's names, in
- * model order, as they are (not copied). */
-io::TensorMap peft_adapter_tensors(Module& model);
+ * model order, then the parameters of the modules `modules_to_save` names
+ * (saved_module), under "base_model.model." + their names, as PEFT saves
+ * them ("base_model.model.lm_head.weight"); as they are (not copied). */
+io::TensorMap peft_adapter_tensors(Module& model,
+                                   const std::vector<std::string>& modules_to_save = {});
 
 /** Writes `dir` (created if needed): adapter_config.json (`lora`,
  * recording `quantization`) and adapter_model.safetensors, each atomically. */
@@ -41,11 +44,10 @@ struct AdapterFolderConfig {
 AdapterFolderConfig read_adapter_folder_config(const std::string& dir,
                                                DType model_dtype = DType::f32);
 
-/** Copies dir/adapter_model.safetensors into the adapters of a model that
- * apply_qlora converted with the folder's settings (converted to the
- * adapters' dtype). Throws std::runtime_error naming the file and listing
- * every missing, unexpected and mis-shaped tensor; the model is unchanged
- * then. */
+/** Copies dir/adapter_model.safetensors into the adapters (and the modules
+ * trained whole) of a model that apply_qlora converted with the folder's
+ * settings (converted to each tensor's dtype). Throws std::runtime_error naming the file and
+ * listing every missing, unexpected and mis-shaped tensor; the model is unchanged then. */
 void load_peft_adapter_tensors(Module& model, const std::string& dir);
 
 /** Applies the adapter folder `adapter_dir` to the model loaded from

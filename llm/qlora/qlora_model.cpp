@@ -1,5 +1,6 @@
 #include "llm/qlora/qlora_model.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -49,6 +50,48 @@ struct Convertible {
   int64_t in() const { return linear ? linear->in_features() : nf4->in_features(); }
   int64_t out() const { return linear ? linear->out_features() : nf4->out_features(); }
 };
+
+// The modules modules_to_save names (PEFT's rule, saved_module): leaf
+// modules that are not linear layers to quantize, lm_head aside. Throws for
+// an entry that matches nothing or something quanta cannot train whole.
+std::vector<std::string> find_saved_modules(CausalLM& model, const LoraSettings& l) {
+  std::vector<std::string> out;
+  for (const std::string& entry : l.modules_to_save) {
+    bool found = false;
+    for (auto& [name, m] : model.named_modules()) {
+      if (name.empty() || !saved_module({entry}, name)) continue;
+      const std::string where = "modules_to_save entry \"" + entry + "\" names " + name;
+      if (dynamic_cast<quant::NF4Linear*>(m) || dynamic_cast<quant::LoRALinear*>(m) ||
+          (dynamic_cast<Linear*>(m) && !ends_with_part(name, kOutputLayer)))
+        throw std::invalid_argument(where +
+                                    ", a linear layer quantized to NF4 (give it an adapter "
+                                    "through target_modules instead)");
+      if (!m->named_children().empty())
+        throw std::invalid_argument(where +
+                                    ", which holds other modules (name the embeddings, lm_head "
+                                    "or norms: embed_tokens, lm_head, norm)");
+      if (model.config().tie_word_embeddings && ends_with_part(name, "embed_tokens"))
+        throw std::invalid_argument(where +
+                                    ", the embeddings of a model with tie_word_embeddings: "
+                                    "quanta does not train tied embeddings whole");
+      found = true;
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    }
+    if (!found)
+      throw std::invalid_argument(
+          "modules_to_save entry \"" + entry + "\" matches no module of the model" +
+          (model.config().tie_word_embeddings && entry == kOutputLayer
+               ? " (its embeddings are tied: the output layer is model.embed_tokens)"
+               : " (they end in embed_tokens, lm_head, norm, input_layernorm, ...)"));
+  }
+  return out;
+}
+
+// `param` ("lm_head.weight") is a parameter of the module `module` itself.
+bool parameter_of(const std::string& param, const std::string& module) {
+  return param.size() > module.size() + 1 && param.starts_with(module) &&
+         param[module.size()] == '.' && param.find('.', module.size() + 1) == std::string::npos;
+}
 
 std::shared_ptr<Module> child_of(Module& parent, const std::string& name) {
   for (auto& [n, c] : parent.named_children())
@@ -103,6 +146,7 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
           "no linear layer gets an adapter: exclude_modules or layers_to_transform leave none of "
           "the layers target_modules names");
   }
+  report.saved_modules = find_saved_modules(model, o.lora);
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
       throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
@@ -141,12 +185,13 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     s.parent->replace_module(s.child, replacement);
     report.layers.push_back(layer);
   }
-  // Only the adapters train.
+  // Only the adapters train, and the modules trained whole.
   for (auto& [name, p] : model.named_parameters()) {
-    const bool adapter = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B");
+    bool trains = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B");
+    for (const std::string& m : report.saved_modules) trains = trains || parameter_of(name, m);
     Tensor t = p;
-    t.requires_grad_(adapter);
-    if (adapter) report.trainable_parameters += p.numel();
+    t.requires_grad_(trains);
+    if (trains) report.trainable_parameters += p.numel();
   }
   return report;
 }

@@ -45,16 +45,21 @@ struct QLoRALayer {
 /** What apply_qlora did. */
 struct QLoRAReport {
   std::vector<QLoRALayer> layers;
+  /** The modules trained whole (modules_to_save), by full name. */
+  std::vector<std::string> saved_modules;
   int64_t trainable_parameters = 0;
   int64_t total_parameters = 0;  // of the float model
 };
 
 /** Converts `model` in place (see the top of this file), each adapter with
- * the r and alpha lora_layer_settings gives its layer. Throws
+ * the r and alpha lora_layer_settings gives its layer; the parameters of
+ * the modules modules_to_save names train too. Throws
  * std::invalid_argument naming the problem for a target_modules entry that
  * matches no linear layer, settings that adapt no layer, an unused setting
- * (refuse_unused_settings), a layer's r above its in or out features, or a
- * model already converted; the model is then unchanged. */
+ * (refuse_unused_settings), a layer's r above its in or out features, a
+ * modules_to_save entry matching no module or naming a linear layer other
+ * than lm_head, a container, or a tied model's embeddings, or a model
+ * already converted; the model is then unchanged. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
 
 /** apply_qlora's NF4 conversion without adapters: the 4-bit base alone, as

@@ -2,8 +2,8 @@
 // the loss falls on a learnable token stream, the PEFT folder it writes
 // scores what the run reported, --merge-to gives a loadable float model,
 // 5 steps + --resume to 10 are the bytes of 10 in one go, JSONL data with
-// labels, 2 ranks agree with 1 (sharded too, and across two launchers), and
-// bad input is one line.
+// labels, 2 ranks agree with 1 (sharded too, and across two launchers),
+// PEFT's layer choice and modules trained whole, and bad input is one line.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -434,6 +434,40 @@ TEST_CASE(
       run_quanta(finetune("llama_gqa", d, "one", with({"--steps", "6", "--resume"})));
   REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
   CHECK(contains(resumed.out, "resuming at step 4 of 6 steps"));
+
+  // Modules trained whole: saved with the adapters under their own names,
+  // and what --merge-to writes.
+  const CliResult saved =
+      run_quanta(finetune("llama_gqa", d, "saved",
+                          {"--steps", "4", "--target-modules", "q_proj", "--modules-to-save",
+                           "embed_tokens,lm_head", "--merge-to", d.file("merged")}));
+  REQUIRE_MESSAGE(saved.code == 0, saved.err);
+  CHECK(contains(saved.out, "with model.embed_tokens, lm_head trained whole)"));
+  std::map<std::string, Tensor> adapters, merged, base;
+  for (auto& [n, t] :
+       io::load_safetensors(d.file("saved/adapters/adapter_model.safetensors")).tensors)
+    adapters[n] = t;
+  for (auto& [n, t] : io::load_safetensors(d.file("merged/model.safetensors")).tensors)
+    merged[n] = t;
+  for (auto& [n, t] : io::load_safetensors(model("llama_gqa") + "/model.safetensors").tensors)
+    base[n] = t;
+  for (const std::string name : {"lm_head.weight", "model.embed_tokens.weight"}) {
+    CAPTURE(name);
+    REQUIRE(adapters.count("base_model.model." + name) == 1);
+    CHECK(adapters.at("base_model.model." + name).to_vector<float>() ==
+          merged.at(name).to_vector<float>());
+    CHECK(merged.at(name).to_vector<float>() != base.at(name).to_vector<float>());
+  }
+  // On 2 ranks, sharded (the embeddings' state split too) or not: the same.
+  const std::vector<std::string> whole = {
+      "--steps", "4", "--target-modules", "q_proj", "--modules-to-save", "embed_tokens,lm_head",
+      "--nproc", "2"};
+  std::vector<std::string> whole_sharded = whole;
+  whole_sharded.push_back("--shard");
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "saved2", whole)).code == 0);
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "saved2s", whole_sharded)).code == 0);
+  check_same_tensors(d.file("saved2/adapters/adapter_model.safetensors"),
+                     d.file("saved2s/adapters/adapter_model.safetensors"));
 }
 
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
@@ -643,6 +677,9 @@ TEST_CASE("finetune --model: bad input is one clear line") {
        {1, "rank_pattern key \"k_proj\" gives no adapted layer its value"}},
       {{"--target-modules", "q_proj", "--exclude-modules", "q_proj"},
        {1, "no linear layer gets an adapter"}},
+      {{"--modules-to-save", "norm", "--weight-decay", "0.1"},
+       {2, "--modules-to-save names model.layers.0.input_layernorm, a norm: with --weight-decay"}},
+      {{"--modules-to-save", "q_proj"}, {1, "a linear layer quantized to NF4"}},
       {{"--target-modules", "q_proj", "--rank-pattern", "q_proj=40"},
        {1, "lora r 40 is larger than layer model.layers.0.self_attn.q_proj"}},
   };

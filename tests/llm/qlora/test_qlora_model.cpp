@@ -123,6 +123,75 @@ TEST_CASE("apply_qlora: refusals name the problem and leave the model unchanged"
                        doctest::Contains("already quantized"), std::invalid_argument);
 }
 
+TEST_CASE(
+    "apply_qlora: modules_to_save trains modules whole, saved and read back with PEFT's names") {
+  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+  const auto refused = [&](std::vector<std::string> saved, const char* what,
+                           const std::string& name = "llama_gqa") {
+    auto m = llm::load_causal_lm(model_dir(name));
+    llm::QLoRAOptions o = options({"q_proj"});
+    o.lora.modules_to_save = std::move(saved);
+    CHECK_THROWS_WITH_AS(llm::apply_qlora(*m, o), doctest::Contains(what), std::invalid_argument);
+    CHECK(llm::lora_layers(*m).empty());
+  };
+  refused({"v_proj"},
+          "modules_to_save entry \"v_proj\" names model.layers.0.self_attn.v_proj, a "
+          "linear layer quantized to NF4");
+  refused({"layers"}, "names model.layers, which holds other modules");
+  refused({"lm_heads"}, "modules_to_save entry \"lm_heads\" matches no module of the model");
+  refused({"embed_tokens"}, "the embeddings of a model with tie_word_embeddings",
+          "llama_tied_llama3");
+  refused({"lm_head"}, "its embeddings are tied", "llama_tied_llama3");
+
+  // PEFT's rule is a plain suffix: "norm" names every norm.
+  llm::QLoRAOptions o = options({"q_proj"});
+  o.lora.modules_to_save = {"norm", "embed_tokens", "lm_head"};
+  const llm::QLoRAReport r = llm::apply_qlora(*model, o);
+  CHECK(r.saved_modules == std::vector<std::string>{"model.layers.0.input_layernorm",
+                                                    "model.layers.0.post_attention_layernorm",
+                                                    "model.layers.1.input_layernorm",
+                                                    "model.layers.1.post_attention_layernorm",
+                                                    "model.norm", "model.embed_tokens", "lm_head"});
+  int64_t trainable = 0;
+  for (auto& [name, p] : model->named_parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  CHECK(trainable == r.trainable_parameters);
+  CHECK(r.trainable_parameters == 2 * 4 * (32 + 32) + 5 * 32 + 2 * 64 * 32);
+  CHECK(model->find("lm_head.weight").requires_grad());
+
+  // Saved under the modules' own names, read back into a fresh model.
+  perturb_adapters(*model);
+  {
+    NoGradGuard no_grad;
+    Tensor head = model->find("lm_head.weight");
+    copy_(head, head * 1.5);
+  }
+  TempDir tmp;
+  const std::string dir = tmp.path().string() + "/adapters";
+  llm::save_peft_adapters(*model, o.lora, o.quantization, dir);
+  const io::SafetensorsFile saved = io::load_safetensors(dir + "/adapter_model.safetensors");
+  std::vector<std::string> names;
+  for (const auto& [name, t] : saved.tensors) names.push_back(name);
+  CHECK(std::count(names.begin(), names.end(), "base_model.model.lm_head.weight") == 1);
+  CHECK(std::count(names.begin(), names.end(), "base_model.model.model.embed_tokens.weight") == 1);
+  CHECK(std::count(names.begin(), names.end(), "base_model.model.model.norm.weight") == 1);
+  CHECK(names.size() == 4 + 7);
+  NoGradGuard no_grad;
+  const Tensor want = model->logits(kIds);
+  auto again = llm::load_causal_lm(model_dir("llama_gqa"));
+  llm::apply_peft_adapters(*again, dir, model_dir("llama_gqa"));
+  CHECK(again->logits(kIds).to_vector<float>() == want.to_vector<float>());
+  // A folder whose saved lm_head is missing: refused, naming it.
+  io::TensorMap partial;
+  for (const auto& [name, t] : saved.tensors)
+    if (name != "base_model.model.lm_head.weight") partial.emplace_back(name, t);
+  io::save_safetensors(dir + "/adapter_model.safetensors", partial, {{"format", "pt"}});
+  auto third = llm::load_causal_lm(model_dir("llama_gqa"));
+  CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
+                       doctest::Contains("missing base_model.model.lm_head.weight"),
+                       std::runtime_error);
+}
+
 TEST_CASE("PEFT adapter folders: written, read back, and refused when they do not fit") {
   TempDir tmp;
   const std::string dir = tmp.path().string() + "/adapters";

@@ -85,7 +85,8 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
       {"exclude_modules", &o.exclude_modules},
       {"exclude_modules_regex", &o.exclude_modules_regex},
       {"layers_to_transform", &o.layers_to_transform},
-      {"layers_pattern", &o.layers_pattern}};
+      {"layers_pattern", &o.layers_pattern},
+      {"modules_to_save", &o.modules_to_save}};
   for (const auto& [key, value] : texts)
     if (!value->empty()) model[key] = *value;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
@@ -140,6 +141,7 @@ std::string layer_choice_text(const llm::LoraSettings& l) {
   };
   patterns("rank_pattern", l.rank_pattern);
   patterns("alpha_pattern", l.alpha_pattern);
+  if (!l.modules_to_save.empty()) s += "; modules_to_save " + join_names(l.modules_to_save, ",");
   return s;
 }
 
@@ -158,6 +160,8 @@ void read_layer_choice(const FinetuneOptions& o, llm::LoraSettings& l) {
       l.layers_to_transform.push_back(whole_number(i, "--layers-to-transform"));
   if (!o.layers_pattern.empty())
     l.layers_pattern = llm::parse_module_names(o.layers_pattern, "--layers-pattern");
+  if (!o.modules_to_save.empty())
+    l.modules_to_save = llm::parse_module_names(o.modules_to_save, "--modules-to-save");
   for (const std::string& p : o.rank_pattern) {
     const auto [key, value] = pattern_value(p, "--rank-pattern");
     l.rank_pattern.emplace_back(key, whole_number(value, "--rank-pattern " + p));
@@ -284,6 +288,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_option("--alpha-pattern", o.alpha_pattern,
                  "--model: PATTERN=ALPHA, repeatable: lora_alpha by layer, as --rank-pattern "
                  "(PEFT's alpha_pattern)");
+  sub.add_option("--modules-to-save", o.modules_to_save,
+                 "--model: modules trained whole beside the adapters and saved with them, by name "
+                 "suffix (embed_tokens,lm_head; PEFT's modules_to_save): for new tokens or chat "
+                 "templates. Not with tied embeddings");
   sub.add_flag("--use-rslora", o.use_rslora,
                "--model: scale the adapters by alpha / sqrt(r) (rank-stabilised LoRA)");
   sub.add_option("--compute-dtype", o.compute_dtype,
@@ -377,6 +385,14 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   std::shared_ptr<llm::CausalLM> model =
       llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
   const llm::QLoRAReport report = llm::apply_qlora(*model, q);
+  // AdamW decays every trainable tensor alike, while transformers' Trainer
+  // leaves norm weights undecayed: a norm trained whole would differ.
+  if (o.weight_decay > 0)
+    for (const std::string& m : report.saved_modules)
+      if (m.ends_with("norm"))
+        throw UsageError("--modules-to-save names " + m +
+                         ", a norm: with --weight-decay, quanta would decay its weight, which "
+                         "transformers' Trainer does not (train it with --weight-decay 0)");
   model->set_recompute_layers(o.recompute);
   uint64_t before = 0, after = 0;
   int64_t adapted = 0;
@@ -397,7 +413,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << layer_choice_text(q.lora) << "): " << with_commas(uint64_t(report.trainable_parameters))
       << " trainable parameters (" << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
-      << std::defaultfloat << std::setprecision(6) << "%)\n";
+      << std::defaultfloat << std::setprecision(6) << "%"
+      << (report.saved_modules.empty()
+              ? std::string()
+              : ", with " + join_names(report.saved_modules) + " trained whole")
+      << ")\n";
   const int64_t eval_rows = o.batch_size;
   if (lead && eval_data && !run->resume) {
     // In the run's precision, as every evaluation of the loop: comparable.

@@ -47,7 +47,7 @@ struct FinetuneOptions {
   // PEFT's layer choice: as written on the command line (parsed into
   // LoraSettings by run_lm_finetune); the patterns PATTERN=VALUE, in order.
   std::string target_modules_regex, exclude_modules, exclude_modules_regex;
-  std::string layers_to_transform, layers_pattern;
+  std::string layers_to_transform, layers_pattern, modules_to_save;
   std::vector<std::string> rank_pattern, alpha_pattern;
   bool use_rslora = false, pack = false, completions_only = false, recompute = false, shard = false;
   bool no_graph = false;

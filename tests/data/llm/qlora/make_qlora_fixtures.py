@@ -86,6 +86,10 @@ CASES = {
         model="qwen2_bias", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"],
         use_rslora=True, dtype=torch.float32, n_targeted=3,
         choice=dict(layers_to_transform=[1], layers_pattern="layers", rank_pattern={"up_proj": 3})),
+    # Embeddings and lm_head trained whole beside the adapters.
+    "llama_gqa_saved": dict(
+        model="llama_gqa", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_rslora=False,
+        dtype=torch.float32, n_targeted=4, choice=dict(modules_to_save=["embed_tokens", "lm_head"])),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -138,7 +142,9 @@ def run_case(root, name, c, seed):
     targeted = [n[len(prefix):] for n, m in pm.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
     assert len(targeted) == c["n_targeted"] and "lm_head" not in targeted, targeted
     trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
-    assert len(trainable) == 2 * len(targeted) and all(".lora_" in n for n, _ in trainable)
+    saved_modules = c.get("choice", {}).get("modules_to_save", [])
+    assert len(trainable) == 2 * len(targeted) + len(saved_modules), [n for n, _ in trainable]
+    assert all(".lora_" in n or ".modules_to_save." in n for n, _ in trainable)
     g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for n, p in trainable:
@@ -160,7 +166,9 @@ def run_case(root, name, c, seed):
         json.dump(acfg, f, indent=2, sort_keys=True)
     with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
         saved = set(f.keys())
-    saved_name = {n: n.replace(".default.", ".") for n, _ in trainable}
+    # PEFT saves a module trained whole under the module's own name.
+    saved_name = {n: n.replace(".modules_to_save.default.", ".").replace(".default.", ".")
+                  for n, _ in trainable}
     assert set(saved_name.values()) == saved, (sorted(saved), sorted(saved_name.values()))
 
     # NF4 bases, bitsandbytes' serialization under the original module names.
@@ -240,6 +248,7 @@ QUANTA_WRITTEN = {
     "quanta_written_regex": "--target-modules-regex '.*\\.(q_proj|k_proj|up_proj|down_proj)' "
                             "--exclude-modules-regex '.*layers\\.1\\.mlp\\..*' --use-rslora "
                             "--rank-pattern k_proj=3 --alpha-pattern up_proj=5",
+    "quanta_written_saved": "--target-modules q_proj,v_proj --modules-to-save embed_tokens,lm_head",
 }
 
 
