@@ -13,9 +13,21 @@ bool ends_with_part(const std::string& name, const std::string& entry) {
 
 namespace {
 
+// std::regex's matching may give up (too complex, too deep): named, as a
+// pattern that does not compile is.
+[[noreturn]] void matching_failed(const std::string& pattern, const std::string& field,
+                                  const std::string& name, const std::regex_error& e) {
+  throw std::invalid_argument(field + ": \"" + pattern + "\" could not be matched against " + name +
+                              " (" + e.what() + ")");
+}
+
 // Python's re.fullmatch.
 bool full_match(const std::string& pattern, const std::string& field, const std::string& name) {
-  return std::regex_match(name, lora_regex(pattern, field));
+  try {
+    return std::regex_match(name, lora_regex(pattern, field));
+  } catch (const std::regex_error& e) {
+    matching_failed(pattern, field, name, e);
+  }
 }
 
 // Python's re.match (anchored at the start, not at the end), with the
@@ -23,9 +35,13 @@ bool full_match(const std::string& pattern, const std::string& field, const std:
 bool match_at_start(const std::string& pattern, const std::string& field, const std::string& name,
                     std::string* group = nullptr) {
   std::smatch m;
-  if (!std::regex_search(name, m, lora_regex(pattern, field),
-                         std::regex_constants::match_continuous))
-    return false;
+  try {
+    if (!std::regex_search(name, m, lora_regex(pattern, field),
+                           std::regex_constants::match_continuous))
+      return false;
+  } catch (const std::regex_error& e) {
+    matching_failed(pattern, field, name, e);
+  }
   if (group) *group = m[1].str();
   return true;
 }
