@@ -4,10 +4,22 @@ namespace quanta {
 namespace {
 thread_local bool t_grad_enabled = true;
 thread_local bool t_inference = false;
+thread_local bool t_recomputing = false;
+thread_local bool t_output_unread = false;
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
 bool inference_mode() { return t_inference; }
+bool recomputing() { return t_recomputing; }
+bool output_unread() { return t_output_unread; }
+
+RecomputingGuard::RecomputingGuard() : prev_(t_recomputing) { t_recomputing = true; }
+RecomputingGuard::~RecomputingGuard() { t_recomputing = prev_; }
+
+UnreadOutputGuard::UnreadOutputGuard(bool on) : prev_(t_output_unread) {
+  t_output_unread = prev_ || on;
+}
+UnreadOutputGuard::~UnreadOutputGuard() { t_output_unread = prev_; }
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }

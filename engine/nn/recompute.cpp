@@ -46,6 +46,7 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& i
     if (input_grad) x.requires_grad_(true);
     {
       EnableGradGuard grad_on;
+      RecomputingGuard recomputing;
       out = fn(x);
     }
     restore(streams, now);

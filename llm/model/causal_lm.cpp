@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/nn/recompute.h"
 #include "engine/ops/elementwise.h"
@@ -202,14 +203,19 @@ class MLP : public Module {
       if (name == s.name) *s.module = m;
     return old;
   }
-  Tensor forward(const Tensor& x) override {
+  Tensor forward(const Tensor& x) override { return forward(x, false); }
+  // `output_unread`: the result is only differentiated through (the layer
+  // recomputed), so down_proj's frozen product need not be computed.
+  Tensor forward(const Tensor& x, bool output_unread) {
     Tensor gate, up;
     {
       const SharedBf16Input shared(x);  // one bf16 rounding of x for the two
       gate = gate_->forward(x);
       up = up_->forward(x);
     }
-    return down_->forward(swiglu(gate, up));
+    const Tensor h = swiglu(gate, up);
+    const UnreadOutputGuard unread(output_unread);
+    return down_->forward(h);
   }
 
  private:
@@ -234,7 +240,10 @@ class DecoderLayer : public Module {
   Tensor forward(const Tensor& h, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     const Tensor a = add(h, attn_->forward(in_norm_->forward(h), rope, cache, layer, mask));
-    return add(a, mlp_->forward(post_norm_->forward(a)));
+    // Recomputed, the layer's output is differentiated, never read (the next
+    // layer's input was kept): its last product is skipped. The attention's
+    // output is read (the MLP's input), so only the MLP's last one.
+    return add(a, mlp_->forward(post_norm_->forward(a), recomputing()));
   }
 
  private:

@@ -7,6 +7,7 @@
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/node.h"
+#include "engine/factory.h"
 #include "engine/ops/reduce.h"
 #include "engine/ops/view.h"
 #include "engine/shared_bf16_input.h"
@@ -61,7 +62,6 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
   Shape out_shape = x.shape();
   out_shape.back() = N;
   const Tensor xc = x.detach().contiguous();
-  Tensor y = quanta::detail::make_tensor(out_shape, x.dtype(), x.device());
   const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
   // x's rounding shared with the other products of x (SharedBf16Input),
   // where the weight computes in bf16: the first writes it.
@@ -72,8 +72,17 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
       xb.write = !slot->written;
       slot->written = true;
     }
-  kernels.nf4_linear(x.dtype(), xc.raw_data(), M, K, w->runs(), dd, N,
-                     bc.defined() ? bc.raw_data() : nullptr, y.raw_data(), xb);
+  // An output nobody reads (UnreadOutputGuard) is not computed: the
+  // backward reads only x's shape and the weight. Unless the product writes
+  // a rounding of x that other products share.
+  Tensor y;
+  if (output_unread() && !xb.write) {
+    y = zeros(out_shape, {.dtype = x.dtype(), .device = x.device()});
+  } else {
+    y = quanta::detail::make_tensor(out_shape, x.dtype(), x.device());
+    kernels.nf4_linear(x.dtype(), xc.raw_data(), M, K, w->runs(), dd, N,
+                       bc.defined() ? bc.raw_data() : nullptr, y.raw_data(), xb);
+  }
   std::vector<Tensor> inputs{x};
   if (bias.defined()) inputs.push_back(bias);
   // Backward keeps only the packed weight and its scales.

@@ -71,6 +71,21 @@ TEST_CASE("recompute equals the plain call: values, input and parameter gradient
   }
 }
 
+TEST_CASE("recompute: recomputing() is true while the backward runs the function again") {
+  std::vector<bool> seen;
+  const auto fn = [&](const Tensor& x) {
+    seen.push_back(recomputing());
+    return x * 2.0;
+  };
+  const Tensor x = ones({3}).requires_grad_(true);
+  const Tensor y = recompute(fn, x, {});
+  CHECK_FALSE(recomputing());
+  sum(y).backward();
+  CHECK(seen == std::vector<bool>{false, true});
+  CHECK_FALSE(recomputing());
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
+}
+
 TEST_CASE("recompute: f64 central differences, input and parameters") {
   Generator gen(5);
   NoisyBlock block(gen, DType::f64, 0.0);

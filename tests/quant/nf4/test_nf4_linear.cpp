@@ -120,6 +120,49 @@ TEST_CASE("nf4_linear with block-32 weights (bitsandbytes' layout) on every path
                        std::invalid_argument);
 }
 
+TEST_CASE(
+    "nf4_linear under UnreadOutputGuard: zeros, the same input gradient, shared roundings kept") {
+  Generator gen(21);
+  NF4Options o;
+  o.double_quant = true;
+  const BnbNF4State q = quantize_bnb(randn({20, 128}, gen), o);
+  const Tensor probe = randn({3, 20}, gen);
+  for (const DType dd : {DType::f32, DType::bf16}) {
+    INFO("dequant dtype ", dtype_name(dd));
+    const Tensor x0 = randn({3, 128}, gen);
+    Tensor x = x0.clone().requires_grad_();
+    sum(nf4_linear(x, q, Tensor(), dd) * probe).backward();
+    Tensor xu = x0.clone().requires_grad_();
+    Tensor unread;
+    {
+      const UnreadOutputGuard guard;
+      CHECK(output_unread());
+      unread = nf4_linear(xu, q, Tensor(), dd);
+    }
+    CHECK_FALSE(output_unread());
+    CHECK(unread.shape() == Shape{3, 20});
+    CHECK(max_abs_diff(unread, zeros({3, 20})) == 0.0);
+    sum(unread * probe).backward();
+    CHECK(max_abs_diff(xu.grad(), x.grad()) == 0.0);
+  }
+  // A product that writes x's bf16 rounding for the others of a
+  // SharedBf16Input still runs, so that they read it.
+  const Tensor x = randn({3, 128}, gen);
+  const Tensor want = nf4_linear(x, q, Tensor(), DType::bf16);
+  Tensor first, second;
+  {
+    const SharedBf16Input shared(x);
+    const UnreadOutputGuard guard;
+    first = nf4_linear(x, q, Tensor(), DType::bf16);
+    second = nf4_linear(x, q, Tensor(), DType::bf16);
+  }
+  CHECK(max_abs_diff(first, want) == 0.0);
+  CHECK(max_abs_diff(second, zeros({3, 20})) == 0.0);
+  // Off, it changes nothing.
+  const UnreadOutputGuard off(false);
+  CHECK(max_abs_diff(nf4_linear(x, q, Tensor(), DType::bf16), want) == 0.0);
+}
+
 TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
   Generator gen(23);
   const Tensor w = randn({40, 128}, gen);

@@ -308,7 +308,8 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   add_no_graph_flag(sub, o.no_graph, "--model: ");
   sub.add_flag("--recompute", o.recompute,
                "--model: recompute each decoder layer's activations in the backward (memory of "
-               "one layer's activations, about a third more compute; same results)");
+               "one layer's activations, about a third more compute, less its down_proj's "
+               "product, which the backward does not need again; same results)");
   sub.add_flag("--shard", o.shard,
                "--model with several ranks: each rank keeps 1/N of the NF4 base and gathers a "
                "decoder layer's just before it runs (with --recompute, again in the backward: "
