@@ -40,7 +40,7 @@ class InferenceGuard {
  * differentiated, never read (its value was kept from the forward). */
 bool recomputing();
 
-/** True inside an UnreadOutputGuard: see there. */
+/** True inside an UnreadOutputGuard that is on: see there. */
 bool output_unread();
 
 /** Marks this thread as recomputing (recompute's backward) for its lifetime. */
@@ -55,11 +55,14 @@ class RecomputingGuard {
   bool prev_;
 };
 
-/** When `on`, marks the outputs made on this thread for its lifetime as
- * never read, only differentiated through: ops that honour it (the NF4
- * products) write zeros instead of computing an output their backward does
- * not read either. A decoder layer's last product when recomputed is one:
- * the layer's output, the next layer's input, was kept from the forward. */
+/** When `on`, says of the module calls made on this thread for its lifetime
+ * that their outputs are never read, only added onto and differentiated
+ * through: a decoder layer's last projection when the layer is recomputed
+ * (its output, the next layer's input, was kept from the forward). Modules
+ * that can then skip computing their output: an NF4 layer's frozen product
+ * gives zeros (nf4_linear), its backward unchanged since it never reads the
+ * output. Other ops ignore it: an output some backward reads (a LoRA
+ * adapter's rank-r activation) is computed as always. */
 class UnreadOutputGuard {
  public:
   explicit UnreadOutputGuard(bool on = true);

@@ -72,9 +72,9 @@ Tensor linear_impl(const Tensor& x, std::shared_ptr<const Weight> w, const Tenso
       xb.write = !slot->written;
       slot->written = true;
     }
-  // An output nobody reads (UnreadOutputGuard) is not computed: the
-  // backward reads only x's shape and the weight. Unless the product writes
-  // a rounding of x that other products share.
+  // An output nobody reads (a module call inside UnreadOutputGuard) is not
+  // computed: the backward reads only x's shape and the weight. Unless the
+  // product writes a rounding of x that other products share.
   Tensor y;
   if (output_unread() && !xb.write) {
     y = zeros(out_shape, {.dtype = x.dtype(), .device = x.device()});

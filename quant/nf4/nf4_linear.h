@@ -21,7 +21,9 @@ namespace quanta::quant {
  * values are dequant_dtype(value * scale) (f32, bf16 or f16: bitsandbytes'
  * compute dtype), the products and sums are in x's dtype. Backward gives the
  * gradients of x and bias; the nf4 weight is frozen (nf4 tensors cannot
- * require grad). */
+ * require grad). Inside an UnreadOutputGuard (engine/autograd/grad_mode.h)
+ * the result is zeros, the backward the same, unless the product writes
+ * the bf16 rounding of x that others share (SharedBf16Input). */
 Tensor nf4_linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
                   DType dequant_dtype = DType::f32);
 
