@@ -87,7 +87,15 @@ namespace {
 // checked).
 io::SafetensorsFile read_adapter_weights(const std::string& dir) {
   const std::string path = model_folder_file(dir, kAdapterWeightsFile);
-  if (!fs::exists(path)) throw std::runtime_error(path + ": no such file");
+  if (!fs::exists(path)) {
+    // PEFT before safetensors became its default wrote a pickle.
+    if (fs::exists(fs::path(dir) / "adapter_model.bin"))
+      throw std::runtime_error(path +
+                               ": no such file; the folder holds adapter_model.bin, PyTorch's "
+                               "pickle, which quanta does not read (save the adapters again "
+                               "with PEFT's save_pretrained, whose default is safetensors)");
+    throw std::runtime_error(path + ": no such file");
+  }
   return io::load_safetensors(path);
 }
 
@@ -169,9 +177,9 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   if (!base_dir.empty() && !recorded.empty() &&
       last_component(recorded) !=
           last_component(fs::absolute(base_dir).lexically_normal().string()))
-    throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
-                             ": the adapters were made for base \"" + recorded + "\", not " +
-                             base_dir);
+    throw AdapterBaseMismatch((fs::path(adapter_dir) / kAdapterConfigFile).string() +
+                              ": the adapters were made for base \"" + recorded + "\", not " +
+                              base_dir);
   // The weights are read and checked against the config before the model
   // is converted: a bad file leaves the model as it was.
   const std::string weights_path = (fs::path(adapter_dir) / kAdapterWeightsFile).string();

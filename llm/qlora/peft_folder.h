@@ -3,6 +3,7 @@
 // with PEFT's tensor names (base_model.model.<module>.lora_A.weight), as
 // PeftModel.save_pretrained writes them and PeftModel.from_pretrained
 // reads them.
+#include <stdexcept>
 #include <string>
 
 #include "engine/io/safetensors.h"
@@ -50,11 +51,17 @@ AdapterFolderConfig read_adapter_folder_config(const std::string& dir,
  * listing every missing, unexpected and mis-shaped tensor; the model is unchanged then. */
 void load_peft_adapter_tensors(Module& model, const std::string& dir);
 
+/** An adapter folder whose base_model_name_or_path names another base than
+ * the one given (apply_peft_adapters). */
+struct AdapterBaseMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /** Applies the adapter folder `adapter_dir` to the model loaded from
  * `base_dir`: apply_qlora with the folder's settings (seed unused), then its
  * tensors. A folder whose base_model_name_or_path ends in another name than
- * `base_dir` is refused, naming both (an adapter made for another base);
- * an empty `base_dir` skips that check. */
+ * `base_dir` is refused, naming both (an adapter made for another base:
+ * AdapterBaseMismatch); an empty `base_dir` skips that check. */
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
                                 const std::string& base_dir);
 

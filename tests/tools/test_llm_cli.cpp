@@ -313,6 +313,37 @@ TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base"
   check_one_line_error(run_quanta({"generate", "--model", base, "--adapters", dir.file("none"),
                                    "--prompt-ids", "1"}),
                        1, "not an adapter folder");
+  // The same base under another folder name: refused, unless --adapters-any-base.
+  std::filesystem::copy(base, dir.file("renamed_base"));
+  const std::vector<std::string> renamed = {"eval",
+                                            "--model",
+                                            dir.file("renamed_base"),
+                                            "--data",
+                                            dir.file("tokens.bin"),
+                                            "--seq-len",
+                                            "8",
+                                            "--json",
+                                            "--adapters",
+                                            adapters};
+  check_one_line_error(run_quanta(renamed), 1,
+                       "the adapters were made for base \"llama_gqa\", not " +
+                           dir.file("renamed_base") +
+                           " (--adapters-any-base uses them anyway, their shapes checked)");
+  std::vector<std::string> any_base = renamed;
+  any_base.push_back("--adapters-any-base");
+  const CliResult a = run_quanta(any_base);
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  CHECK(nlohmann::json::parse(a.out).at("loss") == j.at("loss"));
+  check_one_line_error(
+      run_quanta({"generate", "--model", base, "--adapters-any-base", "--prompt-ids", "1"}), 2,
+      "--adapters-any-base goes with --adapters DIR");
+  // A folder PEFT wrote before safetensors was its default: named.
+  std::filesystem::create_directories(dir.file("pickled"));
+  std::filesystem::copy(adapters + "/adapter_config.json", dir.file("pickled/adapter_config.json"));
+  std::ofstream(dir.file("pickled/adapter_model.bin")) << "PK";
+  check_one_line_error(run_quanta({"generate", "--model", base, "--adapters", dir.file("pickled"),
+                                   "--prompt-ids", "1"}),
+                       1, "the folder holds adapter_model.bin, PyTorch's pickle");
 }
 
 TEST_CASE("hostile model and adapter folders end every command in one line, writing nothing") {

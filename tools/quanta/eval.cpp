@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "adapter_flags.h"
 #include "commands.h"
 #include "data/fashion_mnist.h"
 #include "engine/precision.h"
@@ -30,8 +31,8 @@ namespace {
 
 struct EvalOptions {
   std::string checkpoint;
-  std::string model;     // a language-model folder instead of a checkpoint
-  std::string adapters;  // a PEFT adapter folder over --model
+  std::string model;      // a language-model folder instead of a checkpoint
+  AdapterFlags adapters;  // a PEFT adapter folder over --model
   int64_t seq_len = 0;
   std::string data;
   std::string png;
@@ -52,7 +53,7 @@ void run_lm_eval(const EvalOptions& o) {
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
   auto model = llm::load_base_model(o.model, device_flag(o.device));
   // The base quantized as the adapters were trained over it, then the adapters.
-  if (!o.adapters.empty()) llm::apply_peft_adapters(*model, o.adapters, o.model);
+  apply_adapter_flags(*model, o.adapters, o.model);
   llm::WindowEval r;
   if (std::filesystem::path(o.data).extension() == ".txt") {
     // Raw text: the whole file through the folder's tokenizer, a BOS first.
@@ -70,7 +71,7 @@ void run_lm_eval(const EvalOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["model"] = o.model;
-    if (!o.adapters.empty()) j["adapters"] = o.adapters;
+    if (!o.adapters.dir.empty()) j["adapters"] = o.adapters.dir;
     j["data"] = o.data;
     j["seq_len"] = o.seq_len;
     j["precision"] = o.precision;
@@ -88,7 +89,7 @@ void run_lm_eval(const EvalOptions& o) {
 
 void run_eval(const EvalOptions& o) {
   const MixedPrecision precision(o.precision == "bf16");
-  if (!o.adapters.empty() && o.model.empty())
+  if (!o.adapters.dir.empty() && o.model.empty())
     throw UsageError("--adapters goes with --model DIR (the base the adapters were trained on)");
   if (!o.model.empty()) return run_lm_eval(o);
   if (o.checkpoint.empty())
@@ -171,9 +172,7 @@ void add_eval(CLI::App& app) {
   sub->add_option("checkpoint", o->checkpoint, "checkpoint.safetensors from quanta train");
   sub->add_option("--model", o->model,
                   "a language-model folder (config.json, safetensors) to score on --data");
-  sub->add_option("--adapters", o->adapters,
-                  "--model: a PEFT LoRA adapter folder; the base is quantized to NF4 as the "
-                  "adapters were trained over it");
+  add_adapter_flags(*sub, o->adapters, "--model: ");
   sub->add_option("--seq-len", o->seq_len, "--model: tokens per window")
       ->transform(integer_in(2, 1 << 24));
   sub->add_option("--data", o->data,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter_flags.h"
 #include "commands.h"
 #include "engine/precision.h"
 #include "flag_checks.h"
@@ -26,7 +27,7 @@ namespace {
 
 struct GenerateFlags {
   std::string model;
-  std::string adapters;  // a PEFT adapter folder over the model
+  AdapterFlags adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
   std::string prompt;  // text, through the folder's tokenizer.model
   int64_t max_new_tokens = 32;
@@ -87,7 +88,7 @@ void run_generate(const GenerateFlags& f) {
   const std::vector<int64_t> eos =
       f.ignore_eos ? std::vector<int64_t>{} : llm::eos_token_ids(f.model);
   auto model = llm::load_base_model(f.model, device_flag(f.device));
-  if (!f.adapters.empty()) llm::apply_peft_adapters(*model, f.adapters, f.model);
+  apply_adapter_flags(*model, f.adapters, f.model);
   llm::GenerateOptions o;
   o.max_new_tokens = f.max_new_tokens;
   o.temperature = f.temperature;
@@ -101,7 +102,7 @@ void run_generate(const GenerateFlags& f) {
   if (f.json) {
     nlohmann::ordered_json j;
     j["model"] = f.model;
-    if (!f.adapters.empty()) j["adapters"] = f.adapters;
+    if (!f.adapters.dir.empty()) j["adapters"] = f.adapters.dir;
     j["prompt_ids"] = prompt;
     j["ids"] = ids;
     if (tokenizer) j["text"] = tokenizer->decode(ids);
@@ -131,9 +132,7 @@ void add_generate(CLI::App& app) {
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt \"hello world\"");
   sub->add_option("--model", f->model, "model folder: config.json and safetensors weights")
       ->required();
-  sub->add_option("--adapters", f->adapters,
-                  "a PEFT LoRA adapter folder; the base is quantized to NF4 as the adapters "
-                  "were trained over it");
+  add_adapter_flags(*sub, f->adapters);
   sub->add_option("--prompt-ids", f->prompt_ids, "the prompt as comma-separated token ids");
   sub->add_option("--prompt", f->prompt,
                   "the prompt as text, through the folder's SentencePiece tokenizer.model (a BOS "

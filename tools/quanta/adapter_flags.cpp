@@ -1,0 +1,33 @@
+#include "adapter_flags.h"
+
+#include "commands.h"
+#include "llm/qlora/peft_folder.h"
+
+namespace quanta::cli {
+
+void add_adapter_flags(CLI::App& sub, AdapterFlags& flags, const std::string& prefix) {
+  sub.add_option("--adapters", flags.dir,
+                 prefix +
+                     "a PEFT LoRA adapter folder; the base is quantized to NF4 as the adapters "
+                     "were trained over it");
+  sub.add_flag("--adapters-any-base", flags.any_base,
+               prefix +
+                   "use --adapters though their base_model_name_or_path names another folder "
+                   "than --model (a renamed copy of the base; their shapes are still checked)");
+}
+
+void apply_adapter_flags(llm::CausalLM& model, const AdapterFlags& flags,
+                         const std::string& model_dir) {
+  if (flags.dir.empty()) {
+    if (flags.any_base) throw UsageError("--adapters-any-base goes with --adapters DIR");
+    return;
+  }
+  try {
+    llm::apply_peft_adapters(model, flags.dir, flags.any_base ? "" : model_dir);
+  } catch (const llm::AdapterBaseMismatch& e) {
+    throw llm::AdapterBaseMismatch(std::string(e.what()) +
+                                   " (--adapters-any-base uses them anyway, their shapes checked)");
+  }
+}
+
+}  // namespace quanta::cli
