@@ -19,7 +19,8 @@ Workloads, matching tools/quanta/bench/llm.cpp:
   qlora       one QLoRA step of that model: bitsandbytes load_in_4bit (NF4,
               double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
               on all linear layers (alpha 2r, dropout 0.05), forward +
-              backward + AdamW (autocast=1: the forward under autocast)
+              backward + AdamW (autocast=1: the forward under autocast;
+              checkpointing=1: each decoder layer recomputed in the backward)
 
 KEY=VALUE words are integers; cuda=1 runs the workload on the GPU (quanta's
 --device cuda), with torch.cuda.synchronize() ending each timed batch.
@@ -134,6 +135,10 @@ def qlora(cfg):
             quantization_config=BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.bfloat16 if cfg.get("bf16") else torch.float32))
+    if cfg.get("checkpointing"):
+        # Each decoder layer recomputed in the backward, as
+        # prepare_model_for_kbit_training sets it up.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(model, LoraConfig(r=cfg["r"], lora_alpha=2 * cfg["r"],
                                              lora_dropout=0.05, target_modules="all-linear",
                                              task_type="CAUSAL_LM"))

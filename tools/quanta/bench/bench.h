@@ -139,13 +139,16 @@ struct LlmWorkload {
   std::string peer_setup;
   std::function<void()> run;
 };
-/** The suite's QLoRA training step of `config` (llm.cpp); `mixed`: under
- * MixedPrecision (the row's name ends in _mixed, the peer autocasts);
- * `graph` (a device that records): its forward and backward replayed as a
- * captured graph (train/captured_step.h; _graph, against the peer's plain
- * step). */
+/** The suite's QLoRA training step, as its row's name ends: plain; _mixed,
+ * under MixedPrecision (the peer autocasts); _graph (a device that
+ * records), its forward and backward replayed as a captured graph
+ * (train/captured_step.h), against the peer's plain step; _recompute, each
+ * decoder layer recomputed in the backward (finetune --recompute), against
+ * the peer's gradient checkpointing. */
+enum class QLoRAVariant { plain, mixed, graph, recompute };
+/** That step of `config` (llm.cpp). */
 LlmWorkload qlora_workload(const BenchOptions& opts, const llm::DecoderConfig& config,
-                           Generator& gen, bool mixed = false, bool graph = false);
+                           Generator& gen, QLoRAVariant variant = QLoRAVariant::plain);
 /** `config` as the peer's KEY=VALUE words. */
 std::string llm_peer_config(const llm::DecoderConfig& config);
 /** Peak resident memory in MB of a fresh quanta process that builds

@@ -26,6 +26,10 @@
 //     bitsandbytes (load_in_4bit) + PEFT doing the same.
 //   qlora100m_B4_T512_mixed (where the CPU has bf16 products): that step
 //     in bf16 mixed precision, MixedPrecision against torch.autocast.
+//   qlora100m_B4_T512_recompute: that step with each decoder layer
+//     recomputed in the backward (finetune --recompute) against the peer
+//     with gradient checkpointing (use_reentrant=False), as PEFT's QLoRA
+//     recipe (prepare_model_for_kbit_training) sets it.
 //   qlora100m_B4_T512_graph (on cuda and sim): that step (forward, backward,
 //     AdamW) replayed as a captured graph (train/captured_step.h), its
 //     tokens uploaded each step, against the peer's plain step.
@@ -147,7 +151,10 @@ struct QLoRARow {
   bool bf16;
 };
 
-QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c, bool mixed) {
+QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c,
+                   QLoRAVariant variant = QLoRAVariant::plain) {
+  const bool mixed = variant == QLoRAVariant::mixed;
+  const bool recompute = variant == QLoRAVariant::recompute;
   QLoRARow row;
   row.b = o.small ? 2 : 4;
   row.t = o.small ? 32 : 512;
@@ -156,11 +163,15 @@ QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c, bool mixe
   // multiplies bf16 natively, else f32; the peer is told the same.
   row.bf16 = !o.device.is_cpu() || cpu::bf16_gemm_native();
   const std::string shape = "_B" + std::to_string(row.b) + "_T" + std::to_string(row.t);
-  row.name = "qlora" + llm_size_tag(o) + shape + (mixed ? "_mixed" : "");
+  row.name = "qlora" + llm_size_tag(o) + shape +
+             (mixed                            ? "_mixed"
+              : recompute                      ? "_recompute"
+              : variant == QLoRAVariant::graph ? "_graph"
+                                               : "");
   row.peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(row.b) +
                    " T=" + std::to_string(row.t) + " r=" + std::to_string(row.r) +
                    " bf16=" + (row.bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") +
-                   peer_device(o.device);
+                   (recompute ? " checkpointing=1" : "") + peer_device(o.device);
   return row;
 }
 
@@ -224,8 +235,9 @@ llm::DecoderConfig bench_llm_config(const BenchOptions& o) {
 }
 
 LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, Generator& gen,
-                           bool mixed, bool graph) {
-  const QLoRARow row = qlora_row(o, c, mixed);
+                           QLoRAVariant variant) {
+  const bool mixed = variant == QLoRAVariant::mixed, graph = variant == QLoRAVariant::graph;
+  const QLoRARow row = qlora_row(o, c, variant);
   auto qmodel = std::shared_ptr<llm::CausalLM>(llm::CausalLM::random(c, gen));
   llm::QLoRAOptions q;
   q.lora.r = row.r;
@@ -233,6 +245,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
   q.lora.lora_dropout = 0.05;
   q.quantization.compute_dtype = row.bf16 ? DType::bf16 : DType::f32;
   llm::apply_qlora(*qmodel, q);
+  qmodel->set_recompute_layers(variant == QLoRAVariant::recompute);
   qmodel->to(o.device);
   std::vector<Tensor> adapters;
   for (const Tensor& p : qmodel->parameters())
@@ -250,7 +263,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
       loss.backward();
       return loss.detach();
     };
-    return {row.name + "_graph", row.peer_setup, [=] {
+    return {row.name, row.peer_setup, [=] {
               captured->run(
                   {host_ids}, forward_backward, [opt] { opt->step(); }, {}, *opt);
             }};
@@ -419,18 +432,22 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   if (!o.large) add_attention_and_llama(o, c, gen, filter, work);
   // QLoRA: a model of its own, converted; its peak memory in a process of
   // its own on each side.
-  const QLoRARow qlora = qlora_row(o, c, false);
+  const QLoRARow qlora = qlora_row(o, c);
   if (filter.want(qlora.name)) work.push_back(qlora_workload(o, c, gen));
   // The same step in bf16 mixed precision on both sides (quanta finetune
   // --precision bf16; PyTorch's autocast), on a GPU and where the CPU has
   // bf16 products.
-  if (bf16_products(o.device) && filter.want(qlora_row(o, c, true).name))
-    work.push_back(qlora_workload(o, c, gen, true));
+  if (bf16_products(o.device) && filter.want(qlora_row(o, c, QLoRAVariant::mixed).name))
+    work.push_back(qlora_workload(o, c, gen, QLoRAVariant::mixed));
+  // With the layers recomputed in the backward on both sides (finetune
+  // --recompute; PEFT's QLoRA recipe turns on gradient checkpointing).
+  if (filter.want(qlora_row(o, c, QLoRAVariant::recompute).name))
+    work.push_back(qlora_workload(o, c, gen, QLoRAVariant::recompute));
   // On a device that records: the plain step as a graph, against the same
   // PyTorch step.
   if (!o.device.is_cpu() && device_backend(o.device.type).graph &&
-      filter.want(qlora.name + "_graph"))
-    work.push_back(qlora_workload(o, c, gen, false, true));
+      filter.want(qlora_row(o, c, QLoRAVariant::graph).name))
+    work.push_back(qlora_workload(o, c, gen, QLoRAVariant::graph));
   // The peak resident memory and the sharding rows are the CPU's.
   const bool cpu_rows = o.device.is_cpu();
   const std::string peak_name = qlora.name + "_peak_rss";
