@@ -10,7 +10,7 @@
 
 namespace quanta::llm {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -23,9 +23,9 @@ constexpr const char* kQuantizationKey = "quanta_base_quantization";
 
 // True when `key` is absent, null, false, or an empty object or list: a
 // PEFT option left at its default.
-bool unset(const json& j, const char* key) {
+bool unset(const ojson& j, const char* key) {
   if (!j.contains(key)) return true;
-  const json& v = j.at(key);
+  const ojson& v = j.at(key);
   return v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
          ((v.is_object() || v.is_array()) && v.empty());
 }
@@ -109,9 +109,9 @@ void check_lora_settings(const LoraSettings& l) {
   }
 }
 
-json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
+ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   check_lora_settings(l);
-  json j;
+  ojson j;
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";
   j["base_model_name_or_path"] = l.base_model_name_or_path;
@@ -131,18 +131,18 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["use_dora"] = false;
-  j["modules_to_save"] = l.modules_to_save.empty() ? json() : json(l.modules_to_save);
-  j["exclude_modules"] = !l.exclude_modules_regex.empty() ? json(l.exclude_modules_regex)
-                         : l.exclude_modules.empty()      ? json()
-                                                          : json(l.exclude_modules);
-  j["layers_to_transform"] = l.layers_to_transform.empty() ? json() : json(l.layers_to_transform);
-  j["layers_pattern"] = l.layers_pattern.empty()       ? json()
-                        : l.layers_pattern.size() == 1 ? json(l.layers_pattern[0])
-                                                       : json(l.layers_pattern);
+  j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
+  j["exclude_modules"] = !l.exclude_modules_regex.empty() ? ojson(l.exclude_modules_regex)
+                         : l.exclude_modules.empty()      ? ojson()
+                                                          : ojson(l.exclude_modules);
+  j["layers_to_transform"] = l.layers_to_transform.empty() ? ojson() : ojson(l.layers_to_transform);
+  j["layers_pattern"] = l.layers_pattern.empty()       ? ojson()
+                        : l.layers_pattern.size() == 1 ? ojson(l.layers_pattern[0])
+                                                       : ojson(l.layers_pattern);
   // In training order: PEFT takes the first matching key in the file's.
-  j["rank_pattern"] = json::object();
+  j["rank_pattern"] = ojson::object();
   for (const auto& [key, r] : l.rank_pattern) j["rank_pattern"][key] = r;
-  j["alpha_pattern"] = json::object();
+  j["alpha_pattern"] = ojson::object();
   for (const auto& [key, a] : l.alpha_pattern) j["alpha_pattern"][key] = a;
   j[kQuantizationKey] = {{"quant_type", "nf4"},
                          {"blocksize", q.blocksize},
@@ -151,9 +151,9 @@ json adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   return j;
 }
 
-LoraSettings read_adapter_config(const json& j, const std::string& source) {
+LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
   if (!j.is_object()) adapter_config_fail(source, "is not a JSON object");
-  const json peft_type = j.value("peft_type", json());
+  const ojson peft_type = j.value("peft_type", ojson());
   if (peft_type != "LORA")
     adapter_config_fail(source,
                         "peft_type is " + peft_type.dump() + "; only LORA adapters are read");
@@ -188,7 +188,7 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     l.lora_alpha = j.at("lora_alpha").get<double>();
     l.lora_dropout = j.value("lora_dropout", 0.0);
     l.use_rslora = j.value("use_rslora", false);
-    const json& tm = j.at("target_modules");
+    const ojson& tm = j.at("target_modules");
     if (tm.is_string()) {
       std::string lower = tm.get<std::string>();
       std::transform(lower.begin(), lower.end(), lower.begin(),
@@ -205,7 +205,7 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     // PEFT's fields that are a list or one string (a regular expression
     // for exclude_modules, a name for layers_pattern), an index or a list.
     if (!unset(j, "exclude_modules")) {
-      const json& e = j.at("exclude_modules");
+      const ojson& e = j.at("exclude_modules");
       if (e.is_string())
         l.exclude_modules_regex = e.get<std::string>();
       else
@@ -214,14 +214,14 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
     if (!unset(j, "modules_to_save"))
       l.modules_to_save = j.at("modules_to_save").get<std::vector<std::string>>();
     if (j.contains("layers_to_transform") && !j.at("layers_to_transform").is_null()) {
-      const json& t = j.at("layers_to_transform");
+      const ojson& t = j.at("layers_to_transform");
       if (t.is_number_integer())
         l.layers_to_transform = {t.get<int64_t>()};
       else
         l.layers_to_transform = t.get<std::vector<int64_t>>();
     }
     if (!unset(j, "layers_pattern") && j.at("layers_pattern") != "") {
-      const json& p = j.at("layers_pattern");
+      const ojson& p = j.at("layers_pattern");
       if (p.is_string())
         l.layers_pattern = {p.get<std::string>()};
       else
@@ -245,9 +245,9 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
                               "alpha_pattern \"" + key + "\" must be a number, got " + a.dump());
         l.alpha_pattern.emplace_back(key, a.get<double>());
       }
-    const json& base = j.value("base_model_name_or_path", json());
+    const ojson& base = j.value("base_model_name_or_path", ojson());
     l.base_model_name_or_path = base.is_string() ? base.get<std::string>() : "";
-  } catch (const json::exception& e) {
+  } catch (const ojson::exception& e) {
     adapter_config_fail(source,
                         std::string("a LoRA field is missing or of the wrong type: ") + e.what());
   }
@@ -259,14 +259,14 @@ LoraSettings read_adapter_config(const json& j, const std::string& source) {
   return l;
 }
 
-BaseQuantization read_base_quantization(const json& j, const std::string& source,
+BaseQuantization read_base_quantization(const ojson& j, const std::string& source,
                                         DType model_dtype) {
   BaseQuantization q;
   if (!j.contains(kQuantizationKey)) {
     q.compute_dtype = model_dtype == DType::f64 ? DType::f32 : model_dtype;
     return q;
   }
-  const json& r = j.at(kQuantizationKey);
+  const ojson& r = j.at(kQuantizationKey);
   if (!r.is_object())
     adapter_config_fail(source, std::string(kQuantizationKey) + " must be an object");
   try {

@@ -16,7 +16,7 @@
 namespace quanta::llm {
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -72,10 +72,10 @@ AdapterFolderConfig read_adapter_folder_config(const std::string& dir, DType mod
   const std::string path = model_folder_file(dir, kAdapterConfigFile);
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot open (is " + dir + " a PEFT adapter folder?)");
-  json j;
+  ojson j;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
+    j = ojson::parse(in);
+  } catch (const ojson::exception& e) {
     throw std::runtime_error(path + ": not JSON (" + std::string(e.what()) + ")");
   }
   return {read_adapter_config(j, path), read_base_quantization(j, path, model_dtype)};
