@@ -16,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "commands.h"
 #include "engine/cpu/parallel.h"
@@ -103,17 +104,23 @@ std::pair<std::string, std::string> pattern_value(const std::string& text, const
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-// A whole number, or std::invalid_argument naming the flag and the text.
-int64_t whole_number(const std::string& text, const std::string& what) {
+// `text` read whole as a T (int64_t: "a whole number", double: "a number"),
+// or std::invalid_argument naming `what` and the text.
+template <typename T>
+T number_of(const std::string& text, const std::string& what) {
   std::size_t used = 0;
-  int64_t v = 0;
+  T v = 0;
   try {
-    v = std::stoll(text, &used);
+    if constexpr (std::is_integral_v<T>)
+      v = std::stoll(text, &used);
+    else
+      v = std::stod(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
   if (used == 0 || used != text.size())
-    throw std::invalid_argument(what + ": \"" + text + "\" is not a whole number");
+    throw std::invalid_argument(what + ": \"" + text + "\" is not a " +
+                                (std::is_integral_v<T> ? "whole number" : "number"));
   return v;
 }
 
@@ -157,27 +164,18 @@ void read_layer_choice(const FinetuneOptions& o, llm::LoraSettings& l) {
   if (!o.layers_to_transform.empty())
     for (const std::string& i :
          llm::parse_module_names(o.layers_to_transform, "--layers-to-transform"))
-      l.layers_to_transform.push_back(whole_number(i, "--layers-to-transform"));
+      l.layers_to_transform.push_back(number_of<int64_t>(i, "--layers-to-transform"));
   if (!o.layers_pattern.empty())
     l.layers_pattern = llm::parse_module_names(o.layers_pattern, "--layers-pattern");
   if (!o.modules_to_save.empty())
     l.modules_to_save = llm::parse_module_names(o.modules_to_save, "--modules-to-save");
   for (const std::string& p : o.rank_pattern) {
     const auto [key, value] = pattern_value(p, "--rank-pattern");
-    l.rank_pattern.emplace_back(key, whole_number(value, "--rank-pattern " + p));
+    l.rank_pattern.emplace_back(key, number_of<int64_t>(value, "--rank-pattern " + p));
   }
   for (const std::string& p : o.alpha_pattern) {
     const auto [key, value] = pattern_value(p, "--alpha-pattern");
-    std::size_t used = 0;
-    double a = 0;
-    try {
-      a = std::stod(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != value.size())
-      throw std::invalid_argument("--alpha-pattern " + p + ": \"" + value + "\" is not a number");
-    l.alpha_pattern.emplace_back(key, a);
+    l.alpha_pattern.emplace_back(key, number_of<double>(value, "--alpha-pattern " + p));
   }
 }
 
