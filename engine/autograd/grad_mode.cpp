@@ -21,6 +21,9 @@ UnreadOutputGuard::UnreadOutputGuard(bool on) : prev_(t_output_unread) {
 }
 UnreadOutputGuard::~UnreadOutputGuard() { t_output_unread = prev_; }
 
+ReadOutputGuard::ReadOutputGuard() : prev_(t_output_unread) { t_output_unread = false; }
+ReadOutputGuard::~ReadOutputGuard() { t_output_unread = prev_; }
+
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
 

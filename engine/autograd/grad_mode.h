@@ -74,6 +74,20 @@ class UnreadOutputGuard {
   bool prev_;
 };
 
+/** Undoes UnreadOutputGuard for the module calls made on this thread for its
+ * lifetime: a module whose own output goes unread may still read what its
+ * inner calls return (DoRA scales its frozen product's output). */
+class ReadOutputGuard {
+ public:
+  ReadOutputGuard();
+  ~ReadOutputGuard();
+  ReadOutputGuard(const ReadOutputGuard&) = delete;
+  ReadOutputGuard& operator=(const ReadOutputGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 /** Re-enables graph recording inside a no-grad region. */
 class EnableGradGuard {
  public:

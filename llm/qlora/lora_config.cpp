@@ -130,7 +130,7 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
-  j["use_dora"] = false;
+  j["use_dora"] = l.use_dora;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
   j["exclude_modules"] = !l.exclude_modules_regex.empty() ? ojson(l.exclude_modules_regex)
                          : l.exclude_modules.empty()      ? ojson()
@@ -164,9 +164,8 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
   // (PEFT 0.21's list; the initialisation-only ones, such as loftq_config or
   // eva_config, and velora_config, a backward that stores less, are read as
   // plain LoRA, as PEFT reads them once trained).
-  for (const char* key :
-       {"use_dora", "fan_in_fan_out", "layer_replication", "trainable_token_indices", "lora_bias",
-        "target_parameters", "use_qalora"})
+  for (const char* key : {"fan_in_fan_out", "layer_replication", "trainable_token_indices",
+                          "lora_bias", "target_parameters", "use_qalora"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
@@ -188,6 +187,8 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
     l.lora_alpha = j.at("lora_alpha").get<double>();
     l.lora_dropout = j.value("lora_dropout", 0.0);
     l.use_rslora = j.value("use_rslora", false);
+    l.use_dora =
+        j.contains("use_dora") && !j.at("use_dora").is_null() && j.at("use_dora").get<bool>();
     const ojson& tm = j.at("target_modules");
     if (tm.is_string()) {
       std::string lower = tm.get<std::string>();

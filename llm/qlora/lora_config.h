@@ -51,6 +51,9 @@ struct LoraSettings {
   std::vector<std::pair<std::string, double>> alpha_pattern;
   /** alpha / sqrt(r) instead of alpha / r. */
   bool use_rslora = false;
+  /** DoRA: a trained magnitude per output row of each adapted layer
+   * (quant::LoRALinear), saved as "<layer>.lora_magnitude_vector". */
+  bool use_dora = false;
   /** Modules trained whole beside the adapters and saved with them (PEFT's
    * modules_to_save): those whose full name ends with an entry
    * ("embed_tokens", "lm_head"); never an NF4 layer, and not the embeddings

@@ -40,10 +40,9 @@ std::string peft_tensor_name(const std::string& module, const std::string& which
 
 io::TensorMap peft_adapter_tensors(Module& model, const std::vector<std::string>& modules_to_save) {
   io::TensorMap out;
-  for (const auto& [name, layer] : lora_layers(model)) {
-    out.emplace_back(peft_tensor_name(name, "lora_A"), layer->lora_A().detach());
-    out.emplace_back(peft_tensor_name(name, "lora_B"), layer->lora_B().detach());
-  }
+  for (const auto& [name, layer] : lora_layers(model))
+    for (const auto& [which, t] : layer->adapter_tensors())
+      out.emplace_back(std::string(kPeftPrefix) + name + "." + which, t.detach());
   if (modules_to_save.empty()) return out;
   for (auto& [name, p] : model.named_parameters()) {
     const std::size_t dot = name.rfind('.');

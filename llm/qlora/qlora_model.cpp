@@ -157,6 +157,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   quant::LoRAOptions lora;
   lora.dropout = o.lora.lora_dropout;
   lora.use_rslora = o.lora.use_rslora;
+  lora.use_dora = o.lora.use_dora;
+  // What bitsandbytes dequantizes to: the dtype the weights were loaded in.
+  lora.base_dtype = model.config().dtype == DType::f64 ? DType::f32 : model.config().dtype;
   lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
   lora.seed = o.seed;
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -187,7 +190,8 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   }
   // Only the adapters train, and the modules trained whole.
   for (auto& [name, p] : model.named_parameters()) {
-    bool trains = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B");
+    bool trains = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B") ||
+                  ends_with_part(name, "lora_magnitude_vector");
     for (const std::string& m : report.saved_modules) trains = trains || parameter_of(name, m);
     Tensor t = p;
     t.requires_grad_(trains);

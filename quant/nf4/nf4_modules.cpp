@@ -9,6 +9,7 @@
 #include "engine/ops/dropout.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
+#include "engine/ops/reduce.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_runs.h"
 
@@ -127,9 +128,10 @@ Tensor NF4Linear::forward(const Tensor& x) {
   return nf4_linear(x, weight_, bias_, dequant_dtype_);
 }
 
-Tensor NF4Linear::dequantized_weight() const {
-  const Tensor d =
-      is_bnb() ? dequantize(bnb_weight(), dequant_dtype_) : dequantize(weight_, dequant_dtype_);
+Tensor NF4Linear::dequantized_weight() const { return dequantized_weight(dequant_dtype_); }
+
+Tensor NF4Linear::dequantized_weight(DType dtype) const {
+  const Tensor d = is_bnb() ? dequantize(bnb_weight(), dtype) : dequantize(weight_, dtype);
   return d.to(DType::f32);
 }
 
@@ -140,6 +142,7 @@ std::size_t NF4Linear::weight_bytes() const {
 LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
     : Module("LoRALinear"),
       base_(std::move(base)),
+      base_dtype_(o.base_dtype),
       scaling_(0),
       dropout_(o.dropout),
       dropout_gen_(Generator::named(o.seed, stream_name("lora.dropout", o.stream))) {
@@ -166,9 +169,71 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
   lora_a_ = register_parameter("lora_A", a.to(o.dtype).to(device));
   lora_b_ = register_parameter(
       "lora_B", zeros({base_->out_features(), o.rank}, {.dtype = o.dtype}).to(device));
+  if (o.use_dora) {
+    if (o.base_dtype != DType::f32 && o.base_dtype != DType::bf16 && o.base_dtype != DType::f16)
+      throw std::invalid_argument(
+          std::string("[LoRALinear] base_dtype must be f32, bf16 or f16, got ") +
+          dtype_name(o.base_dtype));
+    // B is zero: the rows' norms of W, so the layer starts as the base.
+    magnitude_ = register_parameter("lora_magnitude_vector", weight_norm());
+  }
+}
+
+Tensor LoRALinear::frozen_weight() const {
+  NoGradGuard no_grad;
+  // Dequantized on the host (bitsandbytes' layout is decoded there) each
+  // time: the frozen weight is not kept dense beside its 4 bits.
+  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype()).to(lora_a_.device());
+}
+
+Tensor LoRALinear::weight_norm() const {
+  NoGradGuard no_grad;
+  return sqrt(sum(square(frozen_weight() + matmul(lora_b_, lora_a_) * scaling_), {1}));
+}
+
+std::vector<std::pair<std::string, Tensor>> LoRALinear::adapter_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out{{"lora_A.weight", lora_a_},
+                                                  {"lora_B.weight", lora_b_}};
+  if (use_dora()) out.emplace_back("lora_magnitude_vector", magnitude_);
+  return out;
+}
+
+Tensor LoRALinear::forward_dora(const Tensor& x) {
+  const DType dt = lora_a_.dtype();
+  Tensor y;
+  {
+    // The frozen output is read below (and its value by the magnitude's
+    // gradient), even where the caller's output is not.
+    ReadOutputGuard read;
+    y = base_->forward(x);
+  }
+  const Tensor x_adapters = x.to(dt);
+  const bool dropping = is_training() && dropout_ > 0;
+  Tensor w;  // the frozen weight, only where dropping needs its product
+  Tensor norm;
+  {
+    NoGradGuard no_grad;
+    const Tensor frozen = frozen_weight();
+    norm = sqrt(sum(square(frozen + matmul(lora_b_, lora_a_) * scaling_), {1}));
+    if (dropping) w = frozen;
+  }
+  const Tensor k = magnitude_ / norm;
+  Tensor frozen_part, adapters_in = x_adapters;
+  if (dropping) {
+    // PEFT drops the input of both the adapters and the frozen term.
+    adapters_in = dropout(x_adapters, dropout_, true, dropout_gen_);
+    frozen_part = linear(adapters_in, w);
+  } else {
+    const Tensor& bias = base_->bias();
+    frozen_part = (bias.defined() ? y - bias.to(y.dtype()) : y).to(dt);
+  }
+  const Tensor adapted = linear(linear(adapters_in, lora_a_), lora_b_);
+  const Tensor dora = (k - 1.0) * frozen_part + k * adapted * scaling_;
+  return (y.to(dt) + dora).to(y.dtype());
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {
+  if (use_dora()) return forward_dora(x);
   // dropout_linear keeps x for the backward, not the dropped copy. The
   // scaling goes on the rank-r activation, and the second product adds onto
   // the frozen layer's output in its GEMM: (a s) B^T + y, where PEFT writes
@@ -188,6 +253,11 @@ Tensor LoRALinear::forward(const Tensor& x) {
 
 Tensor LoRALinear::merged_weight() const {
   NoGradGuard no_grad;
+  if (use_dora()) {
+    const Tensor adapted = frozen_weight() + matmul(lora_b_, lora_a_) * scaling_;
+    const Tensor norm = sqrt(sum(square(adapted), {1}, /*keepdim=*/true));
+    return (adapted * (magnitude_.reshape({magnitude_.numel(), 1}) / norm)).to(DType::f32);
+  }
   return base_->dequantized_weight() + matmul(lora_b_, lora_a_) * scaling_;
 }
 

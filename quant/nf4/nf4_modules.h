@@ -44,6 +44,8 @@ class NF4Linear : public Module {
   DType dequant_dtype() const { return dequant_dtype_; }
   /** The weight as forward multiplies by it, in f32 [out, in]. */
   Tensor dequantized_weight() const;
+  /** The weight dequantized to `dtype` (f32, bf16 or f16), in f32. */
+  Tensor dequantized_weight(DType dtype) const;
   /** Bytes of the weight's codes and scales as this layer holds them. */
   std::size_t weight_bytes() const;
   int64_t in_features() const { return shape_[1]; }
@@ -89,6 +91,15 @@ struct LoRAOptions {
   /** Names the streams: seed and stream give each layer its own draws
    * ("lora.init" / "lora.dropout" suffixed with it when not empty). */
   std::string stream{};
+  /** DoRA (weight-decomposed LoRA, PEFT's use_dora): a trainable magnitude
+   * per output row rescales the adapted weight W + s B A to unit rows. */
+  bool use_dora = false;
+  /** The dtype the frozen weight had before it was quantized (the model's:
+   * f32, bf16 or f16). DoRA's row norms, and the frozen product it forms of
+   * the dropped input in training, use the weight dequantized to it, as
+   * PEFT's dequantization of a bitsandbytes weight gives it (which may
+   * differ from the compute dtype the base multiplies in). */
+  DType base_dtype = DType::f32;
 };
 
 /** base(x) + (dropout(x) A^T B^T) * scaling, scaling = alpha / rank (or
@@ -96,18 +107,38 @@ struct LoRAOptions {
  * "lora_A" [rank, in] (Kaiming-uniform, PEFT's default) and "lora_B"
  * [out, rank] (zeros, so training starts from the base model). The adapters'
  * product runs in their dtype and is added in the base output's dtype (as
- * PEFT does over a 4-bit base). */
+ * PEFT does over a 4-bit base).
+ *
+ * With DoRA, a third parameter "lora_magnitude_vector" m [out] (initially
+ * the rows' norms of W, so training starts from the base model) and, per
+ * output row, k = m / ||W + s B A|| (the norm a constant of the backward,
+ * as the DoRA paper and PEFT treat it):
+ *   y + (k - 1) (y - bias) + k (x A^T B^T) s,   y = base(x),
+ * where in training with dropout the middle term's y - bias is the frozen
+ * product of the dropped input instead (PEFT's extra product). The layer
+ * equals PEFT's DoRA over a bitsandbytes Linear4bit. */
 class LoRALinear : public Module {
  public:
   LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& options = {});
   Tensor forward(const Tensor& x) override;
-  /** The f32 weight base->dequantized_weight() + scaling * B A, [out, in]. */
+  /** The f32 weight base->dequantized_weight() + scaling * B A, [out, in];
+   * with DoRA, W + s B A (W dequantized to base_dtype) with its rows scaled
+   * by magnitude / weight_norm(). */
   Tensor merged_weight() const;
   /** A plain Linear holding merged_weight() and the base bias, for export. */
   std::shared_ptr<Linear> merge() const;
   const std::shared_ptr<NF4Linear>& base() const { return base_; }
   const Tensor& lora_A() const { return lora_a_; }
   const Tensor& lora_B() const { return lora_b_; }
+  /** DoRA's magnitude [out]; undefined without DoRA. */
+  const Tensor& magnitude() const { return magnitude_; }
+  bool use_dora() const { return magnitude_.defined(); }
+  /** ||W + s B A|| per output row [out], in the adapters' dtype, outside
+   * the graph: what DoRA divides the magnitude by. */
+  Tensor weight_norm() const;
+  /** The trained tensors under PEFT's names after the layer's:
+   * "lora_A.weight", "lora_B.weight" and, with DoRA, "lora_magnitude_vector". */
+  std::vector<std::pair<std::string, Tensor>> adapter_tensors() const;
   double scaling() const { return scaling_; }
   /** The stream the adapters' input dropout draws from: a training
    * checkpoint keeps its state so that a resumed run drops the same inputs. */
@@ -115,8 +146,13 @@ class LoRALinear : public Module {
   std::vector<Generator*> own_random_streams() override { return {&dropout_gen_}; }
 
  private:
+  Tensor forward_dora(const Tensor& x);
+  /** W dequantized to base_dtype_, in the adapters' dtype, outside the graph. */
+  Tensor frozen_weight() const;
+
   std::shared_ptr<NF4Linear> base_;
-  Tensor lora_a_, lora_b_;
+  Tensor lora_a_, lora_b_, magnitude_;
+  DType base_dtype_;
   double scaling_;
   double dropout_;
   Generator dropout_gen_;

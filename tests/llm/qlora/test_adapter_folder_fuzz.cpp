@@ -121,7 +121,10 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
       {"peft_type", "PREFIX_TUNING", "only LORA adapters are read"},
       {"peft_type", 3, "peft_type"},
       {"task_type", "SEQ_CLS", "not CAUSAL_LM"},
-      {"use_dora", true, "use_dora is set"},
+      // DoRA claimed over a file without magnitudes.
+      {"use_dora", true,
+       "missing base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"},
+      {"use_dora", "yes", "a LoRA field is missing or of the wrong type"},
       // PEFT 0.21's options that change the forward.
       {"target_parameters", json::array({"mlp.experts.gate_up_proj"}), "target_parameters is set"},
       {"alora_invocation_tokens", json::array({5, 9}), "alora_invocation_tokens is set"},

@@ -44,22 +44,31 @@ llm::QLoRAOptions options(std::vector<std::string> targets, int64_t r = 4) {
   return o;
 }
 
-// Gives every lora_B values, so that the adapters change the output.
+// Gives every lora_B values (and DoRA's magnitudes others than the rows'
+// norms), so that the adapters change the output.
 void perturb_adapters(Module& model) {
   NoGradGuard no_grad;
   Generator gen(11);
-  for (auto& [name, layer] : llm::lora_layers(model))
+  for (auto& [name, layer] : llm::lora_layers(model)) {
     copy_(layer->lora_B(), randn(layer->lora_B().shape(), gen) * 0.05);
+    if (layer->use_dora())
+      copy_(
+          layer->magnitude(),
+          layer->magnitude() *
+              (1.0 + randn(layer->magnitude().shape(), gen).to(layer->magnitude().device()) * 0.1));
+  }
 }
 
 const Tensor kIds = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 30, 41, 12, 0}, {2, 5});
 
-// llama_gqa with adapters on every linear layer, LoRA dropout 0.2 and lora_B
-// perturbed, on `dev`, its layers recomputed in backward or not.
-std::shared_ptr<llm::CausalLM> dropout_model(Device dev, bool recompute) {
+// llama_gqa with adapters on every linear layer (DoRA or not), LoRA dropout
+// 0.2 and lora_B perturbed, on `dev`, its layers recomputed in backward or
+// not.
+std::shared_ptr<llm::CausalLM> dropout_model(Device dev, bool recompute, bool dora = false) {
   std::shared_ptr<llm::CausalLM> model = llm::load_causal_lm(model_dir("llama_gqa"));
   llm::QLoRAOptions o = options({"all-linear"});
   o.lora.lora_dropout = 0.2;
+  o.lora.use_dora = dora;
   llm::apply_qlora(*model, o);
   model->to(dev);
   perturb_adapters(*model);
@@ -238,11 +247,19 @@ TEST_CASE("PEFT adapter folders: written, read back, and refused when they do no
       std::runtime_error);
   // A damaged config: one line naming the file and the field.
   bad = config;
-  bad["use_dora"] = true;
+  bad["lora_bias"] = true;
   std::ofstream(dir + "/adapter_config.json") << bad.dump();
   auto third = llm::load_causal_lm(model_dir("qwen2_bias"));
   CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
-                       doctest::Contains("adapter_config.json: use_dora is set"),
+                       doctest::Contains("adapter_config.json: lora_bias is set"),
+                       std::runtime_error);
+  // DoRA claimed over adapters trained without it: their magnitudes are missing.
+  bad = config;
+  bad["use_dora"] = true;
+  std::ofstream(dir + "/adapter_config.json") << bad.dump();
+  CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
+                       doctest::Contains("missing base_model.model.model.layers.0.self_attn.q_proj."
+                                         "lora_magnitude_vector"),
                        std::runtime_error);
   bad = config;
   bad["target_modules"] = "(?P<name>.*proj)";  // Python's, not ECMAScript's
@@ -257,50 +274,56 @@ TEST_CASE("PEFT adapter folders: written, read back, and refused when they do no
 }
 
 TEST_CASE("merge_qlora: the merged float model computes what the adapted one does") {
-  TempDir tmp;
-  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
-  llm::apply_qlora(*model, options({"all-linear"}));
-  perturb_adapters(*model);
-  NoGradGuard no_grad;
-  const Tensor adapted = model->logits(kIds);
-  llm::merge_qlora(*model);
-  CHECK(llm::lora_layers(*model).empty());
-  CHECK(max_rel_diff(model->logits(kIds), adapted) < 1e-5);
-  llm::save_causal_lm(*model, tmp.path().string() + "/merged");
-  auto reloaded = llm::load_causal_lm(tmp.path().string() + "/merged");
-  CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+  for (const bool dora : {false, true}) {
+    CAPTURE(dora);
+    TempDir tmp;
+    auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+    llm::QLoRAOptions o = options({"all-linear"});
+    o.lora.use_dora = dora;
+    llm::apply_qlora(*model, o);
+    perturb_adapters(*model);
+    NoGradGuard no_grad;
+    const Tensor adapted = model->logits(kIds);
+    llm::merge_qlora(*model);
+    CHECK(llm::lora_layers(*model).empty());
+    CHECK(max_rel_diff(model->logits(kIds), adapted) < 1e-5);
+    llm::save_causal_lm(*model, tmp.path().string() + "/merged");
+    auto reloaded = llm::load_causal_lm(tmp.path().string() + "/merged");
+    CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+  }
 }
 
 TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws, on every device") {
   std::vector<Device> devices{Device::cpu()};
   for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
-  for (const Device dev : devices) {
-    INFO("device ", dev.str());
-    const auto run = [&](bool recompute) {
-      auto model = dropout_model(dev, recompute);
-      const Tensor ids = kIds.to(dev);
-      const Tensor loss =
-          llm::chunked_causal_lm_loss(model->hidden_states(ids), model->lm_head_weight(), ids, 4);
-      loss.backward();
-      std::vector<std::vector<float>> out{loss.to_vector<float>()};
-      for (const Tensor& p : model->parameters())
-        if (p.requires_grad()) {
-          REQUIRE(p.grad().defined());
-          out.push_back(p.grad().to_vector<float>());
-        }
-      // A second step draws on from where the first left the streams.
-      for (Generator* g : model->random_streams()) out.push_back({float(g->state().offset.lo)});
-      return out;
-    };
-    const auto plain = run(false), recomputed = run(true);
-    REQUIRE(plain.size() == recomputed.size());
-    CHECK(plain.size() > 20);
-    CHECK(plain.back()[0] > 0);  // dropout drew
-    for (size_t i = 0; i < plain.size(); ++i) {
-      INFO("entry ", i);
-      CHECK(plain[i] == recomputed[i]);
+  for (const Device dev : devices)
+    for (const bool dora : {false, true}) {
+      INFO("device ", dev.str(), ", DoRA ", dora);
+      const auto run = [&](bool recompute) {
+        auto model = dropout_model(dev, recompute, dora);
+        const Tensor ids = kIds.to(dev);
+        const Tensor loss =
+            llm::chunked_causal_lm_loss(model->hidden_states(ids), model->lm_head_weight(), ids, 4);
+        loss.backward();
+        std::vector<std::vector<float>> out{loss.to_vector<float>()};
+        for (const Tensor& p : model->parameters())
+          if (p.requires_grad()) {
+            REQUIRE(p.grad().defined());
+            out.push_back(p.grad().to_vector<float>());
+          }
+        // A second step draws on from where the first left the streams.
+        for (Generator* g : model->random_streams()) out.push_back({float(g->state().offset.lo)});
+        return out;
+      };
+      const auto plain = run(false), recomputed = run(true);
+      REQUIRE(plain.size() == recomputed.size());
+      CHECK(plain.size() > 20);
+      CHECK(plain.back()[0] > 0);  // dropout drew
+      for (size_t i = 0; i < plain.size(); ++i) {
+        INFO("entry ", i);
+        CHECK(plain[i] == recomputed[i]);
+      }
     }
-  }
 }
 
 // A QLoRA step captured as a DeviceGraph (NF4 bases, adapters with dropout

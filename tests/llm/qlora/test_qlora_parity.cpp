@@ -56,9 +56,9 @@ Case read_case(const std::string& name) {
   return c;
 }
 
-const std::vector<std::string> kCases = {"llama_gqa_all",       "qwen2_qv_rslora",
-                                         "llama_bf16_all",      "llama_gqa_regex_patterns",
-                                         "qwen2_layers_rslora", "llama_gqa_saved"};
+const std::vector<std::string> kCases = {
+    "llama_gqa_all",       "qwen2_qv_rslora", "llama_bf16_all", "llama_gqa_regex_patterns",
+    "qwen2_layers_rslora", "llama_gqa_saved", "qwen2_dora",     "llama_bf16_dora"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -154,10 +154,11 @@ TEST_CASE(
       // views, without gradients).
       std::vector<Tensor> params;
       double worst_grad = 0;
+      const bool dora = c.settings.value("use_dora", false);
       for (const auto& [layer_name, layer] : llm::lora_layers(*model)) {
-        for (const auto& [which, p] : {std::pair<std::string, Tensor>{"lora_A", layer->lora_A()},
-                                       {"lora_B", layer->lora_B()}}) {
-          const std::string key = llm::peft_tensor_name(layer_name, which);
+        CHECK(layer->use_dora() == dora);
+        for (const auto& [which, p] : layer->adapter_tensors()) {
+          const std::string key = "base_model.model." + layer_name + "." + which;
           INFO(key);
           REQUIRE(p.grad().defined());
           const double e = max_rel_diff(p.grad().to(Device::cpu()), c.expected.at("grad." + key));
@@ -178,7 +179,7 @@ TEST_CASE(
         params.push_back(p);
       }
       CHECK(params.size() ==
-            2 * c.settings["targeted"].size() +
+            (dora ? 3 : 2) * c.settings["targeted"].size() +
                 c.settings.value("modules_to_save", nlohmann::json::array()).size());
       MESSAGE(name << " on " << dev.str() << ": worst adapter gradient rel. diff " << worst_grad);
 

@@ -90,6 +90,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
       {"modules_to_save", &o.modules_to_save}};
   for (const auto& [key, value] : texts)
     if (!value->empty()) model[key] = *value;
+  if (o.use_dora) model["use_dora"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
 }
@@ -292,6 +293,9 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "templates. Not with tied embeddings");
   sub.add_flag("--use-rslora", o.use_rslora,
                "--model: scale the adapters by alpha / sqrt(r) (rank-stabilised LoRA)");
+  sub.add_flag("--use-dora", o.use_dora,
+               "--model: DoRA (PEFT's use_dora): train a magnitude per output row beside the "
+               "adapters, which set the rows' direction");
   sub.add_option("--compute-dtype", o.compute_dtype,
                  "--model: the dtype NF4 weights are dequantized to (bitsandbytes' "
                  "bnb_4bit_compute_dtype): auto (the model's dtype, what bitsandbytes uses "
@@ -347,6 +351,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.lora_alpha = o.lora_alpha;
     q.lora.lora_dropout = o.lora_dropout;
     q.lora.use_rslora = o.use_rslora;
+    q.lora.use_dora = o.use_dora;
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
@@ -408,9 +413,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << " bytes (block 64, double quant, compute "
       << llm::torch_dtype_name(q.quantization.compute_dtype) << ")\n"
       << "LoRA: r " << o.lora_r << ", alpha " << o.lora_alpha << ", dropout " << o.lora_dropout
-      << (o.use_rslora ? ", rslora" : "") << " on " << adapted << " layers ("
-      << layer_choice_text(q.lora) << "): " << with_commas(uint64_t(report.trainable_parameters))
-      << " trainable parameters (" << std::fixed << std::setprecision(3)
+      << (o.use_rslora ? ", rslora" : "") << (o.use_dora ? ", DoRA" : "") << " on " << adapted
+      << " layers (" << layer_choice_text(q.lora)
+      << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
+      << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
       << std::defaultfloat << std::setprecision(6) << "%"
       << (report.saved_modules.empty()

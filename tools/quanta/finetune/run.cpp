@@ -98,6 +98,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--target-modules",
                                                    "--compute-dtype",
                                                    "--use-rslora",
+                                                   "--use-dora",
                                                    "--pack",
                                                    "--train-on-completions-only",
                                                    "--recompute",

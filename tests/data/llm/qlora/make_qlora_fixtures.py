@@ -5,7 +5,8 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
-(PART: cases, quanta_written, transformers_4bit; all when none is named.)
+(PART: cases, quanta_written, transformers_4bit; all when none is named;
+case=NAME for one case.)
 
 One folder per case in qlora/:
 
@@ -90,6 +91,12 @@ CASES = {
     "llama_gqa_saved": dict(
         model="llama_gqa", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_rslora=False,
         dtype=torch.float32, n_targeted=4, choice=dict(modules_to_save=["embed_tokens", "lm_head"])),
+    # DoRA: a magnitude per output row over the adapted weight's direction;
+    # qwen2's q, k and v biases take the path that subtracts the bias.
+    "qwen2_dora": dict(model="qwen2_bias", r=4, lora_alpha=8, target_modules="all-linear",
+                       use_rslora=False, dtype=torch.float32, n_targeted=14, choice=dict(use_dora=True)),
+    "llama_bf16_dora": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                            use_rslora=False, dtype=torch.bfloat16, n_targeted=6, choice=dict(use_dora=True)),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -143,13 +150,16 @@ def run_case(root, name, c, seed):
     assert len(targeted) == c["n_targeted"] and "lm_head" not in targeted, targeted
     trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
     saved_modules = c.get("choice", {}).get("modules_to_save", [])
-    assert len(trainable) == 2 * len(targeted) + len(saved_modules), [n for n, _ in trainable]
+    per_layer = 3 if c.get("choice", {}).get("use_dora") else 2  # A, B (and the magnitude)
+    assert len(trainable) == per_layer * len(targeted) + len(saved_modules), [n for n, _ in trainable]
     assert all(".lora_" in n or ".modules_to_save." in n for n, _ in trainable)
     g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for n, p in trainable:
             if ".lora_B." in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            elif ".lora_magnitude_vector." in n:  # away from the rows' norms
+                p.mul_(1 + 0.1 * torch.randn(p.shape, generator=g))
 
     # Initial adapters, as PEFT saves them.
     adapter_dir = os.path.join(out_dir, "adapter_init")
@@ -167,8 +177,10 @@ def run_case(root, name, c, seed):
     with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
         saved = set(f.keys())
     # PEFT saves a module trained whole under the module's own name.
-    saved_name = {n: n.replace(".modules_to_save.default.", ".").replace(".default.", ".")
-                  for n, _ in trainable}
+    # and DoRA's magnitude as "<layer>.lora_magnitude_vector", without ".weight".
+    saved_name = {n: n.replace(".modules_to_save.default.", ".")
+                  .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
+                  .replace(".default.", ".") for n, _ in trainable}
     assert set(saved_name.values()) == saved, (sorted(saved), sorted(saved_name.values()))
 
     # NF4 bases, bitsandbytes' serialization under the original module names.
@@ -314,7 +326,11 @@ PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
 
 def main(root, parts):
     for part in parts or PARTS:
-        PARTS[part](root)
+        if part.startswith("case="):  # one case alone: case=NAME
+            name = part.removeprefix("case=")
+            run_case(root, name, CASES[name], seed=100 * (list(CASES).index(name) + 1))
+        else:
+            PARTS[part](root)
 
 
 if __name__ == "__main__":
