@@ -10,6 +10,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
+#include "quant/kernels/table.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_runs.h"
 
@@ -131,8 +132,18 @@ Tensor NF4Linear::forward(const Tensor& x) {
 Tensor NF4Linear::dequantized_weight() const { return dequantized_weight(dequant_dtype_); }
 
 Tensor NF4Linear::dequantized_weight(DType dtype) const {
-  const Tensor d = is_bnb() ? dequantize(bnb_weight(), dtype) : dequantize(weight_, dtype);
-  return d.to(DType::f32);
+  if (!is_bnb()) return dequantize(weight_, dtype).to(DType::f32);
+  // Decoded where the weight lives, from the scales forward multiplies by
+  // (bitsandbytes' own dequantize rebuilds them on the host first).
+  detail::check_dequant_dtype(dtype, "dequantized_weight");
+  const Tensor packed = weight_.to(DType::u8).contiguous();
+  Tensor out = quanta::detail::make_tensor(shape_, dtype, packed.device());
+  quant_kernels(packed.device())
+      .nf4_decode(detail::packed_runs(static_cast<const uint8_t*>(packed.raw_data()),
+                                      static_cast<const float*>(scales_.raw_data()), out.numel(),
+                                      bnb_block_),
+                  dtype, out.raw_data());
+  return out.to(DType::f32);
 }
 
 std::size_t NF4Linear::weight_bytes() const {
@@ -181,9 +192,8 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
 
 Tensor LoRALinear::frozen_weight() const {
   NoGradGuard no_grad;
-  // Dequantized on the host (bitsandbytes' layout is decoded there) each
-  // time: the frozen weight is not kept dense beside its 4 bits.
-  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype()).to(lora_a_.device());
+  // Decoded each time: the frozen weight is not kept dense beside its 4 bits.
+  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype());
 }
 
 Tensor LoRALinear::weight_norm() const {

@@ -248,9 +248,9 @@ TEST_CASE(
     "QLoRA parity: PEFT loads the adapter folders quanta writes and computes quanta's logits") {
   // All-linear; PEFT's layer choice by lists (exclude_modules,
   // layers_to_transform, rank_pattern in an order other than sorted); by
-  // regexes, with rsLoRA; embeddings and lm_head trained whole.
+  // regexes, with rsLoRA; embeddings and lm_head trained whole; DoRA.
   for (const std::string name : {"quanta_written", "quanta_written_choice", "quanta_written_regex",
-                                 "quanta_written_saved"}) {
+                                 "quanta_written_saved", "quanta_written_dora"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;

@@ -39,7 +39,8 @@ transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa and
                      packed codes stored as BF16 [bytes / 2, 1])
 
 quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
-                     all-linear; PEFT's layer choice by lists, by regexes) and
+                     all-linear; PEFT's layer choice by lists, by regexes;
+                     modules trained whole; DoRA) and
                      peft_logits.safetensors, what PEFT computes with them: the
                      folders PEFT loads
 
@@ -261,6 +262,7 @@ QUANTA_WRITTEN = {
                             "--exclude-modules-regex '.*layers\\.1\\.mlp\\..*' --use-rslora "
                             "--rank-pattern k_proj=3 --alpha-pattern up_proj=5",
     "quanta_written_saved": "--target-modules q_proj,v_proj --modules-to-save embed_tokens,lm_head",
+    "quanta_written_dora": "--use-dora",
 }
 
 
@@ -293,6 +295,9 @@ def check_quanta_adapters(root):
             logits = peft_model(input_ids=ids).logits.float()
         save_file({"ids": ids, "logits": logits.contiguous()},
                   os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+        if name == "quanta_written_dora":
+            assert all(m.lora_magnitude_vector for m in peft_model.modules()
+                       if isinstance(m, peft.tuners.lora.LoraLayer))
         print(name + ": PEFT adapted", ranks)
 
 
