@@ -20,7 +20,8 @@ Workloads, matching tools/quanta/bench/llm.cpp:
               double quant, bf16 compute when bf16=1, else f32), PEFT LoRA r
               on all linear layers (alpha 2r, dropout 0.05), forward +
               backward + AdamW (autocast=1: the forward under autocast;
-              checkpointing=1: each decoder layer recomputed in the backward)
+              checkpointing=1: each decoder layer recomputed in the backward;
+              dora=1: PEFT's DoRA, use_dora=True)
 
 KEY=VALUE words are integers; cuda=1 runs the workload on the GPU (quanta's
 --device cuda), with torch.cuda.synchronize() ending each timed batch.
@@ -141,7 +142,7 @@ def qlora(cfg):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(model, LoraConfig(r=cfg["r"], lora_alpha=2 * cfg["r"],
                                              lora_dropout=0.05, target_modules="all-linear",
-                                             task_type="CAUSAL_LM"))
+                                             use_dora=bool(cfg.get("dora")), task_type="CAUSAL_LM"))
     model.train()
     return model
 

@@ -328,15 +328,16 @@ TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws,
 
 // A QLoRA step captured as a DeviceGraph (NF4 bases, adapters with dropout
 // drawn from the layers' own streams, attention, the chunked loss; with and
-// without recomputed layers) and replayed on new tokens: the uncaptured
-// steps' losses, the adapters after them and the streams' offsets, bit for
-// bit.
+// without recomputed layers; DoRA, its weight decoded and its norm taken
+// inside the graph) and replayed on new tokens: the uncaptured steps'
+// losses, the adapters after them and the streams' offsets, bit for bit.
 TEST_CASE("a captured QLoRA step replays the uncaptured steps bit for bit") {
   for (const Device dev : test_devices()) {
-    for (const bool recompute : {false, true}) {
-      INFO("device ", dev.str(), ", recompute ", recompute);
+    for (const auto [recompute, dora] :
+         {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+      INFO("device ", dev.str(), ", recompute ", recompute, ", DoRA ", dora);
       const auto run = [&](bool captured) {
-        auto model = dropout_model(dev, recompute);
+        auto model = dropout_model(dev, recompute, dora);
         std::vector<Tensor> adapters;
         for (const Tensor& p : model->parameters())
           if (p.requires_grad()) adapters.push_back(p);

@@ -144,8 +144,9 @@ struct LlmWorkload {
  * records), its forward and backward replayed as a captured graph
  * (train/captured_step.h), against the peer's plain step; _recompute, each
  * decoder layer recomputed in the backward (finetune --recompute), against
- * the peer's gradient checkpointing. */
-enum class QLoRAVariant { plain, mixed, graph, recompute };
+ * the peer's gradient checkpointing; _dora, DoRA adapters (finetune
+ * --use-dora), against PEFT's use_dora. */
+enum class QLoRAVariant { plain, mixed, graph, recompute, dora };
 /** That step of `config` (llm.cpp). */
 LlmWorkload qlora_workload(const BenchOptions& opts, const llm::DecoderConfig& config,
                            Generator& gen, QLoRAVariant variant = QLoRAVariant::plain);

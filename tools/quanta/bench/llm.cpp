@@ -30,6 +30,9 @@
 //     recomputed in the backward (finetune --recompute) against the peer
 //     with gradient checkpointing (use_reentrant=False), as PEFT's QLoRA
 //     recipe (prepare_model_for_kbit_training) sets it.
+//   qlora100m_B4_T512_dora: that step with DoRA adapters (finetune
+//     --use-dora) against PEFT's use_dora, both forming the extra frozen
+//     product of the dropped input DoRA's training forward takes.
 //   qlora100m_B4_T512_graph (on cuda and sim): that step (forward, backward,
 //     AdamW) replayed as a captured graph (train/captured_step.h), its
 //     tokens uploaded each step, against the peer's plain step.
@@ -155,6 +158,7 @@ QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c,
                    QLoRAVariant variant = QLoRAVariant::plain) {
   const bool mixed = variant == QLoRAVariant::mixed;
   const bool recompute = variant == QLoRAVariant::recompute;
+  const bool dora = variant == QLoRAVariant::dora;
   QLoRARow row;
   row.b = o.small ? 2 : 4;
   row.t = o.small ? 32 : 512;
@@ -167,11 +171,13 @@ QLoRARow qlora_row(const BenchOptions& o, const llm::DecoderConfig& c,
              (mixed                            ? "_mixed"
               : recompute                      ? "_recompute"
               : variant == QLoRAVariant::graph ? "_graph"
+              : dora                           ? "_dora"
                                                : "");
   row.peer_setup = "setup qlora " + llm_peer_config(c) + " B=" + std::to_string(row.b) +
                    " T=" + std::to_string(row.t) + " r=" + std::to_string(row.r) +
                    " bf16=" + (row.bf16 ? "1" : "0") + (mixed ? " autocast=1" : "") +
-                   (recompute ? " checkpointing=1" : "") + peer_device(o.device);
+                   (recompute ? " checkpointing=1" : "") + (dora ? " dora=1" : "") +
+                   peer_device(o.device);
   return row;
 }
 
@@ -243,6 +249,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
   q.lora.r = row.r;
   q.lora.lora_alpha = 2.0 * double(q.lora.r);
   q.lora.lora_dropout = 0.05;
+  q.lora.use_dora = variant == QLoRAVariant::dora;
   q.quantization.compute_dtype = row.bf16 ? DType::bf16 : DType::f32;
   llm::apply_qlora(*qmodel, q);
   qmodel->set_recompute_layers(variant == QLoRAVariant::recompute);
@@ -443,6 +450,9 @@ std::vector<BenchRow> bench_llm(const BenchOptions& o) {
   // --recompute; PEFT's QLoRA recipe turns on gradient checkpointing).
   if (filter.want(qlora_row(o, c, QLoRAVariant::recompute).name))
     work.push_back(qlora_workload(o, c, gen, QLoRAVariant::recompute));
+  // DoRA on both sides (finetune --use-dora; PEFT's use_dora).
+  if (filter.want(qlora_row(o, c, QLoRAVariant::dora).name))
+    work.push_back(qlora_workload(o, c, gen, QLoRAVariant::dora));
   // On a device that records: the plain step as a graph, against the same
   // PyTorch step.
   if (!o.device.is_cpu() && device_backend(o.device.type).graph &&
