@@ -118,15 +118,17 @@ Tensor NF4Linear::forward(const Tensor& x) {
     // f32 and the result rounded once, as a bf16 GEMM with f32 accumulation
     // does; the frozen bias joins in f32.
     const Tensor b = bias_.defined() ? bias_.to(DType::f32) : Tensor();
-    const Tensor y = is_bnb() ? detail::nf4_linear_scaled(x.to(DType::f32), weight_, scales_,
-                                                          bnb_block_, shape_, b, dequant_dtype_)
-                              : nf4_linear(x.to(DType::f32), weight_, b, dequant_dtype_);
-    return y.to(x.dtype());
+    return apply(x.to(DType::f32), b).to(x.dtype());
   }
+  return apply(x, bias_);
+}
+
+Tensor NF4Linear::product(const Tensor& x) const { return apply(x, Tensor()); }
+
+Tensor NF4Linear::apply(const Tensor& x, const Tensor& bias) const {
   if (is_bnb())
-    return detail::nf4_linear_scaled(x, weight_, scales_, bnb_block_, shape_, bias_,
-                                     dequant_dtype_);
-  return nf4_linear(x, weight_, bias_, dequant_dtype_);
+    return detail::nf4_linear_scaled(x, weight_, scales_, bnb_block_, shape_, bias, dequant_dtype_);
+  return nf4_linear(x, weight_, bias, dequant_dtype_);
 }
 
 Tensor NF4Linear::dequantized_weight() const { return dequantized_weight(dequant_dtype_); }
@@ -210,29 +212,22 @@ std::vector<std::pair<std::string, Tensor>> LoRALinear::adapter_tensors() const 
 
 Tensor LoRALinear::forward_dora(const Tensor& x) {
   const DType dt = lora_a_.dtype();
-  Tensor y;
-  {
-    // The frozen output is read below (and its value by the magnitude's
-    // gradient), even where the caller's output is not.
-    ReadOutputGuard read;
-    y = base_->forward(x);
-  }
+  // The frozen products' outputs are read below (and by the magnitude's
+  // gradient), even where the caller's output is not.
+  ReadOutputGuard read;
+  const Tensor y = base_->forward(x);
   const Tensor x_adapters = x.to(dt);
   const bool dropping = is_training() && dropout_ > 0;
-  Tensor w;  // the frozen weight, only where dropping needs its product
-  Tensor norm;
-  {
-    NoGradGuard no_grad;
-    const Tensor frozen = frozen_weight();
-    norm = sqrt(sum(square(frozen + matmul(lora_b_, lora_a_) * scaling_), {1}));
-    if (dropping) w = frozen;
-  }
-  const Tensor k = magnitude_ / norm;
+  const Tensor k = magnitude_ / weight_norm();
   Tensor frozen_part, adapters_in = x_adapters;
   if (dropping) {
-    // PEFT drops the input of both the adapters and the frozen term.
+    // PEFT drops the input of both the adapters and the frozen term. The
+    // frozen term is the base layer's own product (its compute dtype), where
+    // PEFT multiplies the dequantized weight in the adapters' f32: the same
+    // arithmetic with f32 compute, and with bf16 compute a bf16 product at
+    // that dtype's rate instead of an f32 one.
     adapters_in = dropout(x_adapters, dropout_, true, dropout_gen_);
-    frozen_part = linear(adapters_in, w);
+    frozen_part = base_->product(adapters_in);
   } else {
     const Tensor& bias = base_->bias();
     frozen_part = (bias.defined() ? y - bias.to(y.dtype()) : y).to(dt);

@@ -31,6 +31,8 @@ class NF4Linear : public Module {
   /** Wraps a weight [out, in] in bitsandbytes' layout (any block size). */
   NF4Linear(const BnbNF4State& weight, const Tensor& bias, DType dequant_dtype = DType::f32);
   Tensor forward(const Tensor& x) override;
+  /** x W^T without the bias, for x of f32 or f64 (in its dtype). */
+  Tensor product(const Tensor& x) const;
   /** The nf4 weight; for a weight in bitsandbytes' layout its packed codes. */
   const Tensor& weight() const { return weight_; }
   /** True when the weight is held in bitsandbytes' layout. */
@@ -59,6 +61,7 @@ class NF4Linear : public Module {
   void init_nf4(const Tensor& weight, const Tensor& bias);
   void init_bnb(const BnbNF4State& weight, const Tensor& bias);
   void register_bias(const Tensor& bias);
+  Tensor apply(const Tensor& x, const Tensor& bias) const;
 
   Tensor weight_, bias_;
   // bitsandbytes' layout only: scales (or their 8-bit codes) and the
@@ -115,8 +118,10 @@ struct LoRAOptions {
  * as the DoRA paper and PEFT treat it):
  *   y + (k - 1) (y - bias) + k (x A^T B^T) s,   y = base(x),
  * where in training with dropout the middle term's y - bias is the frozen
- * product of the dropped input instead (PEFT's extra product). The layer
- * equals PEFT's DoRA over a bitsandbytes Linear4bit. */
+ * product of the dropped input instead (PEFT's extra product), made as the
+ * base makes its own (PEFT makes it in f32 from the dequantized weight: the
+ * same arithmetic with f32 compute). The layer equals PEFT's DoRA over a
+ * bitsandbytes Linear4bit. */
 class LoRALinear : public Module {
  public:
   LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& options = {});

@@ -137,16 +137,23 @@ TEST_CASE(
 TEST_CASE("DoRA: a layer whose output is not read still computes the frozen term it needs") {
   // Under UnreadOutputGuard (a recomputed decoder layer's last projection)
   // the plain NF4 product gives zeros; DoRA's magnitude gradient reads it.
-  Generator gen(74);
-  auto layer = dora_layer(gen, DType::f32, 0.0);
-  const Tensor x = randn({5, 40}, gen);
-  const Tensor probe = randn({5, 12}, gen);
-  sum((*layer)(x)*probe).backward();
-  const Tensor want = layer->magnitude().grad().clone();
-  layer->zero_grad();
-  {
-    UnreadOutputGuard unread;
+  // In training with dropout both frozen products are read.
+  for (const double p : {0.0, 0.25}) {
+    CAPTURE(p);
+    Generator gen(74);
+    auto layer = dora_layer(gen, DType::f32, p);
+    layer->train();
+    const Tensor x = randn({5, 40}, gen);
+    const Tensor probe = randn({5, 12}, gen);
+    const GeneratorState draws = layer->dropout_generator().state();
     sum((*layer)(x)*probe).backward();
+    const Tensor want = layer->magnitude().grad().clone();
+    layer->zero_grad();
+    layer->dropout_generator().set_state(draws);
+    {
+      UnreadOutputGuard unread;
+      sum((*layer)(x)*probe).backward();
+    }
+    CHECK(max_abs_diff(layer->magnitude().grad(), want) == 0.0);
   }
-  CHECK(max_abs_diff(layer->magnitude().grad(), want) == 0.0);
 }
