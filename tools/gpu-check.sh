@@ -48,8 +48,9 @@
 # What is left after it is split among the late phases, in this order and
 # these shares: qlora 30%, peer 40%, bench 15%, profile 15%. A phase that
 # ends early leaves its rest to those after it; none takes another's share.
-#   qlora    `bench llm --only qlora100m_B4_T512` (the QLoRA step, _mixed and
-#            _graph) beside PyTorch + PEFT + the bundle's bitsandbytes.
+#   qlora    `bench llm --only 'qlora100m_B4_T512(?!_dora)'` (the QLoRA step,
+#            _mixed, _recompute and _graph) beside PyTorch + PEFT + the
+#            bundle's bitsandbytes.
 #   peer     200 steps of quanta train (graph, --no-graph, bf16), its PyTorch
 #            replica eager and compiled (torch.compile), for vq, then none
 #            and fsq: each one's img/s over the same steps 101-200 (no
