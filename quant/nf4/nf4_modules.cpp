@@ -210,6 +210,11 @@ std::vector<std::pair<std::string, Tensor>> LoRALinear::adapter_tensors() const 
   return out;
 }
 
+void LoRALinear::keep_weight_norm(bool on) {
+  keep_norm_ = on;
+  kept_norm_ = Tensor();
+}
+
 Tensor LoRALinear::forward_dora(const Tensor& x) {
   const DType dt = lora_a_.dtype();
   // The frozen products' outputs are read below (and by the magnitude's
@@ -218,7 +223,9 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
   const Tensor y = base_->forward(x);
   const Tensor x_adapters = x.to(dt);
   const bool dropping = is_training() && dropout_ > 0;
-  const Tensor k = magnitude_ / weight_norm();
+  if (keep_norm_ && (!kept_norm_.defined() || kept_norm_.device() != magnitude_.device()))
+    kept_norm_ = weight_norm();
+  const Tensor k = magnitude_ / (keep_norm_ ? kept_norm_ : weight_norm());
   Tensor frozen_part, adapters_in = x_adapters;
   if (dropping) {
     // PEFT drops the input of both the adapters and the frozen term. The

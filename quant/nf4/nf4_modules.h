@@ -141,6 +141,12 @@ class LoRALinear : public Module {
   /** ||W + s B A|| per output row [out], in the adapters' dtype, outside
    * the graph: what DoRA divides the magnitude by. */
   Tensor weight_norm() const;
+  /** With DoRA: keep weight_norm() from the next forward on instead of
+   * decoding the weight and taking it each forward (PEFT's DoRA caching):
+   * for inference, where A, B and the base stay as they are. A forward after
+   * they change divides by the kept, stale norm, so it is off by default;
+   * turning it off drops the kept norm. */
+  void keep_weight_norm(bool on);
   /** The trained tensors under PEFT's names after the layer's:
    * "lora_A.weight", "lora_B.weight" and, with DoRA, "lora_magnitude_vector". */
   std::vector<std::pair<std::string, Tensor>> adapter_tensors() const;
@@ -157,6 +163,8 @@ class LoRALinear : public Module {
 
   std::shared_ptr<NF4Linear> base_;
   Tensor lora_a_, lora_b_, magnitude_;
+  bool keep_norm_ = false;
+  Tensor kept_norm_;  // keep_weight_norm's, on the magnitude's device
   DType base_dtype_;
   double scaling_;
   double dropout_;

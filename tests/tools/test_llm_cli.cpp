@@ -305,6 +305,27 @@ TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base"
   REQUIRE_MESSAGE(g.code == 0, g.err);
   CHECK(nlohmann::json::parse(g.out).at("ids").get<std::vector<int64_t>>() == greedy);
 
+  // DoRA adapters: the tools keep each layer's norm (inference), the same
+  // numbers as taking it each forward.
+  {
+    const std::string dora = std::string(root) + "/llm/qlora/quanta_written_dora/adapters";
+    auto dora_model = llm::load_causal_lm(base);
+    llm::apply_peft_adapters(*dora_model, dora, base);
+    const llm::WindowEval dora_want =
+        llm::evaluate_windows(*dora_model, llm::TokenFile(dir.file("tokens.bin")), 8, 1);
+    const CliResult e = run_quanta({"eval", "--model", base, "--adapters", dora, "--data",
+                                    dir.file("tokens.bin"), "--seq-len", "8", "--json"});
+    REQUIRE_MESSAGE(e.code == 0, e.err);
+    CHECK(nlohmann::json::parse(e.out).at("loss").get<double>() ==
+          doctest::Approx(dora_want.loss).epsilon(1e-12));
+    const std::vector<int64_t> dora_greedy =
+        llm::generate(*dora_model, {5, 9, 2}, {.max_new_tokens = 8});
+    const CliResult dg = run_quanta({"generate", "--model", base, "--adapters", dora,
+                                     "--prompt-ids", "5,9,2", "--max-new-tokens", "8", "--json"});
+    REQUIRE_MESSAGE(dg.code == 0, dg.err);
+    CHECK(nlohmann::json::parse(dg.out).at("ids").get<std::vector<int64_t>>() == dora_greedy);
+  }
+
   check_one_line_error(run_quanta({"generate", "--model", models() + "qwen2_bias", "--adapters",
                                    adapters, "--prompt-ids", "1"}),
                        1, "the adapters were made for base \"llama_gqa\"");

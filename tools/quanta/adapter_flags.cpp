@@ -2,6 +2,7 @@
 
 #include "commands.h"
 #include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
 
 namespace quanta::cli {
 
@@ -24,6 +25,8 @@ void apply_adapter_flags(llm::CausalLM& model, const AdapterFlags& flags,
   }
   try {
     llm::apply_peft_adapters(model, flags.dir, flags.any_base ? "" : model_dir);
+    // Inference only: DoRA's rows' norms are taken once, not each token.
+    for (const auto& [name, layer] : llm::lora_layers(model)) layer->keep_weight_norm(true);
   } catch (const llm::AdapterBaseMismatch& e) {
     throw llm::AdapterBaseMismatch(std::string(e.what()) +
                                    " (--adapters-any-base uses them anyway, their shapes checked)");

@@ -84,6 +84,27 @@ TEST_CASE("DoRA: starts as its base, merges, and its state round-trips") {
   CHECK(max_abs_diff(other(x), out) == 0.0);
 }
 
+TEST_CASE("DoRA: a kept norm is taken once, until turned off") {
+  Generator gen(75);
+  auto layer = dora_layer(gen, DType::f32, 0.0);
+  layer->eval();
+  const Tensor x = randn({5, 40}, gen);
+  const Tensor taken = (*layer)(x);
+  layer->keep_weight_norm(true);
+  CHECK(max_abs_diff((*layer)(x), taken) == 0.0);
+  {
+    NoGradGuard no_grad;
+    copy_(layer->lora_B(), layer->lora_B() * 2.0);
+  }
+  // Kept: the norm of the B before (what inference may rely on, and
+  // training must not).
+  const Tensor stale = (*layer)(x);
+  layer->keep_weight_norm(false);
+  const Tensor fresh = (*layer)(x);
+  CHECK(max_abs_diff(fresh, dora_reference(*layer, x, layer->weight_norm(), Tensor())) < 1e-5);
+  CHECK(max_abs_diff(stale, fresh) > 1e-4);
+}
+
 TEST_CASE("DoRA: training with dropout multiplies the dropped input by the frozen weight too") {
   Generator gen(72);
   auto layer = dora_layer(gen, DType::f32, 0.3);
