@@ -226,7 +226,12 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
   if (keep_norm_ && (!kept_norm_.defined() || kept_norm_.device() != magnitude_.device()))
     kept_norm_ = weight_norm();
   const Tensor k = magnitude_ / (keep_norm_ ? kept_norm_ : weight_norm());
-  Tensor frozen_part, adapters_in = x_adapters;
+  // PEFT's y + (k - 1) f + k (x A^T B^T) s in fewer passes over the output:
+  // k s scales B's rows (x A^T (k s B)^T is the adapters' term) and that
+  // product adds onto y + (k - 1) f in place. f is y - bias, or in training
+  // with dropout the frozen product of the dropped input.
+  const Tensor yd = y.to(dt);
+  Tensor adapters_in = x_adapters, frozen_sum;
   if (dropping) {
     // PEFT drops the input of both the adapters and the frozen term. The
     // frozen term is the base layer's own product (its compute dtype), where
@@ -234,14 +239,14 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
     // arithmetic with f32 compute, and with bf16 compute a bf16 product at
     // that dtype's rate instead of an f32 one.
     adapters_in = dropout(x_adapters, dropout_, true, dropout_gen_);
-    frozen_part = base_->product(adapters_in);
+    frozen_sum = yd + (k - 1.0) * base_->product(adapters_in);
   } else {
+    // y + (k - 1)(y - bias) = k y - (k - 1) bias.
     const Tensor& bias = base_->bias();
-    frozen_part = (bias.defined() ? y - bias.to(y.dtype()) : y).to(dt);
+    frozen_sum = bias.defined() ? yd * k - (k - 1.0) * bias.to(dt) : yd * k;
   }
-  const Tensor adapted = linear(linear(adapters_in, lora_a_), lora_b_);
-  const Tensor dora = (k - 1.0) * frozen_part + k * adapted * scaling_;
-  return (y.to(dt) + dora).to(y.dtype());
+  const Tensor b_scaled = lora_b_ * (k * scaling_).reshape({k.numel(), 1});
+  return linear_add(std::move(frozen_sum), linear(adapters_in, lora_a_), b_scaled).to(y.dtype());
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {

@@ -642,7 +642,8 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   CHECK(shard["qlorasmall_shard2_gathered"]["ratio"].get<double>() == doctest::Approx(2.0));
   for (const char* want :
        {"attention_T64", "attention_T64_fb", "llamasmall_B2_T32", "llamasmall_B2_T32_fb",
-        "qlorasmall_B2_T32", "qlorasmall_B2_T32_recompute", "qlorasmall_B2_T32_peak_rss"})
+        "qlorasmall_B2_T32", "qlorasmall_B2_T32_recompute", "qlorasmall_B2_T32_dora",
+        "qlorasmall_B2_T32_peak_rss"})
     CHECK_MESSAGE(names.count(want) == 1, want);
   // The mixed-precision rows come where the CPU has bf16 products.
   const bool mixed = cpu::bf16_gemm_native();
@@ -652,13 +653,16 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
   // --only keeps the rows whose name contains it, and refuses a text that matches none.
   REQUIRE(only.code == 0);
   nlohmann::json rows = nlohmann::json::parse(only.out);
-  REQUIRE(rows.size() == (mixed ? 4 : 3));
+  REQUIRE(rows.size() == (mixed ? 5 : 4));
   CHECK(rows[0]["name"] == "qlorasmall_B2_T32");
   if (mixed) {
     CHECK(rows[1]["name"] == "qlorasmall_B2_T32_mixed");
     rows.erase(1);
   }
   CHECK(rows[1]["name"] == "qlorasmall_B2_T32_recompute");
+  CHECK(rows[1]["ms"].get<double>() > 0);
+  rows.erase(1);
+  CHECK(rows[1]["name"] == "qlorasmall_B2_T32_dora");
   CHECK(rows[1]["ms"].get<double>() > 0);
   rows.erase(1);
   // Without a peer the rows keep quanta's side: the step's time, and the
@@ -696,7 +700,7 @@ TEST_CASE("quanta bench llm --size small: every row, or why its PyTorch peer is 
                                            "llamasmall_B2_T32_fb", "llamasmall_B2_T32_fb_mixed",
                                            "llamasmall_B2_T32_fb_bf16", "qlorasmall_B2_T32",
                                            "qlorasmall_B2_T32_mixed", "qlorasmall_B2_T32_recompute",
-                                           "qlorasmall_B2_T32_graph"});
+                                           "qlorasmall_B2_T32_dora", "qlorasmall_B2_T32_graph"});
   // The ~500M size is the llm suite's alone.
   const CliResult large = run_quanta({"bench", "quant", "--size", "large"});
   CHECK(large.code == 2);

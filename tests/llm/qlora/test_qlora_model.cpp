@@ -333,7 +333,7 @@ TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws,
 // losses, the adapters after them and the streams' offsets, bit for bit.
 TEST_CASE("a captured QLoRA step replays the uncaptured steps bit for bit") {
   for (const Device dev : test_devices()) {
-    for (const auto [recompute, dora] :
+    for (const auto& [recompute, dora] :
          {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
       INFO("device ", dev.str(), ", recompute ", recompute, ", DoRA ", dora);
       const auto run = [&](bool captured) {
