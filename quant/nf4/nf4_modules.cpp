@@ -192,15 +192,16 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
   }
 }
 
-Tensor LoRALinear::frozen_weight() const {
+Tensor LoRALinear::adapted_weight() const {
   NoGradGuard no_grad;
   // Decoded each time: the frozen weight is not kept dense beside its 4 bits.
-  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype());
+  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype()) +
+         matmul(lora_b_, lora_a_) * scaling_;
 }
 
 Tensor LoRALinear::weight_norm() const {
   NoGradGuard no_grad;
-  return sqrt(sum(square(frozen_weight() + matmul(lora_b_, lora_a_) * scaling_), {1}));
+  return sqrt(sum(square(adapted_weight()), {1}));
 }
 
 std::vector<std::pair<std::string, Tensor>> LoRALinear::adapter_tensors() const {
@@ -221,7 +222,6 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
   // gradient), even where the caller's output is not.
   ReadOutputGuard read;
   const Tensor y = base_->forward(x);
-  const Tensor x_adapters = x.to(dt);
   const bool dropping = is_training() && dropout_ > 0;
   if (keep_norm_ && (!kept_norm_.defined() || kept_norm_.device() != magnitude_.device()))
     kept_norm_ = weight_norm();
@@ -231,14 +231,14 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
   // product adds onto y + (k - 1) f in place. f is y - bias, or in training
   // with dropout the frozen product of the dropped input.
   const Tensor yd = y.to(dt);
-  Tensor adapters_in = x_adapters, frozen_sum;
+  Tensor adapters_in = x.to(dt), frozen_sum;
   if (dropping) {
     // PEFT drops the input of both the adapters and the frozen term. The
     // frozen term is the base layer's own product (its compute dtype), where
     // PEFT multiplies the dequantized weight in the adapters' f32: the same
     // arithmetic with f32 compute, and with bf16 compute a bf16 product at
     // that dtype's rate instead of an f32 one.
-    adapters_in = dropout(x_adapters, dropout_, true, dropout_gen_);
+    adapters_in = dropout(adapters_in, dropout_, true, dropout_gen_);
     frozen_sum = yd + (k - 1.0) * base_->product(adapters_in);
   } else {
     // y + (k - 1)(y - bias) = k y - (k - 1) bias.
@@ -271,7 +271,7 @@ Tensor LoRALinear::forward(const Tensor& x) {
 Tensor LoRALinear::merged_weight() const {
   NoGradGuard no_grad;
   if (use_dora()) {
-    const Tensor adapted = frozen_weight() + matmul(lora_b_, lora_a_) * scaling_;
+    const Tensor adapted = adapted_weight();
     const Tensor norm = sqrt(sum(square(adapted), {1}, /*keepdim=*/true));
     return (adapted * (magnitude_.reshape({magnitude_.numel(), 1}) / norm)).to(DType::f32);
   }

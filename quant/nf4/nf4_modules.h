@@ -158,8 +158,9 @@ class LoRALinear : public Module {
 
  private:
   Tensor forward_dora(const Tensor& x);
-  /** W dequantized to base_dtype_, in the adapters' dtype, outside the graph. */
-  Tensor frozen_weight() const;
+  /** W + s B A, W dequantized to base_dtype_, in the adapters' dtype,
+   * outside the graph: what DoRA normalises and merges. */
+  Tensor adapted_weight() const;
 
   std::shared_ptr<NF4Linear> base_;
   Tensor lora_a_, lora_b_, magnitude_;
