@@ -16,25 +16,50 @@
 namespace quanta::dist {
 namespace {
 
-// The parameter index of an optimizer state key "state.0.{i}.{name}", or -1
-// for the keys every rank holds alike (groups.*, hparams.*).
-int64_t state_param(const std::string& key) {
+// The group and in-group index of an optimizer state key
+// "state.{g}.{i}.{name}", or {-1, -1} for the keys every rank holds alike
+// (groups.*, hparams.*).
+std::pair<int64_t, int64_t> state_slot(const std::string& key) {
   static const std::string prefix = "state.";
-  if (key.compare(0, prefix.size(), prefix) != 0) return -1;
+  if (key.compare(0, prefix.size(), prefix) != 0) return {-1, -1};
   const std::size_t g_end = key.find('.', prefix.size());
   const std::size_t i_end = g_end == std::string::npos ? g_end : key.find('.', g_end + 1);
-  if (i_end == std::string::npos || key.compare(prefix.size(), g_end - prefix.size(), "0") != 0)
+  if (i_end == std::string::npos)
     throw std::invalid_argument("[OptimizerShards] optimizer state key '" + key +
-                                "' is not of parameter group 0 (one group is sharded)");
-  return std::stoll(key.substr(g_end + 1, i_end - g_end - 1));
+                                "' is not state.{group}.{index}.{name}");
+  return {std::stoll(key.substr(prefix.size(), g_end - prefix.size())),
+          std::stoll(key.substr(g_end + 1, i_end - g_end - 1))};
 }
 
 bool is_step_key(const std::string& key) { return key.ends_with(".step"); }
 
 }  // namespace
 
-OptimizerShards::OptimizerShards(ProcessGroup& group, std::vector<Tensor> params)
+int64_t OptimizerShards::state_param(const std::string& key) const {
+  const auto [g, i] = state_slot(key);
+  if (g < 0) return -1;
+  if (g >= static_cast<int64_t>(group_sizes_.size()) ||
+      i >= static_cast<int64_t>(group_sizes_[static_cast<std::size_t>(g)]))
+    throw std::invalid_argument("[OptimizerShards] optimizer state key '" + key +
+                                "' names no parameter of these " +
+                                std::to_string(group_sizes_.size()) + " group(s) of " +
+                                std::to_string(params_.size()) + " parameters");
+  return static_cast<int64_t>(group_first_[static_cast<std::size_t>(g)]) + i;
+}
+
+OptimizerShards::OptimizerShards(ProcessGroup& group, std::vector<Tensor> params,
+                                 std::vector<std::size_t> group_sizes)
     : group_(group), params_(std::move(params)) {
+  if (group_sizes.empty()) group_sizes = {params_.size()};
+  std::size_t first = 0;
+  for (std::size_t n : group_sizes) {
+    group_first_.push_back(first);
+    first += n;
+  }
+  if (first != params_.size())
+    throw std::invalid_argument("[OptimizerShards] the groups hold " + std::to_string(first) +
+                                " parameters, not " + std::to_string(params_.size()));
+  group_sizes_ = std::move(group_sizes);
   for (const Tensor& p : params_) total_elements_ += p.numel();
   // Parameter i goes to the rank whose equal share of the elements holds
   // its middle element: contiguous, balanced, the same on every rank.
@@ -164,10 +189,6 @@ StateDict OptimizerShards::owned_state(const StateDict& whole) const {
   StateDict out;
   for (const auto& [key, value] : whole) {
     const int64_t i = state_param(key);
-    if (i >= static_cast<int64_t>(params_.size()))
-      throw std::invalid_argument("[OptimizerShards] optimizer state key '" + key +
-                                  "' names parameter " + std::to_string(i) + " of " +
-                                  std::to_string(params_.size()));
     if (i < 0 || owners_[static_cast<std::size_t>(i)] == group_.rank())
       out.emplace_back(key, value);
   }

@@ -22,6 +22,7 @@
 // runs and across world sizes.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dist/data_parallel.h"
@@ -33,10 +34,12 @@ namespace quanta::dist {
 
 class OptimizerShards {
  public:
-  /** `params`: the optimizer's parameters, in its order (one parameter
-   * group). Each gets an owner: contiguous runs balanced by element count
-   * (a rank may own none when there are fewer parameters than ranks). */
-  OptimizerShards(ProcessGroup& group, std::vector<Tensor> params);
+  /** `params`: the optimizer's parameters, in its order: its groups one
+   * after the other, `group_sizes` parameters each (empty: one group). Each
+   * gets an owner: contiguous runs balanced by element count (a rank may
+   * own none when there are fewer parameters than ranks). */
+  OptimizerShards(ProcessGroup& group, std::vector<Tensor> params,
+                  std::vector<std::size_t> group_sizes = {});
 
   /** The owner rank of parameter `i`. */
   int owner(std::size_t i) const { return owners_.at(i); }
@@ -75,8 +78,14 @@ class OptimizerShards {
   StateDict owned_state(const StateDict& whole) const;
 
  private:
+  /** The parameter index (over all groups) of an optimizer state key
+   * "state.{g}.{i}.{name}", or -1 for the keys every rank holds alike
+   * (groups.*, hparams.*); throws for a slot these groups lack. */
+  int64_t state_param(const std::string& key) const;
+
   ProcessGroup& group_;
   std::vector<Tensor> params_;
+  std::vector<std::size_t> group_sizes_, group_first_;
   std::vector<int> owners_;
   int64_t owned_elements_ = 0;
   int64_t total_elements_ = 0;

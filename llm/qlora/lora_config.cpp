@@ -32,6 +32,24 @@ bool unset(const ojson& j, const char* key) {
 
 }  // namespace
 
+const char* trained_biases_name(TrainedBiases b) {
+  switch (b) {
+    case TrainedBiases::all:
+      return "all";
+    case TrainedBiases::lora_only:
+      return "lora_only";
+    case TrainedBiases::none:
+      break;
+  }
+  return "none";
+}
+
+TrainedBiases parse_trained_biases(const std::string& text) {
+  for (TrainedBiases b : {TrainedBiases::none, TrainedBiases::all, TrainedBiases::lora_only})
+    if (text == trained_biases_name(b)) return b;
+  throw std::invalid_argument("bias must be none, all or lora_only, got \"" + text + "\"");
+}
+
 std::vector<std::string> parse_module_names(const std::string& text, const std::string& what) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -80,6 +98,8 @@ void check_lora_settings(const LoraSettings& l) {
   for (const std::string& m : l.modules_to_save)
     if (m.empty()) throw std::invalid_argument("modules_to_save has an empty entry");
   // PEFT's LoraConfig refuses these combinations.
+  if (l.lora_bias && l.use_dora)
+    throw std::invalid_argument("lora_bias is not available with use_dora (PEFT refuses the two)");
   const bool all_linear = l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear;
   if (!l.layers_to_transform.empty() && (regex || all_linear))
     throw std::invalid_argument(
@@ -126,11 +146,12 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   else
     j["target_modules"] = l.target_modules;
   j["use_rslora"] = l.use_rslora;
-  j["bias"] = "none";
+  j["bias"] = trained_biases_name(l.bias);
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["use_dora"] = l.use_dora;
+  j["lora_bias"] = l.lora_bias;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
   j["exclude_modules"] = !l.exclude_modules_regex.empty() ? ojson(l.exclude_modules_regex)
                          : l.exclude_modules.empty()      ? ojson()
@@ -165,7 +186,7 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
   // eva_config, and velora_config, a backward that stores less, are read as
   // plain LoRA, as PEFT reads them once trained).
   for (const char* key : {"fan_in_fan_out", "layer_replication", "trainable_token_indices",
-                          "lora_bias", "target_parameters", "use_qalora"})
+                          "target_parameters", "use_qalora"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
@@ -176,10 +197,20 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
     if (j.contains(key) && !j.at(key).is_null() && j.at(key) != false)
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
-  if (j.contains("bias") && j.at("bias") != "none")
-    adapter_config_fail(
-        source, "bias is " + j.at("bias").dump() + "; quanta reads adapters with bias \"none\"");
   LoraSettings l;
+  if (j.contains("bias") && !j.at("bias").is_null()) {
+    const ojson& b = j.at("bias");
+    if (!b.is_string()) adapter_config_fail(source, "bias must be a string, got " + b.dump());
+    try {
+      l.bias = parse_trained_biases(b.get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      adapter_config_fail(source, e.what());
+    }
+  }
+  for (const char* key : {"use_dora", "lora_bias"})
+    if (j.contains(key) && !j.at(key).is_null() && !j.at(key).is_boolean())
+      adapter_config_fail(source,
+                          std::string(key) + " must be true or false, got " + j.at(key).dump());
   if (j.contains("r") && j.at("r").is_number() && !j.at("r").is_number_integer())
     adapter_config_fail(source, "\"r\" must be an integer, got " + j.at("r").dump());
   try {
@@ -189,6 +220,8 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
     l.use_rslora = j.value("use_rslora", false);
     l.use_dora =
         j.contains("use_dora") && !j.at("use_dora").is_null() && j.at("use_dora").get<bool>();
+    l.lora_bias =
+        j.contains("lora_bias") && !j.at("lora_bias").is_null() && j.at("lora_bias").get<bool>();
     const ojson& tm = j.at("target_modules");
     if (tm.is_string()) {
       std::string lower = tm.get<std::string>();

@@ -18,6 +18,16 @@ namespace quanta::llm {
  * output projection. */
 inline constexpr const char* kAllLinear = "all-linear";
 
+/** PEFT's `bias`: which of the base model's biases train beside the
+ * adapters (and are saved with them): none, every bias of the model, or
+ * those of the adapted layers. */
+enum class TrainedBiases { none, all, lora_only };
+
+/** PEFT's spelling: "none", "all", "lora_only". */
+const char* trained_biases_name(TrainedBiases b);
+/** The inverse; throws std::invalid_argument naming the three values. */
+TrainedBiases parse_trained_biases(const std::string& text);
+
 /** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
  * and with which r and alpha is PEFT's rule (lora_targets.h). Regular
  * expressions are Python's as far as ECMAScript (std::regex) shares them:
@@ -54,6 +64,13 @@ struct LoraSettings {
   /** DoRA: a trained magnitude per output row of each adapted layer
    * (quant::LoRALinear), saved as "<layer>.lora_magnitude_vector". */
   bool use_dora = false;
+  /** The base biases that train (PEFT's bias), saved under PEFT's names:
+   * "<layer>.base_layer.bias" for an adapted layer, "<layer>.bias" for
+   * another. Not decayed by AdamW (transformers' Trainer leaves biases out). */
+  TrainedBiases bias = TrainedBiases::none;
+  /** A trainable bias on each adapter's second factor (PEFT's lora_bias,
+   * "<layer>.lora_B.bias"), scaled with its product; not with DoRA. */
+  bool lora_bias = false;
   /** Modules trained whole beside the adapters and saved with them (PEFT's
    * modules_to_save): those whose full name ends with an entry
    * ("embed_tokens", "lm_head"); never an NF4 layer, and not the embeddings
@@ -96,7 +113,7 @@ nlohmann::ordered_json adapter_config_json(const LoraSettings& lora,
  * kept: rank_pattern's and alpha_pattern's first matching key wins. Throws
  * std::runtime_error naming `source` and the field for anything that is not
  * a LoRA adapter of a causal LM this library applies (another peft_type,
- * bias other than none, fan_in_fan_out, DoRA, layer_replication, ...). */
+ * fan_in_fan_out, layer_replication, trainable_token_indices, ...). */
 LoraSettings read_adapter_config(const nlohmann::ordered_json& config, const std::string& source);
 
 /** The base quantization recorded in an adapter_config.json; for a folder

@@ -38,24 +38,38 @@ std::string peft_tensor_name(const std::string& module, const std::string& which
   return std::string(kPeftPrefix) + module + "." + which + ".weight";
 }
 
-io::TensorMap peft_adapter_tensors(Module& model, const std::vector<std::string>& modules_to_save) {
-  io::TensorMap out;
+std::vector<std::pair<std::string, Tensor>> peft_trained_parameters(Module& model,
+                                                                    const LoraSettings& lora) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto add = [&](const std::string& name, const Tensor& t) {
+    for (const auto& [n, held] : out)
+      if (held.is_same(t)) return;  // a bias of a module also trained whole
+    out.emplace_back(std::string(kPeftPrefix) + name, t);
+  };
   for (const auto& [name, layer] : lora_layers(model))
-    for (const auto& [which, t] : layer->adapter_tensors())
-      out.emplace_back(std::string(kPeftPrefix) + name + "." + which, t.detach());
-  if (modules_to_save.empty()) return out;
+    for (const auto& [which, t] : layer->adapter_tensors()) add(name + "." + which, t);
+  for (const auto& [name, t] : trained_biases(model, lora.bias)) add(name, t);
+  if (lora.modules_to_save.empty()) return out;
   for (auto& [name, p] : model.named_parameters()) {
     const std::size_t dot = name.rfind('.');
-    if (dot == std::string::npos || !saved_module(modules_to_save, name.substr(0, dot))) continue;
+    if (dot == std::string::npos || !saved_module(lora.modules_to_save, name.substr(0, dot)))
+      continue;
     if (name.find(".lora_") != std::string::npos) continue;  // an adapter's, listed above
-    out.emplace_back(std::string(kPeftPrefix) + name, p.detach());
+    add(name, p);
   }
+  return out;
+}
+
+io::TensorMap peft_adapter_tensors(Module& model, const LoraSettings& lora) {
+  io::TensorMap out;
+  for (const auto& [name, t] : peft_trained_parameters(model, lora))
+    out.emplace_back(name, t.detach());
   return out;
 }
 
 void save_peft_adapters(Module& model, const LoraSettings& lora,
                         const BaseQuantization& quantization, const std::string& dir) {
-  const io::TensorMap tensors = peft_adapter_tensors(model, lora.modules_to_save);
+  const io::TensorMap tensors = peft_adapter_tensors(model, lora);
   if (tensors.empty())
     throw std::invalid_argument("[save_peft_adapters] the model has no adapters");
   const std::string config = adapter_config_json(lora, quantization).dump(2) + "\n";
@@ -98,28 +112,28 @@ io::SafetensorsFile read_adapter_weights(const std::string& dir) {
   return io::load_safetensors(path);
 }
 
-// Copies `file` (read from `path`) into the adapters of `model`, or throws
-// listing every misfit with the model unchanged.
-void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const std::string& path,
-                          const std::vector<std::string>& modules_to_save) {
-  std::map<std::string, Tensor> stored(file.tensors.begin(), file.tensors.end());
-  const io::TensorMap wanted = peft_adapter_tensors(model, modules_to_save);
+// Throws listing every misfit between `file` (read from `path`) and the
+// tensors a model trains, by PEFT's name and shape: missing, unexpected,
+// mis-shaped or not floating.
+void check_adapter_file(const io::SafetensorsFile& file, const std::string& path,
+                        const std::vector<std::pair<std::string, Shape>>& wanted) {
+  std::map<std::string, const Tensor*> stored;
+  for (const auto& [name, t] : file.tensors) stored[name] = &t;
   std::string problems;
   const auto note = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
   std::map<std::string, bool> used;
   for (const auto& [name, t] : stored) used[name] = false;
-  for (const auto& [name, t] : wanted) {
+  for (const auto& [name, shape] : wanted) {
     auto it = stored.find(name);
     if (it == stored.end()) {
       note("missing " + name);
       continue;
     }
     used[name] = true;
-    if (it->second.shape() != t.shape())
-      note(name + " is " + shape_str(it->second.shape()) + ", the model's is " +
-           shape_str(t.shape()));
-    else if (!is_floating(it->second.dtype()))
-      note(name + " is " + dtype_name(it->second.dtype()) + ", not floating");
+    if (it->second->shape() != shape)
+      note(name + " is " + shape_str(it->second->shape()) + ", the model's is " + shape_str(shape));
+    else if (!is_floating(it->second->dtype()))
+      note(name + " is " + dtype_name(it->second->dtype()) + ", not floating");
   }
   for (const auto& [name, was_used] : used)
     if (!was_used) note("unexpected " + name);
@@ -128,6 +142,17 @@ void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const 
                              " does not fit the model (made for another base, r or "
                              "target_modules?): " +
                              problems);
+}
+
+// Copies `file` (read from `path`) into what the converted `model` trains,
+// or throws listing every misfit with the model unchanged.
+void copy_adapter_tensors(Module& model, const io::SafetensorsFile& file, const std::string& path,
+                          const LoraSettings& lora) {
+  const io::TensorMap wanted = peft_adapter_tensors(model, lora);
+  std::vector<std::pair<std::string, Shape>> shapes;
+  for (const auto& [name, t] : wanted) shapes.emplace_back(name, t.shape());
+  check_adapter_file(file, path, shapes);
+  std::map<std::string, Tensor> stored(file.tensors.begin(), file.tensors.end());
   NoGradGuard no_grad;
   for (const auto& [name, t] : wanted) copy_(t, stored.at(name).to(t.dtype()).to(t.device()));
 }
@@ -166,7 +191,7 @@ void check_stored_rank(const io::SafetensorsFile& file, const LoraSettings& lora
 void load_peft_adapter_tensors(Module& model, const std::string& dir) {
   copy_adapter_tensors(model, read_adapter_weights(dir),
                        (fs::path(dir) / kAdapterWeightsFile).string(),
-                       read_adapter_folder_config(dir).lora.modules_to_save);
+                       read_adapter_folder_config(dir).lora);
 }
 
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
@@ -188,14 +213,24 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   options.lora = folder.lora;
   options.quantization = folder.quantization;
   options.refuse_unused_settings = false;  // PEFT loads such folders
+  const std::string config_path = (fs::path(adapter_dir) / kAdapterConfigFile).string();
+  // Every tensor the conversion will make is checked against the file
+  // first: one that does not fit leaves the model as it was.
+  std::vector<std::pair<std::string, Shape>> planned;
+  try {
+    planned = planned_trained_tensors(model, options);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(config_path + " does not fit the model: " + e.what());
+  }
+  for (auto& [name, shape] : planned) name = std::string(kPeftPrefix) + name;
+  check_adapter_file(weights, weights_path, planned);
   QLoRAReport report;
   try {
     report = apply_qlora(model, options);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error((fs::path(adapter_dir) / kAdapterConfigFile).string() +
-                             " does not fit the model: " + e.what());
+    throw std::runtime_error(config_path + " does not fit the model: " + e.what());
   }
-  copy_adapter_tensors(model, weights, weights_path, folder.lora.modules_to_save);
+  copy_adapter_tensors(model, weights, weights_path, folder.lora);
   return report;
 }
 

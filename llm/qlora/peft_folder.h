@@ -21,12 +21,19 @@ inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
  * called `module`: "base_model.model." + module + "." + which + ".weight". */
 std::string peft_tensor_name(const std::string& module, const std::string& which);
 
-/** The adapters of a converted model (apply_qlora) under PEFT's names, in
- * model order, then the parameters of the modules `modules_to_save` names
- * (saved_module), under "base_model.model." + their names, as PEFT saves
- * them ("base_model.model.lm_head.weight"); as they are (not copied). */
-io::TensorMap peft_adapter_tensors(Module& model,
-                                   const std::vector<std::string>& modules_to_save = {});
+/** What a converted model (apply_qlora with `lora`) trains, under PEFT's
+ * saved names, in model order: each adapted layer's tensors
+ * (LoRALinear::adapter_tensors: "base_model.model.<layer>.lora_A.weight",
+ * ...), the biases lora.bias trains (trained_biases:
+ * "base_model.model.<layer>.base_layer.bias"), then the parameters of the
+ * modules lora.modules_to_save names ("base_model.model.lm_head.weight").
+ * The live parameters, whose gradients are the training's. */
+std::vector<std::pair<std::string, Tensor>> peft_trained_parameters(Module& model,
+                                                                    const LoraSettings& lora);
+
+/** peft_trained_parameters, detached (not copied): what
+ * adapter_model.safetensors holds. */
+io::TensorMap peft_adapter_tensors(Module& model, const LoraSettings& lora);
 
 /** Writes `dir` (created if needed): adapter_config.json (`lora`,
  * recording `quantization`) and adapter_model.safetensors, each atomically. */
@@ -45,8 +52,8 @@ struct AdapterFolderConfig {
 AdapterFolderConfig read_adapter_folder_config(const std::string& dir,
                                                DType model_dtype = DType::f32);
 
-/** Copies dir/adapter_model.safetensors into the adapters (and the modules
- * trained whole) of a model that apply_qlora converted with the folder's
+/** Copies dir/adapter_model.safetensors into the adapters (and the biases
+ * and modules trained whole) of a model that apply_qlora converted with the folder's
  * settings (converted to each tensor's dtype). Throws std::runtime_error naming the file and
  * listing every missing, unexpected and mis-shaped tensor; the model is unchanged then. */
 void load_peft_adapter_tensors(Module& model, const std::string& dir);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
@@ -49,6 +50,7 @@ struct Convertible {
   quant::NF4Linear* nf4 = nullptr;
   int64_t in() const { return linear ? linear->in_features() : nf4->in_features(); }
   int64_t out() const { return linear ? linear->out_features() : nf4->out_features(); }
+  bool has_bias() const { return linear ? linear->bias().defined() : nf4->bias().defined(); }
 };
 
 // The modules modules_to_save names (PEFT's rule, saved_module): leaf
@@ -99,10 +101,38 @@ std::shared_ptr<Module> child_of(Module& parent, const std::string& name) {
   throw std::logic_error("[apply_qlora] no child " + name);
 }
 
-// apply_qlora's conversion, with adapters on o.lora.target_modules (none
-// when it is empty).
-QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
+// The name PEFT saves the bias parameter `param` (quanta's name: "<layer>.bias"
+// before conversion, "<layer>.base.bias" in an adapted layer after) under
+// when `which` trains it: "<layer>.base_layer.bias" for an adapted layer's
+// (PEFT's layer holds the original as "base_layer"), the name itself for
+// another's with `all`; none when it does not train.
+std::optional<std::string> peft_bias_name(const std::string& param,
+                                          const std::set<std::string>& adapted,
+                                          TrainedBiases which) {
+  if (which == TrainedBiases::none || param == "bias" || !ends_with_part(param, "bias"))
+    return std::nullopt;
+  const std::string module = param.substr(0, param.size() - 5);  // without ".bias"
+  if (adapted.count(module)) return module + ".base_layer.bias";
+  if (module.ends_with(".base") && adapted.count(module.substr(0, module.size() - 5)))
+    return module.substr(0, module.size() - 5) + ".base_layer.bias";
+  if (which == TrainedBiases::all) return param;
+  return std::nullopt;
+}
+
+// What apply_qlora will do, every setting checked, nothing changed yet.
+struct Plan {
   quant::NF4Options nf4;
+  std::vector<Convertible> slots;
+  // Each slot's adapter settings; none where it gets no adapter.
+  std::vector<std::optional<LoraLayerSettings>> chosen;
+  QLoRAReport report;  // the totals and modules trained whole, so far
+};
+
+// apply_qlora's plan, with adapters on o.lora.target_modules (none when it
+// is empty). Throws std::invalid_argument for what apply_qlora refuses.
+Plan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
+  Plan plan;
+  quant::NF4Options& nf4 = plan.nf4;
   nf4.block_size = o.quantization.blocksize;
   nf4.double_quant = o.quantization.double_quant;
   nf4.dequant_dtype = o.quantization.compute_dtype;
@@ -110,9 +140,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   if (!find_children<quant::LoRALinear>(model).empty())
     throw std::invalid_argument("[apply_qlora] the model is already quantized and has adapters");
 
-  QLoRAReport report;
+  QLoRAReport& report = plan.report;
   for (const Tensor& p : model.parameters()) report.total_parameters += p.numel();
-  std::vector<Convertible> slots;
+  std::vector<Convertible>& slots = plan.slots;
   for (const Slot<Linear>& s : find_children<Linear>(model))
     if (!ends_with_part(s.name, kOutputLayer))
       slots.push_back({s.parent, s.child, s.name, s.module});
@@ -125,7 +155,8 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   // Every setting must choose something, and each r must fit its layer:
   // checked before any layer is converted, so a refused model is unchanged.
   const bool adapters = !o.lora.target_modules.empty() || !o.lora.target_modules_regex.empty();
-  std::vector<std::optional<LoraLayerSettings>> chosen(slots.size());
+  std::vector<std::optional<LoraLayerSettings>>& chosen = plan.chosen;
+  chosen.resize(slots.size());
   if (adapters) {
     std::vector<std::string> names;
     for (const Convertible& s : slots) names.push_back(s.name);
@@ -147,6 +178,21 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
           "the layers target_modules names");
   }
   report.saved_modules = find_saved_modules(model, o.lora);
+  if (o.refuse_unused_settings && o.lora.bias != TrainedBiases::none) {
+    bool any = false;
+    if (o.lora.bias == TrainedBiases::all)
+      for (auto& [name, p] : model.named_parameters()) any = any || ends_with_part(name, "bias");
+    else
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        any = any || (chosen[i] && slots[i].has_bias());
+    if (!any)
+      throw std::invalid_argument(
+          std::string("bias \"") + trained_biases_name(o.lora.bias) + "\" trains nothing: " +
+          (o.lora.bias == TrainedBiases::all ? "the model has no biases"
+                                             : "no adapted layer has a bias") +
+          " (a Llama's linear layers have none unless attention_bias or mlp_bias is set; "
+          "Qwen2's q_proj, k_proj and v_proj have them)");
+  }
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
       throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
@@ -154,10 +200,21 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
                                   std::to_string(slots[i].out()) + " x " +
                                   std::to_string(slots[i].in()) + ")");
 
+  return plan;
+}
+
+// apply_qlora's conversion.
+QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
+  Plan plan = plan_conversion(model, o);
+  const quant::NF4Options& nf4 = plan.nf4;
+  const std::vector<Convertible>& slots = plan.slots;
+  const std::vector<std::optional<LoraLayerSettings>>& chosen = plan.chosen;
+  QLoRAReport& report = plan.report;
   quant::LoRAOptions lora;
   lora.dropout = o.lora.lora_dropout;
   lora.use_rslora = o.lora.use_rslora;
   lora.use_dora = o.lora.use_dora;
+  lora.lora_bias = o.lora.lora_bias;
   // What bitsandbytes dequantizes to: the dtype the weights were loaded in.
   lora.base_dtype = model.config().dtype == DType::f64 ? DType::f32 : model.config().dtype;
   lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -188,11 +245,15 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     s.parent->replace_module(s.child, replacement);
     report.layers.push_back(layer);
   }
-  // Only the adapters train, and the modules trained whole.
+  // Only the adapters train, the biases lora.bias names and the modules
+  // trained whole.
+  const std::vector<std::pair<std::string, Tensor>> biases = trained_biases(model, o.lora.bias);
   for (auto& [name, p] : model.named_parameters()) {
     bool trains = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B") ||
+                  ends_with_part(name, "lora_B_bias") ||
                   ends_with_part(name, "lora_magnitude_vector");
     for (const std::string& m : report.saved_modules) trains = trains || parameter_of(name, m);
+    for (const auto& [peft_name, b] : biases) trains = trains || b.is_same(p);
     Tensor t = p;
     t.requires_grad_(trains);
     if (trains) report.trainable_parameters += p.numel();
@@ -218,6 +279,45 @@ std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& mode
   std::vector<std::pair<std::string, quant::LoRALinear*>> out;
   for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model))
     out.emplace_back(s.name, s.module);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> trained_biases(Module& model, TrainedBiases which) {
+  std::set<std::string> adapted;
+  for (const auto& [name, layer] : lora_layers(model)) adapted.insert(name);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (const std::optional<std::string> peft = peft_bias_name(name, adapted, which))
+      out.emplace_back(*peft, p);
+  return out;
+}
+
+std::vector<std::pair<std::string, Shape>> planned_trained_tensors(CausalLM& model,
+                                                                   const QLoRAOptions& o) {
+  check_lora_settings(o.lora);
+  const Plan plan = plan_conversion(model, o);
+  std::vector<std::pair<std::string, Shape>> out;
+  std::set<std::string> adapted;
+  for (std::size_t i = 0; i < plan.slots.size(); ++i) {
+    if (!plan.chosen[i]) continue;
+    const Convertible& s = plan.slots[i];
+    adapted.insert(s.name);
+    for (const auto& [which, shape] :
+         quant::LoRALinear::adapter_tensor_shapes(s.in(), s.out(),
+                                                  {.rank = plan.chosen[i]->r,
+                                                  .use_dora = o.lora.use_dora,
+                                                  .lora_bias = o.lora.lora_bias}))
+      out.emplace_back(s.name + "." + which, shape);
+  }
+  std::set<std::string> listed;
+  for (auto& [name, p] : model.named_parameters())
+    if (const std::optional<std::string> peft = peft_bias_name(name, adapted, o.lora.bias)) {
+      out.emplace_back(*peft, p.shape());
+      listed.insert(*peft);
+    }
+  for (auto& [name, p] : model.named_parameters())
+    for (const std::string& m : plan.report.saved_modules)
+      if (parameter_of(name, m) && listed.insert(name).second) out.emplace_back(name, p.shape());
   return out;
 }
 
@@ -286,7 +386,17 @@ void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
   model.load_state_dict(incoming, /*strict=*/false);
 }
 
+void check_qlora_mergeable(Module& model) {
+  for (const auto& [name, layer] : lora_layers(model))
+    if (layer->lora_B_bias().defined() && !layer->base()->bias().defined())
+      throw std::invalid_argument(
+          name +
+          " has lora_bias but no bias of its own: a merged model has nowhere to hold it (PEFT "
+          "refuses to merge it too; use the adapters unmerged)");
+}
+
 void merge_qlora(CausalLM& model) {
+  check_qlora_mergeable(model);
   const DType dtype = model.config().dtype;
   NoGradGuard no_grad;
   const auto plain = [&](const Tensor& weight, const Tensor& bias) {
@@ -294,7 +404,7 @@ void merge_qlora(CausalLM& model) {
                                     bias.defined() ? bias.to(dtype).contiguous() : Tensor());
   };
   for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model))
-    s.parent->replace_module(s.child, plain(s.module->merged_weight(), s.module->base()->bias()));
+    s.parent->replace_module(s.child, plain(s.module->merged_weight(), s.module->merged_bias()));
   for (const Slot<quant::NF4Linear>& s : find_children<quant::NF4Linear>(model))
     s.parent->replace_module(s.child, plain(s.module->dequantized_weight(), s.module->bias()));
   for (auto& [name, p] : model.named_parameters()) {

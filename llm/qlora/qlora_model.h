@@ -53,10 +53,12 @@ struct QLoRAReport {
 
 /** Converts `model` in place (see the top of this file), each adapter with
  * the r and alpha lora_layer_settings gives its layer; the parameters of
- * the modules modules_to_save names train too. Throws
+ * the modules modules_to_save names and the biases lora.bias names
+ * (trained_biases) train too. Throws
  * std::invalid_argument naming the problem for a target_modules entry that
  * matches no linear layer, settings that adapt no layer, an unused setting
- * (refuse_unused_settings), a layer's r above its in or out features, a
+ * (refuse_unused_settings; a bias setting that trains no bias among them),
+ * a layer's r above its in or out features, a
  * modules_to_save entry matching no module or naming a linear layer other
  * than lm_head, a container, or a tied model's embeddings, or a model
  * already converted; the model is then unchanged. */
@@ -69,6 +71,21 @@ QLoRAReport quantize_base(CausalLM& model, const BaseQuantization& quantization)
 
 /** The adapted layers of a converted model, by module name, in model order. */
 std::vector<std::pair<std::string, quant::LoRALinear*>> lora_layers(Module& model);
+
+/** The biases `which` trains in a converted model, in model order, under
+ * the names PEFT gives them without its "base_model.model." prefix: an
+ * adapted layer's "<layer>.base_layer.bias" (lora_only: those alone), any
+ * other "<module>.bias" (all). */
+std::vector<std::pair<std::string, Tensor>> trained_biases(Module& model, TrainedBiases which);
+
+/** What apply_qlora(model, options) would train, as the names
+ * trained_biases and PEFT use without "base_model.model."
+ * ("<layer>.lora_A.weight", "<layer>.base_layer.bias", "lm_head.weight")
+ * and shapes, found without changing the model: an adapter file can be
+ * checked against it before the model is converted. Throws what apply_qlora
+ * throws. */
+std::vector<std::pair<std::string, Shape>> planned_trained_tensors(CausalLM& model,
+                                                                   const QLoRAOptions& options);
 
 /** The NF4 layers of a converted model (adapted or not), by module name, in
  * model order. */
@@ -90,9 +107,15 @@ void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
                    const std::string& source);
 
 /** Replaces every adapted layer by a plain Linear holding its merged weight
- * (base dequantized + scaling B A) and every other NF4 layer by its
- * dequantized weight, in the model's dtype: the model a merged fine-tune
- * saves with save_causal_lm. */
+ * (base dequantized + scaling B A) and bias (LoRALinear::merged_bias) and
+ * every other NF4 layer by its dequantized weight, in the model's dtype:
+ * the model a merged fine-tune saves with save_causal_lm. Throws
+ * std::invalid_argument naming the layer for lora_bias over a layer without
+ * a bias, before anything is replaced. */
 void merge_qlora(CausalLM& model);
+
+/** merge_qlora's check alone: throws std::invalid_argument naming the first
+ * adapted layer with lora_bias whose base has no bias. */
+void check_qlora_mergeable(Module& model);
 
 }  // namespace quanta::llm

@@ -182,6 +182,12 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
   lora_a_ = register_parameter("lora_A", a.to(o.dtype).to(device));
   lora_b_ = register_parameter(
       "lora_B", zeros({base_->out_features(), o.rank}, {.dtype = o.dtype}).to(device));
+  if (o.lora_bias && o.use_dora)
+    throw std::invalid_argument(
+        "[LoRALinear] lora_bias is not available with DoRA (PEFT refuses it)");
+  if (o.lora_bias)
+    lora_b_bias_ = register_parameter(
+        "lora_B_bias", zeros({base_->out_features()}, {.dtype = o.dtype}).to(device));
   if (o.use_dora) {
     if (o.base_dtype != DType::f32 && o.base_dtype != DType::bf16 && o.base_dtype != DType::f16)
       throw std::invalid_argument(
@@ -204,10 +210,26 @@ Tensor LoRALinear::weight_norm() const {
   return sqrt(sum(square(adapted_weight()), {1}));
 }
 
+std::vector<std::pair<std::string, Shape>> LoRALinear::adapter_tensor_shapes(int64_t in,
+                                                                             int64_t out,
+                                                                             const LoRAOptions& o) {
+  std::vector<std::pair<std::string, Shape>> names{{"lora_A.weight", {o.rank, in}},
+                                                   {"lora_B.weight", {out, o.rank}}};
+  if (o.lora_bias) names.emplace_back("lora_B.bias", Shape{out});
+  if (o.use_dora) names.emplace_back("lora_magnitude_vector", Shape{out});
+  return names;
+}
+
 std::vector<std::pair<std::string, Tensor>> LoRALinear::adapter_tensors() const {
-  std::vector<std::pair<std::string, Tensor>> out{{"lora_A.weight", lora_a_},
-                                                  {"lora_B.weight", lora_b_}};
-  if (use_dora()) out.emplace_back("lora_magnitude_vector", magnitude_);
+  const auto names = adapter_tensor_shapes(
+      base_->in_features(), base_->out_features(),
+      {.rank = lora_a_.size(0), .use_dora = use_dora(), .lora_bias = lora_b_bias_.defined()});
+  // In the names' order: A, B, then whichever of B's bias and the magnitude are held.
+  std::vector<Tensor> held{lora_a_, lora_b_};
+  for (const Tensor& t : {lora_b_bias_, magnitude_})
+    if (t.defined()) held.push_back(t);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i].first, held.at(i));
   return out;
 }
 
@@ -263,6 +285,12 @@ Tensor LoRALinear::forward(const Tensor& x) {
   // gradients add onto (the adapter's kernel adds onto a sum for free, a
   // bf16 product does not).
   Tensor y = base_->forward(x);
+  if (lora_b_bias_.defined()) {
+    // PEFT's (a B^T + b_B) s: the bias joins the adapters' product before it
+    // is added in the output's dtype.
+    const Tensor adapters = linear(a, lora_b_) + lora_b_bias_ * scaling_;
+    return y.dtype() == adapters.dtype() ? y + adapters : y + adapters.to(y.dtype());
+  }
   // y handed over: the product adds onto the frozen layer's output in place.
   if (y.dtype() == lora_b_.dtype()) return linear_add(std::move(y), a, lora_b_);
   return y + linear(a, lora_b_).to(y.dtype());
@@ -278,13 +306,27 @@ Tensor LoRALinear::merged_weight() const {
   return base_->dequantized_weight() + matmul(lora_b_, lora_a_) * scaling_;
 }
 
+Tensor LoRALinear::merged_bias() const {
+  NoGradGuard no_grad;
+  const Tensor& bias = base_->bias();
+  if (!lora_b_bias_.defined()) return bias.defined() ? bias.detach() : Tensor();
+  if (!bias.defined())
+    throw std::invalid_argument("[LoRALinear::merged_bias] lora_bias over a layer [" +
+                                std::to_string(base_->out_features()) + ", " +
+                                std::to_string(base_->in_features()) +
+                                "] without a bias: a merged layer has nowhere to hold it (PEFT "
+                                "refuses to merge it too)");
+  return (bias.to(lora_b_bias_.dtype()) + lora_b_bias_ * scaling_).to(bias.dtype());
+}
+
 std::shared_ptr<Linear> LoRALinear::merge() const {
+  const Tensor bias = merged_bias();
   Generator unused(0);
-  auto out = std::make_shared<Linear>(base_->in_features(), base_->out_features(), unused,
-                                      base_->bias().defined());
+  auto out =
+      std::make_shared<Linear>(base_->in_features(), base_->out_features(), unused, bias.defined());
   NoGradGuard no_grad;
   copy_(out->weight(), merged_weight());
-  if (base_->bias().defined()) copy_(out->bias(), base_->bias());
+  if (bias.defined()) copy_(out->bias(), bias);
   return out;
 }
 

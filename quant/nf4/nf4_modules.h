@@ -103,12 +103,17 @@ struct LoRAOptions {
    * PEFT's dequantization of a bitsandbytes weight gives it (which may
    * differ from the compute dtype the base multiplies in). */
   DType base_dtype = DType::f32;
+  /** A trainable bias on the adapters' second factor (PEFT's lora_bias):
+   * "lora_B_bias" [out], zero at first, scaled with the product. Not with
+   * DoRA (PEFT refuses the two together). */
+  bool lora_bias = false;
 };
 
-/** base(x) + (dropout(x) A^T B^T) * scaling, scaling = alpha / rank (or
+/** base(x) + (dropout(x) A^T B^T + b_B) * scaling, scaling = alpha / rank (or
  * alpha / sqrt(rank)): a frozen NF4Linear "base" and trainable adapters
  * "lora_A" [rank, in] (Kaiming-uniform, PEFT's default) and "lora_B"
- * [out, rank] (zeros, so training starts from the base model). The adapters'
+ * [out, rank] (zeros, so training starts from the base model), and with
+ * lora_bias "lora_B_bias" b_B [out] (zeros; without it b_B = 0). The adapters'
  * product runs in their dtype and is added in the base output's dtype (as
  * PEFT does over a 4-bit base).
  *
@@ -130,11 +135,18 @@ class LoRALinear : public Module {
    * with DoRA, W + s B A (W dequantized to base_dtype) with its rows scaled
    * by magnitude / weight_norm(). */
   Tensor merged_weight() const;
-  /** A plain Linear holding merged_weight() and the base bias, for export. */
+  /** The bias a merged layer holds: the base's, plus scaling * b_B with
+   * lora_bias; undefined when the base has none and there is no lora_bias.
+   * Throws std::invalid_argument naming the layer's shape for lora_bias over
+   * a base without a bias (nowhere to merge it; PEFT refuses it too). */
+  Tensor merged_bias() const;
+  /** A plain Linear holding merged_weight() and merged_bias(), for export. */
   std::shared_ptr<Linear> merge() const;
   const std::shared_ptr<NF4Linear>& base() const { return base_; }
   const Tensor& lora_A() const { return lora_a_; }
   const Tensor& lora_B() const { return lora_b_; }
+  /** lora_bias's b_B [out]; undefined without it. */
+  const Tensor& lora_B_bias() const { return lora_b_bias_; }
   /** DoRA's magnitude [out]; undefined without DoRA. */
   const Tensor& magnitude() const { return magnitude_; }
   bool use_dora() const { return magnitude_.defined(); }
@@ -148,8 +160,13 @@ class LoRALinear : public Module {
    * turning it off drops the kept norm. */
   void keep_weight_norm(bool on);
   /** The trained tensors under PEFT's names after the layer's:
-   * "lora_A.weight", "lora_B.weight" and, with DoRA, "lora_magnitude_vector". */
+   * "lora_A.weight", "lora_B.weight", with lora_bias "lora_B.bias" and with
+   * DoRA "lora_magnitude_vector". */
   std::vector<std::pair<std::string, Tensor>> adapter_tensors() const;
+  /** adapter_tensors()' names and shapes for a layer over a base [out, in]
+   * with `options` (rank, use_dora, lora_bias), before one is made. */
+  static std::vector<std::pair<std::string, Shape>> adapter_tensor_shapes(
+      int64_t in, int64_t out, const LoRAOptions& options);
   double scaling() const { return scaling_; }
   /** The stream the adapters' input dropout draws from: a training
    * checkpoint keeps its state so that a resumed run drops the same inputs. */
@@ -163,7 +180,7 @@ class LoRALinear : public Module {
   Tensor adapted_weight() const;
 
   std::shared_ptr<NF4Linear> base_;
-  Tensor lora_a_, lora_b_, magnitude_;
+  Tensor lora_a_, lora_b_, lora_b_bias_, magnitude_;
   bool keep_norm_ = false;
   Tensor kept_norm_;  // keep_weight_norm's, on the magnitude's device
   DType base_dtype_;

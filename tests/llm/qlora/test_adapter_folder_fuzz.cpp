@@ -124,7 +124,10 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
       // DoRA claimed over a file without magnitudes.
       {"use_dora", true,
        "missing base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"},
-      {"use_dora", "yes", "a LoRA field is missing or of the wrong type"},
+      {"use_dora", "yes", "use_dora must be true or false"},
+      // lora_bias claimed over a file without B's biases.
+      {"lora_bias", true, "missing base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias"},
+      {"lora_bias", 1, "lora_bias must be true or false"},
       // PEFT 0.21's options that change the forward.
       {"target_parameters", json::array({"mlp.experts.gate_up_proj"}), "target_parameters is set"},
       {"alora_invocation_tokens", json::array({5, 9}), "alora_invocation_tokens is set"},
@@ -155,7 +158,8 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
       {"modules_to_save", json::array({"lm_head"}), "missing base_model.model.lm_head.weight"},
       {"modules_to_save", json::array({"q_proj"}), "a linear layer quantized to NF4"},
       {"modules_to_save", "lm_head", "a LoRA field is missing or of the wrong type"},
-      {"bias", "all", "bias is \"all\""},
+      {"bias", "everything", "bias must be none, all or lora_only, got \"everything\""},
+      {"bias", 3, "bias must be a string"},
       {"base_model_name_or_path", "another-model", "made for base \"another-model\""},
       {"quanta_base_quantization", json{{"quant_type", "fp4"}}, "quant_type must be nf4"},
       {"quanta_base_quantization", json{{"blocksize", 0}}, "blocksize"},
@@ -179,6 +183,7 @@ TEST_CASE("adapter folders: each adapter_config.json mistake is refused, naming 
     REQUIRE_FALSE(r.ok);
     CHECK(r.error.find(dir) != std::string::npos);
     CHECK(r.error.find(c.says) != std::string::npos);
+    CHECK(r.model_unchanged);
   }
   folders.fresh();
   write_text(folders.config(), "{\"r\": ");

@@ -4,6 +4,7 @@
 // merged model equal to the adapted one.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,8 @@ void perturb_adapters(Module& model) {
   Generator gen(11);
   for (auto& [name, layer] : llm::lora_layers(model)) {
     copy_(layer->lora_B(), randn(layer->lora_B().shape(), gen) * 0.05);
+    if (layer->lora_B_bias().defined())
+      copy_(layer->lora_B_bias(), randn(layer->lora_B_bias().shape(), gen) * 0.05);
     if (layer->use_dora())
       copy_(
           layer->magnitude(),
@@ -247,20 +250,32 @@ TEST_CASE("PEFT adapter folders: written, read back, and refused when they do no
       std::runtime_error);
   // A damaged config: one line naming the file and the field.
   bad = config;
-  bad["lora_bias"] = true;
+  bad["lora_bias"] = "yes";
   std::ofstream(dir + "/adapter_config.json") << bad.dump();
   auto third = llm::load_causal_lm(model_dir("qwen2_bias"));
   CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
-                       doctest::Contains("adapter_config.json: lora_bias is set"),
+                       doctest::Contains("adapter_config.json: lora_bias must be true or false"),
                        std::runtime_error);
-  // DoRA claimed over adapters trained without it: their magnitudes are missing.
-  bad = config;
-  bad["use_dora"] = true;
-  std::ofstream(dir + "/adapter_config.json") << bad.dump();
-  CHECK_THROWS_WITH_AS(llm::apply_peft_adapters(*third, dir, ""),
-                       doctest::Contains("missing base_model.model.model.layers.0.self_attn.q_proj."
-                                         "lora_magnitude_vector"),
-                       std::runtime_error);
+  // Options claimed over adapters trained without them: their tensors are
+  // missing, found before the model is converted (it can take the next).
+  for (const char* option : {"lora_bias", "use_dora"}) {
+    CAPTURE(option);
+    bad = config;
+    bad[option] = true;
+    std::ofstream(dir + "/adapter_config.json") << bad.dump();
+    CHECK_THROWS_WITH_AS(
+        llm::apply_peft_adapters(*third, dir, ""),
+        doctest::Contains(
+            (std::string("missing base_model.model.model.layers.0.self_attn.q_proj.") +
+             (option == std::string("lora_bias") ? "lora_B.bias" : "lora_magnitude_vector"))
+                .c_str()),
+        std::runtime_error);
+    CHECK(llm::lora_layers(*third).empty());
+    CHECK(llm::nf4_layers(*third).empty());
+  }
+  std::ofstream(dir + "/adapter_config.json") << config.dump();
+  llm::apply_peft_adapters(*third, dir, "");
+  CHECK(third->logits(kIds).to_vector<float>() == want.to_vector<float>());
   bad = config;
   bad["target_modules"] = "(?P<name>.*proj)";  // Python's, not ECMAScript's
   std::ofstream(dir + "/adapter_config.json") << bad.dump();
@@ -290,6 +305,104 @@ TEST_CASE("merge_qlora: the merged float model computes what the adapted one doe
     llm::save_causal_lm(*model, tmp.path().string() + "/merged");
     auto reloaded = llm::load_causal_lm(tmp.path().string() + "/merged");
     CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+  }
+}
+
+TEST_CASE("apply_qlora: PEFT's bias and lora_bias train the chosen biases, saved and merged") {
+  // qwen2_bias: q, k and v have biases; adapters on q_proj and o_proj.
+  const auto trained_names = [](llm::TrainedBiases bias, bool lora_bias) {
+    auto model = llm::load_causal_lm(model_dir("qwen2_bias"));
+    llm::QLoRAOptions o = options({"q_proj", "o_proj"});
+    o.lora.bias = bias;
+    o.lora.lora_bias = lora_bias;
+    std::vector<std::string> planned;
+    for (const auto& [name, shape] : llm::planned_trained_tensors(*model, o))
+      planned.push_back("base_model.model." + name);
+    llm::apply_qlora(*model, o);
+    std::vector<std::string> names;
+    int64_t trainable = 0;
+    for (const auto& [name, t] : llm::peft_trained_parameters(*model, o.lora)) {
+      CHECK(t.requires_grad());
+      names.push_back(name);
+    }
+    for (const Tensor& p : model->parameters()) trainable += p.requires_grad();
+    CHECK(trainable == int64_t(names.size()));
+    CHECK(planned == names);  // the plan names what the conversion makes
+    return names;
+  };
+  const std::string l0 = "base_model.model.model.layers.0.self_attn.";
+  const auto none = trained_names(llm::TrainedBiases::none, false);
+  CHECK(none.size() == 8);
+  const auto all = trained_names(llm::TrainedBiases::all, false);
+  REQUIRE(all.size() == 14);  // and q's, k's, v's biases in both layers
+  CHECK(std::count(all.begin(), all.end(), l0 + "q_proj.base_layer.bias") == 1);
+  CHECK(std::count(all.begin(), all.end(), l0 + "k_proj.bias") == 1);
+  CHECK(std::count(all.begin(), all.end(), l0 + "v_proj.bias") == 1);
+  const auto lora_only = trained_names(llm::TrainedBiases::lora_only, true);
+  REQUIRE(lora_only.size() == 8 + 4 + 2);  // B's biases, and q's own
+  CHECK(std::count(lora_only.begin(), lora_only.end(), l0 + "q_proj.base_layer.bias") == 1);
+  CHECK(std::count(lora_only.begin(), lora_only.end(), l0 + "o_proj.lora_B.bias") == 1);
+  CHECK(std::count(lora_only.begin(), lora_only.end(), l0 + "k_proj.bias") == 0);
+
+  // A setting that trains nothing is refused, the model unchanged.
+  for (const auto bias : {llm::TrainedBiases::all, llm::TrainedBiases::lora_only}) {
+    auto llama = llm::load_causal_lm(model_dir("llama_gqa"));
+    llm::QLoRAOptions o = options({"q_proj"});
+    o.lora.bias = bias;
+    CHECK_THROWS_WITH_AS(llm::apply_qlora(*llama, o),
+                         doctest::Contains((std::string("bias \"") +
+                                            llm::trained_biases_name(bias) + "\" trains nothing")
+                                               .c_str()),
+                         std::invalid_argument);
+    CHECK(llm::nf4_layers(*llama).empty());
+  }
+  auto qwen = llm::load_causal_lm(model_dir("qwen2_bias"));
+  llm::QLoRAOptions only_o = options({"o_proj"});
+  only_o.lora.bias = llm::TrainedBiases::lora_only;
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*qwen, only_o),
+                       doctest::Contains("no adapted layer has a bias"), std::invalid_argument);
+  llm::QLoRAOptions with_dora = options({"q_proj"});
+  with_dora.lora.lora_bias = true;
+  with_dora.lora.use_dora = true;
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*qwen, with_dora),
+                       doctest::Contains("lora_bias is not available with use_dora"),
+                       std::invalid_argument);
+
+  // Trained biases and B's biases: saved, read back, merged.
+  for (const bool on_o_proj : {false, true}) {
+    CAPTURE(on_o_proj);
+    TempDir tmp;
+    const std::string dir = tmp.path().string() + "/adapters";
+    auto model = llm::load_causal_lm(model_dir("qwen2_bias"));
+    llm::QLoRAOptions o = options(on_o_proj ? std::vector<std::string>{"q_proj", "o_proj"}
+                                            : std::vector<std::string>{"q_proj", "k_proj"});
+    o.lora.bias = llm::TrainedBiases::all;
+    o.lora.lora_bias = true;
+    llm::apply_qlora(*model, o);
+    perturb_adapters(*model);
+    {
+      NoGradGuard no_grad;
+      Generator gen(5);
+      for (const auto& [name, b] : llm::trained_biases(*model, o.lora.bias))
+        copy_(b, b + randn(b.shape(), gen) * 0.05);
+    }
+    llm::save_peft_adapters(*model, o.lora, o.quantization, dir);
+    NoGradGuard no_grad;
+    const Tensor adapted = model->logits(kIds);
+    auto again = llm::load_causal_lm(model_dir("qwen2_bias"));
+    llm::apply_peft_adapters(*again, dir, "");
+    CHECK(again->logits(kIds).to_vector<float>() == adapted.to_vector<float>());
+    if (on_o_proj) {
+      // o_proj has no bias to take B's: merging is refused before anything changes.
+      CHECK_THROWS_WITH_AS(llm::merge_qlora(*model),
+                           doctest::Contains("model.layers.0.self_attn.o_proj has lora_bias but "
+                                             "no bias of its own"),
+                           std::invalid_argument);
+      CHECK(llm::lora_layers(*model).size() == 4);
+      continue;
+    }
+    llm::merge_qlora(*model);
+    CHECK(max_rel_diff(model->logits(kIds), adapted) < 1e-5);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -91,6 +92,8 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   for (const auto& [key, value] : texts)
     if (!value->empty()) model[key] = *value;
   if (o.use_dora) model["use_dora"] = true;
+  if (o.bias != "none") model["bias"] = o.bias;
+  if (o.lora_bias) model["lora_bias"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
 }
@@ -150,6 +153,9 @@ std::string layer_choice_text(const llm::LoraSettings& l) {
   patterns("rank_pattern", l.rank_pattern);
   patterns("alpha_pattern", l.alpha_pattern);
   if (!l.modules_to_save.empty()) s += "; modules_to_save " + join_names(l.modules_to_save, ",");
+  if (l.bias != llm::TrainedBiases::none)
+    s += std::string("; bias ") + llm::trained_biases_name(l.bias);
+  if (l.lora_bias) s += "; lora_bias";
   return s;
 }
 
@@ -178,6 +184,29 @@ void read_layer_choice(const FinetuneOptions& o, llm::LoraSettings& l) {
     const auto [key, value] = pattern_value(p, "--alpha-pattern");
     l.alpha_pattern.emplace_back(key, number_of<double>(value, "--alpha-pattern " + p));
   }
+  l.bias = llm::parse_trained_biases(o.bias);
+  l.lora_bias = o.lora_bias;
+}
+
+// transformers' Trainer decays every trained tensor but biases and norm
+// weights (get_decay_parameter_names: names holding "bias", "layernorm",
+// "rmsnorm", a "norm" part or a part ending in "_norm"); quanta's tensor
+// names are the model's, so the same rule picks the same tensors.
+bool trainer_decays(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (lower.find("bias") != std::string::npos || lower.find("layernorm") != std::string::npos ||
+      lower.find("rmsnorm") != std::string::npos)
+    return false;
+  std::size_t start = 0;
+  while (start <= lower.size()) {
+    const std::size_t dot = std::min(lower.find('.', start), lower.size());
+    const std::string part = lower.substr(start, dot - start);
+    if (part == "norm" || part.ends_with("_norm")) return false;
+    start = dot + 1;
+  }
+  return true;
 }
 
 // Prompt-completion lines read with the folder's tokenizer.model (when it
@@ -296,6 +325,15 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--use-dora", o.use_dora,
                "--model: DoRA (PEFT's use_dora): train a magnitude per output row beside the "
                "adapters, which set the rows' direction");
+  sub.add_option("--bias", o.bias,
+                 "--model: the base's biases that train beside the adapters and are saved with "
+                 "them (PEFT's bias): none, all, or lora_only (the adapted layers'); never "
+                 "weight-decayed")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "all", "lora_only"}));
+  sub.add_flag("--lora-bias", o.lora_bias,
+               "--model: a trained bias on each adapter's output (PEFT's lora_bias); not with "
+               "--use-dora, and --merge-to needs the adapted layers to have biases");
   sub.add_option("--compute-dtype", o.compute_dtype,
                  "--model: the dtype NF4 weights are dequantized to (bitsandbytes' "
                  "bnb_4bit_compute_dtype): auto (the model's dtype, what bitsandbytes uses "
@@ -389,14 +427,13 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   std::shared_ptr<llm::CausalLM> model =
       llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
   const llm::QLoRAReport report = llm::apply_qlora(*model, q);
-  // AdamW decays every trainable tensor alike, while transformers' Trainer
-  // leaves norm weights undecayed: a norm trained whole would differ.
-  if (o.weight_decay > 0)
-    for (const std::string& m : report.saved_modules)
-      if (m.ends_with("norm"))
-        throw UsageError("--modules-to-save names " + m +
-                         ", a norm: with --weight-decay, quanta would decay its weight, which "
-                         "transformers' Trainer does not (train it with --weight-decay 0)");
+  if (!o.merge_to.empty()) {
+    try {
+      llm::check_qlora_mergeable(*model);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--lora-bias with --merge-to: ") + e.what());
+    }
+  }
   model->set_recompute_layers(o.recompute);
   uint64_t before = 0, after = 0;
   int64_t adapted = 0;
@@ -465,6 +502,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   s.graph = !o.no_graph;
   s.optimizer = {.adamw = true,
                  .weight_decay = o.weight_decay,
+                 .decays = trainer_decays,
                  .schedule = o.lr_schedule,
                  .warmup_steps = o.warmup_steps,
                  .max_grad_norm = o.max_grad_norm,

@@ -110,7 +110,10 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--layers-to-transform",
                                                    "--layers-pattern",
                                                    "--rank-pattern",
-                                                   "--alpha-pattern"};
+                                                   "--alpha-pattern",
+                                                   "--modules-to-save",
+                                                   "--bias",
+                                                   "--lora-bias"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

@@ -49,8 +49,9 @@ struct FinetuneOptions {
   std::string target_modules_regex, exclude_modules, exclude_modules_regex;
   std::string layers_to_transform, layers_pattern, modules_to_save;
   std::vector<std::string> rank_pattern, alpha_pattern;
-  bool use_rslora = false, use_dora = false, pack = false, completions_only = false,
-       recompute = false, shard = false;
+  std::string bias = "none";
+  bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
+       completions_only = false, recompute = false, shard = false;
   bool no_graph = false;
 };
 

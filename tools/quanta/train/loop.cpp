@@ -100,19 +100,38 @@ struct LogWindow {
   }
 };
 
-std::vector<Tensor> trainable_parameters(Module& model) {
-  std::vector<Tensor> out;
-  for (const Tensor& p : model.parameters())
-    if (p.requires_grad()) out.push_back(p);
+// The trainable tensors in the optimizer's groups, each in model order:
+// those weight decay applies to, then (with weight decay and a `decays`
+// rule) the others, at 0.
+std::vector<ParamGroup> optimizer_groups(Module& model, const LoopSettings& s) {
+  const OptimizerSettings& o = s.optimizer;
+  ParamGroup decayed, undecayed;
+  undecayed.weight_decay = 0.0;
+  for (auto& [name, p] : model.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    const bool decays = o.weight_decay == 0 || !o.decays || o.decays(name);
+    (decays ? decayed : undecayed).params.push_back(p);
+  }
+  std::vector<ParamGroup> out;
+  if (!decayed.params.empty() || undecayed.params.empty()) out.push_back(std::move(decayed));
+  if (!undecayed.params.empty()) out.push_back(std::move(undecayed));
   return out;
 }
 
-std::unique_ptr<Adam> make_optimizer(const std::vector<Tensor>& params, const LoopSettings& s) {
+// The groups' parameters one after the other: the optimizer's order.
+std::vector<Tensor> group_parameters(const std::vector<ParamGroup>& groups) {
+  std::vector<Tensor> out;
+  for (const ParamGroup& g : groups) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
+std::unique_ptr<Adam> make_optimizer(std::vector<ParamGroup> groups, const LoopSettings& s) {
   const OptimizerSettings& o = s.optimizer;
   if (o.adamw)
-    return std::make_unique<AdamW>(params,
+    return std::make_unique<AdamW>(std::move(groups),
                                    AdamWOptions{.lr = s.lr, .weight_decay = o.weight_decay});
-  return std::make_unique<Adam>(params, AdamOptions{.lr = s.lr, .weight_decay = o.weight_decay});
+  return std::make_unique<Adam>(std::move(groups),
+                                AdamOptions{.lr = s.lr, .weight_decay = o.weight_decay});
 }
 
 // The lr of each step, a pure function of the step (so a resumed run
@@ -156,7 +175,7 @@ class Loop {
         log_(lead_log(log, lead_)),
         model_(task.model()),
         names_(task.term_names()),
-        optimizer_(make_optimizer(trainable_parameters(*model_), s)),
+        optimizer_(make_optimizer(optimizer_groups(*model_, s), s)),
         schedule_(make_schedule(*optimizer_, s)),
         per_epoch_((s.examples + s.batch_size - 1) / s.batch_size),
         ckpt_path_(out_file(s.out_dir, kCheckpointFile)),
@@ -168,7 +187,10 @@ class Loop {
     if (graphs_step()) captured_ = std::make_unique<CapturedStep>(device_, kGraphWarmupSteps);
     if (world_ > 1) dp_ = std::make_unique<dist::DataParallel>(model_, group_, s.data_parallel);
     if (world_ > 1 && s.shard_optimizer_state) {
-      opt_shards_ = std::make_unique<dist::OptimizerShards>(group_, trainable_parameters(*model_));
+      std::vector<std::size_t> sizes;
+      for (const ParamGroup& g : optimizer_->param_groups()) sizes.push_back(g.params.size());
+      opt_shards_ = std::make_unique<dist::OptimizerShards>(
+          group_, group_parameters(optimizer_->param_groups()), std::move(sizes));
       opt_shards_->reduce_gradients_to_owners(*dp_);
     }
   }
@@ -280,7 +302,8 @@ class Loop {
       if (s_.optimizer.max_grad_norm > 0 && opt_shards_)
         opt_shards_->clip_grad_norm_(s_.optimizer.max_grad_norm);
       else if (s_.optimizer.max_grad_norm > 0)  // the norm is not logged: not read
-        clip_grad_norm_no_sync_(trainable_parameters(*model_), s_.optimizer.max_grad_norm);
+        clip_grad_norm_no_sync_(group_parameters(optimizer_->param_groups()),
+                                s_.optimizer.max_grad_norm);
       optimizer_->step();
       if (opt_shards_) opt_shards_->broadcast_updates();
     };

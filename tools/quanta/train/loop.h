@@ -138,6 +138,9 @@ struct OptimizerSettings {
   /** AdamW (decoupled weight decay) instead of Adam. */
   bool adamw = false;
   double weight_decay = 0;
+  /** Which trainable tensors, by name, weight decay applies to (empty: all);
+   * the others form a second group at 0. */
+  std::function<bool(const std::string& name)> decays;
   /** "constant", "linear" (to 0 at the last step) or "cosine" (to 0), each
    * after `warmup_steps` of linear warmup. */
   std::string schedule = "constant";

@@ -6,7 +6,7 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
 (PART: cases, quanta_written, transformers_4bit; all when none is named;
-case=NAME for one case.)
+case=NAME for one case, quanta_written=NAME for one folder.)
 
 One folder per case in qlora/:
 
@@ -98,6 +98,18 @@ CASES = {
                        use_rslora=False, dtype=torch.float32, n_targeted=14, choice=dict(use_dora=True)),
     "llama_bf16_dora": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                             use_rslora=False, dtype=torch.bfloat16, n_targeted=6, choice=dict(use_dora=True)),
+    # Biases trained beside the adapters: bias="all" trains qwen2's q, k and
+    # v biases, adapted (q_proj, saved as base_layer.bias) or not (k, v);
+    # lora_only those of the adapted layers, with lora_bias's bias on B.
+    "qwen2_bias_all": dict(model="qwen2_bias", r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "up_proj"],
+                           use_rslora=False, dtype=torch.float32, n_targeted=6, n_biases=6,
+                           choice=dict(bias="all")),
+    "qwen2_lora_only_lora_bias": dict(model="qwen2_bias", r=4, lora_alpha=8, target_modules="all-linear",
+                                      use_rslora=True, dtype=torch.float32, n_targeted=14, n_biases=6,
+                                      choice=dict(bias="lora_only", lora_bias=True)),
+    "llama_bf16_lora_bias": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                 use_rslora=False, dtype=torch.bfloat16, n_targeted=6,
+                                 choice=dict(lora_bias=True)),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -142,8 +154,9 @@ def run_case(root, name, c, seed):
         assert m.weight.quant_state.blocksize == 64 and m.weight.quant_state.quant_type == "nf4"
         m.support_avx512bf16_for_cpu = False
 
+    choice = {"bias": "none", **c.get("choice", {})}
     cfg = LoraConfig(r=c["r"], lora_alpha=c["lora_alpha"], lora_dropout=0.0, target_modules=c["target_modules"],
-                     use_rslora=c["use_rslora"], task_type="CAUSAL_LM", bias="none", **c.get("choice", {}))
+                     use_rslora=c["use_rslora"], task_type="CAUSAL_LM", **choice)
     torch.manual_seed(seed + 1)
     pm = get_peft_model(model, cfg)
     prefix = "base_model.model."
@@ -151,9 +164,11 @@ def run_case(root, name, c, seed):
     assert len(targeted) == c["n_targeted"] and "lm_head" not in targeted, targeted
     trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
     saved_modules = c.get("choice", {}).get("modules_to_save", [])
-    per_layer = 3 if c.get("choice", {}).get("use_dora") else 2  # A, B (and the magnitude)
-    assert len(trainable) == per_layer * len(targeted) + len(saved_modules), [n for n, _ in trainable]
-    assert all(".lora_" in n or ".modules_to_save." in n for n, _ in trainable)
+    # A, B (and the magnitude, or B's bias)
+    per_layer = 2 + bool(choice.get("use_dora")) + bool(choice.get("lora_bias"))
+    assert len(trainable) == per_layer * len(targeted) + len(saved_modules) + c.get("n_biases", 0), \
+        [n for n, _ in trainable]
+    assert all(".lora_" in n or ".modules_to_save." in n or n.endswith(".bias") for n, _ in trainable)
     g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for n, p in trainable:
@@ -251,7 +266,8 @@ def run_case(root, name, c, seed):
 # quanta_written*/adapters, made by `quanta finetune --model models/llama_gqa
 # --data TOKENS --seq-len 64 --steps 20 --batch-size 8 --lr 1e-2 --lora-r 4`
 # with these flags (TOKENS: 64 JSONL lines of 64 ids below 64), their
-# base_model_name_or_path set to llama_gqa.
+# base_model_name_or_path set to llama_gqa (QUANTA_WRITTEN_MODEL names
+# another model where one is used).
 QUANTA_WRITTEN = {
     "quanta_written": "",
     "quanta_written_choice": "--target-modules q_proj,v_proj,down_proj --exclude-modules "
@@ -263,19 +279,23 @@ QUANTA_WRITTEN = {
                             "--rank-pattern k_proj=3 --alpha-pattern up_proj=5",
     "quanta_written_saved": "--target-modules q_proj,v_proj --modules-to-save embed_tokens,lm_head",
     "quanta_written_dora": "--use-dora",
+    # Over qwen2_bias (QUANTA_WRITTEN_MODEL): q, k and v biases trained.
+    "quanta_written_bias": "--target-modules q_proj,o_proj --bias all --lora-bias",
 }
+QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias"}
 
 
-def check_quanta_adapters(root):
+def check_quanta_adapters(root, names=()):
     """PEFT's logits with each adapter folder quanta wrote (QUANTA_WRITTEN),
     over bitsandbytes' base, in eval mode: <case>/peft_logits.safetensors
     (ids, logits). quanta_written_choice's rank_pattern is in an order other
     than sorted, and its first key must win for layer 1's q_proj (r 6)."""
     from peft import PeftModel
-    for name in QUANTA_WRITTEN:
+    for name in names or QUANTA_WRITTEN:
         case = os.path.join(root, "qlora", name)
         model = AutoModelForCausalLM.from_pretrained(
-            os.path.join(root, "models", "llama_gqa"), dtype=torch.float32, device_map="cpu",
+            os.path.join(root, "models", QUANTA_WRITTEN_MODEL.get(name, "llama_gqa")), dtype=torch.float32,
+            device_map="cpu",
             quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                    bnb_4bit_use_double_quant=True,
                                                    bnb_4bit_compute_dtype=torch.float32))
@@ -295,6 +315,9 @@ def check_quanta_adapters(root):
             logits = peft_model(input_ids=ids).logits.float()
         save_file({"ids": ids, "logits": logits.contiguous()},
                   os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+        if name == "quanta_written_bias":
+            assert all(m.lora_bias["default"] for m in peft_model.modules()
+                       if isinstance(m, peft.tuners.lora.LoraLayer))
         if name == "quanta_written_dora":
             assert all(m.lora_magnitude_vector for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
@@ -334,6 +357,8 @@ def main(root, parts):
         if part.startswith("case="):  # one case alone: case=NAME
             name = part.removeprefix("case=")
             run_case(root, name, CASES[name], seed=100 * (list(CASES).index(name) + 1))
+        elif part.startswith("quanta_written="):
+            check_quanta_adapters(root, [part.removeprefix("quanta_written=")])
         else:
             PARTS[part](root)
 
