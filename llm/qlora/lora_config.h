@@ -1,10 +1,11 @@
 #pragma once
 // What a QLoRA fine-tune is: PEFT's LoraConfig fields (r, lora_alpha,
-// lora_dropout, target_modules, use_rslora, and the ones choosing layers and
-// their ranks: exclude_modules, layers_to_transform, layers_pattern,
-// rank_pattern, alpha_pattern) and bitsandbytes' 4-bit settings (NF4, block
-// 64, double quantization, compute dtype), with PEFT's adapter_config.json
-// as their file form.
+// lora_dropout, target_modules, use_rslora, use_dora, bias, lora_bias,
+// modules_to_save, and the ones choosing layers and their ranks:
+// exclude_modules, layers_to_transform, layers_pattern, rank_pattern,
+// alpha_pattern) and bitsandbytes' 4-bit settings (NF4, block 64, double
+// quantization, compute dtype), with PEFT's adapter_config.json as their
+// file form.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>

@@ -68,7 +68,10 @@ struct AdapterBaseMismatch : std::runtime_error {
  * `base_dir`: apply_qlora with the folder's settings (seed unused), then its
  * tensors. A folder whose base_model_name_or_path ends in another name than
  * `base_dir` is refused, naming both (an adapter made for another base:
- * AdapterBaseMismatch); an empty `base_dir` skips that check. */
+ * AdapterBaseMismatch); an empty `base_dir` skips that check. Any other
+ * misfit (a setting the model refuses, a tensor missing, unexpected or of
+ * another shape) throws std::runtime_error naming the file, found before the
+ * model is converted: the model is unchanged then. */
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
                                 const std::string& base_dir);
 

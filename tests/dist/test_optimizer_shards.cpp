@@ -132,3 +132,66 @@ TEST_CASE("OptimizerShards: a whole state_dict resumes on another number of rank
   })));
   for (int r = 0; r < 3; ++r) CHECK(got[r] == want);
 }
+
+TEST_CASE("OptimizerShards: two parameter groups (one undecayed) shard and gather as one") {
+  // Parameters 0, 2 and 4 decayed, 1, 3 and 5 not: a group's parameters
+  // are contiguous in the optimizer's order, the shards' runs cross groups.
+  const auto grouped = [](const std::vector<Tensor>& ps) {
+    ParamGroup decayed{{ps[0], ps[2], ps[4]}}, undecayed{{ps[1], ps[3], ps[5]}};
+    undecayed.weight_decay = 0.0;
+    return std::vector<ParamGroup>{decayed, undecayed};
+  };
+  const auto in_order = [](const std::vector<Tensor>& ps) {
+    return std::vector<Tensor>{ps[0], ps[2], ps[4], ps[1], ps[3], ps[5]};
+  };
+  std::vector<Tensor> ref = make_params();
+  AdamW ref_opt(grouped(ref), AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+  run_steps(ref, ref_opt, nullptr, 0, 2);
+  StateDict whole;
+  for (const auto& [k, v] : ref_opt.state_dict()) whole.emplace_back(k, v.clone());
+  const auto ref_state_at_2 = as_map(whole);
+  const std::vector<std::vector<float>> at_2 = values(ref);
+  run_steps(ref, ref_opt, nullptr, 2, 4);
+  const auto want = values(ref);
+  CHECK(ref_state_at_2.count("state.1.2.exp_avg") == 1);
+
+  std::vector<StateDict> gathered(3);
+  std::vector<std::vector<std::vector<float>>> got(3), resumed(3);
+  REQUIRE(all_ok(run_ranks(3, [&](ProcessGroup& g) {
+    std::vector<Tensor> ps = make_params();
+    AdamW opt(grouped(ps), AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+    OptimizerShards shards(g, in_order(ps), {3, 3});
+    run_steps(ps, opt, &shards, 0, 2);
+    gathered[g.rank()] = shards.gather_state(opt.state_dict());
+    run_steps(ps, opt, &shards, 2, 4);
+    got[g.rank()] = values(ps);
+    // The whole state at step 2 cut to this rank's share: the same 2 steps.
+    std::vector<Tensor> again = make_params();
+    {
+      NoGradGuard no_grad;
+      for (std::size_t i = 0; i < again.size(); ++i)
+        copy_(again[i], from_vector(at_2[i], again[i].shape()));
+    }
+    AdamW opt2(grouped(again), AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+    OptimizerShards shards2(g, in_order(again), {3, 3});
+    opt2.load_state_dict(shards2.owned_state(whole));
+    run_steps(again, opt2, &shards2, 2, 4);
+    resumed[g.rank()] = values(again);
+  })));
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(got[r] == want);
+    CHECK(resumed[r] == want);
+    CHECK(as_map(gathered[r]) == ref_state_at_2);
+  }
+  // Groups that do not hold the parameters given are refused.
+  REQUIRE(all_ok(run_ranks(1, [&](ProcessGroup& g) {
+    CHECK_THROWS_WITH_AS(OptimizerShards(g, make_params(), {3, 2}),
+                         doctest::Contains("the groups hold 5 parameters, not 6"),
+                         std::invalid_argument);
+    OptimizerShards one(g, make_params());
+    CHECK_THROWS_WITH_AS(one.owned_state({{"state.1.0.step", Tensor()}}),
+                         doctest::Contains("names no parameter of these 1 group(s)"),
+                         std::invalid_argument);
+  })));
+}

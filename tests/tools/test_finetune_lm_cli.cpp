@@ -537,6 +537,99 @@ TEST_CASE(
                      d.file("sharded/adapters/adapter_model.safetensors"));
 }
 
+TEST_CASE(
+    "finetune --model --bias all --lora-bias: the biases train undecayed and are saved as PEFT "
+    "names them; merge, resume and sharding agree") {
+  ScratchDir d("ft_lm_bias");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 13), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 14), llm::TokenWidth::u16);
+  // qwen2_bias: q, k and v have biases (adapted here); gate_proj has none.
+  const std::vector<std::string> bias = {
+      "--bias",         "all", "--lora-bias", "--target-modules", "q_proj,k_proj",
+      "--weight-decay", "0.1", "--eval-data", d.file("eval.bin")};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), bias.begin(), bias.end());
+    return more;
+  };
+  const CliResult r = run_quanta(
+      finetune("qwen2_bias", d, "one", with({"--steps", "20", "--merge-to", d.file("merged")})));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, " on 4 layers (q_proj,k_proj; bias all; lora_bias)"));
+  const json config = json::parse(std::ifstream(d.file("one/adapters/adapter_config.json")));
+  CHECK(config["bias"] == "all");
+  CHECK(config["lora_bias"] == true);
+  std::vector<std::string> biases;
+  for (const auto& [name, t] :
+       io::load_safetensors(d.file("one/adapters/adapter_model.safetensors")).tensors)
+    if (name.ends_with("bias")) biases.push_back(name);
+  std::sort(biases.begin(), biases.end());
+  const std::string l0 = "base_model.model.model.layers.0.self_attn.";
+  CHECK(biases.size() == 10);  // q's and k's base_layer and lora_B biases, v's own, 2 layers
+  CHECK(std::count(biases.begin(), biases.end(), l0 + "q_proj.base_layer.bias") == 1);
+  CHECK(std::count(biases.begin(), biases.end(), l0 + "q_proj.lora_B.bias") == 1);
+  CHECK(std::count(biases.begin(), biases.end(), l0 + "v_proj.bias") == 1);
+  // AdamW decays A and B (8 tensors) and leaves the 10 biases alone, as
+  // transformers' Trainer does.
+  const train::Checkpoint ck =
+      train::load_checkpoint(d.file("one/checkpoint.safetensors"), "quanta-lm-finetune-1");
+  std::map<std::string, double> groups;
+  for (const auto& [name, t] : ck.optimizer)
+    if (name.starts_with("groups.")) groups[name] = t.to_vector<double>()[0];
+  CHECK(groups["groups.0.weight_decay"] == doctest::Approx(0.1));
+  CHECK(groups["groups.0.num_params"] == 8);
+  CHECK(groups["groups.1.weight_decay"] == 0);
+  CHECK(groups["groups.1.num_params"] == 10);
+  const std::vector<json> rec = records(d.file("one/metrics.jsonl"));
+  REQUIRE(rec.back()["kind"] == "eval");
+  const double before = std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
+  const double after = rec.back()["eval_loss"].get<double>();
+  MESSAGE("bias all + lora_bias: eval loss " << before << " -> " << after);
+  CHECK(after < 0.95 * before);  // adapters on q and k alone: a smaller fall than all-linear's
+
+  // The folder read back, and the merged float model (B's biases folded
+  // into q's and k's), score what the run reported.
+  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
+  auto adapted = llm::load_causal_lm(model("qwen2_bias"));
+  llm::apply_peft_adapters(*adapted, d.file("one/adapters"), model("qwen2_bias"));
+  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
+  auto merged = llm::load_causal_lm(d.file("merged"));
+  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
+
+  // 3 steps and a resume to 6 are 6 in one go; on 2 ranks, sharded (the
+  // two groups' AdamW state split across the ranks) or not, the same tensors.
+  REQUIRE(run_quanta(
+              finetune("qwen2_bias", d, "six", with({"--steps", "6", "--lr-schedule", "constant"})))
+              .code == 0);
+  REQUIRE(run_quanta(finetune("qwen2_bias", d, "part",
+                              with({"--steps", "3", "--lr-schedule", "constant"})))
+              .code == 0);
+  const CliResult resumed = run_quanta(finetune(
+      "qwen2_bias", d, "part", with({"--steps", "6", "--lr-schedule", "constant", "--resume"})));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  check_same_tensors(d.file("six/adapters/adapter_model.safetensors"),
+                     d.file("part/adapters/adapter_model.safetensors"));
+  REQUIRE(
+      run_quanta(finetune("qwen2_bias", d, "two", with({"--steps", "4", "--nproc", "2"}))).code ==
+      0);
+  const CliResult sharded = run_quanta(
+      finetune("qwen2_bias", d, "sharded", with({"--steps", "4", "--nproc", "2", "--shard"})));
+  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  CHECK(contains(sharded.out, "optimizer state and gradients sharded"));
+  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
+                     d.file("sharded/adapters/adapter_model.safetensors"));
+
+  // A norm trained whole is not decayed either (it was refused with
+  // --weight-decay before the rule).
+  const CliResult norms =
+      run_quanta(finetune("llama_gqa", d, "norms",
+                          {"--steps", "2", "--modules-to-save", "norm", "--weight-decay", "0.1"}));
+  REQUIRE_MESSAGE(norms.code == 0, norms.err);
+  const train::Checkpoint nck =
+      train::load_checkpoint(d.file("norms/checkpoint.safetensors"), "quanta-lm-finetune-1");
+  for (const auto& [name, t] : nck.optimizer)
+    if (name == "groups.1.num_params") CHECK(t.to_vector<double>()[0] == 5);  // 2 x 2 + 1 norms
+}
+
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
   ScratchDir d("ft_lm_ranks");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 6), llm::TokenWidth::u16);
@@ -744,8 +837,9 @@ TEST_CASE("finetune --model: bad input is one clear line") {
        {1, "rank_pattern key \"k_proj\" gives no adapted layer its value"}},
       {{"--target-modules", "q_proj", "--exclude-modules", "q_proj"},
        {1, "no linear layer gets an adapter"}},
-      {{"--modules-to-save", "norm", "--weight-decay", "0.1"},
-       {2, "--modules-to-save names model.layers.0.input_layernorm, a norm: with --weight-decay"}},
+      {{"--bias", "all"}, {1, "bias \"all\" trains nothing: the model has no biases"}},
+      {{"--bias", "some"}, {2, "--bias"}},
+      {{"--lora-bias", "--use-dora"}, {2, "lora_bias is not available with use_dora"}},
       {{"--modules-to-save", "q_proj"}, {1, "a linear layer quantized to NF4"}},
       {{"--target-modules", "q_proj", "--rank-pattern", "q_proj=40"},
        {1, "lora r 40 is larger than layer model.layers.0.self_attn.q_proj"}},

@@ -566,6 +566,55 @@ TEST_CASE("LoRALinear: zero-initialised B, merge, state dict round trip") {
   CHECK(max_abs_diff(other(x), lora(x)) == 0.0);
 }
 
+TEST_CASE("LoRALinear with lora_bias: B's bias scaled with the product, merged, f64 gradients") {
+  Generator gen(49);
+  Linear lin(24, 10, gen);
+  // f64 adapters over an f64 bias, as an f64 model has them.
+  auto base = std::make_shared<NF4Linear>(quantize_nf4(lin.weight().detach()),
+                                          lin.bias().detach().to(DType::f64));
+  LoRALinear lora(base,
+                  {.rank = 3, .alpha = 6, .dropout = 0.2, .dtype = DType::f64, .lora_bias = true});
+  REQUIRE(lora.lora_B_bias().defined());
+  const Tensor x = randn({5, 24}, gen, {.dtype = DType::f64});
+  lora.eval();
+  CHECK(max_abs_diff(lora(x), (*base)(x)) == 0.0);  // B and its bias start at 0
+  {
+    NoGradGuard ng;
+    copy_(lora.lora_B(), randn({10, 3}, gen, {.dtype = DType::f64}) * 0.1);
+    copy_(lora.lora_B_bias(), randn({10}, gen, {.dtype = DType::f64}) * 0.1);
+  }
+  // (x A^T B^T + b_B) s over the frozen output.
+  const Tensor want =
+      (*base)(x) + (linear(linear(x, lora.lora_A()), lora.lora_B()) + lora.lora_B_bias()) * 2.0;
+  CHECK(max_abs_diff(lora(x), want) < 1e-12);
+  CHECK(max_abs_diff((*lora.merge())(x.to(DType::f32)), lora(x)) < 1e-5);
+  CHECK(max_abs_diff(lora.merged_bias(), base->bias() + lora.lora_B_bias() * 2.0) < 1e-15);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : lora.adapter_tensors()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"lora_A.weight", "lora_B.weight", "lora_B.bias"});
+
+  // Training, with dropout: every trained tensor's gradient by finite differences.
+  lora.train();
+  const Tensor probe = randn({5, 10}, gen, {.dtype = DType::f64});
+  const GeneratorState draws = lora.dropout_generator().state();
+  const auto loss = [&] {
+    lora.dropout_generator().set_state(draws);
+    return sum(lora(x) * probe);
+  };
+  loss().backward();
+  for (const Tensor& p : {lora.lora_A(), lora.lora_B(), lora.lora_B_bias()})
+    CHECK(max_abs_diff(p.grad(), numeric_grad(p, [&] { return loss().item(); })) < 1e-7);
+
+  // Nowhere to merge B's bias without the base's own; DoRA refuses it.
+  LoRALinear no_bias(std::make_shared<NF4Linear>(quantize_nf4(lin.weight().detach()), Tensor()),
+                     {.rank = 3, .alpha = 6, .lora_bias = true});
+  CHECK_THROWS_WITH_AS(no_bias.merged_bias(), doctest::Contains("without a bias"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(LoRALinear(base, {.rank = 3, .use_dora = true, .lora_bias = true}),
+                       doctest::Contains("lora_bias is not available with DoRA"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("LoRALinear: an input read by several layers gets their gradients summed in place") {
   // Like q, k and v over one input: each layer's adapter and frozen product
   // add onto the sum of the gradients that already reached it (the engine's
