@@ -56,12 +56,12 @@ Case read_case(const std::string& name) {
   return c;
 }
 
-const std::vector<std::string> kCases = {"llama_gqa_all",       "qwen2_qv_rslora",
-                                         "llama_bf16_all",      "llama_gqa_regex_patterns",
-                                         "qwen2_layers_rslora", "llama_gqa_saved",
-                                         "qwen2_dora",          "llama_bf16_dora",
-                                         "qwen2_bias_all",      "qwen2_lora_only_lora_bias",
-                                         "llama_bf16_lora_bias"};
+const std::vector<std::string> kCases = {"llama_gqa_all",        "qwen2_qv_rslora",
+                                         "llama_bf16_all",       "llama_gqa_regex_patterns",
+                                         "qwen2_layers_rslora",  "llama_gqa_saved",
+                                         "qwen2_dora",           "llama_bf16_dora",
+                                         "qwen2_bias_all",       "qwen2_lora_only_lora_bias",
+                                         "llama_bf16_lora_bias", "qwen2_dora_bias"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

@@ -110,6 +110,11 @@ CASES = {
     "llama_bf16_lora_bias": dict(model="llama_bf16", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                                  use_rslora=False, dtype=torch.bfloat16, n_targeted=6,
                                  choice=dict(lora_bias=True)),
+    # DoRA over trained biases: y + (k - 1)(y - bias) passes the bias's
+    # gradient through both terms.
+    "qwen2_dora_bias": dict(model="qwen2_bias", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"],
+                            use_rslora=False, dtype=torch.float32, n_targeted=6, n_biases=6,
+                            choice=dict(use_dora=True, bias="lora_only")),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
