@@ -359,7 +359,61 @@ std::shared_ptr<CausalLM> CausalLM::random(const DecoderConfig& config, Generato
 
 Device CausalLM::device() const { return embed_->weight().device(); }
 
-Tensor CausalLM::lm_head_weight() const { return lm_head_ ? lm_head_->weight() : embed_->weight(); }
+Tensor CausalLM::input_embedding_weight() const {
+  return embed_tokens_adapter_ ? embed_tokens_adapter_->apply(embed_->weight()) : embed_->weight();
+}
+
+Tensor CausalLM::lm_head_weight() const {
+  if (!lm_head_) return input_embedding_weight();  // tied
+  return lm_head_adapter_ ? lm_head_adapter_->apply(lm_head_->weight()) : lm_head_->weight();
+}
+
+void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64_t> indices) {
+  const bool embeddings = module == "model.embed_tokens";
+  if (!embeddings && module != "lm_head")
+    throw std::invalid_argument("trainable tokens go on model.embed_tokens or lm_head, not " +
+                                module);
+  if (!embeddings && !lm_head_)
+    throw std::invalid_argument(
+        "trainable tokens on lm_head of a model with tie_word_embeddings: its output layer is "
+        "the embeddings (give the indices to embed_tokens)");
+  std::shared_ptr<TrainableTokens>& slot = embeddings ? embed_tokens_adapter_ : lm_head_adapter_;
+  if (slot) throw std::invalid_argument(module + " has trainable tokens already");
+  Module& layer = embeddings ? static_cast<Module&>(*embed_) : static_cast<Module&>(*lm_head_);
+  auto adapter = std::make_shared<TrainableTokens>(
+      embeddings ? embed_->weight() : lm_head_->weight(), std::move(indices));
+  for (auto& [name, p] : adapter->named_parameters()) {
+    Tensor t = p;
+    t.requires_grad_(false);
+  }
+  slot = layer.register_module("token_adapter", adapter);
+}
+
+std::vector<std::pair<std::string, const TrainableTokens*>> CausalLM::trainable_tokens() const {
+  std::vector<std::pair<std::string, const TrainableTokens*>> out;
+  if (embed_tokens_adapter_) out.emplace_back("model.embed_tokens", embed_tokens_adapter_.get());
+  if (lm_head_adapter_) out.emplace_back("lm_head", lm_head_adapter_.get());
+  return out;
+}
+
+void CausalLM::merge_trainable_tokens() {
+  NoGradGuard no_grad;
+  // The layers are replaced by ones holding the merged weights (the
+  // adapters go with the old ones).
+  if (embed_tokens_adapter_) {
+    auto merged = std::make_shared<Embedding>(input_embedding_weight().contiguous());
+    for (auto& [name, child] : named_children())
+      if (name == "model") child->replace_module("embed_tokens", merged);
+    embed_ = merged;
+    embed_tokens_adapter_.reset();
+  }
+  if (lm_head_adapter_) {
+    auto merged = std::make_shared<Linear>(lm_head_weight().contiguous(), Tensor());
+    replace_module("lm_head", merged);
+    lm_head_ = merged;
+    lm_head_adapter_.reset();
+  }
+}
 
 namespace {
 
@@ -436,7 +490,9 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                         {1, T});
   }
   const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
-  Tensor h = embed_->forward(ids.to(dev));
+  Tensor h = embed_tokens_adapter_
+                 ? embedding(input_embedding_weight(), ids.to(dev), embed_->padding_idx())
+                 : embed_->forward(ids.to(dev));
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
     // Inside the layer's forward hooks, in the recomputation too (a sharded

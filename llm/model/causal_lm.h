@@ -13,6 +13,7 @@
 #include "engine/nn/module.h"
 #include "engine/random/generator.h"
 #include "llm/model/config.h"
+#include "llm/model/trainable_tokens.h"
 
 namespace quanta::llm {
 
@@ -78,8 +79,21 @@ class CausalLM : public Module {
   Tensor logits(const Tensor& ids, KVCache* cache = nullptr,
                 const Tensor& attention_mask = Tensor(), const Tensor& position_ids = Tensor());
   /** The output projection's weight [vocab_size, hidden_size] (the
-   * embeddings when tied). */
+   * embeddings when tied), with its trainable tokens' rows. */
   Tensor lm_head_weight() const;
+
+  /** PEFT's trainable tokens: rows `indices` of the embeddings
+   * (`module` "model.embed_tokens"; a tied output layer takes them too) or
+   * of the output layer ("lm_head", untied) train, a TrainableTokens
+   * "token_adapter" under that module (frozen until set to train). Throws
+   * std::invalid_argument for another module, lm_head of a tied model, a
+   * module that has them already, or indices TrainableTokens refuses. */
+  void add_trainable_tokens(const std::string& module, std::vector<int64_t> indices);
+  /** The modules with trainable tokens, by name, embeddings first. */
+  std::vector<std::pair<std::string, const TrainableTokens*>> trainable_tokens() const;
+  /** Writes each trainable tokens' rows into its layer's weight and drops
+   * them: the model a merged fine-tune saves. */
+  void merge_trainable_tokens();
 
   /** Activation recomputation per decoder layer: with it on, a forward that
    * builds a graph (training, no cache) keeps only each layer's input and
@@ -104,7 +118,10 @@ class CausalLM : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<Linear> lm_head_;
+  std::shared_ptr<TrainableTokens> embed_tokens_adapter_, lm_head_adapter_;
   bool recompute_layers_ = false;
+  /** The embeddings' weight with their trainable tokens' rows. */
+  Tensor input_embedding_weight() const;
 };
 
 }  // namespace quanta::llm

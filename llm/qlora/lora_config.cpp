@@ -97,6 +97,20 @@ void check_lora_settings(const LoraSettings& l) {
     if (e.empty()) throw std::invalid_argument("exclude_modules has an empty entry");
   for (const std::string& m : l.modules_to_save)
     if (m.empty()) throw std::invalid_argument("modules_to_save has an empty entry");
+  for (const auto& [module, indices] : l.trainable_token_indices) {
+    const std::string where =
+        "trainable_token_indices" + (module.empty() ? std::string() : " of \"" + module + "\"");
+    if (module.empty() && l.trainable_token_indices.size() > 1)
+      throw std::invalid_argument("trainable_token_indices is a list or an object, not both");
+    if (indices.empty()) throw std::invalid_argument(where + " is empty");
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      if (indices[i] < 0)
+        throw std::invalid_argument(where + " has the negative index " +
+                                    std::to_string(indices[i]));
+      if (std::find(indices.begin(), indices.begin() + i, indices[i]) != indices.begin() + i)
+        throw std::invalid_argument(where + " gives " + std::to_string(indices[i]) + " twice");
+    }
+  }
   // PEFT's LoraConfig refuses these combinations.
   if (l.lora_bias && l.use_dora)
     throw std::invalid_argument("lora_bias is not available with use_dora (PEFT refuses the two)");
@@ -153,6 +167,16 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["use_dora"] = l.use_dora;
   j["lora_bias"] = l.lora_bias;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
+  // PEFT's two forms: a list for the input embeddings, or an object by module.
+  if (l.trainable_token_indices.empty()) {
+    j["trainable_token_indices"] = ojson();
+  } else if (l.trainable_token_indices[0].first.empty()) {
+    j["trainable_token_indices"] = l.trainable_token_indices[0].second;
+  } else {
+    j["trainable_token_indices"] = ojson::object();
+    for (const auto& [module, indices] : l.trainable_token_indices)
+      j["trainable_token_indices"][module] = indices;
+  }
   j["exclude_modules"] = !l.exclude_modules_regex.empty() ? ojson(l.exclude_modules_regex)
                          : l.exclude_modules.empty()      ? ojson()
                                                           : ojson(l.exclude_modules);
@@ -185,8 +209,7 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
   // (PEFT 0.21's list; the initialisation-only ones, such as loftq_config or
   // eva_config, and velora_config, a backward that stores less, are read as
   // plain LoRA, as PEFT reads them once trained).
-  for (const char* key : {"fan_in_fan_out", "layer_replication", "trainable_token_indices",
-                          "target_parameters", "use_qalora"})
+  for (const char* key : {"fan_in_fan_out", "layer_replication", "target_parameters", "use_qalora"})
     if (!unset(j, key))
       adapter_config_fail(source, std::string(key) + " is set (" + j.at(key).dump() +
                                       "); quanta reads adapters without it");
@@ -247,6 +270,29 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
     }
     if (!unset(j, "modules_to_save"))
       l.modules_to_save = j.at("modules_to_save").get<std::vector<std::string>>();
+    if (!unset(j, "trainable_token_indices")) {
+      const ojson& t = j.at("trainable_token_indices");
+      const auto token_indices = [&](const ojson& v, const std::string& what) {
+        if (!v.is_array())
+          adapter_config_fail(source, what + " must be a list of token indices, got " + v.dump());
+        std::vector<int64_t> out;
+        for (const ojson& e : v) {
+          if (!e.is_number_integer())
+            adapter_config_fail(source, what + " holds " + e.dump() + ", not a token index");
+          out.push_back(e.get<int64_t>());
+        }
+        return out;
+      };
+      if (t.is_array())
+        l.trainable_token_indices.emplace_back("", token_indices(t, "trainable_token_indices"));
+      else if (t.is_object())
+        for (const auto& [module, indices] : t.items())
+          l.trainable_token_indices.emplace_back(
+              module, token_indices(indices, "trainable_token_indices \"" + module + "\""));
+      else
+        adapter_config_fail(source,
+                            "trainable_token_indices must be a list or an object, got " + t.dump());
+    }
     if (j.contains("layers_to_transform") && !j.at("layers_to_transform").is_null()) {
       const ojson& t = j.at("layers_to_transform");
       if (t.is_number_integer())

@@ -1,7 +1,7 @@
 #pragma once
 // What a QLoRA fine-tune is: PEFT's LoraConfig fields (r, lora_alpha,
 // lora_dropout, target_modules, use_rslora, use_dora, bias, lora_bias,
-// modules_to_save, and the ones choosing layers and their ranks:
+// modules_to_save, trainable_token_indices, and the ones choosing layers and their ranks:
 // exclude_modules, layers_to_transform, layers_pattern, rank_pattern,
 // alpha_pattern) and bitsandbytes' 4-bit settings (NF4, block 64, double
 // quantization, compute dtype), with PEFT's adapter_config.json as their
@@ -72,6 +72,11 @@ struct LoraSettings {
   /** A trainable bias on each adapter's second factor (PEFT's lora_bias,
    * "<layer>.lora_B.bias"), scaled with its product; not with DoRA. */
   bool lora_bias = false;
+  /** Token rows trained beside the adapters (PEFT's trainable_token_indices,
+   * llm::TrainableTokens), by module: "embed_tokens" or "lm_head" (a name
+   * suffix), or "" for the input embeddings (PEFT's list form). A tied
+   * model's output layer takes the embeddings' rows. */
+  std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_token_indices;
   /** Modules trained whole beside the adapters and saved with them (PEFT's
    * modules_to_save): those whose full name ends with an entry
    * ("embed_tokens", "lm_head"); never an NF4 layer, and not the embeddings
@@ -114,7 +119,7 @@ nlohmann::ordered_json adapter_config_json(const LoraSettings& lora,
  * kept: rank_pattern's and alpha_pattern's first matching key wins. Throws
  * std::runtime_error naming `source` and the field for anything that is not
  * a LoRA adapter of a causal LM this library applies (another peft_type,
- * fan_in_fan_out, layer_replication, trainable_token_indices, ...). */
+ * fan_in_fan_out, layer_replication, target_parameters, ...). */
 LoraSettings read_adapter_config(const nlohmann::ordered_json& config, const std::string& source);
 
 /** The base quantization recorded in an adapter_config.json; for a folder

@@ -49,6 +49,8 @@ std::vector<std::pair<std::string, Tensor>> peft_trained_parameters(Module& mode
   for (const auto& [name, layer] : lora_layers(model))
     for (const auto& [which, t] : layer->adapter_tensors()) add(name + "." + which, t);
   for (const auto& [name, t] : trained_biases(model, lora.bias)) add(name, t);
+  for (auto& [name, p] : model.named_parameters())
+    if (name.ends_with(std::string(".") + kTokenAdapterParameter)) add(name, p);
   if (lora.modules_to_save.empty()) return out;
   for (auto& [name, p] : model.named_parameters()) {
     const std::size_t dot = name.rfind('.');

@@ -25,7 +25,9 @@ std::string peft_tensor_name(const std::string& module, const std::string& which
  * saved names, in model order: each adapted layer's tensors
  * (LoRALinear::adapter_tensors: "base_model.model.<layer>.lora_A.weight",
  * ...), the biases lora.bias trains (trained_biases:
- * "base_model.model.<layer>.base_layer.bias"), then the parameters of the
+ * "base_model.model.<layer>.base_layer.bias"), the trainable tokens
+ * ("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"),
+ * then the parameters of the
  * modules lora.modules_to_save names ("base_model.model.lm_head.weight").
  * The live parameters, whose gradients are the training's. */
 std::vector<std::pair<std::string, Tensor>> peft_trained_parameters(Module& model,

@@ -125,8 +125,55 @@ struct Plan {
   std::vector<Convertible> slots;
   // Each slot's adapter settings; none where it gets no adapter.
   std::vector<std::optional<LoraLayerSettings>> chosen;
+  // Trainable tokens by the module they change: "model.embed_tokens", "lm_head".
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tokens;
   QLoRAReport report;  // the totals and modules trained whole, so far
 };
+
+// The trainable tokens of `l` by the module they change (PEFT's rule: the
+// list form is the input embeddings'; an object's keys are name suffixes;
+// a tied model's output layer is the embeddings, taken once when its
+// indices are theirs). Throws std::invalid_argument for what quanta or
+// PEFT refuses.
+std::vector<std::pair<std::string, std::vector<int64_t>>> token_modules(
+    const CausalLM& model, const LoraSettings& l, const std::vector<std::string>& saved) {
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& [key, indices] : l.trainable_token_indices) {
+    std::string module;
+    if (key.empty() || ends_with_part("model.embed_tokens", key))
+      module = "model.embed_tokens";
+    else if (ends_with_part("lm_head", key))
+      module = "lm_head";
+    else
+      throw std::invalid_argument("trainable_token_indices names \"" + key +
+                                  "\", neither the embeddings (embed_tokens) nor the output "
+                                  "layer (lm_head)");
+    if (module == "lm_head" && model.config().tie_word_embeddings) {
+      bool same = false;
+      for (const auto& [k, i] : l.trainable_token_indices)
+        same = same || ((k.empty() || ends_with_part("model.embed_tokens", k)) && i == indices);
+      if (same) continue;
+      throw std::invalid_argument(
+          "trainable_token_indices on lm_head of a model with tie_word_embeddings: its output "
+          "layer is the embeddings (give the indices to embed_tokens)");
+    }
+    for (const std::string& m : saved)
+      if (m == module)
+        throw std::invalid_argument("trainable_token_indices and modules_to_save both name " +
+                                    module +
+                                    " (PEFT refuses it too: train it whole or by rows, not both)");
+    for (int64_t i : indices)
+      if (i >= vocab)
+        throw std::invalid_argument("trainable_token_indices: token " + std::to_string(i) +
+                                    " is outside the vocabulary of " + std::to_string(vocab));
+    for (const auto& [m, i] : out)
+      if (m == module)
+        throw std::invalid_argument("trainable_token_indices names " + module + " twice");
+    out.emplace_back(module, indices);
+  }
+  return out;
+}
 
 // apply_qlora's plan, with adapters on o.lora.target_modules (none when it
 // is empty). Throws std::invalid_argument for what apply_qlora refuses.
@@ -178,6 +225,9 @@ Plan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
           "the layers target_modules names");
   }
   report.saved_modules = find_saved_modules(model, o.lora);
+  if (!model.trainable_tokens().empty())
+    throw std::invalid_argument("[apply_qlora] the model has trainable tokens already");
+  plan.tokens = token_modules(model, o.lora, report.saved_modules);
   if (o.refuse_unused_settings && o.lora.bias != TrainedBiases::none) {
     bool any = false;
     if (o.lora.bias == TrainedBiases::all)
@@ -245,12 +295,14 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     s.parent->replace_module(s.child, replacement);
     report.layers.push_back(layer);
   }
-  // Only the adapters train, the biases lora.bias names and the modules
-  // trained whole.
+  for (const auto& [module, indices] : plan.tokens) model.add_trainable_tokens(module, indices);
+  // Only the adapters train, the biases lora.bias names, the trainable
+  // tokens and the modules trained whole.
   const std::vector<std::pair<std::string, Tensor>> biases = trained_biases(model, o.lora.bias);
   for (auto& [name, p] : model.named_parameters()) {
     bool trains = ends_with_part(name, "lora_A") || ends_with_part(name, "lora_B") ||
                   ends_with_part(name, "lora_B_bias") ||
+                  ends_with_part(name, "trainable_tokens_delta") ||
                   ends_with_part(name, "lora_magnitude_vector");
     for (const std::string& m : report.saved_modules) trains = trains || parameter_of(name, m);
     for (const auto& [peft_name, b] : biases) trains = trains || b.is_same(p);
@@ -315,6 +367,9 @@ std::vector<std::pair<std::string, Shape>> planned_trained_tensors(CausalLM& mod
       out.emplace_back(*peft, p.shape());
       listed.insert(*peft);
     }
+  for (const auto& [module, indices] : plan.tokens)
+    out.emplace_back(module + "." + kTokenAdapterParameter,
+                     Shape{int64_t(indices.size()), model.config().hidden_size});
   for (auto& [name, p] : model.named_parameters())
     for (const std::string& m : plan.report.saved_modules)
       if (parameter_of(name, m) && listed.insert(name).second) out.emplace_back(name, p.shape());
@@ -397,6 +452,7 @@ void check_qlora_mergeable(Module& model) {
 
 void merge_qlora(CausalLM& model) {
   check_qlora_mergeable(model);
+  model.merge_trainable_tokens();
   const DType dtype = model.config().dtype;
   NoGradGuard no_grad;
   const auto plain = [&](const Tensor& weight, const Tensor& bias) {

@@ -20,6 +20,10 @@
 
 namespace quanta::llm {
 
+/** A trainable tokens' parameter under its module, as PEFT names it too
+ * ("model.embed_tokens." + this). */
+inline constexpr const char* kTokenAdapterParameter = "token_adapter.trainable_tokens_delta";
+
 /** A QLoRA model's settings. */
 struct QLoRAOptions {
   LoraSettings lora;
@@ -53,11 +57,14 @@ struct QLoRAReport {
 
 /** Converts `model` in place (see the top of this file), each adapter with
  * the r and alpha lora_layer_settings gives its layer; the parameters of
- * the modules modules_to_save names and the biases lora.bias names
- * (trained_biases) train too. Throws
+ * the modules modules_to_save names, the biases lora.bias names
+ * (trained_biases) and the token rows trainable_token_indices names
+ * (CausalLM::add_trainable_tokens) train too. Throws
  * std::invalid_argument naming the problem for a target_modules entry that
  * matches no linear layer, settings that adapt no layer, an unused setting
  * (refuse_unused_settings; a bias setting that trains no bias among them),
+ * trainable tokens CausalLM::add_trainable_tokens or PEFT refuses (and a
+ * module named by modules_to_save too),
  * a layer's r above its in or out features, a
  * modules_to_save entry matching no module or naming a linear layer other
  * than lm_head, a container, or a tied model's embeddings, or a model
@@ -106,8 +113,9 @@ io::TensorMap bnb_base_tensors(Module& model);
 void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
                    const std::string& source);
 
-/** Replaces every adapted layer by a plain Linear holding its merged weight
- * (base dequantized + scaling B A) and bias (LoRALinear::merged_bias) and
+/** Writes the trainable tokens into their layers and replaces every adapted
+ * layer by a plain Linear holding its merged weight (base dequantized +
+ * scaling B A) and bias (LoRALinear::merged_bias) and
  * every other NF4 layer by its dequantized weight, in the model's dtype:
  * the model a merged fine-tune saves with save_causal_lm. Throws
  * std::invalid_argument naming the layer for lora_bias over a layer without

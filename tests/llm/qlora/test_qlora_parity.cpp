@@ -61,7 +61,9 @@ const std::vector<std::string> kCases = {"llama_gqa_all",        "qwen2_qv_rslor
                                          "qwen2_layers_rslora",  "llama_gqa_saved",
                                          "qwen2_dora",           "llama_bf16_dora",
                                          "qwen2_bias_all",       "qwen2_lora_only_lora_bias",
-                                         "llama_bf16_lora_bias", "qwen2_dora_bias"};
+                                         "llama_bf16_lora_bias", "qwen2_dora_bias",
+                                         "llama_gqa_tokens",     "llama_tied_tokens",
+                                         "llama_gqa_tokens_head"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

@@ -115,6 +115,18 @@ CASES = {
     "qwen2_dora_bias": dict(model="qwen2_bias", r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"],
                             use_rslora=False, dtype=torch.float32, n_targeted=6, n_biases=6,
                             choice=dict(use_dora=True, bias="lora_only")),
+    # Token rows trained beside the adapters (trainable_token_indices): the
+    # input embeddings' (list form); a tied model's, which its output layer
+    # shares; the embeddings' and the untied output layer's (object form).
+    "llama_gqa_tokens": dict(model="llama_gqa", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                             use_rslora=False, dtype=torch.float32, n_targeted=4, n_tokens=1,
+                             choice=dict(trainable_token_indices=[2, 25, 60])),
+    "llama_tied_tokens": dict(model="llama_tied_llama3", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                              use_rslora=False, dtype=torch.float32, n_targeted=4, n_tokens=1,
+                              choice=dict(trainable_token_indices=[2, 5, 27])),
+    "llama_gqa_tokens_head": dict(model="llama_gqa", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                  use_rslora=False, dtype=torch.float32, n_targeted=4, n_tokens=2,
+                                  choice=dict(trainable_token_indices={"embed_tokens": [7, 40], "lm_head": [5, 9]})),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -171,9 +183,10 @@ def run_case(root, name, c, seed):
     saved_modules = c.get("choice", {}).get("modules_to_save", [])
     # A, B (and the magnitude, or B's bias)
     per_layer = 2 + bool(choice.get("use_dora")) + bool(choice.get("lora_bias"))
-    assert len(trainable) == per_layer * len(targeted) + len(saved_modules) + c.get("n_biases", 0), \
-        [n for n, _ in trainable]
-    assert all(".lora_" in n or ".modules_to_save." in n or n.endswith(".bias") for n, _ in trainable)
+    assert len(trainable) == (per_layer * len(targeted) + len(saved_modules) + c.get("n_biases", 0)
+                              + c.get("n_tokens", 0)), [n for n, _ in trainable]
+    assert all(".lora_" in n or ".modules_to_save." in n or n.endswith(".bias") or ".token_adapter." in n
+               for n, _ in trainable)
     g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for n, p in trainable:
@@ -181,6 +194,8 @@ def run_case(root, name, c, seed):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
             elif ".lora_magnitude_vector." in n:  # away from the rows' norms
                 p.mul_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif ".trainable_tokens_delta." in n:  # away from the rows they replace
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
 
     # Initial adapters, as PEFT saves them.
     adapter_dir = os.path.join(out_dir, "adapter_init")
@@ -201,7 +216,7 @@ def run_case(root, name, c, seed):
     # and DoRA's magnitude as "<layer>.lora_magnitude_vector", without ".weight".
     saved_name = {n: n.replace(".modules_to_save.default.", ".")
                   .replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
-                  .replace(".default.", ".") for n, _ in trainable}
+                  .replace(".default.", ".").removesuffix(".default") for n, _ in trainable}
     assert set(saved_name.values()) == saved, (sorted(saved), sorted(saved_name.values()))
 
     # NF4 bases, bitsandbytes' serialization under the original module names.

@@ -1,0 +1,43 @@
+#include "llm/model/trainable_tokens.h"
+
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/ops/index.h"
+#include "engine/ops/view.h"
+
+namespace quanta::llm {
+
+TrainableTokens::TrainableTokens(const Tensor& weight, std::vector<int64_t> indices)
+    : Module("TrainableTokens"), indices_(std::move(indices)) {
+  if (weight.dim() != 2)
+    throw std::invalid_argument("[TrainableTokens] the weight must be 2-d [rows, dim], got " +
+                                shape_str(weight.shape()));
+  if (indices_.empty()) throw std::invalid_argument("[TrainableTokens] no token index given");
+  std::set<int64_t> seen;
+  for (int64_t i : indices_) {
+    if (i < 0 || i >= weight.size(0))
+      throw std::invalid_argument("[TrainableTokens] token index " + std::to_string(i) +
+                                  " is outside the vocabulary of " +
+                                  std::to_string(weight.size(0)));
+    if (!seen.insert(i).second)
+      throw std::invalid_argument("[TrainableTokens] token index " + std::to_string(i) +
+                                  " is given twice");
+  }
+  const int64_t n = static_cast<int64_t>(indices_.size()), dim = weight.size(1);
+  const Tensor rows = from_vector(indices_, {n}).to(weight.device());
+  NoGradGuard no_grad;
+  values_ = register_parameter("trainable_tokens_delta",
+                               index_select(weight.detach(), 0, rows).contiguous());
+  index_ = register_buffer("token_index", expand(reshape(rows, {n, 1}), {n, dim}).contiguous(),
+                           /*persistent=*/false);
+}
+
+Tensor TrainableTokens::apply(const Tensor& weight) const {
+  return scatter(weight, 0, index_, values_.to(weight.dtype()));
+}
+
+}  // namespace quanta::llm
