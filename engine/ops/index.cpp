@@ -147,16 +147,22 @@ Tensor scatter_impl(const char* op, ScatterMode mode, Tensor x, int64_t dim, con
   if (ct != x.dtype()) out = detail::as_plain(out, x.dtype());
 
   const bool need_src = has_src && src.requires_grad();
+  // A frozen x (trained rows written into a frozen weight) needs no
+  // gradient of its size.
+  const bool need_x = x.requires_grad();
   const Shape src_shape = has_src ? src.shape() : Shape{};
   auto inputs = has_src ? std::vector<Tensor>{x, src} : std::vector<Tensor>{x};
-  return autograd::record(op, out, inputs, [mode, d, idx, need_src, src_shape](const Tensor& g) {
-    std::vector<Tensor> grads;
-    // Written positions were overwritten, so x gets no gradient there.
-    grads.push_back(mode == ScatterMode::add ? g : scatter(g, d, idx, 0.0));
-    if (mode != ScatterMode::fill)
-      grads.push_back(need_src ? gather_to(g, d, idx, src_shape) : Tensor());
-    return grads;
-  });
+  return autograd::record(
+      op, out, inputs, [mode, d, idx, need_src, need_x, src_shape](const Tensor& g) {
+        std::vector<Tensor> grads;
+        // Written positions were overwritten, so x gets no gradient there.
+        grads.push_back(!need_x                    ? Tensor()
+                        : mode == ScatterMode::add ? g
+                                                   : scatter(g, d, idx, 0.0));
+        if (mode != ScatterMode::fill)
+          grads.push_back(need_src ? gather_to(g, d, idx, src_shape) : Tensor());
+        return grads;
+      });
 }
 
 }  // namespace

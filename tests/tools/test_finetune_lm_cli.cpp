@@ -630,6 +630,64 @@ TEST_CASE(
     if (name == "groups.1.num_params") CHECK(t.to_vector<double>()[0] == 5);  // 2 x 2 + 1 norms
 }
 
+TEST_CASE(
+    "finetune --model --trainable-token-indices: the rows train, saved as PEFT names them, "
+    "merged; sharded is unsharded") {
+  ScratchDir d("ft_lm_tokens");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 15), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 16), llm::TokenWidth::u16);
+  // A tied model: its output layer shares the embeddings' trained rows.
+  const std::vector<std::string> tokens = {"--trainable-token-indices", "7,14,21,30", "--eval-data",
+                                           d.file("eval.bin")};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), tokens.begin(), tokens.end());
+    return more;
+  };
+  const CliResult r = run_quanta(finetune("llama_tied_llama3", d, "one",
+                                          with({"--steps", "20", "--merge-to", d.file("merged")})));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "trainable tokens 7,14,21,30"));
+  const json config = json::parse(std::ifstream(d.file("one/adapters/adapter_config.json")));
+  CHECK(config["trainable_token_indices"] == json({7, 14, 21, 30}));
+  const io::SafetensorsFile saved =
+      io::load_safetensors(d.file("one/adapters/adapter_model.safetensors"));
+  bool found = false;
+  for (const auto& [name, t] : saved.tensors)
+    if (name == "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta") {
+      found = true;
+      CHECK(t.shape() == Shape{4, 32});
+    }
+  CHECK(found);
+  const std::vector<json> rec = records(d.file("one/metrics.jsonl"));
+  REQUIRE(rec.back()["kind"] == "eval");
+  const double before = std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
+  const double after = rec.back()["eval_loss"].get<double>();
+  MESSAGE("trainable tokens: eval loss " << before << " -> " << after);
+  CHECK(after < 0.9 * before);
+  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
+  auto adapted = llm::load_causal_lm(model("llama_tied_llama3"));
+  llm::apply_peft_adapters(*adapted, d.file("one/adapters"), model("llama_tied_llama3"));
+  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
+  auto merged = llm::load_causal_lm(d.file("merged"));
+  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
+  // The evaluation command reads the folder (its rows written into the
+  // weights once, for inference): the run's figure.
+  const CliResult scored = run_quanta({"eval", "--model", model("llama_tied_llama3"), "--adapters",
+                                       d.file("one/adapters"), "--data", d.file("eval.bin"),
+                                       "--seq-len", "32", "--json"});
+  REQUIRE_MESSAGE(scored.code == 0, scored.err);
+  CHECK(json::parse(scored.out)["loss"].get<double>() == doctest::Approx(after).epsilon(1e-6));
+
+  REQUIRE(
+      run_quanta(finetune("llama_tied_llama3", d, "two", with({"--steps", "4", "--nproc", "2"})))
+          .code == 0);
+  const CliResult sharded = run_quanta(finetune("llama_tied_llama3", d, "sharded",
+                                                with({"--steps", "4", "--nproc", "2", "--shard"})));
+  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
+                     d.file("sharded/adapters/adapter_model.safetensors"));
+}
+
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
   ScratchDir d("ft_lm_ranks");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 6), llm::TokenWidth::u16);
@@ -840,6 +898,11 @@ TEST_CASE("finetune --model: bad input is one clear line") {
       {{"--bias", "all"}, {1, "bias \"all\" trains nothing: the model has no biases"}},
       {{"--bias", "some"}, {2, "--bias"}},
       {{"--lora-bias", "--use-dora"}, {2, "lora_bias is not available with use_dora"}},
+      {{"--trainable-token-indices", "2,99"}, {1, "token 99 is outside the vocabulary of 64"}},
+      {{"--trainable-token-indices", "2,x"}, {2, "\"x\" is not a whole number"}},
+      {{"--trainable-token-indices", "=3"}, {2, "--trainable-token-indices =3 names no module"}},
+      {{"--trainable-token-indices", "3", "--trainable-token-indices", "lm_head=4"},
+       {2, "trainable_token_indices is a list or an object, not both"}},
       {{"--modules-to-save", "q_proj"}, {1, "a linear layer quantized to NF4"}},
       {{"--target-modules", "q_proj", "--rank-pattern", "q_proj=40"},
        {1, "lora r 40 is larger than layer model.layers.0.self_attn.q_proj"}},

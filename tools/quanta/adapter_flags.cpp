@@ -25,8 +25,11 @@ void apply_adapter_flags(llm::CausalLM& model, const AdapterFlags& flags,
   }
   try {
     llm::apply_peft_adapters(model, flags.dir, flags.any_base ? "" : model_dir);
-    // Inference only: DoRA's rows' norms are taken once, not each token.
+    // Inference only: DoRA's rows' norms are taken once, not each token, and
+    // trained token rows are written into their weights once, not copied
+    // into a whole new vocabulary each token.
     for (const auto& [name, layer] : llm::lora_layers(model)) layer->keep_weight_norm(true);
+    model.merge_trainable_tokens();
   } catch (const llm::AdapterBaseMismatch& e) {
     throw llm::AdapterBaseMismatch(std::string(e.what()) +
                                    " (--adapters-any-base uses them anyway, their shapes checked)");

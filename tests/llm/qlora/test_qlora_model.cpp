@@ -406,6 +406,103 @@ TEST_CASE("apply_qlora: PEFT's bias and lora_bias train the chosen biases, saved
   }
 }
 
+TEST_CASE("apply_qlora: trainable_token_indices trains token rows, saved, read back and merged") {
+  const auto with_tokens = [](std::vector<std::pair<std::string, std::vector<int64_t>>> tokens) {
+    llm::QLoRAOptions o = options({"q_proj"});
+    o.lora.trainable_token_indices = std::move(tokens);
+    return o;
+  };
+  // The embeddings' rows and the untied output layer's.
+  const llm::QLoRAOptions o = with_tokens({{"embed_tokens", {2, 25, 60}}, {"lm_head", {5, 9}}});
+  auto model = llm::load_causal_lm(model_dir("llama_gqa"));
+  NoGradGuard no_grad;
+  const Tensor base = model->logits(kIds);
+  std::vector<std::pair<std::string, Shape>> planned = llm::planned_trained_tensors(*model, o);
+  llm::apply_qlora(*model, o);
+  std::vector<std::pair<std::string, Shape>> made;
+  for (const auto& [name, t] : llm::peft_trained_parameters(*model, o.lora)) {
+    CHECK(t.requires_grad());
+    made.emplace_back(name.substr(std::string("base_model.model.").size()), t.shape());
+  }
+  CHECK(planned == made);
+  CHECK(made[made.size() - 2] ==
+        std::pair<std::string, Shape>{"model.embed_tokens.token_adapter.trainable_tokens_delta",
+                                      {3, 32}});
+  CHECK(made.back() ==
+        std::pair<std::string, Shape>{"lm_head.token_adapter.trainable_tokens_delta", {2, 32}});
+  // The rows start as they were: the model is its base (lora_B is zero).
+  const Tensor quantized = model->logits(kIds);
+  perturb_adapters(*model);
+  Generator gen(17);
+  for (const auto& [name, tokens] : model->trainable_tokens())
+    copy_(tokens->values(), tokens->values() + randn(tokens->values().shape(), gen) * 0.1);
+  const Tensor adapted = model->logits(kIds);
+  CHECK(max_rel_diff(adapted, quantized) > 1e-3);
+
+  TempDir tmp;
+  llm::save_peft_adapters(*model, o.lora, o.quantization, tmp.path().string() + "/adapters");
+  const nlohmann::json config =
+      nlohmann::json::parse(std::ifstream(tmp.path().string() + "/adapters/adapter_config.json"));
+  CHECK(config["trainable_token_indices"] ==
+        nlohmann::json{{"embed_tokens", {2, 25, 60}}, {"lm_head", {5, 9}}});
+  auto again = llm::load_causal_lm(model_dir("llama_gqa"));
+  llm::apply_peft_adapters(*again, tmp.path().string() + "/adapters", "");
+  CHECK(again->logits(kIds).to_vector<float>() == adapted.to_vector<float>());
+  // Written into the weights: the same logits, bit for bit, saved and loaded.
+  again->merge_trainable_tokens();
+  CHECK(again->trainable_tokens().empty());
+  CHECK(again->logits(kIds).to_vector<float>() == adapted.to_vector<float>());
+  llm::merge_qlora(*model);
+  CHECK(max_rel_diff(model->logits(kIds), adapted) < 1e-5);
+  llm::save_causal_lm(*model, tmp.path().string() + "/merged");
+  auto reloaded = llm::load_causal_lm(tmp.path().string() + "/merged");
+  CHECK(reloaded->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+
+  // A tied model: its output layer shares the embeddings' rows (and a
+  // lm_head entry with the same indices, as PEFT takes it).
+  auto tied = llm::load_causal_lm(model_dir("llama_tied_llama3"));
+  llm::apply_qlora(*tied, with_tokens({{"", {2, 5}}}));
+  REQUIRE(tied->trainable_tokens().size() == 1);
+  CHECK(tied->lm_head_weight().to_vector<float>() ==
+        tied->trainable_tokens()[0].second->apply(tied->lm_head_weight()).to_vector<float>());
+  auto tied_both = llm::load_causal_lm(model_dir("llama_tied_llama3"));
+  llm::apply_qlora(*tied_both, with_tokens({{"embed_tokens", {2, 5}}, {"lm_head", {2, 5}}}));
+  CHECK(tied_both->trainable_tokens().size() == 1);
+
+  // Refusals name the problem and change nothing.
+  const std::vector<std::pair<llm::QLoRAOptions, std::string>> refused = {
+      {with_tokens({{"", {2, 64}}}), "token 64 is outside the vocabulary of 64"},
+      {with_tokens({{"norm", {2}}}), "trainable_token_indices names \"norm\", neither"},
+      {with_tokens({{"embed_tokens", {2}}, {"model.embed_tokens", {3}}}),
+       "names model.embed_tokens twice"},
+  };
+  for (const auto& [opts, says] : refused) {
+    CAPTURE(says);
+    auto m = llm::load_causal_lm(model_dir("llama_gqa"));
+    CHECK_THROWS_WITH_AS(llm::apply_qlora(*m, opts), doctest::Contains(says.c_str()),
+                         std::invalid_argument);
+    CHECK(llm::nf4_layers(*m).empty());
+  }
+  llm::QLoRAOptions both = with_tokens({{"", {2}}});
+  both.lora.modules_to_save = {"lm_head"};
+  llm::QLoRAOptions saved_too = with_tokens({{"lm_head", {2}}});
+  saved_too.lora.modules_to_save = {"lm_head"};
+  auto m = llm::load_causal_lm(model_dir("llama_gqa"));
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*m, saved_too),
+                       doctest::Contains("trainable_token_indices and modules_to_save both name "
+                                         "lm_head"),
+                       std::invalid_argument);
+  llm::apply_qlora(*m, both);  // rows of the embeddings, lm_head whole: allowed
+  auto tied_head = llm::load_causal_lm(model_dir("llama_tied_llama3"));
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*tied_head, with_tokens({{"lm_head", {3}}})),
+                       doctest::Contains("lm_head of a model with tie_word_embeddings"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(with_tokens({{"", {2, 2}}}).lora),
+                       doctest::Contains("gives 2 twice"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(with_tokens({{"", {2}}, {"lm_head", {3}}}).lora),
+                       doctest::Contains("a list or an object, not both"), std::invalid_argument);
+}
+
 TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws, on every device") {
   std::vector<Device> devices{Device::cpu()};
   for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU

@@ -254,10 +254,11 @@ TEST_CASE(
   // All-linear; PEFT's layer choice by lists (exclude_modules,
   // layers_to_transform, rank_pattern in an order other than sorted); by
   // regexes, with rsLoRA; embeddings and lm_head trained whole; DoRA; the
-  // base's biases trained (bias all, over qwen2_bias) with lora_bias.
+  // base's biases trained (bias all, over qwen2_bias) with lora_bias; token
+  // rows of the embeddings and lm_head.
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
-        "quanta_written_dora", "quanta_written_bias"}) {
+        "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;

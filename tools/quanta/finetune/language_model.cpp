@@ -95,6 +95,8 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   if (o.bias != "none") model["bias"] = o.bias;
   if (o.lora_bias) model["lora_bias"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
+  if (!o.trainable_token_indices.empty())
+    model["trainable_token_indices"] = o.trainable_token_indices;
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
 }
 
@@ -156,6 +158,12 @@ std::string layer_choice_text(const llm::LoraSettings& l) {
   if (l.bias != llm::TrainedBiases::none)
     s += std::string("; bias ") + llm::trained_biases_name(l.bias);
   if (l.lora_bias) s += "; lora_bias";
+  for (const auto& [module, indices] : l.trainable_token_indices) {
+    std::vector<std::string> i;
+    for (int64_t v : indices) i.push_back(std::to_string(v));
+    s += "; trainable tokens " + (module.empty() ? std::string() : module + " ") +
+         join_names(i, ",");
+  }
   return s;
 }
 
@@ -186,6 +194,18 @@ void read_layer_choice(const FinetuneOptions& o, llm::LoraSettings& l) {
   }
   l.bias = llm::parse_trained_biases(o.bias);
   l.lora_bias = o.lora_bias;
+  for (const std::string& t : o.trainable_token_indices) {
+    // "2,25,60" (the input embeddings') or "lm_head=5,9".
+    const std::size_t eq = t.find('=');
+    const std::string module = eq == std::string::npos ? "" : t.substr(0, eq);
+    std::vector<int64_t> indices;
+    for (const std::string& i : llm::parse_module_names(
+             eq == std::string::npos ? t : t.substr(eq + 1), "--trainable-token-indices"))
+      indices.push_back(number_of<int64_t>(i, "--trainable-token-indices " + t));
+    if (eq != std::string::npos && module.empty())
+      throw std::invalid_argument("--trainable-token-indices " + t + " names no module");
+    l.trainable_token_indices.emplace_back(module, std::move(indices));
+  }
 }
 
 // transformers' Trainer decays every trained tensor but biases and norm
@@ -331,6 +351,11 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "weight-decayed")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "all", "lora_only"}));
+  sub.add_option("--trainable-token-indices", o.trainable_token_indices,
+                 "--model: token rows trained beside the adapters (PEFT's "
+                 "trainable_token_indices), for tokens the base never learned: 2,25,60 (the "
+                 "embeddings'; a tied output layer shares them), or repeated MODULE=LIST, "
+                 "embed_tokens=2,25 and lm_head=5,9");
   sub.add_flag("--lora-bias", o.lora_bias,
                "--model: a trained bias on each adapter's output (PEFT's lora_bias); not with "
                "--use-dora, and --merge-to needs the adapted layers to have biases");

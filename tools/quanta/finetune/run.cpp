@@ -113,7 +113,8 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--alpha-pattern",
                                                    "--modules-to-save",
                                                    "--bias",
-                                                   "--lora-bias"};
+                                                   "--lora-bias",
+                                                   "--trainable-token-indices"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

@@ -48,7 +48,7 @@ struct FinetuneOptions {
   // LoraSettings by run_lm_finetune); the patterns PATTERN=VALUE, in order.
   std::string target_modules_regex, exclude_modules, exclude_modules_regex;
   std::string layers_to_transform, layers_pattern, modules_to_save;
-  std::vector<std::string> rank_pattern, alpha_pattern;
+  std::vector<std::string> rank_pattern, alpha_pattern, trainable_token_indices;
   std::string bias = "none";
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, recompute = false, shard = false;

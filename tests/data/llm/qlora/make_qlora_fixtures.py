@@ -301,6 +301,8 @@ QUANTA_WRITTEN = {
     "quanta_written_dora": "--use-dora",
     # Over qwen2_bias (QUANTA_WRITTEN_MODEL): q, k and v biases trained.
     "quanta_written_bias": "--target-modules q_proj,o_proj --bias all --lora-bias",
+    "quanta_written_tokens": "--target-modules q_proj,v_proj --trainable-token-indices embed_tokens=2,25,60 "
+                             "--trainable-token-indices lm_head=5,9",
 }
 QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias"}
 
@@ -335,6 +337,8 @@ def check_quanta_adapters(root, names=()):
             logits = peft_model(input_ids=ids).logits.float()
         save_file({"ids": ids, "logits": logits.contiguous()},
                   os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+        if name == "quanta_written_tokens":
+            assert peft_model.base_model.model.lm_head.token_adapter.token_indices["default"] == [5, 9]
         if name == "quanta_written_bias":
             assert all(m.lora_bias["default"] for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
