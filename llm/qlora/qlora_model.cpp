@@ -120,7 +120,7 @@ std::optional<std::string> peft_bias_name(const std::string& param,
 }
 
 // What apply_qlora will do, every setting checked, nothing changed yet.
-struct Plan {
+struct ConversionPlan {
   quant::NF4Options nf4;
   std::vector<Convertible> slots;
   // Each slot's adapter settings; none where it gets no adapter.
@@ -177,8 +177,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> token_modules(
 
 // apply_qlora's plan, with adapters on o.lora.target_modules (none when it
 // is empty). Throws std::invalid_argument for what apply_qlora refuses.
-Plan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
-  Plan plan;
+ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
+  ConversionPlan plan;
   quant::NF4Options& nf4 = plan.nf4;
   nf4.block_size = o.quantization.blocksize;
   nf4.double_quant = o.quantization.double_quant;
@@ -255,7 +255,7 @@ Plan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
 
 // apply_qlora's conversion.
 QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
-  Plan plan = plan_conversion(model, o);
+  ConversionPlan plan = plan_conversion(model, o);
   const quant::NF4Options& nf4 = plan.nf4;
   const std::vector<Convertible>& slots = plan.slots;
   const std::vector<std::optional<LoraLayerSettings>>& chosen = plan.chosen;
@@ -347,7 +347,7 @@ std::vector<std::pair<std::string, Tensor>> trained_biases(Module& model, Traine
 std::vector<std::pair<std::string, Shape>> planned_trained_tensors(CausalLM& model,
                                                                    const QLoRAOptions& o) {
   check_lora_settings(o.lora);
-  const Plan plan = plan_conversion(model, o);
+  const ConversionPlan plan = plan_conversion(model, o);
   std::vector<std::pair<std::string, Shape>> out;
   std::set<std::string> adapted;
   for (std::size_t i = 0; i < plan.slots.size(); ++i) {
