@@ -368,6 +368,12 @@ Tensor CausalLM::lm_head_weight() const {
   return lm_head_adapter_ ? lm_head_adapter_->apply(lm_head_->weight()) : lm_head_->weight();
 }
 
+Tensor CausalLM::lm_head_trained_rows() const {
+  const std::shared_ptr<TrainableTokens>& adapter =
+      lm_head_ ? lm_head_adapter_ : embed_tokens_adapter_;
+  return adapter ? adapter->rows() : Tensor();
+}
+
 void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64_t> indices) {
   const bool embeddings = module == "model.embed_tokens";
   if (!embeddings && module != "lm_head")

@@ -89,6 +89,11 @@ class CausalLM : public Module {
    * std::invalid_argument for another module, lm_head of a tied model, a
    * module that has them already, or indices TrainableTokens refuses. */
   void add_trainable_tokens(const std::string& module, std::vector<int64_t> indices);
+  /** The rows of lm_head_weight() that train when only they do (its
+   * trainable tokens; a tied model's are the embeddings'), as
+   * TrainableTokens::rows(); undefined otherwise. For
+   * chunked_causal_lm_loss's trained_rows. */
+  Tensor lm_head_trained_rows() const;
   /** The modules with trainable tokens, by name, embeddings first. */
   std::vector<std::pair<std::string, const TrainableTokens*>> trainable_tokens() const;
   /** Writes each trainable tokens' rows into its layer's weight and drops

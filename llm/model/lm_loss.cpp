@@ -89,7 +89,8 @@ int64_t loss_chunk_tokens(int64_t vocab) {
 }
 
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
-                              int64_t chunk_tokens, int64_t ignore_index) {
+                              int64_t chunk_tokens, int64_t ignore_index,
+                              const Tensor& trained_rows) {
   constexpr const char* op = "chunked_causal_lm_loss";
   if (!hidden.defined() || hidden.dim() != 3)
     throw std::invalid_argument("[chunked_causal_lm_loss] hidden must be [batch, tokens, hidden]");
@@ -104,6 +105,10 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     throw std::invalid_argument("[chunked_causal_lm_loss] chunk_tokens must be >= 0 (0: " +
                                 std::string("automatic), got ") + std::to_string(chunk_tokens));
   const int64_t N = B * (T - 1), V = weight.size(0);
+  if (trained_rows.defined() && (trained_rows.dtype() != DType::i64 || trained_rows.dim() != 1))
+    throw std::invalid_argument("[chunked_causal_lm_loss] trained_rows must be 1-d i64, got " +
+                                std::string(dtype_name(trained_rows.dtype())) + " " +
+                                shape_str(trained_rows.shape()));
   if (chunk_tokens == 0) chunk_tokens = loss_chunk_tokens(V);
   const Tensor targets = checked_targets(next_labels(labels.to(hidden.device())), V, ignore_index);
   const Tensor valid = ne(targets, full_like(targets, static_cast<double>(ignore_index)));
@@ -131,7 +136,12 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     const Tensor& w = in[1];
     Tensor total = zeros({}, {.dtype = acc, .device = h.device()});
     Tensor gh = hidden_grad ? empty({N, d}, {.dtype = acc, .device = h.device()}) : Tensor();
-    Tensor gw = weight_grad ? zeros(w.shape(), {.dtype = acc, .device = h.device()}) : Tensor();
+    // The weight's gradient: whole, or of the trained rows alone.
+    const Tensor rows_at = trained_rows.defined() ? trained_rows.to(h.device()) : Tensor();
+    Tensor gw = !weight_grad ? Tensor()
+                : rows_at.defined()
+                    ? zeros({rows_at.numel(), d}, {.dtype = acc, .device = h.device()})
+                    : zeros(w.shape(), {.dtype = acc, .device = h.device()});
     for (int64_t n0 = 0; n0 < N; n0 += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - n0);
       const Tensor hc = narrow(h, 0, n0, n);
@@ -148,7 +158,10 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       total = add(total, sum(row_loss));
       if (!differentiated) continue;
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
-      if (weight_grad) gw = add(gw, matmul(transpose(dlogits, 0, 1), hc.to(acc)));
+      if (weight_grad) {
+        const Tensor columns = rows_at.defined() ? index_select(dlogits, 1, rows_at) : dlogits;
+        gw = add(gw, matmul(transpose(columns, 0, 1), hc.to(acc)));
+      }
     }
     *grads = {gh, gw};
     return std::vector<Tensor>{div(total, count)};
@@ -170,7 +183,11 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     if (weight_grad) {
       if (!gw.defined())
         throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
-      out[1] = mul(gw, scale).to(weight_dtype);
+      const Tensor scaled = mul(gw, scale).to(weight_dtype);
+      out[1] = trained_rows.defined()
+                   ? index_add(zeros({V, d}, {.dtype = weight_dtype, .device = gw.device()}), 0,
+                               trained_rows.to(gw.device()), scaled)
+                   : scaled;
     }
     return out;
   };

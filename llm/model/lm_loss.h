@@ -37,8 +37,15 @@ int64_t loss_chunk_tokens(int64_t vocab);
  * requires grad) and the backward scales them, so the loss can be
  * differentiated once (a second backward throws). A target outside the
  * vocabulary other than ignore_index is an error. Equal to
- * causal_lm_loss(linear(hidden, weight), labels). */
+ * causal_lm_loss(linear(hidden, weight), labels).
+ *
+ * `trained_rows` (i64 [n], distinct): the rows of a weight of which only
+ * those train (trainable tokens, CausalLM::lm_head_trained_rows): their
+ * gradient is formed from the logits' gradient at those columns alone, and
+ * the other rows' is given as zero, instead of one vocabulary-sized product
+ * per chunk. */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
-                              int64_t chunk_tokens = 0, int64_t ignore_index = -100);
+                              int64_t chunk_tokens = 0, int64_t ignore_index = -100,
+                              const Tensor& trained_rows = Tensor());
 
 }  // namespace quanta::llm

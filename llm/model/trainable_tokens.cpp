@@ -32,6 +32,7 @@ TrainableTokens::TrainableTokens(const Tensor& weight, std::vector<int64_t> indi
   NoGradGuard no_grad;
   values_ = register_parameter("trainable_tokens_delta",
                                index_select(weight.detach(), 0, rows).contiguous());
+  rows_ = register_buffer("token_rows", rows, /*persistent=*/false);
   index_ = register_buffer("token_index", expand(reshape(rows, {n, 1}), {n, dim}).contiguous(),
                            /*persistent=*/false);
 }

@@ -24,12 +24,14 @@ class TrainableTokens : public Module {
    * (PEFT's index_copy): the gradient reaches the values, not the weight. */
   Tensor apply(const Tensor& weight) const;
   const std::vector<int64_t>& indices() const { return indices_; }
+  /** The indices as an i64 tensor [indices] on the values' device. */
+  const Tensor& rows() const { return rows_; }
   /** The trained rows [indices, dim]. */
   const Tensor& values() const { return values_; }
 
  private:
   std::vector<int64_t> indices_;
-  Tensor values_;
+  Tensor values_, rows_;
   // scatter's index [indices, dim]: row i's position, on the values' device.
   Tensor index_;
 };

@@ -248,6 +248,17 @@ TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") 
     const Tensor g_frozen =
         autograd::grad({llm::chunked_causal_lm_loss(h, frozen, labels.to(dev), 4) * 3.0}, {h})[0];
     CHECK(max_rel_diff(g_frozen, g_plain[0] * 3.0) < 1e-12);
+    // A weight of which only some rows train: those rows' gradient, the
+    // others' zero.
+    const Tensor rows = from_vector<int64_t>({7, 2, 9}, {3}).to(dev);
+    const Tensor g_rows =
+        autograd::grad({llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows)}, {w})[0];
+    CHECK(max_rel_diff(index_select(g_rows, 0, rows), index_select(g_plain[1], 0, rows)) < 1e-12);
+    CHECK(sum(abs(g_rows)).to_vector<double>()[0] ==
+          doctest::Approx(sum(abs(index_select(g_rows, 0, rows))).to_vector<double>()[0]));
+    CHECK_THROWS_WITH_AS(
+        llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows.to(DType::i32)),
+        doctest::Contains("trained_rows must be 1-d i64"), std::invalid_argument);
     // Its gradients are formed once: a second backward is refused.
     const Tensor once = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3);
     autograd::grad({once}, {h}, {}, /*retain_graph=*/true);

@@ -80,7 +80,9 @@ StepLoss LmFinetuneTask::step(const BatchShare& share) {
   if (in.size() <= weight_at) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
   } else {
-    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), in.at(1));
+    // With trainable tokens, their rows' gradient alone.
+    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), in.at(1), 0, -100,
+                                       model_->lm_head_trained_rows());
     loss = loss * in.at(weight_at).to(loss.dtype());
   }
   return {loss.to(DType::f32), {}};
