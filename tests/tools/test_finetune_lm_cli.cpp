@@ -102,6 +102,42 @@ void check_same_tensors(const std::string& a, const std::string& b) {
   }
 }
 
+// The adapter folder `out`/adapters read back over the NF4 base, and the
+// merged float model in `merged`, score `after`, what the run reported.
+void check_scores(const ScratchDir& d, const std::string& base, const std::string& out,
+                  double after) {
+  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
+  auto adapted = llm::load_causal_lm(model(base));
+  llm::apply_peft_adapters(*adapted, d.file(out + "/adapters"), model(base));
+  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
+  auto merged = llm::load_causal_lm(d.file("merged"));
+  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
+}
+
+// 3 steps and a resume to 6 are 6 in one go (a constant rate: a decaying one
+// follows each run's --steps); on 2 ranks, sharded or not, the same tensors.
+// `with` adds the run's own flags. Returns the sharded run's result.
+CliResult check_resume_and_sharding(
+    const ScratchDir& d, const std::string& base,
+    const std::function<std::vector<std::string>(std::vector<std::string>)>& with) {
+  REQUIRE(run_quanta(finetune(base, d, "six", with({"--steps", "6", "--lr-schedule", "constant"})))
+              .code == 0);
+  REQUIRE(run_quanta(finetune(base, d, "part", with({"--steps", "3", "--lr-schedule", "constant"})))
+              .code == 0);
+  const CliResult resumed = run_quanta(
+      finetune(base, d, "part", with({"--steps", "6", "--lr-schedule", "constant", "--resume"})));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  check_same_tensors(d.file("six/adapters/adapter_model.safetensors"),
+                     d.file("part/adapters/adapter_model.safetensors"));
+  REQUIRE(run_quanta(finetune(base, d, "two", with({"--steps", "4", "--nproc", "2"}))).code == 0);
+  const CliResult sharded =
+      run_quanta(finetune(base, d, "sharded", with({"--steps", "4", "--nproc", "2", "--shard"})));
+  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
+                     d.file("sharded/adapters/adapter_model.safetensors"));
+  return sharded;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -505,36 +541,10 @@ TEST_CASE(
   CHECK(after < 0.9 * before);
 
   // The folder read back over the NF4 base, and the merged float model,
-  // score what the run reported.
-  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
-  auto adapted = llm::load_causal_lm(model("qwen2_bias"));
-  llm::apply_peft_adapters(*adapted, d.file("one/adapters"), model("qwen2_bias"));
-  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
-  auto merged = llm::load_causal_lm(d.file("merged"));
-  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
-
-  // 3 steps and a resume to 6 are 6 in one go (a constant rate: a decaying
-  // one follows each run's --steps); on 2 ranks, sharded or not, the same
-  // adapters and magnitudes.
-  REQUIRE(run_quanta(
-              finetune("qwen2_bias", d, "six", with({"--steps", "6", "--lr-schedule", "constant"})))
-              .code == 0);
-  REQUIRE(run_quanta(finetune("qwen2_bias", d, "part",
-                              with({"--steps", "3", "--lr-schedule", "constant"})))
-              .code == 0);
-  const CliResult resumed = run_quanta(finetune(
-      "qwen2_bias", d, "part", with({"--steps", "6", "--lr-schedule", "constant", "--resume"})));
-  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
-  check_same_tensors(d.file("six/adapters/adapter_model.safetensors"),
-                     d.file("part/adapters/adapter_model.safetensors"));
-  REQUIRE(
-      run_quanta(finetune("qwen2_bias", d, "two", with({"--steps", "4", "--nproc", "2"}))).code ==
-      0);
-  const CliResult sharded = run_quanta(
-      finetune("qwen2_bias", d, "sharded", with({"--steps", "4", "--nproc", "2", "--shard"})));
-  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
-  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
-                     d.file("sharded/adapters/adapter_model.safetensors"));
+  // score what the run reported; resumed and sharded runs agree, with the
+  // magnitudes.
+  check_scores(d, "qwen2_bias", "one", after);
+  check_resume_and_sharding(d, "qwen2_bias", with);
 }
 
 TEST_CASE(
@@ -587,36 +597,11 @@ TEST_CASE(
   CHECK(after < 0.95 * before);  // adapters on q and k alone: a smaller fall than all-linear's
 
   // The folder read back, and the merged float model (B's biases folded
-  // into q's and k's), score what the run reported.
-  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
-  auto adapted = llm::load_causal_lm(model("qwen2_bias"));
-  llm::apply_peft_adapters(*adapted, d.file("one/adapters"), model("qwen2_bias"));
-  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
-  auto merged = llm::load_causal_lm(d.file("merged"));
-  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
-
-  // 3 steps and a resume to 6 are 6 in one go; on 2 ranks, sharded (the
-  // two groups' AdamW state split across the ranks) or not, the same tensors.
-  REQUIRE(run_quanta(
-              finetune("qwen2_bias", d, "six", with({"--steps", "6", "--lr-schedule", "constant"})))
-              .code == 0);
-  REQUIRE(run_quanta(finetune("qwen2_bias", d, "part",
-                              with({"--steps", "3", "--lr-schedule", "constant"})))
-              .code == 0);
-  const CliResult resumed = run_quanta(finetune(
-      "qwen2_bias", d, "part", with({"--steps", "6", "--lr-schedule", "constant", "--resume"})));
-  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
-  check_same_tensors(d.file("six/adapters/adapter_model.safetensors"),
-                     d.file("part/adapters/adapter_model.safetensors"));
-  REQUIRE(
-      run_quanta(finetune("qwen2_bias", d, "two", with({"--steps", "4", "--nproc", "2"}))).code ==
-      0);
-  const CliResult sharded = run_quanta(
-      finetune("qwen2_bias", d, "sharded", with({"--steps", "4", "--nproc", "2", "--shard"})));
-  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  // into q's and k's), score what the run reported; resumed and sharded
+  // runs (the two groups' AdamW state split across the ranks) agree.
+  check_scores(d, "qwen2_bias", "one", after);
+  const CliResult sharded = check_resume_and_sharding(d, "qwen2_bias", with);
   CHECK(contains(sharded.out, "optimizer state and gradients sharded"));
-  check_same_tensors(d.file("two/adapters/adapter_model.safetensors"),
-                     d.file("sharded/adapters/adapter_model.safetensors"));
 
   // A norm trained whole is not decayed either (it was refused with
   // --weight-decay before the rule).
@@ -664,12 +649,7 @@ TEST_CASE(
   const double after = rec.back()["eval_loss"].get<double>();
   MESSAGE("trainable tokens: eval loss " << before << " -> " << after);
   CHECK(after < 0.9 * before);
-  const llm::LmExamples eval = llm::LmExamples::from_file(d.file("eval.bin"), 32, 64);
-  auto adapted = llm::load_causal_lm(model("llama_tied_llama3"));
-  llm::apply_peft_adapters(*adapted, d.file("one/adapters"), model("llama_tied_llama3"));
-  CHECK(train::score_examples(*adapted, eval, 4).loss == doctest::Approx(after).epsilon(1e-6));
-  auto merged = llm::load_causal_lm(d.file("merged"));
-  CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
+  check_scores(d, "llama_tied_llama3", "one", after);
   // The evaluation command reads the folder (its rows written into the
   // weights once, for inference): the run's figure.
   const CliResult scored = run_quanta({"eval", "--model", model("llama_tied_llama3"), "--adapters",
