@@ -1,6 +1,7 @@
 // CausalLM: weights by transformers' names into modules, and the decoder's
-// forward (embeddings, N x [RMSNorm, attention with RoPE and grouped heads,
-// residual, RMSNorm, SiLU-gated MLP, residual], RMSNorm, lm_head).
+// forward (embeddings, N x [RMSNorm, attention with RoPE and grouped heads
+// (Qwen3: each head of q and k RMS-normalized first), residual, RMSNorm,
+// SiLU-gated MLP, residual], RMSNorm, lm_head).
 #include "llm/model/causal_lm.h"
 
 #include <algorithm>
@@ -136,6 +137,15 @@ class Attention : public Module {
     k_ = proj("k_proj", kv, c.hidden_size, c.qkv_bias);
     v_ = proj("v_proj", kv, c.hidden_size, c.qkv_bias);
     o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
+    if (c.qk_norm) {
+      const auto head_norm = [&](const char* name) {
+        return register_module(
+            name, std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {c.head_dim}),
+                                            c.rms_norm_eps));
+      };
+      q_norm_ = head_norm("q_norm");
+      k_norm_ = head_norm("k_norm");
+    }
   }
   std::shared_ptr<Module> replace_module(const std::string& name,
                                          std::shared_ptr<Module> m) override {
@@ -155,6 +165,10 @@ class Attention : public Module {
       q = reshape(q_->forward(x), {B, T, c_.num_attention_heads, D});
       k = reshape(k_->forward(x), {B, T, c_.num_key_value_heads, D});
       v = reshape(v_->forward(x), {B, T, c_.num_key_value_heads, D});
+    }
+    if (q_norm_) {  // Qwen3: each head normalized over head_dim, before RoPE
+      q = q_norm_->forward(q);
+      k = k_norm_->forward(k);
     }
     q = apply_rope(q, rope);
     k = apply_rope(k, rope);
@@ -180,6 +194,7 @@ class Attention : public Module {
  private:
   DecoderConfig c_;
   std::shared_ptr<Module> q_, k_, v_, o_;
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm only
 };
 
 class MLP : public Module {
@@ -275,6 +290,10 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
     proj("self_attn.k_proj", kv, d, c.qkv_bias);
     proj("self_attn.v_proj", kv, d, c.qkv_bias);
     proj("self_attn.o_proj", d, q, c.o_bias);
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     proj("mlp.gate_proj", f, d, c.mlp_bias);
     proj("mlp.up_proj", f, d, c.mlp_bias);
     proj("mlp.down_proj", d, f, c.mlp_bias);

@@ -1,7 +1,8 @@
 #pragma once
-// A Llama-family decoder-only language model (llama, mistral, qwen2), laid
-// out as transformers' *ForCausalLM so that its state dict has their names:
-// model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+// A Llama-family decoder-only language model (llama, mistral, qwen2, qwen3),
+// laid out as transformers' *ForCausalLM so that its state dict has their
+// names: model.embed_tokens, model.layers.N.{input_layernorm,
+// self_attn.{q,k,v,o}_proj (qwen3: and self_attn.{q,k}_norm),
 // post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head
 // (absent when the embeddings are tied). Projections are engine Linear
 // modules, so NF4 and LoRA conversions replace them in place.

@@ -140,11 +140,26 @@ void read_rope(const Reader& r, DecoderConfig& c) {
   c.rope.max_position_embeddings = c.max_position_embeddings;
 }
 
+// Qwen2 and Qwen3 read sliding windows the same way.
+bool qwen_windows(const DecoderConfig& c) {
+  return c.model_type == "qwen2" || c.model_type == "qwen3";
+}
+
+// num_key_value_heads when config.json has no such key: the model type's
+// config class default in transformers (Mistral's 8, Qwen's 32, Llama's
+// num_attention_heads); a null one is num_attention_heads for all four.
+int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
+  if (r.j.contains("num_key_value_heads")) return c.num_attention_heads;
+  if (c.model_type == "mistral") return 8;
+  if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
+  return c.num_attention_heads;
+}
+
 // Sliding-window attention as transformers reads it: mistral's
 // sliding_window on every layer (4096 when the key is absent, as
-// MistralConfig's default; none when null); qwen2's when use_sliding_window,
-// on the layers layer_types names sliding_attention, else on those from
-// max_window_layers (28 when absent). Llama has none.
+// MistralConfig's default; none when null); qwen2's and qwen3's when
+// use_sliding_window, on the layers layer_types names sliding_attention,
+// else on those from max_window_layers (28 when absent). Llama has none.
 void read_sliding_window(const Reader& r, DecoderConfig& c) {
   const int64_t layers = c.num_hidden_layers;
   const auto window = [&]() -> int64_t {
@@ -155,7 +170,7 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
   if (c.model_type == "mistral") {
     w = window();
     first = 0;
-  } else if (c.model_type == "qwen2" && r.flag("use_sliding_window", false)) {
+  } else if (qwen_windows(c) && r.flag("use_sliding_window", false)) {
     w = window();
     first = std::min<int64_t>(28, layers);
     if (r.has("max_window_layers")) {
@@ -176,18 +191,18 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
       // "attention" is the name transformers gave full attention before.
       const bool full = kind == "full_attention" || kind == "attention";
       const bool sliding = kind == "sliding_attention";
-      // Only Qwen2's layers follow layer_types; Llama and Mistral take no
+      // Only Qwen's layers follow layer_types; Llama and Mistral take no
       // per-layer kinds, so one other than full attention is refused.
-      if (!full && !(sliding && c.model_type == "qwen2"))
+      if (!full && !(sliding && qwen_windows(c)))
         r.fail("\"layer_types\" holds " + t.dump() + "; only full_attention is supported" +
-               (c.model_type == "qwen2" ? " (and sliding_attention)" : ""));
+               (qwen_windows(c) ? " (and sliding_attention)" : ""));
       if (sliding && first_listed == layers) first_listed = static_cast<int64_t>(i);
       if (full && first_listed < layers && w > 0)
         r.fail(
             "sliding-window layers other than the last ones (from one layer on) are not "
             "supported");
     }
-    if (c.model_type == "qwen2") first = first_listed;
+    if (qwen_windows(c)) first = first_listed;
   }
   if (w == 0 || first >= layers) return;
   c.sliding_window = w;
@@ -208,6 +223,7 @@ int64_t DecoderConfig::parameter_count() const {
   layer += 3 * hidden_size * intermediate_size;  // gate, up, down
   if (mlp_bias) layer += 2 * intermediate_size + hidden_size;
   layer += 2 * hidden_size;  // the two norms
+  if (qk_norm) layer += 2 * head_dim;
   const int64_t embed = vocab_size * hidden_size;
   return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + hidden_size;
 }
@@ -223,8 +239,10 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   const Reader r{j, source};
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2")
-    r.fail("model_type \"" + c.model_type + "\" is not supported (llama, mistral, qwen2)");
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
+      c.model_type != "qwen3")
+    r.fail("model_type \"" + c.model_type + "\" is not supported (llama, mistral, qwen2, qwen3)");
+  const bool qwen3 = c.model_type == "qwen3";
   const std::string act = r.text("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act \"" + act + "\" is not supported (silu)");
   c.vocab_size = r.integer("vocab_size");
@@ -232,13 +250,17 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.intermediate_size = r.integer("intermediate_size");
   c.num_hidden_layers = r.integer("num_hidden_layers");
   c.num_attention_heads = r.integer("num_attention_heads");
-  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+  c.num_key_value_heads = r.integer("num_key_value_heads", default_kv_heads(r, c));
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     r.fail("num_attention_heads " + std::to_string(c.num_attention_heads) +
-           " is not a multiple of num_key_value_heads " + std::to_string(c.num_key_value_heads));
-  if (!r.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+           " is not a multiple of num_key_value_heads " + std::to_string(c.num_key_value_heads) +
+           (r.j.contains("num_key_value_heads")
+                ? ""
+                : " (the key is absent: transformers' default for " + c.model_type + ")"));
+  // Qwen3Config's head_dim defaults to 128 whatever the width.
+  if (!qwen3 && !r.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
     r.fail("hidden_size is not a multiple of num_attention_heads and there is no head_dim");
-  c.head_dim = r.integer("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.integer("head_dim", qwen3 ? 128 : c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.fail("head_dim must be even, got " + std::to_string(c.head_dim));
   if (c.head_dim > kMaxHeadDim)
     r.fail("head_dim " + std::to_string(c.head_dim) + " is more than any model has (at most " +
@@ -258,10 +280,16 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.rms_norm_eps = r.number(j, "rms_norm_eps", 1e-6, false);
   if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
   c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
-  c.attention_bias = r.flag("attention_bias", false);
-  c.mlp_bias = r.flag("mlp_bias", false);
+  // Biases as each model's modules have them: Llama's attention_bias and
+  // mlp_bias; Qwen3's attention_bias (its MLP has none); Qwen2's q, k and v
+  // always, nothing else; Mistral none. A key a model does not read is
+  // ignored, as transformers ignores it.
+  const bool llama = c.model_type == "llama";
+  c.attention_bias = (llama || qwen3) && r.flag("attention_bias", false);
+  c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
-  c.o_bias = c.model_type != "qwen2" && c.attention_bias;
+  c.o_bias = c.attention_bias;
+  c.qk_norm = qwen3;
   c.dtype = dtype_of(r);
   if (r.has("pretraining_tp") && r.integer("pretraining_tp") < 1) r.fail("bad pretraining_tp");
   // transformers drops attention probabilities while training when it is
@@ -287,6 +315,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
   json j;
   j["model_type"] = c.model_type;
   j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                        : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                         : c.model_type == "mistral" ? "MistralForCausalLM"
                                                     : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
@@ -312,13 +341,11 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["rope_scaling"] = s;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type != "qwen2") {
-    j["attention_bias"] = c.attention_bias;
-    j["mlp_bias"] = c.mlp_bias;
-  }
+  if (c.model_type == "llama" || c.model_type == "qwen3") j["attention_bias"] = c.attention_bias;
+  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (c.model_type == "mistral") j["sliding_window"] = window;
-  if (c.model_type == "qwen2") {
+  if (qwen_windows(c)) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = window;
     j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.num_hidden_layers;

@@ -1,7 +1,7 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
-// Llama family quanta runs: model_type llama, mistral and qwen2 (a sliding
-// window only over spans it does not cut). Both generations of names are
+// Llama family quanta runs: model_type llama, mistral, qwen2 and qwen3 (a
+// sliding window only over spans it does not cut). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
 // (rope_parameters, dtype).
@@ -14,26 +14,33 @@
 namespace quanta::llm {
 
 struct DecoderConfig {
-  std::string model_type = "llama";  // llama, mistral or qwen2
+  std::string model_type = "llama";  // llama, mistral, qwen2 or qwen3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
-  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  /** Absent from config.json: the model type's default in transformers
+   * (llama: num_attention_heads; mistral 8; qwen2 and qwen3 32); null:
+   * num_attention_heads. */
+  int64_t num_key_value_heads = 0;
+  /** Absent: hidden_size / num_attention_heads (qwen3: 128, its default). */
+  int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   /** theta, head_dim, max_position_embeddings and the scaling, as the
    * RoPE ops take them. */
   RopeConfig rope;
   bool tie_word_embeddings = false;
-  /** Biases on q, k, v and o (llama's attention_bias); qwen2 always has
-   * them on q, k and v only. */
+  /** Biases on q, k, v and o (llama's, mistral's and qwen3's
+   * attention_bias); qwen2 always has them on q, k and v only. */
   bool attention_bias = false;
   bool qkv_bias = false;  // derived: q, k, v carry biases
   bool o_bias = false;    // derived: o carries a bias
   bool mlp_bias = false;
+  /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
+   * k_norm, weights [head_dim]) before RoPE. */
+  bool qk_norm = false;
   /** The weights' dtype (torch_dtype / dtype): f32, bf16 or f16. */
   DType dtype = DType::f32;
   /** Sliding-window attention: the layers from max_window_layers on let a

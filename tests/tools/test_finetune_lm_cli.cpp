@@ -146,8 +146,8 @@ TEST_CASE(
   ScratchDir d("ft_lm");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(2400, 1), llm::TokenWidth::u16);
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
-  for (const std::string name :
-       {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded"}) {
+  for (const std::string name : {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias",
+                                 "mistral_sharded", "qwen3_qk_norm"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =
@@ -182,33 +182,66 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
   write_labelled_jsonl(
       d.file("train.jsonl"), 4, 20, [](int i) { return 10 + i % 7; },
       [](int, std::size_t k) { return k < 4; });  // a prompt
-  const CliResult merged =
-      run_quanta(finetune("qwen2_bias", d, "merged_run",
-                          {"--steps", "8", "--target-modules", "q_proj,v_proj", "--lora-r", "4",
-                           "--use-rslora", "--grad-accum", "2", "--lr-schedule", "cosine",
-                           "--warmup-steps", "2", "--merge-to", d.file("merged")}));
-  REQUIRE_MESSAGE(merged.code == 0, merged.err);
-  CHECK(contains(merged.out, "on 4 layers (q_proj,v_proj)"));
-  CHECK(contains(merged.out, "in 2 micro-batches"));
-  std::ifstream cfg(d.file("merged_run/adapters/adapter_config.json"));
-  const json config = json::parse(cfg);
-  CHECK(config["r"] == 4);
-  CHECK(config["use_rslora"] == true);
-  CHECK(config["target_modules"] == json({"q_proj", "v_proj"}));
-  // The merged folder computes what the adapters over the NF4 base do.
-  auto adapted = llm::load_causal_lm(model("qwen2_bias"));
-  llm::apply_peft_adapters(*adapted, d.file("merged_run/adapters"), model("qwen2_bias"));
-  auto plain = llm::load_causal_lm(d.file("merged"));
-  adapted->eval();  // no adapter dropout
-  const Tensor ids = from_vector<int64_t>({3, 10, 17, 24, 31, 38}, {1, 6});
-  NoGradGuard no_grad;
-  const auto a = adapted->logits(ids).to_vector<float>(), b = plain->logits(ids).to_vector<float>();
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, double(std::abs(a[i] - b[i])));
-    scale = std::max(scale, double(std::abs(a[i])));
+  // Qwen2 with its q, k and v biases; Qwen3 with its per-head q and k norms
+  // trained whole beside the adapters.
+  for (const auto& [name, saved] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen2_bias", ""}, {"qwen3_qk_norm", "q_norm,k_norm"}}) {
+    CAPTURE(name);
+    const std::string run = "merged_" + name, merged_dir = d.file("merged_" + name + "_model");
+    std::vector<std::string> flags = {"--steps",
+                                      "8",
+                                      "--target-modules",
+                                      "q_proj,v_proj",
+                                      "--lora-r",
+                                      "4",
+                                      "--use-rslora",
+                                      "--grad-accum",
+                                      "2",
+                                      "--lr-schedule",
+                                      "cosine",
+                                      "--warmup-steps",
+                                      "2",
+                                      "--merge-to",
+                                      merged_dir};
+    if (!saved.empty()) flags.insert(flags.end(), {"--modules-to-save", saved});
+    const CliResult merged = run_quanta(finetune(name, d, run, flags));
+    REQUIRE_MESSAGE(merged.code == 0, merged.err);
+    CHECK(contains(merged.out, "on 4 layers (q_proj,v_proj"));
+    CHECK(contains(merged.out, "in 2 micro-batches"));
+    std::ifstream cfg(d.file(run + "/adapters/adapter_config.json"));
+    const json config = json::parse(cfg);
+    CHECK(config["r"] == 4);
+    CHECK(config["use_rslora"] == true);
+    CHECK(config["target_modules"] == json({"q_proj", "v_proj"}));
+    auto base = llm::load_causal_lm(model(name));
+    auto plain = llm::load_causal_lm(merged_dir);
+    CHECK(plain->config().model_type == base->config().model_type);
+    if (!saved.empty()) {
+      CHECK(config["modules_to_save"] == json({"q_norm", "k_norm"}));
+      // The trained norms are the merged model's.
+      const StateDict before = base->state_dict(), after = plain->state_dict();
+      int64_t moved = 0;
+      for (std::size_t i = 0; i < before.size(); ++i)
+        if (before[i].first.find("_norm.weight") != std::string::npos &&
+            before[i].first.find("self_attn.") != std::string::npos)
+          moved += before[i].second.to_vector<float>() != after[i].second.to_vector<float>();
+      CHECK(moved == 4);
+    }
+    // The merged folder computes what the adapters over the NF4 base do.
+    auto adapted = llm::load_causal_lm(model(name));
+    llm::apply_peft_adapters(*adapted, d.file(run + "/adapters"), model(name));
+    adapted->eval();  // no adapter dropout
+    const Tensor ids = from_vector<int64_t>({3, 10, 17, 24, 31, 38}, {1, 6});
+    NoGradGuard no_grad;
+    const auto a = adapted->logits(ids).to_vector<float>(),
+               b = plain->logits(ids).to_vector<float>();
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, double(std::abs(a[i] - b[i])));
+      scale = std::max(scale, double(std::abs(a[i])));
+    }
+    CHECK(worst < 1e-5 * scale);
   }
-  CHECK(worst < 1e-5 * scale);
 
   const CliResult jsonl = run_quanta({"finetune", "--model", model("llama_gqa"), "--data",
                                       d.file("train.jsonl"), "--seq-len", "32", "--batch-size", "5",

@@ -2,7 +2,9 @@
 transformers computes with them, for quanta's decoder parity tests. Run with
 the peer environment (../shared/peer/setup.sh):
 
-    /tmp/peer-venv/bin/python tests/data/llm/make_tiny_models.py tests/data/llm
+    /tmp/peer-venv/bin/python tests/data/llm/make_tiny_models.py tests/data/llm [NAME ...]
+
+With names, only those models are written (each keeps its seed).
 
 models/<name>/       config.json + model.safetensors (or shards + index),
                      as save_pretrained writes them
@@ -30,6 +32,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -68,6 +72,13 @@ MODELS = {
                              tie_word_embeddings=False, sliding_window=None,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                         torch.float32, "40KB"),
+    # Qwen3: q_norm and k_norm over each head, head_dim != hidden / heads,
+    # grouped heads, tied embeddings, no biases.
+    "qwen3_qk_norm": (Qwen3Config, Qwen3ForCausalLM,
+                      dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                      torch.float32, None),
 }
 
 
@@ -82,11 +93,17 @@ def to_4x_names(path):
         json.dump(c, f, indent=2, sort_keys=True)
 
 
-def main(root):
+def main(root, only):
     for i, (name, (config_cls, model_cls, extra, dtype, shard)) in enumerate(MODELS.items()):
+        if only and name not in only:
+            continue
         torch.manual_seed(1000 + i)
         config = config_cls(**COMMON, **extra)
         model = model_cls(config).to(dtype).eval()
+        with torch.no_grad():  # norms start at 1: moved, so a missed scale shows
+            for pname, p in model.named_parameters():
+                if pname.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.add_(0.3 * torch.randn_like(p))
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)
         for f in os.listdir(folder):  # make_tokenizer.sh's tokenizer.model stays
@@ -120,4 +137,4 @@ def main(root):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], set(sys.argv[2:]))

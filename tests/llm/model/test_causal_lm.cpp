@@ -1,7 +1,8 @@
 // CausalLM against transformers on tiny random models (tests/data/llm,
 // made by make_tiny_models.py): logits, loss and greedy generation on the
 // CPU and sim, for GQA and plain heads, tied and untied embeddings, Llama 3
-// RoPE scaling, bf16, Qwen2's biases and a sharded Mistral folder. Also the
+// RoPE scaling, bf16, Qwen2's biases, a sharded Mistral folder and Qwen3's
+// per-head q and k norms. Also the
 // KV cache against a full forward, the chunked loss against the plain one,
 // a directional finite difference through the whole f64 model, save and
 // reload, and the errors a bad folder or config gives.
@@ -33,8 +34,8 @@ std::string data_dir() {
   return std::string(root) + "/llm";
 }
 
-const std::vector<std::string> kModels = {"llama_gqa", "llama_tied_llama3", "llama_bf16",
-                                          "qwen2_bias", "mistral_sharded"};
+const std::vector<std::string> kModels = {"llama_gqa",  "llama_tied_llama3", "llama_bf16",
+                                          "qwen2_bias", "mistral_sharded",   "qwen3_qk_norm"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -200,8 +201,11 @@ TEST_CASE("packed examples: the loss and gradients of the examples alone") {
 }
 
 TEST_CASE("CausalLM: f64 directional finite difference through the whole model") {
+  llm::DecoderConfig config = tiny_config(DType::f64);
+  SUBCASE("llama, every bias") {}
+  SUBCASE("qwen3's q and k norms") { config.model_type = "qwen3", config.qk_norm = true; }
   Generator gen(5);
-  auto model = llm::CausalLM::random(tiny_config(DType::f64), gen, Device::cpu(), 0.5);
+  auto model = llm::CausalLM::random(config, gen, Device::cpu(), 0.5);
   const Tensor ids = from_vector<int64_t>({1, 4, 9, 2, 10, 3, 0, 5}, {2, 4});
   const auto loss = [&] { return llm::causal_lm_loss(model->logits(ids), ids); };
   Tensor l = loss();
@@ -483,7 +487,7 @@ TEST_CASE("decoder configs: sliding windows read as transformers reads them, wri
     return llm::parse_decoder_config(R"({"model_type": ")" + type +
                                          R"(", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
-            "max_position_embeddings": 32)" +
+            "num_key_value_heads": 2, "max_position_embeddings": 32)" +
                                          extra + "}",
                                      "cfg.json");
   };
@@ -515,6 +519,12 @@ TEST_CASE("decoder configs: sliding windows read as transformers reads them, wri
       {"qwen2", R"(, "use_sliding_window": false, "sliding_window": 16,
           "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention"])",
        0, 0},
+      {"qwen3", R"(, "sliding_window": 16)", 0, 0},
+      {"qwen3", R"(, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 1)", 16,
+       1},
+      {"qwen3", R"(, "use_sliding_window": true, "sliding_window": 16,
+          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"])",
+       16, 1},
   };
   for (const Case& c : cases) {
     CAPTURE(c.type);
@@ -540,6 +550,68 @@ TEST_CASE("decoder configs: sliding windows read as transformers reads them, wri
                     doctest::Contains("\"sliding_window\" must be > 0"));
   CHECK_THROWS_WITH(parse("qwen2", R"(, "use_sliding_window": true, "max_window_layers": -1)"),
                     doctest::Contains("\"max_window_layers\" must be an integer >= 0"));
+}
+
+// What each model type's config class in transformers 5.24 makes of the
+// keys (Qwen3Config, MistralConfig, Qwen2Config, LlamaConfig, and the
+// modules' bias= arguments).
+TEST_CASE("decoder configs: qwen3 and each model type's defaults and biases") {
+  const auto parse = [](const std::string& type, const std::string& extra) {
+    return llm::parse_decoder_config(R"({"model_type": ")" + type +
+                                         R"(", "vocab_size": 10, "hidden_size": 48,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 64,
+            "max_position_embeddings": 32)" +
+                                         extra + "}",
+                                     "cfg.json");
+  };
+  // Qwen3: head_dim 128 when absent, whatever hidden_size / heads is.
+  const llm::DecoderConfig q3 = parse("qwen3", "");
+  CHECK(q3.head_dim == 128);
+  CHECK(q3.qk_norm);
+  CHECK_FALSE(q3.qkv_bias);
+  CHECK_FALSE(q3.o_bias);
+  CHECK(parse("qwen3", R"(, "head_dim": 16)").head_dim == 16);
+  CHECK_FALSE(parse("qwen2", R"(, "head_dim": 16)").qk_norm);
+  // num_key_value_heads absent: the class default; null: the heads.
+  CHECK(q3.num_key_value_heads == 32);
+  CHECK(parse("qwen2", R"(, "head_dim": 16)").num_key_value_heads == 32);
+  CHECK(parse("mistral", R"(, "head_dim": 16)").num_key_value_heads == 8);
+  CHECK(parse("llama", R"(, "head_dim": 16)").num_key_value_heads == 64);
+  CHECK(parse("mistral", R"(, "head_dim": 16, "num_key_value_heads": null)").num_key_value_heads ==
+        64);
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(R"({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8,
+          "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+          "max_position_embeddings": 32})",
+                                "cfg.json"),
+      doctest::Contains("not a multiple of num_key_value_heads 8 (the key is absent"));
+  // Biases: Qwen3's attention_bias on q, k, v and o, never the MLP's;
+  // Qwen2's q, k and v always; Mistral none; Llama both keys.
+  const std::string both = R"(, "head_dim": 16, "attention_bias": true, "mlp_bias": true)";
+  const llm::DecoderConfig q3b = parse("qwen3", both), q2 = parse("qwen2", both),
+                           mi = parse("mistral", both), ll = parse("llama", both);
+  CHECK((q3b.qkv_bias && q3b.o_bias && !q3b.mlp_bias));
+  CHECK((q2.qkv_bias && !q2.o_bias && !q2.mlp_bias));
+  CHECK((!mi.qkv_bias && !mi.o_bias && !mi.mlp_bias));
+  CHECK((ll.qkv_bias && ll.o_bias && ll.mlp_bias));
+  // Written back and read again: the same model.
+  for (const llm::DecoderConfig& d : {q3, q3b, q2, mi, ll}) {
+    CAPTURE(d.model_type);
+    const llm::DecoderConfig again =
+        llm::parse_decoder_config(llm::decoder_config_json(d), "written.json");
+    CHECK(again.model_type == d.model_type);
+    CHECK(again.head_dim == d.head_dim);
+    CHECK(again.num_key_value_heads == d.num_key_value_heads);
+    CHECK(again.qk_norm == d.qk_norm);
+    CHECK(again.qkv_bias == d.qkv_bias);
+    CHECK(again.o_bias == d.o_bias);
+    CHECK(again.mlp_bias == d.mlp_bias);
+    CHECK(again.parameter_count() == d.parameter_count());
+  }
+  // Qwen3's q_norm and k_norm: head_dim weights each, per layer.
+  CHECK(q3.parameter_count() -
+            parse("qwen2", R"(, "head_dim": 128, "num_key_value_heads": 32)").parameter_count() ==
+        2 * 128 - (64 * 128 + 2 * 32 * 128));
 }
 
 // Full attention is the sliding window's own over at most sliding_window
@@ -576,7 +648,9 @@ TEST_CASE("CausalLM: a sliding window runs up to its span and refuses more") {
   CHECK(a.logits(seven).to_vector<float>() == c.logits(seven).to_vector<float>());
 }
 
-TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5") {
+TEST_CASE(
+    "decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5, "
+    "Qwen3") {
   struct Published {
     const char* file;
     const char* type;
@@ -590,6 +664,8 @@ TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, Sm
       {"tinyllama-1.1b-chat-v1.0.json", "llama", 32, 4, 64, 1100048384, false, "default"},
       {"smollm2-135m.json", "llama", 9, 3, 64, 134515008, true, "default"},
       {"qwen2.5-0.5b.json", "qwen2", 14, 2, 64, 494032768, true, "default"},
+      // 0.44B without the embeddings, as its model card says.
+      {"qwen3-0.6b.json", "qwen3", 16, 8, 128, 596049920, true, "default"},
   };
   for (const Published& m : models) {
     INFO("config ", m.file);
@@ -603,6 +679,7 @@ TEST_CASE("decoder configs: the published configs of Llama 3.2 1B, TinyLlama, Sm
     CHECK(c.rope.scaling.type == m.rope);
     CHECK(c.parameter_count() == m.parameters);
     CHECK(c.qkv_bias == (std::string(m.type) == "qwen2"));
+    CHECK(c.qk_norm == (std::string(m.type) == "qwen3"));
     // The shapes CausalLM expects are the ones those checkpoints hold.
     int64_t total = 0;
     for (const auto& [name, shape] : llm::CausalLM::expected_weights(c)) total += numel_of(shape);

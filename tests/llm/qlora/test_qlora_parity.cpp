@@ -56,14 +56,23 @@ Case read_case(const std::string& name) {
   return c;
 }
 
-const std::vector<std::string> kCases = {"llama_gqa_all",        "qwen2_qv_rslora",
-                                         "llama_bf16_all",       "llama_gqa_regex_patterns",
-                                         "qwen2_layers_rslora",  "llama_gqa_saved",
-                                         "qwen2_dora",           "llama_bf16_dora",
-                                         "qwen2_bias_all",       "qwen2_lora_only_lora_bias",
-                                         "llama_bf16_lora_bias", "qwen2_dora_bias",
-                                         "llama_gqa_tokens",     "llama_tied_tokens",
-                                         "llama_gqa_tokens_head"};
+const std::vector<std::string> kCases = {"llama_gqa_all",
+                                         "qwen2_qv_rslora",
+                                         "llama_bf16_all",
+                                         "llama_gqa_regex_patterns",
+                                         "qwen2_layers_rslora",
+                                         "llama_gqa_saved",
+                                         "qwen2_dora",
+                                         "llama_bf16_dora",
+                                         "qwen2_bias_all",
+                                         "qwen2_lora_only_lora_bias",
+                                         "llama_bf16_lora_bias",
+                                         "qwen2_dora_bias",
+                                         "llama_gqa_tokens",
+                                         "llama_tied_tokens",
+                                         "llama_gqa_tokens_head",
+                                         "qwen3_all",
+                                         "qwen3_qk_norm_saved"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -255,10 +264,12 @@ TEST_CASE(
   // layers_to_transform, rank_pattern in an order other than sorted); by
   // regexes, with rsLoRA; embeddings and lm_head trained whole; DoRA; the
   // base's biases trained (bias all, over qwen2_bias) with lora_bias; token
-  // rows of the embeddings and lm_head.
+  // rows of the embeddings and lm_head; Qwen3 with its q and k norms
+  // trained whole.
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
-        "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens"}) {
+        "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens",
+        "quanta_written_qwen3"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;

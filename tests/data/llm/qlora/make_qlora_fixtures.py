@@ -127,6 +127,13 @@ CASES = {
     "llama_gqa_tokens_head": dict(model="llama_gqa", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                   use_rslora=False, dtype=torch.float32, n_targeted=4, n_tokens=2,
                                   choice=dict(trainable_token_indices={"embed_tokens": [7, 40], "lm_head": [5, 9]})),
+    # Qwen3: adapters beside the per-head q and k norms (which stay in the
+    # model's dtype, frozen), then those norms trained whole (modules_to_save).
+    "qwen3_all": dict(model="qwen3_qk_norm", r=4, lora_alpha=8, target_modules="all-linear",
+                      use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "qwen3_qk_norm_saved": dict(model="qwen3_qk_norm", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                use_rslora=False, dtype=torch.float32, n_targeted=4, n_saved=4,
+                                choice=dict(modules_to_save=["q_norm", "k_norm"])),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -183,7 +190,8 @@ def run_case(root, name, c, seed):
     saved_modules = c.get("choice", {}).get("modules_to_save", [])
     # A, B (and the magnitude, or B's bias)
     per_layer = 2 + bool(choice.get("use_dora")) + bool(choice.get("lora_bias"))
-    assert len(trainable) == (per_layer * len(targeted) + len(saved_modules) + c.get("n_biases", 0)
+    # (n_saved: the trained modules' count where a name matches one per layer)
+    assert len(trainable) == (per_layer * len(targeted) + c.get("n_saved", len(saved_modules)) + c.get("n_biases", 0)
                               + c.get("n_tokens", 0)), [n for n, _ in trainable]
     assert all(".lora_" in n or ".modules_to_save." in n or n.endswith(".bias") or ".token_adapter." in n
                for n, _ in trainable)
@@ -303,8 +311,11 @@ QUANTA_WRITTEN = {
     "quanta_written_bias": "--target-modules q_proj,o_proj --bias all --lora-bias",
     "quanta_written_tokens": "--target-modules q_proj,v_proj --trainable-token-indices embed_tokens=2,25,60 "
                              "--trainable-token-indices lm_head=5,9",
+    # Over qwen3_qk_norm: every linear layer adapted, the per-head q and k
+    # norms trained whole.
+    "quanta_written_qwen3": "--modules-to-save q_norm,k_norm",
 }
-QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias"}
+QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm"}
 
 
 def check_quanta_adapters(root, names=()):
@@ -342,6 +353,9 @@ def check_quanta_adapters(root, names=()):
         if name == "quanta_written_bias":
             assert all(m.lora_bias["default"] for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
+        if name == "quanta_written_qwen3":  # both norms of both layers trained whole
+            saved = [n for n, m in peft_model.named_modules() if isinstance(m, peft.utils.ModulesToSaveWrapper)]
+            assert len(saved) == 4 and all(n.endswith(("q_norm", "k_norm")) for n in saved), saved
         if name == "quanta_written_dora":
             assert all(m.lora_magnitude_vector for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
