@@ -393,6 +393,12 @@ Tensor CausalLM::lm_head_trained_rows() const {
   return adapter ? adapter->rows() : Tensor();
 }
 
+Tensor CausalLM::lm_head_trained_values() const {
+  const std::shared_ptr<TrainableTokens>& adapter =
+      lm_head_ ? lm_head_adapter_ : embed_tokens_adapter_;
+  return adapter ? adapter->values() : Tensor();
+}
+
 void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64_t> indices) {
   const bool embeddings = module == "model.embed_tokens";
   if (!embeddings && module != "lm_head")
@@ -515,9 +521,9 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                         {1, T});
   }
   const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
-  Tensor h = embed_tokens_adapter_
-                 ? embedding(input_embedding_weight(), ids.to(dev), embed_->padding_idx())
-                 : embed_->forward(ids.to(dev));
+  Tensor h = embed_tokens_adapter_ ? embed_tokens_adapter_->lookup(embed_->weight(), ids.to(dev),
+                                                                   embed_->padding_idx())
+                                   : embed_->forward(ids.to(dev));
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
     // Inside the layer's forward hooks, in the recomputation too (a sharded

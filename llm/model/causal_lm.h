@@ -95,6 +95,9 @@ class CausalLM : public Module {
    * TrainableTokens::rows(); undefined otherwise. For
    * chunked_causal_lm_loss's trained_rows. */
   Tensor lm_head_trained_rows() const;
+  /** Their values (the trainable tokens' parameter), to go with
+   * lm_head_trained_rows(); undefined without. */
+  Tensor lm_head_trained_values() const;
   /** The modules with trainable tokens, by name, embeddings first. */
   std::vector<std::pair<std::string, const TrainableTokens*>> trainable_tokens() const;
   /** Writes each trainable tokens' rows into its layer's weight and drops

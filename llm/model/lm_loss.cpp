@@ -90,7 +90,7 @@ int64_t loss_chunk_tokens(int64_t vocab) {
 
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               int64_t chunk_tokens, int64_t ignore_index,
-                              const Tensor& trained_rows) {
+                              const Tensor& trained_rows, const Tensor& trained_values) {
   constexpr const char* op = "chunked_causal_lm_loss";
   if (!hidden.defined() || hidden.dim() != 3)
     throw std::invalid_argument("[chunked_causal_lm_loss] hidden must be [batch, tokens, hidden]");
@@ -105,10 +105,24 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     throw std::invalid_argument("[chunked_causal_lm_loss] chunk_tokens must be >= 0 (0: " +
                                 std::string("automatic), got ") + std::to_string(chunk_tokens));
   const int64_t N = B * (T - 1), V = weight.size(0);
+  if (trained_rows.defined() != trained_values.defined())
+    throw std::invalid_argument(
+        "[chunked_causal_lm_loss] trained_rows and trained_values go together");
   if (trained_rows.defined() && (trained_rows.dtype() != DType::i64 || trained_rows.dim() != 1))
     throw std::invalid_argument("[chunked_causal_lm_loss] trained_rows must be 1-d i64, got " +
                                 std::string(dtype_name(trained_rows.dtype())) + " " +
                                 shape_str(trained_rows.shape()));
+  if (trained_values.defined() &&
+      (trained_values.dim() != 2 || trained_values.size(0) != trained_rows.numel() ||
+       trained_values.size(1) != d))
+    throw std::invalid_argument("[chunked_causal_lm_loss] trained_values must be [" +
+                                std::to_string(trained_rows.numel()) + ", " + std::to_string(d) +
+                                "] (one row per trained row), got " +
+                                shape_str(trained_values.shape()));
+  // With trained rows the weight is a constant the forward alone reads.
+  const bool rows_train = trained_values.defined();
+  const Tensor trained = rows_train ? trained_values : weight;
+  auto held_weight = std::make_shared<Tensor>(rows_train ? weight.detach() : Tensor());
   if (chunk_tokens == 0) chunk_tokens = loss_chunk_tokens(V);
   const Tensor targets = checked_targets(next_labels(labels.to(hidden.device())), V, ignore_index);
   const Tensor valid = ne(targets, full_like(targets, static_cast<double>(ignore_index)));
@@ -123,8 +137,8 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   // the backward only scales them: the logits are computed once, and the
   // weight's gradient only when the weight is trained (a frozen lm_head, as
   // in QLoRA, costs one GEMM fewer per chunk).
-  const bool differentiated = grad_enabled() && (hidden.requires_grad() || weight.requires_grad());
-  const bool weight_grad = differentiated && weight.requires_grad();
+  const bool differentiated = grad_enabled() && (hidden.requires_grad() || trained.requires_grad());
+  const bool weight_grad = differentiated && trained.requires_grad();
   const bool hidden_grad = differentiated && hidden.requires_grad();
   // Unscaled gradients ([N, hidden] and [vocab, hidden] in the accumulation
   // dtype), filled by the forward and read once by the backward.
@@ -133,7 +147,9 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   fn.name = op;
   fn.forward = [=](const std::vector<Tensor>& in) {
     const Tensor h = rows(in[0]);
-    const Tensor& w = in[1];
+    const Tensor w = rows_train ? *held_weight : in[1];
+    if (!w.defined()) throw std::logic_error("[chunked_causal_lm_loss] forward ran twice");
+    *held_weight = Tensor();  // a trained-rows weight is not needed past here
     Tensor total = zeros({}, {.dtype = acc, .device = h.device()});
     Tensor gh = hidden_grad ? empty({N, d}, {.dtype = acc, .device = h.device()}) : Tensor();
     // The weight's gradient: whole, or of the trained rows alone.
@@ -167,7 +183,8 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     return std::vector<Tensor>{div(total, count)};
   };
   const Shape hidden_shape = hidden.shape();
-  const DType hidden_dtype = hidden.dtype(), weight_dtype = weight.dtype();
+  const DType hidden_dtype = hidden.dtype(), weight_dtype = weight.dtype(),
+              trained_dtype = trained.dtype();
   fn.backward = [=](const std::vector<Tensor>& g) {
     const Tensor scale = div(g[0].to(acc), count);
     std::vector<Tensor> out(2);
@@ -184,14 +201,11 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       if (!gw.defined())
         throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
       const Tensor scaled = mul(gw, scale).to(weight_dtype);
-      out[1] = trained_rows.defined()
-                   ? index_add(zeros({V, d}, {.dtype = weight_dtype, .device = gw.device()}), 0,
-                               trained_rows.to(gw.device()), scaled)
-                   : scaled;
+      out[1] = rows_train ? scaled.to(trained_dtype) : scaled;
     }
     return out;
   };
-  return autograd::apply(fn, {hidden, weight})[0];
+  return autograd::apply(fn, {hidden, trained})[0];
 }
 
 }  // namespace quanta::llm

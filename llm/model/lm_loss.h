@@ -39,13 +39,16 @@ int64_t loss_chunk_tokens(int64_t vocab);
  * vocabulary other than ignore_index is an error. Equal to
  * causal_lm_loss(linear(hidden, weight), labels).
  *
- * `trained_rows` (i64 [n], distinct): the rows of a weight of which only
- * those train (trainable tokens, CausalLM::lm_head_trained_rows): their
- * gradient is formed from the logits' gradient at those columns alone, and
- * the other rows' is given as zero, instead of one vocabulary-sized product
- * per chunk. */
+ * `trained_rows` (i64 [n], distinct) with `trained_values` [n, hidden]: the
+ * only rows of the output weight that train (trainable tokens,
+ * CausalLM::lm_head_trained_rows and lm_head_trained_values), `weight`
+ * holding those values at those rows. The weight is then read as a constant
+ * (and let go when the forward ends) and the gradient goes to trained_values,
+ * formed from the logits' gradient at those columns alone: no
+ * vocabulary-sized product or gradient is made. */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               int64_t chunk_tokens = 0, int64_t ignore_index = -100,
-                              const Tensor& trained_rows = Tensor());
+                              const Tensor& trained_rows = Tensor(),
+                              const Tensor& trained_values = Tensor());
 
 }  // namespace quanta::llm

@@ -23,6 +23,13 @@ class TrainableTokens : public Module {
   /** `weight` with the rows replaced by the trained values, as a new tensor
    * (PEFT's index_copy): the gradient reaches the values, not the weight. */
   Tensor apply(const Tensor& weight) const;
+  /** embedding(apply(weight), ids, padding_idx) without the vocabulary-sized
+   * copy or gradient: the lookup in `weight`, the trained rows' positions
+   * taken from the values, whose gradient sums only the positions that read
+   * them (a trained `padding_idx` row gets none, as in the embedding); a
+   * weight that trains gets the gradient apply() would give it (none at the
+   * trained rows). */
+  Tensor lookup(const Tensor& weight, const Tensor& ids, int64_t padding_idx = -1) const;
   const std::vector<int64_t>& indices() const { return indices_; }
   /** The indices as an i64 tensor [indices] on the values' device. */
   const Tensor& rows() const { return rows_; }
@@ -34,6 +41,9 @@ class TrainableTokens : public Module {
   Tensor values_, rows_;
   // scatter's index [indices, dim]: row i's position, on the values' device.
   Tensor index_;
+  // [rows]: each row's place among the indices, indices.size() for a row
+  // that does not train (lookup's row of the values table padded by one).
+  Tensor slot_;
 };
 
 }  // namespace quanta::llm

@@ -230,6 +230,45 @@ TEST_CASE("CausalLM: f64 directional finite difference through the whole model")
   CHECK(std::abs(numeric - analytic) <= 1e-6 * std::max(1.0, std::abs(analytic)));
 }
 
+TEST_CASE("TrainableTokens: lookup equals the embedding of apply(), values and gradients") {
+  // A trained row at the padding index and one never read; ids repeat the
+  // trained rows so their gradients sum positions; a weight that trains too.
+  for (const Device dev : {Device::cpu(), Device::sim(0)})
+    for (const bool weight_trains : {false, true}) {
+      INFO("device ", dev.str(), weight_trains ? ", the weight trains" : "");
+      Generator gen(21);
+      Tensor weight = randn({9, 5}, gen, {.dtype = DType::f64}).to(dev);
+      weight.requires_grad_(weight_trains);
+      const llm::TrainableTokens tokens(weight, {6, 1, 3, 8});
+      Tensor values = tokens.values();
+      values.requires_grad_(true);
+      {
+        NoGradGuard no_grad;  // moved off the weight's rows, so a mix-up shows
+        copy_(values, add(values, full_like(values, 0.25)));
+      }
+      const Tensor ids = from_vector<int64_t>({6, 2, 1, 6, 0, 3, 3, 6, 5, 2, 1, 4}, {3, 4}).to(dev);
+      const Tensor dir = randn({3, 4, 5}, gen, {.dtype = DType::f64}).to(dev);
+      const int64_t padding_idx = 3;
+      const std::vector<Tensor> wrt =
+          weight_trains ? std::vector<Tensor>{values, weight} : std::vector<Tensor>{values};
+      const Tensor fast = tokens.lookup(weight, ids, padding_idx);
+      const Tensor plain = embedding(tokens.apply(weight), ids, padding_idx);
+      CHECK(fast.to(Device::cpu()).to_vector<double>() ==
+            plain.to(Device::cpu()).to_vector<double>());
+      const auto g_fast = autograd::grad({sum(mul(fast, dir))}, wrt);
+      const auto g_plain = autograd::grad({sum(mul(plain, dir))}, wrt);
+      for (size_t i = 0; i < wrt.size(); ++i) CHECK(max_rel_diff(g_fast[i], g_plain[i]) < 1e-15);
+      // The rows of the padding token (3, slot 2) and of the unread one (8,
+      // slot 3) get no gradient.
+      const std::vector<double> gv = g_fast[0].to(Device::cpu()).to_vector<double>();
+      for (int c = 0; c < 5; ++c) {
+        CHECK(gv[2 * 5 + c] == 0.0);
+        CHECK(gv[3 * 5 + c] == 0.0);
+        CHECK(gv[0 * 5 + c] != 0.0);
+      }
+    }
+}
+
 TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") {
   Generator gen(7);
   auto model = llm::CausalLM::random(tiny_config(DType::f64), gen, Device::cpu(), 0.5);
@@ -252,17 +291,25 @@ TEST_CASE("chunked_causal_lm_loss equals the plain loss, values and gradients") 
     const Tensor g_frozen =
         autograd::grad({llm::chunked_causal_lm_loss(h, frozen, labels.to(dev), 4) * 3.0}, {h})[0];
     CHECK(max_rel_diff(g_frozen, g_plain[0] * 3.0) < 1e-12);
-    // A weight of which only some rows train: those rows' gradient, the
-    // others' zero.
+    // A weight of which only some rows train: the gradient goes to their
+    // values, the weight (holding them) read as a constant.
     const Tensor rows = from_vector<int64_t>({7, 2, 9}, {3}).to(dev);
-    const Tensor g_rows =
-        autograd::grad({llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows)}, {w})[0];
-    CHECK(max_rel_diff(index_select(g_rows, 0, rows), index_select(g_plain[1], 0, rows)) < 1e-12);
-    CHECK(sum(abs(g_rows)).to_vector<double>()[0] ==
-          doctest::Approx(sum(abs(index_select(g_rows, 0, rows))).to_vector<double>()[0]));
+    const Tensor values = index_select(w.detach(), 0, rows).requires_grad_(true);
+    const Tensor rows_loss =
+        llm::chunked_causal_lm_loss(h, w.detach(), labels.to(dev), 3, -100, rows, values);
+    CHECK(rows_loss.to_vector<double>()[0] == doctest::Approx(plain.to_vector<double>()[0]));
+    const auto g_rows = autograd::grad({rows_loss}, {h, values});
+    CHECK(max_rel_diff(g_rows[0], g_plain[0]) < 1e-12);
+    CHECK(max_rel_diff(g_rows[1], index_select(g_plain[1], 0, rows)) < 1e-12);
     CHECK_THROWS_WITH_AS(
-        llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows.to(DType::i32)),
+        llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows.to(DType::i32), values),
         doctest::Contains("trained_rows must be 1-d i64"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows),
+                         doctest::Contains("trained_rows and trained_values go together"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3, -100, rows, slice(values, 0, 0, 2)),
+        doctest::Contains("trained_values must be [3, 8]"), std::invalid_argument);
     // Its gradients are formed once: a second backward is refused.
     const Tensor once = llm::chunked_causal_lm_loss(h, w, labels.to(dev), 3);
     autograd::grad({once}, {h}, {}, /*retain_graph=*/true);

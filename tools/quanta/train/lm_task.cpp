@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
@@ -80,9 +81,17 @@ StepLoss LmFinetuneTask::step(const BatchShare& share) {
   if (in.size() <= weight_at) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
   } else {
-    // With trainable tokens, their rows' gradient alone.
-    loss = llm::chunked_causal_lm_loss(hidden, model_->lm_head_weight(), in.at(1), 0, -100,
-                                       model_->lm_head_trained_rows());
+    // With trainable tokens, their rows' gradient alone: the output weight
+    // (their rows written in) is a constant of the loss, made without a graph.
+    const Tensor rows = model_->lm_head_trained_rows();
+    Tensor weight;
+    {
+      std::optional<NoGradGuard> constant;
+      if (rows.defined()) constant.emplace();
+      weight = model_->lm_head_weight();
+    }
+    loss = llm::chunked_causal_lm_loss(hidden, weight, in.at(1), 0, -100, rows,
+                                       model_->lm_head_trained_values());
     loss = loss * in.at(weight_at).to(loss.dtype());
   }
   return {loss.to(DType::f32), {}};
