@@ -79,6 +79,12 @@ MODELS = {
                            tie_word_embeddings=True,
                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                       torch.float32, None),
+    # Qwen3 as it is published: bf16 (its q and k norms round to bf16 too).
+    "qwen3_bf16": (Qwen3Config, Qwen3ForCausalLM,
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        tie_word_embeddings=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                   torch.bfloat16, None),
 }
 
 

@@ -35,7 +35,8 @@ std::string data_dir() {
 }
 
 const std::vector<std::string> kModels = {"llama_gqa",  "llama_tied_llama3", "llama_bf16",
-                                          "qwen2_bias", "mistral_sharded",   "qwen3_qk_norm"};
+                                          "qwen2_bias", "mistral_sharded",   "qwen3_qk_norm",
+                                          "qwen3_bf16"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -65,7 +66,7 @@ TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu, 
     INFO("model ", name);
     const io::SafetensorsFile want =
         io::load_safetensors(data_dir() + "/expected/" + name + ".safetensors");
-    const bool bf16 = name == "llama_bf16";
+    const bool bf16 = name == "llama_bf16" || name == "qwen3_bf16";
     std::vector<Device> devices{Device::cpu()};
     for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
     for (const Device dev : devices) {

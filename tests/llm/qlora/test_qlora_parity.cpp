@@ -72,7 +72,8 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "llama_tied_tokens",
                                          "llama_gqa_tokens_head",
                                          "qwen3_all",
-                                         "qwen3_qk_norm_saved"};
+                                         "qwen3_qk_norm_saved",
+                                         "qwen3_bf16_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -152,8 +153,12 @@ TEST_CASE(
       CHECK(nlohmann::json(adapted) == c.settings["targeted"]);
       const Tensor ids = c.expected.at("ids").to(dev), labels = c.expected.at("labels").to(dev);
       // bf16: transformers rounds the same intermediates; a different order
-      // of f32 sums can flip a bf16 rounding.
-      const double tol = c.bf16() ? 2e-2 : 1e-5;
+      // of f32 sums can flip a bf16 rounding. Two bf16 computations differ
+      // by about bf16's own error: PEFT's bf16 against its own f32 compute
+      // on the same weights differs by up to 2.1e-2 in the logits and 4.7e-2
+      // in the adapters' gradients on these models (llama_bf16_all,
+      // qwen3_bf16_all; 2026-12-02).
+      const double tol = c.bf16() ? 3e-2 : 1e-5;
 
       const Tensor logits = model->logits(ids);
       const Tensor loss = llm::causal_lm_loss(logits, labels);
@@ -181,7 +186,7 @@ TEST_CASE(
         REQUIRE(c.expected.count("grad." + key) == 1);
         const double e = max_rel_diff(p.grad().to(Device::cpu()), c.expected.at("grad." + key));
         worst_grad = std::max(worst_grad, e);
-        CHECK(e < (c.bf16() ? 5e-2 : 1e-5));
+        CHECK(e < (c.bf16() ? 7.5e-2 : 1e-5));
         params.push_back(p);
       }
       int64_t trainable = 0;
