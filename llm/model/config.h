@@ -32,12 +32,12 @@ struct DecoderConfig {
    * RoPE ops take them. */
   RopeConfig rope;
   bool tie_word_embeddings = false;
-  /** Biases on q, k, v and o (llama's, mistral's and qwen3's
-   * attention_bias); qwen2 always has them on q, k and v only. */
+  /** Biases on q, k, v and o (llama's and qwen3's attention_bias); qwen2
+   * always has them on q, k and v only; mistral never. */
   bool attention_bias = false;
   bool qkv_bias = false;  // derived: q, k, v carry biases
   bool o_bias = false;    // derived: o carries a bias
-  bool mlp_bias = false;
+  bool mlp_bias = false;  // llama's mlp_bias; the others have none
   /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;

@@ -200,8 +200,7 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     if (weight_grad) {
       if (!gw.defined())
         throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
-      const Tensor scaled = mul(gw, scale).to(weight_dtype);
-      out[1] = rows_train ? scaled.to(trained_dtype) : scaled;
+      out[1] = mul(gw, scale).to(rows_train ? trained_dtype : weight_dtype);
     }
     return out;
   };
