@@ -387,16 +387,19 @@ Tensor CausalLM::lm_head_weight() const {
   return lm_head_adapter_ ? lm_head_adapter_->apply(lm_head_->weight()) : lm_head_->weight();
 }
 
+const TrainableTokens* CausalLM::lm_head_tokens() const {
+  // A tied model's output layer is the embeddings, and takes their rows.
+  return (lm_head_ ? lm_head_adapter_ : embed_tokens_adapter_).get();
+}
+
 Tensor CausalLM::lm_head_trained_rows() const {
-  const std::shared_ptr<TrainableTokens>& adapter =
-      lm_head_ ? lm_head_adapter_ : embed_tokens_adapter_;
-  return adapter ? adapter->rows() : Tensor();
+  const TrainableTokens* tokens = lm_head_tokens();
+  return tokens ? tokens->rows() : Tensor();
 }
 
 Tensor CausalLM::lm_head_trained_values() const {
-  const std::shared_ptr<TrainableTokens>& adapter =
-      lm_head_ ? lm_head_adapter_ : embed_tokens_adapter_;
-  return adapter ? adapter->values() : Tensor();
+  const TrainableTokens* tokens = lm_head_tokens();
+  return tokens ? tokens->values() : Tensor();
 }
 
 void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64_t> indices) {

@@ -131,6 +131,9 @@ class CausalLM : public Module {
   bool recompute_layers_ = false;
   /** The embeddings' weight with their trainable tokens' rows. */
   Tensor input_embedding_weight() const;
+  /** The trainable tokens of the output layer (the embeddings' when tied),
+   * or null. */
+  const TrainableTokens* lm_head_tokens() const;
 };
 
 }  // namespace quanta::llm
