@@ -51,6 +51,7 @@ struct Scratch {
   Mat<A> q, k, v, d_out;  // widened rows where an operand is not in A
   View<A> Q, K, V, DO;
   Mat<A> o, s, dp, dq, dk, dv;
+  Mat<A> slope;  // soft-capping's d capped / d score, for the backward
   std::vector<A> m, l;
 };
 
@@ -112,11 +113,20 @@ void store_rows(const Mat<A>& m, T* data, int64_t sb, int64_t st, int64_t sh, in
   }
 }
 
-// scores = scale q k^T + mask, -inf where the causal mask hides a key.
+// scores = scale q k^T (soft-capped when a.softcap is set: cap tanh(x /
+// cap), and with `slopes` 1 - tanh^2 kept in s.slope) + mask, -inf where the
+// causal mask hides a key.
 template <class A>
-void scores(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, int64_t j0, Scratch<A>& s) {
+void scores(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, int64_t j0, Scratch<A>& s,
+            bool slopes = false) {
   product(a, s.Q, Op::plain, s.K, Op::transposed, s.s, false);
   s.s *= static_cast<A>(a.scale);
+  if (a.softcap > 0) {
+    const A cap = static_cast<A>(a.softcap);
+    s.s = (s.s.array() / cap).tanh().matrix();
+    if (slopes) s.slope = (A(1) - s.s.array().square()).matrix();
+    s.s *= cap;
+  }
   const MaskOperand& mk = a.mask;
   for (int64_t i = 0; i < s.s.rows(); ++i) {
     if (mk.data) {
@@ -183,7 +193,8 @@ void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scr
 
 // p = exp(s - lse) and ds = p (dO v^T - delta) for the block in s.s, s.dp,
 // a row at a time with Eigen's vectorised exp (fn::attention_prob and
-// fn::attention_score_grad per element, as the CUDA kernels compute them).
+// fn::attention_score_grad per element, as the CUDA kernels compute them);
+// soft-capped, ds is then taken through the cap (times s.slope).
 template <class A>
 void probs_and_score_grads(const AttentionArgs& a, const A* delta, int64_t b, int64_t h, int64_t i0,
                            Scratch<A>& s) {
@@ -198,6 +209,7 @@ void probs_and_score_grads(const AttentionArgs& a, const A* delta, int64_t b, in
     }
     s.s.row(i) = (s.s.row(i).array() - lse[i]).exp().matrix();
     s.dp.row(i) = (s.s.row(i).array() * (s.dp.row(i).array() - dl[i])).matrix();
+    if (a.softcap > 0) s.dp.row(i) = (s.dp.row(i).array() * s.slope.row(i).array()).matrix();
   }
 }
 
@@ -217,7 +229,7 @@ void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A*
       const int64_t ni = std::min(kBlockQ, a.q_len - i0);
       s.Q = load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
       s.DO = load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
-      scores(a, b, h, i0, j0, s);
+      scores(a, b, h, i0, j0, s, true);
       probs_and_score_grads(a, delta, b, h, i0, s);
       product(a, view(s.s), Op::transposed, s.DO, Op::plain, s.dv, true);
       product(a, view(s.dp), Op::transposed, s.Q, Op::plain, s.dk, true);
@@ -243,7 +255,7 @@ void query_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const 
     const int64_t nj = std::min(kBlockK, end - j0);
     s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
     s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
-    scores(a, b, h, i0, j0, s);
+    scores(a, b, h, i0, j0, s, true);
     probs_and_score_grads(a, delta, b, h, i0, s);
     product(a, view(s.dp), Op::plain, s.K, Op::plain, s.dq, true);
   }

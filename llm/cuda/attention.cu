@@ -59,8 +59,9 @@ __device__ void store_head(const Lanes<A>& x, A scale, T* row, int64_t D, int la
 // scale * q.k + mask (-inf past the causal edge, which keys_seen keeps the
 // walks from reaching).
 template <class A>
-__device__ A score(const AttentionArgs& a, A qk, int64_t b, int64_t h, int64_t i, int64_t j) {
-  return attention_plan::row_score<A>(a, qk, b, h, i, j);
+__device__ A score(const AttentionArgs& a, A qk, int64_t b, int64_t h, int64_t i, int64_t j,
+                   A* slope = nullptr) {
+  return attention_plan::row_score<A>(a, qk, b, h, i, j, slope);
 }
 
 __device__ int64_t keys_seen(const AttentionArgs& a, int64_t i) {
@@ -122,10 +123,11 @@ __global__ void query_grad_kernel(AttentionArgs a, const T* d_out, const A* delt
     const int64_t end = keys_seen(a, i);
     for (int64_t j = 0; j < end; ++j) {
       const Lanes<A> k = load_head<T, A>(a.k, b, j, h / G, D, lane);
-      const A p = fn::attention_prob(score<A>(a, dot(q, k), b, h, i, j), lse);
+      A slope;
+      const A p = fn::attention_prob(score<A>(a, dot(q, k), b, h, i, j, &slope), lse);
       if (p == A(0)) continue;
-      const A ds =
-          fn::attention_score_grad(p, dot(dO, load_head<T, A>(a.v, b, j, h / G, D, lane)), dl);
+      const A ds = slope * fn::attention_score_grad(
+                               p, dot(dO, load_head<T, A>(a.v, b, j, h / G, D, lane)), dl);
 #pragma unroll
       for (int c = 0; c < kPerLane; ++c) dq.v[c] += ds * k.v[c];
     }
@@ -148,11 +150,12 @@ __global__ void key_grad_kernel(AttentionArgs a, const T* d_out, const A* delta,
       for (int64_t i = begin; i < a.q_len; ++i) {
         const Lanes<A> q = load_head<T, A>(a.q, b, i, h, D, lane);
         const int64_t r = (b * H + h) * a.q_len + i;
-        const A p =
-            fn::attention_prob(score<A>(a, dot(q, k), b, h, i, j), static_cast<const A*>(a.lse)[r]);
+        A slope;
+        const A p = fn::attention_prob(score<A>(a, dot(q, k), b, h, i, j, &slope),
+                                       static_cast<const A*>(a.lse)[r]);
         if (p == A(0)) continue;
         const Lanes<A> dO = load_head<T, A>(g, b, i, h, D, lane);
-        const A ds = fn::attention_score_grad(p, dot(dO, v), delta[r]);
+        const A ds = slope * fn::attention_score_grad(p, dot(dO, v), delta[r]);
 #pragma unroll
         for (int c = 0; c < kPerLane; ++c) {
           dv.v[c] += p * dO.v[c];

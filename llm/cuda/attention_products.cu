@@ -2,8 +2,9 @@
 // the plan's executor on the device. Gathers and scatters move heads between
 // the [batch, tokens, heads, head_dim] tensors and contiguous scratch in the
 // accumulation dtype, cuBLAS runs every product (strided batched, one call
-// per query head of a group), and two row passes form the probabilities and
-// the score gradients with the plan's functions, which the CPU test runs.
+// per query head of a group), and a row pass each way forms the
+// probabilities (forward), or the probabilities and the score gradients
+// together (backward), with the plan's functions, which the CPU test runs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -77,20 +78,22 @@ __global__ void softmax_rows_kernel(AttentionArgs a, plan::Chunk c, A* s_buf) {
   }
 }
 
-// Elementwise over the chunk's scores: probabilities from the saved lse
-// (dp == nullptr), or the score gradients from them (ds: dp in, out).
+// Elementwise over the chunk's scores, the backward's one row pass: raw q.k
+// in s_buf and dp in ds_buf, probabilities from the saved lse out into
+// s_buf and the score gradients into ds_buf.
 template <class A>
-__global__ void rows_kernel(AttentionArgs a, plan::Chunk c, A* s_buf, A* ds_buf, const A* delta) {
+__global__ void grad_rows_kernel(AttentionArgs a, plan::Chunk c, A* s_buf, A* ds_buf,
+                                 const A* delta) {
   const int64_t group = a.heads / a.kv_heads, tq = a.q_len, tk = a.kv_len;
   QUANTA_GRID_STRIDE(e, c.count * group * tq * tk) {
     const int64_t j = e % tk, i = (e / tk) % tq, slot = e / (tk * tq);
     const plan::Slot sl = plan::slot_of(a, c, slot);
     const int64_t r = (sl.b * a.heads + sl.h) * tq + i;
-    if (!ds_buf)
-      s_buf[e] = plan::row_prob(plan::row_score<A>(a, s_buf[e], sl.b, sl.h, i, j),
-                                static_cast<const A*>(a.lse)[r]);
-    else
-      ds_buf[e] = plan::row_score_grad(a, s_buf[e], ds_buf[e], delta[r]);
+    A slope;
+    const A p = plan::row_prob(plan::row_score<A>(a, s_buf[e], sl.b, sl.h, i, j, &slope),
+                               static_cast<const A*>(a.lse)[r]);
+    s_buf[e] = p;
+    ds_buf[e] = plan::row_score_grad(a, p, ds_buf[e], delta[r], slope);
   }
 }
 
@@ -182,14 +185,12 @@ struct DeviceExec {
         <<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(a, c, at(plan::Buf::s));
     QUANTA_CUDA_CHECK_LAUNCH();
   }
-  void rows(const plan::Chunk& c, A* ds) {
+  void grad_rows(const plan::Chunk& c) {
     const cuda::LaunchConfig g = grid_for(c.count * x.group * x.tq * x.tk);
-    rows_kernel<A><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
-        a, c, at(plan::Buf::s), ds, delta);
+    grad_rows_kernel<A><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+        a, c, at(plan::Buf::s), at(plan::Buf::ds), delta);
     QUANTA_CUDA_CHECK_LAUNCH();
   }
-  void probs_rows(const plan::Chunk& c) { rows(c, nullptr); }
-  void score_grad_rows(const plan::Chunk& c) { rows(c, at(plan::Buf::ds)); }
   void scatter(const plan::Chunk& c, plan::Buf which, T* dst) {
     const bool query_side = which == plan::Buf::o || which == plan::Buf::dq;
     const int64_t t = query_side ? x.tq : x.tk;

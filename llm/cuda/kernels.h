@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA language-model table's entries (rms_norm.cu, rope.cu,
-// swiglu.cu, attention.cu); table.cu puts them in the table the CUDA module exports. Contracts:
+// gated_act.cu, attention.cu); table.cu puts them in the table the CUDA module exports. Contracts:
 // llm/kernels/table.h. Pointers are on the current device; everything is queued on its default
 // stream.
 #include "llm/kernels/table.h"

@@ -14,7 +14,7 @@
 // chunking, the grouped-query expansion and every stride are tested on the
 // CPU with an executor of plain loops against the CPU's attention kernels
 // (tests/llm/kernels/test_attention_plan.cpp); the CUDA executor
-// (llm/cuda/attention_products.cu) is thin: gathers, two row passes, cuBLAS.
+// (llm/cuda/attention_products.cu) is thin: gathers, a row pass each way, cuBLAS.
 //
 // Layout of a chunk of `pairs` (image, kv head) pairs, pair p = b * kv_heads
 // + hk, each with its `group` = heads / kv_heads query heads h = hk * group
@@ -34,13 +34,21 @@
 namespace quanta::llm::attention_plan {
 
 /** The score of key j for query i of image b, query head h, from the raw
- * product q.k: scale * q.k + mask, or -inf where the causal mask hides j
- * (CUDA's reference kernels use it too). */
+ * product q.k: scale * q.k (soft-capped when a.softcap is set) + mask, or
+ * -inf where the causal mask hides j (CUDA's reference kernels use it too).
+ * `slope`, when given, receives d score / d (scale q.k): the cap's 1 -
+ * tanh^2, else 1. */
 template <class A>
 QUANTA_HD inline A row_score(const AttentionArgs& a, A raw, int64_t b, int64_t h, int64_t i,
-                             int64_t j) {
+                             int64_t j, A* slope = nullptr) {
+  if (slope) *slope = A(1);
   if (a.causal && j > fn::last_visible_key(i, a.q_len, a.kv_len)) return A(-INFINITY);
   A s = raw * static_cast<A>(a.scale);
+  if (a.softcap > 0) {
+    const A cap = static_cast<A>(a.softcap), t = fn::softcap_tanh(s, cap);
+    s = cap * t;
+    if (slope) *slope = fn::softcap_slope(t);
+  }
   const MaskOperand& m = a.mask;
   if (m.data) s += static_cast<const A*>(m.data)[b * m.sb + h * m.sh + i * m.si + j * m.sj];
   return s;
@@ -66,12 +74,14 @@ QUANTA_HD inline A row_prob(A score, A lse) {
   return fn::attention_prob(score, lse);
 }
 
-/** The score gradient the products take: scale * p (dp - delta), the
- * scale of q.k folded in once for dq and dk; 0 where p is 0. */
+/** The score gradient the products take: scale * slope * p (dp - delta),
+ * the scale of q.k (and soft-capping's slope, row_score's) folded in once
+ * for dq and dk; 0 where p is 0. */
 template <class A>
-QUANTA_HD inline A row_score_grad(const AttentionArgs& a, A p, A dp, A delta) {
+QUANTA_HD inline A row_score_grad(const AttentionArgs& a, A p, A dp, A delta, A slope = A(1)) {
   // p = 0: a hidden key, whose dp a causal block's product did not write.
-  return p == A(0) ? A(0) : static_cast<A>(a.scale) * fn::attention_score_grad(p, dp, delta);
+  return p == A(0) ? A(0)
+                   : static_cast<A>(a.scale) * slope * fn::attention_score_grad(p, dp, delta);
 }
 
 /** The scratch buffers of a chunk, in the accumulation dtype. */
@@ -228,19 +238,24 @@ void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
 
 /** The backward from the forward's out and lse and the output gradient:
  * Exec provides, beside the forward's, gather(chunk, Buf::o) (the output
- * gradient per slot), probs_rows(chunk) (s: raw q.k in where written,
- * probabilities from the saved lse out for every key),
- * score_grad_rows(chunk) (ds: dp in where written, scale * p (dp - delta)
- * out, 0 where p is) and scatter_grads(chunk) (dq, dk, dv into the
- * gradients). The caller has computed delta (each query's dO.O). dk and dv
- * sum over the blocks and the group's heads in order, the first product
- * (the last block, which sees every key) writing all their rows. */
+ * gradient per slot) and grad_rows(chunk) (s: raw q.k in where written,
+ * probabilities from the saved lse out for every key; ds: dp in where
+ * written, row_score_grad out, 0 where p is: one pass that sees the raw
+ * score soft-capping's slope needs) and scatter_grads(chunk) (dq, dk, dv
+ * into the gradients). The caller has computed delta (each query's dO.O).
+ * dk and dv sum over the blocks and the group's heads in order, the first
+ * product (the last block, which sees every key) writing all their rows. */
 template <class Exec>
 void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
   const Dims x(a);
   const std::vector<QueryBlock> blocks = query_blocks(a);
   for_chunks(a, chunk_pairs, blocks, true, exec, [&](const Chunk& c) {
-    exec.probs_rows(c);
+    for (int64_t g = 0; g < x.group; ++g)
+      for (const QueryBlock& qb : blocks)  // dp = dO v^T
+        exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::o, g, qb, x.d, false),
+                      pairs_of(Buf::v, x.tk, x.d, true), block_rows(x, Buf::ds, g, qb, x.tk, false),
+                      false});
+    exec.grad_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks) {
         const bool add = g > 0 || &qb != &blocks.front();
@@ -248,15 +263,6 @@ void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
         exec.product({c.count, qb.keys, x.d, qb.rows, block_rows(x, Buf::s, g, qb, x.tk, true),
                       block_rows(x, Buf::o, g, qb, x.d, false), pairs_of(Buf::dv, x.tk, x.d, false),
                       add});
-        // dp = dO v^T
-        exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::o, g, qb, x.d, false),
-                      pairs_of(Buf::v, x.tk, x.d, true), block_rows(x, Buf::ds, g, qb, x.tk, false),
-                      false});
-      }
-    exec.score_grad_rows(c);
-    for (int64_t g = 0; g < x.group; ++g)
-      for (const QueryBlock& qb : blocks) {
-        const bool add = g > 0 || &qb != &blocks.front();
         // dq = ds k
         exec.product({c.count, qb.rows, x.d, qb.keys, block_rows(x, Buf::ds, g, qb, x.tk, false),
                       pairs_of(Buf::k, x.tk, x.d, false), block_rows(x, Buf::dq, g, qb, x.d, false),

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
+#include "llm/kernels/gated_act.h"
 
 namespace quanta::llm::fn {
 
@@ -24,15 +25,25 @@ QUANTA_HD inline A rms_scale(A sum_sq, int64_t n, A eps) {
   return A(1) / std::sqrt(sum_sq / static_cast<A>(n) + eps);
 }
 
-/** RMSNorm's output: weight times the normalised value in T, as
- * transformers' `weight * hidden.to(input_dtype)` rounds it. */
+/** The factor RMSNorm's weight stands for, in A: the weight itself
+ * (Llama), or 1 + weight (Gemma, whose norms store the offset from 1). */
 template <class T, class A>
-QUANTA_HD inline T rms_out(T x, T w, A r) {
+QUANTA_HD inline A rms_factor(T w, bool one_plus_weight) {
+  return one_plus_weight ? A(1) + static_cast<A>(w) : static_cast<A>(w);
+}
+
+/** RMSNorm's output. Llama: weight times the normalised value rounded to T,
+ * as transformers' `weight * hidden.to(input_dtype)` rounds it. Gemma (
+ * one_plus_weight): (1 + weight) times the normalised value in A, rounded
+ * once, as GemmaRMSNorm's `(x * (1 + w.float())).type_as(x)`. */
+template <class T, class A>
+QUANTA_HD inline T rms_out(T x, T w, A r, bool one_plus_weight) {
+  if (one_plus_weight) return static_cast<T>(static_cast<A>(x) * r * rms_factor<T, A>(w, true));
   return static_cast<T>(rounded<T>(static_cast<A>(x) * r) * static_cast<A>(w));
 }
 
-/** RMSNorm's input gradient: r g - x r^3 c, with g = gy * weight and c the
- * row's mean of g x. */
+/** RMSNorm's input gradient: r g - x r^3 c, with g = gy * rms_factor and c
+ * the row's mean of g x. */
 template <class A>
 QUANTA_HD inline A rms_grad_x(A x, A g, A r, A c) {
   return r * g - x * r * r * r * c;
@@ -51,33 +62,92 @@ QUANTA_HD inline void rope_pair(T a, T b, A c, A s, T* out_a, T* out_b) {
   *out_b = static_cast<T>(rounded<T>(fb * c) + rounded<T>(fa * s));
 }
 
-/** silu(x) = x / (1 + e) from gate x and e = exp(-x), rounded to T as
- * transformers' act_fn(gate) tensor is. Below about -88 (f32) e is inf and
- * silu -0, its limit. */
-template <class T, class A>
-QUANTA_HD inline A swiglu_silu(A x, A e) {
-  return rounded<T>(x / (A(1) + e));
+/** GELU's tanh approximation's constants, as PyTorch's kernels spell them:
+ * sqrt(2 / pi) and 0.044715. */
+template <class A>
+QUANTA_HD inline A gelu_beta() {
+  return static_cast<A>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
+}
+template <class A>
+QUANTA_HD inline A gelu_kappa() {
+  return static_cast<A>(0.044715);
 }
 
-/** SwiGLU's output: silu(x) as above, times up u. */
-template <class T, class A>
-QUANTA_HD inline T swiglu_out(A x, A e, A u) {
-  return static_cast<T>(swiglu_silu<T>(x, e) * u);
+/** The argument of the activation's one transcendental function, whose
+ * value e the functions below take: silu's exp(-x), gelu_tanh's
+ * tanh(beta (x + kappa x^3)). Computed apart so that the CPU can take a
+ * whole piece's exp or tanh as one vector op. */
+template <GatedAct Act, class A>
+QUANTA_HD inline A gated_arg(A x) {
+  if constexpr (Act == GatedAct::silu)
+    return -x;
+  else
+    return gelu_beta<A>() * (x + gelu_kappa<A>() * (x * x * x));
+}
+/** e from that argument: exp for silu, tanh for gelu_tanh. */
+template <GatedAct Act, class A>
+QUANTA_HD inline A gated_transcendental(A arg) {
+  if constexpr (Act == GatedAct::silu)
+    return std::exp(arg);
+  else
+    return std::tanh(arg);
 }
 
-/** SwiGLU's gradients for output gradient g, from x, e = exp(-x) and u as
- * above: d_up = g silu(x), and d_gate = (g u) s (1 + x (1 - s)) with s = 1 /
- * (1 + e), where g u is rounded to T (mul's gradient, a tensor of dtype T)
- * and the rest is formed in A and rounded once, as PyTorch's silu_backward
- * forms it. */
-template <class T, class A>
-QUANTA_HD inline T swiglu_grad_up(A x, A e, A g) {
-  return static_cast<T>(g * swiglu_silu<T>(x, e));
+/** act(x) from gate x and its e, rounded to T as transformers' act_fn(gate)
+ * tensor is: silu x / (1 + e) (below about -88 in f32 e is inf and silu -0,
+ * its limit); gelu_tanh 0.5 x (1 + e), PyTorch's formula. */
+template <GatedAct Act, class T, class A>
+QUANTA_HD inline A gated_act(A x, A e) {
+  if constexpr (Act == GatedAct::silu)
+    return rounded<T>(x / (A(1) + e));
+  else
+    return rounded<T>(A(0.5) * x * (A(1) + e));
 }
-template <class T, class A>
-QUANTA_HD inline T swiglu_grad_gate(A x, A e, A u, A g) {
-  const A s = A(1) / (A(1) + e);
-  return static_cast<T>(rounded<T>(g * u) * (s * (A(1) + x * (A(1) - s))));
+
+/** d act / dx from x and e, as PyTorch's silu and gelu (tanh) backward
+ * kernels form it: silu s (1 + x (1 - s)) with s = 1 / (1 + e); gelu_tanh
+ * 0.5 (1 + e) + 0.5 x (1 - e^2) beta (1 + 3 kappa x^2). */
+template <GatedAct Act, class A>
+QUANTA_HD inline A gated_act_slope(A x, A e) {
+  if constexpr (Act == GatedAct::silu) {
+    const A s = A(1) / (A(1) + e);
+    return s * (A(1) + x * (A(1) - s));
+  } else {
+    const A left = A(0.5) * x, right = A(1) + e;
+    const A inner_slope = gelu_beta<A>() * (A(1) + A(3) * gelu_kappa<A>() * (x * x));
+    return A(0.5) * right + left * (A(1) - e * e) * inner_slope;
+  }
+}
+
+/** The gated MLP's output: act(x) as above, times up u. */
+template <GatedAct Act, class T, class A>
+QUANTA_HD inline T gated_out(A x, A e, A u) {
+  return static_cast<T>(gated_act<Act, T>(x, e) * u);
+}
+
+/** Its gradients for output gradient g: d_up = g act(x), and d_gate = (g u)
+ * act'(x), where g u is rounded to T (mul's gradient, a tensor of dtype T)
+ * and the slope is formed in A and the product rounded once, as PyTorch's
+ * activation backward forms it. */
+template <GatedAct Act, class T, class A>
+QUANTA_HD inline T gated_grad_up(A x, A e, A g) {
+  return static_cast<T>(g * gated_act<Act, T>(x, e));
+}
+template <GatedAct Act, class T, class A>
+QUANTA_HD inline T gated_grad_gate(A x, A e, A u, A g) {
+  return static_cast<T>(rounded<T>(g * u) * gated_act_slope<Act>(x, e));
+}
+
+/** Attention's logit soft-capping (Gemma 2): a score s becomes
+ * cap tanh(s / cap), its gradient scaled by 1 - tanh^2; cap 0: none. t is
+ * tanh(s / cap). */
+template <class A>
+QUANTA_HD inline A softcap_tanh(A s, A cap) {
+  return std::tanh(s / cap);
+}
+template <class A>
+QUANTA_HD inline A softcap_slope(A t) {
+  return A(1) - t * t;
 }
 
 /** The last key query i may see under a causal mask, with the queries the

@@ -22,6 +22,7 @@
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/kernels/entries.h"
+#include "llm/kernels/gated_act.h"
 
 namespace quanta {
 class Tensor;
@@ -53,11 +54,15 @@ struct MaskOperand {
  * kv_len) when !causal or j <= i + kv_len - q_len (the queries are the last
  * q_len positions of the keys', as with a KV cache). Query head h reads key
  * and value head h / (heads / kv_heads) (grouped-query attention; heads is a
- * multiple of kv_heads). scores = scale * q.k + mask. */
+ * multiple of kv_heads). scores = scale * q.k + mask (soft-capped first when
+ * softcap is set). */
 struct AttentionArgs {
   DType dtype = DType::f32;  // of q, k, v, out and the gradients
   int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   double scale = 1.0;
+  /** Gemma 2's soft-capping: scale * q.k becomes softcap tanh(scale q.k /
+   * softcap) before the mask is added (fn::softcap_tanh); 0: none. */
+  double softcap = 0.0;
   bool causal = false;
   HeadsOperand q, k, v;
   MaskOperand mask;
@@ -77,20 +82,23 @@ struct AttentionArgs {
 struct LlmKernelTable {
   const char* device_name;
 
-  /** Llama's RMSNorm over rows of n: r = 1 / sqrt(mean(x^2) + eps) in the
-   * accumulation dtype, y = weight * (x r rounded to dtype) rounded to dtype
-   * (transformers' order of roundings). x, weight, y of `dtype`, contiguous;
-   * inv_rms[rows] (accumulation dtype) receives r. */
+  /** RMSNorm over rows of n: r = 1 / sqrt(mean(x^2) + eps) in the
+   * accumulation dtype; Llama's y = weight * (x r rounded to dtype) rounded
+   * to dtype (transformers' order of roundings), or with one_plus_weight
+   * Gemma's y = (1 + weight) x r in the accumulation dtype, rounded once
+   * (fn::rms_out). x, weight, y of `dtype`, contiguous; inv_rms[rows]
+   * (accumulation dtype) receives r. */
   void (*rms_norm)(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n,
-                   double eps, void* y, void* inv_rms);
-  /** Its backward, the roundings taken as identities: with g = gy * weight,
-   * gx = r g - x r^3 mean(g x) per row (gx += that with accumulate_gx: the
-   * sum of x's other gradients), gw[j] = sum over rows of gy x r, added in
-   * row order. gx [rows, n] and gw [n] of `dtype`; either may be null (not
-   * wanted: a frozen weight, an input that needs no gradient). */
-  void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, const void* inv_rms,
-                        const void* gy, int64_t rows, int64_t n, void* gx, void* gw,
-                        bool accumulate_gx);
+                   double eps, bool one_plus_weight, void* y, void* inv_rms);
+  /** Its backward, the roundings taken as identities: with g = gy * f, f the
+   * weight or 1 + weight (fn::rms_factor), gx = r g - x r^3 mean(g x) per row
+   * (gx += that with accumulate_gx: the sum of x's other gradients), gw[j] =
+   * sum over rows of gy x r, added in row order. gx [rows, n] and gw [n] of
+   * `dtype`; either may be null (not wanted: a frozen weight, an input that
+   * needs no gradient). */
+  void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, bool one_plus_weight,
+                        const void* inv_rms, const void* gy, int64_t rows, int64_t n, void* gx,
+                        void* gw, bool accumulate_gx);
 
   /** Rotary embedding as transformers applies it (rotate_half): for x
    * [rows, heads, dim] contiguous and cos, sin [rows, dim / 2] (accumulation
@@ -100,18 +108,21 @@ struct LlmKernelTable {
   void (*rope)(DType dtype, bool inverse, const void* x, const void* cos, const void* sin,
                int64_t rows, int64_t heads, int64_t dim, void* out);
 
-  /** SwiGLU, transformers' act_fn(gate) * up with SiLU: out = silu(gate)
-   * rounded to dtype, times up, rounded to dtype, where silu(x) = x / (1 +
-   * exp(-x)) in the accumulation dtype. gate, up, out: n contiguous elements
-   * of dtype. One pass: silu(gate) is never written. */
-  void (*swiglu)(DType dtype, const void* gate, const void* up, int64_t n, void* out);
+  /** A gated MLP's activation, transformers' act_fn(gate) * up: out =
+   * act(gate) rounded to dtype, times up, rounded to dtype, act SiLU (x / (1
+   * + exp(-x))) or GELU's tanh approximation (0.5 x (1 + tanh(sqrt(2 / pi)
+   * (x + 0.044715 x^3)))) in the accumulation dtype (fn::gated_out). gate,
+   * up, out: n contiguous elements of dtype. One pass: act(gate) is never
+   * written. */
+  void (*gated_act)(DType dtype, GatedAct act, const void* gate, const void* up, int64_t n,
+                    void* out);
   /** Its backward for the output gradient g (n contiguous, dtype): d_up = g
-   * silu(gate); d_gate = (g up, rounded to dtype) s (1 + gate (1 - s)) with s
-   * = 1 / (1 + exp(-gate)), each rounded once to dtype (the formulas of
-   * PyTorch's mul and silu backward). Either output may be null (not
-   * wanted); up may be null when d_gate is. One pass over the inputs. */
-  void (*swiglu_grad)(DType dtype, const void* gate, const void* up, const void* g, int64_t n,
-                      void* d_gate, void* d_up);
+   * act(gate); d_gate = (g up, rounded to dtype) act'(gate), each rounded
+   * once to dtype (the formulas of PyTorch's mul and activation backward,
+   * fn::gated_grad_gate). Either output may be null (not wanted); up may be
+   * null when d_gate is. One pass over the inputs. */
+  void (*gated_act_grad)(DType dtype, GatedAct act, const void* gate, const void* up, const void* g,
+                         int64_t n, void* d_gate, void* d_up);
 
   /** Attention forward (see AttentionArgs): fills a.out and a.lse. The
    * CPU's and CUDA's reference kernels keep memory linear in the lengths
@@ -143,7 +154,8 @@ struct LlmKernelTable {
  * the engine's are from QUANTA_KERNEL_ENTRIES. */
 #define QUANTA_LLM_KERNEL_ENTRIES(X) \
   X(rms_norm)                        \
-  X(rms_norm_grad) X(rope) X(swiglu) X(swiglu_grad) X(attention) X(attention_grad) X(lm_loss_rows)
+  X(rms_norm_grad)                   \
+  X(rope) X(gated_act) X(gated_act_grad) X(attention) X(attention_grad) X(lm_loss_rows)
 /** Declares a device's function for `entry`, with the entry's type. */
 #define QUANTA_DECLARE_LLM_KERNEL(entry) QUANTA_DECLARE_ENTRY(LlmKernelTable, entry)
 

@@ -1,12 +1,16 @@
 // CausalLM: weights by transformers' names into modules, and the decoder's
-// forward (embeddings, N x [RMSNorm, attention with RoPE and grouped heads
-// (Qwen3: each head of q and k RMS-normalized first), residual, RMSNorm,
-// SiLU-gated MLP, residual], RMSNorm, lm_head).
+// forward (embeddings (Gemma: scaled by sqrt(hidden_size)), N x [RMSNorm,
+// attention with RoPE and grouped heads (Qwen3: each head of q and k
+// RMS-normalized first; Gemma 2: soft-capped scores), (Gemma 2: RMSNorm),
+// residual, RMSNorm, SiLU- or GELU-gated MLP, (Gemma 2: RMSNorm), residual],
+// RMSNorm, lm_head (Gemma 2: soft-capped)).
 #include "llm/model/causal_lm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,10 +25,11 @@
 #include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "engine/shared_bf16_input.h"
+#include "llm/model/lm_loss.h"
 #include "llm/ops/attention.h"
+#include "llm/ops/gated_act.h"
 #include "llm/ops/rms_norm.h"
 #include "llm/ops/rope.h"
-#include "llm/ops/swiglu.h"
 
 namespace quanta::llm {
 namespace {
@@ -141,7 +146,7 @@ class Attention : public Module {
       const auto head_norm = [&](const char* name) {
         return register_module(
             name, std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {c.head_dim}),
-                                            c.rms_norm_eps));
+                                            c.rms_norm_eps, c.gemma_norms));
       };
       q_norm_ = head_norm("q_norm");
       k_norm_ = head_norm("k_norm");
@@ -186,6 +191,8 @@ class Attention : public Module {
     }
     AttentionOptions o;
     o.causal = true;
+    o.scale = c_.attention_scale();
+    o.softcap = c_.attn_logit_softcapping;
     o.mask = mask;
     const Tensor a = scaled_dot_product_attention(q, k, v, o);
     return o_->forward(reshape(a, {B, T, c_.num_attention_heads * D}));
@@ -199,7 +206,8 @@ class Attention : public Module {
 
 class MLP : public Module {
  public:
-  MLP(const DecoderConfig& c, WeightTaker& w, const std::string& prefix) : Module("MLP") {
+  MLP(const DecoderConfig& c, WeightTaker& w, const std::string& prefix)
+      : Module("MLP"), act_(c.hidden_act) {
     const auto proj = [&](const char* name, int64_t out, int64_t in) {
       const std::string p = prefix + name;
       Tensor weight = w.take(p + ".weight", {out, in});
@@ -228,13 +236,14 @@ class MLP : public Module {
       gate = gate_->forward(x);
       up = up_->forward(x);
     }
-    const Tensor h = swiglu(gate, up);
+    const Tensor h = gated_activation(gate, up, act_);
     const UnreadOutputGuard unread(output_unread);
     return down_->forward(h);
   }
 
  private:
   std::shared_ptr<Module> gate_, up_, down_;
+  GatedAct act_;
 };
 
 class DecoderLayer : public Module {
@@ -243,37 +252,49 @@ class DecoderLayer : public Module {
       : Module("DecoderLayer") {
     attn_ = register_module("self_attn", std::make_shared<Attention>(c, w, prefix + "self_attn."));
     mlp_ = register_module("mlp", std::make_shared<MLP>(c, w, prefix + "mlp."));
-    in_norm_ = register_module(
-        "input_layernorm",
-        std::make_shared<RMSNorm>(w.take(prefix + "input_layernorm.weight", {c.hidden_size}),
-                                  c.rms_norm_eps));
-    post_norm_ = register_module(
-        "post_attention_layernorm",
-        std::make_shared<RMSNorm>(
-            w.take(prefix + "post_attention_layernorm.weight", {c.hidden_size}), c.rms_norm_eps));
+    const auto norm = [&](const char* name) {
+      return register_module(
+          name, std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {c.hidden_size}),
+                                          c.rms_norm_eps, c.gemma_norms));
+    };
+    in_norm_ = norm("input_layernorm");
+    post_norm_ = norm("post_attention_layernorm");
+    if (c.sandwich_norms) {
+      pre_mlp_norm_ = norm("pre_feedforward_layernorm");
+      post_mlp_norm_ = norm("post_feedforward_layernorm");
+    }
   }
   Tensor forward(const Tensor& h, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
-    const Tensor a = add(h, attn_->forward(in_norm_->forward(h), rope, cache, layer, mask));
     // Recomputed, the layer's output is differentiated, never read (the next
     // layer's input was kept): its last product is skipped. The attention's
-    // output is read (the MLP's input), so only the MLP's last one.
-    return add(a, mlp_->forward(post_norm_->forward(a), recomputing()));
+    // output is read (the MLP's input), so only the MLP's last one; Gemma
+    // 2's norm after the MLP reads its output, so nothing is skipped there.
+    const Tensor attn = attn_->forward(in_norm_->forward(h), rope, cache, layer, mask);
+    if (!pre_mlp_norm_) {
+      const Tensor a = add(h, attn);
+      return add(a, mlp_->forward(post_norm_->forward(a), recomputing()));
+    }
+    // Gemma 2: each block's output normalized before its residual add.
+    const Tensor a = add(h, post_norm_->forward(attn));
+    return add(a, post_mlp_norm_->forward(mlp_->forward(pre_mlp_norm_->forward(a))));
   }
 
  private:
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<MLP> mlp_;
   std::shared_ptr<RMSNorm> in_norm_, post_norm_;
+  std::shared_ptr<RMSNorm> pre_mlp_norm_, post_mlp_norm_;  // sandwich_norms only
 };
 
 }  // namespace
 
-RMSNorm::RMSNorm(const Tensor& weight, double eps) : Module("RMSNorm"), eps_(eps) {
+RMSNorm::RMSNorm(const Tensor& weight, double eps, bool one_plus_weight)
+    : Module("RMSNorm"), eps_(eps), one_plus_weight_(one_plus_weight) {
   weight_ = register_parameter("weight", weight);
 }
 
-Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_, one_plus_weight_); }
 
 std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const DecoderConfig& c) {
   std::vector<std::pair<std::string, Shape>> out;
@@ -299,6 +320,10 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
     proj("mlp.down_proj", d, f, c.mlp_bias);
     out.push_back({p + "input_layernorm.weight", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
+    if (c.sandwich_norms) {
+      out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+      out.push_back({p + "post_feedforward_layernorm.weight", {d}});
+    }
   }
   out.push_back({"model.norm.weight", {d}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
@@ -333,8 +358,8 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
         std::shared_ptr<Module>(std::make_shared<DecoderLayer>(c, w, "model.layers." + n + "."))));
   }
   norm_ = model->register_module(
-      "norm",
-      std::make_shared<RMSNorm>(w.take("model.norm.weight", {c.hidden_size}), c.rms_norm_eps));
+      "norm", std::make_shared<RMSNorm>(w.take("model.norm.weight", {c.hidden_size}),
+                                        c.rms_norm_eps, c.gemma_norms));
   if (!c.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<Linear>(w.take(
                                               "lm_head.weight", {c.vocab_size, c.hidden_size})));
@@ -368,7 +393,8 @@ std::shared_ptr<CausalLM> CausalLM::random(const DecoderConfig& config, Generato
   for (const auto& [name, shape] : expected_weights(config)) {
     const bool norm = name.find("norm.weight") != std::string::npos;
     const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    Tensor t = norm   ? ones(shape, {.device = device})
+    // Norms scale by 1: Gemma's store the offset from 1.
+    Tensor t = norm   ? full(shape, config.gemma_norms ? 0.0 : 1.0, {.device = device})
                : bias ? zeros(shape, {.device = device})
                       : randn(shape, gen, {.device = device}) * init_std;
     sd.push_back({name, t.to(config.dtype)});
@@ -527,6 +553,11 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
   Tensor h = embed_tokens_adapter_ ? embed_tokens_adapter_->lookup(embed_->weight(), ids.to(dev),
                                                                    embed_->padding_idx())
                                    : embed_->forward(ids.to(dev));
+  // Gemma: times sqrt(hidden_size) rounded to the model's dtype, as
+  // transformers' scaled embedding multiplies in that dtype.
+  if (c.gemma_norms)
+    h = mul(h, full({}, std::sqrt(static_cast<double>(c.hidden_size)),
+                    {.dtype = c.dtype, .device = dev}));
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
     // Inside the layer's forward hooks, in the recomputation too (a sharded
@@ -554,7 +585,26 @@ std::vector<std::string> CausalLM::layer_names() const {
 
 Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,
                         const Tensor& position_ids) {
-  return linear(hidden_states(ids, cache, attention_mask, position_ids), lm_head_weight());
+  return softcap_logits(
+      linear(hidden_states(ids, cache, attention_mask, position_ids), lm_head_weight()),
+      config_.final_logit_softcapping);
+}
+
+Tensor CausalLM::lm_loss(const Tensor& hidden, const Tensor& labels, int64_t chunk_tokens) const {
+  LmLossOptions o;
+  o.chunk_tokens = chunk_tokens;
+  o.logit_softcap = config_.final_logit_softcapping;
+  // With trainable tokens, their rows' gradient alone: the output weight
+  // (their rows written in) is a constant of the loss, made without a graph.
+  o.trained_rows = lm_head_trained_rows();
+  o.trained_values = lm_head_trained_values();
+  Tensor weight;
+  {
+    std::optional<NoGradGuard> constant;
+    if (o.trained_rows.defined()) constant.emplace();
+    weight = lm_head_weight();
+  }
+  return chunked_causal_lm_loss(hidden, weight, labels, o);
 }
 
 }  // namespace quanta::llm

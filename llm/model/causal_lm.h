@@ -1,11 +1,13 @@
 #pragma once
-// A Llama-family decoder-only language model (llama, mistral, qwen2, qwen3),
-// laid out as transformers' *ForCausalLM so that its state dict has their
-// names: model.embed_tokens, model.layers.N.{input_layernorm,
-// self_attn.{q,k,v,o}_proj (qwen3: and self_attn.{q,k}_norm),
-// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head
-// (absent when the embeddings are tied). Projections are engine Linear
-// modules, so NF4 and LoRA conversions replace them in place.
+// A decoder-only language model of the Llama family and its relatives
+// (llama, mistral, qwen2, qwen3, gemma, gemma2), laid out as transformers'
+// *ForCausalLM so that its state dict has their names: model.embed_tokens,
+// model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj (qwen3: and
+// self_attn.{q,k}_norm), post_attention_layernorm (gemma2: and
+// pre_feedforward_layernorm, post_feedforward_layernorm),
+// mlp.{gate,up,down}_proj}, model.norm, lm_head (absent when the embeddings
+// are tied). Projections are engine Linear modules, so NF4 and LoRA
+// conversions replace them in place.
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,16 +29,18 @@ struct KVCache {
   int64_t length() const { return keys.empty() ? 0 : keys[0].size(1); }
 };
 
-/** RMSNorm with a learned scale, as LlamaRMSNorm. */
+/** RMSNorm with a learned scale, as LlamaRMSNorm (or, with
+ * one_plus_weight, GemmaRMSNorm: the scale is 1 + weight). */
 class RMSNorm : public Module {
  public:
-  RMSNorm(const Tensor& weight, double eps);
+  RMSNorm(const Tensor& weight, double eps, bool one_plus_weight = false);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
 
  private:
   Tensor weight_;
   double eps_;
+  bool one_plus_weight_;
 };
 
 class CausalLM : public Module {
@@ -76,12 +80,19 @@ class CausalLM : public Module {
                        const Tensor& attention_mask = Tensor(),
                        const Tensor& position_ids = Tensor());
   /** Logits [batch, tokens, vocab_size] in config.dtype: lm_head of
-   * hidden_states. */
+   * hidden_states (gemma2: soft-capped by final_logit_softcapping). */
   Tensor logits(const Tensor& ids, KVCache* cache = nullptr,
                 const Tensor& attention_mask = Tensor(), const Tensor& position_ids = Tensor());
   /** The output projection's weight [vocab_size, hidden_size] (the
    * embeddings when tied), with its trainable tokens' rows. */
   Tensor lm_head_weight() const;
+  /** The causal-LM loss of hidden_states' output against labels [batch,
+   * tokens] (chunked_causal_lm_loss: transformers' shift, ignore_index
+   * -100), through the output layer as the model has it: soft-capped
+   * logits for gemma2, and with trainable tokens on the output layer their
+   * rows' gradient alone (the weight a constant made without a graph).
+   * chunk_tokens 0: the automatic chunk. */
+  Tensor lm_loss(const Tensor& hidden, const Tensor& labels, int64_t chunk_tokens = 0) const;
 
   /** PEFT's trainable tokens: rows `indices` of the embeddings
    * (`module` "model.embed_tokens"; a tied output layer takes them too) or

@@ -145,14 +145,50 @@ bool qwen_windows(const DecoderConfig& c) {
   return c.model_type == "qwen2" || c.model_type == "qwen3";
 }
 
+bool gemma_family(const DecoderConfig& c) {
+  return c.model_type == "gemma" || c.model_type == "gemma2";
+}
+
 // num_key_value_heads when config.json has no such key: the model type's
-// config class default in transformers (Mistral's 8, Qwen's 32, Llama's
-// num_attention_heads); a null one is num_attention_heads for all four.
+// config class default in transformers (Mistral's 8, Qwen's 32, Gemma's 16,
+// Gemma 2's 4, Llama's num_attention_heads); a null one is
+// num_attention_heads for all.
 int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
   if (r.j.contains("num_key_value_heads")) return c.num_attention_heads;
   if (c.model_type == "mistral") return 8;
   if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
+  if (c.model_type == "gemma") return 16;
+  if (c.model_type == "gemma2") return 4;
   return c.num_attention_heads;
+}
+
+// The MLP's activation as each class reads it. Llama, Mistral and Qwen:
+// hidden_act, silu. Gemma: hidden_act (transformers 4.x's hidden_activation
+// first where set), whose published "gelu" both generations run as the tanh
+// approximation. Gemma 2: hidden_activation alone, where "gelu" is the exact
+// GELU, which quanta has no kernel for.
+GatedAct read_activation(const Reader& r, const DecoderConfig& c) {
+  if (!gemma_family(c)) {
+    const std::string act = r.text("hidden_act", "silu");
+    if (act != "silu") r.fail("hidden_act \"" + act + "\" is not supported (silu)");
+    return GatedAct::silu;
+  }
+  const bool gemma2 = c.model_type == "gemma2";
+  const char* key = gemma2 || r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = r.text(key, "gelu_pytorch_tanh");
+  if (act == "gelu_pytorch_tanh" || (!gemma2 && act == "gelu")) return GatedAct::gelu_tanh;
+  r.fail(std::string(key) + " \"" + act + "\" is not supported (gelu_pytorch_tanh" +
+         (gemma2 ? ")" : ", or gelu, which Gemma runs as it)"));
+}
+
+// A soft-capping value: absent, the class default; null, none; else > 0.
+double read_softcap(const Reader& r, const char* key, double fallback) {
+  if (!r.j.contains(key)) return fallback;
+  if (r.j.at(key).is_null()) return 0;
+  const double v = r.number(r.j, key, 0, true);
+  if (!(v > 0) || !std::isfinite(v))
+    r.fail(std::string("\"") + key + "\" must be a number > 0 or null, got " + r.j.at(key).dump());
+  return v;
 }
 
 // Sliding-window attention as transformers reads it: mistral's
@@ -170,6 +206,30 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
   if (c.model_type == "mistral") {
     w = window();
     first = 0;
+  } else if (c.model_type == "gemma2") {
+    // Every other layer from layer 0 slides (Gemma2Config's layer_types);
+    // only that alternation is read, since quanta's refusal of longer spans
+    // is the same for any set of sliding layers but config.json is written
+    // back with it.
+    w = window();
+    first = 0;
+    if (r.has("layer_types")) {
+      const json& types = r.j.at("layer_types");
+      if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
+        r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
+      for (int64_t i = 0; i < layers; ++i) {
+        const char* want = i % 2 == 0 ? "sliding_attention" : "full_attention";
+        if (types[static_cast<size_t>(i)] != want)
+          r.fail("\"layer_types\"[" + std::to_string(i) + "] is " +
+                 types[static_cast<size_t>(i)].dump() + "; gemma2 runs its alternation only (" +
+                 want + " there)");
+      }
+    }
+    if (w > 0) {
+      c.sliding_window = w;
+      c.max_window_layers = 0;
+    }
+    return;
   } else if (qwen_windows(c) && r.flag("use_sliding_window", false)) {
     w = window();
     first = std::min<int64_t>(28, layers);
@@ -211,6 +271,11 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
 
 }  // namespace
 
+double DecoderConfig::attention_scale() const {
+  return std::pow(static_cast<double>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_dim),
+                  -0.5);
+}
+
 int64_t DecoderConfig::attention_span_limit() const {
   return sliding_window > 0 && max_window_layers < num_hidden_layers ? sliding_window : 0;
 }
@@ -222,7 +287,7 @@ int64_t DecoderConfig::parameter_count() const {
   if (o_bias) layer += hidden_size;
   layer += 3 * hidden_size * intermediate_size;  // gate, up, down
   if (mlp_bias) layer += 2 * intermediate_size + hidden_size;
-  layer += 2 * hidden_size;  // the two norms
+  layer += (sandwich_norms ? 4 : 2) * hidden_size;  // the norms
   if (qk_norm) layer += 2 * head_dim;
   const int64_t embed = vocab_size * hidden_size;
   return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + hidden_size;
@@ -240,11 +305,11 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3")
-    r.fail("model_type \"" + c.model_type + "\" is not supported (llama, mistral, qwen2, qwen3)");
-  const bool qwen3 = c.model_type == "qwen3";
-  const std::string act = r.text("hidden_act", "silu");
-  if (act != "silu") r.fail("hidden_act \"" + act + "\" is not supported (silu)");
+      c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2")
+    r.fail("model_type \"" + c.model_type +
+           "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2)");
+  const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
+  c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
@@ -257,10 +322,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
            (r.j.contains("num_key_value_heads")
                 ? ""
                 : " (the key is absent: transformers' default for " + c.model_type + ")"));
-  // Qwen3Config's head_dim defaults to 128 whatever the width.
-  if (!qwen3 && !r.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
+  // Qwen3Config's head_dim defaults to 128 whatever the width, Gemma's to
+  // 256.
+  const int64_t class_head_dim = qwen3 ? 128 : gemma ? 256 : 0;
+  if (!class_head_dim && !r.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
     r.fail("hidden_size is not a multiple of num_attention_heads and there is no head_dim");
-  c.head_dim = r.integer("head_dim", qwen3 ? 128 : c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.integer("head_dim",
+                         class_head_dim ? class_head_dim : c.hidden_size / c.num_attention_heads);
   if (c.head_dim % 2 != 0) r.fail("head_dim must be even, got " + std::to_string(c.head_dim));
   if (c.head_dim > kMaxHeadDim)
     r.fail("head_dim " + std::to_string(c.head_dim) + " is more than any model has (at most " +
@@ -279,17 +347,30 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
                c.hidden_size);
   c.rms_norm_eps = r.number(j, "rms_norm_eps", 1e-6, false);
   if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
-  c.tie_word_embeddings = r.flag("tie_word_embeddings", false);
+  // Gemma's classes tie by default, the others not.
+  c.tie_word_embeddings = r.flag("tie_word_embeddings", gemma);
   // Biases as each model's modules have them: Llama's attention_bias and
-  // mlp_bias; Qwen3's attention_bias (its MLP has none); Qwen2's q, k and v
-  // always, nothing else; Mistral none. A key a model does not read is
-  // ignored, as transformers ignores it.
+  // mlp_bias; Qwen3's and Gemma's attention_bias (their MLPs have none);
+  // Qwen2's q, k and v always, nothing else; Mistral none. A key a model
+  // does not read is ignored, as transformers ignores it.
   const bool llama = c.model_type == "llama";
-  c.attention_bias = (llama || qwen3) && r.flag("attention_bias", false);
+  c.attention_bias = (llama || qwen3 || gemma) && r.flag("attention_bias", false);
   c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
   c.o_bias = c.attention_bias;
   c.qk_norm = qwen3;
+  c.gemma_norms = gemma;
+  if (c.model_type == "gemma2") {
+    c.sandwich_norms = true;
+    c.query_pre_attn_scalar = r.integer("query_pre_attn_scalar", 256);
+    c.attn_logit_softcapping = read_softcap(r, "attn_logit_softcapping", 50.0);
+    c.final_logit_softcapping = read_softcap(r, "final_logit_softcapping", 30.0);
+  }
+  // Embedding models built on Gemma attend both ways; a causal LM does not.
+  if (r.flag("use_bidirectional_attention", false))
+    r.fail(
+        "\"use_bidirectional_attention\": true is not supported (a causal language model "
+        "attends to earlier tokens only)");
   c.dtype = dtype_of(r);
   if (r.has("pretraining_tp") && r.integer("pretraining_tp") < 1) r.fail("bad pretraining_tp");
   // transformers drops attention probabilities while training when it is
@@ -317,6 +398,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
   j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
                         : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                         : c.model_type == "mistral" ? "MistralForCausalLM"
+                        : c.model_type == "gemma"   ? "GemmaForCausalLM"
+                        : c.model_type == "gemma2"  ? "Gemma2ForCausalLM"
                                                     : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -327,7 +410,9 @@ std::string decoder_config_json(const DecoderConfig& c) {
   j["head_dim"] = c.head_dim;
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
-  j["hidden_act"] = "silu";
+  const char* act = c.hidden_act == GatedAct::silu ? "silu" : "gelu_pytorch_tanh";
+  j["hidden_act"] = act;
+  if (c.model_type == "gemma2") j["hidden_activation"] = act;
   j["rope_theta"] = c.rope.theta;
   if (c.rope.scaling.type == "default") {
     j["rope_scaling"] = nullptr;
@@ -341,10 +426,17 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["rope_scaling"] = s;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type == "llama" || c.model_type == "qwen3") j["attention_bias"] = c.attention_bias;
+  if (c.model_type == "llama" || c.model_type == "qwen3" || gemma_family(c))
+    j["attention_bias"] = c.attention_bias;
+  if (c.model_type == "gemma2") {
+    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    const auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+    j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+    j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
+  }
   if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (c.model_type == "mistral") j["sliding_window"] = window;
+  if (c.model_type == "mistral" || c.model_type == "gemma2") j["sliding_window"] = window;
   if (qwen_windows(c)) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = window;

@@ -1,7 +1,7 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
-// Llama family quanta runs: model_type llama, mistral, qwen2 and qwen3 (a
-// sliding window only over spans it does not cut). Both generations of names are
+// decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma and
+// gemma2 (a sliding window only over spans it does not cut). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
 // (rope_parameters, dtype).
@@ -9,22 +9,24 @@
 #include <string>
 
 #include "engine/dtype.h"
+#include "llm/kernels/gated_act.h"
 #include "llm/ops/rope.h"
 
 namespace quanta::llm {
 
 struct DecoderConfig {
-  std::string model_type = "llama";  // llama, mistral, qwen2 or qwen3
+  std::string model_type = "llama";  // llama, mistral, qwen2, qwen3, gemma or gemma2
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   /** Absent from config.json: the model type's default in transformers
-   * (llama: num_attention_heads; mistral 8; qwen2 and qwen3 32); null:
-   * num_attention_heads. */
+   * (llama: num_attention_heads; mistral 8; qwen2 and qwen3 32; gemma 16;
+   * gemma2 4); null: num_attention_heads. */
   int64_t num_key_value_heads = 0;
-  /** Absent: hidden_size / num_attention_heads (qwen3: 128, its default). */
+  /** Absent: hidden_size / num_attention_heads (qwen3: 128; gemma and
+   * gemma2: 256, their defaults). */
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
@@ -41,11 +43,31 @@ struct DecoderConfig {
   /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;
+  /** The MLP's activation: SiLU, or GELU's tanh approximation (gemma's
+   * hidden_act, gemma2's hidden_activation: gelu_pytorch_tanh). */
+  GatedAct hidden_act = GatedAct::silu;
+  /** Gemma's conventions: norms scale by 1 + weight (computed in f32,
+   * rounded once), and the embeddings are multiplied by sqrt(hidden_size)
+   * rounded to the model's dtype. */
+  bool gemma_norms = false;
+  /** gemma2's four norms a layer: the attention's and the MLP's outputs
+   * normalized (post_attention_layernorm, post_feedforward_layernorm)
+   * before their residual adds, the MLP's input by
+   * pre_feedforward_layernorm. */
+  bool sandwich_norms = false;
+  /** The attention's scale is query_pre_attn_scalar^-0.5 (gemma2) when set,
+   * else head_dim^-0.5. */
+  int64_t query_pre_attn_scalar = 0;
+  /** gemma2's soft-capping (cap * tanh(x / cap)) of the attention scores
+   * and of the logits; 0: none. */
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
   /** The weights' dtype (torch_dtype / dtype): f32, bf16 or f16. */
   DType dtype = DType::f32;
   /** Sliding-window attention: the layers from max_window_layers on let a
    * query see only the last sliding_window keys (mistral's sliding_window,
-   * qwen2's with use_sliding_window); 0: none. quanta computes full
+   * qwen2's with use_sliding_window; gemma2's slide on every other layer
+   * from layer 0, max_window_layers 0); 0: none. quanta computes full
    * attention, which is the same over at most sliding_window keys, and
    * refuses a longer span (CausalLM's forward, generate). */
   int64_t sliding_window = 0;
@@ -56,13 +78,17 @@ struct DecoderConfig {
    * limit). */
   int64_t attention_span_limit() const;
 
+  /** The attention's scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5. */
+  double attention_scale() const;
+
   /** Parameters of the model, embeddings counted once when tied. */
   int64_t parameter_count() const;
 };
 
 /** Parses config.json text; `source` (a path) names the file in errors.
  * Throws std::invalid_argument naming the key that is missing, has the wrong
- * type or a value quanta does not run (another model_type, hidden_act,
+ * type or a value quanta does not run (another model_type, an activation
+ * other than the model's,
  * sliding-window layers other than the last ones, partial rotary,
  * interleaved RoPE, a rope_scaling kind
  * outside default, linear, dynamic, llama3). Keys that do not change the

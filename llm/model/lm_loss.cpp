@@ -3,6 +3,7 @@
 #include "llm/model/lm_loss.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -88,10 +89,25 @@ int64_t loss_chunk_tokens(int64_t vocab) {
   return std::max<int64_t>(64, rows / 64 * 64);
 }
 
+Tensor softcap_logits(const Tensor& logits, double cap) {
+  if (cap == 0) return logits;
+  if (!(cap > 0) || !std::isfinite(cap))
+    throw std::invalid_argument("[softcap_logits] the cap must be finite and > 0 (0: none), got " +
+                                std::to_string(cap));
+  return tanh(logits / cap) * cap;
+}
+
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
-                              int64_t chunk_tokens, int64_t ignore_index,
-                              const Tensor& trained_rows, const Tensor& trained_values) {
+                              const LmLossOptions& options) {
   constexpr const char* op = "chunked_causal_lm_loss";
+  int64_t chunk_tokens = options.chunk_tokens;
+  const int64_t ignore_index = options.ignore_index;
+  const Tensor &trained_rows = options.trained_rows, &trained_values = options.trained_values;
+  const double cap = options.logit_softcap;
+  if (!(cap >= 0) || !std::isfinite(cap))
+    throw std::invalid_argument(
+        "[chunked_causal_lm_loss] logit_softcap must be finite and >= 0 (0: none), got " +
+        std::to_string(cap));
   if (!hidden.defined() || hidden.dim() != 3)
     throw std::invalid_argument("[chunked_causal_lm_loss] hidden must be [batch, tokens, hidden]");
   const int64_t B = hidden.size(0), T = hidden.size(1), d = hidden.size(2);
@@ -164,8 +180,15 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       const Tensor t = contiguous(narrow(targets, 0, n0, n));
       // The chunk's logits, this loop's own: the kernel turns them into
       // their gradient (softmax less 1 at the target, ignored rows zero) in
-      // place, one pass, while it sums each row's loss.
-      Tensor dlogits = linear(hc, w).to(acc).contiguous();
+      // place, one pass, while it sums each row's loss. Soft-capped, the
+      // gradient is then taken through the cap: times 1 - tanh^2.
+      Tensor dlogits, cap_tanh;
+      if (cap > 0) {
+        cap_tanh = tanh(linear(hc, w) / cap);
+        dlogits = (cap_tanh * cap).to(acc).contiguous();
+      } else {
+        dlogits = linear(hc, w).to(acc).contiguous();
+      }
       if (!autograd::sole_storage(dlogits)) dlogits = dlogits.clone();
       const Tensor row_loss = empty({n}, {.dtype = acc, .device = h.device()});
       llm_kernels(h.device())
@@ -173,6 +196,10 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
                         ignore_index, differentiated, row_loss.raw_data());
       total = add(total, sum(row_loss));
       if (!differentiated) continue;
+      if (cap > 0) {
+        const Tensor t = cap_tanh.to(acc);
+        dlogits = dlogits * (1.0 - t * t);
+      }
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) {
         const Tensor columns = rows_at.defined() ? index_select(dlogits, 1, rows_at) : dlogits;

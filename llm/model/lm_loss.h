@@ -25,30 +25,46 @@ inline constexpr int64_t kLossChunkBytes = int64_t{128} << 20;
 /** The automatic chunk (kLossChunkBytes) for a vocabulary of `vocab`. */
 int64_t loss_chunk_tokens(int64_t vocab);
 
+/** chunked_causal_lm_loss's settings beyond its three tensors. */
+struct LmLossOptions {
+  /** Positions whose logits are computed at a time; 0: loss_chunk_tokens
+   * of the vocabulary. */
+  int64_t chunk_tokens = 0;
+  int64_t ignore_index = -100;
+  /** trained_rows (i64 [n], distinct) with trained_values [n, hidden]: the
+   * only rows of the output weight that train (trainable tokens,
+   * CausalLM::lm_head_trained_rows and lm_head_trained_values), the weight
+   * holding those values at those rows. The weight is then read as a
+   * constant (and let go when the forward ends) and the gradient goes to
+   * trained_values, formed from the logits' gradient at those columns
+   * alone: no vocabulary-sized product or gradient is made. */
+  Tensor trained_rows{};
+  Tensor trained_values{};
+  /** Gemma 2's final_logit_softcapping: each logit x becomes cap * tanh(x /
+   * cap) in the weight's dtype before the upcast, as transformers forms
+   * them; 0: none. */
+  double logit_softcap = 0;
+};
+
 /** The same loss from the final hidden states [batch, tokens, hidden] and the
  * output projection's weight [vocab, hidden], computing the logits
- * `chunk_tokens` positions at a time (0, the default: loss_chunk_tokens of
- * the vocabulary), in the weight's dtype, then upcast, as the model's
- * lm_head would, so that [tokens, vocab] f32 logits are never all alive.
- * Each chunk's rows get their loss and, when the result will be
- * differentiated, their gradient from one kernel (lm_loss_rows, in place
- * over the logits); the forward forms the gradients chunk by chunk (the
- * logits are computed once; the weight's gradient only when the weight
- * requires grad) and the backward scales them, so the loss can be
- * differentiated once (a second backward throws). A target outside the
- * vocabulary other than ignore_index is an error. Equal to
- * causal_lm_loss(linear(hidden, weight), labels).
- *
- * `trained_rows` (i64 [n], distinct) with `trained_values` [n, hidden]: the
- * only rows of the output weight that train (trainable tokens,
- * CausalLM::lm_head_trained_rows and lm_head_trained_values), `weight`
- * holding those values at those rows. The weight is then read as a constant
- * (and let go when the forward ends) and the gradient goes to trained_values,
- * formed from the logits' gradient at those columns alone: no
- * vocabulary-sized product or gradient is made. */
+ * `options.chunk_tokens` positions at a time, in the weight's dtype, then
+ * upcast, as the model's lm_head would, so that [tokens, vocab] f32 logits
+ * are never all alive. Each chunk's rows get their loss and, when the
+ * result will be differentiated, their gradient from one kernel
+ * (lm_loss_rows, in place over the logits); the forward forms the
+ * gradients chunk by chunk (the logits are computed once; the weight's
+ * gradient only when the weight requires grad) and the backward scales
+ * them, so the loss can be differentiated once (a second backward throws).
+ * A target outside the vocabulary other than ignore_index is an error.
+ * Equal to causal_lm_loss(linear(hidden, weight), labels) (soft-capped
+ * first with options.logit_softcap). */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
-                              int64_t chunk_tokens = 0, int64_t ignore_index = -100,
-                              const Tensor& trained_rows = Tensor(),
-                              const Tensor& trained_values = Tensor());
+                              const LmLossOptions& options = {});
+
+/** Gemma 2's final soft-capping of logits: cap * tanh(x / cap), each step
+ * rounded to x's dtype as transformers' three ops round it; x itself for
+ * cap 0. Differentiable. */
+Tensor softcap_logits(const Tensor& logits, double cap);
 
 }  // namespace quanta::llm

@@ -81,6 +81,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         "q's " + std::to_string(H) + " heads are not a multiple of k's " + std::to_string(Hk));
   const double scale = o.scale ? *o.scale : std::pow(static_cast<double>(D), -0.5);
   if (!std::isfinite(scale)) detail::bad_argument(kAttentionOp, "scale must be finite");
+  if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
+    detail::bad_argument(kAttentionOp, "softcap must be finite and >= 0 (0: none), got " +
+                                           std::to_string(o.softcap));
   const DType dt = q.dtype(), acc = accumulation_dtype(dt);
   const Tensor mask = additive_mask(o.mask, {B, H, T, S}, acc);
   if (mask.defined()) common_device(kAttentionOp, {&q, &mask});
@@ -94,6 +97,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     a.dtype = dt;
     a.batch = B, a.heads = H, a.kv_heads = Hk, a.q_len = T, a.kv_len = S, a.head_dim = D;
     a.scale = scale;
+    a.softcap = o.softcap;
     a.causal = o.causal;
     a.q = heads_of(s.q), a.k = heads_of(s.k), a.v = heads_of(s.v);
     if (mask.defined()) {

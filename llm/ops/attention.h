@@ -15,13 +15,16 @@ struct AttentionOptions {
   bool causal = false;
   /** Multiplies q.k; unset: head_dim^-0.5 (transformers' `scaling`). */
   std::optional<double> scale{};
+  /** Gemma 2's logit soft-capping: the scaled score x becomes softcap *
+   * tanh(x / softcap) before the mask is added; 0: none. */
+  double softcap = 0.0;
   /** Optional, broadcast to [batch, heads, q_len, kv_len]: floating, added to
    * the scores (-inf hides a key), or bool, true where a query may see a key
    * (PyTorch's convention). Not differentiated. */
   Tensor mask{};
 };
 
-/** softmax(scale q k^T + mask) v per head, for q [batch, q_len, heads,
+/** softmax(scale q k^T + mask) v per head (soft-capped when asked), for q [batch, q_len, heads,
  * head_dim] and k, v [batch, kv_len, kv_heads, head_dim] (the layout the
  * projections give, not PyTorch's [batch, heads, len, dim]); heads is a
  * multiple of kv_heads and query head h reads key head h / (heads /

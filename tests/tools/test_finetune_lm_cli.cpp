@@ -146,8 +146,9 @@ TEST_CASE(
   ScratchDir d("ft_lm");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(2400, 1), llm::TokenWidth::u16);
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
-  for (const std::string name : {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias",
-                                 "mistral_sharded", "qwen3_qk_norm"}) {
+  for (const std::string name :
+       {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
+        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =
@@ -183,9 +184,12 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
       d.file("train.jsonl"), 4, 20, [](int i) { return 10 + i % 7; },
       [](int, std::size_t k) { return k < 4; });  // a prompt
   // Qwen2 with its q, k and v biases; Qwen3 with its per-head q and k norms
-  // trained whole beside the adapters.
+  // trained whole beside the adapters; Gemma 2 with its norms after the MLP
+  // trained whole (1 + weight, merged as they are).
   for (const auto& [name, saved] : std::vector<std::pair<std::string, std::string>>{
-           {"qwen2_bias", ""}, {"qwen3_qk_norm", "q_norm,k_norm"}}) {
+           {"qwen2_bias", ""},
+           {"qwen3_qk_norm", "q_norm,k_norm"},
+           {"gemma2_softcap", "pre_feedforward_layernorm,post_feedforward_layernorm"}}) {
     CAPTURE(name);
     const std::string run = "merged_" + name, merged_dir = d.file("merged_" + name + "_model");
     std::vector<std::string> flags = {"--steps",
@@ -217,15 +221,25 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
     auto plain = llm::load_causal_lm(merged_dir);
     CHECK(plain->config().model_type == base->config().model_type);
     if (!saved.empty()) {
-      CHECK(config["modules_to_save"] == json({"q_norm", "k_norm"}));
-      // The trained norms are the merged model's.
+      const bool qwen3 = name == "qwen3_qk_norm";
+      CHECK(config["modules_to_save"] ==
+            (qwen3 ? json({"q_norm", "k_norm"})
+                   : json({"pre_feedforward_layernorm", "post_feedforward_layernorm"})));
+      // The trained norms are the merged model's, and only they moved.
       const StateDict before = base->state_dict(), after = plain->state_dict();
-      int64_t moved = 0;
-      for (std::size_t i = 0; i < before.size(); ++i)
-        if (before[i].first.find("_norm.weight") != std::string::npos &&
-            before[i].first.find("self_attn.") != std::string::npos)
-          moved += before[i].second.to_vector<float>() != after[i].second.to_vector<float>();
+      int64_t moved = 0, others_moved = 0;
+      for (std::size_t i = 0; i < before.size(); ++i) {
+        const std::string& n = before[i].first;
+        const bool trained = qwen3 ? n.find("self_attn.") != std::string::npos &&
+                                         n.find("_norm.weight") != std::string::npos
+                                   : n.find("feedforward_layernorm.weight") != std::string::npos;
+        if (n.find("norm.weight") == std::string::npos) continue;
+        const bool changed =
+            before[i].second.to_vector<float>() != after[i].second.to_vector<float>();
+        (trained ? moved : others_moved) += changed;
+      }
       CHECK(moved == 4);
+      CHECK(others_moved == 0);
     }
     // The merged folder computes what the adapters over the NF4 base do.
     auto adapted = llm::load_causal_lm(model(name));

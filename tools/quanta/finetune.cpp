@@ -36,8 +36,9 @@ void add_finetune(CLI::App& app) {
       "and metrics.jsonl. See docs/finetune.md.");
   sub->add_option("checkpoint", o->checkpoint,
                   "classifier checkpoint (float, or NF4 from quanta quantize)");
-  sub->add_option("--model", o->model,
-                  "a language model: Hugging Face folder (llama, mistral, qwen2, qwen3)");
+  sub->add_option(
+      "--model", o->model,
+      "a language model: Hugging Face folder (llama, mistral, qwen2, qwen3, gemma, gemma2)");
   sub->add_option("--out", o->out, "output folder")->required();
   sub->add_option("--lora-r", o->lora_r, "LoRA rank r (PEFT's r)")
       ->capture_default_str()

@@ -123,7 +123,9 @@ void run_generate(const GenerateFlags& f) {
 void add_generate(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* sub = app.add_subcommand(
-      "generate", "New token ids from a Hugging Face model folder (llama, mistral, qwen2, qwen3)");
+      "generate",
+      "New token ids from a Hugging Face model folder (llama, mistral, qwen2, qwen3, "
+      "gemma, gemma2)");
   sub->footer(
       "Examples:\n"
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt-ids 5,9,2 "

@@ -26,6 +26,10 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -85,6 +89,31 @@ MODELS = {
                         tie_word_embeddings=True,
                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                    torch.bfloat16, None),
+    # Gemma: GeGLU (gelu_pytorch_tanh), norms scaling by 1 + weight, the
+    # embeddings times sqrt(hidden_size), tied, head_dim != hidden / heads.
+    "gemma_geglu": (GemmaConfig, GemmaForCausalLM,
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    torch.float32, None),
+    # Gemma 2: four norms a layer, query_pre_attn_scalar != head_dim, caps
+    # small enough that tanh bends the scores and the logits, every other
+    # layer sliding over a window no test sequence fills.
+    "gemma2_softcap": (Gemma2Config, Gemma2ForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                            query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
+                            final_logit_softcapping=2.0, sliding_window=128,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       torch.float32, None),
+    # Gemma 2 as it is published: bf16.
+    "gemma2_bf16": (Gemma2Config, Gemma2ForCausalLM,
+                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                         query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
+                         final_logit_softcapping=2.0, sliding_window=128,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    torch.bfloat16, None),
 }
 
 
@@ -106,9 +135,10 @@ def main(root, only):
         torch.manual_seed(1000 + i)
         config = config_cls(**COMMON, **extra)
         model = model_cls(config).to(dtype).eval()
-        with torch.no_grad():  # norms start at 1: moved, so a missed scale shows
+        with torch.no_grad():  # norms start at 1 (Gemma's at 0): moved, so a missed scale shows
             for pname, p in model.named_parameters():
-                if pname.endswith(("q_norm.weight", "k_norm.weight")):
+                if pname.endswith(("q_norm.weight", "k_norm.weight")) or (
+                        name.startswith("gemma") and pname.endswith("norm.weight")):
                     p.add_(0.3 * torch.randn_like(p))
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)

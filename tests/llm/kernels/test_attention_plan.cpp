@@ -98,19 +98,16 @@ struct LoopExec {
       for (int64_t j = 0; j < x.tk; ++j) s[j] = plan::row_prob(s[j], lse);
     });
   }
-  void probs_rows(const plan::Chunk& c) {
+  void grad_rows(const plan::Chunk& c) {
     rows(c, [&](const plan::Slot& sl, int64_t i, int64_t row, int64_t r) {
       double* s = at(plan::Buf::s) + row;
-      const double lse = static_cast<const double*>(a.lse)[r];
-      for (int64_t j = 0; j < x.tk; ++j)
-        s[j] = plan::row_prob(plan::row_score<double>(a, s[j], sl.b, sl.h, i, j), lse);
-    });
-  }
-  void score_grad_rows(const plan::Chunk& c) {
-    rows(c, [&](const plan::Slot&, int64_t, int64_t row, int64_t r) {
-      const double* p = at(plan::Buf::s) + row;
       double* ds = at(plan::Buf::ds) + row;
-      for (int64_t j = 0; j < x.tk; ++j) ds[j] = plan::row_score_grad(a, p[j], ds[j], delta[r]);
+      const double lse = static_cast<const double*>(a.lse)[r];
+      for (int64_t j = 0; j < x.tk; ++j) {
+        double slope;
+        s[j] = plan::row_prob(plan::row_score<double>(a, s[j], sl.b, sl.h, i, j, &slope), lse);
+        ds[j] = plan::row_score_grad(a, s[j], ds[j], delta[r], slope);
+      }
     });
   }
   // Query-side slot rows to a [batch, t, heads, d] tensor, key-side pair rows
@@ -139,6 +136,7 @@ struct Case {
   std::string name;
   int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
   bool causal, mask;
+  double softcap = 0;  // Gemma 2's cap on the scores (0: none)
 };
 
 // Attention's sizes, nothing else set.
@@ -184,6 +182,10 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
       {"kv cache over two query blocks", 1, 2, 2, 130, 200, 3, true, true},
       {"more queries than keys: early rows see none", 1, 2, 1, 140, 20, 2, true, false},
       {"whole query blocks that see no key", 1, 1, 1, 300, 20, 2, true, false},
+      // A cap well inside the scores' spread, so tanh bends most of them.
+      {"soft-capped grouped-query causal", 2, 4, 2, 6, 6, 4, true, false, 0.7},
+      {"soft-capped under a mask, kv cache over two query blocks", 1, 2, 2, 130, 200, 3, true, true,
+       1.5},
   };
   for (const Case& cs : cases) {
     const std::string name = cs.name;
@@ -208,6 +210,7 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
     a.dtype = DType::f64;
     a.scale = 1.0 / std::sqrt(double(D));
     a.causal = cs.causal;
+    a.softcap = cs.softcap;
     a.q = {q.data(), H * Tq * D, D, Tq * D};
     a.k = {k.data(), Tk * Hk * D, Hk * D, D};
     a.v = {v.data(), Tk * Hk * D, Hk * D, D};

@@ -22,7 +22,7 @@ namespace {
 
 // Plain loops over q [B, T, H, D], k, v [B, S, Hk, D]; mask [B or 1, H or 1,
 // T, S] in f64 or undefined.
-Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask) {
+Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask, double softcap = 0) {
   const Tensor &q = xs[0], &k = xs[1];
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
   const int64_t S = k.size(1), Hk = k.size(2);
@@ -43,6 +43,7 @@ Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask) {
           for (int64_t d = 0; d < D; ++d)
             dot += Q[((b * T + i) * H + h) * D + d] * K[((b * S + j) * Hk + hk) * D + d];
           s[j] = dot * scale;
+          if (softcap > 0) s[j] = softcap * std::tanh(s[j] / softcap);
           if (mask.defined()) {
             const int64_t mb = mask.size(0) == 1 ? 0 : b, mh = mask.size(1) == 1 ? 0 : h;
             s[j] += M[((mb * mask.size(1) + mh) * T + i) * S + j];
@@ -73,17 +74,20 @@ Tensor padding_mask(int64_t B, int64_t T, int64_t S) {
 }
 
 OpCase attention_case(const std::string& name, Shape q, Shape kv, bool causal,
-                      const Tensor& mask = {}) {
+                      const Tensor& mask = {}, double softcap = 0) {
   OpCase c;
   c.name = name;
   c.shapes = {q, kv, kv};
-  c.op = [causal, mask](const Inputs& xs) {
+  c.op = [causal, mask, softcap](const Inputs& xs) {
     llm::AttentionOptions o;
     o.causal = causal;
+    o.softcap = softcap;
     if (mask.defined()) o.mask = mask.to(xs[0].device());
     return llm::scaled_dot_product_attention(xs[0], xs[1], xs[2], o);
   };
-  c.reference = [causal, mask](const Inputs& xs) { return ref_attention(xs, causal, mask); };
+  c.reference = [causal, mask, softcap](const Inputs& xs) {
+    return ref_attention(xs, causal, mask, softcap);
+  };
   c.grad_tol = 1e-6;
   return c;
 }
@@ -98,6 +102,13 @@ void harness_rows() {
   // 2 images x 4 key heads: the one-pass backward (8 or more pairs).
   run_case(attention_case("sdpa one-pass backward", {2, 9, 8, 4}, {2, 9, 4, 4}, true,
                           padding_mask(2, 9, 9)));
+  // Gemma 2's soft-capping, a cap inside the scores' spread so that tanh
+  // bends them: forward and backward through the cap, under a mask, in both
+  // backward passes.
+  run_case(attention_case("sdpa softcap causal mask", {2, 5, 2, 4}, {2, 5, 1, 4}, true,
+                          padding_mask(2, 5, 5), 0.6));
+  run_case(attention_case("sdpa softcap one-pass backward", {2, 9, 8, 4}, {2, 9, 4, 4}, true,
+                          Tensor(), 0.8));
   // Past one 64-row tile in both directions, ragged last tiles.
   run_case(attention_case("sdpa tiles", {1, 70, 1, 3}, {1, 70, 1, 3}, true));
   OpCase zero = attention_case("sdpa zero-size", {2, 5, 2, 4}, {2, 6, 2, 4}, true);
@@ -246,4 +257,9 @@ TEST_CASE("attention: clear errors") {
   o.mask = ones({3, 3}, {.dtype = DType::i64});
   CHECK_THROWS_WITH(llm::scaled_dot_product_attention(q, ones({1, 3, 2, 8}), ones({1, 3, 2, 8}), o),
                     doctest::Contains("mask has dtype i64"));
+  llm::AttentionOptions capped;
+  capped.softcap = -1;
+  CHECK_THROWS_WITH(
+      llm::scaled_dot_product_attention(q, ones({1, 3, 2, 8}), ones({1, 3, 2, 8}), capped),
+      doctest::Contains("softcap must be finite and >= 0 (0: none), got -1"));
 }

@@ -15,8 +15,9 @@ using namespace quanta::testing;
 
 namespace {
 
-// Plain loops: weight * x / sqrt(mean(x^2) + eps) over the last dim.
-Tensor ref_rms_norm(const Inputs& xs, double eps) {
+// Plain loops: weight * x / sqrt(mean(x^2) + eps) over the last dim ((1 +
+// weight) for Gemma's).
+Tensor ref_rms_norm(const Inputs& xs, double eps, bool one_plus_weight = false) {
   const Tensor& x = xs[0];
   const int64_t n = x.shape().back(), rows = n ? x.numel() / n : 0;
   const std::vector<double> v = x.to_vector<double>(), w = xs[1].to_vector<double>();
@@ -25,7 +26,8 @@ Tensor ref_rms_norm(const Inputs& xs, double eps) {
     double ss = 0;
     for (int64_t j = 0; j < n; ++j) ss += v[r * n + j] * v[r * n + j];
     const double scale = 1 / std::sqrt(ss / n + eps);
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = w[j] * v[r * n + j] * scale;
+    for (int64_t j = 0; j < n; ++j)
+      y[r * n + j] = (one_plus_weight ? 1 + w[j] : w[j]) * v[r * n + j] * scale;
   }
   return from_vector<double>(y, {static_cast<int64_t>(y.size())}).reshape(x.shape());
 }
@@ -51,6 +53,38 @@ TEST_CASE("rms_norm: op harness") {
   tall.op = [](const Inputs& xs) { return llm::rms_norm(xs[0], xs[1], 1e-6); };
   tall.reference = [](const Inputs& xs) { return ref_rms_norm(xs, 1e-6); };
   run_case(tall);
+  // Gemma's (1 + weight), the weight's gradient and the input's through it.
+  OpCase gemma;
+  gemma.name = "rms_norm with 1 + weight";
+  gemma.shapes = {{3, 4, 8}, {8}};
+  gemma.zero_shapes = {{0, 8}, {8}};
+  gemma.op = [](const Inputs& xs) { return llm::rms_norm(xs[0], xs[1], 1e-6, true); };
+  gemma.reference = [](const Inputs& xs) { return ref_rms_norm(xs, 1e-6, true); };
+  gemma.half = true;
+  run_case(gemma);
+}
+
+TEST_CASE("rms_norm with 1 + weight: GemmaRMSNorm's one rounding in bf16") {
+  // GemmaRMSNorm: (x.float() * rsqrt(mean + eps) * (1 + w.float())).type_as(x),
+  // one rounding at the end, where Llama's rounds the normalised value first.
+  for (const Device dev : test_devices()) {
+    INFO(dev.str());
+    Generator gen(8);
+    const Tensor x = (randn({37, 64}, gen) * 3.0).to(DType::bf16);
+    const Tensor w = (randn({64}, gen) * 0.5).to(DType::bf16);
+    const Tensor y = llm::rms_norm(x.to(dev), w.to(dev), 1e-6, true).to(Device::cpu());
+    const Tensor xf = x.to(DType::f32), wf = w.to(DType::f32);
+    const Tensor r = 1.0 / sqrt(mean(xf * xf, {1}, true) + 1e-6);
+    const Tensor want = (xf * r * (wf + 1.0)).to(DType::bf16);
+    CHECK(y.dtype() == DType::bf16);
+    // The f32 sum of squares may round differently: one bf16 step at most,
+    // and equal bits nearly everywhere.
+    CHECK(max_rel_diff(y, want) <= 0x1p-8);
+    CHECK(mean(eq(y.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() > 0.99);
+    // Llama's order of roundings would differ.
+    const Tensor llama = ((xf * r).to(DType::bf16).to(DType::f32) * (wf + 1.0)).to(DType::bf16);
+    CHECK(mean(eq(llama.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() < 0.99);
+  }
 }
 
 TEST_CASE("rms_norm: equals transformers' LlamaRMSNorm in f32 and bf16") {

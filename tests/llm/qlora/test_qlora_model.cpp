@@ -512,8 +512,8 @@ TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws,
       const auto run = [&](bool recompute) {
         auto model = dropout_model(dev, recompute, dora);
         const Tensor ids = kIds.to(dev);
-        const Tensor loss =
-            llm::chunked_causal_lm_loss(model->hidden_states(ids), model->lm_head_weight(), ids, 4);
+        const Tensor loss = llm::chunked_causal_lm_loss(
+            model->hidden_states(ids), model->lm_head_weight(), ids, {.chunk_tokens = 4});
         loss.backward();
         std::vector<std::vector<float>> out{loss.to_vector<float>()};
         for (const Tensor& p : model->parameters())
@@ -556,7 +556,7 @@ TEST_CASE("a captured QLoRA step replays the uncaptured steps bit for bit") {
         Tensor loss;
         auto forward_backward = [&] {
           loss = llm::chunked_causal_lm_loss(model->hidden_states(ids), model->lm_head_weight(),
-                                             ids, 4);
+                                             ids, {.chunk_tokens = 4});
           loss.backward();
         };
         std::optional<DeviceGraph> graph;

@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "../ops/op_fixtures.h"
@@ -73,7 +75,11 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "llama_gqa_tokens_head",
                                          "qwen3_all",
                                          "qwen3_qk_norm_saved",
-                                         "qwen3_bf16_all"};
+                                         "qwen3_bf16_all",
+                                         "gemma_all",
+                                         "gemma2_all",
+                                         "gemma2_norms_saved",
+                                         "gemma2_bf16_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -100,6 +106,10 @@ TEST_CASE("QLoRA parity: quanta's NF4 bases are bitsandbytes' bytes and scales")
     INFO("case ", name);
     const Case c = read_case(name);
     auto model = llm::load_causal_lm(c.model_dir());
+    // The weights before quantization, in f32, for the scales' values.
+    std::map<std::string, std::vector<float>> dense_weights;
+    for (const auto& [pname, p] : model->named_parameters())
+      dense_weights[pname] = p.to(DType::f32).to_vector<float>();
     llm::apply_qlora(*model, options_of(c));
     std::vector<std::string> quantized;
     for (const auto& [layer, nf4] : llm::nf4_layers(*model)) quantized.push_back(layer);
@@ -117,15 +127,34 @@ TEST_CASE("QLoRA parity: quanta's NF4 bases are bitsandbytes' bytes and scales")
       codes += mine.packed.numel() * 2;
       scale_codes += mine.absmax.numel();
       differing_scales += bytes_differing(mine.absmax, theirs.absmax);
+      // Where the scale codes differ, quanta's must be the nearer one to
+      // the block's scale (its absmax, centred and divided as double
+      // quantization does): bitsandbytes' CPU 8-bit quantizer (a BinSearch
+      // lookup, then a neighbour check) lands one code off now and then,
+      // at and next to 0 (a scale equal to its layer's mean, which ties of
+      // bf16 weights make common: 131 (2.1e-5) for 127 (0)) and next to a
+      // midpoint (gemma2_softcap's o_proj: -0.465617 between -0.472656 and
+      // -0.458594 coded 37, the farther).
+      const std::vector<uint8_t> a = mine.absmax.to_vector<uint8_t>(),
+                                 b = theirs.absmax.to_vector<uint8_t>();
+      const std::vector<float> map = mine.nested_quant_map.to_vector<float>(),
+                               group_max = mine.nested_absmax.to_vector<float>();
+      const std::vector<float> w = dense_weights.at(layer + ".weight");
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] == b[i]) continue;
+        float block_max = 0;
+        for (size_t e = i * 64; e < std::min(w.size(), (i + 1) * 64); ++e)
+          block_max = std::max(block_max, std::fabs(w[e]));
+        const double v = (double(block_max) - mine.nested_offset) / group_max[i / 256];
+        INFO("scale code " << i << ": quanta's " << int(a[i]) << ", bitsandbytes' " << int(b[i])
+                           << ", value " << v);
+        CHECK(std::fabs(map[a[i]] - v) <= std::fabs(map[b[i]] - v));
+      }
     }
     MESSAGE(name << ": " << codes << " NF4 codes, " << scale_codes << " 8-bit scale codes, "
                  << differing_scales << " scale codes differ from bitsandbytes'");
-    // bitsandbytes' CPU 8-bit quantizer (a BinSearch lookup, then the nearer
-    // neighbour) misplaces values at and next to 0: a scale equal to the
-    // mean of its layer's scales, which ties of bf16 weights make common,
-    // codes as 131 (2.1e-5) instead of 127 (0). The f32 cases have no such
-    // scale; the bf16 case has 2 of 240.
-    CHECK(differing_scales <= (c.bf16() ? 2 : 0));
+    // A few of a few hundred: 2 in the bf16 Llama cases, 1 in Gemma 2's.
+    CHECK(differing_scales <= 2);
   }
 }
 

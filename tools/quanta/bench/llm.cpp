@@ -265,8 +265,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
     auto captured = std::make_shared<train::CapturedStep>(o.device, 2);
     auto forward_backward = [qmodel, mixed](const std::vector<Tensor>& in) {
       const MixedPrecision precision(mixed);
-      Tensor loss = llm::chunked_causal_lm_loss(qmodel->hidden_states(in.at(0)),
-                                                qmodel->lm_head_weight(), in.at(0));
+      Tensor loss = qmodel->lm_loss(qmodel->hidden_states(in.at(0)), in.at(0));
       loss.backward();
       return loss.detach();
     };
@@ -280,9 +279,7 @@ LlmWorkload qlora_workload(const BenchOptions& o, const llm::DecoderConfig& c, G
             opt->zero_grad();
             {
               const MixedPrecision precision(mixed);
-              llm::chunked_causal_lm_loss(qmodel->hidden_states(*ids), qmodel->lm_head_weight(),
-                                          *ids)
-                  .backward();
+              qmodel->lm_loss(qmodel->hidden_states(*ids), *ids).backward();
             }
             opt->step();
           }};

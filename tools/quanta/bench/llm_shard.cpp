@@ -26,7 +26,6 @@
 #include "dist/data_parallel.h"
 #include "dist/optimizer_shards.h"
 #include "llm/model/causal_lm.h"
-#include "llm/model/lm_loss.h"
 #include "llm/qlora/qlora_model.h"
 #include "quanta.h"
 
@@ -47,8 +46,7 @@ struct Replica {
 
 void train_step(Replica& r, const Tensor& ids) {
   r.opt->zero_grad();
-  llm::chunked_causal_lm_loss(r.model->hidden_states(ids), r.model->lm_head_weight(), ids)
-      .backward();
+  r.model->lm_loss(r.model->hidden_states(ids), ids).backward();
   r.dp->finish_step();
   r.opt->step();
   if (r.opt_shards) r.opt_shards->broadcast_updates();

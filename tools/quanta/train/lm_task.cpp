@@ -9,7 +9,6 @@
 #include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/reduce.h"
-#include "llm/model/lm_loss.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
 
@@ -29,8 +28,7 @@ LmScore score_examples(llm::CausalLM& model, const llm::LmExamples& data, int64_
     const llm::LmBatch b = data.batch(from_vector(r, {hi - lo}), model.device());
     if (b.scored_tokens == 0) continue;
     const Tensor loss =
-        llm::chunked_causal_lm_loss(model.hidden_states(b.ids, nullptr, Tensor(), b.position_ids),
-                                    model.lm_head_weight(), b.labels);
+        model.lm_loss(model.hidden_states(b.ids, nullptr, Tensor(), b.position_ids), b.labels);
     sum += loss.to(Device::cpu()).to(DType::f64).item() * double(b.scored_tokens);
     tokens += b.scored_tokens;
   }
@@ -81,17 +79,7 @@ StepLoss LmFinetuneTask::step(const BatchShare& share) {
   if (in.size() <= weight_at) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter
   } else {
-    // With trainable tokens, their rows' gradient alone: the output weight
-    // (their rows written in) is a constant of the loss, made without a graph.
-    const Tensor rows = model_->lm_head_trained_rows();
-    Tensor weight;
-    {
-      std::optional<NoGradGuard> constant;
-      if (rows.defined()) constant.emplace();
-      weight = model_->lm_head_weight();
-    }
-    loss = llm::chunked_causal_lm_loss(hidden, weight, in.at(1), 0, -100, rows,
-                                       model_->lm_head_trained_values());
+    loss = model_->lm_loss(hidden, in.at(1));
     loss = loss * in.at(weight_at).to(loss.dtype());
   }
   return {loss.to(DType::f32), {}};

@@ -136,6 +136,19 @@ CASES = {
                                 choice=dict(modules_to_save=["q_norm", "k_norm"])),
     "qwen3_bf16_all": dict(model="qwen3_bf16", r=4, lora_alpha=8, target_modules="all-linear",
                            use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+    # Gemma: GeGLU and norms of 1 + weight under the adapters; Gemma 2 with
+    # soft-capped scores and logits and four norms a layer, those after the
+    # MLP trained whole beside the adapters.
+    "gemma_all": dict(model="gemma_geglu", r=4, lora_alpha=8, target_modules="all-linear",
+                      use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "gemma2_all": dict(model="gemma2_softcap", r=4, lora_alpha=8, target_modules="all-linear",
+                       use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "gemma2_norms_saved": dict(model="gemma2_softcap", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                               use_rslora=False, dtype=torch.float32, n_targeted=4, n_saved=4,
+                               choice=dict(modules_to_save=["pre_feedforward_layernorm",
+                                                            "post_feedforward_layernorm"])),
+    "gemma2_bf16_all": dict(model="gemma2_bf16", r=4, lora_alpha=8, target_modules="all-linear",
+                            use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.

@@ -1,13 +1,14 @@
-// swiglu: op-harness rows (f64 finite differences, zero-size, 16-bit, every
-// device), the two ops it replaces within rounding, bf16's roundings, the
-// memory it holds, errors.
+// gated_activation (SwiGLU, GeGLU): op-harness rows (f64 finite
+// differences, zero-size, 16-bit, every device), the two ops it replaces
+// within rounding, bf16's roundings, the memory it holds, errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
 
 #include "engine/cpu/block_cache.h"
 #include "engine/ops/harness.h"
-#include "llm/ops/swiglu.h"
+#include "llm/ops/gated_act.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -33,7 +34,89 @@ double rel_diff(const Tensor& a, const Tensor& b) {
   return max(abs(a.to(DType::f64) - b.to(DType::f64))).item() / max(abs(b.to(DType::f64))).item();
 }
 
+// GELU's tanh approximation in f64.
+double gelu_tanh(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
 }  // namespace
+
+TEST_CASE("gated_activation gelu_tanh: op harness") {
+  OpCase c;
+  c.name = "geglu";
+  c.shapes = {{3, 4, 8}, {3, 4, 8}};
+  c.zero_shapes = {{0, 8}, {0, 8}};
+  c.op = [](const Inputs& xs) {
+    return llm::gated_activation(xs[0], xs[1], llm::GatedAct::gelu_tanh);
+  };
+  c.reference = [](const Inputs& xs) {
+    return ref_elementwise(xs, [](const std::vector<double>& v) { return gelu_tanh(v[0]) * v[1]; });
+  };
+  c.half = true;
+  run_case(c);
+}
+
+TEST_CASE("gated_activation gelu_tanh: mul(gelu(gate, tanh), up)'s values and gradients") {
+  for (const Device dev : test_devices()) {
+    INFO(dev.str());
+    Generator gen(6);
+    // 6001 values: pieces of 1024 and a ragged last one; gates far out too,
+    // where tanh saturates.
+    const Tensor g0 = randn({353, 17}, gen) * 4.0, u0 = randn({353, 17}, gen),
+                 probe = randn({353, 17}, gen);
+    Tensor g1 = g0.to(dev).requires_grad_(), u1 = u0.to(dev).requires_grad_();
+    Tensor g2 = g0.clone().requires_grad_(), u2 = u0.clone().requires_grad_();
+    Tensor g3 = g0.to(DType::f64).requires_grad_(), u3 = u0.to(DType::f64).requires_grad_();
+    const Tensor y1 = llm::gated_activation(g1, u1, llm::GatedAct::gelu_tanh).to(Device::cpu());
+    const Tensor y2 = mul(gelu(g2, GeluApprox::tanh), u2);
+    const Tensor y3 = llm::gated_activation(g3, u3, llm::GatedAct::gelu_tanh);
+    sum(y1 * probe).backward();
+    sum(y2 * probe).backward();
+    sum(y3 * probe.to(DType::f64)).backward();
+    // Within f32 rounding: the vector tanh's few ulps (more where 1 + tanh
+    // cancels, far below zero) under 4e-6 of the largest value.
+    CHECK(rel_diff(y1, y3) < 1e-6);
+    CHECK(rel_diff(g1.grad().to(Device::cpu()), g3.grad()) < 4e-6);
+    CHECK(rel_diff(u1.grad().to(Device::cpu()), u3.grad()) < 1e-6);
+    CHECK(rel_diff(y1, y2) < 1e-6);
+    CHECK(rel_diff(g1.grad().to(Device::cpu()), g2.grad()) < 4e-6);
+    CHECK(rel_diff(u1.grad().to(Device::cpu()), u2.grad()) < 1e-6);
+    // The f64 op against the formula.
+    const std::vector<double> gv = g0.to_vector<double>(), uv = u0.to_vector<double>(),
+                              yv = y3.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < gv.size(); ++i)
+      worst = std::max(worst, std::fabs(yv[i] - gelu_tanh(gv[i]) * uv[i]));
+    CHECK(worst < 1e-13);
+  }
+}
+
+TEST_CASE("gated_activation gelu_tanh: 16-bit data rounds as transformers' bf16 GemmaMLP does") {
+  // gelu(gate) is a bf16 tensor before the product; the backward rounds g up
+  // (mul's gradient) and forms gelu's slope in f32.
+  Generator gen(9);
+  const Tensor gate = (randn({64, 40}, gen) * 3.0).to(DType::bf16),
+               up = randn({64, 40}, gen).to(DType::bf16), g = randn({64, 40}, gen).to(DType::bf16);
+  Tensor gt = gate.clone().requires_grad_(), ut = up.clone().requires_grad_();
+  const Tensor y = llm::gated_activation(gt, ut, llm::GatedAct::gelu_tanh);
+  y.backward(g);
+  const Tensor x = gate.to(DType::f32), u = up.to(DType::f32), gf = g.to(DType::f32);
+  const double beta = std::sqrt(2 / M_PI), kappa = 0.044715;
+  const Tensor t = tanh((x + x * x * x * kappa) * beta);
+  const Tensor act_bf16 = (x * 0.5 * (t + 1.0)).to(DType::bf16).to(DType::f32);
+  const Tensor slope =
+      (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * ((x * x * (3 * kappa) + 1.0) * beta);
+  const Tensor want_y = (act_bf16 * u).to(DType::bf16);
+  const Tensor want_up = (gf * act_bf16).to(DType::bf16);
+  const Tensor want_gate = ((gf * u).to(DType::bf16).to(DType::f32) * slope).to(DType::bf16);
+  CHECK(rel_diff(y, want_y) <= 1.0 / 256);
+  CHECK(rel_diff(gt.grad(), want_gate) <= 1.0 / 256);
+  CHECK(rel_diff(ut.grad(), want_up) <= 1.0 / 256);
+  // Equal bits but where tanh's last bits differ (Eigen's vector tanh here,
+  // libm's in the reference, Sleef's in PyTorch) and 1 + tanh cancels them
+  // into a bf16 step: gates far below zero, whose values are near 0.
+  CHECK(mean(eq(y.to(DType::f32), want_y.to(DType::f32)).to(DType::f32)).item() > 0.97);
+}
 
 TEST_CASE("swiglu: mul(silu(gate), up)'s values and gradients in one pass, holding less") {
   Generator gen(3);
@@ -108,9 +191,9 @@ TEST_CASE("swiglu: the graph holds gate and up only") {
 
 TEST_CASE("swiglu: clear errors") {
   CHECK_THROWS_WITH_AS(llm::swiglu(zeros({2, 3}), zeros({3, 2})),
-                       doctest::Contains("[swiglu] gate and up must share shape"),
+                       doctest::Contains("[gated_activation] gate and up must share shape"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(
       llm::swiglu(zeros({2}, {.dtype = DType::i64}), zeros({2}, {.dtype = DType::i64})),
-      doctest::Contains("swiglu"), std::invalid_argument);
+      doctest::Contains("gated_activation"), std::invalid_argument);
 }
