@@ -299,11 +299,12 @@ TEST_CASE(
   // regexes, with rsLoRA; embeddings and lm_head trained whole; DoRA; the
   // base's biases trained (bias all, over qwen2_bias) with lora_bias; token
   // rows of the embeddings and lm_head; Qwen3 with its q and k norms
-  // trained whole.
+  // trained whole; Gemma 2 with its feedforward norms (1 + weight) trained
+  // whole.
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
         "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens",
-        "quanta_written_qwen3"}) {
+        "quanta_written_qwen3", "quanta_written_gemma2"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
@@ -316,6 +317,17 @@ TEST_CASE(
           llm::read_adapter_folder_config(dir + "/adapters").lora.base_model_name_or_path;
       auto model = llm::load_causal_lm(base, dev);
       llm::apply_peft_adapters(*model, dir + "/adapters", base);
+      // gemma2_softcap has a scale bitsandbytes' 8-bit search codes one off
+      // (the bytes-and-scales case above): PEFT ran over bitsandbytes'
+      // bytes, so quanta does too here (gemma2_all's, the same weights
+      // quantized by bitsandbytes).
+      if (name == "quanta_written_gemma2") {
+        std::map<std::string, Tensor> bnb;
+        for (auto& [n, t] :
+             io::load_safetensors(llm_data() + "/qlora/gemma2_all/nf4_base.safetensors").tensors)
+          bnb[n] = t;
+        llm::load_bnb_base(*model, bnb, "gemma2_all/nf4_base.safetensors");
+      }
       model->eval();
       NoGradGuard no_grad;
       const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());

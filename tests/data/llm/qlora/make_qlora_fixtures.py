@@ -329,8 +329,12 @@ QUANTA_WRITTEN = {
     # Over qwen3_qk_norm: every linear layer adapted, the per-head q and k
     # norms trained whole.
     "quanta_written_qwen3": "--modules-to-save q_norm,k_norm",
+    # Over gemma2_softcap: every linear layer adapted, the norms before and
+    # after each MLP trained whole.
+    "quanta_written_gemma2": "--modules-to-save pre_feedforward_layernorm,post_feedforward_layernorm",
 }
-QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm"}
+QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm",
+                        "quanta_written_gemma2": "gemma2_softcap"}
 
 
 def check_quanta_adapters(root, names=()):
@@ -371,6 +375,9 @@ def check_quanta_adapters(root, names=()):
         if name == "quanta_written_qwen3":  # both norms of both layers trained whole
             saved = [n for n, m in peft_model.named_modules() if isinstance(m, peft.utils.ModulesToSaveWrapper)]
             assert len(saved) == 4 and all(n.endswith(("q_norm", "k_norm")) for n in saved), saved
+        if name == "quanta_written_gemma2":  # both feedforward norms of both layers trained whole
+            saved = [n for n, m in peft_model.named_modules() if isinstance(m, peft.utils.ModulesToSaveWrapper)]
+            assert len(saved) == 4 and all(n.endswith("feedforward_layernorm") for n in saved), saved
         if name == "quanta_written_dora":
             assert all(m.lora_magnitude_vector for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
