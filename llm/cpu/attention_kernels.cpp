@@ -137,6 +137,9 @@ void scores(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, int64_t j0
       const int64_t last = fn::last_visible_key(i0 + i, a.q_len, a.kv_len);
       for (int64_t j = std::max<int64_t>(0, last + 1 - j0); j < s.s.cols(); ++j)
         s.s(i, j) = -INFINITY;
+      // Keys before a sliding window.
+      const int64_t first = fn::first_visible_key(i0 + i, a.q_len, a.kv_len, a.window);
+      for (int64_t j = 0; j < std::min<int64_t>(first - j0, s.s.cols()); ++j) s.s(i, j) = -INFINITY;
     }
   }
 }
@@ -146,6 +149,13 @@ int64_t keys_seen(const AttentionArgs& a, int64_t i0, int64_t ni) {
   if (!a.causal) return a.kv_len;
   const int64_t last = fn::last_visible_key(i0 + ni - 1, a.q_len, a.kv_len);
   return std::clamp<int64_t>(last + 1, 0, a.kv_len);
+}
+
+// The first key block a block of queries from i0 may see: a sliding window
+// leaves out the blocks wholly before its first query's window.
+int64_t first_key_block(const AttentionArgs& a, int64_t i0) {
+  if (!a.causal) return 0;
+  return fn::first_visible_key(i0, a.q_len, a.kv_len, a.window) / kBlockK * kBlockK;
 }
 
 int64_t group_of(const AttentionArgs& a) { return a.heads / a.kv_heads; }
@@ -158,7 +168,7 @@ void forward_block(const AttentionArgs& a, int64_t b, int64_t h, int64_t i0, Scr
   s.m.assign(ni, -INFINITY);
   s.l.assign(ni, A(0));
   const int64_t end = keys_seen(a, i0, ni);
-  for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
+  for (int64_t j0 = first_key_block(a, i0); j0 < end; j0 += kBlockK) {
     const int64_t nj = std::min(kBlockK, end - j0);
     s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
     s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);
@@ -224,9 +234,12 @@ void key_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const A*
   s.dk.setZero(nj, D);
   s.dv.setZero(nj, D);
   const int64_t begin = a.causal ? fn::first_seeing_query(j0, a.q_len, a.kv_len) : 0;
+  // Past the block's last key's window no query sees it.
+  const int64_t end =
+      a.causal ? fn::last_seeing_query(j0 + nj - 1, a.q_len, a.kv_len, a.window) + 1 : a.q_len;
   for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
-    for (int64_t i0 = begin; i0 < a.q_len; i0 += kBlockQ) {
-      const int64_t ni = std::min(kBlockQ, a.q_len - i0);
+    for (int64_t i0 = begin; i0 < end; i0 += kBlockQ) {
+      const int64_t ni = std::min(kBlockQ, end - i0);
       s.Q = load_rows<T, A>(a.q, b, h, i0, ni, D, s.q);
       s.DO = load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
       scores(a, b, h, i0, j0, s, true);
@@ -251,7 +264,7 @@ void query_block_grads(const AttentionArgs& a, const HeadsOperand& d_out, const 
   s.DO = load_rows<T, A>(d_out, b, h, i0, ni, D, s.d_out);
   s.dq.setZero(ni, D);
   const int64_t end = keys_seen(a, i0, ni);
-  for (int64_t j0 = 0; j0 < end; j0 += kBlockK) {
+  for (int64_t j0 = first_key_block(a, i0); j0 < end; j0 += kBlockK) {
     const int64_t nj = std::min(kBlockK, end - j0);
     s.K = load_rows<T, A>(a.k, b, hk, j0, nj, D, s.k);
     s.V = load_rows<T, A>(a.v, b, hk, j0, nj, D, s.v);

@@ -64,6 +64,11 @@ __device__ A score(const AttentionArgs& a, A qk, int64_t b, int64_t h, int64_t i
   return attention_plan::row_score<A>(a, qk, b, h, i, j, slope);
 }
 
+// The first key query i sees (a sliding window's first).
+__device__ int64_t first_key(const AttentionArgs& a, int64_t i) {
+  return a.causal ? fn::first_visible_key(i, a.q_len, a.kv_len, a.window) : 0;
+}
+
 __device__ int64_t keys_seen(const AttentionArgs& a, int64_t i) {
   if (!a.causal) return a.kv_len;
   const int64_t end = fn::last_visible_key(i, a.q_len, a.kv_len) + 1;
@@ -80,7 +85,7 @@ __global__ void forward_kernel(AttentionArgs a) {
     Lanes<A> o{};
     A m = -INFINITY, l = 0;
     const int64_t end = keys_seen(a, i);
-    for (int64_t j = 0; j < end; ++j) {
+    for (int64_t j = first_key(a, i); j < end; ++j) {
       const A s = score<A>(a, dot(q, load_head<T, A>(a.k, b, j, h / G, D, lane)), b, h, i, j);
       if (s == -INFINITY) continue;
       const A m_new = s > m ? s : m;
@@ -121,7 +126,7 @@ __global__ void query_grad_kernel(AttentionArgs a, const T* d_out, const A* delt
     const A lse = static_cast<const A*>(a.lse)[row], dl = delta[row];
     Lanes<A> dq{};
     const int64_t end = keys_seen(a, i);
-    for (int64_t j = 0; j < end; ++j) {
+    for (int64_t j = first_key(a, i); j < end; ++j) {
       const Lanes<A> k = load_head<T, A>(a.k, b, j, h / G, D, lane);
       A slope;
       const A p = fn::attention_prob(score<A>(a, dot(q, k), b, h, i, j, &slope), lse);
@@ -146,8 +151,10 @@ __global__ void key_grad_kernel(AttentionArgs a, const T* d_out, const A* delta,
     const Lanes<A> v = load_head<T, A>(a.v, b, j, hk, D, lane);
     Lanes<A> dk{}, dv{};
     const int64_t begin = a.causal ? fn::first_seeing_query(j, a.q_len, a.kv_len) : 0;
+    const int64_t end =
+        a.causal ? fn::last_seeing_query(j, a.q_len, a.kv_len, a.window) + 1 : a.q_len;
     for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
-      for (int64_t i = begin; i < a.q_len; ++i) {
+      for (int64_t i = begin; i < end; ++i) {
         const Lanes<A> q = load_head<T, A>(a.q, b, i, h, D, lane);
         const int64_t r = (b * H + h) * a.q_len + i;
         A slope;

@@ -35,14 +35,18 @@ namespace quanta::llm::attention_plan {
 
 /** The score of key j for query i of image b, query head h, from the raw
  * product q.k: scale * q.k (soft-capped when a.softcap is set) + mask, or
- * -inf where the causal mask hides j (CUDA's reference kernels use it too).
+ * -inf where the causal mask or the sliding window hides j (CUDA's
+ * reference kernels use it too; the plan's products still cover the keys
+ * before a window, whose probabilities are 0).
  * `slope`, when given, receives d score / d (scale q.k): the cap's 1 -
  * tanh^2, else 1. */
 template <class A>
 QUANTA_HD inline A row_score(const AttentionArgs& a, A raw, int64_t b, int64_t h, int64_t i,
                              int64_t j, A* slope = nullptr) {
   if (slope) *slope = A(1);
-  if (a.causal && j > fn::last_visible_key(i, a.q_len, a.kv_len)) return A(-INFINITY);
+  if (a.causal && (j > fn::last_visible_key(i, a.q_len, a.kv_len) ||
+                   j < fn::first_visible_key(i, a.q_len, a.kv_len, a.window)))
+    return A(-INFINITY);
   A s = raw * static_cast<A>(a.scale);
   if (a.softcap > 0) {
     const A cap = static_cast<A>(a.softcap), t = fn::softcap_tanh(s, cap);

@@ -162,6 +162,25 @@ QUANTA_HD inline int64_t first_seeing_query(int64_t j, int64_t q_len, int64_t kv
   return i > 0 ? i : 0;
 }
 
+/** The first key query i may see under a causal mask with a sliding window
+ * of `window` keys, its own included (transformers' sliding_window: key j
+ * when last - window < j <= last); 0 for no window. */
+QUANTA_HD inline int64_t first_visible_key(int64_t i, int64_t q_len, int64_t kv_len,
+                                           int64_t window) {
+  if (window <= 0) return 0;
+  const int64_t first = last_visible_key(i, q_len, kv_len) - window + 1;
+  return first > 0 ? first : 0;
+}
+
+/** The last query that sees key j under that window (q_len - 1 without one;
+ * may be below the first seeing query when none does). */
+QUANTA_HD inline int64_t last_seeing_query(int64_t j, int64_t q_len, int64_t kv_len,
+                                           int64_t window) {
+  if (window <= 0) return q_len - 1;
+  const int64_t i = j + window - 1 - (kv_len - q_len);
+  return i < q_len - 1 ? i : q_len - 1;
+}
+
 /** A probability recomputed from a score and its row's log-sum-exp (0 for a
  * row that sees no key, whose lse is -inf). */
 template <class A>

@@ -54,8 +54,8 @@ struct MaskOperand {
  * kv_len) when !causal or j <= i + kv_len - q_len (the queries are the last
  * q_len positions of the keys', as with a KV cache). Query head h reads key
  * and value head h / (heads / kv_heads) (grouped-query attention; heads is a
- * multiple of kv_heads). scores = scale * q.k + mask (soft-capped first when
- * softcap is set). */
+ * multiple of kv_heads), and with a window only the keys within it.
+ * scores = scale * q.k + mask (soft-capped first when softcap is set). */
 struct AttentionArgs {
   DType dtype = DType::f32;  // of q, k, v, out and the gradients
   int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
@@ -63,6 +63,9 @@ struct AttentionArgs {
   /** Gemma 2's soft-capping: scale * q.k becomes softcap tanh(scale q.k /
    * softcap) before the mask is added (fn::softcap_tanh); 0: none. */
   double softcap = 0.0;
+  /** A sliding window (causal only): query i sees only the last `window`
+   * keys up to its own position (fn::first_visible_key); 0: none. */
+  int64_t window = 0;
   bool causal = false;
   HeadsOperand q, k, v;
   MaskOperand mask;

@@ -129,8 +129,8 @@ void check_tied_copy(const Tensor* lm_head, const Tensor* embed, DType dtype) {
 
 class Attention : public Module {
  public:
-  Attention(const DecoderConfig& c, WeightTaker& w, const std::string& prefix)
-      : Module("Attention"), c_(c) {
+  Attention(const DecoderConfig& c, WeightTaker& w, const std::string& prefix, int64_t layer)
+      : Module("Attention"), c_(c), window_(c.layer_window(layer)) {
     const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
     const auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
       const std::string p = prefix + name;
@@ -193,6 +193,7 @@ class Attention : public Module {
     o.causal = true;
     o.scale = c_.attention_scale();
     o.softcap = c_.attn_logit_softcapping;
+    o.window = window_;
     o.mask = mask;
     const Tensor a = scaled_dot_product_attention(q, k, v, o);
     return o_->forward(reshape(a, {B, T, c_.num_attention_heads * D}));
@@ -200,6 +201,7 @@ class Attention : public Module {
 
  private:
   DecoderConfig c_;
+  int64_t window_;  // this layer's sliding window (0: none)
   std::shared_ptr<Module> q_, k_, v_, o_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm only
 };
@@ -248,9 +250,10 @@ class MLP : public Module {
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const DecoderConfig& c, WeightTaker& w, const std::string& prefix)
-      : Module("DecoderLayer") {
-    attn_ = register_module("self_attn", std::make_shared<Attention>(c, w, prefix + "self_attn."));
+  DecoderLayer(const DecoderConfig& c, WeightTaker& w, int64_t layer) : Module("DecoderLayer") {
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    attn_ = register_module("self_attn",
+                            std::make_shared<Attention>(c, w, prefix + "self_attn.", layer));
     mlp_ = register_module("mlp", std::make_shared<MLP>(c, w, prefix + "mlp."));
     const auto norm = [&](const char* name) {
       return register_module(
@@ -354,8 +357,7 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string n = std::to_string(l);
     layers_.push_back(layers->register_module(
-        n,
-        std::shared_ptr<Module>(std::make_shared<DecoderLayer>(c, w, "model.layers." + n + "."))));
+        n, std::shared_ptr<Module>(std::make_shared<DecoderLayer>(c, w, l))));
   }
   norm_ = model->register_module(
       "norm", std::make_shared<RMSNorm>(w.take("model.norm.weight", {c.hidden_size}),
@@ -508,15 +510,6 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
     throw std::invalid_argument("[CausalLM] " + std::to_string(past + T) +
                                 " positions exceed max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
-  // Full attention is a sliding window's own while no query sees more than
-  // the window's keys; checked before any cache grows.
-  if (const int64_t span = c.attention_span_limit(); span > 0 && past + T > span)
-    throw std::invalid_argument("[CausalLM] " + std::to_string(past + T) +
-                                " positions need attention over more keys than the model's "
-                                "sliding_window " +
-                                std::to_string(span) +
-                                ": quanta computes full attention, the model's own up to that "
-                                "many keys (use shorter sequences)");
   const Device dev = device();
   Tensor mask;
   if (attention_mask.defined()) {

@@ -228,6 +228,7 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
     if (w > 0) {
       c.sliding_window = w;
       c.max_window_layers = 0;
+      for (int64_t l = 0; l < layers; ++l) c.sliding_layers.push_back(l % 2 == 0);
     }
     return;
   } else if (qwen_windows(c) && r.flag("use_sliding_window", false)) {
@@ -267,6 +268,7 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
   if (w == 0 || first >= layers) return;
   c.sliding_window = w;
   c.max_window_layers = first;
+  for (int64_t l = 0; l < layers; ++l) c.sliding_layers.push_back(l >= first);
 }
 
 }  // namespace
@@ -276,8 +278,10 @@ double DecoderConfig::attention_scale() const {
                   -0.5);
 }
 
-int64_t DecoderConfig::attention_span_limit() const {
-  return sliding_window > 0 && max_window_layers < num_hidden_layers ? sliding_window : 0;
+int64_t DecoderConfig::layer_window(int64_t layer) const {
+  const bool slides = layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+                      sliding_layers[static_cast<size_t>(layer)];
+  return slides ? sliding_window : 0;
 }
 
 int64_t DecoderConfig::parameter_count() const {

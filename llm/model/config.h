@@ -7,6 +7,7 @@
 // (rope_parameters, dtype).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/dtype.h"
 #include "llm/kernels/gated_act.h"
@@ -64,19 +65,19 @@ struct DecoderConfig {
   double final_logit_softcapping = 0;
   /** The weights' dtype (torch_dtype / dtype): f32, bf16 or f16. */
   DType dtype = DType::f32;
-  /** Sliding-window attention: the layers from max_window_layers on let a
-   * query see only the last sliding_window keys (mistral's sliding_window,
-   * qwen2's with use_sliding_window; gemma2's slide on every other layer
-   * from layer 0, max_window_layers 0); 0: none. quanta computes full
-   * attention, which is the same over at most sliding_window keys, and
-   * refuses a longer span (CausalLM's forward, generate). */
+  /** Sliding-window attention: on the layers sliding_layers marks, a query
+   * sees only the last sliding_window keys up to its own (mistral's
+   * sliding_window on every layer; qwen2's and qwen3's with
+   * use_sliding_window, from max_window_layers on; gemma2's every other
+   * layer from layer 0); 0: none. max_window_layers is the first sliding
+   * layer (what qwen2 writes back). */
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
+  std::vector<bool> sliding_layers;
 
-  /** The most keys one query may attend to for quanta's full attention to
-   * be the model's own: sliding_window when a layer slides, else 0 (no
-   * limit). */
-  int64_t attention_span_limit() const;
+  /** The window of decoder layer `layer`: sliding_window where it slides,
+   * else 0 (full causal attention). */
+  int64_t layer_window(int64_t layer) const;
 
   /** The attention's scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5. */
   double attention_scale() const;
@@ -88,8 +89,8 @@ struct DecoderConfig {
 /** Parses config.json text; `source` (a path) names the file in errors.
  * Throws std::invalid_argument naming the key that is missing, has the wrong
  * type or a value quanta does not run (another model_type, an activation
- * other than the model's,
- * sliding-window layers other than the last ones, partial rotary,
+ * other than the model's, qwen sliding-window layers other than the last
+ * ones, gemma2's other than its alternation, partial rotary,
  * interleaved RoPE, a rope_scaling kind
  * outside default, linear, dynamic, llama3). Keys that do not change the
  * computation (architectures, token ids, dropout, use_cache, ...) are

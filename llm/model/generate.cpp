@@ -67,14 +67,6 @@ std::vector<int64_t> generate(CausalLM& model, const std::vector<int64_t>& promp
     throw std::invalid_argument("[generate] prompt + max_new_tokens = " + std::to_string(total) +
                                 " exceeds max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings));
-  // The last token generated is not fed back, so the keys stop one short.
-  if (const int64_t span = c.attention_span_limit(); span > 0 && total - 1 > span)
-    throw std::invalid_argument("[generate] prompt + max_new_tokens = " + std::to_string(total) +
-                                " needs attention over " + std::to_string(total - 1) +
-                                " keys, more than the model's sliding_window " +
-                                std::to_string(span) +
-                                " (quanta computes full attention, the model's own up to that "
-                                "many keys)");
   NoGradGuard no_grad;
   EvalModeGuard eval_mode(model);  // no dropout (adapters) while generating
   Generator gen(o.seed);

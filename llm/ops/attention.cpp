@@ -81,6 +81,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         "q's " + std::to_string(H) + " heads are not a multiple of k's " + std::to_string(Hk));
   const double scale = o.scale ? *o.scale : std::pow(static_cast<double>(D), -0.5);
   if (!std::isfinite(scale)) detail::bad_argument(kAttentionOp, "scale must be finite");
+  if (o.window < 0 || (o.window > 0 && !o.causal))
+    detail::bad_argument(kAttentionOp, "window must be >= 0 (0: none) and needs causal, got " +
+                                           std::to_string(o.window) +
+                                           (o.causal ? "" : " without causal"));
   if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
     detail::bad_argument(kAttentionOp, "softcap must be finite and >= 0 (0: none), got " +
                                            std::to_string(o.softcap));
@@ -98,6 +102,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     a.batch = B, a.heads = H, a.kv_heads = Hk, a.q_len = T, a.kv_len = S, a.head_dim = D;
     a.scale = scale;
     a.softcap = o.softcap;
+    a.window = o.window;
     a.causal = o.causal;
     a.q = heads_of(s.q), a.k = heads_of(s.k), a.v = heads_of(s.v);
     if (mask.defined()) {

@@ -18,6 +18,11 @@ struct AttentionOptions {
   /** Gemma 2's logit soft-capping: the scaled score x becomes softcap *
    * tanh(x / softcap) before the mask is added; 0: none. */
   double softcap = 0.0;
+  /** A sliding window (with causal only): query i sees only the last
+   * `window` keys up to its own position, its own included (transformers'
+   * sliding_window: Mistral, Qwen2's sliding layers, Gemma 2's every other
+   * layer); 0: none. */
+  int64_t window = 0;
   /** Optional, broadcast to [batch, heads, q_len, kv_len]: floating, added to
    * the scores (-inf hides a key), or bool, true where a query may see a key
    * (PyTorch's convention). Not differentiated. */

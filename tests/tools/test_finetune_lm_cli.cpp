@@ -148,7 +148,7 @@ TEST_CASE(
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
-        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap"}) {
+        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =
@@ -945,17 +945,6 @@ TEST_CASE("finetune --model: bad input is one clear line") {
                        1, "20 tokens, fewer than one sequence of 32");
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "o4", {"--seq-len", "4096"})), 2,
                        "longer than the model's max_position_embeddings 128");
-  {
-    // A Mistral folder whose sliding window is shorter than --seq-len.
-    const std::string windowed = d.file("mistral_window8");
-    fs::copy(model("mistral_sharded"), windowed);
-    nlohmann::json config = nlohmann::json::parse(std::ifstream(windowed + "/config.json"));
-    config["sliding_window"] = 8;
-    std::ofstream(windowed + "/config.json") << config.dump();
-    check_one_line_error(run_quanta({"finetune", "--model", windowed, "--data", d.file("train.bin"),
-                                     "--seq-len", "16", "--out", d.file("o4w")}),
-                         2, "--seq-len 16 is longer than the model's sliding_window 8");
-  }
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "o5", {"--merge"})), 2,
                        "--merge is for the classifier of quanta train, not --model");
   check_one_line_error(

@@ -114,6 +114,18 @@ MODELS = {
                          final_logit_softcapping=2.0, sliding_window=128,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                     torch.bfloat16, None),
+    # Sliding windows shorter than the 12 tokens: Mistral's on every layer,
+    # Qwen2's from layer 1 (max_window_layers).
+    "mistral_window": (MistralConfig, MistralForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                            sliding_window=4,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       torch.float32, None),
+    "qwen2_window": (Qwen2Config, Qwen2ForCausalLM,
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                          use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                     torch.float32, None),
 }
 
 

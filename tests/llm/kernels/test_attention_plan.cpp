@@ -137,6 +137,7 @@ struct Case {
   int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
   bool causal, mask;
   double softcap = 0;  // Gemma 2's cap on the scores (0: none)
+  int64_t window = 0;  // a sliding window (0: none)
 };
 
 // Attention's sizes, nothing else set.
@@ -211,6 +212,7 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
     a.scale = 1.0 / std::sqrt(double(D));
     a.causal = cs.causal;
     a.softcap = cs.softcap;
+    a.window = cs.window;
     a.q = {q.data(), H * Tq * D, D, Tq * D};
     a.k = {k.data(), Tk * Hk * D, Hk * D, D};
     a.v = {v.data(), Tk * Hk * D, Hk * D, D};

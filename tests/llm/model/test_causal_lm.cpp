@@ -34,9 +34,10 @@ std::string data_dir() {
   return std::string(root) + "/llm";
 }
 
-const std::vector<std::string> kModels = {
-    "llama_gqa",     "llama_tied_llama3", "llama_bf16",  "qwen2_bias",     "mistral_sharded",
-    "qwen3_qk_norm", "qwen3_bf16",        "gemma_geglu", "gemma2_softcap", "gemma2_bf16"};
+const std::vector<std::string> kModels = {"llama_gqa",   "llama_tied_llama3", "llama_bf16",
+                                          "qwen2_bias",  "mistral_sharded",   "qwen3_qk_norm",
+                                          "qwen3_bf16",  "gemma_geglu",       "gemma2_softcap",
+                                          "gemma2_bf16", "mistral_window",    "qwen2_window"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -784,38 +785,46 @@ TEST_CASE("decoder configs: gemma and gemma2, their defaults, activations and ca
   }
 }
 
-// Full attention is the sliding window's own over at most sliding_window
-// keys; past that the model is refused, never computed otherwise.
-TEST_CASE("CausalLM: a sliding window runs up to its span and refuses more") {
-  const std::string dir = data_dir() + "/models/mistral_sharded";
-  const llm::DecoderConfig plain = llm::read_decoder_config(dir + "/config.json");
-  REQUIRE(plain.sliding_window == 0);
-  llm::DecoderConfig windowed = plain;
-  windowed.sliding_window = 6;
-  const StateDict weights = llm::read_model_weights(dir);
-  llm::CausalLM a(plain, weights), b(windowed, weights);
+// Sliding windows are computed (the transformers parity above holds
+// mistral_window and qwen2_window, windows of 4 and 5 over 12 tokens): a KV
+// cache continues a windowed sequence as the full forward does, token by
+// token past the window, and a window no sequence fills is full attention.
+TEST_CASE("CausalLM: a sliding window through a KV cache and generation") {
+  const std::string dir = data_dir() + "/models/mistral_window";
+  auto model = llm::load_causal_lm(dir);
+  REQUIRE(model->config().sliding_window == 4);
+  CHECK(model->config().layer_window(0) == 4);
+  CHECK(model->config().layer_window(1) == 4);
   NoGradGuard no_grad;
-  const Tensor six = from_vector<int64_t>({1, 5, 9, 2, 7, 3}, {1, 6});
-  CHECK(a.logits(six).to_vector<float>() == b.logits(six).to_vector<float>());
-  const Tensor seven = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 4}, {1, 7});
-  CHECK_THROWS_WITH_AS(b.logits(seven),
-                       doctest::Contains("more keys than the model's sliding_window 6"),
-                       std::invalid_argument);
-  // Refused before any layer runs: a cache is left as it was.
+  const std::vector<int64_t> seq = {4, 8, 15, 16, 23, 42, 7, 1, 9, 30};
+  const Tensor full = model->logits(from_vector<int64_t>(seq, {1, 10}));
   llm::KVCache cache;
-  CHECK_NOTHROW(b.logits(six, &cache));
-  CHECK_THROWS(b.logits(from_vector<int64_t>({4}, {1, 1}), &cache));
-  CHECK(cache.length() == 6);
-  // Generation: the last token is not fed back, so 3 + 4 tokens need 6 keys.
-  CHECK(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 4}) ==
-        llm::generate(a, {1, 5, 9}, {.max_new_tokens = 4}));
-  CHECK_THROWS_WITH_AS(llm::generate(b, {1, 5, 9}, {.max_new_tokens = 5}),
-                       doctest::Contains("sliding_window 6"), std::invalid_argument);
-  // No layer from max_window_layers on: nothing slides, nothing limits.
-  windowed.max_window_layers = plain.num_hidden_layers;
-  CHECK(windowed.attention_span_limit() == 0);
-  llm::CausalLM c(windowed, weights);
-  CHECK(a.logits(seven).to_vector<float>() == c.logits(seven).to_vector<float>());
+  const Tensor head = model->logits(from_vector<int64_t>({4, 8, 15}, {1, 3}), &cache);
+  CHECK(max_rel_diff(head, slice(full, 1, 0, 3)) < 1e-6);
+  for (int64_t t = 3; t < 10; ++t) {
+    CAPTURE(t);
+    const Tensor step = model->logits(from_vector<int64_t>({seq[t]}, {1, 1}), &cache);
+    CHECK(max_rel_diff(step, slice(full, 1, t, t + 1)) < 1e-6);
+  }
+  // Generation past the window equals greedy decoding of full forwards.
+  const std::vector<int64_t> got = llm::generate(*model, {4, 8, 15}, {.max_new_tokens = 7});
+  std::vector<int64_t> want = {4, 8, 15};
+  for (int i = 0; i < 7; ++i) {
+    const Tensor l = model->logits(from_vector<int64_t>(want, {1, int64_t(want.size())}));
+    want.push_back(
+        argmax(select(select(l, 0, 0), 0, int64_t(want.size()) - 1), 0).to_vector<int64_t>()[0]);
+  }
+  CHECK(got == std::vector<int64_t>(want.begin() + 3, want.end()));
+  // A window longer than every sequence is full attention.
+  llm::DecoderConfig wide = model->config();
+  wide.sliding_window = 64;
+  llm::DecoderConfig none = model->config();
+  none.sliding_window = 0;
+  none.sliding_layers.clear();
+  const StateDict weights = llm::read_model_weights(dir);
+  llm::CausalLM a(wide, weights), b(none, weights);
+  const Tensor ids = from_vector<int64_t>(seq, {1, 10});
+  CHECK(a.logits(ids).to_vector<float>() == b.logits(ids).to_vector<float>());
 }
 
 TEST_CASE(

@@ -22,7 +22,8 @@ namespace {
 
 // Plain loops over q [B, T, H, D], k, v [B, S, Hk, D]; mask [B or 1, H or 1,
 // T, S] in f64 or undefined.
-Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask, double softcap = 0) {
+Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask, double softcap = 0,
+                     int64_t window = 0) {
   const Tensor &q = xs[0], &k = xs[1];
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
   const int64_t S = k.size(1), Hk = k.size(2);
@@ -39,6 +40,7 @@ Tensor ref_attention(const Inputs& xs, bool causal, const Tensor& mask, double s
         double mx = -INFINITY;
         for (int64_t j = 0; j < S; ++j) {
           if (causal && j > i + S - T) continue;
+          if (window > 0 && j <= i + S - T - window) continue;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d)
             dot += Q[((b * T + i) * H + h) * D + d] * K[((b * S + j) * Hk + hk) * D + d];
@@ -74,19 +76,20 @@ Tensor padding_mask(int64_t B, int64_t T, int64_t S) {
 }
 
 OpCase attention_case(const std::string& name, Shape q, Shape kv, bool causal,
-                      const Tensor& mask = {}, double softcap = 0) {
+                      const Tensor& mask = {}, double softcap = 0, int64_t window = 0) {
   OpCase c;
   c.name = name;
   c.shapes = {q, kv, kv};
-  c.op = [causal, mask, softcap](const Inputs& xs) {
+  c.op = [causal, mask, softcap, window](const Inputs& xs) {
     llm::AttentionOptions o;
     o.causal = causal;
     o.softcap = softcap;
+    o.window = window;
     if (mask.defined()) o.mask = mask.to(xs[0].device());
     return llm::scaled_dot_product_attention(xs[0], xs[1], xs[2], o);
   };
-  c.reference = [causal, mask, softcap](const Inputs& xs) {
-    return ref_attention(xs, causal, mask, softcap);
+  c.reference = [causal, mask, softcap, window](const Inputs& xs) {
+    return ref_attention(xs, causal, mask, softcap, window);
   };
   c.grad_tol = 1e-6;
   return c;
@@ -109,6 +112,16 @@ void harness_rows() {
                           padding_mask(2, 5, 5), 0.6));
   run_case(attention_case("sdpa softcap one-pass backward", {2, 9, 8, 4}, {2, 9, 4, 4}, true,
                           Tensor(), 0.8));
+  // Sliding windows: shorter than the queries (a KV cache offset too), with
+  // a mask and soft-capping, in both backward passes; and past several
+  // 128-key blocks, so that whole key blocks are skipped.
+  run_case(attention_case("sdpa window 3", {2, 7, 4, 4}, {2, 7, 2, 4}, true, Tensor(), 0, 3));
+  run_case(
+      attention_case("sdpa window kv cache", {1, 3, 2, 4}, {1, 7, 1, 4}, true, Tensor(), 0, 2));
+  run_case(attention_case("sdpa window mask softcap one-pass", {2, 9, 8, 4}, {2, 9, 4, 4}, true,
+                          padding_mask(2, 9, 9), 0.8, 4));
+  run_case(attention_case("sdpa window past blocks", {1, 300, 1, 2}, {1, 300, 1, 2}, true, Tensor(),
+                          0, 130));
   // Past one 64-row tile in both directions, ragged last tiles.
   run_case(attention_case("sdpa tiles", {1, 70, 1, 3}, {1, 70, 1, 3}, true));
   OpCase zero = attention_case("sdpa zero-size", {2, 5, 2, 4}, {2, 6, 2, 4}, true);
@@ -257,6 +270,11 @@ TEST_CASE("attention: clear errors") {
   o.mask = ones({3, 3}, {.dtype = DType::i64});
   CHECK_THROWS_WITH(llm::scaled_dot_product_attention(q, ones({1, 3, 2, 8}), ones({1, 3, 2, 8}), o),
                     doctest::Contains("mask has dtype i64"));
+  llm::AttentionOptions windowed;
+  windowed.window = 4;
+  CHECK_THROWS_WITH(
+      llm::scaled_dot_product_attention(q, ones({1, 3, 2, 8}), ones({1, 3, 2, 8}), windowed),
+      doctest::Contains("window must be >= 0 (0: none) and needs causal, got 4 without causal"));
   llm::AttentionOptions capped;
   capped.softcap = -1;
   CHECK_THROWS_WITH(

@@ -292,7 +292,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "--model: data scored before, during (--eval-every) and after training");
   sub.add_option("--seq-len", o.seq_len,
                  "--model: tokens per sequence (token files are cut into windows of it; "
-                 "min(512, the model's max_position_embeddings and sliding window) when not given)")
+                 "min(512, the model's max_position_embeddings) when not given)")
       ->transform(integer_in(2, 1 << 20));
   sub.add_option("--grad-accum", o.grad_accum,
                  "--model: micro-batches per step (each rank's share of the batch split)")
@@ -395,18 +395,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     throw UsageError("--model needs --data FILE (an llm.c token file, or JSONL of input_ids)");
   const llm::DecoderConfig config =
       llm::read_decoder_config((fs::path(o.model) / "config.json").string());
-  const int64_t span = config.attention_span_limit();
   const int64_t seq_len =
-      o.seq_len > 0 ? o.seq_len
-                    : std::min<int64_t>({512, config.max_position_embeddings,
-                                         span > 0 ? span : config.max_position_embeddings});
+      o.seq_len > 0 ? o.seq_len : std::min<int64_t>(512, config.max_position_embeddings);
   if (seq_len > config.max_position_embeddings)
     throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
                      "max_position_embeddings " + std::to_string(config.max_position_embeddings));
-  if (span > 0 && seq_len > span)
-    throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
-                     "sliding_window " + std::to_string(span) +
-                     " (quanta computes full attention, the window's own up to that length)");
   llm::QLoRAOptions q;
   try {
     read_layer_choice(o, q.lora);
