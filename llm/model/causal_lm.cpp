@@ -543,6 +543,10 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                         {1, T});
   }
   const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
+  // Gemma 3's sliding layers rotate with their own base.
+  std::optional<RopeTables> local_rope;
+  if (c.sliding_rope)
+    local_rope = rope_tables(rope_frequencies(*c.sliding_rope, past + T), positions, c.dtype);
   Tensor h = embed_tokens_adapter_ ? embed_tokens_adapter_->lookup(embed_->weight(), ids.to(dev),
                                                                    embed_->padding_idx())
                                    : embed_->forward(ids.to(dev));
@@ -553,18 +557,20 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                     {.dtype = c.dtype, .device = dev}));
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
+    const RopeTables& layer_rope =
+        local_rope && c.layer_slides(static_cast<int64_t>(l)) ? *local_rope : rope;
     // Inside the layer's forward hooks, in the recomputation too (a sharded
     // base is gathered there).
     if (recompute_layers_ && !cache) {
       h = quanta::recompute(
-          [&layer, rope, l, mask](const Tensor& x) {
+          [&layer, layer_rope, l, mask](const Tensor& x) {
             const Module::ForwardScope scope(layer);
-            return layer.forward(x, rope, nullptr, l, mask);
+            return layer.forward(x, layer_rope, nullptr, l, mask);
           },
           h, layer.parameters(), layer.random_streams());
     } else {
       const Module::ForwardScope scope(layer);
-      h = layer.forward(h, rope, cache, l, mask);
+      h = layer.forward(h, layer_rope, cache, l, mask);
     }
   }
   return norm_->forward(h);

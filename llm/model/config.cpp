@@ -74,31 +74,14 @@ DType dtype_of(const Reader& r) {
   }
 }
 
-// The RoPE settings as transformers (5.x, which reads 4.x's names too)
-// resolves them: a non-empty rope_scaling (4.x's name) replaces
-// rope_parameters; rope_theta is the chosen object's, else the top-level
-// key's, else 10000; llama3's original_max_position_embeddings is the
-// top-level key's, else the object's, else max_position_embeddings. Read any
-// other way, a config holding both names, or a theta outside the object,
-// would load with other frequencies than transformers gives it, and every
-// logit would differ without an error.
-void read_rope(const Reader& r, DecoderConfig& c) {
-  const json* params = nullptr;
-  if (r.has("rope_scaling")) {
-    const json& s = r.j.at("rope_scaling");
-    if (!s.is_object()) r.fail("\"rope_scaling\" must be an object or null");
-    if (!s.empty()) params = &s;
-  }
-  if (!params && r.has("rope_parameters")) {
-    params = &r.j.at("rope_parameters");
-    if (!params->is_object()) r.fail("\"rope_parameters\" must be an object");
-  }
-  c.rope.theta = r.number(r.j, "rope_theta", 10000.0, false);
+// One RoPE object (a rope_scaling or rope_parameters object, or null for
+// none) into `rope`, whose theta is the default the object's rope_theta
+// replaces.
+void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
+                      const DecoderConfig& c) {
   if (params) {
     const json& s = *params;
-    if (s.contains("full_attention") || s.contains("sliding_attention"))
-      r.fail("per-layer-type \"rope_parameters\" are not supported");
-    c.rope.theta = r.number(s, "rope_theta", c.rope.theta, false);
+    rope.theta = r.number(s, "rope_theta", rope.theta, false);
     // 4.x wrote the kind as "type" before "rope_type".
     std::string type = "default";
     for (const char* key : {"rope_type", "type"})
@@ -112,12 +95,12 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3")
       r.fail("rope_scaling type \"" + type +
              "\" is not supported (supported: default, linear, dynamic, llama3)");
-    c.rope.scaling.type = type;
+    rope.scaling.type = type;
     const bool scaled = type != "default";
-    c.rope.scaling.factor = r.number(s, "factor", 1.0, scaled);
+    rope.scaling.factor = r.number(s, "factor", 1.0, scaled);
     if (type == "llama3") {
-      c.rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
-      c.rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
+      rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
+      rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
       // As transformers' RoPE layer resolves it: a top-level
       // original_max_position_embeddings wins over the one inside, then
       // max_position_embeddings.
@@ -127,17 +110,68 @@ void read_rope(const Reader& r, DecoderConfig& c) {
       if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
         r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
                std::to_string(kMaxSize));
-      c.rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
+      rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
     }
     if (r.number(s, "partial_rotary_factor", 1.0, false) != 1.0)
       r.fail("\"partial_rotary_factor\" other than 1 is not supported");
+  }
+  rope.head_dim = c.head_dim;
+  rope.max_position_embeddings = c.max_position_embeddings;
+}
+
+// The RoPE settings as transformers (5.x, which reads 4.x's names too)
+// resolves them: a non-empty rope_scaling (4.x's name) replaces
+// rope_parameters; rope_theta is the chosen object's, else the top-level
+// key's, else 10000; llama3's original_max_position_embeddings is the
+// top-level key's, else the object's, else max_position_embeddings. Read any
+// other way, a config holding both names, or a theta outside the object,
+// would load with other frequencies than transformers gives it, and every
+// logit would differ without an error. Gemma 3 has one RoPE per layer type:
+// 5.x's rope_parameters {"full_attention": ..., "sliding_attention": ...},
+// or 4.x's rope_theta (1e6) and rope_scaling for the full layers and
+// rope_local_base_freq (10000) for the sliding ones.
+void read_rope(const Reader& r, DecoderConfig& c) {
+  const bool gemma3 = c.model_type == "gemma3_text";
+  const json* scaling = nullptr;
+  if (r.has("rope_scaling")) {
+    const json& s = r.j.at("rope_scaling");
+    if (!s.is_object()) r.fail("\"rope_scaling\" must be an object or null");
+    if (!s.empty()) scaling = &s;
+  }
+  const json* params = nullptr;
+  if (r.has("rope_parameters")) {
+    params = &r.j.at("rope_parameters");
+    if (!params->is_object()) r.fail("\"rope_parameters\" must be an object");
+  }
+  const bool per_type =
+      params && (params->contains("full_attention") || params->contains("sliding_attention"));
+  if (per_type && !gemma3) r.fail("per-layer-type \"rope_parameters\" are not supported");
+  c.rope.theta = r.number(r.j, "rope_theta", gemma3 ? 1e6 : 10000.0, false);
+  if (!gemma3) {
+    read_rope_object(r, scaling ? scaling : params, c.rope, c);
+  } else {
+    RopeConfig local;
+    local.theta = r.number(r.j, "rope_local_base_freq", 10000.0, false);
+    const auto type_object = [&](const char* type) -> const json* {
+      if (!per_type || !params->contains(type) || params->at(type).is_null()) return nullptr;
+      if (!params->at(type).is_object())
+        r.fail(std::string("\"rope_parameters\" \"") + type + "\" must be an object");
+      return &params->at(type);
+    };
+    // A 4.x rope_scaling applies to the full layers (transformers updates
+    // the full_attention parameters with it).
+    read_rope_object(r,
+                     scaling    ? scaling
+                     : per_type ? type_object("full_attention")
+                                : params,
+                     c.rope, c);
+    read_rope_object(r, type_object("sliding_attention"), local, c);
+    c.sliding_rope = local;
   }
   if (r.has("partial_rotary_factor") && r.number(r.j, "partial_rotary_factor", 1, false) != 1.0)
     r.fail("\"partial_rotary_factor\" other than 1 is not supported");
   if (r.flag("rope_interleaved", false))
     r.fail("\"rope_interleaved\": true is not supported (transformers' Llama rotates halves)");
-  c.rope.head_dim = c.head_dim;
-  c.rope.max_position_embeddings = c.max_position_embeddings;
 }
 
 // Qwen2 and Qwen3 read sliding windows the same way.
@@ -146,7 +180,13 @@ bool qwen_windows(const DecoderConfig& c) {
 }
 
 bool gemma_family(const DecoderConfig& c) {
-  return c.model_type == "gemma" || c.model_type == "gemma2";
+  return c.model_type == "gemma" || c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
+
+// Gemma 2's layout, which Gemma 3 keeps: four norms a layer,
+// query_pre_attn_scalar, hidden_activation, per-layer attention types.
+bool gemma2_layout(const DecoderConfig& c) {
+  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
 }
 
 // num_key_value_heads when config.json has no such key: the model type's
@@ -158,7 +198,7 @@ int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
   if (c.model_type == "mistral") return 8;
   if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
   if (c.model_type == "gemma") return 16;
-  if (c.model_type == "gemma2") return 4;
+  if (gemma2_layout(c)) return 4;
   return c.num_attention_heads;
 }
 
@@ -173,7 +213,7 @@ GatedAct read_activation(const Reader& r, const DecoderConfig& c) {
     if (act != "silu") r.fail("hidden_act \"" + act + "\" is not supported (silu)");
     return GatedAct::silu;
   }
-  const bool gemma2 = c.model_type == "gemma2";
+  const bool gemma2 = gemma2_layout(c);
   const char* key = gemma2 || r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
   const std::string act = r.text(key, "gelu_pytorch_tanh");
   if (act == "gelu_pytorch_tanh" || (!gemma2 && act == "gelu")) return GatedAct::gelu_tanh;
@@ -206,29 +246,35 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
   if (c.model_type == "mistral") {
     w = window();
     first = 0;
-  } else if (c.model_type == "gemma2") {
-    // Every other layer from layer 0 slides (Gemma2Config's layer_types);
-    // only that alternation is read, since quanta's refusal of longer spans
-    // is the same for any set of sliding layers but config.json is written
-    // back with it.
+  } else if (gemma2_layout(c)) {
+    // The layers layer_types names sliding_attention, else Gemma 2's every
+    // other layer from layer 0, Gemma 3's all but every
+    // sliding_window_pattern-th (6).
     w = window();
-    first = 0;
+    std::vector<bool> slides;
     if (r.has("layer_types")) {
       const json& types = r.j.at("layer_types");
       if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
         r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
       for (int64_t i = 0; i < layers; ++i) {
-        const char* want = i % 2 == 0 ? "sliding_attention" : "full_attention";
-        if (types[static_cast<size_t>(i)] != want)
-          r.fail("\"layer_types\"[" + std::to_string(i) + "] is " +
-                 types[static_cast<size_t>(i)].dump() + "; gemma2 runs its alternation only (" +
-                 want + " there)");
+        const json& t = types[static_cast<size_t>(i)];
+        if (t != "sliding_attention" && t != "full_attention")
+          r.fail("\"layer_types\"[" + std::to_string(i) + "] is " + t.dump() +
+                 " (full_attention or sliding_attention)");
+        slides.push_back(t == "sliding_attention");
       }
+    } else {
+      const int64_t pattern = c.model_type == "gemma2" ? 2 : r.integer("sliding_window_pattern", 6);
+      for (int64_t l = 0; l < layers; ++l)
+        slides.push_back(c.model_type == "gemma2" ? l % 2 == 0 : (l + 1) % pattern != 0);
     }
-    if (w > 0) {
+    // Kept without a window too: Gemma 3's sliding layers take the local
+    // RoPE whether or not they slide.
+    c.sliding_layers = slides;
+    const auto first_sliding = std::find(slides.begin(), slides.end(), true);
+    if (w > 0 && first_sliding != slides.end()) {
       c.sliding_window = w;
-      c.max_window_layers = 0;
-      for (int64_t l = 0; l < layers; ++l) c.sliding_layers.push_back(l % 2 == 0);
+      c.max_window_layers = first_sliding - slides.begin();
     }
     return;
   } else if (qwen_windows(c) && r.flag("use_sliding_window", false)) {
@@ -278,10 +324,13 @@ double DecoderConfig::attention_scale() const {
                   -0.5);
 }
 
+bool DecoderConfig::layer_slides(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+         sliding_layers[static_cast<size_t>(layer)];
+}
+
 int64_t DecoderConfig::layer_window(int64_t layer) const {
-  const bool slides = layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
-                      sliding_layers[static_cast<size_t>(layer)];
-  return slides ? sliding_window : 0;
+  return layer_slides(layer) ? sliding_window : 0;
 }
 
 int64_t DecoderConfig::parameter_count() const {
@@ -309,9 +358,16 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2")
+      c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2" &&
+      c.model_type != "gemma3_text") {
+    if (c.model_type == "gemma3")
+      r.fail(
+          "model_type \"gemma3\" is Gemma 3's image-text model (Gemma3ForConditionalGeneration, "
+          "its decoder under text_config); quanta loads the text-only gemma3_text folders "
+          "(Gemma3ForCausalLM: Gemma 3 270M and 1B)");
     r.fail("model_type \"" + c.model_type +
-           "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2)");
+           "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)");
+  }
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -362,13 +418,17 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
   c.o_bias = c.attention_bias;
-  c.qk_norm = qwen3;
+  // Qwen3 and Gemma 3 normalize each head of q and k (Gemma 3 with 1 +
+  // weight, as its other norms).
+  c.qk_norm = qwen3 || c.model_type == "gemma3_text";
   c.gemma_norms = gemma;
-  if (c.model_type == "gemma2") {
+  if (gemma2_layout(c)) {
+    // Gemma 2 caps by default, Gemma 3 does not.
+    const bool gemma2 = c.model_type == "gemma2";
     c.sandwich_norms = true;
     c.query_pre_attn_scalar = r.integer("query_pre_attn_scalar", 256);
-    c.attn_logit_softcapping = read_softcap(r, "attn_logit_softcapping", 50.0);
-    c.final_logit_softcapping = read_softcap(r, "final_logit_softcapping", 30.0);
+    c.attn_logit_softcapping = read_softcap(r, "attn_logit_softcapping", gemma2 ? 50.0 : 0);
+    c.final_logit_softcapping = read_softcap(r, "final_logit_softcapping", gemma2 ? 30.0 : 0);
   }
   // Embedding models built on Gemma attend both ways; a causal LM does not.
   if (r.flag("use_bidirectional_attention", false))
@@ -384,7 +444,9 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
            " is not supported (quanta's attention has no dropout; 0 is)");
   read_sliding_window(r, c);
   read_rope(r, c);
-  rope_frequencies(c.rope, 0);  // every RoPE value checked now, not at the first forward
+  // Every RoPE value checked now, not at the first forward.
+  rope_frequencies(c.rope, 0);
+  if (c.sliding_rope) rope_frequencies(*c.sliding_rope, 0);
   return c;
 }
 
@@ -399,12 +461,13 @@ DecoderConfig read_decoder_config(const std::string& path) {
 std::string decoder_config_json(const DecoderConfig& c) {
   json j;
   j["model_type"] = c.model_type;
-  j["architectures"] = {c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                        : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
-                        : c.model_type == "mistral" ? "MistralForCausalLM"
-                        : c.model_type == "gemma"   ? "GemmaForCausalLM"
-                        : c.model_type == "gemma2"  ? "Gemma2ForCausalLM"
-                                                    : "LlamaForCausalLM"};
+  j["architectures"] = {c.model_type == "qwen2"         ? "Qwen2ForCausalLM"
+                        : c.model_type == "qwen3"       ? "Qwen3ForCausalLM"
+                        : c.model_type == "mistral"     ? "MistralForCausalLM"
+                        : c.model_type == "gemma"       ? "GemmaForCausalLM"
+                        : c.model_type == "gemma2"      ? "Gemma2ForCausalLM"
+                        : c.model_type == "gemma3_text" ? "Gemma3ForCausalLM"
+                                                        : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -416,23 +479,39 @@ std::string decoder_config_json(const DecoderConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   const char* act = c.hidden_act == GatedAct::silu ? "silu" : "gelu_pytorch_tanh";
   j["hidden_act"] = act;
-  if (c.model_type == "gemma2") j["hidden_activation"] = act;
-  j["rope_theta"] = c.rope.theta;
-  if (c.rope.scaling.type == "default") {
-    j["rope_scaling"] = nullptr;
-  } else {
-    json s{{"rope_type", c.rope.scaling.type}, {"factor", c.rope.scaling.factor}};
-    if (c.rope.scaling.type == "llama3") {
-      s["low_freq_factor"] = c.rope.scaling.low_freq_factor;
-      s["high_freq_factor"] = c.rope.scaling.high_freq_factor;
-      s["original_max_position_embeddings"] = c.rope.scaling.original_max_position_embeddings;
+  if (gemma2_layout(c)) j["hidden_activation"] = act;
+  // A RoPE's scaling as a rope_scaling object (null for none).
+  const auto scaling_json = [](const RopeConfig& rope) -> json {
+    if (rope.scaling.type == "default") return nullptr;
+    json s{{"rope_type", rope.scaling.type}, {"factor", rope.scaling.factor}};
+    if (rope.scaling.type == "llama3") {
+      s["low_freq_factor"] = rope.scaling.low_freq_factor;
+      s["high_freq_factor"] = rope.scaling.high_freq_factor;
+      s["original_max_position_embeddings"] = rope.scaling.original_max_position_embeddings;
     }
-    j["rope_scaling"] = s;
+    return s;
+  };
+  j["rope_theta"] = c.rope.theta;
+  j["rope_scaling"] = scaling_json(c.rope);
+  if (c.sliding_rope) {
+    // Gemma 3: 4.x's local base and 5.x's per-type parameters, which also
+    // carry a scaling of the sliding layers.
+    j["rope_local_base_freq"] = c.sliding_rope->theta;
+    json per_type;
+    for (const auto& [type, rope] :
+         {std::pair<const char*, const RopeConfig*>{"full_attention", &c.rope},
+          {"sliding_attention", &*c.sliding_rope}}) {
+      json o = scaling_json(*rope);
+      if (o.is_null()) o = json{{"rope_type", "default"}};
+      o["rope_theta"] = rope->theta;
+      per_type[type] = o;
+    }
+    j["rope_parameters"] = per_type;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.model_type == "llama" || c.model_type == "qwen3" || gemma_family(c))
     j["attention_bias"] = c.attention_bias;
-  if (c.model_type == "gemma2") {
+  if (gemma2_layout(c)) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
     const auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
     j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
@@ -440,7 +519,13 @@ std::string decoder_config_json(const DecoderConfig& c) {
   }
   if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (c.model_type == "mistral" || c.model_type == "gemma2") j["sliding_window"] = window;
+  if (c.model_type == "mistral" || gemma2_layout(c)) j["sliding_window"] = window;
+  if (gemma2_layout(c)) {
+    json types = json::array();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   if (qwen_windows(c)) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = window;

@@ -1,11 +1,12 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
-// decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma and
-// gemma2 (a sliding window only over spans it does not cut). Both generations of names are
+// decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
+// gemma2 and gemma3_text. Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
 // (rope_parameters, dtype).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,8 @@
 namespace quanta::llm {
 
 struct DecoderConfig {
-  std::string model_type = "llama";  // llama, mistral, qwen2, qwen3, gemma or gemma2
+  /** llama, mistral, qwen2, qwen3, gemma, gemma2 or gemma3_text. */
+  std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -34,6 +36,10 @@ struct DecoderConfig {
   /** theta, head_dim, max_position_embeddings and the scaling, as the
    * RoPE ops take them. */
   RopeConfig rope;
+  /** gemma3_text: the RoPE of the sliding layers (rope_local_base_freq,
+   * 10000), `rope` being the full layers' (1e6, with the scaling); unset:
+   * every layer takes `rope`. */
+  std::optional<RopeConfig> sliding_rope;
   bool tie_word_embeddings = false;
   /** Biases on q, k, v and o (llama's and qwen3's attention_bias); qwen2
    * always has them on q, k and v only; mistral never. */
@@ -69,12 +75,16 @@ struct DecoderConfig {
    * sees only the last sliding_window keys up to its own (mistral's
    * sliding_window on every layer; qwen2's and qwen3's with
    * use_sliding_window, from max_window_layers on; gemma2's every other
-   * layer from layer 0); 0: none. max_window_layers is the first sliding
-   * layer (what qwen2 writes back). */
+   * layer from layer 0; gemma3_text's all but every 6th); 0: none.
+   * max_window_layers is the first sliding layer (what qwen2 writes
+   * back). */
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
   std::vector<bool> sliding_layers;
 
+  /** Whether decoder layer `layer` is a sliding one (its type
+   * sliding_attention, even where sliding_window is 0). */
+  bool layer_slides(int64_t layer) const;
   /** The window of decoder layer `layer`: sliding_window where it slides,
    * else 0 (full causal attention). */
   int64_t layer_window(int64_t layer) const;

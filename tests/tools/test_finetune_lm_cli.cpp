@@ -148,7 +148,7 @@ TEST_CASE(
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
-        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window"}) {
+        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =

@@ -161,7 +161,7 @@ TEST_CASE("quanta generate: stops at the folder's end-of-sequence ids, as transf
 TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {
   const char* root = std::getenv("QUANTA_TEST_DATA");
   for (const char* name : {"llama_gqa", "qwen2_bias", "mistral_sharded", "qwen3_qk_norm",
-                           "gemma_geglu", "gemma2_softcap"}) {
+                           "gemma_geglu", "gemma2_softcap", "gemma3_text", "mistral_window"}) {
     INFO("model ", name);
     const io::SafetensorsFile want =
         io::load_safetensors(std::string(root) + "/llm/expected/" + name + ".safetensors");

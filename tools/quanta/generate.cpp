@@ -125,7 +125,7 @@ void add_generate(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "generate",
       "New token ids from a Hugging Face model folder (llama, mistral, qwen2, qwen3, "
-      "gemma, gemma2)");
+      "gemma, gemma2, gemma3_text)");
   sub->footer(
       "Examples:\n"
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt-ids 5,9,2 "

@@ -28,6 +28,8 @@ from safetensors.torch import save_file
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
     LlamaConfig,
@@ -43,6 +45,24 @@ from transformers import (
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
               max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.2,
               bos_token_id=1, eos_token_id=2, pad_token_id=None)
+
+# Gemma 2: four norms a layer, query_pre_attn_scalar != head_dim, caps
+# small enough that tanh bends the scores and the logits, every other layer
+# sliding over a window no test sequence fills.
+GEMMA2 = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+              query_pre_attn_scalar=24, attn_logit_softcapping=4.0, final_logit_softcapping=2.0,
+              sliding_window=128, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+# Gemma 3: Gemma 2's layout with q and k norms (1 + weight), no caps, a
+# window of 4 on layer 0 (layer 1 full), each with its own RoPE: the
+# sliding layers' base 10000, the full ones' 1e6 scaled linearly.
+GEMMA3 = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+              query_pre_attn_scalar=24, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"],
+              rope_parameters={
+                  "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 
 MODELS = {
     # Grouped-query attention, untied embeddings, default RoPE.
@@ -96,23 +116,12 @@ MODELS = {
                          hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                     torch.float32, None),
-    # Gemma 2: four norms a layer, query_pre_attn_scalar != head_dim, caps
-    # small enough that tanh bends the scores and the logits, every other
-    # layer sliding over a window no test sequence fills.
     "gemma2_softcap": (Gemma2Config, Gemma2ForCausalLM,
-                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-                            query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
-                            final_logit_softcapping=2.0, sliding_window=128,
-                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       GEMMA2,
                        torch.float32, None),
     # Gemma 2 as it is published: bf16.
     "gemma2_bf16": (Gemma2Config, Gemma2ForCausalLM,
-                    dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-                         query_pre_attn_scalar=24, attn_logit_softcapping=4.0,
-                         final_logit_softcapping=2.0, sliding_window=128,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    GEMMA2,
                     torch.bfloat16, None),
     # Sliding windows shorter than the 12 tokens: Mistral's on every layer,
     # Qwen2's from layer 1 (max_window_layers).
@@ -126,6 +135,13 @@ MODELS = {
                           use_sliding_window=True, sliding_window=5, max_window_layers=1,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                      torch.float32, None),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM,
+                    GEMMA3,
+                    torch.float32, None),
+    # Gemma 3 as it is published: bf16.
+    "gemma3_bf16": (Gemma3TextConfig, Gemma3ForCausalLM,
+                    GEMMA3,
+                    torch.bfloat16, None),
 }
 
 

@@ -34,10 +34,10 @@ std::string data_dir() {
   return std::string(root) + "/llm";
 }
 
-const std::vector<std::string> kModels = {"llama_gqa",   "llama_tied_llama3", "llama_bf16",
-                                          "qwen2_bias",  "mistral_sharded",   "qwen3_qk_norm",
-                                          "qwen3_bf16",  "gemma_geglu",       "gemma2_softcap",
-                                          "gemma2_bf16", "mistral_window",    "qwen2_window"};
+const std::vector<std::string> kModels = {
+    "llama_gqa",      "llama_tied_llama3", "llama_bf16",  "qwen2_bias",     "mistral_sharded",
+    "qwen3_qk_norm",  "qwen3_bf16",        "gemma_geglu", "gemma2_softcap", "gemma2_bf16",
+    "mistral_window", "qwen2_window",      "gemma3_text", "gemma3_bf16"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -212,6 +212,13 @@ TEST_CASE("CausalLM: f64 directional finite difference through the whole model")
   SUBCASE("llama, every bias") {}
   SUBCASE("qwen3's q and k norms") { config.model_type = "qwen3", config.qk_norm = true; }
   bool chunked = false;
+  SUBCASE("gemma3: q and k norms of 1 + weight, a window, a RoPE per layer type") {
+    config.model_type = "gemma3_text", config.hidden_act = llm::GatedAct::gelu_tanh;
+    config.gemma_norms = true, config.sandwich_norms = true, config.qk_norm = true;
+    config.sliding_window = 2, config.sliding_layers = {true, false};
+    config.sliding_rope = config.rope;
+    config.sliding_rope->theta = 100;
+  }
   SUBCASE("gemma2: GeGLU, 1 + weight norms, four a layer, soft-capped scores and logits") {
     config.model_type = "gemma2", config.hidden_act = llm::GatedAct::gelu_tanh;
     config.gemma_norms = true, config.sandwich_norms = true, config.query_pre_attn_scalar = 3;
@@ -758,14 +765,17 @@ TEST_CASE("decoder configs: gemma and gemma2, their defaults, activations and ca
                     doctest::Contains("\"attn_logit_softcapping\" must be a number > 0 or null"));
   CHECK_THROWS_WITH(parse("gemma", R"(, "use_bidirectional_attention": true)"),
                     doctest::Contains("use_bidirectional_attention"));
-  // layer_types: gemma2's alternation alone.
-  CHECK(parse("gemma2", R"(, "layer_types": ["sliding_attention", "full_attention",
-      "sliding_attention"])")
-            .sliding_window == 4096);
-  CHECK_THROWS_WITH(parse("gemma2", R"(, "layer_types": ["full_attention", "full_attention",
+  // layer_types: any pattern of the two kinds, gemma2's alternation when
+  // absent.
+  CHECK(g2.sliding_layers == std::vector<bool>{true, false, true});
+  const llm::DecoderConfig listed = parse("gemma2", R"(, "layer_types": ["full_attention",
+      "full_attention", "sliding_attention"])");
+  CHECK(listed.sliding_layers == std::vector<bool>{false, false, true});
+  CHECK(listed.layer_window(2) == 4096);
+  CHECK(listed.layer_window(0) == 0);
+  CHECK_THROWS_WITH(parse("gemma2", R"(, "layer_types": ["full_attention", "chunked_attention",
       "sliding_attention"])"),
-                    doctest::Contains("\"layer_types\"[0] is \"full_attention\"; gemma2 runs its "
-                                      "alternation only"));
+                    doctest::Contains("\"layer_types\"[1] is \"chunked_attention\""));
   // Written back and read again: the same model.
   for (const llm::DecoderConfig& d : {g, g2, g2b}) {
     CAPTURE(d.model_type);
@@ -780,9 +790,91 @@ TEST_CASE("decoder configs: gemma and gemma2, their defaults, activations and ca
     CHECK(again.attn_logit_softcapping == d.attn_logit_softcapping);
     CHECK(again.final_logit_softcapping == d.final_logit_softcapping);
     CHECK(again.sliding_window == d.sliding_window);
+    CHECK(again.sliding_layers == d.sliding_layers);
     CHECK(again.qkv_bias == d.qkv_bias);
     CHECK(again.parameter_count() == d.parameter_count());
   }
+}
+
+// What Gemma3TextConfig in transformers 5.24 makes of 4.x's keys (as the
+// Gemma 3 1B and 270M folders on the Hub carry them) and of 5.x's.
+TEST_CASE("decoder configs: gemma3_text, its layer types and their RoPE") {
+  const auto parse = [](const std::string& extra) {
+    return llm::parse_decoder_config(R"({"model_type": "gemma3_text", "vocab_size": 10,
+        "hidden_size": 48, "intermediate_size": 16, "num_hidden_layers": 7,
+        "num_attention_heads": 4, "max_position_embeddings": 64)" +
+                                         extra + "}",
+                                     "cfg.json");
+  };
+  // Defaults: Gemma 2's layout, q and k norms, no caps, all but every 6th
+  // layer sliding over 4096 keys, RoPE 1e6 for full layers, 10000 for
+  // sliding ones.
+  const llm::DecoderConfig d = parse("");
+  CHECK(d.qk_norm);
+  CHECK(d.gemma_norms);
+  CHECK(d.sandwich_norms);
+  CHECK(d.hidden_act == llm::GatedAct::gelu_tanh);
+  CHECK(d.head_dim == 256);
+  CHECK(d.num_key_value_heads == 4);
+  CHECK(d.attn_logit_softcapping == 0);
+  CHECK(d.final_logit_softcapping == 0);
+  CHECK(d.sliding_window == 4096);
+  CHECK(d.sliding_layers == std::vector<bool>{true, true, true, true, true, false, true});
+  CHECK(d.rope.theta == 1e6);
+  REQUIRE(d.sliding_rope.has_value());
+  CHECK(d.sliding_rope->theta == 10000);
+  CHECK(d.sliding_rope->scaling.type == "default");
+  // 4.x names: rope_theta and rope_scaling for the full layers,
+  // rope_local_base_freq for the sliding ones, sliding_window_pattern.
+  const llm::DecoderConfig v4 = parse(R"(, "rope_theta": 500000.0, "rope_local_base_freq": 20000.0,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512,
+      "sliding_window_pattern": 3)");
+  CHECK(v4.rope.theta == 500000);
+  CHECK(v4.rope.scaling.type == "linear");
+  CHECK(v4.rope.scaling.factor == 8);
+  CHECK(v4.sliding_rope->theta == 20000);
+  CHECK(v4.sliding_rope->scaling.type == "default");
+  CHECK(v4.sliding_window == 512);
+  CHECK(v4.sliding_layers == std::vector<bool>{true, true, false, true, true, false, true});
+  // 5.x names: rope_parameters per layer type.
+  const llm::DecoderConfig v5 = parse(R"(, "rope_parameters": {
+      "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+      "full_attention", "sliding_attention", "full_attention", "full_attention"],
+      "sliding_window": null)");
+  CHECK(v5.rope.scaling.factor == 2);
+  CHECK(v5.sliding_rope->theta == 10000);
+  CHECK(v5.sliding_window == 0);
+  // Without a window the sliding layers keep their RoPE (layer_slides).
+  CHECK(v5.layer_slides(0));
+  CHECK(v5.layer_window(0) == 0);
+  CHECK_FALSE(v5.layer_slides(1));
+  // Written back (both generations of names) and read again.
+  for (const llm::DecoderConfig& c : {d, v4, v5}) {
+    const llm::DecoderConfig again =
+        llm::parse_decoder_config(llm::decoder_config_json(c), "written.json");
+    CHECK(again.model_type == "gemma3_text");
+    CHECK(again.rope.theta == c.rope.theta);
+    CHECK(again.rope.scaling.type == c.rope.scaling.type);
+    CHECK(again.rope.scaling.factor == c.rope.scaling.factor);
+    CHECK(again.sliding_rope->theta == c.sliding_rope->theta);
+    CHECK(again.sliding_window == c.sliding_window);
+    CHECK(again.sliding_layers == c.sliding_layers);
+    CHECK(again.qk_norm);
+    CHECK(again.parameter_count() == c.parameter_count());
+  }
+  // Gemma 3's image-text folders are named, and refused.
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(R"({"model_type": "gemma3", "text_config": {}})", "cfg.json"),
+      doctest::Contains("quanta loads the text-only gemma3_text folders"));
+  // Per-layer-type RoPE belongs to Gemma 3 only.
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+          "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+          "max_position_embeddings": 32, "rope_parameters": {"full_attention": {}}})",
+                                "cfg.json"),
+      doctest::Contains("per-layer-type \"rope_parameters\" are not supported"));
 }
 
 // Sliding windows are computed (the transformers parity above holds

@@ -79,7 +79,10 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "gemma_all",
                                          "gemma2_all",
                                          "gemma2_norms_saved",
-                                         "gemma2_bf16_all"};
+                                         "gemma2_bf16_all",
+                                         "gemma3_all",
+                                         "gemma3_qk_norm_saved",
+                                         "gemma3_bf16_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

@@ -149,6 +149,16 @@ CASES = {
                                                             "post_feedforward_layernorm"])),
     "gemma2_bf16_all": dict(model="gemma2_bf16", r=4, lora_alpha=8, target_modules="all-linear",
                             use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+    # Gemma 3: q and k norms of 1 + weight, a sliding window shorter than the
+    # 12 tokens, each layer type with its RoPE; the q and k norms trained
+    # whole in the second case.
+    "gemma3_all": dict(model="gemma3_text", r=4, lora_alpha=8, target_modules="all-linear",
+                       use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "gemma3_qk_norm_saved": dict(model="gemma3_text", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                 use_rslora=False, dtype=torch.float32, n_targeted=4, n_saved=4,
+                                 choice=dict(modules_to_save=["q_norm", "k_norm"])),
+    "gemma3_bf16_all": dict(model="gemma3_bf16", r=4, lora_alpha=8, target_modules="all-linear",
+                            use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
