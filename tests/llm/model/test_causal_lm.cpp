@@ -921,7 +921,7 @@ TEST_CASE("CausalLM: a sliding window through a KV cache and generation") {
 
 TEST_CASE(
     "decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5, "
-    "Qwen3") {
+    "Qwen3, Gemma 2 and Gemma 3") {
   struct Published {
     const char* file;
     const char* type;
@@ -937,6 +937,8 @@ TEST_CASE(
       {"qwen2.5-0.5b.json", "qwen2", 14, 2, 64, 494032768, true, "default"},
       // 0.44B without the embeddings, as its model card says.
       {"qwen3-0.6b.json", "qwen3", 16, 8, 128, 596049920, true, "default"},
+      {"gemma-2-9b-it.json", "gemma2", 16, 8, 256, 9241705984, true, "default"},
+      {"gemma-3-1b-it.json", "gemma3_text", 4, 1, 256, 999885952, true, "default"},
   };
   for (const Published& m : models) {
     INFO("config ", m.file);
@@ -950,7 +952,7 @@ TEST_CASE(
     CHECK(c.rope.scaling.type == m.rope);
     CHECK(c.parameter_count() == m.parameters);
     CHECK(c.qkv_bias == (std::string(m.type) == "qwen2"));
-    CHECK(c.qk_norm == (std::string(m.type) == "qwen3"));
+    CHECK(c.qk_norm == (std::string(m.type) == "qwen3" || std::string(m.type) == "gemma3_text"));
     // The shapes CausalLM expects are the ones those checkpoints hold.
     int64_t total = 0;
     for (const auto& [name, shape] : llm::CausalLM::expected_weights(c)) total += numel_of(shape);
@@ -962,4 +964,25 @@ TEST_CASE(
   CHECK(llama.rope.scaling.factor == 32.0);
   CHECK(llama.rope.scaling.original_max_position_embeddings == 8192);
   CHECK(llama.max_position_embeddings == 131072);
+  // Gemma 2 9B: caps 50 and 30, every other layer over 4096 keys.
+  const llm::DecoderConfig g2 =
+      llm::read_decoder_config(data_dir() + "/configs/gemma-2-9b-it.json");
+  CHECK(g2.attn_logit_softcapping == 50);
+  CHECK(g2.final_logit_softcapping == 30);
+  CHECK(g2.sliding_window == 4096);
+  CHECK(g2.layer_window(0) == 4096);
+  CHECK(g2.layer_window(1) == 0);
+  CHECK(g2.hidden_act == llm::GatedAct::gelu_tanh);
+  // Gemma 3 1B: windows of 512 but on every sixth layer, whose RoPE is 1e6
+  // where the sliding ones' is 10000.
+  const llm::DecoderConfig g3 =
+      llm::read_decoder_config(data_dir() + "/configs/gemma-3-1b-it.json");
+  int64_t full = 0;
+  for (int64_t l = 0; l < g3.num_hidden_layers; ++l) full += g3.layer_window(l) == 0;
+  CHECK(full == 4);  // layers 5, 11, 17, 23
+  CHECK(g3.layer_window(5) == 0);
+  CHECK(g3.layer_window(0) == 512);
+  CHECK(g3.rope.theta == 1e6);
+  CHECK(g3.sliding_rope->theta == 10000);
+  CHECK(g3.attn_logit_softcapping == 0);
 }
