@@ -25,14 +25,17 @@ template <GatedAct Act, class T, class A>
 void widen_and_transcend(const T* gate, int64_t m, A* x, A* e) {
   for (int64_t i = 0; i < m; ++i) x[i] = static_cast<A>(gate[i]);
   std::fill(x + m, x + kPiece, A(0));
-  for (int64_t i = 0; i < kPiece; ++i) e[i] = fn::gated_arg<Act>(x[i]);
-  // Aligned and a whole number of packets: no scalar head or tail.
+  // Aligned and a whole number of packets: no scalar head or tail. SiLU's
+  // argument, -x, is formed inside the vector expression (no pass of its
+  // own on the MLP's hot path); GELU's cubic needs one.
   using Arr = Eigen::Array<A, Eigen::Dynamic, 1>;
   Eigen::Map<Arr, Eigen::Aligned64> v(e, kPiece);
-  if constexpr (Act == GatedAct::silu)
-    v = v.exp();
-  else
+  if constexpr (Act == GatedAct::silu) {
+    v = (-Eigen::Map<const Arr, Eigen::Aligned64>(x, kPiece)).exp();
+  } else {
+    for (int64_t i = 0; i < kPiece; ++i) e[i] = fn::gated_arg<Act>(x[i]);
     v = v.tanh();
+  }
 }
 
 // f(lo, m, x, e) for each piece [lo, lo + m) of n, pieces in parallel.
