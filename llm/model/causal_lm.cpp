@@ -26,6 +26,7 @@
 #include "engine/random/sampling.h"
 #include "engine/shared_bf16_input.h"
 #include "llm/model/lm_loss.h"
+#include "llm/model/weight_names.h"
 #include "llm/ops/attention.h"
 #include "llm/ops/gated_act.h"
 #include "llm/ops/rms_norm.h"
@@ -251,7 +252,7 @@ class MLP : public Module {
 class DecoderLayer : public Module {
  public:
   DecoderLayer(const DecoderConfig& c, WeightTaker& w, int64_t layer) : Module("DecoderLayer") {
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    const std::string prefix = c.decoder_module() + ".layers." + std::to_string(layer) + ".";
     attn_ = register_module("self_attn",
                             std::make_shared<Attention>(c, w, prefix + "self_attn.", layer));
     mlp_ = register_module("mlp", std::make_shared<MLP>(c, w, prefix + "mlp."));
@@ -303,9 +304,10 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
   std::vector<std::pair<std::string, Shape>> out;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   const int64_t d = c.hidden_size, f = c.intermediate_size;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
+  const std::string root = c.decoder_module() + ".";
+  out.push_back({root + "embed_tokens.weight", {c.vocab_size, d}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = root + "layers." + std::to_string(l) + ".";
     const auto proj = [&](const std::string& name, int64_t o, int64_t i, bool bias) {
       out.push_back({p + name + ".weight", {o, i}});
       if (bias) out.push_back({p + name + ".bias", {o}});
@@ -328,31 +330,38 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
       out.push_back({p + "post_feedforward_layernorm.weight", {d}});
     }
   }
-  out.push_back({"model.norm.weight", {d}});
+  out.push_back({root + "norm.weight", {d}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
   return out;
 }
 
-CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
+CausalLM::CausalLM(DecoderConfig config, const StateDict& stored)
     : Module("CausalLM"), config_(std::move(config)) {
   const DecoderConfig& c = config_;
+  const StateDict weights = decoder_weights(c, stored);
   std::vector<std::string> names;
   for (const auto& [name, t] : weights) names.push_back(name);
   check_layer_count(c, names);
   WeightTaker w(weights, c.dtype);
+  const std::string root = c.decoder_module() + ".";
   // Checkpoints of the Llama 2 era persisted RoPE's inverse frequencies; they
   // are computed, never loaded.
   for (const auto& [name, t] : weights)
     if (name.size() > 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0)
       w.drop(name);
   if (c.tie_word_embeddings) {
-    check_tied_copy(w.find("lm_head.weight"), w.find("model.embed_tokens.weight"), c.dtype);
+    check_tied_copy(w.find("lm_head.weight"), w.find(root + "embed_tokens.weight"), c.dtype);
     w.drop("lm_head.weight");
   }
-  auto model = register_module("model", std::make_shared<Group>("Model"));
+  std::shared_ptr<Group> model = register_module("model", std::make_shared<Group>("Model"));
+  // An image-text model's decoder is model.language_model, beside the
+  // vision tower quanta does not load.
+  if (!c.image_text_config.empty())
+    model = model->register_module("language_model", std::make_shared<Group>("TextModel"));
+  decoder_ = model;
   embed_ = model->register_module(
       "embed_tokens", std::make_shared<Embedding>(
-                          w.take("model.embed_tokens.weight", {c.vocab_size, c.hidden_size})));
+                          w.take(root + "embed_tokens.weight", {c.vocab_size, c.hidden_size})));
   auto layers = model->register_module("layers", std::make_shared<Group>("ModuleList"));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string n = std::to_string(l);
@@ -360,7 +369,7 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
         n, std::shared_ptr<Module>(std::make_shared<DecoderLayer>(c, w, l))));
   }
   norm_ = model->register_module(
-      "norm", std::make_shared<RMSNorm>(w.take("model.norm.weight", {c.hidden_size}),
+      "norm", std::make_shared<RMSNorm>(w.take(root + "norm.weight", {c.hidden_size}),
                                         c.rms_norm_eps, c.gemma_norms));
   if (!c.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<Linear>(w.take(
@@ -370,7 +379,7 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& weights)
 
 void CausalLM::check_layer_count(const DecoderConfig& config,
                                  const std::vector<std::string>& names) {
-  static const std::string prefix = "model.layers.";
+  const std::string prefix = config.decoder_module() + ".layers.";
   int64_t stored = 0;  // 1 + the largest layer index named
   for (const std::string& name : names) {
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
@@ -431,10 +440,10 @@ Tensor CausalLM::lm_head_trained_values() const {
 }
 
 void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64_t> indices) {
-  const bool embeddings = module == "model.embed_tokens";
+  const bool embeddings = module == embed_tokens_name();
   if (!embeddings && module != "lm_head")
-    throw std::invalid_argument("trainable tokens go on model.embed_tokens or lm_head, not " +
-                                module);
+    throw std::invalid_argument("trainable tokens go on " + embed_tokens_name() +
+                                " or lm_head, not " + module);
   if (!embeddings && !lm_head_)
     throw std::invalid_argument(
         "trainable tokens on lm_head of a model with tie_word_embeddings: its output layer is "
@@ -453,7 +462,7 @@ void CausalLM::add_trainable_tokens(const std::string& module, std::vector<int64
 
 std::vector<std::pair<std::string, const TrainableTokens*>> CausalLM::trainable_tokens() const {
   std::vector<std::pair<std::string, const TrainableTokens*>> out;
-  if (embed_tokens_adapter_) out.emplace_back("model.embed_tokens", embed_tokens_adapter_.get());
+  if (embed_tokens_adapter_) out.emplace_back(embed_tokens_name(), embed_tokens_adapter_.get());
   if (lm_head_adapter_) out.emplace_back("lm_head", lm_head_adapter_.get());
   return out;
 }
@@ -464,8 +473,7 @@ void CausalLM::merge_trainable_tokens() {
   // adapters go with the old ones).
   if (embed_tokens_adapter_) {
     auto merged = std::make_shared<Embedding>(input_embedding_weight().contiguous());
-    for (auto& [name, child] : named_children())
-      if (name == "model") child->replace_module("embed_tokens", merged);
+    decoder_->replace_module("embed_tokens", merged);
     embed_ = merged;
     embed_tokens_adapter_.reset();
   }
@@ -578,7 +586,8 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
 
 std::vector<std::string> CausalLM::layer_names() const {
   std::vector<std::string> names;
-  for (size_t l = 0; l < layers_.size(); ++l) names.push_back("model.layers." + std::to_string(l));
+  for (size_t l = 0; l < layers_.size(); ++l)
+    names.push_back(config_.decoder_module() + ".layers." + std::to_string(l));
   return names;
 }
 

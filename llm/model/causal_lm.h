@@ -45,11 +45,12 @@ class RMSNorm : public Module {
 
 class CausalLM : public Module {
  public:
-  /** Builds the model around `weights` (transformers' names), taken as they
-   * are when already of config.dtype (no copy), else converted to it.
-   * Throws one error listing every missing name, unexpected name and wrong
-   * shape. A tied model may carry lm_head.weight (ignored, as transformers
-   * ties it). */
+  /** Builds the model around `weights` (transformers' names, as a folder
+   * stores them: weight_names.h), taken as they are when already of
+   * config.dtype (no copy), else converted to it. Throws one error listing
+   * every missing name, unexpected name and wrong shape. A tied model may
+   * carry lm_head.weight (ignored, as transformers ties it); an image-text
+   * model's vision tower and projector are left out. */
   CausalLM(DecoderConfig config, const StateDict& weights);
   /** Random weights (normal, std init_std; norms at 1) in config.dtype on
    * `device`: for benchmarks and tests. */
@@ -58,7 +59,7 @@ class CausalLM : public Module {
   /** The names and shapes a model of `config` has, in state-dict order. */
   static std::vector<std::pair<std::string, Shape>> expected_weights(const DecoderConfig& config);
   /** Throws std::invalid_argument when `config` has more decoder layers
-   * than the weights named `names` hold ("model.layers.N." prefixes, N from
+   * than the weights named `names` hold ("<decoder_module>.layers.N." prefixes, N from
    * 0), before anything per layer is built or listed: a config of 10^9
    * layers over a 2-layer model is one error, not 10^9 missing layers.
    * (Layers beyond the config's are reported by the constructor as
@@ -94,8 +95,11 @@ class CausalLM : public Module {
    * chunk_tokens 0: the automatic chunk. */
   Tensor lm_loss(const Tensor& hidden, const Tensor& labels, int64_t chunk_tokens = 0) const;
 
+  /** The embeddings' module name: "model.embed_tokens" (an image-text
+   * model's "model.language_model.embed_tokens"). */
+  std::string embed_tokens_name() const { return config_.decoder_module() + ".embed_tokens"; }
   /** PEFT's trainable tokens: rows `indices` of the embeddings
-   * (`module` "model.embed_tokens"; a tied output layer takes them too) or
+   * (`module` embed_tokens_name(); a tied output layer takes them too) or
    * of the output layer ("lm_head", untied) train, a TrainableTokens
    * "token_adapter" under that module (frozen until set to train). Throws
    * std::invalid_argument for another module, lm_head of a tied model, a
@@ -134,6 +138,7 @@ class CausalLM : public Module {
 
  private:
   DecoderConfig config_;
+  std::shared_ptr<Module> decoder_;  // the module holding embed_, the layers and norm_
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Module>> layers_;
   std::shared_ptr<RMSNorm> norm_;

@@ -333,6 +333,10 @@ int64_t DecoderConfig::layer_window(int64_t layer) const {
   return layer_slides(layer) ? sliding_window : 0;
 }
 
+std::string DecoderConfig::decoder_module() const {
+  return image_text_config.empty() ? "model" : "model.language_model";
+}
+
 int64_t DecoderConfig::parameter_count() const {
   const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
   int64_t layer = hidden_size * (q + 2 * kv) + q * hidden_size;  // q, k, v, o
@@ -346,6 +350,53 @@ int64_t DecoderConfig::parameter_count() const {
   return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + hidden_size;
 }
 
+namespace {
+
+// Gemma 3's image-text config (Gemma3ForConditionalGeneration): the decoder
+// is its text_config, which the published folders write sparsely (the 4B's
+// names only its widths, depth, window and RoPE scaling), so
+// Gemma3TextConfig's defaults fill the rest as transformers fills them. The
+// dtype is the outer config's where text_config has none, and the tying is
+// the outer config's: the outer model ties lm_head by its own flag.
+DecoderConfig parse_gemma3_image_text(json j, const std::string& source) {
+  const Reader r{j, source};
+  json text = r.has("text_config") ? j.at("text_config") : json::object();
+  if (!text.is_object()) r.fail("\"text_config\" must be an object");
+  if (text.contains("model_type") && text.at("model_type") != "gemma3_text")
+    r.fail("text_config's model_type is " + text.at("model_type").dump() +
+           " (Gemma 3's decoder is \"gemma3_text\")");
+  static const json defaults = {{"model_type", "gemma3_text"},
+                                {"vocab_size", 262208},
+                                {"hidden_size", 2304},
+                                {"intermediate_size", 9216},
+                                {"num_hidden_layers", 26},
+                                {"num_attention_heads", 8},
+                                {"num_key_value_heads", 4},
+                                {"head_dim", 256},
+                                {"max_position_embeddings", 131072}};
+  for (const auto& [key, value] : defaults.items())
+    if (!text.contains(key)) text[key] = value;
+  if (!text.contains("dtype") && !text.contains("torch_dtype"))
+    for (const char* key : {"dtype", "torch_dtype"})
+      if (r.has(key)) {
+        text[key] = j.at(key);
+        break;
+      }
+  text["tie_word_embeddings"] = r.flag("tie_word_embeddings", true);
+  DecoderConfig c = parse_decoder_config(text.dump(), source + " text_config");
+  // Only the text-only class caps its logits: this one computes them
+  // without the cap whatever text_config says (some published configs say
+  // 30), so quanta does too.
+  c.final_logit_softcapping = 0;
+  // Kept without what the decoder's config holds (written back from it).
+  for (const char* key : {"text_config", "dtype", "torch_dtype", "tie_word_embeddings"})
+    j.erase(key);
+  c.image_text_config = j.dump();
+  return c;
+}
+
+}  // namespace
+
 DecoderConfig parse_decoder_config(const std::string& text, const std::string& source) {
   json j;
   try {
@@ -357,17 +408,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   const Reader r{j, source};
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
+  if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
       c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2" &&
-      c.model_type != "gemma3_text") {
-    if (c.model_type == "gemma3")
-      r.fail(
-          "model_type \"gemma3\" is Gemma 3's image-text model (Gemma3ForConditionalGeneration, "
-          "its decoder under text_config); quanta loads the text-only gemma3_text folders "
-          "(Gemma3ForCausalLM: Gemma 3 270M and 1B)");
+      c.model_type != "gemma3_text")
     r.fail("model_type \"" + c.model_type +
-           "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text)");
-  }
+           "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
+           "gemma3)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -532,7 +579,15 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.num_hidden_layers;
   }
   j["torch_dtype"] = torch_dtype_name(c.dtype);
-  return j.dump(2) + "\n";
+  if (c.image_text_config.empty()) return j.dump(2) + "\n";
+  // The image-text model's config around this one as its text_config,
+  // with the dtype and tying the outer model reads.
+  json outer = json::parse(c.image_text_config);
+  j.erase("architectures");
+  outer["text_config"] = j;
+  outer["torch_dtype"] = j["torch_dtype"];
+  outer["tie_word_embeddings"] = c.tie_word_embeddings;
+  return outer.dump(2) + "\n";
 }
 
 const char* torch_dtype_name(DType dtype) {

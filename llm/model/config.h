@@ -1,7 +1,8 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2 and gemma3_text. Both generations of names are
+// gemma2 and gemma3_text, and the decoder of Gemma 3's image-text model
+// (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
 // (rope_parameters, dtype).
@@ -81,6 +82,12 @@ struct DecoderConfig {
   int64_t sliding_window = 0;
   int64_t max_window_layers = 0;
   std::vector<bool> sliding_layers;
+  /** Gemma 3's image-text model (model_type gemma3,
+   * Gemma3ForConditionalGeneration): this config is its text_config (a
+   * gemma3_text), and this is the rest of its config.json (vision_config,
+   * the image tokens' ids, ...) as JSON text, kept so that a folder written
+   * from the model is whole. Empty for a decoder's own config. */
+  std::string image_text_config;
 
   /** Whether decoder layer `layer` is a sliding one (its type
    * sliding_attention, even where sliding_window is 0). */
@@ -92,11 +99,20 @@ struct DecoderConfig {
   /** The attention's scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5. */
   double attention_scale() const;
 
-  /** Parameters of the model, embeddings counted once when tied. */
+  /** The module holding the decoder's embeddings, layers and final norm,
+   * as transformers names it: "model", or "model.language_model" in an
+   * image-text model (lm_head is "lm_head" in both). */
+  std::string decoder_module() const;
+
+  /** Parameters of the decoder (an image-text model's vision tower not
+   * counted), embeddings counted once when tied. */
   int64_t parameter_count() const;
 };
 
 /** Parses config.json text; `source` (a path) names the file in errors.
+ * Gemma 3's image-text config (gemma3) gives its text_config's decoder,
+ * Gemma3TextConfig's defaults filling what it leaves out, with
+ * image_text_config set.
  * Throws std::invalid_argument naming the key that is missing, has the wrong
  * type or a value quanta does not run (another model_type, an activation
  * other than the model's, qwen sliding-window layers other than the last
@@ -118,7 +134,8 @@ const char* torch_dtype_name(DType dtype);
 DType dtype_from_torch_name(const std::string& name);
 
 /** config.json text for `c` in transformers 4.x's names (the ones every
- * version of transformers reads). */
+ * version of transformers reads); an image-text model's is its outer
+ * config with `c` as text_config. */
 std::string decoder_config_json(const DecoderConfig& c);
 
 }  // namespace quanta::llm

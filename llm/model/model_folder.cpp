@@ -1,6 +1,7 @@
 // Model folders: config.json, one safetensors file or an index and shards.
 #include "llm/model/model_folder.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
+#include "llm/model/weight_names.h"
 
 namespace quanta::llm {
 namespace {
@@ -73,14 +75,16 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
   return path.string();
 }
 
-StateDict read_model_weights(const std::string& dir) {
+StateDict read_model_weights(const std::string& dir,
+                             const std::function<bool(const std::string&)>& keep) {
   const fs::path root(dir);
   const fs::path single = model_folder_file(dir, "model.safetensors");
   const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
+  const auto kept = [&](const std::string& name) { return !keep || keep(name); };
   StateDict out;
   if (fs::exists(single)) {
     for (auto& [name, t] : io::load_safetensors(single.string()).tensors)
-      out.push_back({name, std::move(t)});
+      if (kept(name)) out.push_back({name, std::move(t)});
     return out;
   }
   if (!fs::exists(index))
@@ -89,6 +93,7 @@ StateDict read_model_weights(const std::string& dir) {
     const fs::path shard = model_folder_file(dir, file);
     if (!fs::exists(shard))
       folder_fail(index.string(), "lists shard " + file + ", which is not in the folder");
+    if (std::none_of(names.begin(), names.end(), kept)) continue;
     io::SafetensorsFile f = io::load_safetensors(shard.string());
     std::set<std::string> seen;
     for (auto& [name, t] : f.tensors) {
@@ -96,7 +101,7 @@ StateDict read_model_weights(const std::string& dir) {
         folder_fail(shard.string(),
                     "holds " + name + ", which the index does not list for this shard");
       seen.insert(name);
-      out.push_back({name, std::move(t)});
+      if (kept(name)) out.push_back({name, std::move(t)});
     }
     for (const auto& name : names)
       if (!seen.count(name))
@@ -107,7 +112,9 @@ StateDict read_model_weights(const std::string& dir) {
 
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) {
   DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
-  StateDict weights = read_model_weights(dir);
+  // An image-text model's vision tower is not read.
+  StateDict weights = read_model_weights(
+      dir, [&](const std::string& name) { return decoder_weight_name(config, name).has_value(); });
   if (!device.is_cpu())
     for (auto& [name, t] : weights) t = t.to(device);
   try {
@@ -117,12 +124,14 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) 
   }
 }
 
-void save_causal_lm(const CausalLM& model, const std::string& dir) {
+void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside) {
   fs::create_directories(dir);
   io::write_text_atomic((fs::path(dir) / "config.json").string(),
                         decoder_config_json(model.config()), "save_causal_lm");
   io::TensorMap tensors;
-  for (const auto& [name, t] : model.state_dict()) tensors.push_back({name, t.detach()});
+  for (const auto& [name, t] : model.state_dict())
+    tensors.push_back({stored_weight_name(model.config(), name), t.detach()});
+  for (const auto& [name, t] : beside) tensors.push_back({name, t});
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
 }
 

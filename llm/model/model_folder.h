@@ -3,6 +3,7 @@
 // model-0000N-of-0000M.safetensors listed by model.safetensors.index.json,
 // as save_pretrained writes them.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,19 +23,24 @@ namespace quanta::llm {
 std::string model_folder_file(const std::string& dir, const std::string& name);
 
 /** Every tensor of the folder's weights, by name (f32, bf16 and f16 as
- * stored). A sharded folder is read through its index: a name the index
- * lists that its shard lacks, a name a shard holds that the index does not
- * list, or a shard the index names that is missing is an error naming the
- * file. Shards are read one at a time. */
-StateDict read_model_weights(const std::string& dir);
+ * stored), or those whose name `keep` accepts. A sharded folder is read
+ * through its index: a name the index lists that its shard lacks, a name a
+ * shard holds that the index does not list, or a shard the index names
+ * that is missing is an error naming the file. Shards are read one at a
+ * time; one holding nothing `keep` accepts is not read. */
+StateDict read_model_weights(const std::string& dir,
+                             const std::function<bool(const std::string&)>& keep = {});
 
 /** The model of folder `dir` on `device` (weights in the config's dtype). */
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu());
 
 /** Writes `model` to `dir` (created if needed) as transformers does:
  * config.json (4.x names) and model.safetensors, tied embeddings stored
- * once. An existing config.json or model.safetensors is replaced. */
-void save_causal_lm(const CausalLM& model, const std::string& dir);
+ * once, an image-text model's decoder in the hub's layout. `beside` (stored
+ * names: read_non_decoder_weights of the folder the model came from) is
+ * written with it, so that an image-text model's folder keeps its vision
+ * tower. An existing config.json or model.safetensors is replaced. */
+void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside = {});
 
 /** Copies the files of folder `from` that go with its weights but are not
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,

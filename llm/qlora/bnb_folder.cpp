@@ -16,6 +16,7 @@
 #include "engine/ops/view.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/qlora_model.h"
 #include "quant/nf4/nf4_interop.h"
 #include "quant/nf4/nf4_modules.h"
@@ -27,6 +28,11 @@ using nlohmann::json;
 
 void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
                      const std::string& dir) {
+  if (!model.config().image_text_config.empty())
+    throw std::invalid_argument(
+        "[save_bnb_folder] an image-text model (Gemma 3's gemma3): its 4-bit folder would need "
+        "the vision tower quanta does not load; save the adapters and merge, or quantize the "
+        "text-only model");
   io::TensorMap tensors = bnb_base_tensors(model);
   if (tensors.empty())
     throw std::invalid_argument(
@@ -96,7 +102,12 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
   const DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
   std::map<std::string, Tensor> file;
   std::vector<std::string> names;
-  for (auto& [name, t] : read_model_weights(dir)) {
+  // Under CausalLM's names; an image-text model's vision tower (quantized
+  // or not) is not read.
+  for (auto& [stored, t] : read_model_weights(dir, [&](const std::string& name) {
+         return decoder_weight_name(config, name).has_value();
+       })) {
+    const std::string name = *decoder_weight_name(config, stored);
     names.push_back(name);
     file.emplace(name, t);
   }

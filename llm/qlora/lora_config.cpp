@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <stdexcept>
+#include <string_view>
 
 #include "llm/model/config.h"
 #include "llm/qlora/lora_targets.h"
@@ -194,6 +195,31 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
                          {"double_quant", q.double_quant},
                          {"compute_dtype", torch_dtype_name(q.compute_dtype)}};
   return j;
+}
+
+LoraSettings excluding_vision_modules(const LoraSettings& lora) {
+  static const std::string vision = R"(model\.(?:vision_tower|multi_modal_projector)\..*)";
+  LoraSettings out = lora;
+  // Appended piece by piece: names, each escaped, as PEFT's list matches
+  // them (the whole name, or a suffix after a dot).
+  std::string re;
+  if (!lora.exclude_modules_regex.empty()) {
+    re.append("(?:").append(lora.exclude_modules_regex).append(")|");
+  } else if (!lora.exclude_modules.empty()) {
+    re.append("(?:.*\\.)?(?:");
+    for (std::size_t i = 0; i < lora.exclude_modules.size(); ++i) {
+      if (i > 0) re.push_back('|');
+      for (char ch : lora.exclude_modules[i]) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos)
+          re.push_back('\\');
+        re.push_back(ch);
+      }
+    }
+    re.append(")|");
+  }
+  out.exclude_modules_regex = re.append(vision);
+  out.exclude_modules.clear();
+  return out;
 }
 
 LoraSettings read_adapter_config(const ojson& j, const std::string& source) {

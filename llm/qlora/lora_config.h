@@ -115,6 +115,16 @@ void check_lora_settings(const LoraSettings& lora);
 nlohmann::ordered_json adapter_config_json(const LoraSettings& lora,
                                            const BaseQuantization& quantization);
 
+/** `lora` with exclude_modules also naming the modules of Gemma 3's
+ * image-text model outside its decoder (model.vision_tower.*,
+ * model.multi_modal_projector.*), as one regular expression (a list of
+ * names becomes the expression matching what PEFT's list matches: a name or
+ * a suffix after a dot). quanta adapts the decoder alone; PEFT, loading the
+ * folder over the whole model, would otherwise adapt the vision layers that
+ * all-linear or a name they share (q_proj) selects. Over the decoder's
+ * names it selects what `lora` selects. */
+LoraSettings excluding_vision_modules(const LoraSettings& lora);
+
 /** Reads an adapter_config.json object (PEFT's, or ours), its key order
  * kept: rank_pattern's and alpha_pattern's first matching key wins. Throws
  * std::runtime_error naming `source` and the field for anything that is not

@@ -74,7 +74,14 @@ void save_peft_adapters(Module& model, const LoraSettings& lora,
   const io::TensorMap tensors = peft_adapter_tensors(model, lora);
   if (tensors.empty())
     throw std::invalid_argument("[save_peft_adapters] the model has no adapters");
-  const std::string config = adapter_config_json(lora, quantization).dump(2) + "\n";
+  // An image-text model's adapters are its decoder's: PEFT is told to
+  // leave the vision tower alone.
+  const auto* lm = dynamic_cast<const CausalLM*>(&model);
+  const bool image_text = lm && !lm->config().image_text_config.empty();
+  const std::string config =
+      adapter_config_json(image_text ? excluding_vision_modules(lora) : lora, quantization)
+          .dump(2) +
+      "\n";
   fs::create_directories(dir);
   io::save_safetensors((fs::path(dir) / kAdapterWeightsFile).string(), tensors, {{"format", "pt"}});
   io::write_text_atomic((fs::path(dir) / kAdapterConfigFile).string(), config,
@@ -209,12 +216,26 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   // The weights are read and checked against the config before the model
   // is converted: a bad file leaves the model as it was.
   const std::string weights_path = (fs::path(adapter_dir) / kAdapterWeightsFile).string();
-  const io::SafetensorsFile weights = read_adapter_weights(adapter_dir);
+  io::SafetensorsFile weights = read_adapter_weights(adapter_dir);
+  // PEFT adapts an image-text model's vision tower too where target_modules
+  // selects its layers (all-linear, q_proj); those change image inputs
+  // only, which quanta does not read: left out, and counted.
+  const bool image_text = !model.config().image_text_config.empty();
+  int64_t vision_left_out = 0;
+  if (image_text)
+    std::erase_if(weights.tensors, [&](const auto& named) {
+      const std::string& n = named.first;
+      const bool vision = n.starts_with(std::string(kPeftPrefix) + "model.vision_tower.") ||
+                          n.starts_with(std::string(kPeftPrefix) + "model.multi_modal_projector.");
+      vision_left_out += vision;
+      return vision;
+    });
   check_stored_rank(weights, folder.lora, weights_path);
   QLoRAOptions options;
   options.lora = folder.lora;
   options.quantization = folder.quantization;
   options.refuse_unused_settings = false;  // PEFT loads such folders
+  options.refuse_unmatched_targets = !image_text;
   const std::string config_path = (fs::path(adapter_dir) / kAdapterConfigFile).string();
   // Every tensor the conversion will make is checked against the file
   // first: one that does not fit leaves the model as it was.
@@ -233,6 +254,7 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
     throw std::runtime_error(config_path + " does not fit the model: " + e.what());
   }
   copy_adapter_tensors(model, weights, weights_path, folder.lora);
+  report.vision_tensors_left_out = vision_left_out;
   return report;
 }
 

@@ -83,7 +83,7 @@ std::vector<std::string> find_saved_modules(CausalLM& model, const LoraSettings&
       throw std::invalid_argument(
           "modules_to_save entry \"" + entry + "\" matches no module of the model" +
           (model.config().tie_word_embeddings && entry == kOutputLayer
-               ? " (its embeddings are tied: the output layer is model.embed_tokens)"
+               ? " (its embeddings are tied: the output layer is " + model.embed_tokens_name() + ")"
                : " (they end in embed_tokens, lm_head, norm, input_layernorm, ...)"));
   }
   return out;
@@ -125,7 +125,7 @@ struct ConversionPlan {
   std::vector<Convertible> slots;
   // Each slot's adapter settings; none where it gets no adapter.
   std::vector<std::optional<LoraLayerSettings>> chosen;
-  // Trainable tokens by the module they change: "model.embed_tokens", "lm_head".
+  // Trainable tokens by the module they change: CausalLM::embed_tokens_name(), "lm_head".
   std::vector<std::pair<std::string, std::vector<int64_t>>> tokens;
   QLoRAReport report;  // the totals and modules trained whole, so far
 };
@@ -138,11 +138,12 @@ struct ConversionPlan {
 std::vector<std::pair<std::string, std::vector<int64_t>>> token_modules(
     const CausalLM& model, const LoraSettings& l, const std::vector<std::string>& saved) {
   const int64_t vocab = model.config().vocab_size;
+  const std::string embeddings = model.embed_tokens_name();
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& [key, indices] : l.trainable_token_indices) {
     std::string module;
-    if (key.empty() || ends_with_part("model.embed_tokens", key))
-      module = "model.embed_tokens";
+    if (key.empty() || ends_with_part(embeddings, key))
+      module = embeddings;
     else if (ends_with_part("lm_head", key))
       module = "lm_head";
     else
@@ -152,7 +153,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> token_modules(
     if (module == "lm_head" && model.config().tie_word_embeddings) {
       bool same = false;
       for (const auto& [k, i] : l.trainable_token_indices)
-        same = same || ((k.empty() || ends_with_part("model.embed_tokens", k)) && i == indices);
+        same = same || ((k.empty() || ends_with_part(embeddings, k)) && i == indices);
       if (same) continue;
       throw std::invalid_argument(
           "trainable_token_indices on lm_head of a model with tie_word_embeddings: its output "
@@ -208,7 +209,7 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
     std::vector<std::string> names;
     for (const Convertible& s : slots) names.push_back(s.name);
     const UnusedLoraSettings unused = unused_lora_settings(o.lora, names);
-    if (!unused.targets.empty())
+    if (o.refuse_unmatched_targets && !unused.targets.empty())
       throw std::invalid_argument(join_names(unused.targets, "; ") +
                                   " (the model's linear layers end in q_proj, k_proj, v_proj, "
                                   "o_proj, gate_proj, up_proj, down_proj)");

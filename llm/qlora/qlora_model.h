@@ -35,6 +35,10 @@ struct QLoRAOptions {
    * an exclude_modules entry, layers_to_transform index or rank_pattern key
    * without effect). Off to read an adapter folder as PEFT reads it. */
   bool refuse_unused_settings = true;
+  /** Refuse a target_modules entry that matches no linear layer. Off for
+   * an image-text model's adapter folder, whose entries may name only its
+   * vision tower's layers (fc1, out_proj), which quanta does not load. */
+  bool refuse_unmatched_targets = true;
 };
 
 /** One converted linear layer. */
@@ -53,6 +57,10 @@ struct QLoRAReport {
   std::vector<std::string> saved_modules;
   int64_t trainable_parameters = 0;
   int64_t total_parameters = 0;  // of the float model
+  /** apply_peft_adapters over an image-text model: the folder's tensors
+   * adapting its vision tower or projector, left out (quanta reads text,
+   * which they do not change). */
+  int64_t vision_tensors_left_out = 0;
 };
 
 /** Converts `model` in place (see the top of this file), each adapter with

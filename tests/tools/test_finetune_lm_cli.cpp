@@ -22,6 +22,7 @@
 #include "llm/data/lm_examples.h"
 #include "llm/data/token_file.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "support/gpu.h"
@@ -148,7 +149,8 @@ TEST_CASE(
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
-        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text"}) {
+        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text",
+        "gemma3_image_text"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =
@@ -189,7 +191,8 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
   for (const auto& [name, saved] : std::vector<std::pair<std::string, std::string>>{
            {"qwen2_bias", ""},
            {"qwen3_qk_norm", "q_norm,k_norm"},
-           {"gemma2_softcap", "pre_feedforward_layernorm,post_feedforward_layernorm"}}) {
+           {"gemma2_softcap", "pre_feedforward_layernorm,post_feedforward_layernorm"},
+           {"gemma3_image_text", ""}}) {
     CAPTURE(name);
     const std::string run = "merged_" + name, merged_dir = d.file("merged_" + name + "_model");
     std::vector<std::string> flags = {"--steps",
@@ -220,6 +223,20 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
     auto base = llm::load_causal_lm(model(name));
     auto plain = llm::load_causal_lm(merged_dir);
     CHECK(plain->config().model_type == base->config().model_type);
+    if (name == "gemma3_image_text") {
+      // PEFT is told to leave the vision tower alone; the merged folder
+      // carries it as the base stores it.
+      CHECK(config["exclude_modules"] == R"(model\.(?:vision_tower|multi_modal_projector)\..*)");
+      CHECK(plain->config().image_text_config == base->config().image_text_config);
+      const StateDict want = llm::read_non_decoder_weights(base->config(), model(name));
+      const StateDict got = llm::read_non_decoder_weights(plain->config(), merged_dir);
+      REQUIRE(got.size() == want.size());
+      REQUIRE_FALSE(want.empty());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        CHECK(got[i].first == want[i].first);
+        CHECK(got[i].second.to_vector<float>() == want[i].second.to_vector<float>());
+      }
+    }
     if (!saved.empty()) {
       const bool qwen3 = name == "qwen3_qk_norm";
       CHECK(config["modules_to_save"] ==
@@ -897,6 +914,9 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
       "in blocks of 64");
   check_one_line_error(run_quanta({"quantize", model("qwen2_bias"), model("qwen2_bias")}), 2,
                        "is the model folder IN");
+  check_one_line_error(run_quanta({"quantize", model("gemma3_image_text"), d.file("q7")}), 2,
+                       "is an image-text model (Gemma 3's gemma3)");
+  CHECK_FALSE(std::filesystem::exists(d.file("q7")));
 }
 
 TEST_CASE("finetune --model: bad input is one clear line") {
@@ -958,6 +978,20 @@ TEST_CASE("finetune --model: bad input is one clear line") {
   check_one_line_error(run_quanta({"finetune", "--model", model("nonexistent"), "--data",
                                    d.file("train.bin"), "--out", d.file("o9")}),
                        1, "nonexistent");
+  // A 4-bit image-text folder (its config is what counts here): its vision
+  // tower is stored quantized, which a merged float folder cannot carry.
+  std::filesystem::create_directories(d.file("gemma3_4bit"));
+  {
+    std::ifstream in(model("gemma3_image_text") + "/config.json");
+    json config = json::parse(in);
+    config["quantization_config"] = {
+        {"quant_method", "bitsandbytes"}, {"load_in_4bit", true}, {"bnb_4bit_quant_type", "nf4"}};
+    std::ofstream(d.file("gemma3_4bit/config.json")) << config.dump();
+  }
+  check_one_line_error(
+      run_quanta({"finetune", "--model", d.file("gemma3_4bit"), "--data", d.file("train.bin"),
+                  "--seq-len", "32", "--out", d.file("o10"), "--merge-to", d.file("o10m")}),
+      2, "--merge-to over a 4-bit image-text folder");
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {

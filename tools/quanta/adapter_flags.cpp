@@ -1,5 +1,7 @@
 #include "adapter_flags.h"
 
+#include <iostream>
+
 #include "commands.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
@@ -24,7 +26,12 @@ void apply_adapter_flags(llm::CausalLM& model, const AdapterFlags& flags,
     return;
   }
   try {
-    llm::apply_peft_adapters(model, flags.dir, flags.any_base ? "" : model_dir);
+    const llm::QLoRAReport report =
+        llm::apply_peft_adapters(model, flags.dir, flags.any_base ? "" : model_dir);
+    if (report.vision_tensors_left_out > 0)
+      std::cerr << flags.dir << ": " << report.vision_tensors_left_out
+                << " adapter tensors of the vision tower left out (quanta reads text, which they "
+                   "do not change)\n";
     // Inference only: DoRA's rows' norms are taken once, not each token, and
     // trained token rows are written into their weights once, not copied
     // into a whole new vocabulary each token.

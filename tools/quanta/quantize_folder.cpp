@@ -27,6 +27,12 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   if (fs::exists(fs::path(o.out) / "config.json") &&
       fs::equivalent(fs::path(o.out) / "config.json", fs::path(o.in) / "config.json"))
     throw UsageError("OUT " + o.out + " is the model folder IN");
+  if (!llm::read_decoder_config(llm::model_folder_file(o.in, "config.json"))
+           .image_text_config.empty())
+    throw UsageError(o.in +
+                     " is an image-text model (Gemma 3's gemma3): its 4-bit folder would need the "
+                     "vision tower, which quanta does not load (fine-tune it with finetune "
+                     "--model, which quantizes its decoder)");
   auto model = llm::load_causal_lm(o.in);
   llm::BaseQuantization q;
   q.blocksize = o.block_size;

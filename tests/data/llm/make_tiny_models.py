@@ -28,7 +28,9 @@ from safetensors.torch import save_file
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3Config,
     Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
     Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
@@ -63,6 +65,18 @@ GEMMA3 = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               rope_parameters={
                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+# Gemma 3's image-text model: GEMMA3's decoder as its text_config beside a
+# one-layer SigLIP vision tower and projector, which text never reaches.
+TINY_SIGLIP = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                   num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
+
+
+def gemma3_image_text(**text):
+    return Gemma3Config(text_config=text, vision_config=TINY_SIGLIP, mm_tokens_per_image=4,
+                        boi_token_index=61, eoi_token_index=62, image_token_index=63,
+                        tie_word_embeddings=True)
+
 
 MODELS = {
     # Grouped-query attention, untied embeddings, default RoPE.
@@ -142,6 +156,11 @@ MODELS = {
     "gemma3_bf16": (Gemma3TextConfig, Gemma3ForCausalLM,
                     GEMMA3,
                     torch.bfloat16, None),
+    # Gemma 3 4B-27B's form: the decoder under text_config, stored as the
+    # hub's language_model.model.*, beside a vision tower.
+    "gemma3_image_text": (gemma3_image_text, Gemma3ForConditionalGeneration,
+                          GEMMA3,
+                          torch.float32, None),
 }
 
 

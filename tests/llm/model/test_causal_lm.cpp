@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../ops/op_fixtures.h"
 #include "engine/io/safetensors.h"
@@ -19,6 +20,7 @@
 #include "llm/model/generate.h"
 #include "llm/model/lm_loss.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "support/gpu.h"
 #include "support/temp_dir.h"
 
@@ -37,7 +39,7 @@ std::string data_dir() {
 const std::vector<std::string> kModels = {
     "llama_gqa",      "llama_tied_llama3", "llama_bf16",  "qwen2_bias",     "mistral_sharded",
     "qwen3_qk_norm",  "qwen3_bf16",        "gemma_geglu", "gemma2_softcap", "gemma2_bf16",
-    "mistral_window", "qwen2_window",      "gemma3_text", "gemma3_bf16"};
+    "mistral_window", "qwen2_window",      "gemma3_text", "gemma3_bf16",    "gemma3_image_text"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -95,6 +97,60 @@ TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu, 
       CHECK(got == ids_of(expected(want, "generated")));
     }
   }
+}
+
+// Gemma 3's image-text folder: its decoder computes as transformers'
+// Gemma3ForConditionalGeneration does on text (the parity above), read from
+// either layout, named as transformers' module tree names it, and written
+// back whole: the vision tower carried through as stored.
+TEST_CASE("CausalLM: an image-text Gemma 3 folder, both layouts, its vision tower kept") {
+  const std::string dir = data_dir() + "/models/gemma3_image_text";
+  auto model = llm::load_causal_lm(dir);
+  const llm::DecoderConfig& c = model->config();
+  CHECK(model->layer_names().front() == "model.language_model.layers.0");
+  CHECK(model->embed_tokens_name() == "model.language_model.embed_tokens");
+  const StateDict stored = llm::read_model_weights(dir);
+  int64_t vision = 0;
+  for (const auto& [name, t] : stored) {
+    const bool outside =
+        name.starts_with("vision_tower.") || name.starts_with("multi_modal_projector.");
+    vision += outside;
+    CHECK(llm::decoder_weight_name(c, name).has_value() == !outside);
+    CHECK((outside || name.starts_with("language_model.model.")));  // the hub's layout
+  }
+  CHECK(vision > 0);
+  CHECK(llm::decoder_weight_name(c, "model.vision_tower.x") == std::nullopt);
+  CHECK(llm::decoder_weight_name(c, "language_model.lm_head.weight") == "lm_head.weight");
+  CHECK(llm::stored_weight_name(c, "lm_head.weight") == "language_model.lm_head.weight");
+  NoGradGuard no_grad;
+  const Tensor ids = from_vector<int64_t>({3, 9, 27, 17, 51, 2, 60, 33}, {1, 8});
+  const std::vector<float> want = model->logits(ids).to_vector<float>();
+  // transformers 5.x's module names (model.language_model.*) load alike.
+  StateDict renamed;
+  for (const auto& [name, t] : stored)
+    renamed.push_back({name.starts_with("language_model.model.")
+                           ? "model.language_model." + name.substr(21)
+                           : "model." + name,
+                       t});
+  CHECK(llm::CausalLM(c, renamed).logits(ids).to_vector<float>() == want);
+  // Written back with the vision tower: the same names and bits, the same
+  // config, the same logits.
+  const TempDir out("quanta_gemma3_image_text");
+  llm::save_causal_lm(*model, out.path().string(), llm::read_non_decoder_weights(c, dir));
+  const StateDict again = llm::read_model_weights(out.path().string());
+  REQUIRE(again.size() == stored.size());
+  for (const auto& [name, t] : stored) {
+    const Tensor* w = find_tensor(again, name);
+    REQUIRE_MESSAGE(w != nullptr, name);
+    CHECK(w->to_vector<float>() == t.to_vector<float>());
+  }
+  CHECK(llm::read_decoder_config(out.file("config.json")).image_text_config == c.image_text_config);
+  CHECK(llm::load_causal_lm(out.path().string())->logits(ids).to_vector<float>() == want);
+  // read_non_decoder_weights of a decoder's folder: nothing.
+  CHECK(llm::read_non_decoder_weights(
+            llm::load_causal_lm(data_dir() + "/models/gemma3_text")->config(),
+            data_dir() + "/models/gemma3_text")
+            .empty());
 }
 
 TEST_CASE("CausalLM: sim gives the CPU's bits") {
@@ -864,10 +920,6 @@ TEST_CASE("decoder configs: gemma3_text, its layer types and their RoPE") {
     CHECK(again.qk_norm);
     CHECK(again.parameter_count() == c.parameter_count());
   }
-  // Gemma 3's image-text folders are named, and refused.
-  CHECK_THROWS_WITH(
-      llm::parse_decoder_config(R"({"model_type": "gemma3", "text_config": {}})", "cfg.json"),
-      doctest::Contains("quanta loads the text-only gemma3_text folders"));
   // Per-layer-type RoPE belongs to Gemma 3 only.
   CHECK_THROWS_WITH(
       llm::parse_decoder_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
@@ -875,6 +927,61 @@ TEST_CASE("decoder configs: gemma3_text, its layer types and their RoPE") {
           "max_position_embeddings": 32, "rope_parameters": {"full_attention": {}}})",
                                 "cfg.json"),
       doctest::Contains("per-layer-type \"rope_parameters\" are not supported"));
+}
+
+// Gemma 3's image-text config (Gemma3ForConditionalGeneration): its decoder
+// is text_config, filled with Gemma3TextConfig's defaults as transformers
+// 5.24 fills it; the rest is kept for the folders written from it.
+TEST_CASE("decoder configs: gemma3's image-text config, its decoder under text_config") {
+  const llm::DecoderConfig d = llm::parse_decoder_config(
+      R"({"model_type": "gemma3", "torch_dtype": "bfloat16", "mm_tokens_per_image": 256,
+          "text_config": {"hidden_size": 64, "num_hidden_layers": 7, "sliding_window": 32,
+                          "final_logit_softcapping": 30.0},
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 16}})",
+      "cfg.json");
+  CHECK(d.model_type == "gemma3_text");
+  CHECK(d.decoder_module() == "model.language_model");
+  CHECK(d.vocab_size == 262208);
+  CHECK(d.intermediate_size == 9216);
+  CHECK(d.num_attention_heads == 8);
+  CHECK(d.num_key_value_heads == 4);
+  CHECK(d.head_dim == 256);
+  CHECK(d.max_position_embeddings == 131072);
+  CHECK(d.dtype == DType::bf16);  // the outer config's
+  CHECK(d.tie_word_embeddings);
+  CHECK(d.sliding_window == 32);
+  CHECK(d.sliding_layers == std::vector<bool>{true, true, true, true, true, false, true});
+  // The image-text class never caps its logits, whatever text_config says.
+  CHECK(d.final_logit_softcapping == 0);
+  // Written back: the outer config around the decoder's, read again alike.
+  const std::string written = llm::decoder_config_json(d);
+  const nlohmann::json j = nlohmann::json::parse(written);
+  CHECK(j.at("model_type") == "gemma3");
+  CHECK(j.at("mm_tokens_per_image") == 256);
+  CHECK(j.at("vision_config").at("hidden_size") == 16);
+  CHECK(j.at("text_config").at("model_type") == "gemma3_text");
+  CHECK(j.at("torch_dtype") == "bfloat16");
+  const llm::DecoderConfig again = llm::parse_decoder_config(written, "written.json");
+  CHECK(again.image_text_config == d.image_text_config);
+  CHECK(again.vocab_size == d.vocab_size);
+  CHECK(again.sliding_layers == d.sliding_layers);
+  CHECK(again.rope.theta == d.rope.theta);
+  CHECK(again.sliding_rope->theta == d.sliding_rope->theta);
+  CHECK(again.parameter_count() == d.parameter_count());
+  // A text-only folder has no image-text part.
+  CHECK(llm::parse_decoder_config(llm::decoder_config_json(tiny_config(DType::f32)), "t.json")
+            .decoder_module() == "model");
+  // Errors name text_config's keys.
+  CHECK_THROWS_WITH(llm::parse_decoder_config(
+                        R"({"model_type": "gemma3", "text_config": {"head_dim": 3}})", "cfg.json"),
+                    doctest::Contains("cfg.json text_config: head_dim must be even"));
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(
+          R"({"model_type": "gemma3", "text_config": {"model_type": "llama"}})", "cfg.json"),
+      doctest::Contains("text_config's model_type is \"llama\""));
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(R"({"model_type": "gemma3", "text_config": 3})", "cfg.json"),
+      doctest::Contains("\"text_config\" must be an object"));
 }
 
 // Sliding windows are computed (the transformers parity above holds
@@ -939,6 +1046,8 @@ TEST_CASE(
       {"qwen3-0.6b.json", "qwen3", 16, 8, 128, 596049920, true, "default"},
       {"gemma-2-9b-it.json", "gemma2", 16, 8, 256, 9241705984, true, "default"},
       {"gemma-3-1b-it.json", "gemma3_text", 4, 1, 256, 999885952, true, "default"},
+      // The decoder of the 4B's 4,300,079,472 (the rest is its vision tower).
+      {"gemma-3-4b-it.json", "gemma3_text", 8, 4, 256, 3880263168, true, "linear"},
   };
   for (const Published& m : models) {
     INFO("config ", m.file);
@@ -985,4 +1094,16 @@ TEST_CASE(
   CHECK(g3.rope.theta == 1e6);
   CHECK(g3.sliding_rope->theta == 10000);
   CHECK(g3.attn_logit_softcapping == 0);
+  // Gemma 3 4B: its text_config names a few keys, the defaults the rest;
+  // windows of 1024 on 29 layers of 34.
+  const llm::DecoderConfig g4 =
+      llm::read_decoder_config(data_dir() + "/configs/gemma-3-4b-it.json");
+  CHECK(g4.decoder_module() == "model.language_model");
+  CHECK(g4.vocab_size == 262208);
+  CHECK(g4.num_hidden_layers == 34);
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < g4.num_hidden_layers; ++l) sliding += g4.layer_window(l) == 1024;
+  CHECK(sliding == 29);
+  CHECK(g4.rope.scaling.factor == 8);
+  CHECK(g4.sliding_rope->scaling.type == "default");
 }

@@ -246,3 +246,44 @@ TEST_CASE("lora targets: adapter_config.json keeps the choice, the patterns' ord
                        doctest::Contains("layers_to_transform needs target_modules as a list"),
                        std::runtime_error);
 }
+
+// An image-text model's adapter_config.json: exclude_modules grows a clause
+// for the vision tower and projector, which PEFT would otherwise adapt (its
+// all-linear and q_proj reach them), while the decoder's choice stays.
+TEST_CASE("lora targets: an image-text model's folder excludes the vision tower for PEFT") {
+  const std::vector<std::string> vision = {"model.vision_tower.encoder.layers.0.self_attn.q_proj",
+                                           "model.vision_tower.encoder.layers.0.mlp.fc1",
+                                           "model.multi_modal_projector.linear"};
+  LoraSettings all = base_settings();
+  LoraSettings list = base_settings();
+  list.target_modules = {"q_proj", "down_proj"};
+  list.exclude_modules = {"layers.0.mlp.down_proj", "q_proj"};
+  list.layers_to_transform = {0, 1};
+  LoraSettings regex = base_settings();
+  regex.target_modules = {};
+  regex.target_modules_regex = R"(.*\.(q_proj|v_proj))";
+  regex.exclude_modules_regex = R"(.*layers\.1\..*)";
+  for (const LoraSettings& l : {all, list, regex}) {
+    const LoraSettings text = llm::excluding_vision_modules(l);
+    CHECK(text.exclude_modules.empty());
+    CHECK_FALSE(text.exclude_modules_regex.empty());
+    CHECK(chosen(text) == chosen(l));  // the decoder's names: the same choice
+    CHECK_FALSE(chosen(l).empty());
+    for (const std::string& v : vision) {
+      INFO(v);
+      CHECK_FALSE(llm::lora_layer_settings(text, v).has_value());
+    }
+  }
+  // A list's entries keep their meaning: a name, or a suffix after a dot
+  // ("q_proj" excludes every q_proj, not "xq_proj"), with dots literal.
+  const LoraSettings text = llm::excluding_vision_modules(list);
+  CHECK(llm::lora_layer_settings(list, "model.layers.1.self_attn.xq_proj").has_value() ==
+        llm::lora_layer_settings(text, "model.layers.1.self_attn.xq_proj").has_value());
+  LoraSettings dots = base_settings();
+  dots.exclude_modules = {"layers.0.mlp.down_proj"};
+  CHECK(
+      llm::lora_layer_settings(llm::excluding_vision_modules(dots), "model.layers.0Xmlp.down_proj")
+          .has_value());
+  // Written as PEFT reads it: one string.
+  CHECK(llm::adapter_config_json(text, {})["exclude_modules"].is_string());
+}

@@ -82,7 +82,8 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "gemma2_bf16_all",
                                          "gemma3_all",
                                          "gemma3_qk_norm_saved",
-                                         "gemma3_bf16_all"};
+                                         "gemma3_bf16_all",
+                                         "gemma3_image_text_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -90,6 +91,9 @@ llm::QLoRAOptions options_of(const Case& c) {
   llm::QLoRAOptions o;
   o.lora = folder.lora;
   o.quantization.compute_dtype = c.bf16() ? DType::bf16 : DType::f32;
+  // PEFT's all-linear over an image-text model names its vision tower's
+  // layers too (fc1, out_proj), which quanta does not load.
+  o.refuse_unmatched_targets = !c.settings.contains("vision_targeted");
   return o;
 }
 
@@ -171,7 +175,12 @@ TEST_CASE(
     for (const Device dev : devices) {
       INFO("case ", name, " on ", dev.str());
       auto model = llm::load_causal_lm(c.model_dir(), dev);
-      llm::apply_peft_adapters(*model, c.dir() + "/adapter_init", c.model_dir());
+      const llm::QLoRAReport report =
+          llm::apply_peft_adapters(*model, c.dir() + "/adapter_init", c.model_dir());
+      // An image-text model's vision adapters (A and B of each) are left out.
+      CHECK(report.vision_tensors_left_out ==
+            2 * static_cast<int64_t>(
+                    c.settings.value("vision_targeted", nlohmann::json::array()).size()));
       llm::load_bnb_base(*model, c.base, "nf4_base.safetensors");
       // The layers PEFT adapted, each with its r and scaling.
       std::vector<std::string> adapted;
@@ -303,11 +312,12 @@ TEST_CASE(
   // base's biases trained (bias all, over qwen2_bias) with lora_bias; token
   // rows of the embeddings and lm_head; Qwen3 with its q and k norms
   // trained whole; Gemma 2 with its feedforward norms (1 + weight) trained
-  // whole.
+  // whole; Gemma 3's image-text model, its decoder all-linear and its
+  // vision tower excluded (PEFT's all-linear alone would adapt it).
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
         "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens",
-        "quanta_written_qwen3", "quanta_written_gemma2"}) {
+        "quanta_written_qwen3", "quanta_written_gemma2", "quanta_written_gemma3_image_text"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;

@@ -27,6 +27,7 @@
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
@@ -415,6 +416,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   }
   q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
+  if (!o.merge_to.empty() && !config.image_text_config.empty() && llm::folder_quantization(o.model))
+    throw UsageError(
+        "--merge-to over a 4-bit image-text folder: its vision tower is stored quantized, which "
+        "a merged float folder cannot carry (merge over the float base folder)");
   if (!o.merge_to.empty())
     refuse_output_over_input(
         "--merge-to", (fs::path(o.merge_to) / "model.safetensors").string(),
@@ -553,7 +558,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << ")\n";
   if (!o.merge_to.empty()) {
     llm::merge_qlora(*model);
-    llm::save_causal_lm(*model, o.merge_to);
+    // An image-text model's vision tower goes with it as the base stores it.
+    llm::save_causal_lm(*model, o.merge_to, llm::read_non_decoder_weights(config, o.model));
     llm::copy_tokenizer_files(o.model, o.merge_to);
     log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
         << ", the NF4 base dequantized plus the adapters; the base's tokenizer files)\n";

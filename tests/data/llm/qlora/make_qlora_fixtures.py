@@ -159,6 +159,13 @@ CASES = {
                                  choice=dict(modules_to_save=["q_norm", "k_norm"])),
     "gemma3_bf16_all": dict(model="gemma3_bf16", r=4, lora_alpha=8, target_modules="all-linear",
                             use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+    # Gemma 3's image-text model as users fine-tune it on text: bitsandbytes
+    # quantizes the vision tower too and PEFT's all-linear adapts it too
+    # (adapters text never reaches: no gradient, no step); case.json's
+    # "quantized" and "targeted" are the decoder's, "vision_targeted" the
+    # rest's.
+    "gemma3_image_text_all": dict(model="gemma3_image_text", r=4, lora_alpha=8, target_modules="all-linear",
+                                  use_rslora=False, dtype=torch.float32, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -191,13 +198,22 @@ def run_case(root, name, c, seed):
         os.path.join(root, "models", c["model"]), dtype=dtype, device_map="cpu",
         quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype))
-    quantized = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    # An image-text model's decoder is model.language_model; the rest is
+    # its vision tower, quantized too, and never reached by text.
+    image_text = "image_text" in c["model"]
+
+    def decoder(n):
+        return not image_text or n.startswith(("model.language_model.", "lm_head"))
+
+    all_quantized = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    quantized = [n for n in all_quantized if decoder(n)]
     assert len(quantized) == 14, quantized
+    assert len(all_quantized) > 14 if image_text else True
     assert not isinstance(model.lm_head, bnb.nn.Linear4bit) and model.lm_head.weight.dtype == dtype
     for n, p in model.named_parameters():  # embeddings, norms, lm_head stay in the model dtype
-        if not any(n.startswith(q + ".") for q in quantized):
+        if decoder(n) and not any(n.startswith(q + ".") for q in quantized):
             assert p.dtype == dtype and ("embed" in n or "norm" in n or n.startswith("lm_head")), (n, p.dtype)
-    for n in quantized:
+    for n in all_quantized:
         m = model.get_submodule(n)
         assert m.weight.dtype == torch.uint8 and m.weight.quant_state.nested
         assert m.weight.quant_state.blocksize == 64 and m.weight.quant_state.quant_type == "nf4"
@@ -209,9 +225,13 @@ def run_case(root, name, c, seed):
     torch.manual_seed(seed + 1)
     pm = get_peft_model(model, cfg)
     prefix = "base_model.model."
-    targeted = [n[len(prefix):] for n, m in pm.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    all_targeted = [n[len(prefix):] for n, m in pm.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    targeted = [n for n in all_targeted if decoder(n)]
+    vision_targeted = [n for n in all_targeted if not decoder(n)]
     assert len(targeted) == c["n_targeted"] and "lm_head" not in targeted, targeted
-    trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
+    assert bool(vision_targeted) == image_text, vision_targeted
+    all_trainable = [(n, p) for n, p in pm.named_parameters() if p.requires_grad]
+    trainable = [(n, p) for n, p in all_trainable if decoder(n[len(prefix):])]
     saved_modules = c.get("choice", {}).get("modules_to_save", [])
     # A, B (and the magnitude, or B's bias)
     per_layer = 2 + bool(choice.get("use_dora")) + bool(choice.get("lora_bias"))
@@ -244,7 +264,7 @@ def run_case(root, name, c, seed):
     with open(os.path.join(adapter_dir, "adapter_config.json"), "w") as f:
         json.dump(acfg, f, indent=2, sort_keys=True)
     with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
-        saved = set(f.keys())
+        saved = {k for k in f.keys() if decoder(k[len(prefix):])}
     # PEFT saves a module trained whole under the module's own name.
     # and DoRA's magnitude as "<layer>.lora_magnitude_vector", without ".weight".
     saved_name = {n: n.replace(".modules_to_save.default.", ".")
@@ -289,6 +309,7 @@ def run_case(root, name, c, seed):
     grads = {n: p.grad.float().clone() for n, p in trainable}
     for n, gr in grads.items():
         assert torch.isfinite(gr).all() and (".lora_B." in n or gr.abs().max() > 0), n
+    assert all(p.grad is None for n, p in all_trainable if not decoder(n[len(prefix):]))
     opt = torch.optim.AdamW([p for _, p in trainable], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     opt.step()
     loss_after = pm(input_ids=ids, labels=labels).loss
@@ -309,6 +330,7 @@ def run_case(root, name, c, seed):
                 "betas": list(BETAS), "eps": EPS, "targeted": targeted, "quantized": quantized,
                 "ranks": {n: pm.get_submodule(prefix + n).r["default"] for n in targeted},
                 "scalings": {n: pm.get_submodule(prefix + n).scaling["default"] for n in targeted},
+                **({"vision_targeted": vision_targeted} if image_text else {}),
                 **c.get("choice", {})}
     with open(os.path.join(out_dir, "case.json"), "w") as f:
         json.dump(settings, f, indent=2)
@@ -342,9 +364,13 @@ QUANTA_WRITTEN = {
     # Over gemma2_softcap: every linear layer adapted, the norms before and
     # after each MLP trained whole.
     "quanta_written_gemma2": "--modules-to-save pre_feedforward_layernorm,post_feedforward_layernorm",
+    # Over gemma3_image_text: every linear layer of the decoder adapted, none
+    # of the vision tower's (which PEFT's all-linear alone would reach).
+    "quanta_written_gemma3_image_text": "",
 }
 QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm",
-                        "quanta_written_gemma2": "gemma2_softcap"}
+                        "quanta_written_gemma2": "gemma2_softcap",
+                        "quanta_written_gemma3_image_text": "gemma3_image_text"}
 
 
 def check_quanta_adapters(root, names=()):
@@ -388,6 +414,8 @@ def check_quanta_adapters(root, names=()):
         if name == "quanta_written_gemma2":  # both feedforward norms of both layers trained whole
             saved = [n for n, m in peft_model.named_modules() if isinstance(m, peft.utils.ModulesToSaveWrapper)]
             assert len(saved) == 4 and all(n.endswith("feedforward_layernorm") for n in saved), saved
+        if name == "quanta_written_gemma3_image_text":  # the decoder's 14 layers, no vision layer
+            assert len(ranks) == 14 and all(n.startswith("model.language_model.") for n in ranks), ranks
         if name == "quanta_written_dora":
             assert all(m.lora_magnitude_vector for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
