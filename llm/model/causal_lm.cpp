@@ -1,9 +1,10 @@
 // CausalLM: weights by transformers' names into modules, and the decoder's
 // forward (embeddings (Gemma: scaled by sqrt(hidden_size)), N x [RMSNorm,
 // attention with RoPE and grouped heads (Qwen3: each head of q and k
-// RMS-normalized first; Gemma 2: soft-capped scores), (Gemma 2: RMSNorm),
-// residual, RMSNorm, SiLU- or GELU-gated MLP, (Gemma 2: RMSNorm), residual],
-// RMSNorm, lm_head (Gemma 2: soft-capped)).
+// RMS-normalized first; Gemma 2: soft-capped scores; Phi-3: q, k and v from
+// one product, part of each head rotated), (Gemma 2: RMSNorm), residual,
+// RMSNorm, SiLU- or GELU-gated MLP (Phi-3: gate and up from one product),
+// (Gemma 2: RMSNorm), residual], RMSNorm, lm_head (Gemma 2: soft-capped)).
 #include "llm/model/causal_lm.h"
 
 #include <algorithm>
@@ -139,10 +140,16 @@ class Attention : public Module {
       Tensor b = bias ? w.take(p + ".bias", {out}) : Tensor();
       return register_module(name, std::shared_ptr<Module>(std::make_shared<Linear>(weight, b)));
     };
-    q_ = proj("q_proj", q, c.hidden_size, c.qkv_bias);
-    k_ = proj("k_proj", kv, c.hidden_size, c.qkv_bias);
-    v_ = proj("v_proj", kv, c.hidden_size, c.qkv_bias);
-    o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
+    if (c.fused_projections) {  // Phi-3: one product, split q | k | v
+      // transformers' order there: o_proj first.
+      o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
+      q_ = proj("qkv_proj", q + 2 * kv, c.hidden_size, c.qkv_bias);
+    } else {
+      q_ = proj("q_proj", q, c.hidden_size, c.qkv_bias);
+      k_ = proj("k_proj", kv, c.hidden_size, c.qkv_bias);
+      v_ = proj("v_proj", kv, c.hidden_size, c.qkv_bias);
+      o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
+    }
     if (c.qk_norm) {
       const auto head_norm = [&](const char* name) {
         return register_module(
@@ -156,21 +163,28 @@ class Attention : public Module {
   std::shared_ptr<Module> replace_module(const std::string& name,
                                          std::shared_ptr<Module> m) override {
     auto old = Module::replace_module(name, m);
-    for (const ChildSlot& s : {ChildSlot{"q_proj", &q_}, ChildSlot{"k_proj", &k_},
-                               ChildSlot{"v_proj", &v_}, ChildSlot{"o_proj", &o_}})
+    for (const ChildSlot& s :
+         {ChildSlot{"q_proj", &q_}, ChildSlot{"qkv_proj", &q_}, ChildSlot{"k_proj", &k_},
+          ChildSlot{"v_proj", &v_}, ChildSlot{"o_proj", &o_}})
       if (name == s.name) *s.module = m;
     return old;
   }
   Tensor forward(const Tensor& x, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     const int64_t B = x.size(0), T = x.size(1), D = c_.head_dim;
+    const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads;
     Tensor q, k, v;
-    {
+    if (!k_) {
+      const Tensor qkv = q_->forward(x);
+      q = reshape(slice(qkv, 2, 0, H * D), {B, T, H, D});
+      k = reshape(slice(qkv, 2, H * D, (H + KV) * D), {B, T, KV, D});
+      v = reshape(slice(qkv, 2, (H + KV) * D, (H + 2 * KV) * D), {B, T, KV, D});
+    } else {
       // One bf16 rounding of x for the three (NF4 layers computing in bf16).
       const SharedBf16Input shared(x);
-      q = reshape(q_->forward(x), {B, T, c_.num_attention_heads, D});
-      k = reshape(k_->forward(x), {B, T, c_.num_key_value_heads, D});
-      v = reshape(v_->forward(x), {B, T, c_.num_key_value_heads, D});
+      q = reshape(q_->forward(x), {B, T, H, D});
+      k = reshape(k_->forward(x), {B, T, KV, D});
+      v = reshape(v_->forward(x), {B, T, KV, D});
     }
     if (q_norm_) {  // Qwen3: each head normalized over head_dim, before RoPE
       q = q_norm_->forward(q);
@@ -202,8 +216,8 @@ class Attention : public Module {
 
  private:
   DecoderConfig c_;
-  int64_t window_;  // this layer's sliding window (0: none)
-  std::shared_ptr<Module> q_, k_, v_, o_;
+  int64_t window_;                            // this layer's sliding window (0: none)
+  std::shared_ptr<Module> q_, k_, v_, o_;     // q_ is qkv_proj when fused (k_, v_ unset)
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm only
 };
 
@@ -217,15 +231,19 @@ class MLP : public Module {
       Tensor b = c.mlp_bias ? w.take(p + ".bias", {out}) : Tensor();
       return register_module(name, std::shared_ptr<Module>(std::make_shared<Linear>(weight, b)));
     };
-    gate_ = proj("gate_proj", c.intermediate_size, c.hidden_size);
-    up_ = proj("up_proj", c.intermediate_size, c.hidden_size);
+    if (c.fused_projections) {  // Phi-3: one product, split gate | up
+      gate_ = proj("gate_up_proj", 2 * c.intermediate_size, c.hidden_size);
+    } else {
+      gate_ = proj("gate_proj", c.intermediate_size, c.hidden_size);
+      up_ = proj("up_proj", c.intermediate_size, c.hidden_size);
+    }
     down_ = proj("down_proj", c.hidden_size, c.intermediate_size);
   }
   std::shared_ptr<Module> replace_module(const std::string& name,
                                          std::shared_ptr<Module> m) override {
     auto old = Module::replace_module(name, m);
-    for (const ChildSlot& s : {ChildSlot{"gate_proj", &gate_}, ChildSlot{"up_proj", &up_},
-                               ChildSlot{"down_proj", &down_}})
+    for (const ChildSlot& s : {ChildSlot{"gate_proj", &gate_}, ChildSlot{"gate_up_proj", &gate_},
+                               ChildSlot{"up_proj", &up_}, ChildSlot{"down_proj", &down_}})
       if (name == s.name) *s.module = m;
     return old;
   }
@@ -234,7 +252,12 @@ class MLP : public Module {
   // recomputed), so down_proj's frozen product need not be computed.
   Tensor forward(const Tensor& x, bool output_unread) {
     Tensor gate, up;
-    {
+    if (!up_) {
+      const Tensor gate_up = gate_->forward(x);
+      const int64_t f = gate_up.size(-1) / 2;
+      gate = slice(gate_up, gate_up.dim() - 1, 0, f);
+      up = slice(gate_up, gate_up.dim() - 1, f, 2 * f);
+    } else {
       const SharedBf16Input shared(x);  // one bf16 rounding of x for the two
       gate = gate_->forward(x);
       up = up_->forward(x);
@@ -245,7 +268,7 @@ class MLP : public Module {
   }
 
  private:
-  std::shared_ptr<Module> gate_, up_, down_;
+  std::shared_ptr<Module> gate_, up_, down_;  // gate_ is gate_up_proj when fused (up_ unset)
   GatedAct act_;
 };
 
@@ -312,16 +335,25 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
       out.push_back({p + name + ".weight", {o, i}});
       if (bias) out.push_back({p + name + ".bias", {o}});
     };
-    proj("self_attn.q_proj", q, d, c.qkv_bias);
-    proj("self_attn.k_proj", kv, d, c.qkv_bias);
-    proj("self_attn.v_proj", kv, d, c.qkv_bias);
-    proj("self_attn.o_proj", d, q, c.o_bias);
+    if (c.fused_projections) {
+      proj("self_attn.o_proj", d, q, c.o_bias);
+      proj("self_attn.qkv_proj", q + 2 * kv, d, c.qkv_bias);
+    } else {
+      proj("self_attn.q_proj", q, d, c.qkv_bias);
+      proj("self_attn.k_proj", kv, d, c.qkv_bias);
+      proj("self_attn.v_proj", kv, d, c.qkv_bias);
+      proj("self_attn.o_proj", d, q, c.o_bias);
+    }
     if (c.qk_norm) {
       out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
       out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
     }
-    proj("mlp.gate_proj", f, d, c.mlp_bias);
-    proj("mlp.up_proj", f, d, c.mlp_bias);
+    if (c.fused_projections) {
+      proj("mlp.gate_up_proj", 2 * f, d, c.mlp_bias);
+    } else {
+      proj("mlp.gate_proj", f, d, c.mlp_bias);
+      proj("mlp.up_proj", f, d, c.mlp_bias);
+    }
     proj("mlp.down_proj", d, f, c.mlp_bias);
     out.push_back({p + "input_layernorm.weight", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
@@ -550,11 +582,20 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                                {.dtype = DType::i64, .device = dev}),
                         {1, T});
   }
-  const RopeTables rope = rope_tables(rope_frequencies(c.rope, past + T), positions, c.dtype);
+  // The length the frequencies depend on (dynamic and longrope scaling):
+  // transformers' largest position + 1, which given positions (packed
+  // documents restart theirs) may be less than past + T.
+  int64_t rope_len = past + T;
+  const std::string& scaling = c.rope.scaling.type;
+  if (position_ids.defined() && (scaling == "dynamic" || scaling == "longrope")) {
+    const std::vector<int64_t> p = position_ids.to(Device::cpu()).contiguous().to_vector<int64_t>();
+    rope_len = p.empty() ? 0 : *std::max_element(p.begin(), p.end()) + 1;
+  }
+  const RopeTables rope = rope_tables(rope_frequencies(c.rope, rope_len), positions, c.dtype);
   // Gemma 3's sliding layers rotate with their own base.
   std::optional<RopeTables> local_rope;
   if (c.sliding_rope)
-    local_rope = rope_tables(rope_frequencies(*c.sliding_rope, past + T), positions, c.dtype);
+    local_rope = rope_tables(rope_frequencies(*c.sliding_rope, rope_len), positions, c.dtype);
   Tensor h = embed_tokens_adapter_ ? embed_tokens_adapter_->lookup(embed_->weight(), ids.to(dev),
                                                                    embed_->padding_idx())
                                    : embed_->forward(ids.to(dev));

@@ -92,12 +92,46 @@ void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
       type = s.at("rope_type").get<std::string>();
     else if (s.contains("type") && s.at("type").is_string())
       type = s.at("type").get<std::string>();
-    if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3")
+    // Phi3Config renames the names its early checkpoints used.
+    if (c.model_type == "phi3" && (type == "su" || type == "yarn")) type = "longrope";
+    if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" &&
+        type != "longrope")
       r.fail("rope_scaling type \"" + type +
-             "\" is not supported (supported: default, linear, dynamic, llama3)");
+             "\" is not supported (supported: default, linear, dynamic, llama3, longrope)");
     rope.scaling.type = type;
     const bool scaled = type != "default";
-    rope.scaling.factor = r.number(s, "factor", 1.0, scaled);
+    // longrope's factor, when absent, is max_position_embeddings over the
+    // original (0 here: rope_frequencies derives it).
+    rope.scaling.factor =
+        r.number(s, "factor", type == "longrope" ? 0.0 : 1.0, scaled && type != "longrope");
+    if (type == "longrope") {
+      const auto factors = [&](const char* key) {
+        std::vector<double> out;
+        if (!s.contains(key) || !s.at(key).is_array())
+          r.fail(std::string("longrope needs \"") + key + "\", a list of numbers");
+        for (const json& v : s.at(key)) {
+          if (!v.is_number() || !(v.get<double>() > 0))
+            r.fail(std::string("longrope \"") + key + "\" holds " + v.dump() +
+                   " (numbers > 0 only)");
+          out.push_back(v.get<double>());
+        }
+        return out;
+      };
+      rope.scaling.short_factor = factors("short_factor");
+      rope.scaling.long_factor = factors("long_factor");
+      rope.scaling.attention_factor = r.number(s, "attention_factor", 0.0, false);
+      // transformers gives the top-level key priority (Phi3Config's class
+      // default 4096 where it is absent), then the object's, then
+      // max_position_embeddings.
+      const double inside =
+          r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
+      const double original = r.number(r.j, "original_max_position_embeddings",
+                                       c.model_type == "phi3" ? 4096.0 : inside, false);
+      if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
+        r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
+               std::to_string(kMaxSize));
+      rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
+    }
     if (type == "llama3") {
       rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
       rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
@@ -112,8 +146,6 @@ void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
                std::to_string(kMaxSize));
       rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
     }
-    if (r.number(s, "partial_rotary_factor", 1.0, false) != 1.0)
-      r.fail("\"partial_rotary_factor\" other than 1 is not supported");
   }
   rope.head_dim = c.head_dim;
   rope.max_position_embeddings = c.max_position_embeddings;
@@ -168,8 +200,23 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     read_rope_object(r, type_object("sliding_attention"), local, c);
     c.sliding_rope = local;
   }
-  if (r.has("partial_rotary_factor") && r.number(r.j, "partial_rotary_factor", 1, false) != 1.0)
-    r.fail("\"partial_rotary_factor\" other than 1 is not supported");
+  // The rotated part of each head: the RoPE object's partial_rotary_factor,
+  // else the top-level key's (Phi-4-mini's 0.75), int(head_dim * factor) as
+  // transformers takes it; Phi-3 alone splits its heads so.
+  const json* object = scaling ? scaling : params;
+  const double partial = object && object->contains("partial_rotary_factor") &&
+                                 !object->at("partial_rotary_factor").is_null()
+                             ? r.number(*object, "partial_rotary_factor", 1, false)
+                             : r.number(r.j, "partial_rotary_factor", 1, false);
+  if (partial != 1.0) {
+    if (c.model_type != "phi3")
+      r.fail("\"partial_rotary_factor\" other than 1 is not supported (phi3 only)");
+    const double rotated = std::floor(double(c.head_dim) * partial);
+    if (!(partial > 0 && partial < 1) || rotated < 2 || std::fmod(rotated, 2) != 0)
+      r.fail("\"partial_rotary_factor\" " + std::to_string(partial) + " of head_dim " +
+             std::to_string(c.head_dim) + " must rotate an even number of values, >= 2");
+    c.rope.head_dim = static_cast<int64_t>(rotated);
+  }
   if (r.flag("rope_interleaved", false))
     r.fail("\"rope_interleaved\": true is not supported (transformers' Llama rotates halves)");
 }
@@ -243,8 +290,9 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
     return r.has("sliding_window") ? r.integer("sliding_window") : 0;
   };
   int64_t w = 0, first = layers;  // the window, and the first layer that slides
-  if (c.model_type == "mistral") {
-    w = window();
+  if (c.model_type == "mistral" || c.model_type == "phi3") {
+    // Phi3Config's default is no window (Mistral's 4096).
+    w = c.model_type == "phi3" && !r.j.contains("sliding_window") ? 0 : window();
     first = 0;
   } else if (gemma2_layout(c)) {
     // The layers layer_types names sliding_attention, else Gemma 2's every
@@ -411,10 +459,10 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
       c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2" &&
-      c.model_type != "gemma3_text")
+      c.model_type != "gemma3_text" && c.model_type != "phi3")
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3)");
+           "gemma3, phi3)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -465,6 +513,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
   c.o_bias = c.attention_bias;
+  c.fused_projections = c.model_type == "phi3";
   // Qwen3 and Gemma 3 normalize each head of q and k (Gemma 3 with 1 +
   // weight, as its other norms).
   c.qk_norm = qwen3 || c.model_type == "gemma3_text";
@@ -489,11 +538,24 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   if (r.number(j, "attention_dropout", 0.0, false) != 0.0)
     r.fail("\"attention_dropout\": " + j.at("attention_dropout").dump() +
            " is not supported (quanta's attention has no dropout; 0 is)");
+  // Phi-3's dropouts on the residual branches and the embeddings, likewise.
+  if (c.model_type == "phi3")
+    for (const char* key : {"resid_pdrop", "embd_pdrop"})
+      if (r.number(j, key, 0.0, false) != 0.0)
+        r.fail(std::string("\"") + key + "\": " + j.at(key).dump() +
+               " is not supported (quanta's decoder has no dropout there; 0 is)");
   read_sliding_window(r, c);
   read_rope(r, c);
-  // Every RoPE value checked now, not at the first forward.
-  rope_frequencies(c.rope, 0);
-  if (c.sliding_rope) rope_frequencies(*c.sliding_rope, 0);
+  // Every RoPE value checked now, not at the first forward (longrope's long
+  // factors too: a length past the original picks them).
+  try {
+    for (const int64_t len : {int64_t(0), kMaxSize}) {
+      rope_frequencies(c.rope, len);
+      if (c.sliding_rope) rope_frequencies(*c.sliding_rope, len);
+    }
+  } catch (const std::invalid_argument& e) {
+    r.fail(e.what());
+  }
   return c;
 }
 
@@ -514,6 +576,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "gemma"       ? "GemmaForCausalLM"
                         : c.model_type == "gemma2"      ? "Gemma2ForCausalLM"
                         : c.model_type == "gemma3_text" ? "Gemma3ForCausalLM"
+                        : c.model_type == "phi3"        ? "Phi3ForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -536,10 +599,21 @@ std::string decoder_config_json(const DecoderConfig& c) {
       s["high_freq_factor"] = rope.scaling.high_freq_factor;
       s["original_max_position_embeddings"] = rope.scaling.original_max_position_embeddings;
     }
+    if (rope.scaling.type == "longrope") {
+      if (!(rope.scaling.factor > 0)) s.erase("factor");  // derived, as it was read
+      s["short_factor"] = rope.scaling.short_factor;
+      s["long_factor"] = rope.scaling.long_factor;
+      if (rope.scaling.attention_factor > 0) s["attention_factor"] = rope.scaling.attention_factor;
+    }
     return s;
   };
   j["rope_theta"] = c.rope.theta;
   j["rope_scaling"] = scaling_json(c.rope);
+  if (c.model_type == "phi3") {
+    j["partial_rotary_factor"] = double(c.rope.head_dim) / double(c.head_dim);
+    if (c.rope.scaling.type == "longrope")
+      j["original_max_position_embeddings"] = c.rope.scaling.original_max_position_embeddings;
+  }
   if (c.sliding_rope) {
     // Gemma 3: 4.x's local base and 5.x's per-type parameters, which also
     // carry a scaling of the sliding layers.
@@ -566,7 +640,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
   }
   if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (c.model_type == "mistral" || gemma2_layout(c)) j["sliding_window"] = window;
+  if (c.model_type == "mistral" || c.model_type == "phi3" || gemma2_layout(c))
+    j["sliding_window"] = window;
   if (gemma2_layout(c)) {
     json types = json::array();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)

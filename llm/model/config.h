@@ -1,7 +1,7 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2 and gemma3_text, and the decoder of Gemma 3's image-text model
+// gemma2, gemma3_text and phi3, and the decoder of Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
@@ -18,7 +18,7 @@
 namespace quanta::llm {
 
 struct DecoderConfig {
-  /** llama, mistral, qwen2, qwen3, gemma, gemma2 or gemma3_text. */
+  /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text or phi3. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -34,8 +34,9 @@ struct DecoderConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  /** theta, head_dim, max_position_embeddings and the scaling, as the
-   * RoPE ops take them. */
+  /** theta, the rotated part of head_dim (all of it, or phi3's
+   * partial_rotary_factor of it), max_position_embeddings and the scaling,
+   * as the RoPE ops take them. */
   RopeConfig rope;
   /** gemma3_text: the RoPE of the sliding layers (rope_local_base_freq,
    * 10000), `rope` being the full layers' (1e6, with the scaling); unset:
@@ -48,6 +49,10 @@ struct DecoderConfig {
   bool qkv_bias = false;  // derived: q, k, v carry biases
   bool o_bias = false;    // derived: o carries a bias
   bool mlp_bias = false;  // llama's mlp_bias; the others have none
+  /** phi3's fused projections: q, k and v as one self_attn.qkv_proj
+   * [q + 2 kv, hidden] (split in that order), gate and up as one
+   * mlp.gate_up_proj [2 intermediate, hidden] (gate first). */
+  bool fused_projections = false;
   /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;

@@ -141,6 +141,23 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
     if (fs::exists(fs::path(from) / file))
       fs::copy_file(fs::path(from) / file, fs::path(to) / file,
                     fs::copy_options::overwrite_existing);
+  const std::string source = model_folder_file(from, "config.json");
+  const std::string target = (fs::path(to) / "config.json").string();
+  std::ifstream in(source), out_in(target);
+  if (!in || !out_in) return;
+  const nlohmann::json base = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json written = nlohmann::json::parse(out_in, nullptr, /*allow_exceptions=*/false);
+  if (!base.is_object() || !written.is_object()) return;
+  // Where the ids live: the top level, and an image-text model's text_config.
+  const auto copy_ids = [](const nlohmann::json& a, nlohmann::json& b) {
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (a.contains(key)) b[key] = a.at(key);
+  };
+  copy_ids(base, written);
+  if (base.contains("text_config") && base.at("text_config").is_object() &&
+      written.contains("text_config") && written.at("text_config").is_object())
+    copy_ids(base.at("text_config"), written.at("text_config"));
+  io::write_text_atomic(target, written.dump(2) + "\n", "copy_tokenizer_files");
 }
 
 std::vector<int64_t> eos_token_ids(const std::string& dir) {

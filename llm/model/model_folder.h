@@ -45,8 +45,11 @@ void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDi
 /** Copies the files of folder `from` that go with its weights but are not
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,
  * special_tokens_map.json, generation_config.json; those it has) into `to`,
- * replacing them there: a folder derived from `from` (merged, quantized) is
- * then whole. */
+ * replacing them there, and the special token ids of its config.json
+ * (bos_token_id, eos_token_id, pad_token_id, at the top and in
+ * text_config) into `to`'s, which save_causal_lm wrote without them: a
+ * folder derived from `from` (merged, quantized) is then whole, and a
+ * class default (Phi-3's pad id 32000) never replaces the base's. */
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
 /** The ids that end generation for folder `dir`, where transformers'

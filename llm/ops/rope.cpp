@@ -9,6 +9,7 @@
 #include "engine/autograd/function.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/join.h"
 #include "engine/ops/view.h"
 #include "llm/kernels/table.h"
 #include "llm/ops/checks.h"
@@ -93,10 +94,38 @@ RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
                            " > 0");
     out.inv_freq = default_inv_freq(c.theta, c.head_dim);
     llama3_scale(out.inv_freq, s);
+  } else if (s.type == "longrope") {
+    const int64_t orig = s.original_max_position_embeddings;
+    if (orig <= 0)
+      detail::bad_argument(kRopeOp, "longrope needs original_max_position_embeddings > 0");
+    const size_t half = static_cast<size_t>(c.head_dim / 2);
+    for (const auto* factors : {&s.short_factor, &s.long_factor})
+      if (factors->size() != half)
+        detail::bad_argument(
+            kRopeOp, std::string("longrope's ") + (factors == &s.short_factor ? "short" : "long") +
+                         "_factor has " + std::to_string(factors->size()) +
+                         " values, the rotated head_dim " + std::to_string(c.head_dim) + " needs " +
+                         std::to_string(half));
+    const std::vector<double>& ext = seq_len > orig ? s.long_factor : s.short_factor;
+    for (double e : ext) check_positive("longrope factor", e);
+    // 1 / (ext * base^(2i / dim)), each step in f32 as torch's tensors.
+    out.inv_freq.resize(half);
+    for (size_t i = 0; i < half; ++i) {
+      const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+      out.inv_freq[i] =
+          1.0f / (static_cast<float>(ext[i]) * std::pow(static_cast<float>(c.theta), exponent));
+    }
+    // Python's double arithmetic, as transformers computes the factor.
+    double factor = s.factor;
+    if (!(factor > 0)) factor = double(c.max_position_embeddings) / double(orig);
+    out.attention_scaling = s.attention_factor > 0 ? s.attention_factor
+                            : factor <= 1.0
+                                ? 1.0
+                                : std::sqrt(1 + std::log(factor) / std::log(double(orig)));
   } else {
     detail::bad_argument(kRopeOp, "rope_scaling type '" + s.type +
                                       "' is not supported (supported: default, linear, dynamic, "
-                                      "llama3)");
+                                      "llama3, longrope)");
   }
   return out;
 }
@@ -129,6 +158,12 @@ Tensor apply_rope(const Tensor& x, const RopeTables& t) {
   detail::check_dims(kRopeOp, "x", x, 4, "[batch, tokens, heads, head_dim]");
   const int64_t B = x.size(0), T = x.size(1), D = x.size(3);
   if (D % 2 != 0) detail::bad_argument(kRopeOp, "head_dim must be even, got " + std::to_string(D));
+  // Partial rotary: the first 2 x frequencies values of each head rotate,
+  // the rest pass through as they are (transformers' cat of the two).
+  if (t.cos.defined() && t.cos.dim() == 3 && t.cos.size(2) < D / 2 && t.cos.size(2) > 0) {
+    const int64_t rotated = 2 * t.cos.size(2);
+    return cat({apply_rope(slice(x, 3, 0, rotated), t), slice(x, 3, rotated, D)}, 3);
+  }
   const DType acc = accumulation_dtype(x.dtype());
   for (const Tensor* table : {&t.cos, &t.sin}) {
     const char* name = table == &t.cos ? "cos" : "sin";

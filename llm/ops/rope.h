@@ -14,20 +14,31 @@ namespace quanta::llm {
 /** A config's `rope_scaling` (transformers 4.x) or the scaling part of its
  * `rope_parameters` (5.x). */
 struct RopeScaling {
-  /** "default" (none), "linear", "dynamic" or "llama3"; any other kind is
-   * refused by name. */
+  /** "default" (none), "linear", "dynamic", "llama3" or "longrope"; any
+   * other kind is refused by name. */
   std::string type = "default";
   double factor = 1.0;
   // llama3 only:
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3 and longrope:
   int64_t original_max_position_embeddings = 0;
+  // longrope (Phi-3.5, Phi-4-mini) only: each frequency's divisor (head_dim
+  // / 2 of them) for sequences up to original_max_position_embeddings
+  // (short) and past it (long), and the factor cos and sin are multiplied
+  // by (0: sqrt(1 + ln factor / ln original_max_position_embeddings), 1
+  // when factor <= 1).
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 0;
 };
 
 /** What the frequencies depend on. */
 struct RopeConfig {
   double theta = 10000.0;
-  int64_t head_dim = 0;                 // even, >= 2
+  /** The rotated part of a head: all of it, or the first
+   * partial_rotary_factor of it (Phi-4-mini's 0.75), the rest passed
+   * through. Even, >= 2. */
+  int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;  // dynamic scaling starts past it
   RopeScaling scaling{};
 };
@@ -40,9 +51,12 @@ struct RopeFrequencies {
 };
 
 /** The frequencies of `config` for sequences of `seq_len` positions (only
- * "dynamic" depends on it: it rescales theta when seq_len is over
- * max_position_embeddings, as transformers does for the longest sequence it
- * has seen). Throws naming the config value that is wrong. */
+ * "dynamic" and "longrope" depend on it: dynamic rescales theta when
+ * seq_len is over max_position_embeddings, as transformers does for the
+ * longest sequence it has seen; longrope takes its long factors when
+ * seq_len is over original_max_position_embeddings, as transformers does
+ * for each forward's largest position + 1). Throws naming the config value
+ * that is wrong. */
 RopeFrequencies rope_frequencies(const RopeConfig& config, int64_t seq_len = 0);
 
 /** cos and sin [batch, tokens, head_dim / 2] of positions [batch, tokens]
@@ -56,7 +70,9 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
 
 /** The rotary embedding of x [batch, tokens, heads, head_dim] by `t`, in x's
  * dtype (f32, f64, bf16, f16), rounded as transformers rounds it in that
- * dtype. Differentiable in x. */
+ * dtype. Tables of fewer than head_dim / 2 frequencies rotate the first
+ * 2 x that many values of each head and pass the rest through (partial
+ * rotary). Differentiable in x. */
 Tensor apply_rope(const Tensor& x, const RopeTables& t);
 
 }  // namespace quanta::llm

@@ -209,10 +209,17 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
     std::vector<std::string> names;
     for (const Convertible& s : slots) names.push_back(s.name);
     const UnusedLoraSettings unused = unused_lora_settings(o.lora, names);
-    if (o.refuse_unmatched_targets && !unused.targets.empty())
+    if (o.refuse_unmatched_targets && !unused.targets.empty()) {
+      // The last parts of the layers' names, in model order, once each.
+      std::vector<std::string> ends;
+      for (const std::string& n : names) {
+        const std::string end = n.substr(n.rfind('.') + 1);
+        if (std::find(ends.begin(), ends.end(), end) == ends.end()) ends.push_back(end);
+      }
       throw std::invalid_argument(join_names(unused.targets, "; ") +
-                                  " (the model's linear layers end in q_proj, k_proj, v_proj, "
-                                  "o_proj, gate_proj, up_proj, down_proj)");
+                                  " (the model's linear layers end in " + join_names(ends, ", ") +
+                                  ")");
+    }
     if (o.refuse_unused_settings && !unused.others.empty())
       throw std::invalid_argument(join_names(unused.others, "; "));
     bool any = false;

@@ -150,14 +150,16 @@ TEST_CASE(
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
         "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text",
-        "gemma3_image_text"}) {
+        "gemma3_image_text", "phi3_fused", "phi3_longrope"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =
         run_quanta(finetune(name, d, out, {"--steps", "30", "--eval-data", d.file("eval.bin")}));
     REQUIRE_MESSAGE(r.code == 0, r.err);
-    CHECK(contains(r.out, "NF4: 14 linear layers (all but lm_head)"));
-    CHECK(contains(r.out, "on 14 layers (all-linear)"));
+    // Phi-3's layers have four linear layers (q, k and v fused, gate and up).
+    const std::string linear = name.starts_with("phi3") ? "8" : "14";
+    CHECK(contains(r.out, "NF4: " + linear + " linear layers (all but lm_head)"));
+    CHECK(contains(r.out, "on " + linear + " layers (all-linear)"));
     const std::vector<json> rec = records(d.file(out + "/metrics.jsonl"));
     REQUIRE(rec.size() >= 3);
     CHECK(rec.front()["kind"] == "header");
@@ -223,6 +225,24 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
     auto base = llm::load_causal_lm(model(name));
     auto plain = llm::load_causal_lm(merged_dir);
     CHECK(plain->config().model_type == base->config().model_type);
+    // The base's special token ids, which the config quanta writes lacks,
+    // are carried over (a class default such as Phi-3's pad id 32000 would
+    // otherwise stand in for them).
+    {
+      std::ifstream a(model(name) + "/config.json"), b(merged_dir + "/config.json");
+      const json base_config = json::parse(a), merged_config = json::parse(b);
+      const json base_text = base_config.value("text_config", json::object());
+      const json merged_text = merged_config.value("text_config", json::object());
+      int64_t ids = 0;
+      for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        for (const auto& [want, got] :
+             {std::pair{&base_config, &merged_config}, std::pair{&base_text, &merged_text}}) {
+          if (!want->contains(key)) continue;
+          ++ids;
+          CHECK(got->value(key, json("absent")) == want->at(key));
+        }
+      CHECK(ids >= 2);
+    }
     if (name == "gemma3_image_text") {
       // PEFT is told to leave the vision tower alone; the merged folder
       // carries it as the base stores it.

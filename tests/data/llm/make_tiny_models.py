@@ -38,6 +38,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -161,6 +163,23 @@ MODELS = {
     "gemma3_image_text": (gemma3_image_text, Gemma3ForConditionalGeneration,
                           GEMMA3,
                           torch.float32, None),
+    # Phi-3: q, k and v from one qkv_proj, gate and up from one gate_up_proj,
+    # a window of 5 on every layer (Phi-3-mini-4k's 2047), untied.
+    "phi3_fused": (Phi3Config, Phi3ForCausalLM,
+                   dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                        sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   torch.float32, None),
+    # Phi-4-mini's RoPE: 3/4 of each head rotated, longrope past an original
+    # length of 8 (the 12 tokens take the long factors, generation crosses
+    # from short to long), tied.
+    "phi3_longrope": (Phi3Config, Phi3ForCausalLM,
+                      dict(num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                           original_max_position_embeddings=8,
+                           rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                            "partial_rotary_factor": 0.75,
+                                            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                            "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0]}),
+                      torch.float32, None),
 }
 
 

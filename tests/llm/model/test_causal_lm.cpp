@@ -39,7 +39,8 @@ std::string data_dir() {
 const std::vector<std::string> kModels = {
     "llama_gqa",      "llama_tied_llama3", "llama_bf16",  "qwen2_bias",     "mistral_sharded",
     "qwen3_qk_norm",  "qwen3_bf16",        "gemma_geglu", "gemma2_softcap", "gemma2_bf16",
-    "mistral_window", "qwen2_window",      "gemma3_text", "gemma3_bf16",    "gemma3_image_text"};
+    "mistral_window", "qwen2_window",      "gemma3_text", "gemma3_bf16",    "gemma3_image_text",
+    "phi3_fused",     "phi3_longrope"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -60,6 +61,19 @@ llm::DecoderConfig tiny_config(DType dtype) {
   c.attention_bias = true, c.qkv_bias = true, c.o_bias = true;
   c.rope = {.theta = 10000, .head_dim = 4, .max_position_embeddings = 64};
   return c;
+}
+
+// A config.json of `type` with 4 heads, vocabulary 10, intermediate size 16
+// and 64 positions, `extra` (", \"key\": value" pairs) added, parsed as
+// "cfg.json".
+llm::DecoderConfig small_config(const std::string& type, int64_t hidden, int64_t layers,
+                                const std::string& extra) {
+  return llm::parse_decoder_config(
+      R"({"model_type": ")" + type + R"(", "vocab_size": 10, "hidden_size": )" +
+          std::to_string(hidden) + R"(, "intermediate_size": 16, "num_hidden_layers": )" +
+          std::to_string(layers) + R"(, "num_attention_heads": 4, "max_position_embeddings": 64)" +
+          extra + "}",
+      "cfg.json");
 }
 
 }  // namespace
@@ -856,11 +870,7 @@ TEST_CASE("decoder configs: gemma and gemma2, their defaults, activations and ca
 // Gemma 3 1B and 270M folders on the Hub carry them) and of 5.x's.
 TEST_CASE("decoder configs: gemma3_text, its layer types and their RoPE") {
   const auto parse = [](const std::string& extra) {
-    return llm::parse_decoder_config(R"({"model_type": "gemma3_text", "vocab_size": 10,
-        "hidden_size": 48, "intermediate_size": 16, "num_hidden_layers": 7,
-        "num_attention_heads": 4, "max_position_embeddings": 64)" +
-                                         extra + "}",
-                                     "cfg.json");
+    return small_config("gemma3_text", 48, 7, extra);
   };
   // Defaults: Gemma 2's layout, q and k norms, no caps, all but every 6th
   // layer sliding over 4096 keys, RoPE 1e6 for full layers, 10000 for
@@ -1048,6 +1058,8 @@ TEST_CASE(
       {"gemma-3-1b-it.json", "gemma3_text", 4, 1, 256, 999885952, true, "default"},
       // The decoder of the 4B's 4,300,079,472 (the rest is its vision tower).
       {"gemma-3-4b-it.json", "gemma3_text", 8, 4, 256, 3880263168, true, "linear"},
+      {"phi-3-mini-4k-instruct.json", "phi3", 32, 32, 96, 3821079552, false, "default"},
+      {"phi-4-mini-instruct.json", "phi3", 24, 8, 128, 3836021760, true, "longrope"},
   };
   for (const Published& m : models) {
     INFO("config ", m.file);
@@ -1106,4 +1118,81 @@ TEST_CASE(
   CHECK(sliding == 29);
   CHECK(g4.rope.scaling.factor == 8);
   CHECK(g4.sliding_rope->scaling.type == "default");
+  // Phi-3-mini: fused projections, a window of 2047 on every layer.
+  const llm::DecoderConfig p3 =
+      llm::read_decoder_config(data_dir() + "/configs/phi-3-mini-4k-instruct.json");
+  CHECK(p3.fused_projections);
+  CHECK(p3.layer_window(0) == 2047);
+  CHECK(p3.layer_window(31) == 2047);
+  CHECK(p3.rope.head_dim == 96);
+  // Phi-4-mini: 96 of each head's 128 values rotated, longrope past 4096
+  // positions (factor 131072 / 4096, so cos and sin scaled by 1.1902).
+  const llm::DecoderConfig p4 =
+      llm::read_decoder_config(data_dir() + "/configs/phi-4-mini-instruct.json");
+  CHECK(p4.rope.head_dim == 96);
+  CHECK(p4.rope.scaling.original_max_position_embeddings == 4096);
+  CHECK(p4.rope.scaling.long_factor.size() == 48);
+  CHECK(p4.rope.scaling.long_factor.back() == 47.77);
+  const llm::RopeFrequencies short_f = llm::rope_frequencies(p4.rope, 4096);
+  const llm::RopeFrequencies long_f = llm::rope_frequencies(p4.rope, 4097);
+  CHECK(short_f.attention_scaling == doctest::Approx(1.1902380714238083).epsilon(1e-15));
+  CHECK(long_f.inv_freq.back() == doctest::Approx(short_f.inv_freq.back() / 47.77).epsilon(1e-6));
+  // Written back and read again: the same RoPE.
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(p4), "written.json");
+  CHECK(again.rope.head_dim == 96);
+  CHECK(again.rope.scaling.type == "longrope");
+  CHECK(again.rope.scaling.short_factor == p4.rope.scaling.short_factor);
+  CHECK(again.rope.scaling.long_factor == p4.rope.scaling.long_factor);
+  CHECK(again.rope.scaling.original_max_position_embeddings == 4096);
+  CHECK(llm::rope_frequencies(again.rope, 5000).attention_scaling == long_f.attention_scaling);
+  CHECK(again.fused_projections);
+  CHECK(again.sliding_window == 262144);
+  CHECK(again.parameter_count() == 3836021760);
+}
+
+TEST_CASE("decoder configs: phi3, its fused projections, partial rotary and longrope") {
+  const auto parse = [](const std::string& extra) { return small_config("phi3", 64, 2, extra); };
+  // Phi3Config's defaults: key heads = heads, no window, untied, full rotary.
+  const llm::DecoderConfig d = parse("");
+  CHECK(d.fused_projections);
+  CHECK(d.num_key_value_heads == 4);
+  CHECK(d.sliding_window == 0);
+  CHECK_FALSE(d.tie_word_embeddings);
+  CHECK(d.rope.head_dim == 16);
+  CHECK(d.rope.scaling.type == "default");
+  // Its early checkpoints' names for longrope ("su", "yarn"); the top-level
+  // original_max_position_embeddings wins over the object's, as in
+  // transformers (Phi3Config's 4096 where absent).
+  const std::string factors =
+      R"("short_factor": [1, 1, 1, 1, 1, 1], "long_factor": [1, 2, 3, 4, 5, 6])";
+  for (const char* type : {"su", "yarn", "longrope"}) {
+    const llm::DecoderConfig l = parse(
+        std::string(R"(, "partial_rotary_factor": 0.75, "original_max_position_embeddings": 16,
+            "rope_scaling": {"type": ")") +
+        type + R"(", "original_max_position_embeddings": 32, )" + factors + "}");
+    CHECK(l.rope.scaling.type == "longrope");
+    CHECK(l.rope.head_dim == 12);
+    CHECK(l.rope.scaling.original_max_position_embeddings == 16);
+  }
+  CHECK(parse(R"(, "partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope", )" +
+              factors + "}")
+            .rope.scaling.original_max_position_embeddings == 4096);
+  // Refused, each naming the key.
+  CHECK_THROWS_WITH(parse(R"(, "resid_pdrop": 0.1)"),
+                    doctest::Contains("\"resid_pdrop\": 0.1 is not supported"));
+  CHECK_THROWS_WITH(parse(R"(, "rope_scaling": {"type": "longrope", "short_factor": [1]})"),
+                    doctest::Contains("longrope needs \"long_factor\""));
+  CHECK_THROWS_WITH(
+      parse(
+          R"(, "partial_rotary_factor": 0.75, "rope_scaling": {"type": "longrope", "short_factor": [1, 2, 3, 4, 5, 6], "long_factor": [1, 2, 3, 4, 5]})"),
+      doctest::Contains("cfg.json: [rope] longrope's long_factor has 5 values"));
+  CHECK_THROWS_WITH(parse(R"(, "partial_rotary_factor": 0.3125)"),
+                    doctest::Contains("must rotate an even number of values"));
+  CHECK_THROWS_WITH(
+      llm::parse_decoder_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+          "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+          "max_position_embeddings": 32, "partial_rotary_factor": 0.5})",
+                                "cfg.json"),
+      doctest::Contains("\"partial_rotary_factor\" other than 1 is not supported (phi3 only)"));
 }

@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "engine/ops/harness.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
 #include "llm/ops/rope.h"
 #include "op_fixtures.h"
 
@@ -106,6 +108,59 @@ TEST_CASE("rope: op harness") {
   c.zero_shapes = {{0, 5, 3, 8}};
   c.op = [](const Inputs& xs) { return rope_at_positions(xs[0]); };
   c.reference = [](const Inputs& xs) { return ref_rope(xs[0]); };
+  run_case(c);
+}
+
+// Phi-3.5's and Phi-4-mini's longrope: each frequency divided by its short
+// factor up to the original length, by its long factor past it, cos and sin
+// scaled by sqrt(1 + ln factor / ln original) (transformers'
+// _compute_longrope_parameters; the tiny phi3_longrope model checks the
+// whole against transformers' logits).
+TEST_CASE("rope: longrope's short and long factors and its attention factor") {
+  llm::RopeConfig cfg{.theta = 10000, .head_dim = 6, .max_position_embeddings = 128};
+  cfg.scaling.type = "longrope";
+  cfg.scaling.factor = 0;  // derived: 128 / 8
+  cfg.scaling.original_max_position_embeddings = 8;
+  cfg.scaling.short_factor = {1.0, 1.5, 2.0};
+  cfg.scaling.long_factor = {1.0, 4.0, 16.0};
+  const std::vector<float> plain = llm::rope_frequencies({.theta = 10000, .head_dim = 6}).inv_freq;
+  for (const int64_t len : {0, 8, 9, 100}) {
+    INFO("seq_len ", len);
+    const llm::RopeFrequencies f = llm::rope_frequencies(cfg, len);
+    const std::vector<double>& ext = len > 8 ? cfg.scaling.long_factor : cfg.scaling.short_factor;
+    REQUIRE(f.inv_freq.size() == 3);
+    for (size_t i = 0; i < 3; ++i)
+      CHECK(f.inv_freq[i] == doctest::Approx(plain[i] / ext[i]).epsilon(1e-6));
+    CHECK(f.attention_scaling == doctest::Approx(std::sqrt(1 + std::log(16.0) / std::log(8.0))));
+  }
+  cfg.scaling.attention_factor = 1.25;  // given: taken as it is
+  CHECK(llm::rope_frequencies(cfg, 4).attention_scaling == 1.25);
+  cfg.scaling.attention_factor = 0;
+  cfg.scaling.factor = 1;  // no extension: no scaling
+  CHECK(llm::rope_frequencies(cfg, 4).attention_scaling == 1.0);
+  cfg.scaling.long_factor = {1.0, 2.0};
+  CHECK_THROWS_WITH(llm::rope_frequencies(cfg, 4),
+                    doctest::Contains("longrope's long_factor has 2 values, the rotated head_dim "
+                                      "6 needs 3"));
+}
+
+// Partial rotary (Phi-4-mini): tables of fewer frequencies than head_dim / 2
+// rotate the first values of each head and pass the rest through; the
+// rotation's gradient by finite differences.
+TEST_CASE("rope: partial rotary, the rest of each head passed through") {
+  OpCase c;
+  c.name = "apply_rope_partial";
+  c.shapes = {{2, 5, 3, 12}};
+  c.op = [](const Inputs& xs) {
+    const llm::RopeFrequencies f =
+        llm::rope_frequencies({.theta = 10000, .head_dim = 8, .max_position_embeddings = 64});
+    return llm::apply_rope(
+        xs[0], llm::rope_tables(f, positions_of(kPositions).to(xs[0].device()), xs[0].dtype()));
+  };
+  c.reference = [](const Inputs& xs) {
+    const Tensor x = xs[0];
+    return cat({ref_rope(slice(x, 3, 0, 8).contiguous()), slice(x, 3, 8, 12)}, 3);
+  };
   run_case(c);
 }
 

@@ -83,7 +83,9 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "gemma3_all",
                                          "gemma3_qk_norm_saved",
                                          "gemma3_bf16_all",
-                                         "gemma3_image_text_all"};
+                                         "gemma3_image_text_all",
+                                         "phi3_all",
+                                         "phi3_longrope_qkv"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =
@@ -313,11 +315,13 @@ TEST_CASE(
   // rows of the embeddings and lm_head; Qwen3 with its q and k norms
   // trained whole; Gemma 2 with its feedforward norms (1 + weight) trained
   // whole; Gemma 3's image-text model, its decoder all-linear and its
-  // vision tower excluded (PEFT's all-linear alone would adapt it).
+  // vision tower excluded (PEFT's all-linear alone would adapt it); Phi-3's
+  // fused layers with Phi-4-mini's partial rotary and longrope.
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
         "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens",
-        "quanta_written_qwen3", "quanta_written_gemma2", "quanta_written_gemma3_image_text"}) {
+        "quanta_written_qwen3", "quanta_written_gemma2", "quanta_written_gemma3_image_text",
+        "quanta_written_phi3"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;

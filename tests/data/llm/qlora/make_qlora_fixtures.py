@@ -166,6 +166,14 @@ CASES = {
     # rest's.
     "gemma3_image_text_all": dict(model="gemma3_image_text", r=4, lora_alpha=8, target_modules="all-linear",
                                   use_rslora=False, dtype=torch.float32, n_targeted=14),
+    # Phi-3: the fused qkv_proj and gate_up_proj quantized and adapted whole
+    # (four linear layers a layer), over a window; Phi-4-mini's RoPE (partial,
+    # longrope's long factors over the 12 tokens) with q, k and v's adapter
+    # alone.
+    "phi3_all": dict(model="phi3_fused", r=4, lora_alpha=8, target_modules="all-linear",
+                     use_rslora=False, dtype=torch.float32, n_targeted=8, n_quantized=8),
+    "phi3_longrope_qkv": dict(model="phi3_longrope", r=4, lora_alpha=8, target_modules=["qkv_proj"],
+                              use_rslora=False, dtype=torch.float32, n_targeted=2, n_quantized=8),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
@@ -207,8 +215,8 @@ def run_case(root, name, c, seed):
 
     all_quantized = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
     quantized = [n for n in all_quantized if decoder(n)]
-    assert len(quantized) == 14, quantized
-    assert len(all_quantized) > 14 if image_text else True
+    assert len(quantized) == c.get("n_quantized", 14), quantized
+    assert len(all_quantized) > len(quantized) if image_text else len(all_quantized) == len(quantized)
     assert not isinstance(model.lm_head, bnb.nn.Linear4bit) and model.lm_head.weight.dtype == dtype
     for n, p in model.named_parameters():  # embeddings, norms, lm_head stay in the model dtype
         if decoder(n) and not any(n.startswith(q + ".") for q in quantized):
@@ -367,10 +375,15 @@ QUANTA_WRITTEN = {
     # Over gemma3_image_text: every linear layer of the decoder adapted, none
     # of the vision tower's (which PEFT's all-linear alone would reach).
     "quanta_written_gemma3_image_text": "",
+    # Over phi3_longrope: the fused qkv_proj and gate_up_proj adapted whole,
+    # with Phi-4-mini's partial rotary and longrope (sequences of 64 over an
+    # original length of 8).
+    "quanta_written_phi3": "",
 }
 QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm",
                         "quanta_written_gemma2": "gemma2_softcap",
-                        "quanta_written_gemma3_image_text": "gemma3_image_text"}
+                        "quanta_written_gemma3_image_text": "gemma3_image_text",
+                        "quanta_written_phi3": "phi3_longrope"}
 
 
 def check_quanta_adapters(root, names=()):
@@ -416,6 +429,8 @@ def check_quanta_adapters(root, names=()):
             assert len(saved) == 4 and all(n.endswith("feedforward_layernorm") for n in saved), saved
         if name == "quanta_written_gemma3_image_text":  # the decoder's 14 layers, no vision layer
             assert len(ranks) == 14 and all(n.startswith("model.language_model.") for n in ranks), ranks
+        if name == "quanta_written_phi3":  # the fused layers adapted as they are
+            assert len(ranks) == 8 and any(n.endswith("qkv_proj") for n in ranks), ranks
         if name == "quanta_written_dora":
             assert all(m.lora_magnitude_vector for m in peft_model.modules()
                        if isinstance(m, peft.tuners.lora.LoraLayer))
