@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -35,6 +36,9 @@
 
 namespace quanta::llm {
 namespace {
+
+// A sequence length past any RoPE scaling's original length.
+constexpr int64_t kMaxLength = std::numeric_limits<int64_t>::max();
 
 // Hands out the weights by name, checking shapes; collects every problem so
 // that one error lists them all.
@@ -582,20 +586,36 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                                {.dtype = DType::i64, .device = dev}),
                         {1, T});
   }
-  // The length the frequencies depend on (dynamic and longrope scaling):
-  // transformers' largest position + 1, which given positions (packed
-  // documents restart theirs) may be less than past + T.
-  int64_t rope_len = past + T;
-  const std::string& scaling = c.rope.scaling.type;
-  if (position_ids.defined() && (scaling == "dynamic" || scaling == "longrope")) {
-    const std::vector<int64_t> p = position_ids.to(Device::cpu()).contiguous().to_vector<int64_t>();
-    rope_len = p.empty() ? 0 : *std::max_element(p.begin(), p.end()) + 1;
-  }
-  const RopeTables rope = rope_tables(rope_frequencies(c.rope, rope_len), positions, c.dtype);
+  // The frequencies depend on transformers' largest position + 1 (dynamic
+  // and longrope scaling), which given positions (packed documents restart
+  // theirs) may be less than past + T.
+  const auto tables = [&](const RopeConfig& rope) {
+    if (!position_ids.defined() || positions.numel() == 0)
+      return rope_tables(rope_frequencies(rope, past + T), positions, c.dtype);
+    if (rope.scaling.type == "longrope") {
+      // Short or long, chosen on the device as transformers' torch.where
+      // chooses: no read back, so a captured step can hold it.
+      const RopeTables shorter = rope_tables(rope_frequencies(rope, 0), positions, c.dtype);
+      const RopeTables longer = rope_tables(rope_frequencies(rope, kMaxLength), positions, c.dtype);
+      const Tensor past_original =
+          gt(max(positions.to(DType::f64)),
+             full({}, double(rope.scaling.original_max_position_embeddings - 1),
+                  {.dtype = DType::f64, .device = dev}));
+      return RopeTables{where(past_original, longer.cos, shorter.cos),
+                        where(past_original, longer.sin, shorter.sin)};
+    }
+    if (rope.scaling.type == "dynamic") {  // a theta per length: read on the host
+      const std::vector<int64_t> p =
+          position_ids.to(Device::cpu()).contiguous().to_vector<int64_t>();
+      return rope_tables(rope_frequencies(rope, *std::max_element(p.begin(), p.end()) + 1),
+                         positions, c.dtype);
+    }
+    return rope_tables(rope_frequencies(rope, past + T), positions, c.dtype);
+  };
+  const RopeTables rope = tables(c.rope);
   // Gemma 3's sliding layers rotate with their own base.
   std::optional<RopeTables> local_rope;
-  if (c.sliding_rope)
-    local_rope = rope_tables(rope_frequencies(*c.sliding_rope, rope_len), positions, c.dtype);
+  if (c.sliding_rope) local_rope = tables(*c.sliding_rope);
   Tensor h = embed_tokens_adapter_ ? embed_tokens_adapter_->lookup(embed_->weight(), ids.to(dev),
                                                                    embed_->padding_idx())
                                    : embed_->forward(ids.to(dev));

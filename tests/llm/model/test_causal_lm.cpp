@@ -277,6 +277,33 @@ TEST_CASE("packed examples: the loss and gradients of the examples alone") {
   }
 }
 
+// LongRoPE picks its factors from the largest position, as transformers
+// does: two packed documents of 6 tokens each (positions restarting) over
+// an original length of 8 take the short factors, as each does alone,
+// though the row is 12 tokens long.
+TEST_CASE("CausalLM: longrope over packed documents counts their positions") {
+  auto model = llm::load_causal_lm(data_dir() + "/models/phi3_longrope");
+  NoGradGuard no_grad;
+  const std::vector<int64_t> a = {3, 9, 14, 2, 7, 40}, b = {5, 31, 8, 12, 60, 1};
+  std::vector<int64_t> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  const Tensor positions = from_vector<int64_t>({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}, {1, 12});
+  for (const Device dev : std::vector<Device>{Device::cpu(), Device::sim(0)}) {
+    INFO("device ", dev.str());
+    const Tensor packed = model
+                              ->logits(from_vector<int64_t>(both, {1, 12}).to(dev), nullptr,
+                                       Tensor(), positions.to(dev))
+                              .to(Device::cpu());
+    const Tensor alone_a = model->logits(from_vector<int64_t>(a, {1, 6})).to(Device::cpu());
+    const Tensor alone_b = model->logits(from_vector<int64_t>(b, {1, 6})).to(Device::cpu());
+    CHECK(max_rel_diff(slice(packed, 1, 0, 6), alone_a) < 1e-6);
+    CHECK(max_rel_diff(slice(packed, 1, 6, 12), alone_b) < 1e-6);
+    // Unpacked, the 12 tokens are past the original length: the long factors.
+    const Tensor whole = model->logits(from_vector<int64_t>(both, {1, 12})).to(Device::cpu());
+    CHECK(max_rel_diff(slice(whole, 1, 0, 6), alone_a) > 1e-3);
+  }
+}
+
 TEST_CASE("CausalLM: f64 directional finite difference through the whole model") {
   llm::DecoderConfig config = tiny_config(DType::f64);
   SUBCASE("llama, every bias") {}
@@ -288,6 +315,14 @@ TEST_CASE("CausalLM: f64 directional finite difference through the whole model")
     config.sliding_window = 2, config.sliding_layers = {true, false};
     config.sliding_rope = config.rope;
     config.sliding_rope->theta = 100;
+  }
+  SUBCASE("phi3: fused projections, half of each head rotated, longrope's long factors") {
+    config.model_type = "phi3", config.fused_projections = true;
+    config.rope.head_dim = 2;  // of 4
+    config.rope.scaling.type = "longrope";
+    config.rope.scaling.original_max_position_embeddings = 2;  // the 4 tokens are past it
+    config.rope.scaling.short_factor = {1.0};
+    config.rope.scaling.long_factor = {3.0};
   }
   SUBCASE("gemma2: GeGLU, 1 + weight norms, four a layer, soft-capped scores and logits") {
     config.model_type = "gemma2", config.hidden_act = llm::GatedAct::gelu_tanh;
