@@ -189,39 +189,34 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
       [](int, std::size_t k) { return k < 4; });  // a prompt
   // Qwen2 with its q, k and v biases; Qwen3 with its per-head q and k norms
   // trained whole beside the adapters; Gemma 2 with its norms after the MLP
-  // trained whole (1 + weight, merged as they are).
+  // trained whole (1 + weight, merged as they are); Gemma 3's image-text
+  // model; Phi-3's fused q, k and v (merged into the one layer) with
+  // Phi-4-mini's RoPE.
   for (const auto& [name, saved] : std::vector<std::pair<std::string, std::string>>{
            {"qwen2_bias", ""},
            {"qwen3_qk_norm", "q_norm,k_norm"},
            {"gemma2_softcap", "pre_feedforward_layernorm,post_feedforward_layernorm"},
-           {"gemma3_image_text", ""}}) {
+           {"gemma3_image_text", ""},
+           {"phi3_longrope", ""}}) {
     CAPTURE(name);
     const std::string run = "merged_" + name, merged_dir = d.file("merged_" + name + "_model");
-    std::vector<std::string> flags = {"--steps",
-                                      "8",
-                                      "--target-modules",
-                                      "q_proj,v_proj",
-                                      "--lora-r",
-                                      "4",
-                                      "--use-rslora",
-                                      "--grad-accum",
-                                      "2",
-                                      "--lr-schedule",
-                                      "cosine",
-                                      "--warmup-steps",
-                                      "2",
-                                      "--merge-to",
-                                      merged_dir};
+    const bool phi3 = name == "phi3_longrope";
+    const std::string targets = phi3 ? "qkv_proj,o_proj" : "q_proj,v_proj";
+    std::vector<std::string> flags = {
+        "--steps",      "8", "--target-modules", targets,  "--lora-r",       "4", "--use-rslora",
+        "--grad-accum", "2", "--lr-schedule",    "cosine", "--warmup-steps", "2", "--merge-to",
+        merged_dir};
     if (!saved.empty()) flags.insert(flags.end(), {"--modules-to-save", saved});
     const CliResult merged = run_quanta(finetune(name, d, run, flags));
     REQUIRE_MESSAGE(merged.code == 0, merged.err);
-    CHECK(contains(merged.out, "on 4 layers (q_proj,v_proj"));
+    CHECK(contains(merged.out, "on 4 layers (" + targets));
     CHECK(contains(merged.out, "in 2 micro-batches"));
     std::ifstream cfg(d.file(run + "/adapters/adapter_config.json"));
     const json config = json::parse(cfg);
     CHECK(config["r"] == 4);
     CHECK(config["use_rslora"] == true);
-    CHECK(config["target_modules"] == json({"q_proj", "v_proj"}));
+    CHECK(config["target_modules"] ==
+          (phi3 ? json({"qkv_proj", "o_proj"}) : json({"q_proj", "v_proj"})));
     auto base = llm::load_causal_lm(model(name));
     auto plain = llm::load_causal_lm(merged_dir);
     CHECK(plain->config().model_type == base->config().model_type);
