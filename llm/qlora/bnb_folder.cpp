@@ -26,27 +26,37 @@ namespace quanta::llm {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
-                     const std::string& dir) {
-  if (!model.config().image_text_config.empty())
+void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir,
+                     const StateDict& beside) {
+  const DecoderConfig& c = model.config();
+  const bool image_text = !c.image_text_config.empty();
+  if (image_text && beside.empty())
     throw std::invalid_argument(
-        "[save_bnb_folder] an image-text model (Gemma 3's gemma3): its 4-bit folder would need "
-        "the vision tower quanta does not load; save the adapters and merge, or quantize the "
-        "text-only model");
+        "[save_bnb_folder] an image-text model's 4-bit folder needs its vision tower and "
+        "projector (read_non_decoder_weights of the folder it came from)");
   io::TensorMap tensors = bnb_base_tensors(model);
   if (tensors.empty())
     throw std::invalid_argument(
         "[save_bnb_folder] the model has no NF4 layers (apply_qlora first)");
   std::set<std::string> quantized;
   for (const auto& [name, t] : tensors) quantized.insert(name);
-  for (const auto& [name, shape] : CausalLM::expected_weights(model.config())) {
+  for (const auto& [name, shape] : CausalLM::expected_weights(c)) {
     if (quantized.count(name)) continue;
     const Tensor t = model.find(name);
     if (!t.defined()) throw std::logic_error("[save_bnb_folder] the model has no " + name);
     tensors.emplace_back(name, t.detach());
   }
-  json config = json::parse(decoder_config_json(model.config()));
-  // The fields BitsAndBytesConfig.to_dict gives for load_in_4bit NF4.
+  // Under the names transformers stores them by (an image-text model's
+  // decoder in the hub's layout), its vision tower beside.
+  for (auto& [name, t] : tensors) name = stored_weight_name(c, name);
+  for (const auto& [name, t] : beside) tensors.emplace_back(name, t);
+  json config = json::parse(decoder_config_json(c));
+  // The fields BitsAndBytesConfig.to_dict gives for load_in_4bit NF4; an
+  // image-text model's vision tower and projector are left in their dtype
+  // (module-name prefixes, which transformers 4.x and 5.x both match).
+  const json skipped = image_text
+                           ? json{"model.vision_tower", "model.multi_modal_projector", "lm_head"}
+                           : json(nullptr);
   config["quantization_config"] = {
       {"quant_method", "bitsandbytes"},
       {"load_in_4bit", true},
@@ -59,7 +69,7 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization,
       {"bnb_4bit_quant_storage", "uint8"},
       {"llm_int8_enable_fp32_cpu_offload", false},
       {"llm_int8_has_fp16_weight", false},
-      {"llm_int8_skip_modules", nullptr},
+      {"llm_int8_skip_modules", skipped},
       {"llm_int8_threshold", 6.0}};
   fs::create_directories(dir);
   io::write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n",

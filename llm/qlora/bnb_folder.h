@@ -21,9 +21,15 @@ namespace quanta::llm {
  * every other weight in the model's dtype; config.json with
  * quantization_config (quant_method bitsandbytes, nf4, `quantization`'s
  * double quant and compute dtype, quant_storage uint8). Adapters are not
- * part of it (save_peft_adapters writes them). Throws std::invalid_argument
- * for a model without NF4 layers. */
-void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir);
+ * part of it (save_peft_adapters writes them). An image-text model's folder
+ * needs its vision tower and projector, `beside` (read_non_decoder_weights
+ * of the folder it came from), written as they are, and its
+ * quantization_config's llm_int8_skip_modules names them (with lm_head), as
+ * transformers writes a folder loaded with those skipped. Throws
+ * std::invalid_argument for a model without NF4 layers, or an image-text
+ * model without `beside`. */
+void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir,
+                     const StateDict& beside = {});
 
 /** The quantization a model folder's config.json records: set for a
  * bitsandbytes NF4 folder (quant_method bitsandbytes, load_in_4bit,

@@ -23,7 +23,9 @@
 #include "llm/data/token_file.h"
 #include "llm/model/model_folder.h"
 #include "llm/model/weight_names.h"
+#include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
+#include "llm/qlora/qlora_model.h"
 #include "llm/text/tokenizer.h"
 #include "support/gpu.h"
 #include "train/checkpoint.h"
@@ -929,9 +931,25 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
       "in blocks of 64");
   check_one_line_error(run_quanta({"quantize", model("qwen2_bias"), model("qwen2_bias")}), 2,
                        "is the model folder IN");
-  check_one_line_error(run_quanta({"quantize", model("gemma3_image_text"), d.file("q7")}), 2,
-                       "is an image-text model (Gemma 3's gemma3)");
-  CHECK_FALSE(std::filesystem::exists(d.file("q7")));
+  // Gemma 3's image-text model: its decoder in NF4, its vision tower beside
+  // (as transformers saves it with that skipped); loaded back, the same
+  // model as quantized in process.
+  const CliResult vlm = run_quanta(
+      {"quantize", model("gemma3_image_text"), d.file("q7"), "--compute-dtype", "float32"});
+  REQUIRE_MESSAGE(vlm.code == 0, vlm.err);
+  CHECK(contains(vlm.out, "14 linear layers (all but lm_head)"));
+  auto loaded = llm::load_bnb_folder(d.file("q7"));
+  auto in_process = llm::load_causal_lm(model("gemma3_image_text"));
+  llm::BaseQuantization f32;
+  f32.compute_dtype = DType::f32;
+  llm::quantize_base(*in_process, f32);
+  {
+    NoGradGuard no_grad;
+    const Tensor ids = from_vector<int64_t>({3, 9, 27, 5, 1, 40}, {1, 6});
+    CHECK(loaded->logits(ids).to_vector<float>() == in_process->logits(ids).to_vector<float>());
+  }
+  CHECK(llm::read_non_decoder_weights(loaded->config(), d.file("q7")).size() ==
+        llm::read_non_decoder_weights(in_process->config(), model("gemma3_image_text")).size());
 }
 
 TEST_CASE("finetune --model: bad input is one clear line") {
@@ -993,20 +1011,15 @@ TEST_CASE("finetune --model: bad input is one clear line") {
   check_one_line_error(run_quanta({"finetune", "--model", model("nonexistent"), "--data",
                                    d.file("train.bin"), "--out", d.file("o9")}),
                        1, "nonexistent");
-  // A 4-bit image-text folder (its config is what counts here): its vision
-  // tower is stored quantized, which a merged float folder cannot carry.
-  std::filesystem::create_directories(d.file("gemma3_4bit"));
-  {
-    std::ifstream in(model("gemma3_image_text") + "/config.json");
-    json config = json::parse(in);
-    config["quantization_config"] = {
-        {"quant_method", "bitsandbytes"}, {"load_in_4bit", true}, {"bnb_4bit_quant_type", "nf4"}};
-    std::ofstream(d.file("gemma3_4bit/config.json")) << config.dump();
-  }
+  // A 4-bit image-text folder as load_in_4bit saves it by default: its
+  // vision tower stored quantized, which a merged float folder cannot carry.
+  const char* root = std::getenv("QUANTA_TEST_DATA");
   check_one_line_error(
-      run_quanta({"finetune", "--model", d.file("gemma3_4bit"), "--data", d.file("train.bin"),
-                  "--seq-len", "32", "--out", d.file("o10"), "--merge-to", d.file("o10m")}),
-      2, "--merge-to over a 4-bit image-text folder");
+      run_quanta({"finetune", "--model",
+                  std::string(root) + "/llm/qlora/transformers_4bit/gemma3_image_text_vision_4bit",
+                  "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("o10"),
+                  "--merge-to", d.file("o10m")}),
+      2, "--merge-to over a 4-bit image-text folder whose vision tower is stored quantized");
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {

@@ -9,6 +9,7 @@
 #include "flag_checks.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/qlora_model.h"
 
@@ -27,19 +28,14 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   if (fs::exists(fs::path(o.out) / "config.json") &&
       fs::equivalent(fs::path(o.out) / "config.json", fs::path(o.in) / "config.json"))
     throw UsageError("OUT " + o.out + " is the model folder IN");
-  if (!llm::read_decoder_config(llm::model_folder_file(o.in, "config.json"))
-           .image_text_config.empty())
-    throw UsageError(o.in +
-                     " is an image-text model (Gemma 3's gemma3): its 4-bit folder would need the "
-                     "vision tower, which quanta does not load (fine-tune it with finetune "
-                     "--model, which quantizes its decoder)");
   auto model = llm::load_causal_lm(o.in);
   llm::BaseQuantization q;
   q.blocksize = o.block_size;
   q.double_quant = o.double_quant;
   q.compute_dtype = compute_dtype_flag(o.compute_dtype, model->config().dtype);
   const llm::QLoRAReport report = llm::quantize_base(*model, q);
-  llm::save_bnb_folder(*model, q, o.out);
+  // An image-text model's vision tower goes beside, as the folder stores it.
+  llm::save_bnb_folder(*model, q, o.out, llm::read_non_decoder_weights(model->config(), o.in));
   llm::copy_tokenizer_files(o.in, o.out);
   uint64_t before = 0, after = 0;
   for (const llm::QLoRALayer& l : report.layers) {

@@ -18,6 +18,7 @@
 #include "engine/optim/optimizer.h"
 #include "llm/model/lm_loss.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
@@ -355,18 +356,23 @@ TEST_CASE(
   }
 }
 
+// Gemma 3's image-text model as transformers saves it loaded with its
+// vision tower and projector skipped: those in f32 beside the NF4 decoder.
 TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers saves") {
-  for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
+  for (const std::string name : {"llama_gqa", "qwen2_bias", "gemma3_image_text"}) {
     INFO("model ", name);
     const std::string theirs = llm_data() + "/qlora/transformers_4bit/" + name;
     TempDir tmp;
     const std::string ours = tmp.path().string() + "/" + name + "_4bit";
-    auto model = llm::load_causal_lm(llm_data() + "/models/" + name);
+    const std::string base = llm_data() + "/models/" + name;
+    auto model = llm::load_causal_lm(base);
     llm::QLoRAOptions o;
     o.lora.target_modules = {"q_proj"};
     o.quantization.compute_dtype = DType::f32;
     llm::apply_qlora(*model, o);
-    llm::save_bnb_folder(*model, o.quantization, ours);
+    const StateDict vision = llm::read_non_decoder_weights(model->config(), base);
+    CHECK(vision.empty() == (name != "gemma3_image_text"));
+    llm::save_bnb_folder(*model, o.quantization, ours, vision);
 
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(theirs + "/model.safetensors").tensors) want[n] = t;
@@ -395,6 +401,11 @@ TEST_CASE("QLoRA parity: the 4-bit folder quanta saves is the one transformers s
   auto plain = llm::load_causal_lm(llm_data() + "/models/llama_gqa");
   CHECK_THROWS_WITH_AS(llm::save_bnb_folder(*plain, {}, "/nonexistent"),
                        doctest::Contains("the model has no NF4 layers"), std::invalid_argument);
+  auto image_text = llm::load_causal_lm(llm_data() + "/models/gemma3_image_text");
+  llm::quantize_base(*image_text, {});
+  CHECK_THROWS_WITH_AS(llm::save_bnb_folder(*image_text, {}, "/nonexistent"),
+                       doctest::Contains("needs its vision tower and projector"),
+                       std::invalid_argument);
 }
 
 namespace {
@@ -473,10 +484,14 @@ TEST_CASE("QLoRA parity: a 4-bit folder with bf16 quant_storage (FSDP-QLoRA's) l
   }
 }
 
+// Gemma 3's image-text folders, their vision tower skipped or quantized
+// too (load_in_4bit's default): the decoder's bases alike either way.
 TEST_CASE("QLoRA parity: transformers' 4-bit folder loads as the base quanta quantizes itself") {
-  for (const std::string name : {"llama_gqa", "qwen2_bias"}) {
-    INFO("model ", name);
-    const std::string four_bit = llm_data() + "/qlora/transformers_4bit/" + name;
+  for (const std::string folder :
+       {"llama_gqa", "qwen2_bias", "gemma3_image_text", "gemma3_image_text_vision_4bit"}) {
+    INFO("folder ", folder);
+    const std::string name = folder.starts_with("gemma3") ? "gemma3_image_text" : folder;
+    const std::string four_bit = llm_data() + "/qlora/transformers_4bit/" + folder;
     const std::optional<llm::BaseQuantization> q = llm::folder_quantization(four_bit);
     REQUIRE(q.has_value());
     CHECK(q->double_quant);

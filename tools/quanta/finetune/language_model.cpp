@@ -416,10 +416,16 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   }
   q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
+  // A 4-bit image-text folder made without skipping its vision tower (load_in_4bit's
+  // default) stores it quantized, which a merged float folder cannot carry.
   if (!o.merge_to.empty() && !config.image_text_config.empty() && llm::folder_quantization(o.model))
-    throw UsageError(
-        "--merge-to over a 4-bit image-text folder: its vision tower is stored quantized, which "
-        "a merged float folder cannot carry (merge over the float base folder)");
+    for (const auto& [name, t] : llm::read_non_decoder_weights(config, o.model))
+      if (name.find(".quant_state.") != std::string::npos || name.ends_with(".absmax"))
+        throw UsageError(
+            "--merge-to over a 4-bit image-text folder whose vision tower is stored quantized (" +
+            name +
+            "), which a merged float folder cannot carry (merge over the float base folder, or "
+            "one quanta quantize wrote)");
   if (!o.merge_to.empty())
     refuse_output_over_input(
         "--merge-to", (fs::path(o.merge_to) / "model.safetensors").string(),

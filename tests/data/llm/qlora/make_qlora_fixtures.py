@@ -31,9 +31,12 @@ expected.safetensors ids, labels [2, 12] (I64, labels -100 at [0, 0:3] and [1, 7
                      loss); updated.<adapter name> (after one AdamW step);
                      loss_after [] (train-mode loss after the step); floats all F32
 
-transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa and
-                     qwen2_bias loaded in 4 bits and saved by transformers'
+transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa,
+                     qwen2_bias and gemma3_image_text (its vision tower
+                     skipped) loaded in 4 bits and saved by transformers'
                      save_pretrained (the folder quanta's 4-bit save must equal);
+                     gemma3_image_text_vision_4bit: the vision tower quantized
+                     too (load_in_4bit's default);
                      llama_gqa_bf16_storage: llama_gqa with
                      bnb_4bit_quant_storage=bfloat16 (FSDP-QLoRA's setting: the
                      packed codes stored as BF16 [bytes / 2, 1])
@@ -442,15 +445,23 @@ def save_transformers_4bit(root):
     compute float32) and saved again by save_pretrained: the 4-bit checkpoint
     transformers writes and loads, config.json with its quantization_config
     and model.safetensors (transformers_4bit/<model>/)."""
-    for name, model_name, storage in [("llama_gqa", "llama_gqa", torch.uint8),
-                                      ("qwen2_bias", "qwen2_bias", torch.uint8),
-                                      ("llama_gqa_bf16_storage", "llama_gqa", torch.bfloat16)]:
+    # gemma3_image_text: its vision tower and projector skipped (left in
+    # f32), the folder quanta's quantize writes; gemma3_image_text_vision_4bit:
+    # load_in_4bit's default, which quantizes them too.
+    vision = ["model.vision_tower", "model.multi_modal_projector", "lm_head"]
+    for name, model_name, storage, skip in [("llama_gqa", "llama_gqa", torch.uint8, None),
+                                            ("qwen2_bias", "qwen2_bias", torch.uint8, None),
+                                            ("llama_gqa_bf16_storage", "llama_gqa", torch.bfloat16, None),
+                                            ("gemma3_image_text", "gemma3_image_text", torch.uint8, vision),
+                                            ("gemma3_image_text_vision_4bit", "gemma3_image_text", torch.uint8,
+                                             None)]:
         model = AutoModelForCausalLM.from_pretrained(
             os.path.join(root, "models", model_name), dtype=torch.float32, device_map="cpu",
             quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                    bnb_4bit_use_double_quant=True,
                                                    bnb_4bit_compute_dtype=torch.float32,
-                                                   bnb_4bit_quant_storage=storage))
+                                                   bnb_4bit_quant_storage=storage,
+                                                   llm_int8_skip_modules=skip))
         out = os.path.join(root, "qlora", "transformers_4bit", name)
         shutil.rmtree(out, ignore_errors=True)
         model.save_pretrained(out)
