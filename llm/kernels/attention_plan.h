@@ -36,8 +36,8 @@ namespace quanta::llm::attention_plan {
 /** The score of key j for query i of image b, query head h, from the raw
  * product q.k: scale * q.k (soft-capped when a.softcap is set) + mask, or
  * -inf where the causal mask or the sliding window hides j (CUDA's
- * reference kernels use it too; the plan's products still cover the keys
- * before a window, whose probabilities are 0).
+ * reference kernels use it too; a block's products skip the keys before
+ * its first row's window, and every hidden key's probability is 0).
  * `slope`, when given, receives d score / d (scale q.k): the cap's 1 -
  * tanh^2, else 1. */
 template <class A>
@@ -153,9 +153,10 @@ inline int64_t pairs_per_chunk(const AttentionArgs& a, bool backward, int64_t bu
   return std::clamp<int64_t>(budget / per, 1, std::max<int64_t>(pairs, 1));
 }
 
-// Key-side matrices [rows, cols], one per pair (transposed: their transposes).
-inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed) {
-  return {b, 0, rows * cols, transposed ? 1 : cols, transposed ? cols : 1};
+// Key-side matrices, rows [first_row, ..) of [rows, cols], one per pair
+// (transposed: their transposes).
+inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed, int64_t first_row = 0) {
+  return {b, first_row * cols, rows * cols, transposed ? 1 : cols, transposed ? cols : 1};
 }
 
 /** Query rows per block of the products: under a causal mask a block
@@ -163,36 +164,55 @@ inline Mats pairs_of(Buf b, int64_t rows, int64_t cols, bool transposed) {
  * products; at T 2048, 17/32). */
 inline constexpr int64_t kQueryBlock = 128;
 
-/** A block of query rows [first, first + rows) and the keys [0, keys) its
- * products take: every key a row of it sees (at least one: a row that
- * sees none takes one hidden key, whose probability is 0). */
+/** A block of query rows [first, first + rows) and the keys [key_first,
+ * key_first + keys) its products take: every key a row of it sees (at
+ * least one: a row that sees none takes one hidden key, whose probability
+ * is 0). */
 struct QueryBlock {
-  int64_t first, rows, keys;
+  int64_t first, rows, key_first, keys;
 };
 
-/** The blocks in the order the products run, the last first: it sees
- * every key, so the first product into dk and dv writes all their rows and
- * the rest add. Without a causal mask, one block of every row. */
+/** The blocks in the order the products run, the last first: it takes
+ * every key from 0, so the first product into dk and dv writes all their
+ * rows and the rest add. Under a sliding window every other block starts
+ * at the first key its first row sees (with a window of 1024 over 8192
+ * tokens, a block's products take 1151 keys instead of up to 8192). Without
+ * a causal mask, one block of every row. */
 inline std::vector<QueryBlock> query_blocks(const AttentionArgs& a) {
-  if (!a.causal) return {{0, a.q_len, a.kv_len}};
+  if (!a.causal) return {{0, a.q_len, 0, a.kv_len}};
   std::vector<QueryBlock> out;
   for (int64_t first = (a.q_len - 1) / kQueryBlock * kQueryBlock; first >= 0;
        first -= kQueryBlock) {
     const int64_t rows = std::min(kQueryBlock, a.q_len - first);
-    const int64_t seen = fn::last_visible_key(first + rows - 1, a.q_len, a.kv_len) + 1;
-    out.push_back({first, rows, std::clamp<int64_t>(seen, 1, a.kv_len)});
+    const int64_t seen = std::clamp<int64_t>(
+        fn::last_visible_key(first + rows - 1, a.q_len, a.kv_len) + 1, 1, a.kv_len);
+    const int64_t from =
+        out.empty() ? 0
+                    : std::clamp<int64_t>(fn::first_visible_key(first, a.q_len, a.kv_len, a.window),
+                                          0, seen - 1);
+    out.push_back({first, rows, from, seen - from});
   }
   return out;
 }
 
 // Query-side matrices of block qb for query head g of every pair in the
 // chunk (slots `group` apart): rows [qb.first, ..) of a buffer whose rows
-// are `width` wide (transposed: their transposes).
+// are `width` wide, from column `first_col` (transposed: their transposes).
 inline Mats block_rows(const Dims& x, Buf b, int64_t g, const QueryBlock& qb, int64_t width,
-                       bool transposed) {
+                       bool transposed, int64_t first_col = 0) {
   const int64_t size = x.tq * width;
-  return {b, g * size + qb.first * width, x.group * size, transposed ? 1 : width,
+  return {b, g * size + qb.first * width + first_col, x.group * size, transposed ? 1 : width,
           transposed ? width : 1};
+}
+
+// A block's scores (s or ds): its rows, from its first key.
+inline Mats block_scores(const Dims& x, Buf b, int64_t g, const QueryBlock& qb, bool transposed) {
+  return block_rows(x, b, g, qb, x.tk, transposed, qb.key_first);
+}
+
+// A pair's key-side rows (k, v, dk, dv) a block's products take.
+inline Mats block_keys(const Dims& x, Buf b, const QueryBlock& qb, bool transposed) {
+  return pairs_of(b, x.tk, x.d, transposed, qb.key_first);
 }
 
 // Each chunk of the pairs, in order: its scratch, its heads gathered (and
@@ -213,7 +233,7 @@ void for_chunks(const AttentionArgs& a, int64_t chunk_pairs, const std::vector<Q
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks)
         exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::q, g, qb, x.d, false),
-                      pairs_of(Buf::k, x.tk, x.d, true), block_rows(x, Buf::s, g, qb, x.tk, false),
+                      block_keys(x, Buf::k, qb, true), block_scores(x, Buf::s, g, qb, false),
                       false});
     rest(c);
   }
@@ -233,8 +253,8 @@ void forward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
     exec.softmax_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks)  // o = p v
-        exec.product({c.count, qb.rows, x.d, qb.keys, block_rows(x, Buf::s, g, qb, x.tk, false),
-                      pairs_of(Buf::v, x.tk, x.d, false), block_rows(x, Buf::o, g, qb, x.d, false),
+        exec.product({c.count, qb.rows, x.d, qb.keys, block_scores(x, Buf::s, g, qb, false),
+                      block_keys(x, Buf::v, qb, false), block_rows(x, Buf::o, g, qb, x.d, false),
                       false});
     exec.scatter_out(c);
   });
@@ -257,23 +277,23 @@ void backward(const AttentionArgs& a, int64_t chunk_pairs, Exec& exec) {
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks)  // dp = dO v^T
         exec.product({c.count, qb.rows, qb.keys, x.d, block_rows(x, Buf::o, g, qb, x.d, false),
-                      pairs_of(Buf::v, x.tk, x.d, true), block_rows(x, Buf::ds, g, qb, x.tk, false),
+                      block_keys(x, Buf::v, qb, true), block_scores(x, Buf::ds, g, qb, false),
                       false});
     exec.grad_rows(c);
     for (int64_t g = 0; g < x.group; ++g)
       for (const QueryBlock& qb : blocks) {
         const bool add = g > 0 || &qb != &blocks.front();
         // dv (+)= p^T dO
-        exec.product({c.count, qb.keys, x.d, qb.rows, block_rows(x, Buf::s, g, qb, x.tk, true),
-                      block_rows(x, Buf::o, g, qb, x.d, false), pairs_of(Buf::dv, x.tk, x.d, false),
+        exec.product({c.count, qb.keys, x.d, qb.rows, block_scores(x, Buf::s, g, qb, true),
+                      block_rows(x, Buf::o, g, qb, x.d, false), block_keys(x, Buf::dv, qb, false),
                       add});
         // dq = ds k
-        exec.product({c.count, qb.rows, x.d, qb.keys, block_rows(x, Buf::ds, g, qb, x.tk, false),
-                      pairs_of(Buf::k, x.tk, x.d, false), block_rows(x, Buf::dq, g, qb, x.d, false),
+        exec.product({c.count, qb.rows, x.d, qb.keys, block_scores(x, Buf::ds, g, qb, false),
+                      block_keys(x, Buf::k, qb, false), block_rows(x, Buf::dq, g, qb, x.d, false),
                       false});
         // dk (+)= ds^T q
-        exec.product({c.count, qb.keys, x.d, qb.rows, block_rows(x, Buf::ds, g, qb, x.tk, true),
-                      block_rows(x, Buf::q, g, qb, x.d, false), pairs_of(Buf::dk, x.tk, x.d, false),
+        exec.product({c.count, qb.keys, x.d, qb.rows, block_scores(x, Buf::ds, g, qb, true),
+                      block_rows(x, Buf::q, g, qb, x.d, false), block_keys(x, Buf::dk, qb, false),
                       add});
       }
     exec.scatter_grads(c);

@@ -187,6 +187,14 @@ TEST_CASE("attention plan: whole-matrix products over chunks equal the CPU kerne
       {"soft-capped grouped-query causal", 2, 4, 2, 6, 6, 4, true, false, 0.7},
       {"soft-capped under a mask, kv cache over two query blocks", 1, 2, 2, 130, 200, 3, true, true,
        1.5},
+      // Sliding windows: every block but the last starts at its first
+      // row's window, over 128-row blocks, a KV cache, a mask and a cap.
+      {"a window of 50 over three query blocks", 1, 2, 1, 300, 300, 2, true, false, 0, 50},
+      {"a window of 1 over three query blocks", 1, 2, 1, 300, 300, 2, true, false, 0, 1},
+      {"a window longer than the blocks", 2, 4, 2, 300, 300, 3, true, false, 0, 200},
+      {"a window, a kv cache and a mask over two query blocks", 1, 2, 2, 130, 200, 3, true, true, 0,
+       70},
+      {"a soft-capped window, more queries than keys", 1, 2, 1, 300, 260, 2, true, false, 0.9, 40},
   };
   for (const Case& cs : cases) {
     const std::string name = cs.name;
@@ -333,4 +341,17 @@ TEST_CASE("attention plan: causal query blocks take only the keys they see, the 
   REQUIRE(b.size() == 1);
   CHECK(b[0].rows == 300);
   CHECK(b[0].keys == 20);
+  // A sliding window of 50: the last block still takes every key from 0
+  // (dk and dv start there); the others from their first row's window.
+  a.causal = true;
+  a.q_len = a.kv_len = 300;
+  a.window = 50;
+  b = plan::query_blocks(a);
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].key_first == 0);
+  CHECK(b[0].keys == 300);
+  CHECK(b[1].key_first == 128 - 49);  // row 128 sees keys 79..128
+  CHECK(b[1].keys == 256 - 79);
+  CHECK(b[2].key_first == 0);
+  CHECK(b[2].keys == 128);
 }
