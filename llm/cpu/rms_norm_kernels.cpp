@@ -12,7 +12,7 @@ using cpu::kGrainElements;
 using cpu::parallel_for;
 
 void rms_norm(DType dtype, const void* x_, const void* weight_, int64_t rows, int64_t n, double eps,
-              bool one_plus_weight, void* y_, void* inv_rms_) {
+              RmsWeight how, void* y_, void* inv_rms_) {
   dispatch_llm(dtype, "rms_norm", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
@@ -32,14 +32,13 @@ void rms_norm(DType dtype, const void* x_, const void* weight_, int64_t rows, in
         const A scale = fn::rms_scale<A>(sum_sq, n, static_cast<A>(eps));
         inv_rms[r] = scale;
         T* yr = y + r * n;
-        for (int64_t j = 0; j < n; ++j)
-          yr[j] = fn::rms_out<T, A>(xr[j], w[j], scale, one_plus_weight);
+        for (int64_t j = 0; j < n; ++j) yr[j] = fn::rms_out<T, A>(xr[j], w[j], scale, how);
       }
     });
   });
 }
 
-void rms_norm_grad(DType dtype, const void* x_, const void* weight_, bool one_plus_weight,
+void rms_norm_grad(DType dtype, const void* x_, const void* weight_, RmsWeight how,
                    const void* inv_rms_, const void* gy_, int64_t rows, int64_t n, void* gx_,
                    void* gw_, bool accumulate_gx) {
   dispatch_llm(dtype, "rms_norm backward", [&](auto types) {
@@ -60,14 +59,13 @@ void rms_norm_grad(DType dtype, const void* x_, const void* weight_, bool one_pl
           const A scale = inv_rms[r];
           A dot = 0;
           for (int64_t j = 0; j < n; ++j)
-            dot += static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], one_plus_weight) *
-                   static_cast<A>(xr[j]);
+            dot += static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], how) * static_cast<A>(xr[j]);
           const A c = dot / static_cast<A>(n);
           T* out = gx + r * n;
           for (int64_t j = 0; j < n; ++j) {
-            const A v = fn::rms_grad_x<A>(
-                static_cast<A>(xr[j]),
-                static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], one_plus_weight), scale, c);
+            const A v = fn::rms_grad_x<A>(static_cast<A>(xr[j]),
+                                          static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], how),
+                                          scale, c);
             out[j] = static_cast<T>(accumulate_gx ? static_cast<A>(out[j]) + v : v);
           }
         }

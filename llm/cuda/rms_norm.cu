@@ -11,7 +11,7 @@ namespace {
 
 template <class T, class A>
 __global__ void rms_norm_kernel(const T* x, const T* w, int64_t rows, int64_t n, A eps,
-                                bool one_plus_weight, T* y, A* inv_rms) {
+                                RmsWeight how, T* y, A* inv_rms) {
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(r, rows) {
     const T* xr = x + r * n;
@@ -23,28 +23,26 @@ __global__ void rms_norm_kernel(const T* x, const T* w, int64_t rows, int64_t n,
     const A scale = fn::rms_scale<A>(warp_sum(sum_sq), n, eps);
     if (lane == 0) inv_rms[r] = scale;
     for (int64_t j = lane; j < n; j += kWarp)
-      y[r * n + j] = fn::rms_out<T, A>(xr[j], w[j], scale, one_plus_weight);
+      y[r * n + j] = fn::rms_out<T, A>(xr[j], w[j], scale, how);
   }
 }
 
 template <class T, class A>
-__global__ void rms_norm_input_grad_kernel(const T* x, const T* w, bool one_plus_weight,
-                                           const A* inv_rms, const T* gy, int64_t rows, int64_t n,
-                                           T* gx, bool accumulate) {
+__global__ void rms_norm_input_grad_kernel(const T* x, const T* w, RmsWeight how, const A* inv_rms,
+                                           const T* gy, int64_t rows, int64_t n, T* gx,
+                                           bool accumulate) {
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(r, rows) {
     const T* xr = x + r * n;
     const T* gr = gy + r * n;
     A dot = 0;
     for (int64_t j = lane; j < n; j += kWarp)
-      dot += static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], one_plus_weight) *
-             static_cast<A>(xr[j]);
+      dot += static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], how) * static_cast<A>(xr[j]);
     const A c = warp_sum(dot) / static_cast<A>(n);
     const A scale = inv_rms[r];
     for (int64_t j = lane; j < n; j += kWarp) {
       const A v = fn::rms_grad_x<A>(
-          static_cast<A>(xr[j]),
-          static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], one_plus_weight), scale, c);
+          static_cast<A>(xr[j]), static_cast<A>(gr[j]) * fn::rms_factor<T, A>(w[j], how), scale, c);
       gx[r * n + j] = static_cast<T>(accumulate ? static_cast<A>(gx[r * n + j]) + v : v);
     }
   }
@@ -81,20 +79,20 @@ unsigned blocks_of(const cuda::LaunchConfig& g) { return static_cast<unsigned>(g
 }  // namespace
 
 void rms_norm(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n, double eps,
-              bool one_plus_weight, void* y, void* inv_rms) {
+              RmsWeight how, void* y, void* inv_rms) {
   dispatch_llm(dtype, "rms_norm", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
     const cuda::LaunchConfig g = warp_grid_for(rows);
     if (g.blocks == 0 || n == 0) return;
     rms_norm_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), rows, n, static_cast<A>(eps),
-        one_plus_weight, static_cast<T*>(y), static_cast<A*>(inv_rms));
+        static_cast<const T*>(x), static_cast<const T*>(weight), rows, n, static_cast<A>(eps), how,
+        static_cast<T*>(y), static_cast<A*>(inv_rms));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }
 
-void rms_norm_grad(DType dtype, const void* x, const void* weight, bool one_plus_weight,
+void rms_norm_grad(DType dtype, const void* x, const void* weight, RmsWeight how,
                    const void* inv_rms, const void* gy, int64_t rows, int64_t n, void* gx, void* gw,
                    bool accumulate_gx) {
   dispatch_llm(dtype, "rms_norm backward", [&](auto types) {
@@ -103,7 +101,7 @@ void rms_norm_grad(DType dtype, const void* x, const void* weight, bool one_plus
     const cuda::LaunchConfig g = warp_grid_for(rows);
     if (gx && g.blocks > 0 && n > 0) {
       rms_norm_input_grad_kernel<T, A><<<blocks_of(g), g.threads, 0, cuda::stream()>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight), one_plus_weight,
+          static_cast<const T*>(x), static_cast<const T*>(weight), how,
           static_cast<const A*>(inv_rms), static_cast<const T*>(gy), rows, n, static_cast<T*>(gx),
           accumulate_gx);
       QUANTA_CUDA_CHECK_LAUNCH();

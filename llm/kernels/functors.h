@@ -9,6 +9,7 @@
 
 #include "engine/kernels/functors.h"  // QUANTA_HD
 #include "llm/kernels/gated_act.h"
+#include "llm/kernels/rms_weight.h"
 
 namespace quanta::llm::fn {
 
@@ -25,20 +26,22 @@ QUANTA_HD inline A rms_scale(A sum_sq, int64_t n, A eps) {
   return A(1) / std::sqrt(sum_sq / static_cast<A>(n) + eps);
 }
 
-/** The factor RMSNorm's weight stands for, in A: the weight itself
- * (Llama), or 1 + weight (Gemma, whose norms store the offset from 1). */
+/** The factor RMSNorm's weight stands for, in A: 1 + weight for Gemma
+ * (whose norms store the offset from 1), else the weight itself. */
 template <class T, class A>
-QUANTA_HD inline A rms_factor(T w, bool one_plus_weight) {
-  return one_plus_weight ? A(1) + static_cast<A>(w) : static_cast<A>(w);
+QUANTA_HD inline A rms_factor(T w, RmsWeight how) {
+  return how == RmsWeight::one_plus ? A(1) + static_cast<A>(w) : static_cast<A>(w);
 }
 
 /** RMSNorm's output. Llama: weight times the normalised value rounded to T,
- * as transformers' `weight * hidden.to(input_dtype)` rounds it. Gemma (
- * one_plus_weight): (1 + weight) times the normalised value in A, rounded
- * once, as GemmaRMSNorm's `(x * (1 + w.float())).type_as(x)`. */
+ * as transformers' `weight * hidden.to(input_dtype)` rounds it. Gemma and
+ * OLMo 2: the factor times the normalised value in A, rounded once, as
+ * GemmaRMSNorm's `(x * (1 + w.float())).type_as(x)` and Olmo2RMSNorm's
+ * `(w * x).to(input_dtype)`. */
 template <class T, class A>
-QUANTA_HD inline T rms_out(T x, T w, A r, bool one_plus_weight) {
-  if (one_plus_weight) return static_cast<T>(static_cast<A>(x) * r * rms_factor<T, A>(w, true));
+QUANTA_HD inline T rms_out(T x, T w, A r, RmsWeight how) {
+  if (how != RmsWeight::rounded_first)
+    return static_cast<T>(static_cast<A>(x) * r * rms_factor<T, A>(w, how));
   return static_cast<T>(rounded<T>(static_cast<A>(x) * r) * static_cast<A>(w));
 }
 

@@ -23,6 +23,7 @@
 #include "engine/dtype.h"
 #include "engine/kernels/entries.h"
 #include "llm/kernels/gated_act.h"
+#include "llm/kernels/rms_weight.h"
 
 namespace quanta {
 class Tensor;
@@ -87,19 +88,19 @@ struct LlmKernelTable {
 
   /** RMSNorm over rows of n: r = 1 / sqrt(mean(x^2) + eps) in the
    * accumulation dtype; Llama's y = weight * (x r rounded to dtype) rounded
-   * to dtype (transformers' order of roundings), or with one_plus_weight
-   * Gemma's y = (1 + weight) x r in the accumulation dtype, rounded once
-   * (fn::rms_out). x, weight, y of `dtype`, contiguous; inv_rms[rows]
+   * to dtype (transformers' order of roundings), Gemma's y = (1 + weight)
+   * x r and OLMo 2's y = weight x r in the accumulation dtype, rounded once
+   * (`how`, fn::rms_out). x, weight, y of `dtype`, contiguous; inv_rms[rows]
    * (accumulation dtype) receives r. */
   void (*rms_norm)(DType dtype, const void* x, const void* weight, int64_t rows, int64_t n,
-                   double eps, bool one_plus_weight, void* y, void* inv_rms);
+                   double eps, RmsWeight how, void* y, void* inv_rms);
   /** Its backward, the roundings taken as identities: with g = gy * f, f the
-   * weight or 1 + weight (fn::rms_factor), gx = r g - x r^3 mean(g x) per row
+   * weight or Gemma's 1 + weight (fn::rms_factor), gx = r g - x r^3 mean(g x) per row
    * (gx += that with accumulate_gx: the sum of x's other gradients), gw[j] =
    * sum over rows of gy x r, added in row order. gx [rows, n] and gw [n] of
    * `dtype`; either may be null (not wanted: a frozen weight, an input that
    * needs no gradient). */
-  void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, bool one_plus_weight,
+  void (*rms_norm_grad)(DType dtype, const void* x, const void* weight, RmsWeight how,
                         const void* inv_rms, const void* gy, int64_t rows, int64_t n, void* gx,
                         void* gw, bool accumulate_gx);
 

@@ -155,13 +155,15 @@ class Attention : public Module {
       o_ = proj("o_proj", c.hidden_size, q, c.o_bias);
     }
     if (c.qk_norm) {
-      const auto head_norm = [&](const char* name) {
-        return register_module(
-            name, std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {c.head_dim}),
-                                            c.rms_norm_eps, c.gemma_norms));
+      // Over each head (Qwen3, Gemma 3), or over all of q's heads together
+      // and all of k's (OLMo 2).
+      const auto qk_norm = [&](const char* name, int64_t width) {
+        return register_module(name,
+                               std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {width}),
+                                                         c.rms_norm_eps, c.norm_weight()));
       };
-      q_norm_ = head_norm("q_norm");
-      k_norm_ = head_norm("k_norm");
+      q_norm_ = qk_norm("q_norm", c.qk_norm_whole ? q : c.head_dim);
+      k_norm_ = qk_norm("k_norm", c.qk_norm_whole ? kv : c.head_dim);
     }
   }
   std::shared_ptr<Module> replace_module(const std::string& name,
@@ -186,11 +188,18 @@ class Attention : public Module {
     } else {
       // One bf16 rounding of x for the three (NF4 layers computing in bf16).
       const SharedBf16Input shared(x);
-      q = reshape(q_->forward(x), {B, T, H, D});
-      k = reshape(k_->forward(x), {B, T, KV, D});
+      q = q_->forward(x);
+      k = k_->forward(x);
       v = reshape(v_->forward(x), {B, T, KV, D});
     }
-    if (q_norm_) {  // Qwen3: each head normalized over head_dim, before RoPE
+    // OLMo 2: q and k normalized over all their heads, before the split.
+    if (q_norm_ && c_.qk_norm_whole) {
+      q = q_norm_->forward(q);
+      k = k_norm_->forward(k);
+    }
+    q = reshape(q, {B, T, H, D});
+    k = reshape(k, {B, T, KV, D});
+    if (q_norm_ && !c_.qk_norm_whole) {  // Qwen3: each head over head_dim, before RoPE
       q = q_norm_->forward(q);
       k = k_norm_->forward(k);
     }
@@ -286,46 +295,49 @@ class DecoderLayer : public Module {
     const auto norm = [&](const char* name) {
       return register_module(
           name, std::make_shared<RMSNorm>(w.take(prefix + name + ".weight", {c.hidden_size}),
-                                          c.rms_norm_eps, c.gemma_norms));
+                                          c.rms_norm_eps, c.norm_weight()));
     };
-    in_norm_ = norm("input_layernorm");
+    if (!c.post_norms) in_norm_ = norm("input_layernorm");
     post_norm_ = norm("post_attention_layernorm");
-    if (c.sandwich_norms) {
-      pre_mlp_norm_ = norm("pre_feedforward_layernorm");
-      post_mlp_norm_ = norm("post_feedforward_layernorm");
-    }
+    if (c.sandwich_norms) pre_mlp_norm_ = norm("pre_feedforward_layernorm");
+    if (c.sandwich_norms || c.post_norms) post_mlp_norm_ = norm("post_feedforward_layernorm");
   }
   Tensor forward(const Tensor& h, const RopeTables& rope, KVCache* cache, size_t layer,
                  const Tensor& mask) {
     // Recomputed, the layer's output is differentiated, never read (the next
     // layer's input was kept): its last product is skipped. The attention's
     // output is read (the MLP's input), so only the MLP's last one; Gemma
-    // 2's norm after the MLP reads its output, so nothing is skipped there.
-    const Tensor attn = attn_->forward(in_norm_->forward(h), rope, cache, layer, mask);
-    if (!pre_mlp_norm_) {
+    // 2's and OLMo 2's norm after the MLP reads its output, so nothing is
+    // skipped there.
+    const Tensor attn =
+        attn_->forward(in_norm_ ? in_norm_->forward(h) : h, rope, cache, layer, mask);
+    if (!post_mlp_norm_) {
       const Tensor a = add(h, attn);
       return add(a, mlp_->forward(post_norm_->forward(a), recomputing()));
     }
-    // Gemma 2: each block's output normalized before its residual add.
+    // Gemma 2 and OLMo 2: each block's output normalized before its residual
+    // add (Gemma 2 normalizes the MLP's input too).
     const Tensor a = add(h, post_norm_->forward(attn));
-    return add(a, post_mlp_norm_->forward(mlp_->forward(pre_mlp_norm_->forward(a))));
+    return add(
+        a, post_mlp_norm_->forward(mlp_->forward(pre_mlp_norm_ ? pre_mlp_norm_->forward(a) : a)));
   }
 
  private:
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<MLP> mlp_;
-  std::shared_ptr<RMSNorm> in_norm_, post_norm_;
-  std::shared_ptr<RMSNorm> pre_mlp_norm_, post_mlp_norm_;  // sandwich_norms only
+  std::shared_ptr<RMSNorm> in_norm_, post_norm_;  // in_norm_: not with post_norms
+  std::shared_ptr<RMSNorm> pre_mlp_norm_;         // sandwich_norms only
+  std::shared_ptr<RMSNorm> post_mlp_norm_;        // sandwich_norms or post_norms
 };
 
 }  // namespace
 
-RMSNorm::RMSNorm(const Tensor& weight, double eps, bool one_plus_weight)
-    : Module("RMSNorm"), eps_(eps), one_plus_weight_(one_plus_weight) {
+RMSNorm::RMSNorm(const Tensor& weight, double eps, RmsWeight how)
+    : Module("RMSNorm"), eps_(eps), how_(how) {
   weight_ = register_parameter("weight", weight);
 }
 
-Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_, one_plus_weight_); }
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_, how_); }
 
 std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const DecoderConfig& c) {
   std::vector<std::pair<std::string, Shape>> out;
@@ -349,8 +361,8 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
       proj("self_attn.o_proj", d, q, c.o_bias);
     }
     if (c.qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+      out.push_back({p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q : c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.qk_norm_whole ? kv : c.head_dim}});
     }
     if (c.fused_projections) {
       proj("mlp.gate_up_proj", 2 * f, d, c.mlp_bias);
@@ -359,12 +371,11 @@ std::vector<std::pair<std::string, Shape>> CausalLM::expected_weights(const Deco
       proj("mlp.up_proj", f, d, c.mlp_bias);
     }
     proj("mlp.down_proj", d, f, c.mlp_bias);
-    out.push_back({p + "input_layernorm.weight", {d}});
+    if (!c.post_norms) out.push_back({p + "input_layernorm.weight", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
-    if (c.sandwich_norms) {
-      out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+    if (c.sandwich_norms) out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+    if (c.sandwich_norms || c.post_norms)
       out.push_back({p + "post_feedforward_layernorm.weight", {d}});
-    }
   }
   out.push_back({root + "norm.weight", {d}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
@@ -406,7 +417,7 @@ CausalLM::CausalLM(DecoderConfig config, const StateDict& stored)
   }
   norm_ = model->register_module(
       "norm", std::make_shared<RMSNorm>(w.take(root + "norm.weight", {c.hidden_size}),
-                                        c.rms_norm_eps, c.gemma_norms));
+                                        c.rms_norm_eps, c.norm_weight()));
   if (!c.tie_word_embeddings)
     lm_head_ = register_module("lm_head", std::make_shared<Linear>(w.take(
                                               "lm_head.weight", {c.vocab_size, c.hidden_size})));

@@ -29,18 +29,19 @@ struct KVCache {
   int64_t length() const { return keys.empty() ? 0 : keys[0].size(1); }
 };
 
-/** RMSNorm with a learned scale, as LlamaRMSNorm (or, with
- * one_plus_weight, GemmaRMSNorm: the scale is 1 + weight). */
+/** RMSNorm with a learned scale, applied as the model family's class
+ * applies it (llm::rms_norm's `how`: LlamaRMSNorm, GemmaRMSNorm's 1 +
+ * weight, Olmo2RMSNorm's single rounding). */
 class RMSNorm : public Module {
  public:
-  RMSNorm(const Tensor& weight, double eps, bool one_plus_weight = false);
+  RMSNorm(const Tensor& weight, double eps, RmsWeight how = RmsWeight::rounded_first);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
 
  private:
   Tensor weight_;
   double eps_;
-  bool one_plus_weight_;
+  RmsWeight how_;
 };
 
 class CausalLM : public Module {

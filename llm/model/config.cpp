@@ -381,6 +381,11 @@ int64_t DecoderConfig::layer_window(int64_t layer) const {
   return layer_slides(layer) ? sliding_window : 0;
 }
 
+RmsWeight DecoderConfig::norm_weight() const {
+  if (gemma_norms) return RmsWeight::one_plus;
+  return model_type == "olmo2" ? RmsWeight::in_accumulation : RmsWeight::rounded_first;
+}
+
 std::string DecoderConfig::decoder_module() const {
   return image_text_config.empty() ? "model" : "model.language_model";
 }
@@ -393,7 +398,7 @@ int64_t DecoderConfig::parameter_count() const {
   layer += 3 * hidden_size * intermediate_size;  // gate, up, down
   if (mlp_bias) layer += 2 * intermediate_size + hidden_size;
   layer += (sandwich_norms ? 4 : 2) * hidden_size;  // the norms
-  if (qk_norm) layer += 2 * head_dim;
+  if (qk_norm) layer += qk_norm_whole ? q + kv : 2 * head_dim;
   const int64_t embed = vocab_size * hidden_size;
   return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + hidden_size;
 }
@@ -459,10 +464,10 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
       c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2" &&
-      c.model_type != "gemma3_text" && c.model_type != "phi3")
+      c.model_type != "gemma3_text" && c.model_type != "phi3" && c.model_type != "olmo2")
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3, phi3)");
+           "gemma3, phi3, olmo2)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -505,18 +510,23 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   // Gemma's classes tie by default, the others not.
   c.tie_word_embeddings = r.flag("tie_word_embeddings", gemma);
   // Biases as each model's modules have them: Llama's attention_bias and
-  // mlp_bias; Qwen3's and Gemma's attention_bias (their MLPs have none);
+  // mlp_bias; Qwen3's, Gemma's and OLMo 2's attention_bias (their MLPs have
+  // none);
   // Qwen2's q, k and v always, nothing else; Mistral none. A key a model
   // does not read is ignored, as transformers ignores it.
   const bool llama = c.model_type == "llama";
-  c.attention_bias = (llama || qwen3 || gemma) && r.flag("attention_bias", false);
+  const bool olmo2 = c.model_type == "olmo2";
+  c.attention_bias = (llama || qwen3 || gemma || olmo2) && r.flag("attention_bias", false);
   c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
   c.o_bias = c.attention_bias;
   c.fused_projections = c.model_type == "phi3";
   // Qwen3 and Gemma 3 normalize each head of q and k (Gemma 3 with 1 +
   // weight, as its other norms).
-  c.qk_norm = qwen3 || c.model_type == "gemma3_text";
+  c.qk_norm = qwen3 || c.model_type == "gemma3_text" || olmo2;
+  // OLMo 2: over all heads at once, its norms only after each block.
+  c.qk_norm_whole = olmo2;
+  c.post_norms = olmo2;
   c.gemma_norms = gemma;
   if (gemma2_layout(c)) {
     // Gemma 2 caps by default, Gemma 3 does not.
@@ -577,6 +587,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "gemma2"      ? "Gemma2ForCausalLM"
                         : c.model_type == "gemma3_text" ? "Gemma3ForCausalLM"
                         : c.model_type == "phi3"        ? "Phi3ForCausalLM"
+                        : c.model_type == "olmo2"       ? "Olmo2ForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -630,7 +641,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["rope_parameters"] = per_type;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type == "llama" || c.model_type == "qwen3" || gemma_family(c))
+  if (c.model_type == "llama" || c.model_type == "qwen3" || c.model_type == "olmo2" ||
+      gemma_family(c))
     j["attention_bias"] = c.attention_bias;
   if (gemma2_layout(c)) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;

@@ -1,7 +1,7 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2, gemma3_text and phi3, and the decoder of Gemma 3's image-text model
+// gemma2, gemma3_text, phi3 and olmo2, and the decoder of Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
@@ -13,12 +13,13 @@
 
 #include "engine/dtype.h"
 #include "llm/kernels/gated_act.h"
+#include "llm/kernels/rms_weight.h"
 #include "llm/ops/rope.h"
 
 namespace quanta::llm {
 
 struct DecoderConfig {
-  /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text or phi3. */
+  /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3 or olmo2. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -56,6 +57,9 @@ struct DecoderConfig {
   /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;
+  /** olmo2: the q and k norms span all heads (weights [heads x head_dim],
+   * [kv heads x head_dim]), applied before the split into heads. */
+  bool qk_norm_whole = false;
   /** The MLP's activation: SiLU, or GELU's tanh approximation (gemma's
    * hidden_act, gemma2's hidden_activation: gelu_pytorch_tanh). */
   GatedAct hidden_act = GatedAct::silu;
@@ -68,6 +72,11 @@ struct DecoderConfig {
    * before their residual adds, the MLP's input by
    * pre_feedforward_layernorm. */
   bool sandwich_norms = false;
+  /** olmo2's norms: only after each block, the attention's and the MLP's
+   * outputs normalized (post_attention_layernorm,
+   * post_feedforward_layernorm) before their residual adds, their inputs
+   * not (no input_layernorm). */
+  bool post_norms = false;
   /** The attention's scale is query_pre_attn_scalar^-0.5 (gemma2) when set,
    * else head_dim^-0.5. */
   int64_t query_pre_attn_scalar = 0;
@@ -100,6 +109,10 @@ struct DecoderConfig {
   /** The window of decoder layer `layer`: sliding_window where it slides,
    * else 0 (full causal attention). */
   int64_t layer_window(int64_t layer) const;
+
+  /** How the model's RMSNorms apply their weights: Gemma's 1 + weight
+   * (gemma_norms), OLMo 2's single rounding, else Llama's. */
+  RmsWeight norm_weight() const;
 
   /** The attention's scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5. */
   double attention_scale() const;

@@ -12,7 +12,7 @@
 
 namespace quanta::llm {
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, bool one_plus_weight) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, RmsWeight how) {
   constexpr const char* op = "rms_norm";
   detail::check_floating(op, "x", x);
   detail::check_floating(op, "weight", weight);
@@ -33,18 +33,18 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, bool one_plus
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   autograd::Function fn;
   fn.name = op;
-  fn.forward = [saved, eps, one_plus_weight](const std::vector<Tensor>& in) {
+  fn.forward = [saved, eps, how](const std::vector<Tensor>& in) {
     const Tensor xc = in[0].contiguous(), wc = in[1].contiguous();
     const LlmKernelTable& k = llm_kernels_for("rms_norm", {&xc, &wc});
     const int64_t rows = detail::leading_rows(xc), cols = xc.shape().back();
     Tensor y = empty(xc.shape(), {.dtype = xc.dtype(), .device = xc.device()});
     Tensor inv = empty({rows}, {.dtype = accumulation_dtype(xc.dtype()), .device = xc.device()});
-    k.rms_norm(xc.dtype(), xc.raw_data(), wc.raw_data(), rows, cols, eps, one_plus_weight,
-               y.raw_data(), inv.raw_data());
+    k.rms_norm(xc.dtype(), xc.raw_data(), wc.raw_data(), rows, cols, eps, how, y.raw_data(),
+               inv.raw_data());
     *saved = Saved{xc, wc, inv};
     return std::vector<Tensor>{y};
   };
-  fn.backward = [saved, need_x, need_w, one_plus_weight](const std::vector<Tensor>& g) {
+  fn.backward = [saved, need_x, need_w, how](const std::vector<Tensor>& g) {
     const Saved& s = *saved;
     const Tensor gy = g[0].to(s.x.dtype()).contiguous();
     const LlmKernelTable& k = llm_kernels_for("rms_norm backward", {&s.x, &gy});
@@ -55,10 +55,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, bool one_plus
     autograd::GradientBuffer gx;
     if (need_x) gx = autograd::gradient_buffer(0, s.x.shape(), s.x.dtype(), s.x.device());
     const Tensor gw = need_w ? empty({cols}, opts) : Tensor();
-    k.rms_norm_grad(s.x.dtype(), s.x.raw_data(), s.weight.raw_data(), one_plus_weight,
-                    s.inv_rms.raw_data(), gy.raw_data(), rows, cols,
-                    need_x ? gx.tensor.raw_data() : nullptr, need_w ? gw.raw_data() : nullptr,
-                    gx.add);
+    k.rms_norm_grad(s.x.dtype(), s.x.raw_data(), s.weight.raw_data(), how, s.inv_rms.raw_data(),
+                    gy.raw_data(), rows, cols, need_x ? gx.tensor.raw_data() : nullptr,
+                    need_w ? gw.raw_data() : nullptr, gx.add);
     return std::vector<Tensor>{gx.tensor, gw};
   };
   return autograd::apply(fn, {x, weight})[0];

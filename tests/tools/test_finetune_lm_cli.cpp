@@ -152,7 +152,7 @@ TEST_CASE(
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
         "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text",
-        "gemma3_image_text", "phi3_fused", "phi3_longrope"}) {
+        "gemma3_image_text", "phi3_fused", "phi3_longrope", "olmo2_post_norms"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     const CliResult r =

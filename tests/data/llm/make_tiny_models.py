@@ -38,6 +38,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -67,6 +69,10 @@ GEMMA3 = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               rope_parameters={
                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+# OLMo 2: Llama's options; its norms and q and k norms are the model's own.
+OLMO2 = dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 # Gemma 3's image-text model: GEMMA3's decoder as its text_config beside a
 # one-layer SigLIP vision tower and projector, which text never reaches.
@@ -180,6 +186,11 @@ MODELS = {
                                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                             "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0]}),
                       torch.float32, None),
+    # OLMo 2: norms only after each block, q and k normalized over all their
+    # heads before the split, untied; in f32 and in bf16 (its norms apply
+    # the weight before their one rounding).
+    "olmo2_post_norms": (Olmo2Config, Olmo2ForCausalLM, OLMO2, torch.float32, None),
+    "olmo2_bf16": (Olmo2Config, Olmo2ForCausalLM, OLMO2, torch.bfloat16, None),
 }
 
 
@@ -204,7 +215,7 @@ def main(root, only):
         with torch.no_grad():  # norms start at 1 (Gemma's at 0): moved, so a missed scale shows
             for pname, p in model.named_parameters():
                 if pname.endswith(("q_norm.weight", "k_norm.weight")) or (
-                        name.startswith("gemma") and pname.endswith("norm.weight")):
+                        name.startswith(("gemma", "olmo2")) and pname.endswith("norm.weight")):
                     p.add_(0.3 * torch.randn_like(p))
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)

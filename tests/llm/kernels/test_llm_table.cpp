@@ -55,9 +55,12 @@ TEST_CASE("llm kernels: the stand-in CUDA table names the op and why in every en
   float f[4] = {};
   const AttentionArgs args{};
   const std::vector<std::pair<std::string, std::string>> calls = {
-      {"rms_norm", message_of([&] { t.rms_norm(DType::f32, f, f, 1, 1, 1e-6, false, f, f); })},
-      {"rms_norm backward",
-       message_of([&] { t.rms_norm_grad(DType::f32, f, f, false, f, f, 1, 1, f, f, false); })},
+      {"rms_norm", message_of([&] {
+         t.rms_norm(DType::f32, f, f, 1, 1, 1e-6, llm::RmsWeight::rounded_first, f, f);
+       })},
+      {"rms_norm backward", message_of([&] {
+         t.rms_norm_grad(DType::f32, f, f, llm::RmsWeight::rounded_first, f, f, 1, 1, f, f, false);
+       })},
       {"gated_act", message_of([&] { t.gated_act(DType::f32, GatedAct::gelu_tanh, f, f, 1, f); })},
       {"gated_act backward",
        message_of([&] { t.gated_act_grad(DType::f32, GatedAct::silu, f, f, f, 1, f, f); })},

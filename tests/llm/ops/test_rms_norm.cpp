@@ -58,33 +58,46 @@ TEST_CASE("rms_norm: op harness") {
   gemma.name = "rms_norm with 1 + weight";
   gemma.shapes = {{3, 4, 8}, {8}};
   gemma.zero_shapes = {{0, 8}, {8}};
-  gemma.op = [](const Inputs& xs) { return llm::rms_norm(xs[0], xs[1], 1e-6, true); };
+  gemma.op = [](const Inputs& xs) {
+    return llm::rms_norm(xs[0], xs[1], 1e-6, llm::RmsWeight::one_plus);
+  };
   gemma.reference = [](const Inputs& xs) { return ref_rms_norm(xs, 1e-6, true); };
   gemma.half = true;
   run_case(gemma);
+  // OLMo 2's: the weight applied before the one rounding.
+  OpCase olmo = gemma;
+  olmo.name = "rms_norm with the weight applied in f32";
+  olmo.op = [](const Inputs& xs) {
+    return llm::rms_norm(xs[0], xs[1], 1e-6, llm::RmsWeight::in_accumulation);
+  };
+  olmo.reference = [](const Inputs& xs) { return ref_rms_norm(xs, 1e-6); };
+  run_case(olmo);
 }
 
-TEST_CASE("rms_norm with 1 + weight: GemmaRMSNorm's one rounding in bf16") {
-  // GemmaRMSNorm: (x.float() * rsqrt(mean + eps) * (1 + w.float())).type_as(x),
-  // one rounding at the end, where Llama's rounds the normalised value first.
-  for (const Device dev : test_devices()) {
-    INFO(dev.str());
-    Generator gen(8);
-    const Tensor x = (randn({37, 64}, gen) * 3.0).to(DType::bf16);
-    const Tensor w = (randn({64}, gen) * 0.5).to(DType::bf16);
-    const Tensor y = llm::rms_norm(x.to(dev), w.to(dev), 1e-6, true).to(Device::cpu());
-    const Tensor xf = x.to(DType::f32), wf = w.to(DType::f32);
-    const Tensor r = 1.0 / sqrt(mean(xf * xf, {1}, true) + 1e-6);
-    const Tensor want = (xf * r * (wf + 1.0)).to(DType::bf16);
-    CHECK(y.dtype() == DType::bf16);
-    // The f32 sum of squares may round differently: one bf16 step at most,
-    // and equal bits nearly everywhere.
-    CHECK(max_rel_diff(y, want) <= 0x1p-8);
-    CHECK(mean(eq(y.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() > 0.99);
-    // Llama's order of roundings would differ.
-    const Tensor llama = ((xf * r).to(DType::bf16).to(DType::f32) * (wf + 1.0)).to(DType::bf16);
-    CHECK(mean(eq(llama.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() < 0.99);
-  }
+// GemmaRMSNorm: (x.float() * rsqrt(mean + eps) * (1 + w.float())).type_as(x);
+// Olmo2RMSNorm: (w * x.float() * rsqrt(mean + eps)).to(x.dtype): one
+// rounding at the end, where Llama's rounds the normalised value first.
+TEST_CASE("rms_norm applied in f32: Gemma's and OLMo 2's one rounding in bf16") {
+  for (const llm::RmsWeight how : {llm::RmsWeight::one_plus, llm::RmsWeight::in_accumulation})
+    for (const Device dev : test_devices()) {
+      const bool gemma = how == llm::RmsWeight::one_plus;
+      INFO(dev.str(), gemma ? " gemma" : " olmo2");
+      Generator gen(8);
+      const Tensor x = (randn({37, 64}, gen) * 3.0).to(DType::bf16);
+      const Tensor w = (randn({64}, gen) * 0.5).to(DType::bf16);
+      const Tensor y = llm::rms_norm(x.to(dev), w.to(dev), 1e-6, how).to(Device::cpu());
+      const Tensor xf = x.to(DType::f32), wf = w.to(DType::f32), factor = gemma ? wf + 1.0 : wf;
+      const Tensor r = 1.0 / sqrt(mean(xf * xf, {1}, true) + 1e-6);
+      const Tensor want = (xf * r * factor).to(DType::bf16);
+      CHECK(y.dtype() == DType::bf16);
+      // The f32 sum of squares may round differently: one bf16 step at most,
+      // and equal bits nearly everywhere.
+      CHECK(max_rel_diff(y, want) <= 0x1p-8);
+      CHECK(mean(eq(y.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() > 0.99);
+      // Llama's order of roundings would differ.
+      const Tensor llama = ((xf * r).to(DType::bf16).to(DType::f32) * factor).to(DType::bf16);
+      CHECK(mean(eq(llama.to(DType::f32), want.to(DType::f32)).to(DType::f32)).item() < 0.99);
+    }
 }
 
 TEST_CASE("rms_norm: equals transformers' LlamaRMSNorm in f32 and bf16") {

@@ -86,7 +86,9 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "gemma3_bf16_all",
                                          "gemma3_image_text_all",
                                          "phi3_all",
-                                         "phi3_longrope_qkv"};
+                                         "phi3_longrope_qkv",
+                                         "olmo2_qk_norm_saved",
+                                         "olmo2_bf16_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

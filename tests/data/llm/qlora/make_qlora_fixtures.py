@@ -177,6 +177,13 @@ CASES = {
                      use_rslora=False, dtype=torch.float32, n_targeted=8, n_quantized=8),
     "phi3_longrope_qkv": dict(model="phi3_longrope", r=4, lora_alpha=8, target_modules=["qkv_proj"],
                               use_rslora=False, dtype=torch.float32, n_targeted=2, n_quantized=8),
+    # OLMo 2: norms after each block, q and k normalized over all heads; its
+    # q and k norms trained whole beside all-linear adapters, in bf16 too.
+    "olmo2_qk_norm_saved": dict(model="olmo2_post_norms", r=4, lora_alpha=8, target_modules="all-linear",
+                                use_rslora=False, dtype=torch.float32, n_targeted=14, n_saved=4,
+                                choice=dict(modules_to_save=["q_norm", "k_norm"])),
+    "olmo2_bf16_all": dict(model="olmo2_bf16", r=4, lora_alpha=8, target_modules="all-linear",
+                           use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
