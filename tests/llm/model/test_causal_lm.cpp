@@ -1090,7 +1090,7 @@ TEST_CASE("CausalLM: a sliding window through a KV cache and generation") {
 
 TEST_CASE(
     "decoder configs: the published configs of Llama 3.2 1B, TinyLlama, SmolLM2, Qwen2.5, "
-    "Qwen3, Gemma 2 and Gemma 3") {
+    "Qwen3, Gemma 2, Gemma 3, Phi-3 and Phi-4-mini") {
   struct Published {
     const char* file;
     const char* type;
