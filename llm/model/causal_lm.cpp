@@ -182,16 +182,17 @@ class Attention : public Module {
     Tensor q, k, v;
     if (!k_) {
       const Tensor qkv = q_->forward(x);
-      q = reshape(slice(qkv, 2, 0, H * D), {B, T, H, D});
-      k = reshape(slice(qkv, 2, H * D, (H + KV) * D), {B, T, KV, D});
-      v = reshape(slice(qkv, 2, (H + KV) * D, (H + 2 * KV) * D), {B, T, KV, D});
+      q = slice(qkv, 2, 0, H * D);
+      k = slice(qkv, 2, H * D, (H + KV) * D);
+      v = slice(qkv, 2, (H + KV) * D, (H + 2 * KV) * D);
     } else {
       // One bf16 rounding of x for the three (NF4 layers computing in bf16).
       const SharedBf16Input shared(x);
       q = q_->forward(x);
       k = k_->forward(x);
-      v = reshape(v_->forward(x), {B, T, KV, D});
+      v = v_->forward(x);
     }
+    v = reshape(v, {B, T, KV, D});
     // OLMo 2: q and k normalized over all their heads, before the split.
     if (q_norm_ && c_.qk_norm_whole) {
       q = q_norm_->forward(q);

@@ -15,12 +15,14 @@ constexpr std::string_view kHubDecoder = "language_model.model.";
 constexpr std::string_view kModuleDecoder = "model.language_model.";
 constexpr std::string_view kHubHead = "language_model.lm_head.";
 
+}  // namespace
+
 bool outside_decoder(std::string_view name) {
   if (name.starts_with("model.")) name.remove_prefix(6);
-  return name.starts_with("vision_tower.") || name.starts_with("multi_modal_projector.");
+  for (const std::string_view module : kVisionModules)
+    if (name.starts_with(module) && name.substr(module.size()).starts_with('.')) return true;
+  return false;
 }
-
-}  // namespace
 
 std::optional<std::string> decoder_weight_name(const DecoderConfig& config,
                                                const std::string& stored) {

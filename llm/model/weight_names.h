@@ -6,13 +6,24 @@
 // (language_model.model.layers.0...., the hub's layout) or as the 5.x module
 // tree names it (model.language_model.layers.0....), beside a vision tower
 // and projector quanta does not compute with.
+#include <array>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "engine/nn/module.h"
 #include "llm/model/config.h"
 
 namespace quanta::llm {
+
+/** The modules of an image-text model outside its decoder, children of
+ * "model" in transformers' 5.x tree: the vision tower and the projector. */
+inline constexpr std::array<const char*, 2> kVisionModules = {"vision_tower",
+                                                              "multi_modal_projector"};
+
+/** Whether `name` (a tensor's or a module's) lies in one of kVisionModules,
+ * with or without the leading "model.". */
+bool outside_decoder(std::string_view name);
 
 /** CausalLM's name for the tensor stored as `stored` in a folder of
  * `config`: itself for a decoder's folder; for an image-text model's, the

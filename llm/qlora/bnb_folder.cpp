@@ -54,9 +54,12 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, cons
   // The fields BitsAndBytesConfig.to_dict gives for load_in_4bit NF4; an
   // image-text model's vision tower and projector are left in their dtype
   // (module-name prefixes, which transformers 4.x and 5.x both match).
-  const json skipped = image_text
-                           ? json{"model.vision_tower", "model.multi_modal_projector", "lm_head"}
-                           : json(nullptr);
+  json skipped = nullptr;
+  if (image_text) {
+    skipped = json::array();
+    for (const char* module : kVisionModules) skipped.push_back(std::string("model.") + module);
+    skipped.push_back("lm_head");
+  }
   config["quantization_config"] = {
       {"quant_method", "bitsandbytes"},
       {"load_in_4bit", true},

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "llm/model/config.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/lora_targets.h"
 
 namespace quanta::llm {
@@ -198,7 +199,10 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
 }
 
 LoraSettings excluding_vision_modules(const LoraSettings& lora) {
-  static const std::string vision = R"(model\.(?:vision_tower|multi_modal_projector)\..*)";
+  std::string vision = R"(model\.(?:)";
+  for (const char* module : kVisionModules)
+    vision.append(module).push_back(module == kVisionModules.back() ? ')' : '|');
+  vision.append(R"(\..*)");
   LoraSettings out = lora;
   // Appended piece by piece: names, each escaped, as PEFT's list matches
   // them (the whole name, or a suffix after a dot).

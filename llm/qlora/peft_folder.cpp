@@ -11,6 +11,7 @@
 #include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
 #include "llm/model/model_folder.h"
+#include "llm/model/weight_names.h"
 #include "llm/qlora/lora_targets.h"
 
 namespace quanta::llm {
@@ -225,8 +226,8 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   if (image_text)
     std::erase_if(weights.tensors, [&](const auto& named) {
       const std::string& n = named.first;
-      const bool vision = n.starts_with(std::string(kPeftPrefix) + "model.vision_tower.") ||
-                          n.starts_with(std::string(kPeftPrefix) + "model.multi_modal_projector.");
+      const bool vision =
+          n.starts_with(kPeftPrefix) && outside_decoder(n.substr(kPeftPrefix.size()));
       vision_left_out += vision;
       return vision;
     });
