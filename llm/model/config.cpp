@@ -95,15 +95,50 @@ void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
     // Phi3Config renames the names its early checkpoints used.
     if (c.model_type == "phi3" && (type == "su" || type == "yarn")) type = "longrope";
     if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" &&
-        type != "longrope")
+        type != "longrope" && type != "yarn")
       r.fail("rope_scaling type \"" + type +
-             "\" is not supported (supported: default, linear, dynamic, llama3, longrope)");
+             "\" is not supported (supported: default, linear, dynamic, llama3, longrope, yarn)");
     rope.scaling.type = type;
     const bool scaled = type != "default";
-    // longrope's factor, when absent, is max_position_embeddings over the
-    // original (0 here: rope_frequencies derives it).
+    // longrope's and yarn's factor, when absent, is max_position_embeddings
+    // over the original (0 here: rope_frequencies derives it).
+    const bool derived_factor = type == "longrope" || type == "yarn";
     rope.scaling.factor =
-        r.number(s, "factor", type == "longrope" ? 0.0 : 1.0, scaled && type != "longrope");
+        r.number(s, "factor", derived_factor ? 0.0 : 1.0, scaled && !derived_factor);
+    // The length the scaling extends, as transformers resolves it: a
+    // top-level original_max_position_embeddings wins over the object's
+    // (Phi3Config's class default 4096 where it is absent), then
+    // max_position_embeddings.
+    const auto original_length = [&]() -> int64_t {
+      const double inside =
+          r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
+      const double original = r.number(r.j, "original_max_position_embeddings",
+                                       c.model_type == "phi3" ? 4096.0 : inside, false);
+      if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
+        r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
+               std::to_string(kMaxSize));
+      return static_cast<int64_t>(original);
+    };
+    if (type == "longrope" || type == "yarn") {
+      rope.scaling.attention_factor = r.number(s, "attention_factor", 0.0, false);
+      if (s.contains("attention_factor") && !s.at("attention_factor").is_null() &&
+          !(rope.scaling.attention_factor > 0))
+        r.fail("rope_scaling \"attention_factor\" must be > 0, got " +
+               s.at("attention_factor").dump());
+    }
+    if (type == "yarn") {
+      // transformers takes a zero beta as unset (`or 32`): so does quanta.
+      rope.scaling.beta_fast = r.number(s, "beta_fast", 0.0, false);
+      rope.scaling.beta_slow = r.number(s, "beta_slow", 0.0, false);
+      rope.scaling.mscale = r.number(s, "mscale", 0.0, false);
+      rope.scaling.mscale_all_dim = r.number(s, "mscale_all_dim", 0.0, false);
+      if (s.contains("truncate") && !s.at("truncate").is_null()) {
+        if (!s.at("truncate").is_boolean())
+          r.fail("rope_scaling \"truncate\" must be true or false");
+        rope.scaling.truncate = s.at("truncate").get<bool>();
+      }
+      rope.scaling.original_max_position_embeddings = original_length();
+    }
     if (type == "longrope") {
       const auto factors = [&](const char* key) {
         std::vector<double> out;
@@ -119,32 +154,12 @@ void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
       };
       rope.scaling.short_factor = factors("short_factor");
       rope.scaling.long_factor = factors("long_factor");
-      rope.scaling.attention_factor = r.number(s, "attention_factor", 0.0, false);
-      // transformers gives the top-level key priority (Phi3Config's class
-      // default 4096 where it is absent), then the object's, then
-      // max_position_embeddings.
-      const double inside =
-          r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
-      const double original = r.number(r.j, "original_max_position_embeddings",
-                                       c.model_type == "phi3" ? 4096.0 : inside, false);
-      if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
-        r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
-               std::to_string(kMaxSize));
-      rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
+      rope.scaling.original_max_position_embeddings = original_length();
     }
     if (type == "llama3") {
       rope.scaling.low_freq_factor = r.number(s, "low_freq_factor", 1.0, true);
       rope.scaling.high_freq_factor = r.number(s, "high_freq_factor", 4.0, true);
-      // As transformers' RoPE layer resolves it: a top-level
-      // original_max_position_embeddings wins over the one inside, then
-      // max_position_embeddings.
-      const double inside =
-          r.number(s, "original_max_position_embeddings", double(c.max_position_embeddings), false);
-      const double original = r.number(r.j, "original_max_position_embeddings", inside, false);
-      if (!(original >= 1 && original <= double(kMaxSize) && original == std::floor(original)))
-        r.fail("\"original_max_position_embeddings\" must be a whole number in 1.." +
-               std::to_string(kMaxSize));
-      rope.scaling.original_max_position_embeddings = static_cast<int64_t>(original);
+      rope.scaling.original_max_position_embeddings = original_length();
     }
   }
   rope.head_dim = c.head_dim;
@@ -610,11 +625,22 @@ std::string decoder_config_json(const DecoderConfig& c) {
       s["high_freq_factor"] = rope.scaling.high_freq_factor;
       s["original_max_position_embeddings"] = rope.scaling.original_max_position_embeddings;
     }
-    if (rope.scaling.type == "longrope") {
-      if (!(rope.scaling.factor > 0)) s.erase("factor");  // derived, as it was read
-      s["short_factor"] = rope.scaling.short_factor;
-      s["long_factor"] = rope.scaling.long_factor;
-      if (rope.scaling.attention_factor > 0) s["attention_factor"] = rope.scaling.attention_factor;
+    const RopeScaling& r = rope.scaling;
+    if (r.type == "longrope" || r.type == "yarn") {
+      if (!(r.factor > 0)) s.erase("factor");  // derived, as it was read
+      if (r.attention_factor > 0) s["attention_factor"] = r.attention_factor;
+    }
+    if (r.type == "longrope") {
+      s["short_factor"] = r.short_factor;
+      s["long_factor"] = r.long_factor;
+    }
+    if (r.type == "yarn") {
+      s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+      if (r.beta_fast != 0) s["beta_fast"] = r.beta_fast;
+      if (r.beta_slow != 0) s["beta_slow"] = r.beta_slow;
+      if (r.mscale != 0) s["mscale"] = r.mscale;
+      if (r.mscale_all_dim != 0) s["mscale_all_dim"] = r.mscale_all_dim;
+      if (!r.truncate) s["truncate"] = false;
     }
     return s;
   };

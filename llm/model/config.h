@@ -136,7 +136,7 @@ struct DecoderConfig {
  * other than the model's, qwen sliding-window layers other than the last
  * ones, gemma2's other than its alternation, partial rotary,
  * interleaved RoPE, a rope_scaling kind
- * outside default, linear, dynamic, llama3). Keys that do not change the
+ * outside default, linear, dynamic, llama3, longrope, yarn). Keys that do not change the
  * computation (architectures, token ids, dropout, use_cache, ...) are
  * ignored. */
 DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& source);

@@ -1,8 +1,9 @@
 // Rotary embeddings: transformers' frequency rules (modeling_rope_utils:
-// default, linear, dynamic, llama3) on the host in f32, the tables from
+// default, linear, dynamic, llama3, longrope, yarn) on the host in f32, the tables from
 // engine ops, the rotation from llm_kernels().rope.
 #include "llm/ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -55,6 +56,61 @@ void llama3_scale(std::vector<float>& inv_freq, const RopeScaling& s) {
     if (medium) scaled = (1 - smooth) * scaled / factor + smooth * scaled;
     f = scaled;
   }
+}
+
+// YaRN: each frequency a blend of itself (extrapolated) and itself / factor
+// (interpolated), by a ramp over the dimensions between the ones that turn
+// beta_fast and beta_slow times over the original length; cos and sin
+// scaled by the attention factor. transformers' _compute_yarn_parameters:
+// the bounds in Python's double arithmetic, the tensors in f32.
+RopeFrequencies yarn_frequencies(const RopeConfig& c) {
+  const RopeScaling& s = c.scaling;
+  const int64_t orig = s.original_max_position_embeddings;
+  if (orig <= 0) detail::bad_argument(kRopeOp, "yarn needs original_max_position_embeddings > 0");
+  double factor = s.factor;
+  if (!(factor > 0)) {  // derived, as DeepSeek's configs leave it
+    if (c.max_position_embeddings <= 0)
+      detail::bad_argument(kRopeOp, "yarn without a factor needs max_position_embeddings > 0");
+    factor = double(c.max_position_embeddings) / double(orig);
+  }
+  check_positive("rope_scaling.factor", factor);
+  const auto mscale_of = [factor](double m) {
+    return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+  };
+  RopeFrequencies out;
+  out.attention_scaling = s.attention_factor > 0 ? s.attention_factor
+                          : s.mscale != 0 && s.mscale_all_dim != 0
+                              ? mscale_of(s.mscale) / mscale_of(s.mscale_all_dim)
+                              : mscale_of(1.0);
+  const double beta_fast = s.beta_fast != 0 ? s.beta_fast : 32;
+  const double beta_slow = s.beta_slow != 0 ? s.beta_slow : 1;
+  check_positive("rope_scaling.beta_fast", beta_fast);
+  check_positive("rope_scaling.beta_slow", beta_slow);
+  const double dim = double(c.head_dim);
+  // The dimension whose frequency turns `rotations` times over orig.
+  const auto correction_dim = [&](double rotations) {
+    return dim * std::log(double(orig) / (rotations * 2 * M_PI)) / (2 * std::log(c.theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (s.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // as transformers avoids a zero span
+  const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+  const float f32_factor = static_cast<float>(factor);
+  const size_t half = static_cast<size_t>(c.head_dim / 2);
+  out.inv_freq.resize(half);
+  for (size_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    const float pos_freq = std::pow(static_cast<float>(c.theta), exponent);
+    const float extrapolated = 1.0f / pos_freq;
+    const float interpolated = 1.0f / (f32_factor * pos_freq);
+    const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // the extrapolation's share
+    const float a = interpolated * (1.0f - keep), b = extrapolated * keep;
+    out.inv_freq[i] = a + b;
+  }
+  return out;
 }
 
 }  // namespace
@@ -122,10 +178,12 @@ RopeFrequencies rope_frequencies(const RopeConfig& c, int64_t seq_len) {
                             : factor <= 1.0
                                 ? 1.0
                                 : std::sqrt(1 + std::log(factor) / std::log(double(orig)));
+  } else if (s.type == "yarn") {
+    out = yarn_frequencies(c);
   } else {
     detail::bad_argument(kRopeOp, "rope_scaling type '" + s.type +
                                       "' is not supported (supported: default, linear, dynamic, "
-                                      "llama3, longrope)");
+                                      "llama3, longrope, yarn)");
   }
   return out;
 }

@@ -14,14 +14,14 @@ namespace quanta::llm {
 /** A config's `rope_scaling` (transformers 4.x) or the scaling part of its
  * `rope_parameters` (5.x). */
 struct RopeScaling {
-  /** "default" (none), "linear", "dynamic", "llama3" or "longrope"; any
-   * other kind is refused by name. */
+  /** "default" (none), "linear", "dynamic", "llama3", "longrope" or
+   * "yarn"; any other kind is refused by name. */
   std::string type = "default";
   double factor = 1.0;
   // llama3 only:
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  // llama3 and longrope:
+  // llama3, longrope and yarn:
   int64_t original_max_position_embeddings = 0;
   // longrope (Phi-3.5, Phi-4-mini) only: each frequency's divisor (head_dim
   // / 2 of them) for sequences up to original_max_position_embeddings
@@ -29,7 +29,20 @@ struct RopeScaling {
   // by (0: sqrt(1 + ln factor / ln original_max_position_embeddings), 1
   // when factor <= 1).
   std::vector<double> short_factor, long_factor;
+  // longrope and yarn: the factor cos and sin are multiplied by; 0: derived
+  // (yarn: 0.1 ln factor + 1, or mscale's ratio where mscale and
+  // mscale_all_dim are both set).
   double attention_factor = 0;
+  // yarn (Qwen2.5's and Qwen3's long contexts, OLMo 3, DeepSeek) only: the
+  // rotation counts bounding the blend between interpolated and kept
+  // frequencies (0: 32 and 1, as transformers reads a missing or zero
+  // value), DeepSeek's mscale pair (0: unset), and whether the blend's
+  // bounds are rounded outwards to whole dimensions.
+  double beta_fast = 0;
+  double beta_slow = 0;
+  double mscale = 0;
+  double mscale_all_dim = 0;
+  bool truncate = true;
 };
 
 /** What the frequencies depend on. */

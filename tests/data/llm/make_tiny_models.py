@@ -191,6 +191,16 @@ MODELS = {
     # the weight before their one rounding).
     "olmo2_post_norms": (Olmo2Config, Olmo2ForCausalLM, OLMO2, torch.float32, None),
     "olmo2_bf16": (Olmo2Config, Olmo2ForCausalLM, OLMO2, torch.bfloat16, None),
+    # YaRN as Qwen3's model cards extend its context: factor 4 over an
+    # original length of 32, theta 10000 so that the blend between kept and
+    # interpolated frequencies spans two dimensions; cos and sin scaled by
+    # 0.1 ln 4 + 1.
+    "qwen3_yarn": (Qwen3Config, Qwen3ForCausalLM,
+                   dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        tie_word_embeddings=True,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 32}),
+                   torch.float32, None),
 }
 
 

@@ -42,7 +42,7 @@ const std::vector<std::string> kModels = {
     "mistral_sharded", "qwen3_qk_norm",     "qwen3_bf16",        "gemma_geglu",
     "gemma2_softcap",  "gemma2_bf16",       "mistral_window",    "qwen2_window",
     "gemma3_text",     "gemma3_bf16",       "gemma3_image_text", "phi3_fused",
-    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16"};
+    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",        "qwen3_yarn"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -597,8 +597,8 @@ TEST_CASE("decoder configs: clear errors for what quanta does not run") {
   CHECK(parse("").head_dim == 4);
   CHECK_THROWS_WITH(parse(R"(, "hidden_act": "gelu")"),
                     doctest::Contains("cfg.json: hidden_act \"gelu\" is not supported"));
-  CHECK_THROWS_WITH(parse(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
-                    doctest::Contains("rope_scaling type \"yarn\" is not supported"));
+  CHECK_THROWS_WITH(parse(R"(, "rope_scaling": {"rope_type": "mrope", "factor": 4.0})"),
+                    doctest::Contains("rope_scaling type \"mrope\" is not supported"));
   CHECK_THROWS_WITH(parse(R"(, "rope_interleaved": true)"), doctest::Contains("rope_interleaved"));
   CHECK_THROWS_WITH(parse(R"(, "num_key_value_heads": 3)"),
                     doctest::Contains("not a multiple of num_key_value_heads 3"));
@@ -681,8 +681,56 @@ TEST_CASE("decoder configs: RoPE settings resolved as transformers resolves them
     CHECK_THROWS_WITH(rope(R"(, "rope_scaling": [1])"),
                       doctest::Contains("\"rope_scaling\" must be an object or null"));
     CHECK_THROWS_WITH(rope(R"(, "rope_parameters": {"rope_type": "default"},
-        "rope_scaling": {"rope_type": "yarn", "factor": 2.0})"),
-                      doctest::Contains("rope_scaling type \"yarn\" is not supported"));
+        "rope_scaling": {"rope_type": "dynamic_yarn", "factor": 2.0})"),
+                      doctest::Contains("rope_scaling type \"dynamic_yarn\" is not supported"));
+  }
+  SUBCASE("yarn: Qwen's 4.x rope_scaling, DeepSeek's keys, each written back") {
+    // Qwen2.5's and Qwen3's model cards add this object to extend 32768
+    // positions fourfold.
+    llm::RopeConfig r = rope(R"(, "rope_theta": 1000000.0, "rope_scaling": {"type": "yarn",
+        "factor": 4.0, "original_max_position_embeddings": 32})");
+    CHECK(r.scaling.type == "yarn");
+    CHECK(r.scaling.factor == 4.0);
+    CHECK(r.scaling.original_max_position_embeddings == 32);
+    CHECK(r.scaling.attention_factor == 0);  // derived: 0.1 ln 4 + 1
+    CHECK(r.scaling.truncate);
+    // No original length: max_position_embeddings (then an implicit factor
+    // of 1); a top-level one wins.
+    CHECK(rope(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2.0})")
+              .scaling.original_max_position_embeddings == 128);
+    CHECK(rope(R"(, "original_max_position_embeddings": 16, "rope_scaling": {"rope_type": "yarn",
+        "factor": 2.0, "original_max_position_embeddings": 64})")
+              .scaling.original_max_position_embeddings == 16);
+    const std::string deepseek = R"(, "rope_scaling": {"rope_type": "yarn", "factor": 40,
+        "original_max_position_embeddings": 4, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 0.8, "truncate": false, "attention_factor": 1.25})";
+    r = rope(deepseek);
+    CHECK(r.scaling.beta_fast == 32);
+    CHECK(r.scaling.beta_slow == 1);
+    CHECK(r.scaling.mscale == 1.0);
+    CHECK(r.scaling.mscale_all_dim == 0.8);
+    CHECK_FALSE(r.scaling.truncate);
+    CHECK(r.scaling.attention_factor == 1.25);
+    llm::DecoderConfig c = llm::parse_decoder_config(
+        R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 128)" +
+            deepseek + "}",
+        "cfg.json");
+    const llm::DecoderConfig again =
+        llm::parse_decoder_config(llm::decoder_config_json(c), "written.json");
+    CHECK(again.rope.scaling.type == "yarn");
+    CHECK(again.rope.scaling.factor == 40);
+    CHECK(again.rope.scaling.original_max_position_embeddings == 4);
+    CHECK(again.rope.scaling.mscale_all_dim == 0.8);
+    CHECK_FALSE(again.rope.scaling.truncate);
+    CHECK(again.rope.scaling.attention_factor == 1.25);
+    CHECK(llm::rope_frequencies(again.rope).inv_freq == llm::rope_frequencies(c.rope).inv_freq);
+    CHECK_THROWS_WITH(rope(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+        "truncate": 1})"),
+                      doctest::Contains("rope_scaling \"truncate\" must be true or false"));
+    CHECK_THROWS_WITH(rope(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+        "attention_factor": -1})"),
+                      doctest::Contains("\"attention_factor\" must be > 0"));
   }
 }
 

@@ -3,6 +3,7 @@
 // gradient by finite differences, every device), errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/ops/harness.h"
@@ -144,6 +145,80 @@ TEST_CASE("rope: longrope's short and long factors and its attention factor") {
                                       "6 needs 3"));
 }
 
+// YaRN (Qwen2.5's and Qwen3's long contexts, OLMo 3, DeepSeek): each
+// frequency blends itself and itself / factor by a ramp between the
+// dimensions turning beta_fast and beta_slow times over the original length
+// (transformers' _compute_yarn_parameters, here in double; the tiny
+// qwen3_yarn model checks the whole against transformers' logits).
+TEST_CASE("rope: yarn's blend of interpolated and kept frequencies, its attention factor") {
+  const auto reference = [](const llm::RopeConfig& c) {
+    const llm::RopeScaling& s = c.scaling;
+    const double dim = double(c.head_dim), orig = double(s.original_max_position_embeddings);
+    const auto correction = [&](double rot) {
+      return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(c.theta));
+    };
+    double low = correction(s.beta_fast > 0 ? s.beta_fast : 32);
+    double high = correction(s.beta_slow > 0 ? s.beta_slow : 1);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    std::vector<double> out;
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+      const double kept = std::pow(c.theta, -2.0 * double(i) / dim);
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      out.push_back(kept / s.factor * ramp + kept * (1 - ramp));
+    }
+    return out;
+  };
+  llm::RopeConfig cfg{.theta = 10000, .head_dim = 16, .max_position_embeddings = 128};
+  cfg.scaling.type = "yarn";
+  cfg.scaling.factor = 4;
+  cfg.scaling.original_max_position_embeddings = 32;
+  const auto check = [&](double attention) {
+    const llm::RopeFrequencies f = llm::rope_frequencies(cfg, 100);
+    const std::vector<double> want = reference(cfg);
+    REQUIRE(f.inv_freq.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("frequency ", i);
+      CHECK(f.inv_freq[i] == doctest::Approx(want[i]).epsilon(1e-6));
+    }
+    CHECK(f.attention_scaling == doctest::Approx(attention).epsilon(1e-12));
+  };
+  SUBCASE("the defaults: beta 32 and 1, bounds rounded outwards, 0.1 ln factor + 1") {
+    check(0.1 * std::log(4.0) + 1);
+    // Kept at the high frequencies, divided by 4 at the low ones, between
+    // in the ramp (dimensions 0..2 here).
+    const llm::RopeFrequencies f = llm::rope_frequencies(cfg);
+    const std::vector<float> plain =
+        llm::rope_frequencies({.theta = 10000, .head_dim = 16}).inv_freq;
+    CHECK(f.inv_freq[0] == plain[0]);
+    CHECK(f.inv_freq[7] == doctest::Approx(plain[7] / 4).epsilon(1e-6));
+    CHECK(f.inv_freq[1] < plain[1]);
+    CHECK(f.inv_freq[1] > plain[1] / 4);
+  }
+  SUBCASE("betas, bounds not rounded") {
+    cfg.scaling.beta_fast = 8, cfg.scaling.beta_slow = 0.5, cfg.scaling.truncate = false;
+    check(0.1 * std::log(4.0) + 1);
+  }
+  SUBCASE("DeepSeek's mscale pair, a given attention factor, a derived factor") {
+    cfg.scaling.mscale = 0.707, cfg.scaling.mscale_all_dim = 0.707;
+    check(1.0);
+    cfg.scaling.mscale_all_dim = 1;
+    check((0.1 * 0.707 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1));
+    cfg.scaling.attention_factor = 1.5;
+    check(1.5);
+    cfg.scaling.attention_factor = 0, cfg.scaling.mscale = 0;
+    cfg.scaling.factor = 0;  // 128 / 32
+    const llm::RopeFrequencies f = llm::rope_frequencies(cfg);
+    CHECK(f.attention_scaling == doctest::Approx(0.1 * std::log(4.0) + 1));
+  }
+  SUBCASE("no original length") {
+    cfg.scaling.original_max_position_embeddings = 0;
+    CHECK_THROWS_WITH(llm::rope_frequencies(cfg),
+                      doctest::Contains("yarn needs original_max_position_embeddings > 0"));
+  }
+}
+
 // Partial rotary (Phi-4-mini): tables of fewer frequencies than head_dim / 2
 // rotate the first values of each head and pass the rest through; the
 // rotation's gradient by finite differences.
@@ -166,9 +241,9 @@ TEST_CASE("rope: partial rotary, the rest of each head passed through") {
 
 TEST_CASE("rope: clear errors") {
   llm::RopeConfig cfg{.theta = 10000, .head_dim = 8, .max_position_embeddings = 64};
-  cfg.scaling.type = "yarn";
+  cfg.scaling.type = "mrope";
   CHECK_THROWS_WITH(llm::rope_frequencies(cfg),
-                    doctest::Contains("rope_scaling type 'yarn' is not supported"));
+                    doctest::Contains("rope_scaling type 'mrope' is not supported"));
   cfg.scaling.type = "llama3";
   cfg.scaling.factor = 8;
   CHECK_THROWS_WITH(llm::rope_frequencies(cfg),
