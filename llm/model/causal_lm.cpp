@@ -2,7 +2,8 @@
 // forward (embeddings (Gemma: scaled by sqrt(hidden_size)), N x [RMSNorm,
 // attention with RoPE and grouped heads (Qwen3: each head of q and k
 // RMS-normalized first; Gemma 2: soft-capped scores; Phi-3: q, k and v from
-// one product, part of each head rotated), (Gemma 2: RMSNorm), residual,
+// one product, part of each head rotated; SmolLM3: some layers without
+// RoPE), (Gemma 2: RMSNorm), residual,
 // RMSNorm, SiLU- or GELU-gated MLP (Phi-3: gate and up from one product),
 // (Gemma 2: RMSNorm), residual], RMSNorm, lm_head (Gemma 2: soft-capped)).
 #include "llm/model/causal_lm.h"
@@ -136,7 +137,10 @@ void check_tied_copy(const Tensor* lm_head, const Tensor* embed, DType dtype) {
 class Attention : public Module {
  public:
   Attention(const DecoderConfig& c, WeightTaker& w, const std::string& prefix, int64_t layer)
-      : Module("Attention"), c_(c), window_(c.layer_window(layer)) {
+      : Module("Attention"),
+        c_(c),
+        window_(c.layer_window(layer)),
+        rotates_(c.layer_rotates(layer)) {
     const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
     const auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
       const std::string p = prefix + name;
@@ -204,8 +208,10 @@ class Attention : public Module {
       q = q_norm_->forward(q);
       k = k_norm_->forward(k);
     }
-    q = apply_rope(q, rope);
-    k = apply_rope(k, rope);
+    if (rotates_) {  // SmolLM3's NoPE layers attend without positions
+      q = apply_rope(q, rope);
+      k = apply_rope(k, rope);
+    }
     if (cache) {
       if (cache->keys.size() <= layer) {
         cache->keys.resize(layer + 1);
@@ -231,6 +237,7 @@ class Attention : public Module {
  private:
   DecoderConfig c_;
   int64_t window_;                            // this layer's sliding window (0: none)
+  bool rotates_;                              // RoPE on q and k (not a NoPE layer)
   std::shared_ptr<Module> q_, k_, v_, o_;     // q_ is qkv_proj when fused (k_, v_ unset)
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm only
 };

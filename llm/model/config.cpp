@@ -74,6 +74,38 @@ DType dtype_of(const Reader& r) {
   }
 }
 
+// Qwen2 and Qwen3 read sliding windows the same way.
+bool qwen_windows(const DecoderConfig& c) {
+  return c.model_type == "qwen2" || c.model_type == "qwen3";
+}
+
+bool gemma_family(const DecoderConfig& c) {
+  return c.model_type == "gemma" || c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
+
+// Gemma 2's layout, which Gemma 3 keeps: four norms a layer,
+// query_pre_attn_scalar, hidden_activation, per-layer attention types.
+bool gemma2_layout(const DecoderConfig& c) {
+  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
+
+// OLMo 2's layout, which OLMo 3 keeps: norms after each block, q and k
+// normalized over all heads.
+bool olmo2_layout(const DecoderConfig& c) {
+  return c.model_type == "olmo2" || c.model_type == "olmo3";
+}
+
+// The models whose layers each have a type (layer_types: full_attention or
+// sliding_attention), with a default pattern where the key is absent.
+bool typed_layers(const DecoderConfig& c) {
+  return gemma2_layout(c) || c.model_type == "olmo3" || c.model_type == "smollm3";
+}
+
+// Gemma 3 and OLMo 3 give each layer type its RoPE.
+bool rope_per_layer_type(const DecoderConfig& c) {
+  return c.model_type == "gemma3_text" || c.model_type == "olmo3";
+}
+
 // One RoPE object (a rope_scaling or rope_parameters object, or null for
 // none) into `rope`, whose theta is the default the object's rope_theta
 // replaces.
@@ -179,6 +211,7 @@ void read_rope_object(const Reader& r, const json* params, RopeConfig& rope,
 // rope_local_base_freq (10000) for the sliding ones.
 void read_rope(const Reader& r, DecoderConfig& c) {
   const bool gemma3 = c.model_type == "gemma3_text";
+  const bool per_layer_type = rope_per_layer_type(c);
   const json* scaling = nullptr;
   if (r.has("rope_scaling")) {
     const json& s = r.j.at("rope_scaling");
@@ -192,13 +225,20 @@ void read_rope(const Reader& r, DecoderConfig& c) {
   }
   const bool per_type =
       params && (params->contains("full_attention") || params->contains("sliding_attention"));
-  if (per_type && !gemma3) r.fail("per-layer-type \"rope_parameters\" are not supported");
-  c.rope.theta = r.number(r.j, "rope_theta", gemma3 ? 1e6 : 10000.0, false);
-  if (!gemma3) {
+  if (per_type && !per_layer_type) r.fail("per-layer-type \"rope_parameters\" are not supported");
+  // Each class's default theta (transformers' default_theta).
+  const double default_theta = gemma3                      ? 1e6
+                               : c.model_type == "smollm3" ? 2e6
+                               : c.model_type == "olmo3"   ? 5e5
+                                                           : 10000.0;
+  c.rope.theta = r.number(r.j, "rope_theta", default_theta, false);
+  if (!per_layer_type) {
     read_rope_object(r, scaling ? scaling : params, c.rope, c);
   } else {
+    // Gemma 3's sliding layers have their own base (rope_local_base_freq);
+    // OLMo 3's share rope_theta, without the full layers' scaling.
     RopeConfig local;
-    local.theta = r.number(r.j, "rope_local_base_freq", 10000.0, false);
+    local.theta = gemma3 ? r.number(r.j, "rope_local_base_freq", 10000.0, false) : c.rope.theta;
     const auto type_object = [&](const char* type) -> const json* {
       if (!per_type || !params->contains(type) || params->at(type).is_null()) return nullptr;
       if (!params->at(type).is_object())
@@ -236,21 +276,6 @@ void read_rope(const Reader& r, DecoderConfig& c) {
     r.fail("\"rope_interleaved\": true is not supported (transformers' Llama rotates halves)");
 }
 
-// Qwen2 and Qwen3 read sliding windows the same way.
-bool qwen_windows(const DecoderConfig& c) {
-  return c.model_type == "qwen2" || c.model_type == "qwen3";
-}
-
-bool gemma_family(const DecoderConfig& c) {
-  return c.model_type == "gemma" || c.model_type == "gemma2" || c.model_type == "gemma3_text";
-}
-
-// Gemma 2's layout, which Gemma 3 keeps: four norms a layer,
-// query_pre_attn_scalar, hidden_activation, per-layer attention types.
-bool gemma2_layout(const DecoderConfig& c) {
-  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
-}
-
 // num_key_value_heads when config.json has no such key: the model type's
 // config class default in transformers (Mistral's 8, Qwen's 32, Gemma's 16,
 // Gemma 2's 4, Llama's num_attention_heads); a null one is
@@ -260,7 +285,7 @@ int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
   if (c.model_type == "mistral") return 8;
   if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
   if (c.model_type == "gemma") return 16;
-  if (gemma2_layout(c)) return 4;
+  if (gemma2_layout(c) || c.model_type == "smollm3") return 4;
   return c.num_attention_heads;
 }
 
@@ -293,11 +318,70 @@ double read_softcap(const Reader& r, const char* key, double fallback) {
   return v;
 }
 
+// SmolLM3's layers without RoPE: no_rope_layers (1: rotates, 0: not; at
+// least one entry a layer), else every no_rope_layer_interval-th layer (4).
+void read_nope_layers(const Reader& r, DecoderConfig& c) {
+  const int64_t layers = c.num_hidden_layers;
+  c.nope_layers.clear();
+  if (r.has("no_rope_layers")) {
+    const json& v = r.j.at("no_rope_layers");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) < layers)
+      r.fail("\"no_rope_layers\" must list 1 (RoPE) or 0 (none) for each of the " +
+             std::to_string(layers) + " layers");
+    for (int64_t l = 0; l < layers; ++l) {
+      const json& e = v[static_cast<size_t>(l)];
+      if (e != 0 && e != 1)
+        r.fail("\"no_rope_layers\"[" + std::to_string(l) + "] is " + e.dump() + " (1 or 0)");
+      c.nope_layers.push_back(e == 0);
+    }
+  } else {
+    const int64_t interval = r.integer("no_rope_layer_interval", 4);
+    for (int64_t l = 0; l < layers; ++l) c.nope_layers.push_back((l + 1) % interval == 0);
+  }
+  if (std::find(c.nope_layers.begin(), c.nope_layers.end(), true) == c.nope_layers.end())
+    c.nope_layers.clear();
+}
+
+// The layers' types (layer_types, else the class's pattern) of the models
+// that have them: true where a layer is sliding_attention.
+std::vector<bool> read_layer_types(const Reader& r, const DecoderConfig& c) {
+  const int64_t layers = c.num_hidden_layers;
+  std::vector<bool> slides;
+  if (r.has("layer_types")) {
+    const json& types = r.j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
+      r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
+    for (int64_t i = 0; i < layers; ++i) {
+      const json& t = types[static_cast<size_t>(i)];
+      if (t != "sliding_attention" && t != "full_attention")
+        r.fail("\"layer_types\"[" + std::to_string(i) + "] is " + t.dump() +
+               " (full_attention or sliding_attention)");
+      slides.push_back(t == "sliding_attention");
+    }
+    return slides;
+  }
+  // Gemma 2: every other layer from layer 0; Gemma 3: all but every
+  // sliding_window_pattern-th (6); OLMo 3: all but every 4th; SmolLM3: its
+  // layers without RoPE, where use_sliding_window and a window are set.
+  const bool smollm3_slides =
+      r.flag("use_sliding_window", false) && r.has("sliding_window") && !c.nope_layers.empty();
+  const int64_t pattern = c.model_type == "gemma2"        ? 2
+                          : c.model_type == "gemma3_text" ? r.integer("sliding_window_pattern", 6)
+                                                          : 4;
+  for (int64_t l = 0; l < layers; ++l)
+    slides.push_back(c.model_type == "gemma2"    ? l % 2 == 0
+                     : c.model_type == "smollm3" ? smollm3_slides && !c.layer_rotates(l)
+                                                 : (l + 1) % pattern != 0);
+  return slides;
+}
+
 // Sliding-window attention as transformers reads it: mistral's
 // sliding_window on every layer (4096 when the key is absent, as
 // MistralConfig's default; none when null); qwen2's and qwen3's when
 // use_sliding_window, on the layers layer_types names sliding_attention,
-// else on those from max_window_layers (28 when absent). Llama has none.
+// else on those from max_window_layers (28 when absent); the typed layers'
+// (Gemma 2 and 3, OLMo 3, SmolLM3) on their sliding_attention layers. Llama
+// has none.
 void read_sliding_window(const Reader& r, DecoderConfig& c) {
   const int64_t layers = c.num_hidden_layers;
   const auto window = [&]() -> int64_t {
@@ -309,30 +393,24 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
     // Phi3Config's default is no window (Mistral's 4096).
     w = c.model_type == "phi3" && !r.j.contains("sliding_window") ? 0 : window();
     first = 0;
-  } else if (gemma2_layout(c)) {
-    // The layers layer_types names sliding_attention, else Gemma 2's every
-    // other layer from layer 0, Gemma 3's all but every
-    // sliding_window_pattern-th (6).
-    w = window();
-    std::vector<bool> slides;
-    if (r.has("layer_types")) {
-      const json& types = r.j.at("layer_types");
-      if (!types.is_array() || static_cast<int64_t>(types.size()) != layers)
-        r.fail("\"layer_types\" must list one type per layer (" + std::to_string(layers) + ")");
-      for (int64_t i = 0; i < layers; ++i) {
-        const json& t = types[static_cast<size_t>(i)];
-        if (t != "sliding_attention" && t != "full_attention")
-          r.fail("\"layer_types\"[" + std::to_string(i) + "] is " + t.dump() +
-                 " (full_attention or sliding_attention)");
-        slides.push_back(t == "sliding_attention");
-      }
+  } else if (typed_layers(c)) {
+    const std::vector<bool> slides = read_layer_types(r, c);
+    const bool any_slides = std::find(slides.begin(), slides.end(), true) != slides.end();
+    if (c.model_type == "smollm3") {
+      // Its attention slides only with use_sliding_window, while
+      // transformers' mask follows layer_types alone: a config where the
+      // two disagree computes differently in each attention implementation.
+      const bool windowed = r.flag("use_sliding_window", false) && r.has("sliding_window");
+      if (any_slides && !windowed)
+        r.fail(
+            "\"layer_types\" names sliding_attention layers but use_sliding_window is not true "
+            "with a sliding_window (transformers' attention and its mask then disagree)");
+      w = windowed ? r.integer("sliding_window") : 0;
     } else {
-      const int64_t pattern = c.model_type == "gemma2" ? 2 : r.integer("sliding_window_pattern", 6);
-      for (int64_t l = 0; l < layers; ++l)
-        slides.push_back(c.model_type == "gemma2" ? l % 2 == 0 : (l + 1) % pattern != 0);
+      w = window();
     }
-    // Kept without a window too: Gemma 3's sliding layers take the local
-    // RoPE whether or not they slide.
+    // Kept without a window too: Gemma 3's and OLMo 3's sliding layers take
+    // their RoPE whether or not they slide.
     c.sliding_layers = slides;
     const auto first_sliding = std::find(slides.begin(), slides.end(), true);
     if (w > 0 && first_sliding != slides.end()) {
@@ -387,6 +465,11 @@ double DecoderConfig::attention_scale() const {
                   -0.5);
 }
 
+bool DecoderConfig::layer_rotates(int64_t layer) const {
+  return layer < 0 || layer >= static_cast<int64_t>(nope_layers.size()) ||
+         !nope_layers[static_cast<size_t>(layer)];
+}
+
 bool DecoderConfig::layer_slides(int64_t layer) const {
   return layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
          sliding_layers[static_cast<size_t>(layer)];
@@ -398,7 +481,7 @@ int64_t DecoderConfig::layer_window(int64_t layer) const {
 
 RmsWeight DecoderConfig::norm_weight() const {
   if (gemma_norms) return RmsWeight::one_plus;
-  return model_type == "olmo2" ? RmsWeight::in_accumulation : RmsWeight::rounded_first;
+  return olmo2_layout(*this) ? RmsWeight::in_accumulation : RmsWeight::rounded_first;
 }
 
 std::string DecoderConfig::decoder_module() const {
@@ -477,12 +560,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "gemma" && c.model_type != "gemma2" &&
-      c.model_type != "gemma3_text" && c.model_type != "phi3" && c.model_type != "olmo2")
+  static const char* const kTypes[] = {"llama", "mistral", "qwen2",       "qwen3",
+                                       "gemma", "gemma2",  "gemma3_text", "phi3",
+                                       "olmo2", "olmo3",   "smollm3"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes))
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3, phi3, olmo2)");
+           "gemma3, phi3, olmo2, olmo3, smollm3)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -520,28 +604,30 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
     r.fail("num_attention_heads x head_dim is more than any model has");
   check_weight("num_attention_heads x head_dim", c.num_attention_heads * c.head_dim, "hidden_size",
                c.hidden_size);
-  c.rms_norm_eps = r.number(j, "rms_norm_eps", 1e-6, false);
+  // Phi-3's and OLMo's classes default to 1e-5, the others to 1e-6.
+  c.rms_norm_eps =
+      r.number(j, "rms_norm_eps", c.model_type == "phi3" || olmo2_layout(c) ? 1e-5 : 1e-6, false);
   if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
-  // Gemma's classes tie by default, the others not.
-  c.tie_word_embeddings = r.flag("tie_word_embeddings", gemma);
-  // Biases as each model's modules have them: Llama's attention_bias and
-  // mlp_bias; Qwen3's, Gemma's and OLMo 2's attention_bias (their MLPs have
-  // none);
+  // Gemma's and SmolLM3's classes tie by default, the others not.
+  c.tie_word_embeddings = r.flag("tie_word_embeddings", gemma || c.model_type == "smollm3");
+  // Biases as each model's modules have them: Llama's and SmolLM3's
+  // attention_bias and mlp_bias; Qwen3's, Gemma's and OLMo's
+  // attention_bias (their MLPs have none);
   // Qwen2's q, k and v always, nothing else; Mistral none. A key a model
   // does not read is ignored, as transformers ignores it.
-  const bool llama = c.model_type == "llama";
-  const bool olmo2 = c.model_type == "olmo2";
-  c.attention_bias = (llama || qwen3 || gemma || olmo2) && r.flag("attention_bias", false);
+  const bool llama = c.model_type == "llama" || c.model_type == "smollm3";
+  const bool olmo = olmo2_layout(c);
+  c.attention_bias = (llama || qwen3 || gemma || olmo) && r.flag("attention_bias", false);
   c.mlp_bias = llama && r.flag("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
   c.o_bias = c.attention_bias;
   c.fused_projections = c.model_type == "phi3";
   // Qwen3 and Gemma 3 normalize each head of q and k (Gemma 3 with 1 +
   // weight, as its other norms).
-  c.qk_norm = qwen3 || c.model_type == "gemma3_text" || olmo2;
-  // OLMo 2: over all heads at once, its norms only after each block.
-  c.qk_norm_whole = olmo2;
-  c.post_norms = olmo2;
+  c.qk_norm = qwen3 || c.model_type == "gemma3_text" || olmo;
+  // OLMo 2 and 3: over all heads at once, their norms only after each block.
+  c.qk_norm_whole = olmo;
+  c.post_norms = olmo;
   c.gemma_norms = gemma;
   if (gemma2_layout(c)) {
     // Gemma 2 caps by default, Gemma 3 does not.
@@ -569,6 +655,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
       if (r.number(j, key, 0.0, false) != 0.0)
         r.fail(std::string("\"") + key + "\": " + j.at(key).dump() +
                " is not supported (quanta's decoder has no dropout there; 0 is)");
+  if (c.model_type == "smollm3") read_nope_layers(r, c);
   read_sliding_window(r, c);
   read_rope(r, c);
   // Every RoPE value checked now, not at the first forward (longrope's long
@@ -603,6 +690,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "gemma3_text" ? "Gemma3ForCausalLM"
                         : c.model_type == "phi3"        ? "Phi3ForCausalLM"
                         : c.model_type == "olmo2"       ? "Olmo2ForCausalLM"
+                        : c.model_type == "olmo3"       ? "Olmo3ForCausalLM"
+                        : c.model_type == "smollm3"     ? "SmolLM3ForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -653,8 +742,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
   }
   if (c.sliding_rope) {
     // Gemma 3: 4.x's local base and 5.x's per-type parameters, which also
-    // carry a scaling of the sliding layers.
-    j["rope_local_base_freq"] = c.sliding_rope->theta;
+    // carry a scaling of the sliding layers (OLMo 3: the latter alone).
+    if (c.model_type == "gemma3_text") j["rope_local_base_freq"] = c.sliding_rope->theta;
     json per_type;
     for (const auto& [type, rope] :
          {std::pair<const char*, const RopeConfig*>{"full_attention", &c.rope},
@@ -667,8 +756,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["rope_parameters"] = per_type;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type == "llama" || c.model_type == "qwen3" || c.model_type == "olmo2" ||
-      gemma_family(c))
+  if (c.model_type == "llama" || c.model_type == "qwen3" || c.model_type == "smollm3" ||
+      olmo2_layout(c) || gemma_family(c))
     j["attention_bias"] = c.attention_bias;
   if (gemma2_layout(c)) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
@@ -676,11 +765,17 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
   }
-  if (c.model_type == "llama") j["mlp_bias"] = c.mlp_bias;
+  if (c.model_type == "llama" || c.model_type == "smollm3") j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (c.model_type == "mistral" || c.model_type == "phi3" || gemma2_layout(c))
+  if (c.model_type == "mistral" || c.model_type == "phi3" || typed_layers(c))
     j["sliding_window"] = window;
-  if (gemma2_layout(c)) {
+  if (c.model_type == "smollm3") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    json rotates = json::array();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) rotates.push_back(c.layer_rotates(l) ? 1 : 0);
+    j["no_rope_layers"] = rotates;
+  }
+  if (typed_layers(c)) {
     json types = json::array();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
       types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");

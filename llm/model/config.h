@@ -1,7 +1,8 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2, gemma3_text, phi3 and olmo2, and the decoder of Gemma 3's image-text model
+// gemma2, gemma3_text, phi3, olmo2, olmo3 and smollm3, and the decoder of
+// Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
 // torch_dtype), which most published models carry, and 5.x's
@@ -19,7 +20,8 @@
 namespace quanta::llm {
 
 struct DecoderConfig {
-  /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3 or olmo2. */
+  /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2,
+   * olmo3 or smollm3. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -40,8 +42,9 @@ struct DecoderConfig {
    * as the RoPE ops take them. */
   RopeConfig rope;
   /** gemma3_text: the RoPE of the sliding layers (rope_local_base_freq,
-   * 10000), `rope` being the full layers' (1e6, with the scaling); unset:
-   * every layer takes `rope`. */
+   * 10000), `rope` being the full layers' (1e6, with the scaling); olmo3:
+   * rope_theta without the full layers' scaling; unset: every layer takes
+   * `rope`. */
   std::optional<RopeConfig> sliding_rope;
   bool tie_word_embeddings = false;
   /** Biases on q, k, v and o (llama's and qwen3's attention_bias); qwen2
@@ -57,7 +60,10 @@ struct DecoderConfig {
   /** qwen3: an RMSNorm over each head of q and of k (self_attn.q_norm,
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;
-  /** olmo2: the q and k norms span all heads (weights [heads x head_dim],
+  /** smollm3's layers without RoPE (NoPE; no_rope_layers' 0 entries, by
+   * default every 4th layer); empty: every layer rotates. */
+  std::vector<bool> nope_layers;
+  /** olmo2 and olmo3: the q and k norms span all heads (weights [heads x head_dim],
    * [kv heads x head_dim]), applied before the split into heads. */
   bool qk_norm_whole = false;
   /** The MLP's activation: SiLU, or GELU's tanh approximation (gemma's
@@ -72,7 +78,7 @@ struct DecoderConfig {
    * before their residual adds, the MLP's input by
    * pre_feedforward_layernorm. */
   bool sandwich_norms = false;
-  /** olmo2's norms: only after each block, the attention's and the MLP's
+  /** olmo2's and olmo3's norms: only after each block, the attention's and the MLP's
    * outputs normalized (post_attention_layernorm,
    * post_feedforward_layernorm) before their residual adds, their inputs
    * not (no input_layernorm). */
@@ -90,7 +96,9 @@ struct DecoderConfig {
    * sees only the last sliding_window keys up to its own (mistral's
    * sliding_window on every layer; qwen2's and qwen3's with
    * use_sliding_window, from max_window_layers on; gemma2's every other
-   * layer from layer 0; gemma3_text's all but every 6th); 0: none.
+   * layer from layer 0; gemma3_text's all but every 6th; olmo3's all but
+   * every 4th; smollm3's with use_sliding_window, its NoPE layers, or those
+   * layer_types names); 0: none.
    * max_window_layers is the first sliding layer (what qwen2 writes
    * back). */
   int64_t sliding_window = 0;
@@ -103,6 +111,9 @@ struct DecoderConfig {
    * from the model is whole. Empty for a decoder's own config. */
   std::string image_text_config;
 
+  /** Whether decoder layer `layer` applies RoPE to q and k (not one of
+   * nope_layers). */
+  bool layer_rotates(int64_t layer) const;
   /** Whether decoder layer `layer` is a sliding one (its type
    * sliding_attention, even where sliding_window is 0). */
   bool layer_slides(int64_t layer) const;

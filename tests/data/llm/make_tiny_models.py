@@ -40,12 +40,16 @@ from transformers import (
     MistralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -201,6 +205,25 @@ MODELS = {
                         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                          "original_max_position_embeddings": 32}),
                    torch.float32, None),
+    # SmolLM3: layer 1 without RoPE (no_rope_layers), sliding over 4 keys
+    # as use_sliding_window makes its NoPE layers do, tied.
+    "smollm3_nope": (SmolLM3Config, SmolLM3ForCausalLM,
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                          no_rope_layers=[1, 0], use_sliding_window=True, sliding_window=4,
+                          rope_parameters={"rope_type": "default", "rope_theta": 2000000.0}),
+                     torch.float32, None),
+    # OLMo 3: OLMo 2's norms, a window of 4 on layer 0, YaRN on the full
+    # layer 1 only (OLMo 3's long-context settings); config rewritten in 4.x
+    # names as OLMo 3 is published.
+    "olmo3_window": (Olmo3Config, Olmo3ForCausalLM,
+                     dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                          sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                          rope_parameters={
+                              "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0,
+                                                 "factor": 4.0, "original_max_position_embeddings": 32,
+                                                 "beta_fast": 8.0, "beta_slow": 1.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
+                     torch.float32, None),
 }
 
 
@@ -208,6 +231,8 @@ def to_4x_names(path):
     with open(path) as f:
         c = json.load(f)
     rope = c.pop("rope_parameters")
+    if "full_attention" in rope:  # per layer type: 4.x's rope_scaling is the full layers'
+        rope = rope["full_attention"]
     c["rope_theta"] = rope.pop("rope_theta")
     c["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
     c["torch_dtype"] = c.pop("dtype")
@@ -225,7 +250,7 @@ def main(root, only):
         with torch.no_grad():  # norms start at 1 (Gemma's at 0): moved, so a missed scale shows
             for pname, p in model.named_parameters():
                 if pname.endswith(("q_norm.weight", "k_norm.weight")) or (
-                        name.startswith(("gemma", "olmo2")) and pname.endswith("norm.weight")):
+                        name.startswith(("gemma", "olmo")) and pname.endswith("norm.weight")):
                     p.add_(0.3 * torch.randn_like(p))
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)
@@ -237,7 +262,7 @@ def main(root, only):
         for f in os.listdir(folder):  # keep only what the loader reads
             if f == "generation_config.json":
                 os.remove(os.path.join(folder, f))
-        if name == "llama_tied_llama3":
+        if name in ("llama_tied_llama3", "olmo3_window"):
             to_4x_names(os.path.join(folder, "config.json"))
         # What a user gets: the folder loaded back (from_pretrained keeps RoPE's
         # inverse frequencies in f32; the .to(dtype) above rounded them too).

@@ -42,7 +42,8 @@ const std::vector<std::string> kModels = {
     "mistral_sharded", "qwen3_qk_norm",     "qwen3_bf16",        "gemma_geglu",
     "gemma2_softcap",  "gemma2_bf16",       "mistral_window",    "qwen2_window",
     "gemma3_text",     "gemma3_bf16",       "gemma3_image_text", "phi3_fused",
-    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",        "qwen3_yarn"};
+    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",        "qwen3_yarn",
+    "smollm3_nope",    "olmo3_window"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -1279,6 +1280,101 @@ TEST_CASE("decoder configs: olmo2") {
   CHECK(again.model_type == "olmo2");
   CHECK(again.qkv_bias);
   CHECK(again.parameter_count() == d.parameter_count());
+}
+
+// What transformers 5.24's Olmo3Config makes of the keys: OLMo 2's layout,
+// a window of 4096 on all but every 4th layer, theta 500000 on both layer
+// types, a 4.x rope_scaling on the full layers only.
+TEST_CASE("decoder configs: olmo3, its layer types and their RoPE") {
+  const llm::DecoderConfig d = small_config("olmo3", 64, 8, "");
+  CHECK(d.qk_norm_whole);
+  CHECK(d.post_norms);
+  CHECK(d.norm_weight() == llm::RmsWeight::in_accumulation);
+  CHECK(d.rms_norm_eps == 1e-5);
+  CHECK_FALSE(d.tie_word_embeddings);
+  CHECK(d.sliding_window == 4096);
+  for (int64_t l = 0; l < 8; ++l) CHECK(d.layer_slides(l) == ((l + 1) % 4 != 0));
+  CHECK(d.rope.theta == 5e5);
+  REQUIRE(d.sliding_rope);
+  CHECK(d.sliding_rope->theta == 5e5);
+  const llm::DecoderConfig y = small_config(
+      "olmo3", 64, 2,
+      R"(, "rope_theta": 1000.0, "sliding_window": null, "layer_types": ["sliding_attention",
+          "full_attention"], "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+          "original_max_position_embeddings": 16})");
+  CHECK(y.sliding_window == 0);
+  CHECK(y.layer_slides(0));  // its type, for the RoPE, without a window
+  CHECK(y.layer_window(0) == 0);
+  CHECK(y.rope.scaling.type == "yarn");
+  CHECK(y.rope.theta == 1000.0);
+  CHECK(y.sliding_rope->scaling.type == "default");
+  CHECK(y.sliding_rope->theta == 1000.0);
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(y), "written.json");
+  CHECK(again.model_type == "olmo3");
+  CHECK(again.layer_slides(0));
+  CHECK_FALSE(again.layer_slides(1));
+  CHECK(again.rope.scaling.type == "yarn");
+  CHECK(again.rope.scaling.original_max_position_embeddings == 16);
+  CHECK(again.sliding_rope->scaling.type == "default");
+  CHECK(again.sliding_rope->theta == 1000.0);
+  CHECK_THROWS_WITH(small_config("olmo3", 64, 2, R"(, "layer_types": ["sliding_attention"])"),
+                    doctest::Contains("\"layer_types\" must list one type per layer (2)"));
+}
+
+// What transformers 5.24's SmolLM3Config makes of the keys: every 4th layer
+// without RoPE unless no_rope_layers says, 4 key heads, tied, theta 2e6,
+// windows only with use_sliding_window (on the NoPE layers by default).
+TEST_CASE("decoder configs: smollm3, its NoPE layers and windows") {
+  const llm::DecoderConfig d = small_config("smollm3", 64, 8, "");
+  CHECK(d.num_key_value_heads == 4);
+  CHECK(d.tie_word_embeddings);
+  CHECK(d.rope.theta == 2e6);
+  CHECK(d.rms_norm_eps == 1e-6);
+  CHECK(d.sliding_window == 0);
+  for (int64_t l = 0; l < 8; ++l) CHECK(d.layer_rotates(l) == ((l + 1) % 4 != 0));
+  CHECK(small_config("smollm3", 64, 4, R"(, "no_rope_layer_interval": 2)").layer_rotates(1) ==
+        false);
+  const llm::DecoderConfig w = small_config(
+      "smollm3", 64, 3,
+      R"(, "no_rope_layers": [1, 0, 1, 1], "use_sliding_window": true, "sliding_window": 8,
+          "attention_bias": true, "mlp_bias": true)");
+  CHECK_FALSE(w.layer_rotates(1));
+  CHECK(w.layer_rotates(2));
+  CHECK(w.layer_window(1) == 8);  // the NoPE layer slides
+  CHECK(w.layer_window(0) == 0);
+  CHECK(w.qkv_bias);
+  CHECK(w.mlp_bias);
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(w), "written.json");
+  CHECK(again.model_type == "smollm3");
+  CHECK(again.nope_layers == w.nope_layers);
+  CHECK(again.sliding_layers == w.sliding_layers);
+  CHECK(again.layer_window(1) == 8);
+  CHECK(again.mlp_bias);
+  // Every layer rotating: no NoPE layers kept.
+  CHECK(small_config("smollm3", 64, 2, R"(, "no_rope_layers": [1, 1])").nope_layers.empty());
+  CHECK_THROWS_WITH(small_config("smollm3", 64, 3, R"(, "no_rope_layers": [1, 0])"),
+                    doctest::Contains("\"no_rope_layers\" must list 1 (RoPE) or 0 (none) for "
+                                      "each of the 3 layers"));
+  CHECK_THROWS_WITH(small_config("smollm3", 64, 2, R"(, "no_rope_layers": [1, 2])"),
+                    doctest::Contains("\"no_rope_layers\"[1] is 2 (1 or 0)"));
+  CHECK_THROWS_WITH(
+      small_config("smollm3", 64, 2,
+                   R"(, "layer_types": ["full_attention", "sliding_attention"],
+                       "sliding_window": 8)"),
+      doctest::Contains("names sliding_attention layers but use_sliding_window is not true"));
+}
+
+// The class defaults of rms_norm_eps where config.json has none: Phi-3's
+// and OLMo's 1e-5, the others' 1e-6.
+TEST_CASE("decoder configs: rms_norm_eps defaults per model type") {
+  const auto eps = [](const char* type) {
+    return small_config(type, 64, 2, R"(, "num_key_value_heads": 2)").rms_norm_eps;
+  };
+  for (const char* type : {"phi3", "olmo2", "olmo3"}) CHECK(eps(type) == 1e-5);
+  for (const char* type : {"llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3"})
+    CHECK(eps(type) == 1e-6);
 }
 
 TEST_CASE("decoder configs: phi3, its fused projections, partial rotary and longrope") {

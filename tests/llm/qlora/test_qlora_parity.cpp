@@ -88,7 +88,9 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "phi3_all",
                                          "phi3_longrope_qkv",
                                          "olmo2_qk_norm_saved",
-                                         "olmo2_bf16_all"};
+                                         "olmo2_bf16_all",
+                                         "smollm3_all",
+                                         "olmo3_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

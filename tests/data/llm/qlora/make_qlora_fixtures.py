@@ -184,6 +184,12 @@ CASES = {
                                 choice=dict(modules_to_save=["q_norm", "k_norm"])),
     "olmo2_bf16_all": dict(model="olmo2_bf16", r=4, lora_alpha=8, target_modules="all-linear",
                            use_rslora=False, dtype=torch.bfloat16, n_targeted=14),
+    # SmolLM3: a layer without RoPE that slides; OLMo 3: OLMo 2's norms, a
+    # sliding layer and a full one with YaRN, from a 4.x-named config.
+    "smollm3_all": dict(model="smollm3_nope", r=4, lora_alpha=8, target_modules="all-linear",
+                        use_rslora=False, dtype=torch.float32, n_targeted=14),
+    "olmo3_all": dict(model="olmo3_window", r=4, lora_alpha=8, target_modules="all-linear",
+                      use_rslora=False, dtype=torch.float32, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
