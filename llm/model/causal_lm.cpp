@@ -41,6 +41,15 @@ namespace {
 // A sequence length past any RoPE scaling's original length.
 constexpr int64_t kMaxLength = std::numeric_limits<int64_t>::max();
 
+// x times Granite's multiplier m, computed in f32 and rounded once to x's
+// dtype, as PyTorch multiplies a 16-bit tensor by a Python number (a scalar
+// of x's dtype would round m first: Granite's 0.22 to 0.2197 in bf16).
+Tensor times_multiplier(const Tensor& x, double m) {
+  if (m == 1) return x;
+  if (x.dtype() == DType::f32 || x.dtype() == DType::f64) return x * m;
+  return (x.to(DType::f32) * m).to(x.dtype());
+}
+
 // Hands out the weights by name, checking shapes; collects every problem so
 // that one error lists them all.
 class WeightTaker {
@@ -295,7 +304,8 @@ class MLP : public Module {
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const DecoderConfig& c, WeightTaker& w, int64_t layer) : Module("DecoderLayer") {
+  DecoderLayer(const DecoderConfig& c, WeightTaker& w, int64_t layer)
+      : Module("DecoderLayer"), residual_multiplier_(c.residual_multiplier) {
     const std::string prefix = c.decoder_module() + ".layers." + std::to_string(layer) + ".";
     attn_ = register_module("self_attn",
                             std::make_shared<Attention>(c, w, prefix + "self_attn.", layer));
@@ -317,11 +327,13 @@ class DecoderLayer : public Module {
     // output is read (the MLP's input), so only the MLP's last one; Gemma
     // 2's and OLMo 2's norm after the MLP reads its output, so nothing is
     // skipped there.
+    // Granite scales each block's output before its residual add.
+    const double m = residual_multiplier_;
     const Tensor attn =
         attn_->forward(in_norm_ ? in_norm_->forward(h) : h, rope, cache, layer, mask);
     if (!post_mlp_norm_) {
-      const Tensor a = add(h, attn);
-      return add(a, mlp_->forward(post_norm_->forward(a), recomputing()));
+      const Tensor a = add(h, times_multiplier(attn, m));
+      return add(a, times_multiplier(mlp_->forward(post_norm_->forward(a), recomputing()), m));
     }
     // Gemma 2 and OLMo 2: each block's output normalized before its residual
     // add (Gemma 2 normalizes the MLP's input too).
@@ -336,6 +348,7 @@ class DecoderLayer : public Module {
   std::shared_ptr<RMSNorm> in_norm_, post_norm_;  // in_norm_: not with post_norms
   std::shared_ptr<RMSNorm> pre_mlp_norm_;         // sandwich_norms only
   std::shared_ptr<RMSNorm> post_mlp_norm_;        // sandwich_norms or post_norms
+  double residual_multiplier_;                    // granite's; 1: none
 };
 
 }  // namespace
@@ -643,6 +656,7 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
   if (c.gemma_norms)
     h = mul(h, full({}, std::sqrt(static_cast<double>(c.hidden_size)),
                     {.dtype = c.dtype, .device = dev}));
+  h = times_multiplier(h, c.embedding_multiplier);  // Granite's
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
     const RopeTables& layer_rope =
@@ -673,15 +687,17 @@ std::vector<std::string> CausalLM::layer_names() const {
 
 Tensor CausalLM::logits(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,
                         const Tensor& position_ids) {
-  return softcap_logits(
-      linear(hidden_states(ids, cache, attention_mask, position_ids), lm_head_weight()),
-      config_.final_logit_softcapping);
+  return softcap_logits(scale_logits(linear(hidden_states(ids, cache, attention_mask, position_ids),
+                                            lm_head_weight()),
+                                     config_.logits_scaling),
+                        config_.final_logit_softcapping);
 }
 
 Tensor CausalLM::lm_loss(const Tensor& hidden, const Tensor& labels, int64_t chunk_tokens) const {
   LmLossOptions o;
   o.chunk_tokens = chunk_tokens;
   o.logit_softcap = config_.final_logit_softcapping;
+  o.logit_divisor = config_.logits_scaling;
   // With trainable tokens, their rows' gradient alone: the output weight
   // (their rows written in) is a constant of the loss, made without a graph.
   o.trained_rows = lm_head_trained_rows();

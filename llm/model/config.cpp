@@ -461,6 +461,7 @@ void read_sliding_window(const Reader& r, DecoderConfig& c) {
 }  // namespace
 
 double DecoderConfig::attention_scale() const {
+  if (attention_multiplier > 0) return attention_multiplier;
   return std::pow(static_cast<double>(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_dim),
                   -0.5);
 }
@@ -562,11 +563,11 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
   static const char* const kTypes[] = {"llama", "mistral", "qwen2",       "qwen3",
                                        "gemma", "gemma2",  "gemma3_text", "phi3",
-                                       "olmo2", "olmo3",   "smollm3"};
+                                       "olmo2", "olmo3",   "smollm3",     "granite"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes))
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3, phi3, olmo2, olmo3, smollm3)");
+           "gemma3, phi3, olmo2, olmo3, smollm3, granite)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -615,7 +616,8 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   // attention_bias (their MLPs have none);
   // Qwen2's q, k and v always, nothing else; Mistral none. A key a model
   // does not read is ignored, as transformers ignores it.
-  const bool llama = c.model_type == "llama" || c.model_type == "smollm3";
+  const bool llama =
+      c.model_type == "llama" || c.model_type == "smollm3" || c.model_type == "granite";
   const bool olmo = olmo2_layout(c);
   c.attention_bias = (llama || qwen3 || gemma || olmo) && r.flag("attention_bias", false);
   c.mlp_bias = llama && r.flag("mlp_bias", false);
@@ -636,6 +638,21 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
     c.query_pre_attn_scalar = r.integer("query_pre_attn_scalar", 256);
     c.attn_logit_softcapping = read_softcap(r, "attn_logit_softcapping", gemma2 ? 50.0 : 0);
     c.final_logit_softcapping = read_softcap(r, "final_logit_softcapping", gemma2 ? 30.0 : 0);
+  }
+  if (c.model_type == "granite") {
+    // Granite's scalings of the embeddings, the residual branches, the
+    // attention scores and the logits (GraniteConfig's defaults 1: the
+    // scores unscaled by head_dim).
+    const auto multiplier = [&](const char* key) {
+      const double v = r.number(j, key, 1.0, false);
+      if (!(v > 0) || !std::isfinite(v))
+        r.fail(std::string("\"") + key + "\" must be a number > 0, got " + j.at(key).dump());
+      return v;
+    };
+    c.embedding_multiplier = multiplier("embedding_multiplier");
+    c.residual_multiplier = multiplier("residual_multiplier");
+    c.attention_multiplier = multiplier("attention_multiplier");
+    c.logits_scaling = multiplier("logits_scaling");
   }
   // Embedding models built on Gemma attend both ways; a causal LM does not.
   if (r.flag("use_bidirectional_attention", false))
@@ -692,6 +709,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "olmo2"       ? "Olmo2ForCausalLM"
                         : c.model_type == "olmo3"       ? "Olmo3ForCausalLM"
                         : c.model_type == "smollm3"     ? "SmolLM3ForCausalLM"
+                        : c.model_type == "granite"     ? "GraniteForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -756,16 +774,23 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j["rope_parameters"] = per_type;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.model_type == "llama" || c.model_type == "qwen3" || c.model_type == "smollm3" ||
-      olmo2_layout(c) || gemma_family(c))
+  const bool llama_biases =
+      c.model_type == "llama" || c.model_type == "smollm3" || c.model_type == "granite";
+  if (llama_biases || c.model_type == "qwen3" || olmo2_layout(c) || gemma_family(c))
     j["attention_bias"] = c.attention_bias;
+  if (c.model_type == "granite") {
+    j["embedding_multiplier"] = c.embedding_multiplier;
+    j["residual_multiplier"] = c.residual_multiplier;
+    j["attention_multiplier"] = c.attention_multiplier;
+    j["logits_scaling"] = c.logits_scaling;
+  }
   if (gemma2_layout(c)) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
     const auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
     j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
   }
-  if (c.model_type == "llama" || c.model_type == "smollm3") j["mlp_bias"] = c.mlp_bias;
+  if (llama_biases) j["mlp_bias"] = c.mlp_bias;
   const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (c.model_type == "mistral" || c.model_type == "phi3" || typed_layers(c))
     j["sliding_window"] = window;

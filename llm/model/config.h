@@ -1,7 +1,7 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2, gemma3_text, phi3, olmo2, olmo3 and smollm3, and the decoder of
+// gemma2, gemma3_text, phi3, olmo2, olmo3, smollm3 and granite, and the decoder of
 // Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
@@ -21,7 +21,7 @@ namespace quanta::llm {
 
 struct DecoderConfig {
   /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2,
-   * olmo3 or smollm3. */
+   * olmo3, smollm3 or granite. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -86,6 +86,16 @@ struct DecoderConfig {
   /** The attention's scale is query_pre_attn_scalar^-0.5 (gemma2) when set,
    * else head_dim^-0.5. */
   int64_t query_pre_attn_scalar = 0;
+  /** granite's multipliers: the embeddings times embedding_multiplier, each
+   * block's output times residual_multiplier before its residual add, the
+   * attention's scale attention_multiplier (in place of head_dim^-0.5; 0:
+   * not set), the logits divided by logits_scaling; 1: none. Each is
+   * applied in f32 and rounded to the model's dtype, as PyTorch applies a
+   * Python number to a 16-bit tensor. */
+  double embedding_multiplier = 1;
+  double residual_multiplier = 1;
+  double attention_multiplier = 0;
+  double logits_scaling = 1;
   /** gemma2's soft-capping (cap * tanh(x / cap)) of the attention scores
    * and of the logits; 0: none. */
   double attn_logit_softcapping = 0;
@@ -125,7 +135,8 @@ struct DecoderConfig {
    * (gemma_norms), OLMo 2's single rounding, else Llama's. */
   RmsWeight norm_weight() const;
 
-  /** The attention's scale: query_pre_attn_scalar^-0.5 or head_dim^-0.5. */
+  /** The attention's scale: attention_multiplier, query_pre_attn_scalar^-0.5
+   * or head_dim^-0.5. */
   double attention_scale() const;
 
   /** The module holding the decoder's embeddings, layers and final norm,

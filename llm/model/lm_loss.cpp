@@ -97,17 +97,32 @@ Tensor softcap_logits(const Tensor& logits, double cap) {
   return tanh(logits / cap) * cap;
 }
 
+Tensor scale_logits(const Tensor& logits, double divisor) {
+  if (divisor == 1) return logits;
+  if (!(divisor > 0) || !std::isfinite(divisor))
+    throw std::invalid_argument(
+        "[scale_logits] the divisor must be finite and > 0 (1: none), got " +
+        std::to_string(divisor));
+  const DType dt = logits.dtype();
+  if (dt == DType::f32 || dt == DType::f64) return logits / divisor;
+  return (logits.to(DType::f32) / divisor).to(dt);
+}
+
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               const LmLossOptions& options) {
   constexpr const char* op = "chunked_causal_lm_loss";
   int64_t chunk_tokens = options.chunk_tokens;
   const int64_t ignore_index = options.ignore_index;
   const Tensor &trained_rows = options.trained_rows, &trained_values = options.trained_values;
-  const double cap = options.logit_softcap;
+  const double cap = options.logit_softcap, divisor = options.logit_divisor;
   if (!(cap >= 0) || !std::isfinite(cap))
     throw std::invalid_argument(
         "[chunked_causal_lm_loss] logit_softcap must be finite and >= 0 (0: none), got " +
         std::to_string(cap));
+  if (!(divisor > 0) || !std::isfinite(divisor))
+    throw std::invalid_argument(
+        "[chunked_causal_lm_loss] logit_divisor must be finite and > 0 (1: none), got " +
+        std::to_string(divisor));
   if (!hidden.defined() || hidden.dim() != 3)
     throw std::invalid_argument("[chunked_causal_lm_loss] hidden must be [batch, tokens, hidden]");
   const int64_t B = hidden.size(0), T = hidden.size(1), d = hidden.size(2);
@@ -181,13 +196,15 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       // The chunk's logits, this loop's own: the kernel turns them into
       // their gradient (softmax less 1 at the target, ignored rows zero) in
       // place, one pass, while it sums each row's loss. Soft-capped, the
-      // gradient is then taken through the cap: times 1 - tanh^2.
+      // gradient is then taken through the cap: times 1 - tanh^2 (and
+      // through a divisor: over it).
       Tensor dlogits, cap_tanh;
+      const Tensor logits = scale_logits(linear(hc, w), divisor);
       if (cap > 0) {
-        cap_tanh = tanh(linear(hc, w) / cap);
+        cap_tanh = tanh(logits / cap);
         dlogits = (cap_tanh * cap).to(acc).contiguous();
       } else {
-        dlogits = linear(hc, w).to(acc).contiguous();
+        dlogits = logits.to(acc).contiguous();
       }
       if (!autograd::sole_storage(dlogits)) dlogits = dlogits.clone();
       const Tensor row_loss = empty({n}, {.dtype = acc, .device = h.device()});
@@ -200,6 +217,7 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
         const Tensor t = cap_tanh.to(acc);
         dlogits = dlogits * (1.0 - t * t);
       }
+      if (divisor != 1) dlogits = dlogits / divisor;
       if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) {
         const Tensor columns = rows_at.defined() ? index_select(dlogits, 1, rows_at) : dlogits;

@@ -44,6 +44,9 @@ struct LmLossOptions {
    * cap) in the weight's dtype before the upcast, as transformers forms
    * them; 0: none. */
   double logit_softcap = 0;
+  /** Granite's logits_scaling: each logit divided by it in the weight's
+   * dtype (before any cap), as scale_logits; 1: none. */
+  double logit_divisor = 1;
 };
 
 /** The same loss from the final hidden states [batch, tokens, hidden] and the
@@ -57,8 +60,8 @@ struct LmLossOptions {
  * gradient only when the weight requires grad) and the backward scales
  * them, so the loss can be differentiated once (a second backward throws).
  * A target outside the vocabulary other than ignore_index is an error.
- * Equal to causal_lm_loss(linear(hidden, weight), labels) (soft-capped
- * first with options.logit_softcap). */
+ * Equal to causal_lm_loss(linear(hidden, weight), labels) (divided first by
+ * options.logit_divisor, then soft-capped with options.logit_softcap). */
 Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                               const LmLossOptions& options = {});
 
@@ -66,5 +69,10 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
  * rounded to x's dtype as transformers' three ops round it; x itself for
  * cap 0. Differentiable. */
 Tensor softcap_logits(const Tensor& logits, double cap);
+
+/** Granite's final scaling of logits: logits / divisor, computed in f32 and
+ * rounded once to the logits' dtype, as PyTorch divides a 16-bit tensor by
+ * a Python number; the logits themselves for divisor 1. Differentiable. */
+Tensor scale_logits(const Tensor& logits, double divisor);
 
 }  // namespace quanta::llm

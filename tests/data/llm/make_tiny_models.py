@@ -34,6 +34,8 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -77,6 +79,12 @@ GEMMA3 = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
 # OLMo 2: Llama's options; its norms and q and k norms are the model's own.
 OLMO2 = dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+# Granite 3's scalings: the embeddings times 12, each block's output times
+# 0.22, the scores times 1/64 instead of head_dim^-0.5, the logits over 4.
+GRANITE = dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+               embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+               logits_scaling=4.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 # Gemma 3's image-text model: GEMMA3's decoder as its text_config beside a
 # one-layer SigLIP vision tower and projector, which text never reaches.
@@ -224,6 +232,11 @@ MODELS = {
                                                  "beta_fast": 8.0, "beta_slow": 1.0},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
                      torch.float32, None),
+    # Granite: its four scalings, each far from 1 (the residual's 0.22 not a
+    # bf16 number), untied; in f32 and in bf16 (each applied in f32 and
+    # rounded once).
+    "granite_multipliers": (GraniteConfig, GraniteForCausalLM, GRANITE, torch.float32, None),
+    "granite_bf16": (GraniteConfig, GraniteForCausalLM, GRANITE, torch.bfloat16, None),
 }
 
 

@@ -38,12 +38,12 @@ std::string data_dir() {
 }
 
 const std::vector<std::string> kModels = {
-    "llama_gqa",       "llama_tied_llama3", "llama_bf16",        "qwen2_bias",
-    "mistral_sharded", "qwen3_qk_norm",     "qwen3_bf16",        "gemma_geglu",
-    "gemma2_softcap",  "gemma2_bf16",       "mistral_window",    "qwen2_window",
-    "gemma3_text",     "gemma3_bf16",       "gemma3_image_text", "phi3_fused",
-    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",        "qwen3_yarn",
-    "smollm3_nope",    "olmo3_window"};
+    "llama_gqa",       "llama_tied_llama3", "llama_bf16",          "qwen2_bias",
+    "mistral_sharded", "qwen3_qk_norm",     "qwen3_bf16",          "gemma_geglu",
+    "gemma2_softcap",  "gemma2_bf16",       "mistral_window",      "qwen2_window",
+    "gemma3_text",     "gemma3_bf16",       "gemma3_image_text",   "phi3_fused",
+    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",          "qwen3_yarn",
+    "smollm3_nope",    "olmo3_window",      "granite_multipliers", "granite_bf16"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -342,6 +342,23 @@ TEST_CASE("CausalLM: f64 directional finite difference through the whole model")
     config.model_type = "olmo2", config.post_norms = true;
     config.qk_norm = true, config.qk_norm_whole = true;
   }
+  SUBCASE("smollm3: a layer without RoPE") {
+    config.model_type = "smollm3", config.nope_layers = {false, true};
+  }
+  SUBCASE("olmo3: a sliding layer, YaRN on the full one") {
+    config.model_type = "olmo3", config.post_norms = true;
+    config.qk_norm = true, config.qk_norm_whole = true;
+    config.sliding_window = 2, config.sliding_layers = {true, false};
+    config.sliding_rope = config.rope;
+    config.rope.scaling.type = "yarn", config.rope.scaling.factor = 4;
+    config.rope.scaling.original_max_position_embeddings = 16;
+  }
+  SUBCASE("granite: its four scalings, the logits' divisor in the chunked loss") {
+    config.model_type = "granite", config.embedding_multiplier = 3;
+    config.residual_multiplier = 0.4, config.attention_multiplier = 0.3;
+    config.logits_scaling = 2.5;
+    chunked = true;
+  }
   SUBCASE("gemma2: GeGLU, 1 + weight norms, four a layer, soft-capped scores and logits") {
     config.model_type = "gemma2", config.hidden_act = llm::GatedAct::gelu_tanh;
     config.gemma_norms = true, config.sandwich_norms = true, config.query_pre_attn_scalar = 3;
@@ -358,7 +375,8 @@ TEST_CASE("CausalLM: f64 directional finite difference through the whole model")
       copy_(p, add(p, randn(p.shape(), gen, {.dtype = DType::f64}) * 0.3));
     }
   const Tensor ids = from_vector<int64_t>({1, 4, 9, 2, 10, 3, 0, 5}, {2, 4});
-  // Gemma 2's through the chunked loss too (its soft-capped gradient).
+  // Gemma 2's and Granite's through the chunked loss too (its soft-capped
+  // and divided gradients).
   const auto loss = [&] {
     return chunked ? model->lm_loss(model->hidden_states(ids), ids, 3)
                    : llm::causal_lm_loss(model->logits(ids), ids);
@@ -1364,6 +1382,42 @@ TEST_CASE("decoder configs: smollm3, its NoPE layers and windows") {
                    R"(, "layer_types": ["full_attention", "sliding_attention"],
                        "sliding_window": 8)"),
       doctest::Contains("names sliding_attention layers but use_sliding_window is not true"));
+}
+
+// What transformers 5.24's GraniteConfig makes of the keys: Llama's, with
+// four scalings (1 by default: the scores then unscaled by head_dim).
+TEST_CASE("decoder configs: granite, its multipliers") {
+  const llm::DecoderConfig d = small_config("granite", 64, 2, "");
+  CHECK(d.embedding_multiplier == 1);
+  CHECK(d.residual_multiplier == 1);
+  CHECK(d.logits_scaling == 1);
+  CHECK(d.attention_scale() == 1.0);
+  CHECK(d.num_key_value_heads == 4);
+  CHECK_FALSE(d.tie_word_embeddings);
+  // Granite 3.3 8B's values.
+  const llm::DecoderConfig g =
+      small_config("granite", 64, 2,
+                   R"(, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+          "attention_multiplier": 0.0078125, "logits_scaling": 16.0, "attention_bias": true,
+          "mlp_bias": true)");
+  CHECK(g.embedding_multiplier == 12.0);
+  CHECK(g.residual_multiplier == 0.22);
+  CHECK(g.attention_scale() == 0.0078125);
+  CHECK(g.logits_scaling == 16.0);
+  CHECK(g.qkv_bias);
+  CHECK(g.mlp_bias);
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(g), "written.json");
+  CHECK(again.model_type == "granite");
+  CHECK(again.residual_multiplier == 0.22);
+  CHECK(again.attention_scale() == 0.0078125);
+  CHECK(again.logits_scaling == 16.0);
+  CHECK(again.embedding_multiplier == 12.0);
+  CHECK(again.mlp_bias);
+  CHECK_THROWS_WITH(small_config("granite", 64, 2, R"(, "logits_scaling": 0)"),
+                    doctest::Contains("\"logits_scaling\" must be a number > 0, got 0"));
+  // Other model types do not read the keys, as their classes do not.
+  CHECK(small_config("llama", 64, 2, R"(, "logits_scaling": 16.0)").logits_scaling == 1);
 }
 
 // The class defaults of rms_norm_eps where config.json has none: Phi-3's

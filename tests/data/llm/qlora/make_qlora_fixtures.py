@@ -190,6 +190,9 @@ CASES = {
                         use_rslora=False, dtype=torch.float32, n_targeted=14),
     "olmo3_all": dict(model="olmo3_window", r=4, lora_alpha=8, target_modules="all-linear",
                       use_rslora=False, dtype=torch.float32, n_targeted=14),
+    # Granite: its scalings, the logits' divisor inside the loss's gradient.
+    "granite_all": dict(model="granite_multipliers", r=4, lora_alpha=8, target_modules="all-linear",
+                        use_rslora=False, dtype=torch.float32, n_targeted=14),
 }
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-2, (0.9, 0.999), 1e-8, 0.01
 # One metadata key: safetensors writes several in a random order.
