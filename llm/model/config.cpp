@@ -98,7 +98,8 @@ bool olmo2_layout(const DecoderConfig& c) {
 // The models whose layers each have a type (layer_types: full_attention or
 // sliding_attention), with a default pattern where the key is absent.
 bool typed_layers(const DecoderConfig& c) {
-  return gemma2_layout(c) || c.model_type == "olmo3" || c.model_type == "smollm3";
+  return gemma2_layout(c) || c.model_type == "olmo3" || c.model_type == "smollm3" ||
+         c.model_type == "ministral";
 }
 
 // Gemma 3 and OLMo 3 give each layer type its RoPE.
@@ -282,7 +283,7 @@ void read_rope(const Reader& r, DecoderConfig& c) {
 // num_attention_heads for all.
 int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
   if (r.j.contains("num_key_value_heads")) return c.num_attention_heads;
-  if (c.model_type == "mistral") return 8;
+  if (c.model_type == "mistral" || c.model_type == "ministral") return 8;
   if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
   if (c.model_type == "gemma") return 16;
   if (gemma2_layout(c) || c.model_type == "smollm3") return 4;
@@ -362,7 +363,8 @@ std::vector<bool> read_layer_types(const Reader& r, const DecoderConfig& c) {
   }
   // Gemma 2: every other layer from layer 0; Gemma 3: all but every
   // sliding_window_pattern-th (6); OLMo 3: all but every 4th; SmolLM3: its
-  // layers without RoPE, where use_sliding_window and a window are set.
+  // layers without RoPE, where use_sliding_window and a window are set;
+  // Ministral: every layer, unless sliding_window is null.
   const bool smollm3_slides =
       r.flag("use_sliding_window", false) && r.has("sliding_window") && !c.nope_layers.empty();
   const int64_t pattern = c.model_type == "gemma2"        ? 2
@@ -371,7 +373,9 @@ std::vector<bool> read_layer_types(const Reader& r, const DecoderConfig& c) {
   for (int64_t l = 0; l < layers; ++l)
     slides.push_back(c.model_type == "gemma2"    ? l % 2 == 0
                      : c.model_type == "smollm3" ? smollm3_slides && !c.layer_rotates(l)
-                                                 : (l + 1) % pattern != 0);
+                     : c.model_type == "ministral"
+                         ? !r.j.contains("sliding_window") || r.has("sliding_window")
+                         : (l + 1) % pattern != 0);
   return slides;
 }
 
@@ -561,13 +565,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
-  static const char* const kTypes[] = {"llama", "mistral", "qwen2",       "qwen3",
-                                       "gemma", "gemma2",  "gemma3_text", "phi3",
-                                       "olmo2", "olmo3",   "smollm3",     "granite"};
+  static const char* const kTypes[] = {"llama",   "mistral",     "qwen2",    "qwen3", "gemma",
+                                       "gemma2",  "gemma3_text", "phi3",     "olmo2", "olmo3",
+                                       "smollm3", "granite",     "ministral"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes))
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3, phi3, olmo2, olmo3, smollm3, granite)");
+           "gemma3, phi3, olmo2, olmo3, smollm3, granite, ministral)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -710,6 +714,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "olmo3"       ? "Olmo3ForCausalLM"
                         : c.model_type == "smollm3"     ? "SmolLM3ForCausalLM"
                         : c.model_type == "granite"     ? "GraniteForCausalLM"
+                        : c.model_type == "ministral"   ? "MinistralForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;

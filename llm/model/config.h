@@ -1,7 +1,8 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2, gemma3_text, phi3, olmo2, olmo3, smollm3 and granite, and the decoder of
+// gemma2, gemma3_text, phi3, olmo2, olmo3, smollm3, granite and ministral, and
+// the decoder of
 // Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
@@ -21,7 +22,7 @@ namespace quanta::llm {
 
 struct DecoderConfig {
   /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2,
-   * olmo3, smollm3 or granite. */
+   * olmo3, smollm3, granite or ministral. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -108,7 +109,8 @@ struct DecoderConfig {
    * use_sliding_window, from max_window_layers on; gemma2's every other
    * layer from layer 0; gemma3_text's all but every 6th; olmo3's all but
    * every 4th; smollm3's with use_sliding_window, its NoPE layers, or those
-   * layer_types names); 0: none.
+   * layer_types names; ministral's every layer unless layer_types says);
+   * 0: none.
    * max_window_layers is the first sliding layer (what qwen2 writes
    * back). */
   int64_t sliding_window = 0;

@@ -38,6 +38,8 @@ from transformers import (
     GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MinistralConfig,
+    MinistralForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Olmo2Config,
@@ -237,6 +239,13 @@ MODELS = {
     # rounded once).
     "granite_multipliers": (GraniteConfig, GraniteForCausalLM, GRANITE, torch.float32, None),
     "granite_bf16": (GraniteConfig, GraniteForCausalLM, GRANITE, torch.bfloat16, None),
+    # Ministral: Mistral with layer types, a window of 4 on layer 0 alone.
+    "ministral_window": (MinistralConfig, MinistralForCausalLM,
+                         dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              tie_word_embeddings=False, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"],
+                              rope_parameters={"rope_type": "default", "rope_theta": 100000000.0}),
+                         torch.float32, None),
 }
 
 

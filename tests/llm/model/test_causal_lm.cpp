@@ -43,7 +43,8 @@ const std::vector<std::string> kModels = {
     "gemma2_softcap",  "gemma2_bf16",       "mistral_window",      "qwen2_window",
     "gemma3_text",     "gemma3_bf16",       "gemma3_image_text",   "phi3_fused",
     "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",          "qwen3_yarn",
-    "smollm3_nope",    "olmo3_window",      "granite_multipliers", "granite_bf16"};
+    "smollm3_nope",    "olmo3_window",      "granite_multipliers", "granite_bf16",
+    "ministral_window"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -1418,6 +1419,32 @@ TEST_CASE("decoder configs: granite, its multipliers") {
                     doctest::Contains("\"logits_scaling\" must be a number > 0, got 0"));
   // Other model types do not read the keys, as their classes do not.
   CHECK(small_config("llama", 64, 2, R"(, "logits_scaling": 16.0)").logits_scaling == 1);
+}
+
+// What transformers 5.24's MinistralConfig makes of the keys: Mistral's,
+// with layer types (by default every layer sliding over 4096, none when
+// sliding_window is null).
+TEST_CASE("decoder configs: ministral, its layer types") {
+  CHECK_THROWS_WITH(small_config("ministral", 64, 2, ""),
+                    doctest::Contains("num_key_value_heads 8 (the key is absent: transformers' "
+                                      "default for ministral)"));
+  const llm::DecoderConfig d = small_config("ministral", 64, 2, R"(, "num_key_value_heads": 2)");
+  CHECK(d.sliding_window == 4096);
+  CHECK(d.layer_slides(0));
+  CHECK(d.layer_slides(1));
+  CHECK(small_config("ministral", 64, 2, R"(, "num_key_value_heads": 2, "sliding_window": null)")
+            .sliding_window == 0);
+  const llm::DecoderConfig t = small_config(
+      "ministral", 64, 2,
+      R"(, "num_key_value_heads": 2, "sliding_window": 8, "layer_types": ["full_attention",
+          "sliding_attention"])");
+  CHECK(t.layer_window(0) == 0);
+  CHECK(t.layer_window(1) == 8);
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(t), "written.json");
+  CHECK(again.model_type == "ministral");
+  CHECK(again.sliding_layers == t.sliding_layers);
+  CHECK(again.sliding_window == 8);
 }
 
 // The class defaults of rms_norm_eps where config.json has none: Phi-3's
