@@ -152,11 +152,15 @@ TEST_CASE(
   for (const std::string name :
        {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
         "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text",
-        "gemma3_image_text", "phi3_fused", "phi3_longrope", "olmo2_post_norms"}) {
+        "gemma3_image_text", "phi3_fused", "phi3_longrope", "olmo2_post_norms", "qwen3_yarn",
+        "smollm3_nope", "olmo3_window", "granite_multipliers", "ministral_window"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
-    const CliResult r =
-        run_quanta(finetune(name, d, out, {"--steps", "30", "--eval-data", d.file("eval.bin")}));
+    // Granite's scalings (blocks' outputs times 0.22, logits over 4) damp
+    // what the adapters change: it learns at a larger rate.
+    const std::string lr = name.starts_with("granite") ? "5e-2" : "1e-2";
+    const CliResult r = run_quanta(
+        finetune(name, d, out, {"--steps", "30", "--eval-data", d.file("eval.bin"), "--lr", lr}));
     REQUIRE_MESSAGE(r.code == 0, r.err);
     // Phi-3's layers have four linear layers (q, k and v fused, gate and up).
     const std::string linear = name.starts_with("phi3") ? "8" : "14";
@@ -166,7 +170,7 @@ TEST_CASE(
     REQUIRE(rec.size() >= 3);
     CHECK(rec.front()["kind"] == "header");
     CHECK(rec[1].contains("tokens_per_s"));
-    CHECK(rec[1]["lr"].get<double>() < 1e-2);  // the linear schedule decays it
+    CHECK(rec[1]["lr"].get<double>() < std::stod(lr));  // the linear schedule decays it
     const double before =
         std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
     const json& last = rec.back();
