@@ -14,6 +14,7 @@ packages=(
   libcli11-dev                             # command-line flags
   libpng-dev zlib1g-dev                    # PNG of reconstructions
   libsentencepiece-dev                     # text through a model's tokenizer.model
+  libicu-dev                               # text through a model's tokenizer.json
   dataset-fashion-mnist                    # `quanta train` default data
   python3                                  # CI summary script
   clang-format                             # CI's format check (tools/dev/check-format.sh)

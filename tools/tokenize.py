@@ -2,10 +2,11 @@
 """Tokenizes text for quanta with a model's Hugging Face tokenizer.json and
 writes an llm.c token file (what `quanta eval --model --data` reads).
 
-quanta reads raw text itself only through a SentencePiece tokenizer.model
-(Llama 1/2, TinyLlama, Mistral v0.1). Models that ship only tokenizer.json
-(Llama 3.x, Qwen2/2.5, SmolLM2, ...) are tokenized ahead of time with this
-script, which needs the `tokenizers` package (pip install tokenizers).
+quanta reads raw text itself through a SentencePiece tokenizer.model or a
+byte-level BPE tokenizer.json (docs/llm.md, "Text"). This script tokenizes
+with any tokenizer.json, including the kinds quanta refuses, or a corpus once
+ahead of many runs; it needs the `tokenizers` package (pip install
+tokenizers).
 
     tools/tokenize.py --tokenizer MODEL_DIR --text corpus.txt --out tokens.bin
     tools/tokenize.py --tokenizer MODEL_DIR --jsonl data.jsonl --field text --out tokens.bin

@@ -10,8 +10,9 @@ std::vector<int64_t> encode_text_file(const std::string& path, const std::string
   const std::string model = tokenizer_model_in(model_dir);
   if (model.empty())
     throw std::invalid_argument(path + " is text, and " + model_dir +
-                                " has no tokenizer.model to read it with (tokenize it with "
-                                "tools/tokenize.py into a token file)");
+                                " has no tokenizer.model or tokenizer.json to read it with "
+                                "(tokenize it with its tokenizer into a token file, e.g. "
+                                "tools/tokenize.py)");
   const Tokenizer tokenizer(model);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open");

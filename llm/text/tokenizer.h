@@ -1,12 +1,11 @@
 #pragma once
-// Text to token ids and back through a model folder's SentencePiece
-// tokenizer.model (Llama 1/2, TinyLlama, Mistral v0.1 ship one), with
-// Debian's libsentencepiece: what transformers' LlamaTokenizer does (the
-// pieces of the text, a BOS id in front when asked). Models that ship only a
-// tokenizer.json (Llama 3, Qwen2, SmolLM2) are tokenized ahead of time by
-// tools/tokenize.py into an llm.c token file.
+// Text to token ids and back through a model folder's tokenizer: its
+// SentencePiece tokenizer.model (Llama 1/2, Mistral, Gemma, Phi-3 ship one),
+// read by Debian's libsentencepiece as transformers' LlamaTokenizer reads
+// it, or its byte-level BPE tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM,
+// OLMo, Granite ship only that), read as Hugging Face tokenizers reads it,
+// with ICU for its Unicode expressions and NFC.
 #include <cstdint>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,43 +14,51 @@ namespace quanta::llm {
 
 class Tokenizer {
  public:
-  /** Loads `path` (a tokenizer.model). Throws std::runtime_error naming the
-   * file when it cannot be read or parsed, or when quanta was built without
-   * libsentencepiece (saying how to get it). */
+  struct Impl;  // one per kind of file (llm/text/tokenizer_impl.h)
+
+  /** Loads `path`: a tokenizer.json (by its extension) or a
+   * tokenizer.model. Throws naming the file when it cannot be read or
+   * parsed, when it holds what quanta does not run (another tokenizer.json
+   * model or pre-tokenizer, named), or when quanta was built without the
+   * library it needs (saying how to get it). */
   explicit Tokenizer(const std::string& path);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
   /** The ids of `text`, with the BOS id first when add_bos (and the model
-   * has one). */
+   * has one: a tokenizer.json's, the first special token of its
+   * post-processor's template). Special tokens written in the text (a
+   * tokenizer.json's added tokens, e.g. <|im_start|>) are their ids, as
+   * tokenizers encodes them. */
   std::vector<int64_t> encode(const std::string& text, bool add_bos = true) const;
-  /** The text of `ids` (BOS, EOS and other control ids print as nothing). */
+  /** The text of `ids` (BOS, EOS and other control or special ids print as
+   * nothing). */
   std::string decode(const std::vector<int64_t>& ids) const;
 
   int64_t vocab_size() const;
   int64_t bos_id() const;  // -1 when the model has none
-  int64_t eos_id() const;  // -1 when the model has none
+  /** -1 when the model has none; a tokenizer.json's is the eos_token of the
+   * tokenizer_config.json beside it, else config.json's eos_token_id. */
+  int64_t eos_id() const;
   const std::string& path() const { return path_; }
 
-  /** True when quanta was built with libsentencepiece. */
-  static bool available();
+  /** True when this build reads `path`'s kind of file (libsentencepiece for
+   * a tokenizer.model, ICU for a tokenizer.json). */
+  static bool available(const std::string& path);
 
  private:
-  struct Impl;
   std::string path_;
   std::unique_ptr<Impl> impl_;
 };
 
-/** DIR/tokenizer.model when it exists, else "" (the folder has none). */
-inline std::string tokenizer_model_in(const std::string& dir) {
-  const auto p = std::filesystem::path(dir) / "tokenizer.model";
-  return std::filesystem::exists(p) ? p.string() : std::string();
-}
+/** DIR/tokenizer.model when it exists, else DIR/tokenizer.json when it
+ * exists, else "" (the folder has neither). */
+std::string tokenizer_model_in(const std::string& dir);
 
-/** The ids of text file `path` through the tokenizer.model of model
- * folder `model_dir`, a BOS first (as a document starts). Throws
- * std::invalid_argument when the folder has no tokenizer.model (saying how
+/** The ids of text file `path` through the tokenizer of model folder
+ * `model_dir` (tokenizer_model_in), a BOS first (as a document starts).
+ * Throws std::invalid_argument when the folder has no tokenizer (saying how
  * to tokenize instead), std::runtime_error when the file cannot be read. */
 std::vector<int64_t> encode_text_file(const std::string& path, const std::string& model_dir);
 

@@ -1027,7 +1027,7 @@ TEST_CASE("finetune --model: bad input is one clear line") {
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {
-  if (!llm::Tokenizer::available()) {
+  if (!llm::Tokenizer::available("tokenizer.model")) {
     MESSAGE("skipped: quanta was built without libsentencepiece (-Dsentencepiece=disabled)");
     return;
   }
@@ -1054,7 +1054,52 @@ TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged w
   check_one_line_error(
       run_quanta({"finetune", "--model", model("qwen2_bias"), "--data", d.file("train.txt"),
                   "--seq-len", "16", "--out", d.file("run2")}),
-      2, "has no tokenizer.model to read it with");
+      2, "has no tokenizer.model or tokenizer.json to read it with");
+}
+
+TEST_CASE("finetune --model: text and prompt-completion pairs through a tokenizer.json") {
+  const std::string base = model("qwen2_bpe");
+  if (!llm::Tokenizer::available(base + "/tokenizer.json")) {
+    MESSAGE("skipped: quanta was built without ICU (-Dicu=disabled)");
+    return;
+  }
+  ScratchDir d("ft_lm_bpe");
+  {
+    std::ofstream text(d.file("train.txt"));
+    for (int i = 0; i < 100; ++i)
+      text << "the quick brown fox jumps over the lazy dog " << i % 7 << "\n";
+    std::ofstream pairs(d.file("pairs.jsonl"));
+    for (int i = 0; i < 16; ++i)
+      pairs << R"({"prompt": "<|im_start|>user\nsay )" << i % 5
+            << R"(<|im_end|>\n<|im_start|>assistant\n", "completion": "number )" << i % 5
+            << "\"}\n";
+  }
+  const CliResult r =
+      run_quanta({"finetune", "--model", base, "--data", d.file("train.txt"), "--eval-data",
+                  d.file("train.txt"), "--seq-len", "64", "--steps", "20", "--lr", "1e-2", "--out",
+                  d.file("run"), "--merge-to", d.file("merged")});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(std::filesystem::exists(d.file("merged/tokenizer.json")));
+  const double before = std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
+  const double after = std::stod(r.out.substr(r.out.find("eval after fine-tuning: loss ") + 29));
+  CHECK(after < 0.8 * before);
+  const CliResult e = run_quanta({"eval", "--model", d.file("merged"), "--data",
+                                  d.file("train.txt"), "--seq-len", "64", "--json"});
+  REQUIRE_MESSAGE(e.code == 0, e.err);
+  CHECK(json::parse(e.out)["loss"].get<double>() == doctest::Approx(after).epsilon(1e-4));
+  // Chat-formatted pairs: the special tokens in the prompt are their ids,
+  // the completion ends with the tokenizer's EOS (<|im_end|>), and only it
+  // is scored.
+  const CliResult c = run_quanta({"finetune", "--model", base, "--data", d.file("pairs.jsonl"),
+                                  "--train-on-completions-only", "--seq-len", "32", "--steps", "4",
+                                  "--out", d.file("run_pairs")});
+  REQUIRE_MESSAGE(c.code == 0, c.err);
+  const llm::Tokenizer tok(base + "/tokenizer.json");
+  CHECK(tok.eos_id() == 2);
+  const std::vector<int64_t> prompt = tok.encode("<|im_start|>user\nsay 1<|im_end|>\n", true);
+  REQUIRE(prompt.size() > 2);
+  CHECK(prompt.front() == 1);  // <|im_start|>, no BOS: Qwen's template has none
+  CHECK(std::count(prompt.begin(), prompt.end(), int64_t{2}) == 1);
 }
 
 namespace {

@@ -237,7 +237,7 @@ TEST_CASE("loading a model folder peaks near the weights' bytes, not twice them"
 
 TEST_CASE("quanta generate --prompt and eval on text, through the folder's tokenizer.model") {
   const std::string model = models() + "llama_gqa";
-  if (!llm::Tokenizer::available()) {
+  if (!llm::Tokenizer::available("tokenizer.model")) {
     check_one_line_error(run_quanta({"generate", "--model", model, "--prompt", "hello world"}), 1,
                          "built without libsentencepiece");
     return;
@@ -272,6 +272,30 @@ TEST_CASE("quanta generate --prompt and eval on text, through the folder's token
   check_one_line_error(
       run_quanta({"generate", "--model", models() + "qwen2_bias", "--prompt", "hello"}), 2,
       "--prompt needs");
+}
+
+TEST_CASE("quanta generate --prompt through the folder's tokenizer.json") {
+  const std::string model = models() + "qwen2_bpe";
+  if (!llm::Tokenizer::available(model + "/tokenizer.json")) {
+    check_one_line_error(run_quanta({"generate", "--model", model, "--prompt", "hello world"}), 1,
+                         "built without ICU");
+    return;
+  }
+  const llm::Tokenizer tok(model + "/tokenizer.json");
+  const std::string prompt = "<|im_start|>user\nhello world<|im_end|>";
+  const std::vector<int64_t> want = tok.encode(prompt, true);
+  std::string listed;
+  for (const int64_t id : want) listed += (listed.empty() ? "" : ",") + std::to_string(id);
+  const CliResult text = run_quanta(
+      {"generate", "--model", model, "--prompt", prompt, "--max-new-tokens", "6", "--json"});
+  const CliResult ids = run_quanta(
+      {"generate", "--model", model, "--prompt-ids", listed, "--max-new-tokens", "6", "--json"});
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  REQUIRE_MESSAGE(ids.code == 0, ids.err);
+  const auto jt = nlohmann::json::parse(text.out), ji = nlohmann::json::parse(ids.out);
+  CHECK(jt.at("prompt_ids").get<std::vector<int64_t>>() == want);
+  CHECK(jt.at("ids") == ji.at("ids"));
+  CHECK(jt.at("text").get<std::string>() == tok.decode(jt.at("ids").get<std::vector<int64_t>>()));
   check_one_line_error(
       run_quanta({"generate", "--model", model, "--prompt", "hi", "--prompt-ids", "1"}), 2,
       "one of them");

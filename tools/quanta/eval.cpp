@@ -177,7 +177,8 @@ void add_eval(CLI::App& app) {
       ->transform(integer_in(2, 1 << 24));
   sub->add_option("--data", o->data,
                   "Fashion-MNIST folder (default: the one trained on); with --model, an "
-                  "llm.c token file, or a .txt read through the folder's tokenizer.model");
+                  "llm.c token file, or a .txt read through the folder's tokenizer.model or "
+                  "tokenizer.json");
   sub->add_option("--png", o->png,
                   "reconstruction PNG to write (default: eval_reconstructions.png beside "
                   "the checkpoint)");

@@ -1,7 +1,7 @@
 // `quanta generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)`: new
 // tokens from a Hugging Face model folder, greedy or sampled, with a KV
-// cache, up to an end-of-sequence id; text through the folder's SentencePiece
-// tokenizer.model.
+// cache, up to an end-of-sequence id; text through the folder's
+// tokenizer.model or tokenizer.json.
 #include "llm/model/generate.h"
 
 #include <fstream>
@@ -29,7 +29,7 @@ struct GenerateFlags {
   std::string model;
   AdapterFlags adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
-  std::string prompt;  // text, through the folder's tokenizer.model
+  std::string prompt;  // text, through the folder's tokenizer
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -77,8 +77,8 @@ void run_generate(const GenerateFlags& f) {
     const std::string path = llm::tokenizer_model_in(f.model);
     if (path.empty())
       throw UsageError("--prompt needs " + f.model +
-                       "/tokenizer.model (a SentencePiece model); for a folder with only "
-                       "tokenizer.json, tokenize with tools/tokenize.py and pass --prompt-ids");
+                       "/tokenizer.model or tokenizer.json; without either, pass the ids as "
+                       "--prompt-ids");
     tokenizer = std::make_unique<llm::Tokenizer>(path);
   }
   const std::vector<int64_t> prompt =
@@ -137,8 +137,8 @@ void add_generate(CLI::App& app) {
   add_adapter_flags(*sub, f->adapters);
   sub->add_option("--prompt-ids", f->prompt_ids, "the prompt as comma-separated token ids");
   sub->add_option("--prompt", f->prompt,
-                  "the prompt as text, through the folder's SentencePiece tokenizer.model (a BOS "
-                  "first); prints the prompt and the new text");
+                  "the prompt as text, through the folder's tokenizer.model or tokenizer.json (a "
+                  "BOS first where the tokenizer has one); prints the prompt and the new text");
   sub->add_option("--max-new-tokens", f->max_new_tokens,
                   "at most this many tokens: generation stops after an end-of-sequence token")
       ->capture_default_str()

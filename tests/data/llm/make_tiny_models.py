@@ -246,7 +246,17 @@ MODELS = {
                               layer_types=["sliding_attention", "full_attention"],
                               rope_parameters={"rope_type": "default", "rope_theta": 100000000.0}),
                          torch.float32, None),
+    # Qwen2 with bpe/qwen2's byte-level BPE tokenizer.json (written by
+    # make_bpe_tokenizers.py; 701 tokens) beside it: text through a
+    # tokenizer.json in quanta's commands.
+    "qwen2_bpe": (Qwen2Config, Qwen2ForCausalLM,
+                  dict(vocab_size=704, num_attention_heads=4, num_key_value_heads=2,
+                       tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                  torch.float32, None),
 }
+# Tokenizer files copied into a model's folder (from tests/data/llm/).
+TOKENIZER_FILES = {"qwen2_bpe": ("bpe/qwen2/tokenizer.json", "bpe/qwen2/tokenizer_config.json")}
 
 
 def to_4x_names(path):
@@ -267,7 +277,7 @@ def main(root, only):
         if only and name not in only:
             continue
         torch.manual_seed(1000 + i)
-        config = config_cls(**COMMON, **extra)
+        config = config_cls(**{**COMMON, **extra})
         model = model_cls(config).to(dtype).eval()
         with torch.no_grad():  # norms start at 1 (Gemma's at 0): moved, so a missed scale shows
             for pname, p in model.named_parameters():
@@ -284,6 +294,10 @@ def main(root, only):
         for f in os.listdir(folder):  # keep only what the loader reads
             if f == "generation_config.json":
                 os.remove(os.path.join(folder, f))
+        for f in TOKENIZER_FILES.get(name, ()):
+            with open(os.path.join(root, f), "rb") as src, \
+                    open(os.path.join(folder, os.path.basename(f)), "wb") as dst:
+                dst.write(src.read())
         if name in ("llama_tied_llama3", "olmo3_window"):
             to_4x_names(os.path.join(folder, "config.json"))
         # What a user gets: the folder loaded back (from_pretrained keeps RoPE's

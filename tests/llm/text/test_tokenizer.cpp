@@ -24,7 +24,7 @@ std::string data_dir() {
 TEST_CASE("Tokenizer: ids equal spm_encode's, BOS first on request, decode inverts") {
   const std::string model = llm::tokenizer_model_in(data_dir() + "/models/llama_gqa");
   REQUIRE(!model.empty());
-  if (!llm::Tokenizer::available()) {
+  if (!llm::Tokenizer::available(model)) {
     CHECK_THROWS_WITH(llm::Tokenizer{model}, doctest::Contains("built without libsentencepiece"));
     MESSAGE("skipped: quanta was built without libsentencepiece");
     return;
@@ -55,7 +55,7 @@ TEST_CASE("Tokenizer: ids equal spm_encode's, BOS first on request, decode inver
 }
 
 TEST_CASE("Tokenizer: a missing or broken tokenizer.model names the file") {
-  if (!llm::Tokenizer::available()) return;
+  if (!llm::Tokenizer::available("tokenizer.model")) return;
   testing::TempDir tmp;
   const std::string bad = (tmp.path() / "tokenizer.model").string();
   std::ofstream(bad) << "not a model";

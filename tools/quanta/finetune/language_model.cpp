@@ -230,15 +230,16 @@ bool trainer_decays(const std::string& name) {
   return true;
 }
 
-// Prompt-completion lines read with the folder's tokenizer.model (when it
-// has one): text through it, its EOS after each completion. A build without
-// libsentencepiece fails on the first text field, saying so.
+// Prompt-completion lines read with the folder's tokenizer (tokenizer.model
+// or tokenizer.json, when it has one): text through it, its EOS after each
+// completion. A build without the library it needs fails on the first text
+// field, saying so.
 llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
   llm::PromptCompletion p;
   p.completions_only = completions_only;
   const std::string model = llm::tokenizer_model_in(model_dir);
   if (model.empty()) return p;
-  if (!llm::Tokenizer::available()) {
+  if (!llm::Tokenizer::available(model)) {
     p.encode = [model](const std::string&, bool) -> std::vector<int64_t> {
       llm::Tokenizer unavailable(model);  // throws, naming what is missing
       return {};
@@ -254,7 +255,7 @@ llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completio
 }
 
 // --data / --eval-data: a token file, JSONL, or text (.txt) through the
-// model folder's tokenizer.model.
+// model folder's tokenizer.
 llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o, int64_t seq_len,
                               int64_t vocab_size) {
   const std::string& model_dir = o.model;

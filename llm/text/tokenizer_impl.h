@@ -1,0 +1,34 @@
+#pragma once
+// What each kind of tokenizer file gives Tokenizer (private to llm/text):
+// SentencePiece's tokenizer.model, or a byte-level BPE tokenizer.json.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llm/text/tokenizer.h"
+
+namespace quanta::llm {
+
+struct Tokenizer::Impl {
+  virtual ~Impl() = default;
+  /** The ids of `text`, no BOS. */
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t bos_id() const = 0;
+  virtual int64_t eos_id() const = 0;
+};
+
+/** A tokenizer.model through libsentencepiece; in a build without it,
+ * throws saying how to get it. */
+std::unique_ptr<Tokenizer::Impl> sentencepiece_tokenizer(const std::string& path);
+bool sentencepiece_available();
+
+/** A byte-level BPE tokenizer.json (tokenizer_json.cpp, on ICU's regular
+ * expressions and normalizer); in a build without ICU, throws saying how to
+ * get it. */
+std::unique_ptr<Tokenizer::Impl> json_tokenizer(const std::string& path);
+bool json_tokenizer_available();
+
+}  // namespace quanta::llm

@@ -1,0 +1,437 @@
+// A byte-level BPE tokenizer.json as Hugging Face tokenizers runs it: added
+// tokens split out of the text, the rest normalized (none or NFC),
+// pre-tokenized (Split by a regular expression, Digits, then ByteLevel) and
+// each pre-token merged by BPE (bpe_model.h). ICU gives the Unicode regular
+// expressions and NFC. What another tokenizer.json holds (a WordPiece or
+// Unigram model, Metaspace, byte fallback, ...) is refused by name: those
+// models ship a tokenizer.model, which SentencePiece reads.
+#include <unicode/normalizer2.h>
+#include <unicode/regex.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "llm/text/bpe_model.h"
+#include "llm/text/tokenizer_impl.h"
+
+namespace quanta::llm {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's pre-tokenizing expression, which ByteLevel's use_regex applies.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(path + ": not JSON (" + e.what() + ")");
+  }
+}
+
+// tokenizers' expressions are Oniguruma's, where \s is Unicode's White_Space
+// (with U+000B and U+0085, which ICU's \s leaves out): spelled so for ICU.
+std::string icu_pattern(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char next = pattern[++i];
+    if (next == 's')
+      out += "\\p{White_Space}";
+    else if (next == 'S')
+      out += "\\P{White_Space}";
+    else
+      out += {'\\', next};
+  }
+  return out;
+}
+
+std::string utf8(const icu::UnicodeString& s) {
+  std::string out;
+  s.toUTF8String(out);
+  return out;
+}
+
+bool is_whitespace_at(const std::string& text, size_t i, size_t* length) {
+  UChar32 c;
+  int32_t at = static_cast<int32_t>(i);
+  U8_NEXT(reinterpret_cast<const uint8_t*>(text.data()), at, static_cast<int32_t>(text.size()), c);
+  *length = static_cast<size_t>(at) - i;
+  return c >= 0 && u_isUWhiteSpace(c);
+}
+
+// The whitespace character ending at `end` (its start), or npos.
+size_t whitespace_before(const std::string& text, size_t end) {
+  if (end == 0) return std::string::npos;
+  size_t start = end - 1;
+  while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+  size_t n = 0;
+  return is_whitespace_at(text, start, &n) && start + n == end ? start : std::string::npos;
+}
+
+struct AddedToken {
+  std::string content;
+  int64_t id;
+  bool lstrip, rstrip, special;
+};
+
+class JsonTokenizer : public Tokenizer::Impl {
+ public:
+  explicit JsonTokenizer(const std::string& path) : path_(path) {
+    const json j = read_json(path);
+    if (!j.is_object()) fail("not a tokenizer.json object");
+    read_model(j);
+    read_added_tokens(j);
+    read_normalizer(j);
+    read_pre_tokenizer(j);
+    read_decoder(j);
+    read_post_processor(j);
+    read_eos();
+  }
+
+  std::vector<int64_t> encode(const std::string& text) const override {
+    std::vector<int64_t> ids;
+    size_t start = 0, i = 0;
+    while (i < text.size()) {
+      const AddedToken* hit = added_at(text, i);
+      if (!hit) {
+        ++i;
+        continue;
+      }
+      // lstrip and rstrip: the token takes the whitespace beside it.
+      size_t segment_end = i;
+      if (hit->lstrip)
+        for (size_t w; segment_end > start &&
+                       (w = whitespace_before(text, segment_end)) != std::string::npos;)
+          segment_end = w;
+      encode_segment(text.substr(start, segment_end - start), ids);
+      ids.push_back(hit->id);
+      i += hit->content.size();
+      if (hit->rstrip)
+        for (size_t n; i < text.size() && is_whitespace_at(text, i, &n);) i += n;
+      start = i;
+    }
+    encode_segment(text.substr(start), ids);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string bytes;
+    for (const int64_t id : ids) {
+      if (id < 0 || id >= vocab_size())
+        throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
+                                    " is outside the tokenizer's " + std::to_string(vocab_size()) +
+                                    " tokens");
+      const auto added = added_by_id_.find(id);
+      if (added != added_by_id_.end()) {
+        if (!added->second->special) bytes += added->second->content;
+        continue;
+      }
+      bytes += bytes_of_byte_level(model_->token_of(id));
+    }
+    // As tokenizers ends its decoding: bytes that are not UTF-8 become
+    // U+FFFD (a generation may stop inside a character).
+    return utf8(icu::UnicodeString::fromUTF8(bytes));
+  }
+
+  int64_t vocab_size() const override { return vocab_size_; }
+  int64_t bos_id() const override { return bos_; }
+  int64_t eos_id() const override { return eos_; }
+
+ private:
+  struct PreTokenizer {
+    std::shared_ptr<icu::RegexPattern> split;  // pieces: the matches and what lies between
+    bool byte_level = false;                   // the last step: bytes to byte-level characters
+    bool prefix_space = false;                 // ByteLevel's add_prefix_space
+  };
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::invalid_argument(path_ + ": " + what);
+  }
+
+  std::shared_ptr<icu::RegexPattern> compile(const std::string& pattern) const {
+    UErrorCode status = U_ZERO_ERROR;
+    UParseError where{};
+    std::shared_ptr<icu::RegexPattern> p(icu::RegexPattern::compile(
+        icu::UnicodeString::fromUTF8(icu_pattern(pattern)), 0, where, status));
+    if (U_FAILURE(status))
+      fail("the pre-tokenizer's expression " + json(pattern).dump() + " does not compile (" +
+           u_errorName(status) + " at offset " + std::to_string(where.offset) + ")");
+    return p;
+  }
+
+  void read_model(const json& j) {
+    if (!j.contains("model") || !j.at("model").is_object()) fail("no \"model\" object");
+    const json& m = j.at("model");
+    const std::string type = m.value("type", "BPE");
+    if (type != "BPE")
+      fail("model type \"" + type +
+           "\" is not supported (a byte-level BPE; a model with a tokenizer.model is read "
+           "through it)");
+    if (m.value("byte_fallback", false))
+      fail("a BPE with byte_fallback is not supported (its model's tokenizer.model is)");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (m.contains(key) && !m.at(key).is_null() && m.at(key) != "")
+        fail(std::string("model \"") + key + "\" is not supported");
+    if (m.contains("dropout") && !m.at("dropout").is_null() && m.at("dropout") != 0)
+      fail("model \"dropout\" is not supported (encoding would be random)");
+    if (!m.contains("vocab") || !m.at("vocab").is_object()) fail("model has no \"vocab\" object");
+    std::unordered_map<std::string, int64_t> vocab;
+    for (const auto& [token, id] : m.at("vocab").items()) {
+      if (!id.is_number_integer()) fail("vocab entry \"" + token + "\" is not an integer id");
+      vocab.emplace(token, id.get<int64_t>());
+    }
+    std::vector<std::pair<std::string, std::string>> merges;
+    if (m.contains("merges")) {
+      // Either "a b" strings (tokenizers before 0.20) or [a, b] pairs.
+      for (const json& merge : m.at("merges")) {
+        if (merge.is_string()) {
+          const std::string s = merge.get<std::string>();
+          const size_t space = s.find(' ', 1);
+          if (space == std::string::npos) fail("merge \"" + s + "\" is not two tokens");
+          merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+        } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+                   merge[1].is_string()) {
+          merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+        } else {
+          fail("merge " + merge.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
+        }
+      }
+    }
+    int64_t unk = -1;
+    if (m.contains("unk_token") && m.at("unk_token").is_string()) {
+      const auto it = vocab.find(m.at("unk_token").get<std::string>());
+      if (it == vocab.end()) fail("unk_token is not in the vocabulary");
+      unk = it->second;
+    }
+    model_ = std::make_unique<BpeModel>(std::move(vocab), merges, m.value("ignore_merges", false),
+                                        unk, path_);
+    vocab_size_ = model_->size();
+  }
+
+  void read_added_tokens(const json& j) {
+    if (!j.contains("added_tokens")) return;
+    for (const json& t : j.at("added_tokens")) {
+      if (!t.is_object() || !t.contains("content") || !t.contains("id"))
+        fail("an added token lacks its content or id: " + t.dump());
+      if (t.value("single_word", false))
+        fail("added token " + t.at("content").dump() +
+             " has single_word, which quanta does not match (yet)");
+      AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int64_t>(),
+                   t.value("lstrip", false), t.value("rstrip", false), t.value("special", false)};
+      if (a.content.empty() || a.id < 0)
+        fail("added token " + t.dump() + " is empty or has id < 0");
+      added_.push_back(a);
+      vocab_size_ = std::max(vocab_size_, a.id + 1);
+    }
+    for (const AddedToken& a : added_) {
+      added_by_first_[static_cast<unsigned char>(a.content[0])].push_back(&a);
+      added_by_id_.emplace(a.id, &a);
+    }
+  }
+
+  void read_normalizer(const json& j) {
+    if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
+    const json& n = j.at("normalizer");
+    const std::string type = n.value("type", "");
+    if (type == "NFC" ||
+        (type == "Sequence" && n.contains("normalizers") && n.at("normalizers").size() == 1 &&
+         n.at("normalizers")[0].value("type", "") == "NFC")) {
+      UErrorCode status = U_ZERO_ERROR;
+      nfc_ = icu::Normalizer2::getNFCInstance(status);
+      if (U_FAILURE(status)) fail(std::string("ICU has no NFC normalizer: ") + u_errorName(status));
+      return;
+    }
+    fail("normalizer " + n.dump().substr(0, 120) + " is not supported (none or NFC)");
+  }
+
+  void read_pre_tokenizer(const json& j) {
+    const json none;
+    const json& p = j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : none;
+    std::vector<json> steps;
+    if (p.is_object() && p.value("type", "") == "Sequence")
+      for (const json& s : p.at("pretokenizers")) steps.push_back(s);
+    else if (p.is_object())
+      steps.push_back(p);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const json& s = steps[i];
+      const std::string type = s.value("type", "");
+      PreTokenizer step;
+      if (type == "Split") {
+        if (s.value("behavior", "") != "Isolated" || s.value("invert", false))
+          fail("a Split pre-tokenizer other than behavior Isolated, invert false is not supported");
+        const json& pattern = s.at("pattern");
+        if (pattern.contains("Regex"))
+          step.split = compile(pattern.at("Regex").get<std::string>());
+        else
+          fail("a Split pre-tokenizer by a String pattern is not supported (a Regex is)");
+      } else if (type == "Digits") {
+        step.split = compile(s.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+      } else if (type == "ByteLevel") {
+        if (i + 1 != steps.size()) fail("ByteLevel must be the last pre-tokenizer");
+        step.byte_level = true;
+        step.prefix_space = s.value("add_prefix_space", false);
+        if (s.value("use_regex", true)) step.split = compile(kGpt2Pattern);
+      } else {
+        fail("pre-tokenizer \"" + type +
+             "\" is not supported (Split, Digits and ByteLevel, byte-level BPE's)");
+      }
+      pre_.push_back(std::move(step));
+    }
+    if (pre_.empty() || !pre_.back().byte_level)
+      fail(
+          "no ByteLevel pre-tokenizer: only byte-level BPE tokenizers are read (a model with a "
+          "tokenizer.model is read through it)");
+  }
+
+  void read_decoder(const json& j) {
+    if (!j.contains("decoder") || j.at("decoder").is_null()) return;
+    const std::string type = j.at("decoder").value("type", "");
+    if (type != "ByteLevel")
+      fail("decoder \"" + type + "\" is not supported (ByteLevel, byte-level BPE's)");
+  }
+
+  // The BOS a document starts with: the first special token of the
+  // post-processor's single template (Llama 3's <|begin_of_text|>), none
+  // when there is no template (Qwen2's ByteLevel post-processor).
+  void read_post_processor(const json& j) {
+    if (!j.contains("post_processor") || j.at("post_processor").is_null()) return;
+    std::vector<json> processors{j.at("post_processor")};
+    if (processors[0].value("type", "") == "Sequence")
+      processors = processors[0].at("processors").get<std::vector<json>>();
+    for (const json& p : processors) {
+      if (p.value("type", "") != "TemplateProcessing") continue;
+      const json& single = p.at("single");
+      if (single.empty() || !single[0].contains("SpecialToken")) return;
+      const std::string name = single[0]["SpecialToken"].value("id", "");
+      const json& specials = p.at("special_tokens");
+      if (!specials.contains(name) || specials[name].at("ids").size() != 1)
+        fail("post_processor's template starts with " + json(name).dump() +
+             ", which its special_tokens do not give one id");
+      bos_ = specials[name]["ids"][0].get<int64_t>();
+    }
+  }
+
+  // The EOS: tokenizer_config.json's eos_token beside the file, else
+  // config.json's eos_token_id (its first), else none.
+  void read_eos() {
+    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+    const auto config = dir / "tokenizer_config.json";
+    if (std::filesystem::exists(config)) {
+      const json c = read_json(config.string());
+      json e = c.contains("eos_token") ? c.at("eos_token") : json();
+      if (e.is_object()) e = e.value("content", json());
+      if (e.is_string()) {
+        const std::string name = e.get<std::string>();
+        for (const AddedToken& a : added_)
+          if (a.content == name) eos_ = a.id;
+        if (eos_ < 0) eos_ = model_->id_of(name);
+        if (eos_ < 0)
+          throw std::invalid_argument(config.string() + ": eos_token " + e.dump() +
+                                      " is not a token of " + path_);
+        return;
+      }
+    }
+    const auto model_config = dir / "config.json";
+    if (std::filesystem::exists(model_config)) {
+      const json c = read_json(model_config.string());
+      const json e = c.contains("eos_token_id") ? c.at("eos_token_id") : json();
+      if (e.is_number_integer()) eos_ = e.get<int64_t>();
+      if (e.is_array() && !e.empty() && e[0].is_number_integer()) eos_ = e[0].get<int64_t>();
+    }
+  }
+
+  // The longest added token at text[i], or null.
+  const AddedToken* added_at(const std::string& text, size_t i) const {
+    const auto& candidates = added_by_first_[static_cast<unsigned char>(text[i])];
+    const AddedToken* best = nullptr;
+    for (const AddedToken* a : candidates)
+      if (text.compare(i, a->content.size(), a->content) == 0 &&
+          (!best || a->content.size() > best->content.size()))
+        best = a;
+    return best;
+  }
+
+  // Splits each piece at `re`'s matches, keeping the matches and the text
+  // between (tokenizers' Isolated).
+  static std::vector<icu::UnicodeString> split(const std::vector<icu::UnicodeString>& pieces,
+                                               const icu::RegexPattern& re) {
+    std::vector<icu::UnicodeString> out;
+    for (const icu::UnicodeString& piece : pieces) {
+      UErrorCode status = U_ZERO_ERROR;
+      std::unique_ptr<icu::RegexMatcher> m(re.matcher(piece, status));
+      if (U_FAILURE(status))
+        throw std::runtime_error(std::string("ICU regex matcher: ") + u_errorName(status));
+      int32_t last = 0;
+      while (m->find(status)) {
+        const int32_t s = m->start(status), e = m->end(status);
+        if (e == s) continue;
+        // Copies: the pieces outlive the strings they were cut from.
+        if (s > last) out.emplace_back(piece, last, s - last);
+        out.emplace_back(piece, s, e - s);
+        last = e;
+      }
+      if (last < piece.length()) out.emplace_back(piece, last, piece.length() - last);
+    }
+    return out;
+  }
+
+  void encode_segment(const std::string& segment, std::vector<int64_t>& ids) const {
+    if (segment.empty()) return;
+    icu::UnicodeString text = icu::UnicodeString::fromUTF8(segment);
+    if (nfc_) {
+      UErrorCode status = U_ZERO_ERROR;
+      text = nfc_->normalize(text, status);
+      if (U_FAILURE(status)) throw std::runtime_error(std::string("NFC: ") + u_errorName(status));
+    }
+    std::vector<icu::UnicodeString> pieces{text};
+    for (const PreTokenizer& step : pre_) {
+      if (step.prefix_space)
+        for (icu::UnicodeString& p : pieces)
+          if (!p.startsWith(icu::UnicodeString(u" "))) p.insert(0, u' ');
+      if (step.split) pieces = split(pieces, *step.split);
+    }
+    const auto& chars = byte_level_chars();
+    for (const icu::UnicodeString& piece : pieces) {
+      std::string word;
+      for (const char b : utf8(piece)) word += chars[static_cast<unsigned char>(b)];
+      model_->encode(word, ids);
+    }
+  }
+
+  std::string path_;
+  std::unique_ptr<BpeModel> model_;
+  int64_t vocab_size_ = 0;
+  std::vector<AddedToken> added_;
+  std::array<std::vector<const AddedToken*>, 256> added_by_first_;
+  std::unordered_map<int64_t, const AddedToken*> added_by_id_;
+  const icu::Normalizer2* nfc_ = nullptr;  // ICU's, not owned
+  std::vector<PreTokenizer> pre_;
+  int64_t bos_ = -1, eos_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer::Impl> json_tokenizer(const std::string& path) {
+  return std::make_unique<JsonTokenizer>(path);
+}
+
+bool json_tokenizer_available() { return true; }
+
+}  // namespace quanta::llm
