@@ -368,28 +368,38 @@ class JsonTokenizer : public Tokenizer::Impl {
     return best;
   }
 
-  // Splits each piece at `re`'s matches, keeping the matches and the text
-  // between (tokenizers' Isolated).
-  static std::vector<icu::UnicodeString> split(const std::vector<icu::UnicodeString>& pieces,
-                                               const icu::RegexPattern& re) {
-    std::vector<icu::UnicodeString> out;
-    for (const icu::UnicodeString& piece : pieces) {
-      UErrorCode status = U_ZERO_ERROR;
-      std::unique_ptr<icu::RegexMatcher> m(re.matcher(piece, status));
-      if (U_FAILURE(status))
-        throw std::runtime_error(std::string("ICU regex matcher: ") + u_errorName(status));
-      int32_t last = 0;
-      while (m->find(status)) {
-        const int32_t s = m->start(status), e = m->end(status);
-        if (e == s) continue;
-        // Copies: the pieces outlive the strings they were cut from.
-        if (s > last) out.emplace_back(piece, last, s - last);
-        out.emplace_back(piece, s, e - s);
-        last = e;
-      }
-      if (last < piece.length()) out.emplace_back(piece, last, piece.length() - last);
+  // Runs pre-tokenizer `step` and those after it over `piece`, then BPE over
+  // each pre-token, one piece at a time (a corpus's pieces are never all
+  // held). A Split keeps the matches and the text between them (tokenizers'
+  // Isolated).
+  void pre_tokenize(const icu::UnicodeString& piece, size_t step, std::vector<int64_t>& ids) const {
+    if (step == pre_.size()) {
+      const auto& chars = byte_level_chars();
+      std::string word;
+      for (const char b : utf8(piece)) word += chars[static_cast<unsigned char>(b)];
+      model_->encode(word, ids);
+      return;
     }
-    return out;
+    const PreTokenizer& s = pre_[step];
+    icu::UnicodeString p = piece;
+    if (s.prefix_space && !p.startsWith(icu::UnicodeString(u" "))) p.insert(0, u' ');
+    if (!s.split) {
+      pre_tokenize(p, step + 1, ids);
+      return;
+    }
+    UErrorCode status = U_ZERO_ERROR;
+    std::unique_ptr<icu::RegexMatcher> m(s.split->matcher(p, status));
+    if (U_FAILURE(status))
+      throw std::runtime_error(std::string("ICU regex matcher: ") + u_errorName(status));
+    int32_t last = 0;
+    while (m->find(status)) {
+      const int32_t b = m->start(status), e = m->end(status);
+      if (e == b) continue;
+      if (b > last) pre_tokenize(icu::UnicodeString(p, last, b - last), step + 1, ids);
+      pre_tokenize(icu::UnicodeString(p, b, e - b), step + 1, ids);
+      last = e;
+    }
+    if (last < p.length()) pre_tokenize(icu::UnicodeString(p, last), step + 1, ids);
   }
 
   void encode_segment(const std::string& segment, std::vector<int64_t>& ids) const {
@@ -400,19 +410,7 @@ class JsonTokenizer : public Tokenizer::Impl {
       text = nfc_->normalize(text, status);
       if (U_FAILURE(status)) throw std::runtime_error(std::string("NFC: ") + u_errorName(status));
     }
-    std::vector<icu::UnicodeString> pieces{text};
-    for (const PreTokenizer& step : pre_) {
-      if (step.prefix_space)
-        for (icu::UnicodeString& p : pieces)
-          if (!p.startsWith(icu::UnicodeString(u" "))) p.insert(0, u' ');
-      if (step.split) pieces = split(pieces, *step.split);
-    }
-    const auto& chars = byte_level_chars();
-    for (const icu::UnicodeString& piece : pieces) {
-      std::string word;
-      for (const char b : utf8(piece)) word += chars[static_cast<unsigned char>(b)];
-      model_->encode(word, ids);
-    }
+    pre_tokenize(text, 0, ids);
   }
 
   std::string path_;
