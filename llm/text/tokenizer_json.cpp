@@ -427,7 +427,12 @@ class JsonTokenizer : public Tokenizer::Impl {
 }  // namespace
 
 std::unique_ptr<Tokenizer::Impl> json_tokenizer(const std::string& path) {
-  return std::make_unique<JsonTokenizer>(path);
+  try {
+    return std::make_unique<JsonTokenizer>(path);
+  } catch (const json::exception& e) {
+    // A key of the wrong type or shape: which file, and nlohmann's account.
+    throw std::invalid_argument(path + ": not a tokenizer.json quanta reads (" + e.what() + ")");
+  }
 }
 
 bool json_tokenizer_available() { return true; }

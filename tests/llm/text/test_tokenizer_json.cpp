@@ -133,6 +133,14 @@ TEST_CASE("Tokenizer: what a tokenizer.json holds that quanta does not run is na
   CHECK(error("gpt2", [](json& j) {
           j["decoder"] = {{"type", "Metaspace"}};
         }).find("decoder \"Metaspace\" is not supported") != std::string::npos);
+  CHECK(error("gpt2", [](json& j) {
+          j["model"]["ignore_merges"] = "yes";
+        }).find("not a tokenizer.json quanta reads") != std::string::npos);
+  CHECK(error("gpt2", [](json& j) {
+          j["added_tokens"][0]["id"] = "zero";
+        }).find("not a tokenizer.json quanta reads") != std::string::npos);
+  CHECK(error("gpt2", [](json& j) { j = json::array(); }).find("not a tokenizer.json object") !=
+        std::string::npos);
   // Merges as "a b" strings, as tokenizers before 0.20 wrote them: the same
   // ids.
   const llm::Tokenizer pairs(bpe_dir() + "/llama3/tokenizer.json");
