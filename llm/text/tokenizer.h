@@ -2,9 +2,10 @@
 // Text to token ids and back through a model folder's tokenizer: its
 // SentencePiece tokenizer.model (Llama 1/2, Mistral, Gemma, Phi-3 ship one),
 // read by Debian's libsentencepiece as transformers' LlamaTokenizer reads
-// it, or its byte-level BPE tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM,
-// OLMo, Granite ship only that), read as Hugging Face tokenizers reads it,
-// with ICU for its Unicode expressions and NFC.
+// it, or its BPE tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM, OLMo,
+// Granite ship only that; byte-level, or converted from SentencePiece with
+// byte fallback), read as Hugging Face tokenizers reads it, with ICU for its
+// Unicode expressions and NFC.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // What each kind of tokenizer file gives Tokenizer (private to llm/text):
-// SentencePiece's tokenizer.model, or a byte-level BPE tokenizer.json.
+// SentencePiece's tokenizer.model, or a BPE tokenizer.json.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,9 +25,8 @@ struct Tokenizer::Impl {
 std::unique_ptr<Tokenizer::Impl> sentencepiece_tokenizer(const std::string& path);
 bool sentencepiece_available();
 
-/** A byte-level BPE tokenizer.json (tokenizer_json.cpp, on ICU's regular
- * expressions and normalizer); in a build without ICU, throws saying how to
- * get it. */
+/** A BPE tokenizer.json (tokenizer_json.cpp, on ICU's regular expressions
+ * and normalizer); in a build without ICU, throws saying how to get it. */
 std::unique_ptr<Tokenizer::Impl> json_tokenizer(const std::string& path);
 bool json_tokenizer_available();
 

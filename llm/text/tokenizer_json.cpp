@@ -1,10 +1,11 @@
-// A byte-level BPE tokenizer.json as Hugging Face tokenizers runs it: added
-// tokens split out of the text, the rest normalized (none or NFC),
-// pre-tokenized (Split by a regular expression, Digits, then ByteLevel) and
-// each pre-token merged by BPE (bpe_model.h). ICU gives the Unicode regular
-// expressions and NFC. What another tokenizer.json holds (a WordPiece or
-// Unigram model, Metaspace, byte fallback, ...) is refused by name: those
-// models ship a tokenizer.model, which SentencePiece reads.
+// A BPE tokenizer.json as Hugging Face tokenizers runs it: added tokens
+// split out of the text, the rest normalized (NFC, Prepend, Replace),
+// pre-tokenized (Split by a regular expression, Digits, then ByteLevel or
+// Metaspace, or not at all), each pre-token merged by BPE (bpe_model.h), and
+// ids decoded through the decoder's steps (token_decoders.h). ICU gives the
+// Unicode regular expressions and NFC. What else a tokenizer.json may hold
+// (a WordPiece or Unigram model, another normalizer or pre-tokenizer) is
+// refused by name.
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
 #include <unicode/uchar.h>
@@ -19,6 +20,7 @@
 #include <stdexcept>
 
 #include "llm/text/bpe_model.h"
+#include "llm/text/token_decoders.h"
 #include "llm/text/tokenizer_impl.h"
 
 namespace quanta::llm {
@@ -108,6 +110,7 @@ class JsonTokenizer : public Tokenizer::Impl {
   std::vector<int64_t> encode(const std::string& text) const override {
     std::vector<int64_t> ids;
     size_t start = 0, i = 0;
+    // Metaspace's "first" prefixes the piece at the text's start alone.
     while (i < text.size()) {
       const AddedToken* hit = added_at(text, i);
       if (!hit) {
@@ -120,19 +123,21 @@ class JsonTokenizer : public Tokenizer::Impl {
         for (size_t w; segment_end > start &&
                        (w = whitespace_before(text, segment_end)) != std::string::npos;)
           segment_end = w;
-      encode_segment(text.substr(start, segment_end - start), ids);
+      encode_segment(text.substr(start, segment_end - start), start == 0, ids);
       ids.push_back(hit->id);
       i += hit->content.size();
       if (hit->rstrip)
         for (size_t n; i < text.size() && is_whitespace_at(text, i, &n);) i += n;
       start = i;
     }
-    encode_segment(text.substr(start), ids);
+    encode_segment(text.substr(start), start == 0, ids);
     return ids;
   }
 
+  // As tokenizers' decode(skip_special_tokens=True): special tokens left
+  // out, the others (added ones as their content) through the decoder.
   std::string decode(const std::vector<int64_t>& ids) const override {
-    std::string bytes;
+    std::vector<std::string> tokens;
     for (const int64_t id : ids) {
       if (id < 0 || id >= vocab_size())
         throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
@@ -140,14 +145,12 @@ class JsonTokenizer : public Tokenizer::Impl {
                                     " tokens");
       const auto added = added_by_id_.find(id);
       if (added != added_by_id_.end()) {
-        if (!added->second->special) bytes += added->second->content;
+        if (!added->second->special) tokens.push_back(added->second->content);
         continue;
       }
-      bytes += bytes_of_byte_level(model_->token_of(id));
+      tokens.push_back(model_->token_of(id));
     }
-    // As tokenizers ends its decoding: bytes that are not UTF-8 become
-    // U+FFFD (a generation may stop inside a character).
-    return utf8(icu::UnicodeString::fromUTF8(bytes));
+    return decode_tokens(std::move(tokens), decoder_);
   }
 
   int64_t vocab_size() const override { return vocab_size_; }
@@ -159,6 +162,16 @@ class JsonTokenizer : public Tokenizer::Impl {
     std::shared_ptr<icu::RegexPattern> split;  // pieces: the matches and what lies between
     bool byte_level = false;                   // the last step: bytes to byte-level characters
     bool prefix_space = false;                 // ByteLevel's add_prefix_space
+    // Metaspace (the last step): spaces to `replacement`, which prefixes
+    // every piece (prepend_scheme always) or the text's first (first), and
+    // starts each piece when it splits.
+    bool metaspace = false, meta_first_only = false, meta_split = false;
+    std::string replacement;
+    bool meta_prepend = false;
+  };
+  struct Normalizer {
+    enum class Kind { nfc, prepend, replace } kind;
+    std::string a, b;  // prepend: a; replace: a by b
   };
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -184,8 +197,6 @@ class JsonTokenizer : public Tokenizer::Impl {
       fail("model type \"" + type +
            "\" is not supported (a byte-level BPE; a model with a tokenizer.model is read "
            "through it)");
-    if (m.value("byte_fallback", false))
-      fail("a BPE with byte_fallback is not supported (its model's tokenizer.model is)");
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
       if (m.contains(key) && !m.at(key).is_null() && m.at(key) != "")
         fail(std::string("model \"") + key + "\" is not supported");
@@ -214,14 +225,16 @@ class JsonTokenizer : public Tokenizer::Impl {
         }
       }
     }
-    int64_t unk = -1;
+    BpeUnknowns unknowns;
+    unknowns.byte_fallback = m.value("byte_fallback", false);
+    unknowns.fuse_unk = m.value("fuse_unk", false);
     if (m.contains("unk_token") && m.at("unk_token").is_string()) {
       const auto it = vocab.find(m.at("unk_token").get<std::string>());
       if (it == vocab.end()) fail("unk_token is not in the vocabulary");
-      unk = it->second;
+      unknowns.unk_id = it->second;
     }
     model_ = std::make_unique<BpeModel>(std::move(vocab), merges, m.value("ignore_merges", false),
-                                        unk, path_);
+                                        unknowns, path_);
     vocab_size_ = model_->size();
   }
 
@@ -246,19 +259,31 @@ class JsonTokenizer : public Tokenizer::Impl {
     }
   }
 
+  // NFC, Prepend and Replace (of a String), alone or in a Sequence.
   void read_normalizer(const json& j) {
     if (!j.contains("normalizer") || j.at("normalizer").is_null()) return;
-    const json& n = j.at("normalizer");
-    const std::string type = n.value("type", "");
-    if (type == "NFC" ||
-        (type == "Sequence" && n.contains("normalizers") && n.at("normalizers").size() == 1 &&
-         n.at("normalizers")[0].value("type", "") == "NFC")) {
-      UErrorCode status = U_ZERO_ERROR;
-      nfc_ = icu::Normalizer2::getNFCInstance(status);
-      if (U_FAILURE(status)) fail(std::string("ICU has no NFC normalizer: ") + u_errorName(status));
-      return;
+    std::vector<json> steps{j.at("normalizer")};
+    if (steps[0].value("type", "") == "Sequence")
+      steps = steps[0].at("normalizers").get<std::vector<json>>();
+    for (const json& n : steps) {
+      const std::string type = n.value("type", "");
+      if (type == "NFC") {
+        UErrorCode status = U_ZERO_ERROR;
+        nfc_ = icu::Normalizer2::getNFCInstance(status);
+        if (U_FAILURE(status))
+          fail(std::string("ICU has no NFC normalizer: ") + u_errorName(status));
+        normalizers_.push_back({Normalizer::Kind::nfc, "", ""});
+      } else if (type == "Prepend") {
+        normalizers_.push_back({Normalizer::Kind::prepend, n.at("prepend").get<std::string>(), ""});
+      } else if (type == "Replace" && n.at("pattern").contains("String")) {
+        normalizers_.push_back({Normalizer::Kind::replace,
+                                n.at("pattern").at("String").get<std::string>(),
+                                n.at("content").get<std::string>()});
+      } else {
+        fail("normalizer " + n.dump().substr(0, 120) +
+             " is not supported (NFC, Prepend, Replace of a String)");
+      }
     }
-    fail("normalizer " + n.dump().substr(0, 120) + " is not supported (none or NFC)");
   }
 
   void read_pre_tokenizer(const json& j) {
@@ -288,23 +313,71 @@ class JsonTokenizer : public Tokenizer::Impl {
         step.byte_level = true;
         step.prefix_space = s.value("add_prefix_space", false);
         if (s.value("use_regex", true)) step.split = compile(kGpt2Pattern);
+      } else if (type == "Metaspace") {
+        if (i + 1 != steps.size()) fail("Metaspace must be the last pre-tokenizer");
+        step.metaspace = true;
+        step.replacement = s.value("replacement", "\u2581");
+        // prepend_scheme, or before it add_prefix_space (true: always).
+        const std::string scheme = s.contains("prepend_scheme")
+                                       ? s.at("prepend_scheme").get<std::string>()
+                                       : (s.value("add_prefix_space", true) ? "always" : "never");
+        if (scheme != "always" && scheme != "first" && scheme != "never")
+          fail("Metaspace prepend_scheme \"" + scheme + "\" is not always, first or never");
+        step.meta_prepend = scheme != "never";
+        step.meta_first_only = scheme == "first";
+        step.meta_split = s.value("split", true);
       } else {
         fail("pre-tokenizer \"" + type +
-             "\" is not supported (Split, Digits and ByteLevel, byte-level BPE's)");
+             "\" is not supported (Split, Digits, ByteLevel and Metaspace)");
       }
       pre_.push_back(std::move(step));
     }
-    if (pre_.empty() || !pre_.back().byte_level)
-      fail(
-          "no ByteLevel pre-tokenizer: only byte-level BPE tokenizers are read (a model with a "
-          "tokenizer.model is read through it)");
+    byte_level_ = !pre_.empty() && pre_.back().byte_level;
   }
 
+  // ByteLevel, or SentencePiece's Replace, ByteFallback, Fuse, Strip and
+  // Metaspace, alone or in a Sequence; none: a byte-level model's ByteLevel.
   void read_decoder(const json& j) {
-    if (!j.contains("decoder") || j.at("decoder").is_null()) return;
-    const std::string type = j.at("decoder").value("type", "");
-    if (type != "ByteLevel")
-      fail("decoder \"" + type + "\" is not supported (ByteLevel, byte-level BPE's)");
+    using Kind = TokenDecoder::Kind;
+    if (!j.contains("decoder") || j.at("decoder").is_null()) {
+      if (!byte_level_) fail("no decoder (and no ByteLevel pre-tokenizer to decode as)");
+      decoder_.push_back({Kind::byte_level, "", ""});
+      return;
+    }
+    std::vector<json> steps{j.at("decoder")};
+    if (steps[0].value("type", "") == "Sequence")
+      steps = steps[0].at("decoders").get<std::vector<json>>();
+    for (const json& d : steps) {
+      const std::string type = d.value("type", "");
+      TokenDecoder step{Kind::fuse, "", ""};
+      if (type == "ByteLevel") {
+        step.kind = Kind::byte_level;
+      } else if (type == "Replace" && d.at("pattern").contains("String")) {
+        step.kind = Kind::replace;
+        step.pattern = d.at("pattern").at("String").get<std::string>();
+        step.content = d.at("content").get<std::string>();
+      } else if (type == "ByteFallback") {
+        step.kind = Kind::byte_fallback;
+      } else if (type == "Fuse") {
+        step.kind = Kind::fuse;
+      } else if (type == "Strip") {
+        step.kind = Kind::strip;
+        step.content = d.at("content").get<std::string>();
+        step.start = d.value("start", int64_t{0});
+        step.stop = d.value("stop", int64_t{0});
+      } else if (type == "Metaspace") {
+        step.kind = Kind::metaspace;
+        step.pattern = d.value("replacement", "\u2581");
+        const std::string scheme = d.contains("prepend_scheme")
+                                       ? d.at("prepend_scheme").get<std::string>()
+                                       : (d.value("add_prefix_space", true) ? "always" : "never");
+        step.prepend = scheme != "never";
+      } else {
+        fail("decoder \"" + type +
+             "\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)");
+      }
+      decoder_.push_back(step);
+    }
   }
 
   // The BOS a document starts with: the first special token of the
@@ -371,20 +444,42 @@ class JsonTokenizer : public Tokenizer::Impl {
   // Runs pre-tokenizer `step` and those after it over `piece`, then BPE over
   // each pre-token, one piece at a time (a corpus's pieces are never all
   // held). A Split keeps the matches and the text between them (tokenizers'
-  // Isolated).
-  void pre_tokenize(const icu::UnicodeString& piece, size_t step, std::vector<int64_t>& ids) const {
+  // Isolated). `first`: the piece starts the text.
+  void pre_tokenize(const icu::UnicodeString& piece, size_t step, bool first,
+                    std::vector<int64_t>& ids) const {
     if (step == pre_.size()) {
-      const auto& chars = byte_level_chars();
-      std::string word;
-      for (const char b : utf8(piece)) word += chars[static_cast<unsigned char>(b)];
+      std::string word = utf8(piece);
+      if (byte_level_) {
+        const auto& chars = byte_level_chars();
+        std::string mapped;
+        for (const char b : word) mapped += chars[static_cast<unsigned char>(b)];
+        word = std::move(mapped);
+      }
       model_->encode(word, ids);
       return;
     }
     const PreTokenizer& s = pre_[step];
     icu::UnicodeString p = piece;
+    if (s.metaspace) {
+      const icu::UnicodeString mark = icu::UnicodeString::fromUTF8(s.replacement);
+      p.findAndReplace(icu::UnicodeString(u" "), mark);
+      if (s.meta_prepend && (first || !s.meta_first_only) && !p.startsWith(mark)) p.insert(0, mark);
+      if (!s.meta_split) {
+        pre_tokenize(p, step + 1, first, ids);
+        return;
+      }
+      // Each piece starts at a mark (tokenizers' MergedWithNext).
+      int32_t begin = 0;
+      for (int32_t at = p.indexOf(mark, 1); at >= 0; at = p.indexOf(mark, at + 1)) {
+        pre_tokenize(icu::UnicodeString(p, begin, at - begin), step + 1, first && begin == 0, ids);
+        begin = at;
+      }
+      pre_tokenize(icu::UnicodeString(p, begin), step + 1, first && begin == 0, ids);
+      return;
+    }
     if (s.prefix_space && !p.startsWith(icu::UnicodeString(u" "))) p.insert(0, u' ');
     if (!s.split) {
-      pre_tokenize(p, step + 1, ids);
+      pre_tokenize(p, step + 1, first, ids);
       return;
     }
     UErrorCode status = U_ZERO_ERROR;
@@ -395,22 +490,33 @@ class JsonTokenizer : public Tokenizer::Impl {
     while (m->find(status)) {
       const int32_t b = m->start(status), e = m->end(status);
       if (e == b) continue;
-      if (b > last) pre_tokenize(icu::UnicodeString(p, last, b - last), step + 1, ids);
-      pre_tokenize(icu::UnicodeString(p, b, e - b), step + 1, ids);
+      if (b > last)
+        pre_tokenize(icu::UnicodeString(p, last, b - last), step + 1, first && last == 0, ids);
+      pre_tokenize(icu::UnicodeString(p, b, e - b), step + 1, first && b == 0, ids);
       last = e;
     }
-    if (last < p.length()) pre_tokenize(icu::UnicodeString(p, last), step + 1, ids);
+    if (last < p.length())
+      pre_tokenize(icu::UnicodeString(p, last), step + 1, first && last == 0, ids);
   }
 
-  void encode_segment(const std::string& segment, std::vector<int64_t>& ids) const {
+  void encode_segment(const std::string& segment, bool first, std::vector<int64_t>& ids) const {
     if (segment.empty()) return;
-    icu::UnicodeString text = icu::UnicodeString::fromUTF8(segment);
-    if (nfc_) {
-      UErrorCode status = U_ZERO_ERROR;
-      text = nfc_->normalize(text, status);
-      if (U_FAILURE(status)) throw std::runtime_error(std::string("NFC: ") + u_errorName(status));
+    std::string text = segment;
+    for (const Normalizer& n : normalizers_) {
+      if (n.kind == Normalizer::Kind::nfc) {
+        UErrorCode status = U_ZERO_ERROR;
+        const icu::UnicodeString u = nfc_->normalize(icu::UnicodeString::fromUTF8(text), status);
+        if (U_FAILURE(status)) throw std::runtime_error(std::string("NFC: ") + u_errorName(status));
+        text = utf8(u);
+      } else if (n.kind == Normalizer::Kind::prepend) {
+        if (!text.empty()) text = n.a + text;
+      } else {
+        for (size_t at = text.find(n.a); !n.a.empty() && at != std::string::npos;
+             at = text.find(n.a, at + n.b.size()))
+          text.replace(at, n.a.size(), n.b);
+      }
     }
-    pre_tokenize(text, 0, ids);
+    pre_tokenize(icu::UnicodeString::fromUTF8(text), 0, first, ids);
   }
 
   std::string path_;
@@ -420,7 +526,10 @@ class JsonTokenizer : public Tokenizer::Impl {
   std::array<std::vector<const AddedToken*>, 256> added_by_first_;
   std::unordered_map<int64_t, const AddedToken*> added_by_id_;
   const icu::Normalizer2* nfc_ = nullptr;  // ICU's, not owned
+  std::vector<Normalizer> normalizers_;
   std::vector<PreTokenizer> pre_;
+  bool byte_level_ = false;  // pre-tokens in GPT-2's byte-level characters
+  std::vector<TokenDecoder> decoder_;
   int64_t bos_ = -1, eos_ = -1;
 };
 

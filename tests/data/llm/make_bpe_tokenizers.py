@@ -1,6 +1,7 @@
-"""Writes small byte-level BPE tokenizers in the tokenizer.json forms the
-published models ship (GPT-2's, Llama 3's, Qwen2's, SmolLM's), trained with
-Hugging Face `tokenizers` on this repository's docs, and the ids `tokenizers`
+"""Writes small BPE tokenizers in the tokenizer.json forms the published
+models ship, byte-level (GPT-2's, Llama 3's, Qwen2's, SmolLM's) and converted
+from SentencePiece with byte fallback (Llama 2's, Mistral's, Gemma's), trained with
+Hugging Face `tokenizers` on Debian's licence texts, and the ids `tokenizers`
 gives for texts chosen to reach every rule (contractions, digit runs,
 whitespace runs and newlines, accents in composed and decomposed form, CJK,
 emoji, special tokens in the text, stripped added tokens). Run with the peer
@@ -14,7 +15,6 @@ bpe/cases.json                 for each tokenizer and text: the ids with and
                                without special tokens, and the decoded text
                                (skip_special_tokens=True)
 """
-import glob
 import json
 import os
 import sys
@@ -43,8 +43,12 @@ def byte_level(split=None, digits=False, ignore_merges=False, nfc=False):
     return tok
 
 
+# A corpus that does not change with this repository (Debian's base-files).
+CORPUS = [f"/usr/share/common-licenses/{name}" for name in ("GPL-3", "Apache-2.0", "LGPL-2.1", "MPL-2.0")]
+
+
 def train(tok, special, vocab_size=700):
-    files = sorted(glob.glob("docs/*.md")) + ["README.md"]
+    files = CORPUS
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train(files, trainer)
@@ -92,6 +96,7 @@ TEXTS = [
     "emoji 🙂👍🏽 and symbols ©®™ → ≠ ∑",
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
     "text<|endoftext|>more text <|eot_id|> end",
+    "<s>Hello</s> <s> world</s>",
     "call  <tool>  now and<tool>then",
     "quanta trains VQ tokenizers and QLoRA fine-tunes on many GPUs.",
     "",
@@ -101,10 +106,56 @@ TEXTS = [
 ]
 
 
+# SentencePiece's BPE as transformers converts it: words marked by U+2581,
+# characters outside the vocabulary as their bytes' <0xXX> tokens.
+SPM_SPECIAL = ["<unk>", "<s>", "</s>"]
+
+
+def sentencepiece_like(normalizer, pre_tokenizer, decoder, bos):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    # Trained on words (Metaspace, split), few characters kept: emoji and
+    # CJK fall back to bytes.
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPM_SPECIAL + [bos], show_progress=False,
+                                  limit_alphabet=80)
+    tok.train(CORPUS, trainer)
+    j = json.loads(tok.to_str())
+    vocab = j["model"]["vocab"]
+    for b in range(256):  # the byte tokens SentencePiece's byte_fallback models carry
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoder
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
+
+
+def llama2():  # transformers' legacy conversion: Prepend and Replace, no pre-tokenizer
+    spm_decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return sentencepiece_like(normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
+                              None, spm_decoder, "<s>"), "</s>"
+
+
+def mistral():  # the later conversion: Metaspace, a prefix on the text's first piece
+    return sentencepiece_like(None, pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+                              decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+                              "<s>"), "</s>"
+
+
+def gemma():  # spaces replaced, no prefix
+    return sentencepiece_like(normalizers.Replace(" ", "\u2581"), None,
+                              decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                                 decoders.Fuse()]), "<bos>"), "</s>"
+
+
 def main(root):
     out = os.path.join(root, "bpe")
     cases = {"tokenizers": tokenizers.__version__, "texts": TEXTS, "tokenizers_cases": {}}
-    for name, make in [("gpt2", gpt2), ("llama3", llama3), ("qwen2", qwen2), ("smollm", smollm)]:
+    for name, make in [("gpt2", gpt2), ("llama3", llama3), ("qwen2", qwen2), ("smollm", smollm),
+                       ("llama2", llama2), ("mistral", mistral), ("gemma", gemma)]:
         tok, eos = make()
         folder = os.path.join(out, name)
         os.makedirs(folder, exist_ok=True)

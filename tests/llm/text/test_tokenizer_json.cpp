@@ -1,8 +1,9 @@
-// Tokenizer over a byte-level BPE tokenizer.json: the ids Hugging Face
-// tokenizers gives for texts that reach each rule, in the forms GPT-2,
-// Llama 3, Qwen2 and SmolLM ship (tests/data/llm/bpe/, made by
-// make_bpe_tokenizers.py), the BOS of the post-processor's template, the
-// EOS of tokenizer_config.json, decoding, and what is refused by name.
+// Tokenizer over a BPE tokenizer.json: the ids Hugging Face tokenizers gives
+// for texts that reach each rule, in the byte-level forms GPT-2, Llama 3,
+// Qwen2 and SmolLM ship and the SentencePiece-converted ones of Llama 2,
+// Mistral and Gemma (tests/data/llm/bpe/, made by make_bpe_tokenizers.py),
+// the BOS of the post-processor's template, the EOS of
+// tokenizer_config.json, decoding, and what is refused by name.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -59,8 +60,13 @@ TEST_CASE("Tokenizer: a tokenizer.json's ids equal Hugging Face tokenizers'") {
     CAPTURE(name);
     const llm::Tokenizer tok(bpe_dir() + "/" + name + "/tokenizer.json");
     CHECK(tok.eos_id() == expected.at("eos_id").get<int64_t>());
-    // Llama 3's template puts <|begin_of_text|> first; the others have none.
-    CHECK(tok.bos_id() == (name == "llama3" ? 0 : -1));
+    // Llama 3's template puts <|begin_of_text|> first, the SentencePiece
+    // ones their <s> (1) or <bos> (3); the others have none.
+    const int64_t bos = name == "llama3"                        ? 0
+                        : name == "llama2" || name == "mistral" ? 1
+                        : name == "gemma"                       ? 3
+                                                                : -1;
+    CHECK(tok.bos_id() == bos);
     for (size_t i = 0; i < texts.size(); ++i) {
       CAPTURE(texts[i]);
       const json& want = expected.at("cases")[i];
@@ -110,17 +116,18 @@ TEST_CASE("Tokenizer: what a tokenizer.json holds that quanta does not run is na
           j["model"]["type"] = "WordPiece";
         }).find("model type \"WordPiece\" is not supported") != std::string::npos);
   CHECK(error("gpt2", [](json& j) {
-          j["model"]["byte_fallback"] = true;
-        }).find("byte_fallback is not supported") != std::string::npos);
-  CHECK(error("gpt2", [](json& j) {
           j["normalizer"] = {{"type", "Lowercase"}};
-        }).find("is not supported (none or NFC)") != std::string::npos);
+        }).find("is not supported (NFC, Prepend, Replace of a String)") != std::string::npos);
   CHECK(error("gpt2", [](json& j) {
-          j["pre_tokenizer"] = {{"type", "Metaspace"}};
-        }).find("pre-tokenizer \"Metaspace\" is not supported") != std::string::npos);
+          j["pre_tokenizer"] = {{"type", "Whitespace"}};
+        }).find("pre-tokenizer \"Whitespace\" is not supported") != std::string::npos);
   CHECK(error("gpt2", [](json& j) {
           j["pre_tokenizer"] = nullptr;
-        }).find("no ByteLevel pre-tokenizer") != std::string::npos);
+          j["decoder"] = nullptr;
+        }).find("no decoder") != std::string::npos);
+  CHECK(error("mistral", [](json& j) {
+          j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+        }).find("prepend_scheme \"sometimes\" is not always, first or never") != std::string::npos);
   CHECK(error("llama3", [](json& j) {
           j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "([";
         }).find("does not compile") != std::string::npos);
@@ -131,8 +138,8 @@ TEST_CASE("Tokenizer: what a tokenizer.json holds that quanta does not run is na
           j["added_tokens"][0]["single_word"] = true;
         }).find("has single_word") != std::string::npos);
   CHECK(error("gpt2", [](json& j) {
-          j["decoder"] = {{"type", "Metaspace"}};
-        }).find("decoder \"Metaspace\" is not supported") != std::string::npos);
+          j["decoder"] = {{"type", "WordPiece"}};
+        }).find("decoder \"WordPiece\" is not supported") != std::string::npos);
   CHECK(error("gpt2", [](json& j) {
           j["model"]["ignore_merges"] = "yes";
         }).find("not a tokenizer.json quanta reads") != std::string::npos);
