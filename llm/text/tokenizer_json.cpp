@@ -87,10 +87,39 @@ size_t whitespace_before(const std::string& text, size_t end) {
   return is_whitespace_at(text, start, &n) && start + n == end ? start : std::string::npos;
 }
 
+// Rust's Unicode \w, which tokenizers' single_word tests beside a match.
+bool is_word_char(UChar32 c) {
+  const int8_t type = u_charType(c);
+  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || type == U_NON_SPACING_MARK ||
+         type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK ||
+         type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION ||
+         u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL);
+}
+
+// Whether text[begin, end) stands alone: no word character just before or
+// after it.
+bool single_word_at(const std::string& text, size_t begin, size_t end) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
+  const auto n = static_cast<int32_t>(text.size());
+  if (begin > 0) {
+    auto at = static_cast<int32_t>(begin);
+    UChar32 c;
+    U8_PREV(bytes, 0, at, c);
+    if (c >= 0 && is_word_char(c)) return false;
+  }
+  if (end < text.size()) {
+    auto at = static_cast<int32_t>(end);
+    UChar32 c;
+    U8_NEXT(bytes, at, n, c);
+    if (c >= 0 && is_word_char(c)) return false;
+  }
+  return true;
+}
+
 struct AddedToken {
   std::string content;
   int64_t id;
-  bool lstrip, rstrip, special;
+  bool lstrip, rstrip, single_word, special;
 };
 
 class JsonTokenizer : public Tokenizer::Impl {
@@ -115,6 +144,13 @@ class JsonTokenizer : public Tokenizer::Impl {
       const AddedToken* hit = added_at(text, i);
       if (!hit) {
         ++i;
+        continue;
+      }
+      // A single_word token inside a word is no match, and hides any
+      // shorter one there, as tokenizers filters its leftmost-longest
+      // matches.
+      if (hit->single_word && !single_word_at(text, i, i + hit->content.size())) {
+        i += hit->content.size();
         continue;
       }
       // lstrip and rstrip: the token takes the whitespace beside it.
@@ -243,11 +279,9 @@ class JsonTokenizer : public Tokenizer::Impl {
     for (const json& t : j.at("added_tokens")) {
       if (!t.is_object() || !t.contains("content") || !t.contains("id"))
         fail("an added token lacks its content or id: " + t.dump());
-      if (t.value("single_word", false))
-        fail("added token " + t.at("content").dump() +
-             " has single_word, which quanta does not match (yet)");
       AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int64_t>(),
-                   t.value("lstrip", false), t.value("rstrip", false), t.value("special", false)};
+                   t.value("lstrip", false),           t.value("rstrip", false),
+                   t.value("single_word", false),      t.value("special", false)};
       if (a.content.empty() || a.id < 0)
         fail("added token " + t.dump() + " is empty or has id < 0");
       added_.push_back(a);

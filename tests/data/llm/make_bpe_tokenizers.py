@@ -82,6 +82,8 @@ def qwen2():
 
 def smollm():
     tok = train(byte_level(digits=True), ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    # A token matched only as a whole word (not inside "metadata" or "data_x").
+    tok.add_tokens([tokenizers.AddedToken("data", single_word=True, normalized=False)])
     return tok, "<|im_end|>"
 
 
@@ -98,6 +100,7 @@ TEXTS = [
     "text<|endoftext|>more text <|eot_id|> end",
     "<s>Hello</s> <s> world</s>",
     "call  <tool>  now and<tool>then",
+    "data metadata datas data_x (data) dataé data",
     "quanta trains VQ tokenizers and QLoRA fine-tunes on many GPUs.",
     "",
     "   ",
