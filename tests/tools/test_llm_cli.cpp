@@ -301,6 +301,69 @@ TEST_CASE("quanta generate --prompt through the folder's tokenizer.json") {
       "one of them");
 }
 
+TEST_CASE("quanta tokenize: text and JSONL documents to the token file eval reads") {
+  const std::string model = models() + "qwen2_bpe";
+  if (!llm::Tokenizer::available(model + "/tokenizer.json")) return;
+  const llm::Tokenizer tok(model + "/tokenizer.json");
+  ScratchDir dir("llm_tokenize");
+  const std::string a = "the quick brown fox jumps over the lazy dog, hello world",
+                    b = "café <|im_start|>user\nhi<|im_end|>";
+  std::ofstream(dir.file("a.txt")) << a;
+  std::ofstream(dir.file("b.txt")) << b;
+  {
+    std::ofstream jsonl(dir.file("docs.jsonl"));
+    jsonl << nlohmann::json{{"body", a}}.dump() << "\n\n"
+          << nlohmann::json{{"body", b}}.dump() << "\n";
+  }
+  const auto ids_in = [](const std::string& path) {
+    const llm::TokenFile f(path);
+    CHECK(f.width() == llm::TokenWidth::u16);
+    return f.read(0, f.size());
+  };
+  std::vector<int64_t> want = tok.encode(a, false);
+  want.push_back(tok.eos_id());
+  for (const int64_t id : tok.encode(b, false)) want.push_back(id);
+  want.push_back(tok.eos_id());
+  const CliResult text = run_quanta({"tokenize", "--model", model, "--text", dir.file("a.txt"),
+                                     dir.file("b.txt"), "--out", dir.file("text.bin"), "--eos"});
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("2 documents, " + std::to_string(want.size()) + " tokens (uint16)") !=
+        std::string::npos);
+  CHECK(ids_in(dir.file("text.bin")) == want);
+  const CliResult jsonl =
+      run_quanta({"tokenize", "--model", model, "--jsonl", dir.file("docs.jsonl"), "--field",
+                  "body", "--out", dir.file("jsonl.bin"), "--eos"});
+  REQUIRE_MESSAGE(jsonl.code == 0, jsonl.err);
+  CHECK(ids_in(dir.file("jsonl.bin")) == want);
+  // What eval reads from the text itself (a BOS first where there is one:
+  // none here) equals the token file of it.
+  REQUIRE(run_quanta({"tokenize", "--model", model, "--text", dir.file("a.txt"), "--out",
+                      dir.file("a.bin")})
+              .code == 0);
+  const CliResult from_text = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("a.txt"), "--seq-len", "8", "--json"});
+  const CliResult from_tokens = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("a.bin"), "--seq-len", "8", "--json"});
+  REQUIRE_MESSAGE(from_text.code == 0, from_text.err);
+  REQUIRE_MESSAGE(from_tokens.code == 0, from_tokens.err);
+  CHECK(nlohmann::json::parse(from_text.out).at("loss") ==
+        nlohmann::json::parse(from_tokens.out).at("loss"));
+  check_one_line_error(run_quanta({"tokenize", "--model", model, "--text", dir.file("a.txt"),
+                                   "--out", dir.file("x.bin"), "--bos"}),
+                       2, "--bos: ");
+  check_one_line_error(run_quanta({"tokenize", "--model", model, "--jsonl", dir.file("docs.jsonl"),
+                                   "--out", dir.file("x.bin")}),
+                       2, "docs.jsonl:1: no string field \"text\"");
+  check_one_line_error(run_quanta({"tokenize", "--model", models() + "qwen2_bias", "--text",
+                                   dir.file("a.txt"), "--out", dir.file("x.bin")}),
+                       2, "has no tokenizer.model or tokenizer.json");
+  check_one_line_error(run_quanta({"tokenize", "--model", model, "--out", dir.file("x.bin")}), 2,
+                       "one of them");
+  check_one_line_error(run_quanta({"tokenize", "--model", model, "--text", dir.file("a.txt"),
+                                   "--out", dir.file("a.txt")}),
+                       2, "--out");
+}
+
 TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base") {
   const char* root = std::getenv("QUANTA_TEST_DATA");
   const std::string adapters = std::string(root) + "/llm/qlora/llama_gqa_all/adapter_init";

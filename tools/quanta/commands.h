@@ -43,6 +43,10 @@ void add_eval(CLI::App& app);
 /** `quanta generate --model DIR --prompt-ids 1,2,3`: new tokens (generate.cpp). */
 void add_generate(CLI::App& app);
 
+/** `quanta tokenize --model DIR --text FILE --out TOKENS`: text to a token
+ * file (tokenize.cpp). */
+void add_tokenize(CLI::App& app);
+
 /** `quanta encode CHECKPOINT --out CODES`: images to indices (encode.cpp). */
 void add_encode(CLI::App& app);
 

@@ -38,8 +38,8 @@ void add_finetune(CLI::App& app) {
                   "classifier checkpoint (float, or NF4 from quanta quantize)");
   sub->add_option(
       "--model", o->model,
-      "a language model: Hugging Face folder (llama, mistral, qwen2, qwen3, gemma, gemma2, "
-      "gemma3_text)");
+      "a language model: Hugging Face decoder folder (the model types docs/llm.md lists: Llama, "
+      "Mistral, Qwen, Gemma, Phi-3, OLMo, SmolLM3, Granite, ...)");
   sub->add_option("--out", o->out, "output folder")->required();
   sub->add_option("--lora-r", o->lora_r, "LoRA rank r (PEFT's r)")
       ->capture_default_str()

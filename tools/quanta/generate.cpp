@@ -124,8 +124,8 @@ void add_generate(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* sub = app.add_subcommand(
       "generate",
-      "New token ids from a Hugging Face model folder (llama, mistral, qwen2, qwen3, "
-      "gemma, gemma2, gemma3_text)");
+      "New token ids from a Hugging Face decoder folder (the model types docs/llm.md lists: "
+      "Llama, Mistral, Qwen, Gemma, Phi-3, OLMo, SmolLM3, Granite, ...)");
   sub->footer(
       "Examples:\n"
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt-ids 5,9,2 "

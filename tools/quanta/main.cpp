@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   quanta::cli::add_train(app);
   quanta::cli::add_eval(app);
   quanta::cli::add_generate(app);
+  quanta::cli::add_tokenize(app);
   quanta::cli::add_encode(app);
   quanta::cli::add_decode(app);
   quanta::cli::add_inspect(app);
