@@ -199,10 +199,12 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
 }
 
 LoraSettings excluding_vision_modules(const LoraSettings& lora) {
+  // Joined by position: a string literal's address may differ between
+  // translation units (an ASan build keeps the copies apart).
   std::string vision = R"(model\.(?:)";
-  for (const char* module : kVisionModules)
-    vision.append(module).push_back(module == kVisionModules.back() ? ')' : '|');
-  vision.append(R"(\..*)");
+  for (std::size_t i = 0; i < kVisionModules.size(); ++i)
+    vision.append(i > 0 ? "|" : "").append(kVisionModules[i]);
+  vision.append(R"()\..*)");
   LoraSettings out = lora;
   // Appended piece by piece: names, each escaped, as PEFT's list matches
   // them (the whole name, or a suffix after a dot).
