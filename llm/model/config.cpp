@@ -99,7 +99,7 @@ bool olmo2_layout(const DecoderConfig& c) {
 // sliding_attention), with a default pattern where the key is absent.
 bool typed_layers(const DecoderConfig& c) {
   return gemma2_layout(c) || c.model_type == "olmo3" || c.model_type == "smollm3" ||
-         c.model_type == "ministral";
+         c.model_type == "ministral" || c.model_type == "exaone4";
 }
 
 // Gemma 3 and OLMo 3 give each layer type its RoPE.
@@ -284,6 +284,7 @@ void read_rope(const Reader& r, DecoderConfig& c) {
 int64_t default_kv_heads(const Reader& r, const DecoderConfig& c) {
   if (r.j.contains("num_key_value_heads")) return c.num_attention_heads;
   if (c.model_type == "mistral" || c.model_type == "ministral") return 8;
+  if (c.model_type == "exaone4") return 32;
   if (c.model_type == "qwen2" || c.model_type == "qwen3") return 32;
   if (c.model_type == "gemma") return 16;
   if (gemma2_layout(c) || c.model_type == "smollm3") return 4;
@@ -364,18 +365,27 @@ std::vector<bool> read_layer_types(const Reader& r, const DecoderConfig& c) {
   // Gemma 2: every other layer from layer 0; Gemma 3: all but every
   // sliding_window_pattern-th (6); OLMo 3: all but every 4th; SmolLM3: its
   // layers without RoPE, where use_sliding_window and a window are set;
-  // Ministral: every layer, unless sliding_window is null.
+  // Ministral: every layer, unless sliding_window is null; EXAONE 4: all
+  // but every sliding_window_pattern-th (4), none when sliding_window is
+  // null.
   const bool smollm3_slides =
       r.flag("use_sliding_window", false) && r.has("sliding_window") && !c.nope_layers.empty();
+  const bool windowless = r.j.contains("sliding_window") && !r.has("sliding_window");
+  if (c.model_type == "exaone4" && !windowless && r.has("sliding_window_pattern") &&
+      !r.j.at("sliding_window_pattern").is_number_integer())
+    r.fail(
+        "a \"sliding_window_pattern\" other than a number needs \"layer_types\" (as "
+        "transformers reads it)");
   const int64_t pattern = c.model_type == "gemma2"        ? 2
                           : c.model_type == "gemma3_text" ? r.integer("sliding_window_pattern", 6)
+                          : c.model_type == "exaone4"     ? r.integer("sliding_window_pattern", 4)
                                                           : 4;
   for (int64_t l = 0; l < layers; ++l)
-    slides.push_back(c.model_type == "gemma2"    ? l % 2 == 0
-                     : c.model_type == "smollm3" ? smollm3_slides && !c.layer_rotates(l)
-                     : c.model_type == "ministral"
-                         ? !r.j.contains("sliding_window") || r.has("sliding_window")
-                         : (l + 1) % pattern != 0);
+    slides.push_back(c.model_type == "gemma2"      ? l % 2 == 0
+                     : c.model_type == "smollm3"   ? smollm3_slides && !c.layer_rotates(l)
+                     : c.model_type == "ministral" ? !windowless
+                     : c.model_type == "exaone4"   ? !windowless && (l + 1) % pattern != 0
+                                                   : (l + 1) % pattern != 0);
   return slides;
 }
 
@@ -565,13 +575,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   DecoderConfig c;
   c.model_type = r.text("model_type", "");
   if (c.model_type == "gemma3") return parse_gemma3_image_text(j, source);
-  static const char* const kTypes[] = {"llama",   "mistral",     "qwen2",    "qwen3", "gemma",
-                                       "gemma2",  "gemma3_text", "phi3",     "olmo2", "olmo3",
-                                       "smollm3", "granite",     "ministral"};
+  static const char* const kTypes[] = {"llama",   "mistral",     "qwen2",     "qwen3",  "gemma",
+                                       "gemma2",  "gemma3_text", "phi3",      "olmo2",  "olmo3",
+                                       "smollm3", "granite",     "ministral", "exaone4"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes))
     r.fail("model_type \"" + c.model_type +
            "\" is not supported (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, "
-           "gemma3, phi3, olmo2, olmo3, smollm3, granite, ministral)");
+           "gemma3, phi3, olmo2, olmo3, smollm3, granite, ministral, exaone4)");
   const bool qwen3 = c.model_type == "qwen3", gemma = gemma_family(c);
   c.hidden_act = read_activation(r, c);
   c.vocab_size = r.integer("vocab_size");
@@ -610,8 +620,9 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   check_weight("num_attention_heads x head_dim", c.num_attention_heads * c.head_dim, "hidden_size",
                c.hidden_size);
   // Phi-3's and OLMo's classes default to 1e-5, the others to 1e-6.
-  c.rms_norm_eps =
-      r.number(j, "rms_norm_eps", c.model_type == "phi3" || olmo2_layout(c) ? 1e-5 : 1e-6, false);
+  c.rms_norm_eps = r.number(
+      j, "rms_norm_eps",
+      c.model_type == "phi3" || c.model_type == "exaone4" || olmo2_layout(c) ? 1e-5 : 1e-6, false);
   if (!(c.rms_norm_eps >= 0)) r.fail("\"rms_norm_eps\" must be >= 0");
   // Gemma's and SmolLM3's classes tie by default, the others not.
   c.tie_word_embeddings = r.flag("tie_word_embeddings", gemma || c.model_type == "smollm3");
@@ -630,10 +641,12 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
   c.fused_projections = c.model_type == "phi3";
   // Qwen3 and Gemma 3 normalize each head of q and k (Gemma 3 with 1 +
   // weight, as its other norms).
-  c.qk_norm = qwen3 || c.model_type == "gemma3_text" || olmo;
-  // OLMo 2 and 3: over all heads at once, their norms only after each block.
+  const bool exaone4 = c.model_type == "exaone4";
+  c.qk_norm = qwen3 || c.model_type == "gemma3_text" || olmo || exaone4;
+  // OLMo 2 and 3: over all heads at once; their norms only after each
+  // block, as EXAONE 4's (whose q and k norms are Qwen3's, per head).
   c.qk_norm_whole = olmo;
-  c.post_norms = olmo;
+  c.post_norms = olmo || exaone4;
   c.gemma_norms = gemma;
   if (gemma2_layout(c)) {
     // Gemma 2 caps by default, Gemma 3 does not.
@@ -678,6 +691,12 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& s
                " is not supported (quanta's decoder has no dropout there; 0 is)");
   if (c.model_type == "smollm3") read_nope_layers(r, c);
   read_sliding_window(r, c);
+  // EXAONE 4: with a sliding_window, its full layers attend without RoPE.
+  if (c.model_type == "exaone4" && !(r.j.contains("sliding_window") && !r.has("sliding_window"))) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.nope_layers.push_back(!c.layer_slides(l));
+    if (std::find(c.nope_layers.begin(), c.nope_layers.end(), true) == c.nope_layers.end())
+      c.nope_layers.clear();
+  }
   read_rope(r, c);
   // Every RoPE value checked now, not at the first forward (longrope's long
   // factors too: a length past the original picks them).
@@ -715,6 +734,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
                         : c.model_type == "smollm3"     ? "SmolLM3ForCausalLM"
                         : c.model_type == "granite"     ? "GraniteForCausalLM"
                         : c.model_type == "ministral"   ? "MinistralForCausalLM"
+                        : c.model_type == "exaone4"     ? "Exaone4ForCausalLM"
                                                         : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;

@@ -1,8 +1,8 @@
 #pragma once
 // A decoder's config.json as Hugging Face transformers writes it, for the
 // decoders quanta runs: model_type llama, mistral, qwen2, qwen3, gemma,
-// gemma2, gemma3_text, phi3, olmo2, olmo3, smollm3, granite and ministral, and
-// the decoder of
+// gemma2, gemma3_text, phi3, olmo2, olmo3, smollm3, granite, ministral and
+// exaone4, and the decoder of
 // Gemma 3's image-text model
 // (gemma3: its text_config). Both generations of names are
 // read: transformers 4.x's (rope_theta and rope_scaling at the top level,
@@ -22,7 +22,7 @@ namespace quanta::llm {
 
 struct DecoderConfig {
   /** llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, olmo2,
-   * olmo3, smollm3, granite or ministral. */
+   * olmo3, smollm3, granite, ministral or exaone4. */
   std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -62,7 +62,8 @@ struct DecoderConfig {
    * k_norm, weights [head_dim]) before RoPE. */
   bool qk_norm = false;
   /** smollm3's layers without RoPE (NoPE; no_rope_layers' 0 entries, by
-   * default every 4th layer); empty: every layer rotates. */
+   * default every 4th layer), exaone4's full layers where it has a
+   * sliding_window; empty: every layer rotates. */
   std::vector<bool> nope_layers;
   /** olmo2 and olmo3: the q and k norms span all heads (weights [heads x head_dim],
    * [kv heads x head_dim]), applied before the split into heads. */
@@ -79,7 +80,7 @@ struct DecoderConfig {
    * before their residual adds, the MLP's input by
    * pre_feedforward_layernorm. */
   bool sandwich_norms = false;
-  /** olmo2's and olmo3's norms: only after each block, the attention's and the MLP's
+  /** olmo2's, olmo3's and exaone4's norms: only after each block, the attention's and the MLP's
    * outputs normalized (post_attention_layernorm,
    * post_feedforward_layernorm) before their residual adds, their inputs
    * not (no input_layernorm). */

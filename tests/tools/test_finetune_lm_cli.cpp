@@ -150,10 +150,11 @@ TEST_CASE(
   llm::write_token_file(d.file("train.bin"), learnable_tokens(2400, 1), llm::TokenWidth::u16);
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 2), llm::TokenWidth::u16);
   for (const std::string name :
-       {"llama_gqa", "llama_tied_llama3", "llama_bf16", "qwen2_bias", "mistral_sharded",
-        "qwen3_qk_norm", "gemma_geglu", "gemma2_softcap", "mistral_window", "gemma3_text",
-        "gemma3_image_text", "phi3_fused", "phi3_longrope", "olmo2_post_norms", "qwen3_yarn",
-        "smollm3_nope", "olmo3_window", "granite_multipliers", "ministral_window"}) {
+       {"llama_gqa",       "llama_tied_llama3",   "llama_bf16",        "qwen2_bias",
+        "mistral_sharded", "qwen3_qk_norm",       "gemma_geglu",       "gemma2_softcap",
+        "mistral_window",  "gemma3_text",         "gemma3_image_text", "phi3_fused",
+        "phi3_longrope",   "olmo2_post_norms",    "qwen3_yarn",        "smollm3_nope",
+        "olmo3_window",    "granite_multipliers", "ministral_window",  "exaone4_window"}) {
     CAPTURE(name);
     const std::string out = "run_" + name;
     // Granite's scalings (blocks' outputs times 0.22, logits over 4) damp

@@ -34,6 +34,8 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
+    Exaone4Config,
+    Exaone4ForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     LlamaConfig,
@@ -254,6 +256,13 @@ MODELS = {
                        tie_word_embeddings=True,
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                   torch.float32, None),
+    # EXAONE 4: OLMo 2's norms after each block with Qwen3's per-head q and k
+    # norms, a window of 4 on layer 0 and layer 1 full, which has no RoPE.
+    "exaone4_window": (Exaone4Config, Exaone4ForCausalLM,
+                       dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                            sliding_window=4, sliding_window_pattern=2,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       torch.float32, None),
 }
 # Tokenizer files copied into a model's folder (from tests/data/llm/).
 TOKENIZER_FILES = {"qwen2_bpe": ("bpe/qwen2/tokenizer.json", "bpe/qwen2/tokenizer_config.json")}
@@ -282,7 +291,7 @@ def main(root, only):
         with torch.no_grad():  # norms start at 1 (Gemma's at 0): moved, so a missed scale shows
             for pname, p in model.named_parameters():
                 if pname.endswith(("q_norm.weight", "k_norm.weight")) or (
-                        name.startswith(("gemma", "olmo")) and pname.endswith("norm.weight")):
+                        name.startswith(("gemma", "olmo", "exaone")) and pname.endswith("norm.weight")):
                     p.add_(0.3 * torch.randn_like(p))
         folder = os.path.join(root, "models", name)
         os.makedirs(folder, exist_ok=True)

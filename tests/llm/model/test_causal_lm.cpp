@@ -38,13 +38,13 @@ std::string data_dir() {
 }
 
 const std::vector<std::string> kModels = {
-    "llama_gqa",       "llama_tied_llama3", "llama_bf16",          "qwen2_bias",
-    "mistral_sharded", "qwen3_qk_norm",     "qwen3_bf16",          "gemma_geglu",
-    "gemma2_softcap",  "gemma2_bf16",       "mistral_window",      "qwen2_window",
-    "gemma3_text",     "gemma3_bf16",       "gemma3_image_text",   "phi3_fused",
-    "phi3_longrope",   "olmo2_post_norms",  "olmo2_bf16",          "qwen3_yarn",
-    "smollm3_nope",    "olmo3_window",      "granite_multipliers", "granite_bf16",
-    "ministral_window"};
+    "llama_gqa",        "llama_tied_llama3", "llama_bf16",          "qwen2_bias",
+    "mistral_sharded",  "qwen3_qk_norm",     "qwen3_bf16",          "gemma_geglu",
+    "gemma2_softcap",   "gemma2_bf16",       "mistral_window",      "qwen2_window",
+    "gemma3_text",      "gemma3_bf16",       "gemma3_image_text",   "phi3_fused",
+    "phi3_longrope",    "olmo2_post_norms",  "olmo2_bf16",          "qwen3_yarn",
+    "smollm3_nope",     "olmo3_window",      "granite_multipliers", "granite_bf16",
+    "ministral_window", "exaone4_window"};
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -1447,13 +1447,55 @@ TEST_CASE("decoder configs: ministral, its layer types") {
   CHECK(again.sliding_window == 8);
 }
 
+// What transformers 5.24's Exaone4Config makes of the keys: OLMo 2's norms
+// after each block, Qwen3's per-head q and k norms (Llama's rounding), all
+// but every sliding_window_pattern-th layer sliding (4096 over every 4th by
+// default), and with a window the full layers without RoPE.
+TEST_CASE("decoder configs: exaone4, its windows and NoPE full layers") {
+  const llm::DecoderConfig d = small_config("exaone4", 64, 8, R"(, "num_key_value_heads": 2)");
+  CHECK(d.post_norms);
+  CHECK(d.qk_norm);
+  CHECK_FALSE(d.qk_norm_whole);
+  CHECK(d.norm_weight() == llm::RmsWeight::rounded_first);
+  CHECK(d.rms_norm_eps == 1e-5);
+  CHECK(d.sliding_window == 4096);
+  for (int64_t l = 0; l < 8; ++l) {
+    CAPTURE(l);
+    CHECK(d.layer_slides(l) == ((l + 1) % 4 != 0));
+    CHECK(d.layer_rotates(l) == d.layer_slides(l));
+  }
+  CHECK_THROWS_WITH(small_config("exaone4", 64, 2, ""),
+                    doctest::Contains("num_key_value_heads 32 (the key is absent"));
+  // No window: every layer full, every layer rotating.
+  const llm::DecoderConfig full =
+      small_config("exaone4", 64, 4, R"(, "num_key_value_heads": 2, "sliding_window": null)");
+  CHECK(full.sliding_window == 0);
+  CHECK(full.nope_layers.empty());
+  for (int64_t l = 0; l < 4; ++l) CHECK_FALSE(full.layer_slides(l));
+  const llm::DecoderConfig p = small_config(
+      "exaone4", 64, 4,
+      R"(, "num_key_value_heads": 2, "sliding_window": 16, "sliding_window_pattern": 2)");
+  CHECK(p.layer_window(0) == 16);
+  CHECK(p.layer_window(1) == 0);
+  CHECK_FALSE(p.layer_rotates(1));
+  const llm::DecoderConfig again =
+      llm::parse_decoder_config(llm::decoder_config_json(p), "written.json");
+  CHECK(again.model_type == "exaone4");
+  CHECK(again.sliding_layers == p.sliding_layers);
+  CHECK(again.nope_layers == p.nope_layers);
+  CHECK_THROWS_WITH(
+      small_config("exaone4", 64, 4,
+                   R"(, "num_key_value_heads": 2, "sliding_window_pattern": "LLLG")"),
+      doctest::Contains("\"sliding_window_pattern\" other than a number needs \"layer_types\""));
+}
+
 // The class defaults of rms_norm_eps where config.json has none: Phi-3's
 // and OLMo's 1e-5, the others' 1e-6.
 TEST_CASE("decoder configs: rms_norm_eps defaults per model type") {
   const auto eps = [](const char* type) {
     return small_config(type, 64, 2, R"(, "num_key_value_heads": 2)").rms_norm_eps;
   };
-  for (const char* type : {"phi3", "olmo2", "olmo3"}) CHECK(eps(type) == 1e-5);
+  for (const char* type : {"phi3", "olmo2", "olmo3", "exaone4"}) CHECK(eps(type) == 1e-5);
   for (const char* type : {"llama", "mistral", "qwen2", "qwen3", "gemma", "smollm3"})
     CHECK(eps(type) == 1e-6);
 }

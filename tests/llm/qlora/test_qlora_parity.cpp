@@ -91,7 +91,8 @@ const std::vector<std::string> kCases = {"llama_gqa_all",
                                          "olmo2_bf16_all",
                                          "smollm3_all",
                                          "olmo3_all",
-                                         "granite_all"};
+                                         "granite_all",
+                                         "exaone4_all"};
 
 llm::QLoRAOptions options_of(const Case& c) {
   const llm::AdapterFolderConfig folder =

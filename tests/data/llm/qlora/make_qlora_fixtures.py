@@ -190,6 +190,9 @@ CASES = {
                         use_rslora=False, dtype=torch.float32, n_targeted=14),
     "olmo3_all": dict(model="olmo3_window", r=4, lora_alpha=8, target_modules="all-linear",
                       use_rslora=False, dtype=torch.float32, n_targeted=14),
+    # EXAONE 4: post-block norms, per-head q and k norms, a full layer without RoPE.
+    "exaone4_all": dict(model="exaone4_window", r=4, lora_alpha=8, target_modules="all-linear",
+                        use_rslora=False, dtype=torch.float32, n_targeted=14),
     # Granite: its scalings, the logits' divisor inside the loss's gradient.
     "granite_all": dict(model="granite_multipliers", r=4, lora_alpha=8, target_modules="all-linear",
                         use_rslora=False, dtype=torch.float32, n_targeted=14),
