@@ -57,32 +57,45 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
     if (j.is_discarded()) throw std::runtime_error(where + "not valid JSON");
     if (!j.is_object()) throw std::runtime_error(where + "not a JSON object");
     const bool pair = j.contains("prompt") || j.contains("completion");
+    // TRL's language-modeling lines: a document's text, trained whole (a
+    // text kept beside ids or a pair is left aside, as other keys are).
+    const bool text = j.contains("text") && !pair && !j.contains("input_ids");
     if (pair && j.contains("input_ids"))
       throw std::runtime_error(where + "has both input_ids and a prompt or completion");
     if (!pair && prompts.completions_only)
       throw std::runtime_error(where +
                                "no prompt and completion (training on completions only needs "
                                "both on every line)");
-    if (!pair && !j.contains("input_ids"))
-      throw std::runtime_error(where + "no input_ids (nor a prompt and a completion)");
+    if (!pair && !text && !j.contains("input_ids"))
+      throw std::runtime_error(where + "no input_ids (nor a text, nor a prompt and a completion)");
+    // Text through the encoder: a document starts with the BOS (where the
+    // tokenizer has one).
+    const auto encoded = [&](const char* key, bool first) {
+      if (!prompts.encode)
+        throw std::runtime_error(where + key +
+                                 " is text, and there is no tokenizer to read it with (give "
+                                 "ids, or a model folder with a tokenizer.model or "
+                                 "tokenizer.json)");
+      std::vector<int64_t> ids = prompts.encode(j.at(key).get<std::string>(), first);
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        if (const std::string why = id_ok(ids[i]); !why.empty())
+          throw std::runtime_error(where + key + " encodes to id " + std::to_string(ids[i]) + ": " +
+                                   why);
+      return ids;
+    };
     TokenExample e;
-    if (pair) {
+    if (text) {
+      if (!j.at("text").is_string()) throw std::runtime_error(where + "text is not a string");
+      // As TRL's SFT ends a text: the tokenizer's EOS after it.
+      e.input_ids = encoded("text", true);
+      if (prompts.eos_id >= 0) e.input_ids.push_back(prompts.eos_id);
+      e.labels = e.input_ids;
+    } else if (pair) {
       for (const char* key : {"prompt", "completion"})
         if (!j.contains(key)) throw std::runtime_error(where + "no " + key);
       // Text through the encoder, or ids as they are.
       const auto part = [&](const char* key, bool first) {
-        const json& v = j.at(key);
-        if (!v.is_string()) return whole_numbers(j, key, where, id_ok);
-        if (!prompts.encode)
-          throw std::runtime_error(where + key +
-                                   " is text, and there is no tokenizer to read it with (give "
-                                   "ids, or a model folder with a tokenizer.model)");
-        std::vector<int64_t> ids = prompts.encode(v.get<std::string>(), first);
-        for (std::size_t i = 0; i < ids.size(); ++i)
-          if (const std::string why = id_ok(ids[i]); !why.empty())
-            throw std::runtime_error(where + key + " encodes to id " + std::to_string(ids[i]) +
-                                     ": " + why);
-        return ids;
+        return j.at(key).is_string() ? encoded(key, first) : whole_numbers(j, key, where, id_ok);
       };
       const std::vector<int64_t> prompt = part("prompt", true);
       std::vector<int64_t> completion = part("completion", false);
@@ -102,9 +115,10 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       throw std::runtime_error(where + std::to_string(e.input_ids.size()) +
                                " tokens, longer than the model's " +
                                std::to_string(limits.max_length) + " positions");
-    if (pair) {
+    if (pair || text) {
       if (j.contains("labels"))
-        throw std::runtime_error(where + "has labels beside a prompt and completion");
+        throw std::runtime_error(where + "has labels beside " +
+                                 (text ? "a text" : "a prompt and completion"));
     } else if (j.contains("labels") && !j["labels"].is_null()) {
       e.labels = whole_numbers(j, "labels", where, label_ok);
       if (e.labels.size() != e.input_ids.size())

@@ -4,7 +4,9 @@
 // is not scored, transformers' convention; without "labels", every position
 // is scored on its own id), or a "prompt" and a "completion" (TRL's
 // prompt-completion format: text, or arrays of ids), the completion scored
-// and the prompt too unless only completions are trained on.
+// and the prompt too unless only completions are trained on, or a "text"
+// (TRL's language-modeling format: a BOS where the tokenizer has one, the
+// text, its EOS), every position scored.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -49,6 +51,7 @@ struct PromptCompletion {
  * std::runtime_error naming the file, the line and the field ("data.jsonl:
  * line 7: labels has 12 entries, input_ids 13"): a line that is not a JSON
  * object, a missing or empty input_ids, an entry that is not a whole number,
+ * a text (where there are no input_ids and no prompt) that is not a string,
  * an id outside [0, vocab_size), a label neither -100 nor a valid id, a
  * sequence longer than max_length, a line with both input_ids and a prompt,
  * a prompt without a completion, text where no encoder is given, and with

@@ -1101,6 +1101,17 @@ TEST_CASE("finetune --model: text and prompt-completion pairs through a tokenize
   REQUIRE(prompt.size() > 2);
   CHECK(prompt.front() == 1);  // <|im_start|>, no BOS: Qwen's template has none
   CHECK(std::count(prompt.begin(), prompt.end(), int64_t{2}) == 1);
+  // TRL's text lines, packed: each document its text and EOS.
+  {
+    std::ofstream docs(d.file("docs.jsonl"));
+    for (int i = 0; i < 24; ++i)
+      docs << R"({"text": "the quick brown fox )" << i % 6 << R"("})"
+           << "\n";
+  }
+  const CliResult t =
+      run_quanta({"finetune", "--model", base, "--data", d.file("docs.jsonl"), "--pack",
+                  "--seq-len", "32", "--steps", "4", "--out", d.file("run_text")});
+  REQUIRE_MESSAGE(t.code == 0, t.err);
 }
 
 namespace {

@@ -221,6 +221,56 @@ TEST_CASE("token JSONL: prompt and completion, as text or ids; completions only;
             "line 1: prompt is text, and there is no tokenizer"));
 }
 
+TEST_CASE("token JSONL: TRL's text lines, a BOS before and the EOS after, every token scored") {
+  Scratch s;
+  const std::string path = s.file("text.jsonl");
+  std::ofstream(path) << R"({"text": "abc"})"
+                      << "\n"
+                      << R"({"input_ids": [5, 6]})"
+                      << "\n";
+  PromptCompletion p;
+  p.encode = [](const std::string& text, bool bos) {
+    std::vector<int64_t> ids;
+    if (bos) ids.push_back(1);
+    for (char c : text) ids.push_back(10 + (c - 'a'));
+    return ids;
+  };
+  p.eos_id = 2;
+  const std::vector<TokenExample> ex = read_token_jsonl(path, {.vocab_size = 20}, p);
+  REQUIRE(ex.size() == 2);
+  CHECK(ex[0].input_ids == std::vector<int64_t>{1, 10, 11, 12, 2});
+  CHECK(ex[0].labels == ex[0].input_ids);
+  CHECK(ex[1].input_ids == std::vector<int64_t>{5, 6});
+  // Beside ids or a prompt and completion, a text is left aside.
+  std::ofstream(s.file("both.jsonl")) << R"({"text": "abc", "input_ids": [7]})"
+                                      << "\n"
+                                      << R"({"text": "abc", "prompt": [3], "completion": [4]})"
+                                      << "\n";
+  const std::vector<TokenExample> both =
+      read_token_jsonl(s.file("both.jsonl"), {.vocab_size = 20}, p);
+  CHECK(both[0].input_ids == std::vector<int64_t>{7});
+  CHECK(both[1].input_ids == std::vector<int64_t>{3, 4});
+  const std::vector<std::tuple<std::string, std::string, bool>> cases = {
+      {R"({"text": 3})", "line 1: text is not a string", false},
+      {R"({"text": "a", "labels": [1, 2, 3]})", "line 1: has labels beside a text", false},
+      {R"({"text": "zz"})", "line 1: text encodes to id 35: outside", false},
+      {R"({"text": "a"})", "line 1: no prompt and completion", true},
+      {R"({"other": "a"})", "line 1: no input_ids (nor a text, nor a prompt", false},
+  };
+  for (const auto& [text, want, only] : cases) {
+    CAPTURE(text);
+    std::ofstream(path, std::ios::trunc) << text << "\n";
+    PromptCompletion q = p;
+    q.completions_only = only;
+    const std::string e = error_of([&] { (void)read_token_jsonl(path, {.vocab_size = 20}, q); });
+    CHECK(has(e, want));
+  }
+  std::ofstream(path, std::ios::trunc) << R"({"text": "a"})"
+                                       << "\n";
+  CHECK(has(error_of([&] { (void)read_token_jsonl(path, {.vocab_size = 20}); }),
+            "line 1: text is text, and there is no tokenizer"));
+}
+
 TEST_CASE("LmExamples: packed rows keep each example's positions and scored tokens") {
   Scratch s;
   const std::string path = s.file("docs.jsonl");

@@ -230,10 +230,10 @@ bool trainer_decays(const std::string& name) {
   return true;
 }
 
-// Prompt-completion lines read with the folder's tokenizer (tokenizer.model
-// or tokenizer.json, when it has one): text through it, its EOS after each
-// completion. A build without the library it needs fails on the first text
-// field, saying so.
+// JSONL text (prompt-completion pairs, TRL's text lines) read with the
+// folder's tokenizer (tokenizer.model or tokenizer.json, when it has one):
+// text through it, its EOS after each completion or text. A build without
+// the library it needs fails on the first text field, saying so.
 llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
   llm::PromptCompletion p;
   p.completions_only = completions_only;
