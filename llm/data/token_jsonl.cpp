@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "llm/text/tokenizer.h"
 
 namespace quanta::llm {
 namespace {
@@ -33,6 +36,26 @@ std::vector<int64_t> whole_numbers(const json& object, const char* key, const st
 }
 
 }  // namespace
+
+PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only) {
+  PromptCompletion p;
+  p.completions_only = completions_only;
+  const std::string model = tokenizer_model_in(model_dir);
+  if (model.empty()) return p;
+  if (!Tokenizer::available(model)) {
+    p.encode = [model](const std::string&, bool) -> std::vector<int64_t> {
+      Tokenizer unavailable(model);  // throws, naming what is missing
+      return {};
+    };
+    return p;
+  }
+  auto tokenizer = std::make_shared<const Tokenizer>(model);
+  p.encode = [tokenizer](const std::string& text, bool add_bos) {
+    return tokenizer->encode(text, add_bos);
+  };
+  p.eos_id = tokenizer->eos_id();
+  return p;
+}
 
 std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenLimits& limits,
                                            const PromptCompletion& prompts) {

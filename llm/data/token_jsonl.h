@@ -47,6 +47,13 @@ struct PromptCompletion {
   bool completions_only = false;
 };
 
+/** JSONL text (prompt-completion pairs, TRL's text lines) through the
+ * tokenizer of model folder `model_dir` (tokenizer.model or tokenizer.json;
+ * none: only id arrays are read): its EOS after each completion or text. A
+ * build without the library the tokenizer needs fails on the first text
+ * field, saying so. */
+PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only = false);
+
 /** Reads every non-empty line of `path`. Each error is one
  * std::runtime_error naming the file, the line and the field ("data.jsonl:
  * line 7: labels has 12 entries, input_ids 13"): a line that is not a JSON

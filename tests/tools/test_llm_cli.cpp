@@ -364,6 +364,45 @@ TEST_CASE("quanta tokenize: text and JSONL documents to the token file eval read
                        2, "--out");
 }
 
+TEST_CASE("quanta eval --model on JSONL: each example scored, completions alone on request") {
+  const std::string model = models() + "llama_gqa";
+  ScratchDir dir("llm_eval_jsonl");
+  const std::vector<int64_t> ids = {5, 9, 2, 33, 4, 17, 60, 1, 8, 21, 40, 2, 7, 7, 30, 11};
+  llm::write_token_file(dir.file("one.bin"), ids, llm::TokenWidth::u16);
+  nlohmann::json line{{"input_ids", ids}};
+  std::ofstream(dir.file("one.jsonl")) << line.dump() << "\n";
+  // One example of 16 ids is one window of 16: the same 15 predictions.
+  const CliResult a = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("one.jsonl"), "--seq-len", "16", "--json"});
+  const CliResult b = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("one.bin"), "--seq-len", "16", "--json"});
+  REQUIRE_MESSAGE(a.code == 0, a.err);
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  CHECK(ja.at("tokens") == 15);
+  CHECK(ja.at("examples") == 1);
+  CHECK(ja.at("loss").get<double>() == doctest::Approx(jb.at("loss").get<double>()).epsilon(1e-12));
+  // Pairs of ids: all their tokens, or the completions' alone.
+  std::ofstream(dir.file("pairs.jsonl"))
+      << R"({"prompt": [5, 9, 2, 33], "completion": [4, 17, 60]})"
+      << "\n"
+      << R"({"prompt": [1, 8], "completion": [21, 40, 2, 7]})"
+      << "\n";
+  const CliResult all = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("pairs.jsonl"), "--seq-len", "16", "--json"});
+  const CliResult completions =
+      run_quanta({"eval", "--model", model, "--data", dir.file("pairs.jsonl"), "--seq-len", "16",
+                  "--completions-only", "--json"});
+  REQUIRE_MESSAGE(all.code == 0, all.err);
+  REQUIRE_MESSAGE(completions.code == 0, completions.err);
+  CHECK(nlohmann::json::parse(all.out).at("tokens") == 6 + 5);
+  CHECK(nlohmann::json::parse(completions.out).at("tokens") == 3 + 4);
+  CHECK(nlohmann::json::parse(completions.out).at("completions_only") == true);
+  check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("one.bin"),
+                                   "--seq-len", "16", "--completions-only"}),
+                       2, "--completions-only scores JSONL prompt-completion pairs");
+}
+
 TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base") {
   const char* root = std::getenv("QUANTA_TEST_DATA");
   const std::string adapters = std::string(root) + "/llm/qlora/llama_gqa_all/adapter_init";

@@ -15,6 +15,7 @@
 #include "data/fashion_mnist.h"
 #include "engine/precision.h"
 #include "flag_checks.h"
+#include "llm/data/lm_examples.h"
 #include "llm/model/lm_eval.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
@@ -23,6 +24,7 @@
 #include "precision_flag.h"
 #include "train/checkpoint.h"
 #include "train/limits.h"
+#include "train/lm_task.h"
 #include "train/metrics.h"
 #include "train/outputs.h"
 
@@ -41,7 +43,24 @@ struct EvalOptions {
   std::string device = "cpu";
   std::string precision = "f32";
   bool json = false;
+  bool completions_only = false;  // --model with JSONL: the completions alone scored
 };
+
+// A language model's mean token cross-entropy over JSONL examples, each on
+// its own (as finetune's --eval-data scores them).
+train::LmScore score_jsonl(llm::CausalLM& model, const EvalOptions& o, int64_t* examples) {
+  llm::LmExamples data = [&] {
+    try {
+      return llm::LmExamples::from_file(
+          o.data, o.seq_len, model.config().vocab_size,
+          {.prompts = llm::folder_text_reader(o.model, o.completions_only)});
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }();
+  *examples = data.size();
+  return train::score_examples(model, data, o.batch_size);
+}
 
 // A language model's mean window cross-entropy and perplexity on a token file.
 void run_lm_eval(const EvalOptions& o) {
@@ -51,9 +70,35 @@ void run_lm_eval(const EvalOptions& o) {
   if (o.seq_len == 0) throw UsageError("--model needs --seq-len N");
   if (!o.png.empty() || o.limit >= 0)
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
+  const bool jsonl = std::filesystem::path(o.data).extension() == ".jsonl";
+  if (o.completions_only && !jsonl)
+    throw UsageError("--completions-only scores JSONL prompt-completion pairs (--data FILE.jsonl)");
   auto model = llm::load_base_model(o.model, device_flag(o.device));
   // The base quantized as the adapters were trained over it, then the adapters.
   apply_adapter_flags(*model, o.adapters, o.model);
+  if (jsonl) {
+    int64_t examples = 0;
+    const train::LmScore s = score_jsonl(*model, o, &examples);
+    if (o.json) {
+      nlohmann::ordered_json j;
+      j["model"] = o.model;
+      if (!o.adapters.dir.empty()) j["adapters"] = o.adapters.dir;
+      j["data"] = o.data;
+      j["seq_len"] = o.seq_len;
+      j["precision"] = o.precision;
+      j["completions_only"] = o.completions_only;
+      j["loss"] = s.loss;
+      j["perplexity"] = s.perplexity;
+      j["examples"] = examples;
+      j["tokens"] = s.tokens;
+      std::cout << j.dump() << "\n";
+      return;
+    }
+    std::cout << "loss " << train::fmt_metric(s.loss, 6) << "  perplexity "
+              << train::fmt_metric(s.perplexity, 4) << "  (" << examples << " examples, "
+              << s.tokens << " scored predictions)\n";
+    return;
+  }
   llm::WindowEval r;
   if (std::filesystem::path(o.data).extension() == ".txt") {
     // Raw text: the whole file through the folder's tokenizer, a BOS first.
@@ -177,8 +222,9 @@ void add_eval(CLI::App& app) {
       ->transform(integer_in(2, 1 << 24));
   sub->add_option("--data", o->data,
                   "Fashion-MNIST folder (default: the one trained on); with --model, an "
-                  "llm.c token file, or a .txt read through the folder's tokenizer.model or "
-                  "tokenizer.json");
+                  "llm.c token file, a .txt read through the folder's tokenizer.model or "
+                  "tokenizer.json, or a .jsonl of examples as finetune reads them (each "
+                  "scored on its own)");
   sub->add_option("--png", o->png,
                   "reconstruction PNG to write (default: eval_reconstructions.png beside "
                   "the checkpoint)");
@@ -190,6 +236,9 @@ void add_eval(CLI::App& app) {
       "--batch-size", o->batch_size, "images (with --model: windows, default 1) per forward pass");
   batch->capture_default_str()->transform(integer_in(1, train::kMaxBatchSize));
   sub->add_flag("--json", o->json, "print one JSON object");
+  sub->add_flag("--completions-only", o->completions_only,
+                "--model with a .jsonl: score the completions of prompt-completion pairs alone "
+                "(as finetune --train-on-completions-only trains them)");
   sub->callback([o, batch] {
     if (!o->model.empty() && batch->count() == 0) o->batch_size = 1;
     run_eval(*o);

@@ -230,30 +230,6 @@ bool trainer_decays(const std::string& name) {
   return true;
 }
 
-// JSONL text (prompt-completion pairs, TRL's text lines) read with the
-// folder's tokenizer (tokenizer.model or tokenizer.json, when it has one):
-// text through it, its EOS after each completion or text. A build without
-// the library it needs fails on the first text field, saying so.
-llm::PromptCompletion prompt_reader(const std::string& model_dir, bool completions_only) {
-  llm::PromptCompletion p;
-  p.completions_only = completions_only;
-  const std::string model = llm::tokenizer_model_in(model_dir);
-  if (model.empty()) return p;
-  if (!llm::Tokenizer::available(model)) {
-    p.encode = [model](const std::string&, bool) -> std::vector<int64_t> {
-      llm::Tokenizer unavailable(model);  // throws, naming what is missing
-      return {};
-    };
-    return p;
-  }
-  auto tokenizer = std::make_shared<const llm::Tokenizer>(model);
-  p.encode = [tokenizer](const std::string& text, bool add_bos) {
-    return tokenizer->encode(text, add_bos);
-  };
-  p.eos_id = tokenizer->eos_id();
-  return p;
-}
-
 // --data / --eval-data: a token file, JSONL, or text (.txt) through the
 // model folder's tokenizer.
 llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o, int64_t seq_len,
@@ -263,7 +239,7 @@ llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o,
     try {
       return llm::LmExamples::from_file(
           path, seq_len, vocab_size,
-          {.prompts = prompt_reader(model_dir, o.completions_only), .pack = o.pack});
+          {.prompts = llm::folder_text_reader(model_dir, o.completions_only), .pack = o.pack});
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string(e.what()) +
                        (o.pack ? " (--pack)" : " (--train-on-completions-only)"));
