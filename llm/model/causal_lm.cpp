@@ -1,11 +1,13 @@
 // CausalLM: weights by transformers' names into modules, and the decoder's
-// forward (embeddings (Gemma: scaled by sqrt(hidden_size)), N x [RMSNorm,
-// attention with RoPE and grouped heads (Qwen3: each head of q and k
-// RMS-normalized first; Gemma 2: soft-capped scores; Phi-3: q, k and v from
-// one product, part of each head rotated; SmolLM3: some layers without
-// RoPE), (Gemma 2: RMSNorm), residual,
-// RMSNorm, SiLU- or GELU-gated MLP (Phi-3: gate and up from one product),
-// (Gemma 2: RMSNorm), residual], RMSNorm, lm_head (Gemma 2: soft-capped)).
+// forward (embeddings (Gemma: scaled by sqrt(hidden_size); Granite: by its
+// multiplier), N x [RMSNorm, attention with RoPE and grouped heads (Qwen3:
+// each head of q and k RMS-normalized first; Gemma 2: soft-capped scores;
+// Phi-3: q, k and v from one product, part of each head rotated; SmolLM3 and
+// EXAONE 4: some layers without RoPE), (Gemma 2: RMSNorm), residual (Granite:
+// the block's output scaled), RMSNorm, SiLU- or GELU-gated MLP (Phi-3: gate
+// and up from one product), (Gemma 2: RMSNorm), residual], RMSNorm, lm_head
+// (Gemma 2: soft-capped; Granite: divided)). OLMo 2 and 3 and EXAONE 4
+// normalize only after each block.
 #include "llm/model/causal_lm.h"
 
 #include <algorithm>
@@ -217,7 +219,7 @@ class Attention : public Module {
       q = q_norm_->forward(q);
       k = k_norm_->forward(k);
     }
-    if (rotates_) {  // SmolLM3's NoPE layers attend without positions
+    if (rotates_) {  // SmolLM3's and EXAONE 4's NoPE layers attend without positions
       q = apply_rope(q, rope);
       k = apply_rope(k, rope);
     }
@@ -335,8 +337,8 @@ class DecoderLayer : public Module {
       const Tensor a = add(h, times_multiplier(attn, m));
       return add(a, times_multiplier(mlp_->forward(post_norm_->forward(a), recomputing()), m));
     }
-    // Gemma 2 and OLMo 2: each block's output normalized before its residual
-    // add (Gemma 2 normalizes the MLP's input too).
+    // Gemma 2, OLMo 2 and 3, EXAONE 4: each block's output normalized before
+    // its residual add (Gemma 2 normalizes the MLP's input too).
     const Tensor a = add(h, post_norm_->forward(attn));
     return add(
         a, post_mlp_norm_->forward(mlp_->forward(pre_mlp_norm_ ? pre_mlp_norm_->forward(a) : a)));
