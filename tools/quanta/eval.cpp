@@ -46,6 +46,17 @@ struct EvalOptions {
   bool completions_only = false;  // --model with JSONL: the completions alone scored
 };
 
+// What --json says of a language-model run before its figures.
+nlohmann::ordered_json lm_eval_json(const EvalOptions& o) {
+  nlohmann::ordered_json j;
+  j["model"] = o.model;
+  if (!o.adapters.dir.empty()) j["adapters"] = o.adapters.dir;
+  j["data"] = o.data;
+  j["seq_len"] = o.seq_len;
+  j["precision"] = o.precision;
+  return j;
+}
+
 // A language model's mean token cross-entropy over JSONL examples, each on
 // its own (as finetune's --eval-data scores them).
 train::LmScore score_jsonl(llm::CausalLM& model, const EvalOptions& o, int64_t* examples) {
@@ -80,12 +91,7 @@ void run_lm_eval(const EvalOptions& o) {
     int64_t examples = 0;
     const train::LmScore s = score_jsonl(*model, o, &examples);
     if (o.json) {
-      nlohmann::ordered_json j;
-      j["model"] = o.model;
-      if (!o.adapters.dir.empty()) j["adapters"] = o.adapters.dir;
-      j["data"] = o.data;
-      j["seq_len"] = o.seq_len;
-      j["precision"] = o.precision;
+      nlohmann::ordered_json j = lm_eval_json(o);
       j["completions_only"] = o.completions_only;
       j["loss"] = s.loss;
       j["perplexity"] = s.perplexity;
@@ -114,12 +120,7 @@ void run_lm_eval(const EvalOptions& o) {
     r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);
   }
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["model"] = o.model;
-    if (!o.adapters.dir.empty()) j["adapters"] = o.adapters.dir;
-    j["data"] = o.data;
-    j["seq_len"] = o.seq_len;
-    j["precision"] = o.precision;
+    nlohmann::ordered_json j = lm_eval_json(o);
     j["loss"] = r.loss;
     j["perplexity"] = r.perplexity;
     j["windows"] = r.windows;
