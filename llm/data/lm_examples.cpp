@@ -1,5 +1,6 @@
 #include "llm/data/lm_examples.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
@@ -17,14 +18,61 @@ int64_t scored_in(const std::vector<int64_t>& labels) {
   return n;
 }
 
+bool holds(const std::vector<int64_t>& ids, int64_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// Whether token i of `ids` starts a document `d` marks, `before` the id
+// ahead of ids[0] (-1: none).
+bool starts_document(const int64_t* ids, int64_t i, int64_t before, const DocumentBoundaries& d) {
+  const int64_t previous = i > 0 ? ids[i - 1] : before;
+  return holds(d.start_ids, ids[i]) || (previous >= 0 && holds(d.end_ids, previous));
+}
+
+// Splits window `ids` [n] into the documents `d` marks: positions restart at
+// 0 where one starts (and at the window's first token), and the first
+// token of a document is not scored. Either output may be null. Returns the
+// predictions scored: positions 1..n-1 that start no document.
+int64_t split_documents(const int64_t* ids, int64_t n, const DocumentBoundaries& d, int64_t* labels,
+                        int64_t* positions) {
+  int64_t scored = 0, p = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool starts = i == 0 || starts_document(ids, i, -1, d);
+    p = starts ? 0 : p + 1;
+    if (positions) positions[i] = p;
+    if (i == 0) continue;
+    if (!starts)
+      ++scored;
+    else if (labels)
+      labels[i] = kIgnoreIndex;
+  }
+  return scored;
+}
+
+void check_boundary_ids(const DocumentBoundaries& d, int64_t vocab_size) {
+  for (const std::vector<int64_t>* ids : {&d.start_ids, &d.end_ids})
+    for (int64_t id : *ids)
+      if (id < 0 || (vocab_size > 0 && id >= vocab_size))
+        throw std::invalid_argument(
+            "document " + std::string(ids == &d.start_ids ? "start" : "end") + " id " +
+            std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab_size));
+}
+
+std::string ids_text(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (int64_t id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
 std::vector<int64_t> host_rows(const Tensor& rows) {
   return rows.to(Device::cpu()).to(DType::i64).contiguous().to_vector<int64_t>();
 }
 
 }  // namespace
 
-LmExamples LmExamples::from_token_file(const std::string& path, int64_t seq_len,
-                                       int64_t vocab_size) {
+LmExamples LmExamples::from_token_file(const std::string& path, int64_t seq_len, int64_t vocab_size,
+                                       const DocumentBoundaries& documents) {
+  check_boundary_ids(documents, vocab_size);
   if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
   LmExamples e;
   e.path_ = path;
@@ -35,12 +83,15 @@ LmExamples LmExamples::from_token_file(const std::string& path, int64_t seq_len,
   if (e.windows_ == 0)
     throw std::runtime_error(path + ": " + std::to_string(e.tokens_->size()) +
                              " tokens, fewer than one sequence of " + std::to_string(seq_len));
+  e.split_windows(documents);
   return e;
 }
 
 LmExamples LmExamples::from_ids(std::vector<int64_t> ids, const std::string& source,
-                                int64_t seq_len, int64_t vocab_size) {
+                                int64_t seq_len, int64_t vocab_size,
+                                const DocumentBoundaries& documents) {
   if (seq_len < 2) throw std::invalid_argument("sequence length must be at least 2");
+  check_boundary_ids(documents, vocab_size);
   for (std::size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || (vocab_size > 0 && ids[i] >= vocab_size))
       throw std::runtime_error(source + ": token " + std::to_string(i) + " is id " +
@@ -55,7 +106,43 @@ LmExamples LmExamples::from_ids(std::vector<int64_t> ids, const std::string& sou
     throw std::runtime_error(source + ": " + std::to_string(ids.size()) +
                              " tokens, fewer than one sequence of " + std::to_string(seq_len));
   e.ids_ = std::move(ids);
+  e.split_windows(documents);
   return e;
+}
+
+void LmExamples::split_windows(const DocumentBoundaries& documents) {
+  if (!documents.any()) return;
+  documents_in_windows_ = documents;
+  // Every window read once, in runs of windows: its scored predictions, and
+  // the documents the marks make (each window's first token starts one
+  // only where marked, or at the stream's start).
+  const int64_t run = std::max<int64_t>(1, (int64_t(1) << 20) / seq_len_);
+  int64_t before = -1, marked = 0;
+  bool first_marked = false;
+  for (int64_t w0 = 0; w0 < windows_; w0 += run) {
+    const int64_t n = std::min(run, windows_ - w0);
+    const std::vector<int64_t> ids = tokens_
+                                         ? tokens_->read(w0 * seq_len_, n * seq_len_, vocab_size_)
+                                         : std::vector<int64_t>(ids_.begin() + w0 * seq_len_,
+                                                                ids_.begin() + (w0 + n) * seq_len_);
+    for (int64_t w = 0; w < n; ++w) {
+      const int64_t* at = ids.data() + w * seq_len_;
+      const int64_t scored = split_documents(at, seq_len_, documents, nullptr, nullptr);
+      scored_.push_back(scored);
+      const bool head = starts_document(at, 0, before, documents);
+      if (w0 + w == 0) first_marked = head;
+      marked += seq_len_ - 1 - scored + head;
+      before = at[seq_len_ - 1];
+    }
+  }
+  // A stream that does not start with a mark starts a document all the same.
+  documents_ = marked + !first_marked;
+  if (marked == 0)
+    throw std::runtime_error(path_ + ": no token in its " + std::to_string(windows_ * seq_len_) +
+                             " windowed tokens marks a document boundary (start ids {" +
+                             ids_text(documents.start_ids) + "}, end ids {" +
+                             ids_text(documents.end_ids) +
+                             "}): are these the ids the data was made with?");
 }
 
 LmExamples LmExamples::from_jsonl(const std::string& path, int64_t seq_len, int64_t vocab_size,
@@ -111,7 +198,13 @@ void LmExamples::pack() {
 LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64_t vocab_size,
                                  const LmDataOptions& options) {
   const std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".jsonl" || ext == ".json") return from_jsonl(path, seq_len, vocab_size, options);
+  if (ext == ".jsonl" || ext == ".json") {
+    if (options.documents.any())
+      throw std::invalid_argument(path +
+                                  " is JSONL, one example a line: document boundaries are for "
+                                  "token streams");
+    return from_jsonl(path, seq_len, vocab_size, options);
+  }
   if (options.pack)
     throw std::invalid_argument(path +
                                 " is a token file, cut into full windows already: packing is "
@@ -120,7 +213,7 @@ LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64
     throw std::invalid_argument(path +
                                 " is a token file: training on completions only needs JSONL "
                                 "lines with a prompt and a completion");
-  return from_token_file(path, seq_len, vocab_size);
+  return from_token_file(path, seq_len, vocab_size, options.documents);
 }
 
 bool LmExamples::windowed() const { return tokens_ || !ids_.empty(); }
@@ -142,18 +235,19 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
   }
   std::vector<int64_t> ids(static_cast<std::size_t>(n * length), 0);
   std::vector<int64_t> labels(static_cast<std::size_t>(n * length), kIgnoreIndex);
-  std::vector<int64_t> positions(packed() ? ids.size() : 0);
+  std::vector<int64_t> positions(has_position_ids() ? ids.size() : 0);
   LmBatch b;
   for (int64_t k = 0; k < n; ++k) {
     const std::size_t at = static_cast<std::size_t>(k * length);
     if (windowed()) {
-      const std::vector<int64_t> w =
-          tokens_ ? tokens_->read(r[k] * seq_len_, seq_len_, vocab_size_)
-                  : std::vector<int64_t>(ids_.begin() + r[k] * seq_len_,
-                                         ids_.begin() + (r[k] + 1) * seq_len_);
+      const std::vector<int64_t> w = window(r[k]);
       std::copy(w.begin(), w.end(), ids.begin() + at);
       std::copy(w.begin(), w.end(), labels.begin() + at);
-      b.scored_tokens += seq_len_ - 1;
+      if (documents_in_windows_.any())
+        b.scored_tokens += split_documents(w.data(), seq_len_, documents_in_windows_,
+                                           labels.data() + at, positions.data() + at);
+      else
+        b.scored_tokens += seq_len_ - 1;
     } else {
       const TokenExample& x = examples_[static_cast<std::size_t>(r[k])];
       std::copy(x.input_ids.begin(), x.input_ids.end(), ids.begin() + at);
@@ -169,19 +263,25 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
   }
   b.ids = from_vector(ids, {n, length}).to(device);
   b.labels = from_vector(labels, {n, length}).to(device);
-  if (packed()) b.position_ids = from_vector(positions, {n, length}).to(device);
+  if (has_position_ids()) b.position_ids = from_vector(positions, {n, length}).to(device);
   return b;
 }
 
+std::vector<int64_t> LmExamples::window(int64_t i) const {
+  return tokens_
+             ? tokens_->read(i * seq_len_, seq_len_, vocab_size_)
+             : std::vector<int64_t>(ids_.begin() + i * seq_len_, ids_.begin() + (i + 1) * seq_len_);
+}
+
 int64_t LmExamples::scored_tokens(const Tensor& rows) const {
-  if (windowed()) return rows.numel() * (seq_len_ - 1);
+  if (windowed() && scored_.empty()) return rows.numel() * (seq_len_ - 1);
   int64_t n = 0;
   for (int64_t i : host_rows(rows)) n += scored_.at(static_cast<std::size_t>(i));
   return n;
 }
 
 int64_t LmExamples::total_scored_tokens() const {
-  if (windowed()) return windows_ * (seq_len_ - 1);
+  if (windowed() && scored_.empty()) return windows_ * (seq_len_ - 1);
   int64_t n = 0;
   for (int64_t s : scored_) n += s;
   return n;

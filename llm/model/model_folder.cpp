@@ -160,9 +160,9 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
   io::write_text_atomic(target, written.dump(2) + "\n", "copy_tokenizer_files");
 }
 
-std::vector<int64_t> eos_token_ids(const std::string& dir) {
+std::vector<int64_t> special_token_ids(const std::string& dir, const std::string& key) {
   // transformers' generate reads generation_config.json when the folder has
-  // one (its eos_token_id, none when absent), config.json only without it.
+  // one (its ids, none when absent), config.json only without it.
   for (const char* name : {"generation_config.json", "config.json"}) {
     const std::string path = model_folder_file(dir, name);
     std::ifstream in(path);
@@ -171,14 +171,14 @@ std::vector<int64_t> eos_token_ids(const std::string& dir) {
     if (j.is_discarded() || !j.is_object())
       throw std::invalid_argument(path + ": not a JSON object");
     std::vector<int64_t> ids;
-    const nlohmann::json v = j.value("eos_token_id", nlohmann::json());
+    const nlohmann::json v = j.value(key, nlohmann::json());
     const auto take = [&](const nlohmann::json& id) {
       if (!id.is_number_integer())
-        throw std::invalid_argument(path +
-                                    ": eos_token_id must be a token id or a list of them, "
+        throw std::invalid_argument(path + ": " + key +
+                                    " must be a token id or a list of them, "
                                     "got " +
                                     v.dump());
-      // A negative id can never be generated: nothing to stop at.
+      // A negative id names no token (nothing to stop at, nothing to mark).
       if (id.get<int64_t>() >= 0) ids.push_back(id.get<int64_t>());
     };
     if (v.is_array())

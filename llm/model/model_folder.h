@@ -52,11 +52,16 @@ void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDi
  * class default (Phi-3's pad id 32000) never replaces the base's. */
 void copy_tokenizer_files(const std::string& from, const std::string& to);
 
-/** The ids that end generation for folder `dir`, where transformers'
- * generate finds them: eos_token_id (one id or a list) of
+/** The ids folder `dir` names as `key` (bos_token_id, eos_token_id, ...),
+ * where transformers' generate finds them: one id or a list, of
  * generation_config.json when the folder has one, else of config.json;
  * empty when that file has none (or null), negative ids left out. A value
  * other than ids is an error naming the file. */
-std::vector<int64_t> eos_token_ids(const std::string& dir);
+std::vector<int64_t> special_token_ids(const std::string& dir, const std::string& key);
+
+/** The ids that end generation for folder `dir`: its eos_token_id. */
+inline std::vector<int64_t> eos_token_ids(const std::string& dir) {
+  return special_token_ids(dir, "eos_token_id");
+}
 
 }  // namespace quanta::llm

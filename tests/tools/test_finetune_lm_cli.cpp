@@ -424,6 +424,73 @@ TEST_CASE(
                        "line 1: no prompt and completion");
 }
 
+TEST_CASE("finetune --model --document-start: a token file's documents train as packed JSONL") {
+  ScratchDir d("ft_lm_documents");
+  // 16 documents, each llama_gqa's BOS (1) and then tokens that are never
+  // its BOS or EOS (2), in pairs that fill a window of 32 exactly: the token file's windows
+  // are then the rows --pack makes of the same documents as JSONL lines.
+  const std::vector<int64_t> t = learnable_tokens(600, 11);
+  std::vector<int64_t> stream;
+  {
+    std::ofstream jl(d.file("docs.jsonl"));
+    for (int i = 0; i < 16; ++i) {
+      const int64_t length = i % 2 == 0 ? 6 + (i * 5) % 19 : 32 - (6 + ((i - 1) * 5) % 19);
+      std::vector<int64_t> doc = {1};
+      for (int64_t k = 1; k < length; ++k) doc.push_back(std::max<int64_t>(3, t[i * 32 + k]));
+      stream.insert(stream.end(), doc.begin(), doc.end());
+      jl << json{{"input_ids", doc}}.dump() << "\n";
+    }
+  }
+  REQUIRE(stream.size() == 8 * 32);
+  llm::write_token_file(d.file("train.bin"), stream, llm::TokenWidth::u16);
+  const std::vector<std::string> common = {"--steps",      "6", "--lora-dropout", "0.1",
+                                           "--batch-size", "2"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  const CliResult split =
+      run_quanta(finetune("llama_gqa", d, "split", with({"--document-start", "bos"})));
+  REQUIRE_MESSAGE(split.code == 0, split.err);
+  CHECK(contains(split.out, "fine-tuning on 8 sequences of up to 32 tokens from " +
+                                d.file("train.bin") + " (16 documents kept apart)"));
+  std::vector<std::string> packed_args = finetune("llama_gqa", d, "packed", with({"--pack"}));
+  packed_args.at(4) = d.file("docs.jsonl");  // the value of --data
+  const CliResult packed = run_quanta(packed_args);
+  REQUIRE_MESSAGE(packed.code == 0, packed.err);
+  CHECK(contains(packed.out, "(16 examples packed)"));
+  check_same_tensors(d.file("split/adapters/adapter_model.safetensors"),
+                     d.file("packed/adapters/adapter_model.safetensors"));
+  // Unsplit, each window's second document attends to its first: other
+  // gradients, other adapters.
+  const CliResult joined = run_quanta(finetune("llama_gqa", d, "joined", with({})));
+  REQUIRE_MESSAGE(joined.code == 0, joined.err);
+  const io::SafetensorsFile a = io::load_safetensors(
+                                d.file("split/adapters/adapter_model.safetensors")),
+                            b = io::load_safetensors(
+                                d.file("joined/adapters/adapter_model.safetensors"));
+  CHECK(a.tensors.back().second.to_vector<float>() != b.tensors.back().second.to_vector<float>());
+  // The checkpoint keeps the boundaries: a resume may not drop them.
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "split",
+                                           {"--steps", "8", "--lora-dropout", "0.1", "--batch-size",
+                                            "2", "--resume"})),
+                       2, "--resume cannot change the run it continues (model:");
+  const CliResult resumed =
+      run_quanta(finetune("llama_gqa", d, "split",
+                          {"--steps", "8", "--lora-dropout", "0.1", "--batch-size", "2", "--resume",
+                           "--document-start", "bos"}));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  CHECK(contains(resumed.out, "resuming at step 6 of 8 steps"));
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "o1", with({"--document-end", "eos"}))),
+                       1,
+                       "train.bin: no token in its 256 windowed tokens marks a document boundary");
+  std::vector<std::string> on_jsonl =
+      finetune("llama_gqa", d, "o2", with({"--document-start", "bos"}));
+  on_jsonl.at(4) = d.file("docs.jsonl");
+  check_one_line_error(run_quanta(on_jsonl), 2,
+                       "document boundaries are for token streams (--document-start)");
+}
+
 TEST_CASE(
     "finetune --model: 5 steps and --resume to 10 are 10 steps in one go, sharded on 2 ranks and "
     "2 nodes too") {

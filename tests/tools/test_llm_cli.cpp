@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -401,6 +402,86 @@ TEST_CASE("quanta eval --model on JSONL: each example scored, completions alone 
   check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("one.bin"),
                                    "--seq-len", "16", "--completions-only"}),
                        2, "--completions-only scores JSONL prompt-completion pairs");
+}
+
+TEST_CASE("quanta eval --model --document-start: a token file's documents scored apart") {
+  const std::string model = models() + "llama_gqa";  // bos_token_id 1, vocab 64
+  ScratchDir dir("llm_eval_documents");
+  // Four documents, each a BOS first, two to a window of 16.
+  const std::vector<std::vector<int64_t>> docs = {{1, 5, 9, 33, 4, 17, 60},
+                                                  {1, 8, 21, 40, 2, 7, 7, 30, 11},
+                                                  {1, 12, 13, 14, 15},
+                                                  {1, 50, 51, 52, 3, 3, 3, 40, 41, 42, 43}};
+  std::vector<int64_t> stream;
+  {
+    std::ofstream jsonl(dir.file("docs.jsonl"));
+    for (const std::vector<int64_t>& d : docs) {
+      stream.insert(stream.end(), d.begin(), d.end());
+      jsonl << nlohmann::json{{"input_ids", d}}.dump() << "\n";
+    }
+  }
+  llm::write_token_file(dir.file("docs.bin"), stream, llm::TokenWidth::u16);
+  // Each document on its own, as a JSONL line is scored: the same 28
+  // predictions, the same mean, on either device.
+  const CliResult alone = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("docs.jsonl"), "--seq-len", "16", "--json"});
+  REQUIRE_MESSAGE(alone.code == 0, alone.err);
+  const auto ja = nlohmann::json::parse(alone.out);
+  CHECK(ja.at("tokens") == 28);
+  for (const char* device : {"cpu", "sim"})
+    for (const char* flags : {"start", "end"}) {
+      CAPTURE(device);
+      CAPTURE(flags);
+      // The same documents marked by their BOS, or by the ids that end the
+      // first three (60, 11 and 15, found nowhere else).
+      const bool start = std::string(flags) == "start";
+      const CliResult split =
+          run_quanta({"eval", "--model", model, "--data", dir.file("docs.bin"), "--seq-len", "16",
+                      start ? "--document-start" : "--document-end", start ? "bos" : "60,11,15",
+                      "--batch-size", "2", "--device", device, "--json"});
+      REQUIRE_MESSAGE(split.code == 0, split.err);
+      const auto j = nlohmann::json::parse(split.out);
+      CHECK(j.at("windows") == 2);
+      CHECK(j.at("documents") == 4);
+      CHECK(j.at("tokens") == 28);
+      CHECK(j.at(start ? "document_start" : "document_end") == (start ? "bos" : "60,11,15"));
+      CHECK(j.at("loss").get<double>() ==
+            doctest::Approx(ja.at("loss").get<double>()).epsilon(1e-5));
+    }
+  // Without the flag a window's second document sees the first: a
+  // different loss over 30 predictions.
+  const CliResult joined = run_quanta(
+      {"eval", "--model", model, "--data", dir.file("docs.bin"), "--seq-len", "16", "--json"});
+  REQUIRE_MESSAGE(joined.code == 0, joined.err);
+  CHECK(nlohmann::json::parse(joined.out).at("tokens") == 30);
+  const CliResult line = run_quanta({"eval", "--model", model, "--data", dir.file("docs.bin"),
+                                     "--seq-len", "16", "--document-start", "1"});
+  REQUIRE_MESSAGE(line.code == 0, line.err);
+  CHECK(contains(line.out, "(2 windows of 16 tokens, 4 documents kept apart, 28 predictions)"));
+
+  check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("docs.bin"),
+                                   "--seq-len", "16", "--document-start", "1,x"}),
+                       2, "--document-start \"1,x\": \"x\" is not a token id, bos or eos");
+  check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("docs.jsonl"),
+                                   "--seq-len", "16", "--document-end", "eos"}),
+                       2, "a .jsonl's lines are examples already");
+  check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("docs.bin"),
+                                   "--seq-len", "16", "--document-end", "64"}),
+                       2, "document end id 64 is outside the vocabulary of 64");
+  check_one_line_error(run_quanta({"eval", "--model", model, "--data", dir.file("docs.bin"),
+                                   "--seq-len", "16", "--document-end", "63"}),
+                       1, "no token in its 32 windowed tokens marks a document boundary");
+  // A folder that names no BOS: the flag says so rather than guessing.
+  const std::string bare = dir.file("bare");
+  std::filesystem::create_directories(bare);
+  for (const char* f : {"model.safetensors", "tokenizer.model"})
+    std::filesystem::copy_file(model + "/" + f, bare + "/" + f);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(model + "/config.json"));
+  config.erase("bos_token_id");
+  std::ofstream(bare + "/config.json") << config.dump();
+  check_one_line_error(run_quanta({"eval", "--model", bare, "--data", dir.file("docs.bin"),
+                                   "--seq-len", "16", "--document-start", "bos"}),
+                       2, "--document-start bos: " + bare + " names no bos_token_id");
 }
 
 TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base") {

@@ -13,6 +13,7 @@
 #include "adapter_flags.h"
 #include "commands.h"
 #include "data/fashion_mnist.h"
+#include "document_flags.h"
 #include "engine/precision.h"
 #include "flag_checks.h"
 #include "llm/data/lm_examples.h"
@@ -44,6 +45,7 @@ struct EvalOptions {
   std::string precision = "f32";
   bool json = false;
   bool completions_only = false;  // --model with JSONL: the completions alone scored
+  DocumentFlags documents;        // --model with a token stream: where documents meet
 };
 
 // What --json says of a language-model run before its figures.
@@ -54,6 +56,8 @@ nlohmann::ordered_json lm_eval_json(const EvalOptions& o) {
   j["data"] = o.data;
   j["seq_len"] = o.seq_len;
   j["precision"] = o.precision;
+  if (!o.documents.start.empty()) j["document_start"] = o.documents.start;
+  if (!o.documents.end.empty()) j["document_end"] = o.documents.end;
   return j;
 }
 
@@ -82,6 +86,10 @@ void run_lm_eval(const EvalOptions& o) {
   if (!o.png.empty() || o.limit >= 0)
     throw UsageError("--png and --limit are for VQ-VAE checkpoints, not --model");
   const bool jsonl = std::filesystem::path(o.data).extension() == ".jsonl";
+  if (jsonl && o.documents.any())
+    throw UsageError(
+        "--document-start / --document-end split token streams; a .jsonl's lines "
+        "are examples already");
   if (o.completions_only && !jsonl)
     throw UsageError("--completions-only scores JSONL prompt-completion pairs (--data FILE.jsonl)");
   auto model = llm::load_base_model(o.model, device_flag(o.device));
@@ -105,16 +113,51 @@ void run_lm_eval(const EvalOptions& o) {
               << s.tokens << " scored predictions)\n";
     return;
   }
-  llm::WindowEval r;
-  if (std::filesystem::path(o.data).extension() == ".txt") {
-    // Raw text: the whole file through the folder's tokenizer, a BOS first.
-    std::vector<int64_t> ids;
+  const bool text = std::filesystem::path(o.data).extension() == ".txt";
+  // Raw text: the whole file through the folder's tokenizer, a BOS first.
+  const auto encoded = [&] {
     try {
-      ids = llm::encode_text_file(o.data, o.model);
+      return llm::encode_text_file(o.data, o.model);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    r = llm::evaluate_windows(*model, ids, o.data, o.seq_len, o.batch_size);
+  };
+  if (o.documents.any()) {
+    // The windows split into documents: the mean over their predictions.
+    const int64_t vocab = model->config().vocab_size;
+    if (o.seq_len > model->config().max_position_embeddings)
+      throw UsageError("--seq-len " + std::to_string(o.seq_len) +
+                       " is over the model's max_position_embeddings " +
+                       std::to_string(model->config().max_position_embeddings));
+    const llm::DocumentBoundaries documents = document_boundaries(o.documents, o.model);
+    llm::LmExamples data = [&] {
+      try {
+        return text ? llm::LmExamples::from_ids(encoded(), o.data, o.seq_len, vocab, documents)
+                    : llm::LmExamples::from_token_file(o.data, o.seq_len, vocab, documents);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    }();
+    const train::LmScore s = train::score_examples(*model, data, o.batch_size);
+    if (o.json) {
+      nlohmann::ordered_json j = lm_eval_json(o);
+      j["loss"] = s.loss;
+      j["perplexity"] = s.perplexity;
+      j["windows"] = data.size();
+      j["documents"] = data.documents();
+      j["tokens"] = s.tokens;
+      std::cout << j.dump() << "\n";
+      return;
+    }
+    std::cout << "loss " << train::fmt_metric(s.loss, 6) << "  perplexity "
+              << train::fmt_metric(s.perplexity, 4) << "  (" << data.size() << " windows of "
+              << o.seq_len << " tokens, " << data.documents() << " documents kept apart, "
+              << s.tokens << " predictions)\n";
+    return;
+  }
+  llm::WindowEval r;
+  if (text) {
+    r = llm::evaluate_windows(*model, encoded(), o.data, o.seq_len, o.batch_size);
   } else {
     const llm::TokenFile tokens(o.data);
     r = llm::evaluate_windows(*model, tokens, o.seq_len, o.batch_size);
@@ -237,6 +280,7 @@ void add_eval(CLI::App& app) {
       "--batch-size", o->batch_size, "images (with --model: windows, default 1) per forward pass");
   batch->capture_default_str()->transform(integer_in(1, train::kMaxBatchSize));
   sub->add_flag("--json", o->json, "print one JSON object");
+  add_document_flags(*sub, o->documents, "--model: ");
   sub->add_flag("--completions-only", o->completions_only,
                 "--model with a .jsonl: score the completions of prompt-completion pairs alone "
                 "(as finetune --train-on-completions-only trains them)");

@@ -307,6 +307,77 @@ TEST_CASE("LmExamples: packed rows keep each example's positions and scored toke
             "packing is for JSONL examples"));
 }
 
+TEST_CASE("LmExamples: windows split into the documents their BOS and EOS ids mark") {
+  Scratch s;
+  // Four documents, each a BOS (1) first and an EOS (2) last, cut into two
+  // windows of 8: the second document runs from the first window's
+  // fifth token to the second window's first.
+  const std::vector<int64_t> stream = {1, 5, 6, 2, 1, 7, 8, 9, 2, 1, 4, 4, 2, 1, 5, 5};
+  write_token_file(s.file("docs.bin"), stream, TokenWidth::u16);
+  const auto rows = [](std::vector<int64_t> r) {
+    const int64_t n = static_cast<int64_t>(r.size());
+    return quanta::from_vector<int64_t>(r, {n});
+  };
+  const DocumentBoundaries both{.start_ids = {1}, .end_ids = {2}};
+  for (const bool from_file : {true, false}) {
+    CAPTURE(from_file);
+    const LmExamples e = from_file ? LmExamples::from_token_file(s.file("docs.bin"), 8, 10, both)
+                                   : LmExamples::from_ids(stream, "ids", 8, 10, both);
+    CHECK(e.has_position_ids());
+    CHECK_FALSE(e.packed());
+    CHECK(e.size() == 2);
+    CHECK(e.documents() == 4);
+    const LmBatch b = e.batch(rows({0, 1}));
+    CHECK(b.ids.to_vector<int64_t>() == stream);
+    // Positions restart where a document starts (and at a window's first
+    // token); a document's first token is not predicted from the one before.
+    CHECK(b.position_ids.to_vector<int64_t>() ==
+          std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 0, 1, 2, 3, 0, 1, 2});
+    CHECK(b.labels.to_vector<int64_t>() ==
+          std::vector<int64_t>{1, 5, 6, 2, -100, 7, 8, 9, 2, -100, 4, 4, 2, -100, 5, 5});
+    CHECK(b.scored_tokens == 6 + 5);
+    CHECK(e.scored_tokens(rows({1})) == 5);
+    CHECK(e.scored_tokens(rows({0, 1, 1})) == 6 + 5 + 5);
+    CHECK(e.total_scored_tokens() == 11);
+  }
+  // The EOS alone marks the same documents here (each BOS follows an EOS);
+  // the BOS alone too, but the first window's first token is then marked.
+  const LmExamples by_end = LmExamples::from_ids(stream, "ids", 8, 10, {.end_ids = {2}});
+  CHECK(by_end.batch(rows({0, 1})).position_ids.to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 0, 1, 2, 3, 0, 1, 2});
+  CHECK(by_end.documents() == 4);
+  // GPT-2's files: one <|endoftext|> (here 9) before each document, so it
+  // starts them; a window starting inside a document starts at position 0.
+  const std::vector<int64_t> gpt2 = {9, 3, 4, 9, 5, 6, 7, 8, 3};
+  const LmExamples eot = LmExamples::from_ids(gpt2, "gpt2", 3, 10, {.start_ids = {9}});
+  CHECK(eot.documents() == 2);
+  const LmBatch g = eot.batch(rows({0, 1, 2}));
+  CHECK(g.position_ids.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1, 2});
+  CHECK(g.labels.to_vector<int64_t>() == std::vector<int64_t>{9, 3, 4, 9, 5, 6, 7, 8, 3});
+  CHECK(eot.batch(rows({1})).labels.to_vector<int64_t>() == std::vector<int64_t>{9, 5, 6});
+  // Unsplit windows: no positions, every prediction scored, as before.
+  const LmExamples plain = LmExamples::from_ids(stream, "ids", 8, 10);
+  CHECK_FALSE(plain.has_position_ids());
+  CHECK_FALSE(plain.batch(rows({0})).position_ids.defined());
+  CHECK(plain.total_scored_tokens() == 14);
+
+  // Refusals: a boundary id outside the vocabulary, a stream none of whose
+  // tokens is a boundary (the wrong id), JSONL (its lines are examples).
+  CHECK(has(error_of([&] {
+              (void)LmExamples::from_token_file(s.file("docs.bin"), 8, 10, {.end_ids = {10}});
+            }),
+            "document end id 10 is outside the vocabulary of 10"));
+  const std::string none = error_of(
+      [&] { (void)LmExamples::from_token_file(s.file("docs.bin"), 8, 10, {.start_ids = {3}}); });
+  CHECK(has(none, "docs.bin: no token in its 16 windowed tokens marks a document boundary"));
+  CHECK(has(none, "start ids {3}, end ids {}"));
+  std::ofstream(s.file("a.jsonl")) << R"({"input_ids": [1, 2, 3]})"
+                                   << "\n";
+  CHECK(has(
+      error_of([&] { (void)LmExamples::from_file(s.file("a.jsonl"), 8, 10, {.documents = both}); }),
+      "a.jsonl is JSONL, one example a line: document boundaries are for token streams"));
+}
+
 TEST_CASE("token data fuzz: mutated files load or fail cleanly, never crash or accept garbage") {
   Scratch s;
   std::mt19937 rng(20261128);  // deterministic

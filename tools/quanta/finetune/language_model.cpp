@@ -99,6 +99,9 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   if (!o.trainable_token_indices.empty())
     model["trainable_token_indices"] = o.trainable_token_indices;
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
+  // Not layers, but kept the same way: where documents meet in the data.
+  if (!o.documents.start.empty()) model["document_start"] = o.documents.start;
+  if (!o.documents.end.empty()) model["document_end"] = o.documents.end;
 }
 
 // "PATTERN=VALUE" split at its last '=' (a pattern may hold one, a number
@@ -230,31 +233,47 @@ bool trainer_decays(const std::string& name) {
   return true;
 }
 
+// The data flags given, for an error about their use: " (--pack)".
+std::string data_flags_given(const FinetuneOptions& o) {
+  std::string s;
+  const auto add = [&](bool given, const char* flag) {
+    if (given) s += (s.empty() ? " (" : ", ") + std::string(flag);
+  };
+  add(o.pack, "--pack");
+  add(o.completions_only, "--train-on-completions-only");
+  add(!o.documents.start.empty(), "--document-start");
+  add(!o.documents.end.empty(), "--document-end");
+  return s.empty() ? s : s + ")";
+}
+
 // --data / --eval-data: a token file, JSONL, or text (.txt) through the
 // model folder's tokenizer.
 llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o, int64_t seq_len,
-                              int64_t vocab_size) {
+                              int64_t vocab_size, const llm::DocumentBoundaries& documents) {
   const std::string& model_dir = o.model;
-  if (fs::path(path).extension() != ".txt") {
-    try {
+  try {
+    if (fs::path(path).extension() != ".txt")
       return llm::LmExamples::from_file(
           path, seq_len, vocab_size,
-          {.prompts = llm::folder_text_reader(model_dir, o.completions_only), .pack = o.pack});
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string(e.what()) +
-                       (o.pack ? " (--pack)" : " (--train-on-completions-only)"));
-    }
-  }
-  if (o.pack || o.completions_only)
-    throw UsageError(path +
-                     " is text, one stream cut into full windows: --pack and "
-                     "--train-on-completions-only are for JSONL examples");
-  try {
+          {.prompts = llm::folder_text_reader(model_dir, o.completions_only),
+           .pack = o.pack,
+           .documents = documents});
+    if (o.pack || o.completions_only)
+      throw UsageError(path +
+                       " is text, one stream cut into full windows: --pack and "
+                       "--train-on-completions-only are for JSONL examples");
     return llm::LmExamples::from_ids(llm::encode_text_file(path, model_dir), path, seq_len,
-                                     vocab_size);
+                                     vocab_size, documents);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+    throw UsageError(std::string(e.what()) + data_flags_given(o));
   }
+}
+
+// " (120 examples packed)", " (57 documents kept apart)" or "".
+std::string data_layout_text(const llm::LmExamples& d) {
+  if (d.packed()) return " (" + std::to_string(d.documents()) + " examples packed)";
+  if (d.has_position_ids()) return " (" + std::to_string(d.documents()) + " documents kept apart)";
+  return "";
 }
 
 std::string score_text(const train::LmScore& s) {
@@ -349,6 +368,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                "--model: JSONL lines of prompt and completion (text or ids); only the "
                "completion and its EOS are scored");
   add_no_graph_flag(sub, o.no_graph, "--model: ");
+  add_document_flags(sub, o.documents, "--model: ");
   sub.add_flag("--recompute", o.recompute,
                "--model: recompute each decoder layer's activations in the backward (memory of "
                "one layer's activations, about a third more compute, less its down_proj's "
@@ -422,9 +442,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool lead = group.rank() == 0;
   std::ostream& log = train::lead_log(std::cout, lead);
 
-  llm::LmExamples train_data = read_examples(o.data, o, seq_len, config.vocab_size);
+  const llm::DocumentBoundaries documents = document_boundaries(o.documents, o.model);
+  llm::LmExamples train_data = read_examples(o.data, o, seq_len, config.vocab_size, documents);
   std::optional<llm::LmExamples> eval_data;
-  if (!o.eval_data.empty()) eval_data = read_examples(o.eval_data, o, seq_len, config.vocab_size);
+  if (!o.eval_data.empty())
+    eval_data = read_examples(o.eval_data, o, seq_len, config.vocab_size, documents);
   if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
 
   // A 4-bit folder's NF4 bases are taken as they are stored.
@@ -479,10 +501,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       model, std::move(train_data), std::move(eval_data), eval_rows, adapters_dir, q.lora,
       q.quantization, [&](std::ostream& os, int64_t start, int64_t total) {
         os << "fine-tuning on " << task.examples() << " sequences of up to " << seq_len
-           << " tokens from " << o.data
-           << (task.packed_documents() > 0
-                   ? " (" + std::to_string(task.packed_documents()) + " examples packed)"
-                   : std::string())
+           << " tokens from " << o.data << data_layout_text(task.train_data())
            << (o.recompute ? ", layers recomputed in the backward" : "") << ": "
            << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
            << total << " steps, global batch " << o.batch_size

@@ -100,6 +100,8 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--use-rslora",
                                                    "--use-dora",
                                                    "--pack",
+                                                   "--document-start",
+                                                   "--document-end",
                                                    "--train-on-completions-only",
                                                    "--recompute",
                                                    "--shard",

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
+#include "document_flags.h"
 #include "engine/device.h"
 #include "flag_checks.h"
 #include "train/run_folder.h"
@@ -53,6 +54,7 @@ struct FinetuneOptions {
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, recompute = false, shard = false;
   bool no_graph = false;
+  DocumentFlags documents;  // token files and text: where documents meet
 };
 
 /** Fills the kind-specific defaults (lr, steps, batch size, dropout, log

@@ -55,7 +55,7 @@ LmFinetuneTask::LmFinetuneTask(std::shared_ptr<llm::CausalLM> model, llm::LmExam
 std::vector<Tensor> LmFinetuneTask::step_inputs(const BatchShare& share) {
   const llm::LmBatch b = train_.batch(share.rows, Device::cpu());
   std::vector<Tensor> in = {b.ids, b.labels};
-  if (train_.packed()) in.push_back(b.position_ids);
+  if (train_.has_position_ids()) in.push_back(b.position_ids);
   // Each token of the global batch weighs the same, whichever rank and
   // micro-batch holds it: this part's mean token loss times its share of
   // the global count, times the world size that DataParallel's average
@@ -72,9 +72,9 @@ std::vector<Tensor> LmFinetuneTask::step_inputs(const BatchShare& share) {
 
 StepLoss LmFinetuneTask::step(const BatchShare& share) {
   const std::vector<Tensor>& in = share.inputs;
-  const std::size_t weight_at = train_.packed() ? 3 : 2;
-  const Tensor hidden =
-      model_->hidden_states(in.at(0), nullptr, Tensor(), train_.packed() ? in.at(2) : Tensor());
+  const std::size_t weight_at = train_.has_position_ids() ? 3 : 2;
+  const Tensor hidden = model_->hidden_states(in.at(0), nullptr, Tensor(),
+                                              train_.has_position_ids() ? in.at(2) : Tensor());
   Tensor loss;
   if (in.size() <= weight_at) {
     loss = sum(hidden) * 0.0;  // nothing scored here; the graph still reaches every adapter

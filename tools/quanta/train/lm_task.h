@@ -43,7 +43,8 @@ class LmFinetuneTask : public LoopTask {
   void describe(std::ostream& log, int64_t start_step, int64_t total_steps) const override {
     describe_(log, start_step, total_steps);
   }
-  /** The batch on the host: ids, labels, positions (packed data only) and
+  /** The batch on the host: ids, labels, positions (packed data and
+   * windows split into documents only) and
    * the loss's weight (f64 0-d), absent when nothing is scored. */
   std::vector<Tensor> step_inputs(const BatchShare& share) override;
   bool capturable_step() const override { return true; }
@@ -56,8 +57,7 @@ class LmFinetuneTask : public LoopTask {
   void load_extra_state(const nlohmann::json& rng) override;
 
   int64_t examples() const { return train_.size(); }
-  /** Examples packed into those sequences (0 when not packed). */
-  int64_t packed_documents() const { return train_.packed() ? train_.documents() : 0; }
+  const llm::LmExamples& train_data() const { return train_; }
   /** The last evaluation (nullopt before any, or without --eval-data). */
   const std::optional<LmScore>& last_score() const { return last_score_; }
 
