@@ -1102,33 +1102,40 @@ TEST_CASE("bf16 products: mixed-precision training keeps vq, fsq and lfq within 
   // AVX-512 kernels multiply in f32), as every convolution on a GPU would.
   for (const std::string type : {"vq", "fsq", "lfq"}) {
     CAPTURE(type);
-    TrainResult runs[2];
-    for (const bool bf16 : {false, true}) {
-      ScratchDir dir("mixed_" + type + (bf16 ? "_bf16" : "_f32"));
-      const json cfg = compose_config({json{{"steps", 150},
-                                            {"batch_size", 32},
-                                            {"limit_train", 2000},
-                                            {"limit_test", 500},
-                                            {"log_every", 50},
-                                            {"threads", 1},
-                                            {"precision", bf16 ? "bf16" : "f32"},
-                                            {"model", {{"hidden", 16}}},
-                                            {"quantizer", {{"type", type}}}}});
-      cpu::conv_direct_enable(!bf16);
-      std::ostringstream log;
-      runs[bf16] = run_training({cfg, dir.file("run"), false, false, "test"}, log);
-      cpu::conv_direct_enable(true);
-      CAPTURE(log.str());
-      CHECK(runs[bf16].step == 150);
-    }
-    const EvalResult& f32 = runs[0].last_eval;
-    const EvalResult& bf16 = runs[1].last_eval;
-    MESSAGE(type << ": test mse f32 " << f32.mse << ", bf16 " << bf16.mse << "; usage " << f32.usage
-                 << ", " << bf16.usage);
+    // Three seeds each: one 150-step run's test MSE moves by up to about 6%
+    // with the order of its sums alone (measured: lfq's bf16 run 5.7% above
+    // f32's on one CPU, fsq's 5.5% below on another), so the means are
+    // compared, not one pair.
+    EvalResult mean[2];
+    for (const bool bf16 : {false, true})
+      for (const uint64_t seed : {0u, 1u, 2u}) {
+        ScratchDir dir("mixed_" + type + (bf16 ? "_bf16_" : "_f32_") + std::to_string(seed));
+        const json cfg = compose_config({json{{"steps", 150},
+                                              {"batch_size", 32},
+                                              {"limit_train", 2000},
+                                              {"limit_test", 500},
+                                              {"log_every", 50},
+                                              {"threads", 1},
+                                              {"seed", seed},
+                                              {"precision", bf16 ? "bf16" : "f32"},
+                                              {"model", {{"hidden", 16}}},
+                                              {"quantizer", {{"type", type}}}}});
+        cpu::conv_direct_enable(!bf16);
+        std::ostringstream log;
+        const TrainResult r = run_training({cfg, dir.file("run"), false, false, "test"}, log);
+        cpu::conv_direct_enable(true);
+        CAPTURE(log.str());
+        CHECK(r.step == 150);
+        MESSAGE(type << std::string(bf16 ? " bf16" : " f32") << " seed " << seed << ": test mse "
+                     << r.last_eval.mse << ", usage " << r.last_eval.usage);
+        mean[bf16].mse += r.last_eval.mse / 3;
+        mean[bf16].usage += r.last_eval.usage / 3;
+      }
+    const EvalResult& f32 = mean[0];
+    const EvalResult& bf16 = mean[1];
     // Kept: no worse than 5% off f32 (bf16 FSQ losing usage is the failure
-    // this guards against). Better is not a failure: 150 steps are short
-    // enough that a changed order of summation alone moved fsq's bf16 run to
-    // 5.5% below f32's test MSE.
+    // this guards against: half its codes in vector-quantize-pytorch's
+    // issue 114). Better is not a failure.
     CHECK(bf16.mse <= 1.05 * f32.mse);
     CHECK(bf16.usage >= 0.95 * f32.usage);
   }
