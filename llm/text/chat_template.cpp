@@ -1,0 +1,208 @@
+#include "llm/text/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace quanta::llm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kReasoningFields[] = {"reasoning_content", "thinking", "reasoning"};
+const std::string kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+nlohmann::ordered_json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return nlohmann::ordered_json();
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw std::invalid_argument(p.string() + ": not a JSON object");
+  return j;
+}
+
+// tokenizer_config.json's special tokens by name: a string, or an added
+// token's {"content": ...}.
+nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& config) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (!config.is_object()) return out;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
+    if (!config.contains(key)) continue;
+    const nlohmann::ordered_json& v = config.at(key);
+    if (v.is_string())
+      out[key] = v;
+    else if (v.is_object() && v.contains("content") && v.at("content").is_string())
+      out[key] = v.at("content");
+  }
+  if (config.contains("additional_special_tokens") &&
+      config.at("additional_special_tokens").is_array()) {
+    nlohmann::ordered_json extra = nlohmann::ordered_json::array();
+    for (const nlohmann::ordered_json& v : config.at("additional_special_tokens"))
+      extra.push_back(v.is_object() && v.contains("content") ? v.at("content") : v);
+    out["additional_special_tokens"] = extra;
+  }
+  return out;
+}
+
+// transformers' _normalize_chat_messages and _alias_reasoning_fields.
+nlohmann::ordered_json prepared(const nlohmann::ordered_json& messages) {
+  if (!messages.is_array())
+    throw std::invalid_argument("a conversation must be a list of messages");
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const nlohmann::ordered_json& m : messages) {
+    if (!m.is_object()) throw std::invalid_argument("chat messages must be dicts, got " + m.dump());
+    nlohmann::ordered_json kept = nlohmann::ordered_json::object();
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (!it.value().is_null()) kept[it.key()] = it.value();
+    const nlohmann::ordered_json* reasoning = nullptr;
+    for (const char* f : kReasoningFields)
+      if (!reasoning && kept.contains(f)) reasoning = &kept.at(f);
+    if (reasoning) {
+      // {"thinking": r, **message, "reasoning_content": r}: thinking keeps a
+      // value of its own, and comes first when new.
+      nlohmann::ordered_json aliased = nlohmann::ordered_json::object();
+      const nlohmann::ordered_json r = *reasoning;
+      aliased["thinking"] = r;
+      for (auto it = kept.begin(); it != kept.end(); ++it) aliased[it.key()] = it.value();
+      aliased["reasoning_content"] = r;
+      kept = std::move(aliased);
+    }
+    out.push_back(std::move(kept));
+  }
+  return out;
+}
+
+std::string rstrip(std::string s) {
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r'))
+    s.pop_back();
+  return s;
+}
+
+std::string strip(const std::string& s) {
+  std::size_t b = 0;
+  while (b < s.size() && (s[b] == ' ' || s[b] == '\n' || s[b] == '\t' || s[b] == '\r')) ++b;
+  return rstrip(s.substr(b));
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(const std::string& source, nlohmann::ordered_json special_tokens)
+    : source_(source), template_(source), special_tokens_(std::move(special_tokens)) {}
+
+bool ChatTemplate::available(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "chat_template.jinja")) return true;
+  try {
+    const nlohmann::ordered_json c = read_json(fs::path(dir) / "tokenizer_config.json");
+    return c.is_object() && c.contains("chat_template") && !c.at("chat_template").is_null();
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string& name) {
+  const nlohmann::ordered_json config = read_json(fs::path(dir) / "tokenizer_config.json");
+  const nlohmann::ordered_json tokens = special_tokens_of(config);
+  const fs::path file = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(file)) return ChatTemplate(read_file(file), tokens);
+  const nlohmann::ordered_json t = config.is_object()
+                                       ? config.value("chat_template", nlohmann::ordered_json())
+                                       : nlohmann::ordered_json();
+  if (t.is_string()) return ChatTemplate(t.get<std::string>(), tokens);
+  if (t.is_array()) {
+    std::string names;
+    for (const nlohmann::ordered_json& e : t)
+      if (e.is_object() && e.value("name", "") == name && e.contains("template") &&
+          e.at("template").is_string())
+        return ChatTemplate(e.at("template").get<std::string>(), tokens);
+      else if (e.is_object())
+        names += (names.empty() ? "" : ", ") + e.value("name", std::string("?"));
+    throw std::invalid_argument(dir + "/tokenizer_config.json: no chat template named \"" + name +
+                                "\" (it has " + names + ")");
+  }
+  throw std::invalid_argument(
+      dir +
+      " has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)");
+}
+
+jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages,
+                                     const ChatOptions& o) const {
+  nlohmann::ordered_json chat = prepared(messages);
+  std::string final_text;
+  if (!o.continue_final_message.empty()) {
+    if (o.add_generation_prompt)
+      throw std::invalid_argument(
+          "continue_final_message and add_generation_prompt do not go together");
+    if (chat.empty())
+      throw std::invalid_argument("continue_final_message is set but the conversation is empty");
+    nlohmann::ordered_json& last = chat.back();
+    const std::string& field = o.continue_final_message;
+    if (!last.contains(field))
+      throw std::invalid_argument("continue_final_message is set but the final message has no \"" +
+                                  field + "\" to continue");
+    std::vector<std::string> fields = {field};
+    bool reasoning = false;
+    for (const char* f : kReasoningFields) reasoning = reasoning || field == f;
+    if (reasoning) {
+      fields.clear();
+      for (const char* f : kReasoningFields)
+        if (last.contains(f) && last.at(f) == last.at(field)) fields.push_back(f);
+    }
+    bool read = false;
+    for (const std::string& f : fields) read = read || source_.find(f) != std::string::npos;
+    if (!read)
+      throw std::invalid_argument("continue_final_message is set to \"" + field +
+                                  "\" but the chat template never reads it");
+    nlohmann::ordered_json& value = last.at(field);
+    if (value.is_array()) {
+      bool found = false;
+      for (auto it = value.rbegin(); it != value.rend() && !found; ++it)
+        if (it->is_object() && it->contains("text") && it->at("text").is_string()) {
+          final_text = it->at("text").get<std::string>();
+          (*it)["text"] = final_text + kContinueTag;
+          found = true;
+        }
+      if (!found)
+        throw std::invalid_argument(
+            "continue_final_message is set but the final message has no text to continue");
+    } else if (value.is_string()) {
+      final_text = value.get<std::string>();
+      for (const std::string& f : fields) last[f] = last.at(f).get<std::string>() + kContinueTag;
+    } else {
+      throw std::invalid_argument("continue_final_message: the final message's \"" + field +
+                                  "\" is not text");
+    }
+  }
+  nlohmann::ordered_json variables = special_tokens_;
+  for (auto it = o.variables.begin(); it != o.variables.end(); ++it)
+    variables[it.key()] = it.value();
+  variables["messages"] = chat;
+  variables["tools"] = o.tools;
+  variables["documents"] = o.documents;
+  variables["add_generation_prompt"] = o.add_generation_prompt;
+  jinja::Rendered r = template_.render(jinja::Value::from_json(variables));
+  if (!o.continue_final_message.empty()) {
+    const std::string tag = strip(kContinueTag);
+    const std::size_t at = r.text.rfind(tag);
+    if (r.text.find(strip(final_text)) == std::string::npos || at == std::string::npos)
+      throw std::invalid_argument(
+          "continue_final_message is set but the final message does not appear in the chat "
+          "after applying the chat template");
+    r.text = r.text.compare(at, kContinueTag.size(), kContinueTag) == 0
+                 ? r.text.substr(0, at)
+                 : rstrip(r.text.substr(0, at));
+  }
+  return r;
+}
+
+}  // namespace quanta::llm

@@ -1,0 +1,178 @@
+// Chat templates rendered as transformers renders them: every case of
+// tests/data/llm/chat/cases.json (made by make_chat_fixtures.py through
+// transformers' own render_jinja_template) gives the same text and
+// {% generation %} spans, or fails where transformers fails (a template's
+// raise_exception with its message), and the Jinja layer's own errors name
+// the line.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "llm/text/chat_template.h"
+
+using namespace quanta::llm;
+using nlohmann::ordered_json;
+
+namespace {
+
+std::string chat_data() {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
+  return std::string(root) + "/llm/chat/";
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string render(const std::string& source,
+                   const ordered_json& variables = ordered_json::object()) {
+  return jinja::Template(source).render(jinja::Value::from_json(variables)).text;
+}
+
+std::string error_of(const std::string& source) {
+  try {
+    (void)render(source);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("chat templates: every fixture renders as transformers renders it") {
+  const std::string dir = chat_data();
+  std::ifstream in(dir + "cases.json");
+  REQUIRE(in.good());
+  const ordered_json fixture = ordered_json::parse(in);
+  int passed = 0, failed_as_expected = 0;
+  for (const ordered_json& c : fixture.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    CAPTURE(name);
+    const std::string source =
+        read(dir + "templates/" + c.at("template").get<std::string>() + ".jinja");
+    ChatOptions o;
+    o.add_generation_prompt = c.value("add_generation_prompt", false);
+    const ordered_json& cont = c.at("continue_final_message");
+    o.continue_final_message = cont.is_string()   ? cont.get<std::string>()
+                               : cont.get<bool>() ? "content"
+                                                  : "";
+    if (c.contains("tools")) o.tools = c.at("tools");
+    o.variables = c.at("variables");
+    if (c.contains("error")) {
+      const std::string type = c.at("error_type").get<std::string>();
+      std::string got = "no error";
+      bool raised = false;
+      try {
+        (void)ChatTemplate(source).render(c.at("messages"), o);
+      } catch (const jinja::TemplateRaised& e) {
+        got = e.what();
+        raised = true;
+      } catch (const std::exception& e) {
+        got = e.what();
+      }
+      CAPTURE(got);
+      if (type == "TemplateError") {
+        // The template's own raise_exception: its message, exactly.
+        CHECK(raised);
+        CHECK(got == c.at("error").get<std::string>());
+      } else {
+        CHECK_FALSE(raised);
+        CHECK(got != "no error");
+      }
+      ++failed_as_expected;
+      continue;
+    }
+    jinja::Rendered r;
+    try {
+      r = ChatTemplate(source).render(c.at("messages"), o);
+    } catch (const std::exception& e) {
+      FAIL_CHECK("threw: " << std::string(e.what()));
+      continue;
+    }
+    CHECK(r.text == c.at("expected").get<std::string>());
+    if (c.contains("generation_byte_spans")) {
+      std::vector<std::pair<std::size_t, std::size_t>> want;
+      for (const ordered_json& s : c.at("generation_byte_spans"))
+        want.emplace_back(s.at(0).get<std::size_t>(), s.at(1).get<std::size_t>());
+      CHECK(r.generation_spans == want);
+    }
+    ++passed;
+  }
+  MESSAGE(passed << " rendered, " << failed_as_expected << " failed as transformers fails");
+  CHECK(passed >= 50);
+}
+
+TEST_CASE(
+    "chat templates: Jinja's own errors name the line, and nothing unsupported passes silently") {
+  // An unknown filter or test fails where it is used (Jinja 3 lets a
+  // branch that is never taken name one).
+  CHECK(error_of("a\n{{ x | no_such }}") == "template line 2: No filter named 'no_such'.");
+  CHECK(error_of("{% if x is no_such %}{% endif %}") ==
+        "template line 1: No test named 'no_such'.");
+  CHECK(render("{% if false %}{{ x | no_such }}{% endif %}ok") == "ok");
+  CHECK(error_of("{% if true %}") ==
+        "template line 1: the template ends inside a block: expected {% elif %}");
+  CHECK(error_of("{% include 'x' %}") ==
+        "template line 1: {% include %} is not supported in chat templates (no other templates to "
+        "load)");
+  CHECK(error_of("x\n\n{{ 'abc }}") == "template line 3: an unclosed string");
+  CHECK(error_of("{{ nope.attr }}") == "template line 1: 'nope' is undefined");
+  CHECK(error_of("{% set xs = [] %}{% set _ = xs.append(1) %}") ==
+        "template line 1: access to attribute 'append' of 'list' object is unsafe.");
+  CHECK(error_of("{{ 1 / 0 }}") == "template line 1: division by zero");
+  CHECK(error_of("{% break %}") == "{% break %} outside a for loop");
+  // What renders: Python's values, Jinja's scoping.
+  CHECK(render("{{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1e-5 }} {{ 3 / 2 }} {{ 7 // -2 }} {{ -7 % 3 }}") ==
+        "0.30000000000000004 1e+20 1e-05 1.5 -4 2");
+  CHECK(render("{{ [1, 'it\\'s', none, true] }} {{ {'a': (1,)} }}") ==
+        "[1, \"it's\", None, True] {'a': (1,)}");
+  CHECK(
+      render(
+          "{% set x = 1 %}{% for i in range(3) %}{% set x = x + i %}{{ x }}{% endfor %} {{ x }}") ==
+      "124 1");
+  CHECK(render("{{ 'héllo wörld'[1:4] }} {{ 'abc'[::-1] }} {{ 'a,b,,c'.split(',') }}") ==
+        "éll cba ['a', 'b', '', 'c']");
+  const ordered_json v = {{"m", {{"b", 1}, {"a", "é\n"}}}};
+  CHECK(render("{{ m | tojson }} {{ m | tojson(indent=2) }}", v) ==
+        "{\"b\": 1, \"a\": \"é\\n\"} {\n  \"b\": 1,\n  \"a\": \"é\\n\"\n}");
+}
+
+TEST_CASE("chat templates: a folder's template and special tokens") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("quanta_chat_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+            "chat_template": [{"name": "default", "template": "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"},
+                              {"name": "tool_use", "template": "tools"}]})";
+  CHECK(ChatTemplate::available(dir.string()));
+  const ChatTemplate t = ChatTemplate::from_folder(dir.string());
+  CHECK(t.render(
+             ordered_json::array({{{"role", "user"}, {"content", "hi"}, {"tool_calls", nullptr}}}))
+            .text == "<s>hi</s>");
+  CHECK(ChatTemplate::from_folder(dir.string(), "tool_use").render(ordered_json::array()).text ==
+        "tools");
+  CHECK_THROWS_WITH_AS(
+      ChatTemplate::from_folder(dir.string(), "rag"),
+      doctest::Contains("no chat template named \"rag\" (it has default, tool_use)"),
+      std::invalid_argument);
+  // chat_template.jinja, which transformers writes since 4.50, wins.
+  std::ofstream(dir / "chat_template.jinja") << "{{ messages | length }}";
+  CHECK(ChatTemplate::from_folder(dir.string())
+            .render(ordered_json::array({ordered_json::object()}))
+            .text == "1");
+  fs::remove_all(dir);
+  CHECK_FALSE(ChatTemplate::available(dir.string()));
+  CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string()),
+                       doctest::Contains("has no chat template"), std::invalid_argument);
+}
