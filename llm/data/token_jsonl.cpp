@@ -6,12 +6,14 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
 
 namespace quanta::llm {
 namespace {
 
-using nlohmann::json;
+// Ordered: a message's keys reach the chat template in the line's order.
+using json = nlohmann::ordered_json;
 
 // The array `key` of `object` as whole numbers, each checked by `valid`.
 template <class Valid>
@@ -54,6 +56,15 @@ PromptCompletion folder_text_reader(const std::string& model_dir, bool completio
     return tokenizer->encode(text, add_bos);
   };
   p.eos_id = tokenizer->eos_id();
+  if (ChatTemplate::available(model_dir)) {
+    auto chat = std::make_shared<const ChatTemplate>(ChatTemplate::from_folder(model_dir));
+    p.chat = [chat](const std::string& messages, const std::string& tools, bool generation) {
+      ChatOptions o;
+      o.add_generation_prompt = generation;
+      if (!tools.empty()) o.tools = json::parse(tools);
+      return chat->render(json::parse(messages), o).text;
+    };
+  }
   return p;
 }
 
@@ -80,17 +91,19 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
     if (j.is_discarded()) throw std::runtime_error(where + "not valid JSON");
     if (!j.is_object()) throw std::runtime_error(where + "not a JSON object");
     const bool pair = j.contains("prompt") || j.contains("completion");
+    const bool conversation = j.contains("messages") && !pair && !j.contains("input_ids");
     // TRL's language-modeling lines: a document's text, trained whole (a
     // text kept beside ids or a pair is left aside, as other keys are).
-    const bool text = j.contains("text") && !pair && !j.contains("input_ids");
+    const bool text = j.contains("text") && !pair && !conversation && !j.contains("input_ids");
     if (pair && j.contains("input_ids"))
       throw std::runtime_error(where + "has both input_ids and a prompt or completion");
     if (!pair && prompts.completions_only)
       throw std::runtime_error(where +
                                "no prompt and completion (training on completions only needs "
                                "both on every line)");
-    if (!pair && !text && !j.contains("input_ids"))
-      throw std::runtime_error(where + "no input_ids (nor a text, nor a prompt and a completion)");
+    if (!pair && !text && !conversation && !j.contains("input_ids"))
+      throw std::runtime_error(where +
+                               "no input_ids (nor a text, messages, or a prompt and a completion)");
     // Text through the encoder: a document starts with the BOS (where the
     // tokenizer has one).
     const auto encoded = [&](const char* key, bool first) {
@@ -106,8 +119,59 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
                                    why);
       return ids;
     };
+    // A conversation through the chat template, tokenized as
+    // apply_chat_template(tokenize=True) does: the template writes the
+    // special tokens, the tokenizer adds none.
+    const auto chat_ids = [&](const json& messages, bool generation) {
+      if (!prompts.chat)
+        throw std::runtime_error(where +
+                                 "a conversation needs the model folder's chat template "
+                                 "(chat_template.jinja or tokenizer_config.json's chat_template)");
+      if (!messages.is_array() || messages.empty())
+        throw std::runtime_error(where + "messages must be a non-empty list of messages");
+      const json tools = j.value("tools", json());
+      if (!tools.is_null() && !tools.is_array())
+        throw std::runtime_error(where + "tools is not a list");
+      std::string rendered;
+      try {
+        rendered = prompts.chat(messages.dump(), tools.is_null() ? "" : tools.dump(), generation);
+      } catch (const std::exception& x) {
+        throw std::runtime_error(where + "the chat template: " + x.what());
+      }
+      std::vector<int64_t> ids = prompts.encode(rendered, false);
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        if (const std::string why = id_ok(ids[i]); !why.empty())
+          throw std::runtime_error(where + "the conversation encodes to id " +
+                                   std::to_string(ids[i]) + ": " + why);
+      return ids;
+    };
+    const auto is_messages = [](const json& v) {
+      return v.is_array() && !v.empty() && v.front().is_object();
+    };
     TokenExample e;
-    if (text) {
+    if (conversation) {
+      e.input_ids = chat_ids(j.at("messages"), false);
+      e.labels = e.input_ids;
+    } else if (pair && j.contains("prompt") && j.contains("completion") &&
+               is_messages(j.at("prompt"))) {
+      // TRL's conversational prompt-completion: the completion is what the
+      // whole conversation adds to the prompt with its generation prompt.
+      if (!is_messages(j.at("completion")))
+        throw std::runtime_error(where + "the prompt is a list of messages, the completion is not");
+      json all = j.at("prompt");
+      for (const json& m : j.at("completion")) all.push_back(m);
+      const std::vector<int64_t> prompt = chat_ids(j.at("prompt"), true);
+      e.input_ids = chat_ids(all, false);
+      if (e.input_ids.size() <= prompt.size() ||
+          !std::equal(prompt.begin(), prompt.end(), e.input_ids.begin()))
+        throw std::runtime_error(where +
+                                 "the chat template renders the prompt (with its generation "
+                                 "prompt) as other tokens than the start of the whole "
+                                 "conversation: the completion cannot be told apart");
+      e.labels = e.input_ids;
+      if (prompts.completions_only)
+        std::fill(e.labels.begin(), e.labels.begin() + std::ptrdiff_t(prompt.size()), kIgnoreIndex);
+    } else if (text) {
       if (!j.at("text").is_string()) throw std::runtime_error(where + "text is not a string");
       // As TRL's SFT ends a text: the tokenizer's EOS after it.
       e.input_ids = encoded("text", true);
@@ -138,10 +202,12 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       throw std::runtime_error(where + std::to_string(e.input_ids.size()) +
                                " tokens, longer than the model's " +
                                std::to_string(limits.max_length) + " positions");
-    if (pair || text) {
+    if (pair || text || conversation) {
       if (j.contains("labels"))
         throw std::runtime_error(where + "has labels beside " +
-                                 (text ? "a text" : "a prompt and completion"));
+                                 (text           ? "a text"
+                                  : conversation ? "messages"
+                                                 : "a prompt and completion"));
     } else if (j.contains("labels") && !j["labels"].is_null()) {
       e.labels = whole_numbers(j, "labels", where, label_ok);
       if (e.labels.size() != e.input_ids.size())

@@ -6,7 +6,12 @@
 // prompt-completion format: text, or arrays of ids), the completion scored
 // and the prompt too unless only completions are trained on, or a "text"
 // (TRL's language-modeling format: a BOS where the tokenizer has one, the
-// text, its EOS), every position scored.
+// text, its EOS), every position scored, or TRL's conversational lines: a
+// "messages" list (with optional "tools") rendered by the model's chat
+// template and tokenized as apply_chat_template(tokenize=True) does, every
+// position scored, or a "prompt" and "completion" that are lists of
+// messages (the prompt rendered with the generation prompt; the completion
+// what the whole conversation adds to it).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,11 +50,19 @@ struct PromptCompletion {
   /** Labels the prompt's positions -100: the loss covers the completion
    * (and its EOS) only. Every line must then be a prompt-completion one. */
   bool completions_only = false;
+  /** A conversation (a JSON array of messages, as text) through the model's
+   * chat template, with `tools` (a JSON array as text, or "") and
+   * add_generation_prompt; unset, conversational lines are refused naming
+   * the line. */
+  std::function<std::string(const std::string& messages, const std::string& tools,
+                            bool add_generation_prompt)>
+      chat{};
 };
 
 /** JSONL text (prompt-completion pairs, TRL's text lines) through the
  * tokenizer of model folder `model_dir` (tokenizer.model or tokenizer.json;
- * none: only id arrays are read): its EOS after each completion or text. A
+ * none: only id arrays are read): its EOS after each completion or text;
+ * conversations through its chat template (ChatTemplate::from_folder). A
  * build without the library the tokenizer needs fails on the first text
  * field, saying so. */
 PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only = false);

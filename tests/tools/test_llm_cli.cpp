@@ -621,3 +621,49 @@ TEST_CASE("hostile model and adapter folders end every command in one line, writ
                                    adapters, "--data", dir.file("tokens.bin"), "--seq-len", "4"}),
                        1, rank);
 }
+
+TEST_CASE("quanta eval and finetune --model on conversations: the folder's chat template") {
+  const std::string model = models() + "qwen2_bpe";
+  if (!llm::Tokenizer::available(model + "/tokenizer.json")) return;
+  ScratchDir dir("llm_chat");
+  const std::string folder = dir.file("model");
+  std::filesystem::create_directories(folder);
+  for (const auto& f : std::filesystem::directory_iterator(model))
+    std::filesystem::copy_file(f.path(), folder + "/" + f.path().filename().string());
+  std::ofstream(folder + "/chat_template.jinja")
+      << "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  {
+    std::ofstream jl(dir.file("chat.jsonl"));
+    for (int i = 0; i < 4; ++i)
+      jl << nlohmann::json{{"prompt",
+                            {{{"role", "user"}, {"content", "say " + std::to_string(i)}}}},
+                           {"completion",
+                            {{{"role", "assistant"},
+                              {"content", "the number " + std::to_string(i)}}}}}
+                .dump()
+         << "\n";
+  }
+  const CliResult all = run_quanta(
+      {"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "64", "--json"});
+  const CliResult completions =
+      run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "64",
+                  "--completions-only", "--json"});
+  REQUIRE_MESSAGE(all.code == 0, all.err);
+  REQUIRE_MESSAGE(completions.code == 0, completions.err);
+  const int64_t scored_all = nlohmann::json::parse(all.out).at("tokens").get<int64_t>();
+  const int64_t scored_completions =
+      nlohmann::json::parse(completions.out).at("tokens").get<int64_t>();
+  CHECK(scored_completions > 0);
+  CHECK(scored_completions < scored_all);
+  const CliResult tuned =
+      run_quanta({"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len",
+                  "64", "--steps", "2", "--batch-size", "2", "--train-on-completions-only", "--out",
+                  dir.file("run")});
+  REQUIRE_MESSAGE(tuned.code == 0, tuned.err);
+  CHECK(contains(tuned.out, "fine-tuning on 4 sequences"));
+  std::filesystem::remove(folder + "/chat_template.jinja");
+  check_one_line_error(
+      run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "64"}),
+      1, "chat.jsonl: line 1: a conversation needs the model folder's chat template");
+}

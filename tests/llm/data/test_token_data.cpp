@@ -255,7 +255,10 @@ TEST_CASE("token JSONL: TRL's text lines, a BOS before and the EOS after, every 
       {R"({"text": "a", "labels": [1, 2, 3]})", "line 1: has labels beside a text", false},
       {R"({"text": "zz"})", "line 1: text encodes to id 35: outside", false},
       {R"({"text": "a"})", "line 1: no prompt and completion", true},
-      {R"({"other": "a"})", "line 1: no input_ids (nor a text, nor a prompt", false},
+      {R"({"other": "a"})", "line 1: no input_ids (nor a text, messages, or a prompt", false},
+      {R"({"messages": [{"role": "user", "content": "a"}]})",
+       "line 1: a conversation needs the model folder's chat template", false},
+      {R"({"messages": [], "tools": 1})", "line 1: a conversation needs", false},
   };
   for (const auto& [text, want, only] : cases) {
     CAPTURE(text);

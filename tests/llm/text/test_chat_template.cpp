@@ -12,7 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "llm/data/token_jsonl.h"
 #include "llm/text/chat_template.h"
+#include "llm/text/tokenizer.h"
 
 using namespace quanta::llm;
 using nlohmann::ordered_json;
@@ -175,4 +177,95 @@ TEST_CASE("chat templates: a folder's template and special tokens") {
   CHECK_FALSE(ChatTemplate::available(dir.string()));
   CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string()),
                        doctest::Contains("has no chat template"), std::invalid_argument);
+}
+
+TEST_CASE("chat templates: JSONL conversations become the ids apply_chat_template gives") {
+  namespace fs = std::filesystem;
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE(root != nullptr);
+  const fs::path model = fs::path(root) / "llm/models/qwen2_bpe";
+  if (!Tokenizer::available((model / "tokenizer.json").string())) {
+    MESSAGE("skipped: this build reads no tokenizer.json (ICU not found)");
+    return;
+  }
+  const fs::path dir =
+      fs::temp_directory_path() / ("quanta_chat_jsonl_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const auto& f : fs::directory_iterator(model))
+    fs::copy_file(f.path(), dir / f.path().filename());
+  const std::string chatml = read(chat_data() + "templates/chatml.jinja");
+  std::ofstream(dir / "chat_template.jinja") << chatml;
+  const ordered_json messages =
+      ordered_json::array({{{"role", "user"}, {"content", "the quick brown fox"}},
+                           {{"role", "assistant"}, {"content", "jumps over the lazy dog"}}});
+  const ordered_json tools = ordered_json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "f"}, {"parameters", ordered_json::object()}}}}});
+  {
+    std::ofstream jl(dir / "chat.jsonl");
+    jl << ordered_json{{"messages", messages}}.dump() << "\n";
+    jl << ordered_json{{"messages", messages}, {"tools", tools}}.dump() << "\n";
+    jl << ordered_json{{"prompt", ordered_json::array({messages[0]})},
+                       {"completion", ordered_json::array({messages[1]})}}
+              .dump()
+       << "\n";
+  }
+  const Tokenizer tok((model / "tokenizer.json").string());
+  const ChatTemplate t(chatml);
+  const auto ids_of = [&](const ordered_json& m, bool generation, const ordered_json& with_tools) {
+    ChatOptions o;
+    o.add_generation_prompt = generation;
+    o.tools = with_tools;
+    return tok.encode(t.render(m, o).text, false);
+  };
+  const std::vector<int64_t> plain = ids_of(messages, false, nullptr);
+  const std::vector<int64_t> prompt = ids_of(ordered_json::array({messages[0]}), true, nullptr);
+  for (const bool completions_only : {false, true}) {
+    CAPTURE(completions_only);
+    const auto read_all = [&] {
+      return read_token_jsonl((dir / "chat.jsonl").string(), {},
+                              folder_text_reader(dir.string(), completions_only));
+    };
+    if (completions_only) {
+      // Every line must then be a pair: the first is refused, naming it.
+      CHECK_THROWS_WITH(read_all(),
+                        doctest::Contains("chat.jsonl: line 1: no prompt and completion"));
+      continue;
+    }
+    const std::vector<TokenExample> e = read_all();
+    REQUIRE(e.size() == 3);
+    CHECK(e[0].input_ids == plain);
+    CHECK(e[0].labels == plain);
+    CHECK(e[1].input_ids == ids_of(messages, false, tools));
+    // The completion is what the whole conversation adds to the prompt.
+    CHECK(e[2].input_ids == plain);
+    REQUIRE(prompt.size() < plain.size());
+    CHECK(std::equal(prompt.begin(), prompt.end(), plain.begin()));
+  }
+  {
+    std::ofstream jl(dir / "pairs.jsonl");
+    jl << ordered_json{{"prompt", ordered_json::array({messages[0]})},
+                       {"completion", ordered_json::array({messages[1]})}}
+              .dump()
+       << "\n";
+  }
+  const std::vector<TokenExample> masked =
+      read_token_jsonl((dir / "pairs.jsonl").string(), {}, folder_text_reader(dir.string(), true));
+  REQUIRE(masked.size() == 1);
+  for (std::size_t k = 0; k < plain.size(); ++k)
+    CHECK(masked[0].labels[k] == (k < prompt.size() ? kIgnoreIndex : plain[k]));
+  // Errors name the line: a template's refusal, no template at all.
+  std::ofstream(dir / "bad.jsonl")
+      << ordered_json{{"messages", ordered_json::array({{{"role", "narrator"}, {"content", "x"}}})}}
+             .dump()
+      << "\n";
+  CHECK_THROWS_WITH(
+      read_token_jsonl((dir / "bad.jsonl").string(), {}, folder_text_reader(dir.string())),
+      doctest::Contains("bad.jsonl: line 1: the chat template: chatml: unknown role narrator"));
+  fs::remove(dir / "chat_template.jinja");
+  CHECK_THROWS_WITH(
+      read_token_jsonl((dir / "chat.jsonl").string(), {}, folder_text_reader(dir.string())),
+      doctest::Contains(
+          "chat.jsonl: line 1: a conversation needs the model folder's chat template"));
+  fs::remove_all(dir);
 }
