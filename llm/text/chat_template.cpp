@@ -1,5 +1,6 @@
 #include "llm/text/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -98,13 +99,62 @@ std::string strip(const std::string& s) {
 }  // namespace
 
 ChatTemplate::ChatTemplate(const std::string& source, nlohmann::ordered_json special_tokens)
-    : source_(source), template_(source), special_tokens_(std::move(special_tokens)) {}
+    : special_tokens_(std::move(special_tokens)) {
+  templates_.push_back({"default", source, jinja::Template(source)});
+}
+
+ChatTemplate::ChatTemplate(std::vector<Named> templates, nlohmann::ordered_json special_tokens,
+                           std::string chosen)
+    : templates_(std::move(templates)),
+      special_tokens_(std::move(special_tokens)),
+      chosen_(std::move(chosen)) {}
+
+namespace {
+
+// The folder's templates as transformers reads them: its template files
+// (chat_template.jinja as "default", additional_chat_templates/NAME.jinja),
+// which take priority over tokenizer_config.json's chat_template (a string,
+// "default", or a list of {"name", "template"}). `where` names their origin.
+std::vector<std::pair<std::string, std::string>> template_sources(
+    const fs::path& dir, const nlohmann::ordered_json& config, std::string& where) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const fs::path file = dir / "chat_template.jinja";
+  if (fs::exists(file)) out.emplace_back("default", read_file(file));
+  const fs::path extra = dir / "additional_chat_templates";
+  if (fs::is_directory(extra)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(extra))
+      if (e.path().extension() == ".jinja") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) out.emplace_back(f.stem().string(), read_file(f));
+  }
+  if (!out.empty()) {
+    where = dir.string() + "'s template files";
+    return out;
+  }
+  where = (dir / "tokenizer_config.json").string();
+  const nlohmann::ordered_json t = config.is_object()
+                                       ? config.value("chat_template", nlohmann::ordered_json())
+                                       : nlohmann::ordered_json();
+  if (t.is_string()) out.emplace_back("default", t.get<std::string>());
+  if (t.is_array())
+    for (const nlohmann::ordered_json& e : t) {
+      if (!e.is_object() || !e.contains("name") || !e.at("name").is_string() ||
+          !e.contains("template") || !e.at("template").is_string())
+        throw std::invalid_argument(where + ": a chat_template entry is not {\"name\": ..., " +
+                                    "\"template\": ...}");
+      out.emplace_back(e.at("name").get<std::string>(), e.at("template").get<std::string>());
+    }
+  return out;
+}
+
+}  // namespace
 
 bool ChatTemplate::available(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / "chat_template.jinja")) return true;
   try {
-    const nlohmann::ordered_json c = read_json(fs::path(dir) / "tokenizer_config.json");
-    return c.is_object() && c.contains("chat_template") && !c.at("chat_template").is_null();
+    std::string where;
+    return !template_sources(dir, read_json(fs::path(dir) / "tokenizer_config.json"), where)
+                .empty();
   } catch (const std::invalid_argument&) {
     return false;
   }
@@ -112,32 +162,58 @@ bool ChatTemplate::available(const std::string& dir) {
 
 ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string& name) {
   const nlohmann::ordered_json config = read_json(fs::path(dir) / "tokenizer_config.json");
-  const nlohmann::ordered_json tokens = special_tokens_of(config);
-  const fs::path file = fs::path(dir) / "chat_template.jinja";
-  if (fs::exists(file)) return ChatTemplate(read_file(file), tokens);
-  const nlohmann::ordered_json t = config.is_object()
-                                       ? config.value("chat_template", nlohmann::ordered_json())
-                                       : nlohmann::ordered_json();
-  if (t.is_string()) return ChatTemplate(t.get<std::string>(), tokens);
-  if (t.is_array()) {
-    std::string names;
-    for (const nlohmann::ordered_json& e : t)
-      if (e.is_object() && e.value("name", "") == name && e.contains("template") &&
-          e.at("template").is_string())
-        return ChatTemplate(e.at("template").get<std::string>(), tokens);
-      else if (e.is_object())
-        names += (names.empty() ? "" : ", ") + e.value("name", std::string("?"));
-    throw std::invalid_argument(dir + "/tokenizer_config.json: no chat template named \"" + name +
-                                "\" (it has " + names + ")");
+  std::string where;
+  std::vector<Named> templates;
+  std::string names;
+  for (auto& [n, source] : template_sources(dir, config, where)) {
+    names += (names.empty() ? "" : ", ") + n;
+    try {
+      templates.push_back({n, source, jinja::Template(source)});
+    } catch (const jinja::TemplateError& e) {
+      throw jinja::TemplateError(where + ": chat template \"" + n + "\": " + e.what());
+    }
   }
-  throw std::invalid_argument(
-      dir +
-      " has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)");
+  if (templates.empty())
+    throw std::invalid_argument(dir +
+                                " has no chat template (no chat_template.jinja, no "
+                                "chat_template in tokenizer_config.json)");
+  bool found = name.empty();
+  for (const Named& t : templates) found = found || t.name == name;
+  if (!found)
+    throw std::invalid_argument(where + ": no chat template named \"" + name + "\" (it has " +
+                                names + ")");
+  if (name.empty()) {
+    bool has_default = false;
+    for (const Named& t : templates) has_default = has_default || t.name == "default";
+    if (!has_default && templates.size() > 1)
+      throw std::invalid_argument(where + ": several chat templates (" + names +
+                                  ") and none named \"default\": name the one to use");
+  }
+  return ChatTemplate(std::move(templates), special_tokens_of(config), name);
+}
+
+const ChatTemplate::Named& ChatTemplate::chosen(bool with_tools) const {
+  // As transformers' get_chat_template: a name asked for; else tool_use
+  // when there are tools, else default, else the only one.
+  const std::string want = !chosen_.empty() ? chosen_ : with_tools ? "tool_use" : "default";
+  for (const Named& t : templates_)
+    if (t.name == want) return t;
+  if (chosen_.empty())
+    for (const Named& t : templates_)
+      if (t.name == "default") return t;
+  return templates_.front();
+}
+
+std::vector<std::string> ChatTemplate::names() const {
+  std::vector<std::string> out;
+  for (const Named& t : templates_) out.push_back(t.name);
+  return out;
 }
 
 jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages,
                                      const ChatOptions& o) const {
   nlohmann::ordered_json chat = prepared(messages);
+  const Named& use = chosen(!o.tools.is_null());
   std::string final_text;
   if (!o.continue_final_message.empty()) {
     if (o.add_generation_prompt)
@@ -159,7 +235,7 @@ jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages,
         if (last.contains(f) && last.at(f) == last.at(field)) fields.push_back(f);
     }
     bool read = false;
-    for (const std::string& f : fields) read = read || source_.find(f) != std::string::npos;
+    for (const std::string& f : fields) read = read || use.source.find(f) != std::string::npos;
     if (!read)
       throw std::invalid_argument("continue_final_message is set to \"" + field +
                                   "\" but the chat template never reads it");
@@ -190,7 +266,7 @@ jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages,
   variables["tools"] = o.tools;
   variables["documents"] = o.documents;
   variables["add_generation_prompt"] = o.add_generation_prompt;
-  jinja::Rendered r = template_.render(jinja::Value::from_json(variables));
+  jinja::Rendered r = use.compiled.render(jinja::Value::from_json(variables));
   if (!o.continue_final_message.empty()) {
     const std::string tag = strip(kContinueTag);
     const std::size_t at = r.text.rfind(tag);

@@ -6,6 +6,7 @@
 // aliased, continue_final_message and {% generation %} spans.
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "llm/text/jinja/template.h"
 
@@ -26,15 +27,21 @@ struct ChatOptions {
 
 class ChatTemplate {
  public:
-  /** `source` with `special_tokens` ({"bos_token": "<s>", ...}) as
-   * variables. Throws jinja::TemplateError for a template it cannot read. */
+  /** `source` (as the template "default") with `special_tokens`
+   * ({"bos_token": "<s>", ...}) as variables. Throws jinja::TemplateError
+   * for a template it cannot read. */
   explicit ChatTemplate(const std::string& source,
                         nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object());
-  /** Folder `dir`'s template: chat_template.jinja, else
-   * tokenizer_config.json's chat_template (a string, or a list of named
-   * templates, of which `name`), with that file's special tokens. Throws
-   * std::invalid_argument naming the folder when it has none. */
-  static ChatTemplate from_folder(const std::string& dir, const std::string& name = "default");
+  /** Folder `dir`'s templates, as transformers reads them: the files
+   * chat_template.jinja ("default") and additional_chat_templates/NAME.jinja,
+   * else tokenizer_config.json's chat_template (a string, or a list of named
+   * templates), with that file's special tokens. `name` picks one; empty,
+   * each render takes the one transformers takes: "tool_use" when tools are
+   * given and the folder has it, else "default". Throws
+   * std::invalid_argument naming the folder when it has none, or none of
+   * `name` (listing those it has), or several without a "default" and no
+   * `name`; jinja::TemplateError naming the template it cannot read. */
+  static ChatTemplate from_folder(const std::string& dir, const std::string& name = "");
   /** Whether folder `dir` has a chat template. */
   static bool available(const std::string& dir);
 
@@ -45,13 +52,22 @@ class ChatTemplate {
   jinja::Rendered render(const nlohmann::ordered_json& messages,
                          const ChatOptions& options = {}) const;
 
-  const std::string& source() const { return source_; }
+  /** The templates' names, in the folder's order. */
+  std::vector<std::string> names() const;
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
 
  private:
-  std::string source_;
-  jinja::Template template_;
+  struct Named {
+    std::string name, source;
+    jinja::Template compiled;
+  };
+  ChatTemplate(std::vector<Named> templates, nlohmann::ordered_json special_tokens,
+               std::string chosen);
+  const Named& chosen(bool with_tools) const;
+
+  std::vector<Named> templates_;
   nlohmann::ordered_json special_tokens_;
+  std::string chosen_;  // empty: by the render's tools
 };
 
 }  // namespace quanta::llm

@@ -35,11 +35,20 @@ bool Tokenizer::available(const std::string& path) {
 }
 
 std::string tokenizer_model_in(const std::string& dir) {
-  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
-    const auto p = std::filesystem::path(dir) / name;
-    if (std::filesystem::exists(p)) return p.string();
+  const auto json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  const auto model_path = (std::filesystem::path(dir) / "tokenizer.model").string();
+  const bool has_json = std::filesystem::exists(json_path);
+  const bool has_model = std::filesystem::exists(model_path);
+  if (!has_model) return has_json ? json_path : std::string();
+  if (!has_json || !json_tokenizer_available()) return model_path;
+  // Both: transformers reads the tokenizer.json. One this build refuses (a
+  // model or step it does not run) leaves the tokenizer.model to read.
+  try {
+    (void)json_tokenizer(json_path);
+    return json_path;
+  } catch (const std::invalid_argument&) {
+    return model_path;
   }
-  return {};
 }
 
 }  // namespace quanta::llm

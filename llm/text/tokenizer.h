@@ -53,8 +53,10 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-/** DIR/tokenizer.model when it exists, else DIR/tokenizer.json when it
- * exists, else "" (the folder has neither). */
+/** The tokenizer file of folder `dir`, as transformers chooses it: its
+ * tokenizer.json when there is one this build reads, else its
+ * tokenizer.model, else its tokenizer.json (a build without ICU then says
+ * so when it is opened), else "" (the folder has neither). */
 std::string tokenizer_model_in(const std::string& dir);
 
 /** The ids of text file `path` through the tokenizer of model folder

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "llm/text/added_tokens.h"
 #include "llm/text/bpe_model.h"
 #include "llm/text/token_decoders.h"
 #include "llm/text/tokenizer_impl.h"
@@ -70,58 +71,6 @@ std::string utf8(const icu::UnicodeString& s) {
   return out;
 }
 
-bool is_whitespace_at(const std::string& text, size_t i, size_t* length) {
-  UChar32 c;
-  int32_t at = static_cast<int32_t>(i);
-  U8_NEXT(reinterpret_cast<const uint8_t*>(text.data()), at, static_cast<int32_t>(text.size()), c);
-  *length = static_cast<size_t>(at) - i;
-  return c >= 0 && u_isUWhiteSpace(c);
-}
-
-// The whitespace character ending at `end` (its start), or npos.
-size_t whitespace_before(const std::string& text, size_t end) {
-  if (end == 0) return std::string::npos;
-  size_t start = end - 1;
-  while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
-  size_t n = 0;
-  return is_whitespace_at(text, start, &n) && start + n == end ? start : std::string::npos;
-}
-
-// Rust's Unicode \w, which tokenizers' single_word tests beside a match.
-bool is_word_char(UChar32 c) {
-  const int8_t type = u_charType(c);
-  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || type == U_NON_SPACING_MARK ||
-         type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK ||
-         type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION ||
-         u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL);
-}
-
-// Whether text[begin, end) stands alone: no word character just before or
-// after it.
-bool single_word_at(const std::string& text, size_t begin, size_t end) {
-  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
-  const auto n = static_cast<int32_t>(text.size());
-  if (begin > 0) {
-    auto at = static_cast<int32_t>(begin);
-    UChar32 c;
-    U8_PREV(bytes, 0, at, c);
-    if (c >= 0 && is_word_char(c)) return false;
-  }
-  if (end < text.size()) {
-    auto at = static_cast<int32_t>(end);
-    UChar32 c;
-    U8_NEXT(bytes, at, n, c);
-    if (c >= 0 && is_word_char(c)) return false;
-  }
-  return true;
-}
-
-struct AddedToken {
-  std::string content;
-  int64_t id;
-  bool lstrip, rstrip, single_word, special;
-};
-
 class JsonTokenizer : public Tokenizer::Impl {
  public:
   explicit JsonTokenizer(const std::string& path) : path_(path) {
@@ -133,40 +82,17 @@ class JsonTokenizer : public Tokenizer::Impl {
     read_pre_tokenizer(j);
     read_decoder(j);
     read_post_processor(j);
-    read_eos();
+    const json config = tokenizer_config();
+    apply_tokenizer_class(config);
+    read_eos(config);
   }
 
   std::vector<int64_t> encode(const std::string& text) const override {
     std::vector<int64_t> ids;
-    size_t start = 0, i = 0;
     // Metaspace's "first" prefixes the piece at the text's start alone.
-    while (i < text.size()) {
-      const AddedToken* hit = added_at(text, i);
-      if (!hit) {
-        ++i;
-        continue;
-      }
-      // A single_word token inside a word is no match, and hides any
-      // shorter one there, as tokenizers filters its leftmost-longest
-      // matches.
-      if (hit->single_word && !single_word_at(text, i, i + hit->content.size())) {
-        i += hit->content.size();
-        continue;
-      }
-      // lstrip and rstrip: the token takes the whitespace beside it.
-      size_t segment_end = i;
-      if (hit->lstrip)
-        for (size_t w; segment_end > start &&
-                       (w = whitespace_before(text, segment_end)) != std::string::npos;)
-          segment_end = w;
-      encode_segment(text.substr(start, segment_end - start), start == 0, ids);
-      ids.push_back(hit->id);
-      i += hit->content.size();
-      if (hit->rstrip)
-        for (size_t n; i < text.size() && is_whitespace_at(text, i, &n);) i += n;
-      start = i;
-    }
-    encode_segment(text.substr(start), start == 0, ids);
+    added_.split(
+        text, [&](const std::string& segment, bool first) { encode_segment(segment, first, ids); },
+        ids);
     return ids;
   }
 
@@ -179,9 +105,8 @@ class JsonTokenizer : public Tokenizer::Impl {
         throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
                                     " is outside the tokenizer's " + std::to_string(vocab_size()) +
                                     " tokens");
-      const auto added = added_by_id_.find(id);
-      if (added != added_by_id_.end()) {
-        if (!added->second->special) tokens.push_back(added->second->content);
+      if (const AddedToken* added = added_.by_id(id)) {
+        if (!added->special) tokens.push_back(added->content);
         continue;
       }
       tokens.push_back(model_->token_of(id));
@@ -276,21 +201,16 @@ class JsonTokenizer : public Tokenizer::Impl {
 
   void read_added_tokens(const json& j) {
     if (!j.contains("added_tokens")) return;
+    std::vector<AddedToken> added;
     for (const json& t : j.at("added_tokens")) {
       if (!t.is_object() || !t.contains("content") || !t.contains("id"))
         fail("an added token lacks its content or id: " + t.dump());
-      AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int64_t>(),
-                   t.value("lstrip", false),           t.value("rstrip", false),
-                   t.value("single_word", false),      t.value("special", false)};
-      if (a.content.empty() || a.id < 0)
-        fail("added token " + t.dump() + " is empty or has id < 0");
-      added_.push_back(a);
-      vocab_size_ = std::max(vocab_size_, a.id + 1);
+      added.push_back({t.at("content").get<std::string>(), t.at("id").get<int64_t>(),
+                       t.value("lstrip", false), t.value("rstrip", false),
+                       t.value("single_word", false), t.value("special", false)});
     }
-    for (const AddedToken& a : added_) {
-      added_by_first_[static_cast<unsigned char>(a.content[0])].push_back(&a);
-      added_by_id_.emplace(a.id, &a);
-    }
+    added_ = AddedTokens(std::move(added), path_);
+    vocab_size_ = std::max(vocab_size_, added_.end_id());
   }
 
   // NFC, Prepend and Replace (of a String), alone or in a Sequence.
@@ -435,18 +355,58 @@ class JsonTokenizer : public Tokenizer::Impl {
     }
   }
 
+  // The tokenizer_config.json beside the file; null when there is none.
+  json tokenizer_config() const {
+    const auto config = std::filesystem::path(path_).parent_path() / "tokenizer_config.json";
+    return std::filesystem::exists(config) ? read_json(config.string()) : json();
+  }
+
+  // transformers 5 loads a folder through its tokenizer_class, and a class
+  // of its own (LlamaTokenizer) takes only the vocabulary, merges and
+  // post-processor from a tokenizer.json that is not byte-level: the text
+  // goes through the class's Metaspace instead of the file's normalizer,
+  // which changes the ids after a special token written in the text (a chat
+  // template's <s>[INST]) and of leading spaces. A byte-level file is read
+  // as it is (transformers falls back to the file too).
+  void apply_tokenizer_class(const json& config) {
+    if (!config.is_object() || byte_level_) return;
+    const std::string cls = config.value("tokenizer_class", "");
+    if (cls != "LlamaTokenizer" && cls != "LlamaTokenizerFast") return;
+    const auto flag = [&](const char* key, bool otherwise) {
+      const json& v = config.contains(key) ? config.at(key) : json();
+      return v.is_boolean() ? v.get<bool>() : otherwise;
+    };
+    // LlamaTokenizer's defaults: add_prefix_space true, legacy false.
+    const bool prefix = flag("add_prefix_space", true), legacy = flag("legacy", false);
+    normalizers_.clear();
+    PreTokenizer meta;
+    meta.metaspace = true;
+    meta.replacement = "\u2581";
+    meta.meta_prepend = prefix;
+    meta.meta_first_only = !legacy;
+    meta.meta_split = false;
+    pre_ = {meta};
+    using Kind = TokenDecoder::Kind;
+    decoder_ = {
+        {Kind::replace, "\u2581", " "}, {Kind::byte_fallback, "", ""}, {Kind::fuse, "", ""}};
+    if (prefix) {
+      TokenDecoder strip{Kind::strip, "", " "};
+      strip.start = 1;
+      decoder_.push_back(strip);
+    }
+  }
+
   // The EOS: tokenizer_config.json's eos_token beside the file, else
   // config.json's eos_token_id (its first), else none.
-  void read_eos() {
+  void read_eos(const json& c) {
     const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
     const auto config = dir / "tokenizer_config.json";
-    if (std::filesystem::exists(config)) {
-      const json c = read_json(config.string());
+    if (c.is_object()) {
       json e = c.contains("eos_token") ? c.at("eos_token") : json();
       if (e.is_object()) e = e.value("content", json());
       if (e.is_string()) {
         const std::string name = e.get<std::string>();
-        for (const AddedToken& a : added_)
+        for (const AddedToken& a : added_.tokens())
           if (a.content == name) eos_ = a.id;
         if (eos_ < 0) eos_ = model_->id_of(name);
         if (eos_ < 0)
@@ -462,17 +422,6 @@ class JsonTokenizer : public Tokenizer::Impl {
       if (e.is_number_integer()) eos_ = e.get<int64_t>();
       if (e.is_array() && !e.empty() && e[0].is_number_integer()) eos_ = e[0].get<int64_t>();
     }
-  }
-
-  // The longest added token at text[i], or null.
-  const AddedToken* added_at(const std::string& text, size_t i) const {
-    const auto& candidates = added_by_first_[static_cast<unsigned char>(text[i])];
-    const AddedToken* best = nullptr;
-    for (const AddedToken* a : candidates)
-      if (text.compare(i, a->content.size(), a->content) == 0 &&
-          (!best || a->content.size() > best->content.size()))
-        best = a;
-    return best;
   }
 
   // Runs pre-tokenizer `step` and those after it over `piece`, then BPE over
@@ -556,9 +505,7 @@ class JsonTokenizer : public Tokenizer::Impl {
   std::string path_;
   std::unique_ptr<BpeModel> model_;
   int64_t vocab_size_ = 0;
-  std::vector<AddedToken> added_;
-  std::array<std::vector<const AddedToken*>, 256> added_by_first_;
-  std::unordered_map<int64_t, const AddedToken*> added_by_id_;
+  AddedTokens added_;
   const icu::Normalizer2* nfc_ = nullptr;  // ICU's, not owned
   std::vector<Normalizer> normalizers_;
   std::vector<PreTokenizer> pre_;

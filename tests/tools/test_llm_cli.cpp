@@ -299,7 +299,7 @@ TEST_CASE("quanta generate --prompt through the folder's tokenizer.json") {
   CHECK(jt.at("text").get<std::string>() == tok.decode(jt.at("ids").get<std::vector<int64_t>>()));
   check_one_line_error(
       run_quanta({"generate", "--model", model, "--prompt", "hi", "--prompt-ids", "1"}), 2,
-      "one of them");
+      "give the prompt as one of");
 }
 
 TEST_CASE("quanta tokenize: text and JSONL documents to the token file eval reads") {
@@ -666,4 +666,86 @@ TEST_CASE("quanta eval and finetune --model on conversations: the folder's chat 
   check_one_line_error(
       run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "64"}),
       1, "chat.jsonl: line 1: a conversation needs the model folder's chat template");
+}
+
+TEST_CASE("quanta generate --chat and --messages: the prompt the chat template renders") {
+  const std::string model = models() + "qwen2_bpe";
+  if (!llm::Tokenizer::available(model + "/tokenizer.json")) return;
+  ScratchDir dir("llm_generate_chat");
+  const std::string folder = dir.file("model");
+  std::filesystem::create_directories(folder);
+  for (const auto& f : std::filesystem::directory_iterator(model))
+    std::filesystem::copy_file(f.path(), folder + "/" + f.path().filename().string());
+  check_one_line_error(run_quanta({"generate", "--model", folder, "--chat", "hi"}), 2,
+                       "has no chat template");
+  const std::string chatml =
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  std::ofstream(folder + "/chat_template.jinja") << chatml;
+  const llm::Tokenizer tok(folder + "/tokenizer.json");
+  const auto prompt_of = [](const CliResult& r) {
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return nlohmann::json::parse(r.out).at("prompt_ids").get<std::vector<int64_t>>();
+  };
+  // The template's text, tokenized without a BOS: what
+  // apply_chat_template(add_generation_prompt=True) gives.
+  const std::string rendered =
+      "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe quick fox<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const std::vector<int64_t> want = tok.encode(rendered, false);
+  const CliResult chat = run_quanta({"generate", "--model", folder, "--system", "be brief",
+                                     "--chat", "the quick fox", "--max-new-tokens", "3", "--json"});
+  CHECK(prompt_of(chat) == want);
+  // The same ids and new tokens as --prompt-ids of them.
+  const CliResult by_ids = run_quanta({"generate", "--model", folder, "--prompt-ids",
+                                       ids_text(want), "--max-new-tokens", "3", "--json"});
+  REQUIRE_MESSAGE(by_ids.code == 0, by_ids.err);
+  CHECK(nlohmann::json::parse(chat.out).at("ids") == nlohmann::json::parse(by_ids.out).at("ids"));
+  // The plain output is the reply's text alone.
+  const CliResult plain = run_quanta({"generate", "--model", folder, "--chat", "the quick fox",
+                                      "--system", "be brief", "--max-new-tokens", "3"});
+  REQUIRE_MESSAGE(plain.code == 0, plain.err);
+  CHECK(plain.out ==
+        tok.decode(nlohmann::json::parse(chat.out).at("ids").get<std::vector<int64_t>>()) + "\n");
+  // A conversation file: a list, or TRL's object; ending with the
+  // assistant's message, the prompt continues it (no generation prompt).
+  const nlohmann::json turns = {{{"role", "system"}, {"content", "be brief"}},
+                                {{"role", "user"}, {"content", "the quick fox"}}};
+  std::ofstream(dir.file("list.json")) << turns.dump();
+  std::ofstream(dir.file("object.json")) << nlohmann::json{{"messages", turns}}.dump();
+  nlohmann::json started = turns;
+  started.push_back({{"role", "assistant"}, {"content", "jumps"}});
+  std::ofstream(dir.file("started.json")) << started.dump();
+  for (const char* file : {"list.json", "object.json"})
+    CHECK(prompt_of(run_quanta({"generate", "--model", folder, "--messages", dir.file(file),
+                                "--max-new-tokens", "1", "--json"})) == want);
+  CHECK(prompt_of(run_quanta({"generate", "--model", folder, "--messages", dir.file("started.json"),
+                              "--max-new-tokens", "1", "--json"})) ==
+        tok.encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe quick "
+                   "fox<|im_end|>\n<|im_start|>assistant\njumps",
+                   false));
+  // Bad flags and files: one line each.
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--chat", "hi", "--prompt", "hi"}), 2,
+      "give the prompt as one of --prompt TEXT, --prompt-ids 1,2,3, --chat TEXT or --messages");
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--prompt", "hi", "--system", "be brief"}), 2,
+      "--system goes with --chat");
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--prompt", "hi", "--chat-template", "tool_use"}),
+      2, "--chat-template goes with --chat or --messages");
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--chat", "hi", "--chat-template", "tool_use"}), 1,
+      "no chat template named \"tool_use\"");
+  std::ofstream(dir.file("bad.json")) << R"({"messages": [{"content": "no role"}]})";
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--messages", dir.file("bad.json")}), 2,
+      "bad.json: message 0 is not an object with a \"role\"");
+  std::ofstream(dir.file("broken.json")) << "[{";
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--messages", dir.file("broken.json")}), 2,
+      "broken.json is not JSON");
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--messages", dir.file("none.json")}), 2,
+      "--messages: cannot open");
 }

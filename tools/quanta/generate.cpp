@@ -1,7 +1,8 @@
-// `quanta generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT)`: new
-// tokens from a Hugging Face model folder, greedy or sampled, with a KV
-// cache, up to an end-of-sequence id; text through the folder's
-// tokenizer.model or tokenizer.json.
+// `quanta generate --model DIR (--prompt-ids 1,2,3 | --prompt TEXT | --chat
+// TEXT | --messages FILE)`: new tokens from a Hugging Face model folder,
+// greedy or sampled, with a KV cache, up to an end-of-sequence id; text
+// through the folder's tokenizer.model or tokenizer.json, a conversation
+// through its chat template.
 #include "llm/model/generate.h"
 
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
+#include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
 #include "precision_flag.h"
 
@@ -29,7 +31,11 @@ struct GenerateFlags {
   std::string model;
   AdapterFlags adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
-  std::string prompt;  // text, through the folder's tokenizer
+  std::string prompt;         // text, through the folder's tokenizer
+  std::string chat;           // a user message, through the chat template
+  std::string system;         // a system message before it
+  std::string messages_file;  // a conversation (JSON) through the chat template
+  std::string chat_template;  // empty: the one transformers takes
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -69,20 +75,88 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// The conversation of --messages FILE: a JSON list of messages, or an
+// object with "messages" (and "tools"), as a line of TRL's conversational
+// data holds them.
+void read_messages_file(const std::string& path, nlohmann::ordered_json& messages,
+                        nlohmann::ordered_json& tools) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("--messages: cannot open " + path);
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--messages: " + path + " is not JSON (" + e.what() + ")");
+  }
+  if (j.is_object()) {
+    if (!j.contains("messages"))
+      throw UsageError("--messages: " + path + " is an object without \"messages\"");
+    tools = j.value("tools", nlohmann::ordered_json());
+    if (!tools.is_null() && !tools.is_array())
+      throw UsageError("--messages: " + path + ": \"tools\" is not a list");
+    j = j.at("messages");
+  }
+  if (!j.is_array() || j.empty())
+    throw UsageError("--messages: " + path + " holds no list of messages");
+  for (size_t i = 0; i < j.size(); ++i)
+    if (!j[i].is_object() || !j[i].contains("role"))
+      throw UsageError("--messages: " + path + ": message " + std::to_string(i) +
+                       " is not an object with a \"role\"");
+  messages = std::move(j);
+}
+
+// The prompt ids of a conversation, as transformers' text-generation
+// pipeline makes them: the chat template with its generation prompt (or,
+// when the last message is the assistant's, continuing that message),
+// tokenized without a BOS (the template writes the special tokens).
+std::vector<int64_t> conversation_ids(const GenerateFlags& f, const llm::Tokenizer& tokenizer) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array(), tools;
+  if (!f.messages_file.empty()) {
+    read_messages_file(f.messages_file, messages, tools);
+  } else {
+    if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
+    messages.push_back({{"role", "user"}, {"content", f.chat}});
+  }
+  if (!llm::ChatTemplate::available(f.model))
+    throw UsageError(f.model +
+                     " has no chat template (chat_template.jinja or tokenizer_config.json's "
+                     "chat_template); give the prompt as text with --prompt");
+  const llm::ChatTemplate chat = llm::ChatTemplate::from_folder(f.model, f.chat_template);
+  llm::ChatOptions o;
+  if (messages.back().value("role", "") == "assistant")
+    o.continue_final_message = "content";
+  else
+    o.add_generation_prompt = true;
+  o.tools = tools;
+  return tokenizer.encode(chat.render(messages, o).text, false);
+}
+
 void run_generate(const GenerateFlags& f) {
-  if (f.prompt.empty() == f.prompt_ids.empty())
-    throw UsageError("give the prompt as --prompt TEXT or --prompt-ids 1,2,3 (one of them)");
+  const int sources =
+      !f.prompt.empty() + !f.prompt_ids.empty() + !f.chat.empty() + !f.messages_file.empty();
+  if (sources != 1)
+    throw UsageError(
+        "give the prompt as one of --prompt TEXT, --prompt-ids 1,2,3, --chat TEXT or --messages "
+        "FILE");
+  if (!f.system.empty() && f.chat.empty())
+    throw UsageError(
+        "--system goes with --chat (a conversation file holds its own system message)");
+  const bool conversation = !f.chat.empty() || !f.messages_file.empty();
+  if (!f.chat_template.empty() && !conversation)
+    throw UsageError("--chat-template goes with --chat or --messages");
   std::unique_ptr<llm::Tokenizer> tokenizer;
-  if (!f.prompt.empty()) {
+  if (f.prompt_ids.empty()) {
     const std::string path = llm::tokenizer_model_in(f.model);
     if (path.empty())
-      throw UsageError("--prompt needs " + f.model +
+      throw UsageError(std::string(conversation ? "a conversation" : "--prompt") + " needs " +
+                       f.model +
                        "/tokenizer.model or tokenizer.json; without either, pass the ids as "
                        "--prompt-ids");
     tokenizer = std::make_unique<llm::Tokenizer>(path);
   }
-  const std::vector<int64_t> prompt =
-      tokenizer ? tokenizer->encode(f.prompt, true) : parse_ids(f.prompt_ids);
+  const std::vector<int64_t> prompt = conversation ? conversation_ids(f, *tokenizer)
+                                      : tokenizer  ? tokenizer->encode(f.prompt, true)
+                                                   : parse_ids(f.prompt_ids);
   // As transformers' generate: stop at the folder's end-of-sequence id(s)
   // (read first: a bad value fails before the weights load).
   const std::vector<int64_t> eos =
@@ -110,6 +184,11 @@ void run_generate(const GenerateFlags& f) {
     std::cout << j.dump() << "\n";
     return;
   }
+  // A conversation prints the reply alone; a text prompt is continued.
+  if (conversation) {
+    std::cout << tokenizer->decode(ids) << "\n";
+    return;
+  }
   if (tokenizer) {
     std::cout << f.prompt << tokenizer->decode(ids) << "\n";
     return;
@@ -131,7 +210,9 @@ void add_generate(CLI::App& app) {
       "  quanta generate --model tests/data/llm/models/llama_gqa --prompt-ids 5,9,2 "
       "--max-new-tokens 8\n"
       "  quanta generate --model DIR --prompt-ids 1,2 --temperature 0.8 --top-p 0.9 --seed 3\n"
-      "  quanta generate --model tests/data/llm/models/llama_gqa --prompt \"hello world\"");
+      "  quanta generate --model tests/data/llm/models/llama_gqa --prompt \"hello world\"\n"
+      "  quanta generate --model DIR --system \"Answer briefly.\" --chat \"What is NF4?\"\n"
+      "  quanta generate --model DIR --adapters RUN/adapters --messages conversation.json");
   sub->add_option("--model", f->model, "model folder: config.json and safetensors weights")
       ->required();
   add_adapter_flags(*sub, f->adapters);
@@ -139,6 +220,19 @@ void add_generate(CLI::App& app) {
   sub->add_option("--prompt", f->prompt,
                   "the prompt as text, through the folder's tokenizer.model or tokenizer.json (a "
                   "BOS first where the tokenizer has one); prints the prompt and the new text");
+  sub->add_option("--chat", f->chat,
+                  "the prompt as a user message, through the folder's chat template with its "
+                  "generation prompt; prints the reply");
+  sub->add_option("--system", f->system, "a system message before --chat's");
+  sub->add_option("--messages", f->messages_file,
+                  "the prompt as a conversation: a JSON file holding a list of messages "
+                  "({\"role\": ..., \"content\": ...}) or an object with \"messages\" and "
+                  "\"tools\"; ending with the assistant's message, the reply continues it");
+  sub->add_option(
+      "--chat-template", f->chat_template,
+      "which of the folder's named chat templates (additional_chat_templates/NAME.jinja "
+      "or tokenizer_config.json's list, e.g. tool_use); by default the one "
+      "transformers takes: tool_use for a conversation with tools, else default");
   sub->add_option("--max-new-tokens", f->max_new_tokens,
                   "at most this many tokens: generation stops after an end-of-sequence token")
       ->capture_default_str()

@@ -504,10 +504,30 @@ namespace {
                               "' and '" + b.type_name() + "'");
 }
 
-int64_t checked(long double exact, int64_t result) {
-  if (exact > static_cast<long double>(INT64_MAX) || exact < static_cast<long double>(INT64_MIN))
-    throw std::invalid_argument("an integer beyond 64 bits");
-  return result;
+[[noreturn]] void beyond_64_bits() { throw std::invalid_argument("an integer beyond 64 bits"); }
+
+// Python's ints are unbounded; templates' are refused past 64 bits rather
+// than wrapped (checked before the operation: a signed overflow is
+// undefined in C++).
+int64_t integer_op(char op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  const bool overflow = op == '+'   ? __builtin_add_overflow(x, y, &r)
+                        : op == '-' ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+  if (overflow) beyond_64_bits();
+  return r;
+}
+
+// x ** y for y >= 0 by squaring: log2(y) products, so 1 ** 10**18 ends.
+int64_t integer_power(int64_t x, int64_t y) {
+  int64_t r = 1;
+  while (y > 0) {
+    if (y & 1) r = integer_op('*', r, x);
+    y >>= 1;
+    // A square still needed that overflows makes the result overflow too.
+    if (y > 0) x = integer_op('*', x, x);
+  }
+  return r;
 }
 
 Value repeat(const Value& seq, int64_t times) {
@@ -529,9 +549,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     const bool ints = a.is_integral() && b.is_integral();
     const int64_t x = a.integer(), y = b.integer();
     const double p = a.number(), q = b.number();
-    if (op == "+") return ints ? Value(checked((long double)x + y, x + y)) : Value(p + q);
-    if (op == "-") return ints ? Value(checked((long double)x - y, x - y)) : Value(p - q);
-    if (op == "*") return ints ? Value(checked((long double)x * y, x * y)) : Value(p * q);
+    if (op == "+") return ints ? Value(integer_op('+', x, y)) : Value(p + q);
+    if (op == "-") return ints ? Value(integer_op('-', x, y)) : Value(p - q);
+    if (op == "*") return ints ? Value(integer_op('*', x, y)) : Value(p * q);
     if (op == "/") {
       if (q == 0) throw std::invalid_argument("division by zero");
       return Value(p / q);
@@ -541,6 +561,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
         throw std::invalid_argument(op == "%" ? "integer modulo by zero"
                                               : "integer division or modulo by zero");
       if (ints) {
+        // The one quotient beyond 64 bits (and a remainder C++ leaves
+        // undefined there).
+        if (y == -1) return op == "//" ? Value(integer_op('-', 0, x)) : Value(int64_t{0});
         int64_t d = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) {
           --d;
@@ -554,15 +577,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
       return op == "//" ? Value(d) : Value(m);
     }
     if (op == "**") {
-      if (ints && y >= 0) {
-        long double exact = 1;
-        int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) {
-          exact *= x;
-          r = checked(exact, r * x);
-        }
-        return Value(r);
-      }
+      if (ints && y >= 0) return Value(integer_power(x, y));
       return Value(std::pow(p, q));
     }
   }

@@ -135,7 +135,8 @@ Value Unary::eval(Context& c) const {
       throw std::invalid_argument(std::string("bad operand type for unary ") + op + ": '" +
                                   v.type_name() + "'");
     if (op == '+') return v.is_boolean() ? Value(v.integer()) : v;
-    return v.kind() == Value::Kind::number ? Value(-v.number()) : Value(-v.integer());
+    return v.kind() == Value::Kind::number ? Value(-v.number())
+                                           : arithmetic("-", Value(int64_t{0}), v);
   });
 }
 

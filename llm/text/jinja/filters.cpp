@@ -396,8 +396,8 @@ Value apply_filter(const std::string& name, const Value& v, Arguments& a, Contex
   if (name == "abs") {
     if (!v.is_numeric())
       throw std::invalid_argument("bad operand type for abs(): '" + v.type_name() + "'");
-    return v.kind() == Value::Kind::number ? Value(std::abs(v.number()))
-                                           : Value(std::abs(v.integer()));
+    if (v.kind() == Value::Kind::number) return Value(std::abs(v.number()));
+    return v.integer() < 0 ? arithmetic("-", Value(int64_t{0}), v) : Value(v.integer());
   }
   if (name == "int")
     return to_int(v, argument(a, 0, "default", Value(int64_t{0})),

@@ -144,6 +144,25 @@ TEST_CASE(
       "124 1");
   CHECK(render("{{ 'héllo wörld'[1:4] }} {{ 'abc'[::-1] }} {{ 'a,b,,c'.split(',') }}") ==
         "éll cba ['a', 'b', '', 'c']");
+  // Integers: exact up to 64 bits, refused past them (never wrapped), and
+  // a power by squaring (1 ** 10**18 ends at once).
+  const ordered_json big = {{"max", INT64_MAX}, {"min", INT64_MIN}};
+  CHECK(render("{{ max - 1 + 1 }} {{ min // 1 }} {{ min % -1 }} {{ -(min + 1) }}", big) ==
+        "9223372036854775807 -9223372036854775808 0 9223372036854775807");
+  CHECK(render("{{ 1 ** 1000000000000000000 }} {{ (-2) ** 63 }} {{ 3 ** 39 }}") ==
+        "1 -9223372036854775808 4052555153018976267");
+  for (const char* overflow :
+       {"{{ max + 1 }}", "{{ min - 1 }}", "{{ max * 2 }}", "{{ -min }}", "{{ min | abs }}",
+        "{{ min // -1 }}", "{{ 2 ** 63 }}", "{{ 3 ** 40 }}", "{{ [max, 1] | sum }}"}) {
+    CAPTURE(overflow);
+    std::string got = "no error";
+    try {
+      (void)render(overflow, big);
+    } catch (const std::exception& e) {
+      got = e.what();
+    }
+    CHECK(got == "template line 1: an integer beyond 64 bits");
+  }
   const ordered_json v = {{"m", {{"b", 1}, {"a", "é\n"}}}};
   CHECK(render("{{ m | tojson }} {{ m | tojson(indent=2) }}", v) ==
         "{\"b\": 1, \"a\": \"é\\n\"} {\n  \"b\": 1,\n  \"a\": \"é\\n\"\n}");
@@ -168,11 +187,47 @@ TEST_CASE("chat templates: a folder's template and special tokens") {
       ChatTemplate::from_folder(dir.string(), "rag"),
       doctest::Contains("no chat template named \"rag\" (it has default, tool_use)"),
       std::invalid_argument);
-  // chat_template.jinja, which transformers writes since 4.50, wins.
+  // With tools and no name asked for, transformers takes "tool_use".
+  ChatOptions with_tools;
+  with_tools.tools = ordered_json::array();
+  CHECK(t.render(ordered_json::array(), with_tools).text == "tools");
+  CHECK(ChatTemplate::from_folder(dir.string(), "default")
+            .render(ordered_json::array(), with_tools)
+            .text == "<s>");
+  // chat_template.jinja, which transformers writes since 4.50, wins, with
+  // additional_chat_templates/NAME.jinja beside it.
   std::ofstream(dir / "chat_template.jinja") << "{{ messages | length }}";
   CHECK(ChatTemplate::from_folder(dir.string())
             .render(ordered_json::array({ordered_json::object()}))
             .text == "1");
+  CHECK(ChatTemplate::from_folder(dir.string()).names() == std::vector<std::string>{"default"});
+  fs::create_directories(dir / "additional_chat_templates");
+  std::ofstream(dir / "additional_chat_templates" / "rag.jinja") << "rag {{ documents | length }}";
+  std::ofstream(dir / "additional_chat_templates" / "tool_use.jinja")
+      << "{{ tools | length }} tools";
+  const ChatTemplate files = ChatTemplate::from_folder(dir.string());
+  CHECK(files.names() == std::vector<std::string>{"default", "rag", "tool_use"});
+  CHECK(files.render(ordered_json::array(), with_tools).text == "0 tools");
+  ChatOptions with_documents;
+  with_documents.documents = ordered_json::array({ordered_json::object()});
+  CHECK(ChatTemplate::from_folder(dir.string(), "rag")
+            .render(ordered_json::array(), with_documents)
+            .text == "rag 1");
+  CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string(), "x"),
+                       doctest::Contains("template files: no chat template named \"x\" (it has "
+                                         "default, rag, tool_use)"),
+                       std::invalid_argument);
+  // Several and no default: which one is for the caller to say.
+  fs::remove(dir / "chat_template.jinja");
+  CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string()),
+                       doctest::Contains("several chat templates (rag, tool_use) and none named "
+                                         "\"default\""),
+                       std::invalid_argument);
+  std::ofstream(dir / "additional_chat_templates" / "rag.jinja") << "{% if %}";
+  CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string(), "tool_use"),
+                       doctest::Contains("chat template \"rag\": template line 1"),
+                       jinja::TemplateError);
+  fs::remove_all(dir / "additional_chat_templates");
   fs::remove_all(dir);
   CHECK_FALSE(ChatTemplate::available(dir.string()));
   CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string()),

@@ -3,7 +3,9 @@
 // on request, decode back to the text, and clear errors.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "llm/text/tokenizer.h"
@@ -52,6 +54,40 @@ TEST_CASE("Tokenizer: ids equal spm_encode's, BOS first on request, decode inver
   CHECK(n == 4);
   CHECK(tok.decode(tok.encode("hello world", true)) == "hello world");
   CHECK_THROWS_WITH(tok.decode({5, 64}), doctest::Contains("id 64 is outside the tokenizer's 64"));
+}
+
+TEST_CASE("Tokenizer: a tokenizer.model splits the special tokens out as transformers does") {
+  // sentencepiece_cases.json (make_autotokenizer_cases.py): AutoTokenizer's
+  // ids for the tiny model alone and with a tokenizer_config.json adding
+  // tokens beyond its 64 pieces (one rstrip, one lstrip and not special).
+  const std::string source = data_dir() + "/models/llama_gqa/tokenizer.model";
+  if (!llm::Tokenizer::available(source)) return;
+  std::ifstream in(data_dir() + "/sentencepiece_cases.json");
+  REQUIRE(in.good());
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  const std::vector<std::string> texts = fixture.at("texts");
+  for (const nlohmann::json& c : fixture.at("cases")) {
+    CAPTURE(c.at("config").dump());
+    testing::TempDir tmp;
+    std::filesystem::copy_file(source, tmp.path() / "tokenizer.model");
+    if (!c.at("config").is_null())
+      std::ofstream(tmp.path() / "tokenizer_config.json") << c.at("config").dump();
+    const llm::Tokenizer tok((tmp.path() / "tokenizer.model").string());
+    CHECK(tok.vocab_size() == (c.at("config").is_null() ? 64 : 67));
+    for (size_t i = 0; i < texts.size(); ++i) {
+      CAPTURE(texts[i]);
+      const std::vector<int64_t> want = c.at("ids")[i].get<std::vector<int64_t>>();
+      CHECK(tok.encode(texts[i], false) == want);
+      CHECK(tok.decode(want) == c.at("decoded")[i].get<std::string>());
+    }
+  }
+  // An added_tokens_decoder key that is no id is named.
+  testing::TempDir tmp;
+  std::filesystem::copy_file(source, tmp.path() / "tokenizer.model");
+  std::ofstream(tmp.path() / "tokenizer_config.json")
+      << R"({"added_tokens_decoder": {"x1": {"content": "<a>"}}})";
+  CHECK_THROWS_WITH(llm::Tokenizer((tmp.path() / "tokenizer.model").string()),
+                    doctest::Contains("added_tokens_decoder entry \"x1\" is not an id"));
 }
 
 TEST_CASE("Tokenizer: a missing or broken tokenizer.model names the file") {

@@ -6,6 +6,7 @@
 // tokenizer_config.json, decoding, and what is refused by name.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -80,6 +81,61 @@ TEST_CASE("Tokenizer: a tokenizer.json's ids equal Hugging Face tokenizers'") {
   }
 }
 
+TEST_CASE("Tokenizer: a folder's tokenizer class, as transformers 5 applies it") {
+  // LlamaTokenizer's own Metaspace over the file's vocabulary and merges:
+  // no prefix after a special token in the text unless `legacy`, none at
+  // all without `add_prefix_space`; the other classes read the file as is.
+  const std::string any = bpe_dir() + "/llama2/tokenizer.json";
+  if (!llm::Tokenizer::available(any)) return;
+  const json cases = read(bpe_dir() + "/class_cases.json");
+  const std::vector<std::string> texts = cases.at("texts");
+  int differing = 0;
+  for (const json& c : cases.at("cases")) {
+    const std::string name = c.at("tokenizer").get<std::string>();
+    CAPTURE(name);
+    CAPTURE(c.at("config").dump());
+    testing::TempDir tmp;
+    std::ofstream(tmp.path() / "tokenizer.json")
+        << read(bpe_dir() + "/" + name + "/tokenizer.json").dump();
+    std::ofstream(tmp.path() / "tokenizer_config.json") << c.at("config").dump();
+    const llm::Tokenizer tok((tmp.path() / "tokenizer.json").string());
+    const llm::Tokenizer as_file(bpe_dir() + "/" + name + "/tokenizer.json");
+    for (size_t i = 0; i < texts.size(); ++i) {
+      CAPTURE(texts[i]);
+      const std::vector<int64_t> want = c.at("ids")[i].get<std::vector<int64_t>>();
+      CHECK(ids_text(tok.encode(texts[i], false)) == ids_text(want));
+      CHECK(ids_text(tok.encode(texts[i], true)) ==
+            ids_text(c.at("with_special")[i].get<std::vector<int64_t>>()));
+      CHECK(tok.decode(want) == c.at("decoded")[i].get<std::string>());
+      differing += as_file.encode(texts[i], false) != want;
+    }
+  }
+  // The fixture reaches the difference: the file alone would be wrong here.
+  CHECK(differing >= 10);
+}
+
+TEST_CASE("Tokenizer: a folder with both files is read through its tokenizer.json") {
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE(root != nullptr);
+  const std::filesystem::path spm =
+      std::filesystem::path(root) / "llm/models/llama_gqa/tokenizer.model";
+  testing::TempDir tmp;
+  const std::string dir = tmp.path().string();
+  std::filesystem::copy_file(spm, tmp.path() / "tokenizer.model");
+  CHECK(llm::tokenizer_model_in(dir) == (tmp.path() / "tokenizer.model").string());
+  std::ofstream(tmp.path() / "tokenizer.json") << read(bpe_dir() + "/llama2/tokenizer.json").dump();
+  if (!llm::Tokenizer::available((tmp.path() / "tokenizer.json").string())) {
+    CHECK(llm::tokenizer_model_in(dir) == (tmp.path() / "tokenizer.model").string());
+    return;
+  }
+  CHECK(llm::tokenizer_model_in(dir) == (tmp.path() / "tokenizer.json").string());
+  // One this build refuses leaves the tokenizer.model.
+  std::ofstream(tmp.path() / "tokenizer.json") << R"({"model": {"type": "WordPiece"}})";
+  CHECK(llm::tokenizer_model_in(dir) == (tmp.path() / "tokenizer.model").string());
+  std::filesystem::remove(tmp.path() / "tokenizer.model");
+  CHECK(llm::tokenizer_model_in(dir) == (tmp.path() / "tokenizer.json").string());
+}
+
 TEST_CASE("Tokenizer: a model folder's tokenizer.json reads its text files") {
   const std::string source = bpe_dir() + "/qwen2";
   if (!llm::Tokenizer::available(source + "/tokenizer.json")) return;
@@ -91,10 +147,10 @@ TEST_CASE("Tokenizer: a model folder's tokenizer.json reads its text files") {
   std::ofstream(text) << "Hello world";
   const llm::Tokenizer tok((tmp.path() / "tokenizer.json").string());
   CHECK(llm::encode_text_file(text, tmp.path().string()) == tok.encode("Hello world", true));
-  // A tokenizer.model beside it is read first (SentencePiece's models ship
-  // both, and quanta's reading of them is checked against spm_encode).
+  // A tokenizer.model beside it changes nothing: transformers reads the
+  // tokenizer.json.
   std::ofstream(tmp.path() / "tokenizer.model") << "x";
-  CHECK(llm::tokenizer_model_in(tmp.path().string()) == (tmp.path() / "tokenizer.model").string());
+  CHECK(llm::tokenizer_model_in(tmp.path().string()) == (tmp.path() / "tokenizer.json").string());
 }
 
 TEST_CASE("Tokenizer: what a tokenizer.json holds that quanta does not run is named") {
