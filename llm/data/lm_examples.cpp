@@ -213,6 +213,10 @@ LmExamples LmExamples::from_file(const std::string& path, int64_t seq_len, int64
     throw std::invalid_argument(path +
                                 " is a token file: training on completions only needs JSONL "
                                 "lines with a prompt and a completion");
+  if (options.prompts.assistant_only)
+    throw std::invalid_argument(path +
+                                " is a token file: the assistant-only loss needs JSONL "
+                                "conversations");
   return from_token_file(path, seq_len, vocab_size, options.documents);
 }
 

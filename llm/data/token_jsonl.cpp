@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "llm/text/assistant_mask.h"
 #include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
 
@@ -39,9 +40,11 @@ std::vector<int64_t> whole_numbers(const json& object, const char* key, const st
 
 }  // namespace
 
-PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only) {
+PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only,
+                                    bool assistant_only) {
   PromptCompletion p;
   p.completions_only = completions_only;
+  p.assistant_only = assistant_only;
   const std::string model = tokenizer_model_in(model_dir);
   if (model.empty()) return p;
   if (!Tokenizer::available(model)) {
@@ -62,7 +65,7 @@ PromptCompletion folder_text_reader(const std::string& model_dir, bool completio
       ChatOptions o;
       o.add_generation_prompt = generation;
       if (!tools.empty()) o.tools = json::parse(tools);
-      return chat->render(json::parse(messages), o).text;
+      return chat->render(json::parse(messages), o);
     };
   }
   return p;
@@ -101,6 +104,15 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       throw std::runtime_error(where +
                                "no prompt and completion (training on completions only needs "
                                "both on every line)");
+    const auto is_messages = [](const json& v) {
+      return v.is_array() && !v.empty() && v.front().is_object();
+    };
+    const bool chat_pair = pair && j.contains("prompt") && is_messages(j.at("prompt"));
+    if (prompts.assistant_only && !conversation && !chat_pair)
+      throw std::runtime_error(where +
+                               "not a conversation (the assistant-only loss scores the "
+                               "assistant's turns of messages, or of a conversational prompt "
+                               "and completion)");
     if (!pair && !text && !conversation && !j.contains("input_ids"))
       throw std::runtime_error(where +
                                "no input_ids (nor a text, messages, or a prompt and a completion)");
@@ -122,7 +134,10 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
     // A conversation through the chat template, tokenized as
     // apply_chat_template(tokenize=True) does: the template writes the
     // special tokens, the tokenizer adds none.
-    const auto chat_ids = [&](const json& messages, bool generation) {
+    // With the assistant-only loss, `assistant` gets which tokens the
+    // template's {% generation %} spans hold.
+    const auto chat_ids = [&](const json& messages, bool generation,
+                              std::vector<bool>* assistant = nullptr) {
       if (!prompts.chat)
         throw std::runtime_error(where +
                                  "a conversation needs the model folder's chat template "
@@ -132,28 +147,42 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       const json tools = j.value("tools", json());
       if (!tools.is_null() && !tools.is_array())
         throw std::runtime_error(where + "tools is not a list");
-      std::string rendered;
+      jinja::Rendered rendered;
       try {
         rendered = prompts.chat(messages.dump(), tools.is_null() ? "" : tools.dump(), generation);
       } catch (const std::exception& x) {
         throw std::runtime_error(where + "the chat template: " + x.what());
       }
-      std::vector<int64_t> ids = prompts.encode(rendered, false);
+      std::vector<int64_t> ids = prompts.encode(rendered.text, false);
       for (std::size_t i = 0; i < ids.size(); ++i)
         if (const std::string why = id_ok(ids[i]); !why.empty())
           throw std::runtime_error(where + "the conversation encodes to id " +
                                    std::to_string(ids[i]) + ": " + why);
+      if (assistant) {
+        *assistant =
+            tokens_in_spans(ids, rendered.text, rendered.generation_spans,
+                            [&](const std::string& t) { return prompts.encode(t, false); });
+        if (std::find(assistant->begin(), assistant->end(), true) == assistant->end())
+          throw std::runtime_error(
+              where +
+              "the chat template marks no assistant tokens: the assistant-only loss needs a "
+              "template whose assistant turns sit in {% generation %} blocks");
+      }
       return ids;
     };
-    const auto is_messages = [](const json& v) {
-      return v.is_array() && !v.empty() && v.front().is_object();
+    // Labels -100 where the assistant-only loss does not score.
+    const auto keep_assistant = [](std::vector<int64_t>& labels, const std::vector<bool>& mask) {
+      for (std::size_t i = 0; i < labels.size(); ++i)
+        if (!mask[i]) labels[i] = kIgnoreIndex;
     };
     TokenExample e;
+    std::vector<bool> assistant;
+    std::vector<bool>* want_assistant = prompts.assistant_only ? &assistant : nullptr;
     if (conversation) {
-      e.input_ids = chat_ids(j.at("messages"), false);
+      e.input_ids = chat_ids(j.at("messages"), false, want_assistant);
       e.labels = e.input_ids;
-    } else if (pair && j.contains("prompt") && j.contains("completion") &&
-               is_messages(j.at("prompt"))) {
+      if (want_assistant) keep_assistant(e.labels, assistant);
+    } else if (chat_pair && j.contains("completion")) {
       // TRL's conversational prompt-completion: the completion is what the
       // whole conversation adds to the prompt with its generation prompt.
       if (!is_messages(j.at("completion")))
@@ -161,7 +190,7 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       json all = j.at("prompt");
       for (const json& m : j.at("completion")) all.push_back(m);
       const std::vector<int64_t> prompt = chat_ids(j.at("prompt"), true);
-      e.input_ids = chat_ids(all, false);
+      e.input_ids = chat_ids(all, false, want_assistant);
       if (e.input_ids.size() <= prompt.size() ||
           !std::equal(prompt.begin(), prompt.end(), e.input_ids.begin()))
         throw std::runtime_error(where +
@@ -171,6 +200,7 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       e.labels = e.input_ids;
       if (prompts.completions_only)
         std::fill(e.labels.begin(), e.labels.begin() + std::ptrdiff_t(prompt.size()), kIgnoreIndex);
+      if (want_assistant) keep_assistant(e.labels, assistant);
     } else if (text) {
       if (!j.at("text").is_string()) throw std::runtime_error(where + "text is not a string");
       // As TRL's SFT ends a text: the tokenizer's EOS after it.

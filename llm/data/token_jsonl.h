@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "llm/text/jinja/template.h"
+
 namespace quanta::llm {
 
 /** transformers' label of a position the loss ignores. */
@@ -52,11 +54,16 @@ struct PromptCompletion {
   bool completions_only = false;
   /** A conversation (a JSON array of messages, as text) through the model's
    * chat template, with `tools` (a JSON array as text, or "") and
-   * add_generation_prompt; unset, conversational lines are refused naming
-   * the line. */
-  std::function<std::string(const std::string& messages, const std::string& tools,
-                            bool add_generation_prompt)>
+   * add_generation_prompt: the text and its {% generation %} spans; unset,
+   * conversational lines are refused naming the line. */
+  std::function<jinja::Rendered(const std::string& messages, const std::string& tools,
+                                bool add_generation_prompt)>
       chat{};
+  /** Labels -100 everywhere but the assistant's tokens (the chat template's
+   * {% generation %} spans, as TRL's assistant_only_loss): every line must
+   * then be a conversation, and mark some. With completions_only, the
+   * assistant's tokens of the completion alone. */
+  bool assistant_only = false;
 };
 
 /** JSONL text (prompt-completion pairs, TRL's text lines) through the
@@ -65,7 +72,8 @@ struct PromptCompletion {
  * conversations through its chat template (ChatTemplate::from_folder). A
  * build without the library the tokenizer needs fails on the first text
  * field, saying so. */
-PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only = false);
+PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only = false,
+                                    bool assistant_only = false);
 
 /** Reads every non-empty line of `path`. Each error is one
  * std::runtime_error naming the file, the line and the field ("data.jsonl:

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "llm/text/tokenizer.h"
+
 namespace quanta::llm {
 
 namespace fs = std::filesystem;
@@ -53,6 +55,31 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& config) {
     out["additional_special_tokens"] = extra;
   }
   return out;
+}
+
+// The special tokens a folder's template sees, as transformers gathers them:
+// tokenizer_config.json's; special_tokens_map.json's over them in a folder
+// whose tokenizer_config.json predates added_tokens_decoder; and for a
+// tokenizer.model, its own BOS and EOS pieces where neither file names them
+// (transformers' conversion of the model takes them from it).
+nlohmann::ordered_json folder_special_tokens(const std::string& dir,
+                                             const nlohmann::ordered_json& config) {
+  nlohmann::ordered_json tokens = special_tokens_of(config);
+  if (!config.is_object() || !config.contains("added_tokens_decoder")) {
+    const nlohmann::ordered_json map =
+        special_tokens_of(read_json(fs::path(dir) / "special_tokens_map.json"));
+    for (auto it = map.begin(); it != map.end(); ++it) tokens[it.key()] = it.value();
+  }
+  const std::string model = tokenizer_model_in(dir);
+  if (fs::path(model).extension() == ".model" && Tokenizer::available(model) &&
+      (!tokens.contains("bos_token") || !tokens.contains("eos_token"))) {
+    const Tokenizer tokenizer(model);
+    if (!tokens.contains("bos_token") && tokenizer.bos_id() >= 0)
+      tokens["bos_token"] = tokenizer.token(tokenizer.bos_id());
+    if (!tokens.contains("eos_token") && tokenizer.eos_id() >= 0)
+      tokens["eos_token"] = tokenizer.token(tokenizer.eos_id());
+  }
+  return tokens;
 }
 
 // transformers' _normalize_chat_messages and _alias_reasoning_fields.
@@ -189,7 +216,7 @@ ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string
       throw std::invalid_argument(where + ": several chat templates (" + names +
                                   ") and none named \"default\": name the one to use");
   }
-  return ChatTemplate(std::move(templates), special_tokens_of(config), name);
+  return ChatTemplate(std::move(templates), folder_special_tokens(dir, config), name);
 }
 
 const ChatTemplate::Named& ChatTemplate::chosen(bool with_tools) const {

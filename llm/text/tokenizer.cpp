@@ -2,6 +2,7 @@
 #include "llm/text/tokenizer.h"
 
 #include <filesystem>
+#include <stdexcept>
 
 #include "llm/text/tokenizer_impl.h"
 
@@ -26,6 +27,13 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_bos) co
 }
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const { return impl_->decode(ids); }
+std::string Tokenizer::token(int64_t id) const {
+  if (id < 0 || id >= impl_->vocab_size())
+    throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
+                                " is outside the tokenizer's " +
+                                std::to_string(impl_->vocab_size()) + " tokens");
+  return impl_->token(id);
+}
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
 int64_t Tokenizer::bos_id() const { return impl_->bos_id(); }
 int64_t Tokenizer::eos_id() const { return impl_->eos_id(); }

@@ -37,6 +37,11 @@ class Tokenizer {
    * nothing). */
   std::string decode(const std::vector<int64_t>& ids) const;
 
+  /** The vocabulary entry of `id` as the tokenizer file spells it ("<s>",
+   * "▁hello", "Ġworld"; an added token's content); throws
+   * std::invalid_argument for an id outside the vocabulary. */
+  std::string token(int64_t id) const;
+
   int64_t vocab_size() const;
   int64_t bos_id() const;  // -1 when the model has none
   /** -1 when the model has none; a tokenizer.json's is the eos_token of the

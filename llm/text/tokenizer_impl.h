@@ -15,6 +15,8 @@ struct Tokenizer::Impl {
   /** The ids of `text`, no BOS. */
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  /** The vocabulary entry of a valid `id` (an added token's content). */
+  virtual std::string token(int64_t id) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t bos_id() const = 0;
   virtual int64_t eos_id() const = 0;

@@ -114,6 +114,10 @@ class JsonTokenizer : public Tokenizer::Impl {
     return decode_tokens(std::move(tokens), decoder_);
   }
 
+  std::string token(int64_t id) const override {
+    if (const AddedToken* added = added_.by_id(id)) return added->content;
+    return model_->token_of(id);
+  }
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t bos_id() const override { return bos_; }
   int64_t eos_id() const override { return eos_; }

@@ -111,6 +111,13 @@ class SentencePieceTokenizer : public Tokenizer::Impl {
     }
     return decode_tokens(std::move(tokens), decoder_);
   }
+  std::string token(int64_t id) const override {
+    if (const AddedToken* added = added_.by_id(id)) return added->content;
+    if (id >= sp_.GetPieceSize())
+      throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
+                                  " is neither a piece of the model nor an added token");
+    return sp_.IdToPiece(static_cast<int>(id));
+  }
   int64_t vocab_size() const override {
     return std::max<int64_t>(sp_.GetPieceSize(), added_.end_id());
   }

@@ -749,3 +749,71 @@ TEST_CASE("quanta generate --chat and --messages: the prompt the chat template r
       run_quanta({"generate", "--model", folder, "--messages", dir.file("none.json")}), 2,
       "--messages: cannot open");
 }
+
+TEST_CASE(
+    "quanta eval --assistant-only and finetune --assistant-only-loss: the assistant's turns") {
+  const std::string model = models() + "qwen2_bpe";
+  if (!llm::Tokenizer::available(model + "/tokenizer.json")) return;
+  ScratchDir dir("llm_assistant");
+  const std::string folder = dir.file("model");
+  std::filesystem::create_directories(folder);
+  for (const auto& f : std::filesystem::directory_iterator(model))
+    std::filesystem::copy_file(f.path(), folder + "/" + f.path().filename().string());
+  std::ofstream(folder + "/chat_template.jinja")
+      << "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
+         "{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}"
+         "<|im_end|>{% endif %}\n{% endfor %}";
+  {
+    std::ofstream jl(dir.file("chat.jsonl"));
+    for (int i = 0; i < 4; ++i)
+      jl << nlohmann::json{{"messages",
+                            {{{"role", "user"}, {"content", "say " + std::to_string(i)}},
+                             {{"role", "assistant"},
+                              {"content", "the number " + std::to_string(i)}},
+                             {{"role", "user"}, {"content", "again"}},
+                             {{"role", "assistant"}, {"content", std::to_string(i)}}}}}
+                .dump()
+         << "\n";
+  }
+  const auto scored = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "128", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = run_quanta(args);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json all = scored({});
+  const nlohmann::json assistant = scored({"--assistant-only"});
+  CHECK(assistant.at("assistant_only") == true);
+  // Each conversation scores its two replies and their <|im_end|>: the
+  // tokens of "the number i", of "i", two ends; the next-token loss scores
+  // each of them as a label.
+  const llm::Tokenizer tok(folder + "/tokenizer.json");
+  int64_t want = 0;
+  for (int i = 0; i < 4; ++i)
+    want += static_cast<int64_t>(tok.encode("the number " + std::to_string(i), false).size() +
+                                 tok.encode(std::to_string(i), false).size() + 2);
+  CHECK(assistant.at("tokens").get<int64_t>() == want);
+  CHECK(assistant.at("tokens").get<int64_t>() < all.at("tokens").get<int64_t>());
+  const CliResult tuned = run_quanta(
+      {"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "128",
+       "--steps", "2", "--batch-size", "2", "--assistant-only-loss", "--out", dir.file("run")});
+  REQUIRE_MESSAGE(tuned.code == 0, tuned.err);
+  CHECK(contains(tuned.out, "fine-tuning on 4 sequences"));
+  // Text and token files hold no conversations.
+  std::ofstream(dir.file("doc.txt")) << "the quick brown fox jumps over the lazy dog";
+  check_one_line_error(
+      run_quanta({"finetune", "--model", folder, "--data", dir.file("doc.txt"), "--seq-len", "4",
+                  "--steps", "1", "--assistant-only-loss", "--out", dir.file("run2")}),
+      2, "--assistant-only-loss are for JSONL examples");
+  check_one_line_error(run_quanta({"eval", "--model", folder, "--data", dir.file("doc.txt"),
+                                   "--seq-len", "4", "--assistant-only"}),
+                       2, "--assistant-only scores JSONL conversations");
+  // A template without {% generation %} marks nothing: refused, naming the line.
+  std::ofstream(folder + "/chat_template.jinja")
+      << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  check_one_line_error(run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"),
+                                   "--seq-len", "128", "--assistant-only"}),
+                       1, "chat.jsonl: line 1: the chat template marks no assistant tokens");
+}

@@ -45,6 +45,7 @@ struct EvalOptions {
   std::string precision = "f32";
   bool json = false;
   bool completions_only = false;  // --model with JSONL: the completions alone scored
+  bool assistant_only = false;    // --model with JSONL: the assistant's turns alone scored
   DocumentFlags documents;        // --model with a token stream: where documents meet
 };
 
@@ -68,7 +69,7 @@ train::LmScore score_jsonl(llm::CausalLM& model, const EvalOptions& o, int64_t* 
     try {
       return llm::LmExamples::from_file(
           o.data, o.seq_len, model.config().vocab_size,
-          {.prompts = llm::folder_text_reader(o.model, o.completions_only)});
+          {.prompts = llm::folder_text_reader(o.model, o.completions_only, o.assistant_only)});
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -92,6 +93,8 @@ void run_lm_eval(const EvalOptions& o) {
         "are examples already");
   if (o.completions_only && !jsonl)
     throw UsageError("--completions-only scores JSONL prompt-completion pairs (--data FILE.jsonl)");
+  if (o.assistant_only && !jsonl)
+    throw UsageError("--assistant-only scores JSONL conversations (--data FILE.jsonl)");
   auto model = llm::load_base_model(o.model, device_flag(o.device));
   // The base quantized as the adapters were trained over it, then the adapters.
   apply_adapter_flags(*model, o.adapters, o.model);
@@ -101,6 +104,7 @@ void run_lm_eval(const EvalOptions& o) {
     if (o.json) {
       nlohmann::ordered_json j = lm_eval_json(o);
       j["completions_only"] = o.completions_only;
+      j["assistant_only"] = o.assistant_only;
       j["loss"] = s.loss;
       j["perplexity"] = s.perplexity;
       j["examples"] = examples;
@@ -284,6 +288,10 @@ void add_eval(CLI::App& app) {
   sub->add_flag("--completions-only", o->completions_only,
                 "--model with a .jsonl: score the completions of prompt-completion pairs alone "
                 "(as finetune --train-on-completions-only trains them)");
+  sub->add_flag("--assistant-only", o->assistant_only,
+                "--model with a .jsonl: score the assistant's tokens of conversations alone, "
+                "those the chat template's {% generation %} blocks mark (as finetune "
+                "--assistant-only-loss trains them)");
   sub->callback([o, batch] {
     if (!o->model.empty() && batch->count() == 0) o->batch_size = 1;
     run_eval(*o);

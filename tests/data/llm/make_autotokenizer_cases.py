@@ -26,6 +26,14 @@ splits the special tokens written in a text out first ({"transformers", "texts",
 "cases": [{"config": the tokenizer_config.json or null, "ids", "decoded"}]}; no
 ids with special tokens: whether a BOS goes first depends on the class
 transformers picks, and quanta adds one as LlamaTokenizer does).
+
+chat/assistant_masks.json: apply_chat_template(tokenize=True,
+return_assistant_tokens_mask=True) of conversations through the chat templates
+of chat/templates/ that hold {% generation %} blocks, with three tokenizers
+(models/qwen2_bpe's byte-level tokenizer.json, bpe/llama2's as a LlamaTokenizer
+folder, models/llama_gqa's tokenizer.model): {"transformers", "cases":
+[{"tokenizer": "qwen2_bpe" | "llama2" | "llama_gqa", "template" (its name),
+"source", "messages", "input_ids", "assistant_masks"}]}.
 """
 import json
 import os
@@ -140,6 +148,90 @@ def sentencepiece_cases(root):
         f.write("\n")
 
 
+CONVERSATIONS = [
+    [
+        {"role": "system", "content": "You answer in one sentence."},
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "Seven is prime."},
+        {"role": "user", "content": "Another one?"},
+        {"role": "assistant", "content": "Eleven, and 13 too."},
+    ],
+    [
+        {"role": "user", "content": "Ça va? 你好 🙂"},
+        {"role": "assistant", "content": "Très bien — merci!\n\n  indented line\n"},
+    ],
+    [
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "  Because. ", "reasoning_content": "ponder 🤔"},
+    ],
+]
+
+
+def tokenizer_folders(root):
+    """(name, folder) for the three tokenizers, each in a folder of its own."""
+    out = []
+    qwen = tempfile.mkdtemp()
+    for f in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(os.path.join(root, "models", "qwen2_bpe", f), qwen)
+    out.append(("qwen2_bpe", qwen))
+    llama2 = tempfile.mkdtemp()
+    shutil.copy(os.path.join(root, "bpe", "llama2", "tokenizer.json"), llama2)
+    with open(os.path.join(llama2, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>"}, f)
+    out.append(("llama2", llama2))
+    spm = tempfile.mkdtemp()
+    for f in ["config.json", "tokenizer.model"]:
+        shutil.copy(os.path.join(root, "models", "llama_gqa", f), spm)
+    out.append(("llama_gqa", spm))
+    return out
+
+
+# Spans that start right after a special token and end with one (ChatML's
+# shape), and spans that start at a space inside the text (Llama 2's [/INST]
+# answer), where a tokenizer may merge across the boundary.
+INLINE_TEMPLATES = {
+    "chatml_generation": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+        "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
+    ),
+    "inst_generation": (
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}"
+        "{% generation %} {{ m.content | trim }} {{ eos_token }}{% endgeneration %}"
+        "{% else %}[INST] {{ m.content | trim }} [/INST]{% endif %}{% endfor %}"
+    ),
+}
+
+
+def assistant_mask_cases(root):
+    templates = os.path.join(root, "chat", "templates")
+    sources = {}
+    for file in sorted(os.listdir(templates)):
+        with open(os.path.join(templates, file)) as f:
+            source = f.read()
+        if "generation %}" in source.replace("endgeneration", ""):
+            sources[file.removesuffix(".jinja")] = source
+    sources.update(INLINE_TEMPLATES)
+    out = {"transformers": transformers.__version__, "cases": []}
+    for name, folder in tokenizer_folders(root):
+        tok = AutoTokenizer.from_pretrained(folder)
+        for template, source in sources.items():
+            for messages in CONVERSATIONS:
+                try:
+                    r = tok.apply_chat_template(messages, chat_template=source, tokenize=True, return_dict=True,
+                                                return_assistant_tokens_mask=True)
+                except Exception:  # a template that refuses the conversation (raise_exception)
+                    continue
+                out["cases"].append({"tokenizer": name, "template": template, "source": source,
+                                     "messages": messages, "input_ids": list(r["input_ids"]),
+                                     "assistant_masks": list(r["assistant_masks"])})
+        shutil.rmtree(folder)
+    with open(os.path.join(root, "chat", "assistant_masks.json"), "w") as f:
+        json.dump(out, f, ensure_ascii=False)
+        f.write("\n")
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
     sentencepiece_cases(sys.argv[1])
+    assistant_mask_cases(sys.argv[1])

@@ -324,3 +324,84 @@ TEST_CASE("chat templates: JSONL conversations become the ids apply_chat_templat
           "chat.jsonl: line 1: a conversation needs the model folder's chat template"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("chat templates: the assistant's tokens are those apply_chat_template marks") {
+  // chat/assistant_masks.json (make_autotokenizer_cases.py): transformers'
+  // return_assistant_tokens_mask for templates with {% generation %} blocks,
+  // through a byte-level tokenizer.json, a LlamaTokenizer folder and a
+  // tokenizer.model; here through read_token_jsonl's assistant-only loss.
+  namespace fs = std::filesystem;
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  REQUIRE(root != nullptr);
+  const fs::path data = fs::path(root) / "llm";
+  if (!Tokenizer::available((data / "models/qwen2_bpe/tokenizer.json").string()) ||
+      !Tokenizer::available((data / "models/llama_gqa/tokenizer.model").string())) {
+    MESSAGE("skipped: this build lacks ICU or libsentencepiece");
+    return;
+  }
+  std::ifstream in(chat_data() + "assistant_masks.json");
+  REQUIRE(in.good());
+  const ordered_json fixture = ordered_json::parse(in);
+  int cases = 0;
+  for (const ordered_json& c : fixture.at("cases")) {
+    const std::string tokenizer = c.at("tokenizer").get<std::string>();
+    CAPTURE(tokenizer);
+    CAPTURE(c.at("template").get<std::string>());
+    CAPTURE(c.at("messages").dump());
+    const fs::path dir =
+        fs::temp_directory_path() /
+        ("quanta_assistant_" + std::to_string(::getpid()) + "_" + std::to_string(cases));
+    fs::create_directories(dir);
+    if (tokenizer == "qwen2_bpe") {
+      for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(data / "models/qwen2_bpe" / f, dir / f);
+    } else if (tokenizer == "llama2") {
+      fs::copy_file(data / "bpe/llama2/tokenizer.json", dir / "tokenizer.json");
+      std::ofstream(dir / "tokenizer_config.json")
+          << R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>"})";
+    } else {
+      for (const char* f : {"config.json", "tokenizer.model"})
+        fs::copy_file(data / "models/llama_gqa" / f, dir / f);
+    }
+    std::ofstream(dir / "chat_template.jinja") << c.at("source").get<std::string>();
+    std::ofstream(dir / "chat.jsonl")
+        << ordered_json{{"messages", c.at("messages")}}.dump() << "\n";
+    const std::vector<TokenExample> e = read_token_jsonl(
+        (dir / "chat.jsonl").string(), {}, folder_text_reader(dir.string(), false, true));
+    REQUIRE(e.size() == 1);
+    CHECK(e[0].input_ids == c.at("input_ids").get<std::vector<int64_t>>());
+    const std::vector<int> want = c.at("assistant_masks").get<std::vector<int>>();
+    std::vector<int> got;
+    for (const int64_t label : e[0].labels) got.push_back(label != kIgnoreIndex);
+    std::string gs, ws;
+    for (int v : got) gs += char('0' + v);
+    for (int v : want) ws += char('0' + v);
+    CHECK(gs == ws);
+    fs::remove_all(dir);
+    ++cases;
+  }
+  CHECK(cases == 27);
+  // What the assistant-only loss refuses, naming the line: a line that is
+  // no conversation, a template that marks no assistant token.
+  const fs::path dir =
+      fs::temp_directory_path() / ("quanta_assistant_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(data / "models/qwen2_bpe" / f, dir / f);
+  std::ofstream(dir / "chat_template.jinja")
+      << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  const ordered_json turns = ordered_json::array(
+      {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "hello"}}});
+  std::ofstream(dir / "chat.jsonl") << ordered_json{{"messages", turns}}.dump() << "\n";
+  std::ofstream(dir / "text.jsonl") << ordered_json{{"text", "hello"}}.dump() << "\n";
+  const auto read_assistant = [&](const char* file) {
+    return read_token_jsonl((dir / file).string(), {},
+                            folder_text_reader(dir.string(), false, true));
+  };
+  CHECK_THROWS_WITH(read_assistant("chat.jsonl"),
+                    doctest::Contains("chat.jsonl: line 1: the chat template marks no assistant "
+                                      "tokens"));
+  CHECK_THROWS_WITH(read_assistant("text.jsonl"),
+                    doctest::Contains("text.jsonl: line 1: not a conversation"));
+  fs::remove_all(dir);
+}

@@ -100,6 +100,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
     model["trainable_token_indices"] = o.trainable_token_indices;
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
   // Not layers, but kept the same way: where documents meet in the data.
+  if (o.assistant_only) model["assistant_only_loss"] = true;
   if (!o.documents.start.empty()) model["document_start"] = o.documents.start;
   if (!o.documents.end.empty()) model["document_end"] = o.documents.end;
 }
@@ -241,6 +242,7 @@ std::string data_flags_given(const FinetuneOptions& o) {
   };
   add(o.pack, "--pack");
   add(o.completions_only, "--train-on-completions-only");
+  add(o.assistant_only, "--assistant-only-loss");
   add(!o.documents.start.empty(), "--document-start");
   add(!o.documents.end.empty(), "--document-end");
   return s.empty() ? s : s + ")";
@@ -255,13 +257,14 @@ llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o,
     if (fs::path(path).extension() != ".txt")
       return llm::LmExamples::from_file(
           path, seq_len, vocab_size,
-          {.prompts = llm::folder_text_reader(model_dir, o.completions_only),
+          {.prompts = llm::folder_text_reader(model_dir, o.completions_only, o.assistant_only),
            .pack = o.pack,
            .documents = documents});
-    if (o.pack || o.completions_only)
+    if (o.pack || o.completions_only || o.assistant_only)
       throw UsageError(path +
-                       " is text, one stream cut into full windows: --pack and "
-                       "--train-on-completions-only are for JSONL examples");
+                       " is text, one stream cut into full windows: --pack, "
+                       "--train-on-completions-only and --assistant-only-loss are for JSONL "
+                       "examples");
     return llm::LmExamples::from_ids(llm::encode_text_file(path, model_dir), path, seq_len,
                                      vocab_size, documents);
   } catch (const std::invalid_argument& e) {
@@ -367,6 +370,9 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--train-on-completions-only", o.completions_only,
                "--model: JSONL lines of prompt and completion (text or ids); only the "
                "completion and its EOS are scored");
+  sub.add_flag("--assistant-only-loss", o.assistant_only,
+               "--model: JSONL conversations; only the assistant's tokens are scored, those the "
+               "chat template's {% generation %} blocks mark (TRL's assistant_only_loss)");
   add_no_graph_flag(sub, o.no_graph, "--model: ");
   add_document_flags(sub, o.documents, "--model: ");
   sub.add_flag("--recompute", o.recompute,

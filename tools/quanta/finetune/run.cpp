@@ -103,6 +103,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--document-start",
                                                    "--document-end",
                                                    "--train-on-completions-only",
+                                                   "--assistant-only-loss",
                                                    "--recompute",
                                                    "--shard",
                                                    "--no-graph",

@@ -52,7 +52,7 @@ struct FinetuneOptions {
   std::vector<std::string> rank_pattern, alpha_pattern, trainable_token_indices;
   std::string bias = "none";
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
-       completions_only = false, recompute = false, shard = false;
+       completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;
   DocumentFlags documents;  // token files and text: where documents meet
 };
