@@ -33,8 +33,6 @@ class Lexer {
         text.erase(0, k);
       } else if (newline_next && !text.empty() && text[0] == '\n') {
         text.erase(0, 1);
-      } else if (newline_next && text.size() >= 2 && text[0] == '\r' && text[1] == '\n') {
-        text.erase(0, 2);
       }
       if (tag == s_.size()) {
         emit_text(text);
@@ -340,12 +338,20 @@ class Lexer {
 }  // namespace
 
 std::vector<Token> lex(const std::string& source) {
-  // keep_trailing_newline off (Jinja's default): one final newline goes.
-  std::string s = source;
-  if (s.size() >= 2 && s.compare(s.size() - 2, 2, "\r\n") == 0)
-    s.resize(s.size() - 2);
-  else if (!s.empty() && s.back() == '\n')
-    s.pop_back();
+  // As Jinja 3 reads a source: every line break (\r\n, \r, \n) as \n,
+  // so a template saved with Windows line ends renders the same, and
+  // keep_trailing_newline off (its default): one final newline goes.
+  std::string s;
+  s.reserve(source.size());
+  for (std::size_t k = 0; k < source.size(); ++k) {
+    if (source[k] != '\r') {
+      s += source[k];
+      continue;
+    }
+    s += '\n';
+    if (k + 1 < source.size() && source[k + 1] == '\n') ++k;
+  }
+  if (!s.empty() && s.back() == '\n') s.pop_back();
   return Lexer(s).run();
 }
 

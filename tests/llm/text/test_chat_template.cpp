@@ -144,6 +144,17 @@ TEST_CASE(
       "124 1");
   CHECK(render("{{ 'héllo wörld'[1:4] }} {{ 'abc'[::-1] }} {{ 'a,b,,c'.split(',') }}") ==
         "éll cba ['a', 'b', '', 'c']");
+  // Line breaks read as Jinja 3 reads them: \r\n and \r are \n (trim_blocks
+  // and lstrip_blocks then work alike), one final one dropped.
+  const std::string lf = "a\n  {% if true %}\n  b {{ 'x\ny' }}\n  {% endif %}\nc\n";
+  std::string crlf, cr;
+  for (const char ch : lf) {
+    crlf += ch == '\n' ? std::string("\r\n") : std::string(1, ch);
+    cr += ch == '\n' ? '\r' : ch;
+  }
+  CHECK(render(lf) == "a\n  b x\ny\nc");
+  CHECK(render(crlf) == render(lf));
+  CHECK(render(cr) == render(lf));
   // Integers: exact up to 64 bits, refused past them (never wrapped), and
   // a power by squaring (1 ** 10**18 ends at once).
   const ordered_json big = {{"max", INT64_MAX}, {"min", INT64_MIN}};
