@@ -40,11 +40,17 @@ std::vector<int64_t> whole_numbers(const json& object, const char* key, const st
 
 }  // namespace
 
-PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only,
-                                    bool assistant_only) {
+PromptCompletion folder_text_reader(const std::string& model_dir, const TextReading& reading) {
   PromptCompletion p;
-  p.completions_only = completions_only;
-  p.assistant_only = assistant_only;
+  p.completions_only = reading.completions_only;
+  p.assistant_only = reading.assistant_only;
+  // The template is read first: a bad path fails before any data.
+  std::shared_ptr<const ChatTemplate> chat;
+  if (!reading.chat_template_path.empty())
+    chat = std::make_shared<const ChatTemplate>(
+        ChatTemplate::from_folder(model_dir, "", reading.chat_template_path));
+  else if (ChatTemplate::available(model_dir))
+    chat = std::make_shared<const ChatTemplate>(ChatTemplate::from_folder(model_dir));
   const std::string model = tokenizer_model_in(model_dir);
   if (model.empty()) return p;
   if (!Tokenizer::available(model)) {
@@ -59,8 +65,7 @@ PromptCompletion folder_text_reader(const std::string& model_dir, bool completio
     return tokenizer->encode(text, add_bos);
   };
   p.eos_id = tokenizer->eos_id();
-  if (ChatTemplate::available(model_dir)) {
-    auto chat = std::make_shared<const ChatTemplate>(ChatTemplate::from_folder(model_dir));
+  if (chat) {
     p.chat = [chat](const std::string& messages, const std::string& tools, bool generation) {
       ChatOptions o;
       o.add_generation_prompt = generation;

@@ -66,14 +66,25 @@ struct PromptCompletion {
   bool assistant_only = false;
 };
 
+/** How folder_text_reader reads a model folder's text and conversations. */
+struct TextReading {
+  /** PromptCompletion::completions_only and assistant_only. */
+  bool completions_only = false;
+  bool assistant_only = false;
+  /** The chat template to render conversations with instead of the
+   * folder's (TRL's chat_template_path): a .jinja file, or a folder whose
+   * templates ChatTemplate::from_folder reads; empty: the model folder's. */
+  std::string chat_template_path;
+};
+
 /** JSONL text (prompt-completion pairs, TRL's text lines) through the
  * tokenizer of model folder `model_dir` (tokenizer.model or tokenizer.json;
  * none: only id arrays are read): its EOS after each completion or text;
- * conversations through its chat template (ChatTemplate::from_folder). A
- * build without the library the tokenizer needs fails on the first text
- * field, saying so. */
-PromptCompletion folder_text_reader(const std::string& model_dir, bool completions_only = false,
-                                    bool assistant_only = false);
+ * conversations through its chat template (ChatTemplate::from_folder, or
+ * `reading.chat_template_path`'s). A build without the library the
+ * tokenizer needs fails on the first text field, saying so. Throws
+ * std::invalid_argument for a chat_template_path that holds no template. */
+PromptCompletion folder_text_reader(const std::string& model_dir, const TextReading& reading = {});
 
 /** Reads every non-empty line of `path`. Each error is one
  * std::runtime_error naming the file, the line and the field ("data.jsonl:

@@ -187,12 +187,29 @@ bool ChatTemplate::available(const std::string& dir) {
   }
 }
 
-ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string& name) {
+ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string& name,
+                                       const std::string& template_path) {
   const nlohmann::ordered_json config = read_json(fs::path(dir) / "tokenizer_config.json");
   std::string where;
+  std::vector<std::pair<std::string, std::string>> sources;
+  if (template_path.empty()) {
+    sources = template_sources(dir, config, where);
+  } else if (fs::is_directory(template_path)) {
+    sources = template_sources(template_path,
+                               read_json(fs::path(template_path) / "tokenizer_config.json"), where);
+    if (sources.empty())
+      throw std::invalid_argument(template_path +
+                                  " has no chat template (no chat_template.jinja, no "
+                                  "chat_template in tokenizer_config.json)");
+  } else if (fs::exists(template_path)) {
+    sources.emplace_back("default", read_file(template_path));
+    where = template_path;
+  } else {
+    throw std::invalid_argument(template_path + ": no such chat template file or folder");
+  }
   std::vector<Named> templates;
   std::string names;
-  for (auto& [n, source] : template_sources(dir, config, where)) {
+  for (auto& [n, source] : sources) {
     names += (names.empty() ? "" : ", ") + n;
     try {
       templates.push_back({n, source, jinja::Template(source)});

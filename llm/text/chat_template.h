@@ -35,13 +35,17 @@ class ChatTemplate {
   /** Folder `dir`'s templates, as transformers reads them: the files
    * chat_template.jinja ("default") and additional_chat_templates/NAME.jinja,
    * else tokenizer_config.json's chat_template (a string, or a list of named
-   * templates), with that file's special tokens. `name` picks one; empty,
+   * templates), with that file's special tokens. `template_path` replaces
+   * the templates, not the special tokens (TRL's chat_template_path): a
+   * Jinja file (the template "default"), or a folder read as `dir` is.
+   * `name` picks one; empty,
    * each render takes the one transformers takes: "tool_use" when tools are
    * given and the folder has it, else "default". Throws
    * std::invalid_argument naming the folder when it has none, or none of
    * `name` (listing those it has), or several without a "default" and no
    * `name`; jinja::TemplateError naming the template it cannot read. */
-  static ChatTemplate from_folder(const std::string& dir, const std::string& name = "");
+  static ChatTemplate from_folder(const std::string& dir, const std::string& name = "",
+                                  const std::string& template_path = "");
   /** Whether folder `dir` has a chat template. */
   static bool available(const std::string& dir);
 

@@ -733,7 +733,7 @@ TEST_CASE("quanta generate --chat and --messages: the prompt the chat template r
       "--system goes with --chat");
   check_one_line_error(
       run_quanta({"generate", "--model", folder, "--prompt", "hi", "--chat-template", "tool_use"}),
-      2, "--chat-template goes with --chat or --messages");
+      2, "--chat-template and --chat-template-path go with --chat or --messages");
   check_one_line_error(
       run_quanta({"generate", "--model", folder, "--chat", "hi", "--chat-template", "tool_use"}), 1,
       "no chat template named \"tool_use\"");
@@ -811,9 +811,35 @@ TEST_CASE(
                                    "--seq-len", "4", "--assistant-only"}),
                        2, "--assistant-only scores JSONL conversations");
   // A template without {% generation %} marks nothing: refused, naming the line.
+  std::filesystem::rename(folder + "/chat_template.jinja", dir.file("training.jinja"));
   std::ofstream(folder + "/chat_template.jinja")
       << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
   check_one_line_error(run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"),
                                    "--seq-len", "128", "--assistant-only"}),
                        1, "chat.jsonl: line 1: the chat template marks no assistant tokens");
+  // --chat-template-path brings one that does (TRL's chat_template_path).
+  CHECK(scored({"--assistant-only", "--chat-template-path", dir.file("training.jinja")})
+            .at("tokens")
+            .get<int64_t>() == want);
+  const CliResult with_path =
+      run_quanta({"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len",
+                  "128", "--steps", "1", "--batch-size", "2", "--assistant-only-loss",
+                  "--chat-template-path", dir.file("training.jinja"), "--out", dir.file("run3")});
+  CHECK_MESSAGE(with_path.code == 0, with_path.err);
+  check_one_line_error(
+      run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "128",
+                  "--chat-template-path", dir.file("none.jinja")}),
+      2, "none.jinja: no such chat template file or folder");
+  check_one_line_error(
+      run_quanta({"eval", "--model", folder, "--data", dir.file("doc.txt"), "--seq-len", "4",
+                  "--chat-template-path", dir.file("training.jinja")}),
+      2, "--chat-template-path renders JSONL conversations");
+  // generate takes it too.
+  std::filesystem::remove(folder + "/chat_template.jinja");
+  const CliResult g =
+      run_quanta({"generate", "--model", folder, "--chat", "hi", "--chat-template-path",
+                  dir.file("training.jinja"), "--max-new-tokens", "1", "--json"});
+  REQUIRE_MESSAGE(g.code == 0, g.err);
+  CHECK(nlohmann::json::parse(g.out).at("prompt_ids").get<std::vector<int64_t>>() ==
+        tok.encode("<|im_start|>user\nhi<|im_end|>", false));  // trim_blocks ate the \n
 }

@@ -44,9 +44,10 @@ struct EvalOptions {
   std::string device = "cpu";
   std::string precision = "f32";
   bool json = false;
-  bool completions_only = false;  // --model with JSONL: the completions alone scored
-  bool assistant_only = false;    // --model with JSONL: the assistant's turns alone scored
-  DocumentFlags documents;        // --model with a token stream: where documents meet
+  bool completions_only = false;   // --model with JSONL: the completions alone scored
+  bool assistant_only = false;     // --model with JSONL: the assistant's turns alone scored
+  std::string chat_template_path;  // --model with JSONL: conversations through this template
+  DocumentFlags documents;         // --model with a token stream: where documents meet
 };
 
 // What --json says of a language-model run before its figures.
@@ -69,7 +70,10 @@ train::LmScore score_jsonl(llm::CausalLM& model, const EvalOptions& o, int64_t* 
     try {
       return llm::LmExamples::from_file(
           o.data, o.seq_len, model.config().vocab_size,
-          {.prompts = llm::folder_text_reader(o.model, o.completions_only, o.assistant_only)});
+          {.prompts =
+               llm::folder_text_reader(o.model, {.completions_only = o.completions_only,
+                                                 .assistant_only = o.assistant_only,
+                                                 .chat_template_path = o.chat_template_path})});
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -93,6 +97,8 @@ void run_lm_eval(const EvalOptions& o) {
         "are examples already");
   if (o.completions_only && !jsonl)
     throw UsageError("--completions-only scores JSONL prompt-completion pairs (--data FILE.jsonl)");
+  if (!o.chat_template_path.empty() && !jsonl)
+    throw UsageError("--chat-template-path renders JSONL conversations (--data FILE.jsonl)");
   if (o.assistant_only && !jsonl)
     throw UsageError("--assistant-only scores JSONL conversations (--data FILE.jsonl)");
   auto model = llm::load_base_model(o.model, device_flag(o.device));
@@ -292,6 +298,9 @@ void add_eval(CLI::App& app) {
                 "--model with a .jsonl: score the assistant's tokens of conversations alone, "
                 "those the chat template's {% generation %} blocks mark (as finetune "
                 "--assistant-only-loss trains them)");
+  sub->add_option("--chat-template-path", o->chat_template_path,
+                  "--model with a .jsonl: render conversations with this chat template (a .jinja "
+                  "file, or a model folder's templates) instead of the folder's");
   sub->callback([o, batch] {
     if (!o->model.empty() && batch->count() == 0) o->batch_size = 1;
     run_eval(*o);

@@ -31,11 +31,12 @@ struct GenerateFlags {
   std::string model;
   AdapterFlags adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
-  std::string prompt;         // text, through the folder's tokenizer
-  std::string chat;           // a user message, through the chat template
-  std::string system;         // a system message before it
-  std::string messages_file;  // a conversation (JSON) through the chat template
-  std::string chat_template;  // empty: the one transformers takes
+  std::string prompt;              // text, through the folder's tokenizer
+  std::string chat;                // a user message, through the chat template
+  std::string system;              // a system message before it
+  std::string messages_file;       // a conversation (JSON) through the chat template
+  std::string chat_template;       // empty: the one transformers takes
+  std::string chat_template_path;  // a .jinja file or folder instead of the model's
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -117,11 +118,13 @@ std::vector<int64_t> conversation_ids(const GenerateFlags& f, const llm::Tokeniz
     if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
     messages.push_back({{"role", "user"}, {"content", f.chat}});
   }
-  if (!llm::ChatTemplate::available(f.model))
+  if (f.chat_template_path.empty() && !llm::ChatTemplate::available(f.model))
     throw UsageError(f.model +
                      " has no chat template (chat_template.jinja or tokenizer_config.json's "
-                     "chat_template); give the prompt as text with --prompt");
-  const llm::ChatTemplate chat = llm::ChatTemplate::from_folder(f.model, f.chat_template);
+                     "chat_template); give one with --chat-template-path, or the prompt as text "
+                     "with --prompt");
+  const llm::ChatTemplate chat =
+      llm::ChatTemplate::from_folder(f.model, f.chat_template, f.chat_template_path);
   llm::ChatOptions o;
   if (messages.back().value("role", "") == "assistant")
     o.continue_final_message = "content";
@@ -142,8 +145,8 @@ void run_generate(const GenerateFlags& f) {
     throw UsageError(
         "--system goes with --chat (a conversation file holds its own system message)");
   const bool conversation = !f.chat.empty() || !f.messages_file.empty();
-  if (!f.chat_template.empty() && !conversation)
-    throw UsageError("--chat-template goes with --chat or --messages");
+  if ((!f.chat_template.empty() || !f.chat_template_path.empty()) && !conversation)
+    throw UsageError("--chat-template and --chat-template-path go with --chat or --messages");
   std::unique_ptr<llm::Tokenizer> tokenizer;
   if (f.prompt_ids.empty()) {
     const std::string path = llm::tokenizer_model_in(f.model);
@@ -233,6 +236,9 @@ void add_generate(CLI::App& app) {
       "which of the folder's named chat templates (additional_chat_templates/NAME.jinja "
       "or tokenizer_config.json's list, e.g. tool_use); by default the one "
       "transformers takes: tool_use for a conversation with tools, else default");
+  sub->add_option("--chat-template-path", f->chat_template_path,
+                  "render the conversation with this chat template instead of the folder's: a "
+                  ".jinja file, or a model folder's templates");
   sub->add_option("--max-new-tokens", f->max_new_tokens,
                   "at most this many tokens: generation stops after an end-of-sequence token")
       ->capture_default_str()

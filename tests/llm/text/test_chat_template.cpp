@@ -198,6 +198,22 @@ TEST_CASE("chat templates: a folder's template and special tokens") {
       ChatTemplate::from_folder(dir.string(), "rag"),
       doctest::Contains("no chat template named \"rag\" (it has default, tool_use)"),
       std::invalid_argument);
+  // A template from elsewhere (TRL's chat_template_path) with this folder's
+  // special tokens: a Jinja file, or another folder's templates.
+  const fs::path other = dir.string() + "_other";
+  fs::create_directories(other);
+  std::ofstream(other / "train.jinja") << "{{ bos_token }}[{{ messages | length }}]";
+  CHECK(ChatTemplate::from_folder(dir.string(), "", (other / "train.jinja").string())
+            .render(ordered_json::array())
+            .text == "<s>[0]");
+  std::ofstream(other / "chat_template.jinja") << "{{ eos_token }}";
+  CHECK(ChatTemplate::from_folder(dir.string(), "", other.string())
+            .render(ordered_json::array())
+            .text == "</s>");
+  CHECK_THROWS_WITH_AS(ChatTemplate::from_folder(dir.string(), "", (other / "no.jinja").string()),
+                       doctest::Contains("no.jinja: no such chat template file or folder"),
+                       std::invalid_argument);
+  fs::remove_all(other);
   // With tools and no name asked for, transformers takes "tool_use".
   ChatOptions with_tools;
   with_tools.tools = ordered_json::array();
@@ -289,8 +305,9 @@ TEST_CASE("chat templates: JSONL conversations become the ids apply_chat_templat
   for (const bool completions_only : {false, true}) {
     CAPTURE(completions_only);
     const auto read_all = [&] {
-      return read_token_jsonl((dir / "chat.jsonl").string(), {},
-                              folder_text_reader(dir.string(), completions_only));
+      return read_token_jsonl(
+          (dir / "chat.jsonl").string(), {},
+          folder_text_reader(dir.string(), {.completions_only = completions_only}));
     };
     if (completions_only) {
       // Every line must then be a pair: the first is refused, naming it.
@@ -316,7 +333,8 @@ TEST_CASE("chat templates: JSONL conversations become the ids apply_chat_templat
        << "\n";
   }
   const std::vector<TokenExample> masked =
-      read_token_jsonl((dir / "pairs.jsonl").string(), {}, folder_text_reader(dir.string(), true));
+      read_token_jsonl((dir / "pairs.jsonl").string(), {},
+                       folder_text_reader(dir.string(), {.completions_only = true}));
   REQUIRE(masked.size() == 1);
   for (std::size_t k = 0; k < plain.size(); ++k)
     CHECK(masked[0].labels[k] == (k < prompt.size() ? kIgnoreIndex : plain[k]));
@@ -377,8 +395,9 @@ TEST_CASE("chat templates: the assistant's tokens are those apply_chat_template 
     std::ofstream(dir / "chat_template.jinja") << c.at("source").get<std::string>();
     std::ofstream(dir / "chat.jsonl")
         << ordered_json{{"messages", c.at("messages")}}.dump() << "\n";
-    const std::vector<TokenExample> e = read_token_jsonl(
-        (dir / "chat.jsonl").string(), {}, folder_text_reader(dir.string(), false, true));
+    const std::vector<TokenExample> e =
+        read_token_jsonl((dir / "chat.jsonl").string(), {},
+                         folder_text_reader(dir.string(), {.assistant_only = true}));
     REQUIRE(e.size() == 1);
     CHECK(e[0].input_ids == c.at("input_ids").get<std::vector<int64_t>>());
     const std::vector<int> want = c.at("assistant_masks").get<std::vector<int>>();
@@ -407,7 +426,7 @@ TEST_CASE("chat templates: the assistant's tokens are those apply_chat_template 
   std::ofstream(dir / "text.jsonl") << ordered_json{{"text", "hello"}}.dump() << "\n";
   const auto read_assistant = [&](const char* file) {
     return read_token_jsonl((dir / file).string(), {},
-                            folder_text_reader(dir.string(), false, true));
+                            folder_text_reader(dir.string(), {.assistant_only = true}));
   };
   CHECK_THROWS_WITH(read_assistant("chat.jsonl"),
                     doctest::Contains("chat.jsonl: line 1: the chat template marks no assistant "

@@ -101,6 +101,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   if (!o.alpha_pattern.empty()) model["alpha_pattern"] = o.alpha_pattern;
   // Not layers, but kept the same way: where documents meet in the data.
   if (o.assistant_only) model["assistant_only_loss"] = true;
+  if (!o.chat_template_path.empty()) model["chat_template_path"] = o.chat_template_path;
   if (!o.documents.start.empty()) model["document_start"] = o.documents.start;
   if (!o.documents.end.empty()) model["document_end"] = o.documents.end;
 }
@@ -243,6 +244,7 @@ std::string data_flags_given(const FinetuneOptions& o) {
   add(o.pack, "--pack");
   add(o.completions_only, "--train-on-completions-only");
   add(o.assistant_only, "--assistant-only-loss");
+  add(!o.chat_template_path.empty(), "--chat-template-path");
   add(!o.documents.start.empty(), "--document-start");
   add(!o.documents.end.empty(), "--document-end");
   return s.empty() ? s : s + ")";
@@ -257,7 +259,10 @@ llm::LmExamples read_examples(const std::string& path, const FinetuneOptions& o,
     if (fs::path(path).extension() != ".txt")
       return llm::LmExamples::from_file(
           path, seq_len, vocab_size,
-          {.prompts = llm::folder_text_reader(model_dir, o.completions_only, o.assistant_only),
+          {.prompts =
+               llm::folder_text_reader(model_dir, {.completions_only = o.completions_only,
+                                                   .assistant_only = o.assistant_only,
+                                                   .chat_template_path = o.chat_template_path}),
            .pack = o.pack,
            .documents = documents});
     if (o.pack || o.completions_only || o.assistant_only)
@@ -373,6 +378,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--assistant-only-loss", o.assistant_only,
                "--model: JSONL conversations; only the assistant's tokens are scored, those the "
                "chat template's {% generation %} blocks mark (TRL's assistant_only_loss)");
+  sub.add_option("--chat-template-path", o.chat_template_path,
+                 "--model: render JSONL conversations with this chat template instead of the "
+                 "folder's (TRL's chat_template_path): a .jinja file, e.g. one whose assistant "
+                 "turns sit in {% generation %} blocks, or a model folder's templates");
   add_no_graph_flag(sub, o.no_graph, "--model: ");
   add_document_flags(sub, o.documents, "--model: ");
   sub.add_flag("--recompute", o.recompute,

@@ -104,6 +104,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--document-end",
                                                    "--train-on-completions-only",
                                                    "--assistant-only-loss",
+                                                   "--chat-template-path",
                                                    "--recompute",
                                                    "--shard",
                                                    "--no-graph",

@@ -54,7 +54,8 @@ struct FinetuneOptions {
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;
-  DocumentFlags documents;  // token files and text: where documents meet
+  std::string chat_template_path;  // conversations through this template
+  DocumentFlags documents;         // token files and text: where documents meet
 };
 
 /** Fills the kind-specific defaults (lr, steps, batch size, dropout, log
