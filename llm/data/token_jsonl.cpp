@@ -66,10 +66,12 @@ PromptCompletion folder_text_reader(const std::string& model_dir, const TextRead
   };
   p.eos_id = tokenizer->eos_id();
   if (chat) {
-    p.chat = [chat](const std::string& messages, const std::string& tools, bool generation) {
+    p.chat = [chat](const std::string& messages, const std::string& tools,
+                    const std::string& variables, bool generation) {
       ChatOptions o;
       o.add_generation_prompt = generation;
       if (!tools.empty()) o.tools = json::parse(tools);
+      if (!variables.empty()) o.variables = json::parse(variables);
       return chat->render(json::parse(messages), o);
     };
   }
@@ -152,9 +154,14 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       const json tools = j.value("tools", json());
       if (!tools.is_null() && !tools.is_array())
         throw std::runtime_error(where + "tools is not a list");
+      // TRL's per-example template arguments (enable_thinking, ...).
+      const json kwargs = j.value("chat_template_kwargs", json());
+      if (!kwargs.is_null() && !kwargs.is_object())
+        throw std::runtime_error(where + "chat_template_kwargs is not an object");
       jinja::Rendered rendered;
       try {
-        rendered = prompts.chat(messages.dump(), tools.is_null() ? "" : tools.dump(), generation);
+        rendered = prompts.chat(messages.dump(), tools.is_null() ? "" : tools.dump(),
+                                kwargs.is_null() ? "" : kwargs.dump(), generation);
       } catch (const std::exception& x) {
         throw std::runtime_error(where + "the chat template: " + x.what());
       }

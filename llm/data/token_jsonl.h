@@ -53,11 +53,12 @@ struct PromptCompletion {
    * (and its EOS) only. Every line must then be a prompt-completion one. */
   bool completions_only = false;
   /** A conversation (a JSON array of messages, as text) through the model's
-   * chat template, with `tools` (a JSON array as text, or "") and
-   * add_generation_prompt: the text and its {% generation %} spans; unset,
-   * conversational lines are refused naming the line. */
+   * chat template, with `tools` (a JSON array as text, or ""), more template
+   * variables (a JSON object as text, or "": a line's chat_template_kwargs)
+   * and add_generation_prompt: the text and its {% generation %} spans;
+   * unset, conversational lines are refused naming the line. */
   std::function<jinja::Rendered(const std::string& messages, const std::string& tools,
-                                bool add_generation_prompt)>
+                                const std::string& variables, bool add_generation_prompt)>
       chat{};
   /** Labels -100 everywhere but the assistant's tokens (the chat template's
    * {% generation %} spans, as TRL's assistant_only_loss): every line must

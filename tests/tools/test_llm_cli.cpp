@@ -724,6 +724,30 @@ TEST_CASE("quanta generate --chat and --messages: the prompt the chat template r
         tok.encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe quick "
                    "fox<|im_end|>\n<|im_start|>assistant\njumps",
                    false));
+  // Template variables: a file's chat_template_kwargs, the flag's over them.
+  std::ofstream(dir.file("flavour.jinja"))
+      << "{{ messages[-1].content }} {{ flavour | default('plain') }}";
+  std::ofstream(dir.file("kwargs.json")) << nlohmann::json{
+      {"messages", turns},
+      {"chat_template_kwargs",
+       {{"flavour", "file"}}}}.dump();
+  const auto flavoured = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "generate",         "--model", folder,  "--chat-template-path", dir.file("flavour.jinja"),
+        "--max-new-tokens", "1",       "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return prompt_of(run_quanta(args));
+  };
+  CHECK(flavoured({"--chat", "the fox"}) == tok.encode("the fox plain", false));
+  CHECK(flavoured({"--chat", "the fox", "--chat-template-kwargs", R"({"flavour": "flag"})"}) ==
+        tok.encode("the fox flag", false));
+  CHECK(flavoured({"--messages", dir.file("kwargs.json")}) ==
+        tok.encode("the quick fox file", false));
+  CHECK(flavoured({"--messages", dir.file("kwargs.json"), "--chat-template-kwargs",
+                   R"({"flavour": "flag"})"}) == tok.encode("the quick fox flag", false));
+  check_one_line_error(
+      run_quanta({"generate", "--model", folder, "--chat", "hi", "--chat-template-kwargs", "[1]"}),
+      2, "--chat-template-kwargs is not a JSON object");
   // Bad flags and files: one line each.
   check_one_line_error(
       run_quanta({"generate", "--model", folder, "--chat", "hi", "--prompt", "hi"}), 2,
@@ -733,7 +757,7 @@ TEST_CASE("quanta generate --chat and --messages: the prompt the chat template r
       "--system goes with --chat");
   check_one_line_error(
       run_quanta({"generate", "--model", folder, "--prompt", "hi", "--chat-template", "tool_use"}),
-      2, "--chat-template and --chat-template-path go with --chat or --messages");
+      2, "--chat-template, --chat-template-path and --chat-template-kwargs go with --chat or");
   check_one_line_error(
       run_quanta({"generate", "--model", folder, "--chat", "hi", "--chat-template", "tool_use"}), 1,
       "no chat template named \"tool_use\"");

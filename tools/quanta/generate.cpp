@@ -31,12 +31,13 @@ struct GenerateFlags {
   std::string model;
   AdapterFlags adapters;  // a PEFT adapter folder over the model
   std::string prompt_ids;
-  std::string prompt;              // text, through the folder's tokenizer
-  std::string chat;                // a user message, through the chat template
-  std::string system;              // a system message before it
-  std::string messages_file;       // a conversation (JSON) through the chat template
-  std::string chat_template;       // empty: the one transformers takes
-  std::string chat_template_path;  // a .jinja file or folder instead of the model's
+  std::string prompt;                // text, through the folder's tokenizer
+  std::string chat;                  // a user message, through the chat template
+  std::string system;                // a system message before it
+  std::string messages_file;         // a conversation (JSON) through the chat template
+  std::string chat_template;         // empty: the one transformers takes
+  std::string chat_template_path;    // a .jinja file or folder instead of the model's
+  std::string chat_template_kwargs;  // a JSON object of template variables
   int64_t max_new_tokens = 32;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -76,11 +77,19 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// A JSON object of template variables, `what` naming where it came from.
+nlohmann::ordered_json template_variables(const nlohmann::ordered_json& v,
+                                          const std::string& what) {
+  if (!v.is_null() && !v.is_object())
+    throw UsageError(what + " is not a JSON object (e.g. {\"enable_thinking\": false})");
+  return v.is_null() ? nlohmann::ordered_json::object() : v;
+}
+
 // The conversation of --messages FILE: a JSON list of messages, or an
-// object with "messages" (and "tools"), as a line of TRL's conversational
-// data holds them.
+// object with "messages" (and "tools", "chat_template_kwargs"), as a line of
+// TRL's conversational data holds them.
 void read_messages_file(const std::string& path, nlohmann::ordered_json& messages,
-                        nlohmann::ordered_json& tools) {
+                        nlohmann::ordered_json& tools, nlohmann::ordered_json& variables) {
   std::ifstream in(path);
   if (!in) throw UsageError("--messages: cannot open " + path);
   nlohmann::ordered_json j;
@@ -95,6 +104,8 @@ void read_messages_file(const std::string& path, nlohmann::ordered_json& message
     tools = j.value("tools", nlohmann::ordered_json());
     if (!tools.is_null() && !tools.is_array())
       throw UsageError("--messages: " + path + ": \"tools\" is not a list");
+    variables = template_variables(j.value("chat_template_kwargs", nlohmann::ordered_json()),
+                                   "--messages: " + path + ": \"chat_template_kwargs\"");
     j = j.at("messages");
   }
   if (!j.is_array() || j.empty())
@@ -112,8 +123,9 @@ void read_messages_file(const std::string& path, nlohmann::ordered_json& message
 // tokenized without a BOS (the template writes the special tokens).
 std::vector<int64_t> conversation_ids(const GenerateFlags& f, const llm::Tokenizer& tokenizer) {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array(), tools;
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
   if (!f.messages_file.empty()) {
-    read_messages_file(f.messages_file, messages, tools);
+    read_messages_file(f.messages_file, messages, tools, variables);
   } else {
     if (!f.system.empty()) messages.push_back({{"role", "system"}, {"content", f.system}});
     messages.push_back({{"role", "user"}, {"content", f.chat}});
@@ -131,6 +143,15 @@ std::vector<int64_t> conversation_ids(const GenerateFlags& f, const llm::Tokeniz
   else
     o.add_generation_prompt = true;
   o.tools = tools;
+  o.variables = variables;
+  // The flag's variables over the file's.
+  if (!f.chat_template_kwargs.empty()) {
+    const auto given = nlohmann::ordered_json::parse(f.chat_template_kwargs, nullptr, false);
+    if (given.is_discarded())
+      throw UsageError("--chat-template-kwargs is not JSON (e.g. {\"enable_thinking\": false})");
+    const nlohmann::ordered_json flag = template_variables(given, "--chat-template-kwargs");
+    for (const auto& [key, value] : flag.items()) o.variables[key] = value;
+  }
   return tokenizer.encode(chat.render(messages, o).text, false);
 }
 
@@ -145,8 +166,12 @@ void run_generate(const GenerateFlags& f) {
     throw UsageError(
         "--system goes with --chat (a conversation file holds its own system message)");
   const bool conversation = !f.chat.empty() || !f.messages_file.empty();
-  if ((!f.chat_template.empty() || !f.chat_template_path.empty()) && !conversation)
-    throw UsageError("--chat-template and --chat-template-path go with --chat or --messages");
+  if ((!f.chat_template.empty() || !f.chat_template_path.empty() ||
+       !f.chat_template_kwargs.empty()) &&
+      !conversation)
+    throw UsageError(
+        "--chat-template, --chat-template-path and --chat-template-kwargs go with --chat or "
+        "--messages");
   std::unique_ptr<llm::Tokenizer> tokenizer;
   if (f.prompt_ids.empty()) {
     const std::string path = llm::tokenizer_model_in(f.model);
@@ -239,6 +264,10 @@ void add_generate(CLI::App& app) {
   sub->add_option("--chat-template-path", f->chat_template_path,
                   "render the conversation with this chat template instead of the folder's: a "
                   ".jinja file, or a model folder's templates");
+  sub->add_option("--chat-template-kwargs", f->chat_template_kwargs,
+                  "more variables for the chat template, a JSON object (transformers' "
+                  "apply_chat_template keyword arguments, e.g. '{\"enable_thinking\": false}' "
+                  "for Qwen3)");
   sub->add_option("--max-new-tokens", f->max_new_tokens,
                   "at most this many tokens: generation stops after an end-of-sequence token")
       ->capture_default_str()

@@ -411,6 +411,33 @@ TEST_CASE("chat templates: the assistant's tokens are those apply_chat_template 
     ++cases;
   }
   CHECK(cases == 27);
+  {
+    // TRL's per-line chat_template_kwargs reach the template as variables.
+    const fs::path kdir =
+        fs::temp_directory_path() / ("quanta_kwargs_" + std::to_string(::getpid()));
+    fs::create_directories(kdir);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(data / "models/qwen2_bpe" / f, kdir / f);
+    std::ofstream(kdir / "chat_template.jinja")
+        << "{{ messages[0].content }}{% if think is defined %} think={{ think }}{% endif %}";
+    const ordered_json hi = ordered_json::array({{{"role", "user"}, {"content", "hi"}}});
+    std::ofstream(kdir / "k.jsonl")
+        << ordered_json{{"messages", hi}}.dump() << "\n"
+        << ordered_json{{"messages", hi}, {"chat_template_kwargs", {{"think", false}}}}.dump()
+        << "\n";
+    std::ofstream(kdir / "bad.jsonl")
+        << ordered_json{{"messages", hi}, {"chat_template_kwargs", "x"}}.dump() << "\n";
+    const Tokenizer tok((kdir / "tokenizer.json").string());
+    const std::vector<TokenExample> e =
+        read_token_jsonl((kdir / "k.jsonl").string(), {}, folder_text_reader(kdir.string()));
+    REQUIRE(e.size() == 2);
+    CHECK(e[0].input_ids == tok.encode("hi", false));
+    CHECK(e[1].input_ids == tok.encode("hi think=False", false));
+    CHECK_THROWS_WITH(
+        read_token_jsonl((kdir / "bad.jsonl").string(), {}, folder_text_reader(kdir.string())),
+        doctest::Contains("bad.jsonl: line 1: chat_template_kwargs is not an object"));
+    fs::remove_all(kdir);
+  }
   // What the assistant-only loss refuses, naming the line: a line that is
   // no conversation, a template that marks no assistant token.
   const fs::path dir =
