@@ -65,6 +65,7 @@ PromptCompletion folder_text_reader(const std::string& model_dir, const TextRead
     return tokenizer->encode(text, add_bos);
   };
   p.eos_id = tokenizer->eos_id();
+  p.tokenizer = tokenizer;
   if (chat) {
     p.chat = [chat](const std::string& messages, const std::string& tools,
                     const std::string& variables, bool generation) {
@@ -165,15 +166,22 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       } catch (const std::exception& x) {
         throw std::runtime_error(where + "the chat template: " + x.what());
       }
-      std::vector<int64_t> ids = prompts.encode(rendered.text, false);
+      std::vector<TextSegment> segments;
+      std::vector<int64_t> ids = prompts.tokenizer
+                                     ? prompts.tokenizer->encode(rendered.text, false, &segments)
+                                     : prompts.encode(rendered.text, false);
       for (std::size_t i = 0; i < ids.size(); ++i)
         if (const std::string why = id_ok(ids[i]); !why.empty())
           throw std::runtime_error(where + "the conversation encodes to id " +
                                    std::to_string(ids[i]) + ": " + why);
       if (assistant) {
-        *assistant =
-            tokens_in_spans(ids, rendered.text, rendered.generation_spans,
-                            [&](const std::string& t) { return prompts.encode(t, false); });
+        const PrefixEncoder prefix =
+            prompts.tokenizer
+                ? stretch_prefixes(*prompts.tokenizer, rendered.text, segments)
+                : PrefixEncoder([&](std::size_t at) {
+                    return PrefixIds{0, prompts.encode(rendered.text.substr(0, at), false)};
+                  });
+        *assistant = tokens_in_spans(ids, rendered.text, rendered.generation_spans, prefix);
         if (std::find(assistant->begin(), assistant->end(), true) == assistant->end())
           throw std::runtime_error(
               where +

@@ -14,10 +14,12 @@
 // what the whole conversation adds to it).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "llm/text/jinja/template.h"
+#include "llm/text/tokenizer.h"
 
 namespace quanta::llm {
 
@@ -47,6 +49,9 @@ struct PromptCompletion {
   /** Text to ids (add_bos: whether a BOS goes first); unset, only id arrays
    * are accepted and a text field is refused naming the line. */
   std::function<std::vector<int64_t>(const std::string& text, bool add_bos)> encode{};
+  /** The tokenizer behind `encode`, where there is one: the assistant-only
+   * loss then re-encodes stretches of a conversation, not whole prefixes. */
+  std::shared_ptr<const Tokenizer> tokenizer{};
   /** Appended to every text completion when >= 0. */
   int64_t eos_id = -1;
   /** Labels the prompt's positions -100: the loss covers the completion

@@ -109,14 +109,29 @@ void AddedTokens::split(const std::string& text, const Segment& segment,
       for (size_t w;
            segment_end > start && (w = whitespace_before(text, segment_end)) != std::string::npos;)
         segment_end = w;
-    segment(text.substr(start, segment_end - start), start == 0);
+    segment(text.substr(start, segment_end - start), start);
     ids.push_back(hit->id);
     i += hit->content.size();
     if (hit->rstrip)
       for (size_t n; i < text.size() && is_whitespace_at(text, i, &n);) i += n;
     start = i;
   }
-  segment(text.substr(start), start == 0);
+  segment(text.substr(start), start);
+}
+
+std::vector<int64_t> AddedTokens::encode(const std::string& text, const Stretch& stretch,
+                                         std::vector<TextSegment>* segments) const {
+  std::vector<int64_t> ids;
+  split(
+      text,
+      [&](const std::string& piece, std::size_t begin) {
+        const std::size_t first_id = ids.size();
+        stretch(piece, begin == 0, ids);
+        if (segments && !piece.empty())
+          segments->push_back({begin, begin + piece.size(), first_id, ids.size() - first_id});
+      },
+      ids);
+  return ids;
 }
 
 }  // namespace quanta::llm

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "llm/text/tokenizer.h"
+
 namespace quanta::llm {
 
 struct AddedToken {
@@ -28,12 +30,20 @@ class AddedTokens {
    * negative id. Of two of the same content, the first matches. */
   AddedTokens(std::vector<AddedToken> tokens, const std::string& where);
 
-  /** The text between added tokens, to encode; `first`: it starts the
-   * text. */
-  using Segment = std::function<void(const std::string& segment, bool first)>;
+  /** The text between added tokens, to encode, and where in the text it
+   * begins (0: it starts the text). */
+  using Segment = std::function<void(const std::string& segment, std::size_t begin)>;
   /** Walks `text`: each stretch between added tokens to `segment` (empty
    * ones too), each added token's id appended to `ids` in between. */
   void split(const std::string& text, const Segment& segment, std::vector<int64_t>& ids) const;
+
+  /** The ids of `text`: its added tokens', and for each stretch between
+   * them what `stretch` appends (`first`: the stretch starts the text),
+   * each stretch noted in `segments` when given. */
+  using Stretch =
+      std::function<void(const std::string& stretch, bool first, std::vector<int64_t>& ids)>;
+  std::vector<int64_t> encode(const std::string& text, const Stretch& stretch,
+                              std::vector<TextSegment>* segments) const;
 
   /** The added token of `id`, or null. */
   const AddedToken* by_id(int64_t id) const;

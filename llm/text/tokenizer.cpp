@@ -18,11 +18,21 @@ Tokenizer::Tokenizer(const std::string& path)
 
 Tokenizer::~Tokenizer() = default;
 
-std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_bos) const {
+std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_bos,
+                                       std::vector<TextSegment>* segments) const {
   std::vector<int64_t> ids;
   if (add_bos && impl_->bos_id() >= 0) ids.push_back(impl_->bos_id());
-  const std::vector<int64_t> body = impl_->encode(text);
+  const std::size_t before = segments ? segments->size() : 0;
+  const std::vector<int64_t> body = impl_->encode(text, segments);
+  if (segments)
+    for (std::size_t k = before; k < segments->size(); ++k) (*segments)[k].first_id += ids.size();
   ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::vector<int64_t> Tokenizer::encode_stretch(const std::string& stretch, bool first) const {
+  std::vector<int64_t> ids;
+  impl_->encode_stretch(stretch, first, ids);
   return ids;
 }
 

@@ -6,12 +6,21 @@
 // Granite ship only that; byte-level, or converted from SentencePiece with
 // byte fallback), read as Hugging Face tokenizers reads it, with ICU for its
 // Unicode expressions and NFC.
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace quanta::llm {
+
+/** A stretch of a text between the special tokens written in it, which a
+ * tokenizer encodes on its own: bytes [begin, end) of the text, ids
+ * [first_id, first_id + ids) of its encoding. */
+struct TextSegment {
+  std::size_t begin = 0, end = 0;
+  std::size_t first_id = 0, ids = 0;
+};
 
 class Tokenizer {
  public:
@@ -31,8 +40,14 @@ class Tokenizer {
    * has one: a tokenizer.json's, the first special token of its
    * post-processor's template). Special tokens written in the text (a
    * tokenizer.json's added tokens, e.g. <|im_start|>) are their ids, as
-   * tokenizers encodes them. */
-  std::vector<int64_t> encode(const std::string& text, bool add_bos = true) const;
+   * tokenizers encodes them. `segments`, when given, gets the stretches
+   * between them. */
+  std::vector<int64_t> encode(const std::string& text, bool add_bos = true,
+                              std::vector<TextSegment>* segments = nullptr) const;
+  /** The ids `encode` gives a stretch of text between special tokens
+   * (`first`: one that starts its text), on its own: what a TextSegment's
+   * bytes, or a start of them, encode to. */
+  std::vector<int64_t> encode_stretch(const std::string& stretch, bool first) const;
   /** The text of `ids` (BOS, EOS and other control or special ids print as
    * nothing). */
   std::string decode(const std::vector<int64_t>& ids) const;

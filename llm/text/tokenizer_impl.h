@@ -12,8 +12,14 @@ namespace quanta::llm {
 
 struct Tokenizer::Impl {
   virtual ~Impl() = default;
-  /** The ids of `text`, no BOS. */
-  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  /** The ids of `text`, no BOS: its special tokens split out, each stretch
+   * between them encoded on its own (noted in `segments` when given). */
+  virtual std::vector<int64_t> encode(const std::string& text,
+                                      std::vector<TextSegment>* segments) const = 0;
+  /** Appends the ids of `stretch`, a stretch of text between special tokens
+   * (`first`: it starts the text), encoded on its own. */
+  virtual void encode_stretch(const std::string& stretch, bool first,
+                              std::vector<int64_t>& ids) const = 0;
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   /** The vocabulary entry of a valid `id` (an added token's content). */
   virtual std::string token(int64_t id) const = 0;

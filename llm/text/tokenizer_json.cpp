@@ -87,13 +87,19 @@ class JsonTokenizer : public Tokenizer::Impl {
     read_eos(config);
   }
 
-  std::vector<int64_t> encode(const std::string& text) const override {
-    std::vector<int64_t> ids;
-    // Metaspace's "first" prefixes the piece at the text's start alone.
-    added_.split(
-        text, [&](const std::string& segment, bool first) { encode_segment(segment, first, ids); },
-        ids);
-    return ids;
+  std::vector<int64_t> encode(const std::string& text,
+                              std::vector<TextSegment>* segments) const override {
+    // Metaspace's "first" prefixes the stretch at the text's start alone.
+    return added_.encode(
+        text,
+        [&](const std::string& stretch, bool first, std::vector<int64_t>& ids) {
+          encode_segment(stretch, first, ids);
+        },
+        segments);
+  }
+  void encode_stretch(const std::string& stretch, bool first,
+                      std::vector<int64_t>& ids) const override {
+    encode_segment(stretch, first, ids);
   }
 
   // As tokenizers' decode(skip_special_tokens=True): special tokens left

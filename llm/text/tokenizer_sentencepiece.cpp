@@ -72,22 +72,24 @@ class SentencePieceTokenizer : public Tokenizer::Impl {
       decoder_.push_back(strip);
     }
   }
-  std::vector<int64_t> encode(const std::string& text) const override {
-    std::vector<int64_t> ids;
-    // Each stretch between special tokens is encoded as a text of its own,
-    // a word boundary first, as transformers' conversion of the model does.
-    added_.split(
+  std::vector<int64_t> encode(const std::string& text,
+                              std::vector<TextSegment>* segments) const override {
+    return added_.encode(
         text,
-        [&](const std::string& segment, bool) {
-          if (segment.empty()) return;
-          std::vector<int> pieces;
-          const auto status = sp_.Encode(segment, &pieces);
-          if (!status.ok())
-            throw std::runtime_error(path_ + ": cannot encode (" + status.ToString() + ")");
-          ids.insert(ids.end(), pieces.begin(), pieces.end());
+        [&](const std::string& stretch, bool first, std::vector<int64_t>& ids) {
+          encode_stretch(stretch, first, ids);
         },
-        ids);
-    return ids;
+        segments);
+  }
+  // Each stretch between special tokens is encoded as a text of its own, a
+  // word boundary first, as transformers' conversion of the model does.
+  void encode_stretch(const std::string& stretch, bool, std::vector<int64_t>& ids) const override {
+    if (stretch.empty()) return;
+    std::vector<int> pieces;
+    const auto status = sp_.Encode(stretch, &pieces);
+    if (!status.ok())
+      throw std::runtime_error(path_ + ": cannot encode (" + status.ToString() + ")");
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
   }
   // As transformers' decode(skip_special_tokens=True) through the decoder
   // its conversion of the model gives: special tokens left out, the rest
