@@ -30,13 +30,6 @@ class AddedTokens {
    * negative id. Of two of the same content, the first matches. */
   AddedTokens(std::vector<AddedToken> tokens, const std::string& where);
 
-  /** The text between added tokens, to encode, and where in the text it
-   * begins (0: it starts the text). */
-  using Segment = std::function<void(const std::string& segment, std::size_t begin)>;
-  /** Walks `text`: each stretch between added tokens to `segment` (empty
-   * ones too), each added token's id appended to `ids` in between. */
-  void split(const std::string& text, const Segment& segment, std::vector<int64_t>& ids) const;
-
   /** The ids of `text`: its added tokens', and for each stretch between
    * them what `stretch` appends (`first`: the stretch starts the text),
    * each stretch noted in `segments` when given. */
@@ -52,6 +45,13 @@ class AddedTokens {
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:
+  /** The text between added tokens, to encode, and where in the text it
+   * begins (0: it starts the text). */
+  using Segment = std::function<void(const std::string& segment, std::size_t begin)>;
+  /** Walks `text`: each stretch between added tokens to `segment` (empty
+   * ones too), each added token's id appended to `ids` in between. */
+  void split(const std::string& text, const Segment& segment, std::vector<int64_t>& ids) const;
+
   // The longest added token at text[i], or null.
   const AddedToken* at(const std::string& text, size_t i) const;
 
