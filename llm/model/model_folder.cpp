@@ -136,11 +136,21 @@ void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDi
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
-  for (const char* file : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                           "special_tokens_map.json", "generation_config.json"})
+  for (const char* file :
+       {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "generation_config.json", "chat_template.jinja"})
     if (fs::exists(fs::path(from) / file))
       fs::copy_file(fs::path(from) / file, fs::path(to) / file,
                     fs::copy_options::overwrite_existing);
+  // transformers (4.50 on) keeps named chat templates beside the default.
+  const fs::path templates = fs::path(from) / "additional_chat_templates";
+  if (fs::is_directory(templates)) {
+    fs::create_directories(fs::path(to) / "additional_chat_templates");
+    for (const auto& e : fs::directory_iterator(templates))
+      if (e.path().extension() == ".jinja")
+        fs::copy_file(e.path(), fs::path(to) / "additional_chat_templates" / e.path().filename(),
+                      fs::copy_options::overwrite_existing);
+  }
   const std::string source = model_folder_file(from, "config.json");
   const std::string target = (fs::path(to) / "config.json").string();
   std::ifstream in(source), out_in(target);

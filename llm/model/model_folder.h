@@ -44,7 +44,8 @@ void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDi
 
 /** Copies the files of folder `from` that go with its weights but are not
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,
- * special_tokens_map.json, generation_config.json; those it has) into `to`,
+ * special_tokens_map.json, generation_config.json, chat_template.jinja and
+ * additional_chat_templates/; those it has) into `to`,
  * replacing them there, and the special token ids of its config.json
  * (bos_token_id, eos_token_id, pad_token_id, at the top and in
  * text_config) into `to`'s, which save_causal_lm wrote without them: a

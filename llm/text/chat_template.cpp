@@ -248,6 +248,18 @@ const ChatTemplate::Named& ChatTemplate::chosen(bool with_tools) const {
   return templates_.front();
 }
 
+void ChatTemplate::save(const std::string& dir) const {
+  for (const Named& t : templates_) {
+    const fs::path file = t.name == "default"
+                              ? fs::path(dir) / "chat_template.jinja"
+                              : fs::path(dir) / "additional_chat_templates" / (t.name + ".jinja");
+    fs::create_directories(file.parent_path());
+    std::ofstream out(file, std::ios::binary);
+    out << t.source;
+    if (!out) throw std::runtime_error(file.string() + ": cannot write");
+  }
+}
+
 std::vector<std::string> ChatTemplate::names() const {
   std::vector<std::string> out;
   for (const Named& t : templates_) out.push_back(t.name);

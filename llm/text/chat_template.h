@@ -58,6 +58,11 @@ class ChatTemplate {
 
   /** The templates' names, in the folder's order. */
   std::vector<std::string> names() const;
+  /** Writes the templates into folder `dir` as transformers saves them:
+   * "default" as chat_template.jinja, the others as
+   * additional_chat_templates/NAME.jinja (replacing those there; files win
+   * over tokenizer_config.json's chat_template when transformers reads). */
+  void save(const std::string& dir) const;
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
 
  private:

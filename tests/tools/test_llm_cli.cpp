@@ -845,11 +845,30 @@ TEST_CASE(
   CHECK(scored({"--assistant-only", "--chat-template-path", dir.file("training.jinja")})
             .at("tokens")
             .get<int64_t>() == want);
-  const CliResult with_path =
-      run_quanta({"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len",
-                  "128", "--steps", "1", "--batch-size", "2", "--assistant-only-loss",
-                  "--chat-template-path", dir.file("training.jinja"), "--out", dir.file("run3")});
+  const CliResult with_path = run_quanta(
+      {"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "128",
+       "--steps", "1", "--batch-size", "2", "--assistant-only-loss", "--chat-template-path",
+       dir.file("training.jinja"), "--out", dir.file("run3"), "--merge-to", dir.file("merged")});
   CHECK_MESSAGE(with_path.code == 0, with_path.err);
+  // The merged folder chats with the template the data was rendered with
+  // (as TRL saves chat_template_path's), the base's named ones beside it.
+  const auto text_of = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(text_of(dir.file("merged") + "/chat_template.jinja") ==
+        text_of(dir.file("training.jinja")));
+  std::filesystem::create_directories(folder + "/additional_chat_templates");
+  std::ofstream(folder + "/additional_chat_templates/tool_use.jinja") << "tools";
+  const CliResult plain_merge =
+      run_quanta({"finetune", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len",
+                  "128", "--steps", "1", "--batch-size", "2", "--out", dir.file("run4"),
+                  "--merge-to", dir.file("merged2")});
+  REQUIRE_MESSAGE(plain_merge.code == 0, plain_merge.err);
+  CHECK(text_of(dir.file("merged2") + "/chat_template.jinja") ==
+        text_of(folder + "/chat_template.jinja"));
+  CHECK(text_of(dir.file("merged2") + "/additional_chat_templates/tool_use.jinja") == "tools");
+  std::filesystem::remove_all(folder + "/additional_chat_templates");
   check_one_line_error(
       run_quanta({"eval", "--model", folder, "--data", dir.file("chat.jsonl"), "--seq-len", "128",
                   "--chat-template-path", dir.file("none.jinja")}),

@@ -31,6 +31,7 @@
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
 #include "quanta_config.h"
 #include "run.h"
@@ -578,8 +579,14 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     // An image-text model's vision tower goes with it as the base stores it.
     llm::save_causal_lm(*model, o.merge_to, llm::read_non_decoder_weights(config, o.model));
     llm::copy_tokenizer_files(o.model, o.merge_to);
+    // As TRL saves a run's chat_template_path with the model: the template
+    // the data was rendered with is the one to chat with.
+    if (!o.chat_template_path.empty())
+      llm::ChatTemplate::from_folder(o.model, "", o.chat_template_path).save(o.merge_to);
     log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
-        << ", the NF4 base dequantized plus the adapters; the base's tokenizer files)\n";
+        << ", the NF4 base dequantized plus the adapters; the base's tokenizer files"
+        << (o.chat_template_path.empty() ? "" : ", the chat template of --chat-template-path")
+        << ")\n";
   }
 }
 
