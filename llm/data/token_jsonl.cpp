@@ -14,18 +14,18 @@ namespace quanta::llm {
 namespace {
 
 // Ordered: a message's keys reach the chat template in the line's order.
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 // The array `key` of `object` as whole numbers, each checked by `valid`.
 template <class Valid>
-std::vector<int64_t> whole_numbers(const json& object, const char* key, const std::string& where,
+std::vector<int64_t> whole_numbers(const ojson& object, const char* key, const std::string& where,
                                    Valid&& valid) {
-  const json& a = object.at(key);
+  const ojson& a = object.at(key);
   if (!a.is_array()) throw std::runtime_error(where + key + " is not an array");
   std::vector<int64_t> out;
   out.reserve(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const json& v = a[i];
+    const ojson& v = a[i];
     if (!v.is_number_integer())
       throw std::runtime_error(where + key + "[" + std::to_string(i) + "] is " + v.dump() +
                                ", not a whole number");
@@ -71,9 +71,9 @@ PromptCompletion folder_text_reader(const std::string& model_dir, const TextRead
                     const std::string& variables, bool generation) {
       ChatOptions o;
       o.add_generation_prompt = generation;
-      if (!tools.empty()) o.tools = json::parse(tools);
-      if (!variables.empty()) o.variables = json::parse(variables);
-      return chat->render(json::parse(messages), o);
+      if (!tools.empty()) o.tools = ojson::parse(tools);
+      if (!variables.empty()) o.variables = ojson::parse(variables);
+      return chat->render(ojson::parse(messages), o);
     };
   }
   return p;
@@ -98,7 +98,7 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ": line " + std::to_string(n) + ": ";
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const ojson j = ojson::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) throw std::runtime_error(where + "not valid JSON");
     if (!j.is_object()) throw std::runtime_error(where + "not a JSON object");
     const bool pair = j.contains("prompt") || j.contains("completion");
@@ -112,7 +112,7 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       throw std::runtime_error(where +
                                "no prompt and completion (training on completions only needs "
                                "both on every line)");
-    const auto is_messages = [](const json& v) {
+    const auto is_messages = [](const ojson& v) {
       return v.is_array() && !v.empty() && v.front().is_object();
     };
     const bool chat_pair = pair && j.contains("prompt") && is_messages(j.at("prompt"));
@@ -144,7 +144,7 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
     // special tokens, the tokenizer adds none.
     // With the assistant-only loss, `assistant` gets which tokens the
     // template's {% generation %} spans hold.
-    const auto chat_ids = [&](const json& messages, bool generation,
+    const auto chat_ids = [&](const ojson& messages, bool generation,
                               std::vector<bool>* assistant = nullptr) {
       if (!prompts.chat)
         throw std::runtime_error(where +
@@ -152,11 +152,11 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
                                  "(chat_template.jinja or tokenizer_config.json's chat_template)");
       if (!messages.is_array() || messages.empty())
         throw std::runtime_error(where + "messages must be a non-empty list of messages");
-      const json tools = j.value("tools", json());
+      const ojson tools = j.value("tools", ojson());
       if (!tools.is_null() && !tools.is_array())
         throw std::runtime_error(where + "tools is not a list");
       // TRL's per-example template arguments (enable_thinking, ...).
-      const json kwargs = j.value("chat_template_kwargs", json());
+      const ojson kwargs = j.value("chat_template_kwargs", ojson());
       if (!kwargs.is_null() && !kwargs.is_object())
         throw std::runtime_error(where + "chat_template_kwargs is not an object");
       jinja::Rendered rendered;
@@ -207,8 +207,8 @@ std::vector<TokenExample> read_token_jsonl(const std::string& path, const TokenL
       // whole conversation adds to the prompt with its generation prompt.
       if (!is_messages(j.at("completion")))
         throw std::runtime_error(where + "the prompt is a list of messages, the completion is not");
-      json all = j.at("prompt");
-      for (const json& m : j.at("completion")) all.push_back(m);
+      ojson all = j.at("prompt");
+      for (const ojson& m : j.at("completion")) all.push_back(m);
       const std::vector<int64_t> prompt = chat_ids(j.at("prompt"), true);
       e.input_ids = chat_ids(all, false, want_assistant);
       if (e.input_ids.size() <= prompt.size() ||

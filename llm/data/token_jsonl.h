@@ -80,7 +80,7 @@ struct TextReading {
   /** The chat template to render conversations with instead of the
    * folder's (TRL's chat_template_path): a .jinja file, or a folder whose
    * templates ChatTemplate::from_folder reads; empty: the model folder's. */
-  std::string chat_template_path;
+  std::string chat_template_path{};
 };
 
 /** JSONL text (prompt-completion pairs, TRL's text lines) through the
