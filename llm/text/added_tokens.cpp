@@ -120,6 +120,16 @@ void AddedTokens::split(const std::string& text, const Segment& segment,
   segment(text.substr(start), start);
 }
 
+std::vector<std::string> AddedTokens::visible_tokens(
+    const std::vector<int64_t>& ids, const std::function<std::string(int64_t)>& token) const {
+  std::vector<std::string> tokens;
+  for (const int64_t id : ids) {
+    const AddedToken* added = by_id(id);
+    if (!added || !added->special) tokens.push_back(token(id));
+  }
+  return tokens;
+}
+
 std::vector<int64_t> AddedTokens::encode(const std::string& text, const Stretch& stretch,
                                          std::vector<TextSegment>* segments) const {
   std::vector<int64_t> ids;

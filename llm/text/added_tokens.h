@@ -38,6 +38,13 @@ class AddedTokens {
   std::vector<int64_t> encode(const std::string& text, const Stretch& stretch,
                               std::vector<TextSegment>* segments) const;
 
+  /** The tokens of `ids` as a decoder takes them, as tokenizers'
+   * decode(skip_special_tokens=True) lists them: special added tokens left
+   * out, every other id through `token` (an added token's content, a
+   * model's piece). */
+  std::vector<std::string> visible_tokens(const std::vector<int64_t>& ids,
+                                          const std::function<std::string(int64_t)>& token) const;
+
   /** The added token of `id`, or null. */
   const AddedToken* by_id(int64_t id) const;
   /** One past the largest id (0 when there are none). */

@@ -36,12 +36,24 @@ std::vector<int64_t> Tokenizer::encode_stretch(const std::string& stretch, bool 
   return ids;
 }
 
-std::string Tokenizer::decode(const std::vector<int64_t>& ids) const { return impl_->decode(ids); }
+namespace {
+
+// Every id a tokenizer is asked to name lies in its vocabulary.
+void check_id(int64_t id, int64_t vocab_size, const std::string& path) {
+  if (id < 0 || id >= vocab_size)
+    throw std::invalid_argument(path + ": id " + std::to_string(id) +
+                                " is outside the tokenizer's " + std::to_string(vocab_size) +
+                                " tokens");
+}
+
+}  // namespace
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+  for (const int64_t id : ids) check_id(id, impl_->vocab_size(), path_);
+  return impl_->decode(ids);
+}
 std::string Tokenizer::token(int64_t id) const {
-  if (id < 0 || id >= impl_->vocab_size())
-    throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
-                                " is outside the tokenizer's " +
-                                std::to_string(impl_->vocab_size()) + " tokens");
+  check_id(id, impl_->vocab_size(), path_);
   return impl_->token(id);
 }
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }

@@ -20,6 +20,7 @@ struct Tokenizer::Impl {
    * (`first`: it starts the text), encoded on its own. */
   virtual void encode_stretch(const std::string& stretch, bool first,
                               std::vector<int64_t>& ids) const = 0;
+  /** The text of `ids`, each inside the vocabulary (Tokenizer checks). */
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   /** The vocabulary entry of a valid `id` (an added token's content). */
   virtual std::string token(int64_t id) const = 0;

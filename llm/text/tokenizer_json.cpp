@@ -104,20 +104,10 @@ class JsonTokenizer : public Tokenizer::Impl {
 
   // As tokenizers' decode(skip_special_tokens=True): special tokens left
   // out, the others (added ones as their content) through the decoder.
+  // Tokenizer::decode has checked the ids' range.
   std::string decode(const std::vector<int64_t>& ids) const override {
-    std::vector<std::string> tokens;
-    for (const int64_t id : ids) {
-      if (id < 0 || id >= vocab_size())
-        throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
-                                    " is outside the tokenizer's " + std::to_string(vocab_size()) +
-                                    " tokens");
-      if (const AddedToken* added = added_.by_id(id)) {
-        if (!added->special) tokens.push_back(added->content);
-        continue;
-      }
-      tokens.push_back(model_->token_of(id));
-    }
-    return decode_tokens(std::move(tokens), decoder_);
+    return decode_tokens(added_.visible_tokens(ids, [&](int64_t id) { return token(id); }),
+                         decoder_);
   }
 
   std::string token(int64_t id) const override {

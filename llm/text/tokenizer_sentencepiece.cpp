@@ -95,23 +95,10 @@ class SentencePieceTokenizer : public Tokenizer::Impl {
   // its conversion of the model gives: special tokens left out, the rest
   // (an added token as its content) with U+2581 as a space, <0xXX> pieces
   // as their bytes, one leading space dropped where encoding adds one.
+  // Tokenizer::decode has checked the ids' range.
   std::string decode(const std::vector<int64_t>& ids) const override {
-    std::vector<std::string> tokens;
-    for (int64_t id : ids) {
-      if (id < 0 || id >= vocab_size())
-        throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
-                                    " is outside the tokenizer's " + std::to_string(vocab_size()) +
-                                    " tokens");
-      if (const AddedToken* added = added_.by_id(id)) {
-        if (!added->special) tokens.push_back(added->content);
-      } else if (id < sp_.GetPieceSize()) {
-        tokens.push_back(sp_.IdToPiece(static_cast<int>(id)));
-      } else {
-        throw std::invalid_argument(path_ + ": id " + std::to_string(id) +
-                                    " is neither a piece of the model nor an added token");
-      }
-    }
-    return decode_tokens(std::move(tokens), decoder_);
+    return decode_tokens(added_.visible_tokens(ids, [&](int64_t id) { return token(id); }),
+                         decoder_);
   }
   std::string token(int64_t id) const override {
     if (const AddedToken* added = added_.by_id(id)) return added->content;
