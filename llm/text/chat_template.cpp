@@ -192,21 +192,21 @@ ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string
   const nlohmann::ordered_json config = read_json(fs::path(dir) / "tokenizer_config.json");
   std::string where;
   std::vector<std::pair<std::string, std::string>> sources;
-  if (template_path.empty()) {
-    sources = template_sources(dir, config, where);
-  } else if (fs::is_directory(template_path)) {
-    sources = template_sources(template_path,
-                               read_json(fs::path(template_path) / "tokenizer_config.json"), where);
-    if (sources.empty())
-      throw std::invalid_argument(template_path +
-                                  " has no chat template (no chat_template.jinja, no "
-                                  "chat_template in tokenizer_config.json)");
-  } else if (fs::exists(template_path)) {
+  // The folder the templates come from, when they come from one.
+  const std::string folder = template_path.empty() ? dir : template_path;
+  if (!template_path.empty() && !fs::is_directory(template_path)) {
+    if (!fs::exists(template_path))
+      throw std::invalid_argument(template_path + ": no such chat template file or folder");
     sources.emplace_back("default", read_file(template_path));
     where = template_path;
   } else {
-    throw std::invalid_argument(template_path + ": no such chat template file or folder");
+    sources =
+        template_sources(folder, read_json(fs::path(folder) / "tokenizer_config.json"), where);
   }
+  if (sources.empty())
+    throw std::invalid_argument(folder +
+                                " has no chat template (no chat_template.jinja, no "
+                                "chat_template in tokenizer_config.json)");
   std::vector<Named> templates;
   std::string names;
   for (auto& [n, source] : sources) {
@@ -217,10 +217,6 @@ ChatTemplate ChatTemplate::from_folder(const std::string& dir, const std::string
       throw jinja::TemplateError(where + ": chat template \"" + n + "\": " + e.what());
     }
   }
-  if (templates.empty())
-    throw std::invalid_argument(dir +
-                                " has no chat template (no chat_template.jinja, no "
-                                "chat_template in tokenizer_config.json)");
   bool found = name.empty();
   for (const Named& t : templates) found = found || t.name == name;
   if (!found)
