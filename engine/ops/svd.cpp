@@ -1,0 +1,144 @@
+#include "engine/ops/svd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/cpu/parallel.h"
+#include "engine/eigen.h"
+#include "engine/factory.h"
+// Under the same silenced warnings as engine/eigen.h's Eigen/Core (they
+// arise in Eigen's own intrinsics code).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <Eigen/SVD>
+#pragma GCC diagnostic pop
+
+namespace quanta {
+
+namespace {
+
+// One decomposition in plain vectors, so that several run on threads of
+// their own without touching tensors.
+template <typename T>
+struct Decomposition {
+  int64_t m = 0, n = 0, k = 0;
+  std::vector<T> values;  // [m, n], row-major
+  std::vector<T> u{}, s{}, vh{};
+  double total_square = 0, rest_square = 0;
+
+  void run() {
+    using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Eigen::Map<const Matrix> mat(values.data(), m, n);
+    const Eigen::BDCSVD<Matrix> svd(mat, Eigen::ComputeThinU | Eigen::ComputeThinV);
+    const auto& sv = svd.singularValues();
+    for (Eigen::Index i = 0; i < sv.size(); ++i) {
+      const double sq = double(sv(i)) * double(sv(i));
+      total_square += sq;
+      if (i >= k) rest_square += sq;
+    }
+    u.resize(static_cast<std::size_t>(m * k));
+    s.resize(static_cast<std::size_t>(k));
+    vh.resize(static_cast<std::size_t>(k * n));
+    for (int64_t j = 0; j < k; ++j) {
+      // The sign that makes the column's entry of largest magnitude positive.
+      int64_t arg = 0;
+      for (int64_t i = 1; i < m; ++i)
+        if (std::abs(svd.matrixU()(i, j)) > std::abs(svd.matrixU()(arg, j))) arg = i;
+      const T sign = svd.matrixU()(arg, j) < 0 ? T(-1) : T(1);
+      for (int64_t i = 0; i < m; ++i) u[std::size_t(i * k + j)] = sign * svd.matrixU()(i, j);
+      for (int64_t i = 0; i < n; ++i) vh[std::size_t(j * n + i)] = sign * svd.matrixV()(i, j);
+      s[std::size_t(j)] = sv(j);
+    }
+    values = {};
+  }
+};
+
+// A checked matrix's decomposition, ready to run: f64 or f32.
+struct Job {
+  Decomposition<double> f64{};
+  Decomposition<float> f32{};
+  bool is_f64 = false;
+  Device device = Device::cpu();
+};
+
+template <typename T>
+void check_finite(const std::vector<T>& values, int64_t m, int64_t n) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      throw std::invalid_argument(
+          "[top_singular_triplets] entry (" + std::to_string(int64_t(i) / n) + ", " +
+          std::to_string(int64_t(i) % n) + ") of the [" + std::to_string(m) + ", " +
+          std::to_string(n) + "] matrix is not finite");
+}
+
+Job prepare(const Tensor& a, int64_t k) {
+  if (a.dim() != 2)
+    throw std::invalid_argument("[top_singular_triplets] needs a matrix, got " +
+                                std::to_string(a.dim()) + " dims");
+  const int64_t m = a.shape()[0], n = a.shape()[1];
+  if (k < 1 || k > std::min(m, n))
+    throw std::invalid_argument("[top_singular_triplets] k must be in [1, " +
+                                std::to_string(std::min(m, n)) + "] for a [" + std::to_string(m) +
+                                ", " + std::to_string(n) + "] matrix, got " + std::to_string(k));
+  if (a.dtype() != DType::f64 && a.dtype() != DType::f32)
+    throw std::invalid_argument(std::string("[top_singular_triplets] needs f32 or f64, got ") +
+                                dtype_name(a.dtype()));
+  Job job;
+  job.is_f64 = a.dtype() == DType::f64;
+  job.device = a.device();
+  if (job.is_f64) {
+    job.f64 = {m, n, k, a.to_vector<double>()};
+    check_finite(job.f64.values, m, n);
+  } else {
+    job.f32 = {m, n, k, a.to_vector<float>()};
+    check_finite(job.f32.values, m, n);
+  }
+  return job;
+}
+
+template <typename T>
+SingularTriplets triplets_of(const Decomposition<T>& d, Device device) {
+  const TensorOptions opts{.dtype = dtype_v<T>, .device = device};
+  SingularTriplets out;
+  out.u = from_vector<T>(d.u, {d.m, d.k}, opts);
+  out.s = from_vector<T>(d.s, {d.k}, opts);
+  out.vh = from_vector<T>(d.vh, {d.k, d.n}, opts);
+  out.total_square = d.total_square;
+  out.rest_square = d.rest_square;
+  return out;
+}
+
+}  // namespace
+
+std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& matrices,
+                                                    const std::vector<int64_t>& k) {
+  if (matrices.size() != k.size())
+    throw std::invalid_argument("[top_singular_triplets] " + std::to_string(matrices.size()) +
+                                " matrices and " + std::to_string(k.size()) + " ranks k");
+  NoGradGuard no_grad;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < matrices.size(); ++i) jobs.push_back(prepare(matrices[i], k[i]));
+  cpu::parallel_for(0, int64_t(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (jobs[std::size_t(i)].is_f64)
+        jobs[std::size_t(i)].f64.run();
+      else
+        jobs[std::size_t(i)].f32.run();
+    }
+  });
+  std::vector<SingularTriplets> out;
+  for (const Job& j : jobs)
+    out.push_back(j.is_f64 ? triplets_of(j.f64, j.device) : triplets_of(j.f32, j.device));
+  return out;
+}
+
+SingularTriplets top_singular_triplets(const Tensor& a, int64_t k) {
+  return std::move(top_singular_triplets(std::vector<Tensor>{a}, std::vector<int64_t>{k})[0]);
+}
+
+}  // namespace quanta
