@@ -10,6 +10,7 @@
 #include "engine/ops/elementwise.h"
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
+#include "engine/random/sampling.h"
 #include "quant/kernels/table.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_runs.h"
@@ -176,12 +177,25 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
   // Drawn in f32 whatever the dtype, so an f64 model starts from the same
   // adapters as an f32 one.
   Tensor a = empty({o.rank, base_->in_features()});
+  Tensor b = zeros({base_->out_features(), o.rank});
   Generator init_gen = Generator::named(o.seed, stream_name("lora.init", o.stream));
-  init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));  // PEFT's default for lora_A
+  switch (o.init) {
+    case LoRAInit::kaiming_uniform:
+      init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));  // PEFT's default for lora_A
+      break;
+    case LoRAInit::gaussian: {
+      NoGradGuard no_grad;
+      normal_(a, 0.0, 1.0 / r, init_gen);
+      break;
+    }
+    case LoRAInit::both_random:  // B drawn after A, from the same stream
+      init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));
+      init::kaiming_uniform_(b, init_gen, std::sqrt(5.0));
+      break;
+  }
   const Device device = base_->weight().device();
   lora_a_ = register_parameter("lora_A", a.to(o.dtype).to(device));
-  lora_b_ = register_parameter(
-      "lora_B", zeros({base_->out_features(), o.rank}, {.dtype = o.dtype}).to(device));
+  lora_b_ = register_parameter("lora_B", b.to(o.dtype).to(device));
   if (o.lora_bias && o.use_dora)
     throw std::invalid_argument(
         "[LoRALinear] lora_bias is not available with DoRA (PEFT refuses it)");
@@ -196,6 +210,17 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
     // B is zero: the rows' norms of W, so the layer starts as the base.
     magnitude_ = register_parameter("lora_magnitude_vector", weight_norm());
   }
+}
+
+void LoRALinear::set_adapters(const Tensor& a, const Tensor& b) {
+  if (a.shape() != lora_a_.shape() || b.shape() != lora_b_.shape())
+    throw std::invalid_argument(
+        "[LoRALinear] set_adapters: A " + shape_str(a.shape()) + " and B " + shape_str(b.shape()) +
+        " for adapters A " + shape_str(lora_a_.shape()) + " and B " + shape_str(lora_b_.shape()));
+  NoGradGuard no_grad;
+  copy_(lora_a_, a.to(lora_a_.dtype()).to(lora_a_.device()));
+  copy_(lora_b_, b.to(lora_b_.dtype()).to(lora_b_.device()));
+  if (magnitude_.defined()) copy_(magnitude_, weight_norm());
 }
 
 Tensor LoRALinear::adapted_weight() const {

@@ -78,6 +78,19 @@ class NF4Linear : public Module {
   DType dequant_dtype_;
 };
 
+/** How a LoRA layer's adapters start (PEFT's init_lora_weights). With the
+ * first two B is zero, so training starts from the base model. */
+enum class LoRAInit {
+  /** A Kaiming-uniform (a = sqrt(5), nn.Linear's), B zero: PEFT's true. */
+  kaiming_uniform,
+  /** A normal with std 1 / rank, B zero: PEFT's "gaussian". */
+  gaussian,
+  /** A and B both Kaiming-uniform, so the adapters change the model from the
+   * first step: PEFT's false (nn.Linear's own initialisation of both), for
+   * tests. */
+  both_random,
+};
+
 /** LoRA options (PEFT's LoraConfig: r, lora_alpha, lora_dropout, use_rslora). */
 struct LoRAOptions {
   int64_t rank = 8;
@@ -91,6 +104,7 @@ struct LoRAOptions {
   DType dtype = DType::f32;
   /** Seed of the adapters' initialisation and dropout streams. */
   uint64_t seed = 0;
+  LoRAInit init = LoRAInit::kaiming_uniform;
   /** Names the streams: seed and stream give each layer its own draws
    * ("lora.init" / "lora.dropout" suffixed with it when not empty). */
   std::string stream{};
@@ -140,6 +154,13 @@ class LoRALinear : public Module {
    * Throws std::invalid_argument naming the layer's shape for lora_bias over
    * a base without a bias (nowhere to merge it; PEFT refuses it too). */
   Tensor merged_bias() const;
+  /** Replaces the adapters' values by a [rank, in] and b [out, rank] (any
+   * floating dtype, any device; converted to the adapters'), outside the
+   * graph: an initialisation computed elsewhere (loftq_init). With DoRA the
+   * magnitude becomes weight_norm() of the new adapters, so the layer still
+   * computes base + scaling B A. Throws std::invalid_argument naming the
+   * shapes when they differ from the adapters'. */
+  void set_adapters(const Tensor& a, const Tensor& b);
   /** A plain Linear holding merged_weight() and merged_bias(), for export. */
   std::shared_ptr<Linear> merge() const;
   const std::shared_ptr<NF4Linear>& base() const { return base_; }
@@ -168,6 +189,8 @@ class LoRALinear : public Module {
   static std::vector<std::pair<std::string, Shape>> adapter_tensor_shapes(
       int64_t in, int64_t out, const LoRAOptions& options);
   double scaling() const { return scaling_; }
+  /** The dtype the base is dequantized to for DoRA and merging (LoRAOptions::base_dtype). */
+  DType base_dtype() const { return base_dtype_; }
   /** The stream the adapters' input dropout draws from: a training
    * checkpoint keeps its state so that a resumed run drops the same inputs. */
   Generator& dropout_generator() { return dropout_gen_; }
