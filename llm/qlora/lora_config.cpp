@@ -52,6 +52,28 @@ TrainedBiases parse_trained_biases(const std::string& text) {
   throw std::invalid_argument("bias must be none, all or lora_only, got \"" + text + "\"");
 }
 
+const char* lora_init_name(LoraInit init) {
+  switch (init) {
+    case LoraInit::gaussian:
+      return "gaussian";
+    case LoraInit::both_random:
+      return "false";
+    case LoraInit::loftq:
+      return "loftq";
+    case LoraInit::kaiming_uniform:
+      break;
+  }
+  return "true";
+}
+
+LoraInit parse_lora_init(const std::string& text) {
+  for (LoraInit i :
+       {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random, LoraInit::loftq})
+    if (text == lora_init_name(i)) return i;
+  throw std::invalid_argument("init_lora_weights must be true, gaussian, false or loftq, got \"" +
+                              text + "\"");
+}
+
 std::vector<std::string> parse_module_names(const std::string& text, const std::string& what) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -165,7 +187,21 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["bias"] = trained_biases_name(l.bias);
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
-  j["init_lora_weights"] = true;
+  // PEFT's value; LoftQ's adapters are recorded as its
+  // replace_lora_weights_loftq leaves them (true): PEFT's "loftq" would make
+  // a loader quantize and decompose the base again.
+  switch (l.init_lora_weights) {
+    case LoraInit::gaussian:
+      j["init_lora_weights"] = "gaussian";
+      break;
+    case LoraInit::both_random:
+      j["init_lora_weights"] = false;
+      break;
+    case LoraInit::kaiming_uniform:
+    case LoraInit::loftq:
+      j["init_lora_weights"] = true;
+      break;
+  }
   j["use_dora"] = l.use_dora;
   j["lora_bias"] = l.lora_bias;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);

@@ -29,6 +29,26 @@ const char* trained_biases_name(TrainedBiases b);
 /** The inverse; throws std::invalid_argument naming the three values. */
 TrainedBiases parse_trained_biases(const std::string& text);
 
+/** How the adapters start (PEFT's init_lora_weights). */
+enum class LoraInit {
+  /** A Kaiming-uniform, B zero: PEFT's default, true. */
+  kaiming_uniform,
+  /** A normal with std 1 / r, B zero: "gaussian". */
+  gaussian,
+  /** A and B both random (nn.Linear's initialisation): false. The model
+   * changes from the first step; for tests. */
+  both_random,
+  /** LoftQ's: B A the best rank-r correction of each layer's quantization
+   * error (quant::loftq_init), from the float weights the base is quantized
+   * from; PEFT's replace_lora_weights_loftq. */
+  loftq,
+};
+
+/** PEFT's spelling: "true", "gaussian", "false", "loftq". */
+const char* lora_init_name(LoraInit init);
+/** The inverse; throws std::invalid_argument naming the four values. */
+LoraInit parse_lora_init(const std::string& text);
+
 /** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
  * and with which r and alpha is PEFT's rule (lora_targets.h). Regular
  * expressions are Python's as far as ECMAScript (std::regex) shares them:
@@ -82,6 +102,10 @@ struct LoraSettings {
    * ("embed_tokens", "lm_head"); never an NF4 layer, and not the embeddings
    * or output layer of a tied model. */
   std::vector<std::string> modules_to_save;
+  /** How the adapters start; adapter_config.json records it as PEFT does
+   * (true for loftq, as replace_lora_weights_loftq leaves the config), and
+   * a folder read back starts from its stored adapters whatever it says. */
+  LoraInit init_lora_weights = LoraInit::kaiming_uniform;
   /** The base model's folder, as the user named it (recorded, checked on load). */
   std::string base_model_name_or_path;
 };

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/cpu/parallel.h"
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
 #include "engine/text.h"
@@ -251,6 +252,14 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
           " (a Llama's linear layers have none unless attention_bias or mlp_bias is set; "
           "Qwen2's q_proj, k_proj and v_proj have them)");
   }
+  if (o.lora.init_lora_weights == LoraInit::loftq)
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (chosen[i] && !slots[i].linear)
+        throw std::invalid_argument(
+            "init_lora_weights loftq corrects the quantization error toward the float weights, "
+            "and layer " +
+            slots[i].name +
+            " was loaded in 4 bits (a 4-bit folder): start from the float model's folder");
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
       throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
@@ -277,6 +286,29 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   lora.base_dtype = model.config().dtype == DType::f64 ? DType::f32 : model.config().dtype;
   lora.dtype = model.config().dtype == DType::f64 ? DType::f64 : DType::f32;
   lora.seed = o.seed;
+  switch (o.lora.init_lora_weights) {
+    case LoraInit::gaussian:
+      lora.init = quant::LoRAInit::gaussian;
+      break;
+    case LoraInit::both_random:
+      lora.init = quant::LoRAInit::both_random;
+      break;
+    case LoraInit::kaiming_uniform:
+    case LoraInit::loftq:  // drawn, then replaced by loftq_init
+      lora.init = quant::LoRAInit::kaiming_uniform;
+      break;
+  }
+  // LoftQ's layers with their float weights, decomposed a thread's worth
+  // at a time (each error is a layer's size on the host).
+  std::vector<std::pair<quant::LoRALinear*, Tensor>> loftq;
+  std::vector<std::size_t> loftq_layers;
+  const auto run_loftq = [&] {
+    const std::vector<quant::LoftQError> errors = quant::loftq_init(loftq);
+    for (std::size_t j = 0; j < errors.size(); ++j)
+      report.layers[loftq_layers[j]].loftq = errors[j];
+    loftq.clear();
+    loftq_layers.clear();
+  };
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const Convertible& s = slots[i];
     QLoRALayer layer{s.name, Shape{s.out(), s.in()}};
@@ -297,12 +329,19 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       lora.rank = chosen[i]->r;
       lora.alpha = chosen[i]->lora_alpha;
       lora.stream = s.name;
-      replacement = std::make_shared<quant::LoRALinear>(base, lora);
+      auto adapted = std::make_shared<quant::LoRALinear>(base, lora);
+      if (o.lora.init_lora_weights == LoraInit::loftq) {
+        loftq.emplace_back(adapted.get(), s.linear->weight().detach());
+        loftq_layers.push_back(report.layers.size());
+      }
+      replacement = adapted;
       layer.adapted = true;
     }
     s.parent->replace_module(s.child, replacement);
     report.layers.push_back(layer);
+    if (loftq.size() == std::size_t(num_threads())) run_loftq();
   }
+  if (!loftq.empty()) run_loftq();
   for (const auto& [module, indices] : plan.tokens) model.add_trainable_tokens(module, indices);
   // Only the adapters train, the biases lora.bias names, the trainable
   // tokens and the modules trained whole.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "engine/nn/module.h"
 #include "llm/model/causal_lm.h"
 #include "llm/qlora/lora_config.h"
+#include "quant/nf4/loftq.h"
 #include "quant/nf4/nf4_modules.h"
 
 namespace quanta::llm {
@@ -48,6 +50,9 @@ struct QLoRALayer {
   bool adapted = false;
   std::size_t bytes_before = 0;  // the float weight
   std::size_t bytes_after = 0;   // codes and scales in bitsandbytes' layout
+  /** With init_lora_weights loftq: the squared Frobenius norm of the
+   * layer's quantization error before and after its adapters' correction. */
+  std::optional<quant::LoftQError> loftq{};
 };
 
 /** What apply_qlora did. */
@@ -75,8 +80,12 @@ struct QLoRAReport {
  * module named by modules_to_save too),
  * a layer's r above its in or out features, a
  * modules_to_save entry matching no module or naming a linear layer other
- * than lm_head, a container, or a tied model's embeddings, or a model
- * already converted; the model is then unchanged. */
+ * than lm_head, a container, or a tied model's embeddings, init_lora_weights
+ * loftq over a base loaded in 4 bits (no float weights to correct toward),
+ * or a model already converted; the model is then unchanged. LoftQ
+ * computes each adapted layer's SVD on the host (quant::loftq_init): from
+ * a fraction of a second for a 768 x 2048 layer to several seconds for
+ * 2048 x 5632. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
 
 /** apply_qlora's NF4 conversion without adapters: the 4-bit base alone, as

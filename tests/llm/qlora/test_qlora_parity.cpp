@@ -525,3 +525,105 @@ TEST_CASE("QLoRA parity: transformers' 4-bit folder loads as the base quanta qua
   CHECK_THROWS_WITH_AS(llm::load_bnb_folder(llm_data() + "/models/llama_gqa"),
                        doctest::Contains("has no quantization_config"), std::invalid_argument);
 }
+
+namespace {
+
+// `got` with each row's sign chosen to agree with `want`'s row (rows of A,
+// columns of B: a singular pair's sign is the SVD library's choice).
+Tensor signs_as(const Tensor& got, const Tensor& want, int64_t dim) {
+  const Tensor g = got.to(Device::cpu()).to(DType::f64);
+  const Tensor dots = sum(g * want.to(DType::f64), {dim}, true);
+  return g * where(lt(dots, zeros_like(dots)), full_like(dots, -1.0), full_like(dots, 1.0));
+}
+
+}  // namespace
+
+TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weights_loftq sets") {
+  for (const std::string name : {"loftq_llama_gqa", "loftq_llama_bf16"}) {
+    const std::string dir = llm_data() + "/qlora/" + name;
+    std::ifstream in(dir + "/case.json");
+    const nlohmann::json settings = nlohmann::json::parse(in);
+    std::map<std::string, Tensor> want;
+    for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+    const bool bf16 = settings["compute_dtype"] == "bfloat16";
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);
+    for (const Device dev : devices) {
+      // lora_alpha = r as in the fixture (scaling 1, what PEFT assumes), and
+      // twice r: quanta's factors then carry 1 / sqrt(2) each, their scaled
+      // product the same correction.
+      for (const double alpha : {4.0, 8.0}) {
+        INFO(name, " on ", dev.str(), ", lora_alpha ", alpha);
+        auto model = llm::load_causal_lm(
+            llm_data() + "/models/" + settings["model"].get<std::string>(), dev);
+        llm::QLoRAOptions o;
+        o.lora.r = settings["r"].get<int64_t>();
+        o.lora.lora_alpha = alpha;
+        o.lora.init_lora_weights = llm::LoraInit::loftq;
+        o.quantization.compute_dtype = bf16 ? DType::bf16 : DType::f32;
+        const llm::QLoRAReport report = llm::apply_qlora(*model, o);
+        const double scale = std::sqrt(alpha / 4.0);
+        std::vector<std::string> adapted;
+        double before = 0, after = 0;
+        for (const llm::QLoRALayer& l : report.layers) {
+          REQUIRE(l.loftq.has_value());
+          INFO(l.name);
+          CHECK(l.loftq->before ==
+                doctest::Approx(want.at(l.name + ".error_before").item()).epsilon(1e-5));
+          CHECK(l.loftq->after ==
+                doctest::Approx(want.at(l.name + ".error_after").item()).epsilon(1e-4));
+          before += l.loftq->before;
+          after += l.loftq->after;
+        }
+        MESSAGE(name << " on " << dev.str() << ": quantization error " << before << " -> " << after
+                     << " (sum of squares)");
+        for (const auto& [layer_name, layer] : llm::lora_layers(*model)) {
+          INFO(layer_name);
+          adapted.push_back(layer_name);
+          const Tensor a = want.at(layer_name + ".lora_A.weight");
+          const Tensor b = want.at(layer_name + ".lora_B.weight");
+          CHECK(max_rel_diff(signs_as(layer->lora_A(), a, 1) * scale, a) < 1e-4);
+          CHECK(max_rel_diff(signs_as(layer->lora_B(), b, 0) * scale, b) < 1e-4);
+          // Two f32 SVDs of the same error: PEFT's own product differs from
+          // one computed in f64 by up to 1.5e-5 (down_proj of layer 1, whose
+          // r-th and next singular values are close), quanta's f32 one from
+          // PEFT's by up to 5.7e-5 (2026-12-03).
+          const Tensor product = matmul(layer->lora_B(), layer->lora_A()) * layer->scaling();
+          CHECK(max_rel_diff(product, matmul(b, a)) < 1e-4);
+        }
+        CHECK(nlohmann::json(adapted) == settings["targeted"]);
+        model->eval();
+        NoGradGuard no_grad;
+        const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());
+        const double err = max_rel_diff(logits.to(DType::f32), want.at("logits_eval"));
+        CHECK(err < (bf16 ? 3e-2 : 1e-5));
+        // Closer to the float model's logits than the NF4 base alone.
+        const std::string model_dir =
+            llm_data() + "/models/" + settings["model"].get<std::string>();
+        auto float_model = llm::load_causal_lm(model_dir, dev);
+        auto plain = llm::load_causal_lm(model_dir, dev);
+        o.lora.init_lora_weights = llm::LoraInit::kaiming_uniform;
+        llm::apply_qlora(*plain, o);
+        float_model->eval();
+        plain->eval();
+        const Tensor ids = want.at("ids").to(dev);
+        const Tensor reference = float_model->logits(ids).to(Device::cpu()).to(DType::f64);
+        const double loftq_error = sum(square(logits.to(DType::f64) - reference)).item();
+        const double plain_error =
+            sum(square(plain->logits(ids).to(Device::cpu()).to(DType::f64) - reference)).item();
+        MESSAGE(name << " on " << dev.str() << ": squared distance to the float model's logits "
+                     << plain_error << " (NF4) -> " << loftq_error << " (LoftQ)");
+        CHECK(loftq_error < plain_error);
+      }
+    }
+  }
+  // The float weights are what LoftQ corrects toward: a 4-bit folder has none.
+  auto four_bit = llm::load_base_model(llm_data() + "/qlora/transformers_4bit/llama_gqa");
+  llm::QLoRAOptions o;
+  o.lora.init_lora_weights = llm::LoraInit::loftq;
+  o.quantization.compute_dtype = DType::f32;
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*four_bit, o),
+                       doctest::Contains("was loaded in 4 bits (a 4-bit folder)"),
+                       std::invalid_argument);
+  CHECK(llm::lora_layers(*four_bit).empty());
+}

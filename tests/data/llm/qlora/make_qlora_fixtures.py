@@ -5,7 +5,7 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
-(PART: cases, quanta_written, transformers_4bit; all when none is named;
+(PART: cases, quanta_written, transformers_4bit, loftq; all when none is named;
 case=NAME for one case, quanta_written=NAME for one folder.)
 
 One folder per case in qlora/:
@@ -40,6 +40,9 @@ transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa,
                      llama_gqa_bf16_storage: llama_gqa with
                      bnb_4bit_quant_storage=bfloat16 (FSDP-QLoRA's setting: the
                      packed codes stored as BF16 [bytes / 2, 1])
+
+loftq_*/             case.json + expected.safetensors: the adapters PEFT's
+                     replace_lora_weights_loftq starts from (loftq_cases)
 
 quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
                      all-linear; PEFT's layer choice by lists, by regexes;
@@ -489,9 +492,97 @@ def save_transformers_4bit(root):
             print("transformers_4bit:", name, len(list(f.keys())), "tensors")
 
 
+# LoftQ's start (PEFT's replace_lora_weights_loftq over the bitsandbytes
+# model, reading the float weights from the model folder): lora_alpha = r,
+# the scaling of 1 PEFT's LoftQ assumes (quanta divides by the scaling).
+LOFTQ_CASES = {"loftq_llama_gqa": dict(model="llama_gqa", r=4, dtype=torch.float32),
+               "loftq_llama_bf16": dict(model="llama_bf16", r=4, dtype=torch.bfloat16)}
+
+
+def loftq_on_cpu(fn):
+    """Runs fn with Tensor.to(device="cuda") kept on the CPU: PEFT's
+    _loftq_init_new names a GPU for its SVD; the arithmetic is the same."""
+    to = torch.Tensor.to
+
+    def cpu_to(self, *args, **kwargs):
+        if kwargs.get("device") in ("cuda", "xpu"):
+            kwargs["device"] = "cpu"
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = cpu_to
+    try:
+        return fn()
+    finally:
+        torch.Tensor.to = to
+
+
+def loftq_cases(root):
+    """qlora/<case>/: case.json (model, r, lora_alpha, targeted) and
+    expected.safetensors: "<layer>.lora_A.weight" and ".lora_B.weight" as
+    replace_lora_weights_loftq sets them (f32), the squared Frobenius norm
+    of each layer's quantization error before ("<layer>.error_before") and
+    after ("<layer>.error_after", of W - Q - B A), and ids [2, 12] with the
+    eval-mode logits over them."""
+    from peft import replace_lora_weights_loftq
+    for i, (name, c) in enumerate(LOFTQ_CASES.items()):
+        out_dir = os.path.join(root, "qlora", name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        model_dir = os.path.join(root, "models", c["model"])
+        dtype = c["dtype"]
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, device_map="cpu",
+            quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                   bnb_4bit_use_double_quant=True,
+                                                   bnb_4bit_compute_dtype=dtype))
+        for m in model.modules():
+            if isinstance(m, bnb.nn.Linear4bit):
+                m.support_avx512bf16_for_cpu = False
+        torch.manual_seed(900 + i)
+        pm = get_peft_model(model, LoraConfig(r=c["r"], lora_alpha=c["r"], lora_dropout=0.0,
+                                              target_modules="all-linear", task_type="CAUSAL_LM"))
+        loftq_on_cpu(lambda: replace_lora_weights_loftq(pm, model_path=model_dir))
+        prefix = "base_model.model."
+        exp = {}
+        targeted = []
+        with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+            for n, m in pm.named_modules():
+                if not isinstance(m, peft.tuners.lora.Linear4bit):
+                    continue
+                layer = n[len(prefix):]
+                targeted.append(layer)
+                a = m.lora_A["default"].weight.detach().float()
+                b = m.lora_B["default"].weight.detach().float()
+                assert m.scaling["default"] == 1.0
+                w = f.get_tensor(layer + ".weight").float()
+                q = bnb.functional.dequantize_4bit(m.base_layer.weight.data,
+                                                   m.base_layer.weight.quant_state).float()
+                exp[layer + ".lora_A.weight"] = a
+                exp[layer + ".lora_B.weight"] = b
+                exp[layer + ".error_before"] = ((w - q) ** 2).sum().reshape(())
+                exp[layer + ".error_after"] = ((w - q - b @ a) ** 2).sum().reshape(())
+                assert exp[layer + ".error_after"] < exp[layer + ".error_before"], layer
+        assert len(targeted) == 14, targeted
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(950 + i))
+        pm.eval()
+        with torch.no_grad():
+            exp["logits_eval"] = pm(input_ids=ids).logits.float()
+        exp["ids"] = ids
+        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+                  metadata={"versions": VERSIONS})
+        with open(os.path.join(out_dir, "case.json"), "w") as f:
+            json.dump({"model": c["model"], "r": c["r"], "lora_alpha": c["r"], "target_modules": "all-linear",
+                       "compute_dtype": str(dtype).removeprefix("torch."), "targeted": targeted}, f, indent=2)
+            f.write("\n")
+        before = sum(exp[t + ".error_before"].item() for t in targeted)
+        after = sum(exp[t + ".error_after"].item() for t in targeted)
+        print(name, "quantization error (sum of squares)", before, "->", after)
+
+
 PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
                                 for i, (name, c) in enumerate(CASES.items())],
          "quanta_written": check_quanta_adapters,
+         "loftq": loftq_cases,
          "transformers_4bit": save_transformers_4bit}
 
 
