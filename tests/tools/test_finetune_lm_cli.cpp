@@ -821,6 +821,61 @@ TEST_CASE(
                      d.file("sharded/adapters/adapter_model.safetensors"));
 }
 
+TEST_CASE(
+    "finetune --model --init-lora-weights: LoftQ's start, recorded as PEFT records it; "
+    "resumed, on 2 ranks and sharded") {
+  ScratchDir d("ft_lm_init");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 17), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 18), llm::TokenWidth::u16);
+  const auto eval_before = [](const std::string& out) {
+    return std::stod(out.substr(out.find("eval before fine-tuning: loss ") + 30));
+  };
+  const std::vector<std::string> eval = {"--steps", "2", "--eval-data", d.file("eval.bin")};
+  const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));
+  REQUIRE_MESSAGE(plain.code == 0, plain.err);
+  std::vector<std::string> loftq_flags = eval;
+  loftq_flags.insert(loftq_flags.end(), {"--init-lora-weights", "loftq"});
+  const CliResult loftq = run_quanta(finetune("llama_gqa", d, "loftq", loftq_flags));
+  REQUIRE_MESSAGE(loftq.code == 0, loftq.err);
+  CHECK(contains(loftq.out, "init loftq on 14 layers"));
+  CHECK(contains(loftq.out, "LoftQ: the adapted layers' quantization error "));
+  // The base alone scores the NF4 model; LoftQ's adapters move it.
+  CHECK(eval_before(loftq.out) != eval_before(plain.out));
+  // PEFT records LoftQ's adapters as replace_lora_weights_loftq leaves the
+  // config, gaussian ones by name.
+  CHECK(json::parse(std::ifstream(
+            d.file("loftq/adapters/adapter_config.json")))["init_lora_weights"] == true);
+  const CliResult gaussian = run_quanta(
+      finetune("llama_gqa", d, "gaussian", {"--steps", "1", "--init-lora-weights", "gaussian"}));
+  REQUIRE_MESSAGE(gaussian.code == 0, gaussian.err);
+  CHECK(json::parse(std::ifstream(
+            d.file("gaussian/adapters/adapter_config.json")))["init_lora_weights"] == "gaussian");
+  // A resume starts from the checkpoint's adapters: no SVD, the bytes of
+  // one run; 2 ranks, sharded or not, start from rank 0's.
+  const auto with = [](std::vector<std::string> more) {
+    more.insert(more.end(), {"--init-lora-weights", "loftq", "--lora-dropout", "0"});
+    return more;
+  };
+  check_resume_and_sharding(d, "llama_gqa", with);
+  const CliResult resumed = run_quanta(finetune(
+      "llama_gqa", d, "part", with({"--steps", "7", "--lr-schedule", "constant", "--resume"})));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  CHECK_FALSE(contains(resumed.out, "LoftQ"));
+  // Over a 4-bit folder there are no float weights to correct toward.
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const CliResult four_bit = run_quanta(
+      {"finetune", "--model", std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa",
+       "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("four_bit"),
+       "--init-lora-weights", "loftq"});
+  CHECK(four_bit.code != 0);
+  CHECK(contains(four_bit.err, "was loaded in 4 bits (a 4-bit folder): start from the float"));
+  CHECK_FALSE(std::filesystem::exists(d.file("four_bit/adapters")));
+  const CliResult bad =
+      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "pissa"}));
+  CHECK(bad.code != 0);
+  CHECK(contains(bad.err, "--init-lora-weights"));
+}
+
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {
   ScratchDir d("ft_lm_ranks");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 6), llm::TokenWidth::u16);

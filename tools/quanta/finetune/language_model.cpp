@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -94,6 +95,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   for (const auto& [key, value] : texts)
     if (!value->empty()) model[key] = *value;
   if (o.use_dora) model["use_dora"] = true;
+  if (o.init_lora_weights != "true") model["init_lora_weights"] = o.init_lora_weights;
   if (o.bias != "none") model["bias"] = o.bias;
   if (o.lora_bias) model["lora_bias"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
@@ -351,6 +353,14 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_flag("--use-dora", o.use_dora,
                "--model: DoRA (PEFT's use_dora): train a magnitude per output row beside the "
                "adapters, which set the rows' direction");
+  sub.add_option("--init-lora-weights", o.init_lora_weights,
+                 "--model: how the adapters start (PEFT's init_lora_weights): true (A "
+                 "Kaiming-uniform, B zero), gaussian (A normal, std 1/r), false (A and B both "
+                 "random: the model changes from the first step), or loftq (B A the best rank-r "
+                 "correction of each layer's quantization error, one SVD per adapted layer on the "
+                 "host; PEFT's replace_lora_weights_loftq, scaled by alpha / r)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"true", "gaussian", "false", "loftq"}));
   sub.add_option("--bias", o.bias,
                  "--model: the base's biases that train beside the adapters and are saved with "
                  "them (PEFT's bias): none, all, or lora_only (the adapted layers'); never "
@@ -422,6 +432,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.lora_dropout = o.lora_dropout;
     q.lora.use_rslora = o.use_rslora;
     q.lora.use_dora = o.use_dora;
+    q.lora.init_lora_weights = llm::parse_lora_init(o.init_lora_weights);
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
@@ -470,7 +481,18 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.quantization.double_quant = stored->double_quant;
   std::shared_ptr<llm::CausalLM> model =
       llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
+  // A resumed run's adapters come from its checkpoint: no start to compute.
+  const bool loftq = q.lora.init_lora_weights == llm::LoraInit::loftq && !run->resume;
+  if (!loftq && q.lora.init_lora_weights == llm::LoraInit::loftq)
+    q.lora.init_lora_weights = llm::LoraInit::kaiming_uniform;
+  if (loftq)
+    log << "LoftQ: one SVD of each adapted layer's quantization error (on the host; minutes "
+           "for a model of billions of parameters)\n"
+        << std::flush;
+  const auto conversion_start = std::chrono::steady_clock::now();
   const llm::QLoRAReport report = llm::apply_qlora(*model, q);
+  const double conversion_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();
   if (!o.merge_to.empty()) {
     try {
       llm::check_qlora_mergeable(*model);
@@ -494,8 +516,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << " bytes (block 64, double quant, compute "
       << llm::torch_dtype_name(q.quantization.compute_dtype) << ")\n"
       << "LoRA: r " << o.lora_r << ", alpha " << o.lora_alpha << ", dropout " << o.lora_dropout
-      << (o.use_rslora ? ", rslora" : "") << (o.use_dora ? ", DoRA" : "") << " on " << adapted
-      << " layers (" << layer_choice_text(q.lora)
+      << (o.use_rslora ? ", rslora" : "") << (o.use_dora ? ", DoRA" : "")
+      << (o.init_lora_weights != "true" ? ", init " + o.init_lora_weights : std::string()) << " on "
+      << adapted << " layers (" << layer_choice_text(q.lora)
       << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
       << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
@@ -504,6 +527,20 @@ void run_lm_finetune(const FinetuneOptions& flags) {
               ? std::string()
               : ", with " + join_names(report.saved_modules) + " trained whole")
       << ")\n";
+  if (loftq) {
+    double error_before = 0, error_after = 0;
+    for (const llm::QLoRALayer& l : report.layers)
+      if (l.loftq) {
+        error_before += l.loftq->before;
+        error_after += l.loftq->after;
+      }
+    log << "LoftQ: the adapted layers' quantization error " << std::setprecision(4)
+        << std::sqrt(error_before) << " -> " << std::sqrt(error_after)
+        << " (Frobenius norm over all of them, " << std::fixed << std::setprecision(1)
+        << 100.0 * (1.0 - std::sqrt(error_after / error_before)) << "% less), " << conversion_s
+        << " s\n"
+        << std::defaultfloat << std::setprecision(6);
+  }
   const int64_t eval_rows = o.batch_size;
   if (lead && eval_data && !run->resume) {
     // In the run's precision, as every evaluation of the loop: comparable.

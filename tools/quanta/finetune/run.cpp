@@ -99,6 +99,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--compute-dtype",
                                                    "--use-rslora",
                                                    "--use-dora",
+                                                   "--init-lora-weights",
                                                    "--pack",
                                                    "--document-start",
                                                    "--document-end",

@@ -51,6 +51,7 @@ struct FinetuneOptions {
   std::string layers_to_transform, layers_pattern, modules_to_save;
   std::vector<std::string> rank_pattern, alpha_pattern, trainable_token_indices;
   std::string bias = "none";
+  std::string init_lora_weights = "true";  // PEFT's values: true, gaussian, false, loftq
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;
