@@ -60,7 +60,7 @@ Tensor checked_targets(const Tensor& targets, int64_t vocab, int64_t ignore_inde
   }
   const TensorOptions opts{.dtype = DType::i64, .device = targets.device()};
   const Tensor ignored = eq(targets, scalar(static_cast<double>(ignore_index), opts));
-  const Tensor checked = detail::checked_index(
+  const Tensor checked = quanta::detail::checked_index(
       "chunked_causal_lm_loss", contiguous(where(ignored, scalar(0.0, opts), targets)), 0, vocab);
   return where(ignored, targets, checked);
 }

@@ -32,7 +32,8 @@ CodeStatistics code_statistics(const Tensor& idx, const Tensor& x, int64_t k) {
             index_add(zeros({k, d}, opt), 0, idx, x.detach())};
   // Checked as the index ops check theirs: at once on the CPU, on a device
   // by the device (reported at the next read), never by reading it back.
-  const Tensor ix = detail::checked_index("code_statistics", contiguous(idx.to(DType::i64)), 0, k);
+  const Tensor ix =
+      quanta::detail::checked_index("code_statistics", contiguous(idx.to(DType::i64)), 0, k);
   const Tensor xc = contiguous(x.detach());
   CodeStatistics s{empty({k}, opt), empty({k, d}, opt)};
   kernels.code_statistics(x.dtype(), static_cast<const int64_t*>(ix.raw_data()), xc.raw_data(), n,
