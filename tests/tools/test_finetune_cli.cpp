@@ -281,9 +281,12 @@ TEST_CASE("finetune --resume continues exactly, dropout streams included") {
   CHECK(percent_after(r.out, "after fine-tuning:") ==
         doctest::Approx(percent_after(whole.out, "after fine-tuning:")));
   // What defines the run may not change; the base neither.
-  check_one_line_error(run_quanta(finetune(t.nf4_ckpt, out.file("split"),
-                                           with(drop, {"--resume", "--lora-r", "4"}), "20")),
-                       2, "--resume cannot change the run it continues (model:");
+  check_one_line_error(
+      run_quanta(
+          finetune(t.nf4_ckpt, out.file("split"), with(drop, {"--resume", "--lora-r", "4"}), "20")),
+      2,
+      "--resume cannot change the run it continues (model.lora_rank: checkpoint 8, "
+      "now 4)");
   check_one_line_error(
       run_quanta(finetune(t.float_ckpt, out.file("split"), with(drop, {"--resume"}), "20")), 2,
       "--resume cannot change the run it continues (base:");

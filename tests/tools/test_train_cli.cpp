@@ -269,7 +269,8 @@ TEST_CASE("quanta train --resume continues exactly") {
   check_one_line_error(run_quanta(changed), 2,
                        "--resume cannot change the run it continues (lr: checkpoint 0.002");
   check_one_line_error(run_quanta(with(tiny_train(b, 9), {"--resume", "--quantizer", "vq"})), 2,
-                       "--resume cannot change the run it continues (quantizer:");
+                       "--resume cannot change the run it continues (quantizer.type: checkpoint "
+                       "\"rvq\", now \"vq\")");
   check_one_line_error(run_quanta(with(tiny_train(b, 6, rvq), {"--resume"})), 2,
                        "the checkpoint is at step 6");
 

@@ -39,6 +39,23 @@ std::string dump(const json& v) {
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
+// "model.adapters: checkpoint "/a", now "/b"": the first setting that
+// differs, however deep, rather than two truncated objects; an object's
+// "type" first (another quantizer's settings all differ).
+std::string first_difference(const std::string& key, const json& a, const json& b) {
+  if (a.is_object() && b.is_object()) {
+    if (a.value("type", json()) != b.value("type", json()))
+      return first_difference(key + ".type", a.value("type", json()), b.value("type", json()));
+    for (const json* side : {&a, &b})
+      for (const auto& item : side->items()) {
+        const std::string& k = item.key();
+        const json x = a.value(k, json()), y = b.value(k, json());
+        if (x != y) return first_difference(key + "." + k, x, y);
+      }
+  }
+  return key + ": checkpoint " + dump(a) + ", now " + dump(b);
+}
+
 [[noreturn]] void bad(const std::string& key, const std::string& want, const json& v) {
   throw std::invalid_argument("[config] '" + key + "' must be " + want + ", got " + dump(v));
 }
@@ -325,7 +342,7 @@ std::string resume_conflict(const json& checkpoint, const json& now) {
   const json then = with_optional_defaults(checkpoint), full = with_optional_defaults(now);
   for (const char* k : kRunDefining) {
     const json a = then.value(k, json()), b = full.value(k, json());
-    if (a != b) return std::string(k) + ": checkpoint " + dump(a) + ", now " + dump(b);
+    if (a != b) return first_difference(k, a, b);
   }
   return "";
 }
