@@ -205,7 +205,7 @@ void load_peft_adapter_tensors(Module& model, const std::string& dir) {
 }
 
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
-                                const std::string& base_dir) {
+                                const std::string& base_dir, const AdapterTraining& training) {
   const AdapterFolderConfig folder = read_adapter_folder_config(adapter_dir, model.config().dtype);
   const std::string recorded = folder.lora.base_model_name_or_path;
   if (!base_dir.empty() && !recorded.empty() &&
@@ -235,6 +235,9 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   QLoRAOptions options;
   options.lora = folder.lora;
   options.quantization = folder.quantization;
+  options.seed = training.seed;
+  if (training.lora_dropout) options.lora.lora_dropout = *training.lora_dropout;
+  if (training.compute_dtype) options.quantization.compute_dtype = *training.compute_dtype;
   options.refuse_unused_settings = false;  // PEFT loads such folders
   options.refuse_unmatched_targets = !image_text;
   const std::string config_path = (fs::path(adapter_dir) / kAdapterConfigFile).string();

@@ -3,6 +3,8 @@
 // with PEFT's tensor names (base_model.model.<module>.lora_A.weight), as
 // PeftModel.save_pretrained writes them and PeftModel.from_pretrained
 // reads them.
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -66,15 +68,28 @@ struct AdapterBaseMismatch : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/** What changes when a folder's adapters are trained on (quanta finetune
+ * --adapters) rather than only run: PEFT's from_pretrained(is_trainable=True)
+ * with these in the config it passes. */
+struct AdapterTraining {
+  /** The seed of the adapters' dropout streams (QLoRAOptions::seed). */
+  uint64_t seed = 0;
+  /** The adapters' dropout instead of the folder's lora_dropout. */
+  std::optional<double> lora_dropout{};
+  /** The base's compute dtype instead of the folder's bnb_4bit_compute_dtype
+   * (the stored bytes and scales do not depend on it). */
+  std::optional<DType> compute_dtype{};
+};
+
 /** Applies the adapter folder `adapter_dir` to the model loaded from
- * `base_dir`: apply_qlora with the folder's settings (seed unused), then its
- * tensors. A folder whose base_model_name_or_path ends in another name than
+ * `base_dir`: apply_qlora with the folder's settings (and `training`'s),
+ * then its tensors. A folder whose base_model_name_or_path ends in another name than
  * `base_dir` is refused, naming both (an adapter made for another base:
  * AdapterBaseMismatch); an empty `base_dir` skips that check. Any other
  * misfit (a setting the model refuses, a tensor missing, unexpected or of
  * another shape) throws std::runtime_error naming the file, found before the
  * model is converted: the model is unchanged then. */
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
-                                const std::string& base_dir);
+                                const std::string& base_dir, const AdapterTraining& training = {});
 
 }  // namespace quanta::llm

@@ -3,8 +3,8 @@
 // scores what the run reported, --merge-to gives a loadable float model,
 // 5 steps + --resume to 10 are the bytes of 10 in one go, JSONL data with
 // labels, 2 ranks agree with 1 (sharded too, and across two launchers),
-// PEFT's layer choice and modules trained whole, DoRA, and bad input is one
-// line.
+// PEFT's layer choice and modules trained whole, DoRA, training on from a
+// PEFT folder (--adapters), and bad input is one line.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -1077,6 +1077,117 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
   }
   CHECK(llm::read_non_decoder_weights(loaded->config(), d.file("q7")).size() ==
         llm::read_non_decoder_weights(in_process->config(), model("gemma3_image_text")).size());
+}
+
+TEST_CASE(
+    "finetune --model --adapters: training goes on from a PEFT folder as its config describes "
+    "it; resume and sharding agree; refusals") {
+  ScratchDir d("ft_lm_from_adapters");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 17), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 18), llm::TokenWidth::u16);
+  const std::string eval = d.file("eval.bin");
+  // The first run shapes adapters unlike the defaults: r 4 on q and v, rsLoRA.
+  const CliResult first = run_quanta(
+      finetune("qwen2_bias", d, "first",
+               {"--steps", "10", "--lora-r", "4", "--lora-alpha", "8", "--target-modules",
+                "q_proj,v_proj", "--use-rslora", "--lora-dropout", "0", "--eval-data", eval}));
+  REQUIRE_MESSAGE(first.code == 0, first.err);
+  const std::string start = d.file("first/adapters");
+  const double first_after =
+      records(d.file("first/metrics.jsonl")).back()["eval_loss"].get<double>();
+
+  // The second starts where the first ended: its first eval is the first's
+  // last, its adapters have the folder's shape, and training moves them on.
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), {"--adapters", start, "--eval-data", eval});
+    return more;
+  };
+  const CliResult second = run_quanta(finetune("qwen2_bias", d, "second", with({"--steps", "10"})));
+  REQUIRE_MESSAGE(second.code == 0, second.err);
+  CHECK(contains(second.out, "LoRA: r 4, alpha 8, dropout 0, rslora, from " + start +
+                                 " on 4 layers (q_proj,v_proj)"));
+  const double second_before =
+      std::stod(second.out.substr(second.out.find("eval before fine-tuning: loss ") + 30));
+  CHECK(second_before == doctest::Approx(first_after).epsilon(1e-6));
+  const double second_after =
+      records(d.file("second/metrics.jsonl")).back()["eval_loss"].get<double>();
+  MESSAGE("from adapters: eval loss " << second_before << " -> " << second_after);
+  CHECK(second_after < second_before);
+  const json a = json::parse(std::ifstream(start + "/adapter_config.json"));
+  const json b = json::parse(std::ifstream(d.file("second/adapters/adapter_config.json")));
+  for (const char* field : {"r", "lora_alpha", "target_modules", "use_rslora", "lora_dropout"}) {
+    CAPTURE(field);
+    CHECK(a[field] == b[field]);
+  }
+  const io::SafetensorsFile x = io::load_safetensors(start + "/adapter_model.safetensors");
+  const io::SafetensorsFile y =
+      io::load_safetensors(d.file("second/adapters/adapter_model.safetensors"));
+  REQUIRE(x.tensors.size() == y.tensors.size());
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    CHECK(x.tensors[i].first == y.tensors[i].first);
+    CHECK(x.tensors[i].second.to_vector<float>() != y.tensors[i].second.to_vector<float>());
+  }
+  // The run's config names the folder: a resume checks its adapters are the
+  // ones it started from.
+  const train::Checkpoint ck =
+      train::load_checkpoint(d.file("second/checkpoint.safetensors"), "quanta-lm-finetune-1");
+  CHECK(ck.info.config["model"]["adapters"] ==
+        std::filesystem::absolute(start).lexically_normal().string());
+
+  // The dropout, a training setting, may change; it is what the new folder records.
+  const CliResult dropout = run_quanta(
+      finetune("qwen2_bias", d, "dropout", with({"--steps", "2", "--lora-dropout", "0.2"})));
+  REQUIRE_MESSAGE(dropout.code == 0, dropout.err);
+  CHECK(contains(dropout.out, "LoRA: r 4, alpha 8, dropout 0.2, rslora, from "));
+  CHECK(json::parse(
+            std::ifstream(d.file("dropout/adapters/adapter_config.json")))["lora_dropout"] == 0.2);
+
+  check_resume_and_sharding(d, "qwen2_bias", with);
+  // A resume names the folder it started from; the run may not write over it.
+  check_one_line_error(
+      run_quanta(finetune("qwen2_bias", d, "second",
+                          {"--steps", "12", "--resume", "--adapters", d.file("dropout/adapters")})),
+      2, "--resume cannot change the run it continues (model.adapters: checkpoint \"");
+  check_one_line_error(
+      run_quanta(finetune("qwen2_bias", d, "first", with({"--steps", "2", "--overwrite"}))), 2,
+      "is the adapter folder this command reads");
+
+  // A folder PEFT saved (q and v adapters beside embed_tokens and lm_head
+  // trained whole): the run starts from what quanta eval scores it at, and
+  // the folder it writes keeps the modules trained whole.
+  const std::string peft =
+      std::string(std::getenv("QUANTA_TEST_DATA")) + "/llm/qlora/llama_gqa_saved/adapter_init";
+  const CliResult scored = run_quanta({"eval", "--model", model("llama_gqa"), "--adapters", peft,
+                                       "--data", eval, "--seq-len", "32", "--json"});
+  REQUIRE_MESSAGE(scored.code == 0, scored.err);
+  const CliResult from_peft = run_quanta(finetune(
+      "llama_gqa", d, "from_peft", {"--steps", "3", "--adapters", peft, "--eval-data", eval}));
+  REQUIRE_MESSAGE(from_peft.code == 0, from_peft.err);
+  CHECK(contains(from_peft.out, "(q_proj,v_proj; modules_to_save embed_tokens,lm_head)"));
+  CHECK(
+      std::stod(from_peft.out.substr(from_peft.out.find("eval before fine-tuning: loss ") + 30)) ==
+      doctest::Approx(json::parse(scored.out)["loss"].get<double>()).epsilon(1e-5));
+  CHECK(json::parse(
+            std::ifstream(d.file("from_peft/adapters/adapter_config.json")))["modules_to_save"] ==
+        json::array({"embed_tokens", "lm_head"}));
+
+  // Flags that shape adapters contradict the folder's; the folder must fit the base.
+  check_one_line_error(run_quanta(finetune("qwen2_bias", d, "bad1", with({"--lora-r", "8"}))), 2,
+                       "--lora-r shapes new adapters, and --adapters DIR trains the folder's");
+  check_one_line_error(
+      run_quanta(finetune("qwen2_bias", d, "bad2", with({"--target-modules", "q_proj"}))), 2,
+      "--target-modules shapes new adapters");
+  check_one_line_error(run_quanta(finetune("qwen2_bias", d, "bad3", {"--adapters-any-base"})), 2,
+                       "--adapters-any-base goes with --adapters DIR");
+  check_one_line_error(
+      run_quanta(finetune("llama_gqa", d, "bad4", {"--adapters", start, "--eval-data", eval})), 1,
+      "(--adapters-any-base uses them anyway, their shapes checked)");
+  check_one_line_error(
+      run_quanta(finetune("qwen2_bias", d, "bad5", {"--adapters", d.file("nowhere")})), 1,
+      "nowhere");
+  check_one_line_error(run_quanta(finetune("mistral_sharded", d, "bad6",
+                                           {"--adapters", start, "--adapters-any-base"})),
+                       1, "adapter_model.safetensors does not fit the model");
 }
 
 TEST_CASE("finetune --model: bad input is one clear line") {

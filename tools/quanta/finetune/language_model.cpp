@@ -105,6 +105,10 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   // Not layers, but kept the same way: where documents meet in the data.
   if (o.assistant_only) model["assistant_only_loss"] = true;
   if (!o.chat_template_path.empty()) model["chat_template_path"] = o.chat_template_path;
+  if (!o.adapters.dir.empty()) {
+    model["adapters"] = fs::absolute(o.adapters.dir).lexically_normal().string();
+    if (o.adapters.any_base) model["adapters_any_base"] = true;
+  }
   if (!o.documents.start.empty()) model["document_start"] = o.documents.start;
   if (!o.documents.end.empty()) model["document_end"] = o.documents.end;
 }
@@ -409,6 +413,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "--model: steps between evaluations and checkpoints (0: at the end only)")
       ->capture_default_str()
       ->transform(integer_in(0, train::kMaxSteps));
+  add_adapter_flags(sub, o.adapters, "--model: ",
+                    " to train on from (PEFT's from_pretrained with is_trainable): its r, "
+                    "lora_alpha, target_modules and the rest are the run's, its tensors the "
+                    "start; --lora-dropout may change the dropout");
   sub.add_option("--merge-to", o.merge_to,
                  "--model: also write the model with the adapters merged, as a Hugging Face "
                  "folder in the base's dtype");
@@ -426,8 +434,22 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     throw UsageError("--seq-len " + std::to_string(seq_len) + " is longer than the model's " +
                      "max_position_embeddings " + std::to_string(config.max_position_embeddings));
   llm::QLoRAOptions q;
+  const bool from_folder = !o.adapters.dir.empty();
+  if (from_folder) {
+    // The folder's settings are the run's, recorded in its config as if
+    // given: a resume rebuilds the same adapters.
+    const llm::AdapterFolderConfig folder =
+        llm::read_adapter_folder_config(o.adapters.dir, config.dtype);
+    q.lora = folder.lora;
+    q.quantization = folder.quantization;
+    if (o.lora_dropout < 0) o.lora_dropout = q.lora.lora_dropout;
+    o.lora_r = q.lora.r;
+    o.lora_alpha = q.lora.lora_alpha;
+    o.use_rslora = q.lora.use_rslora;
+    o.use_dora = q.lora.use_dora;
+  }
   try {
-    read_layer_choice(o, q.lora);
+    if (!from_folder) read_layer_choice(o, q.lora);
     q.lora.r = o.lora_r;
     q.lora.lora_alpha = o.lora_alpha;
     q.lora.lora_dropout = o.lora_dropout;
@@ -439,7 +461,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--target-modules / --lora-* / the layer choice: ") + e.what());
   }
-  q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
+  // "auto": the folder's, else the model's dtype.
+  if (!from_folder || o.compute_dtype != "auto")
+    q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
   // A 4-bit image-text folder made without skipping its vision tower (load_in_4bit's
   // default) stores it quantized, which a merged float folder cannot carry.
@@ -461,6 +485,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   spec.config = lm_config_json(o, seq_len);
   add_layer_choice(spec.config["model"], o);
   spec.inputs = {{"the training data", o.data}};
+  if (from_folder) spec.inputs.push_back({"the adapter folder", o.adapters.dir});
   if (!o.eval_data.empty()) spec.inputs.push_back({"the evaluation data", o.eval_data});
   spec.done_marker = std::string(kAdaptersDir) + "/" + llm::kAdapterWeightsFile;
   spec.checkpoint_format = kLmFinetuneFormat;
@@ -491,7 +516,12 @@ void run_lm_finetune(const FinetuneOptions& flags) {
            "(a 7B Llama's 224 layers: about 2.6 core-hours)\n"
         << std::flush;
   const auto conversion_start = std::chrono::steady_clock::now();
-  const llm::QLoRAReport report = llm::apply_qlora(*model, q);
+  const llm::QLoRAReport report =
+      from_folder ? apply_adapter_folder(*model, o.adapters, o.model,
+                                         {.seed = q.seed,
+                                          .lora_dropout = q.lora.lora_dropout,
+                                          .compute_dtype = q.quantization.compute_dtype})
+                  : llm::apply_qlora(*model, q);
   const double conversion_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();
   if (!o.merge_to.empty()) {
@@ -518,8 +548,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << llm::torch_dtype_name(q.quantization.compute_dtype) << ")\n"
       << "LoRA: r " << o.lora_r << ", alpha " << o.lora_alpha << ", dropout " << o.lora_dropout
       << (o.use_rslora ? ", rslora" : "") << (o.use_dora ? ", DoRA" : "")
-      << (o.init_lora_weights != "true" ? ", init " + o.init_lora_weights : std::string()) << " on "
-      << adapted << " layers (" << layer_choice_text(q.lora)
+      << (o.init_lora_weights != "true" ? ", init " + o.init_lora_weights : std::string())
+      << (from_folder ? ", from " + o.adapters.dir : std::string()) << " on " << adapted
+      << " layers (" << layer_choice_text(q.lora)
       << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
       << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)

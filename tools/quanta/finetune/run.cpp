@@ -119,7 +119,9 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--modules-to-save",
                                                    "--bias",
                                                    "--lora-bias",
-                                                   "--trainable-token-indices"};
+                                                   "--trainable-token-indices",
+                                                   "--adapters",
+                                                   "--adapters-any-base"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)
@@ -132,12 +134,41 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
     if (given(a) && given(b))
       throw UsageError(std::string("give ") + a + " or " + b + ", not both (PEFT's field is a " +
                        "list of names or one regular expression)");
+  if (given("--adapters-any-base") && !given("--adapters"))
+    throw UsageError("--adapters-any-base goes with --adapters DIR");
+  // A folder's adapters are trained as its adapter_config.json describes
+  // them; only their dropout, a training setting, may change.
+  static const std::vector<const char*> kAdapterShape = {"--lora-r",
+                                                         "--lora-alpha",
+                                                         "--target-modules",
+                                                         "--target-modules-regex",
+                                                         "--exclude-modules",
+                                                         "--exclude-modules-regex",
+                                                         "--layers-to-transform",
+                                                         "--layers-pattern",
+                                                         "--rank-pattern",
+                                                         "--alpha-pattern",
+                                                         "--modules-to-save",
+                                                         "--bias",
+                                                         "--lora-bias",
+                                                         "--trainable-token-indices",
+                                                         "--use-rslora",
+                                                         "--use-dora",
+                                                         "--init-lora-weights"};
+  if (given("--adapters"))
+    for (const char* flag : kAdapterShape)
+      if (given(flag))
+        throw UsageError(std::string(flag) +
+                         " shapes new adapters, and --adapters DIR trains the folder's as its "
+                         "adapter_config.json describes them: give one or the other");
   // The classifier's defaults are the library's LoRA ones; a language
   // model's are QLoRA's usual recipe.
   if (o.steps < 0) o.steps = lm ? 0 : 300;  // 0: one epoch, known once the data is read
   if (o.batch_size < 0) o.batch_size = lm ? 4 : 128;
   if (o.lr < 0) o.lr = lm ? 2e-4 : 1e-3;
-  if (o.lora_dropout < 0) o.lora_dropout = lm ? 0.05 : quant::LoRAOptions{}.dropout;
+  // With --adapters, the folder's (run_lm_finetune reads it).
+  if (o.lora_dropout < 0 && !given("--adapters"))
+    o.lora_dropout = lm ? 0.05 : quant::LoRAOptions{}.dropout;
   if (o.log_every < 0) o.log_every = lm ? 10 : 50;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter_flags.h"
 #include "dist/process_group.h"
 #include "document_flags.h"
 #include "engine/device.h"
@@ -55,6 +56,7 @@ struct FinetuneOptions {
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;
+  AdapterFlags adapters;           // train on from a PEFT folder's adapters
   std::string chat_template_path;  // conversations through this template
   DocumentFlags documents;         // token files and text: where documents meet
 };
