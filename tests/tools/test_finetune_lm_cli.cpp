@@ -1190,6 +1190,90 @@ TEST_CASE(
                        1, "adapter_model.safetensors does not fit the model");
 }
 
+TEST_CASE(
+    "finetune --model --epochs, --warmup-ratio and --adam-*: transformers' TrainingArguments; "
+    "a resume with more epochs goes on") {
+  ScratchDir d("ft_lm_trainer_args");
+  // 37 windows of 32 tokens: 10 steps of 4 a pass.
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 21), llm::TokenWidth::u16);
+  const std::vector<std::string> constant = {"--lr-schedule", "constant"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), constant.begin(), constant.end());
+    return more;
+  };
+  auto adapters = [&](const std::string& out) {
+    return d.file(out + "/adapters/adapter_model.safetensors");
+  };
+  const CliResult two = run_quanta(finetune("llama_gqa", d, "two", with({"--epochs", "2"})));
+  REQUIRE_MESSAGE(two.code == 0, two.err);
+  CHECK(contains(two.out, ": 20 steps (2 epochs of 10), global batch 4"));
+  const std::vector<json> rec = records(d.file("two/metrics.jsonl"));
+  REQUIRE(rec.back()["kind"] == "eval");
+  CHECK(rec.back()["step"] == 20);
+  CHECK(rec.back()["epoch"] == 2);
+  // One epoch, then a resume to two: the run of two in one go.
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "resumed", with({"--epochs", "1"}))).code == 0);
+  const CliResult resumed =
+      run_quanta(finetune("llama_gqa", d, "resumed", with({"--epochs", "2", "--resume"})));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
+  CHECK(contains(resumed.out, "resuming at step 10 of 20 steps (2 epochs of 10)"));
+  check_same_tensors(adapters("two"), adapters("resumed"));
+  // The same --epochs again has nothing left to train.
+  const CliResult again =
+      run_quanta(finetune("llama_gqa", d, "resumed", with({"--epochs", "2", "--resume"})));
+  CHECK(again.code == 1);
+  CHECK(contains(again.err, "the checkpoint is at step 20, the run asks for 20 steps"));
+  // Fractions round up, as the Trainer's steps do.
+  const CliResult part = run_quanta(finetune("llama_gqa", d, "part", {"--epochs", "0.25"}));
+  REQUIRE_MESSAGE(part.code == 0, part.err);
+  CHECK(contains(part.out, ": 3 steps (0.25 epochs of 10)"));
+
+  // --warmup-ratio 0.25 of 8 steps is --warmup-steps 2.
+  const CliResult ratio =
+      run_quanta(finetune("llama_gqa", d, "ratio", {"--steps", "8", "--warmup-ratio", "0.25"}));
+  REQUIRE_MESSAGE(ratio.code == 0, ratio.err);
+  CHECK(contains(ratio.out, "(linear, warmup 2)"));
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "warmup", {"--steps", "8", "--warmup-steps", "2"}))
+              .code == 0);
+  check_same_tensors(adapters("ratio"), adapters("warmup"));
+
+  // AdamW's defaults given are the defaults; another beta2 moves the
+  // adapters elsewhere, is what the optimizer state holds, and stays on --resume.
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "adam", {"--steps", "4"})).code == 0);
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "adam_given",
+                              {"--steps", "4", "--adam-beta1", "0.9", "--adam-beta2", "0.999",
+                               "--adam-epsilon", "1e-8"}))
+              .code == 0);
+  check_same_tensors(adapters("adam"), adapters("adam_given"));
+  const CliResult beta2 =
+      run_quanta(finetune("llama_gqa", d, "beta2", {"--steps", "4", "--adam-beta2", "0.95"}));
+  REQUIRE_MESSAGE(beta2.code == 0, beta2.err);
+  CHECK(contains(beta2.out, "AdamW lr 0.01 (linear, warmup 0; betas 0.9, 0.95)"));
+  const train::Checkpoint ck =
+      train::load_checkpoint(d.file("beta2/checkpoint.safetensors"), "quanta-lm-finetune-1");
+  std::map<std::string, double> hparams;
+  for (const auto& [name, t] : ck.optimizer)
+    if (name.starts_with("hparams.")) hparams[name] = t.to_vector<double>()[0];
+  CHECK(hparams["hparams.beta1"] == 0.9);
+  CHECK(hparams["hparams.beta2"] == 0.95);
+  CHECK(hparams["hparams.eps"] == 1e-8);
+  CHECK(io::load_safetensors(adapters("adam")).tensors[1].second.to_vector<float>() !=
+        io::load_safetensors(adapters("beta2")).tensors[1].second.to_vector<float>());
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "beta2", {"--steps", "6", "--resume"})),
+                       2, "--resume cannot change the run it continues (model.adam_beta2: ");
+
+  check_one_line_error(
+      run_quanta(finetune("llama_gqa", d, "bad1", {"--steps", "3", "--epochs", "1"})), 2,
+      "give --steps or --epochs, not both");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "bad2",
+                                           {"--warmup-steps", "1", "--warmup-ratio", "0.1"})),
+                       2, "give --warmup-steps or --warmup-ratio, not both");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "bad3", {"--adam-beta1", "1"})), 2,
+                       "--adam-beta1: must be below 1, got '1'");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "bad4", {"--epochs", "0"})), 2,
+                       "--epochs: must be a number > 0, got '0'");
+}
+
 TEST_CASE("finetune --model: bad input is one clear line") {
   ScratchDir d("ft_lm_bad");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(200, 7), llm::TokenWidth::u16);

@@ -33,12 +33,13 @@ std::string show_bound(int64_t v) {
 }
 
 // "in [lo, hi]" for --help, after the type name.
-std::string range_text(const std::string& lo, const std::string& hi, bool open_lo) {
+std::string range_text(const std::string& lo, const std::string& hi, bool open_lo,
+                       bool open_hi = false) {
   std::string s = open_lo ? "in (" : "in [";
   s += lo;
   s += ", ";
   s += hi;
-  s += "]";
+  s += open_hi ? ")" : "]";
   return s;
 }
 
@@ -97,20 +98,22 @@ CLI::Validator unsigned_integer() {
       "in [0, 2^64 - 1]");
 }
 
-CLI::Validator number_in(double lo, double hi, bool above_lo) {
+CLI::Validator number_in(double lo, double hi, bool above_lo, bool below_hi) {
   const std::string low = (above_lo ? "a number > " : "a number >= ") + show(lo);
   return CLI::Validator(
-      [lo, hi, above_lo, low](std::string& s) -> std::string {
+      [lo, hi, above_lo, below_hi, low](std::string& s) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(s.c_str(), &end);
         if (s.empty() || *end != '\0' || std::isnan(v)) return "must be a number, got '" + s + "'";
         if (!std::isfinite(v)) return "must be a finite number, got '" + s + "'";
         if (v < lo || (above_lo && v == lo)) return "must be " + low + ", got '" + s + "'";
-        if (v > hi) return "must be at most " + show(hi) + ", got '" + s + "'";
+        if (v > hi || (below_hi && v == hi))
+          return (below_hi ? "must be below " : "must be at most ") + show(hi) + ", got '" + s +
+                 "'";
         return "";
       },
       hi >= 1e300 ? std::string(above_lo ? "> " : ">= ").append(show(lo))
-                  : range_text(show(lo), show(hi), above_lo));
+                  : range_text(show(lo), show(hi), above_lo, below_hi));
 }
 
 CLI::Validator thread_count() {

@@ -25,8 +25,9 @@ CLI::Validator integer_in(int64_t lo, int64_t hi);
 /** A decimal integer in [0, 2^64 - 1] (seeds). */
 CLI::Validator unsigned_integer();
 
-/** A finite number in [lo, hi], or in (lo, hi] when `above_lo`. */
-CLI::Validator number_in(double lo, double hi, bool above_lo = false);
+/** A finite number in [lo, hi]; the bounds left out when `above_lo` (lo,
+ * hi] or `below_hi` [lo, hi). */
+CLI::Validator number_in(double lo, double hi, bool above_lo = false, bool below_hi = false);
 
 /** --threads: 0 (all cores) up to train::max_threads(). */
 CLI::Validator thread_count();

@@ -95,6 +95,11 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   for (const auto& [key, value] : texts)
     if (!value->empty()) model[key] = *value;
   if (o.use_dora) model["use_dora"] = true;
+  if (o.warmup_ratio > 0) model["warmup_ratio"] = o.warmup_ratio;
+  const FinetuneOptions defaults;
+  if (o.adam_beta1 != defaults.adam_beta1) model["adam_beta1"] = o.adam_beta1;
+  if (o.adam_beta2 != defaults.adam_beta2) model["adam_beta2"] = o.adam_beta2;
+  if (o.adam_epsilon != defaults.adam_epsilon) model["adam_epsilon"] = o.adam_epsilon;
   if (o.init_lora_weights != "true") model["init_lora_weights"] = o.init_lora_weights;
   if (o.bias != "none") model["bias"] = o.bias;
   if (o.lora_bias) model["lora_bias"] = true;
@@ -316,6 +321,24 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_option("--warmup-steps", o.warmup_steps, "--model: steps of linear warmup")
       ->capture_default_str()
       ->transform(integer_in(0, train::kMaxSteps));
+  sub.add_option("--warmup-ratio", o.warmup_ratio,
+                 "--model: instead of --warmup-steps, warmup as a fraction of the steps, "
+                 "rounded up (transformers' warmup_ratio)")
+      ->check(number_in(0, 1));
+  sub.add_option("--epochs", o.epochs,
+                 "--model: instead of --steps, passes over --data, fractions too: "
+                 "ceil(epochs x steps per epoch) steps (transformers' num_train_epochs)")
+      ->check(number_in(0, double(train::kMaxEpochs), true));
+  sub.add_option("--adam-beta1", o.adam_beta1, "--model: AdamW's beta1")
+      ->capture_default_str()
+      ->check(number_in(0, 1, false, true));
+  sub.add_option("--adam-beta2", o.adam_beta2, "--model: AdamW's beta2")
+      ->capture_default_str()
+      ->check(number_in(0, 1, false, true));
+  sub.add_option("--adam-epsilon", o.adam_epsilon,
+                 "--model: AdamW's epsilon, added to the root of its second moment")
+      ->capture_default_str()
+      ->check(number_in(0, 1, true));
   sub.add_option("--weight-decay", o.weight_decay, "--model: AdamW's decoupled weight decay")
       ->capture_default_str()
       ->check(number_in(0, 1));
@@ -447,6 +470,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     o.lora_alpha = q.lora.lora_alpha;
     o.use_rslora = q.lora.use_rslora;
     o.use_dora = q.lora.use_dora;
+    o.target_modules = q.lora.target_modules_regex;
+    for (const std::string& name : q.lora.target_modules)
+      o.target_modules += (o.target_modules.empty() ? "" : ",") + name;
   }
   try {
     if (!from_folder) read_layer_choice(o, q.lora);
@@ -500,7 +526,12 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   std::optional<llm::LmExamples> eval_data;
   if (!o.eval_data.empty())
     eval_data = read_examples(o.eval_data, o, seq_len, config.vocab_size, documents);
-  if (o.steps == 0) o.steps = (train_data.size() + o.batch_size - 1) / o.batch_size;
+  const int64_t steps_per_epoch = (train_data.size() + o.batch_size - 1) / o.batch_size;
+  if (o.steps == 0)
+    o.steps = o.epochs > 0 ? steps_of_epochs(o.epochs, steps_per_epoch) : steps_per_epoch;
+  // transformers' rule: warmup_ratio of the steps, rounded up.
+  const int64_t warmup_steps =
+      o.warmup_ratio > 0 ? int64_t(std::ceil(o.warmup_ratio * double(o.steps))) : o.warmup_steps;
 
   // A 4-bit folder's NF4 bases are taken as they are stored.
   if (const std::optional<llm::BaseQuantization> stored = llm::folder_quantization(o.model))
@@ -582,6 +613,13 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   }
 
   const std::string adapters_dir = (fs::path(o.out) / kAdaptersDir).string();
+  std::ostringstream epochs_text;
+  if (o.epochs > 0) epochs_text << " (" << o.epochs << " epochs of " << steps_per_epoch << ")";
+  std::ostringstream adam_text;  // AdamW's settings where not PyTorch's defaults
+  const FinetuneOptions defaults;
+  if (o.adam_beta1 != defaults.adam_beta1 || o.adam_beta2 != defaults.adam_beta2)
+    adam_text << "; betas " << o.adam_beta1 << ", " << o.adam_beta2;
+  if (o.adam_epsilon != defaults.adam_epsilon) adam_text << "; epsilon " << o.adam_epsilon;
   train::LmFinetuneTask task(
       model, std::move(train_data), std::move(eval_data), eval_rows, adapters_dir, q.lora,
       q.quantization, [&](std::ostream& os, int64_t start, int64_t total) {
@@ -589,10 +627,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
            << " tokens from " << o.data << data_layout_text(task.train_data())
            << (o.recompute ? ", layers recomputed in the backward" : "") << ": "
            << (start > 0 ? "resuming at step " + std::to_string(start) + " of " : std::string())
-           << total << " steps, global batch " << o.batch_size
+           << total << " steps" << epochs_text.str() << ", global batch " << o.batch_size
            << (o.grad_accum > 1 ? " in " + std::to_string(o.grad_accum) + " micro-batches" : "")
-           << ", AdamW lr " << o.lr << " (" << o.lr_schedule << ", warmup " << o.warmup_steps
-           << "), seed " << o.seed << ", " << group.size()
+           << ", AdamW lr " << o.lr << " (" << o.lr_schedule << ", warmup " << warmup_steps
+           << adam_text.str() << "), seed " << o.seed << ", " << group.size()
            << (group.size() == 1 ? " rank, " : " ranks, ") << num_threads() << " threads each\n"
            << std::flush;
       });
@@ -614,7 +652,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
                  .weight_decay = o.weight_decay,
                  .decays = trainer_decays,
                  .schedule = o.lr_schedule,
-                 .warmup_steps = o.warmup_steps,
+                 .warmup_steps = warmup_steps,
+                 .betas = {o.adam_beta1, o.adam_beta2},
+                 .eps = o.adam_epsilon,
                  .max_grad_norm = o.max_grad_norm,
                  .grad_accum = o.grad_accum};
   if (o.shard) {
@@ -633,6 +673,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   // --steps 0 (one epoch) was resolved from the data just now: the checkpoint
   // records the count, so a restart can tell a complete run from one to resume.
   s.checkpoint_config["steps"] = o.steps;
+  // And what an epoch is, so that a restart with --epochs counts its steps.
+  s.checkpoint_config["steps_per_epoch"] = steps_per_epoch;
   s.header = {{"quanta_version", QUANTA_VERSION},
               {"config", s.checkpoint_config},
               {"device", run->device.str()}};

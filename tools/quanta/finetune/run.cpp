@@ -3,6 +3,8 @@
 // and the process group).
 #include "run.h"
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -14,6 +16,7 @@
 #include "run_start.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/limits.h"
 #include "train/outputs.h"
 
 namespace quanta::cli {
@@ -51,8 +54,10 @@ std::optional<StartedRun> start_finetune_run(const FinetuneOptions& o, const Run
                   // is read; its checkpoint records that count.
                   .complete =
                       [&](int64_t step, int64_t, const nlohmann::json& config) {
-                        const int64_t steps =
-                            o.steps > 0 ? o.steps : config.value("steps", int64_t{0});
+                        int64_t steps = o.steps > 0 ? o.steps : config.value("steps", int64_t{0});
+                        if (o.epochs > 0 && config.contains("steps_per_epoch"))
+                          steps =
+                              steps_of_epochs(o.epochs, config["steps_per_epoch"].get<int64_t>());
                         return steps > 0 && step >= steps;
                       },
                   .done_marker = spec.done_marker});
@@ -76,6 +81,14 @@ std::string with_commas(uint64_t v) {
     s += digits[i];
   }
   return s;
+}
+
+int64_t steps_of_epochs(double epochs, int64_t steps_per_epoch) {
+  const double steps = std::ceil(epochs * double(steps_per_epoch));
+  if (steps > double(train::kMaxSteps))
+    throw UsageError("--epochs of " + std::to_string(steps_per_epoch) +
+                     " steps each make more than " + std::to_string(train::kMaxSteps) + " steps");
+  return std::max<int64_t>(1, int64_t(steps));
 }
 
 void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>& given) {
@@ -121,7 +134,12 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--lora-bias",
                                                    "--trainable-token-indices",
                                                    "--adapters",
-                                                   "--adapters-any-base"};
+                                                   "--adapters-any-base",
+                                                   "--epochs",
+                                                   "--warmup-ratio",
+                                                   "--adam-beta1",
+                                                   "--adam-beta2",
+                                                   "--adam-epsilon"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)
@@ -134,6 +152,10 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
     if (given(a) && given(b))
       throw UsageError(std::string("give ") + a + " or " + b + ", not both (PEFT's field is a " +
                        "list of names or one regular expression)");
+  for (const auto& [a, b] :
+       {std::pair{"--steps", "--epochs"}, {"--warmup-steps", "--warmup-ratio"}})
+    if (given(a) && given(b))
+      throw UsageError(std::string("give ") + a + " or " + b + ", not both");
   if (given("--adapters-any-base") && !given("--adapters"))
     throw UsageError("--adapters-any-base goes with --adapters DIR");
   // A folder's adapters are trained as its adapter_config.json describes

@@ -45,6 +45,10 @@ struct FinetuneOptions {
   std::string eval_data, merge_to;
   int64_t seq_len = 0, grad_accum = 1, warmup_steps = 0, eval_every = 0;
   double weight_decay = 0, max_grad_norm = 1.0;
+  // transformers' TrainingArguments: num_train_epochs and warmup_ratio (0:
+  // not given; --steps and --warmup-steps then), AdamW's betas and epsilon.
+  double epochs = 0, warmup_ratio = 0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   std::string lr_schedule = "linear", target_modules = "all-linear", compute_dtype = "auto";
   // PEFT's layer choice: as written on the command line (parsed into
   // LoraSettings by run_lm_finetune); the patterns PATTERN=VALUE, in order.
@@ -60,6 +64,11 @@ struct FinetuneOptions {
   std::string chat_template_path;  // conversations through this template
   DocumentFlags documents;         // token files and text: where documents meet
 };
+
+/** --epochs as steps: ceil(epochs x steps_per_epoch), at least 1 (as
+ * transformers' Trainer counts num_train_epochs); a UsageError past
+ * train::kMaxSteps. */
+int64_t steps_of_epochs(double epochs, int64_t steps_per_epoch);
 
 /** Fills the kind-specific defaults (lr, steps, batch size, dropout, log
  * cadence) and refuses, as a UsageError naming it, a flag the kind does

@@ -145,10 +145,12 @@ std::vector<Tensor> group_parameters(const std::vector<ParamGroup>& groups) {
 std::unique_ptr<Adam> make_optimizer(std::vector<ParamGroup> groups, const LoopSettings& s) {
   const OptimizerSettings& o = s.optimizer;
   if (o.adamw)
-    return std::make_unique<AdamW>(std::move(groups),
-                                   AdamWOptions{.lr = s.lr, .weight_decay = o.weight_decay});
-  return std::make_unique<Adam>(std::move(groups),
-                                AdamOptions{.lr = s.lr, .weight_decay = o.weight_decay});
+    return std::make_unique<AdamW>(
+        std::move(groups),
+        AdamWOptions{.lr = s.lr, .betas = o.betas, .eps = o.eps, .weight_decay = o.weight_decay});
+  return std::make_unique<Adam>(
+      std::move(groups),
+      AdamOptions{.lr = s.lr, .betas = o.betas, .eps = o.eps, .weight_decay = o.weight_decay});
 }
 
 // The lr of each step, a pure function of the step (so a resumed run

@@ -18,6 +18,7 @@
 //     rank 0 only; SIGINT / SIGTERM finish the step, write the checkpoint and
 //     return; --resume restores model, optimizer, the task's extra state and
 //     the metrics history, and continues exactly.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -145,6 +146,9 @@ struct OptimizerSettings {
    * after `warmup_steps` of linear warmup. */
   std::string schedule = "constant";
   int64_t warmup_steps = 0;
+  /** Adam's beta1 and beta2, and its epsilon (PyTorch's defaults). */
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
   /** Clip the gradients' joint 2-norm to this before each step (0: no). */
   double max_grad_norm = 0;
   /** Micro-batches per step: each rank's share is split into this many
