@@ -658,6 +658,13 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
   if (c.gemma_norms)
     h = mul(h, full({}, std::sqrt(static_cast<double>(c.hidden_size)),
                     {.dtype = c.dtype, .device = dev}));
+  if (neftune_alpha_ > 0 && is_training()) {
+    // transformers' hook: T the padded length, d the width.
+    const double bound = neftune_alpha_ / std::sqrt(static_cast<double>(h.size(1) * h.size(2)));
+    const Tensor noise = empty_like(h);
+    uniform_(noise, -bound, bound, neftune_gen_);
+    h = add(h, noise);
+  }
   h = times_multiplier(h, c.embedding_multiplier);  // Granite's
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto& layer = static_cast<DecoderLayer&>(*layers_[l]);
@@ -678,6 +685,20 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
     }
   }
   return norm_->forward(h);
+}
+
+void CausalLM::set_neftune_noise(double alpha, uint64_t seed) {
+  if (!(alpha >= 0) || !std::isfinite(alpha))
+    throw std::invalid_argument("neftune_noise_alpha must be a finite number >= 0, got " +
+                                std::to_string(alpha));
+  neftune_alpha_ = alpha;
+  neftune_gen_ = Generator::named(seed, "neftune");
+  neftune_gen_.set_replayable();  // the model's own: a captured step redraws from it
+}
+
+std::vector<Generator*> CausalLM::own_random_streams() {
+  if (neftune_alpha_ > 0) return {&neftune_gen_};
+  return {};
 }
 
 std::vector<std::string> CausalLM::layer_names() const {

@@ -129,6 +129,19 @@ class CausalLM : public Module {
   void set_recompute_layers(bool on) { recompute_layers_ = on; }
   bool recompute_layers() const { return recompute_layers_; }
 
+  /** NEFTune (Jain et al. 2023; transformers' neftune_noise_alpha): in
+   * training, noise uniform in [-alpha / sqrt(T d), alpha / sqrt(T d)) is
+   * added to the input embeddings [B, T, d], where transformers' hook on
+   * the embedding module adds it (after Gemma's scaling, which its
+   * embedding module does; before Granite's multiplier, which its model
+   * does). Drawn from the stream named "neftune" of `seed` on the model's
+   * device, a training checkpoint keeping its state (own_random_streams).
+   * Evaluation and generation add nothing; 0 turns it off. Throws
+   * std::invalid_argument for alpha < 0 or not finite. */
+  void set_neftune_noise(double alpha, uint64_t seed);
+  double neftune_noise_alpha() const { return neftune_alpha_; }
+  std::vector<Generator*> own_random_streams() override;
+
   /** The decoder layers' module names, in order ("model.layers.0", ...):
    * the units a sharded base is gathered by. Each layer's forward runs
    * inside its forward hooks (Module::ForwardScope). */
@@ -146,6 +159,8 @@ class CausalLM : public Module {
   std::shared_ptr<Linear> lm_head_;
   std::shared_ptr<TrainableTokens> embed_tokens_adapter_, lm_head_adapter_;
   bool recompute_layers_ = false;
+  double neftune_alpha_ = 0;
+  Generator neftune_gen_{0};
   /** The embeddings' weight with their trainable tokens' rows. */
   Tensor input_embedding_weight() const;
   /** The trainable tokens of the output layer (the embeddings' when tied),

@@ -324,6 +324,8 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
   const std::vector<Run> runs = {
       {"tokens", {"--weight-decay", "0.01"}, "step 3 captured as a graph of "},
       {"recompute", {"--recompute", "--precision", "bf16"}, "step 3 captured as a graph of "},
+      // NEFTune's noise drawn by each replay, as dropout's masks.
+      {"neftune", {"--neftune-noise-alpha", "5"}, "step 3 captured as a graph of "},
       // Three micro-batches (of 2, 1 and 2 rows) in one graph.
       {"accum", {"--grad-accum", "3", "--batch-size", "5"}, "step 3 captured as a graph of "},
       // Packed: one shape for every batch, each its own loss weight.
@@ -474,7 +476,9 @@ TEST_CASE("finetune --model --document-start: a token file's documents train as 
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "split",
                                            {"--steps", "8", "--lora-dropout", "0.1", "--batch-size",
                                             "2", "--resume"})),
-                       2, "--resume cannot change the run it continues (model:");
+                       2,
+                       "--resume cannot change the run it continues (model.document_start: "
+                       "checkpoint \"bos\", now not set)");
   const CliResult resumed =
       run_quanta(finetune("llama_gqa", d, "split",
                           {"--steps", "8", "--lora-dropout", "0.1", "--batch-size", "2", "--resume",
@@ -514,9 +518,10 @@ TEST_CASE(
                      d.file("split/adapters/adapter_model.safetensors"));
   check_same_tensors(d.file("whole/checkpoint.safetensors"),
                      d.file("split/checkpoint.safetensors"));
-  check_one_line_error(run_quanta(finetune("llama_gqa", d, "split",
-                                           with({"--steps", "12", "--resume", "--lora-r", "4"}))),
-                       2, "--resume cannot change the run it continues (model:");
+  check_one_line_error(
+      run_quanta(
+          finetune("llama_gqa", d, "split", with({"--steps", "12", "--resume", "--lora-r", "4"}))),
+      2, "--resume cannot change the run it continues (model.lora_r: checkpoint 8, now 4)");
   // A run in --out is not replaced silently.
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "whole", with({"--steps", "10"}))), 2,
                        "--resume");
@@ -618,8 +623,9 @@ TEST_CASE(
   // The checkpoint keeps the choice: a resume may not change it.
   std::vector<std::string> changed = with({"--steps", "6", "--resume"});
   changed.insert(changed.end(), {"--rank-pattern", "k_proj=2"});
-  check_one_line_error(run_quanta(finetune("llama_gqa", d, "one", changed)), 2,
-                       "--resume cannot change the run it continues (model:");
+  check_one_line_error(
+      run_quanta(finetune("llama_gqa", d, "one", changed)), 2,
+      "--resume cannot change the run it continues (model.rank_pattern: checkpoint");
   const CliResult resumed =
       run_quanta(finetune("llama_gqa", d, "one", with({"--steps", "6", "--resume"})));
   REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
@@ -1272,6 +1278,50 @@ TEST_CASE(
                        "--adam-beta1: must be below 1, got '1'");
   check_one_line_error(run_quanta(finetune("llama_gqa", d, "bad4", {"--epochs", "0"})), 2,
                        "--epochs: must be a number > 0, got '0'");
+}
+
+TEST_CASE(
+    "finetune --model --neftune-noise-alpha: noisy embeddings in training, none in evaluation; "
+    "resume and sharding agree") {
+  ScratchDir d("ft_lm_neftune");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 23), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 24), llm::TokenWidth::u16);
+  const std::vector<std::string> common = {"--lora-dropout", "0", "--eval-data",
+                                           d.file("eval.bin")};
+  auto plain = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  auto with = [&](std::vector<std::string> more) {
+    more = plain(more);
+    more.insert(more.end(), {"--neftune-noise-alpha", "5"});
+    return more;
+  };
+  const CliResult noisy = run_quanta(finetune("llama_gqa", d, "noisy", with({"--steps", "20"})));
+  REQUIRE_MESSAGE(noisy.code == 0, noisy.err);
+  CHECK(contains(noisy.out, "(linear, warmup 0), NEFTune alpha 5, seed 0"));
+  const CliResult quiet = run_quanta(finetune("llama_gqa", d, "quiet", plain({"--steps", "20"})));
+  REQUIRE_MESSAGE(quiet.code == 0, quiet.err);
+  auto before = [](const CliResult& r) {
+    return std::stod(r.out.substr(r.out.find("eval before fine-tuning: loss ") + 30));
+  };
+  // Evaluation sees no noise; training does, and still learns.
+  CHECK(before(noisy) == before(quiet));
+  const double noisy_after = records(d.file("noisy/metrics.jsonl")).back()["eval_loss"];
+  const double quiet_after = records(d.file("quiet/metrics.jsonl")).back()["eval_loss"];
+  MESSAGE("NEFTune alpha 5: eval loss " << before(noisy) << " -> " << noisy_after
+                                        << " (without: " << quiet_after << ")");
+  CHECK(noisy_after != quiet_after);
+  CHECK(noisy_after < 0.9 * before(noisy));
+  // The noise's stream is in the checkpoint: a resume draws what one run
+  // would; 2 ranks sharded or not agree.
+  check_resume_and_sharding(d, "llama_gqa", with);
+  check_one_line_error(
+      run_quanta(finetune("llama_gqa", d, "noisy", plain({"--steps", "30", "--resume"}))), 2,
+      "--resume cannot change the run it continues (model.neftune_noise_alpha: checkpoint 5.0, "
+      "now not set)");
+  check_one_line_error(run_quanta(finetune("llama_gqa", d, "bad", {"--neftune-noise-alpha", "-1"})),
+                       2, "--neftune-noise-alpha: must be a number >= 0, got '-1'");
 }
 
 TEST_CASE("finetune --model: bad input is one clear line") {

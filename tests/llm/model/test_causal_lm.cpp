@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../ops/op_fixtures.h"
+#include "engine/factory.h"
 #include "engine/io/safetensors.h"
+#include "engine/random/sampling.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/causal_lm.h"
 #include "llm/model/generate.h"
@@ -188,6 +190,56 @@ TEST_CASE("CausalLM: sim gives the CPU's bits") {
   const Tensor ids = from_vector<int64_t>({1, 5, 9, 2, 7, 3}, {1, 6});
   CHECK(cpu->logits(ids).to_vector<float>() ==
         sim->logits(ids.to(Device::sim(0))).to(Device::cpu()).to_vector<float>());
+}
+
+TEST_CASE("CausalLM NEFTune: in training the embeddings gain transformers' uniform noise") {
+  for (const Device dev : std::vector<Device>{Device::cpu(), Device::sim(0)}) {
+    CAPTURE(dev.str());
+    // llama_gqa: untied, so moving embedding rows leaves the output layer alone.
+    auto noisy = llm::load_causal_lm(data_dir() + "/models/llama_gqa", dev);
+    auto plain = llm::load_causal_lm(data_dir() + "/models/llama_gqa", dev);
+    noisy->set_neftune_noise(5.0, 7);
+    CHECK(noisy->neftune_noise_alpha() == 5.0);
+    CHECK(noisy->own_random_streams().size() == 1);
+    CHECK(plain->own_random_streams().empty());
+    NoGradGuard no_grad;
+    // Distinct tokens: each position's noise can be written into its row.
+    const std::vector<int64_t> seq = {4, 8, 15, 16, 23, 42};
+    const int64_t T = 6, d = noisy->config().hidden_size;
+    const Tensor ids = from_vector<int64_t>(seq, {1, T}).to(dev);
+    const Tensor before = plain->logits(ids);
+    {
+      // Evaluation adds nothing and draws nothing.
+      const EvalModeGuard eval(*noisy);
+      CHECK(noisy->logits(ids).to(Device::cpu()).to_vector<float>() ==
+            before.to(Device::cpu()).to_vector<float>());
+    }
+    // transformers' bound: alpha / sqrt(T d), from the stream "neftune" of the seed.
+    Generator g = Generator::named(7, "neftune");
+    const Tensor noise = empty({T, d}, {.dtype = DType::f32, .device = dev});
+    uniform_(noise, -5.0 / std::sqrt(double(T * d)), 5.0 / std::sqrt(double(T * d)), g);
+    Tensor w;
+    for (const auto& [name, p] : plain->named_parameters())
+      if (name == "model.embed_tokens.weight") w = p;
+    REQUIRE(w.defined());
+    std::vector<float> rows = w.to(Device::cpu()).to_vector<float>();
+    const std::vector<float> n = noise.to(Device::cpu()).to_vector<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < d; ++k) rows[seq[t] * d + k] += n[t * d + k];
+    copy_(w, from_vector<float>(rows, w.shape()).to(dev));
+    const Tensor noisy_logits = noisy->logits(ids);
+    CHECK(noisy_logits.to(Device::cpu()).to_vector<float>() ==
+          plain->logits(ids).to(Device::cpu()).to_vector<float>());
+    CHECK(noisy_logits.to(Device::cpu()).to_vector<float>() !=
+          before.to(Device::cpu()).to_vector<float>());
+    // The next forward draws the stream's next words: other noise.
+    CHECK(noisy->logits(ids).to(Device::cpu()).to_vector<float>() !=
+          noisy_logits.to(Device::cpu()).to_vector<float>());
+  }
+  auto model = llm::load_causal_lm(data_dir() + "/models/llama_gqa");
+  CHECK_THROWS_WITH_AS(model->set_neftune_noise(-1, 0),
+                       doctest::Contains("neftune_noise_alpha must be a finite number >= 0"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("CausalLM: a KV cache continues a sequence as a full forward would") {

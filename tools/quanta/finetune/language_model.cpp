@@ -96,6 +96,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
     if (!value->empty()) model[key] = *value;
   if (o.use_dora) model["use_dora"] = true;
   if (o.warmup_ratio > 0) model["warmup_ratio"] = o.warmup_ratio;
+  if (o.neftune_noise_alpha > 0) model["neftune_noise_alpha"] = o.neftune_noise_alpha;
   const FinetuneOptions defaults;
   if (o.adam_beta1 != defaults.adam_beta1) model["adam_beta1"] = o.adam_beta1;
   if (o.adam_beta2 != defaults.adam_beta2) model["adam_beta2"] = o.adam_beta2;
@@ -325,6 +326,11 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "--model: instead of --warmup-steps, warmup as a fraction of the steps, "
                  "rounded up (transformers' warmup_ratio)")
       ->check(number_in(0, 1));
+  sub.add_option("--neftune-noise-alpha", o.neftune_noise_alpha,
+                 "--model: NEFTune: in training, noise uniform in +-alpha / sqrt(seq_len x "
+                 "hidden) added to the input embeddings (transformers' neftune_noise_alpha; "
+                 "its paper used 5)")
+      ->check(number_in(0, 1e6));
   sub.add_option("--epochs", o.epochs,
                  "--model: instead of --steps, passes over --data, fractions too: "
                  "ceil(epochs x steps per epoch) steps (transformers' num_train_epochs)")
@@ -555,6 +561,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
                   : llm::apply_qlora(*model, q);
   const double conversion_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();
+  model->set_neftune_noise(o.neftune_noise_alpha, o.seed);
   if (!o.merge_to.empty()) {
     try {
       llm::check_qlora_mergeable(*model);
@@ -620,6 +627,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (o.adam_beta1 != defaults.adam_beta1 || o.adam_beta2 != defaults.adam_beta2)
     adam_text << "; betas " << o.adam_beta1 << ", " << o.adam_beta2;
   if (o.adam_epsilon != defaults.adam_epsilon) adam_text << "; epsilon " << o.adam_epsilon;
+  std::ostringstream neftune_text;
+  if (o.neftune_noise_alpha > 0) neftune_text << ", NEFTune alpha " << o.neftune_noise_alpha;
   train::LmFinetuneTask task(
       model, std::move(train_data), std::move(eval_data), eval_rows, adapters_dir, q.lora,
       q.quantization, [&](std::ostream& os, int64_t start, int64_t total) {
@@ -630,8 +639,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
            << total << " steps" << epochs_text.str() << ", global batch " << o.batch_size
            << (o.grad_accum > 1 ? " in " + std::to_string(o.grad_accum) + " micro-batches" : "")
            << ", AdamW lr " << o.lr << " (" << o.lr_schedule << ", warmup " << warmup_steps
-           << adam_text.str() << "), seed " << o.seed << ", " << group.size()
-           << (group.size() == 1 ? " rank, " : " ranks, ") << num_threads() << " threads each\n"
+           << adam_text.str() << ")" << neftune_text.str() << ", seed " << o.seed << ", "
+           << group.size() << (group.size() == 1 ? " rank, " : " ranks, ") << num_threads()
+           << " threads each\n"
            << std::flush;
       });
 

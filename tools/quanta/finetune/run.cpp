@@ -139,7 +139,8 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--warmup-ratio",
                                                    "--adam-beta1",
                                                    "--adam-beta2",
-                                                   "--adam-epsilon"};
+                                                   "--adam-epsilon",
+                                                   "--neftune-noise-alpha"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)

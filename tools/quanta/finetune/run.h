@@ -49,6 +49,7 @@ struct FinetuneOptions {
   // not given; --steps and --warmup-steps then), AdamW's betas and epsilon.
   double epochs = 0, warmup_ratio = 0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double neftune_noise_alpha = 0;  // NEFTune's noise on the embeddings (0: none)
   std::string lr_schedule = "linear", target_modules = "all-linear", compute_dtype = "auto";
   // PEFT's layer choice: as written on the command line (parsed into
   // LoraSettings by run_lm_finetune); the patterns PATTERN=VALUE, in order.

@@ -53,7 +53,8 @@ std::string first_difference(const std::string& key, const json& a, const json& 
         if (x != y) return first_difference(key + "." + k, x, y);
       }
   }
-  return key + ": checkpoint " + dump(a) + ", now " + dump(b);
+  const auto shown = [](const json& v) { return v.is_null() ? std::string("not set") : dump(v); };
+  return key + ": checkpoint " + shown(a) + ", now " + shown(b);
 }
 
 [[noreturn]] void bad(const std::string& key, const std::string& want, const json& v) {
