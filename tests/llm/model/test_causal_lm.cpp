@@ -193,7 +193,9 @@ TEST_CASE("CausalLM: sim gives the CPU's bits") {
 }
 
 TEST_CASE("CausalLM NEFTune: in training the embeddings gain transformers' uniform noise") {
-  for (const Device dev : std::vector<Device>{Device::cpu(), Device::sim(0)}) {
+  std::vector<Device> devices = {Device::cpu()};
+  for (const Device dev : quanta::testing::test_devices()) devices.push_back(dev);
+  for (const Device dev : devices) {
     CAPTURE(dev.str());
     // llama_gqa: untied, so moving embedding rows leaves the output layer alone.
     auto noisy = llm::load_causal_lm(data_dir() + "/models/llama_gqa", dev);
