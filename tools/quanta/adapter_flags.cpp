@@ -19,6 +19,11 @@ void add_adapter_flags(CLI::App& sub, AdapterFlags& flags, const std::string& pr
                    "than --model (a renamed copy of the base; their shapes are still checked)");
 }
 
+void refuse_any_base_alone(const AdapterFlags& flags) {
+  if (flags.any_base && flags.dir.empty())
+    throw UsageError("--adapters-any-base goes with --adapters DIR");
+}
+
 llm::QLoRAReport apply_adapter_folder(llm::CausalLM& model, const AdapterFlags& flags,
                                       const std::string& model_dir,
                                       const llm::AdapterTraining& training) {
@@ -38,10 +43,8 @@ llm::QLoRAReport apply_adapter_folder(llm::CausalLM& model, const AdapterFlags& 
 
 void apply_adapter_flags(llm::CausalLM& model, const AdapterFlags& flags,
                          const std::string& model_dir) {
-  if (flags.dir.empty()) {
-    if (flags.any_base) throw UsageError("--adapters-any-base goes with --adapters DIR");
-    return;
-  }
+  refuse_any_base_alone(flags);
+  if (flags.dir.empty()) return;
   apply_adapter_folder(model, flags, model_dir);
   // Inference only: DoRA's rows' norms are taken once, not each token, and
   // trained token rows are written into their weights once, not copied

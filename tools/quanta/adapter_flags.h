@@ -20,6 +20,9 @@ struct AdapterFlags {
 void add_adapter_flags(CLI::App& sub, AdapterFlags& flags, const std::string& prefix = "",
                        const std::string& use = "");
 
+/** A UsageError for --adapters-any-base without --adapters. */
+void refuse_any_base_alone(const AdapterFlags& flags);
+
 /** apply_peft_adapters of the flags' folder (given) over `model`, loaded
  * from `model_dir`, with `training`'s changes: a folder made for another
  * base is refused unless --adapters-any-base, and the refusal says so. */

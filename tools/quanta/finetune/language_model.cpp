@@ -476,9 +476,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     o.lora_alpha = q.lora.lora_alpha;
     o.use_rslora = q.lora.use_rslora;
     o.use_dora = q.lora.use_dora;
-    o.target_modules = q.lora.target_modules_regex;
-    for (const std::string& name : q.lora.target_modules)
-      o.target_modules += (o.target_modules.empty() ? "" : ",") + name;
+    o.target_modules = q.lora.target_modules_regex.empty() ? join_names(q.lora.target_modules, ",")
+                                                           : q.lora.target_modules_regex;
   }
   try {
     if (!from_folder) read_layer_choice(o, q.lora);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "commands.h"
 #include "dist/env.h"
@@ -148,17 +149,16 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
       throw UsageError(std::string(flag) +
                        (lm ? " is for the classifier of quanta train, not --model"
                            : " is for a language model (--model DIR)"));
-  for (const auto& [a, b] : {std::pair{"--target-modules", "--target-modules-regex"},
-                             {"--exclude-modules", "--exclude-modules-regex"}})
+  // Two ways to give one setting.
+  const char* const kPeftField = " (PEFT's field is a list of names or one regular expression)";
+  for (const auto& [a, b, why] :
+       {std::tuple{"--target-modules", "--target-modules-regex", kPeftField},
+        {"--exclude-modules", "--exclude-modules-regex", kPeftField},
+        {"--steps", "--epochs", ""},
+        {"--warmup-steps", "--warmup-ratio", ""}})
     if (given(a) && given(b))
-      throw UsageError(std::string("give ") + a + " or " + b + ", not both (PEFT's field is a " +
-                       "list of names or one regular expression)");
-  for (const auto& [a, b] :
-       {std::pair{"--steps", "--epochs"}, {"--warmup-steps", "--warmup-ratio"}})
-    if (given(a) && given(b))
-      throw UsageError(std::string("give ") + a + " or " + b + ", not both");
-  if (given("--adapters-any-base") && !given("--adapters"))
-    throw UsageError("--adapters-any-base goes with --adapters DIR");
+      throw UsageError(std::string("give ") + a + " or " + b + ", not both" + why);
+  refuse_any_base_alone(o.adapters);
   // A folder's adapters are trained as its adapter_config.json describes
   // them; only their dropout, a training setting, may change.
   static const std::vector<const char*> kAdapterShape = {"--lora-r",
