@@ -31,6 +31,7 @@
 #include "engine/ops/reduce.h"
 #include "engine/ops/reductions.h"
 #include "engine/ops/softmax.h"
+#include "engine/ops/qr.h"
 #include "engine/ops/svd.h"
 #include "engine/ops/view.h"
 #include "engine/optim/optimizer.h"

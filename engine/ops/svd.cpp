@@ -10,11 +10,13 @@
 #include "engine/cpu/parallel.h"
 #include "engine/eigen.h"
 #include "engine/factory.h"
+#include "engine/random/sampling.h"
 // Under the same silenced warnings as engine/eigen.h's Eigen/Core (they
 // arise in Eigen's own intrinsics code).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#include <Eigen/QR>
 #include <Eigen/SVD>
 #pragma GCC diagnostic pop
 
@@ -31,15 +33,48 @@ struct Decomposition {
   std::vector<T> u{}, s{}, vh{};
   double total_square = 0, rest_square = 0;
 
+  // torch.svd_lowrank's scheme when niter >= 0 (Halko, Martinsson and Tropp
+  // 2011): an orthonormal basis Q of a's range from a Gaussian sketch
+  // (omega [n, k]) sharpened by niter power iterations, then the exact SVD of
+  // the small Q^T a. Else Eigen's full decomposition.
+  int64_t niter = -1;
+  std::vector<T> omega{};
+
   void run() {
     using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using ColMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
     const Eigen::Map<const Matrix> mat(values.data(), m, n);
-    const Eigen::BDCSVD<Matrix> svd(mat, Eigen::ComputeThinU | Eigen::ComputeThinV);
-    const auto& sv = svd.singularValues();
-    for (Eigen::Index i = 0; i < sv.size(); ++i) {
-      const double sq = double(sv(i)) * double(sv(i));
-      total_square += sq;
-      if (i >= k) rest_square += sq;
+    ColMatrix left, right;  // [m, >= k] and [n, >= k]
+    Eigen::Matrix<T, Eigen::Dynamic, 1> sv;
+    if (niter >= 0) {
+      const auto basis = [](const ColMatrix& y) -> ColMatrix {
+        const Eigen::HouseholderQR<ColMatrix> qr(y);
+        return qr.householderQ() * ColMatrix::Identity(y.rows(), y.cols());
+      };
+      const Eigen::Map<const Matrix> sketch(omega.data(), n, k);
+      ColMatrix q = basis(mat * sketch);
+      for (int64_t i = 0; i < niter; ++i) q = basis(mat * basis(mat.transpose() * q));
+      const ColMatrix small = q.transpose() * mat;  // [k, n]
+      const Eigen::BDCSVD<ColMatrix> svd(small, Eigen::ComputeThinU | Eigen::ComputeThinV);
+      left = q * svd.matrixU();
+      right = svd.matrixV();
+      sv = svd.singularValues();
+      // ||a - Q Q^T a||^2 = ||a||^2 - ||Q^T a||^2: the rest is exact.
+      for (int64_t i = 0; i < m * n; ++i)
+        total_square += double(values[std::size_t(i)]) * double(values[std::size_t(i)]);
+      double kept = 0;
+      for (Eigen::Index i = 0; i < sv.size(); ++i) kept += double(sv(i)) * double(sv(i));
+      rest_square = std::max(0.0, total_square - kept);
+    } else {
+      const Eigen::BDCSVD<Matrix> svd(mat, Eigen::ComputeThinU | Eigen::ComputeThinV);
+      left = svd.matrixU();
+      right = svd.matrixV();
+      sv = svd.singularValues();
+      for (Eigen::Index i = 0; i < sv.size(); ++i) {
+        const double sq = double(sv(i)) * double(sv(i));
+        total_square += sq;
+        if (i >= k) rest_square += sq;
+      }
     }
     u.resize(static_cast<std::size_t>(m * k));
     s.resize(static_cast<std::size_t>(k));
@@ -48,12 +83,13 @@ struct Decomposition {
       // The sign that makes the column's entry of largest magnitude positive.
       int64_t arg = 0;
       for (int64_t i = 1; i < m; ++i)
-        if (std::abs(svd.matrixU()(i, j)) > std::abs(svd.matrixU()(arg, j))) arg = i;
-      const T sign = svd.matrixU()(arg, j) < 0 ? T(-1) : T(1);
-      for (int64_t i = 0; i < m; ++i) u[std::size_t(i * k + j)] = sign * svd.matrixU()(i, j);
-      for (int64_t i = 0; i < n; ++i) vh[std::size_t(j * n + i)] = sign * svd.matrixV()(i, j);
+        if (std::abs(left(i, j)) > std::abs(left(arg, j))) arg = i;
+      const T sign = left(arg, j) < 0 ? T(-1) : T(1);
+      for (int64_t i = 0; i < m; ++i) u[std::size_t(i * k + j)] = sign * left(i, j);
+      for (int64_t i = 0; i < n; ++i) vh[std::size_t(j * n + i)] = sign * right(i, j);
       s[std::size_t(j)] = sv(j);
     }
+    omega = {};
     values = {};
   }
 };
@@ -76,7 +112,7 @@ void check_finite(const std::vector<T>& values, int64_t m, int64_t n) {
           std::to_string(n) + "] matrix is not finite");
 }
 
-Job prepare(const Tensor& a, int64_t k) {
+Job prepare(const Tensor& a, int64_t k, int64_t niter = -1, Generator* gen = nullptr) {
   if (a.dim() != 2)
     throw std::invalid_argument("[top_singular_triplets] needs a matrix, got " +
                                 std::to_string(a.dim()) + " dims");
@@ -98,6 +134,16 @@ Job prepare(const Tensor& a, int64_t k) {
     job.f32 = {m, n, k, a.to_vector<float>()};
     check_finite(job.f32.values, m, n);
   }
+  if (niter >= 0) {
+    // The sketch in the matrix's dtype, drawn here, in order: the threads
+    // draw nothing.
+    const Tensor omega = randn({n, k}, *gen, {.dtype = a.dtype()});
+    if (job.is_f64)
+      job.f64.omega = omega.to_vector<double>();
+    else
+      job.f32.omega = omega.to_vector<float>();
+    job.f64.niter = job.f32.niter = niter;
+  }
   return job;
 }
 
@@ -113,16 +159,9 @@ SingularTriplets triplets_of(const Decomposition<T>& d, Device device) {
   return out;
 }
 
-}  // namespace
-
-std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& matrices,
-                                                    const std::vector<int64_t>& k) {
-  if (matrices.size() != k.size())
-    throw std::invalid_argument("[top_singular_triplets] " + std::to_string(matrices.size()) +
-                                " matrices and " + std::to_string(k.size()) + " ranks k");
-  NoGradGuard no_grad;
-  std::vector<Job> jobs;
-  for (std::size_t i = 0; i < matrices.size(); ++i) jobs.push_back(prepare(matrices[i], k[i]));
+// Runs prepared jobs on the CPU's threads, one matrix each (Eigen's SVD is
+// itself sequential).
+std::vector<SingularTriplets> run_jobs(std::vector<Job>& jobs) {
   cpu::parallel_for(0, int64_t(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (jobs[std::size_t(i)].is_f64)
@@ -135,6 +174,38 @@ std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& m
   for (const Job& j : jobs)
     out.push_back(j.is_f64 ? triplets_of(j.f64, j.device) : triplets_of(j.f32, j.device));
   return out;
+}
+
+}  // namespace
+
+std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& matrices,
+                                                    const std::vector<int64_t>& k) {
+  if (matrices.size() != k.size())
+    throw std::invalid_argument("[top_singular_triplets] " + std::to_string(matrices.size()) +
+                                " matrices and " + std::to_string(k.size()) + " ranks k");
+  NoGradGuard no_grad;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < matrices.size(); ++i) jobs.push_back(prepare(matrices[i], k[i]));
+  return run_jobs(jobs);
+}
+
+std::vector<SingularTriplets> approximate_singular_triplets(const std::vector<Tensor>& matrices,
+                                                            const std::vector<int64_t>& k,
+                                                            int64_t niter,
+                                                            std::vector<Generator>& gens) {
+  if (matrices.size() != k.size() || matrices.size() != gens.size())
+    throw std::invalid_argument("[approximate_singular_triplets] " +
+                                std::to_string(matrices.size()) + " matrices, " +
+                                std::to_string(k.size()) + " ranks k and " +
+                                std::to_string(gens.size()) + " generators");
+  if (niter < 0)
+    throw std::invalid_argument("[approximate_singular_triplets] niter must be >= 0, got " +
+                                std::to_string(niter));
+  NoGradGuard no_grad;
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < matrices.size(); ++i)
+    jobs.push_back(prepare(matrices[i], k[i], niter, &gens[i]));
+  return run_jobs(jobs);
 }
 
 SingularTriplets top_singular_triplets(const Tensor& a, int64_t k) {

@@ -1,11 +1,13 @@
 #pragma once
 // The singular value decomposition of a matrix, for initialisations that
-// need one (LoftQ's adapters from a quantization error). Computed on the
-// host by Eigen's divide-and-conquer SVD (BDCSVD), in the matrix's own
-// precision; not recorded by autograd.
+// need one (LoftQ's adapters from a quantization error, PiSSA's from a
+// weight). Computed on the host by Eigen's divide-and-conquer SVD (BDCSVD),
+// or approximated from a random sketch as torch.svd_lowrank does, in the
+// matrix's own precision; not recorded by autograd.
 #include <cstdint>
 #include <vector>
 
+#include "engine/random/generator.h"
 #include "engine/tensor.h"
 
 namespace quanta {
@@ -34,5 +36,20 @@ SingularTriplets top_singular_triplets(const Tensor& a, int64_t k);
  * matrix before decomposing any. */
 std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& matrices,
                                                     const std::vector<int64_t>& k);
+
+/** The k largest singular triplets of each matrix approximated as
+ * torch.svd_lowrank(a, q=k, niter) finds them (Halko, Martinsson and Tropp
+ * 2011): an orthonormal basis Q of a's range from a [n, k] Gaussian sketch
+ * drawn from gens[i] in a's dtype, sharpened by niter power iterations, then
+ * the exact SVD of Q^T a. Far cheaper than the full decomposition for
+ * k << min(m, n), and close to it where a's spectrum falls past k (more
+ * iterations, closer); rest_square is ||a - Q Q^T a||^2 exactly. The same
+ * generators' states give the same results; the sign rule and the checks are
+ * top_singular_triplets'. Throws std::invalid_argument for niter < 0 or
+ * lists of different lengths. */
+std::vector<SingularTriplets> approximate_singular_triplets(const std::vector<Tensor>& matrices,
+                                                            const std::vector<int64_t>& k,
+                                                            int64_t niter,
+                                                            std::vector<Generator>& gens);
 
 }  // namespace quanta

@@ -60,18 +60,91 @@ const char* lora_init_name(LoraInit init) {
       return "false";
     case LoraInit::loftq:
       return "loftq";
+    case LoraInit::pissa:
+      return "pissa";
+    case LoraInit::olora:
+      return "olora";
+    case LoraInit::orthogonal:
+      return "orthogonal";
     case LoraInit::kaiming_uniform:
       break;
   }
   return "true";
 }
 
-LoraInit parse_lora_init(const std::string& text) {
-  for (LoraInit i :
-       {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random, LoraInit::loftq})
-    if (text == lora_init_name(i)) return i;
-  throw std::invalid_argument("init_lora_weights must be true, gaussian, false or loftq, got \"" +
-                              text + "\"");
+std::string lora_init_text(const LoraSettings& lora) {
+  if (lora.init_lora_weights == LoraInit::pissa && lora.pissa_niter >= 0)
+    return "pissa_niter_" + std::to_string(lora.pissa_niter);
+  return lora_init_name(lora.init_lora_weights);
+}
+
+void set_lora_init(LoraSettings& lora, const std::string& text) {
+  constexpr std::string_view niter_prefix = "pissa_niter_";
+  if (text.starts_with(niter_prefix)) {
+    const std::string digits = text.substr(niter_prefix.size());
+    if (digits.empty() || digits.size() > 6 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument("init_lora_weights \"" + text +
+                                  "\": pissa_niter_ takes the number of power iterations, as "
+                                  "pissa_niter_4");
+    lora.init_lora_weights = LoraInit::pissa;
+    lora.pissa_niter = std::stoll(digits);
+    return;
+  }
+  for (LoraInit i : {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random,
+                     LoraInit::loftq, LoraInit::pissa, LoraInit::olora, LoraInit::orthogonal})
+    if (text == lora_init_name(i)) {
+      lora.init_lora_weights = i;
+      lora.pissa_niter = -1;
+      return;
+    }
+  if (text == "eva" || text.starts_with("corda"))
+    throw std::invalid_argument(
+        "init_lora_weights " + text +
+        " starts the adapters from activations over training data (PEFT's " +
+        (text == "eva" ? "initialize_lora_eva_weights" : "preprocess_corda") +
+        "), which quanta does not compute; pissa, olora or loftq start from the weights alone");
+  throw std::invalid_argument(
+      "init_lora_weights must be true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora or "
+      "orthogonal, got \"" +
+      text + "\"");
+}
+
+bool takes_start_from_base(LoraInit init) {
+  return init == LoraInit::pissa || init == LoraInit::olora;
+}
+
+LoraSettings converted_to_lora(const LoraSettings& lora) {
+  LoraSettings out = lora;
+  out.init_lora_weights = LoraInit::kaiming_uniform;
+  out.pissa_niter = -1;
+  // scaling = alpha / r, or alpha / sqrt(r) with rsLoRA: kept as r doubles.
+  const double alpha_factor = lora.use_rslora ? std::sqrt(2.0) : 2.0;
+  out.r = 2 * lora.r;
+  out.lora_alpha = alpha_factor * lora.lora_alpha;
+  for (auto& [key, r] : out.rank_pattern) r *= 2;
+  // PEFT doubles these whatever use_rslora (check_lora_settings refuses
+  // rsLoRA with patterns for these starts, as PEFT's conversion does).
+  for (auto& [key, a] : out.alpha_pattern) a *= 2;
+  return out;
+}
+
+LoraSettings trained_from_start(const LoraSettings& converted,
+                                const BaseQuantization& quantization) {
+  LoraSettings out = converted;
+  const auto half = [](int64_t r, const std::string& what) {
+    if (r % 2 != 0)
+      throw std::invalid_argument(what + " " + std::to_string(r) +
+                                  " is odd: adapters saved converted from a start taken out of "
+                                  "the base have twice their trained rank");
+    return r / 2;
+  };
+  out.r = half(converted.r, "r");
+  for (auto& [key, r] : out.rank_pattern) r = half(r, "rank_pattern \"" + key + "\" gives r");
+  for (auto& [key, a] : out.alpha_pattern) a /= 2;
+  out.lora_alpha = quantization.start_lora_alpha;
+  set_lora_init(out, quantization.start_taken_out);
+  return out;
 }
 
 std::vector<std::string> parse_module_names(const std::string& text, const std::string& what) {
@@ -165,6 +238,27 @@ void check_lora_settings(const LoraSettings& l) {
       throw std::invalid_argument("alpha_pattern \"" + key + "\" gives lora_alpha " +
                                   std::to_string(a) + "; it must be positive");
   }
+  if (l.pissa_niter >= 0 && l.init_lora_weights != LoraInit::pissa)
+    throw std::invalid_argument("pissa_niter " + std::to_string(l.pissa_niter) +
+                                " is given with init_lora_weights " +
+                                lora_init_name(l.init_lora_weights));
+  // Saved folders hold these starts converted to plain LoRA, which PEFT's
+  // conversion cannot express for rsLoRA's per-layer patterns.
+  if (takes_start_from_base(l.init_lora_weights) && l.use_rslora &&
+      (!l.rank_pattern.empty() || !l.alpha_pattern.empty()))
+    throw std::invalid_argument(std::string("init_lora_weights ") +
+                                lora_init_name(l.init_lora_weights) +
+                                " with use_rslora and rank_pattern or alpha_pattern: the saved "
+                                "adapters cannot be converted to LoRA (PEFT refuses it too)");
+  if (l.init_lora_weights == LoraInit::orthogonal) {
+    if (l.r % 2 != 0)
+      throw std::invalid_argument("init_lora_weights orthogonal needs an even r, got " +
+                                  std::to_string(l.r));
+    for (const auto& [key, r] : l.rank_pattern)
+      if (r % 2 != 0)
+        throw std::invalid_argument("init_lora_weights orthogonal needs even ranks; rank_pattern \"" +
+                                    key + "\" gives " + std::to_string(r));
+  }
 }
 
 ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
@@ -189,17 +283,19 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
   j["inference_mode"] = true;
   // PEFT's value; LoftQ's adapters are recorded as its
   // replace_lora_weights_loftq leaves them (true): PEFT's "loftq" would make
-  // a loader quantize and decompose the base again.
+  // a loader quantize and decompose the base again. PiSSA's and OLoRA's are
+  // recorded by name: a loader takes the start out of the base again, as
+  // PEFT's does, and then they fit (saved folders hold them converted).
   switch (l.init_lora_weights) {
-    case LoraInit::gaussian:
-      j["init_lora_weights"] = "gaussian";
-      break;
     case LoraInit::both_random:
       j["init_lora_weights"] = false;
       break;
     case LoraInit::kaiming_uniform:
     case LoraInit::loftq:
       j["init_lora_weights"] = true;
+      break;
+    default:
+      j["init_lora_weights"] = lora_init_text(l);
       break;
   }
   j["use_dora"] = l.use_dora;
@@ -231,6 +327,9 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
                          {"blocksize", q.blocksize},
                          {"double_quant", q.double_quant},
                          {"compute_dtype", torch_dtype_name(q.compute_dtype)}};
+  if (!q.start_taken_out.empty())
+    j[kQuantizationKey]["start_taken_out"] = {{"init_lora_weights", q.start_taken_out},
+                                              {"lora_alpha", q.start_lora_alpha}};
   return j;
 }
 
@@ -395,6 +494,19 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
       }
     const ojson& base = j.value("base_model_name_or_path", ojson());
     l.base_model_name_or_path = base.is_string() ? base.get<std::string>() : "";
+    // Adapters trained from PiSSA's or OLoRA's start (unconverted) fit the
+    // base with that start taken out: PEFT's loader takes it out again, and
+    // so does apply_qlora with these. Other starts only set values the
+    // stored tensors replace.
+    const ojson& init = j.value("init_lora_weights", ojson());
+    if (init.is_string()) {
+      const std::string text = init.get<std::string>();
+      if (text == "olora" || text.starts_with("pissa")) try {
+          set_lora_init(l, text);
+        } catch (const std::invalid_argument& e) {
+          adapter_config_fail(source, e.what());
+        }
+    }
   } catch (const ojson::exception& e) {
     adapter_config_fail(source,
                         std::string("a LoRA field is missing or of the wrong type: ") + e.what());
@@ -431,6 +543,25 @@ BaseQuantization read_base_quantization(const ojson& j, const std::string& sourc
                                       std::to_string(q.blocksize));
     q.double_quant = r.value("double_quant", q.double_quant);
     q.compute_dtype = dtype_from_torch_name(r.value("compute_dtype", std::string("bfloat16")));
+    if (r.contains("start_taken_out")) {
+      const ojson& start = r.at("start_taken_out");
+      const std::string where = std::string(kQuantizationKey) + ".start_taken_out";
+      if (!start.is_object() || !start.contains("init_lora_weights") ||
+          !start.at("init_lora_weights").is_string() || !start.contains("lora_alpha") ||
+          !start.at("lora_alpha").is_number())
+        adapter_config_fail(source, where +
+                                        " must be an object with init_lora_weights (a string) "
+                                        "and lora_alpha (a number), got " +
+                                        start.dump());
+      q.start_taken_out = start.at("init_lora_weights").get<std::string>();
+      q.start_lora_alpha = start.at("lora_alpha").get<double>();
+      LoraSettings check;
+      set_lora_init(check, q.start_taken_out);
+      if (!takes_start_from_base(check.init_lora_weights))
+        adapter_config_fail(source, where + ".init_lora_weights must be pissa, pissa_niter_<N> "
+                                            "or olora, got \"" +
+                                        q.start_taken_out + "\"");
+    }
   } catch (const std::exception& e) {
     if (dynamic_cast<const std::runtime_error*>(&e)) throw;
     adapter_config_fail(source, std::string(kQuantizationKey) + ": " + e.what());

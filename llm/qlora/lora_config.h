@@ -42,12 +42,23 @@ enum class LoraInit {
    * error (quant::loftq_init), from the float weights the base is quantized
    * from; PEFT's replace_lora_weights_loftq. */
   loftq,
+  /** PiSSA's: B A the weight's r principal singular triplets and the base
+   * the residual, quantized (quant::pissa_starts; PEFT's "pissa", or
+   * "pissa_niter_N" with LoraSettings::pissa_niter). Needs the float
+   * weights. */
+  pissa,
+  /** OLoRA's: B A the leading columns of the weight's QR, taken out of the
+   * base as it was quantized and the residual quantized again
+   * (quant::olora_starts; PEFT's "olora" over a bitsandbytes model). */
+  olora,
+  /** Random factors whose product is zero (quant::LoRAInit::orthogonal;
+   * PEFT's "orthogonal"); an even r. */
+  orthogonal,
 };
 
-/** PEFT's spelling: "true", "gaussian", "false", "loftq". */
+/** PEFT's spelling of a kind: "true", "gaussian", "false", "loftq",
+ * "pissa", "olora", "orthogonal". */
 const char* lora_init_name(LoraInit init);
-/** The inverse; throws std::invalid_argument naming the four values. */
-LoraInit parse_lora_init(const std::string& text);
 
 /** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
  * and with which r and alpha is PEFT's rule (lora_targets.h). Regular
@@ -106,9 +117,34 @@ struct LoraSettings {
    * (true for loftq, as replace_lora_weights_loftq leaves the config), and
    * a folder read back starts from its stored adapters whatever it says. */
   LoraInit init_lora_weights = LoraInit::kaiming_uniform;
+  /** With pissa: the power iterations of the approximate decomposition
+   * (PEFT's "pissa_niter_<N>"), or -1 for the exact one ("pissa"). */
+  int64_t pissa_niter = -1;
   /** The base model's folder, as the user named it (recorded, checked on load). */
   std::string base_model_name_or_path;
 };
+
+/** init_lora_weights as PEFT spells it: lora_init_name's, or
+ * "pissa_niter_<N>". */
+std::string lora_init_text(const LoraSettings& lora);
+
+/** Sets lora.init_lora_weights (and pissa_niter) from PEFT's spelling:
+ * true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora or orthogonal.
+ * Throws std::invalid_argument naming the values for another; PEFT's eva and
+ * corda (starts computed from activations over data) are refused by name. */
+void set_lora_init(LoraSettings& lora, const std::string& text);
+
+/** True for the starts that take the adapters' part out of the base (pissa,
+ * olora): the trained adapters fit the residual base, and a saved folder
+ * holds them converted to plain LoRA over the original weight. */
+bool takes_start_from_base(LoraInit init);
+
+/** The settings of such a folder: PEFT's save_pretrained with
+ * path_initial_model_for_weight_conversion. Each adapter is [B | -B0] [A; A0]
+ * (B0 A0 the start), so r and rank_pattern's values double, and lora_alpha
+ * and alpha_pattern's double too (times sqrt(2) with use_rslora), keeping each
+ * layer's scaling; init_lora_weights true. */
+LoraSettings converted_to_lora(const LoraSettings& lora);
 
 /** How the base is quantized (bitsandbytes' BitsAndBytesConfig, 4-bit NF4):
  * every linear layer but lm_head, as transformers' load_in_4bit does. */
@@ -118,7 +154,23 @@ struct BaseQuantization {
   /** The dtype the weights are dequantized to (bnb_4bit_compute_dtype):
    * bf16 or f32 (f16 too). */
   DType compute_dtype = DType::bf16;
+  /** Set when the adapters trained from PiSSA's or OLoRA's start over the
+   * base with that start taken out, and were saved converted to LoRA
+   * (save_peft_adapters): the start as PEFT spells it ("pissa",
+   * "pissa_niter_4", "olora") and the lora_alpha they trained with. quanta
+   * takes each saved adapter's second half ([B | -B0], [A; A0]) back out of
+   * the base, as training had it; PEFT reads the folder as plain LoRA over
+   * the original weight. Empty otherwise. */
+  std::string start_taken_out;
+  double start_lora_alpha = 0;
 };
+
+/** converted_to_lora's inverse for a folder whose quantization records the
+ * start taken out: r, rank_pattern and alpha_pattern halved, lora_alpha the
+ * recorded one, init_lora_weights the start. Throws std::invalid_argument
+ * for an odd r or rank. */
+LoraSettings trained_from_start(const LoraSettings& converted,
+                                const BaseQuantization& quantization);
 
 /** Splits a comma-separated list, "q_proj,v_proj" (or "all-linear"), into
  * its entries; throws std::invalid_argument naming `what` for an empty

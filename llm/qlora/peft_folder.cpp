@@ -10,6 +10,8 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/io/atomic_file.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/join.h"
+#include "engine/ops/view.h"
 #include "llm/model/model_folder.h"
 #include "llm/model/weight_names.h"
 #include "llm/qlora/lora_targets.h"
@@ -70,11 +72,48 @@ io::TensorMap peft_adapter_tensors(Module& model, const LoraSettings& lora) {
   return out;
 }
 
-void save_peft_adapters(Module& model, const LoraSettings& lora,
-                        const BaseQuantization& quantization, const std::string& dir) {
-  const io::TensorMap tensors = peft_adapter_tensors(model, lora);
+namespace {
+
+// PEFT's conversion of adapters trained from a start taken out of the base
+// (subtract_mutated_init): W_res + s B A = W + s (B A - B0 A0)
+// = W + s [B | -B0] [A; A0], a LoRA of twice the rank over the original
+// weight. False when no layer kept a start.
+bool convert_started_adapters(Module& model, io::TensorMap& tensors) {
+  std::map<std::string, Tensor> converted;
+  for (const auto& [layer, lora] : lora_layers(model)) {
+    if (!lora->initial_lora_A().defined()) continue;
+    NoGradGuard no_grad;
+    const Device host = Device::cpu();
+    converted[peft_tensor_name(layer, "lora_A")] =
+        cat({lora->lora_A().detach().to(host), lora->initial_lora_A()}, 0);
+    converted[peft_tensor_name(layer, "lora_B")] =
+        cat({lora->lora_B().detach().to(host), -lora->initial_lora_B()}, 1);
+  }
+  if (converted.empty()) return false;
+  for (auto& [name, t] : tensors)
+    if (const auto it = converted.find(name); it != converted.end()) t = it->second;
+  return true;
+}
+
+}  // namespace
+
+void save_peft_adapters(Module& model, const LoraSettings& given,
+                        const BaseQuantization& given_quantization, const std::string& dir) {
+  io::TensorMap tensors = peft_adapter_tensors(model, given);
   if (tensors.empty())
     throw std::invalid_argument("[save_peft_adapters] the model has no adapters");
+  LoraSettings lora = given;
+  BaseQuantization quantization = given_quantization;
+  if (convert_started_adapters(model, tensors)) {
+    if (!takes_start_from_base(given.init_lora_weights))
+      throw std::invalid_argument(
+          std::string("[save_peft_adapters] the adapters kept a start taken out of the base, "
+                      "and init_lora_weights is ") +
+          lora_init_name(given.init_lora_weights) + ", not pissa or olora");
+    lora = converted_to_lora(given);
+    quantization.start_taken_out = lora_init_text(given);
+    quantization.start_lora_alpha = given.lora_alpha;
+  }
   // An image-text model's adapters are its decoder's: PEFT is told to
   // leave the vision tower alone.
   const auto* lm = dynamic_cast<const CausalLM*>(&model);
@@ -101,7 +140,17 @@ AdapterFolderConfig read_adapter_folder_config(const std::string& dir, DType mod
   } catch (const ojson::exception& e) {
     throw std::runtime_error(path + ": not JSON (" + std::string(e.what()) + ")");
   }
-  return {read_adapter_config(j, path), read_base_quantization(j, path, model_dtype)};
+  AdapterFolderConfig folder{read_adapter_config(j, path),
+                             read_base_quantization(j, path, model_dtype)};
+  if (!folder.quantization.start_taken_out.empty()) {
+    try {
+      folder.lora = trained_from_start(folder.lora, folder.quantization);
+      check_lora_settings(folder.lora);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(path + ": " + e.what());
+    }
+  }
+  return folder;
 }
 
 namespace {
@@ -196,12 +245,43 @@ void check_stored_rank(const io::SafetensorsFile& file, const LoraSettings& lora
   if (!any) throw std::runtime_error(path + " holds no lora_A tensor (not a LoRA adapter file)");
 }
 
+// A folder saved converted from a start taken out of the base holds each
+// adapter as [B | -B0] and [A; A0]: the trained halves stay in `weights`, the
+// starts (A0, B0) come back by layer name.
+std::map<std::string, std::pair<Tensor, Tensor>> split_stored_starts(io::SafetensorsFile& weights,
+                                                                     const std::string& path) {
+  std::map<std::string, std::pair<Tensor, Tensor>> starts;
+  for (auto& [name, t] : weights.tensors) {
+    for (const char* which : {"lora_A", "lora_B"}) {
+      const std::string suffix = std::string(".") + which + ".weight";
+      if (!name.starts_with(kPeftPrefix) || !name.ends_with(suffix) ||
+          name.size() <= kPeftPrefix.size() + suffix.size())
+        continue;
+      const std::string layer =
+          name.substr(kPeftPrefix.size(), name.size() - kPeftPrefix.size() - suffix.size());
+      const bool a = which == std::string("lora_A");
+      const int64_t dim = a ? 0 : 1;
+      if (t.dim() != 2 || t.shape()[dim] % 2 != 0)
+        throw std::runtime_error(path + ": " + name + " is " + shape_str(t.shape()) +
+                                 "; adapters saved converted from a start taken out of the base "
+                                 "have an even rank (the trained half, then the start)");
+      const int64_t r = t.shape()[dim] / 2;
+      const Tensor start = narrow(t, dim, r, r).contiguous();
+      (a ? starts[layer].first : starts[layer].second) = a ? start : -start;
+      t = narrow(t, dim, 0, r).contiguous();
+    }
+  }
+  return starts;
+}
+
 }  // namespace
 
 void load_peft_adapter_tensors(Module& model, const std::string& dir) {
-  copy_adapter_tensors(model, read_adapter_weights(dir),
-                       (fs::path(dir) / kAdapterWeightsFile).string(),
-                       read_adapter_folder_config(dir).lora);
+  const AdapterFolderConfig folder = read_adapter_folder_config(dir);
+  io::SafetensorsFile weights = read_adapter_weights(dir);
+  const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
+  if (!folder.quantization.start_taken_out.empty()) split_stored_starts(weights, path);
+  copy_adapter_tensors(model, weights, path, folder.lora);
 }
 
 QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
@@ -231,8 +311,10 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
       vision_left_out += vision;
       return vision;
     });
-  check_stored_rank(weights, folder.lora, weights_path);
   QLoRAOptions options;
+  if (!folder.quantization.start_taken_out.empty())
+    options.stored_starts = split_stored_starts(weights, weights_path);
+  check_stored_rank(weights, folder.lora, weights_path);
   options.lora = folder.lora;
   options.quantization = folder.quantization;
   options.seed = training.seed;

@@ -40,7 +40,15 @@ std::vector<std::pair<std::string, Tensor>> peft_trained_parameters(Module& mode
 io::TensorMap peft_adapter_tensors(Module& model, const LoraSettings& lora);
 
 /** Writes `dir` (created if needed): adapter_config.json (`lora`,
- * recording `quantization`) and adapter_model.safetensors, each atomically. */
+ * recording `quantization`) and adapter_model.safetensors, each atomically.
+ * Adapters that started from PiSSA or OLoRA (LoRALinear::initial_lora_A)
+ * are written as PEFT's save_pretrained with
+ * path_initial_model_for_weight_conversion writes them: a LoRA of rank 2r
+ * over the original weight ([B | -B0], [A; A0]; converted_to_lora's
+ * config), which PEFT and apply_peft_adapters load over the unchanged base.
+ * Over a quantized base that is NF4(W) + the change where training had
+ * NF4(W_res): PEFT's own caveat; merging (merge_qlora) keeps the trained
+ * model exactly. */
 void save_peft_adapters(Module& model, const LoraSettings& lora,
                         const BaseQuantization& quantization, const std::string& dir);
 

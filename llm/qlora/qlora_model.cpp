@@ -1,6 +1,7 @@
 #include "llm/qlora/qlora_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -10,6 +11,9 @@
 #include "engine/cpu/parallel.h"
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
+#include "engine/ops/elementwise.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/reduce.h"
 #include "engine/text.h"
 #include "llm/qlora/lora_targets.h"
 #include "quant/nf4/nf4_interop.h"
@@ -252,14 +256,20 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
           " (a Llama's linear layers have none unless attention_bias or mlp_bias is set; "
           "Qwen2's q_proj, k_proj and v_proj have them)");
   }
-  if (o.lora.init_lora_weights == LoraInit::loftq)
+  if (o.lora.init_lora_weights == LoraInit::loftq || o.lora.init_lora_weights == LoraInit::pissa)
     for (std::size_t i = 0; i < slots.size(); ++i)
       if (chosen[i] && !slots[i].linear)
         throw std::invalid_argument(
-            "init_lora_weights loftq corrects the quantization error toward the float weights, "
-            "and layer " +
-            slots[i].name +
-            " was loaded in 4 bits (a 4-bit folder): start from the float model's folder");
+            o.lora.init_lora_weights == LoraInit::loftq
+                ? "init_lora_weights loftq corrects the quantization error toward the float "
+                  "weights, and layer " +
+                      slots[i].name +
+                      " was loaded in 4 bits (a 4-bit folder): start from the float model's folder"
+                : "init_lora_weights pissa decomposes the float weights and quantizes the "
+                  "residual, and layer " +
+                      slots[i].name +
+                      " was loaded in 4 bits (a 4-bit folder): start from the float model's "
+                      "folder (PEFT refuses it too)");
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
       throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
@@ -268,6 +278,99 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
                                   std::to_string(slots[i].in()) + ")");
 
   return plan;
+}
+
+// A layer's PiSSA or OLoRA start, with what its base is quantized from.
+struct ResidualStartOf {
+  quant::ResidualStart start;
+  Tensor quantized;             // the residual, as the base's NF4 is made from it
+  double error_before = -1;     // ||W - NF4(W)||^2 over float weights, else -1
+};
+
+// The quantization error ||W - NF4(W)||^2 of a float weight.
+double quantization_error(const Tensor& weight, const quant::NF4Linear& quantized,
+                          DType base_dtype) {
+  const DType dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor host = weight.detach().to(Device::cpu()).to(dtype);
+  return sum(square(host - quantized.dequantized_weight(base_dtype).to(Device::cpu()).to(dtype)))
+      .item();
+}
+
+// What a start leaves: ||W - NF4(residual) - scaling B A||^2 against the
+// error before it.
+quant::QuantizationErrorChange start_error(const Tensor& weight, double before,
+                                           const quant::LoRALinear& adapted) {
+  NoGradGuard no_grad;
+  const DType dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor host = weight.detach().to(Device::cpu()).to(dtype);
+  const Tensor kept =
+      adapted.base()->dequantized_weight(adapted.base_dtype()).to(Device::cpu()).to(dtype) +
+      matmul(adapted.lora_B().to(Device::cpu()), adapted.lora_A().to(Device::cpu())).to(dtype) *
+          adapted.scaling();
+  return {before, sum(square(host - kept)).item()};
+}
+
+// The starts of slots `which` (each with chosen settings), decomposed at once.
+std::vector<ResidualStartOf> residual_starts(const std::vector<Convertible>& slots,
+                                             const std::vector<std::optional<LoraLayerSettings>>& chosen,
+                                             const std::vector<std::size_t>& which,
+                                             const QLoRAOptions& o, const quant::NF4Options& nf4,
+                                             const quant::LoRAOptions& lora) {
+  NoGradGuard no_grad;
+  const bool pissa = o.lora.init_lora_weights == LoraInit::pissa;
+  std::vector<quant::ResidualStartLayer> layers;
+  std::vector<ResidualStartOf> out(which.size());
+  std::vector<Generator> gens;
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    const Convertible& s = slots[which[k]];
+    const LoraLayerSettings& c = *chosen[which[k]];
+    const double scaling = o.lora.use_rslora ? c.lora_alpha / std::sqrt(double(c.r))
+                                             : c.lora_alpha / double(c.r);
+    Tensor weight;
+    if (pissa) {
+      weight = s.linear->weight().detach().to(Device::cpu());
+      // Its own stream per layer, as the adapters' other draws.
+      gens.push_back(Generator::named(o.seed, "lora.pissa." + s.name));
+    } else {
+      // OLoRA as PEFT runs it over a bitsandbytes model: on the base as
+      // quantized, dequantized to the model's dtype.
+      std::shared_ptr<quant::NF4Linear> quantized;
+      if (s.linear) {
+        quantized = std::make_shared<quant::NF4Linear>(
+            quant::quantize_bnb(s.linear->weight().detach(), nf4), Tensor(), nf4.dequant_dtype);
+        out[k].error_before = quantization_error(s.linear->weight(), *quantized, lora.base_dtype);
+      }
+      const quant::NF4Linear& base = s.linear ? *quantized : *s.nf4;
+      weight = base.dequantized_weight(lora.base_dtype).to(Device::cpu());
+    }
+    layers.push_back({weight, c.r, scaling});
+  }
+  std::vector<quant::ResidualStart> made;
+  if (!o.stored_starts.empty()) {
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      const auto it = o.stored_starts.find(slots[which[k]].name);
+      if (it == o.stored_starts.end())
+        throw std::invalid_argument("no stored start for layer " + slots[which[k]].name);
+      made.push_back(quant::given_start(layers[k], it->second.first, it->second.second));
+    }
+  } else {
+    made = pissa ? quant::pissa_starts(layers, o.lora.pissa_niter, &gens)
+                 : quant::olora_starts(layers);
+  }
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    const Convertible& s = slots[which[k]];
+    out[k].start = made[k];
+    out[k].quantized = made[k].residual;  // OLoRA's is quantized from f32
+    if (pissa) {
+      // PiSSA's residual is saved in the model's dtype before bitsandbytes
+      // loads it.
+      out[k].quantized = made[k].residual.to(s.linear->weight().dtype());
+      const quant::NF4Linear whole(quant::quantize_bnb(s.linear->weight().detach(), nf4), Tensor(),
+                                   nf4.dequant_dtype);
+      out[k].error_before = quantization_error(s.linear->weight(), whole, lora.base_dtype);
+    }
+  }
+  return out;
 }
 
 // apply_qlora's conversion.
@@ -293,8 +396,13 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     case LoraInit::both_random:
       lora.init = quant::LoRAInit::both_random;
       break;
+    case LoraInit::orthogonal:
+      lora.init = quant::LoRAInit::orthogonal;
+      break;
     case LoraInit::kaiming_uniform:
-    case LoraInit::loftq:  // drawn, then replaced by loftq_init
+    case LoraInit::loftq:  // drawn, then replaced by the start
+    case LoraInit::pissa:
+    case LoraInit::olora:
       lora.init = quant::LoRAInit::kaiming_uniform;
       break;
   }
@@ -303,25 +411,45 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   std::vector<std::pair<quant::LoRALinear*, Tensor>> loftq;
   std::vector<std::size_t> loftq_layers;
   const auto run_loftq = [&] {
-    const std::vector<quant::LoftQError> errors = quant::loftq_init(loftq);
+    const std::vector<quant::QuantizationErrorChange> errors = quant::loftq_init(loftq);
     for (std::size_t j = 0; j < errors.size(); ++j)
-      report.layers[loftq_layers[j]].loftq = errors[j];
+      report.layers[loftq_layers[j]].quantization_error = errors[j];
     loftq.clear();
     loftq_layers.clear();
   };
+  // PiSSA's and OLoRA's starts, a thread's worth of layers decomposed at a
+  // time, before those layers' bases are quantized from the residuals.
+  std::vector<std::optional<ResidualStartOf>> starts(slots.size());
+  const auto make_starts = [&](std::size_t first) {
+    const std::size_t last = std::min(slots.size(), first + std::size_t(num_threads()));
+    std::vector<std::size_t> which;
+    for (std::size_t j = first; j < last; ++j)
+      if (chosen[j]) which.push_back(j);
+    const std::vector<ResidualStartOf> made = residual_starts(slots, chosen, which, o, nf4, lora);
+    for (std::size_t k = 0; k < which.size(); ++k) starts[which[k]] = made[k];
+  };
+  const bool from_base = takes_start_from_base(o.lora.init_lora_weights);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const Convertible& s = slots[i];
+    if (from_base && i % std::size_t(num_threads()) == 0) make_starts(i);
     QLoRALayer layer{s.name, Shape{s.out(), s.in()}};
     std::shared_ptr<quant::NF4Linear> base;
+    const Device device = s.linear ? s.linear->weight().device() : s.nf4->weight().device();
     if (s.linear) {
       layer.bytes_before = s.linear->weight().nbytes();
-      const Tensor bias = s.linear->bias().defined() ? s.linear->bias().detach() : Tensor();
-      base = std::make_shared<quant::NF4Linear>(
-          quant::quantize_bnb(s.linear->weight().detach(), nf4), bias, nf4.dequant_dtype);
-      base->to(s.linear->weight().device());  // bitsandbytes' layout is built on the host
     } else {
       base = std::dynamic_pointer_cast<quant::NF4Linear>(child_of(*s.parent, s.child));
       layer.bytes_before = std::size_t(s.out() * s.in()) * element_size(model.config().dtype);
+    }
+    if (s.linear || starts[i]) {
+      const Tensor bias = s.linear ? (s.linear->bias().defined() ? s.linear->bias().detach()
+                                                                 : Tensor())
+                                   : (s.nf4->bias().defined() ? s.nf4->bias().detach() : Tensor());
+      // bitsandbytes' layout is built on the host.
+      const Tensor weight = starts[i] ? starts[i]->quantized : s.linear->weight().detach();
+      base = std::make_shared<quant::NF4Linear>(quant::quantize_bnb(weight, nf4), bias,
+                                                nf4.dequant_dtype);
+      base->to(device);
     }
     layer.bytes_after = base->weight_bytes();
     std::shared_ptr<Module> replacement = base;
@@ -333,6 +461,15 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       if (o.lora.init_lora_weights == LoraInit::loftq) {
         loftq.emplace_back(adapted.get(), s.linear->weight().detach());
         loftq_layers.push_back(report.layers.size());
+      }
+      if (starts[i]) {
+        const quant::ResidualStart& start = starts[i]->start;
+        adapted->set_adapters(start.lora_A, start.lora_B);
+        adapted->set_initial_adapters(start.lora_A, start.lora_B);
+        if (s.linear)
+          layer.quantization_error = start_error(s.linear->weight(), starts[i]->error_before,
+                                                 *adapted);
+        starts[i].reset();
       }
       replacement = adapted;
       layer.adapted = true;

@@ -18,6 +18,7 @@
 #include "llm/model/causal_lm.h"
 #include "llm/qlora/lora_config.h"
 #include "quant/nf4/loftq.h"
+#include "quant/nf4/residual_init.h"
 #include "quant/nf4/nf4_modules.h"
 
 namespace quanta::llm {
@@ -41,6 +42,10 @@ struct QLoRAOptions {
    * an image-text model's adapter folder, whose entries may name only its
    * vision tower's layers (fc1, out_proj), which quanta does not load. */
   bool refuse_unmatched_targets = true;
+  /** With init_lora_weights pissa or olora: each adapted layer's start (A0,
+   * B0) by layer name, as a folder saved it, taken out of the base instead of
+   * decomposing the weight again (apply_peft_adapters). */
+  std::map<std::string, std::pair<Tensor, Tensor>> stored_starts{};
 };
 
 /** One converted linear layer. */
@@ -50,9 +55,11 @@ struct QLoRALayer {
   bool adapted = false;
   std::size_t bytes_before = 0;  // the float weight
   std::size_t bytes_after = 0;   // codes and scales in bitsandbytes' layout
-  /** With init_lora_weights loftq: the squared Frobenius norm of the
-   * layer's quantization error before and after its adapters' correction. */
-  std::optional<quant::LoftQError> loftq{};
+  /** With init_lora_weights loftq, and pissa or olora over float weights:
+   * the squared Frobenius norm of the layer's quantization error before and
+   * after the start (LoftQ's correction; PiSSA's and OLoRA's quantized
+   * residual plus their adapters). */
+  std::optional<quant::QuantizationErrorChange> quantization_error{};
 };
 
 /** What apply_qlora did. */
@@ -81,11 +88,18 @@ struct QLoRAReport {
  * a layer's r above its in or out features, a
  * modules_to_save entry matching no module or naming a linear layer other
  * than lm_head, a container, or a tied model's embeddings, init_lora_weights
- * loftq over a base loaded in 4 bits (no float weights to correct toward),
- * or a model already converted; the model is then unchanged. LoftQ
- * computes each adapted layer's SVD on the host (quant::loftq_init), one
- * layer per core: in f32 0.35 s for 768 x 2048, 7.1 s for 2048 x 5632 and
- * 66 s for 4096 x 11008 on one EPYC core. */
+ * loftq or pissa over a base loaded in 4 bits (no float weights to correct
+ * toward or decompose), or a model already converted; the model is then
+ * unchanged. LoftQ computes each adapted layer's SVD on the host
+ * (quant::loftq_init), one layer per core: in f32 0.35 s for 768 x 2048,
+ * 7.1 s for 2048 x 5632 and 66 s for 4096 x 11008 on one EPYC core; PiSSA
+ * the same SVD of the weight (far less with pissa_niter), OLoRA a QR. Their
+ * adapters keep the start (LoRALinear::set_initial_adapters), which the
+ * base holds taken out: PiSSA quantizes the float weight's residual, rounded
+ * to the model's dtype first (what PEFT's recipe saves and bitsandbytes then
+ * loads); OLoRA, as PEFT over a bitsandbytes model, takes its QR of the
+ * base as quantized (dequantized to the model's dtype) and quantizes the f32
+ * residual again, from a 4-bit folder too. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);
 
 /** apply_qlora's NF4 conversion without adapters: the 4-bit base alone, as

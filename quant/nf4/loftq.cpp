@@ -9,7 +9,7 @@
 
 namespace quanta::quant {
 
-std::vector<LoftQError> loftq_init(const std::vector<std::pair<LoRALinear*, Tensor>>& layers) {
+std::vector<QuantizationErrorChange> loftq_init(const std::vector<std::pair<LoRALinear*, Tensor>>& layers) {
   NoGradGuard no_grad;
   std::vector<Tensor> errors;
   std::vector<int64_t> ranks;
@@ -26,7 +26,7 @@ std::vector<LoftQError> loftq_init(const std::vector<std::pair<LoRALinear*, Tens
     ranks.push_back(layer->lora_A().shape()[0]);
   }
   const std::vector<SingularTriplets> svds = top_singular_triplets(errors, ranks);
-  std::vector<LoftQError> out;
+  std::vector<QuantizationErrorChange> out;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     LoRALinear& layer = *layers[i].first;
     const SingularTriplets& t = svds[i];
@@ -38,7 +38,7 @@ std::vector<LoftQError> loftq_init(const std::vector<std::pair<LoRALinear*, Tens
   return out;
 }
 
-LoftQError loftq_init(LoRALinear& layer, const Tensor& weight) {
+QuantizationErrorChange loftq_init(LoRALinear& layer, const Tensor& weight) {
   return loftq_init({{&layer, weight}})[0];
 }
 

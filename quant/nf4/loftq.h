@@ -13,9 +13,11 @@
 
 namespace quanta::quant {
 
-/** What loftq_init did to one layer: the squared Frobenius norm of the
- * quantization error W - Q before and of W - Q - scaling B A after. */
-struct LoftQError {
+/** What an adapter start did to one layer's quantization error (LoftQ's,
+ * and PiSSA's and OLoRA's, which quantize a residual instead): the squared
+ * Frobenius norm of W - Q with the base quantized from W, and of
+ * W - Q' - scaling B A with the base Q' the start leaves. */
+struct QuantizationErrorChange {
   double before = 0, after = 0;
 };
 
@@ -31,12 +33,13 @@ struct LoftQError {
  * Singular vectors' signs follow top_singular_triplets. With DoRA the
  * magnitude follows (LoRALinear::set_adapters). Throws
  * std::invalid_argument when `weight`'s shape is not the base's. */
-LoftQError loftq_init(LoRALinear& layer, const Tensor& weight);
+QuantizationErrorChange loftq_init(LoRALinear& layer, const Tensor& weight);
 
 /** loftq_init of several layers, each with its float weight, their SVDs on
  * the CPU's threads at once: the same adapters as one at a time. Holds every
  * layer's error on the host together: give as many layers as there are
  * threads. */
-std::vector<LoftQError> loftq_init(const std::vector<std::pair<LoRALinear*, Tensor>>& layers);
+std::vector<QuantizationErrorChange> loftq_init(
+    const std::vector<std::pair<LoRALinear*, Tensor>>& layers);
 
 }  // namespace quanta::quant

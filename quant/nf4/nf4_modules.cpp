@@ -8,8 +8,11 @@
 #include "engine/nn/init.h"
 #include "engine/ops/dropout.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/index.h"
 #include "engine/ops/linalg.h"
+#include "engine/ops/qr.h"
 #include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
 #include "engine/random/sampling.h"
 #include "quant/kernels/table.h"
 #include "quant/nf4/nf4_linear.h"
@@ -192,6 +195,23 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
       init::kaiming_uniform_(a, init_gen, std::sqrt(5.0));
       init::kaiming_uniform_(b, init_gen, std::sqrt(5.0));
       break;
+    case LoRAInit::orthogonal: {
+      if (o.rank % 2 != 0)
+        throw std::invalid_argument(
+            "[LoRALinear] the orthogonal start needs an even rank, got " +
+            std::to_string(o.rank));
+      // PEFT's draws in its order: the rotation, then A's, then B's factor.
+      NoGradGuard no_grad;
+      const Tensor q = thin_qr(randn({o.rank, o.rank}, init_gen)).q;
+      const Tensor q_odd = index_select(q, 0, arange(0.0, double(o.rank), 2.0, {.dtype = DType::i64}));
+      const Tensor q_even = index_select(q, 0, arange(1.0, double(o.rank), 2.0, {.dtype = DType::i64}));
+      const int64_t half = o.rank / 2;
+      a = transpose(matmul(randn({base_->in_features(), half}, init_gen), q_odd), 0, 1)
+              .contiguous() /
+          10.0;
+      b = matmul(transpose(randn({half, base_->out_features()}, init_gen), 0, 1), q_even) / 10.0;
+      break;
+    }
   }
   const Device device = base_->weight().device();
   lora_a_ = register_parameter("lora_A", a.to(o.dtype).to(device));
@@ -221,6 +241,17 @@ void LoRALinear::set_adapters(const Tensor& a, const Tensor& b) {
   copy_(lora_a_, a.to(lora_a_.dtype()).to(lora_a_.device()));
   copy_(lora_b_, b.to(lora_b_.dtype()).to(lora_b_.device()));
   if (magnitude_.defined()) copy_(magnitude_, weight_norm());
+}
+
+void LoRALinear::set_initial_adapters(const Tensor& a, const Tensor& b) {
+  if (a.shape() != lora_a_.shape() || b.shape() != lora_b_.shape())
+    throw std::invalid_argument("[LoRALinear] set_initial_adapters: A " + shape_str(a.shape()) +
+                                " and B " + shape_str(b.shape()) + " for adapters A " +
+                                shape_str(lora_a_.shape()) + " and B " +
+                                shape_str(lora_b_.shape()));
+  NoGradGuard no_grad;
+  initial_a_ = a.detach().to(lora_a_.dtype()).to(Device::cpu()).contiguous();
+  initial_b_ = b.detach().to(lora_b_.dtype()).to(Device::cpu()).contiguous();
 }
 
 Tensor LoRALinear::adapted_weight() const {

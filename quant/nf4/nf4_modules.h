@@ -89,6 +89,12 @@ enum class LoRAInit {
    * first step: PEFT's false (nn.Linear's own initialisation of both), for
    * tests. */
   both_random,
+  /** PEFT's "orthogonal": with Q the QR rotation of a random r x r normal
+   * matrix, A = (N_in Q_odd)^T / 10 and B = N_out Q_even / 10 (N normal
+   * draws [in, r / 2] and [out, r / 2], Q_odd and Q_even Q's rows 0, 2, ...
+   * and 1, 3, ...), so B A = 0 up to rounding while neither factor is zero:
+   * both train from the first step. The rank must be even. */
+  orthogonal,
 };
 
 /** LoRA options (PEFT's LoraConfig: r, lora_alpha, lora_dropout, use_rslora). */
@@ -161,6 +167,17 @@ class LoRALinear : public Module {
    * computes base + scaling B A. Throws std::invalid_argument naming the
    * shapes when they differ from the adapters'. */
   void set_adapters(const Tensor& a, const Tensor& b);
+  /** Records the adapters a start took out of the base (PiSSA and OLoRA:
+   * the base holds W - scaling B0 A0), converted to the adapters' dtype and
+   * kept on the host, outside the state dict: a save expresses the trained
+   * change against the original weight with them (PEFT's conversion to
+   * LoRA). Throws std::invalid_argument naming the shapes when they differ
+   * from the adapters'. */
+  void set_initial_adapters(const Tensor& a, const Tensor& b);
+  /** set_initial_adapters' A0 [rank, in] and B0 [out, rank]; undefined when
+   * the base is the original weight. */
+  const Tensor& initial_lora_A() const { return initial_a_; }
+  const Tensor& initial_lora_B() const { return initial_b_; }
   /** A plain Linear holding merged_weight() and merged_bias(), for export. */
   std::shared_ptr<Linear> merge() const;
   const std::shared_ptr<NF4Linear>& base() const { return base_; }
@@ -204,6 +221,7 @@ class LoRALinear : public Module {
 
   std::shared_ptr<NF4Linear> base_;
   Tensor lora_a_, lora_b_, lora_b_bias_, magnitude_;
+  Tensor initial_a_, initial_b_;  // set_initial_adapters'
   bool keep_norm_ = false;
   Tensor kept_norm_;  // keep_weight_norm's, on the magnitude's device
   DType base_dtype_;

@@ -566,14 +566,14 @@ TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weig
         std::vector<std::string> adapted;
         double before = 0, after = 0;
         for (const llm::QLoRALayer& l : report.layers) {
-          REQUIRE(l.loftq.has_value());
+          REQUIRE(l.quantization_error.has_value());
           INFO(l.name);
-          CHECK(l.loftq->before ==
+          CHECK(l.quantization_error->before ==
                 doctest::Approx(want.at(l.name + ".error_before").item()).epsilon(1e-5));
-          CHECK(l.loftq->after ==
+          CHECK(l.quantization_error->after ==
                 doctest::Approx(want.at(l.name + ".error_after").item()).epsilon(1e-4));
-          before += l.loftq->before;
-          after += l.loftq->after;
+          before += l.quantization_error->before;
+          after += l.quantization_error->after;
         }
         MESSAGE(name << " on " << dev.str() << ": quantization error " << before << " -> " << after
                      << " (sum of squares)");

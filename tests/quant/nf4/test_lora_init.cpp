@@ -90,7 +90,7 @@ TEST_CASE("LoftQ: the scaled product is the quantization error's best rank-r mat
       INFO("alpha ", alpha, rslora ? ", rslora" : "");
       LoRALinear layer(base,
                        {.rank = 4, .alpha = alpha, .use_rslora = rslora, .dtype = DType::f64});
-      const LoftQError e = loftq_init(layer, w);
+      const QuantizationErrorChange e = loftq_init(layer, w);
       NoGradGuard no_grad;
       const Tensor correction = matmul(layer.lora_B(), layer.lora_A()) * layer.scaling();
       const Tensor rest = error - correction;

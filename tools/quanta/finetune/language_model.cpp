@@ -389,12 +389,26 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_option("--init-lora-weights", o.init_lora_weights,
                  "--model: how the adapters start (PEFT's init_lora_weights): true (A "
                  "Kaiming-uniform, B zero), gaussian (A normal, std 1/r), false (A and B both "
-                 "random: the model changes from the first step), or loftq (B A the best rank-r "
+                 "random: the model changes from the first step), loftq (B A the best rank-r "
                  "correction of each layer's quantization error, one SVD per adapted layer on the "
                  "host; PEFT's replace_lora_weights_loftq, B A divided by alpha / r so that the "
-                 "layer adds exactly the correction)")
+                 "layer adds exactly the correction), pissa (B A the weight's r principal singular "
+                 "triplets, the base their residual quantized: one SVD per layer; pissa_niter_N: "
+                 "a randomized SVD with N power iterations, far faster), olora (B A the leading "
+                 "columns of the quantized weight's QR, the residual quantized again) or "
+                 "orthogonal (A and B random with B A = 0; even r). pissa and olora adapters "
+                 "are saved converted to LoRA of rank 2r over the original base, as PEFT's "
+                 "path_initial_model_for_weight_conversion writes them")
       ->capture_default_str()
-      ->check(CLI::IsMember({"true", "gaussian", "false", "loftq"}));
+      ->check([](const std::string& text) {
+        llm::LoraSettings scratch;
+        try {
+          llm::set_lora_init(scratch, text);
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      });
   sub.add_option("--bias", o.bias,
                  "--model: the base's biases that train beside the adapters and are saved with "
                  "them (PEFT's bias): none, all, or lora_only (the adapted layers'); never "
@@ -486,7 +500,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.lora_dropout = o.lora_dropout;
     q.lora.use_rslora = o.use_rslora;
     q.lora.use_dora = o.use_dora;
-    q.lora.init_lora_weights = llm::parse_lora_init(o.init_lora_weights);
+    // A folder's start is its own (a PiSSA folder's, taken out of the base).
+    if (!from_folder) llm::set_lora_init(q.lora, o.init_lora_weights);
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
@@ -543,13 +558,28 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.quantization.double_quant = stored->double_quant;
   std::shared_ptr<llm::CausalLM> model =
       llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
-  // A resumed run's adapters come from its checkpoint: no start to compute.
+  // A resumed run's adapters come from its checkpoint: no LoftQ to compute.
+  // PiSSA's and OLoRA's starts are taken out of the base, which a resumed
+  // run rebuilds the same way.
   const bool loftq = q.lora.init_lora_weights == llm::LoraInit::loftq && !run->resume;
   if (!loftq && q.lora.init_lora_weights == llm::LoraInit::loftq)
     q.lora.init_lora_weights = llm::LoraInit::kaiming_uniform;
+  const bool from_base = llm::takes_start_from_base(q.lora.init_lora_weights);
+  const bool reports_error = loftq || (from_base && !llm::folder_quantization(o.model));
+  const std::string start_name = loftq                                         ? "LoftQ"
+                                 : q.lora.init_lora_weights == llm::LoraInit::pissa ? "PiSSA"
+                                                                                     : "OLoRA";
   if (loftq)
     log << "LoftQ: one SVD of each adapted layer's quantization error, on the host's cores "
            "(a 7B Llama's 224 layers: about 2.6 core-hours)\n"
+        << std::flush;
+  else if (q.lora.init_lora_weights == llm::LoraInit::pissa)
+    log << "PiSSA: " << (q.lora.pissa_niter < 0 ? "one SVD" : "one randomized SVD")
+        << " of each adapted layer's weight, on the host's cores"
+        << (q.lora.pissa_niter < 0 ? " (a 7B Llama's 224 layers: hours; pissa_niter_4 takes "
+                                     "seconds a layer)"
+                                   : "")
+        << "\n"
         << std::flush;
   const auto conversion_start = std::chrono::steady_clock::now();
   const llm::QLoRAReport report =
@@ -596,17 +626,18 @@ void run_lm_finetune(const FinetuneOptions& flags) {
               ? std::string()
               : ", with " + join_names(report.saved_modules) + " trained whole")
       << ")\n";
-  if (loftq) {
+  if (reports_error) {
     double error_before = 0, error_after = 0;
     for (const llm::QLoRALayer& l : report.layers)
-      if (l.loftq) {
-        error_before += l.loftq->before;
-        error_after += l.loftq->after;
+      if (l.quantization_error) {
+        error_before += l.quantization_error->before;
+        error_after += l.quantization_error->after;
       }
-    log << "LoftQ: the adapted layers' quantization error " << std::setprecision(4)
+    const double change = 100.0 * (1.0 - std::sqrt(error_after / error_before));
+    log << start_name << ": the adapted layers' quantization error " << std::setprecision(4)
         << std::sqrt(error_before) << " -> " << std::sqrt(error_after)
         << " (Frobenius norm over all of them, " << std::fixed << std::setprecision(1)
-        << 100.0 * (1.0 - std::sqrt(error_after / error_before)) << "% less), " << conversion_s
+        << std::abs(change) << (change >= 0 ? "% less), " : "% more), ") << conversion_s
         << " s\n"
         << std::defaultfloat << std::setprecision(6);
   }
