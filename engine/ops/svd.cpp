@@ -194,10 +194,9 @@ std::vector<SingularTriplets> approximate_singular_triplets(const std::vector<Te
                                                             int64_t niter,
                                                             std::vector<Generator>& gens) {
   if (matrices.size() != k.size() || matrices.size() != gens.size())
-    throw std::invalid_argument("[approximate_singular_triplets] " +
-                                std::to_string(matrices.size()) + " matrices, " +
-                                std::to_string(k.size()) + " ranks k and " +
-                                std::to_string(gens.size()) + " generators");
+    throw std::invalid_argument(
+        "[approximate_singular_triplets] " + std::to_string(matrices.size()) + " matrices, " +
+        std::to_string(k.size()) + " ranks k and " + std::to_string(gens.size()) + " generators");
   if (niter < 0)
     throw std::invalid_argument("[approximate_singular_triplets] niter must be >= 0, got " +
                                 std::to_string(niter));

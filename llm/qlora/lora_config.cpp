@@ -256,8 +256,9 @@ void check_lora_settings(const LoraSettings& l) {
                                   std::to_string(l.r));
     for (const auto& [key, r] : l.rank_pattern)
       if (r % 2 != 0)
-        throw std::invalid_argument("init_lora_weights orthogonal needs even ranks; rank_pattern \"" +
-                                    key + "\" gives " + std::to_string(r));
+        throw std::invalid_argument(
+            "init_lora_weights orthogonal needs even ranks; rank_pattern \"" + key + "\" gives " +
+            std::to_string(r));
   }
 }
 
@@ -558,8 +559,9 @@ BaseQuantization read_base_quantization(const ojson& j, const std::string& sourc
       LoraSettings check;
       set_lora_init(check, q.start_taken_out);
       if (!takes_start_from_base(check.init_lora_weights))
-        adapter_config_fail(source, where + ".init_lora_weights must be pissa, pissa_niter_<N> "
-                                            "or olora, got \"" +
+        adapter_config_fail(source, where +
+                                        ".init_lora_weights must be pissa, pissa_niter_<N> "
+                                        "or olora, got \"" +
                                         q.start_taken_out + "\"");
     }
   } catch (const std::exception& e) {

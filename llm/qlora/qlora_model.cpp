@@ -265,7 +265,8 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
                   "weights, and layer " +
                       slots[i].name +
                       " was loaded in 4 bits (a 4-bit folder): start from the float model's folder"
-                : "init_lora_weights pissa decomposes the float weights and quantizes the "
+                : "init_lora_weights pissa takes its start out of the float weights and quantizes "
+                  "the "
                   "residual, and layer " +
                       slots[i].name +
                       " was loaded in 4 bits (a 4-bit folder): start from the float model's "
@@ -283,13 +284,13 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
 // A layer's PiSSA or OLoRA start, with what its base is quantized from.
 struct ResidualStartOf {
   quant::ResidualStart start;
-  Tensor quantized;             // the residual, as the base's NF4 is made from it
-  double error_before = -1;     // ||W - NF4(W)||^2 over float weights, else -1
+  Tensor quantized;          // the residual, as the base's NF4 is made from it
+  double error_before = -1;  // ||W - NF4(W)||^2 over float weights, else -1
 };
 
 // The quantization error ||W - NF4(W)||^2 of a float weight.
-double quantization_error(const Tensor& weight, const quant::NF4Linear& quantized,
-                          DType base_dtype) {
+double squared_quantization_error(const Tensor& weight, const quant::NF4Linear& quantized,
+                                  DType base_dtype) {
   const DType dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor host = weight.detach().to(Device::cpu()).to(dtype);
   return sum(square(host - quantized.dequantized_weight(base_dtype).to(Device::cpu()).to(dtype)))
@@ -311,21 +312,23 @@ quant::QuantizationErrorChange start_error(const Tensor& weight, double before,
 }
 
 // The starts of slots `which` (each with chosen settings), decomposed at once.
-std::vector<ResidualStartOf> residual_starts(const std::vector<Convertible>& slots,
-                                             const std::vector<std::optional<LoraLayerSettings>>& chosen,
-                                             const std::vector<std::size_t>& which,
-                                             const QLoRAOptions& o, const quant::NF4Options& nf4,
-                                             const quant::LoRAOptions& lora) {
+std::vector<ResidualStartOf> residual_starts(
+    const std::vector<Convertible>& slots,
+    const std::vector<std::optional<LoraLayerSettings>>& chosen,
+    const std::vector<std::size_t>& which, const QLoRAOptions& o, const quant::NF4Options& nf4,
+    const quant::LoRAOptions& lora) {
   NoGradGuard no_grad;
   const bool pissa = o.lora.init_lora_weights == LoraInit::pissa;
+  // PEFT leaves the start's factors in the layer's dtype: the model's.
+  const DType factor_dtype = lora.base_dtype;
   std::vector<quant::ResidualStartLayer> layers;
   std::vector<ResidualStartOf> out(which.size());
   std::vector<Generator> gens;
   for (std::size_t k = 0; k < which.size(); ++k) {
     const Convertible& s = slots[which[k]];
     const LoraLayerSettings& c = *chosen[which[k]];
-    const double scaling = o.lora.use_rslora ? c.lora_alpha / std::sqrt(double(c.r))
-                                             : c.lora_alpha / double(c.r);
+    const double scaling =
+        o.lora.use_rslora ? c.lora_alpha / std::sqrt(double(c.r)) : c.lora_alpha / double(c.r);
     Tensor weight;
     if (pissa) {
       weight = s.linear->weight().detach().to(Device::cpu());
@@ -338,12 +341,13 @@ std::vector<ResidualStartOf> residual_starts(const std::vector<Convertible>& slo
       if (s.linear) {
         quantized = std::make_shared<quant::NF4Linear>(
             quant::quantize_bnb(s.linear->weight().detach(), nf4), Tensor(), nf4.dequant_dtype);
-        out[k].error_before = quantization_error(s.linear->weight(), *quantized, lora.base_dtype);
+        out[k].error_before =
+            squared_quantization_error(s.linear->weight(), *quantized, lora.base_dtype);
       }
       const quant::NF4Linear& base = s.linear ? *quantized : *s.nf4;
       weight = base.dequantized_weight(lora.base_dtype).to(Device::cpu());
     }
-    layers.push_back({weight, c.r, scaling});
+    layers.push_back({weight, c.r, scaling, factor_dtype});
   }
   std::vector<quant::ResidualStart> made;
   if (!o.stored_starts.empty()) {
@@ -367,7 +371,7 @@ std::vector<ResidualStartOf> residual_starts(const std::vector<Convertible>& slo
       out[k].quantized = made[k].residual.to(s.linear->weight().dtype());
       const quant::NF4Linear whole(quant::quantize_bnb(s.linear->weight().detach(), nf4), Tensor(),
                                    nf4.dequant_dtype);
-      out[k].error_before = quantization_error(s.linear->weight(), whole, lora.base_dtype);
+      out[k].error_before = squared_quantization_error(s.linear->weight(), whole, lora.base_dtype);
     }
   }
   return out;
@@ -442,9 +446,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       layer.bytes_before = std::size_t(s.out() * s.in()) * element_size(model.config().dtype);
     }
     if (s.linear || starts[i]) {
-      const Tensor bias = s.linear ? (s.linear->bias().defined() ? s.linear->bias().detach()
-                                                                 : Tensor())
-                                   : (s.nf4->bias().defined() ? s.nf4->bias().detach() : Tensor());
+      const Tensor bias = s.linear
+                              ? (s.linear->bias().defined() ? s.linear->bias().detach() : Tensor())
+                              : (s.nf4->bias().defined() ? s.nf4->bias().detach() : Tensor());
       // bitsandbytes' layout is built on the host.
       const Tensor weight = starts[i] ? starts[i]->quantized : s.linear->weight().detach();
       base = std::make_shared<quant::NF4Linear>(quant::quantize_bnb(weight, nf4), bias,
@@ -465,10 +469,10 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       if (starts[i]) {
         const quant::ResidualStart& start = starts[i]->start;
         adapted->set_adapters(start.lora_A, start.lora_B);
-        adapted->set_initial_adapters(start.lora_A, start.lora_B);
+        adapted->set_initial_adapters(start.taken_A, start.taken_B);
         if (s.linear)
-          layer.quantization_error = start_error(s.linear->weight(), starts[i]->error_before,
-                                                 *adapted);
+          layer.quantization_error =
+              start_error(s.linear->weight(), starts[i]->error_before, *adapted);
         starts[i].reset();
       }
       replacement = adapted;

@@ -18,8 +18,8 @@
 #include "llm/model/causal_lm.h"
 #include "llm/qlora/lora_config.h"
 #include "quant/nf4/loftq.h"
-#include "quant/nf4/residual_init.h"
 #include "quant/nf4/nf4_modules.h"
+#include "quant/nf4/residual_init.h"
 
 namespace quanta::llm {
 

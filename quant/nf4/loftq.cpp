@@ -9,7 +9,8 @@
 
 namespace quanta::quant {
 
-std::vector<QuantizationErrorChange> loftq_init(const std::vector<std::pair<LoRALinear*, Tensor>>& layers) {
+std::vector<QuantizationErrorChange> loftq_init(
+    const std::vector<std::pair<LoRALinear*, Tensor>>& layers) {
   NoGradGuard no_grad;
   std::vector<Tensor> errors;
   std::vector<int64_t> ranks;

@@ -197,14 +197,15 @@ LoRALinear::LoRALinear(std::shared_ptr<NF4Linear> base, const LoRAOptions& o)
       break;
     case LoRAInit::orthogonal: {
       if (o.rank % 2 != 0)
-        throw std::invalid_argument(
-            "[LoRALinear] the orthogonal start needs an even rank, got " +
-            std::to_string(o.rank));
+        throw std::invalid_argument("[LoRALinear] the orthogonal start needs an even rank, got " +
+                                    std::to_string(o.rank));
       // PEFT's draws in its order: the rotation, then A's, then B's factor.
       NoGradGuard no_grad;
       const Tensor q = thin_qr(randn({o.rank, o.rank}, init_gen)).q;
-      const Tensor q_odd = index_select(q, 0, arange(0.0, double(o.rank), 2.0, {.dtype = DType::i64}));
-      const Tensor q_even = index_select(q, 0, arange(1.0, double(o.rank), 2.0, {.dtype = DType::i64}));
+      const Tensor q_odd =
+          index_select(q, 0, arange(0.0, double(o.rank), 2.0, {.dtype = DType::i64}));
+      const Tensor q_even =
+          index_select(q, 0, arange(1.0, double(o.rank), 2.0, {.dtype = DType::i64}));
       const int64_t half = o.rank / 2;
       a = transpose(matmul(randn({base_->in_features(), half}, init_gen), q_odd), 0, 1)
               .contiguous() /

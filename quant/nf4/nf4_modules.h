@@ -167,7 +167,7 @@ class LoRALinear : public Module {
    * computes base + scaling B A. Throws std::invalid_argument naming the
    * shapes when they differ from the adapters'. */
   void set_adapters(const Tensor& a, const Tensor& b);
-  /** Records the adapters a start took out of the base (PiSSA and OLoRA:
+  /** Records the factors a start took out of the base (PiSSA and OLoRA:
    * the base holds W - scaling B0 A0), converted to the adapters' dtype and
    * kept on the host, outside the state dict: a save expresses the trained
    * change against the original weight with them (PEFT's conversion to

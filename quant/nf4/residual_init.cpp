@@ -17,21 +17,25 @@ namespace {
 
 // The weight in the precision the decomposition runs in, with its rank checked.
 Tensor decomposed_weight(const ResidualStartLayer& l, std::size_t index, const char* who) {
-  const std::string where =
-      std::string("[") + who + "] layer " + std::to_string(index) + ": ";
+  const std::string where = std::string("[") + who + "] layer " + std::to_string(index) + ": ";
   if (l.weight.dim() != 2)
     throw std::invalid_argument(where + "the weight must be a matrix, got " +
                                 shape_str(l.weight.shape()));
   const int64_t most = std::min(l.weight.shape()[0], l.weight.shape()[1]);
   if (l.rank < 1 || l.rank > most)
     throw std::invalid_argument(where + "rank " + std::to_string(l.rank) + " is outside [1, " +
-                                std::to_string(most) + "] for a " +
-                                shape_str(l.weight.shape()) + " weight");
+                                std::to_string(most) + "] for a " + shape_str(l.weight.shape()) +
+                                " weight");
   return l.weight.detach().to(l.weight.dtype() == DType::f64 ? DType::f64 : DType::f32);
 }
 
-ResidualStart start_of(const Tensor& weight, const Tensor& a, const Tensor& b, double scaling) {
-  return {a, b, weight - matmul(b, a) * scaling};
+// The residual the factors leave, and the factors as the layer keeps them.
+ResidualStart start_of(const Tensor& weight, const Tensor& a, const Tensor& b,
+                       const ResidualStartLayer& layer) {
+  const bool rounds = layer.factor_dtype != DType::f32 && layer.factor_dtype != DType::f64;
+  return {rounds ? a.to(layer.factor_dtype).to(a.dtype()) : a,
+          rounds ? b.to(layer.factor_dtype).to(b.dtype()) : b, a, b,
+          weight - matmul(b, a) * layer.scaling};
 }
 
 }  // namespace
@@ -56,8 +60,8 @@ std::vector<ResidualStart> pissa_starts(const std::vector<ResidualStartLayer>& l
     const SingularTriplets& t = svds[i];
     // sqrt(S / scaling) on both factors: scaling B A = U S Vh.
     const Tensor root = sqrt(t.s / layers[i].scaling);
-    out.push_back(start_of(weights[i], unsqueeze(root, 1) * t.vh, t.u * unsqueeze(root, 0),
-                           layers[i].scaling));
+    out.push_back(
+        start_of(weights[i], unsqueeze(root, 1) * t.vh, t.u * unsqueeze(root, 0), layers[i]));
   }
   return out;
 }
@@ -73,7 +77,7 @@ std::vector<ResidualStart> olora_starts(const std::vector<ResidualStartLayer>& l
     const int64_t r = layers[i].rank;
     const Tensor a = narrow(qrs[i].r, 0, 0, r).contiguous();
     const Tensor b = narrow(qrs[i].q, 1, 0, r).contiguous();
-    out.push_back(start_of(weights[i], a, b, layers[i].scaling));
+    out.push_back(start_of(weights[i], a, b, layers[i]));
   }
   return out;
 }
@@ -88,7 +92,7 @@ ResidualStart given_start(const ResidualStartLayer& layer, const Tensor& a, cons
                                 " weight of rank " + std::to_string(layer.rank) + " adapters");
   const Tensor a_cast = a.to(weight.dtype()).to(weight.device()).contiguous();
   const Tensor b_cast = b.to(weight.dtype()).to(weight.device()).contiguous();
-  return start_of(weight, a_cast, b_cast, layer.scaling);
+  return start_of(weight, a_cast, b_cast, layer);
 }
 
 }  // namespace quanta::quant

@@ -21,14 +21,22 @@ struct ResidualStartLayer {
   Tensor weight;
   int64_t rank = 0;
   double scaling = 1;
+  /** The dtype the start's factors are rounded to before the residual is
+   * formed: PEFT leaves them in the layer's dtype (bf16 in a bf16 model)
+   * even where the adapters then train in f32. f32 (or f64) keeps them. */
+  DType factor_dtype = DType::f32;
 };
 
 /** What a start gives one layer, in f32 (f64 for an f64 weight) on the
- * weight's device: the adapters and the residual the base is to hold,
- * weight - scaling * lora_B lora_A. */
+ * weight's device: the factors taken out of the weight, the residual the
+ * base is to hold (weight - scaling * taken_B taken_A), and the adapters'
+ * start, those factors rounded through factor_dtype (PEFT forms the
+ * residual before it rounds them). */
 struct ResidualStart {
   Tensor lora_A;    // [rank, in]
   Tensor lora_B;    // [out, rank]
+  Tensor taken_A;   // [rank, in]
+  Tensor taken_B;   // [out, rank]
   Tensor residual;  // [out, in]
 };
 
@@ -44,8 +52,7 @@ struct ResidualStart {
  * index) for a rank outside [1, min(out, in)] or a weight that is not a
  * matrix. */
 std::vector<ResidualStart> pissa_starts(const std::vector<ResidualStartLayer>& layers,
-                                        int64_t niter = -1,
-                                        std::vector<Generator>* gens = nullptr);
+                                        int64_t niter = -1, std::vector<Generator>* gens = nullptr);
 
 /** OLoRA: with the thin QR weight = Q R, A = R's first rank rows and B = Q's
  * first rank columns, whatever the scaling (PEFT's rule: the residual is
@@ -53,9 +60,10 @@ std::vector<ResidualStart> pissa_starts(const std::vector<ResidualStartLayer>& l
  * is 1). QRs on the CPU's threads at once, as pissa_starts. */
 std::vector<ResidualStart> olora_starts(const std::vector<ResidualStartLayer>& layers);
 
-/** The start (a, b) given rather than computed (one a saved folder kept):
- * the residual weight - scaling b a, in the weight's decomposition dtype (f32,
- * or f64 for an f64 weight) with a and b converted to it. Throws
+/** The start given rather than computed (the factors taken out, as a saved
+ * folder keeps them): the residual weight - scaling b a, in the weight's
+ * decomposition dtype (f32, or f64 for an f64 weight) with a and b converted
+ * to it, the same as the start that computed them left. Throws
  * std::invalid_argument naming the shapes when a [rank, in] and b
  * [out, rank] do not fit the weight. */
 ResidualStart given_start(const ResidualStartLayer& layer, const Tensor& a, const Tensor& b);

@@ -877,9 +877,89 @@ TEST_CASE(
   CHECK(contains(four_bit.err, "was loaded in 4 bits (a 4-bit folder): start from the float"));
   CHECK_FALSE(std::filesystem::exists(d.file("four_bit/adapters")));
   const CliResult bad =
-      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "pissa"}));
+      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "eva"}));
   CHECK(bad.code != 0);
   CHECK(contains(bad.err, "--init-lora-weights"));
+  CHECK(contains(bad.err, "initialize_lora_eva_weights"));
+}
+
+TEST_CASE(
+    "finetune --model --init-lora-weights pissa, olora, orthogonal: the starts, a folder that "
+    "scores what the run reported, resumed, on 2 ranks and sharded") {
+  ScratchDir d("ft_lm_residual");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 21), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 22), llm::TokenWidth::u16);
+  const auto eval_before = [](const std::string& out) {
+    return std::stod(out.substr(out.find("eval before fine-tuning: loss ") + 30));
+  };
+  const std::vector<std::string> eval = {"--steps",          "4",        "--eval-data",
+                                         d.file("eval.bin"), "--lora-r", "4"};
+  const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));
+  REQUIRE_MESSAGE(plain.code == 0, plain.err);
+  for (const std::string init : {"pissa", "pissa_niter_2", "olora", "orthogonal"}) {
+    CAPTURE(init);
+    std::vector<std::string> flags = eval;
+    flags.insert(flags.end(), {"--init-lora-weights", init, "--merge-to", d.file("merged")});
+    const CliResult r = run_quanta(finetune("llama_gqa", d, init, flags));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(contains(r.out, "init " + init + " on 14 layers"));
+    const json config = json::parse(std::ifstream(d.file(init + "/adapters/adapter_config.json")));
+    const std::vector<json> rec = records(d.file(init + "/metrics.jsonl"));
+    REQUIRE(rec.back()["kind"] == "eval");
+    const double after = rec.back()["eval_loss"].get<double>();
+    if (init == "orthogonal") {
+      // Starts from the base (B A = 0): the plain run's first figure.
+      CHECK(eval_before(r.out) == doctest::Approx(eval_before(plain.out)).epsilon(1e-5));
+      CHECK(config["init_lora_weights"] == "orthogonal");
+      CHECK(config["r"] == 4);
+    } else {
+      // The base holds the residual: another NF4 model from the start.
+      CHECK(eval_before(r.out) != eval_before(plain.out));
+      CHECK(contains(r.out, init == "olora" ? "OLoRA: the adapted layers' quantization error"
+                                            : "PiSSA: the adapted layers' quantization error"));
+      // Saved converted, as PEFT's path_initial_model_for_weight_conversion.
+      CHECK(config["r"] == 8);
+      CHECK(config["init_lora_weights"] == true);
+      CHECK(config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == init);
+    }
+    // The folder over the NF4 base, and the merged model, score what the
+    // run reported: the start is taken back out of the base.
+    check_scores(d, "llama_gqa", init, after);
+  }
+  // Resumed from a checkpoint, the residual base is rebuilt: the bytes of
+  // one run; 2 ranks, sharded or not, agree.
+  const auto with = [](std::vector<std::string> more) {
+    more.insert(more.end(), {"--init-lora-weights", "pissa", "--lora-dropout", "0"});
+    return more;
+  };
+  check_resume_and_sharding(d, "llama_gqa", with);
+  // Training on from the converted folder keeps its start.
+  const CliResult on = run_quanta(
+      finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("pissa/adapters")}));
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  const json on_config = json::parse(std::ifstream(d.file("on/adapters/adapter_config.json")));
+  CHECK(on_config["r"] == 8);
+  CHECK(on_config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == "pissa");
+  // Over a 4-bit folder: OLoRA decomposes the stored base, PiSSA needs the
+  // float weights.
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const std::string four_bit = std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa";
+  const CliResult olora = run_quanta(
+      {"finetune", "--model", four_bit, "--data", d.file("train.bin"), "--seq-len", "32", "--steps",
+       "1", "--out", d.file("four_bit_olora"), "--init-lora-weights", "olora"});
+  CHECK_MESSAGE(olora.code == 0, olora.err);
+  CHECK_FALSE(contains(olora.out, "quantization error"));  // no float weights to measure it by
+  const CliResult pissa =
+      run_quanta({"finetune", "--model", four_bit, "--data", d.file("train.bin"), "--seq-len", "32",
+                  "--out", d.file("four_bit_pissa"), "--init-lora-weights", "pissa"});
+  CHECK(pissa.code != 0);
+  CHECK(contains(pissa.err, "init_lora_weights pissa takes its start out of the float weights"));
+  CHECK_FALSE(std::filesystem::exists(d.file("four_bit_pissa/adapters")));
+  const CliResult odd =
+      run_quanta(finetune("llama_gqa", d, "odd",
+                          {"--steps", "1", "--lora-r", "3", "--init-lora-weights", "orthogonal"}));
+  CHECK(odd.code != 0);
+  CHECK(contains(odd.err, "orthogonal needs an even r, got 3"));
 }
 
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {

@@ -111,3 +111,53 @@ TEST_CASE("top_singular_triplets: refusals name what is wrong") {
                        doctest::Contains("entry (1, 0) of the [2, 3] matrix is not finite"),
                        std::invalid_argument);
 }
+
+TEST_CASE("approximate_singular_triplets: torch.svd_lowrank's approximation of the top k") {
+  // A [40, 30] matrix with singular values 10, 6, 3, then 0.01 and less:
+  // a sketch of 3 columns and a few power iterations find the top three.
+  Generator gen(17);
+  const ThinQR left = thin_qr(randn({40, 30}, gen, {.dtype = DType::f64}));
+  const ThinQR right = thin_qr(randn({30, 30}, gen, {.dtype = DType::f64}));
+  std::vector<double> values(30);
+  for (int i = 0; i < 30; ++i)
+    values[std::size_t(i)] = i < 3 ? 10.0 / (1 + 0.7 * i * i) : 0.01 / (i - 2);
+  const Tensor s = from_vector<double>(values, {30});
+  const Tensor a = matmul(left.q * unsqueeze(s, 0), transpose(right.q, 0, 1));
+  const SingularTriplets exact = top_singular_triplets(a, 3);
+  for (const DType dtype : {DType::f64, DType::f32}) {
+    INFO(dtype_name(dtype));
+    std::vector<Generator> gens{Generator(5)};
+    const SingularTriplets t = approximate_singular_triplets({a.to(dtype)}, {3}, 4, gens)[0];
+    CHECK(t.u.shape() == Shape{40, 3});
+    CHECK(t.vh.shape() == Shape{3, 30});
+    CHECK(t.s.dtype() == dtype);
+    CHECK(max_rel_diff(t.s, exact.s) < 1e-5);
+    CHECK(max_rel_diff(matmul(t.u * unsqueeze(t.s, 0), t.vh),
+                       matmul(exact.u * unsqueeze(exact.s, 0), exact.vh)) < 1e-4);
+    // The sign rule is top_singular_triplets': the same vectors.
+    CHECK(max_rel_diff(t.u, exact.u) < 1e-4);
+    // rest_square is the squared distance to the projection, exactly.
+    const double rest =
+        sum(square(a - matmul(t.u * unsqueeze(t.s, 0), t.vh).to(DType::f64))).item();
+    CHECK(t.rest_square == doctest::Approx(rest).epsilon(dtype == DType::f64 ? 1e-9 : 1e-2));
+    CHECK(t.total_square == doctest::Approx(exact.total_square).epsilon(1e-6));
+  }
+  // The generator's state decides the sketch: the same state, the same
+  // results; no iterations, a coarser approximation of the same.
+  std::vector<Generator> one{Generator(9)}, same{Generator(9)};
+  const SingularTriplets x = approximate_singular_triplets({a}, {3}, 2, one)[0];
+  const SingularTriplets y = approximate_singular_triplets({a}, {3}, 2, same)[0];
+  CHECK(max_abs(x.u - y.u) == 0);
+  std::vector<Generator> rough{Generator(9)};
+  const SingularTriplets z = approximate_singular_triplets({a}, {3}, 0, rough)[0];
+  CHECK(max_rel_diff(z.s, exact.s) > max_rel_diff(x.s, exact.s));
+  CHECK(max_rel_diff(z.s, exact.s) < 0.1);
+  std::vector<Generator> two{Generator(1), Generator(2)};
+  CHECK_THROWS_WITH_AS(approximate_singular_triplets({a}, {3}, 2, two),
+                       doctest::Contains("1 matrices, 1 ranks k and 2 generators"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(approximate_singular_triplets({a}, {3}, -1, one),
+                       doctest::Contains("niter must be >= 0, got -1"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(approximate_singular_triplets({a}, {31}, 1, one),
+                       doctest::Contains("k must be in [1, 30]"), std::invalid_argument);
+}

@@ -593,3 +593,159 @@ TEST_CASE("a captured QLoRA step replays the uncaptured steps bit for bit") {
     }
   }
 }
+
+TEST_CASE("init_lora_weights: PEFT's spellings, and the starts taken out of the base") {
+  llm::LoraSettings l;
+  llm::set_lora_init(l, "pissa_niter_4");
+  CHECK(l.init_lora_weights == llm::LoraInit::pissa);
+  CHECK(l.pissa_niter == 4);
+  CHECK(llm::lora_init_text(l) == "pissa_niter_4");
+  for (const std::string text :
+       {"true", "gaussian", "false", "loftq", "pissa", "olora", "orthogonal"}) {
+    llm::set_lora_init(l, text);
+    CHECK(llm::lora_init_text(l) == text);
+    CHECK(l.pissa_niter == -1);
+  }
+  CHECK(llm::takes_start_from_base(llm::LoraInit::pissa));
+  CHECK(llm::takes_start_from_base(llm::LoraInit::olora));
+  CHECK_FALSE(llm::takes_start_from_base(llm::LoraInit::loftq));
+  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "pissa_niter_"),
+                       doctest::Contains("pissa_niter_ takes the number of power iterations"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "eva"),
+                       doctest::Contains("initialize_lora_eva_weights"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "corda"), doctest::Contains("preprocess_corda"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "kaiming"),
+                       doctest::Contains("must be true, gaussian, false, loftq, pissa, "
+                                         "pissa_niter_<N>, olora or orthogonal, got \"kaiming\""),
+                       std::invalid_argument);
+  // The settings PEFT's conversion writes, and back.
+  llm::LoraSettings s;
+  s.r = 4;
+  s.lora_alpha = 6;
+  s.rank_pattern = {{"q_proj", 2}};
+  s.alpha_pattern = {{"v_proj", 3}};
+  llm::set_lora_init(s, "olora");
+  const llm::LoraSettings c = llm::converted_to_lora(s);
+  CHECK(c.r == 8);
+  CHECK(c.lora_alpha == 12);
+  CHECK(c.rank_pattern[0].second == 4);
+  CHECK(c.alpha_pattern[0].second == 6);
+  CHECK(c.init_lora_weights == llm::LoraInit::kaiming_uniform);
+  llm::BaseQuantization q;
+  q.start_taken_out = "olora";
+  q.start_lora_alpha = 6;
+  const llm::LoraSettings back = llm::trained_from_start(c, q);
+  CHECK(back.r == 4);
+  CHECK(back.lora_alpha == 6);
+  CHECK(back.rank_pattern[0].second == 2);
+  CHECK(back.alpha_pattern[0].second == 3);
+  CHECK(back.init_lora_weights == llm::LoraInit::olora);
+  // rsLoRA keeps alpha / sqrt(r): alpha times sqrt(2) as r doubles.
+  s.rank_pattern.clear();
+  s.alpha_pattern.clear();
+  s.use_rslora = true;
+  CHECK(llm::converted_to_lora(s).lora_alpha == doctest::Approx(6 * std::sqrt(2.0)));
+  // PEFT's conversion cannot express rsLoRA's patterns, nor does it.
+  s.rank_pattern = {{"q_proj", 2}};
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(s),
+                       doctest::Contains("with use_rslora and rank_pattern or alpha_pattern"),
+                       std::invalid_argument);
+  llm::LoraSettings odd;
+  odd.r = 3;
+  llm::set_lora_init(odd, "orthogonal");
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(odd),
+                       doctest::Contains("orthogonal needs an even r, got 3"),
+                       std::invalid_argument);
+  odd.r = 4;
+  odd.rank_pattern = {{"k_proj", 5}};
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(odd),
+                       doctest::Contains("rank_pattern \"k_proj\" gives 5"), std::invalid_argument);
+  llm::LoraSettings stray;
+  stray.pissa_niter = 2;
+  CHECK_THROWS_WITH_AS(llm::check_lora_settings(stray),
+                       doctest::Contains("pissa_niter 2 is given with init_lora_weights true"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("PEFT adapter folders from PiSSA and OLoRA: converted, recorded, read back exactly") {
+  TempDir tmp;
+  for (const std::string init : {"pissa", "pissa_niter_3", "olora"}) {
+    INFO(init);
+    const std::string dir = tmp.path().string() + "/" + init;
+    auto model = llm::load_causal_lm(model_dir("qwen2_bias"));
+    llm::QLoRAOptions o = options({"q_proj", "v_proj", "down_proj"}, 2);
+    o.lora.rank_pattern = {{"down_proj", 4}};
+    o.lora.alpha_pattern = {{"v_proj", 3}};
+    o.lora.bias = llm::TrainedBiases::lora_only;
+    llm::set_lora_init(o.lora, init);
+    llm::apply_qlora(*model, o);
+    perturb_adapters(*model);
+    llm::save_peft_adapters(*model, o.lora, o.quantization, dir);
+    std::ifstream in(dir + "/adapter_config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    CHECK(config["r"] == 4);
+    CHECK(config["lora_alpha"] == 16.0);
+    CHECK(config["rank_pattern"]["down_proj"] == 8);
+    CHECK(config["alpha_pattern"]["v_proj"] == 6.0);
+    CHECK(config["init_lora_weights"] == true);
+    CHECK(config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == init);
+    const io::SafetensorsFile saved = io::load_safetensors(dir + "/adapter_model.safetensors");
+    for (const auto& [name, t] : saved.tensors) {
+      INFO(name);
+      if (name.ends_with("down_proj.lora_A.weight")) CHECK(t.shape()[0] == 8);
+      if (name.ends_with("q_proj.lora_B.weight")) CHECK(t.shape()[1] == 4);
+      if (name.ends_with(".base_layer.bias")) CHECK(t.dim() == 1);  // biases as they train
+    }
+    NoGradGuard no_grad;
+    const Tensor want = model->logits(kIds);
+    auto again = llm::load_causal_lm(model_dir("qwen2_bias"));
+    llm::apply_peft_adapters(*again, dir, model_dir("qwen2_bias"));
+    CHECK(again->logits(kIds).to_vector<float>() == want.to_vector<float>());
+    const llm::AdapterFolderConfig read = llm::read_adapter_folder_config(dir);
+    CHECK(read.lora.r == 2);
+    CHECK(read.lora.lora_alpha == 8);
+    CHECK(llm::lora_init_text(read.lora) == init);
+    // A record that does not hold together: one line naming the file.
+    nlohmann::json bad = config;
+    bad["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] = "loftq";
+    std::ofstream(dir + "/adapter_config.json") << bad.dump();
+    CHECK_THROWS_WITH_AS(llm::read_adapter_folder_config(dir),
+                         doctest::Contains("start_taken_out.init_lora_weights must be pissa, "
+                                           "pissa_niter_<N> or olora, got \"loftq\""),
+                         std::runtime_error);
+    bad = config;
+    bad["r"] = 5;
+    std::ofstream(dir + "/adapter_config.json") << bad.dump();
+    CHECK_THROWS_WITH_AS(llm::read_adapter_folder_config(dir),
+                         doctest::Contains("adapter_config.json: r 5 is odd"), std::runtime_error);
+  }
+  // A folder PEFT saved from PiSSA without converting it names the start:
+  // PEFT's loader takes it out of the float base again, and so does quanta.
+  const std::string dir = tmp.path().string() + "/converted";
+  auto model = llm::load_causal_lm(model_dir("qwen2_bias"));
+  llm::QLoRAOptions o = options({"q_proj", "v_proj"}, 2);
+  llm::set_lora_init(o.lora, "pissa");
+  llm::apply_qlora(*model, o);
+  perturb_adapters(*model);
+  llm::save_peft_adapters(*model, o.lora, o.quantization, dir);
+  std::ifstream in(dir + "/adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["r"] = 2;
+  config["lora_alpha"] = 8;
+  config["init_lora_weights"] = "pissa";
+  config["quanta_base_quantization"].erase("start_taken_out");
+  const std::string unconverted = tmp.path().string() + "/unconverted";
+  fs::create_directories(unconverted);
+  std::ofstream(unconverted + "/adapter_config.json") << config.dump(2);
+  io::TensorMap trained;
+  for (auto& [name, t] : io::load_safetensors(dir + "/adapter_model.safetensors").tensors)
+    trained.emplace_back(name,
+                         narrow(t, name.ends_with("lora_A.weight") ? 0 : 1, 0, 2).contiguous());
+  io::save_safetensors(unconverted + "/adapter_model.safetensors", trained);
+  NoGradGuard no_grad;
+  auto again = llm::load_causal_lm(model_dir("qwen2_bias"));
+  llm::apply_peft_adapters(*again, unconverted, "");
+  CHECK(again->logits(kIds).to_vector<float>() == model->logits(kIds).to_vector<float>());
+}

@@ -627,3 +627,238 @@ TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weig
                        std::invalid_argument);
   CHECK(llm::lora_layers(*four_bit).empty());
 }
+
+TEST_CASE("QLoRA parity: PiSSA's and OLoRA's starts are PEFT's, and so are their residual bases") {
+  for (const std::string name :
+       {"pissa_llama_gqa", "pissa_llama_bf16", "olora_llama_gqa", "olora_llama_bf16"}) {
+    const std::string dir = llm_data() + "/qlora/" + name;
+    std::ifstream in(dir + "/case.json");
+    const nlohmann::json settings = nlohmann::json::parse(in);
+    std::map<std::string, Tensor> want;
+    for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+    const bool bf16 = settings["compute_dtype"] == "bfloat16";
+    std::vector<Device> devices{Device::cpu()};
+    for (const Device d : test_devices()) devices.push_back(d);
+    for (const Device dev : devices) {
+      INFO(name, " on ", dev.str());
+      auto model =
+          llm::load_causal_lm(llm_data() + "/models/" + settings["model"].get<std::string>(), dev);
+      llm::QLoRAOptions o;
+      o.lora.r = 4;
+      o.lora.lora_alpha = 8;
+      llm::set_lora_init(o.lora, settings["init"].get<std::string>());
+      o.quantization.compute_dtype = bf16 ? DType::bf16 : DType::f32;
+      const llm::QLoRAReport report = llm::apply_qlora(*model, o);
+      double before = 0, after = 0;
+      for (const llm::QLoRALayer& l : report.layers) {
+        REQUIRE(l.quantization_error.has_value());
+        before += l.quantization_error->before;
+        after += l.quantization_error->after;
+      }
+      MESSAGE(name << " on " << dev.str() << ": quantization error " << std::sqrt(before) << " -> "
+                   << std::sqrt(after) << " (Frobenius norm)");
+      // PiSSA's residual quantizes with less error than the weight itself.
+      if (settings["init"] == "pissa") CHECK(after < 0.8 * before);
+      std::vector<std::string> adapted;
+      int64_t codes = 0, codes_differing = 0;
+      for (const auto& [layer_name, layer] : llm::lora_layers(*model)) {
+        INFO(layer_name);
+        adapted.push_back(layer_name);
+        const Tensor a = want.at(layer_name + ".lora_A.weight");
+        const Tensor b = want.at(layer_name + ".lora_B.weight");
+        // f32 decompositions of the same weight: a singular (or QR)
+        // pair's sign is the library's choice, the product is not. In a
+        // bf16 model both sides round the factors to bf16, where the two
+        // decompositions' last bits put a few entries one bf16 step apart.
+        const double tol = bf16 ? 4e-3 : 1e-4;
+        CHECK(max_rel_diff(signs_as(layer->lora_A(), a, 1), a) < tol);
+        CHECK(max_rel_diff(signs_as(layer->lora_B(), b, 0), b) < tol);
+        const Tensor product = matmul(layer->lora_B(), layer->lora_A()).to(Device::cpu());
+        CHECK(max_rel_diff(product, matmul(b, a)) < tol);
+        // The factors taken out are kept, for the save's conversion: the
+        // start itself, but in a bf16 model before PEFT's rounding of it.
+        CHECK(max_rel_diff(layer->initial_lora_A(), layer->lora_A().to(Device::cpu())) <
+              (bf16 ? 4e-3 : 1e-300));
+        CHECK(max_rel_diff(layer->initial_lora_B(), layer->lora_B().to(Device::cpu())) <
+              (bf16 ? 4e-3 : 1e-300));
+        // The residual's NF4 codes: bitsandbytes' where the two residuals
+        // (each from its own f32 decomposition) do not straddle a code's
+        // boundary.
+        const quant::BnbNF4State mine = layer->base()->bnb_weight();
+        const quant::BnbNF4State theirs = quant::read_bnb_tensors(want, layer_name + ".weight");
+        REQUIRE(mine.shape == theirs.shape);
+        codes += mine.packed.numel() * 2;
+        const auto x = mine.packed.to(Device::cpu()).contiguous().to_vector<uint8_t>();
+        const auto y = theirs.packed.contiguous().to_vector<uint8_t>();
+        for (std::size_t i = 0; i < x.size(); ++i)
+          codes_differing += ((x[i] >> 4) != (y[i] >> 4)) + ((x[i] & 15) != (y[i] & 15));
+      }
+      CHECK(nlohmann::json(adapted) == settings["targeted"]);
+      MESSAGE(name << " on " << dev.str() << ": " << codes_differing << " of " << codes
+                   << " residual NF4 codes differ from bitsandbytes'");
+      CHECK(codes_differing * 1000 <= codes);
+      model->eval();
+      NoGradGuard no_grad;
+      const Tensor logits = model->logits(want.at("ids").to(dev)).to(Device::cpu());
+      const double err = max_rel_diff(logits.to(DType::f32), want.at("logits_eval"));
+      MESSAGE(name << " on " << dev.str() << ": eval logits vs PEFT's, max rel. diff " << err);
+      CHECK(err < (bf16 ? 3e-2 : 1e-4));
+    }
+  }
+  // PiSSA decomposes the float weights: a 4-bit folder has none (PEFT
+  // refuses a quantized layer too).
+  auto four_bit = llm::load_base_model(llm_data() + "/qlora/transformers_4bit/llama_gqa");
+  llm::QLoRAOptions o;
+  llm::set_lora_init(o.lora, "pissa");
+  o.quantization.compute_dtype = DType::f32;
+  CHECK_THROWS_WITH_AS(llm::apply_qlora(*four_bit, o),
+                       doctest::Contains("was loaded in 4 bits (a 4-bit folder)"),
+                       std::invalid_argument);
+  CHECK(llm::lora_layers(*four_bit).empty());
+  // OLoRA takes its QR of the base as quantized: from a 4-bit folder too,
+  // the same start as from the float folder (transformers' 4-bit folder
+  // holds the bytes quanta quantizes).
+  llm::set_lora_init(o.lora, "olora");
+  o.lora.r = 4;
+  o.lora.lora_alpha = 8;
+  llm::apply_qlora(*four_bit, o);
+  auto from_float = llm::load_causal_lm(llm_data() + "/models/llama_gqa");
+  llm::apply_qlora(*from_float, o);
+  const auto four_bit_layers = llm::lora_layers(*four_bit);
+  const auto float_layers = llm::lora_layers(*from_float);
+  REQUIRE(four_bit_layers.size() == 14);
+  REQUIRE(float_layers.size() == 14);
+  for (std::size_t i = 0; i < float_layers.size(); ++i) {
+    INFO(float_layers[i].first);
+    CHECK(max_rel_diff(four_bit_layers[i].second->lora_A(), float_layers[i].second->lora_A()) == 0);
+    CHECK(bytes_differing(four_bit_layers[i].second->base()->bnb_weight().packed,
+                          float_layers[i].second->base()->bnb_weight().packed) == 0);
+  }
+}
+
+TEST_CASE(
+    "QLoRA parity: adapters trained from PiSSA are saved as PEFT converts them, and read back "
+    "over the residual they trained on") {
+  const std::string dir = llm_data() + "/qlora/pissa_llama_gqa";
+  std::ifstream in(dir + "/case.json");
+  const nlohmann::json settings = nlohmann::json::parse(in);
+  std::map<std::string, Tensor> want;
+  for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+  const std::string base = llm_data() + "/models/llama_gqa";
+  auto model = llm::load_causal_lm(base);
+  llm::QLoRAOptions o;
+  o.lora.r = 4;
+  o.lora.lora_alpha = 8;
+  o.lora.base_model_name_or_path = base;
+  llm::set_lora_init(o.lora, "pissa");
+  o.quantization.compute_dtype = DType::f32;
+  llm::apply_qlora(*model, o);
+  // PEFT's start and trained adapters, so that the conversion is compared
+  // value for value (quanta's own start may differ in its pairs' signs).
+  for (const auto& [layer_name, layer] : llm::lora_layers(*model)) {
+    layer->set_initial_adapters(want.at(layer_name + ".lora_A.weight"),
+                                want.at(layer_name + ".lora_B.weight"));
+    layer->set_adapters(want.at("trained." + layer_name + ".lora_A.weight"),
+                        want.at("trained." + layer_name + ".lora_B.weight"));
+  }
+  testing::TempDir tmp("pissa_save");
+  llm::save_peft_adapters(*model, o.lora, o.quantization, tmp.file("adapters"));
+  std::ifstream config_in(tmp.file("adapters/adapter_config.json"));
+  const nlohmann::json config = nlohmann::json::parse(config_in);
+  CHECK(config["r"] == settings["converted"]["r"]);
+  CHECK(config["lora_alpha"].get<double>() == settings["converted"]["lora_alpha"].get<double>());
+  CHECK(config["init_lora_weights"] == settings["converted"]["init_lora_weights"]);
+  CHECK(config["quanta_base_quantization"]["start_taken_out"] ==
+        nlohmann::json{{"init_lora_weights", "pissa"}, {"lora_alpha", 8.0}});
+  int64_t converted = 0;
+  for (const auto& [n, t] :
+       io::load_safetensors(tmp.file("adapters/adapter_model.safetensors")).tensors) {
+    INFO(n);
+    REQUIRE(want.count("converted." + n) == 1);
+    CHECK(max_rel_diff(t, want.at("converted." + n)) == 0);
+    ++converted;
+  }
+  CHECK(converted == 28);
+  // Read back, the folder's start is taken out of the base again: the
+  // model that trained, bit for bit (quanta's own start, moved as training
+  // moves it).
+  auto own = llm::load_causal_lm(base);
+  llm::apply_qlora(*own, o);
+  Generator gen(77);
+  for (const auto& [layer_name, layer] : llm::lora_layers(*own))
+    layer->set_adapters(layer->lora_A() + randn(layer->lora_A().shape(), gen) * 0.01,
+                        layer->lora_B() + randn(layer->lora_B().shape(), gen) * 0.01);
+  llm::save_peft_adapters(*own, o.lora, o.quantization, tmp.file("own"));
+  own->eval();
+  NoGradGuard no_grad;
+  const Tensor ids = want.at("ids");
+  const Tensor trained = own->logits(ids);
+  auto again = llm::load_causal_lm(base);
+  llm::apply_peft_adapters(*again, tmp.file("own"), base);
+  again->eval();
+  CHECK(max_rel_diff(again->logits(ids), trained) == 0);
+  const auto layers = llm::lora_layers(*again);
+  REQUIRE(layers.size() == 14);
+  CHECK(layers[0].second->lora_A().shape()[0] == 4);
+  // And saved again, the same folder.
+  llm::save_peft_adapters(*again, llm::read_adapter_folder_config(tmp.file("own")).lora,
+                          o.quantization, tmp.file("again"));
+  const io::SafetensorsFile first = io::load_safetensors(tmp.file("own/adapter_model.safetensors"));
+  std::map<std::string, Tensor> second;
+  for (auto& [n, t] : io::load_safetensors(tmp.file("again/adapter_model.safetensors")).tensors)
+    second[n] = t;
+  for (const auto& [n, t] : first.tensors) CHECK(max_rel_diff(t, second.at(n)) == 0);
+  // Read as PEFT reads it (plain LoRA of rank 8 over the base quantized
+  // from the original weight): the change the training made, over NF4(W),
+  // which is not the model that trained (PEFT's own caveat).
+  std::ifstream own_config_in(tmp.file("own/adapter_config.json"));
+  nlohmann::json plain = nlohmann::json::parse(own_config_in);
+  plain["quanta_base_quantization"].erase("start_taken_out");
+  std::filesystem::create_directories(tmp.file("plain"));
+  std::filesystem::copy_file(tmp.file("own/adapter_model.safetensors"),
+                             tmp.file("plain/adapter_model.safetensors"));
+  std::ofstream(tmp.file("plain/adapter_config.json")) << plain.dump(2);
+  auto as_peft = llm::load_causal_lm(base);
+  llm::apply_peft_adapters(*as_peft, tmp.file("plain"), base);
+  as_peft->eval();
+  const double gap = max_rel_diff(as_peft->logits(ids), trained);
+  MESSAGE("PiSSA-trained adapters read as plain LoRA over NF4(W): logits off by " << gap
+                                                                                  << " (max rel.)");
+  CHECK(gap > 0);
+
+  // A folder quanta finetune --init-lora-weights pissa wrote: PEFT loads it
+  // (rank 8 over bitsandbytes' NF4(W)) and computes what quanta computes
+  // reading it the same way; quanta itself reads it over the residual.
+  const std::string written = llm_data() + "/qlora/quanta_written_pissa";
+  std::map<std::string, Tensor> peft;
+  for (auto& [n, t] : io::load_safetensors(written + "/peft_logits.safetensors").tensors)
+    peft[n] = t;
+  std::ifstream written_in(written + "/adapters/adapter_config.json");
+  nlohmann::json written_plain = nlohmann::json::parse(written_in);
+  CHECK(written_plain["r"] == 8);
+  CHECK(written_plain["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] ==
+        "pissa");
+  written_plain["quanta_base_quantization"].erase("start_taken_out");
+  std::filesystem::create_directories(tmp.file("written_plain"));
+  std::filesystem::copy_file(written + "/adapters/adapter_model.safetensors",
+                             tmp.file("written_plain/adapter_model.safetensors"));
+  std::ofstream(tmp.file("written_plain/adapter_config.json")) << written_plain.dump(2);
+  std::vector<Device> devices{Device::cpu()};
+  for (const Device d : test_devices()) devices.push_back(d);
+  for (const Device dev : devices) {
+    INFO("on ", dev.str());
+    auto read_plain = llm::load_causal_lm(base, dev);
+    llm::apply_peft_adapters(*read_plain, tmp.file("written_plain"), base);
+    read_plain->eval();
+    const Tensor logits = read_plain->logits(peft.at("ids").to(dev)).to(Device::cpu());
+    const double err = max_rel_diff(logits, peft.at("logits"));
+    MESSAGE("quanta_written_pissa read as plain LoRA on "
+            << dev.str() << ": logits vs PEFT's, max rel. diff " << err);
+    CHECK(err < 1e-5);
+    auto exact = llm::load_causal_lm(base, dev);
+    llm::apply_peft_adapters(*exact, written + "/adapters", base);
+    CHECK(llm::lora_layers(*exact)[0].second->lora_A().shape()[0] == 4);
+    exact->eval();
+    CHECK(max_rel_diff(exact->logits(peft.at("ids").to(dev)).to(Device::cpu()), logits) > 0);
+  }
+}

@@ -566,9 +566,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.init_lora_weights = llm::LoraInit::kaiming_uniform;
   const bool from_base = llm::takes_start_from_base(q.lora.init_lora_weights);
   const bool reports_error = loftq || (from_base && !llm::folder_quantization(o.model));
-  const std::string start_name = loftq                                         ? "LoftQ"
+  const std::string start_name = loftq                                              ? "LoftQ"
                                  : q.lora.init_lora_weights == llm::LoraInit::pissa ? "PiSSA"
-                                                                                     : "OLoRA";
+                                                                                    : "OLoRA";
   if (loftq)
     log << "LoftQ: one SVD of each adapted layer's quantization error, on the host's cores "
            "(a 7B Llama's 224 layers: about 2.6 core-hours)\n"
@@ -637,8 +637,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     log << start_name << ": the adapted layers' quantization error " << std::setprecision(4)
         << std::sqrt(error_before) << " -> " << std::sqrt(error_after)
         << " (Frobenius norm over all of them, " << std::fixed << std::setprecision(1)
-        << std::abs(change) << (change >= 0 ? "% less), " : "% more), ") << conversion_s
-        << " s\n"
+        << std::abs(change) << (change >= 0 ? "% less), " : "% more), ") << conversion_s << " s\n"
         << std::defaultfloat << std::setprecision(6);
   }
   const int64_t eval_rows = o.batch_size;

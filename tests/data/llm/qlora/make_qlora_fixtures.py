@@ -5,7 +5,8 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
-(PART: cases, quanta_written, transformers_4bit, loftq; all when none is named;
+(PART: cases, quanta_written, transformers_4bit, loftq, residual_starts; all
+when none is named;
 case=NAME for one case, quanta_written=NAME for one folder.)
 
 One folder per case in qlora/:
@@ -43,6 +44,9 @@ transformers_4bit/   <model>/config.json + model.safetensors: llama_gqa,
 
 loftq_*/             case.json + expected.safetensors: the adapters PEFT's
                      replace_lora_weights_loftq starts from (loftq_cases)
+pissa_*/, olora_*/   case.json + expected.safetensors: PiSSA's and OLoRA's
+                     starts, the residual bases they leave, logits, and
+                     PEFT's conversion to LoRA (residual_start_cases)
 
 quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
                      all-linear; PEFT's layer choice by lists, by regexes;
@@ -404,6 +408,9 @@ QUANTA_WRITTEN = {
     # with Phi-4-mini's partial rotary and longrope (sequences of 64 over an
     # original length of 8).
     "quanta_written_phi3": "",
+    # PiSSA's start, saved converted to LoRA of rank 8 over the original
+    # weight: PEFT reads it as plain LoRA over bitsandbytes' NF4(W).
+    "quanta_written_pissa": "--init-lora-weights pissa",
 }
 QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm",
                         "quanta_written_gemma2": "gemma2_softcap",
@@ -441,6 +448,8 @@ def check_quanta_adapters(root, names=()):
             logits = peft_model(input_ids=ids).logits.float()
         save_file({"ids": ids, "logits": logits.contiguous()},
                   os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
+        if name == "quanta_written_pissa":
+            assert set(ranks.values()) == {8}, ranks
         if name == "quanta_written_tokens":
             assert peft_model.base_model.model.lm_head.token_adapter.token_indices["default"] == [5, 9]
         if name == "quanta_written_bias":
@@ -579,10 +588,120 @@ def loftq_cases(root):
         print(name, "quantization error (sum of squares)", before, "->", after)
 
 
+# PiSSA's and OLoRA's starts (PEFT's init_lora_weights "pissa" and "olora"),
+# r 4 and lora_alpha 8 (scaling 2, which PiSSA divides out and OLoRA does
+# not). PiSSA as PEFT's recipe for a 4-bit base runs it
+# (examples/pissa_finetuning: PEFT refuses it over a quantized layer): the
+# start on the float model, the residual model saved in its dtype and loaded
+# in 4 bits, the start's adapters loaded over it. OLoRA directly over the
+# bitsandbytes model, whose layers it dequantizes, decomposes and quantizes
+# again.
+RESIDUAL_CASES = {"pissa_llama_gqa": dict(model="llama_gqa", init="pissa", dtype=torch.float32),
+                  "pissa_llama_bf16": dict(model="llama_bf16", init="pissa", dtype=torch.bfloat16),
+                  "olora_llama_gqa": dict(model="llama_gqa", init="olora", dtype=torch.float32),
+                  "olora_llama_bf16": dict(model="llama_bf16", init="olora", dtype=torch.bfloat16)}
+
+
+def residual_start_cases(root):
+    """qlora/<case>/: case.json (model, init, r, lora_alpha, compute_dtype,
+    targeted) and expected.safetensors: each adapted layer's start
+    "<layer>.lora_A.weight" and ".lora_B.weight" (f32), its base as
+    bitsandbytes serializes it ("<layer>.weight", ".weight.absmax", ...), ids
+    [2, 12] with the eval-mode logits. pissa_llama_gqa also holds PEFT's
+    conversion to LoRA (save_pretrained with
+    path_initial_model_for_weight_conversion) of adapters moved from the start
+    ("trained.<layer>.lora_A.weight", ...; "converted.<PEFT's name>") and
+    case.json its config's r and lora_alpha."""
+    import tempfile
+    from peft import PeftModel
+    prefix = "base_model.model."
+    for i, (name, c) in enumerate(RESIDUAL_CASES.items()):
+        out_dir = os.path.join(root, "qlora", name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        model_dir = os.path.join(root, "models", c["model"])
+        dtype = c["dtype"]
+        bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                        bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+        cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                         task_type="CAUSAL_LM", init_lora_weights=c["init"])
+        tmp = tempfile.mkdtemp()
+        if c["init"] == "pissa":
+            float_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="cpu")
+            pm = get_peft_model(float_model, cfg)
+            # PEFT's recipe: the start saved as plain adapters, the residual
+            # model saved in its dtype.
+            pm.peft_config["default"].init_lora_weights = True
+            pm.save_pretrained(os.path.join(tmp, "start"))
+            pm.unload().save_pretrained(os.path.join(tmp, "residual"))
+            model = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "residual"), dtype=dtype,
+                                                         device_map="cpu", quantization_config=bnb_config)
+            for m in model.modules():
+                if isinstance(m, bnb.nn.Linear4bit):
+                    m.support_avx512bf16_for_cpu = False
+            pm = PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="cpu",
+                                                         quantization_config=bnb_config)
+            for m in model.modules():
+                if isinstance(m, bnb.nn.Linear4bit):
+                    m.support_avx512bf16_for_cpu = False
+            pm = get_peft_model(model, cfg)
+        exp = {}
+        targeted = []
+        for n, m in pm.named_modules():
+            if not isinstance(m, peft.tuners.lora.Linear4bit):
+                continue
+            layer = n[len(prefix):]
+            targeted.append(layer)
+            assert m.scaling["default"] == 2.0
+            exp[layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
+            exp[layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
+            for k, v in m.base_layer.state_dict().items():
+                exp[f"{layer}.{k}"] = v.detach().clone()
+        assert len(targeted) == 14, targeted
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(970 + i))
+        pm.eval()
+        with torch.no_grad():
+            exp["logits_eval"] = pm(input_ids=ids).logits.float()
+        exp["ids"] = ids
+        settings = {"model": c["model"], "init": c["init"], "r": 4, "lora_alpha": 8,
+                    "compute_dtype": str(dtype).removeprefix("torch."), "targeted": targeted}
+        if name == "pissa_llama_gqa":
+            # Adapters moved from the start as training would, then PEFT's
+            # conversion against the start saved above.
+            g = torch.Generator().manual_seed(990)
+            with torch.no_grad():
+                for n, p in pm.named_parameters():
+                    if ".lora_A." in n or ".lora_B." in n:
+                        p.add_(0.01 * torch.randn(p.shape, generator=g))
+            for layer in targeted:
+                m = pm.get_submodule(prefix + layer)
+                exp["trained." + layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
+                exp["trained." + layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
+            pm.save_pretrained(os.path.join(tmp, "converted"),
+                               path_initial_model_for_weight_conversion=os.path.join(tmp, "start"))
+            with safe_open(os.path.join(tmp, "converted", "adapter_model.safetensors"), "pt") as f:
+                for k in f.keys():
+                    exp["converted." + k] = f.get_tensor(k)
+            with open(os.path.join(tmp, "converted", "adapter_config.json")) as f:
+                conv = json.load(f)
+            settings["converted"] = {"r": conv["r"], "lora_alpha": conv["lora_alpha"],
+                                     "init_lora_weights": conv["init_lora_weights"]}
+        shutil.rmtree(tmp)
+        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+                  metadata={"versions": VERSIONS})
+        with open(os.path.join(out_dir, "case.json"), "w") as f:
+            json.dump(settings, f, indent=2)
+            f.write("\n")
+        print(name, "written:", len(targeted), "layers")
+
+
 PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
                                 for i, (name, c) in enumerate(CASES.items())],
          "quanta_written": check_quanta_adapters,
          "loftq": loftq_cases,
+         "residual_starts": residual_start_cases,
          "transformers_4bit": save_transformers_4bit}
 
 
