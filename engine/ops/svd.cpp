@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "engine/autograd/grad_mode.h"
-#include "engine/cpu/parallel.h"
 #include "engine/eigen.h"
 #include "engine/factory.h"
+#include "engine/ops/host_decomposition.h"
 #include "engine/random/sampling.h"
 // Under the same silenced warnings as engine/eigen.h's Eigen/Core (they
 // arise in Eigen's own intrinsics code).
@@ -95,24 +95,14 @@ struct Decomposition {
 };
 
 // A checked matrix's decomposition, ready to run: f64 or f32.
-struct Job {
+struct SvdJob {
   Decomposition<double> f64{};
   Decomposition<float> f32{};
   bool is_f64 = false;
   Device device = Device::cpu();
 };
 
-template <typename T>
-void check_finite(const std::vector<T>& values, int64_t m, int64_t n) {
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (!std::isfinite(values[i]))
-      throw std::invalid_argument(
-          "[top_singular_triplets] entry (" + std::to_string(int64_t(i) / n) + ", " +
-          std::to_string(int64_t(i) % n) + ") of the [" + std::to_string(m) + ", " +
-          std::to_string(n) + "] matrix is not finite");
-}
-
-Job prepare(const Tensor& a, int64_t k, int64_t niter = -1, Generator* gen = nullptr) {
+SvdJob prepare_svd(const Tensor& a, int64_t k, int64_t niter = -1, Generator* gen = nullptr) {
   if (a.dim() != 2)
     throw std::invalid_argument("[top_singular_triplets] needs a matrix, got " +
                                 std::to_string(a.dim()) + " dims");
@@ -124,15 +114,15 @@ Job prepare(const Tensor& a, int64_t k, int64_t niter = -1, Generator* gen = nul
   if (a.dtype() != DType::f64 && a.dtype() != DType::f32)
     throw std::invalid_argument(std::string("[top_singular_triplets] needs f32 or f64, got ") +
                                 dtype_name(a.dtype()));
-  Job job;
+  SvdJob job;
   job.is_f64 = a.dtype() == DType::f64;
   job.device = a.device();
   if (job.is_f64) {
     job.f64 = {m, n, k, a.to_vector<double>()};
-    check_finite(job.f64.values, m, n);
+    host_decomposition::check_finite(job.f64.values, m, n, "top_singular_triplets");
   } else {
     job.f32 = {m, n, k, a.to_vector<float>()};
-    check_finite(job.f32.values, m, n);
+    host_decomposition::check_finite(job.f32.values, m, n, "top_singular_triplets");
   }
   if (niter >= 0) {
     // The sketch in the matrix's dtype, drawn here, in order: the threads
@@ -159,19 +149,11 @@ SingularTriplets triplets_of(const Decomposition<T>& d, Device device) {
   return out;
 }
 
-// Runs prepared jobs on the CPU's threads, one matrix each (Eigen's SVD is
-// itself sequential).
-std::vector<SingularTriplets> run_jobs(std::vector<Job>& jobs) {
-  cpu::parallel_for(0, int64_t(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      if (jobs[std::size_t(i)].is_f64)
-        jobs[std::size_t(i)].f64.run();
-      else
-        jobs[std::size_t(i)].f32.run();
-    }
-  });
+// Runs prepared jobs on the CPU's threads, one matrix each.
+std::vector<SingularTriplets> run_jobs(std::vector<SvdJob>& jobs) {
+  host_decomposition::run_on_threads(jobs, [](SvdJob& j) { j.is_f64 ? j.f64.run() : j.f32.run(); });
   std::vector<SingularTriplets> out;
-  for (const Job& j : jobs)
+  for (const SvdJob& j : jobs)
     out.push_back(j.is_f64 ? triplets_of(j.f64, j.device) : triplets_of(j.f32, j.device));
   return out;
 }
@@ -184,8 +166,8 @@ std::vector<SingularTriplets> top_singular_triplets(const std::vector<Tensor>& m
     throw std::invalid_argument("[top_singular_triplets] " + std::to_string(matrices.size()) +
                                 " matrices and " + std::to_string(k.size()) + " ranks k");
   NoGradGuard no_grad;
-  std::vector<Job> jobs;
-  for (std::size_t i = 0; i < matrices.size(); ++i) jobs.push_back(prepare(matrices[i], k[i]));
+  std::vector<SvdJob> jobs;
+  for (std::size_t i = 0; i < matrices.size(); ++i) jobs.push_back(prepare_svd(matrices[i], k[i]));
   return run_jobs(jobs);
 }
 
@@ -201,9 +183,9 @@ std::vector<SingularTriplets> approximate_singular_triplets(const std::vector<Te
     throw std::invalid_argument("[approximate_singular_triplets] niter must be >= 0, got " +
                                 std::to_string(niter));
   NoGradGuard no_grad;
-  std::vector<Job> jobs;
+  std::vector<SvdJob> jobs;
   for (std::size_t i = 0; i < matrices.size(); ++i)
-    jobs.push_back(prepare(matrices[i], k[i], niter, &gens[i]));
+    jobs.push_back(prepare_svd(matrices[i], k[i], niter, &gens[i]));
   return run_jobs(jobs);
 }
 
