@@ -6,15 +6,9 @@
 #include <string>
 
 #include "engine/autograd/grad_mode.h"
-#include "engine/eigen.h"
+#include "engine/eigen_decompositions.h"
 #include "engine/factory.h"
 #include "engine/ops/host_decomposition.h"
-// Under the same silenced warnings as engine/eigen.h's Eigen/Core.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <Eigen/QR>
-#pragma GCC diagnostic pop
 
 namespace quanta {
 

@@ -7,18 +7,10 @@
 #include <vector>
 
 #include "engine/autograd/grad_mode.h"
-#include "engine/eigen.h"
+#include "engine/eigen_decompositions.h"
 #include "engine/factory.h"
 #include "engine/ops/host_decomposition.h"
 #include "engine/random/sampling.h"
-// Under the same silenced warnings as engine/eigen.h's Eigen/Core (they
-// arise in Eigen's own intrinsics code).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <Eigen/QR>
-#include <Eigen/SVD>
-#pragma GCC diagnostic pop
 
 namespace quanta {
 

@@ -32,6 +32,13 @@ inline const std::vector<Device>& test_devices() {
   return d;
 }
 
+/** The CPU, then test_devices(): what a test compares across devices. */
+inline std::vector<Device> cpu_and_test_devices() {
+  std::vector<Device> v{Device::cpu()};
+  v.insert(v.end(), test_devices().begin(), test_devices().end());
+  return v;
+}
+
 /** The typed address of t's element 0 on whatever device t lives, for tests
  * that hand device tensors to a kernel table directly (Tensor::data<T> is
  * for the CPU only, and says so when called on a GPU tensor). */

@@ -27,4 +27,11 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return scale > 0 ? diff / scale : diff;
 }
 
+/** max |t| (read as f64); 0 for an empty tensor. */
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to(Device::cpu()).to_vector<double>()) m = std::max(m, std::abs(v));
+  return m;
+}
+
 }  // namespace quanta::testing

@@ -95,6 +95,11 @@ std::vector<std::string> finetune(const std::string& name, const ScratchDir& d,
   return args;
 }
 
+// The loss a run's output gives for its evaluation before fine-tuning.
+double eval_before(const std::string& out) {
+  return std::stod(out.substr(out.find("eval before fine-tuning: loss ") + 30));
+}
+
 void check_same_tensors(const std::string& a, const std::string& b) {
   const io::SafetensorsFile x = io::load_safetensors(a), y = io::load_safetensors(b);
   REQUIRE(x.tensors.size() == y.tensors.size());
@@ -833,9 +838,6 @@ TEST_CASE(
   ScratchDir d("ft_lm_init");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 17), llm::TokenWidth::u16);
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 18), llm::TokenWidth::u16);
-  const auto eval_before = [](const std::string& out) {
-    return std::stod(out.substr(out.find("eval before fine-tuning: loss ") + 30));
-  };
   const std::vector<std::string> eval = {"--steps", "2", "--eval-data", d.file("eval.bin")};
   const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));
   REQUIRE_MESSAGE(plain.code == 0, plain.err);
@@ -889,9 +891,6 @@ TEST_CASE(
   ScratchDir d("ft_lm_residual");
   llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 21), llm::TokenWidth::u16);
   llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 22), llm::TokenWidth::u16);
-  const auto eval_before = [](const std::string& out) {
-    return std::stod(out.substr(out.find("eval before fine-tuning: loss ") + 30));
-  };
   const std::vector<std::string> eval = {"--steps",          "4",        "--eval-data",
                                          d.file("eval.bin"), "--lora-r", "4"};
   const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));

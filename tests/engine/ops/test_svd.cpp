@@ -13,16 +13,6 @@
 using namespace quanta;
 using namespace quanta::testing;
 
-namespace {
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector<double>()) m = std::max(m, std::abs(v));
-  return m;
-}
-
-}  // namespace
-
 TEST_CASE("top_singular_triplets: orthonormal factors that rebuild the matrix, in f64 and f32") {
   for (const DType dtype : {DType::f64, DType::f32}) {
     for (const Shape& shape : {Shape{7, 5}, Shape{5, 9}, Shape{6, 6}}) {

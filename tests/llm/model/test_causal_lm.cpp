@@ -90,8 +90,7 @@ TEST_CASE("CausalLM: logits, loss and greedy tokens equal transformers' on cpu, 
     const io::SafetensorsFile want =
         io::load_safetensors(data_dir() + "/expected/" + name + ".safetensors");
     const bool bf16 = name.size() > 5 && name.compare(name.size() - 5, 5, "_bf16") == 0;
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
+    const std::vector<Device> devices = cpu_and_test_devices();  // sim, and cuda on a GPU
     for (const Device dev : devices) {
       INFO("device ", dev.str());
       auto model = llm::load_causal_lm(data_dir() + "/models/" + name, dev);
@@ -277,8 +276,7 @@ TEST_CASE(
     const io::SafetensorsFile want =
         io::load_safetensors(data_dir() + "/expected/packed_" + name + ".safetensors");
     const Tensor ids = expected(want, "input_ids"), positions = expected(want, "position_ids");
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);
+    const std::vector<Device> devices = cpu_and_test_devices();
     for (const Device dev : devices) {
       INFO("device ", dev.str());
       auto model = llm::load_causal_lm(data_dir() + "/models/" + name, dev);

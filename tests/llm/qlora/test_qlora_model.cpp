@@ -504,8 +504,7 @@ TEST_CASE("apply_qlora: trainable_token_indices trains token rows, saved, read b
 }
 
 TEST_CASE("recompute_layers: the same loss, adapter gradients and dropout draws, on every device") {
-  std::vector<Device> devices{Device::cpu()};
-  for (const Device d : test_devices()) devices.push_back(d);  // sim, and cuda on a GPU
+  const std::vector<Device> devices = cpu_and_test_devices();  // sim, and cuda on a GPU
   for (const Device dev : devices)
     for (const bool dora : {false, true}) {
       INFO("device ", dev.str(), ", DoRA ", dora);

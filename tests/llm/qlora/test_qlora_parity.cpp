@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -54,8 +55,10 @@ Case read_case(const std::string& name) {
   c.settings = nlohmann::json::parse(in);
   for (auto& [n, t] : io::load_safetensors(c.dir() + "/expected.safetensors").tensors)
     c.expected[n] = t;
-  for (auto& [n, t] : io::load_safetensors(c.dir() + "/nf4_base.safetensors").tensors)
-    c.base[n] = t;
+  // The NF4 bases where the case has them (not LoftQ's, PiSSA's, OLoRA's).
+  if (std::filesystem::exists(c.dir() + "/nf4_base.safetensors"))
+    for (auto& [n, t] : io::load_safetensors(c.dir() + "/nf4_base.safetensors").tensors)
+      c.base[n] = t;
   return c;
 }
 
@@ -177,8 +180,7 @@ TEST_CASE("QLoRA parity: quanta's NF4 bases are bitsandbytes' bytes and scales")
 TEST_CASE(
     "QLoRA parity: PEFT's adapters over bitsandbytes' base give PEFT's loss, gradients "
     "and AdamW step") {
-  std::vector<Device> devices{Device::cpu()};
-  for (const Device d : test_devices()) devices.push_back(d);
+  const std::vector<Device> devices = cpu_and_test_devices();
   for (const std::string& name : kCases) {
     const Case c = read_case(name);
     for (const Device dev : devices) {
@@ -332,8 +334,7 @@ TEST_CASE(
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);
+    const std::vector<Device> devices = cpu_and_test_devices();
     for (const Device dev : devices) {
       INFO(name, " on ", dev.str());
       const std::string base =
@@ -476,8 +477,7 @@ TEST_CASE("QLoRA parity: a 4-bit folder with bf16 quant_storage (FSDP-QLoRA's) l
       }
     REQUIRE(seen);
   }
-  std::vector<Device> devices{Device::cpu()};
-  for (const Device d : test_devices()) devices.push_back(d);
+  const std::vector<Device> devices = cpu_and_test_devices();
   for (const Device dev : devices) {
     INFO("device ", dev.str());
     auto bf16_storage = llm::load_base_model(dir + "llama_gqa_bf16_storage", dev);
@@ -503,8 +503,7 @@ TEST_CASE("QLoRA parity: transformers' 4-bit folder loads as the base quanta qua
     CHECK(q->double_quant);
     CHECK(q->compute_dtype == DType::f32);
     CHECK_FALSE(llm::folder_quantization(llm_data() + "/models/" + name).has_value());
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);
+    const std::vector<Device> devices = cpu_and_test_devices();
     for (const Device dev : devices) {
       INFO("device ", dev.str());
       auto loaded = llm::load_base_model(four_bit, dev);
@@ -540,14 +539,11 @@ Tensor signs_as(const Tensor& got, const Tensor& want, int64_t dim) {
 
 TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weights_loftq sets") {
   for (const std::string name : {"loftq_llama_gqa", "loftq_llama_bf16"}) {
-    const std::string dir = llm_data() + "/qlora/" + name;
-    std::ifstream in(dir + "/case.json");
-    const nlohmann::json settings = nlohmann::json::parse(in);
-    std::map<std::string, Tensor> want;
-    for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+    const Case c = read_case(name);
+    const nlohmann::json& settings = c.settings;
+    const std::map<std::string, Tensor>& want = c.expected;
     const bool bf16 = settings["compute_dtype"] == "bfloat16";
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);
+    const std::vector<Device> devices = cpu_and_test_devices();
     for (const Device dev : devices) {
       // lora_alpha = r as in the fixture (scaling 1, what PEFT assumes), and
       // twice r: quanta's factors then carry 1 / sqrt(2) each, their scaled
@@ -631,14 +627,11 @@ TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weig
 TEST_CASE("QLoRA parity: PiSSA's and OLoRA's starts are PEFT's, and so are their residual bases") {
   for (const std::string name :
        {"pissa_llama_gqa", "pissa_llama_bf16", "olora_llama_gqa", "olora_llama_bf16"}) {
-    const std::string dir = llm_data() + "/qlora/" + name;
-    std::ifstream in(dir + "/case.json");
-    const nlohmann::json settings = nlohmann::json::parse(in);
-    std::map<std::string, Tensor> want;
-    for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+    const Case c = read_case(name);
+    const nlohmann::json& settings = c.settings;
+    const std::map<std::string, Tensor>& want = c.expected;
     const bool bf16 = settings["compute_dtype"] == "bfloat16";
-    std::vector<Device> devices{Device::cpu()};
-    for (const Device d : test_devices()) devices.push_back(d);
+    const std::vector<Device> devices = cpu_and_test_devices();
     for (const Device dev : devices) {
       INFO(name, " on ", dev.str());
       auto model =
@@ -739,11 +732,9 @@ TEST_CASE("QLoRA parity: PiSSA's and OLoRA's starts are PEFT's, and so are their
 TEST_CASE(
     "QLoRA parity: adapters trained from PiSSA are saved as PEFT converts them, and read back "
     "over the residual they trained on") {
-  const std::string dir = llm_data() + "/qlora/pissa_llama_gqa";
-  std::ifstream in(dir + "/case.json");
-  const nlohmann::json settings = nlohmann::json::parse(in);
-  std::map<std::string, Tensor> want;
-  for (auto& [n, t] : io::load_safetensors(dir + "/expected.safetensors").tensors) want[n] = t;
+  const Case c = read_case("pissa_llama_gqa");
+  const nlohmann::json& settings = c.settings;
+  const std::map<std::string, Tensor>& want = c.expected;
   const std::string base = llm_data() + "/models/llama_gqa";
   auto model = llm::load_causal_lm(base);
   llm::QLoRAOptions o;
@@ -843,8 +834,7 @@ TEST_CASE(
   std::filesystem::copy_file(written + "/adapters/adapter_model.safetensors",
                              tmp.file("written_plain/adapter_model.safetensors"));
   std::ofstream(tmp.file("written_plain/adapter_config.json")) << written_plain.dump(2);
-  std::vector<Device> devices{Device::cpu()};
-  for (const Device d : test_devices()) devices.push_back(d);
+  const std::vector<Device> devices = cpu_and_test_devices();
   for (const Device dev : devices) {
     INFO("on ", dev.str());
     auto read_plain = llm::load_causal_lm(base, dev);

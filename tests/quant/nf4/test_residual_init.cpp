@@ -14,13 +14,8 @@
 
 using namespace quanta;
 using namespace quanta::quant;
+using quanta::testing::max_abs;
 using quanta::testing::max_rel_diff;
-
-namespace {
-
-double max_abs(const Tensor& t) { return max(abs(t.to(DType::f64))).item(); }
-
-}  // namespace
 
 TEST_CASE("PiSSA's start: scaling B A is the weight's top-r part, the residual the rest") {
   Generator gen(31);

@@ -508,6 +508,20 @@ LOFTQ_CASES = {"loftq_llama_gqa": dict(model="llama_gqa", r=4, dtype=torch.float
                "loftq_llama_bf16": dict(model="llama_bf16", r=4, dtype=torch.bfloat16)}
 
 
+def load_4bit(model_dir, dtype):
+    """The model in model_dir loaded in 4 bits (NF4, double quantization,
+    compute in dtype) with the fused AVX512-BF16 kernel off, as in run_case."""
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, device_map="cpu",
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_use_double_quant=True,
+                                               bnb_4bit_compute_dtype=dtype))
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+    return model
+
+
 def loftq_on_cpu(fn):
     """Runs fn with Tensor.to(device="cuda") kept on the CPU: PEFT's
     _loftq_init_new names a GPU for its SVD; the arithmetic is the same."""
@@ -539,14 +553,7 @@ def loftq_cases(root):
         os.makedirs(out_dir)
         model_dir = os.path.join(root, "models", c["model"])
         dtype = c["dtype"]
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, device_map="cpu",
-            quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                   bnb_4bit_use_double_quant=True,
-                                                   bnb_4bit_compute_dtype=dtype))
-        for m in model.modules():
-            if isinstance(m, bnb.nn.Linear4bit):
-                m.support_avx512bf16_for_cpu = False
+        model = load_4bit(model_dir, dtype)
         torch.manual_seed(900 + i)
         pm = get_peft_model(model, LoraConfig(r=c["r"], lora_alpha=c["r"], lora_dropout=0.0,
                                               target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -621,8 +628,6 @@ def residual_start_cases(root):
         os.makedirs(out_dir)
         model_dir = os.path.join(root, "models", c["model"])
         dtype = c["dtype"]
-        bnb_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                        bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
         cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
                          task_type="CAUSAL_LM", init_lora_weights=c["init"])
         tmp = tempfile.mkdtemp()
@@ -634,19 +639,10 @@ def residual_start_cases(root):
             pm.peft_config["default"].init_lora_weights = True
             pm.save_pretrained(os.path.join(tmp, "start"))
             pm.unload().save_pretrained(os.path.join(tmp, "residual"))
-            model = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "residual"), dtype=dtype,
-                                                         device_map="cpu", quantization_config=bnb_config)
-            for m in model.modules():
-                if isinstance(m, bnb.nn.Linear4bit):
-                    m.support_avx512bf16_for_cpu = False
+            model = load_4bit(os.path.join(tmp, "residual"), dtype)
             pm = PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
         else:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="cpu",
-                                                         quantization_config=bnb_config)
-            for m in model.modules():
-                if isinstance(m, bnb.nn.Linear4bit):
-                    m.support_avx512bf16_for_cpu = False
-            pm = get_peft_model(model, cfg)
+            pm = get_peft_model(load_4bit(model_dir, dtype), cfg)
         exp = {}
         targeted = []
         for n, m in pm.named_modules():
