@@ -22,6 +22,7 @@
 #include "engine/ops/conv.h"
 #include "engine/ops/dropout.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/incremental_pca.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
 #include "engine/ops/linalg.h"

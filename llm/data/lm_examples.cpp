@@ -243,6 +243,8 @@ LmBatch LmExamples::batch(const Tensor& rows, Device device) const {
   LmBatch b;
   for (int64_t k = 0; k < n; ++k) {
     const std::size_t at = static_cast<std::size_t>(k * length);
+    b.lengths.push_back(windowed() ? seq_len_
+                                   : int64_t(examples_[std::size_t(r[k])].input_ids.size()));
     if (windowed()) {
       const std::vector<int64_t> w = window(r[k]);
       std::copy(w.begin(), w.end(), ids.begin() + at);

@@ -29,6 +29,9 @@ struct LmBatch {
   /** Positions whose next-token prediction is scored (label != -100 at
    * positions 1..length-1, as causal_lm_loss counts them). */
   int64_t scored_tokens = 0;
+  /** Each row's tokens before its padding (transformers' attention_mask
+   * as counts). */
+  std::vector<int64_t> lengths{};
 };
 
 /** Where the documents of a token stream (a token file, encoded text) meet,

@@ -66,6 +66,8 @@ const char* lora_init_name(LoraInit init) {
       return "olora";
     case LoraInit::orthogonal:
       return "orthogonal";
+    case LoraInit::eva:
+      return "eva";
     case LoraInit::kaiming_uniform:
       break;
   }
@@ -91,22 +93,23 @@ void set_lora_init(LoraSettings& lora, const std::string& text) {
     lora.pissa_niter = std::stoll(digits);
     return;
   }
-  for (LoraInit i : {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random,
-                     LoraInit::loftq, LoraInit::pissa, LoraInit::olora, LoraInit::orthogonal})
+  for (LoraInit i :
+       {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random, LoraInit::loftq,
+        LoraInit::pissa, LoraInit::olora, LoraInit::orthogonal, LoraInit::eva})
     if (text == lora_init_name(i)) {
       lora.init_lora_weights = i;
       lora.pissa_niter = -1;
       return;
     }
-  if (text == "eva" || text.starts_with("corda"))
+  if (text.starts_with("corda"))
     throw std::invalid_argument(
         "init_lora_weights " + text +
-        " starts the adapters from activations over training data (PEFT's " +
-        (text == "eva" ? "initialize_lora_eva_weights" : "preprocess_corda") +
-        "), which quanta does not compute; pissa, olora or loftq start from the weights alone");
+        " starts the adapters from the covariance of activations over training data (PEFT's "
+        "preprocess_corda), which quanta does not compute; eva starts from activations, pissa, "
+        "olora or loftq from the weights alone");
   throw std::invalid_argument(
-      "init_lora_weights must be true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora or "
-      "orthogonal, got \"" +
+      "init_lora_weights must be true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora, "
+      "orthogonal or eva, got \"" +
       text + "\"");
 }
 
@@ -250,6 +253,13 @@ void check_lora_settings(const LoraSettings& l) {
                                 lora_init_name(l.init_lora_weights) +
                                 " with use_rslora and rank_pattern or alpha_pattern: the saved "
                                 "adapters cannot be converted to LoRA (PEFT refuses it too)");
+  // EvaConfig's own checks.
+  const EvaConfig& eva = l.eva_config;
+  if (!std::isfinite(eva.rho) || eva.rho < 1)
+    throw std::invalid_argument("eva_config rho must be >= 1 (1 keeps every layer's r), got " +
+                                std::to_string(eva.rho));
+  if (!(eva.tau >= 0 && eva.tau <= 1))
+    throw std::invalid_argument("eva_config tau must be in [0, 1], got " + std::to_string(eva.tau));
   if (l.init_lora_weights == LoraInit::orthogonal) {
     if (l.r % 2 != 0)
       throw std::invalid_argument("init_lora_weights orthogonal needs an even r, got " +
@@ -299,6 +309,13 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
       j["init_lora_weights"] = lora_init_text(l);
       break;
   }
+  if (l.init_lora_weights == LoraInit::eva)
+    j["eva_config"] = {{"rho", l.eva_config.rho},
+                       {"tau", l.eva_config.tau},
+                       {"use_label_mask", l.eva_config.use_label_mask},
+                       {"label_mask_value", l.eva_config.label_mask_value},
+                       {"whiten", l.eva_config.whiten},
+                       {"adjust_scaling_factors", l.eva_config.adjust_scaling_factors}};
   j["use_dora"] = l.use_dora;
   j["lora_bias"] = l.lora_bias;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
@@ -507,6 +524,24 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
         } catch (const std::invalid_argument& e) {
           adapter_config_fail(source, e.what());
         }
+      // EVA's start is only the stored A's, read as they are; the
+      // settings are kept so that a folder written again says the same.
+      if (text == "eva") {
+        l.init_lora_weights = LoraInit::eva;
+        const ojson& eva = j.value("eva_config", ojson());
+        if (eva.is_object()) {
+          l.eva_config.rho = eva.value("rho", l.eva_config.rho);
+          l.eva_config.tau = eva.value("tau", l.eva_config.tau);
+          l.eva_config.use_label_mask = eva.value("use_label_mask", l.eva_config.use_label_mask);
+          l.eva_config.label_mask_value =
+              eva.value("label_mask_value", l.eva_config.label_mask_value);
+          l.eva_config.whiten = eva.value("whiten", l.eva_config.whiten);
+          l.eva_config.adjust_scaling_factors =
+              eva.value("adjust_scaling_factors", l.eva_config.adjust_scaling_factors);
+        } else if (!eva.is_null()) {
+          adapter_config_fail(source, "eva_config must be an object, got " + eva.dump());
+        }
+      }
     }
   } catch (const ojson::exception& e) {
     adapter_config_fail(source,

@@ -54,10 +54,33 @@ enum class LoraInit {
   /** Random factors whose product is zero (quant::LoRAInit::orthogonal;
    * PEFT's "orthogonal"); an even r. */
   orthogonal,
+  /** EVA's (Explained Variance Adaptation): A the top principal components
+   * of each adapted layer's inputs over training batches, B zero, and the
+   * ranks redistributed among the layers by explained variance
+   * (llm::apply_qlora_eva; PEFT's "eva" with initialize_lora_eva_weights).
+   * apply_qlora alone starts such adapters as true does, as PEFT's model
+   * does before the data is seen. */
+  eva,
+};
+
+/** EVA's settings, PEFT's EvaConfig: each layer may take up to round(r x
+ * rho) ranks (rho >= 1; 1 keeps every layer's r); a component has converged
+ * when its cosine similarity to the one of the batch before is >= tau (in [0,
+ * 1]); with use_label_mask, the positions labelled label_mask_value are left
+ * out; whiten divides each component by the square root of its singular
+ * value; adjust_scaling_factors multiplies a layer's lora_alpha by its new
+ * rank over its r, keeping alpha / r. */
+struct EvaConfig {
+  double rho = 2.0;
+  double tau = 0.99;
+  bool use_label_mask = true;
+  int64_t label_mask_value = -100;
+  bool whiten = false;
+  bool adjust_scaling_factors = true;
 };
 
 /** PEFT's spelling of a kind: "true", "gaussian", "false", "loftq",
- * "pissa", "olora", "orthogonal". */
+ * "pissa", "olora", "orthogonal", "eva". */
 const char* lora_init_name(LoraInit init);
 
 /** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
@@ -120,6 +143,8 @@ struct LoraSettings {
   /** With pissa: the power iterations of the approximate decomposition
    * (PEFT's "pissa_niter_<N>"), or -1 for the exact one ("pissa"). */
   int64_t pissa_niter = -1;
+  /** With eva: its settings (adapter_config.json's eva_config). */
+  EvaConfig eva_config{};
   /** The base model's folder, as the user named it (recorded, checked on load). */
   std::string base_model_name_or_path;
 };
@@ -129,9 +154,9 @@ struct LoraSettings {
 std::string lora_init_text(const LoraSettings& lora);
 
 /** Sets lora.init_lora_weights (and pissa_niter) from PEFT's spelling:
- * true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora or orthogonal.
- * Throws std::invalid_argument naming the values for another; PEFT's eva and
- * corda (starts computed from activations over data) are refused by name. */
+ * true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora, orthogonal or
+ * eva. Throws std::invalid_argument naming the values for another; PEFT's
+ * corda (a start from the activations' covariance) is refused by name. */
 void set_lora_init(LoraSettings& lora, const std::string& text);
 
 /** True for the starts that take the adapters' part out of the base (pissa,

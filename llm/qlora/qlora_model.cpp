@@ -271,6 +271,17 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
                       slots[i].name +
                       " was loaded in 4 bits (a 4-bit folder): start from the float model's "
                       "folder (PEFT refuses it too)");
+  for (const auto& [name, a] : o.given_lora_A) {
+    std::size_t i = 0;
+    while (i < slots.size() && slots[i].name != name) ++i;
+    if (i == slots.size() || !chosen[i])
+      throw std::invalid_argument("[apply_qlora] a lora_A is given for " + name +
+                                  ", which is not an adapted layer");
+    if (a.shape() != Shape{chosen[i]->r, slots[i].in()})
+      throw std::invalid_argument("[apply_qlora] the lora_A given for " + name + " is " +
+                                  shape_str(a.shape()) + ", its adapter's is " +
+                                  shape_str(Shape{chosen[i]->r, slots[i].in()}));
+  }
   for (std::size_t i = 0; i < slots.size(); ++i)
     if (chosen[i] && chosen[i]->r > std::min(slots[i].in(), slots[i].out()))
       throw std::invalid_argument("lora r " + std::to_string(chosen[i]->r) +
@@ -404,6 +415,7 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       lora.init = quant::LoRAInit::orthogonal;
       break;
     case LoraInit::kaiming_uniform:
+    case LoraInit::eva:    // replaced by given_lora_A where given
     case LoraInit::loftq:  // drawn, then replaced by the start
     case LoraInit::pissa:
     case LoraInit::olora:
@@ -466,6 +478,8 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
         loftq.emplace_back(adapted.get(), s.linear->weight().detach());
         loftq_layers.push_back(report.layers.size());
       }
+      if (const auto given = o.given_lora_A.find(s.name); given != o.given_lora_A.end())
+        adapted->set_adapters(given->second, adapted->lora_B());
       if (starts[i]) {
         const quant::ResidualStart& start = starts[i]->start;
         adapted->set_adapters(start.lora_A, start.lora_B);

@@ -46,6 +46,10 @@ struct QLoRAOptions {
    * B0) by layer name, as a folder saved it, taken out of the base instead of
    * decomposing the weight again (apply_peft_adapters). */
   std::map<std::string, std::pair<Tensor, Tensor>> stored_starts{};
+  /** Each named layer's lora_A [r, in] (any float dtype and device; B stays
+   * as drawn): EVA's start (apply_qlora_eva). A name that is not an adapted
+   * layer, or a shape other than its adapter's, is refused. */
+  std::map<std::string, Tensor> given_lora_A{};
 };
 
 /** One converted linear layer. */

@@ -600,7 +600,7 @@ TEST_CASE("init_lora_weights: PEFT's spellings, and the starts taken out of the 
   CHECK(l.pissa_niter == 4);
   CHECK(llm::lora_init_text(l) == "pissa_niter_4");
   for (const std::string text :
-       {"true", "gaussian", "false", "loftq", "pissa", "olora", "orthogonal"}) {
+       {"true", "gaussian", "false", "loftq", "pissa", "olora", "orthogonal", "eva"}) {
     llm::set_lora_init(l, text);
     CHECK(llm::lora_init_text(l) == text);
     CHECK(l.pissa_niter == -1);
@@ -611,13 +611,12 @@ TEST_CASE("init_lora_weights: PEFT's spellings, and the starts taken out of the 
   CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "pissa_niter_"),
                        doctest::Contains("pissa_niter_ takes the number of power iterations"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "eva"),
-                       doctest::Contains("initialize_lora_eva_weights"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "corda"), doctest::Contains("preprocess_corda"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "kaiming"),
                        doctest::Contains("must be true, gaussian, false, loftq, pissa, "
-                                         "pissa_niter_<N>, olora or orthogonal, got \"kaiming\""),
+                                         "pissa_niter_<N>, olora, orthogonal or eva, got "
+                                         "\"kaiming\""),
                        std::invalid_argument);
   // The settings PEFT's conversion writes, and back.
   llm::LoraSettings s;

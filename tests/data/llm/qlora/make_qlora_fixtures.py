@@ -5,7 +5,7 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
-(PART: cases, quanta_written, transformers_4bit, loftq, residual_starts; all
+(PART: cases, quanta_written, transformers_4bit, loftq, residual_starts, eva; all
 when none is named;
 case=NAME for one case, quanta_written=NAME for one folder.)
 
@@ -47,6 +47,9 @@ loftq_*/             case.json + expected.safetensors: the adapters PEFT's
 pissa_*/, olora_*/   case.json + expected.safetensors: PiSSA's and OLoRA's
                      starts, the residual bases they leave, logits, and
                      PEFT's conversion to LoRA (residual_start_cases)
+eva_*/               data.jsonl + case.json + expected.safetensors: EVA's
+                     start over that data, its ranks and the config PEFT
+                     writes (eva_cases)
 
 quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
                      all-linear; PEFT's layer choice by lists, by regexes;
@@ -693,11 +696,130 @@ def residual_start_cases(root):
         print(name, "written:", len(targeted), "layers")
 
 
+# EVA's start (PEFT's init_lora_weights "eva" with initialize_lora_eva_weights)
+# over the bitsandbytes model: r 4, lora_alpha 8, every linear layer, batches
+# of 4 JSONL examples (data.jsonl: ids and labels, a prompt of 0-4 positions
+# labelled -100) padded on the right. PEFT's IncrementalPCA approximates each
+# SVD from a seed-42 sketch of torch's generator, which no other library
+# draws: "exact" cases replace it by torch.linalg.svd (lowrank=False), the
+# decomposition quanta's svd_niter -1 computes; the "lowrank" case keeps
+# PEFT's own, to compare ranks and directions with quanta's sketches.
+EVA_CASES = {
+    "eva_llama_gqa": dict(model="llama_gqa", dtype=torch.float32, svd="exact", eva={}),
+    "eva_llama_gqa_lowrank": dict(model="llama_gqa", dtype=torch.float32, svd="lowrank", eva={}),
+    "eva_llama_gqa_whiten": dict(model="llama_gqa", dtype=torch.float32, svd="exact",
+                                 eva=dict(rho=1.5, tau=0.98, use_label_mask=False, whiten=True,
+                                          adjust_scaling_factors=False)),
+    "eva_llama_bf16": dict(model="llama_bf16", dtype=torch.bfloat16, svd="exact", eva={}),
+}
+
+
+def eva_examples(seed, count=24):
+    """count (ids, labels) examples of 10-24 ids below 64, the first 0-4
+    positions labelled -100."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        n = int(torch.randint(10, 25, (1,), generator=g))
+        ids = torch.randint(0, 64, (n,), generator=g).tolist()
+        prompt = int(torch.randint(0, 5, (1,), generator=g))
+        out.append((ids, [-100] * prompt + ids[prompt:]))
+    return out
+
+
+def eva_batches(examples, rows=4):
+    """The examples in order, `rows` a batch, padded on the right (id 0,
+    label -100, attention_mask 0): what quanta's LmExamples batches."""
+    batches = []
+    for s in range(0, len(examples), rows):
+        part = examples[s:s + rows]
+        length = max(len(ids) for ids, _ in part)
+        ids = torch.zeros(len(part), length, dtype=torch.long)
+        labels = torch.full((len(part), length), -100, dtype=torch.long)
+        mask = torch.zeros(len(part), length, dtype=torch.long)
+        for k, (i, l) in enumerate(part):
+            ids[k, :len(i)] = torch.tensor(i)
+            labels[k, :len(l)] = torch.tensor(l)
+            mask[k, :len(i)] = 1
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return batches
+
+
+def eva_cases(root):
+    """qlora/<case>/: data.jsonl, case.json (model, compute_dtype, r,
+    lora_alpha, svd, eva_config, forwards: PEFT's forward passes, the one
+    finding shared inputs included; adapter_config: the fields PEFT's
+    save_pretrained writes after EVA: target_modules sorted, rank_pattern,
+    alpha_pattern, init_lora_weights, eva_config) and expected.safetensors:
+    "<layer>.lora_A.weight" as EVA sets it (f32) for the layers it gives a
+    rank, ids [2, 12] with the eval-mode logits (the base's: B is zero)."""
+    import tempfile
+    from peft.tuners.lora import EvaConfig
+    from peft.tuners.lora import eva as peft_eva
+    from peft.tuners.lora.eva import initialize_lora_eva_weights
+    from peft.utils.incremental_pca import IncrementalPCA
+    prefix = "base_model.model."
+    make_pca = peft_eva.IncrementalPCA
+    for i, (name, c) in enumerate(EVA_CASES.items()):
+        out_dir = os.path.join(root, "qlora", name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        examples = eva_examples(1000 + i)
+        with open(os.path.join(out_dir, "data.jsonl"), "w") as f:
+            for ids, labels in examples:
+                f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+        if c["svd"] == "exact":
+            peft_eva.IncrementalPCA = lambda **kw: IncrementalPCA(**{**kw, "lowrank": False})
+        model = load_4bit(os.path.join(root, "models", c["model"]), c["dtype"])
+        forwards = [0]
+        model.register_forward_pre_hook(lambda m, a, kw: forwards.__setitem__(0, forwards[0] + 1),
+                                        with_kwargs=True)
+        cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                         task_type="CAUSAL_LM", init_lora_weights="eva",
+                         eva_config=EvaConfig(**c["eva"]))
+        pm = get_peft_model(model, cfg)
+        try:
+            initialize_lora_eva_weights(pm, eva_batches(examples), show_progress_bar=False)
+        finally:
+            peft_eva.IncrementalPCA = make_pca
+        eva_forwards = forwards[0]
+        exp = {}
+        for n, m in pm.named_modules():
+            if isinstance(m, peft.tuners.lora.Linear4bit):
+                exp[n[len(prefix):] + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
+                assert m.lora_B["default"].weight.abs().max() == 0
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1100 + i))
+        pm.eval()
+        with torch.no_grad():
+            exp["logits_eval"] = pm(input_ids=ids).logits.float()
+        exp["ids"] = ids
+        tmp = tempfile.mkdtemp()
+        pm.save_pretrained(tmp)
+        with open(os.path.join(tmp, "adapter_config.json")) as f:
+            written = json.load(f)
+        shutil.rmtree(tmp)
+        tm = written["target_modules"]
+        settings = {"model": c["model"], "compute_dtype": str(c["dtype"]).removeprefix("torch."),
+                    "r": 4, "lora_alpha": 8, "svd": c["svd"], "eva_config": written["eva_config"],
+                    "forwards": eva_forwards,
+                    "adapter_config": {"target_modules": sorted(tm) if isinstance(tm, list) else tm,
+                                       "rank_pattern": written["rank_pattern"],
+                                       "alpha_pattern": written["alpha_pattern"],
+                                       "init_lora_weights": written["init_lora_weights"]}}
+        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+                  metadata={"versions": VERSIONS})
+        with open(os.path.join(out_dir, "case.json"), "w") as f:
+            json.dump(settings, f, indent=2)
+            f.write("\n")
+        print(name, "forwards", eva_forwards, "ranks", written["rank_pattern"])
+
+
 PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
                                 for i, (name, c) in enumerate(CASES.items())],
          "quanta_written": check_quanta_adapters,
          "loftq": loftq_cases,
          "residual_starts": residual_start_cases,
+         "eva": eva_cases,
          "transformers_4bit": save_transformers_4bit}
 
 
