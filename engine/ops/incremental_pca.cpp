@@ -23,7 +23,14 @@ IncrementalPCA::IncrementalPCA(int64_t components, int64_t lowrank_niter,
     throw std::invalid_argument("[IncrementalPCA] the randomized SVD needs a sketch generator");
 }
 
-void IncrementalPCA::partial_fit(const Tensor& x) {
+struct IncrementalPCA::Update {
+  std::vector<double> mean, var;
+  double total_variance = 0;
+  int64_t rows = 0;
+  Tensor stacked;  // [m, features] f64: what the SVD decomposes
+};
+
+IncrementalPCA::Update IncrementalPCA::prepare(const Tensor& x) const {
   if (x.dim() != 2)
     throw std::invalid_argument("[IncrementalPCA] needs rows [n, features], got " +
                                 std::to_string(x.dim()) + " dims");
@@ -58,19 +65,24 @@ void IncrementalPCA::partial_fit(const Tensor& x) {
       batch_square[j] += t * t;
     }
   const double total = double(seen_ + n);
-  std::vector<double> mean(D), var(D);
+  Update u;
+  u.rows = n;
+  u.mean.resize(D);
+  u.var.resize(D);
   for (std::size_t j = 0; j < D; ++j) {
     const double batch_unnormalized = batch_square[j] - batch_shift[j] * batch_shift[j] / double(n);
     const double last_sum = fitted() ? mean_[j] * double(seen_) : 0.0;
-    mean[j] = (last_sum + batch_sum[j]) / total;
+    u.mean[j] = (last_sum + batch_sum[j]) / total;
     if (!fitted()) {
-      var[j] = batch_unnormalized / total;
+      u.var[j] = batch_unnormalized / total;
     } else {
       const double last_over_new = double(seen_) / double(n);
       const double gap = last_sum / last_over_new - batch_sum[j];
-      var[j] = (var_[j] * double(seen_) + batch_unnormalized + last_over_new / total * gap * gap) /
-               total;
+      u.var[j] =
+          (var_[j] * double(seen_) + batch_unnormalized + last_over_new / total * gap * gap) /
+          total;
     }
+    u.total_variance += u.var[j] * total;
   }
 
   // What the SVD sees: the batch centred on its own mean, after the kept
@@ -91,21 +103,14 @@ void IncrementalPCA::partial_fit(const Tensor& x) {
     for (std::size_t j = 0; j < D; ++j)
       stacked[std::size_t(m - 1) * D + j] = factor * (mean_[j] - batch_mean[j]);
   }
-  const Tensor a = from_vector<double>(stacked, {m, d});
-  SingularTriplets t;
-  if (niter_ < 0) {
-    t = top_singular_triplets(a, k_);
-  } else {
-    // torch.svd_lowrank's q: twice the components kept.
-    std::vector<Generator> gens{*sketch_};
-    t = std::move(approximate_singular_triplets({a}, {std::min({2 * k_, m, d})}, niter_, gens)[0]);
-    *sketch_ = gens[0];
-  }
-  const std::vector<double> vh = t.vh.to_vector<double>();
-  const std::vector<double> s = t.s.to_vector<double>();
+  u.stacked = from_vector<double>(stacked, {m, d});
+  return u;
+}
 
-  double total_variance = 0;
-  for (std::size_t j = 0; j < D; ++j) total_variance += var[j] * total;
+void IncrementalPCA::finish(Update& u, const Tensor& vh_tensor, const Tensor& s_tensor) {
+  const std::vector<double> vh = vh_tensor.to_vector<double>();
+  const std::vector<double> s = s_tensor.to_vector<double>();
+  const auto D = std::size_t(u.stacked.size(1));
   components_.assign(std::size_t(k_) * D, 0.0);
   singular_values_.assign(std::size_t(k_), 0.0);
   ratio_.assign(std::size_t(k_), 0.0);
@@ -120,12 +125,51 @@ void IncrementalPCA::partial_fit(const Tensor& x) {
     for (std::size_t j = 0; j < D; ++j) components_[std::size_t(c) * D + j] = sign * row[j];
     const double sv = s[std::size_t(c)];
     singular_values_[std::size_t(c)] = sv;
-    ratio_[std::size_t(c)] = total_variance > 0 ? sv * sv / total_variance : 0.0;
+    ratio_[std::size_t(c)] = u.total_variance > 0 ? sv * sv / u.total_variance : 0.0;
   }
-  mean_ = std::move(mean);
-  var_ = std::move(var);
-  features_ = d;
-  seen_ += n;
+  mean_ = std::move(u.mean);
+  var_ = std::move(u.var);
+  features_ = int64_t(D);
+  seen_ += u.rows;
+}
+
+void IncrementalPCA::partial_fit(const Tensor& x) { partial_fit_all({this}, {x}); }
+
+void IncrementalPCA::partial_fit_all(const std::vector<IncrementalPCA*>& pcas,
+                                     const std::vector<Tensor>& rows) {
+  if (pcas.size() != rows.size())
+    throw std::invalid_argument("[IncrementalPCA] " + std::to_string(pcas.size()) + " fits and " +
+                                std::to_string(rows.size()) + " batches");
+  if (pcas.empty()) return;
+  const int64_t niter = pcas[0]->niter_;
+  for (std::size_t i = 0; i < pcas.size(); ++i) {
+    if (pcas[i]->niter_ != niter)
+      throw std::invalid_argument("[IncrementalPCA] fits with different SVDs (niter " +
+                                  std::to_string(niter) + " and " +
+                                  std::to_string(pcas[i]->niter_) + ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (pcas[j] == pcas[i]) throw std::invalid_argument("[IncrementalPCA] a fit given twice");
+  }
+  std::vector<Update> updates;
+  std::vector<Tensor> matrices;
+  std::vector<int64_t> k;
+  for (std::size_t i = 0; i < pcas.size(); ++i) {
+    updates.push_back(pcas[i]->prepare(rows[i]));
+    const int64_t m = updates.back().stacked.size(0), d = updates.back().stacked.size(1);
+    matrices.push_back(updates.back().stacked);
+    // torch.svd_lowrank's q: twice the components kept.
+    k.push_back(niter < 0 ? pcas[i]->k_ : std::min({2 * pcas[i]->k_, m, d}));
+  }
+  std::vector<SingularTriplets> t;
+  if (niter < 0) {
+    t = top_singular_triplets(matrices, k);
+  } else {
+    std::vector<Generator> gens;
+    for (IncrementalPCA* p : pcas) gens.push_back(*p->sketch_);
+    t = approximate_singular_triplets(matrices, k, niter, gens);
+    for (std::size_t i = 0; i < pcas.size(); ++i) *pcas[i]->sketch_ = gens[i];
+  }
+  for (std::size_t i = 0; i < pcas.size(); ++i) pcas[i]->finish(updates[i], t[i].vh, t[i].s);
 }
 
 Tensor IncrementalPCA::components() const {

@@ -32,6 +32,14 @@ class IncrementalPCA {
    * is unchanged then. */
   void partial_fit(const Tensor& x);
 
+  /** pcas[i]->partial_fit(rows[i]) for every i, the SVDs on the CPU's
+   * threads at once (one matrix each, as top_singular_triplets of several
+   * matrices): the same results as one at a time. Every batch is checked
+   * before any fit changes; the fits must differ, and all use the exact SVD
+   * or all the randomized one with the same iterations. */
+  static void partial_fit_all(const std::vector<IncrementalPCA*>& pcas,
+                              const std::vector<Tensor>& rows);
+
   bool fitted() const { return seen_ > 0; }
   int64_t samples_seen() const { return seen_; }
   int64_t n_components() const { return k_; }
@@ -53,6 +61,11 @@ class IncrementalPCA {
   const std::vector<double>& explained_variance_ratio_values() const { return ratio_; }
 
  private:
+  // One update split at its SVD: what goes in, and what comes out.
+  struct Update;
+  Update prepare(const Tensor& x) const;
+  void finish(Update& update, const Tensor& vh, const Tensor& s);
+
   int64_t k_ = 0, niter_ = -1, features_ = 0, seen_ = 0;
   std::optional<Generator> sketch_;
   std::vector<double> mean_, var_, components_, singular_values_, ratio_;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/cpu/parallel.h"
 #include "engine/factory.h"
 #include "engine/nn/layers.h"
 #include "engine/ops/incremental_pca.h"
@@ -124,35 +125,57 @@ struct Fit {
   IncrementalPCA pca;
   std::vector<bool> converged;
   bool active = true, done = false;
-  // Fits of the batches that had too few positions: none is a problem only
-  // when the fit never starts.
-  int64_t skipped = 0;
+  Tensor pending{};  // this pass's rows (f32, on the host)
 
-  void update(const Tensor& rows, double tau) {
-    if (rows.size(0) < components) {
-      ++skipped;
-      return;
-    }
-    const std::vector<double> previous = pca.components_values();
-    pca.partial_fit(rows.to(DType::f32));
-    if (previous.empty()) return;
-    const std::vector<double>& now = pca.components_values();
-    const std::size_t d = now.size() / std::size_t(components);
-    for (int64_t c = 0; c < components; ++c) {
-      double dot = 0, a = 0, b = 0;
-      for (std::size_t j = 0; j < d; ++j) {
-        const double x = now[std::size_t(c) * d + j], y = previous[std::size_t(c) * d + j];
-        dot += x * y;
-        a += x * x;
-        b += y * y;
-      }
-      converged[std::size_t(c)] = dot / std::max(std::sqrt(a * b), 1e-8) >= tau;
-    }
-  }
   bool converged_up_to(int64_t rank) const {
     return std::all_of(converged.begin(), converged.begin() + rank, [](bool c) { return c; });
   }
 };
+
+// Each fit's pending rows into its decomposition, the SVDs on the CPU's
+// threads, then its convergence: each component's cosine
+// similarity to the one before >= tau. A fit with fewer rows than
+// components keeps what it had (PEFT skips it too).
+void fit_pending(std::vector<Fit>& fits, double tau) {
+  std::vector<Fit*> taking;
+  std::vector<IncrementalPCA*> pcas;
+  std::vector<Tensor> rows;
+  std::vector<std::vector<double>> previous;
+  for (Fit& f : fits) {
+    if (f.pending.defined() && f.pending.size(0) >= f.components) {
+      taking.push_back(&f);
+      pcas.push_back(&f.pca);
+      rows.push_back(f.pending);
+      previous.push_back(f.pca.components_values());
+    }
+    f.pending = Tensor();
+  }
+  // A thread's worth at a time: each decomposes a matrix of its batch's
+  // rows in f64, so all at once would hold every layer's.
+  const std::size_t chunk = std::size_t(std::max(1, num_threads()));
+  for (std::size_t first = 0; first < pcas.size(); first += chunk) {
+    const std::size_t last = std::min(pcas.size(), first + chunk);
+    IncrementalPCA::partial_fit_all(
+        {pcas.begin() + std::ptrdiff_t(first), pcas.begin() + std::ptrdiff_t(last)},
+        {rows.begin() + std::ptrdiff_t(first), rows.begin() + std::ptrdiff_t(last)});
+  }
+  for (std::size_t i = 0; i < taking.size(); ++i) {
+    Fit& f = *taking[i];
+    if (previous[i].empty()) continue;
+    const std::vector<double>& now = f.pca.components_values();
+    const std::size_t d = now.size() / std::size_t(f.components);
+    for (int64_t c = 0; c < f.components; ++c) {
+      double dot = 0, a = 0, b = 0;
+      for (std::size_t j = 0; j < d; ++j) {
+        const double x = now[std::size_t(c) * d + j], y = previous[i][std::size_t(c) * d + j];
+        dot += x * y;
+        a += x * x;
+        b += y * y;
+      }
+      f.converged[std::size_t(c)] = dot / std::max(std::sqrt(a * b), 1e-8) >= tau;
+    }
+  }
+}
 
 // The hash of the rows a layer read (PEFT compares the first batch's
 // inputs by hash to find the layers that share one).
@@ -182,6 +205,21 @@ int64_t most_components(const char* who, const EvaTarget& t, double rho, int64_t
 }
 
 }  // namespace
+
+EvaData eva_batches_in_order(const LmExamples& examples, int64_t rows) {
+  if (rows < 1)
+    throw std::invalid_argument("[eva_batches_in_order] rows must be >= 1, got " +
+                                std::to_string(rows));
+  EvaData data;
+  data.batches = (examples.size() + rows - 1) / rows;
+  data.batch = [&examples, rows](int64_t i) {
+    std::vector<int64_t> picked;
+    for (int64_t r = rows * i; r < std::min(examples.size(), rows * (i + 1)); ++r)
+      picked.push_back(r);
+    return examples.batch(from_vector<int64_t>(picked, {int64_t(picked.size())}));
+  };
+  return data;
+}
 
 EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
                      const EvaConfig& config, const EvaData& data) {
@@ -321,11 +359,13 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
     for (std::size_t f = 0; f < fits.size(); ++f) {
       if (!fits[f].active) continue;
       taps.set(fits[f].target, [&, f](const Tensor& x) {
-        if (taken.numel() > 0) fits[f].update(taken_rows(x, taken), config.tau);
+        if (taken.numel() > 0)
+          fits[f].pending = taken_rows(x, taken).to(Device::cpu()).to(DType::f32);
       });
     }
     forward(batch++, [&](const Tensor& p) { taken = p; });
     for (const Fit& f : fits) taps.remove(f.target);
+    fit_pending(fits, config.tau);
     int64_t converged = 0;
     for (const Fit& f : fits) converged += f.done;
     if (data.on_forward) data.on_forward(forwards, converged, int64_t(fits.size()));

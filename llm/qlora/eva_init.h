@@ -44,6 +44,11 @@ struct EvaData {
   std::function<void(int64_t forwards, int64_t converged, int64_t inputs)> on_forward{};
 };
 
+/** EvaData over `examples` in file order, `rows` a batch (the last may be
+ * shorter): PEFT's dataloader without shuffling. `examples` must outlive
+ * it; the other fields keep their defaults. */
+EvaData eva_batches_in_order(const LmExamples& examples, int64_t rows);
+
 /** A layer EVA starts: its name and the r and lora_alpha it was given. */
 struct EvaTarget {
   std::string name;

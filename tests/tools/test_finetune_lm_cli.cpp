@@ -879,10 +879,10 @@ TEST_CASE(
   CHECK(contains(four_bit.err, "was loaded in 4 bits (a 4-bit folder): start from the float"));
   CHECK_FALSE(std::filesystem::exists(d.file("four_bit/adapters")));
   const CliResult bad =
-      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "eva"}));
+      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "corda"}));
   CHECK(bad.code != 0);
   CHECK(contains(bad.err, "--init-lora-weights"));
-  CHECK(contains(bad.err, "initialize_lora_eva_weights"));
+  CHECK(contains(bad.err, "preprocess_corda"));
 }
 
 TEST_CASE(
@@ -959,6 +959,101 @@ TEST_CASE(
                           {"--steps", "1", "--lora-r", "3", "--init-lora-weights", "orthogonal"}));
   CHECK(odd.code != 0);
   CHECK(contains(odd.err, "orthogonal needs an even r, got 3"));
+}
+
+TEST_CASE(
+    "finetune --model --init-lora-weights eva: ranks by explained variance, a folder that scores "
+    "what the run reported, resumed, on 2 ranks and sharded, and its refusals") {
+  ScratchDir d("ft_lm_eva");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 31), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 32), llm::TokenWidth::u16);
+  const std::vector<std::string> eval = {"--steps",          "4",        "--eval-data",
+                                         d.file("eval.bin"), "--lora-r", "4"};
+  const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));
+  REQUIRE_MESSAGE(plain.code == 0, plain.err);
+  std::vector<std::string> flags = eval;
+  flags.insert(flags.end(), {"--init-lora-weights", "eva", "--merge-to", d.file("merged")});
+  const CliResult r = run_quanta(finetune("llama_gqa", d, "eva", flags));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "init eva on 14 layers (all-linear)"));
+  CHECK(contains(r.out, "8 distinct inputs of 14 layers"));
+  // B is zero: the run starts from the base.
+  CHECK(eval_before(r.out) == doctest::Approx(eval_before(plain.out)).epsilon(1e-6));
+  const json config = json::parse(std::ifstream(d.file("eva/adapters/adapter_config.json")));
+  CHECK(config["init_lora_weights"] == "eva");
+  CHECK(config["eva_config"]["rho"] == 2.0);
+  CHECK(config["eva_config"]["tau"] == 0.99);
+  // Ranks moved between layers, their total kept; alphas with them.
+  int64_t total = 0;
+  for (const auto& name : config["target_modules"]) {
+    const std::string n = name.get<std::string>();
+    total += config["rank_pattern"].contains(n) ? config["rank_pattern"][n].get<int64_t>() : 4;
+  }
+  CHECK_FALSE(config["rank_pattern"].empty());
+  CHECK(total == 14 * 4);
+  for (const auto& [n, rank] : config["rank_pattern"].items())
+    CHECK(config["alpha_pattern"][n].get<double>() ==
+          doctest::Approx(config["lora_alpha"].get<double>() * rank.get<double>() / 4));
+  const std::vector<json> rec = records(d.file("eva/metrics.jsonl"));
+  REQUIRE(rec.back()["kind"] == "eval");
+  check_scores(d, "llama_gqa", "eva", rec.back()["eval_loss"].get<double>());
+  // rho 1 keeps every layer's r; EVA's settings recorded.
+  flags = eval;
+  flags.insert(flags.end(), {"--init-lora-weights", "eva", "--eva-rho", "1", "--eva-tau", "0.95",
+                             "--eva-whiten", "--eva-use-label-mask", "false",
+                             "--eva-adjust-scaling-factors", "false", "--eva-batch-size", "8"});
+  const CliResult rho1 = run_quanta(finetune("llama_gqa", d, "rho1", flags));
+  REQUIRE_MESSAGE(rho1.code == 0, rho1.err);
+  CHECK(contains(rho1.out, "batches of up to 8 rows"));
+  const json c1 = json::parse(std::ifstream(d.file("rho1/adapters/adapter_config.json")));
+  CHECK(c1["rank_pattern"].empty());
+  CHECK(c1["eva_config"] == json::parse(R"({"rho": 1.0, "tau": 0.95, "use_label_mask": false,
+      "label_mask_value": -100, "whiten": true, "adjust_scaling_factors": false})"));
+  // A resume runs EVA again for the adapters' shapes, then takes the
+  // checkpoint's: the bytes of one run; 2 ranks, sharded or not, agree.
+  const auto with = [](std::vector<std::string> more) {
+    more.insert(more.end(), {"--init-lora-weights", "eva", "--lora-dropout", "0"});
+    return more;
+  };
+  check_resume_and_sharding(d, "llama_gqa", with);
+  // Training on from the folder keeps its ranks and its record of EVA.
+  const CliResult on = run_quanta(
+      finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("eva/adapters")}));
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  CHECK_FALSE(contains(on.out, "EVA:"));
+  const json on_config = json::parse(std::ifstream(d.file("on/adapters/adapter_config.json")));
+  CHECK(on_config["rank_pattern"] == config["rank_pattern"]);
+  CHECK(on_config["init_lora_weights"] == "eva");
+  // Over a 4-bit folder: the same base, the same start.
+  const char* root = std::getenv("QUANTA_TEST_DATA");
+  const CliResult four_bit = run_quanta(
+      {"finetune", "--model", std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa",
+       "--data", d.file("train.bin"), "--seq-len", "32", "--steps", "1", "--lora-r", "4", "--out",
+       d.file("four_bit"), "--init-lora-weights", "eva"});
+  REQUIRE_MESSAGE(four_bit.code == 0, four_bit.err);
+  CHECK(json::parse(std::ifstream(d.file(
+            "four_bit/adapters/adapter_config.json")))["rank_pattern"] == config["rank_pattern"]);
+  // Phi-3's fused layers read one input each.
+  const CliResult phi3 =
+      run_quanta(finetune("phi3_fused", d, "phi3", {"--steps", "1", "--init-lora-weights", "eva"}));
+  REQUIRE_MESSAGE(phi3.code == 0, phi3.err);
+  CHECK(contains(phi3.out, "init eva on 8 layers"));
+  // Refusals: one clear line, no adapters written.
+  for (const auto& [extra, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--eva-rho", "2"}, "--eva-rho is a setting of --init-lora-weights eva"},
+           {{"--init-lora-weights", "eva", "--eva-rho", "0.5"}, "--eva-rho"},
+           {{"--init-lora-weights", "eva", "--eva-rho", "9", "--lora-r", "4"},
+            "may take 36 components (round(r x rho), rho 9), more than its 32 input features"},
+           {{"--init-lora-weights", "eva", "--eva-max-forwards", "2"},
+            "have not converged (tau 0.99)"}}) {
+    CAPTURE(message);
+    std::vector<std::string> f = {"--steps", "1"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    const CliResult bad = run_quanta(finetune("llama_gqa", d, "bad", f));
+    CHECK(bad.code != 0);
+    CHECK(contains(bad.err, message));
+    CHECK_FALSE(std::filesystem::exists(d.file("bad/adapters")));
+  }
 }
 
 TEST_CASE("finetune --model: 2 and 3 ranks train what 1 does") {

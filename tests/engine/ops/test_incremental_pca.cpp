@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "quanta.h"
 #include "support/relative_error.h"
@@ -133,4 +134,40 @@ TEST_CASE("IncrementalPCA: refusals name the problem and leave the fit unchanged
                        std::invalid_argument);
   CHECK(pca.samples_seen() == 6);
   CHECK(max_abs(pca.components() - before) == 0);
+}
+
+TEST_CASE("IncrementalPCA::partial_fit_all: several fits at once equal one at a time") {
+  Generator gen(21);
+  const Tensor x = structured_rows(120, 10, gen), y = structured_rows(120, 7, gen);
+  for (const int64_t niter : {-1, 2}) {
+    INFO("niter ", niter);
+    const auto sketch = [&](const char* name) {
+      return niter < 0 ? std::optional<Generator>() : Generator::named(4, name);
+    };
+    IncrementalPCA a(3, niter, sketch("a")), b(2, niter, sketch("b"));
+    IncrementalPCA a1(3, niter, sketch("a")), b1(2, niter, sketch("b"));
+    for (int64_t i = 0; i < 4; ++i) {
+      const Tensor xs = slice(x, 0, 30 * i, 30 * (i + 1)), ys = slice(y, 0, 30 * i, 30 * (i + 1));
+      IncrementalPCA::partial_fit_all({&a, &b}, {xs, ys});
+      a1.partial_fit(xs);
+      b1.partial_fit(ys);
+    }
+    CHECK(max_abs(a.components() - a1.components()) == 0);
+    CHECK(max_abs(b.components() - b1.components()) == 0);
+    CHECK(max_abs(b.explained_variance_ratio() - b1.explained_variance_ratio()) == 0);
+  }
+  IncrementalPCA a(2), b(2, 1, Generator(1));
+  CHECK_THROWS_WITH_AS(IncrementalPCA::partial_fit_all({&a}, {x, y}),
+                       doctest::Contains("1 fits and 2 batches"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(IncrementalPCA::partial_fit_all({&a, &a}, {x, x}),
+                       doctest::Contains("a fit given twice"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(IncrementalPCA::partial_fit_all({&a, &b}, {x, y}),
+                       doctest::Contains("different SVDs"), std::invalid_argument);
+  // One bad batch: no fit changes, the good one's neither.
+  IncrementalPCA c(2);
+  CHECK_THROWS_WITH_AS(IncrementalPCA::partial_fit_all({&c, &a}, {x, slice(x, 0, 0, 1)}),
+                       doctest::Contains("a batch of 1 rows for 2 components"),
+                       std::invalid_argument);
+  CHECK_FALSE(a.fitted());
+  CHECK_FALSE(c.fitted());
 }

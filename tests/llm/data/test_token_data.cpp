@@ -301,6 +301,10 @@ TEST_CASE("LmExamples: packed rows keep each example's positions and scored toke
   // Padding is a run of positions of its own, so no real token sees it.
   CHECK(b.position_ids.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 0, 0, 1, 2, 0, 1});
   CHECK(b.scored_tokens == 5);
+  // Each row's tokens before its padding.
+  CHECK(b.lengths == std::vector<int64_t>{5, 3});
+  CHECK(plain.batch(quanta::from_vector<int64_t>({0, 2}, {2})).lengths ==
+        std::vector<int64_t>{3, 4});
   CHECK(packed.batch(quanta::from_vector<int64_t>({0}, {1})).labels.to_vector<int64_t>() ==
         std::vector<int64_t>{-100, 2, 3, -100, 5});
   CHECK_FALSE(plain.batch(quanta::from_vector<int64_t>({0}, {1})).position_ids.defined());
@@ -339,6 +343,7 @@ TEST_CASE("LmExamples: windows split into the documents their BOS and EOS ids ma
     CHECK(b.labels.to_vector<int64_t>() ==
           std::vector<int64_t>{1, 5, 6, 2, -100, 7, 8, 9, 2, -100, 4, 4, 2, -100, 5, 5});
     CHECK(b.scored_tokens == 6 + 5);
+    CHECK(b.lengths == std::vector<int64_t>{8, 8});
     CHECK(e.scored_tokens(rows({1})) == 5);
     CHECK(e.scored_tokens(rows({0, 1, 1})) == 6 + 5 + 5);
     CHECK(e.total_scored_tokens() == 11);

@@ -34,15 +34,9 @@ llm::LmExamples random_windows(int64_t windows, int64_t seq_len, uint64_t seed) 
   return llm::LmExamples::from_ids(ids.to_vector<int64_t>(), "random ids", seq_len, 64);
 }
 
-// `rows` examples a batch, in order.
+// `rows` examples a batch, in order, each SVD exact.
 llm::EvaData batches_of(const llm::LmExamples& examples, int64_t rows) {
-  llm::EvaData data;
-  data.batches = (examples.size() + rows - 1) / rows;
-  data.batch = [&examples, rows](int64_t i) {
-    std::vector<int64_t> r;
-    for (int64_t k = rows * i; k < std::min(examples.size(), rows * (i + 1)); ++k) r.push_back(k);
-    return examples.batch(from_vector<int64_t>(r, {int64_t(r.size())}));
-  };
+  llm::EvaData data = llm::eva_batches_in_order(examples, rows);
   data.svd_niter = -1;
   return data;
 }

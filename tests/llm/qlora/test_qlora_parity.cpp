@@ -327,12 +327,13 @@ TEST_CASE(
   // trained whole; Gemma 2 with its feedforward norms (1 + weight) trained
   // whole; Gemma 3's image-text model, its decoder all-linear and its
   // vision tower excluded (PEFT's all-linear alone would adapt it); Phi-3's
-  // fused layers with Phi-4-mini's partial rotary and longrope.
+  // fused layers with Phi-4-mini's partial rotary and longrope; EVA's
+  // start (ranks 2-5 by layer, the layers by full name).
   for (const std::string name :
        {"quanta_written", "quanta_written_choice", "quanta_written_regex", "quanta_written_saved",
         "quanta_written_dora", "quanta_written_bias", "quanta_written_tokens",
         "quanta_written_qwen3", "quanta_written_gemma2", "quanta_written_gemma3_image_text",
-        "quanta_written_phi3"}) {
+        "quanta_written_phi3", "quanta_written_eva"}) {
     const std::string dir = llm_data() + "/qlora/" + name;
     std::map<std::string, Tensor> want;
     for (auto& [n, t] : io::load_safetensors(dir + "/peft_logits.safetensors").tensors) want[n] = t;
@@ -857,19 +858,6 @@ TEST_CASE(
 
 namespace {
 
-// The batches of an EVA case: its data.jsonl in file order, 4 rows a batch.
-llm::EvaData eva_data(const llm::LmExamples& examples, int64_t svd_niter) {
-  llm::EvaData data;
-  data.batches = (examples.size() + 3) / 4;
-  data.batch = [&examples](int64_t i) {
-    std::vector<int64_t> rows;
-    for (int64_t r = 4 * i; r < std::min(examples.size(), 4 * i + 4); ++r) rows.push_back(r);
-    return examples.batch(from_vector<int64_t>(rows, {int64_t(rows.size())}));
-  };
-  data.svd_niter = svd_niter;
-  return data;
-}
-
 llm::QLoRAOptions eva_options(const Case& c) {
   llm::QLoRAOptions o;
   o.lora.r = 4;
@@ -907,7 +895,9 @@ TEST_CASE("QLoRA parity: EVA's ranks and starts are PEFT's over the same batches
       auto model = llm::load_causal_lm(c.model_dir(), dev);
       llm::QLoRAOptions o = eva_options(c);
       llm::EvaStarts starts;
-      llm::apply_qlora_eva(*model, o, eva_data(examples, exact ? -1 : 4), &starts);
+      llm::EvaData data = llm::eva_batches_in_order(examples, 4);
+      data.svd_niter = exact ? -1 : 4;
+      llm::apply_qlora_eva(*model, o, data, &starts);
       MESSAGE(name << " on " << dev.str() << ": " << starts.forwards << " forward passes, PEFT's "
                    << c.settings["forwards"]);
       // With the same decomposition of the same inputs, the same passes

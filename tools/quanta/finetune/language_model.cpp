@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -24,12 +25,14 @@
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
 #include "engine/text.h"
+#include "eva_flags.h"
 #include "graph_flag.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/config.h"
 #include "llm/model/model_folder.h"
 #include "llm/model/weight_names.h"
 #include "llm/qlora/bnb_folder.h"
+#include "llm/qlora/eva_init.h"
 #include "llm/qlora/peft_folder.h"
 #include "llm/qlora/qlora_model.h"
 #include "llm/text/chat_template.h"
@@ -102,6 +105,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   if (o.adam_beta2 != defaults.adam_beta2) model["adam_beta2"] = o.adam_beta2;
   if (o.adam_epsilon != defaults.adam_epsilon) model["adam_epsilon"] = o.adam_epsilon;
   if (o.init_lora_weights != "true") model["init_lora_weights"] = o.init_lora_weights;
+  if (o.init_lora_weights == "eva") model["eva"] = eva_flags_json(o.eva);
   if (o.bias != "none") model["bias"] = o.bias;
   if (o.lora_bias) model["lora_bias"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
@@ -396,7 +400,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "triplets, the base their residual quantized: one SVD per layer; pissa_niter_N: "
                  "a randomized SVD with N power iterations, far faster), olora (B A the leading "
                  "columns of the quantized weight's QR, the residual quantized again) or "
-                 "orthogonal (A and B random with B A = 0; even r). pissa and olora adapters "
+                 "orthogonal (A and B random with B A = 0; even r), or eva (A the top principal "
+                 "components of each layer's inputs over --data's batches, B zero, the ranks "
+                 "redistributed among the layers by explained variance: PEFT's "
+                 "initialize_lora_eva_weights; --eva-*). pissa and olora adapters "
                  "are saved converted to LoRA of rank 2r over the original base, as PEFT's "
                  "path_initial_model_for_weight_conversion writes them")
       ->capture_default_str()
@@ -409,6 +416,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
         }
         return std::string();
       });
+  add_eva_flags(sub, o.eva);
   sub.add_option("--bias", o.bias,
                  "--model: the base's biases that train beside the adapters and are saved with "
                  "them (PEFT's bias): none, all, or lora_only (the adapted layers'); never "
@@ -502,6 +510,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.lora.use_dora = o.use_dora;
     // A folder's start is its own (a PiSSA folder's, taken out of the base).
     if (!from_folder) llm::set_lora_init(q.lora, o.init_lora_weights);
+    if (q.lora.init_lora_weights == llm::LoraInit::eva && !from_folder)
+      q.lora.eva_config = eva_config(o.eva);
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
@@ -581,12 +591,20 @@ void run_lm_finetune(const FinetuneOptions& flags) {
                                    : "")
         << "\n"
         << std::flush;
+  // The layer choice as given: EVA's start rewrites it as the layers it
+  // gives ranks, by name.
+  const std::string layer_choice = layer_choice_text(q.lora);
+  const bool eva = !from_folder && q.lora.init_lora_weights == llm::LoraInit::eva;
+  llm::EvaStarts eva_starts;
   const auto conversion_start = std::chrono::steady_clock::now();
   const llm::QLoRAReport report =
       from_folder ? apply_adapter_folder(*model, o.adapters, o.model,
                                          {.seed = q.seed,
                                           .lora_dropout = q.lora.lora_dropout,
                                           .compute_dtype = q.quantization.compute_dtype})
+      : eva       ? llm::apply_qlora_eva(*model, q,
+                                         eva_data(train_data, o.eva, o.batch_size, o.seed, o.data, log),
+                                         &eva_starts)
                   : llm::apply_qlora(*model, q);
   const double conversion_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();
@@ -617,15 +635,15 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << (o.use_rslora ? ", rslora" : "") << (o.use_dora ? ", DoRA" : "")
       << (o.init_lora_weights != "true" ? ", init " + o.init_lora_weights : std::string())
       << (from_folder ? ", from " + o.adapters.dir : std::string()) << " on " << adapted
-      << " layers (" << layer_choice_text(q.lora)
-      << "): " << with_commas(uint64_t(report.trainable_parameters)) << " trainable parameters ("
-      << std::fixed << std::setprecision(3)
+      << " layers (" << layer_choice << "): " << with_commas(uint64_t(report.trainable_parameters))
+      << " trainable parameters (" << std::fixed << std::setprecision(3)
       << 100.0 * double(report.trainable_parameters) / double(report.total_parameters)
       << std::defaultfloat << std::setprecision(6) << "%"
       << (report.saved_modules.empty()
               ? std::string()
               : ", with " + join_names(report.saved_modules) + " trained whole")
       << ")\n";
+  if (eva) log << eva_summary(eva_starts, q.lora, conversion_s) << "\n";
   if (reports_error) {
     double error_before = 0, error_after = 0;
     for (const llm::QLoRALayer& l : report.layers)

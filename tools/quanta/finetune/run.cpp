@@ -141,7 +141,14 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--adam-beta1",
                                                    "--adam-beta2",
                                                    "--adam-epsilon",
-                                                   "--neftune-noise-alpha"};
+                                                   "--neftune-noise-alpha",
+                                                   "--eva-rho",
+                                                   "--eva-tau",
+                                                   "--eva-use-label-mask",
+                                                   "--eva-whiten",
+                                                   "--eva-adjust-scaling-factors",
+                                                   "--eva-batch-size",
+                                                   "--eva-max-forwards"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   for (const char* flag : lm ? kClassifierOnly : kLmOnly)
@@ -159,6 +166,10 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
     if (given(a) && given(b))
       throw UsageError(std::string("give ") + a + " or " + b + ", not both" + why);
   refuse_any_base_alone(o.adapters);
+  // EVA's settings shape nothing else.
+  for (const char* flag : kEvaFlagNames)
+    if (given(flag) && o.init_lora_weights != "eva")
+      throw UsageError(std::string(flag) + " is a setting of --init-lora-weights eva");
   // A folder's adapters are trained as its adapter_config.json describes
   // them; only their dropout, a training setting, may change.
   static const std::vector<const char*> kAdapterShape = {"--lora-r",

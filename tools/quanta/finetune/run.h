@@ -17,6 +17,7 @@
 #include "dist/process_group.h"
 #include "document_flags.h"
 #include "engine/device.h"
+#include "eva_flags.h"
 #include "flag_checks.h"
 #include "train/run_folder.h"
 
@@ -58,6 +59,7 @@ struct FinetuneOptions {
   std::vector<std::string> rank_pattern, alpha_pattern, trainable_token_indices;
   std::string bias = "none";
   std::string init_lora_weights = "true";  // PEFT's values: true, gaussian, false, loftq
+  EvaFlags eva;                            // --init-lora-weights eva's settings
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;

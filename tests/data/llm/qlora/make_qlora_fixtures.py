@@ -414,6 +414,9 @@ QUANTA_WRITTEN = {
     # PiSSA's start, saved converted to LoRA of rank 8 over the original
     # weight: PEFT reads it as plain LoRA over bitsandbytes' NF4(W).
     "quanta_written_pissa": "--init-lora-weights pissa",
+    # EVA's start: ranks 2-5 by layer (rank_pattern, alpha_pattern) and
+    # target_modules the layers by full name, init_lora_weights "eva".
+    "quanta_written_eva": "--init-lora-weights eva",
 }
 QUANTA_WRITTEN_MODEL = {"quanta_written_bias": "qwen2_bias", "quanta_written_qwen3": "qwen3_qk_norm",
                         "quanta_written_gemma2": "gemma2_softcap",
@@ -453,6 +456,8 @@ def check_quanta_adapters(root, names=()):
                   os.path.join(case, "peft_logits.safetensors"), metadata={"versions": VERSIONS})
         if name == "quanta_written_pissa":
             assert set(ranks.values()) == {8}, ranks
+        if name == "quanta_written_eva":
+            assert len(ranks) == 14 and set(ranks.values()) != {4}, ranks
         if name == "quanta_written_tokens":
             assert peft_model.base_model.model.lm_head.token_adapter.token_indices["default"] == [5, 9]
         if name == "quanta_written_bias":
