@@ -442,7 +442,18 @@ QLoRAReport apply_qlora_eva(CausalLM& model, QLoRAOptions& o, const EvaData& dat
     if (e.lora_alpha != l.lora_alpha) alpha_pattern.emplace_back(e.name, e.lora_alpha);
     o.given_lora_A[e.name] = e.lora_A;
   }
-  l.target_modules = names;
+  // PEFT shortens a list of 20 names or more to the suffixes that tell
+  // them apart from every other module (the layers left without a rank
+  // among those).
+  if (names.size() >= 20) {
+    std::vector<std::string> others;
+    for (auto& [name, m] : model.named_modules())
+      if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end())
+        others.push_back(name);
+    l.target_modules = minimal_target_modules(names, others);
+  } else {
+    l.target_modules = names;
+  }
   l.target_modules_regex.clear();
   l.exclude_modules.clear();
   l.exclude_modules_regex.clear();

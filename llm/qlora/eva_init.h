@@ -97,11 +97,12 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
  * `data` with the layers, ranks and alphas `options` chooses, then
  * apply_qlora with their lora_A's and `options.lora` rewritten as PEFT's
  * _load_eva_state_dict leaves its config: target_modules the layers with a
- * rank (full names, model order; the layer choice's other fields, now
- * spent, cleared), rank_pattern and alpha_pattern the layers whose rank or
- * alpha differ from r and lora_alpha. The report's totals are the float
- * model's. Throws what apply_qlora and eva_starts throw, before anything is
- * converted where apply_qlora refuses the settings. */
+ * rank (full names in model order; 20 or more shortened to the suffixes
+ * that name them and no other module, minimal_target_modules; the layer
+ * choice's other fields, now spent, cleared), rank_pattern and alpha_pattern the layers whose rank
+ * or alpha differ from r and lora_alpha. The report's totals are the float model's. Throws what
+ * apply_qlora and eva_starts throw, before anything is converted where apply_qlora refuses the
+ * settings. */
 QLoRAReport apply_qlora_eva(CausalLM& model, QLoRAOptions& options, const EvaData& data,
                             EvaStarts* starts = nullptr);
 

@@ -1,5 +1,7 @@
 #include "llm/qlora/lora_targets.h"
 
+#include <algorithm>
+#include <set>
 #include <stdexcept>
 
 namespace quanta::llm {
@@ -188,6 +190,50 @@ UnusedLoraSettings unused_lora_settings(const LoraSettings& l,
   check_keys(l.rank_pattern, "rank_pattern");
   check_keys(l.alpha_pattern, "alpha_pattern");
   return out;
+}
+
+std::vector<std::string> minimal_target_modules(const std::vector<std::string>& targets,
+                                                const std::vector<std::string>& others) {
+  if (targets.empty()) throw std::invalid_argument("[minimal_target_modules] no targets");
+  // A name's suffixes of whole parts, shortest first.
+  const auto suffixes = [](const std::string& name) {
+    std::vector<std::string> out;
+    for (std::size_t at = name.size();;) {
+      const std::size_t dot = at == 0 ? std::string::npos : name.rfind('.', at - 1);
+      if (dot == std::string::npos) {
+        out.push_back(name);
+        return out;
+      }
+      out.push_back(name.substr(dot + 1));
+      at = dot;
+    }
+  };
+  const std::set<std::string> other_set(others.begin(), others.end());
+  std::set<std::string> taken_by_others;
+  for (const std::string& o : others)
+    for (std::string& s : suffixes(o)) taken_by_others.insert(std::move(s));
+  // PEFT goes through the targets ordered by their suffix lists, for a
+  // result that does not depend on the input's order.
+  std::vector<std::pair<std::vector<std::string>, std::string>> ordered;
+  for (const std::string& t : targets) {
+    if (t.empty()) throw std::invalid_argument("[minimal_target_modules] an empty target");
+    if (other_set.count(t))
+      throw std::invalid_argument("[minimal_target_modules] " + t + " is a target and not one");
+    ordered.emplace_back(suffixes(t), t);
+  }
+  std::sort(ordered.begin(), ordered.end());
+  std::set<std::string> kept;
+  for (const auto& [parts, name] : ordered) {
+    if (std::any_of(kept.begin(), kept.end(),
+                    [&](const std::string& k) { return ends_with_part(name, k); }))
+      continue;
+    for (const std::string& suffix : parts)
+      if (!taken_by_others.count(suffix)) {
+        kept.insert(suffix);
+        break;
+      }
+  }
+  return {kept.begin(), kept.end()};
 }
 
 }  // namespace quanta::llm

@@ -50,6 +50,17 @@ struct UnusedLoraSettings {
 UnusedLoraSettings unused_lora_settings(const LoraSettings& lora,
                                         const std::vector<std::string>& layers);
 
+/** The fewest name suffixes (whole dotted parts: "q_proj",
+ * "self_attn.q_proj") that name every one of `targets` and none of
+ * `others` as a target_modules list (ends_with_part): PEFT's
+ * _find_minimal_target_modules, which shortens a long list of full names
+ * ("model.layers.0.self_attn.q_proj", ...) to what tells them apart. Each
+ * target gets its shortest suffix no other module has, unless a suffix
+ * kept already names it; sorted. Throws std::invalid_argument for no
+ * targets, an empty one, or a name in both lists. */
+std::vector<std::string> minimal_target_modules(const std::vector<std::string>& targets,
+                                                const std::vector<std::string>& others);
+
 /** `pattern` compiled as std::regex (ECMAScript), or std::invalid_argument
  * naming `field` and the pattern when it does not compile. */
 std::regex lora_regex(const std::string& pattern, const std::string& field);

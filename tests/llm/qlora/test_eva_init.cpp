@@ -9,10 +9,12 @@
 
 #include "engine/factory.h"
 #include "llm/data/lm_examples.h"
+#include "llm/model/config.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/eva_init.h"
 #include "llm/qlora/lora_config.h"
+#include "llm/qlora/lora_targets.h"
 #include "llm/qlora/qlora_model.h"
 #include "support/relative_error.h"
 
@@ -242,4 +244,28 @@ TEST_CASE("EVA's refusals name the problem and leave every layer in place") {
                                          "[4, 32], its adapter's is [4, 48]"),
                        std::invalid_argument);
   layers_in_place();
+}
+
+TEST_CASE("EVA over 20 layers or more: target_modules shortened as PEFT does, the same layers") {
+  // llama_gqa's shape with three decoder layers: 21 linear layers.
+  llm::DecoderConfig config = llm::read_decoder_config(llm_dir("models/llama_gqa/config.json"));
+  config.num_hidden_layers = 3;
+  Generator gen(6);
+  auto model = llm::CausalLM::random(config, gen, Device::cpu(), 0.5);
+  const llm::LmExamples examples = random_windows(24, 16, 6);
+  llm::QLoRAOptions o = eva_options();
+  llm::EvaStarts starts;
+  llm::apply_qlora_eva(*model, o, batches_of(examples, 4), &starts);
+  REQUIRE(starts.layers.size() == 21);
+  std::vector<std::string> with_rank;
+  for (const llm::EvaLayer& l : starts.layers)
+    if (l.r > 0) with_rank.push_back(l.name);
+  MESSAGE("21 layers, " << with_rank.size() << " with a rank; target_modules "
+                        << nlohmann::json(o.lora.target_modules).dump());
+  CHECK(o.lora.target_modules.size() < with_rank.size());
+  // The short list chooses exactly the layers with a rank.
+  std::vector<std::string> adapted;
+  for (const auto& [name, layer] : llm::lora_layers(*model)) adapted.push_back(name);
+  CHECK(adapted == with_rank);
+  for (const auto& name : with_rank) CHECK(llm::lora_layer_settings(o.lora, name).has_value());
 }

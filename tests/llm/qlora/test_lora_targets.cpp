@@ -3,6 +3,7 @@
 // LoraConfig in the peer environment, and the settings' refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -286,4 +287,37 @@ TEST_CASE("lora targets: an image-text model's folder excludes the vision tower 
           .has_value());
   // Written as PEFT reads it: one string.
   CHECK(llm::adapter_config_json(text, {})["exclude_modules"].is_string());
+}
+
+TEST_CASE("minimal_target_modules: the fewest suffixes that name the targets and nothing else") {
+  // PEFT's own example: the decoder's q and v, not the encoder's k.
+  std::vector<std::string> targets, others;
+  for (int i = 0; i < 100; ++i) {
+    targets.push_back("model.decoder.layers." + std::to_string(i) + ".self_attn.q_proj");
+    targets.push_back("model.decoder.layers." + std::to_string(i) + ".self_attn.v_proj");
+    others.push_back("model.encoder.layers." + std::to_string(i) + ".self_attn.k_proj");
+  }
+  CHECK(llm::minimal_target_modules(targets, others) ==
+        std::vector<std::string>{"q_proj", "v_proj"});
+  // One q_proj left out (a layer EVA gave no rank): the others are named by
+  // their layers, and the list still chooses exactly the targets.
+  targets = gqa_layers();
+  others = {"model", "model.layers", "model.layers.0", "model.layers.0.self_attn", "lm_head"};
+  others.push_back(targets[7]);  // model.layers.1.self_attn.q_proj
+  targets.erase(targets.begin() + 7);
+  const std::vector<std::string> minimal = llm::minimal_target_modules(targets, others);
+  CHECK(minimal == std::vector<std::string>{"0.self_attn.q_proj", "down_proj", "gate_proj",
+                                            "k_proj", "o_proj", "up_proj", "v_proj"});
+  LoraSettings l = base_settings();
+  l.target_modules = minimal;
+  std::vector<std::string> adapted;
+  for (const auto& [name, settings] : chosen(l)) adapted.push_back(name);
+  std::sort(targets.begin(), targets.end());
+  CHECK(adapted == targets);
+  CHECK_THROWS_WITH_AS(llm::minimal_target_modules({}, others), doctest::Contains("no targets"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::minimal_target_modules({"a.b", ""}, {}),
+                       doctest::Contains("an empty target"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llm::minimal_target_modules({"a.b"}, {"a.b"}),
+                       doctest::Contains("a.b is a target and not one"), std::invalid_argument);
 }
