@@ -164,10 +164,13 @@ void IncrementalPCA::partial_fit_all(const std::vector<IncrementalPCA*>& pcas,
   if (niter < 0) {
     t = top_singular_triplets(matrices, k);
   } else {
+    // Every update of a fit sketches from the same state: the same sketch
+    // while its shape is, as PEFT's reseeding before each update gives.
+    // Fresh draws would add their own error to the components'
+    // differences from one update to the next, which decide convergence.
     std::vector<Generator> gens;
     for (IncrementalPCA* p : pcas) gens.push_back(*p->sketch_);
     t = approximate_singular_triplets(matrices, k, niter, gens);
-    for (std::size_t i = 0; i < pcas.size(); ++i) *pcas[i]->sketch_ = gens[i];
   }
   for (std::size_t i = 0; i < pcas.size(); ++i) pcas[i]->finish(updates[i], t[i].vh, t[i].s);
 }

@@ -20,8 +20,10 @@ class IncrementalPCA {
   /** Keeps `components` components (>= 1). `lowrank_niter` < 0: each
    * update's SVD is exact; >= 0: approximated as torch.svd_lowrank(q = 2 x
    * components, niter) does (approximate_singular_triplets; PEFT's EVA uses
-   * 4), its sketches drawn from `sketch`. Throws std::invalid_argument for
-   * components < 1. */
+   * 4), every update's sketch drawn from `sketch` as given (the same
+   * sketch each time, as PEFT reseeds torch's generator before each: fresh
+   * ones would add their own error to what changes between updates).
+   * Throws std::invalid_argument for components < 1. */
   explicit IncrementalPCA(int64_t components, int64_t lowrank_niter = -1,
                           std::optional<Generator> sketch = std::nullopt);
 

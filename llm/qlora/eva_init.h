@@ -31,8 +31,9 @@ struct EvaData {
   int64_t batches = 0;
   std::function<LmBatch(int64_t)> batch;
   /** Each update's SVD: torch.svd_lowrank's with this many power iterations
-   * (PEFT's EVA: 4, q twice the components), sketches from streams of `seed`
-   * named after the layers; -1: the exact SVD (for small models and tests). */
+   * (PEFT's EVA: 4, q twice the components), each input's one sketch from a
+   * stream of `seed` named after its first layer (IncrementalPCA); -1: the
+   * exact SVD (for small models and tests). */
   int64_t svd_niter = 4;
   uint64_t seed = 0;
   /** Forward passes (the first, which finds the shared inputs, included)
