@@ -124,8 +124,8 @@ struct Fit {
   int64_t components = 0;
   IncrementalPCA pca;
   std::vector<bool> converged;
-  bool active = true, done = false;
-  Tensor pending{};  // this pass's rows (f32, on the host)
+  bool done = false;  // converged up to its rank: not fitted until that changes
+  Tensor pending{};   // this pass's rows (f32, on the host)
 
   bool converged_up_to(int64_t rank) const {
     return std::all_of(converged.begin(), converged.begin() + rank, [](bool c) { return c; });
@@ -329,14 +329,8 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
   while (true) {
     bool all_done = true;
     for (Fit& f : fits) {
-      const bool converged = f.converged_up_to(ranks[f.target]);
-      if (!f.done && converged && f.active) {
-        f.active = false;
-        f.done = true;
-      } else if (f.done && !converged) {
-        f.active = true;
-        f.done = false;
-      }
+      // A new rank can ask more of a fit that was done: it takes batches again.
+      f.done = f.converged_up_to(ranks[f.target]);
       all_done = all_done && f.done;
     }
     if (all_done) break;
@@ -357,7 +351,7 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
     }
     Tensor taken;
     for (std::size_t f = 0; f < fits.size(); ++f) {
-      if (!fits[f].active) continue;
+      if (fits[f].done) continue;
       taps.set(fits[f].target, [&, f](const Tensor& x) {
         if (taken.numel() > 0)
           fits[f].pending = taken_rows(x, taken).to(Device::cpu()).to(DType::f32);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -141,17 +142,12 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
                                                    "--adam-beta1",
                                                    "--adam-beta2",
                                                    "--adam-epsilon",
-                                                   "--neftune-noise-alpha",
-                                                   "--eva-rho",
-                                                   "--eva-tau",
-                                                   "--eva-use-label-mask",
-                                                   "--eva-whiten",
-                                                   "--eva-adjust-scaling-factors",
-                                                   "--eva-batch-size",
-                                                   "--eva-max-forwards"};
+                                                   "--neftune-noise-alpha"};
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
-  for (const char* flag : lm ? kClassifierOnly : kLmOnly)
+  std::vector<const char*> not_taken = lm ? kClassifierOnly : kLmOnly;
+  if (!lm) not_taken.insert(not_taken.end(), std::begin(kEvaFlagNames), std::end(kEvaFlagNames));
+  for (const char* flag : not_taken)
     if (given(flag))
       throw UsageError(std::string(flag) +
                        (lm ? " is for the classifier of quanta train, not --model"
