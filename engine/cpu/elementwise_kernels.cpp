@@ -18,16 +18,36 @@ namespace {
 
 // dst[i] = f(src[i]) over n contiguous values: the Eigen vector form where
 // the functor has one (then its fixup for what the vector form gets wrong).
+// Over a map of any length Eigen would run the scalar form on the values
+// before the first aligned packet and after the last whole one, so that a
+// value's bits would follow its address and where a thread's piece ends.
+// Instead every value goes through whole packets: blocks copied into an
+// aligned buffer, the last one padded.
 template <class T, class F>
 void unary_piece(const F& f, const T* src, T* dst, int64_t n) {
   if constexpr (VectorForm<F>::has) {
-    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-    Eigen::Map<Arr>(dst, n) = VectorForm<F>::apply(Eigen::Map<const Arr>(src, n));
-    VectorForm<F>::fixup(src, dst, n);
+    constexpr int64_t kBlock = 64;  // a multiple of every packet's length
+    using Block = Eigen::Array<T, kBlock, 1>;
+    alignas(64) T in[kBlock];
+    alignas(64) T out[kBlock];
+    for (int64_t a = 0; a < n; a += kBlock) {
+      const int64_t m = std::min(kBlock, n - a);
+      std::copy(src + a, src + a + m, in);
+      std::fill(in + m, in + kBlock, T(1));
+      Eigen::Map<Block, Eigen::Aligned64> result(out);
+      result = VectorForm<F>::apply(Eigen::Map<const Block, Eigen::Aligned64>(in));
+      VectorForm<F>::fixup(in, out, m);
+      std::copy(out, out + m, dst + a);
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = f(src[i]);
   }
 }
+
+// out = f(in) over runs of any strides (defined below, beside the 16-bit
+// paths that share it).
+template <class S, class C, class F>
+void unary_runs(const F& f, const Shape& shape, const Operand& out, const Operand& in);
 
 template <class T, class F>
 void unary_typed(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
@@ -42,8 +62,12 @@ void unary_typed(const F& f, const Shape& shape, const Operand& out, const Opera
         for (int64_t a = lo; a < hi; a += kPiece)
           unary_piece(f, src + a, dst + a, std::min(hi, a + kPiece) - a);
       });
-      return;
+    } else {
+      // Through the vector form too, so that a strided tensor's values get
+      // the bits a contiguous one's get.
+      unary_runs<T, T>(f, shape, out, in);
     }
+    return;
   }
   map<T, T>(shape, f, out, in);
 }
@@ -113,20 +137,20 @@ bool copy_transposed(const Shape& shape, const Operand& dst, const Operand& src)
 // result narrowed into place.
 constexpr int64_t kHalfPiece = 1024;
 
-template <class H>
-void widen(const char* base, int64_t stride, int64_t from, int64_t m, float* out) {
+template <class H, class C = float>
+void widen(const char* base, int64_t stride, int64_t from, int64_t m, C* out) {
   const H* src = reinterpret_cast<const H*>(base);
   if (stride == 1) {
-    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<float>(src[from + i]);
+    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<C>(src[from + i]);
   } else if (stride == 0) {
-    std::fill(out, out + m, static_cast<float>(src[0]));
+    std::fill(out, out + m, static_cast<C>(src[0]));
   } else {
-    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<float>(src[(from + i) * stride]);
+    for (int64_t i = 0; i < m; ++i) out[i] = static_cast<C>(src[(from + i) * stride]);
   }
 }
 
-template <class O>
-void narrow(const float* in, int64_t m, char* base, int64_t stride, int64_t from) {
+template <class O, class C = float>
+void narrow(const C* in, int64_t m, char* base, int64_t stride, int64_t from) {
   O* dst = reinterpret_cast<O*>(base);
   if (stride == 1) {
     for (int64_t i = 0; i < m; ++i) dst[from + i] = cast<O>(in[i]);
@@ -135,16 +159,19 @@ void narrow(const float* in, int64_t m, char* base, int64_t stride, int64_t from
   }
 }
 
-template <class H, class F>
-void unary_half(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
+// Each run's values gathered into a buffer of the compute type C (f32 for
+// 16-bit storage S, else S itself), unary_piece over it, the results
+// scattered back (narrowed).
+template <class S, class C, class F>
+void unary_runs(const F& f, const Shape& shape, const Operand& out, const Operand& in) {
   for_each_run<2>(shape, {&out, &in},
                   [&](int64_t n, const std::array<char*, 2>& b, const std::array<int64_t, 2>& s) {
-                    float x[kHalfPiece], y[kHalfPiece];
+                    C x[kHalfPiece], y[kHalfPiece];
                     for (int64_t a = 0; a < n; a += kHalfPiece) {
                       const int64_t m = std::min(kHalfPiece, n - a);
-                      widen<H>(b[1], s[1], a, m, x);
+                      widen<S, C>(b[1], s[1], a, m, x);
                       unary_piece(f, x, y, m);
-                      narrow<H>(y, m, b[0], s[0], a);
+                      narrow<S, C>(y, m, b[0], s[0], a);
                     }
                   });
 }
@@ -233,7 +260,7 @@ void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand
            const Operand& in) {
   if (visit_half(in.dtype, [&](auto tag) {
         using H = typename decltype(tag)::type;
-        visit_functor(op, args, [&](auto f) { unary_half<H>(f, shape, out, in); });
+        visit_functor(op, args, [&](auto f) { unary_runs<H, float>(f, shape, out, in); });
       }))
     return;
   dispatch_float(in.dtype, op_name(op), [&](auto tag) {

@@ -1,7 +1,16 @@
 #pragma once
-// CPU-only vector forms of unary functors: an Eigen array expression used on
-// contiguous data, and a fix-up pass for the rare inputs the vector formula
-// gets wrong. A functor without a specialisation runs its scalar form.
+// CPU-only vector forms of unary functors: an Eigen array expression, and a
+// fix-up pass for the rare inputs the vector formula gets wrong. A functor
+// without a specialisation runs its scalar form, which the compiler
+// vectorises where it can.
+//
+// A vector form's last bits differ from its scalar form's (Eigen's
+// polynomials against libm), so elementwise_kernels.cpp runs every element
+// of such a functor through it, whatever the tensor's layout. Only forms
+// whose bits are the same on every x86-64 CPU belong here: Eigen's sqrt and
+// rsqrt under EIGEN_FAST_MATH refine the rsqrt14 estimate, whose bits differ
+// between Intel's and AMD's chips and which is good to 23 bits in f32 (28 in
+// f64), so sqrt and rsqrt run their scalar forms, correctly rounded.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -24,11 +33,8 @@ struct VectorForm {
     static void fixup(const T*, T*, int64_t) {}       \
   };
 
-QUANTA_VECTOR_FORM(Abs, a.abs())
 QUANTA_VECTOR_FORM(Log, a.log())
 QUANTA_VECTOR_FORM(Log1p, a.log1p())
-QUANTA_VECTOR_FORM(Sqrt, a.sqrt())
-QUANTA_VECTOR_FORM(Rsqrt, a.rsqrt())
 QUANTA_VECTOR_FORM(Sin, a.sin())
 QUANTA_VECTOR_FORM(Cos, a.cos())
 QUANTA_VECTOR_FORM(Tanh, a.tanh())
