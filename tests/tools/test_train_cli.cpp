@@ -374,9 +374,10 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   CHECK(hvq["nested_dropout"] == 0.25);
   CHECK(hvq["decay"] == 0.99);
   CHECK(hvq["quant_resi"] == 0.5);
-  check_one_line_error(
-      run_quanta({"train", "--quantizer", "hvq", "--scales", "1,9", "--out", dir.file("h")}), 2,
-      "[quantizer hvq] scales must be at most the latent's side 7, got 9");
+  // Named before any data is read: --data names nothing here.
+  check_one_line_error(run_quanta({"train", "--quantizer", "hvq", "--scales", "1,9", "--data",
+                                   dir.file("no-data"), "--out", dir.file("h")}),
+                       2, "[quantizer hvq] scales must be at most the latent's side 7, got 9");
   check_one_line_error(
       run_quanta({"train", "--quantizer", "hvq", "--scales", "2,x", "--out", dir.file("h")}), 2,
       "--scales: expected a list of positive integers");

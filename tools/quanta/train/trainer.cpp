@@ -56,12 +56,12 @@ class VqVaeTask : public LoopTask {
         out_dir_(out_dir),
         device_(device),
         qtype_(cfg.quantizer["type"].get<std::string>()),
+        // The model before the data: a mistake in its settings is named
+        // without reading (or needing) the dataset.
+        model_(make_model(cfg)),
         train_set_(data::load_fashion_mnist(cfg.data, data::Split::train, cfg.limit_train)),
         test_set_(data::load_fashion_mnist(cfg.data, data::Split::test, cfg.limit_test)),
         world_(group.size()) {
-    Generator model_gen = Generator::named(cfg.seed, "model");
-    model_ = std::make_shared<VqVae>(
-        cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
     // Initialised on the CPU (the same draws on every device), then moved.
     if (!device.is_cpu()) model_->to(device);
     model_->quantizer().set_group(group);
@@ -167,13 +167,19 @@ class VqVaeTask : public LoopTask {
   }
 
  private:
+  static std::shared_ptr<VqVae> make_model(const TrainConfig& cfg) {
+    Generator model_gen = Generator::named(cfg.seed, "model");
+    return std::make_shared<VqVae>(
+        cfg.model, make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
+  }
+
   const TrainConfig& cfg_;
   const std::string out_dir_;
   const Device device_;
   const std::string qtype_;
+  std::shared_ptr<VqVae> model_;
   const data::ImageDataset train_set_, test_set_;
   const int world_;
-  std::shared_ptr<VqVae> model_;
   EvalResult last_eval_;
 };
 
