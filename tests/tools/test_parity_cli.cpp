@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "cli_runner.h"
 
@@ -21,9 +22,11 @@ std::string reference(const std::string& name) {
   return (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string();
 }
 
-const nlohmann::json& check_named(const nlohmann::json& c, const std::string& name) {
+// `name` by value: a reference parameter bound to a temporary string makes
+// g++ 13 warn that the returned reference may dangle.
+const nlohmann::json& check_named(const nlohmann::json& c, std::string_view name) {
   for (const auto& check : c.at("checks"))
-    if (check.at("name") == name) return check;
+    if (check.at("name").get<std::string>() == name) return check;
   FAIL("no check '" << name << "'");
   return c;
 }

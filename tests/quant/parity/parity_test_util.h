@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "quant/parity/parity.h"
 
@@ -20,7 +21,9 @@ inline CaseFile reference_case(const std::string& name) {
       (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string());
 }
 
-inline const TensorCheck& check_named(const CaseResult& r, const std::string& name) {
+// `name` by value: a reference parameter bound to a temporary string makes
+// g++ 13 warn that the returned reference may dangle.
+inline const TensorCheck& check_named(const CaseResult& r, std::string_view name) {
   for (const auto& c : r.checks)
     if (c.name == name) return c;
   FAIL("no check '" << name << "'");
