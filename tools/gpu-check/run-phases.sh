@@ -156,7 +156,10 @@ phase_bench() {
 # work is bounded twice: it stops timing after PROFILE_LAUNCHES kernels (the
 # last profile counted 232 a step), and the training run ends 20 s before
 # LIMIT, so that ncu still prints what it timed; whatever CSV there is then
-# gets summed, marked as cut short.
+# gets summed, marked as cut short. The steps run with --no-graph: ncu
+# times kernels one launch at a time and failed on the launches of a graph
+# capture (exit 9 at the captured step, on an H200, 2026-12-04); the eager
+# step's launches are what a capture then holds.
 readonly PROFILE_STEPS=10
 readonly PROFILE_LAUNCHES=3000
 phase_profile() {
@@ -171,7 +174,7 @@ phase_profile() {
   timeout -k 5 "$1" "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none \
     --target-processes all --launch-count "$PROFILE_LAUNCHES" \
     timeout -k 5 $(($1 > 40 ? $1 - 20 : $1 / 2)) \
-    "$quanta" train --data "$data" --device cuda --steps "$PROFILE_STEPS" --batch-size 64 \
+    "$quanta" train --data "$data" --device cuda --no-graph --steps "$PROFILE_STEPS" --batch-size 64 \
     --limit-test 64 --eval-every 1000000 --log-every "$PROFILE_STEPS" --threads "$(nproc)" \
     --out "$build-profile" >"$csv" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] && [ "$(grep -c '^"[0-9]' "$csv")" -lt "$PROFILE_LAUNCHES" ] || cut=(--cut)
