@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/cuda/module.h"
+#include "support/test_data.h"
 
 namespace {
 
@@ -97,11 +98,7 @@ std::string hex(uint64_t v) {
 }
 
 // The repository's root: the test data folder is its tests/data.
-std::string source_root() {
-  const char* data = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(data != nullptr, "QUANTA_TEST_DATA is not set (meson test sets it)");
-  return std::string(data) + "/../..";
-}
+std::string source_root() { return quanta::testing::test_data() + "/../.."; }
 
 uint64_t fingerprint_of_headers(const std::string& root) {
   uint64_t h = 0xcbf29ce484222325ull;

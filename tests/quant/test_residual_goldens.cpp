@@ -30,6 +30,7 @@
 #include "quant/vq/residual_vq.h"
 #include "quant/vq/sim_vq.h"
 #include "quanta.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -185,11 +186,7 @@ io::TensorMap run(const Case& c) {
   return t;
 }
 
-std::string golden_path() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/quantizer-goldens.safetensors";
-}
+std::string golden_path() { return quanta::testing::test_data("quantizer-goldens.safetensors"); }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;

@@ -21,6 +21,7 @@
 #include "llm/model/model_folder.h"
 #include "llm/qlora/peft_folder.h"
 #include "quanta.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::test;
@@ -97,9 +98,7 @@ void kill_and_resume(const std::string& tag,
 }
 
 std::string test_model(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/" + name;
+  return quanta::testing::test_data("llm/models/" + name);
 }
 
 }  // namespace

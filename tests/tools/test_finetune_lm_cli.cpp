@@ -28,6 +28,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "llm/text/tokenizer.h"
 #include "support/gpu.h"
+#include "support/test_data.h"
 #include "train/checkpoint.h"
 #include "train/lm_task.h"
 #include "train/run_folder.h"
@@ -40,9 +41,7 @@ using nlohmann::json;
 namespace {
 
 std::string model(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/" + name;
+  return quanta::testing::test_data("llm/models/" + name);
 }
 
 // A stream a small model learns quickly: steps of 7 modulo 60, one token in
@@ -870,9 +869,8 @@ TEST_CASE(
   REQUIRE_MESSAGE(resumed.code == 0, resumed.err);
   CHECK_FALSE(contains(resumed.out, "LoftQ"));
   // Over a 4-bit folder there are no float weights to correct toward.
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   const CliResult four_bit = run_quanta(
-      {"finetune", "--model", std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa",
+      {"finetune", "--model", quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"),
        "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("four_bit"),
        "--init-lora-weights", "loftq"});
   CHECK(four_bit.code != 0);
@@ -941,8 +939,7 @@ TEST_CASE(
   CHECK(on_config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == "pissa");
   // Over a 4-bit folder: OLoRA decomposes the stored base, PiSSA needs the
   // float weights.
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  const std::string four_bit = std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa";
+  const std::string four_bit = quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa");
   const CliResult olora = run_quanta(
       {"finetune", "--model", four_bit, "--data", d.file("train.bin"), "--seq-len", "32", "--steps",
        "1", "--out", d.file("four_bit_olora"), "--init-lora-weights", "olora"});
@@ -1025,9 +1022,8 @@ TEST_CASE(
   CHECK(on_config["rank_pattern"] == config["rank_pattern"]);
   CHECK(on_config["init_lora_weights"] == "eva");
   // Over a 4-bit folder: the same base, the same start.
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   const CliResult four_bit = run_quanta(
-      {"finetune", "--model", std::string(root) + "/llm/qlora/transformers_4bit/llama_gqa",
+      {"finetune", "--model", quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"),
        "--data", d.file("train.bin"), "--seq-len", "32", "--steps", "1", "--lora-r", "4", "--out",
        d.file("four_bit"), "--init-lora-weights", "eva"});
   REQUIRE_MESSAGE(four_bit.code == 0, four_bit.err);
@@ -1204,9 +1200,8 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "14 linear layers (all but lm_head) in NF4, block 64, double quant"));
   CHECK(contains(r.out, "model.layers.1.mlp.down_proj"));
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   const io::SafetensorsFile want = io::load_safetensors(
-      std::string(root) + "/llm/qlora/transformers_4bit/qwen2_bias/model.safetensors");
+      quanta::testing::test_data("llm/qlora/transformers_4bit/qwen2_bias/model.safetensors"));
   const io::SafetensorsFile got = io::load_safetensors(d.file("q4/model.safetensors"));
   std::map<std::string, Tensor> theirs(want.tensors.begin(), want.tensors.end());
   REQUIRE(got.tensors.size() == theirs.size());
@@ -1335,8 +1330,7 @@ TEST_CASE(
   // A folder PEFT saved (q and v adapters beside embed_tokens and lm_head
   // trained whole): the run starts from what quanta eval scores it at, and
   // the folder it writes keeps the modules trained whole.
-  const std::string peft =
-      std::string(std::getenv("QUANTA_TEST_DATA")) + "/llm/qlora/llama_gqa_saved/adapter_init";
+  const std::string peft = quanta::testing::test_data("llm/qlora/llama_gqa_saved/adapter_init");
   const CliResult scored = run_quanta({"eval", "--model", model("llama_gqa"), "--adapters", peft,
                                        "--data", eval, "--seq-len", "32", "--json"});
   REQUIRE_MESSAGE(scored.code == 0, scored.err);
@@ -1559,12 +1553,12 @@ TEST_CASE("finetune --model: bad input is one clear line") {
                        1, "nonexistent");
   // A 4-bit image-text folder as load_in_4bit saves it by default: its
   // vision tower stored quantized, which a merged float folder cannot carry.
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   check_one_line_error(
-      run_quanta({"finetune", "--model",
-                  std::string(root) + "/llm/qlora/transformers_4bit/gemma3_image_text_vision_4bit",
-                  "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("o10"),
-                  "--merge-to", d.file("o10m")}),
+      run_quanta(
+          {"finetune", "--model",
+           quanta::testing::test_data("llm/qlora/transformers_4bit/gemma3_image_text_vision_4bit"),
+           "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("o10"), "--merge-to",
+           d.file("o10m")}),
       2, "--merge-to over a 4-bit image-text folder whose vision tower is stored quantized");
 }
 

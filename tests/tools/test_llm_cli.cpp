@@ -19,17 +19,14 @@
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "quanta.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::test;
 
 namespace {
 
-std::string models() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/";
-}
+std::string models() { return quanta::testing::test_data("llm/models/"); }
 
 const Tensor& expected(const io::SafetensorsFile& f, const std::string& name) {
   for (const auto& [n, t] : f.tensors)
@@ -48,9 +45,8 @@ std::string ids_text(const std::vector<int64_t>& ids) {
 }  // namespace
 
 TEST_CASE("quanta eval --model: one window's loss equals transformers'") {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   const io::SafetensorsFile want =
-      io::load_safetensors(std::string(root) + "/llm/expected/llama_gqa.safetensors");
+      io::load_safetensors(quanta::testing::test_data("llm/expected/llama_gqa.safetensors"));
   // The expected file's two rows of 12 tokens as two windows.
   const std::vector<int64_t> ids = expected(want, "input_ids").to_vector<int64_t>();
   ScratchDir dir("llm_cli");
@@ -101,9 +97,8 @@ TEST_CASE("quanta eval --model: one window's loss equals transformers'") {
 // eos_token_id (else config.json's), keeping it; the fixture's tokens were
 // generated with eos_token_id=None, so a copy of the folder names one of them.
 TEST_CASE("quanta generate: stops at the folder's end-of-sequence ids, as transformers does") {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   const io::SafetensorsFile want =
-      io::load_safetensors(std::string(root) + "/llm/expected/llama_gqa.safetensors");
+      io::load_safetensors(quanta::testing::test_data("llm/expected/llama_gqa.safetensors"));
   const std::vector<int64_t> all = expected(want, "generated").to_vector<int64_t>();
   const std::string prompt = ids_text(expected(want, "prompt").to_vector<int64_t>());
   // The first generated id not seen before it, past the first.
@@ -160,12 +155,11 @@ TEST_CASE("quanta generate: stops at the folder's end-of-sequence ids, as transf
 }
 
 TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
   for (const char* name : {"llama_gqa", "qwen2_bias", "mistral_sharded", "qwen3_qk_norm",
                            "gemma_geglu", "gemma2_softcap", "gemma3_text", "mistral_window"}) {
     INFO("model ", name);
-    const io::SafetensorsFile want =
-        io::load_safetensors(std::string(root) + "/llm/expected/" + name + ".safetensors");
+    const io::SafetensorsFile want = io::load_safetensors(
+        quanta::testing::test_data(std::string("llm/expected/") + name + ".safetensors"));
     const CliResult r = run_quanta({"generate", "--model", models() + name, "--prompt-ids",
                                     ids_text(expected(want, "prompt").to_vector<int64_t>()),
                                     "--max-new-tokens", "8", "--json"});
@@ -485,8 +479,7 @@ TEST_CASE("quanta eval --model --document-start: a token file's documents scored
 }
 
 TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base") {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  const std::string adapters = std::string(root) + "/llm/qlora/llama_gqa_all/adapter_init";
+  const std::string adapters = quanta::testing::test_data("llm/qlora/llama_gqa_all/adapter_init");
   const std::string base = models() + "llama_gqa";
   // The same model in process: the base quantized as the folder says, its adapters.
   auto model = llm::load_causal_lm(base);
@@ -529,7 +522,7 @@ TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base"
   // DoRA adapters: the tools keep each layer's norm (inference), the same
   // numbers as taking it each forward.
   {
-    const std::string dora = std::string(root) + "/llm/qlora/quanta_written_dora/adapters";
+    const std::string dora = quanta::testing::test_data("llm/qlora/quanta_written_dora/adapters");
     const auto [dora_model, e] = eval_matches(base, dora);
     const std::vector<int64_t> dora_greedy =
         llm::generate(*dora_model, {5, 9, 2}, {.max_new_tokens = 8});
@@ -543,7 +536,7 @@ TEST_CASE("quanta eval and generate --adapters: a PEFT folder over the NF4 base"
   // on stderr, and the score is the decoder's adapters'.
   const auto [vlm_model, vlm] =
       eval_matches(models() + "gemma3_image_text",
-                   std::string(root) + "/llm/qlora/gemma3_image_text_all/adapter_init");
+                   quanta::testing::test_data("llm/qlora/gemma3_image_text_all/adapter_init"));
   CHECK(contains(vlm.err, "18 adapter tensors of the vision tower left out"));
 
   check_one_line_error(run_quanta({"generate", "--model", models() + "qwen2_bias", "--adapters",
@@ -591,8 +584,7 @@ TEST_CASE("hostile model and adapter folders end every command in one line, writ
   ScratchDir dir("llm_cli_hostile");
   const std::string model = dir.file("model"), adapters = dir.file("adapters");
   fs::copy(models() + "llama_gqa", model);
-  fs::copy(std::string(std::getenv("QUANTA_TEST_DATA")) + "/llm/qlora/llama_gqa_all/adapter_init",
-           adapters);
+  fs::copy(quanta::testing::test_data("llm/qlora/llama_gqa_all/adapter_init"), adapters);
   auto config = nlohmann::json::parse(slurp(models() + "llama_gqa/config.json"));
   config["num_hidden_layers"] = 1000000000;
   std::ofstream(model + "/config.json") << config.dump();

@@ -3,13 +3,13 @@
 // difference reported by name without failing the run (text and --json).
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
 #include "cli_runner.h"
+#include "support/test_data.h"
 
 using quanta::test::contains;
 using quanta::test::run_quanta;
@@ -17,9 +17,7 @@ using quanta::test::run_quanta;
 namespace {
 
 std::string reference(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string();
+  return quanta::testing::test_data("reference-vectors/" + name + ".safetensors");
 }
 
 // `name` by value: a reference parameter bound to a temporary string makes

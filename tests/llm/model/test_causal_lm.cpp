@@ -26,6 +26,7 @@
 #include "llm/model/weight_names.h"
 #include "support/gpu.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -33,11 +34,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string data_dir() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm";
-}
+std::string data_dir() { return quanta::testing::test_data("llm"); }
 
 const std::vector<std::string> kModels = {
     "llama_gqa",        "llama_tied_llama3", "llama_bf16",          "qwen2_bias",

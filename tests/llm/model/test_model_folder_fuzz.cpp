@@ -21,6 +21,7 @@
 #include "llm/qlora/bnb_folder.h"
 #include "support/file_mutations.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -30,9 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string fixture(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/" + name;
+  return quanta::testing::test_data("llm/models/" + name);
 }
 
 // A copy of fixture `name` at `dir` (replacing what is there).

@@ -3,22 +3,21 @@
 // and PyTorch): loaded once, tensors read back in any dtype.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "quanta.h"
 #include "support/relative_error.h"
+#include "support/test_data.h"
 
 namespace quanta::testing {
 
 inline const nlohmann::json& op_fixtures() {
   static const nlohmann::json j = [] {
-    const char* root = std::getenv("QUANTA_TEST_DATA");
-    REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-    std::ifstream in(std::string(root) + "/llm/ops.json");
-    REQUIRE_MESSAGE(in.good(), "cannot open " << root << "/llm/ops.json");
+    const std::string path = test_data("llm/ops.json");
+    std::ifstream in(path);
+    REQUIRE_MESSAGE(in.good(), "cannot open " << path);
     return nlohmann::json::parse(in);
   }();
   return j;

@@ -21,6 +21,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "support/file_mutations.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -29,11 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string base_dir() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/llama_gqa";
-}
+std::string base_dir() { return quanta::testing::test_data("llm/models/llama_gqa"); }
 
 // A whole adapter folder for llama_gqa (r 4 on q_proj and v_proj, named
 // after its base), made once and copied for each case.

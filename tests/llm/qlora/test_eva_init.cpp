@@ -17,17 +17,14 @@
 #include "llm/qlora/lora_targets.h"
 #include "llm/qlora/qlora_model.h"
 #include "support/relative_error.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
 
 namespace {
 
-std::string llm_dir(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/" + name;
-}
+std::string llm_dir(const std::string& name) { return quanta::testing::test_data("llm/" + name); }
 
 // Windows of random ids below 64.
 llm::LmExamples random_windows(int64_t windows, int64_t seq_len, uint64_t seed) {

@@ -22,6 +22,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "support/gpu.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -30,9 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string model_dir(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/models/" + name;
+  return quanta::testing::test_data("llm/models/" + name);
 }
 
 llm::QLoRAOptions options(std::vector<std::string> targets, int64_t r = 4) {

@@ -27,17 +27,14 @@
 #include "llm/qlora/qlora_model.h"
 #include "support/gpu.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using namespace quanta::testing;
 
 namespace {
 
-std::string llm_data() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm";
-}
+std::string llm_data() { return quanta::testing::test_data("llm"); }
 
 struct Case {
   std::string name;

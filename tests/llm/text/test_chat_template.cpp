@@ -6,7 +6,6 @@
 // the line.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,17 +14,14 @@
 #include "llm/data/token_jsonl.h"
 #include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
+#include "support/test_data.h"
 
 using namespace quanta::llm;
 using nlohmann::ordered_json;
 
 namespace {
 
-std::string chat_data() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/chat/";
-}
+std::string chat_data() { return quanta::testing::test_data("llm/chat/"); }
 
 std::string read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -263,9 +259,7 @@ TEST_CASE("chat templates: a folder's template and special tokens") {
 
 TEST_CASE("chat templates: JSONL conversations become the ids apply_chat_template gives") {
   namespace fs = std::filesystem;
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE(root != nullptr);
-  const fs::path model = fs::path(root) / "llm/models/qwen2_bpe";
+  const fs::path model = fs::path(quanta::testing::test_data("llm/models/qwen2_bpe"));
   if (!Tokenizer::available((model / "tokenizer.json").string())) {
     MESSAGE("skipped: this build reads no tokenizer.json (ICU not found)");
     return;
@@ -360,9 +354,7 @@ TEST_CASE("chat templates: the assistant's tokens are those apply_chat_template 
   // through a byte-level tokenizer.json, a LlamaTokenizer folder and a
   // tokenizer.model; here through read_token_jsonl's assistant-only loss.
   namespace fs = std::filesystem;
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE(root != nullptr);
-  const fs::path data = fs::path(root) / "llm";
+  const fs::path data = fs::path(quanta::testing::test_data("llm"));
   if (!Tokenizer::available((data / "models/qwen2_bpe/tokenizer.json").string()) ||
       !Tokenizer::available((data / "models/llama_gqa/tokenizer.model").string())) {
     MESSAGE("skipped: this build lacks ICU or libsentencepiece");

@@ -10,16 +10,13 @@
 
 #include "llm/text/tokenizer.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 
 namespace {
 
-std::string data_dir() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm";
-}
+std::string data_dir() { return quanta::testing::test_data("llm"); }
 
 }  // namespace
 

@@ -13,17 +13,14 @@
 
 #include "llm/text/tokenizer.h"
 #include "support/temp_dir.h"
+#include "support/test_data.h"
 
 using namespace quanta;
 using nlohmann::json;
 
 namespace {
 
-std::string bpe_dir() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return std::string(root) + "/llm/bpe";
-}
+std::string bpe_dir() { return quanta::testing::test_data("llm/bpe"); }
 
 json read(const std::string& path) {
   std::ifstream in(path);
@@ -115,10 +112,8 @@ TEST_CASE("Tokenizer: a folder's tokenizer class, as transformers 5 applies it")
 }
 
 TEST_CASE("Tokenizer: a folder with both files is read through its tokenizer.json") {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE(root != nullptr);
   const std::filesystem::path spm =
-      std::filesystem::path(root) / "llm/models/llama_gqa/tokenizer.model";
+      std::filesystem::path(quanta::testing::test_data("llm/models/llama_gqa/tokenizer.model"));
   testing::TempDir tmp;
   const std::string dir = tmp.path().string();
   std::filesystem::copy_file(spm, tmp.path() / "tokenizer.model");

@@ -3,22 +3,19 @@
 // result by tensor name, and the printed report (for INFO on failure).
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <string_view>
 
 #include "quant/parity/parity.h"
+#include "support/test_data.h"
 
 namespace quanta::parity::testing {
 
 /** tests/data/reference-vectors/<name>.safetensors. */
 inline CaseFile reference_case(const std::string& name) {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
-  return load_case(
-      (std::filesystem::path(root) / "reference-vectors" / (name + ".safetensors")).string());
+  return load_case(quanta::testing::test_data("reference-vectors/" + name + ".safetensors"));
 }
 
 // `name` by value: a reference parameter bound to a temporary string makes

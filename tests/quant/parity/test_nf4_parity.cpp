@@ -2,7 +2,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -10,16 +9,16 @@
 #include <vector>
 
 #include "quant/parity/parity.h"
+#include "support/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace quanta;
 
 namespace {
 std::vector<std::string> nf4_case_paths() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(fs::path(root) / "reference-vectors")) {
+  for (const auto& e :
+       fs::directory_iterator(fs::path(quanta::testing::test_data("reference-vectors")))) {
     const std::string name = e.path().filename().string();
     if (name.rfind("nf4_", 0) == 0 && e.path().extension() == ".safetensors")
       out.push_back(e.path().string());

@@ -11,14 +11,13 @@
 
 #include "parity_test_util.h"
 #include "quant/parity/parity.h"
+#include "support/test_data.h"
 
 namespace {
 
 std::vector<std::string> scalar_cases() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
   std::vector<std::string> files;
-  const std::filesystem::path dir = std::filesystem::path(root) / "reference-vectors";
+  const std::filesystem::path dir(quanta::testing::test_data("reference-vectors"));
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (e.path().extension() != ".safetensors") continue;

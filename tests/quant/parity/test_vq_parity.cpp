@@ -3,13 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "quant/parity/parity.h"
+#include "support/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace quanta;
@@ -17,10 +17,9 @@ using namespace quanta;
 namespace {
 
 std::vector<fs::path> vq_cases() {
-  const char* root = std::getenv("QUANTA_TEST_DATA");
-  REQUIRE_MESSAGE(root != nullptr, "QUANTA_TEST_DATA is not set");
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(fs::path(root) / "reference-vectors")) {
+  for (const auto& e :
+       fs::directory_iterator(fs::path(quanta::testing::test_data("reference-vectors")))) {
     const std::string name = e.path().filename().string();
     if (e.path().extension() != ".safetensors") continue;
     for (const char* prefix : {"vq_", "rvq_", "grvq_", "hvq_", "lookup_vq", "lookup_rvq"})
