@@ -8,9 +8,10 @@
 // polynomials against libm), so elementwise_kernels.cpp runs every element
 // of such a functor through it, whatever the tensor's layout. Only forms
 // whose bits are the same on every x86-64 CPU belong here: Eigen's sqrt and
-// rsqrt under EIGEN_FAST_MATH refine the rsqrt14 estimate, whose bits differ
-// between Intel's and AMD's chips and which is good to 23 bits in f32 (28 in
-// f64), so sqrt and rsqrt run their scalar forms, correctly rounded.
+// rsqrt under EIGEN_FAST_MATH refine the CPU's rsqrt14 estimate by Newton
+// steps (one in f32, two in f64): near full precision but not correctly
+// rounded, and the estimate's bits differ between chips. So sqrt and rsqrt
+// run their scalar forms, correctly rounded.
 #include <cmath>
 #include <limits>
 #include <type_traits>
