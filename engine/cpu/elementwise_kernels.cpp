@@ -21,24 +21,39 @@ namespace {
 // Over a map of any length Eigen would run the scalar form on the values
 // before the first aligned packet and after the last whole one, so that a
 // value's bits would follow its address and where a thread's piece ends.
-// Instead every value goes through whole packets: blocks copied into an
-// aligned buffer, the last one padded.
+// Instead every value goes through whole packets: whole blocks straight into
+// a 64-byte aligned dst, the values before its first aligned address and
+// after the last whole block (or all of them, in place: the fixup reads src
+// after the vector pass) through aligned buffers, the last one padded.
 template <class T, class F>
 void unary_piece(const F& f, const T* src, T* dst, int64_t n) {
   if constexpr (VectorForm<F>::has) {
     constexpr int64_t kBlock = 64;  // a multiple of every packet's length
     using Block = Eigen::Array<T, kBlock, 1>;
-    alignas(64) T in[kBlock];
-    alignas(64) T out[kBlock];
-    for (int64_t a = 0; a < n; a += kBlock) {
-      const int64_t m = std::min(kBlock, n - a);
-      std::copy(src + a, src + a + m, in);
+    using AlignedOut = Eigen::Map<Block, Eigen::Aligned64>;
+    const auto buffered = [](const T* from, T* to, int64_t m) {
+      alignas(64) T in[kBlock];
+      alignas(64) T out[kBlock];
+      std::copy(from, from + m, in);
       std::fill(in + m, in + kBlock, T(1));
-      Eigen::Map<Block, Eigen::Aligned64> result(out);
+      AlignedOut result(out);
       result = VectorForm<F>::apply(Eigen::Map<const Block, Eigen::Aligned64>(in));
       VectorForm<F>::fixup(in, out, m);
-      std::copy(out, out + m, dst + a);
+      std::copy(out, out + m, to);
+    };
+    int64_t a = 0;
+    if (src != dst) {
+      const auto misalign = reinterpret_cast<uintptr_t>(dst) % 64;
+      const int64_t head =
+          std::min<int64_t>(n, misalign ? int64_t(64 - misalign) / int64_t(sizeof(T)) : 0);
+      if (head > 0) buffered(src, dst, head);
+      for (a = head; a + kBlock <= n; a += kBlock) {
+        AlignedOut result(dst + a);
+        result = VectorForm<F>::apply(Eigen::Map<const Block>(src + a));
+        VectorForm<F>::fixup(src + a, dst + a, kBlock);
+      }
     }
+    for (; a < n; a += kBlock) buffered(src + a, dst + a, std::min(kBlock, n - a));
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = f(src[i]);
   }
