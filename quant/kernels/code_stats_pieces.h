@@ -20,11 +20,20 @@ namespace quanta::quant::fn {
 /** Where a code's part of a piece goes. */
 enum class PiecePart { whole, head, tail };
 
+/** Values of x a piece walk (and a spanning code's combine) reads before it
+ * adds any of them. A thread per column walks its rows one after another,
+ * and a walk that writes a code's sum as it goes leaves each load waiting on
+ * the last (a load cannot move above a store that might alias it): one load
+ * in flight per thread, which on a GPU is a DRAM round trip per row. Reading
+ * a batch first keeps kPieceLoads of them in flight; the additions keep
+ * their order, so the sums' bits do not change. */
+inline constexpr int kPieceLoads = 8;
+
 /** Column e of a piece of `len` sorted rows: keys[t] their codes (k and up
  * are not counted), rows[t] their row numbers in x [n, d]; from_before:
  * the piece's first code began in an earlier piece; into_next: its last
  * code goes on into the next. Calls put(part, code, sum) once per counted
- * code of the piece. */
+ * code of the piece; each sum adds its rows in sorted order. */
 template <class T, class Put>
 QUANTA_HD void walk_piece(const int32_t* keys, const int32_t* rows, int64_t len, bool from_before,
                           bool into_next, const T* x, int64_t d, int64_t e, int64_t k, Put&& put) {
@@ -40,14 +49,27 @@ QUANTA_HD void walk_piece(const int32_t* keys, const int32_t* rows, int64_t len,
   int32_t code = keys[0];
   bool first = true;
   T acc = T(0);
-  for (int64_t t = 0; t < len; ++t) {
-    if (keys[t] != code) {
-      emit(code, acc, first, false);
-      code = keys[t];
-      first = false;
-      acc = T(0);
+  for (int64_t t0 = 0; t0 < len; t0 += kPieceLoads) {
+    const int64_t batch = len - t0 < kPieceLoads ? len - t0 : kPieceLoads;
+    T v[kPieceLoads];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kPieceLoads; ++u)
+      v[u] = u < batch ? x[static_cast<int64_t>(rows[t0 + u]) * d + e] : T(0);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kPieceLoads; ++u) {
+      if (u >= batch) break;
+      if (keys[t0 + u] != code) {
+        emit(code, acc, first, false);
+        code = keys[t0 + u];
+        first = false;
+        acc = T(0);
+      }
+      acc += v[u];
     }
-    acc += x[static_cast<int64_t>(rows[t]) * d + e];
   }
   emit(code, acc, first, true);
 }
@@ -65,7 +87,19 @@ QUANTA_HD T combine_code(int64_t s, int64_t end, int64_t P, const T* head, const
                          int64_t e) {
   const int64_t ps = s / P, pe = (end - 1) / P;
   T acc = tail[ps * d + e];
-  for (int64_t j = ps + 1; j <= pe; ++j) acc += head[j * d + e];
+  for (int64_t j0 = ps + 1; j0 <= pe; j0 += kPieceLoads) {
+    const int64_t batch = pe + 1 - j0 < kPieceLoads ? pe + 1 - j0 : kPieceLoads;
+    T v[kPieceLoads];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kPieceLoads; ++u) v[u] = u < batch ? head[(j0 + u) * d + e] : T(0);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kPieceLoads; ++u)
+      if (u < batch) acc += v[u];
+  }
   return acc;
 }
 
