@@ -80,21 +80,20 @@ __global__ void decode_kernel(NF4Runs w, int64_t begin, int64_t count, DType dd,
   }
 }
 
-// The 8 decoded values at p (16-byte aligned) as 16-byte stores.
-template <class D>
-__device__ inline void store8(D* p, const D (&v)[kNF4WordCodes]) {
+// The C decoded values at p (16-byte aligned: one thread's piece) as one
+// 16-byte store.
+template <class D, int C>
+__device__ inline void store16(D* p, const D (&v)[C]) {
+  static_assert(C * sizeof(D) == kNF4DecodeStoreBytes, "a piece fills one 16-byte store");
   if constexpr (sizeof(D) == 4) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   } else if constexpr (sizeof(D) == 8) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      reinterpret_cast<double2*>(p)[q] = make_double2(v[2 * q], v[2 * q + 1]);
+    *reinterpret_cast<double2*>(p) = make_double2(v[0], v[1]);
   } else {
     static_assert(sizeof(D) == 2, "f32, f64 or a 16-bit float");
-    uint32_t half[kNF4WordCodes];
+    uint32_t half[C];
 #pragma unroll
-    for (int j = 0; j < kNF4WordCodes; ++j) {
+    for (int j = 0; j < C; ++j) {
       uint16_t bits;
       memcpy(&bits, &v[j], sizeof bits);
       half[j] = bits;
@@ -105,22 +104,25 @@ __device__ inline void store8(D* p, const D (&v)[kNF4WordCodes]) {
 }
 
 // Words [0, words) of packed codes from element `begin` (a multiple of 8),
-// a thread each: a word never leaves its run (runs are 32 or 64 codes), so
-// one scale serves its 8 values. nf4_decode_split says when this applies.
+// 16 bytes of output a thread (plans.h: nf4_decode_piece): a word never
+// leaves its run (runs are 32 or 64 codes), so one scale serves its values.
+// nf4_decode_split says when this applies.
 template <class D>
-__global__ void decode_words_kernel(NF4Runs w, int64_t begin, int64_t words, DType dd, D* out) {
+__global__ void decode_words_kernel(NF4Runs w, int64_t begin, int64_t threads, DType dd, D* out) {
+  constexpr int C = static_cast<int>(nf4_decode_thread_codes(sizeof(D)));
   __shared__ float values[16];
   load_values(values);
-  QUANTA_GRID_STRIDE(t, words) {
-    const int64_t i = begin + t * kNF4WordCodes, r = fn::nf4_run_of(w, i);
+  QUANTA_GRID_STRIDE(t, threads) {
+    const NF4DecodePiece piece = nf4_decode_piece<sizeof(D)>(t);
+    const int64_t i = begin + piece.word * kNF4WordCodes, r = fn::nf4_run_of(w, i);
     const uint32_t word =
         __ldg(reinterpret_cast<const uint32_t*>(fn::nf4_run_codes(w, r) + (i - r * w.run) / 2));
     const float scale = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, r)));
-    D v[kNF4WordCodes];
+    D v[C];
 #pragma unroll
-    for (int j = 0; j < kNF4WordCodes; ++j)
-      v[j] = decoded<D>(values, fn::nf4_word_code(word, j), scale, dd);
-    store8(out + t * kNF4WordCodes, v);
+    for (int j = 0; j < C; ++j)
+      v[j] = decoded<D>(values, fn::nf4_word_code(word, piece.first_code + j), scale, dd);
+    store16<D, C>(out + t * C, v);
   }
 }
 
@@ -129,10 +131,11 @@ __global__ void decode_words_kernel(NF4Runs w, int64_t begin, int64_t words, DTy
 template <class D>
 void decode(const NF4Runs& w, int64_t begin, int64_t count, DType dd, D* out) {
   const NF4DecodeSplit s = nf4_decode_split(w, begin, count, out);
-  const cuda::LaunchConfig gw = grid_for(s.words);
+  const int64_t threads = nf4_decode_threads(s.words, sizeof(D));
+  const cuda::LaunchConfig gw = grid_for(threads);
   if (gw.blocks > 0) {
     decode_words_kernel<D><<<static_cast<unsigned>(gw.blocks), gw.threads, 0, cuda::stream()>>>(
-        w, begin, s.words, dd, out);
+        w, begin, threads, dd, out);
     QUANTA_CUDA_CHECK_LAUNCH();
   }
   const cuda::LaunchConfig ge = grid_for(s.tail_count);

@@ -207,16 +207,53 @@ inline bool nf4_bf16_products(bool f32_data, DType dequant, int64_t m) {
 // ---- nf4_decode (dequantize, and the tiled path's weight tiles) ----
 //
 // Dequantizing moves 0.5625 bytes in per 4 (f32) or 2 (bf16, f16) bytes out,
-// so its floor is the writes. A thread per packed 32-bit word of codes reads
-// the word and its run's scale once, decodes 8 values in registers and writes
-// them as 16-byte stores; one thread per element (the general kernel) would
-// read each code byte twice and the scale 64 times, with 4- or 2-byte stores.
+// so its floor is the writes. A thread per 16 bytes of output reads its
+// packed 32-bit word of codes and its run's scale, decodes its values in
+// registers and writes them as one 16-byte store, so each store instruction
+// of a warp writes 512 contiguous bytes, whole 32-byte sectors. (A thread
+// per word wrote an f32 word's 32 bytes as two 16-byte stores, each
+// instruction then half of every sector it touched: the H200 dequantized to
+// f32 at 58% of copy bandwidth, to bf16, one store a word, at 84%.) One
+// thread per element (the general kernel) would read each code byte twice
+// and the scale 64 times, with 4- or 2-byte stores.
 
 /** Elements one word of packed codes holds. */
 inline constexpr int64_t kNF4WordCodes = 8;
 
+/** Bytes each thread of the word kernel stores. */
+inline constexpr int64_t kNF4DecodeStoreBytes = 16;
+
+/** Codes each thread of the word kernel decodes for outputs of elem_bytes
+ * (2, 4 or 8): 8, 4 or 2, a whole word or a part that never leaves it. */
+constexpr int64_t nf4_decode_thread_codes(int64_t elem_bytes) {
+  return kNF4DecodeStoreBytes / elem_bytes;
+}
+
+/** Where thread t of the word kernel reads and writes: word `word` of the
+ * split's words, its codes first_code .. first_code + codes - 1, written at
+ * element t * codes of the output (16-byte aligned, as the split's output). */
+struct NF4DecodePiece {
+  int64_t word = 0;
+  int first_code = 0;
+};
+
+// constexpr: nvcc's --expt-relaxed-constexpr lets the kernel call it.
+template <int64_t ElemBytes>
+constexpr NF4DecodePiece nf4_decode_piece(int64_t t) {
+  constexpr int64_t codes = nf4_decode_thread_codes(ElemBytes);
+  constexpr int64_t per_word = kNF4WordCodes / codes;
+  static_assert(codes * ElemBytes == kNF4DecodeStoreBytes && kNF4WordCodes % codes == 0,
+                "a thread's codes fill its store and lie in one word");
+  return {t / per_word, static_cast<int>(t % per_word * codes)};
+}
+
+/** Threads of the word kernel for `words` words to outputs of elem_bytes. */
+constexpr int64_t nf4_decode_threads(int64_t words, int64_t elem_bytes) {
+  return words * kNF4WordCodes / nf4_decode_thread_codes(elem_bytes);
+}
+
 /** How nf4_decode covers elements [begin, begin + count): `words` whole
- * words from `begin`, a thread each, then the elements from `tail_begin`
+ * words from `begin` by the word kernel (nf4_decode_piece), then the elements from `tail_begin`
  * (`tail_count` of them) a thread each. No words when begin is not on a word,
  * the runs cannot be read as words (nf4_word_aligned), or the output is not
  * 16-byte aligned (the word kernel's vector stores). */

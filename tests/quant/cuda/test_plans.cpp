@@ -168,6 +168,37 @@ TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest elem
   static_assert(32 % kNF4WordCodes == 0 && 64 % kNF4WordCodes == 0);
 }
 
+// Every code of every word decoded once, by a thread whose 16-byte store
+// lands where those codes' elements go; a warp's stores contiguous.
+template <int64_t E>
+void check_decode_pieces() {
+  INFO("output elements of ", E, " bytes");
+  const int64_t words = 37, codes = quant_cuda::nf4_decode_thread_codes(E);
+  const int64_t threads = quant_cuda::nf4_decode_threads(words, E);
+  CHECK(threads * codes == words * quant_cuda::kNF4WordCodes);
+  std::vector<int> hits(static_cast<size_t>(words * quant_cuda::kNF4WordCodes), 0);
+  for (int64_t t = 0; t < threads; ++t) {
+    const quant_cuda::NF4DecodePiece p = quant_cuda::nf4_decode_piece<E>(t);
+    REQUIRE(p.word < words);
+    REQUIRE(p.first_code + codes <= quant_cuda::kNF4WordCodes);
+    const int64_t element = p.word * quant_cuda::kNF4WordCodes + p.first_code;
+    CHECK(element == t * codes);  // the store at element t * codes: 16 t bytes
+    for (int64_t j = 0; j < codes; ++j) ++hits[static_cast<size_t>(element + j)];
+  }
+  CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+}
+
+TEST_CASE("quant cuda plans: nf4_decode's threads store 16 contiguous bytes each") {
+  check_decode_pieces<2>();
+  check_decode_pieces<4>();
+  check_decode_pieces<8>();
+  static_assert(quant_cuda::nf4_decode_thread_codes(4) == 4);
+  static_assert(quant_cuda::nf4_decode_piece<4>(5).word == 2 &&
+                quant_cuda::nf4_decode_piece<4>(5).first_code == 4);
+  static_assert(quant_cuda::nf4_decode_piece<2>(5).word == 5 &&
+                quant_cuda::nf4_decode_piece<2>(5).first_code == 0);
+}
+
 TEST_CASE("quant cuda plans: code_statistics' pieces are about sqrt(n) rows, powers of two") {
   using namespace quant_cuda;
   CHECK(code_stats_piece_rows(0) == 32);
