@@ -383,9 +383,14 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
       "vq_nearest_8192x256_k1024",          "vq_nearest_8192x256_k1024_cosine",
       "vq_nearest_8192x256_k16384",         "vq_nearest_8192x256_k16384_cosine",
       "vq_code_statistics_65536x256_k1024", "vq_code_statistics_65536x256_k1024_one_code"};
-  const std::set<std::string> nf4_rows = {"nf4_dequantize",        "nf4_dequantize_bf16",
-                                          "nf4_gemv_8192_b1",      "nf4_gemv_8192_b1_staged",
-                                          "nf4_gemv_8192_b1_wide", "nf4_linear_8192_b512"};
+  const std::set<std::string> nf4_rows = {"nf4_dequantize",
+                                          "nf4_dequantize_bf16",
+                                          "nf4_gemv_8192_b1",
+                                          "nf4_gemv_8192_b1_staged",
+                                          "nf4_gemv_8192_b1_wide",
+                                          "nf4_gemv_8192_b1_staged_graph",
+                                          "nf4_gemv_8192_b1_wide_graph",
+                                          "nf4_linear_8192_b512"};
   for (const auto& [suite, names] :
        {std::pair{"engine", engine_rows}, std::pair{"train", train_rows},
         std::pair{"quant", quant_rows}, std::pair{"nf4", nf4_rows}}) {

@@ -13,6 +13,13 @@
 //     (quant/cuda/plans.h: NF4GemvKind): this row runs the default one
 //     (QUANTA_NF4_GEMV, staged when unset), nf4_gemv_8192_b1_staged and
 //     nf4_gemv_8192_b1_wide each kernel, named, against the same floor.
+//     These time what a caller waits for, the host's work on each call
+//     included, which a GEMV of tens of microseconds may not hide.
+//   nf4_gemv_8192_b1_staged_graph, _wide_graph: each kernel's call and the
+//     floor's product captured once (DeviceGraph) and replayed in turns, so
+//     the host queues one graph a call: the GPU's time alone, what the GEMV
+//     costs inside a captured decoding step. The gap to the row above is
+//     the host's share.
 //   nf4_linear_8192_b512: nf4_linear of 512 f32 rows (dequantized tiles and
 //     cuBLAS), against the f32 GEMM with the f32 weight: what dequantizing
 //     on the fly costs at a training batch (QLoRA's forward).
@@ -60,6 +67,16 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
       rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1") + (*kind ? "_" : "") + kind, [&] {
         const std::vector<double> ms = gpu.time(
             {[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(xb, wt); }});
+        return timed_row(ms[0], ms[1]);
+      }));
+    }
+    for (const char* kind : {"staged", "wide"}) {
+      setenv("QUANTA_NF4_GEMV", kind, 1);  // read while capturing
+      rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1_") + kind + "_graph", [&] {
+        Tensor y, yb;  // the graphs' outputs, rewritten by each replay
+        DeviceGraph gemv = DeviceGraph::capture(dev, [&] { y = quant::nf4_linear(x, q); });
+        DeviceGraph floor = DeviceGraph::capture(dev, [&] { yb = matmul(xb, wt); });
+        const std::vector<double> ms = gpu.time({[&] { gemv.replay(); }, [&] { floor.replay(); }});
         return timed_row(ms[0], ms[1]);
       }));
     }
