@@ -337,9 +337,13 @@ __global__ void grid_fold_kernel(const T* src, int64_t outer, int64_t a, int64_t
     const int64_t k = e % keep, p = e / keep % pieces, o = e / keep / pieces;
     const int64_t i1 = min(a, (p + 1) * piece);
     Acc acc = Fold::template start<Acc>();
-    for (int64_t i = p * piece; i < i1; ++i) {
-      const T* v = src + ((o * a + i) * keep + k) * b;
-      for (int64_t j = 0; j < b; ++j) acc = fold(acc, static_cast<Acc>(v[j]));
+    if (b == 1) {  // a column: its values a row apart, several loads in flight
+      acc = fn::fold_strided(acc, src + (o * a + p * piece) * keep + k, i1 - p * piece, keep, fold);
+    } else {
+      for (int64_t i = p * piece; i < i1; ++i) {
+        const T* v = src + ((o * a + i) * keep + k) * b;
+        for (int64_t j = 0; j < b; ++j) acc = fold(acc, static_cast<Acc>(v[j]));
+      }
     }
     out[e] = static_cast<Out>(acc);
   }

@@ -138,6 +138,34 @@ constexpr bool reduces_half(RowReduce op) {
   return op == RowReduce::sum || op == RowReduce::max || op == RowReduce::min;
 }
 
+/** Values a strided fold reads before it folds any. A thread that folds a
+ * column one value at a time has one load in flight, a DRAM round trip per
+ * row on a GPU: the H200 summed a [4096, 16384] f32 tensor over dim 0 at 0.6
+ * TB/s that way, 6.6x the time of a copy. */
+inline constexpr int kStridedLoads = 8;
+
+/** acc folded with v[0], v[stride], ..., v[(n - 1) stride] in that order
+ * (fold(acc, value) -> acc, each value converted to Acc), reading
+ * kStridedLoads values ahead of the folding: the order, and so the bits, of a
+ * plain loop. */
+template <class Acc, class T, class Fold>
+QUANTA_HD inline Acc fold_strided(Acc acc, const T* v, int64_t n, int64_t stride, Fold fold) {
+  int64_t i = 0;
+  for (; i + kStridedLoads <= n; i += kStridedLoads) {
+    T batch[kStridedLoads];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kStridedLoads; ++u) batch[u] = v[(i + u) * stride];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kStridedLoads; ++u) acc = fold(acc, static_cast<Acc>(batch[u]));
+  }
+  for (; i < n; ++i) acc = fold(acc, static_cast<Acc>(v[i * stride]));
+  return acc;
+}
+
 /** Calls f(i, j) with (i, j) = (t / b, t % b) for t = first, first + step,
  * ... below a * b (b >= 1): a thread's share of an [a, b] walk, advanced by
  * (step / b, step % b) and one carry instead of a division per value. */

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,36 @@ TEST_CASE("walk_pairs: a thread's share of an [a, b] walk without divisions") {
         std::iota(all.begin(), all.end(), 0);
         CHECK(seen == all);
       }
+    }
+  }
+}
+
+TEST_CASE("fold_strided: a column's fold with loads ahead, in a plain loop's order and bits") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int64_t n : {0, 1, 7, 8, 9, 16, 17, 1000}) {
+    for (const int64_t stride : {1, 3}) {
+      CAPTURE(n);
+      CAPTURE(stride);
+      std::vector<float> v(static_cast<size_t>(std::max<int64_t>(n * stride, 1)));
+      for (float& x : v) x = u(rng) * 1e3f;  // sums whose rounding shows the order
+      if (n > 5) v[static_cast<size_t>(5 * stride)] = std::numeric_limits<float>::quiet_NaN();
+      float sum = 0.0f;
+      double wide = 0.0;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = v[static_cast<size_t>(i * stride)];
+        sum = fn::FoldSum{}(sum, x);
+        wide = fn::FoldSum{}(wide, static_cast<double>(x));
+        top = fn::FoldExtreme<true>{}(top, x);
+      }
+      const float got_sum = fn::fold_strided(0.0f, v.data(), n, stride, fn::FoldSum{});
+      const double got_wide = fn::fold_strided(0.0, v.data(), n, stride, fn::FoldSum{});
+      const float got_top = fn::fold_strided(-std::numeric_limits<float>::infinity(), v.data(), n,
+                                             stride, fn::FoldExtreme<true>{});
+      CHECK(std::memcmp(&got_sum, &sum, sizeof sum) == 0);  // NaN included
+      CHECK(std::memcmp(&got_wide, &wide, sizeof wide) == 0);
+      CHECK(std::memcmp(&got_top, &top, sizeof top) == 0);
     }
   }
 }
