@@ -21,44 +21,34 @@
 namespace quanta::cuda {
 namespace {
 
-// Elements a thread reads before it writes any, when every operand is
-// dense. A thread that loads, computes and stores one element at a time has
-// one load per operand in flight (the next element's load cannot pass a store
-// that might alias it): the H200 ran exp over 268 MB at 2.1x the time of a
-// copy and add at 1.7x. Each body therefore splits into load (an element's
-// inputs) and store (its result), and a thread loads kWalkLoads elements, a
-// grid's step apart (a warp's loads stay contiguous), before storing them.
-// An element's load and store stay in one thread, so an op in place is as
-// before. Strided walks, whose offsets cost divisions, keep one element at a
-// time: unrolled, they would quadruple the file's build time for little.
-constexpr int kWalkLoads = 4;
-
+// Over dense operands a thread loads several elements before it stores any
+// (grid_stride_loads_first): each body splits into load (an element's
+// inputs) and store (its result). Strided walks, whose offsets cost
+// divisions, keep one element at a time: unrolled, they would more than
+// double the file's build time for little.
 template <int N, class Body>
 __global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (!ix.dense) {
-    for (int64_t i = start; i < n; i += step) {
-      int64_t off[N];
-      ix.offsets(i, off);
-      body.store(off, body.load(off));
-    }
+  if (ix.dense) {
+    using Loaded = typename Body::Loaded;
+    grid_stride_loads_first<loads_ahead(sizeof(Loaded))>(
+        n,
+        [&](int64_t i) {
+          int64_t off[N];
+          for (int k = 0; k < N; ++k) off[k] = i;
+          return body.load(off);
+        },
+        [&](int64_t i, const Loaded& v) {
+          int64_t off[N];
+          for (int k = 0; k < N; ++k) off[k] = i;
+          body.store(off, v);
+        });
     return;
   }
-  for (int64_t first = start; first < n; first += kWalkLoads * step) {
-    typename Body::Loaded v[kWalkLoads];
-#pragma unroll
-    for (int u = 0; u < kWalkLoads; ++u) {
-      int64_t off[N];
-      for (int k = 0; k < N; ++k) off[k] = first + u * step;
-      if (first + u * step < n) v[u] = body.load(off);
-    }
-#pragma unroll
-    for (int u = 0; u < kWalkLoads; ++u) {
-      int64_t off[N];
-      for (int k = 0; k < N; ++k) off[k] = first + u * step;
-      if (first + u * step < n) body.store(off, v[u]);
-    }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[N];
+    ix.offsets(i, off);
+    body.store(off, body.load(off));
   }
 }
 
