@@ -21,29 +21,37 @@
 namespace quanta::cuda {
 namespace {
 
-// Over dense operands a thread loads several elements before it stores any
-// (grid_stride_loads_first): each body splits into load (an element's
-// inputs) and store (its result). Strided walks, whose offsets cost
-// divisions, keep one element at a time: unrolled, they would more than
-// double the file's build time for little.
+// Where the merged index has one or two dims (dense operands, a scalar or
+// row broadcast, a transpose: most calls), a thread loads several elements
+// before it stores any (grid_stride_loads_first), their offsets from the
+// fixed-dims form (at most one division each); each body splits into load
+// (an element's inputs) and store (its result). Three or more dims keep one
+// element at a time: the general offsets' loop, unrolled, would more than
+// double the file's build time for the rarest calls.
+template <int D, class Body, int N>
+__device__ void walk_loads_first(int64_t n, const StridedIndex<N>& ix, const Body& body) {
+  using Loaded = typename Body::Loaded;
+  // Two dims: two elements ahead, each with its division (more cost the
+  // build more than they gain).
+  constexpr int ahead = D == 1 ? loads_ahead(sizeof(Loaded)) : 2;
+  grid_stride_loads_first<ahead>(
+      n,
+      [&](int64_t i) {
+        int64_t off[N];
+        ix.template offsets_of_dims<D>(i, off);
+        return body.load(off);
+      },
+      [&](int64_t i, const Loaded& v) {
+        int64_t off[N];
+        ix.template offsets_of_dims<D>(i, off);
+        body.store(off, v);
+      });
+}
+
 template <int N, class Body>
 __global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
-  if (ix.dense) {
-    using Loaded = typename Body::Loaded;
-    grid_stride_loads_first<loads_ahead(sizeof(Loaded))>(
-        n,
-        [&](int64_t i) {
-          int64_t off[N];
-          for (int k = 0; k < N; ++k) off[k] = i;
-          return body.load(off);
-        },
-        [&](int64_t i, const Loaded& v) {
-          int64_t off[N];
-          for (int k = 0; k < N; ++k) off[k] = i;
-          body.store(off, v);
-        });
-    return;
-  }
+  if (ix.ndim <= 1) return walk_loads_first<1>(n, ix, body);
+  if (ix.ndim == 2) return walk_loads_first<2>(n, ix, body);
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[N];

@@ -53,6 +53,30 @@ struct StridedIndex {
       for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
     }
   }
+
+  /** offsets() for an index of D dims (1: also 0 dims; 2), D fixed where the
+   * kernel is compiled: no loop over dims and at most one division, so a
+   * kernel can compute several elements' offsets at once cheaply (a scalar
+   * or row broadcast, a transpose). */
+  template <int D>
+  QUANTA_HD void offsets_of_dims(int64_t linear, int64_t (&off)[N]) const {
+    static_assert(D == 1 || D == 2, "one or two dims");
+    if constexpr (D == 1) {
+      for (int k = 0; k < N; ++k) off[k] = linear * strides[k][0];  // 0 dims: strides 0
+    } else {
+      int64_t row, col;
+      if (narrow) {
+        const auto pos = static_cast<uint32_t>(linear);
+        const uint32_t q = divider[1].div(pos);
+        row = q;
+        col = static_cast<int64_t>(pos - q * divider[1].divisor);
+      } else {
+        row = linear / shape[1];
+        col = linear % shape[1];
+      }
+      for (int k = 0; k < N; ++k) off[k] = row * strides[k][0] + col * strides[k][1];
+    }
+  }
 };
 
 /** Builds the index of `shape` with operand k's strides in strides[k]; throws

@@ -114,6 +114,14 @@ void check_index(const Shape& shape, const Shape& s0, const Shape& s1) {
     ix.offsets(i, off);
     REQUIRE(off[0] == w0[i]);
     REQUIRE(off[1] == w1[i]);
+    // The fixed-dims forms the CUDA walk takes for one or two dims.
+    int64_t low[2] = {-1, -1};
+    if (ix.ndim <= 1) ix.offsets_of_dims<1>(i, low);
+    if (ix.ndim == 2) ix.offsets_of_dims<2>(i, low);
+    if (ix.ndim <= 2) {
+      REQUIRE(low[0] == w0[i]);
+      REQUIRE(low[1] == w1[i]);
+    }
   }
 }
 
@@ -145,6 +153,27 @@ TEST_CASE("strided index: merged dims give the offsets of the definition") {
   check_index({3, 2, 2}, {8, 4, 2}, {4, 2, 1});             // stepped
   check_index({1}, {5}, {0});
   check_index({}, {}, {});
+  check_index({7}, {1}, {0});                     // a scalar broadcast: one dim
+  check_index({6}, {3}, {1});                     // a strided view: one dim
+  check_index({5, 6}, {6, 1}, {1, 0});            // a column broadcast: two dims
+  check_index({5, 6}, {6, 1}, {0, 1});            // a row broadcast: two dims
+  check_index({3, 4, 5}, {20, 5, 1}, {0, 5, 1});  // merged to two dims
+  {
+    // 2^32 + 65536 elements: the two-dims form without the 32-bit divider.
+    const auto big =
+        make_strided_index<2>({65536, 65537}, {Shape{65537, 1}.data(), Shape{1, 0}.data()}, "test");
+    REQUIRE(big.ndim == 2);
+    CHECK_FALSE(big.narrow);
+    for (const int64_t i : {int64_t{0}, int64_t{65536}, int64_t{65537}, int64_t{1} << 32,
+                            int64_t{65536} * 65537 - 1}) {
+      int64_t want[2], got[2];
+      big.offsets(i, want);
+      big.offsets_of_dims<2>(i, got);
+      CHECK(got[0] == want[0]);
+      CHECK(got[1] == want[1]);
+      CHECK(got[1] == i / 65537);
+    }
+  }
   const auto empty = make_strided_index<1>({3, 0, 2}, {Shape{0, 2, 1}.data()}, "test");
   CHECK(empty.ndim == 0);
   const auto dense =
