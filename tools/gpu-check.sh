@@ -65,7 +65,9 @@
 #            launches and kernel time per step, and the 20 kernels that take
 #            the most (tools/gpu-check/kernel_profile.py; the first step's
 #            initialisation and a final evaluation of 64 images are in it; a
-#            profile cut short is still summed, and says so).
+#            profile cut short is still summed, and says so); in its last
+#            third (45 s at most), ncu's throughput, memory and stall
+#            sections on the NF4 GEMV's default kernel in `bench nf4`.
 # The PyTorch peers run with the first python of /opt/torch/.venv/bin/python3
 # and python3 that imports torch and numpy (the info phase names it).
 # --reuse keeps an existing BUILD_DIR: a second call on the same machine then

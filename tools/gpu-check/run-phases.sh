@@ -159,21 +159,36 @@ phase_bench() {
 # gets summed, marked as cut short. The steps run with --no-graph: ncu
 # times kernels one launch at a time and failed on the launches of a graph
 # capture (exit 9 at the captured step, on an H200, 2026-12-04); the eager
-# step's launches are what a capture then holds.
+# step's launches are what a capture then holds. The phase's last third (at
+# most GEMV_PROFILE_S seconds) goes to the NF4 GEMV's profile (profile_gemv).
 readonly PROFILE_STEPS=10
 readonly PROFILE_LAUNCHES=3000
+readonly GEMV_PROFILE_S=45
 phase_profile() {
-  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu csv rc=0 cut=()
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu rc=0
   ncu="$(command -v ncu || compgen -G '/opt/nvidia/nsight-compute/*/ncu' | sort -V | tail -n 1)" \
     || true
   [ -n "$ncu" ] || { echo "no ncu on this machine: no kernel profile"; return 0; }
   [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
-  [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "the bundle has no data slice"; return 0; }
+  local gemv_s=$(($1 / 3 < GEMV_PROFILE_S ? $1 / 3 : GEMV_PROFILE_S))
+  local train_s=$(($1 - gemv_s)) start=$SECONDS
+  if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
+    profile_train "$ncu" "$train_s" || rc=$?
+  else
+    echo "the bundle has no data slice: no profile of the training step"
+  fi
+  profile_gemv "$ncu" $(($1 - (SECONDS - start))) || rc=$?
+  return "$rc"
+}
+
+# profile_train NCU SECONDS: the training step's kernels (above).
+profile_train() {
+  local ncu="$1" data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" csv rc=0 cut=()
   csv="$(mktemp)"
   rm -rf "$build-profile"
-  timeout -k 5 "$1" "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none \
+  timeout -k 5 "$2" "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none \
     --target-processes all --launch-count "$PROFILE_LAUNCHES" \
-    timeout -k 5 $(($1 > 40 ? $1 - 20 : $1 / 2)) \
+    timeout -k 5 $(($2 > 40 ? $2 - 20 : $2 / 2)) \
     "$quanta" train --data "$data" --device cuda --no-graph --steps "$PROFILE_STEPS" --batch-size 64 \
     --limit-test 64 --eval-every 1000000 --log-every "$PROFILE_STEPS" --threads "$(nproc)" \
     --out "$build-profile" >"$csv" 2>&1 || rc=$?
@@ -185,6 +200,25 @@ phase_profile() {
     grep -v '^"' "$csv" | tail -n 5
     [ "$rc" -ne 0 ] || rc=1
   fi
+  return "$rc"
+}
+
+# profile_gemv NCU SECONDS: the NF4 GEMV at batch 1, the issue's goal left
+# furthest (0.84x cuBLAS's bf16 GEMV against 3x on the H200, 2026-12-04).
+# Nsight Compute's sections on the first launch of the default (staged)
+# kernel in `bench nf4`, which say whether memory bandwidth, instruction
+# issue or the latency of too few loads bounds it: its throughputs against
+# the peaks (SpeedOfLight), the memory traffic, the warps' stall reasons.
+profile_gemv() {
+  local ncu="$1" quanta="$build/tools/quanta" rc=0
+  [ "$2" -ge 20 ] || { echo "no time left for the NF4 GEMV's profile"; return 0; }
+  echo "== ncu: the NF4 GEMV's staged kernel (nf4_gemv_8192_b1, first launch)"
+  timeout -k 5 "$2" "$ncu" --kernel-name regex:'(^|::)gemv_kernel' --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section Occupancy --section WarpStateStats \
+    "$quanta" bench nf4 --device cuda --repeat 1 >"$build-gemv-ncu.txt" 2>&1 || rc=$?
+  grep -v '^==PROF==' "$build-gemv-ncu.txt" | tail -n 150
+  [ "$rc" -eq 0 ] || echo "(ncu exit $rc$([ "$rc" -eq 124 ] && echo ': timed out'))"
   return "$rc"
 }
 
