@@ -5,20 +5,16 @@
 // the dequant dtype as nf4_decode rounds them.
 //
 // A block takes kNF4GemvBlockRows weight rows; each warp takes
-// kNF4GemvRowsPerWarp of them. Per pass the block stages `chunk` columns of
-// every row of x in shared memory (each x value then comes from global
-// memory once per block, not once per weight row); lane l of a warp handles
-// columns 8 l .. 8 l + 7 of every 256, one 32-bit word of codes per weight
-// row, so a warp's loads of a row's codes are contiguous; the words of
-// kStepsInFlight steps are loaded before any is decoded. Each lane sums its
-// products in T; one warp sum per output ends the row.
-//
-// The `wide` kernel (plans.h: NF4GemvKind) stages nothing: lane l takes
-// columns 32 l .. 32 l + 31 of every kNF4GemvWideStep, four words of codes per
-// weight row (one run of 32 or half a run of 64, so one scale) loaded before
-// any is decoded, and reads its values of x from global memory in 16-byte
-// loads through the L1 cache, which the multiprocessor's warps share. Its
-// per-8-code sums are the staged kernel's, in the same order within a lane.
+// kNF4GemvRowsPerWarp of them. Lane l of a warp handles columns 8 l .. 8 l +
+// 7 of every 256, one 32-bit word of codes per weight row, so a warp's loads
+// of a row's codes are contiguous; the words of kStepsInFlight steps are
+// loaded before any is decoded. Each lane sums its products in T; one warp
+// sum per output ends the row. The `staged` kernel (plans.h: NF4GemvKind)
+// stages `chunk` columns of every row of x in shared memory per pass (each x
+// value then comes from global memory once per block, not once per weight
+// row); the `unstaged` one reads a lane's 8 values of x from global memory in
+// two 16-byte loads through the L1 cache, which the multiprocessor's warps
+// share: no passes, no barriers. Both sum in the same order.
 #include <cstdlib>
 
 #include "quant/cuda/device.cuh"
@@ -30,8 +26,7 @@ namespace {
 
 constexpr int kRows = kNF4GemvRowsPerWarp;
 constexpr int kCodes = static_cast<int>(kNF4GemvCodesPerLane);
-// Steps of the staged kernel whose words are loaded before any is decoded.
-constexpr int kStepsInFlight = 4;
+constexpr int kStepsInFlight = kNF4GemvStepsInFlight;
 
 // The 8 staged values of x at p (16-byte aligned: nf4_gemv_slot) as 16-byte
 // shared-memory loads.
@@ -120,59 +115,10 @@ __device__ inline void accumulate8(const T (&wv)[kRows][kCodes], const float (&s
   }
 }
 
-// The `wide` kernel (see the top of the file); MB and R as below.
-template <class T, int MB, int R>
-__global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
-    gemv_wide_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y) {
-  constexpr int kWords = static_cast<int>(kNF4GemvWideCodesPerLane) / kCodes;
-  __shared__ float values[16];
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
-  __syncthreads();
-  const bool scale_after = sizeof(T) == 4 && dd == DType::f32;  // as the staged kernel
-  const int64_t runs_per_row = K / R;
-  for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
-       n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
-    int64_t row[kRows];
-    warp_rows(n0, warp, N, row);
-    T acc[kRows][MB];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int m = 0; m < MB; ++m) acc[r][m] = T(0);
-    // K is whole runs and col a multiple of 32: a lane's 32 codes never
-    // leave their run or their row.
-    for (int64_t col = kNF4GemvWideCodesPerLane * lane; col < K; col += kNF4GemvWideStep) {
-      uint32_t words[kRows][kWords];
-      float scale[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t run = row[r] * runs_per_row + col / R;
-        const uint8_t* codes = fn::nf4_run_codes(w, run) + (col % R) / 2;
-#pragma unroll
-        for (int q = 0; q < kWords; ++q)
-          words[r][q] = __ldg(reinterpret_cast<const uint32_t*>(codes + 4 * q));
-        scale[r] = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, run)));
-      }
-#pragma unroll
-      for (int q = 0; q < kWords; ++q) {
-        T wv[kRows][kCodes];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          decode_word(values, words[r][q], scale[r], dd, scale_after, wv[r]);
-        accumulate8<T, MB>(
-            wv, scale, scale_after,
-            [&](int m, T(&xv)[kCodes]) { load8_global(x + m * K + col + kCodes * q, xv); }, acc);
-      }
-    }
-    write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);
-  }
-}
-
 // MB: rows of x (1..kNF4GemvMaxBatch); R: codes per run (32 or 64), so
-// that finding a column's run is a shift.
-template <class T, int MB, int R>
+// that finding a column's run is a shift; Staged: x through shared memory
+// in passes of `chunk` columns, else from global memory (chunk = K).
+template <class T, int MB, int R, bool Staged>
 __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
     gemv_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y,
                 int64_t chunk) {
@@ -206,18 +152,19 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
     for (int64_t c0 = 0; c0 < K; c0 += chunk) {
       const int64_t len = chunk < K - c0 ? chunk : K - c0;
       __syncthreads();  // the last pass has read xs (and `values` is written)
+      if constexpr (Staged) {
 #pragma unroll
-      for (int m = 0; m < MB; ++m)
-        for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
-          xs[m * row_slots + nf4_gemv_slot(k, E)] = x[m * K + c0 + k];
-      __syncthreads();
+        for (int m = 0; m < MB; ++m)
+          for (int64_t k = threadIdx.x; k < len; k += blockDim.x)
+            xs[m * row_slots + nf4_gemv_slot(k, E)] = x[m * K + c0 + k];
+        __syncthreads();
+      }
       // len is whole runs (K % R == 0, chunk % 256 == 0), so a lane's word
       // never leaves its run or its row. The words and scales of
-      // kStepsInFlight steps are loaded before any is decoded: decoding a
-      // row's word before loading the next row's (as a loop over steps and
-      // rows does, the scale's branch keeping the compiler from hoisting)
-      // left each warp one 128-byte load in flight, a DRAM round trip per
-      // row and step: 0.9 TB/s on the H200. The sums keep their order.
+      // kStepsInFlight steps are loaded before any is decoded (plans.h: a
+      // loop over steps and rows decodes each row's word before loading the
+      // next, the scale's branch keeping the compiler from hoisting the
+      // loads). The sums keep their order.
       for (int64_t k0 = kCodes * lane; k0 < len; k0 += kStepsInFlight * kNF4GemvStep) {
         uint32_t words[kStepsInFlight][kRows];
         float scales[kStepsInFlight][kRows];
@@ -244,7 +191,13 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
           const int64_t slot = nf4_gemv_slot(k, E);
           accumulate8<T, MB>(
               wv, scales[s], scale_after,
-              [&](int m, T(&xv)[kCodes]) { load8(xs + m * row_slots + slot, xv); }, acc);
+              [&](int m, T(&xv)[kCodes]) {
+                if constexpr (Staged)
+                  load8(xs + m * row_slots + slot, xv);
+                else
+                  load8_global(x + m * K + c0 + k, xv);
+              },
+              acc);
         }
       }
     }
@@ -255,14 +208,14 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
 template <class T, int MB, int R>
 void launch(const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias, T* y,
             const NF4GemvPlan& p) {
-  if (p.kind == NF4GemvKind::wide)
-    gemv_wide_kernel<T, MB, R>
-        <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp, 0, cuda::stream()>>>(x, K, w, dd,
-                                                                                        N, bias, y);
+  const auto blocks = static_cast<unsigned>(p.blocks);
+  if (p.kind == NF4GemvKind::unstaged)
+    gemv_kernel<T, MB, R, false>
+        <<<blocks, kNF4GemvWarps * kWarp, 0, cuda::stream()>>>(x, K, w, dd, N, bias, y, K);
   else
-    gemv_kernel<T, MB, R>
-        <<<static_cast<unsigned>(p.blocks), kNF4GemvWarps * kWarp,
-           static_cast<size_t>(p.smem_bytes), cuda::stream()>>>(x, K, w, dd, N, bias, y, p.chunk);
+    gemv_kernel<T, MB, R, true>
+        <<<blocks, kNF4GemvWarps * kWarp, static_cast<size_t>(p.smem_bytes), cuda::stream()>>>(
+            x, K, w, dd, N, bias, y, p.chunk);
   QUANTA_CUDA_CHECK_LAUNCH();
 }
 
@@ -282,8 +235,8 @@ void launch_rows(int64_t M, const T* x, int64_t K, const NF4Runs& w, DType dd, i
 template <class T>
 void nf4_gemv(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
               const T* bias, T* y) {
-  // The wide kernel's 16-byte loads of x need x 16-byte aligned (rows are:
-  // K is whole runs); an offset view takes the staged kernel.
+  // The unstaged kernel's 16-byte loads of x need x 16-byte aligned (rows
+  // are: K is whole runs); an offset view takes the staged kernel.
   NF4GemvKind kind = nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"));
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) kind = NF4GemvKind::staged;
   const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T), kind);

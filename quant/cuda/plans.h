@@ -107,6 +107,12 @@ inline constexpr int64_t kNF4GemvCodesPerLane = 8;
 /** Columns a warp covers per step: 32 lanes x 8 codes. */
 inline constexpr int64_t kNF4GemvStep = kWarp * kNF4GemvCodesPerLane;
 
+/** Steps whose words of codes a GEMV lane loads (every weight row of its
+ * warp) before it decodes any: with one step, each row's word was decoded
+ * before the next one's load was issued, a warp then waiting a DRAM round
+ * trip per row and step (0.9 TB/s on the H200). */
+inline constexpr int kNF4GemvStepsInFlight = 4;
+
 /** Warps per GEMV block; they share the block's staged columns of x. */
 inline constexpr int kNF4GemvWarps = 8;
 
@@ -136,35 +142,31 @@ inline constexpr int64_t nf4_gemv_slot(int64_t k, int64_t elem_bytes) {
          k % kNF4GemvCodesPerLane;
 }
 
-/** The GEMV's two kernels. `staged`: per pass a block stages columns of x in
- * shared memory, and each lane decodes one 32-bit word (8 codes) per weight
- * row and step. `wide`: no staging (x is read through the L1 cache, where a
- * multiprocessor's warps share it), and each lane decodes four words (32
- * codes, one run or half of one) per weight row and step: four times the
- * weight bytes in flight per lane, for a memory-bound loop whose first GPU
- * run moved 0.8 TB/s where cuBLAS's bf16 GEMV moved 3.6. Which is faster is
- * for a GPU to say: `staged` until one has (QUANTA_NF4_GEMV chooses; `quanta
- * bench nf4 --device cuda` times both). */
-enum class NF4GemvKind { staged, wide };
+/** The GEMV's two kernels, one walk: each lane decodes one 32-bit word (8
+ * codes) per weight row and step, the words of several steps loaded before
+ * any is decoded. `staged`: per pass a block stages columns of x in shared
+ * memory, each value read from global memory once per block. `unstaged`: x
+ * is read straight from global memory, through the L1 cache the
+ * multiprocessor's warps share: no passes and no barriers, and lanes' loads
+ * of x 32 bytes apart. Which is faster is for a GPU to say: `staged` until
+ * one has (QUANTA_NF4_GEMV chooses; `quanta bench nf4 --device cuda` times
+ * both). (The first other kernel, `wide`, four words a lane, read x 128 bytes
+ * apart across lanes, 32 cache lines a load: 1.2x slower on the H200.) */
+enum class NF4GemvKind { staged, unstaged };
 
-/** Codes a `wide` lane decodes per weight row and step: four 32-bit words. */
-inline constexpr int64_t kNF4GemvWideCodesPerLane = 32;
-
-/** Columns a `wide` warp covers per step: 32 lanes x 32 codes. */
-inline constexpr int64_t kNF4GemvWideStep = kWarp * kNF4GemvWideCodesPerLane;
-
-/** The kernel QUANTA_NF4_GEMV names ("staged" or "wide"; unset or empty:
- * staged); throws std::invalid_argument naming the variable for any other
- * value. Read on every call, so a benchmark can time both in one process. */
+/** The kernel QUANTA_NF4_GEMV names ("staged" or "unstaged"; unset or
+ * empty: staged); throws std::invalid_argument naming the variable for any
+ * other value. Read on every call, so a benchmark can time both in one
+ * process. */
 inline NF4GemvKind nf4_gemv_kind_from(const char* env_value) {
   const std::string v = env_value ? env_value : "";
   if (v.empty() || v == "staged") return NF4GemvKind::staged;
-  if (v == "wide") return NF4GemvKind::wide;
-  throw std::invalid_argument("QUANTA_NF4_GEMV must be staged or wide, got '" + v + "'");
+  if (v == "unstaged") return NF4GemvKind::unstaged;
+  throw std::invalid_argument("QUANTA_NF4_GEMV must be staged or unstaged, got '" + v + "'");
 }
 
 /** How a fused GEMV runs: `staged` stages `chunk` columns of x (a multiple
- * of kNF4GemvStep) per pass in `smem_bytes` of shared memory; `wide` stages
+ * of kNF4GemvStep) per pass in `smem_bytes` of shared memory; `unstaged` stages
  * nothing (chunk = k, smem_bytes 0). `blocks` blocks either way. */
 struct NF4GemvPlan {
   NF4GemvKind kind = NF4GemvKind::staged;
@@ -276,8 +278,9 @@ inline NF4DecodeSplit nf4_decode_split(const NF4Runs& w, int64_t begin, int64_t 
 }
 
 /** The GEMV's plan for m rows of x of k columns (elements of elem_bytes: 4 or
- * 8) against n weight rows. `wide`: a block per kNF4GemvBlockRows weight
- * rows, at most kNF4GemvMaxBlocks. `staged`: the widest chunk of columns whose padded rows fit
+ * 8) against n weight rows. `unstaged`: one pass over all k columns, a
+ * block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks.
+ * `staged`: the widest chunk of columns whose padded rows fit
  * kNF4GemvSmemBytes (at least one step; no wider than k rounded up to a step),
  * and a block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks. */
 inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_bytes,
@@ -285,7 +288,7 @@ inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_b
   NF4GemvPlan p;
   p.kind = kind;
   if (m <= 0 || k <= 0 || n <= 0) return p;
-  if (kind == NF4GemvKind::wide) {
+  if (kind == NF4GemvKind::unstaged) {
     p.chunk = k;
     p.blocks = std::min((n + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows, kNF4GemvMaxBlocks);
     return p;

@@ -387,9 +387,9 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                           "nf4_dequantize_bf16",
                                           "nf4_gemv_8192_b1",
                                           "nf4_gemv_8192_b1_staged",
-                                          "nf4_gemv_8192_b1_wide",
+                                          "nf4_gemv_8192_b1_unstaged",
                                           "nf4_gemv_8192_b1_staged_graph",
-                                          "nf4_gemv_8192_b1_wide_graph",
+                                          "nf4_gemv_8192_b1_unstaged_graph",
                                           "nf4_linear_8192_b512"};
   for (const auto& [suite, names] :
        {std::pair{"engine", engine_rows}, std::pair{"train", train_rows},

@@ -460,7 +460,7 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
     REQUIRE(quant_cuda::nf4_use_gemv(c.m, c.k, c.n, gw));
     REQUIRE_FALSE(quant_cuda::nf4_use_gemv(kNF4GemvMaxBatch + 1, c.k, c.n, gw));
     // Both kernels (plans.h: NF4GemvKind), chosen as a benchmark chooses.
-    for (const char* kind : {"staged", "wide"})
+    for (const char* kind : {"staged", "unstaged"})
       for (DType dt : {DType::f32, DType::f64})
         for (DType dd : {DType::f32, DType::bf16, DType::f16})
           for (bool with_bias : {false, true}) {

@@ -103,43 +103,55 @@ TEST_CASE("quant cuda plans: bf16 products for f32 data, bf16 dequant, past the 
   CHECK(kNF4GemvMaxBatch == kNF4FusedMaxBatch);
 }
 
-TEST_CASE("quant cuda plans: the wide NF4 GEMV kernel, chosen by name, covers every column once") {
+TEST_CASE("quant cuda plans: both NF4 GEMV kernels, chosen by name, cover every column once") {
   using namespace quant_cuda;
   CHECK(nf4_gemv_kind_from(nullptr) == NF4GemvKind::staged);
   CHECK(nf4_gemv_kind_from("") == NF4GemvKind::staged);
   CHECK(nf4_gemv_kind_from("staged") == NF4GemvKind::staged);
-  CHECK(nf4_gemv_kind_from("wide") == NF4GemvKind::wide);
-  CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("fast"),
-                       "QUANTA_NF4_GEMV must be staged or wide, got 'fast'", std::invalid_argument);
-  // Nothing staged; a block per kNF4GemvBlockRows rows, as the staged plan.
-  const NF4GemvPlan p = nf4_gemv_plan(3, 8192, 8193, 4, NF4GemvKind::wide);
-  CHECK(p.kind == NF4GemvKind::wide);
+  CHECK(nf4_gemv_kind_from("unstaged") == NF4GemvKind::unstaged);
+  CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("wide"),
+                       "QUANTA_NF4_GEMV must be staged or unstaged, got 'wide'",
+                       std::invalid_argument);
+  // Unstaged: one pass, nothing in shared memory; a block per
+  // kNF4GemvBlockRows rows, as the staged plan.
+  const NF4GemvPlan p = nf4_gemv_plan(3, 8192, 8193, 4, NF4GemvKind::unstaged);
+  CHECK(p.kind == NF4GemvKind::unstaged);
   CHECK(p.smem_bytes == 0);
   CHECK(p.chunk == 8192);
   CHECK(p.blocks == (8193 + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows);
-  CHECK(nf4_gemv_plan(1, 64, 0, 4, NF4GemvKind::wide).blocks == 0);
-  CHECK(nf4_gemv_plan(1, 64, 1u << 30, 8, NF4GemvKind::wide).blocks == kNF4GemvMaxBlocks);
-  // The kernel's walk: lane l, step s takes columns [32 l + 1024 s, + 32) while
-  // they start below k. For k whole runs of 32 or 64 the spans cover [0, k)
-  // once each, and each lies in one run (so one scale and four whole words).
-  for (int64_t run : {int64_t{32}, int64_t{64}})
-    for (int64_t k : {run, 3 * run, int64_t{1024}, int64_t{1056}, 8192 + run}) {
-      CAPTURE(run);
-      CAPTURE(k);
-      std::vector<int> hits(static_cast<size_t>(k), 0);
-      bool in_one_run = true;
-      for (int64_t lane = 0; lane < kWarp; ++lane)
-        for (int64_t col = kNF4GemvWideCodesPerLane * lane; col < k; col += kNF4GemvWideStep) {
-          in_one_run = in_one_run && col / run == (col + kNF4GemvWideCodesPerLane - 1) / run;
-          for (int64_t c = col; c < col + kNF4GemvWideCodesPerLane; ++c)
-            if (c < k)
-              ++hits[static_cast<size_t>(c)];
-            else
-              in_one_run = false;  // past the row's end
+  CHECK(nf4_gemv_plan(1, 64, 0, 4, NF4GemvKind::unstaged).blocks == 0);
+  CHECK(nf4_gemv_plan(1, 64, 1u << 30, 8, NF4GemvKind::unstaged).blocks == kNF4GemvMaxBlocks);
+  // The kernels' walk: passes of `chunk` columns from c0; in a pass of len
+  // columns, lane l loads the words at k = k0 + s 256 (s below
+  // kNF4GemvStepsInFlight, k below len) for k0 = 8 l, 8 l + 1024, ...
+  // For k whole runs of 32 or 64 the words cover [0, k) once each, and each
+  // lies in one run (one scale).
+  for (NF4GemvKind kind : {NF4GemvKind::staged, NF4GemvKind::unstaged})
+    for (int64_t run : {int64_t{32}, int64_t{64}})
+      for (int64_t k :
+           {run, 3 * run, int64_t{1024}, int64_t{1056}, int64_t{8192} + run, 20 * 1024 + run}) {
+        CAPTURE(run);
+        CAPTURE(k);
+        CAPTURE(static_cast<int>(kind));
+        const int64_t chunk = nf4_gemv_plan(1, k, 16, 4, kind).chunk;
+        std::vector<int> hits(static_cast<size_t>(k), 0);
+        bool in_one_run = true;
+        for (int64_t c0 = 0; c0 < k; c0 += chunk) {
+          const int64_t len = std::min(chunk, k - c0);
+          for (int64_t lane = 0; lane < kWarp; ++lane)
+            for (int64_t k0 = kNF4GemvCodesPerLane * lane; k0 < len;
+                 k0 += kNF4GemvStepsInFlight * kNF4GemvStep)
+              for (int s = 0; s < kNF4GemvStepsInFlight && k0 + s * kNF4GemvStep < len; ++s) {
+                const int64_t col = c0 + k0 + s * kNF4GemvStep;
+                in_one_run = in_one_run && col / run == (col + kNF4GemvCodesPerLane - 1) / run &&
+                             col + kNF4GemvCodesPerLane <= k;
+                for (int64_t c = col; c < std::min(k, col + kNF4GemvCodesPerLane); ++c)
+                  ++hits[static_cast<size_t>(c)];
+              }
         }
-      CHECK(in_one_run);
-      CHECK(std::count(hits.begin(), hits.end(), 1) == k);
-    }
+        CHECK(in_one_run);
+        CHECK(std::count(hits.begin(), hits.end(), 1) == k);
+      }
 }
 
 TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {

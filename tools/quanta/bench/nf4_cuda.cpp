@@ -12,10 +12,10 @@
 //     is at least 3x faster, ratio <= 0.33. The GEMV has two kernels
 //     (quant/cuda/plans.h: NF4GemvKind): this row runs the default one
 //     (QUANTA_NF4_GEMV, staged when unset), nf4_gemv_8192_b1_staged and
-//     nf4_gemv_8192_b1_wide each kernel, named, against the same floor.
+//     nf4_gemv_8192_b1_unstaged each kernel, named, against the same floor.
 //     These time what a caller waits for, the host's work on each call
 //     included, which a GEMV of tens of microseconds may not hide.
-//   nf4_gemv_8192_b1_staged_graph, _wide_graph: each kernel's call and the
+//   nf4_gemv_8192_b1_staged_graph, _unstaged_graph: each kernel's call and the
 //     floor's product captured once (DeviceGraph) and replayed in turns, so
 //     the host queues one graph a call: the GPU's time alone, what the GEMV
 //     costs inside a captured decoding step. The gap to the row above is
@@ -60,7 +60,7 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
     const Tensor wt = transpose(w.to(DType::bf16), 0, 1).contiguous();  // [in, out]
     const char* chosen = std::getenv("QUANTA_NF4_GEMV");
     const std::string keep = chosen ? chosen : "";
-    for (const char* kind : {"", "staged", "wide"}) {
+    for (const char* kind : {"", "staged", "unstaged"}) {
       // The kernel is read from the environment on every call; the user's
       // choice comes back after the named rows.
       if (*kind) setenv("QUANTA_NF4_GEMV", kind, 1);
@@ -70,7 +70,7 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
         return timed_row(ms[0], ms[1]);
       }));
     }
-    for (const char* kind : {"staged", "wide"}) {
+    for (const char* kind : {"staged", "unstaged"}) {
       setenv("QUANTA_NF4_GEMV", kind, 1);  // read while capturing
       rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1_") + kind + "_graph", [&] {
         Tensor y, yb;  // the graphs' outputs, rewritten by each replay
