@@ -31,8 +31,8 @@ namespace {
 template <int D, class Body, int N>
 __device__ void walk_loads_first(int64_t n, const StridedIndex<N>& ix, const Body& body) {
   using Loaded = typename Body::Loaded;
-  // Two dims: two elements ahead, each with its division (more cost the
-  // build more than they gain).
+  // Two dims: two elements ahead, each with its division (more would add
+  // to the file's build time more than to the walk's speed).
   constexpr int ahead = D == 1 ? loads_ahead(sizeof(Loaded)) : 2;
   grid_stride_loads_first<ahead>(
       n,

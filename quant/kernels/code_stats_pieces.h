@@ -13,20 +13,20 @@
 // order follows from the keys alone: the same bits on every run.
 #include <cstdint>
 
-#include "engine/kernels/functors.h"  // QUANTA_HD
+#include "engine/kernels/functors.h"         // QUANTA_HD
+#include "engine/kernels/reduce_functors.h"  // fold_strided
 
 namespace quanta::quant::fn {
 
 /** Where a code's part of a piece goes. */
 enum class PiecePart { whole, head, tail };
 
-/** Values of x a piece walk (and a spanning code's combine) reads before it
- * adds any of them. A thread per column walks its rows one after another,
- * and a walk that writes a code's sum as it goes leaves each load waiting on
- * the last (a load cannot move above a store that might alias it): one load
- * in flight per thread, which on a GPU is a DRAM round trip per row. Reading
- * a batch first keeps kPieceLoads of them in flight; the additions keep
- * their order, so the sums' bits do not change. */
+/** Values of x a piece walk reads before it adds any of them (a spanning
+ * code's combine reads ahead through fold_strided). A thread per column walks its rows one after
+ * another, and a walk that writes a code's sum as it goes leaves each load waiting on the last (a
+ * load cannot move above a store that might alias it): one load in flight per thread, which on a
+ * GPU is a DRAM round trip per row. Reading a batch first keeps kPieceLoads of them in flight; the
+ * additions keep their order, so the sums' bits do not change. */
 inline constexpr int kPieceLoads = 8;
 
 /** Column e of a piece of `len` sorted rows: keys[t] their codes (k and up
@@ -86,21 +86,9 @@ template <class T>
 QUANTA_HD T combine_code(int64_t s, int64_t end, int64_t P, const T* head, const T* tail, int64_t d,
                          int64_t e) {
   const int64_t ps = s / P, pe = (end - 1) / P;
-  T acc = tail[ps * d + e];
-  for (int64_t j0 = ps + 1; j0 <= pe; j0 += kPieceLoads) {
-    const int64_t batch = pe + 1 - j0 < kPieceLoads ? pe + 1 - j0 : kPieceLoads;
-    T v[kPieceLoads];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int u = 0; u < kPieceLoads; ++u) v[u] = u < batch ? head[(j0 + u) * d + e] : T(0);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int u = 0; u < kPieceLoads; ++u)
-      if (u < batch) acc += v[u];
-  }
-  return acc;
+  // The heads of pieces ps + 1 .. pe, a column d apart, read ahead in order.
+  return quanta::fn::fold_strided(tail[ps * d + e], head + (ps + 1) * d + e, pe - ps, d,
+                                  quanta::fn::FoldSum{});
 }
 
 }  // namespace quanta::quant::fn
