@@ -144,26 +144,38 @@ constexpr bool reduces_half(RowReduce op) {
  * TB/s that way, 6.6x the time of a copy. */
 inline constexpr int kStridedLoads = 8;
 
-/** acc folded with v[0], v[stride], ..., v[(n - 1) stride] in that order
- * (fold(acc, value) -> acc, each value converted to Acc), reading
- * kStridedLoads values ahead of the folding: the order, and so the bits, of a
- * plain loop. */
-template <class Acc, class T, class Fold>
-QUANTA_HD inline Acc fold_strided(Acc acc, const T* v, int64_t n, int64_t stride, Fold fold) {
+/** acc folded with load(0), load(1), ..., load(n - 1) in that order
+ * (fold(acc, value, i) -> acc), kStridedLoads values loaded before any of
+ * them is folded: the order, and so the bits, of a plain loop, with the
+ * loads of a batch in flight together. load(i) must not read what fold
+ * writes. */
+template <class Acc, class Load, class Fold>
+QUANTA_HD inline Acc fold_loaded(Acc acc, int64_t n, Load load, Fold fold) {
+  using V = decltype(load(int64_t{0}));
   int64_t i = 0;
   for (; i + kStridedLoads <= n; i += kStridedLoads) {
-    T batch[kStridedLoads];
+    V batch[kStridedLoads];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int u = 0; u < kStridedLoads; ++u) batch[u] = v[(i + u) * stride];
+    for (int u = 0; u < kStridedLoads; ++u) batch[u] = load(i + u);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int u = 0; u < kStridedLoads; ++u) acc = fold(acc, static_cast<Acc>(batch[u]));
+    for (int u = 0; u < kStridedLoads; ++u) acc = fold(acc, batch[u], i + u);
   }
-  for (; i < n; ++i) acc = fold(acc, static_cast<Acc>(v[i * stride]));
+  for (; i < n; ++i) acc = fold(acc, load(i), i);
   return acc;
+}
+
+/** acc folded with v[0], v[stride], ..., v[(n - 1) stride] in that order
+ * (fold(acc, value) -> acc, each value converted to Acc), reading
+ * kStridedLoads values ahead of the folding (fold_loaded). */
+template <class Acc, class T, class Fold>
+QUANTA_HD inline Acc fold_strided(Acc acc, const T* v, int64_t n, int64_t stride, Fold fold) {
+  return fold_loaded(
+      acc, n, [v, stride](int64_t i) { return v[i * stride]; },
+      [&fold](Acc a, T x, int64_t) { return fold(a, static_cast<Acc>(x)); });
 }
 
 /** Calls f(i, j) with (i, j) = (t / b, t % b) for t = first, first + step,

@@ -36,9 +36,8 @@ __global__ void tile_argmin(const T* scores, const T* bias, int64_t rows, int64_
                             bool first, bool last, fn::ArgMin<T>* best, int64_t* out) {
   const int lane = threadIdx.x % kWarp;
   QUANTA_WARP_STRIDE(i, rows) {
-    fn::ArgMin<T> a;
-    for (int64_t j = lane; j < kc; j += kWarp)
-      fn::argmin_offer(a, bias ? bias[c0 + j] + scores[i * kc + j] : scores[i * kc + j], c0 + j);
+    fn::ArgMin<T> a =
+        fn::argmin_lane_scan(scores + i * kc, bias ? bias + c0 : nullptr, kc, c0, lane, kWarp);
     for (int o = kWarp / 2; o > 0; o /= 2) {
       fn::ArgMin<T> b;
       b.value = __shfl_xor_sync(0xffffffffu, a.value, o);

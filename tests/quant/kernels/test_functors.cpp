@@ -39,13 +39,24 @@ int64_t rule_argmin(const std::vector<double>& row) {
   return best;
 }
 
-// The CUDA kernel's scan: 32 lanes each offered every 32nd score, merged in
-// a butterfly, then across two tiles.
-int64_t lane_argmin(const std::vector<double>& row, size_t split) {
+// The CUDA kernel's scan: 32 lanes each offered every 32nd score of a tile
+// (argmin_lane_scan, the kernel's own code), merged in a butterfly, then
+// across two tiles. With a bias, each score is split into bias + rest.
+int64_t lane_argmin(const std::vector<double>& row, size_t split, bool with_bias = false) {
   auto tile = [&](size_t lo, size_t hi) {
+    std::vector<double> scores(row.begin() + static_cast<std::ptrdiff_t>(lo),
+                               row.begin() + static_cast<std::ptrdiff_t>(hi));
+    std::vector<double> bias(scores.size());
+    if (with_bias)
+      for (size_t j = 0; j < scores.size(); ++j) {
+        bias[j] = std::isfinite(scores[j]) ? 0.25 * double(j % 5) : 0.0;
+        scores[j] -= bias[j];  // exact for whole numbers; random rows' minimum stands apart
+      }
     std::vector<qfn::ArgMin<double>> lanes(32);
-    for (size_t j = lo; j < hi; ++j)
-      qfn::argmin_offer(lanes[(j - lo) % 32], row[j], static_cast<int64_t>(j));
+    for (int64_t l = 0; l < 32; ++l)
+      lanes[static_cast<size_t>(l)] = qfn::argmin_lane_scan(
+          scores.data(), with_bias ? bias.data() : nullptr, static_cast<int64_t>(scores.size()),
+          static_cast<int64_t>(lo), l, 32);
     for (int o = 16; o > 0; o /= 2)
       for (int l = 0; l < 32; ++l)
         if ((l ^ o) > l) lanes[l] = qfn::argmin_merge(lanes[l], lanes[l ^ o]);
@@ -78,14 +89,26 @@ TEST_CASE("quant functors: the argmin keeps the first of ties and never picks Na
       qfn::argmin_offer(serial, row[j], static_cast<int64_t>(j));
     CHECK(qfn::argmin_result(serial) == rule_argmin(row));
     for (size_t split = 0; split <= row.size(); ++split)
-      CHECK(lane_argmin(row, split) == rule_argmin(row));
+      for (bool with_bias : {false, true})
+        CHECK(lane_argmin(row, split, with_bias) == rule_argmin(row));
   }
-  // Long rows with repeated values: every lane and tile boundary.
-  std::vector<double> row(200);
-  for (size_t j = 0; j < row.size(); ++j) row[j] = double((j * 37) % 11);
-  row[150] = kNaN;
-  for (size_t split : {0, 1, 31, 32, 33, 100, 200})
-    CHECK(lane_argmin(row, split) == rule_argmin(row));
+  // Long rows with repeated values: every lane and tile boundary, and lanes
+  // whose share is a multiple of the loads read ahead and ones that is not.
+  for (size_t n : {200, 256, 257, 1000}) {
+    CAPTURE(n);
+    std::vector<double> row(n);
+    for (size_t j = 0; j < row.size(); ++j) row[j] = double((j * 37) % 11);
+    row[150] = kNaN;
+    for (size_t split : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{100}, n})
+      for (bool with_bias : {false, true})
+        CHECK(lane_argmin(row, split, with_bias) == rule_argmin(row));
+  }
+  // The smallest score in every lane's every position of a batch read ahead.
+  for (size_t at = 0; at < 600; at += 7) {
+    std::vector<double> row = random_values(600, 3);
+    row[at] = -2;
+    CHECK(lane_argmin(row, 300, true) == static_cast<int64_t>(at));
+  }
 }
 
 TEST_CASE("quant functors: bit products are the CPU table's") {
