@@ -21,43 +21,57 @@
 namespace quanta::cuda {
 namespace {
 
-// Where the merged index has one or two dims (dense operands, a scalar or
-// row broadcast, a transpose: most calls), a thread loads several elements
-// before it stores any (grid_stride_loads_first), their offsets from the
-// fixed-dims form (at most one division each); each body splits into load
-// (an element's inputs) and store (its result). Three or more dims keep one
-// element at a time: the general offsets' loop, unrolled, would more than
-// double the file's build time for the rarest calls.
+// A thread loads several elements before it stores any
+// (grid_stride_loads_first); each body splits into load (an element's
+// inputs) and store (its result). Where the merged index has one or two dims
+// (dense operands, a scalar or row broadcast, a transpose: most calls) the
+// offsets come from the fixed-dims form (at most one division each), computed
+// again for the store; with three or more (D = 0: a permutation of a 3-d or
+// larger tensor, a broadcast over middle dims) the general loop over dims
+// computes them once and the store keeps them, two elements ahead. The loop
+// stays rolled: unrolled for each of the file's bodies it would more than
+// double the file's build time.
 template <int D, class Body, int N>
 __device__ void walk_loads_first(int64_t n, const StridedIndex<N>& ix, const Body& body) {
   using Loaded = typename Body::Loaded;
-  // Two dims: two elements ahead, each with its division (more would add
-  // to the file's build time more than to the walk's speed).
-  constexpr int ahead = D == 1 ? loads_ahead(sizeof(Loaded)) : 2;
-  grid_stride_loads_first<ahead>(
-      n,
-      [&](int64_t i) {
-        int64_t off[N];
-        ix.template offsets_of_dims<D>(i, off);
-        return body.load(off);
-      },
-      [&](int64_t i, const Loaded& v) {
-        int64_t off[N];
-        ix.template offsets_of_dims<D>(i, off);
-        body.store(off, v);
-      });
+  if constexpr (D == 0) {
+    struct Element {
+      int64_t off[N];
+      Loaded v;
+    };
+    grid_stride_loads_first<2>(
+        n,
+        [&](int64_t i) {
+          Element e;
+          ix.offsets(i, e.off);
+          e.v = body.load(e.off);
+          return e;
+        },
+        [&](int64_t, const Element& e) { body.store(e.off, e.v); });
+  } else {
+    // Two dims: two elements ahead, each with its division (more would add
+    // to the file's build time more than to the walk's speed).
+    constexpr int ahead = D == 1 ? loads_ahead(sizeof(Loaded)) : 2;
+    grid_stride_loads_first<ahead>(
+        n,
+        [&](int64_t i) {
+          int64_t off[N];
+          ix.template offsets_of_dims<D>(i, off);
+          return body.load(off);
+        },
+        [&](int64_t i, const Loaded& v) {
+          int64_t off[N];
+          ix.template offsets_of_dims<D>(i, off);
+          body.store(off, v);
+        });
+  }
 }
 
 template <int N, class Body>
 __global__ void walk_kernel(int64_t n, StridedIndex<N> ix, Body body) {
   if (ix.ndim <= 1) return walk_loads_first<1>(n, ix, body);
   if (ix.ndim == 2) return walk_loads_first<2>(n, ix, body);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    int64_t off[N];
-    ix.offsets(i, off);
-    body.store(off, body.load(off));
-  }
+  walk_loads_first<0>(n, ix, body);
 }
 
 // Runs body(offsets) for every element of `shape`; zero-size launches skipped.

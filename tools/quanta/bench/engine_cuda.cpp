@@ -8,7 +8,9 @@
 //     writes n, so an op that moves k buffers is floored by a copy of k/2
 //     buffers (add 3, exp and broadcasts 2, reductions 1). add_bf16 and
 //     exp_bf16: the same on bf16 values (half the bytes), computed in f32
-//     inside the kernel.
+//     inside the kernel. permute_0213: the values as [64, 64, 64, 256] with
+//     dims 1 and 2 swapped, made contiguous (attention's [B, T, H, D] to [B,
+//     H, T, D]): a walk over four dims, the elementwise kernels' general case.
 //   matmul_MxKxN[_dtype]: against the time an 8192^3 matmul of the same dtype
 //     takes for the row's FLOPs (8192^3 is where cuBLAS reaches its peak); a
 //     dtype the GEMM refuses prints its rows as unavailable with the error.
@@ -38,6 +40,8 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   const Tensor row_vec = rand({c}, gen).to(gpu.device);
   const Tensor col_vec = rand({r, 1}, gen).to(gpu.device);
   const Tensor flat = x.reshape({r * c});
+  const Tensor swapped = o.small ? x.reshape({4, 16, 16, 64}).permute({0, 2, 1, 3})
+                                 : x.reshape({64, 64, 64, 256}).permute({0, 2, 1, 3});
   const Tensor xh = x.to(DType::bf16), yh = y.to(DType::bf16);
   const int64_t buffer = r * c * 4;
   // bf16 rows move half the bytes: buffers_moved counts f32-sized buffers.
@@ -48,6 +52,7 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
       {"add_broadcast_row", 2, [&] { Tensor z = add(x, row_vec); }},
       {"mul_broadcast_col", 2, [&] { Tensor z = mul(x, col_vec); }},
       {"exp", 2, [&] { Tensor z = exp(x); }},
+      {"permute_0213", 2, [&] { Tensor z = swapped.contiguous(); }},
       {"sum", 1, [&] { Tensor s = sum(flat); }},
       {"sum_dim1", 1, [&] { Tensor s = sum(x, {1}); }},
       {"sum_dim0", 1, [&] { Tensor s = sum(x, {0}); }},
