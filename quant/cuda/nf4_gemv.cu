@@ -84,14 +84,24 @@ __device__ inline void write_rows(const T (&acc)[kRows][MB], int64_t n0, int war
   }
 }
 
+// Code j's value of `word` from the 16 values at shared address `table`
+// (64-byte aligned): the address is table | nf4_word_code_offset, one shift
+// and one LOP3. Indexing the shared array instead adds its base per code, a
+// fourth instruction for every code (the SASS of values[code]); the 32-bit
+// address made generic is known to be shared, so this is still one LDS.
+__device__ inline float code_value(uint32_t table, uint32_t word, int j) {
+  return *static_cast<const float*>(
+      __cvta_shared_to_generic(table | fn::nf4_word_code_offset(word, j)));
+}
+
 // Row r's 8 decoded values of one word of codes: value * scale rounded to
 // dd, or the bare value where the scale multiplies the sum instead.
 template <class T>
-__device__ inline void decode_word(const float* values, uint32_t word, float scale, DType dd,
+__device__ inline void decode_word(uint32_t table, uint32_t word, float scale, DType dd,
                                    bool scale_after, T (&wv)[kCodes]) {
 #pragma unroll
   for (int j = 0; j < kCodes; ++j) {
-    const float v = values[fn::nf4_word_code(word, j)];
+    const float v = code_value(table, word, j);
     wv[j] = static_cast<T>(scale_after ? v : round_to(v * scale, dd));
   }
 }
@@ -124,12 +134,13 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
                 int64_t chunk) {
   extern __shared__ __align__(16) unsigned char staged[];
   T* xs = reinterpret_cast<T*>(staged);  // [MB][slot(chunk)]: columns [c0, c0 + chunk)
-  __shared__ float values[16];
+  __shared__ __align__(64) float values[16];
   constexpr int64_t E = sizeof(T);
   const int64_t row_slots = nf4_gemv_slot(chunk, E);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
   if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  const auto table = static_cast<uint32_t>(__cvta_generic_to_shared(values));
   // With f32 values and f32 sums the scale is applied once per word, to the
   // sum of value x x (the tiled path's rounding of value * scale to f32 is
   // then skipped: a last-bit difference per product, like a change of
@@ -138,6 +149,10 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
   // larger than their sums' error.
   const bool scale_after = sizeof(T) == 4 && dd == DType::f32;
   const int64_t runs_per_row = K / R;
+  const NF4GemvSteps steps = nf4_gemv_steps(w, R);
+  // A lane's x: row m's values at xl + m * x_row, a step x_step further on.
+  const int64_t x_row = Staged ? row_slots : K;
+  const int64_t x_step = Staged ? nf4_gemv_slot(kNF4GemvStep, E) : kNF4GemvStep;
 
   for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
        n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
@@ -164,40 +179,43 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
       // kStepsInFlight steps are loaded before any is decoded (plans.h: a
       // loop over steps and rows decodes each row's word before loading the
       // next, the scale's branch keeping the compiler from hoisting the
-      // loads). The sums keep their order.
+      // loads), their addresses stepped by NF4GemvCursor. The sums keep
+      // their order.
+      NF4GemvCursor at[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        at[r] = nf4_gemv_cursor(w, R, row[r], runs_per_row, c0 + kCodes * lane);
+      const T* xl = Staged ? xs + nf4_gemv_slot(kCodes * lane, E) : x + c0 + kCodes * lane;
       for (int64_t k0 = kCodes * lane; k0 < len; k0 += kStepsInFlight * kNF4GemvStep) {
         uint32_t words[kStepsInFlight][kRows];
         float scales[kStepsInFlight][kRows];
 #pragma unroll
         for (int s = 0; s < kStepsInFlight; ++s) {
-          const int64_t col = c0 + k0 + s * kNF4GemvStep;
           if (k0 + s * kNF4GemvStep >= len) break;
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            const int64_t run = row[r] * runs_per_row + col / R;
-            const uint8_t* codes = fn::nf4_run_codes(w, run) + (col % R) / 2;
-            words[s][r] = __ldg(reinterpret_cast<const uint32_t*>(codes));
-            scales[s][r] = __ldg(reinterpret_cast<const float*>(fn::nf4_run_scale_bytes(w, run)));
+            words[s][r] = __ldg(reinterpret_cast<const uint32_t*>(at[r].codes));
+            scales[s][r] = __ldg(reinterpret_cast<const float*>(at[r].scale));
+            nf4_gemv_advance(at[r], steps);
           }
         }
 #pragma unroll
         for (int s = 0; s < kStepsInFlight; ++s) {
-          const int64_t k = k0 + s * kNF4GemvStep;
-          if (k >= len) break;
+          if (k0 + s * kNF4GemvStep >= len) break;
           T wv[kRows][kCodes];
 #pragma unroll
           for (int r = 0; r < kRows; ++r)
-            decode_word(values, words[s][r], scales[s][r], dd, scale_after, wv[r]);
-          const int64_t slot = nf4_gemv_slot(k, E);
+            decode_word(table, words[s][r], scales[s][r], dd, scale_after, wv[r]);
           accumulate8<T, MB>(
               wv, scales[s], scale_after,
               [&](int m, T(&xv)[kCodes]) {
                 if constexpr (Staged)
-                  load8(xs + m * row_slots + slot, xv);
+                  load8(xl + m * x_row, xv);
                 else
-                  load8_global(x + m * K + c0 + k, xv);
+                  load8_global(xl + m * x_row, xv);
               },
               acc);
+          xl += x_step;
         }
       }
     }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/dtype.h"
+#include "engine/kernels/functors.h"  // QUANTA_HD
 #include "quant/kernels/nf4_layout.h"
 
 namespace quanta::quant::quant_cuda {
@@ -140,6 +141,61 @@ inline constexpr int64_t nf4_gemv_pad(int64_t elem_bytes) { return 16 / elem_byt
 inline constexpr int64_t nf4_gemv_slot(int64_t k, int64_t elem_bytes) {
   return k / kNF4GemvCodesPerLane * (kNF4GemvCodesPerLane + nf4_gemv_pad(elem_bytes)) +
          k % kNF4GemvCodesPerLane;
+}
+
+/** A GEMV lane's place in one weight row: the 32-bit word of codes at its
+ * column and the f32 scale of that column's run, moved a step (kNF4GemvStep
+ * columns) at a time by additions alone. Formed per word from the run's
+ * index, a 64-bit product and a division per word, they took some 25
+ * instructions a word, about 3 of every code's 10. */
+struct NF4GemvCursor {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scale = nullptr;
+  int32_t scale_rem = 0;  // the run's index mod runs_per_scale (32 bits: fewer registers)
+};
+
+/** What one step adds to every cursor of a weight of `run` (32 or 64)
+ * codes per run: kNF4GemvStep / run runs. */
+struct NF4GemvSteps {
+  int64_t code_bytes = 0;   // (runs a step) x code_stride
+  int64_t scale_bytes = 0;  // (runs a step / runs_per_scale) x scale_stride
+  int32_t scale_rem = 0;    // (runs a step) mod runs_per_scale
+  int32_t runs_per_scale = 1;
+  int64_t scale_stride = 0;
+};
+
+QUANTA_HD inline NF4GemvSteps nf4_gemv_steps(const NF4Runs& w, int64_t run) {
+  const int64_t runs = kNF4GemvStep / run;
+  NF4GemvSteps st;
+  st.code_bytes = runs * w.code_stride;
+  st.scale_bytes = runs / w.runs_per_scale * w.scale_stride;
+  st.scale_rem = static_cast<int32_t>(runs % w.runs_per_scale);
+  st.runs_per_scale = static_cast<int32_t>(w.runs_per_scale);
+  st.scale_stride = w.scale_stride;
+  return st;
+}
+
+/** The cursor of weight row `row` (runs_per_row runs of `run` codes) at
+ * column `col`, a multiple of kNF4GemvCodesPerLane. */
+QUANTA_HD inline NF4GemvCursor nf4_gemv_cursor(const NF4Runs& w, int64_t run, int64_t row,
+                                               int64_t runs_per_row, int64_t col) {
+  const int64_t r = row * runs_per_row + col / run;
+  NF4GemvCursor c;
+  c.codes = w.codes + r * w.code_stride + col % run / 2;
+  c.scale = w.scales + r / w.runs_per_scale * w.scale_stride;
+  c.scale_rem = static_cast<int32_t>(r % w.runs_per_scale);
+  return c;
+}
+
+/** Moves c one step on: kNF4GemvStep columns further in the same row. */
+QUANTA_HD inline void nf4_gemv_advance(NF4GemvCursor& c, const NF4GemvSteps& st) {
+  c.codes += st.code_bytes;
+  c.scale += st.scale_bytes;
+  if (st.runs_per_scale > 1) {  // several runs a scale (bitsandbytes' blocks of 128 and more)
+    c.scale_rem += st.scale_rem;
+    if (c.scale_rem >= st.runs_per_scale)
+      c.scale_rem -= st.runs_per_scale, c.scale += st.scale_stride;
+  }
 }
 
 /** The GEMV's two kernels, one walk: each lane decodes one 32-bit word (8

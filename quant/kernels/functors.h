@@ -214,6 +214,14 @@ QUANTA_HD inline int nf4_word_code(uint32_t word, int j) {
   return static_cast<int>((word >> (8 * (j / 2) + 4 * (1 - j % 2))) & 15u);
 }
 
+/** 4 x nf4_word_code(word, j): the byte offset of code j's f32 value in a
+ * table of the 16, as one shift and one mask (a 64-byte aligned table's
+ * address is then one OR away). */
+QUANTA_HD inline uint32_t nf4_word_code_offset(uint32_t word, int j) {
+  const int shift = 8 * (j / 2) + 4 * (1 - j % 2) - 2;
+  return (shift >= 0 ? word >> shift : word << -shift) & 0x3cu;
+}
+
 /** The run of element i of w: i / w.run, as a shift for runs of 64 and 32
  * (every layout's), since a 64-bit division costs a GPU dozens of
  * instructions per element. */

@@ -8,6 +8,7 @@
 
 #include "quant/cuda/plans.h"
 #include "quant/kernels/code_stats_pieces.h"
+#include "quant/kernels/functors.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -152,6 +153,54 @@ TEST_CASE("quant cuda plans: both NF4 GEMV kernels, chosen by name, cover every 
         CHECK(in_one_run);
         CHECK(std::count(hits.begin(), hits.end(), 1) == k);
       }
+}
+
+TEST_CASE("quant cuda plans: the GEMV's cursors step onto each word's codes and scale") {
+  using namespace quant_cuda;
+  // Every layout the GEMV takes: nf4 dtype units (run 64, codes and scale in
+  // 36 bytes), bitsandbytes' packed codes with blocks of 32 and 64 (a scale
+  // a run) and of 128, 192 and 4096 (a scale for several runs, blocks
+  // straddling rows where the row is not whole blocks). The cursor, stepped
+  // along a lane's columns, must point where the run's own index does.
+  std::vector<uint8_t> codes(1 << 20);
+  std::vector<float> scales(1 << 16);
+  struct Layout {
+    NF4Runs w;
+    int64_t k;
+  };
+  std::vector<Layout> layouts;
+  for (int64_t k : {256, 320, 1024, 1088}) {
+    const int64_t n = 5 * k;
+    layouts.push_back({nf4_unit_runs(codes.data(), n), k});
+    for (int64_t block : {32, 64, 128, 192, 4096})
+      layouts.push_back({nf4_packed_runs(codes.data(), scales.data(), n, block), k});
+  }
+  for (const Layout& l : layouts) {
+    const NF4Runs& w = l.w;
+    CAPTURE(w.run);
+    CAPTURE(w.runs_per_scale);
+    CAPTURE(l.k);
+    const int64_t runs_per_row = l.k / w.run, rows = w.n / l.k;
+    const NF4GemvSteps steps = nf4_gemv_steps(w, w.run);
+    bool all_match = true;
+    int64_t visited = 0;
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t lane = 0; lane < kWarp; ++lane)
+        for (int64_t c0 : {int64_t{0}, kNF4GemvStep}) {  // a pass's start, as the staged kernel's
+          const int64_t first = c0 + kNF4GemvCodesPerLane * lane;
+          NF4GemvCursor at = nf4_gemv_cursor(w, w.run, row, runs_per_row, first);
+          for (int64_t col = first; col < l.k; col += kNF4GemvStep) {
+            const int64_t run = row * runs_per_row + col / w.run;
+            all_match = all_match &&
+                        at.codes == quant::fn::nf4_run_codes(w, run) + col % w.run / 2 &&
+                        at.scale == quant::fn::nf4_run_scale_bytes(w, run);
+            ++visited;
+            nf4_gemv_advance(at, steps);
+          }
+        }
+    CHECK(all_match);
+    CHECK(visited > rows * l.k / kNF4GemvStep);
+  }
 }
 
 TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {

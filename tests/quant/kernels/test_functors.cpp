@@ -183,6 +183,16 @@ TEST_CASE("quant functors: run codes and scales read both NF4 layouts as NF4Runs
   uint32_t word = 0;
   std::memcpy(&word, four, 4);  // little-endian, as the GPU loads it
   for (int j = 0; j < 8; ++j) CHECK(qfn::nf4_word_code(word, j) == qfn::nf4_nibble(four, j));
+  // The byte offsets of codes in a table of f32 values, over words that put
+  // every code in every place.
+  std::mt19937 rng(11);
+  for (int t = 0; t < 200; ++t) {
+    const uint32_t w =
+        t < 16 ? 0x11111111u * static_cast<uint32_t>(t) : static_cast<uint32_t>(rng());
+    for (int j = 0; j < 8; ++j)
+      CHECK(qfn::nf4_word_code_offset(w, j) ==
+            4u * static_cast<uint32_t>(qfn::nf4_word_code(w, j)));
+  }
   for (int c = 0; c < 16; ++c) CHECK(qfn::nf4_value(c) == kNF4Values[static_cast<size_t>(c)]);
 }
 
