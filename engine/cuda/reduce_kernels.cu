@@ -286,9 +286,12 @@ __global__ void chunk_sum_kernel(const T* in, int64_t rows, int64_t inner, int64
   for (int64_t job = blockIdx.x; job < rows * parts; job += gridDim.x) {
     const int64_t row = job / parts, part = job % parts;
     const int64_t lo = part * len, hi = min(inner, lo + len);
-    Acc s = Acc(0);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-      s += static_cast<Acc>(in[row * inner + i]);
+    // The thread's values tid, tid + blockDim, ... of [lo, hi), several
+    // loads in flight (fold_strided), in the plain loop's order.
+    const int64_t first = lo + threadIdx.x;
+    const int64_t count = first < hi ? (hi - first + blockDim.x - 1) / blockDim.x : 0;
+    const Acc s =
+        fn::fold_strided(Acc(0), in + row * inner + first, count, blockDim.x, fn::FoldSum{});
     const Acc total = Reduce(tmp).Sum(s);
     if (threadIdx.x == 0) out[job] = total;
     __syncthreads();  // tmp is reused by the next job
@@ -362,9 +365,10 @@ __global__ void grid_block_kernel(const T* src, int64_t outer, int64_t a, int64_
   for (int64_t r = blockIdx.x; r < outer * keep; r += gridDim.x) {
     const int64_t o = r / keep, k = r % keep;
     Acc acc = Fold::template start<Acc>();
-    fn::walk_pairs(threadIdx.x, blockDim.x, a, b, [&](int64_t i, int64_t j) {
-      acc = fold(acc, static_cast<Acc>(src[((o * a + i) * keep + k) * b + j]));
-    });
+    acc = fn::fold_pairs(
+        acc, threadIdx.x, blockDim.x, a, b,
+        [&](int64_t i, int64_t j) { return src[((o * a + i) * keep + k) * b + j]; },
+        [&](Acc x, T v) { return fold(x, static_cast<Acc>(v)); });
     acc = block_combine(acc, fold);
     if (threadIdx.x == 0) out[r] = static_cast<Out>(acc);
   }

@@ -178,18 +178,29 @@ QUANTA_HD inline Acc fold_strided(Acc acc, const T* v, int64_t n, int64_t stride
       [&fold](Acc a, T x, int64_t) { return fold(a, static_cast<Acc>(x)); });
 }
 
-/** Calls f(i, j) with (i, j) = (t / b, t % b) for t = first, first + step,
- * ... below a * b (b >= 1): a thread's share of an [a, b] walk, advanced by
- * (step / b, step % b) and one carry instead of a division per value. */
-template <class F>
-QUANTA_HD inline void walk_pairs(int64_t first, int64_t step, int64_t a, int64_t b, F&& f) {
+/** acc folded with value(i, j) for (i, j) = (t / b, t % b), t = first,
+ * first + step, ... below a * b (b >= 1), in that order (fold(acc, v) ->
+ * acc): a thread's share of an [a, b] walk, advanced by (step / b, step %
+ * b) and one carry instead of a division per value, with kStridedLoads
+ * values read before any is folded (fold_loaded; a walk that folded each
+ * value as it came kept one load in flight). */
+template <class Acc, class Value, class Fold>
+QUANTA_HD inline Acc fold_pairs(Acc acc, int64_t first, int64_t step, int64_t a, int64_t b,
+                                Value value, Fold fold) {
+  const int64_t total = a * b;
+  const int64_t n = first < total ? (total - first + step - 1) / step : 0;
   const int64_t di = step / b, dj = step % b;
   int64_t i = first / b, j = first % b;
-  for (; i < a; i += di, j += dj) {
-    if (j >= b) j -= b, ++i;
-    if (i >= a) break;
-    f(i, j);
-  }
+  using V = decltype(value(int64_t{0}, int64_t{0}));
+  return fold_loaded(
+      acc, n,
+      [&](int64_t) {  // called once per value, in order: the walk's state moves on
+        const V v = value(i, j);
+        i += di, j += dj;
+        if (j >= b) j -= b, ++i;
+        return v;
+      },
+      [&fold](Acc x, V v, int64_t) { return fold(x, v); });
 }
 
 }  // namespace quanta::fn

@@ -247,21 +247,30 @@ TEST_CASE("strided index past 2^31 elements divides in 64 bits") {
   CHECK(make_strided_index<2>({4, 5}, {Shape{5, 1}.data(), Shape{0, 1}.data()}, "test").narrow);
 }
 
-TEST_CASE("walk_pairs: a thread's share of an [a, b] walk without divisions") {
-  // Every (first, step) a block of threads uses, against t / b and t % b.
+TEST_CASE("fold_pairs: a thread's share of an [a, b] walk without divisions, loads ahead") {
+  // Every (first, step) a block of threads uses, against t / b and t % b:
+  // each pair read once and folded in the walk's order.
   for (const int64_t step : {1, 7, 32, 256}) {
     for (const int64_t a : {0, 1, 3, 40}) {
       for (const int64_t b : {1, 2, 31, 32, 33, 255, 256, 257, 1000}) {
         std::vector<int64_t> seen;
         bool ordered = true;
+        constexpr int64_t kApart = 1 << 20;  // above every b: (i, j) read back from one value
         for (int64_t first = 0; first < step; ++first) {
-          int64_t t = first;
-          fn::walk_pairs(first, step, a, b, [&](int64_t i, int64_t j) {
-            ordered = ordered && i == t / b && j == t % b;
-            seen.push_back(i * b + j);
-            t += step;
-          });
-          ordered = ordered && t >= a * b;  // stopped only past the end
+          int64_t t = first, reads = 0;
+          const int64_t folded = fn::fold_pairs(
+              int64_t{0}, first, step, a, b,
+              [&](int64_t i, int64_t j) {
+                ++reads;
+                return i * kApart + j;
+              },
+              [&](int64_t count, int64_t ij) {
+                ordered = ordered && ij / kApart == t / b && ij % kApart == t % b;
+                seen.push_back(ij / kApart * b + ij % kApart);
+                t += step;
+                return count + 1;
+              });
+          ordered = ordered && t >= a * b && folded == reads;  // stopped only past the end
         }
         CAPTURE(step);
         CAPTURE(a);
