@@ -44,6 +44,14 @@ __device__ Acc block_combine(Acc v, Combine comb) {
   return out;
 }
 
+// This thread's fold of its share of row v (n values): f(acc, v[i], i) for
+// i = tid, tid + blockDim, ..., several loads in flight (fn::fold_share), in
+// the plain loop's order, so the bits are the plain loop's.
+template <class Acc, class T, class F>
+__device__ Acc fold_thread_share(Acc acc, const T* v, int64_t n, F f) {
+  return fn::fold_share(acc, v, threadIdx.x, blockDim.x, n, f);
+}
+
 // Blocks for a kernel that gives each of `rows` rows one block.
 unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(rows, max_blocks()));
@@ -55,8 +63,8 @@ template <class T, class Acc>
 __global__ void prod_kernel(const T* in, int64_t outer, int64_t n, T* out) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
-    Acc acc = Acc(1);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc *= static_cast<Acc>(v[i]);
+    const Acc acc = fold_thread_share(Acc(1), v, n,
+                                      [](Acc a, T x, int64_t) { return a * static_cast<Acc>(x); });
     const Acc total = block_combine(acc, fn::Mul{});
     if (threadIdx.x == 0) out[r] = static_cast<T>(total);
   }
@@ -69,8 +77,10 @@ __global__ void extreme_kernel(const T* in, int64_t outer, int64_t n, int64_t* i
   const fn::ArgBestOp<IsMax> comb;
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
-    fn::ArgBest<T> acc{T(), -1};
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = comb(acc, fn::ArgBest<T>{v[i], i});
+    const fn::ArgBest<T> acc =
+        fold_thread_share(fn::ArgBest<T>{T(), -1}, v, n, [&](fn::ArgBest<T> a, T x, int64_t i) {
+          return comb(a, fn::ArgBest<T>{x, i});
+        });
     const fn::ArgBest<T> best = block_combine(acc, comb);
     if (threadIdx.x == 0) {
       if (indices) indices[r] = best.i;
@@ -100,12 +110,12 @@ __global__ void logsumexp_kernel(const T* in, int64_t outer, int64_t n, T* out) 
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
     // The max propagates NaN; -inf for an empty row, whose result is -inf.
-    T m = T(-INFINITY);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fn::Maximum{}(m, v[i]);
+    T m = fold_thread_share(T(-INFINITY), v, n,
+                            [](T a, T x, int64_t) { return fn::Maximum{}(a, x); });
     m = block_combine(m, fn::Maximum{});
     T s = T(0);
     if (std::isfinite(m)) {  // the same m on every thread
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += std::exp(v[i] - m);
+      s = fold_thread_share(T(0), v, n, [m](T a, T x, int64_t) { return a + std::exp(x - m); });
       s = block_combine(s, fn::Add{});
     }
     if (threadIdx.x == 0) out[r] = fn::logsumexp_from(m, s);
@@ -119,12 +129,10 @@ __global__ void moment_kernel(const T* in, int64_t outer, int64_t n, double divi
                               T* out) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
-    T s = T(0);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+    T s = fold_thread_share(T(0), v, n, [](T a, T x, int64_t) { return a + x; });
     s = block_combine(s, fn::Add{});
     const T m = n ? s / static_cast<T>(n) : T(NAN);
-    T ss = T(0);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (v[i] - m) * (v[i] - m);
+    T ss = fold_thread_share(T(0), v, n, [m](T a, T x, int64_t) { return a + (x - m) * (x - m); });
     ss = block_combine(ss, fn::Add{});
     if (threadIdx.x == 0) {
       const double res = static_cast<double>(ss) / divisor;
@@ -145,16 +153,17 @@ __global__ void norm_kernel(const T* in, int64_t outer, int64_t n, NormKind kind
     double acc = 0;
     if (kind == NormKind::inf) {
       // The max of |x| with NaN winning, as the CPU's loop stops at a NaN.
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        acc = fn::Maximum{}(acc, std::abs(static_cast<double>(v[i])));
+      acc = fold_thread_share(acc, v, n, [](double a, T x, int64_t) {
+        return fn::Maximum{}(a, std::abs(static_cast<double>(x)));
+      });
       acc = block_combine(acc, fn::Maximum{});
     } else {
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const double a = static_cast<double>(v[i]);
-        acc += kind == NormKind::one   ? std::abs(a)
-               : kind == NormKind::two ? a * a
-                                       : std::pow(std::abs(a), p);
-      }
+      acc = fold_thread_share(acc, v, n, [kind, p](double s, T x, int64_t) {
+        const double a = static_cast<double>(x);
+        return s + (kind == NormKind::one   ? std::abs(a)
+                    : kind == NormKind::two ? a * a
+                                            : std::pow(std::abs(a), p));
+      });
       acc = block_combine(acc, fn::Add{});
       if (kind == NormKind::two) acc = std::sqrt(acc);
       if (kind == NormKind::p) acc = std::pow(acc, 1.0 / p);
@@ -286,12 +295,8 @@ __global__ void chunk_sum_kernel(const T* in, int64_t rows, int64_t inner, int64
   for (int64_t job = blockIdx.x; job < rows * parts; job += gridDim.x) {
     const int64_t row = job / parts, part = job % parts;
     const int64_t lo = part * len, hi = min(inner, lo + len);
-    // The thread's values tid, tid + blockDim, ... of [lo, hi), several
-    // loads in flight (fold_strided), in the plain loop's order.
-    const int64_t first = lo + threadIdx.x;
-    const int64_t count = first < hi ? (hi - first + blockDim.x - 1) / blockDim.x : 0;
-    const Acc s =
-        fn::fold_strided(Acc(0), in + row * inner + first, count, blockDim.x, fn::FoldSum{});
+    const Acc s = fold_thread_share(Acc(0), in + row * inner + lo, hi - lo,
+                                    [](Acc a, T x, int64_t) { return a + static_cast<Acc>(x); });
     const Acc total = Reduce(tmp).Sum(s);
     if (threadIdx.x == 0) out[job] = total;
     __syncthreads();  // tmp is reused by the next job

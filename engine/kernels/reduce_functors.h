@@ -178,6 +178,18 @@ QUANTA_HD inline Acc fold_strided(Acc acc, const T* v, int64_t n, int64_t stride
       [&fold](Acc a, T x, int64_t) { return fold(a, static_cast<Acc>(x)); });
 }
 
+/** acc folded with f(acc, v[i], i) for i = first, first + step, ... below n,
+ * in that order, kStridedLoads values read before any is folded
+ * (fold_loaded): one thread's share of a row whose elements a block's
+ * threads take in turn (first = the thread, step = the block's size). */
+template <class Acc, class T, class F>
+QUANTA_HD inline Acc fold_share(Acc acc, const T* v, int64_t first, int64_t step, int64_t n, F f) {
+  const int64_t count = first < n ? (n - first + step - 1) / step : 0;
+  return fold_loaded(
+      acc, count, [v, first, step](int64_t u) { return v[first + u * step]; },
+      [&f, first, step](Acc a, T x, int64_t u) { return f(a, x, first + u * step); });
+}
+
 /** acc folded with value(i, j) for (i, j) = (t / b, t % b), t = first,
  * first + step, ... below a * b (b >= 1), in that order (fold(acc, v) ->
  * acc): a thread's share of an [a, b] walk, advanced by (step / b, step %

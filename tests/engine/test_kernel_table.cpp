@@ -247,6 +247,34 @@ TEST_CASE("strided index past 2^31 elements divides in 64 bits") {
   CHECK(make_strided_index<2>({4, 5}, {Shape{5, 1}.data(), Shape{0, 1}.data()}, "test").narrow);
 }
 
+TEST_CASE("fold_share: a thread's share of a row, in order, each value once, loads ahead") {
+  std::vector<double> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i) * 0.5;
+  for (const int64_t step : {1, 7, 32, 256})
+    for (const int64_t n : {0, 1, 5, 8, 9, 255, 256, 257, 1000}) {
+      std::vector<int64_t> seen;
+      bool ordered = true;
+      for (int64_t first = 0; first < step; ++first) {
+        int64_t want = first;
+        const int64_t folded = fn::fold_share(
+            int64_t{0}, v.data(), first, step, n, [&](int64_t count, double x, int64_t i) {
+              ordered = ordered && i == want && x == v[static_cast<size_t>(i)];
+              seen.push_back(i);
+              want += step;
+              return count + 1;
+            });
+        ordered = ordered && want >= n && folded == (want - first) / step;
+      }
+      CAPTURE(step);
+      CAPTURE(n);
+      CHECK(ordered);
+      std::sort(seen.begin(), seen.end());
+      std::vector<int64_t> all(static_cast<size_t>(n));
+      std::iota(all.begin(), all.end(), 0);
+      CHECK(seen == all);
+    }
+}
+
 TEST_CASE("fold_pairs: a thread's share of an [a, b] walk without divisions, loads ahead") {
   // Every (first, step) a block of threads uses, against t / b and t % b:
   // each pair read once and folded in the walk's order.
