@@ -52,6 +52,21 @@ __device__ Acc fold_thread_share(Acc acc, const T* v, int64_t n, F f) {
   return fn::fold_share(acc, v, threadIdx.x, blockDim.x, n, f);
 }
 
+// The max of row v (NaN propagates; -inf for an empty row) and the sum of
+// exp(v[i] - m), each the block's and returned to every thread (all threads
+// call them together): logsumexp's and softmax's passes.
+template <class T>
+__device__ T block_row_max(const T* v, int64_t n) {
+  const T m =
+      fold_thread_share(T(-INFINITY), v, n, [](T a, T x, int64_t) { return fn::Maximum{}(a, x); });
+  return block_combine(m, fn::Maximum{});
+}
+template <class T>
+__device__ T block_row_sum_exp(const T* v, int64_t n, T m) {
+  const T s = fold_thread_share(T(0), v, n, [m](T a, T x, int64_t) { return a + std::exp(x - m); });
+  return block_combine(s, fn::Add{});
+}
+
 // Blocks for a kernel that gives each of `rows` rows one block.
 unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(rows, max_blocks()));
@@ -110,14 +125,8 @@ __global__ void logsumexp_kernel(const T* in, int64_t outer, int64_t n, T* out) 
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* v = in + r * n;
     // The max propagates NaN; -inf for an empty row, whose result is -inf.
-    T m = fold_thread_share(T(-INFINITY), v, n,
-                            [](T a, T x, int64_t) { return fn::Maximum{}(a, x); });
-    m = block_combine(m, fn::Maximum{});
-    T s = T(0);
-    if (std::isfinite(m)) {  // the same m on every thread
-      s = fold_thread_share(T(0), v, n, [m](T a, T x, int64_t) { return a + std::exp(x - m); });
-      s = block_combine(s, fn::Add{});
-    }
+    const T m = block_row_max(v, n);
+    const T s = std::isfinite(m) ? block_row_sum_exp(v, n, m) : T(0);  // the same m everywhere
     if (threadIdx.x == 0) out[r] = fn::logsumexp_from(m, s);
   }
 }
@@ -225,12 +234,8 @@ __global__ void softmax_rows_kernel(const T* in, int64_t outer, int64_t n, T* ou
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
     const T* a = in + r * n;
     T* b = out + r * n;
-    T m = T(-INFINITY);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fn::Maximum{}(m, a[i]);
-    m = block_combine(m, fn::Maximum{});
-    T s = T(0);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += std::exp(a[i] - m);
-    s = block_combine(s, fn::Add{});
+    const T m = block_row_max(a, n);
+    const T s = block_row_sum_exp(a, n, m);
     if constexpr (Log) {
       const T shift = m + std::log(s);
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) b[i] = a[i] - shift;
