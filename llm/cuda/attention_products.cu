@@ -78,22 +78,30 @@ __global__ void softmax_rows_kernel(AttentionArgs a, plan::Chunk c, A* s_buf) {
   }
 }
 
-// Elementwise over the chunk's scores, the backward's one row pass: raw q.k
-// in s_buf and dp in ds_buf, probabilities from the saved lse out into
-// s_buf and the score gradients into ds_buf.
+// The backward's one row pass over the chunk's scores, a warp per row as
+// the forward's: raw q.k in s_buf and dp in ds_buf, probabilities from the
+// saved lse out into s_buf and the score gradients into ds_buf. A thread
+// per element found its row, query and slot by three 64-bit divisions, some
+// hundred instructions for each element's few; a warp per row finds them
+// once.
 template <class A>
 __global__ void grad_rows_kernel(AttentionArgs a, plan::Chunk c, A* s_buf, A* ds_buf,
                                  const A* delta) {
+  const int lane = threadIdx.x % kWarp;
   const int64_t group = a.heads / a.kv_heads, tq = a.q_len, tk = a.kv_len;
-  QUANTA_GRID_STRIDE(e, c.count * group * tq * tk) {
-    const int64_t j = e % tk, i = (e / tk) % tq, slot = e / (tk * tq);
+  QUANTA_WARP_STRIDE(row, c.count * group * tq) {
+    const int64_t i = row % tq, slot = row / tq;
     const plan::Slot sl = plan::slot_of(a, c, slot);
     const int64_t r = (sl.b * a.heads + sl.h) * tq + i;
-    A slope;
-    const A p = plan::row_prob(plan::row_score<A>(a, s_buf[e], sl.b, sl.h, i, j, &slope),
-                               static_cast<const A*>(a.lse)[r]);
-    s_buf[e] = p;
-    ds_buf[e] = plan::row_score_grad(a, p, ds_buf[e], delta[r], slope);
+    const A lse = static_cast<const A*>(a.lse)[r], dr = delta[r];
+    A* s = s_buf + row * tk;
+    A* ds = ds_buf + row * tk;
+    for (int64_t j = lane; j < tk; j += kWarp) {
+      A slope;
+      const A p = plan::row_prob(plan::row_score<A>(a, s[j], sl.b, sl.h, i, j, &slope), lse);
+      s[j] = p;
+      ds[j] = plan::row_score_grad(a, p, ds[j], dr, slope);
+    }
   }
 }
 
@@ -186,7 +194,7 @@ struct DeviceExec {
     QUANTA_CUDA_CHECK_LAUNCH();
   }
   void grad_rows(const plan::Chunk& c) {
-    const cuda::LaunchConfig g = grid_for(c.count * x.group * x.tq * x.tk);
+    const cuda::LaunchConfig g = warp_grid_for(c.count * x.group * x.tq);
     grad_rows_kernel<A><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         a, c, at(plan::Buf::s), at(plan::Buf::ds), delta);
     QUANTA_CUDA_CHECK_LAUNCH();
