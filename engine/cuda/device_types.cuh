@@ -135,19 +135,18 @@ inline int64_t max_blocks() {
   return static_cast<int64_t>(sms) * 8;
 }
 
-// Calls store(i, load(i)) for each i of this thread's share of a
-// grid-stride walk over [0, n), with the loads of U elements (a grid's step
-// apart, so a warp's loads stay contiguous) made before any of their stores.
-// A thread that loads, computes and stores one element at a time has one
-// load per operand in flight, since the next load cannot pass a store that
-// might alias it: on the H200 that held exp over 268 MB to 2.1x the time of
-// a copy (3.7x in bf16, whose loads are half as wide). An element's load and
-// store stay in one thread, so an op in place is as safe as one at a time.
+// Calls store(i, load(i)) for i = first, first + step, ... below n, with
+// the loads of U elements made before any of their stores, and the stores
+// in order. A thread that loads, computes and stores one element at a time
+// has one load per operand in flight, since the next load cannot pass a
+// store that might alias it: on the H200 that held exp over 268 MB to 2.1x
+// the time of a copy (3.7x in bf16, whose loads are half as wide). An
+// element's load and store stay in one thread, so an op in place is as safe
+// as one at a time.
 template <int U, class Load, class Store>
-__device__ inline void grid_stride_loads_first(int64_t n, Load&& load, Store&& store) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; first < n;
-       first += U * step) {
+__device__ inline void strided_loads_first(int64_t first, int64_t step, int64_t n, Load&& load,
+                                           Store&& store) {
+  for (; first < n; first += U * step) {
     decltype(load(first)) v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -156,6 +155,14 @@ __device__ inline void grid_stride_loads_first(int64_t n, Load&& load, Store&& s
     for (int u = 0; u < U; ++u)
       if (first + u * step < n) store(first + u * step, v[u]);
   }
+}
+
+// strided_loads_first over this thread's share of a grid-stride walk over
+// [0, n) (a grid's step apart, so a warp's loads stay contiguous).
+template <int U, class Load, class Store>
+__device__ inline void grid_stride_loads_first(int64_t n, Load&& load, Store&& store) {
+  strided_loads_first<U>(static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                         static_cast<int64_t>(gridDim.x) * blockDim.x, n, load, store);
 }
 
 // Elements grid_stride_loads_first loads ahead when each brings `bytes`

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cub/block/block_reduce.cuh>
 
+#include "engine/kernels/reduce_functors.h"  // fold_share
 #include "llm/cuda/device.cuh"
 #include "llm/cuda/kernels.h"
 #include "llm/kernels/functors.h"
@@ -18,6 +19,7 @@ namespace quanta::llm::llm_cuda {
 namespace {
 
 constexpr int kLossThreads = 256;
+constexpr int kLoadsAhead = 8;
 
 // fmax ignores a NaN, as the warp version did.
 struct MaxOf {
@@ -44,8 +46,11 @@ __global__ void __launch_bounds__(kLossThreads)
         for (int64_t j = tid; j < vocab; j += kLossThreads) x[j] = A(0);
       continue;
     }
-    A m = -INFINITY;
-    for (int64_t j = tid; j < vocab; j += kLossThreads) m = fmax(m, x[j]);
+    // Each pass reads kLoadsAhead logits before using any (a block of 256
+    // threads with one load each in flight moves too little a row), in the
+    // plain loop's order.
+    A m = quanta::fn::fold_share(A(-INFINITY), x, tid, kLossThreads, vocab,
+                                 [](A a, A v, int64_t) { return fmax(a, v); });
     m = Reduce(tmp).Reduce(m, MaxOf{});  // thread 0's
     if (tid == 0) row_value = m;
     __syncthreads();
@@ -55,11 +60,13 @@ __global__ void __launch_bounds__(kLossThreads)
     // overwritten, and tmp is free again.
     __syncthreads();
     A s = 0;
-    for (int64_t j = tid; j < vocab; j += kLossThreads) {
-      const A e = exp(x[j] - m);
-      if (grad) x[j] = e;
-      s += e;
-    }
+    cuda::strided_loads_first<kLoadsAhead>(
+        tid, kLossThreads, vocab, [&](int64_t j) { return x[j]; },
+        [&](int64_t j, A v) {
+          const A e = exp(v - m);
+          if (grad) x[j] = e;
+          s += e;
+        });
     s = Reduce(tmp).Sum(s);  // thread 0's
     if (tid == 0) {
       loss[r] = fn::lm_row_loss<A>(m, s, target_logit);
@@ -68,8 +75,9 @@ __global__ void __launch_bounds__(kLossThreads)
     __syncthreads();
     if (grad) {
       const A inv = A(1) / row_value;
-      for (int64_t j = tid; j < vocab; j += kLossThreads)
-        x[j] = fn::lm_logit_grad<A>(x[j], inv, j == t);
+      cuda::strided_loads_first<kLoadsAhead>(
+          tid, kLossThreads, vocab, [&](int64_t j) { return x[j]; },
+          [&](int64_t j, A v) { x[j] = fn::lm_logit_grad<A>(v, inv, j == t); });
     }
     __syncthreads();  // row_value and tmp are read before the next row writes them
   }
