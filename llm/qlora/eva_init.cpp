@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -14,85 +13,16 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/cpu/parallel.h"
 #include "engine/factory.h"
-#include "engine/nn/layers.h"
 #include "engine/ops/incremental_pca.h"
 #include "engine/ops/index.h"
 #include "engine/ops/view.h"
+#include "llm/qlora/layer_taps.h"
 #include "llm/qlora/lora_targets.h"
 #include "quant/nf4/nf4_linear.h"
 
 namespace quanta::llm {
 
 namespace {
-
-// A layer's forward with its input shown to `tap` first.
-class InputTap : public Module {
- public:
-  InputTap(std::shared_ptr<Module> layer, std::function<void(const Tensor&)> tap)
-      : Module("InputTap"), layer_(std::move(layer)), tap_(std::move(tap)) {}
-  Tensor forward(const Tensor& x) override {
-    tap_(x);
-    return layer_->forward(x);
-  }
-
- private:
-  std::shared_ptr<Module> layer_;
-  std::function<void(const Tensor&)> tap_;
-};
-
-// Where a target layer sits, and the layer.
-struct Place {
-  Module* parent = nullptr;
-  std::string child;
-  std::shared_ptr<Module> layer;
-  int64_t in_features = 0;
-};
-
-// The targets' places; every layer is back in place when this goes, also
-// after a throw.
-class Taps {
- public:
-  Taps(CausalLM& model, const std::vector<EvaTarget>& targets) {
-    std::map<std::string, Module*> modules;
-    for (auto& [name, m] : model.named_modules()) modules[name] = m;
-    for (const EvaTarget& t : targets) {
-      const std::size_t dot = t.name.rfind('.');
-      const auto parent = modules.find(dot == std::string::npos ? "" : t.name.substr(0, dot));
-      Place p;
-      if (parent != modules.end()) {
-        p.parent = parent->second;
-        p.child = dot == std::string::npos ? t.name : t.name.substr(dot + 1);
-        for (auto& [n, c] : p.parent->named_children())
-          if (n == p.child) p.layer = c;
-      }
-      if (auto* linear = dynamic_cast<Linear*>(p.layer.get()))
-        p.in_features = linear->in_features();
-      else if (auto* nf4 = dynamic_cast<quant::NF4Linear*>(p.layer.get()))
-        p.in_features = nf4->in_features();
-      else
-        throw std::invalid_argument("[eva_starts] " + t.name +
-                                    " is not a linear layer of the model");
-      places_.push_back(std::move(p));
-    }
-  }
-  ~Taps() {
-    for (std::size_t i = 0; i < places_.size(); ++i) remove(i);
-  }
-  Taps(const Taps&) = delete;
-  Taps& operator=(const Taps&) = delete;
-
-  const Place& place(std::size_t i) const { return places_[i]; }
-  void set(std::size_t i, std::function<void(const Tensor&)> tap) {
-    places_[i].parent->replace_module(places_[i].child,
-                                      std::make_shared<InputTap>(places_[i].layer, std::move(tap)));
-  }
-  void remove(std::size_t i) {
-    places_[i].parent->replace_module(places_[i].child, places_[i].layer);
-  }
-
- private:
-  std::vector<Place> places_;
-};
 
 // The positions of a batch whose inputs EVA takes, flat over [rows, length]
 // (PEFT's mask: the real tokens, and with use_label_mask those whose label
@@ -231,14 +161,16 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
       throw std::invalid_argument("[eva_starts] layer " + t.name + " has r " + std::to_string(t.r));
   NoGradGuard no_grad;
   EvalModeGuard eval(model);
-  Taps taps(model, targets);
+  std::vector<std::string> names;
+  for (const EvaTarget& t : targets) names.push_back(t.name);
+  LayerTaps taps(model, names, "eva_starts");
   const std::size_t n = targets.size();
   // Each layer's most components; the layers reading one input (which
   // have the same features) each as many as the most of them.
   std::vector<int64_t> most(n);
   int64_t budget = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    most[i] = most_components("eva_starts", targets[i], config.rho, taps.place(i).in_features);
+    most[i] = most_components("eva_starts", targets[i], config.rho, taps.in_features(i));
     budget += targets[i].r;
   }
   Device device = Device::cpu();

@@ -68,6 +68,8 @@ const char* lora_init_name(LoraInit init) {
       return "orthogonal";
     case LoraInit::eva:
       return "eva";
+    case LoraInit::corda:
+      return "corda";
     case LoraInit::kaiming_uniform:
       break;
   }
@@ -95,26 +97,20 @@ void set_lora_init(LoraSettings& lora, const std::string& text) {
   }
   for (LoraInit i :
        {LoraInit::kaiming_uniform, LoraInit::gaussian, LoraInit::both_random, LoraInit::loftq,
-        LoraInit::pissa, LoraInit::olora, LoraInit::orthogonal, LoraInit::eva})
+        LoraInit::pissa, LoraInit::olora, LoraInit::orthogonal, LoraInit::eva, LoraInit::corda})
     if (text == lora_init_name(i)) {
       lora.init_lora_weights = i;
       lora.pissa_niter = -1;
       return;
     }
-  if (text.starts_with("corda"))
-    throw std::invalid_argument(
-        "init_lora_weights " + text +
-        " starts the adapters from the covariance of activations over training data (PEFT's "
-        "preprocess_corda), which quanta does not compute; eva starts from activations, pissa, "
-        "olora or loftq from the weights alone");
   throw std::invalid_argument(
       "init_lora_weights must be true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora, "
-      "orthogonal or eva, got \"" +
+      "orthogonal, eva or corda, got \"" +
       text + "\"");
 }
 
 bool takes_start_from_base(LoraInit init) {
-  return init == LoraInit::pissa || init == LoraInit::olora;
+  return init == LoraInit::pissa || init == LoraInit::olora || init == LoraInit::corda;
 }
 
 LoraSettings converted_to_lora(const LoraSettings& lora) {
@@ -316,6 +312,13 @@ ojson adapter_config_json(const LoraSettings& l, const BaseQuantization& q) {
                        {"label_mask_value", l.eva_config.label_mask_value},
                        {"whiten", l.eva_config.whiten},
                        {"adjust_scaling_factors", l.eva_config.adjust_scaling_factors}};
+  if (l.init_lora_weights == LoraInit::corda)
+    j["corda_config"] = {{"cache_file", nullptr},
+                         {"covariance_file", nullptr},
+                         {"corda_method", quant::corda_method_name(l.corda_config.method)},
+                         {"verbose", false},
+                         {"use_float16_for_covariance", false},
+                         {"prune_temporary_fields", true}};
   j["use_dora"] = l.use_dora;
   j["lora_bias"] = l.lora_bias;
   j["modules_to_save"] = l.modules_to_save.empty() ? ojson() : ojson(l.modules_to_save);
@@ -524,6 +527,16 @@ LoraSettings read_adapter_config(const ojson& j, const std::string& source) {
         } catch (const std::invalid_argument& e) {
           adapter_config_fail(source, e.what());
         }
+      // Unconverted adapters trained from CorDA's start fit a base with it
+      // taken out, which takes the covariances of the data it came from
+      // (PEFT's loader fails without preprocess_corda too).
+      if (text == "corda")
+        adapter_config_fail(
+            source,
+            "init_lora_weights corda: these adapters fit a base with CorDA's start taken out, "
+            "which needs the input covariances of the samples it was computed from; save them "
+            "converted to LoRA (PEFT's path_initial_model_for_weight_conversion, as quanta "
+            "finetune does) to read them over the original weights");
       // EVA's start is only the stored A's, read as they are; the
       // settings are kept so that a folder written again says the same.
       if (text == "eva") {
@@ -595,8 +608,8 @@ BaseQuantization read_base_quantization(const ojson& j, const std::string& sourc
       set_lora_init(check, q.start_taken_out);
       if (!takes_start_from_base(check.init_lora_weights))
         adapter_config_fail(source, where +
-                                        ".init_lora_weights must be pissa, pissa_niter_<N> "
-                                        "or olora, got \"" +
+                                        ".init_lora_weights must be pissa, pissa_niter_<N>, "
+                                        "olora or corda, got \"" +
                                         q.start_taken_out + "\"");
     }
   } catch (const std::exception& e) {

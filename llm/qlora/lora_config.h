@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/dtype.h"
+#include "quant/nf4/corda_start.h"
 
 namespace quanta::llm {
 
@@ -61,6 +62,13 @@ enum class LoraInit {
    * apply_qlora alone starts such adapters as true does, as PEFT's model
    * does before the data is seen. */
   eva,
+  /** CorDA's (Context-Oriented Decomposition Adaptation): B A the singular
+   * triplets of W C (C the covariance of the layer's inputs over samples of
+   * the training data) that CordaConfig::method chooses, and the base the
+   * residual, quantized (quant::corda_starts; PEFT's "corda" after
+   * preprocess_corda). Needs the float weights and the covariances
+   * (llm::apply_qlora_corda collects them). */
+  corda,
 };
 
 /** EVA's settings, PEFT's EvaConfig: each layer may take up to round(r x
@@ -79,8 +87,15 @@ struct EvaConfig {
   bool adjust_scaling_factors = true;
 };
 
+/** CorDA's settings, PEFT's CordaConfig: which triplets the adapters take
+ * (corda_method). PEFT's cache and covariance files are torch pickles:
+ * quanta collects the covariances from the data each time. */
+struct CordaConfig {
+  quant::CordaMethod method = quant::CordaMethod::ipm;
+};
+
 /** PEFT's spelling of a kind: "true", "gaussian", "false", "loftq",
- * "pissa", "olora", "orthogonal", "eva". */
+ * "pissa", "olora", "orthogonal", "eva", "corda". */
 const char* lora_init_name(LoraInit init);
 
 /** LoRA adapters as PEFT's LoraConfig describes them. Which layers get one
@@ -145,6 +160,8 @@ struct LoraSettings {
   int64_t pissa_niter = -1;
   /** With eva: its settings (adapter_config.json's eva_config). */
   EvaConfig eva_config{};
+  /** With corda: its settings (adapter_config.json's corda_config). */
+  CordaConfig corda_config{};
   /** The base model's folder, as the user named it (recorded, checked on load). */
   std::string base_model_name_or_path;
 };
@@ -154,13 +171,12 @@ struct LoraSettings {
 std::string lora_init_text(const LoraSettings& lora);
 
 /** Sets lora.init_lora_weights (and pissa_niter) from PEFT's spelling:
- * true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora, orthogonal or
- * eva. Throws std::invalid_argument naming the values for another; PEFT's
- * corda (a start from the activations' covariance) is refused by name. */
+ * true, gaussian, false, loftq, pissa, pissa_niter_<N>, olora, orthogonal,
+ * eva or corda. Throws std::invalid_argument naming the values for another. */
 void set_lora_init(LoraSettings& lora, const std::string& text);
 
 /** True for the starts that take the adapters' part out of the base (pissa,
- * olora): the trained adapters fit the residual base, and a saved folder
+ * olora, corda): the trained adapters fit the residual base, and a saved folder
  * holds them converted to plain LoRA over the original weight. */
 bool takes_start_from_base(LoraInit init);
 

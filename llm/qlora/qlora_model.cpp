@@ -256,18 +256,19 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
           " (a Llama's linear layers have none unless attention_bias or mlp_bias is set; "
           "Qwen2's q_proj, k_proj and v_proj have them)");
   }
-  if (o.lora.init_lora_weights == LoraInit::loftq || o.lora.init_lora_weights == LoraInit::pissa)
+  const LoraInit init = o.lora.init_lora_weights;
+  if (init == LoraInit::loftq || init == LoraInit::pissa || init == LoraInit::corda)
     for (std::size_t i = 0; i < slots.size(); ++i)
       if (chosen[i] && !slots[i].linear)
         throw std::invalid_argument(
-            o.lora.init_lora_weights == LoraInit::loftq
+            init == LoraInit::loftq
                 ? "init_lora_weights loftq corrects the quantization error toward the float "
                   "weights, and layer " +
                       slots[i].name +
                       " was loaded in 4 bits (a 4-bit folder): start from the float model's folder"
-                : "init_lora_weights pissa takes its start out of the float weights and quantizes "
-                  "the "
-                  "residual, and layer " +
+                : std::string("init_lora_weights ") + lora_init_name(init) +
+                      " takes its start out of the float weights and quantizes the residual, and "
+                      "layer " +
                       slots[i].name +
                       " was loaded in 4 bits (a 4-bit folder): start from the float model's "
                       "folder (PEFT refuses it too)");
@@ -330,21 +331,27 @@ std::vector<ResidualStartOf> residual_starts(
     const quant::LoRAOptions& lora) {
   NoGradGuard no_grad;
   const bool pissa = o.lora.init_lora_weights == LoraInit::pissa;
+  const bool corda = o.lora.init_lora_weights == LoraInit::corda;
+  // PiSSA's and CorDA's residuals are formed from the float weights (what
+  // PEFT's recipe saves in the model's dtype before bitsandbytes loads it).
+  const bool from_float = pissa || corda;
   // PEFT leaves the start's factors in the layer's dtype: the model's.
   const DType factor_dtype = lora.base_dtype;
   std::vector<quant::ResidualStartLayer> layers;
   std::vector<ResidualStartOf> out(which.size());
   std::vector<Generator> gens;
+  std::vector<Tensor> covariances;
   for (std::size_t k = 0; k < which.size(); ++k) {
     const Convertible& s = slots[which[k]];
     const LoraLayerSettings& c = *chosen[which[k]];
     const double scaling =
         o.lora.use_rslora ? c.lora_alpha / std::sqrt(double(c.r)) : c.lora_alpha / double(c.r);
     Tensor weight;
-    if (pissa) {
+    if (from_float) {
       weight = s.linear->weight().detach().to(Device::cpu());
       // Its own stream per layer, as the adapters' other draws.
-      gens.push_back(Generator::named(o.seed, "lora.pissa." + s.name));
+      if (pissa) gens.push_back(Generator::named(o.seed, "lora.pissa." + s.name));
+      if (corda && o.stored_starts.empty()) covariances.push_back(o.corda_covariances.at(s.name));
     } else {
       // OLoRA as PEFT runs it over a bitsandbytes model: on the base as
       // quantized, dequantized to the model's dtype.
@@ -369,15 +376,16 @@ std::vector<ResidualStartOf> residual_starts(
       made.push_back(quant::given_start(layers[k], it->second.first, it->second.second));
     }
   } else {
-    made = pissa ? quant::pissa_starts(layers, o.lora.pissa_niter, &gens)
-                 : quant::olora_starts(layers);
+    made = pissa   ? quant::pissa_starts(layers, o.lora.pissa_niter, &gens)
+           : corda ? quant::corda_starts(layers, covariances, o.lora.corda_config.method)
+                   : quant::olora_starts(layers);
   }
   for (std::size_t k = 0; k < which.size(); ++k) {
     const Convertible& s = slots[which[k]];
     out[k].start = made[k];
     out[k].quantized = made[k].residual;  // OLoRA's is quantized from f32
-    if (pissa) {
-      // PiSSA's residual is saved in the model's dtype before bitsandbytes
+    if (from_float) {
+      // The residual is saved in the model's dtype before bitsandbytes
       // loads it.
       out[k].quantized = made[k].residual.to(s.linear->weight().dtype());
       const quant::NF4Linear whole(quant::quantize_bnb(s.linear->weight().detach(), nf4), Tensor(),
@@ -394,6 +402,15 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
   const quant::NF4Options& nf4 = plan.nf4;
   const std::vector<Convertible>& slots = plan.slots;
   const std::vector<std::optional<LoraLayerSettings>>& chosen = plan.chosen;
+  // Checked here, not in the plan: apply_qlora_corda plans first to find
+  // the layers whose covariances it collects.
+  if (o.lora.init_lora_weights == LoraInit::corda && o.stored_starts.empty())
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (chosen[i] && !o.corda_covariances.contains(slots[i].name))
+        throw std::invalid_argument(
+            "init_lora_weights corda decomposes each adapted layer's weight with the covariance "
+            "of its inputs, and none is given for layer " +
+            slots[i].name + " (apply_qlora_corda collects them from samples of the data)");
   QLoRAReport& report = plan.report;
   quant::LoRAOptions lora;
   lora.dropout = o.lora.lora_dropout;
@@ -419,6 +436,7 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     case LoraInit::loftq:  // drawn, then replaced by the start
     case LoraInit::pissa:
     case LoraInit::olora:
+    case LoraInit::corda:
       lora.init = quant::LoRAInit::kaiming_uniform;
       break;
   }

@@ -50,6 +50,11 @@ struct QLoRAOptions {
    * as drawn): EVA's start (apply_qlora_eva). A name that is not an adapted
    * layer, or a shape other than its adapter's, is refused. */
   std::map<std::string, Tensor> given_lora_A{};
+  /** With init_lora_weights corda: each adapted layer's input covariance
+   * [in, in] by layer name (llm::corda_covariances; any float dtype and
+   * device). An adapted layer without one is refused, unless stored_starts
+   * gives its start. */
+  std::map<std::string, Tensor> corda_covariances{};
 };
 
 /** One converted linear layer. */
@@ -92,16 +97,18 @@ struct QLoRAReport {
  * a layer's r above its in or out features, a
  * modules_to_save entry matching no module or naming a linear layer other
  * than lm_head, a container, or a tied model's embeddings, init_lora_weights
- * loftq or pissa over a base loaded in 4 bits (no float weights to correct
- * toward or decompose), or a model already converted; the model is then
+ * loftq, pissa or corda over a base loaded in 4 bits (no float weights to
+ * correct toward or decompose), corda without an adapted layer's
+ * covariance, or a model already converted; the model is then
  * unchanged. LoftQ computes each adapted layer's SVD on the host
  * (quant::loftq_init), one layer per core: in f32 0.35 s for 768 x 2048,
  * 7.1 s for 2048 x 5632 and 66 s for 4096 x 11008 on one EPYC core; PiSSA
- * the same SVD of the weight (far less with pissa_niter), OLoRA a QR. Their
+ * the same SVD of the weight (far less with pissa_niter), OLoRA a QR,
+ * CorDA an inverse and an SVD of W C in f64 (quant::corda_starts). Their
  * adapters keep the start (LoRALinear::set_initial_adapters), which the
  * base holds taken out: PiSSA quantizes the float weight's residual, rounded
  * to the model's dtype first (what PEFT's recipe saves and bitsandbytes then
- * loads); OLoRA, as PEFT over a bitsandbytes model, takes its QR of the
+ * loads; CorDA's alike); OLoRA, as PEFT over a bitsandbytes model, takes its QR of the
  * base as quantized (dequantized to the model's dtype) and quantizes the f32
  * residual again, from a 4-bit folder too. */
 QLoRAReport apply_qlora(CausalLM& model, const QLoRAOptions& options);

@@ -877,10 +877,10 @@ TEST_CASE(
   CHECK(contains(four_bit.err, "was loaded in 4 bits (a 4-bit folder): start from the float"));
   CHECK_FALSE(std::filesystem::exists(d.file("four_bit/adapters")));
   const CliResult bad =
-      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "corda"}));
+      run_quanta(finetune("llama_gqa", d, "bad", {"--steps", "1", "--init-lora-weights", "pca"}));
   CHECK(bad.code != 0);
   CHECK(contains(bad.err, "--init-lora-weights"));
-  CHECK(contains(bad.err, "preprocess_corda"));
+  CHECK(contains(bad.err, "eva or corda, got \"pca\""));
 }
 
 TEST_CASE(
@@ -1042,6 +1042,83 @@ TEST_CASE(
             "may take 36 components (round(r x rho), rho 9), more than its 32 input features"},
            {{"--init-lora-weights", "eva", "--eva-max-forwards", "2"},
             "have not converged (tau 0.99)"}}) {
+    CAPTURE(message);
+    std::vector<std::string> f = {"--steps", "1"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    const CliResult bad = run_quanta(finetune("llama_gqa", d, "bad", f));
+    CHECK(bad.code != 0);
+    CHECK(contains(bad.err, message));
+    CHECK_FALSE(std::filesystem::exists(d.file("bad/adapters")));
+  }
+}
+
+TEST_CASE(
+    "finetune --model --init-lora-weights corda: the start from --data's covariances, a folder "
+    "that scores what the run reported, resumed, on 2 ranks and sharded, and its refusals") {
+  ScratchDir d("ft_lm_corda");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(1200, 41), llm::TokenWidth::u16);
+  llm::write_token_file(d.file("eval.bin"), learnable_tokens(400, 42), llm::TokenWidth::u16);
+  const std::vector<std::string> eval = {"--steps",          "4",        "--eval-data",
+                                         d.file("eval.bin"), "--lora-r", "4"};
+  const CliResult plain = run_quanta(finetune("llama_gqa", d, "plain", eval));
+  REQUIRE_MESSAGE(plain.code == 0, plain.err);
+  double ipm_before = 0;
+  for (const std::string method : {"ipm", "kpm"}) {
+    CAPTURE(method);
+    std::vector<std::string> flags = eval;
+    flags.insert(flags.end(), {"--init-lora-weights", "corda", "--corda-method", method,
+                               "--corda-samples", "24", "--merge-to", d.file("merged")});
+    const CliResult r = run_quanta(finetune("llama_gqa", d, method, flags));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(contains(r.out, "init corda on 14 layers"));
+    CHECK(contains(r.out, "over the first 24 examples of"));
+    CHECK(contains(r.out, "CorDA: the adapted layers' quantization error"));
+    // The base holds the residual: another NF4 model from the start.
+    CHECK(eval_before(r.out) != eval_before(plain.out));
+    if (method == "ipm") ipm_before = eval_before(r.out);
+    // Saved converted, as PEFT's path_initial_model_for_weight_conversion.
+    const json config =
+        json::parse(std::ifstream(d.file(method + "/adapters/adapter_config.json")));
+    CHECK(config["r"] == 8);
+    CHECK(config["init_lora_weights"] == true);
+    CHECK(config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == "corda");
+    const std::vector<json> rec = records(d.file(method + "/metrics.jsonl"));
+    REQUIRE(rec.back()["kind"] == "eval");
+    check_scores(d, "llama_gqa", method, rec.back()["eval_loss"].get<double>());
+  }
+  // Fewer samples, another covariance: another start.
+  std::vector<std::string> few = eval;
+  few.insert(few.end(), {"--init-lora-weights", "corda", "--corda-samples", "2"});
+  const CliResult fewer = run_quanta(finetune("llama_gqa", d, "few", few));
+  REQUIRE_MESSAGE(fewer.code == 0, fewer.err);
+  CHECK(eval_before(fewer.out) != ipm_before);
+  // Resumed from a checkpoint, the covariances and the residual base are
+  // made again: the bytes of one run; 2 ranks, sharded or not, agree.
+  const auto with = [](std::vector<std::string> more) {
+    more.insert(more.end(), {"--init-lora-weights", "corda", "--lora-dropout", "0"});
+    return more;
+  };
+  check_resume_and_sharding(d, "llama_gqa", with);
+  // Training on from the converted folder keeps its start.
+  const CliResult on = run_quanta(
+      finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("ipm/adapters")}));
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  CHECK_FALSE(contains(on.out, "CorDA: the adapted layers' input covariances"));
+  const json on_config = json::parse(std::ifstream(d.file("on/adapters/adapter_config.json")));
+  CHECK(on_config["quanta_base_quantization"]["start_taken_out"]["init_lora_weights"] == "corda");
+  // Refusals: one clear line, no adapters written.
+  const std::string four_bit = quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa");
+  const CliResult over_4bit =
+      run_quanta({"finetune", "--model", four_bit, "--data", d.file("train.bin"), "--seq-len", "32",
+                  "--out", d.file("bad"), "--init-lora-weights", "corda"});
+  CHECK(over_4bit.code != 0);
+  CHECK(
+      contains(over_4bit.err, "init_lora_weights corda takes its start out of the float weights"));
+  CHECK_FALSE(std::filesystem::exists(d.file("bad/adapters")));
+  for (const auto& [extra, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--corda-method", "kpm"}, "--corda-method is a setting of --init-lora-weights corda"},
+           {{"--init-lora-weights", "corda", "--corda-method", "svd"}, "--corda-method"},
+           {{"--init-lora-weights", "corda", "--corda-samples", "-1"}, "--corda-samples"}}) {
     CAPTURE(message);
     std::vector<std::string> f = {"--steps", "1"};
     f.insert(f.end(), extra.begin(), extra.end());

@@ -599,22 +599,21 @@ TEST_CASE("init_lora_weights: PEFT's spellings, and the starts taken out of the 
   CHECK(l.pissa_niter == 4);
   CHECK(llm::lora_init_text(l) == "pissa_niter_4");
   for (const std::string text :
-       {"true", "gaussian", "false", "loftq", "pissa", "olora", "orthogonal", "eva"}) {
+       {"true", "gaussian", "false", "loftq", "pissa", "olora", "orthogonal", "eva", "corda"}) {
     llm::set_lora_init(l, text);
     CHECK(llm::lora_init_text(l) == text);
     CHECK(l.pissa_niter == -1);
   }
   CHECK(llm::takes_start_from_base(llm::LoraInit::pissa));
   CHECK(llm::takes_start_from_base(llm::LoraInit::olora));
+  CHECK(llm::takes_start_from_base(llm::LoraInit::corda));
   CHECK_FALSE(llm::takes_start_from_base(llm::LoraInit::loftq));
   CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "pissa_niter_"),
                        doctest::Contains("pissa_niter_ takes the number of power iterations"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "corda"), doctest::Contains("preprocess_corda"),
-                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(llm::set_lora_init(l, "kaiming"),
                        doctest::Contains("must be true, gaussian, false, loftq, pissa, "
-                                         "pissa_niter_<N>, olora, orthogonal or eva, got "
+                                         "pissa_niter_<N>, olora, orthogonal, eva or corda, got "
                                          "\"kaiming\""),
                        std::invalid_argument);
   // The settings PEFT's conversion writes, and back.
@@ -710,7 +709,7 @@ TEST_CASE("PEFT adapter folders from PiSSA and OLoRA: converted, recorded, read 
     std::ofstream(dir + "/adapter_config.json") << bad.dump();
     CHECK_THROWS_WITH_AS(llm::read_adapter_folder_config(dir),
                          doctest::Contains("start_taken_out.init_lora_weights must be pissa, "
-                                           "pissa_niter_<N> or olora, got \"loftq\""),
+                                           "pissa_niter_<N>, olora or corda, got \"loftq\""),
                          std::runtime_error);
     bad = config;
     bad["r"] = 5;

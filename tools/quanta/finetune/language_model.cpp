@@ -106,6 +106,7 @@ void add_layer_choice(json& model, const FinetuneOptions& o) {
   if (o.adam_epsilon != defaults.adam_epsilon) model["adam_epsilon"] = o.adam_epsilon;
   if (o.init_lora_weights != "true") model["init_lora_weights"] = o.init_lora_weights;
   if (o.init_lora_weights == "eva") model["eva"] = eva_flags_json(o.eva);
+  if (o.init_lora_weights == "corda") model["corda"] = corda_flags_json(o.corda);
   if (o.bias != "none") model["bias"] = o.bias;
   if (o.lora_bias) model["lora_bias"] = true;
   if (!o.rank_pattern.empty()) model["rank_pattern"] = o.rank_pattern;
@@ -403,7 +404,10 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
                  "orthogonal (A and B random with B A = 0; even r), or eva (A the top principal "
                  "components of each layer's inputs over --data's batches, B zero, the ranks "
                  "redistributed among the layers by explained variance: PEFT's "
-                 "initialize_lora_eva_weights; --eva-*). pissa and olora adapters "
+                 "initialize_lora_eva_weights; --eva-*), or corda (B A the singular triplets of "
+                 "W C, C the covariance of each layer's inputs over --data's first examples, "
+                 "the base the residual quantized: PEFT's preprocess_corda; --corda-*). pissa, "
+                 "olora and corda adapters "
                  "are saved converted to LoRA of rank 2r over the original base, as PEFT's "
                  "path_initial_model_for_weight_conversion writes them")
       ->capture_default_str()
@@ -417,6 +421,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
         return std::string();
       });
   add_eva_flags(sub, o.eva);
+  add_corda_flags(sub, o.corda);
   sub.add_option("--bias", o.bias,
                  "--model: the base's biases that train beside the adapters and are saved with "
                  "them (PEFT's bias): none, all, or lora_only (the adapted layers'); never "
@@ -512,6 +517,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     if (!from_folder) llm::set_lora_init(q.lora, o.init_lora_weights);
     if (q.lora.init_lora_weights == llm::LoraInit::eva && !from_folder)
       q.lora.eva_config = eva_config(o.eva);
+    if (q.lora.init_lora_weights == llm::LoraInit::corda && !from_folder)
+      q.lora.corda_config = corda_config(o.corda);
     q.lora.base_model_name_or_path = o.model;
     llm::check_lora_settings(q.lora);
   } catch (const std::invalid_argument& e) {
@@ -578,6 +585,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool reports_error = loftq || (from_base && !llm::folder_quantization(o.model));
   const std::string start_name = loftq                                              ? "LoftQ"
                                  : q.lora.init_lora_weights == llm::LoraInit::pissa ? "PiSSA"
+                                 : q.lora.init_lora_weights == llm::LoraInit::corda ? "CorDA"
                                                                                     : "OLoRA";
   if (loftq)
     log << "LoftQ: one SVD of each adapted layer's quantization error, on the host's cores "
@@ -595,6 +603,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   // gives ranks, by name.
   const std::string layer_choice = layer_choice_text(q.lora);
   const bool eva = !from_folder && q.lora.init_lora_weights == llm::LoraInit::eva;
+  const bool corda = !from_folder && q.lora.init_lora_weights == llm::LoraInit::corda;
   llm::EvaStarts eva_starts;
   const auto conversion_start = std::chrono::steady_clock::now();
   const llm::QLoRAReport report =
@@ -605,6 +614,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       : eva       ? llm::apply_qlora_eva(*model, q,
                                          eva_data(train_data, o.eva, o.batch_size, o.seed, o.data, log),
                                          &eva_starts)
+      : corda     ? llm::apply_qlora_corda(*model, q, corda_data(train_data, o.corda, o.data, log))
                   : llm::apply_qlora(*model, q);
   const double conversion_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();

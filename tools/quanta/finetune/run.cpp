@@ -146,7 +146,10 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
   static const std::vector<const char*> kClassifierOnly = {"--limit-train", "--limit-test",
                                                            "--merge"};
   std::vector<const char*> not_taken = lm ? kClassifierOnly : kLmOnly;
-  if (!lm) not_taken.insert(not_taken.end(), std::begin(kEvaFlagNames), std::end(kEvaFlagNames));
+  if (!lm) {
+    not_taken.insert(not_taken.end(), std::begin(kEvaFlagNames), std::end(kEvaFlagNames));
+    not_taken.insert(not_taken.end(), std::begin(kCordaFlagNames), std::end(kCordaFlagNames));
+  }
   for (const char* flag : not_taken)
     if (given(flag))
       throw UsageError(std::string(flag) +
@@ -166,6 +169,9 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
   for (const char* flag : kEvaFlagNames)
     if (given(flag) && o.init_lora_weights != "eva")
       throw UsageError(std::string(flag) + " is a setting of --init-lora-weights eva");
+  for (const char* flag : kCordaFlagNames)
+    if (given(flag) && o.init_lora_weights != "corda")
+      throw UsageError(std::string(flag) + " is a setting of --init-lora-weights corda");
   // A folder's adapters are trained as its adapter_config.json describes
   // them; only their dropout, a training setting, may change.
   static const std::vector<const char*> kAdapterShape = {"--lora-r",

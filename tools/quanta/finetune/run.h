@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "adapter_flags.h"
+#include "corda_flags.h"
 #include "dist/process_group.h"
 #include "document_flags.h"
 #include "engine/device.h"
@@ -60,6 +61,7 @@ struct FinetuneOptions {
   std::string bias = "none";
   std::string init_lora_weights = "true";  // PEFT's values: true, gaussian, false, loftq
   EvaFlags eva;                            // --init-lora-weights eva's settings
+  CordaFlags corda;                        // --init-lora-weights corda's settings
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;

@@ -5,7 +5,7 @@ Run from the repository root with the peer environment (../shared/peer/setup.sh)
 
     /tmp/peer-venv/bin/python tests/data/llm/qlora/make_qlora_fixtures.py tests/data/llm [PART...]
 
-(PART: cases, quanta_written, transformers_4bit, loftq, residual_starts, eva; all
+(PART: cases, quanta_written, transformers_4bit, loftq, residual_starts, eva, corda; all
 when none is named;
 case=NAME for one case, quanta_written=NAME for one folder.)
 
@@ -50,6 +50,9 @@ pissa_*/, olora_*/   case.json + expected.safetensors: PiSSA's and OLoRA's
 eva_*/               data.jsonl + case.json + expected.safetensors: EVA's
                      start over that data, its ranks and the config PEFT
                      writes (eva_cases)
+corda_*/             data.jsonl + case.json + expected.safetensors: CorDA's
+                     covariances over those samples, its starts and the
+                     residual bases they leave (corda_cases)
 
 quanta_written*/     adapters/ as quanta finetune writes them (QUANTA_WRITTEN:
                      all-linear; PEFT's layer choice by lists, by regexes;
@@ -819,12 +822,113 @@ def eva_cases(root):
         print(name, "forwards", eva_forwards, "ranks", written["rank_pattern"])
 
 
+# CorDA's start (PEFT's init_lora_weights "corda" after preprocess_corda),
+# r 4, lora_alpha 8, every linear layer, as PEFT's recipe for a 4-bit base
+# runs it (examples/corda_finetuning; corda_init refuses a quantized layer):
+# each sample of data.jsonl a forward of its own through the float model
+# (batch 1, no padding: run_model over the calibration set), the start on
+# the float model, the residual model saved in its dtype and loaded in 4
+# bits, the start's adapters loaded over it. ipm keeps the r largest
+# singular triplets of W C, kpm the r smallest.
+CORDA_CASES = {"corda_llama_gqa": dict(model="llama_gqa", method="ipm", dtype=torch.float32),
+               "corda_llama_gqa_kpm": dict(model="llama_gqa", method="kpm", dtype=torch.float32),
+               "corda_llama_bf16": dict(model="llama_bf16", method="ipm", dtype=torch.bfloat16)}
+
+
+def corda_cases(root):
+    """qlora/<case>/: data.jsonl (the samples' input_ids), case.json (model,
+    init, corda_method, samples, r, lora_alpha, compute_dtype, targeted) and
+    expected.safetensors: as residual_start_cases' (each adapted layer's
+    start, its base as bitsandbytes serializes it, ids [2, 12] with the
+    eval-mode logits), plus "<layer>.covariance" (f32 [in, in]): the
+    covariance preprocess_corda collected for it."""
+    import tempfile
+    from peft import PeftModel
+    from peft.tuners.lora.config import CordaConfig
+    try:
+        import attr  # noqa: F401
+    except ImportError:
+        # PEFT's corda.py takes `dataclass` from attrs for one record (its
+        # eigens); the peer environment has no attrs, and the standard
+        # library's does the same there.
+        import dataclasses
+        import types
+        sys.modules["attr"] = types.SimpleNamespace(dataclass=dataclasses.dataclass)
+    from peft.tuners.lora.corda import preprocess_corda
+    prefix = "base_model.model."
+    for i, (name, c) in enumerate(CORDA_CASES.items()):
+        out_dir = os.path.join(root, "qlora", name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        samples = [ids for ids, _ in eva_examples(1200 + i, count=16)]
+        with open(os.path.join(out_dir, "data.jsonl"), "w") as f:
+            for ids in samples:
+                f.write(json.dumps({"input_ids": ids}) + "\n")
+        dtype = c["dtype"]
+        model_dir = os.path.join(root, "models", c["model"])
+        float_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="cpu")
+        # preprocess_corda matches target_modules by name, without expanding
+        # "all-linear": the same seven names spelled out.
+        cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                         "up_proj", "down_proj"],
+                         task_type="CAUSAL_LM", init_lora_weights="corda",
+                         corda_config=CordaConfig(corda_method=c["method"],
+                                                  prune_temporary_fields=False))
+
+        def run_model():
+            for ids in samples:
+                float_model(input_ids=torch.tensor([ids]))
+
+        preprocess_corda(float_model, cfg, run_model=run_model)
+        covariances = {}
+        for n, m in float_model.named_modules():
+            if hasattr(m, "covariance_matrix"):
+                covariances[n + ".covariance"] = m.covariance_matrix.float().clone()
+        pm = get_peft_model(float_model, cfg)
+        tmp = tempfile.mkdtemp()
+        pm.peft_config["default"].init_lora_weights = True
+        pm.save_pretrained(os.path.join(tmp, "start"))
+        pm.unload().save_pretrained(os.path.join(tmp, "residual"))
+        model = load_4bit(os.path.join(tmp, "residual"), dtype)
+        pm = PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
+        shutil.rmtree(tmp)
+        exp = dict(covariances)
+        targeted = []
+        for n, m in pm.named_modules():
+            if not isinstance(m, peft.tuners.lora.Linear4bit):
+                continue
+            layer = n[len(prefix):]
+            targeted.append(layer)
+            exp[layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
+            exp[layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
+            for k, v in m.base_layer.state_dict().items():
+                exp[f"{layer}.{k}"] = v.detach().clone()
+        assert len(targeted) == 14, targeted
+        assert len(covariances) == 14, list(covariances)
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1250 + i))
+        pm.eval()
+        with torch.no_grad():
+            exp["logits_eval"] = pm(input_ids=ids).logits.float()
+        exp["ids"] = ids
+        settings = {"model": c["model"], "init": "corda", "corda_method": c["method"],
+                    "samples": len(samples), "r": 4, "lora_alpha": 8,
+                    "compute_dtype": str(dtype).removeprefix("torch."), "targeted": targeted}
+        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+                  metadata={"versions": VERSIONS})
+        with open(os.path.join(out_dir, "case.json"), "w") as f:
+            json.dump(settings, f, indent=2)
+            f.write("\n")
+        print(name, "written:", len(targeted), "layers")
+
+
 PARTS = {"cases": lambda root: [run_case(root, name, c, seed=100 * (i + 1))
                                 for i, (name, c) in enumerate(CASES.items())],
          "quanta_written": check_quanta_adapters,
          "loftq": loftq_cases,
          "residual_starts": residual_start_cases,
          "eva": eva_cases,
+         "corda": corda_cases,
          "transformers_4bit": save_transformers_4bit}
 
 
