@@ -16,6 +16,7 @@
 #include "llm/qlora/lora_config.h"
 #include "llm/qlora/qlora_model.h"
 #include "quanta.h"
+#include "random_windows.h"
 #include "support/relative_error.h"
 #include "support/test_data.h"
 
@@ -25,13 +26,6 @@ using namespace quanta::testing;
 namespace {
 
 std::string llm_dir(const std::string& name) { return quanta::testing::test_data("llm/" + name); }
-
-// Windows of random ids below 64.
-llm::LmExamples random_windows(int64_t windows, int64_t seq_len, uint64_t seed) {
-  Generator gen(seed);
-  const Tensor ids = randint(0, 64, {windows * seq_len}, gen);
-  return llm::LmExamples::from_ids(ids.to_vector<int64_t>(), "random ids", seq_len, 64);
-}
 
 llm::QLoRAOptions corda_options() {
   llm::QLoRAOptions o;
