@@ -536,6 +536,20 @@ Tensor signs_as(const Tensor& got, const Tensor& want, int64_t dim) {
   return g * where(lt(dots, zeros_like(dots)), full_like(dots, -1.0), full_like(dots, 1.0));
 }
 
+// Adds the layer's 4-bit codes to `codes` and those that differ from the
+// base bitsandbytes serialized under `name` in `want` to `differing`.
+void count_codes(const quant::LoRALinear& layer, const std::map<std::string, Tensor>& want,
+                 const std::string& name, int64_t& codes, int64_t& differing) {
+  const quant::BnbNF4State mine = layer.base()->bnb_weight();
+  const quant::BnbNF4State theirs = quant::read_bnb_tensors(want, name + ".weight");
+  REQUIRE(mine.shape == theirs.shape);
+  codes += mine.packed.numel() * 2;
+  const auto x = mine.packed.to(Device::cpu()).contiguous().to_vector<uint8_t>();
+  const auto y = theirs.packed.contiguous().to_vector<uint8_t>();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    differing += ((x[i] >> 4) != (y[i] >> 4)) + ((x[i] & 15) != (y[i] & 15));
+}
+
 }  // namespace
 
 TEST_CASE("QLoRA parity: LoftQ starts from the adapters PEFT's replace_lora_weights_loftq sets") {
@@ -678,14 +692,7 @@ TEST_CASE("QLoRA parity: PiSSA's and OLoRA's starts are PEFT's, and so are their
         // The residual's NF4 codes: bitsandbytes' where the two residuals
         // (each from its own f32 decomposition) do not straddle a code's
         // boundary.
-        const quant::BnbNF4State mine = layer->base()->bnb_weight();
-        const quant::BnbNF4State theirs = quant::read_bnb_tensors(want, layer_name + ".weight");
-        REQUIRE(mine.shape == theirs.shape);
-        codes += mine.packed.numel() * 2;
-        const auto x = mine.packed.to(Device::cpu()).contiguous().to_vector<uint8_t>();
-        const auto y = theirs.packed.contiguous().to_vector<uint8_t>();
-        for (std::size_t i = 0; i < x.size(); ++i)
-          codes_differing += ((x[i] >> 4) != (y[i] >> 4)) + ((x[i] & 15) != (y[i] & 15));
+        count_codes(*layer, want, layer_name, codes, codes_differing);
       }
       CHECK(nlohmann::json(adapted) == settings["targeted"]);
       MESSAGE(name << " on " << dev.str() << ": " << codes_differing << " of " << codes
@@ -1017,15 +1024,7 @@ TEST_CASE("QLoRA parity: CorDA's covariances, starts and residual bases are PEFT
                                    max_rel_diff(signs_as(layer->lora_B(), b, 0), b)});
           const Tensor product = matmul(layer->lora_B(), layer->lora_A()).to(Device::cpu());
           worst_product = std::max(worst_product, max_rel_diff(product, matmul(b, a)));
-          const quant::BnbNF4State mine = layer->base()->bnb_weight();
-          const quant::BnbNF4State theirs =
-              quant::read_bnb_tensors(c.expected, layer_name + ".weight");
-          REQUIRE(mine.shape == theirs.shape);
-          codes += mine.packed.numel() * 2;
-          const auto x = mine.packed.to(Device::cpu()).contiguous().to_vector<uint8_t>();
-          const auto y = theirs.packed.contiguous().to_vector<uint8_t>();
-          for (std::size_t i = 0; i < x.size(); ++i)
-            codes_differing += ((x[i] >> 4) != (y[i] >> 4)) + ((x[i] & 15) != (y[i] & 15));
+          count_codes(*layer, c.expected, layer_name, codes, codes_differing);
         }
         CHECK(nlohmann::json(adapted) == c.settings["targeted"]);
         model->eval();
