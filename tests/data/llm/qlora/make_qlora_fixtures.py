@@ -620,6 +620,36 @@ RESIDUAL_CASES = {"pissa_llama_gqa": dict(model="llama_gqa", init="pissa", dtype
                   "olora_llama_bf16": dict(model="llama_bf16", init="olora", dtype=torch.bfloat16)}
 
 
+def residual_model_in_4bit(pm, tmp, dtype):
+    """PEFT's recipe for a start taken out of a float model over a 4-bit
+    base: the start saved as plain adapters, the residual model saved in its
+    dtype, loaded in 4 bits, the start's adapters loaded over it (in tmp)."""
+    from peft import PeftModel
+    pm.peft_config["default"].init_lora_weights = True
+    pm.save_pretrained(os.path.join(tmp, "start"))
+    pm.unload().save_pretrained(os.path.join(tmp, "residual"))
+    model = load_4bit(os.path.join(tmp, "residual"), dtype)
+    return PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
+
+
+def starts_and_bases(pm, prefix="base_model.model."):
+    """Each Linear4bit's start "<layer>.lora_A.weight", ".lora_B.weight"
+    (f32) and its base as bitsandbytes serializes it, and the layers in
+    model order."""
+    exp = {}
+    targeted = []
+    for n, m in pm.named_modules():
+        if not isinstance(m, peft.tuners.lora.Linear4bit):
+            continue
+        layer = n[len(prefix):]
+        targeted.append(layer)
+        exp[layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
+        exp[layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
+        for k, v in m.base_layer.state_dict().items():
+            exp[f"{layer}.{k}"] = v.detach().clone()
+    return exp, targeted
+
+
 def residual_start_cases(root):
     """qlora/<case>/: case.json (model, init, r, lora_alpha, compute_dtype,
     targeted) and expected.safetensors: each adapted layer's start
@@ -631,7 +661,6 @@ def residual_start_cases(root):
     ("trained.<layer>.lora_A.weight", ...; "converted.<PEFT's name>") and
     case.json its config's r and lora_alpha."""
     import tempfile
-    from peft import PeftModel
     prefix = "base_model.model."
     for i, (name, c) in enumerate(RESIDUAL_CASES.items()):
         out_dir = os.path.join(root, "qlora", name)
@@ -644,28 +673,12 @@ def residual_start_cases(root):
         tmp = tempfile.mkdtemp()
         if c["init"] == "pissa":
             float_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="cpu")
-            pm = get_peft_model(float_model, cfg)
-            # PEFT's recipe: the start saved as plain adapters, the residual
-            # model saved in its dtype.
-            pm.peft_config["default"].init_lora_weights = True
-            pm.save_pretrained(os.path.join(tmp, "start"))
-            pm.unload().save_pretrained(os.path.join(tmp, "residual"))
-            model = load_4bit(os.path.join(tmp, "residual"), dtype)
-            pm = PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
+            pm = residual_model_in_4bit(get_peft_model(float_model, cfg), tmp, dtype)
         else:
             pm = get_peft_model(load_4bit(model_dir, dtype), cfg)
-        exp = {}
-        targeted = []
-        for n, m in pm.named_modules():
-            if not isinstance(m, peft.tuners.lora.Linear4bit):
-                continue
-            layer = n[len(prefix):]
-            targeted.append(layer)
-            assert m.scaling["default"] == 2.0
-            exp[layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
-            exp[layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
-            for k, v in m.base_layer.state_dict().items():
-                exp[f"{layer}.{k}"] = v.detach().clone()
+        exp, targeted = starts_and_bases(pm, prefix)
+        assert all(m.scaling["default"] == 2.0 for m in pm.modules()
+                   if isinstance(m, peft.tuners.lora.Linear4bit))
         assert len(targeted) == 14, targeted
         ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(970 + i))
         pm.eval()
@@ -843,7 +856,6 @@ def corda_cases(root):
     eval-mode logits), plus "<layer>.covariance" (f32 [in, in]): the
     covariance preprocess_corda collected for it."""
     import tempfile
-    from peft import PeftModel
     from peft.tuners.lora.config import CordaConfig
     try:
         import attr  # noqa: F401
@@ -855,7 +867,6 @@ def corda_cases(root):
         import types
         sys.modules["attr"] = types.SimpleNamespace(dataclass=dataclasses.dataclass)
     from peft.tuners.lora.corda import preprocess_corda
-    prefix = "base_model.model."
     for i, (name, c) in enumerate(CORDA_CASES.items()):
         out_dir = os.path.join(root, "qlora", name)
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -885,25 +896,11 @@ def corda_cases(root):
         for n, m in float_model.named_modules():
             if hasattr(m, "covariance_matrix"):
                 covariances[n + ".covariance"] = m.covariance_matrix.float().clone()
-        pm = get_peft_model(float_model, cfg)
         tmp = tempfile.mkdtemp()
-        pm.peft_config["default"].init_lora_weights = True
-        pm.save_pretrained(os.path.join(tmp, "start"))
-        pm.unload().save_pretrained(os.path.join(tmp, "residual"))
-        model = load_4bit(os.path.join(tmp, "residual"), dtype)
-        pm = PeftModel.from_pretrained(model, os.path.join(tmp, "start"), is_trainable=True)
+        pm = residual_model_in_4bit(get_peft_model(float_model, cfg), tmp, dtype)
         shutil.rmtree(tmp)
-        exp = dict(covariances)
-        targeted = []
-        for n, m in pm.named_modules():
-            if not isinstance(m, peft.tuners.lora.Linear4bit):
-                continue
-            layer = n[len(prefix):]
-            targeted.append(layer)
-            exp[layer + ".lora_A.weight"] = m.lora_A["default"].weight.detach().float().clone()
-            exp[layer + ".lora_B.weight"] = m.lora_B["default"].weight.detach().float().clone()
-            for k, v in m.base_layer.state_dict().items():
-                exp[f"{layer}.{k}"] = v.detach().clone()
+        exp, targeted = starts_and_bases(pm)
+        exp.update(covariances)
         assert len(targeted) == 14, targeted
         assert len(covariances) == 14, list(covariances)
         ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1250 + i))
