@@ -1,13 +1,16 @@
 #include "llm/qlora/corda_init.h"
 
 #include <cmath>
-#include <optional>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
+#include "engine/io/safetensors.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
 #include "engine/ops/linalg.h"
@@ -26,7 +29,72 @@ bool same_input(const Tensor& a, const Tensor& b) {
          a.strides() == b.strides();
 }
 
+constexpr const char* kCovarianceFormat = "quanta.corda_covariances";
+
 }  // namespace
+
+void save_corda_covariances(const std::string& path, const std::vector<std::string>& layers,
+                            const std::vector<Tensor>& covariances, int64_t samples) {
+  if (layers.size() != covariances.size())
+    throw std::invalid_argument("[save_corda_covariances] " + std::to_string(layers.size()) +
+                                " layers and " + std::to_string(covariances.size()) +
+                                " covariances");
+  io::TensorMap tensors;
+  nlohmann::ordered_json same = nlohmann::ordered_json::object();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::size_t first = i;
+    for (std::size_t j = 0; j < i && first == i; ++j)
+      if (covariances[j].storage() == covariances[i].storage()) first = j;
+    if (first == i)
+      tensors.emplace_back(layers[i], covariances[i].to(DType::f32));
+    else
+      same[layers[i]] = layers[first];
+  }
+  io::save_safetensors(path, tensors,
+                       {{"format", kCovarianceFormat},
+                        {"samples", std::to_string(samples)},
+                        {"same_input", same.dump()}});
+}
+
+std::vector<Tensor> load_corda_covariances(const std::string& path,
+                                           const std::vector<std::string>& layers, Device device,
+                                           int64_t* samples) {
+  const io::SafetensorsFile file = io::load_safetensors(path);
+  const auto format = file.metadata.find("format");
+  if (format == file.metadata.end() || format->second != kCovarianceFormat)
+    throw std::invalid_argument(path +
+                                " is not a CorDA covariance file (its metadata has no "
+                                "\"format\": \"" +
+                                std::string(kCovarianceFormat) + "\")");
+  std::map<std::string, Tensor> by_name;
+  for (const auto& [name, t] : file.tensors) by_name[name] = t.to(device);
+  nlohmann::json same = nlohmann::json::object();
+  if (const auto it = file.metadata.find("same_input"); it != file.metadata.end())
+    same = nlohmann::json::parse(it->second, nullptr, false);
+  if (!same.is_object())
+    throw std::invalid_argument(path + ": its \"same_input\" metadata is not a JSON object");
+  std::vector<Tensor> out;
+  for (const std::string& layer : layers) {
+    std::string holder = layer;
+    if (same.contains(layer) && same[layer].is_string()) holder = same[layer].get<std::string>();
+    const auto it = by_name.find(holder);
+    if (it == by_name.end())
+      throw std::invalid_argument(path + " holds no input covariance for layer " + layer +
+                                  " (it was written for other layers: delete it, or name "
+                                  "another file, to read the samples again)");
+    out.push_back(it->second);
+  }
+  if (samples) {
+    const auto it = file.metadata.find("samples");
+    try {
+      *samples = it == file.metadata.end() ? 0 : std::stoll(it->second);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(path + ": its \"samples\" metadata is not a count: \"" +
+                                  it->second + "\"");
+    }
+  }
+  return out;
+}
 
 CordaData corda_samples_in_order(const LmExamples& examples, int64_t count) {
   if (count < 0)
@@ -129,14 +197,37 @@ QLoRAReport apply_qlora_corda(CausalLM& model, QLoRAOptions& o, const CordaData&
   // The layers, refused as apply_qlora refuses them before anything changes
   // (a 4-bit folder's layers are refused there: CorDA needs float weights).
   std::vector<std::string> names;
+  std::vector<int64_t> in_features;
   o.corda_covariances.clear();
   for (const auto& [name, shape] : planned_trained_tensors(model, o)) {
     constexpr std::string_view suffix = ".lora_A.weight";
-    if (name.ends_with(suffix)) names.push_back(name.substr(0, name.size() - suffix.size()));
+    if (name.ends_with(suffix)) {
+      names.push_back(name.substr(0, name.size() - suffix.size()));
+      in_features.push_back(shape[1]);
+    }
   }
-  if (data.samples < 1 || !data.sample)
+  Device device = Device::cpu();
+  for (const Tensor& p : model.parameters()) {
+    device = p.device();
+    break;
+  }
+  const bool stored =
+      !data.covariance_file.empty() && std::filesystem::exists(data.covariance_file);
+  if (!stored && (data.samples < 1 || !data.sample))
     throw std::invalid_argument("[apply_qlora_corda] CorDA needs at least one sample of data");
-  const std::vector<Tensor> covariances = corda_covariances(model, names, data);
+  const std::vector<Tensor> covariances =
+      stored ? load_corda_covariances(data.covariance_file, names, device)
+             : corda_covariances(model, names, data);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const int64_t in = in_features[i];
+    if (covariances[i].shape() != Shape{in, in})
+      throw std::invalid_argument(data.covariance_file + ": the input covariance of layer " +
+                                  names[i] + " is " + shape_str(covariances[i].shape()) +
+                                  ", the layer's is " + shape_str(Shape{in, in}) +
+                                  " (a file written for another model?)");
+  }
+  if (!stored && !data.covariance_file.empty() && data.write_covariance_file)
+    save_corda_covariances(data.covariance_file, names, covariances, data.samples);
   for (std::size_t i = 0; i < names.size(); ++i) o.corda_covariances[names[i]] = covariances[i];
   try {
     QLoRAReport report = apply_qlora(model, o);

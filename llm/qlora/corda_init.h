@@ -27,7 +27,29 @@ struct CordaData {
   std::function<LmBatch(int64_t)> sample;
   /** Called after each sample with the count done (progress for a long run). */
   std::function<void(int64_t done, int64_t samples)> on_sample{};
+  /** PEFT's covariance_file, as safetensors (save_corda_covariances): where
+   * it exists, apply_qlora_corda reads the covariances from it instead of
+   * the samples (another rank or alpha over the same data needs no pass);
+   * else it writes them there after the pass, when write_covariance_file. */
+  std::string covariance_file{};
+  bool write_covariance_file = true;
 };
+
+/** Writes `covariances` (corda_covariances' for `layers`) to `path`
+ * atomically as safetensors: one f32 tensor per distinct input, under the
+ * first layer reading it, and in the metadata the format
+ * ("quanta.corda_covariances"), the samples and the layers reading another's
+ * input ("same_input": JSON, layer to first layer). */
+void save_corda_covariances(const std::string& path, const std::vector<std::string>& layers,
+                            const std::vector<Tensor>& covariances, int64_t samples);
+
+/** The covariances of `layers` from such a file, on `device` (layers that
+ * share an input share the tensor), and in *samples the samples they came
+ * from. Throws std::invalid_argument naming the file for another format, or
+ * a layer it holds no covariance for. */
+std::vector<Tensor> load_corda_covariances(const std::string& path,
+                                           const std::vector<std::string>& layers, Device device,
+                                           int64_t* samples = nullptr);
 
 /** CordaData over the first `count` of `examples` in file order (all of them
  * when count is 0 or more than there are). `examples` must outlive it.
@@ -48,9 +70,11 @@ std::vector<Tensor> corda_covariances(CausalLM& model, const std::vector<std::st
 
 /** apply_qlora with CorDA's start (options.lora.init_lora_weights corda):
  * the covariances of the layers `options` adapts collected over `data` on
- * the float model, then apply_qlora with them (options.corda_covariances,
- * cleared again after). Throws what apply_qlora and corda_covariances
- * throw, before anything is converted where apply_qlora refuses the
+ * the float model (or read from data.covariance_file), then apply_qlora
+ * with them (options.corda_covariances, cleared again after). Throws what
+ * apply_qlora, corda_covariances and load_corda_covariances throw, a
+ * covariance file's tensor of another shape than its layer's [in, in]
+ * (naming both), before anything is converted where apply_qlora refuses the
  * settings (a 4-bit folder's model among them: no float weights). */
 QLoRAReport apply_qlora_corda(CausalLM& model, QLoRAOptions& options, const CordaData& data);
 

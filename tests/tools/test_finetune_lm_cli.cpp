@@ -1092,6 +1092,20 @@ TEST_CASE(
   const CliResult fewer = run_quanta(finetune("llama_gqa", d, "few", few));
   REQUIRE_MESSAGE(fewer.code == 0, fewer.err);
   CHECK(eval_before(fewer.out) != ipm_before);
+  // The covariances kept in a file: the second run reads it instead of the
+  // samples and trains the same adapters.
+  std::vector<std::string> kept = eval;
+  kept.insert(kept.end(), {"--init-lora-weights", "corda", "--corda-covariance-file",
+                           d.file("covariances.safetensors")});
+  const CliResult writes = run_quanta(finetune("llama_gqa", d, "writes", kept));
+  REQUIRE_MESSAGE(writes.code == 0, writes.err);
+  CHECK(contains(writes.out, "the covariances written to " + d.file("covariances.safetensors")));
+  const CliResult reads = run_quanta(finetune("llama_gqa", d, "reads", kept));
+  REQUIRE_MESSAGE(reads.code == 0, reads.err);
+  CHECK(contains(reads.out, "covariances from " + d.file("covariances.safetensors") +
+                                " (37 samples; --data is not read for them)"));  // 1200 / 32
+  check_same_tensors(d.file("writes/adapters/adapter_model.safetensors"),
+                     d.file("reads/adapters/adapter_model.safetensors"));
   // Resumed from a checkpoint, the covariances and the residual base are
   // made again: the bytes of one run; 2 ranks, sharded or not, agree.
   const auto with = [](std::vector<std::string> more) {
@@ -1117,6 +1131,8 @@ TEST_CASE(
   CHECK_FALSE(std::filesystem::exists(d.file("bad/adapters")));
   for (const auto& [extra, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--corda-method", "kpm"}, "--corda-method is a setting of --init-lora-weights corda"},
+           {{"--corda-covariance-file", "c.safetensors"},
+            "--corda-covariance-file is a setting of --init-lora-weights corda"},
            {{"--init-lora-weights", "corda", "--corda-method", "svd"}, "--corda-method"},
            {{"--init-lora-weights", "corda", "--corda-samples", "-1"}, "--corda-samples"}}) {
     CAPTURE(message);

@@ -1,14 +1,17 @@
 // CorDA's start (llm/qlora/corda_init.h) beyond the PEFT parity cases
 // (test_qlora_parity.cpp): layers reading one input share one covariance,
 // which is what each would have summed; the settings in adapter_config.json;
-// the refusals, which leave every layer in place; and a folder PEFT saved
-// unconverted from CorDA's start, which no loader can read without its data.
+// the refusals, which leave every layer in place; a folder PEFT saved
+// unconverted from CorDA's start, which no loader can read without its data;
+// and the covariance file that spares a second run the samples.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/factory.h"
+#include "engine/io/safetensors.h"
 #include "llm/data/lm_examples.h"
 #include "llm/model/model_folder.h"
 #include "llm/qlora/bnb_folder.h"
@@ -18,6 +21,7 @@
 #include "quanta.h"
 #include "random_windows.h"
 #include "support/relative_error.h"
+#include "support/temp_dir.h"
 #include "support/test_data.h"
 
 using namespace quanta;
@@ -144,4 +148,58 @@ TEST_CASE("CorDA's refusals name the problem and leave every layer in place") {
                        std::invalid_argument);
   CHECK(read == 0);
   CHECK(llm::lora_layers(*four_bit).empty());
+}
+
+TEST_CASE("CorDA's covariance file: written once, read back shared, the same start") {
+  TempDir dir("corda_file");
+  const std::string path = dir.file("covariances.safetensors");
+  const llm::LmExamples examples = random_windows(6, 16, 3);
+  auto first = llm::load_causal_lm(llm_dir("models/llama_gqa"));
+  llm::QLoRAOptions o = corda_options();
+  llm::CordaData data = llm::corda_samples_in_order(examples, 0);
+  data.covariance_file = path;
+  llm::apply_qlora_corda(*first, o, data);
+  REQUIRE(std::filesystem::exists(path));
+  // Read back: each layer's, k and v sharing q's tensor as collected.
+  const std::vector<Tensor> computed =
+      llm::corda_covariances(*llm::load_causal_lm(llm_dir("models/llama_gqa")), kLayer0, data);
+  int64_t samples = 0;
+  const std::vector<Tensor> read =
+      llm::load_corda_covariances(path, kLayer0, Device::cpu(), &samples);
+  CHECK(samples == 6);
+  for (std::size_t i = 0; i < kLayer0.size(); ++i) CHECK(max_abs(read[i] - computed[i]) == 0);
+  CHECK(read[2].storage() == read[0].storage());
+  CHECK(read[5].storage() == read[4].storage());
+  // A second run reads the file, not the samples: the same start.
+  auto second = llm::load_causal_lm(llm_dir("models/llama_gqa"));
+  llm::CordaData no_samples;
+  no_samples.covariance_file = path;
+  llm::apply_qlora_corda(*second, o, no_samples);
+  const auto a = llm::lora_layers(*first), b = llm::lora_layers(*second);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(max_abs(a[i].second->lora_A() - b[i].second->lora_A()) == 0);
+    CHECK(max_abs(a[i].second->lora_B() - b[i].second->lora_B()) == 0);
+  }
+  // Files that do not fit are refused naming the file and what is wrong.
+  CHECK_THROWS_WITH_AS(llm::load_corda_covariances(path, {"model.layers.0.mlp"}, Device::cpu()),
+                       doctest::Contains("holds no input covariance for layer model.layers.0.mlp"),
+                       std::invalid_argument);
+  const std::string plain = dir.file("plain.safetensors");
+  io::save_safetensors(plain, {{"model.layers.0.self_attn.q_proj", eye(32)}});
+  CHECK_THROWS_WITH_AS(llm::load_corda_covariances(plain, kLayer0, Device::cpu()),
+                       doctest::Contains("is not a CorDA covariance file"), std::invalid_argument);
+  const std::string small = dir.file("small.safetensors");
+  std::vector<std::string> all;
+  for (const auto& [name, layer] : llm::lora_layers(*first)) all.push_back(name);
+  llm::save_corda_covariances(small, all, std::vector<Tensor>(all.size(), eye(5)), 1);
+  auto third = llm::load_causal_lm(llm_dir("models/llama_gqa"));
+  llm::CordaData wrong;
+  wrong.covariance_file = small;
+  CHECK_THROWS_WITH_AS(llm::apply_qlora_corda(*third, o, wrong),
+                       doctest::Contains("the input covariance of layer "
+                                         "model.layers.0.self_attn.q_proj is [5, 5], the layer's "
+                                         "is [32, 32]"),
+                       std::invalid_argument);
+  CHECK(llm::nf4_layers(*third).empty());
 }

@@ -1,5 +1,8 @@
 #include "corda_flags.h"
 
+#include <filesystem>
+
+#include "engine/io/safetensors.h"
 #include "flag_checks.h"
 
 namespace quanta::cli {
@@ -18,6 +21,11 @@ void add_corda_flags(CLI::App& sub, CordaFlags& flags) {
                  "calibrates on 256)")
       ->capture_default_str()
       ->transform(integer_in(0, 1 << 30));
+  sub.add_option("--corda-covariance-file", flags.covariance_file,
+                 "--init-lora-weights corda: a safetensors file of the covariances (PEFT's "
+                 "covariance_file): read instead of --data's samples where it exists, else "
+                 "written after them, so that runs with other ranks or methods over the same "
+                 "data and model skip the pass");
 }
 
 llm::CordaConfig corda_config(const CordaFlags& flags) {
@@ -25,12 +33,28 @@ llm::CordaConfig corda_config(const CordaFlags& flags) {
 }
 
 nlohmann::json corda_flags_json(const CordaFlags& flags) {
-  return {{"method", flags.method}, {"samples", flags.samples}};
+  return {{"method", flags.method},
+          {"samples", flags.samples},
+          {"covariance_file", flags.covariance_file}};
 }
 
 llm::CordaData corda_data(const llm::LmExamples& examples, const CordaFlags& flags,
-                          const std::string& data_path, std::ostream& log) {
+                          const std::string& data_path, bool lead, std::ostream& log) {
   llm::CordaData data = llm::corda_samples_in_order(examples, flags.samples);
+  data.covariance_file = flags.covariance_file;
+  data.write_covariance_file = lead;
+  if (!flags.covariance_file.empty() && std::filesystem::exists(flags.covariance_file)) {
+    const auto metadata = io::read_safetensors_header(flags.covariance_file).metadata;
+    const auto samples = metadata.find("samples");
+    log << "CorDA: the adapted layers' input covariances from " << flags.covariance_file << " ("
+        << (samples == metadata.end() ? std::string("?") : samples->second)
+        << " samples; --data is not read for them), then an inverse and an SVD of W C per layer on "
+           "the "
+           "host's cores ("
+        << flags.method << ")\n"
+        << std::flush;
+    return data;
+  }
   data.on_sample = [&log](int64_t done, int64_t samples) {
     if (done % 64 == 0 && done < samples)
       log << "CorDA: " << done << " of " << samples << " samples read\n" << std::flush;
@@ -39,7 +63,10 @@ llm::CordaData corda_data(const llm::LmExamples& examples, const CordaFlags& fla
       << " examples of " << data_path
       << " (one forward pass each), then an inverse and an SVD of W C per layer on the host's "
          "cores ("
-      << flags.method << ")\n"
+      << flags.method << ")"
+      << (flags.covariance_file.empty() ? ""
+                                        : "; the covariances written to " + flags.covariance_file)
+      << "\n"
       << std::flush;
   return data;
 }

@@ -614,8 +614,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       : eva       ? llm::apply_qlora_eva(*model, q,
                                          eva_data(train_data, o.eva, o.batch_size, o.seed, o.data, log),
                                          &eva_starts)
-      : corda     ? llm::apply_qlora_corda(*model, q, corda_data(train_data, o.corda, o.data, log))
-                  : llm::apply_qlora(*model, q);
+      : corda
+          ? llm::apply_qlora_corda(*model, q, corda_data(train_data, o.corda, o.data, lead, log))
+          : llm::apply_qlora(*model, q);
   const double conversion_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - conversion_start).count();
   model->set_neftune_noise(o.neftune_noise_alpha, o.seed);
