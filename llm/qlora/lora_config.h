@@ -195,10 +195,10 @@ struct BaseQuantization {
   /** The dtype the weights are dequantized to (bnb_4bit_compute_dtype):
    * bf16 or f32 (f16 too). */
   DType compute_dtype = DType::bf16;
-  /** Set when the adapters trained from PiSSA's or OLoRA's start over the
+  /** Set when the adapters trained from PiSSA's, OLoRA's or CorDA's start over the
    * base with that start taken out, and were saved converted to LoRA
    * (save_peft_adapters): the start as PEFT spells it ("pissa",
-   * "pissa_niter_4", "olora") and the lora_alpha they trained with. quanta
+   * "pissa_niter_4", "olora", "corda") and the lora_alpha they trained with. quanta
    * takes each saved adapter's second half ([B | -B0], [A; A0]) back out of
    * the base, as training had it; PEFT reads the folder as plain LoRA over
    * the original weight. Empty otherwise. */

@@ -109,7 +109,7 @@ void save_peft_adapters(Module& model, const LoraSettings& given,
       throw std::invalid_argument(
           std::string("[save_peft_adapters] the adapters kept a start taken out of the base, "
                       "and init_lora_weights is ") +
-          lora_init_name(given.init_lora_weights) + ", not pissa or olora");
+          lora_init_name(given.init_lora_weights) + ", not pissa, olora or corda");
     lora = converted_to_lora(given);
     quantization.start_taken_out = lora_init_text(given);
     quantization.start_lora_alpha = given.lora_alpha;

@@ -41,7 +41,7 @@ io::TensorMap peft_adapter_tensors(Module& model, const LoraSettings& lora);
 
 /** Writes `dir` (created if needed): adapter_config.json (`lora`,
  * recording `quantization`) and adapter_model.safetensors, each atomically.
- * Adapters that started from PiSSA or OLoRA (LoRALinear::initial_lora_A)
+ * Adapters that started from PiSSA, OLoRA or CorDA (LoRALinear::initial_lora_A)
  * are written as PEFT's save_pretrained with
  * path_initial_model_for_weight_conversion writes them: a LoRA of rank 2r
  * over the original weight ([B | -B0], [A; A0]; converted_to_lora's

@@ -293,7 +293,7 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
   return plan;
 }
 
-// A layer's PiSSA or OLoRA start, with what its base is quantized from.
+// A layer's PiSSA, OLoRA or CorDA start, with what its base is quantized from.
 struct ResidualStartOf {
   quant::ResidualStart start;
   Tensor quantized;          // the residual, as the base's NF4 is made from it

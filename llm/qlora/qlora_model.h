@@ -42,7 +42,7 @@ struct QLoRAOptions {
    * an image-text model's adapter folder, whose entries may name only its
    * vision tower's layers (fc1, out_proj), which quanta does not load. */
   bool refuse_unmatched_targets = true;
-  /** With init_lora_weights pissa or olora: each adapted layer's start (A0,
+  /** With init_lora_weights pissa, olora or corda: each adapted layer's start (A0,
    * B0) by layer name, as a folder saved it, taken out of the base instead of
    * decomposing the weight again (apply_peft_adapters). */
   std::map<std::string, std::pair<Tensor, Tensor>> stored_starts{};
@@ -64,9 +64,9 @@ struct QLoRALayer {
   bool adapted = false;
   std::size_t bytes_before = 0;  // the float weight
   std::size_t bytes_after = 0;   // codes and scales in bitsandbytes' layout
-  /** With init_lora_weights loftq, and pissa or olora over float weights:
+  /** With init_lora_weights loftq, and pissa, olora or corda over float weights:
    * the squared Frobenius norm of the layer's quantization error before and
-   * after the start (LoftQ's correction; PiSSA's and OLoRA's quantized
+   * after the start (LoftQ's correction; PiSSA's, OLoRA's and CorDA's quantized
    * residual plus their adapters). */
   std::optional<quant::QuantizationErrorChange> quantization_error{};
 };
