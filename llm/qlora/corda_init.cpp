@@ -113,11 +113,7 @@ std::vector<Tensor> corda_covariances(CausalLM& model, const std::vector<std::st
   NoGradGuard no_grad;
   EvalModeGuard eval(model);
   LayerTaps taps(model, layers, "corda_covariances");
-  Device device = Device::cpu();
-  for (const Tensor& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
+  const Device device = model.device();
   const std::size_t n = layers.size();
   std::vector<Tensor> covariance(n);
   // input_of[i]: the first layer reading layer i's input (i itself for the
@@ -206,17 +202,12 @@ QLoRAReport apply_qlora_corda(CausalLM& model, QLoRAOptions& o, const CordaData&
       in_features.push_back(shape[1]);
     }
   }
-  Device device = Device::cpu();
-  for (const Tensor& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
   const bool stored =
       !data.covariance_file.empty() && std::filesystem::exists(data.covariance_file);
   if (!stored && (data.samples < 1 || !data.sample))
     throw std::invalid_argument("[apply_qlora_corda] CorDA needs at least one sample of data");
   const std::vector<Tensor> covariances =
-      stored ? load_corda_covariances(data.covariance_file, names, device)
+      stored ? load_corda_covariances(data.covariance_file, names, model.device())
              : corda_covariances(model, names, data);
   for (std::size_t i = 0; i < names.size(); ++i) {
     const int64_t in = in_features[i];

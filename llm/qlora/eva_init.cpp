@@ -173,11 +173,7 @@ EvaStarts eva_starts(CausalLM& model, const std::vector<EvaTarget>& targets,
     most[i] = most_components("eva_starts", targets[i], config.rho, taps.in_features(i));
     budget += targets[i].r;
   }
-  Device device = Device::cpu();
-  for (const Tensor& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
+  const Device device = model.device();
   int64_t forwards = 0, positions = 0;
   const auto forward = [&](int64_t index, const std::function<void(const Tensor&)>& on_positions) {
     const LmBatch b = data.batch(index % data.batches);
