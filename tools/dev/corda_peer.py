@@ -67,7 +67,7 @@ out = {"samples": len(windows), "preprocess_seconds": round(preprocess_s, 1),
        "init_seconds": round(init_s, 1)}
 if quanta_adapters:
     theirs = load_file(os.path.join(quanta_adapters, "adapter_model.safetensors"))
-    worst = 0.0
+    worst, worst_layer = 0.0, ""
     prefix = "base_model.model."
     for name, m in pm.named_modules():
         if not hasattr(m, "lora_A") or "default" not in m.lora_A:
@@ -76,6 +76,9 @@ if quanta_adapters:
         a0 = theirs[key + ".lora_A.weight"][r:].double()
         b0 = -theirs[key + ".lora_B.weight"][:, r:].double()
         mine = (m.lora_B["default"].weight.double() @ m.lora_A["default"].weight.double())
-        worst = max(worst, ((b0 @ a0 - mine).abs().max() / mine.abs().max()).item())
+        diff = ((b0 @ a0 - mine).abs().max() / mine.abs().max()).item()
+        if diff > worst:
+            worst, worst_layer = diff, key[len(prefix):]
     out["start_products_max_rel_diff"] = worst
+    out["worst_layer"] = worst_layer
 print(json.dumps(out))
