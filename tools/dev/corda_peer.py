@@ -11,8 +11,9 @@ environment (../shared/peer/setup.sh) from the repository root:
 METHOD is ipm or kpm. QUANTA_ADAPTERS is the adapters/ folder of a quanta
 run with the same settings: quanta saves adapters started from CorDA
 converted to LoRA ([B | -B0], [A; A0]), so the second half is the start, and
-each layer's start product B0 A0 is compared with PEFT's B A. Prints one
-JSON line.
+each layer's start product B0 A0 is compared with PEFT's B A, and for the
+layer where they differ most both with PEFT's algorithm run in f64 on PEFT's
+covariance. Prints one JSON line.
 """
 import json
 import os
@@ -48,7 +49,7 @@ cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0,
                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                  "down_proj"],
                  task_type="CAUSAL_LM", init_lora_weights="corda",
-                 corda_config=CordaConfig(corda_method=method))
+                 corda_config=CordaConfig(corda_method=method, prune_temporary_fields=False))
 
 
 @torch.no_grad()
@@ -81,4 +82,28 @@ if quanta_adapters:
             worst, worst_layer = diff, key[len(prefix):]
     out["start_products_max_rel_diff"] = worst
     out["worst_layer"] = worst_layer
+    # That layer's start in f64 from PEFT's covariance (PEFT's damping and
+    # decomposition, in f64): which side is nearer.
+    m = pm.get_submodule(prefix + worst_layer)
+    base = m.get_base_layer()
+    c = base.covariance_matrix.double()
+    w = base.weight.double() + m.scaling["default"] * (
+        m.lora_B["default"].weight.double() @ m.lora_A["default"].weight.double())
+    eye = torch.eye(c.shape[0], dtype=torch.float64)
+    damp = 0.01
+    while True:
+        fixed = c + eye * c.diag().mean() * damp
+        inv = torch.linalg.inv(fixed)
+        if torch.dist(fixed @ inv, eye).item() < 0.05:
+            break
+        damp *= 2
+    u, sv, vh = torch.linalg.svd(w @ fixed, full_matrices=False)
+    v = (vh @ inv).T
+    keep = slice(0, r) if method == "ipm" else slice(-r, None)
+    exact = (u[:, keep] * sv[keep]) @ v[:, keep].T / m.scaling["default"]
+    a0 = theirs[prefix + worst_layer + ".lora_A.weight"][r:].double()
+    b0 = -theirs[prefix + worst_layer + ".lora_B.weight"][:, r:].double()
+    mine = m.lora_B["default"].weight.double() @ m.lora_A["default"].weight.double()
+    out["peft_vs_f64"] = ((mine - exact).abs().max() / exact.abs().max()).item()
+    out["quanta_vs_f64"] = ((b0 @ a0 - exact).abs().max() / exact.abs().max()).item()
 print(json.dumps(out))
