@@ -121,6 +121,16 @@ void check_scores(const ScratchDir& d, const std::string& base, const std::strin
   CHECK(train::score_examples(*merged, eval, 4).loss == doctest::Approx(after).epsilon(1e-4));
 }
 
+// The flags of a run from start `init` without adapter dropout, added to
+// `more` (check_resume_and_sharding's `with`).
+std::function<std::vector<std::string>(std::vector<std::string>)> with_init(
+    const std::string& init) {
+  return [init](std::vector<std::string> more) {
+    more.insert(more.end(), {"--init-lora-weights", init, "--lora-dropout", "0"});
+    return more;
+  };
+}
+
 // 3 steps and a resume to 6 are 6 in one go (a constant rate: a decaying one
 // follows each run's --steps); on 2 ranks, sharded or not, the same tensors.
 // `with` adds the run's own flags. Returns the sharded run's result.
@@ -859,10 +869,7 @@ TEST_CASE(
             d.file("gaussian/adapters/adapter_config.json")))["init_lora_weights"] == "gaussian");
   // A resume starts from the checkpoint's adapters: no SVD, the bytes of
   // one run; 2 ranks, sharded or not, start from rank 0's.
-  const auto with = [](std::vector<std::string> more) {
-    more.insert(more.end(), {"--init-lora-weights", "loftq", "--lora-dropout", "0"});
-    return more;
-  };
+  const auto with = with_init("loftq");
   check_resume_and_sharding(d, "llama_gqa", with);
   const CliResult resumed = run_quanta(finetune(
       "llama_gqa", d, "part", with({"--steps", "7", "--lr-schedule", "constant", "--resume"})));
@@ -925,11 +932,7 @@ TEST_CASE(
   }
   // Resumed from a checkpoint, the residual base is rebuilt: the bytes of
   // one run; 2 ranks, sharded or not, agree.
-  const auto with = [](std::vector<std::string> more) {
-    more.insert(more.end(), {"--init-lora-weights", "pissa", "--lora-dropout", "0"});
-    return more;
-  };
-  check_resume_and_sharding(d, "llama_gqa", with);
+  check_resume_and_sharding(d, "llama_gqa", with_init("pissa"));
   // Training on from the converted folder keeps its start.
   const CliResult on = run_quanta(
       finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("pissa/adapters")}));
@@ -1008,11 +1011,7 @@ TEST_CASE(
       "label_mask_value": -100, "whiten": true, "adjust_scaling_factors": false})"));
   // A resume runs EVA again for the adapters' shapes, then takes the
   // checkpoint's: the bytes of one run; 2 ranks, sharded or not, agree.
-  const auto with = [](std::vector<std::string> more) {
-    more.insert(more.end(), {"--init-lora-weights", "eva", "--lora-dropout", "0"});
-    return more;
-  };
-  check_resume_and_sharding(d, "llama_gqa", with);
+  check_resume_and_sharding(d, "llama_gqa", with_init("eva"));
   // Training on from the folder keeps its ranks and its record of EVA.
   const CliResult on = run_quanta(
       finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("eva/adapters")}));
@@ -1108,11 +1107,7 @@ TEST_CASE(
                      d.file("reads/adapters/adapter_model.safetensors"));
   // Resumed from a checkpoint, the covariances and the residual base are
   // made again: the bytes of one run; 2 ranks, sharded or not, agree.
-  const auto with = [](std::vector<std::string> more) {
-    more.insert(more.end(), {"--init-lora-weights", "corda", "--lora-dropout", "0"});
-    return more;
-  };
-  check_resume_and_sharding(d, "llama_gqa", with);
+  check_resume_and_sharding(d, "llama_gqa", with_init("corda"));
   // Training on from the converted folder keeps its start.
   const CliResult on = run_quanta(
       finetune("llama_gqa", d, "on", {"--steps", "2", "--adapters", d.file("ipm/adapters")}));

@@ -515,6 +515,16 @@ def save_transformers_4bit(root):
 # LoftQ's start (PEFT's replace_lora_weights_loftq over the bitsandbytes
 # model, reading the float weights from the model folder): lora_alpha = r,
 # the scaling of 1 PEFT's LoftQ assumes (quanta divides by the scaling).
+def write_case(out_dir, exp, settings):
+    """A start case's expected.safetensors (the tensors of `exp`, with the
+    library versions) and case.json (`settings`)."""
+    save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
+              metadata={"versions": VERSIONS})
+    with open(os.path.join(out_dir, "case.json"), "w") as f:
+        json.dump(settings, f, indent=2)
+        f.write("\n")
+
+
 LOFTQ_CASES = {"loftq_llama_gqa": dict(model="llama_gqa", r=4, dtype=torch.float32),
                "loftq_llama_bf16": dict(model="llama_bf16", r=4, dtype=torch.bfloat16)}
 
@@ -595,12 +605,10 @@ def loftq_cases(root):
         with torch.no_grad():
             exp["logits_eval"] = pm(input_ids=ids).logits.float()
         exp["ids"] = ids
-        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
-                  metadata={"versions": VERSIONS})
-        with open(os.path.join(out_dir, "case.json"), "w") as f:
-            json.dump({"model": c["model"], "r": c["r"], "lora_alpha": c["r"], "target_modules": "all-linear",
-                       "compute_dtype": str(dtype).removeprefix("torch."), "targeted": targeted}, f, indent=2)
-            f.write("\n")
+        write_case(out_dir, exp, {"model": c["model"], "r": c["r"], "lora_alpha": c["r"],
+                                  "target_modules": "all-linear",
+                                  "compute_dtype": str(dtype).removeprefix("torch."),
+                                  "targeted": targeted})
         before = sum(exp[t + ".error_before"].item() for t in targeted)
         after = sum(exp[t + ".error_after"].item() for t in targeted)
         print(name, "quantization error (sum of squares)", before, "->", after)
@@ -709,11 +717,7 @@ def residual_start_cases(root):
             settings["converted"] = {"r": conv["r"], "lora_alpha": conv["lora_alpha"],
                                      "init_lora_weights": conv["init_lora_weights"]}
         shutil.rmtree(tmp)
-        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
-                  metadata={"versions": VERSIONS})
-        with open(os.path.join(out_dir, "case.json"), "w") as f:
-            json.dump(settings, f, indent=2)
-            f.write("\n")
+        write_case(out_dir, exp, settings)
         print(name, "written:", len(targeted), "layers")
 
 
@@ -827,11 +831,7 @@ def eva_cases(root):
                                        "rank_pattern": written["rank_pattern"],
                                        "alpha_pattern": written["alpha_pattern"],
                                        "init_lora_weights": written["init_lora_weights"]}}
-        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
-                  metadata={"versions": VERSIONS})
-        with open(os.path.join(out_dir, "case.json"), "w") as f:
-            json.dump(settings, f, indent=2)
-            f.write("\n")
+        write_case(out_dir, exp, settings)
         print(name, "forwards", eva_forwards, "ranks", written["rank_pattern"])
 
 
@@ -911,11 +911,7 @@ def corda_cases(root):
         settings = {"model": c["model"], "init": "corda", "corda_method": c["method"],
                     "samples": len(samples), "r": 4, "lora_alpha": 8,
                     "compute_dtype": str(dtype).removeprefix("torch."), "targeted": targeted}
-        save_file({k: v.contiguous() for k, v in exp.items()}, os.path.join(out_dir, "expected.safetensors"),
-                  metadata={"versions": VERSIONS})
-        with open(os.path.join(out_dir, "case.json"), "w") as f:
-            json.dump(settings, f, indent=2)
-            f.write("\n")
+        write_case(out_dir, exp, settings)
         print(name, "written:", len(targeted), "layers")
 
 
