@@ -17,6 +17,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 namespace quanta::cpu {
 namespace {
@@ -31,12 +34,33 @@ int bf16_gemm_override() {
 
 bool onednn_on_openmp() { return dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP; }
 
-// oneDNN's ISA levels are cumulative bit masks: a CPU at or above
-// avx512_core_bf16 (AMX included) has the bf16 dot products.
-bool cpu_has_bf16_dot() {
+bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  // The vendor string "AuthenticAMD" in ebx, edx, ecx.
+  return ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;
+#else
+  return false;
+#endif
+}
+
+// Whether oneDNN's bf16 products beat its f32 ones on this CPU (oneDNN's ISA
+// levels are cumulative bit masks). AMX tiles: several times the f32 rate.
+// AMD's AVX512_BF16 (Zen 4 and later): twice the f32 rate, measured on Zen 5.
+// Intel's AVX512_BF16 without AMX (Cooper Lake, or a later Xeon under a
+// hypervisor that hides AMX): measured on such a VM at 120-170 GFLOP/s for
+// the QLoRA step's shapes against 310-320 in f32, in our oneDNN 2.6 and in
+// PyTorch's oneDNN 3 alike (docs/performance.md). There the f32 product of
+// the same bf16 values is the faster one, with the same sums in another order.
+bool bf16_products_pay() {
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  return (isa & bf16) == bf16;
+  const auto at_least = [isa](dnnl_cpu_isa_t level) {
+    const unsigned bits = static_cast<unsigned>(level);
+    return (isa & bits) == bits;
+  };
+  if (at_least(dnnl_cpu_isa_avx512_core_amx)) return true;
+  return at_least(dnnl_cpu_isa_avx512_core_bf16) && cpu_is_amd();
 }
 
 dnnl::engine& cpu_engine() {
@@ -108,9 +132,17 @@ bool bf16_gemm_native() {
   static const bool native = [] {
     if (!onednn_on_openmp()) return false;
     const int asked = bf16_gemm_override();
-    return asked == -1 ? cpu_has_bf16_dot() : asked == 1;
+    return asked == -1 ? bf16_products_pay() : asked == 1;
   }();
   return native;
+#else
+  return false;
+#endif
+}
+
+bool bf16_products_built() {
+#ifdef QUANTA_GEMM_ONEDNN
+  return true;
 #else
   return false;
 #endif
@@ -168,27 +200,45 @@ MatRef<bf16> round_operand_to_bf16(int64_t rows, int64_t cols, MatRef<float> a, 
   return l.row_major ? MatRef<bf16>{dst, len, 1} : MatRef<bf16>{dst, 1, len};
 }
 
+namespace {
+
+#if defined(__AVX512F__)
+// bf16(v)'s bits in the low half of each 32-bit lane, computed in integer
+// lanes so every element rounds as the scalar tail does: the high half of
+// v's bits plus a carry from the low half, ties to even; a NaN becomes the
+// quiet NaN of its sign. (The CPU's own conversion, vcvtneps2bf16, flushes
+// subnormal inputs to zero, which PyTorch's rounding and CUDA's do not.)
+__m512i bf16_lanes(__m512 v) {
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+  const __m512i quiet = _mm512_set1_epi32(0x7FC0), sign = _mm512_set1_epi32(0x8000);
+  const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+  const __m512i carry = _mm512_add_epi32(half, _mm512_and_si512(high, one));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(v), carry), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_or_si512(quiet, _mm512_and_si512(high, sign)));
+}
+#endif
+
+}  // namespace
+
 void round_to_bf16(const float* src, int64_t n, bf16* dst) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  // Bf16(v)'s rounding in integer lanes, so every element rounds as the tail
-  // does: the high half of v's bits plus a carry from the low half, ties to
-  // even; a NaN becomes the quiet NaN of its sign. (The CPU's own
-  // conversion, vcvtneps2bf16, flushes subnormal inputs to zero, which
-  // PyTorch's rounding and CUDA's do not.)
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
-  const __m512i quiet = _mm512_set1_epi32(0x7FC0), sign = _mm512_set1_epi32(0x8000);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(src + i);
-    const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
-    const __m512i carry = _mm512_add_epi32(half, _mm512_and_si512(high, one));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(v), carry), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                              _mm512_or_si512(quiet, _mm512_and_si512(high, sign)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtepi32_epi16(bf16_lanes(_mm512_loadu_ps(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = bf16(src[i]);
+}
+
+void round_to_bf16_values(const float* src, int64_t n, float* dst) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_lanes(_mm512_loadu_ps(src + i)), 16)));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(bf16(src[i]));
 }
 
 }  // namespace quanta::cpu

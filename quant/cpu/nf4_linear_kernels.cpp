@@ -2,8 +2,10 @@
 // linear layer's product with a frozen NF4 weight, dequantized tile by tile
 // into a small buffer (never as a whole), or, for a batch of at most 8 rows
 // whose rows start on a run of codes, decoded on the fly while the packed
-// bytes are read once. With bf16 compute on a CPU with bf16 products the
-// operands go to bf16 and the weight is decoded in slabs of whole rows.
+// bytes are read once. With bf16 compute (more than 8 rows) the activation
+// is rounded to bf16 as bitsandbytes rounds it: on a CPU whose bf16 products
+// pay, the operands go to bf16 and the weight is decoded in slabs of whole
+// rows; elsewhere the bf16 values stay in f32 for the f32 tile products.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -168,8 +170,23 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType
 // their whole weight in bf16.
 constexpr int64_t kBf16SlabElems = int64_t{1} << 23;
 
+bool bf16_compute(DType dd, int64_t M) { return dd == DType::bf16 && M > kNF4FusedMaxBatch; }
+
 bool use_bf16_products(DType dd, int64_t M) {
-  return dd == DType::bf16 && M > kNF4FusedMaxBatch && cpu::bf16_gemm_native();
+  return bf16_compute(dd, M) && cpu::bf16_gemm_native();
+}
+
+// bf16 compute where f32 products are the faster ones: the activation's
+// bf16 values (rows x cols) in f32, so the f32 tile products below multiply
+// what the bf16 products would, with the same f32 sums in another order.
+const float* bf16_valued(const float* a, int64_t rows, int64_t cols,
+                         const cpu::ScratchBuffer& out) {
+  float* dst = out.as<float>();
+  const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(cols, 1));
+  cpu::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    cpu::round_to_bf16_values(a + lo * cols, (hi - lo) * cols, dst + lo * cols);
+  });
+  return dst;
 }
 
 // Rows [n0, n0 + r) of W, K each, decoded to bf16 into slab, in parallel.
@@ -224,8 +241,11 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd
     std::fill(y, y + M * N, T(0));
     return;
   }
+  const bool round_x = std::is_same_v<T, float> && bf16_compute(dd, M);
+  const cpu::ScratchBuffer xs(round_x ? sizeof(float) * size_t(M * K) : 0);
   if constexpr (std::is_same_v<T, float>) {
     if (use_bf16_products(dd, M)) return forward_bf16(x, rounded, M, K, w, N, y);
+    if (round_x) x = bf16_valued(x, M, K, xs);
   }
   if (M <= kNF4FusedMaxBatch && K % w.run == 0) {
     if (w.run == 32)
@@ -257,8 +277,11 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType d
     if (!accumulate) std::fill(dx, dx + M * K, T(0));
     return;
   }
+  const bool round_g = std::is_same_v<T, float> && bf16_compute(dd, M);
+  const cpu::ScratchBuffer gs(round_g ? sizeof(float) * size_t(M * N) : 0);
   if constexpr (std::is_same_v<T, float>) {
     if (use_bf16_products(dd, M)) return backward_bf16(g, M, N, w, K, dx, accumulate);
+    if (round_g) g = bf16_valued(g, M, N, gs);
   }
   const int64_t rows = tile_rows(N, K, w.run);
   cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {

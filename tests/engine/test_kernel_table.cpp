@@ -687,7 +687,9 @@ TEST_CASE("CPU gemm: bf16 products (oneDNN) are right for every layout and size"
   }
 }
 
-TEST_CASE("CPU gemm: round_to_bf16 rounds to nearest even on its vector body and its tail") {
+TEST_CASE(
+    "CPU gemm: round_to_bf16 and round_to_bf16_values round to nearest even on their vector body "
+    "and their tail") {
   Generator gen(8);
   const std::vector<float> src = (randn({37}, gen) * 1000.0).to_vector<float>();
   std::vector<bf16> got(src.size());
@@ -730,4 +732,18 @@ TEST_CASE("CPU gemm: round_to_bf16 rounds to nearest even on its vector body and
     CHECK(std::memcmp(&rounded[i], &want, sizeof want) == 0);
   }
   CHECK(float(rounded[0]) != 0.0f);  // a subnormal is kept, not flushed
+  // The same values kept in f32: float(bf16(x))'s bits, into another
+  // buffer and in place.
+  std::vector<float> values(twice.size()), in_place = twice;
+  cpu::round_to_bf16_values(twice.data(), 16 + 15, values.data());
+  cpu::round_to_bf16_values(in_place.data(), 16 + 15, in_place.data());
+  for (size_t i = 0; i < 16 + 15; ++i) {
+    CAPTURE(i);
+    const float want = float(bf16(twice[i]));
+    CHECK(std::memcmp(&values[i], &want, sizeof want) == 0);
+    CHECK(std::memcmp(&in_place[i], &want, sizeof want) == 0);
+  }
+  std::vector<float> random_values(src.size());
+  cpu::round_to_bf16_values(src.data(), int64_t(src.size()), random_values.data());
+  for (size_t i = 0; i < src.size(); ++i) CHECK(random_values[i] == float(got[i]));
 }

@@ -17,8 +17,8 @@ namespace quanta::testing {
 inline bool bf16_products_or_skip(const std::string& forced_test) {
   if (cpu::bf16_gemm_native()) return true;
   MESSAGE(
-      "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, or "
-      "QUANTA_CPU_BF16_GEMM=0); the "
+      "skipped: bf16 products are not native here (no oneDNN, no bf16 instructions, bf16 "
+      "products slower than f32 ones, or QUANTA_CPU_BF16_GEMM=0); the "
       << forced_test << " test runs them emulated");
   return false;
 }

@@ -9,13 +9,11 @@
 #include <filesystem>
 #include <optional>
 
-#include "engine/cpu/gemm_bf16.h"
 #include "quant/kernels/nf4_layout.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
 #include "quant/nf4/nf4_modules.h"
 #include "quanta.h"
-#include "support/bf16_products.h"
 #include "support/gpu.h"
 #include "support/numeric_grad.h"
 
@@ -34,11 +32,10 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return max(abs(a.to(DType::f64) - b.to(DType::f64))).item();
 }
 
-// Whether an f32 nf4_linear of m rows with weights in `dt` runs bf16
-// products on this CPU, rounding its input (or output gradient) to bf16 too.
-bool bf16_products(DType dt, int64_t m) {
-  return dt == DType::bf16 && m > kNF4FusedMaxBatch && cpu::bf16_gemm_native();
-}
+// Whether an f32 nf4_linear of m rows with weights in `dt` computes in bf16,
+// rounding its input (or output gradient) to bf16 too: on every CPU, by bf16
+// products or by f32 products of the bf16 values.
+bool rounds_input(DType dt, int64_t m) { return dt == DType::bf16 && m > kNF4FusedMaxBatch; }
 
 }  // namespace
 
@@ -180,10 +177,10 @@ TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
       CHECK(max_abs_diff(nf4_linear(x, q, b, dt), ref) < 1e-10);
       const Tensor ref32 = linear(x, dequantize(s, dt).to(DType::f64), b);
       CHECK(max_abs_diff(nf4_linear(x, s, b, dt), ref32) < 1e-10);
-      // f32 inputs: the fused kernels' rounded tables; with bf16 products
-      // the input is rounded to bf16 as well.
+      // f32 inputs: the fused kernels' rounded tables; with bf16 compute
+      // over more than 8 rows the input is rounded to bf16 as well.
       const Tensor xf = x.to(DType::f32);
-      const Tensor xr = bf16_products(dt, m) ? xf.to(DType::bf16).to(DType::f64) : x;
+      const Tensor xr = rounds_input(dt, m) ? xf.to(DType::bf16).to(DType::f64) : x;
       CHECK(max_abs_diff(nf4_linear(xf, q, b.to(DType::f32), dt),
                          linear(xr, dequantize(q, dt).to(DType::f64), b)) < 1e-4);
       CHECK(max_abs_diff(nf4_linear(xf, s, b.to(DType::f32), dt),
@@ -261,12 +258,17 @@ TEST_CASE("nf4_linear tiled path across several weight tiles, forward and backwa
   CHECK(max_abs_diff(nf4_linear(xf, q), ref) < 1e-4 * std::sqrt(double(n_in)));
 }
 
-TEST_CASE("nf4_linear with bf16 products: bf16 input and weight, f32 sums, forward and backward") {
+TEST_CASE(
+    "nf4_linear's bf16 compute, by bf16 products or by f32 products of bf16 values: bf16 input "
+    "and weight, f32 sums, forward and backward") {
   // bitsandbytes' bf16 compute: the input (forward) and the output gradient
-  // (backward) rounded to bf16, the weight decoded to bf16, f32 sums. Shapes:
-  // in a multiple of 64 and not, block 32 and 64, and a weight of more than
-  // one slab (2^23 elements), whose backward accumulates slab by slab.
-  if (!testing::bf16_products_or_skip("nf4_bf16_products_forced")) return;
+  // (backward) rounded to bf16, the weight decoded to bf16, f32 sums, on
+  // every CPU: through bf16 products where they pay, else through f32
+  // products of the same bf16 values (nf4_bf16_products_forced runs the
+  // first everywhere, the plain suite the second where bf16 products do not
+  // pay). Shapes: in a multiple of 64 and not, block 32 and 64, and a weight
+  // of more than one slab (2^23 elements), whose backward accumulates slab
+  // by slab.
   Generator gen(25);
   struct Case {
     int64_t m, k, n, block;
@@ -297,14 +299,15 @@ TEST_CASE("nf4_linear with bf16 products: bf16 input and weight, f32 sums, forwa
   }
 }
 
-TEST_CASE("nf4_linear with bf16 products under SharedBf16Input: one rounding of x, the same bits") {
+TEST_CASE(
+    "nf4_linear's bf16 compute (bf16 products, or f32 products of bf16 values) under "
+    "SharedBf16Input: one rounding of x, the same bits") {
   // q, k and v of one input: under a guard of x the first product rounds x
   // into the guard's buffer and the others read it. Every output and
   // gradient has the bits of the unguarded products; the buffer holds
   // bf16(x) after the first; a small batch (fused kernel, which multiplies
   // in f32) still writes it for the products after it; a guard of another
   // tensor, or a guard that has ended, shares nothing.
-  if (!testing::bf16_products_or_skip("nf4_bf16_products_forced")) return;
   std::vector<Device> devices{Device::cpu()};
   for (const Device& d : testing::test_devices()) devices.push_back(d);
   for (const Device& device : devices)

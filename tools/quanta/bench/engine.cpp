@@ -1,6 +1,11 @@
 // `quanta bench engine`: engine kernels against their floors.
 //   matmul_MxKxN: A [M, K] times B [K, N], f32, against a bare Eigen GEMM of
 //     the same size on the same threads (Eigen::Map, row-major, noalias()).
+//   matmul_bf16_MxKxN: oneDNN's bf16 products (bf16 operands, f32 sums) of
+//     the QLoRA step's shapes against the engine's f32 product of the same
+//     values, timed in turns: below 1 where bf16 products pay on this CPU,
+//     which is what cpu::bf16_gemm_native() decides from the CPU's kind
+//     (engine/cpu/gemm_bf16.h); builds without oneDNN leave the rows out.
 //   add / exp / sum on a contiguous f32 tensor (sum_dim1 / sum_dim0: the same
 //     values as [4096, 4096] over its rows / its columns, a bias gradient's
 //     reduction, read in place; transpose: that square copied transposed;
@@ -16,6 +21,8 @@
 #include <string>
 
 #include "bench.h"
+#include "engine/cpu/gemm.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/eigen.h"
 #include "quanta.h"
 
@@ -38,6 +45,32 @@ BenchRow bench_matmul(const std::string& name, int64_t m, int64_t k, int64_t n,
   return row;
 }
 
+BenchRow bench_bf16_products(int64_t m, int64_t k, int64_t n, const BenchOptions& o,
+                             Generator& gen) {
+  const std::string name =
+      "matmul_bf16_" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+  // The bf16 values, and the same values in f32: the two products' sums
+  // differ only in their order.
+  const Tensor a = randn({m, k}, gen).to(DType::bf16), b = randn({k, n}, gen).to(DType::bf16);
+  const Tensor af = a.to(DType::f32), bf = b.to(DType::f32);
+  const Tensor c = zeros({m, n});
+  float* out = c.data<float>();
+  const cpu::MatRef<bf16> ah{a.data<bf16>(), k, 1}, bh{b.data<bf16>(), n, 1};
+  const cpu::MatRef<float> a32{af.data<float>(), k, 1}, b32{bf.data<float>(), n, 1};
+  BenchRow row{name};
+  try {
+    const std::vector<double> ms =
+        interleaved_ms(o.repeat, 1,
+                       {[&] { cpu::gemm_bf16(m, n, k, ah, bh, out, n); },
+                        [&] { cpu::gemm<float>(m, n, k, a32, b32, out, n); }});
+    row.ms = ms[0];
+    row.floor_ms = ms[1];
+  } catch (const std::exception& e) {
+    return unavailable_row(name, e.what());
+  }
+  return row;
+}
+
 }  // namespace
 
 std::vector<BenchRow> bench_engine(const BenchOptions& o) {
@@ -56,6 +89,13 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
   rows.push_back(bench_matmul("matmul_3136x16x4", tokens, 16, 4, o, gen));
   rows.push_back(bench_matmul("matmul_3136x4x16", tokens, 4, 16, o, gen));
   rows.push_back(bench_matmul("matmul_1568x512x32", pixels, o.small ? 64 : 512, 32, o, gen));
+  if (cpu::bf16_products_built()) {
+    // The ~110M QLoRA step's NF4 products: an MLP up-projection's forward
+    // (and the down-projection's input gradient), the down-projection's.
+    const int64_t t = o.small ? 128 : 2048, h = o.small ? 64 : 768, f = o.small ? 128 : 2048;
+    rows.push_back(bench_bf16_products(t, h, f, o, gen));
+    rows.push_back(bench_bf16_products(t, f, h, o, gen));
+  }
 
   const int64_t n = o.small ? int64_t(1) << 16 : int64_t(1) << 24;
   const Tensor x = rand({n}, gen);
