@@ -24,16 +24,6 @@
 namespace quanta::cpu {
 namespace {
 
-#ifdef QUANTA_GEMM_ONEDNN
-// What QUANTA_CPU_BF16_GEMM asks for: -1 unset, else 0 or 1.
-int bf16_gemm_override() {
-  const char* v = std::getenv("QUANTA_CPU_BF16_GEMM");
-  if (!v || !*v) return -1;
-  return std::string(v) == "0" ? 0 : 1;
-}
-
-bool onednn_on_openmp() { return dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP; }
-
 bool cpu_is_amd() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -45,23 +35,15 @@ bool cpu_is_amd() {
 #endif
 }
 
-// Whether oneDNN's bf16 products beat its f32 ones on this CPU (oneDNN's ISA
-// levels are cumulative bit masks). AMX tiles: several times the f32 rate.
-// AMD's AVX512_BF16 (Zen 4 and later): twice the f32 rate, measured on Zen 5.
-// Intel's AVX512_BF16 without AMX (Cooper Lake, or a later Xeon under a
-// hypervisor that hides AMX): measured on such a VM at 120-170 GFLOP/s for
-// the QLoRA step's shapes against 310-320 in f32, in our oneDNN 2.6 and in
-// PyTorch's oneDNN 3 alike (docs/performance.md). There the f32 product of
-// the same bf16 values is the faster one, with the same sums in another order.
-bool bf16_products_pay() {
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const auto at_least = [isa](dnnl_cpu_isa_t level) {
-    const unsigned bits = static_cast<unsigned>(level);
-    return (isa & bits) == bits;
-  };
-  if (at_least(dnnl_cpu_isa_avx512_core_amx)) return true;
-  return at_least(dnnl_cpu_isa_avx512_core_bf16) && cpu_is_amd();
+#ifdef QUANTA_GEMM_ONEDNN
+// What QUANTA_CPU_BF16_GEMM asks for: -1 unset, else 0 or 1.
+int bf16_gemm_override() {
+  const char* v = std::getenv("QUANTA_CPU_BF16_GEMM");
+  if (!v || !*v) return -1;
+  return std::string(v) == "0" ? 0 : 1;
 }
+
+bool onednn_on_openmp() { return dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP; }
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -127,16 +109,58 @@ const Product& product_for(const ProductKey& key) {
 
 }  // namespace
 
+// AMX tiles: several times the f32 rate. AMD's AVX512_BF16 (Zen 4 and
+// later): twice the f32 rate, measured on Zen 5. Intel's AVX512_BF16 without
+// AMX (Cooper Lake, or a later Xeon under a hypervisor that hides AMX):
+// measured on such a VM at 120-170 GFLOP/s for the QLoRA step's shapes
+// against 310-320 in f32, in our oneDNN 2.6 and in PyTorch's oneDNN 3 alike
+// (docs/performance.md); there the f32 product of the same bf16 values is
+// the faster one, with the same sums in another order.
+bool bf16_products_pay(const CpuBf16Kind& cpu) { return cpu.amx || (cpu.bf16_dot && cpu.amd); }
+
+CpuBf16Kind this_cpu_bf16_kind() {
+  CpuBf16Kind kind;
+#ifdef QUANTA_GEMM_ONEDNN
+  // oneDNN's ISA levels are cumulative bit masks.
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto at_least = [isa](dnnl_cpu_isa_t level) {
+    const unsigned bits = static_cast<unsigned>(level);
+    return (isa & bits) == bits;
+  };
+  kind.bf16_dot = at_least(dnnl_cpu_isa_avx512_core_bf16);
+  kind.amx = at_least(dnnl_cpu_isa_avx512_core_amx);
+#endif
+  kind.amd = cpu_is_amd();
+  return kind;
+}
+
 bool bf16_gemm_native() {
 #ifdef QUANTA_GEMM_ONEDNN
   static const bool native = [] {
     if (!onednn_on_openmp()) return false;
     const int asked = bf16_gemm_override();
-    return asked == -1 ? bf16_products_pay() : asked == 1;
+    return asked == -1 ? bf16_products_pay(this_cpu_bf16_kind()) : asked == 1;
   }();
   return native;
 #else
   return false;
+#endif
+}
+
+std::string bf16_gemm_reason() {
+#ifdef QUANTA_GEMM_ONEDNN
+  if (!onednn_on_openmp()) return "off: oneDNN does not run on OpenMP in this build";
+  const int asked = bf16_gemm_override();
+  if (asked != -1)
+    return std::string(asked == 1 ? "on" : "off") + ": QUANTA_CPU_BF16_GEMM=" + (asked ? "1" : "0");
+  const CpuBf16Kind cpu = this_cpu_bf16_kind();
+  if (cpu.amx) return "on: AMX";
+  if (cpu.bf16_dot && cpu.amd) return "on: AVX512_BF16 on AMD";
+  if (cpu.bf16_dot)
+    return "off: AVX512_BF16 without AMX on a CPU not AMD's (f32 products are faster)";
+  return "off: no bf16 dot-product instructions";
+#else
+  return "off: no oneDNN in this build";
 #endif
 }
 

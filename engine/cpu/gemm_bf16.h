@@ -6,6 +6,7 @@
 // native and callers widen bf16 values to f32 instead (exact: the products
 // and the f32 sums are the same, in another order).
 #include <cstdint>
+#include <string>
 
 #include "engine/cpu/gemm.h"
 #include "engine/dtype.h"
@@ -24,6 +25,24 @@ bool bf16_gemm_native();
 
 /** True when the build has oneDNN, so gemm_bf16 runs (natively or not). */
 bool bf16_products_built();
+
+/** What bf16_gemm_native() said and why, for a benchmark's header: "on: AMX",
+ * "off: AVX512_BF16 without AMX on a CPU not AMD's (...)", ... */
+std::string bf16_gemm_reason();
+
+/** A CPU as the bf16 rule reads it. */
+struct CpuBf16Kind {
+  bool bf16_dot = false;  // AVX512_BF16 (oneDNN's avx512_core_bf16 or above)
+  bool amx = false;       // AMX tiles usable (oneDNN's avx512_core_amx)
+  bool amd = false;       // the vendor is AMD
+};
+
+/** Whether bf16 products beat f32 ones on a CPU of this kind: AMX, or
+ * AVX512_BF16 on AMD (not Intel's AVX512_BF16 without AMX). */
+bool bf16_products_pay(const CpuBf16Kind& cpu);
+
+/** This CPU's kind (oneDNN's reading of its ISA; none without oneDNN). */
+CpuBf16Kind this_cpu_bf16_kind();
 
 /** c[m, n] = a[m, k] b[k, n] (or c += a b when `accumulate`), a and b bf16,
  * c f32 row-major with row stride ldc: each product of two bf16 is exact in

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "engine/cpu/conv_direct.h"
@@ -199,6 +200,26 @@ TEST_CASE("MixedPrecision on cuda:0: bf16 tensor-core GEMMs and TF32 convolution
                 "the product under MixedPrecision is the f32 one: no bf16 arithmetic ran");
   const Tensor exact_c = conv2d(xc.to(DType::f64), wc.to(DType::f64), Tensor(), {1, 1}, {1, 1});
   CHECK(max_rel_diff(yc, exact_c) < 2e-3);
+}
+
+TEST_CASE("CPU bf16 rule: bf16 products where they beat f32 ones, AMX or AMD's AVX512_BF16") {
+  using cpu::CpuBf16Kind;
+  // {bf16_dot, amx, amd}
+  CHECK(cpu::bf16_products_pay(CpuBf16Kind{true, true, false}));          // Intel with AMX
+  CHECK(cpu::bf16_products_pay(CpuBf16Kind{true, false, true}));          // Zen 4, Zen 5
+  CHECK(cpu::bf16_products_pay(CpuBf16Kind{true, true, true}));           // AMD with AMX
+  CHECK_FALSE(cpu::bf16_products_pay(CpuBf16Kind{true, false, false}));   // AMX hidden
+  CHECK_FALSE(cpu::bf16_products_pay(CpuBf16Kind{false, false, true}));   // Zen 3
+  CHECK_FALSE(cpu::bf16_products_pay(CpuBf16Kind{false, false, false}));  // no AVX512_BF16
+  // This process's answer follows the rule on this CPU, unless the
+  // environment or the build decides (the reason says which).
+  const std::string reason = cpu::bf16_gemm_reason();
+  CAPTURE(reason);
+  CHECK(reason.rfind(cpu::bf16_gemm_native() ? "on: " : "off: ", 0) == 0);
+  const bool cpu_decides = reason.find("QUANTA_CPU_BF16_GEMM") == std::string::npos &&
+                           reason.find("oneDNN") == std::string::npos;
+  if (cpu_decides)
+    CHECK(cpu::bf16_gemm_native() == cpu::bf16_products_pay(cpu::this_cpu_bf16_kind()));
 }
 
 TEST_CASE("bf16 products: bf16 matmul and linear on the CPU multiply bf16 directly") {

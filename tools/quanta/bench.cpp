@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cuda/module.h"
 #include "fast_conv.h"
@@ -113,7 +114,8 @@ void run_bench(BenchCommand& c) {
     std::cout << "# quanta bench " << c.suite << ": " << num_threads()
               << " threads (OpenMP waits: " << wait_policy_name() << "), size " << c.size
               << ", median of " << c.opts.repeat
-              << (!c.opts.device.is_cpu() ? ", on " + c.opts.device.str() : std::string()) << "\n";
+              << (!c.opts.device.is_cpu() ? ", on " + c.opts.device.str() : std::string())
+              << "; CPU bf16 products " << cpu::bf16_gemm_reason() << "\n";
   print_rows(std::cout, rows, c.json);
 }
 
