@@ -1,11 +1,16 @@
 // CPU entries nf4_linear and nf4_linear_grad (quant/kernels/table.h): a
-// linear layer's product with a frozen NF4 weight, dequantized tile by tile
-// into a small buffer (never as a whole), or, for a batch of at most 8 rows
-// whose rows start on a run of codes, decoded on the fly while the packed
-// bytes are read once. With bf16 compute (more than 8 rows) the activation
-// is rounded to bf16 as bitsandbytes rounds it: on a CPU whose bf16 products
-// pay, the operands go to bf16 and the weight is decoded in slabs of whole
-// rows; elsewhere the bf16 values stay in f32 for the f32 tile products.
+// linear layer's product with a frozen NF4 weight. A batch of at most 8 rows
+// whose rows start on a run of codes is decoded on the fly while the packed
+// bytes are read once. Batches under kNF4SlabMinBatch rows, whose products
+// are bound by reading the decoded weight, decode it tile by tile into
+// small per-thread buffers (a thread per tile forward, a thread per row
+// block backward). Larger batches decode it slab by slab (kNF4SlabElems
+// elements, in parallel) and multiply each slab by one threaded product, so
+// the decoding is done once whatever the thread count and the product takes
+// every thread whatever the layer's size. With bf16
+// compute the activation is rounded to bf16 as bitsandbytes rounds it: on a
+// CPU whose bf16 products pay, the operands and slabs are bf16; elsewhere
+// the bf16 values stay in f32 for f32 products.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -25,7 +30,7 @@ namespace quanta::quant::quant_cpu {
 namespace {
 
 // Below this many rows per thread, backward runs one row block (the tiles'
-// GEMMs are then threaded by Eigen instead).
+// products are then threaded instead).
 constexpr int64_t kBackwardRowGrain = 64;
 
 // Rows per tile: about kNF4TileElems elements, a multiple of the rows after
@@ -164,12 +169,6 @@ void fused_small_batch(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType
 // the activation (x forward, g backward) rounded to bf16 once, the weight
 // decoded to bf16, products through the CPU's bf16 instructions, f32 sums.
 // The result stays f32 (bitsandbytes rounds it to bf16 before casting back).
-// Slabs of whole rows of at most kBf16SlabElems elements are decoded in
-// parallel, then multiplied by one threaded product: every layer of a model
-// up to a few billion parameters is one slab, and larger ones never hold
-// their whole weight in bf16.
-constexpr int64_t kBf16SlabElems = int64_t{1} << 23;
-
 bool bf16_compute(DType dd, int64_t M) { return dd == DType::bf16 && M > kNF4FusedMaxBatch; }
 
 bool use_bf16_products(DType dd, int64_t M) {
@@ -177,8 +176,8 @@ bool use_bf16_products(DType dd, int64_t M) {
 }
 
 // bf16 compute where f32 products are the faster ones: the activation's
-// bf16 values (rows x cols) in f32, so the f32 tile products below multiply
-// what the bf16 products would, with the same f32 sums in another order.
+// bf16 values (rows x cols) in f32, so the f32 products below multiply what
+// the bf16 products would, with the same f32 sums in another order.
 const float* bf16_valued(const float* a, int64_t rows, int64_t cols,
                          const cpu::ScratchBuffer& out) {
   float* dst = out.as<float>();
@@ -189,24 +188,27 @@ const float* bf16_valued(const float* a, int64_t rows, int64_t cols,
   return dst;
 }
 
-// Rows [n0, n0 + r) of W, K each, decoded to bf16 into slab, in parallel.
-void decode_slab(const NF4Runs& w, int64_t n0, int64_t r, int64_t K, bf16* slab) {
+// Rows [n0, n0 + r) of W, K each, decoded (rounded to dd, stored as E) into
+// slab, in parallel.
+template <class E>
+void decode_slab(const NF4Runs& w, int64_t n0, int64_t r, int64_t K, DType dd, E* slab) {
   const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(K, 1));
   cpu::parallel_for(0, r, grain, [&](int64_t lo, int64_t hi) {
-    nf4_decode_range(w, (n0 + lo) * K, (hi - lo) * K, DType::bf16, slab + lo * K);
+    nf4_decode_range(w, (n0 + lo) * K, (hi - lo) * K, dd, slab + lo * K);
   });
 }
 
 // Calls product(n0, r, slab) for each slab of rows [n0, n0 + r) of W,
-// decoded to bf16 (r x K, row-major) into one reused buffer.
-template <class Product>
-void for_each_slab(const NF4Runs& w, int64_t N, int64_t K, Product&& product) {
-  const int64_t rows = std::clamp<int64_t>(kBf16SlabElems / std::max<int64_t>(K, 1), 1, N);
-  const cpu::ScratchBuffer slab(sizeof(bf16) * size_t(rows * K));
+// decoded (rounded to dd, stored as E; r x K, row-major) into one reused
+// buffer of at most kNF4SlabElems elements.
+template <class E, class Product>
+void for_each_slab(const NF4Runs& w, int64_t N, int64_t K, DType dd, Product&& product) {
+  const int64_t rows = std::clamp<int64_t>(kNF4SlabElems / std::max<int64_t>(K, 1), 1, N);
+  const cpu::ScratchBuffer slab(sizeof(E) * size_t(rows * K));
   for (int64_t n0 = 0; n0 < N; n0 += rows) {
     const int64_t r = std::min(rows, N - n0);
-    decode_slab(w, n0, r, K, slab.as<bf16>());
-    product(n0, r, static_cast<const bf16*>(slab.as<bf16>()));
+    decode_slab(w, n0, r, K, dd, slab.as<E>());
+    product(n0, r, static_cast<const E*>(slab.as<E>()));
   }
 }
 
@@ -215,7 +217,7 @@ void forward_bf16(const float* x, const bf16* rounded, int64_t M, int64_t K, con
                   int64_t N, float* y) {
   const cpu::ScratchBuffer xs(rounded ? 0 : sizeof(bf16) * size_t(M * K));
   const bf16* xb = rounded ? rounded : cpu::round_operand_to_bf16(M, K, {x, K, 1}, xs.as<bf16>()).p;
-  for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
+  for_each_slab<bf16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, const bf16* slab) {
     // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
     cpu::gemm_bf16(M, r, K, {xb, K, 1}, {slab, 1, K}, y + n0, N);
   });
@@ -225,14 +227,12 @@ void backward_bf16(const float* g, int64_t M, int64_t N, const NF4Runs& w, int64
                    bool accumulate) {
   const cpu::ScratchBuffer gs(sizeof(bf16) * size_t(M * N));
   const bf16* gb = cpu::round_operand_to_bf16(M, N, {g, N, 1}, gs.as<bf16>()).p;
-  for_each_slab(w, N, K, [&](int64_t n0, int64_t r, const bf16* slab) {
+  for_each_slab<bf16>(w, N, K, DType::bf16, [&](int64_t n0, int64_t r, const bf16* slab) {
     cpu::gemm_bf16(M, K, r, {gb + n0, N, 1}, {slab, K, 1}, dx, K, accumulate || n0 > 0);
   });
 }
 
-// y [M, N] = x [M, K] W^T, W dequantized tile by tile. Threads take whole
-// tiles (each dequantizes its own into a private buffer and runs a
-// single-threaded GEMM), so there is one parallel region per call.
+// y [M, N] = x [M, K] W^T.
 template <class T>
 void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N, T* y,
                     const bf16* rounded) {
@@ -254,21 +254,29 @@ void forward_kernel(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd
       fused_small_batch<T, 64>(x, M, K, w, dd, N, y);
     return;
   }
-  const int64_t rows = tile_rows(N, K, w.run);
-  const int64_t tiles = (N + rows - 1) / rows;
-  cpu::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> tile(static_cast<size_t>(rows * K));
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t n0 = t * rows, r = std::min(rows, N - n0);
-      nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
-      // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
-      cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
-    }
+  if (M < kNF4SlabMinBatch) {
+    // Threads take whole tiles, each decoded into a private buffer and
+    // multiplied by a single-threaded product: one parallel region a call.
+    const int64_t rows = tile_rows(N, K, w.run);
+    const int64_t tiles = (N + rows - 1) / rows;
+    cpu::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<T> tile(static_cast<size_t>(rows * K));
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t n0 = t * rows, r = std::min(rows, N - n0);
+        nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
+        // tile^T as a [K, r] operand: element (k, n) at tile[n * K + k].
+        cpu::gemm<T>(M, r, K, {x, K, 1}, {tile.data(), 1, K}, y + n0, N);
+      }
+    });
+    return;
+  }
+  for_each_slab<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* slab) {
+    // slab^T as a [K, r] operand: element (k, n) at slab[n * K + k].
+    cpu::gemm<T>(M, r, K, {x, K, 1}, {slab, 1, K}, y + n0, N);
   });
 }
 
-// dx [M, K] = (or +=) g [M, N] W. Threads take row blocks of dx (so no two
-// write the same output) and each walks all weight tiles.
+// dx [M, K] = (or +=) g [M, N] W, summed slab by slab.
 template <class T>
 void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType dd, int64_t K, T* dx,
                      bool accumulate) {
@@ -283,15 +291,23 @@ void backward_kernel(const T* g, int64_t M, int64_t N, const NF4Runs& w, DType d
     if (use_bf16_products(dd, M)) return backward_bf16(g, M, N, w, K, dx, accumulate);
     if (round_g) g = bf16_valued(g, M, N, gs);
   }
-  const int64_t rows = tile_rows(N, K, w.run);
-  cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
-    std::vector<T> tile(static_cast<size_t>(rows * K));
-    for (int64_t n0 = 0; n0 < N; n0 += rows) {
-      const int64_t r = std::min(rows, N - n0);
-      nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
-      cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
-                   accumulate || n0 > 0);
-    }
+  if (M < kNF4SlabMinBatch) {
+    // Threads take row blocks of dx (so no two write the same output) and
+    // each walks all weight tiles.
+    const int64_t rows = tile_rows(N, K, w.run);
+    cpu::parallel_for(0, M, kBackwardRowGrain, [&](int64_t m0, int64_t m1) {
+      std::vector<T> tile(static_cast<size_t>(rows * K));
+      for (int64_t n0 = 0; n0 < N; n0 += rows) {
+        const int64_t r = std::min(rows, N - n0);
+        nf4_decode_range(w, n0 * K, r * K, dd, tile.data());
+        cpu::gemm<T>(m1 - m0, K, r, {g + m0 * N + n0, N, 1}, {tile.data(), K, 1}, dx + m0 * K, K,
+                     accumulate || n0 > 0);
+      }
+    });
+    return;
+  }
+  for_each_slab<T>(w, N, K, dd, [&](int64_t n0, int64_t r, const T* slab) {
+    cpu::gemm<T>(M, K, r, {g + n0, N, 1}, {slab, K, 1}, dx, K, accumulate || n0 > 0);
   });
 }
 

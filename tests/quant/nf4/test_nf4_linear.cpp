@@ -223,19 +223,23 @@ TEST_CASE("nf4_linear multiplies by the weight rounded to its dequant dtype") {
   CHECK(reports[0].max_abs != quantization_error(w0, converted->weight()).max_abs);
 }
 
-TEST_CASE("nf4_linear tiled path across several weight tiles, forward and backward") {
-  // 2200 x 1000 = 2.2M elements: three tiles of 1048 rows (rows are aligned
-  // so each tile starts on a run); in % 64 != 0 forces the tiled path.
+TEST_CASE("nf4_linear's tiles and slabs across several of each, forward and backward") {
+  // 8500 x 1000 = 8.5M elements. 3 rows: nine tiles of 1048 rows (aligned so
+  // each starts on a run; in % 64 != 0 keeps 3 rows off the fused path); 130
+  // rows: a slab of 8388 rows and one of 112, which starts mid-run.
   Generator gen(24);
-  const int64_t n_out = 2200, n_in = 1000;
-  REQUIRE(n_out * n_in > 2 * kNF4TileElems);
+  const int64_t n_out = 8500, n_in = 1000;
+  REQUIRE(n_out * n_in > kNF4SlabElems);
+  REQUIRE(n_out * n_in < 2 * kNF4SlabElems);
+  REQUIRE(n_out * n_in > 8 * kNF4TileElems);
+  REQUIRE(130 >= kNF4SlabMinBatch);
   const Tensor w = randn({n_out, n_in}, gen);
   const Tensor q = quantize_nf4(w);
   NF4Options o32;
   o32.block_size = 32;
   const BnbNF4State s = quantize_bnb(w, o32);
   const Tensor b = randn({n_out}, gen, {.dtype = DType::f64});
-  for (int64_t m : {3, 130}) {  // 130 rows: two row blocks in backward
+  for (int64_t m : {3, 130}) {
     CAPTURE(m);
     const Tensor x = randn({m, n_in}, gen, {.dtype = DType::f64});
     const Tensor probe = randn({m, n_out}, gen, {.dtype = DType::f64});
