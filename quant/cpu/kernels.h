@@ -20,6 +20,14 @@ std::vector<T> row_weights(const uint8_t* valid, int64_t rows) {
 
 QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_DECLARE_QUANT_KERNEL)
 
+/** Rows from which nf4_linear decodes the weight in slabs, each multiplied by
+ * one threaded product; fewer rows take per-thread tiles of kNF4TileElems. */
+inline constexpr int64_t kNF4SlabMinBatch = 128;
+
+/** Elements of one decoded weight slab (32 MiB of f32, 16 MiB of bf16): every
+ * layer of a model up to a few billion parameters is one slab. */
+inline constexpr int64_t kNF4SlabElems = int64_t{1} << 23;
+
 /** Elements [begin, begin + count) of w as T (float or double): each the f32
  * product value(code) * scale rounded to `dtype` (f32, bf16 or f16). Shared
  * by the decode and the nf4_linear kernels. */

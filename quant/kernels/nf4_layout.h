@@ -44,16 +44,7 @@ inline constexpr uint8_t kNF4ZeroCode = 7;
 /** Rows up to which nf4_linear uses the fused decode-and-dot path. */
 inline constexpr int64_t kNF4FusedMaxBatch = 8;
 
-/** Rows from which the CPU's nf4_linear decodes the weight in slabs (each
- * multiplied by one threaded product); fewer rows take per-thread tiles. */
-inline constexpr int64_t kNF4SlabMinBatch = 128;
-
-/** Elements of one decoded weight slab (32 MiB of f32, 16 MiB of bf16): every
- * layer of a model up to a few billion parameters is one slab. */
-inline constexpr int64_t kNF4SlabElems = int64_t{1} << 23;
-
-/** Elements of one per-thread tile below kNF4SlabMinBatch rows (4 MiB of
- * f32). */
+/** Elements of one dequantized weight tile on the tiled path (4 MiB of f32). */
 inline constexpr int64_t kNF4TileElems = int64_t{1} << 20;
 
 static_assert(kNF4UnitElems % 2 == 0, "two codes per byte");

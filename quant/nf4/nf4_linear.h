@@ -12,7 +12,7 @@
 namespace quanta::quant {
 
 // kNF4FusedMaxBatch (rows up to which the fused decode-and-dot path runs)
-// and kNF4SlabElems (elements of one decoded weight slab) live with the
+// and kNF4TileElems (elements of one dequantized weight tile) live with the
 // kernels: quant/kernels/nf4_layout.h.
 
 /** x [..., in] (f32 or f64) times the nf4 weight w [out, in] transposed, plus

@@ -198,26 +198,29 @@ TEST_CASE("quanta inspect refuses a FIFO at once instead of waiting for a writer
 }
 
 TEST_CASE("quanta bench engine reports its rows against their floors") {
-  const std::set<std::string> names = {"matmul_1024",
-                                       "matmul_4096x4096x256",
-                                       "matmul_3136x16x4",
-                                       "matmul_3136x4x16",
-                                       "matmul_1568x512x32",
-                                       "add",
-                                       "exp",
-                                       "sum",
-                                       "sum_dim1",
-                                       "sum_dim0",
-                                       "transpose",
-                                       "add_bf16",
-                                       "exp_bf16",
-                                       "conv_enc1_1x28_k4s2",
-                                       "conv_enc2_32x14_k4s2",
-                                       "conv_enc3_32x7_k3",
-                                       "conv_enc4_32x7_k1",
-                                       "conv_dec1_16x7_k3",
-                                       "convT_dec2_32x7_k4s2",
-                                       "convT_dec3_32x14_k4s2"};
+  std::set<std::string> names = {"matmul_1024",
+                                 "matmul_4096x4096x256",
+                                 "matmul_3136x16x4",
+                                 "matmul_3136x4x16",
+                                 "matmul_1568x512x32",
+                                 "add",
+                                 "exp",
+                                 "sum",
+                                 "sum_dim1",
+                                 "sum_dim0",
+                                 "transpose",
+                                 "add_bf16",
+                                 "exp_bf16",
+                                 "conv_enc1_1x28_k4s2",
+                                 "conv_enc2_32x14_k4s2",
+                                 "conv_enc3_32x7_k3",
+                                 "conv_enc4_32x7_k1",
+                                 "conv_dec1_16x7_k3",
+                                 "convT_dec2_32x7_k4s2",
+                                 "convT_dec3_32x14_k4s2"};
+  // bf16 products against f32 ones (size small), where oneDNN is built in.
+  if (cpu::bf16_products_built())
+    names.insert({"matmul_bf16_128x64x128", "matmul_bf16_128x128x64"});
   SUBCASE("json") {
     CliResult r = run_quanta({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "quant/cpu/kernels.h"
 #include "quant/kernels/nf4_layout.h"
 #include "quant/nf4/nf4_format.h"
 #include "quant/nf4/nf4_linear.h"
@@ -229,10 +230,10 @@ TEST_CASE("nf4_linear's tiles and slabs across several of each, forward and back
   // rows: a slab of 8388 rows and one of 112, which starts mid-run.
   Generator gen(24);
   const int64_t n_out = 8500, n_in = 1000;
-  REQUIRE(n_out * n_in > kNF4SlabElems);
-  REQUIRE(n_out * n_in < 2 * kNF4SlabElems);
+  REQUIRE(n_out * n_in > quant_cpu::kNF4SlabElems);
+  REQUIRE(n_out * n_in < 2 * quant_cpu::kNF4SlabElems);
   REQUIRE(n_out * n_in > 8 * kNF4TileElems);
-  REQUIRE(130 >= kNF4SlabMinBatch);
+  REQUIRE(130 >= quant_cpu::kNF4SlabMinBatch);
   const Tensor w = randn({n_out, n_in}, gen);
   const Tensor q = quantize_nf4(w);
   NF4Options o32;
