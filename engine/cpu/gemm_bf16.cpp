@@ -134,34 +134,43 @@ CpuBf16Kind this_cpu_bf16_kind() {
   return kind;
 }
 
-bool bf16_gemm_native() {
+namespace {
+
+// The bf16 decision and its reason, made once: the override, the build, and
+// otherwise bf16_products_pay on this CPU's kind.
+struct Bf16Decision {
+  bool on = false;
+  std::string why;
+};
+
+Bf16Decision decide_bf16() {
 #ifdef QUANTA_GEMM_ONEDNN
-  static const bool native = [] {
-    if (!onednn_on_openmp()) return false;
-    const int asked = bf16_gemm_override();
-    return asked == -1 ? bf16_products_pay(this_cpu_bf16_kind()) : asked == 1;
-  }();
-  return native;
+  if (!onednn_on_openmp()) return {false, "oneDNN does not run on OpenMP in this build"};
+  if (const int asked = bf16_gemm_override(); asked != -1)
+    return {asked == 1, std::string("QUANTA_CPU_BF16_GEMM=") + (asked == 1 ? "1" : "0")};
+  const CpuBf16Kind cpu = this_cpu_bf16_kind();
+  const bool on = bf16_products_pay(cpu);
+  if (cpu.amx) return {on, "AMX"};
+  if (cpu.bf16_dot && cpu.amd) return {on, "AVX512_BF16 on AMD"};
+  if (cpu.bf16_dot)
+    return {on, "AVX512_BF16 without AMX on a CPU not AMD's (f32 products are faster)"};
+  return {on, "no bf16 dot-product instructions"};
 #else
-  return false;
+  return {false, "no oneDNN in this build"};
 #endif
 }
 
+const Bf16Decision& bf16_decision() {
+  static const Bf16Decision decision = decide_bf16();
+  return decision;
+}
+
+}  // namespace
+
+bool bf16_gemm_native() { return bf16_decision().on; }
+
 std::string bf16_gemm_reason() {
-#ifdef QUANTA_GEMM_ONEDNN
-  if (!onednn_on_openmp()) return "off: oneDNN does not run on OpenMP in this build";
-  const int asked = bf16_gemm_override();
-  if (asked != -1)
-    return std::string(asked == 1 ? "on" : "off") + ": QUANTA_CPU_BF16_GEMM=" + (asked ? "1" : "0");
-  const CpuBf16Kind cpu = this_cpu_bf16_kind();
-  if (cpu.amx) return "on: AMX";
-  if (cpu.bf16_dot && cpu.amd) return "on: AVX512_BF16 on AMD";
-  if (cpu.bf16_dot)
-    return "off: AVX512_BF16 without AMX on a CPU not AMD's (f32 products are faster)";
-  return "off: no bf16 dot-product instructions";
-#else
-  return "off: no oneDNN in this build";
-#endif
+  return std::string(bf16_decision().on ? "on: " : "off: ") + bf16_decision().why;
 }
 
 bool bf16_products_built() {
