@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 #include <string_view>
+#include <tuple>
 
 #include "engine/io/safetensors_spec.h"
 
@@ -297,39 +298,61 @@ std::pair<DType, Shape> parse_block_dtype(const std::string& value, const Safete
   return {dt, shape};
 }
 
-// Builds the tensors of a validated header; `read(offset, dst, n)` copies n
-// bytes of the data buffer starting at `offset`.
-SafetensorsFile build_tensors(SafetensorsHeader&& h, const std::string& source,
-                              const std::function<void(uint64_t, void*, uint64_t)>& read) {
+// A tensor of a validated header as quanta loads it: its dtype and shape
+// (a byte-only dtype's from the metadata) and where its bytes lie.
+struct PlannedTensor {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+
+// Every tensor of a validated header, in buffer order; the block-dtype keys
+// are taken out of its metadata. Throws for a dtype quanta cannot load.
+std::vector<PlannedTensor> plan_tensors(SafetensorsHeader& h, const std::string& source) {
   for (const auto& e : h.tensors)
     if (!find_spec(e.dtype)->dtype)
       fail(source, "unsupported dtype " + e.dtype + " for tensor " + quote_name(e.name) +
                        " (quanta loads F64 F32 F16 BF16 I64 I32 U8 BOOL)");
+  std::vector<PlannedTensor> out;
+  out.reserve(h.tensors.size());
+  for (const auto& e : h.tensors) {
+    PlannedTensor p{e.name, *find_spec(e.dtype)->dtype, e.shape, e.begin, e.end};
+    // A byte-only dtype travels as U8 bytes; metadata gives its dtype and shape.
+    if (auto it = h.metadata.find(kBlockDTypeKey + e.name); it != h.metadata.end()) {
+      std::tie(p.dtype, p.shape) = parse_block_dtype(it->second, e, source);
+      h.metadata.erase(it);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// One planned tensor on the host; `read(offset, dst, n)` copies n bytes of
+// the data buffer starting at `offset`.
+Tensor read_planned(const PlannedTensor& p,
+                    const std::function<void(uint64_t, void*, uint64_t)>& read) {
+  Tensor t = detail::make_tensor(p.shape, p.dtype, Device::cpu());
+  const uint64_t n = p.end - p.begin;
+  if (n > 0) {
+    read(p.begin, t.raw_data(), n);
+    if (p.dtype == DType::boolean) {
+      // Any non-zero byte is true (as NumPy reads it); a C++ bool must be 0 or 1.
+      auto* b = static_cast<uint8_t*>(t.raw_data());
+      for (uint64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
+    }
+  }
+  return t;
+}
+
+// Builds the tensors of a validated header, sorted by name.
+SafetensorsFile build_tensors(SafetensorsHeader&& h, const std::string& source,
+                              const std::function<void(uint64_t, void*, uint64_t)>& read) {
+  const std::vector<PlannedTensor> planned = plan_tensors(h, source);
   SafetensorsFile f;
   f.metadata = std::move(h.metadata);
-  f.tensors.reserve(h.tensors.size());
-  for (const auto& e : h.tensors) {
-    DType dt = *find_spec(e.dtype)->dtype;
-    Shape shape = e.shape;
-    // A byte-only dtype travels as U8 bytes; metadata gives its dtype and shape.
-    if (auto it = f.metadata.find(kBlockDTypeKey + e.name); it != f.metadata.end()) {
-      const auto [block_dt, block_shape] = parse_block_dtype(it->second, e, source);
-      dt = block_dt;
-      shape = block_shape;
-      f.metadata.erase(it);
-    }
-    Tensor t = detail::make_tensor(shape, dt, Device::cpu());
-    const uint64_t n = e.end - e.begin;
-    if (n > 0) {
-      read(e.begin, t.raw_data(), n);
-      if (dt == DType::boolean) {
-        // Any non-zero byte is true (as NumPy reads it); a C++ bool must be 0 or 1.
-        auto* p = static_cast<uint8_t*>(t.raw_data());
-        for (uint64_t i = 0; i < n; ++i) p[i] = p[i] != 0;
-      }
-    }
-    f.tensors.emplace_back(e.name, std::move(t));
-  }
+  f.tensors.reserve(planned.size());
+  for (const PlannedTensor& p : planned) f.tensors.emplace_back(p.name, read_planned(p, read));
   std::sort(f.tensors.begin(), f.tensors.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   return f;
@@ -429,6 +452,69 @@ std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const Safet
   std::vector<uint8_t> out(n);
   if (n > 0) in.read_at(8 + h.header_bytes + e.begin, out.data(), n, path);
   return out;
+}
+
+struct SafetensorsReader::State {
+  std::string path;
+  InputFile in;
+  uint64_t base = 0;  // where the byte buffer starts
+  std::map<std::string, PlannedTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  explicit State(const std::string& p) : path(p), in(p) {}
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path)
+    : state_(std::make_unique<State>(path)) {
+  SafetensorsHeader h = read_header(state_->in, path);
+  state_->base = 8 + h.header_bytes;
+  for (PlannedTensor& p : plan_tensors(h, path)) state_->tensors.emplace(p.name, std::move(p));
+  state_->metadata = std::move(h.metadata);
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+const std::string& SafetensorsReader::path() const { return state_->path; }
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  out.reserve(state_->tensors.size());
+  for (const auto& [name, p] : state_->tensors) out.push_back(name);
+  return out;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const {
+  return state_->tensors.count(name) > 0;
+}
+
+namespace {
+const PlannedTensor& planned_of(const std::map<std::string, PlannedTensor>& tensors,
+                                const std::string& name, const std::string& path) {
+  const auto it = tensors.find(name);
+  if (it == tensors.end()) fail(path, "holds no tensor " + quote_name(name));
+  return it->second;
+}
+}  // namespace
+
+DType SafetensorsReader::dtype(const std::string& name) const {
+  return planned_of(state_->tensors, name, state_->path).dtype;
+}
+
+const Shape& SafetensorsReader::shape(const std::string& name) const {
+  return planned_of(state_->tensors, name, state_->path).shape;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) const {
+  const PlannedTensor& p = planned_of(state_->tensors, name, state_->path);
+  const State& st = *state_;
+  return read_planned(p, [&](uint64_t off, void* dst, uint64_t n) {
+    st.in.read_at(st.base + off, dst, n, st.path);
+  });
+}
+
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const {
+  return state_->metadata;
 }
 
 SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source) {

@@ -8,6 +8,7 @@
 // every problem as an error naming the file, never as a crash.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,38 @@ SafetensorsHeader read_safetensors_header(const std::string& path);
  * state, for listings). */
 std::vector<uint8_t> read_safetensors_bytes(const std::string& path, const SafetensorsHeader& h,
                                             const SafetensorsEntry& e);
+
+/** A safetensors file opened to read its tensors one at a time: the header is
+ * read and validated when it opens (as load_safetensors validates it, dtypes
+ * included), each tensor's bytes only when read. For weights larger than
+ * memory: a loader reads a layer, converts it and lets it go. The file stays
+ * open until the reader is destroyed. */
+class SafetensorsReader {
+ public:
+  /** Throws std::runtime_error naming `path` and the problem, as
+   * load_safetensors does. */
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+
+  const std::string& path() const;
+  /** The tensors' names, sorted (as load_safetensors orders them). */
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const;
+  /** A tensor's dtype and shape as load_safetensors gives them (a block
+   * dtype's from the metadata). Throw for a name the file does not hold. */
+  DType dtype(const std::string& name) const;
+  const Shape& shape(const std::string& name) const;
+  /** Reads one tensor, on the host (the same tensor load_safetensors gives). */
+  Tensor read(const std::string& name) const;
+  /** The string metadata, without the block-dtype keys. */
+  const std::map<std::string, std::string>& metadata() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 /** The bytes save_safetensors would write, in memory. */
 std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,

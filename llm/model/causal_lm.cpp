@@ -485,6 +485,43 @@ std::shared_ptr<CausalLM> CausalLM::random(const DecoderConfig& config, Generato
 
 Device CausalLM::device() const { return embed_->weight().device(); }
 
+void CausalLM::defer_weights(std::vector<std::string> names,
+                             std::function<Tensor(const std::string&)> read) {
+  for (const std::string& name : names)
+    if (!find(name).defined())
+      throw std::invalid_argument("[CausalLM::defer_weights] the model has no weight " + name);
+  deferred_ = std::move(names);
+  read_deferred_ = std::move(read);
+}
+
+std::vector<std::string> CausalLM::deferred_weights() const { return deferred_; }
+
+void CausalLM::read_deferred_weights(const std::string& prefix, std::optional<Device> where) {
+  std::vector<std::string> left;
+  for (const std::string& name : deferred_) {
+    if (!prefix.empty() &&
+        !(name.size() > prefix.size() && name.starts_with(prefix) && name[prefix.size()] == '.')) {
+      left.push_back(name);
+      continue;
+    }
+    const Tensor slot = find(name);
+    const Device device = where.value_or(slot.device());
+    Tensor read = read_deferred_(name);
+    if (read.shape() != slot.shape())
+      throw std::runtime_error("[CausalLM] weight " + name + " read back as " +
+                               shape_str(read.shape()) + ", not " + shape_str(slot.shape()) +
+                               " (was its file changed while the model was loading?)");
+    read = read.to(slot.dtype()).to(device).contiguous();
+    // Every handle of the weight (its module's, the registry's) sees the bytes.
+    TensorImpl* impl = slot.impl();
+    impl->storage = read.storage();
+    impl->offset = read.offset();
+    impl->strides = read.strides();
+  }
+  deferred_ = std::move(left);
+  if (deferred_.empty()) read_deferred_ = nullptr;
+}
+
 Tensor CausalLM::input_embedding_weight() const {
   return embed_tokens_adapter_ ? embed_tokens_adapter_->apply(embed_->weight()) : embed_->weight();
 }
@@ -577,6 +614,11 @@ Tensor packed_document_mask(const Tensor& positions, int64_t B) {
 Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& attention_mask,
                                const Tensor& position_ids) {
   const DecoderConfig& c = config_;
+  if (!deferred_.empty())
+    throw std::logic_error("[CausalLM] " + std::to_string(deferred_.size()) +
+                           " weights are still in their files, " + deferred_.front() +
+                           " first (apply_qlora reads them as it converts the layers; "
+                           "read_deferred_weights reads them all)");
   if (!ids.defined() || ids.dtype() != DType::i64 || ids.dim() != 2)
     throw std::invalid_argument("[CausalLM] ids must be i64 [batch, tokens]" +
                                 (ids.defined() ? ", got " + std::string(dtype_name(ids.dtype())) +

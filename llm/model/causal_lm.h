@@ -8,7 +8,9 @@
 // mlp.{gate,up,down}_proj}, model.norm, lm_head (absent when the embeddings
 // are tied). Projections are engine Linear modules, so NF4 and LoRA
 // conversions replace them in place.
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,24 @@ class CausalLM : public Module {
   const DecoderConfig& config() const { return config_; }
   Device device() const;
 
+  /** Leaves the weights `names` (the model's names, "model.layers.0.mlp.up_proj.weight")
+   * in their files: their tensors keep their shape, dtype and device but hold no
+   * bytes until read_deferred_weights gives them theirs through `read(name)` (any
+   * float dtype, any device). Until then the model runs no forward. For
+   * load_causal_lm's defer_layer_weights: apply_qlora reads each layer's weight as
+   * it converts it, so the float model is never whole in memory. */
+  void defer_weights(std::vector<std::string> names,
+                     std::function<Tensor(const std::string&)> read);
+  /** The weights still in their files, in model order. */
+  std::vector<std::string> deferred_weights() const;
+  /** Reads the deferred weights of module `prefix` (itself and those inside it;
+   * every one when empty) into their tensors, in the model's dtype, on `where`
+   * (their own device when not given). apply_qlora reads a layer's onto the host,
+   * where bitsandbytes' layout is built, and sends only the 4-bit base to the
+   * model's device. */
+  void read_deferred_weights(const std::string& prefix = "",
+                             std::optional<Device> where = std::nullopt);
+
  private:
   DecoderConfig config_;
   std::shared_ptr<Module> decoder_;  // the module holding embed_, the layers and norm_
@@ -159,6 +179,8 @@ class CausalLM : public Module {
   std::shared_ptr<Linear> lm_head_;
   std::shared_ptr<TrainableTokens> embed_tokens_adapter_, lm_head_adapter_;
   bool recompute_layers_ = false;
+  std::vector<std::string> deferred_;  // defer_weights' names still unread
+  std::function<Tensor(const std::string&)> read_deferred_;
   double neftune_alpha_ = 0;
   Generator neftune_gen_{0};
   /** The embeddings' weight with their trainable tokens' rows. */

@@ -75,53 +75,126 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
   return path.string();
 }
 
-StateDict read_model_weights(const std::string& dir,
-                             const std::function<bool(const std::string&)>& keep) {
-  const fs::path root(dir);
+ModelWeightFiles::ModelWeightFiles(const std::string& dir,
+                                   const std::function<bool(const std::string&)>& keep) {
   const fs::path single = model_folder_file(dir, "model.safetensors");
   const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
   const auto kept = [&](const std::string& name) { return !keep || keep(name); };
-  StateDict out;
+  const auto add = [&](std::shared_ptr<io::SafetensorsReader> file, const std::string& name) {
+    if (files_.empty() || files_.back() != file) files_.push_back(std::move(file));
+    where_.emplace(name, files_.size() - 1);
+    names_.push_back(name);
+  };
   if (fs::exists(single)) {
-    for (auto& [name, t] : io::load_safetensors(single.string()).tensors)
-      if (kept(name)) out.push_back({name, std::move(t)});
-    return out;
+    auto file = std::make_shared<io::SafetensorsReader>(single.string());
+    for (const std::string& name : file->names())
+      if (kept(name)) add(file, name);
+    return;
   }
   if (!fs::exists(index))
     folder_fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
-  for (const auto& [file, names] : read_index(index.string())) {
-    const fs::path shard = model_folder_file(dir, file);
+  for (const auto& [file_name, names] : read_index(index.string())) {
+    const fs::path shard = model_folder_file(dir, file_name);
     if (!fs::exists(shard))
-      folder_fail(index.string(), "lists shard " + file + ", which is not in the folder");
+      folder_fail(index.string(), "lists shard " + file_name + ", which is not in the folder");
     if (std::none_of(names.begin(), names.end(), kept)) continue;
-    io::SafetensorsFile f = io::load_safetensors(shard.string());
-    std::set<std::string> seen;
-    for (auto& [name, t] : f.tensors) {
+    auto file = std::make_shared<io::SafetensorsReader>(shard.string());
+    const std::vector<std::string> held = file->names();
+    for (const std::string& name : held)
       if (!names.count(name))
         folder_fail(shard.string(),
                     "holds " + name + ", which the index does not list for this shard");
-      seen.insert(name);
-      if (kept(name)) out.push_back({name, std::move(t)});
-    }
     for (const auto& name : names)
-      if (!seen.count(name))
+      if (!file->contains(name))
         folder_fail(shard.string(), "lacks " + name + ", which the index lists");
+    for (const std::string& name : held)
+      if (kept(name)) add(file, name);
   }
+}
+
+const io::SafetensorsReader& ModelWeightFiles::file_of(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end())
+    throw std::invalid_argument("[ModelWeightFiles] the folder's weights hold no " + name);
+  return *files_[it->second];
+}
+
+bool ModelWeightFiles::contains(const std::string& name) const { return where_.count(name) > 0; }
+DType ModelWeightFiles::dtype(const std::string& name) const { return file_of(name).dtype(name); }
+const Shape& ModelWeightFiles::shape(const std::string& name) const {
+  return file_of(name).shape(name);
+}
+Tensor ModelWeightFiles::read(const std::string& name) const { return file_of(name).read(name); }
+
+StateDict read_model_weights(const std::string& dir,
+                             const std::function<bool(const std::string&)>& keep) {
+  const ModelWeightFiles files(dir, keep);
+  StateDict out;
+  out.reserve(files.names().size());
+  for (const std::string& name : files.names()) out.push_back({name, files.read(name)});
   return out;
 }
 
-std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device) {
+namespace {
+
+// A weight that holds no bytes yet: CausalLM::defer_weights fills it.
+Tensor unread_weight(const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(0, device);
+  impl->dtype = dtype;
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device,
+                                         const LoadOptions& options) {
   DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
   // An image-text model's vision tower is not read.
-  StateDict weights = read_model_weights(
+  auto files = std::make_shared<const ModelWeightFiles>(
       dir, [&](const std::string& name) { return decoder_weight_name(config, name).has_value(); });
-  if (!device.is_cpu())
-    for (auto& [name, t] : weights) t = t.to(device);
+  // What may stay in the files: the decoder layers' linear weights, where
+  // the file holds them as the model expects them (anything else is read,
+  // so that CausalLM reports it as it always has).
+  std::map<std::string, Shape> deferrable;
+  if (options.defer_layer_weights) {
+    const std::string layers = config.decoder_module() + ".layers.";
+    for (const auto& [name, shape] : CausalLM::expected_weights(config))
+      if (name.starts_with(layers) && name.ends_with(".weight") && shape.size() == 2)
+        deferrable.emplace(name, shape);
+  }
+  StateDict weights;
+  std::map<std::string, std::string> stored_of;  // the model's name -> the file's
+  for (const std::string& stored : files->names()) {
+    const std::string name = *decoder_weight_name(config, stored);
+    const auto it = deferrable.find(name);
+    if (it != deferrable.end() && files->shape(stored) == it->second &&
+        is_floating(files->dtype(stored))) {
+      weights.push_back({stored, unread_weight(it->second, config.dtype, device)});
+      stored_of.emplace(name, stored);
+      continue;
+    }
+    // One tensor on the host at a time.
+    Tensor t = files->read(stored);
+    weights.push_back({stored, device.is_cpu() ? t : t.to(device)});
+  }
+  std::shared_ptr<CausalLM> model;
   try {
-    return std::make_shared<CausalLM>(std::move(config), weights);
+    model = std::make_shared<CausalLM>(std::move(config), weights);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(dir + ": " + e.what());
   }
+  // In the model's order (the files' may differ).
+  std::vector<std::string> deferred;
+  for (const auto& [name, shape] : CausalLM::expected_weights(model->config()))
+    if (stored_of.count(name)) deferred.push_back(name);
+  if (!deferred.empty())
+    model->defer_weights(deferred, [files, stored_of = std::move(stored_of)](const std::string& n) {
+      return files->read(stored_of.at(n));
+    });
+  return model;
 }
 
 void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside) {

@@ -4,11 +4,13 @@
 // as save_pretrained writes them.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/io/safetensors.h"
 #include "engine/nn/module.h"
 #include "llm/model/causal_lm.h"
 
@@ -22,6 +24,31 @@ namespace quanta::llm {
  * absent file gives its path: the caller says what it needed. */
 std::string model_folder_file(const std::string& dir, const std::string& name);
 
+/** The tensors of a model folder's weights (those `keep` accepts), each
+ * read from its file only when asked for: what lets a loader convert a
+ * model a layer at a time without holding the whole of it. The folder is
+ * checked when this is made, as read_model_weights checks it (headers and
+ * index; no tensor's bytes are read). */
+class ModelWeightFiles {
+ public:
+  explicit ModelWeightFiles(const std::string& dir,
+                            const std::function<bool(const std::string&)>& keep = {});
+  /** The names, in the order read_model_weights gives them. */
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const;
+  /** As stored (read gives this dtype and shape). Throw for another name. */
+  DType dtype(const std::string& name) const;
+  const Shape& shape(const std::string& name) const;
+  /** One tensor, on the host, read from its file now. */
+  Tensor read(const std::string& name) const;
+
+ private:
+  const io::SafetensorsReader& file_of(const std::string& name) const;
+  std::vector<std::shared_ptr<io::SafetensorsReader>> files_;
+  std::map<std::string, std::size_t> where_;  // name -> its file in files_
+  std::vector<std::string> names_;
+};
+
 /** Every tensor of the folder's weights, by name (f32, bf16 and f16 as
  * stored), or those whose name `keep` accepts. A sharded folder is read
  * through its index: a name the index lists that its shard lacks, a name a
@@ -31,8 +58,22 @@ std::string model_folder_file(const std::string& dir, const std::string& name);
 StateDict read_model_weights(const std::string& dir,
                              const std::function<bool(const std::string&)>& keep = {});
 
-/** The model of folder `dir` on `device` (weights in the config's dtype). */
-std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu());
+/** How load_causal_lm reads a folder. */
+struct LoadOptions {
+  /** Leave the decoder layers' linear weights (the projections every QLoRA
+   * conversion quantizes) in their files (CausalLM::defer_weights) for
+   * apply_qlora or quantize_base to read one layer at a time as it quantizes
+   * it, on the host: the float model is then never whole in memory, on the
+   * host or on the device, and peak memory is the 4-bit base, the rest of the
+   * model (embeddings, norms, lm_head) and a few float layers. The model runs
+   * no forward until they are read. */
+  bool defer_layer_weights = false;
+};
+
+/** The model of folder `dir` on `device` (weights in the config's dtype),
+ * its tensors read one at a time. */
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu(),
+                                         const LoadOptions& options = {});
 
 /** Writes `model` to `dir` (created if needed) as transformers does:
  * config.json (4.x names) and model.safetensors, tied embeddings stored

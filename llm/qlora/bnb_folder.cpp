@@ -183,9 +183,10 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device,
 }
 
 std::shared_ptr<CausalLM> load_base_model(const std::string& dir, Device device,
-                                          std::optional<DType> compute_dtype) {
+                                          std::optional<DType> compute_dtype,
+                                          const LoadOptions& options) {
   if (folder_quantization(dir)) return load_bnb_folder(dir, device, compute_dtype);
-  return load_causal_lm(dir, device);
+  return load_causal_lm(dir, device, options);
 }
 
 }  // namespace quanta::llm

@@ -9,6 +9,7 @@
 
 #include "engine/device.h"
 #include "llm/model/causal_lm.h"
+#include "llm/model/model_folder.h"
 #include "llm/qlora/lora_config.h"
 
 namespace quanta::llm {
@@ -48,8 +49,10 @@ std::shared_ptr<CausalLM> load_bnb_folder(const std::string& dir, Device device 
                                           std::optional<DType> compute_dtype = std::nullopt);
 
 /** The model of folder `dir`: load_bnb_folder for a 4-bit folder,
- * load_causal_lm for a float one (compute_dtype unused). */
+ * load_causal_lm with `options` for a float one (compute_dtype unused; a
+ * 4-bit folder holds no float layer weights to defer). */
 std::shared_ptr<CausalLM> load_base_model(const std::string& dir, Device device = Device::cpu(),
-                                          std::optional<DType> compute_dtype = std::nullopt);
+                                          std::optional<DType> compute_dtype = std::nullopt,
+                                          const LoadOptions& options = {});
 
 }  // namespace quanta::llm

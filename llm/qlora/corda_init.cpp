@@ -110,6 +110,8 @@ std::vector<Tensor> corda_covariances(CausalLM& model, const std::vector<std::st
                                       const CordaData& data) {
   if (data.samples < 1 || !data.sample)
     throw std::invalid_argument("[corda_covariances] CorDA needs at least one sample of data");
+  // The passes run the float model: weights left in their files come in.
+  model.read_deferred_weights();
   NoGradGuard no_grad;
   EvalModeGuard eval(model);
   LayerTaps taps(model, layers, "corda_covariances");

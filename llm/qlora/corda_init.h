@@ -64,7 +64,8 @@ CordaData corda_samples_in_order(const LmExamples& examples, int64_t count);
  * name that is not a linear layer, or a layer whose covariance is not
  * finite after a sample (naming the sample: an input with NaN or Inf, or
  * whose largest value was 0, as PEFT refuses); the model is unchanged after a
- * throw too. */
+ * throw too. The passes run the float model, so weights it left in its files
+ * (LoadOptions::defer_layer_weights) are read first, onto its device. */
 std::vector<Tensor> corda_covariances(CausalLM& model, const std::vector<std::string>& layers,
                                       const CordaData& data);
 

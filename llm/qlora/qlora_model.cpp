@@ -53,6 +53,9 @@ struct Convertible {
   std::string child, name;
   Linear* linear = nullptr;
   quant::NF4Linear* nf4 = nullptr;
+  // Where the layer lives (found before a deferred weight is read onto the
+  // host for its conversion): its 4-bit base goes there.
+  Device device = Device::cpu();
   int64_t in() const { return linear ? linear->in_features() : nf4->in_features(); }
   int64_t out() const { return linear ? linear->out_features() : nf4->out_features(); }
   bool has_bias() const { return linear ? linear->bias().defined() : nf4->bias().defined(); }
@@ -198,12 +201,12 @@ ConversionPlan plan_conversion(CausalLM& model, const QLoRAOptions& o) {
   std::vector<Convertible>& slots = plan.slots;
   for (const Slot<Linear>& s : find_children<Linear>(model))
     if (!ends_with_part(s.name, kOutputLayer))
-      slots.push_back({s.parent, s.child, s.name, s.module});
+      slots.push_back({s.parent, s.child, s.name, s.module, nullptr, s.module->weight().device()});
   const std::vector<Slot<quant::NF4Linear>> loaded = find_children<quant::NF4Linear>(model);
   if (!loaded.empty() && !slots.empty())
     throw std::invalid_argument("[apply_qlora] the model is already quantized");
   for (const Slot<quant::NF4Linear>& s : loaded)
-    slots.push_back({s.parent, s.child, s.name, nullptr, s.module});
+    slots.push_back({s.parent, s.child, s.name, nullptr, s.module, s.module->weight().device()});
 
   // Every setting must choose something, and each r must fit its layer:
   // checked before any layer is converted, so a refused model is unchanged.
@@ -458,7 +461,10 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     const std::size_t last = std::min(slots.size(), first + std::size_t(num_threads()));
     std::vector<std::size_t> which;
     for (std::size_t j = first; j < last; ++j)
-      if (chosen[j]) which.push_back(j);
+      if (chosen[j]) {
+        model.read_deferred_weights(slots[j].name, Device::cpu());
+        which.push_back(j);
+      }
     const std::vector<ResidualStartOf> made = residual_starts(slots, chosen, which, o, nf4, lora);
     for (std::size_t k = 0; k < which.size(); ++k) starts[which[k]] = made[k];
   };
@@ -468,7 +474,10 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     if (from_base && i % std::size_t(num_threads()) == 0) make_starts(i);
     QLoRALayer layer{s.name, Shape{s.out(), s.in()}};
     std::shared_ptr<quant::NF4Linear> base;
-    const Device device = s.linear ? s.linear->weight().device() : s.nf4->weight().device();
+    const Device device = s.device;
+    // A weight left in its file (LoadOptions::defer_layer_weights) comes to
+    // the host now, and goes with the float layer once it is replaced.
+    if (s.linear) model.read_deferred_weights(s.name, Device::cpu());
     if (s.linear) {
       layer.bytes_before = s.linear->weight().nbytes();
     } else {
@@ -515,6 +524,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     if (loftq.size() == std::size_t(num_threads())) run_loftq();
   }
   if (!loftq.empty()) run_loftq();
+  if (!model.deferred_weights().empty())
+    throw std::logic_error("[apply_qlora] weight " + model.deferred_weights().front() +
+                           " was left in its file: no layer converted holds it");
   for (const auto& [module, indices] : plan.tokens) model.add_trainable_tokens(module, indices);
   // Only the adapters train, the biases lora.bias names, the trainable
   // tokens and the modules trained whole.

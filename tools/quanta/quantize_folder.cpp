@@ -28,7 +28,9 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   if (fs::exists(fs::path(o.out) / "config.json") &&
       fs::equivalent(fs::path(o.out) / "config.json", fs::path(o.in) / "config.json"))
     throw UsageError("OUT " + o.out + " is the model folder IN");
-  auto model = llm::load_causal_lm(o.in);
+  // Each layer's float weights are read as it is quantized: a model larger
+  // than memory in float converts within its 4-bit size.
+  auto model = llm::load_causal_lm(o.in, Device::cpu(), {.defer_layer_weights = true});
   llm::BaseQuantization q;
   q.blocksize = o.block_size;
   q.double_quant = o.double_quant;

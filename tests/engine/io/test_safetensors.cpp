@@ -108,6 +108,15 @@ void check_rejected(const std::string& bytes, const std::string& what) {
     CHECK(msg.find('\n') == std::string::npos);
   }
   try {
+    SafetensorsReader reader(path);
+    FAIL("opened a corrupt file");
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find(what) != std::string::npos);
+  }
+  try {
     parse_safetensors(to_bytes(bytes), "buffer.st");
     FAIL("parsed corrupt bytes");
   } catch (const std::runtime_error& e) {
@@ -144,6 +153,41 @@ TEST_CASE("safetensors round trip of every dtype with metadata") {
   CHECK(find(load_safetensors(path), "transposed").to_vector<float>() ==
         std::vector<float>{1.5f, 0.0f, -2.25f, -0.5f, 3.0f, 1e3f});
   CHECK(read_file(path) == bytes_of(serialize_safetensors(in, meta)));
+}
+
+TEST_CASE("SafetensorsReader reads one tensor at a time what load_safetensors reads") {
+  TempDir dir;
+  TensorMap in = every_dtype();
+  Tensor codes = empty({2, 64}, {.dtype = DType::nf4});  // a byte-only dtype
+  for (std::size_t i = 0; i < codes.nbytes(); ++i)
+    static_cast<uint8_t*>(codes.raw_data())[i] = uint8_t(i * 37);
+  in.emplace_back("codes", codes);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  const std::string path = dir.file("all.safetensors");
+  save_safetensors(path, in, meta);
+  const SafetensorsFile whole = load_safetensors(path);
+  const SafetensorsReader reader(path);
+  CHECK(reader.path() == path);
+  CHECK(reader.metadata() == meta);  // the block dtype's key taken out, as load does
+  std::vector<std::string> names;
+  for (const auto& [name, t] : whole.tensors) names.push_back(name);
+  CHECK(reader.names() == names);
+  for (const auto& [name, t] : whole.tensors) {
+    CAPTURE(name);
+    CHECK(reader.contains(name));
+    CHECK(reader.dtype(name) == t.dtype());
+    CHECK(reader.shape(name) == t.shape());
+    check_same(reader.read(name), t);
+  }
+  CHECK(reader.dtype("codes") == DType::nf4);
+  CHECK_FALSE(reader.contains("absent"));
+  CHECK_THROWS_WITH_AS(reader.read("absent"),
+                       doctest::Contains((path + ": holds no tensor 'absent'").c_str()),
+                       std::runtime_error);
+  // The file cut short after its header was read: named, not a crash.
+  fs::resize_file(path, 8);
+  CHECK_THROWS_WITH_AS(reader.read("f32"), doctest::Contains((path + ": file ended early").c_str()),
+                       std::runtime_error);
 }
 
 TEST_CASE("safetensors empty file and tensors that require grad") {

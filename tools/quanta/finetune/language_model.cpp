@@ -573,8 +573,11 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   // A 4-bit folder's NF4 bases are taken as they are stored.
   if (const std::optional<llm::BaseQuantization> stored = llm::folder_quantization(o.model))
     q.quantization.double_quant = stored->double_quant;
-  std::shared_ptr<llm::CausalLM> model =
-      llm::load_base_model(o.model, run->device, q.quantization.compute_dtype);
+  // A float folder's layer weights stay in their files until apply_qlora
+  // quantizes them, one layer at a time on the host: the device never holds
+  // the float model (CorDA's passes over it read them all first).
+  std::shared_ptr<llm::CausalLM> model = llm::load_base_model(
+      o.model, run->device, q.quantization.compute_dtype, {.defer_layer_weights = true});
   // A resumed run's adapters come from its checkpoint: no LoftQ to compute.
   // PiSSA's and OLoRA's starts are taken out of the base, which a resumed
   // run rebuilds the same way.

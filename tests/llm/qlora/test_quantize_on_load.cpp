@@ -1,0 +1,171 @@
+// Loading a float model a layer at a time (LoadOptions::defer_layer_weights):
+// the layers' linear weights stay in their files until apply_qlora or
+// quantize_base reads each to quantize it. Checked here: the 4-bit bases,
+// adapters and logits are those of a whole load, byte for byte, for every
+// start that reads the weights (plain, PiSSA, OLoRA, LoftQ, CorDA, EVA) and
+// for folders of other layouts (sharded, fused projections, biases, bf16,
+// an image-text model's renamed decoder); a device never holds more than the
+// converted model (sim counts its bytes); a model with weights still in its
+// files refuses to run, naming one.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/autograd/grad_mode.h"
+#include "engine/factory.h"
+#include "engine/io/safetensors.h"
+#include "llm/model/model_folder.h"
+#include "llm/qlora/bnb_folder.h"
+#include "llm/qlora/corda_init.h"
+#include "llm/qlora/eva_init.h"
+#include "llm/qlora/qlora_model.h"
+#include "random_windows.h"
+#include "support/gpu.h"
+#include "support/relative_error.h"
+#include "support/test_data.h"
+
+using namespace quanta;
+using namespace quanta::testing;
+
+namespace {
+
+std::string model_dir(const std::string& name) {
+  return quanta::testing::test_data("llm/models/" + name);
+}
+
+llm::QLoRAOptions options(const std::string& init) {
+  llm::QLoRAOptions o;
+  o.lora.r = 4;
+  o.lora.lora_alpha = 8;
+  o.lora.target_modules = {"all-linear"};
+  llm::set_lora_init(o.lora, init);
+  o.quantization.compute_dtype = DType::f32;
+  o.seed = 5;
+  return o;
+}
+
+// Everything a converted model holds, as the bytes of one safetensors file:
+// two models are the same when these are.
+std::vector<uint8_t> model_bytes(llm::CausalLM& model) {
+  io::TensorMap tensors = llm::bnb_base_tensors(model);
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p.detach());
+  return io::serialize_safetensors(tensors);
+}
+
+const Tensor kIds = from_vector<int64_t>({1, 5, 9, 2, 7, 3, 30, 41, 12, 0}, {2, 5});
+
+std::vector<float> logits_of(llm::CausalLM& model) {
+  NoGradGuard no_grad;
+  return model.logits(kIds.to(model.device())).to(DType::f32).to_vector<float>();
+}
+
+// Converts the folder's model with `convert`, loaded whole and a layer at
+// a time, on `dev`, and checks both end the same.
+template <class Convert>
+void check_same_conversion(const std::string& dir, Device dev, Convert convert) {
+  auto whole = llm::load_causal_lm(dir, dev);
+  auto deferred = llm::load_causal_lm(dir, dev, {.defer_layer_weights = true});
+  CHECK(whole->deferred_weights().empty());
+  CHECK_FALSE(deferred->deferred_weights().empty());
+  convert(*whole);
+  convert(*deferred);
+  CHECK(deferred->deferred_weights().empty());
+  CHECK(model_bytes(*deferred) == model_bytes(*whole));
+  CHECK(logits_of(*deferred) == logits_of(*whole));
+}
+
+}  // namespace
+
+TEST_CASE("a model loaded a layer at a time converts to the bytes of a whole load") {
+  // Folder layouts: shards with an index, fused projections, biases, bf16
+  // weights, an image-text model's decoder under the hub's names.
+  for (const std::string name : {"llama_gqa", "mistral_sharded", "phi3_fused", "qwen2_bias",
+                                 "llama_bf16", "gemma3_image_text"}) {
+    INFO(name);
+    check_same_conversion(model_dir(name), Device::cpu(),
+                          [](llm::CausalLM& m) { llm::apply_qlora(m, options("true")); });
+  }
+  check_same_conversion(model_dir("llama_gqa"), Device::cpu(), [](llm::CausalLM& m) {
+    llm::BaseQuantization q;
+    q.compute_dtype = DType::f32;
+    llm::quantize_base(m, q);
+  });
+  // The starts that read the float weights, on the CPU and the test devices.
+  for (const Device dev : cpu_and_test_devices())
+    for (const std::string init : {"pissa", "pissa_niter_2", "olora", "loftq"}) {
+      INFO(dev.str(), " ", init);
+      check_same_conversion(model_dir("llama_gqa"), dev,
+                            [&](llm::CausalLM& m) { llm::apply_qlora(m, options(init)); });
+    }
+  // CorDA runs the float model over samples first (every weight read then);
+  // EVA runs the 4-bit one (quantize_base reads them a layer at a time).
+  const llm::LmExamples examples = random_windows(6, 16, 2);
+  check_same_conversion(model_dir("llama_gqa"), Device::cpu(), [&](llm::CausalLM& m) {
+    llm::QLoRAOptions o = options("corda");
+    llm::apply_qlora_corda(m, o, llm::corda_samples_in_order(examples, 0));
+  });
+  check_same_conversion(model_dir("llama_gqa"), Device::cpu(), [&](llm::CausalLM& m) {
+    llm::QLoRAOptions o = options("eva");
+    llm::EvaData data = llm::eva_batches_in_order(examples, 2);
+    data.svd_niter = -1;
+    llm::apply_qlora_eva(m, o, data);
+  });
+}
+
+TEST_CASE("a layer at a time, the device holds the converted model and never the float one") {
+  const std::string dir = model_dir("llama_gqa");
+  for (const Device dev : test_devices()) {
+    if (!dev.is_sim()) continue;  // sim counts every byte its tensors hold
+    INFO(dev.str());
+    const auto peak_of = [&](bool defer, int64_t* after) {
+      reset_device_stats(dev);
+      const int64_t before = device_stats(dev).allocated_bytes;
+      auto model = llm::load_causal_lm(dir, dev, {.defer_layer_weights = defer});
+      llm::apply_qlora(*model, options("true"));
+      *after = device_stats(dev).allocated_bytes - before;
+      return device_stats(dev).peak_allocated_bytes - before;
+    };
+    int64_t whole_after = 0, deferred_after = 0;
+    const int64_t whole_peak = peak_of(false, &whole_after);
+    const int64_t deferred_peak = peak_of(true, &deferred_after);
+    int64_t float_model = 0;
+    for (const auto& [name, t] : llm::load_causal_lm(dir)->state_dict()) float_model += t.nbytes();
+    CHECK(float_model > deferred_after);
+    CHECK(whole_after == deferred_after);
+    // A whole load held the float model at once.
+    CHECK(whole_peak >= float_model);
+    // Nothing but the converted model reached the device, at any moment.
+    CHECK(deferred_peak == deferred_after);
+  }
+}
+
+TEST_CASE("weights still in their files: no forward, and read on request") {
+  const std::string dir = model_dir("llama_gqa");
+  auto whole = llm::load_causal_lm(dir);
+  auto deferred = llm::load_causal_lm(dir, Device::cpu(), {.defer_layer_weights = true});
+  const std::vector<std::string> names = deferred->deferred_weights();
+  REQUIRE(names.size() == 14);
+  CHECK(names.front() == "model.layers.0.self_attn.q_proj.weight");
+  CHECK(deferred->find(names.front()).nbytes() == 32 * 32 * 4);
+  CHECK_THROWS_WITH_AS(logits_of(*deferred),
+                       doctest::Contains("14 weights are still in their files, "
+                                         "model.layers.0.self_attn.q_proj.weight first"),
+                       std::logic_error);
+  // One module's, then the rest.
+  deferred->read_deferred_weights("model.layers.1.mlp");
+  CHECK(deferred->deferred_weights().size() == 11);
+  CHECK(max_abs(deferred->find("model.layers.1.mlp.up_proj.weight") -
+                whole->find("model.layers.1.mlp.up_proj.weight")) == 0);
+  // A prefix is a module's name, not the start of another's.
+  deferred->read_deferred_weights("model.layers.1.mlp.up");
+  CHECK(deferred->deferred_weights().size() == 11);
+  deferred->read_deferred_weights();
+  CHECK(deferred->deferred_weights().empty());
+  CHECK(logits_of(*deferred) == logits_of(*whole));
+  // A 4-bit folder holds no float layer weights: nothing to leave behind.
+  auto four_bit =
+      llm::load_base_model(quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"),
+                           Device::cpu(), std::nullopt, {.defer_layer_weights = true});
+  CHECK(four_bit->deferred_weights().empty());
+}
