@@ -22,6 +22,7 @@
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
+#include "peak_memory.h"
 #include "precision_flag.h"
 
 namespace quanta::cli {
@@ -47,15 +48,6 @@ struct GenerateFlags {
   std::string precision = "f32";
   bool json = false;
 };
-
-// This process's peak resident memory (VmHWM), -1 where /proc cannot tell.
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;

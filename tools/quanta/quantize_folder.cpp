@@ -12,6 +12,7 @@
 #include "llm/model/weight_names.h"
 #include "llm/qlora/bnb_folder.h"
 #include "llm/qlora/qlora_model.h"
+#include "peak_memory.h"
 
 namespace quanta::cli {
 
@@ -46,12 +47,15 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
     before += l.bytes_before;
     after += l.bytes_after;
   }
+  // The peak says what converting took: about the 4-bit model, not the float one.
+  const int64_t peak = peak_rss_bytes();
   std::printf(
       "%s: %zu linear layers (all but lm_head) in NF4, block %lld, %s, compute %s: %s -> %s "
-      "bytes\n",
+      "bytes%s\n",
       o.out.c_str(), report.layers.size(), static_cast<long long>(o.block_size),
       o.double_quant ? "double quant" : "f32 scales", llm::torch_dtype_name(q.compute_dtype),
-      with_commas(before).c_str(), with_commas(after).c_str());
+      with_commas(before).c_str(), with_commas(after).c_str(),
+      peak < 0 ? "" : ("; peak resident memory " + with_commas(uint64_t(peak)) + " bytes").c_str());
 }
 
 }  // namespace quanta::cli

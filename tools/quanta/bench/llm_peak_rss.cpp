@@ -3,8 +3,7 @@
 // CPU block cache's blocks, so its own peak says nothing about one step;
 // a fresh `quanta bench llm` started with QUANTA_BENCH_LLM_PEAK_RSS builds
 // the step alone, runs it twice (the second step reuses the first's
-// memory, as training does) and reports getrusage's maximum resident set.
-#include <sys/resource.h>
+// memory, as training does) and reports its peak resident memory (VmHWM).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../peak_memory.h"
 #include "bench.h"
 #include "engine/cpu/parallel.h"
 #include "quanta.h"
@@ -23,11 +23,9 @@ namespace {
 
 constexpr const char* kChildVariable = "QUANTA_BENCH_LLM_PEAK_RSS";
 
-double own_peak_rss_mb() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
-}
+// VmHWM, not getrusage's maximum: that one keeps what the bench process
+// held when it forked this child.
+double own_peak_rss_mb() { return double(peak_rss_bytes()) / (1024.0 * 1024.0); }
 
 }  // namespace
 
