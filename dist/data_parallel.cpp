@@ -150,6 +150,14 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
       opts_(std::move(opts)),
       state_(std::make_shared<State>()) {
   if (!module_) throw std::invalid_argument("[DataParallel] null module");
+  if (opts_.sharded_units) {
+    const std::vector<std::string> made = opts_.sharded_units->unit_names();
+    if (!opts_.shard_units.empty() && opts_.shard_units != made)
+      throw std::invalid_argument(
+          "[DataParallel] shard_units names other units than sharded_units holds (give one or "
+          "the other)");
+    opts_.shard_units = made;
+  }
   const std::set<std::string> ignore(opts_.ignore.begin(), opts_.ignore.end());
   std::vector<std::pair<std::string, Tensor>> params, all_params;
   for (auto& [name, p] : module_->named_parameters()) {
@@ -209,8 +217,10 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, ProcessGroup& group,
   for (auto& [name, p] : all_params) group.broadcast(p, 0);
   for (auto& [name, b] : state_->buffers) group.broadcast(b, 0);
   module_->reload_host_state();
-  if (!opts_.shard_units.empty())
-    sharded_ = std::make_unique<ShardedUnits>(*module_, group, opts_.shard_units, opts_.shard);
+  if (opts_.sharded_units)
+    sharded_ = opts_.sharded_units;
+  else if (!opts_.shard_units.empty())
+    sharded_ = std::make_shared<ShardedUnits>(*module_, group, opts_.shard_units, opts_.shard);
 
   // 3. Buckets in reverse registration order (gradients arrive roughly in
   //    reverse), one dtype per bucket, at most bucket_bytes each.

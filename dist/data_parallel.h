@@ -60,6 +60,11 @@ struct DataParallelOptions {
   std::vector<std::string> shard_units{};
   /** How they are sharded. */
   ShardOptions shard{};
+  /** Units a loader sharded already, one at a time as it made them
+   * (ShardedUnits' one-at-a-time form, on the same group), taken as they
+   * are instead of sharding again: shard_units must be empty or name the
+   * same units. */
+  std::shared_ptr<ShardedUnits> sharded_units{};
 };
 
 class DataParallel {
@@ -136,7 +141,7 @@ class DataParallel {
   ProcessGroup& group_;
   DataParallelOptions opts_;
   std::shared_ptr<State> state_;
-  std::unique_ptr<ShardedUnits> sharded_;
+  std::shared_ptr<ShardedUnits> sharded_;
   std::vector<StepHook> hooks_;
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -40,7 +42,8 @@ struct ShardedUnits::State {
     std::string name;
     Module* module = nullptr;
     int hook_id = -1;
-    std::vector<Tensor> tensors;  // the module's own handles
+    std::vector<Tensor> tensors;     // the module's own handles
+    std::vector<std::string> names;  // theirs, in full
     std::vector<std::size_t> offsets;
     std::size_t bytes = 0;        // laid end to end, granules included
     std::size_t shard_bytes = 0;  // per rank
@@ -54,7 +57,12 @@ struct ShardedUnits::State {
   };
 
   ShardOptions options;
-  std::vector<Unit> units;
+  Module* root = nullptr;
+  ProcessGroup* origin = nullptr;  // the caller's group: shard()'s checks
+  int group_size = 1, group_rank = 0;
+  std::set<std::string> connected;  // devices whose transport is made
+  std::deque<Unit> units;           // a deque: hooks and pending gathers keep no pointers, but
+                                    // shard() must not move the units a forward is using
   std::vector<std::string> names;
   std::size_t full = 0, kept = 0;
   std::shared_ptr<ProcessGroup> group;  // own connections, used from `comm`
@@ -66,6 +74,10 @@ struct ShardedUnits::State {
   std::atomic<uint64_t> gathered{0}, gathers{0}, hits{0};
 
   explicit State(ShardOptions o) : options(o) {}
+
+  Unit lay_out(const std::string& name, std::string& layout);
+  void check_same(ProcessGroup& on, const std::vector<Unit>& laid, const std::string& layout);
+  void take_shard(Unit&& laid, const std::shared_ptr<State>& self);
 
   // All-gathers unit u's shards into fresh storage per tensor (runs on the
   // communication thread).
@@ -174,53 +186,68 @@ struct ShardedUnits::State {
   }
 };
 
-ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::string> units,
-                           ShardOptions options)
-    : state_(std::make_shared<State>(options)) {
-  State& st = *state_;
+namespace {
+
+// The refusal of units `a` and `b` that are the same or nest, or nothing.
+std::optional<std::string> overlap(const std::string& a, const std::string& b) {
+  if (a == b) return "[ShardedUnits] unit '" + a + "' is listed twice";
+  const auto inside = [](const std::string& inner, const std::string& outer) {
+    return inner.rfind(outer + ".", 0) == 0;
+  };
+  if (inside(a, b) || inside(b, a)) {
+    const std::string& inner = inside(a, b) ? a : b;
+    const std::string& outer = inside(a, b) ? b : a;
+    return "[ShardedUnits] unit '" + inner + "' is inside unit '" + outer +
+           "'; list either, not both";
+  }
+  return std::nullopt;
+}
+
+void check_granule(const ShardOptions& options) {
   if (options.granule_bytes == 0 || (options.granule_bytes & (options.granule_bytes - 1)) != 0)
     throw std::invalid_argument("[ShardedUnits] granule_bytes must be a power of two, got " +
                                 std::to_string(options.granule_bytes));
-  std::vector<std::pair<std::string, Module*>> modules = root.named_modules();
-  const int n = group.size(), r = group.rank();
-  std::string layout;
-  for (const std::string& name : units) {
-    for (const std::string& other : units)
-      if (other != name && name.rfind(other + ".", 0) == 0)
-        throw std::invalid_argument("[ShardedUnits] unit '" + name + "' is inside unit '" + other +
-                                    "'; list either, not both");
-    if (std::count(units.begin(), units.end(), name) > 1)
-      throw std::invalid_argument("[ShardedUnits] unit '" + name + "' is listed twice");
-    auto m = std::find_if(modules.begin(), modules.end(),
-                          [&](const auto& e) { return e.first == name; });
-    if (m == modules.end() || name.empty())
-      throw std::invalid_argument("[ShardedUnits] no module named '" + name + "' to shard");
-    State::Unit u;
-    u.name = name;
-    u.module = m->second;
-    for (auto& [tname, t] : u.module->named_buffers()) {
-      if (!t.is_contiguous() || t.offset() != 0)
-        throw std::invalid_argument("[ShardedUnits] buffer '" + name + "." + tname +
-                                    "' is a view; only whole contiguous buffers are sharded");
-      u.offsets.push_back(u.bytes);
-      u.bytes = round_up(u.bytes + t.nbytes(), options.granule_bytes);
-      u.tensors.push_back(t);
-      st.names.push_back(name + "." + tname);
-      layout += st.names.back() + " " + dtype_name(t.dtype()) + " " + shape_str(t.shape()) + "\n";
-    }
-    if (u.tensors.empty()) continue;  // nothing to shard: it runs as it is
-    u.shard_bytes = round_up((u.bytes + n - 1) / n, options.granule_bytes);
-    st.full += u.bytes;
-    st.kept += u.shard_bytes;
-    st.units.push_back(std::move(u));
-  }
+}
 
-  // Every rank must shard the same bytes: the layout first, then each
-  // tensor's bytes, as hashes.
+}  // namespace
+
+// Unit `name` of `root` laid out (not yet cut); its tensors' names and
+// layout lines added to `names` and `layout`. Refuses a name that is not a
+// module, or one inside (or around) a unit already taken.
+ShardedUnits::State::Unit ShardedUnits::State::lay_out(const std::string& name,
+                                                       std::string& layout) {
+  for (const Unit& other : units)
+    if (const auto refusal = overlap(name, other.name)) throw std::invalid_argument(*refusal);
+  Module* module = nullptr;
+  for (auto& [n, m] : root->named_modules())
+    if (n == name) module = m;
+  if (!module || name.empty())
+    throw std::invalid_argument("[ShardedUnits] no module named '" + name + "' to shard");
+  Unit u;
+  u.name = name;
+  u.module = module;
+  for (auto& [tname, t] : u.module->named_buffers()) {
+    if (!t.is_contiguous() || t.offset() != 0)
+      throw std::invalid_argument("[ShardedUnits] buffer '" + name + "." + tname +
+                                  "' is a view; only whole contiguous buffers are sharded");
+    u.offsets.push_back(u.bytes);
+    u.bytes = round_up(u.bytes + t.nbytes(), options.granule_bytes);
+    u.tensors.push_back(t);
+    u.names.push_back(name + "." + tname);
+    layout += u.names.back() + " " + dtype_name(t.dtype()) + " " + shape_str(t.shape()) + "\n";
+  }
+  u.shard_bytes = round_up((u.bytes + group_size - 1) / group_size, options.granule_bytes);
+  return u;
+}
+
+// Every rank must shard the same bytes: the layout first, then each
+// tensor's bytes, as hashes. Collective on `on`.
+void ShardedUnits::State::check_same(ProcessGroup& on, const std::vector<Unit>& laid,
+                                     const std::string& layout) {
+  const int n = on.size();
   std::vector<int64_t> hashes{int64_t(quanta::detail::fnv1a64(layout))};
   const auto gather_hashes = [&](const std::vector<int64_t>& mine) {
-    return group.all_gather(from_vector<int64_t>(mine, {int64_t(mine.size())}))
-        .to_vector<int64_t>();
+    return on.all_gather(from_vector<int64_t>(mine, {int64_t(mine.size())})).to_vector<int64_t>();
   };
   const std::vector<int64_t> layouts = gather_hashes(hashes);
   for (int q = 1; q < n; ++q)
@@ -228,58 +255,109 @@ ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::s
       throw DistError("[ShardedUnits] rank " + std::to_string(q) +
                       " shards other tensors than rank 0 (names, dtypes or shapes differ)");
   hashes.clear();
-  for (const State::Unit& u : st.units)
-    for (const Tensor& t : u.tensors) hashes.push_back(int64_t(hash_bytes(t)));
-  if (!hashes.empty()) {
-    const std::vector<int64_t> all = gather_hashes(hashes);
-    const std::size_t k = hashes.size();
-    std::ostringstream diff;
-    int shown = 0;
-    for (std::size_t i = 0; i < k && shown < 5; ++i) {
-      std::string ranks;
-      for (int q = 1; q < n; ++q)
-        if (all[q * k + i] != all[i]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-      if (ranks.empty()) continue;
-      diff << "\n  '" << st.names[i] << "': rank " << ranks << " differ from rank 0";
-      ++shown;
-    }
-    if (shown > 0)
-      throw DistError("[ShardedUnits] the ranks hold different bytes for the tensors to shard" +
-                      diff.str());
-  }
-
-  // Keep this rank's bytes of each unit, then empty the module's tensors.
-  for (State::Unit& u : st.units) {
-    const Device dev = u.tensors.empty() ? Device::cpu() : u.tensors[0].device();
-    u.shard = zeros({int64_t(u.shard_bytes)}, {.dtype = DType::u8, .device = dev});
-    const std::size_t lo = std::size_t(r) * u.shard_bytes, hi = lo + u.shard_bytes;
-    char* dst = static_cast<char*>(u.shard.raw_data());
+  std::vector<const std::string*> tensor_names;
+  for (const Unit& u : laid)
     for (std::size_t k = 0; k < u.tensors.size(); ++k) {
-      const Tensor& t = u.tensors[k];
-      const std::size_t a = std::max(lo, u.offsets[k]);
-      const std::size_t b = std::min(hi, u.offsets[k] + t.nbytes());
-      if (a < b)
-        copy_bytes(dst + (a - lo), dev, static_cast<const char*>(t.raw_data()) + (a - u.offsets[k]),
-                   t.device(), b - a);
+      hashes.push_back(int64_t(hash_bytes(u.tensors[k])));
+      tensor_names.push_back(&u.names[k]);
     }
-    st.release(u);
+  if (hashes.empty()) return;
+  const std::vector<int64_t> all = gather_hashes(hashes);
+  const std::size_t k = hashes.size();
+  std::ostringstream diff;
+  int shown = 0;
+  for (std::size_t i = 0; i < k && shown < 5; ++i) {
+    std::string ranks;
+    for (int q = 1; q < n; ++q)
+      if (all[q * k + i] != all[i]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    if (ranks.empty()) continue;
+    diff << "\n  '" << *tensor_names[i] << "': rank " << ranks << " differ from rank 0";
+    ++shown;
   }
-  st.group = group.clone("shard");
+  if (shown > 0)
+    throw DistError("[ShardedUnits] the ranks hold different bytes for the tensors to shard" +
+                    diff.str());
+}
+
+// Keeps this rank's bytes of laid-out unit `u`, empties the module's
+// tensors, and hooks its forward.
+void ShardedUnits::State::take_shard(Unit&& laid, const std::shared_ptr<State>& self) {
+  Unit& u = units.emplace_back(std::move(laid));
+  for (const std::string& n : u.names) names.push_back(n);
+  full += u.bytes;
+  kept += u.shard_bytes;
+  const Device dev = u.tensors[0].device();
+  u.shard = zeros({int64_t(u.shard_bytes)}, {.dtype = DType::u8, .device = dev});
+  const std::size_t lo = std::size_t(group_rank) * u.shard_bytes, hi = lo + u.shard_bytes;
+  char* dst = static_cast<char*>(u.shard.raw_data());
+  for (std::size_t k = 0; k < u.tensors.size(); ++k) {
+    const Tensor& t = u.tensors[k];
+    const std::size_t a = std::max(lo, u.offsets[k]);
+    const std::size_t b = std::min(hi, u.offsets[k] + t.nbytes());
+    if (a < b)
+      copy_bytes(dst + (a - lo), dev, static_cast<const char*>(t.raw_data()) + (a - u.offsets[k]),
+                 t.device(), b - a);
+  }
+  release(u);
   // Its NCCL communicator now, on this thread, not at the first gather on
   // the worker thread.
-  for (const auto& u : st.units)
-    if (!u.tensors.empty()) st.group->connect(u.tensors[0].device());
+  if (connected.insert(dev.str()).second) group->connect(dev);
+  const std::size_t i = units.size() - 1;
+  std::weak_ptr<State> weak = self;
+  u.hook_id = u.module->add_forward_hooks(
+      [weak, i](Module&) {
+        if (auto s = weak.lock()) s->before(i);
+      },
+      [weak, i](Module&) {
+        if (auto s = weak.lock()) s->after(i);
+      });
+}
+
+ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, ShardOptions options)
+    : state_(std::make_shared<State>(options)) {
+  check_granule(options);
+  State& st = *state_;
+  st.root = &root;
+  st.origin = &group;
+  st.group_size = group.size();
+  st.group_rank = group.rank();
+  st.group = group.clone("shard");
   st.comm = std::make_unique<quanta::detail::SerialWorker>();
-  for (std::size_t i = 0; i < st.units.size(); ++i) {
-    std::weak_ptr<State> weak = state_;
-    st.units[i].hook_id = st.units[i].module->add_forward_hooks(
-        [weak, i](Module&) {
-          if (auto s = weak.lock()) s->before(i);
-        },
-        [weak, i](Module&) {
-          if (auto s = weak.lock()) s->after(i);
-        });
+}
+
+ShardedUnits::ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::string> units,
+                           ShardOptions options)
+    : ShardedUnits(root, group, options) {
+  State& st = *state_;
+  // Every unit laid out and checked before any is cut: a refusal leaves
+  // the module whole.
+  for (std::size_t i = 0; i < units.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (const auto refusal = overlap(units[i], units[j])) throw std::invalid_argument(*refusal);
+  std::vector<State::Unit> laid;
+  std::string layout;
+  for (const std::string& name : units) {
+    State::Unit u = st.lay_out(name, layout);
+    if (!u.tensors.empty()) laid.push_back(std::move(u));  // nothing to shard: it runs as it is
   }
+  st.check_same(group, laid, layout);
+  for (State::Unit& u : laid) st.take_shard(std::move(u), state_);
+}
+
+void ShardedUnits::shard(const std::string& unit) {
+  State& st = *state_;
+  if (!st.sharded) throw std::logic_error("[ShardedUnits] shard('" + unit + "') after unshard()");
+  std::string layout;
+  State::Unit u = st.lay_out(unit, layout);
+  if (u.tensors.empty()) return;
+  st.check_same(*st.origin, {u}, layout);
+  st.take_shard(std::move(u), state_);
+}
+
+std::vector<std::string> ShardedUnits::unit_names() const {
+  std::vector<std::string> out;
+  for (const State::Unit& u : state_->units) out.push_back(u.name);
+  return out;
 }
 
 ShardedUnits::~ShardedUnits() {

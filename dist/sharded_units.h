@@ -57,6 +57,19 @@ class ShardedUnits {
    * and the ranks that hold them. `group` and `root` must outlive this. */
   ShardedUnits(Module& root, ProcessGroup& group, std::vector<std::string> units,
                ShardOptions options = {});
+  /** The one-at-a-time form, for a loader that makes a model a unit at a
+   * time (apply_qlora's on_layer_converted): nothing is sharded until
+   * shard(unit) is called for each unit, so that a rank never holds more
+   * than its shards and the unit being made. Collective. */
+  ShardedUnits(Module& root, ProcessGroup& group, ShardOptions options = {});
+  /** Shards one more unit of `root` as the list constructor shards each
+   * (its bytes checked equal on every rank, then cut), after those before
+   * it in forward order. Collective; call it before any unit's forward.
+   * Refuses a unit already sharded or nested in one. */
+  void shard(const std::string& unit);
+  /** The units sharded, in forward order (those without buffers left out). */
+  std::vector<std::string> unit_names() const;
+
   /** Removes the hooks; units still sharded stay empty (unshard() first to
    * keep using the module). */
   ~ShardedUnits();

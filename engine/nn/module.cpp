@@ -295,7 +295,14 @@ LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
 }
 
 void Module::reload_host_state() {
-  read_host_state();
+  // Buffers held elsewhere for now (sharded across ranks: dist::ShardedUnits
+  // empties them between forwards) come back as they left: the state read
+  // while they were here stands.
+  const bool away = std::any_of(buffers_.begin(), buffers_.end(), [](const Entry& b) {
+    return b.tensor.defined() && b.tensor.nbytes() > 0 &&
+           (!b.tensor.storage() || b.tensor.storage()->nbytes() == 0);
+  });
+  if (!away) read_host_state();
   for (auto& [name, child] : children_) child->reload_host_state();
 }
 

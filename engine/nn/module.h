@@ -165,7 +165,9 @@ class Module {
   /** Modules that keep a host copy of a buffer's value (a flag the forward
    * consults, so that a step on a GPU need not read the device) re-read it,
    * on this module and every descendant. load_state_dict and DataParallel's
-   * broadcasts call it; call it after writing such a buffer any other way. */
+   * broadcasts call it; call it after writing such a buffer any other way.
+   * A module whose buffers are away (emptied by dist::ShardedUnits between
+   * its forwards) keeps what it read while they were here. */
   void reload_host_state();
 
  protected:

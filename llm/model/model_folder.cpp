@@ -160,6 +160,16 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device,
   // so that CausalLM reports it as it always has).
   std::map<std::string, Shape> deferrable;
   if (options.defer_layer_weights) {
+    // A config of more layers than the files hold is refused before its
+    // names are listed (a billion layers would not fit in memory).
+    std::vector<std::string> names;
+    for (const std::string& stored : files->names())
+      names.push_back(*decoder_weight_name(config, stored));
+    try {
+      CausalLM::check_layer_count(config, names);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(dir + ": " + e.what());
+    }
     const std::string layers = config.decoder_module() + ".layers.";
     for (const auto& [name, shape] : CausalLM::expected_weights(config))
       if (name.starts_with(layers) && name.ends_with(".weight") && shape.size() == 2)

@@ -443,16 +443,36 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       lora.init = quant::LoRAInit::kaiming_uniform;
       break;
   }
+  // Each decoder layer's slots left to finish, for on_layer_converted: a
+  // slot is finished when replaced, or for LoftQ when its correction ran.
+  const std::vector<std::string> decoder_layers = model.layer_names();
+  std::vector<std::size_t> layer_of(slots.size(), decoder_layers.size());
+  std::vector<std::size_t> unfinished(decoder_layers.size(), 0);
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    for (std::size_t l = 0; l < decoder_layers.size(); ++l)
+      if (slots[i].name.starts_with(decoder_layers[l] + ".")) {
+        layer_of[i] = l;
+        ++unfinished[l];
+      }
+  std::size_t next_announced = 0;
+  const auto finished = [&](std::size_t slot) {
+    if (layer_of[slot] < unfinished.size()) --unfinished[layer_of[slot]];
+    while (o.on_layer_converted && next_announced < unfinished.size() &&
+           unfinished[next_announced] == 0)
+      o.on_layer_converted(decoder_layers[next_announced++]);
+  };
   // LoftQ's layers with their float weights, decomposed a thread's worth
   // at a time (each error is a layer's size on the host).
   std::vector<std::pair<quant::LoRALinear*, Tensor>> loftq;
-  std::vector<std::size_t> loftq_layers;
+  std::vector<std::size_t> loftq_layers, loftq_slots;
   const auto run_loftq = [&] {
     const std::vector<quant::QuantizationErrorChange> errors = quant::loftq_init(loftq);
     for (std::size_t j = 0; j < errors.size(); ++j)
       report.layers[loftq_layers[j]].quantization_error = errors[j];
     loftq.clear();
     loftq_layers.clear();
+    for (std::size_t slot : loftq_slots) finished(slot);
+    loftq_slots.clear();
   };
   // PiSSA's and OLoRA's starts, a thread's worth of layers decomposed at a
   // time, before those layers' bases are quantized from the residuals.
@@ -504,6 +524,7 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
       if (o.lora.init_lora_weights == LoraInit::loftq) {
         loftq.emplace_back(adapted.get(), s.linear->weight().detach());
         loftq_layers.push_back(report.layers.size());
+        loftq_slots.push_back(i);
       }
       if (const auto given = o.given_lora_A.find(s.name); given != o.given_lora_A.end())
         adapted->set_adapters(given->second, adapted->lora_B());
@@ -521,7 +542,9 @@ QLoRAReport convert_layers(CausalLM& model, const QLoRAOptions& o) {
     }
     s.parent->replace_module(s.child, replacement);
     report.layers.push_back(layer);
+    const bool corrected_later = !loftq_slots.empty() && loftq_slots.back() == i;
     if (loftq.size() == std::size_t(num_threads())) run_loftq();
+    if (!corrected_later) finished(i);
   }
   if (!loftq.empty()) run_loftq();
   if (!model.deferred_weights().empty())

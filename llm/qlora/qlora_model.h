@@ -7,6 +7,7 @@
 // lm_head stay in the model's dtype and, like the bases, are frozen: the
 // adapters are the only trainable tensors.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,12 @@ struct QLoRAOptions {
    * device). An adapted layer without one is refused, unless stored_starts
    * gives its start. */
   std::map<std::string, Tensor> corda_covariances{};
+  /** Called with each decoder layer's name ("model.layers.3"), in model
+   * order, as soon as its linear layers hold their final 4-bit bases
+   * (LoftQ's corrections included) and adapters: for a loader that shards
+   * each layer as it is made (dist::ShardedUnits::shard), so that a rank
+   * never holds the whole base. */
+  std::function<void(const std::string& layer)> on_layer_converted{};
 };
 
 /** One converted linear layer. */

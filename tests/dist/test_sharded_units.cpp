@@ -4,7 +4,8 @@
 // 2, 3 and 4 ranks and on sim; the module's buffers are empty between
 // forwards; prefetching follows forward and recomputing-backward orders;
 // ranks with other bytes are named before anything is sharded; DataParallel
-// shards through shard_units.
+// shards through shard_units; units sharded one at a time (as a loader makes
+// them) are the list form's shards, and DataParallel takes them as they are.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -217,4 +218,59 @@ TEST_CASE("DataParallel with shard_units: sharded buffers are checked, not broad
   });
   for (int r = 0; r < 2; ++r)
     CHECK(errors[r].find("buffer 'u1.codes' is outside the sharded units") != std::string::npos);
+}
+
+TEST_CASE("units sharded one at a time are the list's shards, and DataParallel takes them") {
+  for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+    CAPTURE(dev.str());
+    auto errors = run_ranks(3, [&](ProcessGroup& g) {
+      auto m = std::make_shared<Model>(3, dev);
+      Model whole(3, dev);
+      ShardedUnits listed(whole, g, whole.names(), {.granule_bytes = 64});
+      auto one_by_one = std::make_shared<ShardedUnits>(*m, g, ShardOptions{.granule_bytes = 64});
+      CHECK(one_by_one->unit_names().empty());
+      one_by_one->shard("u0");
+      // Only the unit sharded is away; the others are still being made.
+      for (const Tensor& b : m->layers[0]->buffers()) CHECK(b.storage()->nbytes() == 0);
+      for (const Tensor& b : m->layers[1]->buffers()) CHECK(b.storage()->nbytes() == b.nbytes());
+      one_by_one->shard("u1");
+      one_by_one->shard("u2");
+      CHECK(one_by_one->unit_names() == m->names());
+      CHECK(one_by_one->tensor_names() == listed.tensor_names());
+      CHECK(one_by_one->full_bytes() == listed.full_bytes());
+      CHECK(one_by_one->shard_bytes() == listed.shard_bytes());
+      CHECK_THROWS_WITH_AS(one_by_one->shard("u1"), doctest::Contains("'u1' is listed twice"),
+                           std::invalid_argument);
+      DataParallel dp(m, g, {.broadcast_buffers = false, .sharded_units = one_by_one});
+      CHECK(dp.sharded() == one_by_one.get());
+      for (int i = 0; i < 3; ++i) {
+        (*m->layers[i])(zeros({1}));
+        CHECK(m->layers[i]->seen == reference(i, dev));
+      }
+      dp.finish_step();
+      dp.unshard();
+      for (int i = 0; i < 3; ++i)
+        CHECK(bytes_of(m->layers[i]->buffers()[0]) == reference(i, dev)[0]);
+    });
+    REQUIRE(all_ok(errors));
+  }
+  // A rank whose unit holds other bytes is named when that unit is sharded.
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Model m(2, Device::cpu(), g.rank() == 1 ? 1 : 0);
+    ShardedUnits s(m, g);
+    s.shard("u0");
+    s.shard("u1");
+  });
+  for (int r = 0; r < 2; ++r) CHECK(errors[r].find("'u1.codes': rank 1") != std::string::npos);
+  // DataParallel refuses shard_units that name other units than it is given.
+  errors = run_ranks(2, [&](ProcessGroup& g) {
+    auto m = std::make_shared<Model>(2, Device::cpu());
+    auto s = std::make_shared<ShardedUnits>(*m, g);
+    s->shard("u0");
+    DataParallel dp(m, g,
+                    {.broadcast_buffers = false, .shard_units = {"u0", "u1"}, .sharded_units = s});
+  });
+  for (int r = 0; r < 2; ++r)
+    CHECK(errors[r].find("shard_units names other units than sharded_units holds") !=
+          std::string::npos);
 }

@@ -592,3 +592,36 @@ TEST_CASE("forward hooks run around operator() and a ForwardScope, again in a re
   (*lin)(x);
   CHECK(log == std::vector<std::string>{"after 2"});
 }
+
+namespace {
+// Keeps a host copy of its buffer's value, as NF4Linear keeps its offset.
+struct HostCopy : Module {
+  Tensor value;
+  float seen = 0;
+  int reads = 0;
+  HostCopy() : Module("HostCopy") { value = register_buffer("value", full({1}, 2.5)); }
+  void read_host_state() override {
+    ++reads;
+    seen = float(value.item());
+  }
+};
+}  // namespace
+
+TEST_CASE("reload_host_state re-reads present buffers and keeps the state of buffers away") {
+  auto parent = std::make_shared<Sequential>(std::make_shared<HostCopy>());
+  auto& m = dynamic_cast<HostCopy&>(*parent->named_children()[0].second);
+  copy_(m.value, full({1}, 4.0));
+  parent->reload_host_state();
+  CHECK(m.reads == 1);
+  CHECK(m.seen == 4.0f);
+  // Emptied as dist::ShardedUnits empties a unit between its forwards: the
+  // bytes are elsewhere, reading them would read nothing.
+  const std::shared_ptr<Storage> kept = m.value.storage();
+  m.value.impl()->storage = std::make_shared<Storage>(0, Device::cpu());
+  parent->reload_host_state();
+  CHECK(m.reads == 1);
+  CHECK(m.seen == 4.0f);
+  m.value.impl()->storage = kept;  // back, as a gather brings them
+  parent->reload_host_state();
+  CHECK(m.reads == 2);
+}

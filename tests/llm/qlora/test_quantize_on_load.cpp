@@ -7,12 +7,16 @@
 // an image-text model's renamed decoder); a device never holds more than the
 // converted model (sim counts its bytes, CUDA's allocator where a GPU is
 // visible); a model with weights still in its
-// files refuses to run, naming one.
+// files refuses to run, naming one; on several ranks, each layer sharded as
+// it is converted (QLoRAOptions::on_layer_converted) leaves a rank its
+// shards, never the whole 4-bit base, and the same logits.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
+#include "dist/ranks.h"
+#include "dist/sharded_units.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/io/safetensors.h"
@@ -24,6 +28,7 @@
 #include "random_windows.h"
 #include "support/gpu.h"
 #include "support/relative_error.h"
+#include "support/temp_dir.h"
 #include "support/test_data.h"
 
 using namespace quanta;
@@ -182,4 +187,67 @@ TEST_CASE("weights still in their files: no forward, and read on request") {
       llm::load_base_model(quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"),
                            Device::cpu(), std::nullopt, {.defer_layer_weights = true});
   CHECK(four_bit->deferred_weights().empty());
+}
+
+TEST_CASE("on 2 ranks, layers sharded as they are converted: a rank never holds the whole base") {
+  // Layers whose bytes dwarf the shards' granules (256 bytes a tensor).
+  llm::DecoderConfig c;
+  c.vocab_size = 64, c.hidden_size = 128, c.intermediate_size = 256, c.num_hidden_layers = 4;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 32;
+  c.max_position_embeddings = 64;
+  c.rope = {.theta = 10000, .head_dim = 32, .max_position_embeddings = 64};
+  TempDir tmp("quantize_on_load_ranks");
+  const std::string dir = tmp.file("model");
+  {
+    Generator gen(4);
+    llm::save_causal_lm(*llm::CausalLM::random(c, gen), dir);
+  }
+  auto errors = dist::testing::run_ranks(2, [&](dist::ProcessGroup& g) {
+    // A sim device of each rank's own, so that each counts its own bytes.
+    const Device dev = Device::sim(1 + g.rank());
+    const auto held = [&] { return device_stats(dev).allocated_bytes; };
+    // The converted model whole on one rank, from its load on.
+    int64_t whole = 0, unit_bytes = 0, largest_unit = 0;
+    std::vector<float> whole_logits;
+    {
+      const int64_t before = held();
+      auto model = llm::load_causal_lm(dir, dev, {.defer_layer_weights = true});
+      llm::apply_qlora(*model, options("true"));
+      whole = held() - before;
+      whole_logits = logits_of(*model);
+      for (const std::string& layer : model->layer_names()) {
+        int64_t bytes = 0;
+        for (const auto& [name, b] : model->named_buffers())
+          if (name.starts_with(layer + ".")) bytes += int64_t(b.nbytes());
+        unit_bytes += bytes;
+        largest_unit = std::max(largest_unit, bytes);
+      }
+    }
+    reset_device_stats(dev);
+    const int64_t before = held();
+    auto model = llm::load_causal_lm(dir, dev, {.defer_layer_weights = true});
+    dist::ShardedUnits shards(*model, g);
+    llm::QLoRAOptions o = options("true");
+    std::vector<std::string> announced;
+    o.on_layer_converted = [&](const std::string& layer) {
+      announced.push_back(layer);
+      shards.shard(layer);
+    };
+    llm::apply_qlora(*model, o);
+    CHECK(announced == model->layer_names());
+    const int64_t after = held() - before, peak = device_stats(dev).peak_allocated_bytes - before;
+    const int64_t base = int64_t(shards.full_bytes()), kept = int64_t(shards.shard_bytes());
+    MESSAGE("rank " << g.rank() << ": the converted model " << whole << " bytes whole, " << after
+                    << " sharded, peak " << peak << " (its 4-bit layers " << unit_bytes
+                    << " bytes, " << base << " with granules, " << kept << " kept)");
+    CHECK(kept * 2 <= base + 4 * 2 * 256);  // a granule of padding a unit and rank at most
+    // The 4-bit layers' shards in place of the layers; the rest is whole.
+    CHECK(after == whole - unit_bytes + kept);
+    // At most one layer whole (and its shard, as it is cut) beyond that.
+    CHECK(peak <= after + largest_unit + kept / 4 + 2 * 256);
+    CHECK(peak < whole);
+    // Every rank runs the forward (each layer gathered): the same logits.
+    CHECK(logits_of(*model) == whole_logits);
+  });
+  REQUIRE(dist::testing::all_ok(errors));
 }

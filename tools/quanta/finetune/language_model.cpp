@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "commands.h"
+#include "dist/sharded_units.h"
 #include "engine/cpu/parallel.h"
 #include "engine/precision.h"
 #include "engine/text.h"
@@ -608,6 +609,14 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool eva = !from_folder && q.lora.init_lora_weights == llm::LoraInit::eva;
   const bool corda = !from_folder && q.lora.init_lora_weights == llm::LoraInit::corda;
   llm::EvaStarts eva_starts;
+  // With --shard, each decoder layer is sharded as soon as it is converted,
+  // so that a rank never holds the whole 4-bit base (an adapter folder's
+  // layers are sharded after, as its tensors are copied in first).
+  std::shared_ptr<dist::ShardedUnits> shards;
+  if (o.shard && !from_folder) {
+    shards = std::make_shared<dist::ShardedUnits>(*model, group);
+    q.on_layer_converted = [&shards](const std::string& layer) { shards->shard(layer); };
+  }
   const auto conversion_start = std::chrono::steady_clock::now();
   const llm::QLoRAReport report =
       from_folder ? apply_adapter_folder(*model, o.adapters, o.model,
@@ -673,7 +682,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
         << std::defaultfloat << std::setprecision(6);
   }
   const int64_t eval_rows = o.batch_size;
-  if (lead && eval_data && !run->resume) {
+  // A sharded layer's forward is a collective: every rank evaluates then.
+  if ((lead || shards) && eval_data && !run->resume) {
     // In the run's precision, as every evaluation of the loop: comparable.
     const MixedPrecision precision(o.precision == "bf16");
     log << "eval before fine-tuning: "
@@ -731,7 +741,10 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (o.shard) {
     // The decoder layers hold the NF4 bases; frozen state needs no broadcast
     // after the first.
-    s.data_parallel.shard_units = model->layer_names();
+    if (shards)
+      s.data_parallel.sharded_units = shards;
+    else
+      s.data_parallel.shard_units = model->layer_names();
     s.data_parallel.broadcast_buffers = false;
     // And the adapters' averaged gradients and AdamW state: each rank
     // keeps its share.

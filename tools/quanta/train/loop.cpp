@@ -222,7 +222,7 @@ class Loop {
     if (sharded())
       log_ << "sharded: " << dp_->sharded()->full_bytes() << " bytes of frozen base state, "
            << dp_->sharded()->shard_bytes() << " kept per rank, gathered by "
-           << s_.data_parallel.shard_units.size() << " units just in time\n";
+           << dp_->sharded()->unit_names().size() << " units just in time\n";
     if (opt_shards_)
       log_ << "optimizer state and gradients sharded: rank 0 keeps them for "
            << opt_shards_->owned_elements() << " of " << opt_shards_->total_elements()
