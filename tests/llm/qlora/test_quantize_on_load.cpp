@@ -12,6 +12,7 @@
 // shards, never the whole 4-bit base, and the same logits.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,38 @@ TEST_CASE("weights still in their files: no forward, and read on request") {
       llm::load_base_model(quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"),
                            Device::cpu(), std::nullopt, {.defer_layer_weights = true});
   CHECK(four_bit->deferred_weights().empty());
+}
+
+TEST_CASE(
+    "on_layer_converted announces each layer in order, once its base and adapters are final") {
+  // LoftQ corrects a thread's worth of layers at a time after making them:
+  // a layer is announced only after its correction.
+  for (const std::string init : {"true", "loftq", "pissa", "olora"}) {
+    CAPTURE(init);
+    auto model =
+        llm::load_causal_lm(model_dir("llama_gqa"), Device::cpu(), {.defer_layer_weights = true});
+    std::vector<std::string> announced;
+    std::map<std::string, std::vector<uint8_t>> at_announcement;
+    const auto layer_bytes = [&](const std::string& layer) {
+      io::TensorMap tensors;
+      for (const auto& [name, t] : model->named_buffers())
+        if (name.starts_with(layer + ".")) tensors.emplace_back(name, t);
+      for (const auto& [name, t] : model->named_parameters())
+        if (name.starts_with(layer + ".")) tensors.emplace_back(name, t.detach());
+      return io::serialize_safetensors(tensors);
+    };
+    llm::QLoRAOptions o = options(init);
+    o.on_layer_converted = [&](const std::string& layer) {
+      announced.push_back(layer);
+      at_announcement[layer] = layer_bytes(layer);
+    };
+    llm::apply_qlora(*model, o);
+    CHECK(announced == model->layer_names());
+    for (const std::string& layer : announced) {
+      CAPTURE(layer);
+      CHECK(at_announcement[layer] == layer_bytes(layer));
+    }
+  }
 }
 
 TEST_CASE("on 2 ranks, layers sharded as they are converted: a rank never holds the whole base") {
