@@ -19,6 +19,7 @@
 #include "llm/qlora/peft_folder.h"
 #include "llm/text/tokenizer.h"
 #include "quanta.h"
+#include "support/random_llama_folder.h"
 #include "support/test_data.h"
 
 using namespace quanta;
@@ -190,20 +191,14 @@ TEST_CASE("quanta generate: greedy tokens equal transformers' generate") {
       "prompt id 64 at position 1 is outside [0, 64)");
 }
 
+// Llama sizes whose weights are tens of megabytes: what a memory figure can see.
+const quanta::testing::RandomLlama kWide = {
+    .vocab = 8192, .hidden = 512, .intermediate = 1024, .heads = 8, .kv_heads = 8, .head_dim = 64};
+
 TEST_CASE("loading a model folder peaks near the weights' bytes, not twice them") {
   // About 75 MB of f32 weights, written by save_causal_lm.
-  llm::DecoderConfig c;
-  c.vocab_size = 8192, c.hidden_size = 512, c.intermediate_size = 1024, c.num_hidden_layers = 4;
-  c.num_attention_heads = 8, c.num_key_value_heads = 8, c.head_dim = 64;
-  c.max_position_embeddings = 64;
-  c.rope = {.theta = 10000, .head_dim = 64, .max_position_embeddings = 64};
   ScratchDir dir("llm_rss");
-  {
-    Generator gen(9);
-    llm::save_causal_lm(*llm::CausalLM::random(c, gen), dir.file("model"));
-  }
-  const int64_t weights =
-      static_cast<int64_t>(fs::file_size(dir.file("model") + "/model.safetensors"));
+  const int64_t weights = quanta::testing::write_random_llama(dir.file("model"), kWide, 9);
   // meson test sets MALLOC_PERTURB_, whose fill touches every page malloc
   // hands out (the slack of huge-page-aligned blocks too): not what a user
   // runs with.
@@ -233,19 +228,11 @@ TEST_CASE("loading a model folder peaks near the weights' bytes, not twice them"
 TEST_CASE("quantizing a model folder reads a layer at a time: the float model is never whole") {
   // About 46 MB of f32 weights, nearly all in the layers' projections
   // (tied embeddings of 2048 rows).
-  llm::DecoderConfig c;
-  c.vocab_size = 2048, c.hidden_size = 512, c.intermediate_size = 1024, c.num_hidden_layers = 4;
-  c.num_attention_heads = 8, c.num_key_value_heads = 8, c.head_dim = 64;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 64;
-  c.rope = {.theta = 10000, .head_dim = 64, .max_position_embeddings = 64};
   ScratchDir dir("llm_quantize_rss");
-  {
-    Generator gen(9);
-    llm::save_causal_lm(*llm::CausalLM::random(c, gen), dir.file("model"));
-  }
-  const int64_t weights =
-      static_cast<int64_t>(fs::file_size(dir.file("model") + "/model.safetensors"));
+  quanta::testing::RandomLlama sizes = kWide;
+  sizes.vocab = 2048;
+  sizes.tied = true;
+  const int64_t weights = quanta::testing::write_random_llama(dir.file("model"), sizes, 9);
   ::unsetenv("MALLOC_PERTURB_");  // as above: it touches every page malloc hands out
   const CliResult idle = run_quanta({"quantize", models() + "llama_gqa", dir.file("tiny4")});
   const CliResult r = run_quanta({"quantize", dir.file("model"), dir.file("model4")});

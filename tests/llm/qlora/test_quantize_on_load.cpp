@@ -28,6 +28,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "random_windows.h"
 #include "support/gpu.h"
+#include "support/random_llama_folder.h"
 #include "support/relative_error.h"
 #include "support/temp_dir.h"
 #include "support/test_data.h"
@@ -224,17 +225,9 @@ TEST_CASE(
 
 TEST_CASE("on 2 ranks, layers sharded as they are converted: a rank never holds the whole base") {
   // Layers whose bytes dwarf the shards' granules (256 bytes a tensor).
-  llm::DecoderConfig c;
-  c.vocab_size = 64, c.hidden_size = 128, c.intermediate_size = 256, c.num_hidden_layers = 4;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 32;
-  c.max_position_embeddings = 64;
-  c.rope = {.theta = 10000, .head_dim = 32, .max_position_embeddings = 64};
   TempDir tmp("quantize_on_load_ranks");
   const std::string dir = tmp.file("model");
-  {
-    Generator gen(4);
-    llm::save_causal_lm(*llm::CausalLM::random(c, gen), dir);
-  }
+  write_random_llama(dir, {.kv_heads = 2}, 4);
   auto errors = dist::testing::run_ranks(2, [&](dist::ProcessGroup& g) {
     // A sim device of each rank's own, so that each counts its own bytes.
     const Device dev = Device::sim(1 + g.rank());
