@@ -19,8 +19,7 @@ struct RandomLlama {
 
 /** Writes a RandomLlama of `sizes` to folder `dir`; returns the bytes of its
  * model.safetensors. */
-inline int64_t write_random_llama(const std::string& dir, const RandomLlama& sizes,
-                                  uint64_t seed) {
+inline int64_t write_random_llama(const std::string& dir, const RandomLlama& sizes, uint64_t seed) {
   llm::DecoderConfig c;
   c.vocab_size = sizes.vocab, c.hidden_size = sizes.hidden;
   c.intermediate_size = sizes.intermediate, c.num_hidden_layers = sizes.layers;
