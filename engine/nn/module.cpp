@@ -294,14 +294,20 @@ LoadResult Module::load_state_dict(const StateDict& sd, bool strict) {
   return result;
 }
 
+namespace {
+// A tensor whose bytes are elsewhere for now: sharded across ranks
+// (dist::ShardedUnits empties a unit between its forwards) or still in a file
+// (CausalLM::defer_weights). Its shape, dtype and device stand.
+bool bytes_away(const Tensor& t) {
+  return t.defined() && t.nbytes() > 0 && (!t.storage() || t.storage()->nbytes() == 0);
+}
+}  // namespace
+
 void Module::reload_host_state() {
-  // Buffers held elsewhere for now (sharded across ranks: dist::ShardedUnits
-  // empties them between forwards) come back as they left: the state read
-  // while they were here stands.
-  const bool away = std::any_of(buffers_.begin(), buffers_.end(), [](const Entry& b) {
-    return b.tensor.defined() && b.tensor.nbytes() > 0 &&
-           (!b.tensor.storage() || b.tensor.storage()->nbytes() == 0);
-  });
+  // Buffers away come back as they left: the state read while they were
+  // here stands.
+  const bool away = std::any_of(buffers_.begin(), buffers_.end(),
+                                [](const Entry& b) { return bytes_away(b.tensor); });
   if (!away) read_host_state();
   for (auto& [name, child] : children_) child->reload_host_state();
 }
@@ -344,7 +350,18 @@ std::vector<Tensor> all_tensors(const Module& m) {
 }
 }  // namespace
 
+void Module::check_bytes_here(const char* op) const {
+  std::vector<std::pair<std::string, Tensor>> named = named_parameters();
+  for (auto& b : named_buffers()) named.push_back(std::move(b));
+  for (const auto& [name, t] : named)
+    if (bytes_away(t))
+      throw std::invalid_argument("[" + type_name_ + "::" + op + "] '" + name +
+                                  "' holds no bytes here (sharded across ranks, or still in its "
+                                  "file): move or cast the module once they are back");
+}
+
 void Module::to(Device device) {
+  check_bytes_here("to");
   convert_all(all_tensors(*this), [&](const Tensor& t) { return t.to(device); });
 }
 
@@ -355,6 +372,7 @@ void Module::to(DType dtype) {
   std::vector<Tensor> floating;
   for (const Tensor& t : all_tensors(*this))
     if (is_floating(t.dtype())) floating.push_back(t);
+  check_bytes_here("to");
   convert_all(floating, [&](const Tensor& t) { return t.to(dtype); });
 }
 

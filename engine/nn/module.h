@@ -155,11 +155,13 @@ class Module {
   LoadResult load_state_dict(const StateDict& sd, bool strict = true);
 
   /** Moves every parameter and buffer (and gradient) to `device`, keeping
-   * each tensor's identity. */
+   * each tensor's identity. Refuses (std::invalid_argument, naming it) a
+   * tensor whose bytes are elsewhere: sharded away by dist::ShardedUnits, or
+   * still in its file (CausalLM::defer_weights). */
   void to(Device device);
   /** Casts every floating parameter and buffer (and gradient) to the floating
    * `dtype`, keeping each tensor's identity; integer buffers are left as
-   * they are. */
+   * they are. Refuses tensors whose bytes are elsewhere, as to(Device). */
   void to(DType dtype);
 
   /** Modules that keep a host copy of a buffer's value (a flag the forward
@@ -181,6 +183,9 @@ class Module {
     bool persistent = true;
   };
   void check_new_name(const char* op, const std::string& name) const;
+  // Throws naming the first tensor whose bytes are elsewhere (sharded away,
+  // or still in a file): `op` cannot move or cast it.
+  void check_bytes_here(const char* op) const;
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   void collect_state(const std::string& prefix, StateDict& out) const;
   template <class F>

@@ -607,7 +607,7 @@ struct HostCopy : Module {
 };
 }  // namespace
 
-TEST_CASE("reload_host_state re-reads present buffers and keeps the state of buffers away") {
+TEST_CASE("buffers away: reload_host_state keeps their state, to() refuses to move them") {
   auto parent = std::make_shared<Sequential>(std::make_shared<HostCopy>());
   auto& m = dynamic_cast<HostCopy&>(*parent->named_children()[0].second);
   copy_(m.value, full({1}, 4.0));
@@ -621,6 +621,13 @@ TEST_CASE("reload_host_state re-reads present buffers and keeps the state of buf
   parent->reload_host_state();
   CHECK(m.reads == 1);
   CHECK(m.seen == 4.0f);
+  // Nor can it be moved or cast while away: refused, naming it.
+  CHECK(message_of([&] {
+          parent->to(DType::f64);
+        }).find("'0.value' holds no bytes here (sharded across ranks, or still in its file)") !=
+        std::string::npos);
+  CHECK_THROWS_AS(parent->to(Device::sim(0)), std::invalid_argument);
+  CHECK(m.value.device() == Device::cpu());
   m.value.impl()->storage = kept;  // back, as a gather brings them
   parent->reload_host_state();
   CHECK(m.reads == 2);

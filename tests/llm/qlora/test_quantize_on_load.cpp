@@ -173,6 +173,10 @@ TEST_CASE("weights still in their files: no forward, and read on request") {
                        doctest::Contains("14 weights are still in their files, "
                                          "model.layers.0.self_attn.q_proj.weight first"),
                        std::logic_error);
+  CHECK_THROWS_WITH_AS(deferred->to(Device::sim(0)),
+                       doctest::Contains("'model.layers.0.self_attn.q_proj.weight' holds no bytes "
+                                         "here"),
+                       std::invalid_argument);
   // One module's, then the rest.
   deferred->read_deferred_weights("model.layers.1.mlp");
   CHECK(deferred->deferred_weights().size() == 11);
