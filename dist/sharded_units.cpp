@@ -61,8 +61,7 @@ struct ShardedUnits::State {
   ProcessGroup* origin = nullptr;  // the caller's group: shard()'s checks
   int group_size = 1, group_rank = 0;
   std::set<std::string> connected;  // devices whose transport is made
-  std::deque<Unit> units;           // a deque: hooks and pending gathers keep no pointers, but
-                                    // shard() must not move the units a forward is using
+  std::deque<Unit> units;           // shard() appends without moving those before
   std::vector<std::string> names;
   std::size_t full = 0, kept = 0;
   std::shared_ptr<ProcessGroup> group;  // own connections, used from `comm`
@@ -211,9 +210,9 @@ void check_granule(const ShardOptions& options) {
 
 }  // namespace
 
-// Unit `name` of `root` laid out (not yet cut); its tensors' names and
-// layout lines added to `names` and `layout`. Refuses a name that is not a
-// module, or one inside (or around) a unit already taken.
+// Unit `name` of `root` laid out, not yet cut; its layout lines (names,
+// dtypes, shapes) added to `layout`. Refuses a name that is not a module,
+// or one inside (or around) a unit already sharded.
 ShardedUnits::State::Unit ShardedUnits::State::lay_out(const std::string& name,
                                                        std::string& layout) {
   for (const Unit& other : units)
