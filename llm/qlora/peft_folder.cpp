@@ -320,6 +320,7 @@ QLoRAReport apply_peft_adapters(CausalLM& model, const std::string& adapter_dir,
   options.seed = training.seed;
   if (training.lora_dropout) options.lora.lora_dropout = *training.lora_dropout;
   if (training.compute_dtype) options.quantization.compute_dtype = *training.compute_dtype;
+  options.on_layer_converted = training.on_layer_converted;
   options.refuse_unused_settings = false;  // PEFT loads such folders
   options.refuse_unmatched_targets = !image_text;
   const std::string config_path = (fs::path(adapter_dir) / kAdapterConfigFile).string();

@@ -4,6 +4,7 @@
 // PeftModel.save_pretrained writes them and PeftModel.from_pretrained
 // reads them.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -87,6 +88,10 @@ struct AdapterTraining {
   /** The base's compute dtype instead of the folder's bnb_4bit_compute_dtype
    * (the stored bytes and scales do not depend on it). */
   std::optional<DType> compute_dtype{};
+  /** QLoRAOptions::on_layer_converted of the conversion: a loader that
+   * shards each layer as it is made (the folder's tensors are adapter
+   * parameters, copied in after, never the sharded bases). */
+  std::function<void(const std::string& layer)> on_layer_converted{};
 };
 
 /** Applies the adapter folder `adapter_dir` to the model loaded from

@@ -610,10 +610,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   const bool corda = !from_folder && q.lora.init_lora_weights == llm::LoraInit::corda;
   llm::EvaStarts eva_starts;
   // With --shard, each decoder layer is sharded as soon as it is converted,
-  // so that a rank never holds the whole 4-bit base (an adapter folder's
-  // layers are sharded after, as its tensors are copied in first).
+  // so that a rank never holds the whole 4-bit base.
   std::shared_ptr<dist::ShardedUnits> shards;
-  if (o.shard && !from_folder) {
+  if (o.shard) {
     shards = std::make_shared<dist::ShardedUnits>(*model, group);
     q.on_layer_converted = [&shards](const std::string& layer) { shards->shard(layer); };
   }
@@ -622,7 +621,8 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       from_folder ? apply_adapter_folder(*model, o.adapters, o.model,
                                          {.seed = q.seed,
                                           .lora_dropout = q.lora.lora_dropout,
-                                          .compute_dtype = q.quantization.compute_dtype})
+                                          .compute_dtype = q.quantization.compute_dtype,
+                                          .on_layer_converted = q.on_layer_converted})
       : eva       ? llm::apply_qlora_eva(*model, q,
                                          eva_data(train_data, o.eva, o.batch_size, o.seed, o.data, log),
                                          &eva_starts)
