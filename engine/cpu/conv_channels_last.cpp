@@ -12,37 +12,10 @@
 #include "engine/cpu/conv_chunks.h"
 #include "engine/cpu/conv_direct.h"
 #include "engine/cpu/gemm.h"
+#include "engine/cpu/image_transpose.h"
 
 namespace quanta::cpu {
 namespace {
-
-// Transposes go in tiles of kTile x kTile so that both sides stay in cache
-// lines the tile has already touched.
-constexpr int64_t kTile = 16;
-
-// dst [HW, C] = src [C, HW]^T: one image to channels last.
-template <class T>
-void to_channels_last(const T* src, int64_t C, int64_t HW, T* dst) {
-  for (int64_t c0 = 0; c0 < C; c0 += kTile)
-    for (int64_t p0 = 0; p0 < HW; p0 += kTile) {
-      const int64_t c1 = std::min(C, c0 + kTile), p1 = std::min(HW, p0 + kTile);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t c = c0; c < c1; ++c) dst[p * C + c] = src[c * HW + p];
-    }
-}
-
-// dst [C, HW] = src [HW, C]^T + shift[c] (shift may be null): back to planar.
-template <class T>
-void to_planar(const T* src, int64_t C, int64_t HW, const T* shift, T* dst) {
-  for (int64_t c0 = 0; c0 < C; c0 += kTile)
-    for (int64_t p0 = 0; p0 < HW; p0 += kTile) {
-      const int64_t c1 = std::min(C, c0 + kTile), p1 = std::min(HW, p0 + kTile);
-      for (int64_t c = c0; c < c1; ++c) {
-        const T s = shift ? shift[c] : T(0);
-        for (int64_t p = p0; p < p1; ++p) dst[c * HW + p] = src[p * C + c] + s;
-      }
-    }
-}
 
 // Calls tap(p, tap_index, pixel) for every output pixel p of one image and
 // every kernel tap, pixel being the offset of the input pixel (ih * W + iw),

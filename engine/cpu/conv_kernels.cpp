@@ -1,5 +1,6 @@
 // The CPU's convolution kernels (conv2d, its input gradient, which is
-// conv_transpose2d, and its weight gradient): im2col + GEMM over chunks of
+// conv_transpose2d, and its weight gradient). f32 layers that oneDNN serves
+// run through it (conv_onednn.h); the rest here: im2col + GEMM over chunks of
 // images side by side, col2im for the adjoint, whole chunks per thread when
 // there are enough images. Layers with a few channels or more run channels
 // last (conv_channels_last.cpp); this file holds the planar path that the
@@ -14,6 +15,7 @@
 #include "engine/cpu/conv_channels_last.h"
 #include "engine/cpu/conv_chunks.h"
 #include "engine/cpu/conv_direct.h"
+#include "engine/cpu/conv_onednn.h"
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
@@ -212,6 +214,8 @@ void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const vo
         std::fill(static_cast<T*>(out), static_cast<T*>(out) + g.O * g.ckk(), T(0));
       return;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (conv_onednn(kind, g, pa, pb, pbias, static_cast<T*>(out))) return;
     const bool direct = std::is_same_v<T, float> && conv_direct_serves(kind, g);
     if (direct || g.channels_last || channels_last_pays(g))
       conv_channels_last<T>(kind, pa, pb, pbias, static_cast<T*>(out), g, direct);

@@ -9,11 +9,8 @@
 
 #include "engine/cpu/block_cache.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/onednn.h"
 #include "engine/cpu/parallel.h"
-
-#ifdef QUANTA_GEMM_ONEDNN
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -41,13 +38,6 @@ int bf16_gemm_override() {
   const char* v = std::getenv("QUANTA_CPU_BF16_GEMM");
   if (!v || !*v) return -1;
   return std::string(v) == "0" ? 0 : 1;
-}
-
-bool onednn_on_openmp() { return dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP; }
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
 }
 
 // A strided rows x cols operand (one gemm_maps accepts) as the strides of a
@@ -85,7 +75,7 @@ Product make_product(const ProductKey& key) {
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::desc desc(p.a, p.b, p.c);
-  p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, onednn_engine()));
   return p;
 }
 
@@ -205,11 +195,11 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, MatRef<bf16> a, MatRef<bf16> b, 
   const ProductKey key{m, n, k, sa[0], sa[1], sb[0], sb[1], std::max<int64_t>(ldc, n), accumulate};
   try {
     const Product& p = product_for(key);
-    thread_local dnnl::stream stream(cpu_engine());
+    dnnl::stream& stream = onednn_stream();
     // oneDNN takes handles as void*; it only reads the operands.
-    dnnl::memory ma(p.a, cpu_engine(), const_cast<bf16*>(a.p));
-    dnnl::memory mb(p.b, cpu_engine(), const_cast<bf16*>(b.p));
-    dnnl::memory mc(p.c, cpu_engine(), c);
+    dnnl::memory ma(p.a, onednn_engine(), const_cast<bf16*>(a.p));
+    dnnl::memory mb(p.b, onednn_engine(), const_cast<bf16*>(b.p));
+    dnnl::memory mc(p.c, onednn_engine(), c);
     p.primitive.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     stream.wait();
   } catch (const dnnl::error& e) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cpu/conv_direct.h"
+#include "engine/cpu/conv_onednn.h"
 #include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/kernels.h"
 #include "quanta.h"
@@ -96,8 +97,10 @@ TEST_CASE("MixedPrecision: bf16 products in linear, matmul and their backward") 
 TEST_CASE("MixedPrecision: bf16 products in conv2d (im2col path) and its backward") {
   if (!bf16_products_or_skip("bf16_products_forced")) return;
   // The direct AVX-512 kernels multiply in f32 whatever the precision; off,
-  // the convolution goes through im2col and the GEMM.
+  // and oneDNN's kernels off (the case below), the convolution goes through
+  // im2col and the GEMM.
   cpu::conv_direct_enable(false);
+  const bool onednn_was_on = cpu::conv_onednn_enable(false);
   Generator gen(12);
   const Tensor x = randn({8, 32, 16, 16}, gen).requires_grad_(true);
   const Tensor w = randn({64, 32, 3, 3}, gen).requires_grad_(true);
@@ -131,6 +134,69 @@ TEST_CASE("MixedPrecision: bf16 products in conv2d (im2col path) and its backwar
     CHECK(max_rel_diff(w.grad(), wd.grad()) < 1e-4);
   }
   cpu::conv_direct_enable(true);
+  cpu::conv_onednn_enable(onednn_was_on);
+}
+
+TEST_CASE("MixedPrecision: bf16 products in oneDNN's conv2d, forward and input gradient") {
+  if (!bf16_products_or_skip("bf16_products_forced")) return;
+  // enc2 of the main job at batch 64 (51M multiply-adds): its forward and
+  // input gradient multiply bf16-rounded operands; its weight gradient, and
+  // the 1x1 layer below (1.6M), stay f32 (engine/cpu/conv_onednn.cpp).
+  ConvGeom enc2{.N = 64,
+                .C = 32,
+                .H = 14,
+                .W = 14,
+                .O = 32,
+                .kh = 4,
+                .kw = 4,
+                .OH = 7,
+                .OW = 7,
+                .stride = {2, 2},
+                .padding = {1, 1},
+                .dilation = {1, 1},
+                .groups = 1,
+                .channels_last = true,
+                .bf16_products = true};
+  if (cpu::conv_onednn_kernel(ConvKind::forward, enc2).find("bf16") == std::string::npos) {
+    MESSAGE(
+        "skipped: oneDNN has no bf16 convolution kernel for this CPU (or this build has no "
+        "oneDNN): MixedPrecision convolutions multiply in f32 here");
+    return;
+  }
+  CHECK(cpu::conv_onednn_kernel(ConvKind::input_grad, enc2).find("bf16") != std::string::npos);
+  CHECK(cpu::conv_onednn_kernel(ConvKind::weight_grad, enc2).find("bf16") == std::string::npos);
+  Generator gen(13);
+  const ConvLayout nhwc = ConvLayout::nhwc;
+  const Tensor x = randn({64, 14, 14, 32}, gen);
+  const Tensor w = randn({32, 32, 4, 4}, gen).requires_grad_(true);
+  const Tensor g = randn({64, 7, 7, 32}, gen);
+  const Tensor xl = x.detach().requires_grad_(true);
+  Tensor y;
+  {
+    const MixedPrecision mixed;
+    y = conv2d(xl, w, Tensor(), {2, 2}, {1, 1}, {1, 1}, 1, nhwc);
+  }
+  const Tensor want =
+      conv2d(bf16_rounded(x), bf16_rounded(w), Tensor(), {2, 2}, {1, 1}, {1, 1}, 1, nhwc);
+  CHECK(max_rel_diff(y, want) < 1e-5);
+  CHECK(max_rel_diff(y, conv2d(x, w.detach(), Tensor(), {2, 2}, {1, 1}, {1, 1}, 1, nhwc)) > 1e-4);
+  y.backward(g);
+  const Tensor gx = conv_transpose2d(bf16_rounded(g), bf16_rounded(w), Tensor(), {2, 2}, {1, 1},
+                                     {0, 0}, 1, {1, 1}, nhwc);
+  CHECK(max_rel_diff(xl.grad(), gx) < 1e-5);
+  // The weight gradient in f32, as without MixedPrecision: the same bits.
+  const Tensor xf = x.detach(), wf = w.detach().requires_grad_(true);
+  conv2d(xf, wf, Tensor(), {2, 2}, {1, 1}, {1, 1}, 1, nhwc).backward(g);
+  CHECK(max_rel_diff(w.grad(), wf.grad()) == 0.0);
+
+  // The 1x1 layer: f32 products, the bits of an f32 run.
+  const Tensor x4 = randn({64, 7, 7, 32}, gen), w4 = randn({16, 32, 1, 1}, gen);
+  Tensor y4;
+  {
+    const MixedPrecision mixed;
+    y4 = conv2d(x4, w4, Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, nhwc);
+  }
+  CHECK(max_rel_diff(y4, conv2d(x4, w4, Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, nhwc)) == 0.0);
 }
 
 TEST_CASE("MixedPrecision: f64 products and sq_dist stay exact; small products stay f32") {

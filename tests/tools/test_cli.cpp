@@ -217,9 +217,12 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
                                  "add_bf16",
                                  "exp_bf16"};
   names.insert(kConvRows.begin(), kConvRows.end());
-  // bf16 products against f32 ones (size small), where oneDNN is built in.
-  if (cpu::bf16_products_built())
+  // bf16 products against f32 ones (size small), and each convolution with
+  // oneDNN's kernels against ours, where oneDNN is built in.
+  if (cpu::bf16_products_built()) {
     names.insert({"matmul_bf16_128x64x128", "matmul_bf16_128x128x64"});
+    for (const std::string& conv : kConvRows) names.insert(conv + "_onednn");
+  }
   SUBCASE("json") {
     CliResult r = run_quanta({"bench", "engine", "--json", "--repeat", "1", "--size", "small"});
     CAPTURE(r.err);

@@ -132,8 +132,13 @@ TEST_CASE("quanta train --nproc 2 and 3 equal one process (same seed, same globa
         // The recipes' Adam moments hold the rounding noise itself.
         if (tolerance > 1e-5 && name.rfind("optim.", 0) == 0) continue;
         const bool codebook = name.find("._codebook.") != std::string::npos;
+        // Adam's second moment holds squared gradients: twice their relative
+        // rounding (oneDNN's weight gradient of the one-channel transposed
+        // layer, which sums each weight's 6000 terms in its own order, left
+        // fsq's at 1.008e-5 on 2 ranks).
+        const double squared = name.find(".exp_avg_sq") != std::string::npos ? 2 : 1;
         CHECK(max_rel(got.at(name), t) <=
-              (codebook && codebook_tolerance > 0 ? codebook_tolerance : tolerance));
+              squared * (codebook && codebook_tolerance > 0 ? codebook_tolerance : tolerance));
       }
       // The logged losses agree step by step (all-reduced shares).
       const auto a = train::read_metrics(dir.file("one") + "/metrics.jsonl");

@@ -8,6 +8,8 @@
 #include <limits>
 
 #include "engine/cpu/conv_direct.h"
+#include "engine/cpu/conv_onednn.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cuda/runtime.h"
 #include "engine/ops/harness.h"
@@ -339,36 +341,43 @@ TEST_CASE("conv channels last computes the same bits as channels first") {
       {{3, 32, 7, 7}, {32, 32, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, true},
       {{3, 32, 14, 14}, {32, 1, 4, 4}, {.stride = {2, 2}, .padding = {1, 1}}, true},
   };
+  // Our kernels, and oneDNN's where the build has them (f32 layers with one
+  // group run its channels-last primitive between transposes).
+  const bool onednn_was_on = cpu::conv_onednn_enable(false);
   uint64_t seed = 300;
-  for (const DType dt : {DType::f32, DType::f64})
-    for (const Layer& l : layers) {
-      const std::string what = std::string(dtype_name(dt)) + " " + shape_str(l.x);
-      CAPTURE(what);
-      const Tensor x = make_input(l.x, Domain::any, seed++).to(dt);
-      const Tensor w = make_input(l.w, Domain::any, seed++).to(dt);
-      const Tensor b = make_input({l.transposed ? l.w[1] : l.w[0]}, Domain::any, seed++).to(dt);
-      auto run = [&](ConvLayout layout) {
-        ConvArgs a = l.a;
-        a.layout = layout;
-        const Tensor xl = from_nchw(x, a).detach().requires_grad_();
-        const Tensor wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
-        const Tensor y = l.transposed
-                             ? conv_transpose2d(xl, wl, bl, a.stride, a.padding, a.output_padding,
-                                                1, a.dilation, layout)
-                             : conv2d(xl, wl, bl, a.stride, a.padding, a.dilation, 1, layout);
-        const Tensor g = from_nchw(make_input(to_nchw(y, a).shape(), Domain::any, 7).to(dt), a);
-        sum(mul(y, g)).backward();
-        return std::vector<Tensor>{to_nchw(y.detach(), a), to_nchw(xl.grad(), a), wl.grad(),
-                                   bl.grad()};
-      };
-      const std::vector<Tensor> first = run(ConvLayout::nchw), last = run(ConvLayout::nhwc);
-      const bool one_channel = (l.transposed ? l.w[1] : l.x[1]) == 1;
-      const double eps = dt == DType::f32 ? 1e-5 : 1e-12;
-      for (size_t i = 0; i < 4; ++i) {
-        const double tol = i == 3 || one_channel ? eps * (1 + max(abs(first[i])).item()) : 0.0;
-        CHECK(max_abs_diff(first[i], last[i]) <= tol);
+  for (const bool onednn : {false, true})
+    for (const DType dt : {DType::f32, DType::f64})
+      for (const Layer& l : layers) {
+        cpu::conv_onednn_enable(onednn);
+        const std::string what =
+            std::string(dtype_name(dt)) + " " + shape_str(l.x) + (onednn ? " oneDNN" : "");
+        CAPTURE(what);
+        const Tensor x = make_input(l.x, Domain::any, seed++).to(dt);
+        const Tensor w = make_input(l.w, Domain::any, seed++).to(dt);
+        const Tensor b = make_input({l.transposed ? l.w[1] : l.w[0]}, Domain::any, seed++).to(dt);
+        auto run = [&](ConvLayout layout) {
+          ConvArgs a = l.a;
+          a.layout = layout;
+          const Tensor xl = from_nchw(x, a).detach().requires_grad_();
+          const Tensor wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
+          const Tensor y = l.transposed
+                               ? conv_transpose2d(xl, wl, bl, a.stride, a.padding, a.output_padding,
+                                                  1, a.dilation, layout)
+                               : conv2d(xl, wl, bl, a.stride, a.padding, a.dilation, 1, layout);
+          const Tensor g = from_nchw(make_input(to_nchw(y, a).shape(), Domain::any, 7).to(dt), a);
+          sum(mul(y, g)).backward();
+          return std::vector<Tensor>{to_nchw(y.detach(), a), to_nchw(xl.grad(), a), wl.grad(),
+                                     bl.grad()};
+        };
+        const std::vector<Tensor> first = run(ConvLayout::nchw), last = run(ConvLayout::nhwc);
+        const bool one_channel = (l.transposed ? l.w[1] : l.x[1]) == 1;
+        const double eps = dt == DType::f32 ? 1e-5 : 1e-12;
+        for (size_t i = 0; i < 4; ++i) {
+          const double tol = i == 3 || one_channel ? eps * (1 + max(abs(first[i])).item()) : 0.0;
+          CHECK(max_abs_diff(first[i], last[i]) <= tol);
+        }
       }
-    }
+  cpu::conv_onednn_enable(onednn_was_on);
 }
 
 TEST_CASE("pooling and upsampling through the harness") {
@@ -713,6 +722,8 @@ TEST_CASE("conv f32: the direct kernels match the GEMM path and the f64 result")
        true,
        false},
   };
+  // Our kernels alone: oneDNN's are off (the case below compares them).
+  const bool onednn_was_on = cpu::conv_onednn_enable(false);
   const int threads = num_threads();
   uint64_t seed = 200;
   for (const Layer& l : layers) {
@@ -753,4 +764,138 @@ TEST_CASE("conv f32: the direct kernels match the GEMM path and the f64 result")
     CHECK(same_bits(one.y, two.y));
   }
   set_num_threads(threads);
+  cpu::conv_onednn_enable(onednn_was_on);
+}
+
+TEST_CASE("conv f32: oneDNN's kernels match ours and the f64 result") {
+  // f32 layers that oneDNN runs with one of its optimised kernels go through
+  // it (engine/cpu/conv_onednn.h); off, the same layers take our kernels.
+  if (!cpu::bf16_products_built()) {
+    MESSAGE("skipped: this build has no oneDNN, so every convolution takes our own kernels");
+    return;
+  }
+  struct Layer {
+    const char* name;
+    Shape x, w;
+    ConvArgs a;
+    bool transposed;
+  };
+  const ConvArgs s2p1{.stride = {2, 2}, .padding = {1, 1}, .layout = ConvLayout::nhwc};
+  const std::vector<Layer> layers = {
+      {"enc1 (one input channel)", {4, 28, 28, 1}, {32, 1, 4, 4}, s2p1, false},
+      {"enc2", {4, 14, 14, 32}, {32, 32, 4, 4}, s2p1, false},
+      {"enc3",
+       {3, 7, 7, 32},
+       {32, 32, 3, 3},
+       {.padding = {1, 1}, .layout = ConvLayout::nhwc},
+       false},
+      {"enc4 (1x1)", {3, 7, 7, 32}, {16, 32, 1, 1}, {.layout = ConvLayout::nhwc}, false},
+      {"dec1",
+       {3, 7, 7, 16},
+       {32, 16, 3, 3},
+       {.padding = {1, 1}, .layout = ConvLayout::nhwc},
+       false},
+      {"dec2 (transposed)", {3, 7, 7, 32}, {32, 32, 4, 4}, s2p1, true},
+      {"dec3 (transposed to one channel)", {3, 14, 14, 32}, {32, 1, 4, 4}, s2p1, true},
+      {"enc2 channels first",
+       {3, 32, 14, 14},
+       {32, 32, 4, 4},
+       {.stride = {2, 2}, .padding = {1, 1}},
+       false},
+      {"two groups, channels first",
+       {2, 8, 9, 9},
+       {6, 4, 3, 3},
+       {.padding = {1, 1}, .groups = 2},
+       false},
+      {"dilated, strided unevenly",
+       {2, 6, 5, 48},
+       {48, 48, 3, 2},
+       {.stride = {2, 1}, .padding = {2, 0}, .dilation = {1, 2}, .layout = ConvLayout::nhwc},
+       false},
+      {"a stride that drops the last row",
+       {2, 16, 16, 8},
+       {16, 8, 3, 3},
+       {.stride = {2, 2}, .layout = ConvLayout::nhwc},
+       false},
+      {"transposed with output padding",
+       {2, 5, 5, 16},
+       {16, 8, 3, 3},
+       {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}, .layout = ConvLayout::nhwc},
+       true},
+  };
+  uint64_t seed = 900;
+  for (const Layer& l : layers) {
+    const std::string name = l.name;
+    CAPTURE(name);
+    const ConvArgs a = l.a;
+    auto op = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+      return l.transposed ? conv_transpose2d(x, w, b, a.stride, a.padding, a.output_padding,
+                                             a.groups, a.dilation, a.layout)
+                          : conv2d(x, w, b, a.stride, a.padding, a.dilation, a.groups, a.layout);
+    };
+    const Tensor x = make_input(l.x, Domain::any, seed++);
+    const Tensor w = make_input(l.w, Domain::any, seed++);
+    const Tensor b = make_input({l.transposed ? l.w[1] * a.groups : l.w[0]}, Domain::any, seed++);
+    const Tensor g = make_input(op(x, w, b).shape(), Domain::any, seed++);
+    const ConvResults f64 = conv_results(op, x, w, b, g, DType::f64);
+    const bool was_on = cpu::conv_onednn_enable(false);
+    const ConvResults ours = conv_results(op, x, w, b, g, DType::f32);
+    cpu::conv_onednn_enable(true);
+    const ConvResults onednn = conv_results(op, x, w, b, g, DType::f32);
+    const ConvResults again = conv_results(op, x, w, b, g, DType::f32);
+    cpu::conv_onednn_enable(was_on);
+    auto near = [](const Tensor& t, const Tensor& ref) {
+      return max_abs_diff(t, ref) < 2e-5 * (1 + max(abs(ref)).item());
+    };
+    CHECK(near(onednn.y, f64.y));
+    CHECK(near(onednn.gx, f64.gx));
+    CHECK(near(onednn.gw, f64.gw));
+    CHECK(near(onednn.y, ours.y));
+    CHECK(near(onednn.gx, ours.gx));
+    CHECK(near(onednn.gw, ours.gw));
+    // A run repeats the last one bit for bit.
+    CHECK(same_bits(onednn.y, again.y));
+    CHECK(same_bits(onednn.gx, again.gx));
+    CHECK(same_bits(onednn.gw, again.gw));
+  }
+}
+
+TEST_CASE("conv f32: which layers oneDNN takes") {
+  if (!cpu::bf16_products_built()) {
+    MESSAGE("skipped: this build has no oneDNN");
+    return;
+  }
+  // The main job's enc2 (channels last, batch 64) and its last transposed
+  // convolution (the input gradient of a conv2d with one input channel).
+  ConvGeom enc2{.N = 64,
+                .C = 32,
+                .H = 14,
+                .W = 14,
+                .O = 32,
+                .kh = 4,
+                .kw = 4,
+                .OH = 7,
+                .OW = 7,
+                .stride = {2, 2},
+                .padding = {1, 1},
+                .dilation = {1, 1},
+                .groups = 1,
+                .channels_last = true};
+  ConvGeom dec3 = enc2;
+  dec3.C = 1, dec3.H = dec3.W = 28, dec3.OH = dec3.OW = 14;
+  const bool was_on = cpu::conv_onednn_enable(true);
+  for (const ConvKind kind : {ConvKind::forward, ConvKind::input_grad, ConvKind::weight_grad}) {
+    CAPTURE(conv_op_name(kind));
+    const std::string kernel = cpu::conv_onednn_kernel(kind, enc2);
+    CAPTURE(kernel);
+    CHECK(!kernel.empty());
+    CHECK(kernel.rfind("ref", 0) != 0);
+  }
+  // Measured slower than ours there (engine/cpu/conv_onednn.cpp).
+  CHECK(cpu::conv_onednn_kernel(ConvKind::input_grad, dec3).empty());
+  CHECK(!cpu::conv_onednn_kernel(ConvKind::weight_grad, dec3).empty());
+  // Off, nothing is oneDNN's.
+  cpu::conv_onednn_enable(false);
+  CHECK(cpu::conv_onednn_kernel(ConvKind::forward, enc2).empty());
+  cpu::conv_onednn_enable(was_on);
 }

@@ -6,10 +6,15 @@
 // takes for the same FLOPs, timed in turns with the layer so the machine's
 // load hits both alike: ratio 1 means the layer runs at the GEMM's rate.
 // On the CPU the activations are channels last, as the VQ-VAE keeps them;
-// on a GPU channels first, the CUDA kernels' layout.
+// on a GPU channels first, the CUDA kernels' layout. On a CPU whose build
+// has oneDNN, each layer also gets a row <layer>_onednn: the same step
+// against itself with oneDNN's kernels off (our own kernels), timed in the
+// same turns: below 1 where oneDNN's are the faster ones.
 #include <cmath>
 
 #include "bench.h"
+#include "engine/cpu/conv_onednn.h"
+#include "engine/cpu/gemm_bf16.h"
 #include "quanta.h"
 
 namespace quanta::cli {
@@ -81,13 +86,26 @@ std::vector<BenchRow> bench_conv(const BenchOptions& o, Generator& gen,
                                       {1, 1}, 1, layout);
         y.backward(ones_like(y));
       };
-      const std::vector<double> ms =
-          interleaved_ms(o.repeat, calls, {step, [&] { Tensor c = matmul(a, b); }}, sync);
+      const bool both = !gpu && cpu::bf16_products_built();
+      auto ours = [&] {
+        const bool was_on = cpu::conv_onednn_enable(false);
+        step();
+        cpu::conv_onednn_enable(was_on);
+      };
+      std::vector<std::function<void()>> runs{step, [&] { Tensor c = matmul(a, b); }};
+      if (both) runs.push_back(ours);
+      const std::vector<double> ms = interleaved_ms(o.repeat, calls, runs, sync);
       const double flops = pass_flops(l, batch) * (l.input_grad ? 3 : 2);  // fwd + bwd
       BenchRow row{l.name};
       row.ms = ms[0];
       row.floor_ms = ms[1] * flops / gemm_flops;
       rows.push_back(row);
+      if (both) {
+        BenchRow against{std::string(l.name) + "_onednn"};
+        against.ms = ms[0];
+        against.floor_ms = ms[2];
+        rows.push_back(against);
+      }
     } catch (const std::exception& e) {
       if (!gpu) throw;  // every CPU kernel exists: a failure there is a bug
       rows.push_back(unavailable_row(l.name, e.what()));
