@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -183,13 +182,7 @@ ConvPrimitive make_primitive(const ConvKey& k) {
 }
 
 const ConvPrimitive& primitive_for(const ConvKey& key) {
-  // Bounded: a workload with ever new shapes rebuilds instead of growing.
-  constexpr size_t kMaxKept = 256;
-  thread_local std::map<ConvKey, ConvPrimitive> kept;
-  auto it = kept.find(key);
-  if (it != kept.end()) return it->second;
-  if (kept.size() >= kMaxKept) kept.clear();
-  return kept.emplace(key, make_primitive(key)).first->second;
+  return kept_primitive<ConvKey, ConvPrimitive>(key, make_primitive);
 }
 
 bool path_open() { return enabled().load(std::memory_order_relaxed) && onednn_on_openmp(); }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -49,7 +48,7 @@ dnnl::memory::dims plain_strides(int64_t rows, int64_t cols, int64_t rs, int64_t
 }
 
 // One matmul primitive per shape, layout and accumulation, made once per
-// thread (a primitive's creation runs oneDNN's JIT: far dearer than a call).
+// thread (kept_primitive).
 struct ProductKey {
   int64_t m, n, k, ars, acs, brs, bcs, ldc;
   bool accumulate;
@@ -87,13 +86,7 @@ Product make_product(const ProductKey& key) {
 constexpr int64_t kAddAfterElements = int64_t{1} << 18;
 
 const Product& product_for(const ProductKey& key) {
-  // Bounded: a workload with ever new shapes rebuilds instead of growing.
-  constexpr size_t kMaxKept = 256;
-  thread_local std::map<ProductKey, Product> kept;
-  auto it = kept.find(key);
-  if (it != kept.end()) return it->second;
-  if (kept.size() >= kMaxKept) kept.clear();
-  return kept.emplace(key, make_product(key)).first->second;
+  return kept_primitive<ProductKey, Product>(key, make_product);
 }
 #endif
 

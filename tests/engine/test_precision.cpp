@@ -16,6 +16,7 @@
 #include "quanta.h"
 #include "support/bf16_products.h"
 #include "support/gpu.h"
+#include "support/main_job_conv.h"
 #include "support/relative_error.h"
 
 using namespace quanta;
@@ -142,21 +143,7 @@ TEST_CASE("MixedPrecision: bf16 products in oneDNN's conv2d, forward and input g
   // enc2 of the main job at batch 64 (51M multiply-adds): its forward and
   // input gradient multiply bf16-rounded operands; its weight gradient, and
   // the 1x1 layer below (1.6M), stay f32 (engine/cpu/conv_onednn.cpp).
-  ConvGeom enc2{.N = 64,
-                .C = 32,
-                .H = 14,
-                .W = 14,
-                .O = 32,
-                .kh = 4,
-                .kw = 4,
-                .OH = 7,
-                .OW = 7,
-                .stride = {2, 2},
-                .padding = {1, 1},
-                .dilation = {1, 1},
-                .groups = 1,
-                .channels_last = true,
-                .bf16_products = true};
+  const ConvGeom enc2 = quanta::testing::main_job_enc2(true);
   if (cpu::conv_onednn_kernel(ConvKind::forward, enc2).find("bf16") == std::string::npos) {
     MESSAGE(
         "skipped: oneDNN has no bf16 convolution kernel for this CPU (or this build has no "

@@ -14,6 +14,7 @@
 #include "engine/cuda/runtime.h"
 #include "engine/ops/harness.h"
 #include "support/gpu.h"
+#include "support/main_job_conv.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -667,6 +668,17 @@ ConvResults conv_results(Op op, const Tensor& x0, const Tensor& w0, const Tensor
 
 bool same_bits(const Tensor& a, const Tensor& b) { return max_abs_diff(a, b) == 0.0; }
 
+// Output, input gradient and weight gradient of an f32 run within f32
+// rounding of the reference's.
+void check_near(const ConvResults& got, const ConvResults& ref) {
+  auto near = [](const Tensor& t, const Tensor& r) {
+    return max_abs_diff(t, r) < 2e-5 * (1 + max(abs(r)).item());
+  };
+  CHECK(near(got.y, ref.y));
+  CHECK(near(got.gx, ref.gx));
+  CHECK(near(got.gw, ref.gw));
+}
+
 }  // namespace
 
 TEST_CASE("conv f32: the direct kernels match the GEMM path and the f64 result") {
@@ -744,15 +756,8 @@ TEST_CASE("conv f32: the direct kernels match the GEMM path and the f64 result")
     const ConvResults gemm = conv_results(op, x, w, b, g, DType::f32);
     cpu::conv_direct_enable(true);
     const ConvResults direct = conv_results(op, x, w, b, g, DType::f32);
-    auto near = [](const Tensor& t, const Tensor& ref) {
-      return max_abs_diff(t, ref) < 2e-5 * (1 + max(abs(ref)).item());
-    };
-    CHECK(near(direct.y, f64.y));
-    CHECK(near(direct.gx, f64.gx));
-    CHECK(near(direct.gw, f64.gw));
-    CHECK(near(gemm.y, f64.y));
-    CHECK(near(gemm.gx, f64.gx));
-    CHECK(near(gemm.gw, f64.gw));
+    check_near(direct, f64);
+    check_near(gemm, f64);
     // The direct forward sums each element in one fixed order: the thread
     // count does not change a bit. (The input gradient adds its tiles in an
     // order that follows the chunks, which follow the thread count.)
@@ -844,15 +849,8 @@ TEST_CASE("conv f32: oneDNN's kernels match ours and the f64 result") {
     const ConvResults onednn = conv_results(op, x, w, b, g, DType::f32);
     const ConvResults again = conv_results(op, x, w, b, g, DType::f32);
     cpu::conv_onednn_enable(was_on);
-    auto near = [](const Tensor& t, const Tensor& ref) {
-      return max_abs_diff(t, ref) < 2e-5 * (1 + max(abs(ref)).item());
-    };
-    CHECK(near(onednn.y, f64.y));
-    CHECK(near(onednn.gx, f64.gx));
-    CHECK(near(onednn.gw, f64.gw));
-    CHECK(near(onednn.y, ours.y));
-    CHECK(near(onednn.gx, ours.gx));
-    CHECK(near(onednn.gw, ours.gw));
+    check_near(onednn, f64);
+    check_near(onednn, ours);
     // A run repeats the last one bit for bit.
     CHECK(same_bits(onednn.y, again.y));
     CHECK(same_bits(onednn.gx, again.gx));
@@ -867,20 +865,7 @@ TEST_CASE("conv f32: which layers oneDNN takes") {
   }
   // The main job's enc2 (channels last, batch 64) and its last transposed
   // convolution (the input gradient of a conv2d with one input channel).
-  ConvGeom enc2{.N = 64,
-                .C = 32,
-                .H = 14,
-                .W = 14,
-                .O = 32,
-                .kh = 4,
-                .kw = 4,
-                .OH = 7,
-                .OW = 7,
-                .stride = {2, 2},
-                .padding = {1, 1},
-                .dilation = {1, 1},
-                .groups = 1,
-                .channels_last = true};
+  const ConvGeom enc2 = main_job_enc2();
   ConvGeom dec3 = enc2;
   dec3.C = 1, dec3.H = dec3.W = 28, dec3.OH = dec3.OW = 14;
   const bool was_on = cpu::conv_onednn_enable(true);
