@@ -102,7 +102,9 @@ ConvKey key_of(ConvKind kind, const ConvGeom& g, bool bias) {
           bias};
 }
 
-ConvPrimitive make_primitive(const ConvKey& k) {
+// The primitive for k, or one with no kernel where oneDNN has only its
+// reference loops; throws dnnl::error where it has none at all.
+ConvPrimitive describe_primitive(const ConvKey& k) {
   ConvPrimitive p;
   // oneDNN's right padding: what makes its output size ours (negative where
   // our output drops input rows; oneDNN's kernels do not all take that).
@@ -132,41 +134,37 @@ ConvPrimitive make_primitive(const ConvKey& k) {
                      with_bias ? memory::desc({k.O}, dt::f32, tag::x) : memory::desc(),
                      act_desc(dst_dims, dt::f32), strides, dilates, pad_l, pad_r);
   };
-  try {
-    if (k.kind == ConvKind::forward) {
-      const fwd::primitive_desc pd(forward_desc(k.bias), attr, eng);
+  if (k.kind == ConvKind::forward) {
+    const fwd::primitive_desc pd(forward_desc(k.bias), attr, eng);
+    p.kernel = pd.impl_info_str();
+    p.primitive = fwd(pd);
+    p.act_in = pd.src_desc(), p.act_out = pd.dst_desc(), p.weight = pd.weights_desc();
+    p.scratchpad = pd.scratchpad_desc();
+  } else {
+    const fwd::primitive_desc hint(forward_desc(false), eng);
+    if (k.kind == ConvKind::input_grad) {
+      using bwd = dnnl::convolution_backward_data;
+      const bwd::primitive_desc pd(
+          bwd::desc(dnnl::algorithm::convolution_direct, act_desc(src_dims, dt::f32), w_any,
+                    act_desc(dst_dims, lo), strides, dilates, pad_l, pad_r),
+          attr, eng, hint);
       p.kernel = pd.impl_info_str();
-      p.primitive = fwd(pd);
-      p.act_in = pd.src_desc(), p.act_out = pd.dst_desc(), p.weight = pd.weights_desc();
+      p.primitive = bwd(pd);
+      p.act_in = pd.diff_dst_desc(), p.act_out = pd.diff_src_desc(), p.weight = pd.weights_desc();
       p.scratchpad = pd.scratchpad_desc();
     } else {
-      const fwd::primitive_desc hint(forward_desc(false), eng);
-      if (k.kind == ConvKind::input_grad) {
-        using bwd = dnnl::convolution_backward_data;
-        const bwd::primitive_desc pd(
-            bwd::desc(dnnl::algorithm::convolution_direct, act_desc(src_dims, dt::f32), w_any,
-                      act_desc(dst_dims, lo), strides, dilates, pad_l, pad_r),
-            attr, eng, hint);
-        p.kernel = pd.impl_info_str();
-        p.primitive = bwd(pd);
-        p.act_in = pd.diff_dst_desc(), p.act_out = pd.diff_src_desc(), p.weight = pd.weights_desc();
-        p.scratchpad = pd.scratchpad_desc();
-      } else {
-        using bwd = dnnl::convolution_backward_weights;
-        const bwd::primitive_desc pd(
-            bwd::desc(dnnl::algorithm::convolution_direct, act_desc(src_dims, lo),
-                      memory::desc(w_dims, dt::f32, tag::any), act_desc(dst_dims, lo), strides,
-                      dilates, pad_l, pad_r),
-            attr, eng, hint);
-        p.kernel = pd.impl_info_str();
-        p.primitive = bwd(pd);
-        p.act_in = pd.src_desc(), p.act_in2 = pd.diff_dst_desc();
-        p.weight = pd.diff_weights_desc();
-        p.scratchpad = pd.scratchpad_desc();
-      }
+      using bwd = dnnl::convolution_backward_weights;
+      const bwd::primitive_desc pd(
+          bwd::desc(dnnl::algorithm::convolution_direct, act_desc(src_dims, lo),
+                    memory::desc(w_dims, dt::f32, tag::any), act_desc(dst_dims, lo), strides,
+                    dilates, pad_l, pad_r),
+          attr, eng, hint);
+      p.kernel = pd.impl_info_str();
+      p.primitive = bwd(pd);
+      p.act_in = pd.src_desc(), p.act_in2 = pd.diff_dst_desc();
+      p.weight = pd.diff_weights_desc();
+      p.scratchpad = pd.scratchpad_desc();
     }
-  } catch (const dnnl::error&) {
-    return {};  // a geometry oneDNN does not implement
   }
   // Its reference loops are far slower than our kernels (30-100x measured).
   if (p.kernel.rfind("ref", 0) == 0) return {};
@@ -179,6 +177,14 @@ ConvPrimitive make_primitive(const ConvKey& k) {
     p.weight_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, from, eng, to));
   }
   return p;
+}
+
+ConvPrimitive make_primitive(const ConvKey& k) {
+  try {
+    return describe_primitive(k);
+  } catch (const dnnl::error&) {
+    return {};  // a geometry oneDNN does not implement
+  }
 }
 
 const ConvPrimitive& primitive_for(const ConvKey& key) {
