@@ -17,8 +17,13 @@ struct DeviceErrorFlag;
 /** What a device's kernels do natively, read where an op picks a path
  * (instead of asking whether the device is the CPU). */
 struct DeviceCaps {
-  /** conv2d takes channels-last (NHWC) activations without permuting them. */
+  /** conv2d takes channels-last (NHWC) activations without permuting them
+   * (with one group; the op layer permutes grouped ones). */
   bool channels_last_conv = false;
+  /** The layout a model free to choose (quanta train's VQ-VAE) keeps its
+   * activations in on this device: channels last where that was measured
+   * faster than channels first (the CPU's kernels compute in NHWC). */
+  bool prefers_channels_last = false;
   /** Its bytes are this process's ordinary memory (the host may read them
    * directly, without a copy: the CPU alone; sim's memory is host memory
    * too, but reading it is a counted copy, as on a GPU). */

@@ -42,7 +42,7 @@ void copy(void* dst, Device, const void* src, Device, std::size_t nbytes) {
 const DeviceBackend& host_backend() {
   static const DeviceBackend b{
       .name = "cpu",
-      .caps = {.channels_last_conv = true, .host_readable = true},
+      .caps = {.channels_last_conv = true, .prefers_channels_last = true, .host_readable = true},
       .allocate = allocate,
       .release = release,
       .copy = copy,

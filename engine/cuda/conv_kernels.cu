@@ -5,13 +5,12 @@
 // batched over groups (over images too when groups is 1). col2im is a gather:
 // one thread per input pixel sums the kernel taps that read it, in the CPU's
 // tap order, so the adjoint needs no atomics and is deterministic; the weight
-// gradient accumulates one image after another.
+// gradient accumulates one image after another. Channels-last activations
+// are transposed around that path where cuDNN does not take them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "engine/cuda/check.cuh"
@@ -20,6 +19,7 @@
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/scratch.h"
+#include "engine/kernels/copy_transposed.h"
 
 namespace quanta::cuda {
 namespace {
@@ -200,19 +200,45 @@ void conv_typed(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const 
   }
 }
 
+// A channels-last convolution cuDNN did not take: the activations it reads
+// transposed to channels first, the im2col path run, and the activation it
+// writes transposed back (the weight's layout is the same in both).
+template <class T>
+void conv_channels_last(ConvKind kind, const ConvGeom& g, const T* a, const T* b, const T* bias,
+                        T* out) {
+  ConvGeom first = g;
+  first.channels_last = false;
+  const int64_t in_px = g.H * g.W, out_px = g.OH * g.OW;
+  // src [N, pixels, channels] -> dst [N, channels, pixels].
+  auto to_planar = [&g](const T* src, int64_t channels, int64_t pixels, Scratch<T>& dst) {
+    copy_transposed(copy, dtype_v<T>, g.N, pixels, channels, src, dst.get());
+  };
+  if (kind == ConvKind::weight_grad) {
+    Scratch<T> x(g.N * g.C * in_px), gy(g.N * g.O * out_px);
+    to_planar(a, g.C, in_px, x);
+    to_planar(b, g.O, out_px, gy);
+    conv_typed<T>(kind, first, x.get(), gy.get(), bias, out);
+    return;
+  }
+  const bool fwd = kind == ConvKind::forward;
+  const int64_t in_c = fwd ? g.C : g.O, in_p = fwd ? in_px : out_px;
+  const int64_t out_c = fwd ? g.O : g.C, out_p = fwd ? out_px : in_px;
+  Scratch<T> src(g.N * in_c * in_p), dst(g.N * out_c * out_p);
+  to_planar(a, in_c, in_p, src);
+  conv_typed<T>(kind, first, src.get(), b, bias, dst.get());
+  copy_transposed(copy, dtype_v<T>, g.N, out_c, out_p, dst.get(), out);
+}
+
 }  // namespace
 
 void conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, const void* b,
           const void* bias, void* out) {
   if (cudnn_conv(kind, dtype, g, a, b, bias, out)) return;
-  const char* op = conv_op_name(kind);
-  // engine/ops/conv.cpp permutes channels-last activations before they come here.
-  if (g.channels_last)
-    throw std::logic_error(std::string("[") + op + "] the CUDA kernels take channels first only");
-  dispatch_float(dtype, op, [&](auto tag) {
+  dispatch_float(dtype, conv_op_name(kind), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    conv_typed<T>(kind, g, static_cast<const T*>(a), static_cast<const T*>(b),
-                  static_cast<const T*>(bias), static_cast<T*>(out));
+    (g.channels_last ? conv_channels_last<T>
+                     : conv_typed<T>)(kind, g, static_cast<const T*>(a), static_cast<const T*>(b),
+                                      static_cast<const T*>(bias), static_cast<T*>(out));
   });
 }
 

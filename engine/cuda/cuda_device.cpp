@@ -42,10 +42,12 @@ const GraphOps kGraphOps{
 }  // namespace
 
 const DeviceBackend& backend() {
-  // The CUDA convolutions take channels first (ops permute NHWC around them).
+  // cuDNN takes channels-last convolutions as they are (the im2col path
+  // transposes them). Whether they run faster than channels first on a GPU
+  // is not yet measured, so models free to choose keep channels first.
   static const DeviceBackend b{
       .name = "cuda",
-      .caps = {.channels_last_conv = false, .host_readable = false},
+      .caps = {.channels_last_conv = true, .prefers_channels_last = false, .host_readable = false},
       .allocate = allocate,
       .release = release,
       .copy = copy,

@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/kernels.h"
 #include "engine/cuda/scratch.h"
 #include "engine/cuda/stream.h"
+#include "engine/kernels/copy_transposed.h"
 
 #define QUANTA_CUDNN_CHECK(call)                                                          \
   do {                                                                                    \
@@ -184,10 +186,12 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
   set_activation(p->y, g.channels_last, t, g.N, g.O, g.OH, g.OW);
   set_activation(p->x_bias, false, t, 1, g.C, 1, 1);
   set_activation(p->y_bias, false, t, 1, g.O, 1, 1);
-  // The weight is [O, C / groups, kh, kw] in every layout.
-  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, static_cast<int>(g.O),
-                                                static_cast<int>(g.cg()), static_cast<int>(g.kh),
-                                                static_cast<int>(g.kw)));
+  // Channels-last algorithms read the filter channels last too, [O, kh, kw,
+  // C / groups], as PyTorch hands it to them: run() transposes our
+  // [O, C / groups, kh, kw] weight (and weight gradient) to and from that.
+  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+      p->w, t, g.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, static_cast<int>(g.O),
+      static_cast<int>(g.cg()), static_cast<int>(g.kh), static_cast<int>(g.kw)));
   QUANTA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
       static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]), static_cast<int>(g.dilation[0]),
@@ -263,11 +267,26 @@ const Plan& plan_for(Handle& h, ConvKind kind, DType dtype, const ConvGeom& g) {
   return *it->second;
 }
 
+// Whether a geometry's weight [O, C / groups, kh, kw] and the channels-last
+// filter [O, kh, kw, C / groups] differ in memory (not when either of the
+// two swapped runs has length 1).
+bool filter_transposed(const ConvGeom& g) {
+  return g.channels_last && g.cg() > 1 && g.kh * g.kw > 1;
+}
+
 template <class Scalar>
-void run(Handle& h, const Plan& p, ConvKind kind, const void* a, const void* b, const void* bias,
-         void* out) {
+void run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void* a, const void* b,
+         const void* bias, void* out) {
   const Scalar one = 1, zero = 0;
   Scratch<unsigned char> workspace(static_cast<int64_t>(p.workspace));
+  const bool transposed = filter_transposed(g);
+  const int64_t taps = g.kh * g.kw;
+  Scratch<Scalar> filter(transposed ? g.O * g.cg() * taps : 0);
+  if (transposed && kind != ConvKind::weight_grad) {
+    copy_transposed(copy, dtype_v<Scalar>, g.O, g.cg(), taps, b, filter.get());
+    b = filter.get();
+  }
+  void* const weight_grad = transposed ? filter.get() : out;
   std::lock_guard<std::mutex> lock(h.mu);
   if (kind == ConvKind::forward) {
     QUANTA_CUDNN_CHECK(cudnnConvolutionForward(h.h, &one, p.x, a, p.w, b, p.conv,
@@ -282,7 +301,8 @@ void run(Handle& h, const Plan& p, ConvKind kind, const void* a, const void* b, 
   } else {
     QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         h.h, &one, p.x, a, p.y, b, p.conv, static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo),
-        workspace.get(), p.workspace, &zero, p.w, out));
+        workspace.get(), p.workspace, &zero, p.w, weight_grad));
+    if (transposed) copy_transposed(copy, dtype_v<Scalar>, g.O, taps, g.cg(), weight_grad, out);
   }
 }
 
@@ -296,9 +316,9 @@ bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, co
   (p.usable ? ran_cudnn : ran_im2col).fetch_add(1, std::memory_order_relaxed);
   if (!p.usable) return false;
   if (dtype == DType::f64)
-    run<double>(h, p, kind, a, b, bias, out);
+    run<double>(h, p, kind, g, a, b, bias, out);
   else
-    run<float>(h, p, kind, a, b, bias, out);
+    run<float>(h, p, kind, g, a, b, bias, out);
   return true;
 }
 

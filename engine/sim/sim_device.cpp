@@ -84,7 +84,7 @@ const DeviceBackend& backend() {
   // The CPU's kernels, so its layouts: the results are the CPU's bits.
   static const DeviceBackend b{
       .name = "sim",
-      .caps = {.channels_last_conv = true, .host_readable = false},
+      .caps = {.channels_last_conv = true, .prefers_channels_last = true, .host_readable = false},
       .allocate = allocate,
       .release = release,
       .copy = copy,

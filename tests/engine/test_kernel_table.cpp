@@ -20,6 +20,7 @@
 #include "engine/cuda/blas_layout.h"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/module.h"
+#include "engine/kernels/copy_transposed.h"
 #include "engine/kernels/reduce_functors.h"
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
@@ -422,6 +423,35 @@ TEST_CASE("kernel table: lookup by device, op names, mixed devices refused") {
   }
   Tensor a = ones({2}), b = ones({2}).to(Device::cuda(0));
   CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different devices"), std::invalid_argument);
+}
+
+// The transposes the CUDA convolutions run around channels-last layers that
+// their im2col path and cuDNN's filters see the other way round: checked on
+// the CPU's copy, and on the CUDA table's where a GPU is visible.
+TEST_CASE("copy_transposed: dst [b, q, p] = src [b, p, q] through a table's copy") {
+  struct Case {
+    int64_t batch, p, q;
+  };
+  const std::vector<Case> cases = {{2, 49, 32}, {3, 32, 9}, {1, 1, 5}, {4, 7, 1}, {0, 3, 4}};
+  std::vector<Device> devices{Device::cpu()};
+  if (have_gpu()) devices.push_back(Device::cuda(0));
+  for (const Device dev : devices)
+    for (const DType dt : {DType::f32, DType::f64})
+      for (const Case& c : cases) {
+        CAPTURE(dev.str());
+        CAPTURE(dtype_name(dt));
+        CAPTURE(c.batch);
+        CAPTURE(c.p);
+        CAPTURE(c.q);
+        const Tensor src = arange(0, double(c.batch * c.p * c.q), 1, {.dtype = dt})
+                               .reshape({c.batch, c.p, c.q})
+                               .to(dev);
+        const Tensor dst = empty({c.batch, c.q, c.p}, {.dtype = dt, .device = dev});
+        copy_transposed(kernels(dev).copy, dt, c.batch, c.p, c.q, src.raw_data(), dst.raw_data());
+        CHECK(
+            same_bytes(dst.to(Device::cpu()), transpose(src, 1, 2).contiguous().to(Device::cpu())));
+      }
+  if (!have_gpu()) MESSAGE("cuda:0 not checked: " << skip_reason());
 }
 
 TEST_CASE("cuda: fill, casts and strided copies equal the CPU's bytes") {

@@ -23,13 +23,23 @@
 namespace {
 
 // Every header whose declarations cross the module's boundary: the module
-// struct, the three kernel tables and the argument types they pass, and the
+// struct, the device backend table (memory, copies, capabilities) the module
+// returns, the three kernel tables and the argument types they pass, and the
 // distributed backend the NCCL entry point returns.
 const char* const kVersionedHeaders[] = {
-    "engine/cuda/module.h",   "engine/kernels/table.h",  "engine/kernels/conv_geom.h",
-    "engine/device.h",        "engine/device_error.h",   "engine/dtype.h",
-    "engine/shape.h",         "quant/kernels/table.h",   "quant/kernels/nf4_layout.h",
-    "llm/kernels/table.h",    "llm/kernels/gated_act.h", "llm/kernels/rms_weight.h",
+    "engine/cuda/module.h",
+    "engine/kernels/table.h",
+    "engine/kernels/conv_geom.h",
+    "engine/device.h",
+    "engine/device_backend.h",
+    "engine/device_error.h",
+    "engine/dtype.h",
+    "engine/shape.h",
+    "quant/kernels/table.h",
+    "quant/kernels/nf4_layout.h",
+    "llm/kernels/table.h",
+    "llm/kernels/gated_act.h",
+    "llm/kernels/rms_weight.h",
     "dist/backend/backend.h",
 };
 
@@ -44,6 +54,7 @@ const Recorded kHistory[] = {
     {10, 0xb63a0d2e5ef4fdacull},  // the headers as of the commit that raised it to 10
     {11, 0x9bfa1333e5e02e92ull}, {12, 0x4a93d94a2bbbecd3ull}, {13, 0x70ddceb82a64aedeull},
     {14, 0x6a36ec5db910fd3dull},  // RmsWeight (OLMo 2's norms); its and GatedAct's headers covered
+    {15, 0xe27ba58ee8badbcdull},  // DeviceCaps::prefers_channels_last; device_backend.h covered
 };
 
 // `text` less its comments and all of its whitespace (string and character

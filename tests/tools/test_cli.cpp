@@ -302,7 +302,9 @@ TEST_CASE("quanta bench train --device sim counts each step's host syncs and cop
   CAPTURE(r.err);
   REQUIRE(r.code == 0);
   const auto rows = nlohmann::json::parse(r.out);
-  REQUIRE(rows.size() == 8);  // the five steps, and the three VQ-VAE steps as graphs
+  // The five steps, the three VQ-VAE steps as graphs, and those graphs
+  // channels last against channels first.
+  REQUIRE(rows.size() == 11);
   for (const auto& row : rows) {
     const std::string name = row["name"].get<std::string>();
     CAPTURE(name);
@@ -312,12 +314,13 @@ TEST_CASE("quanta bench train --device sim counts each step's host syncs and cop
     MESSAGE(name << ": " << syncs << " host syncs per step on sim");
     // Only the VQ step's dead-code replacement still reads the device (the
     // expired counts and positions it draws, docs/gpu-runs.md).
-    if (name == "train_step_vqvae_vq" || name == "train_step_vqvae_vq_graph")
+    if (name == "train_step_vqvae_vq" || contains(name, "train_step_vqvae_vq_graph"))
       CHECK(syncs <= 4);
     else
       CHECK(syncs == 0);
     // A graph row: its floor is the same step launched kernel by kernel on
-    // sim; each replay uploads its batch first.
+    // sim (a _graph_nhwc row's, the graph channels first); each replay
+    // uploads its batch first.
     if (contains(name, "_graph")) {
       CHECK(row["floor_ms"].get<double>() > 0);
       CHECK(row["copies_per_step"].get<double>() >= 1);
@@ -373,10 +376,17 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                        "matmul_1024_f16",
                                        "matmul_4096x4096x256_f16"};
   engine_rows.insert(kConvRows.begin(), kConvRows.end());
-  const std::set<std::string> train_rows = {
-      "train_step_vqvae_vq",         "train_step_vqvae_none",     "train_step_vqvae_fsq",
-      "train_step_classifier",       "train_step_qlora",          "train_step_vqvae_vq_graph",
-      "train_step_vqvae_none_graph", "train_step_vqvae_fsq_graph"};
+  const std::set<std::string> train_rows = {"train_step_vqvae_vq",
+                                            "train_step_vqvae_none",
+                                            "train_step_vqvae_fsq",
+                                            "train_step_classifier",
+                                            "train_step_qlora",
+                                            "train_step_vqvae_vq_graph",
+                                            "train_step_vqvae_none_graph",
+                                            "train_step_vqvae_fsq_graph",
+                                            "train_step_vqvae_vq_graph_nhwc",
+                                            "train_step_vqvae_none_graph_nhwc",
+                                            "train_step_vqvae_fsq_graph_nhwc"};
   // The quantizer rows: every one has its kernels, so every one must run.
   const std::set<std::string> quant_rows = {
       "vq_nearest_8192x256_k1024",          "vq_nearest_8192x256_k1024_cosine",

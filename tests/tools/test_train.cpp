@@ -1182,49 +1182,95 @@ TEST_CASE("an l1 run of the vqp-example arch logs its l1 and the [0, 1] mse") {
 // relative error of its own). No quantizer, so that a failure points at the
 // engine's kernels (the encoder, decoder, losses and their backwards); the
 // quantizers' CUDA kernels have their own tests (tests/quant/cuda/test_cuda_table.cpp).
+namespace {
+
+// One VQ-VAE training step (quantizer none) from the same weights and
+// images on `device` with its activations in `layout`: the loss and the
+// parameters' gradients, on the CPU.
+struct VqVaeStep {
+  double loss = 0;
+  std::vector<std::pair<std::string, Tensor>> grads;
+};
+
+VqVaeStep vqvae_step_on(Device device, ActivationLayout layout, const Tensor& images) {
+  Generator gen = Generator::named(1, "model");
+  VqVae model(ModelConfig{}, make_quantizer({{"type", "none"}}, ModelConfig{}.dim, 1), gen);
+  model.to(device);
+  model.set_activation_layout(layout);
+  model.train();
+  const Tensor x = images.to(device);
+  VqVaeOutput out = model.run(x);
+  const Tensor loss = mse_loss(out.reconstruction, x) + sum(out.quantized.loss);
+  loss.backward();
+  VqVaeStep s;
+  s.loss = loss.item();
+  for (const auto& [name, p] : model.named_parameters())
+    s.grads.emplace_back(name, p.grad().defined() ? p.grad().to(Device::cpu()) : Tensor());
+  return s;
+}
+
+// `got` against `want`: the loss and each gradient within `rel` of the
+// gradient's largest magnitude.
+void check_same_step(const VqVaeStep& got, const VqVaeStep& want, double rel) {
+  CHECK(got.loss == doctest::Approx(want.loss).epsilon(rel));
+  REQUIRE(got.grads.size() == want.grads.size());
+  REQUIRE(want.grads.size() == 14);  // 7 convolutions: weight and bias
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    const auto& [name, g_want] = want.grads[i];
+    CAPTURE(name);
+    CHECK(got.grads[i].first == name);
+    REQUIRE(g_want.defined());
+    REQUIRE(got.grads[i].second.defined());
+    double scale = 0;
+    for (float v : g_want.to_vector<float>()) scale = std::max(scale, double(std::abs(v)));
+    REQUIRE(scale > 0);
+    const double diff = max_abs_diff(got.grads[i].second, g_want) / scale;
+    CAPTURE(diff);
+    CHECK(diff <= rel);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the VQ-VAE's activation layout: either one, the same step on the CPU and sim") {
+  // The CPU's kernels plan both layouts alike: the step is the same but for
+  // the one-channel layers and the bias gradients, which sum in another
+  // order. sim runs the CPU's kernels under a GPU's rules.
+  Generator data(5);
+  const Tensor images = rand({8, 1, 28, 28}, data);
+  for (const Device dev : {Device::cpu(), Device::sim(0)}) {
+    CAPTURE(dev.str());
+    const VqVaeStep automatic = vqvae_step_on(dev, ActivationLayout::automatic, images);
+    const VqVaeStep last = vqvae_step_on(dev, ActivationLayout::channels_last, images);
+    const VqVaeStep first = vqvae_step_on(dev, ActivationLayout::channels_first, images);
+    CHECK(automatic.loss == last.loss);  // the CPU and sim prefer channels last
+    check_same_step(first, last, 1e-5);
+  }
+  Generator gen(3);
+  VqVae example({.hidden = 8, .dim = 3, .arch = "vqp-example"},
+                make_quantizer({{"type", "none"}}, 3, 0), gen);
+  CHECK_THROWS_WITH_AS(example.set_activation_layout(ActivationLayout::channels_last),
+                       "[VqVae] channels-last activations: model.arch vqp-example computes "
+                       "channels first (its pools and upsampling)",
+                       std::invalid_argument);
+  example.set_activation_layout(ActivationLayout::channels_first);
+}
+
 TEST_CASE("one VQ-VAE training step on CUDA gives the CPU's loss and gradients") {
   if (!quanta::testing::have_gpu()) {
     MESSAGE("skipped: " << quanta::testing::no_gpu_reason());
     return;
   }
-  struct Step {
-    double loss = 0;
-    std::vector<std::pair<std::string, Tensor>> grads;  // on the CPU
-  };
   Generator data(5);
   const Tensor images = rand({16, 1, 28, 28}, data);
-  auto step_on = [&](Device device) {
-    Generator gen = Generator::named(1, "model");
-    VqVae model(ModelConfig{}, make_quantizer({{"type", "none"}}, ModelConfig{}.dim, 1), gen);
-    model.to(device);
-    model.train();
-    const Tensor x = images.to(device);
-    VqVaeOutput out = model.run(x);
-    const Tensor loss = mse_loss(out.reconstruction, x) + sum(out.quantized.loss);
-    loss.backward();
-    Step s;
-    s.loss = loss.item();
-    for (const auto& [name, p] : model.named_parameters())
-      s.grads.emplace_back(name, p.grad().defined() ? p.grad().to(Device::cpu()) : Tensor());
-    return s;
-  };
-  const Step cpu = step_on(Device::cpu());
-  const Step gpu = step_on(Device::cuda(0));
-  CHECK(gpu.loss == doctest::Approx(cpu.loss).epsilon(1e-5));
-  REQUIRE(gpu.grads.size() == cpu.grads.size());
-  REQUIRE(cpu.grads.size() == 14);  // 7 convolutions: weight and bias
-  for (size_t i = 0; i < cpu.grads.size(); ++i) {
-    const auto& [name, g_cpu] = cpu.grads[i];
-    CAPTURE(name);
-    CHECK(gpu.grads[i].first == name);
-    REQUIRE(g_cpu.defined());
-    REQUIRE(gpu.grads[i].second.defined());
-    double scale = 0;
-    for (float v : g_cpu.to_vector<float>()) scale = std::max(scale, double(std::abs(v)));
-    REQUIRE(scale > 0);
-    const double rel = max_abs_diff(gpu.grads[i].second, g_cpu) / scale;
-    CAPTURE(rel);
-    CHECK(rel <= 1e-5);
+  const VqVaeStep cpu = vqvae_step_on(Device::cpu(), ActivationLayout::automatic, images);
+  // Channels first (CUDA's automatic choice) and channels last, cuDNN's
+  // channels-last algorithms with the filter transposed for them.
+  for (const ActivationLayout layout :
+       {ActivationLayout::automatic, ActivationLayout::channels_first,
+        ActivationLayout::channels_last}) {
+    CAPTURE(static_cast<int>(layout));
+    check_same_step(vqvae_step_on(Device::cuda(0), layout, images), cpu, 1e-5);
   }
 }
 

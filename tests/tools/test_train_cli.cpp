@@ -410,6 +410,13 @@ TEST_CASE("quanta train: config file and flags, one line per mistake") {
   check_one_line_error(run_quanta({"train", "--quantizer", "vq", "--kmeans-init=maybe"}), 2,
                        "--kmeans-init: expected true or false");
   check_one_line_error(run_quanta({"train", "--nproc", "0"}), 2, "--nproc: must be a number > 0");
+  check_one_line_error(run_quanta({"train", "--conv-layout", "channels_last"}), 2,
+                       "--conv-layout: channels_last not in {auto,nchw,nhwc}");
+  check_one_line_error(run_quanta({"train", "--arch", "vqp-example", "--conv-layout", "nhwc",
+                                   "--data", dir.file("no-data"), "--out", dir.file("l")}),
+                       2,
+                       "--conv-layout nhwc: model.arch vqp-example computes channels first (its "
+                       "pools and upsampling); use auto or nchw");
   check_one_line_error(run_quanta({"train", "--device", "gpu"}), 2,
                        "--device must be cpu, cuda, cuda:N, sim or sim:N, got 'gpu'");
   if (cuda_device_count() == 0)  // else cuda is a place to train
@@ -712,6 +719,30 @@ TEST_CASE("decode refuses codes another checkpoint made, unless --allow-other-ch
 // sim runs the CPU's kernels behind a GPU's rules: a run there must give the
 // CPU's losses and checkpoint bytes exactly, and any tensor a layer makes on
 // the CPU beside its device tensors fails the run instead.
+
+// The layout of the activations is how the run computes, not what it is:
+// forced either way on the CPU and sim, the run's losses agree to rounding.
+TEST_CASE("quanta train --conv-layout: channels first or last, the same run to rounding") {
+  if (!have_dataset()) return;
+  ScratchDir dir("layout");
+  std::vector<double> reference;
+  for (const char* device : {"cpu", "sim"})
+    for (const char* layout : {"nhwc", "nchw"}) {
+      const std::string out = dir.file(std::string(device) + "-" + layout);
+      CAPTURE(out);
+      CliResult r =
+          run_quanta(with(tiny_train(out, 4, {}), {"--device", device, "--conv-layout", layout}));
+      CAPTURE(r.err);
+      REQUIRE(r.code == 0);
+      std::vector<double> losses;
+      for (const json& rec : records(out, "train")) losses.push_back(rec["loss"].get<double>());
+      REQUIRE(!losses.empty());
+      if (reference.empty()) reference = losses;
+      REQUIRE(losses.size() == reference.size());
+      for (std::size_t i = 0; i < losses.size(); ++i)
+        CHECK(losses[i] == doctest::Approx(reference[i]).epsilon(1e-4));
+    }
+}
 
 TEST_CASE("quanta train --device sim writes the CPU's losses and checkpoint bytes") {
   if (!have_dataset()) return;

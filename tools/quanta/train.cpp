@@ -46,6 +46,7 @@ struct TrainFlags {
   bool print_config = false;
   bool fast_conv = false;
   bool no_graph = false;
+  std::string conv_layout = "auto";
   std::string dist_timeout;  // seconds; empty: the library's default
   // Each given flag writes its value into the flags' config layer.
   std::vector<std::function<void(json&)>> apply;
@@ -169,12 +170,19 @@ void run_train(const TrainFlags& f) {
     return;
   }
   cfg = train::config_from_json(config);
+  const train::ActivationLayout layout =
+      f.conv_layout == "nhwc"   ? train::ActivationLayout::channels_last
+      : f.conv_layout == "nchw" ? train::ActivationLayout::channels_first
+                                : train::ActivationLayout::automatic;
+  if (layout == train::ActivationLayout::channels_last && cfg.model.arch != "conv")
+    throw UsageError("--conv-layout nhwc: model.arch " + cfg.model.arch +
+                     " computes channels first (its pools and upsampling); use auto or nchw");
   if (start.finished()) return;
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});
   train::RunFolderLock folder = start.take(nproc, f.dist_timeout);
-  train::TrainJob job{config,         out,        resume, ::isatty(STDOUT_FILENO) == 1,
-                      QUANTA_VERSION, !f.no_graph};
+  train::TrainJob job{config,         out,         resume, ::isatty(STDOUT_FILENO) == 1,
+                      QUANTA_VERSION, !f.no_graph, layout};
   train::TrainResult r;
   try {
     r = train::run_training(job, std::cout);
@@ -230,6 +238,13 @@ void add_train(CLI::App& app) {
   add_dist_timeout_flag(*sub, t.dist_timeout);
   add_fast_conv_flag(*sub, t.fast_conv);
   add_no_graph_flag(*sub, t.no_graph);
+  sub->add_option("--conv-layout", t.conv_layout,
+                  "the VQ-VAE's activations between convolutions: auto (channels last on the "
+                  "CPU and sim, whose kernels compute that way; channels first on CUDA, until a "
+                  "GPU run measures cuDNN's channels-last kernels faster), nchw or nhwc (either "
+                  "on every device; the same model and checkpoint, results equal to f32 rounding)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nchw", "nhwc"}));
   sub->add_flag("--print-config", t.print_config, "print the merged config as JSON and exit");
   add_override<int64_t>(sub, t, "--steps", "/steps", "optimizer steps in total", ShowDefault::no)
       ->transform(integer_in(1, train::kMaxSteps));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "engine/cpu/conv_direct.h"
 #include "engine/cpu/conv_onednn.h"
@@ -195,9 +196,11 @@ class GpuConvPaths {
   }
   void expect_cudnn() const { expect(true); }
   void expect_im2col() const { expect(false); }
+  // Either path, as long as the GPU ran some.
+  void expect_some() const { expect(std::nullopt); }
 
  private:
-  void expect(bool cudnn) const {
+  void expect(std::optional<bool> cudnn) const {
     if (!have_gpu()) {
       MESSAGE("GPU convolution paths not checked: " << no_gpu_reason());
       return;
@@ -210,9 +213,9 @@ class GpuConvPaths {
     if (!now.cudnn_linked) {
       MESSAGE("the CUDA module was built without cuDNN: every convolution takes im2col");
       CHECK(ran_cudnn == 0);
-    } else if (cudnn) {
+    } else if (cudnn == true) {
       CHECK(ran_im2col == 0);
-    } else {
+    } else if (cudnn == false) {
       CHECK(ran_cudnn == 0);
     }
   }
@@ -295,8 +298,10 @@ TEST_CASE("conv on a GPU with cuDNN's algorithms timed, atomics allowed (--fast-
 
 TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness") {
   // Inputs [N, H, W, C]; the references run on the NCHW permutation. One
-  // group takes the CPU kernels' in-place path; several groups (and CUDA)
-  // are permuted around the channels-first kernels.
+  // group takes the CPU kernels' in-place path and, on a GPU, cuDNN's
+  // channels-last algorithms (the filter transposed to [O, kh, kw, C] for
+  // them); several groups are permuted around the channels-first kernels.
+  const GpuConvPaths paths;
   const ConvLayout nhwc = ConvLayout::nhwc;
   run_case(conv_case("conv2d nhwc with bias", {{2, 5, 6, 3}, {4, 3, 3, 3}, {4}}, {.layout = nhwc},
                      {{0, 5, 6, 3}, {4, 3, 3, 3}, {4}}));
@@ -320,6 +325,15 @@ TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness"
                         .output_padding = {1, 0},
                         .groups = 2,
                         .layout = nhwc}));
+  // Which path each ran is cuDNN's choice per dtype (f64 channels last may
+  // have no algorithm): counted, both paths checked against the references.
+  paths.expect_some();
+  // A geometry cuDNN refuses (above) on the im2col path between transposes.
+  const GpuConvPaths grown;
+  run_case(conv_t_case("conv_transpose2d nhwc output_padding from dilation",
+                       {{1, 3, 3, 2}, {2, 2, 2, 2}, {2}},
+                       {.dilation = {2, 2}, .output_padding = {1, 1}, .layout = nhwc}));
+  grown.expect_im2col();
 }
 
 TEST_CASE("conv channels last computes the same bits as channels first") {

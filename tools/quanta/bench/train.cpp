@@ -13,7 +13,9 @@
 // (same weights, same images) on the CPU, timed in turns: below 1 the GPU is
 // faster; the _graph rows are the step captured as a graph against the same
 // step launched kernel by kernel on the device, both uploading their batch
-// every step (below 1 the graph is faster). A model whose step fails on the
+// every step (below 1 the graph is faster); the _graph_nhwc rows the captured
+// step with channels-last activations against the captured step channels
+// first (below 1 channels last is faster on that device). A model whose step fails on the
 // GPU (a kernel it has not yet) prints its row as unavailable with the error.
 // On a device (cuda or sim) each row also counts what one step asks of the
 // host: host syncs (each one stalls a GPU's queue) and copies. sim runs the
@@ -91,7 +93,8 @@ struct Step {
 enum class StepInput { resident, uploaded, graph };
 
 Step vqvae_step(const char* type, const Tensor& cpu_images, Device device,
-                StepInput input = StepInput::resident) {
+                StepInput input = StepInput::resident,
+                train::ActivationLayout layout = train::ActivationLayout::automatic) {
   const nlohmann::json config =
       train::merge_config(train::default_config_json(), {{"quantizer", {{"type", type}}}});
   const train::TrainConfig cfg = train::config_from_json(config);
@@ -106,6 +109,7 @@ Step vqvae_step(const char* type, const Tensor& cpu_images, Device device,
   st->model = std::make_unique<train::VqVae>(
       cfg.model, train::make_quantizer(cfg.quantizer, cfg.model.dim, cfg.seed), model_gen);
   st->model->to(device);
+  st->model->set_activation_layout(layout);
   st->model->train();
   std::vector<Tensor> trainable;
   for (const Tensor& p : st->model->parameters())
@@ -240,6 +244,19 @@ std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& im
       return unavailable_row(name, e.what());
     }
   };
+  // The captured step with its activations channels last against the same
+  // step channels first: below 1, channels last is faster on this device
+  // (what DeviceCaps::prefers_channels_last should then say).
+  auto layout_row = [&](const std::string& name, const char* type) {
+    try {
+      using train::ActivationLayout;
+      return measure(
+          name, vqvae_step(type, images, dev, StepInput::graph, ActivationLayout::channels_last),
+          vqvae_step(type, images, dev, StepInput::graph, ActivationLayout::channels_first));
+    } catch (const std::exception& e) {
+      return unavailable_row(name, e.what());
+    }
+  };
   std::vector<BenchRow> rows;
   for (const char* type : {"vq", "none", "fsq"})
     rows.push_back(row(std::string("train_step_vqvae_") + type,
@@ -250,6 +267,9 @@ std::vector<BenchRow> bench_train_device(const BenchOptions& o, const Tensor& im
   if (device_backend(dev.type).graph)
     for (const char* type : {"vq", "none", "fsq"})
       rows.push_back(graph_row(std::string("train_step_vqvae_") + type + "_graph", type));
+  if (device_backend(dev.type).graph)
+    for (const char* type : {"vq", "none", "fsq"})
+      rows.push_back(layout_row(std::string("train_step_vqvae_") + type + "_graph_nhwc", type));
   const train::ClassifierShape shape;
   rows.push_back(row("train_step_classifier",
                      [&](Device d) { return classifier_step(shape, images, labels, d); }));

@@ -68,6 +68,7 @@ class VqVaeTask : public LoopTask {
   }
 
   int64_t examples() const { return train_set_.size(); }
+  void set_activation_layout(ActivationLayout layout) { model_->set_activation_layout(layout); }
   const EvalResult& last_eval() const { return last_eval_; }
 
   std::shared_ptr<Module> model() override { return model_; }
@@ -193,6 +194,7 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   if (cfg.threads > 0) set_num_threads(static_cast<int>(cfg.threads));
 
   VqVaeTask task(cfg, job.out_dir, device, *group);
+  task.set_activation_layout(job.layout);
   LoopSettings s;
   s.out_dir = job.out_dir;
   s.resume = job.resume;

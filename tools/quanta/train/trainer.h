@@ -10,6 +10,7 @@
 #include "engine/tensor.h"
 #include "train/batch_order.h"
 #include "train/metrics.h"
+#include "train/vqvae.h"
 
 namespace quanta::train {
 
@@ -28,6 +29,9 @@ struct TrainJob {
   /** Forward and backward as one captured graph on CUDA and sim
    * (LoopSettings::graph); false: every kernel launched as called. */
   bool graph = true;
+  /** The VQ-VAE's activations between convolutions (VqVae::
+   * set_activation_layout): as the device prefers unless forced. */
+  ActivationLayout layout = ActivationLayout::automatic;
 };
 
 /** How a run ended. */

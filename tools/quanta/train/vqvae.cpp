@@ -117,14 +117,21 @@ void VqVae::build_vqp_example(Generator& enc_gen, Generator& dec_gen) {
 
 double VqVae::image_scale() const { return cfg_.arch == "vqp-example" ? 2.0 : 1.0; }
 
+void VqVae::set_activation_layout(ActivationLayout layout) {
+  if (layout == ActivationLayout::channels_last && cfg_.arch != "conv")
+    throw std::invalid_argument("[VqVae] channels-last activations: model.arch " + cfg_.arch +
+                                " computes channels first (its pools and upsampling)");
+  layout_ = layout;
+}
+
 ConvLayout VqVae::use_layout_for(Device device) {
   // Channels last saves the CPU kernels (the CPU's and sim's) two transposes
-  // per layer and pass; the CUDA kernels compute channels first, where
-  // channels last would add them instead (engine/ops/conv.h).
-  // The pools and upsampling of vqp-example compute channels first.
-  const ConvLayout layout = device_caps(device).channels_last_conv && cfg_.arch == "conv"
-                                ? ConvLayout::nhwc
-                                : ConvLayout::nchw;
+  // per layer and pass. The pools and upsampling of vqp-example compute
+  // channels first.
+  const bool last = layout_ == ActivationLayout::automatic
+                        ? device_caps(device).prefers_channels_last
+                        : layout_ == ActivationLayout::channels_last;
+  const ConvLayout layout = last && cfg_.arch == "conv" ? ConvLayout::nhwc : ConvLayout::nchw;
   for (const auto& c : convs_) c->set_layout(layout);
   for (const auto& u : ups_) u->set_layout(layout);
   if (latent_norm_) latent_norm_->set_layout(layout);

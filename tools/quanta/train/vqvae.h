@@ -16,8 +16,9 @@
 // parameters, so no new state) when ModelConfig::latent_norm_groups > 0. Loss: mean squared
 // reconstruction error plus the sum of the quantizer's auxiliary loss.
 // Between its layers the activations are channels last on the CPU (its
-// convolution kernels' layout) and channels first on a GPU (the CUDA
-// kernels'); encode and decode take and give channels first either way.
+// convolution kernels' layout) and channels first on a GPU unless
+// set_activation_layout says otherwise; encode and decode take and give
+// channels first either way.
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,13 @@ namespace quanta::train {
 struct VqVaeOutput {
   Tensor reconstruction;  // [B, 1, 28, 28] in (0, 1)
   quant::QuantizeOutput quantized;
+};
+
+/** How the convolutions of a VqVae keep their activations between layers. */
+enum class ActivationLayout {
+  automatic,       // as the device prefers (DeviceCaps::prefers_channels_last)
+  channels_first,  // [B, C, H, W] on every device
+  channels_last,   // [B, H, W, C] on every device
 };
 
 /** Encoder, quantizer and decoder as one Module ("encoder.*", "quantizer.*",
@@ -56,6 +64,15 @@ class VqVae : public Module {
    * model's own units, as the reference examples measure theirs. */
   double image_scale() const;
 
+  /** Chooses the activations' layout (automatic unless set): channels last
+   * where the device prefers it (the CPU, sim), channels first elsewhere.
+   * Both layouts compute the same function, equal to f32 rounding (on the
+   * CPU most layers give the same bits; the one-channel layers and the bias
+   * gradients sum in another order; a GPU runs other cuDNN algorithms).
+   * Throws std::invalid_argument for channels_last on
+   * "vqp-example", whose pools and upsampling compute channels first. */
+  void set_activation_layout(ActivationLayout layout);
+
   TrainQuantizer& quantizer() { return *quantizer_; }
   const ModelConfig& config() const { return cfg_; }
 
@@ -73,6 +90,7 @@ class VqVae : public Module {
   std::vector<std::shared_ptr<Conv2d>> convs_;
   std::vector<std::shared_ptr<ConvTranspose2d>> ups_;
   std::unique_ptr<TrainQuantizer> quantizer_;
+  ActivationLayout layout_ = ActivationLayout::automatic;
 };
 
 /** Side length of the latent map for 28 x 28 inputs. */
