@@ -2,13 +2,13 @@
 // against the codebook, then each row's argmin, a block of rows at a time so
 // memory beyond the inputs stays O(block x K), never O(N x K).
 #include <algorithm>
-#include <limits>
 
 #include "engine/cpu/gemm.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/eigen.h"
 #include "quant/cpu/kernels.h"
+#include "quant/cpu/row_argmin.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
@@ -21,35 +21,6 @@ int64_t block_rows(int64_t n, int64_t k) {
   const int64_t budget = std::max<int64_t>(16, (int64_t(1) << 18) / std::max<int64_t>(k, 1));
   const int64_t per_thread = (n + num_threads() - 1) / std::max(1, num_threads());
   return std::max<int64_t>(16, std::min(budget, per_thread));
-}
-
-// Index of the smallest score in a row, the first on ties, in one pass:
-// kLanes running minima with their indices (a strict < keeps each lane's
-// first), then the lanes' minimum, the smallest index among equal ones.
-// Written as lane arrays so the compiler turns the inner loop into vector
-// compares and blends. NaN scores never win; a row of only NaN gives 0.
-template <class T>
-int64_t row_argmin(const T* row, int64_t k) {
-  constexpr int kLanes = 64 / sizeof(T);
-  T best[kLanes];
-  int32_t at[kLanes];
-  for (int l = 0; l < kLanes; ++l) best[l] = std::numeric_limits<T>::infinity(), at[l] = 0;
-  int64_t j = 0;
-  for (; j + kLanes <= k; j += kLanes)
-#pragma omp simd
-    for (int l = 0; l < kLanes; ++l) {
-      const T v = row[j + l];
-      const bool lower = v < best[l];
-      best[l] = lower ? v : best[l];
-      at[l] = lower ? int32_t(j + l) : at[l];
-    }
-  T m = std::numeric_limits<T>::infinity();
-  int64_t idx = 0;
-  for (; j < k; ++j)  // the tail, in order
-    if (row[j] < m) m = row[j], idx = j;
-  for (int l = 0; l < kLanes; ++l)
-    if (best[l] < m || (best[l] == m && at[l] < idx)) m = best[l], idx = at[l];
-  return idx;
 }
 
 template <class T>
