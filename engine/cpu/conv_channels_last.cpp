@@ -17,11 +17,14 @@
 namespace quanta::cpu {
 namespace {
 
-// Calls tap(p, tap_index, pixel) for every output pixel p of one image and
-// every kernel tap, pixel being the offset of the input pixel (ih * W + iw),
-// or -1 where the tap lands in the padding.
-template <class Tap>
-void for_each_tap(const ConvGeom& g, Tap tap) {
+// Calls row(p0, t, base, lo, hi) for every output row oh (p0 = oh OW, its
+// first pixel) and kernel tap t, in the order (oh, tap): tap t of output
+// pixel (oh, ow) reads input pixel base + ow * stride[1] for ow in [lo, hi)
+// and lands in the padding elsewhere (everywhere when the tap's input row is
+// outside the image). The callers loop over ow themselves, so that their
+// inner loops are plain strided loops the compiler unrolls.
+template <class Row>
+void for_each_tap_row(const ConvGeom& g, Row row) {
   for (int64_t oh = 0; oh < g.OH; ++oh)
     for (int64_t i = 0; i < g.kh; ++i) {
       const int64_t ih = oh * g.stride[0] - g.padding[0] + i * g.dilation[0];
@@ -30,9 +33,7 @@ void for_each_tap(const ConvGeom& g, Tap tap) {
         const int64_t dw = j * g.dilation[1] - g.padding[1];
         int64_t lo = 0, hi = 0;
         if (row_inside) valid_range(dw, g.stride[1], g.W, g.OW, lo, hi);
-        const int64_t t = i * g.kw + j;
-        for (int64_t ow = 0; ow < g.OW; ++ow)
-          tap(oh * g.OW + ow, t, ow >= lo && ow < hi ? ih * g.W + ow * g.stride[1] + dw : -1);
+        row(oh * g.OW, i * g.kw + j, ih * g.W + dw, lo, hi);
       }
     }
 }
@@ -42,27 +43,36 @@ void for_each_tap(const ConvGeom& g, Tap tap) {
 // compiler vectorises: C is a few dozen floats, too few for a memcpy call.
 template <class T>
 void im2col_nhwc(const T* x, T* cols, const ConvGeom& g) {
-  const int64_t C = g.C, row = g.kh * g.kw * C;
-  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
-    T* dst = cols + p * row + t * C;
-    if (pixel < 0) {
-      for (int64_t c = 0; c < C; ++c) dst[c] = T(0);
-    } else {
-      const T* src = x + pixel * C;
-      for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+  const int64_t C = g.C, row = g.kh * g.kw * C, sw = g.stride[1];
+  for_each_tap_row(g, [&](int64_t p0, int64_t t, int64_t base, int64_t lo, int64_t hi) {
+    T* dst = cols + p0 * row + t * C;
+    for (int64_t ow = 0; ow < lo; ++ow)
+      for (int64_t c = 0; c < C; ++c) dst[ow * row + c] = T(0);
+    for (int64_t ow = lo; ow < hi; ++ow) {
+      const T* src = x + (base + ow * sw) * C;
+      for (int64_t c = 0; c < C; ++c) dst[ow * row + c] = src[c];
     }
+    for (int64_t ow = hi; ow < g.OW; ++ow)
+      for (int64_t c = 0; c < C; ++c) dst[ow * row + c] = T(0);
   });
 }
 
-// x [H W, C] += col2im(cols): the adjoint of im2col_nhwc.
+// x [H W, C] += col2im(cols): the adjoint of im2col_nhwc. Each pixel's
+// terms add in (oh, tap, ow) order whatever C is.
 template <class T>
 void col2im_nhwc(const T* cols, T* x, const ConvGeom& g) {
-  const int64_t C = g.C, row = g.kh * g.kw * C;
-  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
-    if (pixel < 0) return;
-    const T* src = cols + p * row + t * C;
-    T* dst = x + pixel * C;
-    for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
+  const int64_t C = g.C, row = g.kh * g.kw * C, sw = g.stride[1];
+  for_each_tap_row(g, [&](int64_t p0, int64_t t, int64_t base, int64_t lo, int64_t hi) {
+    const T* src = cols + p0 * row + t * C;
+    if (C == 1) {  // the image down to one channel (a decoder's last layer)
+      T* dst = x + base;
+      for (int64_t ow = lo; ow < hi; ++ow) dst[ow * sw] += src[ow * row];
+      return;
+    }
+    for (int64_t ow = lo; ow < hi; ++ow) {
+      T* dst = x + (base + ow * sw) * C;
+      for (int64_t c = 0; c < C; ++c) dst[c] += src[ow * row + c];
+    }
   });
 }
 
@@ -100,8 +110,10 @@ void weight_from_order(const T* src, const ConvGeom& g, WeightOrder s, T* w) {
 std::unique_ptr<int32_t[]> tap_table(const ConvGeom& g) {
   const int64_t kk = g.kh * g.kw;
   std::unique_ptr<int32_t[]> table(new int32_t[g.L() * kk]);
-  for_each_tap(g, [&](int64_t p, int64_t t, int64_t pixel) {
-    table[p * kk + t] = static_cast<int32_t>(pixel);
+  for_each_tap_row(g, [&](int64_t p0, int64_t t, int64_t base, int64_t lo, int64_t hi) {
+    for (int64_t ow = 0; ow < g.OW; ++ow)
+      table[(p0 + ow) * kk + t] =
+          ow >= lo && ow < hi ? static_cast<int32_t>(base + ow * g.stride[1]) : -1;
   });
   return table;
 }
