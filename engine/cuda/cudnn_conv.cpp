@@ -105,9 +105,12 @@ Key key_of(int device, ConvKind kind, DType dtype, const ConvGeom& g, Choice cho
 }
 
 // One convolution's descriptors and chosen algorithm; usable = false when
-// cuDNN takes no algorithm for it (the caller then uses im2col).
+// cuDNN takes no algorithm for it (the caller then uses im2col), refused =
+// true once the chosen one said "not supported" when it ran (its heuristics
+// rank an algorithm before checking every layout and dtype it meets).
 struct Plan {
   bool usable = false;
+  mutable std::atomic<bool> refused{false};
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, x_bias = nullptr, y_bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
@@ -274,8 +277,14 @@ bool filter_transposed(const ConvGeom& g) {
   return g.channels_last && g.cg() > 1 && g.kh * g.kw > 1;
 }
 
+// cuDNN's "not supported" family (3000-3999 in cuDNN 9): the call did
+// nothing, and the im2col path can run the convolution instead.
+bool not_supported(cudnnStatus_t st) { return st / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000; }
+
+// Runs the plan; false, having written nothing, when cuDNN refuses the
+// convolution itself (any other failure throws).
 template <class Scalar>
-void run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void* a, const void* b,
+bool run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void* a, const void* b,
          const void* bias, void* out) {
   const Scalar one = 1, zero = 0;
   Scratch<unsigned char> workspace(static_cast<int64_t>(p.workspace));
@@ -288,22 +297,29 @@ void run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void*
   }
   void* const weight_grad = transposed ? filter.get() : out;
   std::lock_guard<std::mutex> lock(h.mu);
+  cudnnStatus_t st{};
   if (kind == ConvKind::forward) {
-    QUANTA_CUDNN_CHECK(cudnnConvolutionForward(h.h, &one, p.x, a, p.w, b, p.conv,
-                                               static_cast<cudnnConvolutionFwdAlgo_t>(p.algo),
-                                               workspace.get(), p.workspace, &zero, p.y, out));
-    if (bias) QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out));
+    st = cudnnConvolutionForward(h.h, &one, p.x, a, p.w, b, p.conv,
+                                 static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), workspace.get(),
+                                 p.workspace, &zero, p.y, out);
   } else if (kind == ConvKind::input_grad) {
-    QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        h.h, &one, p.w, b, p.y, a, p.conv, static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
-        workspace.get(), p.workspace, &zero, p.x, out));
-    if (bias) QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.x_bias, bias, &one, p.x, out));
+    st = cudnnConvolutionBackwardData(h.h, &one, p.w, b, p.y, a, p.conv,
+                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
+                                      workspace.get(), p.workspace, &zero, p.x, out);
   } else {
-    QUANTA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        h.h, &one, p.x, a, p.y, b, p.conv, static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo),
-        workspace.get(), p.workspace, &zero, p.w, weight_grad));
-    if (transposed) copy_transposed(copy, dtype_v<Scalar>, g.O, taps, g.cg(), weight_grad, out);
+    st = cudnnConvolutionBackwardFilter(h.h, &one, p.x, a, p.y, b, p.conv,
+                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo),
+                                        workspace.get(), p.workspace, &zero, p.w, weight_grad);
   }
+  if (not_supported(st)) return false;
+  QUANTA_CUDNN_CHECK(st);
+  if (kind == ConvKind::forward && bias)
+    QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out));
+  if (kind == ConvKind::input_grad && bias)
+    QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.x_bias, bias, &one, p.x, out));
+  if (kind == ConvKind::weight_grad && transposed)
+    copy_transposed(copy, dtype_v<Scalar>, g.O, taps, g.cg(), weight_grad, out);
+  return true;
 }
 
 }  // namespace
@@ -313,13 +329,14 @@ bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, co
   if (no_work(g)) return false;
   Handle& h = current_handle();
   const Plan& p = plan_for(h, kind, dtype, g);
-  (p.usable ? ran_cudnn : ran_im2col).fetch_add(1, std::memory_order_relaxed);
-  if (!p.usable) return false;
-  if (dtype == DType::f64)
-    run<double>(h, p, kind, g, a, b, bias, out);
-  else
-    run<float>(h, p, kind, g, a, b, bias, out);
-  return true;
+  bool ran = p.usable && !p.refused.load(std::memory_order_relaxed);
+  if (ran) {
+    ran = dtype == DType::f64 ? run<double>(h, p, kind, g, a, b, bias, out)
+                              : run<float>(h, p, kind, g, a, b, bias, out);
+    if (!ran) p.refused.store(true, std::memory_order_relaxed);
+  }
+  (ran ? ran_cudnn : ran_im2col).fetch_add(1, std::memory_order_relaxed);
+  return ran;
 }
 
 void prepare_cudnn() { current_handle(); }
