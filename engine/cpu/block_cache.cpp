@@ -94,10 +94,12 @@ Cache& cache() {
 }
 
 void* fresh_block(std::size_t bytes) {
-  void* p = std::aligned_alloc(kCachedBlockMin, bytes);
+  constexpr std::size_t kPage = 4096;
+  const bool huge = bytes >= kHugeBlock;
+  void* p = std::aligned_alloc(huge ? kHugeBlock : kPage, bytes);
   if (!p) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
-  madvise(p, bytes, MADV_HUGEPAGE);  // advice only
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only
 #endif
   return p;
 }
@@ -178,9 +180,8 @@ BlockCacheStats block_cache_stats() {
 }
 
 ScratchBuffer::ScratchBuffer(std::size_t bytes) {
-  constexpr std::size_t kFromCache = std::size_t(256) << 10;
-  if (bytes >= kFromCache) {
-    block_bytes_ = (bytes + kCachedBlockMin - 1) / kCachedBlockMin * kCachedBlockMin;
+  block_bytes_ = cached_block_size(bytes);
+  if (block_bytes_ > 0) {
     data_ = take_block(block_bytes_);
   } else {
     data_ = std::malloc(std::max<std::size_t>(bytes, 1));

@@ -7,28 +7,43 @@
 // engine besides the thread-local guards and the thread count: a bounded,
 // mutex-guarded set of free blocks.
 //
-// Only blocks of at least 2 MiB go through it (smaller ones are cheap for
-// malloc). The bound: blocks in use plus blocks kept never exceed the most
-// that were ever in use at once by more than half of it (at least 512 MiB).
-// So the cache keeps a whole training step's blocks (a Llama step's exceed
-// 512 MiB: without them every step faulted its pages in again, 25-30% of its
-// time, docs/performance.md) and never makes the process hold more than 1.5x
-// its own peak: a fresh block that would pass the bound first frees the
-// blocks kept longest. QUANTA_CPU_CACHE_MB (read once) sets a fixed bound on
-// the blocks kept instead (at most that many MiB, whatever is in use); 0
-// turns the cache off. Builds with AddressSanitizer keep
-// nothing, so a use after free is still reported.
+// Blocks of 64 KiB and more go through it: from 2 MiB up rounded to whole
+// huge pages, below that to 64 KiB. Smaller ones are malloc's, which keeps
+// them in its heap; the mid sizes were not cheap for malloc after all: glibc
+// maps and unmaps them, or trims its heap's top, so that every step of the
+// main job (activations of 0.2 to 1.6 MiB) faulted their pages in again
+// (342,600 page faults in 300 steps, docs/performance.md). The bound: blocks in use plus blocks
+// kept never exceed the most that were ever in use at once by more than half of it (at least 512
+// MiB). So the cache keeps a whole training step's blocks (a Llama step's exceed 512 MiB: without
+// them every step faulted its pages in again, 25-30% of its time, docs/performance.md) and never
+// makes the process hold more than 1.5x its own peak: a fresh block that would pass the bound first
+// frees the blocks kept longest. QUANTA_CPU_CACHE_MB (read once) sets a fixed bound on the blocks
+// kept instead (at most that many MiB, whatever is in use); 0 turns the cache off. Builds with
+// AddressSanitizer keep nothing, so a use after free is still reported.
 #include <cstddef>
 
 namespace quanta::cpu {
 
-/** Blocks this size and larger go through the cache (2 MiB, a huge page). */
-inline constexpr std::size_t kCachedBlockMin = std::size_t(2) << 20;
+/** A huge page: blocks this size and larger are whole huge pages, aligned to
+ * one and advised to use them. */
+inline constexpr std::size_t kHugeBlock = std::size_t(2) << 20;
+/** Blocks this size and larger go through the cache; smaller ones also come
+ * in multiples of it. */
+inline constexpr std::size_t kCachedBlockMin = std::size_t(64) << 10;
 
-/** A block of `bytes` (a multiple of kCachedBlockMin), aligned to
- * kCachedBlockMin: a kept block of exactly that size when one is free (its
- * pages already touched), else a fresh one advised to use huge pages.
- * Throws std::bad_alloc when memory runs out. */
+/** The size of the cached block a buffer of `bytes` takes: 0 below
+ * kCachedBlockMin (malloc's business), else `bytes` rounded up to a
+ * multiple of kCachedBlockMin, or of kHugeBlock from kHugeBlock up. */
+constexpr std::size_t cached_block_size(std::size_t bytes) {
+  if (bytes < kCachedBlockMin) return 0;
+  const std::size_t unit = bytes < kHugeBlock ? kCachedBlockMin : kHugeBlock;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+/** A block of `bytes` (a size cached_block_size gives): a kept block of
+ * exactly that size when one is free (its pages already touched), else a
+ * fresh one, aligned to a page, or to a huge page and advised to use huge
+ * pages from kHugeBlock up. Throws std::bad_alloc when memory runs out. */
 void* take_block(std::size_t bytes);
 
 /** Gives back a block from take_block(bytes): kept for reuse, or freed when
@@ -52,11 +67,10 @@ struct BlockCacheStats {
 };
 BlockCacheStats block_cache_stats();
 
-/** A kernel's scratch memory for one call. From 256 KiB up it is rounded
- * to whole cached blocks and comes from (and goes back to) the cache: a
- * kernel called every step (a convolution's im2col columns) then reuses the
- * same pages instead of faulting in fresh ones from malloc each call.
- * Smaller buffers are plain malloc. */
+/** A kernel's scratch memory for one call: a cached block where
+ * cached_block_size gives one, so that a kernel called every step (a
+ * convolution's im2col columns) reuses the same pages instead of faulting in
+ * fresh ones each call; smaller buffers are plain malloc. */
 class ScratchBuffer {
  public:
   explicit ScratchBuffer(std::size_t bytes);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "engine/cpu/block_cache.h"
@@ -183,6 +184,33 @@ TEST_CASE("large CPU buffers are reused: a freed 4 MiB block backs the next 4 Mi
   CHECK(sum(c).item() == 0.0);
   Tensor small = empty({16});  // small blocks are malloc's business
   CHECK(cpu::cached_block_bytes() == before);
+}
+
+TEST_CASE("mid-size CPU buffers are reused too: 64 KiB classes below 2 MiB, huge pages above") {
+  CHECK(cpu::cached_block_size(0) == 0);
+  CHECK(cpu::cached_block_size((std::size_t(64) << 10) - 1) == 0);  // malloc's
+  CHECK(cpu::cached_block_size(std::size_t(64) << 10) == std::size_t(64) << 10);
+  CHECK(cpu::cached_block_size(300 * 1024) == std::size_t(320) << 10);
+  CHECK(cpu::cached_block_size((std::size_t(2) << 20) - 1) == std::size_t(2) << 20);
+  CHECK(cpu::cached_block_size((std::size_t(2) << 20) + 1) == std::size_t(4) << 20);
+  const std::size_t before = cpu::cached_block_bytes();
+  const void* first = nullptr;
+  {
+    Tensor a = empty({75 * 1024});  // 300 KiB of f32: a main-job activation's size
+    first = a.raw_data();
+    fill_(a, 3.0);
+  }
+  if (cpu::cached_block_bytes() == before) {
+    MESSAGE("the CPU block cache is off (AddressSanitizer build or QUANTA_CPU_CACHE_MB=0)");
+    return;
+  }
+  CHECK(cpu::cached_block_bytes() == before + (std::size_t(320) << 10));
+  Tensor b = empty({75 * 1024});
+  CHECK(b.raw_data() == first);  // the same pages, no fault on first touch
+  CHECK(reinterpret_cast<std::uintptr_t>(b.raw_data()) % 4096 == 0);
+  CHECK(cpu::cached_block_bytes() == before);
+  Tensor c = zeros({70 * 1024});  // another size of the same class: its own zeros
+  CHECK(sum(c).item() == 0.0);
 }
 
 TEST_CASE("the CPU block cache keeps a step's blocks, within 1.5x the peak in use") {
