@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 namespace quanta::io {
 namespace {
@@ -49,25 +50,44 @@ void sync_folder_of(const std::string& path, const char* op) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces,
-                       const char* op) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) fail(op, "cannot create " + tmp);
+AtomicFileWriter::AtomicFileWriter(std::string path, const char* op)
+    : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())), op_(op) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) fail(op_, "cannot create " + tmp_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ < 0) return;  // committed
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::write(ByteSpan piece) {
+  if (fd_ < 0) throw std::logic_error(std::string("[") + op_ + "] " + path_ + " is committed");
+  if (piece.size > 0) write_all(fd_, piece.data, piece.size, tmp_, op_);
+}
+
+void AtomicFileWriter::commit() {
+  if (fd_ < 0) throw std::logic_error(std::string("[") + op_ + "] " + path_ + " is committed");
+  if (::fsync(fd_) != 0) fail(op_, "fsync of " + tmp_ + " failed");
+  const int closed = ::close(fd_);
+  fd_ = -1;
   try {
-    for (const ByteSpan& piece : pieces)
-      if (piece.size > 0) write_all(fd, piece.data, piece.size, tmp, op);
-    if (::fsync(fd) != 0) fail(op, "fsync of " + tmp + " failed");
-    const int closed = ::close(fd);
-    fd = -1;
-    if (closed != 0) fail(op, "closing " + tmp + " failed");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail(op, "cannot rename " + tmp + " to " + path);
+    if (closed != 0) fail(op_, "closing " + tmp_ + " failed");
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      fail(op_, "cannot rename " + tmp_ + " to " + path_);
   } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlink(tmp_.c_str());
     throw;
   }
-  sync_folder_of(path, op);
+  sync_folder_of(path_, op_);
+}
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces,
+                       const char* op) {
+  AtomicFileWriter file(path, op);
+  for (const ByteSpan& piece : pieces) file.write(piece);
+  file.commit();
 }
 
 void write_text_atomic(const std::string& path, const std::string& text, const char* op) {

@@ -14,6 +14,28 @@ struct ByteSpan {
   uint64_t size = 0;
 };
 
+/** A file written piece by piece and put in place whole: the pieces go to a
+ * temporary file beside `path`; commit() syncs it and renames it over `path`.
+ * Destroyed uncommitted (an error while making the next piece), the
+ * temporary file is removed and `path` is as it was. For files larger than
+ * memory, written as their parts are made. Errors as write_file_atomic's. */
+class AtomicFileWriter {
+ public:
+  AtomicFileWriter(std::string path, const char* op);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(ByteSpan piece);
+  /** Syncs, closes and renames the file over `path`, then syncs its folder. */
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  const char* op_;
+  int fd_ = -1;
+};
+
 /** Writes `pieces` one after another to `path` atomically (see above).
  * Errors are std::runtime_error starting with "[op]" and naming the file;
  * the temporary file is removed. */

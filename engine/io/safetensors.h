@@ -7,6 +7,7 @@
 // and trailing bytes: the tensors must tile the buffer exactly) and reports
 // every problem as an error naming the file, never as a crash.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,9 +51,31 @@ struct SafetensorsHeader {
 /** Writes `tensors` and `metadata` to `path` atomically: a temporary file in the
  * same folder, fsync, rename over `path`, fsync of the folder. On failure `path`
  * is left as it was and the temporary file is removed. Tensors are copied to the
- * CPU and made contiguous; names must be unique and not "__metadata__". */
+ * CPU and made contiguous one at a time as they are written; names must be
+ * unique and not "__metadata__". */
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+/** A tensor to write that is made only when its turn comes: its name, dtype
+ * and shape (what the header says) are known up front, its values made by
+ * `make`. */
+struct TensorSource {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::function<Tensor()> make;
+};
+
+/** save_safetensors of tensors made one at a time: the header from the
+ * sources' names, dtypes and shapes (refused as save_safetensors refuses them
+ * before anything is made), then each tensor made in the file's order,
+ * copied to the host, written and let go before the next is made, so that
+ * peak memory is one tensor, not the file (a merged model larger than the
+ * host's memory or the device's). A tensor made with another dtype or shape
+ * than its source says is an error naming it; on any error `path` is left as
+ * it was. */
+void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& sources,
+                               const std::map<std::string, std::string>& metadata = {});
 
 /** Reads and validates a whole safetensors file; throws std::runtime_error
  * naming `path` and the problem ("PATH is not a safetensors file (...)" when

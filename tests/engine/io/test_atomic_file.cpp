@@ -41,6 +41,28 @@ TEST_CASE("write_text_atomic replaces a file and leaves no temporary file") {
                        doctest::Contains("[op] cannot create"), std::runtime_error);
 }
 
+TEST_CASE("AtomicFileWriter puts its file in place at commit, and nothing when dropped") {
+  TempDir t("atomic_writer");
+  const std::string path = t.file("big.bin");
+  io::write_text_atomic(path, "old", "test");
+  {
+    io::AtomicFileWriter file(path, "test");
+    file.write({"ab", 2});
+    file.write({"cd", 2});
+    CHECK(read_text(path) == "old");  // nothing shows before commit
+  }                                   // dropped uncommitted: an error while making the next piece
+  CHECK(read_text(path) == "old");
+  CHECK(std::distance(fs::directory_iterator(t.path()), fs::directory_iterator()) == 1);
+  io::AtomicFileWriter file(path, "test");
+  file.write({"ab", 2});
+  file.write({"", 0});
+  file.write({"cd", 2});
+  file.commit();
+  CHECK(read_text(path) == "abcd");
+  CHECK(std::distance(fs::directory_iterator(t.path()), fs::directory_iterator()) == 1);
+  CHECK_THROWS_WITH_AS(file.write({"e", 1}), doctest::Contains("is committed"), std::logic_error);
+}
+
 TEST_CASE("replace_folder moves a staged folder in, or swaps it for the old one whole") {
   TempDir t("atomic_folder");
   const std::string dir = t.file("adapters"), staged = t.file("adapters.staged");

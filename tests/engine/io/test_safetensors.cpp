@@ -371,6 +371,74 @@ TEST_CASE("safetensors save is atomic") {
   }
 }
 
+TEST_CASE("save_safetensors_streamed makes each tensor in the file's order, one at a time") {
+  TempDir dir;
+  TensorMap in = every_dtype();
+  Tensor codes = empty({2, 64}, {.dtype = DType::nf4});  // a byte-only dtype
+  for (std::size_t i = 0; i < codes.nbytes(); ++i)
+    static_cast<uint8_t*>(codes.raw_data())[i] = uint8_t(i * 37);
+  in.emplace_back("codes", codes);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  // Each source remembers when it was made and whether the one before it
+  // was let go first (the writer holds one made tensor at a time).
+  std::vector<std::string> made;
+  std::weak_ptr<Storage> last;
+  bool one_at_a_time = true;
+  std::vector<TensorSource> sources;
+  for (const auto& [name, t] : in)
+    sources.push_back({name, t.dtype(), t.shape(), [&, name = name, t = t] {
+                         made.push_back(name);
+                         if (!last.expired()) one_at_a_time = false;
+                         // Bytes of its own, so that letting it go frees them.
+                         Tensor copy = empty(t.shape(), {.dtype = t.dtype()});
+                         if (t.nbytes() > 0)
+                           std::memcpy(copy.raw_data(), t.contiguous().raw_data(), t.nbytes());
+                         last = copy.storage();
+                         return copy;
+                       }});
+  const std::string path = dir.file("streamed.safetensors");
+  save_safetensors_streamed(path, sources, meta);
+  CHECK(one_at_a_time);
+  CHECK(read_file(path) == bytes_of(serialize_safetensors(in, meta)));
+  // The file's order: the header's entries by their data offsets.
+  const SafetensorsHeader h = read_safetensors_header(path);
+  std::vector<std::string> file_order;
+  for (const SafetensorsEntry& e : h.tensors) file_order.push_back(e.name);
+  CHECK(made == file_order);
+
+  SUBCASE("a tensor made with another shape or dtype than declared leaves the file as it was") {
+    const std::string before = read_file(path);
+    std::vector<TensorSource> wrong = {
+        {"a", DType::f32, {2}, [] { return zeros({2}); }},
+        {"b", DType::f32, {3}, [] { return zeros({4}); }},
+    };
+    CHECK_THROWS_WITH_AS(save_safetensors_streamed(path, wrong),
+                         doctest::Contains("tensor 'b' was made as f32 [4], not the f32 [3]"),
+                         std::runtime_error);
+    wrong[1] = {"b", DType::bf16, {4}, [] { return zeros({4}); }};
+    CHECK_THROWS_WITH_AS(save_safetensors_streamed(path, wrong),
+                         doctest::Contains("was made as f32 [4], not the bf16 [4]"),
+                         std::runtime_error);
+    wrong[1] = {
+        "b", DType::f32, {4}, []() -> Tensor { throw std::runtime_error("out of memory"); }};
+    CHECK_THROWS_WITH_AS(save_safetensors_streamed(path, wrong), "out of memory",
+                         std::runtime_error);
+    CHECK(read_file(path) == before);
+    CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
+  }
+  SUBCASE("what the declarations alone refuse is refused before anything is made") {
+    made.clear();
+    sources.push_back({"f32", DType::f32, {1}, [] { return zeros({1}); }});
+    CHECK_THROWS_WITH_AS(save_safetensors_streamed(path, sources),
+                         doctest::Contains("duplicate tensor name 'f32'"), std::invalid_argument);
+    sources.back() = {"neg", DType::f32, {-1}, [] { return zeros({1}); }};
+    CHECK_THROWS_WITH_AS(save_safetensors_streamed(path, sources),
+                         doctest::Contains("tensor 'neg' has shape [-1], which has no size"),
+                         std::invalid_argument);
+    CHECK(made.empty());
+  }
+}
+
 TEST_CASE("safetensors rejects every corruption class with a clear error") {
   const std::string f32x2 = bytes_of(std::vector<float>{1, 2});
   const std::string ok = R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
