@@ -208,14 +208,24 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device,
 }
 
 void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside) {
-  fs::create_directories(dir);
-  io::write_text_atomic((fs::path(dir) / "config.json").string(),
-                        decoder_config_json(model.config()), "save_causal_lm");
-  io::TensorMap tensors;
+  std::vector<io::TensorSource> weights;
   for (const auto& [name, t] : model.state_dict())
-    tensors.push_back({stored_weight_name(model.config(), name), t.detach()});
-  for (const auto& [name, t] : beside) tensors.push_back({name, t});
-  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    weights.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
+  save_causal_lm_streamed(model.config(), dir, weights, beside);
+}
+
+void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir,
+                             const std::vector<io::TensorSource>& weights,
+                             const StateDict& beside) {
+  fs::create_directories(dir);
+  io::write_text_atomic((fs::path(dir) / "config.json").string(), decoder_config_json(config),
+                        "save_causal_lm");
+  std::vector<io::TensorSource> stored = weights;
+  for (io::TensorSource& w : stored) w.name = stored_weight_name(config, w.name);
+  for (const auto& [name, t] : beside)
+    stored.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
+  io::save_safetensors_streamed((fs::path(dir) / "model.safetensors").string(), stored,
+                                {{"format", "pt"}});
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {

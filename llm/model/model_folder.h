@@ -83,6 +83,17 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device =
  * tower. An existing config.json or model.safetensors is replaced. */
 void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside = {});
 
+/** save_causal_lm of a model of `config` whose weights are made one at a
+ * time: `weights` under the model's names (its state dict's,
+ * "model.layers.0.mlp.up_proj.weight"), each made, copied to the host and
+ * written when its turn in the file comes (io::save_safetensors_streamed), so
+ * that the host holds one tensor at a time, never the model
+ * (save_merged_causal_lm). The same files as save_causal_lm of a model
+ * holding those tensors. */
+void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir,
+                             const std::vector<io::TensorSource>& weights,
+                             const StateDict& beside = {});
+
 /** Copies the files of folder `from` that go with its weights but are not
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,
  * special_tokens_map.json, generation_config.json, chat_template.jinja and

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -15,6 +16,7 @@
 #include "engine/ops/linalg.h"
 #include "engine/ops/reduce.h"
 #include "engine/text.h"
+#include "llm/model/model_folder.h"
 #include "llm/qlora/lora_targets.h"
 #include "quant/nf4/nf4_interop.h"
 
@@ -722,6 +724,53 @@ void merge_qlora(CausalLM& model) {
     Tensor t = p;
     t.requires_grad_(false);
   }
+}
+
+void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside) {
+  check_qlora_mergeable(model);
+  model.merge_trainable_tokens();
+  const DType dtype = model.config().dtype;
+  // The tensors of the merged layers, made when written, as merge_qlora's
+  // plain Linear holds them.
+  std::vector<io::TensorSource> weights;
+  std::vector<std::string> merged;  // layers whose own tensors are replaced
+  const auto under_merged = [&merged](const std::string& name) {
+    return std::any_of(merged.begin(), merged.end(), [&](const std::string& layer) {
+      return name.size() > layer.size() && name.starts_with(layer) && name[layer.size()] == '.';
+    });
+  };
+  const auto add_layer = [&](const std::string& layer, const quant::NF4Linear& base,
+                             std::function<Tensor()> weight, std::function<Tensor()> bias) {
+    merged.push_back(layer);
+    const auto in_dtype = [dtype](std::function<Tensor()> make) {
+      return [dtype, make = std::move(make)] {
+        NoGradGuard no_grad;
+        return make().to(dtype).contiguous();
+      };
+    };
+    weights.push_back({layer + ".weight",
+                       dtype,
+                       {base.out_features(), base.in_features()},
+                       in_dtype(std::move(weight))});
+    if (bias) weights.push_back({layer + ".bias", dtype, {base.out_features()}, in_dtype(bias)});
+  };
+  for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model)) {
+    const quant::LoRALinear* l = s.module;
+    const bool has_bias = l->base()->bias().defined() || l->lora_B_bias().defined();
+    add_layer(
+        s.name, *l->base(), [l] { return l->merged_weight(); },
+        has_bias ? std::function<Tensor()>([l] { return l->merged_bias(); }) : nullptr);
+  }
+  for (const Slot<quant::NF4Linear>& s : find_children<quant::NF4Linear>(model)) {
+    if (under_merged(s.name)) continue;  // an adapted layer's base
+    const quant::NF4Linear* n = s.module;
+    add_layer(
+        s.name, *n, [n] { return n->dequantized_weight(); },
+        n->bias().defined() ? std::function<Tensor()>([n] { return n->bias(); }) : nullptr);
+  }
+  for (const auto& [name, t] : model.state_dict())
+    if (!under_merged(name)) weights.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
+  save_causal_lm_streamed(model.config(), dir, weights, beside);
 }
 
 }  // namespace quanta::llm

@@ -171,6 +171,17 @@ void load_bnb_base(Module& model, const std::map<std::string, Tensor>& tensors,
  * a bias, before anything is replaced. */
 void merge_qlora(CausalLM& model);
 
+/** Writes to `dir` the folder merge_qlora then save_causal_lm(model, dir,
+ * beside) would write (the same files, byte for byte), a layer at a time:
+ * each merged (or dequantized) weight is made on the model's device when its
+ * turn in the file comes, copied to the host, written and let go, so that
+ * neither the device nor the host holds the float model (peak: the converted
+ * model as it is plus a float layer or two). The model keeps its adapters and
+ * 4-bit bases; its trainable tokens are written into their layers first, as
+ * merge_qlora writes them. Refuses what merge_qlora refuses before writing;
+ * on an error `dir`'s model.safetensors is as it was. */
+void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside = {});
+
 /** merge_qlora's check alone: throws std::invalid_argument naming the first
  * adapted layer with lora_bias whose base has no bias. */
 void check_qlora_mergeable(Module& model);
