@@ -308,6 +308,21 @@ TEST_CASE("finetune --model: --merge-to, JSONL with labels, --grad-accum and --t
       scale = std::max(scale, double(std::abs(a[i])));
     }
     CHECK(worst < 1e-5 * scale);
+    // quanta merge of the run's adapters afterwards writes the same folder,
+    // on the CPU and on sim (modules trained whole, the vision tower and the
+    // tokenizer files included).
+    for (const std::string device : {"cpu", "sim"}) {
+      const std::string again = d.file("again_" + name + "_" + device);
+      const CliResult m =
+          run_quanta({"merge", "--model", model(name), "--adapters", d.file(run + "/adapters"),
+                      "--out", again, "--device", device});
+      REQUIRE_MESSAGE(m.code == 0, m.err);
+      CHECK(contains(m.out, "merged 4 adapted layers of " + d.file(run + "/adapters")));
+      for (const char* file : {"config.json", "model.safetensors"})
+        CHECK(slurp(again + "/" + file) == slurp(merged_dir + "/" + file));
+      CHECK(fs::exists(again + "/tokenizer_config.json") ==
+            fs::exists(merged_dir + "/tokenizer_config.json"));
+    }
   }
 
   const CliResult jsonl = run_quanta({"finetune", "--model", model("llama_gqa"), "--data",
@@ -1648,6 +1663,40 @@ TEST_CASE("finetune --model: bad input is one clear line") {
            "--data", d.file("train.bin"), "--seq-len", "32", "--out", d.file("o10"), "--merge-to",
            d.file("o10m")}),
       2, "--merge-to over a 4-bit image-text folder whose vision tower is stored quantized");
+}
+
+TEST_CASE("quanta merge: bad input is one clear line, and nothing is written") {
+  ScratchDir d("merge_bad");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(400, 9), llm::TokenWidth::u16);
+  // lora_bias on o_proj, which has no bias to take it: trained without
+  // --merge-to (which would refuse it up front), merging it is refused.
+  REQUIRE(run_quanta(finetune("qwen2_bias", d, "run",
+                              {"--steps", "2", "--target-modules", "o_proj", "--lora-bias"}))
+              .code == 0);
+  const std::string adapters = d.file("run/adapters");
+  const auto merge = [&](const std::string& base, std::vector<std::string> more) {
+    std::vector<std::string> args = {"merge", "--model", model(base)};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_quanta(args);
+  };
+  check_one_line_error(merge("qwen2_bias", {"--adapters", adapters, "--out", d.file("m1")}), 2,
+                       "o_proj has lora_bias but no bias of its own");
+  check_one_line_error(merge("qwen2_bias", {"--out", d.file("m2")}), 2, "--adapters is required");
+  check_one_line_error(merge("qwen2_bias", {"--adapters", adapters}), 2, "--out is required");
+  check_one_line_error(merge("llama_gqa", {"--adapters", adapters, "--out", d.file("m3")}), 1,
+                       "the adapters were made for base");
+  check_one_line_error(merge("qwen2_bias", {"--adapters", adapters, "--out", model("qwen2_bias")}),
+                       2, "is the base model this command reads");
+  check_one_line_error(merge("qwen2_bias", {"--adapters", d.file("none"), "--out", d.file("m4")}),
+                       1, "none");
+  check_one_line_error(
+      run_quanta(
+          {"merge", "--model",
+           quanta::testing::test_data("llm/qlora/transformers_4bit/gemma3_image_text_vision_4bit"),
+           "--adapters", adapters, "--out", d.file("m5")}),
+      2, "--out over a 4-bit image-text folder whose vision tower is stored quantized");
+  for (const char* out : {"m1", "m3", "m4", "m5"})
+    CHECK_FALSE(fs::exists(d.file(std::string(out) + "/model.safetensors")));
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {

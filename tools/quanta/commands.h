@@ -29,6 +29,10 @@ void add_quantize(CLI::App& app);
  * on an NF4 base of the classifier (finetune.cpp). */
 void add_finetune(CLI::App& app);
 
+/** `quanta merge --model DIR --adapters DIR --out DIR`: a PEFT adapter
+ * folder merged into its base, a layer at a time (merge.cpp). */
+void add_merge(CLI::App& app);
+
 /** `quanta launch -n N -- PROGRAM ARGS...` (launch.cpp). */
 void add_launch(CLI::App& app);
 

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   quanta::cli::add_parity(app);
   quanta::cli::add_quantize(app);
   quanta::cli::add_finetune(app);
+  quanta::cli::add_merge(app);
   quanta::cli::add_launch(app);
   // CLI11 would call an unknown word "an argument not expected": say it is not
   // a subcommand and list the real ones.

@@ -38,6 +38,7 @@
 #include "llm/qlora/qlora_model.h"
 #include "llm/text/chat_template.h"
 #include "llm/text/tokenizer.h"
+#include "merged_folder.h"
 #include "quanta_config.h"
 #include "run.h"
 #include "train/checkpoint.h"
@@ -529,20 +530,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   if (!from_folder || o.compute_dtype != "auto")
     q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
-  // A 4-bit image-text folder made without skipping its vision tower (load_in_4bit's
-  // default) stores it quantized, which a merged float folder cannot carry.
-  if (!o.merge_to.empty() && !config.image_text_config.empty() && llm::folder_quantization(o.model))
-    for (const auto& [name, t] : llm::read_non_decoder_weights(config, o.model))
-      if (name.find(".quant_state.") != std::string::npos || name.ends_with(".absmax"))
-        throw UsageError(
-            "--merge-to over a 4-bit image-text folder whose vision tower is stored quantized (" +
-            name +
-            "), which a merged float folder cannot carry (merge over the float base folder, or "
-            "one quanta quantize wrote)");
-  if (!o.merge_to.empty())
-    refuse_output_over_input(
-        "--merge-to", (fs::path(o.merge_to) / "model.safetensors").string(),
-        {{"the base model", (fs::path(o.model) / "model.safetensors").string()}});
+  if (!o.merge_to.empty()) refuse_unmergeable("--merge-to", o.model, o.merge_to);
 
   RunSpec spec;
   spec.files = {train::kCheckpointFile, train::kMetricsFile, kAdaptersDir};
@@ -770,18 +758,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   log << "adapters: " << adapters_dir << " (PEFT: adapter_config.json, " << llm::kAdapterWeightsFile
       << ")\n";
   if (!o.merge_to.empty()) {
-    llm::merge_qlora(*model);
-    // An image-text model's vision tower goes with it as the base stores it.
-    llm::save_causal_lm(*model, o.merge_to, llm::read_non_decoder_weights(config, o.model));
-    llm::copy_tokenizer_files(o.model, o.merge_to);
-    // As TRL saves a run's chat_template_path with the model: the template
-    // the data was rendered with is the one to chat with.
-    if (!o.chat_template_path.empty())
-      llm::ChatTemplate::from_folder(o.model, "", o.chat_template_path).save(o.merge_to);
-    log << "merged model: " << o.merge_to << " (" << llm::torch_dtype_name(config.dtype)
-        << ", the NF4 base dequantized plus the adapters; the base's tokenizer files"
-        << (o.chat_template_path.empty() ? "" : ", the chat template of --chat-template-path")
-        << ")\n";
+    const std::string holds =
+        write_merged_folder(*model, o.model, o.merge_to, o.chat_template_path);
+    log << "merged model: " << o.merge_to << " (" << holds << ")\n";
   }
 }
 

@@ -1,0 +1,27 @@
+#pragma once
+// A fine-tuned language model merged into a Hugging Face folder: what
+// `quanta finetune --merge-to` and `quanta merge` write, and what they
+// refuse before any work is done.
+#include <string>
+
+#include "llm/model/causal_lm.h"
+
+namespace quanta::cli {
+
+/** Refuses, as a UsageError naming `flag`, a merge into `out` that would
+ * overwrite the base folder `model_dir`'s weights, or that cannot be written:
+ * a 4-bit image-text folder whose vision tower is stored quantized (a merged
+ * float folder cannot carry it). Cheap: reads configs and headers only. */
+void refuse_unmergeable(const std::string& flag, const std::string& model_dir,
+                        const std::string& out);
+
+/** Writes `model` (converted and adapted) merged into folder `out`, a layer
+ * at a time (llm::save_merged_causal_lm: the float model is never whole on
+ * the device or the host), with the vision tower of an image-text base, the
+ * base's tokenizer files and, given, the chat template of
+ * `chat_template_path` (as TRL saves a run's with the model). Returns what
+ * the folder holds, for the command's last line. */
+std::string write_merged_folder(llm::CausalLM& model, const std::string& model_dir,
+                                const std::string& out, const std::string& chat_template_path = "");
+
+}  // namespace quanta::cli
