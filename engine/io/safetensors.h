@@ -66,6 +66,9 @@ struct TensorSource {
   std::function<Tensor()> make;
 };
 
+/** Sources that give `tensors` as they are (already made). */
+std::vector<TensorSource> tensor_sources(const TensorMap& tensors);
+
 /** save_safetensors of tensors made one at a time: the header from the
  * sources' names, dtypes and shapes (refused as save_safetensors refuses them
  * before anything is made), then each tensor made in the file's order,

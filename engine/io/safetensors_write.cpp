@@ -120,20 +120,19 @@ Tensor stored_bytes(const Planned& t) {
   return made.detach().to(Device::cpu()).contiguous();
 }
 
-TensorSource source_of(const std::string& name, const Tensor& t) {
-  if (!t.defined())
-    throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) + " is undefined");
-  return {name, t.dtype(), t.shape(), [t] { return t; }};
-}
+}  // namespace
 
-std::vector<TensorSource> sources_of(const TensorMap& tensors) {
+std::vector<TensorSource> tensor_sources(const TensorMap& tensors) {
   std::vector<TensorSource> out;
   out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) out.push_back(source_of(name, t));
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined())
+      throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) +
+                                  " is undefined");
+    out.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
+  }
   return out;
 }
-
-}  // namespace
 
 void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& sources,
                                const std::map<std::string, std::string>& metadata) {
@@ -151,12 +150,12 @@ void save_safetensors_streamed(const std::string& path, const std::vector<Tensor
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  save_safetensors_streamed(path, sources_of(tensors), metadata);
+  save_safetensors_streamed(path, tensor_sources(tensors), metadata);
 }
 
 std::vector<uint8_t> serialize_safetensors(const TensorMap& tensors,
                                            const std::map<std::string, std::string>& metadata) {
-  const std::vector<TensorSource> sources = sources_of(tensors);
+  const std::vector<TensorSource> sources = tensor_sources(tensors);
   const Plan p = plan(sources, metadata);
   // Sized once and filled with memcpy (GCC 12 misreports vector::insert here).
   std::vector<uint8_t> out(8 + p.header.size() + p.data_bytes);

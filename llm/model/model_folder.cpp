@@ -2,14 +2,20 @@
 #include "llm/model/model_folder.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/factory.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
 #include "llm/model/weight_names.h"
@@ -207,25 +213,118 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device,
   return model;
 }
 
-void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside) {
-  std::vector<io::TensorSource> weights;
-  for (const auto& [name, t] : model.state_dict())
-    weights.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
-  save_causal_lm_streamed(model.config(), dir, weights, beside);
+uint64_t parse_shard_size(const std::string& text) {
+  const auto fail = [&text]() -> uint64_t {
+    throw std::invalid_argument("shard size \"" + text +
+                                "\" is not a size: give bytes, or a number with KB, MB, GB or "
+                                "TB (\"5GB\", \"500MB\")");
+  };
+  std::string t = text;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+  if (t.empty()) return fail();
+  double scale = 1;
+  if (t.size() > 2 && std::isalpha(static_cast<unsigned char>(t.back()))) {
+    std::string unit = t.substr(t.size() - 2);
+    for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+    const std::map<std::string, double> units = {
+        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+    const auto it = units.find(unit);
+    if (it == units.end()) return fail();
+    scale = it->second;
+    t = t.substr(0, t.size() - 2);
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  } else if (t.find_first_not_of("0123456789") != std::string::npos) {
+    return fail();
+  }
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(t, &used);
+  } catch (const std::exception&) {
+    return fail();
+  }
+  if (used != t.size() || !std::isfinite(value) || value * scale < 1 || value * scale > 1e18)
+    return fail();
+  return static_cast<uint64_t>(value * scale);
+}
+
+void write_model_weights(const std::string& dir, const std::vector<io::TensorSource>& weights,
+                         const SaveOptions& options, const char* op) {
+  if (options.max_shard_bytes == 0)
+    throw std::invalid_argument(std::string("[") + op + "] max_shard_bytes must be positive");
+  // save_pretrained's split: in order, the open file closed when the next
+  // tensor would take it past the limit; a tensor over it in a file of its
+  // own, listed when met (the open file goes on after it).
+  std::vector<std::vector<io::TensorSource>> shards;
+  std::vector<io::TensorSource> open;
+  uint64_t in_open = 0, total_bytes = 0, total_elements = 0;
+  for (const io::TensorSource& w : weights) {
+    const uint64_t bytes = uint64_t(detail::storage_bytes(w.shape, w.dtype).value_or(0));
+    total_bytes += bytes;
+    total_elements += uint64_t(checked_numel(w.shape).value_or(0));
+    if (bytes > options.max_shard_bytes) {
+      shards.push_back({w});
+      continue;
+    }
+    if (!open.empty() && in_open + bytes > options.max_shard_bytes) {
+      shards.push_back(std::move(open));
+      open.clear();
+      in_open = 0;
+    }
+    open.push_back(w);
+    in_open += bytes;
+  }
+  if (!open.empty() || shards.empty()) shards.push_back(std::move(open));
+  const fs::path folder(dir);
+  const fs::path single = folder / "model.safetensors";
+  const fs::path index = folder / "model.safetensors.index.json";
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    io::save_safetensors_streamed(single.string(), shards[0], {{"format", "pt"}});
+    written.insert(single.filename().string());
+  } else {
+    nlohmann::ordered_json map = nlohmann::ordered_json::object();
+    char name[64];
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      io::save_safetensors_streamed((folder / name).string(), shards[i], {{"format", "pt"}});
+      for (const io::TensorSource& w : shards[i]) map[w.name] = name;
+      written.insert(name);
+    }
+    nlohmann::json j;  // sorted keys, as transformers dumps the index
+    j["metadata"] = {{"total_size", total_bytes}, {"total_parameters", total_elements}};
+    j["weight_map"] = map;
+    io::write_text_atomic(index.string(), j.dump(2) + "\n", op);
+    written.insert(index.filename().string());
+  }
+  // What an earlier save of the other layout left.
+  const std::regex shard_name(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  for (const auto& e : fs::directory_iterator(folder)) {
+    const std::string f = e.path().filename().string();
+    if (written.count(f) || !e.is_regular_file()) continue;
+    if (f == "model.safetensors" || f == "model.safetensors.index.json" ||
+        std::regex_match(f, shard_name))
+      fs::remove(e.path());
+  }
+}
+
+void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside,
+                    const SaveOptions& options) {
+  save_causal_lm_streamed(model.config(), dir, io::tensor_sources(model.state_dict()), beside,
+                          options);
 }
 
 void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir,
-                             const std::vector<io::TensorSource>& weights,
-                             const StateDict& beside) {
+                             const std::vector<io::TensorSource>& weights, const StateDict& beside,
+                             const SaveOptions& options) {
   fs::create_directories(dir);
   io::write_text_atomic((fs::path(dir) / "config.json").string(), decoder_config_json(config),
                         "save_causal_lm");
   std::vector<io::TensorSource> stored = weights;
   for (io::TensorSource& w : stored) w.name = stored_weight_name(config, w.name);
-  for (const auto& [name, t] : beside)
-    stored.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
-  io::save_safetensors_streamed((fs::path(dir) / "model.safetensors").string(), stored,
-                                {{"format", "pt"}});
+  for (const io::TensorSource& b : io::tensor_sources(beside)) stored.push_back(b);
+  write_model_weights(dir, stored, options);
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {

@@ -75,13 +75,45 @@ struct LoadOptions {
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu(),
                                          const LoadOptions& options = {});
 
+/** transformers' save_pretrained default max_shard_size (5.x): 50 GB. */
+inline constexpr uint64_t kDefaultMaxShardBytes = 50'000'000'000ull;
+
+/** How a model folder's weights are written. */
+struct SaveOptions {
+  /** The most bytes of weights one file holds (transformers' max_shard_size):
+   * more are split, in order, into model-0000N-of-0000M.safetensors listed by
+   * model.safetensors.index.json, as save_pretrained splits them (a file is
+   * closed when the next tensor would take it past this; a tensor larger than
+   * this has a file of its own). */
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+};
+
+/** transformers' max_shard_size as bytes: a number with a unit of KB, MB, GB
+ * or TB (powers of 1000, any case; "5GB", "1.5GB") or a whole number of
+ * bytes. Throws std::invalid_argument naming `text` otherwise, or for 0. */
+uint64_t parse_shard_size(const std::string& text);
+
+/** Writes the weights of model folder `dir` (which exists): `weights` under
+ * their stored names, in the order to shard them, each made when written
+ * (io::save_safetensors_streamed), in one model.safetensors or in shards
+ * with their index (metadata total_size and total_parameters, the elements
+ * written), as `options` says. The files of the other layout left by an
+ * earlier save (a model.safetensors beside new shards, shards and an index
+ * beside a new model.safetensors) are removed once the new ones are in
+ * place, so that a reader never takes old weights for new. Each file is
+ * written atomically; the folder as a whole is not. `op` starts errors. */
+void write_model_weights(const std::string& dir, const std::vector<io::TensorSource>& weights,
+                         const SaveOptions& options = {}, const char* op = "save_causal_lm");
+
 /** Writes `model` to `dir` (created if needed) as transformers does:
  * config.json (4.x names) and model.safetensors, tied embeddings stored
  * once, an image-text model's decoder in the hub's layout. `beside` (stored
  * names: read_non_decoder_weights of the folder the model came from) is
  * written with it, so that an image-text model's folder keeps its vision
- * tower. An existing config.json or model.safetensors is replaced. */
-void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside = {});
+ * tower. An existing config.json and weights are replaced (write_model_weights);
+ * a model over options.max_shard_bytes is written in shards. */
+void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside = {},
+                    const SaveOptions& options = {});
 
 /** save_causal_lm of a model of `config` whose weights are made one at a
  * time: `weights` under the model's names (its state dict's,
@@ -92,7 +124,7 @@ void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDi
  * holding those tensors. */
 void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir,
                              const std::vector<io::TensorSource>& weights,
-                             const StateDict& beside = {});
+                             const StateDict& beside = {}, const SaveOptions& options = {});
 
 /** Copies the files of folder `from` that go with its weights but are not
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,

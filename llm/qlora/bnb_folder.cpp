@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir,
-                     const StateDict& beside) {
+                     const StateDict& beside, const SaveOptions& options) {
   const DecoderConfig& c = model.config();
   const bool image_text = !c.image_text_config.empty();
   if (image_text && beside.empty())
@@ -77,7 +77,7 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, cons
   fs::create_directories(dir);
   io::write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n",
                         "save_bnb_folder");
-  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_model_weights(dir, io::tensor_sources(tensors), options, "save_bnb_folder");
 }
 
 std::optional<BaseQuantization> folder_quantization(const std::string& dir) {

@@ -28,9 +28,9 @@ namespace quanta::llm {
  * quantization_config's llm_int8_skip_modules names them (with lm_head), as
  * transformers writes a folder loaded with those skipped. Throws
  * std::invalid_argument for a model without NF4 layers, or an image-text
- * model without `beside`. */
+ * model without `beside`. Sharded as `options` says (write_model_weights). */
 void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, const std::string& dir,
-                     const StateDict& beside = {});
+                     const StateDict& beside = {}, const SaveOptions& options = {});
 
 /** The quantization a model folder's config.json records: set for a
  * bitsandbytes NF4 folder (quant_method bitsandbytes, load_in_4bit,

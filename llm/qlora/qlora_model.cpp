@@ -726,33 +726,35 @@ void merge_qlora(CausalLM& model) {
   }
 }
 
-void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside) {
+void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside,
+                           const SaveOptions& options) {
   check_qlora_mergeable(model);
   model.merge_trainable_tokens();
   const DType dtype = model.config().dtype;
-  // The tensors of the merged layers, made when written, as merge_qlora's
-  // plain Linear holds them.
-  std::vector<io::TensorSource> weights;
-  std::vector<std::string> merged;  // layers whose own tensors are replaced
-  const auto under_merged = [&merged](const std::string& name) {
-    return std::any_of(merged.begin(), merged.end(), [&](const std::string& layer) {
-      return name.size() > layer.size() && name.starts_with(layer) && name[layer.size()] == '.';
-    });
+  // The tensors of each merged layer, made when written, as merge_qlora's
+  // plain Linear holds them (weight, then bias).
+  std::map<std::string, std::vector<io::TensorSource>> merged;
+  const auto in_dtype = [dtype](std::function<Tensor()> make) {
+    return [dtype, make = std::move(make)] {
+      NoGradGuard no_grad;
+      return make().to(dtype).contiguous();
+    };
   };
   const auto add_layer = [&](const std::string& layer, const quant::NF4Linear& base,
                              std::function<Tensor()> weight, std::function<Tensor()> bias) {
-    merged.push_back(layer);
-    const auto in_dtype = [dtype](std::function<Tensor()> make) {
-      return [dtype, make = std::move(make)] {
-        NoGradGuard no_grad;
-        return make().to(dtype).contiguous();
-      };
-    };
-    weights.push_back({layer + ".weight",
-                       dtype,
-                       {base.out_features(), base.in_features()},
-                       in_dtype(std::move(weight))});
-    if (bias) weights.push_back({layer + ".bias", dtype, {base.out_features()}, in_dtype(bias)});
+    std::vector<io::TensorSource>& out = merged[layer];
+    out.push_back({layer + ".weight",
+                   dtype,
+                   {base.out_features(), base.in_features()},
+                   in_dtype(std::move(weight))});
+    if (bias) out.push_back({layer + ".bias", dtype, {base.out_features()}, in_dtype(bias)});
+  };
+  // The merged layer a state-dict name lies in, or none.
+  const auto layer_of = [&merged](const std::string& name) -> const std::string* {
+    for (const auto& [layer, tensors] : merged)
+      if (name.size() > layer.size() && name.starts_with(layer) && name[layer.size()] == '.')
+        return &layer;
+    return nullptr;
   };
   for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model)) {
     const quant::LoRALinear* l = s.module;
@@ -762,15 +764,26 @@ void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateD
         has_bias ? std::function<Tensor()>([l] { return l->merged_bias(); }) : nullptr);
   }
   for (const Slot<quant::NF4Linear>& s : find_children<quant::NF4Linear>(model)) {
-    if (under_merged(s.name)) continue;  // an adapted layer's base
+    if (layer_of(s.name)) continue;  // an adapted layer's base
     const quant::NF4Linear* n = s.module;
     add_layer(
         s.name, *n, [n] { return n->dequantized_weight(); },
         n->bias().defined() ? std::function<Tensor()>([n] { return n->bias(); }) : nullptr);
   }
-  for (const auto& [name, t] : model.state_dict())
-    if (!under_merged(name)) weights.push_back({name, t.dtype(), t.shape(), [t = t] { return t; }});
-  save_causal_lm_streamed(model.config(), dir, weights, beside);
+  // In the merged model's order: a merged layer's tensors where its first
+  // one was (the order save_pretrained shards by).
+  std::vector<io::TensorSource> weights;
+  std::set<std::string> placed;
+  for (const auto& [name, t] : model.state_dict()) {
+    const std::string* layer = layer_of(name);
+    if (!layer) {
+      weights.push_back(io::tensor_sources({{name, t}})[0]);
+    } else if (placed.insert(*layer).second) {
+      const std::vector<io::TensorSource>& tensors = merged.at(*layer);
+      weights.insert(weights.end(), tensors.begin(), tensors.end());
+    }
+  }
+  save_causal_lm_streamed(model.config(), dir, weights, beside, options);
 }
 
 }  // namespace quanta::llm

@@ -17,6 +17,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/nn/module.h"
 #include "llm/model/causal_lm.h"
+#include "llm/model/model_folder.h"
 #include "llm/qlora/lora_config.h"
 #include "quant/nf4/loftq.h"
 #include "quant/nf4/nf4_modules.h"
@@ -178,9 +179,11 @@ void merge_qlora(CausalLM& model);
  * neither the device nor the host holds the float model (peak: the converted
  * model as it is plus a float layer or two). The model keeps its adapters and
  * 4-bit bases; its trainable tokens are written into their layers first, as
- * merge_qlora writes them. Refuses what merge_qlora refuses before writing;
- * on an error `dir`'s model.safetensors is as it was. */
-void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside = {});
+ * merge_qlora writes them. Sharded as `options` says, in the merged model's
+ * order. Refuses what merge_qlora refuses before writing; on an error each
+ * weight file of `dir` is as it was. */
+void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside = {},
+                           const SaveOptions& options = {});
 
 /** merge_qlora's check alone: throws std::invalid_argument naming the first
  * adapted layer with lora_bias whose base has no bias. */

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli_runner.h"
 #include "engine/autograd/grad_mode.h"
@@ -1328,6 +1329,21 @@ TEST_CASE("quantize MODEL_DIR OUT_DIR: transformers' 4-bit folder; refusals") {
   }
   check_same_tensors(d.file("from_float/adapters/adapter_model.safetensors"),
                      d.file("from_4bit/adapters/adapter_model.safetensors"));
+  // In shards past --max-shard-size: the same tensors, read through the index.
+  const CliResult sharded = run_quanta({"quantize", model("qwen2_bias"), d.file("q4s"),
+                                        "--compute-dtype", "float32", "--max-shard-size", "8KB"});
+  REQUIRE_MESSAGE(sharded.code == 0, sharded.err);
+  CHECK(std::filesystem::exists(d.file("q4s/model.safetensors.index.json")));
+  CHECK_FALSE(std::filesystem::exists(d.file("q4s/model.safetensors")));
+  const StateDict shards = llm::read_model_weights(d.file("q4s"));
+  REQUIRE(shards.size() == got.tensors.size());
+  for (const auto& [name, t] : shards) {
+    CAPTURE(name);
+    CHECK(t.to_vector<double>() == theirs.at(name).to_vector<double>());
+  }
+  check_one_line_error(run_quanta({"quantize", d.file("q4/model.safetensors"), d.file("q8.st"),
+                                   "--max-shard-size", "1MB"}),
+                       2, "--max-shard-size is for a model folder IN");
   check_one_line_error(
       run_quanta({"quantize", model("qwen2_bias"), d.file("q5"), "--format", "torchao"}), 2,
       "--format torchao: a model folder becomes transformers' 4-bit folder");
@@ -1695,8 +1711,57 @@ TEST_CASE("quanta merge: bad input is one clear line, and nothing is written") {
            quanta::testing::test_data("llm/qlora/transformers_4bit/gemma3_image_text_vision_4bit"),
            "--adapters", adapters, "--out", d.file("m5")}),
       2, "--out over a 4-bit image-text folder whose vision tower is stored quantized");
-  for (const char* out : {"m1", "m3", "m4", "m5"})
+  check_one_line_error(merge("qwen2_bias", {"--adapters", adapters, "--out", d.file("m6"),
+                                            "--max-shard-size", "5GiB"}),
+                       2, "--max-shard-size: shard size \"5GiB\" is not a size");
+  // A sharded base's own folder: the merge would remove the shards it reads.
+  check_one_line_error(
+      merge("mistral_sharded", {"--adapters", adapters, "--out", model("mistral_sharded") + "/"}),
+      2, "is the base model's folder");
+  check_one_line_error(
+      run_quanta(finetune("llama_gqa", d, "o1", {"--steps", "1", "--max-shard-size", "1MB"})), 2,
+      "--max-shard-size goes with --merge-to DIR");
+  for (const char* out : {"m1", "m3", "m4", "m5", "m6"})
     CHECK_FALSE(fs::exists(d.file(std::string(out) + "/model.safetensors")));
+}
+
+TEST_CASE("quanta merge --max-shard-size: save_pretrained's shards, read back as the same model") {
+  ScratchDir d("merge_shards");
+  llm::write_token_file(d.file("train.bin"), learnable_tokens(400, 9), llm::TokenWidth::u16);
+  REQUIRE(run_quanta(finetune("llama_gqa", d, "run", {"--steps", "2"})).code == 0);
+  const auto merge = [&](const std::string& out, std::vector<std::string> more) {
+    std::vector<std::string> args = {
+        "merge", "--model",  model("llama_gqa"), "--adapters", d.file("run/adapters"),
+        "--out", d.file(out)};
+    args.insert(args.end(), more.begin(), more.end());
+    const CliResult r = run_quanta(args);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+  };
+  const auto files = [&](const std::string& out) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(d.file(out)))
+      if (e.path().extension() == ".safetensors" || e.path().extension() == ".json")
+        names.insert(e.path().filename().string());
+    return names;
+  };
+  merge("one", {});
+  merge("shards", {"--max-shard-size", "20KB"});
+  CHECK(files("one") == std::set<std::string>{"config.json", "model.safetensors"});
+  const std::set<std::string> sharded = files("shards");
+  CHECK(sharded.count("model.safetensors.index.json") == 1);
+  CHECK(sharded.count("model-00001-of-00005.safetensors") == 1);
+  CHECK(sharded.count("model.safetensors") == 0);
+  const auto weights = [&](const std::string& out) {
+    std::map<std::string, std::vector<float>> w;
+    for (const auto& [name, t] : llm::read_model_weights(d.file(out)))
+      w[name] = t.to_vector<float>();
+    return w;
+  };
+  CHECK(weights("shards") == weights("one"));
+  // Merged again in one file over the sharded folder: no shard is left to
+  // be taken for the model's.
+  merge("shards", {});
+  CHECK(files("shards") == files("one"));
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {

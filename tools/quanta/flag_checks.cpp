@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "llm/model/model_folder.h"
 #include "train/limits.h"
 #include "train/run_device.h"
 
@@ -154,6 +155,24 @@ void refuse_output_over_input(const std::string& flag, const std::string& output
     if (!fs::equivalent(output, in.path, ec) || ec) continue;
     throw UsageError(flag + " " + output + " is " + in.what + " this command reads (" + in.path +
                      "): writing it would destroy that input; give another " + flag);
+  }
+}
+
+CLI::Option* add_max_shard_size_flag(CLI::App& sub, std::string& size, const std::string& what) {
+  return sub.add_option("--max-shard-size", size,
+                        what +
+                            " in files of at most this size, as transformers' save_pretrained "
+                            "max_shard_size: model-0000N-of-0000M.safetensors and "
+                            "model.safetensors.index.json past it (\"5GB\", \"500MB\" or bytes; "
+                            "default 50GB)");
+}
+
+uint64_t max_shard_size_flag(const std::string& size) {
+  if (size.empty()) return llm::kDefaultMaxShardBytes;
+  try {
+    return llm::parse_shard_size(size);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--max-shard-size: ") + e.what());
   }
 }
 

@@ -49,6 +49,13 @@ Device device_flag(const std::string& device);
  * compute in. Anything else is a UsageError naming it. */
 DType compute_dtype_flag(const std::string& name, DType model_dtype);
 
+/** Adds --max-shard-size to `sub` (transformers' max_shard_size: past it
+ * `what` is written in shards with an index; default 50GB, save_pretrained's). */
+CLI::Option* add_max_shard_size_flag(CLI::App& sub, std::string& size, const std::string& what);
+/** --max-shard-size as bytes (llm::parse_shard_size), empty: the default;
+ * a UsageError naming the flag otherwise. */
+uint64_t max_shard_size_flag(const std::string& size);
+
 /** A file a command reads: what it is ("the checkpoint") and its path. */
 struct InputFile {
   std::string what;

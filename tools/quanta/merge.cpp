@@ -23,11 +23,12 @@ namespace quanta::cli {
 namespace {
 
 struct MergeFlags {
-  std::string model, out, device = "cpu", chat_template_path;
+  std::string model, out, device = "cpu", chat_template_path, max_shard_size;
   AdapterFlags adapters;
 };
 
 void run_merge(const MergeFlags& f) {
+  const llm::SaveOptions save{.max_shard_bytes = max_shard_size_flag(f.max_shard_size)};
   refuse_unmergeable("--out", f.model, f.out);
   const auto start = std::chrono::steady_clock::now();
   auto model = llm::load_base_model(f.model, device_flag(f.device), std::nullopt,
@@ -38,7 +39,7 @@ void run_merge(const MergeFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(f.adapters.dir + ": " + e.what());
   }
-  const std::string holds = write_merged_folder(*model, f.model, f.out, f.chat_template_path);
+  const std::string holds = write_merged_folder(*model, f.model, f.out, f.chat_template_path, save);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t peak = peak_rss_bytes();
@@ -77,6 +78,7 @@ void add_merge(CLI::App& app) {
                   "files (created if needed; its config and weights replaced)")
       ->required();
   add_device_flag(*sub, f->device, "the model and the merge");
+  add_max_shard_size_flag(*sub, f->max_shard_size, "the merged weights");
   sub->add_option("--chat-template-path", f->chat_template_path,
                   "a chat template written into the folder instead of the base's (as TRL saves "
                   "a run's chat_template_path with the model): a .jinja file, or a model "

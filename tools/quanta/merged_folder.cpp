@@ -20,6 +20,12 @@ void refuse_unmergeable(const std::string& flag, const std::string& model_dir,
   refuse_output_over_input(
       flag, (fs::path(out) / "model.safetensors").string(),
       {{"the base model", (fs::path(model_dir) / "model.safetensors").string()}});
+  // A sharded base is read a layer at a time while the merge is written:
+  // its own folder would lose the shards it still reads.
+  std::error_code ec;
+  if (fs::equivalent(out, model_dir, ec))
+    throw UsageError(flag + " " + out + " is the base model's folder " + model_dir +
+                     ", which the merge reads while writing: give another folder");
   const llm::DecoderConfig config =
       llm::read_decoder_config((fs::path(model_dir) / "config.json").string());
   // A 4-bit image-text folder made without skipping its vision tower
@@ -36,9 +42,11 @@ void refuse_unmergeable(const std::string& flag, const std::string& model_dir,
 }
 
 std::string write_merged_folder(llm::CausalLM& model, const std::string& model_dir,
-                                const std::string& out, const std::string& chat_template_path) {
+                                const std::string& out, const std::string& chat_template_path,
+                                const llm::SaveOptions& options) {
   // An image-text model's vision tower goes with it as the base stores it.
-  llm::save_merged_causal_lm(model, out, llm::read_non_decoder_weights(model.config(), model_dir));
+  llm::save_merged_causal_lm(model, out, llm::read_non_decoder_weights(model.config(), model_dir),
+                             options);
   llm::copy_tokenizer_files(model_dir, out);
   if (!chat_template_path.empty())
     llm::ChatTemplate::from_folder(model_dir, "", chat_template_path).save(out);

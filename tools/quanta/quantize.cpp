@@ -39,7 +39,7 @@ struct QuantizeOptions {
   int64_t block_size = 64;
   bool double_quant = false, no_double_quant = false;
   std::vector<std::string> include, exclude;
-  std::string compute_dtype;  // model folders only
+  std::string compute_dtype, max_shard_size;  // model folders only
   bool format_given = false;
 };
 
@@ -58,7 +58,8 @@ void quantize_model_folder(const QuantizeOptions& o) {
                        .out = o.out,
                        .block_size = o.block_size,
                        .double_quant = !o.no_double_quant,
-                       .compute_dtype = o.compute_dtype.empty() ? "auto" : o.compute_dtype});
+                       .compute_dtype = o.compute_dtype.empty() ? "auto" : o.compute_dtype,
+                       .max_shard_size = o.max_shard_size});
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -437,6 +438,8 @@ void run_quantize(const QuantizeOptions& o) {
   if (std::filesystem::is_directory(o.in)) return quantize_model_folder(o);
   if (!o.compute_dtype.empty())
     throw UsageError("--compute-dtype is for a model folder IN (a checkpoint file records none)");
+  if (!o.max_shard_size.empty())
+    throw UsageError("--max-shard-size is for a model folder IN (OUT is then a folder)");
   refuse_output_over_input("OUT", o.out, {{"the input checkpoint IN", o.in}});
   const QuantizePlan plan = plan_quantize(o);
   const io::SafetensorsFile in = io::load_safetensors(o.in);
@@ -474,6 +477,7 @@ void add_quantize(CLI::App& app) {
   sub->add_option("--compute-dtype", o->compute_dtype,
                   "model folders: bnb_4bit_compute_dtype, auto (the model's dtype), bfloat16, "
                   "float32 or float16");
+  add_max_shard_size_flag(*sub, o->max_shard_size, "model folders: the 4-bit weights");
   sub->add_option("--block-size", o->block_size,
                   "elements per scale: 32 (bnb and torchao only), 64, 128 or 256")
       ->capture_default_str();

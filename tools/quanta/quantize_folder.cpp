@@ -38,7 +38,8 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   q.compute_dtype = compute_dtype_flag(o.compute_dtype, model->config().dtype);
   const llm::QLoRAReport report = llm::quantize_base(*model, q);
   // An image-text model's vision tower goes beside, as the folder stores it.
-  llm::save_bnb_folder(*model, q, o.out, llm::read_non_decoder_weights(model->config(), o.in));
+  llm::save_bnb_folder(*model, q, o.out, llm::read_non_decoder_weights(model->config(), o.in),
+                       {.max_shard_bytes = max_shard_size_flag(o.max_shard_size)});
   llm::copy_tokenizer_files(o.in, o.out);
   uint64_t before = 0, after = 0;
   for (const llm::QLoRALayer& l : report.layers) {

@@ -14,6 +14,8 @@ struct QuantizeFolderOptions {
   bool double_quant = true;
   /** --compute-dtype (compute_dtype_flag). */
   std::string compute_dtype = "auto";
+  /** --max-shard-size (max_shard_size_flag). */
+  std::string max_shard_size;
 };
 
 void run_quantize_folder(const QuantizeFolderOptions& o);

@@ -134,6 +134,32 @@ TEST_CASE("save_merged_causal_lm writes merge_qlora's folder byte for byte, a la
     }
 }
 
+TEST_CASE("save_merged_causal_lm in shards: merge_qlora's shards and index, in the model's order") {
+  for (const std::string name : {"llama_gqa", "qwen2_bias", "gemma3_image_text"}) {
+    INFO(name);
+    TempDir tmp;
+    const StateDict beside = llm::read_non_decoder_weights(
+        llm::load_causal_lm(model_dir(name), Device::cpu(), {.defer_layer_weights = true})
+            ->config(),
+        model_dir(name));
+    auto model = converted(model_dir(name), options({"q_proj", "down_proj"}));
+    const llm::SaveOptions shards{.max_shard_bytes = 12000};
+    llm::save_merged_causal_lm(*model, tmp.file("streamed"), beside, shards);
+    llm::merge_qlora(*model);
+    llm::save_causal_lm(*model, tmp.file("whole"), beside, shards);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(tmp.file("whole")))
+      files.push_back(e.path().filename().string());
+    CHECK(files.size() > 4);
+    for (const std::string& f : files) {
+      CAPTURE(f);
+      CHECK(file_bytes(tmp.file("streamed/" + f)) == file_bytes(tmp.file("whole/" + f)));
+    }
+    CHECK(std::distance(std::filesystem::directory_iterator(tmp.file("streamed")),
+                        std::filesystem::directory_iterator()) == std::ptrdiff_t(files.size()));
+  }
+}
+
 TEST_CASE(
     "save_merged_causal_lm: the device holds the converted model and a layer, not the merge") {
   const std::string dir = model_dir("llama_gqa");

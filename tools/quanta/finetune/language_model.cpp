@@ -478,6 +478,7 @@ void add_lm_finetune_flags(CLI::App& sub, FinetuneOptions& o) {
   sub.add_option("--merge-to", o.merge_to,
                  "--model: also write the model with the adapters merged, as a Hugging Face "
                  "folder in the base's dtype");
+  add_max_shard_size_flag(sub, o.max_shard_size, "--model: --merge-to's weights");
 }
 
 void run_lm_finetune(const FinetuneOptions& flags) {
@@ -531,6 +532,9 @@ void run_lm_finetune(const FinetuneOptions& flags) {
     q.quantization.compute_dtype = compute_dtype_flag(o.compute_dtype, config.dtype);
   q.seed = o.seed;
   if (!o.merge_to.empty()) refuse_unmergeable("--merge-to", o.model, o.merge_to);
+  if (!o.max_shard_size.empty() && o.merge_to.empty())
+    throw UsageError("--max-shard-size goes with --merge-to DIR");
+  const llm::SaveOptions merged_save{.max_shard_bytes = max_shard_size_flag(o.max_shard_size)};
 
   RunSpec spec;
   spec.files = {train::kCheckpointFile, train::kMetricsFile, kAdaptersDir};
@@ -759,7 +763,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
       << ")\n";
   if (!o.merge_to.empty()) {
     const std::string holds =
-        write_merged_folder(*model, o.model, o.merge_to, o.chat_template_path);
+        write_merged_folder(*model, o.model, o.merge_to, o.chat_template_path, merged_save);
     log << "merged model: " << o.merge_to << " (" << holds << ")\n";
   }
 }

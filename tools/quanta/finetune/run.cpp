@@ -103,6 +103,7 @@ void resolve_defaults(FinetuneOptions& o, const std::function<bool(const char*)>
         "language model");
   static const std::vector<const char*> kLmOnly = {"--eval-data",
                                                    "--merge-to",
+                                                   "--max-shard-size",
                                                    "--seq-len",
                                                    "--grad-accum",
                                                    "--warmup-steps",

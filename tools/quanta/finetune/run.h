@@ -44,7 +44,7 @@ struct FinetuneOptions {
   int64_t limit_train = -1, limit_test = -1;
   bool merge = false;
   // The language model's.
-  std::string eval_data, merge_to;
+  std::string eval_data, merge_to, max_shard_size;
   int64_t seq_len = 0, grad_accum = 1, warmup_steps = 0, eval_every = 0;
   double weight_decay = 0, max_grad_norm = 1.0;
   // transformers' TrainingArguments: num_train_epochs and warmup_ratio (0:
