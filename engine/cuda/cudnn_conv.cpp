@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -141,11 +142,11 @@ bool fits_int(std::initializer_list<int64_t> dims) {
   return true;
 }
 
-void set_activation(cudnnTensorDescriptor_t d, bool channels_last, cudnnDataType_t t, int64_t n,
+bool set_activation(cudnnTensorDescriptor_t d, bool channels_last, cudnnDataType_t t, int64_t n,
                     int64_t c, int64_t h, int64_t w) {
-  QUANTA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-      d, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, static_cast<int>(n),
-      static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
+  return cudnnSetTensor4dDescriptor(d, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t,
+                                    static_cast<int>(n), static_cast<int>(c), static_cast<int>(h),
+                                    static_cast<int>(w)) == CUDNN_STATUS_SUCCESS;
 }
 
 // The first of cuDNN's heuristic ranking (fastest first) that succeeds, uses
@@ -163,7 +164,10 @@ bool choose(const Perf* perf, int count, bool nondeterministic, bool tensor_ops,
     if (r.memory > kWorkspaceLimit) continue;
     p.algo = static_cast<int>(r.algo);
     p.workspace = r.memory;
-    p.math = r.mathType;
+    // CUDNN_DEFAULT_MATH lets Ampere and later GPUs round f32 operands to
+    // TF32: without tensor_ops the descriptor stays FMA (an algorithm that
+    // cannot run so answers "not supported", and im2col runs it).
+    p.math = tensor_ops ? r.mathType : CUDNN_FMA_MATH;
     return true;
   }
   return false;
@@ -185,26 +189,33 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t h, ConvKind kind, DType dtype, con
   QUANTA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y_bias));
   QUANTA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
   QUANTA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
-  set_activation(p->x, g.channels_last, t, g.N, g.C, g.H, g.W);
-  set_activation(p->y, g.channels_last, t, g.N, g.O, g.OH, g.OW);
-  set_activation(p->x_bias, false, t, 1, g.C, 1, 1);
-  set_activation(p->y_bias, false, t, 1, g.O, 1, 1);
+  // A descriptor cuDNN will not take (a layout and dtype it has no
+  // convolution for) leaves the plan unusable: im2col runs it, every call.
+  const int64_t cg = g.cg();
+  if (!set_activation(p->x, g.channels_last, t, g.N, g.C, g.H, g.W) ||
+      !set_activation(p->y, g.channels_last, t, g.N, g.O, g.OH, g.OW) ||
+      !set_activation(p->x_bias, false, t, 1, g.C, 1, 1) ||
+      !set_activation(p->y_bias, false, t, 1, g.O, 1, 1))
+    return p;
   // Channels-last algorithms read the filter channels last too, [O, kh, kw,
   // C / groups], as PyTorch hands it to them: run() transposes our
   // [O, C / groups, kh, kw] weight (and weight gradient) to and from that.
-  QUANTA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
-      p->w, t, g.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, static_cast<int>(g.O),
-      static_cast<int>(g.cg()), static_cast<int>(g.kh), static_cast<int>(g.kw)));
-  QUANTA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-      p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
-      static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]), static_cast<int>(g.dilation[0]),
-      static_cast<int>(g.dilation[1]), CUDNN_CROSS_CORRELATION, t));
-  QUANTA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)));
-  // cuDNN has no bf16 math for f32 data: MixedPrecision's convolutions may
-  // take TF32 tensor cores instead (10 mantissa bits of the operands kept).
   const bool tensor_ops = g.bf16_products && dtype == DType::f32;
-  QUANTA_CUDNN_CHECK(
-      cudnnSetConvolutionMathType(p->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  if (cudnnSetFilter4dDescriptor(p->w, t, g.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                 static_cast<int>(g.O), static_cast<int>(cg),
+                                 static_cast<int>(g.kh),
+                                 static_cast<int>(g.kw)) != CUDNN_STATUS_SUCCESS ||
+      cudnnSetConvolution2dDescriptor(
+          p->conv, static_cast<int>(g.padding[0]), static_cast<int>(g.padding[1]),
+          static_cast<int>(g.stride[0]), static_cast<int>(g.stride[1]),
+          static_cast<int>(g.dilation[0]), static_cast<int>(g.dilation[1]), CUDNN_CROSS_CORRELATION,
+          t) != CUDNN_STATUS_SUCCESS ||
+      cudnnSetConvolutionGroupCount(p->conv, static_cast<int>(g.groups)) != CUDNN_STATUS_SUCCESS ||
+      // cuDNN has no bf16 math for f32 data: MixedPrecision's convolutions
+      // may take TF32 tensor cores instead (10 mantissa bits of the operands).
+      cudnnSetConvolutionMathType(p->conv, tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) !=
+          CUDNN_STATUS_SUCCESS)
+    return p;
 
   // cuDNN's own output size must be the geometry's (it is, for every
   // geometry the ops make; anything else is left to im2col).
@@ -277,15 +288,41 @@ bool filter_transposed(const ConvGeom& g) {
   return g.channels_last && g.cg() > 1 && g.kh * g.kw > 1;
 }
 
-// cuDNN's "not supported" family (3000-3999 in cuDNN 9): the call did
-// nothing, and the im2col path can run the convolution instead.
-bool not_supported(cudnnStatus_t st) { return st / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000; }
+// cuDNN's "not supported" answer (in cuDNN 9 a family, 3000-3999; in cuDNN 8
+// one code, 9): the call did nothing, and the im2col path can run the
+// convolution instead.
+bool not_supported(cudnnStatus_t st) {
+#if CUDNN_MAJOR >= 9
+  return st >= CUDNN_STATUS_NOT_SUPPORTED && st < CUDNN_STATUS_INTERNAL_ERROR;
+#else
+  return st == CUDNN_STATUS_NOT_SUPPORTED;
+#endif
+}
 
-// Runs the plan; false, having written nothing, when cuDNN refuses the
-// convolution itself (any other failure throws).
+// A refusal, said once per plan: the convolution is correct through im2col
+// but slower, which a user tuning a model should know (and a GPU run's log
+// says why).
+void note_refusal(const Plan& p, ConvKind kind, DType dtype, const ConvGeom& g, cudnnStatus_t st) {
+  if (p.refused.exchange(true)) return;
+  static const char* const kinds[] = {"forward", "input gradient", "weight gradient"};
+  std::fprintf(stderr,
+               "quanta: cuDNN refused its algorithm %d for a %s %s %s convolution "
+               "(N %lld, C %lld, O %lld, %lldx%lld, kernel %lldx%lld, groups %lld): %s; it runs "
+               "through im2col\n",
+               p.algo, dtype == DType::f64 ? "f64" : "f32", g.channels_last ? "NHWC" : "NCHW",
+               kinds[static_cast<int>(kind)], static_cast<long long>(g.N),
+               static_cast<long long>(g.C), static_cast<long long>(g.O),
+               static_cast<long long>(g.H), static_cast<long long>(g.W),
+               static_cast<long long>(g.kh), static_cast<long long>(g.kw),
+               static_cast<long long>(g.groups), cudnnGetErrorString(st));
+}
+
+// Runs the plan; false, with `refusal` set, when cuDNN refuses the
+// convolution or its bias (im2col then writes all of `out` again); any other
+// failure throws.
 template <class Scalar>
 bool run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void* a, const void* b,
-         const void* bias, void* out) {
+         const void* bias, void* out, cudnnStatus_t& refusal) {
   const Scalar one = 1, zero = 0;
   Scratch<unsigned char> workspace(static_cast<int64_t>(p.workspace));
   const bool transposed = filter_transposed(g);
@@ -311,12 +348,18 @@ bool run(Handle& h, const Plan& p, ConvKind kind, const ConvGeom& g, const void*
                                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo),
                                         workspace.get(), p.workspace, &zero, p.w, weight_grad);
   }
-  if (not_supported(st)) return false;
+  if (st == CUDNN_STATUS_SUCCESS && bias && kind != ConvKind::weight_grad)
+    st = kind == ConvKind::forward ? cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out)
+                                   : cudnnAddTensor(h.h, &one, p.x_bias, bias, &one, p.x, out);
+  if (not_supported(st)) {
+    // A refusal after a failed kernel launch (shared memory, launch
+    // parameters) leaves the launch error set: the im2col path's own launch
+    // check would report it.
+    (void)cudaGetLastError();
+    refusal = st;
+    return false;
+  }
   QUANTA_CUDNN_CHECK(st);
-  if (kind == ConvKind::forward && bias)
-    QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.y_bias, bias, &one, p.y, out));
-  if (kind == ConvKind::input_grad && bias)
-    QUANTA_CUDNN_CHECK(cudnnAddTensor(h.h, &one, p.x_bias, bias, &one, p.x, out));
   if (kind == ConvKind::weight_grad && transposed)
     copy_transposed(copy, dtype_v<Scalar>, g.O, taps, g.cg(), weight_grad, out);
   return true;
@@ -331,9 +374,10 @@ bool cudnn_conv(ConvKind kind, DType dtype, const ConvGeom& g, const void* a, co
   const Plan& p = plan_for(h, kind, dtype, g);
   bool ran = p.usable && !p.refused.load(std::memory_order_relaxed);
   if (ran) {
-    ran = dtype == DType::f64 ? run<double>(h, p, kind, g, a, b, bias, out)
-                              : run<float>(h, p, kind, g, a, b, bias, out);
-    if (!ran) p.refused.store(true, std::memory_order_relaxed);
+    cudnnStatus_t refusal = CUDNN_STATUS_SUCCESS;
+    ran = dtype == DType::f64 ? run<double>(h, p, kind, g, a, b, bias, out, refusal)
+                              : run<float>(h, p, kind, g, a, b, bias, out, refusal);
+    if (!ran) note_refusal(p, kind, dtype, g, refusal);
   }
   (ran ? ran_cudnn : ran_im2col).fetch_add(1, std::memory_order_relaxed);
   return ran;

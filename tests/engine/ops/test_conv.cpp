@@ -198,6 +198,12 @@ class GpuConvPaths {
   void expect_im2col() const { expect(false); }
   // Either path, as long as the GPU ran some.
   void expect_some() const { expect(std::nullopt); }
+  // Some through cuDNN (not every dtype need have an algorithm).
+  void expect_some_cudnn() const {
+    expect(std::nullopt);
+    if (have_gpu() && cuda::conv_paths().cudnn_linked)
+      CHECK(cuda::conv_paths().cudnn > before_.cudnn);
+  }
 
  private:
   void expect(std::optional<bool> cudnn) const {
@@ -301,8 +307,10 @@ TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness"
   // group takes the CPU kernels' in-place path and, on a GPU, cuDNN's
   // channels-last algorithms (the filter transposed to [O, kh, kw, C] for
   // them); several groups are permuted around the channels-first kernels.
-  const GpuConvPaths paths;
   const ConvLayout nhwc = ConvLayout::nhwc;
+  // One group: cuDNN's channels-last algorithms, for f32 at least (f64
+  // channels last may have none, and its rows then run through im2col).
+  const GpuConvPaths one_group;
   run_case(conv_case("conv2d nhwc with bias", {{2, 5, 6, 3}, {4, 3, 3, 3}, {4}}, {.layout = nhwc},
                      {{0, 5, 6, 3}, {4, 3, 3, 3}, {4}}));
   run_case(conv_case("conv2d nhwc stride 2 padding 1, 16 outputs",
@@ -311,13 +319,16 @@ TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness"
   run_case(conv_case("conv2d nhwc dilation, uneven padding, one channel",
                      {{1, 7, 7, 1}, {3, 1, 3, 2}},
                      {.padding = {2, 1}, .dilation = {2, 2}, .layout = nhwc}));
-  run_case(conv_case("conv2d nhwc groups 2", {{2, 5, 5, 4}, {6, 2, 3, 3}, {6}},
-                     {.stride = {1, 2}, .padding = {1, 0}, .groups = 2, .layout = nhwc}));
   run_case(conv_case("conv2d nhwc 1x1", {{2, 4, 5, 3}, {5, 3, 1, 1}, {5}}, {.layout = nhwc}));
   run_case(conv_t_case(
       "conv_transpose2d nhwc stride 2 output_padding 1", {{2, 3, 3, 4}, {4, 3, 3, 3}, {3}},
       {.stride = {2, 2}, .padding = {1, 1}, .output_padding = {1, 1}, .layout = nhwc},
       {{0, 3, 3, 4}, {4, 3, 3, 3}, {3}}));
+  one_group.expect_some_cudnn();
+  // Several groups: permuted around the channels-first kernels.
+  const GpuConvPaths groups;
+  run_case(conv_case("conv2d nhwc groups 2", {{2, 5, 5, 4}, {6, 2, 3, 3}, {6}},
+                     {.stride = {1, 2}, .padding = {1, 0}, .groups = 2, .layout = nhwc}));
   run_case(conv_t_case("conv_transpose2d nhwc groups 2, dilation",
                        {{1, 3, 4, 4}, {4, 2, 2, 3}, {4}},
                        {.stride = {2, 1},
@@ -325,9 +336,7 @@ TEST_CASE("conv2d and conv_transpose2d channels last (nhwc) through the harness"
                         .output_padding = {1, 0},
                         .groups = 2,
                         .layout = nhwc}));
-  // Which path each ran is cuDNN's choice per dtype (f64 channels last may
-  // have no algorithm): counted, both paths checked against the references.
-  paths.expect_some();
+  groups.expect_some();
   // A geometry cuDNN refuses (above) on the im2col path between transposes.
   const GpuConvPaths grown;
   run_case(conv_t_case("conv_transpose2d nhwc output_padding from dilation",
