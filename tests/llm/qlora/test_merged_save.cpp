@@ -199,8 +199,9 @@ TEST_CASE(
     MESSAGE(dev.str(), ": streamed merge peaked ", streamed_peak, " bytes above the model; ",
             "largest layer ", largest, ", merged model ", merged_model);
     // merged_weight makes the dequantized weight, the adapters' product and
-    // their sum: three layers at most, never the merged model.
-    CHECK(streamed_peak <= 3 * largest);
+    // their sum: three layers at most, never the merged model (on CUDA plus
+    // what its size classes round up and the small tensors of a product).
+    CHECK(streamed_peak <= 3 * largest + (dev.is_sim() ? 0 : 64 * 1024));
     CHECK(3 * largest < merged_model);
     reset_peak();
     llm::merge_qlora(*model);
