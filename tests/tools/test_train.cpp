@@ -1250,8 +1250,7 @@ TEST_CASE("the VQ-VAE's activation layout: either one, the same step on the CPU 
   VqVae example({.hidden = 8, .dim = 3, .arch = "vqp-example"},
                 make_quantizer({{"type", "none"}}, 3, 0), gen);
   CHECK_THROWS_WITH_AS(example.set_activation_layout(ActivationLayout::channels_last),
-                       "[VqVae] channels-last activations: model.arch vqp-example computes "
-                       "channels first (its pools and upsampling)",
+                       "model.arch vqp-example computes channels first (its pools and upsampling)",
                        std::invalid_argument);
   example.set_activation_layout(ActivationLayout::channels_first);
 }

@@ -31,6 +31,7 @@
 #include "train/quantizer_config.h"
 #include "train/run_folder.h"
 #include "train/trainer.h"
+#include "train/vqvae.h"
 
 namespace quanta::cli {
 namespace {
@@ -174,9 +175,11 @@ void run_train(const TrainFlags& f) {
       f.conv_layout == "nhwc"   ? train::ActivationLayout::channels_last
       : f.conv_layout == "nchw" ? train::ActivationLayout::channels_first
                                 : train::ActivationLayout::automatic;
-  if (layout == train::ActivationLayout::channels_last && cfg.model.arch != "conv")
-    throw UsageError("--conv-layout nhwc: model.arch " + cfg.model.arch +
-                     " computes channels first (its pools and upsampling); use auto or nchw");
+  try {
+    train::check_activation_layout(cfg.model.arch, layout);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--conv-layout nhwc: ") + e.what() + "; use auto or nchw");
+  }
   if (start.finished()) return;
   // --nproc N started by hand: run again as N ranks under quanta launch.
   const int64_t nproc = config.value("nproc", int64_t{1});

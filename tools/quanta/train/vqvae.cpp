@@ -117,10 +117,14 @@ void VqVae::build_vqp_example(Generator& enc_gen, Generator& dec_gen) {
 
 double VqVae::image_scale() const { return cfg_.arch == "vqp-example" ? 2.0 : 1.0; }
 
-void VqVae::set_activation_layout(ActivationLayout layout) {
-  if (layout == ActivationLayout::channels_last && cfg_.arch != "conv")
-    throw std::invalid_argument("[VqVae] channels-last activations: model.arch " + cfg_.arch +
+void check_activation_layout(const std::string& arch, ActivationLayout layout) {
+  if (layout == ActivationLayout::channels_last && arch != "conv")
+    throw std::invalid_argument("model.arch " + arch +
                                 " computes channels first (its pools and upsampling)");
+}
+
+void VqVae::set_activation_layout(ActivationLayout layout) {
+  check_activation_layout(cfg_.arch, layout);
   layout_ = layout;
 }
 

@@ -43,6 +43,11 @@ enum class ActivationLayout {
   channels_last,   // [B, H, W, C] on every device
 };
 
+/** Throws std::invalid_argument when a model of `arch` cannot keep its
+ * activations as `layout` says: channels_last on "vqp-example", whose pools
+ * and upsampling compute channels first. */
+void check_activation_layout(const std::string& arch, ActivationLayout layout);
+
 /** Encoder, quantizer and decoder as one Module ("encoder.*", "quantizer.*",
  * "decoder.*" in its state dict). */
 class VqVae : public Module {
