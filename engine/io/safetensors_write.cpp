@@ -59,7 +59,7 @@ Plan plan(const std::vector<TensorSource>& sources,
           "[save_safetensors] tensor name '__metadata__' is reserved for file metadata");
     if (!seen.insert(name).second)
       throw std::invalid_argument("[save_safetensors] duplicate tensor name " + quote_name(name));
-    const std::optional<int64_t> bytes = detail::storage_bytes(src.shape, src.dtype);
+    const std::optional<int64_t> bytes = quanta::detail::storage_bytes(src.shape, src.dtype);
     if (!bytes)
       throw std::invalid_argument("[save_safetensors] tensor " + quote_name(name) + " has shape " +
                                   shape_str(src.shape) + ", which has no size");

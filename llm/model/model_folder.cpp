@@ -155,6 +155,20 @@ Tensor unread_weight(const Shape& shape, DType dtype, Device device) {
 
 }  // namespace
 
+std::function<Tensor(const std::string&)> decoder_weight_reader(const std::string& dir) {
+  const DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
+  auto files = std::make_shared<const ModelWeightFiles>(
+      dir, [&](const std::string& name) { return decoder_weight_name(config, name).has_value(); });
+  std::map<std::string, std::string> stored_of;  // the model's name -> the file's
+  for (const std::string& stored : files->names())
+    stored_of.emplace(*decoder_weight_name(config, stored), stored);
+  return [dir, files, stored_of = std::move(stored_of)](const std::string& name) {
+    const auto it = stored_of.find(name);
+    if (it == stored_of.end()) throw std::invalid_argument(dir + " holds no weight " + name);
+    return files->read(it->second);
+  };
+}
+
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device,
                                          const LoadOptions& options) {
   DecoderConfig config = read_decoder_config(model_folder_file(dir, "config.json"));
@@ -260,7 +274,7 @@ void write_model_weights(const std::string& dir, const std::vector<io::TensorSou
   std::vector<io::TensorSource> open;
   uint64_t in_open = 0, total_bytes = 0, total_elements = 0;
   for (const io::TensorSource& w : weights) {
-    const uint64_t bytes = uint64_t(detail::storage_bytes(w.shape, w.dtype).value_or(0));
+    const uint64_t bytes = uint64_t(quanta::detail::storage_bytes(w.shape, w.dtype).value_or(0));
     total_bytes += bytes;
     total_elements += uint64_t(checked_numel(w.shape).value_or(0));
     if (bytes > options.max_shard_bytes) {

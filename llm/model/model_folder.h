@@ -75,6 +75,14 @@ struct LoadOptions {
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device::cpu(),
                                          const LoadOptions& options = {});
 
+/** The weights of folder `dir`'s decoder by the model's names
+ * ("model.layers.0.mlp.up_proj.weight", whatever the folder's layout calls
+ * them), each read from its file when asked for, on the host as stored: the
+ * float weights a merge over the float model reads a layer at a time. The
+ * folder is checked now (its config and headers); a name it does not hold
+ * throws std::invalid_argument naming it and the folder. */
+std::function<Tensor(const std::string&)> decoder_weight_reader(const std::string& dir);
+
 /** transformers' save_pretrained default max_shard_size (5.x): 50 GB. */
 inline constexpr uint64_t kDefaultMaxShardBytes = 50'000'000'000ull;
 

@@ -727,7 +727,8 @@ void merge_qlora(CausalLM& model) {
 }
 
 void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside,
-                           const SaveOptions& options) {
+                           const SaveOptions& options,
+                           const std::function<Tensor(const std::string&)>& float_base) {
   check_qlora_mergeable(model);
   model.merge_trainable_tokens();
   const DType dtype = model.config().dtype;
@@ -759,16 +760,21 @@ void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateD
   for (const Slot<quant::LoRALinear>& s : find_children<quant::LoRALinear>(model)) {
     const quant::LoRALinear* l = s.module;
     const bool has_bias = l->base()->bias().defined() || l->lora_B_bias().defined();
-    add_layer(
-        s.name, *l->base(), [l] { return l->merged_weight(); },
-        has_bias ? std::function<Tensor()>([l] { return l->merged_bias(); }) : nullptr);
+    std::function<Tensor()> weight = [l] { return l->merged_weight(); };
+    if (float_base)
+      weight = [l, &float_base, name = s.name + ".weight"] {
+        return l->merged_weight(float_base(name));
+      };
+    add_layer(s.name, *l->base(), std::move(weight),
+              has_bias ? std::function<Tensor()>([l] { return l->merged_bias(); }) : nullptr);
   }
   for (const Slot<quant::NF4Linear>& s : find_children<quant::NF4Linear>(model)) {
     if (layer_of(s.name)) continue;  // an adapted layer's base
     const quant::NF4Linear* n = s.module;
-    add_layer(
-        s.name, *n, [n] { return n->dequantized_weight(); },
-        n->bias().defined() ? std::function<Tensor()>([n] { return n->bias(); }) : nullptr);
+    std::function<Tensor()> weight = [n] { return n->dequantized_weight(); };
+    if (float_base) weight = [&float_base, name = s.name + ".weight"] { return float_base(name); };
+    add_layer(s.name, *n, std::move(weight),
+              n->bias().defined() ? std::function<Tensor()>([n] { return n->bias(); }) : nullptr);
   }
   // In the merged model's order: a merged layer's tensors where its first
   // one was (the order save_pretrained shards by).

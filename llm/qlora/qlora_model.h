@@ -181,9 +181,18 @@ void merge_qlora(CausalLM& model);
  * 4-bit bases; its trainable tokens are written into their layers first, as
  * merge_qlora writes them. Sharded as `options` says, in the merged model's
  * order. Refuses what merge_qlora refuses before writing; on an error each
- * weight file of `dir` is as it was. */
+ * weight file of `dir` is as it was.
+ *
+ * Given `float_base` (a layer's weight by its model name,
+ * "model.layers.0.mlp.up_proj.weight": the float weight its base was
+ * quantized from), the merge is PEFT's over the float model instead: each
+ * adapted layer's weight is LoRALinear::merged_weight(float_base(name)), and
+ * each other NF4 layer keeps its float weight. That is not the model the
+ * adapters were trained in (its base was NF4), and for adapters fitted to
+ * the quantization error (LoftQ) it is wrong. */
 void save_merged_causal_lm(CausalLM& model, const std::string& dir, const StateDict& beside = {},
-                           const SaveOptions& options = {});
+                           const SaveOptions& options = {},
+                           const std::function<Tensor(const std::string&)>& float_base = {});
 
 /** merge_qlora's check alone: throws std::invalid_argument naming the first
  * adapted layer with lora_bias whose base has no bias. */

@@ -256,10 +256,13 @@ void LoRALinear::set_initial_adapters(const Tensor& a, const Tensor& b) {
 }
 
 Tensor LoRALinear::adapted_weight() const {
-  NoGradGuard no_grad;
   // Decoded each time: the frozen weight is not kept dense beside its 4 bits.
-  return base_->dequantized_weight(base_dtype_).to(lora_a_.dtype()) +
-         matmul(lora_b_, lora_a_) * scaling_;
+  return adapted_weight(base_->dequantized_weight(base_dtype_));
+}
+
+Tensor LoRALinear::adapted_weight(const Tensor& w) const {
+  NoGradGuard no_grad;
+  return w.to(base_dtype_).to(lora_a_.dtype()) + matmul(lora_b_, lora_a_) * scaling_;
 }
 
 Tensor LoRALinear::weight_norm() const {
@@ -353,14 +356,27 @@ Tensor LoRALinear::forward(const Tensor& x) {
   return y + linear(a, lora_b_).to(y.dtype());
 }
 
-Tensor LoRALinear::merged_weight() const {
+Tensor LoRALinear::dora_merged(const Tensor& adapted) const {
   NoGradGuard no_grad;
-  if (use_dora()) {
-    const Tensor adapted = adapted_weight();
-    const Tensor norm = sqrt(sum(square(adapted), {1}, /*keepdim=*/true));
-    return (adapted * (magnitude_.reshape({magnitude_.numel(), 1}) / norm)).to(DType::f32);
-  }
+  const Tensor norm = sqrt(sum(square(adapted), {1}, /*keepdim=*/true));
+  return (adapted * (magnitude_.reshape({magnitude_.numel(), 1}) / norm)).to(DType::f32);
+}
+
+Tensor LoRALinear::merged_weight() const {
+  if (use_dora()) return dora_merged(adapted_weight());
+  NoGradGuard no_grad;
   return base_->dequantized_weight() + matmul(lora_b_, lora_a_) * scaling_;
+}
+
+Tensor LoRALinear::merged_weight(const Tensor& base_weight) const {
+  const Shape want{base_->out_features(), base_->in_features()};
+  if (base_weight.shape() != want)
+    throw std::invalid_argument("[LoRALinear::merged_weight] a base weight " +
+                                shape_str(base_weight.shape()) + " for a layer " + shape_str(want));
+  const Tensor w = base_weight.detach().to(lora_a_.device());
+  if (use_dora()) return dora_merged(adapted_weight(w));
+  NoGradGuard no_grad;
+  return w.to(lora_a_.dtype()) + matmul(lora_b_, lora_a_) * scaling_;
 }
 
 Tensor LoRALinear::merged_bias() const {

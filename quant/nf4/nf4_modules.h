@@ -155,6 +155,11 @@ class LoRALinear : public Module {
    * with DoRA, W + s B A (W dequantized to base_dtype) with its rows scaled
    * by magnitude / weight_norm(). */
   Tensor merged_weight() const;
+  /** merged_weight over `base_weight` [out, in] (any float dtype and
+   * device) instead of the dequantized base: PEFT's merge over the float
+   * model, `base_weight` the weight the base was quantized from. Throws
+   * std::invalid_argument naming the shapes when it is not [out, in]. */
+  Tensor merged_weight(const Tensor& base_weight) const;
   /** The bias a merged layer holds: the base's, plus scaling * b_B with
    * lora_bias; undefined when the base has none and there is no lora_bias.
    * Throws std::invalid_argument naming the layer's shape for lora_bias over
@@ -218,6 +223,11 @@ class LoRALinear : public Module {
   /** W + s B A, W dequantized to base_dtype_, in the adapters' dtype,
    * outside the graph: what DoRA normalises and merges. */
   Tensor adapted_weight() const;
+  /** The same over a given W (in base_dtype_ first, as the dequantized one). */
+  Tensor adapted_weight(const Tensor& w) const;
+  /** DoRA's merged weight from the adapted one: its rows scaled by
+   * magnitude / their norm, in f32. */
+  Tensor dora_merged(const Tensor& adapted) const;
 
   std::shared_ptr<NF4Linear> base_;
   Tensor lora_a_, lora_b_, lora_b_bias_, magnitude_;

@@ -1762,6 +1762,43 @@ TEST_CASE("quanta merge --max-shard-size: save_pretrained's shards, read back as
   // be taken for the model's.
   merge("shards", {});
   CHECK(files("shards") == files("one"));
+
+  // --onto float: the float base's weights plus s B A (r 8, alpha 16).
+  merge("float", {"--onto", "float"});
+  const auto merged = weights("float");
+  const auto base = [&] {
+    std::map<std::string, Tensor> w;
+    for (const auto& [name, t] : llm::read_model_weights(model("llama_gqa"))) w[name] = t;
+    return w;
+  }();
+  const io::SafetensorsFile adapters =
+      io::load_safetensors(d.file("run/adapters/adapter_model.safetensors"));
+  const auto adapter = [&](const std::string& name) {
+    for (const auto& [n, t] : adapters.tensors)
+      if (n == "base_model.model." + name) return t;
+    FAIL("no adapter tensor " << name);
+    return Tensor();
+  };
+  const std::string layer = "model.layers.1.mlp.up_proj";
+  NoGradGuard no_grad;
+  const Tensor want =
+      base.at(layer + ".weight") +
+      matmul(adapter(layer + ".lora_B.weight"), adapter(layer + ".lora_A.weight")) * 2.0;
+  const std::vector<float> w = want.to_vector<float>(), got = merged.at(layer + ".weight");
+  REQUIRE(w.size() == got.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    worst = std::max(worst, double(std::abs(w[i] - got[i])));
+  CHECK(worst < 1e-6);
+  CHECK(merged.at("model.embed_tokens.weight") ==
+        base.at("model.embed_tokens.weight").to_vector<float>());
+  // A 4-bit base has no float weights to merge onto.
+  check_one_line_error(
+      run_quanta({"merge", "--model",
+                  quanta::testing::test_data("llm/qlora/transformers_4bit/llama_gqa"), "--adapters",
+                  d.file("run/adapters"), "--adapters-any-base", "--out", d.file("f4"), "--onto",
+                  "float"}),
+      2, "--onto float needs the float base folder");
 }
 
 TEST_CASE("finetune --model: text through the folder's tokenizer.model, merged with it") {

@@ -23,13 +23,17 @@ namespace quanta::cli {
 namespace {
 
 struct MergeFlags {
-  std::string model, out, device = "cpu", chat_template_path, max_shard_size;
+  std::string model, out, device = "cpu", chat_template_path, max_shard_size, onto = "nf4";
   AdapterFlags adapters;
 };
 
 void run_merge(const MergeFlags& f) {
   const llm::SaveOptions save{.max_shard_bytes = max_shard_size_flag(f.max_shard_size)};
   refuse_unmergeable("--out", f.model, f.out);
+  const bool onto_float = f.onto == "float";
+  if (onto_float && llm::folder_quantization(f.model))
+    throw UsageError("--onto float needs the float base folder: " + f.model +
+                     " is a 4-bit folder, whose float weights are gone");
   const auto start = std::chrono::steady_clock::now();
   auto model = llm::load_base_model(f.model, device_flag(f.device), std::nullopt,
                                     {.defer_layer_weights = true});
@@ -39,7 +43,8 @@ void run_merge(const MergeFlags& f) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(f.adapters.dir + ": " + e.what());
   }
-  const std::string holds = write_merged_folder(*model, f.model, f.out, f.chat_template_path, save);
+  const std::string holds =
+      write_merged_folder(*model, f.model, f.out, f.chat_template_path, save, onto_float);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t peak = peak_rss_bytes();
@@ -79,6 +84,13 @@ void add_merge(CLI::App& app) {
       ->required();
   add_device_flag(*sub, f->device, "the model and the merge");
   add_max_shard_size_flag(*sub, f->max_shard_size, "the merged weights");
+  sub->add_option("--onto", f->onto,
+                  "nf4: each weight the NF4 base dequantized plus the adapters' change, the model "
+                  "the adapters were trained in (PEFT's merge over a bitsandbytes model); float: "
+                  "the float base folder's weights plus the change (PEFT's merge over the float "
+                  "model; not for adapters fitted to the quantization error, LoftQ's)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nf4", "float"}));
   sub->add_option("--chat-template-path", f->chat_template_path,
                   "a chat template written into the folder instead of the base's (as TRL saves "
                   "a run's chat_template_path with the model): a .jinja file, or a model "

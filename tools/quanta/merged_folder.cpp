@@ -43,15 +43,19 @@ void refuse_unmergeable(const std::string& flag, const std::string& model_dir,
 
 std::string write_merged_folder(llm::CausalLM& model, const std::string& model_dir,
                                 const std::string& out, const std::string& chat_template_path,
-                                const llm::SaveOptions& options) {
+                                const llm::SaveOptions& options, bool onto_float) {
   // An image-text model's vision tower goes with it as the base stores it.
   llm::save_merged_causal_lm(model, out, llm::read_non_decoder_weights(model.config(), model_dir),
-                             options);
+                             options,
+                             onto_float ? llm::decoder_weight_reader(model_dir)
+                                        : std::function<Tensor(const std::string&)>());
   llm::copy_tokenizer_files(model_dir, out);
   if (!chat_template_path.empty())
     llm::ChatTemplate::from_folder(model_dir, "", chat_template_path).save(out);
   return std::string(llm::torch_dtype_name(model.config().dtype)) +
-         ", the NF4 base dequantized plus the adapters; the base's tokenizer files" +
+         (onto_float ? ", the float base plus the adapters"
+                     : ", the NF4 base dequantized plus the adapters") +
+         "; the base's tokenizer files" +
          (chat_template_path.empty() ? "" : ", the chat template of --chat-template-path");
 }
 

@@ -10,6 +10,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,10 +19,13 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/linalg.h"
+#include "engine/ops/reduce.h"
 #include "llm/model/model_folder.h"
 #include "llm/model/weight_names.h"
 #include "llm/qlora/qlora_model.h"
 #include "support/gpu.h"
+#include "support/relative_error.h"
 #include "support/temp_dir.h"
 #include "support/test_data.h"
 
@@ -208,6 +213,46 @@ TEST_CASE(
     synchronize(dev);
     CHECK(peak() - before >= merged_model / 2);  // what merging in place holds
   }
+}
+
+TEST_CASE("save_merged_causal_lm over the float weights: PEFT's merge over the float model") {
+  const std::string dir = model_dir("llama_gqa");
+  const auto float_weight = llm::decoder_weight_reader(dir);
+  for (const bool dora : {false, true}) {
+    INFO("dora ", dora);
+    llm::QLoRAOptions o = options({"q_proj", "down_proj"});  // r 4, alpha 8: s = 2
+    o.lora.use_dora = dora;
+    auto model = converted(dir, o);
+    TempDir tmp;
+    llm::save_merged_causal_lm(*model, tmp.file("float"), {}, {}, float_weight);
+    std::map<std::string, Tensor> merged;
+    for (const auto& [name, t] : llm::read_model_weights(tmp.file("float"))) merged[name] = t;
+    std::set<std::string> adapted;
+    NoGradGuard no_grad;
+    for (const auto& [name, layer] : llm::lora_layers(*model)) {
+      CAPTURE(name);
+      adapted.insert(name + ".weight");
+      const Tensor w = float_weight(name + ".weight");
+      Tensor want = w + matmul(layer->lora_B(), layer->lora_A()) * 2.0;
+      if (dora)
+        want = want * (layer->magnitude().reshape({-1, 1}) /
+                       sqrt(sum(square(want), {1}, /*keepdim=*/true)));
+      CHECK(max_abs(merged.at(name + ".weight") - want) <= 1e-6 * max_abs(want));
+    }
+    CHECK(adapted.size() == 4);
+    // Every other linear weight of the layers is the float one, bit for bit.
+    int64_t kept = 0;
+    for (const auto& [name, t] : merged)
+      if (name.find(".layers.") != std::string::npos && t.dim() == 2 && !adapted.count(name)) {
+        CAPTURE(name);
+        CHECK(t.to_vector<float>() == float_weight(name).to_vector<float>());
+        ++kept;
+      }
+    CHECK(kept == 10);
+  }
+  CHECK_THROWS_WITH_AS(float_weight("model.layers.9.mlp.up_proj.weight"),
+                       doctest::Contains("holds no weight model.layers.9.mlp.up_proj.weight"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("save_merged_causal_lm refuses what merge_qlora refuses, and writes nothing") {
