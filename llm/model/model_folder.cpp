@@ -81,6 +81,22 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
   return path.string();
 }
 
+std::vector<std::string> model_weight_files(const std::string& dir) {
+  const fs::path single = model_folder_file(dir, "model.safetensors");
+  if (fs::exists(single)) return {single.string()};
+  const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
+  if (!fs::exists(index))
+    folder_fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
+  std::vector<std::string> files;
+  for (const auto& [file_name, names] : read_index(index.string())) {
+    const fs::path shard = model_folder_file(dir, file_name);
+    if (!fs::exists(shard))
+      folder_fail(index.string(), "lists shard " + file_name + ", which is not in the folder");
+    files.push_back(shard.string());
+  }
+  return files;
+}
+
 ModelWeightFiles::ModelWeightFiles(const std::string& dir,
                                    const std::function<bool(const std::string&)>& keep) {
   const fs::path single = model_folder_file(dir, "model.safetensors");

@@ -24,6 +24,12 @@ namespace quanta::llm {
  * absent file gives its path: the caller says what it needed. */
 std::string model_folder_file(const std::string& dir, const std::string& name);
 
+/** The weight files of model folder `dir`: its model.safetensors, or the
+ * shards its model.safetensors.index.json lists (in name order), each
+ * checked as model_folder_file checks it and present. Throws
+ * std::runtime_error naming the folder or index otherwise. */
+std::vector<std::string> model_weight_files(const std::string& dir);
+
 /** The tensors of a model folder's weights (those `keep` accepts), each
  * read from its file only when asked for: what lets a loader convert a
  * model a layer at a time without holding the whole of it. The folder is

@@ -77,7 +77,7 @@ TEST_CASE("quanta --help and --version") {
 
 TEST_CASE("every subcommand's --help has examples, readable types and its defaults") {
   for (const char* sub : {"train", "eval", "encode", "decode", "inspect", "bench", "parity",
-                          "quantize", "finetune", "launch"}) {
+                          "quantize", "finetune", "merge", "launch"}) {
     CAPTURE(sub);
     CliResult r = run_quanta({sub, "--help"});
     CHECK(r.code == 0);
@@ -170,7 +170,9 @@ TEST_CASE("quanta inspect fails with one line naming the file") {
   check_one_line_error(run_quanta({"inspect", path}), 1, "exceeds");
   check_one_line_error(run_quanta({"inspect", dir.file("missing.safetensors")}), 1,
                        "missing.safetensors: cannot open");
-  check_one_line_error(run_quanta({"inspect", dir.path().string()}), 1, "is a directory");
+  // A folder is read as a model folder: this one holds no weights.
+  check_one_line_error(run_quanta({"inspect", dir.path().string()}), 1,
+                       "holds neither model.safetensors nor model.safetensors.index.json");
 }
 
 TEST_CASE("quanta inspect refuses a FIFO at once instead of waiting for a writer") {

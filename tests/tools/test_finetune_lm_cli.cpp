@@ -1758,6 +1758,16 @@ TEST_CASE("quanta merge --max-shard-size: save_pretrained's shards, read back as
     return w;
   };
   CHECK(weights("shards") == weights("one"));
+  // inspect lists a folder's shards and their total, the index's.
+  const CliResult listed = run_quanta({"inspect", d.file("shards"), "--json"});
+  REQUIRE_MESSAGE(listed.code == 0, listed.err);
+  const json inspected = json::parse(listed.out);
+  const json index = json::parse(std::ifstream(d.file("shards/model.safetensors.index.json")));
+  CHECK(inspected["files"].size() == 5);
+  CHECK(inspected["total_bytes"] == index["metadata"]["total_size"]);
+  CHECK(inspected["total_tensors"] == index["weight_map"].size());
+  CHECK(contains(run_quanta({"inspect", d.file("shards")}).out,
+                 d.file("shards") + ": 5 weight files, "));
   // Merged again in one file over the sharded folder: no shard is left to
   // be taken for the model's.
   merge("shards", {});

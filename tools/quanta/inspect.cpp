@@ -3,6 +3,7 @@
 // bitsandbytes' small JSON states are read, for the shapes of their weights.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 
 #include "commands.h"
 #include "engine/io/safetensors.h"
+#include "llm/model/model_folder.h"
 
 namespace quanta::cli {
 namespace {
@@ -157,12 +159,20 @@ std::string bnb_export_text(const NF4Summary& s) {
   return buf;
 }
 
-void run_inspect(const InspectOptions& o) {
+// What one file holds, for a folder's total.
+struct FileTotals {
+  uint64_t tensors = 0, elements = 0, bytes = 0;
+};
+
+// Inspects one file: prints its table, or (json) fills `*json_out`.
+FileTotals inspect_file(const std::string& file, bool json, nlohmann::ordered_json* json_out) {
+  const InspectOptions o{file, json};
   io::SafetensorsHeader h = io::read_safetensors_header(o.file);
   std::sort(h.tensors.begin(), h.tensors.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   uint64_t total_elements = 0;
   for (const auto& e : h.tensors) total_elements += elements_of(e);
+  const FileTotals totals{h.tensors.size(), total_elements, h.data_bytes};
 
   if (o.json) {
     nlohmann::ordered_json out;
@@ -200,8 +210,8 @@ void run_inspect(const InspectOptions& o) {
       if (nf4.bnb.tensors) out["nf4"]["bitsandbytes"] = layout(nf4.bnb);
       if (nf4.torchao.tensors) out["nf4"]["torchao"] = layout(nf4.torchao);
     }
-    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    return;
+    *json_out = std::move(out);
+    return totals;
   }
 
   std::size_t name_w = 4, dtype_w = 5, shape_w = 5, bytes_w = 5;
@@ -245,6 +255,45 @@ void run_inspect(const InspectOptions& o) {
   nf4_line("torchao", nf4.torchao, "");
   std::cout << (h.metadata.empty() ? "metadata: none" : "metadata:") << "\n";
   for (const auto& [k, v] : h.metadata) std::cout << "  " << k << " = " << v << "\n";
+  return totals;
+}
+
+void print_json(const nlohmann::ordered_json& j) {
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+void run_inspect(const InspectOptions& o) {
+  if (!std::filesystem::is_directory(o.file)) {
+    nlohmann::ordered_json j;
+    inspect_file(o.file, o.json, &j);
+    if (o.json) print_json(j);
+    return;
+  }
+  // A model folder: its one weight file, or each shard its index lists.
+  const std::vector<std::string> files = llm::model_weight_files(o.file);
+  FileTotals all;
+  nlohmann::ordered_json each = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (!o.json && i > 0) std::cout << "\n";
+    nlohmann::ordered_json j;
+    const FileTotals t = inspect_file(files[i], o.json, &j);
+    if (o.json) each.push_back(std::move(j));
+    all.tensors += t.tensors, all.elements += t.elements, all.bytes += t.bytes;
+  }
+  if (o.json) {
+    nlohmann::ordered_json out;
+    out["folder"] = o.file;
+    out["files"] = std::move(each);
+    out["total_tensors"] = all.tensors;
+    out["total_elements"] = all.elements;
+    out["total_bytes"] = all.bytes;
+    print_json(out);
+    return;
+  }
+  std::cout << "\n"
+            << o.file << ": " << files.size() << " weight file" << (files.size() == 1 ? "" : "s")
+            << ", " << all.tensors << " tensors, " << all.elements << " elements, " << all.bytes
+            << " bytes" << (all.bytes >= 1024 ? " (" + human_bytes(all.bytes) + ")" : "") << "\n";
 }
 
 }  // namespace
@@ -254,12 +303,17 @@ void add_inspect(CLI::App& app) {
   CLI::App* sub =
       app.add_subcommand("inspect",
                          "List the tensors (name, dtype, shape, bytes), totals and metadata of a "
-                         "safetensors file; tensor data is not read");
+                         "safetensors file or a model folder's weight files; tensor data is not "
+                         "read");
   sub->footer(
       "Examples:\n"
       "  quanta inspect runs/vq/checkpoint.safetensors\n"
-      "  quanta inspect runs/clf/nf4.safetensors --json   # NF4 bits per parameter included");
-  sub->add_option("file", o->file, "the .safetensors file")->required();
+      "  quanta inspect runs/clf/nf4.safetensors --json   # NF4 bits per parameter included\n"
+      "  quanta inspect runs/lm-merged                     # a model folder, shards included");
+  sub->add_option("file", o->file,
+                  "the .safetensors file, or a model folder (its model.safetensors, or each "
+                  "shard its model.safetensors.index.json lists, and their total)")
+      ->required();
   sub->add_flag("--json", o->json, "print one JSON object instead of a table");
   sub->callback([o] { run_inspect(*o); });
 }
