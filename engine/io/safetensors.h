@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/io/atomic_file.h"
 #include "engine/tensor.h"
 
 namespace quanta::io {
@@ -78,6 +79,22 @@ std::vector<TensorSource> tensor_sources(const TensorMap& tensors);
  * than its source says is an error naming it; on any error `path` is left as
  * it was. */
 void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& sources,
+                               const std::map<std::string, std::string>& metadata = {});
+
+/** save_safetensors_streamed up to the last step: every tensor written to
+ * the returned writer's temporary file beside `path`, which is not yet in
+ * place (commit() puts it there; dropping the writer removes it). For a
+ * set of files that should change together: all are made before any is
+ * committed. */
+std::unique_ptr<AtomicFileWriter> stage_safetensors(
+    const std::string& path, const std::vector<TensorSource>& sources,
+    const std::map<std::string, std::string>& metadata = {});
+
+/** What save_safetensors_streamed refuses from the sources alone (a
+ * duplicate or reserved name, a dtype safetensors cannot hold, a shape
+ * without a size, text that is not UTF-8), refused now: for sources a caller
+ * splits over several files. */
+void check_safetensors_sources(const std::vector<TensorSource>& sources,
                                const std::map<std::string, std::string>& metadata = {});
 
 /** Reads and validates a whole safetensors file; throws std::runtime_error

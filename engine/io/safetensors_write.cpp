@@ -134,18 +134,29 @@ std::vector<TensorSource> tensor_sources(const TensorMap& tensors) {
   return out;
 }
 
-void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& sources,
-                               const std::map<std::string, std::string>& metadata) {
+std::unique_ptr<AtomicFileWriter> stage_safetensors(
+    const std::string& path, const std::vector<TensorSource>& sources,
+    const std::map<std::string, std::string>& metadata) {
   const Plan p = plan(sources, metadata);
-  AtomicFileWriter file(path, "save_safetensors");
+  auto file = std::make_unique<AtomicFileWriter>(path, "save_safetensors");
   const uint64_t n = p.header.size();
-  file.write({&n, 8});
-  file.write({p.header.data(), n});
+  file->write({&n, 8});
+  file->write({p.header.data(), n});
   for (const Planned& t : p.tensors) {
     const Tensor bytes = stored_bytes(t);
-    file.write({bytes.raw_data(), bytes.nbytes()});
+    file->write({bytes.raw_data(), bytes.nbytes()});
   }
-  file.commit();
+  return file;
+}
+
+void check_safetensors_sources(const std::vector<TensorSource>& sources,
+                               const std::map<std::string, std::string>& metadata) {
+  plan(sources, metadata);
+}
+
+void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& sources,
+                               const std::map<std::string, std::string>& metadata) {
+  stage_safetensors(path, sources, metadata)->commit();
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -249,40 +250,45 @@ uint64_t parse_shard_size(const std::string& text) {
                                 "\" is not a size: give bytes, or a number with KB, MB, GB or "
                                 "TB (\"5GB\", \"500MB\")");
   };
-  std::string t = text;
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
-  if (t.empty()) return fail();
-  double scale = 1;
-  if (t.size() > 2 && std::isalpha(static_cast<unsigned char>(t.back()))) {
-    std::string unit = t.substr(t.size() - 2);
-    for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
-    const std::map<std::string, double> units = {
-        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
-    const auto it = units.find(unit);
-    if (it == units.end()) return fail();
-    scale = it->second;
-    t = t.substr(0, t.size() - 2);
+  const auto trim = [](std::string t) {
     while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  } else if (t.find_first_not_of("0123456789") != std::string::npos) {
-    return fail();
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+    return t;
+  };
+  const std::string t = trim(text);
+  if (t.empty()) return fail();
+  // A whole number of bytes, read exactly.
+  if (t.find_first_not_of("0123456789") == std::string::npos) {
+    uint64_t bytes = 0;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), bytes);
+    if (ec != std::errc() || end != t.data() + t.size() || bytes == 0) return fail();
+    return bytes;
   }
-  std::size_t used = 0;
+  // A decimal number and a unit, as huggingface_hub reads them (int(value *
+  // unit)); from_chars: no locale, no hex.
+  if (t.size() < 3) return fail();
+  std::string unit = t.substr(t.size() - 2);
+  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  const std::map<std::string, double> units = {{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  const auto it = units.find(unit);
+  if (it == units.end()) return fail();
+  const std::string number = trim(t.substr(0, t.size() - 2));
+  if (number.empty() || number.find_first_not_of("0123456789.") != std::string::npos) return fail();
   double value = 0;
-  try {
-    value = std::stod(t, &used);
-  } catch (const std::exception&) {
-    return fail();
-  }
-  if (used != t.size() || !std::isfinite(value) || value * scale < 1 || value * scale > 1e18)
-    return fail();
-  return static_cast<uint64_t>(value * scale);
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value,
+                                         std::chars_format::fixed);
+  if (ec != std::errc() || end != number.data() + number.size()) return fail();
+  const double bytes = value * it->second;
+  if (!(bytes >= 1) || bytes > 1e18) return fail();
+  return static_cast<uint64_t>(bytes);
 }
 
 void write_model_weights(const std::string& dir, const std::vector<io::TensorSource>& weights,
                          const SaveOptions& options, const char* op) {
   if (options.max_shard_bytes == 0)
     throw std::invalid_argument(std::string("[") + op + "] max_shard_bytes must be positive");
+  // Everything the names, dtypes and shapes refuse, across all the files.
+  io::check_safetensors_sources(weights);
   // save_pretrained's split: in order, the open file closed when the next
   // tensor would take it past the limit; a tensor over it in a file of its
   // own, listed when met (the open file goes on after it).
@@ -309,34 +315,51 @@ void write_model_weights(const std::string& dir, const std::vector<io::TensorSou
   const fs::path folder(dir);
   const fs::path single = folder / "model.safetensors";
   const fs::path index = folder / "model.safetensors.index.json";
-  std::set<std::string> written;
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  // Every file is made beside its target first: until all are, the folder
+  // is as it was (an error while making a tensor changes nothing).
+  std::vector<std::unique_ptr<io::AtomicFileWriter>> staged;
+  std::set<std::string> names;
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
   if (shards.size() == 1) {
-    io::save_safetensors_streamed(single.string(), shards[0], {{"format", "pt"}});
-    written.insert(single.filename().string());
+    staged.push_back(io::stage_safetensors(single.string(), shards[0], meta));
+    names.insert(single.filename().string());
   } else {
-    nlohmann::ordered_json map = nlohmann::ordered_json::object();
     char name[64];
     for (std::size_t i = 0; i < shards.size(); ++i) {
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      io::save_safetensors_streamed((folder / name).string(), shards[i], {{"format", "pt"}});
+      staged.push_back(io::stage_safetensors((folder / name).string(), shards[i], meta));
       for (const io::TensorSource& w : shards[i]) map[w.name] = name;
-      written.insert(name);
+      names.insert(name);
     }
-    nlohmann::json j;  // sorted keys, as transformers dumps the index
-    j["metadata"] = {{"total_size", total_bytes}, {"total_parameters", total_elements}};
-    j["weight_map"] = map;
-    io::write_text_atomic(index.string(), j.dump(2) + "\n", op);
-    written.insert(index.filename().string());
   }
-  // What an earlier save of the other layout left.
+  // Then in place, in an order that never shows a reader old weights as new
+  // ones: loaders take model.safetensors before an index, so shards replace
+  // a single file only once it is gone, and an old index goes before the
+  // shards it may list are replaced (between the two the folder has no
+  // weights to load, rather than a mix).
+  const auto remove_stale = [&](const std::function<bool(const std::string&)>& stale) {
+    for (const auto& e : fs::directory_iterator(folder)) {
+      const std::string f = e.path().filename().string();
+      if (!names.count(f) && e.is_regular_file() && stale(f)) fs::remove(e.path());
+    }
+  };
   const std::regex shard_name(R"(model-\d{5}-of-\d{5}\.safetensors)");
-  for (const auto& e : fs::directory_iterator(folder)) {
-    const std::string f = e.path().filename().string();
-    if (written.count(f) || !e.is_regular_file()) continue;
-    if (f == "model.safetensors" || f == "model.safetensors.index.json" ||
-        std::regex_match(f, shard_name))
-      fs::remove(e.path());
+  const auto is_shard = [&](const std::string& f) { return std::regex_match(f, shard_name); };
+  if (shards.size() == 1) {
+    staged[0]->commit();
+    remove_stale([&](const std::string& f) { return f == index.filename() || is_shard(f); });
+    return;
   }
+  remove_stale([&](const std::string& f) { return f == single.filename(); });
+  if (fs::exists(index)) fs::remove(index);
+  for (const auto& file : staged) file->commit();
+  nlohmann::json j;  // sorted keys, as transformers dumps the index
+  j["metadata"] = {{"total_size", total_bytes}, {"total_parameters", total_elements}};
+  j["weight_map"] = map;
+  io::write_text_atomic(index.string(), j.dump(2) + "\n", op);
+  names.insert(index.filename().string());
+  remove_stale(is_shard);
 }
 
 void save_causal_lm(const CausalLM& model, const std::string& dir, const StateDict& beside,
@@ -349,12 +372,14 @@ void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir
                              const std::vector<io::TensorSource>& weights, const StateDict& beside,
                              const SaveOptions& options) {
   fs::create_directories(dir);
-  io::write_text_atomic((fs::path(dir) / "config.json").string(), decoder_config_json(config),
-                        "save_causal_lm");
   std::vector<io::TensorSource> stored = weights;
   for (io::TensorSource& w : stored) w.name = stored_weight_name(config, w.name);
   for (const io::TensorSource& b : io::tensor_sources(beside)) stored.push_back(b);
   write_model_weights(dir, stored, options);
+  // After the weights: a merge that fails while making them leaves the
+  // folder's config and weights as they were.
+  io::write_text_atomic((fs::path(dir) / "config.json").string(), decoder_config_json(config),
+                        "save_causal_lm");
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {

@@ -111,11 +111,13 @@ uint64_t parse_shard_size(const std::string& text);
  * their stored names, in the order to shard them, each made when written
  * (io::save_safetensors_streamed), in one model.safetensors or in shards
  * with their index (metadata total_size and total_parameters, the elements
- * written), as `options` says. The files of the other layout left by an
- * earlier save (a model.safetensors beside new shards, shards and an index
- * beside a new model.safetensors) are removed once the new ones are in
- * place, so that a reader never takes old weights for new. Each file is
- * written atomically; the folder as a whole is not. `op` starts errors. */
+ * written), as `options` says. Everything the names, dtypes and shapes
+ * refuse is refused first; then every file is made beside its target
+ * before any is put in place, so an error while making a tensor leaves the
+ * folder as it was. The files of the other layout left by an earlier save
+ * are removed in an order that never lets a reader take old weights for new
+ * (a model.safetensors, which loaders take first, and an old index before
+ * new shards come in; stale shards after). `op` starts errors. */
 void write_model_weights(const std::string& dir, const std::vector<io::TensorSource>& weights,
                          const SaveOptions& options = {}, const char* op = "save_causal_lm");
 

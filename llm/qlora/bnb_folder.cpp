@@ -75,9 +75,9 @@ void save_bnb_folder(CausalLM& model, const BaseQuantization& quantization, cons
       {"llm_int8_skip_modules", skipped},
       {"llm_int8_threshold", 6.0}};
   fs::create_directories(dir);
+  write_model_weights(dir, io::tensor_sources(tensors), options, "save_bnb_folder");
   io::write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2) + "\n",
                         "save_bnb_folder");
-  write_model_weights(dir, io::tensor_sources(tensors), options, "save_bnb_folder");
 }
 
 std::optional<BaseQuantization> folder_quantization(const std::string& dir) {

@@ -1,7 +1,8 @@
 // `quanta merge --model DIR --adapters DIR --out DIR`: a PEFT adapter folder
-// merged into its base and written as a Hugging Face folder, what PEFT's
-// merge_and_unload then save_pretrained give over a bitsandbytes base, for
-// adapters trained without --merge-to (or elsewhere). A layer at a time: the
+// merged into its base and written as a float Hugging Face folder: each
+// weight the NF4 base dequantized plus the adapters' change (PEFT's merge
+// over a bitsandbytes model computes the same sum, then quantizes it to 4
+// bits again), for adapters trained without --merge-to (or elsewhere). A layer at a time: the
 // base's float weights are read as each layer is quantized, and the merged
 // weights made as each is written, so neither the device nor the host ever
 // holds the float model.
@@ -49,9 +50,9 @@ void run_merge(const MergeFlags& f) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t peak = peak_rss_bytes();
   std::printf(
-      "merged %zu adapted layers of %s into %s (%zu linear layers in NF4): %s (%s); %.1f s%s\n",
+      "merged %zu adapted layers of %s into %s (%zu linear layers%s): %s (%s); %.1f s%s\n",
       llm::lora_layers(*model).size(), f.adapters.dir.c_str(), f.model.c_str(),
-      report.layers.size(), f.out.c_str(), holds.c_str(), seconds,
+      report.layers.size(), onto_float ? "" : " in NF4", f.out.c_str(), holds.c_str(), seconds,
       peak < 0 ? "" : ("; peak resident memory " + with_commas(uint64_t(peak)) + " bytes").c_str());
 }
 
@@ -61,8 +62,8 @@ void add_merge(CLI::App& app) {
   auto f = std::make_shared<MergeFlags>();
   CLI::App* sub = app.add_subcommand(
       "merge",
-      "A PEFT LoRA adapter folder merged into its base model folder and written as a Hugging "
-      "Face folder (PEFT's merge_and_unload over a bitsandbytes base), a layer at a time");
+      "A PEFT LoRA adapter folder merged into its base model folder and written as a float "
+      "Hugging Face folder, a layer at a time");
   sub->footer(
       "The base is quantized to NF4 as the adapters' folder records (as they were trained "
       "over it), each merged weight is that base dequantized plus the adapters' change "
@@ -86,7 +87,8 @@ void add_merge(CLI::App& app) {
   add_max_shard_size_flag(*sub, f->max_shard_size, "the merged weights");
   sub->add_option("--onto", f->onto,
                   "nf4: each weight the NF4 base dequantized plus the adapters' change, the model "
-                  "the adapters were trained in (PEFT's merge over a bitsandbytes model); float: "
+                  "the adapters were trained in (the sum PEFT's merge over a bitsandbytes model "
+                  "forms before quantizing it again); float: "
                   "the float base folder's weights plus the change (PEFT's merge over the float "
                   "model; not for adapters fitted to the quantization error, LoftQ's)")
       ->capture_default_str()

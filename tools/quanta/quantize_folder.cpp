@@ -23,6 +23,7 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
     throw UsageError("--block-size " + std::to_string(o.block_size) +
                      ": a model folder is quantized as transformers' load_in_4bit does, in "
                      "blocks of 64");
+  const llm::SaveOptions save{.max_shard_bytes = max_shard_size_flag(o.max_shard_size)};
   refuse_output_over_input(
       "OUT", (fs::path(o.out) / "model.safetensors").string(),
       {{"the model folder IN", (fs::path(o.in) / "model.safetensors").string()}});
@@ -39,7 +40,7 @@ void run_quantize_folder(const QuantizeFolderOptions& o) {
   const llm::QLoRAReport report = llm::quantize_base(*model, q);
   // An image-text model's vision tower goes beside, as the folder stores it.
   llm::save_bnb_folder(*model, q, o.out, llm::read_non_decoder_weights(model->config(), o.in),
-                       {.max_shard_bytes = max_shard_size_flag(o.max_shard_size)});
+                       save);
   llm::copy_tokenizer_files(o.in, o.out);
   uint64_t before = 0, after = 0;
   for (const llm::QLoRALayer& l : report.layers) {

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -86,6 +88,38 @@ TEST_CASE("write_model_weights splits as save_pretrained does, in order") {
                        std::invalid_argument);
 }
 
+TEST_CASE("write_model_weights: an error while making a tensor leaves the folder as it was") {
+  TempDir tmp;
+  const std::string dir = tmp.path().string();
+  const auto snapshot = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      files[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return files;
+  };
+  std::vector<io::TensorSource> failing = sized({60, 60, 150, 20, 20});
+  failing[3].make = []() -> Tensor { throw std::runtime_error("out of memory"); };
+  for (const uint64_t before_size : {uint64_t(400), llm::kDefaultMaxShardBytes}) {
+    for (const uint64_t after_size : {uint64_t(400), uint64_t(1000), llm::kDefaultMaxShardBytes}) {
+      CAPTURE(before_size);
+      CAPTURE(after_size);
+      for (const auto& e : fs::directory_iterator(dir)) fs::remove(e.path());
+      llm::write_model_weights(dir, sized({60, 60, 150, 20, 20}), {.max_shard_bytes = before_size});
+      const auto before = snapshot();
+      CHECK_THROWS_WITH_AS(llm::write_model_weights(dir, failing, {.max_shard_bytes = after_size}),
+                           "out of memory", std::runtime_error);
+      CHECK(snapshot() == before);  // no temporary file left either
+    }
+  }
+  // Refused from the names alone, across files, before anything is made.
+  std::vector<io::TensorSource> twice = sized({60, 60, 150});
+  twice.push_back(twice[0]);
+  CHECK_THROWS_WITH_AS(llm::write_model_weights(dir, twice, {.max_shard_bytes = 400}),
+                       doctest::Contains("duplicate tensor name 't0'"), std::invalid_argument);
+}
+
 TEST_CASE("save_causal_lm in shards reads back as the same model") {
   TempDir tmp;
   const std::string dir = quanta::testing::test_data("llm/models/llama_gqa");
@@ -115,7 +149,10 @@ TEST_CASE("parse_shard_size reads transformers' max_shard_size") {
   CHECK(llm::parse_shard_size("2TB") == 2'000'000'000'000ull);
   CHECK(llm::parse_shard_size("100KB") == 100'000ull);
   CHECK(llm::parse_shard_size("123456") == 123456ull);
-  for (const char* bad : {"", "GB", "5GiB", "5 G", "-1GB", "0", "0MB", "five", "1e3", "nanGB"}) {
+  CHECK(llm::parse_shard_size("999999999999999999") == 999'999'999'999'999'999ull);  // exact
+  CHECK(llm::parse_shard_size("4.1GB") == 4'099'999'999ull);  // int(4.1 * 1e9), as the hub
+  for (const char* bad : {"", "GB", "5GiB", "5 G", "-1GB", "0", "0MB", "five", "1e3", "nanGB",
+                          "0x10GB", "1.5", "1e3MB", "1..5GB"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(llm::parse_shard_size(bad), doctest::Contains("is not a size"),
                          std::invalid_argument);
