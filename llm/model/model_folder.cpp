@@ -82,54 +82,65 @@ std::string model_folder_file(const std::string& dir, const std::string& name) {
   return path.string();
 }
 
-std::vector<std::string> model_weight_files(const std::string& dir) {
+namespace {
+
+// A weight file of a folder and, for a shard, the names its index lists.
+struct WeightFile {
+  fs::path path;
+  std::optional<std::set<std::string>> listed;  // empty: the single model.safetensors
+};
+
+// The folder's model.safetensors, or the shards its index lists (each present).
+std::vector<WeightFile> weight_files_of(const std::string& dir) {
   const fs::path single = model_folder_file(dir, "model.safetensors");
-  if (fs::exists(single)) return {single.string()};
   const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
+  if (fs::exists(single)) return {{single, std::nullopt}};
   if (!fs::exists(index))
     folder_fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
-  std::vector<std::string> files;
-  for (const auto& [file_name, names] : read_index(index.string())) {
+  std::vector<WeightFile> files;
+  for (auto& [file_name, names] : read_index(index.string())) {
     const fs::path shard = model_folder_file(dir, file_name);
     if (!fs::exists(shard))
       folder_fail(index.string(), "lists shard " + file_name + ", which is not in the folder");
-    files.push_back(shard.string());
+    files.push_back({shard, std::move(names)});
   }
   return files;
 }
 
+}  // namespace
+
+std::vector<std::string> model_weight_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const WeightFile& f : weight_files_of(dir)) out.push_back(f.path.string());
+  return out;
+}
+
 ModelWeightFiles::ModelWeightFiles(const std::string& dir,
                                    const std::function<bool(const std::string&)>& keep) {
-  const fs::path single = model_folder_file(dir, "model.safetensors");
-  const fs::path index = model_folder_file(dir, "model.safetensors.index.json");
   const auto kept = [&](const std::string& name) { return !keep || keep(name); };
   const auto add = [&](std::shared_ptr<io::SafetensorsReader> file, const std::string& name) {
     if (files_.empty() || files_.back() != file) files_.push_back(std::move(file));
     where_.emplace(name, files_.size() - 1);
     names_.push_back(name);
   };
-  if (fs::exists(single)) {
-    auto file = std::make_shared<io::SafetensorsReader>(single.string());
-    for (const std::string& name : file->names())
-      if (kept(name)) add(file, name);
-    return;
-  }
-  if (!fs::exists(index))
-    folder_fail(dir, "holds neither model.safetensors nor model.safetensors.index.json");
-  for (const auto& [file_name, names] : read_index(index.string())) {
-    const fs::path shard = model_folder_file(dir, file_name);
-    if (!fs::exists(shard))
-      folder_fail(index.string(), "lists shard " + file_name + ", which is not in the folder");
+  for (const WeightFile& w : weight_files_of(dir)) {
+    if (!w.listed) {
+      auto file = std::make_shared<io::SafetensorsReader>(w.path.string());
+      for (const std::string& name : file->names())
+        if (kept(name)) add(file, name);
+      return;
+    }
+    const std::set<std::string>& names = *w.listed;
     if (std::none_of(names.begin(), names.end(), kept)) continue;
-    auto file = std::make_shared<io::SafetensorsReader>(shard.string());
+    auto file = std::make_shared<io::SafetensorsReader>(w.path.string());
     const std::vector<std::string> held = file->names();
     for (const std::string& name : held)
       if (!names.count(name))
-        folder_fail(shard.string(),
+        folder_fail(w.path.string(),
                     "holds " + name + ", which the index does not list for this shard");
     for (const auto& name : names)
       if (!file->contains(name))
-        folder_fail(shard.string(), "lacks " + name + ", which the index lists");
+        folder_fail(w.path.string(), "lacks " + name + ", which the index lists");
     for (const std::string& name : held)
       if (kept(name)) add(file, name);
   }
