@@ -60,8 +60,8 @@
 #            *_fast_conv), `bench nf4`, `bench llm --only attention_T512_fb`,
 #            `bench quant`, `bench engine`, with --device cuda, 90 s a
 #            command at most; the rows go into the summary.
-#   profile  where Nsight Compute (ncu) is installed, a kernel profile of 10
-#            steps of `quanta train --device cuda` (at most 3000 kernels):
+#   profile  where Nsight Compute (ncu) is installed, a kernel profile of 5
+#            steps of `quanta train --device cuda` (at most 1000 kernels):
 #            launches and kernel time per step, and the 20 kernels that take
 #            the most (tools/gpu-check/kernel_profile.py; the first step's
 #            initialisation and a final evaluation of 64 images are in it; a

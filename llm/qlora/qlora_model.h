@@ -177,7 +177,7 @@ void merge_qlora(CausalLM& model);
  * each merged (or dequantized) weight is made on the model's device when its
  * turn in the file comes, copied to the host, written and let go, so that
  * neither the device nor the host holds the float model (peak: the converted
- * model as it is plus three float layers). The model keeps its adapters and
+ * model as it is plus two float layers). The model keeps its adapters and
  * 4-bit bases; its trainable tokens are written into their layers first, as
  * merge_qlora writes them. Sharded as `options` says, in the merged model's
  * order. Refuses what merge_qlora refuses before writing; on an error

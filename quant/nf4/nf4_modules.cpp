@@ -261,8 +261,20 @@ Tensor LoRALinear::adapted_weight() const {
 }
 
 Tensor LoRALinear::adapted_weight(const Tensor& w) const {
+  return plus_delta(w.to(base_dtype_).to(lora_a_.dtype()));
+}
+
+Tensor LoRALinear::plus_delta(const Tensor& w) const {
+  // Written as w + matmul(B, A) * s, the expression's temporaries live to its
+  // end: four [out, in] tensors at once, where a merge a layer at a time
+  // wants two. The product is scaled and summed in its own buffer instead,
+  // with the same roundings (an IEEE sum does not depend on its order).
   NoGradGuard no_grad;
-  return w.to(base_dtype_).to(lora_a_.dtype()) + matmul(lora_b_, lora_a_) * scaling_;
+  Tensor delta = matmul(lora_b_, lora_a_);
+  mul_(delta, scaling_);
+  if (w.dtype() != delta.dtype()) return w + delta;
+  add_(delta, w);
+  return delta;
 }
 
 Tensor LoRALinear::weight_norm() const {
@@ -364,8 +376,7 @@ Tensor LoRALinear::dora_merged(const Tensor& adapted) const {
 
 Tensor LoRALinear::merged_weight() const {
   if (use_dora()) return dora_merged(adapted_weight());
-  NoGradGuard no_grad;
-  return base_->dequantized_weight() + matmul(lora_b_, lora_a_) * scaling_;
+  return plus_delta(base_->dequantized_weight());
 }
 
 Tensor LoRALinear::merged_weight(const Tensor& base_weight) const {
@@ -375,8 +386,7 @@ Tensor LoRALinear::merged_weight(const Tensor& base_weight) const {
                                 shape_str(base_weight.shape()) + " for a layer " + shape_str(want));
   const Tensor w = base_weight.detach().to(lora_a_.device());
   if (use_dora()) return dora_merged(adapted_weight(w));
-  NoGradGuard no_grad;
-  return w.to(lora_a_.dtype()) + matmul(lora_b_, lora_a_) * scaling_;
+  return plus_delta(w.to(lora_a_.dtype()));
 }
 
 Tensor LoRALinear::merged_bias() const {

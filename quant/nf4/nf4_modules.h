@@ -225,6 +225,8 @@ class LoRALinear : public Module {
   Tensor adapted_weight() const;
   /** The same over a given W (in base_dtype_ first, as the dequantized one). */
   Tensor adapted_weight(const Tensor& w) const;
+  /** w + scaling * B A, [out, in], outside the graph. */
+  Tensor plus_delta(const Tensor& w) const;
   /** DoRA's merged weight from the adapted one: its rows scaled by
    * magnitude / their norm, in f32. */
   Tensor dora_merged(const Tensor& adapted) const;

@@ -371,6 +371,7 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                        "sum_dim1",
                                        "sum_dim0",
                                        "amax_dim1",
+                                       "permute_0213",
                                        "matmul_1024",
                                        "matmul_4096x4096x256",
                                        "matmul_1024_bf16",

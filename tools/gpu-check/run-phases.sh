@@ -154,15 +154,17 @@ phase_bench() {
 # time, at the clocks the GPU runs at) and kernel_profile.py sums them by
 # kernel, per step. Skipped, saying so, where ncu is not installed. ncu's
 # work is bounded twice: it stops timing after PROFILE_LAUNCHES kernels (the
-# last profile counted 232 a step), and the training run ends 20 s before
-# LIMIT, so that ncu still prints what it timed; whatever CSV there is then
-# gets summed, marked as cut short. The steps run with --no-graph: ncu
+# last profiles counted 153 to 232 a step, and ncu timed some 20 a second
+# on an H100, 2026-12-05), and the training run ends 20 s before LIMIT, so
+# that ncu still prints what it timed; whatever CSV there is then gets
+# summed, marked as cut short, and a run stopped by that limit is no failure
+# (ncu answers 9, the SIGKILL its target got, or timeout's 124 or 137). The steps run with --no-graph: ncu
 # times kernels one launch at a time and failed on the launches of a graph
 # capture (exit 9 at the captured step, on an H200, 2026-12-04); the eager
 # step's launches are what a capture then holds. The phase's last third (at
 # most GEMV_PROFILE_S seconds) goes to the NF4 GEMV's profile (profile_gemv).
-readonly PROFILE_STEPS=10
-readonly PROFILE_LAUNCHES=3000
+readonly PROFILE_STEPS=5
+readonly PROFILE_LAUNCHES=1000
 readonly GEMV_PROFILE_S=45
 phase_profile() {
   local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu rc=0
@@ -195,7 +197,10 @@ profile_train() {
   [ "$rc" -eq 0 ] && [ "$(grep -c '^"[0-9]' "$csv")" -lt "$PROFILE_LAUNCHES" ] || cut=(--cut)
   local summed=0
   python3 "$gpu_check_dir/kernel_profile.py" "$csv" "$PROFILE_STEPS" 20 "${cut[@]}" || summed=$?
-  if [ "$rc" -ne 0 ] || [ "$summed" -ne 0 ]; then
+  if [ "$summed" -eq 0 ] && { [ "$rc" -eq 9 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
+    echo "(the training run was stopped at its time limit, ncu exit $rc: the table is what it timed)"
+    rc=0
+  elif [ "$rc" -ne 0 ] || [ "$summed" -ne 0 ]; then
     echo "(ncu exit $rc$([ "$rc" -eq 124 ] && echo ': timed out'); its last lines:)"
     grep -v '^"' "$csv" | tail -n 5
     [ "$rc" -ne 0 ] || rc=1
