@@ -84,14 +84,15 @@ __device__ inline void write_rows(const T (&acc)[kRows][MB], int64_t n0, int war
   }
 }
 
-// Code j's value of `word` from the 16 values at shared address `table`
-// (64-byte aligned): the address is table | nf4_word_code_offset, one shift
-// and one LOP3. Indexing the shared array instead adds its base per code, a
-// fourth instruction for every code (the SASS of values[code]); the 32-bit
-// address made generic is known to be shared, so this is still one LDS.
-__device__ inline float code_value(uint32_t table, uint32_t word, int j) {
-  return *static_cast<const float*>(
-      __cvta_shared_to_generic(table | fn::nf4_word_code_offset(word, j)));
+// Code j's value from the 16 values at shared address `table` (256-byte
+// aligned: its low byte is 0), `o` the word's nf4_word_offsets: one PRMT
+// puts the code's byte offset into the table's address, where a shift and a
+// LOP3 per code formed it before (and indexing the shared array adds its
+// base per code, a further instruction: the SASS of values[code]); the
+// 32-bit address made generic is known to be shared, so this is one LDS.
+__device__ inline float code_value(uint32_t table, const fn::NF4WordOffsets& o, int j) {
+  const uint32_t address = __byte_perm(j % 2 ? o.odd : o.even, table, 0x7650u | (j / 2));
+  return *static_cast<const float*>(__cvta_shared_to_generic(address));
 }
 
 // Row r's 8 decoded values of one word of codes: value * scale rounded to
@@ -99,9 +100,10 @@ __device__ inline float code_value(uint32_t table, uint32_t word, int j) {
 template <class T>
 __device__ inline void decode_word(uint32_t table, uint32_t word, float scale, DType dd,
                                    bool scale_after, T (&wv)[kCodes]) {
+  const fn::NF4WordOffsets o = fn::nf4_word_offsets(word);
 #pragma unroll
   for (int j = 0; j < kCodes; ++j) {
-    const float v = code_value(table, word, j);
+    const float v = code_value(table, o, j);
     wv[j] = static_cast<T>(scale_after ? v : round_to(v * scale, dd));
   }
 }
@@ -125,16 +127,64 @@ __device__ inline void accumulate8(const T (&wv)[kRows][kCodes], const float (&s
   }
 }
 
+// What every group of steps of a lane reads alike.
+template <class T>
+struct StepArgs {
+  NF4GemvSteps steps;
+  int64_t x_row, x_step;  // a lane's x: row m at xl + m * x_row, a step x_step on
+  uint32_t table;         // the 16 code values' shared address
+  DType dd;
+  bool scale_after;
+};
+
+// S steps of a lane's columns in every row of its warp: the words of codes
+// and scales of all S steps loaded before any is decoded (a loop over steps
+// and rows that decoded each row's word before loading the next would keep
+// one load in flight, the scale's branch keeping the compiler from hoisting
+// the loads), their addresses stepped by NF4GemvCursor. The sums keep their
+// order.
+template <int S, class T, int MB, bool Staged>
+__device__ inline void run_steps(const StepArgs<T>& a, NF4GemvCursor (&at)[kRows], const T*& xl,
+                                 T (&acc)[kRows][MB]) {
+  uint32_t words[S][kRows];
+  float scales[S][kRows];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      words[s][r] = __ldg(reinterpret_cast<const uint32_t*>(at[r].codes));
+      scales[s][r] = __ldg(reinterpret_cast<const float*>(at[r].scale));
+      nf4_gemv_advance(at[r], a.steps);
+    }
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    T wv[kRows][kCodes];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      decode_word(a.table, words[s][r], scales[s][r], a.dd, a.scale_after, wv[r]);
+    accumulate8<T, MB>(
+        wv, scales[s], a.scale_after,
+        [&](int m, T(&xv)[kCodes]) {
+          if constexpr (Staged)
+            load8(xl + m * a.x_row, xv);
+          else
+            load8_global(xl + m * a.x_row, xv);
+        },
+        acc);
+    xl += a.x_step;
+  }
+}
+
 // MB: rows of x (1..kNF4GemvMaxBatch); R: codes per run (32 or 64), so
 // that finding a column's run is a shift; Staged: x through shared memory
 // in passes of `chunk` columns, else from global memory (chunk = K).
 template <class T, int MB, int R, bool Staged>
-__global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
+__global__ void __launch_bounds__(kNF4GemvWarps* kWarp, nf4_gemv_min_blocks(sizeof(T), MB))
     gemv_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y,
                 int64_t chunk) {
   extern __shared__ __align__(16) unsigned char staged[];
   T* xs = reinterpret_cast<T*>(staged);  // [MB][slot(chunk)]: columns [c0, c0 + chunk)
-  __shared__ __align__(64) float values[16];
+  __shared__ __align__(256) float values[16];  // code_value: its low address byte 0
   constexpr int64_t E = sizeof(T);
   const int64_t row_slots = nf4_gemv_slot(chunk, E);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -175,49 +225,19 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp)
         __syncthreads();
       }
       // len is whole runs (K % R == 0, chunk % 256 == 0), so a lane's word
-      // never leaves its run or its row. The words and scales of
-      // kStepsInFlight steps are loaded before any is decoded (plans.h: a
-      // loop over steps and rows decodes each row's word before loading the
-      // next, the scale's branch keeping the compiler from hoisting the
-      // loads), their addresses stepped by NF4GemvCursor. The sums keep
-      // their order.
+      // never leaves its run or its row. Steps go in whole groups of
+      // kStepsInFlight, their bound checked once a group, then one at a
+      // time.
       NF4GemvCursor at[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         at[r] = nf4_gemv_cursor(w, R, row[r], runs_per_row, c0 + kCodes * lane);
       const T* xl = Staged ? xs + nf4_gemv_slot(kCodes * lane, E) : x + c0 + kCodes * lane;
-      for (int64_t k0 = kCodes * lane; k0 < len; k0 += kStepsInFlight * kNF4GemvStep) {
-        uint32_t words[kStepsInFlight][kRows];
-        float scales[kStepsInFlight][kRows];
-#pragma unroll
-        for (int s = 0; s < kStepsInFlight; ++s) {
-          if (k0 + s * kNF4GemvStep >= len) break;
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            words[s][r] = __ldg(reinterpret_cast<const uint32_t*>(at[r].codes));
-            scales[s][r] = __ldg(reinterpret_cast<const float*>(at[r].scale));
-            nf4_gemv_advance(at[r], steps);
-          }
-        }
-#pragma unroll
-        for (int s = 0; s < kStepsInFlight; ++s) {
-          if (k0 + s * kNF4GemvStep >= len) break;
-          T wv[kRows][kCodes];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            decode_word(table, words[s][r], scales[s][r], dd, scale_after, wv[r]);
-          accumulate8<T, MB>(
-              wv, scales[s], scale_after,
-              [&](int m, T(&xv)[kCodes]) {
-                if constexpr (Staged)
-                  load8(xl + m * x_row, xv);
-                else
-                  load8_global(xl + m * x_row, xv);
-              },
-              acc);
-          xl += x_step;
-        }
-      }
+      const StepArgs<T> a{steps, x_row, x_step, table, dd, scale_after};
+      int64_t k0 = kCodes * lane;
+      for (; k0 + (kStepsInFlight - 1) * kNF4GemvStep < len; k0 += kStepsInFlight * kNF4GemvStep)
+        run_steps<kStepsInFlight, T, MB, Staged>(a, at, xl, acc);
+      for (; k0 < len; k0 += kNF4GemvStep) run_steps<1, T, MB, Staged>(a, at, xl, acc);
     }
     write_rows<T, MB>(acc, n0, warp, lane, N, bias, y);
   }

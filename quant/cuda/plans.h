@@ -117,6 +117,16 @@ inline constexpr int kNF4GemvStepsInFlight = 4;
 /** Warps per GEMV block; they share the block's staged columns of x. */
 inline constexpr int kNF4GemvWarps = 8;
 
+/** Blocks of a GEMV kernel that must fit on one multiprocessor, the
+ * registers a thread may take following (the compiler's __launch_bounds__):
+ * 4 for f32 and one row of x (two spill at 64), else 1 (no limit). An 8192-row product
+ * is 512 blocks; at 78 registers 3 fitted, so the 132 SMs of an H100 ran 396
+ * blocks and then 116, the second wave's length mostly idle (ncu, 2026-12-05:
+ * 37.5% theoretical occupancy, limited by registers). At 64, 4 fit: 528. */
+constexpr int nf4_gemv_min_blocks(int64_t elem_bytes, int batch) {
+  return elem_bytes == 4 && batch == 1 ? 4 : 1;
+}
+
 /** Weight rows each warp computes together, so every x value it loads from
  * shared memory serves that many rows. */
 inline constexpr int kNF4GemvRowsPerWarp = 2;

@@ -222,6 +222,18 @@ QUANTA_HD inline uint32_t nf4_word_code_offset(uint32_t word, int j) {
   return (shift >= 0 ? word >> shift : word << -shift) & 0x3cu;
 }
 
+/** The byte offsets of a word's 8 codes, four to a 32-bit value: byte b of
+ * `even` is nf4_word_code_offset(word, 2 b), byte b of `odd` that of code
+ * 2 b + 1. Two shifts and two masks make all 8, where each code's own took
+ * a shift and a mask; one byte permute (PRMT) then puts a byte into a
+ * 256-byte aligned table's address (the GEMV's decode). */
+struct NF4WordOffsets {
+  uint32_t even = 0, odd = 0;
+};
+QUANTA_HD inline NF4WordOffsets nf4_word_offsets(uint32_t word) {
+  return {(word >> 2) & 0x3c3c3c3cu, (word << 2) & 0x3c3c3c3cu};
+}
+
 /** The run of element i of w: i / w.run, as a shift for runs of 64 and 32
  * (every layout's), since a 64-bit division costs a GPU dozens of
  * instructions per element. */
