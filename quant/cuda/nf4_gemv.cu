@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp, nf4_gemv_min_blocks(size
     gemv_kernel(const T* x, int64_t K, NF4Runs w, DType dd, int64_t N, const T* bias, T* y,
                 int64_t chunk) {
   extern __shared__ __align__(16) unsigned char staged[];
-  T* xs = reinterpret_cast<T*>(staged);  // [MB][slot(chunk)]: columns [c0, c0 + chunk)
+  T* xs = reinterpret_cast<T*>(staged);        // [MB][slot(chunk)]: columns [c0, c0 + chunk)
   __shared__ __align__(256) float values[16];  // code_value: its low address byte 0
   constexpr int64_t E = sizeof(T);
   const int64_t row_slots = nf4_gemv_slot(chunk, E);
