@@ -275,7 +275,7 @@ void nf4_gemv(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int6
               const T* bias, T* y) {
   // The unstaged kernel's 16-byte loads of x need x 16-byte aligned (rows
   // are: K is whole runs); an offset view takes the staged kernel.
-  NF4GemvKind kind = nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"));
+  NF4GemvKind kind = nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"), M);
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) kind = NF4GemvKind::staged;
   const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T), kind);
   if (p.blocks == 0) return;

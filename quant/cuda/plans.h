@@ -214,19 +214,22 @@ QUANTA_HD inline void nf4_gemv_advance(NF4GemvCursor& c, const NF4GemvSteps& st)
  * memory, each value read from global memory once per block. `unstaged`: x
  * is read straight from global memory, through the L1 cache the
  * multiprocessor's warps share: no passes and no barriers, and lanes' loads
- * of x 32 bytes apart. Which is faster is for a GPU to say: `staged` until
- * one has (QUANTA_NF4_GEMV chooses; `quanta bench nf4 --device cuda` times
- * both). (The first other kernel, `wide`, four words a lane, read x 128 bytes
+ * of x 32 bytes apart. At one row of x `unstaged` was the faster on an H100
+ * (2026-12-05: 37 us against 43 for 8192 x 8192, 38 against 42 captured),
+ * so it is the default there; more rows keep `staged` until a GPU has timed
+ * them (QUANTA_NF4_GEMV chooses; `quanta bench nf4 --device cuda` times both
+ * at one row). (The first other kernel, `wide`, four words a lane, read x 128 bytes
  * apart across lanes, 32 cache lines a load: 1.2x slower on the H200.) */
 enum class NF4GemvKind { staged, unstaged };
 
 /** The kernel QUANTA_NF4_GEMV names ("staged" or "unstaged"; unset or
- * empty: staged); throws std::invalid_argument naming the variable for any
- * other value. Read on every call, so a benchmark can time both in one
- * process. */
-inline NF4GemvKind nf4_gemv_kind_from(const char* env_value) {
+ * empty: unstaged for one row of x, staged for more); throws
+ * std::invalid_argument naming the variable for any other value. Read on
+ * every call, so a benchmark can time both in one process. */
+inline NF4GemvKind nf4_gemv_kind_from(const char* env_value, int64_t rows) {
   const std::string v = env_value ? env_value : "";
-  if (v.empty() || v == "staged") return NF4GemvKind::staged;
+  if (v.empty()) return rows == 1 ? NF4GemvKind::unstaged : NF4GemvKind::staged;
+  if (v == "staged") return NF4GemvKind::staged;
   if (v == "unstaged") return NF4GemvKind::unstaged;
   throw std::invalid_argument("QUANTA_NF4_GEMV must be staged or unstaged, got '" + v + "'");
 }

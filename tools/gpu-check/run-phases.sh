@@ -210,14 +210,14 @@ profile_train() {
 
 # profile_gemv NCU SECONDS: the NF4 GEMV at batch 1, the issue's goal left
 # furthest (0.84x cuBLAS's bf16 GEMV against 3x on the H200, 2026-12-04).
-# Nsight Compute's sections on the first launch of the default (staged)
-# kernel in `bench nf4`, which say whether memory bandwidth, instruction
+# Nsight Compute's sections on the first launch of the default kernel at one
+# row (unstaged since 2026-12-05) in `bench nf4`, which say whether memory bandwidth, instruction
 # issue or the latency of too few loads bounds it: its throughputs against
 # the peaks (SpeedOfLight), the memory traffic, the warps' stall reasons.
 profile_gemv() {
   local ncu="$1" quanta="$build/tools/quanta" rc=0
   [ "$2" -ge 20 ] || { echo "no time left for the NF4 GEMV's profile"; return 0; }
-  echo "== ncu: the NF4 GEMV's staged kernel (nf4_gemv_8192_b1, first launch)"
+  echo "== ncu: the NF4 GEMV's default kernel (nf4_gemv_8192_b1, first launch)"
   timeout -k 5 "$2" "$ncu" --kernel-name regex:'(^|::)gemv_kernel' --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section Occupancy --section WarpStateStats \

@@ -106,11 +106,16 @@ TEST_CASE("quant cuda plans: bf16 products for f32 data, bf16 dequant, past the 
 
 TEST_CASE("quant cuda plans: both NF4 GEMV kernels, chosen by name, cover every column once") {
   using namespace quant_cuda;
-  CHECK(nf4_gemv_kind_from(nullptr) == NF4GemvKind::staged);
-  CHECK(nf4_gemv_kind_from("") == NF4GemvKind::staged);
-  CHECK(nf4_gemv_kind_from("staged") == NF4GemvKind::staged);
-  CHECK(nf4_gemv_kind_from("unstaged") == NF4GemvKind::unstaged);
-  CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("wide"),
+  // Unset: the kernel an H100 timed faster at one row; staged for more.
+  CHECK(nf4_gemv_kind_from(nullptr, 1) == NF4GemvKind::unstaged);
+  CHECK(nf4_gemv_kind_from("", 1) == NF4GemvKind::unstaged);
+  CHECK(nf4_gemv_kind_from(nullptr, 2) == NF4GemvKind::staged);
+  CHECK(nf4_gemv_kind_from("", 8) == NF4GemvKind::staged);
+  for (const int64_t rows : {1, 2, 8}) {
+    CHECK(nf4_gemv_kind_from("staged", rows) == NF4GemvKind::staged);
+    CHECK(nf4_gemv_kind_from("unstaged", rows) == NF4GemvKind::unstaged);
+  }
+  CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("wide", 1),
                        "QUANTA_NF4_GEMV must be staged or unstaged, got 'wide'",
                        std::invalid_argument);
   // Unstaged: one pass, nothing in shared memory; a block per

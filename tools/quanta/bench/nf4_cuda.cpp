@@ -11,7 +11,7 @@
 //     cublasGemmEx) of the same shape. It reads 3.6x fewer bytes; the goal
 //     is at least 3x faster, ratio <= 0.33. The GEMV has two kernels
 //     (quant/cuda/plans.h: NF4GemvKind): this row runs the default one
-//     (QUANTA_NF4_GEMV, staged when unset), nf4_gemv_8192_b1_staged and
+//     (QUANTA_NF4_GEMV; unstaged at one row when unset), nf4_gemv_8192_b1_staged and
 //     nf4_gemv_8192_b1_unstaged each kernel, named, against the same floor.
 //     These time what a caller waits for, the host's work on each call
 //     included, which a GEMV of tens of microseconds may not hide.
