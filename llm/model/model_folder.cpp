@@ -394,19 +394,35 @@ void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  // A file `from` lacks goes from `to` too: an output folder reused from
+  // another model would otherwise pair this model's weights with that
+  // model's tokenizer.model or chat template, which a loader may prefer.
+  const auto mirror = [](const fs::path& source, const fs::path& target) {
+    if (fs::exists(source))
+      fs::copy_file(source, target, fs::copy_options::overwrite_existing);
+    else
+      fs::remove(target);
+  };
   for (const char* file :
        {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
         "generation_config.json", "chat_template.jinja"})
-    if (fs::exists(fs::path(from) / file))
-      fs::copy_file(fs::path(from) / file, fs::path(to) / file,
-                    fs::copy_options::overwrite_existing);
+    mirror(fs::path(from) / file, fs::path(to) / file);
   // transformers (4.50 on) keeps named chat templates beside the default.
   const fs::path templates = fs::path(from) / "additional_chat_templates";
+  const fs::path named = fs::path(to) / "additional_chat_templates";
+  if (fs::is_directory(named)) {
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(named))
+      if (e.path().extension() == ".jinja" && !fs::exists(templates / e.path().filename()))
+        stale.push_back(e.path());
+    for (const fs::path& p : stale) fs::remove(p);
+    if (fs::is_empty(named)) fs::remove(named);
+  }
   if (fs::is_directory(templates)) {
-    fs::create_directories(fs::path(to) / "additional_chat_templates");
+    fs::create_directories(named);
     for (const auto& e : fs::directory_iterator(templates))
       if (e.path().extension() == ".jinja")
-        fs::copy_file(e.path(), fs::path(to) / "additional_chat_templates" / e.path().filename(),
+        fs::copy_file(e.path(), named / e.path().filename(),
                       fs::copy_options::overwrite_existing);
   }
   const std::string source = model_folder_file(from, "config.json");

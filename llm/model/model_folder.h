@@ -146,7 +146,9 @@ void save_causal_lm_streamed(const DecoderConfig& config, const std::string& dir
  * them (tokenizer.model, tokenizer.json, tokenizer_config.json,
  * special_tokens_map.json, generation_config.json, chat_template.jinja and
  * additional_chat_templates/; those it has) into `to`,
- * replacing them there, and the special token ids of its config.json
+ * replacing them there, and removes from `to` those of them `from` lacks
+ * (an output folder reused from another model keeps none of its tokenizer),
+ * and the special token ids of its config.json
  * (bos_token_id, eos_token_id, pad_token_id, at the top and in
  * text_config) into `to`'s, which save_causal_lm wrote without them: a
  * folder derived from `from` (merged, quantized) is then whole, and a

@@ -158,3 +158,39 @@ TEST_CASE("parse_shard_size reads transformers' max_shard_size") {
                          std::invalid_argument);
   }
 }
+
+TEST_CASE("copy_tokenizer_files leaves a reused folder the base's tokenizer files alone") {
+  TempDir tmp;
+  const fs::path base = tmp.file("base"), out = tmp.file("out");
+  fs::create_directories(base / "additional_chat_templates");
+  fs::create_directories(out / "additional_chat_templates");
+  const auto write = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  write(base / "tokenizer.json", "{\"base\": 1}");
+  write(base / "chat_template.jinja", "base template");
+  write(base / "additional_chat_templates" / "tool_use.jinja", "base tools");
+  // What an earlier model's merge left in the output folder.
+  write(out / "tokenizer.json", "{\"old\": 1}");
+  write(out / "tokenizer.model", "old sentencepiece");
+  write(out / "generation_config.json", "{\"eos_token_id\": 7}");
+  write(out / "additional_chat_templates" / "tool_use.jinja", "old tools");
+  write(out / "additional_chat_templates" / "rag.jinja", "old rag");
+  write(out / "config.json", "{\"eos_token_id\": 7}");
+  write(base / "config.json", "{\"eos_token_id\": 2}");
+  llm::copy_tokenizer_files(base.string(), out.string());
+  const auto text = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(text(out / "tokenizer.json") == "{\"base\": 1}");
+  CHECK(text(out / "chat_template.jinja") == "base template");
+  CHECK(text(out / "additional_chat_templates" / "tool_use.jinja") == "base tools");
+  CHECK_FALSE(fs::exists(out / "tokenizer.model"));
+  CHECK_FALSE(fs::exists(out / "generation_config.json"));
+  CHECK_FALSE(fs::exists(out / "additional_chat_templates" / "rag.jinja"));
+  CHECK(read_json((out / "config.json").string())["eos_token_id"] == 2);
+  // A base without named templates takes the folder's away, the folder too.
+  fs::remove_all(base / "additional_chat_templates");
+  llm::copy_tokenizer_files(base.string(), out.string());
+  CHECK_FALSE(fs::exists(out / "additional_chat_templates"));
+  CHECK(text(out / "tokenizer.json") == "{\"base\": 1}");
+}
