@@ -422,8 +422,7 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
     fs::create_directories(named);
     for (const auto& e : fs::directory_iterator(templates))
       if (e.path().extension() == ".jinja")
-        fs::copy_file(e.path(), named / e.path().filename(),
-                      fs::copy_options::overwrite_existing);
+        fs::copy_file(e.path(), named / e.path().filename(), fs::copy_options::overwrite_existing);
   }
   const std::string source = model_folder_file(from, "config.json");
   const std::string target = (fs::path(to) / "config.json").string();
