@@ -16,8 +16,14 @@ namespace quanta::quant::quant_cuda {
 /** Rows per squared_error partial sum: the contract's 256-row chunks. */
 inline constexpr int64_t kSquaredErrorChunk = 256;
 
-/** Elements of scratch a nearest_codes score tile may take (64 MiB of f32). */
-inline constexpr int64_t kNearestTileElems = int64_t{1} << 24;
+/** Elements of scratch a nearest_codes score tile may take: 16 MiB of f32,
+ * so that the tile the GEMM has just written is still in the L2 cache (50
+ * MB on the H100 and H200) when the argmin pass reads it, and the next
+ * tile's GEMM overwrites its lines there. With 64 MiB, 8192 rows against
+ * 1024 codes were one 32 MiB tile, written to DRAM and read back: the search
+ * took 1.34x its GEMM on an H100 (2026-12-05), the argmin pass some 30 us
+ * for 32 MiB, about 1.1 TB/s. Not yet timed at this size. */
+inline constexpr int64_t kNearestTileElems = int64_t{1} << 22;
 
 /** Codes per nearest_codes tile at most: a warp scans each row's tile, and
  * a codebook larger than this is searched tile by tile. */

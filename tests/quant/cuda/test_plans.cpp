@@ -27,6 +27,10 @@ TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work"
   CHECK(wide.codes == kNearestMaxCodes);
   CHECK(wide.rows * wide.codes <= kNearestTileElems);
   CHECK(nearest_tiles(3, 10).rows == 3);
+  // The bench's search: two tiles of 16 MiB (f32), each read back from L2.
+  const NearestTiles bench = nearest_tiles(8192, 1024);
+  CHECK(bench.codes == 1024);
+  CHECK(bench.rows == 4096);
 
   CHECK(nf4_tile_rows(0, 64) == 0);
   CHECK(nf4_tile_rows(10, 0) == 0);
