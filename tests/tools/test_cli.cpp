@@ -402,6 +402,8 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                           "nf4_gemv_8192_b1_unstaged",
                                           "nf4_gemv_8192_b1_staged_graph",
                                           "nf4_gemv_8192_b1_unstaged_graph",
+                                          "nf4_gemv_8192_b4_staged",
+                                          "nf4_gemv_8192_b4_unstaged",
                                           "nf4_linear_8192_b512"};
   for (const auto& [suite, names] :
        {std::pair{"engine", engine_rows}, std::pair{"train", train_rows},

@@ -20,6 +20,9 @@
 //     the host queues one graph a call: the GPU's time alone, what the GEMV
 //     costs inside a captured decoding step. The gap to the row above is
 //     the host's share.
+//   nf4_gemv_8192_b4_staged, _unstaged: each kernel at 4 rows of x, against
+//     cuBLAS's bf16 product of the same 4 rows: which kernel a batch of a few
+//     rows should take (staged by default past one row until timed).
 //   nf4_linear_8192_b512: nf4_linear of 512 f32 rows (dequantized tiles and
 //     cuBLAS), against the f32 GEMM with the f32 weight: what dequantizing
 //     on the fly costs at a training batch (QLoRA's forward).
@@ -67,6 +70,16 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
       rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1") + (*kind ? "_" : "") + kind, [&] {
         const std::vector<double> ms = gpu.time(
             {[&] { Tensor y = quant::nf4_linear(x, q); }, [&] { Tensor y = matmul(xb, wt); }});
+        return timed_row(ms[0], ms[1]);
+      }));
+    }
+    const Tensor x4 = randn({4, n}, gen).to(dev);
+    const Tensor x4b = x4.to(DType::bf16);
+    for (const char* kind : {"staged", "unstaged"}) {
+      setenv("QUANTA_NF4_GEMV", kind, 1);
+      rows.push_back(row_or_error(std::string("nf4_gemv_8192_b4_") + kind, [&] {
+        const std::vector<double> ms = gpu.time(
+            {[&] { Tensor y = quant::nf4_linear(x4, q); }, [&] { Tensor y = matmul(x4b, wt); }});
         return timed_row(ms[0], ms[1]);
       }));
     }
