@@ -425,9 +425,13 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
     bool units;
   };
   // k: one run, runs that end mid-step (320 = 1.25 steps), several passes of
-  // staged x (8192); n: not a multiple of a block's 16 rows, 1, many blocks.
+  // staged x (8192), whole groups of steps then single ones (1344 = 5.25
+  // steps; one row of x has kernels of its own, bounded to 64 registers); n:
+  // not a multiple of a block's 16 rows, 1, many blocks.
   const Case cases[] = {{1, 64, 1, 64, true},
                         {1, 320, 17, 64, true},
+                        {1, 8192, 33, 64, true},
+                        {1, 1344, 40, 64, false},
                         {2, 8192, 33, 64, true},
                         {3, 4096, 1100, 64, true},
                         {8, 320, 70, 64, true},
