@@ -16,14 +16,24 @@ namespace quanta::quant::quant_cuda {
 /** Rows per squared_error partial sum: the contract's 256-row chunks. */
 inline constexpr int64_t kSquaredErrorChunk = 256;
 
-/** Elements of scratch a nearest_codes score tile may take: 16 MiB of f32,
- * so that the tile the GEMM has just written is still in the L2 cache (50
- * MB on the H100 and H200) when the argmin pass reads it, and the next
- * tile's GEMM overwrites its lines there. With 64 MiB, 8192 rows against
- * 1024 codes were one 32 MiB tile, written to DRAM and read back: the search
+/** Elements of scratch a nearest_codes score tile may take (64 MiB of f32). */
+inline constexpr int64_t kNearestTileElems = int64_t{1} << 24;
+
+/** Elements of a score tile that the L2 cache (50 MB on the H100 and H200)
+ * holds when the argmin pass reads it just after the GEMM wrote it, the
+ * next tile's GEMM overwriting its lines there: 16 MiB of f32. Tiles shrink
+ * to it while they keep kNearestMinTileRows rows. With one 32 MiB tile for
+ * 8192 rows against 1024 codes, written to DRAM and read back, the search
  * took 1.34x its GEMM on an H100 (2026-12-05), the argmin pass some 30 us
- * for 32 MiB, about 1.1 TB/s. Not yet timed at this size. */
-inline constexpr int64_t kNearestTileElems = int64_t{1} << 22;
+ * at about 1.1 TB/s. Not yet timed at this size. */
+inline constexpr int64_t kNearestL2TileElems = int64_t{1} << 22;
+
+/** Rows a tile keeps at least before it shrinks toward the L2's size: the
+ * argmin pass gives each row a warp, and 4096 warps are some 31 an SM on
+ * 132, enough loads in flight; a quarter of that would leave the pass
+ * waiting on latency (the 16384-code search, at 1.14x its GEMM, keeps its
+ * tiles of 4096 rows by 4096 codes). */
+inline constexpr int64_t kNearestMinTileRows = 4096;
 
 /** Codes per nearest_codes tile at most: a warp scans each row's tile, and
  * a codebook larger than this is searched tile by tile. */
@@ -50,13 +60,15 @@ struct NearestTiles {
 
 /** Tiles for n rows against k codes within `budget` score elements: as many
  * codes as fit, up to kNearestMaxCodes, then as many rows as fit beside
- * them. Zero tiles when there is nothing to search. */
+ * them, fewer where kNearestL2TileElems holds the tile and it keeps
+ * kNearestMinTileRows rows. Zero tiles when there is nothing to search. */
 inline NearestTiles nearest_tiles(int64_t n, int64_t k, int64_t budget = kNearestTileElems) {
   NearestTiles t;
   if (n <= 0 || k <= 0) return t;
   budget = std::max<int64_t>(budget, 1);
   t.codes = std::min({k, budget, kNearestMaxCodes});
-  t.rows = std::max<int64_t>(1, std::min(n, budget / t.codes));
+  const int64_t in_l2 = std::max(kNearestL2TileElems / t.codes, kNearestMinTileRows);
+  t.rows = std::max<int64_t>(1, std::min({n, budget / t.codes, in_l2}));
   return t;
 }
 

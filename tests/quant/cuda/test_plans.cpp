@@ -27,10 +27,14 @@ TEST_CASE("quant cuda plans: tiles stay within their budgets and cover the work"
   CHECK(wide.codes == kNearestMaxCodes);
   CHECK(wide.rows * wide.codes <= kNearestTileElems);
   CHECK(nearest_tiles(3, 10).rows == 3);
-  // The bench's search: two tiles of 16 MiB (f32), each read back from L2.
+  // The bench's searches: 1024 codes in two tiles of 16 MiB (f32), each read
+  // back from L2; 16384 codes keep tiles of 4096 rows (a warp each).
   const NearestTiles bench = nearest_tiles(8192, 1024);
   CHECK(bench.codes == 1024);
   CHECK(bench.rows == 4096);
+  CHECK(bench.rows * bench.codes == kNearestL2TileElems);
+  CHECK(wide.rows == kNearestMinTileRows);
+  CHECK(nearest_tiles(8192, 256).rows == 8192);  // 8 MiB: one tile
 
   CHECK(nf4_tile_rows(0, 64) == 0);
   CHECK(nf4_tile_rows(10, 0) == 0);
