@@ -128,7 +128,6 @@ __device__ inline void accumulate8(const T (&wv)[kRows][kCodes], const float (&s
 }
 
 // What every group of steps of a lane reads alike.
-template <class T>
 struct StepArgs {
   NF4GemvSteps steps;
   int64_t x_row, x_step;  // a lane's x: row m at xl + m * x_row, a step x_step on
@@ -144,7 +143,7 @@ struct StepArgs {
 // the loads), their addresses stepped by NF4GemvCursor. The sums keep their
 // order.
 template <int S, class T, int MB, bool Staged>
-__device__ inline void run_steps(const StepArgs<T>& a, NF4GemvCursor (&at)[kRows], const T*& xl,
+__device__ inline void run_steps(const StepArgs& a, NF4GemvCursor (&at)[kRows], const T*& xl,
                                  T (&acc)[kRows][MB]) {
   uint32_t words[S][kRows];
   float scales[S][kRows];
@@ -233,7 +232,7 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp, nf4_gemv_min_blocks(size
       for (int r = 0; r < kRows; ++r)
         at[r] = nf4_gemv_cursor(w, R, row[r], runs_per_row, c0 + kCodes * lane);
       const T* xl = Staged ? xs + nf4_gemv_slot(kCodes * lane, E) : x + c0 + kCodes * lane;
-      const StepArgs<T> a{steps, x_row, x_step, table, dd, scale_after};
+      const StepArgs a{steps, x_row, x_step, table, dd, scale_after};
       int64_t k0 = kCodes * lane;
       for (; k0 + (kStepsInFlight - 1) * kNF4GemvStep < len; k0 += kStepsInFlight * kNF4GemvStep)
         run_steps<kStepsInFlight, T, MB, Staged>(a, at, xl, acc);

@@ -214,19 +214,12 @@ QUANTA_HD inline int nf4_word_code(uint32_t word, int j) {
   return static_cast<int>((word >> (8 * (j / 2) + 4 * (1 - j % 2))) & 15u);
 }
 
-/** 4 x nf4_word_code(word, j): the byte offset of code j's f32 value in a
- * table of the 16, as one shift and one mask (a 64-byte aligned table's
- * address is then one OR away). */
-QUANTA_HD inline uint32_t nf4_word_code_offset(uint32_t word, int j) {
-  const int shift = 8 * (j / 2) + 4 * (1 - j % 2) - 2;
-  return (shift >= 0 ? word >> shift : word << -shift) & 0x3cu;
-}
-
-/** The byte offsets of a word's 8 codes, four to a 32-bit value: byte b of
- * `even` is nf4_word_code_offset(word, 2 b), byte b of `odd` that of code
- * 2 b + 1. Two shifts and two masks make all 8, where each code's own took
- * a shift and a mask; one byte permute (PRMT) then puts a byte into a
- * 256-byte aligned table's address (the GEMV's decode). */
+/** The byte offsets of a word's 8 codes' f32 values in a table of the 16
+ * (4 x nf4_word_code), four to a 32-bit value: byte b of `even` is code
+ * 2 b's, byte b of `odd` code 2 b + 1's. Two shifts and two masks make all
+ * 8, where a shift and a mask per code made each; one byte permute (PRMT)
+ * then puts a byte into a 256-byte aligned table's address (the GEMV's
+ * decode). */
 struct NF4WordOffsets {
   uint32_t even = 0, odd = 0;
 };
