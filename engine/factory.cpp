@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "engine/capture/device_graph.h"
 #include "engine/cpu/convert.h"
 #include "engine/dispatch.h"
 #include "engine/ops/elementwise.h"
@@ -58,7 +60,7 @@ Tensor arange(double start, double end, double step, const TensorOptions& opts) 
 
 Tensor arange(int64_t end, const TensorOptions& opts) {
   if (!opts.device.is_cpu() && opts.dtype == DType::i64 && end > 0 && !opts.requires_grad)
-    return cumsum(ones({end}, opts), 0) - 1.0;  // exact: whole numbers
+    return cumsum(shared_full({end}, 1.0, opts), 0) - 1.0;  // exact: whole numbers
   return arange(0.0, static_cast<double>(end), 1.0, opts);
 }
 
@@ -103,17 +105,13 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, const Tenso
   }
 }
 
-template <class T>
-Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
-                       const TensorOptions& opts) {
-  if (opts.requires_grad)
-    throw std::invalid_argument("[constant_tensor] a shared constant cannot require grad");
-  // The key: the values' type and bytes, the shape, the dtype and device.
-  std::string key = std::string(dtype_name(dtype_v<T>)) + "|" + dtype_name(opts.dtype) + "|" +
-                    opts.device.str() + "|" + shape_str(shape) + "|";
-  key.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
-  // A handful of layers' constants; past the bound (a caller minting keys)
-  // nothing more is kept.
+namespace {
+
+// The shared constants, one per key (what made them: kind, dtype, device,
+// shape, value bytes), kept for the process. A handful per layer; past the
+// bound (a caller minting keys) nothing more is kept. A new one is kept only
+// when `keep` says so.
+Tensor kept_constant(std::string key, const std::function<Tensor()>& make, bool keep = true) {
   constexpr std::size_t kMaxKept = 4096;
   static std::mutex mutex;
   static auto* kept = new std::unordered_map<std::string, Tensor>;  // outlives main's tensors
@@ -122,10 +120,46 @@ Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
     const auto it = kept->find(key);
     if (it != kept->end()) return it->second;
   }
-  Tensor t = from_vector<T>(values, shape, opts);
+  Tensor t = make();
+  if (t.storage()) t.storage()->mark_shared_constant();
+  if (!keep) return t;
   std::lock_guard<std::mutex> lock(mutex);
   if (kept->size() < kMaxKept) kept->emplace(std::move(key), t);
   return t;
+}
+
+std::string constant_key(const char* kind, DType value_type, const Shape& shape,
+                         const TensorOptions& opts, const void* bytes, std::size_t nbytes) {
+  std::string key = std::string(kind) + "|" + dtype_name(value_type) + "|" +
+                    dtype_name(opts.dtype) + "|" + opts.device.str() + "|" + shape_str(shape) + "|";
+  key.append(static_cast<const char*>(bytes), nbytes);
+  return key;
+}
+
+}  // namespace
+
+template <class T>
+Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
+                       const TensorOptions& opts) {
+  if (opts.requires_grad)
+    throw std::invalid_argument("[constant_tensor] a shared constant cannot require grad");
+  return kept_constant(
+      constant_key("values", dtype_v<T>, shape, opts, values.data(), values.size() * sizeof(T)),
+      [&] { return from_vector<T>(values, shape, opts); });
+}
+
+Tensor shared_full(const Shape& shape, double value, const TensorOptions& opts) {
+  if (opts.requires_grad)
+    throw std::invalid_argument("[shared_full] a shared constant cannot require grad");
+  // The CPU's fill is a store, not a launch: nothing to save.
+  constexpr int64_t kMaxKeptElements = int64_t{1} << 16;
+  if (opts.device.is_cpu() || numel_of(shape) > kMaxKeptElements) return full(shape, value, opts);
+  // One made while the device records a graph is filled inside it (its
+  // memory is the graph's, written by the graph's replays): used there, not
+  // kept for calls outside.
+  return kept_constant(
+      constant_key("full", DType::f64, shape, opts, &value, sizeof value),
+      [&] { return full(shape, value, opts); }, !capturing(opts.device));
 }
 
 template Tensor constant_tensor(const std::vector<double>&, const Shape&, const TensorOptions&);

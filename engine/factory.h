@@ -42,6 +42,14 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape = {},
 template <class T>
 Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
                        const TensorOptions& opts = {.dtype = dtype_v<T>});
+/** full(shape, value, opts), shared as constant_tensor's results are: on a
+ * device, made once per shape, value, dtype and device, so that a step
+ * launches no fill for the constants its ops take (a scalar in `x * 2`, a
+ * row of ones) and a captured step holds none. On the CPU, while the device
+ * records a graph, and past 65536 elements, a new tensor each call. Never
+ * write into the result (in-place ops refuse it on a device); requires_grad
+ * is refused. */
+Tensor shared_full(const Shape& shape, double value, const TensorOptions& opts = {});
 /** A copy of `numel_of(shape)` elements of type `dtype` at `data` (host memory). */
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, const TensorOptions& opts = {});
 

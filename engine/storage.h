@@ -20,10 +20,16 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  /** Marks the buffer as one that every holder only reads (a shared
+   * constant: constant_tensor, shared_full): in-place ops refuse it. */
+  void mark_shared_constant() { shared_constant_ = true; }
+  bool shared_constant() const { return shared_constant_; }
+
  private:
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
+  bool shared_constant_ = false;
 };
 
 /** Copies `nbytes` between two buffers on any pair of devices. */

@@ -60,7 +60,7 @@ Shape out_shape(Kind kind, const ConvGeom& g) {
 // (pixels, then images), so a batch split across ranks sums the same.
 Tensor channels_last_bias_grad(const Tensor& g) {
   const int64_t n = g.size(0), pixels = g.size(1) * g.size(2), c = g.size(3);
-  const Tensor ones_row = ones({pixels}, options_of(g));
+  const Tensor ones_row = shared_full({pixels}, 1.0, options_of(g));
   return sum(matmul(ones_row, reshape(g, {n, pixels, c})), {0});
 }
 

@@ -9,6 +9,11 @@
 namespace quanta {
 namespace detail {
 void check_inplace(const char* op, const Tensor& dst) {
+  if (dst.defined() && dst.storage() && dst.storage()->shared_constant())
+    throw std::invalid_argument(std::string("[") + op +
+                                "] in-place update of a shared constant (constant_tensor, "
+                                "shared_full, constant_like): every user of it would see the "
+                                "change; write into a copy (clone) instead");
   if (grad_enabled() && dst.requires_grad())
     throw std::invalid_argument(std::string("[") + op +
                                 "] in-place update of a tensor that requires grad; run it "

@@ -66,13 +66,24 @@ Tensor if_needed(bool needed, F&& grad) {
 
 }  // namespace
 
+namespace {
+// The dtype `x` computes with the scalar v in: x's own, f32 for a fraction
+// beside integers, for any value beside bool, and for a byte-only dtype such
+// as nf4 (which the op using it then reports).
+DType scalar_dtype_like(const Tensor& x, double v) {
+  const DType t = x.dtype();
+  if (!dtype_info(t).arithmetic) return DType::f32;
+  if (!is_floating(t) && (std::floor(v) != v || t == DType::boolean)) return DType::f32;
+  return t;
+}
+}  // namespace
+
 Tensor scalar_like(const Tensor& x, double v) {
-  DType t = x.dtype();
-  // A byte-only dtype (nf4) cannot hold a value: the op using it reports it.
-  if (!dtype_info(t).arithmetic) t = DType::f32;
-  if (!is_floating(t) && (std::floor(v) != v || t == DType::boolean)) t = DType::f32;
-  if (t == DType::boolean) t = DType::i64;
-  return scalar(v, {.dtype = t, .device = x.device()});
+  return scalar(v, {.dtype = scalar_dtype_like(x, v), .device = x.device()});
+}
+
+Tensor constant_like(const Tensor& x, double v) {
+  return shared_full({}, v, {.dtype = scalar_dtype_like(x, v), .device = x.device()});
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -160,10 +171,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   if (out.dtype() != out_dt) out = detail::as_plain(out, out_dt);
   return autograd::record(
       "pow", out, {a, b}, [a = a.detach(), b = b.detach(), o = out.detach()](const Tensor& g) {
-        Tensor ga = mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1.0)))));
+        Tensor ga = mul(g, mul(b, pow(a, sub(b, constant_like(b, 1.0)))));
         // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (the limit).
-        Tensor zero_base = logical_and(eq(a, scalar_like(a, 0.0)), ge(b, scalar_like(b, 0.0)));
-        Tensor gb = where(zero_base, scalar_like(o, 0.0), mul(g, mul(o, log(a))));
+        Tensor zero_base = logical_and(eq(a, constant_like(a, 0.0)), ge(b, constant_like(b, 0.0)));
+        Tensor gb = where(zero_base, constant_like(o, 0.0), mul(g, mul(o, log(a))));
         return two(grad_for(ga, a), grad_for(gb, b));
       });
 }
@@ -177,7 +188,7 @@ Tensor pow(const Tensor& a, double p) {
   }
   return autograd::record("pow", out, {a}, [a = a.detach(), p](const Tensor& g) {
     if (p == 0.0) return std::vector<Tensor>{zeros_like(g)};
-    return std::vector<Tensor>{mul(g, mul(scalar_like(g, p), pow(a, p - 1.0)))};
+    return std::vector<Tensor>{mul(g, mul(constant_like(g, p), pow(a, p - 1.0)))};
   });
 }
 
@@ -185,10 +196,10 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = arith(BinaryOp::maximum, a, b);
   return autograd::record("maximum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
-                            Tensor half = mul(g, scalar_like(g, 0.5));
+                            Tensor half = mul(g, constant_like(g, 0.5));
                             Tensor tie = eq(a, b);
-                            Tensor ga = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
-                            Tensor gb = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
+                            Tensor ga = where(tie, half, where(gt(a, b), g, constant_like(g, 0.0)));
+                            Tensor gb = where(tie, half, where(lt(a, b), g, constant_like(g, 0.0)));
                             return two(grad_for(ga, a), grad_for(gb, b));
                           });
 }
@@ -205,10 +216,10 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
   Tensor out = arith(BinaryOp::minimum, a, b);
   return autograd::record("minimum", out, {a, b},
                           [a = a.detach(), b = b.detach()](const Tensor& g) {
-                            Tensor half = mul(g, scalar_like(g, 0.5));
+                            Tensor half = mul(g, constant_like(g, 0.5));
                             Tensor tie = eq(a, b);
-                            Tensor ga = where(tie, half, where(lt(a, b), g, scalar_like(g, 0.0)));
-                            Tensor gb = where(tie, half, where(gt(a, b), g, scalar_like(g, 0.0)));
+                            Tensor ga = where(tie, half, where(lt(a, b), g, constant_like(g, 0.0)));
+                            Tensor gb = where(tie, half, where(gt(a, b), g, constant_like(g, 0.0)));
                             return two(grad_for(ga, a), grad_for(gb, b));
                           });
 }
@@ -229,7 +240,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return autograd::record(
       "where", out, {a, b},
       [c = cond.detach(), a = meta_of_input(a), b = meta_of_input(b)](const Tensor& g) {
-        Tensor z = scalar_like(g, 0.0);
+        Tensor z = constant_like(g, 0.0);
         return two(grad_for(where(c, g, z), a), grad_for(where(c, z, g), b));
       });
 }
@@ -258,7 +269,7 @@ Tensor logical_xor(const Tensor& a, const Tensor& b) {
 }
 Tensor logical_not(const Tensor& x) {
   return eq(detail::as_plain(x, DType::boolean),
-            scalar(0.0, {.dtype = DType::boolean, .device = x.device()}));
+            shared_full({}, 0.0, {.dtype = DType::boolean, .device = x.device()}));
 }
 
 Tensor straight_through(const Tensor& x, const Tensor& q) { return add(x, sub(q, x).detach()); }
@@ -293,7 +304,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 void mul_(const Tensor& dst, const Tensor& src) {
   update(UpdateOp::mul, "mul_", dst, {}, src, src);
 }
-void mul_(const Tensor& dst, double v) { mul_(dst, scalar_like(dst, v)); }
+void mul_(const Tensor& dst, double v) { mul_(dst, constant_like(dst, v)); }
 void div_(const Tensor& dst, const Tensor& src) {
   update(UpdateOp::div, "div_", dst, {}, src, src);
 }
@@ -310,13 +321,13 @@ Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
-Tensor operator+(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
-Tensor operator-(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
-Tensor operator/(const Tensor& a, double b) { return div(a, scalar_like(a, b)); }
-Tensor operator+(double a, const Tensor& b) { return add(scalar_like(b, a), b); }
-Tensor operator-(double a, const Tensor& b) { return sub(scalar_like(b, a), b); }
-Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); }
-Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, constant_like(a, b)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, constant_like(a, b)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, constant_like(a, b)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, constant_like(a, b)); }
+Tensor operator+(double a, const Tensor& b) { return add(constant_like(b, a), b); }
+Tensor operator-(double a, const Tensor& b) { return sub(constant_like(b, a), b); }
+Tensor operator*(double a, const Tensor& b) { return mul(constant_like(b, a), b); }
+Tensor operator/(double a, const Tensor& b) { return div(constant_like(b, a), b); }
 
 }  // namespace quanta

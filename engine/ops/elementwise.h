@@ -116,5 +116,9 @@ Tensor operator/(double a, const Tensor& b);
 
 /** A 0-d tensor holding `v` in the dtype `x` computes with a scalar. */
 Tensor scalar_like(const Tensor& x, double v);
+/** scalar_like(x, v) as a shared constant (shared_full): what an op takes
+ * as an operand and never writes, made on a device once instead of by a
+ * fill at every call. The operators with a double above use it. */
+Tensor constant_like(const Tensor& x, double v);
 
 }  // namespace quanta

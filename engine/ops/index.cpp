@@ -259,7 +259,7 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                             Tensor gs;
                             if (need_src) {
                               gs = index_select(g, d, idx);
-                              if (alpha != 1.0) gs = mul(gs, scalar_like(gs, alpha));
+                              if (alpha != 1.0) gs = mul(gs, constant_like(gs, alpha));
                               gs = reshape(gs, src_shape);
                             }
                             return std::vector<Tensor>{g, gs};
@@ -273,7 +273,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
     index_fail("masked_fill", std::string("mask must be bool, got ") + dtype_name(mask.dtype()));
   broadcast_shapes(x.shape(), mask.shape(), "masked_fill");  // names this op on mismatch
   // where's backward already gives zeros where filled.
-  return where(mask.detach(), scalar(value, {.dtype = x.dtype(), .device = x.device()}), x);
+  return where(mask.detach(), shared_full({}, value, {.dtype = x.dtype(), .device = x.device()}),
+               x);
 }
 
 Tensor nonzero(const Tensor& mask) {
@@ -318,8 +319,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   return autograd::record("embedding", out, {weight}, [idx, V, D, padding_idx](const Tensor& g) {
     Tensor rows = reshape(g, {idx.numel(), D});
     if (padding_idx >= 0) {
-      const Tensor pad_row =
-          scalar(static_cast<double>(padding_idx), {.dtype = DType::i64, .device = idx.device()});
+      const Tensor pad_row = shared_full({}, static_cast<double>(padding_idx),
+                                         {.dtype = DType::i64, .device = idx.device()});
       rows = masked_fill(rows, unsqueeze(eq(idx, pad_row), 1), 0.0);
     }
     return std::vector<Tensor>{index_add(zeros({V, D}, options_of(g)), 0, idx, rows)};

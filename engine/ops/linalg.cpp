@@ -381,7 +381,7 @@ Tensor sq_dist(const Tensor& x, const Tensor& c) {
       "sq_dist", out, {X, C}, [x = X.detach(), c = C.detach(), d = out.detach()](const Tensor& g) {
         const MixedPrecision f32_products(false);  // as the forward's product
         // Clamped entries pass no gradient.
-        Tensor gm = where(gt(d, scalar_like(d, 0.0)), g, scalar_like(g, 0.0));
+        Tensor gm = where(gt(d, constant_like(d, 0.0)), g, constant_like(g, 0.0));
         Tensor gx = (x * sum(gm, {1}, true) - matmul(gm, c)) * 2.0;
         Tensor gc = (c * unsqueeze(sum(gm, {0}), 1) - matmul(transpose(gm, 0, 1), x)) * 2.0;
         return std::vector<Tensor>{gx, gc};

@@ -44,8 +44,8 @@ void check_pair(const char* op, const Tensor& a, const Tensor& b) {
 // Label smoothing: (1 - eps) loss + eps * (mean over classes of -log p).
 Tensor smooth(const Tensor& loss, const Tensor& lsm, double eps) {
   if (eps == 0) return loss;
-  return add(mul(loss, scalar_like(loss, 1.0 - eps)),
-             mul(neg(mean(lsm, {1})), scalar_like(loss, eps)));
+  return add(mul(loss, constant_like(loss, 1.0 - eps)),
+             mul(neg(mean(lsm, {1})), constant_like(loss, eps)));
 }
 
 Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction reduction,
@@ -107,14 +107,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                     " classes (ignore_index " + std::to_string(ignore_index) + ")");
 
   const TensorOptions index_opts{.dtype = DType::i64, .device = t.device()};
-  const Tensor keep = ne(t, scalar(static_cast<double>(ignore_index), index_opts));
+  const Tensor keep = ne(t, shared_full({}, static_cast<double>(ignore_index), index_opts));
   // Ignored targets pick class 0 (any valid class) and are masked out below.
-  Tensor picked = where(keep, t, scalar(0.0, index_opts));
+  Tensor picked = where(keep, t, shared_full({}, 0.0, index_opts));
   if (!on_host) picked = detail::checked_index("cross_entropy", contiguous(picked), 1, classes);
   const Tensor lsm = log_softmax(logits, 1);                            // [N, C, *]
   Tensor loss = neg(squeeze(gather(lsm, 1, unsqueeze(picked, 1)), 1));  // [N, *]
   loss = smooth(loss, lsm, label_smoothing);
-  loss = where(keep, loss, scalar_like(loss, 0.0));
+  loss = where(keep, loss, constant_like(loss, 0.0));
   if (reduction != Reduction::mean) return reduce_loss(loss, reduction);
   // Mean over the targets that count; 0 / 0 = NaN when all are ignored.
   return div(sum(loss), to_dtype(sum(keep), loss.dtype()));

@@ -30,7 +30,7 @@ void check_param(const char* op, const char* what, const Tensor& p, const Shape&
 Tensor standardize(const Tensor& x, const Dims& dims, double eps) {
   const Tensor centered = sub(x, mean(x, dims, true));
   const Tensor v = var(x, dims, 0.0, true);
-  return mul(centered, rsqrt(add(v, scalar_like(v, eps))));
+  return mul(centered, rsqrt(add(v, constant_like(v, eps))));
 }
 
 Tensor affine(Tensor y, const Tensor& w, const Tensor& b, const Shape& param_shape) {

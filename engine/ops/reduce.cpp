@@ -45,7 +45,7 @@ Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
   if (x.dim() > 0)
     for (int64_t d : wrapped) count *= x.shape()[d];
   // 0 / 0 gives NaN for an empty reduction, as in NumPy and PyTorch.
-  return div(sum(x, dims, keepdim), scalar_like(x, static_cast<double>(count)));
+  return div(sum(x, dims, keepdim), constant_like(x, static_cast<double>(count)));
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -62,13 +62,13 @@ void require_nonempty(const detail::ReducePlan& p, const Shape& shape, const cha
 // d prod / d x_i: prod / x_i without zeros; with one zero only that position
 // gets the product of the others; with two or more zeros everything is 0.
 Tensor prod_backward(const Tensor& g, const Tensor& x, const Shape& kept, const Dims& dims) {
-  const Tensor zero = scalar_like(x, 0.0);
+  const Tensor zero = constant_like(x, 0.0);
   const Tensor is_zero = eq(x, zero);
   const Tensor zeros_in_row = sum(is_zero, dims, true);
-  const Tensor others = prod(where(is_zero, scalar_like(x, 1.0), x), dims, true);
+  const Tensor others = prod(where(is_zero, constant_like(x, 1.0), x), dims, true);
   const Tensor nonzero_grad =
-      where(eq(zeros_in_row, scalar_like(zeros_in_row, 0)), div(others, x), zero);
-  const Tensor zero_grad = where(eq(zeros_in_row, scalar_like(zeros_in_row, 1)), others, zero);
+      where(eq(zeros_in_row, constant_like(zeros_in_row, 0)), div(others, x), zero);
+  const Tensor zero_grad = where(eq(zeros_in_row, constant_like(zeros_in_row, 1)), others, zero);
   return mul(reshape(g, kept), where(is_zero, zero_grad, nonzero_grad));
 }
 
@@ -137,7 +137,7 @@ Tensor even_split(const Tensor& g, const Tensor& x, const Tensor& out, const Sha
                   const Dims& dims) {
   const Tensor hit = eq(x, reshape(out, kept));
   const Tensor count = to_dtype(sum(hit, dims, true), g.dtype());
-  return where(hit, div(reshape(g, kept), count), scalar_like(g, 0.0));
+  return where(hit, div(reshape(g, kept), count), constant_like(g, 0.0));
 }
 
 template <bool IsMax>
@@ -177,7 +177,7 @@ Tensor moment(const Tensor& x, const Dims& dims, double correction, bool keepdim
                             Tensor gv = g;
                             // d std = d var / (2 std); taken as 0 where std is 0, like PyTorch.
                             if (take_sqrt)
-                              gv = where(eq(o, scalar_like(o, 0.0)), scalar_like(g, 0.0),
+                              gv = where(eq(o, constant_like(o, 0.0)), constant_like(g, 0.0),
                                          div(g, o * 2.0));
                             const Tensor dev = sub(x, mean(x, d, true));
                             return one(mul(reshape(gv, kept), dev * (2.0 / divisor)));
@@ -288,7 +288,7 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
         const Tensor ok = reshape(o, kept);
         const Tensor gx = mul(reshape(g, kept), exp(sub(x, ok)));
         // A row of -inf has no direction of ascent: 0 instead of exp(-inf + inf) = NaN.
-        return one(where(eq(ok, scalar_like(ok, -INFINITY)), scalar_like(gx, 0.0), gx));
+        return one(where(eq(ok, constant_like(ok, -INFINITY)), constant_like(gx, 0.0), gx));
       });
 }
 
@@ -316,7 +316,7 @@ Tensor norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
         // p = 2: x / |x|; general p: x |x|^(p-2) / |x|_p^(p-1); 0 at a zero vector.
         const Tensor gx = p == 2.0 ? div(mul(gk, x), ok)
                                    : div(mul(gk, mul(x, pow(abs(x), p - 2.0))), pow(ok, p - 1.0));
-        return one(where(eq(ok, scalar_like(ok, 0.0)), scalar_like(gx, 0.0), gx));
+        return one(where(eq(ok, constant_like(ok, 0.0)), constant_like(gx, 0.0), gx));
       });
 }
 

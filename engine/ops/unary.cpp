@@ -32,7 +32,8 @@ Tensor neg(const Tensor& x) {
   if (is_floating(x.dtype())) {
     y = unary_float(UnaryOp::neg, x);
   } else {
-    y = sub(scalar(0.0, {.dtype = x.dtype() == DType::boolean ? DType::i64 : x.dtype(),
+    y = sub(shared_full({}, 0.0,
+                        {.dtype = x.dtype() == DType::boolean ? DType::i64 : x.dtype(),
                          .device = x.device()}),
             x);
   }
@@ -41,7 +42,7 @@ Tensor neg(const Tensor& x) {
 }
 
 Tensor abs(const Tensor& x) {
-  if (!is_floating(x.dtype())) return where(lt(x, scalar_like(x, 0)), neg(x), x);
+  if (!is_floating(x.dtype())) return where(lt(x, constant_like(x, 0)), neg(x), x);
   Tensor y = unary_float(UnaryOp::abs, x);
   return with_grad("abs", x, y,
                    [](const Tensor& g, const Tensor& x, const Tensor&) { return mul(g, sign(x)); });
@@ -74,7 +75,7 @@ Tensor sqrt(const Tensor& x) {
 Tensor rsqrt(const Tensor& x) {
   Tensor y = unary_float(UnaryOp::rsqrt, x);
   return with_grad("rsqrt", x, y, [](const Tensor& g, const Tensor&, const Tensor& y) {
-    return mul(g, mul(pow(y, 3.0), scalar_like(y, -0.5)));
+    return mul(g, mul(pow(y, 3.0), constant_like(y, -0.5)));
   });
 }
 
@@ -138,7 +139,7 @@ Tensor relu(const Tensor& x) {
 Tensor leaky_relu(const Tensor& x, double slope) {
   Tensor y = unary_float(UnaryOp::leaky_relu, x, {slope});
   return with_grad("leaky_relu", x, y, [slope](const Tensor& g, const Tensor& x, const Tensor&) {
-    return where(gt(x, scalar_like(x, 0.0)), g, g * slope);
+    return where(gt(x, constant_like(x, 0.0)), g, g * slope);
   });
 }
 
@@ -173,7 +174,7 @@ Tensor softplus(const Tensor& x, double beta, double threshold) {
   return with_grad("softplus", x, y,
                    [beta, threshold](const Tensor& g, const Tensor& x, const Tensor&) {
                      Tensor bx = x * beta;
-                     return where(gt(bx, scalar_like(bx, threshold)), g, mul(g, sigmoid(bx)));
+                     return where(gt(bx, constant_like(bx, threshold)), g, mul(g, sigmoid(bx)));
                    });
 }
 
@@ -191,15 +192,18 @@ Tensor clamp(const Tensor& x, double lo, double hi) {
     y = unary_float(UnaryOp::clamp, x, {lo, hi});
   } else {
     y = x;
-    if (has_lo) y = maximum(y, scalar_like(x, lo));
-    if (has_hi) y = minimum(y, scalar_like(x, hi));
+    if (has_lo) y = maximum(y, constant_like(x, lo));
+    if (has_hi) y = minimum(y, constant_like(x, hi));
     return y;
   }
   return with_grad("clamp", x, y, [=](const Tensor& g, const Tensor& x, const Tensor&) {
-    Tensor keep = ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
-    if (has_lo) keep = logical_and(keep, ge(x, scalar_like(x, lo)));
-    if (has_hi) keep = logical_and(keep, le(x, scalar_like(x, hi)));
-    return where(keep, g, scalar_like(g, 0.0));
+    Tensor keep;
+    if (has_lo) keep = ge(x, constant_like(x, lo));
+    if (has_hi) {
+      const Tensor below = le(x, constant_like(x, hi));
+      keep = keep.defined() ? logical_and(keep, below) : below;
+    }
+    return keep.defined() ? where(keep, g, constant_like(g, 0.0)) : g;
   });
 }
 
@@ -220,7 +224,7 @@ Tensor rounding(UnaryOp op, const Tensor& x) {
 
 Tensor sign(const Tensor& x) {
   if (!is_floating(x.dtype()))
-    return sub(gt(x, scalar_like(x, 0)).to(x.dtype()), lt(x, scalar_like(x, 0)).to(x.dtype()));
+    return sub(gt(x, constant_like(x, 0)).to(x.dtype()), lt(x, constant_like(x, 0)).to(x.dtype()));
   return unary_float(UnaryOp::sign, x.detach());
 }
 Tensor round(const Tensor& x) { return rounding(UnaryOp::round, x); }
@@ -237,7 +241,7 @@ Tensor isfinite(const Tensor& x) {
   if (!is_floating(x.dtype()))
     return ones(x.shape(), {.dtype = DType::boolean, .device = x.device()});
   Tensor v = x.detach();
-  return logical_and(eq(v, v), lt(abs(v), scalar_like(v, INFINITY)));
+  return logical_and(eq(v, v), lt(abs(v), constant_like(v, INFINITY)));
 }
 
 }  // namespace quanta

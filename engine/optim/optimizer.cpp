@@ -626,7 +626,7 @@ void Adam::update(const ParamGroup& group, const Tensor& p, const Tensor& grad, 
     second = vmax;
   }
   Tensor denom = sqrt(second) / bc2_sqrt;
-  add_(denom, scalar_like(denom, eps_));
+  add_(denom, constant_like(denom, eps_));
   addcdiv_(p, m, denom, -(lr / bc1));
 }
 

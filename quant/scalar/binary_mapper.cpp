@@ -41,7 +41,7 @@ QuantizeOutput BinaryMapper::forward(const Tensor& logits, const BinaryMapperCal
 
   const Tensor p = sigmoid(logits.detach() / call.temperature);
   const Tensor bits =
-      deterministic ? gt(p, scalar_like(p, 0.5))
+      deterministic ? gt(p, constant_like(p, 0.5))
                     : lt(rand(p.shape(), gen_.next(), {.dtype = DType::f64, .device = p.device()}),
                          p.to(DType::f64));
   std::vector<int64_t> powers(static_cast<size_t>(k));

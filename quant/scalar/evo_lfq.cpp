@@ -67,7 +67,7 @@ Tensor EvoLFQ::encode(const Tensor& x, bool signs) {
   // The bits are the signs of the codes before project_out.
   const Tensor codes =
       lfq_->get_codes_from_indices(lfq_->forward(encoder_->forward(x), Tensor()).indices);
-  const Tensor one = gt(codes, scalar_like(codes, 0.0));
+  const Tensor one = gt(codes, constant_like(codes, 0.0));
   return signs ? where(one, ones_like(codes), -ones_like(codes)) : to_dtype(one, codes.dtype());
 }
 
@@ -87,7 +87,7 @@ Tensor EvoLFQ::decode_bits(const Tensor& bits) {
   const Tensor w =
       from_vector<int64_t>(weights, {d}, {.dtype = DType::i64, .device = bits.device()});
   Tensor indices =
-      sum(to_dtype(gt(reshape(bits, split), scalar_like(bits, 0.0)), DType::i64) * w, {-1});
+      sum(to_dtype(gt(reshape(bits, split), constant_like(bits, 0.0)), DType::i64) * w, {-1});
   if (!lfq_->keep_num_codebooks_dim()) indices = squeeze(indices, -1);
   return decoder_->forward(lfq_->get_output_from_indices(indices));
 }
@@ -114,7 +114,7 @@ Tensor EvoLFQ::population_from_data(const Tensor& x, bool signs) {
 Tensor EvoLFQ::mutate(const Tensor& population, bool signs) {
   if (opts_.mutation_rate <= 0) return population;
   const Tensor flip = lt(rand(population.shape(), gen_, options_of(population)),
-                         scalar_like(population, opts_.mutation_rate));
+                         constant_like(population, opts_.mutation_rate));
   return where(flip, signs ? -population : 1.0 - population, population);
 }
 
@@ -141,7 +141,7 @@ EvoLFQ::Generation EvoLFQ::step(const Tensor& population, const Fitness& fitness
   const Tensor first = index_select(population, 0, select(parents, 1, 0));
   const Tensor second = index_select(population, 0, select(parents, 1, 1));
   const Tensor take_first =
-      lt(rand(first.shape(), gen_, options_of(first)), scalar_like(first, 0.5));
+      lt(rand(first.shape(), gen_, options_of(first)), constant_like(first, 0.5));
   parts.push_back(mutate(where(take_first, first, second), signs));
   return {cat(parts, 0), fit};
 }

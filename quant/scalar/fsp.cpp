@@ -169,11 +169,11 @@ QuantizeOutput FSP::forward(const Tensor& x, const Tensor& mask, const QuantizeO
     // Uniform within half a bin of the activation, kept where it stays in (0, 1).
     const Tensor offset = (draw("perturbation") * 2.0 - 1.0) / (levels * 2.0);
     const Tensor proposal = act + offset;
-    const Tensor inside = logical_and(gt(proposal, scalar_like(proposal, 0.0)),
-                                      lt(proposal, scalar_like(proposal, 1.0)));
+    const Tensor inside = logical_and(gt(proposal, constant_like(proposal, 0.0)),
+                                      lt(proposal, constant_like(proposal, 1.0)));
     accepted = mean(to_dtype(inside, z.dtype()));
     const Tensor perturbed = where(inside, proposal, act);
-    const Tensor perturb = gt(draw("keep"), scalar_like(act, opts_.quantize_rate));
+    const Tensor perturb = gt(draw("keep"), constant_like(act, opts_.quantize_rate));
     code_act = where(perturb, perturbed, code_act);
   }
   Tensor q = opts_.need_inv_act

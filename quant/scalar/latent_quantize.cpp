@@ -72,7 +72,7 @@ Tensor LatentQuantize::codes_to_indices(const Tensor& z) const {
     // nearest grid value (first on ties), as the reference's argmin |z - v|
     const Tensor v = values_[i].detach().to(z.dtype());
     const Tensor pos = argmin(abs(unsqueeze(select(z.detach(), -1, i), -1) - v), -1);
-    const Tensor term = mul(pos, scalar(double(basis_[i]), options_of(pos)));
+    const Tensor term = mul(pos, shared_full({}, double(basis_[i]), options_of(pos)));
     index = index.defined() ? index + term : term;
   }
   return index;

@@ -130,15 +130,15 @@ QuantizeOutput LFQ::forward(const Tensor& x, const Tensor& mask, const QuantizeO
   Tensor z = layout.to_tokens(x);
   if (project_in_) z = project_in_->forward(z);
   if (opts_.soft_clamp_input_value > 0)
-    z = detail::soft_clamp(z, scalar_like(z, opts_.soft_clamp_input_value));
+    z = detail::soft_clamp(z, constant_like(z, opts_.soft_clamp_input_value));
   const int64_t B = layout.batch(), N = layout.tokens(), C = opts_.num_codebooks, d = bits_;
   z = reshape(z, {B, N, C, d});
   const double s = opts_.codebook_scale;
   // m: the magnitude of every code component as the layer uses it.
   const double m = opts_.spherical ? s / std::sqrt(double(d)) : s;
   if (opts_.spherical) z = z / clamp(norm(z, 2.0, {-1}, true), 1e-12, NAN) * s;
-  const Tensor positive = gt(z, scalar_like(z, 0.0));
-  const Tensor q = where(positive, scalar_like(z, m), scalar_like(z, -m));
+  const Tensor positive = gt(z, constant_like(z, 0.0));
+  const Tensor q = where(positive, constant_like(z, m), constant_like(z, -m));
   Tensor indices = sum(positive.to(DType::i64) * bit_mask_, {-1});  // [B, N, C]
 
   QuantizeOutput out;

@@ -238,17 +238,17 @@ Tensor held_rows(const Tensor& positions, const Tensor& local, const std::vector
                  int64_t dim, const TensorOptions& like) {
   const int64_t k = positions.numel();
   if (local.size(0) == 0) return zeros({k, dim}, like);
-  Tensor at = scalar_like(positions, -1.0);  // the local row, -1: held elsewhere
+  Tensor at = constant_like(positions, -1.0);  // the local row, -1: held elsewhere
   for (const HeldRange& r : ranges) {
     if (r.rows == 0) continue;
     const Tensor offset = positions - double(r.pool_begin);
-    const Tensor in = logical_and(ge(offset, scalar_like(offset, 0.0)),
-                                  lt(offset, scalar_like(offset, double(r.rows))));
+    const Tensor in = logical_and(ge(offset, constant_like(offset, 0.0)),
+                                  lt(offset, constant_like(offset, double(r.rows))));
     at = where(in, offset + double(r.local_begin), at);
   }
-  const Tensor held = ge(at, scalar_like(at, 0.0));
-  const Tensor rows = index_select(local, 0, where(held, at, scalar_like(at, 0.0)));
-  return where(unsqueeze(held, -1), rows, scalar(0.0, like));
+  const Tensor held = ge(at, constant_like(at, 0.0));
+  const Tensor rows = index_select(local, 0, where(held, at, constant_like(at, 0.0)));
+  return where(unsqueeze(held, -1), rows, shared_full({}, 0.0, like));
 }
 }  // namespace
 

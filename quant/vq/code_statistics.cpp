@@ -28,7 +28,7 @@ CodeStatistics code_statistics(const Tensor& idx, const Tensor& x, int64_t k) {
   const int64_t n = x.size(0), d = x.size(1);
   const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
   if (x.dtype() != DType::f32 && x.dtype() != DType::f64)
-    return {index_add(zeros({k}, opt), 0, idx, ones({n}, opt)),
+    return {index_add(zeros({k}, opt), 0, idx, shared_full({n}, 1.0, opt)),
             index_add(zeros({k, d}, opt), 0, idx, x.detach())};
   // Checked as the index ops check theirs: at once on the CPU, on a device
   // by the device (reported at the next read), never by reading it back.

@@ -227,7 +227,8 @@ Tensor Codebook::expired_codes() const {
   if (opts_.threshold_ema_dead_code <= 0)
     return zeros(cluster_size_.shape(),
                  {.dtype = DType::boolean, .device = cluster_size_.device()});
-  return lt(cluster_size_, scalar(opts_.threshold_ema_dead_code, options_of(cluster_size_)));
+  return lt(cluster_size_,
+            shared_full({}, opts_.threshold_ema_dead_code, options_of(cluster_size_)));
 }
 
 std::vector<int64_t> Codebook::expired_counts() const {
@@ -287,14 +288,15 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
       // The first n expired codes in a random order of the codes.
       const Tensor order = randperm(k, gen, i64);
       const Tensor dead = gather(chosen, 0, order);
-      const Tensor first = dead * to_dtype(le(cumsum(dead, 0), scalar(double(n), i64)), DType::i64);
+      const Tensor first =
+          dead * to_dtype(le(cumsum(dead, 0), shared_full({}, double(n), i64)), DType::i64);
       chosen = scatter(zeros({k}, i64), 0, order, first);
       draws = cat({draws, zeros({k - n}, i64)});
     }
     // The j-th chosen code takes draw j.
     const Tensor rank = clamp(cumsum(chosen, 0) - 1.0, 0.0, double(k - 1));
     const Tensor replaced = to_dtype(chosen, DType::boolean);
-    picks[size_t(h)] = where(replaced, gather(draws, 0, rank), full({k}, -1.0, i64));
+    picks[size_t(h)] = where(replaced, gather(draws, 0, rank), shared_full({k}, -1.0, i64));
     replacing_[size_t(h)] = replaced;
   }
   return picks;
@@ -310,7 +312,7 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   chosen.swap(replacing_);  // one draw, one replacement
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
   const Tensor codes = arange(opts_.codebook_size, i64);  // made on the device
-  const Tensor skip = full({1}, -1.0, i64);
+  const Tensor skip = shared_full({1}, -1.0, i64);
   for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
     if (!rows[size_t(h)].defined()) continue;
     const Tensor& r = rows[size_t(h)];
@@ -403,7 +405,7 @@ void Codebook::apply_affine_update() {
   const Tensor b_mean = s / count;
   const Tensor b_var =
       clamp(sq / count - square(b_mean), 0.0, std::numeric_limits<double>::quiet_NaN());
-  set_affine_statistics(b_mean, b_var, gt(min(n), scalar_like(n, 0.0)));
+  set_affine_statistics(b_mean, b_var, gt(min(n), constant_like(n, 0.0)));
 }
 
 void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var,
@@ -413,7 +415,7 @@ void Codebook::set_affine_statistics(const Tensor& b_mean, const Tensor& b_var,
   // The first update sets the statistics, later ones blend them in: the
   // device's own flag says which, so an update skipped there (`apply`
   // false) leaves the first for the next one.
-  const Tensor first = ne(codebook_mean_needs_init_, scalar_like(codebook_mean_needs_init_, 0.0));
+  const Tensor first = ne(codebook_mean_needs_init_, constant_like(codebook_mean_needs_init_, 0.0));
   auto update = [&](const Tensor& buf, const Tensor& value, double decay) {
     Tensor next = where(first, value, buf * decay + value * (1.0 - decay));
     if (apply.defined()) next = where(apply, next, buf);

@@ -38,7 +38,7 @@ KMeansResult kmeans(const Tensor& samples, int64_t k, int64_t iters, bool cosine
     bins = st.counts;
     Tensor updated = st.sums / unsqueeze(clamp(bins, 1.0, std::nan("")), 1);
     if (cosine) updated = l2norm(updated);
-    means = where(unsqueeze(eq(bins, scalar(0.0, options_of(bins))), 1), means, updated);
+    means = where(unsqueeze(eq(bins, constant_like(bins, 0.0)), 1), means, updated);
   }
   // No iteration: the sampled rows are the means, and the bins count the
   // rows nearest to each (all-zero bins would start the codebook's EMA

@@ -18,7 +18,7 @@ Tensor nearest_codes(const Tensor& x, const Tensor& codes, bool cosine) {
     throw std::invalid_argument("[nearest_codes] needs x [N, D] and codes [K, D], got " +
                                 shape_str(x.shape()) + " and " + shape_str(codes.shape()));
   const int64_t n = x.size(0), k = codes.size(0), d = x.size(1);
-  Tensor out = zeros({n}, {.dtype = DType::i64, .device = x.device()});
+  Tensor out = empty({n}, {.dtype = DType::i64, .device = x.device()});  // every row written
   if (n == 0) return out;
   if (k == 0) throw std::invalid_argument("[nearest_codes] the codebook is empty");
   NoGradGuard no_grad;

@@ -95,7 +95,7 @@ QuantizeOutput residual_beam_search(const Tensor& tokens, const Tensor& keep,
   // The best path (the first: paths are ordered best first).
   const auto best = [&](const Tensor& t) { return select(t, 1, 0); };
   const Tensor count = keep.defined() ? clamp(sum(to_dtype(keep, tokens.dtype())), 1e-4, 1e300)
-                                      : full({}, double(m), options_of(tokens));
+                                      : shared_full({}, double(m), options_of(tokens));
   const auto token_mean = [&](const Tensor& per_token) { return sum(best(per_token)) / count; };
   std::vector<Tensor> indices, layer_losses;
   MemberTerms terms{{"commitment", {}}};

@@ -81,7 +81,9 @@ CodebookOptions codebook_options(const VectorQuantizeOptions& o, int64_t codeboo
   return c;
 }
 
-Tensor zero_like_loss(const Tensor& like) { return zeros({}, options_of(like)); }
+// Shared (a loss term the options turned off is the same zero every step):
+// read, never written.
+Tensor zero_like_loss(const Tensor& like) { return shared_full({}, 0.0, options_of(like)); }
 
 // Gumbel noise -log(-log(u)), logs clamped at 1e-20 as the reference does.
 Tensor gumbel_noise(const Shape& shape, Generator& gen, const TensorOptions& opts) {
@@ -629,7 +631,7 @@ void VectorQuantize::update_indices(const Tensor& x, const Tensor& indices, cons
             std::to_string(tokens) + " tokens");
   // Masked tokens' -1 look up code 0 and count nothing.
   Tensor idx = reshape(to_dtype(indices, DType::i64), {1, tokens});
-  idx = where(lt(idx, scalar_like(idx, 0.0)), zeros_like(idx), idx);
+  idx = where(lt(idx, constant_like(idx, 0.0)), zeros_like(idx), idx);
   accumulate(t, idx);
 }
 
@@ -664,8 +666,8 @@ Tensor VectorQuantize::diversity_loss(const Tensor& dist, const Tensor& valid, i
                                       int64_t n) const {
   const int64_t k = opts_.codebook_size, h = opts_.heads;
   Tensor p = softmax(dist * opts_.codebook_diversity_temperature, -1);  // [G, T, K]
-  Tensor w =
-      valid.defined() ? to_dtype(valid, p.dtype()) : ones({p.size(0), p.size(1)}, options_of(p));
+  Tensor w = valid.defined() ? to_dtype(valid, p.dtype())
+                             : shared_full({p.size(0), p.size(1)}, 1.0, options_of(p));
   p = p * unsqueeze(w, -1);
   // Average over everything but the sequence position n, as the reference.
   Tensor pn, cnt;
@@ -732,7 +734,7 @@ Tensor VectorQuantize::codes_from_indices(const Tensor& indices, const Tensor& c
   if (codebook_transform) codes = codebook_transform(codes, condition_rows(condition, m));
   const int64_t g = codes.size(0);
   Tensor idx = reshape(to_dtype(indices, DType::i64), {m, h});
-  const Tensor valid = ge(idx, scalar(0.0, options_of(idx)));
+  const Tensor valid = ge(idx, constant_like(idx, 0.0));
   Tensor flat = where(valid, idx, zeros_like(idx));
   Tensor rows;
   if (codes.dim() == 4) {  // one head: token i's code from its own codebook
