@@ -1,5 +1,6 @@
 #include "engine/factory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -148,18 +149,34 @@ Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
       [&] { return from_vector<T>(values, shape, opts); });
 }
 
-Tensor shared_full(const Shape& shape, double value, const TensorOptions& opts) {
+namespace {
+
+// A constant made by device work (a fill, arange's running sum), shared on a
+// device. The CPU's is a store, not a launch: nothing to save there; a large
+// one is not pinned for good. One made while the device records a graph is
+// made inside it (its memory is the graph's, written by the graph's
+// replays): used there, not kept for calls outside.
+Tensor shared_device_constant(const char* op, const Shape& shape, const TensorOptions& opts,
+                              const void* value, std::size_t value_bytes,
+                              const std::function<Tensor()>& make) {
   if (opts.requires_grad)
-    throw std::invalid_argument("[shared_full] a shared constant cannot require grad");
-  // The CPU's fill is a store, not a launch: nothing to save.
+    throw std::invalid_argument(std::string("[") + op + "] a shared constant cannot require grad");
   constexpr int64_t kMaxKeptElements = int64_t{1} << 16;
-  if (opts.device.is_cpu() || numel_of(shape) > kMaxKeptElements) return full(shape, value, opts);
-  // One made while the device records a graph is filled inside it (its
-  // memory is the graph's, written by the graph's replays): used there, not
-  // kept for calls outside.
-  return kept_constant(
-      constant_key("full", DType::f64, shape, opts, &value, sizeof value),
-      [&] { return full(shape, value, opts); }, !capturing(opts.device));
+  if (opts.device.is_cpu() || numel_of(shape) > kMaxKeptElements) return make();
+  return kept_constant(constant_key(op, DType::f64, shape, opts, value, value_bytes), make,
+                       !capturing(opts.device));
+}
+
+}  // namespace
+
+Tensor shared_full(const Shape& shape, double value, const TensorOptions& opts) {
+  return shared_device_constant("shared_full", shape, opts, &value, sizeof value,
+                                [&] { return full(shape, value, opts); });
+}
+
+Tensor shared_arange(int64_t end, const TensorOptions& opts) {
+  return shared_device_constant("shared_arange", {std::max<int64_t>(end, 0)}, opts, nullptr, 0,
+                                [&] { return arange(end, opts); });
 }
 
 template Tensor constant_tensor(const std::vector<double>&, const Shape&, const TensorOptions&);

@@ -50,6 +50,9 @@ Tensor constant_tensor(const std::vector<T>& values, const Shape& shape,
  * write into the result (in-place ops refuse it on a device); requires_grad
  * is refused. */
 Tensor shared_full(const Shape& shape, double value, const TensorOptions& opts = {});
+/** arange(end, opts), shared as shared_full's results are (the positions a
+ * sort carries, a codebook's code numbers). */
+Tensor shared_arange(int64_t end, const TensorOptions& opts = {.dtype = DType::i64});
 /** A copy of `numel_of(shape)` elements of type `dtype` at `data` (host memory). */
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, const TensorOptions& opts = {});
 

@@ -260,6 +260,16 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
   return Tensor(std::move(impl));
 }
 
+Tensor same_bytes_as(const Tensor& base, DType dtype) {
+  if (dtype_info(dtype).block_bytes != dtype_info(base.dtype()).block_bytes ||
+      dtype_info(dtype).block_elems != dtype_info(base.dtype()).block_elems)
+    throw std::invalid_argument(std::string("[same_bytes_as] ") + dtype_name(base.dtype()) +
+                                " and " + dtype_name(dtype) + " elements differ in size");
+  Tensor view = make_view(base, base.shape(), base.strides(), base.offset());
+  view.impl()->dtype = dtype;
+  return view;
+}
+
 std::optional<int64_t> storage_bytes(const Shape& shape, DType dtype) {
   const auto& info = dtype_info(dtype);
   const auto n = checked_numel(shape);

@@ -162,6 +162,9 @@ struct TensorImpl {
 namespace detail {
 /** A tensor over `storage` with the given layout; no checks beyond bounds. */
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+/** The same elements read as `dtype`, whose elements have base's size (a
+ * bool tensor's bytes as u8): a view, no copy, no graph. */
+Tensor same_bytes_as(const Tensor& base, DType dtype);
 /** Bytes of a contiguous tensor of `shape` and `dtype` (whole storage blocks),
  * or std::nullopt when a size is negative or the element or byte count does not
  * fit int64 (the check for shapes read from files). */

@@ -254,9 +254,15 @@ Tensor gt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::gt, a, b)
 Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ge, a, b); }
 
 namespace {
+// The kernels take u8 operands (the functors test != 0): a bool tensor's
+// bytes are read as they are, with no converting copy.
+Tensor logical_operand(const Tensor& x) {
+  const Tensor b = x.dtype() == DType::boolean ? x.detach() : detail::as_plain(x, DType::boolean);
+  return detail::same_bytes_as(b, DType::u8);
+}
+
 Tensor logical(BinaryOp op, const Tensor& a, const Tensor& b) {
-  return binary_kernel(op, detail::as_plain(a, DType::boolean).to(DType::u8),
-                       detail::as_plain(b, DType::boolean).to(DType::u8), DType::u8);
+  return binary_kernel(op, logical_operand(a), logical_operand(b), DType::u8);
 }
 }  // namespace
 

@@ -196,7 +196,7 @@ Tensor permutation_prefix(const char* op, int64_t n, int64_t m, Generator& gen,
     // (dead-code replacement) can draw it, each replay its own.
     const Device device = opts.device;
     const Tensor keys = draw_tensor({n}, fill_of(RandomDraw::bits, DType::i64), gen, device);
-    const Tensor positions = arange(n, {.dtype = DType::i64, .device = device});
+    const Tensor positions = shared_arange(n, {.dtype = DType::i64, .device = device});
     Tensor sorted = detail::make_tensor({n}, DType::i64, device);
     kernels(device).sort_pairs(n, static_cast<const int64_t*>(keys.raw_data()),
                                static_cast<const int64_t*>(positions.raw_data()),

@@ -311,7 +311,7 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   std::vector<Tensor> chosen;
   chosen.swap(replacing_);  // one draw, one replacement
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
-  const Tensor codes = arange(opts_.codebook_size, i64);  // made on the device
+  const Tensor codes = shared_arange(opts_.codebook_size, i64);  // made on the device
   const Tensor skip = shared_full({1}, -1.0, i64);
   for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
     if (!rows[size_t(h)].defined()) continue;

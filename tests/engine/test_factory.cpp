@@ -48,6 +48,21 @@ TEST_CASE("shared_full: one tensor per device, dtype, shape and value") {
                  "[shared_full] a shared constant cannot require grad"));
 }
 
+TEST_CASE("shared_arange: arange's values, one tensor per device, dtype and length") {
+  for (const Device dev : quanta::testing::test_devices()) {
+    INFO(dev.str());
+    const TensorOptions i64{.dtype = DType::i64, .device = dev};
+    const Tensor a = shared_arange(6, i64);
+    CHECK(same_buffer(a, shared_arange(6, i64)));
+    CHECK_FALSE(same_buffer(a, shared_arange(7, i64)));
+    CHECK(a.to(Device::cpu()).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+    CHECK(shared_arange(0, i64).numel() == 0);
+    const Tensor f = shared_arange(3, {.dtype = DType::f32, .device = dev});
+    CHECK(f.to(Device::cpu()).to_vector<float>() == std::vector<float>{0, 1, 2});
+  }
+  CHECK_FALSE(same_buffer(shared_arange(6), shared_arange(6)));  // the CPU: a new one
+}
+
 TEST_CASE("constant_like: scalar_like's dtype, shared") {
   const Device dev = Device::sim(0);
   const Tensor i = zeros({3}, {.dtype = DType::i64, .device = dev});

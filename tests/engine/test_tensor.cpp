@@ -8,6 +8,7 @@
 #include "engine/cpu/block_cache.h"
 #include "engine/cuda/module.h"
 #include "quanta.h"
+#include "support/errors.h"
 
 using namespace quanta;
 
@@ -255,4 +256,16 @@ TEST_CASE("the CPU block cache keeps a step's blocks, within 1.5x the peak in us
   CHECK(cpu::cached_block_bytes() == 0);
   again = Tensor();
   CHECK(cpu::cached_block_bytes() == std::size_t(block));
+}
+
+TEST_CASE("same_bytes_as: a view of the same elements as another dtype of their size") {
+  const Tensor b = from_vector<bool>({true, false, true});
+  const Tensor u = detail::same_bytes_as(b, DType::u8);
+  CHECK(u.dtype() == DType::u8);
+  CHECK(u.storage() == b.storage());
+  CHECK(u.to_vector<uint8_t>() == std::vector<uint8_t>{1, 0, 1});
+  const Tensor f = from_vector<float>({1.0f});
+  CHECK(detail::same_bytes_as(f, DType::i32).to_vector<int32_t>()[0] == 0x3f800000);
+  CHECK(quanta::testing::message_of([&] { detail::same_bytes_as(f, DType::f64); }) ==
+        "[same_bytes_as] f32 and f64 elements differ in size");
 }

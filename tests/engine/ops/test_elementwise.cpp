@@ -645,3 +645,27 @@ TEST_CASE("bf16 and f16 elementwise ops run in one pass with the bits of widenin
     CHECK(g3.recorded_work() == 1);
   }
 }
+
+TEST_CASE("logical ops read bool operands as they are, numbers as != 0") {
+  for (const Device dev : cpu_and_test_devices()) {
+    INFO(dev.str());
+    const Tensor p = from_vector<bool>({true, true, false, false}).to(dev);
+    const Tensor q = from_vector<bool>({true, false, true, false}).to(dev);
+    const Tensor n =
+        from_vector<float>({-2.5f, 0.0f, 3.0f, 0.0f}).to(dev);  // true false true false
+    CHECK(logical_and(p, q).to(Device::cpu()).to_vector<bool>() ==
+          std::vector<bool>{true, false, false, false});
+    CHECK(logical_xor(p, n).to(Device::cpu()).to_vector<bool>() ==
+          std::vector<bool>{false, true, true, false});
+    // A strided bool operand: q's transpose [[T, T], [F, F]].
+    CHECK(logical_or(reshape(n, {2, 2}), transpose(reshape(q, {2, 2}), 0, 1))
+              .to(Device::cpu())
+              .to_vector<bool>() == std::vector<bool>{true, true, true, false});
+    CHECK(logical_and(p, q).dtype() == DType::boolean);
+  }
+  // Two bool operands: the one kernel, no converting copies.
+  const Tensor p = ones({64}, {.dtype = DType::boolean, .device = Device::sim(0)});
+  Tensor out;
+  CHECK(DeviceGraph::capture(Device::sim(0), [&] { out = logical_and(p, p); }).recorded_work() ==
+        1);
+}
