@@ -1,6 +1,8 @@
 #include "engine/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,12 +50,61 @@ void sync_folder_of(const std::string& path, const char* op) {
   if (!synced) fail(op, path + " was written but fsync of its folder failed");
 }
 
+bool same_file(int fd, const std::string& path) {
+  struct stat by_fd = {};
+  struct stat by_path = {};
+  return ::fstat(fd, &by_fd) == 0 && ::lstat(path.c_str(), &by_path) == 0 &&
+         by_fd.st_dev == by_path.st_dev && by_fd.st_ino == by_path.st_ino;
+}
+
+// Whether `name` is `base` + ".tmp." + a process id.
+bool is_temporary_of(const std::string& name, const std::string& base) {
+  const std::string prefix = base + ".tmp.";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes the temporary files of `path` whose writers are gone: a process
+// killed while writing (a checkpoint under SIGKILL, a lost node) leaves one
+// as large as the file. A live writer holds a lock on its own for as long as
+// it writes (the kernel drops it when the process dies, also across hosts
+// on a shared file system), so a file whose lock can be taken is stale.
+void remove_stale_temporaries(const std::string& path, const std::string& own) {
+  namespace fs = std::filesystem;
+  const std::string folder = folder_of(path);
+  const std::string base = fs::path(path).filename().string();
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string candidate = (fs::path(folder) / name).string();
+    if (!is_temporary_of(name, base) || candidate == own) continue;
+    const int fd = ::open(candidate.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    // Still the file that was locked (not one made at that name since).
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, candidate))
+      ::unlink(candidate.c_str());
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path, const char* op)
     : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())), op_(op) {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd_ < 0) fail(op_, "cannot create " + tmp_);
+  // Created, then locked for as long as it is written (see
+  // remove_stale_temporaries); a sweep by another writer that took it
+  // between the two leaves a name that is no longer this file: made again.
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0) fail(op_, "cannot create " + tmp_);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0 && same_file(fd_, tmp_)) break;
+    ::close(fd_);
+    fd_ = -1;
+    if (attempt == 8) fail(op_, "cannot lock " + tmp_ + ", which another writer holds");
+    ::usleep(1000);  // the sweep that holds it unlinks it at once
+  }
+  remove_stale_temporaries(path_, tmp_);
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

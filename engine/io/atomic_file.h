@@ -15,9 +15,11 @@ struct ByteSpan {
 };
 
 /** A file written piece by piece and put in place whole: the pieces go to a
- * temporary file beside `path`; commit() syncs it and renames it over `path`.
- * Destroyed uncommitted (an error while making the next piece), the
- * temporary file is removed and `path` is as it was. For files larger than
+ * temporary file beside `path` (`path`.tmp.PID, locked while it is written);
+ * commit() syncs it and renames it over `path`. Destroyed uncommitted (an
+ * error while making the next piece), the temporary file is removed and
+ * `path` is as it was. A temporary file of `path` that no live writer locks
+ * (its process was killed) is removed when the next writer of `path` starts. For files larger than
  * memory, written as their parts are made. Errors as write_file_atomic's. */
 class AtomicFileWriter {
  public:

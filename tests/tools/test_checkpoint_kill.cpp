@@ -89,6 +89,11 @@ void kill_and_resume(const std::string& tag,
       CAPTURE(file);
       check_same(ref + "/" + file, out + "/" + file);
     }
+    // What the killed writer left half written, the resumed one removed.
+    for (const auto& entry : fs::recursive_directory_iterator(out)) {
+      CAPTURE(entry.path().string());
+      CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+    }
     ++resumed;
   }
   MESSAGE(tag << ": " << whole << " of 50 killed runs held a checkpoint; " << resumed

@@ -1,6 +1,9 @@
 // Atomic outputs: a file written whole or not at all, and a folder swapped
 // for another in one step (its files belong together).
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -61,6 +64,56 @@ TEST_CASE("AtomicFileWriter puts its file in place at commit, and nothing when d
   CHECK(read_text(path) == "abcd");
   CHECK(std::distance(fs::directory_iterator(t.path()), fs::directory_iterator()) == 1);
   CHECK_THROWS_WITH_AS(file.write({"e", 1}), doctest::Contains("is committed"), std::logic_error);
+}
+
+TEST_CASE("a killed writer's temporary file is removed by the next writer, a live one's kept") {
+  TempDir t("atomic_stale");
+  const std::string path = t.file("ckpt.bin");
+  // What a writer killed mid-file leaves: its temporary file, unlocked.
+  io::write_text_atomic(path + ".tmp.999999999", "torn", "test");
+  io::write_text_atomic(path + ".tmp.12", "torn", "test");
+  // A writer still at work (here this process, through its own descriptor)
+  // holds the lock on its file.
+  io::write_text_atomic(path + ".tmp.34", "busy", "test");
+  const int live = ::open((path + ".tmp.34").c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(live >= 0);
+  REQUIRE(::flock(live, LOCK_EX | LOCK_NB) == 0);
+  // Names that are not this file's temporaries.
+  io::write_text_atomic(t.file("other.bin.tmp.5"), "x", "test");
+  io::write_text_atomic(path + ".tmp.5x", "x", "test");
+  io::write_text_atomic(path + ".tmp.", "x", "test");
+
+  io::write_text_atomic(path, "whole", "test");
+  CHECK(read_text(path) == "whole");
+  CHECK_FALSE(fs::exists(path + ".tmp.999999999"));
+  CHECK_FALSE(fs::exists(path + ".tmp.12"));
+  CHECK(read_text(path + ".tmp.34") == "busy");
+  CHECK(fs::exists(t.file("other.bin.tmp.5")));
+  CHECK(fs::exists(path + ".tmp.5x"));
+  CHECK(fs::exists(path + ".tmp."));
+  ::close(live);  // the writer is gone: the next write takes its file too
+  io::write_text_atomic(path, "again", "test");
+  CHECK_FALSE(fs::exists(path + ".tmp.34"));
+  CHECK(read_text(path) == "again");
+}
+
+TEST_CASE("AtomicFileWriter keeps its own temporary file locked while it writes") {
+  TempDir t("atomic_locked");
+  const std::string path = t.file("w.bin");
+  io::AtomicFileWriter file(path, "test");
+  file.write({"ab", 2});
+  const std::string own = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(own.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  CHECK(::flock(fd, LOCK_EX | LOCK_NB) != 0);  // a sweep by another writer would leave it
+  ::close(fd);
+  io::write_text_atomic(t.file("w.bin.tmp.1"), "stale", "test");
+  {
+    io::AtomicFileWriter other(t.file("x.bin"), "test");  // another file's writer: not its to sweep
+  }
+  CHECK(fs::exists(t.file("w.bin.tmp.1")));
+  file.commit();
+  CHECK(read_text(path) == "ab");
 }
 
 TEST_CASE("replace_folder moves a staged folder in, or swaps it for the old one whole") {
