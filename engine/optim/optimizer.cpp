@@ -1,6 +1,7 @@
 // Optimizer base: groups, stepping, state dicts; SGD, Adam, AdamW; clipping.
 #include "engine/optim/optimizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -648,15 +649,47 @@ void check_clip_options(double max_norm, double norm_type) {
 }
 }  // namespace
 
+namespace {
+// The norms of `grads` (none empty, all of compute dtype `ct`, on one
+// device) written by one kernel each into one buffer, widened to f64 once:
+// the values of norm(g).to(f64) stacked, without a copy a gradient.
+Tensor norms_into_one_buffer(const std::vector<Tensor>& grads, double norm_type, DType ct) {
+  const Device device = grads[0].device();
+  const KernelTable& k = kernels(device);
+  Tensor out = detail::make_tensor({static_cast<int64_t>(grads.size())}, ct, device);
+  auto* slot = static_cast<unsigned char*>(out.raw_data());
+  const std::size_t width = dtype_info(ct).block_bytes;
+  for (const Tensor& g : grads) {
+    const Tensor rows = g.detach().contiguous();
+    k.stat_rows(RowStat::norm, norm_type, ct, rows.raw_data(), 1, rows.numel(), slot);
+    slot += width;
+  }
+  return ct == DType::f64 ? out : out.to(DType::f64);
+}
+}  // namespace
+
 Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type) {
   NoGradGuard no_grad;
   // One norm per gradient, left where it is (f64, gathered on the first
   // gradient's device): the total and the factor are computed there, so a
   // GPU run syncs once, for the value returned, not once per parameter.
-  std::vector<Tensor> norms;
+  std::vector<Tensor> nonempty;
   for (const Tensor& g : grads)
-    if (g.numel() > 0) norms.push_back(norm(g, norm_type).to(DType::f64).to(grads[0].device()));
-  if (norms.empty()) return zeros({0}, {.dtype = DType::f64});
+    if (g.numel() > 0) nonempty.push_back(g);
+  if (nonempty.empty()) return zeros({0}, {.dtype = DType::f64});
+  // The common case, f32 or f64 gradients on one device: no copy a
+  // gradient (a QLoRA step's clipping launched five kernels a parameter).
+  const bool one_kind = std::all_of(nonempty.begin(), nonempty.end(), [&](const Tensor& g) {
+    return g.device() == nonempty[0].device() && g.dtype() == nonempty[0].dtype() &&
+           (g.dtype() == DType::f32 || g.dtype() == DType::f64);
+  });
+  if (one_kind) {
+    if (!(norm_type > 0)) (void)norm(nonempty[0], norm_type);  // its error, by name
+    return norms_into_one_buffer(nonempty, norm_type, nonempty[0].dtype());
+  }
+  std::vector<Tensor> norms;
+  for (const Tensor& g : nonempty)
+    norms.push_back(norm(g, norm_type).to(DType::f64).to(grads[0].device()));
   return stack(norms);
 }
 
@@ -671,8 +704,15 @@ void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, doubl
   // so they do not change. A NaN factor propagates into the gradients, as
   // in PyTorch.
   const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
-  for (const Tensor& g : grads)
-    if (g.defined() && g.numel() > 0) mul_(g, coef.to(g.dtype()).to(g.device()));
+  // The factor in each gradient's dtype and device, converted once for all
+  // the gradients that share them.
+  std::map<std::pair<DType, std::string>, Tensor> coef_as;
+  for (const Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    Tensor& c = coef_as[{g.dtype(), g.device().str()}];
+    if (!c.defined()) c = coef.to(g.dtype()).to(g.device());
+    mul_(g, c);
+  }
 }
 std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;

@@ -428,6 +428,55 @@ TEST_CASE("clip_grad_norm_no_sync_ clips as clip_grad_norm_ does, its total left
   CHECK_THROWS_AS(clip_grad_norm_no_sync_({a}, -1.0), std::invalid_argument);
 }
 
+TEST_CASE("grad_norms: each gradient's norm(g) in f64, in order, on every device and dtype mix") {
+  Generator gen(7);
+  for (const Device dev : quanta::testing::cpu_and_test_devices()) {
+    for (const double norm_type : {2.0, 1.0, 3.0, double(INFINITY)}) {
+      INFO(dev.str() << " p=" << norm_type);
+      // One dtype (the one-buffer path), then f32 beside f64 (one norm each),
+      // an empty gradient skipped in both.
+      const std::vector<Tensor> f32s = {randn({5, 3}, gen).to(dev), randn({0}, gen).to(dev),
+                                        randn({7}, gen).to(dev), randn({2, 2, 2}, gen).to(dev)};
+      std::vector<Tensor> mixed = f32s;
+      mixed[2] = mixed[2].to(DType::f64);
+      for (const auto& grads : {f32s, mixed}) {
+        std::vector<Tensor> expected;
+        for (const Tensor& g : grads)
+          if (g.numel() > 0) expected.push_back(norm(g, norm_type).to(DType::f64).to(dev));
+        const Tensor got = grad_norms(grads, norm_type);
+        CHECK(got.dtype() == DType::f64);
+        CHECK(got.device() == dev);
+        CHECK(val(got.to(Device::cpu())) == val(stack(expected).to(Device::cpu())));  // bit for bit
+      }
+      // A strided gradient reads as its values.
+      const Tensor t = transpose(randn({4, 6}, gen).to(dev), 0, 1);
+      CHECK(val(grad_norms({t}, norm_type).to(Device::cpu())) ==
+            val(norm(t, norm_type).to(DType::f64).reshape({1}).to(Device::cpu())));
+    }
+  }
+  CHECK_THROWS_WITH_AS(grad_norms({from_vector<float>({1.0f})}, 0.0),
+                       doctest::Contains("[norm] p must be > 0"), std::invalid_argument);
+}
+
+TEST_CASE("clipping a device's f32 gradients: a norm kernel and a scale each, no copies") {
+  // A QLoRA step clips dozens of adapter gradients: per gradient, a norm
+  // into one buffer and the scaling, the factor converted once.
+  const Device dev = Device::sim(0);
+  Generator gen(3);
+  std::vector<Tensor> params;
+  for (int i = 0; i < 12; ++i) {
+    params.push_back(zeros({4, 3}, {.device = dev}).requires_grad_());
+    params.back().set_grad(randn({4, 3}, gen).to(dev));
+  }
+  (void)clip_grad_norm_no_sync_(params, 0.5);  // made outside the graph: its constants
+  Tensor total;
+  const int64_t work = DeviceGraph::capture(dev, [&] {
+                         total = clip_grad_norm_no_sync_(params, 0.5);
+                       }).recorded_work();
+  INFO("recorded " << work);
+  CHECK(work < 3 * 12);  // 2 a gradient and 8 for the total and the factor; was 5 a gradient
+}
+
 TEST_CASE("clip_grad_value_ clamps each gradient") {
   Tensor a = param({0.0, 0.0, 0.0});
   grad(a, {-3.0, 0.5, 2.0});
