@@ -1,7 +1,8 @@
 // Fused optimizer steps on CUDA through the CPU's per-element updates
 // (engine/kernels/optim_functors.h): SGD one grid-stride launch per
 // parameter, Adam one launch per chunk of parameters, whose pointers and
-// settings travel as the kernel's argument (no upload), one grid row each.
+// settings travel as the kernel's argument (no upload), one grid row each;
+// clipping's scaling of every gradient (scale_n) likewise.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,7 +56,65 @@ __global__ void adam_kernel(AdamChunk<T> c) {
     f(p[i], g[i], m[i], v[i], vmax ? vmax + i : nullptr);
 }
 
+// Tensors per scale_n launch (1 KB of kernel argument).
+constexpr int kScaleChunk = 64;
+
+template <class T>
+struct ScaleChunk {
+  T* x[kScaleChunk];
+  int64_t n[kScaleChunk];
+};
+
+// Grid row blockIdx.y scales the chunk's tensor y by *factor, as mul_ does:
+// in T, or for the 16-bit floats in f32 rounded once.
+template <class T>
+__global__ void scale_kernel(ScaleChunk<T> c, const T* factor) {
+  const int t = static_cast<int>(blockIdx.y);
+  const int64_t n = c.n[t];
+  T* x = c.x[t];
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (is_half_v<T>) {
+    const float f = convert<float>(*factor);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+      x[i] = convert<T>(convert<float>(x[i]) * f);
+  } else {
+    const T f = *factor;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+      x[i] = x[i] * f;
+  }
+}
+
+template <class T>
+void scale_chunks(const ScaledTensorList& tensors, const void* factor) {
+  for (int64_t first = 0; first < tensors.count; first += kScaleChunk) {
+    ScaleChunk<T> c{};
+    int rows = 0;
+    int64_t widest = 0;
+    for (int64_t i = first; i < std::min<int64_t>(tensors.count, first + kScaleChunk); ++i) {
+      const ScaledTensor& t = tensors.data[i];
+      if (t.n == 0) continue;
+      c.x[rows] = static_cast<T*>(t.data);
+      c.n[rows] = t.n;
+      widest = std::max(widest, t.n);
+      ++rows;
+    }
+    if (rows == 0) continue;
+    const LaunchConfig cfg = launch_config(widest, max_blocks());
+    scale_kernel<T><<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)),
+                      cfg.threads, 0, stream()>>>(c, static_cast<const T*>(factor));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
+}
+
 }  // namespace
+
+void scale_n(DType dtype, const ScaledTensorList& tensors, const void* factor) {
+  if (visit_half(dtype,
+                 [&](auto tag) { scale_chunks<typename decltype(tag)::type>(tensors, factor); }))
+    return;
+  dispatch_float(dtype, "clip_grad_norm_",
+                 [&](auto tag) { scale_chunks<typename decltype(tag)::type>(tensors, factor); });
+}
 
 void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
               void* momentum_buffer) {

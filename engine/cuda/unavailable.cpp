@@ -69,6 +69,7 @@ const KernelTable& unavailable_kernels() {
       .sort_pairs = [](auto...) { no_cuda("randperm"); },
       .sgd_step = [](auto...) { no_cuda("SGD step"); },
       .adam_step = [](auto...) { no_cuda("Adam step"); },
+      .scale_n = [](auto...) { no_cuda("clip_grad_norm_"); },
   };
   return table;
 }

@@ -199,6 +199,18 @@ struct AdamTensorList {
   int64_t count = 0;
 };
 
+/** n contiguous elements at data, scaled in place by scale_n. */
+struct ScaledTensor {
+  void* data = nullptr;
+  int64_t n = 0;
+};
+
+/** `count` tensors of one scale_n call (the array itself is host memory). */
+struct ScaledTensorList {
+  const ScaledTensor* data = nullptr;
+  int64_t count = 0;
+};
+
 /** The terms of add_n: `count` pointers to arrays on the device (the array
  * of pointers itself is host memory). */
 struct TermList {
@@ -391,6 +403,12 @@ struct KernelTable {
    * `tensors` (f32 or f64, all of `dtype`): the bits of updating them one by
    * one, in fewer launches (on CUDA one per chunk of parameters). */
   void (*adam_step)(DType dtype, const AdamTensorList& tensors);
+  /** x *= factor for every element of every tensor in `tensors`, all of
+   * `dtype` (f32, f64, bf16 or f16; the 16-bit floats computed in f32 and
+   * rounded once), factor one element of `dtype` on the device, read when
+   * the kernel runs: gradient clipping's scaling of every gradient, the
+   * bits of mul_ on each, in fewer launches (on CUDA one per chunk). */
+  void (*scale_n)(DType dtype, const ScaledTensorList& tensors, const void* factor);
 };
 
 /** Every function entry of KernelTable, in the table's order. Each device's
@@ -405,7 +423,7 @@ struct KernelTable {
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
   X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
-  X(sort_pairs) X(sgd_step) X(adam_step)
+  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

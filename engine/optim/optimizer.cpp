@@ -704,14 +704,33 @@ void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, doubl
   // so they do not change. A NaN factor propagates into the gradients, as
   // in PyTorch.
   const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
-  // The factor in each gradient's dtype and device, converted once for all
-  // the gradients that share them.
-  std::map<std::pair<DType, std::string>, Tensor> coef_as;
+  // The gradients that share a dtype and device take the factor converted
+  // once, and the contiguous ones are scaled together (scale_n: mul_'s bits
+  // in one launch a chunk, where a QLoRA step launched one a gradient).
+  struct Group {
+    Tensor factor;
+    std::vector<ScaledTensor> contiguous;
+  };
+  std::map<std::pair<DType, std::string>, Group> groups;
+  std::vector<std::pair<Device, DType>> order;
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
-    Tensor& c = coef_as[{g.dtype(), g.device().str()}];
-    if (!c.defined()) c = coef.to(g.dtype()).to(g.device());
-    mul_(g, c);
+    Group& group = groups[{g.dtype(), g.device().str()}];
+    if (!group.factor.defined()) {
+      group.factor = coef.to(g.dtype()).to(g.device());
+      order.emplace_back(g.device(), g.dtype());
+    }
+    if (g.is_contiguous() && is_floating(g.dtype()))
+      group.contiguous.push_back({g.raw_data(), g.numel()});
+    else
+      mul_(g, group.factor);
+  }
+  for (const auto& [device, dtype] : order) {
+    const Group& group = groups[{dtype, device.str()}];
+    if (group.contiguous.empty()) continue;
+    kernels(device).scale_n(
+        dtype, {group.contiguous.data(), static_cast<int64_t>(group.contiguous.size())},
+        group.factor.raw_data());
   }
 }
 std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {

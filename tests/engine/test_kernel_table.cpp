@@ -572,6 +572,28 @@ TEST_CASE("cuda: in-place updates (add_, mul_, div_, addcmul_, addcdiv_) equal t
   both("f32 round trip", [&](Tensor& d, Device) { copy_(d, d.to(DType::f32).to(DType::f64)); });
 }
 
+TEST_CASE("scale_n: every tensor times a device factor, mul_'s bits, chunks and empties") {
+  Generator gen(31);
+  for (const Device dev : testing::cpu_and_test_devices()) {
+    for (const DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      INFO(dev.str() << " " << dtype_name(dt));
+      // More tensors than a CUDA launch takes (64), sizes 0 to 300.
+      std::vector<Tensor> xs, expected;
+      std::vector<ScaledTensor> list;
+      const Tensor factor = scalar(0.37, {.dtype = dt, .device = dev});
+      for (int i = 0; i < 70; ++i) {
+        xs.push_back(randn({(i * 37) % 301}, gen).to(dt).to(dev));
+        expected.push_back(xs.back().clone());
+        mul_(expected.back(), factor);
+        list.push_back({xs.back().raw_data(), xs.back().numel()});
+      }
+      kernels(dev).scale_n(dt, {list.data(), static_cast<int64_t>(list.size())}, factor.raw_data());
+      for (size_t i = 0; i < xs.size(); ++i) CHECK(same_bytes(xs[i], expected[i]));
+      kernels(dev).scale_n(dt, {nullptr, 0}, factor.raw_data());  // nothing to scale
+    }
+  }
+}
+
 TEST_CASE("CPU gemm: products cut into row blocks per thread are right for every layout") {
   // Products between 2^17 and 2^20 multiply-adds run on Eigen cut into row
   // blocks, one per thread (engine/cpu/gemm.cpp): every thread count and both

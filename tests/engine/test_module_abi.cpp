@@ -55,6 +55,7 @@ const Recorded kHistory[] = {
     {11, 0x9bfa1333e5e02e92ull}, {12, 0x4a93d94a2bbbecd3ull}, {13, 0x70ddceb82a64aedeull},
     {14, 0x6a36ec5db910fd3dull},  // RmsWeight (OLMo 2's norms); its and GatedAct's headers covered
     {15, 0xe27ba58ee8badbcdull},  // DeviceCaps::prefers_channels_last; device_backend.h covered
+    {16, 0x64cafc00546a38a8ull},  // KernelTable::scale_n (clipping's scaling in one launch)
 };
 
 // `text` less its comments and all of its whitespace (string and character
