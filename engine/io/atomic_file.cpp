@@ -10,8 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace quanta::io {
 namespace {
@@ -65,27 +69,48 @@ bool is_temporary_of(const std::string& name, const std::string& base) {
                      [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The temporary files in `folder` (NAME.tmp.PID) by NAME, listed at the
+// first write into the folder in this process: a process that writes many
+// files into one folder lists it once, not once a file.
+std::vector<std::string>& temporaries_of(const std::string& folder, const std::string& base) {
+  static auto* listed = new std::map<std::string, std::map<std::string, std::vector<std::string>>>;
+  auto [at, first] = listed->try_emplace(folder);
+  if (first) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const auto dot = name.rfind(".tmp.");
+      if (dot != std::string::npos && dot > 0 && is_temporary_of(name, name.substr(0, dot)))
+        at->second[name.substr(0, dot)].push_back(name);
+    }
+  }
+  return at->second[base];
+}
+
 // Removes the temporary files of `path` whose writers are gone: a process
 // killed while writing (a checkpoint under SIGKILL, a lost node) leaves one
 // as large as the file. A live writer holds a lock on its own for as long as
 // it writes (the kernel drops it when the process dies, also across hosts
 // on a shared file system), so a file whose lock can be taken is stale.
 void remove_stale_temporaries(const std::string& path, const std::string& own) {
-  namespace fs = std::filesystem;
+  static std::mutex mutex;
+  const std::lock_guard<std::mutex> lock(mutex);
   const std::string folder = folder_of(path);
-  const std::string base = fs::path(path).filename().string();
-  std::error_code ec;
-  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string candidate = (fs::path(folder) / name).string();
-    if (!is_temporary_of(name, base) || candidate == own) continue;
+  const std::string own_name = std::filesystem::path(own).filename().string();
+  std::vector<std::string>& names =
+      temporaries_of(folder, std::filesystem::path(path).filename().string());
+  std::erase_if(names, [&](const std::string& name) {
+    if (name == own_name) return false;
+    const std::string candidate = folder + "/" + name;
     const int fd = ::open(candidate.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) return errno == ENOENT;  // gone: nothing left to do
     // Still the file that was locked (not one made at that name since).
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, candidate))
-      ::unlink(candidate.c_str());
+    const bool stale = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, candidate);
+    if (stale) ::unlink(candidate.c_str());
     ::close(fd);
-  }
+    return stale;  // a live writer's stays listed, for a later write to try again
+  });
 }
 
 }  // namespace

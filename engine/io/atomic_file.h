@@ -19,7 +19,8 @@ struct ByteSpan {
  * commit() syncs it and renames it over `path`. Destroyed uncommitted (an
  * error while making the next piece), the temporary file is removed and
  * `path` is as it was. A temporary file of `path` that no live writer locks
- * (its process was killed) is removed when the next writer of `path` starts. For files larger than
+ * (its process was killed) is removed when a writer of `path` starts (each
+ * process lists a folder's temporary files once, at its first write there). For files larger than
  * memory, written as their parts are made. Errors as write_file_atomic's. */
 class AtomicFileWriter {
  public:

@@ -69,19 +69,21 @@ TEST_CASE("AtomicFileWriter puts its file in place at commit, and nothing when d
 TEST_CASE("a killed writer's temporary file is removed by the next writer, a live one's kept") {
   TempDir t("atomic_stale");
   const std::string path = t.file("ckpt.bin");
-  // What a writer killed mid-file leaves: its temporary file, unlocked.
-  io::write_text_atomic(path + ".tmp.999999999", "torn", "test");
-  io::write_text_atomic(path + ".tmp.12", "torn", "test");
+  const auto put = [](const std::string& p, const char* text) { std::ofstream(p) << text; };
+  // What writers killed mid-file left: their temporary files, unlocked.
+  put(path + ".tmp.999999999", "torn");
+  put(path + ".tmp.12", "torn");
   // A writer still at work (here this process, through its own descriptor)
   // holds the lock on its file.
-  io::write_text_atomic(path + ".tmp.34", "busy", "test");
+  put(path + ".tmp.34", "busy");
   const int live = ::open((path + ".tmp.34").c_str(), O_RDWR | O_CLOEXEC);
   REQUIRE(live >= 0);
   REQUIRE(::flock(live, LOCK_EX | LOCK_NB) == 0);
   // Names that are not this file's temporaries.
-  io::write_text_atomic(t.file("other.bin.tmp.5"), "x", "test");
-  io::write_text_atomic(path + ".tmp.5x", "x", "test");
-  io::write_text_atomic(path + ".tmp.", "x", "test");
+  put(t.file("other.bin.tmp.5"), "x");
+  put(path + ".tmp.5x", "x");
+  put(path + ".tmp.", "x");
+  put(t.file("ckpt.tmp.7"), "x");
 
   io::write_text_atomic(path, "whole", "test");
   CHECK(read_text(path) == "whole");
@@ -91,10 +93,14 @@ TEST_CASE("a killed writer's temporary file is removed by the next writer, a liv
   CHECK(fs::exists(t.file("other.bin.tmp.5")));
   CHECK(fs::exists(path + ".tmp.5x"));
   CHECK(fs::exists(path + ".tmp."));
+  CHECK(fs::exists(t.file("ckpt.tmp.7")));
   ::close(live);  // the writer is gone: the next write takes its file too
   io::write_text_atomic(path, "again", "test");
   CHECK_FALSE(fs::exists(path + ".tmp.34"));
   CHECK(read_text(path) == "again");
+  // other.bin's own writer removes its stale one (the folder listed once).
+  io::write_text_atomic(t.file("other.bin"), "y", "test");
+  CHECK_FALSE(fs::exists(t.file("other.bin.tmp.5")));
 }
 
 TEST_CASE("AtomicFileWriter keeps its own temporary file locked while it writes") {
