@@ -26,6 +26,30 @@ __global__ void sgd_kernel(SgdStep s, int64_t n, T* p, const T* g, T* buf) {
     f(p[i], g[i], buf ? buf + i : nullptr);
 }
 
+// For each run of up to Cap tensors of `list` with elements (its entries
+// have n), fill(chunk, row, entry) puts the entry in grid row `row` of a
+// Chunk, and launch(chunk, grid, threads) starts the kernel over them: the
+// pointers travel as the kernel's argument.
+template <int Cap, class Chunk, class List, class Fill, class Launch>
+void launch_in_chunks(const List& list, Fill&& fill, Launch&& launch) {
+  for (int64_t first = 0; first < list.count; first += Cap) {
+    Chunk c{};
+    int rows = 0;
+    int64_t widest = 0;
+    for (int64_t i = first; i < std::min<int64_t>(list.count, first + Cap); ++i) {
+      const auto& t = list.data[i];
+      if (t.n == 0) continue;
+      fill(c, rows, t);
+      widest = std::max(widest, t.n);
+      ++rows;
+    }
+    if (rows == 0) continue;
+    const LaunchConfig cfg = launch_config(widest, max_blocks());
+    launch(c, dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)), cfg.threads);
+    QUANTA_CUDA_CHECK_LAUNCH();
+  }
+}
+
 // Parameters per Adam launch: 16 of them are about 2 KB of kernel
 // argument, under the 4 KB every CUDA version takes.
 constexpr int kAdamChunk = 16;
@@ -86,24 +110,15 @@ __global__ void scale_kernel(ScaleChunk<T> c, const T* factor) {
 
 template <class T>
 void scale_chunks(const ScaledTensorList& tensors, const void* factor) {
-  for (int64_t first = 0; first < tensors.count; first += kScaleChunk) {
-    ScaleChunk<T> c{};
-    int rows = 0;
-    int64_t widest = 0;
-    for (int64_t i = first; i < std::min<int64_t>(tensors.count, first + kScaleChunk); ++i) {
-      const ScaledTensor& t = tensors.data[i];
-      if (t.n == 0) continue;
-      c.x[rows] = static_cast<T*>(t.data);
-      c.n[rows] = t.n;
-      widest = std::max(widest, t.n);
-      ++rows;
-    }
-    if (rows == 0) continue;
-    const LaunchConfig cfg = launch_config(widest, max_blocks());
-    scale_kernel<T><<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)),
-                      cfg.threads, 0, stream()>>>(c, static_cast<const T*>(factor));
-    QUANTA_CUDA_CHECK_LAUNCH();
-  }
+  launch_in_chunks<kScaleChunk, ScaleChunk<T>>(
+      tensors,
+      [](ScaleChunk<T>& c, int row, const ScaledTensor& t) {
+        c.x[row] = static_cast<T*>(t.data);
+        c.n[row] = t.n;
+      },
+      [&](const ScaleChunk<T>& c, dim3 grid, int threads) {
+        scale_kernel<T><<<grid, threads, 0, stream()>>>(c, static_cast<const T*>(factor));
+      });
 }
 
 }  // namespace
@@ -132,29 +147,20 @@ void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void*
 void adam_step(DType dtype, const AdamTensorList& tensors) {
   dispatch_float(dtype, "Adam step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for (int64_t first = 0; first < tensors.count; first += kAdamChunk) {
-      AdamChunk<T> c{};
-      int rows = 0;
-      int64_t widest = 0;
-      for (int64_t i = first; i < std::min<int64_t>(tensors.count, first + kAdamChunk); ++i) {
-        const AdamTensor& t = tensors.data[i];
-        if (t.n == 0) continue;
-        c.s[rows] = t.s;
-        c.n[rows] = t.n;
-        c.p[rows] = static_cast<T*>(t.param);
-        c.g[rows] = static_cast<const T*>(t.grad);
-        c.m[rows] = static_cast<T*>(t.exp_avg);
-        c.v[rows] = static_cast<T*>(t.exp_avg_sq);
-        c.vmax[rows] = static_cast<T*>(t.max_exp_avg_sq);
-        widest = std::max(widest, t.n);
-        ++rows;
-      }
-      if (rows == 0) continue;
-      const LaunchConfig cfg = launch_config(widest, max_blocks());
-      adam_kernel<T><<<dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)),
-                       cfg.threads, 0, stream()>>>(c);
-      QUANTA_CUDA_CHECK_LAUNCH();
-    }
+    launch_in_chunks<kAdamChunk, AdamChunk<T>>(
+        tensors,
+        [](AdamChunk<T>& c, int row, const AdamTensor& t) {
+          c.s[row] = t.s;
+          c.n[row] = t.n;
+          c.p[row] = static_cast<T*>(t.param);
+          c.g[row] = static_cast<const T*>(t.grad);
+          c.m[row] = static_cast<T*>(t.exp_avg);
+          c.v[row] = static_cast<T*>(t.exp_avg_sq);
+          c.vmax[row] = static_cast<T*>(t.max_exp_avg_sq);
+        },
+        [](const AdamChunk<T>& c, dim3 grid, int threads) {
+          adam_kernel<T><<<grid, threads, 0, stream()>>>(c);
+        });
   });
 }
 

@@ -683,10 +683,9 @@ Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type) {
     return g.device() == nonempty[0].device() && g.dtype() == nonempty[0].dtype() &&
            (g.dtype() == DType::f32 || g.dtype() == DType::f64);
   });
-  if (one_kind) {
-    if (!(norm_type > 0)) (void)norm(nonempty[0], norm_type);  // its error, by name
+  // (A norm_type norm() refuses takes the per-gradient path, to its error.)
+  if (one_kind && norm_type > 0)
     return norms_into_one_buffer(nonempty, norm_type, nonempty[0].dtype());
-  }
   std::vector<Tensor> norms;
   for (const Tensor& g : nonempty)
     norms.push_back(norm(g, norm_type).to(DType::f64).to(grads[0].device()));
@@ -708,30 +707,25 @@ void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, doubl
   // once, and the contiguous ones are scaled together (scale_n: mul_'s bits
   // in one launch a chunk, where a QLoRA step launched one a gradient).
   struct Group {
-    Tensor factor;
+    Tensor factor;  // in the group's dtype, on its device
     std::vector<ScaledTensor> contiguous;
   };
   std::map<std::pair<DType, std::string>, Group> groups;
-  std::vector<std::pair<Device, DType>> order;
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
     Group& group = groups[{g.dtype(), g.device().str()}];
-    if (!group.factor.defined()) {
-      group.factor = coef.to(g.dtype()).to(g.device());
-      order.emplace_back(g.device(), g.dtype());
-    }
+    if (!group.factor.defined()) group.factor = coef.to(g.dtype()).to(g.device());
     if (g.is_contiguous() && is_floating(g.dtype()))
       group.contiguous.push_back({g.raw_data(), g.numel()});
     else
       mul_(g, group.factor);
   }
-  for (const auto& [device, dtype] : order) {
-    const Group& group = groups[{dtype, device.str()}];
-    if (group.contiguous.empty()) continue;
-    kernels(device).scale_n(
-        dtype, {group.contiguous.data(), static_cast<int64_t>(group.contiguous.size())},
-        group.factor.raw_data());
-  }
+  for (const auto& [key, group] : groups)
+    if (!group.contiguous.empty())
+      kernels(group.factor.device())
+          .scale_n(key.first,
+                   {group.contiguous.data(), static_cast<int64_t>(group.contiguous.size())},
+                   group.factor.raw_data());
 }
 std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
