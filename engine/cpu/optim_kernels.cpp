@@ -71,10 +71,10 @@ void adam_step(DType dtype, const AdamTensorList& tensors) {
   }
 }
 
-void scale_n(DType dtype, const ScaledTensorList& tensors, const void* factor) {
+void scale_n(DType dtype, const TensorSpanList& tensors, const void* factor) {
   // Each tensor as update's mul_ runs it: the same bits.
   for (int64_t i = 0; i < tensors.count; ++i) {
-    const ScaledTensor& t = tensors.data[i];
+    const TensorSpan& t = tensors.data[i];
     const int64_t unit[1] = {1}, none[1] = {0};
     const Operand x{t.data, dtype, unit};
     const Operand f{const_cast<void*>(factor), dtype, none};

@@ -109,10 +109,10 @@ __global__ void scale_kernel(ScaleChunk<T> c, const T* factor) {
 }
 
 template <class T>
-void scale_chunks(const ScaledTensorList& tensors, const void* factor) {
+void scale_chunks(const TensorSpanList& tensors, const void* factor) {
   launch_in_chunks<kScaleChunk, ScaleChunk<T>>(
       tensors,
-      [](ScaleChunk<T>& c, int row, const ScaledTensor& t) {
+      [](ScaleChunk<T>& c, int row, const TensorSpan& t) {
         c.x[row] = static_cast<T*>(t.data);
         c.n[row] = t.n;
       },
@@ -123,7 +123,7 @@ void scale_chunks(const ScaledTensorList& tensors, const void* factor) {
 
 }  // namespace
 
-void scale_n(DType dtype, const ScaledTensorList& tensors, const void* factor) {
+void scale_n(DType dtype, const TensorSpanList& tensors, const void* factor) {
   if (visit_half(dtype,
                  [&](auto tag) { scale_chunks<typename decltype(tag)::type>(tensors, factor); }))
     return;

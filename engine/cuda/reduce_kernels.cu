@@ -154,31 +154,63 @@ __global__ void moment_kernel(const T* in, int64_t outer, int64_t n, double divi
 
 enum class NormKind : int { inf, one, two, p };
 
+// The norm of v[0..n) by one block (every thread returns it; thread 0's
+// is written): the one formula norm_kernel and norm_n_kernel share, so a
+// tensor's norm has the same bits from either.
+template <class T>
+__device__ double block_norm(const T* v, int64_t n, NormKind kind, double p) {
+  double acc = 0;
+  if (kind == NormKind::inf) {
+    // The max of |x| with NaN winning, as the CPU's loop stops at a NaN.
+    acc = fold_thread_share(acc, v, n, [](double a, T x, int64_t) {
+      return fn::Maximum{}(a, std::abs(static_cast<double>(x)));
+    });
+    return block_combine(acc, fn::Maximum{});
+  }
+  acc = fold_thread_share(acc, v, n, [kind, p](double s, T x, int64_t) {
+    const double a = static_cast<double>(x);
+    return s + (kind == NormKind::one   ? std::abs(a)
+                : kind == NormKind::two ? a * a
+                                        : std::pow(std::abs(a), p));
+  });
+  acc = block_combine(acc, fn::Add{});
+  if (kind == NormKind::two) acc = std::sqrt(acc);
+  if (kind == NormKind::p) acc = std::pow(acc, 1.0 / p);
+  return acc;
+}
+
 template <class T>
 __global__ void norm_kernel(const T* in, int64_t outer, int64_t n, NormKind kind, double p,
                             T* out) {
   for (int64_t r = blockIdx.x; r < outer; r += gridDim.x) {
-    const T* v = in + r * n;
-    double acc = 0;
-    if (kind == NormKind::inf) {
-      // The max of |x| with NaN winning, as the CPU's loop stops at a NaN.
-      acc = fold_thread_share(acc, v, n, [](double a, T x, int64_t) {
-        return fn::Maximum{}(a, std::abs(static_cast<double>(x)));
-      });
-      acc = block_combine(acc, fn::Maximum{});
-    } else {
-      acc = fold_thread_share(acc, v, n, [kind, p](double s, T x, int64_t) {
-        const double a = static_cast<double>(x);
-        return s + (kind == NormKind::one   ? std::abs(a)
-                    : kind == NormKind::two ? a * a
-                                            : std::pow(std::abs(a), p));
-      });
-      acc = block_combine(acc, fn::Add{});
-      if (kind == NormKind::two) acc = std::sqrt(acc);
-      if (kind == NormKind::p) acc = std::pow(acc, 1.0 / p);
-    }
+    const double acc = block_norm(in + r * n, n, kind, p);
     if (threadIdx.x == 0) out[r] = static_cast<T>(acc);
   }
+}
+
+// Tensors per norm_n launch (1 KB of kernel argument).
+constexpr int kNormChunk = 64;
+
+template <class T>
+struct NormChunk {
+  const T* x[kNormChunk];
+  int64_t n[kNormChunk];
+};
+
+// Block b writes the norm of the chunk's tensor b to out[b] (0 for an empty
+// one): norm_kernel's block and formula, one tensor a block.
+template <class T>
+__global__ void norm_n_kernel(NormChunk<T> c, NormKind kind, double p, T* out) {
+  const int t = static_cast<int>(blockIdx.x);
+  const double acc = block_norm(c.x[t], c.n[t], kind, p);
+  if (threadIdx.x == 0) out[t] = static_cast<T>(acc);
+}
+
+NormKind norm_kind(double p) {
+  return std::isinf(p) ? NormKind::inf
+         : p == 1.0    ? NormKind::one
+         : p == 2.0    ? NormKind::two
+                       : NormKind::p;
 }
 
 // ---- cumsum ----
@@ -562,16 +594,30 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
     const T* in = static_cast<const T*>(rows);
     T* o = static_cast<T*>(out);
     if (op == RowStat::norm) {
-      const NormKind kind = std::isinf(param) ? NormKind::inf
-                            : param == 1.0    ? NormKind::one
-                            : param == 2.0    ? NormKind::two
-                                              : NormKind::p;
-      norm_kernel<T><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, kind, param, o);
+      norm_kernel<T>
+          <<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, norm_kind(param), param, o);
     } else {
       moment_kernel<T><<<blocks, kThreadsPerBlock, 0, stream()>>>(in, outer, inner, param,
                                                                   op == RowStat::std, o);
     }
     QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void norm_n(DType dtype, double p, const TensorSpanList& tensors, void* out) {
+  dispatch_float(dtype, "clip_grad_norm_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t first = 0; first < tensors.count; first += kNormChunk) {
+      NormChunk<T> c{};
+      const int rows = static_cast<int>(std::min<int64_t>(kNormChunk, tensors.count - first));
+      for (int i = 0; i < rows; ++i) {
+        c.x[i] = static_cast<const T*>(tensors.data[first + i].data);
+        c.n[i] = tensors.data[first + i].n;
+      }
+      norm_n_kernel<T><<<static_cast<unsigned>(rows), kThreadsPerBlock, 0, stream()>>>(
+          c, norm_kind(p), p, static_cast<T*>(out) + first);
+      QUANTA_CUDA_CHECK_LAUNCH();
+    }
   });
 }
 

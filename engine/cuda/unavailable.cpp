@@ -70,6 +70,7 @@ const KernelTable& unavailable_kernels() {
       .sgd_step = [](auto...) { no_cuda("SGD step"); },
       .adam_step = [](auto...) { no_cuda("Adam step"); },
       .scale_n = [](auto...) { no_cuda("clip_grad_norm_"); },
+      .norm_n = [](auto...) { no_cuda("clip_grad_norm_"); },
   };
   return table;
 }

@@ -199,15 +199,17 @@ struct AdamTensorList {
   int64_t count = 0;
 };
 
-/** n contiguous elements at data, scaled in place by scale_n. */
-struct ScaledTensor {
+/** n contiguous elements at data: a tensor of a multi-tensor entry
+ * (scale_n writes it, norm_n reads it). */
+struct TensorSpan {
   void* data = nullptr;
   int64_t n = 0;
 };
 
-/** `count` tensors of one scale_n call (the array itself is host memory). */
-struct ScaledTensorList {
-  const ScaledTensor* data = nullptr;
+/** `count` tensors of one multi-tensor call (the array itself is host
+ * memory). */
+struct TensorSpanList {
+  const TensorSpan* data = nullptr;
   int64_t count = 0;
 };
 
@@ -408,7 +410,13 @@ struct KernelTable {
    * rounded once), factor one element of `dtype` on the device, read when
    * the kernel runs: gradient clipping's scaling of every gradient, the
    * bits of mul_ on each, in fewer launches (on CUDA one per chunk). */
-  void (*scale_n)(DType dtype, const ScaledTensorList& tensors, const void* factor);
+  void (*scale_n)(DType dtype, const TensorSpanList& tensors, const void* factor);
+  /** out[i] = the p-norm of tensors[i] (p > 0 or INFINITY; 0 for an empty
+   * one) for every tensor, all of `dtype` (f32 or f64), out `count` elements
+   * of `dtype` on the device: each value the bits stat_rows(RowStat::norm)
+   * gives that tensor as one row, in fewer launches (on CUDA one per chunk
+   * of tensors): gradient clipping's norms. */
+  void (*norm_n)(DType dtype, double p, const TensorSpanList& tensors, void* out);
 };
 
 /** Every function entry of KernelTable, in the table's order. Each device's
@@ -423,7 +431,7 @@ struct KernelTable {
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
   X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
-  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n)
+  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

@@ -7,6 +7,7 @@
 // writes them (1/32 of x in f32), so its backward draws nothing.
 #include "engine/ops/dropout.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -56,20 +57,28 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 }
 
 Tensor dropout_linear(const Tensor& x, const Tensor& weight, double p, bool training,
-                      Generator& gen) {
+                      Generator& gen, double scale) {
   check_dropout(x, p);
+  if (!std::isfinite(scale))
+    throw std::invalid_argument("[dropout_linear] scale must be finite: got " +
+                                std::to_string(scale));
   const DType dt = x.dtype();
   if (!training || p == 0 || p == 1 || !weight.defined() || weight.dtype() != dt ||
       (dt != DType::f32 && dt != DType::f64) || weight.dim() != 2 || x.dim() < 1 ||
-      x.numel() == 0 || weight.numel() == 0 || x.size(-1) != weight.size(1))
-    return linear(dropout(x, p, training, gen), weight);
+      x.numel() == 0 || weight.numel() == 0 || x.size(-1) != weight.size(1)) {
+    const Tensor product = linear(dropout(x, p, training, gen), weight);
+    return scale == 1.0 ? product : product * scale;
+  }
   const Device device = common_device("dropout_linear", {&x, &weight});
   const Tensor xc = x.contiguous(), wc = weight.contiguous();
   const int64_t k = wc.size(1), r = wc.size(0), m = xc.numel() / k;
   // The mask is fixed by this fill (its stream taken once), so the backward
-  // applies the same one without drawing from the generator again.
+  // applies the same one without drawing from the generator again. Its
+  // kept value carries the scale: (x m s) w^T, and the gradients' g w m s
+  // and g^T (x m s), where a product scaled after would take a pass over
+  // the output forward and one over its gradient backward.
   DropoutProduct d;
-  d.mask = detail::taken_bernoulli_fill(xc.shape(), 1.0 - p, 1.0 / (1.0 - p), dt, gen, device);
+  d.mask = detail::taken_bernoulli_fill(xc.shape(), 1.0 - p, scale / (1.0 - p), dt, gen, device);
   d.m = m, d.k = k, d.r = r;
   Shape out_shape = x.shape();
   out_shape.back() = r;

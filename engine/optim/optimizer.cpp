@@ -651,19 +651,20 @@ void check_clip_options(double max_norm, double norm_type) {
 
 namespace {
 // The norms of `grads` (none empty, all of compute dtype `ct`, on one
-// device) written by one kernel each into one buffer, widened to f64 once:
-// the values of norm(g).to(f64) stacked, without a copy a gradient.
+// device) written into one buffer by norm_n (one launch a chunk of
+// tensors), widened to f64 once: the values of norm(g).to(f64) stacked,
+// without a copy or a launch a gradient.
 Tensor norms_into_one_buffer(const std::vector<Tensor>& grads, double norm_type, DType ct) {
   const Device device = grads[0].device();
-  const KernelTable& k = kernels(device);
   Tensor out = detail::make_tensor({static_cast<int64_t>(grads.size())}, ct, device);
-  auto* slot = static_cast<unsigned char*>(out.raw_data());
-  const std::size_t width = dtype_info(ct).block_bytes;
+  std::vector<Tensor> rows;  // kept to the call: the contiguous copies of strided ones
+  std::vector<TensorSpan> spans;
   for (const Tensor& g : grads) {
-    const Tensor rows = g.detach().contiguous();
-    k.stat_rows(RowStat::norm, norm_type, ct, rows.raw_data(), 1, rows.numel(), slot);
-    slot += width;
+    rows.push_back(g.detach().contiguous());
+    spans.push_back({rows.back().raw_data(), rows.back().numel()});
   }
+  kernels(device).norm_n(ct, norm_type, {spans.data(), static_cast<int64_t>(spans.size())},
+                         out.raw_data());
   return ct == DType::f64 ? out : out.to(DType::f64);
 }
 }  // namespace
@@ -708,7 +709,7 @@ void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, doubl
   // in one launch a chunk, where a QLoRA step launched one a gradient).
   struct Group {
     Tensor factor;  // in the group's dtype, on its device
-    std::vector<ScaledTensor> contiguous;
+    std::vector<TensorSpan> contiguous;
   };
   std::map<std::pair<DType, std::string>, Group> groups;
   for (const Tensor& g : grads) {

@@ -8,7 +8,7 @@
 namespace quanta::llm::llm_cpu {
 
 void rope(DType dtype, bool inverse, const void* x_, const void* cos_, const void* sin_,
-          int64_t rows, int64_t heads, int64_t dim, void* out_) {
+          int64_t rows, int64_t table_rows, int64_t heads, int64_t dim, void* out_) {
   dispatch_llm(dtype, "rope", [&](auto types) {
     using T = typename decltype(types)::data;
     using A = typename decltype(types)::acc;
@@ -21,7 +21,7 @@ void rope(DType dtype, bool inverse, const void* x_, const void* cos_, const voi
     const int64_t grain = std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(dim, 1));
     cpu::parallel_for(0, lines, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t line = lo; line < hi; ++line) {
-        const int64_t r = line / heads;
+        const int64_t r = line / heads % table_rows;
         const A* c = cos + r * half;
         const A* s = sin + r * half;
         const T* xl = x + line * dim;

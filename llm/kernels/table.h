@@ -105,12 +105,14 @@ struct LlmKernelTable {
                         void* gw, bool accumulate_gx);
 
   /** Rotary embedding as transformers applies it (rotate_half): for x
-   * [rows, heads, dim] contiguous and cos, sin [rows, dim / 2] (accumulation
-   * dtype, first rounded to dtype), with a = x[.., d], b = x[.., d + dim/2]:
+   * [rows, heads, dim] contiguous and cos, sin [table_rows, dim / 2]
+   * (accumulation dtype, first rounded to dtype; row r of x takes table row
+   * r % table_rows, table_rows dividing rows: one sequence's tables shared
+   * by a batch without copies), with a = x[.., d], b = x[.., d + dim/2]:
    * out[.., d] = a c - b s, out[.., d + dim/2] = b c + a s, each product and
    * the sum rounded to dtype. `inverse` rotates by -angle (the backward). */
   void (*rope)(DType dtype, bool inverse, const void* x, const void* cos, const void* sin,
-               int64_t rows, int64_t heads, int64_t dim, void* out);
+               int64_t rows, int64_t table_rows, int64_t heads, int64_t dim, void* out);
 
   /** A gated MLP's activation, transformers' act_fn(gate) * up: out =
    * act(gate) rounded to dtype, times up, rounded to dtype, act SiLU (x / (1

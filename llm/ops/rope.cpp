@@ -236,16 +236,18 @@ Tensor apply_rope(const Tensor& x, const RopeTables& t) {
                                         "; x of dtype " + dtype_name(x.dtype()) + " needs " +
                                         dtype_name(acc) + " tables (rope_tables gives them)");
   }
-  const Tensor c = expand(t.cos, {B, T, D / 2}).contiguous();
-  const Tensor s = expand(t.sin, {B, T, D / 2}).contiguous();
+  // A batch's shared tables ([1, T, D / 2]) stay one sequence's: the kernel
+  // takes row r's angles from table row r % T.
+  const Tensor c = t.cos.contiguous(), s = t.sin.contiguous();
+  const int64_t table_rows = c.size(0) * T;
   autograd::Function fn;
   fn.name = kRopeOp;
-  const auto rotate = [c, s](const Tensor& in, bool inverse) {
+  const auto rotate = [c, s, table_rows](const Tensor& in, bool inverse) {
     const Tensor xc = in.contiguous();
     const LlmKernelTable& k = llm_kernels_for(kRopeOp, {&xc, &c});
     Tensor out = empty(xc.shape(), {.dtype = xc.dtype(), .device = xc.device()});
     k.rope(xc.dtype(), inverse, xc.raw_data(), c.raw_data(), s.raw_data(), xc.size(0) * xc.size(1),
-           xc.size(2), xc.size(3), out.raw_data());
+           table_rows, xc.size(2), xc.size(3), out.raw_data());
     return out;
   };
   fn.forward = [rotate](const std::vector<Tensor>& in) {

@@ -346,12 +346,13 @@ Tensor LoRALinear::forward_dora(const Tensor& x) {
 Tensor LoRALinear::forward(const Tensor& x) {
   if (use_dora()) return forward_dora(x);
   // dropout_linear keeps x for the backward, not the dropped copy. The
-  // scaling goes on the rank-r activation, and the second product adds onto
-  // the frozen layer's output in its GEMM: (a s) B^T + y, where PEFT writes
-  // y + (a B^T) s, equal up to rounding, without two passes over [.., out].
-  const Tensor a =
-      dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(), dropout_gen_) *
-      scaling_;
+  // scaling goes on the rank-r activation (in training with dropout, on the
+  // mask's kept value: no pass of its own forward or backward), and the
+  // second product adds onto the frozen layer's output in its GEMM: (a s)
+  // B^T + y, where PEFT writes y + (a B^T) s, equal up to rounding, without
+  // two passes over [.., out].
+  const Tensor a = dropout_linear(x.to(lora_a_.dtype()), lora_a_, dropout_, is_training(),
+                                  dropout_gen_, scaling_);
   // The frozen product made after the adapter's: the backward runs it first
   // (later nodes first), so its input gradient is the fresh one x's other
   // gradients add onto (the adapter's kernel adds onto a sum for free, a

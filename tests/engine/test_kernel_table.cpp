@@ -579,7 +579,7 @@ TEST_CASE("scale_n: every tensor times a device factor, mul_'s bits, chunks and 
       INFO(dev.str() << " " << dtype_name(dt));
       // More tensors than a CUDA launch takes (64), sizes 0 to 300.
       std::vector<Tensor> xs, expected;
-      std::vector<ScaledTensor> list;
+      std::vector<TensorSpan> list;
       const Tensor factor = scalar(0.37, {.dtype = dt, .device = dev});
       for (int i = 0; i < 70; ++i) {
         xs.push_back(randn({(i * 37) % 301}, gen).to(dt).to(dev));
@@ -590,6 +590,43 @@ TEST_CASE("scale_n: every tensor times a device factor, mul_'s bits, chunks and 
       kernels(dev).scale_n(dt, {list.data(), static_cast<int64_t>(list.size())}, factor.raw_data());
       for (size_t i = 0; i < xs.size(); ++i) CHECK(same_bytes(xs[i], expected[i]));
       kernels(dev).scale_n(dt, {nullptr, 0}, factor.raw_data());  // nothing to scale
+    }
+  }
+}
+
+TEST_CASE("norm_n: every tensor's norm, stat_rows' bits, chunks, empties and NaN") {
+  Generator gen(37);
+  for (const Device dev : testing::cpu_and_test_devices()) {
+    for (const DType dt : {DType::f32, DType::f64}) {
+      // More tensors than a CUDA launch takes (64): sizes 0 to 300, one of
+      // 70000 (many elements a thread), one holding a NaN.
+      std::vector<Tensor> xs;
+      std::vector<TensorSpan> list;
+      for (int i = 0; i < 70; ++i) {
+        const int64_t n = i == 5 ? 70000 : (i * 37) % 301;
+        Tensor x = randn({n}, gen);
+        if (i == 9) x.data<float>()[0] = NAN;
+        xs.push_back(x.to(dt).to(dev));
+        list.push_back({xs.back().raw_data(), xs.back().numel()});
+      }
+      for (const double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+        INFO(dev.str() << " " << dtype_name(dt) << " p " << p);
+        const TensorOptions opts{.dtype = dt, .device = dev};
+        const Tensor out = full({70}, -1.0, opts), one = full({1}, -1.0, opts);
+        kernels(dev).norm_n(dt, p, {list.data(), static_cast<int64_t>(list.size())},
+                            out.raw_data());
+        const std::vector<double> got = out.to(DType::f64).to_vector<double>();
+        for (size_t i = 0; i < xs.size(); ++i) {
+          INFO("tensor " << i << " of " << xs[i].numel());
+          kernels(dev).stat_rows(RowStat::norm, p, dt, xs[i].raw_data(), 1, xs[i].numel(),
+                                 one.raw_data());
+          CHECK(same_bytes(slice(out, 0, i, i + 1), one));
+          if (xs[i].numel() == 0) CHECK(got[i] == 0.0);
+          if (i == 9) CHECK(std::isnan(got[i]));
+        }
+        // Nothing to take: nothing written.
+        kernels(dev).norm_n(dt, p, {nullptr, 0}, out.raw_data());
+      }
     }
   }
 }

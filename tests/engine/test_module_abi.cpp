@@ -56,6 +56,7 @@ const Recorded kHistory[] = {
     {14, 0x6a36ec5db910fd3dull},  // RmsWeight (OLMo 2's norms); its and GatedAct's headers covered
     {15, 0xe27ba58ee8badbcdull},  // DeviceCaps::prefers_channels_last; device_backend.h covered
     {16, 0x64cafc00546a38a8ull},  // KernelTable::scale_n (clipping's scaling in one launch)
+    {17, 0x4ccc1ba2f2fb838full},  // KernelTable::norm_n, TensorSpan; rope's shared tables
 };
 
 // `text` less its comments and all of its whitespace (string and character

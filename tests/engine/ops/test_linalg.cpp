@@ -226,6 +226,15 @@ TEST_CASE("linear, bmm, outer and sq_dist through the harness") {
     return ref_linear(x[0] * keep, x[1], nullptr);
   };
   run_case(dl);
+  // With a scale (LoRA's alpha / r), which the mask's kept value carries.
+  OpCase dls = dl;
+  dls.name = "dropout_linear scaled";
+  dls.op = [](const Inputs& x) {
+    Generator g = Generator::named(5, "dropout_linear");
+    return dropout_linear(x[0], x[1], 0.3, true, g, 2.5);
+  };
+  dls.reference = [ref = dl.reference](const Inputs& x) { return ref(x) * 2.5; };
+  run_case(dls);
 
   {
     // An addend handed over that nothing else holds becomes the output's

@@ -851,8 +851,29 @@ TEST_CASE("dropout_linear: linear(dropout(x))'s draws, values and gradients, kee
       const PhiloxOffset before = g1.offset();
       CHECK(max(abs(dropout_linear(x0, w0, 0.3, false, g1) - linear(x0, w0))).item() == 0);
       CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1) - linear(x0, w0))).item() == 0);
+      // ... times a scale where one is given: the product's bits scaled.
+      CHECK(max(abs(dropout_linear(x0, w0, 0.3, false, g1, 0.75) - linear(x0, w0) * 0.75)).item() ==
+            0);
+      CHECK(max(abs(dropout_linear(x0, w0, 0.0, true, g1, 0.75) - linear(x0, w0) * 0.75)).item() ==
+            0);
       CHECK(g1.offset() == before);
+      // In training the scale rides on the mask: the same draws, the values
+      // and both gradients of the two ops and a multiplication.
+      Tensor x5 = x0.clone().requires_grad_(), w5 = w0.clone().requires_grad_();
+      Generator g5 = Generator::named(9, "dropout_linear");
+      const Tensor y5 = dropout_linear(x5, w5, 0.3, true, g5, 2.0 / 3.0);
+      CHECK(g5.offset() == g2.offset());
+      CHECK(max_rel_diff(y5, y2 * (2.0 / 3.0)) < tol);
+      sum(y5 * probe).backward();
+      CHECK(max_rel_diff(x5.grad(), x2.grad() * (2.0 / 3.0)) < tol);
+      CHECK(max_rel_diff(w5.grad(), w2.grad() * (2.0 / 3.0)) < tol);
     }
+  {
+    Generator g = Generator::named(9, "dropout_linear");
+    CHECK_THROWS_WITH_AS(dropout_linear(ones({2, 3}), ones({4, 3}), 0.1, true, g, NAN),
+                         doctest::Contains("[dropout_linear] scale must be finite"),
+                         std::invalid_argument);
+  }
   // The same bits on one thread as on several where the CPU's fused kernel
   // runs (f64 everywhere, f32 with AVX-512; f32 without it takes the
   // library GEMM's order): the weight gradient sums fixed chunks of rows in

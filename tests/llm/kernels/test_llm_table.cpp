@@ -64,7 +64,7 @@ TEST_CASE("llm kernels: the stand-in CUDA table names the op and why in every en
       {"gated_act", message_of([&] { t.gated_act(DType::f32, GatedAct::gelu_tanh, f, f, 1, f); })},
       {"gated_act backward",
        message_of([&] { t.gated_act_grad(DType::f32, GatedAct::silu, f, f, f, 1, f, f); })},
-      {"rope", message_of([&] { t.rope(DType::f32, false, f, f, f, 1, 1, 2, f); })},
+      {"rope", message_of([&] { t.rope(DType::f32, false, f, f, f, 1, 1, 1, 2, f); })},
       {"scaled_dot_product_attention", message_of([&] { t.attention(args); })},
       {"scaled_dot_product_attention backward",
        message_of([&] { t.attention_grad(args, f, f, f, f, f); })},

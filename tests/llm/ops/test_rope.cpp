@@ -11,6 +11,7 @@
 #include "engine/ops/view.h"
 #include "llm/ops/rope.h"
 #include "op_fixtures.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -237,6 +238,41 @@ TEST_CASE("rope: partial rotary, the rest of each head passed through") {
     return cat({ref_rope(slice(x, 3, 0, 8).contiguous()), slice(x, 3, 8, 12)}, 3);
   };
   run_case(c);
+}
+
+// Tables of one sequence ([1, T, D / 2]) serve every row of a batch as
+// they are (the kernel reads row r's angles at r % T); tables a row ([B, T,
+// D / 2], packed sequences' positions) give each row its own: both against
+// each row rotated alone, forward and backward, on every device.
+TEST_CASE("rope: shared and per-row tables, each row as if rotated alone") {
+  const llm::RopeFrequencies f =
+      llm::rope_frequencies({.theta = 10000, .head_dim = 8, .max_position_embeddings = 64});
+  const std::vector<std::vector<int64_t>> rows = {
+      {0, 1, 2, 3, 4}, {7, 2, 9, 0, 31}, {3, 3, 5, 6, 1}};
+  Generator gen(11);
+  for (const Device& device : cpu_and_test_devices()) {
+    INFO("device ", device.str());
+    const Tensor x = randn({3, 5, 2, 8}, gen, {.dtype = DType::f64}).to(device);
+    for (bool shared : {true, false}) {
+      INFO("shared tables: ", shared);
+      std::vector<int64_t> all;
+      for (size_t b = 0; b < rows.size(); ++b)
+        all.insert(all.end(), rows[shared ? 0 : b].begin(), rows[shared ? 0 : b].end());
+      const Tensor positions = shared ? positions_of(rows[0]) : from_vector<int64_t>(all, {3, 5});
+      const Tensor xg = x.detach().requires_grad_(true);
+      const Tensor y = llm::apply_rope(xg, llm::rope_tables(f, positions.to(device), DType::f64));
+      const Tensor gy = randn(y.shape(), gen, {.dtype = DType::f64}).to(device);
+      sum(y * gy).backward();
+      for (int64_t b = 0; b < 3; ++b) {
+        const Tensor xb = slice(x, 0, b, b + 1).contiguous().detach().requires_grad_(true);
+        const Tensor yb = llm::apply_rope(
+            xb, llm::rope_tables(f, positions_of(rows[shared ? 0 : b]).to(device), DType::f64));
+        sum(yb * slice(gy, 0, b, b + 1)).backward();
+        CHECK(max_rel_diff(slice(y, 0, b, b + 1), yb) == 0.0);
+        CHECK(max_rel_diff(slice(xg.grad(), 0, b, b + 1), xb.grad()) == 0.0);
+      }
+    }
+  }
 }
 
 TEST_CASE("rope: clear errors") {
