@@ -2,6 +2,7 @@
 // update and where. The math is the shared functors (engine/kernels/);
 // this file adds the loops, the dtype switch and the Eigen vector forms.
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -269,6 +270,30 @@ void copy(const Shape& shape, const Operand& dst, const Operand& src) {
           shape, [](S v) { return cast<D>(v); }, dst, src);
     });
   });
+}
+
+void copy_blocks(DType dtype, const CopyBlockList& blocks) {
+  const std::size_t width = element_size(dtype);
+  for (int64_t b = 0; b < blocks.count; ++b) {
+    const CopyBlock& k = blocks.data[b];
+    const auto* src = static_cast<const unsigned char*>(k.src);
+    auto* dst = static_cast<unsigned char*>(k.dst);
+    if (k.rows * k.cols == 0) continue;
+    if (k.dst_ld == k.cols || k.rows == 1) {
+      // One run of bytes: cut into pieces for the threads.
+      parallel_for(0, k.rows * k.cols, kGrainElements, [&](int64_t lo, int64_t hi) {
+        std::memcpy(dst + lo * width, src + lo * width, static_cast<std::size_t>(hi - lo) * width);
+      });
+      continue;
+    }
+    const std::size_t row_bytes = static_cast<std::size_t>(k.cols) * width;
+    const int64_t grain = std::max<int64_t>(1, kGrainElements / k.cols);
+    parallel_for(0, k.rows, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        std::memcpy(dst + static_cast<std::size_t>(r * k.dst_ld) * width,
+                    src + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+    });
+  }
 }
 
 void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,

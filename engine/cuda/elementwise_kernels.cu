@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/chunked_launch.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
@@ -226,6 +227,65 @@ void copy(const Shape& shape, const Operand& dst, const Operand& src) {
               CopyBody<D, S>{static_cast<D*>(dst.data), static_cast<const S*>(src.data)});
     });
   });
+}
+
+namespace {
+
+// Blocks per copy_blocks launch (1.3 KB of kernel argument).
+constexpr int kCopyChunk = 32;
+
+struct CopyChunk {
+  const void* src[kCopyChunk];
+  void* dst[kCopyChunk];
+  int64_t rows[kCopyChunk], cols[kCopyChunk], dst_ld[kCopyChunk];
+};
+
+// Grid row blockIdx.y copies the chunk's block y, its elements moved as
+// unsigned words of their width W.
+template <class W>
+__global__ void copy_blocks_kernel(CopyChunk c) {
+  const int b = static_cast<int>(blockIdx.y);
+  const W* src = static_cast<const W*>(c.src[b]);
+  W* dst = static_cast<W*>(c.dst[b]);
+  const int64_t cols = c.cols[b], ld = c.dst_ld[b], n = c.rows[b] * cols;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ld == cols) {  // one run (a piece of a cat along dim 0): no division
+    for (int64_t i = first; i < n; i += step) dst[i] = src[i];
+  } else {
+    for (int64_t i = first; i < n; i += step) dst[i / cols * ld + i % cols] = src[i];
+  }
+}
+
+template <class W>
+void copy_block_chunks(const CopyBlockList& blocks) {
+  launch_in_chunks<kCopyChunk, CopyChunk>(
+      blocks,
+      [](CopyChunk& c, int row, const CopyBlock& k) {
+        c.src[row] = k.src, c.dst[row] = k.dst;
+        c.rows[row] = k.rows, c.cols[row] = k.cols, c.dst_ld[row] = k.dst_ld;
+      },
+      [](const CopyChunk& c, dim3 grid, int threads) {
+        copy_blocks_kernel<W><<<grid, threads, 0, stream()>>>(c);
+      },
+      [](const CopyBlock& k) { return k.rows * k.cols; });
+}
+
+}  // namespace
+
+void copy_blocks(DType dtype, const CopyBlockList& blocks) {
+  switch (element_size(dtype)) {
+    case 1:
+      return copy_block_chunks<uint8_t>(blocks);
+    case 2:
+      return copy_block_chunks<uint16_t>(blocks);
+    case 4:
+      return copy_block_chunks<uint32_t>(blocks);
+    case 8:
+      return copy_block_chunks<uint64_t>(blocks);
+    default:
+      throw std::logic_error(std::string("[cat] no word for ") + dtype_name(dtype) + "'s elements");
+  }
 }
 
 void unary(UnaryOp op, const ScalarArgs& args, const Shape& shape, const Operand& out,

@@ -5,9 +5,8 @@
 // clipping's scaling of every gradient (scale_n) likewise.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "engine/cuda/check.cuh"
+#include "engine/cuda/chunked_launch.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/kernels.h"
 #include "engine/cuda/launch.h"
@@ -24,30 +23,6 @@ __global__ void sgd_kernel(SgdStep s, int64_t n, T* p, const T* g, T* buf) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
     f(p[i], g[i], buf ? buf + i : nullptr);
-}
-
-// For each run of up to Cap tensors of `list` with elements (its entries
-// have n), fill(chunk, row, entry) puts the entry in grid row `row` of a
-// Chunk, and launch(chunk, grid, threads) starts the kernel over them: the
-// pointers travel as the kernel's argument.
-template <int Cap, class Chunk, class List, class Fill, class Launch>
-void launch_in_chunks(const List& list, Fill&& fill, Launch&& launch) {
-  for (int64_t first = 0; first < list.count; first += Cap) {
-    Chunk c{};
-    int rows = 0;
-    int64_t widest = 0;
-    for (int64_t i = first; i < std::min<int64_t>(list.count, first + Cap); ++i) {
-      const auto& t = list.data[i];
-      if (t.n == 0) continue;
-      fill(c, rows, t);
-      widest = std::max(widest, t.n);
-      ++rows;
-    }
-    if (rows == 0) continue;
-    const LaunchConfig cfg = launch_config(widest, max_blocks());
-    launch(c, dim3(static_cast<unsigned>(cfg.blocks), static_cast<unsigned>(rows)), cfg.threads);
-    QUANTA_CUDA_CHECK_LAUNCH();
-  }
 }
 
 // Parameters per Adam launch: 16 of them are about 2 KB of kernel

@@ -213,6 +213,22 @@ struct TensorSpanList {
   int64_t count = 0;
 };
 
+/** One block of copy_blocks: rows x cols contiguous elements at src, into
+ * `rows` rows of dst whose starts lie dst_ld elements apart (dst_ld >=
+ * cols). */
+struct CopyBlock {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t rows = 0, cols = 0, dst_ld = 0;
+};
+
+/** `count` blocks of one copy_blocks call (the array itself is host
+ * memory). */
+struct CopyBlockList {
+  const CopyBlock* data = nullptr;
+  int64_t count = 0;
+};
+
 /** The terms of add_n: `count` pointers to arrays on the device (the array
  * of pointers itself is host memory). */
 struct TermList {
@@ -417,6 +433,11 @@ struct KernelTable {
    * gives that tensor as one row, in fewer launches (on CUDA one per chunk
    * of tensors): gradient clipping's norms. */
   void (*norm_n)(DType dtype, double p, const TensorSpanList& tensors, void* out);
+  /** Every block of `blocks` copied as it is, elements of `dtype` (any
+   * plain dtype), no destination overlapping a source or another block's
+   * destination: cat's pieces in one call (on CUDA one launch per chunk of
+   * blocks) where a copy each took a launch each. */
+  void (*copy_blocks)(DType dtype, const CopyBlockList& blocks);
 };
 
 /** Every function entry of KernelTable, in the table's order. Each device's
@@ -431,7 +452,7 @@ struct KernelTable {
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
   X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
-  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n)
+  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n) X(copy_blocks)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

@@ -643,6 +643,8 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                             : ne(attention_mask, zeros_like(attention_mask));
     mask = reshape(keep.to(dev), {B, 1, 1, past + T});
   }
+  // Given positions are the caller's; without them a step's are past ..
+  // past + T - 1, whose tables are rows of shared ones (no launch).
   Tensor positions;
   if (position_ids.defined()) {
     if (position_ids.dtype() != DType::i64 || position_ids.dim() != 2 ||
@@ -653,20 +655,14 @@ Tensor CausalLM::hidden_states(const Tensor& ids, KVCache* cache, const Tensor& 
                                   shape_str(position_ids.shape()));
     positions = position_ids.to(dev);
     if (!cache && !mask.defined() && T > 1) mask = packed_document_mask(positions, B);
-  } else if (past == 0) {
-    // A training step's (and a prompt's) positions 0..T-1, made on the
-    // device: no upload, which a captured step cannot make, whatever T.
-    positions = reshape(arange(T, {.dtype = DType::i64, .device = dev}), {1, T});
-  } else {
-    positions = reshape(arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
-                               {.dtype = DType::i64, .device = dev}),
-                        {1, T});
   }
   // The frequencies depend on transformers' largest position + 1 (dynamic
   // and longrope scaling), which given positions (packed documents restart
   // theirs) may be less than past + T.
   const auto tables = [&](const RopeConfig& rope) {
-    if (!position_ids.defined() || positions.numel() == 0)
+    if (!position_ids.defined())
+      return sequence_rope_tables(rope_frequencies(rope, past + T), past, T, c.dtype, dev);
+    if (positions.numel() == 0)
       return rope_tables(rope_frequencies(rope, past + T), positions, c.dtype);
     if (rope.scaling.type == "longrope") {
       // Short or long, chosen on the device as transformers' torch.where

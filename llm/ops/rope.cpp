@@ -5,9 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "engine/autograd/function.h"
+#include "engine/capture/device_graph.h"
 #include "engine/factory.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/join.h"
@@ -209,6 +214,53 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
     t.sin = t.sin * f.attention_scaling;
   }
   return t;
+}
+
+RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t tokens,
+                                DType dtype, const Device& device) {
+  if (start < 0 || tokens < 0)
+    detail::bad_argument(kRopeOp,
+                         "positions start .. start + tokens need start >= 0 and tokens "
+                         ">= 0, got start " +
+                             std::to_string(start) + ", tokens " + std::to_string(tokens));
+  const int64_t end = start + tokens;
+  const auto tables_to = [&](int64_t length) {
+    const Tensor positions = arange(length, {.dtype = DType::i64, .device = device});
+    return rope_tables(f, reshape(positions, {1, length}), dtype);
+  };
+  const auto rows = [&](const RopeTables& t) {
+    return RopeTables{slice(t.cos, 1, start, end), slice(t.sin, 1, start, end)};
+  };
+  // One table a key (frequencies, scaling, dtype, device), the longest made:
+  // a row's values do not depend on the table's length (each element is
+  // its own position's product, cos and sin), so shorter runs are its rows.
+  // A table grows to twice its length at least, so decoding token by token
+  // makes a few, not one a token. Keys are few (a model's one or two
+  // frequency sets); past the bound nothing more is kept.
+  constexpr std::size_t kMaxKeys = 64;
+  static std::mutex mutex;
+  static auto* kept = new std::map<std::string, RopeTables>;  // outlives main's tensors
+  std::string key = std::string(dtype_name(dtype)) + "|" + device.str() + "|";
+  key.append(reinterpret_cast<const char*>(&f.attention_scaling), sizeof f.attention_scaling);
+  key.append(reinterpret_cast<const char*>(f.inv_freq.data()), f.inv_freq.size() * sizeof(float));
+  int64_t longest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = kept->find(key);
+    if (it != kept->end()) {
+      if (it->second.cos.size(1) >= end) return rows(it->second);
+      longest = it->second.cos.size(1);
+    }
+  }
+  // Made while the device records a graph, the tables are the graph's
+  // memory: used there, not kept.
+  if (capturing(device)) return rows(tables_to(end));
+  const RopeTables made = tables_to(std::max(end, 2 * longest));
+  for (const Tensor* t : {&made.cos, &made.sin})
+    if (t->storage()) t->storage()->mark_shared_constant();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (kept->count(key) || kept->size() < kMaxKeys) (*kept)[key] = made;
+  return rows(made);
 }
 
 Tensor apply_rope(const Tensor& x, const RopeTables& t) {

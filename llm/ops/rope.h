@@ -81,6 +81,15 @@ struct RopeTables {
 };
 RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType dtype);
 
+/** rope_tables of positions start .. start + tokens - 1 ([1, tokens,
+ * head_dim / 2]) on `device`, the same values: made once (by rope_tables,
+ * on the device) per frequencies, dtype and device for the longest run of
+ * positions from 0 asked so far, each later call a view of its rows, so a
+ * training step, a prefill or a decoded token launches nothing for them.
+ * Shared and read-only: in-place ops refuse them. start >= 0, tokens >= 0. */
+RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t tokens,
+                                DType dtype, const Device& device);
+
 /** The rotary embedding of x [batch, tokens, heads, head_dim] by `t`, in x's
  * dtype (f32, f64, bf16, f16), rounded as transformers rounds it in that
  * dtype. Tables of fewer than head_dim / 2 frequencies rotate the first

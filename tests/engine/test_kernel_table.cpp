@@ -631,6 +631,31 @@ TEST_CASE("norm_n: every tensor's norm, stat_rows' bits, chunks, empties and NaN
   }
 }
 
+TEST_CASE("copy_blocks: blocks of rows into strided rows, every width, chunks and empties") {
+  Generator gen(41);
+  for (const Device dev : testing::cpu_and_test_devices()) {
+    for (const DType dt : {DType::f32, DType::f64, DType::bf16, DType::u8, DType::i64}) {
+      INFO(dev.str() << " " << dtype_name(dt));
+      // 40 blocks (more than a CUDA launch takes, 32), each rows x cols into
+      // a destination of rows x (cols + gap), some empty, some one run.
+      std::vector<Tensor> src, dst, want;
+      std::vector<CopyBlock> list;
+      for (int b = 0; b < 40; ++b) {
+        const int64_t rows = b % 7 == 3 ? 0 : 1 + b % 5, cols = b % 11 == 4 ? 0 : 1 + (b * 13) % 40;
+        const int64_t gap = b % 3 == 0 ? 0 : 1 + b % 4;
+        src.push_back((randn({rows, cols}, gen) * 50.0).to(dt).to(dev));
+        dst.push_back(full({rows, cols + gap}, 7.0, {.dtype = dt, .device = dev}));
+        want.push_back(dst.back().clone());
+        if (rows * cols > 0) copy_(slice(want.back(), 1, 0, cols), src.back());
+        list.push_back({src.back().raw_data(), dst.back().raw_data(), rows, cols, cols + gap});
+      }
+      kernels(dev).copy_blocks(dt, {list.data(), static_cast<int64_t>(list.size())});
+      for (size_t b = 0; b < list.size(); ++b) CHECK(same_bytes(dst[b], want[b]));
+      kernels(dev).copy_blocks(dt, {nullptr, 0});  // nothing to copy
+    }
+  }
+}
+
 TEST_CASE("CPU gemm: products cut into row blocks per thread are right for every layout") {
   // Products between 2^17 and 2^20 multiply-adds run on Eigen cut into row
   // blocks, one per thread (engine/cpu/gemm.cpp): every thread count and both

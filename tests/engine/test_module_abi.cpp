@@ -57,6 +57,7 @@ const Recorded kHistory[] = {
     {15, 0xe27ba58ee8badbcdull},  // DeviceCaps::prefers_channels_last; device_backend.h covered
     {16, 0x64cafc00546a38a8ull},  // KernelTable::scale_n (clipping's scaling in one launch)
     {17, 0x4ccc1ba2f2fb838full},  // KernelTable::norm_n, TensorSpan; rope's shared tables
+    {18, 0x9d531b89d95c2ac3ull},  // KernelTable::copy_blocks (cat in one launch)
 };
 
 // `text` less its comments and all of its whitespace (string and character

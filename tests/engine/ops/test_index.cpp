@@ -682,6 +682,26 @@ TEST_CASE("cat of zero-size pieces, dtype promotion and errors") {
   CHECK(mixed.dtype() == DType::f32);
   CHECK(mixed.to_vector<float>() == std::vector<float>{1, 2, 0.5f});
   CHECK(cat({from_vector<int32_t>({1}), from_vector<int64_t>({2})}).dtype() == DType::i64);
+  // Pieces of every kind in one cat, on every device: contiguous ones of the
+  // output's dtype (copied together), a transposed view, another dtype and
+  // an empty piece, along a middle dim (rows of each piece strided apart).
+  for (const Device dev : testing::cpu_and_test_devices()) {
+    INFO(dev.str());
+    Generator gen(3);
+    const Tensor x = randn({2, 3, 4}, gen).to(dev), y = randn({2, 4, 3}, gen).to(dev);
+    const Tensor z = randn({2, 1, 4}, gen, {.dtype = DType::f64}).to(DType::f32).to(dev);
+    const Tensor w = randn({2, 2, 4}, gen).to(DType::bf16).to(dev);
+    const Tensor got = cat({x, transpose(y, 1, 2), zeros({2, 0, 4}, {.device = dev}), z, w, x}, 1);
+    REQUIRE(got.shape() == Shape{2, 12, 4});
+    const std::vector<Tensor> pieces = {x, transpose(y, 1, 2).contiguous(), z, w.to(DType::f32), x};
+    int64_t at = 0;
+    for (const Tensor& piece : pieces) {
+      CHECK(
+          slice(got, 1, at, at + piece.size(1)).to(Device::cpu()).contiguous().to_vector<float>() ==
+          piece.to(Device::cpu()).contiguous().to_vector<float>());
+      at += piece.size(1);
+    }
+  }
   // Gradients reach floating pieces only, in their own dtype.
   Tensor p = from_vector<float>({1, 2}).requires_grad_();
   Tensor q = from_vector<double>({3}).requires_grad_();

@@ -275,6 +275,42 @@ TEST_CASE("rope: shared and per-row tables, each row as if rotated alone") {
   }
 }
 
+// A step's tables of positions start .. start + T - 1 are rows of one shared
+// table a frequency set, dtype and device: the values rope_tables gives
+// those positions, bit for bit, whatever length the shared table grew to.
+TEST_CASE("rope: sequence tables are rows of one shared table, the values of rope_tables") {
+  const llm::RopeFrequencies f = llm::rope_frequencies(
+      {.theta = 5000, .head_dim = 6, .max_position_embeddings = 64});  // unlike other tests'
+  for (const Device& device : cpu_and_test_devices()) {
+    for (const DType dt : {DType::f32, DType::f64, DType::bf16}) {
+      INFO(device.str(), " ", dtype_name(dt));
+      // Grown from 5 rows, then to 20, then read in the middle and empty.
+      for (const auto& [start, tokens] : std::vector<std::pair<int64_t, int64_t>>{
+               {0, 5}, {0, 3}, {4, 16}, {7, 3}, {2, 0}, {0, 5}}) {
+        INFO("start ", start, ", tokens ", tokens);
+        const llm::RopeTables t = llm::sequence_rope_tables(f, start, tokens, dt, device);
+        std::vector<int64_t> p(static_cast<size_t>(tokens));
+        for (int64_t i = 0; i < tokens; ++i) p[i] = start + i;
+        const llm::RopeTables want = llm::rope_tables(f, positions_of(p).to(device), dt);
+        REQUIRE(t.cos.shape() == want.cos.shape());
+        CHECK(t.cos.dtype() == want.cos.dtype());
+        CHECK(t.cos.is_contiguous());
+        CHECK(max_rel_diff(t.cos, want.cos) == 0.0);
+        CHECK(max_rel_diff(t.sin, want.sin) == 0.0);
+      }
+      // Asked again, the same storage: nothing made.
+      const llm::RopeTables again = llm::sequence_rope_tables(f, 3, 4, dt, device);
+      CHECK(again.cos.storage() == llm::sequence_rope_tables(f, 0, 9, dt, device).cos.storage());
+      CHECK_THROWS_WITH_AS(mul_(again.sin, 2.0), doctest::Contains("shared constant"),
+                           std::invalid_argument);
+    }
+  }
+  CHECK_THROWS_WITH_AS(
+      llm::sequence_rope_tables(f, -1, 3, DType::f32, Device::cpu()),
+      doctest::Contains("[rope] positions start .. start + tokens need start >= 0"),
+      std::invalid_argument);
+}
+
 TEST_CASE("rope: clear errors") {
   llm::RopeConfig cfg{.theta = 10000, .head_dim = 8, .max_position_embeddings = 64};
   cfg.scaling.type = "mrope";
