@@ -232,14 +232,20 @@ struct HeldRange {
 };
 
 // The replacement rows this rank holds: row c is the pool row `positions[c]`
-// where this rank holds it (in one of `ranges`, rows of `local`), zero
-// elsewhere, so that the sum over ranks is every code's drawn row.
+// (of a pool of `pool` rows) where this rank holds it (in one of `ranges`,
+// rows of `local`), zero elsewhere, so that the sum over ranks is every
+// code's drawn row.
 Tensor held_rows(const Tensor& positions, const Tensor& local, const std::vector<HeldRange>& ranges,
-                 int64_t dim, const TensorOptions& like) {
+                 int64_t pool, int64_t dim, const TensorOptions& like) {
   const int64_t k = positions.numel();
   if (local.size(0) == 0) return zeros({k, dim}, like);
-  Tensor at = constant_like(positions, -1.0);  // the local row, -1: held elsewhere
-  for (const HeldRange& r : ranges) {
+  // This rank holds the whole pool in one range (a single rank's one slot):
+  // a position is its local row as it is (-1 where nothing was drawn).
+  const bool whole_pool = ranges.size() == 1 && ranges[0].pool_begin == 0 &&
+                          ranges[0].local_begin == 0 && ranges[0].rows == pool &&
+                          local.size(0) == pool;
+  Tensor at = whole_pool ? positions : constant_like(positions, -1.0);  // -1: held elsewhere
+  for (const HeldRange& r : whole_pool ? std::vector<HeldRange>{} : ranges) {
     if (r.rows == 0) continue;
     const Tensor offset = positions - double(r.pool_begin);
     const Tensor in = logical_and(ge(offset, constant_like(offset, 0.0)),
@@ -289,7 +295,7 @@ std::vector<Tensor> QuantizerSync::pick_replacements(Codebook& cb, int64_t index
     for (int64_t j = 0; j < slots; ++j)
       local.push_back(slot_rows(cb, cb.pending().candidates, h, j));
     rows.push_back(held_rows(pos, slots == 1 ? local[0] : cat(local), held[size_t(h)],
-                             cb.options().dim, options_of(cb.embed())));
+                             pool_sizes[size_t(h)], cb.options().dim, options_of(cb.embed())));
   }
   return rows;
 }

@@ -293,8 +293,10 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
       chosen = scatter(zeros({k}, i64), 0, order, first);
       draws = cat({draws, zeros({k - n}, i64)});
     }
-    // The j-th chosen code takes draw j.
-    const Tensor rank = clamp(cumsum(chosen, 0) - 1.0, 0.0, double(k - 1));
+    // The j-th chosen code takes draw j: its count of chosen codes before
+    // it, in [0, k - 1] everywhere (cumsum less itself), so an index gather
+    // takes without a clamp.
+    const Tensor rank = cumsum(chosen, 0) - chosen;
     const Tensor replaced = to_dtype(chosen, DType::boolean);
     picks[size_t(h)] = where(replaced, gather(draws, 0, rank), shared_full({k}, -1.0, i64));
     replacing_[size_t(h)] = replaced;
@@ -307,7 +309,7 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
   if (opts_.threshold_ema_dead_code <= 0) return;
   NoGradGuard no_grad;
   const double threshold = opts_.threshold_ema_dead_code;
-  const Tensor expired = expired_codes();
+  Tensor expired;  // for a table without a draw: made once, where one is
   std::vector<Tensor> chosen;
   chosen.swap(replacing_);  // one draw, one replacement
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
@@ -325,6 +327,7 @@ void Codebook::replace_expired(const std::vector<Tensor>& rows) {
     // put_rows skips: only the replaced rows are written, with no read of
     // how many there are.
     const bool drawn = h < static_cast<int64_t>(chosen.size()) && chosen[size_t(h)].defined();
+    if (!drawn && !expired.defined()) expired = expired_codes();
     const Tensor at = where(drawn ? chosen[size_t(h)] : select(expired, 0, h), codes, skip);
     put_rows_(select(embed_, 0, h), at, r, 1.0);
     put_rows_(select(embed_avg_, 0, h), at, r, threshold);
