@@ -9,6 +9,7 @@
 #include "engine/autograd/node.h"
 #include "engine/capture/device_graph.h"
 #include "engine/factory.h"
+#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
@@ -48,11 +49,22 @@ class Fused {
         flat_.device() != device_)
       flat_ = empty({total}, {.dtype = dtype_, .device = device_});
     // Copies either way: the buffer must not alias the pending statistics.
+    // The parts already of the buffer's dtype and device, contiguous, go in
+    // one copy_blocks call (one launch where each took one).
     int64_t at = 0;
+    const std::size_t width = element_size(dtype_);
+    std::vector<CopyBlock> blocks;
     for (std::size_t i = 0; i < parts_.size(); ++i) {
       const int64_t numel = numel_of(shapes_[i]);
       const Tensor dst = slice(flat_, 0, at, at + numel);
-      if (parts_[i].defined()) {
+      const Tensor& part = parts_[i];
+      if (part.defined() && part.dtype() == dtype_ && part.device() == device_ &&
+          part.is_contiguous() && part.numel() == numel) {
+        if (numel > 0)
+          blocks.push_back({part.raw_data(),
+                            static_cast<unsigned char*>(flat_.raw_data()) + at * width, 1, numel,
+                            numel});
+      } else if (part.defined()) {
         // Convert on the source's device, then move (copies across devices
         // take equal dtypes): the header block is made on the CPU in f64.
         const Tensor src = to_dtype(reshape(parts_[i], {numel}), dtype_);
@@ -62,6 +74,8 @@ class Fused {
       }
       at += numel;
     }
+    if (!blocks.empty())
+      kernels(device_).copy_blocks(dtype_, {blocks.data(), static_cast<int64_t>(blocks.size())});
     parts_.clear();
     // Nothing to move (e.g. expired codes but no candidate anywhere): the
     // shapes are the same on every rank, so every rank skips alike.
