@@ -231,15 +231,21 @@ RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t
   const auto rows = [&](const RopeTables& t) {
     return RopeTables{slice(t.cos, 1, start, end), slice(t.sin, 1, start, end)};
   };
-  // One table a key (frequencies, scaling, dtype, device), the longest made:
-  // a row's values do not depend on the table's length (each element is
-  // its own position's product, cos and sin), so shorter runs are its rows.
-  // A table grows to twice its length at least, so decoding token by token
-  // makes a few, not one a token. Keys are few (a model's one or two
-  // frequency sets); past the bound nothing more is kept.
-  constexpr std::size_t kMaxKeys = 64;
+  // Tables a key (frequencies, scaling, dtype, device), the last the
+  // longest: a row's values do not depend on the table's length (each
+  // element is its own position's product, cos and sin), so shorter runs
+  // are its rows. A table grows to twice its length at least, so decoding
+  // token by token makes a few, not one a token, and none is ever freed: a
+  // captured step may read an older one at every replay. So that they stay
+  // small, tables end at kMaxRows positions (a longer run is made for its
+  // call, as without them: 16 MiB a key at most for 64 frequencies in f32)
+  // and keys are few (a model's one or two frequency sets; dynamic scaling
+  // makes one a length past max_position_embeddings, which are not kept
+  // past the bound).
+  constexpr int64_t kMaxRows = int64_t{1} << 14;
+  constexpr std::size_t kMaxKeys = 8;
   static std::mutex mutex;
-  static auto* kept = new std::map<std::string, RopeTables>;  // outlives main's tensors
+  static auto* kept = new std::map<std::string, std::vector<RopeTables>>;  // outlives main's
   std::string key = std::string(dtype_name(dtype)) + "|" + device.str() + "|";
   key.append(reinterpret_cast<const char*>(&f.attention_scaling), sizeof f.attention_scaling);
   key.append(reinterpret_cast<const char*>(f.inv_freq.data()), f.inv_freq.size() * sizeof(float));
@@ -248,18 +254,24 @@ RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t
     std::lock_guard<std::mutex> lock(mutex);
     const auto it = kept->find(key);
     if (it != kept->end()) {
-      if (it->second.cos.size(1) >= end) return rows(it->second);
-      longest = it->second.cos.size(1);
+      const RopeTables& last = it->second.back();
+      if (last.cos.size(1) >= end) return rows(last);
+      longest = last.cos.size(1);
     }
   }
   // Made while the device records a graph, the tables are the graph's
   // memory: used there, not kept.
-  if (capturing(device)) return rows(tables_to(end));
-  const RopeTables made = tables_to(std::max(end, 2 * longest));
+  if (end > kMaxRows || capturing(device)) return rows(tables_to(end));
+  const RopeTables made = tables_to(std::min(kMaxRows, std::max(end, 2 * longest)));
   for (const Tensor* t : {&made.cos, &made.sin})
     if (t->storage()) t->storage()->mark_shared_constant();
   std::lock_guard<std::mutex> lock(mutex);
-  if (kept->count(key) || kept->size() < kMaxKeys) (*kept)[key] = made;
+  auto it = kept->find(key);
+  if (it == kept->end() && kept->size() < kMaxKeys) it = kept->emplace(key, 0).first;
+  if (it != kept->end() && it->second.empty())
+    it->second.push_back(made);
+  else if (it != kept->end() && it->second.back().cos.size(1) < made.cos.size(1))
+    it->second.push_back(made);
   return rows(made);
 }
 

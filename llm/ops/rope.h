@@ -84,9 +84,11 @@ RopeTables rope_tables(const RopeFrequencies& f, const Tensor& positions, DType 
 /** rope_tables of positions start .. start + tokens - 1 ([1, tokens,
  * head_dim / 2]) on `device`, the same values: made once (by rope_tables,
  * on the device) per frequencies, dtype and device for the longest run of
- * positions from 0 asked so far, each later call a view of its rows, so a
- * training step, a prefill or a decoded token launches nothing for them.
- * Shared and read-only: in-place ops refuse them. start >= 0, tokens >= 0. */
+ * positions from 0 asked so far (up to 16384 positions; a run past them is
+ * made for its call), each later call a view of its rows, so a training
+ * step, a prefill or a decoded token launches nothing for them. Shared,
+ * read-only (in-place ops refuse them) and kept for the process (a
+ * captured step may read them at every replay). start >= 0, tokens >= 0. */
 RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t tokens,
                                 DType dtype, const Device& device);
 

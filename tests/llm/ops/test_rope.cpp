@@ -303,8 +303,25 @@ TEST_CASE("rope: sequence tables are rows of one shared table, the values of rop
       CHECK(again.cos.storage() == llm::sequence_rope_tables(f, 0, 9, dt, device).cos.storage());
       CHECK_THROWS_WITH_AS(mul_(again.sin, 2.0), doctest::Contains("shared constant"),
                            std::invalid_argument);
+      // An older, shorter table outlives the longer one made after it (a
+      // captured step may still read it), with its values.
+      const llm::RopeTables older = llm::sequence_rope_tables(f, 0, 30, dt, device);
+      const Tensor older_values = older.cos.to(Device::cpu()).clone();
+      const llm::RopeTables longer = llm::sequence_rope_tables(f, 0, 200, dt, device);
+      CHECK(longer.cos.storage() != older.cos.storage());
+      CHECK(older.cos.storage().use_count() > 1);  // kept, not only by this handle
+      CHECK(max_rel_diff(older.cos, older_values) == 0.0);
+      CHECK(max_rel_diff(slice(longer.cos, 1, 0, 30), older_values) == 0.0);
     }
   }
+  // Past 16384 positions: made for the call, the same values, not kept.
+  const llm::RopeTables far = llm::sequence_rope_tables(f, 16380, 10, DType::f32, Device::cpu());
+  const llm::RopeTables far_again =
+      llm::sequence_rope_tables(f, 16380, 10, DType::f32, Device::cpu());
+  CHECK(far.cos.storage() != far_again.cos.storage());
+  std::vector<int64_t> p(10);
+  for (int64_t i = 0; i < 10; ++i) p[i] = 16380 + i;
+  CHECK(max_rel_diff(far.sin, llm::rope_tables(f, positions_of(p), DType::f32).sin) == 0.0);
   CHECK_THROWS_WITH_AS(
       llm::sequence_rope_tables(f, -1, 3, DType::f32, Device::cpu()),
       doctest::Contains("[rope] positions start .. start + tokens need start >= 0"),
