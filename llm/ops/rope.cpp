@@ -239,13 +239,15 @@ RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t
   // captured step may read an older one at every replay. So that they stay
   // small, tables end at kMaxRows positions (a longer run is made for its
   // call, as without them: 16 MiB a key at most for 64 frequencies in f32)
-  // and keys are few (a model's one or two frequency sets; dynamic scaling
-  // makes one a length past max_position_embeddings, which are not kept
-  // past the bound).
+  // and all of them together at kMaxKeptBytes (a model has one or two
+  // frequency sets; dynamic scaling makes one a length past
+  // max_position_embeddings, which are made for their calls once the
+  // bound is reached).
   constexpr int64_t kMaxRows = int64_t{1} << 14;
-  constexpr std::size_t kMaxKeys = 8;
+  constexpr std::size_t kMaxKeptBytes = std::size_t{64} << 20;
   static std::mutex mutex;
   static auto* kept = new std::map<std::string, std::vector<RopeTables>>;  // outlives main's
+  static std::size_t kept_bytes = 0;
   std::string key = std::string(dtype_name(dtype)) + "|" + device.str() + "|";
   key.append(reinterpret_cast<const char*>(&f.attention_scaling), sizeof f.attention_scaling);
   key.append(reinterpret_cast<const char*>(f.inv_freq.data()), f.inv_freq.size() * sizeof(float));
@@ -265,13 +267,16 @@ RopeTables sequence_rope_tables(const RopeFrequencies& f, int64_t start, int64_t
   const RopeTables made = tables_to(std::min(kMaxRows, std::max(end, 2 * longest)));
   for (const Tensor* t : {&made.cos, &made.sin})
     if (t->storage()) t->storage()->mark_shared_constant();
+  const std::size_t bytes = made.cos.nbytes() + made.sin.nbytes();
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = kept->find(key);
-  if (it == kept->end() && kept->size() < kMaxKeys) it = kept->emplace(key, 0).first;
-  if (it != kept->end() && it->second.empty())
-    it->second.push_back(made);
-  else if (it != kept->end() && it->second.back().cos.size(1) < made.cos.size(1))
-    it->second.push_back(made);
+  std::vector<RopeTables>& list = (*kept)[key];
+  // (Another thread may have kept a longer one meanwhile.)
+  if (kept_bytes + bytes <= kMaxKeptBytes &&
+      (list.empty() || list.back().cos.size(1) < made.cos.size(1))) {
+    list.push_back(made);
+    kept_bytes += bytes;
+  }
+  if (list.empty()) kept->erase(key);
   return rows(made);
 }
 
