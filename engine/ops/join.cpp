@@ -27,6 +27,34 @@ void copy_plain(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
+void detail::copy_pieces(const Tensor& out, int64_t dim, const std::vector<Tensor>& pieces) {
+  // Piece i is `outer` rows of n_i * inner elements, out.size(dim) * inner
+  // apart: one block of copy_blocks (one launch for all, where a copy each
+  // took one each).
+  const Shape& shape = out.shape();
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < dim; ++k) outer *= shape[k];
+  for (int64_t k = dim + 1; k < out.dim(); ++k) inner *= shape[k];
+  const DType dt = out.dtype();
+  const std::size_t width = element_size(dt);
+  std::vector<CopyBlock> blocks;
+  int64_t off = 0;
+  for (const Tensor& t : pieces) {
+    const int64_t n = t.shape()[dim];
+    if (n > 0 && t.numel() > 0) {
+      if (t.dtype() == dt && t.is_contiguous())
+        blocks.push_back({t.raw_data(),
+                          static_cast<unsigned char*>(out.raw_data()) + off * inner * width, outer,
+                          n * inner, shape[dim] * inner});
+      else
+        copy_plain(narrow(out, dim, off, n), t);
+    }
+    off += n;
+  }
+  if (!blocks.empty())
+    kernels(out.device()).copy_blocks(dt, {blocks.data(), static_cast<int64_t>(blocks.size())});
+}
+
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   if (ts.empty()) throw std::invalid_argument("[cat] needs at least one tensor, got none");
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -62,31 +90,11 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   Tensor out = detail::make_tensor(out_shape, dt, ts[0].device());
   std::vector<int64_t> sizes;
   std::vector<DType> dtypes;
-  // Contiguous pieces already of the output's dtype are copied by one
-  // copy_blocks call (one launch, where a copy each took one each): piece i
-  // is `outer` rows of n_i * inner elements, out_shape[d] * inner apart.
-  int64_t outer = 1, inner = 1;
-  for (int64_t k = 0; k < d; ++k) outer *= out_shape[k];
-  for (int64_t k = d + 1; k < nd; ++k) inner *= out_shape[k];
-  const std::size_t width = element_size(dt);
-  std::vector<CopyBlock> blocks;
-  int64_t off = 0;
   for (const Tensor& t : ts) {
-    const int64_t n = t.shape()[d];
-    if (n > 0 && t.numel() > 0) {
-      if (t.dtype() == dt && t.is_contiguous())
-        blocks.push_back({t.raw_data(),
-                          static_cast<unsigned char*>(out.raw_data()) + off * inner * width, outer,
-                          n * inner, out_shape[d] * inner});
-      else
-        copy_plain(narrow(out, d, off, n), t);
-    }
-    off += n;
-    sizes.push_back(n);
+    sizes.push_back(t.shape()[d]);
     dtypes.push_back(t.dtype());
   }
-  if (!blocks.empty())
-    kernels(out.device()).copy_blocks(dt, {blocks.data(), static_cast<int64_t>(blocks.size())});
+  detail::copy_pieces(out, d, ts);
   std::vector<Tensor> inputs(ts.begin(), ts.end());
   return autograd::record("cat", out, inputs, [d, sizes, dtypes](const Tensor& g) {
     std::vector<Tensor> grads;

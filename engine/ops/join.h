@@ -13,6 +13,15 @@ namespace quanta {
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 /** Joins equal-shaped tensors along a new dim `dim` (in [-(n+1), n]). */
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+namespace detail {
+/** cat's copy without the graph: `pieces` (defined, on out's device, of
+ * out's shape but along `dim`) one after another along `dim` into `out`
+ * (contiguous, their sizes along dim summing to its own). The contiguous
+ * pieces of out's dtype go in one copy_blocks call, the others by a
+ * strided copy each. */
+void copy_pieces(const Tensor& out, int64_t dim, const std::vector<Tensor>& pieces);
+}  // namespace detail
 /** Views of consecutive `split_size`-long pieces along `dim` (the last may be
  * shorter), like torch.split with an int. */
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);

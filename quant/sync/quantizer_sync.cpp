@@ -9,7 +9,6 @@
 #include "engine/autograd/node.h"
 #include "engine/capture/device_graph.h"
 #include "engine/factory.h"
-#include "engine/kernels/table.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/index.h"
 #include "engine/ops/join.h"
@@ -49,33 +48,19 @@ class Fused {
         flat_.device() != device_)
       flat_ = empty({total}, {.dtype = dtype_, .device = device_});
     // Copies either way: the buffer must not alias the pending statistics.
-    // The parts already of the buffer's dtype and device, contiguous, go in
-    // one copy_blocks call (one launch where each took one).
-    int64_t at = 0;
-    const std::size_t width = element_size(dtype_);
-    std::vector<CopyBlock> blocks;
+    // Converted on the source's device, then moved (copies across devices
+    // take equal dtypes): the header block is made on the CPU in f64.
+    std::vector<Tensor> pieces;
     for (std::size_t i = 0; i < parts_.size(); ++i) {
       const int64_t numel = numel_of(shapes_[i]);
-      const Tensor dst = slice(flat_, 0, at, at + numel);
-      const Tensor& part = parts_[i];
-      if (part.defined() && part.dtype() == dtype_ && part.device() == device_ &&
-          part.is_contiguous() && part.numel() == numel) {
-        if (numel > 0)
-          blocks.push_back({part.raw_data(),
-                            static_cast<unsigned char*>(flat_.raw_data()) + at * width, 1, numel,
-                            numel});
-      } else if (part.defined()) {
-        // Convert on the source's device, then move (copies across devices
-        // take equal dtypes): the header block is made on the CPU in f64.
-        const Tensor src = to_dtype(reshape(parts_[i], {numel}), dtype_);
-        copy_(dst, src.device() == device_ ? src : src.to(device_));
-      } else {
-        fill_(dst, 0.0);
+      if (!parts_[i].defined()) {
+        pieces.push_back(zeros({numel}, {.dtype = dtype_, .device = device_}));
+        continue;
       }
-      at += numel;
+      const Tensor src = to_dtype(reshape(parts_[i], {numel}), dtype_);
+      pieces.push_back(src.device() == device_ ? src : src.to(device_));
     }
-    if (!blocks.empty())
-      kernels(device_).copy_blocks(dtype_, {blocks.data(), static_cast<int64_t>(blocks.size())});
+    quanta::detail::copy_pieces(flat_, 0, pieces);
     parts_.clear();
     // Nothing to move (e.g. expired codes but no candidate anywhere): the
     // shapes are the same on every rank, so every rank skips alike.
@@ -259,13 +244,14 @@ Tensor held_rows(const Tensor& positions, const Tensor& local, const std::vector
                           ranges[0].local_begin == 0 && ranges[0].rows == pool &&
                           local.size(0) == pool;
   Tensor at = whole_pool ? positions : constant_like(positions, -1.0);  // -1: held elsewhere
-  for (const HeldRange& r : whole_pool ? std::vector<HeldRange>{} : ranges) {
-    if (r.rows == 0) continue;
-    const Tensor offset = positions - double(r.pool_begin);
-    const Tensor in = logical_and(ge(offset, constant_like(offset, 0.0)),
-                                  lt(offset, constant_like(offset, double(r.rows))));
-    at = where(in, offset + double(r.local_begin), at);
-  }
+  if (!whole_pool)
+    for (const HeldRange& r : ranges) {
+      if (r.rows == 0) continue;
+      const Tensor offset = positions - double(r.pool_begin);
+      const Tensor in = logical_and(ge(offset, constant_like(offset, 0.0)),
+                                    lt(offset, constant_like(offset, double(r.rows))));
+      at = where(in, offset + double(r.local_begin), at);
+    }
   const Tensor held = ge(at, constant_like(at, 0.0));
   const Tensor rows = index_select(local, 0, where(held, at, constant_like(at, 0.0)));
   return where(unsqueeze(held, -1), rows, shared_full({}, 0.0, like));
