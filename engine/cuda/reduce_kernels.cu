@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "engine/cuda/block_combine.cuh"
 #include "engine/cuda/check.cuh"
 #include "engine/cuda/device_types.cuh"
 #include "engine/cuda/kernels.h"
@@ -28,21 +29,6 @@
 
 namespace quanta::cuda {
 namespace {
-
-// The combination of every thread's `v` under `comb`, returned to every
-// thread; all threads of the block call it together (it synchronises).
-template <class Acc, class Combine>
-__device__ Acc block_combine(Acc v, Combine comb) {
-  using Reduce = cub::BlockReduce<Acc, kThreadsPerBlock>;
-  __shared__ typename Reduce::TempStorage tmp;
-  __shared__ Acc total;
-  const Acc t = Reduce(tmp).Reduce(v, comb);
-  if (threadIdx.x == 0) total = t;
-  __syncthreads();
-  const Acc out = total;
-  __syncthreads();  // tmp and total are reused by the next call
-  return out;
-}
 
 // This thread's fold of its share of row v (n values): f(acc, v[i], i) for
 // i = tid, tid + blockDim, ..., several loads in flight (fn::fold_share), in

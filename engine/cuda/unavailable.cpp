@@ -72,6 +72,8 @@ const KernelTable& unavailable_kernels() {
       .scale_n = [](auto...) { no_cuda("clip_grad_norm_"); },
       .norm_n = [](auto...) { no_cuda("clip_grad_norm_"); },
       .copy_blocks = [](auto...) { no_cuda("cat"); },
+      .group_norm = [](auto...) { no_cuda("group_norm"); },
+      .group_norm_grad = [](auto...) { no_cuda("group_norm backward"); },
   };
   return table;
 }

@@ -20,6 +20,7 @@
 #include "engine/kernels/conv_geom.h"
 #include "engine/kernels/entries.h"
 #include "engine/kernels/functors.h"
+#include "engine/kernels/group_norm.h"
 #include "engine/shape.h"
 
 namespace quanta {
@@ -438,6 +439,24 @@ struct KernelTable {
    * destination: cat's pieces in one call (on CUDA one launch per chunk of
    * blocks) where a copy each took a launch each. */
   void (*copy_blocks)(DType dtype, const CopyBlockList& blocks);
+
+  /** Group normalisation (and layer normalisation, one group) of x in
+   * geometry g (engine/kernels/group_norm.h), f32 or f64, every array
+   * contiguous and of `dtype`: per group q, mean[q] and rstd[q] = 1 /
+   * sqrt(biased variance + eps) (summed in f64 on the CPU, in the dtype by a
+   * block on CUDA), and y = fn::norm_out of each element, with w[c] and
+   * b[c] where not null. One pass of launches: the composed mean, variance
+   * and affine ops took some eight. */
+  void (*group_norm)(DType dtype, const NormGeom& g, double eps, const void* x, const void* w,
+                     const void* b, void* y, void* mean, void* rstd);
+  /** Its backward from group_norm's mean and rstd and the output gradient
+   * gy: gx = fn::norm_grad_x of each element (gx += that with accumulate_gx:
+   * the sum of x's other gradients), gw[c] = the sum of gy xhat and gb[c] =
+   * the sum of gy over the batch and spatial positions of channel c, in a
+   * fixed order per device. gx, gw and gb may each be null (not wanted). */
+  void (*group_norm_grad)(DType dtype, const NormGeom& g, const void* x, const void* w,
+                          const void* mean, const void* rstd, const void* gy, void* gx, void* gw,
+                          void* gb, bool accumulate_gx);
 };
 
 /** Every function entry of KernelTable, in the table's order. Each device's
@@ -452,7 +471,8 @@ struct KernelTable {
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
   X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
-  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n) X(copy_blocks)
+  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n) X(copy_blocks) X(group_norm) \
+  X(group_norm_grad)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

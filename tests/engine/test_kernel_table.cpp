@@ -862,3 +862,147 @@ TEST_CASE(
   cpu::round_to_bf16_values(src.data(), int64_t(src.size()), random_values.data());
   for (size_t i = 0; i < src.size(); ++i) CHECK(random_values[i] == float(got[i]));
 }
+
+namespace {
+
+// group_norm's entries against plain f64 loops over x [batch, channels,
+// spatial] stored in g's layout.
+struct NormReference {
+  std::vector<double> y, mean, rstd, gx, gw, gb;
+};
+
+NormReference norm_reference(const NormGeom& g, double eps, const std::vector<double>& x,
+                             const std::vector<double>& w, const std::vector<double>& b,
+                             const std::vector<double>& gy) {
+  const auto at = [&](int64_t item, int64_t c, int64_t s) {
+    return g.channels_last ? (item * g.spatial + s) * g.channels + c
+                           : (item * g.channels + c) * g.spatial + s;
+  };
+  NormReference r;
+  r.y.assign(x.size(), 0), r.gx.assign(x.size(), 0);
+  r.gw.assign(g.channels, 0), r.gb.assign(g.channels, 0);
+  const int64_t cg = g.channels / g.groups, m = cg * g.spatial;
+  for (int64_t item = 0; item < g.batch; ++item)
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      double sum = 0, sq = 0, sum_g = 0, sum_gx = 0;
+      for (int64_t c = grp * cg; c < (grp + 1) * cg; ++c)
+        for (int64_t s = 0; s < g.spatial; ++s) sum += x[at(item, c, s)];
+      const double mu = m ? sum / m : 0;
+      for (int64_t c = grp * cg; c < (grp + 1) * cg; ++c)
+        for (int64_t s = 0; s < g.spatial; ++s)
+          sq += (x[at(item, c, s)] - mu) * (x[at(item, c, s)] - mu);
+      const double rs = 1 / std::sqrt((m ? sq / m : 0) + eps);
+      r.mean.push_back(mu), r.rstd.push_back(rs);
+      for (int64_t c = grp * cg; c < (grp + 1) * cg; ++c)
+        for (int64_t s = 0; s < g.spatial; ++s) {
+          const int64_t o = at(item, c, s);
+          const double xhat = (x[o] - mu) * rs, gs = gy[o] * (w.empty() ? 1 : w[c]);
+          r.y[o] = xhat * (w.empty() ? 1 : w[c]) + (b.empty() ? 0 : b[c]);
+          sum_g += gs, sum_gx += gs * xhat;
+          r.gw[c] += gy[o] * xhat, r.gb[c] += gy[o];
+        }
+      for (int64_t c = grp * cg; c < (grp + 1) * cg; ++c)
+        for (int64_t s = 0; s < g.spatial; ++s) {
+          const int64_t o = at(item, c, s);
+          const double xhat = (x[o] - mu) * rs, gs = gy[o] * (w.empty() ? 1 : w[c]);
+          r.gx[o] = rs * (gs - sum_g / m - xhat * sum_gx / m);
+        }
+    }
+  return r;
+}
+
+// The largest difference, relative where a value exceeds 1.
+double max_diff(const Tensor& got, const std::vector<double>& want) {
+  const std::vector<double> v = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  REQUIRE(v.size() == want.size());
+  double d = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    d = std::max(d, std::abs(v[i] - want[i]) / std::max(1.0, std::abs(want[i])));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("group_norm: both layouts, layer norm's geometry, affine or not, every device") {
+  Generator gen(43);
+  // Small groups, layer norm's rows, a group wider than a CUDA block, a batch
+  // long enough for CUDA to cut the affine sums into pieces, and empties.
+  const std::vector<NormGeom> geoms = {
+      {.batch = 3, .channels = 6, .spatial = 5, .groups = 2},
+      {.batch = 3, .channels = 6, .spatial = 5, .groups = 2, .channels_last = true},
+      {.batch = 7, .channels = 9, .spatial = 1, .groups = 1},
+      {.batch = 2, .channels = 4, .spatial = 700, .groups = 1},
+      {.batch = 2, .channels = 8, .spatial = 70, .groups = 4, .channels_last = true},
+      {.batch = 300, .channels = 4, .spatial = 1, .groups = 1},
+      {.batch = 0, .channels = 4, .spatial = 3, .groups = 2},
+      {.batch = 2, .channels = 4, .spatial = 0, .groups = 2},
+  };
+  const double eps = 1e-5;
+  for (const NormGeom& g : geoms) {
+    const int64_t n = g.batch * g.channels * g.spatial;
+    const Tensor x0 = randn({n}, gen, {.dtype = DType::f64}) * 3.0 + 1.0;
+    const Tensor gy0 = randn({n}, gen, {.dtype = DType::f64});
+    // Affine parameters that f32 holds exactly, so one reference serves both.
+    const Tensor w0 = randn({g.channels}, gen, {.dtype = DType::f32}).to(DType::f64);
+    const Tensor b0 = randn({g.channels}, gen, {.dtype = DType::f32}).to(DType::f64);
+    for (const bool affine : {true, false}) {
+      const std::vector<double> wv = affine ? w0.to_vector<double>() : std::vector<double>{};
+      const std::vector<double> bv = affine ? b0.to_vector<double>() : std::vector<double>{};
+      for (const DType dt : {DType::f64, DType::f32}) {
+        // From the inputs as the dtype holds them.
+        const auto held = [dt](const Tensor& t) { return t.to(dt).to(DType::f64); };
+        const NormReference want = norm_reference(g, eps, held(x0).to_vector<double>(), wv, bv,
+                                                  held(gy0).to_vector<double>());
+        Tensor cpu_y, cpu_gx, cpu_gw;
+        for (const Device dev : testing::cpu_and_test_devices()) {
+          INFO(dev.str() << " " << std::string(dtype_name(dt)) << " batch " << g.batch
+                         << " channels " << g.channels << " spatial " << g.spatial << " groups "
+                         << g.groups << std::string(g.channels_last ? " channels last" : "")
+                         << std::string(affine ? " affine" : ""));
+          const TensorOptions opts{.dtype = dt, .device = dev};
+          const Tensor x = x0.to(dt).to(dev), gy = gy0.to(dt).to(dev);
+          const Tensor w = w0.to(dt).to(dev), b = b0.to(dt).to(dev);
+          const Tensor y = empty({n}, opts), mean = empty({g.group_count()}, opts),
+                       rstd = empty({g.group_count()}, opts);
+          const KernelTable& k = kernels(dev);
+          k.group_norm(dt, g, eps, x.raw_data(), affine ? w.raw_data() : nullptr,
+                       affine ? b.raw_data() : nullptr, y.raw_data(), mean.raw_data(),
+                       rstd.raw_data());
+          // Relative to the values' scale (about 1 to 5).
+          const double tol = dt == DType::f64 ? 1e-11 : 2e-5;
+          CHECK(max_diff(y, want.y) < tol);
+          CHECK(max_diff(mean, want.mean) < tol * 4);
+          CHECK(max_diff(rstd, want.rstd) < tol);
+          // The input gradient added onto ones, and the affine gradients.
+          const Tensor gx = full({n}, 1.0, opts);
+          const Tensor gw = empty({g.channels}, opts), gb = empty({g.channels}, opts);
+          k.group_norm_grad(dt, g, x.raw_data(), affine ? w.raw_data() : nullptr, mean.raw_data(),
+                            rstd.raw_data(), gy.raw_data(), gx.raw_data(), gw.raw_data(),
+                            gb.raw_data(), /*accumulate_gx=*/true);
+          std::vector<double> gx_want = want.gx;
+          for (double& v : gx_want) v += 1;
+          CHECK(max_diff(gx, gx_want) < tol * 10);
+          CHECK(max_diff(gw, want.gw) < tol * std::max<int64_t>(1, g.batch * g.spatial));
+          CHECK(max_diff(gb, want.gb) < tol * std::max<int64_t>(1, g.batch * g.spatial));
+          // The input's written afresh, alone; then the weight's alone.
+          const Tensor gx2 = full({n}, 7.0, opts);
+          k.group_norm_grad(dt, g, x.raw_data(), affine ? w.raw_data() : nullptr, mean.raw_data(),
+                            rstd.raw_data(), gy.raw_data(), gx2.raw_data(), nullptr, nullptr,
+                            false);
+          CHECK(max_diff(gx2, want.gx) < tol * 10);
+          k.group_norm_grad(dt, g, x.raw_data(), nullptr, mean.raw_data(), rstd.raw_data(),
+                            gy.raw_data(), nullptr, gw.raw_data(), nullptr, false);
+          CHECK(max_diff(gw, want.gw) < tol * std::max<int64_t>(1, g.batch * g.spatial));
+          // sim queues the CPU's kernels: the CPU's bits.
+          if (dev.is_cpu()) {
+            cpu_y = y, cpu_gx = gx, cpu_gw = gw;
+          } else if (dev.is_sim()) {
+            CHECK(same_bytes(y, cpu_y));
+            CHECK(same_bytes(gx, cpu_gx));
+            CHECK(same_bytes(gw, cpu_gw));
+          }
+        }
+      }
+    }
+  }
+}

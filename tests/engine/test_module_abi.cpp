@@ -30,6 +30,7 @@ const char* const kVersionedHeaders[] = {
     "engine/cuda/module.h",
     "engine/kernels/table.h",
     "engine/kernels/conv_geom.h",
+    "engine/kernels/group_norm.h",
     "engine/device.h",
     "engine/device_backend.h",
     "engine/device_error.h",
@@ -58,6 +59,7 @@ const Recorded kHistory[] = {
     {16, 0x64cafc00546a38a8ull},  // KernelTable::scale_n (clipping's scaling in one launch)
     {17, 0x4ccc1ba2f2fb838full},  // KernelTable::norm_n, TensorSpan; rope's shared tables
     {18, 0x9d531b89d95c2ac3ull},  // KernelTable::copy_blocks (cat in one launch)
+    {19, 0x9e9b8d60ecea3105ull},  // KernelTable::group_norm(_grad), NormGeom; group_norm.h covered
 };
 
 // `text` less its comments and all of its whitespace (string and character

@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "engine/ops/harness.h"
+#include "support/gpu.h"
+#include "support/numeric_grad.h"
+#include "support/relative_error.h"
 
 using namespace quanta;
 using namespace quanta::testing;
@@ -391,4 +394,99 @@ TEST_CASE("layer_norm and group_norm values and errors") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(group_norm(x.reshape({1, 2, 4}), 2, {}, ones({4})),
                        doctest::Contains("bias shape [4]"), std::invalid_argument);
+}
+
+TEST_CASE("group_norm reads channels-last memory where it lies, on every device") {
+  // [N, H, W, C] memory seen as [N, C, H, W]: what a channels-last
+  // convolution hands on. The output keeps that layout, and values and
+  // gradients equal those of the same input stored channels first.
+  Generator gen(17);
+  const Tensor mem = randn({2, 5, 3, 6}, gen, {.dtype = DType::f64});
+  const Tensor w0 = randn({6}, gen, {.dtype = DType::f64});
+  const Tensor b0 = randn({6}, gen, {.dtype = DType::f64});
+  const Tensor r0 = randn({2, 6, 5, 3}, gen, {.dtype = DType::f64});
+  const auto loss = [&](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return sum(mul(group_norm(x, 3, w, b), r0.to(x.device()).to(x.dtype())));
+  };
+  // The f64 finite-difference check of the channels-last path itself.
+  const Tensor numeric = numeric_grad(
+      [&](const Tensor& m) {
+        return loss(permute(m, {0, 3, 1, 2}), w0, b0).item<double>();
+      },
+      mem);
+  for (const Device dev : cpu_and_test_devices()) {
+    for (const DType dt : {DType::f64, DType::f32}) {
+      INFO(dev.str() << " " << std::string(dtype_name(dt)));
+      const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+      const Tensor last = mem.to(dt).to(dev).detach().requires_grad_(true);
+      const Tensor first = permute(last, {0, 3, 1, 2}).contiguous().detach().requires_grad_(true);
+      const Tensor w1 = w0.to(dt).to(dev).detach().requires_grad_(true),
+                   w2 = w1.detach().requires_grad_(true);
+      const Tensor b1 = b0.to(dt).to(dev).detach().requires_grad_(true),
+                   b2 = b1.detach().requires_grad_(true);
+      const Tensor y = group_norm(permute(last, {0, 3, 1, 2}), 3, w1, b1);
+      CHECK(permute(y, {0, 2, 3, 1}).is_contiguous());
+      CHECK(max_rel_diff(y, group_norm(first, 3, w2, b2)) < tol);
+      loss(permute(last, {0, 3, 1, 2}), w1, b1).backward();
+      loss(first, w2, b2).backward();
+      CHECK(max_rel_diff(permute(last.grad(), {0, 3, 1, 2}), first.grad()) < tol);
+      CHECK(max_rel_diff(w1.grad(), w2.grad()) < tol);
+      CHECK(max_rel_diff(b1.grad(), b2.grad()) < tol);
+      if (dt == DType::f64) CHECK(max_rel_diff(last.grad(), numeric) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("layer_norm: gradients onto an input's other uses, 16-bit inputs, frozen affines") {
+  Generator gen(23);
+  const Tensor x0 = randn({4, 7}, gen, {.dtype = DType::f64});
+  const Tensor r1 = randn({4, 7}, gen, {.dtype = DType::f64});
+  const Tensor w = randn({7}, gen, {.dtype = DType::f64});
+  // h = 1.5 x on a residual stream, read by the norm and the residual add:
+  // its gradient is the sum of both, the norm's added onto the add's in the
+  // kernel (with an op between the norm and the add, as attention is, the
+  // add's gradient for h is the engine's alone when the norm runs).
+  const auto f = [&](const Tensor& x) {
+    const Device d = x.device();
+    const Tensor h = x * 1.5;
+    const Tensor y = layer_norm(h, {7}, w.to(d)) * 3.0;
+    return sum(mul(add(y, h), r1.to(d)));
+  };
+  const Tensor numeric = numeric_grad([&](const Tensor& x) { return f(x).item<double>(); }, x0);
+  for (const Device dev : cpu_and_test_devices()) {
+    INFO(dev.str());
+    const Tensor x = x0.to(dev).detach().requires_grad_(true);
+    f(x).backward();
+    CHECK(max_rel_diff(x.grad(), numeric) < 1e-6);
+    // A frozen weight gets no gradient, the input still does.
+    const Tensor frozen = w.to(dev);
+    const Tensor x2 = x0.to(dev).detach().requires_grad_(true);
+    sum(layer_norm(x2, {7}, frozen)).backward();
+    CHECK(!frozen.grad().defined());
+    CHECK(x2.grad().defined());
+    // bf16 and f16 inputs compute in f32: the output and the gradient keep
+    // the input's dtype and lie within its rounding of the f32 result.
+    const Tensor want = layer_norm(x0.to(DType::f32).to(dev), {7}, w.to(DType::f32).to(dev));
+    for (const DType half : {DType::bf16, DType::f16}) {
+      INFO(std::string(dtype_name(half)));
+      const Tensor xh = x0.to(half).to(dev).detach().requires_grad_(true);
+      const Tensor y = layer_norm(xh, {7}, w.to(half).to(dev));
+      CHECK(y.dtype() == half);
+      CHECK(max_rel_diff(y.to(DType::f32), want) < 4 * half_tol(half));
+      sum(y).backward();
+      CHECK(xh.grad().dtype() == half);
+    }
+  }
+}
+
+TEST_CASE("layer_norm and group_norm refuse a bad eps and integer parameters by name") {
+  const Tensor x = t64({1, 2, 3, 4}, {1, 4});
+  CHECK_THROWS_WITH_AS(layer_norm(x, {4}, {}, {}, -1.0),
+                       doctest::Contains("[layer_norm] eps must be finite and >= 0"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(group_norm(x.reshape({1, 2, 2}), 2, {}, {}, NAN),
+                       doctest::Contains("[group_norm] eps must be finite"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(layer_norm(x, {4}, ones({4}, {.dtype = DType::i64})),
+                       doctest::Contains("[layer_norm] needs floating weight"),
+                       std::invalid_argument);
 }

@@ -24,11 +24,8 @@ std::shared_ptr<ConvTranspose2d> up(int64_t in, int64_t out, Generator& gen) {
 }  // namespace
 
 // GroupNorm over the channels of activations in either layout: channels last
-// are viewed channels first for the normalisation and back (the map it sees
-// is small: hidden x 7 x 7 per image). Normalising the channels-last map in
-// place, over dims 1 and 3 of a [N, H W, G, C / G] view, copies nothing but
-// made the whole step 1.8x slower: reductions over strided dims are the
-// engine's slow path, two small copies are not.
+// are viewed channels first for the normalisation and back, views only (the
+// norm's kernels read and write channels-last memory where it lies).
 class VqVae::LatentNorm : public Module {
  public:
   explicit LatentNorm(int64_t groups, int64_t channels)
