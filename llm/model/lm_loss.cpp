@@ -58,10 +58,12 @@ Tensor checked_targets(const Tensor& targets, int64_t vocab, int64_t ignore_inde
                                     std::to_string(ignore_index) + ")");
     return targets;
   }
+  // The constants are shared: no fill a step.
   const TensorOptions opts{.dtype = DType::i64, .device = targets.device()};
-  const Tensor ignored = eq(targets, scalar(static_cast<double>(ignore_index), opts));
+  const Tensor ignored = eq(targets, shared_full({}, static_cast<double>(ignore_index), opts));
   const Tensor checked = quanta::detail::checked_index(
-      "chunked_causal_lm_loss", contiguous(where(ignored, scalar(0.0, opts), targets)), 0, vocab);
+      "chunked_causal_lm_loss", contiguous(where(ignored, shared_full({}, 0.0, opts), targets)), 0,
+      vocab);
   return where(ignored, targets, checked);
 }
 
@@ -156,7 +158,8 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
   auto held_weight = std::make_shared<Tensor>(rows_train ? weight.detach() : Tensor());
   if (chunk_tokens == 0) chunk_tokens = loss_chunk_tokens(V);
   const Tensor targets = checked_targets(next_labels(labels.to(hidden.device())), V, ignore_index);
-  const Tensor valid = ne(targets, full_like(targets, static_cast<double>(ignore_index)));
+  const Tensor valid =
+      ne(targets, shared_full({}, static_cast<double>(ignore_index), options_of(targets)));
   // The number of counted labels stays on the device: no host sync.
   const DType acc = loss_dtype(weight.dtype());
   const Tensor count = sum(valid.to(acc));
@@ -181,8 +184,13 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     const Tensor w = rows_train ? *held_weight : in[1];
     if (!w.defined()) throw std::logic_error("[chunked_causal_lm_loss] forward ran twice");
     *held_weight = Tensor();  // a trained-rows weight is not needed past here
-    Tensor total = zeros({}, {.dtype = acc, .device = h.device()});
-    Tensor gh = hidden_grad ? empty({N, d}, {.dtype = acc, .device = h.device()}) : Tensor();
+    // The loss summed chunk by chunk (the first chunk's sum is the start);
+    // the hidden gradient written chunk by chunk, or one chunk's product as
+    // it is.
+    Tensor total;
+    const bool one_chunk = N <= chunk_tokens;
+    Tensor gh =
+        hidden_grad && !one_chunk ? empty({N, d}, {.dtype = acc, .device = h.device()}) : Tensor();
     // The weight's gradient: whole, or of the trained rows alone.
     const Tensor rows_at = trained_rows.defined() ? trained_rows.to(h.device()) : Tensor();
     Tensor gw = !weight_grad ? Tensor()
@@ -199,31 +207,35 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
       // gradient is then taken through the cap: times 1 - tanh^2 (and
       // through a divisor: over it).
       Tensor dlogits, cap_tanh;
-      const Tensor logits = scale_logits(linear(hc, w), divisor);
+      Tensor logits = scale_logits(linear(hc, w), divisor);
       if (cap > 0) {
         cap_tanh = tanh(logits / cap);
         dlogits = (cap_tanh * cap).to(acc).contiguous();
       } else {
         dlogits = logits.to(acc).contiguous();
       }
+      logits = Tensor();  // when dlogits is the same tensor, it is now its sole holder
       if (!autograd::sole_storage(dlogits)) dlogits = dlogits.clone();
       const Tensor row_loss = empty({n}, {.dtype = acc, .device = h.device()});
       llm_kernels(h.device())
           .lm_loss_rows(acc, dlogits.raw_data(), static_cast<const int64_t*>(t.raw_data()), n, V,
                         ignore_index, differentiated, row_loss.raw_data());
-      total = add(total, sum(row_loss));
+      total = total.defined() ? add(total, sum(row_loss)) : sum(row_loss);
       if (!differentiated) continue;
       if (cap > 0) {
         const Tensor t = cap_tanh.to(acc);
         dlogits = dlogits * (1.0 - t * t);
       }
       if (divisor != 1) dlogits = dlogits / divisor;
-      if (hidden_grad) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
+      if (hidden_grad && one_chunk) gh = matmul(dlogits.to(w.dtype()), w);
+      if (hidden_grad && !one_chunk) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
       if (weight_grad) {
         const Tensor columns = rows_at.defined() ? index_select(dlogits, 1, rows_at) : dlogits;
         gw = add(gw, matmul(transpose(columns, 0, 1), hc.to(acc)));
       }
     }
+    if (!total.defined()) total = zeros({}, {.dtype = acc, .device = h.device()});  // no rows
+    if (hidden_grad && !gh.defined()) gh = empty({N, d}, {.dtype = acc, .device = h.device()});
     *grads = {gh, gw};
     return std::vector<Tensor>{div(total, count)};
   };
@@ -238,9 +250,11 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
     if (hidden_grad) {
       if (!gh.defined())
         throw std::runtime_error("[chunked_causal_lm_loss] backward ran twice on one loss");
-      Tensor full = zeros(hidden_shape, {.dtype = hidden_dtype, .device = gh.device()});
-      copy_(slice(full, 1, 0, T - 1), reshape(mul(gh, scale).to(hidden_dtype), {B, T - 1, d}));
-      out[0] = full;
+      // The last position of each row predicts nothing: its rows are a
+      // shared zero piece of the one copy that joins them.
+      const Tensor last =
+          shared_full({B, 1, d}, 0.0, {.dtype = hidden_dtype, .device = gh.device()});
+      out[0] = cat({reshape(mul(gh, scale).to(hidden_dtype), {B, T - 1, d}), last}, 1);
     }
     if (weight_grad) {
       if (!gw.defined())
