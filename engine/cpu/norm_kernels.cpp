@@ -1,27 +1,69 @@
-// The CPU's group normalisation entries (group_norm, group_norm_grad): a
-// group's sums in f64 over its walk (engine/kernels/group_norm.h), the
-// per-element math from the same header as CUDA's, groups and channels
-// spread over threads.
+// The CPU's group normalisation entries (group_norm, group_norm_grad). Each
+// batch item is a [channels, spatial] array (row-major channels first,
+// column-major channels last), so every pass runs along contiguous memory
+// in Eigen's vector code: per-channel sums in f64, then each group's sum of
+// its channels' in order. The per-element rounding steps are those of
+// engine/kernels/group_norm.h's functors, which CUDA's kernels call.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
+#include "engine/eigen.h"
 #include "engine/kernels/group_norm.h"
 
 namespace quanta::cpu {
 namespace {
 
-// Chunks of `count` items of `each` elements: one thread below kGrainElements.
-int64_t grain_of(int64_t each) {
-  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(each, 1));
+template <class T>
+using Column = Eigen::Array<T, Eigen::Dynamic, 1>;
+
+// Items per thread's chunk: one thread below kGrainElements.
+int64_t grain_of(const NormGeom& g) {
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(g.channels * g.spatial, 1));
 }
 
-// The offset of channel c's element at batch item `item`, spatial s.
-int64_t element_at(const NormGeom& g, int64_t item, int64_t c, int64_t s) {
-  return g.channels_last ? (item * g.spatial + s) * g.channels + c
-                         : (item * g.channels + c) * g.spatial + s;
+// A batch item's [C, S] block as an Eigen array: row-major channels first,
+// column-major channels last, so its rows or columns lie contiguous.
+template <class T, int Order>
+struct ItemMaps {
+  using Block = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Order>;
+  const NormGeom& g;
+  Eigen::Map<const Block> in(const T* p) const { return {p, g.channels, g.spatial}; }
+  Eigen::Map<Block> out(T* p) const { return {p, g.channels, g.spatial}; }
+};
+
+// f(ItemMaps) for g's layout: the one place the layout picks a type.
+template <class T, class F>
+void with_item_maps(const NormGeom& g, F f) {
+  if (g.channels_last)
+    f(ItemMaps<T, Eigen::ColMajor>{g});
+  else
+    f(ItemMaps<T, Eigen::RowMajor>{g});
+}
+
+// out[c] = of(the f64 sum of channel_sums over c's group, added in channel
+// order): a group's value, held by each of its channels.
+template <class T, class Of>
+void per_group(const NormGeom& g, const Column<double>& channel_sums, Of of, Column<T>& out) {
+  const int64_t cg = g.group_channels();
+  out.resize(g.channels);
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    double s = 0;
+    for (int64_t c = grp * cg; c < (grp + 1) * cg; ++c) s += channel_sums[c];
+    out.segment(grp * cg, cg).setConstant(of(s));
+  }
+}
+
+// out[c] = values[item's group of c]: mean or rstd per channel.
+template <class T>
+void spread_groups(const NormGeom& g, const T* values, int64_t item, Column<T>& out) {
+  const int64_t cg = g.group_channels();
+  out.resize(g.channels);
+  for (int64_t grp = 0; grp < g.groups; ++grp)
+    out.segment(grp * cg, cg).setConstant(values[item * g.groups + grp]);
 }
 
 }  // namespace
@@ -31,28 +73,38 @@ void group_norm(DType dtype, const NormGeom& g, double eps, const void* x, const
   dispatch_float(dtype, "group_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xs = static_cast<const T*>(x);
-    const T* ws = static_cast<const T*>(w);
-    const T* bs = static_cast<const T*>(b);
     T* ys = static_cast<T*>(y);
-    const int64_t m = g.group_size();
-    parallel_for(0, g.group_count(), grain_of(m), [&](int64_t lo, int64_t hi) {
-      for (int64_t q = lo; q < hi; ++q) {
-        const fn::GroupWalk walk = fn::group_walk(g, q);
-        double sum = 0;
-        fn::walk_share(walk, 0, 1, [&](int64_t off, int64_t) { sum += xs[off]; });
-        const T mu = fn::norm_mean<T>(sum, m);
-        double sq = 0;
-        fn::walk_share(walk, 0, 1, [&](int64_t off, int64_t) {
-          const double d = static_cast<double>(xs[off]) - static_cast<double>(mu);
-          sq += d * d;
-        });
-        const T r = fn::norm_rstd(fn::norm_mean<T>(sq, m), static_cast<T>(eps));
-        static_cast<T*>(mean)[q] = mu;
-        static_cast<T*>(rstd)[q] = r;
-        fn::walk_share(walk, 0, 1, [&](int64_t off, int64_t c) {
-          ys[off] = fn::norm_out(xs[off], mu, r, ws, bs, c);
-        });
-      }
+    const int64_t m = g.group_size(), item_size = g.channels * g.spatial, cg = g.group_channels();
+    const Eigen::Map<const Column<T>> ws(static_cast<const T*>(w), w ? g.channels : 0);
+    const Eigen::Map<const Column<T>> bs(static_cast<const T*>(b), b ? g.channels : 0);
+    with_item_maps<T>(g, [&](auto maps) {
+      parallel_for(0, g.batch, grain_of(g), [&](int64_t lo, int64_t hi) {
+        Column<double> sums, sq;
+        Column<T> mu, r;
+        const auto mean_of = [m](double s) { return fn::norm_mean<T>(s, m); };
+        const auto rstd_of = [m, eps](double s) {
+          return fn::norm_rstd(fn::norm_mean<T>(s, m), static_cast<T>(eps));
+        };
+        for (int64_t item = lo; item < hi; ++item) {
+          const auto X = maps.in(xs + item * item_size);
+          auto Y = maps.out(ys + item * item_size);
+          sums = X.template cast<double>().rowwise().sum();
+          per_group(g, sums, mean_of, mu);
+          sq = (X.template cast<double>().colwise() - mu.template cast<double>())
+                   .square()
+                   .rowwise()
+                   .sum();
+          per_group(g, sq, rstd_of, r);
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            static_cast<T*>(mean)[item * g.groups + grp] = mu[grp * cg];
+            static_cast<T*>(rstd)[item * g.groups + grp] = r[grp * cg];
+          }
+          // fn::norm_out's steps: (x - mean) rstd, times w, plus b.
+          Y = (X.colwise() - mu).colwise() * r;
+          if (w) Y = Y.colwise() * ws;
+          if (b) Y = Y.colwise() + bs;
+        }
+      });
     });
   });
 }
@@ -63,51 +115,65 @@ void group_norm_grad(DType dtype, const NormGeom& g, const void* x, const void* 
   dispatch_float(dtype, "group_norm backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xs = static_cast<const T*>(x);
-    const T* ws = static_cast<const T*>(w);
-    const T* mus = static_cast<const T*>(mean);
-    const T* rs = static_cast<const T*>(rstd);
     const T* gys = static_cast<const T*>(gy);
-    const int64_t m = g.group_size();
-    if (gx) {
-      T* out = static_cast<T*>(gx);
-      parallel_for(0, g.group_count(), grain_of(m), [&](int64_t lo, int64_t hi) {
-        for (int64_t q = lo; q < hi; ++q) {
-          const fn::GroupWalk walk = fn::group_walk(g, q);
-          const T mu = mus[q], r = rs[q];
-          double sum_g = 0, sum_gx = 0;
-          fn::walk_share(walk, 0, 1, [&](int64_t off, int64_t c) {
-            const T gs = fn::norm_scaled_grad(gys[off], ws, c);
-            sum_g += gs;
-            sum_gx += static_cast<double>(gs) * static_cast<double>((xs[off] - mu) * r);
-          });
-          const T mean_g = fn::norm_mean<T>(sum_g, m), mean_gx = fn::norm_mean<T>(sum_gx, m);
-          fn::walk_share(walk, 0, 1, [&](int64_t off, int64_t c) {
-            const T v = fn::norm_grad_x(fn::norm_scaled_grad(gys[off], ws, c), (xs[off] - mu) * r,
-                                        r, mean_g, mean_gx);
-            out[off] = accumulate_gx ? out[off] + v : v;
-          });
+    const int64_t m = g.group_size(), item_size = g.channels * g.spatial;
+    const Eigen::Map<const Column<T>> ws(static_cast<const T*>(w), w ? g.channels : 0);
+    // Each item's per-channel sums of gy xhat and gy, added over the items
+    // in order afterwards: the affine gradients.
+    const bool affine = gw || gb;
+    std::vector<double> partial(affine ? static_cast<size_t>(2 * g.batch * g.channels) : 0);
+    with_item_maps<T>(g, [&](auto maps) {
+      using Block = typename decltype(maps)::Block;
+      parallel_for(0, g.batch, grain_of(g), [&](int64_t lo, int64_t hi) {
+        Column<T> mu, r, mean_g, mean_gx;
+        Column<double> sum_g, sum_gx;
+        Block xhat, gs;
+        const auto mean_of = [m](double s) { return fn::norm_mean<T>(s, m); };
+        for (int64_t item = lo; item < hi; ++item) {
+          const auto X = maps.in(xs + item * item_size);
+          const auto G = maps.in(gys + item * item_size);
+          spread_groups(g, static_cast<const T*>(mean), item, mu);
+          spread_groups(g, static_cast<const T*>(rstd), item, r);
+          xhat = (X.colwise() - mu).colwise() * r;
+          if (affine) {
+            double* p = partial.data() + 2 * item * g.channels;
+            Eigen::Map<Column<double>>(p, g.channels) =
+                (G.template cast<double>() * xhat.template cast<double>()).rowwise().sum();
+            Eigen::Map<Column<double>>(p + g.channels, g.channels) =
+                G.template cast<double>().rowwise().sum();
+          }
+          if (!gx) continue;
+          // fn::norm_scaled_grad's and fn::norm_grad_x's steps.
+          if (w)
+            gs = G.colwise() * ws;
+          else
+            gs = G;
+          sum_g = gs.template cast<double>().rowwise().sum();
+          sum_gx = (gs.template cast<double>() * xhat.template cast<double>()).rowwise().sum();
+          per_group(g, sum_g, mean_of, mean_g);
+          per_group(g, sum_gx, mean_of, mean_gx);
+          auto out = maps.out(static_cast<T*>(gx) + item * item_size);
+          const auto v = ((gs.colwise() - mean_g) - (xhat.colwise() * mean_gx)).colwise() * r;
+          if (accumulate_gx)
+            out += v;
+          else
+            out = v;
         }
       });
-    }
-    if (!gw && !gb) return;
-    // A channel's sums over the batch in order, then its spatial positions.
-    const int64_t cg = g.group_channels();
-    parallel_for(0, g.channels, grain_of(g.batch * g.spatial), [&](int64_t lo, int64_t hi) {
-      for (int64_t c = lo; c < hi; ++c) {
-        double sum_gxhat = 0, sum_gy = 0;
-        for (int64_t item = 0; item < g.batch; ++item) {
-          const int64_t q = item * g.groups + c / cg;
-          for (int64_t s = 0; s < g.spatial; ++s) {
-            const int64_t off = element_at(g, item, c, s);
-            sum_gy += gys[off];
-            sum_gxhat +=
-                static_cast<double>(gys[off]) * static_cast<double>((xs[off] - mus[q]) * rs[q]);
-          }
-        }
-        if (gw) static_cast<T*>(gw)[c] = static_cast<T>(sum_gxhat);
-        if (gb) static_cast<T*>(gb)[c] = static_cast<T>(sum_gy);
-      }
     });
+    if (!affine) return;
+    parallel_for(0, g.channels, 1 + kGrainElements / std::max<int64_t>(g.batch, 1),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t c = lo; c < hi; ++c) {
+                     double sum_gxhat = 0, sum_gy = 0;
+                     for (int64_t item = 0; item < g.batch; ++item) {
+                       sum_gxhat += partial[2 * item * g.channels + c];
+                       sum_gy += partial[(2 * item + 1) * g.channels + c];
+                     }
+                     if (gw) static_cast<T*>(gw)[c] = static_cast<T>(sum_gxhat);
+                     if (gb) static_cast<T*>(gb)[c] = static_cast<T>(sum_gy);
+                   }
+                 });
   });
 }
 

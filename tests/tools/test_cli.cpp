@@ -217,7 +217,9 @@ TEST_CASE("quanta bench engine reports its rows against their floors") {
                                  "sum_dim0",
                                  "transpose",
                                  "add_bf16",
-                                 "exp_bf16"};
+                                 "exp_bf16",
+                                 "group_norm_fsq_latent",
+                                 "group_norm_fsq_latent_fwd_bwd"};
   names.insert(kConvRows.begin(), kConvRows.end());
   // bf16 products against f32 ones (size small), and each convolution with
   // oneDNN's kernels against ours, where oneDNN is built in.
@@ -372,6 +374,8 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                        "sum_dim0",
                                        "amax_dim1",
                                        "permute_0213",
+                                       "layer_norm_dim1",
+                                       "group_norm_channels_last",
                                        "matmul_1024",
                                        "matmul_4096x4096x256",
                                        "matmul_1024_bf16",

@@ -138,6 +138,27 @@ std::vector<BenchRow> bench_engine(const BenchOptions& o) {
         half ? memcpy_floor_bytes(e.buffers_moved * buffer / 4) : memcpy_floor(e.buffers_moved);
     rows.push_back(row);
   }
+  // The FSQ recipe's latent norm: 16 groups over a batch of 256 channels-
+  // last 64 x 7 x 7 maps (1 image in the small size), forward, then forward
+  // and backward, floored by copying the bytes each must move (x in, y out;
+  // then also x and the output gradient in, x's gradient out).
+  {
+    const int64_t batch = o.small ? 1 : 256, numel = batch * 64 * 7 * 7;
+    const Tensor latent = permute(rand({batch, 7, 7, 64}, gen), {0, 3, 1, 2});
+    const Tensor grad_out = rand({batch, 64, 7, 7}, gen);
+    BenchRow fwd{"group_norm_fsq_latent"};
+    fwd.ms = median_ms(o.repeat, [&] { Tensor y = group_norm(latent, 16); });
+    fwd.floor_ms = memcpy_floor_bytes(2 * numel * 4);
+    rows.push_back(fwd);
+    BenchRow both{"group_norm_fsq_latent_fwd_bwd"};
+    both.ms = median_ms(o.repeat, [&] {
+      EnableGradGuard grad;  // the suite runs under NoGradGuard
+      const Tensor x = latent.detach().requires_grad_(true);
+      group_norm(x, 16).backward(grad_out);
+    });
+    both.floor_ms = memcpy_floor_bytes(5 * numel * 4);
+    rows.push_back(both);
+  }
   for (BenchRow& row : bench_conv(o, gen)) rows.push_back(row);
   return rows;
 }

@@ -43,6 +43,9 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   const Tensor swapped = o.small ? x.reshape({4, 16, 16, 64}).permute({0, 2, 1, 3})
                                  : x.reshape({64, 64, 64, 256}).permute({0, 2, 1, 3});
   const Tensor xh = x.to(DType::bf16), yh = y.to(DType::bf16);
+  // x's elements as channels-last maps of 64 channels, viewed [N, C, H, W].
+  const int64_t side = o.small ? 16 : 64;
+  const Tensor maps = x.reshape({r * c / (64 * side * side), side, side, 64}).permute({0, 3, 1, 2});
   const int64_t buffer = r * c * 4;
   // bf16 rows move half the bytes: buffers_moved counts f32-sized buffers.
   const Memory ops[] = {
@@ -57,6 +60,8 @@ void memory_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
       {"sum_dim1", 1, [&] { Tensor s = sum(x, {1}); }},
       {"sum_dim0", 1, [&] { Tensor s = sum(x, {0}); }},
       {"amax_dim1", 1, [&] { Tensor s = amax(x, {1}); }},
+      {"layer_norm_dim1", 2, [&] { Tensor z = layer_norm(x, {c}); }},
+      {"group_norm_channels_last", 2, [&] { Tensor z = group_norm(maps, 16); }},
   };
   for (const Memory& m : ops) {
     const bool half = std::string(m.name).ends_with("_bf16");
