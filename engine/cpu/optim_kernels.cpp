@@ -4,6 +4,7 @@
 #include <memory>
 #include <new>
 
+#include "engine/cpu/convert.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
@@ -80,6 +81,16 @@ void scale_n(DType dtype, const TensorSpanList& tensors, const void* factor) {
     const Operand f{const_cast<void*>(factor), dtype, none};
     update(UpdateOp::mul, {}, Shape{t.n}, x, f, f);
   }
+}
+
+void clip_factor(const double* norms, int64_t count, double p, double max_norm, DType factor_dtype,
+                 double* total, void* factor) {
+  *total = fn::clip_total(norms, count, p);
+  const double f = fn::clip_factor(*total, max_norm);
+  dispatch_all(factor_dtype, "clip_grad_norm_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    *static_cast<T*>(factor) = cast<T>(f);  // copy's conversion from f64
+  });
 }
 
 }  // namespace quanta::cpu

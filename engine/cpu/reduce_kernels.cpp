@@ -392,12 +392,16 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
   });
 }
 
-void norm_n(DType dtype, double p, const TensorSpanList& tensors, void* out) {
-  // Each tensor as stat_rows takes it as one row: the same bits.
-  auto* slot = static_cast<unsigned char*>(out);
-  const std::size_t width = dtype_info(dtype).block_bytes;
-  for (int64_t i = 0; i < tensors.count; ++i, slot += width)
-    stat_rows(RowStat::norm, p, dtype, tensors.data[i].data, 1, tensors.data[i].n, slot);
+void norm_n(DType dtype, double p, const TensorSpanList& tensors, double* out) {
+  // Each tensor as stat_rows takes it as one row (the same bits), widened.
+  dispatch_float(dtype, "clip_grad_norm_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t i = 0; i < tensors.count; ++i) {
+      T norm;
+      stat_rows(RowStat::norm, p, dtype, tensors.data[i].data, 1, tensors.data[i].n, &norm);
+      out[i] = static_cast<double>(norm);
+    }
+  });
 }
 
 void cumsum(DType dtype, const void* in, int64_t outer, int64_t n, int64_t inner, bool reverse,

@@ -106,6 +106,32 @@ void scale_n(DType dtype, const TensorSpanList& tensors, const void* factor) {
                  [&](auto tag) { scale_chunks<typename decltype(tag)::type>(tensors, factor); });
 }
 
+namespace {
+
+// One thread: clipping's total and factor (fn::clip_total, fn::clip_factor),
+// the factor converted as the copy kernels convert an f64.
+template <class T>
+__global__ void clip_factor_kernel(const double* norms, int64_t count, double p, double max_norm,
+                                   double* total, T* factor) {
+  const double t = fn::clip_total(norms, count, p);
+  *total = t;
+  *factor = convert<T>(fn::clip_factor(t, max_norm));
+}
+
+}  // namespace
+
+void clip_factor(const double* norms, int64_t count, double p, double max_norm, DType factor_dtype,
+                 double* total, void* factor) {
+  const auto launch = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    clip_factor_kernel<T>
+        <<<1, 1, 0, stream()>>>(norms, count, p, max_norm, total, static_cast<T*>(factor));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  };
+  if (visit_half(factor_dtype, launch)) return;
+  dispatch_float(factor_dtype, "clip_grad_norm_", launch);
+}
+
 void sgd_step(const SgdStep& s, DType dtype, int64_t n, void* param, const void* grad,
               void* momentum_buffer) {
   if (n == 0) return;

@@ -186,10 +186,10 @@ struct NormChunk {
 // Block b writes the norm of the chunk's tensor b to out[b] (0 for an empty
 // one): norm_kernel's block and formula, one tensor a block.
 template <class T>
-__global__ void norm_n_kernel(NormChunk<T> c, NormKind kind, double p, T* out) {
+__global__ void norm_n_kernel(NormChunk<T> c, NormKind kind, double p, double* out) {
   const int t = static_cast<int>(blockIdx.x);
   const double acc = block_norm(c.x[t], c.n[t], kind, p);
-  if (threadIdx.x == 0) out[t] = static_cast<T>(acc);
+  if (threadIdx.x == 0) out[t] = static_cast<double>(static_cast<T>(acc));
 }
 
 NormKind norm_kind(double p) {
@@ -590,7 +590,7 @@ void stat_rows(RowStat op, double param, DType dtype, const void* rows, int64_t 
   });
 }
 
-void norm_n(DType dtype, double p, const TensorSpanList& tensors, void* out) {
+void norm_n(DType dtype, double p, const TensorSpanList& tensors, double* out) {
   dispatch_float(dtype, "clip_grad_norm_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for (int64_t first = 0; first < tensors.count; first += kNormChunk) {
@@ -601,7 +601,7 @@ void norm_n(DType dtype, double p, const TensorSpanList& tensors, void* out) {
         c.n[i] = tensors.data[first + i].n;
       }
       norm_n_kernel<T><<<static_cast<unsigned>(rows), kThreadsPerBlock, 0, stream()>>>(
-          c, norm_kind(p), p, static_cast<T*>(out) + first);
+          c, norm_kind(p), p, out + first);
       QUANTA_CUDA_CHECK_LAUNCH();
     }
   });

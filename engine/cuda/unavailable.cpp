@@ -71,6 +71,7 @@ const KernelTable& unavailable_kernels() {
       .adam_step = [](auto...) { no_cuda("Adam step"); },
       .scale_n = [](auto...) { no_cuda("clip_grad_norm_"); },
       .norm_n = [](auto...) { no_cuda("clip_grad_norm_"); },
+      .clip_factor = [](auto...) { no_cuda("clip_grad_norm_"); },
       .copy_blocks = [](auto...) { no_cuda("cat"); },
       .group_norm = [](auto...) { no_cuda("group_norm"); },
       .group_norm_grad = [](auto...) { no_cuda("group_norm backward"); },

@@ -207,5 +207,30 @@ QUANTA_HD inline AdamStep read_live(AdamStep s) {
   return s;
 }
 
+/** Gradient clipping's total norm of `count` per-tensor norms (f64), added
+ * in order: the max for p = inf (a NaN wins), (sum of n^2)^(1/2) for p = 2,
+ * else (sum of n^p)^(1/p). */
+QUANTA_HD inline double clip_total(const double* norms, int64_t count, double p) {
+  const bool inf = std::isinf(p);
+  double acc = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double n = norms[i];
+    if (inf)
+      acc = std::isnan(acc) ? acc : std::isnan(n) || n > acc ? n : acc;
+    else
+      acc = add_rn(acc, p == 2.0 ? mul_rn(n, n) : std::pow(n, p));
+  }
+  if (inf) return acc;
+  return p == 2.0 ? sqrt_rn(acc) : std::pow(acc, 1.0 / p);
+}
+
+/** The factor clipping scales gradients by: max_norm / (total + 1e-6),
+ * at most 1 (gradients within the limit are multiplied by exactly 1); a NaN
+ * total gives NaN, as in PyTorch. */
+QUANTA_HD inline double clip_factor(double total, double max_norm) {
+  const double f = div_rn(max_norm, add_rn(total, 1e-6));
+  return f > 1.0 ? 1.0 : f;
+}
+
 }  // namespace fn
 }  // namespace quanta

@@ -429,11 +429,18 @@ struct KernelTable {
    * bits of mul_ on each, in fewer launches (on CUDA one per chunk). */
   void (*scale_n)(DType dtype, const TensorSpanList& tensors, const void* factor);
   /** out[i] = the p-norm of tensors[i] (p > 0 or INFINITY; 0 for an empty
-   * one) for every tensor, all of `dtype` (f32 or f64), out `count` elements
-   * of `dtype` on the device: each value the bits stat_rows(RowStat::norm)
-   * gives that tensor as one row, in fewer launches (on CUDA one per chunk
-   * of tensors): gradient clipping's norms. */
-  void (*norm_n)(DType dtype, double p, const TensorSpanList& tensors, void* out);
+   * one) for every tensor, all of `dtype` (f32 or f64), out `count` f64
+   * elements on the device: each value the bits stat_rows(RowStat::norm)
+   * gives that tensor as one row, widened to f64, in fewer launches (on CUDA
+   * one per chunk of tensors): gradient clipping's norms. */
+  void (*norm_n)(DType dtype, double p, const TensorSpanList& tensors, double* out);
+  /** Gradient clipping's total and factor from `count` per-tensor norms
+   * (f64, on the device): *total = fn::clip_total, and *factor (one element
+   * of factor_dtype: f32, f64, bf16 or f16) = fn::clip_factor(total,
+   * max_norm) converted as copy converts an f64: the values of the chain of
+   * reductions and scalar ops they replace, in one launch. */
+  void (*clip_factor)(const double* norms, int64_t count, double p, double max_norm,
+                      DType factor_dtype, double* total, void* factor);
   /** Every block of `blocks` copied as it is, elements of `dtype` (any
    * plain dtype), no destination overlapping a source or another block's
    * destination: cat's pieces in one call (on CUDA one launch per chunk of
@@ -471,8 +478,8 @@ struct KernelTable {
   X(gemm_maps) X(gemm) X(stat_rows) X(index_rows) X(cumsum) X(softmax) X(index_select) \
   X(index_lines) X(index_add) X(checked_indices) X(conv) X(avg_pool) X(max_pool) \
   X(max_pool_route) X(upsample_nearest2x) X(sq_dist_finish) X(random_fill) X(dropout_product) \
-  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n) X(copy_blocks) X(group_norm) \
-  X(group_norm_grad)
+  X(sort_pairs) X(sgd_step) X(adam_step) X(scale_n) X(norm_n) X(clip_factor) X(copy_blocks) \
+  X(group_norm) X(group_norm_grad)
 // clang-format on
 
 /** Declares a device's function for `entry`, with the entry's type (in the

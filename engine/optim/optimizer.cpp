@@ -651,12 +651,12 @@ void check_clip_options(double max_norm, double norm_type) {
 
 namespace {
 // The norms of `grads` (none empty, all of compute dtype `ct`, on one
-// device) written into one buffer by norm_n (one launch a chunk of
-// tensors), widened to f64 once: the values of norm(g).to(f64) stacked,
-// without a copy or a launch a gradient.
+// device) written into one f64 buffer by norm_n (one launch a chunk of
+// tensors): the values of norm(g).to(f64) stacked, without a copy or a
+// launch a gradient.
 Tensor norms_into_one_buffer(const std::vector<Tensor>& grads, double norm_type, DType ct) {
   const Device device = grads[0].device();
-  Tensor out = detail::make_tensor({static_cast<int64_t>(grads.size())}, ct, device);
+  Tensor out = detail::make_tensor({static_cast<int64_t>(grads.size())}, DType::f64, device);
   std::vector<Tensor> rows;  // kept to the call: the contiguous copies of strided ones
   std::vector<TensorSpan> spans;
   for (const Tensor& g : grads) {
@@ -664,8 +664,8 @@ Tensor norms_into_one_buffer(const std::vector<Tensor>& grads, double norm_type,
     spans.push_back({rows.back().raw_data(), rows.back().numel()});
   }
   kernels(device).norm_n(ct, norm_type, {spans.data(), static_cast<int64_t>(spans.size())},
-                         out.raw_data());
-  return ct == DType::f64 ? out : out.to(DType::f64);
+                         static_cast<double*>(out.raw_data()));
+  return out;
 }
 }  // namespace
 
@@ -694,19 +694,26 @@ Tensor grad_norms(const std::vector<Tensor>& grads, double norm_type) {
 }
 
 namespace {
-// The joint norm of the per-tensor `norms` (f64, where they are).
-Tensor total_norm(const Tensor& norms, double norm_type) {
-  return std::isinf(norm_type) ? amax(norms) : pow(sum(pow(norms, norm_type)), 1.0 / norm_type);
-}
-// Scales `grads` by max_norm / (total + 1e-6) where that is below 1.
-void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, double max_norm) {
-  // Clamped to 1: gradients within the limit are multiplied by exactly 1,
-  // so they do not change. A NaN factor propagates into the gradients, as
-  // in PyTorch.
-  const Tensor coef = clamp(max_norm / (total + 1e-6), NAN, 1.0);
-  // The gradients that share a dtype and device take the factor converted
-  // once, and the contiguous ones are scaled together (scale_n: mul_'s bits
-  // in one launch a chunk, where a QLoRA step launched one a gradient).
+// Scales `grads` by the clipping factor of the joint norm of the per-tensor
+// `norms` (fn::clip_factor: max_norm / (total + 1e-6), at most 1, so
+// gradients within the limit are multiplied by exactly 1; a NaN propagates
+// into the gradients, as in PyTorch) and returns that norm (0-d f64, where
+// the norms are). The gradients that share a dtype and device take one
+// factor of their dtype, the total and it made by one clip_factor call
+// (where a reduction and a scalar op each took a launch), and their
+// contiguous ones are scaled together (scale_n: mul_'s bits in one launch a
+// chunk, where a QLoRA step launched one a gradient).
+Tensor scale_by_norms(const std::vector<Tensor>& grads, const Tensor& norms, double norm_type,
+                      double max_norm) {
+  const Tensor n = norms.to(DType::f64).contiguous();
+  const KernelTable& k = kernels(n.device());
+  const Tensor total = detail::make_tensor({}, DType::f64, n.device());
+  const auto factor_in = [&](DType dtype) {
+    Tensor f = detail::make_tensor({}, dtype, n.device());
+    k.clip_factor(static_cast<const double*>(n.raw_data()), n.numel(), norm_type, max_norm, dtype,
+                  static_cast<double*>(total.raw_data()), f.raw_data());
+    return f;
+  };
   struct Group {
     Tensor factor;  // in the group's dtype, on its device
     std::vector<TensorSpan> contiguous;
@@ -715,18 +722,20 @@ void scale_by_total(const std::vector<Tensor>& grads, const Tensor& total, doubl
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
     Group& group = groups[{g.dtype(), g.device().str()}];
-    if (!group.factor.defined()) group.factor = coef.to(g.dtype()).to(g.device());
+    if (!group.factor.defined()) group.factor = factor_in(g.dtype()).to(g.device());
     if (g.is_contiguous() && is_floating(g.dtype()))
       group.contiguous.push_back({g.raw_data(), g.numel()});
     else
       mul_(g, group.factor);
   }
+  if (groups.empty()) factor_in(DType::f64);  // no gradient to scale: the total alone
   for (const auto& [key, group] : groups)
     if (!group.contiguous.empty())
       kernels(group.factor.device())
           .scale_n(key.first,
                    {group.contiguous.data(), static_cast<int64_t>(group.contiguous.size())},
                    group.factor.raw_data());
+  return total;
 }
 std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
@@ -741,12 +750,11 @@ double clip_grads_by_norms(const std::vector<Tensor>& grads, const Tensor& norms
   check_clip_options(max_norm, norm_type);
   if (norms.numel() == 0) return 0.0;
   NoGradGuard no_grad;
-  const Tensor total = total_norm(norms, norm_type);
-  if (error_if_nonfinite && !std::isfinite(total.item()))
+  // Checked before any gradient changes: the total alone first.
+  if (error_if_nonfinite && !std::isfinite(scale_by_norms({}, norms, norm_type, max_norm).item()))
     throw std::runtime_error("[clip_grad_norm_] the total norm of order " + num(norm_type) +
                              " is non-finite, so it cannot be clipped");
-  scale_by_total(grads, total, max_norm);
-  return total.item();
+  return scale_by_norms(grads, norms, norm_type, max_norm).item();
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
@@ -764,9 +772,7 @@ Tensor clip_grad_norm_no_sync_(const std::vector<Tensor>& params, double max_nor
   const Tensor norms = grad_norms(grads, norm_type);
   if (norms.numel() == 0) return zeros({}, {.dtype = DType::f64});
   NoGradGuard no_grad;
-  const Tensor total = total_norm(norms, norm_type);
-  scale_by_total(grads, total, max_norm);
-  return total;
+  return scale_by_norms(grads, norms, norm_type, max_norm);
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {

@@ -612,20 +612,65 @@ TEST_CASE("norm_n: every tensor's norm, stat_rows' bits, chunks, empties and NaN
       for (const double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
         INFO(dev.str() << " " << dtype_name(dt) << " p " << p);
         const TensorOptions opts{.dtype = dt, .device = dev};
-        const Tensor out = full({70}, -1.0, opts), one = full({1}, -1.0, opts);
+        const Tensor out = full({70}, -1.0, {.dtype = DType::f64, .device = dev});
+        const Tensor one = full({1}, -1.0, opts);
         kernels(dev).norm_n(dt, p, {list.data(), static_cast<int64_t>(list.size())},
-                            out.raw_data());
-        const std::vector<double> got = out.to(DType::f64).to_vector<double>();
+                            static_cast<double*>(out.raw_data()));
+        const std::vector<double> got = out.to(Device::cpu()).to_vector<double>();
         for (size_t i = 0; i < xs.size(); ++i) {
           INFO("tensor " << i << " of " << xs[i].numel());
           kernels(dev).stat_rows(RowStat::norm, p, dt, xs[i].raw_data(), 1, xs[i].numel(),
                                  one.raw_data());
-          CHECK(same_bytes(slice(out, 0, i, i + 1), one));
+          // stat_rows' bits, widened to f64.
+          CHECK(same_bytes(slice(out, 0, i, i + 1), one.to(DType::f64)));
           if (xs[i].numel() == 0) CHECK(got[i] == 0.0);
           if (i == 9) CHECK(std::isnan(got[i]));
         }
         // Nothing to take: nothing written.
-        kernels(dev).norm_n(dt, p, {nullptr, 0}, out.raw_data());
+        kernels(dev).norm_n(dt, p, {nullptr, 0}, static_cast<double*>(out.raw_data()));
+      }
+    }
+  }
+}
+
+TEST_CASE("clip_factor: the total norm and the factor in one call, every p and factor dtype") {
+  // Against the chain it replaces: the total as pow(sum(pow(norms, p)),
+  // 1 / p) or amax, the factor clamp(max_norm / (total + 1e-6), NAN, 1)
+  // converted to the gradients' dtype.
+  Generator gen(47);
+  const Tensor norms = rand({300}, gen, {.dtype = DType::f64}) * 3.0;
+  Tensor with_nan = norms.clone();
+  with_nan.data<double>()[7] = NAN;
+  for (const Device dev : testing::cpu_and_test_devices()) {
+    for (const Tensor& ns : {norms, with_nan, zeros({0}, {.dtype = DType::f64})}) {
+      for (const double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+        for (const double max_norm : {1.0, 1e6}) {
+          const Tensor want_total = std::isinf(p)
+                                        ? (ns.numel() ? amax(ns) : zeros({}, {.dtype = DType::f64}))
+                                        : pow(sum(pow(ns, p)), 1.0 / p);
+          for (const DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+            INFO(dev.str() << " " << std::string(dtype_name(dt)) << " p " << p << " count "
+                           << ns.numel() << " max_norm " << max_norm);
+            const Tensor n = ns.to(dev);
+            const Tensor total = full({}, -1.0, {.dtype = DType::f64, .device = dev});
+            const Tensor factor = full({}, -1.0, {.dtype = dt, .device = dev});
+            kernels(dev).clip_factor(static_cast<const double*>(n.raw_data()), n.numel(), p,
+                                     max_norm, dt, static_cast<double*>(total.raw_data()),
+                                     factor.raw_data());
+            const double t = total.item(), w = want_total.item();
+            if (std::isnan(w)) {
+              CHECK(std::isnan(t));
+              CHECK(std::isnan(factor.to(DType::f64).item()));
+              continue;
+            }
+            // Summed in order here, by Eigen's vector code in the chain;
+            // the factor is the chain's of this total, bit for bit.
+            CHECK(t == doctest::Approx(w).epsilon(1e-14));
+            const Tensor want = clamp(max_norm / (total.to(Device::cpu()) + 1e-6), NAN, 1.0);
+            CHECK(same_bytes(factor.to(Device::cpu()), want.to(dt)));
+            if (max_norm == 1e6) CHECK(factor.to(DType::f64).item() == 1.0);
+          }
+        }
       }
     }
   }

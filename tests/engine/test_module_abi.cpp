@@ -60,6 +60,7 @@ const Recorded kHistory[] = {
     {17, 0x4ccc1ba2f2fb838full},  // KernelTable::norm_n, TensorSpan; rope's shared tables
     {18, 0x9d531b89d95c2ac3ull},  // KernelTable::copy_blocks (cat in one launch)
     {19, 0x9e9b8d60ecea3105ull},  // KernelTable::group_norm(_grad), NormGeom; group_norm.h covered
+    {20, 0x3eafe94398a79ff5ull},  // KernelTable::clip_factor; norm_n writes f64
 };
 
 // `text` less its comments and all of its whitespace (string and character

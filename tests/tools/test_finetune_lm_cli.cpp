@@ -387,16 +387,16 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
       CHECK(contains(a.out, run.says));
       CHECK_FALSE(contains(b.out, "captured"));
       if (run.name.rfind("tokens", 0) == 0) {
-        // The step's launch budget: 170 kernels and copies on sim when it
+        // The step's launch budget: 163 kernels and copies on sim when it
         // was set (7 a LoRA layer, the rest norms, attention, the loss,
         // clipping and AdamW), where per-layer scalings, norms, table
-        // copies and the loss's fills and copies had made 247. A new launch
-        // a layer fails it.
+        // copies, the loss's fills and copies and clipping's scalar ops had
+        // made 247. A new launch a layer fails it.
         const std::size_t at = a.out.find("captured as a graph of ");
         REQUIRE(at != std::string::npos);
         const long nodes = std::stol(a.out.substr(at + 23));
         MESSAGE("the captured QLoRA step holds ", nodes, " kernels and copies");
-        CHECK(nodes <= 175);
+        CHECK(nodes <= 168);
       }
       const std::vector<json> ra = records(d.file(run.name + "_graph/metrics.jsonl")),
                               rb = records(d.file(run.name + "_eager/metrics.jsonl"));
