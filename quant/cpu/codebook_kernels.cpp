@@ -6,6 +6,7 @@
 #include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "quant/cpu/kernels.h"
+#include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cpu {
 
@@ -45,6 +46,39 @@ void code_statistics(DType dtype, const int64_t* idx, const void* x, int64_t n, 
                           T* out = sum + c * d;
                           const T* row = rows + i * d;
                           for (int64_t e = lo; e < hi; ++e) out[e] += row[e];
+                        }
+                      });
+  });
+}
+
+void ema_lerp(DType dtype, int64_t n, double keep, double alpha, void* x, const void* a) {
+  dispatch_float(dtype, "Codebook EMA", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* xs = static_cast<T*>(x);
+    const T* as = static_cast<const T*>(a);
+    const T k = static_cast<T>(keep), al = static_cast<T>(alpha);
+    cpu::parallel_for(0, n, cpu::kGrainElements, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) xs[i] = fn::ema_lerp(xs[i], as[i], k, al);
+    });
+  });
+}
+
+void ema_embed(DType dtype, int64_t tables, int64_t k, int64_t d, double eps,
+               const void* cluster_size, const void* totals, const void* embed_avg, void* embed) {
+  dispatch_float(dtype, "Codebook EMA", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* sizes = static_cast<const T*>(cluster_size);
+    const T* total = static_cast<const T*>(totals);
+    const T* avg = static_cast<const T*>(embed_avg);
+    T* out = static_cast<T*>(embed);
+    const T e = static_cast<T>(eps), k_eps = static_cast<T>(double(k) * eps);
+    cpu::parallel_for(0, tables * k,
+                      std::max<int64_t>(1, cpu::kGrainElements / std::max<int64_t>(d, 1)),
+                      [&](int64_t lo, int64_t hi) {
+                        for (int64_t row = lo; row < hi; ++row) {
+                          const T s = fn::smoothed_size(sizes[row], total[row / k], e, k_eps);
+                          for (int64_t j = 0; j < d; ++j)
+                            out[row * d + j] = quanta::fn::div_rn(avg[row * d + j], s);
                         }
                       });
   });

@@ -1,6 +1,7 @@
-// CUDA entries nearest_codes, squared_error, squared_error_grad, route_grad
-// and put_rows (quant/kernels/table.h). The math is quant/kernels/functors.h;
-// here only index arithmetic, cuBLAS for the distances and warp reductions.
+// CUDA entries nearest_codes, squared_error, squared_error_grad, route_grad,
+// put_rows and the codebook EMA's ema_lerp and ema_embed (quant/kernels/
+// table.h). The math is quant/kernels/functors.h; here only index
+// arithmetic, cuBLAS for the distances and warp reductions.
 #include <vector>
 
 #include "quant/cuda/device.cuh"
@@ -265,6 +266,48 @@ void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, c
     if (g.blocks == 0) return;
     put_rows_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
         static_cast<T*>(dst), d, at, m, static_cast<const T*>(src), T(scale));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+namespace {
+
+template <class T>
+__global__ void ema_lerp_kernel(int64_t n, T keep, T alpha, T* x, const T* a) {
+  QUANTA_GRID_STRIDE(i, n) { x[i] = fn::ema_lerp(x[i], a[i], keep, alpha); }
+}
+
+template <class T>
+__global__ void ema_embed_kernel(int64_t tables, int64_t k, int64_t d, T eps, T k_eps,
+                                 const T* sizes, const T* totals, const T* avg, T* out) {
+  QUANTA_GRID_STRIDE(i, tables * k * d) {
+    const int64_t row = i / d;
+    out[i] = quanta::fn::div_rn(avg[i], fn::smoothed_size(sizes[row], totals[row / k], eps, k_eps));
+  }
+}
+
+}  // namespace
+
+void ema_lerp(DType dtype, int64_t n, double keep, double alpha, void* x, const void* a) {
+  cuda::dispatch_float(dtype, "Codebook EMA", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(n);
+    if (g.blocks == 0) return;
+    ema_lerp_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+        n, T(keep), T(alpha), static_cast<T*>(x), static_cast<const T*>(a));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void ema_embed(DType dtype, int64_t tables, int64_t k, int64_t d, double eps,
+               const void* cluster_size, const void* totals, const void* embed_avg, void* embed) {
+  cuda::dispatch_float(dtype, "Codebook EMA", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(tables * k * d);
+    if (g.blocks == 0) return;
+    ema_embed_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+        tables, k, d, T(eps), T(double(k) * eps), static_cast<const T*>(cluster_size),
+        static_cast<const T*>(totals), static_cast<const T*>(embed_avg), static_cast<T*>(embed));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -12,10 +12,30 @@
 #include <limits>
 
 #include "engine/kernels/functors.h"         // QUANTA_HD
+#include "engine/kernels/optim_functors.h"   // mul_add, the _rn steps
 #include "engine/kernels/reduce_functors.h"  // fold_loaded
 #include "quant/kernels/nf4_layout.h"
 
 namespace quanta::quant::fn {
+
+// ---- the codebook EMA: the single-op kernels' roundings, fused ----
+
+/** x keep + alpha a as mul_(x, keep) then add_(x, a, alpha) round it: the
+ * product rounded, then add_'s d + alpha a (contracted where the update
+ * kernel is: quanta::fn::mul_add). */
+template <class T>
+QUANTA_HD inline T ema_lerp(T x, T a, T keep, T alpha) {
+  return quanta::fn::mul_add(alpha, a, quanta::fn::mul_rn(x, keep));
+}
+
+/** A code's Laplace-smoothed cluster size, (size + eps) / (total + k eps)
+ * total, each step rounded to T as the composed ops round it (k_eps: k eps
+ * computed in f64, then rounded). */
+template <class T>
+QUANTA_HD inline T smoothed_size(T size, T total, T eps, T k_eps) {
+  using quanta::fn::add_rn;
+  return quanta::fn::mul_rn(quanta::fn::div_rn(add_rn(size, eps), add_rn(total, k_eps)), total);
+}
 
 // ---- nearest_codes: a running argmin with the CPU's tie and NaN rules ----
 

@@ -101,6 +101,19 @@ struct QuantKernelTable {
    * plans.h: code_stats_piece_rows), so no float atomics decide the order. */
   void (*code_statistics)(DType dtype, const int64_t* idx, const void* x, int64_t n, int64_t k,
                           int64_t d, void* counts, void* sums);
+  /** The codebook EMA's lerp, in place: x = x keep + alpha a over n
+   * contiguous elements of `dtype` (f32 or f64), the bits of mul_(x, keep)
+   * then add_(x, a, alpha) (fn::ema_lerp) in one pass: cluster_size's and
+   * embed_avg's updates. */
+  void (*ema_lerp)(DType dtype, int64_t n, double keep, double alpha, void* x, const void* a);
+  /** The codebook from its EMA statistics with Laplace smoothing: for t <
+   * tables and c < k, embed[t, c, :] = embed_avg[t, c, :] / ((cluster_size[t,
+   * c] + eps) / (totals[t] + k eps) totals[t]) (fn::smoothed_size, the bits
+   * of the composed ops), totals[t] the sum of cluster_size's row t. All
+   * contiguous, of `dtype` (f32 or f64). One pass where the ops took six. */
+  void (*ema_embed)(DType dtype, int64_t tables, int64_t k, int64_t d, double eps,
+                    const void* cluster_size, const void* totals, const void* embed_avg,
+                    void* embed);
 
   // ---- LFQ entropy (quant/scalar/lfq_entropy.cpp) ----
 
@@ -150,7 +163,7 @@ struct QuantKernelTable {
 // clang-format off
 #define QUANTA_QUANT_KERNEL_ENTRIES(X) \
   X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows) \
-  X(code_statistics) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
+  X(code_statistics) X(ema_lerp) X(ema_embed) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
   X(nf4_encode) X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
 // clang-format on
 

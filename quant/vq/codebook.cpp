@@ -54,6 +54,17 @@ void put_rows_(const Tensor& dst, const Tensor& at, const Tensor& src, double sc
                    rows.numel(), s.defined() ? s.raw_data() : nullptr, scale);
 }
 
+// x = x keep + alpha a, in place (the EMA's lerp; x contiguous): one kernel
+// with the bits of mul_(x, keep) and add_(x, a, alpha).
+void ema_lerp_(const Tensor& x, const Tensor& a, double keep, double alpha) {
+  const QuantKernelTable& kernels = quant_kernels_for("Codebook EMA", {&x, &a});
+  const Tensor ac = contiguous(to_dtype(a, x.dtype()));
+  if (ac.numel() != x.numel() || !x.is_contiguous())
+    throw std::logic_error("[Codebook EMA] statistics of shape " + shape_str(a.shape()) +
+                           " for a table of shape " + shape_str(x.shape()));
+  kernels.ema_lerp(x.dtype(), x.numel(), keep, alpha, x.raw_data(), ac.raw_data());
+}
+
 }  // namespace
 
 Codebook::Codebook(const CodebookOptions& opts, Generator& gen)
@@ -188,19 +199,18 @@ void Codebook::apply_cluster_ema() {
   NoGradGuard no_grad;
   // cluster_size <- decay^s cluster_size + (1 - decay) folded counts (= s
   // reference lerps), in place.
-  mul_(cluster_size_, std::pow(opts_.decay, double(pending_.steps)));
-  add_(cluster_size_, pending_.counts, 1.0 - opts_.decay);
+  ema_lerp_(cluster_size_, pending_.counts, std::pow(opts_.decay, double(pending_.steps)),
+            1.0 - opts_.decay);
   pending_.counts = Tensor();
 }
 
 void Codebook::embed_from_statistics() {
   // embed <- embed_avg / Laplace-smoothed cluster sizes, written in place:
-  // no [G, K, D] temporary.
-  const double k = double(opts_.codebook_size);
-  const Tensor n = sum(cluster_size_, {-1}, true);
-  const Tensor smoothed = (cluster_size_ + opts_.eps) / (n + k * opts_.eps) * n;
-  copy_(embed_, embed_avg_);
-  div_(embed_, unsqueeze(smoothed, -1));
+  // no temporary, one kernel after the sizes' sums.
+  const Tensor n = contiguous(sum(cluster_size_, {-1}));
+  quant_kernels_for("Codebook EMA", {&embed_, &n})
+      .ema_embed(embed_.dtype(), opts_.num_codebooks, opts_.codebook_size, opts_.dim, opts_.eps,
+                 cluster_size_.raw_data(), n.raw_data(), embed_avg_.raw_data(), embed_.raw_data());
   if (opts_.use_cosine_sim) copy_(embed_, l2norm(embed_));
 }
 
@@ -213,8 +223,8 @@ void Codebook::apply_embed_ema() {
   if (pending_.empty()) return;
   NoGradGuard no_grad;
   // The same lerp for embed_avg, in place: no [G, K, D] temporaries.
-  mul_(embed_avg_, std::pow(opts_.decay, double(pending_.steps)));
-  add_(embed_avg_, pending_.sums, 1.0 - opts_.decay);
+  ema_lerp_(embed_avg_, pending_.sums, std::pow(opts_.decay, double(pending_.steps)),
+            1.0 - opts_.decay);
   if (opts_.ema_update && !opts_.manual_ema_update) embed_from_statistics();
   pending_.counts = Tensor();
   pending_.sums = Tensor();

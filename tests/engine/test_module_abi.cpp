@@ -61,6 +61,7 @@ const Recorded kHistory[] = {
     {18, 0x9d531b89d95c2ac3ull},  // KernelTable::copy_blocks (cat in one launch)
     {19, 0x9e9b8d60ecea3105ull},  // KernelTable::group_norm(_grad), NormGeom; group_norm.h covered
     {20, 0x3eafe94398a79ff5ull},  // KernelTable::clip_factor; norm_n writes f64
+    {21, 0x683cfa4840a9a43aull},  // QuantKernelTable::ema_lerp, ema_embed
 };
 
 // `text` less its comments and all of its whitespace (string and character

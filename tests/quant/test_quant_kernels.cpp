@@ -4,11 +4,13 @@
 // (their results against the CPU's: cuda/test_cuda_table.cpp).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quant/kernels/table.h"
@@ -68,6 +70,47 @@ TEST_CASE("quant kernels: put_rows writes the rows named and skips those marked 
   }
 }
 
+TEST_CASE("quant kernels: the codebook EMA's lerp and smoothing equal the composed ops' bits") {
+  // The chain they replace: mul_(x, keep), add_(x, a, alpha); then
+  // (size + eps) / (total + k eps) * total and embed_avg over it.
+  Generator gen(29);
+  for (const Device dev : quanta::testing::cpu_and_test_devices()) {
+    for (const DType dt : {DType::f32, DType::f64}) {
+      INFO(dev.str() << " " << std::string(dtype_name(dt)));
+      const TensorOptions opts{.dtype = dt, .device = dev};
+      const int64_t tables = 3, k = 37, d = 5;
+      const Tensor sizes = (rand({tables, k}, gen) * 4.0).to(dt).to(dev);
+      const Tensor counts = round(rand({tables, k}, gen) * 9.0).to(dt).to(dev);
+      const Tensor avg = randn({tables, k, d}, gen, opts);
+      const Tensor sums = randn({tables, k, d}, gen, opts);
+      const double keep = std::pow(0.8, 2.0), alpha = 1.0 - 0.8, eps = 1e-5;
+      const QuantKernelTable& q = quant_kernels(dev);
+      // The lerp, on cluster sizes and on embed_avg.
+      for (const auto& [x, a] : {std::pair{sizes, counts}, std::pair{avg, sums}}) {
+        const Tensor fused = x.clone(), chain = x.clone();
+        q.ema_lerp(dt, fused.numel(), keep, alpha, fused.raw_data(), a.raw_data());
+        mul_(chain, keep);
+        add_(chain, a, alpha);
+        CHECK(std::memcmp(fused.to(Device::cpu()).raw_data(), chain.to(Device::cpu()).raw_data(),
+                          fused.nbytes()) == 0);
+      }
+      // The smoothing, with totals of the sizes' rows.
+      const Tensor totals = sum(sizes, {-1}).contiguous();
+      const Tensor fused = empty({tables, k, d}, opts);
+      q.ema_embed(dt, tables, k, d, eps, sizes.raw_data(), totals.raw_data(), avg.raw_data(),
+                  fused.raw_data());
+      const Tensor n = unsqueeze(totals, -1);
+      const Tensor smoothed = (sizes + eps) / (n + double(k) * eps) * n;
+      const Tensor chain = avg / unsqueeze(smoothed, -1);
+      CHECK(std::memcmp(fused.to(Device::cpu()).raw_data(), chain.to(Device::cpu()).raw_data(),
+                        fused.nbytes()) == 0);
+      // Nothing to do: nothing touched.
+      q.ema_lerp(dt, 0, keep, alpha, nullptr, nullptr);
+      q.ema_embed(dt, 0, k, d, eps, nullptr, nullptr, nullptr, nullptr);
+    }
+  }
+}
+
 TEST_CASE("quant kernels: the CUDA table is complete") {
   const QuantKernelTable& t = quant_cuda::table();
   CHECK(std::string(t.device_name) == "cuda");
@@ -107,6 +150,9 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(message_of([&] { t.put_rows(DType::f32, f, 1, i, 1, f, 1.0); }), "Codebook");
   check_names(message_of([&] { t.code_statistics(DType::f32, i, f, 1, 1, 1, f, f); }),
               "code_statistics");
+  check_names(message_of([&] { t.ema_lerp(DType::f32, 1, 1.0, 1.0, f, f); }), "Codebook EMA");
+  check_names(message_of([&] { t.ema_embed(DType::f32, 1, 1, 1, 1e-5, f, f, f, f); }),
+              "Codebook EMA");
   check_names(message_of([&] { t.bit_product(DType::f64, d, 1, 1, d); }), "lfq_bit_product");
   check_names(message_of([&] { t.bit_product_grad(DType::f64, d, d, 1, 1, d); }),
               "lfq_bit_product");
