@@ -107,9 +107,14 @@ Tensor global_mean(ProcessGroup& g, const Tensor& sum, const Tensor& count) {
   if (count.numel() != 1)
     throw std::invalid_argument("[dist::fn::global_mean] count must hold one number, got shape " +
                                 shape_str(count.shape()));
-  Tensor total = count.detach().reshape({}).to(DType::f64).clone();
-  g.all_reduce(total);
-  Tensor summed = all_reduce(g, sum, ReduceOp::sum);
+  // One rank's sums are the global ones: no private copies to reduce.
+  const bool alone = g.size() == 1;
+  Tensor total = count.detach().reshape({}).to(DType::f64);
+  if (!alone) {
+    total = total.clone();
+    g.all_reduce(total);
+  }
+  Tensor summed = alone ? sum : all_reduce(g, sum, ReduceOp::sum);
   // The count stays on the device (no host read). No item on any rank means
   // a zero sum: dividing it by 1 keeps it 0.
   const Tensor n = clamp(total, 1.0, std::numeric_limits<double>::quiet_NaN());
