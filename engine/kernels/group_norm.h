@@ -1,8 +1,11 @@
 #pragma once
 // Group normalisation as the kernel table's group_norm entries take it: the
 // geometry, the walk over one group's elements in either activation layout,
-// and the per-element math, written once for the CPU's kernels and CUDA's
-// (layer normalisation is the case of one group and no spatial dims).
+// and the per-element math (layer normalisation is the case of one group and
+// no spatial dims). CUDA's kernels call all of it; the CPU's run the same
+// rounding steps in Eigen's vector code and call the statistics' functions,
+// and tests/engine/test_kernel_table.cpp runs the walk and the element
+// functions on the host against the CPU kernel.
 #include <cmath>
 #include <cstdint>
 

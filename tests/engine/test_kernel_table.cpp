@@ -21,6 +21,7 @@
 #include "engine/cuda/launch.h"
 #include "engine/cuda/module.h"
 #include "engine/kernels/copy_transposed.h"
+#include "engine/kernels/group_norm.h"
 #include "engine/kernels/reduce_functors.h"
 #include "engine/kernels/strided_index.h"
 #include "engine/kernels/table.h"
@@ -630,6 +631,84 @@ TEST_CASE("norm_n: every tensor's norm, stat_rows' bits, chunks, empties and NaN
         kernels(dev).norm_n(dt, p, {nullptr, 0}, static_cast<double*>(out.raw_data()));
       }
     }
+  }
+}
+
+TEST_CASE("group_norm's device walk and functors, run on the host, give the CPU kernel's values") {
+  // CUDA's kernels walk a group as 256 threads' shares (fn::walk_share) and
+  // compute each element with fn::norm_out and fn::norm_grad_x; the CPU's
+  // kernels are Eigen's. Here the walk runs on the host as a block would:
+  // every element visited once with its channel, and the functors' values
+  // equal to the CPU kernel's.
+  Generator gen(53);
+  const double eps = 1e-5;
+  for (const NormGeom& g :
+       {NormGeom{.batch = 2, .channels = 6, .spatial = 300, .groups = 3},
+        NormGeom{.batch = 2, .channels = 6, .spatial = 300, .groups = 3, .channels_last = true},
+        NormGeom{.batch = 5, .channels = 700, .spatial = 1, .groups = 1}}) {
+    INFO("channels " << g.channels << " spatial " << g.spatial
+                     << std::string(g.channels_last ? " channels last" : ""));
+    const int64_t n = g.batch * g.channels * g.spatial, threads = 256;
+    const Tensor x = randn({n}, gen, {.dtype = DType::f64}) * 2.0 + 0.5;
+    const Tensor gy = randn({n}, gen, {.dtype = DType::f64});
+    const Tensor w = randn({g.channels}, gen, {.dtype = DType::f64});
+    const Tensor b = randn({g.channels}, gen, {.dtype = DType::f64});
+    const double *xs = x.data<double>(), *gys = gy.data<double>(), *ws = w.data<double>(),
+                 *bs = b.data<double>();
+    // The CPU kernel's results.
+    const Tensor y = empty({n}, {.dtype = DType::f64}), gx = empty({n}, {.dtype = DType::f64});
+    const Tensor mean = empty({g.group_count()}, {.dtype = DType::f64});
+    const Tensor rstd = empty({g.group_count()}, {.dtype = DType::f64});
+    kernels(Device::cpu())
+        .group_norm(DType::f64, g, eps, xs, ws, bs, y.raw_data(), mean.raw_data(), rstd.raw_data());
+    kernels(Device::cpu())
+        .group_norm_grad(DType::f64, g, xs, ws, mean.raw_data(), rstd.raw_data(), gys,
+                         gx.raw_data(), nullptr, nullptr, false);
+    std::vector<int> visits(static_cast<size_t>(n), 0);
+    double worst_y = 0, worst_gx = 0;
+    for (int64_t q = 0; q < g.group_count(); ++q) {
+      const fn::GroupWalk walk = fn::group_walk(g, q);
+      // Pass 1: the threads' sums, then the block's; the elements' channels.
+      double sum = 0, sum_g = 0, sum_gx = 0;
+      for (int64_t t = 0; t < threads; ++t)
+        fn::walk_share(walk, t, threads, [&](int64_t off, int64_t c) {
+          ++visits[static_cast<size_t>(off)];
+          const int64_t item = q / g.groups;
+          const int64_t want_c = g.channels_last ? off % g.channels : off / g.spatial % g.channels;
+          CHECK(c == want_c);
+          CHECK(off / (g.channels * g.spatial) == item);
+          CHECK(c / g.group_channels() == q % g.groups);
+          sum += xs[off];
+        });
+      const double mu = fn::norm_mean<double>(sum, g.group_size());
+      double sq = 0;
+      for (int64_t t = 0; t < threads; ++t)
+        fn::walk_share(walk, t, threads,
+                       [&](int64_t off, int64_t) { sq += (xs[off] - mu) * (xs[off] - mu); });
+      const double r = fn::norm_rstd(fn::norm_mean<double>(sq, g.group_size()), eps);
+      CHECK(mu == doctest::Approx(mean.data<double>()[q]).epsilon(1e-12));
+      CHECK(r == doctest::Approx(rstd.data<double>()[q]).epsilon(1e-12));
+      for (int64_t t = 0; t < threads; ++t)
+        fn::walk_share(walk, t, threads, [&](int64_t off, int64_t c) {
+          worst_y = std::max(
+              worst_y, std::abs(fn::norm_out(xs[off], mu, r, ws, bs, c) - y.data<double>()[off]));
+          const double gs = fn::norm_scaled_grad(gys[off], ws, c);
+          sum_g += gs;
+          sum_gx += gs * ((xs[off] - mu) * r);
+        });
+      const double mean_g = fn::norm_mean<double>(sum_g, g.group_size());
+      const double mean_gx = fn::norm_mean<double>(sum_gx, g.group_size());
+      for (int64_t t = 0; t < threads; ++t)
+        fn::walk_share(walk, t, threads, [&](int64_t off, int64_t c) {
+          const double v = fn::norm_grad_x(fn::norm_scaled_grad(gys[off], ws, c),
+                                           (xs[off] - mu) * r, r, mean_g, mean_gx);
+          worst_gx = std::max(worst_gx, std::abs(v - gx.data<double>()[off]));
+        });
+    }
+    // Every element once in each of the first pass's walks.
+    CHECK(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
+    CHECK(worst_y < 1e-12);
+    CHECK(worst_gx < 1e-12);
   }
 }
 
