@@ -68,8 +68,8 @@ struct NormLayout {
   Tensor view(const Tensor& mem) const { return channels_last ? permute(mem, from_memory) : mem; }
 };
 
-// The fused normalisation of x in geometry g (its layout still to be set)
-// with the optional affine parameters (of shape param_shape, read flat as
+// The fused normalisation of x in geometry g (its layout taken from
+// `layout`) with the optional affine parameters (of any shape, read flat as
 // [channels]), for layer_norm and group_norm alike.
 Tensor normalize(const char* op, const Tensor& x, NormGeom g, const NormLayout& layout,
                  const Tensor& weight, const Tensor& bias, double eps) {

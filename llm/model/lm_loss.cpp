@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "engine/autograd/function.h"
 #include "engine/autograd/grad_mode.h"
@@ -227,8 +228,13 @@ Tensor chunked_causal_lm_loss(const Tensor& hidden, const Tensor& weight, const 
         dlogits = dlogits * (1.0 - t * t);
       }
       if (divisor != 1) dlogits = dlogits / divisor;
-      if (hidden_grad && one_chunk) gh = matmul(dlogits.to(w.dtype()), w);
-      if (hidden_grad && !one_chunk) copy_(narrow(gh, 0, n0, n), matmul(dlogits.to(w.dtype()), w));
+      if (hidden_grad) {
+        Tensor product = matmul(dlogits.to(w.dtype()), w);
+        if (one_chunk)
+          gh = std::move(product);
+        else
+          copy_(narrow(gh, 0, n0, n), product);
+      }
       if (weight_grad) {
         const Tensor columns = rows_at.defined() ? index_select(dlogits, 1, rows_at) : dlogits;
         gw = add(gw, matmul(transpose(columns, 0, 1), hc.to(acc)));
