@@ -16,6 +16,8 @@
 // two 16-byte loads through the L1 cache, which the multiprocessor's warps
 // share: no passes, no barriers. Both sum in the same order.
 #include <cstdlib>
+#include <stdexcept>
+#include <type_traits>
 
 #include "quant/cuda/device.cuh"
 #include "quant/cuda/nf4_gemv.h"
@@ -108,6 +110,11 @@ __device__ inline void decode_word(uint32_t table, uint32_t word, float scale, D
   }
 }
 
+// a * b rounded, never fused into the sum it is added to: the kernels'
+// scaled sums stay the same bits whatever the compiler contracts.
+__device__ inline float unfused_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double unfused_mul(double a, double b) { return __dmul_rn(a, b); }
+
 // acc[r][m] += row r's 8 decoded values . the 8 values of x's row m, which
 // load(m, xv) fetches (both kernels sum the same way).
 template <class T, int MB, class Load>
@@ -122,7 +129,7 @@ __device__ inline void accumulate8(const T (&wv)[kRows][kCodes], const float (&s
       T dot = T(0);
 #pragma unroll
       for (int j = 0; j < kCodes; ++j) dot += wv[r][j] * xv[j];
-      acc[r][m] += scale_after ? static_cast<T>(scale[r]) * dot : dot;
+      acc[r][m] += scale_after ? unfused_mul(static_cast<T>(scale[r]), dot) : dot;
     }
   }
 }
@@ -242,6 +249,138 @@ __global__ void __launch_bounds__(kNF4GemvWarps* kWarp, nf4_gemv_min_blocks(size
   }
 }
 
+// Row values v of a word scaled by `scale` and rounded to DD (bf16, f16),
+// two at a time: one packing conversion (F2FP) a pair, where rounding each
+// alone is a conversion (F2F) each, at 16 a clock per multiprocessor in
+// CUDA's throughput table, an eighth of f32 multiplies'. The same bits:
+// both round to nearest even.
+template <DType DD>
+__device__ inline void scale_round(float scale, float (&v)[kCodes]) {
+#pragma unroll
+  for (int j = 0; j < kCodes; j += 2) {
+    const float a = unfused_mul(v[j], scale), b = unfused_mul(v[j + 1], scale);
+    if constexpr (DD == DType::bf16) {
+      const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+      v[j] = __low2float(p), v[j + 1] = __high2float(p);
+    } else {
+      static_assert(DD == DType::f16, "bf16 or f16 values are rounded");
+      const __half2 p = __floats2half2_rn(a, b);
+      v[j] = __low2float(p), v[j + 1] = __high2float(p);
+    }
+  }
+}
+
+// The `fixed` kernel (plans.h: NF4GemvKind): one f32 row of x, the walk's
+// step strides and the dequant dtype (DD) compile-time constants. A lane's addresses in a group of
+// steps are its cursor plus constants (no address sums per load, no carry between runs), and its
+// sums are the unstaged kernel's, in its order: the dot of 8 values and 8 x from 0, then the scaled
+// dot (DD f32) or the dot of values already scaled and rounded added to the row's sum.
+template <NF4GemvWalk Walk, DType DD>
+__global__ void __launch_bounds__(kNF4GemvWarps* kWarp, nf4_gemv_min_blocks(4, 1))
+    fixed_kernel(const float* x, int64_t K, NF4Runs w, int64_t N, const float* bias, float* y) {
+  constexpr NF4GemvFixedSteps kStep = nf4_gemv_fixed_steps(Walk);
+  static_assert(kStep.code_bytes > 0 && kStep.scale_bytes > 0, "a walk with constant steps");
+  __shared__ __align__(256) float values[16];  // code_value: its low address byte 0
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  if (threadIdx.x < 16) values[threadIdx.x] = fn::nf4_value(static_cast<int>(threadIdx.x));
+  __syncthreads();
+  const auto table = static_cast<uint32_t>(__cvta_generic_to_shared(values));
+  const int64_t runs_per_row = K / w.run;
+
+  for (int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNF4GemvBlockRows; n0 < N;
+       n0 += static_cast<int64_t>(gridDim.x) * kNF4GemvBlockRows) {
+    const uint8_t* codes[kRows];
+    const uint8_t* scales[kRows];
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + warp * kRows + r;  // past N: row N - 1, never written
+      const NF4GemvCursor c =
+          nf4_gemv_cursor(w, w.run, n < N ? n : N - 1, runs_per_row, kCodes * lane);
+      codes[r] = c.codes, scales[r] = c.scale, acc[r] = 0.0f;
+    }
+    const float* xl = x + kCodes * lane;
+    // One group: S steps' words and scales of every row loaded, then each
+    // step's x (through L1) and its decoded rows summed.
+    const auto group = [&]<int S>() {
+      uint32_t words[S][kRows];
+      float scale[S][kRows];
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          words[s][r] = __ldg(reinterpret_cast<const uint32_t*>(codes[r] + s * kStep.code_bytes));
+          scale[s][r] = __ldg(reinterpret_cast<const float*>(scales[r] + s * kStep.scale_bytes));
+        }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        codes[r] += S * kStep.code_bytes, scales[r] += S * kStep.scale_bytes;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        float xv[kCodes];
+        load8_global(xl + s * kNF4GemvStep, xv);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const fn::NF4WordOffsets o = fn::nf4_word_offsets(words[s][r]);
+          float v[kCodes];
+#pragma unroll
+          for (int j = 0; j < kCodes; ++j) v[j] = code_value(table, o, j);
+          if constexpr (DD != DType::f32) scale_round<DD>(scale[s][r], v);
+          float dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kCodes; ++j) dot += v[j] * xv[j];
+          acc[r] += DD == DType::f32 ? unfused_mul(scale[s][r], dot) : dot;
+        }
+      }
+      xl += S * kNF4GemvStep;
+    };
+    int64_t k0 = kCodes * lane;
+    for (; k0 + (kStepsInFlight - 1) * kNF4GemvStep < K; k0 += kStepsInFlight * kNF4GemvStep)
+      group.template operator()<kStepsInFlight>();
+    for (; k0 < K; k0 += kNF4GemvStep) group.template operator()<1>();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + warp * kRows + r;
+      const float sum = warp_sum(acc[r]);
+      if (lane == 0 && n < N) y[n] = bias ? sum + bias[n] : sum;
+    }
+  }
+}
+
+template <NF4GemvWalk Walk>
+void launch_fixed_walk(const float* x, int64_t K, const NF4Runs& w, DType dd, int64_t N,
+                       const float* bias, float* y, unsigned blocks) {
+  constexpr unsigned threads = kNF4GemvWarps * kWarp;
+  if (dd == DType::bf16)
+    fixed_kernel<Walk, DType::bf16><<<blocks, threads, 0, cuda::stream()>>>(x, K, w, N, bias, y);
+  else if (dd == DType::f16)
+    fixed_kernel<Walk, DType::f16><<<blocks, threads, 0, cuda::stream()>>>(x, K, w, N, bias, y);
+  else
+    fixed_kernel<Walk, DType::f32><<<blocks, threads, 0, cuda::stream()>>>(x, K, w, N, bias, y);
+  QUANTA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fixed(const float* x, int64_t K, const NF4Runs& w, NF4GemvWalk walk, DType dd,
+                  int64_t N, const float* bias, float* y, const NF4GemvPlan& p) {
+  const auto blocks = static_cast<unsigned>(p.blocks);
+  switch (walk) {
+    case NF4GemvWalk::units:
+      return launch_fixed_walk<NF4GemvWalk::units>(x, K, w, dd, N, bias, y, blocks);
+    case NF4GemvWalk::packed32:
+      return launch_fixed_walk<NF4GemvWalk::packed32>(x, K, w, dd, N, bias, y, blocks);
+    case NF4GemvWalk::packed64:
+      return launch_fixed_walk<NF4GemvWalk::packed64>(x, K, w, dd, N, bias, y, blocks);
+    case NF4GemvWalk::packed128:
+      return launch_fixed_walk<NF4GemvWalk::packed128>(x, K, w, dd, N, bias, y, blocks);
+    case NF4GemvWalk::packed256:
+      return launch_fixed_walk<NF4GemvWalk::packed256>(x, K, w, dd, N, bias, y, blocks);
+    case NF4GemvWalk::none:
+      break;
+  }
+  throw std::logic_error("nf4_gemv: the fixed kernel needs a walk (plans.h: nf4_gemv_kind_for)");
+}
+
 template <class T, int MB, int R>
 void launch(const T* x, int64_t K, const NF4Runs& w, DType dd, int64_t N, const T* bias, T* y,
             const NF4GemvPlan& p) {
@@ -272,12 +411,15 @@ void launch_rows(int64_t M, const T* x, int64_t K, const NF4Runs& w, DType dd, i
 template <class T>
 void nf4_gemv(const T* x, int64_t M, int64_t K, const NF4Runs& w, DType dd, int64_t N,
               const T* bias, T* y) {
-  // The unstaged kernel's 16-byte loads of x need x 16-byte aligned (rows
-  // are: K is whole runs); an offset view takes the staged kernel.
-  NF4GemvKind kind = nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"), M);
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) kind = NF4GemvKind::staged;
+  const NF4GemvWalk walk = nf4_gemv_walk(w);
+  const NF4GemvKind kind =
+      nf4_gemv_kind_for(nf4_gemv_kind_from(std::getenv("QUANTA_NF4_GEMV"), M), M, sizeof(T), walk,
+                        reinterpret_cast<uintptr_t>(x) % 16 == 0);
   const NF4GemvPlan p = nf4_gemv_plan(M, K, N, sizeof(T), kind);
   if (p.blocks == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (kind == NF4GemvKind::fixed) return launch_fixed(x, K, w, walk, dd, N, bias, y, p);
+  }
   if (w.run == 32)
     launch_rows<T, 32>(M, x, K, w, dd, N, bias, y, p);
   else

@@ -226,7 +226,7 @@ QUANTA_HD inline void nf4_gemv_advance(NF4GemvCursor& c, const NF4GemvSteps& st)
   }
 }
 
-/** The GEMV's two kernels, one walk: each lane decodes one 32-bit word (8
+/** The GEMV's kernels, one walk: each lane decodes one 32-bit word (8
  * codes) per weight row and step, the words of several steps loaded before
  * any is decoded. `staged`: per pass a block stages columns of x in shared
  * memory, each value read from global memory once per block. `unstaged`: x
@@ -237,23 +237,109 @@ QUANTA_HD inline void nf4_gemv_advance(NF4GemvCursor& c, const NF4GemvSteps& st)
  * so it is the default there; more rows keep `staged` until a GPU has timed
  * them (QUANTA_NF4_GEMV chooses; `quanta bench nf4 --device cuda` times both
  * at one row). (The first other kernel, `wide`, four words a lane, read x 128 bytes
- * apart across lanes, 32 cache lines a load: 1.2x slower on the H200.) */
-enum class NF4GemvKind { staged, unstaged };
+ * apart across lanes, 32 cache lines a load: 1.2x slower on the H200.)
+ * `fixed`: `unstaged`'s walk with what the others read at run time fixed at
+ * compile time (NF4GemvWalk: the steps' byte strides, a scale per word with
+ * no carry between runs; the dequant dtype), for f32 x of one row (else it
+ * runs `unstaged`): the same grid, rows and loads. Read in SASS, the
+ * unstaged kernel spent some 6.7 instructions a code (a branch per word for
+ * a scale that may span runs, the dequant dtype's three paths, 64-bit
+ * address sums per load), which at the 40% issue rate ncu saw is its 37 us;
+ * at 4 blocks an SM the issue alone of those instructions takes some 15 us
+ * of an H100, the goal (a third of cuBLAS's 49 us) 16. `fixed` takes 4.5
+ * with an f32 dequant dtype (the 16-bit ones round two values with one
+ * conversion). Same sums, same bits. (Four rows a warp took 4.3, its x
+ * loads serving twice the rows, but an 8192-row product would then have 256
+ * blocks, half of what 4 an SM on 132 holds: half the warps to hide latency.) */
+enum class NF4GemvKind { staged, unstaged, fixed };
 
-/** The kernel QUANTA_NF4_GEMV names ("staged" or "unstaged"; unset or
- * empty: unstaged for one row of x, staged for more); throws
+/** The kernel QUANTA_NF4_GEMV names ("staged", "unstaged" or "fixed"; unset
+ * or empty: unstaged for one row of x, staged for more); throws
  * std::invalid_argument naming the variable for any other value. Read on
- * every call, so a benchmark can time both in one process. */
+ * every call, so a benchmark can time each in one process. */
 inline NF4GemvKind nf4_gemv_kind_from(const char* env_value, int64_t rows) {
   const std::string v = env_value ? env_value : "";
   if (v.empty()) return rows == 1 ? NF4GemvKind::unstaged : NF4GemvKind::staged;
   if (v == "staged") return NF4GemvKind::staged;
   if (v == "unstaged") return NF4GemvKind::unstaged;
-  throw std::invalid_argument("QUANTA_NF4_GEMV must be staged or unstaged, got '" + v + "'");
+  if (v == "fixed") return NF4GemvKind::fixed;
+  throw std::invalid_argument("QUANTA_NF4_GEMV must be staged, unstaged or fixed, got '" + v + "'");
+}
+
+/** The layouts whose step strides the `fixed` kernel takes as constants:
+ * `units`, the nf4 dtype's 36-byte units (32 bytes of 64 codes, then their
+ * f32 scale: a step of 256 codes moves both 144 bytes); `packedB`,
+ * bitsandbytes' packed codes (a step moves them 128 bytes) with an f32
+ * scale per B elements (256 / B scales a step). `none`: any other, among
+ * them blocks of 512 and more, whose scale spans several steps. */
+enum class NF4GemvWalk { none, units, packed32, packed64, packed128, packed256 };
+
+/** The walk of w (nf4_word_aligned). */
+inline NF4GemvWalk nf4_gemv_walk(const NF4Runs& w) {
+  const auto unit = static_cast<int64_t>(kNF4UnitBytes);
+  if (w.run == kNF4UnitElems && w.runs_per_scale == 1 && w.code_stride == unit &&
+      w.scale_stride == unit && w.codes && w.scales == w.codes + kNF4CodeBytes)
+    return NF4GemvWalk::units;
+  if (w.code_stride != w.run / 2 || w.scale_stride != int64_t{sizeof(float)})
+    return NF4GemvWalk::none;
+  switch (w.run * w.runs_per_scale) {
+    case 32:
+      return NF4GemvWalk::packed32;
+    case 64:
+      return NF4GemvWalk::packed64;
+    case 128:
+      return NF4GemvWalk::packed128;
+    case 256:
+      return NF4GemvWalk::packed256;
+    default:
+      return NF4GemvWalk::none;
+  }
+}
+
+/** What a step (kNF4GemvStep columns) adds to a lane's code and scale
+ * addresses under `walk` (not none): nf4_gemv_steps' figures for such a
+ * layout, with no carry (scale_rem 0), as constants. */
+struct NF4GemvFixedSteps {
+  int code_bytes = 0;
+  int scale_bytes = 0;
+};
+
+QUANTA_HD constexpr NF4GemvFixedSteps nf4_gemv_fixed_steps(NF4GemvWalk walk) {
+  constexpr int unit_step = static_cast<int>(kNF4GemvStep / kNF4UnitElems * kNF4UnitBytes);
+  constexpr int packed_step = static_cast<int>(kNF4GemvStep / 2);
+  constexpr int scale = static_cast<int>(sizeof(float));
+  switch (walk) {
+    case NF4GemvWalk::units:
+      return {unit_step, unit_step};
+    case NF4GemvWalk::packed32:
+      return {packed_step, scale * static_cast<int>(kNF4GemvStep / 32)};
+    case NF4GemvWalk::packed64:
+      return {packed_step, scale * static_cast<int>(kNF4GemvStep / 64)};
+    case NF4GemvWalk::packed128:
+      return {packed_step, scale * static_cast<int>(kNF4GemvStep / 128)};
+    case NF4GemvWalk::packed256:
+      return {packed_step, scale * static_cast<int>(kNF4GemvStep / 256)};
+    default:
+      return {};
+  }
+}
+
+/** The kernel that runs when `asked` is asked for m rows of x of elem_bytes
+ * elements at an address 16-byte aligned or not, against a weight of walk
+ * `walk`: `fixed` takes f32 x of one row and a walk (else `unstaged`); the
+ * unstaged kernels' 16-byte loads of x need it aligned (rows are: k is whole
+ * runs), so an offset view takes `staged`. */
+inline NF4GemvKind nf4_gemv_kind_for(NF4GemvKind asked, int64_t m, int64_t elem_bytes,
+                                     NF4GemvWalk walk, bool x_aligned) {
+  NF4GemvKind kind = asked;
+  if (kind == NF4GemvKind::fixed && (m != 1 || elem_bytes != 4 || walk == NF4GemvWalk::none))
+    kind = NF4GemvKind::unstaged;
+  if (!x_aligned) kind = NF4GemvKind::staged;
+  return kind;
 }
 
 /** How a fused GEMV runs: `staged` stages `chunk` columns of x (a multiple
- * of kNF4GemvStep) per pass in `smem_bytes` of shared memory; `unstaged` stages
+ * of kNF4GemvStep) per pass in `smem_bytes` of shared memory; `unstaged` and `fixed` stage
  * nothing (chunk = k, smem_bytes 0). `blocks` blocks either way. */
 struct NF4GemvPlan {
   NF4GemvKind kind = NF4GemvKind::staged;
@@ -366,7 +452,8 @@ inline NF4DecodeSplit nf4_decode_split(const NF4Runs& w, int64_t begin, int64_t 
 
 /** The GEMV's plan for m rows of x of k columns (elements of elem_bytes: 4 or
  * 8) against n weight rows. `unstaged`: one pass over all k columns, a
- * block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks.
+ * block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks;
+ * `fixed` the same.
  * `staged`: the widest chunk of columns whose padded rows fit
  * kNF4GemvSmemBytes (at least one step; no wider than k rounded up to a step),
  * and a block per kNF4GemvBlockRows weight rows, at most kNF4GemvMaxBlocks. */
@@ -375,7 +462,7 @@ inline NF4GemvPlan nf4_gemv_plan(int64_t m, int64_t k, int64_t n, int64_t elem_b
   NF4GemvPlan p;
   p.kind = kind;
   if (m <= 0 || k <= 0 || n <= 0) return p;
-  if (kind == NF4GemvKind::unstaged) {
+  if (kind != NF4GemvKind::staged) {
     p.chunk = k;
     p.blocks = std::min((n + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows, kNF4GemvMaxBlocks);
     return p;

@@ -404,8 +404,12 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                           "nf4_gemv_8192_b1",
                                           "nf4_gemv_8192_b1_staged",
                                           "nf4_gemv_8192_b1_unstaged",
+                                          "nf4_gemv_8192_b1_fixed",
+                                          "nf4_gemv_8192_b1_bf16_unstaged",
+                                          "nf4_gemv_8192_b1_bf16_fixed",
                                           "nf4_gemv_8192_b1_staged_graph",
                                           "nf4_gemv_8192_b1_unstaged_graph",
+                                          "nf4_gemv_8192_b1_fixed_graph",
                                           "nf4_gemv_8192_b4_staged",
                                           "nf4_gemv_8192_b4_unstaged",
                                           "nf4_linear_8192_b512"};

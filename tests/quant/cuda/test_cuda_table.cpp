@@ -438,7 +438,13 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
                         {5, 96, 9, 32, false},
                         {4, 512, 40, 128, false},
                         {7, 768, 19, 256, false},
-                        {kNF4GemvMaxBatch, 1024, 257, 64, false}};
+                        {kNF4GemvMaxBatch, 1024, 257, 64, false},
+                        // One row over each fixed walk (plans.h: NF4GemvWalk), and
+                        // blocks of 512, which have none.
+                        {1, 96, 9, 32, false},
+                        {1, 1280, 40, 128, false},
+                        {1, 768, 19, 256, false},
+                        {1, 1024, 20, 512, false}};
   for (const Case& c : cases) {
     const Tensor wf = random_tensor({c.n * c.k}, DType::f32, 31);
     // The CPU's codes and scales in the case's layout, copied to the GPU.
@@ -463,8 +469,9 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
     const NF4Runs w = runs(codes, scales), gw = runs(gcodes, gscales);
     REQUIRE(quant_cuda::nf4_use_gemv(c.m, c.k, c.n, gw));
     REQUIRE_FALSE(quant_cuda::nf4_use_gemv(kNF4GemvMaxBatch + 1, c.k, c.n, gw));
-    // Both kernels (plans.h: NF4GemvKind), chosen as a benchmark chooses.
-    for (const char* kind : {"staged", "unstaged"})
+    // Each kernel (plans.h: NF4GemvKind), chosen as a benchmark chooses
+    // (`fixed` runs as unstaged past one f32 row or with no fixed walk).
+    for (const char* kind : {"staged", "unstaged", "fixed"})
       for (DType dt : {DType::f32, DType::f64})
         for (DType dd : {DType::f32, DType::bf16, DType::f16})
           for (bool with_bias : {false, true}) {
@@ -497,6 +504,22 @@ TEST_CASE("quant cuda: the NF4 GEMV equals the CPU and the tiled path within rou
             CHECK(max_err(got, slice(tiled.to(Device::cpu()), 0, 0, c.m)) <= 10 * tol(dt));
             unsetenv("QUANTA_NF4_GEMV");
           }
+    // The fixed kernel sums as the unstaged one does: the same bits.
+    if (c.m == 1)
+      for (DType dd : {DType::f32, DType::bf16, DType::f16}) {
+        INFO("fixed against unstaged, k ", c.k, " n ", c.n, " dequant ", dtype_name(dd));
+        const Tensor x = on_gpu(random_tensor({1, c.k}, DType::f32, 34));
+        Tensor ys[2];
+        const char* kinds[2] = {"unstaged", "fixed"};
+        for (int i = 0; i < 2; ++i) {
+          setenv("QUANTA_NF4_GEMV", kinds[i], 1);
+          ys[i] = empty({1, c.n}, {.device = Device::cuda(0)});
+          gpu_t().nf4_linear(DType::f32, x.raw_data(), 1, c.k, gw, dd, c.n, nullptr,
+                             ys[i].raw_data(), {});
+        }
+        unsetenv("QUANTA_NF4_GEMV");
+        CHECK(max_err(ys[0].to(Device::cpu()), ys[1].to(Device::cpu())) == 0.0);
+      }
   }
 }
 

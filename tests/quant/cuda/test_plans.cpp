@@ -123,8 +123,10 @@ TEST_CASE("quant cuda plans: both NF4 GEMV kernels, chosen by name, cover every 
     CHECK(nf4_gemv_kind_from("staged", rows) == NF4GemvKind::staged);
     CHECK(nf4_gemv_kind_from("unstaged", rows) == NF4GemvKind::unstaged);
   }
+  for (const int64_t rows : {1, 2, 8})
+    CHECK(nf4_gemv_kind_from("fixed", rows) == NF4GemvKind::fixed);
   CHECK_THROWS_WITH_AS(nf4_gemv_kind_from("wide", 1),
-                       "QUANTA_NF4_GEMV must be staged or unstaged, got 'wide'",
+                       "QUANTA_NF4_GEMV must be staged, unstaged or fixed, got 'wide'",
                        std::invalid_argument);
   // Unstaged: one pass, nothing in shared memory; a block per
   // kNF4GemvBlockRows rows, as the staged plan.
@@ -214,6 +216,85 @@ TEST_CASE("quant cuda plans: the GEMV's cursors step onto each word's codes and 
     CHECK(all_match);
     CHECK(visited > rows * l.k / kNF4GemvStep);
   }
+}
+
+TEST_CASE("quant cuda plans: the fixed GEMV's constant steps land where the cursors do") {
+  using namespace quant_cuda;
+  std::vector<uint8_t> codes(1 << 20);
+  std::vector<float> scales(1 << 16);
+  const int64_t k = 1088, n = 5 * k;  // rows of 4.25 steps: whole groups, then single steps
+  struct Layout {
+    NF4Runs w;
+    NF4GemvWalk walk;
+  };
+  // Blocks of 192 and 4096: a scale for a run and a half, or 16 steps; none.
+  const Layout layouts[] = {
+      {nf4_unit_runs(codes.data(), n), NF4GemvWalk::units},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 32), NF4GemvWalk::packed32},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 64), NF4GemvWalk::packed64},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 128), NF4GemvWalk::packed128},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 256), NF4GemvWalk::packed256},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 192), NF4GemvWalk::none},
+      {nf4_packed_runs(codes.data(), scales.data(), n, 4096), NF4GemvWalk::none}};
+  for (const Layout& l : layouts) {
+    const NF4Runs& w = l.w;
+    CAPTURE(w.run);
+    CAPTURE(w.runs_per_scale);
+    CHECK(nf4_gemv_walk(w) == l.walk);
+    const NF4GemvSteps steps = nf4_gemv_steps(w, w.run);
+    if (l.walk == NF4GemvWalk::none) {
+      // A carry between runs: the scale's step is not one constant.
+      CHECK((steps.scale_rem != 0 || steps.scale_bytes == 0));
+      continue;
+    }
+    const NF4GemvFixedSteps fixed = nf4_gemv_fixed_steps(l.walk);
+    CHECK(fixed.code_bytes == steps.code_bytes);
+    CHECK(fixed.scale_bytes == steps.scale_bytes);
+    CHECK(steps.scale_rem == 0);
+    // The kernel's addresses: each lane's cursor at its first column, plus
+    // s constant steps; against the run's own index at every column.
+    bool all_match = true;
+    for (int64_t row = 0; row < n / k; ++row)
+      for (int64_t lane = 0; lane < kWarp; ++lane) {
+        const int64_t first = kNF4GemvCodesPerLane * lane;
+        const NF4GemvCursor at = nf4_gemv_cursor(w, w.run, row, k / w.run, first);
+        int64_t s = 0;
+        for (int64_t col = first; col < k; col += kNF4GemvStep, ++s) {
+          const int64_t run = row * (k / w.run) + col / w.run;
+          all_match = all_match &&
+                      at.codes + s * fixed.code_bytes ==
+                          quant::fn::nf4_run_codes(w, run) + col % w.run / 2 &&
+                      at.scale + s * fixed.scale_bytes == quant::fn::nf4_run_scale_bytes(w, run);
+        }
+      }
+    CHECK(all_match);
+  }
+  // Not the nf4 dtype's units: scales elsewhere than after their codes.
+  NF4Runs moved = nf4_unit_runs(codes.data(), n);
+  moved.scales = codes.data() + 4;
+  CHECK(nf4_gemv_walk(moved) == NF4GemvWalk::none);
+}
+
+TEST_CASE("quant cuda plans: the fixed GEMV runs for one f32 row of a fixed walk, else unstaged") {
+  using namespace quant_cuda;
+  const NF4GemvKind fixed = NF4GemvKind::fixed, unstaged = NF4GemvKind::unstaged,
+                    staged = NF4GemvKind::staged;
+  CHECK(nf4_gemv_kind_for(fixed, 1, 4, NF4GemvWalk::units, true) == fixed);
+  CHECK(nf4_gemv_kind_for(fixed, 1, 4, NF4GemvWalk::packed256, true) == fixed);
+  CHECK(nf4_gemv_kind_for(fixed, 2, 4, NF4GemvWalk::units, true) == unstaged);  // two rows
+  CHECK(nf4_gemv_kind_for(fixed, 1, 8, NF4GemvWalk::units, true) == unstaged);  // f64
+  CHECK(nf4_gemv_kind_for(fixed, 1, 4, NF4GemvWalk::none, true) == unstaged);
+  // x off 16 bytes: the staged kernel, whatever was asked.
+  CHECK(nf4_gemv_kind_for(fixed, 1, 4, NF4GemvWalk::units, false) == staged);
+  CHECK(nf4_gemv_kind_for(unstaged, 1, 4, NF4GemvWalk::units, false) == staged);
+  CHECK(nf4_gemv_kind_for(unstaged, 1, 4, NF4GemvWalk::units, true) == unstaged);
+  CHECK(nf4_gemv_kind_for(staged, 3, 8, NF4GemvWalk::none, true) == staged);
+  // Its plan: the unstaged kernel's (one pass, a block per kNF4GemvBlockRows rows).
+  const NF4GemvPlan p = nf4_gemv_plan(1, 8192, 8193, 4, fixed);
+  CHECK(p.kind == fixed);
+  CHECK(p.smem_bytes == 0);
+  CHECK(p.chunk == 8192);
+  CHECK(p.blocks == (8193 + kNF4GemvBlockRows - 1) / kNF4GemvBlockRows);
 }
 
 TEST_CASE("quant cuda plans: nf4_decode takes whole aligned words, the rest element by element") {

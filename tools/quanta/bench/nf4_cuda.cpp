@@ -9,13 +9,16 @@
 //   nf4_gemv_8192_b1: nf4_linear of one f32 row (the fused GEMV), against
 //     cuBLAS's bf16 product of one row with the bf16 weight (a GEMV through
 //     cublasGemmEx) of the same shape. It reads 3.6x fewer bytes; the goal
-//     is at least 3x faster, ratio <= 0.33. The GEMV has two kernels
+//     is at least 3x faster, ratio <= 0.33. The GEMV has three kernels
 //     (quant/cuda/plans.h: NF4GemvKind): this row runs the default one
-//     (QUANTA_NF4_GEMV; unstaged at one row when unset), nf4_gemv_8192_b1_staged and
-//     nf4_gemv_8192_b1_unstaged each kernel, named, against the same floor.
+//     (QUANTA_NF4_GEMV; unstaged at one row when unset), nf4_gemv_8192_b1_staged,
+//     _unstaged and _fixed each kernel, named, against the same floor.
 //     These time what a caller waits for, the host's work on each call
 //     included, which a GEMV of tens of microseconds may not hide.
-//   nf4_gemv_8192_b1_staged_graph, _unstaged_graph: each kernel's call and the
+//   nf4_gemv_8192_b1_bf16_unstaged, _bf16_fixed: the same with the weight
+//     dequantized to bf16 (QLoRA's compute dtype: each value times its scale
+//     rounded to bf16 before its product), against the same floor.
+//   nf4_gemv_8192_b1_staged_graph, _unstaged_graph, _fixed_graph: each kernel's call and the
 //     floor's product captured once (DeviceGraph) and replayed in turns, so
 //     the host queues one graph a call: the GPU's time alone, what the GEMV
 //     costs inside a captured decoding step. The gap to the row above is
@@ -72,18 +75,29 @@ std::vector<BenchRow> bench_nf4_cuda(const BenchOptions& o) {
         return timed_row(ms[0], ms[1]);
       });
     };
-    for (const char* kind : {"", "staged", "unstaged"}) {
+    for (const char* kind : {"", "staged", "unstaged", "fixed"}) {
       // The kernel is read from the environment on every call; the user's
       // choice comes back after the named rows.
       if (*kind) setenv("QUANTA_NF4_GEMV", kind, 1);
       rows.push_back(gemv_row(std::string("nf4_gemv_8192_b1") + (*kind ? "_" : "") + kind, x));
+    }
+    {
+      const Tensor qb = quant::quantize_nf4(w, {.dequant_dtype = DType::bf16});
+      for (const char* kind : {"unstaged", "fixed"}) {
+        setenv("QUANTA_NF4_GEMV", kind, 1);
+        rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1_bf16_") + kind, [&] {
+          const std::vector<double> ms = gpu.time(
+              {[&] { Tensor y = quant::nf4_linear(x, qb); }, [&] { Tensor y = matmul(xb, wt); }});
+          return timed_row(ms[0], ms[1]);
+        }));
+      }
     }
     const Tensor x4 = randn({4, n}, gen).to(dev);
     for (const char* kind : {"staged", "unstaged"}) {
       setenv("QUANTA_NF4_GEMV", kind, 1);
       rows.push_back(gemv_row(std::string("nf4_gemv_8192_b4_") + kind, x4));
     }
-    for (const char* kind : {"staged", "unstaged"}) {
+    for (const char* kind : {"staged", "unstaged", "fixed"}) {
       setenv("QUANTA_NF4_GEMV", kind, 1);  // read while capturing
       rows.push_back(row_or_error(std::string("nf4_gemv_8192_b1_") + kind + "_graph", [&] {
         Tensor y, yb;  // the graphs' outputs, rewritten by each replay
