@@ -1,7 +1,9 @@
 #include "dist/functional.h"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "engine/autograd/function.h"
 #include "engine/factory.h"
@@ -119,6 +121,14 @@ Tensor global_mean(ProcessGroup& g, const Tensor& sum, const Tensor& count) {
   // a zero sum: dividing it by 1 keeps it 0.
   const Tensor n = clamp(total, 1.0, std::numeric_limits<double>::quiet_NaN());
   return summed / to_dtype(n, summed.dtype());
+}
+
+Tensor global_mean(ProcessGroup& g, const Tensor& sum, int64_t count) {
+  if (count < 0)
+    throw std::invalid_argument("[dist::fn::global_mean] count must not be negative, got " +
+                                std::to_string(count));
+  if (g.size() == 1) return sum / double(std::max<int64_t>(count, 1));
+  return global_mean(g, sum, scalar(double(count), {.dtype = DType::f64, .device = sum.device()}));
 }
 
 }  // namespace quanta::dist::fn

@@ -39,5 +39,9 @@ Tensor broadcast(ProcessGroup& g, const Tensor& x, int root);
  * `sum`. `count` (any numeric scalar, no gradient) is this rank's number of
  * items; a global count of zero gives zeros, never NaN. */
 Tensor global_mean(ProcessGroup& g, const Tensor& sum, const Tensor& count);
+/** global_mean with this rank's count known on the host. On one rank it is
+ * sum / max(count, 1) by one division (the same bits), where a count tensor
+ * costs a fill, a clamp and a cast before it: three launches a call. */
+Tensor global_mean(ProcessGroup& g, const Tensor& sum, int64_t count);
 
 }  // namespace quanta::dist::fn

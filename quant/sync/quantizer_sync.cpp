@@ -138,8 +138,7 @@ QuantizerSync::QuantizerSync(std::shared_ptr<Module> module, dist::ProcessGroup&
     if (auto* hvq = dynamic_cast<HierarchicalVQ*>(m)) hvq->set_update_in_forward(false);
     if (auto* lfq = dynamic_cast<LFQ*>(m))
       lfq->token_mean = [g](const Tensor& sum, int64_t count) {
-        return dist::fn::global_mean(
-            *g, sum, scalar(double(count), {.dtype = DType::f64, .device = sum.device()}));
+        return dist::fn::global_mean(*g, sum, count);
       };
     if (auto* cb = dynamic_cast<Codebook*>(m))
       if (seen.insert(cb).second) codebooks_.push_back(cb);

@@ -148,6 +148,30 @@ TEST_CASE("fn::global_mean: token-weighted mean across uneven ranks, with its gr
   CHECK(all_ok(errors));
 }
 
+TEST_CASE("fn::global_mean with a host count: the tensor count's result, one division alone") {
+  // Several ranks (rank r holds r tokens): the tensor path's values and gradient.
+  check_gradient(
+      [](int r) {
+        return Shape{r, 2};
+      },
+      [](ProcessGroup& g, const Tensor& x) { return fn::global_mean(g, sum(x, {0}), x.size(0)); },
+      [](const std::vector<Tensor>& xs, int) {
+        Tensor all = cat(xs);
+        return sum(all, {0}) / double(all.size(0));
+      });
+  auto errors = run_ranks(1, [](ProcessGroup& g) {
+    // One rank: the tensor count's bits (f32 sums, counts 0, 1 and 7).
+    const Tensor s = sin(arange(0.0, 5.0, 1.0) * 0.37f);
+    for (const int64_t n : {0, 1, 7})
+      CHECK(fn::global_mean(g, s, n).to_vector<float>() ==
+            fn::global_mean(g, s, scalar(double(n))).to_vector<float>());
+    CHECK_THROWS_WITH_AS(fn::global_mean(g, s, int64_t{-1}),
+                         "[dist::fn::global_mean] count must not be negative, got -1",
+                         std::invalid_argument);
+  });
+  CHECK(all_ok(errors));
+}
+
 TEST_CASE("rank-consistent random streams: shared agree on every rank without communication") {
   std::vector<std::vector<uint32_t>> shared(kRanks), stepped(kRanks), own(kRanks);
   std::vector<uint64_t> seqs(kRanks);
