@@ -1,5 +1,6 @@
-// CPU entries squared_error and squared_error_grad (quant/kernels/table.h):
-// the commitment loss's forward and backward, one pass each.
+// CPU entries squared_error, squared_error_mean, squared_error_coefficient
+// and squared_error_grad (quant/kernels/table.h): the commitment loss's
+// forward and backward, one pass each, and the scalars between them.
 #include <algorithm>
 #include <vector>
 
@@ -54,6 +55,21 @@ void squared_error(DType dtype, const void* x, const void* q, const uint8_t* val
       for (T v : w) count += double(v);
     out[0] = total;
     out[1] = count * double(d);
+  });
+}
+
+void squared_error_mean(DType dtype, const double* sums, void* mean) {
+  dispatch_float(dtype, "commitment_loss", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    *static_cast<T*>(mean) = static_cast<T>(fn::squared_error_mean(sums));
+  });
+}
+
+void squared_error_coefficient(DType g_dtype, const void* g, double scale, const double* sums,
+                               double* coef) {
+  dispatch_float(g_dtype, "commitment_loss backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    *coef = fn::squared_error_coefficient(double(*static_cast<const T*>(g)), scale, sums);
   });
 }
 

@@ -30,6 +30,8 @@ const QuantKernelTable& unavailable_table() {
       .device_name = "cuda",
       .nearest_codes = [](auto...) { unavailable("nearest_codes"); },
       .squared_error = [](auto...) { unavailable("commitment_loss"); },
+      .squared_error_mean = [](auto...) { unavailable("commitment_loss"); },
+      .squared_error_coefficient = [](auto...) { unavailable("commitment_loss backward"); },
       .squared_error_grad = [](auto...) { unavailable("commitment_loss backward"); },
       .route_grad =
           [](bool rotation, auto...) {

@@ -1,4 +1,4 @@
-// CUDA entries nearest_codes, squared_error, squared_error_grad, route_grad,
+// CUDA entries nearest_codes, squared_error(_mean, _coefficient, _grad), route_grad,
 // put_rows and the codebook EMA's ema_lerp and ema_embed (quant/kernels/
 // table.h). The math is quant/kernels/functors.h; here only index
 // arithmetic, cuBLAS for the distances and warp reductions.
@@ -220,6 +220,39 @@ void squared_error(DType dtype, const void* x, const void* q, const uint8_t* val
       QUANTA_CUDA_CHECK_LAUNCH();
     }
     finish_sums<<<1, 1, 0, cuda::stream()>>>(partial.get(), chunks, d, out);
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+namespace {
+
+template <class T>
+__global__ void squared_error_mean_kernel(const double* sums, T* mean) {
+  *mean = static_cast<T>(fn::squared_error_mean(sums));
+}
+
+template <class T>
+__global__ void squared_error_coefficient_kernel(const T* g, double scale, const double* sums,
+                                                 double* coef) {
+  *coef = fn::squared_error_coefficient(double(*g), scale, sums);
+}
+
+}  // namespace
+
+void squared_error_mean(DType dtype, const double* sums, void* mean) {
+  cuda::dispatch_float(dtype, "commitment_loss", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    squared_error_mean_kernel<T><<<1, 1, 0, cuda::stream()>>>(sums, static_cast<T*>(mean));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void squared_error_coefficient(DType g_dtype, const void* g, double scale, const double* sums,
+                               double* coef) {
+  cuda::dispatch_float(g_dtype, "commitment_loss backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    squared_error_coefficient_kernel<T>
+        <<<1, 1, 0, cuda::stream()>>>(static_cast<const T*>(g), scale, sums, coef);
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }

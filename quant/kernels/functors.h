@@ -94,6 +94,21 @@ QUANTA_HD int64_t argmin_result(ArgMin<T> a) {
 
 // ---- commitment loss and the routes' backward ----
 
+/** A squared error's element count at least 1: a count of 0 comes with a
+ * sum of 0 (clamp(n, 1, NaN)'s value). */
+QUANTA_HD inline double count_at_least_one(double n) { return n < 1.0 ? 1.0 : n; }
+
+/** squared_error_mean: sums[0] / max(sums[1], 1), in f64. */
+QUANTA_HD inline double squared_error_mean(const double* sums) {
+  return sums[0] / count_at_least_one(sums[1]);
+}
+
+/** squared_error_coefficient: g scale / max(sums[1], 1), in the order of
+ * the host formula it replaced (g * scale / n), in f64. */
+QUANTA_HD inline double squared_error_coefficient(double g, double scale, const double* sums) {
+  return g * scale / count_at_least_one(sums[1]);
+}
+
 /** squared_error_grad's element: scale (x - q). */
 template <class T>
 QUANTA_HD T commit_grad(T scale, T x, T q) {

@@ -68,6 +68,15 @@ struct QuantKernelTable {
    * on the device: the loss never visits the host. */
   void (*squared_error)(DType dtype, const void* x, const void* q, const uint8_t* valid,
                         int64_t rows, int64_t d, double* out);
+  /** The loss squared_error's sums give: *mean (one element of `dtype`, f32
+   * or f64) = T(sums[0] / max(sums[1], 1)) (fn::squared_error_mean), the
+   * bits of the composed ops it replaces (a clamp, a division, a cast). */
+  void (*squared_error_mean)(DType dtype, const double* sums, void* mean);
+  /** The backward's coefficient of (x - q): *coef = f64(*g) * scale /
+   * max(sums[1], 1) (fn::squared_error_coefficient), g one element of
+   * `g_dtype` (f32 or f64), all on the device. */
+  void (*squared_error_coefficient)(DType g_dtype, const void* g, double scale, const double* sums,
+                                    double* coef);
   /** commitment_loss backward: gx [rows, d] = T(*scale) * (x - q), exactly 0
    * on rows with valid[r] == 0, `scale` one f64 on the device. Every element
    * of gx is written. */
@@ -162,7 +171,8 @@ struct QuantKernelTable {
  * its name here, and a function of that name in each device's folder. */
 // clang-format off
 #define QUANTA_QUANT_KERNEL_ENTRIES(X) \
-  X(nearest_codes) X(squared_error) X(squared_error_grad) X(route_grad) X(put_rows) \
+  X(nearest_codes) X(squared_error) X(squared_error_mean) X(squared_error_coefficient) \
+  X(squared_error_grad) X(route_grad) X(put_rows) \
   X(code_statistics) X(ema_lerp) X(ema_embed) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
   X(nf4_encode) X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
 // clang-format on

@@ -1,6 +1,5 @@
 #include "quant/vq/commitment_loss.h"
 
-#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -31,20 +30,27 @@ Tensor row_mask(const Tensor& valid, int64_t rows) {
   return contiguous(valid.detach().to(DType::u8));
 }
 
-namespace {
-// The element count, at least 1: a count of 0 comes with a sum of 0.
-Tensor elements_at_least_one(const Tensor& sums) {
-  return clamp(slice(sums, 0, 1, 2), 1.0, std::numeric_limits<double>::quiet_NaN());
-}
-}  // namespace
-
 Tensor SquaredError::mean(DType dtype) const {
-  return reshape(to_dtype(slice(sums, 0, 0, 1) / elements_at_least_one(sums), dtype), {});
+  dispatch_float(dtype, "commitment_loss", [](auto) {});  // f32 or f64
+  Tensor out = empty({}, {.dtype = dtype, .device = sums.device()});
+  quant_kernels(sums.device())
+      .squared_error_mean(dtype, static_cast<const double*>(sums.raw_data()), out.raw_data());
+  return out;
 }
 
 Tensor SquaredError::coefficient(const Tensor& g, double scale) const {
-  // The order of the host formula it replaces, g * scale / n, in f64.
-  return reshape(to_dtype(g, DType::f64) * scale, {1}) / elements_at_least_one(sums);
+  if (g.numel() != 1)
+    throw std::invalid_argument("[commitment_loss] the loss's gradient must be one number, got " +
+                                shape_str(g.shape()));
+  // f32 and f64 are read as they are; another dtype is widened first.
+  const Tensor gv =
+      g.dtype() == DType::f32 || g.dtype() == DType::f64 ? contiguous(g) : to_dtype(g, DType::f64);
+  const QuantKernelTable& kernels = quant_kernels_for("commitment_loss backward", {&gv, &sums});
+  Tensor out = empty({1}, {.dtype = DType::f64, .device = sums.device()});
+  kernels.squared_error_coefficient(gv.dtype(), gv.raw_data(), scale,
+                                    static_cast<const double*>(sums.raw_data()),
+                                    static_cast<double*>(out.raw_data()));
+  return out;
 }
 
 SquaredError masked_squared_error(const Tensor& x, const Tensor& q, const Tensor& valid) {

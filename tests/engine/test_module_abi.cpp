@@ -62,6 +62,7 @@ const Recorded kHistory[] = {
     {19, 0x9e9b8d60ecea3105ull},  // KernelTable::group_norm(_grad), NormGeom; group_norm.h covered
     {20, 0x3eafe94398a79ff5ull},  // KernelTable::clip_factor; norm_n writes f64
     {21, 0x683cfa4840a9a43aull},  // QuantKernelTable::ema_lerp, ema_embed
+    {22, 0x94c7c6838875aaf6ull},  // QuantKernelTable::squared_error_mean, _coefficient
 };
 
 // `text` less its comments and all of its whitespace (string and character

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -111,6 +112,39 @@ TEST_CASE("quant kernels: the codebook EMA's lerp and smoothing equal the compos
   }
 }
 
+TEST_CASE("quant kernels: the squared error's mean and coefficient equal the composed ops' bits") {
+  // The chains they replace: sums[0] / clamp(sums[1], 1, NaN) cast to the
+  // loss's dtype; f64(g) * scale / clamp(sums[1], 1, NaN).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const Device dev : quanta::testing::cpu_and_test_devices())
+    for (const double count : {0.0, 1.0, 3.0, 4608.0})
+      for (const DType dt : {DType::f32, DType::f64}) {
+        INFO(dev.str() << " " << std::string(dtype_name(dt)) << " count " << count);
+        const QuantKernelTable& q = quant_kernels(dev);
+        const Tensor sums =
+            from_vector(std::vector<double>{count == 0 ? 0.0 : 1234.567891, count}).to(dev);
+        const Tensor mean = empty({}, {.dtype = dt, .device = dev});
+        q.squared_error_mean(dt, static_cast<const double*>(sums.raw_data()), mean.raw_data());
+        const Tensor want_mean =
+            to_dtype(slice(sums, 0, 0, 1) / clamp(slice(sums, 0, 1, 2), 1.0, nan), dt);
+        CHECK(std::memcmp(mean.to(Device::cpu()).raw_data(), want_mean.to(Device::cpu()).raw_data(),
+                          mean.nbytes()) == 0);
+        const Tensor g = scalar(0.3183098861837907, {.dtype = dt, .device = dev});
+        const Tensor coef = empty({1}, {.dtype = DType::f64, .device = dev});
+        q.squared_error_coefficient(dt, g.raw_data(), 2.0,
+                                    static_cast<const double*>(sums.raw_data()),
+                                    static_cast<double*>(coef.raw_data()));
+        const Tensor want_coef =
+            to_dtype(g, DType::f64) * 2.0 / clamp(slice(sums, 0, 1, 2), 1.0, nan);
+        CHECK(coef.to(Device::cpu()).item<double>() == want_coef.to(Device::cpu()).item<double>());
+      }
+  // Another dtype is named, not read.
+  const double sums[2] = {1, 2};
+  int32_t out = 0;
+  CHECK_THROWS_WITH_AS(quant_cpu::table().squared_error_mean(DType::i32, sums, &out),
+                       doctest::Contains("commitment_loss"), std::invalid_argument);
+}
+
 TEST_CASE("quant kernels: the CUDA table is complete") {
   const QuantKernelTable& t = quant_cuda::table();
   CHECK(std::string(t.device_name) == "cuda");
@@ -140,6 +174,9 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(message_of([&] { t.nearest_codes(DType::f32, f, f, 1, 1, 1, false, i); }),
               "nearest_codes");
   check_names(message_of([&] { t.squared_error(DType::f32, f, f, nullptr, 1, 1, d); }),
+              "commitment_loss");
+  check_names(message_of([&] { t.squared_error_mean(DType::f32, d, f); }), "commitment_loss");
+  check_names(message_of([&] { t.squared_error_coefficient(DType::f32, f, 2.0, d, d); }),
               "commitment_loss");
   check_names(message_of([&] { t.squared_error_grad(DType::f32, f, f, b, 1, 1, d, f); }),
               "commitment_loss");
