@@ -1,6 +1,7 @@
-// CPU entries put_rows and code_statistics (quant/kernels/table.h): the
-// codebook's in-place row writes of a dead-code step (only the replaced rows
-// are touched), and the counts and sums of an assignment.
+// CPU entries dead_code_picks, replace_codes and code_statistics
+// (quant/kernels/table.h): the codebook's choices and in-place row writes of
+// a dead-code step (only the replaced rows are touched), and the counts and
+// sums of an assignment.
 #include <algorithm>
 
 #include "engine/cpu/parallel.h"
@@ -10,16 +11,35 @@
 
 namespace quanta::quant::quant_cpu {
 
-void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
-              double scale) {
+void dead_code_picks(DType dtype, const void* cluster_size, int64_t k, double threshold,
+                     const int64_t* draws, int64_t* picks) {
   dispatch_float(dtype, "Codebook", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    T* out = static_cast<T*>(dst);
+    const T* size = static_cast<const T*>(cluster_size);
+    const T limit = static_cast<T>(threshold);
+    int64_t j = 0;
+    for (int64_t c = 0; c < k; ++c) picks[c] = size[c] < limit ? draws[j++] : -1;
+  });
+}
+
+void replace_codes(DType dtype, int64_t k, int64_t d, const int64_t* picks, bool gather,
+                   const void* src, double threshold, void* embed, void* embed_avg,
+                   void* cluster_size) {
+  dispatch_float(dtype, "Codebook", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T* in = static_cast<const T*>(src);
-    for (int64_t i = 0; i < m; ++i) {
-      if (at[i] < 0) continue;
-      T* row = out + at[i] * d;
-      for (int64_t e = 0; e < d; ++e) row[e] = in ? T(scale) * in[i * d + e] : T(scale);
+    T* e = static_cast<T*>(embed);
+    T* avg = static_cast<T*>(embed_avg);
+    T* size = static_cast<T*>(cluster_size);
+    const T one = T(1.0), limit = static_cast<T>(threshold);
+    for (int64_t c = 0; c < k; ++c) {
+      if (picks[c] < 0) continue;
+      const T* row = in + (gather ? picks[c] : c) * d;
+      for (int64_t i = 0; i < d; ++i) {
+        e[c * d + i] = one * row[i];
+        avg[c * d + i] = limit * row[i];
+      }
+      size[c] = limit;
     }
   });
 }

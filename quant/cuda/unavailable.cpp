@@ -38,7 +38,8 @@ const QuantKernelTable& unavailable_table() {
             unavailable(rotation ? "rotate_to backward"
                                  : "straight_through_with_commitment backward");
           },
-      .put_rows = [](auto...) { unavailable("Codebook"); },
+      .dead_code_picks = [](auto...) { unavailable("Codebook"); },
+      .replace_codes = [](auto...) { unavailable("Codebook"); },
       .code_statistics = [](auto...) { unavailable("code_statistics"); },
       .ema_lerp = [](auto...) { unavailable("Codebook EMA"); },
       .ema_embed = [](auto...) { unavailable("Codebook EMA"); },

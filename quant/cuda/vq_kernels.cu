@@ -1,7 +1,9 @@
-// CUDA entries nearest_codes, squared_error(_mean, _coefficient, _grad), route_grad,
-// put_rows and the codebook EMA's ema_lerp and ema_embed (quant/kernels/
-// table.h). The math is quant/kernels/functors.h; here only index
-// arithmetic, cuBLAS for the distances and warp reductions.
+// CUDA entries nearest_codes, squared_error(_mean, _coefficient, _grad),
+// route_grad, dead_code_picks, replace_codes and the codebook
+// EMA's ema_lerp and ema_embed (quant/kernels/table.h). The math is
+// quant/kernels/functors.h; here only index arithmetic, cuBLAS for the
+// distances, warp reductions and CUB's block scan.
+#include <cub/block/block_scan.cuh>
 #include <vector>
 
 #include "quant/cuda/device.cuh"
@@ -130,7 +132,7 @@ __global__ void finish_sums(const Partial* partial, int64_t chunks, int64_t d, d
   out[1] = rows * static_cast<double>(d);
 }
 
-// ---- squared_error_grad, put_rows, the straight route ----
+// ---- squared_error_grad, the straight route ----
 
 template <class T>
 __global__ void commit_grad_kernel(const T* x, const T* q, const uint8_t* valid, int64_t rows,
@@ -189,16 +191,66 @@ __global__ void rotation_kernel(const T* x, const T* q, const T* g, const uint8_
   }
 }
 
+// dead_code_picks: one block; each thread takes a run of consecutive codes,
+// counts its expired ones, and a block scan gives each run the number of
+// expired codes before it.
+constexpr int kPickThreads = 1024;
+
 template <class T>
-__global__ void put_rows_kernel(T* dst, int64_t d, const int64_t* at, int64_t m, const T* src,
-                                T scale) {
-  QUANTA_GRID_STRIDE(i, m * d) {
-    const int64_t row = at[i / d];
-    if (row >= 0) dst[row * d + i % d] = src ? scale * src[i] : scale;
+__global__ void __launch_bounds__(kPickThreads)
+    dead_code_picks_kernel(const T* size, int64_t k, T limit, const int64_t* draws,
+                           int64_t* picks) {
+  using Scan = cub::BlockScan<int64_t, kPickThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const int64_t per = (k + kPickThreads - 1) / kPickThreads;
+  const int64_t begin = min(k, per * static_cast<int64_t>(threadIdx.x)), end = min(k, begin + per);
+  int64_t mine = 0;
+  for (int64_t c = begin; c < end; ++c) mine += size[c] < limit;
+  int64_t j = 0;
+  Scan(temp).ExclusiveSum(mine, j);
+  for (int64_t c = begin; c < end; ++c) picks[c] = size[c] < limit ? draws[j++] : -1;
+}
+
+template <class T>
+__global__ void replace_codes_kernel(int64_t k, int64_t d, const int64_t* picks, bool gather,
+                                     const T* src, T limit, T* embed, T* embed_avg,
+                                     T* cluster_size) {
+  QUANTA_GRID_STRIDE(i, k * d) {
+    const int64_t c = i / d, e = i % d, p = picks[c];
+    if (p < 0) continue;
+    const T s = src[(gather ? p : c) * d + e];
+    embed[i] = T(1.0) * s;
+    embed_avg[i] = limit * s;
+    if (e == 0) cluster_size[c] = limit;
   }
 }
 
 }  // namespace
+
+void dead_code_picks(DType dtype, const void* cluster_size, int64_t k, double threshold,
+                     const int64_t* draws, int64_t* picks) {
+  if (k <= 0) return;
+  cuda::dispatch_float(dtype, "Codebook", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dead_code_picks_kernel<T><<<1, kPickThreads, 0, cuda::stream()>>>(
+        static_cast<const T*>(cluster_size), k, static_cast<T>(threshold), draws, picks);
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void replace_codes(DType dtype, int64_t k, int64_t d, const int64_t* picks, bool gather,
+                   const void* src, double threshold, void* embed, void* embed_avg,
+                   void* cluster_size) {
+  cuda::dispatch_float(dtype, "Codebook", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(k * d);
+    if (g.blocks == 0) return;
+    replace_codes_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+        k, d, picks, gather, static_cast<const T*>(src), static_cast<T>(threshold),
+        static_cast<T*>(embed), static_cast<T*>(embed_avg), static_cast<T*>(cluster_size));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
 
 void nearest_codes(DType dtype, const void* x, const void* codes, int64_t n, int64_t k, int64_t d,
                    bool cosine, int64_t* out) {
@@ -287,18 +339,6 @@ void route_grad(bool rotation, DType dtype, const void* x, const void* q, const 
       straight_kernel<T><<<static_cast<unsigned>(c.blocks), c.threads, 0, cuda::stream()>>>(
           px, pq, pg, valid, coef, rows, d, static_cast<T*>(gx));
     }
-    QUANTA_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void put_rows(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
-              double scale) {
-  cuda::dispatch_float(dtype, "Codebook", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const cuda::LaunchConfig g = grid_for(m * d);
-    if (g.blocks == 0) return;
-    put_rows_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
-        static_cast<T*>(dst), d, at, m, static_cast<const T*>(src), T(scale));
     QUANTA_CUDA_CHECK_LAUNCH();
   });
 }

@@ -91,14 +91,23 @@ struct QuantKernelTable {
    * [rows, d] contiguous, of `dtype` (f32 or f64). */
   void (*route_grad)(bool rotation, DType dtype, const void* x, const void* q, const void* g,
                      const uint8_t* valid, const double* coef, int64_t rows, int64_t d, void* gx);
-  /** Codebook dead-code replacement, in place: rows at[0..m) of the
-   * contiguous table dst (rows of d elements, `dtype` f32 or f64) set to
-   * T(scale) * src[i] (src [m, d] contiguous of `dtype`), or to T(scale) when
-   * src is null; a negative at[i] skips row i (the caller marks the codes
-   * that keep their rows without counting, on the device, the others). at:
-   * i64 on the device. */
-  void (*put_rows)(DType dtype, void* dst, int64_t d, const int64_t* at, int64_t m, const void* src,
-                   double scale);
+  /** Dead-code replacement's choice for one table of k codes, on the device:
+   * picks[c] = draws[j] for the j-th code (ascending) whose cluster_size[c]
+   * < T(threshold), -1 for the others. draws [k] i64 (a permutation prefix
+   * of a pool of at least k rows, so every expired code has one);
+   * cluster_size [k] of `dtype` (f32 or f64). What lt, cumsum, gather and
+   * where gave in six launches. */
+  void (*dead_code_picks)(DType dtype, const void* cluster_size, int64_t k, double threshold,
+                          const int64_t* draws, int64_t* picks);
+  /** Dead-code replacement's writes for one table of k codes of d elements,
+   * in place: for each c with picks[c] >= 0, the source row s = src row
+   * (gather ? picks[c] : c) (src contiguous rows of d, `dtype` f32 or f64)
+   * goes to embed row c as T(1) * s, to embed_avg row c as T(threshold) * s,
+   * and cluster_size[c] = T(threshold), the three tables in one launch
+   * (three row writes and a where before); other codes are not touched. */
+  void (*replace_codes)(DType dtype, int64_t k, int64_t d, const int64_t* picks, bool gather,
+                        const void* src, double threshold, void* embed, void* embed_avg,
+                        void* cluster_size);
   /** The statistics of an assignment (the codebook EMA's and k-means'):
    * counts[c] = the number of rows i with idx[i] == c, and row c of sums
    * [k, d] = the sum of those rows of x [n, d], for every c in [0, k) (0 for
@@ -172,7 +181,7 @@ struct QuantKernelTable {
 // clang-format off
 #define QUANTA_QUANT_KERNEL_ENTRIES(X) \
   X(nearest_codes) X(squared_error) X(squared_error_mean) X(squared_error_coefficient) \
-  X(squared_error_grad) X(route_grad) X(put_rows) \
+  X(squared_error_grad) X(route_grad) X(dead_code_picks) X(replace_codes) \
   X(code_statistics) X(ema_lerp) X(ema_embed) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
   X(nf4_encode) X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
 // clang-format on

@@ -452,8 +452,16 @@ void QuantizerSync::replace_dead_codes(const Reconciliation& plan, const Header&
   for (std::size_t i = 0; i < codebooks_.size(); ++i) {
     Codebook& cb = *codebooks_[i];
     std::vector<Tensor> tables;
-    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0)
+    if (plan.reduce[i] && cb.options().threshold_ema_dead_code > 0) {
+      if (group_.size() == 1 && cb.calls_per_forward() == 1) {
+        // One process, one slot: the pool is this process's candidates as
+        // they lie, and each replacement is read from it where it was drawn
+        // (the same draws and rows, no pool-wide row gather).
+        cb.expire_codes();
+        continue;
+      }
       tables = pick_replacements(cb, int64_t(i), header);
+    }
     if (std::any_of(tables.begin(), tables.end(), [](const Tensor& t) { return t.defined(); })) {
       expiring.push_back(&cb);
       rows.push_back(std::move(tables));

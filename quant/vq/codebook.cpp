@@ -41,19 +41,6 @@ CodebookOptions checked(const CodebookOptions& o) {
 // The same seed for both streams: they differ by name.
 uint64_t seed_of(Generator& gen) { return draw_seed(gen); }
 
-// Rows `at` (i64 [m], -1 = skip) of the contiguous table `dst` ([K, D], or
-// [K] with D = 1) set to scale * src (src [m, D]; undefined: every row =
-// scale), in place: a dead-code step touches only the replaced rows.
-void put_rows_(const Tensor& dst, const Tensor& at, const Tensor& src, double scale) {
-  const QuantKernelTable& kernels = quant_kernels_for("Codebook", {&dst, &src});
-  const int64_t d = dst.dim() == 2 ? dst.size(1) : 1;
-  const Tensor s = src.defined() ? contiguous(to_dtype(src, dst.dtype())) : Tensor();
-  const Tensor rows = contiguous(at.to(DType::i64).to(dst.device()));
-  dispatch_float(dst.dtype(), "Codebook", [](auto) {});  // f32 or f64
-  kernels.put_rows(dst.dtype(), dst.raw_data(), d, static_cast<const int64_t*>(rows.raw_data()),
-                   rows.numel(), s.defined() ? s.raw_data() : nullptr, scale);
-}
-
 // x = x keep + alpha a, in place (the EMA's lerp; x contiguous): one kernel
 // with the bits of mul_(x, keep) and add_(x, a, alpha).
 void ema_lerp_(const Tensor& x, const Tensor& a, double keep, double alpha) {
@@ -267,14 +254,8 @@ void Codebook::expire_codes() {
 void Codebook::expire_codes(const std::vector<Tensor>& pools) {
   std::vector<int64_t> sizes;
   for (const Tensor& p : pools) sizes.push_back(p.size(0));
-  const std::vector<Tensor> picks = draw_replacements(sizes);
-  std::vector<Tensor> rows;
-  for (std::size_t h = 0; h < picks.size(); ++h)
-    rows.push_back(
-        picks[h].defined()
-            ? index_select(pools[h], 0, clamp(picks[h], 0.0, double(pools[h].size(0) - 1)))
-            : Tensor());
-  replace_expired(rows);
+  draw_replacements(sizes);
+  write_replacements(pools, true);
 }
 
 std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool_sizes) {
@@ -284,7 +265,7 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
   replacing_.assign(picks.size(), Tensor());
   if (opts_.threshold_ema_dead_code <= 0) return picks;
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
-  const Tensor expired = to_dtype(expired_codes(), DType::i64);  // [G, K]
+  Tensor expired;                          // [G, K] i64, for a pool smaller than the codebook
   Generator& gen = dead_code_gen_.next();  // one stream for the tables, in turn
   for (int64_t h = 0; h < opts_.num_codebooks; ++h) {
     const int64_t n = h < static_cast<int64_t>(pool_sizes.size()) ? pool_sizes[size_t(h)] : 0;
@@ -292,56 +273,76 @@ std::vector<Tensor> Codebook::draw_replacements(const std::vector<int64_t>& pool
     // The draws are made whatever expires, so the stream advances the same
     // way on every rank and step without reading the device. With n >= K
     // rows every expiry fits the permutation.
-    Tensor draws = randperm_prefix(n, std::min(n, k), gen, i64);
-    Tensor chosen = select(expired, 0, h);
-    if (n < k) {
+    const Tensor draws = contiguous(randperm_prefix(n, std::min(n, k), gen, i64));
+    if (n >= k) {
+      // The j-th expired code takes draw j: one launch.
+      const Tensor sizes = contiguous(select(cluster_size_, 0, h));
+      const QuantKernelTable& kernels = quant_kernels_for("Codebook", {&sizes, &draws});
+      picks[size_t(h)] = empty({k}, i64);
+      kernels.dead_code_picks(sizes.dtype(), sizes.raw_data(), k, opts_.threshold_ema_dead_code,
+                              static_cast<const int64_t*>(draws.raw_data()),
+                              static_cast<int64_t*>(picks[size_t(h)].raw_data()));
+    } else {
       // The first n expired codes in a random order of the codes.
+      if (!expired.defined()) expired = to_dtype(expired_codes(), DType::i64);
       const Tensor order = randperm(k, gen, i64);
-      const Tensor dead = gather(chosen, 0, order);
+      const Tensor dead = gather(select(expired, 0, h), 0, order);
       const Tensor first =
           dead * to_dtype(le(cumsum(dead, 0), shared_full({}, double(n), i64)), DType::i64);
-      chosen = scatter(zeros({k}, i64), 0, order, first);
-      draws = cat({draws, zeros({k - n}, i64)});
+      const Tensor chosen = scatter(zeros({k}, i64), 0, order, first);
+      const Tensor padded = cat({draws, zeros({k - n}, i64)});
+      // The j-th chosen code takes draw j: its count of chosen codes before
+      // it, in [0, k - 1] everywhere (cumsum less itself), so an index
+      // gather takes without a clamp.
+      const Tensor rank = cumsum(chosen, 0) - chosen;
+      picks[size_t(h)] = where(to_dtype(chosen, DType::boolean), gather(padded, 0, rank),
+                               shared_full({k}, -1.0, i64));
     }
-    // The j-th chosen code takes draw j: its count of chosen codes before
-    // it, in [0, k - 1] everywhere (cumsum less itself), so an index gather
-    // takes without a clamp.
-    const Tensor rank = cumsum(chosen, 0) - chosen;
-    const Tensor replaced = to_dtype(chosen, DType::boolean);
-    picks[size_t(h)] = where(replaced, gather(draws, 0, rank), shared_full({k}, -1.0, i64));
-    replacing_[size_t(h)] = replaced;
+    replacing_[size_t(h)] = picks[size_t(h)];
   }
   return picks;
 }
 
-void Codebook::replace_expired(const std::vector<Tensor>& rows) {
+void Codebook::replace_expired(const std::vector<Tensor>& rows) { write_replacements(rows, false); }
+
+void Codebook::write_replacements(const std::vector<Tensor>& sources, bool from_pools) {
   pending_.candidates.clear();
   if (opts_.threshold_ema_dead_code <= 0) return;
   NoGradGuard no_grad;
-  const double threshold = opts_.threshold_ema_dead_code;
-  Tensor expired;  // for a table without a draw: made once, where one is
   std::vector<Tensor> chosen;
   chosen.swap(replacing_);  // one draw, one replacement
+  Tensor expired;           // for a table without a draw: made once, where one is
   const TensorOptions i64{.dtype = DType::i64, .device = embed_.device()};
-  const Tensor codes = shared_arange(opts_.codebook_size, i64);  // made on the device
-  const Tensor skip = shared_full({1}, -1.0, i64);
-  for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(rows.size()); ++h) {
-    if (!rows[size_t(h)].defined()) continue;
-    const Tensor& r = rows[size_t(h)];
-    if (r.dim() != 2 || r.size(0) != opts_.codebook_size || r.size(1) != opts_.dim)
-      throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
-                                  " takes rows of shape [" + std::to_string(opts_.codebook_size) +
-                                  ", " + std::to_string(opts_.dim) + "], got " +
-                                  shape_str(r.shape()));
-    // Row c goes to code c where c expires; elsewhere the index is -1, which
-    // put_rows skips: only the replaced rows are written, with no read of
-    // how many there are.
+  const int64_t k = opts_.codebook_size, d = opts_.dim;
+  for (int64_t h = 0; h < opts_.num_codebooks && h < static_cast<int64_t>(sources.size()); ++h) {
+    if (!sources[size_t(h)].defined()) continue;
+    const Tensor& r = sources[size_t(h)];
     const bool drawn = h < static_cast<int64_t>(chosen.size()) && chosen[size_t(h)].defined();
-    if (!drawn && !expired.defined()) expired = expired_codes();
-    const Tensor at = where(drawn ? chosen[size_t(h)] : select(expired, 0, h), codes, skip);
-    put_rows_(select(embed_, 0, h), at, r, 1.0);
-    put_rows_(select(embed_avg_, 0, h), at, r, threshold);
-    put_rows_(select(cluster_size_, 0, h), at, Tensor(), threshold);
+    if (from_pools ? (r.dim() != 2 || r.size(1) != d)
+                   : (r.dim() != 2 || r.size(0) != k || r.size(1) != d))
+      throw std::invalid_argument("[Codebook] replace_expired: table " + std::to_string(h) +
+                                  " takes rows of shape [" +
+                                  (from_pools ? std::string("P") : std::to_string(k)) + ", " +
+                                  std::to_string(d) + "], got " + shape_str(r.shape()));
+    if (from_pools && !drawn) continue;  // an empty pool: nothing drawn, nothing replaced
+    // The code's source row where it is replaced, -1 elsewhere, which the
+    // kernel skips: only the replaced rows are written, with no read of how
+    // many there are. Without a draw, every expired code takes its own row.
+    Tensor picks;
+    if (drawn) {
+      picks = chosen[size_t(h)];
+    } else {
+      if (!expired.defined()) expired = expired_codes();
+      picks = where(select(expired, 0, h), shared_arange(k, i64), shared_full({1}, -1.0, i64));
+    }
+    const Tensor src = contiguous(to_dtype(r, embed_.dtype()));
+    const Tensor e = select(embed_, 0, h), avg = select(embed_avg_, 0, h),
+                 size = select(cluster_size_, 0, h);
+    const QuantKernelTable& kernels = quant_kernels_for("Codebook", {&e, &src, &picks});
+    dispatch_float(e.dtype(), "Codebook", [](auto) {});  // f32 or f64
+    kernels.replace_codes(e.dtype(), k, d, static_cast<const int64_t*>(picks.raw_data()),
+                          from_pools, src.raw_data(), opts_.threshold_ema_dead_code, e.raw_data(),
+                          avg.raw_data(), size.raw_data());
   }
 }
 

@@ -207,9 +207,13 @@ class Codebook : public Module, public StepKeyed {
   Tensor codebook_mean_needs_init_, codebook_var_needs_init_;
   CodebookStatistics pending_;
   StepStream kmeans_gen_, dead_code_gen_;
-  // Per table, [K] bool: the codes the last draw_replacements chose
-  // (undefined: that table's expired codes).
+  // Per table, [K] i64: the last draw_replacements' pool positions, -1 for
+  // the codes it did not choose (undefined: that table's expired codes).
   std::vector<Tensor> replacing_;
+  // replace_expired(sources) (from_pools false: [K, D] rows by code) or
+  // expire_codes(pools)' second half (true: each replaced code's row at its
+  // drawn pool position): one replace_codes launch a table.
+  void write_replacements(const std::vector<Tensor>& sources, bool from_pools);
 };
 
 }  // namespace quanta::quant

@@ -57,18 +57,58 @@ TEST_CASE("quant kernels: the CPU table is complete") {
   CHECK(&quant_kernels(Device::cpu()) == &quant_cpu::table());
 }
 
-TEST_CASE("quant kernels: put_rows writes the rows named and skips those marked -1") {
-  for (bool with_src : {true, false}) {
-    std::vector<double> table(5 * 2, 7.0);
-    const std::vector<double> src = {1, 2, 3, 4, 5, 6};
-    const std::vector<int64_t> at = {4, -1, 1};
-    quant_kernels(Device::cpu())
-        .put_rows(DType::f64, table.data(), 2, at.data(), 3, with_src ? src.data() : nullptr, 0.5);
-    const std::vector<double> want =
-        with_src ? std::vector<double>{7, 7, 2.5, 3, 7, 7, 7, 7, 0.5, 1}
-                 : std::vector<double>{7, 7, 0.5, 0.5, 7, 7, 7, 7, 0.5, 0.5};
-    CHECK(table == want);
-  }
+TEST_CASE("quant kernels: dead-code picks and replacements equal the composed ops' values") {
+  // The chains they replace: expired = size < threshold; rank = cumsum less
+  // itself; picks = where(expired, draws[rank], -1); then put_rows of the
+  // picked rows into embed (times 1), embed_avg (times the threshold) and
+  // cluster_size (the threshold).
+  Generator gen(31);
+  for (const Device dev : quanta::testing::cpu_and_test_devices())
+    for (const DType dt : {DType::f32, DType::f64})
+      for (const int64_t k : {int64_t{1}, int64_t{37}, int64_t{2500}}) {
+        INFO(dev.str() << " " << std::string(dtype_name(dt)) << " k " << k);
+        const TensorOptions opts{.dtype = dt, .device = dev};
+        const TensorOptions i64{.dtype = DType::i64, .device = dev};
+        const int64_t d = 3, pool = k + 5;
+        const double threshold = 2.0;
+        const Tensor sizes = (rand({k}, gen) * 4.0).to(dt).to(dev);
+        const Tensor draws = randperm_prefix(pool, k, gen, i64);
+        const QuantKernelTable& q = quant_kernels(dev);
+        Tensor picks = empty({k}, i64);
+        q.dead_code_picks(dt, sizes.raw_data(), k, threshold,
+                          static_cast<const int64_t*>(draws.raw_data()),
+                          static_cast<int64_t*>(picks.raw_data()));
+        const Tensor expired = to_dtype(lt(sizes, full({}, threshold, opts)), DType::i64);
+        const Tensor rank = cumsum(expired, 0) - expired;
+        const Tensor want =
+            where(to_dtype(expired, DType::boolean), gather(draws, 0, rank), full({k}, -1.0, i64));
+        CHECK(picks.to(Device::cpu()).to_vector<int64_t>() ==
+              want.to(Device::cpu()).to_vector<int64_t>());
+        // The writes, from the pool at the picks (gather) and from rows by code.
+        const Tensor rows = randn({pool, d}, gen, opts);
+        for (const bool from_pool : {true, false}) {
+          const Tensor src = from_pool ? rows : slice(rows, 0, 0, k).contiguous();
+          Tensor embed = randn({k, d}, gen, opts), avg = randn({k, d}, gen, opts);
+          Tensor size = sizes.clone();
+          const Tensor embed0 = embed.clone(), avg0 = avg.clone();
+          q.replace_codes(dt, k, d, static_cast<const int64_t*>(picks.raw_data()), from_pool,
+                          src.raw_data(), threshold, embed.raw_data(), avg.raw_data(),
+                          size.raw_data());
+          const Tensor hit = unsqueeze(ge(picks, full({}, 0.0, i64)), -1);
+          const Tensor picked = index_select(
+              src, 0,
+              from_pool ? clamp(picks, 0.0, double(pool - 1)) : arange(0.0, double(k), 1.0, i64));
+          const Tensor want_embed = where(hit, picked * 1.0, embed0);
+          const Tensor want_avg = where(hit, picked * threshold, avg0);
+          const Tensor want_size = where(squeeze(hit, -1), full({}, threshold, opts), sizes);
+          CHECK(std::memcmp(embed.to(Device::cpu()).raw_data(),
+                            want_embed.to(Device::cpu()).raw_data(), embed.nbytes()) == 0);
+          CHECK(std::memcmp(avg.to(Device::cpu()).raw_data(), want_avg.to(Device::cpu()).raw_data(),
+                            avg.nbytes()) == 0);
+          CHECK(std::memcmp(size.to(Device::cpu()).raw_data(),
+                            want_size.to(Device::cpu()).raw_data(), size.nbytes()) == 0);
+        }
+      }
 }
 
 TEST_CASE("quant kernels: the codebook EMA's lerp and smoothing equal the composed ops' bits") {
@@ -184,7 +224,9 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
               "rotate_to");
   check_names(message_of([&] { t.route_grad(false, DType::f32, f, f, f, b, d, 1, 1, f); }),
               "straight_through_with_commitment");
-  check_names(message_of([&] { t.put_rows(DType::f32, f, 1, i, 1, f, 1.0); }), "Codebook");
+  check_names(message_of([&] { t.dead_code_picks(DType::f32, f, 1, 1.0, i, i); }), "Codebook");
+  check_names(message_of([&] { t.replace_codes(DType::f32, 1, 1, i, true, f, 1.0, f, f, f); }),
+              "Codebook");
   check_names(message_of([&] { t.code_statistics(DType::f32, i, f, 1, 1, 1, f, f); }),
               "code_statistics");
   check_names(message_of([&] { t.ema_lerp(DType::f32, 1, 1.0, 1.0, f, f); }), "Codebook EMA");

@@ -179,18 +179,36 @@ TEST_CASE("quant cuda: route_grad (rotation and straight through) equals the CPU
       }
 }
 
-TEST_CASE("quant cuda: put_rows writes the CPU's rows") {
+TEST_CASE("quant cuda: dead-code picks and replacements write the CPU's values") {
   SKIP_WITHOUT_GPU();
+  // 2500 codes: runs of three codes a thread in the scan's one block.
   for (DType dt : {DType::f32, DType::f64})
-    for (bool with_src : {true, false}) {
-      Tensor table = random_tensor({20, 7}, dt, 12), src = random_tensor({4, 7}, dt, 13);
-      Tensor at = from_vector<int64_t>({3, -1, 11, 0}, {4});  // -1: skipped
-      Tensor gtable = on_gpu(table), gsrc = on_gpu(src), gat = on_gpu(at);
-      cpu_quant_table().put_rows(dt, table.raw_data(), 7, at.data<int64_t>(), 4,
-                                 with_src ? src.raw_data() : nullptr, 1.5);
-      gpu_t().put_rows(dt, gtable.raw_data(), 7, testing::dev<int64_t>(gat), 4,
-                       with_src ? gsrc.raw_data() : nullptr, 1.5);
-      CHECK(same_bytes(gtable, table));
+    for (const int64_t k : {int64_t{7}, int64_t{2500}}) {
+      const int64_t d = 5, pool = k + 3;
+      Tensor sizes = abs(random_tensor({k}, dt, 12)) * 2.0;
+      Generator gen(0x5eed);
+      Tensor draws = randperm_prefix(pool, k, gen);
+      Tensor picks = empty({k}, {.dtype = DType::i64});
+      Tensor gpicks = empty({k}, {.dtype = DType::i64, .device = Device::cuda(0)});
+      cpu_quant_table().dead_code_picks(dt, sizes.raw_data(), k, 1.0, draws.data<int64_t>(),
+                                        picks.data<int64_t>());
+      gpu_t().dead_code_picks(dt, on_gpu(sizes).raw_data(), k, 1.0,
+                              testing::dev<int64_t>(on_gpu(draws)), testing::dev<int64_t>(gpicks));
+      CHECK(same_bytes(gpicks, picks));
+      for (bool gather : {true, false}) {
+        Tensor src = random_tensor({pool, d}, dt, 13);
+        Tensor embed = random_tensor({k, d}, dt, 14), avg = random_tensor({k, d}, dt, 15);
+        Tensor size = sizes.clone();
+        Tensor gembed = on_gpu(embed), gavg = on_gpu(avg), gsize = on_gpu(size);
+        cpu_quant_table().replace_codes(dt, k, d, picks.data<int64_t>(), gather, src.raw_data(),
+                                        1.0, embed.raw_data(), avg.raw_data(), size.raw_data());
+        gpu_t().replace_codes(dt, k, d, testing::dev<int64_t>(gpicks), gather,
+                              on_gpu(src).raw_data(), 1.0, gembed.raw_data(), gavg.raw_data(),
+                              gsize.raw_data());
+        CHECK(same_bytes(gembed, embed));
+        CHECK(same_bytes(gavg, avg));
+        CHECK(same_bytes(gsize, size));
+      }
     }
 }
 
@@ -562,7 +580,8 @@ TEST_CASE("quant cuda: zero sizes launch nothing") {
   t.squared_error_grad(DType::f32, nullptr, nullptr, nullptr, 0, 4, testing::dev<double>(sums),
                        nullptr);
   t.route_grad(true, DType::f32, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr);
-  t.put_rows(DType::f32, nullptr, 4, nullptr, 0, nullptr, 1.0);
+  t.dead_code_picks(DType::f32, nullptr, 0, 1.0, nullptr, nullptr);
+  t.replace_codes(DType::f32, 0, 4, nullptr, true, nullptr, 1.0, nullptr, nullptr, nullptr);
   t.bit_product(DType::f32, nullptr, 0, 3, nullptr);
   t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);
   t.nf4_decode(NF4Runs{}, DType::f32, nullptr);
