@@ -155,19 +155,22 @@ void Codebook::accumulate(const Tensor& x, const Tensor& indices, const Tensor& 
     tokens.push_back(scalar(double(n), opt));
     if (opts_.threshold_ema_dead_code > 0) pending_.candidates[h].push_back(rows);
   }
-  // One table's [K, D] sums need no stacking copy.
-  Tensor new_sums = g == 1 ? unsqueeze(sums[0], 0) : stack(sums);
+  // One table's statistics need no stacking copies: they are fresh tensors
+  // of their own, viewed with the tables' leading dim.
+  const auto tables = [g](const std::vector<Tensor>& per) {
+    return g == 1 ? unsqueeze(per[0], 0) : stack(per);
+  };
   if (first) {  // the common case: one forward per step, no fold, no add
-    pending_.counts = stack(counts);
-    pending_.sums = new_sums;
-    pending_.tokens = stack(tokens);
+    pending_.counts = tables(counts);
+    pending_.sums = tables(sums);
+    pending_.tokens = tables(tokens);
   } else {
     // Fold the earlier forwards' contributions one more decay step down.
     mul_(pending_.counts, opts_.decay);
     mul_(pending_.sums, opts_.decay);
-    add_(pending_.counts, stack(counts));
-    add_(pending_.sums, new_sums);
-    add_(pending_.tokens, stack(tokens));
+    add_(pending_.counts, tables(counts));
+    add_(pending_.sums, tables(sums));
+    add_(pending_.tokens, tables(tokens));
   }
   pending_.steps += 1;
   // A captured step's replays rewrite these tensors; the host's handles to

@@ -387,7 +387,7 @@ Tensor VectorQuantize::choose_codes(const Tokens& t, const Tensor& codes, const 
   std::vector<Tensor> per;
   for (int64_t h = 0; h < t.x.size(0); ++h)
     per.push_back(nearest_codes(select(t.x, 0, h), select(codes, 0, h), opts_.use_cosine_sim));
-  return stack(per);
+  return per.size() == 1 ? unsqueeze(per[0], 0) : stack(per);  // one table: no copy
 }
 
 // The chosen codes [G, T, d], gathered (not a one-hot product) from the

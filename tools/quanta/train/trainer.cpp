@@ -14,6 +14,7 @@
 #include "engine/ops/index.h"
 #include "engine/ops/loss.h"
 #include "engine/ops/reduce.h"
+#include "engine/ops/view.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/loop.h"
@@ -110,7 +111,11 @@ class VqVaeTask : public LoopTask {
     const Tensor recon = sum(square(diff)) * scale;  // on [0, 1]: what metrics report
     const double aux_weight =
         model_->quantizer().loss_is_global() ? 1.0 : w * double(share.rows.numel()) / b;
-    const Tensor aux = sum(out.quantized.loss) * aux_weight;
+    // One loss (every quantizer's) is taken as it is and a weight of 1 not
+    // applied: the same values, three launches fewer a step with backward.
+    const Tensor& loss = out.quantized.loss;
+    Tensor aux = loss.numel() == 1 ? reshape(loss, {}) : sum(loss);
+    if (aux_weight != 1.0) aux = aux * aux_weight;
     if (cfg_.recon_loss == "l1") {
       const Tensor l1 = sum(abs(diff)) * (scale * units);
       return {l1 + aux, {recon, aux, l1}};
