@@ -1,4 +1,4 @@
-// CPU entries bit_product, bit_product_grad and clamped_entropy
+// CPU entries bit_probabilities(_grad), bit_product(_grad) and clamped_entropy
 // (quant/kernels/table.h): LFQ's entropy terms over per-bit distributions
 // (see quant/scalar/lfq_entropy.h for the maths).
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "engine/cpu/parallel.h"
 #include "quant/cpu/kernels.h"
 #include "quant/kernels/entropy_walk.h"
+#include "quant/kernels/functors.h"
 
 namespace quanta::quant::quant_cpu {
 namespace {
@@ -87,6 +88,49 @@ void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64
 }
 
 }  // namespace
+
+void bit_probabilities(DType dtype, const void* z, int64_t R, int64_t d, int64_t begin, int64_t k,
+                       void* pi) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* pz = static_cast<const T*>(z);
+    T* pp = static_cast<T*>(pi);
+    for_rows(R, k, [&](int64_t r) {
+      for (int64_t j = 0; j < k; ++j)
+        fn::bit_probabilities(pz[r * d + begin + j], pp + (r * k + j) * 2);
+    });
+  };
+  if (dtype == DType::f64)
+    run(double{});
+  else if (dtype == DType::f32)
+    run(float{});
+  else
+    throw std::invalid_argument("[LFQ] bit logits must be f32 or f64");
+}
+
+void bit_probabilities_grad(DType dtype, const void* z, const void* g, int64_t R, int64_t d,
+                            int64_t begin, int64_t k, void* dz) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* pz = static_cast<const T*>(z);
+    const T* pg = static_cast<const T*>(g);
+    T* out = static_cast<T*>(dz);
+    for_rows(R, k, [&](int64_t r) {
+      for (int64_t j = 0; j < k; ++j) {
+        T p[2];
+        fn::bit_probabilities(pz[r * d + begin + j], p);
+        const T* gj = pg + (r * k + j) * 2;
+        out[r * d + begin + j] = fn::bit_probability_grad(gj[0], gj[1], p[0], p[1]);
+      }
+    });
+  };
+  if (dtype == DType::f64)
+    run(double{});
+  else if (dtype == DType::f32)
+    run(float{});
+  else
+    throw std::invalid_argument("[LFQ] bit logits must be f32 or f64");
+}
 
 void bit_product(DType dtype, const void* pi, int64_t R, int64_t k, void* out) {
   const int64_t n = int64_t(1) << k;

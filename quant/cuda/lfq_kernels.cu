@@ -1,4 +1,4 @@
-// CUDA entries bit_product, bit_product_grad and clamped_entropy
+// CUDA entries bit_probabilities(_grad), bit_product(_grad) and clamped_entropy
 // (quant/kernels/table.h). The products are quant/kernels/functors.h's, one
 // thread per output element (forward) or per row and bit (backward), in the
 // CPU's multiplication order.
@@ -11,6 +11,25 @@
 
 namespace quanta::quant::quant_cuda {
 namespace {
+
+template <class T>
+__global__ void bit_probabilities_kernel(const T* z, int64_t rows, int64_t d, int64_t begin,
+                                         int64_t k, T* pi) {
+  QUANTA_GRID_STRIDE(i, rows * k) {
+    fn::bit_probabilities(z[(i / k) * d + begin + i % k], pi + 2 * i);
+  }
+}
+
+template <class T>
+__global__ void bit_probabilities_grad_kernel(const T* z, const T* g, int64_t rows, int64_t d,
+                                              int64_t begin, int64_t k, T* dz) {
+  QUANTA_GRID_STRIDE(i, rows * k) {
+    const int64_t at = (i / k) * d + begin + i % k;
+    T p[2];
+    fn::bit_probabilities(z[at], p);
+    dz[at] = fn::bit_probability_grad(g[2 * i], g[2 * i + 1], p[0], p[1]);
+  }
+}
 
 template <class T>
 __global__ void bit_product_kernel(const T* pi, int64_t rows, int64_t k, T* out) {
@@ -36,6 +55,32 @@ void dispatch_lfq(DType dtype, F&& f) {
 }
 
 }  // namespace
+
+void bit_probabilities(DType dtype, const void* z, int64_t rows, int64_t d, int64_t begin,
+                       int64_t k, void* pi) {
+  dispatch_lfq(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig g = grid_for(rows * k);
+    if (g.blocks == 0) return;
+    bit_probabilities_kernel<T><<<static_cast<unsigned>(g.blocks), g.threads, 0, cuda::stream()>>>(
+        static_cast<const T*>(z), rows, d, begin, k, static_cast<T*>(pi));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void bit_probabilities_grad(DType dtype, const void* z, const void* g, int64_t rows, int64_t d,
+                            int64_t begin, int64_t k, void* dz) {
+  dispatch_lfq(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const cuda::LaunchConfig c = grid_for(rows * k);
+    if (c.blocks == 0) return;
+    bit_probabilities_grad_kernel<T>
+        <<<static_cast<unsigned>(c.blocks), c.threads, 0, cuda::stream()>>>(
+            static_cast<const T*>(z), static_cast<const T*>(g), rows, d, begin, k,
+            static_cast<T*>(dz));
+    QUANTA_CUDA_CHECK_LAUNCH();
+  });
+}
 
 void bit_product(DType dtype, const void* pi, int64_t rows, int64_t k, void* out) {
   dispatch_lfq(dtype, [&](auto tag) {

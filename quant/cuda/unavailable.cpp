@@ -43,6 +43,8 @@ const QuantKernelTable& unavailable_table() {
       .code_statistics = [](auto...) { unavailable("code_statistics"); },
       .ema_lerp = [](auto...) { unavailable("Codebook EMA"); },
       .ema_embed = [](auto...) { unavailable("Codebook EMA"); },
+      .bit_probabilities = [](auto...) { unavailable("lfq_bit_probabilities"); },
+      .bit_probabilities_grad = [](auto...) { unavailable("lfq_bit_probabilities backward"); },
       .bit_product = [](auto...) { unavailable("lfq_bit_product"); },
       .bit_product_grad = [](auto...) { unavailable("lfq_bit_product backward"); },
       .clamped_entropy = [](auto...) { unavailable("lfq_clamped_entropy"); },

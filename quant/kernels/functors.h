@@ -164,6 +164,25 @@ QUANTA_HD T rotation_grad(T x, T q, T g, RotationNorms<T> nm, RotationCoeffs<T> 
 
 // ---- LFQ's bit products ----
 
+/** P(bit = 0) and P(bit = 1) of bit logit z: sigmoid(-z) and sigmoid(z),
+ * each by the engine's sigmoid functor (accurate in its own tail; the CUDA
+ * unary op's bits, an ulp or so from the CPU's, whose exp is Eigen's vector
+ * form), into pi[0] and pi[1]. */
+template <class T>
+QUANTA_HD void bit_probabilities(T z, T* pi) {
+  const quanta::fn::Sigmoid sigmoid{};
+  pi[0] = sigmoid(-z);
+  pi[1] = sigmoid(z);
+}
+
+/** dL/dz of one bit from dL/dpi (g0, g1) and its probabilities: (g1 - g0)
+ * P(0) P(1), d sigmoid(z)/dz written with both tails' probabilities, so no
+ * 1 - p cancels where p is near 1. */
+template <class T>
+QUANTA_HD T bit_probability_grad(T g0, T g1, T p0, T p1) {
+  return (g1 - g0) * (p0 * p1);
+}
+
 /** Element c of the product distribution of k bits, pi [k, 2] (code bits
  * most significant first), multiplied in bit order as the CPU's in-place
  * build does, so the bits are the same. */

@@ -135,6 +135,18 @@ struct QuantKernelTable {
 
   // ---- LFQ entropy (quant/scalar/lfq_entropy.cpp) ----
 
+  /** LFQ's bit probabilities: pi [rows, k, 2] = (P(0), P(1)) of z's
+   * columns [begin, begin + k) (fn::bit_probabilities: the engine's
+   * sigmoid functor of -z and z), z [rows, d] and pi contiguous, `dtype` f32 or
+   * f64: bit_product's input in one launch, where a negation, two sigmoids,
+   * a stacking copy and the slice's copy took five. */
+  void (*bit_probabilities)(DType dtype, const void* z, int64_t rows, int64_t d, int64_t begin,
+                            int64_t k, void* pi);
+  /** Its backward: dz[r, begin + j] = fn::bit_probability_grad of g[r, j]
+   * (g [rows, k, 2] contiguous) for j < k; dz's other columns are not
+   * touched, so two calls over disjoint columns fill one buffer. */
+  void (*bit_probabilities_grad)(DType dtype, const void* z, const void* g, int64_t rows, int64_t d,
+                                 int64_t begin, int64_t k, void* dz);
   /** bit_product_distribution: out [rows, 2^k] = the product distributions
    * of pi [rows, k, 2] (P(0), P(1) per bit; code index bits most significant
    * first), contiguous, `dtype` f32 or f64. */
@@ -182,7 +194,7 @@ struct QuantKernelTable {
 #define QUANTA_QUANT_KERNEL_ENTRIES(X) \
   X(nearest_codes) X(squared_error) X(squared_error_mean) X(squared_error_coefficient) \
   X(squared_error_grad) X(route_grad) X(dead_code_picks) X(replace_codes) \
-  X(code_statistics) X(ema_lerp) X(ema_embed) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
+  X(code_statistics) X(ema_lerp) X(ema_embed) X(bit_probabilities) X(bit_probabilities_grad) X(bit_product) X(bit_product_grad) X(clamped_entropy) X(nf4_absmax) \
   X(nf4_encode) X(nf4_decode) X(nf4_linear) X(nf4_linear_grad)
 // clang-format on
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/autograd/function.h"
@@ -58,6 +60,46 @@ Tensor bit_product_distribution(const Tensor& pi) {
   return autograd::apply(fn, {pi})[0];
 }
 
+std::vector<Tensor> bit_probability_halves(const Tensor& bit_logits, int64_t high) {
+  if (bit_logits.dim() != 2)
+    throw std::invalid_argument("[LFQ] bit logits must be [rows, bits], got " +
+                                shape_str(bit_logits.shape()));
+  const int64_t d = bit_logits.size(1);
+  if (high < 0 || high > d)
+    throw std::invalid_argument("[LFQ] a split after bit " + std::to_string(high) + " of " +
+                                std::to_string(d));
+  auto saved = std::make_shared<Tensor>();
+  autograd::Function fn;
+  fn.name = "lfq_bit_probabilities";
+  fn.forward = [saved, high](const std::vector<Tensor>& in) {
+    const Tensor z = in[0].contiguous();
+    *saved = z;
+    const int64_t R = z.size(0), d = z.size(1);
+    const QuantKernelTable& kernels = quant_kernels(z.device());
+    std::vector<Tensor> out;
+    for (const auto& [begin, k] : {std::pair{int64_t{0}, high}, std::pair{high, d - high}}) {
+      out.push_back(empty({R, k, 2}, {.dtype = z.dtype(), .device = z.device()}));
+      kernels.bit_probabilities(z.dtype(), z.raw_data(), R, d, begin, k, out.back().raw_data());
+    }
+    return out;
+  };
+  fn.backward = [saved, high](const std::vector<Tensor>& g) {
+    const Tensor& z = *saved;
+    const int64_t R = z.size(0), d = z.size(1);
+    // Each half writes its own columns: together every column, once.
+    Tensor dz = empty({R, d}, {.dtype = z.dtype(), .device = z.device()});
+    const std::pair<int64_t, int64_t> halves[2] = {{0, high}, {high, d - high}};
+    for (int i = 0; i < 2; ++i) {
+      const Tensor gi = g[size_t(i)].to(z.dtype()).contiguous();
+      const QuantKernelTable& kernels = quant_kernels_for("lfq_bit_probabilities", {&z, &gi});
+      kernels.bit_probabilities_grad(z.dtype(), z.raw_data(), gi.raw_data(), R, d, halves[i].first,
+                                     halves[i].second, dz.raw_data());
+    }
+    return std::vector<Tensor>{dz};
+  };
+  return autograd::apply(fn, {bit_logits});
+}
+
 Tensor local_token_mean(const Tensor& sum, int64_t count) {
   return count > 0 ? sum / double(count) : sum;
 }
@@ -97,13 +139,12 @@ LFQEntropy lfq_entropy_factorised(const Tensor& z, const TokenMean& token_mean) 
   // token_mean (a cross-rank mean in a distributed run).
   out.per_sample =
       token_mean(sum(clamped_bit_product_entropy(reshape(z, {T * C, d}))) / double(C), T);
-  // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in its tail.
-  const Tensor pi = reshape(stack({sigmoid(-z), sigmoid(z)}, -1), {T * C, d, 2});
+  // P(bit = 0) and P(bit = 1) as sigmoid(-z), sigmoid(z): each accurate in
+  // its tail; the two halves of the bits, each made whole.
   const int64_t high = d / 2;
-  const Tensor A =
-      reshape(bit_product_distribution(slice(pi, 1, 0, high)), {T, C, int64_t(1) << high});
-  const Tensor B =
-      reshape(bit_product_distribution(slice(pi, 1, high, d)), {T, C, int64_t(1) << (d - high)});
+  const std::vector<Tensor> pi = bit_probability_halves(reshape(z, {T * C, d}), high);
+  const Tensor A = reshape(bit_product_distribution(pi[0]), {T, C, int64_t(1) << high});
+  const Tensor B = reshape(bit_product_distribution(pi[1]), {T, C, int64_t(1) << (d - high)});
   const Tensor sum_ab = bmm(contiguous(permute(A, {1, 2, 0})), contiguous(permute(B, {1, 0, 2})));
   const Tensor avg = token_mean(reshape(sum_ab, {C, A.size(2) * B.size(2)}), T);  // [C, 2^d]
   out.batch = clamped_entropy_mean(avg);

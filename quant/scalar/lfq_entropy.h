@@ -24,6 +24,7 @@
 //   distances plus T * 2^d exponentials and logarithms, and no T x 2^d tensor.
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "engine/tensor.h"
 #include "quant/kernels/table.h"
@@ -69,5 +70,12 @@ Tensor clamped_bit_product_entropy(const Tensor& bit_logits);
  * P(0), P(1)) -> [R, 2^k], code index bits most significant first.
  * Differentiable in pi (f32 / f64; the bit_product kernels). */
 Tensor bit_product_distribution(const Tensor& pi);
+
+/** The bit probabilities of bit_logits [rows, d] split after bit `high`:
+ * {pi [rows, high, 2], pi [rows, d - high, 2]}, each (P(0), P(1)) =
+ * (sigmoid(-z), sigmoid(z)) by the engine's sigmoid functor, contiguous.
+ * Differentiable in the logits: dz = (g1 - g0) P(0) P(1), one launch a half
+ * each way (f32 / f64; the bit_probabilities kernels). */
+std::vector<Tensor> bit_probability_halves(const Tensor& bit_logits, int64_t high);
 
 }  // namespace quanta::quant

@@ -64,6 +64,7 @@ const Recorded kHistory[] = {
     {21, 0x683cfa4840a9a43aull},  // QuantKernelTable::ema_lerp, ema_embed
     {22, 0x94c7c6838875aaf6ull},  // QuantKernelTable::squared_error_mean, _coefficient
     {23, 0x05e5522fcfe719a3ull},  // QuantKernelTable::dead_code_picks, replace_codes; put_rows gone
+    {24, 0xb7a5963541c8409cull},  // QuantKernelTable::bit_probabilities(_grad)
 };
 
 // `text` less its comments and all of its whitespace (string and character

@@ -232,6 +232,10 @@ TEST_CASE("quant kernels: the unavailable CUDA table names the op in every entry
   check_names(message_of([&] { t.ema_lerp(DType::f32, 1, 1.0, 1.0, f, f); }), "Codebook EMA");
   check_names(message_of([&] { t.ema_embed(DType::f32, 1, 1, 1, 1e-5, f, f, f, f); }),
               "Codebook EMA");
+  check_names(message_of([&] { t.bit_probabilities(DType::f64, d, 1, 1, 0, 1, d); }),
+              "lfq_bit_probabilities");
+  check_names(message_of([&] { t.bit_probabilities_grad(DType::f64, d, d, 1, 1, 0, 1, d); }),
+              "lfq_bit_probabilities");
   check_names(message_of([&] { t.bit_product(DType::f64, d, 1, 1, d); }), "lfq_bit_product");
   check_names(message_of([&] { t.bit_product_grad(DType::f64, d, d, 1, 1, d); }),
               "lfq_bit_product");

@@ -280,6 +280,27 @@ TEST_CASE("quant cuda: LFQ bit products, their gradient and the clamped entropy"
                                ggot.raw_data());
       CHECK(max_err(ggot, gwant) <= tol(dt));
     }
+  // The bit probabilities of a column range and their gradient into those
+  // columns only (the device's exp: within rounding of the CPU's).
+  for (DType dt : {DType::f32, DType::f64}) {
+    const int64_t rows = 9, d = 7, begin = 3, k = 4;
+    Tensor z = random_tensor({rows, d}, dt, 16) * 8.0;
+    Tensor g = random_tensor({rows, k, 2}, dt, 17);
+    Tensor want = empty({rows, k, 2}, {.dtype = dt});
+    Tensor got = empty({rows, k, 2}, {.dtype = dt, .device = Device::cuda(0)});
+    cpu_quant_table().bit_probabilities(dt, z.raw_data(), rows, d, begin, k, want.raw_data());
+    gpu_t().bit_probabilities(dt, on_gpu(z).raw_data(), rows, d, begin, k, got.raw_data());
+    INFO(dtype_name(dt));
+    CHECK(max_err(got, want) <= tol(dt));
+    Tensor dwant = full({rows, d}, 5.0, {.dtype = dt});
+    Tensor dgot = on_gpu(dwant);
+    cpu_quant_table().bit_probabilities_grad(dt, z.raw_data(), g.raw_data(), rows, d, begin, k,
+                                             dwant.raw_data());
+    gpu_t().bit_probabilities_grad(dt, on_gpu(z).raw_data(), on_gpu(g).raw_data(), rows, d, begin,
+                                   k, dgot.raw_data());
+    CHECK(max_err(dgot, dwant) <= tol(dt));
+    CHECK(max_err(slice(dgot, 1, 0, begin), full({rows, begin}, 5.0, {.dtype = dt})) == 0.0);
+  }
   // The entropy walk: a thread per token up to kEntropyWalkMaxBits (the
   // device's exp and log1p, within a few ulps of glibc's), staged through
   // the CPU entry beyond (the same bits). Near-uniform tokens (scale 0.05)
@@ -582,6 +603,8 @@ TEST_CASE("quant cuda: zero sizes launch nothing") {
   t.route_grad(true, DType::f32, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 4, nullptr);
   t.dead_code_picks(DType::f32, nullptr, 0, 1.0, nullptr, nullptr);
   t.replace_codes(DType::f32, 0, 4, nullptr, true, nullptr, 1.0, nullptr, nullptr, nullptr);
+  t.bit_probabilities(DType::f32, nullptr, 0, 4, 0, 2, nullptr);
+  t.bit_probabilities_grad(DType::f32, nullptr, nullptr, 0, 4, 0, 2, nullptr);
   t.bit_product(DType::f32, nullptr, 0, 3, nullptr);
   t.clamped_entropy(nullptr, 0, 3, nullptr, nullptr);
   t.nf4_decode(NF4Runs{}, DType::f32, nullptr);

@@ -11,6 +11,7 @@
 #include "quant/scalar/lfq_entropy.h"
 #include "quant/scalar/residual_lfq.h"
 #include "scalar_test_util.h"
+#include "support/gpu.h"
 
 using namespace quanta;
 using namespace quanta::quant;
@@ -139,6 +140,51 @@ TEST_CASE("entropy gradients match central differences (f64)") {
     return e.per_sample.item() + 0.7 * e.batch.item();
   };
   CHECK(rel_err(z.grad(), numeric_grad(z, f)) < 1e-6);
+}
+
+TEST_CASE("bit probabilities: the engine's sigmoids of -z and z, in halves, with their gradient") {
+  Generator gen(12);
+  for (const Device dev : quanta::testing::cpu_and_test_devices())
+    for (const DType dt : {DType::f32, DType::f64}) {
+      INFO(dev.str() << " " << std::string(dtype_name(dt)));
+      // Logits from the tails (|z| 30: P(0) near 1e-13) to 0.
+      const Tensor z = (randn({7, 5}, gen, {.dtype = dt}) * 12.0).to(dev);
+      for (const int64_t high : {int64_t{0}, int64_t{2}, int64_t{5}}) {
+        const std::vector<Tensor> pi = bit_probability_halves(z, high);
+        REQUIRE(pi.size() == 2);
+        CHECK(pi[0].shape() == Shape{7, high, 2});
+        CHECK(pi[1].shape() == Shape{7, 5 - high, 2});
+        // The composed ops' values, within an ulp or two of each (the CPU's
+        // sigmoid op runs Eigen's vector exp, the kernel the scalar form).
+        const Tensor want = stack({sigmoid(-z), sigmoid(z)}, -1).to(Device::cpu());
+        const double eps = dt == DType::f32 ? 1.2e-7 : 2.3e-16;
+        for (const auto& [got, part] : {std::pair{pi[0], slice(want, 1, 0, high)},
+                                        std::pair{pi[1], slice(want, 1, high, 5)}}) {
+          const std::vector<double> g = vals(got.to(Device::cpu())), w = vals(part);
+          REQUIRE(g.size() == w.size());
+          double worst = 0;  // in units of the value's own precision
+          for (size_t i = 0; i < g.size(); ++i)
+            worst = std::max(worst, std::abs(g[i] - w[i]) / (eps * std::abs(w[i]) + 1e-300));
+          CHECK(worst <= 4.0);
+        }
+      }
+    }
+  // f64 central differences of a weighted sum of both halves' probabilities.
+  const Tensor z0 = randn({4, 6}, gen, {.dtype = DType::f64}) * 3.0;
+  const Tensor w = randn({4, 6, 2}, gen, {.dtype = DType::f64});
+  auto loss = [&](const Tensor& zt) {
+    const std::vector<Tensor> pi = bit_probability_halves(zt, 2);
+    return sum(pi[0] * slice(w, 1, 0, 2)) + sum(pi[1] * slice(w, 1, 2, 6));
+  };
+  Tensor z = z0.clone();
+  z.requires_grad_(true);
+  loss(z).backward();
+  CHECK(max_abs_diff(numeric_grad([&](const Tensor& zt) { return loss(zt).item(); }, z0),
+                     z.grad()) < 1e-8);
+  CHECK_THROWS_WITH_AS(bit_probability_halves(zeros({3}), 0),
+                       "[LFQ] bit logits must be [rows, bits], got [3]", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(bit_probability_halves(zeros({3, 4}), 5), "[LFQ] a split after bit 5 of 4",
+                       std::invalid_argument);
 }
 
 TEST_CASE("LFQ codes are +-codebook_scale and round-trip through indices") {
