@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/cpu/parallel.h"
@@ -87,6 +88,15 @@ void for_rows(int64_t rows, int64_t work_per_row, const std::function<void(int64
   });
 }
 
+// f(T{}) for an f32 or f64 `dtype`; otherwise throws "[LFQ] <what> must
+// be f32 or f64".
+template <class F>
+void dispatch_lfq(DType dtype, const char* what, F&& f) {
+  if (dtype == DType::f64) return f(double{});
+  if (dtype == DType::f32) return f(float{});
+  throw std::invalid_argument(std::string("[LFQ] ") + what + " must be f32 or f64");
+}
+
 }  // namespace
 
 void bit_probabilities(DType dtype, const void* z, int64_t R, int64_t d, int64_t begin, int64_t k,
@@ -100,12 +110,7 @@ void bit_probabilities(DType dtype, const void* z, int64_t R, int64_t d, int64_t
         fn::bit_probabilities(pz[r * d + begin + j], pp + (r * k + j) * 2);
     });
   };
-  if (dtype == DType::f64)
-    run(double{});
-  else if (dtype == DType::f32)
-    run(float{});
-  else
-    throw std::invalid_argument("[LFQ] bit logits must be f32 or f64");
+  dispatch_lfq(dtype, "bit logits", run);
 }
 
 void bit_probabilities_grad(DType dtype, const void* z, const void* g, int64_t R, int64_t d,
@@ -124,12 +129,7 @@ void bit_probabilities_grad(DType dtype, const void* z, const void* g, int64_t R
       }
     });
   };
-  if (dtype == DType::f64)
-    run(double{});
-  else if (dtype == DType::f32)
-    run(float{});
-  else
-    throw std::invalid_argument("[LFQ] bit logits must be f32 or f64");
+  dispatch_lfq(dtype, "bit logits", run);
 }
 
 void bit_product(DType dtype, const void* pi, int64_t R, int64_t k, void* out) {
@@ -140,12 +140,7 @@ void bit_product(DType dtype, const void* pi, int64_t R, int64_t k, void* out) {
     T* po = static_cast<T*>(out);
     for_rows(R, n, [&](int64_t r) { bit_product_row(pp + r * 2 * k, k, po + r * n); });
   };
-  if (dtype == DType::f64)
-    run(double{});
-  else if (dtype == DType::f32)
-    run(float{});
-  else
-    throw std::invalid_argument("[LFQ] bit probabilities must be f32 or f64");
+  dispatch_lfq(dtype, "bit probabilities", run);
 }
 
 void bit_product_grad(DType dtype, const void* pi, const void* grad_out, int64_t R, int64_t k,
