@@ -38,6 +38,7 @@
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
 #include "engine/precision.h"
+#include "engine/profile/call_profile.h"
 #include "engine/random/generator.h"
 #include "engine/random/philox.h"
 #include "engine/random/sampling.h"

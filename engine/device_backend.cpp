@@ -17,6 +17,7 @@
 #include "engine/capture/device_graph.h"
 #include "engine/device_error.h"
 #include "engine/host_sync.h"
+#include "engine/profile/timed_table.h"
 
 namespace quanta {
 
@@ -30,7 +31,9 @@ namespace sim {
 const DeviceBackend& backend();
 }
 
-const DeviceBackend& device_backend(DeviceType type) {
+namespace detail {
+
+const DeviceBackend& unprofiled_device_backend(DeviceType type) {
   switch (type) {
     case DeviceType::cpu:
       return cpu::host_backend();
@@ -40,6 +43,20 @@ const DeviceBackend& device_backend(DeviceType type) {
       return sim::backend();
   }
   throw std::logic_error("[device_backend] unknown device type");
+}
+
+}  // namespace detail
+
+// While a CallProfile lives, a copy whose memory, copies and waits are
+// counted as "device.*" (engine/profile/call_profile.h).
+const DeviceBackend& device_backend(DeviceType type) {
+  return profile::lookup(detail::unprofiled_device_backend(type), type, "device",
+                         [](auto d, DeviceBackend& t, const DeviceBackend& s, const char* seam) {
+                           QUANTA_TIME_DEVICE_ENTRY(allocate)
+                           QUANTA_TIME_DEVICE_ENTRY(release)
+                           QUANTA_TIME_DEVICE_ENTRY(copy)
+                           QUANTA_TIME_DEVICE_ENTRY(synchronize)
+                         });
 }
 
 void synchronize(Device device) {

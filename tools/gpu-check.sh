@@ -60,7 +60,10 @@
 #            *_fast_conv), `bench nf4`, `bench llm --only attention_T512_fb`,
 #            `bench quant`, `bench engine`, with --device cuda, 90 s a
 #            command at most; the rows go into the summary.
-#   profile  where Nsight Compute (ncu) is installed, a kernel profile of 5
+#   profile  quanta train --profile 5 on the GPU (each kernel-table entry's
+#            calls and time a step, timed on the host, then with the device
+#            synchronised after each call); then, where Nsight Compute (ncu)
+#            is installed, a kernel profile of 5
 #            steps of `quanta train --device cuda` (at most 1000 kernels):
 #            launches and kernel time per step, and the 20 kernels that take
 #            the most (tools/gpu-check/kernel_profile.py; the first step's

@@ -6,12 +6,15 @@
 #include <string>
 
 #include "engine/cuda/module.h"
+#include "engine/profile/timed_table.h"
 #include "engine/sim/sim_stream.h"
 #include "engine/tensor.h"
 
 namespace quanta {
 
-const KernelTable& kernels(Device device) {
+namespace {
+
+const KernelTable& table_of(Device device) {
   // Entries take raw pointers, not devices: the launch goes to the current one.
   if (device.is_cpu()) return cpu::cpu_kernels();
   if (device.is_sim()) {
@@ -22,6 +25,15 @@ const KernelTable& kernels(Device device) {
   if (!m) return cuda::unavailable_kernels();
   m->set_device(device.index);
   return m->kernels();
+}
+
+}  // namespace
+
+const KernelTable& kernels(Device device) {
+  return profile::kernel_lookup(table_of(device), device, "engine",
+                                [](auto d, KernelTable& t, const KernelTable& s, const char* seam) {
+                                  QUANTA_KERNEL_ENTRIES(QUANTA_TIME_ENTRY)
+                                });
 }
 
 Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {

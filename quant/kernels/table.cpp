@@ -7,12 +7,15 @@
 
 #include "engine/cuda/module.h"
 #include "engine/kernels/table.h"
+#include "engine/profile/timed_table.h"
 #include "engine/sim/sim_stream.h"
 #include "engine/tensor.h"
 
 namespace quanta::quant {
 
-const QuantKernelTable& quant_kernels(Device device) {
+namespace {
+
+const QuantKernelTable& table_of(Device device) {
   if (device.is_cpu()) return quant_cpu::table();
   if (device.is_sim()) {
     sim::set_current_index(device.index);
@@ -22,6 +25,16 @@ const QuantKernelTable& quant_kernels(Device device) {
   // one, as the engine's kernels() has it.
   if (const cuda::Module* m = cuda::module()) m->set_device(device.index);
   return quant_cuda::table();
+}
+
+}  // namespace
+
+const QuantKernelTable& quant_kernels(Device device) {
+  return profile::kernel_lookup(
+      table_of(device), device, "quant",
+      [](auto d, QuantKernelTable& t, const QuantKernelTable& s, const char* seam) {
+        QUANTA_QUANT_KERNEL_ENTRIES(QUANTA_TIME_ENTRY)
+      });
 }
 
 const QuantKernelTable& quant_kernels_for(const char* op, std::initializer_list<const Tensor*> ts) {

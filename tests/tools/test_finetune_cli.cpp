@@ -292,13 +292,14 @@ TEST_CASE("finetune --resume continues exactly, dropout streams included") {
       "--resume cannot change the run it continues (base:");
 }
 
-// The "train" records of a run's metrics.jsonl.
-std::vector<json> train_records(const std::string& dir) {
+// The records of one kind ("train", "header", "profile") of a run's
+// metrics.jsonl.
+std::vector<json> train_records(const std::string& dir, const std::string& kind = "train") {
   std::vector<json> out;
   std::ifstream in(dir + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     const json j = json::parse(line);
-    if (j["kind"] == "train") out.push_back(j);
+    if (j["kind"] == kind) out.push_back(j);
   }
   return out;
 }
@@ -334,6 +335,24 @@ TEST_CASE("train --task classify and finetune --device sim: the CPU's losses and
     REQUIRE(classify[device].code == 0);
     REQUIRE(tune[device].code == 0);
   }
+  // --profile fine-tunes as called, timing each kernel call: the same bytes.
+  const CliResult profiled = run_quanta(finetune(
+      t.nf4_ckpt, dir.file("qlora-profiled"),
+      {"--lora-dropout", "0.2", "--log-every", "4", "--merge", "--device", "sim", "--profile", "3"},
+      "8"));
+  CAPTURE(profiled.err);
+  REQUIRE(profiled.code == 0);
+  const std::vector<json> p = train_records(dir.file("qlora-profiled"), "profile");
+  REQUIRE(p.size() == 1);
+  CHECK(p[0]["first_step"] == 3);
+  CHECK(p[0]["steps"] == 3);
+  bool nf4_products = false;
+  for (const json& e : p[0]["entries"])
+    nf4_products = nf4_products || (e["name"] == "quant.nf4_linear" && e["device"] == "sim");
+  CHECK(nf4_products);
+  CHECK(contains(profiled.out, "quant.nf4_linear"));
+  check_same_tensors(dir.file("qlora-sim/adapters.safetensors"),
+                     dir.file("qlora-profiled/adapters.safetensors"));
   same_runs(dir.file("clf-cpu"), dir.file("clf-sim"));
   check_same_tensors(dir.file("clf-cpu/checkpoint.safetensors"),
                      dir.file("clf-sim/checkpoint.safetensors"));

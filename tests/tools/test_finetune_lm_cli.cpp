@@ -412,6 +412,29 @@ TEST_CASE("finetune --model --device sim: the captured step replays --no-graph's
       check_same_tensors(d.file(run.name + "_graph/adapters/adapter_model.safetensors"),
                          d.file(run.name + "_eager/adapters/adapter_model.safetensors"));
     }
+  // --profile: the steps run as called, each kernel call timed, the
+  // language models' seam among the tables; the same bytes as --no-graph.
+  {
+    const std::string eager = "tokens_" + std::to_string(static_cast<int>(DeviceType::sim));
+    std::vector<std::string> a =
+        finetune("llama_gqa", d, "profiled",
+                 {"--weight-decay", "0.01", "--steps", "9", "--device", "sim", "--profile", "2"});
+    a.at(6) = "1";
+    const CliResult p = run_quanta(a);
+    REQUIRE_MESSAGE(p.code == 0, p.err);
+    CHECK(contains(p.out, "profile of steps 3 to 4 (run as called;"));
+    CHECK(contains(p.out, "llm.attention"));
+    const std::vector<json> r = records(d.file("profiled/metrics.jsonl"));
+    CHECK(r.front()["graph"] == false);
+    bool attention = false;
+    for (const json& rec : r)
+      if (rec["kind"] == "profile")
+        for (const json& e : rec["entries"])
+          attention = attention || (e["name"] == "llm.attention" && e["calls_per_step"] > 0);
+    CHECK(attention);
+    check_same_tensors(d.file("profiled/adapters/adapter_model.safetensors"),
+                       d.file(eager + "_eager/adapters/adapter_model.safetensors"));
+  }
   const CliResult classifier =
       run_quanta({"finetune", "checkpoint.safetensors", "--no-graph", "--out", d.file("x")});
   CHECK(contains(classifier.err, "--no-graph is for a language model (--model DIR)"));

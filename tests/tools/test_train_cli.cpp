@@ -874,6 +874,73 @@ TEST_CASE("quanta train --device sim: the captured step replays --no-graph's byt
   }
 }
 
+// --profile: the kernel calls of some steps, counted and timed per table
+// entry (engine/profile/call_profile.h), on the log and as a metrics
+// record; the steps run as called, so the run is --no-graph's, byte for byte.
+TEST_CASE("quanta train --profile: where the steps' time went, and the same bytes") {
+  if (!have_dataset()) return;
+  ScratchDir dir("profile");
+  const std::string a = dir.file("profiled"), b = dir.file("plain");
+  const std::vector<std::string> base = with(tiny_train(a, 5), {"--device", "sim"});
+  CliResult ra = run_quanta(with(base, {"--profile", "2"}));
+  CliResult rb = run_quanta(with(set_flag(base, "--out", b), {"--no-graph"}));
+  CAPTURE(ra.err);
+  REQUIRE(ra.code == 0);
+  REQUIRE(rb.code == 0);
+  CHECK(contains(ra.out,
+                 "profile of steps 3 to 4 (run as called; each call timed on the host, "
+                 "the device's work not waited for)"));
+  CHECK(contains(ra.out, "table calls a step; the device was done "));
+  CHECK(contains(ra.out, "engine.conv"));
+  CHECK(contains(ra.out, "(cpu)"));  // the batch gathered on the host
+  CHECK_FALSE(contains(ra.out, "captured"));
+  CHECK(records(a, "header").at(0)["graph"] == false);
+  const std::vector<json> p = records(a, "profile");
+  REQUIRE(p.size() == 1);
+  CHECK(p[0]["step"] == 4);
+  CHECK(p[0]["first_step"] == 3);
+  CHECK(p[0]["steps"] == 2);
+  CHECK(p[0]["timing"] == "host");
+  CHECK(p[0]["device"] == "sim:0");
+  CHECK(p[0]["table_calls_per_step"].get<double>() > 50);
+  CHECK(p[0]["host_ms_per_step"].get<double>() >= p[0]["table_ms_per_step"].get<double>());
+  double conv_calls = 0, sum_ms = 0;
+  for (const json& e : p[0]["entries"]) {
+    if (e["name"] == "engine.conv" && e["device"] == "sim") conv_calls = e["calls_per_step"];
+    sum_ms += e["ms_per_step"].get<double>();
+  }
+  // The VQ-VAE's convolutions forward and backward, every step the same.
+  CHECK(conv_calls >= 12);
+  CHECK(conv_calls == std::floor(conv_calls));
+  CHECK(sum_ms >= p[0]["table_ms_per_step"].get<double>() * 0.999);
+  CHECK(quanta::test::slurp(a + "/checkpoint.safetensors") ==
+        quanta::test::slurp(b + "/checkpoint.safetensors"));
+  // A run shorter than the warm-up and the window profiles its last steps;
+  // device timing on the CPU, which queues nothing, times the calls alone.
+  const std::string c = dir.file("short");
+  CliResult rc =
+      run_quanta(with(tiny_train(c, 2), {"--profile", "5", "--profile-timing", "device"}));
+  CAPTURE(rc.err);
+  REQUIRE(rc.code == 0);
+  CHECK(contains(rc.out,
+                 "profile of steps 1 to 2 (run as called; each call timed until the "
+                 "device was done with it)"));
+  CHECK_FALSE(contains(rc.out, "after the last step's calls"));
+  REQUIRE(records(c, "profile").size() == 1);
+  CHECK(records(c, "profile")[0]["timing"] == "device");
+  // Mistakes.
+  CliResult bad = run_quanta(with(tiny_train(dir.file("bad"), 2), {"--profile-timing", "device"}));
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--profile-timing requires --profile"));
+  bad = run_quanta(with(tiny_train(dir.file("bad"), 2), {"--profile", "0"}));
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--profile"));
+  bad = run_quanta(
+      with(tiny_train(dir.file("bad"), 2), {"--profile", "2", "--profile-timing", "gpu"}));
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--profile-timing"));
+}
+
 TEST_CASE("eval, encode and decode --device sim: the CPU's figures, codes and pictures") {
   if (!have_dataset()) return;
   ScratchDir dir("sim_tools");

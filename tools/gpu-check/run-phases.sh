@@ -163,23 +163,52 @@ phase_bench() {
 # capture (exit 9 at the captured step, on an H200, 2026-12-04); the eager
 # step's launches are what a capture then holds. The phase's last third (at
 # most GEMV_PROFILE_S seconds) goes to the NF4 GEMV's profile (profile_gemv).
+# Before ncu (and where it is absent), quanta's own call profile
+# (profile_calls) takes at most CALLS_PROFILE_S of the phase.
 readonly PROFILE_STEPS=5
 readonly PROFILE_LAUNCHES=1000
 readonly GEMV_PROFILE_S=45
+readonly CALLS_PROFILE_S=50
 phase_profile() {
-  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu rc=0
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu rc=0 start=$SECONDS
+  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
+  if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
+    profile_calls $(($1 / 4 < CALLS_PROFILE_S ? $1 / 4 : CALLS_PROFILE_S)) || rc=$?
+  fi
   ncu="$(command -v ncu || compgen -G '/opt/nvidia/nsight-compute/*/ncu' | sort -V | tail -n 1)" \
     || true
-  [ -n "$ncu" ] || { echo "no ncu on this machine: no kernel profile"; return 0; }
-  [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
-  local gemv_s=$(($1 / 3 < GEMV_PROFILE_S ? $1 / 3 : GEMV_PROFILE_S))
-  local train_s=$(($1 - gemv_s)) start=$SECONDS
+  [ -n "$ncu" ] || { echo "no ncu on this machine: no kernel profile"; return "$rc"; }
+  local left=$(($1 - (SECONDS - start)))
+  local gemv_s=$((left / 3 < GEMV_PROFILE_S ? left / 3 : GEMV_PROFILE_S))
   if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
-    profile_train "$ncu" "$train_s" || rc=$?
+    profile_train "$ncu" $((left - gemv_s)) || rc=$?
   else
     echo "the bundle has no data slice: no profile of the training step"
   fi
   profile_gemv "$ncu" $(($1 - (SECONDS - start))) || rc=$?
+  return "$rc"
+}
+
+# profile_calls SECONDS: where the uncaptured step's time goes, by quanta's
+# own count (quanta train --profile, engine/profile/call_profile.h): each
+# kernel-table entry's calls and time over PROFILE_STEPS steps after two,
+# first as the host spends it (launching: an eager step of some 5 ms
+# against a 1 ms graph on the H100, 2026-12-05, is mostly the host's), then
+# with the device synchronised after each call (each kernel's own time, as
+# ncu would give it, without ncu). Half the seconds each.
+profile_calls() {
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" timing rc=0 out
+  for timing in host device; do
+    echo "== quanta train --device cuda --profile $PROFILE_STEPS --profile-timing $timing"
+    out="$build-calls-$timing"
+    rm -rf "$out"
+    timeout -k 5 $(($1 / 2)) "$quanta" train --data "$data" --device cuda \
+      --steps $((PROFILE_STEPS + 2)) --batch-size 64 --limit-test 64 --eval-every 1000000 \
+      --log-every 1000000 --threads "$(nproc)" --profile "$PROFILE_STEPS" \
+      --profile-timing "$timing" --out "$out" >"$out.log" 2>&1 || rc=$?
+    sed -n '/^profile of steps/,/more entries\|^step /p' "$out.log" | grep -v '^step ' | head -n 40
+    [ "$rc" -eq 0 ] || { echo "(exit $rc; its last lines:)"; tail -n 5 "$out.log"; }
+  done
   return "$rc"
 }
 

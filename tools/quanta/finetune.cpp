@@ -9,6 +9,7 @@
 #include "finetune/run.h"
 #include "flag_checks.h"
 #include "precision_flag.h"
+#include "profile_flag.h"
 #include "train/limits.h"
 
 namespace quanta::cli {
@@ -97,6 +98,7 @@ void add_finetune(CLI::App& app) {
   sub->add_flag("--merge", o->merge,
                 "also write merged.safetensors, the float model with the "
                 "adapters merged in");
+  add_profile_flags(*sub, o->profile);
   add_lm_finetune_flags(*sub, *o);
   sub->callback([o, sub] {
     resolve_defaults(*o, [sub](const char* flag) { return sub->count(flag) > 0; });

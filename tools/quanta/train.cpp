@@ -20,6 +20,7 @@
 #include "fast_conv.h"
 #include "flag_checks.h"
 #include "graph_flag.h"
+#include "profile_flag.h"
 #include "quanta_config.h"
 #include "relaunch.h"
 #include "run_start.h"
@@ -47,6 +48,7 @@ struct TrainFlags {
   bool print_config = false;
   bool fast_conv = false;
   bool no_graph = false;
+  ProfileFlags profile;
   std::string conv_layout = "auto";
   std::string dist_timeout;  // seconds; empty: the library's default
   // Each given flag writes its value into the flags' config layer.
@@ -106,9 +108,10 @@ void run_train_classify(const TrainFlags& f, const json& layer, const std::strin
   try {
     train::RunFolderLock folder;
     if (!f.print_config) folder = start.take(1, "");
-    train::run_classify_command(layer,
-                                {out, start.resume(), ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION},
-                                f.print_config, std::cout);
+    train::run_classify_command(
+        layer,
+        {out, start.resume(), ::isatty(STDOUT_FILENO) == 1, QUANTA_VERSION, f.profile.settings()},
+        f.print_config, std::cout);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -185,7 +188,7 @@ void run_train(const TrainFlags& f) {
   const int64_t nproc = config.value("nproc", int64_t{1});
   train::RunFolderLock folder = start.take(nproc, f.dist_timeout);
   train::TrainJob job{config,         out,         resume, ::isatty(STDOUT_FILENO) == 1,
-                      QUANTA_VERSION, !f.no_graph, layout};
+                      QUANTA_VERSION, !f.no_graph, layout, f.profile.settings()};
   train::TrainResult r;
   try {
     r = train::run_training(job, std::cout);
@@ -241,6 +244,7 @@ void add_train(CLI::App& app) {
   add_dist_timeout_flag(*sub, t.dist_timeout);
   add_fast_conv_flag(*sub, t.fast_conv);
   add_no_graph_flag(*sub, t.no_graph);
+  add_profile_flags(*sub, t.profile);
   sub->add_option("--conv-layout", t.conv_layout,
                   "the VQ-VAE's activations between convolutions: auto (channels last on the "
                   "CPU and sim, whose kernels compute that way; channels first on CUDA, until a "

@@ -302,6 +302,7 @@ train::LoopResult fine_tune(AdapterTask& task, const FinetuneOptions& o, bool re
   s.eval_every = train::kEvalAtEnd;
   s.lr = o.lr;
   s.mixed_precision = o.precision == "bf16";
+  s.profile = o.profile.settings();
   s.checkpoint_format = kFinetuneFormat;
   s.checkpoint_config = finetune_config_json(o);
   s.header = {{"quanta_version", QUANTA_VERSION},

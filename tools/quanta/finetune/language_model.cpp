@@ -721,6 +721,7 @@ void run_lm_finetune(const FinetuneOptions& flags) {
   s.lr = o.lr;
   s.mixed_precision = o.precision == "bf16";
   s.graph = !o.no_graph;
+  s.profile = o.profile.settings();
   s.optimizer = {.adamw = true,
                  .weight_decay = o.weight_decay,
                  .decays = trainer_decays,

@@ -20,6 +20,7 @@
 #include "engine/device.h"
 #include "eva_flags.h"
 #include "flag_checks.h"
+#include "profile_flag.h"
 #include "train/run_folder.h"
 
 namespace quanta::cli {
@@ -65,6 +66,7 @@ struct FinetuneOptions {
   bool use_rslora = false, use_dora = false, lora_bias = false, pack = false,
        completions_only = false, assistant_only = false, recompute = false, shard = false;
   bool no_graph = false;
+  ProfileFlags profile;            // steps whose kernel calls are counted and timed
   AdapterFlags adapters;           // train on from a PEFT folder's adapters
   std::string chat_template_path;  // conversations through this template
   DocumentFlags documents;         // token files and text: where documents meet

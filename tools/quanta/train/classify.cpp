@@ -187,6 +187,7 @@ ClassifyResult run_classify(const ClassifyConfig& config, const ClassifyJob& job
   s.log_every = cfg.log_every;
   s.eval_every = kEvalAtEnd;
   s.lr = cfg.lr;
+  s.profile = job.profile;
   s.checkpoint_format = kClassifierFormat;
   s.checkpoint_config = classify_config_json(cfg);
   s.header = {

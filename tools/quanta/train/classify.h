@@ -106,6 +106,8 @@ struct ClassifyJob {
   bool progress_bar = false;
   /** quanta's version, for metrics.jsonl's header. */
   std::string version;
+  /** --profile: steps whose kernel calls are counted and timed. */
+  ProfileSettings profile{};
 };
 
 /** Trains (or continues), evaluates and writes out_dir/checkpoint.safetensors

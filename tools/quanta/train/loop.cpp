@@ -29,6 +29,7 @@
 #include "train/checkpoint.h"
 #include "train/outputs.h"
 #include "train/progress.h"
+#include "train/step_profile.h"
 
 namespace quanta::train {
 namespace {
@@ -171,6 +172,9 @@ std::unique_ptr<LrSchedule> make_schedule(Optimizer& opt, const LoopSettings& s)
 // optimizer's state made by its first step).
 constexpr int64_t kGraphWarmupSteps = 2;
 
+// Entries --profile's report names, the most time first.
+constexpr std::size_t kProfileLines = 25;
+
 Device model_device(Module& model) {
   for (const Tensor& p : model.parameters()) return p.device();
   return Device::cpu();
@@ -231,10 +235,16 @@ class Loop {
                       s_.batch_size * s_.items_per_row, s_.throughput_unit);
     progress_ = &progress;
     StopSignals signals;
+    StepProfile profile(s_.profile, device_, step_, s_.total_steps);
     model_->train();
     LoopResult result;
     while (step_ < s_.total_steps) {
+      profile.before(step_ + 1);
+      const auto step_start = std::chrono::steady_clock::now();
       const bool stop = train_step(signals.caught() != 0);
+      const double step_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      if (profile.after(step_seconds, stop || step_ == s_.total_steps)) report_profile(profile);
       log_step(stop);
       if (stop) {
         const StateDict optimizer_state = gathered_optimizer_state();
@@ -409,6 +419,13 @@ class Loop {
     return stop.item() > 0;
   }
 
+  // What --profile's window saw: on the log, and as a metrics record.
+  void report_profile(const StepProfile& profile) {
+    if (!lead_) return;
+    for (const std::string& line : profile.lines(kProfileLines)) progress_->line(line);
+    append_metric(metrics_path_, history_.emplace_back(profile.record()));
+  }
+
   // Says once that the step became a graph, or why it never will.
   void report_graph() {
     if (!captured_ || graph_reported_ == GraphReport::stopped) return;
@@ -508,10 +525,11 @@ class Loop {
 
   // Whether the step may run as a graph: asked for, a task whose step can
   // be, on a device that records, with one rank (a collective's transport
-  // is not captured). Micro-batches are captured together, in one graph.
+  // is not captured), and not profiled (a replay calls no kernel table). Micro-batches are captured
+  // together, in one graph.
   bool graphs_step() const {
-    return s_.graph && task_.capturable_step() && world_ == 1 && !device_.is_cpu() &&
-           device_backend(device_.type).graph != nullptr;
+    return s_.graph && s_.profile.steps == 0 && task_.capturable_step() && world_ == 1 &&
+           !device_.is_cpu() && device_backend(device_.type).graph != nullptr;
   }
 
   // The lr of the last step taken (the first step's before any).

@@ -30,6 +30,7 @@
 #include "dist/data_parallel.h"
 #include "dist/process_group.h"
 #include "engine/nn/module.h"
+#include "engine/profile/call_profile.h"
 #include "engine/tensor.h"
 
 namespace quanta::train {
@@ -172,6 +173,17 @@ nlohmann::json random_stream_states(Module& model);
  * std::runtime_error naming it. */
 void load_random_stream_states(Module& model, const nlohmann::json& states);
 
+/** --profile: the kernel-table calls of some steps, counted and timed per
+ * entry (engine/profile/call_profile.h), then printed on the log and kept
+ * in metrics.jsonl as a "profile" record. */
+struct ProfileSettings {
+  /** Steps to profile (0: none): those after the run's first two (the
+   * first initialises, the second is the first steady one), or the last
+   * ones of a shorter run. Profiled steps run as called, never as a graph. */
+  int64_t steps = 0;
+  CallTiming timing = CallTiming::host;
+};
+
 /** How to run a task. */
 struct LoopSettings {
   /** Output folder: checkpoint.safetensors and metrics.jsonl go there. */
@@ -217,6 +229,8 @@ struct LoopSettings {
    * task's step is capturable (train/captured_step.h); the same bits
    * either way. */
   bool graph = true;
+  /** Steps profiled, and how (above). */
+  ProfileSettings profile{};
   /** "training" or "fine-tuning": how a divergence message starts. */
   std::string activity = "training";
 };

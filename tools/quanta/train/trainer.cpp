@@ -218,6 +218,7 @@ TrainResult run_training(const TrainJob& job, std::ostream& log) {
   s.optimizer.weight_decay = cfg.weight_decay;
   s.mixed_precision = cfg.precision == "bf16";
   s.graph = job.graph;
+  s.profile = job.profile;
   s.checkpoint_format = kCheckpointFormat;
   s.checkpoint_config = config_to_json(cfg);
   s.header = {{"quanta_version", job.version},

@@ -9,6 +9,7 @@
 
 #include "engine/tensor.h"
 #include "train/batch_order.h"
+#include "train/loop.h"
 #include "train/metrics.h"
 #include "train/vqvae.h"
 
@@ -32,6 +33,8 @@ struct TrainJob {
   /** The VQ-VAE's activations between convolutions (VqVae::
    * set_activation_layout): as the device prefers unless forced. */
   ActivationLayout layout = ActivationLayout::automatic;
+  /** --profile: steps whose kernel calls are counted and timed. */
+  ProfileSettings profile{};
 };
 
 /** How a run ended. */

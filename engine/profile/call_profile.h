@@ -1,0 +1,85 @@
+#pragma once
+// Where a step's time goes, op family by op family, on any device and
+// without an outside profiler: while a CallProfile lives, every call through
+// a kernel table (the engine's, the quantizers', the language models') and
+// through a device's own table (its memory, copies and synchronisation) is
+// counted and timed, per entry.
+//
+//   CallProfile profile;                      // CallTiming::host
+//   for (int i = 0; i < 5; ++i) step();
+//   profile.stop();
+//   for (const CallProfileRow& r : profile.rows()) ...   // "engine.conv", 15 calls, 2.1 ms
+//
+// With CallTiming::host a call's time is what it costs the calling thread:
+// on the CPU the kernel itself; on a GPU (or sim) the host's share of a
+// launch (argument checks, plan lookups, the driver's queueing), which is
+// what a step that is not captured as a graph waits on when its kernels are
+// small. With CallTiming::device the device is synchronised after each
+// call, so its time also holds the device's work (and each kernel then runs
+// alone: the sum is no step's real time). Profiling changes no result.
+//
+// Only calls made through the tables' lookups (kernels(), quant_kernels(),
+// llm_kernels(), device_backend()) are seen; a call that makes another
+// through a lookup counts in both rows, its time once in seconds().
+// A replayed DeviceGraph makes no calls: profile steps run as called.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+
+namespace quanta {
+
+/** What a profiled call's time holds (above). */
+enum class CallTiming { host, device };
+
+/** One table entry's calls, on one type of device, while a profile ran. */
+struct CallProfileRow {
+  /** The seam and the entry: "engine.conv", "quant.nearest_codes",
+   * "llm.attention", "device.copy". */
+  std::string name;
+  /** The device type whose table it is (a step on a GPU still makes some
+   * calls on the CPU: its batch gathered on the host). */
+  DeviceType device = DeviceType::cpu;
+  int64_t calls = 0;
+  /** Time inside those calls, each counted from its start to its return
+   * (and, with CallTiming::device, to the device's being done with it). */
+  double seconds = 0;
+};
+
+/** Counts and times the calls made, by any thread, while it lives (or until
+ * stop()). Profiles may overlap: each sees the calls made during its own
+ * life; while one with CallTiming::device lives, every profile's calls wait
+ * for the device. Costs nothing measurable when none lives (one atomic load
+ * per table lookup). */
+class CallProfile {
+ public:
+  explicit CallProfile(CallTiming timing = CallTiming::host);
+  ~CallProfile();
+  CallProfile(const CallProfile&) = delete;
+  CallProfile& operator=(const CallProfile&) = delete;
+
+  /** Ends the profile: what rows() and the totals say stays as it is now. */
+  void stop();
+  bool running() const { return running_; }
+  CallTiming timing() const { return timing_; }
+
+  /** The entries called, the most time first (ties: by name, then
+   * device). */
+  std::vector<CallProfileRow> rows() const;
+  /** Calls made from outside any other profiled call, and their time: what
+   * the rows add up to without the calls made inside others. */
+  int64_t calls() const;
+  double seconds() const;
+
+ private:
+  /** Every counter's calls and time at one moment (call_profile.cpp). */
+  struct Snapshot;
+
+  CallTiming timing_;
+  bool running_ = true;
+  std::unique_ptr<Snapshot> start_, end_;
+};
+
+}  // namespace quanta
