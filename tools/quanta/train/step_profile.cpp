@@ -22,16 +22,10 @@ std::string ms(double seconds) { return fixed(seconds * 1e3, 3) + " ms"; }
 
 std::string timing_name(CallTiming t) { return t == CallTiming::device ? "device" : "host"; }
 
+// "cpu", "cuda" or "sim": Device::str() without the index.
 std::string type_name(DeviceType t) {
-  switch (t) {
-    case DeviceType::cpu:
-      return "cpu";
-    case DeviceType::cuda:
-      return "cuda";
-    case DeviceType::sim:
-      return "sim";
-  }
-  return "?";
+  const std::string s = Device{t, 0}.str();
+  return s.substr(0, s.find(':'));
 }
 
 }  // namespace
