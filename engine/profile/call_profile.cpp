@@ -36,14 +36,17 @@ thread_local Device t_device;  // the device of this thread's last lookup
 
 bool active() { return g_profiles.load(std::memory_order_relaxed) > 0; }
 
-void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* entry) {
+void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* entry,
+            const char* op) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (c.seam) return;
+  if (c.listed.load(std::memory_order_relaxed)) return;
   c.device = device;
   c.seam = seam;
   c.entry = entry;
+  c.op = op;
   r.counters.push_back(&c);
+  c.listed.store(true, std::memory_order_release);
 }
 
 void note_device(Device device) { t_device = device; }
@@ -117,8 +120,8 @@ std::vector<CallProfileRow> CallProfile::rows() const {
         before == start_->entries.end() ? std::pair<int64_t, int64_t>{0, 0} : before->second;
     const int64_t calls = counts.first - from.first;
     if (calls <= 0) continue;
-    out.push_back({std::string(c->seam) + "." + c->entry, c->device, calls,
-                   static_cast<double>(counts.second - from.second) * 1e-9});
+    out.push_back({std::string(c->seam) + "." + c->entry + (c->op ? std::string(":") + c->op : ""),
+                   c->device, calls, static_cast<double>(counts.second - from.second) * 1e-9});
   }
   std::sort(out.begin(), out.end(), [](const CallProfileRow& a, const CallProfileRow& b) {
     if (a.seconds != b.seconds) return a.seconds > b.seconds;

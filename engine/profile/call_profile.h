@@ -37,7 +37,9 @@ enum class CallTiming { host, device };
 /** One table entry's calls, on one type of device, while a profile ran. */
 struct CallProfileRow {
   /** The seam and the entry: "engine.conv", "quant.nearest_codes",
-   * "llm.attention", "device.copy". */
+   * "llm.attention", "device.copy"; with the op where the entry takes one
+   * (the elementwise families, the reductions): "engine.binary:mul",
+   * "engine.reduce_rows:sum". */
   std::string name;
   /** The device type whose table it is (a step on a GPU still makes some
    * calls on the CPU: its batch gathered on the host). */

@@ -14,6 +14,7 @@
 // The copy is made once per table type, device type and lookup.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -39,6 +40,11 @@ struct EntryCounter {
   DeviceType device = DeviceType::cpu;
   const char* seam = nullptr;
   const char* entry = nullptr;
+  /** For an entry whose first argument names its op (an elementwise
+   * family's UnaryOp, a reduction's RowReduce: whatever op_name() names),
+   * the op: each op its own counter, "engine.binary:mul". */
+  const char* op = nullptr;
+  std::atomic<bool> listed{false};
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> nanos{0};
 };
@@ -47,7 +53,11 @@ struct EntryCounter {
 bool active();
 
 /** Makes `c` one of the counters profiles read (once each). */
-void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* entry);
+void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* entry,
+            const char* op = nullptr);
+
+// Op counters an entry keeps at most; an op past them counts in the entry's.
+inline constexpr std::size_t kNamedOps = 128;
 
 /** Notes that this thread's next kernel calls go to `device` (a lookup's
  * device: the entries take raw pointers). */
@@ -84,15 +94,36 @@ struct Timed<D, Member, Wait> {
   static R call(A... a) noexcept(NoThrow) {
     if (!active()) return source(std::forward<A>(a)...);
     CallTimer timer;
+    EntryCounter& c = counter_for(a...);
     if constexpr (std::is_void_v<R>) {
       source(std::forward<A>(a)...);
-      timer.finish(counter, Wait);
+      timer.finish(c, Wait);
     } else {
       R r = source(std::forward<A>(a)...);
-      timer.finish(counter, Wait);
+      timer.finish(c, Wait);
       return r;
     }
   }
+
+ private:
+  // The counter of this call: its op's where the first argument is an op
+  // that op_name() names (found where the table is looked up), else the
+  // entry's.
+  template <typename First, typename... Rest>
+  static EntryCounter& counter_for(const First& first, const Rest&...) {
+    if constexpr (std::is_enum_v<First> && requires { op_name(first); }) {
+      static EntryCounter per_op[kNamedOps];
+      const auto i = static_cast<std::size_t>(first);
+      if (i < kNamedOps) {
+        EntryCounter& c = per_op[i];
+        if (!c.listed.load(std::memory_order_acquire))
+          enlist(c, counter.device, counter.seam, counter.entry, op_name(first));
+        return c;
+      }
+    }
+    return counter;
+  }
+  static EntryCounter& counter_for() { return counter; }
 };
 
 /** The timed stand-in for entry Member whose device function is `source`

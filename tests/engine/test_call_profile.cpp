@@ -50,8 +50,11 @@ TEST_CASE("call profile: each entry's calls on the CPU, made while it runs") {
   p.stop();
   const Tensor after = a * b;  // not counted either
   CHECK_FALSE(p.running());
-  CHECK(calls(p, "engine.binary") == 2);
-  CHECK(calls(p, "engine.unary") == 1);
+  // An elementwise family's calls, by op.
+  CHECK(calls(p, "engine.binary:add") == 1);
+  CHECK(calls(p, "engine.binary:mul") == 1);
+  CHECK(calls(p, "engine.binary") == 0);
+  CHECK(calls(p, "engine.unary:exp") == 1);
   CHECK(calls(p, "device.allocate") >= 3);  // each result's memory
   // The rows, the most time first, each with its time; the totals are the
   // outermost calls', here every call.
@@ -71,7 +74,7 @@ TEST_CASE("call profile: each entry's calls on the CPU, made while it runs") {
   CHECK(p.seconds() > 0);
   // Stopped, it says the same whatever runs later.
   const Tensor more = exp(a);
-  CHECK(calls(p, "engine.unary") == 1);
+  CHECK(calls(p, "engine.unary:exp") == 1);
   CHECK(p.calls() == sum_calls);
 }
 
@@ -101,12 +104,12 @@ TEST_CASE("call profile: overlapping profiles each see the calls of their own li
     x = exp(x);
     x = exp(x);
     inner.stop();
-    inner_unary = calls(inner, "engine.unary");
+    inner_unary = calls(inner, "engine.unary:exp");
   }
   x = exp(x);
   outer.stop();
   CHECK(inner_unary == 2);
-  CHECK(calls(outer, "engine.unary") == 4);
+  CHECK(calls(outer, "engine.unary:exp") == 4);
 }
 
 TEST_CASE("call profile: the quantizers' and the language models' seams") {
@@ -134,7 +137,7 @@ TEST_CASE("call profile: calls from several threads all count") {
     });
   for (std::thread& t : threads) t.join();
   p.stop();
-  CHECK(calls(p, "engine.unary") == 100);
+  CHECK(calls(p, "engine.unary:exp") == 100);
 }
 
 TEST_CASE("call profile: results are the same bits profiled or not") {
@@ -188,8 +191,8 @@ TEST_CASE("call profile on sim: the calls of sim's tables, host or device timing
     }
     p.stop();
     synchronize(dev);
-    CHECK(calls(p, "engine.unary", DeviceType::sim) == 1);
-    CHECK(calls(p, "engine.unary", DeviceType::cpu) == 0);
+    CHECK(calls(p, "engine.unary:exp", DeviceType::sim) == 1);
+    CHECK(calls(p, "engine.unary:exp", DeviceType::cpu) == 0);
     CHECK(calls(p, "device.allocate", DeviceType::sim) >= 1);
     // The profile's own waits are not the program's.
     CHECK(calls(p, "device.synchronize", DeviceType::sim) == 0);
