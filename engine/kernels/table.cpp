@@ -12,6 +12,10 @@
 
 namespace quanta {
 
+// A profile's rows of the conv entry, one per kind ("engine.conv:conv2d"):
+// found by the profiled entries' lookup of op_name (engine/profile/timed_table.h).
+static const char* op_name(ConvKind kind) { return conv_op_name(kind); }
+
 namespace {
 
 const KernelTable& table_of(Device device) {

@@ -168,7 +168,7 @@ phase_bench() {
 readonly PROFILE_STEPS=5
 readonly PROFILE_LAUNCHES=1000
 readonly GEMV_PROFILE_S=45
-readonly CALLS_PROFILE_S=50
+readonly CALLS_PROFILE_S=60
 phase_profile() {
   local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" ncu rc=0 start=$SECONDS
   [ -x "$quanta" ] || { echo "no quanta binary in $build"; return 1; }
@@ -194,18 +194,24 @@ phase_profile() {
 # kernel-table entry's calls and time over PROFILE_STEPS steps after two,
 # first as the host spends it (launching: an eager step of some 5 ms
 # against a 1 ms graph on the H100, 2026-12-05, is mostly the host's), then
-# with the device synchronised after each call (each kernel's own time, as
-# ncu would give it, without ncu). Half the seconds each.
+# the same with --fast-conv (which took some 2 ms off the eager step and
+# only 0.2 ms off the graph's on the H200, 2026-12-04: the convolutions'
+# rows say whether the host's share moved), then with the device
+# synchronised after each call (each kernel's own time, as ncu would give
+# it, without ncu). A third of the seconds each.
 profile_calls() {
-  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" timing rc=0 out
-  for timing in host device; do
-    echo "== quanta train --device cuda --profile $PROFILE_STEPS --profile-timing $timing"
-    out="$build-calls-$timing"
+  local data="$bundle/fashion-mnist-subset" quanta="$build/tools/quanta" run rc=0 out
+  local -a extra
+  for run in host host-fast-conv device; do
+    extra=(--profile-timing "${run%%-*}")
+    [ "$run" != host-fast-conv ] || extra+=(--fast-conv)
+    echo "== quanta train --device cuda --profile $PROFILE_STEPS ${extra[*]}"
+    out="$build-calls-$run"
     rm -rf "$out"
-    timeout -k 5 $(($1 / 2)) "$quanta" train --data "$data" --device cuda \
+    timeout -k 5 $(($1 / 3)) "$quanta" train --data "$data" --device cuda \
       --steps $((PROFILE_STEPS + 2)) --batch-size 64 --limit-test 64 --eval-every 1000000 \
-      --log-every 1000000 --threads "$(nproc)" --profile "$PROFILE_STEPS" \
-      --profile-timing "$timing" --out "$out" >"$out.log" 2>&1 || rc=$?
+      --log-every 1000000 --threads "$(nproc)" --profile "$PROFILE_STEPS" "${extra[@]}" \
+      --out "$out" >"$out.log" 2>&1 || rc=$?
     sed -n '/^profile of steps/,/more entries\|^step /p' "$out.log" | grep -v '^step ' | head -n 40
     [ "$rc" -eq 0 ] || { echo "(exit $rc; its last lines:)"; tail -n 5 "$out.log"; }
   done
