@@ -381,7 +381,8 @@ TEST_CASE("quanta bench engine/train/quant/nf4/llm --device cuda: GPU rows, or o
                                        "matmul_1024_bf16",
                                        "matmul_4096x4096x256_bf16",
                                        "matmul_1024_f16",
-                                       "matmul_4096x4096x256_f16"};
+                                       "matmul_4096x4096x256_f16",
+                                       "small_add_x256"};
   engine_rows.insert(kConvRows.begin(), kConvRows.end());
   const std::set<std::string> train_rows = {"train_step_vqvae_vq",
                                             "train_step_vqvae_none",

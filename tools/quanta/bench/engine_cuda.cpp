@@ -15,6 +15,11 @@
 //     takes for the row's FLOPs (8192^3 is where cuBLAS reaches its peak); a
 //     dtype the GEMM refuses prints its rows as unavailable with the error.
 //   conv_*: bench_conv's layers on the GPU against the f32 8192^3 rate.
+//   small_add_x256: 256 adds of 1024 f32 values, called one by one, against
+//     the same 256 captured once as a DeviceGraph and replayed: the GPU's
+//     work is the same, so the ratio is what calling them costs the host
+//     (checks, the output's allocation, the launch) over a replay, and the
+//     row's ms / 256 is one small op's cost in a step run as called.
 // Op times include allocating their outputs (from the caching allocator).
 #include <string>
 
@@ -120,6 +125,24 @@ void gemm_rows(const GpuTimer& gpu, const BenchOptions& o, Generator& gen,
   }
 }
 
+void launch_rows(const GpuTimer& gpu, Generator& gen, std::vector<BenchRow>& rows) {
+  NoGradGuard no_grad;
+  constexpr int kCalls = 256;
+  rows.push_back(row_or_error("small_add_x256", [&] {
+    const Tensor a = rand({1024}, gen).to(gpu.device), b = rand({1024}, gen).to(gpu.device);
+    Tensor kept;  // the graph's last output, rewritten by each replay
+    DeviceGraph adds = DeviceGraph::capture(gpu.device, [&] {
+      for (int i = 0; i < kCalls; ++i) kept = add(a, b);
+    });
+    const std::vector<double> ms = gpu.time({[&] {
+                                               for (int i = 0; i < kCalls; ++i)
+                                                 Tensor z = add(a, b);
+                                             },
+                                             [&] { adds.replay(); }});
+    return timed_row(ms[0], ms[1]);
+  }));
+}
+
 }  // namespace
 
 std::vector<BenchRow> bench_engine_cuda(const BenchOptions& o) {
@@ -128,6 +151,7 @@ std::vector<BenchRow> bench_engine_cuda(const BenchOptions& o) {
   std::vector<BenchRow> rows;
   memory_rows(gpu, o, gen, rows);
   gemm_rows(gpu, o, gen, rows);
+  launch_rows(gpu, gen, rows);
   for (BenchRow& row : bench_conv(o, gen, [&] { gpu.sync(); })) rows.push_back(row);
   return rows;
 }
