@@ -8,6 +8,7 @@
 
 #include "dist/fingerprint.h"
 #include "dist/process_group.h"
+#include "engine/profile/timed_table.h"
 #include "engine/random/generator.h"
 
 namespace quanta::dist {
@@ -18,6 +19,9 @@ struct ProcessGroup::Call {
   uint32_t word = 0;  // check_word(fp): what the always-on check carries
   Millis timeout{0};
   std::chrono::steady_clock::time_point start;
+  /** The call's row of a CallProfile ("dist.all_reduce"), while one lives:
+   * from begin() to the end of the collective. */
+  profile::SideCall profiled;
   /** "all_reduce #3 (f32 [4], sum) at x.cpp:12", built only for messages
    * (formatting it costs more than a small collective's bookkeeping). */
   std::string desc() const { return detail::describe(fp); }

@@ -87,6 +87,19 @@ void leave_will(Store& store, int rank) {
   store.set_will(detail::status_key(rank), Bytes(died.begin(), died.end()));
 }
 
+// A CallProfile's row of collective `op` (its fingerprint's op index) on
+// tensors of t's device type: "dist.all_reduce" (engine/profile/).
+profile::EntryCounter* profiled_collective(int32_t index, const char* op, const Tensor* t) {
+  constexpr int32_t kOps = 16;
+  static profile::EntryCounter rows[3][kOps];
+  const DeviceType type = t && t->defined() ? t->device().type : DeviceType::cpu;
+  const auto d = static_cast<std::size_t>(type);
+  if (index < 0 || index >= kOps || d >= 3) return nullptr;
+  profile::EntryCounter& c = rows[d][index];
+  if (!c.listed.load(std::memory_order_acquire)) profile::enlist(c, type, "dist", op);
+  return &c;
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(int rank, int size, GroupOptions opts)
@@ -266,6 +279,7 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor* t, int shap
   c.word = detail::check_word(c.fp);
   c.timeout = o.timeout > Millis(0) ? o.timeout : opts_.timeout;
   c.start = Clock::now();
+  if (profile::active()) c.profiled = profile::SideCall(profiled_collective(c.fp.op, op, t));
   if (size_ > 1 && debug_ && exchange_fingerprints) checks_->fingerprints_before(c);
   return c;
 }

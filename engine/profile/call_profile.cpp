@@ -75,6 +75,25 @@ void CallTimer::finish(EntryCounter& c, bool wait) {
   }
 }
 
+SideCall& SideCall::operator=(SideCall&& o) noexcept {
+  if (this != &o) {
+    this->~SideCall();
+    c_ = o.c_;
+    start_ = o.start_;
+    o.c_ = nullptr;
+  }
+  return *this;
+}
+
+SideCall::~SideCall() {
+  if (!c_) return;
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start_)
+                         .count();
+  c_->calls.fetch_add(1, std::memory_order_relaxed);
+  c_->nanos.fetch_add(ns, std::memory_order_relaxed);
+}
+
 }  // namespace profile
 
 struct CallProfile::Snapshot {

@@ -21,6 +21,9 @@
 // Only calls made through the tables' lookups (kernels(), quant_kernels(),
 // llm_kernels(), device_backend()) are seen; a call that makes another
 // through a lookup counts in both rows, its time once in seconds().
+// Collectives are rows too ("dist.all_reduce", from the call to its return
+// on whichever thread makes it), but not part of calls() and seconds():
+// DataParallel's run on a thread of their own, beside the step's kernels.
 // A replayed DeviceGraph makes no calls: profile steps run as called.
 #include <cstdint>
 #include <memory>

@@ -81,6 +81,26 @@ class CallTimer {
   bool outermost_;
 };
 
+/** What runs beside the tables' calls (a collective, on whichever thread
+ * makes it), timed from construction to destruction into one counter and
+ * kept out of the outermost calls' totals: a collective on DataParallel's
+ * communication thread overlaps the step's kernels. Inert when made
+ * without a counter. */
+class SideCall {
+ public:
+  SideCall() = default;
+  explicit SideCall(EntryCounter* c) : c_(c), start_(std::chrono::steady_clock::now()) {}
+  SideCall(SideCall&& o) noexcept : c_(o.c_), start_(o.start_) { o.c_ = nullptr; }
+  SideCall& operator=(SideCall&& o) noexcept;
+  SideCall(const SideCall&) = delete;
+  SideCall& operator=(const SideCall&) = delete;
+  ~SideCall();
+
+ private:
+  EntryCounter* c_ = nullptr;
+  std::chrono::steady_clock::time_point start_;
+};
+
 template <DeviceType D, auto Member, bool Wait>
 struct Timed;
 

@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "quanta.h"
@@ -370,4 +373,34 @@ TEST_CASE(
     CHECK(got[1] == got[0]);
     CHECK(got[2] == got[0]);
   }
+}
+
+// A CallProfile (engine/profile/call_profile.h) times each collective from
+// its call to its return, a row per op beside the kernel tables' rows, and
+// keeps them out of the tables' totals: DataParallel's run beside the step.
+TEST_CASE("a call profile's rows of collectives, outside the tables' totals") {
+  std::vector<Tensor> got(2);
+  CallProfile p;
+  auto errors = run_ranks(2, [&](ProcessGroup& g) {
+    Tensor x = full({8}, double(g.rank() + 1));
+    for (int i = 0; i < 3; ++i) g.all_reduce(x, ReduceOp::sum);
+    g.broadcast(x, 1);
+    got[static_cast<std::size_t>(g.rank())] = x;
+  });
+  p.stop();
+  REQUIRE(all_ok(errors));
+  CHECK(got[0].to_vector<float>() == std::vector<float>(8, 12.0f));  // (1 + 2) * 2 * 2
+  std::map<std::string, CallProfileRow> rows;
+  for (const CallProfileRow& r : p.rows()) rows[r.name] = r;
+  REQUIRE(rows.count("dist.all_reduce") == 1);
+  CHECK(rows["dist.all_reduce"].calls == 6);  // 3 a rank
+  CHECK(rows["dist.all_reduce"].device == DeviceType::cpu);
+  CHECK(rows["dist.all_reduce"].seconds > 0);
+  REQUIRE(rows.count("dist.broadcast") == 1);
+  CHECK(rows["dist.broadcast"].calls >= 2);
+  // The totals hold the tables' outermost calls only.
+  int64_t table_calls = 0;
+  for (const auto& [name, r] : rows)
+    if (name.rfind("dist.", 0) != 0) table_calls += r.calls;
+  CHECK(p.calls() <= table_calls);
 }

@@ -152,6 +152,34 @@ TEST_CASE("quanta train --nproc 2 and 3 equal one process (same seed, same globa
   }
 }
 
+// --profile on several ranks: each rank profiles its steps, rank 0 reports,
+// and the collectives (DataParallel's gradient all_reduce, the quantizer's
+// sync, the loop's stop flag) are rows beside the kernel tables'.
+TEST_CASE("quanta train --nproc 2 --profile: the collectives' rows beside the tables'") {
+  if (!have_dataset()) return;
+  ScratchDir dir("train_dist_profile");
+  const CliResult r = run_train(dir.file("run"), "2", {"--profile", "2"});
+  CAPTURE(r.out);
+  CAPTURE(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(contains(r.out, "[rank 0] profile of steps 3 to 4 (run as called;"));
+  CHECK_FALSE(contains(r.out, "[rank 1] profile"));
+  CHECK(contains(r.out, "dist.all_reduce"));
+  std::vector<json> profiles;
+  for (json& rec : train::read_metrics(dir.file("run") + "/metrics.jsonl"))
+    if (rec["kind"] == "profile") profiles.push_back(std::move(rec));
+  REQUIRE(profiles.size() == 1);
+  double all_reduces = 0, ms = 0;
+  for (const json& e : profiles[0]["entries"])
+    if (e["name"] == "dist.all_reduce") {
+      all_reduces = e["calls_per_step"];
+      ms = e["ms_per_step"];
+    }
+  CHECK(all_reduces >= 2);  // the gradients' buckets and the stop flag at least
+  CHECK(all_reduces == std::floor(all_reduces));
+  CHECK(ms > 0);
+}
+
 TEST_CASE("quanta train --nproc: a world size that disagrees with the launcher is one clear line") {
   if (!have_dataset()) return;
   ScratchDir dir("train_dist_bad");
