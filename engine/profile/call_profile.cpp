@@ -32,7 +32,57 @@ EntryCounter g_outermost;               // the calls made outside any other
 thread_local int t_depth = 0;  // profiled calls this thread is inside
 thread_local Device t_device;  // the device of this thread's last lookup
 
+// A thread's number in events: the order threads first recorded one.
+int thread_number() {
+  static std::atomic<int> next{0};
+  thread_local const int mine = next.fetch_add(1);
+  return mine;
+}
+
+// "engine.binary:mul": a row's and an event's name.
+std::string name_of(const EntryCounter& c) {
+  return std::string(c.seam) + "." + c.entry + (c.op ? std::string(":") + c.op : "");
+}
+
+struct RawEvent {
+  const EntryCounter* counter;
+  std::chrono::steady_clock::time_point start;
+  int64_t nanos;
+  int thread;
+};
+
 }  // namespace
+
+// The events of one CallProfile made with `events`, filled while it runs.
+struct Recorder {
+  std::mutex mutex;
+  std::vector<RawEvent> events;
+};
+
+namespace {
+
+struct Recorders {
+  std::atomic<int> count{0};  // recorders listed: the fast check on every call
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Recorder>> list;
+};
+Recorders& recorders() {
+  static Recorders* r = new Recorders;  // never destroyed, as the registry
+  return *r;
+}
+
+}  // namespace
+
+void record_event(const EntryCounter& c, std::chrono::steady_clock::time_point start, int64_t ns) {
+  Recorders& rs = recorders();
+  if (rs.count.load(std::memory_order_relaxed) == 0) return;
+  const RawEvent e{&c, start, ns, thread_number()};
+  std::lock_guard<std::mutex> lock(rs.mutex);
+  for (const std::shared_ptr<Recorder>& r : rs.list) {
+    std::lock_guard<std::mutex> inner(r->mutex);
+    r->events.push_back(e);
+  }
+}
 
 bool active() { return g_profiles.load(std::memory_order_relaxed) > 0; }
 
@@ -69,6 +119,7 @@ void CallTimer::finish(EntryCounter& c, bool wait) {
                          .count();
   c.calls.fetch_add(1, std::memory_order_relaxed);
   c.nanos.fetch_add(ns, std::memory_order_relaxed);
+  record_event(c, start_, ns);
   if (outermost_) {
     g_outermost.calls.fetch_add(1, std::memory_order_relaxed);
     g_outermost.nanos.fetch_add(ns, std::memory_order_relaxed);
@@ -92,6 +143,7 @@ SideCall::~SideCall() {
                          .count();
   c_->calls.fetch_add(1, std::memory_order_relaxed);
   c_->nanos.fetch_add(ns, std::memory_order_relaxed);
+  record_event(*c_, start_, ns);
 }
 
 }  // namespace profile
@@ -113,7 +165,32 @@ struct CallProfile::Snapshot {
   }
 };
 
-CallProfile::CallProfile(CallTiming timing) : timing_(timing) {
+struct CallProfile::Recording {
+  std::shared_ptr<profile::Recorder> recorder = std::make_shared<profile::Recorder>();
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+namespace {
+
+// Adds or removes a profile's recorder from those record_event fills.
+void list_recorder(const std::shared_ptr<profile::Recorder>& r, bool on) {
+  profile::Recorders& rs = profile::recorders();
+  std::lock_guard<std::mutex> lock(rs.mutex);
+  if (on) {
+    rs.list.push_back(r);
+  } else {
+    rs.list.erase(std::remove(rs.list.begin(), rs.list.end(), r), rs.list.end());
+  }
+  rs.count.store(static_cast<int>(rs.list.size()), std::memory_order_relaxed);
+}
+
+}  // namespace
+
+CallProfile::CallProfile(CallTiming timing, bool events) : timing_(timing) {
+  if (events) {
+    recording_ = std::make_shared<Recording>();
+    list_recorder(recording_->recorder, true);
+  }
   start_ = Snapshot::take();
   if (timing_ == CallTiming::device) profile::g_device_profiles.fetch_add(1);
   profile::g_profiles.fetch_add(1);
@@ -124,6 +201,7 @@ CallProfile::~CallProfile() { stop(); }
 void CallProfile::stop() {
   if (!running_) return;
   end_ = Snapshot::take();
+  if (recording_) list_recorder(recording_->recorder, false);
   profile::g_profiles.fetch_sub(1);
   if (timing_ == CallTiming::device) profile::g_device_profiles.fetch_sub(1);
   running_ = false;
@@ -139,8 +217,8 @@ std::vector<CallProfileRow> CallProfile::rows() const {
         before == start_->entries.end() ? std::pair<int64_t, int64_t>{0, 0} : before->second;
     const int64_t calls = counts.first - from.first;
     if (calls <= 0) continue;
-    out.push_back({std::string(c->seam) + "." + c->entry + (c->op ? std::string(":") + c->op : ""),
-                   c->device, calls, static_cast<double>(counts.second - from.second) * 1e-9});
+    out.push_back({profile::name_of(*c), c->device, calls,
+                   static_cast<double>(counts.second - from.second) * 1e-9});
   }
   std::sort(out.begin(), out.end(), [](const CallProfileRow& a, const CallProfileRow& b) {
     if (a.seconds != b.seconds) return a.seconds > b.seconds;
@@ -157,6 +235,19 @@ int64_t CallProfile::calls() const {
 double CallProfile::seconds() const {
   const int64_t end = running_ ? profile::g_outermost.nanos.load() : end_->nanos;
   return static_cast<double>(end - start_->nanos) * 1e-9;
+}
+
+std::vector<CallEvent> CallProfile::events() const {
+  std::vector<CallEvent> out;
+  if (!recording_) return out;
+  std::lock_guard<std::mutex> lock(recording_->recorder->mutex);
+  out.reserve(recording_->recorder->events.size());
+  for (const profile::RawEvent& e : recording_->recorder->events) {
+    out.push_back({profile::name_of(*e.counter), e.counter->device,
+                   std::chrono::duration<double>(e.start - recording_->start).count(),
+                   static_cast<double>(e.nanos) * 1e-9, e.thread});
+  }
+  return out;
 }
 
 }  // namespace quanta

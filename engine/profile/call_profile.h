@@ -53,6 +53,19 @@ struct CallProfileRow {
   double seconds = 0;
 };
 
+/** One call as a timeline event (CallProfile's `events`): when it started,
+ * how long it took, on which thread. */
+struct CallEvent {
+  std::string name;  // as CallProfileRow's
+  DeviceType device = DeviceType::cpu;
+  /** Seconds from the profile's start to the call's start, and the call's
+   * time (as the profile's timing counts it). */
+  double start = 0, seconds = 0;
+  /** The calling thread, numbered from 0 in the order threads first made
+   * a profiled call in this process. */
+  int thread = 0;
+};
+
 /** Counts and times the calls made, by any thread, while it lives (or until
  * stop()). Profiles may overlap: each sees the calls made during its own
  * life; while one with CallTiming::device lives, every profile's calls wait
@@ -60,7 +73,9 @@ struct CallProfileRow {
  * per table lookup). */
 class CallProfile {
  public:
-  explicit CallProfile(CallTiming timing = CallTiming::host);
+  /** `events`: also keep every call as a CallEvent (memory grows with the
+   * calls: for a few steps, not a whole run). */
+  explicit CallProfile(CallTiming timing = CallTiming::host, bool events = false);
   ~CallProfile();
   CallProfile(const CallProfile&) = delete;
   CallProfile& operator=(const CallProfile&) = delete;
@@ -77,14 +92,21 @@ class CallProfile {
    * the rows add up to without the calls made inside others. */
   int64_t calls() const;
   double seconds() const;
+  /** The calls in the order they ended (each thread's in its own order),
+   * when made with `events`; else none. Chrome's and Perfetto's trace
+   * viewers show them as a timeline. */
+  std::vector<CallEvent> events() const;
 
  private:
   /** Every counter's calls and time at one moment (call_profile.cpp). */
   struct Snapshot;
+  /** The calls recorded while it runs with `events` (call_profile.cpp). */
+  struct Recording;
 
   CallTiming timing_;
   bool running_ = true;
   std::unique_ptr<Snapshot> start_, end_;
+  std::shared_ptr<Recording> recording_;
 };
 
 }  // namespace quanta

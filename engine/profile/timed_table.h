@@ -59,6 +59,10 @@ void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* en
 // Op counters an entry keeps at most; an op past them counts in the entry's.
 inline constexpr std::size_t kNamedOps = 128;
 
+/** Hands one finished call to the profiles that record events: it started
+ * at `start` and took `ns` (a no-op when none does). */
+void record_event(const EntryCounter& c, std::chrono::steady_clock::time_point start, int64_t ns);
+
 /** Notes that this thread's next kernel calls go to `device` (a lookup's
  * device: the entries take raw pointers). */
 void note_device(Device device);

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +78,38 @@ TEST_CASE("call profile: each entry's calls on the CPU, made while it runs") {
   const Tensor more = exp(a);
   CHECK(calls(p, "engine.unary:exp") == 1);
   CHECK(p.calls() == sum_calls);
+}
+
+TEST_CASE("call profile: with events, each call on a timeline, as many as the rows count") {
+  NoGradGuard no_grad;
+  const Tensor a = full({64}, 2.0), b = full({64}, 3.0);
+  CallProfile quiet;  // a profile without events records none
+  CallProfile p(CallTiming::host, /*events=*/true);
+  Tensor c = a + b;
+  std::thread other([&] { (void)exp(a); });
+  other.join();
+  c = exp(c * b);
+  p.stop();
+  const Tensor after = a * b;  // not recorded
+  quiet.stop();
+  CHECK(quiet.events().empty());
+  const std::vector<CallEvent> events = p.events();
+  int64_t calls = 0;
+  for (const CallProfileRow& r : p.rows()) calls += r.calls;
+  CHECK(int64_t(events.size()) == calls);
+  std::map<std::string, int> by_name;
+  std::set<int> threads;
+  for (const CallEvent& e : events) {
+    ++by_name[e.name];
+    threads.insert(e.thread);
+    CHECK(e.start >= 0);
+    CHECK(e.seconds >= 0);
+    CHECK(e.device == DeviceType::cpu);
+  }
+  CHECK(by_name["engine.binary:add"] == 1);
+  CHECK(by_name["engine.binary:mul"] == 1);
+  CHECK(by_name["engine.unary:exp"] == 2);
+  CHECK(threads.size() == 2);  // this thread's calls and the other's
 }
 
 TEST_CASE("call profile: the tables are the devices' own when none runs") {

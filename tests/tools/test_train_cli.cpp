@@ -930,10 +930,47 @@ TEST_CASE("quanta train --profile: where the steps' time went, and the same byte
   CHECK_FALSE(contains(rc.out, "after the last step's calls"));
   REQUIRE(records(c, "profile").size() == 1);
   CHECK(records(c, "profile")[0]["timing"] == "device");
+  // --profile-trace: the window's calls as a Chrome trace, one event a call
+  // (as many as the record counts), a span a step; a file that cannot be
+  // written is a line in the log, not a failed run.
+  const std::string t = dir.file("traced"), trace = dir.file("trace.json");
+  CliResult rt = run_quanta(
+      with(tiny_train(t, 5), {"--device", "sim", "--profile", "2", "--profile-trace", trace}));
+  CAPTURE(rt.err);
+  REQUIRE(rt.code == 0);
+  CHECK(contains(rt.out, "profile trace: " + trace + " ("));
+  const json tj = json::parse(quanta::test::slurp(trace));
+  double want_calls = 0;
+  const std::vector<json> traced = records(t, "profile");
+  REQUIRE(traced.size() == 1);
+  for (const json& e : traced[0]["entries"]) want_calls += e["calls_per_step"].get<double>() * 2;
+  int64_t calls = 0;
+  std::vector<std::string> steps;
+  for (const json& e : tj["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "step") {
+      steps.push_back(e["name"]);
+      continue;
+    }
+    ++calls;
+    CHECK(e["dur"].get<double>() >= 0);
+    CHECK(e["ts"].get<double>() >= 0);
+  }
+  CHECK(double(calls) == want_calls);
+  CHECK(steps == std::vector<std::string>{"step 3", "step 4"});
+  CHECK(tj["otherData"]["device"] == "sim:0");
+  CliResult unwritable = run_quanta(
+      with(tiny_train(dir.file("unwritable"), 3),
+           {"--profile", "1", "--profile-trace", dir.file("no/such/folder/trace.json")}));
+  CHECK(unwritable.code == 0);
+  CHECK(contains(unwritable.out, "profile trace: could not write "));
   // Mistakes.
   CliResult bad = run_quanta(with(tiny_train(dir.file("bad"), 2), {"--profile-timing", "device"}));
   CHECK(bad.code == 2);
   CHECK(contains(bad.err, "--profile-timing requires --profile"));
+  bad = run_quanta(with(tiny_train(dir.file("bad"), 2), {"--profile-trace", trace}));
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--profile-trace requires --profile"));
   bad = run_quanta(with(tiny_train(dir.file("bad"), 2), {"--profile", "0"}));
   CHECK(bad.code == 2);
   CHECK(contains(bad.err, "--profile"));

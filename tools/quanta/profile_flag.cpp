@@ -6,7 +6,9 @@
 namespace quanta::cli {
 
 train::ProfileSettings ProfileFlags::settings() const {
-  return {.steps = steps, .timing = timing == "device" ? CallTiming::device : CallTiming::host};
+  return {.steps = steps,
+          .timing = timing == "device" ? CallTiming::device : CallTiming::host,
+          .trace_path = trace};
 }
 
 void add_profile_flags(CLI::App& sub, ProfileFlags& f) {
@@ -22,6 +24,11 @@ void add_profile_flags(CLI::App& sub, ProfileFlags& f) {
                  "its time holds the kernel's too (each kernel then runs alone)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "device"}))
+      ->needs("--profile");
+  sub.add_option("--profile-trace", f.trace,
+                 "also write the profiled steps' calls as a timeline to this file, in Chrome's "
+                 "trace format (open it in ui.perfetto.dev or chrome://tracing): each call on "
+                 "the thread that made it, each step's span beside them")
       ->needs("--profile");
 }
 

@@ -13,6 +13,7 @@ namespace quanta::cli {
 struct ProfileFlags {
   int64_t steps = 0;
   std::string timing = "host";
+  std::string trace;
   /** The loop's settings from the flags. */
   train::ProfileSettings settings() const;
 };

@@ -424,6 +424,7 @@ class Loop {
     if (!lead_) return;
     for (const std::string& line : profile.lines(kProfileLines)) progress_->line(line);
     append_metric(metrics_path_, history_.emplace_back(profile.record()));
+    if (!s_.profile.trace_path.empty()) progress_->line(profile.write_trace());
   }
 
   // Says once that the step became a graph, or why it never will.

@@ -182,6 +182,9 @@ struct ProfileSettings {
    * ones of a shorter run. Profiled steps run as called, never as a graph. */
   int64_t steps = 0;
   CallTiming timing = CallTiming::host;
+  /** Where the lead rank writes the window's calls as a Chrome trace
+   * (chrome://tracing, ui.perfetto.dev) beside the report; empty: none. */
+  std::string trace_path;
 };
 
 /** How to run a task. */

@@ -1,7 +1,10 @@
 #include "train/step_profile.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 
 #include "engine/device_backend.h"
 
@@ -41,8 +44,10 @@ StepProfile::StepProfile(const ProfileSettings& s, Device device, int64_t done_s
 }
 
 void StepProfile::before(int64_t step) {
-  if (first_ > 0 && !ended_ && step >= first_)
-    step_profile_ = std::make_unique<CallProfile>(s_.timing);
+  if (first_ <= 0 || ended_ || step < first_) return;
+  step_start_ = std::chrono::steady_clock::now();
+  if (steps_ == 0) window_start_ = step_start_;
+  step_profile_ = std::make_unique<CallProfile>(s_.timing, !s_.trace_path.empty());
 }
 
 bool StepProfile::after(double seconds, bool last) {
@@ -62,6 +67,14 @@ bool StepProfile::after(double seconds, bool last) {
   }
   calls_ += step_profile_->calls();
   table_seconds_ += step_profile_->seconds();
+  if (!s_.trace_path.empty()) {
+    const double offset = std::chrono::duration<double>(step_start_ - window_start_).count();
+    for (CallEvent& e : step_profile_->events()) {
+      e.start += offset;
+      events_.push_back(std::move(e));
+    }
+    step_spans_.emplace_back(offset, seconds);
+  }
   step_profile_.reset();
   host_seconds_ += seconds;
   ++steps_;
@@ -147,6 +160,54 @@ nlohmann::json StepProfile::record() const {
                        {"ms_per_step", row.seconds * 1e3 / n}});
   r["entries"] = std::move(entries);
   return r;
+}
+
+std::string StepProfile::write_trace() const {
+  if (!ended_ || s_.trace_path.empty()) return "";
+  // Chrome's trace event format: complete events ("X") in microseconds, a
+  // thread each calling thread (quanta's numbers), the steps on one more.
+  using nlohmann::json;
+  json events = json::array();
+  int steps_thread = 0;
+  for (const CallEvent& e : events_) {
+    steps_thread = std::max(steps_thread, e.thread + 1);
+    events.push_back({{"name", e.name},
+                      {"cat", e.name.substr(0, e.name.find('.'))},
+                      {"ph", "X"},
+                      {"ts", e.start * 1e6},
+                      {"dur", e.seconds * 1e6},
+                      {"pid", 0},
+                      {"tid", e.thread},
+                      {"args", {{"device", type_name(e.device)}}}});
+  }
+  for (std::size_t i = 0; i < step_spans_.size(); ++i)
+    events.push_back({{"name", "step " + std::to_string(first_ + int64_t(i))},
+                      {"cat", "step"},
+                      {"ph", "X"},
+                      {"ts", step_spans_[i].first * 1e6},
+                      {"dur", step_spans_[i].second * 1e6},
+                      {"pid", 0},
+                      {"tid", steps_thread}});
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", 0},
+                    {"tid", steps_thread},
+                    {"args", {{"name", "steps (host)"}}}});
+  const json trace = {{"traceEvents", events},
+                      {"displayTimeUnit", "ms"},
+                      {"otherData",
+                       {{"device", device_.str()},
+                        {"timing", timing_name(s_.timing)},
+                        {"first_step", first_},
+                        {"steps", steps_}}}};
+  std::ofstream out(s_.trace_path, std::ios::trunc);
+  out << trace.dump() << "\n";
+  out.close();
+  if (!out)
+    return "profile trace: could not write " + s_.trace_path + " (" + std::strerror(errno) +
+           "); the run goes on";
+  return "profile trace: " + s_.trace_path + " (" + std::to_string(events_.size()) +
+         " calls; open it in ui.perfetto.dev or chrome://tracing)";
 }
 
 }  // namespace quanta::train

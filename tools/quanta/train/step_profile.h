@@ -37,6 +37,11 @@ class StepProfile {
   std::vector<std::string> lines(std::size_t top) const;
   /** The "profile" record (its "step": the window's last step). */
   nlohmann::json record() const;
+  /** Writes the window's calls and steps as a Chrome trace to
+   * ProfileSettings::trace_path (nothing when it is empty). Returns the log
+   * line saying where, or why not: a trace that cannot be written does not
+   * stop the run. */
+  std::string write_trace() const;
 
  private:
   ProfileSettings s_;
@@ -47,6 +52,12 @@ class StepProfile {
   double host_seconds_ = 0;
   double drain_seconds_ = 0;  // the device's queue after the last step (0 on the CPU)
   std::unique_ptr<CallProfile> step_profile_;  // of the step running now
+  // With a trace: when the window and the step running now started, and the
+  // window's events so far (each start from the window's start), with each
+  // step's span.
+  std::chrono::steady_clock::time_point window_start_, step_start_;
+  std::vector<CallEvent> events_;
+  std::vector<std::pair<double, double>> step_spans_;  // start, seconds
   // What the window's steps called, by entry and device, most time first
   // once the window ended; and their outermost calls' count and time.
   std::vector<CallProfileRow> rows_;
