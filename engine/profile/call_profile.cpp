@@ -1,5 +1,6 @@
-// CallProfile and the counters behind it: a profile is two snapshots of
-// every entry's running counts, its rows their differences.
+// CallProfile and the counters behind it: a profile sums, over the spans it
+// ran, the differences of every entry's running counts between the span's
+// start and end.
 #include "engine/profile/call_profile.h"
 
 #include <algorithm>
@@ -53,10 +54,12 @@ struct RawEvent {
 
 }  // namespace
 
-// The events of one CallProfile made with `events`, filled while it runs.
+// The events of one CallProfile made with `events`, filled while it runs;
+// their starts count from `start`.
 struct Recorder {
   std::mutex mutex;
   std::vector<RawEvent> events;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
 namespace {
@@ -101,6 +104,22 @@ void enlist(EntryCounter& c, DeviceType device, const char* seam, const char* en
 
 void note_device(Device device) { t_device = device; }
 
+namespace {
+
+// One finished call that began at `start`, counted in `c` and handed to the
+// recorders; returns its nanoseconds.
+int64_t count_call(EntryCounter& c, std::chrono::steady_clock::time_point start) {
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  c.nanos.fetch_add(ns, std::memory_order_relaxed);
+  record_event(c, start, ns);
+  return ns;
+}
+
+}  // namespace
+
 CallTimer::CallTimer() : start_(std::chrono::steady_clock::now()), outermost_(t_depth == 0) {
   ++t_depth;
 }
@@ -114,12 +133,7 @@ void CallTimer::finish(EntryCounter& c, bool wait) {
     const DeviceBackend& b = detail::unprofiled_device_backend(t_device.type);
     if (b.synchronize) b.synchronize(t_device.index);
   }
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start_)
-                         .count();
-  c.calls.fetch_add(1, std::memory_order_relaxed);
-  c.nanos.fetch_add(ns, std::memory_order_relaxed);
-  record_event(c, start_, ns);
+  const int64_t ns = count_call(c, start_);
   if (outermost_) {
     g_outermost.calls.fetch_add(1, std::memory_order_relaxed);
     g_outermost.nanos.fetch_add(ns, std::memory_order_relaxed);
@@ -137,23 +151,17 @@ SideCall& SideCall::operator=(SideCall&& o) noexcept {
 }
 
 SideCall::~SideCall() {
-  if (!c_) return;
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start_)
-                         .count();
-  c_->calls.fetch_add(1, std::memory_order_relaxed);
-  c_->nanos.fetch_add(ns, std::memory_order_relaxed);
-  record_event(*c_, start_, ns);
+  if (c_) count_call(*c_, start_);
 }
 
 }  // namespace profile
 
-struct CallProfile::Snapshot {
+struct CallProfile::Counts {
   std::map<const profile::EntryCounter*, std::pair<int64_t, int64_t>> entries;  // calls, ns
   int64_t calls = 0, nanos = 0;                                                 // outermost
 
-  static std::unique_ptr<Snapshot> take() {
-    auto s = std::make_unique<Snapshot>();
+  static std::unique_ptr<Counts> now() {
+    auto s = std::make_unique<Counts>();
     profile::Registry& r = profile::registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const profile::EntryCounter* c : r.counters)
@@ -163,12 +171,23 @@ struct CallProfile::Snapshot {
     s->nanos = profile::g_outermost.nanos.load(std::memory_order_relaxed);
     return s;
   }
+
+  // Adds what the counters counted from `from` to `to` (a counter enlisted
+  // in between started at 0).
+  void add_span(const Counts& from, const Counts& to) {
+    for (const auto& [c, counts] : to.entries) {
+      const auto before = from.entries.find(c);
+      auto& sum = entries[c];
+      sum.first += counts.first - (before == from.entries.end() ? 0 : before->second.first);
+      sum.second += counts.second - (before == from.entries.end() ? 0 : before->second.second);
+    }
+    calls += to.calls - from.calls;
+    nanos += to.nanos - from.nanos;
+  }
 };
 
-struct CallProfile::Recording {
-  std::shared_ptr<profile::Recorder> recorder = std::make_shared<profile::Recorder>();
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-};
+// A Recorder: record_event fills it through the list of recorders.
+struct CallProfile::Recording : profile::Recorder {};
 
 namespace {
 
@@ -186,67 +205,66 @@ void list_recorder(const std::shared_ptr<profile::Recorder>& r, bool on) {
 
 }  // namespace
 
-CallProfile::CallProfile(CallTiming timing, bool events) : timing_(timing) {
-  if (events) {
-    recording_ = std::make_shared<Recording>();
-    list_recorder(recording_->recorder, true);
-  }
-  start_ = Snapshot::take();
-  if (timing_ == CallTiming::device) profile::g_device_profiles.fetch_add(1);
-  profile::g_profiles.fetch_add(1);
+bool most_time_first(const CallProfileRow& a, const CallProfileRow& b) {
+  if (a.seconds != b.seconds) return a.seconds > b.seconds;
+  return a.name != b.name ? a.name < b.name : a.device < b.device;
+}
+
+CallProfile::CallProfile(CallTiming timing, bool events)
+    : timing_(timing), ended_(std::make_unique<Counts>()) {
+  if (events) recording_ = std::make_shared<Recording>();
+  resume();
 }
 
 CallProfile::~CallProfile() { stop(); }
 
+void CallProfile::resume() {
+  if (running_) return;
+  if (recording_) list_recorder(recording_, true);
+  span_start_ = Counts::now();
+  if (timing_ == CallTiming::device) profile::g_device_profiles.fetch_add(1);
+  profile::g_profiles.fetch_add(1);
+  running_ = true;
+}
+
 void CallProfile::stop() {
   if (!running_) return;
-  end_ = Snapshot::take();
-  if (recording_) list_recorder(recording_->recorder, false);
+  ended_->add_span(*span_start_, *Counts::now());
+  if (recording_) list_recorder(recording_, false);
   profile::g_profiles.fetch_sub(1);
   if (timing_ == CallTiming::device) profile::g_device_profiles.fetch_sub(1);
   running_ = false;
 }
 
+CallProfile::Counts CallProfile::counted() const {
+  Counts sum = *ended_;
+  if (running_) sum.add_span(*span_start_, *Counts::now());
+  return sum;
+}
+
 std::vector<CallProfileRow> CallProfile::rows() const {
-  const std::unique_ptr<Snapshot> now = running_ ? Snapshot::take() : nullptr;
-  const Snapshot& end = running_ ? *now : *end_;
   std::vector<CallProfileRow> out;
-  for (const auto& [c, counts] : end.entries) {
-    const auto before = start_->entries.find(c);
-    const std::pair<int64_t, int64_t> from =
-        before == start_->entries.end() ? std::pair<int64_t, int64_t>{0, 0} : before->second;
-    const int64_t calls = counts.first - from.first;
-    if (calls <= 0) continue;
-    out.push_back({profile::name_of(*c), c->device, calls,
-                   static_cast<double>(counts.second - from.second) * 1e-9});
-  }
-  std::sort(out.begin(), out.end(), [](const CallProfileRow& a, const CallProfileRow& b) {
-    if (a.seconds != b.seconds) return a.seconds > b.seconds;
-    return a.name != b.name ? a.name < b.name : a.device < b.device;
-  });
+  for (const auto& [c, counts] : counted().entries)
+    if (counts.first > 0)
+      out.push_back({profile::name_of(*c), c->device, counts.first,
+                     static_cast<double>(counts.second) * 1e-9});
+  std::sort(out.begin(), out.end(), most_time_first);
   return out;
 }
 
-int64_t CallProfile::calls() const {
-  const int64_t end = running_ ? profile::g_outermost.calls.load() : end_->calls;
-  return end - start_->calls;
-}
+int64_t CallProfile::calls() const { return counted().calls; }
 
-double CallProfile::seconds() const {
-  const int64_t end = running_ ? profile::g_outermost.nanos.load() : end_->nanos;
-  return static_cast<double>(end - start_->nanos) * 1e-9;
-}
+double CallProfile::seconds() const { return static_cast<double>(counted().nanos) * 1e-9; }
 
 std::vector<CallEvent> CallProfile::events() const {
   std::vector<CallEvent> out;
   if (!recording_) return out;
-  std::lock_guard<std::mutex> lock(recording_->recorder->mutex);
-  out.reserve(recording_->recorder->events.size());
-  for (const profile::RawEvent& e : recording_->recorder->events) {
+  std::lock_guard<std::mutex> lock(recording_->mutex);
+  out.reserve(recording_->events.size());
+  for (const profile::RawEvent& e : recording_->events)
     out.push_back({profile::name_of(*e.counter), e.counter->device,
                    std::chrono::duration<double>(e.start - recording_->start).count(),
                    static_cast<double>(e.nanos) * 1e-9, e.thread});
-  }
   return out;
 }
 

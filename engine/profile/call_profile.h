@@ -53,6 +53,10 @@ struct CallProfileRow {
   double seconds = 0;
 };
 
+/** The order of CallProfile::rows(): the most time first, then by name,
+ * then by device (for a caller that merges or sorts rows of its own). */
+bool most_time_first(const CallProfileRow& a, const CallProfileRow& b);
+
 /** One call as a timeline event (CallProfile's `events`): when it started,
  * how long it took, on which thread. */
 struct CallEvent {
@@ -66,10 +70,11 @@ struct CallEvent {
   int thread = 0;
 };
 
-/** Counts and times the calls made, by any thread, while it lives (or until
- * stop()). Profiles may overlap: each sees the calls made during its own
- * life; while one with CallTiming::device lives, every profile's calls wait
- * for the device. Costs nothing measurable when none lives (one atomic load
+/** Counts and times the calls made, by any thread, while it runs: from its
+ * making to stop(), and again from each resume() to the next stop().
+ * Profiles may overlap: each sees the calls made while it runs; while one
+ * with CallTiming::device runs, every profile's calls wait for the
+ * device. Costs nothing measurable when none lives (one atomic load
  * per table lookup). */
 class CallProfile {
  public:
@@ -80,32 +85,42 @@ class CallProfile {
   CallProfile(const CallProfile&) = delete;
   CallProfile& operator=(const CallProfile&) = delete;
 
-  /** Ends the profile: what rows() and the totals say stays as it is now. */
+  /** Stops counting: what rows(), the totals and events() say stays as it
+   * is now until resume(). */
   void stop();
+  /** Counts again after stop() (the spans between are left out: a training
+   * loop's evaluations between profiled steps); no-op while running. */
+  void resume();
   bool running() const { return running_; }
   CallTiming timing() const { return timing_; }
 
   /** The entries called, the most time first (ties: by name, then
-   * device). */
+   * device; most_time_first). */
   std::vector<CallProfileRow> rows() const;
   /** Calls made from outside any other profiled call, and their time: what
    * the rows add up to without the calls made inside others. */
   int64_t calls() const;
   double seconds() const;
   /** The calls in the order they ended (each thread's in its own order),
-   * when made with `events`; else none. Chrome's and Perfetto's trace
-   * viewers show them as a timeline. */
+   * when made with `events`; else none. Each start counts from the
+   * profile's making, so resumed spans keep their place on the timeline
+   * that Chrome's and Perfetto's trace viewers show. */
   std::vector<CallEvent> events() const;
 
  private:
-  /** Every counter's calls and time at one moment (call_profile.cpp). */
-  struct Snapshot;
+  /** Every counter's calls and time: at one moment, or summed over spans
+   * (call_profile.cpp). */
+  struct Counts;
   /** The calls recorded while it runs with `events` (call_profile.cpp). */
   struct Recording;
 
+  /** What the spans ended so far counted, plus the running one's. */
+  Counts counted() const;
+
   CallTiming timing_;
-  bool running_ = true;
-  std::unique_ptr<Snapshot> start_, end_;
+  bool running_ = false;
+  std::unique_ptr<Counts> span_start_;  // the counters when the running span began
+  std::unique_ptr<Counts> ended_;       // the spans ended so far, summed
   std::shared_ptr<Recording> recording_;
 };
 

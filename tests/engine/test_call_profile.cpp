@@ -112,6 +112,35 @@ TEST_CASE("call profile: with events, each call on a timeline, as many as the ro
   CHECK(threads.size() == 2);  // this thread's calls and the other's
 }
 
+TEST_CASE("call profile: resumed, it adds each span it ran and leaves out the gaps") {
+  NoGradGuard no_grad;
+  const Tensor a = full({16}, 1.0);
+  CallProfile p(CallTiming::host, /*events=*/true);
+  (void)exp(a);
+  p.stop();
+  (void)exp(a);  // between the spans: not counted, not recorded
+  (void)exp(a);
+  const double first_span = p.seconds();
+  p.resume();
+  p.resume();  // running already: nothing changes
+  CHECK(p.running());
+  (void)exp(a);
+  p.stop();
+  CHECK(calls(p, "engine.unary:exp") == 2);
+  CHECK(p.seconds() >= first_span);
+  const std::vector<CallEvent> events = p.events();
+  std::vector<double> exp_starts;
+  for (const CallEvent& e : events)
+    if (e.name == "engine.unary:exp") exp_starts.push_back(e.start);
+  REQUIRE(exp_starts.size() == 2);
+  CHECK(exp_starts[1] > exp_starts[0]);  // the second span's call keeps its place in time
+  std::vector<CallProfileRow> sorted = p.rows();
+  std::reverse(sorted.begin(), sorted.end());
+  std::sort(sorted.begin(), sorted.end(), most_time_first);
+  CHECK(sorted.size() == p.rows().size());
+  for (std::size_t i = 0; i < sorted.size(); ++i) CHECK(sorted[i].name == p.rows()[i].name);
+}
+
 TEST_CASE("call profile: the tables are the devices' own when none runs") {
   const KernelTable* own = &kernels(Device::cpu());
   const DeviceBackend* own_backend = &device_backend(DeviceType::cpu);

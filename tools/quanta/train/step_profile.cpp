@@ -45,46 +45,22 @@ StepProfile::StepProfile(const ProfileSettings& s, Device device, int64_t done_s
 
 void StepProfile::before(int64_t step) {
   if (first_ <= 0 || ended_ || step < first_) return;
-  step_start_ = std::chrono::steady_clock::now();
-  if (steps_ == 0) window_start_ = step_start_;
-  step_profile_ = std::make_unique<CallProfile>(s_.timing, !s_.trace_path.empty());
+  if (profile_) {
+    profile_->resume();
+  } else {
+    window_start_ = std::chrono::steady_clock::now();
+    profile_ = std::make_unique<CallProfile>(s_.timing, !s_.trace_path.empty());
+  }
+  step_spans_.emplace_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start_).count(), 0);
 }
 
 bool StepProfile::after(double seconds, bool last) {
-  if (!step_profile_) return false;
-  step_profile_->stop();
-  for (const CallProfileRow& r : step_profile_->rows()) {
-    const auto same = [&](const CallProfileRow& o) {
-      return o.name == r.name && o.device == r.device;
-    };
-    const auto at = std::find_if(rows_.begin(), rows_.end(), same);
-    if (at == rows_.end()) {
-      rows_.push_back(r);
-    } else {
-      at->calls += r.calls;
-      at->seconds += r.seconds;
-    }
-  }
-  calls_ += step_profile_->calls();
-  table_seconds_ += step_profile_->seconds();
-  if (!s_.trace_path.empty()) {
-    const double offset = std::chrono::duration<double>(step_start_ - window_start_).count();
-    for (CallEvent& e : step_profile_->events()) {
-      e.start += offset;
-      events_.push_back(std::move(e));
-    }
-    step_spans_.emplace_back(offset, seconds);
-  }
-  step_profile_.reset();
-  host_seconds_ += seconds;
-  ++steps_;
-  last_ = first_ + steps_ - 1;
-  if (steps_ < s_.steps && !last) return false;
+  if (!profile_ || !profile_->running()) return false;
+  profile_->stop();
+  step_spans_.back().second = seconds;
+  if (steps() < s_.steps && !last) return false;
   ended_ = true;
-  std::sort(rows_.begin(), rows_.end(), [](const CallProfileRow& a, const CallProfileRow& b) {
-    if (a.seconds != b.seconds) return a.seconds > b.seconds;
-    return a.name != b.name ? a.name < b.name : a.device < b.device;
-  });
   if (!device_.is_cpu()) {
     const auto t0 = std::chrono::steady_clock::now();
     synchronize(device_);
@@ -93,24 +69,30 @@ bool StepProfile::after(double seconds, bool last) {
   return true;
 }
 
+double StepProfile::host_seconds() const {
+  double sum = 0;
+  for (const auto& span : step_spans_) sum += span.second;
+  return sum;
+}
+
 std::vector<std::string> StepProfile::lines(std::size_t top) const {
   std::vector<std::string> out;
   if (!ended_) return out;
-  const double n = double(steps_);
+  const double n = double(steps());
   const std::string how =
       s_.timing == CallTiming::device
           ? "each call timed until the device was done with it"
           : (device_.is_cpu() ? "each call timed on the host"
                               : "each call timed on the host, the device's work not waited for");
   std::string summary = "profile of steps " + std::to_string(first_) + " to " +
-                        std::to_string(last_) + " (run as called; " + how +
-                        "): " + ms(host_seconds_ / n) + " a step on the host, " +
-                        ms(table_seconds_ / n) + " of it inside " + fixed(double(calls_) / n, 1) +
-                        " table calls a step";
+                        std::to_string(last()) + " (run as called; " + how +
+                        "): " + ms(host_seconds() / n) + " a step on the host, " +
+                        ms(profile_->seconds() / n) + " of it inside " +
+                        fixed(double(profile_->calls()) / n, 1) + " table calls a step";
   if (!device_.is_cpu())
     summary += "; the device was done " + ms(drain_seconds_) + " after the last step's calls";
   out.push_back(summary);
-  const std::vector<CallProfileRow>& rows = rows_;
+  const std::vector<CallProfileRow> rows = profile_->rows();
   // A row of another device's table (the batch gathered on the host) says so.
   const auto shown_name = [&](const CallProfileRow& r) {
     return r.device == device_.type ? r.name : r.name + " (" + type_name(r.device) + ")";
@@ -129,7 +111,7 @@ std::vector<std::string> StepProfile::lines(std::size_t top) const {
     }
     std::snprintf(buf, sizeof buf, "  %-32s %12.1f %10.3f %6.1f%%", shown_name(rows[i]).c_str(),
                   double(rows[i].calls) / n, rows[i].seconds * 1e3 / n,
-                  host_seconds_ > 0 ? 100.0 * rows[i].seconds / host_seconds_ : 0.0);
+                  host_seconds() > 0 ? 100.0 * rows[i].seconds / host_seconds() : 0.0);
     out.emplace_back(buf);
   }
   if (rest_rows > 0)
@@ -141,19 +123,19 @@ std::vector<std::string> StepProfile::lines(std::size_t top) const {
 nlohmann::json StepProfile::record() const {
   nlohmann::json r = nlohmann::json::object();
   if (!ended_) return r;
-  const double n = double(steps_);
+  const double n = double(steps());
   r["kind"] = "profile";
-  r["step"] = last_;
+  r["step"] = last();
   r["first_step"] = first_;
-  r["steps"] = steps_;
+  r["steps"] = steps();
   r["timing"] = timing_name(s_.timing);
   r["device"] = device_.str();
-  r["host_ms_per_step"] = host_seconds_ * 1e3 / n;
-  r["table_ms_per_step"] = table_seconds_ * 1e3 / n;
-  r["table_calls_per_step"] = double(calls_) / n;
+  r["host_ms_per_step"] = host_seconds() * 1e3 / n;
+  r["table_ms_per_step"] = profile_->seconds() * 1e3 / n;
+  r["table_calls_per_step"] = double(profile_->calls()) / n;
   r["drain_ms"] = drain_seconds_ * 1e3;
   nlohmann::json entries = nlohmann::json::array();
-  for (const CallProfileRow& row : rows_)
+  for (const CallProfileRow& row : profile_->rows())
     entries.push_back({{"name", row.name},
                        {"device", type_name(row.device)},
                        {"calls_per_step", double(row.calls) / n},
@@ -169,7 +151,8 @@ std::string StepProfile::write_trace() const {
   using nlohmann::json;
   json events = json::array();
   int steps_thread = 0;
-  for (const CallEvent& e : events_) {
+  const std::vector<CallEvent> calls = profile_->events();
+  for (const CallEvent& e : calls) {
     steps_thread = std::max(steps_thread, e.thread + 1);
     events.push_back({{"name", e.name},
                       {"cat", e.name.substr(0, e.name.find('.'))},
@@ -199,14 +182,14 @@ std::string StepProfile::write_trace() const {
                        {{"device", device_.str()},
                         {"timing", timing_name(s_.timing)},
                         {"first_step", first_},
-                        {"steps", steps_}}}};
+                        {"steps", steps()}}}};
   std::ofstream out(s_.trace_path, std::ios::trunc);
   out << trace.dump() << "\n";
   out.close();
   if (!out)
     return "profile trace: could not write " + s_.trace_path + " (" + std::strerror(errno) +
            "); the run goes on";
-  return "profile trace: " + s_.trace_path + " (" + std::to_string(events_.size()) +
+  return "profile trace: " + s_.trace_path + " (" + std::to_string(calls.size()) +
          " calls; open it in ui.perfetto.dev or chrome://tracing)";
 }
 

@@ -1,12 +1,11 @@
 #pragma once
 // --profile's window over a run (loop.h: ProfileSettings): a CallProfile
-// (engine/profile/call_profile.h) around each of its steps, so that the
-// evaluations and logging between them are not counted, the host's time in
-// those steps, and what the window saw, as log lines and as metrics.jsonl's
-// "profile" record.
+// (engine/profile/call_profile.h) that runs during its steps (resumed at
+// each, stopped after it, so that the evaluations and logging between them
+// are not counted), the host's time in those steps, and what the window
+// saw, as log lines, metrics.jsonl's "profile" record and a Chrome trace.
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,26 +43,22 @@ class StepProfile {
   std::string write_trace() const;
 
  private:
+  // The steps the window ran so far, its last one, and their host time.
+  int64_t steps() const { return static_cast<int64_t>(step_spans_.size()); }
+  int64_t last() const { return first_ + steps() - 1; }
+  double host_seconds() const;
+
   ProfileSettings s_;
   Device device_;
-  int64_t first_ = 0;  // the window's first step; 0: no window
-  int64_t last_ = 0;   // the last step run in it so far
-  int64_t steps_ = 0;  // steps run in it so far
-  double host_seconds_ = 0;
+  int64_t first_ = 0;         // the window's first step; 0: no window
   double drain_seconds_ = 0;  // the device's queue after the last step (0 on the CPU)
-  std::unique_ptr<CallProfile> step_profile_;  // of the step running now
-  // With a trace: when the window and the step running now started, and the
-  // window's events so far (each start from the window's start), with each
-  // step's span.
-  std::chrono::steady_clock::time_point window_start_, step_start_;
-  std::vector<CallEvent> events_;
-  std::vector<std::pair<double, double>> step_spans_;  // start, seconds
-  // What the window's steps called, by entry and device, most time first
-  // once the window ended; and their outermost calls' count and time.
-  std::vector<CallProfileRow> rows_;
-  int64_t calls_ = 0;
-  double table_seconds_ = 0;
   bool ended_ = false;
+  // The window's profile, running during its steps only; when it was made
+  // (its events' zero) and each step's span from then (the last one's time
+  // is 0 while it runs).
+  std::unique_ptr<CallProfile> profile_;
+  std::chrono::steady_clock::time_point window_start_;
+  std::vector<std::pair<double, double>> step_spans_;  // start, seconds
 };
 
 }  // namespace quanta::train
